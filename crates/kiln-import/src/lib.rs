@@ -1,0 +1,1 @@
+//! kiln's model importers. (Being written.)

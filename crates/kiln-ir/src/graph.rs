@@ -1,0 +1,192 @@
+//! The tensor-level graph: typed SSA values defined once, by a graph input, a
+//! constant, or one output of one node.
+//!
+//! Nodes are kept in program order; the verifier checks that this order is a
+//! topological order (every operand defined before use), which also rules out cycles.
+
+use crate::entity::{Arena, EntityId};
+use crate::entity_id;
+use crate::op::Op;
+use crate::shape::TensorType;
+use crate::tensor::Tensor;
+use std::collections::HashSet;
+
+entity_id!(
+    /// An SSA value.
+    ValueId,
+    "%"
+);
+entity_id!(
+    /// A node (one operator application).
+    NodeId,
+    "n"
+);
+
+/// How a value is defined.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ValueDef {
+    /// A graph input (index into [`Graph::inputs`]).
+    Input,
+    /// A constant with known contents (weights, folded shapes).
+    Const(Tensor),
+    /// Output `index` of `node`.
+    Node {
+        /// The defining node.
+        node: NodeId,
+        /// Which of its outputs.
+        index: usize,
+    },
+}
+
+/// One SSA value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Value {
+    /// Its type (static).
+    pub ty: TensorType,
+    /// The name it had in the source model (unique within a graph, may be empty).
+    pub name: String,
+    /// Its definition.
+    pub def: ValueDef,
+}
+
+impl Value {
+    /// The constant contents, if the value is a constant.
+    pub fn constant(&self) -> Option<&Tensor> {
+        match &self.def {
+            ValueDef::Const(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// One operator application.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// The node's name in the source model (may be empty).
+    pub name: String,
+    /// The operator.
+    pub op: Op,
+    /// Operands; `None` marks an absent optional input.
+    pub inputs: Vec<Option<ValueId>>,
+    /// Results, each defined by this node.
+    pub outputs: Vec<ValueId>,
+}
+
+/// A tensor-level program.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    /// The graph's name.
+    pub name: String,
+    /// Every value.
+    pub values: Arena<ValueId, Value>,
+    /// Every node, in program order.
+    pub nodes: Arena<NodeId, Node>,
+    /// Graph inputs, in signature order.
+    pub inputs: Vec<ValueId>,
+    /// Graph outputs, in signature order.
+    pub outputs: Vec<ValueId>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph { name: name.into(), ..Graph::default() }
+    }
+
+    /// Adds a graph input.
+    pub fn add_input(&mut self, name: impl Into<String>, ty: TensorType) -> ValueId {
+        let v = self.values.push(Value { ty, name: name.into(), def: ValueDef::Input });
+        self.inputs.push(v);
+        v
+    }
+
+    /// Adds a constant.
+    pub fn add_const(&mut self, name: impl Into<String>, t: Tensor) -> ValueId {
+        let ty = t.ty().clone();
+        self.values.push(Value { ty, name: name.into(), def: ValueDef::Const(t) })
+    }
+
+    /// Adds a node whose results have the given names and types; returns the node
+    /// and its result values.
+    pub fn add_node(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: Vec<Option<ValueId>>,
+        outputs: Vec<(String, TensorType)>,
+    ) -> (NodeId, Vec<ValueId>) {
+        let node = NodeId::new(self.nodes.len());
+        let outs: Vec<ValueId> = outputs
+            .into_iter()
+            .enumerate()
+            .map(|(index, (n, ty))| {
+                self.values.push(Value { ty, name: n, def: ValueDef::Node { node, index } })
+            })
+            .collect();
+        let id = self.nodes.push(Node { name: name.into(), op, inputs, outputs: outs.clone() });
+        debug_assert_eq!(id, node);
+        (node, outs)
+    }
+
+    /// The value's type.
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.values[v].ty
+    }
+
+    /// The value's constant contents, if constant.
+    pub fn constant(&self, v: ValueId) -> Option<&Tensor> {
+        self.values[v].constant()
+    }
+
+    /// Nodes whose results reach a graph output (directly or through other nodes).
+    pub fn live_nodes(&self) -> HashSet<NodeId> {
+        let mut live_values: HashSet<ValueId> = self.outputs.iter().copied().collect();
+        let mut live = HashSet::new();
+        for (id, node) in self.nodes.iter().collect::<Vec<_>>().into_iter().rev() {
+            if node.outputs.iter().any(|o| live_values.contains(o)) {
+                live.insert(id);
+                live_values.extend(node.inputs.iter().flatten().copied());
+            }
+        }
+        live
+    }
+
+    /// A copy without dead nodes and without values nothing refers to (graph inputs
+    /// always stay). Value and node ids are renumbered densely, keeping their order.
+    pub fn without_dead_code(&self) -> Graph {
+        let live = self.live_nodes();
+        let mut used: HashSet<ValueId> = self.inputs.iter().chain(&self.outputs).copied().collect();
+        for id in &live {
+            let n = &self.nodes[*id];
+            used.extend(n.inputs.iter().flatten().copied());
+            used.extend(n.outputs.iter().copied());
+        }
+        let mut out = Graph::new(self.name.clone());
+        let mut map: Vec<Option<ValueId>> = vec![None; self.values.len()];
+        for (vid, v) in self.values.iter() {
+            if !used.contains(&vid) {
+                continue;
+            }
+            match &v.def {
+                ValueDef::Input | ValueDef::Const(_) => {
+                    map[vid.index()] = Some(out.values.push(v.clone()));
+                }
+                ValueDef::Node { .. } => {}
+            }
+        }
+        out.inputs = self.inputs.iter().filter_map(|v| map[v.index()]).collect();
+        for (nid, n) in self.nodes.iter() {
+            if !live.contains(&nid) {
+                continue;
+            }
+            let inputs = n.inputs.iter().map(|i| i.and_then(|v| map[v.index()])).collect();
+            let outs = n.outputs.iter().map(|&o| (self.values[o].name.clone(), self.values[o].ty.clone())).collect();
+            let (_, new_outs) = out.add_node(n.name.clone(), n.op.clone(), inputs, outs);
+            for (&o, no) in n.outputs.iter().zip(new_outs) {
+                map[o.index()] = Some(no);
+            }
+        }
+        out.outputs = self.outputs.iter().filter_map(|v| map[v.index()]).collect();
+        out
+    }
+}

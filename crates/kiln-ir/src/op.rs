@@ -1,0 +1,268 @@
+//! The closed set of tensor-level operators and their attributes.
+//!
+//! Semantics: every [`OpKind`] means what the ONNX operator of the same name means
+//! at the **newest opset ONNX 1.17 defines (opset 22)**. Importers translate older
+//! opset forms into that canonical form, so later stages see one meaning per op:
+//! - operands that moved from attributes to inputs across opsets (`axes` of the
+//!   Reduce ops, Squeeze/Unsqueeze; `split` of Split; `starts/ends/axes/steps` of
+//!   Slice; `min/max` of Clip; `pads/value` of Pad; `scales` of Resize/Upsample) are
+//!   always **inputs** here;
+//! - optional inputs that are absent are `None` in the node's input list;
+//! - attributes keep their ONNX names and types; an attribute that is absent takes
+//!   its ONNX default.
+
+use crate::tensor::Tensor;
+use core::fmt;
+use core::str::FromStr;
+
+macro_rules! op_kinds {
+    ($($name:ident),* $(,)?) => {
+        /// A tensor-level operator (ONNX semantics, see the module docs).
+        #[allow(missing_docs)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum OpKind { $($name),* }
+
+        impl OpKind {
+            /// Every operator kind.
+            pub const ALL: &'static [OpKind] = &[$(OpKind::$name),*];
+
+            /// The operator's name (the ONNX op type).
+            pub fn name(self) -> &'static str {
+                match self { $(OpKind::$name => stringify!($name)),* }
+            }
+        }
+    };
+}
+
+op_kinds! {
+    Abs, Acos, Acosh, Add, And, ArgMax, ArgMin, Asin, Asinh, Atan, Atanh, AveragePool,
+    BatchNormalization, BitShift, BitwiseAnd, BitwiseNot, BitwiseOr, BitwiseXor,
+    Cast, CastLike, Ceil, Celu, Clip, Concat, ConstantOfShape, Conv, ConvInteger, ConvTranspose,
+    Cos, Cosh, CumSum, DepthToSpace, DequantizeLinear, Det, Div, Dropout, DynamicQuantizeLinear,
+    Einsum, Elu, Equal, Erf, Exp, Expand, EyeLike, Flatten, Floor, Gather, GatherElements,
+    GatherND, Gelu, Gemm, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, Greater, GreaterOrEqual,
+    GroupNormalization, GRU, HardSigmoid, HardSwish, Hardmax, Identity, InstanceNormalization,
+    IsInf, IsNaN, LayerNormalization, LeakyRelu, Less, LessOrEqual, Log, LogSoftmax, LpNormalization,
+    LpPool, LRN, LSTM, MatMul, MatMulInteger, Max, MaxPool, Mean, MeanVarianceNormalization, Min,
+    Mish, Mod, Mul, Neg, Not, OneHot, Or, Pad, Pow, PRelu, QLinearConv, QLinearMatMul,
+    QuantizeLinear, Range, Reciprocal, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp,
+    ReduceMax, ReduceMean, ReduceMin, ReduceProd, ReduceSum, ReduceSumSquare, Relu, Reshape,
+    Resize, ReverseSequence, RNN, Round, ScatterElements, ScatterND, Selu, Shape, Shrink, Sigmoid,
+    Sign, Sin, Sinh, Size, Slice, Softmax, Softplus, Softsign, SpaceToDepth, Split, Sqrt, Squeeze,
+    Sub, Sum, Tan, Tanh, ThresholdedRelu, Tile, TopK, Transpose, Trilu, Unsqueeze, Where, Xor,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Error of [`OpKind::from_str`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown operator `{0}`")]
+pub struct UnknownOp(pub String);
+
+impl FromStr for OpKind {
+    type Err = UnknownOp;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        OpKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownOp(s.to_string()))
+    }
+}
+
+/// One attribute value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f32),
+    /// A string (ONNX strings are bytes; kiln keeps UTF-8, lossily converted).
+    String(String),
+    /// A list of integers.
+    Ints(Vec<i64>),
+    /// A list of floats.
+    Floats(Vec<f32>),
+    /// A list of strings.
+    Strings(Vec<String>),
+    /// A tensor.
+    Tensor(Tensor),
+}
+
+impl Attr {
+    /// A short name of the attribute's kind, for error messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Attr::Int(_) => "int",
+            Attr::Float(_) => "float",
+            Attr::String(_) => "string",
+            Attr::Ints(_) => "ints",
+            Attr::Floats(_) => "floats",
+            Attr::Strings(_) => "strings",
+            Attr::Tensor(_) => "tensor",
+        }
+    }
+}
+
+/// Error reading an attribute.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttrError {
+    /// A required attribute is absent.
+    #[error("required attribute `{0}` is missing")]
+    Missing(String),
+    /// The attribute has another kind.
+    #[error("attribute `{name}` should be {expected}, found {found}")]
+    WrongKind {
+        /// Attribute name.
+        name: String,
+        /// Kind expected.
+        expected: &'static str,
+        /// Kind found.
+        found: &'static str,
+    },
+}
+
+/// Attributes of one op, kept sorted by name (so printing is deterministic).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Attrs(Vec<(String, Attr)>);
+
+macro_rules! attr_getters {
+    ($($get:ident, $or:ident, $variant:ident, $t:ty, $kind:literal);* $(;)?) => {$(
+        /// The attribute if present with this kind; an error if present with another kind.
+        pub fn $get(&self, name: &str) -> Result<Option<$t>, AttrError> {
+            match self.get(name) {
+                None => Ok(None),
+                Some(Attr::$variant(v)) => Ok(Some(v.clone())),
+                Some(a) => Err(AttrError::WrongKind {
+                    name: name.to_string(),
+                    expected: $kind,
+                    found: a.kind_name(),
+                }),
+            }
+        }
+        /// The attribute, or `default` when absent; an error if present with another kind.
+        pub fn $or(&self, name: &str, default: $t) -> Result<$t, AttrError> {
+            Ok(self.$get(name)?.unwrap_or(default))
+        }
+    )*};
+}
+
+impl Attrs {
+    /// No attributes.
+    pub fn new() -> Attrs {
+        Attrs(Vec::new())
+    }
+
+    /// Sets (or replaces) an attribute.
+    pub fn set(&mut self, name: impl Into<String>, value: Attr) {
+        let name = name.into();
+        match self.0.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => self.0.insert(i, (name, value)),
+        }
+    }
+
+    /// Builder form of [`Attrs::set`].
+    pub fn with(mut self, name: impl Into<String>, value: Attr) -> Attrs {
+        self.set(name, value);
+        self
+    }
+
+    /// Removes an attribute, returning it.
+    pub fn remove(&mut self, name: &str) -> Option<Attr> {
+        let i = self.0.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok()?;
+        Some(self.0.remove(i).1)
+    }
+
+    /// The attribute, if present.
+    pub fn get(&self, name: &str) -> Option<&Attr> {
+        self.0
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// All attributes, sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Attr)> + '_ {
+        self.0.iter().map(|(n, a)| (n.as_str(), a))
+    }
+
+    /// Number of attributes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    attr_getters! {
+        int, int_or, Int, i64, "int";
+        float, float_or, Float, f32, "float";
+        string, string_or, String, String, "string";
+        ints, ints_or, Ints, Vec<i64>, "ints";
+        floats, floats_or, Floats, Vec<f32>, "floats";
+        strings, strings_or, Strings, Vec<String>, "strings";
+        tensor, tensor_or, Tensor, Tensor, "tensor";
+    }
+
+    /// A required attribute of kind int.
+    pub fn req_int(&self, name: &str) -> Result<i64, AttrError> {
+        self.int(name)?.ok_or_else(|| AttrError::Missing(name.to_string()))
+    }
+
+    /// A required attribute of kind ints.
+    pub fn req_ints(&self, name: &str) -> Result<Vec<i64>, AttrError> {
+        self.ints(name)?.ok_or_else(|| AttrError::Missing(name.to_string()))
+    }
+}
+
+/// An operator with its attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    /// Which operator.
+    pub kind: OpKind,
+    /// Its attributes.
+    pub attrs: Attrs,
+}
+
+impl Op {
+    /// An op without attributes.
+    pub fn new(kind: OpKind) -> Op {
+        Op { kind, attrs: Attrs::new() }
+    }
+
+    /// An op with attributes.
+    pub fn with_attrs(kind: OpKind, attrs: Attrs) -> Op {
+        Op { kind, attrs }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for &k in OpKind::ALL {
+            assert_eq!(k.name().parse::<OpKind>(), Ok(k));
+        }
+        assert!("Frobnicate".parse::<OpKind>().is_err());
+    }
+
+    #[test]
+    fn attrs_sorted_and_typed() {
+        let a = Attrs::new().with("b", Attr::Int(2)).with("a", Attr::Float(1.0));
+        let names: Vec<_> = a.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, vec!["a", "b"]);
+        assert_eq!(a.int_or("b", 0), Ok(2));
+        assert_eq!(a.int_or("c", 7), Ok(7));
+        assert!(a.int("a").is_err());
+        assert!(a.req_int("c").is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! kiln's reference evaluator. (Being written.)
