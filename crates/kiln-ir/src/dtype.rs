@@ -73,6 +73,41 @@ impl DType {
         DType::F4E2M1FN,
     ];
 
+    /// The ONNX `TensorProto.DataType` code of this dtype (`None` for `f6E3M2FN`,
+    /// which ONNX has no code for).
+    pub fn onnx_code(self) -> Option<i32> {
+        Some(match self {
+            DType::F32 => 1,
+            DType::U8 => 2,
+            DType::I8 => 3,
+            DType::U16 => 4,
+            DType::I16 => 5,
+            DType::I32 => 6,
+            DType::I64 => 7,
+            DType::Bool => 9,
+            DType::F16 => 10,
+            DType::F64 => 11,
+            DType::U32 => 12,
+            DType::U64 => 13,
+            DType::BF16 => 16,
+            DType::F8E4M3FN => 17,
+            DType::F8E4M3FNUZ => 18,
+            DType::F8E5M2 => 19,
+            DType::F8E5M2FNUZ => 20,
+            DType::U4 => 21,
+            DType::I4 => 22,
+            DType::F4E2M1FN => 23,
+            DType::F8E8M0FNU => 24,
+            DType::F6E3M2FN => return None,
+        })
+    }
+
+    /// The dtype of an ONNX `TensorProto.DataType` code, if kiln supports it
+    /// (strings and complex numbers are not).
+    pub fn from_onnx_code(code: i64) -> Option<DType> {
+        DType::ALL.iter().copied().find(|d| d.onnx_code().map(i64::from) == Some(code))
+    }
+
     /// The name used in the text form (`f32`, `f8E4M3FN`, …).
     pub fn name(self) -> &'static str {
         match self {
@@ -205,6 +240,17 @@ mod tests {
             assert_eq!(d.name().parse::<DType>(), Ok(d));
         }
         assert!("f33".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn onnx_codes_round_trip() {
+        for d in DType::ALL {
+            if let Some(c) = d.onnx_code() {
+                assert_eq!(DType::from_onnx_code(c as i64), Some(d));
+            }
+        }
+        assert_eq!(DType::from_onnx_code(1), Some(DType::F32));
+        assert_eq!(DType::from_onnx_code(8), None);
     }
 
     #[test]

@@ -1,1 +1,188 @@
-//! kiln's reference evaluator. (Being written.)
+//! kiln's reference evaluator.
+//!
+//! Plain, obviously correct loops for every operator of [`kiln_ir::OpKind`], with
+//! ONNX semantics (see `kiln_ir::op`). It is the oracle of differential tests and
+//! the engine of compile-time constant folding; the runtime never depends on it.
+//!
+//! Floating-point operators compute in `f64` and round once to the result dtype
+//! (contractions accumulate in `f64` too), so results are at least as accurate as
+//! any f32 implementation they are compared with. Integer operators compute in
+//! `i64`/`u64` with the wrapping behaviour of the result dtype.
+//!
+//! Layout: [`eval_op`] dispatches on the op kind to one module per family;
+//! [`eval_graph`] runs a whole graph in program order.
+#![deny(missing_docs)]
+
+mod util;
+mod elementwise;
+mod reduce;
+mod norm;
+mod quant;
+mod linalg;
+mod conv;
+mod pool;
+mod movement;
+mod recurrent;
+
+use kiln_ir::entity::EntityId;
+use kiln_ir::{Graph, Op, OpKind, Tensor, TensorType, ValueDef, ValueId};
+
+/// Why an operator could not be evaluated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    /// The operands or attributes are invalid for the op.
+    #[error("{op}: {reason}")]
+    Invalid {
+        /// The op type.
+        op: OpKind,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A valid form the evaluator does not implement.
+    #[error("{op}: unsupported: {reason}")]
+    Unsupported {
+        /// The op type.
+        op: OpKind,
+        /// What is not supported.
+        reason: String,
+    },
+    /// A graph-level problem (inputs of the wrong type, a node failing).
+    #[error("{0}")]
+    Graph(String),
+}
+
+/// Evaluates one operator. `inputs` are the operands in ONNX order (`None` = an
+/// absent optional input); `out_types` are the result types shape inference gave
+/// (the result dtype of Cast, ConstantOfShape, … is read from there).
+pub fn eval_op(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    out_types: &[TensorType],
+) -> Result<Vec<Tensor>, EvalError> {
+    let cx = util::Cx { op, inputs, out_types };
+    use OpKind::*;
+    let r = match op.kind {
+        // elementwise.rs: unary, binary (broadcasting), variadic, comparison,
+        // logical, bitwise, activation functions, Cast, Clip, Where.
+        Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd
+        | BitwiseNot | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos
+        | Cosh | Div | Elu | Equal | Erf | Exp | Floor | Gelu | Greater | GreaterOrEqual
+        | HardSigmoid | HardSwish | Identity | IsInf | IsNaN | LeakyRelu | Less | LessOrEqual
+        | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
+        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus
+        | Softsign | Sqrt | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
+            elementwise::eval(&cx)
+        }
+        // reduce.rs: reductions, arg-reductions, scans, softmax family, TopK.
+        ArgMax | ArgMin | ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax
+        | ReduceMean | ReduceMin | ReduceProd | ReduceSum | ReduceSumSquare | CumSum | Softmax
+        | LogSoftmax | Hardmax | TopK => reduce::eval(&cx),
+        // norm.rs: normalisations.
+        BatchNormalization | InstanceNormalization | LayerNormalization | GroupNormalization
+        | LpNormalization | LRN | MeanVarianceNormalization => norm::eval(&cx),
+        // quant.rs: quantisation.
+        QuantizeLinear | DequantizeLinear | DynamicQuantizeLinear => quant::eval(&cx),
+        // linalg.rs: contractions.
+        MatMul | MatMulInteger | QLinearMatMul | Gemm | Einsum | Det => linalg::eval(&cx),
+        // conv.rs: convolutions.
+        Conv | ConvInteger | ConvTranspose | QLinearConv => conv::eval(&cx),
+        // pool.rs: pooling.
+        AveragePool | MaxPool | LpPool | GlobalAveragePool | GlobalMaxPool | GlobalLpPool => {
+            pool::eval(&cx)
+        }
+        // movement.rs: shape and data movement, generators, indexing.
+        Concat | ConstantOfShape | DepthToSpace | Expand | EyeLike | Flatten | Gather
+        | GatherElements | GatherND | OneHot | Pad | Range | Reshape | Resize | ReverseSequence
+        | ScatterElements | ScatterND | Shape | Size | Slice | SpaceToDepth | Split | Squeeze
+        | Tile | Transpose | Trilu | Unsqueeze => movement::eval(&cx),
+        // recurrent.rs: recurrent layers.
+        LSTM | GRU | RNN => recurrent::eval(&cx),
+    }?;
+    if r.len() < out_types.len() {
+        return Err(cx.invalid(format!(
+            "produced {} results, {} expected",
+            r.len(),
+            out_types.len()
+        )));
+    }
+    for (i, (t, ty)) in r.iter().zip(out_types).enumerate() {
+        if t.ty() != ty {
+            return Err(cx.invalid(format!("result {i} has type {}, expected {ty}", t.ty())));
+        }
+    }
+    Ok(r)
+}
+
+/// Runs `graph` on `inputs` (one per graph input, in order) and returns its outputs.
+pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalError> {
+    if inputs.len() != graph.inputs.len() {
+        return Err(EvalError::Graph(format!(
+            "graph `{}` takes {} inputs, {} given",
+            graph.name,
+            graph.inputs.len(),
+            inputs.len()
+        )));
+    }
+    let mut env: Vec<Option<Tensor>> = vec![None; graph.values.len()];
+    for (&v, t) in graph.inputs.iter().zip(inputs) {
+        let val = &graph.values[v];
+        if t.ty() != &val.ty {
+            return Err(EvalError::Graph(format!(
+                "input `{}` expects {}, got {}",
+                val.name,
+                val.ty,
+                t.ty()
+            )));
+        }
+        env[v.index()] = Some(t.clone());
+    }
+    for (v, val) in graph.values.iter() {
+        if let ValueDef::Const(t) = &val.def {
+            env[v.index()] = Some(t.clone());
+        }
+    }
+    // Last use of each value, so intermediate tensors are freed as soon as possible.
+    let mut last_use = vec![usize::MAX; graph.values.len()];
+    for (i, (_, n)) in graph.nodes.iter().enumerate() {
+        for v in n.inputs.iter().flatten() {
+            last_use[v.index()] = i;
+        }
+    }
+    for &o in &graph.outputs {
+        last_use[o.index()] = usize::MAX;
+    }
+    let get = |env: &Vec<Option<Tensor>>, v: ValueId| env[v.index()].clone();
+    for (i, (_, n)) in graph.nodes.iter().enumerate() {
+        let args: Vec<Option<Tensor>> = n
+            .inputs
+            .iter()
+            .map(|o| match o {
+                None => Ok(None),
+                Some(v) => get(&env, *v).map(Some).ok_or_else(|| {
+                    EvalError::Graph(format!("node `{}` uses {v} before it is defined", n.name))
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_ref()).collect();
+        let tys: Vec<TensorType> = n.outputs.iter().map(|&o| graph.ty(o).clone()).collect();
+        let outs = eval_op(&n.op, &refs, &tys)
+            .map_err(|e| EvalError::Graph(format!("node `{}` ({}): {e}", n.name, n.op.kind)))?;
+        for (&o, t) in n.outputs.iter().zip(outs) {
+            env[o.index()] = Some(t);
+        }
+        for v in n.inputs.iter().flatten() {
+            if last_use[v.index()] == i && !matches!(graph.values[*v].def, ValueDef::Const(_)) {
+                env[v.index()] = None;
+            }
+        }
+    }
+    graph
+        .outputs
+        .iter()
+        .map(|&o| {
+            env[o.index()].clone().ok_or_else(|| {
+                EvalError::Graph(format!("output {o} (`{}`) is never defined", graph.values[o].name))
+            })
+        })
+        .collect()
+}
