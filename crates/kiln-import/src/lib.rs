@@ -1,1 +1,93 @@
-//! kiln's model importers. (Being written.)
+//! Model importers: read a trained model and produce kiln's tensor-level IR
+//! ([`kiln_ir::Graph`]) with fully static shapes.
+//!
+//! Only ONNX today ([`onnx`]). An importer:
+//! - decodes the model without copying tensor data (weights are slices of the
+//!   model buffer, `bytes::Bytes`), reading external-data files next to the model;
+//! - binds free input dimensions from [`ImportOptions::input_shapes`] and may bind
+//!   whole inputs to constants ([`ImportOptions::input_values`]);
+//! - translates each operator into kiln's canonical form (ONNX opset-22 semantics),
+//!   whatever opset the model was written for;
+//! - infers every result type, and folds every node whose operands are constants
+//!   (shape arithmetic, `If` with a constant condition, weights built by
+//!   `ConstantOfShape`) with the reference evaluator, so the graph that remains
+//!   is static;
+//! - verifies the result.
+//!
+//! Errors ([`ImportError`]) are one line and name what and where: the node, its op
+//! type and opset, or the input, or the tensor.
+#![deny(missing_docs)]
+
+mod error;
+pub mod onnx;
+
+pub use error::{ImportError, UnsupportedOp};
+
+/// How to import a model.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Shapes for graph inputs (`name`, dims): bind free dimensions, or check fixed ones.
+    pub input_shapes: Vec<(String, Vec<usize>)>,
+    /// Values that turn graph inputs into constants (`name`, elements in row-major
+    /// order, converted to the input's dtype). The input disappears from the graph's
+    /// signature; everything it feeds may fold (e.g. silero-vad's `sr`).
+    pub input_values: Vec<(String, Vec<f64>)>,
+}
+
+/// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).
+pub fn parse_dims(s: &str) -> Result<Vec<usize>, String> {
+    let s = s.trim();
+    if s.is_empty() || s == "scalar" {
+        return Ok(Vec::new());
+    }
+    s.split(['x', ','])
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{d}` is not a dimension (expected e.g. 1x3x224x224)"))
+        })
+        .collect()
+}
+
+/// Parses `NAME=DIMS` (for `--input-shape`).
+pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, dims) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=DIMS, e.g. input=1x3x224x224"))?;
+    if name.is_empty() {
+        return Err(format!("`{s}`: the input name is empty"));
+    }
+    Ok((name.to_string(), parse_dims(dims).map_err(|e| format!("`{s}`: {e}"))?))
+}
+
+/// Parses `NAME=V[,V...]` (for `--input-value`).
+pub fn parse_input_value(s: &str) -> Result<(String, Vec<f64>), String> {
+    let (name, vals) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=VALUE[,VALUE...], e.g. sr=16000"))?;
+    if name.is_empty() {
+        return Err(format!("`{s}`: the input name is empty"));
+    }
+    let v = vals
+        .split(',')
+        .map(|x| x.trim().parse::<f64>().map_err(|_| format!("`{s}`: `{x}` is not a number")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_string(), v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn option_syntax() {
+        assert_eq!(parse_input_shape("x=1x3x224x224").unwrap(), ("x".into(), vec![1, 3, 224, 224]));
+        assert_eq!(parse_input_shape("a=b=2").unwrap(), ("a=b".into(), vec![2]));
+        assert_eq!(parse_input_shape("s=scalar").unwrap(), ("s".into(), vec![]));
+        assert!(parse_input_shape("x").is_err());
+        assert!(parse_input_shape("x=1xq").is_err());
+        assert!(parse_input_shape("=1").is_err());
+        assert_eq!(parse_input_value("sr=16000").unwrap(), ("sr".into(), vec![16000.0]));
+        assert!(parse_input_value("sr=abc").is_err());
+    }
+}

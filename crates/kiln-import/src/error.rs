@@ -1,0 +1,86 @@
+//! Import errors: one line each, naming what and where.
+
+use core::fmt;
+
+/// An operator kiln cannot import.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsupportedOp {
+    /// The op type.
+    pub op_type: String,
+    /// Its domain (`""` is the default ONNX domain).
+    pub domain: String,
+    /// The opset version of that domain the model imports.
+    pub opset: i64,
+    /// Name of the first node using it (or `#index` when unnamed).
+    pub node: String,
+    /// How many nodes use it.
+    pub count: usize,
+}
+
+impl fmt::Display for UnsupportedOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let domain = if self.domain.is_empty() { "ai.onnx" } else { &self.domain };
+        write!(f, "{} ({domain} opset {}, node `{}`", self.op_type, self.opset, self.node)?;
+        if self.count > 1 {
+            write!(f, " and {} more", self.count - 1)?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Why a model could not be imported.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The model file could not be read.
+    #[error("cannot read `{path}`: {message}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        message: String,
+    },
+    /// The bytes are not a valid model.
+    #[error("not a valid ONNX model: {0}")]
+    Decode(String),
+    /// A structural problem of the model (no graph, an undefined value, ...).
+    #[error("invalid model: {0}")]
+    Model(String),
+    /// Operators kiln does not support (all of them, listed at once).
+    #[error("unsupported operators: {}", list(.0))]
+    Unsupported(Vec<UnsupportedOp>),
+    /// A node could not be imported.
+    #[error("node `{node}` ({op_type}, opset {opset}): {message}")]
+    Node {
+        /// The node's name (or `#index`).
+        node: String,
+        /// Its op type.
+        op_type: String,
+        /// The opset of its domain.
+        opset: i64,
+        /// What is wrong.
+        message: String,
+    },
+    /// A graph input could not be bound.
+    #[error("input `{name}`: {message}")]
+    Input {
+        /// The input's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor (initializer, constant, attribute) could not be decoded.
+    #[error("tensor `{name}`: {message}")]
+    Tensor {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The imported graph failed verification (an importer bug or an invalid model).
+    #[error("imported graph is invalid: {0}")]
+    Verify(String),
+}
+
+fn list(ops: &[UnsupportedOp]) -> String {
+    ops.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(", ")
+}

@@ -1,0 +1,631 @@
+//! The ONNX importer.
+//!
+//! - [`proto`]: prost types generated at build time from `proto/onnx.proto`;
+//! - `tensor`: `TensorProto` decoding (raw, typed, external data);
+//! - `canon`: translation of each op from the model's opset into kiln's canonical
+//!   (opset-22) form;
+//! - this module: the driver — inputs, initializers, nodes in order (with `If`
+//!   inlining and constant folding), outputs.
+
+mod canon;
+mod tensor;
+
+/// Types generated from `proto/onnx.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/kiln.onnx.rs"));
+}
+
+use crate::{ImportError, ImportOptions, UnsupportedOp};
+use bytes::Bytes;
+use kiln_ir::infer::{infer, InferError, InferInput};
+use kiln_ir::{Attr, Attrs, DType, Graph, Op, OpKind, Shape, Tensor, TensorType, ValueDef, ValueId};
+use prost::Message;
+use proto::{attribute_proto::AttributeType, type_proto, GraphProto, ModelProto, NodeProto};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use tensor::{tensor_from_proto, ExternalFiles};
+
+/// The newest default-domain opset kiln understands.
+pub const MAX_OPSET: i64 = 22;
+
+/// Ops handled by the importer itself rather than mapped to an [`OpKind`].
+const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Identity", "Upsample", "Scatter"];
+
+/// Imports an ONNX model file (external data is read relative to its directory).
+pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
+    let data = std::fs::read(path)
+        .map_err(|e| ImportError::Io { path: path.display().to_string(), message: e.to_string() })?;
+    let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    import_bytes(Bytes::from(data), base, opts)
+}
+
+/// Imports an ONNX model from memory. Tensor data stays in `data` (no copies);
+/// `base_dir` is where external data files are looked up.
+pub fn import_bytes(data: Bytes, base_dir: Option<&Path>, opts: &ImportOptions) -> Result<Graph, ImportError> {
+    if data.is_empty() {
+        return Err(ImportError::Decode("the file is empty".into()));
+    }
+    let model = ModelProto::decode(data).map_err(|e| ImportError::Decode(e.to_string()))?;
+    import_model(&model, base_dir, opts)
+}
+
+/// Imports a decoded model.
+pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOptions) -> Result<Graph, ImportError> {
+    let graph = model.graph.as_ref().ok_or_else(|| ImportError::Model("the model has no graph".into()))?;
+    let mut opsets: HashMap<String, i64> = HashMap::new();
+    for o in &model.opset_import {
+        let d = o.domain.clone().unwrap_or_default();
+        let d = if d == "ai.onnx" { String::new() } else { d };
+        opsets.insert(d, o.version.unwrap_or(0));
+    }
+    let opset = match opsets.get("") {
+        Some(&v) => v,
+        None if model.opset_import.is_empty() => {
+            return Err(ImportError::Model("the model imports no opset".into()));
+        }
+        None => 0,
+    };
+    if opset > MAX_OPSET {
+        return Err(ImportError::Model(format!(
+            "the model uses ai.onnx opset {opset}; kiln supports opsets up to {MAX_OPSET}"
+        )));
+    }
+    check_supported(graph, &opsets)?;
+
+    let mut used = HashSet::new();
+    collect_used(graph, &mut used);
+    let mut imp = Importer {
+        opset,
+        g: Graph::new(graph.name.clone().unwrap_or_default()),
+        scopes: vec![HashMap::new()],
+        used,
+        names: HashSet::new(),
+        ext: ExternalFiles::new(base_dir.map(Path::to_path_buf)),
+    };
+    imp.import_signature(graph, opts)?;
+    imp.import_body(graph)?;
+    imp.import_outputs(graph)?;
+    let g = imp.g.without_dead_code();
+    kiln_ir::verify::verify(&g).map_err(|e| ImportError::Verify(e.to_string()))?;
+    Ok(g)
+}
+
+/// Lists every node (in subgraphs too) whose op kiln cannot import.
+fn check_supported(graph: &GraphProto, opsets: &HashMap<String, i64>) -> Result<(), ImportError> {
+    fn walk(g: &GraphProto, opsets: &HashMap<String, i64>, found: &mut Vec<UnsupportedOp>, index: &mut usize) {
+        for n in &g.node {
+            *index += 1;
+            let op = n.op_type.clone().unwrap_or_default();
+            let domain = n.domain.clone().unwrap_or_default();
+            let domain = if domain == "ai.onnx" { String::new() } else { domain };
+            let known = domain.is_empty()
+                && (IMPORT_ONLY_OPS.contains(&op.as_str()) || op.parse::<OpKind>().is_ok());
+            if !known {
+                if let Some(u) = found.iter_mut().find(|u| u.op_type == op && u.domain == domain) {
+                    u.count += 1;
+                } else {
+                    found.push(UnsupportedOp {
+                        op_type: op,
+                        opset: opsets.get(&domain).copied().unwrap_or(0),
+                        domain,
+                        node: node_label(n, *index - 1),
+                        count: 1,
+                    });
+                }
+            }
+            for a in &n.attribute {
+                for sub in a.g.iter().chain(&a.graphs) {
+                    walk(sub, opsets, found, index);
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(graph, opsets, &mut found, &mut 0);
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(ImportError::Unsupported(found))
+    }
+}
+
+/// Every value name some node (in any subgraph) reads, and every graph output.
+fn collect_used(g: &GraphProto, used: &mut HashSet<String>) {
+    for n in &g.node {
+        used.extend(n.input.iter().filter(|s| !s.is_empty()).cloned());
+        for a in &n.attribute {
+            for sub in a.g.iter().chain(&a.graphs) {
+                collect_used(sub, used);
+            }
+        }
+    }
+    used.extend(g.output.iter().filter_map(|o| o.name.clone()));
+}
+
+fn node_label(n: &NodeProto, index: usize) -> String {
+    match n.name.as_deref() {
+        Some(s) if !s.is_empty() => s.to_string(),
+        _ => format!("#{index}"),
+    }
+}
+
+/// Import state: the graph being built and the name scopes (one per inlined subgraph).
+struct Importer {
+    opset: i64,
+    g: Graph,
+    scopes: Vec<HashMap<String, ValueId>>,
+    used: HashSet<String>,
+    names: HashSet<String>,
+    ext: ExternalFiles,
+}
+
+/// Where a node being imported is, for error messages.
+pub(crate) struct At<'a> {
+    pub node: &'a str,
+    pub op_type: &'a str,
+    pub opset: i64,
+}
+
+impl At<'_> {
+    pub fn err(&self, message: impl Into<String>) -> ImportError {
+        ImportError::Node {
+            node: self.node.to_string(),
+            op_type: self.op_type.to_string(),
+            opset: self.opset,
+            message: message.into(),
+        }
+    }
+}
+
+impl Importer {
+    fn lookup(&self, name: &str) -> Option<ValueId> {
+        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
+    }
+
+    fn bind(&mut self, name: &str, v: ValueId) {
+        if let Some(s) = self.scopes.last_mut() {
+            s.insert(name.to_string(), v);
+        }
+    }
+
+    /// A value name not used yet in the IR (ONNX names are unique per graph, but
+    /// inlined subgraphs may repeat them).
+    fn fresh_name(&mut self, name: &str) -> String {
+        if name.is_empty() {
+            return String::new();
+        }
+        let mut n = name.to_string();
+        let mut k = 1;
+        while self.names.contains(&n) {
+            n = format!("{name}.{k}");
+            k += 1;
+        }
+        self.names.insert(n.clone());
+        n
+    }
+
+    pub(crate) fn add_const(&mut self, name: &str, t: Tensor) -> ValueId {
+        let name = self.fresh_name(name);
+        self.g.add_const(name, t)
+    }
+
+    fn import_signature(&mut self, graph: &GraphProto, opts: &ImportOptions) -> Result<(), ImportError> {
+        for init in &graph.initializer {
+            let t = tensor_from_proto(init, &mut self.ext)?;
+            let name = init.name.clone().unwrap_or_default();
+            let v = self.add_const(&name, t);
+            self.bind(&name, v);
+        }
+        if !graph.sparse_initializer.is_empty() {
+            return Err(ImportError::Model("sparse initializers are not supported".into()));
+        }
+        let input_names: Vec<String> = graph
+            .input
+            .iter()
+            .filter_map(|i| i.name.clone())
+            .filter(|n| self.lookup(n).is_none())
+            .collect();
+        for (name, _) in opts.input_shapes.iter().map(|(n, d)| (n, d.len())).chain(opts.input_values.iter().map(|(n, v)| (n, v.len()))) {
+            if !input_names.contains(name) {
+                return Err(ImportError::Input {
+                    name: name.clone(),
+                    message: format!("the model has no such input; its inputs are: {}", quoted_list(&input_names)),
+                });
+            }
+        }
+        for vi in &graph.input {
+            let name = vi.name.clone().unwrap_or_default();
+            if self.lookup(&name).is_some() {
+                // An initializer listed as an input (IR < 4 style): a constant.
+                continue;
+            }
+            let ierr = |message: String| ImportError::Input { name: name.clone(), message };
+            let tt = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                Some(type_proto::Value::TensorType(t)) => t,
+                Some(_) => return Err(ierr("only tensor inputs are supported (not sequences, maps or optionals)".into())),
+                None => return Err(ierr("the input has no type".into())),
+            };
+            let code = tt.elem_type.unwrap_or(0);
+            let dtype = DType::from_onnx_code(code as i64)
+                .ok_or_else(|| ierr(format!("element type code {code} is not supported")))?;
+            let given = opts.input_shapes.iter().find(|(n, _)| *n == name).map(|(_, d)| d.clone());
+            let value = opts.input_values.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
+            let dims = match (&tt.shape, given) {
+                (None, Some(d)) => d,
+                (None, None) => match &value {
+                    Some(v) if v.len() == 1 => Vec::new(),
+                    _ => return Err(ierr("the input's rank is unknown; give its shape with --input-shape".into())),
+                },
+                (Some(s), given) => {
+                    use proto::tensor_shape_proto::dimension::Value as D;
+                    let declared: Vec<Option<i64>> = s
+                        .dim
+                        .iter()
+                        .map(|d| match d.value {
+                            Some(D::DimValue(v)) if v >= 0 => Some(v),
+                            _ => None,
+                        })
+                        .collect();
+                    let show = || {
+                        s.dim
+                            .iter()
+                            .map(|d| match &d.value {
+                                Some(D::DimValue(v)) => v.to_string(),
+                                Some(D::DimParam(p)) if !p.is_empty() => p.clone(),
+                                _ => "?".into(),
+                            })
+                            .collect::<Vec<_>>()
+                            .join("x")
+                    };
+                    match given {
+                        Some(g) => {
+                            if g.len() != declared.len() {
+                                return Err(ierr(format!(
+                                    "--input-shape gives rank {} ({}), but the model declares rank {} ({})",
+                                    g.len(),
+                                    dims_str(&g),
+                                    declared.len(),
+                                    show()
+                                )));
+                            }
+                            for (i, (&gd, d)) in g.iter().zip(&declared).enumerate() {
+                                if let Some(d) = d {
+                                    if *d as u64 != gd as u64 {
+                                        return Err(ierr(format!(
+                                            "dimension {i} is fixed at {d} by the model ({}), --input-shape gives {gd}",
+                                            show()
+                                        )));
+                                    }
+                                }
+                            }
+                            g
+                        }
+                        None => {
+                            if declared.iter().any(|d| d.is_none()) {
+                                return Err(ierr(format!(
+                                    "the input has free dimensions ({}); bind them with --input-shape {name}=DIMS",
+                                    show()
+                                )));
+                            }
+                            declared.iter().map(|d| d.unwrap_or(0) as usize).collect()
+                        }
+                    }
+                }
+            };
+            let shape = Shape::new(dims).map_err(|e| ierr(e.to_string()))?;
+            let ty = TensorType::new(dtype, shape);
+            let v = match value {
+                Some(vals) => {
+                    if vals.len() != ty.shape.numel() {
+                        return Err(ierr(format!(
+                            "--input-value gives {} values, type {ty} holds {}",
+                            vals.len(),
+                            ty.shape.numel()
+                        )));
+                    }
+                    let t = Tensor::from_f64(dtype, ty.shape.clone(), &vals).map_err(|e| ierr(e.to_string()))?;
+                    self.add_const(&name, t)
+                }
+                None => {
+                    let n = self.fresh_name(&name);
+                    self.g.add_input(n, ty)
+                }
+            };
+            self.bind(&name, v);
+        }
+        Ok(())
+    }
+
+    fn import_body(&mut self, graph: &GraphProto) -> Result<(), ImportError> {
+        for (i, n) in graph.node.iter().enumerate() {
+            self.import_node(n, i)?;
+        }
+        Ok(())
+    }
+
+    fn import_outputs(&mut self, graph: &GraphProto) -> Result<(), ImportError> {
+        let mut taken: HashSet<ValueId> = HashSet::new();
+        for o in &graph.output {
+            let name = o.name.clone().unwrap_or_default();
+            let v = self
+                .lookup(&name)
+                .ok_or_else(|| ImportError::Model(format!("graph output `{name}` is never defined")))?;
+            if let Some(type_proto::Value::TensorType(tt)) = o.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                let code = tt.elem_type.unwrap_or(0);
+                if code != 0 && DType::from_onnx_code(code as i64) != Some(self.g.ty(v).dtype) {
+                    return Err(ImportError::Model(format!(
+                        "graph output `{name}` is declared with element type code {code}, but computes {}",
+                        self.g.ty(v)
+                    )));
+                }
+            }
+            // Graph outputs carry their ONNX names. A value reached through
+            // Identity (or also an input, or another output) gets an Identity node.
+            let val = &self.g.values[v];
+            let v = if val.name == name {
+                v
+            } else if matches!(val.def, ValueDef::Node { .. }) && !taken.contains(&v) && !self.g.outputs.contains(&v) {
+                self.names.remove(&val.name);
+                let fresh = self.fresh_name(&name);
+                self.g.values[v].name = fresh;
+                v
+            } else {
+                let ty = self.g.ty(v).clone();
+                let fresh = self.fresh_name(&name);
+                let (_, outs) = self.g.add_node(String::new(), Op::new(OpKind::Identity), vec![Some(v)], vec![(fresh, ty)]);
+                outs[0]
+            };
+            taken.insert(v);
+            self.g.outputs.push(v);
+        }
+        Ok(())
+    }
+
+    fn import_node(&mut self, n: &NodeProto, index: usize) -> Result<(), ImportError> {
+        let label = node_label(n, index);
+        let op_type = n.op_type.clone().unwrap_or_default();
+        let at = At { node: &label, op_type: &op_type, opset: self.opset };
+        let mut inputs = Vec::with_capacity(n.input.len());
+        for name in &n.input {
+            if name.is_empty() {
+                inputs.push(None);
+            } else {
+                let v = self.lookup(name).ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
+                inputs.push(Some(v));
+            }
+        }
+        // Results nobody reads are dropped from the end of the list.
+        let mut outputs: Vec<String> = n.output.clone();
+        while outputs.len() > 1 && outputs.last().is_some_and(|o| o.is_empty() || !self.used.contains(o)) {
+            outputs.pop();
+        }
+        let mut attrs = Attrs::default();
+        let mut subgraphs: HashMap<String, &GraphProto> = HashMap::new();
+        for a in &n.attribute {
+            let name = a.name.clone().unwrap_or_default();
+            if let Some(g) = &a.g {
+                subgraphs.insert(name, g);
+                continue;
+            }
+            if a.ref_attr_name.is_some() {
+                return Err(at.err(format!("attribute `{name}` refers to a function attribute")));
+            }
+            let v = self.attr_value(a, &at)?;
+            attrs.set(name, v);
+        }
+        match op_type.as_str() {
+            "Constant" => {
+                let t = self.constant_value(&attrs, &at)?;
+                let out = outputs.first().cloned().unwrap_or_default();
+                let v = self.add_const(&out, t);
+                self.bind(&out, v);
+                Ok(())
+            }
+            "Identity" => {
+                let v = inputs.first().copied().flatten().ok_or_else(|| at.err("Identity needs one operand"))?;
+                let out = outputs.first().cloned().unwrap_or_default();
+                self.bind(&out, v);
+                Ok(())
+            }
+            "If" => self.inline_if(&inputs, &outputs, &subgraphs, &at),
+            _ => {
+                if let Some(k) = subgraphs.keys().next() {
+                    return Err(at.err(format!("graph attribute `{k}` is not supported on this op")));
+                }
+                let c = canon::canonicalize(self, &op_type, attrs, inputs, outputs.len(), &at)?;
+                let vals = self.emit(&label, c.kind, c.attrs, c.inputs, &outputs, &at)?;
+                for (name, v) in outputs.iter().zip(vals) {
+                    if !name.is_empty() {
+                        self.bind(name, v);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Replaces `If` by the branch its (constant) condition selects.
+    fn inline_if(
+        &mut self,
+        inputs: &[Option<ValueId>],
+        outputs: &[String],
+        subgraphs: &HashMap<String, &GraphProto>,
+        at: &At,
+    ) -> Result<(), ImportError> {
+        let cond = inputs.first().copied().flatten().ok_or_else(|| at.err("If needs a condition"))?;
+        let Some(c) = self.g.constant(cond) else {
+            return Err(at.err(format!(
+                "the condition `{}` depends on run-time data; kiln needs it constant (bind the inputs it depends on with --input-value NAME=VALUE)",
+                self.g.values[cond].name
+            )));
+        };
+        let taken = match c.to_f64_vec().as_slice() {
+            [x] => *x != 0.0,
+            _ => return Err(at.err(format!("the condition must hold one element, it is {}", c.ty()))),
+        };
+        let key = if taken { "then_branch" } else { "else_branch" };
+        let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
+        if branch.output.len() < outputs.len() {
+            return Err(at.err(format!("{key} has {} outputs, the node {}", branch.output.len(), outputs.len())));
+        }
+        self.scopes.push(HashMap::new());
+        let r = (|| {
+            for init in &branch.initializer {
+                let t = tensor_from_proto(init, &mut self.ext)?;
+                let name = init.name.clone().unwrap_or_default();
+                let v = self.add_const(&name, t);
+                self.bind(&name, v);
+            }
+            for (i, n) in branch.node.iter().enumerate() {
+                self.import_node(n, i)?;
+            }
+            branch
+                .output
+                .iter()
+                .map(|o| {
+                    let name = o.name.clone().unwrap_or_default();
+                    self.lookup(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })();
+        self.scopes.pop();
+        let results = r?;
+        for (name, v) in outputs.iter().zip(results) {
+            if !name.is_empty() {
+                self.bind(name, v);
+            }
+        }
+        Ok(())
+    }
+
+    fn attr_value(&mut self, a: &proto::AttributeProto, at: &At) -> Result<Attr, ImportError> {
+        let name = a.name.clone().unwrap_or_default();
+        let ty = a.r#type.and_then(|t| AttributeType::try_from(t).ok()).unwrap_or_else(|| {
+            // Old models leave `type` unset: tell by the field that is filled.
+            if a.f.is_some() {
+                AttributeType::Float
+            } else if a.i.is_some() {
+                AttributeType::Int
+            } else if a.s.is_some() {
+                AttributeType::String
+            } else if a.t.is_some() {
+                AttributeType::Tensor
+            } else if !a.floats.is_empty() {
+                AttributeType::Floats
+            } else if !a.ints.is_empty() {
+                AttributeType::Ints
+            } else if !a.strings.is_empty() {
+                AttributeType::Strings
+            } else {
+                AttributeType::Undefined
+            }
+        });
+        let s = |b: &Bytes| String::from_utf8_lossy(b).into_owned();
+        Ok(match ty {
+            AttributeType::Float => Attr::Float(a.f.unwrap_or(0.0)),
+            AttributeType::Int => Attr::Int(a.i.unwrap_or(0)),
+            AttributeType::String => Attr::String(a.s.as_ref().map(s).unwrap_or_default()),
+            AttributeType::Floats => Attr::Floats(a.floats.clone()),
+            AttributeType::Ints => Attr::Ints(a.ints.clone()),
+            AttributeType::Strings => Attr::Strings(a.strings.iter().map(s).collect()),
+            AttributeType::Tensor => {
+                let t = a.t.as_ref().ok_or_else(|| at.err(format!("tensor attribute `{name}` has no tensor")))?;
+                Attr::Tensor(tensor_from_proto(t, &mut self.ext)?)
+            }
+            other => return Err(at.err(format!("attribute `{name}` has unsupported kind {other:?}"))),
+        })
+    }
+
+    /// The tensor of a `Constant` node.
+    fn constant_value(&self, attrs: &Attrs, at: &At) -> Result<Tensor, ImportError> {
+        let (name, a) = attrs.iter().next().ok_or_else(|| at.err("Constant has no value attribute"))?;
+        let bad = |e: String| at.err(e);
+        match (name, a) {
+            ("value", Attr::Tensor(t)) => Ok(t.clone()),
+            ("value_float", Attr::Float(x)) => Ok(Tensor::scalar(*x)),
+            ("value_int", Attr::Int(x)) => Ok(Tensor::scalar(*x)),
+            ("value_floats", Attr::Floats(v)) => {
+                Tensor::from_vec(Shape::new([v.len()]).map_err(|e| bad(e.to_string()))?, v.clone()).map_err(|e| bad(e.to_string()))
+            }
+            ("value_ints", Attr::Ints(v)) => {
+                Tensor::from_vec(Shape::new([v.len()]).map_err(|e| bad(e.to_string()))?, v.clone()).map_err(|e| bad(e.to_string()))
+            }
+            (n, _) if n.starts_with("value_string") => Err(at.err("string constants are not supported")),
+            (n, _) => Err(at.err(format!("unsupported Constant attribute `{n}`"))),
+        }
+    }
+
+    /// Adds one operator application: infers its result types, and folds it into
+    /// constants when its operands are known.
+    pub(crate) fn emit(
+        &mut self,
+        node_name: &str,
+        kind: OpKind,
+        attrs: Attrs,
+        inputs: Vec<Option<ValueId>>,
+        out_names: &[String],
+        at: &At,
+    ) -> Result<Vec<ValueId>, ImportError> {
+        let op = Op { kind, attrs };
+        let num_outputs = out_names.len().max(1);
+        let tys = {
+            let infer_inputs: Vec<Option<InferInput>> = inputs
+                .iter()
+                .map(|o| o.map(|v| InferInput { ty: &self.g.values[v].ty, value: self.g.values[v].constant() }))
+                .collect();
+            infer(&op, &infer_inputs, num_outputs).map_err(|e| match e {
+                InferError::Invalid(m) => at.err(m),
+                InferError::Unsupported(m) => at.err(format!("unsupported: {m}")),
+            })?
+        };
+        let name_of = |i: usize| out_names.get(i).cloned().unwrap_or_default();
+        // Results that depend only on operand types.
+        if matches!(kind, OpKind::Shape | OpKind::Size) {
+            if let Some(v) = inputs.first().copied().flatten() {
+                let t = shape_of(&op, self.g.ty(v), &tys[0]).map_err(|m| at.err(m))?;
+                return Ok(vec![self.add_const(&name_of(0), t)]);
+            }
+        }
+        let all_const = inputs.iter().flatten().all(|&v| self.g.constant(v).is_some());
+        if all_const {
+            let args: Vec<Option<&Tensor>> = inputs.iter().map(|o| o.and_then(|v| self.g.constant(v))).collect();
+            let outs = kiln_ref::eval_op(&op, &args, &tys).map_err(|e| at.err(format!("constant folding failed: {e}")))?;
+            return Ok(outs.into_iter().enumerate().map(|(i, t)| self.add_const(&name_of(i), t)).collect::<Vec<_>>());
+        }
+        let outs: Vec<(String, TensorType)> =
+            tys.into_iter().enumerate().map(|(i, ty)| (self.fresh_name(&name_of(i)), ty)).collect();
+        let (_, vals) = self.g.add_node(node_name.to_string(), op, inputs, outs);
+        Ok(vals)
+    }
+}
+
+/// Shape or Size of a value of type `ty` (result type `out`).
+fn shape_of(op: &Op, ty: &TensorType, out: &TensorType) -> Result<Tensor, String> {
+    let dims: Vec<i64> = ty.shape.dims().iter().map(|&d| d as i64).collect();
+    let v = if op.kind == OpKind::Size {
+        vec![ty.shape.numel() as i64]
+    } else {
+        let r = dims.len() as i64;
+        let clamp = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) } as usize;
+        let start = clamp(op.attrs.int_or("start", 0).map_err(|e| e.to_string())?);
+        let end = clamp(op.attrs.int_or("end", r).map_err(|e| e.to_string())?);
+        dims[start..end.max(start)].to_vec()
+    };
+    Tensor::from_i64(out.dtype, out.shape.clone(), &v).map_err(|e| e.to_string())
+}
+
+fn dims_str(d: &[usize]) -> String {
+    if d.is_empty() {
+        "scalar".into()
+    } else {
+        d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")
+    }
+}
+
+fn quoted_list(names: &[String]) -> String {
+    if names.is_empty() {
+        return "(none)".into();
+    }
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
