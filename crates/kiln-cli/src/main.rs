@@ -1,1 +1,244 @@
-fn main() {}
+//! `kiln`: the command-line front door.
+//!
+//! - `kiln import MODEL [--input-shape N=DIMS]... [--input-value N=V]...` prints the
+//!   tensor-level IR of a model;
+//! - `kiln eval MODEL [--input N=FILE.npy]... [--output-dir DIR] [--seed S]` runs the
+//!   reference evaluator and writes one `.npy` per output.
+//!
+//! MODEL is an ONNX file, or a file in kiln's IR text form (`.kir`).
+//! Errors are one line on stderr and exit status 1.
+
+use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
+use kiln_ir::{npy, DType, Graph, Shape, Tensor};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+const USAGE: &str = "\
+usage:
+  kiln import MODEL [--input-shape NAME=DIMS]... [--input-value NAME=V[,V...]]...
+  kiln eval MODEL [--input NAME=FILE.npy]... [--input-shape NAME=DIMS]... [--input-value NAME=V]...
+                  [--output-dir DIR] [--seed N]
+
+MODEL is an .onnx file or a .kir file (kiln IR text form).
+--input-shape binds free input dimensions (e.g. input=1x3x224x224).
+--input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.
+eval without --input for an input feeds seeded random data (--seed, default 0).";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Default)]
+struct Cli {
+    model: Option<PathBuf>,
+    opts: ImportOptions,
+    inputs: Vec<(String, PathBuf)>,
+    output_dir: Option<PathBuf>,
+    seed: u64,
+}
+
+fn parse_args(args: &[String], allow_eval: bool) -> Result<Cli, String> {
+    let mut cli = Cli::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().ok_or_else(|| format!("{name} needs a value")),
+            }
+        };
+        match flag {
+            "--input-shape" => cli.opts.input_shapes.push(parse_input_shape(&value(flag)?)?),
+            "--input-value" => cli.opts.input_values.push(parse_input_value(&value(flag)?)?),
+            "--input" if allow_eval => {
+                let v = value(flag)?;
+                let (n, f) = v
+                    .rsplit_once('=')
+                    .ok_or_else(|| format!("--input `{v}`: expected NAME=FILE.npy"))?;
+                cli.inputs.push((n.to_string(), PathBuf::from(f)));
+            }
+            "--output-dir" if allow_eval => cli.output_dir = Some(PathBuf::from(value(flag)?)),
+            "--seed" if allow_eval => {
+                let v = value(flag)?;
+                cli.seed = v.parse().map_err(|_| format!("--seed `{v}` is not a number"))?;
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            f if f.starts_with('-') => return Err(format!("unknown option `{f}`\n{USAGE}")),
+            _ if cli.model.is_none() => cli.model = Some(PathBuf::from(a)),
+            _ => return Err(format!("unexpected argument `{a}`")),
+        }
+    }
+    if cli.model.is_none() {
+        return Err(format!("no model given\n{USAGE}"));
+    }
+    Ok(cli)
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let Some(cmd) = args.first() else {
+        return Err(USAGE.to_string());
+    };
+    match cmd.as_str() {
+        "import" => {
+            let cli = parse_args(&args[1..], false)?;
+            let g = load(cli.model.as_deref().unwrap_or(Path::new("")), &cli.opts)?;
+            print!("{}", kiln_ir::text::print(&g));
+            Ok(())
+        }
+        "eval" => eval(parse_args(&args[1..], true)?),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+    }
+}
+
+/// Loads an ONNX model or an IR text file.
+fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
+    let is_text = path.extension().is_some_and(|e| e == "kir");
+    if is_text {
+        if !opts.input_shapes.is_empty() || !opts.input_values.is_empty() {
+            return Err("--input-shape/--input-value apply to ONNX models only".into());
+        }
+        let src = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+        let g = kiln_ir::text::parse(&src).map_err(|e| format!("{}:{e}", path.display()))?;
+        kiln_ir::verify::verify(&g).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(g)
+    } else {
+        kiln_import::onnx::import_file(path, opts).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+fn eval(cli: Cli) -> Result<(), String> {
+    let path = cli.model.clone().unwrap_or_default();
+    let t0 = Instant::now();
+    let g = load(&path, &cli.opts)?;
+    let t_import = t0.elapsed();
+    for (n, _) in &cli.inputs {
+        if !g.inputs.iter().any(|&v| g.values[v].name == *n) {
+            let names: Vec<String> = g.inputs.iter().map(|&v| format!("`{}`", g.values[v].name)).collect();
+            return Err(format!("--input `{n}`: the model has no such input; its inputs are: {}", names.join(", ")));
+        }
+    }
+    let mut rng = SplitMix(cli.seed);
+    let mut feeds = Vec::new();
+    for &v in &g.inputs {
+        let val = &g.values[v];
+        let t = match cli.inputs.iter().find(|(n, _)| *n == val.name) {
+            Some((_, file)) => {
+                let bytes = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
+                let t = npy::read(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+                if t.ty() != &val.ty {
+                    return Err(format!(
+                        "input `{}`: {} holds {}, the model expects {}",
+                        val.name,
+                        file.display(),
+                        t.ty(),
+                        val.ty
+                    ));
+                }
+                t
+            }
+            None => random_tensor(val.ty.dtype, val.ty.shape.clone(), &mut rng)?,
+        };
+        feeds.push(t);
+    }
+    let t1 = Instant::now();
+    let outs = kiln_ref::eval_graph(&g, &feeds).map_err(|e| e.to_string())?;
+    let t_eval = t1.elapsed();
+    if let Some(dir) = &cli.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    }
+    for (&v, t) in g.outputs.iter().zip(&outs) {
+        let name = &g.values[v].name;
+        println!("{name}: {} {}", t.ty(), summary(t));
+        if let Some(dir) = &cli.output_dir {
+            let file = dir.join(format!("{}.npy", file_stem(name)));
+            let bytes = npy::write(t).map_err(|e| format!("{name}: {e}"))?;
+            std::fs::write(&file, bytes).map_err(|e| format!("cannot write `{}`: {e}", file.display()))?;
+        }
+    }
+    eprintln!(
+        "{}: imported in {:.1} ms, evaluated in {:.1} ms",
+        path.display(),
+        t_import.as_secs_f64() * 1e3,
+        t_eval.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// An output name as a file name: every character outside `[A-Za-z0-9._-]` becomes `_`.
+fn file_stem(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.chars().all(|c| c == '.') {
+        format!("output_{s}")
+    } else {
+        s
+    }
+}
+
+fn summary(t: &Tensor) -> String {
+    let v = t.to_f64_vec();
+    if v.is_empty() {
+        return "(empty)".into();
+    }
+    let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
+    for &x in &v {
+        lo = lo.min(x);
+        hi = hi.max(x);
+        sum += x;
+    }
+    let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:.6}")).collect();
+    format!(
+        "min {lo:.6} max {hi:.6} mean {:.6} [{}{}]",
+        sum / v.len() as f64,
+        head.join(", "),
+        if v.len() > 4 { ", ..." } else { "" }
+    )
+}
+
+/// SplitMix64: a small, seedable generator for random inputs.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Random data: floats uniform in [-1, 1), integers in [0, 8), bools fair.
+fn random_tensor(dtype: DType, shape: Shape, rng: &mut SplitMix) -> Result<Tensor, String> {
+    let n = shape.numel();
+    let v: Vec<f64> = if dtype.is_float() {
+        (0..n).map(|_| rng.unit() * 2.0 - 1.0).collect()
+    } else if dtype == DType::Bool {
+        (0..n).map(|_| (rng.next() & 1) as f64).collect()
+    } else {
+        (0..n).map(|_| (rng.next() % 8) as f64).collect()
+    };
+    Tensor::from_f64(dtype, shape, &v).map_err(|e| e.to_string())
+}

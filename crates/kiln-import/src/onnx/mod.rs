@@ -29,6 +29,10 @@ use tensor::{tensor_from_proto, ExternalFiles};
 /// The newest default-domain opset kiln understands.
 pub const MAX_OPSET: i64 = 22;
 
+/// Results larger than this many bytes are not folded when they are more than
+/// twice the size of their operands.
+const FOLD_INFLATE_LIMIT: usize = 64 * 1024;
+
 /// Ops handled by the importer itself rather than mapped to an [`OpKind`].
 const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Identity", "Upsample", "Scatter"];
 
@@ -588,7 +592,13 @@ impl Importer {
             }
         }
         let all_const = inputs.iter().flatten().all(|&v| self.g.constant(v).is_some());
-        if all_const {
+        // Folding must not inflate the model: a result much larger than its operands
+        // (a ConstantOfShape fill, an Expand, a Tile) stays a node for later stages
+        // to materialise as cheaply as they can.
+        let in_bytes: usize = inputs.iter().flatten().map(|&v| self.g.ty(v).storage_bytes()).sum();
+        let out_bytes: usize = tys.iter().map(|t| t.storage_bytes()).sum();
+        let inflates = out_bytes > FOLD_INFLATE_LIMIT && out_bytes > 2 * in_bytes;
+        if all_const && !inflates {
             let args: Vec<Option<&Tensor>> = inputs.iter().map(|o| o.and_then(|v| self.g.constant(v))).collect();
             let outs = kiln_ref::eval_op(&op, &args, &tys).map_err(|e| at.err(format!("constant folding failed: {e}")))?;
             return Ok(outs.into_iter().enumerate().map(|(i, t)| self.add_const(&name_of(i), t)).collect::<Vec<_>>());

