@@ -147,6 +147,79 @@ fn collect_used(g: &GraphProto, used: &mut HashSet<String>) {
     used.extend(g.output.iter().filter_map(|o| o.name.clone()));
 }
 
+/// The nodes of `g` in a topological order: the file's order where it already is
+/// one (ONNX requires it, not every exporter complies). A cycle is an error that
+/// names the nodes on it.
+fn topological_order(g: &GraphProto) -> Result<Vec<usize>, ImportError> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o.as_str(), i);
+        }
+    }
+    // Operands of node i produced by other nodes of this graph, including names
+    // its subgraphs read from this scope.
+    let deps: Vec<Vec<usize>> = g
+        .node
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let mut names: HashSet<String> = n.input.iter().filter(|s| !s.is_empty()).cloned().collect();
+            for a in &n.attribute {
+                for sub in a.g.iter().chain(&a.graphs) {
+                    collect_used(sub, &mut names);
+                }
+            }
+            let mut d: Vec<usize> = names.iter().filter_map(|s| producer.get(s.as_str()).copied()).filter(|&p| p != i).collect();
+            d.sort_unstable();
+            d.dedup();
+            d
+        })
+        .collect();
+    let n = g.node.len();
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut pending: Vec<usize> = vec![0; n];
+    for (i, d) in deps.iter().enumerate() {
+        pending[i] = d.len();
+        for &p in d {
+            users[p].push(i);
+        }
+    }
+    // Smallest ready index first, so a sorted file keeps its order.
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> =
+        (0..n).filter(|&i| pending[i] == 0).map(std::cmp::Reverse).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(std::cmp::Reverse(i)) = ready.pop() {
+        order.push(i);
+        for &u in &users[i] {
+            pending[u] -= 1;
+            if pending[u] == 0 {
+                ready.push(std::cmp::Reverse(u));
+            }
+        }
+    }
+    if order.len() == n {
+        return Ok(order);
+    }
+    // Walk back from a stuck node along stuck dependencies until a node repeats.
+    let stuck = |i: usize| pending[i] > 0;
+    let mut path: Vec<usize> = Vec::new();
+    let mut cur = (0..n).find(|&i| stuck(i)).unwrap_or(0);
+    while !path.contains(&cur) {
+        path.push(cur);
+        match deps[cur].iter().copied().find(|&d| stuck(d)) {
+            Some(d) => cur = d,
+            None => break,
+        }
+    }
+    let start = path.iter().position(|&p| p == cur).unwrap_or(0);
+    let mut cycle: Vec<String> = path[start..].iter().rev().map(|&i| format!("`{}`", node_label(&g.node[i], i))).collect();
+    if let Some(first) = cycle.first().cloned() {
+        cycle.push(first);
+    }
+    Err(ImportError::Model(format!("the graph has a cycle: {}", cycle.join(" -> "))))
+}
+
 fn node_label(n: &NodeProto, index: usize) -> String {
     match n.name.as_deref() {
         Some(s) if !s.is_empty() => s.to_string(),
@@ -342,8 +415,8 @@ impl Importer {
     }
 
     fn import_body(&mut self, graph: &GraphProto) -> Result<(), ImportError> {
-        for (i, n) in graph.node.iter().enumerate() {
-            self.import_node(n, i)?;
+        for i in topological_order(graph)? {
+            self.import_node(&graph.node[i], i)?;
         }
         Ok(())
     }
@@ -481,8 +554,8 @@ impl Importer {
                 let v = self.add_const(&name, t);
                 self.bind(&name, v);
             }
-            for (i, n) in branch.node.iter().enumerate() {
-                self.import_node(n, i)?;
+            for i in topological_order(branch)? {
+                self.import_node(&branch.node[i], i)?;
             }
             branch
                 .output
