@@ -1,0 +1,108 @@
+//! Constants and field layout of the container.
+
+use core::fmt;
+
+/// The first eight bytes of every `.kiln` file.
+pub const MAGIC: [u8; 8] = *b"KILNMOD\0";
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 64;
+/// Size of one section table entry.
+pub const ENTRY_LEN: usize = 32;
+/// Most sections a file may have.
+pub const MAX_SECTIONS: usize = 64;
+/// Largest section alignment.
+pub const MAX_ALIGN: u32 = 4096;
+
+/// A `major.minor` version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    /// Incompatible changes.
+    pub major: u16,
+    /// Compatible additions.
+    pub minor: u16,
+}
+
+impl Version {
+    /// Whether a reader of version `self` can read a file of version `file`:
+    /// same major, and a minor no newer than the reader's.
+    pub fn can_read(self, file: Version) -> bool {
+        self.major == file.major && file.minor <= self.minor
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The container format version this crate writes and reads.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 0 };
+
+/// What a section holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SectionKind {
+    /// Entry points with input/output names, dtypes, shapes.
+    Signature,
+    /// Command lists, buffer slots, arena size.
+    Plan,
+    /// Per-target code, entry symbols, relocations, required features.
+    Executables,
+    /// Aligned weights.
+    Constants,
+    /// A reference to an external weights file (size and hash).
+    ExternalWeights,
+    /// Op names, source locations (strippable).
+    Debug,
+    /// A kind this reader does not know (kept, so newer minor versions can add kinds).
+    Other(u32),
+}
+
+impl SectionKind {
+    /// The on-disk code.
+    pub fn code(self) -> u32 {
+        match self {
+            SectionKind::Signature => 1,
+            SectionKind::Plan => 2,
+            SectionKind::Executables => 3,
+            SectionKind::Constants => 4,
+            SectionKind::ExternalWeights => 5,
+            SectionKind::Debug => 6,
+            SectionKind::Other(c) => c,
+        }
+    }
+
+    /// The kind of an on-disk code.
+    pub fn from_code(c: u32) -> SectionKind {
+        match c {
+            1 => SectionKind::Signature,
+            2 => SectionKind::Plan,
+            3 => SectionKind::Executables,
+            4 => SectionKind::Constants,
+            5 => SectionKind::ExternalWeights,
+            6 => SectionKind::Debug,
+            c => SectionKind::Other(c),
+        }
+    }
+}
+
+impl fmt::Display for SectionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SectionKind::Signature => f.write_str("signature"),
+            SectionKind::Plan => f.write_str("plan"),
+            SectionKind::Executables => f.write_str("executables"),
+            SectionKind::Constants => f.write_str("constants"),
+            SectionKind::ExternalWeights => f.write_str("external-weights"),
+            SectionKind::Debug => f.write_str("debug"),
+            SectionKind::Other(c) => write!(f, "section kind {c}"),
+        }
+    }
+}
+
+/// CRC-32 (IEEE) of `bytes`.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(bytes);
+    h.finalize()
+}
