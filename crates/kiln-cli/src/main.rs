@@ -8,6 +8,8 @@
 //! MODEL is an ONNX file, or a file in kiln's IR text form (`.kir`).
 //! Errors are one line on stderr and exit status 1.
 
+mod conformance;
+
 use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
 use kiln_ir::{npy, DType, Graph, Shape, Tensor};
 use std::path::{Path, PathBuf};
@@ -19,6 +21,7 @@ usage:
   kiln import MODEL [--input-shape NAME=DIMS]... [--input-value NAME=V[,V...]]...
   kiln eval MODEL [--input NAME=FILE.npy]... [--input-shape NAME=DIMS]... [--input-value NAME=V]...
                   [--output-dir DIR] [--seed N]
+  kiln conformance DIR [--filter TEXT] [--verbose]
 
 MODEL is an .onnx file or a .kir file (kiln IR text form).
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
@@ -98,12 +101,47 @@ fn run(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         "eval" => eval(parse_args(&args[1..], true)?),
+        "conformance" => conformance_cmd(&args[1..]),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
         }
         other => Err(format!("unknown command `{other}`\n{USAGE}")),
     }
+}
+
+/// `kiln conformance DIR`: runs every ONNX node test case under DIR.
+fn conformance_cmd(args: &[String]) -> Result<(), String> {
+    let mut dir = None;
+    let mut filter = String::new();
+    let mut verbose = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--filter" => filter = it.next().cloned().ok_or("--filter needs a value")?,
+            "--verbose" | "-v" => verbose = true,
+            f if f.starts_with('-') => return Err(format!("unknown option `{f}`")),
+            _ => dir = Some(PathBuf::from(a)),
+        }
+    }
+    let dir = dir.ok_or("no directory given (e.g. .cache/onnx-node)")?;
+    let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    let mut total = 0;
+    for case in conformance::cases(&dir)? {
+        let name = case.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !name.contains(&filter) {
+            continue;
+        }
+        let outcome = conformance::run_case_guarded(&case, std::time::Duration::from_secs(30));
+        total += 1;
+        *counts.entry(outcome.category()).or_default() += 1;
+        if verbose || outcome != conformance::Outcome::Pass {
+            println!("{name}: {outcome}");
+        }
+    }
+    let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!("{total} cases (engine: import + reference evaluator): {}", summary.join(", "));
+    Ok(())
 }
 
 /// Loads an ONNX model or an IR text file.

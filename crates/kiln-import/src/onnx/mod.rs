@@ -54,6 +54,13 @@ pub fn import_bytes(data: Bytes, base_dir: Option<&Path>, opts: &ImportOptions) 
     import_model(&model, base_dir, opts)
 }
 
+/// Decodes one serialized `TensorProto` (the `input_*.pb` / `output_*.pb` files of
+/// ONNX test data).
+pub fn decode_tensor(data: Bytes) -> Result<Tensor, ImportError> {
+    let t = proto::TensorProto::decode(data).map_err(|e| ImportError::Decode(e.to_string()))?;
+    tensor_from_proto(&t, &mut ExternalFiles::new(None))
+}
+
 /// Imports a decoded model.
 pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOptions) -> Result<Graph, ImportError> {
     let graph = model.graph.as_ref().ok_or_else(|| ImportError::Model("the model has no graph".into()))?;

@@ -1,0 +1,214 @@
+//! `kiln conformance DIR`: runs ONNX node test cases (`model.onnx` +
+//! `test_data_set_*/{input,output}_*.pb`) and puts each in exactly one category.
+//!
+//! Engine today: import + the reference evaluator. Once the compiled pipeline
+//! exists, the same harness runs import → compile → artifact → load → run.
+//! Comparison follows the ONNX backend test defaults: |got − want| ≤ atol + rtol·|want|
+//! with rtol 1e-3, atol 1e-7; NaN equals NaN; integer and bool outputs exact.
+
+use bytes::Bytes;
+use kiln_import::ImportOptions;
+use kiln_ir::Tensor;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How one case ended.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Outcome {
+    /// Every output matched.
+    Pass,
+    /// The importer does not support the model (an op, a dtype, a form).
+    ImportUnsupported(String),
+    /// The importer rejected the model otherwise.
+    ImportError(String),
+    /// Evaluation failed.
+    RuntimeError(String),
+    /// An output differs.
+    Mismatch(String),
+    /// No result within the time limit.
+    Timeout,
+    /// A panic: always a defect.
+    Panic(String),
+}
+
+impl Outcome {
+    /// The category name.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Outcome::Pass => "pass",
+            Outcome::ImportUnsupported(_) => "import-unsupported",
+            Outcome::ImportError(_) => "import-error",
+            Outcome::RuntimeError(_) => "runtime-error",
+            Outcome::Mismatch(_) => "mismatch",
+            Outcome::Timeout => "timeout",
+            Outcome::Panic(_) => "panic",
+        }
+    }
+
+    fn reason(&self) -> &str {
+        match self {
+            Outcome::Pass | Outcome::Timeout => "",
+            Outcome::ImportUnsupported(r)
+            | Outcome::ImportError(r)
+            | Outcome::RuntimeError(r)
+            | Outcome::Mismatch(r)
+            | Outcome::Panic(r) => r,
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self.reason();
+        if r.is_empty() {
+            f.write_str(self.category())
+        } else {
+            write!(f, "{}: {}", self.category(), r.replace('\n', " "))
+        }
+    }
+}
+
+fn read_pb(p: &Path) -> Result<Tensor, String> {
+    let b = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    kiln_import::onnx::decode_tensor(Bytes::from(b)).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for i in 0.. {
+        let p = dir.join(format!("{prefix}_{i}.pb"));
+        if !p.exists() {
+            break;
+        }
+        v.push(p);
+    }
+    v
+}
+
+/// Runs one case directory.
+pub fn run_case(case: &Path) -> Outcome {
+    let model = case.join("model.onnx");
+    let g = match kiln_import::onnx::import_file(&model, &ImportOptions::default()) {
+        Ok(g) => g,
+        Err(e) => {
+            let msg = e.to_string();
+            let unsupported = matches!(e, kiln_import::ImportError::Unsupported(_))
+                || msg.contains("unsupported")
+                || msg.contains("not supported");
+            return if unsupported { Outcome::ImportUnsupported(msg) } else { Outcome::ImportError(msg) };
+        }
+    };
+    let mut sets: Vec<PathBuf> = match std::fs::read_dir(case) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_")))
+            .collect(),
+        Err(e) => return Outcome::ImportError(e.to_string()),
+    };
+    sets.sort();
+    for set in sets {
+        let inputs: Result<Vec<Tensor>, String> = numbered(&set, "input").iter().map(|p| read_pb(p)).collect();
+        let inputs = match inputs {
+            Ok(i) => i,
+            Err(e) => return Outcome::ImportUnsupported(format!("test data: {e}")),
+        };
+        let expected: Result<Vec<Tensor>, String> = numbered(&set, "output").iter().map(|p| read_pb(p)).collect();
+        let expected = match expected {
+            Ok(i) => i,
+            Err(e) => return Outcome::ImportUnsupported(format!("test data: {e}")),
+        };
+        if inputs.len() != g.inputs.len() {
+            return Outcome::RuntimeError(format!("{} inputs given, graph takes {}", inputs.len(), g.inputs.len()));
+        }
+        let got = match kiln_ref::eval_graph(&g, &inputs) {
+            Ok(o) => o,
+            Err(e) => return Outcome::RuntimeError(e.to_string()),
+        };
+        if got.len() != expected.len() {
+            return Outcome::Mismatch(format!("{} outputs, {} expected", got.len(), expected.len()));
+        }
+        for (k, (a, b)) in got.iter().zip(&expected).enumerate() {
+            if let Err(m) = compare(a, b) {
+                return Outcome::Mismatch(format!("output {k}: {m}"));
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+/// ONNX backend comparison.
+pub fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
+    if got.ty() != want.ty() {
+        return Err(format!("type {} , expected {}", got.ty(), want.ty()));
+    }
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    let exact = !want.dtype().is_float();
+    let (rtol, atol) = (1e-3, 1e-7);
+    let mut worst: Option<(usize, f64)> = None;
+    for i in 0..a.len() {
+        let (x, y) = (a[i], b[i]);
+        if x == y || (x.is_nan() && y.is_nan()) {
+            continue;
+        }
+        let excess = if exact || x.is_nan() || y.is_nan() || x.is_infinite() || y.is_infinite() {
+            f64::INFINITY
+        } else {
+            (x - y).abs() / (atol + rtol * y.abs())
+        };
+        if excess > 1.0 && worst.is_none_or(|(_, w)| excess > w) {
+            worst = Some((i, excess));
+        }
+    }
+    match worst {
+        None => Ok(()),
+        Some((i, _)) => {
+            let idx = unravel(i, want.shape().dims());
+            Err(format!("element {idx:?} is {}, expected {}", a[i], b[i]))
+        }
+    }
+}
+
+fn unravel(mut i: usize, dims: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; dims.len()];
+    for d in (0..dims.len()).rev() {
+        if dims[d] > 0 {
+            idx[d] = i % dims[d];
+            i /= dims[d];
+        }
+    }
+    idx
+}
+
+/// Runs a case on a worker thread, with a time limit and panic capture.
+pub fn run_case_guarded(case: &Path, limit: Duration) -> Outcome {
+    let (tx, rx) = mpsc::channel();
+    let c = case.to_path_buf();
+    let spawned = std::thread::Builder::new().stack_size(64 << 20).spawn(move || {
+        let r = std::panic::catch_unwind(|| run_case(&c)).unwrap_or_else(|p| {
+            Outcome::Panic(
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default(),
+            )
+        });
+        let _ = tx.send(r);
+    });
+    if let Err(e) = spawned {
+        return Outcome::RuntimeError(format!("cannot start a worker thread: {e}"));
+    }
+    rx.recv_timeout(limit).unwrap_or(Outcome::Timeout)
+}
+
+/// All case directories under `dir` (those holding a `model.onnx`), sorted.
+pub fn cases(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").exists())
+        .collect();
+    v.sort();
+    Ok(v)
+}
