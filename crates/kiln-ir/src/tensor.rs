@@ -153,7 +153,8 @@ impl Tensor {
 
     /// A tensor of the given dtype from `f64` values, converted as a cast would
     /// (round-to-nearest-even for floats; saturating for low-precision floats
-    /// that saturate; truncation toward zero, wrapping, for integers; `x != 0` for bool).
+    /// that saturate; truncation toward zero, wrapping, for 8- to 64-bit integers;
+    /// round-to-nearest-even with clamping for i4/u4, as ONNX converts them; `x != 0` for bool).
     pub fn from_f64(dtype: DType, shape: Shape, v: &[f64]) -> Result<Tensor, TensorError> {
         if v.len() != shape.numel() {
             return Err(TensorError::ElementCount {

@@ -1,0 +1,806 @@
+//! Data movement and shape computations: Reshape, Expand, Tile, Slice, Pad,
+//! Squeeze/Unsqueeze, Split, Concat, the Gathers and Scatters, Transpose, Flatten,
+//! DepthToSpace/SpaceToDepth, Shape/Size, ConstantOfShape, EyeLike, OneHot, Range,
+//! Trilu, ReverseSequence and Resize.
+
+use super::ctx::{broadcast_dims, Class, Ctx, Ints, R};
+use crate::dtype::DType;
+use crate::shape::TensorType;
+
+/// The required constant 1-D integer operand `i`.
+fn req_int_list(cx: &Ctx, i: usize, what: &str) -> R<Vec<i64>> {
+    cx.req(i, what)?;
+    cx.int_list(i, what)?.ok_or_else(|| cx.invalid(format_args!("operand `{what}` (input {i}) is required")))
+}
+
+/// The required constant axes operand `i` (1-D, or a scalar).
+fn req_axes_list(cx: &Ctx, i: usize, what: &str) -> R<Vec<i64>> {
+    cx.req(i, what)?;
+    cx.axes_list(i, what)?.ok_or_else(|| cx.invalid(format_args!("operand `{what}` (input {i}) is required")))
+}
+
+/// Product of extents, `None` on overflow.
+fn product(d: &[usize]) -> Option<usize> {
+    d.iter().try_fold(1usize, |a, &b| a.checked_mul(b))
+}
+
+/// Reshape(data, shape): 0 copies the input extent (unless `allowzero`), -1 is inferred.
+pub(super) fn reshape(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let data = cx.req(0, "data")?;
+    let spec = req_int_list(cx, 1, "shape")?;
+    let allowzero = cx.flag("allowzero", false)?;
+    let in_dims = data.shape.dims();
+    let mut out = Vec::with_capacity(spec.len());
+    let mut infer_at = None;
+    for (i, &s) in spec.iter().enumerate() {
+        let d = match s {
+            -1 => {
+                if infer_at.is_some() {
+                    return Err(cx.invalid(format_args!("`shape` {} has more than one -1", Ints(&spec))));
+                }
+                infer_at = Some(i);
+                1
+            }
+            0 if !allowzero => *in_dims.get(i).ok_or_else(|| {
+                cx.invalid(format_args!(
+                    "`shape` {} copies input dimension {i} (entry 0), but the input {data} has rank {}",
+                    Ints(&spec),
+                    in_dims.len()
+                ))
+            })?,
+            s if s < 0 => return Err(cx.invalid(format_args!("`shape` {} has invalid entry {s}", Ints(&spec)))),
+            s => cx.extent(s, "`shape` entry")?,
+        };
+        out.push(d);
+    }
+    if allowzero && infer_at.is_some() && spec.contains(&0) {
+        return Err(cx.invalid(format_args!("with allowzero=1, `shape` {} may not hold both 0 and -1", Ints(&spec))));
+    }
+    let numel = data.shape.numel();
+    let mismatch = || cx.invalid(format_args!("cannot reshape {data} ({numel} elements) to shape {}", Ints(&spec)));
+    let known = product(&out).ok_or_else(mismatch)?;
+    if let Some(k) = infer_at {
+        if known == 0 || numel % known != 0 {
+            return Err(mismatch());
+        }
+        out[k] = numel / known;
+    } else if known != numel {
+        return Err(mismatch());
+    }
+    Ok(vec![cx.tt(data.dtype, out)?])
+}
+
+/// Expand(input, shape): numpy broadcast of the input's shape with `shape`.
+pub(super) fn expand(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req(0, "input")?;
+    let spec = req_int_list(cx, 1, "shape")?;
+    let dims = spec.iter().map(|&s| cx.extent(s, "`shape` entry")).collect::<R<Vec<usize>>>()?;
+    let out = broadcast_dims(x.shape.dims(), &dims)
+        .ok_or_else(|| cx.invalid(format_args!("cannot broadcast {x} with shape {}", Ints(&spec))))?;
+    Ok(vec![cx.tt(x.dtype, out)?])
+}
+
+/// Tile(input, repeats): one non-negative repeat per dimension.
+pub(super) fn tile(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req(0, "input")?;
+    let reps = req_int_list(cx, 1, "repeats")?;
+    if reps.len() != x.shape.rank() {
+        return Err(cx.invalid(format_args!("`repeats` {} must have one entry per dimension of {x}", Ints(&reps))));
+    }
+    let mut out = Vec::with_capacity(reps.len());
+    for (&d, &r) in x.shape.dims().iter().zip(&reps) {
+        let r = cx.extent(r, "`repeats` entry")?;
+        out.push(
+            d.checked_mul(r).ok_or_else(|| cx.invalid(format_args!("{x} tiled by {} is too large", Ints(&reps))))?,
+        );
+    }
+    Ok(vec![cx.tt(x.dtype, out)?])
+}
+
+/// Elements a Slice keeps along one dimension of extent `dim` (ONNX clamping rules).
+pub(super) fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> usize {
+    let d = dim as i128;
+    let (mut s, mut e, st) = (start as i128, end as i128, step as i128);
+    if s < 0 {
+        s += d;
+    }
+    if e < 0 {
+        e += d;
+    }
+    let n = if st > 0 {
+        let (s, e) = (s.clamp(0, d), e.clamp(0, d));
+        if e > s {
+            (e - s + st - 1) / st
+        } else {
+            0
+        }
+    } else {
+        if d == 0 {
+            return 0;
+        }
+        let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
+        if s > e {
+            (s - e - st - 1) / -st
+        } else {
+            0
+        }
+    };
+    // 0 ≤ n ≤ dim by construction.
+    n as usize
+}
+
+/// Slice(data, starts, ends, axes?, steps?).
+pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(5)?;
+    let data = cx.req(0, "data")?;
+    let starts = req_int_list(cx, 1, "starts")?;
+    let ends = req_int_list(cx, 2, "ends")?;
+    let rank = data.shape.rank();
+    if ends.len() != starts.len() {
+        return Err(cx.invalid(format_args!("`starts` {} and `ends` {} differ in length", Ints(&starts), Ints(&ends))));
+    }
+    let axes = match cx.int_list(3, "axes")? {
+        Some(a) => {
+            if a.len() != starts.len() {
+                return Err(cx.invalid(format_args!(
+                    "`axes` {} and `starts` {} differ in length",
+                    Ints(&a),
+                    Ints(&starts)
+                )));
+            }
+            cx.axes(&a, rank, "axis")?
+        }
+        None => {
+            if starts.len() > rank {
+                return Err(
+                    cx.invalid(format_args!("`starts` {} has more entries than {data} has dimensions", Ints(&starts)))
+                );
+            }
+            (0..starts.len()).collect()
+        }
+    };
+    let steps = match cx.int_list(4, "steps")? {
+        Some(s) => {
+            if s.len() != starts.len() {
+                return Err(cx.invalid(format_args!(
+                    "`steps` {} and `starts` {} differ in length",
+                    Ints(&s),
+                    Ints(&starts)
+                )));
+            }
+            if s.contains(&0) {
+                return Err(cx.invalid(format_args!("`steps` {} holds a 0", Ints(&s))));
+            }
+            s
+        }
+        None => vec![1; starts.len()],
+    };
+    let mut out = data.shape.dims().to_vec();
+    for (j, &ax) in axes.iter().enumerate() {
+        out[ax] = slice_len(out[ax], starts[j], ends[j], steps[j]);
+    }
+    Ok(vec![cx.tt(data.dtype, out)?])
+}
+
+/// Pad(data, pads, constant_value?, axes?): `pads` = begins then ends, one per axis.
+pub(super) fn pad(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(4)?;
+    let data = cx.req(0, "data")?;
+    let mode = cx.choice("mode", "constant", &["constant", "reflect", "edge", "wrap"])?;
+    let pads = req_int_list(cx, 1, "pads")?;
+    if let Some(v) = cx.opt_ty(2) {
+        cx.same_dtype(v, 2, "constant_value", data)?;
+        cx.expect_scalar(v, 2, "constant_value")?;
+    }
+    let rank = data.shape.rank();
+    let axes = match cx.int_list(3, "axes")? {
+        Some(a) => cx.axes(&a, rank, "axis")?,
+        None => (0..rank).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(cx.invalid(format_args!(
+            "`pads` {} must have 2 entries per padded axis ({} axes)",
+            Ints(&pads),
+            axes.len()
+        )));
+    }
+    let n = axes.len();
+    let mut out = data.shape.dims().to_vec();
+    for (j, &ax) in axes.iter().enumerate() {
+        let (b, e) = (pads[j], pads[j + n]);
+        let d = out[ax];
+        if mode != "constant" && d == 0 && (b > 0 || e > 0) {
+            return Err(cx.invalid(format_args!("mode {mode} cannot pad axis {ax} of {data}: it is empty")));
+        }
+        let new = d as i128 + b as i128 + e as i128;
+        out[ax] = usize::try_from(new).map_err(|_| {
+            cx.invalid(format_args!("`pads` {} remove more than the {d} elements of axis {ax} of {data}", Ints(&pads)))
+        })?;
+    }
+    Ok(vec![cx.tt(data.dtype, out)?])
+}
+
+/// Squeeze(data, axes?): removes the listed extent-1 axes, or every extent-1 axis.
+pub(super) fn squeeze(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let data = cx.req(0, "data")?;
+    let dims = data.shape.dims();
+    let axes = cx.axes_list(1, "axes")?.unwrap_or_default();
+    let out = if axes.is_empty() {
+        dims.iter().copied().filter(|&d| d != 1).collect()
+    } else {
+        let axes = cx.axes(&axes, dims.len(), "axis")?;
+        for &a in &axes {
+            if dims[a] != 1 {
+                return Err(
+                    cx.invalid(format_args!("cannot squeeze axis {a} of {data}: its extent is {}, not 1", dims[a]))
+                );
+            }
+        }
+        dims.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+    };
+    Ok(vec![cx.tt(data.dtype, out)?])
+}
+
+/// Unsqueeze(data, axes): inserts extent-1 axes at the listed positions of the result.
+pub(super) fn unsqueeze(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let data = cx.req(0, "data")?;
+    let axes = req_axes_list(cx, 1, "axes")?;
+    let out_rank = data.shape.rank() + axes.len();
+    if out_rank > crate::shape::MAX_RANK {
+        return Err(
+            cx.unsupported(format_args!("result rank {out_rank} exceeds the maximum rank {}", crate::shape::MAX_RANK))
+        );
+    }
+    let axes = cx.axes(&axes, out_rank, "axis")?;
+    let mut src = data.shape.dims().iter();
+    let out = (0..out_rank).map(|i| if axes.contains(&i) { 1 } else { src.next().copied().unwrap_or(1) }).collect();
+    Ok(vec![cx.tt(data.dtype, out)?])
+}
+
+/// Split(input, split?) into the node's results along `axis`.
+pub(super) fn split(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req(0, "input")?;
+    let axis = cx.axis(cx.int("axis", 0)?, x.shape.rank(), "axis")?;
+    let dim = x.shape.dims()[axis];
+    let attr_n = cx.opt_int("num_outputs")?;
+    let sizes: Vec<usize> = match (cx.int_list(1, "split")?, attr_n) {
+        (Some(_), Some(_)) => {
+            return Err(cx.invalid("give either the `split` operand or the `num_outputs` attribute, not both"))
+        }
+        (Some(split), None) => {
+            let sizes = split.iter().map(|&s| cx.extent(s, "`split` entry")).collect::<R<Vec<usize>>>()?;
+            if sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b)) != Some(dim) {
+                return Err(cx.invalid(format_args!(
+                    "`split` {} does not sum to the extent {dim} of axis {axis} of {x}",
+                    Ints(&split)
+                )));
+            }
+            sizes
+        }
+        (None, Some(n)) => {
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| cx.invalid(format_args!("attribute `num_outputs` must be ≥ 1, got {n}")))?;
+            let chunk = dim.div_ceil(n);
+            // The last chunk is smaller when the extent does not divide evenly.
+            let last = chunk.checked_mul(n - 1).and_then(|u| dim.checked_sub(u)).ok_or_else(|| {
+                cx.invalid(format_args!(
+                    "cannot split the extent {dim} of axis {axis} of {x} into {n} parts of {chunk}"
+                ))
+            })?;
+            // Only the results the node lists (never more than n) are materialised.
+            (0..n.min(cx.num_outputs)).map(|i| if i + 1 == n { last } else { chunk }).collect()
+        }
+        (None, None) => {
+            let n = cx.num_outputs;
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            if dim % n != 0 {
+                return Err(cx.invalid(format_args!(
+                    "cannot split the extent {dim} of axis {axis} of {x} into {n} equal parts; give `split` or `num_outputs`"
+                )));
+            }
+            vec![dim / n; n]
+        }
+    };
+    sizes
+        .into_iter()
+        .map(|s| {
+            let mut d = x.shape.dims().to_vec();
+            d[axis] = s;
+            cx.tt(x.dtype, d)
+        })
+        .collect()
+}
+
+/// Concat(inputs…) along `axis` (required).
+pub(super) fn concat(cx: &Ctx) -> R<Vec<TensorType>> {
+    if cx.num_inputs() == 0 {
+        return Err(cx.invalid("needs at least one operand"));
+    }
+    let first = cx.req(0, "inputs")?;
+    let rank = first.shape.rank();
+    if rank == 0 {
+        return Err(cx.invalid(format_args!("cannot concatenate scalars ({first})")));
+    }
+    let axis = cx.axis(cx.req_int("axis")?, rank, "axis")?;
+    let mut out = first.shape.dims().to_vec();
+    for i in 1..cx.num_inputs() {
+        let t = cx.req(i, "inputs")?;
+        cx.same_dtype(t, i, "inputs", first)?;
+        let d = t.shape.dims();
+        let compatible =
+            d.len() == rank && d.iter().zip(first.shape.dims()).enumerate().all(|(j, (a, b))| j == axis || a == b);
+        if !compatible {
+            return Err(cx.invalid(format_args!("cannot concatenate {first} and {t} along axis {axis}")));
+        }
+        out[axis] = out[axis].checked_add(d[axis]).ok_or_else(|| cx.invalid("result is too large"))?;
+    }
+    Ok(vec![cx.tt(first.dtype, out)?])
+}
+
+/// Gather(data, indices): data[:axis] + indices + data[axis+1:].
+pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let data = cx.req(0, "data")?;
+    let ind = cx.req_class(1, "indices", Class::Index)?;
+    cx.min_rank(data, 0, "data", 1)?;
+    let axis = cx.axis(cx.int("axis", 0)?, data.shape.rank(), "axis")?;
+    let d = data.shape.dims();
+    if let Some(v) = cx.opt(1).and_then(|x| x.value) {
+        let n = d[axis] as i64;
+        if let Ok(vals) = v.to_i64_vec() {
+            if let Some(bad) = vals.iter().find(|&&k| k < -n || k >= n) {
+                return Err(cx.invalid(format_args!("index {bad} is out of range for axis {axis} of {data}")));
+            }
+        }
+    }
+    let mut out = d[..axis].to_vec();
+    out.extend_from_slice(ind.shape.dims());
+    out.extend_from_slice(&d[axis + 1..]);
+    Ok(vec![cx.tt(data.dtype, out)?])
+}
+
+/// GatherElements(data, indices): the indices' shape, data's dtype.
+pub(super) fn gather_elements(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let data = cx.req(0, "data")?;
+    let ind = cx.req_class(1, "indices", Class::Index)?;
+    cx.min_rank(data, 0, "data", 1)?;
+    cx.rank(ind, 1, "indices", data.shape.rank())?;
+    cx.axis(cx.int("axis", 0)?, data.shape.rank(), "axis")?;
+    Ok(vec![TensorType::new(data.dtype, ind.shape.clone())])
+}
+
+/// GatherND(data, indices) with `batch_dims`.
+pub(super) fn gather_nd(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let data = cx.req(0, "data")?;
+    let ind = cx.req_class(1, "indices", Class::Index)?;
+    cx.min_rank(data, 0, "data", 1)?;
+    cx.min_rank(ind, 1, "indices", 1)?;
+    let (d, q) = (data.shape.dims(), ind.shape.dims());
+    let b = cx.int("batch_dims", 0)?;
+    let b = usize::try_from(b).ok().filter(|&b| b < d.len().min(q.len())).ok_or_else(|| {
+        cx.invalid(format_args!("attribute `batch_dims` = {b} must be ≥ 0 and less than the ranks of {data} and {ind}"))
+    })?;
+    if d[..b] != q[..b] {
+        return Err(cx.invalid(format_args!("the first {b} (batch) dimensions of {data} and {ind} differ")));
+    }
+    let last = q[q.len() - 1];
+    if last < 1 || last > d.len() - b {
+        return Err(cx.invalid(format_args!(
+            "the last extent of {ind} must be between 1 and {} (rank of {data} minus batch_dims)",
+            d.len() - b
+        )));
+    }
+    let mut out = q[..q.len() - 1].to_vec();
+    out.extend_from_slice(&d[b + last..]);
+    Ok(vec![cx.tt(data.dtype, out)?])
+}
+
+fn scatter_reduction(cx: &Ctx) -> R<()> {
+    cx.choice("reduction", "none", &["none", "add", "mul", "max", "min"]).map(|_| ())
+}
+
+/// ScatterElements(data, indices, updates): the data's type.
+pub(super) fn scatter_elements(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let data = cx.req(0, "data")?;
+    let ind = cx.req_class(1, "indices", Class::Index)?;
+    let upd = cx.req(2, "updates")?;
+    cx.min_rank(data, 0, "data", 1)?;
+    cx.rank(ind, 1, "indices", data.shape.rank())?;
+    cx.same_dtype(upd, 2, "updates", data)?;
+    cx.expect_dims(upd, 2, "updates", ind.shape.dims())?;
+    cx.axis(cx.int("axis", 0)?, data.shape.rank(), "axis")?;
+    scatter_reduction(cx)?;
+    Ok(vec![data.clone()])
+}
+
+/// ScatterND(data, indices, updates): the data's type.
+pub(super) fn scatter_nd(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let data = cx.req(0, "data")?;
+    let ind = cx.req_class(1, "indices", Class::Index)?;
+    let upd = cx.req(2, "updates")?;
+    cx.min_rank(data, 0, "data", 1)?;
+    cx.min_rank(ind, 1, "indices", 1)?;
+    cx.same_dtype(upd, 2, "updates", data)?;
+    let (d, q) = (data.shape.dims(), ind.shape.dims());
+    let k = q[q.len() - 1];
+    if k < 1 || k > d.len() {
+        return Err(cx.invalid(format_args!("the last extent of {ind} must be between 1 and the rank of {data}")));
+    }
+    let mut want = q[..q.len() - 1].to_vec();
+    want.extend_from_slice(&d[k..]);
+    cx.expect_dims(upd, 2, "updates", &want)?;
+    scatter_reduction(cx)?;
+    Ok(vec![data.clone()])
+}
+
+/// Transpose(data) by `perm` (default: reversed axes).
+pub(super) fn transpose(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "data")?;
+    let d = x.shape.dims();
+    let perm: Vec<usize> = match cx.opt_ints("perm")? {
+        Some(p) => {
+            let ok = p.len() == d.len() && {
+                let mut seen = vec![false; d.len()];
+                p.iter().all(|&a| {
+                    usize::try_from(a).ok().and_then(|a| seen.get_mut(a)).is_some_and(|s| !std::mem::replace(s, true))
+                })
+            };
+            if !ok {
+                return Err(cx.invalid(format_args!(
+                    "`perm` {} is not a permutation of the {} axes of {x}",
+                    Ints(&p),
+                    d.len()
+                )));
+            }
+            p.iter().map(|&a| a as usize).collect()
+        }
+        None => (0..d.len()).rev().collect(),
+    };
+    let out = perm.iter().map(|&a| d[a]).collect();
+    Ok(vec![cx.tt(x.dtype, out)?])
+}
+
+/// Flatten(input) at `axis` (default 1, in [-r, r]) into a matrix.
+pub(super) fn flatten(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "input")?;
+    let d = x.shape.dims();
+    // `axis` is in [-r, r]; a negative one counts from the back of the r dimensions.
+    let a = cx.int("axis", 1)?;
+    let r = d.len() as i64;
+    if a < -r || a > r {
+        return Err(cx.invalid(format_args!("axis {a} is out of range for rank {r} (valid: {} to {r})", -r)));
+    }
+    let axis = if a < 0 { (a + r) as usize } else { a as usize };
+    // Both products divide numel (≤ 2^48) unless an extent is 0: then each is ≤ an extent product
+    // of at most 8 extents ≤ 2^48, which still may overflow; check.
+    let a = product(&d[..axis]).ok_or_else(|| cx.invalid("result is too large"))?;
+    let b = product(&d[axis..]).ok_or_else(|| cx.invalid("result is too large"))?;
+    Ok(vec![cx.tt(x.dtype, vec![a, b])?])
+}
+
+fn blocksize(cx: &Ctx) -> R<usize> {
+    let b = cx.req_int("blocksize")?;
+    usize::try_from(b)
+        .ok()
+        .filter(|&b| b >= 1)
+        .ok_or_else(|| cx.invalid(format_args!("attribute `blocksize` must be ≥ 1, got {b}")))
+}
+
+/// DepthToSpace: [N, C, H, W] → [N, C/b², H·b, W·b].
+pub(super) fn depth_to_space(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "input")?;
+    cx.rank(x, 0, "input", 4)?;
+    let b = blocksize(cx)?;
+    cx.choice("mode", "DCR", &["DCR", "CRD"])?;
+    let d = x.shape.dims();
+    let bb = b.checked_mul(b).ok_or_else(|| cx.invalid("`blocksize` is too large"))?;
+    if d[1] % bb != 0 {
+        return Err(cx.invalid(format_args!("the channel count of {x} is not a multiple of blocksize² = {bb}")));
+    }
+    let too_big = || cx.invalid("result is too large");
+    let out = vec![d[0], d[1] / bb, d[2].checked_mul(b).ok_or_else(too_big)?, d[3].checked_mul(b).ok_or_else(too_big)?];
+    Ok(vec![cx.tt(x.dtype, out)?])
+}
+
+/// SpaceToDepth: [N, C, H, W] → [N, C·b², H/b, W/b].
+pub(super) fn space_to_depth(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "input")?;
+    cx.rank(x, 0, "input", 4)?;
+    let b = blocksize(cx)?;
+    let d = x.shape.dims();
+    if d[2] % b != 0 || d[3] % b != 0 {
+        return Err(cx.invalid(format_args!("the spatial extents of {x} are not multiples of blocksize {b}")));
+    }
+    let c = b.checked_mul(b).and_then(|bb| d[1].checked_mul(bb)).ok_or_else(|| cx.invalid("result is too large"))?;
+    Ok(vec![cx.tt(x.dtype, vec![d[0], c, d[2] / b, d[3] / b])?])
+}
+
+/// Shape(data) with `start`/`end` (clamped to [0, rank]) → i64[len].
+pub(super) fn shape(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "data")?;
+    let r = x.shape.rank() as i64;
+    let clamp = |v: i64| if v < 0 { v.saturating_add(r).max(0) } else { v.min(r) };
+    let start = clamp(cx.int("start", 0)?);
+    let end = clamp(cx.opt_int("end")?.unwrap_or(r));
+    let n = (end - start).max(0) as usize;
+    Ok(vec![cx.tt(DType::I64, vec![n])?])
+}
+
+/// Size(data) → i64 scalar.
+pub(super) fn size(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    cx.req(0, "data")?;
+    Ok(vec![TensorType::new(DType::I64, crate::shape::Shape::scalar())])
+}
+
+/// ConstantOfShape(input): the shape in the constant input, the dtype of `value`.
+pub(super) fn constant_of_shape(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let t = cx.req(0, "input")?;
+    if t.dtype != DType::I64 {
+        return Err(cx.invalid(format_args!("`input` (input 0) must be an int64 tensor, got {t}")));
+    }
+    let spec = req_int_list(cx, 0, "input")?;
+    let dims = spec.iter().map(|&s| cx.extent(s, "`input` entry")).collect::<R<Vec<usize>>>()?;
+    let dtype = match cx.opt_tensor("value")? {
+        Some(v) => {
+            if v.numel() != 1 {
+                return Err(cx.invalid(format_args!("attribute `value` must hold one element, got {}", v.ty())));
+            }
+            v.dtype()
+        }
+        None => DType::F32,
+    };
+    Ok(vec![cx.tt(dtype, dims)?])
+}
+
+/// EyeLike(input): 2-D; the dtype of `dtype`, or the input's.
+pub(super) fn eye_like(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "input")?;
+    cx.rank(x, 0, "input", 2)?;
+    cx.int("k", 0)?;
+    let dtype = match cx.opt_int("dtype")? {
+        Some(c) => cx.dtype_code("dtype", c)?,
+        None => x.dtype,
+    };
+    Ok(vec![TensorType::new(dtype, x.shape.clone())])
+}
+
+/// OneHot(indices, depth, values): `depth` (constant) inserted at `axis`; values' dtype.
+pub(super) fn one_hot(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let ind = cx.req_class(0, "indices", Class::Numeric)?;
+    let depth_t = cx.req_class(1, "depth", Class::Numeric)?;
+    let values = cx.req(2, "values")?;
+    cx.expect_scalar(depth_t, 1, "depth")?;
+    if values.shape.dims() != [2] {
+        return Err(cx.invalid(format_args!("`values` (input 2) must have shape [2], got {values}")));
+    }
+    let r = ind.shape.rank();
+    let axis = cx.axis(cx.int("axis", -1)?, r + 1, "axis")?;
+    let depth = cx
+        .constant(1, "depth")?
+        .and_then(|v| v.to_f64_vec().first().copied())
+        .ok_or_else(|| cx.invalid("`depth` (input 1) must hold one element"))?;
+    // ONNX converts depth to an integer (truncation); it must be positive.
+    let depth = depth.trunc();
+    if !(depth >= 1.0 && depth <= crate::shape::MAX_ELEMENTS as f64) {
+        return Err(cx.invalid(format_args!("`depth` must be a positive integer, got {depth}")));
+    }
+    let mut out = ind.shape.dims().to_vec();
+    out.insert(axis, depth as usize);
+    Ok(vec![cx.tt(values.dtype, out)?])
+}
+
+/// Range(start, limit, delta): all constant scalars of one dtype;
+/// length max(ceil((limit - start) / delta), 0).
+pub(super) fn range(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let start = cx.req_class(0, "start", Class::Numeric)?;
+    let names = ["start", "limit", "delta"];
+    for (i, what) in names.iter().enumerate() {
+        let t = cx.req(i, what)?;
+        cx.same_dtype(t, i, what, start)?;
+        cx.expect_scalar(t, i, what)?;
+    }
+    let mut vals = [0f64; 3];
+    let mut ints = [0i64; 3];
+    for (i, what) in names.iter().enumerate() {
+        let v = cx
+            .constant(i, what)?
+            .ok_or_else(|| cx.invalid(format_args!("operand `{what}` (input {i}) is required")))?;
+        vals[i] = v.to_f64_vec().first().copied().unwrap_or(0.0);
+        if let Ok(iv) = v.to_i64_vec() {
+            ints[i] = iv.first().copied().unwrap_or(0);
+        }
+    }
+    let n: i128 = if start.dtype.is_int() {
+        let (s, l, d) = (ints[0] as i128, ints[1] as i128, ints[2] as i128);
+        if d == 0 {
+            return Err(cx.invalid("`delta` must not be 0"));
+        }
+        // ceil((l - s) / d) for either sign of d.
+        let num = l - s;
+        let q = num / d;
+        if num % d != 0 && ((num < 0) == (d < 0)) {
+            q + 1
+        } else {
+            q
+        }
+    } else {
+        let [s, l, d] = vals;
+        if d == 0.0 {
+            return Err(cx.invalid("`delta` must not be 0"));
+        }
+        // Computed in the operands' precision (f32 for the narrower float types).
+        let q = if start.dtype == DType::F64 {
+            ((l - s) / d).ceil()
+        } else {
+            (((l as f32) - (s as f32)) / (d as f32)).ceil() as f64
+        };
+        if q.is_nan() {
+            return Err(cx.invalid(format_args!("cannot compute the length of Range({s}, {l}, {d})")));
+        }
+        if q > crate::shape::MAX_ELEMENTS as f64 {
+            return Err(cx.invalid(format_args!("Range({s}, {l}, {d}) has too many elements")));
+        }
+        q.max(0.0) as i128
+    };
+    let n = usize::try_from(n.max(0)).map_err(|_| cx.invalid("result has too many elements"))?;
+    Ok(vec![cx.tt(start.dtype, vec![n])?])
+}
+
+/// Trilu(input, k?): rank ≥ 2, same type.
+pub(super) fn trilu(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req(0, "input")?;
+    cx.min_rank(x, 0, "input", 2)?;
+    if let Some(k) = cx.opt_class(1, "k", Class::Index)? {
+        cx.expect_scalar(k, 1, "k")?;
+    }
+    cx.flag("upper", true)?;
+    Ok(vec![x.clone()])
+}
+
+/// ReverseSequence(input, sequence_lens): same type.
+pub(super) fn reverse_sequence(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req(0, "input")?;
+    let lens = cx.req_class(1, "sequence_lens", Class::Index)?;
+    cx.min_rank(x, 0, "input", 2)?;
+    let b = cx.int("batch_axis", 1)?;
+    let t = cx.int("time_axis", 0)?;
+    if !matches!((b, t), (0, 1) | (1, 0)) {
+        return Err(
+            cx.invalid(format_args!("`batch_axis` and `time_axis` must be 0 and 1 in some order, got {b} and {t}"))
+        );
+    }
+    cx.expect_dims(lens, 1, "sequence_lens", &[x.shape.dims()[b as usize]])?;
+    Ok(vec![x.clone()])
+}
+
+/// Resize(X, roi?, scales?, sizes?): from scales floor(extent·scale); from sizes,
+/// adjusted by `keep_aspect_ratio_policy`; only the axes in `axes` change.
+pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(4)?;
+    let x = cx.req(0, "X")?;
+    cx.choice("mode", "nearest", &["nearest", "linear", "cubic"])?;
+    cx.choice(
+        "coordinate_transformation_mode",
+        "half_pixel",
+        &[
+            "half_pixel",
+            "half_pixel_symmetric",
+            "pytorch_half_pixel",
+            "align_corners",
+            "asymmetric",
+            "tf_crop_and_resize",
+        ],
+    )?;
+    cx.choice("nearest_mode", "round_prefer_floor", &["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])?;
+    let policy = cx.choice("keep_aspect_ratio_policy", "stretch", &["stretch", "not_larger", "not_smaller"])?;
+    let rank = x.shape.rank();
+    let axes = match cx.opt_ints("axes")? {
+        Some(a) => cx.axes(&a, rank, "axis")?,
+        None => (0..rank).collect(),
+    };
+    // An empty operand counts as absent (exporters pass empty `scales` next to `sizes`).
+    let present = |i: usize| cx.opt_ty(i).filter(|t| t.shape.numel() > 0);
+    let scales_t = present(2);
+    let sizes_t = present(3);
+    let in_dims = x.shape.dims();
+    let mut out = in_dims.to_vec();
+    match (scales_t, sizes_t) {
+        (Some(_), Some(_)) => {
+            return Err(cx.invalid("give either `scales` or `sizes`, not both"));
+        }
+        (None, None) => return Err(cx.invalid("needs `scales` or `sizes`")),
+        (Some(t), None) => {
+            cx.check_class(t, 2, "scales", Class::Float)?;
+            cx.rank(t, 2, "scales", 1)?;
+            let v = cx.constant(2, "scales")?.map(|v| v.to_f64_vec()).unwrap_or_default();
+            if v.len() != axes.len() {
+                return Err(cx.invalid(format_args!(
+                    "`scales` has {} entries, expected {} (one per resized axis)",
+                    v.len(),
+                    axes.len()
+                )));
+            }
+            for (&ax, &s) in axes.iter().zip(&v) {
+                let s = s as f32;
+                if !(s > 0.0 && s.is_finite()) {
+                    return Err(cx.invalid(format_args!("`scales` entry {s} must be positive")));
+                }
+                let o = (in_dims[ax] as f32 * s).floor();
+                out[ax] = to_extent(cx, o)?;
+            }
+        }
+        (None, Some(t)) => {
+            if t.dtype != DType::I64 {
+                return Err(cx.invalid(format_args!("`sizes` (input 3) must be an int64 tensor, got {t}")));
+            }
+            let v = req_int_list(cx, 3, "sizes")?;
+            if v.len() != axes.len() {
+                return Err(cx.invalid(format_args!(
+                    "`sizes` {} has {} entries, expected {} (one per resized axis)",
+                    Ints(&v),
+                    v.len(),
+                    axes.len()
+                )));
+            }
+            let sizes = v.iter().map(|&s| cx.extent(s, "`sizes` entry")).collect::<R<Vec<usize>>>()?;
+            if policy == "stretch" {
+                for (&ax, &s) in axes.iter().zip(&sizes) {
+                    out[ax] = s;
+                }
+            } else {
+                let mut scale: Option<f32> = None;
+                for (&ax, &s) in axes.iter().zip(&sizes) {
+                    if in_dims[ax] == 0 {
+                        return Err(cx.invalid(format_args!("cannot keep the aspect ratio of {x}: axis {ax} is empty")));
+                    }
+                    let r = s as f32 / in_dims[ax] as f32;
+                    scale = Some(match scale {
+                        None => r,
+                        Some(c) if policy == "not_larger" => c.min(r),
+                        Some(c) => c.max(r),
+                    });
+                }
+                let scale = scale.unwrap_or(1.0);
+                for &ax in &axes {
+                    // Round half up.
+                    out[ax] = to_extent(cx, (scale * in_dims[ax] as f32 + 0.5).floor())?;
+                }
+            }
+        }
+    }
+    Ok(vec![cx.tt(x.dtype, out)?])
+}
+
+fn to_extent(cx: &Ctx, v: f32) -> R<usize> {
+    if v.is_finite() && v >= 0.0 && (v as f64) <= crate::shape::MAX_ELEMENTS as f64 {
+        Ok(v as usize)
+    } else {
+        Err(cx.invalid(format_args!("result extent {v} is out of range")))
+    }
+}

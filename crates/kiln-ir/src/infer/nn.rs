@@ -1,0 +1,500 @@
+//! Neural-network layers: Conv, ConvInteger, QLinearConv, ConvTranspose, the
+//! pools, the normalizations and the recurrent ops (RNN, GRU, LSTM).
+
+use super::ctx::{broadcast_dims, Class, Ctx, Dims, Ints, R};
+use crate::dtype::DType;
+use crate::shape::TensorType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AutoPad {
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
+}
+
+/// The sliding-window attributes shared by convolutions and pools.
+struct Window {
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    /// Begins then ends, `2·n` entries.
+    pads: Vec<usize>,
+    auto_pad: AutoPad,
+}
+
+/// An ints attribute of `n` entries, each ≥ `min`; `default` when absent.
+fn ints_n(cx: &Ctx, name: &str, n: usize, min: i64, default: usize) -> R<Vec<usize>> {
+    match cx.opt_ints(name)? {
+        None => Ok(vec![default; n]),
+        Some(v) => {
+            if v.len() != n {
+                return Err(cx.invalid(format_args!("attribute `{name}` {} must have {n} entries", Ints(&v))));
+            }
+            v.iter()
+                .map(|&x| {
+                    usize::try_from(x).ok().filter(|_| x >= min).ok_or_else(|| {
+                        cx.invalid(format_args!("attribute `{name}` {} must have entries ≥ {min}", Ints(&v)))
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
+fn window(cx: &Ctx, n: usize) -> R<Window> {
+    let auto_pad = match cx.choice("auto_pad", "NOTSET", &["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])?.as_str() {
+        "SAME_UPPER" => AutoPad::SameUpper,
+        "SAME_LOWER" => AutoPad::SameLower,
+        "VALID" => AutoPad::Valid,
+        _ => AutoPad::NotSet,
+    };
+    Ok(Window {
+        strides: ints_n(cx, "strides", n, 1, 1)?,
+        dilations: ints_n(cx, "dilations", n, 1, 1)?,
+        pads: ints_n(cx, "pads", 2 * n, 0, 0)?,
+        auto_pad,
+    })
+}
+
+/// Kernel extent with dilation: d·(k−1)+1.
+fn effective_kernel(cx: &Ctx, k: usize, dilation: usize, i: usize) -> R<usize> {
+    if k == 0 {
+        return Err(cx.invalid(format_args!("the kernel is empty along spatial axis {i}")));
+    }
+    dilation
+        .checked_mul(k - 1)
+        .and_then(|v| v.checked_add(1))
+        .ok_or_else(|| cx.invalid("the dilated kernel is too large"))
+}
+
+/// Output extents of a sliding window (convolution or pool) over `input`.
+fn window_out(cx: &Ctx, input: &[usize], kernel: &[usize], w: &Window, ceil: bool) -> R<Vec<usize>> {
+    let n = input.len();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let (inp, stride) = (input[i], w.strides[i]);
+        let ek = effective_kernel(cx, kernel[i], w.dilations[i], i)?;
+        let too_small = |padded: u128| {
+            cx.invalid(format_args!(
+                "the kernel (extent {ek} with dilation) is larger than the input extent {padded} (with padding) along spatial axis {i}"
+            ))
+        };
+        let o = match w.auto_pad {
+            AutoPad::SameUpper | AutoPad::SameLower => inp.div_ceil(stride),
+            AutoPad::Valid => {
+                if inp < ek {
+                    return Err(too_small(inp as u128));
+                }
+                (inp - ek) / stride + 1
+            }
+            AutoPad::NotSet => {
+                let (pb, pe) = (w.pads[i] as u128, w.pads[i + n] as u128);
+                let (inp, ek, stride) = (inp as u128, ek as u128, stride as u128);
+                let total = inp + pb + pe;
+                if total < ek {
+                    return Err(too_small(total));
+                }
+                let span = total - ek;
+                let mut o = if ceil { span.div_ceil(stride) } else { span / stride } + 1;
+                // With ceil_mode, a last window that would start in the end padding is dropped.
+                if ceil && (o - 1) * stride >= inp + pb {
+                    o -= 1;
+                }
+                usize::try_from(o).map_err(|_| cx.invalid("result is too large"))?
+            }
+        };
+        out.push(o);
+    }
+    Ok(out)
+}
+
+fn group(cx: &Ctx) -> R<usize> {
+    let g = cx.int("group", 1)?;
+    usize::try_from(g)
+        .ok()
+        .filter(|&g| g >= 1)
+        .ok_or_else(|| cx.invalid(format_args!("attribute `group` must be ≥ 1, got {g}")))
+}
+
+/// Checks `kernel_shape` (optional for convolutions) against the weights' spatial extents.
+fn check_kernel_shape(cx: &Ctx, w: &TensorType, kernel: &[usize]) -> R<()> {
+    if let Some(ks) = cx.opt_ints("kernel_shape")? {
+        let same =
+            ks.len() == kernel.len() && ks.iter().zip(kernel).all(|(&a, &b)| u64::try_from(a).ok() == Some(b as u64));
+        if !same {
+            return Err(
+                cx.invalid(format_args!("attribute `kernel_shape` {} does not match the weights {w}", Ints(&ks)))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The shape of a convolution of `x` (operand `xi`) with `w` (operand `wi`):
+/// [N, M, spatial…]; checks channels and groups. Returns (dims, M).
+fn conv_shape(cx: &Ctx, x: &TensorType, xi: usize, w: &TensorType, wi: usize) -> R<(Vec<usize>, usize)> {
+    cx.min_rank(x, xi, "X", 3)?;
+    cx.rank(w, wi, "W", x.shape.rank())?;
+    let (xd, wd) = (x.shape.dims(), w.shape.dims());
+    let g = group(cx)?;
+    let (c, m) = (xd[1], wd[0]);
+    if wd[1].checked_mul(g) != Some(c) {
+        return Err(cx.invalid(format_args!(
+            "the weights {w} with group {g} take {} input channels, but X {x} has {c}",
+            wd[1].saturating_mul(g)
+        )));
+    }
+    if m % g != 0 {
+        return Err(
+            cx.invalid(format_args!("the output channel count {m} of the weights {w} is not a multiple of group {g}"))
+        );
+    }
+    let kernel = &wd[2..];
+    check_kernel_shape(cx, w, kernel)?;
+    let win = window(cx, kernel.len())?;
+    let sp = window_out(cx, &xd[2..], kernel, &win, false)?;
+    let mut out = vec![xd[0], m];
+    out.extend(sp);
+    Ok((out, m))
+}
+
+/// Conv(X, W, B?).
+pub(super) fn conv(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let w = cx.req(1, "W")?;
+    cx.same_dtype(w, 1, "W", x)?;
+    let (dims, m) = conv_shape(cx, x, 0, w, 1)?;
+    if let Some(b) = cx.opt_ty(2) {
+        cx.same_dtype(b, 2, "B", x)?;
+        cx.expect_dims(b, 2, "B", &[m])?;
+    }
+    Ok(vec![cx.tt(x.dtype, dims)?])
+}
+
+/// A zero point or scale that is per-tensor (one element) or per output channel ([m]).
+fn per_tensor_or_channel(cx: &Ctx, t: &TensorType, i: usize, what: &str, m: usize) -> R<()> {
+    let d = t.shape.dims();
+    if d.is_empty() || d == [1] || d == [m] {
+        Ok(())
+    } else {
+        Err(cx.invalid(format_args!("`{what}` (input {i}) must be a scalar or have shape [{m}], got {t}")))
+    }
+}
+
+/// ConvInteger(x, w, x_zero_point?, w_zero_point?) → i32.
+pub(super) fn conv_integer(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(4)?;
+    let x = cx.req_class(0, "x", Class::Quant8)?;
+    let w = cx.req_class(1, "w", Class::Quant8)?;
+    let (dims, m) = conv_shape(cx, x, 0, w, 1)?;
+    if let Some(z) = cx.opt_ty(2) {
+        cx.same_dtype(z, 2, "x_zero_point", x)?;
+        cx.expect_scalar(z, 2, "x_zero_point")?;
+    }
+    if let Some(z) = cx.opt_ty(3) {
+        cx.same_dtype(z, 3, "w_zero_point", w)?;
+        per_tensor_or_channel(cx, z, 3, "w_zero_point", m)?;
+    }
+    Ok(vec![cx.tt(DType::I32, dims)?])
+}
+
+/// QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+/// y_zero_point, B?) → y_zero_point's dtype.
+pub(super) fn qlinear_conv(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(9)?;
+    let x = cx.req_class(0, "x", Class::Quant8)?;
+    let w = cx.req_class(3, "w", Class::Quant8)?;
+    let (dims, m) = conv_shape(cx, x, 0, w, 3)?;
+    let xs = cx.req_class(1, "x_scale", Class::Float)?;
+    cx.expect_scalar(xs, 1, "x_scale")?;
+    let xz = cx.req(2, "x_zero_point")?;
+    cx.same_dtype(xz, 2, "x_zero_point", x)?;
+    cx.expect_scalar(xz, 2, "x_zero_point")?;
+    let ws = cx.req_class(4, "w_scale", Class::Float)?;
+    per_tensor_or_channel(cx, ws, 4, "w_scale", m)?;
+    let wz = cx.req(5, "w_zero_point")?;
+    cx.same_dtype(wz, 5, "w_zero_point", w)?;
+    per_tensor_or_channel(cx, wz, 5, "w_zero_point", m)?;
+    let ys = cx.req_class(6, "y_scale", Class::Float)?;
+    cx.expect_scalar(ys, 6, "y_scale")?;
+    let yz = cx.req_class(7, "y_zero_point", Class::Quant8)?;
+    cx.expect_scalar(yz, 7, "y_zero_point")?;
+    if let Some(b) = cx.opt_ty(8) {
+        if b.dtype != DType::I32 {
+            return Err(cx.invalid(format_args!("`B` (input 8) must be an int32 tensor, got {b}")));
+        }
+        cx.expect_dims(b, 8, "B", &[m])?;
+    }
+    Ok(vec![cx.tt(yz.dtype, dims)?])
+}
+
+/// ConvTranspose(X, W, B?): W is [C, M/group, k…]; output extents from
+/// `output_shape`, or stride·(in−1) + output_padding + dilated kernel − pads
+/// (in·stride with SAME_UPPER/SAME_LOWER).
+pub(super) fn conv_transpose(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let w = cx.req(1, "W")?;
+    cx.same_dtype(w, 1, "W", x)?;
+    cx.min_rank(x, 0, "X", 3)?;
+    cx.rank(w, 1, "W", x.shape.rank())?;
+    let (xd, wd) = (x.shape.dims(), w.shape.dims());
+    let g = group(cx)?;
+    let c = xd[1];
+    if wd[0] != c {
+        return Err(cx.invalid(format_args!("the weights {w} take {} input channels, but X {x} has {c}", wd[0])));
+    }
+    if c % g != 0 {
+        return Err(cx.invalid(format_args!("the input channel count {c} of X {x} is not a multiple of group {g}")));
+    }
+    let m = wd[1].checked_mul(g).ok_or_else(|| cx.invalid("result is too large"))?;
+    if let Some(b) = cx.opt_ty(2) {
+        cx.same_dtype(b, 2, "B", x)?;
+        cx.expect_dims(b, 2, "B", &[m])?;
+    }
+    let kernel = &wd[2..];
+    let n = kernel.len();
+    check_kernel_shape(cx, w, kernel)?;
+    let win = window(cx, n)?;
+    let out_pad = ints_n(cx, "output_padding", n, 0, 0)?;
+    let mut out = vec![xd[0], m];
+    if let Some(os) = cx.opt_ints("output_shape")? {
+        // Spatial extents; a full [N, C, spatial…] list is accepted too.
+        let sp = match os.len() {
+            l if l == n => &os[..],
+            l if l == n + 2 => &os[2..],
+            _ => return Err(cx.invalid(format_args!("attribute `output_shape` {} must have {n} entries", Ints(&os)))),
+        };
+        for &v in sp {
+            out.push(cx.extent(v, "`output_shape` entry")?);
+        }
+    } else {
+        for i in 0..n {
+            let (inp, stride) = (xd[2 + i] as i128, win.strides[i] as i128);
+            let o = match win.auto_pad {
+                AutoPad::SameUpper | AutoPad::SameLower => inp * stride,
+                AutoPad::NotSet | AutoPad::Valid => {
+                    let ek = effective_kernel(cx, kernel[i], win.dilations[i], i)? as i128;
+                    let (pb, pe) = if win.auto_pad == AutoPad::Valid {
+                        (0, 0)
+                    } else {
+                        (win.pads[i] as i128, win.pads[i + n] as i128)
+                    };
+                    stride * (inp - 1) + out_pad[i] as i128 + ek - pb - pe
+                }
+            };
+            let o = usize::try_from(o).map_err(|_| {
+                cx.invalid(format_args!(
+                    "the output extent along spatial axis {i} would be {o}; check pads and strides"
+                ))
+            })?;
+            out.push(o);
+        }
+    }
+    Ok(vec![cx.tt(x.dtype, out)?])
+}
+
+/// AveragePool, MaxPool, LpPool(X): `kernel_shape` required; MaxPool also gives
+/// Indices (i64).
+pub(super) fn pool(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let is_max = cx.op.kind == crate::op::OpKind::MaxPool;
+    let class = if is_max { Class::Numeric } else { Class::Float };
+    let x = cx.req_class(0, "X", class)?;
+    if is_max && !(x.dtype.is_float() || matches!(x.dtype, DType::I8 | DType::U8)) {
+        return Err(cx.invalid(format_args!("`X` (input 0) must be a float, int8 or uint8 tensor, got {x}")));
+    }
+    cx.min_rank(x, 0, "X", 3)?;
+    let xd = x.shape.dims();
+    let n = xd.len() - 2;
+    if cx.opt_ints("kernel_shape")?.is_none() {
+        return Err(cx.invalid("required attribute `kernel_shape` is missing"));
+    }
+    let kernel = ints_n(cx, "kernel_shape", n, 1, 1)?;
+    let win = window(cx, n)?;
+    let ceil = cx.flag("ceil_mode", false)?;
+    match cx.op.kind {
+        crate::op::OpKind::AveragePool => {
+            cx.flag("count_include_pad", false)?;
+        }
+        crate::op::OpKind::MaxPool => {
+            cx.flag("storage_order", false)?;
+        }
+        _ => {
+            cx.int("p", 2)?;
+        }
+    }
+    let mut out = vec![xd[0], xd[1]];
+    out.extend(window_out(cx, &xd[2..], &kernel, &win, ceil)?);
+    let y = cx.tt(x.dtype, out)?;
+    Ok(if is_max { vec![y.clone(), TensorType::new(DType::I64, y.shape)] } else { vec![y] })
+}
+
+/// GlobalAveragePool, GlobalMaxPool, GlobalLpPool: [N, C, D…] → [N, C, 1…].
+pub(super) fn global_pool(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(1)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    cx.min_rank(x, 0, "X", 3)?;
+    let d = x.shape.dims();
+    let mut out = d[..2].to_vec();
+    out.resize(d.len(), 1);
+    Ok(vec![cx.tt(x.dtype, out)?])
+}
+
+/// Per-channel operands of a normalization: each 1-D of the channel count.
+fn per_channel(cx: &Ctx, ops: &[(usize, &str)], c: usize, class: Class) -> R<()> {
+    for &(i, what) in ops {
+        let t = cx.req_class(i, what, class)?;
+        cx.expect_dims(t, i, what, &[c])?;
+    }
+    Ok(())
+}
+
+/// BatchNormalization(X, scale, B, input_mean, input_var), inference form.
+pub(super) fn batch_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(5)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    cx.min_rank(x, 0, "X", 2)?;
+    if cx.flag("training_mode", false)? || cx.num_outputs > 1 {
+        return Err(cx.unsupported(
+            "training mode (outputs running_mean, running_var) is not supported; only the inference form is",
+        ));
+    }
+    let c = x.shape.dims()[1];
+    per_channel(cx, &[(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")], c, Class::Float)?;
+    Ok(vec![x.clone()])
+}
+
+/// InstanceNormalization(input, scale, B).
+pub(super) fn instance_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req_class(0, "input", Class::Float)?;
+    cx.min_rank(x, 0, "input", 3)?;
+    let c = x.shape.dims()[1];
+    for (i, what) in [(1, "scale"), (2, "B")] {
+        let t = cx.req(i, what)?;
+        cx.same_dtype(t, i, what, x)?;
+    }
+    per_channel(cx, &[(1, "scale"), (2, "B")], c, Class::Float)?;
+    Ok(vec![x.clone()])
+}
+
+/// GroupNormalization(X, scale, bias): scale and bias per channel (opset 21 form).
+pub(super) fn group_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    cx.min_rank(x, 0, "X", 2)?;
+    let c = x.shape.dims()[1];
+    let g = cx.req_int("num_groups")?;
+    if g < 1 || !(c as u64).is_multiple_of(g as u64) {
+        return Err(cx.invalid(format_args!(
+            "attribute `num_groups` = {g} must be ≥ 1 and divide the channel count {c} of {x}"
+        )));
+    }
+    for (i, what) in [(1, "scale"), (2, "bias")] {
+        let t = cx.req(i, what)?;
+        cx.same_dtype(t, i, what, x)?;
+    }
+    per_channel(cx, &[(1, "scale"), (2, "bias")], c, Class::Float)?;
+    let stash = cx.int("stash_type", 1)?;
+    cx.dtype_code("stash_type", stash)?;
+    Ok(vec![x.clone()])
+}
+
+/// LayerNormalization(X, Scale, B?) → (Y, Mean?, InvStdDev?); Mean and InvStdDev
+/// keep X's rank with the normalized axes (from `axis` on) as 1, dtype `stash_type`.
+pub(super) fn layer_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let r = x.shape.rank();
+    let axis = cx.axis(cx.int("axis", -1)?, r, "axis")?;
+    let norm = &x.shape.dims()[axis..];
+    for (i, what) in [(1, "Scale"), (2, "B")] {
+        let t = if i == 1 { Some(cx.req(i, what)?) } else { cx.opt_ty(i) };
+        if let Some(t) = t {
+            cx.same_dtype(t, i, what, x)?;
+            if broadcast_dims(norm, t.shape.dims()).as_deref() != Some(norm) {
+                return Err(cx.invalid(format_args!(
+                    "`{what}` (input {i}) {t} does not broadcast to the normalized shape {}",
+                    Dims(norm)
+                )));
+            }
+        }
+    }
+    let stash = cx.dtype_code("stash_type", cx.int("stash_type", 1)?)?;
+    if !stash.is_float() {
+        return Err(cx.invalid(format_args!("attribute `stash_type` must name a float dtype, got {stash}")));
+    }
+    let mut sd = x.shape.dims()[..axis].to_vec();
+    sd.resize(r, 1);
+    let stat = cx.tt(stash, sd)?;
+    Ok(vec![x.clone(), stat.clone(), stat])
+}
+
+/// RNN (1 gate), GRU (3 gates), LSTM (4 gates): (X, W, R, B?, sequence_lens?,
+/// initial_h?[, initial_c?, P?]) → (Y, Y_h[, Y_c]).
+pub(super) fn recurrent(cx: &Ctx, gates: usize) -> R<Vec<TensorType>> {
+    let lstm = gates == 4;
+    cx.max_inputs(if lstm { 8 } else { 6 })?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let w = cx.req(1, "W")?;
+    let r = cx.req(2, "R")?;
+    cx.rank(x, 0, "X", 3)?;
+    cx.same_dtype(w, 1, "W", x)?;
+    cx.same_dtype(r, 2, "R", x)?;
+    cx.rank(w, 1, "W", 3)?;
+    cx.rank(r, 2, "R", 3)?;
+    let nd = match cx.choice("direction", "forward", &["forward", "reverse", "bidirectional"])?.as_str() {
+        "bidirectional" => 2,
+        _ => 1,
+    };
+    let batch_major = cx.flag("layout", false)?;
+    let xd = x.shape.dims();
+    let (seq, batch, input) = if batch_major { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
+    let hidden = match cx.opt_int("hidden_size")? {
+        Some(h) => usize::try_from(h)
+            .ok()
+            .filter(|&h| h >= 1)
+            .ok_or_else(|| cx.invalid(format_args!("attribute `hidden_size` must be ≥ 1, got {h}")))?,
+        None => r.shape.dims()[2],
+    };
+    let big = || cx.invalid("attribute `hidden_size` is too large");
+    let gh = hidden.checked_mul(gates).ok_or_else(big)?;
+    cx.expect_dims(w, 1, "W", &[nd, gh, input])?;
+    cx.expect_dims(r, 2, "R", &[nd, gh, hidden])?;
+    if let Some(b) = cx.opt_ty(3) {
+        cx.same_dtype(b, 3, "B", x)?;
+        cx.expect_dims(b, 3, "B", &[nd, gh.checked_mul(2).ok_or_else(big)?])?;
+    }
+    if let Some(s) = cx.opt_class(4, "sequence_lens", Class::Index)? {
+        cx.expect_dims(s, 4, "sequence_lens", &[batch])?;
+    }
+    let state = if batch_major { vec![batch, nd, hidden] } else { vec![nd, batch, hidden] };
+    let mut states = vec![(5, "initial_h")];
+    if lstm {
+        states.push((6, "initial_c"));
+    }
+    for (i, what) in states {
+        if let Some(t) = cx.opt_ty(i) {
+            cx.same_dtype(t, i, what, x)?;
+            cx.expect_dims(t, i, what, &state)?;
+        }
+    }
+    if lstm {
+        if let Some(p) = cx.opt_ty(7) {
+            cx.same_dtype(p, 7, "P", x)?;
+            cx.expect_dims(p, 7, "P", &[nd, hidden.checked_mul(3).ok_or_else(big)?])?;
+        }
+        cx.flag("input_forget", false)?;
+    }
+    if gates == 3 {
+        cx.flag("linear_before_reset", false)?;
+    }
+    let y = if batch_major { vec![batch, seq, nd, hidden] } else { vec![seq, nd, batch, hidden] };
+    let mut outs = vec![cx.tt(x.dtype, y)?, cx.tt(x.dtype, state.clone())?];
+    if lstm {
+        outs.push(cx.tt(x.dtype, state)?);
+    }
+    Ok(outs)
+}

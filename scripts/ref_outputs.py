@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Computes ONNX Runtime's outputs for every test model, as the oracle kiln is checked against.
+
+    ref_outputs.py --cache .cache
+
+For each CACHE/models/NAME.onnx: picks deterministic inputs (numpy default_rng seeded
+from the model name), runs ONNX Runtime on the CPU with graph optimisations disabled
+and one thread (so the numbers do not depend on the machine's core count), and writes
+
+    CACHE/ref/NAME/in_K.npy, CACHE/ref/NAME/out_K.npy   (graph input / output order)
+    CACHE/ref/manifest.json                              (every model; see docs/testing.md)
+
+A model is skipped when its results are newer than both the model file and this
+script and were made by the same onnxruntime version.
+
+Inputs: floats standard normal; `input_ids` uniform in [0, vocab) with vocab read from
+the embedding table the ids index; `attention_mask` ones; `token_type_ids` zeros;
+anything else is set per model in MODELS below. Free dimensions are bound from
+MODELS, or to 1 when a leading (batch) dimension. Needs the .venv of setup-test-data.
+"""
+
+import argparse
+import json
+import os
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+RTOL = 1e-4
+ATOL = 1e-5
+
+# Per-model settings: bound shapes of inputs with free dimensions, inputs fixed to a
+# value (recorded as `input_values`: the importer may fold them), inputs set to zeros.
+MODELS = {
+    # The v6 silero VAD takes, at 16 kHz, a window of 512 new samples preceded by
+    # the last 64 samples of the previous window (its Python wrapper keeps that
+    # context), so `input` is [1, 576]; `state` is the LSTM state [2, batch, 128],
+    # zeros at the start of a stream; `sr` picks the 16 kHz branch of the model's If.
+    "silero_vad": {
+        "shapes": {"input": [1, 576], "state": [2, 1, 128]},
+        "values": {"sr": 16000},
+        "zeros": ["state"],
+    },
+    # Sentence-embedding model (BERT, 3 layers): a 32-token sequence.
+    "minilm_l3": {"shapes": {"input_ids": [1, 32], "attention_mask": [1, 32]}},
+}
+
+
+def np_dtype(elem_type: int):
+    return helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def graph_inputs(model: onnx.ModelProto):
+    """The graph's real inputs: those not also given as initializers (old IR versions list both)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [v for v in model.graph.input if v.name not in inits]
+
+
+def bind_shape(name: str, v, cfg: dict):
+    if v.name in cfg.get("shapes", {}):
+        return list(cfg["shapes"][v.name])
+    dims = []
+    for i, d in enumerate(v.type.tensor_type.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(d.dim_value)
+        elif i == 0:
+            dims.append(1)
+        else:
+            sys.exit(f"{name}: input `{v.name}` dimension {i} is free; bind it in MODELS in {__file__}")
+    return dims
+
+
+def vocab_size(model: onnx.ModelProto, input_name: str) -> int:
+    """Rows of the initializer that a Gather indexes with INPUT_NAME."""
+    inits = {i.name: i for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == input_name and n.input[0] in inits:
+            return int(inits[n.input[0]].dims[0])
+    sys.exit(f"no Gather on an initializer consumes `{input_name}`; cannot tell its vocabulary")
+
+
+def make_input(name: str, model, v, shape, cfg: dict, rng: np.random.Generator) -> np.ndarray:
+    dtype = np_dtype(v.type.tensor_type.elem_type)
+    if v.name in cfg.get("values", {}):
+        return np.full(shape, cfg["values"][v.name], dtype=dtype)
+    if v.name in cfg.get("zeros", []) or v.name == "token_type_ids":
+        return np.zeros(shape, dtype=dtype)
+    if v.name == "attention_mask":
+        return np.ones(shape, dtype=dtype)
+    if v.name == "input_ids":
+        return rng.integers(0, vocab_size(model, v.name), size=shape).astype(dtype)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    sys.exit(f"{name}: no rule for input `{v.name}` of type {dtype}; add one to MODELS in {__file__}")
+
+
+def save_npy(path: Path, a: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, a, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def run_model(cache: Path, path: Path) -> dict:
+    name = path.stem
+    cfg = MODELS.get(name, {})
+    model = onnx.load(str(path), load_external_data=False)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    out_dir = cache / "ref" / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    shapes, feeds, inputs = {}, {}, []
+    for k, v in enumerate(graph_inputs(model)):
+        shape = bind_shape(name, v, cfg)
+        a = make_input(name, model, v, shape, cfg, rng)
+        shapes[v.name] = shape
+        feeds[v.name] = a
+        save_npy(out_dir / f"in_{k}.npy", a)
+        inputs.append({"name": v.name, "file": f"ref/{name}/in_{k}.npy"})
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3  # errors only (not "unused initializer" warnings)
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    out_names = [o.name for o in model.graph.output]
+    results = sess.run(out_names, feeds)
+    outputs = []
+    for k, (oname, a) in enumerate(zip(out_names, results)):
+        save_npy(out_dir / f"out_{k}.npy", np.asarray(a))
+        outputs.append({"name": oname, "file": f"ref/{name}/out_{k}.npy"})
+
+    entry = {
+        "name": name,
+        "model": f"models/{path.name}",
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "size_bytes": path.stat().st_size,
+        "input_shapes": shapes,
+    }
+    if cfg.get("values"):
+        entry["input_values"] = {n: [v] for n, v in cfg["values"].items()}
+    entry.update(inputs=inputs, outputs=outputs, rtol=cfg.get("rtol", RTOL), atol=cfg.get("atol", ATOL))
+    return entry
+
+
+def cached_entry(cache: Path, path: Path):
+    """The recorded entry of PATH if still valid, else None."""
+    stamp = cache / "ref" / path.stem / "entry.json"
+    try:
+        rec = json.loads(stamp.read_text())
+        t = stamp.stat().st_mtime
+    except (OSError, ValueError):
+        return None
+    if rec.get("onnxruntime") != ort.__version__ or rec.get("numpy") != np.__version__:
+        return None
+    if t <= path.stat().st_mtime or t <= Path(__file__).stat().st_mtime:
+        return None
+    e = rec.get("entry", {})
+    files = [x["file"] for x in e.get("inputs", []) + e.get("outputs", [])]
+    if e.get("size_bytes") != path.stat().st_size or not all((cache / f).is_file() for f in files):
+        return None
+    return e
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", required=True, type=Path)
+    ap.add_argument("--force", action="store_true", help="recompute every model")
+    args = ap.parse_args()
+    cache = args.cache
+    paths = sorted((cache / "models").glob("*.onnx"))
+    if not paths:
+        sys.exit(f"no models in {cache / 'models'}; run scripts/setup-test-data and scripts/gen_models.py")
+    entries = []
+    for path in paths:
+        e = None if args.force else cached_entry(cache, path)
+        if e is None:
+            print(f"running {path.name} with onnxruntime {ort.__version__}", file=sys.stderr)
+            e = run_model(cache, path)
+            stamp = cache / "ref" / path.stem / "entry.json"
+            tmp = stamp.with_name("entry.json.tmp")
+            tmp.write_text(json.dumps({"onnxruntime": ort.__version__, "numpy": np.__version__, "entry": e}, indent=1))
+            os.replace(tmp, stamp)
+        entries.append(e)
+    manifest = {"generator": {"onnxruntime": ort.__version__, "numpy": np.__version__, "onnx": onnx.__version__},
+                "models": entries}
+    out = cache / "ref" / "manifest.json"
+    tmp = out.with_name("manifest.json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, out)
+    print(f"{out}: {len(entries)} models", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
