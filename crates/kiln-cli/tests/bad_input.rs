@@ -68,7 +68,7 @@ fn model(nodes: Vec<NodeProto>, input: ValueInfoProto, output: &str, init: Vec<T
     .encode_to_vec()
 }
 
-/// A valid model: y = Relu(x · w) with x [1,4] (first dim free when `free`).
+/// A valid model: y = Relu(x · w) with x [1,4] (both dims free when `free`).
 fn good_model(free: bool) -> Vec<u8> {
     let w = TensorProto {
         dims: vec![4, 3],
@@ -86,7 +86,7 @@ fn good_model(free: bool) -> Vec<u8> {
     });
     model(
         vec![gemm, node("act", "Relu", &["h"], &["y"])],
-        value_info("x", &[if free { None } else { Some(1) }, Some(4)]),
+        value_info("x", &[if free { None } else { Some(1) }, if free { None } else { Some(4) }]),
         "y",
         vec![w],
     )

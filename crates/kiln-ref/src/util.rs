@@ -3,7 +3,7 @@
 
 use crate::EvalError;
 use kiln_ir::op::AttrError;
-use kiln_ir::{DType, Op, OpKind, Shape, Tensor, TensorType};
+use kiln_ir::{Op, OpKind, Tensor, TensorType};
 
 /// One evaluation: the op, its operands and the expected result types.
 pub(crate) struct Cx<'a> {
@@ -69,10 +69,6 @@ impl<'a> Cx<'a> {
         Tensor::from_i64(ty.dtype, ty.shape.clone(), v).map_err(|e| self.invalid(e.to_string()))
     }
 
-    /// Builds a shape, with an op-named error.
-    pub fn shape(&self, dims: Vec<usize>) -> Result<Shape, EvalError> {
-        Shape::new(dims).map_err(|e| self.invalid(e.to_string()))
-    }
 }
 
 /// `axis` normalised into `0..rank`, if in `-rank..rank`.
@@ -154,10 +150,6 @@ pub(crate) fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
     idx
 }
 
-/// True for dtypes computed through f64.
-pub(crate) fn is_float(d: DType) -> bool {
-    d.is_float()
-}
 
 #[cfg(test)]
 mod tests {
