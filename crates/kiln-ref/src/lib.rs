@@ -113,6 +113,10 @@ pub fn eval_op(
     Ok(r)
 }
 
+/// Largest total size of one node's results [`eval_graph`] computes (4 GiB): larger
+/// ones are refused with an error instead of exhausting memory.
+pub const MAX_RESULT_BYTES: usize = 1 << 32;
+
 /// Runs `graph` on `inputs` (one per graph input, in order) and returns its outputs.
 pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalError> {
     if inputs.len() != graph.inputs.len() {
@@ -165,6 +169,13 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
             .collect::<Result<_, _>>()?;
         let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_ref()).collect();
         let tys: Vec<TensorType> = n.outputs.iter().map(|&o| graph.ty(o).clone()).collect();
+        let bytes: usize = tys.iter().map(|t| t.storage_bytes()).fold(0, usize::saturating_add);
+        if bytes > MAX_RESULT_BYTES {
+            return Err(EvalError::Graph(format!(
+                "node `{}` ({}): results of {bytes} bytes exceed the reference evaluator's limit of {MAX_RESULT_BYTES}",
+                n.name, n.op.kind
+            )));
+        }
         let outs = eval_op(&n.op, &refs, &tys)
             .map_err(|e| EvalError::Graph(format!("node `{}` ({}): {e}", n.name, n.op.kind)))?;
         for (&o, t) in n.outputs.iter().zip(outs) {

@@ -61,6 +61,14 @@ pub fn decode_tensor(data: Bytes) -> Result<Tensor, ImportError> {
     tensor_from_proto(&t, &mut ExternalFiles::new(None))
 }
 
+/// Names of a model's graph inputs that are not initializers, in order.
+pub fn graph_input_names(data: Bytes) -> Result<Vec<String>, ImportError> {
+    let model = ModelProto::decode(data).map_err(|e| ImportError::Decode(e.to_string()))?;
+    let graph = model.graph.as_ref().ok_or_else(|| ImportError::Model("the model has no graph".into()))?;
+    let inits: HashSet<&str> = graph.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
+    Ok(graph.input.iter().filter_map(|i| i.name.clone()).filter(|n| !inits.contains(n.as_str())).collect())
+}
+
 /// Imports a decoded model.
 pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOptions) -> Result<Graph, ImportError> {
     let graph = model.graph.as_ref().ok_or_else(|| ImportError::Model("the model has no graph".into()))?;

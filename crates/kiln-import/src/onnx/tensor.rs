@@ -107,7 +107,9 @@ pub(crate) fn tensor_from_proto(t: &TensorProto, ext: &mut ExternalFiles) -> Res
     }
 
     // Typed fields.
-    let mut out: Vec<u8> = Vec::with_capacity(nbytes);
+    // Not preallocated: `nbytes` comes from the file's dims and is only trusted
+    // once the data fields (already in memory) are found to match it.
+    let mut out: Vec<u8> = Vec::new();
     let count_err = |got: usize, field: &str, want: usize| err(format!("{ty} needs {want} values in {field}, found {got}"));
     match dtype {
         DType::F32 => {
