@@ -1,0 +1,74 @@
+//! The ONNX 1.17 node test suite (`$KILN_TEST_DATA/onnx-node`, fetched by
+//! `scripts/test`) through import and the reference evaluator, with the ONNX
+//! backend tolerances (see `kiln conformance`).
+//!
+//! `tests/data/onnx-node-ref.expected` lists every case that does not pass, with
+//! its category and the harness's reason. The test fails when an unlisted case
+//! fails, when a listed case passes (so the list only shrinks), or when a case
+//! changes category. Cases that pass with small inputs bound to their test values
+//! count as passing. Regenerate the list with
+//! `scripts/bless-onnx-node-ref`
+//! after checking every change by hand.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn data_dir() -> PathBuf {
+    match std::env::var_os("KILN_TEST_DATA") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+    }
+}
+
+#[test]
+fn onnx_node_suite_through_the_reference_evaluator() {
+    let dir = data_dir().join("onnx-node");
+    assert!(dir.join("test_abs/model.onnx").exists(), "{} is missing; run scripts/test", dir.display());
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["conformance", dir.to_str().expect("utf-8 path"), "--verbose"])
+        .output()
+        .expect("run kiln conformance");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "kiln conformance failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut got: BTreeMap<String, String> = BTreeMap::new();
+    let mut total = 0;
+    for line in stdout.lines() {
+        if let Some((name, rest)) = line.split_once(": ") {
+            if name.starts_with("test_") {
+                total += 1;
+                let cat = rest.split(':').next().unwrap_or("").trim().to_string();
+                got.insert(name.to_string(), cat);
+            }
+        }
+    }
+    assert_eq!(total, 1288, "the ONNX 1.17 node suite has 1288 cases");
+    let expected_text = include_str!("data/onnx-node-ref.expected");
+    let expected: BTreeMap<&str, &str> = expected_text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next().unwrap_or(""), it.next().unwrap_or(""))
+        })
+        .collect();
+    let mut problems = Vec::new();
+    for (name, cat) in &got {
+        let passing = cat == "pass" || cat == "pass-specialised";
+        match expected.get(name.as_str()) {
+            None if !passing => problems.push(format!("{name}: {cat} (not in the expected list)")),
+            Some(e) if passing => problems.push(format!("{name}: now passes, listed as {e}: remove it from the list")),
+            Some(e) if *e != cat => problems.push(format!("{name}: {cat}, listed as {e}")),
+            _ => {}
+        }
+        assert_ne!(cat, "panic", "{name} panicked: a defect");
+    }
+    for name in expected.keys() {
+        if !got.contains_key(*name) {
+            problems.push(format!("{name}: listed but not in the suite"));
+        }
+    }
+    let passed = got.values().filter(|c| *c == "pass" || *c == "pass-specialised").count();
+    eprintln!("ONNX node suite (import + reference evaluator): {passed} of {total} pass");
+    assert!(problems.is_empty(), "{} differences:\n{}", problems.len(), problems.join("\n"));
+}
