@@ -190,3 +190,10 @@ impl Graph {
         out
     }
 }
+
+/// Prints the graph in the text form (see [`crate::text`]).
+impl core::fmt::Display for Graph {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&crate::text::print(self))
+    }
+}

@@ -16,7 +16,7 @@
 use crate::elementwise::{icmp, int_range, raw_elems, read_f64, read_i64, widen, write_f64};
 use crate::util::{broadcast_map, Cx};
 use crate::EvalError;
-use kiln_ir::{DType, OpKind, Tensor, TensorType};
+use kiln_ir::{DType, OpKind, Tensor};
 use std::cmp::Ordering;
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -43,19 +43,7 @@ fn int_attr(cx: &Cx, name: &str, default: i64) -> Result<i64, EvalError> {
     cx.attr(cx.op.attrs.int_or(name, default))
 }
 
-/// The result type, checked to have dtype `d` and dims `dims`.
-fn out_checked<'a>(
-    cx: &Cx<'a>,
-    i: usize,
-    d: DType,
-    dims: &[usize],
-) -> Result<&'a TensorType, EvalError> {
-    let ty = cx.out_type(i)?;
-    if ty.dtype != d || ty.shape.dims() != dims {
-        return Err(cx.invalid(format!("result {i} has type {ty}, expected {d}{dims:?}")));
-    }
-    Ok(ty)
-}
+use crate::util::out_checked;
 
 /// Dims after reducing the flagged axes (kept as 1 or removed).
 fn reduced_dims(dims: &[usize], red: &[bool], keep: bool) -> Vec<usize> {

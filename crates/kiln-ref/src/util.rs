@@ -3,7 +3,7 @@
 
 use crate::EvalError;
 use kiln_ir::op::AttrError;
-use kiln_ir::{Op, OpKind, Tensor, TensorType};
+use kiln_ir::{DType, Op, OpKind, Tensor, TensorType};
 
 /// One evaluation: the op, its operands and the expected result types.
 pub(crate) struct Cx<'a> {
@@ -69,6 +69,15 @@ impl<'a> Cx<'a> {
         Tensor::from_i64(ty.dtype, ty.shape.clone(), v).map_err(|e| self.invalid(e.to_string()))
     }
 
+}
+
+/// Result type `i`, checked to be `d` with dims `dims`.
+pub(crate) fn out_checked<'a>(cx: &Cx<'a>, i: usize, d: DType, dims: &[usize]) -> Result<&'a TensorType, EvalError> {
+    let ty = cx.out_type(i)?;
+    if ty.dtype != d || ty.shape.dims() != dims {
+        return Err(cx.invalid(format!("result {i} has type {ty}, expected {d}{dims:?}")));
+    }
+    Ok(ty)
 }
 
 /// `axis` normalised into `0..rank`, if in `-rank..rank`.

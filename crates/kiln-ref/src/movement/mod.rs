@@ -130,19 +130,7 @@ pub(super) fn first_elem_or_zero(
     }
 }
 
-/// Result type `i`, checked to be `d` with dims `dims`.
-pub(super) fn out_checked<'a>(
-    cx: &Cx<'a>,
-    i: usize,
-    d: DType,
-    dims: &[usize],
-) -> Result<&'a TensorType, EvalError> {
-    let ty = cx.out_type(i)?;
-    if ty.dtype != d || ty.shape.dims() != dims {
-        return Err(cx.invalid(format!("result {i} has type {ty}, expected {d}{dims:?}")));
-    }
-    Ok(ty)
-}
+pub(super) use crate::util::out_checked;
 
 /// An integer attribute with a default.
 pub(super) fn int_attr(cx: &Cx, name: &str, default: i64) -> Result<i64, EvalError> {
