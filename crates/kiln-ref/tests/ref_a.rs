@@ -2,46 +2,14 @@
 //! Expected values are hand-computed (or closed-form expressions of the definition).
 
 use half::{bf16, f16};
-use kiln_ir::tensor::Element;
-use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
-use kiln_ref::{eval_op, EvalError};
+use kiln_ir::{Attr, DType, OpKind, Tensor, TensorType};
+mod common;
+use common::{run, sh, t, ti, ty};
+use kiln_ref::EvalError;
 
 // ---------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------
-
-fn sh(d: &[usize]) -> Shape {
-    Shape::new(d.to_vec()).unwrap()
-}
-
-fn t<T: Element>(d: &[usize], v: &[T]) -> Tensor {
-    Tensor::from_vec(sh(d), v.to_vec()).unwrap()
-}
-
-fn ti(dt: DType, d: &[usize], v: &[i64]) -> Tensor {
-    Tensor::from_i64(dt, sh(d), v).unwrap()
-}
-
-fn ty(dt: DType, d: &[usize]) -> TensorType {
-    TensorType::new(dt, sh(d))
-}
-
-fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
-    let mut a = Attrs::new();
-    for (n, v) in attrs {
-        a.set(*n, v.clone());
-    }
-    Op::with_attrs(kind, a)
-}
-
-fn run(
-    kind: OpKind,
-    attrs: &[(&str, Attr)],
-    ins: &[Option<&Tensor>],
-    outs: &[TensorType],
-) -> Result<Vec<Tensor>, EvalError> {
-    eval_op(&op(kind, attrs), ins, outs)
-}
 
 /// One result, which must succeed.
 fn run1(kind: OpKind, attrs: &[(&str, Attr)], ins: &[&Tensor], out: TensorType) -> Tensor {
