@@ -83,7 +83,7 @@ fn mutations_never_panic() {
                 match r % 4 {
                     0 if !d.is_empty() => {
                         let i = (next() % d.len() as u64) as usize;
-                        d[i] ^= 1 << (r >> 8) % 8;
+                        d[i] ^= 1 << ((r >> 8) % 8);
                     }
                     1 if !d.is_empty() => {
                         // Overwrite a header/table word with an extreme value.

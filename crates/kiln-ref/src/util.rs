@@ -59,11 +59,14 @@ impl<'a> Cx<'a> {
         norm_axis(axis, rank).ok_or_else(|| self.invalid(format!("axis {axis} out of range for rank {rank}")))
     }
 
+    // `from_*` here builds a result for this op (errors name it), hence `&self`.
+    #[allow(clippy::wrong_self_convention)]
     /// A tensor of type `ty` from f64 values (rounded once to the dtype).
     pub fn from_f64(&self, ty: &TensorType, v: &[f64]) -> Result<Tensor, EvalError> {
         Tensor::from_f64(ty.dtype, ty.shape.clone(), v).map_err(|e| self.invalid(e.to_string()))
     }
 
+    #[allow(clippy::wrong_self_convention)]
     /// A tensor of integer type `ty` from i64 values (wrapping to the dtype).
     pub fn from_i64(&self, ty: &TensorType, v: &[i64]) -> Result<Tensor, EvalError> {
         Tensor::from_i64(ty.dtype, ty.shape.clone(), v).map_err(|e| self.invalid(e.to_string()))
