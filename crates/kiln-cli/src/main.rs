@@ -18,14 +18,16 @@ use std::time::Instant;
 
 const USAGE: &str = "\
 usage:
-  kiln import MODEL [--input-shape NAME=DIMS]... [--input-value NAME=V[,V...]]...
+  kiln import MODEL [--input-shape NAME=DIMS]... [--input-value NAME=V[,V...]]... [--passes P,P|default]
   kiln eval MODEL [--input NAME=FILE.npy]... [--input-shape NAME=DIMS]... [--input-value NAME=V]...
-                  [--output-dir DIR] [--seed N]
+                  [--output-dir DIR] [--seed N] [--passes P,P|default]
+  kiln list-passes
   kiln conformance DIR [--filter TEXT] [--verbose]
 
 MODEL is an .onnx file or a .kir file (kiln IR text form).
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
 --input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.
+--passes runs tensor-level passes after import (`default`: all, in pipeline order).
 eval without --input for an input feeds seeded random data (--seed, default 0).";
 
 fn main() -> ExitCode {
@@ -46,6 +48,7 @@ struct Cli {
     inputs: Vec<(String, PathBuf)>,
     output_dir: Option<PathBuf>,
     seed: u64,
+    passes: Vec<String>,
 }
 
 fn parse_args(args: &[String], allow_eval: bool) -> Result<Cli, String> {
@@ -77,6 +80,14 @@ fn parse_args(args: &[String], allow_eval: bool) -> Result<Cli, String> {
                 let v = value(flag)?;
                 cli.seed = v.parse().map_err(|_| format!("--seed `{v}` is not a number"))?;
             }
+            "--passes" => {
+                let v = value(flag)?;
+                cli.passes = if v == "default" {
+                    kiln_opt::registry().iter().map(|p| p.name().to_string()).collect()
+                } else {
+                    v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+                };
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             f if f.starts_with('-') => return Err(format!("unknown option `{f}`\n{USAGE}")),
             _ if cli.model.is_none() => cli.model = Some(PathBuf::from(a)),
@@ -94,9 +105,16 @@ fn run(args: &[String]) -> Result<(), String> {
         return Err(USAGE.to_string());
     };
     match cmd.as_str() {
+        "list-passes" => {
+            for p in kiln_opt::registry() {
+                println!("{:<40} {}", p.name(), p.summary());
+            }
+            Ok(())
+        }
         "import" => {
             let cli = parse_args(&args[1..], false)?;
-            let g = load(cli.model.as_deref().unwrap_or(Path::new("")), &cli.opts)?;
+            let mut g = load(cli.model.as_deref().unwrap_or(Path::new("")), &cli.opts)?;
+            optimise(&mut g, &cli.passes)?;
             print!("{}", kiln_ir::text::print(&g));
             Ok(())
         }
@@ -144,6 +162,12 @@ fn conformance_cmd(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs the `--passes` (none by default).
+fn optimise(g: &mut Graph, passes: &[String]) -> Result<(), String> {
+    let names: Vec<&str> = passes.iter().map(String::as_str).collect();
+    kiln_opt::run_passes(g, &names).map_err(|e| e.to_string())
+}
+
 /// Loads an ONNX model or an IR text file.
 fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
     let is_text = path.extension().is_some_and(|e| e == "kir");
@@ -163,7 +187,8 @@ fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
 fn eval(cli: Cli) -> Result<(), String> {
     let path = cli.model.clone().unwrap_or_default();
     let t0 = Instant::now();
-    let g = load(&path, &cli.opts)?;
+    let mut g = load(&path, &cli.opts)?;
+    optimise(&mut g, &cli.passes)?;
     let t_import = t0.elapsed();
     for (n, _) in &cli.inputs {
         if !g.inputs.iter().any(|&v| g.values[v].name == *n) {

@@ -90,6 +90,12 @@ fn check_model(name: &str) {
     let t1 = Instant::now();
     let outs = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|err| panic!("{name}: eval failed: {err}"));
     let t_eval = t1.elapsed();
+    // The tensor pipeline must not change what the graph computes, to the bit.
+    let mut opt = g.clone();
+    kiln_opt::run_tensor_pipeline(&mut opt).unwrap_or_else(|err| panic!("{name}: tensor passes failed: {err}"));
+    let opt_outs = kiln_ref::eval_graph(&opt, &feeds).unwrap_or_else(|err| panic!("{name}: eval after passes: {err}"));
+    assert!(opt_outs == outs, "{name}: the tensor passes changed the outputs");
+    assert!(opt.nodes.len() <= g.nodes.len());
     let rtol = e["rtol"].as_f64().unwrap_or(1e-4);
     let atol = e["atol"].as_f64().unwrap_or(1e-5);
     let expected = e["outputs"].as_array().expect("outputs");
@@ -102,8 +108,9 @@ fn check_model(name: &str) {
         compare(&format!("{name}/{oname}"), got, &want, rtol, atol);
     }
     eprintln!(
-        "MODEL {name}: {} nodes, import {:.1} ms, reference eval {:.1} ms",
+        "MODEL {name}: {} nodes ({} after tensor passes), import {:.1} ms, reference eval {:.1} ms",
         g.nodes.len(),
+        opt.nodes.len(),
         t_import.as_secs_f64() * 1e3,
         t_eval.as_secs_f64() * 1e3
     );

@@ -89,6 +89,10 @@ impl<K: EntityId, V> Arena<K, V> {
     pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
         self.items.iter()
     }
+    /// Entries in order, mutably.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> + '_ {
+        self.items.iter_mut()
+    }
 }
 
 impl<K: EntityId, V> core::ops::Index<K> for Arena<K, V> {

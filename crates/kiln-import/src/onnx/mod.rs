@@ -29,10 +29,6 @@ use tensor::{tensor_from_proto, ExternalFiles};
 /// The newest default-domain opset kiln understands.
 pub const MAX_OPSET: i64 = 22;
 
-/// Results larger than this many bytes are not folded when they are more than
-/// twice the size of their operands.
-const FOLD_INFLATE_LIMIT: usize = 64 * 1024;
-
 /// Ops handled by the importer itself rather than mapped to an [`OpKind`].
 const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Identity", "Upsample", "Scatter"];
 
@@ -672,24 +668,27 @@ impl Importer {
             })?
         };
         let name_of = |i: usize| out_names.get(i).cloned().unwrap_or_default();
-        // Results that depend only on operand types.
-        if matches!(kind, OpKind::Shape | OpKind::Size) {
-            if let Some(v) = inputs.first().copied().flatten() {
-                let t = shape_of(&op, self.g.ty(v), &tys[0]).map_err(|m| at.err(m))?;
+        // Results that depend only on operand types (Shape, Size).
+        if let (Some(Some(v)), [out]) = (inputs.first(), tys.as_slice()) {
+            if let Some(r) = kiln_opt::fold::fold_from_type(&op, self.g.ty(*v), out) {
+                let t = r.map_err(|m| at.err(m))?;
                 return Ok(vec![self.add_const(&name_of(0), t)]);
             }
         }
-        let all_const = inputs.iter().flatten().all(|&v| self.g.constant(v).is_some());
-        // Folding must not inflate the model: a result much larger than its operands
-        // (a ConstantOfShape fill, an Expand, a Tile) stays a node for later stages
-        // to materialise as cheaply as they can.
-        let in_bytes: usize = inputs.iter().flatten().map(|&v| self.g.ty(v).storage_bytes()).sum();
-        let out_bytes: usize = tys.iter().map(|t| t.storage_bytes()).sum();
-        let inflates = out_bytes > FOLD_INFLATE_LIMIT && out_bytes > 2 * in_bytes;
-        if all_const && !inflates {
-            let args: Vec<Option<&Tensor>> = inputs.iter().map(|o| o.and_then(|v| self.g.constant(v))).collect();
-            let outs = kiln_ref::eval_op(&op, &args, &tys).map_err(|e| at.err(format!("constant folding failed: {e}")))?;
-            return Ok(outs.into_iter().enumerate().map(|(i, t)| self.add_const(&name_of(i), t)).collect::<Vec<_>>());
+        // Nodes with constant operands fold (within kiln-opt's folding policy).
+        let consts: Option<Vec<Option<&Tensor>>> = inputs
+            .iter()
+            .map(|o| match o {
+                None => Some(None),
+                Some(v) => self.g.constant(*v).map(Some),
+            })
+            .collect();
+        if let Some(args) = consts {
+            let folded = kiln_opt::fold::try_fold(&op, &args, &tys)
+                .map_err(|e| at.err(format!("constant folding failed: {e}")))?;
+            if let Some(outs) = folded {
+                return Ok(outs.into_iter().enumerate().map(|(i, t)| self.add_const(&name_of(i), t)).collect());
+            }
         }
         let outs: Vec<(String, TensorType)> =
             tys.into_iter().enumerate().map(|(i, ty)| (self.fresh_name(&name_of(i)), ty)).collect();
@@ -698,20 +697,6 @@ impl Importer {
     }
 }
 
-/// Shape or Size of a value of type `ty` (result type `out`).
-fn shape_of(op: &Op, ty: &TensorType, out: &TensorType) -> Result<Tensor, String> {
-    let dims: Vec<i64> = ty.shape.dims().iter().map(|&d| d as i64).collect();
-    let v = if op.kind == OpKind::Size {
-        vec![ty.shape.numel() as i64]
-    } else {
-        let r = dims.len() as i64;
-        let clamp = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) } as usize;
-        let start = clamp(op.attrs.int_or("start", 0).map_err(|e| e.to_string())?);
-        let end = clamp(op.attrs.int_or("end", r).map_err(|e| e.to_string())?);
-        dims[start..end.max(start)].to_vec()
-    };
-    Tensor::from_i64(out.dtype, out.shape.clone(), &v).map_err(|e| e.to_string())
-}
 
 fn dims_str(d: &[usize]) -> String {
     if d.is_empty() {

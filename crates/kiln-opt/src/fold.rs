@@ -1,0 +1,53 @@
+//! The constant-folding policy: when a node whose operands are known becomes
+//! constants. Shared by the importer (which folds while it reads a model) and the
+//! `tensor-fold-constants` pass.
+
+use kiln_ir::{Op, Tensor, TensorType};
+
+/// Results larger than this many bytes are not folded when they are also more than
+/// twice the size of their operands: folding must not inflate the program (a
+/// ConstantOfShape fill, an Expand or a Tile stays a node for later stages to
+/// materialise as cheaply as they can).
+pub const INFLATE_LIMIT: usize = 64 * 1024;
+
+/// Whether results of types `outs` computed from operands of `in_bytes` bytes in
+/// all may become constants.
+pub fn worth_folding(in_bytes: usize, outs: &[TensorType]) -> bool {
+    let out_bytes: usize = outs.iter().map(|t| t.storage_bytes()).fold(0, usize::saturating_add);
+    !(out_bytes > INFLATE_LIMIT && out_bytes > in_bytes.saturating_mul(2))
+}
+
+/// Evaluates `op` on constant operands if the policy allows; `Ok(None)` when it
+/// does not, an error when the op is invalid on these operands.
+pub fn try_fold(op: &Op, inputs: &[Option<&Tensor>], outs: &[TensorType]) -> Result<Option<Vec<Tensor>>, String> {
+    let in_bytes: usize = inputs.iter().flatten().map(|t| t.ty().storage_bytes()).sum();
+    if !worth_folding(in_bytes, outs) {
+        return Ok(None);
+    }
+    kiln_ref::eval_op(op, inputs, outs).map(Some).map_err(|e| e.to_string())
+}
+
+/// Results of ops that depend only on their operand's type (`Shape`, `Size`), for
+/// any operand, constant or not: shapes are static. `None` for other ops.
+pub fn fold_from_type(op: &Op, operand: &TensorType, out: &TensorType) -> Option<Result<Tensor, String>> {
+    use kiln_ir::OpKind;
+    let dims: Vec<i64> = operand.shape.dims().iter().map(|&d| d as i64).collect();
+    let v = match op.kind {
+        OpKind::Size => vec![operand.shape.numel() as i64],
+        OpKind::Shape => {
+            let r = dims.len() as i64;
+            let clamp = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) } as usize;
+            let start = match op.attrs.int_or("start", 0) {
+                Ok(s) => clamp(s),
+                Err(e) => return Some(Err(e.to_string())),
+            };
+            let end = match op.attrs.int_or("end", r) {
+                Ok(e) => clamp(e),
+                Err(e) => return Some(Err(e.to_string())),
+            };
+            dims[start..end.max(start)].to_vec()
+        }
+        _ => return None,
+    };
+    Some(Tensor::from_i64(out.dtype, out.shape.clone(), &v).map_err(|e| e.to_string()))
+}

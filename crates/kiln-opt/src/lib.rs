@@ -1,0 +1,84 @@
+//! kiln's passes over the tensor level (and, next, dispatch formation into the flow
+//! level).
+//!
+//! Every pass has a name (`<level>-<verb>-<noun>`), a one-line summary and a
+//! filetest named after it (`tests/filetests/<name>*.kir`). [`registry`] lists them
+//! (`kiln list-passes` prints it); [`run_passes`] runs a list by name
+//! and verifies the graph after each pass.
+//!
+//! - [`fold`]: the constant-folding policy, shared with the importer;
+//! - [`rewrite`]: rebuilding a graph with nodes replaced or dropped;
+//! - [`tensor`]: the tensor-level passes.
+#![deny(missing_docs)]
+
+pub mod fold;
+pub mod rewrite;
+pub mod tensor;
+
+use kiln_ir::Graph;
+
+/// Why a pass failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PassError {
+    /// No pass has this name.
+    #[error("unknown pass `{0}` (`kiln list-passes` lists them)")]
+    UnknownPass(String),
+    /// The graph is invalid after a pass: a bug in that pass.
+    #[error("internal error: the graph is invalid after pass `{pass}`: {message}")]
+    Verify {
+        /// The pass.
+        pass: &'static str,
+        /// The verifier's message.
+        message: String,
+    },
+    /// A pass could not complete (e.g. folding found an invalid op).
+    #[error("pass `{pass}`: {message}")]
+    Failed {
+        /// The pass.
+        pass: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// One pass.
+pub trait Pass: Sync {
+    /// `<level>-<verb>-<noun>`.
+    fn name(&self) -> &'static str;
+    /// One line saying what it does.
+    fn summary(&self) -> &'static str;
+    /// Transforms `graph`; returns whether anything changed.
+    fn run(&self, graph: &mut Graph) -> Result<bool, PassError>;
+}
+
+/// Every pass, in the order the default tensor pipeline runs them.
+pub fn registry() -> &'static [&'static dyn Pass] {
+    &[
+        &tensor::ElideIdentities,
+        &tensor::FoldConstants,
+        &tensor::DeduplicateConstants,
+        &tensor::EliminateCommonSubexpressions,
+        &tensor::EliminateDeadCode,
+    ]
+}
+
+/// The pass called `name`.
+pub fn find(name: &str) -> Result<&'static dyn Pass, PassError> {
+    registry().iter().copied().find(|p| p.name() == name).ok_or_else(|| PassError::UnknownPass(name.to_string()))
+}
+
+/// Runs the named passes in order, verifying the graph after each.
+pub fn run_passes(graph: &mut Graph, names: &[&str]) -> Result<(), PassError> {
+    for name in names {
+        let pass = find(name)?;
+        pass.run(graph)?;
+        kiln_ir::verify::verify(graph).map_err(|e| PassError::Verify { pass: pass.name(), message: e.to_string() })?;
+    }
+    Ok(())
+}
+
+/// Runs the whole tensor pipeline ([`registry`] order) once.
+pub fn run_tensor_pipeline(graph: &mut Graph) -> Result<(), PassError> {
+    let names: Vec<&str> = registry().iter().map(|p| p.name()).collect();
+    run_passes(graph, &names)
+}

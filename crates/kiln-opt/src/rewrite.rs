@@ -1,0 +1,54 @@
+//! Rebuilding a graph node by node: the way passes change a graph (the arenas are
+//! append-only, so a pass writes a new graph with dense ids, in program order).
+
+use kiln_ir::entity::EntityId;
+use kiln_ir::{Graph, Node, Tensor, ValueDef, ValueId};
+
+/// What to do with one node.
+pub enum Action {
+    /// Keep it.
+    Keep,
+    /// Drop it; each result becomes the given (already rewritten) value.
+    Replace(Vec<ValueId>),
+    /// Drop it; its results become these constants.
+    Constants(Vec<Tensor>),
+}
+
+/// Rebuilds `g`. `decide` sees each node with its operands already mapped into the
+/// new graph (`new` is the graph so far) and says what to do with it. Graph inputs
+/// and constants are kept (constants in the order they appear; unused ones are left
+/// for dead-code elimination).
+pub fn rebuild(g: &Graph, mut decide: impl FnMut(&Graph, &Node, &[Option<ValueId>]) -> Action) -> Graph {
+    let mut new = Graph::new(g.name.clone());
+    let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
+    for (vid, v) in g.values.iter() {
+        if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {
+            map[vid.index()] = Some(new.values.push(v.clone()));
+        }
+    }
+    new.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
+    for (_, n) in g.nodes.iter() {
+        let inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| map[v.index()])).collect();
+        match decide(&new, n, &inputs) {
+            Action::Keep => {
+                let outs = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.values[o].ty.clone())).collect();
+                let (_, vals) = new.add_node(n.name.clone(), n.op.clone(), inputs, outs);
+                for (&o, v) in n.outputs.iter().zip(vals) {
+                    map[o.index()] = Some(v);
+                }
+            }
+            Action::Replace(vals) => {
+                for (&o, v) in n.outputs.iter().zip(vals) {
+                    map[o.index()] = Some(v);
+                }
+            }
+            Action::Constants(ts) => {
+                for (&o, t) in n.outputs.iter().zip(ts) {
+                    map[o.index()] = Some(new.add_const(g.values[o].name.clone(), t));
+                }
+            }
+        }
+    }
+    new.outputs = g.outputs.iter().filter_map(|v| map[v.index()]).collect();
+    new
+}
