@@ -88,26 +88,29 @@ fn parse_args(args: &[String], allow_eval: bool) -> Result<Cli, String> {
                     v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
                 };
             }
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}`\n{USAGE}")),
+            "-h" | "--help" => {
+                let _ = write_stdout(&format!("{USAGE}\n"));
+                std::process::exit(0);
+            }
+            f if f.starts_with('-') => return Err(format!("unknown option `{f}` (kiln --help lists them)")),
             _ if cli.model.is_none() => cli.model = Some(PathBuf::from(a)),
             _ => return Err(format!("unexpected argument `{a}`")),
         }
     }
     if cli.model.is_none() {
-        return Err(format!("no model given\n{USAGE}"));
+        return Err("no model given (kiln --help shows the usage)".to_string());
     }
     Ok(cli)
 }
 
 fn run(args: &[String]) -> Result<(), String> {
     let Some(cmd) = args.first() else {
-        return Err(USAGE.to_string());
+        return Err("no command given (kiln --help shows the usage)".to_string());
     };
     match cmd.as_str() {
         "list-passes" => {
             for p in kiln_opt::registry() {
-                println!("{:<40} {}", p.name(), p.summary());
+                write_stdout(&format!("{:<40} {}\n", p.name(), p.summary()))?;
             }
             Ok(())
         }
@@ -115,16 +118,15 @@ fn run(args: &[String]) -> Result<(), String> {
             let cli = parse_args(&args[1..], false)?;
             let mut g = load(cli.model.as_deref().unwrap_or(Path::new("")), &cli.opts)?;
             optimise(&mut g, &cli.passes)?;
-            print!("{}", kiln_ir::text::print(&g));
-            Ok(())
+            write_stdout(&kiln_ir::text::print(&g))
         }
         "eval" => eval(parse_args(&args[1..], true)?),
         "conformance" => conformance_cmd(&args[1..]),
         "-h" | "--help" | "help" => {
-            println!("{USAGE}");
+            write_stdout(&format!("{USAGE}\n"))?;
             Ok(())
         }
-        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+        other => Err(format!("unknown command `{other}` (kiln --help lists the commands)")),
     }
 }
 
@@ -154,12 +156,21 @@ fn conformance_cmd(args: &[String]) -> Result<(), String> {
         total += 1;
         *counts.entry(outcome.category()).or_default() += 1;
         if verbose || !matches!(outcome, conformance::Outcome::Pass | conformance::Outcome::PassSpecialised) {
-            println!("{name}: {outcome}");
+            write_stdout(&format!("{name}: {outcome}\n"))?;
         }
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("{total} cases (engine: import + reference evaluator): {}", summary.join(", "));
+    write_stdout(&format!("{total} cases (engine: import + reference evaluator): {}\n", summary.join(", ")))?;
     Ok(())
+}
+
+/// Writes to stdout; a closed pipe (`kiln import m.onnx | head`) is not an error.
+fn write_stdout(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write to stdout: {e}")),
+        _ => Ok(()),
+    }
 }
 
 /// Runs the `--passes` (none by default).
@@ -227,7 +238,7 @@ fn eval(cli: Cli) -> Result<(), String> {
     }
     for (&v, t) in g.outputs.iter().zip(&outs) {
         let name = &g.values[v].name;
-        println!("{name}: {} {}", t.ty(), summary(t));
+        write_stdout(&format!("{name}: {} {}\n", t.ty(), summary(t)))?;
         if let Some(dir) = &cli.output_dir {
             let file = dir.join(format!("{}.npy", file_stem(name)));
             let bytes = npy::write(t).map_err(|e| format!("{name}: {e}"))?;
@@ -296,6 +307,12 @@ impl SplitMix {
 /// Random data: floats uniform in [-1, 1), integers in [0, 8), bools fair.
 fn random_tensor(dtype: DType, shape: Shape, rng: &mut SplitMix) -> Result<Tensor, String> {
     let n = shape.numel();
+    if dtype.storage_bytes(n) > kiln_ref::MAX_RESULT_BYTES {
+        return Err(format!(
+            "a random input of {n} elements is over the reference evaluator's limit of {} bytes",
+            kiln_ref::MAX_RESULT_BYTES
+        ));
+    }
     let v: Vec<f64> = if dtype.is_float() {
         (0..n).map(|_| rng.unit() * 2.0 - 1.0).collect()
     } else if dtype == DType::Bool {

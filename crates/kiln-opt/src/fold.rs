@@ -17,11 +17,32 @@ pub fn worth_folding(in_bytes: usize, outs: &[TensorType]) -> bool {
     !(out_bytes > INFLATE_LIMIT && out_bytes > in_bytes.saturating_mul(2))
 }
 
+/// Most element operations one fold may cost (about a second of the reference
+/// evaluator): a model must not make compilation run for hours.
+pub const WORK_LIMIT: u128 = 1 << 28;
+
+/// An upper bound of the element operations evaluating `op` costs: for ops whose
+/// every result element may read many operand elements (contractions, windows,
+/// recurrences, Resize), results × operand elements; for the others, results plus
+/// operands.
+pub fn work_estimate(op: &Op, inputs: &[Option<&Tensor>], outs: &[TensorType]) -> u128 {
+    use kiln_ir::OpKind::*;
+    let out: u128 = outs.iter().map(|t| t.shape.numel() as u128).sum();
+    let ins: u128 = inputs.iter().flatten().map(|t| t.numel() as u128).sum();
+    match op.kind {
+        Conv | ConvInteger | ConvTranspose | QLinearConv | MatMul | MatMulInteger | QLinearMatMul | Gemm | Einsum
+        | Det | LSTM | GRU | RNN | AveragePool | MaxPool | LpPool | Resize | LRN | CumSum | TopK => {
+            out.saturating_mul(ins.max(1))
+        }
+        _ => out + ins,
+    }
+}
+
 /// Evaluates `op` on constant operands if the policy allows; `Ok(None)` when it
 /// does not, an error when the op is invalid on these operands.
 pub fn try_fold(op: &Op, inputs: &[Option<&Tensor>], outs: &[TensorType]) -> Result<Option<Vec<Tensor>>, String> {
     let in_bytes: usize = inputs.iter().flatten().map(|t| t.ty().storage_bytes()).sum();
-    if !worth_folding(in_bytes, outs) {
+    if !worth_folding(in_bytes, outs) || work_estimate(op, inputs, outs) > WORK_LIMIT {
         return Ok(None);
     }
     kiln_ref::eval_op(op, inputs, outs).map(Some).map_err(|e| e.to_string())
@@ -50,4 +71,38 @@ pub fn fold_from_type(op: &Op, operand: &TensorType, out: &TensorType) -> Option
         _ => return None,
     };
     Some(Tensor::from_i64(out.dtype, out.shape.clone(), &v).map_err(|e| e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{DType, OpKind, Shape};
+
+    fn zeros(dims: &[usize]) -> Tensor {
+        Tensor::zeros(TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap()))
+    }
+
+    #[test]
+    fn expensive_folds_are_left_as_nodes() {
+        // A 512x512 image convolved with a 512x512 kernel, padded by 256 on each side:
+        // a 513x513 result, each element ~2^18 multiply-adds.
+        let x = zeros(&[1, 1, 512, 512]);
+        let w = zeros(&[1, 1, 512, 512]);
+        let op = Op::new(OpKind::Conv);
+        let out = TensorType::new(DType::F32, Shape::new(vec![1, 1, 513, 513]).unwrap());
+        assert!(work_estimate(&op, &[Some(&x), Some(&w)], std::slice::from_ref(&out)) > WORK_LIMIT);
+        assert_eq!(try_fold(&op, &[Some(&x), Some(&w)], &[out]), Ok(None));
+        // Cheap elementwise work folds.
+        let a = zeros(&[4]);
+        let ty = a.ty().clone();
+        let r = try_fold(&Op::new(OpKind::Relu), &[Some(&a)], &[ty]).unwrap();
+        assert_eq!(r, Some(vec![a.clone()]));
+    }
+
+    #[test]
+    fn inflating_folds_are_left_as_nodes() {
+        let big = TensorType::new(DType::F32, Shape::new(vec![1 << 20]).unwrap());
+        assert!(!worth_folding(8, &[big.clone()]));
+        assert!(worth_folding(4 << 20, &[big]));
+    }
 }

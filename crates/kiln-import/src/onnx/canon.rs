@@ -36,6 +36,7 @@ pub(crate) fn canonicalize(
     mut attrs: Attrs,
     mut inputs: Vec<Option<ValueId>>,
     num_outputs: usize,
+    total_outputs: usize,
     at: &At,
 ) -> Result<Canon, ImportError> {
     let v = imp.opset;
@@ -45,6 +46,14 @@ pub(crate) fn canonicalize(
         r if v < 18 && REDUCE_18.contains(&r) => ints_attr_to_input(imp, &mut attrs, &mut inputs, "axes", 1)?,
         "Squeeze" | "Unsqueeze" if v < 13 => ints_attr_to_input(imp, &mut attrs, &mut inputs, "axes", 1)?,
         "Split" if v < 13 => ints_attr_to_input(imp, &mut attrs, &mut inputs, "split", 1)?,
+        _ => {}
+    }
+    if op_type == "Split" && inputs.get(1).copied().flatten().is_none() && attrs.get("num_outputs").is_none() {
+        // Without `split`, the parts are as many as the node's outputs — all of them,
+        // including unused ones the importer does not materialise.
+        attrs.set("num_outputs", Attr::Int(total_outputs as i64));
+    }
+    match op_type {
         "Slice" if v < 10 => {
             ints_attr_to_input(imp, &mut attrs, &mut inputs, "starts", 1)?;
             ints_attr_to_input(imp, &mut attrs, &mut inputs, "ends", 2)?;
@@ -122,12 +131,19 @@ pub(crate) fn canonicalize(
             for a in ["ratio", "is_test", "consumed_inputs", "seed"] {
                 attrs.remove(a);
             }
+            if v < 10 && num_outputs > 1 {
+                // The mask had the input's type before opset 10 (bool since).
+                return Err(at.err("the mask output of Dropout before opset 10 is not supported"));
+            }
         }
         "BatchNormalization" => {
             if take_int(&mut attrs, "training_mode", at)?.unwrap_or(0) != 0 || num_outputs > 1 {
                 return Err(at.err("training mode (running statistics outputs) is not supported"));
             }
-            for a in ["spatial", "is_test", "consumed_inputs", "momentum"] {
+            if take_int(&mut attrs, "spatial", at)?.unwrap_or(1) == 0 {
+                return Err(at.err("spatial=0 (per-activation statistics) is not supported"));
+            }
+            for a in ["is_test", "consumed_inputs", "momentum"] {
                 attrs.remove(a);
             }
         }
@@ -151,11 +167,11 @@ pub(crate) fn canonicalize(
                 if let (Some(axis), Some(Some(a)), Some(Some(b))) = (axis, inputs.first(), inputs.get(1)) {
                     let ra = imp.g.ty(*a).shape.rank() as i64;
                     let bd: Vec<usize> = imp.g.ty(*b).shape.dims().to_vec();
-                    let axis = if axis < 0 { axis + ra } else { axis };
-                    let trailing = ra - axis - bd.len() as i64;
-                    if axis < 0 || trailing < 0 {
-                        return Err(at.err(format!("legacy broadcast axis {axis} does not fit")));
-                    }
+                    let fits = |a: i64| (0..=ra).contains(&a).then(|| ra - a - bd.len() as i64).filter(|t| *t >= 0);
+                    let normalised = if axis < 0 { axis.checked_add(ra) } else { Some(axis) };
+                    let Some(trailing) = normalised.and_then(fits) else {
+                        return Err(at.err(format!("legacy broadcast axis {axis} does not fit a rank-{ra} input")));
+                    };
                     let mut nd: Vec<i64> = bd.iter().map(|&d| d as i64).collect();
                     nd.extend(std::iter::repeat_n(1, trailing as usize));
                     let shape = imp.add_const("", tensor_i64(&nd, false)?);
@@ -181,7 +197,7 @@ fn coerce_2d(imp: &mut Importer, op_type: &str, mut attrs: Attrs, inputs: Vec<Op
     let rank = dims.len() as i64;
     let axis = take_int(&mut attrs, "axis", at)?.unwrap_or(1);
     let axis = if axis < 0 { axis + rank } else { axis };
-    if !(0..=rank).contains(&axis) || rank == 0 {
+    if !(0..rank).contains(&axis) {
         return Err(at.err(format!("axis {axis} out of range for rank {rank}")));
     }
     if axis == rank - 1 {

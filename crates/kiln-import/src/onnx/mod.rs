@@ -81,6 +81,15 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         }
         None => 0,
     };
+    if opset < 1 {
+        // Only nodes of the default domain are supported, so there must be one.
+        let uses_default = graph.node.iter().any(|n| matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx")));
+        if uses_default {
+            return Err(ImportError::Model(format!(
+                "the model uses ai.onnx operators but imports ai.onnx opset {opset}; expected a version from 1 to {MAX_OPSET}"
+            )));
+        }
+    }
     if opset > MAX_OPSET {
         return Err(ImportError::Model(format!(
             "the model uses ai.onnx opset {opset}; kiln supports opsets up to {MAX_OPSET}"
@@ -96,6 +105,8 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         scopes: vec![HashMap::new()],
         used,
         names: HashSet::new(),
+        next_suffix: HashMap::new(),
+        reserved: graph.output.iter().filter_map(|o| o.name.clone()).collect(),
         ext: ExternalFiles::new(base_dir.map(Path::to_path_buf)),
     };
     imp.import_signature(graph, opts)?;
@@ -165,7 +176,14 @@ fn topological_order(g: &GraphProto) -> Result<Vec<usize>, ImportError> {
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
-            producer.insert(o.as_str(), i);
+            if let Some(j) = producer.insert(o.as_str(), i) {
+                return Err(ImportError::Model(format!(
+                    "value {:?} is produced by two nodes: `{}` and `{}`",
+                    o,
+                    node_label(&g.node[j], j),
+                    node_label(n, i)
+                )));
+            }
         }
     }
     // Operands of node i produced by other nodes of this graph, including names
@@ -178,7 +196,7 @@ fn topological_order(g: &GraphProto) -> Result<Vec<usize>, ImportError> {
             let mut names: HashSet<String> = n.input.iter().filter(|s| !s.is_empty()).cloned().collect();
             for a in &n.attribute {
                 for sub in a.g.iter().chain(&a.graphs) {
-                    collect_used(sub, &mut names);
+                    free_names(sub, &mut names);
                 }
             }
             let mut d: Vec<usize> = names.iter().filter_map(|s| producer.get(s.as_str()).copied()).filter(|&p| p != i).collect();
@@ -231,9 +249,32 @@ fn topological_order(g: &GraphProto) -> Result<Vec<usize>, ImportError> {
     Err(ImportError::Model(format!("the graph has a cycle: {}", cycle.join(" -> "))))
 }
 
+/// Names a subgraph reads from enclosing scopes: what its nodes (and nested
+/// subgraphs) read, less what it defines itself.
+fn free_names(g: &GraphProto, out: &mut HashSet<String>) {
+    let mut defined: HashSet<&str> = HashSet::new();
+    defined.extend(g.initializer.iter().filter_map(|t| t.name.as_deref()));
+    defined.extend(g.input.iter().filter_map(|i| i.name.as_deref()));
+    for n in &g.node {
+        defined.extend(n.output.iter().map(String::as_str));
+    }
+    let mut read: HashSet<String> = HashSet::new();
+    for n in &g.node {
+        read.extend(n.input.iter().filter(|s| !s.is_empty()).cloned());
+        for a in &n.attribute {
+            for sub in a.g.iter().chain(&a.graphs) {
+                free_names(sub, &mut read);
+            }
+        }
+    }
+    read.extend(g.output.iter().filter_map(|o| o.name.clone()));
+    out.extend(read.into_iter().filter(|r| !defined.contains(r.as_str())));
+}
+
 fn node_label(n: &NodeProto, index: usize) -> String {
     match n.name.as_deref() {
-        Some(s) if !s.is_empty() => s.to_string(),
+        // Control characters are escaped so an error stays one line.
+        Some(s) if !s.is_empty() => s.chars().flat_map(char::escape_debug).collect(),
         _ => format!("#{index}"),
     }
 }
@@ -245,6 +286,10 @@ struct Importer {
     scopes: Vec<HashMap<String, ValueId>>,
     used: HashSet<String>,
     names: HashSet<String>,
+    /// Next suffix to try per base name (keeps `fresh_name` linear).
+    next_suffix: HashMap<String, usize>,
+    /// Graph output names: values of inlined subgraphs do not take them.
+    reserved: HashSet<String>,
     ext: ExternalFiles,
 }
 
@@ -283,14 +328,19 @@ impl Importer {
         if name.is_empty() {
             return String::new();
         }
-        let mut n = name.to_string();
-        let mut k = 1;
-        while self.names.contains(&n) {
-            n = format!("{name}.{k}");
-            k += 1;
+        if self.reserved.contains(name) && self.scopes.len() > 1 {
+            // Inside an inlined subgraph: graph output names are kept for the outputs.
+        } else if self.names.insert(name.to_string()) {
+            return name.to_string();
         }
-        self.names.insert(n.clone());
-        n
+        let k = self.next_suffix.entry(name.to_string()).or_insert(1);
+        loop {
+            let n = format!("{name}.{k}");
+            *k += 1;
+            if !self.reserved.contains(&n) && self.names.insert(n.clone()) {
+                return n;
+            }
+        }
     }
 
     pub(crate) fn add_const(&mut self, name: &str, t: Tensor) -> ValueId {
@@ -521,7 +571,7 @@ impl Importer {
                 if let Some(k) = subgraphs.keys().next() {
                     return Err(at.err(format!("graph attribute `{k}` is not supported on this op")));
                 }
-                let c = canon::canonicalize(self, &op_type, attrs, inputs, outputs.len(), &at)?;
+                let c = canon::canonicalize(self, &op_type, attrs, inputs, outputs.len(), n.output.len(), &at)?;
                 let vals = self.emit(&label, c.kind, c.attrs, c.inputs, &outputs, &at)?;
                 for (name, v) in outputs.iter().zip(vals) {
                     if !name.is_empty() {
@@ -555,7 +605,7 @@ impl Importer {
         let key = if taken { "then_branch" } else { "else_branch" };
         let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
         if branch.output.len() < outputs.len() {
-            return Err(at.err(format!("{key} has {} outputs, the node {}", branch.output.len(), outputs.len())));
+            return Err(at.err(format!("{key} has {} outputs, the If node needs {}", branch.output.len(), outputs.len())));
         }
         self.scopes.push(HashMap::new());
         let r = (|| {
