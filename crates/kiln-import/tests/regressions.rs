@@ -79,3 +79,12 @@ fn branches_returning_outer_values() {
     assert!(import("if_outer.onnx").is_ok());
     assert!(import("outname3.onnx").is_ok());
 }
+
+#[test]
+fn unsupported_ops_matter_only_in_the_branch_taken() {
+    // then: Neg; else: an unknown op. A true condition imports; a false one names the op.
+    let g = import("dead_branch_unsupported.onnx").unwrap();
+    assert_eq!(g.nodes.values().map(|n| n.op.kind.name()).collect::<Vec<_>>(), vec!["Neg"]);
+    let e = error("live_branch_unsupported.onnx");
+    assert!(e.contains("unsupported operators: Frobnicate (ai.onnx opset 17"), "{e}");
+}

@@ -104,6 +104,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         g: Graph::new(graph.name.clone().unwrap_or_default()),
         scopes: vec![HashMap::new()],
         used,
+        opsets: opsets.clone(),
         names: HashSet::new(),
         next_suffix: HashMap::new(),
         reserved: graph.output.iter().filter_map(|o| o.name.clone()).collect(),
@@ -117,11 +118,12 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
     Ok(g)
 }
 
-/// Lists every node (in subgraphs too) whose op kiln cannot import.
+/// Lists every node whose op kiln cannot import: in `graph` and in the subgraphs
+/// of its nodes, except `If` branches, which are checked when one is inlined (an
+/// unsupported op in the branch a constant condition discards does no harm).
 fn check_supported(graph: &GraphProto, opsets: &HashMap<String, i64>) -> Result<(), ImportError> {
-    fn walk(g: &GraphProto, opsets: &HashMap<String, i64>, found: &mut Vec<UnsupportedOp>, index: &mut usize) {
-        for n in &g.node {
-            *index += 1;
+    fn walk(g: &GraphProto, opsets: &HashMap<String, i64>, found: &mut Vec<UnsupportedOp>) {
+        for (index, n) in g.node.iter().enumerate() {
             let op = n.op_type.clone().unwrap_or_default();
             let domain = n.domain.clone().unwrap_or_default();
             let domain = if domain == "ai.onnx" { String::new() } else { domain };
@@ -135,20 +137,23 @@ fn check_supported(graph: &GraphProto, opsets: &HashMap<String, i64>) -> Result<
                         op_type: op,
                         opset: opsets.get(&domain).copied().unwrap_or(0),
                         domain,
-                        node: node_label(n, *index - 1),
+                        node: node_label(n, index),
                         count: 1,
                     });
                 }
             }
+            if known && n.op_type.as_deref() == Some("If") {
+                continue;
+            }
             for a in &n.attribute {
                 for sub in a.g.iter().chain(&a.graphs) {
-                    walk(sub, opsets, found, index);
+                    walk(sub, opsets, found);
                 }
             }
         }
     }
     let mut found = Vec::new();
-    walk(graph, opsets, &mut found, &mut 0);
+    walk(graph, opsets, &mut found);
     if found.is_empty() {
         Ok(())
     } else {
@@ -285,6 +290,8 @@ struct Importer {
     g: Graph,
     scopes: Vec<HashMap<String, ValueId>>,
     used: HashSet<String>,
+    /// Opset version per domain (for checking inlined branches).
+    opsets: HashMap<String, i64>,
     names: HashSet<String>,
     /// Next suffix to try per base name (keeps `fresh_name` linear).
     next_suffix: HashMap<String, usize>,
@@ -604,6 +611,7 @@ impl Importer {
         };
         let key = if taken { "then_branch" } else { "else_branch" };
         let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
+        check_supported(branch, &self.opsets)?;
         if branch.output.len() < outputs.len() {
             return Err(at.err(format!("{key} has {} outputs, the If node needs {}", branch.output.len(), outputs.len())));
         }
