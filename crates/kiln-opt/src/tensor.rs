@@ -172,6 +172,9 @@ impl Pass for DeduplicateConstants {
     }
 }
 
+/// Nodes are candidates for merging when their op kind and operands agree.
+type CseKey = (OpKind, Vec<Option<ValueId>>);
+
 /// `tensor-eliminate-common-subexpressions`: a node with the same op, attributes
 /// and operands as an earlier one reuses the earlier one's results.
 pub struct EliminateCommonSubexpressions;
@@ -184,7 +187,7 @@ impl Pass for EliminateCommonSubexpressions {
         "merge nodes with the same op, attributes and operands"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
-        let mut seen: HashMap<(OpKind, Vec<Option<ValueId>>), Vec<(kiln_ir::Op, Vec<ValueId>)>> = HashMap::new();
+        let mut seen: HashMap<CseKey, Vec<(kiln_ir::Op, Vec<ValueId>)>> = HashMap::new();
         let mut changed = false;
         let new = rebuild(g, |new, n, inputs| {
             let key = (n.op.kind, inputs.to_vec());
