@@ -35,7 +35,8 @@ RTOL = 1e-4
 ATOL = 1e-5
 
 # Per-model settings: bound shapes of inputs with free dimensions, inputs fixed to a
-# value (recorded as `input_values`: the importer may fold them), inputs set to zeros.
+# value (recorded as `input_values`: the importer may fold them), inputs set to zeros,
+# standard deviations of float inputs other than 1 (`scale`).
 MODELS = {
     # The v6 silero VAD takes, at 16 kHz, a window of 512 new samples preceded by
     # the last 64 samples of the previous window (its Python wrapper keeps that
@@ -45,6 +46,9 @@ MODELS = {
         "shapes": {"input": [1, 576], "state": [2, 1, 128]},
         "values": {"sr": 16000},
         "zeros": ["state"],
+        # Audio-like amplitude: standard-normal samples would saturate the LSTM
+        # state at ±1 and hide errors in the recurrent path.
+        "scale": {"input": 0.1},
     },
     # Sentence-embedding model (BERT, 3 layers): a 32-token sequence.
     "minilm_l3": {"shapes": {"input_ids": [1, 32], "attention_mask": [1, 32]}},
@@ -95,7 +99,7 @@ def make_input(name: str, model, v, shape, cfg: dict, rng: np.random.Generator) 
     if v.name == "input_ids":
         return rng.integers(0, vocab_size(model, v.name), size=shape).astype(dtype)
     if np.issubdtype(dtype, np.floating):
-        return rng.standard_normal(shape).astype(dtype)
+        return (rng.standard_normal(shape) * cfg.get("scale", {}).get(v.name, 1.0)).astype(dtype)
     sys.exit(f"{name}: no rule for input `{v.name}` of type {dtype}; add one to MODELS in {__file__}")
 
 
