@@ -45,6 +45,15 @@ fn x_and_out<'a>(cx: &Cx<'a>) -> Result<(&'a Tensor, &'a TensorType), EvalError>
     Ok((x, ty))
 }
 
+/// Batch, channels and elements per channel of an `[N, C, ...]` operand (rank ≥ 2).
+fn nc_inner(cx: &Cx, x: &Tensor) -> Result<(usize, usize, usize), EvalError> {
+    let xd = x.shape().dims();
+    if xd.len() < 2 {
+        return Err(cx.invalid("input must have rank 2 or more"));
+    }
+    Ok((xd[0], xd[1], xd[2..].iter().product()))
+}
+
 /// A per-channel operand: `c` values.
 fn per_channel(cx: &Cx, i: usize, c: usize, what: &str) -> Result<Vec<f64>, EvalError> {
     let t = cx.input(i)?;
@@ -93,12 +102,7 @@ fn batch_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 
 fn instance_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
-    let xd = x.shape().dims();
-    if xd.len() < 2 {
-        return Err(cx.invalid("input must have rank 2 or more"));
-    }
-    let (n, c) = (xd[0], xd[1]);
-    let inner: usize = xd[2..].iter().product();
+    let (n, c, inner) = nc_inner(cx, x)?;
     let scale = per_channel(cx, 1, c, "scale")?;
     let bias = per_channel(cx, 2, c, "B")?;
     let e = eps(cx, 1e-5)?;
@@ -168,12 +172,7 @@ fn layer_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 
 fn group_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
-    let xd = x.shape().dims();
-    if xd.len() < 2 {
-        return Err(cx.invalid("input must have rank 2 or more"));
-    }
-    let (n, c) = (xd[0], xd[1]);
-    let inner: usize = xd[2..].iter().product();
+    let (n, c, inner) = nc_inner(cx, x)?;
     let g = cx.attr(cx.op.attrs.req_int("num_groups"))?;
     let g = usize::try_from(g)
         .ok()
@@ -229,10 +228,7 @@ fn lp_norm(cx: &Cx) -> Result<Tensor, EvalError> {
 
 fn lrn(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
-    let xd = x.shape().dims();
-    if xd.len() < 2 {
-        return Err(cx.invalid("input must have rank 2 or more"));
-    }
+    let (outer, c, inner) = nc_inner(cx, x)?;
     let alpha = cx.attr(cx.op.attrs.float_or("alpha", 1e-4))? as f64;
     let beta = cx.attr(cx.op.attrs.float_or("beta", 0.75))? as f64;
     let bias = cx.attr(cx.op.attrs.float_or("bias", 1.0))? as f64;
@@ -240,7 +236,6 @@ fn lrn(cx: &Cx) -> Result<Tensor, EvalError> {
     if size < 1 {
         return Err(cx.invalid(format!("size = {size}")));
     }
-    let (outer, c, inner) = split_at_axis(xd, 1);
     let below = ((size - 1) / 2) as usize;
     let above = (size as usize - 1).div_ceil(2);
     let v = x.to_f64_vec();
