@@ -89,27 +89,38 @@ fn as_expected(t: Tensor, want: &kiln_ir::TensorType) -> Tensor {
     t
 }
 
-/// Imports the case's model. Node tests often feed shape operands (axes, pads,
-/// sizes, …) as graph inputs; kiln compiles for static shapes, so when plain import
-/// asks for constants the harness binds every small input (≤ 64 elements) to its
-/// value in the test data set — the `--input-value` a user would give — and says so.
-fn import_case(model: &Path, inputs: &[(String, Tensor)]) -> Result<(Graph, bool), kiln_import::ImportError> {
-    match kiln_import::onnx::import_file(model, &ImportOptions::default()) {
-        Ok(g) => Ok((g, false)),
-        Err(e) if e.to_string().contains("must be a constant") || e.to_string().contains("depends on run-time data") => {
-            let mut opts = ImportOptions::default();
-            for (name, t) in inputs {
-                if t.numel() <= 64 && t.dtype() != DType::Bool || t.numel() == 1 {
-                    opts.input_values.push((name.clone(), t.to_f64_vec()));
-                }
-            }
-            if opts.input_values.is_empty() {
-                return Err(e);
-            }
-            kiln_import::onnx::import_file(model, &opts).map(|g| (g, true))
-        }
-        Err(e) => Err(e),
+/// Whether an import failed only because an operand it needs constant is a graph
+/// input, which binding inputs to values (`--input-value`) resolves.
+fn wants_values(e: &kiln_import::ImportError) -> bool {
+    let m = e.to_string();
+    m.contains("must be a constant") || m.contains("depends on run-time data")
+}
+
+/// The category of a failed import.
+fn import_failure(e: &kiln_import::ImportError) -> Outcome {
+    let msg = e.to_string();
+    let unsupported = matches!(e, kiln_import::ImportError::Unsupported(_))
+        || msg.contains("unsupported")
+        || msg.contains("not supported");
+    if unsupported {
+        Outcome::ImportUnsupported(msg)
+    } else {
+        Outcome::ImportError(msg)
     }
+}
+
+/// Node tests often feed shape operands (axes, pads, sizes, …) as graph inputs;
+/// kiln compiles for static shapes, so where plain import asks for constants the
+/// harness binds every small input (≤ 64 elements) to its value in the test data
+/// set — the `--input-value` a user would give — and reports the case as specialised.
+fn import_specialised(model: &Path, inputs: &[(String, Tensor)]) -> Option<Result<Graph, kiln_import::ImportError>> {
+    let mut opts = ImportOptions::default();
+    for (name, t) in inputs {
+        if t.numel() <= 64 && t.dtype() != DType::Bool || t.numel() == 1 {
+            opts.input_values.push((name.clone(), t.to_f64_vec()));
+        }
+    }
+    (!opts.input_values.is_empty()).then(|| kiln_import::onnx::import_file(model, &opts))
 }
 
 /// Graph input names of an ONNX model, in order (for binding test data by position).
@@ -145,7 +156,16 @@ pub fn run_case(case: &Path) -> Outcome {
         Err(e) => return Outcome::ImportError(e.to_string()),
     };
     sets.sort();
-    let mut specialised = false;
+    if sets.is_empty() {
+        return Outcome::ImportError("no test_data_set_* directory".into());
+    }
+    // Imported once; per data set only where inputs must be bound to values.
+    let plain = kiln_import::onnx::import_file(&model, &ImportOptions::default());
+    let specialise = match &plain {
+        Ok(_) => false,
+        Err(e) if wants_values(e) => true,
+        Err(e) => return import_failure(e),
+    };
     for set in sets {
         let inputs: Result<Vec<Tensor>, String> = numbered(&set, "input").iter().map(|p| read_pb(p)).collect();
         let inputs = match inputs {
@@ -153,17 +173,18 @@ pub fn run_case(case: &Path) -> Outcome {
             Err(e) => return Outcome::ImportUnsupported(format!("test data: {e}")),
         };
         let named: Vec<(String, Tensor)> = names.iter().cloned().zip(inputs).collect();
-        let (g, spec) = match import_case(&model, &named) {
+        let bound;
+        let g = match &plain {
             Ok(g) => g,
-            Err(e) => {
-                let msg = e.to_string();
-                let unsupported = matches!(e, kiln_import::ImportError::Unsupported(_))
-                    || msg.contains("unsupported")
-                    || msg.contains("not supported");
-                return if unsupported { Outcome::ImportUnsupported(msg) } else { Outcome::ImportError(msg) };
-            }
+            Err(e) => match import_specialised(&model, &named) {
+                Some(Ok(g)) => {
+                    bound = g;
+                    &bound
+                }
+                Some(Err(e)) => return import_failure(&e),
+                None => return import_failure(e),
+            },
         };
-        specialised |= spec;
         let expected: Result<Vec<Tensor>, String> = numbered(&set, "output").iter().map(|p| read_pb(p)).collect();
         let expected = match expected {
             Ok(i) => i,
@@ -178,7 +199,7 @@ pub fn run_case(case: &Path) -> Outcome {
                 None => return Outcome::RuntimeError(format!("no test data for input `{}`", val.name)),
             }
         }
-        let got = match kiln_ref::eval_graph(&g, &feeds) {
+        let got = match kiln_ref::eval_graph(g, &feeds) {
             Ok(o) => o,
             Err(e) => return Outcome::RuntimeError(e.to_string()),
         };
@@ -192,7 +213,7 @@ pub fn run_case(case: &Path) -> Outcome {
             }
         }
     }
-    if specialised {
+    if specialise {
         Outcome::PassSpecialised
     } else {
         Outcome::Pass

@@ -388,7 +388,7 @@ impl Importer {
             let ierr = |message: String| ImportError::Input { name: name.clone(), message };
             let tt = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
                 Some(type_proto::Value::TensorType(t)) => t,
-                Some(_) => return Err(ierr("only tensor inputs are supported (not sequences, maps or optionals)".into())),
+                Some(_) => return Err(ierr("sequence, map and optional inputs are not supported (only tensors)".into())),
                 None => return Err(ierr("the input has no type".into())),
             };
             let code = tt.elem_type.unwrap_or(0);
