@@ -355,13 +355,19 @@ impl Importer {
         self.g.add_const(name, t)
     }
 
-    fn import_signature(&mut self, graph: &GraphProto, opts: &ImportOptions) -> Result<(), ImportError> {
+    /// Binds a graph's initializers as constants in the current scope.
+    fn import_initializers(&mut self, graph: &GraphProto) -> Result<(), ImportError> {
         for init in &graph.initializer {
             let t = tensor_from_proto(init, &mut self.ext)?;
             let name = init.name.clone().unwrap_or_default();
             let v = self.add_const(&name, t);
             self.bind(&name, v);
         }
+        Ok(())
+    }
+
+    fn import_signature(&mut self, graph: &GraphProto, opts: &ImportOptions) -> Result<(), ImportError> {
+        self.import_initializers(graph)?;
         if !graph.sparse_initializer.is_empty() {
             return Err(ImportError::Model("sparse initializers are not supported".into()));
         }
@@ -617,12 +623,7 @@ impl Importer {
         }
         self.scopes.push(HashMap::new());
         let r = (|| {
-            for init in &branch.initializer {
-                let t = tensor_from_proto(init, &mut self.ext)?;
-                let name = init.name.clone().unwrap_or_default();
-                let v = self.add_const(&name, t);
-                self.bind(&name, v);
-            }
+            self.import_initializers(branch)?;
             for i in topological_order(branch)? {
                 self.import_node(&branch.node[i], i)?;
             }
