@@ -2,7 +2,7 @@
 //! constants. Shared by the importer (which folds while it reads a model) and the
 //! `tensor-fold-constants` pass.
 
-use kiln_ir::{Op, Tensor, TensorType};
+use kiln_ir::{Graph, Op, Tensor, TensorType, ValueId};
 
 /// Results larger than this many bytes are not folded when they are also more than
 /// twice the size of their operands: folding must not inflate the program (a
@@ -15,6 +15,18 @@ pub const INFLATE_LIMIT: usize = 64 * 1024;
 pub fn worth_folding(in_bytes: usize, outs: &[TensorType]) -> bool {
     let out_bytes: usize = outs.iter().map(|t| t.storage_bytes()).fold(0, usize::saturating_add);
     !(out_bytes > INFLATE_LIMIT && out_bytes > in_bytes.saturating_mul(2))
+}
+
+/// The contents of operands that are all constants (absent optional operands stay
+/// `None`); `None` when any present operand is not a constant.
+pub fn constant_operands<'a>(g: &'a Graph, inputs: &[Option<ValueId>]) -> Option<Vec<Option<&'a Tensor>>> {
+    inputs
+        .iter()
+        .map(|i| match i {
+            None => Some(None),
+            Some(v) => g.constant(*v).map(Some),
+        })
+        .collect()
 }
 
 /// Most element operations one fold may cost (about a second of the reference

@@ -6,11 +6,11 @@
 //! No pass removes or renames a graph output: an output defined by a node that
 //! would go away keeps its node (outputs carry the model's names).
 
-use crate::fold::{fold_from_type, try_fold};
+use crate::fold::{constant_operands, fold_from_type, try_fold};
 use crate::rewrite::{rebuild, Action};
 use crate::{Pass, PassError};
 use kiln_ir::entity::EntityId;
-use kiln_ir::{Graph, Node, OpKind, Tensor, ValueDef, ValueId};
+use kiln_ir::{Graph, Node, OpKind, ValueDef, ValueId};
 use std::collections::HashMap;
 
 fn defines_output(g: &Graph, n: &Node) -> bool {
@@ -105,14 +105,7 @@ impl Pass for FoldConstants {
                     };
                 }
             }
-            let consts: Option<Vec<Option<&Tensor>>> = inputs
-                .iter()
-                .map(|i| match i {
-                    None => Some(None),
-                    Some(v) => new.constant(*v).map(Some),
-                })
-                .collect();
-            let Some(consts) = consts else { return Action::Keep };
+            let Some(consts) = constant_operands(new, inputs) else { return Action::Keep };
             match try_fold(&n.op, &consts, &tys) {
                 Ok(Some(ts)) => {
                     changed = true;

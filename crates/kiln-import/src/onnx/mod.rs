@@ -735,14 +735,7 @@ impl Importer {
             }
         }
         // Nodes with constant operands fold (within kiln-opt's folding policy).
-        let consts: Option<Vec<Option<&Tensor>>> = inputs
-            .iter()
-            .map(|o| match o {
-                None => Some(None),
-                Some(v) => self.g.constant(*v).map(Some),
-            })
-            .collect();
-        if let Some(args) = consts {
+        if let Some(args) = kiln_opt::fold::constant_operands(&self.g, &inputs) {
             let folded = kiln_opt::fold::try_fold(&op, &args, &tys)
                 .map_err(|e| at.err(format!("constant folding failed: {e}")))?;
             if let Some(outs) = folded {
