@@ -328,6 +328,62 @@ pub fn encode_e8m0(x: f32, saturate: bool, mode: E8M0Rounding) -> u8 {
     }
 }
 
+// ---- Rounding once from f64 -------------------------------------------------
+
+/// Largest finite bfloat16.
+pub const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
+
+/// `x` rounded to nearest even in a binary format with `p` significand bits
+/// (implicit bit included), minimum normal exponent `emin` (gradual underflow) and
+/// largest finite value `max`; overflow gives ±inf. NaN and ±inf pass through.
+pub fn round_binary(x: f64, p: i32, emin: i32, max: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    let biased = ((x.to_bits() >> 52) & 0x7ff) as i32;
+    let e = (biased - 1023).max(emin);
+    let ulp = pow2_f64(e - (p - 1));
+    let r = (x / ulp).round_ties_even() * ulp;
+    if r.abs() > max {
+        f64::INFINITY.copysign(x)
+    } else {
+        r
+    }
+}
+
+/// 2^e as an exact `f64` for `e` in the normal range.
+fn pow2_f64(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// `x` rounded to `f32` with round-to-odd: exact values stay, inexact ones take the
+/// neighbour whose last significand bit is 1. A later round-to-nearest to a format
+/// of at most 22 significand bits then rounds as if directly from `x`.
+pub fn f64_to_f32_odd(x: f64) -> f32 {
+    let f = x as f32;
+    if !f.is_finite() || f as f64 == x || f.to_bits() & 1 == 1 {
+        return f;
+    }
+    if (f as f64) > x {
+        f.next_down()
+    } else {
+        f.next_up()
+    }
+}
+
+/// An integer as `f64` with round-to-odd (exact up to 2^53); see [`f64_to_f32_odd`].
+pub fn int_to_f64_odd(v: i128) -> f64 {
+    let f = v as f64;
+    let back = f as i128;
+    if back == v || f.to_bits() & 1 == 1 {
+        f
+    } else if back > v {
+        f.next_down()
+    } else {
+        f.next_up()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,9 +16,8 @@
 //! `[min(0, min x), max(0, max x)]` (NaNs ignored), scale = range / 255 (1 when the
 //! range is empty, i.e. x is all zeros), zero point = round(clamp(−min / scale)).
 
-use crate::elementwise::{
-    int_range, read_f64, read_i64, round_binary, widen, write_f64, write_f64_sat,
-};
+use crate::elementwise::{int_range, read_f64, read_i64, widen, write_f64, write_f64_sat};
+use kiln_ir::lowp::round_binary;
 use crate::reduce::split_at_axis;
 use crate::util::Cx;
 use crate::EvalError;

@@ -10,7 +10,8 @@
 //! `-depth..depth` gives a row of off values.
 
 use super::{build, elems, int_attr, norm_index, out_checked, str_attr, to_usize, width, Elems};
-use crate::elementwise::{f64_to_f32_odd, icmp, read_f64, round_binary};
+use crate::elementwise::{icmp, read_f64};
+use kiln_ir::lowp::{f64_to_f32_odd, round_binary, BF16_MAX};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
 use half::{bf16, f16};
@@ -236,9 +237,6 @@ enum Num {
     F(f64),
     I(i64),
 }
-
-/// Largest finite bfloat16.
-const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
 
 /// Decodes one element record of dtype `d` (codes for 8-bit-and-smaller types).
 fn decode(d: DType, b: &[u8]) -> Num {
