@@ -1,0 +1,434 @@
+//! Dispatch formation: fusing producers into consumers.
+//!
+//! A kernel reads its operands through loads; fusing the dispatch `P` that produces
+//! operand `X` into its consumer `D` replaces each load of `X` in `D` by `P`'s
+//! expression evaluated at the load's index (through the flat position when `D` reads
+//! `X` under an alias's shape). `X` then never touches memory for that consumer; once
+//! no dispatch reads it and it is not a graph output, `P` is dead.
+//!
+//! Whether to fuse is decided by one cost model for every op, not by op patterns:
+//! [`work`] counts how often each node of a kernel is evaluated when every node runs
+//! at the loop depth of its innermost free variable (how the code generators place
+//! them). Fusion is taken when the fused kernel does no more than about the work of
+//! the two kernels plus the memory traffic of `X` it saves. So elementwise chains,
+//! bias and activation epilogues of contractions, residual adds, layout ops (Transpose,
+//! Slice, Pad, broadcasts) and row statistics read at a row's index (a mean, a max, a
+//! sum of exponentials) fuse; a contraction whose every result would be recomputed per
+//! consumer element does not. Producers with several readers are duplicated only when
+//! they are small and contain no reduction. Scalar constants become literals.
+
+use std::collections::HashMap;
+
+use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
+use crate::lower::{flat_index, unflatten};
+use crate::program::{BufferId, BufferKind, FlowProgram};
+
+/// Largest fused kernel, in nodes (bounds code size and compile time).
+const MAX_NODES: usize = 768;
+/// Largest producer duplicated into several consumers, in nodes.
+const MAX_DUPLICATED_NODES: usize = 24;
+
+/// Fuses the program's dispatches in place (see the module docs).
+pub fn fuse(p: &mut FlowProgram) {
+    for d in 0..p.dispatches.len() {
+        inline_scalar_constants(p, d);
+    }
+    let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
+    for d in 0..p.dispatches.len() {
+        // Keep fusing into `d` until nothing more is taken: a fused producer brings its
+        // own operands, which may be fusable in turn.
+        let mut tried: Vec<usize> = Vec::new();
+        loop {
+            let producers = p.producers();
+            let readers = reader_counts(p);
+            let mut changed = false;
+            for k in 0..p.dispatches[d].operands.len() {
+                let x = p.dispatches[d].operands[k];
+                let s = p.storage(x);
+                let Some(pi) = producers[s.index()] else { continue };
+                if pi >= d || tried.contains(&pi) {
+                    continue;
+                }
+                let shared = readers[s.index()] > 1 || outputs.contains(&s);
+                if try_fuse(p, d, k, pi, shared) {
+                    changed = true;
+                    break;
+                }
+                tried.push(pi);
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+}
+
+/// How many (dispatch, operand) pairs read each storage buffer.
+fn reader_counts(p: &FlowProgram) -> Vec<usize> {
+    let mut n = vec![0; p.buffers.len()];
+    for d in &p.dispatches {
+        for &o in &d.operands {
+            n[p.storage(o).index()] += 1;
+        }
+    }
+    n
+}
+
+/// Replaces loads of one-element constants by literals and drops those operands.
+fn inline_scalar_constants(p: &mut FlowProgram, d: usize) {
+    let disp = &p.dispatches[d];
+    let mut lits: HashMap<u32, u64> = HashMap::new();
+    for (k, &o) in disp.operands.iter().enumerate() {
+        if let BufferKind::Const(t) = &p.buffers[p.storage(o).index()].kind {
+            if t.numel() == 1 && !t.dtype().is_packed() {
+                let ty = ScalarType::of_storage(t.dtype());
+                let bits = match ty {
+                    ScalarType::F32 => (t.to_f64_vec()[0] as f32).to_bits() as u64,
+                    ScalarType::F64 => t.to_f64_vec()[0].to_bits(),
+                    _ => ty.wrap(t.to_i64_vec().map(|v| v[0] as u64).unwrap_or(0)),
+                };
+                lits.insert(k as u32, bits);
+            }
+        }
+    }
+    if lits.is_empty() {
+        return;
+    }
+    let keep: Vec<usize> = (0..disp.operands.len()).filter(|k| !lits.contains_key(&(*k as u32))).collect();
+    let mut new_index: HashMap<u32, u32> = HashMap::new();
+    for (j, &k) in keep.iter().enumerate() {
+        new_index.insert(k as u32, j as u32);
+    }
+    let inputs = keep.iter().map(|&k| disp.kernel.inputs[k].clone()).collect();
+    let mut b = KernelBuilder::new(disp.kernel.name.clone(), inputs, disp.kernel.output.clone());
+    let mut t = Translate::new(&disp.kernel);
+    let root = t.run(
+        &mut b,
+        &disp.kernel,
+        &mut |b, input, _index, ty| match lits.get(&input) {
+            Some(&bits) => LoadAction::Value(b.constant(ty, bits)),
+            None => LoadAction::Input(new_index[&input]),
+        },
+        &disp.kernel,
+        &[],
+    );
+    if let Ok(k) = b.finish(root) {
+        let operands = keep.iter().map(|&k| p.dispatches[d].operands[k]).collect();
+        let disp = &mut p.dispatches[d];
+        disp.kernel = k;
+        disp.operands = operands;
+    }
+}
+
+/// Tries to fuse dispatch `pi` (producer of operand `k` of dispatch `d`) into `d`.
+fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool) -> bool {
+    let (dk, pk) = (&p.dispatches[d].kernel, &p.dispatches[pi].kernel);
+    let has_reduce = pk.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
+    if shared && (has_reduce || pk.nodes.len() > MAX_DUPLICATED_NODES) {
+        return false;
+    }
+    if pk.output.shape.numel() == 0 || dk.nodes.len() + pk.nodes.len() > MAX_NODES {
+        return false;
+    }
+    let x = p.dispatches[d].operands[k];
+    // The operand list of the fused kernel: d's without `x` (every operand slot
+    // reading x's storage), then p's operands not already present.
+    let xs = p.storage(x);
+    let d_ops = p.dispatches[d].operands.clone();
+    let p_ops = p.dispatches[pi].operands.clone();
+    let mut operands: Vec<BufferId> = Vec::new();
+    let mut inputs = Vec::new();
+    let mut d_map: HashMap<u32, u32> = HashMap::new();
+    let mut fused_slots: Vec<(u32, BufferId)> = Vec::new();
+    for (j, &o) in d_ops.iter().enumerate() {
+        if p.storage(o) == xs {
+            fused_slots.push((j as u32, o));
+            continue;
+        }
+        d_map.insert(j as u32, slot_of(&mut operands, &mut inputs, o, &dk.inputs[j]));
+    }
+    let mut p_map: Vec<u32> = Vec::new();
+    for (j, &o) in p_ops.iter().enumerate() {
+        p_map.push(slot_of(&mut operands, &mut inputs, o, &pk.inputs[j]));
+    }
+    let mut b = KernelBuilder::new(dk.name.clone(), inputs, dk.output.clone());
+    let mut t = Translate::new(dk);
+    let root = t.run(&mut b, dk, &mut |b, input, _index: &[ExprId], _ty| {
+        if let Some(&j) = d_map.get(&input) {
+            return LoadAction::Input(j);
+        }
+        let Some(&(_, via)) = fused_slots.iter().find(|(j, _)| *j == input) else {
+            b.fail("load from an unknown operand");
+            return LoadAction::Input(0);
+        };
+        let _ = via;
+        LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
+    }, pk, &p_map);
+    let Ok(fused) = b.finish(root) else { return false };
+    let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;
+    let w = work(&fused);
+    let own = if shared { work(dk) + work(pk) } else { unfused };
+    if w > 1.1 * own + 64.0 {
+        return false;
+    }
+    let mut sources = p.dispatches[pi].sources.clone();
+    sources.extend(p.dispatches[d].sources.iter().cloned());
+    let disp = &mut p.dispatches[d];
+    disp.kernel = fused;
+    disp.operands = operands;
+    disp.sources = sources;
+    true
+}
+
+fn slot_of(
+    operands: &mut Vec<BufferId>,
+    inputs: &mut Vec<kiln_ir::TensorType>,
+    o: BufferId,
+    ty: &kiln_ir::TensorType,
+) -> u32 {
+    if let Some(j) = operands.iter().zip(inputs.iter()).position(|(&b, t)| b == o && t == ty) {
+        return j as u32;
+    }
+    operands.push(o);
+    inputs.push(ty.clone());
+    operands.len() as u32 - 1
+}
+
+/// What to do with a load while translating a kernel.
+enum LoadAction {
+    /// Keep it, reading this input of the new kernel.
+    Input(u32),
+    /// Replace it by this value.
+    Value(ExprId),
+    /// Replace it by the producer's expression; the load reads the producer's result
+    /// under these dimensions (an alias view, or its own shape).
+    Substitute(Vec<usize>),
+}
+
+/// Copies a kernel's nodes into a builder, remapping variables and loads.
+struct Translate {
+    map: Vec<ExprId>,
+    vars: HashMap<u32, VarId>,
+    rank: usize,
+}
+
+impl Translate {
+    fn new(k: &Kernel) -> Translate {
+        Translate { map: Vec::with_capacity(k.nodes.len()), vars: HashMap::new(), rank: k.out_rank() }
+    }
+
+    fn var(&mut self, b: &mut KernelBuilder, k: &Kernel, v: VarId) -> VarId {
+        if (v.0 as usize) < self.rank {
+            return v;
+        }
+        *self.vars.entry(v.0).or_insert_with(|| b.new_var(k.vars[v.0 as usize]))
+    }
+
+    /// Translates `k` into `b` and returns the new root. `on_load(b, input, index, ty)`
+    /// decides each load's fate; substitutions splice in `producer` (with its inputs
+    /// mapped through `producer_inputs`).
+    fn run(
+        &mut self,
+        b: &mut KernelBuilder,
+        k: &Kernel,
+        on_load: &mut dyn FnMut(&mut KernelBuilder, u32, &[ExprId], ScalarType) -> LoadAction,
+        producer: &Kernel,
+        producer_inputs: &[u32],
+    ) -> ExprId {
+        for n in &k.nodes {
+            let m = |e: &ExprId| self.map[e.index()];
+            let id = match &n.expr {
+                Expr::Var(v) => {
+                    let nv = self.var(b, k, *v);
+                    b.var(nv)
+                }
+                Expr::Load { input, index, bounds } => {
+                    let index: Vec<ExprId> = index.iter().map(m).collect();
+                    match on_load(b, *input, &index, n.ty) {
+                        LoadAction::Input(j) => b.raw(n.ty, Expr::Load { input: j, index, bounds: *bounds }),
+                        LoadAction::Value(v) => v,
+                        LoadAction::Substitute(view) => {
+                            substitute(b, &view, &index, *bounds, n.ty, producer, producer_inputs)
+                        }
+                    }
+                }
+                Expr::Reduce { op, vars, body } => {
+                    let body = m(body);
+                    let vars = vars.iter().map(|&v| self.var(b, k, v)).collect();
+                    b.raw(n.ty, Expr::Reduce { op: *op, vars, body })
+                }
+                Expr::Const(c) => b.raw(n.ty, Expr::Const(*c)),
+                Expr::Unary(op, a) => b.raw(n.ty, Expr::Unary(*op, m(a))),
+                Expr::Binary(op, x, y) => b.raw(n.ty, Expr::Binary(*op, m(x), m(y))),
+                Expr::Select(c, x, y) => b.raw(n.ty, Expr::Select(m(c), m(x), m(y))),
+                Expr::Cast { value, to, saturate } => {
+                    b.raw(n.ty, Expr::Cast { value: m(value), to: *to, saturate: *saturate })
+                }
+            };
+            self.map.push(id);
+        }
+        self.map[k.root.index()]
+    }
+}
+
+/// The producer's value at `index` of its result viewed with dimensions `view`.
+fn substitute(
+    b: &mut KernelBuilder,
+    view: &[usize],
+    index: &[ExprId],
+    bounds: Bounds,
+    ty: ScalarType,
+    producer: &Kernel,
+    producer_inputs: &[u32],
+) -> ExprId {
+    // Bring the index into range first where the load tolerated indices outside.
+    let mut inside: Option<ExprId> = None;
+    let mut idx: Vec<ExprId> = index.to_vec();
+    if bounds != Bounds::InBounds {
+        for (i, &dim) in idx.iter_mut().zip(view) {
+            let zero = b.index(0);
+            let hi = b.index(dim as i64 - 1);
+            if let Bounds::Pad(_) = bounds {
+                let ge = b.binary(BinaryOp::Ge, *i, zero);
+                let le = b.binary(BinaryOp::Le, *i, hi);
+                let ok = b.binary(BinaryOp::And, ge, le);
+                inside = Some(match inside {
+                    None => ok,
+                    Some(c) => b.binary(BinaryOp::And, c, ok),
+                });
+            }
+            let lo = b.binary(BinaryOp::Max, *i, zero);
+            *i = b.binary(BinaryOp::Min, lo, hi);
+        }
+    }
+    let pdims = producer.output.shape.dims();
+    if view != pdims {
+        let flat = flat_index(b, view, &idx);
+        idx = unflatten(b, pdims, flat);
+    }
+    let mut t = Translate::new(producer);
+    // Producer output variables read as the load's index.
+    let mut map: Vec<ExprId> = Vec::with_capacity(producer.nodes.len());
+    for n in &producer.nodes {
+        let m = |e: &ExprId| map[e.index()];
+        let id = match &n.expr {
+            Expr::Var(v) if (v.0 as usize) < producer.out_rank() => idx[v.0 as usize],
+            Expr::Var(v) => {
+                let nv = *t.vars.entry(v.0).or_insert_with(|| b.new_var(producer.vars[v.0 as usize]));
+                b.var(nv)
+            }
+            Expr::Load { input, index, bounds } => {
+                let j = producer_inputs.get(*input as usize).copied().unwrap_or(u32::MAX);
+                b.raw(n.ty, Expr::Load { input: j, index: index.iter().map(m).collect(), bounds: *bounds })
+            }
+            Expr::Reduce { op, vars, body } => {
+                let vars = vars
+                    .iter()
+                    .map(|&v| *t.vars.entry(v.0).or_insert_with(|| b.new_var(producer.vars[v.0 as usize])))
+                    .collect();
+                b.raw(n.ty, Expr::Reduce { op: *op, vars, body: m(body) })
+            }
+            Expr::Const(c) => b.raw(n.ty, Expr::Const(*c)),
+            Expr::Unary(op, a) => b.raw(n.ty, Expr::Unary(*op, m(a))),
+            Expr::Binary(op, x, y) => b.raw(n.ty, Expr::Binary(*op, m(x), m(y))),
+            Expr::Select(c, x, y) => b.raw(n.ty, Expr::Select(m(c), m(x), m(y))),
+            Expr::Cast { value, to, saturate } => b.raw(n.ty, Expr::Cast { value: m(value), to: *to, saturate: *saturate }),
+        };
+        map.push(id);
+    }
+    let value = map[producer.root.index()];
+    match (bounds, inside) {
+        (Bounds::Pad(bits), Some(ok)) => {
+            let pad = b.constant(ty, bits);
+            b.select(ok, value, pad)
+        }
+        _ => value,
+    }
+}
+
+/// Estimated evaluations of a kernel: every node counted as often as it runs when it
+/// is placed at the loop depth of its innermost free variable (transcendentals and
+/// divisions weigh more, except integer division by a constant).
+pub fn work(k: &Kernel) -> f64 {
+    let rank = k.out_rank();
+    let n = k.nodes.len();
+    // Owner reduce of each reduction variable.
+    let mut owner: HashMap<u32, usize> = HashMap::new();
+    for (i, node) in k.nodes.iter().enumerate() {
+        if let Expr::Reduce { vars, .. } = &node.expr {
+            for v in vars {
+                owner.insert(v.0, i);
+            }
+        }
+    }
+    let mut free: Vec<Vec<u32>> = Vec::with_capacity(n);
+    for node in &k.nodes {
+        let mut fv: Vec<u32> = Vec::new();
+        let mut add = |e: &ExprId| fv.extend_from_slice(&free[e.index()]);
+        match &node.expr {
+            Expr::Var(v) => fv.push(v.0),
+            Expr::Const(_) => {}
+            Expr::Load { index, .. } => index.iter().for_each(&mut add),
+            Expr::Unary(_, a) | Expr::Cast { value: a, .. } => add(a),
+            Expr::Binary(_, a, c) => {
+                add(a);
+                add(c);
+            }
+            Expr::Select(c, a, e) => {
+                add(c);
+                add(a);
+                add(e);
+            }
+            Expr::Reduce { vars, body, .. } => {
+                add(body);
+                fv.retain(|v| !vars.iter().any(|w| w.0 == *v));
+            }
+        }
+        fv.sort_unstable();
+        fv.dedup();
+        free.push(fv);
+    }
+    // Loop trip product enclosing a node with free variables `fv`.
+    fn trips(k: &Kernel, rank: usize, fv: &[u32], owner: &HashMap<u32, usize>, free: &[Vec<u32>], depth: u32) -> f64 {
+        let mut t = 1.0;
+        let deepest_out = fv.iter().filter(|&&v| (v as usize) < rank).max();
+        if let Some(&m) = deepest_out {
+            t *= k.vars[..=m as usize].iter().map(|&e| e as f64).product::<f64>();
+        }
+        let mut seen: Vec<usize> = Vec::new();
+        for &v in fv.iter().filter(|&&v| (v as usize) >= rank) {
+            let Some(&r) = owner.get(&v) else { continue };
+            if seen.contains(&r) || depth > 16 {
+                continue;
+            }
+            seen.push(r);
+            if let Expr::Reduce { vars, .. } = &k.nodes[r].expr {
+                let inner: f64 = vars.iter().map(|w| k.vars[w.0 as usize] as f64).product();
+                let outer = trips(k, rank, &free[r], owner, free, depth + 1);
+                t = f64::max(t, inner * outer);
+            }
+        }
+        t
+    }
+    let mut total = 0.0;
+    for (i, node) in k.nodes.iter().enumerate() {
+        let weight = match &node.expr {
+            Expr::Var(_) | Expr::Const(_) => 0.0,
+            Expr::Unary(op, _) if op.float_only() => 8.0,
+            // Index arithmetic divides by constant extents: a multiply and a shift.
+            Expr::Binary(BinaryOp::Div | BinaryOp::Rem, _, c)
+                if !node.ty.is_float() && matches!(k.nodes[c.index()].expr, Expr::Const(_)) =>
+            {
+                1.0
+            }
+            Expr::Binary(BinaryOp::Div | BinaryOp::Rem | BinaryOp::Pow, _, _) => 4.0,
+            Expr::Reduce { op: ReduceOp::Sum, .. } => 0.0,
+            _ => 1.0,
+        };
+        if weight > 0.0 {
+            total += weight * trips(k, rank, &free[i], &owner, &free, 0);
+        }
+    }
+    // Every output element is stored once.
+    total + k.output.shape.numel() as f64
+}

@@ -1,0 +1,537 @@
+//! A direct evaluator of [`Kernel`]s: the executable specification that lowerings and
+//! code generators are tested against. It follows the module docs of [`crate::kernel`]
+//! literally (f32 arithmetic in f32, transcendentals from `libm`), one element at a time.
+
+use kiln_ir::{lowp, DType, Shape, Tensor, TensorType};
+
+use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelError, ReduceOp, ScalarType, UnaryOp};
+
+/// Why a kernel cannot be evaluated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InterpError {
+    /// The kernel is malformed.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// Inputs do not match the kernel's signature.
+    #[error("kernel {kernel}: input {input} is {got}, the kernel takes {want}")]
+    Input {
+        /// Kernel name.
+        kernel: String,
+        /// Input number.
+        input: usize,
+        /// What was passed.
+        got: String,
+        /// What the kernel declares.
+        want: String,
+    },
+}
+
+/// Evaluates `kernel` on `inputs`.
+pub fn run(kernel: &Kernel, inputs: &[&Tensor]) -> Result<Tensor, InterpError> {
+    kernel.verify()?;
+    if inputs.len() != kernel.inputs.len() {
+        return Err(InterpError::Input {
+            kernel: kernel.name.clone(),
+            input: inputs.len(),
+            got: format!("{} inputs", inputs.len()),
+            want: format!("{} inputs", kernel.inputs.len()),
+        });
+    }
+    let mut data = Vec::with_capacity(inputs.len());
+    for (i, (t, want)) in inputs.iter().zip(&kernel.inputs).enumerate() {
+        if t.ty() != want {
+            return Err(InterpError::Input {
+                kernel: kernel.name.clone(),
+                input: i,
+                got: t.ty().to_string(),
+                want: want.to_string(),
+            });
+        }
+        data.push(decode(t));
+    }
+    let n = kernel.nodes.len();
+    // Nodes that depend on each reduce's own variables, re-evaluated per iteration.
+    let mut free: Vec<Vec<u32>> = Vec::with_capacity(n);
+    for node in &kernel.nodes {
+        let mut fv: Vec<u32> = Vec::new();
+        let add = |e: &ExprId, fv: &mut Vec<u32>| fv.extend_from_slice(&free[e.index()]);
+        match &node.expr {
+            Expr::Var(v) => fv.push(v.0),
+            Expr::Const(_) => {}
+            Expr::Load { index, .. } => index.iter().for_each(|e| add(e, &mut fv)),
+            Expr::Unary(_, a) | Expr::Cast { value: a, .. } => add(a, &mut fv),
+            Expr::Binary(_, a, b) => {
+                add(a, &mut fv);
+                add(b, &mut fv);
+            }
+            Expr::Select(c, a, b) => {
+                add(c, &mut fv);
+                add(a, &mut fv);
+                add(b, &mut fv);
+            }
+            Expr::Reduce { vars, body, .. } => {
+                add(body, &mut fv);
+                fv.retain(|v| !vars.iter().any(|w| w.0 == *v));
+            }
+        }
+        fv.sort_unstable();
+        fv.dedup();
+        free.push(fv);
+    }
+    let mut ev = Eval { k: kernel, data, env: vec![0; kernel.vars.len()], cache: vec![None; n], free };
+    let shape = kernel.output.shape.dims().to_vec();
+    let numel: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(numel);
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..numel {
+        for (d, &i) in idx.iter().enumerate() {
+            ev.env[d] = i as i64;
+        }
+        ev.cache.iter_mut().for_each(|c| *c = None);
+        out.push(ev.eval(kernel.root));
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(encode(&kernel.output, &out))
+}
+
+/// Values of a tensor as bits of its compute type.
+fn decode(t: &Tensor) -> Vec<u64> {
+    let ct = ScalarType::of_storage(t.dtype());
+    match ct {
+        ScalarType::F32 => t.to_f64_vec().into_iter().map(|x| (x as f32).to_bits() as u64).collect(),
+        ScalarType::F64 => t.to_f64_vec().into_iter().map(f64::to_bits).collect(),
+        _ => t.to_i64_vec().unwrap_or_default().into_iter().map(|x| ct.wrap(x as u64)).collect(),
+    }
+}
+
+fn encode(ty: &TensorType, v: &[u64]) -> Tensor {
+    let ct = ScalarType::of_storage(ty.dtype);
+    let shape: Shape = ty.shape.clone();
+    let r = match ct {
+        ScalarType::F32 => {
+            let f: Vec<f64> = v.iter().map(|&b| f32::from_bits(b as u32) as f64).collect();
+            Tensor::from_f64(ty.dtype, shape, &f)
+        }
+        ScalarType::F64 => {
+            let f: Vec<f64> = v.iter().map(|&b| f64::from_bits(b)).collect();
+            Tensor::from_f64(ty.dtype, shape, &f)
+        }
+        _ => {
+            let i: Vec<i64> = v.iter().map(|&b| ct.to_i128(b) as i64).collect();
+            Tensor::from_i64(ty.dtype, shape, &i)
+        }
+    };
+    // The element count matches the shape by construction.
+    r.unwrap_or_else(|_| Tensor::zeros(ty.clone()))
+}
+
+struct Eval<'a> {
+    k: &'a Kernel,
+    data: Vec<Vec<u64>>,
+    env: Vec<i64>,
+    cache: Vec<Option<u64>>,
+    free: Vec<Vec<u32>>,
+}
+
+fn f32v(b: u64) -> f32 {
+    f32::from_bits(b as u32)
+}
+
+fn f32b(x: f32) -> u64 {
+    x.to_bits() as u64
+}
+
+impl Eval<'_> {
+    fn eval(&mut self, e: ExprId) -> u64 {
+        if let Some(v) = self.cache[e.index()] {
+            return v;
+        }
+        let node = &self.k.nodes[e.index()];
+        let ty = node.ty;
+        let v = match &node.expr {
+            Expr::Var(v) => self.env[v.0 as usize] as u64,
+            Expr::Const(b) => *b,
+            Expr::Load { input, index, bounds } => {
+                let t = &self.k.inputs[*input as usize];
+                let dims = t.shape.dims();
+                let mut flat: usize = 0;
+                let mut outside = false;
+                for (d, &ie) in index.iter().enumerate() {
+                    let mut i = self.eval(ie) as i64;
+                    let n = dims[d] as i64;
+                    if i < 0 || i >= n {
+                        match bounds {
+                            Bounds::Clamp => i = i.clamp(0, (n - 1).max(0)),
+                            _ => outside = true,
+                        }
+                    }
+                    if !outside {
+                        flat = flat * dims[d] + i as usize;
+                    }
+                }
+                let empty = dims.contains(&0);
+                match bounds {
+                    Bounds::Pad(p) if outside => *p,
+                    _ if empty => 0,
+                    // InBounds loads are proved in range by the verifier.
+                    _ => self.data[*input as usize][flat],
+                }
+            }
+            Expr::Unary(op, a) => {
+                let at = self.k.nodes[a.index()].ty;
+                let a = self.eval(*a);
+                unary(*op, at, a)
+            }
+            Expr::Binary(op, a, b) => {
+                let at = self.k.nodes[a.index()].ty;
+                let (a, b) = (self.eval(*a), self.eval(*b));
+                binary(*op, at, a, b)
+            }
+            Expr::Select(c, a, b) => {
+                if self.eval(*c) != 0 {
+                    self.eval(*a)
+                } else {
+                    self.eval(*b)
+                }
+            }
+            Expr::Cast { value, to, saturate } => {
+                let from = self.k.nodes[value.index()].ty;
+                let v = self.eval(*value);
+                cast(from, v, *to, *saturate)
+            }
+            Expr::Reduce { op, vars, body } => self.reduce(*op, ty, vars, *body),
+        };
+        self.cache[e.index()] = Some(v);
+        v
+    }
+
+    fn reduce(&mut self, op: ReduceOp, ty: ScalarType, vars: &[crate::kernel::VarId], body: ExprId) -> u64 {
+        let extents: Vec<u64> = vars.iter().map(|v| self.k.vars[v.0 as usize]).collect();
+        let total: u64 = extents.iter().product();
+        let bt = self.k.nodes[body.index()].ty;
+        // Nodes to forget at every step: those reading any of these variables.
+        let mine: Vec<usize> = (0..self.k.nodes.len())
+            .filter(|&i| self.free[i].iter().any(|v| vars.iter().any(|w| w.0 == *v)))
+            .collect();
+        let mut acc = match op {
+            ReduceOp::Sum => zero(bt),
+            ReduceOp::Prod => one(bt),
+            ReduceOp::Max => lowest(bt),
+            ReduceOp::Min => highest(bt),
+            ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. } => 0,
+        };
+        let mut best: Option<u64> = None;
+        let mut pos = vec![0u64; vars.len()];
+        for step in 0..total {
+            for (v, &p) in vars.iter().zip(&pos) {
+                self.env[v.0 as usize] = p as i64;
+            }
+            for &i in &mine {
+                self.cache[i] = None;
+            }
+            let x = self.eval(body);
+            match op {
+                ReduceOp::Sum => acc = binary(BinaryOp::Add, bt, acc, x),
+                ReduceOp::Prod => acc = binary(BinaryOp::Mul, bt, acc, x),
+                ReduceOp::Max => acc = binary(BinaryOp::Max, bt, acc, x),
+                ReduceOp::Min => acc = binary(BinaryOp::Min, bt, acc, x),
+                ReduceOp::ArgMax { last } | ReduceOp::ArgMin { last } => {
+                    let better = match best {
+                        None => true,
+                        Some(b) => {
+                            let cmp = if matches!(op, ReduceOp::ArgMax { .. }) { BinaryOp::Gt } else { BinaryOp::Lt };
+                            binary(cmp, bt, x, b) != 0 || (last && binary(BinaryOp::Eq, bt, x, b) != 0)
+                        }
+                    };
+                    if better {
+                        best = Some(x);
+                        acc = step;
+                    }
+                }
+            }
+            for d in (0..pos.len()).rev() {
+                pos[d] += 1;
+                if pos[d] < extents[d] {
+                    break;
+                }
+                pos[d] = 0;
+            }
+        }
+        for &i in &mine {
+            self.cache[i] = None;
+        }
+        ty.wrap(acc)
+    }
+}
+
+fn zero(t: ScalarType) -> u64 {
+    t.bits_of_i64(0)
+}
+
+fn one(t: ScalarType) -> u64 {
+    t.bits_of_i64(1)
+}
+
+fn lowest(t: ScalarType) -> u64 {
+    match t {
+        ScalarType::F32 => f32b(f32::NEG_INFINITY),
+        ScalarType::F64 => f64::NEG_INFINITY.to_bits(),
+        _ => t.wrap(t.int_range().0 as u64),
+    }
+}
+
+fn highest(t: ScalarType) -> u64 {
+    match t {
+        ScalarType::F32 => f32b(f32::INFINITY),
+        ScalarType::F64 => f64::INFINITY.to_bits(),
+        _ => t.wrap(t.int_range().1 as u64),
+    }
+}
+
+fn float_unary(op: UnaryOp, x: f64, single: bool) -> f64 {
+    macro_rules! pick {
+        ($f32:ident, $f64:ident) => {
+            if single {
+                libm::$f32(x as f32) as f64
+            } else {
+                libm::$f64(x)
+            }
+        };
+    }
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Exp => pick!(expf, exp),
+        UnaryOp::Log => pick!(logf, log),
+        UnaryOp::Tanh => pick!(tanhf, tanh),
+        UnaryOp::Erf => pick!(erff, erf),
+        UnaryOp::Sin => pick!(sinf, sin),
+        UnaryOp::Cos => pick!(cosf, cos),
+        UnaryOp::Tan => pick!(tanf, tan),
+        UnaryOp::Asin => pick!(asinf, asin),
+        UnaryOp::Acos => pick!(acosf, acos),
+        UnaryOp::Atan => pick!(atanf, atan),
+        UnaryOp::Sinh => pick!(sinhf, sinh),
+        UnaryOp::Cosh => pick!(coshf, cosh),
+        UnaryOp::Asinh => pick!(asinhf, asinh),
+        // libm's acosh is finite below 1 for some inputs; the function is not defined there.
+        UnaryOp::Acosh if x < 1.0 => f64::NAN,
+        UnaryOp::Acosh => pick!(acoshf, acosh),
+        UnaryOp::Atanh => pick!(atanhf, atanh),
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Trunc => x.trunc(),
+        UnaryOp::Not | UnaryOp::IsNan => f64::NAN,
+    }
+}
+
+/// `op(a)` on bits of type `t` (the kernel docs' semantics).
+pub fn unary(op: UnaryOp, t: ScalarType, a: u64) -> u64 {
+    if op == UnaryOp::IsNan {
+        return match t {
+            ScalarType::F32 => f32v(a).is_nan() as u64,
+            ScalarType::F64 => f64::from_bits(a).is_nan() as u64,
+            _ => 0,
+        };
+    }
+    match t {
+        ScalarType::F32 => {
+            let x = f32v(a);
+            // Exact-in-f32 operations computed in f32; the rest through libm's f32 versions.
+            let r = match op {
+                UnaryOp::Neg => -x,
+                UnaryOp::Abs => x.abs(),
+                UnaryOp::Sqrt => x.sqrt(),
+                _ => float_unary(op, x as f64, true) as f32,
+            };
+            f32b(r)
+        }
+        ScalarType::F64 => float_unary(op, f64::from_bits(a), false).to_bits(),
+        ScalarType::Bool => match op {
+            UnaryOp::Not => (a == 0) as u64,
+            _ => a,
+        },
+        _ => {
+            let x = t.to_i128(a);
+            let r = match op {
+                UnaryOp::Neg => x.wrapping_neg(),
+                UnaryOp::Abs => x.abs(),
+                UnaryOp::Not => !x,
+                _ => x,
+            };
+            t.wrap(r as u64)
+        }
+    }
+}
+
+/// `op(a, b)` on bits of type `t`.
+pub fn binary(op: BinaryOp, t: ScalarType, a: u64, b: u64) -> u64 {
+    use BinaryOp as B;
+    if t.is_float() {
+        let (x, y) = if t == ScalarType::F32 {
+            (f32v(a) as f64, f32v(b) as f64)
+        } else {
+            (f64::from_bits(a), f64::from_bits(b))
+        };
+        let single = t == ScalarType::F32;
+        let cmp = |c: bool| c as u64;
+        let r = match op {
+            B::Eq => return cmp(x == y),
+            B::Ne => return cmp(x != y),
+            B::Lt => return cmp(x < y),
+            B::Le => return cmp(x <= y),
+            B::Gt => return cmp(x > y),
+            B::Ge => return cmp(x >= y),
+            B::Min | B::Max if x.is_nan() || y.is_nan() => f64::NAN,
+            B::Min => x.min(y),
+            B::Max => x.max(y),
+            // f32 arithmetic: the f64 result of one operation on f32 operands rounds
+            // to the correctly rounded f32 result for + - * / (f64 has > 2·24+2 bits).
+            B::Add => x + y,
+            B::Sub => x - y,
+            B::Mul => x * y,
+            B::Div => x / y,
+            B::Rem => {
+                if single {
+                    libm::fmodf(x as f32, y as f32) as f64
+                } else {
+                    libm::fmod(x, y)
+                }
+            }
+            B::Pow => {
+                if single {
+                    libm::powf(x as f32, y as f32) as f64
+                } else {
+                    libm::pow(x, y)
+                }
+            }
+            B::And | B::Or | B::Xor | B::Shl | B::Shr => f64::NAN,
+        };
+        return if single { f32b(r as f32) } else { r.to_bits() };
+    }
+    let (x, y) = (t.to_i128(a), t.to_i128(b));
+    let bits = t.bits() as i128;
+    let r: i128 = match op {
+        B::Add => x + y,
+        B::Sub => x - y,
+        B::Mul => x.wrapping_mul(y),
+        B::Div => {
+            if y == 0 {
+                0
+            } else {
+                x / y
+            }
+        }
+        B::Rem => {
+            if y == 0 {
+                0
+            } else {
+                x % y
+            }
+        }
+        B::Min => x.min(y),
+        B::Max => x.max(y),
+        B::Eq => return (x == y) as u64,
+        B::Ne => return (x != y) as u64,
+        B::Lt => return (x < y) as u64,
+        B::Le => return (x <= y) as u64,
+        B::Gt => return (x > y) as u64,
+        B::Ge => return (x >= y) as u64,
+        B::And => x & y,
+        B::Or => x | y,
+        B::Xor => x ^ y,
+        B::Shl => {
+            if (0..bits).contains(&y) {
+                x << y
+            } else {
+                0
+            }
+        }
+        B::Shr => {
+            if (0..bits).contains(&y) {
+                x >> y
+            } else if x < 0 {
+                // Arithmetic shift of a negative value by the width or more.
+                -1
+            } else {
+                0
+            }
+        }
+        B::Pow => 0,
+    };
+    if t == ScalarType::Bool {
+        return (r != 0) as u64;
+    }
+    t.wrap(r as u64)
+}
+
+/// Converts bits of type `from` to the values of dtype `to` (as bits of its compute type).
+pub fn cast(from: ScalarType, v: u64, to: DType, saturate: bool) -> u64 {
+    let ct = ScalarType::of_storage(to);
+    // Wide integers round to odd on the way to f64, so the one rounding to a narrower
+    // float below is correct.
+    let as_f64 = |v: u64| -> f64 {
+        match from {
+            ScalarType::F32 => f32v(v) as f64,
+            ScalarType::F64 => f64::from_bits(v),
+            _ => lowp::int_to_f64_odd(from.to_i128(v)),
+        }
+    };
+    match to {
+        DType::F32 => match from {
+            ScalarType::F32 => v,
+            ScalarType::F64 => f32b(f64::from_bits(v) as f32),
+            ScalarType::U64 => f32b(v as f32),
+            _ => f32b(from.to_i128(v) as i64 as f32),
+        },
+        DType::F64 => match from {
+            ScalarType::F32 => (f32v(v) as f64).to_bits(),
+            ScalarType::F64 => v,
+            ScalarType::U64 => (v as f64).to_bits(),
+            _ => (from.to_i128(v) as i64 as f64).to_bits(),
+        },
+        DType::Bool => match from {
+            ScalarType::F32 => (f32v(v) != 0.0) as u64,
+            ScalarType::F64 => (f64::from_bits(v) != 0.0) as u64,
+            _ => (v != 0) as u64,
+        },
+        // Rounded once, to nearest even, in the target format; the result is exact in f32.
+        DType::F16 => f32b(lowp::round_binary(as_f64(v), 11, -14, 65504.0) as f32),
+        DType::BF16 => f32b(lowp::round_binary(as_f64(v), 8, -126, lowp::BF16_MAX) as f32),
+        d if d.is_low_precision_float() || matches!(d, DType::I4 | DType::U4) => {
+            let x = lowp::f64_to_f32_odd(as_f64(v));
+            let code = lowp::encode(d, x, saturate);
+            let y = lowp::decode(d, code);
+            if ct.is_float() {
+                f32b(y)
+            } else {
+                ct.bits_of_i64(y as i64)
+            }
+        }
+        _ => {
+            // To an 8..64-bit integer.
+            let r: i128 = match from {
+                ScalarType::F32 | ScalarType::F64 => {
+                    // Truncate to 64 bits (saturating; NaN gives 0), then wrap; a
+                    // non-negative value bound for u64 saturates at u64's range.
+                    let x = as_f64(v);
+                    if ct == ScalarType::U64 && x >= 0.0 {
+                        x as u64 as i128
+                    } else {
+                        x as i64 as i128
+                    }
+                }
+                _ => from.to_i128(v),
+            };
+            ct.wrap(r as u64)
+        }
+    }
+}

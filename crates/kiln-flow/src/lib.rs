@@ -1,0 +1,22 @@
+//! The flow level of kiln.
+//!
+//! A model at the tensor level is a graph of high-level ops. At the flow level it is a
+//! DAG of *dispatches*; each dispatch computes one tensor with one [`kernel::Kernel`]:
+//! a loop over the output's index space whose body is a scalar expression. The body
+//! reads input tensors at computed indices, may reduce over extra index variables
+//! (sums, maxima, contractions), and converts between dtypes. Every tensor op lowers
+//! to such kernels ([`lower`]); fusing a producer into its consumer is substituting the
+//! producer's expression for the consumer's load of it ([`fuse`]). Code generators
+//! (`kiln-codegen`) consume kernels; [`interp`] is their executable specification.
+#![deny(missing_docs)]
+
+pub mod fuse;
+pub mod interp;
+pub mod kernel;
+
+pub use kernel::{
+    BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, KernelError, ReduceOp, ScalarType, UnaryOp, VarId,
+};
+pub mod lower;
+pub mod program;
+pub mod text;

@@ -1,0 +1,1725 @@
+//! Lowering of the normalisations and composite ops: the Softmax family, LayerNorm,
+//! BatchNorm (inference), InstanceNorm, GroupNorm, LRN, LpNormalization,
+//! MeanVarianceNormalization, DynamicQuantizeLinear, TopK and the recurrent layers
+//! (RNN, GRU, LSTM).
+//!
+//! ## Statistics
+//! A normalisation divides its operand into *rows* (the elements that share the kept
+//! index: the axis of a Softmax, the trailing axes of a LayerNorm, the spatial axes of
+//! an InstanceNorm, …) and computes per-row statistics (maximum, sum, mean, inverse
+//! standard deviation) with reduces. The code generator places a node at the loop depth
+//! of its innermost free variable, so a statistic whose row is made of the *innermost*
+//! dimensions is computed once per row inside the one kernel of the op. When the row
+//! is not innermost (Softmax over a middle axis, MeanVarianceNormalization over
+//! `[0, 2, 3]` with a batch above 1, GroupNorm with several channels per group), the
+//! inline statistic would be recomputed for every element of the row; those ops get
+//! one small kernel per statistic (of the kept shape, in the compute type) before the
+//! kernel of the result, which loads them. [`Staged`] makes that choice.
+//!
+//! Statistics are two-pass (mean, then mean of squared deviations) like the
+//! reference evaluator, in the compute type: f32 for f32 and narrower floats, f64
+//! for f64 (LayerNormalization: f64 also when `stash_type` names f64).
+//!
+//! ## TopK
+//! Three kernels: the rank of every element in the sorted order of its row (the
+//! number of elements that come before it: larger, or equal at a lower position; NaN
+//! above every number), the indices (the position whose rank is the output position)
+//! and the values (a clamped gather of X at those indices). The rank kernel is
+//! O(n²) per row of n elements (acceptable for now; a sort-based lowering would need
+//! kernel-level loops), the others O(k·n) and O(k).
+//!
+//! ## Recurrent layers
+//! One kernel projects X for every time step and direction (`X·Wᵀ + Wb`), then each
+//! time step is one or two kernels over `[num_directions, batch, hidden]` (both
+//! directions advance together; the reverse one walks time backwards) whose results
+//! are the states passed on as `Operand::Step`: RNN 1 kernel per step (H), GRU 1 with
+//! `linear_before_reset = 1` (H) and 2 without (r ⊙ H, then H; the first step without
+//! an initial state skips r ⊙ H, which is 0), LSTM 2 (C, then H).
+//! A final kernel gathers Y from the per-step states (a select over the step that
+//! wrote each time position, like a concatenation: it binds every step's state, so
+//! its inputs and its select chain grow with the sequence); Y_h and Y_c are the last states
+//! (a kernel only where the layout or the dtype differs from the state's).
+//! `sequence_lens` may be run-time data: a row past its length keeps its state, its Y
+//! is zero, and the time index of a reverse pass (`len − 1 − step`) becomes a clamped
+//! load.
+
+use kiln_ir::{DType, OpKind, Shape, TensorType};
+
+use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output, Step};
+use crate::kernel::{BinaryOp as B, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType as S, UnaryOp as U, VarId};
+
+type R<T> = Result<T, LowerError>;
+
+/// Lowers the ops of this family; `None` for ops of other families.
+pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
+    use OpKind::*;
+    let r = match cx.op.kind {
+        Softmax | LogSoftmax => softmax(cx),
+        Hardmax => hardmax(cx),
+        LayerNormalization => layer_norm(cx),
+        BatchNormalization => batch_norm(cx),
+        InstanceNormalization => instance_norm(cx),
+        GroupNormalization => group_norm(cx),
+        LRN => lrn(cx),
+        LpNormalization => lp_norm(cx),
+        MeanVarianceNormalization => mvn(cx),
+        DynamicQuantizeLinear => dynamic_quantize(cx),
+        TopK => topk(cx),
+        RNN | GRU | LSTM => recurrent(cx),
+        _ => return None,
+    };
+    Some(r)
+}
+
+// ---------------------------------------------------------------------------
+// Shared helpers.
+// ---------------------------------------------------------------------------
+
+fn attr_i(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
+    cx.attr(cx.op.attrs.int_or(name, default))
+}
+
+fn attr_f(cx: &OpCx<'_>, name: &str, default: f32) -> R<f64> {
+    Ok(cx.attr(cx.op.attrs.float_or(name, default))? as f64)
+}
+
+/// Dimensions of operand `i`.
+fn dims(cx: &OpCx<'_>, i: usize) -> R<Vec<usize>> {
+    Ok(cx.input_ty(i)?.shape.dims().to_vec())
+}
+
+/// Result type `i`.
+fn out_ty<'a>(cx: &OpCx<'a>, i: usize) -> R<&'a TensorType> {
+    cx.outputs.get(i).ok_or_else(|| cx.unsupported(format!("result {i} has no type")))
+}
+
+/// The float operand 0 and its compute type.
+fn float_x(cx: &OpCx<'_>) -> R<(DType, S)> {
+    let d = cx.input_ty(0)?.dtype;
+    if !d.is_float() {
+        return Err(cx.unsupported(format!("{} operand, a float dtype is required", d.name())));
+    }
+    Ok((d, S::of_storage(d)))
+}
+
+/// The kernel name of result `i` (as [`OpCx::builder`] names them).
+fn result_name(cx: &OpCx<'_>, i: usize) -> String {
+    if cx.outputs.len() > 1 {
+        format!("{}_{i}", cx.name)
+    } else {
+        cx.name.to_string()
+    }
+}
+
+/// A tensor type from parts (the dims come from existing tensors, so they are valid).
+fn tensor_ty(cx: &OpCx<'_>, d: DType, dims: Vec<usize>) -> R<TensorType> {
+    let shape = Shape::new(dims).map_err(|e| cx.unsupported(e.to_string()))?;
+    Ok(TensorType::new(d, shape))
+}
+
+/// One kernel: output `out`, kernel input `j` bound to `binds[j]`. `body` gets the
+/// builder and the output index and returns the value (stored rounded to the output
+/// dtype). An empty output gets a kernel that reads nothing.
+fn build<F>(name: String, out: TensorType, binds: &[(Operand, TensorType)], body: F) -> R<Step>
+where
+    F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
+{
+    if out.shape.numel() == 0 {
+        let ct = S::of_storage(out.dtype);
+        let mut b = KernelBuilder::new(name, Vec::new(), out);
+        let z = b.constant(ct, 0);
+        let root = store(&mut b, z);
+        return Ok(Step { kernel: b.finish(root)?, operands: Vec::new() });
+    }
+    let mut b = KernelBuilder::new(name, binds.iter().map(|x| x.1.clone()).collect(), out);
+    let idx = b.out_index();
+    let v = body(&mut b, &idx)?;
+    let root = store(&mut b, v);
+    Ok(Step { kernel: b.finish(root)?, operands: binds.iter().map(|x| x.0).collect() })
+}
+
+/// Bindings of op operands `ops` (kernel inputs in that order).
+fn input_binds(cx: &OpCx<'_>, ops: &[usize]) -> R<Vec<(Operand, TensorType)>> {
+    ops.iter().map(|&i| Ok((Operand::Input(i), cx.input_ty(i)?.clone()))).collect()
+}
+
+/// Element of input `j` at `idx`, converted to `ct`. An empty input (read only under a
+/// reduce over zero elements, which never evaluates it) is read with padding, since
+/// no index of it is in bounds.
+fn ld(b: &mut KernelBuilder, j: usize, idx: Vec<ExprId>, ct: S) -> ExprId {
+    let empty = b.inputs().get(j).is_some_and(|t| t.shape.numel() == 0);
+    let v = if empty { b.load_with(j, idx, Bounds::Pad(0)) } else { b.load(j, idx) };
+    b.convert(v, ct)
+}
+
+/// A fold of `body` over `vars` (the body itself when there are none).
+fn fold(b: &mut KernelBuilder, op: ReduceOp, vars: Vec<VarId>, body: ExprId) -> ExprId {
+    if vars.is_empty() {
+        body
+    } else {
+        b.reduce(op, vars, body)
+    }
+}
+
+fn lit(b: &mut KernelBuilder, ct: S, x: f64) -> ExprId {
+    b.float(ct, x)
+}
+
+fn sel(b: &mut KernelBuilder, c: ExprId, x: ExprId, y: ExprId) -> ExprId {
+    b.select(c, x, y)
+}
+
+/// `min(max(x, lo), hi)` (NaN stays NaN).
+fn clamp(b: &mut KernelBuilder, x: ExprId, lo: ExprId, hi: ExprId) -> ExprId {
+    let m = b.binary(B::Max, x, lo);
+    b.binary(B::Min, m, hi)
+}
+
+/// `1/sqrt(var + eps)`.
+fn inv_std(b: &mut KernelBuilder, var: ExprId, eps: f64) -> ExprId {
+    let ct = b.ty(var);
+    let e = lit(b, ct, eps);
+    let s = b.add(var, e);
+    let r = b.unary(U::Sqrt, s);
+    let one = lit(b, ct, 1.0);
+    b.div(one, r)
+}
+
+/// The index over `dims` at kept index `idx`: reduced positions become new reduction
+/// variables (returned, outermost first), kept positions of extent 1 read 0 (so the
+/// value does not depend on their variables), the others take `idx`.
+fn over(b: &mut KernelBuilder, dims: &[usize], reduced: &[bool], idx: &[ExprId]) -> (Vec<VarId>, Vec<ExprId>) {
+    let mut vars = Vec::new();
+    let mut ix = Vec::with_capacity(dims.len());
+    for (i, &d) in dims.iter().enumerate() {
+        if reduced[i] {
+            let v = b.new_var(d as u64);
+            vars.push(v);
+            ix.push(b.var(v));
+        } else if d == 1 {
+            ix.push(b.index(0));
+        } else {
+            ix.push(idx[i]);
+        }
+    }
+    (vars, ix)
+}
+
+/// Mean of input 0 (of `dims`) over the `reduced` positions at kept index `idx`.
+fn mean_of(b: &mut KernelBuilder, dims: &[usize], reduced: &[bool], idx: &[ExprId], ct: S) -> ExprId {
+    let (vars, ix) = over(b, dims, reduced, idx);
+    let x = ld(b, 0, ix, ct);
+    let s = fold(b, ReduceOp::Sum, vars, x);
+    let n = count(dims, reduced);
+    let c = lit(b, ct, n as f64);
+    b.div(s, c)
+}
+
+/// Population variance of input 0 around `mean`.
+fn var_of(b: &mut KernelBuilder, dims: &[usize], reduced: &[bool], idx: &[ExprId], mean: ExprId) -> ExprId {
+    let ct = b.ty(mean);
+    let (vars, ix) = over(b, dims, reduced, idx);
+    let x = ld(b, 0, ix, ct);
+    let d = b.sub(x, mean);
+    let sq = b.mul(d, d);
+    let s = fold(b, ReduceOp::Sum, vars, sq);
+    let n = count(dims, reduced);
+    let c = lit(b, ct, n as f64);
+    b.div(s, c)
+}
+
+/// Number of elements of a row.
+fn count(dims: &[usize], reduced: &[bool]) -> usize {
+    dims.iter().zip(reduced).filter(|(_, &r)| r).map(|(&d, _)| d).product()
+}
+
+/// A per-row statistic: built at a kept index from the earlier statistics' values.
+type StatFn<'f> = Box<dyn Fn(&mut KernelBuilder, &[ExprId], &[ExprId]) -> R<ExprId> + 'f>;
+
+/// A normalisation with per-row statistics (see the module docs).
+struct Staged<'f> {
+    /// Dims of the normalised operand (kernel input 0).
+    dims: Vec<usize>,
+    /// Which of its dimensions a row spans.
+    reduced: Vec<bool>,
+    /// Op operands the kernels read, as kernel inputs `0..`.
+    data: Vec<usize>,
+    /// The statistics, in order, with their compute types.
+    stats: Vec<(S, StatFn<'f>)>,
+}
+
+impl<'f> Staged<'f> {
+    /// The kept shape (reduced dimensions as 1).
+    fn kept_dims(&self) -> Vec<usize> {
+        self.dims.iter().zip(&self.reduced).map(|(&d, &r)| if r { 1 } else { d }).collect()
+    }
+
+    /// Whether inline statistics are computed once per row: no reduced dimension of
+    /// extent above 1 lies outside the last kept dimension of extent above 1.
+    fn inline(&self) -> bool {
+        let last = (0..self.dims.len()).rev().find(|&i| !self.reduced[i] && self.dims[i] > 1);
+        match last {
+            None => true,
+            Some(l) => (0..l).all(|i| !self.reduced[i] || self.dims[i] <= 1),
+        }
+    }
+
+    /// The statistics computed inline at kept index `idx`.
+    fn inline_stats(&self, b: &mut KernelBuilder, idx: &[ExprId], upto: usize) -> R<Vec<ExprId>> {
+        let mut vals = Vec::with_capacity(upto);
+        for (_, f) in &self.stats[..upto] {
+            let v = f(b, idx, &vals)?;
+            vals.push(v);
+        }
+        Ok(vals)
+    }
+
+    /// The op's result 0 as `fin(builder, index, statistics)`, after the statistic
+    /// kernels where they are not inline. Returns the steps (the last is result 0).
+    fn steps<F>(&self, cx: &OpCx<'_>, fin: F) -> R<Vec<Step>>
+    where
+        F: FnOnce(&mut KernelBuilder, &[ExprId], &[ExprId]) -> R<ExprId>,
+    {
+        let out = out_ty(cx, 0)?.clone();
+        let data = input_binds(cx, &self.data)?;
+        if self.inline() || out.shape.numel() == 0 {
+            let step = build(result_name(cx, 0), out, &data, |b, idx| {
+                let st = self.inline_stats(b, idx, self.stats.len())?;
+                fin(b, idx, &st)
+            })?;
+            return Ok(vec![step]);
+        }
+        let kd = self.kept_dims();
+        let nd = self.data.len();
+        let mut steps: Vec<Step> = Vec::new();
+        let mut binds = data;
+        for (k, (ct, f)) in self.stats.iter().enumerate() {
+            let ty = tensor_ty(cx, ct.dtype(), kd.clone())?;
+            let step = build(format!("{}_st{k}", cx.name), ty.clone(), &binds, |b, idx| {
+                let prev: Vec<ExprId> = (0..k).map(|j| b.load(nd + j, idx.to_vec())).collect();
+                f(b, idx, &prev)
+            })?;
+            steps.push(step);
+            binds.push((Operand::Step(k), ty));
+        }
+        let step = build(result_name(cx, 0), out, &binds, |b, idx| {
+            let ix = broadcast_index(b, &kd, idx);
+            let st: Vec<ExprId> = (0..self.stats.len()).map(|j| b.load(nd + j, ix.clone())).collect();
+            fin(b, idx, &st)
+        })?;
+        steps.push(step);
+        Ok(steps)
+    }
+
+    /// A kernel for result `r` (of the kept shape) storing statistic `k`.
+    fn stat_result(&self, cx: &OpCx<'_>, r: usize, k: usize) -> R<Step> {
+        let out = out_ty(cx, r)?.clone();
+        if out.shape.dims() != self.kept_dims() {
+            return Err(cx.unsupported(format!("result {r} has type {out}, expected dims {:?}", self.kept_dims())));
+        }
+        let data = input_binds(cx, &self.data)?;
+        build(result_name(cx, r), out, &data, |b, idx| {
+            let st = self.inline_stats(b, idx, k + 1)?;
+            Ok(st[k])
+        })
+    }
+}
+
+/// The one result of an op made of `steps` (the last one).
+fn lowered_last(steps: Vec<Step>) -> Lowered {
+    let last = steps.len().saturating_sub(1);
+    Lowered { steps, outputs: vec![Output::Step(last)] }
+}
+
+// ---------------------------------------------------------------------------
+// Softmax, LogSoftmax, Hardmax.
+// ---------------------------------------------------------------------------
+
+/// Softmax and LogSoftmax: `m` = row max, `s` = Σ exp(x − m); `exp(x − m)/s` or
+/// `(x − m) − log s`.
+fn softmax(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
+    let (d1, r1) = (xd.clone(), reduced.clone());
+    let (d2, r2) = (xd.clone(), reduced.clone());
+    let max: StatFn = Box::new(move |b, idx, _| {
+        let (vars, ix) = over(b, &d1, &r1, idx);
+        let x = ld(b, 0, ix, ct);
+        Ok(fold(b, ReduceOp::Max, vars, x))
+    });
+    let sum: StatFn = Box::new(move |b, idx, prev| {
+        let (vars, ix) = over(b, &d2, &r2, idx);
+        let x = ld(b, 0, ix, ct);
+        let z = b.sub(x, prev[0]);
+        let e = b.unary(U::Exp, z);
+        Ok(fold(b, ReduceOp::Sum, vars, e))
+    });
+    let st = Staged { dims: xd, reduced, data: vec![0], stats: vec![(ct, max), (ct, sum)] };
+    let log = cx.op.kind == OpKind::LogSoftmax;
+    let steps = st.steps(cx, |b, idx, s| {
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let z = b.sub(x, s[0]);
+        Ok(if log {
+            let l = b.unary(U::Log, s[1]);
+            b.sub(z, l)
+        } else {
+            let e = b.unary(U::Exp, z);
+            b.div(e, s[1])
+        })
+    })?;
+    Ok(lowered_last(steps))
+}
+
+/// Hardmax: 1 at the first maximum of the row (the first NaN if there is one), else 0.
+fn hardmax(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
+    let (d1, r1) = (xd.clone(), reduced.clone());
+    let pos: StatFn = Box::new(move |b, idx, _| {
+        // Three folds over the same row: whether it has a NaN, the first NaN, the
+        // first maximum (used only without NaN, where the order is total).
+        let fold1 = |b: &mut KernelBuilder, op: ReduceOp, nan: bool| {
+            let (vars, ix) = over(b, &d1, &r1, idx);
+            let x = ld(b, 0, ix, ct);
+            let body = if nan { b.unary(U::IsNan, x) } else { x };
+            b.reduce(op, vars, body)
+        };
+        let has_nan = fold1(b, ReduceOp::Max, true);
+        let first_nan = fold1(b, ReduceOp::ArgMax { last: false }, true);
+        let first_max = fold1(b, ReduceOp::ArgMax { last: false }, false);
+        Ok(sel(b, has_nan, first_nan, first_max))
+    });
+    let st = Staged { dims: xd, reduced, data: vec![0], stats: vec![(S::I64, pos)] };
+    let steps = st.steps(cx, |b, idx, s| {
+        let hit = b.binary(B::Eq, idx[axis], s[0]);
+        let (one, zero) = (lit(b, ct, 1.0), lit(b, ct, 0.0));
+        Ok(sel(b, hit, one, zero))
+    })?;
+    Ok(lowered_last(steps))
+}
+
+// ---------------------------------------------------------------------------
+// Normalisations.
+// ---------------------------------------------------------------------------
+
+/// The mean and inverse-standard-deviation statistics of input 0 over `reduced`.
+fn mean_inv_stats<'f>(xd: &[usize], reduced: &[bool], ct: S, eps: f64) -> Vec<(S, StatFn<'f>)> {
+    let (d1, r1) = (xd.to_vec(), reduced.to_vec());
+    let (d2, r2) = (xd.to_vec(), reduced.to_vec());
+    let mean: StatFn = Box::new(move |b, idx, _| Ok(mean_of(b, &d1, &r1, idx, ct)));
+    let inv: StatFn = Box::new(move |b, idx, prev| {
+        let var = var_of(b, &d2, &r2, idx, prev[0]);
+        Ok(inv_std(b, var, eps))
+    });
+    vec![(ct, mean), (ct, inv)]
+}
+
+/// LayerNormalization → (Y, Mean?, InvStdDev?) over the axes from `axis` on.
+fn layer_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, xct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
+    let eps = attr_f(cx, "epsilon", 1e-5)?;
+    let stash = attr_i(cx, "stash_type", 1)?;
+    let stash = DType::from_onnx_code(stash)
+        .filter(|d| d.is_float())
+        .ok_or_else(|| cx.unsupported(format!("stash_type = {stash}")))?;
+    let ct = if xct == S::F64 || S::of_storage(stash) == S::F64 { S::F64 } else { S::F32 };
+    if cx.outputs.is_empty() || cx.outputs.len() > 3 {
+        return Err(cx.unsupported(format!("{} results", cx.outputs.len())));
+    }
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i >= axis).collect();
+    let sd = dims(cx, 1)?;
+    let bd = cx.input(2).map(|t| t.ty.shape.dims().to_vec());
+    let mut data = vec![0, 1];
+    if bd.is_some() {
+        data.push(2);
+    }
+    let stats = mean_inv_stats(&xd, &reduced, ct, eps);
+    let st = Staged { dims: xd.clone(), reduced, data, stats };
+    let mut steps = st.steps(cx, |b, idx, s| {
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let c = b.sub(x, s[0]);
+        let n = b.mul(c, s[1]);
+        let si = broadcast_index(b, &sd, idx);
+        let sc = ld(b, 1, si, ct);
+        let y = b.mul(n, sc);
+        Ok(match &bd {
+            Some(bd) => {
+                let bi = broadcast_index(b, bd, idx);
+                let bias = ld(b, 2, bi, ct);
+                b.add(y, bias)
+            }
+            None => y,
+        })
+    })?;
+    let mut outputs = vec![Output::Step(steps.len() - 1)];
+    for r in 1..cx.outputs.len() {
+        steps.push(st.stat_result(cx, r, r - 1)?);
+        outputs.push(Output::Step(steps.len() - 1));
+    }
+    Ok(Lowered { steps, outputs })
+}
+
+/// BatchNormalization (inference): `(x − mean[c])/sqrt(var[c] + ε)·scale[c] + B[c]`.
+fn batch_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    if attr_i(cx, "training_mode", 0)? != 0 || cx.outputs.len() != 1 {
+        return Err(cx.unsupported("training mode (only the inference form is supported)"));
+    }
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    if xd.len() < 2 {
+        return Err(cx.unsupported("X must have rank 2 or more"));
+    }
+    let c = xd[1];
+    for i in 1..5 {
+        let d = dims(cx, i)?;
+        if d != [c] {
+            return Err(cx.unsupported(format!("operand {i} has dims {d:?}, [{c}] expected")));
+        }
+        if !cx.input_ty(i)?.dtype.is_float() {
+            return Err(cx.unsupported(format!("operand {i} must be a float")));
+        }
+    }
+    let eps = attr_f(cx, "epsilon", 1e-5)?;
+    let binds = input_binds(cx, &[0, 1, 2, 3, 4])?;
+    let step = build(result_name(cx, 0), out_ty(cx, 0)?.clone(), &binds, |b, idx| {
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let p: Vec<ExprId> = (1..5).map(|j| ld(b, j, vec![idx[1]], ct)).collect();
+        let c = b.sub(x, p[2]);
+        let e = lit(b, ct, eps);
+        let v = b.add(p[3], e);
+        let sd = b.unary(U::Sqrt, v);
+        let n = b.div(c, sd);
+        let y = b.mul(n, p[0]);
+        Ok(b.add(y, p[1]))
+    })?;
+    Ok(lowered_last(vec![step]))
+}
+
+/// `(x − mean)·inv·scale[c] + bias[c]` over the rows of `st` (per-channel operands 1
+/// and 2).
+fn per_channel_norm(cx: &OpCx<'_>, st: &Staged<'_>, ct: S) -> R<Lowered> {
+    let steps = st.steps(cx, |b, idx, s| {
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let c = b.sub(x, s[0]);
+        let n = b.mul(c, s[1]);
+        let sc = ld(b, 1, vec![idx[1]], ct);
+        let bias = ld(b, 2, vec![idx[1]], ct);
+        let y = b.mul(n, sc);
+        Ok(b.add(y, bias))
+    })?;
+    Ok(lowered_last(steps))
+}
+
+/// Checks that operands 1 and 2 are per-channel vectors of `c` elements.
+fn check_per_channel(cx: &OpCx<'_>, c: usize) -> R<()> {
+    for i in 1..3 {
+        let d = dims(cx, i)?;
+        if d != [c] {
+            return Err(cx.unsupported(format!("operand {i} has dims {d:?}, [{c}] expected")));
+        }
+    }
+    Ok(())
+}
+
+/// InstanceNormalization: statistics per (batch, channel) over the spatial axes.
+fn instance_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    if xd.len() < 2 {
+        return Err(cx.unsupported("input must have rank 2 or more"));
+    }
+    check_per_channel(cx, xd[1])?;
+    let eps = attr_f(cx, "epsilon", 1e-5)?;
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i >= 2).collect();
+    let st = Staged {
+        dims: xd.clone(),
+        reduced: reduced.clone(),
+        data: vec![0, 1, 2],
+        stats: mean_inv_stats(&xd, &reduced, ct, eps),
+    };
+    per_channel_norm(cx, &st, ct)
+}
+
+/// GroupNormalization: statistics per (batch, group of `C/num_groups` channels),
+/// scale and bias per channel. With one channel per group it is InstanceNorm's one
+/// kernel; otherwise the statistics are kernels over `[N, num_groups]` (inline they
+/// would be recomputed for every channel of a group).
+fn group_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    if xd.len() < 2 {
+        return Err(cx.unsupported("X must have rank 2 or more"));
+    }
+    let c = xd[1];
+    check_per_channel(cx, c)?;
+    let g = cx.attr(cx.op.attrs.req_int("num_groups"))?;
+    let g = usize::try_from(g)
+        .ok()
+        .filter(|&g| g > 0 && g <= c.max(1) && c % g == 0)
+        .ok_or_else(|| cx.unsupported(format!("num_groups = {g} does not divide {c} channels")))?;
+    let eps = attr_f(cx, "epsilon", 1e-5)?;
+    let per = c / g;
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i >= 2).collect();
+    if per == 1 || out_ty(cx, 0)?.shape.numel() == 0 {
+        let st = Staged {
+            dims: xd.clone(),
+            reduced: reduced.clone(),
+            data: vec![0, 1, 2],
+            stats: mean_inv_stats(&xd, &reduced, ct, eps),
+        };
+        return per_channel_norm(cx, &st, ct);
+    }
+    let n: usize = per * xd[2..].iter().product::<usize>();
+    // X index of element (cg, s…) of group `grp` of batch `bn`, with the new variables.
+    let group_index = |b: &mut KernelBuilder, bn: ExprId, grp: ExprId| -> (Vec<VarId>, Vec<ExprId>) {
+        let cv = b.new_var(per as u64);
+        let mut vars = vec![cv];
+        let p = b.index(per as i64);
+        let base = b.mul(grp, p);
+        let cve = b.var(cv);
+        let ch = b.add(base, cve);
+        let mut ix = vec![bn, ch];
+        for &d in &xd[2..] {
+            let v = b.new_var(d as u64);
+            vars.push(v);
+            ix.push(b.var(v));
+        }
+        (vars, ix)
+    };
+    let sty = tensor_ty(cx, ct.dtype(), vec![xd[0], g])?;
+    let xb = input_binds(cx, &[0])?;
+    let mean = build(format!("{}_st0", cx.name), sty.clone(), &xb, |b, idx| {
+        let (vars, ix) = group_index(b, idx[0], idx[1]);
+        let x = ld(b, 0, ix, ct);
+        let s = fold(b, ReduceOp::Sum, vars, x);
+        let cnt = lit(b, ct, n as f64);
+        Ok(b.div(s, cnt))
+    })?;
+    let mut binds = xb.clone();
+    binds.push((Operand::Step(0), sty.clone()));
+    let inv = build(format!("{}_st1", cx.name), sty.clone(), &binds, |b, idx| {
+        let m = b.load(1, idx.to_vec());
+        let (vars, ix) = group_index(b, idx[0], idx[1]);
+        let x = ld(b, 0, ix, ct);
+        let d = b.sub(x, m);
+        let sq = b.mul(d, d);
+        let s = fold(b, ReduceOp::Sum, vars, sq);
+        let cnt = lit(b, ct, n as f64);
+        let var = b.div(s, cnt);
+        Ok(inv_std(b, var, eps))
+    })?;
+    let mut binds = input_binds(cx, &[0, 1, 2])?;
+    binds.push((Operand::Step(0), sty.clone()));
+    binds.push((Operand::Step(1), sty));
+    let y = build(result_name(cx, 0), out_ty(cx, 0)?.clone(), &binds, |b, idx| {
+        let p = b.index(per as i64);
+        let grp = b.div(idx[1], p);
+        let si = vec![idx[0], grp];
+        let m = b.load(3, si.clone());
+        let inv = b.load(4, si);
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let c = b.sub(x, m);
+        let nrm = b.mul(c, inv);
+        let sc = ld(b, 1, vec![idx[1]], ct);
+        let bias = ld(b, 2, vec![idx[1]], ct);
+        let y = b.mul(nrm, sc);
+        Ok(b.add(y, bias))
+    })?;
+    Ok(lowered_last(vec![mean, inv, y]))
+}
+
+/// LRN: `x / (bias + α/size · Σ x²)^β`, the sum over the channels
+/// `c − ⌊(size−1)/2⌋ ..= c + ⌈(size−1)/2⌉` that exist.
+fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    if xd.len() < 2 {
+        return Err(cx.unsupported("input must have rank 2 or more"));
+    }
+    let alpha = attr_f(cx, "alpha", 1e-4)?;
+    let beta = attr_f(cx, "beta", 0.75)?;
+    let bias = attr_f(cx, "bias", 1.0)?;
+    let size = cx.attr(cx.op.attrs.req_int("size"))?;
+    if size < 1 {
+        return Err(cx.unsupported(format!("size = {size}")));
+    }
+    let below = (size - 1) / 2;
+    let binds = input_binds(cx, &[0])?;
+    let step = build(result_name(cx, 0), out_ty(cx, 0)?.clone(), &binds, |b, idx| {
+        let k = b.new_var(size as u64);
+        let ke = b.var(k);
+        let off = b.index(-below);
+        let c0 = b.add(idx[1], off);
+        let ch = b.add(c0, ke);
+        let mut ix = idx.to_vec();
+        ix[1] = ch;
+        // A clamped load masked outside the channels (a padded load would do, but
+        // the interpreter cannot yet take a negative index in a non-last dimension).
+        let w = b.load_with(0, ix, Bounds::Clamp);
+        let w = b.convert(w, ct);
+        let sq = b.mul(w, w);
+        let zero = b.index(0);
+        let cn = b.index(xd[1] as i64);
+        let ge = b.binary(B::Ge, ch, zero);
+        let lt = b.binary(B::Lt, ch, cn);
+        let inside = b.binary(B::And, ge, lt);
+        let z = lit(b, ct, 0.0);
+        let sq = sel(b, inside, sq, z);
+        let s = b.reduce(ReduceOp::Sum, vec![k], sq);
+        let a = lit(b, ct, alpha / size as f64);
+        let t = b.mul(a, s);
+        let bi = lit(b, ct, bias);
+        let base = b.add(bi, t);
+        let be = lit(b, ct, beta);
+        let den = b.binary(B::Pow, base, be);
+        let x = ld(b, 0, idx.to_vec(), ct);
+        Ok(b.div(x, den))
+    })?;
+    Ok(lowered_last(vec![step]))
+}
+
+/// LpNormalization (p = 1 or 2) along `axis`; a zero norm gives 0.
+fn lp_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
+    let p = attr_i(cx, "p", 2)?;
+    if p != 1 && p != 2 {
+        return Err(cx.unsupported(format!("p = {p}, 1 or 2 expected")));
+    }
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
+    let (d1, r1) = (xd.clone(), reduced.clone());
+    let norm: StatFn = Box::new(move |b, idx, _| {
+        let (vars, ix) = over(b, &d1, &r1, idx);
+        let x = ld(b, 0, ix, ct);
+        let t = if p == 1 { b.unary(U::Abs, x) } else { b.mul(x, x) };
+        let s = fold(b, ReduceOp::Sum, vars, t);
+        Ok(if p == 1 { s } else { b.unary(U::Sqrt, s) })
+    });
+    let st = Staged { dims: xd, reduced, data: vec![0], stats: vec![(ct, norm)] };
+    let steps = st.steps(cx, |b, idx, s| {
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let zero = lit(b, ct, 0.0);
+        let is0 = b.binary(B::Eq, s[0], zero);
+        let q = b.div(x, s[0]);
+        Ok(sel(b, is0, zero, q))
+    })?;
+    Ok(lowered_last(steps))
+}
+
+/// MeanVarianceNormalization: `(x − mean)/(sqrt(var) + 1e-9)` over `axes`.
+fn mvn(cx: &OpCx<'_>) -> R<Lowered> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    let axes = cx.attr(cx.op.attrs.ints_or("axes", vec![0, 2, 3]))?;
+    let mut reduced = vec![false; xd.len()];
+    for a in axes {
+        reduced[norm_axis(cx, a, xd.len())?] = true;
+    }
+    let (d1, r1) = (xd.clone(), reduced.clone());
+    let (d2, r2) = (xd.clone(), reduced.clone());
+    let mean: StatFn = Box::new(move |b, idx, _| Ok(mean_of(b, &d1, &r1, idx, ct)));
+    let den: StatFn = Box::new(move |b, idx, prev| {
+        let var = var_of(b, &d2, &r2, idx, prev[0]);
+        let sd = b.unary(U::Sqrt, var);
+        let e = lit(b, ct, 1e-9f32 as f64);
+        Ok(b.add(sd, e))
+    });
+    let st = Staged { dims: xd, reduced, data: vec![0], stats: vec![(ct, mean), (ct, den)] };
+    let steps = st.steps(cx, |b, idx, s| {
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let c = b.sub(x, s[0]);
+        Ok(b.div(c, s[1]))
+    })?;
+    Ok(lowered_last(steps))
+}
+
+// ---------------------------------------------------------------------------
+// DynamicQuantizeLinear.
+// ---------------------------------------------------------------------------
+
+/// The scale and the zero point (as an integral f32, or NaN) of DynamicQuantizeLinear,
+/// in f32 as ONNX defines them: range `[min(0, min x), max(0, max x)]` ignoring NaN,
+/// scale = range/255 (1 for an empty range), zero point = round(clamp(−min/scale)).
+/// The folds read no output variable, so a kernel computes them once.
+fn dq_params(b: &mut KernelBuilder, xd: &[usize]) -> (ExprId, ExprId) {
+    let all = vec![true; xd.len()];
+    let extreme = |b: &mut KernelBuilder, op: ReduceOp, cmp: B| {
+        let (vars, ix) = over(b, xd, &all, &[]);
+        let x = ld(b, 0, ix, S::F32);
+        let zero = lit(b, S::F32, 0.0);
+        let keep = b.binary(cmp, x, zero);
+        let body = sel(b, keep, x, zero);
+        let r = fold(b, op, vars, body);
+        // An empty operand folds to ∓inf: the range still includes 0.
+        let m = if op == ReduceOp::Max { B::Max } else { B::Min };
+        b.binary(m, r, zero)
+    };
+    let mx = extreme(b, ReduceOp::Max, B::Gt);
+    let mn = extreme(b, ReduceOp::Min, B::Lt);
+    let same = b.binary(B::Eq, mx, mn);
+    let range = b.sub(mx, mn);
+    let c255 = lit(b, S::F32, 255.0);
+    let q = b.div(range, c255);
+    let one = lit(b, S::F32, 1.0);
+    let scale = sel(b, same, one, q);
+    let zero = lit(b, S::F32, 0.0);
+    let r = b.div(mn, scale);
+    let neg = b.sub(zero, r);
+    let cl = clamp(b, neg, zero, c255);
+    let zp = b.unary(U::Round, cl);
+    (scale, zp)
+}
+
+/// DynamicQuantizeLinear → (y: u8, y_scale: f32 scalar, y_zero_point: u8 scalar), one
+/// kernel each.
+fn dynamic_quantize(cx: &OpCx<'_>) -> R<Lowered> {
+    float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    let n = cx.outputs.len();
+    if n == 0 || n > 3 {
+        return Err(cx.unsupported(format!("{n} results")));
+    }
+    let binds = input_binds(cx, &[0])?;
+    let mut steps = Vec::with_capacity(n);
+    steps.push(build(result_name(cx, 0), out_ty(cx, 0)?.clone(), &binds, |b, idx| {
+        let (scale, zp) = dq_params(b, &xd);
+        let x = ld(b, 0, idx.to_vec(), S::F32);
+        let d = b.div(x, scale);
+        let q = b.unary(U::Round, d);
+        let nan = b.unary(U::IsNan, q);
+        let zero = lit(b, S::F32, 0.0);
+        let q = sel(b, nan, zero, q);
+        let t = b.add(q, zp);
+        let c255 = lit(b, S::F32, 255.0);
+        Ok(clamp(b, t, zero, c255))
+    })?);
+    for r in 1..n {
+        steps.push(build(result_name(cx, r), out_ty(cx, r)?.clone(), &binds, |b, _| {
+            let (scale, zp) = dq_params(b, &xd);
+            Ok(if r == 1 { scale } else { zp })
+        })?);
+    }
+    Ok(Lowered { steps, outputs: (0..n).map(Output::Step).collect() })
+}
+
+// ---------------------------------------------------------------------------
+// TopK.
+// ---------------------------------------------------------------------------
+
+/// TopK(X, K) → (values, indices): see the module docs. Rows are sorted as the
+/// reference does: largest (or smallest) first, NaN above every number, equal values
+/// lower position first; `sorted = 0` sorts too.
+fn topk(cx: &OpCx<'_>) -> R<Lowered> {
+    let xt = cx.input_ty(0)?.clone();
+    let xd = xt.shape.dims().to_vec();
+    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
+    let largest = attr_i(cx, "largest", 1)? != 0;
+    let k = match cx.const_ints(1, "K")?.as_deref() {
+        Some([k]) => *k,
+        _ => return Err(cx.unsupported("K must be a constant of one element")),
+    };
+    let n = xd[axis];
+    let k = usize::try_from(k)
+        .ok()
+        .filter(|&k| k <= n)
+        .ok_or_else(|| cx.unsupported(format!("K = {k} out of range for an axis of {n}")))?;
+    let mut od = xd.clone();
+    od[axis] = k;
+    let vty = out_ty(cx, 0)?.clone();
+    if vty.shape.dims() != od || vty.dtype != xt.dtype {
+        return Err(cx.unsupported(format!("result 0 has type {vty}")));
+    }
+    let nres = cx.outputs.len();
+    if nres > 2 {
+        return Err(cx.unsupported(format!("{nres} results")));
+    }
+    let ity = tensor_ty(cx, DType::I64, od)?;
+    if nres == 2 && out_ty(cx, 1)? != &ity {
+        return Err(cx.unsupported(format!("result 1 has type {}", out_ty(cx, 1)?)));
+    }
+    let ct = S::of_storage(xt.dtype);
+    let xb = input_binds(cx, &[0])?;
+    let mut steps = Vec::with_capacity(3);
+    if vty.shape.numel() == 0 {
+        // Nothing to sort into: both results are empty.
+        steps.push(build(result_name(cx, 0), vty, &[], |b, _| Ok(b.int(ct, 0)))?);
+        let mut outputs = vec![Output::Step(0)];
+        if nres == 2 {
+            steps.push(build(result_name(cx, 1), ity, &[], |b, _| Ok(b.index(0)))?);
+            outputs.push(Output::Step(1));
+        }
+        return Ok(Lowered { steps, outputs });
+    }
+    // Step 0: the rank of every element (O(n²) per row).
+    let rty = tensor_ty(cx, DType::I64, xd.clone())?;
+    steps.push(build(format!("{}_rank", cx.name), rty.clone(), &xb, |b, idx| {
+        let xj = b.load(0, idx.to_vec());
+        let i = b.new_var(n as u64);
+        let ie = b.var(i);
+        let mut ix = idx.to_vec();
+        ix[axis] = ie;
+        let xi = b.load(0, ix);
+        let (first, eq) = if ct.is_float() {
+            let (ni, nj) = (b.unary(U::IsNan, xi), b.unary(U::IsNan, xj));
+            let strict = b.binary(if largest { B::Gt } else { B::Lt }, xi, xj);
+            // NaN is above every number: first when largest, last otherwise.
+            let (hi, lo) = if largest { (ni, nj) } else { (nj, ni) };
+            let not_lo = b.unary(U::Not, lo);
+            let nan_first = b.binary(B::And, hi, not_lo);
+            let first = b.binary(B::Or, strict, nan_first);
+            let same = b.binary(B::Eq, xi, xj);
+            let both = b.binary(B::And, ni, nj);
+            (first, b.binary(B::Or, same, both))
+        } else {
+            (b.binary(if largest { B::Gt } else { B::Lt }, xi, xj), b.binary(B::Eq, xi, xj))
+        };
+        let lower = b.binary(B::Lt, ie, idx[axis]);
+        let tie = b.binary(B::And, eq, lower);
+        let before = b.binary(B::Or, first, tie);
+        let (one, zero) = (b.index(1), b.index(0));
+        let c = sel(b, before, one, zero);
+        Ok(b.reduce(ReduceOp::Sum, vec![i], c))
+    })?);
+    // Step 1: the indices: the position of rank p (O(k·n) per row).
+    let iname = if nres == 2 { result_name(cx, 1) } else { format!("{}_idx", cx.name) };
+    steps.push(build(iname, ity.clone(), &[(Operand::Step(0), rty)], |b, idx| {
+        let j = b.new_var(n as u64);
+        let je = b.var(j);
+        let mut ix = idx.to_vec();
+        ix[axis] = je;
+        let r = b.load(0, ix);
+        let hit = b.binary(B::Eq, r, idx[axis]);
+        let zero = b.index(0);
+        let c = sel(b, hit, je, zero);
+        Ok(b.reduce(ReduceOp::Sum, vec![j], c))
+    })?);
+    // Step 2: the values, gathered at the indices (clamped: the verifier cannot know
+    // they are positions of the row).
+    let mut binds = xb;
+    binds.push((Operand::Step(1), ity));
+    steps.push(build(result_name(cx, 0), vty, &binds, |b, idx| {
+        let p = b.load(1, idx.to_vec());
+        let mut ix = idx.to_vec();
+        ix[axis] = p;
+        Ok(b.load_with(0, ix, Bounds::Clamp))
+    })?);
+    let mut outputs = vec![Output::Step(2)];
+    if nres == 2 {
+        outputs.push(Output::Step(1));
+    }
+    Ok(Lowered { steps, outputs })
+}
+
+// ---------------------------------------------------------------------------
+// Recurrent layers.
+// ---------------------------------------------------------------------------
+
+/// An activation function of the recurrent layers, with its alpha and beta.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Act {
+    Relu,
+    Tanh,
+    Sigmoid,
+    Affine(f64, f64),
+    LeakyRelu(f64),
+    ThresholdedRelu(f64),
+    ScaledTanh(f64, f64),
+    HardSigmoid(f64, f64),
+    Elu(f64),
+    Softsign,
+    Softplus,
+}
+
+impl Act {
+    /// `f(x)` in `x`'s (float) type.
+    fn apply(self, b: &mut KernelBuilder, x: ExprId) -> ExprId {
+        let ct = b.ty(x);
+        let zero = lit(b, ct, 0.0);
+        let one = lit(b, ct, 1.0);
+        match self {
+            // NaN gives 0, as `f64::max(NaN, 0)` does.
+            Act::Relu => {
+                let pos = b.binary(B::Gt, x, zero);
+                sel(b, pos, x, zero)
+            }
+            Act::Tanh => b.unary(U::Tanh, x),
+            Act::Sigmoid => {
+                // select(x ≥ 0, 1, e)/(1 + e) with e = e^{−|x|}.
+                let a = b.unary(U::Abs, x);
+                let na = b.unary(U::Neg, a);
+                let e = b.unary(U::Exp, na);
+                let pos = b.binary(B::Ge, x, zero);
+                let num = sel(b, pos, one, e);
+                let den = b.add(one, e);
+                b.div(num, den)
+            }
+            Act::Affine(a, c) => {
+                let (a, c) = (lit(b, ct, a), lit(b, ct, c));
+                let t = b.mul(a, x);
+                b.add(t, c)
+            }
+            Act::LeakyRelu(a) => {
+                let a = lit(b, ct, a);
+                let t = b.mul(a, x);
+                let pos = b.binary(B::Ge, x, zero);
+                sel(b, pos, x, t)
+            }
+            Act::ThresholdedRelu(a) => {
+                let a = lit(b, ct, a);
+                let above = b.binary(B::Gt, x, a);
+                sel(b, above, x, zero)
+            }
+            Act::ScaledTanh(a, c) => {
+                let (a, c) = (lit(b, ct, a), lit(b, ct, c));
+                let t = b.mul(c, x);
+                let th = b.unary(U::Tanh, t);
+                b.mul(a, th)
+            }
+            Act::HardSigmoid(a, c) => {
+                let (a, c) = (lit(b, ct, a), lit(b, ct, c));
+                let t = b.mul(a, x);
+                let t = b.add(t, c);
+                clamp(b, t, zero, one)
+            }
+            Act::Elu(a) => {
+                let a = lit(b, ct, a);
+                let e = b.unary(U::Exp, x);
+                let em = b.sub(e, one);
+                let t = b.mul(a, em);
+                let pos = b.binary(B::Ge, x, zero);
+                sel(b, pos, x, t)
+            }
+            Act::Softsign => {
+                let a = b.unary(U::Abs, x);
+                let d = b.add(one, a);
+                b.div(x, d)
+            }
+            Act::Softplus => {
+                // max(x, 0) + log(1 + e^{−|x|}).
+                let a = b.unary(U::Abs, x);
+                let na = b.unary(U::Neg, a);
+                let e = b.unary(U::Exp, na);
+                let l = b.add(one, e);
+                let l = b.unary(U::Log, l);
+                let pos = b.binary(B::Gt, x, zero);
+                let m = sel(b, pos, x, zero);
+                b.add(m, l)
+            }
+        }
+    }
+}
+
+/// The activations of every direction (`defaults.len()` per direction), with the
+/// alphas and betas consumed in order, as the reference evaluator reads them.
+fn activations(cx: &OpCx<'_>, defaults: &[&str], nd: usize) -> R<Vec<Act>> {
+    let attrs = &cx.op.attrs;
+    let names: Vec<String> = match cx.attr(attrs.strings("activations"))? {
+        Some(v) if !v.is_empty() => v,
+        _ => defaults.iter().map(|s| s.to_string()).collect(),
+    };
+    let per = defaults.len();
+    let names: Vec<String> = if names.len() == per * nd {
+        names
+    } else if names.len() == per {
+        names.iter().cycle().take(per * nd).cloned().collect()
+    } else {
+        return Err(cx.unsupported(format!("{} activations, {} expected", names.len(), per * nd)));
+    };
+    let alphas = cx.attr(attrs.floats_or("activation_alpha", Vec::new()))?;
+    let betas = cx.attr(attrs.floats_or("activation_beta", Vec::new()))?;
+    let (mut ai, mut bi) = (alphas.iter(), betas.iter());
+    let mut alpha = |d: f64| ai.next().map_or(d, |&v| v as f64);
+    let mut beta = |d: f64| bi.next().map_or(d, |&v| v as f64);
+    names
+        .iter()
+        .map(|n| {
+            Ok(match n.to_ascii_lowercase().as_str() {
+                "relu" => Act::Relu,
+                "tanh" => Act::Tanh,
+                "sigmoid" => Act::Sigmoid,
+                "affine" => Act::Affine(alpha(1.0), beta(0.0)),
+                "leakyrelu" => Act::LeakyRelu(alpha(0.01)),
+                "thresholdedrelu" => Act::ThresholdedRelu(alpha(1.0)),
+                "scaledtanh" => Act::ScaledTanh(alpha(1.0), beta(1.0)),
+                "hardsigmoid" => Act::HardSigmoid(alpha(0.2), beta(0.5)),
+                "elu" => Act::Elu(alpha(1.0)),
+                "softsign" => Act::Softsign,
+                "softplus" => Act::Softplus,
+                other => return Err(cx.unsupported(format!("activation {other:?}"))),
+            })
+        })
+        .collect()
+}
+
+/// Which recurrent layer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cell {
+    Lstm,
+    Gru,
+    Rnn,
+}
+
+/// Where a state `[num_dir, batch, hidden]` comes from.
+#[derive(Clone, Copy, Debug)]
+enum State {
+    /// Zero (no initial state).
+    Zero,
+    /// An initial-state operand, in the layout's order.
+    Init(usize),
+    /// The result of a step, `[num_dir, batch, hidden]` in the compute type.
+    Step(usize),
+}
+
+/// The fixed facts of a recurrent lowering.
+struct Rnn {
+    cell: Cell,
+    ct: S,
+    seq: usize,
+    input: usize,
+    hidden: usize,
+    nd: usize,
+    /// `[batch, seq, …]` operands and results.
+    batch_major: bool,
+    /// Only direction, reversed.
+    reverse_only: bool,
+    acts: Vec<Act>,
+    clip: Option<f64>,
+    input_forget: bool,
+    lbr: bool,
+    has_b: bool,
+    /// `sequence_lens` is bound (not absent, not all `seq`).
+    has_lens: bool,
+    has_p: bool,
+    /// The type of the state tensors.
+    sty: TensorType,
+}
+
+/// Kernel inputs of one kernel: bindings added once, looked up by operand.
+#[derive(Default)]
+struct Binds {
+    list: Vec<(Operand, TensorType)>,
+}
+
+impl Binds {
+    fn add(&mut self, o: Operand, ty: TensorType) -> usize {
+        if let Some(i) = self.list.iter().position(|x| x.0 == o) {
+            return i;
+        }
+        self.list.push((o, ty));
+        self.list.len() - 1
+    }
+}
+
+/// The kernel inputs a step reads (indices into its binds).
+struct StepIn {
+    proj: usize,
+    r: usize,
+    b: Option<usize>,
+    lens: Option<usize>,
+    p: Option<usize>,
+}
+
+impl Rnn {
+    fn gh(&self) -> usize {
+        self.cell_gates() * self.hidden
+    }
+
+    fn cell_gates(&self) -> usize {
+        match self.cell {
+            Cell::Lstm => 4,
+            Cell::Gru => 3,
+            Cell::Rnn => 1,
+        }
+    }
+
+    /// Binds the state `s` (nothing for zero); the kernel input index.
+    fn bind_state(&self, cx: &OpCx<'_>, binds: &mut Binds, s: State) -> R<Option<usize>> {
+        Ok(match s {
+            State::Zero => None,
+            State::Init(i) => Some(binds.add(Operand::Input(i), cx.input_ty(i)?.clone())),
+            State::Step(k) => Some(binds.add(Operand::Step(k), self.sty.clone())),
+        })
+    }
+
+    /// The state value at `(d, b, k)` (compute type), from its kernel input `j`.
+    fn state_at(&self, b: &mut KernelBuilder, s: State, j: Option<usize>, d: ExprId, bb: ExprId, k: ExprId) -> ExprId {
+        match (s, j) {
+            (State::Init(_), Some(j)) => {
+                let ix = if self.batch_major { vec![bb, d, k] } else { vec![d, bb, k] };
+                ld(b, j, ix, self.ct)
+            }
+            (State::Step(_), Some(j)) => b.load(j, vec![d, bb, k]),
+            _ => lit(b, self.ct, 0.0),
+        }
+    }
+
+    /// Binds what every step kernel reads.
+    fn step_inputs(&self, cx: &OpCx<'_>, binds: &mut Binds, proj_ty: &TensorType) -> R<StepIn> {
+        let proj = binds.add(Operand::Step(0), proj_ty.clone());
+        let r = binds.add(Operand::Input(2), cx.input_ty(2)?.clone());
+        let bi = if self.has_b { Some(binds.add(Operand::Input(3), cx.input_ty(3)?.clone())) } else { None };
+        let lens = if self.has_lens { Some(binds.add(Operand::Input(4), cx.input_ty(4)?.clone())) } else { None };
+        let p = if self.has_p { Some(binds.add(Operand::Input(7), cx.input_ty(7)?.clone())) } else { None };
+        Ok(StepIn { proj, r, b: bi, lens, p })
+    }
+
+    /// Whether direction `d` runs backwards in time (a Bool).
+    fn reversed(&self, b: &mut KernelBuilder, d: ExprId) -> ExprId {
+        if self.nd == 2 {
+            let one = b.index(1);
+            b.binary(B::Eq, d, one)
+        } else {
+            b.constant(S::Bool, self.reverse_only as u64)
+        }
+    }
+
+    /// The length of batch row `bb` (i64) when `sequence_lens` is bound.
+    fn len_of(&self, b: &mut KernelBuilder, lens: Option<usize>, bb: ExprId) -> Option<ExprId> {
+        lens.map(|j| {
+            let l = b.load(j, vec![bb]);
+            b.convert(l, S::I64)
+        })
+    }
+
+    /// The time index of step `s` of direction `d` for row `bb`, whether the row is
+    /// still running (`None`: always), and whether the time index may be out of range.
+    fn time(&self, b: &mut KernelBuilder, s: usize, d: ExprId, len: Option<ExprId>) -> (ExprId, Option<ExprId>) {
+        let se = b.index(s as i64);
+        let rev = self.reversed(b, d);
+        match len {
+            None => {
+                let back = b.index((self.seq - 1 - s) as i64);
+                (sel(b, rev, back, se), None)
+            }
+            Some(l) => {
+                let one = b.index(1);
+                let last = b.sub(l, one);
+                let back = b.sub(last, se);
+                let valid = b.binary(B::Lt, se, l);
+                (sel(b, rev, back, se), Some(valid))
+            }
+        }
+    }
+
+    /// Gate `g`'s pre-activation without the recurrent product: `X·Wᵀ + Wb` (step 0)
+    /// at time `t` plus `Rb`.
+    fn xpart(&self, b: &mut KernelBuilder, si: &StepIn, sc: &StepCx, g: usize) -> ExprId {
+        let off = b.index((g * self.hidden) as i64);
+        let q = b.add(off, sc.j);
+        let ix = vec![sc.t, sc.d, sc.bb, q];
+        let x = if sc.clamped { b.load_with(si.proj, ix, Bounds::Clamp) } else { b.load(si.proj, ix) };
+        match si.b {
+            Some(bi) => {
+                let o = b.index((self.gh() + g * self.hidden) as i64);
+                let q = b.add(o, sc.j);
+                let rb = ld(b, bi, vec![sc.d, q], self.ct);
+                b.add(x, rb)
+            }
+            None => x,
+        }
+    }
+
+    /// `Σₖ h[d, bb, k]·R[d, g·hidden + j, k]` over the state from input `hj` (`None`
+    /// for a zero state).
+    fn rdot(
+        &self,
+        b: &mut KernelBuilder,
+        si: &StepIn,
+        h: State,
+        hj: Option<usize>,
+        sc: &StepCx,
+        g: usize,
+    ) -> Option<ExprId> {
+        hj?;
+        let k = b.new_var(self.hidden as u64);
+        let ke = b.var(k);
+        let hv = self.state_at(b, h, hj, sc.d, sc.bb, ke);
+        let off = b.index((g * self.hidden) as i64);
+        let q = b.add(off, sc.j);
+        let r = ld(b, si.r, vec![sc.d, q, ke], self.ct);
+        let p = b.mul(hv, r);
+        Some(b.reduce(ReduceOp::Sum, vec![k], p))
+    }
+
+    /// `x` clipped to `[−clip, clip]` when `clip` is set.
+    fn bound(&self, b: &mut KernelBuilder, x: ExprId) -> ExprId {
+        match self.clip {
+            Some(c) => {
+                let (lo, hi) = (lit(b, self.ct, -c), lit(b, self.ct, c));
+                clamp(b, x, lo, hi)
+            }
+            None => x,
+        }
+    }
+
+    /// Activation `i` of direction `d` applied to `x` (a select between the
+    /// directions' functions when they differ).
+    fn act(&self, b: &mut KernelBuilder, i: usize, d: ExprId, x: ExprId) -> ExprId {
+        let per = self.acts.len() / self.nd;
+        let f0 = self.acts[i];
+        let v0 = f0.apply(b, x);
+        if self.nd == 2 && self.acts[per + i] != f0 {
+            let v1 = self.acts[per + i].apply(b, x);
+            let rev = self.reversed(b, d);
+            sel(b, rev, v1, v0)
+        } else {
+            v0
+        }
+    }
+
+    /// `act_i(bound(pre))`.
+    fn gate(&self, b: &mut KernelBuilder, i: usize, d: ExprId, pre: ExprId) -> ExprId {
+        let c = self.bound(b, pre);
+        self.act(b, i, d, c)
+    }
+}
+
+fn add_opt(b: &mut KernelBuilder, x: ExprId, y: Option<ExprId>) -> ExprId {
+    match y {
+        Some(y) => b.add(x, y),
+        None => x,
+    }
+}
+
+/// RNN, GRU, LSTM (see the module docs).
+fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
+    let cell = match cx.op.kind {
+        OpKind::LSTM => Cell::Lstm,
+        OpKind::GRU => Cell::Gru,
+        _ => Cell::Rnn,
+    };
+    let (xdt, ct) = float_x(cx)?;
+    let attrs = &cx.op.attrs;
+    let layout = attr_i(cx, "layout", 0)?;
+    if layout != 0 && layout != 1 {
+        return Err(cx.unsupported(format!("layout = {layout}")));
+    }
+    let batch_major = layout == 1;
+    let xd = dims(cx, 0)?;
+    let rd = dims(cx, 2)?;
+    if xd.len() != 3 || rd.len() != 3 {
+        return Err(cx.unsupported("X and R must have rank 3"));
+    }
+    let (seq, batch, input) = if batch_major { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
+    let direction = cx.attr(attrs.string_or("direction", "forward".to_string()))?;
+    let nd = match direction.as_str() {
+        "forward" | "reverse" => 1,
+        "bidirectional" => 2,
+        other => return Err(cx.unsupported(format!("direction = {other:?}"))),
+    };
+    let hidden = rd[2];
+    if let Some(hs) = cx.attr(attrs.int("hidden_size"))? {
+        if hs != hidden as i64 {
+            return Err(cx.unsupported(format!("hidden_size = {hs}, R has dims {rd:?}")));
+        }
+    }
+    let gates = match cell {
+        Cell::Lstm => 4,
+        Cell::Gru => 3,
+        Cell::Rnn => 1,
+    };
+    let gh = gates * hidden;
+    let expect = |i: usize, want: &[usize], what: &str| -> R<()> {
+        if let Some(t) = cx.input(i) {
+            if t.ty.shape.dims() != want {
+                return Err(cx.unsupported(format!("{what} has dims {:?}, {want:?} expected", t.ty.shape.dims())));
+            }
+            if !t.ty.dtype.is_float() {
+                return Err(cx.unsupported(format!("{what} must be a float")));
+            }
+        }
+        Ok(())
+    };
+    expect(1, &[nd, gh, input], "W")?;
+    expect(2, &[nd, gh, hidden], "R")?;
+    expect(3, &[nd, 2 * gh], "B")?;
+    let state_dims = if batch_major { vec![batch, nd, hidden] } else { vec![nd, batch, hidden] };
+    expect(5, &state_dims, "initial_h")?;
+    let lstm = cell == Cell::Lstm;
+    if lstm {
+        expect(6, &state_dims, "initial_c")?;
+        expect(7, &[nd, 3 * hidden], "P")?;
+    }
+    let has_lens = match cx.input(4) {
+        None => false,
+        Some(t) => {
+            if t.ty.shape.dims() != [batch] || !matches!(t.ty.dtype, DType::I32 | DType::I64) {
+                return Err(cx.unsupported(format!("sequence_lens has type {}", t.ty)));
+            }
+            // Constant lengths all equal to the sequence length change nothing.
+            match t.value.map(|v| v.to_i64_vec()) {
+                Some(Ok(v)) => v.iter().any(|&l| l != seq as i64),
+                _ => true,
+            }
+        }
+    };
+    let acts = activations(
+        cx,
+        match cell {
+            Cell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
+            Cell::Gru => &["Sigmoid", "Tanh"],
+            Cell::Rnn => &["Tanh"],
+        },
+        nd,
+    )?;
+    let clip = cx.attr(attrs.float("clip"))?.map(|c| c as f64);
+    if clip.is_some_and(|c| c.is_nan() || c < 0.0) {
+        return Err(cx.unsupported(format!("clip = {clip:?}")));
+    }
+    let input_forget = lstm && attr_i(cx, "input_forget", 0)? != 0;
+    let lbr = cell == Cell::Gru && attr_i(cx, "linear_before_reset", 0)? != 0;
+    let nres = cx.outputs.len();
+    if nres == 0 || nres > if lstm { 3 } else { 2 } {
+        return Err(cx.unsupported(format!("{nres} results")));
+    }
+    let y_dims = if batch_major { vec![batch, seq, nd, hidden] } else { vec![seq, nd, batch, hidden] };
+    for (i, ty) in cx.outputs.iter().enumerate() {
+        let want = if i == 0 { &y_dims } else { &state_dims };
+        if ty.shape.dims() != want.as_slice() || ty.dtype != xdt {
+            return Err(cx.unsupported(format!("result {i} has type {ty}")));
+        }
+    }
+    let rnn = Rnn {
+        cell,
+        ct,
+        seq,
+        input,
+        hidden,
+        nd,
+        batch_major,
+        reverse_only: direction == "reverse",
+        acts,
+        clip,
+        input_forget,
+        lbr,
+        has_b: cx.input(3).is_some(),
+        has_lens,
+        has_p: lstm && cx.input(7).is_some(),
+        sty: tensor_ty(cx, ct.dtype(), vec![nd, batch, hidden])?,
+    };
+    let mut steps: Vec<Step> = Vec::new();
+    let init_h = if cx.input(5).is_some() { State::Init(5) } else { State::Zero };
+    let init_c = if lstm && cx.input(6).is_some() { State::Init(6) } else { State::Zero };
+    let (mut h, mut c) = (init_h, init_c);
+    let mut hs: Vec<usize> = Vec::with_capacity(seq);
+    if rnn.seq > 0 && rnn.sty.shape.numel() > 0 {
+        // Step 0: X·Wᵀ + Wb, [seq, num_dir, batch, gates·hidden].
+        let pty = tensor_ty(cx, ct.dtype(), vec![seq, nd, batch, gh])?;
+        let mut pb = Binds::default();
+        let (xj, wj) =
+            (pb.add(Operand::Input(0), cx.input_ty(0)?.clone()), pb.add(Operand::Input(1), cx.input_ty(1)?.clone()));
+        let bj = if rnn.has_b { Some(pb.add(Operand::Input(3), cx.input_ty(3)?.clone())) } else { None };
+        steps.push(build(format!("{}_xw", cx.name), pty.clone(), &pb.list, |b, idx| {
+            let (t, d, bb, q) = (idx[0], idx[1], idx[2], idx[3]);
+            let i = b.new_var(rnn.input as u64);
+            let ie = b.var(i);
+            let xix = if rnn.batch_major { vec![bb, t, ie] } else { vec![t, bb, ie] };
+            let x = ld(b, xj, xix, ct);
+            let w = ld(b, wj, vec![d, q, ie], ct);
+            let p = b.mul(x, w);
+            let s = b.reduce(ReduceOp::Sum, vec![i], p);
+            Ok(match bj {
+                Some(bj) => {
+                    let wb = ld(b, bj, vec![d, q], ct);
+                    b.add(s, wb)
+                }
+                None => s,
+            })
+        })?);
+        for s in 0..seq {
+            match cell {
+                Cell::Rnn => {
+                    let k = rnn_step(cx, &rnn, &mut steps, &pty, s, h)?;
+                    h = State::Step(k);
+                }
+                Cell::Gru => {
+                    let k = gru_step(cx, &rnn, &mut steps, &pty, s, h)?;
+                    h = State::Step(k);
+                }
+                Cell::Lstm => {
+                    let (kc, kh) = lstm_step(cx, &rnn, &mut steps, &pty, s, h, c)?;
+                    c = State::Step(kc);
+                    h = State::Step(kh);
+                }
+            }
+            if let State::Step(k) = h {
+                hs.push(k);
+            }
+        }
+    }
+    // Y: a gather over the per-step states.
+    let mut outputs = Vec::with_capacity(nres);
+    let y = y_kernel(cx, &rnn, &hs)?;
+    steps.push(y);
+    outputs.push(Output::Step(steps.len() - 1));
+    for (r, st) in [(1, h), (2, c)] {
+        if r >= nres {
+            break;
+        }
+        match st {
+            State::Step(k) if !batch_major && xdt == ct.dtype() => outputs.push(Output::Step(k)),
+            st => {
+                let mut binds = Binds::default();
+                let j = rnn.bind_state(cx, &mut binds, st)?;
+                steps.push(build(result_name(cx, r), out_ty(cx, r)?.clone(), &binds.list, |b, idx| {
+                    let (d, bb, k) = if batch_major { (idx[1], idx[0], idx[2]) } else { (idx[0], idx[1], idx[2]) };
+                    Ok(rnn.state_at(b, st, j, d, bb, k))
+                })?);
+                outputs.push(Output::Step(steps.len() - 1));
+            }
+        }
+    }
+    Ok(Lowered { steps, outputs })
+}
+
+/// The common prologue of a step kernel: `(d, bb, j)`, the time index, whether it may
+/// be out of range, and the running condition.
+struct StepCx {
+    d: ExprId,
+    bb: ExprId,
+    j: ExprId,
+    t: ExprId,
+    clamped: bool,
+    valid: Option<ExprId>,
+}
+
+fn step_cx(rnn: &Rnn, b: &mut KernelBuilder, si: &StepIn, idx: &[ExprId], s: usize) -> StepCx {
+    let (d, bb, j) = (idx[0], idx[1], idx[2]);
+    let len = rnn.len_of(b, si.lens, bb);
+    let (t, valid) = rnn.time(b, s, d, len);
+    StepCx { d, bb, j, t, clamped: valid.is_some(), valid }
+}
+
+/// `valid ? new : old`.
+fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) -> ExprId {
+    match valid {
+        Some(v) => sel(b, v, new, old),
+        None => new,
+    }
+}
+
+/// One RNN step (1 kernel): `H = f(clip(X·Wᵀ + Wb + H·Rᵀ + Rb))`.
+fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
+    let mut binds = Binds::default();
+    let si = rnn.step_inputs(cx, &mut binds, pty)?;
+    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+        let sc = step_cx(rnn, b, &si, idx, s);
+        let x = rnn.xpart(b, &si, &sc, 0);
+        let r = rnn.rdot(b, &si, h, hj, &sc, 0);
+        let pre = add_opt(b, x, r);
+        let new = rnn.gate(b, 0, sc.d, pre);
+        let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+        Ok(keep(b, sc.valid, new, old))
+    })?);
+    Ok(steps.len() - 1)
+}
+
+/// One GRU step (gates z, r, h): with `linear_before_reset` 1 kernel,
+/// `h̃ = g(clip(xw_h + r·(H·R_hᵀ + Rb_h)))`; without, 2 kernels: `r ⊙ H`, then
+/// `h̃ = g(clip(xw_h + (r ⊙ H)·R_hᵀ + Rb_h))`. `H' = (1 − z)·h̃ + z·H`.
+fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
+    let mut rh = None;
+    if !rnn.lbr && !matches!(h, State::Zero) {
+        let mut binds = Binds::default();
+        let si = rnn.step_inputs(cx, &mut binds, pty)?;
+        let hj = rnn.bind_state(cx, &mut binds, h)?;
+        steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+            let sc = step_cx(rnn, b, &si, idx, s);
+            let x = rnn.xpart(b, &si, &sc, 1);
+            let r = rnn.rdot(b, &si, h, hj, &sc, 1);
+            let pre = add_opt(b, x, r);
+            let r = rnn.gate(b, 0, sc.d, pre);
+            let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+            Ok(b.mul(r, hv))
+        })?);
+        rh = Some(steps.len() - 1);
+    }
+    let mut binds = Binds::default();
+    let si = rnn.step_inputs(cx, &mut binds, pty)?;
+    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let rhj = rh.map(|k| binds.add(Operand::Step(k), rnn.sty.clone()));
+    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+        let sc = step_cx(rnn, b, &si, idx, s);
+        let ct = rnn.ct;
+        let xz = rnn.xpart(b, &si, &sc, 0);
+        let rz = rnn.rdot(b, &si, h, hj, &sc, 0);
+        let pz = add_opt(b, xz, rz);
+        let z = rnn.gate(b, 0, sc.d, pz);
+        let ht = if rnn.lbr {
+            let xr = rnn.xpart(b, &si, &sc, 1);
+            let rr = rnn.rdot(b, &si, h, hj, &sc, 1);
+            let pr = add_opt(b, xr, rr);
+            let r = rnn.gate(b, 0, sc.d, pr);
+            // xw_h (with Wb, without Rb) + r·(H·R_hᵀ + Rb_h).
+            let off = b.index((2 * rnn.hidden) as i64);
+            let q = b.add(off, sc.j);
+            let ix = vec![sc.t, sc.d, sc.bb, q];
+            let xh = if sc.clamped { b.load_with(si.proj, ix, Bounds::Clamp) } else { b.load(si.proj, ix) };
+            let hr = rnn.rdot(b, &si, h, hj, &sc, 2);
+            let rb = si.b.map(|bi| {
+                let o = b.index((rnn.gh() + 2 * rnn.hidden) as i64);
+                let q = b.add(o, sc.j);
+                ld(b, bi, vec![sc.d, q], ct)
+            });
+            let hpart = match (hr, rb) {
+                (Some(x), Some(y)) => Some(b.add(x, y)),
+                (x, y) => x.or(y),
+            };
+            let pre = match hpart {
+                Some(p) => {
+                    let m = b.mul(r, p);
+                    b.add(xh, m)
+                }
+                None => xh,
+            };
+            rnn.gate(b, 1, sc.d, pre)
+        } else {
+            let x = rnn.xpart(b, &si, &sc, 2);
+            let dot = rhj.map(|rj| {
+                let k = b.new_var(rnn.hidden as u64);
+                let ke = b.var(k);
+                let v = b.load(rj, vec![sc.d, sc.bb, ke]);
+                let off = b.index((2 * rnn.hidden) as i64);
+                let q = b.add(off, sc.j);
+                let w = ld(b, si.r, vec![sc.d, q, ke], ct);
+                let p = b.mul(v, w);
+                b.reduce(ReduceOp::Sum, vec![k], p)
+            });
+            let pre = add_opt(b, x, dot);
+            rnn.gate(b, 1, sc.d, pre)
+        };
+        let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+        let one = lit(b, ct, 1.0);
+        let omz = b.sub(one, z);
+        let a = b.mul(omz, ht);
+        let zh = b.mul(z, hv);
+        let new = b.add(a, zh);
+        Ok(keep(b, sc.valid, new, hv))
+    })?);
+    Ok(steps.len() - 1)
+}
+
+/// One LSTM step (2 kernels; gates i, o, f, c; peepholes i, o, f): C' = f·C + i·c̃,
+/// then H' = o·h(C') with o's peephole on C'.
+fn lstm_step(
+    cx: &OpCx<'_>,
+    rnn: &Rnn,
+    steps: &mut Vec<Step>,
+    pty: &TensorType,
+    s: usize,
+    h: State,
+    c: State,
+) -> R<(usize, usize)> {
+    let ct = rnn.ct;
+    let peep = |b: &mut KernelBuilder, si: &StepIn, d: ExprId, j: ExprId, which: usize, cv: ExprId| -> Option<ExprId> {
+        si.p.map(|pj| {
+            let o = b.index((which * rnn.hidden) as i64);
+            let q = b.add(o, j);
+            let p = ld(b, pj, vec![d, q], ct);
+            b.mul(p, cv)
+        })
+    };
+    // Kernel 1: the cell state.
+    let mut binds = Binds::default();
+    let si = rnn.step_inputs(cx, &mut binds, pty)?;
+    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let cj = rnn.bind_state(cx, &mut binds, c)?;
+    steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+        let sc = step_cx(rnn, b, &si, idx, s);
+        let cp = rnn.state_at(b, c, cj, sc.d, sc.bb, sc.j);
+        let pre = |b: &mut KernelBuilder, g: usize| {
+            let x = rnn.xpart(b, &si, &sc, g);
+            let r = rnn.rdot(b, &si, h, hj, &sc, g);
+            add_opt(b, x, r)
+        };
+        let pi = pre(b, 0);
+        let pih = peep(b, &si, sc.d, sc.j, 0, cp);
+        let pi = add_opt(b, pi, pih);
+        let i = rnn.gate(b, 0, sc.d, pi);
+        let f = if rnn.input_forget {
+            let one = lit(b, ct, 1.0);
+            b.sub(one, i)
+        } else {
+            let pf = pre(b, 2);
+            let pfh = peep(b, &si, sc.d, sc.j, 2, cp);
+            let pf = add_opt(b, pf, pfh);
+            rnn.gate(b, 0, sc.d, pf)
+        };
+        let pc = pre(b, 3);
+        let cand = rnn.gate(b, 1, sc.d, pc);
+        let fc = b.mul(f, cp);
+        let ic = b.mul(i, cand);
+        let new = b.add(fc, ic);
+        Ok(keep(b, sc.valid, new, cp))
+    })?);
+    let kc = steps.len() - 1;
+    // Kernel 2: the hidden state, from the new cell state.
+    let mut binds = Binds::default();
+    let si = rnn.step_inputs(cx, &mut binds, pty)?;
+    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let cn = binds.add(Operand::Step(kc), rnn.sty.clone());
+    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+        let sc = step_cx(rnn, b, &si, idx, s);
+        let cv = b.load(cn, vec![sc.d, sc.bb, sc.j]);
+        let x = rnn.xpart(b, &si, &sc, 1);
+        let r = rnn.rdot(b, &si, h, hj, &sc, 1);
+        let po = add_opt(b, x, r);
+        let poh = peep(b, &si, sc.d, sc.j, 1, cv);
+        let po = add_opt(b, po, poh);
+        let o = rnn.gate(b, 0, sc.d, po);
+        let hc = rnn.act(b, 2, sc.d, cv);
+        let new = b.mul(o, hc);
+        let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+        Ok(keep(b, sc.valid, new, old))
+    })?);
+    Ok((kc, steps.len() - 1))
+}
+
+/// Y: for each time position, the state of the step that wrote it (a select over the
+/// steps, like a concatenation), zero past a row's length.
+fn y_kernel(cx: &OpCx<'_>, rnn: &Rnn, hs: &[usize]) -> R<Step> {
+    let out = out_ty(cx, 0)?.clone();
+    let mut binds = Binds::default();
+    let inputs: Vec<usize> = hs.iter().map(|&k| binds.add(Operand::Step(k), rnn.sty.clone())).collect();
+    let lens = if rnn.has_lens { Some(binds.add(Operand::Input(4), cx.input_ty(4)?.clone())) } else { None };
+    build(result_name(cx, 0), out, &binds.list, |b, idx| {
+        let (t, d, bb, j) =
+            if rnn.batch_major { (idx[1], idx[2], idx[0], idx[3]) } else { (idx[0], idx[1], idx[2], idx[3]) };
+        let rev = rnn.reversed(b, d);
+        let len = rnn.len_of(b, lens, bb);
+        let one = b.index(1);
+        // The step that wrote time t: t forwards, len − 1 − t backwards.
+        let last = match len {
+            Some(l) => b.sub(l, one),
+            None => b.index(rnn.seq as i64 - 1),
+        };
+        let back = b.sub(last, t);
+        let step = sel(b, rev, back, t);
+        let Some((&base, rest)) = inputs.split_last() else {
+            return Err(cx.unsupported("no time steps for a non-empty Y"));
+        };
+        let mut v = b.load(base, vec![d, bb, j]);
+        for (s, &k) in rest.iter().enumerate().rev() {
+            let x = b.load(k, vec![d, bb, j]);
+            let se = b.index(s as i64);
+            let hit = b.binary(B::Eq, step, se);
+            v = sel(b, hit, x, v);
+        }
+        Ok(match len {
+            Some(l) => {
+                let valid = b.binary(B::Lt, t, l);
+                let zero = lit(b, rnn.ct, 0.0);
+                sel(b, valid, v, zero)
+            }
+            None => v,
+        })
+    })
+}

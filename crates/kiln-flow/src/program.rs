@@ -1,0 +1,337 @@
+//! The flow-level program: buffers and the dispatches that compute them.
+//!
+//! [`form`] lowers every node of a tensor-level graph ([`crate::lower`]) into
+//! dispatches, then fuses producers into their consumers ([`crate::fuse`]) and drops
+//! dispatches nobody reads. A buffer is a graph input, a constant, a dispatch result,
+//! or an alias (the same bytes under another shape, for reshape-like ops).
+
+use kiln_ir::entity::EntityId;
+use kiln_ir::{Graph, Tensor, TensorType, ValueDef, ValueId};
+
+use crate::kernel::Kernel;
+use crate::lower::{lower_op, LowerError, OpCx, OpInput, Operand, Output};
+
+/// A buffer of the flow program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub u32);
+
+impl BufferId {
+    /// Position in [`FlowProgram::buffers`].
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Where a buffer's contents come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BufferKind {
+    /// Graph input `i`.
+    Input(usize),
+    /// A constant.
+    Const(Tensor),
+    /// The result of a dispatch.
+    Result,
+    /// The bytes of another buffer under this buffer's type.
+    Alias(BufferId),
+}
+
+/// One tensor of the program.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buffer {
+    /// Its type.
+    pub ty: TensorType,
+    /// Name of the value in the source model.
+    pub name: String,
+    /// Where its contents come from.
+    pub kind: BufferKind,
+}
+
+/// One kernel run: reads `operands` (bound to the kernel's inputs in order), writes `result`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dispatch {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Buffers bound to the kernel's inputs.
+    pub operands: Vec<BufferId>,
+    /// The buffer it writes.
+    pub result: BufferId,
+    /// The source ops fused into it (`"Conv conv1"`), for listings and debug info.
+    pub sources: Vec<String>,
+}
+
+/// A program at the flow level.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowProgram {
+    /// Name of the source graph.
+    pub name: String,
+    /// Every buffer.
+    pub buffers: Vec<Buffer>,
+    /// Dispatches in a valid execution order.
+    pub dispatches: Vec<Dispatch>,
+    /// Graph inputs, in signature order.
+    pub inputs: Vec<BufferId>,
+    /// Graph outputs, in signature order.
+    pub outputs: Vec<BufferId>,
+}
+
+/// Why a graph cannot become a flow program.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlowError {
+    /// An op could not be lowered.
+    #[error("node `{node}`: {source}")]
+    Lower {
+        /// Name of the node (or its op kind when unnamed).
+        node: String,
+        /// Why.
+        source: LowerError,
+    },
+    /// The graph refers to something that does not exist (a bug upstream).
+    #[error("malformed graph: {0}")]
+    Graph(String),
+}
+
+impl FlowProgram {
+    /// The buffer behind `id`.
+    pub fn buffer(&self, id: BufferId) -> &Buffer {
+        &self.buffers[id.index()]
+    }
+
+    /// The buffer whose bytes `id` uses (itself unless it is an alias).
+    pub fn storage(&self, mut id: BufferId) -> BufferId {
+        while let BufferKind::Alias(b) = self.buffers[id.index()].kind {
+            id = b;
+        }
+        id
+    }
+
+    /// Which dispatch writes each buffer.
+    pub fn producers(&self) -> Vec<Option<usize>> {
+        let mut p = vec![None; self.buffers.len()];
+        for (i, d) in self.dispatches.iter().enumerate() {
+            p[d.result.index()] = Some(i);
+        }
+        p
+    }
+
+    fn add(&mut self, ty: TensorType, name: String, kind: BufferKind) -> BufferId {
+        self.buffers.push(Buffer { ty, name, kind });
+        BufferId(self.buffers.len() as u32 - 1)
+    }
+
+    /// Removes dispatches whose results nobody reads, and buffers nobody refers to
+    /// (renumbering buffers).
+    pub fn remove_dead(&mut self) {
+        let mut live = vec![false; self.buffers.len()];
+        let mark = |live: &mut Vec<bool>, p: &FlowProgram, mut b: BufferId| loop {
+            live[b.index()] = true;
+            match p.buffers[b.index()].kind {
+                BufferKind::Alias(x) => b = x,
+                _ => break,
+            }
+        };
+        for &o in &self.outputs {
+            mark(&mut live, self, o);
+        }
+        for &i in &self.inputs {
+            live[i.index()] = true;
+        }
+        for d in self.dispatches.iter().rev() {
+            if live[d.result.index()] {
+                for &o in &d.operands {
+                    mark(&mut live, self, o);
+                }
+            }
+        }
+        self.dispatches.retain(|d| live[d.result.index()]);
+        let mut map = vec![None; self.buffers.len()];
+        let mut buffers = Vec::new();
+        for (i, b) in self.buffers.iter().enumerate() {
+            if live[i] {
+                map[i] = Some(BufferId(buffers.len() as u32));
+                buffers.push(b.clone());
+            }
+        }
+        let m = |b: BufferId| map[b.index()].unwrap_or(b);
+        for b in &mut buffers {
+            if let BufferKind::Alias(x) = b.kind {
+                b.kind = BufferKind::Alias(m(x));
+            }
+        }
+        for d in &mut self.dispatches {
+            d.result = m(d.result);
+            d.operands.iter_mut().for_each(|o| *o = m(*o));
+        }
+        self.inputs.iter_mut().for_each(|o| *o = m(*o));
+        self.outputs.iter_mut().for_each(|o| *o = m(*o));
+        self.buffers = buffers;
+    }
+}
+
+/// Lowers every node of `graph` and fuses the result (see the module docs).
+pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
+    let mut p = lower_graph(graph)?;
+    crate::fuse::fuse(&mut p);
+    p.remove_dead();
+    Ok(p)
+}
+
+/// Lowers every node of `graph`, one dispatch per kernel, without fusing.
+pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
+    let mut p = FlowProgram {
+        name: graph.name.clone(),
+        buffers: Vec::new(),
+        dispatches: Vec::new(),
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    };
+    let mut of_value: Vec<Option<BufferId>> = vec![None; graph.values.len()];
+    let value_buffer = |p: &mut FlowProgram, of_value: &mut Vec<Option<BufferId>>, v: ValueId| -> BufferId {
+        if let Some(b) = of_value[v.index()] {
+            return b;
+        }
+        let val = &graph.values[v];
+        let kind = match &val.def {
+            ValueDef::Const(t) => BufferKind::Const(t.clone()),
+            ValueDef::Input => BufferKind::Input(graph.inputs.iter().position(|&i| i == v).unwrap_or(0)),
+            ValueDef::Node { .. } => BufferKind::Result,
+        };
+        let b = p.add(val.ty.clone(), val.name.clone(), kind);
+        of_value[v.index()] = Some(b);
+        b
+    };
+    for &i in &graph.inputs {
+        let b = value_buffer(&mut p, &mut of_value, i);
+        p.inputs.push(b);
+    }
+    let mut used = vec![false; graph.values.len()];
+    for n in graph.nodes.values() {
+        n.inputs.iter().flatten().for_each(|v| used[v.index()] = true);
+    }
+    graph.outputs.iter().for_each(|v| used[v.index()] = true);
+    for (nid, node) in graph.nodes.iter() {
+        if !node.outputs.iter().any(|v| used[v.index()]) {
+            continue;
+        }
+        let label = if node.name.is_empty() { node.op.kind.name().to_string() } else { node.name.clone() };
+        let inputs: Vec<Option<OpInput>> = node
+            .inputs
+            .iter()
+            .map(|v| v.map(|v| OpInput { ty: &graph.values[v].ty, value: graph.values[v].constant() }))
+            .collect();
+        let outputs: Vec<TensorType> = node.outputs.iter().map(|&v| graph.values[v].ty.clone()).collect();
+        let name = format!("k{}", nid.index());
+        let cx = OpCx { op: &node.op, name: &name, inputs: &inputs, outputs: &outputs };
+        let lowered = lower_op(&cx).map_err(|source| FlowError::Lower { node: label.clone(), source })?;
+        let source = format!("{} {}", node.op.kind.name(), label);
+        let mut step_buffers: Vec<BufferId> = Vec::with_capacity(lowered.steps.len());
+        // Results of the op that come straight from a step take the value's buffer.
+        let mut step_value: Vec<Option<ValueId>> = vec![None; lowered.steps.len()];
+        for (k, o) in lowered.outputs.iter().enumerate() {
+            if let (Output::Step(s), Some(&v)) = (o, node.outputs.get(k)) {
+                if step_value[*s].is_none() && of_value[v.index()].is_none() {
+                    step_value[*s] = Some(v);
+                }
+            }
+        }
+        for (s, step) in lowered.steps.iter().enumerate() {
+            let mut operands = Vec::with_capacity(step.operands.len());
+            for &o in &step.operands {
+                let b = match o {
+                    Operand::Input(i) => match node.inputs.get(i).copied().flatten() {
+                        Some(v) => value_buffer(&mut p, &mut of_value, v),
+                        None => return Err(FlowError::Graph(format!("{label}: kernel reads absent operand {i}"))),
+                    },
+                    Operand::Step(k) if k < s => step_buffers[k],
+                    Operand::Step(k) => {
+                        return Err(FlowError::Graph(format!("{label}: step {s} reads step {k}, not yet computed")))
+                    }
+                };
+                operands.push(b);
+            }
+            let result = match step_value[s] {
+                Some(v) => value_buffer(&mut p, &mut of_value, v),
+                None => p.add(step.kernel.output.clone(), format!("{label}.{s}"), BufferKind::Result),
+            };
+            let mut kernel = step.kernel.clone();
+            kernel.name = format!("{name}_{s}");
+            p.dispatches.push(Dispatch { kernel, operands, result, sources: vec![source.clone()] });
+            step_buffers.push(result);
+        }
+        for (k, o) in lowered.outputs.iter().enumerate() {
+            let Some(&v) = node.outputs.get(k) else { continue };
+            match *o {
+                Output::Step(s) => {
+                    let b = step_buffers[s];
+                    if of_value[v.index()].is_none() {
+                        of_value[v.index()] = Some(b);
+                    } else if of_value[v.index()] != Some(b) {
+                        // Two results computed by one step: the second is an alias.
+                        let a = p.add(graph.values[v].ty.clone(), graph.values[v].name.clone(), BufferKind::Alias(b));
+                        of_value[v.index()] = Some(a);
+                    }
+                }
+                Output::Alias(i) => {
+                    let Some(src) = node.inputs.get(i).copied().flatten() else {
+                        return Err(FlowError::Graph(format!("{label}: result aliases absent operand {i}")));
+                    };
+                    let sb = value_buffer(&mut p, &mut of_value, src);
+                    let a = p.add(graph.values[v].ty.clone(), graph.values[v].name.clone(), BufferKind::Alias(sb));
+                    of_value[v.index()] = Some(a);
+                }
+            }
+        }
+    }
+    for &o in &graph.outputs {
+        let b = value_buffer(&mut p, &mut of_value, o);
+        p.outputs.push(b);
+    }
+    Ok(p)
+}
+
+/// Runs a flow program with the kernel interpreter (tests and debugging): `inputs` in
+/// signature order; returns the outputs in signature order.
+pub fn interpret(p: &FlowProgram, inputs: &[Tensor]) -> Result<Vec<Tensor>, crate::interp::InterpError> {
+    let mut values: Vec<Option<Tensor>> = vec![None; p.buffers.len()];
+    for (i, b) in p.buffers.iter().enumerate() {
+        match &b.kind {
+            BufferKind::Input(k) => values[i] = inputs.get(*k).cloned(),
+            BufferKind::Const(t) => values[i] = Some(t.clone()),
+            _ => {}
+        }
+    }
+    let read = |values: &Vec<Option<Tensor>>, b: BufferId| -> Option<Tensor> {
+        let s = p.storage(b);
+        let t = values[s.index()].as_ref()?;
+        t.reshaped(p.buffer(b).ty.shape.clone()).ok()
+    };
+    for d in &p.dispatches {
+        let mut args = Vec::with_capacity(d.operands.len());
+        for (j, &o) in d.operands.iter().enumerate() {
+            match read(&values, o) {
+                Some(t) => args.push(t),
+                None => {
+                    return Err(crate::interp::InterpError::Input {
+                        kernel: d.kernel.name.clone(),
+                        input: j,
+                        got: "nothing".into(),
+                        want: format!("buffer %{}", o.0),
+                    })
+                }
+            }
+        }
+        let refs: Vec<&Tensor> = args.iter().collect();
+        let r = crate::interp::run(&d.kernel, &refs)?;
+        values[d.result.index()] = Some(r);
+    }
+    p.outputs
+        .iter()
+        .map(|&o| {
+            read(&values, o).ok_or_else(|| crate::interp::InterpError::Input {
+                kernel: "outputs".into(),
+                input: o.index(),
+                got: "nothing".into(),
+                want: "a computed buffer".into(),
+            })
+        })
+        .collect()
+}

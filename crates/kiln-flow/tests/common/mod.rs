@@ -1,0 +1,136 @@
+//! Shared checks of lowerings: an op is lowered, its kernels are run by the kernel
+//! interpreter, and every result is compared with the reference evaluator's.
+#![allow(dead_code)]
+
+use kiln_flow::lower::{interpret, lower_op, OpCx, OpInput};
+use kiln_ir::infer::{infer, InferInput};
+use kiln_ir::{DType, Op, Shape, Tensor};
+
+/// Tolerances of a comparison: `|got - want| <= atol + rtol * |want|`; NaN equals NaN;
+/// integer and bool results must be exact.
+#[derive(Clone, Copy, Debug)]
+pub struct Tol {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+/// Exact arithmetic (or one rounding apart).
+pub const EXACT: Tol = Tol { rtol: 1e-6, atol: 1e-7 };
+/// Transcendentals and sums in f32.
+pub const F32: Tol = Tol { rtol: 1e-5, atol: 1e-6 };
+
+/// Which operands are compile-time constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    /// All operands are run-time data.
+    Runtime,
+    /// All operands are constants (as after folding shape operands).
+    Const,
+    /// Operands from this position on are constants.
+    ConstFrom(usize),
+}
+
+/// Lowers `op` on `inputs`, interprets it, and compares every result with kiln-ref.
+/// Panics (this is a test helper) with a description of the first mismatch.
+pub fn check(op: &Op, inputs: &[Option<Tensor>], bind: Bind, tol: Tol) {
+    let ninfer: Vec<Option<InferInput>> =
+        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
+    let nout = count_outputs(op, inputs);
+    let out_types = infer(op, &ninfer, nout).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
+    let refs: Vec<Option<&Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
+    let want = kiln_ref::eval_op(op, &refs, &out_types).unwrap_or_else(|e| panic!("{}: reference: {e}", op.kind));
+    let opin: Vec<Option<OpInput>> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.as_ref().map(|t| {
+                let is_const = match bind {
+                    Bind::Runtime => false,
+                    Bind::Const => true,
+                    Bind::ConstFrom(k) => i >= k,
+                };
+                OpInput { ty: t.ty(), value: is_const.then_some(t) }
+            })
+        })
+        .collect();
+    let cx = OpCx { op, name: "t", inputs: &opin, outputs: &out_types };
+    let lowered = lower_op(&cx).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind));
+    let got = interpret(&lowered, &refs, &out_types).unwrap_or_else(|e| panic!("{}: interpret: {e}", op.kind));
+    assert_eq!(got.len(), want.len(), "{}: result count", op.kind);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        compare(&format!("{} result {k}", op.kind), g, w, tol);
+    }
+}
+
+/// Number of results the reference produces for `op` (asks shape inference for up to 3).
+fn count_outputs(op: &Op, inputs: &[Option<Tensor>]) -> usize {
+    let ninfer: Vec<Option<InferInput>> =
+        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
+    if let Some(n) = op.attrs.get("num_outputs").and_then(|a| match a {
+        kiln_ir::Attr::Int(n) => Some(*n as usize),
+        _ => None,
+    }) {
+        return n;
+    }
+    (1..=3).rev().find(|&n| infer(op, &ninfer, n).is_ok()).unwrap_or(1)
+}
+
+/// Compares two tensors element by element (see [`Tol`]).
+pub fn compare(what: &str, got: &Tensor, want: &Tensor, tol: Tol) {
+    assert_eq!(got.ty(), want.ty(), "{what}: type");
+    let d = want.dtype();
+    if d.is_float() {
+        let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            let ok = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol.atol + tol.rtol * b.abs();
+            assert!(ok, "{what}: element {i}: got {a}, want {b} ({} elements)", w.len());
+        }
+    } else {
+        let (g, w) = (got.to_i64_vec().expect("int"), want.to_i64_vec().expect("int"));
+        assert_eq!(g, w, "{what}: {d:?} values");
+    }
+}
+
+/// A deterministic pseudo-random tensor of `dtype` and `dims`: floats in [-2, 2)
+/// (quarter steps mixed with irrational-looking values), integers in a small range,
+/// bools alternating by a hash.
+pub fn rand(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
+    let shape = Shape::new(dims.to_vec()).expect("shape");
+    let n = shape.numel();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    if dtype.is_float() {
+        let v: Vec<f64> = (0..n).map(|_| (next() % 4096) as f64 / 1024.0 - 2.0).collect();
+        Tensor::from_f64(dtype, shape, &v).expect("tensor")
+    } else {
+        let unsigned = dtype.is_unsigned_int() || dtype == DType::Bool;
+        let v: Vec<i64> = (0..n)
+            .map(|_| {
+                let r = (next() % 19) as i64;
+                if dtype == DType::Bool {
+                    r & 1
+                } else if unsigned {
+                    r
+                } else {
+                    r - 9
+                }
+            })
+            .collect();
+        Tensor::from_i64(dtype, shape, &v).expect("tensor")
+    }
+}
+
+/// An i64 tensor from values.
+pub fn ints(dims: &[usize], v: &[i64]) -> Tensor {
+    Tensor::from_i64(DType::I64, Shape::new(dims.to_vec()).expect("shape"), v).expect("tensor")
+}
+
+/// An f32 tensor from values.
+pub fn floats(dims: &[usize], v: &[f64]) -> Tensor {
+    Tensor::from_f64(DType::F32, Shape::new(dims.to_vec()).expect("shape"), v).expect("tensor")
+}

@@ -1,0 +1,200 @@
+//! The kernel IR: builder, verifier and interpreter on hand-built kernels whose
+//! expected values are computed by hand or by plain formulas in the test.
+
+use kiln_flow::interp::run;
+use kiln_flow::kernel::{BinaryOp, Bounds, KernelBuilder, KernelError, ReduceOp, ScalarType, UnaryOp};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
+
+fn ty(d: DType, dims: &[usize]) -> TensorType {
+    TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
+}
+
+fn f32s(dims: &[usize], v: &[f64]) -> Tensor {
+    Tensor::from_f64(DType::F32, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+}
+
+#[test]
+fn matmul_as_a_reduce() {
+    // [2,3] x [3,2]
+    let mut b = KernelBuilder::new("mm", vec![ty(DType::F32, &[2, 3]), ty(DType::F32, &[3, 2])], ty(DType::F32, &[2, 2]));
+    let o = b.out_index();
+    let k = b.new_var(3);
+    let kv = b.var(k);
+    let a = b.load(0, vec![o[0], kv]);
+    let w = b.load(1, vec![kv, o[1]]);
+    let p = b.mul(a, w);
+    let s = b.reduce(ReduceOp::Sum, vec![k], p);
+    let kern = b.finish(s).unwrap();
+    let x = f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+    let y = f32s(&[3, 2], &[7., 8., 9., 10., 11., 12.]);
+    let r = run(&kern, &[&x, &y]).unwrap();
+    // [1 2 3; 4 5 6] · [7 8; 9 10; 11 12] = [58 64; 139 154]
+    assert_eq!(r.to_f64_vec(), vec![58., 64., 139., 154.]);
+}
+
+#[test]
+fn softmax_in_one_kernel() {
+    let n = 5;
+    let mut b = KernelBuilder::new("sm", vec![ty(DType::F32, &[2, n])], ty(DType::F32, &[2, n]));
+    let o = b.out_index();
+    let j = b.new_var(n as u64);
+    let jv = b.var(j);
+    let xj = b.load(0, vec![o[0], jv]);
+    let m = b.reduce(ReduceOp::Max, vec![j], xj);
+    let k = b.new_var(n as u64);
+    let kv = b.var(k);
+    let xk = b.load(0, vec![o[0], kv]);
+    let d = b.sub(xk, m);
+    let e = b.unary(UnaryOp::Exp, d);
+    let s = b.reduce(ReduceOp::Sum, vec![k], e);
+    let x = b.load(0, o.clone());
+    let dx = b.sub(x, m);
+    let ex = b.unary(UnaryOp::Exp, dx);
+    let y = b.div(ex, s);
+    let kern = b.finish(y).unwrap();
+    let v = [0.5, -1.0, 2.0, 0.0, 3.25, 10.0, 10.0, -10.0, 1.0, 0.0];
+    let r = run(&kern, &[&f32s(&[2, n], &v)]).unwrap().to_f64_vec();
+    for row in 0..2 {
+        let xs = &v[row * n..(row + 1) * n];
+        let mx = xs.iter().cloned().fold(f64::MIN, f64::max);
+        let sum: f64 = xs.iter().map(|x| (x - mx).exp()).sum();
+        for c in 0..n {
+            let want = (xs[c] - mx).exp() / sum;
+            assert!((r[row * n + c] - want).abs() < 1e-6, "row {row} col {c}: {} vs {want}", r[row * n + c]);
+        }
+    }
+}
+
+#[test]
+fn verifier_rejects_a_load_it_cannot_prove_in_bounds() {
+    let mut b = KernelBuilder::new("shift", vec![ty(DType::F32, &[4])], ty(DType::F32, &[4]));
+    let o = b.out_index();
+    let one = b.index(1);
+    let i = b.add(o[0], one);
+    let x = b.load(0, vec![i]);
+    match b.finish(x) {
+        Err(KernelError::OutOfBounds { lo: 1, hi: 4, extent: 4, .. }) => {}
+        other => panic!("expected OutOfBounds, got {other:?}"),
+    }
+}
+
+#[test]
+fn padded_and_clamped_loads() {
+    // y[i] = x[i - 1] padded with 9, plus x[clamp(i + 1)].
+    let mut b = KernelBuilder::new("pad", vec![ty(DType::I32, &[3])], ty(DType::I32, &[3]));
+    let o = b.out_index();
+    let one = b.index(1);
+    let im1 = b.sub(o[0], one);
+    let ip1 = b.add(o[0], one);
+    let p = b.load_with(0, vec![im1], Bounds::Pad(9));
+    let c = b.load_with(0, vec![ip1], Bounds::Clamp);
+    let y = b.add(p, c);
+    let kern = b.finish(y).unwrap();
+    let x = Tensor::from_i64(DType::I32, Shape::new(vec![3]).unwrap(), &[10, 20, 30]).unwrap();
+    // i=0: 9 + x[1]=20 → 29; i=1: 10 + 30 = 40; i=2: 20 + x[clamp 3 → 2]=30 → 50.
+    assert_eq!(run(&kern, &[&x]).unwrap().to_i64_vec().unwrap(), vec![29, 40, 50]);
+}
+
+#[test]
+fn data_dependent_indices_must_be_clamped() {
+    let mut b = KernelBuilder::new("gather", vec![ty(DType::F32, &[3]), ty(DType::I64, &[2])], ty(DType::F32, &[2]));
+    let o = b.out_index();
+    let i = b.load(1, vec![o[0]]);
+    let x = b.load(0, vec![i]);
+    assert!(matches!(b.finish(x), Err(KernelError::OutOfBounds { .. })));
+    let mut b = KernelBuilder::new("gather", vec![ty(DType::F32, &[3]), ty(DType::I64, &[2])], ty(DType::F32, &[2]));
+    let o = b.out_index();
+    let i = b.load(1, vec![o[0]]);
+    let x = b.load_with(0, vec![i], Bounds::Clamp);
+    let kern = b.finish(x).unwrap();
+    let idx = Tensor::from_i64(DType::I64, Shape::new(vec![2]).unwrap(), &[2, 99]).unwrap();
+    let r = run(&kern, &[&f32s(&[3], &[1., 2., 3.]), &idx]).unwrap();
+    assert_eq!(r.to_f64_vec(), vec![3., 3.]);
+}
+
+#[test]
+fn type_errors_are_reported_by_finish() {
+    let mut b = KernelBuilder::new("bad", vec![ty(DType::F32, &[2])], ty(DType::F32, &[2]));
+    let o = b.out_index();
+    let x = b.load(0, o.clone());
+    let y = b.add(x, o[0]); // f32 + i64
+    assert!(matches!(b.finish(y), Err(KernelError::Type { .. })));
+}
+
+#[test]
+fn a_reduce_variable_cannot_escape() {
+    let mut b = KernelBuilder::new("esc", vec![ty(DType::F32, &[2, 3])], ty(DType::F32, &[2]));
+    let o = b.out_index();
+    let k = b.new_var(3);
+    let kv = b.var(k);
+    let x = b.load(0, vec![o[0], kv]);
+    let s = b.reduce(ReduceOp::Sum, vec![k], x);
+    let y = b.add(s, x); // `x` reads k outside the reduce
+    assert!(matches!(b.finish(y), Err(KernelError::Structure { .. })));
+}
+
+#[test]
+fn integer_division_never_traps() {
+    let mut b = KernelBuilder::new("div", vec![ty(DType::I32, &[4]), ty(DType::I32, &[4])], ty(DType::I32, &[4]));
+    let o = b.out_index();
+    let x = b.load(0, o.clone());
+    let y = b.load(1, o.clone());
+    let q = b.div(x, y);
+    let r = b.binary(BinaryOp::Rem, x, y);
+    let s = b.add(q, r);
+    let kern = b.finish(s).unwrap();
+    let xs = Tensor::from_i64(DType::I32, Shape::new(vec![4]).unwrap(), &[7, -7, i32::MIN as i64, 5]).unwrap();
+    let ys = Tensor::from_i64(DType::I32, Shape::new(vec![4]).unwrap(), &[2, 2, -1, 0]).unwrap();
+    // 7/2=3 r1 → 4; -7/2=-3 r-1 → -4; MIN/-1 = MIN r0 → MIN; 5/0 = 0 r0 → 0.
+    let got = run(&kern, &[&xs, &ys]).unwrap().to_i64_vec().unwrap();
+    assert_eq!(got, vec![4, -4, i32::MIN as i64, 0]);
+}
+
+#[test]
+fn casts_follow_onnx() {
+    let mut b = KernelBuilder::new("cast", vec![ty(DType::F32, &[5])], ty(DType::I8, &[5]));
+    let o = b.out_index();
+    let x = b.load(0, o);
+    let c = b.cast(x, DType::I8, true);
+    let kern = b.finish(c).unwrap();
+    let r = run(&kern, &[&f32s(&[5], &[300.7, -1.9, f64::NAN, 127.0, -129.0])]).unwrap();
+    // Truncate to 64 bits, then wrap: 300 → 44, -1, NaN → 0, 127, -129 → 127.
+    assert_eq!(r.to_i64_vec().unwrap(), vec![44, -1, 0, 127, 127]);
+    let mut b = KernelBuilder::new("half", vec![ty(DType::F32, &[2])], ty(DType::F16, &[2]));
+    let o = b.out_index();
+    let x = b.load(0, o);
+    let c = b.cast(x, DType::F16, true);
+    assert_eq!(b.ty(c), ScalarType::F32);
+    let kern = b.finish(c).unwrap();
+    // 1 + 2^-11 is halfway between f16 neighbours 1 and 1 + 2^-10: ties to even → 1.
+    let r = run(&kern, &[&f32s(&[2], &[1.0 + 2f64.powi(-11), 65520.0])]).unwrap();
+    assert_eq!(r.to_f64_vec()[0], 1.0);
+    assert!(r.to_f64_vec()[1].is_infinite());
+}
+
+#[test]
+fn argmax_first_and_last() {
+    for (last, want) in [(false, 1), (true, 3)] {
+        let mut b = KernelBuilder::new("am", vec![ty(DType::F32, &[5])], ty(DType::I64, &[]));
+        let k = b.new_var(5);
+        let kv = b.var(k);
+        let x = b.load(0, vec![kv]);
+        let a = b.reduce(ReduceOp::ArgMax { last }, vec![k], x);
+        let kern = b.finish(a).unwrap();
+        let r = run(&kern, &[&f32s(&[5], &[1., 4., 2., 4., 0.])]).unwrap();
+        assert_eq!(r.to_i64_vec().unwrap(), vec![want]);
+    }
+}
+
+#[test]
+fn printing_lists_every_node() {
+    let mut b = KernelBuilder::new("p", vec![ty(DType::F32, &[3])], ty(DType::F32, &[3]));
+    let o = b.out_index();
+    let x = b.load(0, o);
+    let e = b.unary(UnaryOp::Exp, x);
+    let kern = b.finish(e).unwrap();
+    let text = kern.to_string();
+    assert!(text.starts_with("kernel @p(%0: f32[3]) -> f32[3] {"), "{text}");
+    assert!(text.contains("= exp e1"), "{text}");
+    assert!(text.trim_end().ends_with("yield e2\n}") || text.contains("yield e2"), "{text}");
+}
