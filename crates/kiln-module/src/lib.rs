@@ -34,8 +34,12 @@
 
 extern crate alloc;
 
+pub mod abi;
 pub mod format;
+pub mod program;
+pub mod sections;
 pub mod reader;
+pub mod reseal;
 pub mod writer;
 
 pub use format::{SectionKind, Version, FORMAT_VERSION};

@@ -1,0 +1,324 @@
+//! What a `.kiln` artifact says, as owned data: the compiler builds a [`Program`], the
+//! section encoders ([`crate::sections`]) write it into the container, and the runtime
+//! reads the same sections back zero-copy.
+//!
+//! Dtypes are ONNX `TensorProto.DataType` codes (1 = f32, 7 = i64, …) so the artifact is
+//! meaningful without kiln's IR crate.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// The devices an artifact runs on; every command and buffer names one by index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// What kind of device.
+    pub kind: DeviceKind,
+    /// A name for listings (`"cpu"`).
+    pub name: String,
+}
+
+/// Kinds of devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host CPU (x86-64).
+    Cpu,
+    /// An NVIDIA GPU through CUDA (format reserved; not produced yet).
+    Cuda,
+}
+
+/// One tensor of an entry point's signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// Name in the source model.
+    pub name: String,
+    /// ONNX dtype code.
+    pub dtype: u32,
+    /// Dimensions.
+    pub dims: Vec<u64>,
+    /// Bytes the tensor occupies (dense, row-major; 4-bit types packed).
+    pub bytes: u64,
+}
+
+/// Where a binding's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// The instance's arena.
+    Arena,
+    /// The constant pool (embedded, or the external weights file).
+    Constants,
+    /// The caller's input `i`.
+    Input(u32),
+    /// The caller's output `i`.
+    Output(u32),
+}
+
+/// A byte range of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    /// The slot.
+    pub slot: Slot,
+    /// Offset within it.
+    pub offset: u64,
+    /// Length in bytes.
+    pub length: u64,
+}
+
+/// One step of an entry point's command list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Runs a kernel over `0..workgroups`.
+    Dispatch {
+        /// Index into [`Program::kernels`].
+        kernel: u32,
+        /// Device index.
+        device: u32,
+        /// Number of workgroups.
+        workgroups: u64,
+        /// The kernel's bindings: its inputs in order, then its output.
+        bindings: Vec<Binding>,
+        /// Small constants passed to the kernel (unused by the first kernels; reserved).
+        push_constants: Vec<u32>,
+    },
+    /// Everything before it completes before anything after it starts.
+    Barrier,
+    /// Copies `src` to `dst` (equal lengths).
+    Copy {
+        /// Source range.
+        src: Binding,
+        /// Destination range.
+        dst: Binding,
+    },
+    /// Fills `dst` with a repeated little-endian pattern of `pattern_len` bytes (1, 2, 4 or 8).
+    Fill {
+        /// Destination range.
+        dst: Binding,
+        /// The pattern's bits.
+        pattern: u64,
+        /// Its width in bytes.
+        pattern_len: u8,
+    },
+}
+
+/// A buffer of the memory plan, for inspection (the commands carry the real ranges).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferDesc {
+    /// Value name in the source model.
+    pub name: String,
+    /// Where it lives.
+    pub binding: Binding,
+    /// First command index at which it is live (written).
+    pub first: u32,
+    /// Last command index at which it is live (read), inclusive.
+    pub last: u32,
+}
+
+/// An entry point: signature, commands and memory plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryPoint {
+    /// Name (`"main"`).
+    pub name: String,
+    /// Inputs, in call order.
+    pub inputs: Vec<TensorDesc>,
+    /// Outputs, in call order.
+    pub outputs: Vec<TensorDesc>,
+    /// Arena bytes an instance needs.
+    pub arena_size: u64,
+    /// Alignment of the arena's base address.
+    pub arena_align: u64,
+    /// The commands, in order.
+    pub commands: Vec<Command>,
+    /// The memory map (for `kiln inspect`).
+    pub buffers: Vec<BufferDesc>,
+}
+
+/// A kernel the plan dispatches: one or more variants, the runtime picks the first
+/// whose condition the device meets, once at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kernel {
+    /// Name, for listings.
+    pub name: String,
+    /// The variants, in order of preference.
+    pub variants: Vec<Variant>,
+}
+
+/// One implementation of a kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Variant {
+    /// Index into [`Program::executables`].
+    pub executable: u32,
+    /// Index into that executable's [`Executable::entries`].
+    pub entry: u32,
+    /// CPU features this variant needs beyond its executable's (bit set of [`CpuFeature`]).
+    pub features: u64,
+}
+
+/// CPU features a module may need, as bits of a `u64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CpuFeature {
+    /// SSE2 (baseline x86-64).
+    Sse2 = 0,
+    /// SSE3.
+    Sse3 = 1,
+    /// SSSE3.
+    Ssse3 = 2,
+    /// SSE4.1 (roundps, blendv, pmulld).
+    Sse41 = 3,
+    /// SSE4.2.
+    Sse42 = 4,
+    /// POPCNT.
+    Popcnt = 5,
+    /// AVX.
+    Avx = 6,
+    /// AVX2.
+    Avx2 = 7,
+    /// FMA3.
+    Fma = 8,
+    /// BMI1.
+    Bmi1 = 9,
+    /// BMI2.
+    Bmi2 = 10,
+    /// LZCNT.
+    Lzcnt = 11,
+    /// F16C.
+    F16c = 12,
+    /// AVX-512 F.
+    Avx512f = 13,
+    /// AVX-512 BW.
+    Avx512bw = 14,
+    /// AVX-512 DQ.
+    Avx512dq = 15,
+    /// AVX-512 VL.
+    Avx512vl = 16,
+}
+
+impl CpuFeature {
+    /// Every feature, by bit.
+    pub const ALL: [CpuFeature; 17] = [
+        CpuFeature::Sse2,
+        CpuFeature::Sse3,
+        CpuFeature::Ssse3,
+        CpuFeature::Sse41,
+        CpuFeature::Sse42,
+        CpuFeature::Popcnt,
+        CpuFeature::Avx,
+        CpuFeature::Avx2,
+        CpuFeature::Fma,
+        CpuFeature::Bmi1,
+        CpuFeature::Bmi2,
+        CpuFeature::Lzcnt,
+        CpuFeature::F16c,
+        CpuFeature::Avx512f,
+        CpuFeature::Avx512bw,
+        CpuFeature::Avx512dq,
+        CpuFeature::Avx512vl,
+    ];
+
+    /// Its bit in a feature set.
+    pub fn bit(self) -> u64 {
+        1 << self as u8
+    }
+
+    /// Lower-case name (`"avx2"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuFeature::Sse2 => "sse2",
+            CpuFeature::Sse3 => "sse3",
+            CpuFeature::Ssse3 => "ssse3",
+            CpuFeature::Sse41 => "sse4.1",
+            CpuFeature::Sse42 => "sse4.2",
+            CpuFeature::Popcnt => "popcnt",
+            CpuFeature::Avx => "avx",
+            CpuFeature::Avx2 => "avx2",
+            CpuFeature::Fma => "fma",
+            CpuFeature::Bmi1 => "bmi1",
+            CpuFeature::Bmi2 => "bmi2",
+            CpuFeature::Lzcnt => "lzcnt",
+            CpuFeature::F16c => "f16c",
+            CpuFeature::Avx512f => "avx512f",
+            CpuFeature::Avx512bw => "avx512bw",
+            CpuFeature::Avx512dq => "avx512dq",
+            CpuFeature::Avx512vl => "avx512vl",
+        }
+    }
+}
+
+/// Kinds of relocations in generated code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelocKind {
+    /// 32-bit PC-relative: `S + A - P` (x86-64 `R_X86_64_PC32` / `PLT32`).
+    Pc32,
+    /// 64-bit absolute: `S + A` (x86-64 `R_X86_64_64`).
+    Abs64,
+}
+
+/// One relocation: patch `offset` in the code with the address of `target` (a code
+/// offset in the same executable) plus `addend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reloc {
+    /// Where in the code.
+    pub offset: u64,
+    /// How.
+    pub kind: RelocKind,
+    /// Code offset of the referenced symbol.
+    pub target: u64,
+    /// Addend.
+    pub addend: i64,
+}
+
+/// Generated machine code for one target: a relocatable image loaded by the runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Executable {
+    /// The device kind it runs on.
+    pub device: DeviceKind,
+    /// CPU features the code needs (bit set of [`CpuFeature`]).
+    pub features: u64,
+    /// Code and read-only data, position-independent apart from `relocs`.
+    pub code: Vec<u8>,
+    /// Entry points: name and code offset.
+    pub entries: Vec<(String, u64)>,
+    /// Relocations to apply after the code is placed.
+    pub relocs: Vec<Reloc>,
+}
+
+/// Where the constant pool lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Constants {
+    /// In the artifact (64-byte aligned section).
+    Embedded(Vec<u8>),
+    /// In a separate file, bound by its size and hash.
+    External {
+        /// File name, as given to the compiler (the runtime is handed the bytes).
+        file: String,
+        /// Its size in bytes.
+        size: u64,
+        /// Its 64-bit hash ([`crate::sections::weights_hash`]).
+        hash: u64,
+    },
+}
+
+/// Names for listings and errors; strippable.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DebugInfo {
+    /// Per kernel: the source ops it was formed from (`"Conv /layer1/conv + Relu …"`).
+    pub kernel_sources: Vec<String>,
+    /// The source model's file name.
+    pub source: String,
+}
+
+/// A whole artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    /// Device table.
+    pub devices: Vec<Device>,
+    /// Entry points.
+    pub entries: Vec<EntryPoint>,
+    /// Kernel table.
+    pub kernels: Vec<Kernel>,
+    /// Executables.
+    pub executables: Vec<Executable>,
+    /// The constant pool.
+    pub constants: Constants,
+    /// Debug names (absent when stripped).
+    pub debug: Option<DebugInfo>,
+}

@@ -1,0 +1,1035 @@
+//! Encoding and zero-copy decoding of the signature, plan, executables, constants and
+//! debug sections (see [`crate::program`]).
+//!
+//! [`write_program`] turns a [`Program`] into a complete `.kiln` file; [`read_program`]
+//! decodes the sections of a parsed [`Module`] into a [`ProgramView`] that borrows names,
+//! code and constants from the file (nothing large is copied). Decoding checks every
+//! count, length and tag and reports a [`SectionError`] naming the section and the byte
+//! offset in the file; counts are capped by the bytes that remain, so a hostile count
+//! cannot make the decoder allocate more than a small multiple of the section's size.
+//!
+//! # Encoding
+//!
+//! Integers are unsigned LEB128 varints (`uv`: 7 bits a byte, low group first, at most
+//! 10 bytes, no redundant trailing zero groups); `sv` is a zig-zag signed varint
+//! (`(n << 1) ^ (n >> 63)` as `uv`); `str` is `uv` byte length + UTF-8; `list<T>` is
+//! `uv` count + the elements. Fields marked `u32` are `uv` values that must fit 32 bits.
+//! Every section must be consumed exactly: trailing bytes are an error.
+//!
+//! ```text
+//! signature (kind 1, align 8):
+//!   list<entry>        entry  = str name, list<tensor> inputs, list<tensor> outputs
+//!                      tensor = str name, u32 dtype (ONNX code), list<uv> dims, uv bytes
+//! plan (kind 2, align 8):
+//!   list<device>       device = uv kind (0 cpu, 1 cuda), str name
+//!   list<entry>        (as many as the signature has, same order)
+//!                      entry  = uv arena_size, uv arena_align, list<command>, list<buffer>
+//!   command = uv tag, then
+//!     0 dispatch: u32 kernel, u32 device, uv workgroups, list<binding>, list<u32> push_constants
+//!     1 barrier
+//!     2 copy:     binding src, binding dst
+//!     3 fill:     binding dst, uv pattern_len (≤ 255), uv pattern
+//!   binding = uv slot, uv offset, uv length
+//!     slot: 0 arena, 1 constants, 2 + 4·i input i, 3 + 4·i output i  (i ≤ u32::MAX)
+//!   buffer  = str name, binding, u32 first, u32 last
+//! executables (kind 3, align 8):
+//!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
+//!                                   list<reloc>, uv code_len, code bytes
+//!                      reloc = uv offset, uv kind (0 pc32, 1 abs64), uv target, sv addend
+//!   list<kernel>       kernel = str name, list<variant>
+//!                      variant = u32 executable, u32 entry, uv features
+//! constants (kind 4, align 64): the constant pool's bytes, nothing else
+//! external-weights (kind 5, align 8): str file, uv size, hash as 8 bytes little-endian
+//! debug (kind 6, align 8, optional): list<str> kernel_sources, str source
+//! ```
+//!
+//! Exactly one of `constants` and `external-weights` is present. Sections of kinds this
+//! reader does not know are ignored. Semantic checks (indices in range, bindings inside
+//! their slots, …) are the runtime's load-time verifier's job; this module checks the
+//! encoding.
+
+use crate::abi::ABI_VERSION;
+use crate::format::SectionKind;
+use crate::program::{
+    Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel, Program,
+    Reloc, RelocKind, Slot, TensorDesc, Variant,
+};
+use crate::reader::Module;
+use crate::writer::ModuleWriter;
+use alloc::string::ToString;
+use alloc::vec::Vec;
+use core::fmt;
+
+/// Alignment of the constants section (and so of the constant pool in the file).
+pub const CONSTANTS_ALIGN: u32 = 64;
+const ALIGN: u32 = 8;
+
+// ---------------------------------------------------------------------------------------
+// Hash
+// ---------------------------------------------------------------------------------------
+
+const P1: u64 = 0x9E37_79B1_85EB_CA87;
+const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+const P3: u64 = 0x1656_67B1_9E37_79F9;
+const P4: u64 = 0x85EB_CA77_C2B2_AE63;
+const P5: u64 = 0x27D4_EB2F_1656_67C5;
+
+fn le64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+fn le32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+fn xxh_round(acc: u64, input: u64) -> u64 {
+    acc.wrapping_add(input.wrapping_mul(P2)).rotate_left(31).wrapping_mul(P1)
+}
+
+fn xxh_merge(acc: u64, v: u64) -> u64 {
+    (acc ^ xxh_round(0, v)).wrapping_mul(P1).wrapping_add(P4)
+}
+
+/// The hash that binds an external weights file to its artifact: XXH64 with seed 0
+/// (the published xxHash 64-bit algorithm; four independent lanes over 32-byte stripes,
+/// several GB/s). Not cryptographic: it detects a wrong or corrupted file, not an attack.
+pub fn weights_hash(bytes: &[u8]) -> u64 {
+    let len = bytes.len() as u64;
+    let mut rest = bytes;
+    let mut h = if bytes.len() >= 32 {
+        let mut v = [P1.wrapping_add(P2), P2, 0, 0u64.wrapping_sub(P1)];
+        let mut stripes = bytes.chunks_exact(32);
+        for s in &mut stripes {
+            v[0] = xxh_round(v[0], le64(&s[0..]));
+            v[1] = xxh_round(v[1], le64(&s[8..]));
+            v[2] = xxh_round(v[2], le64(&s[16..]));
+            v[3] = xxh_round(v[3], le64(&s[24..]));
+        }
+        rest = stripes.remainder();
+        let mut h = v[0]
+            .rotate_left(1)
+            .wrapping_add(v[1].rotate_left(7))
+            .wrapping_add(v[2].rotate_left(12))
+            .wrapping_add(v[3].rotate_left(18));
+        for lane in v {
+            h = xxh_merge(h, lane);
+        }
+        h
+    } else {
+        P5
+    };
+    h = h.wrapping_add(len);
+    let mut words = rest.chunks_exact(8);
+    for w in &mut words {
+        h ^= xxh_round(0, le64(w));
+        h = h.rotate_left(27).wrapping_mul(P1).wrapping_add(P4);
+    }
+    let mut rest = words.remainder();
+    if rest.len() >= 4 {
+        h ^= u64::from(le32(rest)).wrapping_mul(P1);
+        h = h.rotate_left(23).wrapping_mul(P2).wrapping_add(P3);
+        rest = &rest[4..];
+    }
+    for &b in rest {
+        h ^= u64::from(b).wrapping_mul(P5);
+        h = h.rotate_left(11).wrapping_mul(P1);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(P2);
+    h ^= h >> 29;
+    h = h.wrapping_mul(P3);
+    h ^ (h >> 32)
+}
+
+// ---------------------------------------------------------------------------------------
+// Views
+// ---------------------------------------------------------------------------------------
+
+/// A decoded artifact borrowing the file: names, code and constants are slices of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramView<'a> {
+    /// Device table.
+    pub devices: Vec<DeviceView<'a>>,
+    /// Entry points (signature and plan merged).
+    pub entries: Vec<EntryView<'a>>,
+    /// Kernel table.
+    pub kernels: Vec<KernelView<'a>>,
+    /// Executables.
+    pub executables: Vec<ExecutableView<'a>>,
+    /// The constant pool.
+    pub constants: ConstantsView<'a>,
+    /// Debug names, when the section is present.
+    pub debug: Option<DebugView<'a>>,
+}
+
+/// A device of the device table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceView<'a> {
+    /// What kind of device.
+    pub kind: DeviceKind,
+    /// Its name.
+    pub name: &'a str,
+}
+
+/// One tensor of a signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorView<'a> {
+    /// Name in the source model.
+    pub name: &'a str,
+    /// ONNX dtype code.
+    pub dtype: u32,
+    /// Dimensions.
+    pub dims: Vec<u64>,
+    /// Bytes the tensor occupies.
+    pub bytes: u64,
+}
+
+/// A buffer of an entry's memory map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferView<'a> {
+    /// Value name.
+    pub name: &'a str,
+    /// Where it lives.
+    pub binding: Binding,
+    /// First command index at which it is live.
+    pub first: u32,
+    /// Last command index at which it is live.
+    pub last: u32,
+}
+
+/// An entry point: its signature and plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryView<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Inputs in call order.
+    pub inputs: Vec<TensorView<'a>>,
+    /// Outputs in call order.
+    pub outputs: Vec<TensorView<'a>>,
+    /// Arena bytes.
+    pub arena_size: u64,
+    /// Arena base alignment.
+    pub arena_align: u64,
+    /// Commands in order.
+    pub commands: Vec<Command>,
+    /// Memory map.
+    pub buffers: Vec<BufferView<'a>>,
+}
+
+/// A kernel and its variants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelView<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Variants in order of preference.
+    pub variants: Vec<Variant>,
+}
+
+/// An executable; `code` borrows the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutableView<'a> {
+    /// Device kind.
+    pub device: DeviceKind,
+    /// Required CPU features.
+    pub features: u64,
+    /// Code bytes (a slice of the file).
+    pub code: &'a [u8],
+    /// Entry symbols: name and code offset.
+    pub entries: Vec<(&'a str, u64)>,
+    /// Relocations.
+    pub relocs: Vec<Reloc>,
+}
+
+/// Where the constant pool lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConstantsView<'a> {
+    /// In the file (a slice of it, 64-byte aligned relative to the file's start).
+    Embedded(&'a [u8]),
+    /// In a separate file.
+    External {
+        /// File name recorded by the compiler.
+        file: &'a str,
+        /// Its size in bytes.
+        size: u64,
+        /// Its [`weights_hash`].
+        hash: u64,
+    },
+}
+
+/// Debug names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebugView<'a> {
+    /// Per kernel: the source ops it was formed from.
+    pub kernel_sources: Vec<&'a str>,
+    /// Source model file name.
+    pub source: &'a str,
+}
+
+fn tensor_owned(t: &TensorView<'_>) -> TensorDesc {
+    TensorDesc { name: t.name.to_string(), dtype: t.dtype, dims: t.dims.clone(), bytes: t.bytes }
+}
+
+impl ProgramView<'_> {
+    /// An owned copy (copies code and embedded constants).
+    pub fn to_program(&self) -> Program {
+        Program {
+            devices: self.devices.iter().map(|d| Device { kind: d.kind, name: d.name.to_string() }).collect(),
+            entries: self
+                .entries
+                .iter()
+                .map(|e| EntryPoint {
+                    name: e.name.to_string(),
+                    inputs: e.inputs.iter().map(tensor_owned).collect(),
+                    outputs: e.outputs.iter().map(tensor_owned).collect(),
+                    arena_size: e.arena_size,
+                    arena_align: e.arena_align,
+                    commands: e.commands.clone(),
+                    buffers: e
+                        .buffers
+                        .iter()
+                        .map(|b| BufferDesc {
+                            name: b.name.to_string(),
+                            binding: b.binding,
+                            first: b.first,
+                            last: b.last,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            kernels: self
+                .kernels
+                .iter()
+                .map(|k| Kernel { name: k.name.to_string(), variants: k.variants.clone() })
+                .collect(),
+            executables: self
+                .executables
+                .iter()
+                .map(|x| Executable {
+                    device: x.device,
+                    features: x.features,
+                    code: x.code.to_vec(),
+                    entries: x.entries.iter().map(|(n, o)| (n.to_string(), *o)).collect(),
+                    relocs: x.relocs.clone(),
+                })
+                .collect(),
+            constants: match self.constants {
+                ConstantsView::Embedded(b) => Constants::Embedded(b.to_vec()),
+                ConstantsView::External { file, size, hash } => {
+                    Constants::External { file: file.to_string(), size, hash }
+                }
+            },
+            debug: self.debug.as_ref().map(|d| DebugInfo {
+                kernel_sources: d.kernel_sources.iter().map(|s| s.to_string()).collect(),
+                source: d.source.to_string(),
+            }),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------
+
+/// Why a section does not decode. `offset` is a byte offset in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SectionError {
+    /// The section.
+    pub section: SectionKind,
+    /// Byte offset in the file where the problem was found.
+    pub offset: u64,
+    /// Byte offset of the problem within the section.
+    pub section_offset: u64,
+    /// What is wrong.
+    pub problem: SectionProblem,
+}
+
+/// What is wrong with a section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SectionProblem {
+    /// A required section is absent.
+    Missing,
+    /// Both a constants and an external-weights section are present.
+    ConflictsWith(SectionKind),
+    /// The section ends inside a field.
+    Truncated {
+        /// The field being read.
+        field: &'static str,
+    },
+    /// A varint runs past 64 bits or has a redundant trailing zero group.
+    BadVarint {
+        /// The field being read.
+        field: &'static str,
+    },
+    /// A value does not fit its field.
+    TooLarge {
+        /// The field.
+        field: &'static str,
+        /// The value read.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// A count exceeds what the remaining bytes could hold.
+    CountTooLarge {
+        /// The list.
+        field: &'static str,
+        /// The count read.
+        count: u64,
+        /// Bytes left in the section.
+        remaining: u64,
+    },
+    /// A string is not UTF-8.
+    BadUtf8 {
+        /// The field.
+        field: &'static str,
+    },
+    /// An enum tag this reader does not know.
+    UnknownTag {
+        /// The field.
+        field: &'static str,
+        /// The tag read.
+        tag: u64,
+    },
+    /// The plan has a different number of entry points than the signature.
+    EntryCountMismatch {
+        /// Entries in the signature.
+        signature: u64,
+        /// Entries in the plan.
+        plan: u64,
+    },
+    /// Bytes left over after the section's last field.
+    TrailingBytes {
+        /// How many.
+        count: u64,
+    },
+}
+
+impl fmt::Display for SectionProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SectionProblem::Missing => f.write_str("the section is missing"),
+            SectionProblem::ConflictsWith(k) => write!(f, "a {k} section is present too (exactly one is allowed)"),
+            SectionProblem::Truncated { field } => write!(f, "the section ends inside {field}"),
+            SectionProblem::BadVarint { field } => write!(f, "{field}: varint longer than 64 bits or not minimal"),
+            SectionProblem::TooLarge { field, value, max } => write!(f, "{field} is {value}, at most {max} allowed"),
+            SectionProblem::CountTooLarge { field, count, remaining } => {
+                write!(f, "{field}: count {count} cannot fit in the {remaining} bytes left")
+            }
+            SectionProblem::BadUtf8 { field } => write!(f, "{field} is not valid UTF-8"),
+            SectionProblem::UnknownTag { field, tag } => write!(f, "unknown {field} {tag}"),
+            SectionProblem::EntryCountMismatch { signature, plan } => {
+                write!(f, "the signature has {signature} entry points, the plan {plan}")
+            }
+            SectionProblem::TrailingBytes { count } => write!(f, "{count} unexpected bytes after the last field"),
+        }
+    }
+}
+
+impl fmt::Display for SectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} section, file offset {} (byte {} of the section): {}",
+            self.section, self.offset, self.section_offset, self.problem
+        )
+    }
+}
+
+impl core::error::Error for SectionError {}
+
+// ---------------------------------------------------------------------------------------
+// Writing
+// ---------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn uv(&mut self, mut v: u64) {
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                self.0.push(b);
+                return;
+            }
+            self.0.push(b | 0x80);
+        }
+    }
+    fn sv(&mut self, v: i64) {
+        self.uv(((v << 1) ^ (v >> 63)) as u64);
+    }
+    fn len(&mut self, n: usize) {
+        self.uv(n as u64);
+    }
+    fn str(&mut self, s: &str) {
+        self.len(s.len());
+        self.0.extend_from_slice(s.as_bytes());
+    }
+    fn tensor(&mut self, t: &TensorDesc) {
+        self.str(&t.name);
+        self.uv(t.dtype.into());
+        self.len(t.dims.len());
+        for &d in &t.dims {
+            self.uv(d);
+        }
+        self.uv(t.bytes);
+    }
+    fn binding(&mut self, b: &Binding) {
+        self.uv(match b.slot {
+            Slot::Arena => 0,
+            Slot::Constants => 1,
+            Slot::Input(i) => 2 + 4 * u64::from(i),
+            Slot::Output(i) => 3 + 4 * u64::from(i),
+        });
+        self.uv(b.offset);
+        self.uv(b.length);
+    }
+    fn device_kind(&mut self, k: DeviceKind) {
+        self.uv(match k {
+            DeviceKind::Cpu => 0,
+            DeviceKind::Cuda => 1,
+        });
+    }
+}
+
+fn signature_bytes(p: &Program) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.len(p.entries.len());
+    for ep in &p.entries {
+        e.str(&ep.name);
+        for list in [&ep.inputs, &ep.outputs] {
+            e.len(list.len());
+            for t in list {
+                e.tensor(t);
+            }
+        }
+    }
+    e.0
+}
+
+fn plan_bytes(p: &Program) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.len(p.devices.len());
+    for d in &p.devices {
+        e.device_kind(d.kind);
+        e.str(&d.name);
+    }
+    e.len(p.entries.len());
+    for ep in &p.entries {
+        e.uv(ep.arena_size);
+        e.uv(ep.arena_align);
+        e.len(ep.commands.len());
+        for c in &ep.commands {
+            match c {
+                Command::Dispatch { kernel, device, workgroups, bindings, push_constants } => {
+                    e.uv(0);
+                    e.uv((*kernel).into());
+                    e.uv((*device).into());
+                    e.uv(*workgroups);
+                    e.len(bindings.len());
+                    for b in bindings {
+                        e.binding(b);
+                    }
+                    e.len(push_constants.len());
+                    for &c in push_constants {
+                        e.uv(c.into());
+                    }
+                }
+                Command::Barrier => e.uv(1),
+                Command::Copy { src, dst } => {
+                    e.uv(2);
+                    e.binding(src);
+                    e.binding(dst);
+                }
+                Command::Fill { dst, pattern, pattern_len } => {
+                    e.uv(3);
+                    e.binding(dst);
+                    e.uv((*pattern_len).into());
+                    e.uv(*pattern);
+                }
+            }
+        }
+        e.len(ep.buffers.len());
+        for b in &ep.buffers {
+            e.str(&b.name);
+            e.binding(&b.binding);
+            e.uv(b.first.into());
+            e.uv(b.last.into());
+        }
+    }
+    e.0
+}
+
+fn executables_bytes(p: &Program) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.len(p.executables.len());
+    for x in &p.executables {
+        e.device_kind(x.device);
+        e.uv(x.features);
+        e.len(x.entries.len());
+        for (name, off) in &x.entries {
+            e.str(name);
+            e.uv(*off);
+        }
+        e.len(x.relocs.len());
+        for r in &x.relocs {
+            e.uv(r.offset);
+            e.uv(match r.kind {
+                RelocKind::Pc32 => 0,
+                RelocKind::Abs64 => 1,
+            });
+            e.uv(r.target);
+            e.sv(r.addend);
+        }
+        e.len(x.code.len());
+        e.0.extend_from_slice(&x.code);
+    }
+    e.len(p.kernels.len());
+    for k in &p.kernels {
+        e.str(&k.name);
+        e.len(k.variants.len());
+        for v in &k.variants {
+            e.uv(v.executable.into());
+            e.uv(v.entry.into());
+            e.uv(v.features);
+        }
+    }
+    e.0
+}
+
+fn debug_bytes(d: &DebugInfo) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.len(d.kernel_sources.len());
+    for s in &d.kernel_sources {
+        e.str(s);
+    }
+    e.str(&d.source);
+    e.0
+}
+
+/// Encodes `p` as a complete `.kiln` file needing runtime ABI [`ABI_VERSION`].
+pub fn write_program(p: &Program) -> Vec<u8> {
+    let mut w = ModuleWriter::new(ABI_VERSION);
+    let mut sections = Vec::new();
+    sections.push((SectionKind::Signature, ALIGN, signature_bytes(p)));
+    sections.push((SectionKind::Plan, ALIGN, plan_bytes(p)));
+    sections.push((SectionKind::Executables, ALIGN, executables_bytes(p)));
+    match &p.constants {
+        Constants::Embedded(bytes) => sections.push((SectionKind::Constants, CONSTANTS_ALIGN, bytes.clone())),
+        Constants::External { file, size, hash } => {
+            let mut e = Enc::default();
+            e.str(file);
+            e.uv(*size);
+            e.0.extend_from_slice(&hash.to_le_bytes());
+            sections.push((SectionKind::ExternalWeights, ALIGN, e.0));
+        }
+    }
+    if let Some(d) = &p.debug {
+        sections.push((SectionKind::Debug, ALIGN, debug_bytes(d)));
+    }
+    for (kind, align, bytes) in sections {
+        if let Err(e) = w.add(kind, align, bytes) {
+            // Distinct fixed kinds and power-of-two alignments: the writer cannot refuse.
+            unreachable!("section writer refused a fixed section: {e}");
+        }
+    }
+    w.finish()
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading
+// ---------------------------------------------------------------------------------------
+
+struct Dec<'a> {
+    data: &'a [u8],
+    pos: usize,
+    kind: SectionKind,
+    base: u64,
+}
+
+type R<T> = Result<T, SectionError>;
+
+impl<'a> Dec<'a> {
+    fn new(kind: SectionKind, base: u64, data: &'a [u8]) -> Dec<'a> {
+        Dec { data, pos: 0, kind, base }
+    }
+
+    fn err_at(&self, pos: usize, problem: SectionProblem) -> SectionError {
+        SectionError { section: self.kind, offset: self.base + pos as u64, section_offset: pos as u64, problem }
+    }
+
+    fn err(&self, problem: SectionProblem) -> SectionError {
+        self.err_at(self.pos, problem)
+    }
+
+    fn remaining(&self) -> usize {
+        self.data.len() - self.pos
+    }
+
+    fn bytes(&mut self, n: u64, field: &'static str) -> R<&'a [u8]> {
+        if n > self.remaining() as u64 {
+            return Err(self.err(SectionProblem::Truncated { field }));
+        }
+        let s = &self.data[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    fn uv(&mut self, field: &'static str) -> R<u64> {
+        let start = self.pos;
+        let mut v = 0u64;
+        let mut shift = 0u32;
+        loop {
+            let Some(&b) = self.data.get(self.pos) else {
+                return Err(self.err_at(start, SectionProblem::Truncated { field }));
+            };
+            self.pos += 1;
+            if shift == 63 && b > 1 {
+                return Err(self.err_at(start, SectionProblem::BadVarint { field }));
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                if b == 0 && shift > 0 {
+                    return Err(self.err_at(start, SectionProblem::BadVarint { field }));
+                }
+                return Ok(v);
+            }
+            shift += 7;
+        }
+    }
+
+    fn sv(&mut self, field: &'static str) -> R<i64> {
+        let u = self.uv(field)?;
+        Ok(((u >> 1) as i64) ^ -((u & 1) as i64))
+    }
+
+    fn bounded(&mut self, field: &'static str, max: u64) -> R<u64> {
+        let start = self.pos;
+        let v = self.uv(field)?;
+        if v > max {
+            return Err(self.err_at(start, SectionProblem::TooLarge { field, value: v, max }));
+        }
+        Ok(v)
+    }
+
+    fn u32(&mut self, field: &'static str) -> R<u32> {
+        Ok(self.bounded(field, u32::MAX.into())? as u32)
+    }
+
+    /// A list count; each element takes at least `min_bytes` bytes, so the count is capped
+    /// by what remains (this bounds every allocation by the section's size).
+    fn count(&mut self, field: &'static str, min_bytes: usize) -> R<usize> {
+        let start = self.pos;
+        let n = self.uv(field)?;
+        let remaining = self.remaining() as u64;
+        if n > remaining / min_bytes as u64 {
+            return Err(self.err_at(start, SectionProblem::CountTooLarge { field, count: n, remaining }));
+        }
+        Ok(n as usize)
+    }
+
+    fn str(&mut self, field: &'static str) -> R<&'a str> {
+        let n = self.uv(field)?;
+        let start = self.pos;
+        let b = self.bytes(n, field)?;
+        core::str::from_utf8(b).map_err(|_| self.err_at(start, SectionProblem::BadUtf8 { field }))
+    }
+
+    fn tag(&mut self, field: &'static str, max: u64) -> R<u64> {
+        let start = self.pos;
+        let t = self.uv(field)?;
+        if t > max {
+            return Err(self.err_at(start, SectionProblem::UnknownTag { field, tag: t }));
+        }
+        Ok(t)
+    }
+
+    fn device_kind(&mut self) -> R<DeviceKind> {
+        Ok(match self.tag("device kind", 1)? {
+            0 => DeviceKind::Cpu,
+            _ => DeviceKind::Cuda,
+        })
+    }
+
+    fn tensor(&mut self) -> R<TensorView<'a>> {
+        let name = self.str("tensor name")?;
+        let dtype = self.u32("tensor dtype")?;
+        let n = self.count("tensor dims", 1)?;
+        let mut dims = Vec::with_capacity(n);
+        for _ in 0..n {
+            dims.push(self.uv("tensor dim")?);
+        }
+        let bytes = self.uv("tensor bytes")?;
+        Ok(TensorView { name, dtype, dims, bytes })
+    }
+
+    fn tensors(&mut self, field: &'static str) -> R<Vec<TensorView<'a>>> {
+        // name length, dtype, dim count, bytes: at least 4 bytes each.
+        let n = self.count(field, 4)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.tensor()?);
+        }
+        Ok(v)
+    }
+
+    fn binding(&mut self) -> R<Binding> {
+        let start = self.pos;
+        let code = self.uv("binding slot")?;
+        let slot = match code {
+            0 => Slot::Arena,
+            1 => Slot::Constants,
+            c if c & 3 < 2 => {
+                return Err(self.err_at(start, SectionProblem::UnknownTag { field: "binding slot", tag: c }))
+            }
+            c => {
+                let index = c >> 2;
+                if index > u32::MAX.into() {
+                    let max = u32::MAX.into();
+                    return Err(
+                        self.err_at(start, SectionProblem::TooLarge { field: "binding slot index", value: index, max })
+                    );
+                }
+                if c & 3 == 2 {
+                    Slot::Input(index as u32)
+                } else {
+                    Slot::Output(index as u32)
+                }
+            }
+        };
+        let offset = self.uv("binding offset")?;
+        let length = self.uv("binding length")?;
+        Ok(Binding { slot, offset, length })
+    }
+
+    fn command(&mut self) -> R<Command> {
+        Ok(match self.tag("command tag", 3)? {
+            0 => {
+                let kernel = self.u32("dispatch kernel")?;
+                let device = self.u32("dispatch device")?;
+                let workgroups = self.uv("dispatch workgroups")?;
+                let n = self.count("dispatch bindings", 3)?;
+                let mut bindings = Vec::with_capacity(n);
+                for _ in 0..n {
+                    bindings.push(self.binding()?);
+                }
+                let n = self.count("dispatch push constants", 1)?;
+                let mut push_constants = Vec::with_capacity(n);
+                for _ in 0..n {
+                    push_constants.push(self.u32("push constant")?);
+                }
+                Command::Dispatch { kernel, device, workgroups, bindings, push_constants }
+            }
+            1 => Command::Barrier,
+            2 => {
+                let src = self.binding()?;
+                let dst = self.binding()?;
+                Command::Copy { src, dst }
+            }
+            _ => {
+                let dst = self.binding()?;
+                let pattern_len = self.bounded("fill pattern length", u8::MAX.into())? as u8;
+                let pattern = self.uv("fill pattern")?;
+                Command::Fill { dst, pattern, pattern_len }
+            }
+        })
+    }
+
+    fn finish(&self) -> R<()> {
+        if self.remaining() > 0 {
+            return Err(self.err(SectionProblem::TrailingBytes { count: self.remaining() as u64 }));
+        }
+        Ok(())
+    }
+}
+
+struct Sig<'a> {
+    name: &'a str,
+    inputs: Vec<TensorView<'a>>,
+    outputs: Vec<TensorView<'a>>,
+}
+
+fn section<'a>(m: &Module<'a>, kind: SectionKind) -> Option<Dec<'a>> {
+    m.sections().find(|s| s.kind == kind).map(|s| Dec::new(kind, s.offset, s.bytes))
+}
+
+fn required<'a>(m: &Module<'a>, kind: SectionKind) -> R<Dec<'a>> {
+    section(m, kind).ok_or(SectionError {
+        section: kind,
+        offset: 0,
+        section_offset: 0,
+        problem: SectionProblem::Missing,
+    })
+}
+
+fn read_signature<'a>(d: &mut Dec<'a>) -> R<Vec<Sig<'a>>> {
+    // name, input count, output count: at least 3 bytes each.
+    let n = d.count("signature entries", 3)?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = d.str("entry name")?;
+        let inputs = d.tensors("entry inputs")?;
+        let outputs = d.tensors("entry outputs")?;
+        v.push(Sig { name, inputs, outputs });
+    }
+    d.finish()?;
+    Ok(v)
+}
+
+fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>, Vec<EntryView<'a>>)> {
+    let n = d.count("devices", 2)?;
+    let mut devices = Vec::with_capacity(n);
+    for _ in 0..n {
+        let kind = d.device_kind()?;
+        let name = d.str("device name")?;
+        devices.push(DeviceView { kind, name });
+    }
+    let start = d.pos;
+    let n = d.count("plan entries", 4)?;
+    if n != sigs.len() {
+        return Err(
+            d.err_at(start, SectionProblem::EntryCountMismatch { signature: sigs.len() as u64, plan: n as u64 })
+        );
+    }
+    let mut entries = Vec::with_capacity(n);
+    for sig in sigs {
+        let arena_size = d.uv("arena size")?;
+        let arena_align = d.uv("arena alignment")?;
+        let n = d.count("commands", 1)?;
+        let mut commands = Vec::with_capacity(n);
+        for _ in 0..n {
+            commands.push(d.command()?);
+        }
+        // name, binding (3), first, last.
+        let n = d.count("buffers", 6)?;
+        let mut buffers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = d.str("buffer name")?;
+            let binding = d.binding()?;
+            let first = d.u32("buffer first")?;
+            let last = d.u32("buffer last")?;
+            buffers.push(BufferView { name, binding, first, last });
+        }
+        entries.push(EntryView {
+            name: sig.name,
+            inputs: sig.inputs,
+            outputs: sig.outputs,
+            arena_size,
+            arena_align,
+            commands,
+            buffers,
+        });
+    }
+    d.finish()?;
+    Ok((devices, entries))
+}
+
+fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<KernelView<'a>>)> {
+    // device, features, entry count, reloc count, code length.
+    let n = d.count("executables", 5)?;
+    let mut executables = Vec::with_capacity(n);
+    for _ in 0..n {
+        let device = d.device_kind()?;
+        let features = d.uv("executable features")?;
+        let m = d.count("executable entries", 2)?;
+        let mut entries = Vec::with_capacity(m);
+        for _ in 0..m {
+            let name = d.str("entry symbol name")?;
+            let off = d.uv("entry symbol offset")?;
+            entries.push((name, off));
+        }
+        let m = d.count("relocations", 4)?;
+        let mut relocs = Vec::with_capacity(m);
+        for _ in 0..m {
+            let offset = d.uv("relocation offset")?;
+            let kind = match d.tag("relocation kind", 1)? {
+                0 => RelocKind::Pc32,
+                _ => RelocKind::Abs64,
+            };
+            let target = d.uv("relocation target")?;
+            let addend = d.sv("relocation addend")?;
+            relocs.push(Reloc { offset, kind, target, addend });
+        }
+        let len = d.uv("code length")?;
+        let code = d.bytes(len, "code")?;
+        executables.push(ExecutableView { device, features, code, entries, relocs });
+    }
+    let n = d.count("kernels", 2)?;
+    let mut kernels = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = d.str("kernel name")?;
+        let m = d.count("kernel variants", 3)?;
+        let mut variants = Vec::with_capacity(m);
+        for _ in 0..m {
+            let executable = d.u32("variant executable")?;
+            let entry = d.u32("variant entry")?;
+            let features = d.uv("variant features")?;
+            variants.push(Variant { executable, entry, features });
+        }
+        kernels.push(KernelView { name, variants });
+    }
+    d.finish()?;
+    Ok((executables, kernels))
+}
+
+fn read_external<'a>(d: &mut Dec<'a>) -> R<ConstantsView<'a>> {
+    let file = d.str("weights file name")?;
+    let size = d.uv("weights size")?;
+    let hash = le64(d.bytes(8, "weights hash")?);
+    d.finish()?;
+    Ok(ConstantsView::External { file, size, hash })
+}
+
+fn read_debug<'a>(d: &mut Dec<'a>) -> R<DebugView<'a>> {
+    let n = d.count("kernel sources", 1)?;
+    let mut kernel_sources = Vec::with_capacity(n);
+    for _ in 0..n {
+        kernel_sources.push(d.str("kernel source")?);
+    }
+    let source = d.str("source name")?;
+    d.finish()?;
+    Ok(DebugView { kernel_sources, source })
+}
+
+/// Decodes the sections of `m`. Borrowed from the file: names, code, embedded constants.
+pub fn read_program<'a>(m: &Module<'a>) -> Result<ProgramView<'a>, SectionError> {
+    let sigs = read_signature(&mut required(m, SectionKind::Signature)?)?;
+    let (devices, entries) = read_plan(&mut required(m, SectionKind::Plan)?, sigs)?;
+    let (executables, kernels) = read_executables(&mut required(m, SectionKind::Executables)?)?;
+    let embedded = m.sections().find(|s| s.kind == SectionKind::Constants);
+    let constants = match (embedded, section(m, SectionKind::ExternalWeights)) {
+        (Some(_), Some(d)) => return Err(d.err(SectionProblem::ConflictsWith(SectionKind::Constants))),
+        (Some(s), None) => ConstantsView::Embedded(s.bytes),
+        (None, Some(mut d)) => read_external(&mut d)?,
+        (None, None) => {
+            return Err(SectionError {
+                section: SectionKind::Constants,
+                offset: 0,
+                section_offset: 0,
+                problem: SectionProblem::Missing,
+            })
+        }
+    };
+    let debug = match section(m, SectionKind::Debug) {
+        Some(mut d) => Some(read_debug(&mut d)?),
+        None => None,
+    };
+    Ok(ProgramView { devices, entries, kernels, executables, constants, debug })
+}
+
+/// Encodes `p` and returns only the bytes of its `kind` section (for tests and tools that
+/// inspect one section).
+pub fn section_bytes(p: &Program, kind: SectionKind) -> Option<Vec<u8>> {
+    match kind {
+        SectionKind::Signature => Some(signature_bytes(p)),
+        SectionKind::Plan => Some(plan_bytes(p)),
+        SectionKind::Executables => Some(executables_bytes(p)),
+        SectionKind::Debug => p.debug.as_ref().map(debug_bytes),
+        _ => None,
+    }
+}

@@ -1,0 +1,479 @@
+//! Round trips of `sections::write_program` / `read_program`, and decoding errors for
+//! hand-made malformed sections. Expected bytes and values are worked out by hand.
+
+use kiln_module::abi::ABI_VERSION;
+use kiln_module::program::*;
+use kiln_module::sections::{read_program, section_bytes, weights_hash, write_program, ConstantsView, SectionProblem};
+use kiln_module::{Module, ModuleWriter, SectionKind};
+
+fn t(name: &str, dtype: u32, dims: &[u64], bytes: u64) -> TensorDesc {
+    TensorDesc { name: name.into(), dtype, dims: dims.to_vec(), bytes }
+}
+
+fn b(slot: Slot, offset: u64, length: u64) -> Binding {
+    Binding { slot, offset, length }
+}
+
+/// A two-layer MLP shape: x[1,4] → matmul+bias+relu → h[1,8] (arena) → matmul → y[1,2].
+fn mlp(constants: Constants, debug: bool) -> Program {
+    let code: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
+    Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![EntryPoint {
+            name: "main".into(),
+            inputs: vec![t("x", 1, &[1, 4], 16)],
+            outputs: vec![t("y", 1, &[1, 2], 8)],
+            arena_size: 64,
+            arena_align: 64,
+            commands: vec![
+                Command::Fill { dst: b(Slot::Arena, 32, 32), pattern: 0x3f80_0000, pattern_len: 4 },
+                Command::Dispatch {
+                    kernel: 0,
+                    device: 0,
+                    workgroups: 8,
+                    bindings: vec![
+                        b(Slot::Input(0), 0, 16),
+                        b(Slot::Constants, 0, 128),
+                        b(Slot::Constants, 128, 32),
+                        b(Slot::Arena, 0, 32),
+                    ],
+                    push_constants: vec![],
+                },
+                Command::Barrier,
+                Command::Dispatch {
+                    kernel: 1,
+                    device: 0,
+                    workgroups: 2,
+                    bindings: vec![b(Slot::Arena, 0, 32), b(Slot::Constants, 192, 64), b(Slot::Output(0), 0, 8)],
+                    push_constants: vec![7, u32::MAX],
+                },
+                Command::Copy { src: b(Slot::Output(0), 0, 8), dst: b(Slot::Arena, 32, 8) },
+            ],
+            buffers: vec![BufferDesc {
+                name: "/fc1/Relu_output_0".into(),
+                binding: b(Slot::Arena, 0, 32),
+                first: 1,
+                last: 3,
+            }],
+        }],
+        kernels: vec![
+            Kernel {
+                name: "fc1".into(),
+                variants: vec![
+                    Variant { executable: 0, entry: 0, features: CpuFeature::Avx2.bit() | CpuFeature::Fma.bit() },
+                    Variant { executable: 0, entry: 1, features: 0 },
+                ],
+            },
+            Kernel { name: "fc2".into(), variants: vec![Variant { executable: 0, entry: 2, features: 0 }] },
+        ],
+        executables: vec![Executable {
+            device: DeviceKind::Cpu,
+            features: CpuFeature::Sse41.bit(),
+            code,
+            entries: vec![("fc1_avx2".into(), 0), ("fc1".into(), 100), ("fc2".into(), 200)],
+            relocs: vec![
+                Reloc { offset: 10, kind: RelocKind::Pc32, target: 280, addend: -4 },
+                Reloc { offset: 120, kind: RelocKind::Abs64, target: 288, addend: 0 },
+            ],
+        }],
+        constants,
+        debug: debug.then(|| DebugInfo {
+            kernel_sources: vec!["MatMul /fc1/MatMul + Add /fc1/Add + Relu".into(), "MatMul /fc2/MatMul".into()],
+            source: "mlp.onnx".into(),
+        }),
+    }
+}
+
+fn embedded() -> Constants {
+    Constants::Embedded((0..256u32).map(|i| i as u8).collect())
+}
+
+#[test]
+fn round_trip_embedded_with_debug() {
+    let p = mlp(embedded(), true);
+    let file = write_program(&p);
+    let m = Module::parse(&file).expect("parse");
+    assert_eq!(m.abi(), ABI_VERSION);
+    let v = read_program(&m).expect("decode");
+    assert_eq!(v.to_program(), p);
+    let kinds: Vec<_> = m.sections().map(|s| s.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            SectionKind::Signature,
+            SectionKind::Plan,
+            SectionKind::Executables,
+            SectionKind::Constants,
+            SectionKind::Debug
+        ]
+    );
+}
+
+#[test]
+fn round_trip_external_without_debug() {
+    let p =
+        mlp(Constants::External { file: "mlp.weights".into(), size: 70_000_000, hash: 0xDEAD_BEEF_0123_4567 }, false);
+    let file = write_program(&p);
+    let m = Module::parse(&file).expect("parse");
+    let v = read_program(&m).expect("decode");
+    assert_eq!(v.to_program(), p);
+    assert!(v.debug.is_none());
+    assert_eq!(m.section(SectionKind::Debug), None);
+    assert_eq!(m.section(SectionKind::Constants), None);
+    assert_eq!(
+        v.constants,
+        ConstantsView::External { file: "mlp.weights", size: 70_000_000, hash: 0xDEAD_BEEF_0123_4567 }
+    );
+}
+
+#[test]
+fn round_trip_extremes_and_empty() {
+    let mut p = mlp(Constants::Embedded(vec![]), true);
+    p.entries[0].arena_size = u64::MAX;
+    p.entries[0].arena_align = 1 << 63;
+    p.entries[0].commands = vec![
+        Command::Dispatch {
+            kernel: u32::MAX,
+            device: u32::MAX,
+            workgroups: u64::MAX,
+            bindings: vec![b(Slot::Input(u32::MAX), u64::MAX, u64::MAX), b(Slot::Output(u32::MAX), 0, 0)],
+            push_constants: vec![0, u32::MAX],
+        },
+        Command::Fill { dst: b(Slot::Constants, 1, 2), pattern: u64::MAX, pattern_len: 255 },
+    ];
+    p.executables[0].relocs.push(Reloc {
+        offset: u64::MAX,
+        kind: RelocKind::Abs64,
+        target: u64::MAX,
+        addend: i64::MIN,
+    });
+    p.executables[0].relocs.push(Reloc { offset: 0, kind: RelocKind::Pc32, target: 0, addend: i64::MAX });
+    p.executables[0].features = u64::MAX;
+    p.entries[0].inputs[0].dtype = u32::MAX;
+    p.entries[0].buffers[0].first = u32::MAX;
+    p.debug = Some(DebugInfo::default());
+    let file = write_program(&p);
+    let v = read_program(&Module::parse(&file).expect("parse")).expect("decode");
+    assert_eq!(v.to_program(), p);
+
+    let empty = Program {
+        devices: vec![],
+        entries: vec![],
+        kernels: vec![],
+        executables: vec![],
+        constants: Constants::Embedded(vec![]),
+        debug: None,
+    };
+    let file = write_program(&empty);
+    let v = read_program(&Module::parse(&file).expect("parse")).expect("decode");
+    assert_eq!(v.to_program(), empty);
+}
+
+#[test]
+fn code_and_constants_are_borrowed_and_aligned() {
+    let p = mlp(embedded(), true);
+    let file = write_program(&p);
+    let m = Module::parse(&file).expect("parse");
+    let v = read_program(&m).expect("decode");
+    let range = file.as_ptr_range();
+    let code = v.executables[0].code;
+    assert!(range.contains(&code.as_ptr()), "code is a slice of the file");
+    let ConstantsView::Embedded(c) = v.constants else { panic!("embedded") };
+    assert!(range.contains(&c.as_ptr()));
+    assert_eq!((c.as_ptr() as usize - file.as_ptr() as usize) % 64, 0, "constants 64-byte aligned in the file");
+    assert_eq!(c, &(0..256u32).map(|i| i as u8).collect::<Vec<_>>()[..]);
+    assert!(range.contains(&v.entries[0].name.as_ptr()), "names are slices of the file");
+}
+
+#[test]
+fn small_mlp_is_a_few_kb() {
+    let p = mlp(Constants::External { file: "w.bin".into(), size: 1 << 20, hash: 1 }, true);
+    let file = write_program(&p);
+    let code = 300;
+    // Header 64 + 5 table entries of 32 = 224; the rest (signature, plan, symbols,
+    // kernel table, debug names, padding) stays well under half a kilobyte.
+    assert!(file.len() < 224 + code + 450, "artifact is {} bytes", file.len());
+    let without_debug =
+        write_program(&mlp(Constants::External { file: "w.bin".into(), size: 1 << 20, hash: 1 }, false));
+    assert!(without_debug.len() < file.len());
+}
+
+#[test]
+fn signature_bytes_by_hand() {
+    let p = Program {
+        devices: vec![],
+        entries: vec![EntryPoint {
+            name: "m".into(),
+            inputs: vec![t("x", 1, &[300], 1200)],
+            outputs: vec![],
+            arena_size: 0,
+            arena_align: 1,
+            commands: vec![],
+            buffers: vec![],
+        }],
+        kernels: vec![],
+        executables: vec![],
+        constants: Constants::Embedded(vec![]),
+        debug: None,
+    };
+    // 1 entry; "m"; 1 input: "x", dtype 1, 1 dim: 300 = 0b10_0101100 → ac 02,
+    // bytes 1200 = 0b1001_0110000 → b0 09; 0 outputs.
+    assert_eq!(
+        section_bytes(&p, SectionKind::Signature).expect("signature"),
+        [1, 1, b'm', 1, 1, b'x', 1, 1, 0xac, 0x02, 0xb0, 0x09, 0]
+    );
+    // 0 devices; 1 entry: arena 0, align 1, 0 commands, 0 buffers.
+    assert_eq!(section_bytes(&p, SectionKind::Plan).expect("plan"), [0, 1, 0, 1, 0, 0]);
+}
+
+#[test]
+fn slot_and_signed_encodings_by_hand() {
+    let mut p = mlp(Constants::Embedded(vec![]), false);
+    p.devices.clear();
+    p.entries[0].commands = vec![Command::Copy { src: b(Slot::Input(1), 5, 6), dst: b(Slot::Output(2), 0, 1) }];
+    p.entries[0].buffers.clear();
+    let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
+    // devices 0; entries 1; arena 64 (0x40), align 64; 1 command: tag 2,
+    // src slot 2+4·1 = 6, offset 5, length 6; dst slot 3+4·2 = 11, 0, 1; 0 buffers.
+    assert_eq!(plan, [0, 1, 0x40, 0x40, 1, 2, 6, 5, 6, 11, 0, 1, 0]);
+    p.executables[0].code = vec![0xc3];
+    p.executables[0].entries = vec![("k".into(), 0)];
+    p.executables[0].features = 0;
+    p.executables[0].relocs = vec![Reloc { offset: 0, kind: RelocKind::Pc32, target: 0, addend: -4 }];
+    p.kernels.clear();
+    // 1 executable: device 0, features 0, 1 entry "k" at 0, 1 reloc: 0, pc32, 0,
+    // zig-zag(-4) = 7; code length 1, c3; 0 kernels.
+    assert_eq!(
+        section_bytes(&p, SectionKind::Executables).expect("executables"),
+        [1, 0, 0, 1, 1, b'k', 0, 1, 0, 0, 0, 7, 1, 0xc3, 0]
+    );
+}
+
+#[test]
+fn weights_hash_matches_published_xxh64_vectors() {
+    assert_eq!(weights_hash(b""), 0xEF46_DB37_51D8_E999);
+    assert_eq!(weights_hash(b"a"), 0xD24E_C4F1_A98C_6E5B);
+    assert_eq!(weights_hash(b"abc"), 0x44BC_2CF5_AD77_0999);
+    assert_eq!(weights_hash(b"Nobody inspects the spammish repetition"), 0xFBCE_A83C_8A37_8BF1);
+    // Every byte matters.
+    let data: Vec<u8> = (0..1000u32).map(|i| (i * 31) as u8).collect();
+    let h = weights_hash(&data);
+    for i in [0, 31, 32, 500, 999] {
+        let mut d = data.clone();
+        d[i] ^= 1;
+        assert_ne!(weights_hash(&d), h, "flip at {i}");
+    }
+    assert_ne!(weights_hash(&data[..999]), h);
+}
+
+// ---- malformed sections -------------------------------------------------------------
+
+fn file_with(sections: &[(SectionKind, Vec<u8>)]) -> Vec<u8> {
+    let mut w = ModuleWriter::new(ABI_VERSION);
+    for (k, bytes) in sections {
+        w.add(*k, 8, bytes.clone()).expect("add");
+    }
+    w.finish()
+}
+
+fn valid_sections() -> Vec<(SectionKind, Vec<u8>)> {
+    let p = mlp(embedded(), true);
+    vec![
+        (SectionKind::Signature, section_bytes(&p, SectionKind::Signature).expect("sig")),
+        (SectionKind::Plan, section_bytes(&p, SectionKind::Plan).expect("plan")),
+        (SectionKind::Executables, section_bytes(&p, SectionKind::Executables).expect("exe")),
+        (SectionKind::Constants, vec![0; 256]),
+        (SectionKind::Debug, section_bytes(&p, SectionKind::Debug).expect("debug")),
+    ]
+}
+
+/// Replaces section `kind` with `bytes` and decodes; returns the error, the section's
+/// file offset.
+fn decode_with(kind: SectionKind, bytes: Vec<u8>) -> (kiln_module::sections::SectionError, u64) {
+    let mut s = valid_sections();
+    for e in &mut s {
+        if e.0 == kind {
+            e.1 = bytes.clone();
+        }
+    }
+    let file = file_with(&s);
+    let m = Module::parse(&file).expect("container is fine");
+    let base = m.sections().find(|x| x.kind == kind).map_or(0, |x| x.offset);
+    (read_program(&m).expect_err("must not decode"), base)
+}
+
+#[test]
+fn the_valid_sections_decode() {
+    let file = file_with(&valid_sections());
+    read_program(&Module::parse(&file).expect("parse")).expect("decode");
+}
+
+#[test]
+fn missing_and_conflicting_sections() {
+    for kind in [SectionKind::Signature, SectionKind::Plan, SectionKind::Executables, SectionKind::Constants] {
+        let s: Vec<_> = valid_sections().into_iter().filter(|e| e.0 != kind).collect();
+        let file = file_with(&s);
+        let e = read_program(&Module::parse(&file).expect("parse")).expect_err("missing");
+        assert_eq!((e.section, e.problem), (kind, SectionProblem::Missing), "{kind}");
+    }
+    let mut s = valid_sections();
+    s.push((SectionKind::ExternalWeights, vec![1, b'w', 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+    let file = file_with(&s);
+    let e = read_program(&Module::parse(&file).expect("parse")).expect_err("conflict");
+    assert_eq!(e.section, SectionKind::ExternalWeights);
+    assert_eq!(e.problem, SectionProblem::ConflictsWith(SectionKind::Constants));
+    // Unknown kinds are ignored.
+    let mut s = valid_sections();
+    s.push((SectionKind::Other(99), vec![1, 2, 3]));
+    read_program(&Module::parse(&file_with(&s)).expect("parse")).expect("unknown kinds are skipped");
+}
+
+#[test]
+fn truncation_is_reported_at_its_offset() {
+    let sig = valid_sections()[0].1.clone();
+    for cut in 0..sig.len() {
+        let (e, base) = decode_with(SectionKind::Signature, sig[..cut].to_vec());
+        assert_eq!(e.section, SectionKind::Signature);
+        assert!(
+            matches!(e.problem, SectionProblem::Truncated { .. } | SectionProblem::CountTooLarge { .. }),
+            "cut {cut}: {e}"
+        );
+        assert!(e.section_offset <= cut as u64);
+        assert_eq!(e.offset, base + e.section_offset);
+    }
+    let exe = valid_sections()[2].1.clone();
+    for cut in 0..exe.len() {
+        let (e, _) = decode_with(SectionKind::Executables, exe[..cut].to_vec());
+        assert_eq!(e.section, SectionKind::Executables, "cut {cut}");
+    }
+}
+
+#[test]
+fn bad_varints() {
+    // Eleven continuation bytes: longer than 64 bits.
+    let (e, base) = decode_with(SectionKind::Signature, vec![0xff; 11]);
+    assert_eq!(e.problem, SectionProblem::BadVarint { field: "signature entries" });
+    assert_eq!((e.section_offset, e.offset), (0, base));
+    // Tenth byte 2: bit 64 set.
+    let mut v = vec![0x80; 9];
+    v.push(2);
+    let (e, _) = decode_with(SectionKind::Signature, v);
+    assert_eq!(e.problem, SectionProblem::BadVarint { field: "signature entries" });
+    // u64::MAX itself is fine as a varint but far too many entries.
+    let mut v = vec![0xff; 9];
+    v.push(1);
+    let (e, _) = decode_with(SectionKind::Signature, v);
+    assert_eq!(e.problem, SectionProblem::CountTooLarge { field: "signature entries", count: u64::MAX, remaining: 0 });
+    // Non-minimal: 0x80 0x00 is a padded zero.
+    let (e, _) = decode_with(SectionKind::Signature, vec![0x80, 0x00]);
+    assert_eq!(e.problem, SectionProblem::BadVarint { field: "signature entries" });
+}
+
+#[test]
+fn hostile_counts_do_not_allocate() {
+    // 2^62 dims in a 20-byte section: rejected before any allocation.
+    let v = vec![1, 1, b'm', 1, 1, b'x', 1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40];
+    let (e, base) = decode_with(SectionKind::Signature, v);
+    assert!(matches!(e.problem, SectionProblem::CountTooLarge { field: "tensor dims", count, .. } if count == 1 << 62));
+    assert_eq!(e.offset, base + 7);
+    // Code length past the end.
+    let mut v = vec![1, 0, 0, 0, 0];
+    v.extend([0xff, 0xff, 0xff, 0xff, 0x0f]);
+    v.extend([0xc3; 4]);
+    let (e, _) = decode_with(SectionKind::Executables, v);
+    assert_eq!(e.problem, SectionProblem::Truncated { field: "code" });
+    assert_eq!(e.section_offset, 10);
+}
+
+#[test]
+fn bad_values_tags_and_strings() {
+    // dtype 2^32 does not fit u32.
+    let (e, _) =
+        decode_with(SectionKind::Signature, vec![1, 1, b'm', 1, 1, b'x', 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0, 0]);
+    assert_eq!(e.problem, SectionProblem::TooLarge { field: "tensor dtype", value: 1 << 32, max: u32::MAX.into() });
+    assert_eq!(e.section_offset, 6);
+    // Name is not UTF-8.
+    let (e, _) = decode_with(SectionKind::Signature, vec![1, 2, 0xc3, 0x28, 0, 0]);
+    assert_eq!(e.problem, SectionProblem::BadUtf8 { field: "entry name" });
+    assert_eq!(e.section_offset, 2);
+    // Plan: one cpu device, one entry, arena 0/1, one command with tag 4.
+    let plan = vec![1, 0, 3, b'c', b'p', b'u', 1, 0, 1, 1, 4, 0];
+    let (e, _) = decode_with(SectionKind::Plan, plan);
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 4 });
+    assert_eq!(e.section_offset, 10);
+    // Device kind 2.
+    let (e, _) = decode_with(SectionKind::Plan, vec![1, 2, 0, 1, 0, 1, 0, 0]);
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "device kind", tag: 2 });
+    // Slot code 4 (tag 0 with an index) is not a slot.
+    let plan = vec![0, 1, 0, 1, 1, 2, 4, 0, 0, 0, 0, 0, 0];
+    let (e, _) = decode_with(SectionKind::Plan, plan);
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "binding slot", tag: 4 });
+    assert_eq!(e.section_offset, 6);
+    // Fill pattern length 256.
+    let plan = vec![0, 1, 0, 1, 1, 3, 0, 0, 0, 0x80, 0x02, 0, 0];
+    let (e, _) = decode_with(SectionKind::Plan, plan);
+    assert_eq!(e.problem, SectionProblem::TooLarge { field: "fill pattern length", value: 256, max: 255 });
+    // Relocation kind 2.
+    let exe = vec![1, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0];
+    let (e, _) = decode_with(SectionKind::Executables, exe);
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "relocation kind", tag: 2 });
+    assert_eq!(e.section_offset, 6);
+}
+
+#[test]
+fn entry_counts_and_trailing_bytes() {
+    // The signature has one entry; a plan with zero entries disagrees.
+    let (e, _) = decode_with(SectionKind::Plan, vec![0, 0]);
+    assert_eq!(e.problem, SectionProblem::EntryCountMismatch { signature: 1, plan: 0 });
+    assert_eq!(e.section_offset, 1);
+    for (i, kind) in [SectionKind::Signature, SectionKind::Plan, SectionKind::Executables, SectionKind::Debug]
+        .into_iter()
+        .enumerate()
+    {
+        let mut bytes = valid_sections()[if i == 3 { 4 } else { i }].1.clone();
+        let len = bytes.len() as u64;
+        bytes.push(0);
+        let (e, _) = decode_with(kind, bytes);
+        assert_eq!((e.section, e.problem, e.section_offset), (kind, SectionProblem::TrailingBytes { count: 1 }, len));
+    }
+    // External weights: hash cut short.
+    let mut s: Vec<_> = valid_sections().into_iter().filter(|e| e.0 != SectionKind::Constants).collect();
+    s.push((SectionKind::ExternalWeights, vec![1, b'w', 5, 1, 2, 3]));
+    let e = read_program(&Module::parse(&file_with(&s)).expect("parse")).expect_err("short hash");
+    assert_eq!(e.problem, SectionProblem::Truncated { field: "weights hash" });
+    assert_eq!(e.section_offset, 3);
+}
+
+#[test]
+fn errors_are_one_readable_line() {
+    let (e, base) = decode_with(SectionKind::Signature, vec![0x80, 0x00]);
+    assert_eq!(
+        e.to_string(),
+        format!("signature section, file offset {base} (byte 0 of the section): signature entries: varint longer than 64 bits or not minimal")
+    );
+}
+
+#[test]
+fn reseal_lets_deliberate_edits_through() {
+    let file = write_program(&mlp(embedded(), true));
+    let m = Module::parse(&file).expect("parse");
+    let sig = m.sections().find(|s| s.kind == SectionKind::Signature).expect("signature");
+    let mut d = file.clone();
+    // The entry count (first byte of the signature) 1 → 0x7f: caught by the CRC...
+    d[sig.offset as usize] = 0x7f;
+    assert!(matches!(Module::parse(&d), Err(kiln_module::ReadError::SectionChecksum { .. })));
+    // ...resealed, the container is fine again and the decoder sees the edit.
+    kiln_module::reseal::reseal(&mut d);
+    let m = Module::parse(&d).expect("resealed");
+    let e = read_program(&m).expect_err("127 entries cannot fit");
+    assert!(matches!(e.problem, SectionProblem::CountTooLarge { count: 127, .. }));
+    // Truncating and resealing fixes the recorded length; the table then points past
+    // the end, which the container reader names.
+    let mut t = file[..file.len() - 10].to_vec();
+    kiln_module::reseal::reseal(&mut t);
+    assert!(matches!(Module::parse(&t), Err(kiln_module::ReadError::SectionOutOfBounds { .. })));
+    // Too short to have a header: left alone.
+    let mut s = file[..20].to_vec();
+    kiln_module::reseal::reseal(&mut s);
+    assert_eq!(s, file[..20]);
+}
