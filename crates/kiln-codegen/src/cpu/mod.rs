@@ -1,0 +1,277 @@
+//! x86-64 code for kernels, through Cranelift.
+//!
+//! [`compile`] turns kernels into one relocatable [`Executable`]: one function per
+//! kernel (symbol = kernel name) following the kernel ABI of `kiln_module::abi`, built
+//! into one ELF object by `cranelift-object` (not position-independent, no unwind
+//! info) and read back into a single image of code and read-only data with its
+//! relocations translated to image offsets. The runtime's loader maps that image; no
+//! system linker or `dlopen` is involved.
+//!
+//! Each function runs the workgroups `begin..end` of its kernel. A workgroup is one
+//! position of every output dimension but the innermost (a rank-0 or rank-1 kernel
+//! has one workgroup), so a driver can split rows across threads. Loop structure,
+//! scheduling and vectorisation are described in [`analysis`] and [`emit`].
+
+mod analysis;
+mod emit;
+mod image;
+
+use cranelift_codegen::ir::UserFuncName;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_module::{default_libcall_names, Linkage, Module};
+use cranelift_object::{ObjectBuilder, ObjectModule};
+use kiln_flow::{Expr, Kernel, UnaryOp};
+use kiln_ir::DType;
+use kiln_module::program::{CpuFeature, Executable};
+
+use crate::CodegenError;
+
+/// Which x86-64 CPUs the code must run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuTarget {
+    /// The CPU this compiler runs on (every feature it has that the code generator
+    /// can use).
+    Host,
+    /// x86-64 baseline (SSE2 only): floor/ceil/round/trunc use scalar fallbacks.
+    X86_64,
+    /// x86-64-v2: SSE3, SSSE3, SSE4.1, SSE4.2, POPCNT.
+    X86_64V2,
+    /// x86-64-v3: v2 plus AVX, AVX2, FMA, BMI1, BMI2, LZCNT (VEX encodings).
+    X86_64V3,
+}
+
+/// Knobs of the code generator; the defaults are what the compiler uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Run loops four f32/i32 lanes at a time where possible.
+    pub vectorize: bool,
+    /// Let float sums and products of a vectorised reduction be reassociated (four
+    /// partial results combined at the end); off, vectorised code is bit-identical to
+    /// scalar code.
+    pub reassociate: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { vectorize: true, reassociate: true }
+    }
+}
+
+/// Compiled kernels: the executable and, per kernel (in input order), the number of
+/// workgroups a dispatch runs. Entry `i` of the executable is kernel `i`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuModule {
+    /// The relocatable image.
+    pub executable: Executable,
+    /// Workgroup count per kernel.
+    pub workgroups: Vec<u64>,
+}
+
+/// The workgroups of a kernel: the product of every output dimension but the
+/// innermost (1 for rank 0 and 1).
+pub fn workgroups(k: &Kernel) -> u64 {
+    let dims = k.output.shape.dims();
+    dims[..dims.len().saturating_sub(1)].iter().map(|&d| d as u64).product()
+}
+
+/// Cranelift flag names and the features they make the code use.
+const V2: [(&str, CpuFeature); 5] = [
+    ("has_sse3", CpuFeature::Sse3),
+    ("has_ssse3", CpuFeature::Ssse3),
+    ("has_sse41", CpuFeature::Sse41),
+    ("has_sse42", CpuFeature::Sse42),
+    ("has_popcnt", CpuFeature::Popcnt),
+];
+const V3: [(&str, CpuFeature); 6] = [
+    ("has_avx", CpuFeature::Avx),
+    ("has_avx2", CpuFeature::Avx2),
+    ("has_fma", CpuFeature::Fma),
+    ("has_bmi1", CpuFeature::Bmi1),
+    ("has_bmi2", CpuFeature::Bmi2),
+    ("has_lzcnt", CpuFeature::Lzcnt),
+];
+
+/// The ISA flags to enable for `target`.
+fn target_flags(target: CpuTarget) -> Result<Vec<(&'static str, CpuFeature)>, CodegenError> {
+    Ok(match target {
+        CpuTarget::X86_64 => Vec::new(),
+        CpuTarget::X86_64V2 => V2.to_vec(),
+        CpuTarget::X86_64V3 => V2.iter().chain(&V3).copied().collect(),
+        CpuTarget::Host => host_flags()?,
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn host_flags() -> Result<Vec<(&'static str, CpuFeature)>, CodegenError> {
+    let mut v = Vec::new();
+    macro_rules! detect {
+        ($($feat:tt => $flag:expr, $f:expr;)*) => {$(
+            if std::is_x86_feature_detected!($feat) {
+                v.push(($flag, $f));
+            }
+        )*};
+    }
+    detect! {
+        "sse3" => "has_sse3", CpuFeature::Sse3;
+        "ssse3" => "has_ssse3", CpuFeature::Ssse3;
+        "sse4.1" => "has_sse41", CpuFeature::Sse41;
+        "sse4.2" => "has_sse42", CpuFeature::Sse42;
+        "popcnt" => "has_popcnt", CpuFeature::Popcnt;
+        "avx" => "has_avx", CpuFeature::Avx;
+        "avx2" => "has_avx2", CpuFeature::Avx2;
+        "fma" => "has_fma", CpuFeature::Fma;
+        "bmi1" => "has_bmi1", CpuFeature::Bmi1;
+        "bmi2" => "has_bmi2", CpuFeature::Bmi2;
+        "lzcnt" => "has_lzcnt", CpuFeature::Lzcnt;
+        "avx512f" => "has_avx512f", CpuFeature::Avx512f;
+        "avx512vl" => "has_avx512vl", CpuFeature::Avx512vl;
+        "avx512dq" => "has_avx512dq", CpuFeature::Avx512dq;
+    }
+    Ok(v)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn host_flags() -> Result<Vec<(&'static str, CpuFeature)>, CodegenError> {
+    Err(CodegenError::Unsupported { kernel: String::new(), what: "a host that is not x86-64".into() })
+}
+
+fn internal(kernel: &str, what: impl std::fmt::Display) -> CodegenError {
+    CodegenError::Internal { kernel: kernel.to_string(), what: what.to_string() }
+}
+
+/// Rejects what the CPU backend does not handle yet (the 8/6/4-bit float types and
+/// i4/u4, in storage or as cast targets) and names that are not symbols.
+fn check_supported(k: &Kernel) -> Result<(), CodegenError> {
+    let unsupported = |what: String| CodegenError::Unsupported { kernel: k.name.clone(), what };
+    if k.name.is_empty() || !k.name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {
+        return Err(unsupported(format!("kernel name {:?} (names are [A-Za-z0-9_]+)", k.name)));
+    }
+    let ok = |d: DType| analysis::elem_bytes(d).is_some();
+    for (i, t) in k.inputs.iter().enumerate() {
+        if !ok(t.dtype) {
+            return Err(unsupported(format!("input {i} of dtype {}", t.dtype.name())));
+        }
+    }
+    if !ok(k.output.dtype) {
+        return Err(unsupported(format!("an output of dtype {}", k.output.dtype.name())));
+    }
+    for (i, n) in k.nodes.iter().enumerate() {
+        match &n.expr {
+            Expr::Cast { to, .. } if !ok(*to) => {
+                return Err(unsupported(format!("node e{i}: a cast to {}", to.name())));
+            }
+            // The kernel docs define `not` on bool and integers only.
+            Expr::Unary(UnaryOp::Not, a) if k.node(*a).ty.is_float() => {
+                return Err(unsupported(format!("node e{i}: not of {}", k.node(*a).ty)));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Compiles `kernels` for `target` with the default [`Options`].
+pub fn compile(kernels: &[&Kernel], target: &CpuTarget) -> Result<CpuModule, CodegenError> {
+    compile_with(kernels, target, &Options::default())
+}
+
+/// A configured ISA and the features its code may use.
+struct Isa {
+    isa: cranelift_codegen::isa::OwnedTargetIsa,
+    features: u64,
+    caps: emit::Caps,
+}
+
+fn make_isa(target: CpuTarget) -> Result<Isa, CodegenError> {
+    let flags = target_flags(target)?;
+    let mut shared = settings::builder();
+    let setting = |b: &mut settings::Builder, name: &str, value: &str| {
+        b.set(name, value).map_err(|e| internal("", format!("setting {name}={value}: {e}")))
+    };
+    setting(&mut shared, "opt_level", "none")?;
+    setting(&mut shared, "is_pic", "false")?;
+    setting(&mut shared, "unwind_info", "false")?;
+    setting(&mut shared, "enable_verifier", if cfg!(debug_assertions) { "true" } else { "false" })?;
+    let triple: target_lexicon::Triple =
+        "x86_64-unknown-linux-gnu".parse().map_err(|e| internal("", format!("target triple: {e}")))?;
+    let mut isa_builder = cranelift_codegen::isa::lookup(triple).map_err(|e| internal("", e))?;
+    let mut features = CpuFeature::Sse2.bit();
+    for &(flag, f) in &flags {
+        isa_builder.enable(flag).map_err(|e| internal("", format!("flag {flag}: {e}")))?;
+        features |= f.bit();
+    }
+    let sse41 = flags.iter().any(|&(_, f)| f == CpuFeature::Sse41);
+    let isa = isa_builder.finish(settings::Flags::new(shared)).map_err(|e| internal("", e))?;
+    Ok(Isa { isa, features, caps: emit::Caps { sse41 } })
+}
+
+/// Checks `k` and builds its Cranelift function into `func`; returns notes on what
+/// was vectorised.
+fn build_kernel(
+    k: &Kernel,
+    idx: usize,
+    isa: &Isa,
+    options: &Options,
+    func: &mut cranelift_codegen::ir::Function,
+    fctx: &mut FunctionBuilderContext,
+) -> Result<Vec<String>, CodegenError> {
+    k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
+    check_supported(k)?;
+    let an = analysis::Analysis::new(k).map_err(|e| internal(&k.name, e))?;
+    func.signature = emit::kernel_signature();
+    func.name = UserFuncName::user(0, idx as u32);
+    emit::build(k, &an, func, fctx, isa.caps, options, isa.isa.frontend_config()).map_err(|e| internal(&k.name, e))
+}
+
+/// The Cranelift IR of one kernel as text, as built or (`optimized`) after
+/// Cranelift's mid-end, headed by notes on which loops run four lanes at a time.
+pub fn clif_text(k: &Kernel, target: &CpuTarget, options: &Options, optimized: bool) -> Result<String, CodegenError> {
+    let isa = make_isa(*target)?;
+    let mut ctx = cranelift_codegen::Context::new();
+    let mut fctx = FunctionBuilderContext::new();
+    let notes = build_kernel(k, 0, &isa, options, &mut ctx.func, &mut fctx)?;
+    if optimized {
+        ctx.optimize(&*isa.isa, &mut Default::default()).map_err(|e| internal(&k.name, format!("{e:?}")))?;
+    }
+    let func = &ctx.func;
+    let mut out = String::new();
+    for n in notes {
+        out.push_str("; ");
+        out.push_str(&n);
+        out.push('\n');
+    }
+    out.push_str(&func.display().to_string());
+    Ok(out)
+}
+
+/// Compiles `kernels` for `target`.
+pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) -> Result<CpuModule, CodegenError> {
+    let isa = make_isa(*target)?;
+    let features = isa.features;
+    let builder = ObjectBuilder::new(isa.isa.clone(), "kiln", default_libcall_names()).map_err(|e| internal("", e))?;
+    let mut module = ObjectModule::new(builder);
+    let mut ctx = module.make_context();
+    let mut fctx = FunctionBuilderContext::new();
+    let mut workgroup_counts = Vec::with_capacity(kernels.len());
+    let mut names: Vec<&str> = Vec::with_capacity(kernels.len());
+    for (idx, k) in kernels.iter().enumerate() {
+        if names.contains(&k.name.as_str()) {
+            return Err(CodegenError::Unsupported {
+                kernel: k.name.clone(),
+                what: "a second kernel of the same name".into(),
+            });
+        }
+        names.push(&k.name);
+        module.clear_context(&mut ctx);
+        build_kernel(k, idx, &isa, options, &mut ctx.func, &mut fctx)?;
+        let id =
+            module.declare_function(&k.name, Linkage::Export, &ctx.func.signature).map_err(|e| internal(&k.name, e))?;
+        module.define_function(id, &mut ctx).map_err(|e| internal(&k.name, format!("{e:?}")))?;
+        workgroup_counts.push(workgroups(k));
+    }
+    let product = module.finish();
+    let bytes = product.emit().map_err(|e| internal("", e))?;
+    let executable = image::from_object(&bytes, &names, features)?;
+    Ok(CpuModule { executable, workgroups: workgroup_counts })
+}

@@ -1,0 +1,37 @@
+//! Code generation: flow-level kernels to native executables.
+//!
+//! [`cpu`] compiles [`kiln_flow::Kernel`]s to x86-64 through Cranelift.
+#![deny(missing_docs)]
+
+pub mod cpu;
+
+pub use cpu::{compile, compile_with, CpuModule, CpuTarget, Options};
+
+/// Why kernels could not be compiled.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CodegenError {
+    /// The kernel uses something this code generator does not handle (yet).
+    #[error("kernel {kernel}: {what} is not supported by the CPU code generator")]
+    Unsupported {
+        /// Kernel name.
+        kernel: String,
+        /// What is missing.
+        what: String,
+    },
+    /// The kernel is malformed (a bug in whatever built it).
+    #[error("kernel {kernel} is malformed: {error}")]
+    Invalid {
+        /// Kernel name.
+        kernel: String,
+        /// What the verifier found.
+        error: kiln_flow::KernelError,
+    },
+    /// A bug in the code generator.
+    #[error("internal error in the CPU code generator (kernel {kernel:?}): {what}")]
+    Internal {
+        /// Kernel name (empty when not about one kernel).
+        kernel: String,
+        /// What went wrong.
+        what: String,
+    },
+}

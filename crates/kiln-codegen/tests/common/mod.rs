@@ -1,0 +1,390 @@
+//! Shared test machinery: compile kernels, load them with the runtime's loader, run
+//! them on buffers, and compare with the kernel interpreter (`kiln_flow::interp`).
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_flow::{interp, Kernel};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_runtime::cpu::helpers::HELPERS;
+use kiln_runtime::cpu::loader::LoadedCode;
+
+/// One way of compiling: a target and options.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub target: CpuTarget,
+    pub options: Options,
+}
+
+/// Every target this machine can run, with and without vectorisation (float
+/// reductions never reassociated, so every result is comparable bit for bit).
+pub fn configs() -> Vec<Config> {
+    let mut targets = vec![CpuTarget::X86_64, CpuTarget::X86_64V2];
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        targets.push(CpuTarget::X86_64V3);
+    }
+    targets.push(CpuTarget::Host);
+    let mut out = Vec::new();
+    for t in targets {
+        for vectorize in [false, true] {
+            out.push(Config { target: t, options: Options { vectorize, reassociate: false } });
+        }
+    }
+    out
+}
+
+/// A few configurations for larger tests.
+pub fn quick_configs() -> Vec<Config> {
+    vec![
+        Config { target: CpuTarget::X86_64V2, options: Options { vectorize: false, reassociate: false } },
+        Config { target: CpuTarget::Host, options: Options { vectorize: true, reassociate: false } },
+    ]
+}
+
+/// Bytes with guard zones on both sides, to catch stray writes.
+struct Guarded {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+const GUARD: usize = 64;
+const CANARY: u8 = 0xA5;
+
+impl Guarded {
+    fn new(data: &[u8]) -> Guarded {
+        let mut buf = vec![CANARY; data.len() + 2 * GUARD];
+        buf[GUARD..GUARD + data.len()].copy_from_slice(data);
+        Guarded { buf, len: data.len() }
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        // In bounds: GUARD <= buf.len().
+        self.buf[GUARD..].as_mut_ptr()
+    }
+    fn data(&self) -> &[u8] {
+        &self.buf[GUARD..GUARD + self.len]
+    }
+    fn guards_intact(&self) -> bool {
+        self.buf[..GUARD].iter().chain(&self.buf[GUARD + self.len..]).all(|&b| b == CANARY)
+    }
+}
+
+/// Compiles `k` with `cfg`, runs it on `inputs` (all workgroups, in `splits` calls),
+/// and returns the output.
+pub fn run_compiled(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64) -> Tensor {
+    let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap_or_else(|e| panic!("compile {}: {e}", k.name));
+    let exe = &m.executable;
+    let code = LoadedCode::load(&exe.code, &exe.relocs).unwrap_or_else(|e| panic!("load: {e}"));
+    let entry = code.entry(exe.entries[0].1).expect("entry");
+    let mut ins: Vec<Guarded> = inputs.iter().map(|t| Guarded::new(t.bytes())).collect();
+    let mut out = Guarded::new(&vec![0u8; k.output.storage_bytes()]);
+    let mut bindings: Vec<*mut u8> = ins.iter_mut().map(|g| g.ptr()).collect();
+    bindings.push(out.ptr());
+    let wg = m.workgroups[0];
+    let splits = splits.clamp(1, wg.max(1));
+    let mut at = 0;
+    for s in 0..splits {
+        let end = if s + 1 == splits { wg } else { at + wg / splits };
+        // SAFETY (test): the bindings are live buffers of the kernel's input and output
+        // types, in binding order; the helper table is the runtime's.
+        unsafe { entry(bindings.as_ptr(), HELPERS.as_ptr(), at, end) };
+        at = end;
+    }
+    // Also: an empty range and a range past the end do nothing.
+    // SAFETY (test): as above.
+    unsafe { entry(bindings.as_ptr(), HELPERS.as_ptr(), wg, wg + 5) };
+    assert!(out.guards_intact(), "{}: a write outside the output", k.name);
+    for (i, g) in ins.iter().enumerate() {
+        assert!(g.guards_intact(), "{}: input {i} was written around", k.name);
+        assert_eq!(g.data(), inputs[i].bytes().as_ref(), "{}: input {i} was modified", k.name);
+    }
+    Tensor::new(k.output.clone(), Bytes::copy_from_slice(out.data())).expect("output tensor")
+}
+
+/// How to compare two outputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cmp {
+    /// +0 and -0 count as equal (float min/max on mixed-sign zeros: see the tests).
+    pub zero_sign: bool,
+    /// Relative tolerance of floats (0: bits must agree, NaN matching any NaN).
+    pub rtol: f64,
+}
+
+pub const EXACT: Cmp = Cmp { zero_sign: false, rtol: 0.0 };
+
+/// Float bits of element `i` as f64, or None for integer dtypes.
+fn float_at(t: &Tensor, i: usize) -> Option<f64> {
+    let b = t.bytes();
+    Some(match t.dtype() {
+        DType::F32 => f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap()) as f64,
+        DType::F64 => f64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap()),
+        DType::F16 | DType::BF16 => {
+            let h = u16::from_le_bytes(b[2 * i..2 * i + 2].try_into().unwrap());
+            if t.dtype() == DType::F16 {
+                f16_value(h)
+            } else {
+                f32::from_bits((h as u32) << 16) as f64
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// The value of f16 bits, decoded independently of the code under test.
+pub fn f16_value(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let e = ((h >> 10) & 0x1f) as i32;
+    let m = (h & 0x3ff) as f64;
+    sign * match e {
+        0 => m * 2f64.powi(-24),
+        31 if m == 0.0 => f64::INFINITY,
+        31 => f64::NAN,
+        _ => (1.0 + m / 1024.0) * 2f64.powi(e - 15),
+    }
+}
+
+/// Compares `got` with `want` element by element; returns the first difference.
+pub fn compare(got: &Tensor, want: &Tensor, cmp: Cmp) -> Result<(), String> {
+    if got.ty() != want.ty() {
+        return Err(format!("type {} vs {}", got.ty(), want.ty()));
+    }
+    let n = got.numel();
+    let size = got.dtype().storage_bytes(1);
+    for i in 0..n {
+        if let (Some(g), Some(w)) = (float_at(got, i), float_at(want, i)) {
+            let same_bits = g.to_bits() == w.to_bits();
+            let ok = same_bits
+                || (g.is_nan() && w.is_nan())
+                || (cmp.zero_sign && g == 0.0 && w == 0.0)
+                || (cmp.rtol > 0.0 && (g - w).abs() <= cmp.rtol * w.abs().max(1e-30));
+            if !ok {
+                return Err(format!("element {i}: got {g:e} ({:#x}), want {w:e} ({:#x})", g.to_bits(), w.to_bits()));
+            }
+        } else {
+            let (g, w) = (&got.bytes()[i * size..(i + 1) * size], &want.bytes()[i * size..(i + 1) * size]);
+            if g != w {
+                return Err(format!("element {i}: got bytes {g:?}, want {w:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `k` under every configuration in `cfgs` (and two workgroup splits) and checks
+/// each result against the interpreter.
+pub fn check_with(k: &Kernel, inputs: &[&Tensor], cmp: Cmp, cfgs: &[Config]) {
+    let want = interp::run(k, inputs).unwrap_or_else(|e| panic!("interp {}: {e}", k.name));
+    for cfg in cfgs {
+        for splits in [1, 3] {
+            let got = run_compiled(k, inputs, cfg, splits);
+            if let Err(e) = compare(&got, &want, cmp) {
+                panic!("kernel {} under {:?} (splits {splits}): {e}\n{k}", k.name, cfg);
+            }
+        }
+    }
+}
+
+/// [`check_with`] over every configuration.
+pub fn check(k: &Kernel, inputs: &[&Tensor], cmp: Cmp) {
+    check_with(k, inputs, cmp, &configs());
+}
+
+/// A tensor from raw bits of its compute type (`bits[i]` is element `i`).
+pub fn tensor_bits(dtype: DType, dims: &[usize], bits: &[u64]) -> Tensor {
+    let shape = Shape::new(dims.to_vec()).expect("shape");
+    assert_eq!(shape.numel(), bits.len(), "element count");
+    let size = dtype.storage_bytes(1);
+    let mut data = Vec::with_capacity(bits.len() * size);
+    for &b in bits {
+        data.extend_from_slice(&b.to_le_bytes()[..size]);
+    }
+    Tensor::new(TensorType::new(dtype, shape), Bytes::from(data)).expect("tensor")
+}
+
+/// Deterministic pseudo-random numbers.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+}
+
+/// f32 values of `n` pseudo-random elements in [-scale, scale) as tensor `dims`.
+pub fn random_f32(dims: &[usize], scale: f64, seed: u64) -> Tensor {
+    let mut r = Rng(seed.max(1));
+    let n: usize = dims.iter().product();
+    let bits: Vec<u64> = (0..n).map(|_| ((r.unit() * scale) as f32).to_bits() as u64).collect();
+    tensor_bits(DType::F32, dims, &bits)
+}
+
+/// Interesting stored values (bits in the storage dtype) of every dtype: zeros, ones,
+/// extremes, NaN and infinities, halves for rounding, values near conversion limits.
+pub fn specials(d: DType) -> Vec<u64> {
+    let f32s: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        3.75,
+        -3.75,
+        0.3,
+        -7.0,
+        100.25,
+        1e-3,
+        1e30,
+        -1e30,
+        f32::MAX,
+        f32::MIN,
+        f32::MIN_POSITIVE,
+        1e-40,
+        -1e-40,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        4194304.5,
+        16777216.0,
+        2147483648.0,
+        -2147483904.0,
+        -2147483648.0,
+        9.3e18,
+        -9.3e18,
+        1.9e19,
+        65504.0,
+        65520.0,
+        300.0,
+        -129.0,
+        255.5,
+        1e10,
+    ];
+    let f64s: Vec<f64> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        0.1,
+        -7.25,
+        1e-300,
+        1e300,
+        -1e300,
+        f64::MAX,
+        f64::MIN,
+        f64::MIN_POSITIVE,
+        5e-324,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -f64::NAN,
+        2251799813685248.5,
+        9007199254740993.0,
+        9.3e18,
+        -9.3e18,
+        9223372036854775807.0,
+        -9223372036854775808.0,
+        1.9e19,
+        18446744073709551615.0,
+        3.4028235677973366e38,
+        1e40,
+        65504.0,
+        70000.0,
+        -4294967296.0,
+        255.5,
+        1e-8,
+    ];
+    let ints = |bits: u32, signed: bool| -> Vec<u64> {
+        let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let max = if signed { (mask >> 1) as i128 } else { mask as i128 };
+        let min = if signed { -(max + 1) } else { 0 };
+        let mut v: Vec<i128> =
+            vec![0, 1, -1, 2, -2, 3, 5, -7, 100, -100, bits as i128 - 1, bits as i128, bits as i128 + 1, 12345, -12345];
+        v.extend([min, min + 1, max, max - 1, max / 2, 77777777777, -5555555555555]);
+        v.into_iter().map(|x| (x as u64) & mask).collect()
+    };
+    match d {
+        DType::F32 => f32s.iter().map(|x| x.to_bits() as u64).collect(),
+        DType::F64 => f64s.iter().map(|x| x.to_bits()).collect(),
+        DType::F16 => {
+            vec![
+                0x0000, 0x8000, 0x3c00, 0xbc00, 0x3800, 0x3e00, 0x7bff, 0xfbff, 0x0001, 0x8001, 0x03ff, 0x0400, 0x7c00,
+                0xfc00, 0x7e00, 0x7d01, 0x3555, 0x4248, 0xc900, 0x5bff,
+            ]
+        }
+        DType::BF16 => {
+            vec![
+                0x0000, 0x8000, 0x3f80, 0xbf80, 0x3f00, 0x3fc0, 0x7f7f, 0xff7f, 0x0001, 0x8001, 0x007f, 0x0080, 0x7f80,
+                0xff80, 0x7fc0, 0x7f81, 0x3eab, 0x4049, 0xc2c8, 0x4f00,
+            ]
+        }
+        DType::Bool => vec![0, 1],
+        DType::I8 => ints(8, true),
+        DType::I16 => ints(16, true),
+        DType::I32 => ints(32, true),
+        DType::I64 => ints(64, true),
+        DType::U8 => ints(8, false),
+        DType::U16 => ints(16, false),
+        DType::U32 => ints(32, false),
+        DType::U64 => ints(64, false),
+        _ => Vec::new(),
+    }
+}
+
+/// The value of bf16 bits.
+pub fn bf16_value(h: u16) -> f64 {
+    f32::from_bits((h as u32) << 16) as f64
+}
+
+/// Correct rounding of `x` to f16 or bf16 (nearest, ties to the even encoding,
+/// infinity from halfway past the largest finite value; NaN gives a quiet NaN),
+/// found by searching a table of every finite value: independent of any conversion
+/// code under test.
+pub fn round_oracle(d: DType, x: f64) -> u16 {
+    let (inf, value): (u16, fn(u16) -> f64) = match d {
+        DType::F16 => (0x7c00, f16_value),
+        _ => (0x7f80, bf16_value),
+    };
+    if x.is_nan() {
+        return inf | (inf >> 1 & !inf);
+    }
+    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+    let a = x.abs();
+    let max = value(inf - 1);
+    let step = max - value(inf - 2);
+    if a >= max + step / 2.0 {
+        return sign | inf;
+    }
+    // Binary search over the encodings 0..inf (ordered like their values).
+    let (mut lo, mut hi) = (0u16, inf - 1);
+    if a >= max {
+        return sign | (inf - 1);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if value(mid) <= a {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let (dl, dh) = (a - value(lo), value(hi) - a);
+    let pick = if dl < dh || (dl == dh && lo % 2 == 0) { lo } else { hi };
+    sign | pick
+}
