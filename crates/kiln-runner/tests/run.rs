@@ -1,0 +1,152 @@
+//! `kiln-run` end to end on a hand-built artifact whose one kernel is hand-assembled
+//! x86-64: y = a + b (f32), computed into the arena and copied out.
+
+use kiln_module::program::*;
+use kiln_module::sections::write_program;
+use std::path::{Path, PathBuf};
+use std::process::Command as Cmd;
+
+/// `y[i] = a[i] + b[i]` for workgroups i in `begin..end` (see kiln-runtime's tests).
+const ADD_F32: &[u8] = &[
+    0x4c, 0x8b, 0x07, 0x4c, 0x8b, 0x4f, 0x08, 0x4c, 0x8b, 0x57, 0x10, // r8, r9, r10 = bindings 0, 1, 2
+    0x48, 0x39, 0xca, 0x73, 0x17, //                                  loop: cmp rdx, rcx; jae done
+    0xf3, 0x41, 0x0f, 0x10, 0x04, 0x90, //                            movss xmm0, [r8+rdx*4]
+    0xf3, 0x41, 0x0f, 0x58, 0x04, 0x91, //                            addss xmm0, [r9+rdx*4]
+    0xf3, 0x41, 0x0f, 0x11, 0x04, 0x92, //                            movss [r10+rdx*4], xmm0
+    0x48, 0xff, 0xc2, 0xeb, 0xe4, //                                  inc rdx; jmp loop
+    0xc3, //                                                          done: ret
+];
+
+fn program(external: Option<&[u8]>) -> Program {
+    let t = |name: &str| TensorDesc { name: name.into(), dtype: 1, dims: vec![3], bytes: 12 };
+    let b = |slot, offset, length| Binding { slot, offset, length };
+    Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![EntryPoint {
+            name: "main".into(),
+            inputs: vec![t("a"), t("b")],
+            outputs: vec![t("out/y:0")],
+            arena_size: 12,
+            arena_align: 16,
+            commands: vec![
+                Command::Dispatch {
+                    kernel: 0,
+                    device: 0,
+                    workgroups: 3,
+                    bindings: vec![b(Slot::Input(0), 0, 12), b(Slot::Input(1), 0, 12), b(Slot::Arena, 0, 12)],
+                    push_constants: vec![],
+                },
+                Command::Copy { src: b(Slot::Arena, 0, 12), dst: b(Slot::Output(0), 0, 12) },
+            ],
+            buffers: vec![],
+        }],
+        kernels: vec![Kernel { name: "add".into(), variants: vec![Variant { executable: 0, entry: 0, features: 0 }] }],
+        executables: vec![Executable {
+            device: DeviceKind::Cpu,
+            features: 0,
+            code: ADD_F32.to_vec(),
+            entries: vec![("add".into(), 0)],
+            relocs: vec![],
+        }],
+        constants: match external {
+            Some(w) => Constants::External {
+                file: "w.bin".into(),
+                size: w.len() as u64,
+                hash: kiln_module::sections::weights_hash(w),
+            },
+            None => Constants::Embedded(vec![]),
+        },
+        debug: None,
+    }
+}
+
+fn npy_f32(dims: &[u64], v: &[f32]) -> Vec<u8> {
+    let shape = dims.iter().map(|d| format!("{d},")).collect::<String>();
+    let mut h = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({shape}), }}");
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((h.len() as u16).to_le_bytes());
+    out.extend(h.as_bytes());
+    out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+    out
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kiln-run-test-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("tmp dir");
+    d
+}
+
+fn kiln_run(args: &[&Path]) -> (bool, String, String) {
+    let out = Cmd::new(env!("CARGO_BIN_EXE_kiln-run")).args(args).output().expect("run kiln-run");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn runs_on_npy_inputs_and_writes_outputs() {
+    let d = tmp("inputs");
+    std::fs::write(d.join("m.kiln"), write_program(&program(None))).expect("write");
+    std::fs::write(d.join("a.npy"), npy_f32(&[3], &[1.0, 2.0, 3.0])).expect("write");
+    std::fs::write(d.join("b.npy"), npy_f32(&[3], &[0.5, -4.0, 10.0])).expect("write");
+    let p = |s: &str| d.join(s);
+    let (ok, stdout, stderr) = kiln_run(&[
+        &p("m.kiln"),
+        Path::new("--input"),
+        Path::new(&format!("a={}", p("a.npy").display())),
+        Path::new("--input"),
+        Path::new(&format!("b={}", p("b.npy").display())),
+        Path::new("--iterations"),
+        Path::new("3"),
+        Path::new("--output-dir"),
+        &p("out"),
+    ]);
+    assert!(ok, "{stderr}");
+    // y = [1.5, -2, 13]: min -2, max 13, mean 12.5 / 3.
+    assert_eq!(stdout, "out/y:0 f32 [3] min -2.000000 max 13.000000 mean 4.166667\n");
+    assert!(stderr.starts_with("3 iteration(s): median"), "{stderr}");
+    let y = std::fs::read(p("out").join("out_y_0.npy")).expect("output file");
+    assert_eq!(y, npy_f32(&[3], &[1.5, -2.0, 13.0]));
+}
+
+#[test]
+fn random_inputs_when_none_are_given() {
+    let d = tmp("random");
+    std::fs::write(d.join("m.kiln"), write_program(&program(None))).expect("write");
+    let (ok, out1, err) = kiln_run(&[&d.join("m.kiln")]);
+    assert!(ok, "{err}");
+    assert!(out1.starts_with("out/y:0 f32 [3] min "), "{out1}");
+    let (_, out2, _) = kiln_run(&[&d.join("m.kiln")]);
+    assert_eq!(out1, out2, "the seed is fixed");
+}
+
+#[test]
+fn errors_are_one_line() {
+    let d = tmp("errors");
+    std::fs::write(d.join("m.kiln"), write_program(&program(None))).expect("write");
+    std::fs::write(d.join("a.npy"), npy_f32(&[4], &[1.0; 4])).expect("write");
+    let arg = format!("a={}", d.join("a.npy").display());
+    let (ok, _, err) = kiln_run(&[&d.join("m.kiln"), Path::new("--input"), Path::new(&arg)]);
+    assert!(!ok);
+    assert_eq!(err, "kiln-run: input a must have shape [3], got [4]\n");
+    let (ok, _, err) = kiln_run(&[&d.join("m.kiln"), Path::new("--input"), Path::new("zz=x.npy")]);
+    assert!(!ok);
+    assert_eq!(err, "kiln-run: --input zz: main has no such input (inputs: a, b)\n");
+    let w = [7u8; 32];
+    std::fs::write(d.join("ext.kiln"), write_program(&program(Some(&w)))).expect("write");
+    let (ok, _, err) = kiln_run(&[&d.join("ext.kiln")]);
+    assert!(!ok);
+    assert!(err.contains("weights are in a separate file (w.bin, 32 bytes)") && err.lines().count() == 1, "{err}");
+    std::fs::write(d.join("w.bin"), w).expect("write");
+    let (ok, _, err) = kiln_run(&[&d.join("ext.kiln"), Path::new("--weights"), &d.join("w.bin")]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kiln_run(&[&d.join("nope.kiln")]);
+    assert!(!ok && err.starts_with("kiln-run: ") && err.lines().count() == 1, "{err}");
+    std::fs::write(d.join("junk.kiln"), b"not a module at all, just text").expect("write");
+    let (ok, _, err) = kiln_run(&[&d.join("junk.kiln")]);
+    assert!(!ok);
+    assert!(err.contains("not a .kiln module"), "{err}");
+}

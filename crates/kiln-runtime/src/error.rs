@@ -1,0 +1,571 @@
+//! Everything that can go wrong between an artifact's bytes and an invocation's outputs.
+//! Every message names what is wrong and where, in one line.
+
+use crate::dtype::Show;
+use crate::hal::LoadError;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+use kiln_module::program::Slot;
+use kiln_module::reader::ReadError;
+use kiln_module::sections::SectionError;
+use kiln_module::Version;
+
+/// Why a module does not load or an invocation does not run.
+#[derive(Debug)]
+pub enum RuntimeError {
+    /// Not a `.kiln` file.
+    BadMagic,
+    /// The file's container format is not one this runtime reads.
+    UnsupportedFormat {
+        /// The file's format version.
+        file: Version,
+        /// The format this runtime reads.
+        reader: Version,
+    },
+    /// The module needs a kernel ABI this runtime does not provide.
+    UnsupportedVersion {
+        /// The ABI the module needs.
+        needed: Version,
+        /// The ABI this runtime has.
+        have: Version,
+    },
+    /// Stored and computed checksums differ: the file is corrupt.
+    Checksum {
+        /// `"header"`, `"section table"` or the section's name.
+        section: String,
+    },
+    /// Another container-level problem (truncation, bounds, overlap, …).
+    Container(ReadError),
+    /// A section does not decode.
+    Malformed(SectionError),
+    /// The plan or the code tables are inconsistent (an index or a range out of bounds).
+    Invalid(VerifyError),
+    /// No variant of a kernel runs on this CPU.
+    MissingCpuFeatures {
+        /// The kernel.
+        kernel: String,
+        /// Features its most modest variant needs and the host lacks.
+        names: Vec<String>,
+    },
+    /// No variant of a kernel is for a CPU.
+    NoCpuVariant {
+        /// The kernel.
+        kernel: String,
+    },
+    /// The module keeps its weights in a separate file and none was given.
+    WeightsMissing {
+        /// The file name the compiler recorded.
+        file: String,
+        /// Its expected size.
+        size: u64,
+    },
+    /// The weights given are not the ones the module was compiled with.
+    WeightsMismatch {
+        /// The file name the compiler recorded.
+        file: String,
+        /// Expected size.
+        expected_size: u64,
+        /// Size given.
+        got_size: u64,
+        /// Expected hash.
+        expected_hash: u64,
+        /// Hash of the bytes given (not computed when the sizes differ).
+        got_hash: Option<u64>,
+    },
+    /// Weights were given but the module embeds its constants.
+    WeightsNotExpected,
+    /// Code could not be placed in executable memory.
+    Load {
+        /// The executable's index.
+        executable: usize,
+        /// Why.
+        error: LoadError,
+    },
+    /// The arena could not be allocated.
+    ArenaAlloc {
+        /// Bytes requested.
+        bytes: u64,
+    },
+    /// A caller-supplied arena is too small.
+    ArenaTooSmall {
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes given.
+        got: u64,
+    },
+    /// A caller-supplied arena is not aligned.
+    ArenaMisaligned {
+        /// Alignment needed.
+        align: u64,
+        /// The arena's address.
+        address: usize,
+    },
+    /// No entry point of that name or index.
+    NoSuchEntry {
+        /// The name or index asked for.
+        entry: String,
+    },
+    /// Wrong number of inputs.
+    InputCount {
+        /// Entry point.
+        entry: String,
+        /// Inputs it takes.
+        expected: usize,
+        /// Inputs given.
+        got: usize,
+    },
+    /// Wrong number of outputs.
+    OutputCount {
+        /// Entry point.
+        entry: String,
+        /// Outputs it produces.
+        expected: usize,
+        /// Output buffers given.
+        got: usize,
+    },
+    /// An input has the wrong byte length.
+    InputSize {
+        /// Input name.
+        name: String,
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes given.
+        got: u64,
+    },
+    /// An output buffer has the wrong byte length.
+    OutputSize {
+        /// Output name.
+        name: String,
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes given.
+        got: u64,
+    },
+    /// An input has the wrong dtype.
+    InputDtype {
+        /// Input name.
+        name: String,
+        /// ONNX code expected.
+        expected: u32,
+        /// ONNX code given.
+        got: u32,
+    },
+    /// An output buffer has the wrong dtype.
+    OutputDtype {
+        /// Output name.
+        name: String,
+        /// ONNX code expected.
+        expected: u32,
+        /// ONNX code given.
+        got: u32,
+    },
+    /// An input has the wrong shape.
+    InputShape {
+        /// Input name.
+        name: String,
+        /// Shape expected.
+        expected: Vec<u64>,
+        /// Shape given.
+        got: Vec<u64>,
+    },
+    /// An output buffer has the wrong shape.
+    OutputShape {
+        /// Output name.
+        name: String,
+        /// Shape expected.
+        expected: Vec<u64>,
+        /// Shape given.
+        got: Vec<u64>,
+    },
+}
+
+impl From<ReadError> for RuntimeError {
+    fn from(e: ReadError) -> RuntimeError {
+        match e {
+            ReadError::BadMagic => RuntimeError::BadMagic,
+            ReadError::UnsupportedVersion { file, reader } => RuntimeError::UnsupportedFormat { file, reader },
+            ReadError::HeaderChecksum => RuntimeError::Checksum { section: "header".into() },
+            ReadError::TableChecksum => RuntimeError::Checksum { section: "section table".into() },
+            ReadError::SectionChecksum { kind, .. } => {
+                RuntimeError::Checksum { section: alloc::format!("{kind} section") }
+            }
+            e => RuntimeError::Container(e),
+        }
+    }
+}
+
+impl From<SectionError> for RuntimeError {
+    fn from(e: SectionError) -> RuntimeError {
+        RuntimeError::Malformed(e)
+    }
+}
+
+impl From<VerifyError> for RuntimeError {
+    fn from(e: VerifyError) -> RuntimeError {
+        RuntimeError::Invalid(e)
+    }
+}
+
+struct Dims<'a>(&'a [u64]);
+
+impl fmt::Display for Dims<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl fmt::Display for RuntimeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use RuntimeError as E;
+        match self {
+            E::BadMagic => f.write_str("not a .kiln module (bad magic bytes at offset 0)"),
+            E::UnsupportedFormat { file, reader } => {
+                write!(
+                    f,
+                    "module has container format {file}, runtime reads {reader}: recompile it with a matching kiln"
+                )
+            }
+            E::UnsupportedVersion { needed, have } => {
+                write!(f, "module needs ABI {needed}, runtime has {have}: recompile it or update the runtime")
+            }
+            E::Checksum { section } => write!(f, "{section} checksum mismatch: the file is corrupt"),
+            E::Container(e) => write!(f, "bad container: {e}"),
+            E::Malformed(e) => write!(f, "malformed module: {e}"),
+            E::Invalid(e) => write!(f, "invalid module: {e}"),
+            E::MissingCpuFeatures { kernel, names } => {
+                write!(f, "kernel {kernel} needs CPU features this machine lacks: ")?;
+                for (i, n) in names.iter().enumerate() {
+                    write!(f, "{}{n}", if i > 0 { ", " } else { "" })?;
+                }
+                f.write_str(" (compile for this CPU)")
+            }
+            E::NoCpuVariant { kernel } => write!(f, "kernel {kernel} has no variant for a CPU"),
+            E::WeightsMissing { file, size } => {
+                write!(f, "the module's weights are in a separate file ({file}, {size} bytes); pass it with the module")
+            }
+            E::WeightsMismatch { file, expected_size, got_size, expected_hash, got_hash } => {
+                if expected_size != got_size {
+                    write!(f, "weights file has {got_size} bytes, the module was compiled with {file} of {expected_size} bytes")
+                } else {
+                    write!(f, "weights file hash {:016x} differs from {file}'s {expected_hash:016x}: not the weights the module was compiled with", got_hash.unwrap_or(0))
+                }
+            }
+            E::WeightsNotExpected => f.write_str("a weights file was given but the module embeds its weights"),
+            E::Load { executable, error } => write!(f, "cannot load executable {executable}: {error}"),
+            E::ArenaAlloc { bytes } => write!(f, "cannot allocate an arena of {bytes} bytes"),
+            E::ArenaTooSmall { needed, got } => write!(f, "arena of {got} bytes given, the module needs {needed}"),
+            E::ArenaMisaligned { align, address } => {
+                write!(f, "arena at {address:#x} is not aligned to {align} bytes as the module needs")
+            }
+            E::NoSuchEntry { entry } => write!(f, "the module has no entry point {entry}"),
+            E::InputCount { entry, expected, got } => write!(f, "{entry} takes {expected} inputs, {got} given"),
+            E::OutputCount { entry, expected, got } => {
+                write!(f, "{entry} produces {expected} outputs, {got} buffers given")
+            }
+            E::InputSize { name, expected, got } => write!(f, "input {name} must be {expected} bytes, got {got}"),
+            E::OutputSize { name, expected, got } => {
+                write!(f, "output buffer {name} must be {expected} bytes, got {got}")
+            }
+            E::InputDtype { name, expected, got } => {
+                write!(f, "input {name} must be {}, got {}", Show(*expected), Show(*got))
+            }
+            E::OutputDtype { name, expected, got } => {
+                write!(f, "output {name} is {}, buffer given as {}", Show(*expected), Show(*got))
+            }
+            E::InputShape { name, expected, got } => {
+                write!(f, "input {name} must have shape {}, got {}", Dims(expected), Dims(got))
+            }
+            E::OutputShape { name, expected, got } => {
+                write!(f, "output {name} has shape {}, buffer given as {}", Dims(expected), Dims(got))
+            }
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for RuntimeError {}
+
+/// An inconsistency found by the load-time verifier. Entry, kernel and tensor names
+/// come from the module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerifyError {
+    /// A command of an entry point.
+    Command {
+        /// Entry point name.
+        entry: String,
+        /// Command index.
+        command: usize,
+        /// What is wrong.
+        problem: CommandProblem,
+    },
+    /// A buffer of an entry point's memory map.
+    Buffer {
+        /// Entry point name.
+        entry: String,
+        /// Buffer name.
+        buffer: String,
+        /// What is wrong with its range.
+        problem: BindingProblem,
+    },
+    /// A tensor's recorded byte size disagrees with its dtype and dims.
+    TensorBytes {
+        /// Entry point name.
+        entry: String,
+        /// Tensor name.
+        tensor: String,
+        /// Bytes recorded.
+        recorded: u64,
+        /// Bytes its dtype and dims give (`None`: overflows 64 bits).
+        expected: Option<u64>,
+    },
+    /// A tensor's dtype is not one kiln runs.
+    UnknownDtype {
+        /// Entry point name.
+        entry: String,
+        /// Tensor name.
+        tensor: String,
+        /// The ONNX code.
+        dtype: u32,
+    },
+    /// The arena alignment is not a power of two up to [`crate::MAX_ARENA_ALIGN`], or the
+    /// arena does not fit the address space.
+    Arena {
+        /// Entry point name.
+        entry: String,
+        /// Size recorded.
+        size: u64,
+        /// Alignment recorded.
+        align: u64,
+    },
+    /// A kernel has no variants.
+    NoVariants {
+        /// Kernel name.
+        kernel: String,
+    },
+    /// A variant names an executable or an entry symbol that does not exist.
+    Variant {
+        /// Kernel name.
+        kernel: String,
+        /// Variant index.
+        variant: usize,
+        /// Executable index recorded.
+        executable: u32,
+        /// Entry index recorded.
+        entry: u32,
+    },
+    /// An entry symbol lies outside its executable's code.
+    Symbol {
+        /// Executable index.
+        executable: usize,
+        /// Symbol name.
+        name: String,
+        /// Offset recorded.
+        offset: u64,
+        /// Code length.
+        code_len: u64,
+    },
+    /// A relocation patches or targets bytes outside its executable's code.
+    Reloc {
+        /// Executable index.
+        executable: usize,
+        /// Relocation index.
+        index: usize,
+        /// Offset patched.
+        offset: u64,
+        /// Target offset.
+        target: u64,
+        /// Code length.
+        code_len: u64,
+    },
+}
+
+/// What is wrong with one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandProblem {
+    /// Kernel index out of range.
+    KernelIndex {
+        /// Index recorded.
+        kernel: u32,
+        /// Kernels in the module.
+        count: usize,
+    },
+    /// Device index out of range.
+    DeviceIndex {
+        /// Index recorded.
+        device: u32,
+        /// Devices in the module.
+        count: usize,
+    },
+    /// The device is not one this runtime drives.
+    UnsupportedDevice {
+        /// Device index.
+        device: u32,
+        /// Its name.
+        name: String,
+    },
+    /// Push constants are reserved: kernel ABI 1.x has no way to pass them.
+    PushConstants {
+        /// How many were recorded.
+        count: usize,
+    },
+    /// A binding is out of range or not writable.
+    Binding {
+        /// Which binding.
+        role: BindingRole,
+        /// What is wrong.
+        problem: BindingProblem,
+    },
+    /// A copy's source and destination lengths differ.
+    CopyLengths {
+        /// Source length.
+        src: u64,
+        /// Destination length.
+        dst: u64,
+    },
+    /// A fill pattern width other than 1, 2, 4 or 8.
+    FillPatternLen {
+        /// Width recorded.
+        len: u8,
+    },
+}
+
+/// Which binding of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindingRole {
+    /// Binding `i` of a dispatch.
+    Dispatch(usize),
+    /// A copy's source.
+    CopySource,
+    /// A copy's destination.
+    CopyDestination,
+    /// A fill's destination.
+    FillDestination,
+}
+
+/// What is wrong with a binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingProblem {
+    /// The slot names an input or output that does not exist.
+    NoSuchSlot {
+        /// The slot.
+        slot: Slot,
+        /// Inputs or outputs the entry has.
+        count: usize,
+    },
+    /// The range runs past the slot's end.
+    OutOfRange {
+        /// The slot.
+        slot: Slot,
+        /// Offset recorded.
+        offset: u64,
+        /// Length recorded.
+        length: u64,
+        /// The slot's size.
+        size: u64,
+    },
+    /// The command writes a slot that is read-only (an input or the constants).
+    ReadOnly {
+        /// The slot.
+        slot: Slot,
+    },
+}
+
+pub(crate) struct ShowSlot(pub Slot);
+
+impl fmt::Display for ShowSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Slot::Arena => f.write_str("arena"),
+            Slot::Constants => f.write_str("constants"),
+            Slot::Input(i) => write!(f, "input {i}"),
+            Slot::Output(i) => write!(f, "output {i}"),
+        }
+    }
+}
+
+impl fmt::Display for BindingRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BindingRole::Dispatch(i) => write!(f, "binding {i}"),
+            BindingRole::CopySource => f.write_str("copy source"),
+            BindingRole::CopyDestination => f.write_str("copy destination"),
+            BindingRole::FillDestination => f.write_str("fill destination"),
+        }
+    }
+}
+
+impl fmt::Display for BindingProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BindingProblem::NoSuchSlot { slot, count } => {
+                write!(f, "names {} but there are {count}", ShowSlot(*slot))
+            }
+            BindingProblem::OutOfRange { slot, offset, length, size } => {
+                write!(f, "{} bytes {offset}..{offset}+{length} run past its {size} bytes", ShowSlot(*slot))
+            }
+            BindingProblem::ReadOnly { slot } => write!(f, "writes {}, which is read-only", ShowSlot(*slot)),
+        }
+    }
+}
+
+impl fmt::Display for CommandProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CommandProblem::KernelIndex { kernel, count } => {
+                write!(f, "kernel {kernel} does not exist ({count} kernels)")
+            }
+            CommandProblem::DeviceIndex { device, count } => {
+                write!(f, "device {device} does not exist ({count} devices)")
+            }
+            CommandProblem::UnsupportedDevice { device, name } => {
+                write!(f, "device {device} ({name}) is not a CPU; this runtime drives CPUs only")
+            }
+            CommandProblem::PushConstants { count } => {
+                write!(f, "{count} push constants, which kernel ABI 1.x cannot pass")
+            }
+            CommandProblem::Binding { role, problem } => write!(f, "{role} {problem}"),
+            CommandProblem::CopyLengths { src, dst } => write!(f, "copies {src} bytes into {dst}"),
+            CommandProblem::FillPatternLen { len } => write!(f, "fill pattern of {len} bytes (1, 2, 4 or 8 allowed)"),
+        }
+    }
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VerifyError::Command { entry, command, problem } => write!(f, "entry {entry}, command {command}: {problem}"),
+            VerifyError::Buffer { entry, buffer, problem } => write!(f, "entry {entry}, buffer {buffer}: {problem}"),
+            VerifyError::TensorBytes { entry, tensor, recorded, expected } => match expected {
+                Some(e) => write!(f, "entry {entry}, tensor {tensor}: recorded as {recorded} bytes, its dtype and shape give {e}"),
+                None => write!(f, "entry {entry}, tensor {tensor}: its shape overflows 64-bit sizes"),
+            },
+            VerifyError::UnknownDtype { entry, tensor, dtype } => {
+                write!(f, "entry {entry}, tensor {tensor}: dtype code {dtype} is not one kiln runs")
+            }
+            VerifyError::Arena { entry, size, align } => write!(
+                f,
+                "entry {entry}: arena of {size} bytes aligned to {align} (alignment must be a power of two up to {})",
+                crate::MAX_ARENA_ALIGN
+            ),
+            VerifyError::NoVariants { kernel } => write!(f, "kernel {kernel} has no variants"),
+            VerifyError::Variant { kernel, variant, executable, entry } => {
+                write!(f, "kernel {kernel}, variant {variant}: executable {executable} entry {entry} does not exist")
+            }
+            VerifyError::Symbol { executable, name, offset, code_len } => {
+                write!(f, "executable {executable}: symbol {name} at {offset} lies outside its {code_len} bytes of code")
+            }
+            VerifyError::Reloc { executable, index, offset, target, code_len } => write!(
+                f,
+                "executable {executable}, relocation {index}: patch at {offset} or target {target} lies outside its {code_len} bytes of code"
+            ),
+        }
+    }
+}

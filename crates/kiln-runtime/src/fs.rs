@@ -1,0 +1,59 @@
+//! Reading artifacts and weights files so that the runtime can use them in place: the
+//! bytes start at a 64-byte-aligned address, the alignment the constants section has
+//! inside the file (the runtime copies a constant pool it finds misaligned).
+
+use std::io::Read;
+use std::path::Path;
+
+/// A file's bytes at a 64-byte-aligned address.
+#[derive(Debug, Clone)]
+pub struct AlignedBytes {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBytes {
+    /// Reads the whole file (one allocation, no copy).
+    pub fn read(path: &Path) -> std::io::Result<AlignedBytes> {
+        let mut f = std::fs::File::open(path)?;
+        let len = usize::try_from(f.metadata()?.len()).map_err(|_| std::io::Error::other("file too large"))?;
+        let mut buf = vec![0u8; len + 63];
+        let start = buf.as_ptr().align_offset(64).min(63);
+        f.read_exact(&mut buf[start..start + len])?;
+        Ok(AlignedBytes { buf, start, len })
+    }
+
+    /// Copies `bytes` to an aligned buffer.
+    pub fn copy_from(bytes: &[u8]) -> AlignedBytes {
+        let mut buf = vec![0u8; bytes.len() + 63];
+        let start = buf.as_ptr().align_offset(64).min(63);
+        buf[start..start + bytes.len()].copy_from_slice(bytes);
+        AlignedBytes { buf, start, len: bytes.len() }
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned() {
+        for n in [0, 1, 63, 64, 1000] {
+            let data: Vec<u8> = (0..n).map(|i| i as u8).collect();
+            let a = AlignedBytes::copy_from(&data);
+            assert_eq!(a.bytes(), &data[..]);
+            assert_eq!(a.bytes().as_ptr() as usize % 64, 0);
+        }
+        let p = std::env::temp_dir().join(format!("kiln-fs-test-{}", std::process::id()));
+        std::fs::write(&p, b"kiln").expect("write");
+        let a = AlignedBytes::read(&p).expect("read");
+        assert_eq!((a.bytes(), a.bytes().as_ptr() as usize % 64), (&b"kiln"[..], 0));
+        let _ = std::fs::remove_file(&p);
+    }
+}

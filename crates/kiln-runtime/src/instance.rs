@@ -1,0 +1,298 @@
+//! Running a loaded module: the arena, and the local-sync driver that replays an entry
+//! point's commands on the calling thread.
+
+use crate::error::RuntimeError;
+use crate::module::LoadedModule;
+use alloc::format;
+use alloc::string::ToString;
+use alloc::vec::Vec;
+use kiln_module::program::{Binding, Command, Slot};
+use kiln_module::sections::TensorView;
+
+/// A typed input: dtype (ONNX code), dims and bytes are all checked against the
+/// signature.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorRef<'d> {
+    /// ONNX dtype code.
+    pub dtype: u32,
+    /// Dimensions.
+    pub dims: &'d [u64],
+    /// Dense row-major bytes.
+    pub data: &'d [u8],
+}
+
+/// A typed output buffer.
+#[derive(Debug)]
+pub struct TensorMut<'d> {
+    /// ONNX dtype code.
+    pub dtype: u32,
+    /// Dimensions.
+    pub dims: &'d [u64],
+    /// Dense row-major bytes, written by the run.
+    pub data: &'d mut [u8],
+}
+
+/// An input argument: checked against its signature entry, then read through a pointer.
+pub(crate) trait InputArg {
+    fn checked_ptr(&self, t: &TensorView<'_>) -> Result<*const u8, RuntimeError>;
+}
+
+/// An output argument.
+pub(crate) trait OutputArg {
+    fn checked_ptr(&mut self, t: &TensorView<'_>) -> Result<*mut u8, RuntimeError>;
+}
+
+fn input_size(t: &TensorView<'_>, got: usize) -> Result<(), RuntimeError> {
+    if got as u64 != t.bytes {
+        return Err(RuntimeError::InputSize { name: t.name.to_string(), expected: t.bytes, got: got as u64 });
+    }
+    Ok(())
+}
+
+fn output_size(t: &TensorView<'_>, got: usize) -> Result<(), RuntimeError> {
+    if got as u64 != t.bytes {
+        return Err(RuntimeError::OutputSize { name: t.name.to_string(), expected: t.bytes, got: got as u64 });
+    }
+    Ok(())
+}
+
+impl InputArg for &[u8] {
+    fn checked_ptr(&self, t: &TensorView<'_>) -> Result<*const u8, RuntimeError> {
+        input_size(t, self.len())?;
+        Ok(self.as_ptr())
+    }
+}
+
+impl InputArg for TensorRef<'_> {
+    fn checked_ptr(&self, t: &TensorView<'_>) -> Result<*const u8, RuntimeError> {
+        if self.dtype != t.dtype {
+            return Err(RuntimeError::InputDtype { name: t.name.to_string(), expected: t.dtype, got: self.dtype });
+        }
+        if self.dims != &t.dims[..] {
+            return Err(RuntimeError::InputShape {
+                name: t.name.to_string(),
+                expected: t.dims.clone(),
+                got: self.dims.to_vec(),
+            });
+        }
+        input_size(t, self.data.len())?;
+        Ok(self.data.as_ptr())
+    }
+}
+
+impl OutputArg for &mut [u8] {
+    fn checked_ptr(&mut self, t: &TensorView<'_>) -> Result<*mut u8, RuntimeError> {
+        output_size(t, self.len())?;
+        Ok(self.as_mut_ptr())
+    }
+}
+
+impl OutputArg for TensorMut<'_> {
+    fn checked_ptr(&mut self, t: &TensorView<'_>) -> Result<*mut u8, RuntimeError> {
+        if self.dtype != t.dtype {
+            return Err(RuntimeError::OutputDtype { name: t.name.to_string(), expected: t.dtype, got: self.dtype });
+        }
+        if self.dims != &t.dims[..] {
+            return Err(RuntimeError::OutputShape {
+                name: t.name.to_string(),
+                expected: t.dims.clone(),
+                got: self.dims.to_vec(),
+            });
+        }
+        output_size(t, self.data.len())?;
+        Ok(self.data.as_mut_ptr())
+    }
+}
+
+enum Arena<'m> {
+    Owned { buf: Vec<u8>, start: usize },
+    Borrowed(&'m mut [u8]),
+}
+
+/// One execution context of a module: its arena and the driver's scratch tables,
+/// allocated once. Invocations on one instance run one at a time; create one instance
+/// per thread to run in parallel.
+pub struct Instance<'m> {
+    module: &'m LoadedModule<'m>,
+    arena: Arena<'m>,
+    /// The binding table a dispatch hands its kernel.
+    table: Vec<*mut u8>,
+    inputs: Vec<*const u8>,
+    outputs: Vec<*mut u8>,
+}
+
+impl core::fmt::Debug for Instance<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Instance").field("module", self.module).finish_non_exhaustive()
+    }
+}
+
+impl<'m> Instance<'m> {
+    fn with(module: &'m LoadedModule<'m>, arena: Arena<'m>) -> Instance<'m> {
+        let l = module.limits;
+        Instance {
+            module,
+            arena,
+            table: alloc::vec![core::ptr::null_mut(); l.max_bindings],
+            inputs: alloc::vec![core::ptr::null(); l.max_inputs],
+            outputs: alloc::vec![core::ptr::null_mut(); l.max_outputs],
+        }
+    }
+
+    /// An instance with an arena from the global allocator (zeroed, aligned as the
+    /// module asks), allocated here and never again.
+    pub fn new(module: &'m LoadedModule<'m>) -> Result<Instance<'m>, RuntimeError> {
+        let l = module.limits;
+        // Verified: the size fits usize and the alignment is a power of two ≤ 4096.
+        let (size, align) = (l.arena_size as usize, l.arena_align as usize);
+        let total = size.checked_add(align - 1).ok_or(RuntimeError::ArenaAlloc { bytes: l.arena_size })?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(total).map_err(|_| RuntimeError::ArenaAlloc { bytes: l.arena_size })?;
+        buf.resize(total, 0u8);
+        let start = buf.as_ptr().align_offset(align);
+        if start > align - 1 {
+            return Err(RuntimeError::ArenaAlloc { bytes: l.arena_size });
+        }
+        Ok(Instance::with(module, Arena::Owned { buf, start }))
+    }
+
+    /// An instance whose arena is `memory` (at least the module's arena size, aligned as
+    /// it asks: see [`LoadedModule::limits`]).
+    pub fn with_arena(module: &'m LoadedModule<'m>, memory: &'m mut [u8]) -> Result<Instance<'m>, RuntimeError> {
+        let l = module.limits;
+        if (memory.len() as u64) < l.arena_size {
+            return Err(RuntimeError::ArenaTooSmall { needed: l.arena_size, got: memory.len() as u64 });
+        }
+        if !(memory.as_ptr() as usize).is_multiple_of(l.arena_align as usize) {
+            return Err(RuntimeError::ArenaMisaligned { align: l.arena_align, address: memory.as_ptr() as usize });
+        }
+        Ok(Instance::with(module, Arena::Borrowed(memory)))
+    }
+
+    /// The module this instance runs.
+    pub fn module(&self) -> &'m LoadedModule<'m> {
+        self.module
+    }
+
+    /// Runs entry point `main`: `inputs` and `outputs` in signature order, each exactly
+    /// its tensor's byte size. Allocates nothing.
+    pub fn invoke(&mut self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), RuntimeError> {
+        let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
+        self.run(main, inputs, outputs)
+    }
+
+    /// Runs entry point `entry` (an index into [`LoadedModule::signature`]).
+    pub fn invoke_entry(
+        &mut self,
+        entry: usize,
+        inputs: &[&[u8]],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<(), RuntimeError> {
+        self.run(entry, inputs, outputs)
+    }
+
+    /// Runs entry point `entry` with typed tensors: dtypes and shapes are checked too.
+    pub fn invoke_tensors(
+        &mut self,
+        entry: usize,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [TensorMut<'_>],
+    ) -> Result<(), RuntimeError> {
+        self.run(entry, inputs, outputs)
+    }
+
+    fn run<I: InputArg, O: OutputArg>(
+        &mut self,
+        index: usize,
+        inputs: &[I],
+        outputs: &mut [O],
+    ) -> Result<(), RuntimeError> {
+        let m = self.module;
+        let entry =
+            m.program.entries.get(index).ok_or_else(|| RuntimeError::NoSuchEntry { entry: format!("#{index}") })?;
+        if inputs.len() != entry.inputs.len() {
+            return Err(RuntimeError::InputCount {
+                entry: entry.name.to_string(),
+                expected: entry.inputs.len(),
+                got: inputs.len(),
+            });
+        }
+        if outputs.len() != entry.outputs.len() {
+            return Err(RuntimeError::OutputCount {
+                entry: entry.name.to_string(),
+                expected: entry.outputs.len(),
+                got: outputs.len(),
+            });
+        }
+        for (i, (arg, t)) in inputs.iter().zip(&entry.inputs).enumerate() {
+            self.inputs[i] = arg.checked_ptr(t)?;
+        }
+        for (i, (arg, t)) in outputs.iter_mut().zip(&entry.outputs).enumerate() {
+            self.outputs[i] = arg.checked_ptr(t)?;
+        }
+        // From here on nothing is checked: the verifier proved at load that every
+        // binding lies inside its slot (arena ≥ the entry's arena size, constants, and
+        // inputs/outputs of exactly their signature's size, checked just above), every
+        // kernel index is in range, copies have equal lengths and fills a valid width.
+        let arena = match &mut self.arena {
+            Arena::Owned { buf, start } => buf.as_mut_ptr().wrapping_add(*start),
+            Arena::Borrowed(b) => b.as_mut_ptr(),
+        };
+        // Kernels and commands never write the constants (the verifier rejects it).
+        let constants = m.pool.bytes().as_ptr().cast_mut();
+        let (ins, outs) = (&self.inputs, &self.outputs);
+        let at = |b: &Binding| -> *mut u8 {
+            let base = match b.slot {
+                Slot::Arena => arena,
+                Slot::Constants => constants,
+                // Inputs are only read (the verifier rejects writes to them).
+                Slot::Input(i) => ins[i as usize].cast_mut(),
+                Slot::Output(i) => outs[i as usize],
+            };
+            base.wrapping_add(b.offset as usize)
+        };
+        for c in &entry.commands {
+            match c {
+                Command::Dispatch { kernel, workgroups, bindings, .. } => {
+                    for (slot, b) in self.table.iter_mut().zip(bindings) {
+                        *slot = at(b);
+                    }
+                    let f = m.kernels[*kernel as usize];
+                    if *workgroups > 0 {
+                        // SAFETY: `f` is the entry point of the variant chosen for this
+                        // host, in code the loader placed and keeps mapped while `m`
+                        // lives. `table` holds one pointer per binding, each to a range
+                        // the verifier proved lies inside memory that lives for this
+                        // call: the arena (exclusively ours), the constants, or the
+                        // caller's inputs and outputs. Per the kernel ABI the kernel
+                        // touches only those ranges and writes only its last binding,
+                        // which is never an input or the constants.
+                        unsafe { f(self.table.as_ptr(), m.helpers.as_ptr(), 0, *workgroups) };
+                    }
+                }
+                Command::Barrier => {}
+                Command::Copy { src, dst } => {
+                    // SAFETY: both ranges are `src.length` bytes (verified equal) inside
+                    // their slots; the destination is the arena or an output, memory we
+                    // may write and to which no reference is live; `copy` allows overlap.
+                    unsafe { core::ptr::copy(at(src).cast_const(), at(dst), src.length as usize) };
+                }
+                Command::Fill { dst, pattern, pattern_len } => {
+                    // SAFETY: the range lies inside the arena or an output (verified),
+                    // memory we may write and to which no other reference is live.
+                    let out = unsafe { core::slice::from_raw_parts_mut(at(dst), dst.length as usize) };
+                    let bytes = pattern.to_le_bytes();
+                    let pat = &bytes[..(*pattern_len as usize).min(8)];
+                    if let [b] = pat {
+                        out.fill(*b);
+                    } else {
+                        for chunk in out.chunks_mut(pat.len()) {
+                            chunk.copy_from_slice(&pat[..chunk.len()]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,38 @@
+//! The kiln runtime: maps a `.kiln` artifact, verifies it, loads its code, and replays
+//! its plan. It carries no operator implementations: every kernel comes from the
+//! artifact.
+//!
+//! ```text
+//! Module::load(artifact, weights)      container → ABI → sections → plan verification
+//!                                      → weights binding → variant choice → code loading
+//! Instance::new(&module)               the arena and the driver's tables, allocated once
+//! instance.invoke(&inputs, &mut outs)  checks the arguments, then walks the commands:
+//!                                      no checks, no allocation, no lookups
+//! ```
+//!
+//! The core is `no_std` + `alloc`. The `std` feature (default) adds the CPU code loader,
+//! host CPU feature detection and [`Module::load`]; without it an embedder passes its
+//! own [`hal::CodeLoader`] to [`Verified::load`] and the host's features to
+//! [`Module::verify`].
+#![cfg_attr(not(feature = "std"), no_std)]
+#![deny(missing_docs)]
+
+extern crate alloc;
+
+pub mod cpu;
+pub mod dtype;
+pub mod error;
+#[cfg(feature = "std")]
+pub mod fs;
+pub mod hal;
+mod instance;
+mod module;
+pub mod verify;
+
+pub use error::{RuntimeError, VerifyError};
+pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
+pub use instance::{Instance, TensorMut, TensorRef};
+pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, RUNTIME_ABI};
+
+/// Largest arena alignment a module may ask for.
+pub const MAX_ARENA_ALIGN: u64 = 4096;

@@ -1,0 +1,265 @@
+//! Loading: container, ABI, sections, plan verification, weights, variant selection,
+//! code.
+
+use crate::error::RuntimeError;
+use crate::hal::{CodeLoader, KernelFn, LoadedImage};
+use crate::verify::{select_variants, verify_program, Limits};
+use alloc::boxed::Box;
+use alloc::string::ToString;
+use alloc::vec::Vec;
+use kiln_module::abi::{HelperFn, ABI_VERSION, HELPER_COUNT};
+use kiln_module::sections::{
+    read_program, weights_hash, ConstantsView, EntryView, ProgramView, TensorView, CONSTANTS_ALIGN,
+};
+use kiln_module::Version;
+
+/// The kernel ABI this runtime provides.
+pub const RUNTIME_ABI: Version = ABI_VERSION;
+
+/// Entry to loading: [`Module::load`] (with `std`) or [`Module::verify`] then
+/// [`Verified::load`] with an embedder's [`CodeLoader`].
+#[derive(Debug)]
+pub struct Module;
+
+impl Module {
+    /// Checks an artifact completely without placing any code: container, ABI version,
+    /// sections, plan, weights binding, and the choice of a kernel variant for a host
+    /// with CPU features `host_features` (bits of [`kiln_module::program::CpuFeature`]).
+    ///
+    /// `weights` is the external weights file for modules compiled with weights kept
+    /// outside; pass `None` for modules that embed them.
+    pub fn verify<'a>(
+        artifact: &'a [u8],
+        weights: Option<&'a [u8]>,
+        host_features: u64,
+    ) -> Result<Verified<'a>, RuntimeError> {
+        let container = kiln_module::Module::parse(artifact)?;
+        if !RUNTIME_ABI.can_read(container.abi()) {
+            return Err(RuntimeError::UnsupportedVersion { needed: container.abi(), have: RUNTIME_ABI });
+        }
+        let program = read_program(&container)?;
+        let pool_len = match program.constants {
+            ConstantsView::Embedded(b) => b.len() as u64,
+            ConstantsView::External { size, .. } => size,
+        };
+        let limits = verify_program(&program, pool_len)?;
+        let pool = match (program.constants, weights) {
+            (ConstantsView::Embedded(_), Some(_)) => return Err(RuntimeError::WeightsNotExpected),
+            (ConstantsView::Embedded(b), None) => b,
+            (ConstantsView::External { file, size, .. }, None) => {
+                return Err(RuntimeError::WeightsMissing { file: file.to_string(), size })
+            }
+            (ConstantsView::External { file, size, hash }, Some(w)) => {
+                let got_hash = (w.len() as u64 == size).then(|| weights_hash(w));
+                if got_hash != Some(hash) {
+                    return Err(RuntimeError::WeightsMismatch {
+                        file: file.to_string(),
+                        expected_size: size,
+                        got_size: w.len() as u64,
+                        expected_hash: hash,
+                        got_hash,
+                    });
+                }
+                w
+            }
+        };
+        let variants = select_variants(&program, host_features)?;
+        Ok(Verified { program, pool, variants, limits })
+    }
+}
+
+/// An artifact that passed every check; [`Verified::load`] places its code.
+#[derive(Debug)]
+pub struct Verified<'a> {
+    program: ProgramView<'a>,
+    pool: &'a [u8],
+    variants: Vec<usize>,
+    limits: Limits,
+}
+
+impl<'a> Verified<'a> {
+    /// The decoded artifact.
+    pub fn program(&self) -> &ProgramView<'a> {
+        &self.program
+    }
+
+    /// Per kernel, the index of the variant chosen for the host.
+    pub fn variants(&self) -> &[usize] {
+        &self.variants
+    }
+
+    /// What an instance needs.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Places the code of the chosen variants with `loader` (each executable once) and
+    /// resolves every kernel's entry point. The constant pool is used in place when it
+    /// is 64-byte aligned in memory, else copied once into an aligned buffer.
+    pub fn load(self, loader: &dyn CodeLoader) -> Result<LoadedModule<'a>, RuntimeError> {
+        let p = &self.program;
+        let mut images: Vec<Option<Box<dyn LoadedImage>>> = Vec::new();
+        images.resize_with(p.executables.len(), || None);
+        let mut kernels = Vec::with_capacity(p.kernels.len());
+        for (k, &vi) in p.kernels.iter().zip(&self.variants) {
+            // Verified: the variant, its executable and its entry symbol exist.
+            let v = &k.variants[vi];
+            let xi = v.executable as usize;
+            let x = &p.executables[xi];
+            let img = match &mut images[xi] {
+                Some(img) => img,
+                slot => slot.insert(
+                    loader.load(x.code, &x.relocs).map_err(|error| RuntimeError::Load { executable: xi, error })?,
+                ),
+            };
+            let (_, offset) = x.entries[v.entry as usize];
+            let f = img.entry(offset).map_err(|error| RuntimeError::Load { executable: xi, error })?;
+            kernels.push(f);
+        }
+        let main = p.entries.iter().position(|e| e.name == "main");
+        Ok(LoadedModule {
+            pool: Pool::new(self.pool),
+            program: self.program,
+            variants: self.variants,
+            kernels,
+            _images: images.into_iter().flatten().collect(),
+            helpers: loader.helpers(),
+            main,
+            limits: self.limits,
+        })
+    }
+}
+
+/// The constant pool: borrowed when aligned, else one aligned copy.
+#[derive(Debug)]
+pub(crate) enum Pool<'a> {
+    Borrowed(&'a [u8]),
+    Copied { buf: Vec<u8>, start: usize, len: usize },
+}
+
+impl<'a> Pool<'a> {
+    fn new(bytes: &'a [u8]) -> Pool<'a> {
+        let align = CONSTANTS_ALIGN as usize;
+        if bytes.is_empty() || (bytes.as_ptr() as usize).is_multiple_of(align) {
+            return Pool::Borrowed(bytes);
+        }
+        let mut buf = alloc::vec![0u8; bytes.len() + align - 1];
+        let start = buf.as_ptr().align_offset(align).min(align - 1);
+        buf[start..start + bytes.len()].copy_from_slice(bytes);
+        Pool::Copied { buf, start, len: bytes.len() }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Pool::Borrowed(b) => b,
+            Pool::Copied { buf, start, len } => &buf[*start..*start + *len],
+        }
+    }
+}
+
+/// A loaded module: verified plan, placed code, bound constants. Create
+/// [`crate::Instance`]s from it to run it; it is never modified after loading.
+pub struct LoadedModule<'a> {
+    pub(crate) program: ProgramView<'a>,
+    pub(crate) pool: Pool<'a>,
+    variants: Vec<usize>,
+    pub(crate) kernels: Vec<KernelFn>,
+    // Keeps the code that `kernels` point into mapped; dropped last.
+    _images: Vec<Box<dyn LoadedImage>>,
+    pub(crate) helpers: &'static [HelperFn; HELPER_COUNT],
+    pub(crate) main: Option<usize>,
+    pub(crate) limits: Limits,
+}
+
+impl core::fmt::Debug for LoadedModule<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LoadedModule")
+            .field("entries", &self.program.entries.len())
+            .field("kernels", &self.kernels.len())
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> LoadedModule<'a> {
+    /// The entry points' names, inputs and outputs.
+    pub fn signature(&self) -> Signature<'_, 'a> {
+        Signature { entries: &self.program.entries }
+    }
+
+    /// Entry point `index`'s name, inputs and outputs.
+    pub fn entry_signature(&self, index: usize) -> Result<EntrySignature<'_, 'a>, RuntimeError> {
+        self.signature().entry(index).ok_or_else(|| RuntimeError::NoSuchEntry { entry: alloc::format!("#{index}") })
+    }
+
+    /// The decoded artifact (for listings).
+    pub fn program(&self) -> &ProgramView<'a> {
+        &self.program
+    }
+
+    /// Per kernel, the index of the variant that runs.
+    pub fn variants(&self) -> &[usize] {
+        &self.variants
+    }
+
+    /// Arena size, alignment and table sizes an instance needs.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The constant pool the kernels read.
+    pub fn constants(&self) -> &[u8] {
+        self.pool.bytes()
+    }
+}
+
+/// The entry points of a module.
+#[derive(Debug, Clone, Copy)]
+pub struct Signature<'m, 'a> {
+    entries: &'m [EntryView<'a>],
+}
+
+/// One entry point's name, inputs and outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct EntrySignature<'m, 'a> {
+    /// Its index (for [`crate::Instance::invoke_entry`]).
+    pub index: usize,
+    /// Its name.
+    pub name: &'a str,
+    /// Inputs in call order: name, dtype (ONNX code), dims, bytes.
+    pub inputs: &'m [TensorView<'a>],
+    /// Outputs in call order.
+    pub outputs: &'m [TensorView<'a>],
+}
+
+impl<'m, 'a> Signature<'m, 'a> {
+    fn at(&self, index: usize) -> Option<EntrySignature<'m, 'a>> {
+        let e = self.entries.get(index)?;
+        Some(EntrySignature { index, name: e.name, inputs: &e.inputs, outputs: &e.outputs })
+    }
+
+    /// Number of entry points.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Entry point `index`.
+    pub fn entry(&self, index: usize) -> Option<EntrySignature<'m, 'a>> {
+        self.at(index)
+    }
+
+    /// The entry point called `name`.
+    pub fn find(&self, name: &str) -> Option<EntrySignature<'m, 'a>> {
+        self.at(self.entries.iter().position(|e| e.name == name)?)
+    }
+
+    /// All entry points in order.
+    pub fn entries(&self) -> impl Iterator<Item = EntrySignature<'m, 'a>> + '_ {
+        (0..self.entries.len()).filter_map(|i| self.at(i))
+    }
+}

@@ -1,0 +1,225 @@
+//! The load-time verifier: every index, range and length the driver will use is checked
+//! here once, so that `invoke` can walk the plan without checks.
+
+use crate::error::{BindingProblem, BindingRole, CommandProblem, RuntimeError, VerifyError};
+use crate::MAX_ARENA_ALIGN;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use kiln_module::program::{Binding, Command, CpuFeature, DeviceKind, RelocKind, Slot};
+use kiln_module::sections::{EntryView, ProgramView};
+
+/// Sizes an instance needs, the largest over all entry points.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Arena bytes.
+    pub arena_size: u64,
+    /// Arena alignment.
+    pub arena_align: u64,
+    /// Most bindings of one dispatch.
+    pub max_bindings: usize,
+    /// Most inputs of one entry point.
+    pub max_inputs: usize,
+    /// Most outputs of one entry point.
+    pub max_outputs: usize,
+}
+
+fn binding(e: &EntryView<'_>, pool_len: u64, b: &Binding, writes: bool) -> Result<(), BindingProblem> {
+    let size = match b.slot {
+        Slot::Arena => e.arena_size,
+        Slot::Constants => pool_len,
+        Slot::Input(i) => {
+            let t =
+                e.inputs.get(i as usize).ok_or(BindingProblem::NoSuchSlot { slot: b.slot, count: e.inputs.len() })?;
+            t.bytes
+        }
+        Slot::Output(i) => {
+            let t =
+                e.outputs.get(i as usize).ok_or(BindingProblem::NoSuchSlot { slot: b.slot, count: e.outputs.len() })?;
+            t.bytes
+        }
+    };
+    if b.offset.checked_add(b.length).is_none_or(|end| end > size) {
+        return Err(BindingProblem::OutOfRange { slot: b.slot, offset: b.offset, length: b.length, size });
+    }
+    if writes && matches!(b.slot, Slot::Input(_) | Slot::Constants) {
+        return Err(BindingProblem::ReadOnly { slot: b.slot });
+    }
+    Ok(())
+}
+
+fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -> Result<(), CommandProblem> {
+    let bind = |role, b: &Binding, writes| {
+        binding(e, pool_len, b, writes).map_err(|problem| CommandProblem::Binding { role, problem })
+    };
+    match c {
+        Command::Dispatch { kernel, device, workgroups: _, bindings, push_constants } => {
+            if *kernel as usize >= p.kernels.len() {
+                return Err(CommandProblem::KernelIndex { kernel: *kernel, count: p.kernels.len() });
+            }
+            let d = p
+                .devices
+                .get(*device as usize)
+                .ok_or(CommandProblem::DeviceIndex { device: *device, count: p.devices.len() })?;
+            if d.kind != DeviceKind::Cpu {
+                return Err(CommandProblem::UnsupportedDevice { device: *device, name: d.name.to_string() });
+            }
+            if !push_constants.is_empty() {
+                return Err(CommandProblem::PushConstants { count: push_constants.len() });
+            }
+            // Bindings are the kernel's inputs, then its output: only the last is written.
+            for (i, b) in bindings.iter().enumerate() {
+                bind(BindingRole::Dispatch(i), b, i + 1 == bindings.len())?;
+            }
+        }
+        Command::Barrier => {}
+        Command::Copy { src, dst } => {
+            bind(BindingRole::CopySource, src, false)?;
+            bind(BindingRole::CopyDestination, dst, true)?;
+            if src.length != dst.length {
+                return Err(CommandProblem::CopyLengths { src: src.length, dst: dst.length });
+            }
+        }
+        Command::Fill { dst, pattern: _, pattern_len } => {
+            if !matches!(pattern_len, 1 | 2 | 4 | 8) {
+                return Err(CommandProblem::FillPatternLen { len: *pattern_len });
+            }
+            bind(BindingRole::FillDestination, dst, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks the plan and code tables of `p` whose constant pool holds `pool_len` bytes.
+pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, VerifyError> {
+    let mut limits = Limits { arena_align: 1, ..Limits::default() };
+    for e in &p.entries {
+        let entry = || e.name.to_string();
+        if !e.arena_align.is_power_of_two() || e.arena_align > MAX_ARENA_ALIGN || usize::try_from(e.arena_size).is_err()
+        {
+            return Err(VerifyError::Arena { entry: entry(), size: e.arena_size, align: e.arena_align });
+        }
+        for t in e.inputs.iter().chain(&e.outputs) {
+            if crate::dtype::info(t.dtype).is_none() {
+                return Err(VerifyError::UnknownDtype { entry: entry(), tensor: t.name.to_string(), dtype: t.dtype });
+            }
+            let expected = crate::dtype::storage_bytes(t.dtype, &t.dims);
+            if expected != Some(t.bytes) || usize::try_from(t.bytes).is_err() {
+                return Err(VerifyError::TensorBytes {
+                    entry: entry(),
+                    tensor: t.name.to_string(),
+                    recorded: t.bytes,
+                    expected,
+                });
+            }
+        }
+        for (i, c) in e.commands.iter().enumerate() {
+            command(p, e, pool_len, c).map_err(|problem| VerifyError::Command {
+                entry: entry(),
+                command: i,
+                problem,
+            })?;
+            if let Command::Dispatch { bindings, .. } = c {
+                limits.max_bindings = limits.max_bindings.max(bindings.len());
+            }
+        }
+        for b in &e.buffers {
+            binding(e, pool_len, &b.binding, false).map_err(|problem| VerifyError::Buffer {
+                entry: entry(),
+                buffer: b.name.to_string(),
+                problem,
+            })?;
+        }
+        limits.arena_size = limits.arena_size.max(e.arena_size);
+        limits.arena_align = limits.arena_align.max(e.arena_align);
+        limits.max_inputs = limits.max_inputs.max(e.inputs.len());
+        limits.max_outputs = limits.max_outputs.max(e.outputs.len());
+    }
+    for k in &p.kernels {
+        if k.variants.is_empty() {
+            return Err(VerifyError::NoVariants { kernel: k.name.to_string() });
+        }
+        for (i, v) in k.variants.iter().enumerate() {
+            let ok = p.executables.get(v.executable as usize).is_some_and(|x| (v.entry as usize) < x.entries.len());
+            if !ok {
+                return Err(VerifyError::Variant {
+                    kernel: k.name.to_string(),
+                    variant: i,
+                    executable: v.executable,
+                    entry: v.entry,
+                });
+            }
+        }
+    }
+    for (xi, x) in p.executables.iter().enumerate() {
+        let code_len = x.code.len() as u64;
+        for (name, offset) in &x.entries {
+            if *offset >= code_len {
+                return Err(VerifyError::Symbol { executable: xi, name: name.to_string(), offset: *offset, code_len });
+            }
+        }
+        for (i, r) in x.relocs.iter().enumerate() {
+            let width = match r.kind {
+                RelocKind::Pc32 => 4,
+                RelocKind::Abs64 => 8,
+            };
+            if r.offset.checked_add(width).is_none_or(|end| end > code_len) || r.target > code_len {
+                return Err(VerifyError::Reloc {
+                    executable: xi,
+                    index: i,
+                    offset: r.offset,
+                    target: r.target,
+                    code_len,
+                });
+            }
+        }
+    }
+    Ok(limits)
+}
+
+/// Names of the features in a bit set (`"avx2"`, or `"feature bit 40"` for bits this
+/// runtime does not know).
+pub fn feature_names(bits: u64) -> Vec<String> {
+    (0..64)
+        .filter(|b| bits >> b & 1 == 1)
+        .map(|b| match CpuFeature::ALL.iter().find(|f| **f as u8 == b) {
+            Some(f) => f.name().to_string(),
+            None => alloc::format!("feature bit {b}"),
+        })
+        .collect()
+}
+
+/// Picks, per kernel, the first CPU variant whose features (its own and its
+/// executable's) the host has.
+pub fn select_variants(p: &ProgramView<'_>, host: u64) -> Result<Vec<usize>, RuntimeError> {
+    let mut out = Vec::with_capacity(p.kernels.len());
+    for k in &p.kernels {
+        let mut fewest: Option<u64> = None;
+        let mut pick = None;
+        for (i, v) in k.variants.iter().enumerate() {
+            // Indices were verified.
+            let Some(x) = p.executables.get(v.executable as usize) else { continue };
+            if x.device != DeviceKind::Cpu {
+                continue;
+            }
+            let missing = (v.features | x.features) & !host;
+            if missing == 0 {
+                pick = Some(i);
+                break;
+            }
+            if fewest.is_none_or(|m| missing.count_ones() < m.count_ones()) {
+                fewest = Some(missing);
+            }
+        }
+        match (pick, fewest) {
+            (Some(i), _) => out.push(i),
+            (None, Some(missing)) => {
+                return Err(RuntimeError::MissingCpuFeatures {
+                    kernel: k.name.to_string(),
+                    names: feature_names(missing),
+                })
+            }
+            (None, None) => return Err(RuntimeError::NoCpuVariant { kernel: k.name.to_string() }),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,358 @@
+//! Shared by the runtime's integration tests: hand-assembled x86-64 kernels, programs
+//! that use them, and a minimal mmap code loader so the driver can be tested on its own.
+#![allow(dead_code)]
+
+use kiln_module::abi::{Helper, HelperFn, HELPER_COUNT};
+use kiln_module::program::*;
+use kiln_runtime::{CodeLoader, KernelFn, LoadError, LoadedImage};
+
+/// `y[0..4] = x[0..4]`: binding 0 → binding 1, four bytes.
+pub const COPY4: &[u8] = &[
+    0x48, 0x8b, 0x07, //       mov rax, [rdi]       ; binding 0
+    0x48, 0x8b, 0x4f, 0x08, // mov rcx, [rdi+8]     ; binding 1
+    0x8b, 0x00, //             mov eax, [rax]
+    0x89, 0x01, //             mov [rcx], eax
+    0xc3, //                   ret
+];
+
+/// `y[i] = a[i] + b[i]` (f32) for workgroups i in `begin..end` (rdx..rcx).
+pub const ADD_F32: &[u8] = &[
+    0x4c, 0x8b, 0x07, //                   0: mov r8,  [rdi]       ; a
+    0x4c, 0x8b, 0x4f, 0x08, //             3: mov r9,  [rdi+8]     ; b
+    0x4c, 0x8b, 0x57, 0x10, //             7: mov r10, [rdi+16]    ; y
+    0x48, 0x39, 0xca, //                  11: cmp rdx, rcx
+    0x73, 0x17, //                        14: jae 39
+    0xf3, 0x41, 0x0f, 0x10, 0x04, 0x90, // 16: movss xmm0, [r8+rdx*4]
+    0xf3, 0x41, 0x0f, 0x58, 0x04, 0x91, // 22: addss xmm0, [r9+rdx*4]
+    0xf3, 0x41, 0x0f, 0x11, 0x04, 0x92, // 28: movss [r10+rdx*4], xmm0
+    0x48, 0xff, 0xc2, //                  34: inc rdx
+    0xeb, 0xe4, //                        37: jmp 11
+    0xc3, //                              39: ret
+];
+
+/// `y[0] = exp(x[0])` (f32) through the helper table.
+pub fn exp_f32() -> Vec<u8> {
+    vec![
+        0x53, //                   push rbx             ; keeps rsp 16-aligned at the call
+        0x48,
+        0x8b,
+        0x5f,
+        0x08, // mov rbx, [rdi+8]     ; y (callee-saved across the call)
+        0x48,
+        0x8b,
+        0x07, //       mov rax, [rdi]       ; x
+        0xf3,
+        0x0f,
+        0x10,
+        0x00, // movss xmm0, [rax]
+        0xff,
+        0x56,
+        Helper::ExpF32 as u8 * 8, // call [rsi + 8·ExpF32]
+        0xf3,
+        0x0f,
+        0x11,
+        0x03, // movss [rbx], xmm0
+        0x5b, //                   pop rbx
+        0xc3, //                   ret
+    ]
+}
+
+pub fn b(slot: Slot, offset: u64, length: u64) -> Binding {
+    Binding { slot, offset, length }
+}
+
+pub fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn to_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+pub fn tensor(name: &str, dtype: u32, dims: &[u64], bytes: u64) -> TensorDesc {
+    TensorDesc { name: name.into(), dtype, dims: dims.to_vec(), bytes }
+}
+
+/// One executable holding COPY4 at 0, ADD_F32 at 16 and exp at 64; kernels `copy4`,
+/// `add`, `exp` in that order.
+pub fn executable() -> (Executable, Vec<Kernel>) {
+    let mut code = vec![0xccu8; 96];
+    code[..COPY4.len()].copy_from_slice(COPY4);
+    code[16..16 + ADD_F32.len()].copy_from_slice(ADD_F32);
+    let e = exp_f32();
+    code[64..64 + e.len()].copy_from_slice(&e);
+    let x = Executable {
+        device: DeviceKind::Cpu,
+        features: CpuFeature::Sse2.bit(),
+        code,
+        entries: vec![("copy4".into(), 0), ("add".into(), 16), ("exp".into(), 64)],
+        relocs: vec![],
+    };
+    let k =
+        |name: &str, entry| Kernel { name: name.into(), variants: vec![Variant { executable: 0, entry, features: 0 }] };
+    (x, vec![k("copy4", 0), k("add", 1), k("exp", 2)])
+}
+
+/// `main(a: f32[n], b: f32[n]) -> (y: f32[n])`: y = a + b, computed into the arena and
+/// copied out, with a fill before the dispatch that the dispatch overwrites.
+pub fn add_program(n: u64) -> Program {
+    let (x, kernels) = executable();
+    let bytes = 4 * n;
+    Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![EntryPoint {
+            name: "main".into(),
+            inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
+            outputs: vec![tensor("y", 1, &[n], bytes)],
+            arena_size: bytes + 64,
+            arena_align: 64,
+            commands: vec![
+                Command::Fill { dst: b(Slot::Arena, 64, bytes), pattern: 0x7fc0_0000, pattern_len: 4 },
+                Command::Dispatch {
+                    kernel: 1,
+                    device: 0,
+                    workgroups: n,
+                    bindings: vec![b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes), b(Slot::Arena, 64, bytes)],
+                    push_constants: vec![],
+                },
+                Command::Barrier,
+                Command::Copy { src: b(Slot::Arena, 64, bytes), dst: b(Slot::Output(0), 0, bytes) },
+            ],
+            buffers: vec![BufferDesc { name: "sum".into(), binding: b(Slot::Arena, 64, bytes), first: 1, last: 3 }],
+        }],
+        kernels,
+        executables: vec![x],
+        constants: Constants::Embedded(vec![]),
+        debug: Some(DebugInfo {
+            kernel_sources: vec!["Identity".into(), "Add".into(), "Exp".into()],
+            source: "t.onnx".into(),
+        }),
+    }
+}
+
+/// `main() -> (y: u8[16])`: copies the constant word 0xdeadbeef into the arena with
+/// COPY4, fills y[4..16] with patterns, copies the word to y[0..4]; and a second entry
+/// `exp(x: f32[1]) -> (y: f32[1])` through the helper table. Constants are `constants`
+/// (embedded) or the same bytes kept in an external file.
+pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
+    let (x, kernels) = executable();
+    let pool: Vec<u8> = [0xefu8, 0xbe, 0xad, 0xde].into_iter().chain([0u8; 60]).collect();
+    let constants = if external {
+        Constants::External {
+            file: "misc.weights".into(),
+            size: pool.len() as u64,
+            hash: kiln_module::sections::weights_hash(&pool),
+        }
+    } else {
+        Constants::Embedded(pool.clone())
+    };
+    let p = Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![
+            EntryPoint {
+                name: "main".into(),
+                inputs: vec![],
+                outputs: vec![tensor("y", 2, &[16], 16)],
+                arena_size: 8,
+                arena_align: 8,
+                commands: vec![
+                    Command::Dispatch {
+                        kernel: 0,
+                        device: 0,
+                        workgroups: 1,
+                        bindings: vec![b(Slot::Constants, 0, 4), b(Slot::Arena, 4, 4)],
+                        push_constants: vec![],
+                    },
+                    Command::Fill { dst: b(Slot::Output(0), 4, 3), pattern: 0xaa, pattern_len: 1 },
+                    Command::Fill { dst: b(Slot::Output(0), 7, 5), pattern: 0x1122, pattern_len: 2 },
+                    Command::Fill { dst: b(Slot::Output(0), 12, 4), pattern: 0x0102_0304_0506_0708, pattern_len: 8 },
+                    Command::Barrier,
+                    Command::Copy { src: b(Slot::Arena, 4, 4), dst: b(Slot::Output(0), 0, 4) },
+                ],
+                buffers: vec![],
+            },
+            EntryPoint {
+                name: "exp".into(),
+                inputs: vec![tensor("x", 1, &[1], 4)],
+                outputs: vec![tensor("y", 1, &[1], 4)],
+                arena_size: 0,
+                arena_align: 1,
+                commands: vec![Command::Dispatch {
+                    kernel: 2,
+                    device: 0,
+                    workgroups: 1,
+                    bindings: vec![b(Slot::Input(0), 0, 4), b(Slot::Output(0), 0, 4)],
+                    push_constants: vec![],
+                }],
+                buffers: vec![],
+            },
+        ],
+        kernels,
+        executables: vec![x],
+        constants,
+        debug: None,
+    };
+    (p, pool)
+}
+
+/// The expected output of `misc_program`'s main, worked out by hand: the word
+/// 0xdeadbeef little-endian, three 0xaa, the pattern 22 11 repeated over five bytes
+/// (cut after the first byte of the third copy), then 08 07 06 05 (the low four bytes
+/// of the 8-byte pattern, little-endian).
+pub const MISC_EXPECTED: [u8; 16] =
+    [0xef, 0xbe, 0xad, 0xde, 0xaa, 0xaa, 0xaa, 0x22, 0x11, 0x22, 0x11, 0x22, 8, 7, 6, 5];
+
+/// Two kernels reading a constant from their own read-only data, one through a
+/// PC-relative and one through an absolute relocation; `y[0] = c`.
+pub fn reloc_program() -> Program {
+    let mut code = vec![
+        // kernel "pcrel" at 0
+        0x48, 0x8b, 0x07, //                          0: mov rax, [rdi]          ; y
+        0xf3, 0x0f, 0x10, 0x05, 0, 0, 0, 0, //        3: movss xmm0, [rip+disp32] ; disp32 at 7, rip = 11
+        0xf3, 0x0f, 0x11, 0x00, //                   11: movss [rax], xmm0
+        0xc3, //                                     15: ret
+        // kernel "abs" at 16
+        0x48, 0x8b, 0x0f, //                         16: mov rcx, [rdi]          ; y
+        0x48, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, //       19: mov rax, imm64          ; imm64 at 21
+        0xf3, 0x0f, 0x10, 0x00, //                   29: movss xmm0, [rax]
+        0xf3, 0x0f, 0x11, 0x01, //                   33: movss [rcx], xmm0
+        0xc3, //                                     37: ret
+        0xcc, 0xcc, //                               38: padding
+    ];
+    code.extend(42.5f32.to_le_bytes()); // 40: constant for "pcrel"
+    code.extend((-7.25f32).to_le_bytes()); // 44: constant for "abs"
+    let x = Executable {
+        device: DeviceKind::Cpu,
+        features: 0,
+        code,
+        entries: vec![("pcrel".into(), 0), ("abs".into(), 16)],
+        relocs: vec![
+            // disp32 = S + A - P = 40 - 4 - 7 = 29 = 40 - 11.
+            Reloc { offset: 7, kind: RelocKind::Pc32, target: 40, addend: -4 },
+            Reloc { offset: 21, kind: RelocKind::Abs64, target: 44, addend: 0 },
+        ],
+    };
+    let entry = |name: &str, kernel| EntryPoint {
+        name: name.into(),
+        inputs: vec![],
+        outputs: vec![tensor("y", 1, &[1], 4)],
+        arena_size: 0,
+        arena_align: 1,
+        commands: vec![Command::Dispatch {
+            kernel,
+            device: 0,
+            workgroups: 1,
+            bindings: vec![b(Slot::Output(0), 0, 4)],
+            push_constants: vec![],
+        }],
+        buffers: vec![],
+    };
+    let k =
+        |name: &str, entry| Kernel { name: name.into(), variants: vec![Variant { executable: 0, entry, features: 0 }] };
+    Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![entry("main", 0), entry("abs", 1)],
+        kernels: vec![k("pcrel", 0), k("abs", 1)],
+        executables: vec![x],
+        constants: Constants::Embedded(vec![]),
+        debug: None,
+    }
+}
+
+/// Bytes at a 64-byte-aligned address (and the buffer that holds them).
+pub struct Aligned {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    pub fn new(bytes: &[u8], misalign: usize) -> Aligned {
+        let mut buf = vec![0u8; bytes.len() + 128];
+        let start = buf.as_ptr().align_offset(64) + misalign;
+        buf[start..start + bytes.len()].copy_from_slice(bytes);
+        Aligned { buf, start, len: bytes.len() }
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// A code loader for tests: mmap, copy, relocate, mprotect to read+execute.
+pub struct MmapLoader;
+
+struct Image {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-execute after `load` and never written again.
+unsafe impl Send for Image {}
+// SAFETY: as above.
+unsafe impl Sync for Image {}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are the mapping made in `load`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl LoadedImage for Image {
+    fn entry(&self, offset: u64) -> Result<KernelFn, LoadError> {
+        // SAFETY: offset is inside the mapped code (checked by the verifier).
+        Ok(unsafe { std::mem::transmute::<*mut u8, KernelFn>(self.ptr.add(offset as usize)) })
+    }
+}
+
+impl CodeLoader for MmapLoader {
+    fn helpers(&self) -> &'static [HelperFn; HELPER_COUNT] {
+        &kiln_runtime::cpu::helpers::HELPERS
+    }
+
+    fn load(&self, code: &[u8], relocs: &[Reloc]) -> Result<Box<dyn LoadedImage>, LoadError> {
+        let len = code.len().max(1).div_ceil(4096) * 4096;
+        // SAFETY: a fresh private anonymous mapping.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(LoadError::Embedder("mmap failed".into()));
+        }
+        let ptr = ptr.cast::<u8>();
+        // SAFETY: the mapping is `len` ≥ code.len() writable bytes.
+        let mem = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        mem[..code.len()].copy_from_slice(code);
+        let base = ptr as u64;
+        for r in relocs {
+            let o = r.offset as usize;
+            let s = (base + r.target).wrapping_add(r.addend as u64);
+            match r.kind {
+                RelocKind::Abs64 => mem[o..o + 8].copy_from_slice(&s.to_le_bytes()),
+                RelocKind::Pc32 => {
+                    mem[o..o + 4].copy_from_slice(&(s.wrapping_sub(base + r.offset) as u32).to_le_bytes())
+                }
+            }
+        }
+        // SAFETY: our own mapping.
+        if unsafe { libc::mprotect(ptr.cast(), len, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+            return Err(LoadError::Embedder("mprotect failed".into()));
+        }
+        Ok(Box::new(Image { ptr, len }))
+    }
+}
+
+/// Loads with the test loader on this host.
+pub fn load<'a>(
+    artifact: &'a [u8],
+    weights: Option<&'a [u8]>,
+) -> Result<kiln_runtime::LoadedModule<'a>, kiln_runtime::RuntimeError> {
+    kiln_runtime::Module::verify(artifact, weights, kiln_runtime::cpu::host_features())?.load(&MmapLoader)
+}

@@ -1,0 +1,391 @@
+//! Replays the `load_artifact` fuzz corpus (`fuzz/corpus/load_artifact`) and fuzzes
+//! further with seeded mutations on stable: section decoding and load-time verification
+//! return Ok or a typed error for any bytes, never panic. Mutations work at three
+//! levels: bytes of one section (the container rebuilt around it, so checksums pass),
+//! the container's header and table (resealed), and fields of a `Program` (re-encoded),
+//! where an independent check confirms that whatever verifies has every binding inside
+//! its slot. `KILN_BLESS=1` rewrites the seed files.
+
+mod common;
+
+use common::*;
+use kiln_module::abi::ABI_VERSION;
+use kiln_module::program::*;
+use kiln_module::sections::{read_program, write_program, ConstantsView, ProgramView};
+use kiln_module::{ModuleWriter, SectionKind};
+use kiln_runtime::{Module, RuntimeError};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/load_artifact")
+}
+
+fn seed_programs() -> Vec<(&'static str, Program)> {
+    let mut variants = add_program(4);
+    variants.kernels[1]
+        .variants
+        .insert(0, Variant { executable: 0, entry: 1, features: CpuFeature::Avx512f.bit() | (1 << 40) });
+    vec![
+        ("add.kiln", add_program(4)),
+        ("misc_embedded.kiln", misc_program(false).0),
+        ("misc_external.kiln", misc_program(true).0),
+        ("relocs.kiln", reloc_program()),
+        ("variants.kiln", variants),
+    ]
+}
+
+fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    seed_programs().into_iter().map(|(n, p)| (n, write_program(&p))).collect()
+}
+
+/// The property: decode and verify without panicking; messages are one line.
+fn check(data: &[u8]) -> Result<bool, String> {
+    catch_unwind(AssertUnwindSafe(|| {
+        if let Ok(m) = kiln_module::Module::parse(data) {
+            if let Err(e) = read_program(&m) {
+                assert!(!e.to_string().contains('\n'));
+            }
+        }
+        match Module::verify(data, None, u64::MAX) {
+            Ok(v) => {
+                assert_bindings_inside(v.program());
+                true
+            }
+            Err(e) => {
+                assert!(!e.to_string().contains('\n'));
+                // A module that only lacks its weights file verified everything else.
+                matches!(e, RuntimeError::WeightsMissing { .. })
+            }
+        }
+    }))
+    .map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    })
+}
+
+/// Independent of the verifier: every binding of every command lies inside its slot and
+/// writes go to the arena or an output (u128 arithmetic, no shortcuts).
+fn assert_bindings_inside(p: &ProgramView<'_>) {
+    let pool = match p.constants {
+        ConstantsView::Embedded(b) => b.len() as u128,
+        ConstantsView::External { size, .. } => size as u128,
+    };
+    for e in &p.entries {
+        let size = |s: Slot| -> u128 {
+            match s {
+                Slot::Arena => e.arena_size as u128,
+                Slot::Constants => pool,
+                Slot::Input(i) => e.inputs[i as usize].bytes as u128,
+                Slot::Output(i) => e.outputs[i as usize].bytes as u128,
+            }
+        };
+        let inside =
+            |b: &Binding| assert!(b.offset as u128 + b.length as u128 <= size(b.slot), "{b:?} escapes its slot");
+        let writable =
+            |b: &Binding| assert!(matches!(b.slot, Slot::Arena | Slot::Output(_)), "{b:?} writes a read-only slot");
+        for c in &e.commands {
+            match c {
+                Command::Dispatch { kernel, bindings, .. } => {
+                    assert!((*kernel as usize) < p.kernels.len());
+                    bindings.iter().for_each(inside);
+                    if let Some(last) = bindings.last() {
+                        writable(last);
+                    }
+                }
+                Command::Barrier => {}
+                Command::Copy { src, dst } => {
+                    inside(src);
+                    inside(dst);
+                    writable(dst);
+                    assert_eq!(src.length, dst.length);
+                }
+                Command::Fill { dst, pattern_len, .. } => {
+                    inside(dst);
+                    writable(dst);
+                    assert!([1, 2, 4, 8].contains(pattern_len));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn corpus_replays() {
+    if std::env::var_os("KILN_BLESS").is_some() {
+        std::fs::create_dir_all(dir()).expect("mkdir");
+        for (name, bytes) in seeds() {
+            std::fs::write(dir().join(name), bytes).expect("write seed");
+        }
+    }
+    let mut n = 0;
+    for e in std::fs::read_dir(dir()).expect("corpus dir (run once with KILN_BLESS=1)") {
+        let p = e.expect("entry").path();
+        let data = std::fs::read(&p).expect("read");
+        check(&data).unwrap_or_else(|m| panic!("{} panics the loader: {m}", p.display()));
+        n += 1;
+    }
+    assert!(n >= seeds().len(), "corpus is missing its seeds");
+    for (name, bytes) in seeds() {
+        let committed = std::fs::read(dir().join(name)).expect("seed file");
+        assert!(committed == bytes, "{name} is stale; rerun with KILN_BLESS=1");
+        assert_eq!(check(&bytes), Ok(true), "{name} verifies");
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+}
+
+fn sections_of(file: &[u8]) -> Vec<(SectionKind, u32, Vec<u8>)> {
+    let m = kiln_module::Module::parse(file).expect("seed parses");
+    m.sections().map(|s| (s.kind, s.align, s.bytes.to_vec())).collect()
+}
+
+fn rebuild(sections: &[(SectionKind, u32, Vec<u8>)]) -> Vec<u8> {
+    let mut w = ModuleWriter::new(ABI_VERSION);
+    for (k, a, b) in sections {
+        w.add(*k, *a, b.clone()).expect("add");
+    }
+    w.finish()
+}
+
+const HUGE_VARINTS: [&[u8]; 4] = [
+    &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], // u64::MAX
+    &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], // 71 bits
+    &[0x80, 0x80, 0x80, 0x80, 0x10],                               // 2^32
+    &[0x80, 0x00],                                                 // not minimal
+];
+
+fn mutate_bytes(r: &mut Rng, d: &mut Vec<u8>) {
+    match r.next() % 7 {
+        0 if !d.is_empty() => {
+            let i = r.below(d.len());
+            d[i] ^= 1 << (r.next() % 8);
+        }
+        1 if !d.is_empty() => {
+            let i = r.below(d.len());
+            d[i] = [0, 0xff, 0x80, 0x7f, 1, 2, 3][r.below(7)];
+        }
+        2 => d.truncate(r.below(d.len() + 1)),
+        3 => {
+            let i = r.below(d.len() + 1);
+            let v = HUGE_VARINTS[r.below(HUGE_VARINTS.len())];
+            if r.next().is_multiple_of(2) {
+                d.splice(i..i, v.iter().copied());
+            } else {
+                let end = (i + v.len()).min(d.len());
+                d.splice(i..end, v.iter().copied());
+            }
+        }
+        4 if !d.is_empty() => {
+            // Repeat a range in place (overlapping copies of lists and strings).
+            let i = r.below(d.len());
+            let j = i + r.below(d.len() - i) + 1;
+            let piece = d[i..j].to_vec();
+            d.splice(i..i, piece);
+        }
+        5 if !d.is_empty() => {
+            let i = r.below(d.len());
+            let j = i + r.below((d.len() - i).min(16)) + 1;
+            d.drain(i..j);
+        }
+        _ => d.push(r.next() as u8),
+    }
+}
+
+#[test]
+fn section_mutations_never_panic() {
+    let mut r = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut rejected, mut total) = (0, 0);
+    for (name, seed) in seeds() {
+        let base = sections_of(&seed);
+        for round in 0..1200 {
+            let mut s = base.clone();
+            for _ in 0..1 + r.below(3) {
+                let k = r.below(s.len());
+                mutate_bytes(&mut r, &mut s[k].2);
+            }
+            if r.next().is_multiple_of(16) {
+                // Drop a section, or add a constants section next to external weights.
+                if r.next().is_multiple_of(2) {
+                    let k = r.below(s.len());
+                    s.remove(k);
+                } else if !s.iter().any(|x| x.0 == SectionKind::Constants) {
+                    s.push((SectionKind::Constants, 64, vec![0; 64]));
+                }
+            }
+            let d = rebuild(&s);
+            match check(&d) {
+                Ok(ok) => rejected += !ok as usize,
+                Err(m) => panic!("section mutation {round} of {name} panics the loader: {m}"),
+            }
+            total += 1;
+        }
+    }
+    assert!(rejected > total / 2, "most mutations should be rejected ({rejected} of {total})");
+}
+
+#[test]
+fn container_mutations_never_panic() {
+    let mut r = Rng(0x2545_F491_4F6C_DD1D);
+    for (name, seed) in seeds() {
+        let n = sections_of(&seed).len();
+        for round in 0..400 {
+            let mut d = seed.clone();
+            let e = 64 + 32 * r.below(n);
+            match r.next() % 5 {
+                0 => {
+                    // Point one section at another's offset: overlapping ranges.
+                    let other = 64 + 32 * r.below(n);
+                    let off: [u8; 8] = d[other + 8..other + 16].try_into().expect("8 bytes");
+                    d[e + 8..e + 16].copy_from_slice(&off);
+                }
+                1 => {
+                    let v = [u64::MAX, u64::MAX / 2, 1 << 32, 0, d.len() as u64][r.below(5)];
+                    let f = [8, 16][r.below(2)];
+                    d[e + f..e + f + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                2 => {
+                    // Change a section's kind (duplicates, unknown kinds, swapped roles).
+                    d[e..e + 4].copy_from_slice(&(r.below(8) as u32).to_le_bytes());
+                }
+                3 => d.truncate(r.below(d.len() + 1)),
+                _ => {
+                    let i = r.below(d.len());
+                    d[i] ^= 1 << (r.next() % 8);
+                }
+            }
+            kiln_module::reseal::reseal(&mut d);
+            if let Err(m) = check(&d) {
+                panic!("container mutation {round} of {name} panics the loader: {m}");
+            }
+        }
+    }
+}
+
+fn edge(r: &mut Rng, size: u64) -> u64 {
+    [0, 1, size.saturating_sub(1), size, size.saturating_add(1), u64::MAX, u64::MAX - 3, r.next() % 256][r.below(8)]
+}
+
+fn mutate_program(r: &mut Rng, p: &mut Program) {
+    let ne = p.entries.len();
+    let e = &mut p.entries[r.below(ne)];
+    let arena = e.arena_size;
+    let (ni, no) = (e.inputs.len() as u32, e.outputs.len() as u32);
+    let nc = e.commands.len();
+    match r.next() % 12 {
+        0..=4 if nc > 0 => {
+            let slot = |r: &mut Rng| match r.next() % 4 {
+                0 => Slot::Arena,
+                1 => Slot::Constants,
+                2 => Slot::Input(r.below(ni as usize + 2) as u32),
+                _ => Slot::Output(r.below(no as usize + 2) as u32),
+            };
+            let c = &mut e.commands[r.below(nc)];
+            let bs: Vec<&mut Binding> = match c {
+                Command::Dispatch { bindings, .. } => bindings.iter_mut().collect(),
+                Command::Copy { src, dst } => vec![src, dst],
+                Command::Fill { dst, .. } => vec![dst],
+                Command::Barrier => vec![],
+            };
+            let n = bs.len();
+            if let Some(b) = bs.into_iter().nth(r.below(n)) {
+                match r.next() % 3 {
+                    0 => b.offset = edge(r, arena),
+                    1 => b.length = edge(r, arena),
+                    _ => b.slot = slot(r),
+                }
+            }
+        }
+        5 if nc > 0 => match &mut e.commands[r.below(nc)] {
+            Command::Dispatch { kernel, device, workgroups, push_constants, .. } => match r.next() % 4 {
+                0 => *kernel = r.below(5) as u32,
+                1 => *device = r.below(3) as u32,
+                2 => *workgroups = u64::MAX,
+                _ => push_constants.push(0),
+            },
+            Command::Fill { pattern_len, .. } => *pattern_len = r.next() as u8,
+            Command::Copy { dst, .. } => dst.length = dst.length.wrapping_add(1),
+            Command::Barrier => {}
+        },
+        6 => e.arena_size = edge(r, arena),
+        7 => e.arena_align = [0, 1, 3, 64, 4096, 8192, 1 << 63][r.below(7)],
+        8 if ni > 0 => {
+            let t = &mut e.inputs[r.below(ni as usize)];
+            match r.next() % 3 {
+                0 => t.bytes = edge(r, t.bytes),
+                1 => t.dims.push(r.below(3) as u64),
+                _ => t.dtype = r.below(26) as u32,
+            }
+        }
+        9 => {
+            let nk = p.kernels.len();
+            if nk > 0 {
+                let k = &mut p.kernels[r.below(nk)];
+                match k.variants.first_mut() {
+                    Some(v) if r.next().is_multiple_of(2) => v.entry = r.below(5) as u32,
+                    Some(v) => v.executable = r.below(3) as u32,
+                    None => {}
+                }
+            }
+        }
+        10 => {
+            let x = &mut p.executables[0];
+            let len = x.code.len() as u64;
+            match r.next() % 3 {
+                0 => x.entries[0].1 = edge(r, len),
+                1 => x.relocs.push(Reloc {
+                    offset: edge(r, len),
+                    kind: RelocKind::Abs64,
+                    target: edge(r, len),
+                    addend: 0,
+                }),
+                _ => x.code.truncate(r.below(x.code.len() + 1)),
+            }
+        }
+        _ => {
+            if let Constants::Embedded(c) = &mut p.constants {
+                c.truncate(r.below(c.len() + 1));
+            }
+        }
+    }
+}
+
+#[test]
+fn program_mutations_never_panic_and_what_verifies_is_in_bounds() {
+    let mut r = Rng(0xD1B5_4A32_D192_ED03);
+    let (mut accepted, mut total) = (0, 0);
+    for (name, seed) in seed_programs() {
+        for round in 0..600 {
+            let mut p = seed.clone();
+            for _ in 0..1 + r.below(2) {
+                mutate_program(&mut r, &mut p);
+            }
+            match check(&write_program(&p)) {
+                Ok(ok) => accepted += ok as usize,
+                Err(m) => panic!("program mutation {round} of {name} panics the loader: {m}"),
+            }
+            total += 1;
+        }
+    }
+    // Both outcomes occur: the mutations probe the boundary.
+    assert!(accepted > 0 && accepted < total, "{accepted} of {total} accepted");
+}

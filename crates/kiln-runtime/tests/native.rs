@@ -1,0 +1,81 @@
+//! `Module::load` with the runtime's own CPU loader and helper table: relocations are
+//! applied, helpers are reached, host features are detected.
+
+mod common;
+
+use common::*;
+use kiln_module::program::*;
+use kiln_module::sections::write_program;
+use kiln_runtime::{Instance, Module, RuntimeError};
+
+#[test]
+fn relocations_are_applied() {
+    let file = write_program(&reloc_program());
+    let m = Module::load(&file, None).expect("load");
+    let mut inst = Instance::new(&m).expect("instance");
+    let mut y = [0u8; 4];
+    inst.invoke(&[], &mut [&mut y[..]]).expect("pcrel");
+    assert_eq!(f32::from_le_bytes(y), 42.5);
+    inst.invoke_entry(1, &[], &mut [&mut y[..]]).expect("abs");
+    assert_eq!(f32::from_le_bytes(y), -7.25);
+}
+
+#[test]
+fn native_loader_runs_the_driver_programs() {
+    let file = write_program(&add_program(3));
+    let m = Module::load(&file, None).expect("load");
+    let a = f32s(&[1.0, 2.0, 3.0]);
+    let mut y = vec![0u8; 12];
+    Instance::new(&m).expect("instance").invoke(&[&a, &a], &mut [&mut y]).expect("invoke");
+    assert_eq!(to_f32s(&y), [2.0, 4.0, 6.0]);
+    let (p, _) = misc_program(false);
+    let file = write_program(&p);
+    let m = Module::load(&file, None).expect("load");
+    let mut inst = Instance::new(&m).expect("instance");
+    let mut out = [0u8; 16];
+    inst.invoke(&[], &mut [&mut out[..]]).expect("main");
+    assert_eq!(out, MISC_EXPECTED);
+    let x = 0.5f32.to_le_bytes();
+    let mut e = [0u8; 4];
+    inst.invoke_entry(1, &[&x], &mut [&mut e[..]]).expect("exp");
+    assert!((f32::from_le_bytes(e) - 1.648_721_3).abs() < 1e-6);
+}
+
+#[test]
+fn host_features_are_detected_and_checked() {
+    let host = kiln_runtime::cpu::host_features();
+    #[cfg(target_arch = "x86_64")]
+    assert!(host & CpuFeature::Sse2.bit() != 0, "every x86-64 has SSE2");
+    let mut p = reloc_program();
+    p.kernels[0].variants[0].features = 1 << 50;
+    let e = Module::load(&write_program(&p), None).expect_err("unknown feature");
+    assert!(matches!(&e, RuntimeError::MissingCpuFeatures { names, .. } if names == &["feature bit 50"]));
+    // A feature the host lacks, if it lacks one kiln knows.
+    if let Some(f) = CpuFeature::ALL.iter().find(|f| host & f.bit() == 0) {
+        p.kernels[0].variants[0].features = f.bit();
+        let e = Module::load(&write_program(&p), None).expect_err("missing feature");
+        assert!(e.to_string().contains(f.name()), "{e}");
+    }
+}
+
+#[test]
+fn loaded_modules_are_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>(_: &T) {}
+    let file = write_program(&add_program(2));
+    let m = Module::load(&file, None).expect("load");
+    assert_send_sync(&m);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let m = &m;
+            s.spawn(move || {
+                let mut inst = Instance::new(m).expect("instance");
+                let a = f32s(&[t as f32, 1.0]);
+                let mut y = vec![0u8; 8];
+                for _ in 0..100 {
+                    inst.invoke(&[&a, &a], &mut [&mut y]).expect("invoke");
+                }
+                assert_eq!(to_f32s(&y), [2.0 * t as f32, 2.0]);
+            });
+        }
+    });
+}

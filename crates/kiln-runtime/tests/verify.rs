@@ -1,0 +1,320 @@
+//! Load-time checks: container, ABI, features, and every plan inconsistency the
+//! verifier must catch so that `invoke` needs no checks. Each case breaks one field of
+//! a valid program.
+
+mod common;
+
+use common::*;
+use kiln_module::abi::ABI_VERSION;
+use kiln_module::program::*;
+use kiln_module::sections::write_program;
+use kiln_runtime::error::{BindingProblem, BindingRole, CommandProblem};
+use kiln_runtime::{Module, RuntimeError, VerifyError};
+
+fn verify(p: &Program) -> Result<(), RuntimeError> {
+    let file = write_program(p);
+    Module::verify(&file, None, u64::MAX).map(|_| ())
+}
+
+fn invalid(p: &Program) -> VerifyError {
+    match verify(p) {
+        Err(RuntimeError::Invalid(e)) => e,
+        other => panic!("expected a verifier error, got {other:?}"),
+    }
+}
+
+fn command_problem(p: &Program) -> (usize, CommandProblem) {
+    match invalid(p) {
+        VerifyError::Command { entry, command, problem } => {
+            assert_eq!(entry, p.entries[0].name);
+            (command, problem)
+        }
+        e => panic!("expected a command error, got {e:?}"),
+    }
+}
+
+fn dispatch_bindings(p: &mut Program) -> &mut Vec<Binding> {
+    match &mut p.entries[0].commands[1] {
+        Command::Dispatch { bindings, .. } => bindings,
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn the_base_program_verifies() {
+    verify(&add_program(4)).expect("valid");
+    verify(&misc_program(false).0).expect("valid");
+}
+
+#[test]
+fn bindings_out_of_range() {
+    // Arena is 4·4 + 64 = 80 bytes: 64 + 17 runs past it.
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[2] = b(Slot::Arena, 64, 17);
+    let (cmd, problem) = command_problem(&p);
+    assert_eq!(cmd, 1);
+    assert_eq!(
+        problem,
+        CommandProblem::Binding {
+            role: BindingRole::Dispatch(2),
+            problem: BindingProblem::OutOfRange { slot: Slot::Arena, offset: 64, length: 17, size: 80 }
+        }
+    );
+    // Input 1 is 16 bytes.
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[1] = b(Slot::Input(1), 4, 13);
+    assert!(matches!(
+        command_problem(&p).1,
+        CommandProblem::Binding { problem: BindingProblem::OutOfRange { size: 16, .. }, .. }
+    ));
+    // Offset + length overflows u64.
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[0] = b(Slot::Input(0), u64::MAX, 2);
+    assert!(matches!(
+        command_problem(&p).1,
+        CommandProblem::Binding { problem: BindingProblem::OutOfRange { .. }, .. }
+    ));
+    // No input 2.
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[0] = b(Slot::Input(2), 0, 4);
+    assert_eq!(
+        command_problem(&p).1,
+        CommandProblem::Binding {
+            role: BindingRole::Dispatch(0),
+            problem: BindingProblem::NoSuchSlot { slot: Slot::Input(2), count: 2 }
+        }
+    );
+    // No output 1.
+    let mut p = add_program(4);
+    p.entries[0].commands[3] = Command::Copy { src: b(Slot::Arena, 0, 4), dst: b(Slot::Output(1), 0, 4) };
+    assert_eq!(
+        command_problem(&p),
+        (
+            3,
+            CommandProblem::Binding {
+                role: BindingRole::CopyDestination,
+                problem: BindingProblem::NoSuchSlot { slot: Slot::Output(1), count: 1 }
+            }
+        )
+    );
+    // Constants: the pool is empty.
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[0] = b(Slot::Constants, 0, 1);
+    assert!(matches!(
+        command_problem(&p).1,
+        CommandProblem::Binding { problem: BindingProblem::OutOfRange { slot: Slot::Constants, size: 0, .. }, .. }
+    ));
+    // A buffer of the memory map outside the arena.
+    let mut p = add_program(4);
+    p.entries[0].buffers[0].binding = b(Slot::Arena, 80, 1);
+    assert!(matches!(invalid(&p), VerifyError::Buffer { ref buffer, .. } if buffer == "sum"));
+}
+
+#[test]
+fn writes_to_read_only_slots() {
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[2] = b(Slot::Input(0), 0, 16);
+    assert_eq!(
+        command_problem(&p).1,
+        CommandProblem::Binding {
+            role: BindingRole::Dispatch(2),
+            problem: BindingProblem::ReadOnly { slot: Slot::Input(0) }
+        }
+    );
+    let (mut p, _) = misc_program(false);
+    p.entries[0].commands[1] = Command::Fill { dst: b(Slot::Constants, 0, 4), pattern: 0, pattern_len: 1 };
+    assert_eq!(
+        command_problem(&p).1,
+        CommandProblem::Binding {
+            role: BindingRole::FillDestination,
+            problem: BindingProblem::ReadOnly { slot: Slot::Constants }
+        }
+    );
+    let mut p = add_program(4);
+    p.entries[0].commands[3] = Command::Copy { src: b(Slot::Arena, 0, 4), dst: b(Slot::Input(1), 0, 4) };
+    assert!(matches!(command_problem(&p).1, CommandProblem::Binding { problem: BindingProblem::ReadOnly { .. }, .. }));
+}
+
+#[test]
+fn copy_fill_kernel_device_and_push_constants() {
+    let mut p = add_program(4);
+    p.entries[0].commands[3] = Command::Copy { src: b(Slot::Arena, 64, 16), dst: b(Slot::Output(0), 0, 12) };
+    assert_eq!(command_problem(&p), (3, CommandProblem::CopyLengths { src: 16, dst: 12 }));
+    for len in [0u8, 3, 5, 16] {
+        let mut p = add_program(4);
+        p.entries[0].commands[0] = Command::Fill { dst: b(Slot::Arena, 0, 8), pattern: 0, pattern_len: len };
+        assert_eq!(command_problem(&p), (0, CommandProblem::FillPatternLen { len }));
+    }
+    let mut p = add_program(4);
+    if let Command::Dispatch { kernel, .. } = &mut p.entries[0].commands[1] {
+        *kernel = 3;
+    }
+    assert_eq!(command_problem(&p).1, CommandProblem::KernelIndex { kernel: 3, count: 3 });
+    let mut p = add_program(4);
+    if let Command::Dispatch { device, .. } = &mut p.entries[0].commands[1] {
+        *device = 1;
+    }
+    assert_eq!(command_problem(&p).1, CommandProblem::DeviceIndex { device: 1, count: 1 });
+    let mut p = add_program(4);
+    p.devices[0] = Device { kind: DeviceKind::Cuda, name: "gpu0".into() };
+    assert_eq!(command_problem(&p).1, CommandProblem::UnsupportedDevice { device: 0, name: "gpu0".into() });
+    let mut p = add_program(4);
+    if let Command::Dispatch { push_constants, .. } = &mut p.entries[0].commands[1] {
+        push_constants.push(1);
+    }
+    assert_eq!(command_problem(&p).1, CommandProblem::PushConstants { count: 1 });
+}
+
+#[test]
+fn tensors_and_arena() {
+    let mut p = add_program(4);
+    p.entries[0].inputs[1].bytes = 15;
+    assert_eq!(
+        invalid(&p),
+        VerifyError::TensorBytes { entry: "main".into(), tensor: "b".into(), recorded: 15, expected: Some(16) }
+    );
+    let mut p = add_program(4);
+    p.entries[0].outputs[0].dtype = 8;
+    assert!(matches!(invalid(&p), VerifyError::UnknownDtype { dtype: 8, .. }));
+    let mut p = add_program(4);
+    p.entries[0].outputs[0].dims = vec![u64::MAX, 4];
+    assert!(matches!(invalid(&p), VerifyError::TensorBytes { expected: None, .. }));
+    for align in [0, 3, 8192] {
+        let mut p = add_program(4);
+        p.entries[0].arena_align = align;
+        assert!(matches!(invalid(&p), VerifyError::Arena { align: a, .. } if a == align));
+    }
+}
+
+#[test]
+fn kernels_and_executables() {
+    let mut p = add_program(4);
+    p.kernels[1].variants.clear();
+    assert_eq!(invalid(&p), VerifyError::NoVariants { kernel: "add".into() });
+    let mut p = add_program(4);
+    p.kernels[2].variants[0].entry = 3;
+    assert_eq!(invalid(&p), VerifyError::Variant { kernel: "exp".into(), variant: 0, executable: 0, entry: 3 });
+    let mut p = add_program(4);
+    p.kernels[2].variants[0].executable = 1;
+    assert!(matches!(invalid(&p), VerifyError::Variant { executable: 1, .. }));
+    let mut p = add_program(4);
+    p.executables[0].entries[1].1 = 96;
+    assert_eq!(invalid(&p), VerifyError::Symbol { executable: 0, name: "add".into(), offset: 96, code_len: 96 });
+    let mut p = add_program(4);
+    p.executables[0].relocs.push(Reloc { offset: 93, kind: RelocKind::Pc32, target: 0, addend: -4 });
+    assert!(matches!(invalid(&p), VerifyError::Reloc { index: 0, offset: 93, .. }));
+    let mut p = add_program(4);
+    p.executables[0].relocs.push(Reloc { offset: 0, kind: RelocKind::Abs64, target: 97, addend: 0 });
+    assert!(matches!(invalid(&p), VerifyError::Reloc { target: 97, .. }));
+    let mut p = add_program(4);
+    p.executables[0].relocs.push(Reloc { offset: 88, kind: RelocKind::Abs64, target: 96, addend: 0 });
+    verify(&p).expect("a patch ending at the code's end and a target at its end are fine");
+}
+
+#[test]
+fn variant_choice_and_missing_features() {
+    let mut p = add_program(4);
+    let avx512 = CpuFeature::Avx512f.bit() | CpuFeature::Avx512bw.bit();
+    p.kernels[1].variants.insert(0, Variant { executable: 0, entry: 1, features: avx512 });
+    let file = write_program(&p);
+    // A host with only SSE2 skips the AVX-512 variant.
+    let v = Module::verify(&file, None, CpuFeature::Sse2.bit()).expect("verify");
+    assert_eq!(v.variants(), [0, 1, 0]);
+    let v = Module::verify(&file, None, CpuFeature::Sse2.bit() | avx512).expect("verify");
+    assert_eq!(v.variants(), [0, 0, 0]);
+    // Only variants that need more than the host has.
+    p.kernels[1].variants[1].features = CpuFeature::Avx2.bit() | CpuFeature::Fma.bit() | (1 << 40);
+    let file = write_program(&p);
+    let e = Module::verify(&file, None, CpuFeature::Sse2.bit() | CpuFeature::Avx2.bit()).expect_err("missing");
+    // Both variants miss two features (avx512f+avx512bw; fma+bit 40): on a tie the first
+    // is named.
+    match &e {
+        RuntimeError::MissingCpuFeatures { kernel, names } => {
+            assert_eq!(kernel, "add");
+            assert_eq!(names, &["avx512f", "avx512bw"]);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(
+        e.to_string(),
+        "kernel add needs CPU features this machine lacks: avx512f, avx512bw (compile for this CPU)"
+    );
+    // The executable's own features count too.
+    let mut p = add_program(4);
+    p.executables[0].features = CpuFeature::Avx2.bit();
+    let e = Module::verify(&write_program(&p), None, CpuFeature::Sse2.bit()).expect_err("exe features");
+    assert!(matches!(e, RuntimeError::MissingCpuFeatures { ref names, .. } if names == &["avx2"]));
+    // A kernel whose only executable is for a GPU.
+    let mut p = add_program(4);
+    p.executables[0].device = DeviceKind::Cuda;
+    let e = Module::verify(&write_program(&p), None, u64::MAX).expect_err("no cpu variant");
+    assert!(matches!(e, RuntimeError::NoCpuVariant { ref kernel } if kernel == "copy4"));
+}
+
+fn set_abi(file: &mut [u8], major: u16, minor: u16) {
+    file[12..14].copy_from_slice(&major.to_le_bytes());
+    file[14..16].copy_from_slice(&minor.to_le_bytes());
+    kiln_module::reseal::reseal(file);
+}
+
+#[test]
+fn abi_versions_are_named() {
+    let mut file = write_program(&add_program(2));
+    set_abi(&mut file, 2, 1);
+    let e = Module::verify(&file, None, u64::MAX).expect_err("abi");
+    assert!(matches!(e, RuntimeError::UnsupportedVersion { .. }));
+    assert_eq!(
+        e.to_string(),
+        format!("module needs ABI 2.1, runtime has {ABI_VERSION}: recompile it or update the runtime")
+    );
+    assert!(e.to_string().starts_with("module needs ABI 2.1, runtime has 1.0"));
+    // A newer minor of the same major is also refused (the runtime lacks its additions).
+    set_abi(&mut file, ABI_VERSION.major, ABI_VERSION.minor + 1);
+    assert!(matches!(Module::verify(&file, None, u64::MAX), Err(RuntimeError::UnsupportedVersion { .. })));
+    set_abi(&mut file, ABI_VERSION.major, ABI_VERSION.minor);
+    Module::verify(&file, None, u64::MAX).expect("same ABI");
+}
+
+#[test]
+fn container_errors_map_to_runtime_errors() {
+    let file = write_program(&add_program(2));
+    let mut d = file.clone();
+    d[0] = b'X';
+    let e = Module::verify(&d, None, u64::MAX).expect_err("magic");
+    assert!(matches!(e, RuntimeError::BadMagic));
+    // A byte of the plan flipped, not resealed: the plan's checksum catches it.
+    let m = kiln_module::Module::parse(&file).expect("parse");
+    let plan = m.sections().find(|s| s.kind == kiln_module::SectionKind::Plan).expect("plan");
+    let mut d = file.clone();
+    d[plan.offset as usize + 2] ^= 0x40;
+    let e = Module::verify(&d, None, u64::MAX).expect_err("checksum");
+    assert_eq!(e.to_string(), "plan section checksum mismatch: the file is corrupt");
+    // Resealed, the decoder or verifier sees the change instead.
+    kiln_module::reseal::reseal(&mut d);
+    assert!(matches!(
+        Module::verify(&d, None, u64::MAX),
+        Err(RuntimeError::Malformed(_) | RuntimeError::Invalid(_)) | Ok(_)
+    ));
+    let e = Module::verify(&file[..40], None, u64::MAX).expect_err("short");
+    assert!(matches!(e, RuntimeError::Container(_)));
+    let mut d = file.clone();
+    d[8] = 9;
+    let e = Module::verify(&d, None, u64::MAX).expect_err("format");
+    assert!(matches!(e, RuntimeError::UnsupportedFormat { .. }));
+}
+
+#[test]
+fn verifier_messages_read_well() {
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[2] = b(Slot::Arena, 64, 17);
+    assert_eq!(
+        verify(&p).expect_err("range").to_string(),
+        "invalid module: entry main, command 1: binding 2 arena bytes 64..64+17 run past its 80 bytes"
+    );
+    let mut p = add_program(4);
+    p.entries[0].commands[3] = Command::Copy { src: b(Slot::Arena, 0, 4), dst: b(Slot::Input(1), 0, 4) };
+    assert_eq!(
+        verify(&p).expect_err("ro").to_string(),
+        "invalid module: entry main, command 3: copy destination writes input 1, which is read-only"
+    );
+}
