@@ -1,8 +1,10 @@
 //! `kiln conformance DIR`: runs ONNX node test cases (`model.onnx` +
 //! `test_data_set_*/{input,output}_*.pb`) and puts each in exactly one category.
 //!
-//! Engine today: import + the reference evaluator. Once the compiled pipeline
-//! exists, the same harness runs import → compile → artifact → load → run.
+//! Engines: `compiled` (the default) runs import → compile → artifact bytes → load →
+//! run; `reference` runs import → the reference evaluator. Each case runs in a child
+//! process (`kiln conformance-case`), so a crash or a hang in generated code is a
+//! category of its own and never takes the harness down.
 //! Comparison follows the ONNX backend test defaults: |got − want| ≤ atol + rtol·|want|
 //! with rtol 1e-3, atol 1e-7; NaN equals NaN; integer and bool outputs exact.
 
@@ -11,7 +13,6 @@ use kiln_import::ImportOptions;
 use kiln_ir::{DType, Graph, Tensor};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
 /// How one case ended.
@@ -25,6 +26,8 @@ pub enum Outcome {
     ImportUnsupported(String),
     /// The importer rejected the model otherwise.
     ImportError(String),
+    /// The compiler could not compile the imported model.
+    CompileError(String),
     /// Evaluation failed.
     RuntimeError(String),
     /// An output differs.
@@ -33,6 +36,27 @@ pub enum Outcome {
     Timeout,
     /// A panic: always a defect.
     Panic(String),
+    /// The case's process died (a signal): always a defect.
+    Crash(String),
+}
+
+/// What runs a case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// Compile, write the artifact's bytes, load them with the runtime, run.
+    Compiled,
+    /// The reference evaluator.
+    Reference,
+}
+
+impl Engine {
+    /// Name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Compiled => "compiled",
+            Engine::Reference => "reference",
+        }
+    }
 }
 
 impl Outcome {
@@ -43,10 +67,12 @@ impl Outcome {
             Outcome::PassSpecialised => "pass-specialised",
             Outcome::ImportUnsupported(_) => "import-unsupported",
             Outcome::ImportError(_) => "import-error",
+            Outcome::CompileError(_) => "compile-error",
             Outcome::RuntimeError(_) => "runtime-error",
             Outcome::Mismatch(_) => "mismatch",
             Outcome::Timeout => "timeout",
             Outcome::Panic(_) => "panic",
+            Outcome::Crash(_) => "crash",
         }
     }
 
@@ -55,9 +81,11 @@ impl Outcome {
             Outcome::Pass | Outcome::PassSpecialised | Outcome::Timeout => "",
             Outcome::ImportUnsupported(r)
             | Outcome::ImportError(r)
+            | Outcome::CompileError(r)
             | Outcome::RuntimeError(r)
             | Outcome::Mismatch(r)
-            | Outcome::Panic(r) => r,
+            | Outcome::Panic(r)
+            | Outcome::Crash(r) => r,
         }
     }
 }
@@ -141,8 +169,36 @@ fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     v
 }
 
+/// Runs a graph on the feeds with `engine`.
+fn execute(engine: Engine, g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, Outcome> {
+    match engine {
+        Engine::Reference => kiln_ref::eval_graph(g, feeds).map_err(|e| Outcome::RuntimeError(e.to_string())),
+        Engine::Compiled => {
+            let c = kiln_compiler::compile(g, &kiln_compiler::Options::default())
+                .map_err(|e| Outcome::CompileError(e.to_string()))?;
+            let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref())
+                .map_err(|e| Outcome::RuntimeError(format!("load: {e}")))?;
+            let mut inst =
+                kiln_runtime::Instance::new(&module).map_err(|e| Outcome::RuntimeError(format!("instantiate: {e}")))?;
+            let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+            let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
+            {
+                let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+                inst.invoke(&ins, &mut refs).map_err(|e| Outcome::RuntimeError(e.to_string()))?;
+            }
+            g.outputs
+                .iter()
+                .zip(outs)
+                .map(|(&v, b)| {
+                    Tensor::new(g.values[v].ty.clone(), Bytes::from(b)).map_err(|e| Outcome::RuntimeError(e.to_string()))
+                })
+                .collect()
+        }
+    }
+}
+
 /// Runs one case directory.
-pub fn run_case(case: &Path) -> Outcome {
+pub fn run_case(case: &Path, engine: Engine) -> Outcome {
     let model = case.join("model.onnx");
     let names = match input_names(&model) {
         Ok(n) => n,
@@ -199,9 +255,9 @@ pub fn run_case(case: &Path) -> Outcome {
                 None => return Outcome::RuntimeError(format!("no test data for input `{}`", val.name)),
             }
         }
-        let got = match kiln_ref::eval_graph(g, &feeds) {
+        let got = match execute(engine, g, &feeds) {
             Ok(o) => o,
-            Err(e) => return Outcome::RuntimeError(e.to_string()),
+            Err(o) => return o,
         };
         if got.len() != expected.len() {
             return Outcome::Mismatch(format!("{} outputs, {} expected", got.len(), expected.len()));
@@ -263,25 +319,79 @@ fn unravel(mut i: usize, dims: &[usize]) -> Vec<usize> {
     idx
 }
 
-/// Runs a case on a worker thread, with a time limit and panic capture.
-pub fn run_case_guarded(case: &Path, limit: Duration) -> Outcome {
-    let (tx, rx) = mpsc::channel();
-    let c = case.to_path_buf();
-    let spawned = std::thread::Builder::new().stack_size(64 << 20).spawn(move || {
-        let r = std::panic::catch_unwind(|| run_case(&c)).unwrap_or_else(|p| {
-            Outcome::Panic(
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default(),
-            )
-        });
-        let _ = tx.send(r);
-    });
-    if let Err(e) = spawned {
-        return Outcome::RuntimeError(format!("cannot start a worker thread: {e}"));
+/// Runs a case in this process, catching panics (the body of `kiln conformance-case`).
+pub fn run_case_caught(case: &Path, engine: Engine) -> Outcome {
+    std::panic::catch_unwind(|| run_case(case, engine)).unwrap_or_else(|p| {
+        Outcome::Panic(
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default(),
+        )
+    })
+}
+
+/// One line a child prints: `category<TAB>reason`.
+pub fn encode(o: &Outcome) -> String {
+    format!("{}\t{}", o.category(), o.reason().replace(['\n', '\t'], " "))
+}
+
+fn decode(line: &str) -> Outcome {
+    let (cat, reason) = line.split_once('\t').unwrap_or((line, ""));
+    let r = reason.to_string();
+    match cat {
+        "pass" => Outcome::Pass,
+        "pass-specialised" => Outcome::PassSpecialised,
+        "import-unsupported" => Outcome::ImportUnsupported(r),
+        "import-error" => Outcome::ImportError(r),
+        "compile-error" => Outcome::CompileError(r),
+        "runtime-error" => Outcome::RuntimeError(r),
+        "mismatch" => Outcome::Mismatch(r),
+        "timeout" => Outcome::Timeout,
+        "panic" => Outcome::Panic(r),
+        other => Outcome::Crash(format!("unexpected report `{other}`")),
     }
-    rx.recv_timeout(limit).unwrap_or(Outcome::Timeout)
+}
+
+/// Runs a case in a child process (`exe conformance-case CASE --engine E`) with a
+/// time limit; a child killed by a signal is a crash, one past the limit a timeout.
+pub fn run_case_isolated(exe: &Path, case: &Path, engine: Engine, limit: Duration) -> Outcome {
+    use std::process::{Command, Stdio};
+    let child = Command::new(exe)
+        .arg("conformance-case")
+        .arg(case)
+        .arg("--engine")
+        .arg(engine.name())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return Outcome::RuntimeError(format!("cannot start `{}`: {e}", exe.display())),
+    };
+    let start = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut out = String::new();
+                if let Some(mut so) = child.stdout.take() {
+                    use std::io::Read;
+                    let _ = so.read_to_string(&mut out);
+                }
+                return match out.lines().last() {
+                    Some(line) if status.success() => decode(line),
+                    _ => Outcome::Crash(format!("the case process ended with {status}")),
+                };
+            }
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Outcome::Timeout;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => return Outcome::RuntimeError(format!("waiting for the case process: {e}")),
+        }
+    }
 }
 
 /// All case directories under `dir` (those holding a `model.onnx`), sorted.

@@ -8,6 +8,7 @@
 //! MODEL is an ONNX file, or a file in kiln's IR text form (`.kir`).
 //! Errors are one line on stderr and exit status 1.
 
+mod artifact;
 mod conformance;
 
 use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
@@ -21,8 +22,13 @@ usage:
   kiln import MODEL [--input-shape NAME=DIMS]... [--input-value NAME=V[,V...]]... [--passes P,P|default]
   kiln eval MODEL [--input NAME=FILE.npy]... [--input-shape NAME=DIMS]... [--input-value NAME=V]...
                   [--output-dir DIR] [--seed N] [--passes P,P|default]
+  kiln compile MODEL -o OUT.kiln [--input-shape NAME=DIMS]... [--input-value NAME=V]...
+                  [--external-weights FILE] [--strip] [--target-cpu host|x86-64-v2|x86-64-v3]
+                  [--to tensor|flow|hal] [--dump-after PASS]... [--list-passes] [--timings]
+  kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
+  kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
   kiln list-passes
-  kiln conformance DIR [--filter TEXT] [--verbose]
+  kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
 
 MODEL is an .onnx file or a .kir file (kiln IR text form).
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
@@ -121,7 +127,11 @@ fn run(args: &[String]) -> Result<(), String> {
             write_stdout(&kiln_ir::text::print(&g))
         }
         "eval" => eval(parse_args(&args[1..], true)?),
+        "compile" => artifact::compile_cmd(&args[1..]),
+        "run" => artifact::run_cmd(&args[1..]),
+        "inspect" => artifact::inspect_cmd(&args[1..]),
         "conformance" => conformance_cmd(&args[1..]),
+        "conformance-case" => conformance_case_cmd(&args[1..]),
         "-h" | "--help" | "help" => {
             write_stdout(&format!("{USAGE}\n"))?;
             Ok(())
@@ -130,42 +140,83 @@ fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// `kiln conformance DIR`: runs every ONNX node test case under DIR.
+/// `kiln conformance DIR`: runs every ONNX node test case under DIR, each in a child
+/// process, `--jobs` at a time (default: the number of CPUs), printing results in order.
 fn conformance_cmd(args: &[String]) -> Result<(), String> {
     let mut dir = None;
     let mut filter = String::new();
     let mut verbose = false;
+    let mut engine = conformance::Engine::Compiled;
+    let mut jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--filter" => filter = it.next().cloned().ok_or("--filter needs a value")?,
             "--verbose" | "-v" => verbose = true,
+            "--engine" => {
+                engine = match it.next().map(String::as_str) {
+                    Some("compiled") => conformance::Engine::Compiled,
+                    Some("reference") => conformance::Engine::Reference,
+                    other => return Err(format!("--engine {other:?}: expected compiled or reference")),
+                }
+            }
+            "--jobs" | "-j" => {
+                let v = it.next().ok_or("--jobs needs a value")?;
+                jobs = v.parse::<usize>().map_err(|_| format!("--jobs `{v}` is not a number"))?.max(1);
+            }
             f if f.starts_with('-') => return Err(format!("unknown option `{f}`")),
             _ => dir = Some(PathBuf::from(a)),
         }
     }
     let dir = dir.ok_or("no directory given (e.g. .cache/onnx-node)")?;
-    let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-    let mut total = 0;
-    for case in conformance::cases(&dir)? {
-        let name = case.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if !name.contains(&filter) {
-            continue;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the kiln binary: {e}"))?;
+    let cases: Vec<PathBuf> = conformance::cases(&dir)?
+        .into_iter()
+        .filter(|c| c.file_name().is_some_and(|n| n.to_string_lossy().contains(&filter)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<conformance::Outcome>>> =
+        cases.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let o = conformance::run_case_isolated(&exe, case, engine, std::time::Duration::from_secs(60));
+                if let Ok(mut slot) = results[i].lock() {
+                    *slot = Some(o);
+                }
+            });
         }
-        let outcome = conformance::run_case_guarded(&case, std::time::Duration::from_secs(30));
-        total += 1;
+    });
+    let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    for (case, r) in cases.iter().zip(results) {
+        let name = case.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let outcome = r.into_inner().ok().flatten().unwrap_or(conformance::Outcome::Crash("no result".into()));
         *counts.entry(outcome.category()).or_default() += 1;
         if verbose || !matches!(outcome, conformance::Outcome::Pass | conformance::Outcome::PassSpecialised) {
             write_stdout(&format!("{name}: {outcome}\n"))?;
         }
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    write_stdout(&format!("{total} cases (engine: import + reference evaluator): {}\n", summary.join(", ")))?;
+    write_stdout(&format!("{} cases (engine: {}): {}\n", cases.len(), engine.name(), summary.join(", ")))?;
     Ok(())
 }
 
+/// `kiln conformance-case CASE [--engine E]`: one case, reported as one line (used by
+/// `kiln conformance`, which runs every case in a process of its own).
+fn conformance_case_cmd(args: &[String]) -> Result<(), String> {
+    let case = args.first().ok_or("no case directory given")?;
+    let engine = match args.get(2).map(String::as_str) {
+        Some("reference") => conformance::Engine::Reference,
+        _ => conformance::Engine::Compiled,
+    };
+    let o = conformance::run_case_caught(Path::new(case), engine);
+    write_stdout(&format!("{}\n", conformance::encode(&o)))
+}
+
 /// Writes to stdout; a closed pipe (`kiln import m.onnx | head`) is not an error.
-fn write_stdout(text: &str) -> Result<(), String> {
+pub(crate) fn write_stdout(text: &str) -> Result<(), String> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write to stdout: {e}")),
@@ -180,7 +231,7 @@ fn optimise(g: &mut Graph, passes: &[String]) -> Result<(), String> {
 }
 
 /// Loads an ONNX model or an IR text file.
-fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
+pub(crate) fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
     let is_text = path.extension().is_some_and(|e| e == "kir");
     if is_text {
         if !opts.input_shapes.is_empty() || !opts.input_values.is_empty() {
@@ -255,7 +306,7 @@ fn eval(cli: Cli) -> Result<(), String> {
 }
 
 /// An output name as a file name: every character outside `[A-Za-z0-9._-]` becomes `_`.
-fn file_stem(name: &str) -> String {
+pub(crate) fn file_stem(name: &str) -> String {
     let s: String = name
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
@@ -267,7 +318,7 @@ fn file_stem(name: &str) -> String {
     }
 }
 
-fn summary(t: &Tensor) -> String {
+pub(crate) fn summary(t: &Tensor) -> String {
     let v = t.to_f64_vec();
     if v.is_empty() {
         return "(empty)".into();
@@ -288,7 +339,7 @@ fn summary(t: &Tensor) -> String {
 }
 
 /// SplitMix64: a small, seedable generator for random inputs.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
@@ -305,7 +356,7 @@ impl SplitMix {
 }
 
 /// Random data: floats uniform in [-1, 1), integers in [0, 8), bools fair.
-fn random_tensor(dtype: DType, shape: Shape, rng: &mut SplitMix) -> Result<Tensor, String> {
+pub(crate) fn random_tensor(dtype: DType, shape: Shape, rng: &mut SplitMix) -> Result<Tensor, String> {
     let n = shape.numel();
     if dtype.storage_bytes(n) > kiln_ref::MAX_RESULT_BYTES {
         return Err(format!(

@@ -1,0 +1,509 @@
+//! `kiln compile`, `kiln run` and `kiln inspect`: the compile pipeline and the
+//! runtime behind the command line.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_compiler::{CpuTarget, Options};
+use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
+use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
+use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
+use kiln_module::sections::ConstantsView;
+
+use crate::{file_stem, load, random_tensor, summary, write_stdout, SplitMix};
+
+/// Options shared by compile, run and inspect.
+#[derive(Default)]
+struct Args {
+    model: Option<PathBuf>,
+    output: Option<PathBuf>,
+    import: ImportOptions,
+    external_weights: Option<PathBuf>,
+    weights: Option<PathBuf>,
+    strip: bool,
+    to: Option<String>,
+    dump_after: Vec<String>,
+    target: Option<String>,
+    inputs: Vec<(String, PathBuf)>,
+    output_dir: Option<PathBuf>,
+    seed: u64,
+    json: bool,
+    dispatch_graph: bool,
+    list_passes: bool,
+    timings: bool,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut a = Args::default();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().ok_or_else(|| format!("{name} needs a value")),
+            }
+        };
+        match flag {
+            "-o" | "--output" => a.output = Some(PathBuf::from(value(flag)?)),
+            "--input-shape" => a.import.input_shapes.push(parse_input_shape(&value(flag)?)?),
+            "--input-value" => a.import.input_values.push(parse_input_value(&value(flag)?)?),
+            "--external-weights" => a.external_weights = Some(PathBuf::from(value(flag)?)),
+            "--weights" => a.weights = Some(PathBuf::from(value(flag)?)),
+            "--strip" => a.strip = true,
+            "--to" => a.to = Some(value(flag)?),
+            "--dump-after" => a.dump_after.push(value(flag)?),
+            "--target-cpu" => a.target = Some(value(flag)?),
+            "--input" => {
+                let v = value(flag)?;
+                let (n, f) = v.rsplit_once('=').ok_or_else(|| format!("--input `{v}`: expected NAME=FILE.npy"))?;
+                a.inputs.push((n.to_string(), PathBuf::from(f)));
+            }
+            "--output-dir" => a.output_dir = Some(PathBuf::from(value(flag)?)),
+            "--seed" => {
+                let v = value(flag)?;
+                a.seed = v.parse().map_err(|_| format!("--seed `{v}` is not a number"))?;
+            }
+            "--json" => a.json = true,
+            "--dispatch-graph" => a.dispatch_graph = true,
+            "--list-passes" => a.list_passes = true,
+            "--timings" => a.timings = true,
+            f if f.starts_with('-') => return Err(format!("unknown option `{f}` (kiln --help lists them)")),
+            _ if a.model.is_none() => a.model = Some(PathBuf::from(arg)),
+            _ => return Err(format!("unexpected argument `{arg}`")),
+        }
+    }
+    Ok(a)
+}
+
+fn target(a: &Args) -> Result<CpuTarget, String> {
+    match a.target.as_deref() {
+        None | Some("host") => Ok(CpuTarget::Host),
+        Some("x86-64-v2") => Ok(CpuTarget::X86_64V2),
+        Some("x86-64-v3") => Ok(CpuTarget::X86_64V3),
+        Some(t) => Err(format!("--target-cpu `{t}`: expected host, x86-64-v2 or x86-64-v3")),
+    }
+}
+
+fn is_artifact(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "kiln")
+}
+
+/// Compiles the model named in `a` (ONNX or .kir) with the options in `a`.
+fn compile_model(a: &Args, model: &Path) -> Result<kiln_compiler::Compiled, String> {
+    let graph = load(model, &a.import)?;
+    let opts = Options {
+        target: target(a)?,
+        external_weights: a
+            .external_weights
+            .as_ref()
+            .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
+        strip: a.strip,
+        passes: None,
+        source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+    };
+    kiln_compiler::compile(&graph, &opts).map_err(|e| format!("{}: {e}", model.display()))
+}
+
+/// `kiln compile MODEL -o OUT.kiln [...]`.
+pub fn compile_cmd(args: &[String]) -> Result<(), String> {
+    let a = parse(args)?;
+    if a.list_passes {
+        for p in kiln_opt::registry() {
+            write_stdout(&format!("{:<40} {}\n", p.name(), p.summary()))?;
+        }
+        write_stdout(&format!("{:<40} {}\n", "form-dispatches", "lower ops to kernels and fuse them (flow level)"))?;
+        return Ok(());
+    }
+    let model = a.model.clone().ok_or("no model given (kiln --help shows the usage)")?;
+    let t0 = Instant::now();
+    let graph = load(&model, &a.import)?;
+    let t_import = t0.elapsed();
+    for pass in &a.dump_after {
+        let mut g = graph.clone();
+        let names: Vec<&str> = kiln_opt::registry().iter().map(|p| p.name()).collect();
+        let upto = names.iter().position(|n| n == pass);
+        match (upto, pass.as_str()) {
+            (Some(i), _) => {
+                kiln_opt::run_passes(&mut g, &names[..=i]).map_err(|e| e.to_string())?;
+                eprintln!("// after {pass}\n{}", kiln_ir::text::print(&g));
+            }
+            (None, "form-dispatches") => {
+                kiln_opt::run_tensor_pipeline(&mut g).map_err(|e| e.to_string())?;
+                let flow = kiln_flow::program::form(&g).map_err(|e| e.to_string())?;
+                eprintln!("// after {pass}\n{flow}");
+            }
+            _ => return Err(format!("--dump-after `{pass}`: no such pass (kiln compile --list-passes)")),
+        }
+    }
+    match a.to.as_deref() {
+        None | Some("artifact") => {}
+        Some("tensor") => {
+            let g = kiln_compiler::tensor_passes(&graph, &Options::default()).map_err(|e| e.to_string())?;
+            return write_stdout(&kiln_ir::text::print(&g));
+        }
+        Some("flow") => {
+            let g = kiln_compiler::tensor_passes(&graph, &Options::default()).map_err(|e| e.to_string())?;
+            let flow = kiln_flow::program::form(&g).map_err(|e| format!("{}: {e}", model.display()))?;
+            return write_stdout(&format!("{flow}\n"));
+        }
+        Some("stream") | Some("hal") => {
+            let c = compile_model(&a, &model)?;
+            return write_stdout(&listing(&c.program, &LayoutInfo::default(), false));
+        }
+        Some(l) => return Err(format!("--to `{l}`: expected tensor, flow, stream, hal or artifact")),
+    }
+    let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
+    let t1 = Instant::now();
+    let c = compile_model(&a, &model)?;
+    let t_compile = t1.elapsed();
+    std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
+    if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
+        std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
+    }
+    let e = &c.program.entries[0];
+    let dispatches = e.commands.iter().filter(|c| matches!(c, Command::Dispatch { .. })).count();
+    eprintln!(
+        "{}: {} bytes ({} dispatches in {} waves; arena {} bytes, lower bound {}; constants {} bytes{}); import {:.1} ms, compile {:.1} ms",
+        out.display(),
+        c.artifact.len(),
+        dispatches,
+        c.plan.waves.len(),
+        c.plan.arena_size,
+        c.plan.arena_lower_bound,
+        c.plan.constants.len(),
+        if c.weights.is_some() { " outside" } else { "" },
+        t_import.as_secs_f64() * 1e3,
+        t_compile.as_secs_f64() * 1e3,
+    );
+    if a.timings {
+        for (phase, d) in &c.phases {
+            eprintln!("  {phase:<20} {:8.2} ms", d.as_secs_f64() * 1e3);
+        }
+    }
+    Ok(())
+}
+
+/// Reads an artifact (or compiles a model) and its weights.
+fn artifact_and_weights(a: &Args) -> Result<(Vec<u8>, Option<Vec<u8>>, String), String> {
+    let model = a.model.clone().ok_or("no artifact or model given (kiln --help shows the usage)")?;
+    let label = model.display().to_string();
+    if !is_artifact(&model) {
+        let c = compile_model(a, &model)?;
+        return Ok((c.artifact, c.weights, label));
+    }
+    let bytes = std::fs::read(&model).map_err(|e| format!("cannot read `{label}`: {e}"))?;
+    let weights = match &a.weights {
+        Some(w) => Some(std::fs::read(w).map_err(|e| format!("cannot read `{}`: {e}", w.display()))?),
+        None => {
+            // An artifact with external weights names its file; look beside the artifact.
+            let m = kiln_module::Module::parse(&bytes).map_err(|e| format!("{label}: {e}"))?;
+            let view = kiln_module::sections::read_program(&m).map_err(|e| format!("{label}: {e}"))?;
+            match view.constants {
+                ConstantsView::External { file, .. } => {
+                    let p = model.parent().unwrap_or(Path::new(".")).join(file);
+                    std::fs::read(&p).ok()
+                }
+                _ => None,
+            }
+        }
+    };
+    Ok((bytes, weights, label))
+}
+
+/// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]`.
+pub fn run_cmd(args: &[String]) -> Result<(), String> {
+    let a = parse(args)?;
+    let (bytes, weights, label) = artifact_and_weights(&a)?;
+    let t0 = Instant::now();
+    let module = kiln_runtime::Module::load(&bytes, weights.as_deref()).map_err(|e| format!("{label}: {e}"))?;
+    let t_load = t0.elapsed();
+    let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
+    for (n, _) in &a.inputs {
+        if !sig.inputs.iter().any(|t| t.name == *n) {
+            let names: Vec<String> = sig.inputs.iter().map(|t| format!("`{}`", t.name)).collect();
+            return Err(format!("--input `{n}`: the model has no such input; its inputs are: {}", names.join(", ")));
+        }
+    }
+    let mut rng = SplitMix(a.seed);
+    let mut feeds: Vec<Tensor> = Vec::new();
+    for t in sig.inputs.iter() {
+        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("input `{}`: {e}", t.name))?;
+        let tensor = match a.inputs.iter().find(|(n, _)| *n == t.name) {
+            Some((_, file)) => {
+                let b = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
+                let x = npy::read(&b).map_err(|e| format!("{}: {e}", file.display()))?;
+                if x.ty() != &ty {
+                    return Err(format!("input `{}`: {} holds {}, the model expects {}", t.name, file.display(), x.ty(), ty));
+                }
+                x
+            }
+            None => random_tensor(ty.dtype, ty.shape.clone(), &mut rng)?,
+        };
+        feeds.push(tensor);
+    }
+    let mut instance = kiln_runtime::Instance::new(&module).map_err(|e| format!("{label}: {e}"))?;
+    let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let t1 = Instant::now();
+    {
+        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+        instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+    }
+    let t_run = t1.elapsed();
+    if let Some(dir) = &a.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    }
+    for (t, data) in sig.outputs.iter().zip(outs) {
+        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("output `{}`: {e}", t.name))?;
+        let tensor = Tensor::new(ty, data.into()).map_err(|e| format!("output `{}`: {e}", t.name))?;
+        write_stdout(&format!("{}: {} {}\n", t.name, tensor.ty(), summary(&tensor)))?;
+        if let Some(dir) = &a.output_dir {
+            let file = dir.join(format!("{}.npy", file_stem(&t.name)));
+            let b = npy::write(&tensor).map_err(|e| format!("{}: {e}", t.name))?;
+            std::fs::write(&file, b).map_err(|e| format!("cannot write `{}`: {e}", file.display()))?;
+        }
+    }
+    eprintln!("{label}: loaded in {:.2} ms, ran in {:.3} ms", t_load.as_secs_f64() * 1e3, t_run.as_secs_f64() * 1e3);
+    Ok(())
+}
+
+fn tensor_type(code: u32, dims: &[u64]) -> Result<TensorType, String> {
+    let dtype = DType::from_onnx_code(code as i64).ok_or_else(|| format!("unknown dtype code {code}"))?;
+    let shape = Shape::new(dims.iter().map(|&d| d as usize).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
+    Ok(TensorType::new(dtype, shape))
+}
+
+/// Section sizes of the file, for listings.
+#[derive(Default)]
+struct LayoutInfo {
+    file_bytes: usize,
+    sections: Vec<(String, u64)>,
+    format: String,
+    abi: String,
+}
+
+/// `kiln inspect OUT.kiln [--json] [--dispatch-graph]`.
+pub fn inspect_cmd(args: &[String]) -> Result<(), String> {
+    let a = parse(args)?;
+    let (bytes, _weights, label) = artifact_and_weights(&a)?;
+    let m = kiln_module::Module::parse(&bytes).map_err(|e| format!("{label}: {e}"))?;
+    let view = kiln_module::sections::read_program(&m).map_err(|e| format!("{label}: {e}"))?;
+    let program = view.to_program();
+    let info = LayoutInfo {
+        file_bytes: bytes.len(),
+        sections: m.sections().map(|s| (s.kind.to_string(), s.bytes.len() as u64)).collect(),
+        format: m.format().to_string(),
+        abi: m.abi().to_string(),
+    };
+    if a.dispatch_graph {
+        return write_stdout(&dispatch_dot(&program));
+    }
+    write_stdout(&listing(&program, &info, a.json))
+}
+
+fn dtype_name(code: u32) -> String {
+    DType::from_onnx_code(code as i64).map(|d| d.name().to_string()).unwrap_or_else(|| format!("dtype#{code}"))
+}
+
+fn slot_name(b: &Binding) -> String {
+    match b.slot {
+        Slot::Arena => format!("arena+{}", b.offset),
+        Slot::Constants => format!("const+{}", b.offset),
+        Slot::Input(i) => format!("in{i}+{}", b.offset),
+        Slot::Output(i) => format!("out{i}+{}", b.offset),
+    }
+}
+
+fn features(bits: u64) -> Vec<&'static str> {
+    CpuFeature::ALL.iter().filter(|f| bits & f.bit() != 0).map(|f| f.name()).collect()
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// The human (or JSON) listing of an artifact.
+fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
+    let mut s = String::new();
+    let code: usize = p.executables.iter().map(|e| e.code.len()).sum();
+    let feats: u64 = p.executables.iter().fold(0, |f, e| f | e.features);
+    let constants = match &p.constants {
+        kiln_module::program::Constants::Embedded(b) => format!("embedded, {} bytes", b.len()),
+        kiln_module::program::Constants::External { file, size, hash } => {
+            format!("external `{file}`, {size} bytes, hash {hash:016x}")
+        }
+    };
+    if json {
+        let _ = write!(s, "{{\"bytes\":{},\"format\":{},\"abi\":{},", info.file_bytes, json_str(&info.format), json_str(&info.abi));
+        let secs: Vec<String> =
+            info.sections.iter().map(|(k, n)| format!("{{\"kind\":{},\"bytes\":{n}}}", json_str(k))).collect();
+        let _ = write!(s, "\"sections\":[{}],", secs.join(","));
+        let f: Vec<String> = features(feats).iter().map(|f| json_str(f)).collect();
+        let _ = write!(s, "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{},", f.join(","), json_str(&constants));
+        let mut entries = Vec::new();
+        for e in &p.entries {
+            let tensors = |ts: &[kiln_module::program::TensorDesc]| -> String {
+                ts.iter()
+                    .map(|t| {
+                        format!(
+                            "{{\"name\":{},\"dtype\":{},\"dims\":{:?},\"bytes\":{}}}",
+                            json_str(&t.name),
+                            json_str(&dtype_name(t.dtype)),
+                            t.dims,
+                            t.bytes
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let cmds: Vec<String> = e
+                .commands
+                .iter()
+                .map(|c| match c {
+                    Command::Dispatch { kernel, workgroups, bindings, .. } => format!(
+                        "{{\"op\":\"dispatch\",\"kernel\":{},\"workgroups\":{workgroups},\"bindings\":[{}]}}",
+                        json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
+                        bindings.iter().map(|b| format!("{}:{}", json_str(&slot_name(b)), b.length)).map(|x| format!("{{{x}}}")).collect::<Vec<_>>().join(",")
+                    ),
+                    Command::Barrier => "{\"op\":\"barrier\"}".into(),
+                    Command::Copy { src, dst } => format!(
+                        "{{\"op\":\"copy\",\"src\":{},\"dst\":{},\"bytes\":{}}}",
+                        json_str(&slot_name(src)),
+                        json_str(&slot_name(dst)),
+                        src.length
+                    ),
+                    Command::Fill { dst, pattern, pattern_len } => format!(
+                        "{{\"op\":\"fill\",\"dst\":{},\"bytes\":{},\"pattern\":{pattern},\"pattern_len\":{pattern_len}}}",
+                        json_str(&slot_name(dst)),
+                        dst.length
+                    ),
+                })
+                .collect();
+            let bufs: Vec<String> = e
+                .buffers
+                .iter()
+                .map(|b| {
+                    format!(
+                        "{{\"name\":{},\"at\":{},\"bytes\":{},\"first\":{},\"last\":{}}}",
+                        json_str(&b.name),
+                        json_str(&slot_name(&b.binding)),
+                        b.binding.length,
+                        b.first,
+                        b.last
+                    )
+                })
+                .collect();
+            entries.push(format!(
+                "{{\"name\":{},\"inputs\":[{}],\"outputs\":[{}],\"arena_bytes\":{},\"commands\":[{}],\"buffers\":[{}]}}",
+                json_str(&e.name),
+                tensors(&e.inputs),
+                tensors(&e.outputs),
+                e.arena_size,
+                cmds.join(","),
+                bufs.join(",")
+            ));
+        }
+        let _ = writeln!(s, "\"entries\":[{}]}}", entries.join(","));
+        return s;
+    }
+    if info.file_bytes > 0 {
+        let _ = writeln!(s, "artifact: {} bytes, format {}, needs runtime ABI {}", info.file_bytes, info.format, info.abi);
+        let _ = writeln!(s, "sections:");
+        for (k, n) in &info.sections {
+            let _ = writeln!(s, "  {k:<18} {n:>10} bytes");
+        }
+    }
+    let _ = writeln!(s, "code: {code} bytes; cpu features: {}", features(feats).join(" "));
+    let _ = writeln!(s, "constants: {constants}");
+    for e in &p.entries {
+        let _ = writeln!(s, "entry {}:", e.name);
+        for (what, ts) in [("input", &e.inputs), ("output", &e.outputs)] {
+            for t in ts {
+                let _ = writeln!(s, "  {what} {} {}{:?} ({} bytes)", t.name, dtype_name(t.dtype), t.dims, t.bytes);
+            }
+        }
+        let dispatches = e.commands.iter().filter(|c| matches!(c, Command::Dispatch { .. })).count();
+        let barriers = e.commands.iter().filter(|c| matches!(c, Command::Barrier)).count();
+        let _ = writeln!(
+            s,
+            "  plan: {} commands, {dispatches} dispatches in {} waves, {barriers} barriers; arena {} bytes",
+            e.commands.len(),
+            barriers + 1,
+            e.arena_size
+        );
+        let mut wave = 0;
+        for (i, c) in e.commands.iter().enumerate() {
+            match c {
+                Command::Dispatch { kernel, workgroups, bindings, .. } => {
+                    let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
+                    let b: Vec<String> = bindings.iter().map(|b| format!("{}:{}", slot_name(b), b.length)).collect();
+                    let src = p
+                        .debug
+                        .as_ref()
+                        .and_then(|d| d.kernel_sources.get(*kernel as usize))
+                        .map(|s| format!("  // {s}"))
+                        .unwrap_or_default();
+                    let _ = writeln!(s, "  {i:>4} w{wave:<3} dispatch {name} x{workgroups} [{}]{src}", b.join(", "));
+                }
+                Command::Barrier => {
+                    wave += 1;
+                    let _ = writeln!(s, "  {i:>4}      barrier");
+                }
+                Command::Copy { src, dst } => {
+                    let _ = writeln!(s, "  {i:>4}      copy {} -> {} ({} bytes)", slot_name(src), slot_name(dst), src.length);
+                }
+                Command::Fill { dst, pattern, pattern_len } => {
+                    let _ = writeln!(s, "  {i:>4}      fill {} ({} bytes) with {pattern:#x}/{pattern_len}", slot_name(dst), dst.length);
+                }
+            }
+        }
+        let _ = writeln!(s, "  memory map (offset, bytes, live commands, name):");
+        for b in &e.buffers {
+            let _ = writeln!(s, "    {:<16} {:>10}  {:>4}..{:<4} {}", slot_name(&b.binding), b.binding.length, b.first, b.last, b.name);
+        }
+    }
+    s
+}
+
+/// The dispatch DAG as DOT: an edge wherever a dispatch reads bytes an earlier one wrote.
+fn dispatch_dot(p: &Program) -> String {
+    let mut s = String::from("digraph dispatches {\n  node [shape=box];\n");
+    for e in &p.entries {
+        let mut writers: Vec<(usize, Binding)> = Vec::new();
+        for (i, c) in e.commands.iter().enumerate() {
+            let Command::Dispatch { kernel, bindings, .. } = c else { continue };
+            let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
+            let src = p.debug.as_ref().and_then(|d| d.kernel_sources.get(*kernel as usize)).cloned().unwrap_or_default();
+            let _ = writeln!(s, "  c{i} [label={}];", json_str(&format!("{name}\\n{src}")).replace("\\\\n", "\\n"));
+            let Some((out, ins)) = bindings.split_last() else { continue };
+            for b in ins {
+                // The latest earlier writer of an overlapping range.
+                if let Some((w, _)) = writers.iter().rev().find(|(_, o)| overlaps(o, b)) {
+                    let _ = writeln!(s, "  c{w} -> c{i};");
+                }
+            }
+            writers.push((i, *out));
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+fn overlaps(a: &Binding, b: &Binding) -> bool {
+    a.slot == b.slot && a.offset < b.offset + b.length && b.offset < a.offset + a.length
+}

@@ -1,0 +1,109 @@
+//! The HAL level: one static command list per entry point, device-neutral.
+//!
+//! Each wave's dispatches become `Dispatch` commands (kernel, workgroup count, one
+//! `(slot, offset, length)` binding per kernel input and one for its output), a
+//! `Barrier` separates waves, and outputs that are not written in place (a graph
+//! input or constant returned as an output, or one buffer returned twice) are `Copy`
+//! commands at the end. Only the executables differ per target.
+
+use kiln_flow::program::{BufferId, FlowProgram};
+use kiln_module::program::{Binding, BufferDesc, Command, EntryPoint, Slot, TensorDesc};
+
+use crate::stream::{bytes, Placement, StreamPlan, ALIGN};
+
+/// The binding of buffer `b` (through its alias chain).
+pub fn binding(p: &FlowProgram, plan: &StreamPlan, b: BufferId) -> Option<Binding> {
+    let s = p.storage(b);
+    let length = bytes(p, b);
+    let (slot, offset) = match plan.placement[s.index()] {
+        Placement::Input(i) => (Slot::Input(i), 0),
+        Placement::Output(i) => (Slot::Output(i), 0),
+        Placement::Constant(o) => (Slot::Constants, o),
+        Placement::Arena(o) => (Slot::Arena, o),
+        Placement::None => return None,
+    };
+    Some(Binding { slot, offset, length })
+}
+
+/// A tensor of the signature.
+pub fn tensor_desc(p: &FlowProgram, b: BufferId) -> TensorDesc {
+    let buf = p.buffer(b);
+    TensorDesc {
+        name: buf.name.clone(),
+        dtype: buf.ty.dtype.onnx_code().unwrap_or(0) as u32,
+        dims: buf.ty.shape.dims().iter().map(|&d| d as u64).collect(),
+        bytes: bytes(p, b),
+    }
+}
+
+/// The "main" entry point of `p` under `plan`; `workgroups[d]` is dispatch `d`'s count
+/// and dispatch `d` runs kernel `d` of the kernel table.
+pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64]) -> Result<EntryPoint, String> {
+    let mut commands = Vec::new();
+    let mut first_cmd = vec![u32::MAX; p.buffers.len()];
+    let mut last_cmd = vec![0u32; p.buffers.len()];
+    for (wi, wave) in plan.waves.iter().enumerate() {
+        if wi > 0 {
+            commands.push(Command::Barrier);
+        }
+        for &d in wave {
+            let disp = &p.dispatches[d];
+            let at = commands.len() as u32;
+            let mut bindings = Vec::with_capacity(disp.operands.len() + 1);
+            for &o in disp.operands.iter().chain(std::iter::once(&disp.result)) {
+                let b = binding(p, plan, o).ok_or_else(|| format!("buffer %{} has no storage", o.0))?;
+                let s = p.storage(o).index();
+                first_cmd[s] = first_cmd[s].min(at);
+                last_cmd[s] = last_cmd[s].max(at);
+                bindings.push(b);
+            }
+            let wg = workgroups.get(d).copied().ok_or("missing workgroup count")?;
+            if p.buffer(disp.result).ty.shape.numel() == 0 {
+                continue;
+            }
+            commands.push(Command::Dispatch {
+                kernel: d as u32,
+                device: 0,
+                workgroups: wg,
+                bindings,
+                push_constants: Vec::new(),
+            });
+        }
+    }
+    if !plan.output_copies.is_empty() && !commands.is_empty() {
+        commands.push(Command::Barrier);
+    }
+    for &(s, k) in &plan.output_copies {
+        let src = binding(p, plan, s).ok_or_else(|| format!("output {k} has no storage"))?;
+        let len = bytes(p, p.outputs[k as usize]);
+        if len == 0 {
+            continue;
+        }
+        let at = commands.len() as u32;
+        first_cmd[s.index()] = first_cmd[s.index()].min(at);
+        last_cmd[s.index()] = at;
+        commands.push(Command::Copy {
+            src: Binding { length: len, ..src },
+            dst: Binding { slot: Slot::Output(k), offset: 0, length: len },
+        });
+    }
+    let mut buffers = Vec::new();
+    for (i, b) in p.buffers.iter().enumerate() {
+        let id = BufferId(i as u32);
+        if p.storage(id) != id || first_cmd[i] == u32::MAX {
+            continue;
+        }
+        if let Some(binding) = binding(p, plan, id) {
+            buffers.push(BufferDesc { name: b.name.clone(), binding, first: first_cmd[i], last: last_cmd[i] });
+        }
+    }
+    Ok(EntryPoint {
+        name: "main".into(),
+        inputs: p.inputs.iter().map(|&b| tensor_desc(p, b)).collect(),
+        outputs: p.outputs.iter().map(|&b| tensor_desc(p, b)).collect(),
+        arena_size: plan.arena_size,
+        arena_align: ALIGN,
+        commands,
+        buffers,
+    })
+}

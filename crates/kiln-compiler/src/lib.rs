@@ -1,0 +1,170 @@
+//! The compile pipeline of kiln, level by level:
+//!
+//! ```text
+//! tensor graph ──tensor passes (kiln-opt)──► tensor graph
+//!   ──lowering + fusion (kiln-flow)──► flow program: dispatches on buffers
+//!   ──stream::schedule──► waves, lifetimes, arena plan, constant pool
+//!   ──codegen (kiln-codegen)──► one executable per target
+//!   ──hal::entry_point──► static command list
+//!   ──kiln_module::sections──► .kiln bytes (+ external weights)
+//! ```
+//!
+//! [`compile`] runs it all; each level can be stopped after and printed
+//! ([`Level`]).
+#![deny(missing_docs)]
+
+pub mod hal;
+pub mod stream;
+
+use std::time::{Duration, Instant};
+
+use kiln_flow::program::FlowProgram;
+use kiln_ir::Graph;
+use kiln_module::program::{Constants, DebugInfo, Device, DeviceKind, Kernel, Program, Variant};
+
+pub use kiln_codegen::cpu::CpuTarget;
+
+/// Options of [`compile`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// CPU the code is generated for.
+    pub target: CpuTarget,
+    /// Keep the constants in a separate file with this name (the caller writes
+    /// [`Compiled::weights`] there).
+    pub external_weights: Option<String>,
+    /// Leave out the debug section.
+    pub strip: bool,
+    /// Tensor passes to run (`None`: the default pipeline).
+    pub passes: Option<Vec<String>>,
+    /// The source file's name, for the debug section.
+    pub source: String,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            target: CpuTarget::Host,
+            external_weights: None,
+            strip: false,
+            passes: None,
+            source: String::new(),
+        }
+    }
+}
+
+/// The result of a compile.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// The `.kiln` bytes.
+    pub artifact: Vec<u8>,
+    /// The constant pool, when kept outside the artifact.
+    pub weights: Option<Vec<u8>>,
+    /// The flow-level program.
+    pub flow: FlowProgram,
+    /// The stream-level plan.
+    pub plan: stream::StreamPlan,
+    /// The program written.
+    pub program: Program,
+    /// Wall time of each phase.
+    pub phases: Vec<(&'static str, Duration)>,
+}
+
+/// Why a compile failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CompileError {
+    /// A tensor pass failed.
+    #[error("tensor passes: {0}")]
+    Passes(String),
+    /// An op could not be lowered to kernels.
+    #[error(transparent)]
+    Flow(#[from] kiln_flow::program::FlowError),
+    /// Scheduling failed.
+    #[error(transparent)]
+    Stream(#[from] stream::StreamError),
+    /// Code generation failed.
+    #[error("code generation: {0}")]
+    Codegen(String),
+    /// Building the command list failed (a compiler bug).
+    #[error("command list: {0}")]
+    Hal(String),
+}
+
+/// Where [`compile_to`] stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// After the tensor passes.
+    Tensor,
+    /// After dispatch formation.
+    Flow,
+    /// After the whole pipeline.
+    Artifact,
+}
+
+/// Runs the tensor passes on a copy of `graph`.
+pub fn tensor_passes(graph: &Graph, opts: &Options) -> Result<Graph, CompileError> {
+    let mut g = graph.clone();
+    match &opts.passes {
+        None => kiln_opt::run_tensor_pipeline(&mut g),
+        Some(names) => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            kiln_opt::run_passes(&mut g, &names)
+        }
+    }
+    .map_err(|e| CompileError::Passes(e.to_string()))?;
+    Ok(g)
+}
+
+/// Compiles `graph` into a `.kiln` artifact.
+pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> {
+    let mut phases = Vec::new();
+    let t = Instant::now();
+    let g = tensor_passes(graph, opts)?;
+    phases.push(("tensor passes", t.elapsed()));
+    let t = Instant::now();
+    let flow = kiln_flow::program::form(&g)?;
+    phases.push(("dispatch formation", t.elapsed()));
+    let t = Instant::now();
+    let plan = stream::schedule(&flow)?;
+    phases.push(("schedule", t.elapsed()));
+    let t = Instant::now();
+    let kernels: Vec<&kiln_flow::Kernel> = flow.dispatches.iter().map(|d| &d.kernel).collect();
+    let cpu = kiln_codegen::cpu::compile(&kernels, &opts.target).map_err(|e| CompileError::Codegen(e.to_string()))?;
+    phases.push(("codegen", t.elapsed()));
+    let t = Instant::now();
+    let entry = hal::entry_point(&flow, &plan, &cpu.workgroups).map_err(CompileError::Hal)?;
+    let kernels_table: Vec<Kernel> = flow
+        .dispatches
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Kernel {
+            name: d.kernel.name.clone(),
+            variants: vec![Variant { executable: 0, entry: i as u32, features: 0 }],
+        })
+        .collect();
+    let (constants, weights) = match &opts.external_weights {
+        None => (Constants::Embedded(plan.constants.clone()), None),
+        Some(file) => (
+            Constants::External {
+                file: file.clone(),
+                size: plan.constants.len() as u64,
+                hash: kiln_module::sections::weights_hash(&plan.constants),
+            },
+            Some(plan.constants.clone()),
+        ),
+    };
+    let debug = (!opts.strip).then(|| DebugInfo {
+        kernel_sources: flow.dispatches.iter().map(|d| d.sources.join(" + ")).collect(),
+        source: opts.source.clone(),
+    });
+    let program = Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![entry],
+        kernels: kernels_table,
+        executables: vec![cpu.executable],
+        constants,
+        debug,
+    };
+    let artifact = kiln_module::sections::write_program(&program);
+    phases.push(("artifact", t.elapsed()));
+    Ok(Compiled { artifact, weights, flow, plan, program, phases })
+}

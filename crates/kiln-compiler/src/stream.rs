@@ -1,0 +1,174 @@
+//! The stream level: execution order, waves, buffer lifetimes, the arena plan and the
+//! constant pool of a flow program.
+//!
+//! Dispatches are partitioned into waves (as-soon-as-possible levels of the dependency
+//! DAG, [`kiln_schedule::waves`]); a barrier separates consecutive waves, and the
+//! dispatches of one wave may run concurrently. Lifetimes are counted in waves, so two
+//! buffers that are live in the same wave never share memory even when a driver runs
+//! that wave's dispatches at once. Every intermediate buffer gets an offset in one
+//! arena ([`kiln_schedule::arena`], 64-byte aligned); aliases (reshape-like results)
+//! share their source's bytes; graph inputs and outputs are the caller's memory, so a
+//! dispatch producing a graph output writes it in place; constants are laid out in one
+//! pool, each at a 64-byte aligned offset.
+
+use kiln_flow::program::{BufferId, BufferKind, FlowProgram};
+use kiln_schedule::arena;
+
+/// Alignment of arena buffers and constants.
+pub const ALIGN: u64 = 64;
+
+/// Where a storage buffer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Not stored anywhere (an alias, or unused).
+    None,
+    /// The caller's input.
+    Input(u32),
+    /// The caller's output.
+    Output(u32),
+    /// The constant pool, at an offset.
+    Constant(u64),
+    /// The arena, at an offset.
+    Arena(u64),
+}
+
+/// The stream-level plan of a flow program.
+#[derive(Debug, Clone)]
+pub struct StreamPlan {
+    /// Dispatch indices per wave, in execution order.
+    pub waves: Vec<Vec<usize>>,
+    /// Placement of every buffer (storage buffers; aliases are `None`).
+    pub placement: Vec<Placement>,
+    /// Live range of every buffer in waves (first written, last read), when it has one.
+    pub lifetimes: Vec<Option<(usize, usize)>>,
+    /// Bytes of the arena.
+    pub arena_size: u64,
+    /// The largest total size of arena buffers live in one wave (no plan is smaller).
+    pub arena_lower_bound: u64,
+    /// The constant pool.
+    pub constants: Vec<u8>,
+    /// Outputs that need a copy at the end: (storage buffer, output index).
+    pub output_copies: Vec<(BufferId, u32)>,
+}
+
+/// Why a program cannot be scheduled (a compiler bug when it happens).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// The dispatch DAG has a cycle or a dangling edge.
+    #[error("dispatch graph: {0}")]
+    Waves(String),
+    /// The arena plan failed.
+    #[error("arena plan: {0:?}")]
+    Arena(arena::ArenaError),
+}
+
+fn round_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+/// Bytes of a buffer's type.
+pub fn bytes(p: &FlowProgram, b: BufferId) -> u64 {
+    p.buffer(b).ty.storage_bytes() as u64
+}
+
+/// Plans `p` (see the module docs).
+pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
+    let producers = p.producers();
+    let n = p.dispatches.len();
+    let deps: Vec<Vec<usize>> = p
+        .dispatches
+        .iter()
+        .map(|d| {
+            let mut v: Vec<usize> = d.operands.iter().filter_map(|&o| producers[p.storage(o).index()]).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        })
+        .collect();
+    let w = kiln_schedule::waves::waves(&deps).map_err(|e| StreamError::Waves(e.to_string()))?;
+    let nb = p.buffers.len();
+    let mut lifetimes: Vec<Option<(usize, usize)>> = vec![None; nb];
+    for (di, d) in p.dispatches.iter().enumerate() {
+        let wave = w.wave_of[di];
+        let s = p.storage(d.result).index();
+        lifetimes[s] = Some(match lifetimes[s] {
+            None => (wave, wave),
+            Some((a, b)) => (a.min(wave), b.max(wave)),
+        });
+        for &o in &d.operands {
+            let s = p.storage(o).index();
+            if let Some((a, b)) = lifetimes[s] {
+                lifetimes[s] = Some((a, b.max(wave)));
+            }
+        }
+    }
+    let _ = n;
+    let mut placement = vec![Placement::None; nb];
+    // Graph inputs.
+    for (i, b) in p.buffers.iter().enumerate() {
+        if let BufferKind::Input(k) = b.kind {
+            placement[i] = Placement::Input(k as u32);
+        }
+    }
+    // Graph outputs computed by a dispatch are written in place.
+    let mut output_copies = Vec::new();
+    for (k, &o) in p.outputs.iter().enumerate() {
+        let s = p.storage(o);
+        let is_result = matches!(p.buffer(s).kind, BufferKind::Result) && producers[s.index()].is_some();
+        if is_result && placement[s.index()] == Placement::None {
+            placement[s.index()] = Placement::Output(k as u32);
+        } else {
+            output_copies.push((s, k as u32));
+        }
+    }
+    // Constants read by a dispatch or copied to an output.
+    let mut constants: Vec<u8> = Vec::new();
+    let mut needed = vec![false; nb];
+    for d in &p.dispatches {
+        for &o in &d.operands {
+            needed[p.storage(o).index()] = true;
+        }
+    }
+    for &(s, _) in &output_copies {
+        needed[s.index()] = true;
+    }
+    for (i, b) in p.buffers.iter().enumerate() {
+        if let (BufferKind::Const(t), true) = (&b.kind, needed[i]) {
+            let off = round_up(constants.len() as u64, ALIGN);
+            constants.resize(off as usize, 0);
+            constants.extend_from_slice(t.bytes());
+            placement[i] = Placement::Constant(off);
+        }
+    }
+    // Intermediate results in the arena; an output copied from an intermediate keeps
+    // its buffer alive to the end.
+    let last_wave = w.waves.len().saturating_sub(1);
+    for &(s, _) in &output_copies {
+        if let Some((a, _)) = lifetimes[s.index()] {
+            lifetimes[s.index()] = Some((a, last_wave));
+        }
+    }
+    let mut arena_ids = Vec::new();
+    let mut bufs = Vec::new();
+    for (i, b) in p.buffers.iter().enumerate() {
+        if matches!(b.kind, BufferKind::Result) && placement[i] == Placement::None {
+            if let Some((first, last)) = lifetimes[i] {
+                arena_ids.push(i);
+                bufs.push(arena::Buffer { size: bytes(p, BufferId(i as u32)), align: ALIGN, first, last });
+            }
+        }
+    }
+    let plan = arena::plan(&bufs).map_err(StreamError::Arena)?;
+    for (j, &i) in arena_ids.iter().enumerate() {
+        placement[i] = Placement::Arena(plan.offsets[j]);
+    }
+    Ok(StreamPlan {
+        waves: w.waves,
+        placement,
+        lifetimes,
+        arena_size: round_up(plan.size, ALIGN),
+        arena_lower_bound: plan.lower_bound,
+        constants,
+        output_copies,
+    })
+}
