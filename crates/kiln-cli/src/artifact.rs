@@ -10,6 +10,7 @@ use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
 use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
 use kiln_module::sections::ConstantsView;
+use kiln_runtime::fs::AlignedBytes;
 
 use crate::{file_stem, load, random_tensor, summary, write_stdout, SplitMix};
 
@@ -189,24 +190,25 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
 }
 
 /// Reads an artifact (or compiles a model) and its weights.
-fn artifact_and_weights(a: &Args) -> Result<(Vec<u8>, Option<Vec<u8>>, String), String> {
+/// The artifact's bytes are 64-byte aligned so that the runtime uses its constants in place.
+fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>, String), String> {
     let model = a.model.clone().ok_or("no artifact or model given (kiln --help shows the usage)")?;
     let label = model.display().to_string();
     if !is_artifact(&model) {
         let c = compile_model(a, &model)?;
-        return Ok((c.artifact, c.weights, label));
+        return Ok((AlignedBytes::copy_from(&c.artifact), c.weights.as_deref().map(AlignedBytes::copy_from), label));
     }
-    let bytes = std::fs::read(&model).map_err(|e| format!("cannot read `{label}`: {e}"))?;
+    let bytes = AlignedBytes::read(&model).map_err(|e| format!("cannot read `{label}`: {e}"))?;
     let weights = match &a.weights {
-        Some(w) => Some(std::fs::read(w).map_err(|e| format!("cannot read `{}`: {e}", w.display()))?),
+        Some(w) => Some(AlignedBytes::read(w).map_err(|e| format!("cannot read `{}`: {e}", w.display()))?),
         None => {
             // An artifact with external weights names its file; look beside the artifact.
-            let m = kiln_module::Module::parse(&bytes).map_err(|e| format!("{label}: {e}"))?;
+            let m = kiln_module::Module::parse(bytes.bytes()).map_err(|e| format!("{label}: {e}"))?;
             let view = kiln_module::sections::read_program(&m).map_err(|e| format!("{label}: {e}"))?;
             match view.constants {
                 ConstantsView::External { file, .. } => {
                     let p = model.parent().unwrap_or(Path::new(".")).join(file);
-                    std::fs::read(&p).ok()
+                    AlignedBytes::read(&p).ok()
                 }
                 _ => None,
             }
@@ -220,7 +222,8 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     let (bytes, weights, label) = artifact_and_weights(&a)?;
     let t0 = Instant::now();
-    let module = kiln_runtime::Module::load(&bytes, weights.as_deref()).map_err(|e| format!("{label}: {e}"))?;
+    let module =
+        kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;
     let t_load = t0.elapsed();
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     for (n, _) in &a.inputs {
@@ -291,11 +294,11 @@ struct LayoutInfo {
 pub fn inspect_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     let (bytes, _weights, label) = artifact_and_weights(&a)?;
-    let m = kiln_module::Module::parse(&bytes).map_err(|e| format!("{label}: {e}"))?;
+    let m = kiln_module::Module::parse(bytes.bytes()).map_err(|e| format!("{label}: {e}"))?;
     let view = kiln_module::sections::read_program(&m).map_err(|e| format!("{label}: {e}"))?;
     let program = view.to_program();
     let info = LayoutInfo {
-        file_bytes: bytes.len(),
+        file_bytes: bytes.bytes().len(),
         sections: m.sections().map(|s| (s.kind.to_string(), s.bytes.len() as u64)).collect(),
         format: m.format().to_string(),
         abi: m.abi().to_string(),

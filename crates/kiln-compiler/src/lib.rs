@@ -89,6 +89,14 @@ pub enum CompileError {
     Hal(String),
 }
 
+impl CompileError {
+    /// Whether the compile failed only because an operand needed at compile time (axes,
+    /// a shape) is a run-time value: binding graph inputs to values resolves it.
+    pub fn needs_constant_operand(&self) -> bool {
+        matches!(self, CompileError::Flow(f) if f.needs_constant_operand())
+    }
+}
+
 /// Where [`compile_to`] stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {

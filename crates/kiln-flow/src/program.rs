@@ -90,6 +90,14 @@ pub enum FlowError {
     Graph(String),
 }
 
+impl FlowError {
+    /// Whether lowering failed only because an operand it needs at compile time is
+    /// computed at run time (see [`LowerError::NotConstant`]).
+    pub fn needs_constant_operand(&self) -> bool {
+        matches!(self, FlowError::Lower { source: LowerError::NotConstant { .. }, .. })
+    }
+}
+
 impl FlowProgram {
     /// The buffer behind `id`.
     pub fn buffer(&self, id: BufferId) -> &Buffer {

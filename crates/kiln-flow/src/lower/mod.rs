@@ -103,6 +103,17 @@ pub enum LowerError {
         /// What is missing.
         reason: String,
     },
+    /// An operand the lowering needs at compile time (axes, a shape, a count) is
+    /// computed at run time; binding the graph input behind it to a value resolves it.
+    #[error("{op}: {what} (operand {operand}) must be a compile-time constant (bind the input behind it with --input-value)")]
+    NotConstant {
+        /// The op kind.
+        op: String,
+        /// What the operand is.
+        what: String,
+        /// The operand's position.
+        operand: usize,
+    },
     /// A lowering built a malformed kernel (a compiler bug).
     #[error(transparent)]
     Kernel(#[from] KernelError),
@@ -133,7 +144,11 @@ impl<'a> OpCx<'a> {
         match self.input(i) {
             None => Ok(None),
             Some(OpInput { value: Some(t), .. }) => Ok(Some(t)),
-            Some(_) => Err(self.unsupported(format!("{what} (operand {i}) must be a compile-time constant"))),
+            Some(_) => Err(LowerError::NotConstant {
+                op: self.op.kind.name().to_string(),
+                what: what.to_string(),
+                operand: i,
+            }),
         }
     }
 

@@ -1,13 +1,14 @@
 //! The ONNX 1.17 node test suite (`$KILN_TEST_DATA/onnx-node`, fetched by
-//! `scripts/test`) through import and the reference evaluator, with the ONNX
-//! backend tolerances (see `kiln conformance`).
+//! `scripts/test`) with the ONNX backend tolerances (see `kiln conformance`), through
+//! both engines: the compiled path (import → compile → artifact file → load → run)
+//! and the reference evaluator.
 //!
-//! `tests/data/onnx-node-ref.expected` lists every case that does not pass, with
-//! its category and the harness's reason. The test fails when an unlisted case
-//! fails, when a listed case passes (so the list only shrinks), or when a case
-//! changes category. Cases that pass with small inputs bound to their test values
-//! count as passing. Regenerate the list with
-//! `scripts/bless-onnx-node-ref`
+//! `tests/data/onnx-node.expected` (compiled) and `tests/data/onnx-node-ref.expected`
+//! (reference) list every case that does not pass, with its category and the
+//! harness's reason. A test fails when an unlisted case fails, when a listed case
+//! passes (so the list only shrinks), or when a case changes category; a panic or a
+//! crash always fails. Cases that pass with small inputs bound to their test values
+//! count as passing. Regenerate a list with `scripts/bless-onnx-node [compiled|reference]`
 //! after checking every change by hand.
 
 use std::collections::BTreeMap;
@@ -22,11 +23,20 @@ fn data_dir() -> PathBuf {
 }
 
 #[test]
+fn onnx_node_suite_compiled() {
+    suite("compiled", include_str!("data/onnx-node.expected"));
+}
+
+#[test]
 fn onnx_node_suite_through_the_reference_evaluator() {
+    suite("reference", include_str!("data/onnx-node-ref.expected"));
+}
+
+fn suite(engine: &str, expected_text: &str) {
     let dir = data_dir().join("onnx-node");
     assert!(dir.join("test_abs/model.onnx").exists(), "{} is missing; run scripts/test", dir.display());
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["conformance", dir.to_str().expect("utf-8 path"), "--engine", "reference", "--verbose"])
+        .args(["conformance", dir.to_str().expect("utf-8 path"), "--engine", engine, "--verbose"])
         .output()
         .expect("run kiln conformance");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -43,7 +53,6 @@ fn onnx_node_suite_through_the_reference_evaluator() {
         }
     }
     assert_eq!(total, 1288, "the ONNX 1.17 node suite has 1288 cases");
-    let expected_text = include_str!("data/onnx-node-ref.expected");
     let expected: BTreeMap<&str, &str> = expected_text
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -69,6 +78,6 @@ fn onnx_node_suite_through_the_reference_evaluator() {
         }
     }
     let passed = got.values().filter(|c| *c == "pass" || *c == "pass-specialised").count();
-    eprintln!("ONNX node suite (import + reference evaluator): {passed} of {total} pass");
+    eprintln!("ONNX node suite ({engine} engine): {passed} of {total} pass");
     assert!(problems.is_empty(), "{} differences:\n{}", problems.len(), problems.join("\n"));
 }
