@@ -152,7 +152,11 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
             let flow = kiln_flow::program::form(&g).map_err(|e| format!("{}: {e}", model.display()))?;
             return write_stdout(&format!("{flow}\n"));
         }
-        Some("stream") | Some("hal") => {
+        Some("stream") => {
+            let c = compile_model(&a, &model)?;
+            return write_stdout(&kiln_compiler::stream::print(&c.flow, &c.plan));
+        }
+        Some("hal") => {
             let c = compile_model(&a, &model)?;
             return write_stdout(&listing(&c.program, &LayoutInfo::default(), false));
         }

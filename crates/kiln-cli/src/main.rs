@@ -24,7 +24,7 @@ usage:
                   [--output-dir DIR] [--seed N] [--passes P,P|default]
   kiln compile MODEL -o OUT.kiln [--input-shape NAME=DIMS]... [--input-value NAME=V]...
                   [--external-weights FILE] [--strip] [--target-cpu host|x86-64-v2|x86-64-v3]
-                  [--to tensor|flow|hal] [--dump-after PASS]... [--list-passes] [--timings]
+                  [--to tensor|flow|stream|hal] [--dump-after PASS]... [--list-passes] [--timings]
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
   kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
   kiln list-passes

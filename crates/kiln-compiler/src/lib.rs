@@ -9,8 +9,9 @@
 //!   ──kiln_module::sections──► .kiln bytes (+ external weights)
 //! ```
 //!
-//! [`compile`] runs it all; each level can be stopped after and printed
-//! ([`Level`]).
+//! [`compile`] runs it all and keeps every level's result in [`Compiled`]; each has a
+//! text form (`kiln compile --to tensor|flow|stream|hal`): kiln-ir's text, the flow
+//! program's `Display`, [`stream::print`], and the artifact listing.
 #![deny(missing_docs)]
 
 pub mod hal;
@@ -95,17 +96,6 @@ impl CompileError {
     pub fn needs_constant_operand(&self) -> bool {
         matches!(self, CompileError::Flow(f) if f.needs_constant_operand())
     }
-}
-
-/// Where [`compile_to`] stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// After the tensor passes.
-    Tensor,
-    /// After dispatch formation.
-    Flow,
-    /// After the whole pipeline.
-    Artifact,
 }
 
 /// Runs the tensor passes on a copy of `graph`.

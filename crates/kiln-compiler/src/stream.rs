@@ -172,3 +172,80 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
         output_copies,
     })
 }
+
+/// The text form of the stream level: waves with their dispatches, barriers between
+/// them, every buffer with its placement and live range, the arena's size against its
+/// lower bound, and the output copies. Used by `kiln compile --to stream` and the
+/// filetests.
+///
+/// ```text
+/// stream @mlp {
+///   wave 0 {
+///     %3 = dispatch @k0_0(%0, %1) ["MatMul mm", "Relu relu"]
+///   }
+///   barrier
+///   wave 1 { ... }
+///   buffers {
+///     %0 "x" f32[1,4]: input 0
+///     %3 "h" f32[1,8]: arena [0, 32) live waves 0..1
+///   }
+///   arena 64 bytes (lower bound 32), constants 128 bytes
+/// }
+/// ```
+pub fn print(p: &FlowProgram, plan: &StreamPlan) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "stream @{} {{", p.name);
+    for (wi, wave) in plan.waves.iter().enumerate() {
+        if wi > 0 {
+            let _ = writeln!(s, "  barrier");
+        }
+        let _ = writeln!(s, "  wave {wi} {{");
+        for &d in wave {
+            let disp = &p.dispatches[d];
+            let ops: Vec<String> = disp.operands.iter().map(|o| format!("%{}", o.0)).collect();
+            let src: Vec<String> = disp.sources.iter().map(|x| format!("{x:?}")).collect();
+            let _ = writeln!(
+                s,
+                "    %{} = dispatch @{}({}) [{}]",
+                disp.result.0,
+                disp.kernel.name,
+                ops.join(", "),
+                src.join(", ")
+            );
+        }
+        let _ = writeln!(s, "  }}");
+    }
+    let _ = writeln!(s, "  buffers {{");
+    for (i, b) in p.buffers.iter().enumerate() {
+        let id = BufferId(i as u32);
+        let place = match (&b.kind, plan.placement[i]) {
+            (BufferKind::Alias(src), _) => format!("alias of %{}", p.storage(*src).0),
+            (_, Placement::None) => continue,
+            (_, Placement::Input(k)) => format!("input {k}"),
+            (_, Placement::Output(k)) => format!("output {k}"),
+            (_, Placement::Constant(o)) => format!("constants [{o}, {})", o + bytes(p, id)),
+            (_, Placement::Arena(o)) => format!("arena [{o}, {})", o + bytes(p, id)),
+        };
+        let live = match plan.lifetimes[i] {
+            Some((a, z)) if !matches!(b.kind, BufferKind::Alias(_) | BufferKind::Const(_)) => {
+                format!(" live waves {a}..{z}")
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(s, "    %{i} {:?} {}: {place}{live}", b.name, b.ty);
+    }
+    let _ = writeln!(s, "  }}");
+    for &(src, k) in &plan.output_copies {
+        let _ = writeln!(s, "  copy %{} -> output {k}", src.0);
+    }
+    let _ = writeln!(
+        s,
+        "  arena {} bytes (lower bound {}), constants {} bytes",
+        plan.arena_size,
+        plan.arena_lower_bound,
+        plan.constants.len()
+    );
+    s.push_str("}\n");
+    s
+}

@@ -1,0 +1,176 @@
+//! Stream-level filetests: each `tests/filetests/NAME.kir` is a tensor-level graph in
+//! kiln-ir's text form; the compiler's tensor passes, dispatch formation and
+//! [`kiln_compiler::stream::schedule`] plan it, and the plan's text
+//! ([`kiln_compiler::stream::print`]) must equal `NAME.stream`. `KILN_BLESS=1`
+//! rewrites the expectations (review the diff: they pin waves, barriers and the
+//! memory plan).
+//!
+//! Independently of the expectations, every plan must
+//! - put each dispatch in a later wave than every dispatch it reads from;
+//! - give buffers whose live ranges share a wave disjoint arena bytes, every offset
+//!   64-byte aligned and inside the arena, and an arena no smaller than the lower
+//!   bound (the largest set of arena buffers live in one wave);
+//! - place constants at 64-byte aligned offsets of the pool;
+//! - meet the `// waves: N` its `.kir` file states;
+//! - and, compiled to an artifact, loaded and run, compute what kiln-ref computes on
+//!   seeded inputs (within 1e-5 relative + 1e-6 absolute).
+
+use std::path::PathBuf;
+
+use kiln_compiler::stream::{self, Placement, StreamPlan, ALIGN};
+use kiln_flow::program::{BufferKind, FlowProgram};
+use kiln_ir::{DType, Graph, Tensor};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/filetests")
+}
+
+fn inputs(g: &Graph) -> Vec<Tensor> {
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    g.inputs
+        .iter()
+        .map(|&v| {
+            let ty = g.ty(v);
+            let vals: Vec<f64> = (0..ty.shape.numel())
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % 2000) as f64 / 1000.0 - 1.0
+                })
+                .collect();
+            Tensor::from_f64(ty.dtype, ty.shape.clone(), &vals).expect("input")
+        })
+        .collect()
+}
+
+fn directive(src: &str, key: &str) -> Option<usize> {
+    src.lines()
+        .filter_map(|l| l.trim().strip_prefix("//"))
+        .filter_map(|l| l.trim().strip_prefix(key))
+        .filter_map(|l| l.strip_prefix(':'))
+        .find_map(|n| n.trim().parse().ok())
+}
+
+/// The plan's invariants (see the module docs).
+fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
+    let producers = p.producers();
+    let mut wave_of = vec![usize::MAX; p.dispatches.len()];
+    for (w, wave) in plan.waves.iter().enumerate() {
+        for &d in wave {
+            wave_of[d] = w;
+        }
+    }
+    for (d, disp) in p.dispatches.iter().enumerate() {
+        for &o in &disp.operands {
+            if let Some(pd) = producers[p.storage(o).index()] {
+                if wave_of[pd] >= wave_of[d] {
+                    return Err(format!("dispatch {d} (wave {}) reads dispatch {pd} (wave {})", wave_of[d], wave_of[pd]));
+                }
+            }
+        }
+    }
+    let mut arena = Vec::new();
+    for (i, pl) in plan.placement.iter().enumerate() {
+        let size = stream::bytes(p, kiln_flow::program::BufferId(i as u32));
+        match *pl {
+            Placement::Arena(o) => {
+                if o % ALIGN != 0 || o + size > plan.arena_size {
+                    return Err(format!("%{i}: arena [{o}, {}) misaligned or past the arena ({})", o + size, plan.arena_size));
+                }
+                let (a, z) = plan.lifetimes[i].ok_or(format!("%{i}: in the arena without a lifetime"))?;
+                arena.push((i, o, o + size, a, z));
+            }
+            Placement::Constant(o) => {
+                if o % ALIGN != 0 || (o + size) as usize > plan.constants.len() {
+                    return Err(format!("%{i}: constant at {o} misaligned or past the pool"));
+                }
+                if let BufferKind::Const(t) = &p.buffers[i].kind {
+                    if plan.constants[o as usize..(o + size) as usize] != t.bytes()[..] {
+                        return Err(format!("%{i}: the pool does not hold the constant's bytes"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (x, &(i, lo, hi, a, z)) in arena.iter().enumerate() {
+        for &(j, lo2, hi2, a2, z2) in &arena[x + 1..] {
+            if a <= z2 && a2 <= z && lo < hi2 && lo2 < hi && hi > lo && hi2 > lo2 {
+                return Err(format!("%{i} and %{j} are live together and overlap in the arena"));
+            }
+        }
+    }
+    if plan.arena_size < plan.arena_lower_bound {
+        return Err(format!("arena {} below the lower bound {}", plan.arena_size, plan.arena_lower_bound));
+    }
+    Ok(())
+}
+
+fn run_compiled(g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    let c = kiln_compiler::compile(g, &kiln_compiler::Options::default()).map_err(|e| e.to_string())?;
+    let module = kiln_runtime::Module::load(&c.artifact, None).map_err(|e| e.to_string())?;
+    let mut inst = kiln_runtime::Instance::new(&module).map_err(|e| e.to_string())?;
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.ty(v).storage_bytes()]).collect();
+    {
+        let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+        inst.invoke(&ins, &mut refs).map_err(|e| e.to_string())?;
+    }
+    g.outputs
+        .iter()
+        .zip(outs)
+        .map(|(&v, b)| Tensor::new(g.ty(v).clone(), b.into()).map_err(|e| e.to_string()))
+        .collect()
+}
+
+fn one(path: &std::path::Path) -> Result<(), String> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let src = std::fs::read_to_string(path).map_err(|e| format!("{name}: {e}"))?;
+    let g = kiln_ir::text::parse(&src).map_err(|e| format!("{name}: {e}"))?;
+    let t = kiln_compiler::tensor_passes(&g, &kiln_compiler::Options::default()).map_err(|e| format!("{name}: {e}"))?;
+    let flow = kiln_flow::program::form(&t).map_err(|e| format!("{name}: {e}"))?;
+    let plan = stream::schedule(&flow).map_err(|e| format!("{name}: {e}"))?;
+    check_plan(&flow, &plan).map_err(|e| format!("{name}: {e}"))?;
+    if let Some(n) = directive(&src, "waves") {
+        if plan.waves.len() != n {
+            return Err(format!("{name}: {} waves, the file states {n}", plan.waves.len()));
+        }
+    }
+    let feeds = inputs(&g);
+    let want = kiln_ref::eval_graph(&g, &feeds).map_err(|e| format!("{name}: reference: {e}"))?;
+    let got = run_compiled(&g, &feeds).map_err(|e| format!("{name}: compiled: {e}"))?;
+    for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(b.dtype(), DType::F32);
+        for (i, (x, y)) in a.to_f64_vec().iter().zip(b.to_f64_vec()).enumerate() {
+            if (x - y).abs() > 1e-5 * y.abs() + 1e-6 {
+                return Err(format!("{name}: output {k} element {i}: {x}, the reference gives {y}"));
+            }
+        }
+    }
+    let text = stream::print(&flow, &plan);
+    let expected = path.with_extension("stream");
+    if std::env::var_os("KILN_BLESS").is_some() {
+        std::fs::write(&expected, &text).map_err(|e| format!("{name}: {e}"))?;
+        return Ok(());
+    }
+    let want = std::fs::read_to_string(&expected)
+        .map_err(|e| format!("{name}: cannot read {}: {e} (KILN_BLESS=1 writes it)", expected.display()))?;
+    if want != text {
+        return Err(format!("{name}: the plan differs from {}:\n--- expected\n{want}\n--- got\n{text}", expected.display()));
+    }
+    Ok(())
+}
+
+#[test]
+fn filetests() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
+        .expect("filetests dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4, "the stream filetests are missing");
+    let failures: Vec<String> = files.iter().filter_map(|f| one(f).err()).collect();
+    assert!(failures.is_empty(), "{} of {} filetests failed:\n{}", failures.len(), files.len(), failures.join("\n\n"));
+}
