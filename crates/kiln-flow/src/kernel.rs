@@ -533,6 +533,69 @@ pub struct Kernel {
     pub root: ExprId,
 }
 
+impl Kernel {
+    /// Drops the nodes the root does not depend on (left behind by simplification and
+    /// by rebuilding), keeping the operands-first order.
+    fn prune(&mut self) {
+        let n = self.nodes.len();
+        if self.root.index() >= n {
+            return;
+        }
+        let mut live = vec![false; n];
+        live[self.root.index()] = true;
+        for i in (0..n).rev() {
+            if !live[i] {
+                continue;
+            }
+            let mut mark = |e: &ExprId| {
+                if let Some(l) = live.get_mut(e.index()) {
+                    *l = true;
+                }
+            };
+            match &self.nodes[i].expr {
+                Expr::Var(_) | Expr::Const(_) => {}
+                Expr::Load { index, .. } => index.iter().for_each(&mut mark),
+                Expr::Unary(_, a) | Expr::Cast { value: a, .. } | Expr::Reduce { body: a, .. } => mark(a),
+                Expr::Binary(_, a, b) => {
+                    mark(a);
+                    mark(b);
+                }
+                Expr::Select(c, a, b) => {
+                    mark(c);
+                    mark(a);
+                    mark(b);
+                }
+            }
+        }
+        if live.iter().all(|&l| l) {
+            return;
+        }
+        let mut new_id = vec![ExprId(0); n];
+        let mut nodes = Vec::with_capacity(n);
+        for (i, node) in std::mem::take(&mut self.nodes).into_iter().enumerate() {
+            if !live[i] {
+                continue;
+            }
+            let m = |e: ExprId| new_id.get(e.index()).copied().unwrap_or(e);
+            let expr = match node.expr {
+                Expr::Load { input, index, bounds } => {
+                    Expr::Load { input, index: index.into_iter().map(m).collect(), bounds }
+                }
+                Expr::Unary(op, a) => Expr::Unary(op, m(a)),
+                Expr::Cast { value, to, saturate } => Expr::Cast { value: m(value), to, saturate },
+                Expr::Reduce { op, vars, body } => Expr::Reduce { op, vars, body: m(body) },
+                Expr::Binary(op, a, b) => Expr::Binary(op, m(a), m(b)),
+                Expr::Select(c, a, b) => Expr::Select(m(c), m(a), m(b)),
+                e @ (Expr::Var(_) | Expr::Const(_)) => e,
+            };
+            new_id[i] = ExprId(nodes.len() as u32);
+            nodes.push(Node { ty: node.ty, expr });
+        }
+        self.root = new_id[self.root.index()];
+        self.nodes = nodes;
+    }
+}
+
 /// A malformed kernel (a bug in a lowering or a pass, reported instead of run).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {
@@ -880,6 +943,11 @@ impl KernelBuilder {
     }
 
     fn push(&mut self, ty: ScalarType, expr: Expr) -> ExprId {
+        if let Expr::Binary(op, a, b) = expr {
+            if let Some(e) = self.simplify(ty, op, a, b) {
+                return e;
+            }
+        }
         let node = Node { ty, expr };
         if let Some(&id) = self.memo.get(&node) {
             return id;
@@ -888,6 +956,36 @@ impl KernelBuilder {
         self.k.nodes.push(node.clone());
         self.memo.insert(node, id);
         id
+    }
+
+    /// Integer identities and constant arithmetic, so index maps built from shapes
+    /// (`0 * 6 + i`, `x / 1`, `x % 1`) and maps composed by fusion carry no dead
+    /// arithmetic into the generated code. Wrapping semantics, as the kernel defines
+    /// them; floats are left alone (`x + 0` is not `x` for `x = -0`).
+    fn simplify(&mut self, ty: ScalarType, op: BinaryOp, a: ExprId, b: ExprId) -> Option<ExprId> {
+        let n = |e: ExprId| self.k.nodes.get(e.index());
+        let (na, nb) = (n(a)?, n(b)?);
+        if !ty.is_int() || na.ty != ty || nb.ty != ty {
+            return None;
+        }
+        let c = |node: &Node| match node.expr {
+            Expr::Const(bits) => Some(ty.to_i128(bits)),
+            _ => None,
+        };
+        let (ca, cb) = (c(na), c(nb));
+        let folded = |x: i128| ty.wrap(x as u64);
+        match (op, ca, cb) {
+            (BinaryOp::Add, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.wrapping_add(y))))),
+            (BinaryOp::Sub, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.wrapping_sub(y))))),
+            (BinaryOp::Mul, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.wrapping_mul(y))))),
+            (BinaryOp::Add, Some(0), _) => Some(b),
+            (BinaryOp::Add | BinaryOp::Sub, _, Some(0)) => Some(a),
+            (BinaryOp::Mul, Some(1), _) => Some(b),
+            (BinaryOp::Mul | BinaryOp::Div, _, Some(1)) => Some(a),
+            (BinaryOp::Mul, Some(0), _) | (BinaryOp::Mul, _, Some(0)) => Some(self.push(ty, Expr::Const(0))),
+            (BinaryOp::Rem, _, Some(1)) => Some(self.push(ty, Expr::Const(0))),
+            _ => None,
+        }
     }
 
     /// A node from its parts, type-checked only when the kernel is finished (for passes
@@ -1030,6 +1128,7 @@ impl KernelBuilder {
             return Err(KernelError::Type { kernel: self.k.name, node: root.0, what });
         }
         self.k.root = root;
+        self.k.prune();
         self.k.verify()?;
         Ok(self.k)
     }
