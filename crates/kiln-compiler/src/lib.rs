@@ -33,7 +33,7 @@ pub struct Options {
     /// Keep the constants in a separate file with this name (the caller writes
     /// [`Compiled::weights`] there).
     pub external_weights: Option<String>,
-    /// Leave out the debug section.
+    /// Leave out the debug section and the memory map's buffer names.
     pub strip: bool,
     /// Tensor passes to run (`None`: the default pipeline).
     pub passes: Option<Vec<String>>,
@@ -129,7 +129,11 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     let cpu = kiln_codegen::cpu::compile(&kernels, &opts.target).map_err(|e| CompileError::Codegen(e.to_string()))?;
     phases.push(("codegen", t.elapsed()));
     let t = Instant::now();
-    let entry = hal::entry_point(&flow, &plan, &cpu.workgroups).map_err(CompileError::Hal)?;
+    let mut entry = hal::entry_point(&flow, &plan, &cpu.workgroups).map_err(CompileError::Hal)?;
+    if opts.strip {
+        // The memory map's buffer names are for listings only, like the debug section.
+        entry.buffers.iter_mut().for_each(|b| b.name.clear());
+    }
     let kernels_table: Vec<Kernel> = flow
         .dispatches
         .iter()
