@@ -114,6 +114,12 @@ fn encode(ty: &TensorType, v: &[u64]) -> Tensor {
     let ct = ScalarType::of_storage(ty.dtype);
     let shape: Shape = ty.shape.clone();
     let r = match ct {
+        // A stored value rounds to the 8-bit float without saturating: an infinity or a
+        // NaN that a non-saturating cast produced stays one.
+        ScalarType::F32 if ty.dtype.is_low_precision_float() && ty.dtype.storage_bytes(1) == 1 => {
+            let codes: Vec<u8> = v.iter().map(|&b| lowp::encode(ty.dtype, f32::from_bits(b as u32), false)).collect();
+            Tensor::from_codes(ty.dtype, shape, &codes)
+        }
         ScalarType::F32 => {
             let f: Vec<f64> = v.iter().map(|&b| f32::from_bits(b as u32) as f64).collect();
             Tensor::from_f64(ty.dtype, shape, &f)

@@ -567,6 +567,12 @@ impl Em<'_, '_> {
                 let (c, x, y) = (self.get(*c)?, self.get(*a)?, self.get(*b)?);
                 Ok(self.b.ins().select(c, x, y))
             }
+            Expr::Cast { value, to, saturate } if F8::of(*to).is_some() => {
+                let from = self.ty(*value);
+                let x = self.get(*value)?;
+                let y = self.to_f32_once(from, x);
+                Ok(self.f8_round(*to, y, *saturate))
+            }
             Expr::Cast { value, to, .. } => {
                 let from = self.ty(*value);
                 let x = self.get(*value)?;
@@ -659,6 +665,10 @@ impl Em<'_, '_> {
                 let s = self.b.ins().ishl_imm_u(h, 16);
                 return Ok(self.b.ins().bitcast(types::F32, MemFlagsData::new(), s));
             }
+            d if F8::of(d).is_some() => {
+                let code = self.b.ins().uload8(types::I32, mem(), addr, off);
+                return Ok(self.f8_decode(d, code));
+            }
             _ => return Err(format!("loads of {}", d.name())),
         };
         Ok(self.b.ins().load(t, mem(), addr, off))
@@ -682,6 +692,12 @@ impl Em<'_, '_> {
                 let r = self.bf16_bits(v);
                 let h = self.b.ins().ushr_imm_u(r, 16);
                 self.b.ins().istore16(mem(), h, base, off);
+            }
+            d if F8::of(d).is_some() => {
+                // Rounded first (a no-op for a value a cast produced), without saturating.
+                let r = self.f8_round(d, v, false);
+                let code = self.f8_encode(d, r);
+                self.b.ins().istore8(mem(), code, base, off);
             }
             _ => {
                 self.b.ins().store(mem(), v, base, off);
@@ -1093,6 +1109,169 @@ impl Em<'_, '_> {
         })
     }
 
+    /// `x` as f32 such that one later rounding to a format of at most 22 significand
+    /// bits is correct: exact from f32, round-to-odd from f64 and from integers.
+    fn to_f32_once(&mut self, from: S, x: Value) -> Value {
+        match from {
+            S::F32 => x,
+            S::F64 => self.f64_to_f32_odd(x),
+            _ => {
+                let d = self.int_to_f64(from, x);
+                self.f64_to_f32_odd(d)
+            }
+        }
+    }
+
+    /// `2^k` as an f32 constant (normal range).
+    fn pow2_f32(&mut self, k: i64) -> Value {
+        self.b.ins().f32const(Ieee32::with_bits(((k + 127) as u32) << 23))
+    }
+
+    /// An f32 value rounded to 8-bit float `d` (nearest even, once), as the f32 of the
+    /// rounded value; out of range: ±max with `saturate`, else ±inf (E5M2) or NaN. The
+    /// rules are those of `kiln_ir::lowp::encode`.
+    fn f8_round(&mut self, d: DType, x: Value, saturate: bool) -> Value {
+        let Some(f) = F8::of(d) else { return x };
+        let a = self.b.ins().fabs(x);
+        let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), a);
+        // Exponent of |x|, at least the format's minimum normal exponent.
+        let e = self.b.ins().ushr_imm_u(bits, 23);
+        let e = self.b.ins().iadd_imm_s(e, -127);
+        let emin = self.iconst(types::I32, 1 - f.bias);
+        let e = self.b.ins().smax(e, emin);
+        // scale = 2^(m - e), unscale = 2^(e - m), built from exponent bits; both normal.
+        let top = self.iconst(types::I32, f.man + 127);
+        let sc = self.b.ins().isub(top, e);
+        let sc = self.b.ins().ishl_imm_u(sc, 23);
+        let scale = self.b.ins().bitcast(types::F32, MemFlagsData::new(), sc);
+        let un = self.b.ins().iadd_imm_s(e, 127 - f.man);
+        let un = self.b.ins().ishl_imm_u(un, 23);
+        let unscale = self.b.ins().bitcast(types::F32, MemFlagsData::new(), un);
+        // |x| · 2^(m−e) is below 2^(m+1) (or huge for |x| past the f32 range of the
+        // scale, which the overflow test below catches); adding and subtracting 2^23
+        // rounds it to an integer, ties to even.
+        let y = self.b.ins().fmul(a, scale);
+        let magic = self.pow2_f32(23);
+        let big = self.b.ins().fcmp(FloatCC::GreaterThanOrEqual, y, magic);
+        let r = self.b.ins().fadd(y, magic);
+        let r = self.b.ins().fsub(r, magic);
+        let r = self.b.ins().select(big, y, r);
+        let r = self.b.ins().fmul(r, unscale);
+        let max = self.b.ins().f32const(f.max);
+        let over = self.b.ins().fcmp(FloatCC::GreaterThan, r, max);
+        let nan = self.b.ins().f32const(Ieee32::with_bits(0x7fc0_0000));
+        let out = if saturate {
+            max
+        } else if f.ieee {
+            self.b.ins().f32const(Ieee32::with_bits(0x7f80_0000))
+        } else {
+            nan
+        };
+        let r = self.b.ins().select(over, out, r);
+        // The sign back on (unsigned-zero formats have no -0), NaN in, NaN out.
+        let r = if f.uz {
+            let zero = self.b.ins().f32const(0.0);
+            let nz = self.b.ins().fcmp(FloatCC::NotEqual, r, zero);
+            let neg = self.b.ins().fneg(r);
+            let xneg = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+            let flip = self.b.ins().band(nz, xneg);
+            self.b.ins().select(flip, neg, r)
+        } else {
+            self.b.ins().fcopysign(r, x)
+        };
+        // A NaN keeps its sign: the sign-carrying NaN codes take it.
+        let isnan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        self.b.ins().select(isnan, x, r)
+    }
+
+    /// The code (in an i32) of f32 `v`, a value of 8-bit float `d` or a NaN or infinity.
+    fn f8_encode(&mut self, d: DType, v: Value) -> Value {
+        let Some(f) = F8::of(d) else { return self.iconst(types::I32, 0) };
+        let a = self.b.ins().fabs(v);
+        let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), v);
+        let abits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), a);
+        // Normal: rebias the exponent, keep the top mantissa bits.
+        let e = self.b.ins().ushr_imm_u(abits, 23);
+        let e = self.b.ins().iadd_imm_s(e, f.bias - 127);
+        let e = self.b.ins().ishl_imm_u(e, f.man);
+        let mbits = self.b.ins().ushr_imm_u(abits, 23 - f.man);
+        let mbits = self.b.ins().band_imm_u(mbits, (1 << f.man) - 1);
+        let normal = self.b.ins().bor(e, mbits);
+        // Subnormal (or zero): the integer multiple of the smallest step.
+        let step = self.pow2_f32(f.man - 1 + f.bias);
+        let q = self.b.ins().fmul(a, step);
+        let sub = self.b.ins().fcvt_to_uint_sat(types::I32, q);
+        let min_normal = self.pow2_f32(1 - f.bias);
+        let is_sub = self.b.ins().fcmp(FloatCC::LessThan, a, min_normal);
+        let mag = self.b.ins().select(is_sub, sub, normal);
+        let sign = self.b.ins().ushr_imm_u(bits, 24);
+        let sign = self.b.ins().band_imm_u(sign, 0x80);
+        let code = self.b.ins().bor(mag, sign);
+        let code = if f.uz {
+            let zero = self.iconst(types::I32, 0);
+            let z = self.b.ins().icmp_imm_s(IntCC::Equal, mag, 0);
+            self.b.ins().select(z, zero, code)
+        } else {
+            code
+        };
+        let inf = self.b.ins().f32const(Ieee32::with_bits(0x7f80_0000));
+        let is_inf = self.b.ins().fcmp(FloatCC::Equal, a, inf);
+        let is_nan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
+        let (nan_code, inf_code) = if f.uz {
+            (self.iconst(types::I32, 0x80), self.iconst(types::I32, 0x80))
+        } else if f.ieee {
+            let n = self.b.ins().bor_imm_u(sign, 0x7f);
+            let i = self.b.ins().bor_imm_u(sign, 0x7c);
+            (n, i)
+        } else {
+            let n = self.b.ins().bor_imm_u(sign, 0x7f);
+            (n, n)
+        };
+        let code = self.b.ins().select(is_inf, inf_code, code);
+        self.b.ins().select(is_nan, nan_code, code)
+    }
+
+    /// The f32 value of the code (in an i32) of 8-bit float `d`.
+    fn f8_decode(&mut self, d: DType, code: Value) -> Value {
+        let Some(f) = F8::of(d) else { return self.b.ins().f32const(0.0) };
+        let ebits = 7 - f.man;
+        let e = self.b.ins().ushr_imm_u(code, f.man);
+        let e = self.b.ins().band_imm_u(e, (1 << ebits) - 1);
+        let m = self.b.ins().band_imm_u(code, (1 << f.man) - 1);
+        // Normal: rebias the exponent, move the mantissa to the top.
+        let ne = self.b.ins().iadd_imm_s(e, 127 - f.bias);
+        let ne = self.b.ins().ishl_imm_u(ne, 23);
+        let nm = self.b.ins().ishl_imm_u(m, 23 - f.man);
+        let normal = self.b.ins().bor(ne, nm);
+        let normal = self.b.ins().bitcast(types::F32, MemFlagsData::new(), normal);
+        // Subnormal: mantissa · 2^(1 − bias − m).
+        let mf = self.b.ins().fcvt_from_uint(types::F32, m);
+        let step = self.pow2_f32(1 - f.bias - f.man);
+        let sub = self.b.ins().fmul(mf, step);
+        let is_sub = self.b.ins().icmp_imm_s(IntCC::Equal, e, 0);
+        let mag = self.b.ins().select(is_sub, sub, normal);
+        let neg = self.b.ins().band_imm_u(code, 0x80);
+        let negv = self.b.ins().fneg(mag);
+        let v = self.b.ins().select(neg, negv, mag);
+        let nan = self.b.ins().f32const(Ieee32::with_bits(0x7fc0_0000));
+        if f.uz {
+            let is_nan = self.b.ins().icmp_imm_s(IntCC::Equal, code, 0x80);
+            self.b.ins().select(is_nan, nan, v)
+        } else if f.ieee {
+            let top = self.b.ins().icmp_imm_s(IntCC::Equal, e, (1 << ebits) - 1);
+            let m0 = self.b.ins().icmp_imm_s(IntCC::Equal, m, 0);
+            let inf = self.b.ins().f32const(Ieee32::with_bits(0x7f80_0000));
+            let ninf = self.b.ins().fneg(inf);
+            let sinf = self.b.ins().select(neg, ninf, inf);
+            let special = self.b.ins().select(m0, sinf, nan);
+            self.b.ins().select(top, special, v)
+        } else {
+            let low = self.b.ins().band_imm_u(code, 0x7f);
+            let is_nan = self.b.ins().icmp_imm_s(IntCC::Equal, low, 0x7f);
+            self.b.ins().select(is_nan, nan, v)
+        }
+    }
+
     /// f32 bits of `x` rounded to bf16 (nearest even; the low 16 bits zero; a NaN
     /// stays a NaN by setting its quiet bit).
     fn bf16_bits(&mut self, x: Value) -> Value {
@@ -1437,5 +1616,29 @@ impl Em<'_, '_> {
         let h = self.combine(op, bt, a, b);
         let s = self.b.use_var(acc_s);
         Ok(self.combine(op, bt, h, s))
+    }
+}
+
+/// The 8-bit float formats: mantissa bits, exponent bias, largest finite value, and
+/// which special-value scheme they use (see `kiln_ir::lowp`).
+struct F8 {
+    man: i64,
+    bias: i64,
+    max: f32,
+    /// All-ones exponent is ±inf (mantissa 0) or NaN (E5M2).
+    ieee: bool,
+    /// No negative zero; code 0x80 is the only NaN (the FNUZ formats).
+    uz: bool,
+}
+
+impl F8 {
+    fn of(d: DType) -> Option<F8> {
+        Some(match d {
+            DType::F8E4M3FN => F8 { man: 3, bias: 7, max: 448.0, ieee: false, uz: false },
+            DType::F8E4M3FNUZ => F8 { man: 3, bias: 8, max: 240.0, ieee: false, uz: true },
+            DType::F8E5M2 => F8 { man: 2, bias: 15, max: 57344.0, ieee: true, uz: false },
+            DType::F8E5M2FNUZ => F8 { man: 2, bias: 16, max: 57344.0, ieee: false, uz: true },
+            _ => return None,
+        })
     }
 }
