@@ -351,7 +351,6 @@ fn substitute(
 /// divisions weigh more, except integer division by a constant).
 pub fn work(k: &Kernel) -> f64 {
     let rank = k.out_rank();
-    let n = k.nodes.len();
     // Owner reduce of each reduction variable.
     let mut owner: HashMap<u32, usize> = HashMap::new();
     for (i, node) in k.nodes.iter().enumerate() {
@@ -361,33 +360,7 @@ pub fn work(k: &Kernel) -> f64 {
             }
         }
     }
-    let mut free: Vec<Vec<u32>> = Vec::with_capacity(n);
-    for node in &k.nodes {
-        let mut fv: Vec<u32> = Vec::new();
-        let mut add = |e: &ExprId| fv.extend_from_slice(&free[e.index()]);
-        match &node.expr {
-            Expr::Var(v) => fv.push(v.0),
-            Expr::Const(_) => {}
-            Expr::Load { index, .. } => index.iter().for_each(&mut add),
-            Expr::Unary(_, a) | Expr::Cast { value: a, .. } => add(a),
-            Expr::Binary(_, a, c) => {
-                add(a);
-                add(c);
-            }
-            Expr::Select(c, a, e) => {
-                add(c);
-                add(a);
-                add(e);
-            }
-            Expr::Reduce { vars, body, .. } => {
-                add(body);
-                fv.retain(|v| !vars.iter().any(|w| w.0 == *v));
-            }
-        }
-        fv.sort_unstable();
-        fv.dedup();
-        free.push(fv);
-    }
+    let free = k.free_vars();
     // Loop trip product enclosing a node with free variables `fv`.
     fn trips(k: &Kernel, rank: usize, fv: &[u32], owner: &HashMap<u32, usize>, free: &[Vec<u32>], depth: u32) -> f64 {
         let mut t = 1.0;

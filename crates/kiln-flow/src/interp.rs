@@ -51,33 +51,7 @@ pub fn run(kernel: &Kernel, inputs: &[&Tensor]) -> Result<Tensor, InterpError> {
     }
     let n = kernel.nodes.len();
     // Nodes that depend on each reduce's own variables, re-evaluated per iteration.
-    let mut free: Vec<Vec<u32>> = Vec::with_capacity(n);
-    for node in &kernel.nodes {
-        let mut fv: Vec<u32> = Vec::new();
-        let add = |e: &ExprId, fv: &mut Vec<u32>| fv.extend_from_slice(&free[e.index()]);
-        match &node.expr {
-            Expr::Var(v) => fv.push(v.0),
-            Expr::Const(_) => {}
-            Expr::Load { index, .. } => index.iter().for_each(|e| add(e, &mut fv)),
-            Expr::Unary(_, a) | Expr::Cast { value: a, .. } => add(a, &mut fv),
-            Expr::Binary(_, a, b) => {
-                add(a, &mut fv);
-                add(b, &mut fv);
-            }
-            Expr::Select(c, a, b) => {
-                add(c, &mut fv);
-                add(a, &mut fv);
-                add(b, &mut fv);
-            }
-            Expr::Reduce { vars, body, .. } => {
-                add(body, &mut fv);
-                fv.retain(|v| !vars.iter().any(|w| w.0 == *v));
-            }
-        }
-        fv.sort_unstable();
-        fv.dedup();
-        free.push(fv);
-    }
+    let free = kernel.free_vars();
     let mut ev = Eval { k: kernel, data, env: vec![0; kernel.vars.len()], cache: vec![None; n], free };
     let shape = kernel.output.shape.dims().to_vec();
     let numel: usize = shape.iter().product();

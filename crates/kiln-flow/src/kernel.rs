@@ -533,7 +533,46 @@ pub struct Kernel {
     pub root: ExprId,
 }
 
+impl Expr {
+    /// Calls `f` on each operand node, in order.
+    pub fn for_each_operand(&self, mut f: impl FnMut(ExprId)) {
+        match self {
+            Expr::Var(_) | Expr::Const(_) => {}
+            Expr::Load { index, .. } => index.iter().for_each(|&e| f(e)),
+            Expr::Unary(_, a) | Expr::Cast { value: a, .. } | Expr::Reduce { body: a, .. } => f(*a),
+            Expr::Binary(_, a, b) => {
+                f(*a);
+                f(*b);
+            }
+            Expr::Select(c, a, b) => {
+                f(*c);
+                f(*a);
+                f(*b);
+            }
+        }
+    }
+}
+
 impl Kernel {
+    /// The variables each node depends on (sorted, without duplicates): its own `Var`s
+    /// and its operands', less the variables a `Reduce` binds.
+    pub fn free_vars(&self) -> Vec<Vec<u32>> {
+        let mut free: Vec<Vec<u32>> = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            let mut fv: Vec<u32> = Vec::new();
+            node.expr.for_each_operand(|e| fv.extend_from_slice(&free[e.index()]));
+            match &node.expr {
+                Expr::Var(v) => fv.push(v.0),
+                Expr::Reduce { vars, .. } => fv.retain(|v| !vars.iter().any(|w| w.0 == *v)),
+                _ => {}
+            }
+            fv.sort_unstable();
+            fv.dedup();
+            free.push(fv);
+        }
+        free
+    }
+
     /// Drops the nodes the root does not depend on (left behind by simplification and
     /// by rebuilding), keeping the operands-first order.
     fn prune(&mut self) {
@@ -547,25 +586,11 @@ impl Kernel {
             if !live[i] {
                 continue;
             }
-            let mut mark = |e: &ExprId| {
+            self.nodes[i].expr.for_each_operand(|e| {
                 if let Some(l) = live.get_mut(e.index()) {
                     *l = true;
                 }
-            };
-            match &self.nodes[i].expr {
-                Expr::Var(_) | Expr::Const(_) => {}
-                Expr::Load { index, .. } => index.iter().for_each(&mut mark),
-                Expr::Unary(_, a) | Expr::Cast { value: a, .. } | Expr::Reduce { body: a, .. } => mark(a),
-                Expr::Binary(_, a, b) => {
-                    mark(a);
-                    mark(b);
-                }
-                Expr::Select(c, a, b) => {
-                    mark(c);
-                    mark(a);
-                    mark(b);
-                }
-            }
+            });
         }
         if live.iter().all(|&l| l) {
             return;

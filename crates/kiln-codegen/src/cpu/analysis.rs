@@ -149,37 +149,6 @@ pub(crate) fn elem_bytes(d: DType) -> Option<i64> {
     })
 }
 
-fn free_vars(k: &Kernel) -> Vec<Vec<u32>> {
-    let mut free: Vec<Vec<u32>> = Vec::with_capacity(k.nodes.len());
-    for node in &k.nodes {
-        let mut fv: Vec<u32> = Vec::new();
-        let add = |e: &ExprId, fv: &mut Vec<u32>| fv.extend_from_slice(&free[e.index()]);
-        match &node.expr {
-            Expr::Var(v) => fv.push(v.0),
-            Expr::Const(_) => {}
-            Expr::Load { index, .. } => index.iter().for_each(|e| add(e, &mut fv)),
-            Expr::Unary(_, a) | Expr::Cast { value: a, .. } => add(a, &mut fv),
-            Expr::Binary(_, a, b) => {
-                add(a, &mut fv);
-                add(b, &mut fv);
-            }
-            Expr::Select(c, a, b) => {
-                add(c, &mut fv);
-                add(a, &mut fv);
-                add(b, &mut fv);
-            }
-            Expr::Reduce { vars, body, .. } => {
-                add(body, &mut fv);
-                fv.retain(|v| !vars.iter().any(|w| w.0 == *v));
-            }
-        }
-        fv.sort_unstable();
-        fv.dedup();
-        free.push(fv);
-    }
-    free
-}
-
 /// The scope of the innermost of the free variables `fv` (0 for none); they must lie on
 /// one chain of nested loops.
 fn innermost(fv: &[u32], parent: &[u32], depth: &[u32]) -> Result<u32, String> {
@@ -255,7 +224,7 @@ impl Analysis {
     pub(crate) fn new(k: &Kernel) -> Result<Analysis, String> {
         let n = k.nodes.len();
         let rank = k.out_rank();
-        let free = free_vars(k);
+        let free = k.free_vars();
         let mut aff = AffineCx { k, memo: HashMap::new() };
 
         // Needed nodes, and the affine index of every InBounds load.
