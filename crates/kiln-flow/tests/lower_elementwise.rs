@@ -3,35 +3,22 @@
 
 mod common;
 
-use common::{check, compare, floats, rand, Bind, Tol, EXACT, F32};
+use common::{op, int, s, check, compare, floats, rand, Bind, Tol, EXACT, F32};
 use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput, Output};
 use kiln_flow::{BinaryOp, Expr, UnaryOp};
 use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
+use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor, TensorType};
 
 // ---------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------
 
-fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
-    let mut a = Attrs::new();
-    for (n, v) in attrs {
-        a.set(*n, v.clone());
-    }
-    Op::with_attrs(kind, a)
-}
 
-fn int(v: i64) -> Attr {
-    Attr::Int(v)
-}
 
 fn flt(v: f32) -> Attr {
     Attr::Float(v)
 }
 
-fn s(v: &str) -> Attr {
-    Attr::String(v.to_string())
-}
 
 /// A tensor of `d` from values (floats rounded to `d`, integers as i64 bits).
 fn t(d: DType, dims: &[usize], v: &[f64]) -> Tensor {

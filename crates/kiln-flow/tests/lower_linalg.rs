@@ -4,35 +4,19 @@
 
 mod common;
 
-use common::{check, compare, floats, ints, rand, Bind, Tol, EXACT, F32};
+use common::{op, int, ia, s, check, compare, floats, ints, rand, Bind, Tol, EXACT, F32};
 use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 use kiln_flow::{Bounds, Expr};
 use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor};
+use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor};
 
 // ---------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------
 
-fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
-    let mut a = Attrs::new();
-    for (n, v) in attrs {
-        a.set(*n, v.clone());
-    }
-    Op::with_attrs(kind, a)
-}
 
-fn int(v: i64) -> Attr {
-    Attr::Int(v)
-}
 
-fn ia(v: &[i64]) -> Attr {
-    Attr::Ints(v.to_vec())
-}
 
-fn s(v: &str) -> Attr {
-    Attr::String(v.to_string())
-}
 
 fn fl(v: f32) -> Attr {
     Attr::Float(v)

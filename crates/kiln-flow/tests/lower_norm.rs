@@ -6,34 +6,21 @@
 
 mod common;
 
-use common::{check, floats, rand, Bind, Tol, EXACT, F32};
+use common::{op, int, s, check, floats, rand, Bind, Tol, EXACT, F32};
 use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
+use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor, TensorType};
 
 // ---------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------
 
-fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
-    let mut a = Attrs::new();
-    for (n, v) in attrs {
-        a.set(*n, v.clone());
-    }
-    Op::with_attrs(kind, a)
-}
 
-fn int(v: i64) -> Attr {
-    Attr::Int(v)
-}
 
 fn flt(v: f32) -> Attr {
     Attr::Float(v)
 }
 
-fn s(v: &str) -> Attr {
-    Attr::String(v.to_string())
-}
 
 fn strs(v: &[&str]) -> Attr {
     Attr::Strings(v.iter().map(|x| x.to_string()).collect())

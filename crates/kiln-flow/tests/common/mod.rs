@@ -4,7 +4,31 @@
 
 use kiln_flow::lower::{interpret, lower_op, OpCx, OpInput};
 use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{DType, Op, Shape, Tensor};
+use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor};
+
+/// `kind` with the given attributes.
+pub fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
+    let mut a = Attrs::new();
+    for (n, v) in attrs {
+        a.set(*n, v.clone());
+    }
+    Op::with_attrs(kind, a)
+}
+
+/// An integer attribute.
+pub fn int(v: i64) -> Attr {
+    Attr::Int(v)
+}
+
+/// An integer-list attribute.
+pub fn ia(v: &[i64]) -> Attr {
+    Attr::Ints(v.to_vec())
+}
+
+/// A string attribute.
+pub fn s(v: &str) -> Attr {
+    Attr::String(v.to_string())
+}
 
 /// Tolerances of a comparison: `|got - want| <= atol + rtol * |want|`; NaN equals NaN;
 /// integer and bool results must be exact.
