@@ -169,21 +169,9 @@ fn casts_every_pair() {
     assert_eq!(count, 169);
 }
 
-/// Casts to i4/u4 and the storage types narrower than 8 bits are reported as unsupported.
+/// The float types narrower than 8 bits are reported as unsupported.
 #[test]
 fn narrow_types_are_unsupported() {
-    let x = values(DType::F32);
-    let n = x.numel();
-    for to in [DType::I4, DType::U4] {
-        let mut b = KernelBuilder::new("narrow", vec![x.ty().clone()], tt(DType::F32, &[n]));
-        let i = b.out_index();
-        let l = b.load(0, i);
-        let c = b.cast(l, to, true);
-        let r = b.convert(c, ScalarType::F32);
-        let k = b.finish(r).unwrap();
-        let e = kiln_codegen::compile(&[&k], &kiln_codegen::CpuTarget::X86_64V2).unwrap_err();
-        assert!(matches!(e, kiln_codegen::CodegenError::Unsupported { .. }), "{e}");
-    }
     let lowp: Vec<DType> =
         DType::ALL.iter().copied().filter(|d| d.is_low_precision_float() && !F8_TYPES.contains(d)).collect();
     assert!(!lowp.is_empty());
@@ -612,5 +600,34 @@ fn f8_load_cast_store() {
         let l = b.load(0, i);
         let k = b.finish(l).unwrap();
         check(&k, &[&x], EXACT);
+    }
+}
+
+/// The packed 4-bit integers: odd element counts (a byte shared by two elements, one
+/// of them the last), every nibble loaded, and casts from f32 specials, from every
+/// integer type's specials and from i4 itself stored packed, under every workgroup
+/// split the harness tries.
+#[test]
+fn int4_load_cast_store() {
+    for d in [DType::I4, DType::U4] {
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        let n = 511;
+        let x = Tensor::new(tt(d, &[n]), bytes::Bytes::from(bytes)).unwrap();
+        let mut b = KernelBuilder::new("i4_load", vec![x.ty().clone()], tt(DType::I32, &[n]));
+        let i = b.out_index();
+        let l = b.load(0, i);
+        let r = b.convert(l, ScalarType::I32);
+        let k = b.finish(r).unwrap();
+        check(&k, &[&x], EXACT);
+        for from in [DType::F32, DType::F64, DType::I8, DType::I32, DType::I64, DType::U64, DType::I4] {
+            let src = if from == DType::I4 { x.clone() } else { values(from) };
+            let m = src.numel();
+            let mut b = KernelBuilder::new("i4_cast", vec![src.ty().clone()], tt(d, &[m]));
+            let i = b.out_index();
+            let l = b.load(0, i);
+            let c = b.cast(l, d, true);
+            let k = b.finish(c).unwrap();
+            check(&k, &[&src], EXACT);
+        }
     }
 }

@@ -567,6 +567,11 @@ impl Em<'_, '_> {
                 let (c, x, y) = (self.get(*c)?, self.get(*a)?, self.get(*b)?);
                 Ok(self.b.ins().select(c, x, y))
             }
+            Expr::Cast { value, to, .. } if matches!(to, DType::I4 | DType::U4) => {
+                let from = self.ty(*value);
+                let x = self.get(*value)?;
+                Ok(self.clamp_int4(*to, from, x))
+            }
             Expr::Cast { value, to, saturate } if F8::of(*to).is_some() => {
                 let from = self.ty(*value);
                 let x = self.get(*value)?;
@@ -595,7 +600,8 @@ impl Em<'_, '_> {
         if bounds == Bounds::InBounds {
             let a = self.an.access[i as usize].ok_or("InBounds load without an address")?;
             let (base, off) = self.place(a)?;
-            return self.load_elem(d, base, off);
+            let binding = self.bind[input as usize];
+            return self.load_elem(d, base, off, binding);
         }
         let dims = t.shape.dims();
         let st = strides(dims);
@@ -637,8 +643,9 @@ impl Em<'_, '_> {
         }
         let size = super::analysis::elem_bytes(d).ok_or("unsupported input dtype")?;
         let off = self.scale(flat, size);
-        let addr = self.b.ins().iadd(self.bind[input as usize], off);
-        let v = self.load_elem(d, addr, 0)?;
+        let binding = self.bind[input as usize];
+        let addr = self.b.ins().iadd(binding, off);
+        let v = self.load_elem(d, addr, 0, binding)?;
         match (bounds, inside) {
             (Bounds::Pad(p), Some(ok)) => {
                 let pad = self.constant(ty, p);
@@ -648,7 +655,35 @@ impl Em<'_, '_> {
         }
     }
 
-    fn load_elem(&mut self, d: DType, addr: Value, off: i32) -> R<Value> {
+    /// The byte address and the nibble shift (0 or 4) of a packed 4-bit element whose
+    /// element address is `addr + off` = `binding + index`.
+    fn packed_addr(&mut self, addr: Value, off: i32, binding: Value) -> (Value, Value) {
+        let at = self.b.ins().iadd_imm_s(addr, off as i64);
+        let index = self.b.ins().isub(at, binding);
+        let byte = self.b.ins().ushr_imm_u(index, 1);
+        let byte = self.b.ins().iadd(binding, byte);
+        let odd = self.b.ins().band_imm_u(index, 1);
+        let shift = self.b.ins().ishl_imm_u(odd, 2);
+        (byte, shift)
+    }
+
+    /// Loads one element of dtype `d` at `addr + off`; `binding` is the start of its
+    /// buffer (for the packed 4-bit types).
+    fn load_elem(&mut self, d: DType, addr: Value, off: i32, binding: Value) -> R<Value> {
+        if matches!(d, DType::I4 | DType::U4) {
+            let (byte, shift) = self.packed_addr(addr, off, binding);
+            let b = self.b.ins().uload8(types::I64, mem(), byte, 0);
+            let n = self.b.ins().ushr(b, shift);
+            let n = self.b.ins().band_imm_u(n, 0xf);
+            let n = self.b.ins().ireduce(types::I8, n);
+            return Ok(if d == DType::I4 {
+                // Sign-extend the nibble.
+                let up = self.b.ins().ishl_imm_u(n, 4);
+                self.b.ins().sshr_imm_u(up, 4)
+            } else {
+                n
+            });
+        }
         let t = match d {
             DType::F32 => types::F32,
             DType::F64 => types::F64,
@@ -692,6 +727,22 @@ impl Em<'_, '_> {
                 let r = self.bf16_bits(v);
                 let h = self.b.ins().ushr_imm_u(r, 16);
                 self.b.ins().istore16(mem(), h, base, off);
+            }
+            DType::I4 | DType::U4 => {
+                // Read-modify-write of the byte holding the nibble (workgroups run one
+                // after another; a byte split between two is written by each in turn).
+                let out = self.bind[k.inputs.len()];
+                let v = self.clamp_int4(k.output.dtype, S::of_storage(k.output.dtype), v);
+                let (byte, shift) = self.packed_addr(base, off, out);
+                let old = self.b.ins().uload8(types::I64, mem(), byte, 0);
+                let mask = self.iconst(types::I64, 0xf);
+                let mask = self.b.ins().ishl(mask, shift);
+                let keep = self.b.ins().band_not(old, mask);
+                let nib = self.b.ins().uextend(types::I64, v);
+                let nib = self.b.ins().band_imm_u(nib, 0xf);
+                let nib = self.b.ins().ishl(nib, shift);
+                let new = self.b.ins().bor(keep, nib);
+                self.b.ins().istore8(mem(), new, byte, 0);
             }
             d if F8::of(d).is_some() => {
                 // Rounded first (a no-op for a value a cast produced), without saturating.
@@ -1120,6 +1171,44 @@ impl Em<'_, '_> {
                 self.f64_to_f32_odd(d)
             }
         }
+    }
+
+    /// `x` (of type `from`) converted to 4-bit integer dtype `d`, in its compute type
+    /// (i8 or u8): rounded to nearest even and clamped to the dtype's range, NaN to 0,
+    /// as `kiln_ir::lowp::encode` does.
+    fn clamp_int4(&mut self, d: DType, from: S, x: Value) -> Value {
+        let (lo, hi) = if d == DType::I4 { (-8.0f32, 7.0f32) } else { (0.0, 15.0) };
+        let y = if from.is_float() {
+            self.to_f32_once(from, x)
+        } else {
+            // Clamp in the integer domain first: wide integers do not fit f32 exactly.
+            let w = self.ext64(from, x);
+            let l = self.iconst(types::I64, lo as i64);
+            let h = self.iconst(types::I64, hi as i64);
+            let w = if from == S::U64 {
+                // Non-negative: only the upper bound applies (both lower bounds are ≤ 0).
+                self.b.ins().umin(w, h)
+            } else {
+                let m = self.b.ins().smin(w, h);
+                self.b.ins().smax(m, l)
+            };
+            self.b.ins().fcvt_from_sint(types::F32, w)
+        };
+        let l = self.b.ins().f32const(lo);
+        let h = self.b.ins().f32const(hi);
+        let c = self.b.ins().fmax(y, l);
+        let c = self.b.ins().fmin(c, h);
+        // fmin/fmax propagate NaN: NaN gives 0.
+        let zero = self.b.ins().f32const(0.0);
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, y, y);
+        let c = self.b.ins().select(nan, zero, c);
+        // Ties to even: adding and subtracting 1.5 · 2^23 rounds a value this small (of
+        // either sign: the sum stays in [2^23, 2^24), where the f32 step is 1).
+        let magic = self.b.ins().f32const(12_582_912.0);
+        let r = self.b.ins().fadd(c, magic);
+        let r = self.b.ins().fsub(r, magic);
+        let i = self.b.ins().fcvt_to_sint_sat(types::I32, r);
+        self.b.ins().ireduce(types::I8, i)
     }
 
     /// `2^k` as an f32 constant (normal range).

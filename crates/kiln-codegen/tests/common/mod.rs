@@ -147,6 +147,15 @@ pub fn compare(got: &Tensor, want: &Tensor, cmp: Cmp) -> Result<(), String> {
     if got.ty() != want.ty() {
         return Err(format!("type {} vs {}", got.ty(), want.ty()));
     }
+    if got.dtype().is_packed() {
+        // Two elements a byte: compare bytes, name the elements.
+        for (i, (g, w)) in got.bytes().iter().zip(want.bytes().iter()).enumerate() {
+            if g != w {
+                return Err(format!("elements {}..={}: got byte {g:#04x}, want {w:#04x}", 2 * i, 2 * i + 1));
+            }
+        }
+        return Ok(());
+    }
     let n = got.numel();
     let size = got.dtype().storage_bytes(1);
     for i in 0..n {
