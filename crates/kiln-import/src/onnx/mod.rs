@@ -8,6 +8,7 @@
 //!   inlining and constant folding), outputs.
 
 mod canon;
+mod expand;
 mod tensor;
 
 /// Types generated from `proto/onnx.proto`.
@@ -128,7 +129,9 @@ fn check_supported(graph: &GraphProto, opsets: &HashMap<String, i64>) -> Result<
             let domain = n.domain.clone().unwrap_or_default();
             let domain = if domain == "ai.onnx" { String::new() } else { domain };
             let known = domain.is_empty()
-                && (IMPORT_ONLY_OPS.contains(&op.as_str()) || op.parse::<OpKind>().is_ok());
+                && (IMPORT_ONLY_OPS.contains(&op.as_str())
+                    || expand::is_expanded(&op)
+                    || op.parse::<OpKind>().is_ok());
             if !known {
                 if let Some(u) = found.iter_mut().find(|u| u.op_type == op && u.domain == domain) {
                     u.count += 1;
@@ -580,6 +583,7 @@ impl Importer {
                 Ok(())
             }
             "If" => self.inline_if(&inputs, &outputs, &subgraphs, &at),
+            t if expand::is_expanded(t) => expand::expand(self, t, &attrs, &inputs, &outputs, &at),
             _ => {
                 if let Some(k) = subgraphs.keys().next() {
                     return Err(at.err(format!("graph attribute `{k}` is not supported on this op")));
