@@ -9,6 +9,14 @@
 //! - `SoftmaxCrossEntropyLoss(scores, labels, weights?)`: the above on
 //!   `LogSoftmax(scores, axis = 1)`, whose value is the optional second output.
 //!
+//! - `HannWindow`, `HammingWindow`, `BlackmanWindow(size)`: constants, computed here
+//!   from the (constant) size in f64 and rounded once to `output_datatype`:
+//!   `a0 − a1·cos(2πn/N) + a2·cos(4πn/N)` with N = size (periodic) or size − 1.
+//!
+//! - `CenterCropPad(input, shape)`: a Slice of the centre of every axis longer than the
+//!   (constant) target size, then a zero Pad of every shorter one, split in two with
+//!   the smaller half first.
+//!
 //! A target equal to `ignore_index` reads class 0 (any valid index would do) and gets
 //! weight 0, as the ONNX function bodies do.
 
@@ -18,7 +26,11 @@ use kiln_ir::{Attr, Attrs, OpKind, Shape, Tensor, ValueId};
 
 /// Whether `op_type` is expanded here.
 pub(crate) fn is_expanded(op_type: &str) -> bool {
-    matches!(op_type, "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss")
+    matches!(
+        op_type,
+        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" | "HannWindow" | "HammingWindow" | "BlackmanWindow"
+            | "CenterCropPad"
+    )
 }
 
 /// Imports one node of an expanded op; binds its outputs.
@@ -31,6 +43,18 @@ pub(crate) fn expand(
     at: &At,
 ) -> Result<(), ImportError> {
     let operand = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} is missing")));
+    if op_type.ends_with("Window") || op_type == "CenterCropPad" {
+        let v = if op_type == "CenterCropPad" {
+            center_crop_pad(imp, attrs, operand(0, "input")?, operand(1, "shape")?, at)?
+        } else {
+            window(imp, op_type, attrs, operand(0, "size")?, at)?
+        };
+        let name = outputs.first().cloned().unwrap_or_default();
+        if !name.is_empty() {
+            imp.bind(&name, v);
+        }
+        return Ok(());
+    }
     let x = operand(0, "operand 0")?;
     let target = operand(1, "operand 1")?;
     let weight = inputs.get(2).copied().flatten();
@@ -72,7 +96,7 @@ fn scalar(imp: &mut Importer, like: ValueId, x: f64, at: &At) -> Result<ValueId,
     Ok(imp.add_const("", t))
 }
 
-fn axes(imp: &mut Importer, a: &[i64], at: &At) -> Result<ValueId, ImportError> {
+fn axes_const(imp: &mut Importer, a: &[i64], at: &At) -> Result<ValueId, ImportError> {
     let t = Tensor::from_vec(Shape::new([a.len()]).map_err(|e| at.err(e.to_string()))?, a.to_vec())
         .map_err(|e| at.err(e.to_string()))?;
     Ok(imp.add_const("", t))
@@ -101,10 +125,10 @@ fn nll(
         }
         None => (target, None),
     };
-    let one_axis = axes(imp, &[1], at)?;
+    let one_axis = axes_const(imp, &[1], at)?;
     let idx = emit1(imp, OpKind::Unsqueeze, none(), vec![Some(index), Some(one_axis)], "", at)?;
     let picked = emit1(imp, OpKind::GatherElements, none().with("axis", Attr::Int(1)), vec![Some(x), Some(idx)], "", at)?;
-    let one_axis = axes(imp, &[1], at)?;
+    let one_axis = axes_const(imp, &[1], at)?;
     let picked = emit1(imp, OpKind::Squeeze, none(), vec![Some(picked), Some(one_axis)], "", at)?;
     // The weight of each element: weight[target], 0 where ignored.
     let w = match weight {
@@ -139,4 +163,89 @@ fn nll(
         }
         (_, None) => emit1(imp, OpKind::ReduceMean, all, vec![Some(loss)], name, at)?,
     })
+}
+
+/// A window function's values as a constant.
+fn window(imp: &mut Importer, op_type: &str, attrs: &Attrs, size: ValueId, at: &At) -> Result<ValueId, ImportError> {
+    let Some(t) = imp.g.constant(size) else {
+        return Err(at.err(format!(
+            "size (operand 0) must be a constant: `{}` depends on run-time data (bind it with --input-value)",
+            imp.g.values[size].name
+        )));
+    };
+    let n = match t.to_i64_vec().map_err(|e| at.err(e.to_string()))?.as_slice() {
+        [n] if (0..=1 << 24).contains(n) => *n as usize,
+        other => return Err(at.err(format!("size {other:?}: expected one count of at most 2^24"))),
+    };
+    let int = |name: &str, default: i64| match attrs.get(name) {
+        Some(Attr::Int(v)) => *v,
+        _ => default,
+    };
+    let dtype = kiln_ir::DType::from_onnx_code(int("output_datatype", 1))
+        .ok_or_else(|| at.err(format!("output_datatype {} is not a known type", int("output_datatype", 1))))?;
+    let (a0, a1, a2) = match op_type {
+        "HannWindow" => (0.5, 0.5, 0.0),
+        "HammingWindow" => (25.0 / 46.0, 21.0 / 46.0, 0.0),
+        _ => (0.42, 0.5, 0.08),
+    };
+    let period = if int("periodic", 1) != 0 { n as f64 } else { n.saturating_sub(1) as f64 };
+    let tau = 2.0 * std::f64::consts::PI;
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            let x = i as f64 / period;
+            a0 - a1 * (tau * x).cos() + a2 * (2.0 * tau * x).cos()
+        })
+        .collect();
+    let t = Tensor::from_f64(dtype, Shape::new([n]).map_err(|e| at.err(e.to_string()))?, &v).map_err(|e| at.err(e.to_string()))?;
+    Ok(imp.add_const("", t))
+}
+
+/// `CenterCropPad` as Slice and Pad (see the module docs).
+fn center_crop_pad(imp: &mut Importer, attrs: &Attrs, x: ValueId, shape: ValueId, at: &At) -> Result<ValueId, ImportError> {
+    let Some(t) = imp.g.constant(shape) else {
+        return Err(at.err(format!(
+            "shape (operand 1) must be a constant: `{}` depends on run-time data (bind it with --input-value)",
+            imp.g.values[shape].name
+        )));
+    };
+    let sizes = t.to_i64_vec().map_err(|e| at.err(e.to_string()))?;
+    let dims: Vec<i64> = imp.g.ty(x).shape.dims().iter().map(|&d| d as i64).collect();
+    let rank = dims.len() as i64;
+    let axes: Vec<i64> = match attrs.get("axes") {
+        Some(Attr::Ints(a)) => a.clone(),
+        None => (0..rank).collect(),
+        Some(other) => return Err(at.err(format!("axes {other:?}: expected integers"))),
+    };
+    if axes.len() != sizes.len() {
+        return Err(at.err(format!("{} axes but {} sizes", axes.len(), sizes.len())));
+    }
+    let (mut starts, mut ends, mut slice_axes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut pads = vec![0i64; 2 * dims.len()];
+    for (&a, &s) in axes.iter().zip(&sizes) {
+        let a = if a < 0 { a + rank } else { a };
+        if !(0..rank).contains(&a) || s < 0 {
+            return Err(at.err(format!("axis {a} / size {s} out of range for rank {rank}")));
+        }
+        let d = dims[a as usize];
+        if d > s {
+            let start = (d - s) / 2;
+            starts.push(start);
+            ends.push(start + s);
+            slice_axes.push(a);
+        } else if d < s {
+            let before = (s - d) / 2;
+            pads[a as usize] = before;
+            pads[a as usize + dims.len()] = s - d - before;
+        }
+    }
+    let mut v = x;
+    if !slice_axes.is_empty() {
+        let (st, en, ax) = (axes_const(imp, &starts, at)?, axes_const(imp, &ends, at)?, axes_const(imp, &slice_axes, at)?);
+        v = emit1(imp, OpKind::Slice, Attrs::default(), vec![Some(v), Some(st), Some(en), Some(ax)], "", at)?;
+    }
+    if pads.iter().any(|&p| p != 0) {
+        let p = axes_const(imp, &pads, at)?;
+        v = emit1(imp, OpKind::Pad, Attrs::default(), vec![Some(v), Some(p)], "", at)?;
+    }
+    Ok(v)
 }
