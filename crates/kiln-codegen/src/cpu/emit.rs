@@ -729,15 +729,17 @@ impl Em<'_, '_> {
                 self.b.ins().istore16(mem(), h, base, off);
             }
             DType::I4 | DType::U4 => {
-                // Read-modify-write of the byte holding the nibble (workgroups run one
-                // after another; a byte split between two is written by each in turn).
+                // Elements are stored in ascending order (workgroups run one after
+                // another, each over ascending indices): an even element writes its
+                // byte with a zero high nibble (the padding of an odd count stays 0),
+                // the odd element after it keeps the low nibble and sets the high one.
                 let out = self.bind[k.inputs.len()];
                 let v = self.clamp_int4(k.output.dtype, S::of_storage(k.output.dtype), v);
                 let (byte, shift) = self.packed_addr(base, off, out);
                 let old = self.b.ins().uload8(types::I64, mem(), byte, 0);
-                let mask = self.iconst(types::I64, 0xf);
-                let mask = self.b.ins().ishl(mask, shift);
-                let keep = self.b.ins().band_not(old, mask);
+                let low = self.b.ins().band_imm_u(old, 0xf);
+                let zero = self.iconst(types::I64, 0);
+                let keep = self.b.ins().select(shift, low, zero);
                 let nib = self.b.ins().uextend(types::I64, v);
                 let nib = self.b.ins().band_imm_u(nib, 0xf);
                 let nib = self.b.ins().ishl(nib, shift);

@@ -69,14 +69,15 @@ impl Guarded {
 }
 
 /// Compiles `k` with `cfg`, runs it on `inputs` (all workgroups, in `splits` calls),
-/// and returns the output.
+/// and returns the output. The output starts as 0xA5 bytes, so a byte the kernel does
+/// not write (a missed element, the padding nibble of a packed type) shows.
 pub fn run_compiled(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64) -> Tensor {
     let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap_or_else(|e| panic!("compile {}: {e}", k.name));
     let exe = &m.executable;
     let code = LoadedCode::load(&exe.code, &exe.relocs).unwrap_or_else(|e| panic!("load: {e}"));
     let entry = code.entry(exe.entries[0].1).expect("entry");
     let mut ins: Vec<Guarded> = inputs.iter().map(|t| Guarded::new(t.bytes())).collect();
-    let mut out = Guarded::new(&vec![0u8; k.output.storage_bytes()]);
+    let mut out = Guarded::new(&vec![0xA5u8; k.output.storage_bytes()]);
     let mut bindings: Vec<*mut u8> = ins.iter_mut().map(|g| g.ptr()).collect();
     bindings.push(out.ptr());
     let wg = m.workgroups[0];
