@@ -17,6 +17,10 @@
 //!   (constant) target size, then a zero Pad of every shorter one, split in two with
 //!   the smaller half first.
 //!
+//! - `AffineGrid(theta [N, r, r+1], size)`: the constant grid of normalised output
+//!   coordinates `[(x, y[, z]), 1]` (per `align_corners`) times θᵀ: a MatMul with a
+//!   Transpose, reshaped to `[N, (D,) H, W, r]`.
+//!
 //! A target equal to `ignore_index` reads class 0 (any valid index would do) and gets
 //! weight 0, as the ONNX function bodies do.
 
@@ -30,6 +34,7 @@ pub(crate) fn is_expanded(op_type: &str) -> bool {
         op_type,
         "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" | "HannWindow" | "HammingWindow" | "BlackmanWindow"
             | "CenterCropPad"
+            | "AffineGrid"
     )
 }
 
@@ -43,8 +48,10 @@ pub(crate) fn expand(
     at: &At,
 ) -> Result<(), ImportError> {
     let operand = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} is missing")));
-    if op_type.ends_with("Window") || op_type == "CenterCropPad" {
-        let v = if op_type == "CenterCropPad" {
+    if op_type.ends_with("Window") || op_type == "CenterCropPad" || op_type == "AffineGrid" {
+        let v = if op_type == "AffineGrid" {
+            affine_grid(imp, attrs, operand(0, "theta")?, operand(1, "size")?, at)?
+        } else if op_type == "CenterCropPad" {
             center_crop_pad(imp, attrs, operand(0, "input")?, operand(1, "shape")?, at)?
         } else {
             window(imp, op_type, attrs, operand(0, "size")?, at)?
@@ -248,4 +255,60 @@ fn center_crop_pad(imp: &mut Importer, attrs: &Attrs, x: ValueId, shape: ValueId
         v = emit1(imp, OpKind::Pad, Attrs::default(), vec![Some(v), Some(p)], "", at)?;
     }
     Ok(v)
+}
+
+/// `AffineGrid` as a constant base grid times θᵀ (see the module docs).
+fn affine_grid(imp: &mut Importer, attrs: &Attrs, theta: ValueId, size: ValueId, at: &At) -> Result<ValueId, ImportError> {
+    let Some(t) = imp.g.constant(size) else {
+        return Err(at.err(format!(
+            "size (operand 1) must be a constant: `{}` depends on run-time data (bind it with --input-value)",
+            imp.g.values[size].name
+        )));
+    };
+    let size = t.to_i64_vec().map_err(|e| at.err(e.to_string()))?;
+    let r = match size.len() {
+        4 => 2,
+        5 => 3,
+        n => return Err(at.err(format!("size has {n} elements; expected 4 (2-D) or 5 (3-D)"))),
+    };
+    let spatial: Vec<usize> = size[2..].iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
+    let n = usize::try_from(size[0]).map_err(|_| at.err("negative batch size"))?;
+    let count: usize = spatial.iter().product();
+    if count == 0 || count > 1 << 24 || spatial.len() != r {
+        return Err(at.err(format!("size {size:?}: expected positive extents of at most 2^24 points")));
+    }
+    let align = matches!(attrs.get("align_corners"), Some(Attr::Int(v)) if *v != 0);
+    let coord = |i: usize, len: usize| -> f64 {
+        if align {
+            if len > 1 { -1.0 + 2.0 * i as f64 / (len - 1) as f64 } else { 0.0 }
+        } else {
+            (2.0 * i as f64 + 1.0) / len as f64 - 1.0
+        }
+    };
+    // Rows in output order; columns x (last axis), y, (z), 1.
+    let mut base = Vec::with_capacity(count * (r + 1));
+    for flat in 0..count {
+        let mut rem = flat;
+        let mut idx = vec![0usize; r];
+        for d in (0..r).rev() {
+            idx[d] = rem % spatial[d];
+            rem /= spatial[d];
+        }
+        for d in (0..r).rev() {
+            base.push(coord(idx[d], spatial[d]));
+        }
+        base.push(1.0);
+    }
+    let dtype = imp.g.ty(theta).dtype;
+    let bt = Tensor::from_f64(dtype, Shape::new([1, count, r + 1]).map_err(|e| at.err(e.to_string()))?, &base)
+        .map_err(|e| at.err(e.to_string()))?;
+    let base = imp.add_const("", bt);
+    let perm = Attrs::default().with("perm", Attr::Ints(vec![0, 2, 1]));
+    let tt = emit1(imp, OpKind::Transpose, perm, vec![Some(theta)], "", at)?;
+    let g = emit1(imp, OpKind::MatMul, Attrs::default(), vec![Some(base), Some(tt)], "", at)?;
+    let mut dims = vec![n as i64];
+    dims.extend(spatial.iter().map(|&d| d as i64));
+    dims.push(r as i64);
+    let shape = axes_const(imp, &dims, at)?;
+    emit1(imp, OpKind::Reshape, Attrs::default(), vec![Some(g), Some(shape)], "", at)
 }
