@@ -28,6 +28,10 @@ use super::{At, Importer};
 use crate::ImportError;
 use kiln_ir::{Attr, Attrs, OpKind, Shape, Tensor, ValueId};
 
+/// The most elements an expansion computes as a constant (a hostile size must not make
+/// import allocate without bound).
+const MAX_CONST_ELEMENTS: usize = 1 << 22;
+
 /// Whether `op_type` is expanded here.
 pub(crate) fn is_expanded(op_type: &str) -> bool {
     matches!(
@@ -181,8 +185,8 @@ fn window(imp: &mut Importer, op_type: &str, attrs: &Attrs, size: ValueId, at: &
         )));
     };
     let n = match t.to_i64_vec().map_err(|e| at.err(e.to_string()))?.as_slice() {
-        [n] if (0..=1 << 24).contains(n) => *n as usize,
-        other => return Err(at.err(format!("size {other:?}: expected one count of at most 2^24"))),
+        [n] if (0..=MAX_CONST_ELEMENTS as i64).contains(n) => *n as usize,
+        other => return Err(at.err(format!("size {other:?}: expected one count of at most {MAX_CONST_ELEMENTS}"))),
     };
     let int = |name: &str, default: i64| match attrs.get(name) {
         Some(Attr::Int(v)) => *v,
@@ -273,9 +277,9 @@ fn affine_grid(imp: &mut Importer, attrs: &Attrs, theta: ValueId, size: ValueId,
     };
     let spatial: Vec<usize> = size[2..].iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
     let n = usize::try_from(size[0]).map_err(|_| at.err("negative batch size"))?;
-    let count: usize = spatial.iter().product();
-    if count == 0 || count > 1 << 24 || spatial.len() != r {
-        return Err(at.err(format!("size {size:?}: expected positive extents of at most 2^24 points")));
+    let count = spatial.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
+    if count == 0 || count > MAX_CONST_ELEMENTS / (r + 1) || spatial.len() != r {
+        return Err(at.err(format!("size {size:?}: expected positive extents of at most {} points", MAX_CONST_ELEMENTS / (r + 1))));
     }
     let align = matches!(attrs.get("align_corners"), Some(Attr::Int(v)) if *v != 0);
     let coord = |i: usize, len: usize| -> f64 {
