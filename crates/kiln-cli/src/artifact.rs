@@ -33,6 +33,9 @@ struct Args {
     dispatch_graph: bool,
     list_passes: bool,
     timings: bool,
+    threads: Option<usize>,
+    warmup: Option<usize>,
+    iterations: Option<usize>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -73,6 +76,15 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--dispatch-graph" => a.dispatch_graph = true,
             "--list-passes" => a.list_passes = true,
             "--timings" => a.timings = true,
+            "--threads" | "--warmup" | "--iterations" => {
+                let v = value(flag)?;
+                let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
+                match flag {
+                    "--threads" => a.threads = Some(n),
+                    "--warmup" => a.warmup = Some(n),
+                    _ => a.iterations = Some(n.max(1)),
+                }
+            }
             f if f.starts_with('-') => return Err(format!("unknown option `{f}` (kiln --help lists them)")),
             _ if a.model.is_none() => a.model = Some(PathBuf::from(arg)),
             _ => return Err(format!("unexpected argument `{arg}`")),
@@ -230,29 +242,7 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
         kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;
     let t_load = t0.elapsed();
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    for (n, _) in &a.inputs {
-        if !sig.inputs.iter().any(|t| t.name == *n) {
-            let names: Vec<String> = sig.inputs.iter().map(|t| format!("`{}`", t.name)).collect();
-            return Err(format!("--input `{n}`: the model has no such input; its inputs are: {}", names.join(", ")));
-        }
-    }
-    let mut rng = SplitMix(a.seed);
-    let mut feeds: Vec<Tensor> = Vec::new();
-    for t in sig.inputs.iter() {
-        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("input `{}`: {e}", t.name))?;
-        let tensor = match a.inputs.iter().find(|(n, _)| *n == t.name) {
-            Some((_, file)) => {
-                let b = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
-                let x = npy::read(&b).map_err(|e| format!("{}: {e}", file.display()))?;
-                if x.ty() != &ty {
-                    return Err(format!("input `{}`: {} holds {}, the model expects {}", t.name, file.display(), x.ty(), ty));
-                }
-                x
-            }
-            None => random_tensor(ty.dtype, ty.shape.clone(), &mut rng)?,
-        };
-        feeds.push(tensor);
-    }
+    let feeds = feeds(&a, &sig.inputs)?;
     let mut instance = kiln_runtime::Instance::new(&module).map_err(|e| format!("{label}: {e}"))?;
     let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
@@ -277,6 +267,108 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     }
     eprintln!("{label}: loaded in {:.2} ms, ran in {:.3} ms", t_load.as_secs_f64() * 1e3, t_run.as_secs_f64() * 1e3);
     Ok(())
+}
+
+/// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]`:
+/// times `invoke` alone (inputs prepared, outputs allocated once) and prints the median,
+/// p99, standard deviation and p99/median of the per-call wall times.
+pub fn bench_cmd(args: &[String]) -> Result<(), String> {
+    let a = parse(args)?;
+    let threads = a.threads.unwrap_or(1);
+    if threads != 1 {
+        return Err(format!(
+            "--threads {threads}: this runtime's driver runs one thread (local-sync); the multithreaded driver is not built yet"
+        ));
+    }
+    let (bytes, weights, label) = artifact_and_weights(&a)?;
+    let module =
+        kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;
+    let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
+    let feeds = feeds(&a, &sig.inputs)?;
+    let mut instance = kiln_runtime::Instance::new(&module).map_err(|e| format!("{label}: {e}"))?;
+    let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+    let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
+    for _ in 0..warmup {
+        instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+    }
+    let mut ms: Vec<f64> = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let st = Stats::of(&mut ms);
+    if a.json {
+        write_stdout(&format!(
+            "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}}}\n",
+            json_str(&label),
+            st.median,
+            st.p99,
+            st.stddev,
+            st.min
+        ))
+    } else {
+        write_stdout(&format!(
+            "{label}: {iterations} iterations after {warmup} warm-up, {threads} thread: median {:.4} ms, p99 {:.4} ms, stddev {:.4} ms, min {:.4} ms, p99/median {:.2}\n",
+            st.median,
+            st.p99,
+            st.stddev,
+            st.min,
+            st.p99 / st.median
+        ))
+    }
+}
+
+/// Summary statistics of timings.
+struct Stats {
+    median: f64,
+    p99: f64,
+    stddev: f64,
+    min: f64,
+}
+
+impl Stats {
+    /// Sorts `v` (non-empty) and summarises it; p99 is the nearest-rank percentile.
+    fn of(v: &mut [f64]) -> Stats {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        let rank = ((0.99 * n as f64).ceil() as usize).clamp(1, n);
+        let mean = v.iter().sum::<f64>() / n as f64;
+        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
+        Stats { median, p99: v[rank - 1], stddev: var.sqrt(), min: v[0] }
+    }
+}
+
+/// The inputs of a run: `--input NAME=FILE.npy` where given (checked against the
+/// signature), seeded random data (`--seed`) elsewhere.
+fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) -> Result<Vec<Tensor>, String> {
+    for (n, _) in &a.inputs {
+        if !inputs.iter().any(|t| t.name == *n) {
+            let names: Vec<String> = inputs.iter().map(|t| format!("`{}`", t.name)).collect();
+            return Err(format!("--input `{n}`: the model has no such input; its inputs are: {}", names.join(", ")));
+        }
+    }
+    let mut rng = SplitMix(a.seed);
+    let mut feeds: Vec<Tensor> = Vec::new();
+    for t in inputs.iter() {
+        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("input `{}`: {e}", t.name))?;
+        let tensor = match a.inputs.iter().find(|(n, _)| *n == t.name) {
+            Some((_, file)) => {
+                let b = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
+                let x = npy::read(&b).map_err(|e| format!("{}: {e}", file.display()))?;
+                if x.ty() != &ty {
+                    return Err(format!("input `{}`: {} holds {}, the model expects {}", t.name, file.display(), x.ty(), ty));
+                }
+                x
+            }
+            None => random_tensor(ty.dtype, ty.shape.clone(), &mut rng)?,
+        };
+        feeds.push(tensor);
+    }
+    Ok(feeds)
 }
 
 fn tensor_type(code: u32, dims: &[u64]) -> Result<TensorType, String> {

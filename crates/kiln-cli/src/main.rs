@@ -27,6 +27,7 @@ usage:
                   [--to tensor|flow|stream|hal] [--dump-after PASS]... [--list-passes] [--timings]
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
   kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
+  kiln bench ARTIFACT|MODEL [--threads 1] [--warmup W] [--iterations I] [--json] [--input NAME=FILE.npy]...
   kiln list-passes
   kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
 
@@ -130,6 +131,7 @@ fn run(args: &[String]) -> Result<(), String> {
         "compile" => artifact::compile_cmd(&args[1..]),
         "run" => artifact::run_cmd(&args[1..]),
         "inspect" => artifact::inspect_cmd(&args[1..]),
+        "bench" => artifact::bench_cmd(&args[1..]),
         "conformance" => conformance_cmd(&args[1..]),
         "conformance-case" => conformance_case_cmd(&args[1..]),
         "-h" | "--help" | "help" => {
