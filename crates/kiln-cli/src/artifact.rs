@@ -82,7 +82,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
                 match flag {
                     "--threads" => a.threads = Some(n),
                     "--warmup" => a.warmup = Some(n),
-                    _ => a.iterations = Some(n.max(1)),
+                    _ if n == 0 => return Err("--iterations 0: at least one timed iteration is needed".into()),
+                    _ => a.iterations = Some(n),
                 }
             }
             f if f.starts_with('-') => return Err(format!("unknown option `{f}` (kiln --help lists them)")),

@@ -1,0 +1,191 @@
+//! The artifact commands as a user drives them: `kiln compile` → `kiln run` through files
+//! on disk, `kiln inspect --json`, `kiln bench --json`, and the errors a user meets on the
+//! way (weights missing or replaced, a wrong input shape, an unsupported thread count).
+//!
+//! Expected outputs come from `kiln eval`, the plain reference evaluator (itself checked
+//! against ONNX Runtime in `models.rs`), never from the compiled path under test.
+
+use kiln_ir::npy;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const LENET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/lenet.onnx");
+
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn kiln(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(args: &[&str]) -> String {
+    let (ok, out, err) = kiln(args);
+    assert!(ok, "kiln {args:?} failed: {err}");
+    out
+}
+
+/// Non-zero exit, one `error:` line on stderr that contains every needle, no panic.
+fn fails_with(args: &[&str], needles: &[&str]) {
+    let (ok, _, err) = kiln(args);
+    assert!(!ok, "kiln {args:?} should fail");
+    assert!(!err.contains("panicked"), "kiln {args:?} panicked: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "kiln {args:?}: expected one line on stderr, got: {err}");
+    assert!(lines[0].starts_with("error: "), "kiln {args:?}: {err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "kiln {args:?}: `{n}` not in: {}", lines[0]);
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+fn read_f32(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    npy::read(&bytes).expect("npy").to_vec::<f32>().expect("f32 output")
+}
+
+/// Element-wise |a − b| ≤ 1e-4·|b| + 1e-5·max|b| (the models test's f32 tolerance).
+fn assert_close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * w.abs() + 1e-5 * scale, "element {i}: compiled {g}, reference {w}");
+    }
+}
+
+#[test]
+fn compile_then_run_matches_the_reference_evaluator() {
+    let dir = scratch("roundtrip");
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    // The same input for both, written once and fed by file.
+    let input = dir.join("input.npy");
+    let t = kiln_ir::Tensor::from_f64(
+        kiln_ir::DType::F32,
+        kiln_ir::Shape::new(&[1, 1, 28, 28]).unwrap(),
+        &(0..784).map(|i| ((i * 37 % 101) as f64 - 50.0) / 25.0).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    std::fs::write(&input, npy::write(&t).unwrap()).unwrap();
+    let want = dir.join("want");
+    let got = dir.join("got");
+    ok(&["eval", LENET, "--input", &format!("input={}", s(&input)), "--output-dir", s(&want)]);
+    let out = ok(&["run", s(&art), "--input", &format!("input={}", s(&input)), "--output-dir", s(&got)]);
+    assert!(out.contains("output: f32[1,10]"), "summary line missing: {out}");
+    assert_close(&read_f32(&got.join("output.npy")), &read_f32(&want.join("output.npy")));
+}
+
+#[test]
+fn external_weights_and_strip() {
+    let dir = scratch("weights");
+    let full = dir.join("full.kiln");
+    let art = dir.join("lenet.kiln");
+    let w = dir.join("lenet.weights");
+    ok(&["compile", LENET, "-o", s(&full)]);
+    ok(&["compile", LENET, "-o", s(&art), "--external-weights", s(&w), "--strip"]);
+    let (full_len, art_len, w_len) = (
+        std::fs::metadata(&full).unwrap().len(),
+        std::fs::metadata(&art).unwrap().len(),
+        std::fs::metadata(&w).unwrap().len(),
+    );
+    // lenet's weights are ~247 KB; the stripped artifact without them is a few KB.
+    assert!(w_len > 200_000, "weights file is {w_len} bytes");
+    assert!(art_len < 10_000, "stripped artifact is {art_len} bytes");
+    assert!(full_len > w_len, "embedded artifact {full_len} ≤ weights {w_len}");
+    let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
+    let kinds: Vec<&str> =
+        json["sections"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"external-weights"), "sections: {kinds:?}");
+    assert!(!kinds.contains(&"debug"), "--strip kept the debug section: {kinds:?}");
+    assert!(!kinds.contains(&"constants"), "weights were embedded: {kinds:?}");
+
+    // Same outputs with embedded and external weights.
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    ok(&["run", s(&full), "--seed", "3", "--output-dir", s(&a)]);
+    ok(&["run", s(&art), "--weights", s(&w), "--seed", "3", "--output-dir", s(&b)]);
+    assert_eq!(read_f32(&a.join("output.npy")), read_f32(&b.join("output.npy")));
+
+    // A weights file of the right size but other contents is refused by its hash.
+    let mut bytes = std::fs::read(&w).unwrap();
+    bytes[1000] ^= 0x40;
+    let other = dir.join("other.weights");
+    std::fs::write(&other, &bytes).unwrap();
+    fails_with(&["run", s(&art), "--weights", s(&other)], &["weights"]);
+    // Truncated, and missing.
+    std::fs::write(&other, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(&["run", s(&art), "--weights", s(&other)], &["weights"]);
+    fails_with(&["run", s(&art), "--weights", s(&dir.join("nowhere.weights"))], &["nowhere.weights"]);
+}
+
+#[test]
+fn inspect_json_describes_plan_and_memory() {
+    let dir = scratch("inspect");
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
+    assert_eq!(json["bytes"].as_u64(), Some(std::fs::metadata(&art).unwrap().len()));
+    let sections: u64 = json["sections"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+    assert!(sections < json["bytes"].as_u64().unwrap(), "sections {sections} exceed the file");
+    assert!(json["cpu_features"].as_array().is_some_and(|f| !f.is_empty()));
+    let entry = &json["entries"][0];
+    assert_eq!(entry["name"], "main");
+    assert_eq!(entry["inputs"][0]["name"], "input");
+    assert_eq!(entry["inputs"][0]["dims"], serde_json::json!([1, 1, 28, 28]));
+    assert_eq!(entry["outputs"][0]["dims"], serde_json::json!([1, 10]));
+    assert!(entry["arena_bytes"].as_u64().unwrap() > 0);
+    let dot = ok(&["inspect", s(&art), "--dispatch-graph"]);
+    assert!(dot.trim_start().starts_with("digraph"), "not DOT: {dot}");
+}
+
+#[test]
+fn bench_json_and_refusals() {
+    let dir = scratch("bench");
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    let out = ok(&["bench", s(&art), "--warmup", "2", "--iterations", "20", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
+    for key in ["median_ms", "p99_ms", "stddev_ms"] {
+        assert!(json[key].as_f64().is_some_and(|v| v >= 0.0 && v.is_finite()), "{key}: {json}");
+    }
+    assert!(json["median_ms"].as_f64().unwrap() > 0.0);
+    assert!(json["p99_ms"].as_f64().unwrap() >= json["median_ms"].as_f64().unwrap());
+    assert_eq!(json["iterations"].as_u64(), Some(20));
+    assert_eq!(json["threads"].as_u64(), Some(1));
+    fails_with(&["bench", s(&art), "--iterations", "0"], &["--iterations"]);
+}
+
+#[test]
+fn wrong_inputs_are_refused_with_names() {
+    let dir = scratch("inputs");
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    let bad = dir.join("bad.npy");
+    let t = kiln_ir::Tensor::from_f64(kiln_ir::DType::F32, kiln_ir::Shape::new(&[1, 1, 28, 27]).unwrap(), &[0.0; 756])
+        .unwrap();
+    std::fs::write(&bad, npy::write(&t).unwrap()).unwrap();
+    fails_with(&["run", s(&art), "--input", &format!("input={}", s(&bad))], &["input", "28"]);
+    let t = kiln_ir::Tensor::from_f64(kiln_ir::DType::F64, kiln_ir::Shape::new(&[1, 1, 28, 28]).unwrap(), &[0.0; 784])
+        .unwrap();
+    std::fs::write(&bad, npy::write(&t).unwrap()).unwrap();
+    fails_with(&["run", s(&art), "--input", &format!("input={}", s(&bad))], &["input", "f32"]);
+    fails_with(&["run", s(&art), "--input", &format!("image={}", s(&bad))], &["image"]);
+    // An artifact with one byte flipped is refused by its checksum.
+    let mut bytes = std::fs::read(&art).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    let broken = dir.join("broken.kiln");
+    std::fs::write(&broken, &bytes).unwrap();
+    let (ok, _, err) = kiln(&["run", s(&broken)]);
+    assert!(!ok && !err.contains("panicked") && err.starts_with("error: "), "{err}");
+}
