@@ -10,6 +10,7 @@
 //! (`kiln-codegen`) consume kernels; [`interp`] is their executable specification.
 #![deny(missing_docs)]
 
+pub mod contraction;
 pub mod fuse;
 pub mod interp;
 pub mod kernel;

@@ -14,6 +14,7 @@
 
 mod analysis;
 mod emit;
+mod gemm;
 mod image;
 
 use cranelift_codegen::ir::UserFuncName;
@@ -50,11 +51,14 @@ pub struct Options {
     /// partial results combined at the end); off, vectorised code is bit-identical to
     /// scalar code.
     pub reassociate: bool,
+    /// Emit recognised contractions as AVX2+FMA microkernels ([`gemm`]) when the
+    /// target has AVX2 and FMA; off, every kernel goes through Cranelift.
+    pub contraction_kernels: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { vectorize: true, reassociate: true }
+        Options { vectorize: true, reassociate: true, contraction_kernels: true }
     }
 }
 
@@ -66,6 +70,9 @@ pub struct CpuModule {
     pub executable: Executable,
     /// Workgroup count per kernel.
     pub workgroups: Vec<u64>,
+    /// How each kernel was compiled: `contraction microkernel`, or `general` with the
+    /// reason a recognised contraction did not take the microkernel path.
+    pub notes: Vec<String>,
 }
 
 /// The workgroups of a kernel: the product of every output dimension but the
@@ -248,19 +255,37 @@ pub fn clif_text(k: &Kernel, target: &CpuTarget, options: &Options, optimized: b
 /// Compiles `kernels` for `target`.
 pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) -> Result<CpuModule, CodegenError> {
     let isa = make_isa(*target)?;
-    let features = isa.features;
+    let mut features = isa.features;
+    let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
     let builder = ObjectBuilder::new(isa.isa.clone(), "kiln", default_libcall_names()).map_err(|e| internal("", e))?;
     let mut module = ObjectModule::new(builder);
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let mut workgroup_counts = Vec::with_capacity(kernels.len());
     let mut names: Vec<&str> = Vec::with_capacity(kernels.len());
+    // Kernels emitted as microkernels: (kernel index, code).
+    let mut micro: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut notes = Vec::with_capacity(kernels.len());
     for (idx, k) in kernels.iter().enumerate() {
-        if names.contains(&k.name.as_str()) {
+        if names.contains(&k.name.as_str()) || micro.iter().any(|(i, _)| kernels[*i].name == k.name) {
             return Err(CodegenError::Unsupported {
                 kernel: k.name.clone(),
                 what: "a second kernel of the same name".into(),
             });
+        }
+        if avx2_fma && options.contraction_kernels {
+            k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
+            match gemm::emit(k) {
+                Ok(g) => {
+                    workgroup_counts.push(g.workgroups);
+                    micro.push((idx, g.code));
+                    notes.push("contraction microkernel (avx2+fma)".to_string());
+                    continue;
+                }
+                Err(gemm::NotHere(why)) => notes.push(format!("general ({why})")),
+            }
+        } else {
+            notes.push("general".to_string());
         }
         names.push(&k.name);
         module.clear_context(&mut ctx);
@@ -272,6 +297,26 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
     }
     let product = module.finish();
     let bytes = product.emit().map_err(|e| internal("", e))?;
-    let executable = image::from_object(&bytes, &names, features)?;
-    Ok(CpuModule { executable, workgroups: workgroup_counts })
+    let mut executable = image::from_object(&bytes, &names, features)?;
+    if !micro.is_empty() {
+        features |= CpuFeature::Avx.bit() | CpuFeature::Avx2.bit() | CpuFeature::Fma.bit();
+        executable.features = features;
+        // Microkernels go after the object's sections (position-independent, no
+        // relocations); entries are put back in kernel order.
+        let mut entries = std::mem::take(&mut executable.entries).into_iter();
+        let mut micro = micro.into_iter().peekable();
+        for idx in 0..kernels.len() {
+            if micro.peek().is_some_and(|(i, _)| *i == idx) {
+                let (_, code) = micro.next().expect("peeked");
+                let at = executable.code.len().div_ceil(32) * 32;
+                executable.code.resize(at, 0xCC);
+                executable.code.extend_from_slice(&code);
+                executable.entries.push((kernels[idx].name.clone(), at as u64));
+            } else {
+                let e = entries.next().ok_or_else(|| internal("", "an entry point went missing"))?;
+                executable.entries.push(e);
+            }
+        }
+    }
+    Ok(CpuModule { executable, workgroups: workgroup_counts, notes })
 }

@@ -1,0 +1,672 @@
+//! Contraction microkernels: AVX2 + FMA machine code written with `iced-x86`.
+//!
+//! Cranelift's x86-64 backend has 128-bit vectors only, which caps a matrix kernel at
+//! a fraction of the FMA peak. A kernel that [`Contraction::of`] recognises (and whose
+//! right operand has unit column stride) is instead emitted here, directly as machine
+//! code, with the same kernel ABI as every other kernel (`kiln_module::abi`).
+//!
+//! ## Work split
+//! A workgroup is one *row panel* (up to [`MR`] rows of one batch position, every
+//! column), so the count is `batch × ⌈M / MR⌉` and a driver may split panels across
+//! threads. Inside a panel the columns are walked in register tiles.
+//!
+//! ## Register tile
+//! A tile is `mr` rows × `nv` vectors of 8 columns: `mr·nv` accumulators, `nv` registers
+//! holding one row of B, one broadcast of A; per step of `k` it loads `nv` vectors of B,
+//! broadcasts `mr` elements of A and issues `mr·nv` FMAs. `nv` is the widest that fits
+//! the 16 ymm registers (6×16 for full panels, 1×56 for single rows). Columns past the
+//! last full tile run in a narrower tile, and the last 1..7 columns in a masked tile
+//! (`vmaskmovps`: lanes past the end are neither read nor written).
+//!
+//! ## Epilogue
+//! After the `k` loop each accumulator is put through the kernel's own expression above
+//! the reduction (bias, scaling, Relu/Clip as compare-and-select, residual adds, …),
+//! evaluated in the registers left free by the tile, then stored. Operations outside
+//! the supported set (transcendentals, integer arithmetic) make the whole kernel take
+//! the general code generator instead; nothing is approximated.
+//!
+//! ## Numerics
+//! Each output is the f32 sum over `k` in order, with one rounding per FMA: within the
+//! reduction-order freedom the kernel semantics give a float sum.
+
+use std::collections::HashMap;
+
+use iced_x86::code_asm::*;
+use kiln_flow::contraction::Contraction;
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
+use kiln_ir::DType;
+
+/// Rows of a full panel.
+pub(crate) const MR: u64 = 6;
+
+/// A compiled contraction kernel: position-independent code and its workgroup count.
+pub(crate) struct GemmCode {
+    /// The function (code, then its constant table).
+    pub code: Vec<u8>,
+    /// Workgroups (row panels).
+    pub workgroups: u64,
+}
+
+/// Why a kernel does not take this path (it then takes the general one).
+#[derive(Debug)]
+pub(crate) struct NotHere(pub String);
+
+impl From<IcedError> for NotHere {
+    fn from(e: IcedError) -> NotHere {
+        NotHere(format!("assembler: {e}"))
+    }
+}
+
+type R<T> = Result<T, NotHere>;
+
+fn no<T>(what: impl Into<String>) -> R<T> {
+    Err(NotHere(what.into()))
+}
+
+/// Vectors per tile for `mr` rows: accumulators + B row + one broadcast ≤ 16.
+fn tile_vectors(mr: u64) -> u64 {
+    match mr {
+        1 => 7,
+        2 => 5,
+        3 | 4 => 3,
+        _ => 2,
+    }
+}
+
+const YMM: [AsmRegisterYmm; 16] =
+    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
+/// GPRs holding the epilogue's load pointers during a panel.
+const EPTR: [AsmRegister64; 4] = [r9, r10, r11, rbx];
+
+/// A pointer the panel needs: binding, and its byte offset as `c + Σ coef·var`.
+struct Base {
+    binding: u32,
+    c: i64,
+    /// Byte coefficients of the batch variables, then `m`.
+    coef: Vec<i64>,
+    /// Byte step per column.
+    per_n: i64,
+    /// Byte step per row (tile displacement).
+    per_m: i64,
+}
+
+/// An epilogue load: its base number and whether it is a vector (unit column stride)
+/// or a broadcast (no column dependence).
+#[derive(Clone, Copy)]
+struct ELoad {
+    base: usize,
+    vector: bool,
+}
+
+struct Emitter<'k> {
+    a: CodeAssembler,
+    k: &'k Kernel,
+    c: Contraction,
+    consts: HashMap<u32, CodeLabel>,
+    masks: HashMap<u64, CodeLabel>,
+    eloads: HashMap<u32, ELoad>,
+    bases: Vec<Base>,
+}
+
+/// Emits `k` as a contraction microkernel, or says why not.
+pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
+    let Some(c) = Contraction::of(k) else { return no("not a contraction") };
+    if c.dims[2] == 0 {
+        return no("an empty reduction");
+    }
+    if c.b.offset.of(c.n) != 1 {
+        return no("the right operand's columns are not contiguous");
+    }
+    let limit = i32::MAX as u64;
+    for t in k.inputs.iter().chain([&k.output]) {
+        if t.storage_bytes() as u64 > limit {
+            return no("an operand over 2 GiB");
+        }
+    }
+    let mut e = Emitter {
+        a: CodeAssembler::new(64)?,
+        k,
+        c,
+        consts: HashMap::new(),
+        masks: HashMap::new(),
+        eloads: HashMap::new(),
+        bases: Vec::new(),
+    };
+    e.plan_bases()?;
+    e.check_epilogue(k.root)?;
+    let workgroups = e.workgroups();
+    e.function()?;
+    let code = e.a.assemble(0)?;
+    Ok(GemmCode { code, workgroups })
+}
+
+impl Emitter<'_> {
+    fn batch_extents(&self) -> Vec<u64> {
+        self.c.batch.iter().map(|&b| self.k.vars[b as usize]).collect()
+    }
+
+    fn panels(&self) -> u64 {
+        self.c.dims[0].div_ceil(MR)
+    }
+
+    fn workgroups(&self) -> u64 {
+        self.batch_extents().iter().product::<u64>() * self.panels()
+    }
+
+    /// Bases 0, 1, 2 are A, B and the output; epilogue loads follow.
+    fn plan_bases(&mut self) -> R<()> {
+        let c = &self.c;
+        let nin = self.k.inputs.len() as u32;
+        let byte = |x: i64| x.checked_mul(4).ok_or_else(|| NotHere("offset overflow".into()));
+        let mk = |binding: u32, off: &kiln_flow::contraction::AffineIndex| -> R<Base> {
+            let mut coef = Vec::new();
+            for &b in &c.batch {
+                coef.push(byte(off.of(b))?);
+            }
+            coef.push(byte(off.of(c.m))?);
+            Ok(Base { binding, c: byte(off.c)?, coef, per_n: byte(off.of(c.n))?, per_m: byte(off.of(c.m))? })
+        };
+        let a = mk(c.a.input, &c.a.offset)?;
+        let b = mk(c.b.input, &c.b.offset)?;
+        // The output is dense row-major.
+        let dims = self.k.output.shape.dims();
+        let mut out = kiln_flow::contraction::AffineIndex { c: 0, coef: vec![0; self.k.vars.len()] };
+        let mut stride = 1i64;
+        for v in (0..dims.len()).rev() {
+            out.coef[v] = stride;
+            stride *= dims[v] as i64;
+        }
+        let o = mk(nin, &out)?;
+        self.bases = vec![a, b, o];
+        Ok(())
+    }
+
+    /// Checks that every node the epilogue needs is supported, and plans its loads.
+    fn check_epilogue(&mut self, e: ExprId) -> R<()> {
+        if e == self.c.reduce {
+            return Ok(());
+        }
+        let node = self.k.node(e).clone();
+        let f32_or_bool = matches!(node.ty, ScalarType::F32 | ScalarType::Bool);
+        if !f32_or_bool {
+            return no(format!("epilogue value of type {}", node.ty.name()));
+        }
+        match &node.expr {
+            Expr::Const(_) => Ok(()),
+            Expr::Load { input, index, bounds: Bounds::InBounds } => {
+                if self.k.inputs[*input as usize].dtype != DType::F32 {
+                    return no("epilogue load of a non-f32 tensor");
+                }
+                if self.eloads.contains_key(&e.0) {
+                    return Ok(());
+                }
+                let off = kiln_flow::contraction::load_offset(self.k, *input, index)
+                    .ok_or_else(|| NotHere("epilogue load with a non-affine index".into()))?;
+                let per_n = off.of(self.c.n);
+                if per_n != 0 && per_n != 1 {
+                    return no("epilogue load with a column stride other than 0 or 1");
+                }
+                if self.eloads.len() == EPTR.len() {
+                    return no("more than four epilogue loads");
+                }
+                let c = &self.c;
+                let mut coef = Vec::new();
+                for &b in &c.batch {
+                    coef.push(off.of(b) * 4);
+                }
+                coef.push(off.of(c.m) * 4);
+                self.bases.push(Base {
+                    binding: *input,
+                    c: off.c * 4,
+                    coef,
+                    per_n: per_n * 4,
+                    per_m: off.of(c.m) * 4,
+                });
+                self.eloads.insert(e.0, ELoad { base: self.bases.len() - 1, vector: per_n == 1 });
+                Ok(())
+            }
+            Expr::Binary(op, x, y) => {
+                let float_operands = self.k.node(*x).ty == ScalarType::F32;
+                let ok = match op {
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min => {
+                        node.ty == ScalarType::F32
+                    }
+                    op if op.is_comparison() => float_operands,
+                    BinaryOp::And | BinaryOp::Or => node.ty == ScalarType::Bool,
+                    _ => false,
+                };
+                if !ok {
+                    return no(format!("epilogue operation {}", op.name()));
+                }
+                self.check_epilogue(*x)?;
+                self.check_epilogue(*y)
+            }
+            Expr::Select(c, x, y) => {
+                self.check_epilogue(*c)?;
+                self.check_epilogue(*x)?;
+                self.check_epilogue(*y)
+            }
+            Expr::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt, x) if node.ty == ScalarType::F32 => {
+                self.check_epilogue(*x)
+            }
+            Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
+                self.check_epilogue(*value)
+            }
+            _ => no("an epilogue operation without a vector form here"),
+        }
+    }
+
+    fn const_label(&mut self, bits: u32) -> CodeLabel {
+        if let Some(l) = self.consts.get(&bits) {
+            return *l;
+        }
+        let l = self.a.create_label();
+        self.consts.insert(bits, l);
+        l
+    }
+
+    fn mask_label(&mut self, lanes: u64) -> CodeLabel {
+        if let Some(l) = self.masks.get(&lanes) {
+            return *l;
+        }
+        let l = self.a.create_label();
+        self.masks.insert(lanes, l);
+        l
+    }
+
+    /// `dst += imm` for any 64-bit `imm`.
+    fn add_imm(&mut self, dst: AsmRegister64, imm: i64) -> R<()> {
+        if imm == 0 {
+            return Ok(());
+        }
+        if let Ok(i) = i32::try_from(imm) {
+            self.a.add(dst, i)?;
+        } else {
+            self.a.mov(rax, imm)?;
+            self.a.add(dst, rax)?;
+        }
+        Ok(())
+    }
+
+    /// `dst += src * imm` (clobbers rax and rdx).
+    fn add_scaled(&mut self, dst: AsmRegister64, src: AsmMemoryOperand, imm: i64) -> R<()> {
+        if imm == 0 {
+            return Ok(());
+        }
+        self.a.mov(rax, src)?;
+        if let Ok(i) = i32::try_from(imm) {
+            self.a.imul_3(rax, rax, i)?;
+        } else {
+            self.a.mov(rdx, imm)?;
+            self.a.imul_2(rax, rdx)?;
+        }
+        self.a.add(dst, rax)?;
+        Ok(())
+    }
+
+    // Stack frame (rsp-relative, after the pushes).
+    const S_END: i32 = 0;
+    const S_M0: i32 = 8;
+    const S_COORD: i32 = 16; // 8 per batch variable
+    fn s_ptr(&self, base: usize) -> i32 {
+        Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
+    }
+    fn frame(&self) -> i32 {
+        let bytes = self.s_ptr(self.bases.len());
+        bytes + 8 - bytes % 16 // keeps rsp 16-aligned after six pushes and the return address
+    }
+
+    fn function(&mut self) -> R<()> {
+        let saved = [rbx, rbp, r12, r13, r14, r15];
+        for r in saved {
+            self.a.push(r)?;
+        }
+        let frame = self.frame();
+        self.a.sub(rsp, frame)?;
+        self.a.mov(qword_ptr(rsp + Self::S_END), rcx)?;
+        self.a.mov(r14, rdx)?; // workgroup
+        self.a.mov(r15, rdi)?; // bindings
+        let mut done = self.a.create_label();
+        let mut top = self.a.create_label();
+        let mut next = self.a.create_label();
+        self.a.cmp(r14, rcx)?;
+        self.a.jae(done)?;
+        self.a.set_label(&mut top)?;
+        // Decode the workgroup: panel, then batch coordinates innermost first.
+        let panels = self.panels();
+        self.a.mov(rax, r14)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, panels as i64)?;
+        self.a.div(rcx)?;
+        self.a.imul_3(rdx, rdx, MR as i32)?;
+        self.a.mov(qword_ptr(rsp + Self::S_M0), rdx)?;
+        let ext = self.batch_extents();
+        for (i, &d) in ext.iter().enumerate().rev() {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, d as i64)?;
+            self.a.div(rcx)?;
+            self.a.mov(qword_ptr(rsp + (Self::S_COORD + 8 * i as i32)), rdx)?;
+        }
+        // Base pointers of this panel.
+        for bi in 0..self.bases.len() {
+            self.a.mov(r8, qword_ptr(r15 + 8 * self.bases[bi].binding as i32))?;
+            let c = self.bases[bi].c;
+            self.add_imm(r8, c)?;
+            for (i, coef) in self.bases[bi].coef.clone().into_iter().enumerate() {
+                let slot = if i < ext.len() { Self::S_COORD + 8 * i as i32 } else { Self::S_M0 };
+                self.add_scaled(r8, qword_ptr(rsp + slot), coef)?;
+            }
+            let s = self.s_ptr(bi);
+            self.a.mov(qword_ptr(rsp + s), r8)?;
+        }
+        let m = self.c.dims[0];
+        let tail_rows = m % MR;
+        if m >= MR {
+            if tail_rows != 0 {
+                let mut full = self.a.create_label();
+                self.a.cmp(qword_ptr(rsp + Self::S_M0), (m - tail_rows) as i32)?;
+                self.a.jb(full)?;
+                self.panel(tail_rows)?;
+                self.a.jmp(next)?;
+                self.a.set_label(&mut full)?;
+            }
+            self.panel(MR)?;
+        } else {
+            self.panel(tail_rows)?;
+        }
+        self.a.set_label(&mut next)?;
+        self.a.inc(r14)?;
+        self.a.cmp(r14, qword_ptr(rsp + Self::S_END))?;
+        self.a.jb(top)?;
+        self.a.set_label(&mut done)?;
+        self.a.vzeroupper()?;
+        self.a.add(rsp, frame)?;
+        for r in saved.iter().rev() {
+            self.a.pop(*r)?;
+        }
+        self.a.ret()?;
+        // Constant table: masks (32 bytes each), then broadcast scalars.
+        let mut masks: Vec<(u64, CodeLabel)> = self.masks.iter().map(|(&k, &v)| (k, v)).collect();
+        masks.sort_by_key(|m| m.0);
+        let mut consts: Vec<(u32, CodeLabel)> = self.consts.iter().map(|(&k, &v)| (k, v)).collect();
+        consts.sort_by_key(|c| c.0);
+        for (lanes, mut l) in masks {
+            self.a.set_label(&mut l)?;
+            let words: Vec<u32> = (0..8).map(|i| if i < lanes { u32::MAX } else { 0 }).collect();
+            self.a.dd(&words)?;
+        }
+        for (bits, mut l) in consts {
+            self.a.set_label(&mut l)?;
+            self.a.dd(&[bits])?;
+        }
+        Ok(())
+    }
+
+    /// One row panel of `mr` rows: every column, tile by tile.
+    fn panel(&mut self, mr: u64) -> R<()> {
+        let n = self.c.dims[1];
+        self.a.mov(r12, qword_ptr(rsp + self.s_ptr(0)))?;
+        self.a.mov(r13, qword_ptr(rsp + self.s_ptr(1)))?;
+        self.a.mov(r8, qword_ptr(rsp + self.s_ptr(2)))?;
+        for i in 3..self.bases.len() {
+            self.a.mov(EPTR[i - 3], qword_ptr(rsp + self.s_ptr(i)))?;
+        }
+        let nv = tile_vectors(mr);
+        let width = nv * 8;
+        let full = n / width;
+        if full > 0 {
+            let mut tiles = self.a.create_label();
+            self.a.mov(rbp, full as i64)?;
+            self.a.set_label(&mut tiles)?;
+            self.tile(mr, nv, None)?;
+            self.advance(width)?;
+            self.a.dec(rbp)?;
+            self.a.jnz(tiles)?;
+        }
+        let rest = n % width;
+        if rest / 8 > 0 {
+            self.tile(mr, rest / 8, None)?;
+            self.advance(rest / 8 * 8)?;
+        }
+        if rest % 8 > 0 {
+            self.tile(mr, 1, Some(rest % 8))?;
+        }
+        Ok(())
+    }
+
+    /// Moves the column pointers `cols` columns right.
+    fn advance(&mut self, cols: u64) -> R<()> {
+        let cols = cols as i64;
+        self.a.add(r13, (cols * self.bases[1].per_n) as i32)?;
+        self.a.add(r8, (cols * self.bases[2].per_n) as i32)?;
+        for i in 3..self.bases.len() {
+            let step = cols * self.bases[i].per_n;
+            if step != 0 {
+                self.a.add(EPTR[i - 3], step as i32)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One `mr × nv·8` tile at the current column pointers; `masked`: the last vector
+    /// has only that many lanes.
+    fn tile(&mut self, mr: u64, nv: u64, masked: Option<u64>) -> R<()> {
+        let (mr_, nv_) = (mr as usize, nv as usize);
+        let acc = |i: usize, j: usize| YMM[i * nv_ + j];
+        let breg = |j: usize| YMM[mr_ * nv_ + j];
+        let areg = YMM[mr_ * nv_ + nv_];
+        // The lane mask of a masked tile (nv = 1, so the register exists).
+        let mreg = YMM[(mr_ * nv_ + nv_ + 1).min(15)];
+        let mut free: Vec<AsmRegisterYmm> = YMM[mr_ * nv_ + nv_ + 1..].to_vec();
+        if let Some(lanes) = masked {
+            let l = self.mask_label(lanes);
+            self.a.vmovups(mreg, ymmword_ptr(l))?;
+            free.retain(|&r| r != mreg);
+        }
+        let k = self.c.dims[2];
+        let (sa, sb) = (self.c.a.offset.of(self.c.k) * 4, self.c.b.offset.of(self.c.k) * 4);
+        let a_row = self.bases[0].per_m;
+        for i in 0..mr_ {
+            for j in 0..nv_ {
+                self.a.vxorps(acc(i, j), acc(i, j), acc(i, j))?;
+            }
+        }
+        self.a.mov(rdi, r12)?;
+        self.a.mov(rsi, r13)?;
+        self.a.mov(rdx, k as i64)?;
+        let mut kloop = self.a.create_label();
+        self.a.set_label(&mut kloop)?;
+        for j in 0..nv_ {
+            let at = ymmword_ptr(rsi + 32 * j as i32);
+            if masked.is_some() && j == nv_ - 1 {
+                self.a.vmaskmovps(breg(j), mreg, at)?;
+            } else {
+                self.a.vmovups(breg(j), at)?;
+            }
+        }
+        for i in 0..mr_ {
+            self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
+            for j in 0..nv_ {
+                self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+            }
+        }
+        self.add_imm(rdi, sa)?;
+        self.add_imm(rsi, sb)?;
+        self.a.dec(rdx)?;
+        self.a.jnz(kloop)?;
+        // Epilogue and store, one accumulator at a time.
+        let mut pool: Vec<AsmRegisterYmm> = (0..nv_).map(breg).chain([areg]).chain(free).collect();
+        pool.sort_by_key(|r| YMM.iter().position(|y| y == r));
+        pool.dedup();
+        let out_row = self.bases[2].per_m;
+        for i in 0..mr_ {
+            for j in 0..nv_ {
+                let lanes = if j == nv_ - 1 { masked } else { None };
+                let slot = TileSlot { acc: acc(i, j), row: i as i64, vec: j as i64, mask: lanes.map(|_| mreg) };
+                let (v, owned) = self.eval(self.k.root, &slot, &mut pool)?;
+                let at = ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
+                if lanes.is_some() {
+                    self.a.vmaskmovps(at, mreg, v)?;
+                } else {
+                    self.a.vmovups(at, v)?;
+                }
+                if owned {
+                    pool.push(v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluates epilogue node `e` for one accumulator; returns the register holding
+    /// it and whether it was taken from `pool` (and must go back).
+    fn eval(&mut self, e: ExprId, slot: &TileSlot, pool: &mut Vec<AsmRegisterYmm>) -> R<(AsmRegisterYmm, bool)> {
+        if e == self.c.reduce {
+            return Ok((slot.acc, false));
+        }
+        let take = |pool: &mut Vec<AsmRegisterYmm>| pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()));
+        let node = self.k.node(e).clone();
+        match &node.expr {
+            Expr::Const(bits) => {
+                let r = take(pool)?;
+                let bits = match node.ty {
+                    ScalarType::Bool => {
+                        if *bits != 0 {
+                            u32::MAX
+                        } else {
+                            0
+                        }
+                    }
+                    _ => *bits as u32,
+                };
+                let l = self.const_label(bits);
+                self.a.vbroadcastss(r, dword_ptr(l))?;
+                Ok((r, true))
+            }
+            Expr::Load { .. } => {
+                let el = self.eloads[&e.0];
+                let b = &self.bases[el.base];
+                let disp = b.per_m * slot.row + b.per_n * 8 * slot.vec;
+                let at = EPTR[el.base - 3] + disp as i32;
+                let r = take(pool)?;
+                if !el.vector {
+                    self.a.vbroadcastss(r, dword_ptr(at))?;
+                } else if let Some(m) = slot.mask {
+                    self.a.vmaskmovps(r, m, ymmword_ptr(at))?;
+                } else {
+                    self.a.vmovups(r, ymmword_ptr(at))?;
+                }
+                Ok((r, true))
+            }
+            Expr::Binary(op, x, y) => {
+                // Max/Min of a constant: put the constant first so a NaN in the other
+                // operand is what comes out (the kernel's NaN rule).
+                let (x, y) = match op {
+                    BinaryOp::Max | BinaryOp::Min if matches!(self.k.node(*y).expr, Expr::Const(_)) => (*y, *x),
+                    _ => (*x, *y),
+                };
+                let (rx, ox) = self.eval(x, slot, pool)?;
+                let (ry, oy) = self.eval(y, slot, pool)?;
+                let const_first = matches!(op, BinaryOp::Max | BinaryOp::Min)
+                    && matches!(self.k.node(x).expr, Expr::Const(b) if !f32::from_bits(b as u32).is_nan());
+                let dst = if ox {
+                    rx
+                } else if oy {
+                    ry
+                } else {
+                    take(pool)?
+                };
+                match op {
+                    BinaryOp::Add => self.a.vaddps(dst, rx, ry)?,
+                    BinaryOp::Sub => self.a.vsubps(dst, rx, ry)?,
+                    BinaryOp::Mul => self.a.vmulps(dst, rx, ry)?,
+                    BinaryOp::Div => self.a.vdivps(dst, rx, ry)?,
+                    BinaryOp::Max | BinaryOp::Min => {
+                        // vmaxps/vminps return the second operand when either is NaN.
+                        if const_first {
+                            if *op == BinaryOp::Max {
+                                self.a.vmaxps(dst, rx, ry)?
+                            } else {
+                                self.a.vminps(dst, rx, ry)?
+                            }
+                        } else {
+                            let t = take(pool)?;
+                            if *op == BinaryOp::Max {
+                                self.a.vmaxps(t, rx, ry)?
+                            } else {
+                                self.a.vminps(t, rx, ry)?
+                            }
+                            // Where x is NaN, take x.
+                            let m = take(pool)?;
+                            self.a.vcmpps(m, rx, rx, 3)?; // UNORD_Q
+                            self.a.vblendvps(dst, t, rx, m)?;
+                            pool.push(m);
+                            pool.push(t);
+                        }
+                    }
+                    BinaryOp::Eq => self.a.vcmpps(dst, rx, ry, 0x00)?,
+                    BinaryOp::Ne => self.a.vcmpps(dst, rx, ry, 0x04)?,
+                    BinaryOp::Lt => self.a.vcmpps(dst, rx, ry, 0x11)?,
+                    BinaryOp::Le => self.a.vcmpps(dst, rx, ry, 0x12)?,
+                    BinaryOp::Gt => self.a.vcmpps(dst, rx, ry, 0x1E)?,
+                    BinaryOp::Ge => self.a.vcmpps(dst, rx, ry, 0x1D)?,
+                    BinaryOp::And => self.a.vandps(dst, rx, ry)?,
+                    BinaryOp::Or => self.a.vorps(dst, rx, ry)?,
+                    other => return no(format!("epilogue operation {}", other.name())),
+                }
+                if ox && oy {
+                    pool.push(ry);
+                }
+                Ok((dst, true))
+            }
+            Expr::Select(c, x, y) => {
+                let (rc, oc) = self.eval(*c, slot, pool)?;
+                let (rx, ox) = self.eval(*x, slot, pool)?;
+                let (ry, oy) = self.eval(*y, slot, pool)?;
+                let dst = [(rc, oc), (rx, ox), (ry, oy)].iter().find(|r| r.1).map(|r| r.0);
+                let dst = match dst {
+                    Some(d) => d,
+                    None => take(pool)?,
+                };
+                self.a.vblendvps(dst, ry, rx, rc)?;
+                for (r, o) in [(rc, oc), (rx, ox), (ry, oy)] {
+                    if o && r != dst {
+                        pool.push(r);
+                    }
+                }
+                Ok((dst, true))
+            }
+            Expr::Unary(op, x) => {
+                let (rx, ox) = self.eval(*x, slot, pool)?;
+                let dst = if ox { rx } else { take(pool)? };
+                match op {
+                    UnaryOp::Sqrt => self.a.vsqrtps(dst, rx)?,
+                    UnaryOp::Neg | UnaryOp::Abs => {
+                        let (bits, neg) = if *op == UnaryOp::Neg { (0x8000_0000u32, true) } else { (0x7fff_ffff, false) };
+                        let l = self.const_label(bits);
+                        let t = take(pool)?;
+                        self.a.vbroadcastss(t, dword_ptr(l))?;
+                        if neg {
+                            self.a.vxorps(dst, rx, t)?;
+                        } else {
+                            self.a.vandps(dst, rx, t)?;
+                        }
+                        pool.push(t);
+                    }
+                    other => return no(format!("epilogue operation {}", other.name())),
+                }
+                Ok((dst, true))
+            }
+            Expr::Cast { value, .. } => self.eval(*value, slot, pool),
+            _ => no("an epilogue operation without a vector form here"),
+        }
+    }
+}
+
+/// The accumulator an epilogue evaluation is for.
+struct TileSlot {
+    acc: AsmRegisterYmm,
+    row: i64,
+    vec: i64,
+    mask: Option<AsmRegisterYmm>,
+}

@@ -1,0 +1,238 @@
+//! Contraction microkernels (AVX2+FMA, `cpu::gemm`) against the kernel interpreter:
+//! odd M, N, K; batched and broadcast operands; transposed left operands; fused
+//! epilogues (bias per column and per row, Relu as compare-and-select, Clip, residual
+//! add, Neg/Abs/Sqrt); NaN propagation; workgroup splits; writes outside the output.
+//!
+//! The microkernel sums in f32 with one FMA per term; the interpreter sums in f64 and
+//! rounds once. Each element must lie within `(K + 2)·2⁻²⁴·S` of the interpreter,
+//! where `S` is the same kernel evaluated on the absolute values of the inputs (a
+//! bound on the sum of |terms| plus the epilogue's magnitude).
+
+mod common;
+
+use common::*;
+use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_flow::{interp, BinaryOp, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
+
+fn avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+fn tt(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
+}
+
+fn micro() -> Config {
+    Config { target: CpuTarget::X86_64V3, options: Options::default() }
+}
+
+fn abs(t: &Tensor) -> Tensor {
+    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
+    Tensor::from_vec(t.shape().clone(), v).unwrap()
+}
+
+/// Runs `k` as a microkernel (asserting it took that path) in 1 and 3 splits and
+/// compares with the interpreter within the bound of the module docs.
+fn check_micro(k: &Kernel, inputs: &[&Tensor], kk: usize) {
+    let m = compile_with(&[k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    assert!(m.notes[0].starts_with("contraction"), "{}: {}", k.name, m.notes[0]);
+    let want = interp::run(k, inputs).unwrap();
+    let absin: Vec<Tensor> = inputs.iter().map(|t| abs(t)).collect();
+    let bound = interp::run(k, &absin.iter().collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap();
+    let w = want.to_vec::<f32>().unwrap();
+    for splits in [1, 3] {
+        let got = run_compiled(k, inputs, &micro(), splits).to_vec::<f32>().unwrap();
+        for i in 0..w.len() {
+            let tol = (kk as f32 + 2.0) * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
+            let ok = (got[i] - w[i]).abs() <= tol || (got[i].is_nan() && w[i].is_nan());
+            assert!(ok, "{} splits {splits}: element {i}: got {}, want {} (tol {tol})", k.name, got[i], w[i]);
+        }
+    }
+}
+
+/// `out[b.., m, n] = Σ_k A · B` with A `[b.., m, k]` (or `[k, m]` transposed) and B
+/// `[k, n]` shared by every batch (or `[b.., k, n]`).
+fn matmul(batch: &[usize], m: usize, kk: usize, n: usize, a_t: bool, b_batched: bool) -> Kernel {
+    let mut adims = batch.to_vec();
+    adims.extend(if a_t { [kk, m] } else { [m, kk] });
+    let mut bdims = if b_batched { batch.to_vec() } else { vec![] };
+    bdims.extend([kk, n]);
+    let mut odims = batch.to_vec();
+    odims.extend([m, n]);
+    let mut b = KernelBuilder::new("mm", vec![tt(&adims), tt(&bdims)], tt(&odims));
+    let o = b.out_index();
+    let r = batch.len();
+    let kv = b.new_var(kk as u64);
+    let k = b.var(kv);
+    let mut ai: Vec<_> = o[..r].to_vec();
+    ai.extend(if a_t { [k, o[r]] } else { [o[r], k] });
+    let mut bi: Vec<_> = if b_batched { o[..r].to_vec() } else { vec![] };
+    bi.extend([k, o[r + 1]]);
+    let x = b.load(0, ai);
+    let y = b.load(1, bi);
+    let p = b.mul(x, y);
+    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
+    b.finish(s).unwrap()
+}
+
+#[test]
+fn odd_shapes() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA, so no contraction microkernel can run here");
+        return;
+    }
+    for &m in &[1, 2, 5, 6, 7, 13] {
+        for &n in &[1, 7, 8, 9, 16, 17, 40, 63, 100] {
+            for &k in &[1, 7, 17, 63] {
+                let a = random_f32(&[m, k], 1.0, (m * 1000 + n * 10 + k) as u64);
+                let b = random_f32(&[k, n], 1.0, (m * 7 + n * 100 + k) as u64);
+                check_micro(&matmul(&[], m, k, n, false, false), &[&a, &b], k);
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_broadcast_and_transposed() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for (batch, m, k, n) in [(vec![3], 7, 17, 20), (vec![2, 3], 6, 9, 8), (vec![2], 13, 130, 33)] {
+        for a_t in [false, true] {
+            for b_batched in [false, true] {
+                let mut ad = batch.clone();
+                ad.extend(if a_t { [k, m] } else { [m, k] });
+                let mut bd = if b_batched { batch.clone() } else { vec![] };
+                bd.extend([k, n]);
+                let a = random_f32(&ad, 1.0, 5);
+                let b = random_f32(&bd, 1.0, 6);
+                check_micro(&matmul(&batch, m, k, n, a_t, b_batched), &[&a, &b], k);
+            }
+        }
+    }
+}
+
+/// Gemm-style kernels with epilogues.
+fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
+    let f = ScalarType::F32;
+    let ins = vec![tt(&[m, kk]), tt(&[kk, n]), tt(&[n]), tt(&[m, 1]), tt(&[m, n])];
+    let mut b = KernelBuilder::new(which, ins, tt(&[m, n]));
+    let o = b.out_index();
+    let kv = b.new_var(kk as u64);
+    let k = b.var(kv);
+    let x = b.load(0, vec![o[0], k]);
+    let y = b.load(1, vec![k, o[1]]);
+    let p = b.mul(x, y);
+    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
+    let bias = b.load(2, vec![o[1]]);
+    let zero_idx = b.index(0);
+    let row = b.load(3, vec![o[0], zero_idx]);
+    let res = b.load(4, vec![o[0], o[1]]);
+    let zero = b.float(f, 0.0);
+    let r = match which {
+        "bias_relu" => {
+            let v = b.add(s, bias);
+            let lt = b.binary(BinaryOp::Lt, v, zero);
+            b.select(lt, zero, v)
+        }
+        "clip_row_scale" => {
+            let v = b.mul(s, row);
+            let lo = b.float(f, -0.5);
+            let hi = b.float(f, 0.75);
+            let v = b.binary(BinaryOp::Max, v, lo);
+            b.binary(BinaryOp::Min, v, hi)
+        }
+        "residual_max" => {
+            let v = b.add(s, bias);
+            let v = b.sub(v, res);
+            b.binary(BinaryOp::Max, v, res)
+        }
+        "neg_abs_sqrt" => {
+            let v = b.unary(UnaryOp::Neg, s);
+            let v = b.unary(UnaryOp::Abs, v);
+            let v = b.unary(UnaryOp::Sqrt, v);
+            b.div(v, bias)
+        }
+        _ => unreachable!(),
+    };
+    b.finish(r).unwrap()
+}
+
+#[test]
+fn fused_epilogues() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for which in ["bias_relu", "clip_row_scale", "residual_max", "neg_abs_sqrt"] {
+        for (m, k, n) in [(1, 5, 9), (7, 33, 61), (12, 8, 16)] {
+            let mut bias = random_f32(&[n], 1.0, 3);
+            if which == "neg_abs_sqrt" {
+                bias = abs(&bias);
+            }
+            let ins =
+                [random_f32(&[m, k], 1.0, 1), random_f32(&[k, n], 1.0, 2), bias, random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            let kern = with_epilogue(m, k, n, which);
+            if which == "neg_abs_sqrt" {
+                // sqrt is not Lipschitz at 0: compare against the interpreter with a
+                // relative tolerance instead of the sum bound.
+                let m = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+                assert!(m.notes[0].starts_with("contraction"), "{}", m.notes[0]);
+                let want = interp::run(&kern, &refs).unwrap();
+                let got = run_compiled(&kern, &refs, &micro(), 3);
+                compare(&got, &want, Cmp { zero_sign: true, rtol: 1e-5 * k as f64 }).unwrap();
+            } else {
+                check_micro(&kern, &refs, k);
+            }
+        }
+    }
+}
+
+#[test]
+fn nan_propagates_through_relu_and_max() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    let (m, k, n) = (3, 4, 11);
+    let mut a = random_f32(&[m, k], 1.0, 8).to_vec::<f32>().unwrap();
+    a[5] = f32::NAN; // row 1
+    let a = Tensor::from_vec(Shape::new(vec![m, k]).unwrap(), a).unwrap();
+    let rest = [random_f32(&[k, n], 1.0, 2), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+    let mut refs: Vec<&Tensor> = vec![&a];
+    refs.extend(rest.iter());
+    for which in ["bias_relu", "clip_row_scale", "residual_max"] {
+        let kern = with_epilogue(m, k, n, which);
+        let got = run_compiled(&kern, &refs, &micro(), 1).to_vec::<f32>().unwrap();
+        for (i, v) in got.iter().enumerate() {
+            assert_eq!(v.is_nan(), i / n == 1, "{which}: element {i} = {v}");
+        }
+    }
+}
+
+#[test]
+fn general_path_without_avx2_or_when_refused() {
+    // Without AVX2 the same kernel compiles through Cranelift.
+    let k = matmul(&[], 5, 7, 9, false, false);
+    let m = compile_with(&[&k], &CpuTarget::X86_64V2, &Options::default()).unwrap();
+    assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
+    // An epilogue with a transcendental is not a microkernel's (nothing approximated).
+    let mut b = KernelBuilder::new("mm_exp", vec![tt(&[2, 3]), tt(&[3, 4])], tt(&[2, 4]));
+    let o = b.out_index();
+    let kv = b.new_var(3);
+    let kk = b.var(kv);
+    let x = b.load(0, vec![o[0], kk]);
+    let y = b.load(1, vec![kk, o[1]]);
+    let p = b.mul(x, y);
+    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
+    let e = b.unary(UnaryOp::Exp, s);
+    let k = b.finish(e).unwrap();
+    let m = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    assert!(m.notes[0].starts_with("general (an epilogue operation"), "{}", m.notes[0]);
+    let a = random_f32(&[2, 3], 1.0, 1);
+    let bb = random_f32(&[3, 4], 1.0, 2);
+    check_with(&k, &[&a, &bb], Cmp { zero_sign: false, rtol: 1e-6 }, &[micro()]);
+}
