@@ -202,6 +202,12 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
         for (phase, d) in &c.phases {
             eprintln!("  {phase:<20} {:8.2} ms", d.as_secs_f64() * 1e3);
         }
+        let micro = c.codegen_notes.iter().filter(|n| n.starts_with("contraction")).count();
+        eprintln!("  {micro} of {} dispatches are contraction microkernels", c.codegen_notes.len());
+        for (d, note) in c.flow.dispatches.iter().zip(&c.codegen_notes) {
+            let work = kiln_flow::fuse::work(&d.kernel);
+            eprintln!("  {:<10} {work:>12.0} {note}  [{}]", d.kernel.name, d.sources.join(" + "));
+        }
     }
     Ok(())
 }

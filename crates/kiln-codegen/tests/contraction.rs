@@ -236,3 +236,42 @@ fn general_path_without_avx2_or_when_refused() {
     let bb = random_f32(&[3, 4], 1.0, 2);
     check_with(&k, &[&a, &bb], Cmp { zero_sign: false, rtol: 1e-6 }, &[micro()]);
 }
+
+/// `Conv` 1×1 in NCHW with a per-channel bias and Relu6: rows are output channels,
+/// columns the flattened `h·W + w`.
+fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
+    let f = ScalarType::F32;
+    let ins = vec![tt(&[n, ci, h, w]), tt(&[co, ci, 1, 1]), tt(&[co])];
+    let mut b = KernelBuilder::new("pw", ins, tt(&[n, co, h, w]));
+    let o = b.out_index();
+    let c = b.new_var(ci as u64);
+    let (kh, kw) = (b.new_var(1), b.new_var(1));
+    let (cv, hv, wv) = (b.var(c), b.var(kh), b.var(kw));
+    let x = b.load(0, vec![o[0], cv, o[2], o[3]]);
+    let wt = b.load(1, vec![o[1], cv, hv, wv]);
+    let p = b.mul(x, wt);
+    let s = b.reduce(ReduceOp::Sum, vec![c, kh, kw], p);
+    let bias = b.load(2, vec![o[1]]);
+    let v = b.add(s, bias);
+    let zero = b.float(f, 0.0);
+    let six = b.float(f, 6.0);
+    let lt = b.binary(BinaryOp::Lt, v, zero);
+    let v = b.select(lt, zero, v);
+    let gt = b.binary(BinaryOp::Gt, v, six);
+    let r = b.select(gt, six, v);
+    b.finish(r).unwrap()
+}
+
+#[test]
+fn pointwise_convolutions() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for (n, ci, co, h, w) in [(1, 8, 4, 5, 6), (2, 3, 13, 7, 7), (1, 17, 7, 1, 9), (2, 32, 16, 4, 4)] {
+        let x = random_f32(&[n, ci, h, w], 4.0, 1);
+        let wt = random_f32(&[co, ci, 1, 1], 2.0, 2);
+        let bias = random_f32(&[co], 2.0, 3);
+        check_micro(&pointwise(n, ci, co, h, w), &[&x, &wt, &bias], ci);
+    }
+}

@@ -68,6 +68,8 @@ pub struct Compiled {
     pub program: Program,
     /// Wall time of each phase.
     pub phases: Vec<(&'static str, Duration)>,
+    /// Per dispatch, how its code was generated (microkernel or general, and why).
+    pub codegen_notes: Vec<String>,
 }
 
 /// Why a compile failed.
@@ -129,6 +131,7 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     let cpu = kiln_codegen::cpu::compile(&kernels, &opts.target).map_err(|e| CompileError::Codegen(e.to_string()))?;
     phases.push(("codegen", t.elapsed()));
     let t = Instant::now();
+    let codegen_notes = cpu.notes.clone();
     let mut entry = hal::entry_point(&flow, &plan, &cpu.workgroups).map_err(CompileError::Hal)?;
     if opts.strip {
         // The memory map's buffer names are for listings only, like the debug section.
@@ -168,5 +171,5 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     };
     let artifact = kiln_module::sections::write_program(&program);
     phases.push(("artifact", t.elapsed()));
-    Ok(Compiled { artifact, weights, flow, plan, program, phases })
+    Ok(Compiled { artifact, weights, flow, plan, program, phases, codegen_notes })
 }

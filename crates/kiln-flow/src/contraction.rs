@@ -7,12 +7,19 @@
 //! kernel's own expression DAG above the reduction (bias, activation, residual add,
 //! scaling); the target decides which epilogue operations it can apply in registers.
 //!
-//! The recognised form, for an output of rank `r ≥ 2`:
-//! - `n` is the innermost output variable, `m` the one before it, the rest are batch
-//!   variables;
-//! - exactly one `Reduce { Sum, [k] }` over f32 whose body is `Load(a) · Load(b)`
-//!   (either order), both `InBounds` loads of f32 inputs with affine indices;
-//! - `a`'s offset does not depend on `n`; `b`'s does not depend on `m`.
+//! The recognised form:
+//! - exactly one `Reduce { Sum }` over f32 whose body is `Load(a) · Load(b)` (either
+//!   order), both `InBounds` loads of f32 inputs with affine indices; of its variables
+//!   at most one has an extent above 1 (that one is `k`: a 1×1 convolution reduces
+//!   over `[ci, 1, 1]`);
+//! - the *column group* `n` is the longest run of trailing output variables that `a`
+//!   does not read and over which `b` and the output are laid out as one flattened
+//!   dimension (for an NCHW 1×1 convolution: `h, w`, so the columns are `h·W + w`);
+//! - the row variable `m` is the innermost output variable before the group that `b`
+//!   does not read and `a` does; every other output variable is a batch variable.
+//!
+//! A matrix product `[.., M, K] × [K, N]` is the case `m = r − 2`, `n = [r − 1]`;
+//! `Conv` 1×1 in NCHW is `m = co`, `n = [h, w]`, batch `[n]`.
 //!
 //! Nothing here changes the kernel: a target that does not take the contraction path
 //! compiles the same kernel with its general code generator.
@@ -84,6 +91,41 @@ pub fn affine(k: &Kernel, e: ExprId) -> Option<AffineIndex> {
             }
         }
         Expr::Unary(UnaryOp::Neg, a) => affine(k, *a)?.scaled(-1),
+        Expr::Binary(op @ (BinaryOp::Rem | BinaryOp::Div), a, b) => {
+            // `x rem c` and `x div c` of a non-negative affine `x = hi + lo`, where every
+            // term of `hi` is a multiple of `c` and `lo` stays in `0..c`: `lo` and
+            // `hi / c` (a reshape's flat index taken apart again).
+            let Expr::Const(c) = k.node(*b).expr else { return None };
+            let c = c as i64;
+            if c <= 0 {
+                return None;
+            }
+            let x = affine(k, *a)?;
+            let range = |f: &AffineIndex| -> Option<(i64, i64)> {
+                let (mut lo, mut hi) = (f.c, f.c);
+                for (v, &coef) in f.coef.iter().enumerate() {
+                    let top = coef.checked_mul(i64::try_from(k.vars[v]).ok()?.checked_sub(1)?)?;
+                    lo = lo.checked_add(top.min(0))?;
+                    hi = hi.checked_add(top.max(0))?;
+                }
+                Some((lo, hi))
+            };
+            let mut low = AffineIndex::constant(x.c, nv);
+            let mut high = AffineIndex::constant(0, nv);
+            for (v, &coef) in x.coef.iter().enumerate() {
+                if coef % c == 0 {
+                    high.coef[v] = coef / c;
+                } else {
+                    low.coef[v] = coef;
+                }
+            }
+            let (min, _) = range(&x)?;
+            let (lmin, lmax) = range(&low)?;
+            if min < 0 || lmin < 0 || lmax >= c {
+                return None;
+            }
+            Some(if *op == BinaryOp::Rem { low } else { high })
+        }
         _ => None,
     }
 }
@@ -116,39 +158,82 @@ pub struct Operand {
 /// A recognised contraction (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Contraction {
-    /// Batch variables (outer output dimensions), outermost first.
+    /// Batch variables (every output variable but `m` and the column group), outermost
+    /// first.
     pub batch: Vec<u32>,
     /// The row variable.
     pub m: u32,
-    /// The column variable (innermost output dimension).
-    pub n: u32,
-    /// The reduction variable.
+    /// The column group, outermost first (flattened, it is one column index).
+    pub n: Vec<u32>,
+    /// The reduction variable (the one of extent above 1, if any).
     pub k: u32,
-    /// Extents of `m`, `n`, `k`.
+    /// `M`, `N` (the product of the group's extents) and `K`.
     pub dims: [u64; 3],
-    /// The left operand: offset independent of `n`.
+    /// The left operand: offset independent of the columns.
     pub a: Operand,
     /// The right operand: offset independent of `m`.
     pub b: Operand,
     /// The reduction node; the epilogue is the kernel's root expression over it.
     pub reduce: ExprId,
+    /// Flattened stride of each group variable (innermost 1).
+    n_strides: Vec<i64>,
 }
 
 impl Contraction {
+    /// The step of `off` per flattened column, if `off` moves along the column group as
+    /// one dimension (0 when it does not read the columns at all).
+    pub fn column_step(&self, off: &AffineIndex) -> Option<i64> {
+        let inner = *self.n.last()?;
+        let s = off.of(inner);
+        for (&v, &w) in self.n.iter().zip(&self.n_strides) {
+            if off.of(v) != s.checked_mul(w)? {
+                return None;
+            }
+        }
+        Some(s)
+    }
+
+    /// Whether every load of the epilogue (outside the reduction) is an `InBounds`
+    /// load at an affine offset, so that a microkernel can address it per tile.
+    pub fn epilogue_is_affine(&self, k: &Kernel) -> bool {
+        let mut seen = vec![false; k.nodes.len()];
+        let mut stack = vec![k.root];
+        while let Some(e) = stack.pop() {
+            if e == self.reduce || std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match &k.node(e).expr {
+                Expr::Load { input, index, bounds: Bounds::InBounds } => {
+                    if load_offset(k, *input, index).is_none() {
+                        return false;
+                    }
+                }
+                Expr::Load { .. } => return false,
+                other => other.for_each_operand(|o| stack.push(o)),
+            }
+        }
+        true
+    }
+
     /// Recognises `k` as a contraction, or `None`.
     pub fn of(k: &Kernel) -> Option<Contraction> {
         let rank = k.out_rank();
         if rank < 2 || k.output.dtype != DType::F32 || k.output.shape.numel() == 0 {
             return None;
         }
-        let (m, n) = ((rank - 2) as u32, (rank - 1) as u32);
         let mut found = None;
         for (i, node) in k.nodes.iter().enumerate() {
             if let Expr::Reduce { op, vars, body } = &node.expr {
-                if found.is_some() || *op != ReduceOp::Sum || vars.len() != 1 || node.ty != ScalarType::F32 {
+                if found.is_some() || *op != ReduceOp::Sum || node.ty != ScalarType::F32 {
                     return None;
                 }
-                found = Some((ExprId(i as u32), vars[0].0, *body));
+                let wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
+                let kv = match wide.as_slice() {
+                    [] => vars.first()?.0,
+                    [v] => *v,
+                    _ => return None,
+                };
+                found = Some((ExprId(i as u32), kv, *body));
             }
         }
         let (reduce, kv, body) = found?;
@@ -164,17 +249,40 @@ impl Contraction {
             }
         };
         let (x, y) = (load(x)?, load(y)?);
-        let (a, b) = if x.offset.of(n) == 0 && y.offset.of(m) == 0 {
-            (x, y)
-        } else if y.offset.of(n) == 0 && x.offset.of(m) == 0 {
-            (y, x)
-        } else {
+        Contraction::with(k, reduce, kv, x.clone(), y.clone()).or_else(|| Contraction::with(k, reduce, kv, y, x))
+    }
+
+    /// The contraction with `a` as the left operand, if the operands fit that way.
+    fn with(k: &Kernel, reduce: ExprId, kv: u32, a: Operand, b: Operand) -> Option<Contraction> {
+        let rank = k.out_rank() as u32;
+        let ext = |v: u32| k.vars[v as usize];
+        // The column group: trailing variables `a` does not read, `b` reads, laid out
+        // as one dimension in `b` and in the (row-major) output.
+        let mut n: Vec<u32> = Vec::new();
+        let mut strides: Vec<i64> = Vec::new();
+        let mut width = 1i64;
+        let inner_b = b.offset.of(rank - 1);
+        if inner_b != 1 {
             return None;
-        };
-        // Anything else in the kernel (the epilogue) must not read `k`: it only can
-        // through the reduction, which the verifier guarantees.
-        let dims = [k.vars[m as usize], k.vars[n as usize], k.vars[kv as usize]];
-        Some(Contraction { batch: (0..m).collect(), m, n, k: kv, dims, a, b, reduce })
+        }
+        for v in (0..rank).rev() {
+            let e = i64::try_from(ext(v)).ok()?;
+            if a.offset.of(v) != 0 || b.offset.of(v) != width {
+                break;
+            }
+            n.insert(0, v);
+            strides.insert(0, width);
+            width = width.checked_mul(e)?;
+        }
+        let first = *n.first()?;
+        // The row variable: innermost before the group that `a` reads and `b` does not.
+        let m = (0..first).rev().find(|&v| a.offset.of(v) != 0 && b.offset.of(v) == 0 && ext(v) > 1).or_else(|| {
+            // No such variable: a single row (an extent-1 variable stands in for it).
+            (0..first).rev().find(|&v| ext(v) == 1)
+        })?;
+        let batch = (0..rank).filter(|&v| v != m && !n.contains(&v)).collect();
+        let dims = [ext(m), width as u64, ext(kv)];
+        Some(Contraction { batch, m, n, k: kv, dims, a, b, reduce, n_strides: strides })
     }
 }
 
@@ -209,15 +317,71 @@ mod tests {
     #[test]
     fn recognises_a_batched_matmul_with_epilogue() {
         let c = Contraction::of(&batched(false)).expect("a contraction");
-        assert_eq!((c.batch.clone(), c.m, c.n, c.k), (vec![0], 1, 2, 3));
+        assert_eq!((c.batch.clone(), c.m, c.n.clone(), c.k), (vec![0], 1, vec![2], 3));
         assert_eq!(c.dims, [3, 5, 7]);
         assert_eq!(c.a.input, 0);
         assert_eq!((c.a.offset.of(0), c.a.offset.of(1), c.a.offset.of(3)), (21, 7, 1));
         assert_eq!(c.b.input, 1);
         assert_eq!((c.b.offset.of(2), c.b.offset.of(3)), (1, 5));
-        // Transposed weights are still a contraction; the column stride says so.
-        let c = Contraction::of(&batched(true)).expect("a contraction");
-        assert_eq!((c.b.offset.of(2), c.b.offset.of(3)), (7, 1));
+        // Transposed weights: the columns of `w` are not contiguous.
+        assert!(Contraction::of(&batched(true)).is_none());
+    }
+
+    /// A matmul whose result is split into heads through a flat index:
+    /// `out[h, s, d] = Σ_k x[s, k] · w[k, (h·64 + d) rem 256]` and `x[(..) div 256 rem 128, k]`.
+    #[test]
+    fn flat_indices_taken_apart() {
+        let mut kb = KernelBuilder::new("heads", vec![t(&[128, 256]), t(&[256, 256])], t(&[4, 128, 64]));
+        let o = kb.out_index();
+        let kv = kb.new_var(256);
+        let kk = kb.var(kv);
+        let (c128, c4, c64, c256) = (kb.index(128), kb.index(4), kb.index(64), kb.index(256));
+        // flat = (s·4 + h)·64 + d
+        let s4 = kb.mul(o[1], c4);
+        let sh = kb.add(s4, o[0]);
+        let f = kb.mul(sh, c64);
+        let flat = kb.add(f, o[2]);
+        let col = kb.binary(BinaryOp::Rem, flat, c256);
+        let row = kb.binary(BinaryOp::Div, flat, c256);
+        let row = kb.binary(BinaryOp::Rem, row, c128);
+        let x = kb.load(0, vec![row, kk]);
+        let w = kb.load(1, vec![kk, col]);
+        let p = kb.mul(x, w);
+        let r = kb.reduce(ReduceOp::Sum, vec![kv], p);
+        let k = kb.finish(r).unwrap();
+        let c = Contraction::of(&k).expect("a contraction");
+        assert_eq!((c.batch.clone(), c.m, c.n.clone()), (vec![0], 1, vec![2]));
+        assert_eq!((c.b.offset.of(0), c.b.offset.of(2), c.b.offset.of(3)), (64, 1, 256));
+        assert_eq!((c.a.offset.of(1), c.a.offset.of(3)), (256, 1));
+        // A remainder whose low part can leave 0..c is not taken apart.
+        let mut kb = KernelBuilder::new("wrap", vec![t(&[8])], TensorType::new(DType::I64, Shape::new(vec![8]).unwrap()));
+        let o = kb.out_index();
+        let (c3, c5) = (kb.index(3), kb.index(5));
+        let i = kb.add(o[0], c3);
+        let r = kb.binary(BinaryOp::Rem, i, c5);
+        let _ = kb.load(0, vec![r]);
+        let k = kb.finish(r).unwrap();
+        assert!(affine(&k, k.root).is_none());
+    }
+
+    /// A 1×1 convolution in NCHW: rows are output channels, columns `h·W + w`.
+    #[test]
+    fn recognises_a_pointwise_convolution() {
+        let mut kb = KernelBuilder::new("pw", vec![t(&[2, 8, 5, 6]), t(&[4, 8, 1, 1])], t(&[2, 4, 5, 6]));
+        let o = kb.out_index();
+        let ci = kb.new_var(8);
+        let (kh, kw) = (kb.new_var(1), kb.new_var(1));
+        let (c, h, w) = (kb.var(ci), kb.var(kh), kb.var(kw));
+        let x = kb.load(0, vec![o[0], c, o[2], o[3]]);
+        let f = kb.load(1, vec![o[1], c, h, w]);
+        let p = kb.mul(x, f);
+        let s = kb.reduce(ReduceOp::Sum, vec![ci, kh, kw], p);
+        let c = Contraction::of(&kb.finish(s).unwrap()).expect("a contraction");
+        assert_eq!((c.batch.clone(), c.m, c.n.clone(), c.k), (vec![0], 1, vec![2, 3], 4));
+        assert_eq!(c.dims, [4, 30, 8]);
+        assert_eq!((c.a.input, c.b.input), (1, 0));
+        assert_eq!(c.column_step(&c.b.offset), Some(1));
+        assert_eq!(c.column_step(&c.a.offset), Some(0));
     }
 
     #[test]

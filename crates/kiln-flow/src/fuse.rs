@@ -15,10 +15,14 @@
 //! Slice, Pad, broadcasts) and row statistics read at a row's index (a mean, a max, a
 //! sum of exponentials) fuse; a contraction whose every result would be recomputed per
 //! consumer element does not. Producers with several readers are duplicated only when
-//! they are small and contain no reduction. Scalar constants become literals.
+//! they are small and contain no reduction. A contraction
+//! ([`crate::contraction`]) only takes producers that leave it one, with affine
+//! epilogue loads, so a target's matrix microkernel still applies. Scalar constants
+//! become literals.
 
 use std::collections::HashMap;
 
+use crate::contraction::Contraction;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
@@ -165,6 +169,13 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool) ->
         LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
     }, pk, &p_map);
     let Ok(fused) = b.finish(root) else { return false };
+    // A contraction stays one, with an epilogue a microkernel can address: fusing a
+    // gather (data-dependent loads), an operand's computation or a layout change that
+    // breaks its column layout would send the whole kernel down the general path.
+    let addressable = |k: &Kernel| Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k));
+    if (addressable(dk) || addressable(pk)) && !addressable(&fused) {
+        return false;
+    }
     let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;
     let w = work(&fused);
     let own = if shared { work(dk) + work(pk) } else { unfused };

@@ -106,6 +106,8 @@ struct Emitter<'k> {
     masks: HashMap<u64, CodeLabel>,
     eloads: HashMap<u32, ELoad>,
     bases: Vec<Base>,
+    /// How many times each epilogue node is an operand (within the epilogue).
+    uses: HashMap<u32, u32>,
 }
 
 /// Emits `k` as a contraction microkernel, or says why not.
@@ -113,9 +115,6 @@ pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
     let Some(c) = Contraction::of(k) else { return no("not a contraction") };
     if c.dims[2] == 0 {
         return no("an empty reduction");
-    }
-    if c.b.offset.of(c.n) != 1 {
-        return no("the right operand's columns are not contiguous");
     }
     let limit = i32::MAX as u64;
     for t in k.inputs.iter().chain([&k.output]) {
@@ -131,9 +130,11 @@ pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
         masks: HashMap::new(),
         eloads: HashMap::new(),
         bases: Vec::new(),
+        uses: HashMap::new(),
     };
     e.plan_bases()?;
     e.check_epilogue(k.root)?;
+    e.count_uses();
     let workgroups = e.workgroups();
     e.function()?;
     let code = e.a.assemble(0)?;
@@ -164,7 +165,8 @@ impl Emitter<'_> {
                 coef.push(byte(off.of(b))?);
             }
             coef.push(byte(off.of(c.m))?);
-            Ok(Base { binding, c: byte(off.c)?, coef, per_n: byte(off.of(c.n))?, per_m: byte(off.of(c.m))? })
+            let per_n = c.column_step(off).ok_or_else(|| NotHere("an operand not flat over the columns".into()))?;
+            Ok(Base { binding, c: byte(off.c)?, coef, per_n: byte(per_n)?, per_m: byte(off.of(c.m))? })
         };
         let a = mk(c.a.input, &c.a.offset)?;
         let b = mk(c.b.input, &c.b.offset)?;
@@ -202,7 +204,7 @@ impl Emitter<'_> {
                 }
                 let off = kiln_flow::contraction::load_offset(self.k, *input, index)
                     .ok_or_else(|| NotHere("epilogue load with a non-affine index".into()))?;
-                let per_n = off.of(self.c.n);
+                let per_n = self.c.column_step(&off).unwrap_or(-1);
                 if per_n != 0 && per_n != 1 {
                     return no("epilogue load with a column stride other than 0 or 1");
                 }
@@ -253,6 +255,22 @@ impl Emitter<'_> {
                 self.check_epilogue(*value)
             }
             _ => no("an epilogue operation without a vector form here"),
+        }
+    }
+
+    /// Counts operand uses of the epilogue's nodes (each edge once; the reduction and
+    /// what lies below it excluded).
+    fn count_uses(&mut self) {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![self.k.root];
+        while let Some(e) = stack.pop() {
+            if e == self.c.reduce || !seen.insert(e.0) {
+                continue;
+            }
+            self.k.node(e).expr.for_each_operand(|o| {
+                *self.uses.entry(o.0).or_insert(0) += 1;
+                stack.push(o);
+            });
         }
     }
 
@@ -503,52 +521,92 @@ impl Emitter<'_> {
             for j in 0..nv_ {
                 let lanes = if j == nv_ - 1 { masked } else { None };
                 let slot = TileSlot { acc: acc(i, j), row: i as i64, vec: j as i64, mask: lanes.map(|_| mreg) };
-                let (v, owned) = self.eval(self.k.root, &slot, &mut pool)?;
+                let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool: &mut pool };
+                let v = self.eval(self.k.root, &slot, &mut ev)?;
                 let at = ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
                 if lanes.is_some() {
                     self.a.vmaskmovps(at, mreg, v)?;
                 } else {
                     self.a.vmovups(at, v)?;
                 }
-                if owned {
-                    pool.push(v);
+                // Every register the evaluation took goes back.
+                let held: Vec<AsmRegisterYmm> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
+                for r in held {
+                    if !ev.pool.contains(&r) {
+                        ev.pool.push(r);
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Evaluates epilogue node `e` for one accumulator; returns the register holding
-    /// it and whether it was taken from `pool` (and must go back).
-    fn eval(&mut self, e: ExprId, slot: &TileSlot, pool: &mut Vec<AsmRegisterYmm>) -> R<(AsmRegisterYmm, bool)> {
-        if e == self.c.reduce {
-            return Ok((slot.acc, false));
-        }
-        let take = |pool: &mut Vec<AsmRegisterYmm>| pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()));
-        let node = self.k.node(e).clone();
-        match &node.expr {
-            Expr::Const(bits) => {
-                let r = take(pool)?;
-                let bits = match node.ty {
-                    ScalarType::Bool => {
-                        if *bits != 0 {
-                            u32::MAX
-                        } else {
-                            0
-                        }
+    /// `select(x < c, c, x)` is `max(c, x)` and `select(x > c, c, x)` is `min(c, x)`,
+    /// exactly (NaN x gives x either way; `vmaxps`/`vminps` return their second operand
+    /// on NaN and on equality): `(is_max, c, x)`.
+    fn clamp_pattern(&self, cond: ExprId, then: ExprId, otherwise: ExprId) -> Option<(bool, ExprId, ExprId)> {
+        let Expr::Binary(op @ (BinaryOp::Lt | BinaryOp::Gt), v, c) = self.k.node(cond).expr else { return None };
+        let bits = |e: ExprId| match self.k.node(e).expr {
+            Expr::Const(b) if !f32::from_bits(b as u32).is_nan() => Some(b),
+            _ => None,
+        };
+        (v == otherwise && bits(c).is_some() && bits(c) == bits(then)).then_some((op == BinaryOp::Lt, then, v))
+    }
+
+    /// Takes a register for the result of a node whose operands are `ops`: an operand's
+    /// own register when this is its last use, else a free one. Operands are used up.
+    fn result_reg(&mut self, ops: &[ExprId], ev: &mut Eval<'_>) -> R<AsmRegisterYmm> {
+        let mut dst = None;
+        for &o in ops {
+            let left = ev.uses.get_mut(&o.0).map(|u| {
+                *u = u.saturating_sub(1);
+                *u
+            });
+            if left == Some(0) {
+                if let Some(&(r, true)) = ev.memo.get(&o.0) {
+                    ev.memo.remove(&o.0);
+                    if dst.is_none() {
+                        dst = Some(r);
+                    } else if dst != Some(r) {
+                        ev.pool.push(r);
                     }
+                }
+            }
+        }
+        match dst {
+            Some(d) => Ok(d),
+            None => ev.pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into())),
+        }
+    }
+
+    /// Evaluates epilogue node `e` for one accumulator into a register; a node is
+    /// evaluated once per accumulator and its register reused after its last use.
+    fn eval(&mut self, e: ExprId, slot: &TileSlot, ev: &mut Eval<'_>) -> R<AsmRegisterYmm> {
+        if e == self.c.reduce {
+            return Ok(slot.acc);
+        }
+        if let Some(&(r, _)) = ev.memo.get(&e.0) {
+            return Ok(r);
+        }
+        let node = self.k.node(e).clone();
+        let r = match &node.expr {
+            Expr::Const(bits) => {
+                let bits = match node.ty {
+                    ScalarType::Bool if *bits != 0 => u32::MAX,
+                    ScalarType::Bool => 0,
                     _ => *bits as u32,
                 };
+                let r = self.result_reg(&[], ev)?;
                 let l = self.const_label(bits);
                 self.a.vbroadcastss(r, dword_ptr(l))?;
-                Ok((r, true))
+                r
             }
             Expr::Load { .. } => {
                 let el = self.eloads[&e.0];
                 let b = &self.bases[el.base];
                 let disp = b.per_m * slot.row + b.per_n * 8 * slot.vec;
                 let at = EPTR[el.base - 3] + disp as i32;
-                let r = take(pool)?;
+                let r = self.result_reg(&[], ev)?;
                 if !el.vector {
                     self.a.vbroadcastss(r, dword_ptr(at))?;
                 } else if let Some(m) = slot.mask {
@@ -556,111 +614,140 @@ impl Emitter<'_> {
                 } else {
                     self.a.vmovups(r, ymmword_ptr(at))?;
                 }
-                Ok((r, true))
+                r
+            }
+            Expr::Select(c, x, y) => {
+                if let Some((is_max, k, v)) = self.clamp_pattern(*c, *x, *y) {
+                    let rk = self.eval(k, slot, ev)?;
+                    let rv = self.eval(v, slot, ev)?;
+                    // The condition's own operand uses are not evaluated.
+                    if let Expr::Binary(_, cv, cc) = self.k.node(*c).expr {
+                        for n in [cv, cc] {
+                            if let Some(u) = ev.uses.get_mut(&n.0) {
+                                *u = u.saturating_sub(1);
+                            }
+                        }
+                    }
+                    let dst = self.result_reg(&[k, v], ev)?;
+                    if is_max {
+                        self.a.vmaxps(dst, rk, rv)?;
+                    } else {
+                        self.a.vminps(dst, rk, rv)?;
+                    }
+                    dst
+                } else {
+                    let rc = self.eval(*c, slot, ev)?;
+                    let rx = self.eval(*x, slot, ev)?;
+                    let ry = self.eval(*y, slot, ev)?;
+                    let dst = self.result_reg(&[*c, *x, *y], ev)?;
+                    self.a.vblendvps(dst, ry, rx, rc)?;
+                    dst
+                }
             }
             Expr::Binary(op, x, y) => {
-                // Max/Min of a constant: put the constant first so a NaN in the other
-                // operand is what comes out (the kernel's NaN rule).
+                // Max/Min with a constant: the constant goes first, so a NaN in the
+                // other operand is what comes out (the kernel's NaN rule).
                 let (x, y) = match op {
                     BinaryOp::Max | BinaryOp::Min if matches!(self.k.node(*y).expr, Expr::Const(_)) => (*y, *x),
                     _ => (*x, *y),
                 };
-                let (rx, ox) = self.eval(x, slot, pool)?;
-                let (ry, oy) = self.eval(y, slot, pool)?;
-                let const_first = matches!(op, BinaryOp::Max | BinaryOp::Min)
-                    && matches!(self.k.node(x).expr, Expr::Const(b) if !f32::from_bits(b as u32).is_nan());
-                let dst = if ox {
-                    rx
-                } else if oy {
-                    ry
-                } else {
-                    take(pool)?
-                };
+                let rx = self.eval(x, slot, ev)?;
+                let ry = self.eval(y, slot, ev)?;
+                let const_first = matches!(self.k.node(x).expr, Expr::Const(b) if !f32::from_bits(b as u32).is_nan());
                 match op {
-                    BinaryOp::Add => self.a.vaddps(dst, rx, ry)?,
-                    BinaryOp::Sub => self.a.vsubps(dst, rx, ry)?,
-                    BinaryOp::Mul => self.a.vmulps(dst, rx, ry)?,
-                    BinaryOp::Div => self.a.vdivps(dst, rx, ry)?,
-                    BinaryOp::Max | BinaryOp::Min => {
-                        // vmaxps/vminps return the second operand when either is NaN.
-                        if const_first {
-                            if *op == BinaryOp::Max {
-                                self.a.vmaxps(dst, rx, ry)?
-                            } else {
-                                self.a.vminps(dst, rx, ry)?
-                            }
+                    BinaryOp::Max | BinaryOp::Min if !const_first => {
+                        // vmaxps/vminps return the second operand when either is NaN:
+                        // where x is NaN, take x.
+                        let t = self.result_reg(&[], ev)?;
+                        let m = self.result_reg(&[], ev)?;
+                        if *op == BinaryOp::Max {
+                            self.a.vmaxps(t, rx, ry)?
                         } else {
-                            let t = take(pool)?;
-                            if *op == BinaryOp::Max {
-                                self.a.vmaxps(t, rx, ry)?
-                            } else {
-                                self.a.vminps(t, rx, ry)?
-                            }
-                            // Where x is NaN, take x.
-                            let m = take(pool)?;
-                            self.a.vcmpps(m, rx, rx, 3)?; // UNORD_Q
-                            self.a.vblendvps(dst, t, rx, m)?;
-                            pool.push(m);
-                            pool.push(t);
+                            self.a.vminps(t, rx, ry)?
                         }
+                        self.a.vcmpps(m, rx, rx, 3)?; // UNORD_Q
+                        let dst = self.result_reg(&[x, y], ev)?;
+                        self.a.vblendvps(dst, t, rx, m)?;
+                        ev.pool.push(m);
+                        if t != dst {
+                            ev.pool.push(t);
+                        }
+                        dst
                     }
-                    BinaryOp::Eq => self.a.vcmpps(dst, rx, ry, 0x00)?,
-                    BinaryOp::Ne => self.a.vcmpps(dst, rx, ry, 0x04)?,
-                    BinaryOp::Lt => self.a.vcmpps(dst, rx, ry, 0x11)?,
-                    BinaryOp::Le => self.a.vcmpps(dst, rx, ry, 0x12)?,
-                    BinaryOp::Gt => self.a.vcmpps(dst, rx, ry, 0x1E)?,
-                    BinaryOp::Ge => self.a.vcmpps(dst, rx, ry, 0x1D)?,
-                    BinaryOp::And => self.a.vandps(dst, rx, ry)?,
-                    BinaryOp::Or => self.a.vorps(dst, rx, ry)?,
-                    other => return no(format!("epilogue operation {}", other.name())),
-                }
-                if ox && oy {
-                    pool.push(ry);
-                }
-                Ok((dst, true))
-            }
-            Expr::Select(c, x, y) => {
-                let (rc, oc) = self.eval(*c, slot, pool)?;
-                let (rx, ox) = self.eval(*x, slot, pool)?;
-                let (ry, oy) = self.eval(*y, slot, pool)?;
-                let dst = [(rc, oc), (rx, ox), (ry, oy)].iter().find(|r| r.1).map(|r| r.0);
-                let dst = match dst {
-                    Some(d) => d,
-                    None => take(pool)?,
-                };
-                self.a.vblendvps(dst, ry, rx, rc)?;
-                for (r, o) in [(rc, oc), (rx, ox), (ry, oy)] {
-                    if o && r != dst {
-                        pool.push(r);
+                    _ => {
+                        let dst = self.result_reg(&[x, y], ev)?;
+                        match op {
+                            BinaryOp::Add => self.a.vaddps(dst, rx, ry)?,
+                            BinaryOp::Sub => self.a.vsubps(dst, rx, ry)?,
+                            BinaryOp::Mul => self.a.vmulps(dst, rx, ry)?,
+                            BinaryOp::Div => self.a.vdivps(dst, rx, ry)?,
+                            BinaryOp::Max => self.a.vmaxps(dst, rx, ry)?,
+                            BinaryOp::Min => self.a.vminps(dst, rx, ry)?,
+                            BinaryOp::Eq => self.a.vcmpps(dst, rx, ry, 0x00)?,
+                            BinaryOp::Ne => self.a.vcmpps(dst, rx, ry, 0x04)?,
+                            BinaryOp::Lt => self.a.vcmpps(dst, rx, ry, 0x11)?,
+                            BinaryOp::Le => self.a.vcmpps(dst, rx, ry, 0x12)?,
+                            BinaryOp::Gt => self.a.vcmpps(dst, rx, ry, 0x1E)?,
+                            BinaryOp::Ge => self.a.vcmpps(dst, rx, ry, 0x1D)?,
+                            BinaryOp::And => self.a.vandps(dst, rx, ry)?,
+                            BinaryOp::Or => self.a.vorps(dst, rx, ry)?,
+                            other => return no(format!("epilogue operation {}", other.name())),
+                        }
+                        dst
                     }
                 }
-                Ok((dst, true))
             }
             Expr::Unary(op, x) => {
-                let (rx, ox) = self.eval(*x, slot, pool)?;
-                let dst = if ox { rx } else { take(pool)? };
+                let rx = self.eval(*x, slot, ev)?;
                 match op {
-                    UnaryOp::Sqrt => self.a.vsqrtps(dst, rx)?,
+                    UnaryOp::Sqrt => {
+                        let dst = self.result_reg(&[*x], ev)?;
+                        self.a.vsqrtps(dst, rx)?;
+                        dst
+                    }
                     UnaryOp::Neg | UnaryOp::Abs => {
                         let (bits, neg) = if *op == UnaryOp::Neg { (0x8000_0000u32, true) } else { (0x7fff_ffff, false) };
                         let l = self.const_label(bits);
-                        let t = take(pool)?;
+                        let t = self.result_reg(&[], ev)?;
                         self.a.vbroadcastss(t, dword_ptr(l))?;
+                        let dst = self.result_reg(&[*x], ev)?;
                         if neg {
                             self.a.vxorps(dst, rx, t)?;
                         } else {
                             self.a.vandps(dst, rx, t)?;
                         }
-                        pool.push(t);
+                        ev.pool.push(t);
+                        dst
                     }
                     other => return no(format!("epilogue operation {}", other.name())),
                 }
-                Ok((dst, true))
             }
-            Expr::Cast { value, .. } => self.eval(*value, slot, pool),
-            _ => no("an epilogue operation without a vector form here"),
-        }
+            Expr::Cast { value, .. } => {
+                let r = self.eval(*value, slot, ev)?;
+                // The cast is the identity (f32 to f32): share the register, so the
+                // value's uses carry over.
+                if let Some(u) = ev.uses.get_mut(&value.0) {
+                    *u = u.saturating_sub(1);
+                }
+                let owned = ev.memo.get(&value.0).is_some_and(|m| m.1);
+                ev.memo.remove(&value.0);
+                ev.memo.insert(e.0, (r, owned));
+                return Ok(r);
+            }
+            _ => return no("an epilogue operation without a vector form here"),
+        };
+        ev.memo.insert(e.0, (r, true));
+        Ok(r)
     }
+}
+
+/// Per-accumulator state of an epilogue evaluation.
+struct Eval<'p> {
+    /// Node → its register and whether it was taken from the pool.
+    memo: HashMap<u32, (AsmRegisterYmm, bool)>,
+    /// Uses of each node not yet evaluated.
+    uses: HashMap<u32, u32>,
+    pool: &'p mut Vec<AsmRegisterYmm>,
 }
 
 /// The accumulator an epilogue evaluation is for.
