@@ -275,3 +275,21 @@ fn pointwise_convolutions() {
         check_micro(&pointwise(n, ci, co, h, w), &[&x, &wt, &bias], ci);
     }
 }
+
+/// B larger than one L2 column block: the columns run in blocks (the last one
+/// narrower), every panel of the range per block.
+#[test]
+fn column_blocks() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for (m, k, n) in [(13, 300, 500), (6, 700, 200), (1, 1100, 97)] {
+        let a = random_f32(&[m, k], 1.0, 21);
+        let b = random_f32(&[k, n], 1.0, 22);
+        check_micro(&matmul(&[], m, k, n, false, false), &[&a, &b], k);
+        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
+    }
+}

@@ -38,6 +38,9 @@ use kiln_ir::DType;
 
 /// Rows of a full panel.
 pub(crate) const MR: u64 = 6;
+/// Bytes of B one column block may take (the block stays in L2 while every panel of
+/// the workgroup range runs over it).
+const L2_BLOCK: u64 = 256 * 1024;
 
 /// A compiled contraction kernel: position-independent code and its workgroup count.
 pub(crate) struct GemmCode {
@@ -325,11 +328,14 @@ impl Emitter<'_> {
     // Stack frame (rsp-relative, after the pushes).
     const S_END: i32 = 0;
     const S_M0: i32 = 8;
-    const S_COORD: i32 = 16; // 8 per batch variable
+    const S_BEGIN: i32 = 16;
+    const S_N0: i32 = 24;
+    const S_COORD: i32 = 32; // 8 per batch variable
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
     fn frame(&self) -> i32 {
+        // (slots: end, m0, begin, n0, batch coordinates, base pointers)
         let bytes = self.s_ptr(self.bases.len());
         bytes + 8 - bytes % 16 // keeps rsp 16-aligned after six pushes and the return address
     }
@@ -342,13 +348,22 @@ impl Emitter<'_> {
         let frame = self.frame();
         self.a.sub(rsp, frame)?;
         self.a.mov(qword_ptr(rsp + Self::S_END), rcx)?;
-        self.a.mov(r14, rdx)?; // workgroup
+        self.a.mov(qword_ptr(rsp + Self::S_BEGIN), rdx)?;
         self.a.mov(r15, rdi)?; // bindings
         let mut done = self.a.create_label();
+        self.a.cmp(rdx, rcx)?;
+        self.a.jae(done)?;
+        // Column blocks: every panel of the range runs over one block of B (kept in
+        // L2) before the next block starts.
+        let (n, nc) = (self.c.dims[1], self.block_columns());
+        let blocks = n.div_ceil(nc);
+        let last_cols = n - (blocks - 1) * nc;
+        self.a.mov(qword_ptr(rsp + Self::S_N0), 0)?;
+        let mut block_top = self.a.create_label();
+        self.a.set_label(&mut block_top)?;
+        self.a.mov(r14, qword_ptr(rsp + Self::S_BEGIN))?; // workgroup
         let mut top = self.a.create_label();
         let mut next = self.a.create_label();
-        self.a.cmp(r14, rcx)?;
-        self.a.jae(done)?;
         self.a.set_label(&mut top)?;
         // Decode the workgroup: panel, then batch coordinates innermost first.
         let panels = self.panels();
@@ -365,7 +380,7 @@ impl Emitter<'_> {
             self.a.div(rcx)?;
             self.a.mov(qword_ptr(rsp + (Self::S_COORD + 8 * i as i32)), rdx)?;
         }
-        // Base pointers of this panel.
+        // Base pointers of this panel and column block.
         for bi in 0..self.bases.len() {
             self.a.mov(r8, qword_ptr(r15 + 8 * self.bases[bi].binding as i32))?;
             let c = self.bases[bi].c;
@@ -374,28 +389,62 @@ impl Emitter<'_> {
                 let slot = if i < ext.len() { Self::S_COORD + 8 * i as i32 } else { Self::S_M0 };
                 self.add_scaled(r8, qword_ptr(rsp + slot), coef)?;
             }
+            if blocks > 1 {
+                let per_n = self.bases[bi].per_n;
+                self.add_scaled(r8, qword_ptr(rsp + Self::S_N0), per_n)?;
+            }
             let s = self.s_ptr(bi);
             self.a.mov(qword_ptr(rsp + s), r8)?;
         }
         let m = self.c.dims[0];
         let tail_rows = m % MR;
+        let mut kinds: Vec<(u64, Option<u64>)> = Vec::new(); // (rows, guard: rows start at m0 ≥ this)
         if m >= MR {
             if tail_rows != 0 {
-                let mut full = self.a.create_label();
-                self.a.cmp(qword_ptr(rsp + Self::S_M0), (m - tail_rows) as i32)?;
-                self.a.jb(full)?;
-                self.panel(tail_rows)?;
-                self.a.jmp(next)?;
-                self.a.set_label(&mut full)?;
+                kinds.push((tail_rows, Some(m - tail_rows)));
             }
-            self.panel(MR)?;
+            kinds.push((MR, None));
         } else {
-            self.panel(tail_rows)?;
+            kinds.push((tail_rows, None));
+        }
+        let widths: Vec<(u64, bool)> =
+            if blocks > 1 && last_cols != nc { vec![(last_cols, true), (nc, false)] } else { vec![(nc.min(n), false)] };
+        // (Labels are set only where a jump lands: one label per instruction.)
+        for (rows, guard) in kinds {
+            let mut skip = None;
+            if let Some(first_row) = guard {
+                let l = self.a.create_label();
+                self.a.cmp(qword_ptr(rsp + Self::S_M0), first_row as i32)?;
+                self.a.jb(l)?;
+                skip = Some(l);
+            }
+            for &(cols, last) in &widths {
+                let mut other = None;
+                if last {
+                    let l = self.a.create_label();
+                    self.a.cmp(qword_ptr(rsp + Self::S_N0), ((blocks - 1) * nc) as i32)?;
+                    self.a.jb(l)?;
+                    other = Some(l);
+                }
+                self.panel(rows, cols)?;
+                self.a.jmp(next)?;
+                if let Some(mut l) = other {
+                    self.a.set_label(&mut l)?;
+                }
+            }
+            if let Some(mut l) = skip {
+                self.a.set_label(&mut l)?;
+            }
         }
         self.a.set_label(&mut next)?;
         self.a.inc(r14)?;
         self.a.cmp(r14, qword_ptr(rsp + Self::S_END))?;
         self.a.jb(top)?;
+        if blocks > 1 {
+            self.a.add(qword_ptr(rsp + Self::S_N0), nc as i32)?;
+            self.a.cmp(qword_ptr(rsp + Self::S_N0), n as i32)?;
+            self.a.jb(block_top)?;
+        }
         self.a.set_label(&mut done)?;
         self.a.vzeroupper()?;
         self.a.add(rsp, frame)?;
@@ -420,9 +469,18 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// One row panel of `mr` rows: every column, tile by tile.
-    fn panel(&mut self, mr: u64) -> R<()> {
-        let n = self.c.dims[1];
+    /// Columns per block: all of them when B fits [`L2_BLOCK`], else a multiple of 48
+    /// columns (two and three vector tiles both divide it) whose K rows fit.
+    fn block_columns(&self) -> u64 {
+        let (n, k) = (self.c.dims[1], self.c.dims[2].max(1));
+        if n * k * 4 <= L2_BLOCK {
+            return n;
+        }
+        ((L2_BLOCK / (4 * k)) / 48 * 48).max(48).min(n)
+    }
+
+    /// One row panel of `mr` rows over `n` columns of the current block, tile by tile.
+    fn panel(&mut self, mr: u64, n: u64) -> R<()> {
         self.a.mov(r12, qword_ptr(rsp + self.s_ptr(0)))?;
         self.a.mov(r13, qword_ptr(rsp + self.s_ptr(1)))?;
         self.a.mov(r8, qword_ptr(rsp + self.s_ptr(2)))?;
