@@ -121,7 +121,7 @@ impl FlowProgram {
         p
     }
 
-    fn add(&mut self, ty: TensorType, name: String, kind: BufferKind) -> BufferId {
+    pub(crate) fn add(&mut self, ty: TensorType, name: String, kind: BufferKind) -> BufferId {
         self.buffers.push(Buffer { ty, name, kind });
         BufferId(self.buffers.len() as u32 - 1)
     }
@@ -179,6 +179,7 @@ impl FlowProgram {
 pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
     let mut p = lower_graph(graph)?;
     crate::fuse::fuse(&mut p);
+    crate::contraction::relayout_constants(&mut p);
     p.remove_dead();
     Ok(p)
 }
