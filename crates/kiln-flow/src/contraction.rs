@@ -166,9 +166,11 @@ pub struct Contraction {
     pub m: u32,
     /// The column group, outermost first (flattened, it is one column index).
     pub n: Vec<u32>,
-    /// The reduction variable (the one of extent above 1, if any).
-    pub k: u32,
-    /// `M`, `N` (the product of the group's extents) and `K`.
+    /// The reduction variables of extent above 1, outermost first (one for a matrix
+    /// product; `ci, kh, kw` for a convolution); a lone extent-1 variable when none.
+    pub k: Vec<u32>,
+    /// `M`, `N` (the product of the group's extents) and `K` (the product of the
+    /// reduction's extents).
     pub dims: [u64; 3],
     /// The left operand: offset independent of the columns.
     pub a: Operand,
@@ -228,13 +230,11 @@ impl Contraction {
                 if found.is_some() || *op != ReduceOp::Sum || node.ty != ScalarType::F32 {
                     return None;
                 }
-                let wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
-                let kv = match wide.as_slice() {
-                    [] => vars.first()?.0,
-                    [v] => *v,
-                    _ => return None,
-                };
-                found = Some((ExprId(i as u32), kv, *body));
+                let mut wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
+                if wide.is_empty() {
+                    wide.push(vars.first()?.0);
+                }
+                found = Some((ExprId(i as u32), wide, *body));
             }
         }
         let (reduce, kv, body) = found?;
@@ -250,11 +250,11 @@ impl Contraction {
             }
         };
         let (x, y) = (load(x)?, load(y)?);
-        Contraction::with(k, reduce, kv, x.clone(), y.clone()).or_else(|| Contraction::with(k, reduce, kv, y, x))
+        Contraction::with(k, reduce, &kv, x.clone(), y.clone()).or_else(|| Contraction::with(k, reduce, &kv, y, x))
     }
 
     /// The contraction with `a` as the left operand, if the operands fit that way.
-    fn with(k: &Kernel, reduce: ExprId, kv: u32, a: Operand, b: Operand) -> Option<Contraction> {
+    fn with(k: &Kernel, reduce: ExprId, kv: &[u32], a: Operand, b: Operand) -> Option<Contraction> {
         let rank = k.out_rank() as u32;
         let ext = |v: u32| k.vars[v as usize];
         // The column group: trailing variables `a` does not read, `b` reads, laid out
@@ -276,14 +276,19 @@ impl Contraction {
             width = width.checked_mul(e)?;
         }
         let first = *n.first()?;
-        // The row variable: innermost before the group that `a` reads and `b` does not.
-        let m = (0..first).rev().find(|&v| a.offset.of(v) != 0 && b.offset.of(v) == 0 && ext(v) > 1).or_else(|| {
-            // No such variable: a single row (an extent-1 variable stands in for it).
-            (0..first).rev().find(|&v| ext(v) == 1)
-        })?;
+        // The row variable: innermost before the group that `a` reads and `b` does not
+        // (a matrix product's rows, a convolution's output channels); else one that
+        // only `b` reads (a depthwise convolution's output rows: each row reads its own
+        // rows of `b` with the same `a`); else an extent-1 variable (a single row).
+        let before = || (0..first).rev();
+        let m = before()
+            .find(|&v| a.offset.of(v) != 0 && b.offset.of(v) == 0 && ext(v) > 1)
+            .or_else(|| before().find(|&v| a.offset.of(v) == 0 && b.offset.of(v) != 0 && ext(v) > 1))
+            .or_else(|| before().find(|&v| ext(v) == 1))?;
         let batch = (0..rank).filter(|&v| v != m && !n.contains(&v)).collect();
-        let dims = [ext(m), width as u64, ext(kv)];
-        Some(Contraction { batch, m, n, k: kv, dims, a, b, reduce, n_strides: strides })
+        let kk = kv.iter().try_fold(1u64, |acc, &v| acc.checked_mul(ext(v)))?;
+        let dims = [ext(m), width as u64, kk];
+        Some(Contraction { batch, m, n, k: kv.to_vec(), dims, a, b, reduce, n_strides: strides })
     }
 }
 
@@ -406,7 +411,7 @@ mod tests {
     #[test]
     fn recognises_a_batched_matmul_with_epilogue() {
         let c = Contraction::of(&batched(false)).expect("a contraction");
-        assert_eq!((c.batch.clone(), c.m, c.n.clone(), c.k), (vec![0], 1, vec![2], 3));
+        assert_eq!((c.batch.clone(), c.m, c.n.clone(), c.k.clone()), (vec![0], 1, vec![2], vec![3]));
         assert_eq!(c.dims, [3, 5, 7]);
         assert_eq!(c.a.input, 0);
         assert_eq!((c.a.offset.of(0), c.a.offset.of(1), c.a.offset.of(3)), (21, 7, 1));
@@ -466,7 +471,7 @@ mod tests {
         let p = kb.mul(x, f);
         let s = kb.reduce(ReduceOp::Sum, vec![ci, kh, kw], p);
         let c = Contraction::of(&kb.finish(s).unwrap()).expect("a contraction");
-        assert_eq!((c.batch.clone(), c.m, c.n.clone(), c.k), (vec![0], 1, vec![2, 3], 4));
+        assert_eq!((c.batch.clone(), c.m, c.n.clone(), c.k.clone()), (vec![0], 1, vec![2, 3], vec![4]));
         assert_eq!(c.dims, [4, 30, 8]);
         assert_eq!((c.a.input, c.b.input), (1, 0));
         assert_eq!(c.column_step(&c.b.offset), Some(1));

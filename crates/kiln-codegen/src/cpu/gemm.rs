@@ -334,9 +334,13 @@ impl Emitter<'_> {
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
+    /// The counter of reduction loop `level` (all but the innermost live on the stack).
+    fn s_kcount(&self, level: usize) -> i32 {
+        self.s_ptr(self.bases.len()) + 8 * level as i32
+    }
     fn frame(&self) -> i32 {
-        // (slots: end, m0, begin, n0, batch coordinates, base pointers)
-        let bytes = self.s_ptr(self.bases.len());
+        // (slots: end, m0, begin, n0, batch coordinates, base pointers, loop counters)
+        let bytes = self.s_kcount(self.c.k.len());
         bytes + 8 - bytes % 16 // keeps rsp 16-aligned after six pushes and the return address
     }
 
@@ -539,37 +543,82 @@ impl Emitter<'_> {
             self.a.vmovups(mreg, ymmword_ptr(l))?;
             free.retain(|&r| r != mreg);
         }
-        let k = self.c.dims[2];
-        let (sa, sb) = (self.c.a.offset.of(self.c.k) * 4, self.c.b.offset.of(self.c.k) * 4);
         let a_row = self.bases[0].per_m;
+        let b_row = self.bases[1].per_m;
         for i in 0..mr_ {
             for j in 0..nv_ {
                 self.a.vxorps(acc(i, j), acc(i, j), acc(i, j))?;
             }
         }
+        // The reduction: one loop per reduction variable, outermost first; each level
+        // leaves the pointers `extent · stride` further on, so the level above adds
+        // its own stride less that.
+        let kvars = self.c.k.clone();
+        let ext: Vec<i64> = kvars.iter().map(|&v| self.k.vars[v as usize] as i64).collect();
+        let sa: Vec<i64> = kvars.iter().map(|&v| self.c.a.offset.of(v) * 4).collect();
+        let sb: Vec<i64> = kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect();
+        let q = kvars.len();
         self.a.mov(rdi, r12)?;
         self.a.mov(rsi, r13)?;
-        self.a.mov(rdx, k as i64)?;
+        let mut outer: Vec<CodeLabel> = Vec::new();
+        for level in 0..q - 1 {
+            let slot = self.s_kcount(level);
+            self.a.mov(qword_ptr(rsp + slot), ext[level] as i32)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            outer.push(l);
+        }
+        self.a.mov(rdx, ext[q - 1])?;
         let mut kloop = self.a.create_label();
         self.a.set_label(&mut kloop)?;
-        for j in 0..nv_ {
-            let at = ymmword_ptr(rsi + 32 * j as i32);
-            if masked.is_some() && j == nv_ - 1 {
-                self.a.vmaskmovps(breg(j), mreg, at)?;
-            } else {
-                self.a.vmovups(breg(j), at)?;
-            }
-        }
-        for i in 0..mr_ {
-            self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
+        if b_row == 0 {
+            // The row of B is the same for every row of the tile: load it once.
             for j in 0..nv_ {
-                self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+                let at = ymmword_ptr(rsi + 32 * j as i32);
+                if masked.is_some() && j == nv_ - 1 {
+                    self.a.vmaskmovps(breg(j), mreg, at)?;
+                } else {
+                    self.a.vmovups(breg(j), at)?;
+                }
+            }
+            for i in 0..mr_ {
+                self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
+                for j in 0..nv_ {
+                    self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+                }
+            }
+        } else {
+            // Each row of the tile reads its own row of B (a depthwise convolution's
+            // output rows): FMAs take B from memory.
+            if a_row == 0 {
+                self.a.vbroadcastss(areg, dword_ptr(rdi))?;
+            }
+            for i in 0..mr_ {
+                if a_row != 0 {
+                    self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
+                }
+                for j in 0..nv_ {
+                    let at = ymmword_ptr(rsi + (b_row * i as i64 + 32 * j as i64) as i32);
+                    if masked.is_some() && j == nv_ - 1 {
+                        self.a.vmaskmovps(breg(j), mreg, at)?;
+                        self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+                    } else {
+                        self.a.vfmadd231ps(acc(i, j), areg, at)?;
+                    }
+                }
             }
         }
-        self.add_imm(rdi, sa)?;
-        self.add_imm(rsi, sb)?;
+        self.add_imm(rdi, sa[q - 1])?;
+        self.add_imm(rsi, sb[q - 1])?;
         self.a.dec(rdx)?;
         self.a.jnz(kloop)?;
+        for level in (0..q - 1).rev() {
+            self.add_imm(rdi, sa[level] - ext[level + 1] * sa[level + 1])?;
+            self.add_imm(rsi, sb[level] - ext[level + 1] * sb[level + 1])?;
+            let slot = self.s_kcount(level);
+            self.a.dec(qword_ptr(rsp + slot))?;
+            self.a.jnz(outer[level])?;
+        }
         // Epilogue and store, one accumulator at a time.
         let mut pool: Vec<AsmRegisterYmm> = (0..nv_).map(breg).chain([areg]).chain(free).collect();
         pool.sort_by_key(|r| YMM.iter().position(|y| y == r));
