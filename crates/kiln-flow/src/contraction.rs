@@ -25,8 +25,7 @@
 //! compiles the same kernel with its general code generator.
 
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
-use crate::program::{BufferKind, FlowProgram};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_ir::DType;
 
 /// `c + Σ coef[v]·v` over the kernel's variables (flat element offsets, i64).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -292,94 +291,6 @@ impl Contraction {
     }
 }
 
-/// Lays constant right operands out for the contraction they feed: where a kernel is
-/// `Σ_k A · B` except that the constant `B` is not column-contiguous (`Gemm` with
-/// `transB = 1`, a `MatMul` by a transposed weight), `B` is copied at compile time into
-/// a new `[K, N]` constant and the kernel reads that instead, which makes it a
-/// [`Contraction`]. Returns how many operands were laid out.
-pub fn relayout_constants(p: &mut FlowProgram) -> usize {
-    let mut done = 0;
-    for d in 0..p.dispatches.len() {
-        if Contraction::of(&p.dispatches[d].kernel).is_some() {
-            continue;
-        }
-        let Some((input, load, tensor, index)) = relayout_one(p, d) else { continue };
-        let k = &mut p.dispatches[d].kernel;
-        let old = (k.inputs[input].clone(), k.nodes[load].expr.clone());
-        k.inputs[input] = tensor.ty().clone();
-        if let Expr::Load { index: ix, .. } = &mut k.nodes[load].expr {
-            *ix = index;
-        }
-        if k.verify().is_err() || Contraction::of(k).is_none() {
-            k.inputs[input] = old.0;
-            k.nodes[load].expr = old.1;
-            continue;
-        }
-        let name = format!("{}.kn", p.buffer(p.dispatches[d].operands[input]).name);
-        let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
-        p.dispatches[d].operands[input] = b;
-        done += 1;
-    }
-    done
-}
-
-/// For dispatch `d`: the input to lay out, its load node, the new `[K, N]` constant and
-/// the load's new index.
-fn relayout_one(p: &FlowProgram, d: usize) -> Option<(usize, usize, Tensor, Vec<ExprId>)> {
-    let k = &p.dispatches[d].kernel;
-    let rank = k.out_rank();
-    if rank < 2 || k.output.dtype != DType::F32 {
-        return None;
-    }
-    let n = (rank - 1) as u32;
-    let (reduce, kv) = k.nodes.iter().enumerate().find_map(|(i, node)| match &node.expr {
-        Expr::Reduce { op: ReduceOp::Sum, vars, .. } => {
-            let wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
-            (wide.len() == 1).then(|| (i, wide[0]))
-        }
-        _ => None,
-    })?;
-    let Expr::Reduce { body, .. } = &k.nodes[reduce].expr else { return None };
-    let Expr::Binary(BinaryOp::Mul, x, y) = k.node(*body).expr else { return None };
-    for (b, a) in [(y, x), (x, y)] {
-        let Expr::Load { input, index, bounds: Bounds::InBounds } = &k.node(b).expr else { continue };
-        let Expr::Load { input: ai, index: aix, bounds: Bounds::InBounds } = &k.node(a).expr else { continue };
-        let (input, ai) = (*input as usize, *ai as usize);
-        let operand = p.storage(p.dispatches[d].operands[input]);
-        let BufferKind::Const(t) = &p.buffer(operand).kind else { continue };
-        if t.dtype() != DType::F32 || input == ai {
-            continue;
-        }
-        let (boff, aoff) = (load_offset(k, input as u32, index)?, load_offset(k, ai as u32, aix)?);
-        // B reads only k and n (and extent-1 variables); A does not read n.
-        let only_kn = boff.coef.iter().enumerate().all(|(v, &c)| c == 0 || v as u32 == kv || v as u32 == n || k.vars[v] == 1);
-        if !only_kn || aoff.of(n) != 0 || boff.of(n) == 1 || boff.of(n) == 0 {
-            continue;
-        }
-        // No other load reads this input.
-        let loads = k.nodes.iter().filter(|nd| matches!(&nd.expr, Expr::Load { input: i, .. } if *i as usize == input)).count();
-        if loads != 1 {
-            continue;
-        }
-        // Var nodes for k and n placed before the load (its new index).
-        let var_node = |v: u32| k.nodes[..b.index()].iter().position(|nd| nd.expr == Expr::Var(crate::kernel::VarId(v)));
-        let (ek, en) = (var_node(kv)?, var_node(n)?);
-        let (kk, nn) = (k.vars[kv as usize] as usize, k.vars[n as usize] as usize);
-        let src = t.to_vec::<f32>().ok()?;
-        let mut out = Vec::with_capacity(kk * nn);
-        for ki in 0..kk as i64 {
-            for ni in 0..nn as i64 {
-                let at = boff.c + boff.of(kv) * ki + boff.of(n) * ni;
-                out.push(*src.get(usize::try_from(at).ok()?)?);
-            }
-        }
-        let tensor = Tensor::from_vec(Shape::new(vec![kk, nn]).ok()?, out).ok()?;
-        debug_assert_eq!(tensor.ty(), &TensorType::new(DType::F32, Shape::new(vec![kk, nn]).ok()?));
-        return Some((input, b.index(), tensor, vec![ExprId(ek as u32), ExprId(en as u32)]));
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,57 +400,5 @@ mod tests {
         let s = kb.reduce(ReduceOp::Sum, vec![kv], x);
         let _ = o[1];
         assert!(Contraction::of(&kb.finish(s).unwrap()).is_none());
-    }
-
-    /// `Gemm` with `transB = 1`: the constant is laid out `[K, N]` at compile time, the
-    /// kernel becomes a contraction, and its results do not change.
-    #[test]
-    fn transposed_constant_laid_out() {
-        use crate::program::{Buffer, BufferId, Dispatch};
-        let (m, kk, n) = (3usize, 5usize, 4usize);
-        let mut kb = KernelBuilder::new("gemm", vec![t(&[m, kk]), t(&[n, kk])], t(&[m, n]));
-        let o = kb.out_index();
-        let kv = kb.new_var(kk as u64);
-        let k = kb.var(kv);
-        let x = kb.load(0, vec![o[0], k]);
-        let w = kb.load(1, vec![o[1], k]);
-        let p = kb.mul(x, w);
-        let r = kb.reduce(ReduceOp::Sum, vec![kv], p);
-        let kernel = kb.finish(r).unwrap();
-        assert!(Contraction::of(&kernel).is_none());
-        let xs: Vec<f32> = (0..m * kk).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let ws: Vec<f32> = (0..n * kk).map(|i| (i as f32 * 0.37).sin()).collect();
-        let (xt, wt) = (
-            Tensor::from_vec(Shape::new(vec![m, kk]).unwrap(), xs).unwrap(),
-            Tensor::from_vec(Shape::new(vec![n, kk]).unwrap(), ws).unwrap(),
-        );
-        let want = crate::interp::run(&kernel, &[&xt, &wt]).unwrap();
-        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let mut prog = FlowProgram {
-            name: "g".into(),
-            buffers: vec![
-                buf(t(&[m, kk]), BufferKind::Input(0)),
-                buf(t(&[n, kk]), BufferKind::Const(wt.clone())),
-                buf(t(&[m, n]), BufferKind::Result),
-            ],
-            dispatches: vec![Dispatch {
-                kernel,
-                operands: vec![BufferId(0), BufferId(1)],
-                result: BufferId(2),
-                sources: vec!["Gemm".into()],
-            }],
-            inputs: vec![BufferId(0)],
-            outputs: vec![BufferId(2)],
-        };
-        assert_eq!(relayout_constants(&mut prog), 1);
-        let d = &prog.dispatches[0];
-        let c = Contraction::of(&d.kernel).expect("a contraction now");
-        assert_eq!(c.dims, [m as u64, n as u64, kk as u64]);
-        let BufferKind::Const(laid) = &prog.buffer(d.operands[1]).kind else { panic!("not a constant") };
-        assert_eq!(laid.shape().dims(), &[kk, n]);
-        let got = crate::interp::run(&d.kernel, &[&xt, laid]).unwrap();
-        assert_eq!(got, want);
-        // Already a contraction: nothing to do.
-        assert_eq!(relayout_constants(&mut prog), 0);
     }
 }

@@ -18,6 +18,7 @@ pub mod kernel;
 pub use kernel::{
     BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, KernelError, ReduceOp, ScalarType, UnaryOp, VarId,
 };
+pub mod layout;
 pub mod lower;
 pub mod program;
 pub mod text;

@@ -178,8 +178,9 @@ impl FlowProgram {
 /// Lowers every node of `graph` and fuses the result (see the module docs).
 pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
     let mut p = lower_graph(graph)?;
+    crate::layout::materialize_padding(&mut p);
     crate::fuse::fuse(&mut p);
-    crate::contraction::relayout_constants(&mut p);
+    crate::layout::relayout_constants(&mut p);
     p.remove_dead();
     Ok(p)
 }

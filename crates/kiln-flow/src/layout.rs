@@ -1,0 +1,365 @@
+//! Layout transforms that make kernels contractions ([`crate::contraction`]), so a
+//! target's matrix microkernels apply to them. Both run on the flow program and keep
+//! every kernel's results unchanged:
+//!
+//! - [`materialize_padding`]: a convolution reads its input through `Pad` bounds
+//!   (indices outside the tensor read 0). A dispatch in front of it writes the padded
+//!   input once; the convolution then reads that in bounds, at indices shifted by the
+//!   padding, which makes it a contraction (one extra pass over the input, instead of
+//!   a bounds check per multiply-add).
+//! - [`relayout_constants`]: a constant right operand that is not column-contiguous
+//!   (`Gemm` with `transB = 1`) is copied at compile time into a `[K, N]` constant.
+//!
+//! Each transform is taken only when the rewritten kernel is a contraction.
+
+use crate::contraction::{load_offset, Contraction};
+use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
+use crate::program::{BufferKind, Dispatch, FlowProgram};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
+
+/// Puts a padding dispatch in front of every kernel that becomes a contraction when
+/// its `Pad`-bounded operand is read in bounds from a padded copy. Returns how many
+/// were added.
+pub fn materialize_padding(p: &mut FlowProgram) -> usize {
+    let mut out: Vec<Dispatch> = Vec::with_capacity(p.dispatches.len());
+    let mut added = 0;
+    let dispatches = std::mem::take(&mut p.dispatches);
+    for mut d in dispatches {
+        if let Some((kernel, pad, padded_ty)) = padded(&d.kernel) {
+            let source = d.operands[pad.input as usize];
+            let buf = p.add(padded_ty.clone(), format!("{}.padded", p.buffer(source).name), BufferKind::Result);
+            out.push(Dispatch {
+                kernel: pad.kernel,
+                operands: vec![source],
+                result: buf,
+                sources: vec![format!("padding for {}", d.sources.first().map_or("?", |s| s.as_str()))],
+            });
+            if kernel.inputs.len() > d.operands.len() {
+                d.operands.push(buf);
+            } else {
+                d.operands[pad.input as usize] = buf;
+            }
+            d.kernel = kernel;
+            added += 1;
+        }
+        out.push(d);
+    }
+    p.dispatches = out;
+    added
+}
+
+/// The padding kernel of an operand.
+struct Padding {
+    input: u32,
+    kernel: Kernel,
+}
+
+/// `k` reading its padded operand (in the operand's slot, or a new last input when
+/// other loads read the operand too), the padding kernel and the padded type; `None`
+/// unless the result is a contraction.
+fn padded(k: &Kernel) -> Option<(Kernel, Padding, TensorType)> {
+    if Contraction::of(k).is_some() {
+        return None;
+    }
+    let body = k.nodes.iter().find_map(|n| match &n.expr {
+        Expr::Reduce { op: ReduceOp::Sum, body, .. } => Some(*body),
+        _ => None,
+    })?;
+    let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
+    for load in [x, y] {
+        let Expr::Load { input, index, bounds: Bounds::Pad(bits) } = &k.node(load).expr else { continue };
+        let ty = k.inputs.get(*input as usize)?;
+        if ty.dtype != DType::F32 {
+            continue;
+        }
+        // Range of every index; the padded tensor covers it.
+        let dims = ty.shape.dims();
+        let mut shift = Vec::with_capacity(dims.len());
+        let mut pdims = Vec::with_capacity(dims.len());
+        for (d, &e) in index.iter().enumerate() {
+            let a = crate::contraction::affine(k, e)?;
+            let (mut lo, mut hi) = (a.c, a.c);
+            for (v, &c) in a.coef.iter().enumerate() {
+                let top = c.checked_mul(i64::try_from(k.vars[v]).ok()? - 1)?;
+                lo += top.min(0);
+                hi += top.max(0);
+            }
+            let s = (-lo).max(0);
+            shift.push(s);
+            pdims.push(usize::try_from((hi + 1).max(dims[d] as i64) + s).ok()?);
+        }
+        if shift.iter().all(|&s| s == 0) && pdims.iter().zip(dims).all(|(p, d)| p == d) {
+            continue;
+        }
+        let padded_ty = TensorType::new(DType::F32, Shape::new(pdims).ok()?);
+        // The padded copy takes the operand's place unless another load reads it too.
+        let readers =
+            k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input: i, .. } if i == input)).count();
+        let new_input = if readers == 1 { *input } else { k.inputs.len() as u32 };
+        let kernel = rebuild_load(k, load, new_input, &padded_ty, &shift)?;
+        if !Contraction::of(&kernel).is_some_and(|c| c.epilogue_is_affine(&kernel)) {
+            continue;
+        }
+        // The padding kernel: padded[q] = x[q − shift] (the pad value outside x).
+        let mut b = KernelBuilder::new(format!("{}_pad", k.name), vec![ty.clone()], padded_ty.clone());
+        let q = b.out_index();
+        let idx: Vec<ExprId> = q
+            .iter()
+            .zip(&shift)
+            .map(|(&qd, &s)| {
+                let c = b.index(-s);
+                b.add(qd, c)
+            })
+            .collect();
+        let v = b.load_with(0, idx, Bounds::Pad(*bits));
+        let pad_kernel = b.finish(v).ok()?;
+        return Some((kernel, Padding { input: *input, kernel: pad_kernel }, padded_ty));
+    }
+    None
+}
+
+/// `k` with load node `load` reading input `new_input` (of type `ty`: the operand's own
+/// slot, or one appended to the inputs) in bounds at its indices plus `shift`.
+fn rebuild_load(k: &Kernel, load: ExprId, new_input: u32, ty: &TensorType, shift: &[i64]) -> Option<Kernel> {
+    let mut inputs = k.inputs.clone();
+    match inputs.get_mut(new_input as usize) {
+        Some(slot) => *slot = ty.clone(),
+        None => inputs.push(ty.clone()),
+    }
+    let mut b = KernelBuilder::new(k.name.clone(), inputs, k.output.clone());
+    for &e in &k.vars[k.out_rank()..] {
+        b.new_var(e);
+    }
+    let mut map: Vec<ExprId> = Vec::with_capacity(k.nodes.len());
+    for (i, node) in k.nodes.iter().enumerate() {
+        let m = |e: ExprId| map[e.index()];
+        let expr = match &node.expr {
+            Expr::Load { index, .. } if i == load.index() => {
+                let idx: Vec<ExprId> = index
+                    .iter()
+                    .zip(shift)
+                    .map(|(&e, &s)| {
+                        let c = b.index(s);
+                        b.add(m(e), c)
+                    })
+                    .collect();
+                Expr::Load { input: new_input, index: idx, bounds: Bounds::InBounds }
+            }
+            Expr::Load { input, index, bounds } => {
+                Expr::Load { input: *input, index: index.iter().map(|&e| m(e)).collect(), bounds: *bounds }
+            }
+            Expr::Unary(op, a) => Expr::Unary(*op, m(*a)),
+            Expr::Binary(op, a, c) => Expr::Binary(*op, m(*a), m(*c)),
+            Expr::Select(c, a, e) => Expr::Select(m(*c), m(*a), m(*e)),
+            Expr::Cast { value, to, saturate } => Expr::Cast { value: m(*value), to: *to, saturate: *saturate },
+            Expr::Reduce { op, vars, body } => Expr::Reduce { op: *op, vars: vars.clone(), body: m(*body) },
+            e @ (Expr::Var(_) | Expr::Const(_)) => e.clone(),
+        };
+        map.push(b.raw(node.ty, expr));
+    }
+    b.finish(map[k.root.index()]).ok()
+}
+
+/// Lays constant right operands out for the contraction they feed: where a kernel is
+/// `Σ_k A · B` except that the constant `B` is not column-contiguous (`Gemm` with
+/// `transB = 1`, a `MatMul` by a transposed weight), `B` is copied at compile time into
+/// a new `[K, N]` constant and the kernel reads that instead, which makes it a
+/// [`Contraction`]. Returns how many operands were laid out.
+pub fn relayout_constants(p: &mut FlowProgram) -> usize {
+    let mut done = 0;
+    for d in 0..p.dispatches.len() {
+        if Contraction::of(&p.dispatches[d].kernel).is_some() {
+            continue;
+        }
+        let Some((input, load, tensor, index)) = relayout_one(p, d) else { continue };
+        let k = &mut p.dispatches[d].kernel;
+        let old = (k.inputs[input].clone(), k.nodes[load].expr.clone());
+        k.inputs[input] = tensor.ty().clone();
+        if let Expr::Load { index: ix, .. } = &mut k.nodes[load].expr {
+            *ix = index;
+        }
+        if k.verify().is_err() || Contraction::of(k).is_none() {
+            k.inputs[input] = old.0;
+            k.nodes[load].expr = old.1;
+            continue;
+        }
+        let name = format!("{}.kn", p.buffer(p.dispatches[d].operands[input]).name);
+        let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
+        p.dispatches[d].operands[input] = b;
+        done += 1;
+    }
+    done
+}
+
+/// For dispatch `d`: the input to lay out, its load node, the new `[K, N]` constant and
+/// the load's new index.
+fn relayout_one(p: &FlowProgram, d: usize) -> Option<(usize, usize, Tensor, Vec<ExprId>)> {
+    let k = &p.dispatches[d].kernel;
+    let rank = k.out_rank();
+    if rank < 2 || k.output.dtype != DType::F32 {
+        return None;
+    }
+    let n = (rank - 1) as u32;
+    let (reduce, kv) = k.nodes.iter().enumerate().find_map(|(i, node)| match &node.expr {
+        Expr::Reduce { op: ReduceOp::Sum, vars, .. } => {
+            let wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
+            (wide.len() == 1).then(|| (i, wide[0]))
+        }
+        _ => None,
+    })?;
+    let Expr::Reduce { body, .. } = &k.nodes[reduce].expr else { return None };
+    let Expr::Binary(BinaryOp::Mul, x, y) = k.node(*body).expr else { return None };
+    for (b, a) in [(y, x), (x, y)] {
+        let Expr::Load { input, index, bounds: Bounds::InBounds } = &k.node(b).expr else { continue };
+        let Expr::Load { input: ai, index: aix, bounds: Bounds::InBounds } = &k.node(a).expr else { continue };
+        let (input, ai) = (*input as usize, *ai as usize);
+        let operand = p.storage(p.dispatches[d].operands[input]);
+        let BufferKind::Const(t) = &p.buffer(operand).kind else { continue };
+        if t.dtype() != DType::F32 || input == ai {
+            continue;
+        }
+        let (boff, aoff) = (load_offset(k, input as u32, index)?, load_offset(k, ai as u32, aix)?);
+        // B reads only k and n (and extent-1 variables); A does not read n.
+        let only_kn = boff.coef.iter().enumerate().all(|(v, &c)| c == 0 || v as u32 == kv || v as u32 == n || k.vars[v] == 1);
+        if !only_kn || aoff.of(n) != 0 || boff.of(n) == 1 || boff.of(n) == 0 {
+            continue;
+        }
+        // No other load reads this input.
+        let loads = k.nodes.iter().filter(|nd| matches!(&nd.expr, Expr::Load { input: i, .. } if *i as usize == input)).count();
+        if loads != 1 {
+            continue;
+        }
+        // Var nodes for k and n placed before the load (its new index).
+        let var_node = |v: u32| k.nodes[..b.index()].iter().position(|nd| nd.expr == Expr::Var(VarId(v)));
+        let (ek, en) = (var_node(kv)?, var_node(n)?);
+        let (kk, nn) = (k.vars[kv as usize] as usize, k.vars[n as usize] as usize);
+        let src = t.to_vec::<f32>().ok()?;
+        let mut out = Vec::with_capacity(kk * nn);
+        for ki in 0..kk as i64 {
+            for ni in 0..nn as i64 {
+                let at = boff.c + boff.of(kv) * ki + boff.of(n) * ni;
+                out.push(*src.get(usize::try_from(at).ok()?)?);
+            }
+        }
+        let tensor = Tensor::from_vec(Shape::new(vec![kk, nn]).ok()?, out).ok()?;
+        debug_assert_eq!(tensor.ty(), &TensorType::new(DType::F32, Shape::new(vec![kk, nn]).ok()?));
+        return Some((input, b.index(), tensor, vec![ExprId(ek as u32), ExprId(en as u32)]));
+    }
+    None
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::Shape;
+
+    fn t(dims: &[usize]) -> TensorType {
+        TensorType::new(DType::F32, Shape::new(dims).unwrap())
+    }
+
+    /// `Gemm` with `transB = 1`: the constant is laid out `[K, N]` at compile time, the
+    /// kernel becomes a contraction, and its results do not change.
+    #[test]
+    fn transposed_constant_laid_out() {
+        use crate::program::{Buffer, BufferId, Dispatch};
+        let (m, kk, n) = (3usize, 5usize, 4usize);
+        let mut kb = KernelBuilder::new("gemm", vec![t(&[m, kk]), t(&[n, kk])], t(&[m, n]));
+        let o = kb.out_index();
+        let kv = kb.new_var(kk as u64);
+        let k = kb.var(kv);
+        let x = kb.load(0, vec![o[0], k]);
+        let w = kb.load(1, vec![o[1], k]);
+        let p = kb.mul(x, w);
+        let r = kb.reduce(ReduceOp::Sum, vec![kv], p);
+        let kernel = kb.finish(r).unwrap();
+        assert!(Contraction::of(&kernel).is_none());
+        let xs: Vec<f32> = (0..m * kk).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let ws: Vec<f32> = (0..n * kk).map(|i| (i as f32 * 0.37).sin()).collect();
+        let (xt, wt) = (
+            Tensor::from_vec(Shape::new(vec![m, kk]).unwrap(), xs).unwrap(),
+            Tensor::from_vec(Shape::new(vec![n, kk]).unwrap(), ws).unwrap(),
+        );
+        let want = crate::interp::run(&kernel, &[&xt, &wt]).unwrap();
+        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+        let mut prog = FlowProgram {
+            name: "g".into(),
+            buffers: vec![
+                buf(t(&[m, kk]), BufferKind::Input(0)),
+                buf(t(&[n, kk]), BufferKind::Const(wt.clone())),
+                buf(t(&[m, n]), BufferKind::Result),
+            ],
+            dispatches: vec![Dispatch {
+                kernel,
+                operands: vec![BufferId(0), BufferId(1)],
+                result: BufferId(2),
+                sources: vec!["Gemm".into()],
+            }],
+            inputs: vec![BufferId(0)],
+            outputs: vec![BufferId(2)],
+        };
+        assert_eq!(relayout_constants(&mut prog), 1);
+        let d = &prog.dispatches[0];
+        let c = Contraction::of(&d.kernel).expect("a contraction now");
+        assert_eq!(c.dims, [m as u64, n as u64, kk as u64]);
+        let BufferKind::Const(laid) = &prog.buffer(d.operands[1]).kind else { panic!("not a constant") };
+        assert_eq!(laid.shape().dims(), &[kk, n]);
+        let got = crate::interp::run(&d.kernel, &[&xt, laid]).unwrap();
+        assert_eq!(got, want);
+        // Already a contraction: nothing to do.
+        assert_eq!(relayout_constants(&mut prog), 0);
+    }
+
+    /// A 3×3 convolution with padding 1: after materialisation it is a contraction, a
+    /// padding dispatch comes first, and the two together compute what it did.
+    #[test]
+    fn padding_materialised() {
+        use crate::program::{Buffer, BufferId};
+        let (c, h, w, co) = (2usize, 5usize, 6usize, 3usize);
+        let mut b = KernelBuilder::new("conv", vec![t(&[1, c, h, w]), t(&[co, c, 3, 3])], t(&[1, co, h, w]));
+        let o = b.out_index();
+        let (ci, y, x) = (b.new_var(c as u64), b.new_var(3), b.new_var(3));
+        let (cv, yv, xv) = (b.var(ci), b.var(y), b.var(x));
+        let m1 = b.index(-1);
+        let ih = b.add(o[2], yv);
+        let ih = b.add(ih, m1);
+        let iw = b.add(o[3], xv);
+        let iw = b.add(iw, m1);
+        let xin = b.load_with(0, vec![o[0], cv, ih, iw], Bounds::Pad(0));
+        let wt = b.load(1, vec![o[1], cv, yv, xv]);
+        let p = b.mul(xin, wt);
+        let r = b.reduce(ReduceOp::Sum, vec![ci, y, x], p);
+        let kernel = b.finish(r).unwrap();
+        assert!(Contraction::of(&kernel).is_none());
+        let xs = Tensor::from_vec(Shape::new(vec![1, c, h, w]).unwrap(), (0..c * h * w).map(|i| (i as f32 * 0.7).cos()).collect()).unwrap();
+        let ws = Tensor::from_vec(Shape::new(vec![co, c, 3, 3]).unwrap(), (0..co * c * 9).map(|i| (i as f32 * 0.3).sin()).collect()).unwrap();
+        let want = crate::interp::run(&kernel, &[&xs, &ws]).unwrap();
+        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+        let mut prog = FlowProgram {
+            name: "g".into(),
+            buffers: vec![
+                buf(t(&[1, c, h, w]), BufferKind::Input(0)),
+                buf(t(&[co, c, 3, 3]), BufferKind::Const(ws.clone())),
+                buf(t(&[1, co, h, w]), BufferKind::Result),
+            ],
+            dispatches: vec![Dispatch {
+                kernel,
+                operands: vec![BufferId(0), BufferId(1)],
+                result: BufferId(2),
+                sources: vec!["Conv".into()],
+            }],
+            inputs: vec![BufferId(0)],
+            outputs: vec![BufferId(2)],
+        };
+        assert_eq!(materialize_padding(&mut prog), 1);
+        assert_eq!(prog.dispatches.len(), 2);
+        let (pad, conv) = (&prog.dispatches[0], &prog.dispatches[1]);
+        assert_eq!(prog.buffer(pad.result).ty.shape.dims(), &[1, c, h + 2, w + 2]);
+        assert!(Contraction::of(&conv.kernel).is_some());
+        let padded = crate::interp::run(&pad.kernel, &[&xs]).unwrap();
+        assert_eq!(conv.operands, vec![pad.result, BufferId(1)]);
+        let got = crate::interp::run(&conv.kernel, &[&padded, &ws]).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(materialize_padding(&mut prog), 0);
+    }
+}
