@@ -294,10 +294,11 @@ fn column_blocks() {
     }
 }
 
-/// A valid (unpadded) stride-1 convolution in NCHW, grouped by channel when
+/// A valid (unpadded) convolution in NCHW with stride `s`, grouped by channel when
 /// `depthwise` (then every output row reads its own input rows with the same weights).
-fn conv(n: usize, ci: usize, co: usize, h: usize, w: usize, kh: usize, kw: usize, depthwise: bool) -> Kernel {
-    let (oh, ow) = (h - kh + 1, w - kw + 1);
+#[allow(clippy::too_many_arguments)]
+fn conv(n: usize, ci: usize, co: usize, h: usize, w: usize, kh: usize, kw: usize, depthwise: bool, s: usize) -> Kernel {
+    let (oh, ow) = ((h - kh) / s + 1, (w - kw) / s + 1);
     let wdims = if depthwise { [co, 1, kh, kw] } else { [co, ci, kh, kw] };
     let ins = vec![tt(&[n, if depthwise { co } else { ci }, h, w]), tt(&wdims), tt(&[co])];
     let mut b = KernelBuilder::new(if depthwise { "dw" } else { "conv" }, ins, tt(&[n, co, oh, ow]));
@@ -305,8 +306,10 @@ fn conv(n: usize, ci: usize, co: usize, h: usize, w: usize, kh: usize, kw: usize
     let c = b.new_var(if depthwise { 1 } else { ci as u64 });
     let (y, x) = (b.new_var(kh as u64), b.new_var(kw as u64));
     let (cv, yv, xv) = (b.var(c), b.var(y), b.var(x));
-    let ih = b.add(o[2], yv);
-    let iw = b.add(o[3], xv);
+    let sc = b.index(s as i64);
+    let (ohs, ows) = (b.mul(o[2], sc), b.mul(o[3], sc));
+    let ih = b.add(ohs, yv);
+    let iw = b.add(ows, xv);
     let chan = if depthwise { b.add(o[1], cv) } else { cv };
     let xin = b.load(0, vec![o[0], chan, ih, iw]);
     let wt = b.load(1, vec![o[1], cv, yv, xv]);
@@ -323,14 +326,17 @@ fn convolutions_and_depthwise() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    for (n, ci, co, h, w, kh, kw) in [(1, 1, 6, 12, 12, 5, 5), (2, 3, 7, 9, 20, 3, 3), (1, 6, 16, 14, 14, 5, 5), (1, 4, 5, 6, 30, 1, 3)] {
-        for depthwise in [false, true] {
+    let shapes = [(1, 1, 6, 12, 12, 5, 5), (2, 3, 7, 9, 20, 3, 3), (1, 6, 16, 14, 14, 5, 5), (1, 4, 5, 6, 30, 1, 3), (1, 3, 13, 11, 39, 3, 3)];
+    for ((n, ci, co, h, w, kh, kw), depthwise, s) in
+        shapes.iter().flat_map(|&sh| [(sh, false, 1), (sh, true, 1), (sh, false, 2), (sh, true, 2)])
+    {
+        {
             let cin = if depthwise { co } else { ci };
             let x = random_f32(&[n, cin, h, w], 1.0, 31);
             let wd = if depthwise { [co, 1, kh, kw] } else { [co, ci, kh, kw] };
             let wt = random_f32(&wd, 1.0, 32);
             let bias = random_f32(&[co], 1.0, 33);
-            let k = conv(n, ci, co, h, w, kh, kw, depthwise);
+            let k = conv(n, ci, co, h, w, kh, kw, depthwise, s);
             let kk = if depthwise { kh * kw } else { ci * kh * kw };
             check_micro(&k, &[&x, &wt, &bias], kk);
         }

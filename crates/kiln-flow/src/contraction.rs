@@ -9,14 +9,15 @@
 //!
 //! The recognised form:
 //! - exactly one `Reduce { Sum }` over f32 whose body is `Load(a) · Load(b)` (either
-//!   order), both `InBounds` loads of f32 inputs with affine indices; of its variables
-//!   at most one has an extent above 1 (that one is `k`: a 1×1 convolution reduces
-//!   over `[ci, 1, 1]`);
+//!   order), both `InBounds` loads of f32 inputs with affine indices; its variables of
+//!   extent above 1 are `k` (one for a matrix product, `ci, kh, kw` for a convolution);
 //! - the *column group* `n` is the longest run of trailing output variables that `a`
 //!   does not read and over which `b` and the output are laid out as one flattened
 //!   dimension (for an NCHW 1×1 convolution: `h, w`, so the columns are `h·W + w`);
+//!   `b` steps 1 element per column, or 2 (a stride-2 convolution);
 //! - the row variable `m` is the innermost output variable before the group that `b`
-//!   does not read and `a` does; every other output variable is a batch variable.
+//!   does not read and `a` does, else one that only `b` reads (a depthwise
+//!   convolution's output rows); every other output variable is a batch variable.
 //!
 //! A matrix product `[.., M, K] × [K, N]` is the case `m = r − 2`, `n = [r − 1]`;
 //! `Conv` 1×1 in NCHW is `m = co`, `n = [h, w]`, batch `[n]`.
@@ -261,13 +262,14 @@ impl Contraction {
         let mut n: Vec<u32> = Vec::new();
         let mut strides: Vec<i64> = Vec::new();
         let mut width = 1i64;
-        let inner_b = b.offset.of(rank - 1);
-        if inner_b != 1 {
+        // `b` steps 1 (or 2: a stride-2 convolution) elements per column.
+        let step = b.offset.of(rank - 1);
+        if step != 1 && step != 2 {
             return None;
         }
         for v in (0..rank).rev() {
             let e = i64::try_from(ext(v)).ok()?;
-            if a.offset.of(v) != 0 || b.offset.of(v) != width {
+            if a.offset.of(v) != 0 || b.offset.of(v) != width * step {
                 break;
             }
             n.insert(0, v);

@@ -67,12 +67,20 @@ fn no<T>(what: impl Into<String>) -> R<T> {
 }
 
 /// Vectors per tile for `mr` rows: accumulators + B row + one broadcast ≤ 16.
-fn tile_vectors(mr: u64) -> u64 {
-    match mr {
-        1 => 7,
-        2 => 5,
-        3 | 4 => 3,
-        _ => 2,
+///
+/// With a stride-2 right operand every vector of B is put together from two loads,
+/// which takes two more registers: the tiles are narrower.
+fn tile_vectors(mr: u64, stride2: bool) -> u64 {
+    match (mr, stride2) {
+        (1, false) => 7,
+        (2, false) => 5,
+        (3 | 4, false) => 3,
+        (_, false) => 2,
+        (1, true) => 6,
+        (2, true) => 4,
+        (3, true) => 3,
+        (4 | 5, true) => 2,
+        (_, true) => 1,
     }
 }
 
@@ -334,6 +342,61 @@ impl Emitter<'_> {
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
+    /// Whether B steps two elements per column (a stride-2 convolution).
+    fn stride2(&self) -> bool {
+        self.bases[1].per_n == 8
+    }
+
+    /// Loads vector `j` of B (8 columns) at `rsi + disp` into `dst`: one load, or for
+    /// a stride-2 B the even elements of two (`vshufps` + `vpermpd` put them in order).
+    /// `lanes`: only that many columns are valid (masked loads, nothing read past them).
+    fn load_b(&mut self, dst: AsmRegisterYmm, disp: i64, lanes: Option<u64>, temps: &[AsmRegisterYmm]) -> R<()> {
+        if !self.stride2() {
+            let at = ymmword_ptr(rsi + disp as i32);
+            match lanes {
+                Some(l) => {
+                    let m = temps[0];
+                    let label = self.mask_label(l);
+                    self.a.vmovups(m, ymmword_ptr(label))?;
+                    self.a.vmaskmovps(dst, m, at)?;
+                }
+                None => self.a.vmovups(dst, at)?,
+            }
+            return Ok(());
+        }
+        let (lo, hi) = (ymmword_ptr(rsi + disp as i32), ymmword_ptr(rsi + (disp + 32) as i32));
+        let t = temps[0];
+        // Columns 0..l read elements 0..2l−1 (never the last odd one, which may lie
+        // past the tensor): the first min(2l−1, 8) of the low half, the rest of the
+        // high half.
+        let used = 2 * lanes.unwrap_or(8) - 1;
+        match lanes {
+            None => {
+                self.a.vmovups(t, lo)?;
+                let m = temps[1];
+                let label = self.mask_label(used - 8);
+                self.a.vmovups(m, ymmword_ptr(label))?;
+                self.a.vmaskmovps(dst, m, hi)?;
+            }
+            Some(_) => {
+                let m = temps[1];
+                let label = self.mask_label(used.min(8));
+                self.a.vmovups(m, ymmword_ptr(label))?;
+                self.a.vmaskmovps(t, m, lo)?;
+                if used > 8 {
+                    let label = self.mask_label(used - 8);
+                    self.a.vmovups(m, ymmword_ptr(label))?;
+                    self.a.vmaskmovps(dst, m, hi)?;
+                } else {
+                    self.a.vxorps(dst, dst, dst)?;
+                }
+            }
+        }
+        self.a.vshufps(dst, t, dst, 0x88)?;
+        self.a.vpermpd(dst, dst, 0xD8)?;
+        Ok(())
+    }
+
     /// The counter of reduction loop `level` (all but the innermost live on the stack).
     fn s_kcount(&self, level: usize) -> i32 {
         self.s_ptr(self.bases.len()) + 8 * level as i32
@@ -491,7 +554,7 @@ impl Emitter<'_> {
         for i in 3..self.bases.len() {
             self.a.mov(EPTR[i - 3], qword_ptr(rsp + self.s_ptr(i)))?;
         }
-        let nv = tile_vectors(mr);
+        let nv = tile_vectors(mr, self.stride2());
         let width = nv * 8;
         let full = n / width;
         if full > 0 {
@@ -571,15 +634,15 @@ impl Emitter<'_> {
         self.a.mov(rdx, ext[q - 1])?;
         let mut kloop = self.a.create_label();
         self.a.set_label(&mut kloop)?;
+        let step = if self.stride2() { 64 } else { 32 };
+        // Registers past the tile's own (and the store mask) are free for loading B.
+        let temps: Vec<AsmRegisterYmm> =
+            YMM[mr_ * nv_ + nv_ + 1..].iter().copied().filter(|&r| masked.is_none() || r != mreg).collect();
         if b_row == 0 {
             // The row of B is the same for every row of the tile: load it once.
             for j in 0..nv_ {
-                let at = ymmword_ptr(rsi + 32 * j as i32);
-                if masked.is_some() && j == nv_ - 1 {
-                    self.a.vmaskmovps(breg(j), mreg, at)?;
-                } else {
-                    self.a.vmovups(breg(j), at)?;
-                }
+                let lanes = if j == nv_ - 1 { masked } else { None };
+                self.load_b(breg(j), step * j as i64, lanes, &temps)?;
             }
             for i in 0..mr_ {
                 self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
@@ -589,7 +652,7 @@ impl Emitter<'_> {
             }
         } else {
             // Each row of the tile reads its own row of B (a depthwise convolution's
-            // output rows): FMAs take B from memory.
+            // output rows): FMAs take B from memory where it is one plain load.
             if a_row == 0 {
                 self.a.vbroadcastss(areg, dword_ptr(rdi))?;
             }
@@ -598,12 +661,13 @@ impl Emitter<'_> {
                     self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
                 }
                 for j in 0..nv_ {
-                    let at = ymmword_ptr(rsi + (b_row * i as i64 + 32 * j as i64) as i32);
-                    if masked.is_some() && j == nv_ - 1 {
-                        self.a.vmaskmovps(breg(j), mreg, at)?;
-                        self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+                    let disp = b_row * i as i64 + step * j as i64;
+                    let lanes = if j == nv_ - 1 { masked } else { None };
+                    if lanes.is_none() && !self.stride2() {
+                        self.a.vfmadd231ps(acc(i, j), areg, ymmword_ptr(rsi + disp as i32))?;
                     } else {
-                        self.a.vfmadd231ps(acc(i, j), areg, at)?;
+                        self.load_b(breg(j), disp, lanes, &temps)?;
+                        self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
                     }
                 }
             }
