@@ -15,6 +15,7 @@
 mod analysis;
 mod emit;
 mod gemm;
+mod math;
 mod image;
 
 use cranelift_codegen::ir::UserFuncName;

@@ -1,0 +1,109 @@
+//! The inline f32 `exp` and `erf` (`cpu::math`) against f64 references, over sweeps
+//! of f32 inputs, in scalar and vectorised code (which must agree bit for bit), with
+//! the special values (NaN, ±inf, ±0, the overflow and underflow edges).
+//!
+//! Errors are in units of the last place of the correctly rounded f32 result (for a
+//! subnormal result, the subnormal spacing). Bounds asserted: exp ≤ 2 ulp, erf ≤ 4 ulp
+//! (`--nocapture` prints the measured worst case; docs/pipeline.md quotes it).
+
+mod common;
+
+use common::*;
+use kiln_codegen::cpu::{CpuTarget, Options};
+use kiln_flow::{Kernel, KernelBuilder, UnaryOp};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
+
+fn kernel(op: UnaryOp, n: usize) -> Kernel {
+    let t = TensorType::new(DType::F32, Shape::new(vec![n]).unwrap());
+    let mut b = KernelBuilder::new(format!("k_{}", op.name()), vec![t.clone()], t);
+    let i = b.out_index();
+    let l = b.load(0, i);
+    let r = b.unary(op, l);
+    b.finish(r).unwrap()
+}
+
+/// Every `step`-th f32 bit pattern with a value in `lo..=hi`, plus the specials.
+fn inputs(lo: f32, hi: f32, step: u32) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..=u32::MAX / step)
+        .map(|i| f32::from_bits(i * step))
+        .filter(|x| (lo..=hi).contains(x))
+        .collect();
+    v.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, lo, hi, 1e-30, -1e-30, 0.5, -0.5, 0.4999999]);
+    v
+}
+
+/// Runs `op` over `xs` scalar and vectorised; asserts both agree bit for bit.
+fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
+    let k = kernel(op, xs.len());
+    let x = Tensor::from_vec(Shape::new(vec![xs.len()]).unwrap(), xs.to_vec()).unwrap();
+    let scalar = Config { target: CpuTarget::X86_64V2, options: Options { vectorize: false, reassociate: false, contraction_kernels: false } };
+    let vector = Config { target: CpuTarget::Host, options: Options::default() };
+    let a = run_compiled(&k, &[&x], &scalar, 1).to_vec::<f32>().unwrap();
+    let b = run_compiled(&k, &[&x], &vector, 2).to_vec::<f32>().unwrap();
+    for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+        assert!(p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()), "{}({}): scalar {p}, vector {q}", op.name(), xs[i]);
+    }
+    a
+}
+
+/// Distance in units of the last place of the f32 nearest to `want`.
+fn ulps(got: f32, want: f64) -> f64 {
+    let w = want as f32;
+    let ulp = if w.is_finite() && w != 0.0 {
+        (f32::from_bits(w.abs().to_bits() + 1) - w.abs()) as f64
+    } else {
+        f32::from_bits(1) as f64
+    };
+    (got as f64 - want).abs() / ulp
+}
+
+#[test]
+fn exp_error() {
+    let xs = inputs(-103.0, 88.72, 1021);
+    let got = run(UnaryOp::Exp, &xs);
+    let mut worst = (0.0f64, 0.0f32);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let want = (x as f64).exp();
+        if x.is_nan() {
+            assert!(g.is_nan());
+            continue;
+        }
+        if x.is_infinite() {
+            assert_eq!(g, if x > 0.0 { f32::INFINITY } else { 0.0 });
+            continue;
+        }
+        let u = ulps(g, want);
+        if u > worst.0 {
+            worst = (u, x);
+        }
+    }
+    println!("exp: worst {:.3} ulp at {}", worst.0, worst.1);
+    assert!(worst.0 <= 2.0, "exp: {:.3} ulp at {}", worst.0, worst.1);
+    // Overflow and underflow edges.
+    let edge = run(UnaryOp::Exp, &[88.8, 100.0, -104.0, -200.0, 88.72283]);
+    assert_eq!(&edge[..4], &[f32::INFINITY, f32::INFINITY, 0.0, 0.0]);
+    assert!(edge[4].is_finite() && edge[4] > 3.4e38);
+}
+
+#[test]
+fn erf_error() {
+    let xs = inputs(-6.0, 6.0, 1021);
+    let got = run(UnaryOp::Erf, &xs);
+    let mut worst = (0.0f64, 0.0f32);
+    for (&x, &g) in xs.iter().zip(&got) {
+        if x.is_nan() {
+            assert!(g.is_nan());
+            continue;
+        }
+        if x.is_infinite() {
+            assert_eq!(g, x.signum());
+            continue;
+        }
+        let u = ulps(g, libm::erf(x as f64));
+        if u > worst.0 {
+            worst = (u, x);
+        }
+    }
+    println!("erf: worst {:.3} ulp at {}", worst.0, worst.1);
+    assert!(worst.0 <= 4.0, "erf: {:.3} ulp at {}", worst.0, worst.1);
+}
