@@ -101,6 +101,17 @@ pub enum RuntimeError {
         /// The arena's address.
         address: usize,
     },
+    /// An instance cannot run on that many threads (zero, or the system refused to
+    /// start a worker).
+    Threads {
+        /// Threads asked for.
+        threads: usize,
+        /// Why not.
+        why: String,
+    },
+    /// A worker thread of the local-task driver ended unexpectedly; the instance runs
+    /// no further invocation.
+    WorkerLost,
     /// No entry point of that name or index.
     NoSuchEntry {
         /// The name or index asked for.
@@ -265,6 +276,8 @@ impl fmt::Display for RuntimeError {
             E::ArenaMisaligned { align, address } => {
                 write!(f, "arena at {address:#x} is not aligned to {align} bytes as the module needs")
             }
+            E::Threads { threads, why } => write!(f, "cannot run on {threads} threads: {why}"),
+            E::WorkerLost => f.write_str("a worker thread of this instance stopped unexpectedly; make a new instance"),
             E::NoSuchEntry { entry } => write!(f, "the module has no entry point {entry}"),
             E::InputCount { entry, expected, got } => write!(f, "{entry} takes {expected} inputs, {got} given"),
             E::OutputCount { entry, expected, got } => {

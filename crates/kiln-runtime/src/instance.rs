@@ -1,5 +1,6 @@
 //! Running a loaded module: the arena, and the local-sync driver that replays an entry
-//! point's commands on the calling thread.
+//! point's commands on the calling thread (with the `local-task` feature,
+//! `Instance::with_threads` hands them to the local-task driver in `task.rs` instead).
 
 use crate::error::RuntimeError;
 use crate::module::LoadedModule;
@@ -104,14 +105,74 @@ impl OutputArg for TensorMut<'_> {
     }
 }
 
+/// Where each slot of one invocation starts in memory.
+pub(crate) struct Bases<'a> {
+    arena: *mut u8,
+    constants: *mut u8,
+    inputs: &'a [*const u8],
+    outputs: &'a [*mut u8],
+}
+
+impl Bases<'_> {
+    /// The address of binding `b`'s first byte.
+    pub(crate) fn at(&self, b: &Binding) -> *mut u8 {
+        let base = match b.slot {
+            Slot::Arena => self.arena,
+            Slot::Constants => self.constants,
+            // Inputs are only read (the verifier rejects writes to them).
+            Slot::Input(i) => self.inputs[i as usize].cast_mut(),
+            Slot::Output(i) => self.outputs[i as usize],
+        };
+        base.wrapping_add(b.offset as usize)
+    }
+}
+
+/// Runs a copy or a fill on the calling thread (dispatches and barriers are the
+/// driver's; they are ignored here).
+///
+/// # Safety
+///
+/// `bases` are those of a checked invocation of the entry point `c` belongs to (see
+/// `Instance::run`), and nothing else reads or writes the destination meanwhile.
+pub(crate) unsafe fn transfer(c: &Command, bases: &Bases<'_>) {
+    match c {
+        Command::Copy { src, dst } => {
+            // SAFETY: both ranges are `src.length` bytes (verified equal) inside their
+            // slots; the destination is the arena or an output, memory we may write and
+            // to which no reference is live; `copy` allows overlap.
+            unsafe { core::ptr::copy(bases.at(src).cast_const(), bases.at(dst), src.length as usize) };
+        }
+        Command::Fill { dst, pattern, pattern_len } => {
+            // SAFETY: the range lies inside the arena or an output (verified), memory we
+            // may write and to which no other reference is live.
+            let out = unsafe { core::slice::from_raw_parts_mut(bases.at(dst), dst.length as usize) };
+            let bytes = pattern.to_le_bytes();
+            let pat = &bytes[..(*pattern_len as usize).min(8)];
+            if let [b] = pat {
+                out.fill(*b);
+            } else {
+                for chunk in out.chunks_mut(pat.len()) {
+                    chunk.copy_from_slice(&pat[..chunk.len()]);
+                }
+            }
+        }
+        Command::Dispatch { .. } | Command::Barrier => {}
+    }
+}
+
 enum Arena<'m> {
     Owned { buf: Vec<u8>, start: usize },
     Borrowed(&'m mut [u8]),
 }
 
 /// One execution context of a module: its arena and the driver's scratch tables,
-/// allocated once. Invocations on one instance run one at a time; create one instance
-/// per thread to run in parallel.
+/// allocated once. Invocations on one instance run one at a time.
+///
+/// [`Instance::new`] runs every command on the calling thread (the local-sync driver);
+/// `Instance::with_threads` (feature `local-task`) starts a fixed pool of worker
+/// threads that share every dispatch's workgroups with the calling thread (the
+/// local-task driver, `task.rs`). Independent instances may also run on different
+/// threads.
 pub struct Instance<'m> {
     module: &'m LoadedModule<'m>,
     arena: Arena<'m>,
@@ -119,11 +180,17 @@ pub struct Instance<'m> {
     table: Vec<*mut u8>,
     inputs: Vec<*const u8>,
     outputs: Vec<*mut u8>,
+    /// The local-task driver, when the instance runs on more than one thread.
+    #[cfg(feature = "local-task")]
+    task: Option<crate::task::LocalTask<'m>>,
 }
 
 impl core::fmt::Debug for Instance<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Instance").field("module", self.module).finish_non_exhaustive()
+        f.debug_struct("Instance")
+            .field("module", self.module)
+            .field("threads", &self.threads())
+            .finish_non_exhaustive()
     }
 }
 
@@ -136,6 +203,8 @@ impl<'m> Instance<'m> {
             table: alloc::vec![core::ptr::null_mut(); l.max_bindings],
             inputs: alloc::vec![core::ptr::null(); l.max_inputs],
             outputs: alloc::vec![core::ptr::null_mut(); l.max_outputs],
+            #[cfg(feature = "local-task")]
+            task: None,
         }
     }
 
@@ -169,13 +238,62 @@ impl<'m> Instance<'m> {
         Ok(Instance::with(module, Arena::Borrowed(memory)))
     }
 
+    /// An instance whose invocations run on `threads` threads: the calling one and
+    /// `threads − 1` workers started here, which live (asleep when idle) until the
+    /// instance is dropped. One thread is [`Instance::new`]'s local-sync driver; zero, or
+    /// more than [`crate::MAX_THREADS`], is an error.
+    ///
+    /// Workers are plain `std` threads with the default stack size; generated kernels
+    /// keep small frames.
+    #[cfg(feature = "local-task")]
+    pub fn with_threads(module: &'m LoadedModule<'m>, threads: usize) -> Result<Instance<'m>, RuntimeError> {
+        Instance::new(module)?.threaded(threads)
+    }
+
+    /// [`Instance::with_arena`] on `threads` threads (see [`Instance::with_threads`]).
+    #[cfg(feature = "local-task")]
+    pub fn with_arena_and_threads(
+        module: &'m LoadedModule<'m>,
+        memory: &'m mut [u8],
+        threads: usize,
+    ) -> Result<Instance<'m>, RuntimeError> {
+        Instance::with_arena(module, memory)?.threaded(threads)
+    }
+
+    #[cfg(feature = "local-task")]
+    fn threaded(mut self, threads: usize) -> Result<Instance<'m>, RuntimeError> {
+        if threads == 0 {
+            return Err(RuntimeError::Threads { threads, why: "at least one thread is needed".to_string() });
+        }
+        if threads > crate::MAX_THREADS {
+            return Err(RuntimeError::Threads {
+                threads,
+                why: format!("at most {} are supported", crate::MAX_THREADS),
+            });
+        }
+        if threads > 1 {
+            self.task = Some(crate::task::LocalTask::new(self.module, threads)?);
+        }
+        Ok(self)
+    }
+
+    /// Threads an invocation runs on, the calling one included.
+    pub fn threads(&self) -> usize {
+        #[cfg(feature = "local-task")]
+        if let Some(t) = &self.task {
+            return t.threads();
+        }
+        1
+    }
+
     /// The module this instance runs.
     pub fn module(&self) -> &'m LoadedModule<'m> {
         self.module
     }
 
     /// Runs entry point `main`: `inputs` and `outputs` in signature order, each exactly
-    /// its tensor's byte size. Allocates nothing.
+    /// its tensor's byte size. Allocates nothing, and on several threads starts none:
+    /// the instance's workers run their shares and wait for the next call.
     pub fn invoke(&mut self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), RuntimeError> {
         let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
         self.run(main, inputs, outputs)
@@ -240,22 +358,18 @@ impl<'m> Instance<'m> {
         };
         // Kernels and commands never write the constants (the verifier rejects it).
         let constants = m.pool.bytes().as_ptr().cast_mut();
-        let (ins, outs) = (&self.inputs, &self.outputs);
-        let at = |b: &Binding| -> *mut u8 {
-            let base = match b.slot {
-                Slot::Arena => arena,
-                Slot::Constants => constants,
-                // Inputs are only read (the verifier rejects writes to them).
-                Slot::Input(i) => ins[i as usize].cast_mut(),
-                Slot::Output(i) => outs[i as usize],
-            };
-            base.wrapping_add(b.offset as usize)
-        };
+        let bases = Bases { arena, constants, inputs: &self.inputs, outputs: &self.outputs };
+        #[cfg(feature = "local-task")]
+        if let Some(task) = &mut self.task {
+            // SAFETY: `bases` are this checked invocation's, the arena is exclusively
+            // ours, and the caller's buffers stay borrowed until we return.
+            return unsafe { task.run(index, &bases, m.helpers.as_ptr()) };
+        }
         for c in &entry.commands {
             match c {
                 Command::Dispatch { kernel, workgroups, bindings, .. } => {
                     for (slot, b) in self.table.iter_mut().zip(bindings) {
-                        *slot = at(b);
+                        *slot = bases.at(b);
                     }
                     let f = m.kernels[*kernel as usize];
                     if *workgroups > 0 {
@@ -271,26 +385,8 @@ impl<'m> Instance<'m> {
                     }
                 }
                 Command::Barrier => {}
-                Command::Copy { src, dst } => {
-                    // SAFETY: both ranges are `src.length` bytes (verified equal) inside
-                    // their slots; the destination is the arena or an output, memory we
-                    // may write and to which no reference is live; `copy` allows overlap.
-                    unsafe { core::ptr::copy(at(src).cast_const(), at(dst), src.length as usize) };
-                }
-                Command::Fill { dst, pattern, pattern_len } => {
-                    // SAFETY: the range lies inside the arena or an output (verified),
-                    // memory we may write and to which no other reference is live.
-                    let out = unsafe { core::slice::from_raw_parts_mut(at(dst), dst.length as usize) };
-                    let bytes = pattern.to_le_bytes();
-                    let pat = &bytes[..(*pattern_len as usize).min(8)];
-                    if let [b] = pat {
-                        out.fill(*b);
-                    } else {
-                        for chunk in out.chunks_mut(pat.len()) {
-                            chunk.copy_from_slice(&pat[..chunk.len()]);
-                        }
-                    }
-                }
+                // SAFETY: `bases` are this checked invocation's; commands run one by one.
+                Command::Copy { .. } | Command::Fill { .. } => unsafe { transfer(c, &bases) },
             }
         }
         Ok(())

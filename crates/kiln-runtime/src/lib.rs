@@ -6,6 +6,7 @@
 //! Module::load(artifact, weights)      container → ABI → sections → plan verification
 //!                                      → weights binding → variant choice → code loading
 //! Instance::new(&module)               the arena and the driver's tables, allocated once
+//!   or ::with_threads(&module, n)      … and n−1 worker threads (the local-task driver)
 //! instance.invoke(&inputs, &mut outs)  checks the arguments, then walks the commands:
 //!                                      no checks, no allocation, no lookups
 //! ```
@@ -13,7 +14,8 @@
 //! The core is `no_std` + `alloc`. The `std` feature (default) adds the CPU code loader,
 //! host CPU feature detection and [`Module::load`]; without it an embedder passes its
 //! own [`hal::CodeLoader`] to [`Verified::load`] and the host's features to
-//! [`Module::verify`].
+//! [`Module::verify`]. The `local-task` feature (default; needs `std`) adds the
+//! multithreaded driver, `Instance::with_threads`.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]
 
@@ -27,12 +29,18 @@ pub mod fs;
 pub mod hal;
 mod instance;
 mod module;
+#[cfg(feature = "local-task")]
+mod task;
 pub mod verify;
 
 pub use error::{RuntimeError, VerifyError};
 pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
 pub use instance::{Instance, TensorMut, TensorRef};
 pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, RUNTIME_ABI};
+
+/// Most threads an instance may run on ([`Instance::with_threads`]).
+#[cfg(feature = "local-task")]
+pub const MAX_THREADS: usize = 4096;
 
 /// Largest arena alignment a module may ask for.
 pub const MAX_ARENA_ALIGN: u64 = 4096;

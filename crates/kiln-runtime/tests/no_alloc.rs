@@ -1,7 +1,9 @@
-//! `invoke` allocates nothing: a counting global allocator watches the calling thread
-//! while a loaded module runs repeatedly (dispatch, helper calls, copy, fill, typed and
-//! raw fronts, several entry points). A test binary of its own, so the allocator
-//! counts nothing else.
+//! `invoke` allocates nothing: a counting global allocator watches every thread of the
+//! process while a loaded module runs repeatedly (dispatch, helper calls, copy, fill,
+//! typed and raw fronts, several entry points), on one thread and on the local-task
+//! driver's pools, whose workers must neither allocate nor be started during a call. A
+//! test binary of its own with one test, so the allocator counts nothing else (the test
+//! harness's own thread waits for the test meanwhile).
 
 mod common;
 
@@ -9,22 +11,18 @@ use common::*;
 use kiln_module::sections::write_program;
 use kiln_runtime::{Instance, TensorMut, TensorRef};
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
 struct Counting;
 
-thread_local! {
-    static WATCHING: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<u64> = const { Cell::new(0) };
-}
+// Process-wide, not per thread: the workers allocate on threads of their own.
+static WATCHING: AtomicBool = AtomicBool::new(false);
+static COUNT: AtomicU64 = AtomicU64::new(0);
 
 fn note() {
-    // `try_with`: the thread-locals may be gone while a thread shuts down.
-    let _ = WATCHING.try_with(|w| {
-        if w.get() {
-            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-        }
-    });
+    if WATCHING.load(SeqCst) {
+        COUNT.fetch_add(1, SeqCst);
+    }
 }
 
 // SAFETY: forwards every call to the system allocator unchanged.
@@ -55,11 +53,16 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn counted<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    COUNT.with(|c| c.set(0));
-    WATCHING.with(|w| w.set(true));
+    COUNT.store(0, SeqCst);
+    WATCHING.store(true, SeqCst);
     let r = f();
-    WATCHING.with(|w| w.set(false));
-    (r, COUNT.with(|c| c.get()))
+    WATCHING.store(false, SeqCst);
+    (r, COUNT.load(SeqCst))
+}
+
+/// Threads of this process now (Linux: entries of /proc/self/task).
+fn threads_now() -> usize {
+    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
 }
 
 #[test]
@@ -96,4 +99,42 @@ fn invoke_allocates_nothing() {
     assert_eq!(to_f32s(&y)[63], 63.5);
     assert_eq!(bytes16, MISC_EXPECTED);
     assert!((f32::from_le_bytes(e) - std::f32::consts::E).abs() < 1e-6);
+
+    // The local-task driver: the pools start here, not during the calls.
+    let before = threads_now();
+    let wave = write_program(&waves_program(64, true));
+    let m_wave = load(&wave, None).expect("load");
+    let mut pools = Vec::new();
+    for threads in [2, 3] {
+        pools.push((
+            Instance::with_threads(&m_add, threads).expect("instance"),
+            Instance::with_threads(&m_misc, threads).expect("instance"),
+            Instance::with_threads(&m_wave, threads).expect("instance"),
+        ));
+    }
+    let started = threads_now();
+    assert_eq!(started, before + 3 * (1 + 2), "each instance starts threads − 1 workers");
+    let mut z = [0u8; 4];
+    let ((), n) = counted(|| {
+        for _ in 0..100 {
+            for (i_add, i_misc, i_wave) in &mut pools {
+                i_add.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+                let ins =
+                    [TensorRef { dtype: 1, dims: &dims, data: &a }, TensorRef { dtype: 1, dims: &dims, data: &b }];
+                let mut outs = [TensorMut { dtype: 1, dims: &dims, data: &mut y }];
+                i_add.invoke_tensors(0, &ins, &mut outs).expect("typed invoke");
+                i_misc.invoke(&[], &mut [&mut bytes16[..]]).expect("invoke");
+                i_misc.invoke_entry(1, &[&x], &mut [&mut e[..]]).expect("exp");
+                i_wave.invoke(&[&a, &b], &mut [&mut y, &mut z[..]]).expect("invoke");
+            }
+        }
+    });
+    assert_eq!(n, 0, "invoke on the local-task driver allocated {n} times in 3000 calls");
+    assert_eq!(threads_now(), started, "no thread started or ended during the calls");
+    assert_eq!(to_f32s(&y)[63], 63.0 * 2.0 + 63.5);
+    assert_eq!(bytes16, MISC_EXPECTED);
+    assert_eq!(z, a[..4]);
+    // Dropping an instance stops and joins its workers.
+    drop(pools);
+    assert_eq!(threads_now(), before, "the workers are joined on drop");
 }

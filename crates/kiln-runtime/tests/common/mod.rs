@@ -356,3 +356,54 @@ pub fn load<'a>(
 ) -> Result<kiln_runtime::LoadedModule<'a>, kiln_runtime::RuntimeError> {
     kiln_runtime::Module::verify(artifact, weights, kiln_runtime::cpu::host_features())?.load(&MmapLoader)
 }
+
+/// `main(a: f32[n], b: f32[n]) -> (y: f32[n], z: f32[1])`: a first wave of three
+/// dispatches (s = a + b, t = a + a, and a one-workgroup copy of a[0]), then y = s + t
+/// and z = a[0] copied out. With `barrier` false the plan leaves out the barrier between
+/// the waves: y's dispatch then reads what the first wave writes, and a driver must
+/// still run it after them.
+pub fn waves_program(n: u64, barrier: bool) -> Program {
+    let (x, kernels) = executable();
+    let bytes = 4 * n;
+    let add = |a: Binding, b: Binding, y: Binding| Command::Dispatch {
+        kernel: 1,
+        device: 0,
+        workgroups: n,
+        bindings: vec![a, b, y],
+        push_constants: vec![],
+    };
+    let (a, bb) = (b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes));
+    let (s, t, w) = (b(Slot::Arena, 0, bytes), b(Slot::Arena, bytes, bytes), b(Slot::Arena, 2 * bytes, 4));
+    let mut commands = vec![
+        add(a, bb, s),
+        add(a, a, t),
+        Command::Dispatch {
+            kernel: 0,
+            device: 0,
+            workgroups: 1,
+            bindings: vec![b(Slot::Input(0), 0, 4), w],
+            push_constants: vec![],
+        },
+    ];
+    if barrier {
+        commands.push(Command::Barrier);
+    }
+    commands.push(add(s, t, b(Slot::Output(0), 0, bytes)));
+    commands.push(Command::Copy { src: w, dst: b(Slot::Output(1), 0, 4) });
+    Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![EntryPoint {
+            name: "main".into(),
+            inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
+            outputs: vec![tensor("y", 1, &[n], bytes), tensor("z", 1, &[1], 4)],
+            arena_size: 2 * bytes + 4,
+            arena_align: 64,
+            commands,
+            buffers: vec![],
+        }],
+        kernels,
+        executables: vec![x],
+        constants: Constants::Embedded(vec![]),
+        debug: None,
+    }
+}

@@ -1,0 +1,546 @@
+//! The local-task driver: an entry point's commands replayed by a fixed pool of threads,
+//! every dispatch's workgroups split statically between them.
+//!
+//! ```text
+//! Instance::with_threads(&m, N)   N−1 worker threads start; per entry point a schedule:
+//!                                 commands grouped into waves (see `schedule`)
+//! invoke                          per wave: fill its binding tables, publish it, release
+//!                                 the workers, run thread 0's share, meet at the wave's end
+//!                                 (copies and fills run on the calling thread alone)
+//! drop                            the workers stop and are joined
+//! ```
+//!
+//! Thread `t` of `N` runs, of the wave's `j`-th dispatch over `W` workgroups, the range
+//! `(t − j) mod N` of `0..W` cut into `N` contiguous, balanced ranges: a static share,
+//! rotated per dispatch so that a wave of small dispatches spreads over the threads.
+//! `invoke` allocates nothing, spawns nothing and decides nothing: the schedule, the
+//! tables and the job list were all made when the instance was.
+//!
+//! Threads wait for each other by spinning a bounded number of times, then sleeping on a
+//! condition variable (a wave of a small model lasts microseconds, a sleep and wake-up
+//! tens of them).
+
+use crate::error::RuntimeError;
+use crate::instance::Bases;
+use crate::module::LoadedModule;
+use crate::KernelFn;
+use alloc::string::ToString;
+use alloc::vec::Vec;
+use core::cell::UnsafeCell;
+use core::ops::Range;
+use kiln_module::abi::HelperFn;
+use kiln_module::program::{Binding, Command};
+use kiln_module::sections::EntryView;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+/// Polls of a flag before a waiting thread goes to sleep: about 0.2 ms on this
+/// project's Zen 3 machines (`PAUSE` ≈ 27 ns). Longer than the gap between two waves or
+/// two back-to-back calls, short enough that an idle instance soon burns nothing.
+const SPIN: u32 = 1 << 13;
+
+/// A value on a cache line of its own: the flag every waiting worker polls is not
+/// the counter every finishing worker writes.
+#[repr(align(128))]
+struct Line<T>(T);
+
+impl<T> core::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// Workgroups `begin..end` of range `i` when `n` workgroups are cut into `parts`
+/// contiguous ranges whose sizes differ by at most one (the first `n % parts` are the
+/// larger).
+pub(crate) fn split(n: u64, parts: u64, i: u64) -> (u64, u64) {
+    let (base, rem) = (n / parts, n % parts);
+    let begin = i * base + i.min(rem);
+    (begin, begin + base + u64::from(i < rem))
+}
+
+/// The range thread `me` of `threads` runs of the `j`-th dispatch of a wave.
+fn share(workgroups: u64, threads: u64, me: u64, j: u64) -> (u64, u64) {
+    split(workgroups, threads, (me + threads - j % threads) % threads)
+}
+
+/// One dispatch of an entry point, resolved when the instance is made.
+struct Planned<'m> {
+    kernel: KernelFn,
+    workgroups: u64,
+    bindings: &'m [Binding],
+    /// Where its binding table starts in [`LocalTask::tables`].
+    table: usize,
+}
+
+/// A step of an entry point's schedule.
+enum Step<'m> {
+    /// Dispatches that may run at the same time: `jobs` indexes [`Schedule::jobs`].
+    /// `parallel` is false when thread 0's share is all the work there is (one dispatch
+    /// of one workgroup): then the calling thread runs it alone and wakes nobody.
+    Wave { jobs: Range<usize>, parallel: bool },
+    /// A copy or fill, run on the calling thread.
+    Serial(&'m Command),
+}
+
+/// An entry point's commands as the local-task driver runs them.
+struct Schedule<'m> {
+    steps: Vec<Step<'m>>,
+    jobs: Vec<Planned<'m>>,
+}
+
+fn overlaps(a: &Binding, b: &Binding) -> bool {
+    a.slot == b.slot && a.offset < b.offset + b.length && b.offset < a.offset + a.length
+}
+
+/// Whether two dispatches may not run at the same time: one writes (its last binding)
+/// bytes the other reads or writes.
+fn conflict(a: &[Binding], b: &[Binding]) -> bool {
+    let writes = |x: &[Binding], y: &[Binding]| x.last().is_some_and(|w| y.iter().any(|r| overlaps(w, r)));
+    writes(a, b) || writes(b, a)
+}
+
+/// Groups an entry's commands into waves. A wave ends at every `Barrier` of the plan
+/// and before every copy and fill (those keep their place in the command order), and
+/// also before a dispatch that touches bytes another dispatch of the open wave writes:
+/// the compiler never puts such a pair between two barriers, but a plan that did would
+/// still run as written, never as a data race. Dispatches of no workgroups are left out.
+fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> Schedule<'m> {
+    let mut s = Schedule { steps: Vec::new(), jobs: Vec::new() };
+    let mut open = 0;
+    let mut table = 0;
+    let close = |s: &mut Schedule<'m>, open: &mut usize| {
+        let jobs = *open..s.jobs.len();
+        if !jobs.is_empty() {
+            let wave = &s.jobs[jobs.clone()];
+            let parallel = (1..threads).any(|t| {
+                wave.iter().enumerate().any(|(j, p)| {
+                    let (b, e) = share(p.workgroups, threads, t, j as u64);
+                    b < e
+                })
+            });
+            s.steps.push(Step::Wave { jobs, parallel });
+        }
+        *open = s.jobs.len();
+    };
+    for c in &e.commands {
+        match c {
+            Command::Dispatch { kernel, workgroups, bindings, .. } => {
+                if *workgroups == 0 {
+                    continue;
+                }
+                if s.jobs[open..].iter().any(|p| conflict(p.bindings, bindings)) {
+                    close(&mut s, &mut open);
+                }
+                // Verified: the kernel index is in range.
+                s.jobs.push(Planned { kernel: m.kernels[*kernel as usize], workgroups: *workgroups, bindings, table });
+                table += bindings.len();
+            }
+            Command::Barrier => close(&mut s, &mut open),
+            Command::Copy { .. } | Command::Fill { .. } => {
+                close(&mut s, &mut open);
+                s.steps.push(Step::Serial(c));
+            }
+        }
+    }
+    close(&mut s, &mut open);
+    s
+}
+
+/// A dispatch of the wave being run, as the threads read it.
+#[derive(Clone, Copy)]
+struct Job {
+    kernel: KernelFn,
+    table: *const *mut u8,
+    workgroups: u64,
+}
+
+/// The wave being run.
+#[derive(Clone, Copy)]
+struct Wave {
+    jobs: *const Job,
+    len: usize,
+    helpers: *const HelperFn,
+}
+
+/// Runs thread `me`'s share of every dispatch of `wave`.
+///
+/// # Safety
+///
+/// `wave` describes live jobs whose tables and kernels are valid as in
+/// [`crate::Instance`]'s dispatch, and every thread `0..threads` runs its own share of
+/// this wave once (the shares are disjoint and together cover each dispatch).
+unsafe fn run_share(wave: Wave, me: u64, threads: u64) {
+    // SAFETY: `jobs` points to `len` initialised jobs that stay untouched while the
+    // wave runs (the caller's contract).
+    let jobs = unsafe { core::slice::from_raw_parts(wave.jobs, wave.len) };
+    for (j, job) in jobs.iter().enumerate() {
+        let (begin, end) = share(job.workgroups, threads, me, j as u64);
+        if begin < end {
+            // SAFETY: as the local-sync dispatch in `Instance::run`: the table holds one
+            // pointer per binding into memory that lives while the calling thread waits
+            // for this wave; by the kernel ABI any split of `0..workgroups` into
+            // disjoint ranges run on different threads is valid, and dispatches of one
+            // wave touch no bytes another of them writes (`schedule`).
+            unsafe { (job.kernel)(job.table, wave.helpers, begin, end) };
+        }
+    }
+}
+
+/// What the calling thread and the workers share.
+struct Shared {
+    threads: u64,
+    /// Written by the calling thread only while no worker runs a wave (every worker
+    /// has finished the last one and none has seen the next `epoch`); read by workers
+    /// after seeing a new `epoch`, before decrementing `pending`.
+    wave: UnsafeCell<Wave>,
+    /// Bumped (release) to start a wave, or to stop when `stop` is set.
+    epoch: Line<AtomicU32>,
+    /// Workers that have not finished the current wave.
+    pending: Line<AtomicU32>,
+    stop: AtomicBool,
+    /// A worker ended unexpectedly (a panic): the pool runs no further wave.
+    lost: AtomicBool,
+    /// Workers asleep (or about to sleep) on `wake`.
+    sleepers: AtomicU32,
+    /// The calling thread is asleep (or about to sleep) on `done`.
+    caller_asleep: AtomicBool,
+    lock: Mutex<()>,
+    /// Workers wait here for a new epoch.
+    wake: Condvar,
+    /// The calling thread waits here for the last worker.
+    done: Condvar,
+}
+
+// SAFETY: the only non-thread-safe parts are `wave` and the pointers in it. `wave` is
+// written and read under the protocol documented on the field (the epoch's
+// release/acquire orders the write before every read, `pending`'s before the next
+// write), and the memory its pointers reach is used by the kernels as described in
+// `run_share`.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; nothing in `Shared` is tied to the thread that made it.
+unsafe impl Send for Shared {}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        // The mutex guards no data: a poisoned one is as good as any.
+        self.lock.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until `epoch` differs from `seen`; returns it.
+    fn next_epoch(&self, seen: u32) -> u32 {
+        for _ in 0..SPIN {
+            let e = self.epoch.load(Acquire);
+            if e != seen {
+                return e;
+            }
+            core::hint::spin_loop();
+        }
+        let mut g = self.lock();
+        // Announce the sleep, then look again: a release either bumped `epoch` before
+        // this look (seen here) or reads `sleepers` after the announcement and wakes us
+        // under the lock (both are SeqCst, so one of the two happens).
+        self.sleepers.fetch_add(1, SeqCst);
+        loop {
+            let e = self.epoch.load(SeqCst);
+            if e != seen {
+                self.sleepers.fetch_sub(1, SeqCst);
+                return e;
+            }
+            g = self.wake.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Starts a new epoch and wakes the workers that sleep.
+    fn release(&self) {
+        self.epoch.fetch_add(1, SeqCst);
+        if self.sleepers.load(SeqCst) != 0 {
+            let _g = self.lock();
+            self.wake.notify_all();
+        }
+    }
+
+    /// A worker is done with the current wave.
+    fn finished(&self) {
+        if self.pending.fetch_sub(1, SeqCst) == 1 && self.caller_asleep.load(SeqCst) {
+            let _g = self.lock();
+            self.done.notify_one();
+        }
+    }
+
+    /// The calling thread waits until every worker finished the wave (or one was lost).
+    fn wait_done(&self) {
+        for _ in 0..SPIN {
+            if self.pending.load(Acquire) == 0 {
+                return;
+            }
+            core::hint::spin_loop();
+        }
+        let mut g = self.lock();
+        // The mirror of `next_epoch`: the last worker either decremented `pending`
+        // before this look or sees `caller_asleep` and notifies under the lock.
+        self.caller_asleep.store(true, SeqCst);
+        while self.pending.load(SeqCst) != 0 && !self.lost.load(SeqCst) {
+            g = self.done.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+        self.caller_asleep.store(false, SeqCst);
+    }
+}
+
+/// Marks the pool lost and wakes the calling thread if a worker unwinds.
+struct LostGuard<'a>(&'a Shared);
+
+impl Drop for LostGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.lost.store(true, SeqCst);
+            let _g = self.0.lock();
+            self.0.done.notify_all();
+        }
+    }
+}
+
+fn worker(shared: &Shared, me: u64) {
+    let _guard = LostGuard(shared);
+    // Started: whatever a new thread sets up (and allocates) is done by now.
+    shared.finished();
+    let mut seen = 0;
+    loop {
+        seen = shared.next_epoch(seen);
+        if shared.stop.load(Acquire) {
+            return;
+        }
+        // SAFETY: a new epoch was seen (acquire): the calling thread wrote the wave
+        // before releasing it and writes it again only after this worker's `finished`.
+        let wave = unsafe { *shared.wave.get() };
+        // SAFETY: the calling thread published a live wave and waits for every worker
+        // before it touches the jobs, the tables or the memory they point to; each
+        // worker runs its own share (`me` is unique, 1..threads).
+        unsafe { run_share(wave, me, shared.threads) };
+        shared.finished();
+    }
+}
+
+/// The worker threads.
+struct Pool {
+    shared: Arc<Shared>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    fn start(threads: usize) -> Result<Pool, RuntimeError> {
+        let shared = Arc::new(Shared {
+            threads: threads as u64,
+            wave: UnsafeCell::new(Wave { jobs: core::ptr::null(), len: 0, helpers: core::ptr::null() }),
+            epoch: Line(AtomicU32::new(0)),
+            pending: Line(AtomicU32::new(0)),
+            stop: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
+            sleepers: AtomicU32::new(0),
+            caller_asleep: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            done: Condvar::new(),
+        });
+        // Each worker reports once it runs (as at the end of a wave), so that its start,
+        // and what a new thread allocates, happens here and not in the first call.
+        shared.pending.store(threads as u32 - 1, Relaxed);
+        // Dropped on an error part way: the workers started so far are stopped and joined.
+        let mut pool = Pool { shared, handles: Vec::with_capacity(threads - 1) };
+        for me in 1..threads {
+            let s = Arc::clone(&pool.shared);
+            let h = std::thread::Builder::new()
+                .name(alloc::format!("kiln-worker-{me}"))
+                .spawn(move || worker(&s, me as u64))
+                .map_err(|e| RuntimeError::Threads { threads, why: e.to_string() })?;
+            pool.handles.push(h);
+        }
+        pool.shared.wait_done();
+        Ok(pool)
+    }
+
+    /// Runs `jobs` on every thread; returns once all are done.
+    ///
+    /// # Safety
+    ///
+    /// As [`run_share`]'s `wave`: the jobs are valid dispatches of a checked invocation
+    /// that may run at the same time.
+    unsafe fn run(&self, jobs: &[Job], helpers: *const HelperFn) -> Result<(), RuntimeError> {
+        let s = &*self.shared;
+        if s.lost.load(Acquire) {
+            return Err(RuntimeError::WorkerLost);
+        }
+        let wave = Wave { jobs: jobs.as_ptr(), len: jobs.len(), helpers };
+        // SAFETY: no worker runs a wave: each finished the last one (the calling thread
+        // saw `pending` at zero) and none can see a new epoch before `release` below.
+        unsafe { *s.wave.get() = wave };
+        s.pending.store(self.handles.len() as u32, Relaxed);
+        s.release();
+        // SAFETY: the caller's contract; thread 0 is the calling thread.
+        unsafe { run_share(wave, 0, s.threads) };
+        s.wait_done();
+        if s.lost.load(Acquire) {
+            return Err(RuntimeError::WorkerLost);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, SeqCst);
+        self.shared.epoch.fetch_add(1, SeqCst);
+        {
+            let _g = self.shared.lock();
+            self.shared.wake.notify_all();
+        }
+        for h in self.handles.drain(..) {
+            // A worker that panicked has already said so on stderr; nothing to add.
+            let _ = h.join();
+        }
+    }
+}
+
+/// The local-task driver of one instance: its pool, the schedule of every entry point,
+/// a binding table for every dispatch, and room for the largest wave's job list.
+pub(crate) struct LocalTask<'m> {
+    pool: Pool,
+    schedules: Vec<Schedule<'m>>,
+    tables: Vec<*mut u8>,
+    jobs: Vec<Job>,
+}
+
+impl<'m> LocalTask<'m> {
+    /// Starts `threads − 1` workers (`threads` ≥ 2) and plans every entry point of `m`.
+    pub(crate) fn new(m: &'m LoadedModule<'m>, threads: usize) -> Result<LocalTask<'m>, RuntimeError> {
+        let n = threads as u64;
+        let schedules: Vec<Schedule<'m>> = m.program.entries.iter().map(|e| schedule(m, e, n)).collect();
+        let tables = schedules.iter().map(|s| s.jobs.iter().map(|p| p.bindings.len()).sum()).max().unwrap_or(0);
+        let widest = schedules
+            .iter()
+            .flat_map(|s| &s.steps)
+            .map(|st| match st {
+                Step::Wave { jobs, .. } => jobs.len(),
+                Step::Serial(_) => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        Ok(LocalTask {
+            pool: Pool::start(threads)?,
+            schedules,
+            tables: alloc::vec![core::ptr::null_mut(); tables],
+            jobs: Vec::with_capacity(widest),
+        })
+    }
+
+    /// Threads, the calling one included.
+    pub(crate) fn threads(&self) -> usize {
+        self.pool.handles.len() + 1
+    }
+
+    /// Runs entry `index` whose slots start at `bases`.
+    ///
+    /// # Safety
+    ///
+    /// `bases` are those of a checked invocation of entry `index` of the module this
+    /// driver was made for (as in `Instance::run`), live and not otherwise referenced
+    /// until this returns.
+    pub(crate) unsafe fn run(
+        &mut self,
+        index: usize,
+        bases: &Bases<'_>,
+        helpers: *const HelperFn,
+    ) -> Result<(), RuntimeError> {
+        let Some(s) = self.schedules.get(index) else {
+            return Err(RuntimeError::NoSuchEntry { entry: alloc::format!("#{index}") });
+        };
+        for step in &s.steps {
+            match step {
+                Step::Wave { jobs, parallel } => {
+                    let wave = &s.jobs[jobs.clone()];
+                    for p in wave {
+                        for (slot, b) in self.tables[p.table..p.table + p.bindings.len()].iter_mut().zip(p.bindings) {
+                            *slot = bases.at(b);
+                        }
+                    }
+                    // Taken after the last write: the jobs' table pointers stay valid
+                    // until the next wave writes the tables again.
+                    let tables = self.tables.as_ptr();
+                    self.jobs.clear();
+                    for p in wave {
+                        // Within the capacity reserved for the widest wave: no allocation.
+                        let table = tables.wrapping_add(p.table);
+                        self.jobs.push(Job { kernel: p.kernel, table, workgroups: p.workgroups });
+                    }
+                    if *parallel {
+                        // SAFETY: the jobs are this entry's dispatches of one wave, with
+                        // tables filled from `bases` (the caller's contract), which stay
+                        // untouched until `run` returns.
+                        unsafe { self.pool.run(&self.jobs, helpers)? };
+                    } else {
+                        for job in &self.jobs {
+                            // SAFETY: as the local-sync dispatch in `Instance::run`.
+                            unsafe { (job.kernel)(job.table, helpers, 0, job.workgroups) };
+                        }
+                    }
+                }
+                // SAFETY: the caller's contract; no wave is running.
+                Step::Serial(c) => unsafe { crate::instance::transfer(c, bases) },
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_module::program::Slot;
+
+    #[test]
+    fn ranges_cover_once_and_balance() {
+        for n in [0u64, 1, 2, 3, 5, 7, 64, 1001] {
+            for parts in 1..=9u64 {
+                let ranges: Vec<(u64, u64)> = (0..parts).map(|i| split(n, parts, i)).collect();
+                assert_eq!(ranges[0].0, 0);
+                assert_eq!(ranges[parts as usize - 1].1, n);
+                for w in ranges.windows(2) {
+                    assert_eq!(w[0].1, w[1].0, "contiguous: n {n}, parts {parts}");
+                }
+                let sizes: Vec<u64> = ranges.iter().map(|(b, e)| e - b).collect();
+                let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                assert!(hi - lo <= 1, "balanced: n {n}, parts {parts}: {sizes:?}");
+                // Every thread takes exactly one range of each dispatch, whatever its place.
+                for j in 0..5 {
+                    let mut taken: Vec<(u64, u64)> = (0..parts).map(|t| share(n, parts, t, j)).collect();
+                    taken.sort();
+                    let mut all = ranges.clone();
+                    all.sort();
+                    assert_eq!(taken, all);
+                }
+            }
+        }
+        // Thread 0 takes the first range of a wave's first dispatch; the next dispatch's
+        // first range goes to thread 1.
+        assert_eq!(share(10, 4, 0, 0), (0, 3));
+        assert_eq!(share(10, 4, 1, 1), (0, 3));
+        assert_eq!(share(1, 4, 2, 2), (0, 1));
+        assert_eq!(share(1, 4, 0, 2), (1, 1));
+    }
+
+    #[test]
+    fn conflicts_are_writes_that_meet() {
+        let b = |slot, offset, length| Binding { slot, offset, length };
+        let x = [b(Slot::Input(0), 0, 16), b(Slot::Arena, 0, 16)];
+        let reads_x = [b(Slot::Arena, 12, 4), b(Slot::Arena, 64, 16)];
+        let beside = [b(Slot::Input(0), 0, 16), b(Slot::Arena, 16, 16)];
+        let other_slot = [b(Slot::Arena, 0, 4), b(Slot::Output(0), 0, 16)];
+        assert!(conflict(&x, &reads_x) && conflict(&reads_x, &x));
+        assert!(!conflict(&x, &beside), "adjacent ranges and shared inputs do not conflict");
+        assert!(conflict(&x, &other_slot), "other_slot reads what x writes");
+        assert!(!conflict(&beside, &[b(Slot::Output(0), 16, 16)]));
+        assert!(!conflict(&[], &x));
+    }
+}

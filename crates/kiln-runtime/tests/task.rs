@@ -1,0 +1,112 @@
+//! The local-task driver end to end with hand-assembled kernels: workgroups split over
+//! 2..8 threads (more threads than workgroups included), waves of several dispatches,
+//! a plan whose dispatches depend on each other without a barrier, copies, fills,
+//! helper calls, caller arenas; every result equal to the local-sync driver's.
+
+mod common;
+
+use common::*;
+use kiln_module::sections::write_program;
+use kiln_runtime::{Instance, RuntimeError};
+
+fn ramp(n: u64, scale: f32) -> Vec<u8> {
+    f32s(&(0..n).map(|i| i as f32 * scale - 3.0).collect::<Vec<_>>())
+}
+
+#[test]
+fn workgroups_split_over_threads() {
+    for n in [1u64, 2, 3, 5, 7, 64, 1000] {
+        let file = write_program(&add_program(n));
+        let m = load(&file, None).expect("load");
+        let (a, b) = (ramp(n, 0.5), ramp(n, -0.25));
+        let want: Vec<f32> = to_f32s(&a).iter().zip(to_f32s(&b)).map(|(x, y)| x + y).collect();
+        for threads in [1, 2, 3, 4, 8] {
+            let mut inst = Instance::with_threads(&m, threads).expect("instance");
+            assert_eq!(inst.threads(), threads);
+            let mut y = vec![0u8; 4 * n as usize];
+            // Several calls: the workers wait between them and run again.
+            for _ in 0..3 {
+                y.fill(0);
+                inst.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+                assert_eq!(to_f32s(&y), want, "n = {n}, {threads} threads");
+            }
+        }
+    }
+}
+
+#[test]
+fn waves_of_several_dispatches() {
+    for barrier in [true, false] {
+        for n in [1u64, 2, 3, 17, 256] {
+            let file = write_program(&waves_program(n, barrier));
+            let m = load(&file, None).expect("load");
+            let (a, b) = (ramp(n, 1.5), ramp(n, 0.125));
+            let run = |threads| {
+                let mut inst = Instance::with_threads(&m, threads).expect("instance");
+                let (mut y, mut z) = (vec![0u8; 4 * n as usize], vec![0u8; 4]);
+                inst.invoke(&[&a, &b], &mut [&mut y, &mut z]).expect("invoke");
+                (y, z)
+            };
+            let (y1, z1) = run(1);
+            let want: Vec<f32> = to_f32s(&a).iter().zip(to_f32s(&b)).map(|(x, y)| (x + y) + (x + x)).collect();
+            assert_eq!(to_f32s(&y1), want);
+            assert_eq!(z1, a[..4]);
+            for threads in [2, 3, 5] {
+                assert_eq!(run(threads), (y1.clone(), z1.clone()), "n = {n}, barrier {barrier}, {threads} threads");
+            }
+        }
+    }
+}
+
+#[test]
+fn copies_fills_helpers_and_entries() {
+    let (p, _) = misc_program(false);
+    let file = Aligned::new(&write_program(&p), 0);
+    let m = load(file.bytes(), None).expect("load");
+    for threads in [2, 3] {
+        let mut inst = Instance::with_threads(&m, threads).expect("instance");
+        let mut y = [0u8; 16];
+        inst.invoke(&[], &mut [&mut y[..]]).expect("invoke");
+        assert_eq!(y, MISC_EXPECTED);
+        let x = 1.0f32.to_le_bytes();
+        let mut e = [0u8; 4];
+        inst.invoke_entry(1, &[&x], &mut [&mut e[..]]).expect("exp");
+        assert!((f32::from_le_bytes(e) - std::f32::consts::E).abs() < 1e-6);
+        // Argument checks come first, as on one thread.
+        let e = inst.invoke(&[&x], &mut [&mut y[..]]).expect_err("count");
+        assert!(matches!(e, RuntimeError::InputCount { .. }));
+    }
+}
+
+#[test]
+fn caller_arena_on_threads() {
+    let n = 40u64;
+    let file = write_program(&add_program(n));
+    let m = load(&file, None).expect("load");
+    let size = m.limits().arena_size as usize;
+    let mut mem = vec![0u8; size + 128];
+    let off = mem.as_ptr().align_offset(64);
+    let (a, b) = (ramp(n, 1.0), ramp(n, 2.0));
+    let mut y = vec![0u8; 4 * n as usize];
+    {
+        let mut inst = Instance::with_arena_and_threads(&m, &mut mem[off..off + size], 3).expect("instance");
+        inst.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+    }
+    assert_eq!(y, mem[off + 64..off + size]);
+    assert_eq!(to_f32s(&y)[39], 39.0 * 3.0 - 6.0);
+}
+
+#[test]
+fn thread_counts() {
+    let file = write_program(&add_program(4));
+    let m = load(&file, None).expect("load");
+    let e = Instance::with_threads(&m, 0).expect_err("zero threads");
+    assert!(matches!(e, RuntimeError::Threads { threads: 0, .. }));
+    assert_eq!(e.to_string(), "cannot run on 0 threads: at least one thread is needed");
+    let e = Instance::with_threads(&m, kiln_runtime::MAX_THREADS + 1).expect_err("too many");
+    assert!(e.to_string().contains("at most 4096"), "{e}");
+    assert_eq!(Instance::new(&m).expect("instance").threads(), 1);
+    assert_eq!(Instance::with_threads(&m, 1).expect("instance").threads(), 1);
+    let inst = Instance::with_threads(&m, 4).expect("instance");
+    assert!(format!("{inst:?}").contains("threads: 4"));
+}
