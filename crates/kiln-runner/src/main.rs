@@ -3,11 +3,11 @@
 //!
 //! ```text
 //! kiln-run MODEL.kiln [--weights FILE] [--input NAME=FILE.npy ...] [--entry NAME]
-//!                     [--output-dir DIR] [--iterations N]
+//!                     [--output-dir DIR] [--iterations N] [--threads N]
 //! ```
 //!
-//! One line per output on stdout (`name dtype [dims] min … max … mean …`); timing on
-//! stderr; outputs written as `DIR/<name>.npy` with characters outside
+//! One line per output on stdout (`name dtype [dims] min … max … mean …`); timing and
+//! the thread count (`--threads`, default one per core) on stderr; outputs written as `DIR/<name>.npy` with characters outside
 //! `[A-Za-z0-9._-]` replaced by `_`. Errors: one line on stderr, exit status 1.
 
 mod npy;
@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "usage: kiln-run MODEL.kiln [--weights FILE] [--input NAME=FILE.npy ...] [--entry NAME] [--output-dir DIR] [--iterations N]";
+const USAGE: &str = "usage: kiln-run MODEL.kiln [--weights FILE] [--input NAME=FILE.npy ...] [--entry NAME] [--output-dir DIR] [--iterations N] [--threads N]";
 
 #[derive(Debug, Default)]
 struct Args {
@@ -29,6 +29,8 @@ struct Args {
     entry: Option<String>,
     output_dir: Option<PathBuf>,
     iterations: u64,
+    /// `None`: one per core.
+    threads: Option<usize>,
 }
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -44,6 +46,11 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 let v = value("--iterations")?;
                 a.iterations =
                     v.parse().ok().filter(|&n| n > 0).ok_or(format!("--iterations {v}: need a positive integer"))?;
+            }
+            "--threads" => {
+                let v = value("--threads")?;
+                a.threads =
+                    Some(v.parse().ok().filter(|&n| n > 0).ok_or(format!("--threads {v}: need a positive integer"))?);
             }
             "--input" => {
                 let v = value("--input")?;
@@ -207,7 +214,8 @@ fn run(args: Args) -> Result<(), String> {
     let inputs: Vec<TensorRef<'_>> =
         arrays.iter().map(|a| TensorRef { dtype: a.dtype, dims: &a.dims, data: &a.data }).collect();
     let mut out_data: Vec<Vec<u8>> = entry.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
-    let mut inst = Instance::new(&m).map_err(|e| e.to_string())?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut inst = Instance::with_threads(&m, threads).map_err(|e| e.to_string())?;
     let mut times = Vec::with_capacity(args.iterations as usize);
     for _ in 0..args.iterations {
         let mut outputs: Vec<TensorMut<'_>> = entry
@@ -226,7 +234,7 @@ fn run(args: Args) -> Result<(), String> {
     times.sort();
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
     eprintln!(
-        "{} iteration(s): median {:.1} us, min {:.1} us, max {:.1} us",
+        "{} iteration(s) on {threads} thread(s): median {:.1} us, min {:.1} us, max {:.1} us",
         times.len(),
         us(times[times.len() / 2]),
         us(times[0]),
@@ -289,6 +297,8 @@ mod tests {
                 "3",
                 "--output-dir",
                 "o",
+                "--threads",
+                "2",
             ]
             .map(String::from)
             .into_iter(),
@@ -297,10 +307,12 @@ mod tests {
         assert_eq!(a.model, PathBuf::from("m.kiln"));
         assert_eq!(a.weights, Some(PathBuf::from("w.bin")));
         assert_eq!(a.inputs, [("x".to_string(), PathBuf::from("x.npy")), ("y".to_string(), PathBuf::from("a=b.npy"))]);
-        assert_eq!((a.iterations, a.output_dir), (3, Some(PathBuf::from("o"))));
+        assert_eq!((a.iterations, a.output_dir, a.threads), (3, Some(PathBuf::from("o")), Some(2)));
+        assert_eq!(parse_args(["m"].map(String::from).into_iter()).expect("parse").threads, None);
         let err = |v: &[&str]| parse_args(v.iter().map(|s| s.to_string())).unwrap_err();
         assert!(err(&[]).starts_with("usage"));
         assert!(err(&["m", "--iterations", "0"]).contains("positive"));
+        assert!(err(&["m", "--threads", "0"]).contains("--threads 0: need a positive"));
         assert!(err(&["m", "--input", "x"]).contains("NAME=FILE"));
         assert!(err(&["m", "--bogus"]).contains("unknown option --bogus"));
         assert!(err(&["m", "--weights"]).contains("needs a value"));

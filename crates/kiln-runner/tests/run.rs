@@ -103,11 +103,13 @@ fn runs_on_npy_inputs_and_writes_outputs() {
         Path::new("3"),
         Path::new("--output-dir"),
         &p("out"),
+        Path::new("--threads"),
+        Path::new("3"),
     ]);
     assert!(ok, "{stderr}");
     // y = [1.5, -2, 13]: min -2, max 13, mean 12.5 / 3.
     assert_eq!(stdout, "out/y:0 f32 [3] min -2.000000 max 13.000000 mean 4.166667\n");
-    assert!(stderr.starts_with("3 iteration(s): median"), "{stderr}");
+    assert!(stderr.starts_with("3 iteration(s) on 3 thread(s): median"), "{stderr}");
     let y = std::fs::read(p("out").join("out_y_0.npy")).expect("output file");
     assert_eq!(y, npy_f32(&[3], &[1.5, -2.0, 13.0]));
 }
@@ -121,6 +123,9 @@ fn random_inputs_when_none_are_given() {
     assert!(out1.starts_with("out/y:0 f32 [3] min "), "{out1}");
     let (_, out2, _) = kiln_run(&[&d.join("m.kiln")]);
     assert_eq!(out1, out2, "the seed is fixed");
+    let (ok, out3, err) = kiln_run(&[&d.join("m.kiln"), Path::new("--threads"), Path::new("2")]);
+    assert!(ok && err.contains("on 2 thread(s)"), "{err}");
+    assert_eq!(out1, out3, "two threads compute what one does");
 }
 
 #[test]
