@@ -80,6 +80,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
                 let v = value(flag)?;
                 let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
                 match flag {
+                    "--threads" if n == 0 => return Err("--threads 0: at least one thread is needed".into()),
                     "--threads" => a.threads = Some(n),
                     "--warmup" => a.warmup = Some(n),
                     _ if n == 0 => return Err("--iterations 0: at least one timed iteration is needed".into()),
@@ -92,6 +93,11 @@ fn parse(args: &[String]) -> Result<Args, String> {
         }
     }
     Ok(a)
+}
+
+/// Threads `run` and `bench` use: `--threads`, else one per core the system offers.
+fn threads(a: &Args) -> usize {
+    a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn target(a: &Args) -> Result<CpuTarget, String> {
@@ -240,7 +246,7 @@ fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>,
     Ok((bytes, weights, label))
 }
 
-/// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]`.
+/// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
 pub fn run_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     let (bytes, weights, label) = artifact_and_weights(&a)?;
@@ -250,7 +256,8 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     let t_load = t0.elapsed();
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds(&a, &sig.inputs)?;
-    let mut instance = kiln_runtime::Instance::new(&module).map_err(|e| format!("{label}: {e}"))?;
+    let threads = threads(&a);
+    let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
     let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let t1 = Instant::now();
@@ -272,27 +279,29 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
             std::fs::write(&file, b).map_err(|e| format!("cannot write `{}`: {e}", file.display()))?;
         }
     }
-    eprintln!("{label}: loaded in {:.2} ms, ran in {:.3} ms", t_load.as_secs_f64() * 1e3, t_run.as_secs_f64() * 1e3);
+    eprintln!(
+        "{label}: loaded in {:.2} ms, ran in {:.3} ms on {threads} thread{}",
+        t_load.as_secs_f64() * 1e3,
+        t_run.as_secs_f64() * 1e3,
+        if threads == 1 { "" } else { "s" }
+    );
     Ok(())
 }
 
 /// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]`:
-/// times `invoke` alone (inputs prepared, outputs allocated once) and prints the median,
-/// p99, standard deviation and p99/median of the per-call wall times.
+/// times `invoke` alone (inputs prepared, outputs allocated once, the instance's worker
+/// threads started before the first call) and prints the median, p99, standard
+/// deviation and p99/median of the per-call wall times, and the thread count used
+/// (default: one per core).
 pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
-    let threads = a.threads.unwrap_or(1);
-    if threads != 1 {
-        return Err(format!(
-            "--threads {threads}: this runtime's driver runs one thread (local-sync); the multithreaded driver is not built yet"
-        ));
-    }
+    let threads = threads(&a);
     let (bytes, weights, label) = artifact_and_weights(&a)?;
     let module =
         kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds(&a, &sig.inputs)?;
-    let mut instance = kiln_runtime::Instance::new(&module).map_err(|e| format!("{label}: {e}"))?;
+    let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
     let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
@@ -318,7 +327,8 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
         ))
     } else {
         write_stdout(&format!(
-            "{label}: {iterations} iterations after {warmup} warm-up, {threads} thread: median {:.4} ms, p99 {:.4} ms, stddev {:.4} ms, min {:.4} ms, p99/median {:.2}\n",
+            "{label}: {iterations} iterations after {warmup} warm-up, {threads} thread{}: median {:.4} ms, p99 {:.4} ms, stddev {:.4} ms, min {:.4} ms, p99/median {:.2}\n",
+            if threads == 1 { "" } else { "s" },
             st.median,
             st.p99,
             st.stddev,

@@ -153,7 +153,7 @@ fn bench_json_and_refusals() {
     let dir = scratch("bench");
     let art = dir.join("lenet.kiln");
     ok(&["compile", LENET, "-o", s(&art)]);
-    let out = ok(&["bench", s(&art), "--warmup", "2", "--iterations", "20", "--json"]);
+    let out = ok(&["bench", s(&art), "--warmup", "2", "--iterations", "20", "--json", "--threads", "1"]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
     for key in ["median_ms", "p99_ms", "stddev_ms"] {
         assert!(json[key].as_f64().is_some_and(|v| v >= 0.0 && v.is_finite()), "{key}: {json}");
@@ -162,7 +162,21 @@ fn bench_json_and_refusals() {
     assert!(json["p99_ms"].as_f64().unwrap() >= json["median_ms"].as_f64().unwrap());
     assert_eq!(json["iterations"].as_u64(), Some(20));
     assert_eq!(json["threads"].as_u64(), Some(1));
+    let out = ok(&["bench", s(&art), "--warmup", "1", "--iterations", "5", "--json", "--threads", "2"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
+    assert_eq!(json["threads"].as_u64(), Some(2));
+    assert!(json["median_ms"].as_f64().is_some_and(|v| v > 0.0), "{json}");
+    // The default is one thread per core, and says so.
+    let out = ok(&["bench", s(&art), "--warmup", "0", "--iterations", "2", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert_eq!(json["threads"].as_u64(), Some(cores));
+    let out = ok(&["bench", s(&art), "--warmup", "0", "--iterations", "2", "--threads", "3"]);
+    assert!(out.contains(", 3 threads: median"), "{out}");
     fails_with(&["bench", s(&art), "--iterations", "0"], &["--iterations"]);
+    fails_with(&["bench", s(&art), "--threads", "0"], &["--threads 0", "at least one thread"]);
+    fails_with(&["run", s(&art), "--threads", "0"], &["--threads 0"]);
+    fails_with(&["bench", s(&art), "--threads", "two"], &["--threads", "two"]);
 }
 
 #[test]
