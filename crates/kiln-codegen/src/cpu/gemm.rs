@@ -41,6 +41,12 @@ pub(crate) const MR: u64 = 6;
 /// Bytes of B one column block may take (the block stays in L2 while every panel of
 /// the workgroup range runs over it).
 const L2_BLOCK: u64 = 256 * 1024;
+/// Reduction steps per block when the reduction is blocked.
+const KC: u64 = 128;
+/// Reduction steps per block of a packed B (the stack buffer holds `KC_PACKED × 16`).
+const KC_PACKED: u64 = 256;
+/// Bytes of the packing buffer on the stack (plus 32 for alignment).
+const PACK_BYTES: i32 = (KC_PACKED * 16 * 4) as i32;
 
 /// A compiled contraction kernel: position-independent code and its workgroup count.
 pub(crate) struct GemmCode {
@@ -119,6 +125,10 @@ struct Emitter<'k> {
     bases: Vec<Base>,
     /// How many times each epilogue node is an operand (within the epilogue).
     uses: HashMap<u32, u32>,
+    /// Reduction steps per block (`K` unless the reduction is blocked).
+    kc: u64,
+    /// B is copied, block by block, into a contiguous buffer on the stack first.
+    packed: bool,
 }
 
 /// Emits `k` as a contraction microkernel, or says why not.
@@ -142,8 +152,12 @@ pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
         eloads: HashMap::new(),
         bases: Vec::new(),
         uses: HashMap::new(),
+        kc: 0,
+        packed: false,
     };
     e.plan_bases()?;
+    e.packed = e.should_pack();
+    e.kc = e.reduction_block();
     e.check_epilogue(k.root)?;
     e.count_uses();
     let workgroups = e.workgroups();
@@ -338,7 +352,9 @@ impl Emitter<'_> {
     const S_M0: i32 = 8;
     const S_BEGIN: i32 = 16;
     const S_N0: i32 = 24;
-    const S_COORD: i32 = 32; // 8 per batch variable
+    const S_K0: i32 = 32;
+    const S_KLEN: i32 = 40;
+    const S_COORD: i32 = 48; // 8 per batch variable
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
@@ -401,9 +417,17 @@ impl Emitter<'_> {
     fn s_kcount(&self, level: usize) -> i32 {
         self.s_ptr(self.bases.len()) + 8 * level as i32
     }
+    /// The slot holding the (32-byte aligned) packing buffer's address.
+    fn s_buf(&self) -> i32 {
+        self.s_kcount(self.c.k.len())
+    }
     fn frame(&self) -> i32 {
-        // (slots: end, m0, begin, n0, batch coordinates, base pointers, loop counters)
-        let bytes = self.s_kcount(self.c.k.len());
+        // (slots: end, m0, begin, n0, k0, klen, batch coordinates, base pointers, loop
+        // counters, buffer address; then the packing buffer when B is packed)
+        let mut bytes = self.s_buf() + 8;
+        if self.packed {
+            bytes += PACK_BYTES + 32;
+        }
         bytes + 8 - bytes % 16 // keeps rsp 16-aligned after six pushes and the return address
     }
 
@@ -413,7 +437,26 @@ impl Emitter<'_> {
             self.a.push(r)?;
         }
         let frame = self.frame();
-        self.a.sub(rsp, frame)?;
+        // Grow the stack a page at a time, touching each (a guard page is never
+        // skipped).
+        let mut left = frame;
+        while left > 0 {
+            let step = left.min(4096);
+            self.a.sub(rsp, step)?;
+            self.a.or(qword_ptr(rsp), 0)?;
+            left -= step;
+        }
+        if self.packed {
+            let at = self.s_buf() + 8 + 31;
+            self.a.lea(rax, qword_ptr(rsp + at))?;
+            self.a.and(rax, -32)?;
+            let slot = self.s_buf();
+            self.a.mov(qword_ptr(rsp + slot), rax)?;
+        }
+        // Workgroups past the count do nothing (end is clamped to it).
+        self.a.mov(rax, self.workgroups() as i64)?;
+        self.a.cmp(rcx, rax)?;
+        self.a.cmova(rcx, rax)?;
         self.a.mov(qword_ptr(rsp + Self::S_END), rcx)?;
         self.a.mov(qword_ptr(rsp + Self::S_BEGIN), rdx)?;
         self.a.mov(r15, rdi)?; // bindings
@@ -425,9 +468,24 @@ impl Emitter<'_> {
         let (n, nc) = (self.c.dims[1], self.block_columns());
         let blocks = n.div_ceil(nc);
         let last_cols = n - (blocks - 1) * nc;
+        let (k, kc) = (self.c.dims[2], self.kc);
+        let kblocks = k.div_ceil(kc);
         self.a.mov(qword_ptr(rsp + Self::S_N0), 0)?;
         let mut block_top = self.a.create_label();
         self.a.set_label(&mut block_top)?;
+        // Reduction blocks (one unless blocked): S_K0 the first step, S_KLEN the count.
+        self.a.mov(qword_ptr(rsp + Self::S_K0), 0)?;
+        let mut kblock_top = self.a.create_label();
+        self.a.set_label(&mut kblock_top)?;
+        self.a.mov(rax, k as i64)?;
+        self.a.sub(rax, qword_ptr(rsp + Self::S_K0))?;
+        self.a.mov(rcx, kc as i64)?;
+        self.a.cmp(rax, rcx)?;
+        self.a.cmova(rax, rcx)?;
+        self.a.mov(qword_ptr(rsp + Self::S_KLEN), rax)?;
+        if self.packed {
+            self.pack_b(n, nc, blocks, last_cols)?;
+        }
         self.a.mov(r14, qword_ptr(rsp + Self::S_BEGIN))?; // workgroup
         let mut top = self.a.create_label();
         let mut next = self.a.create_label();
@@ -459,6 +517,15 @@ impl Emitter<'_> {
             if blocks > 1 {
                 let per_n = self.bases[bi].per_n;
                 self.add_scaled(r8, qword_ptr(rsp + Self::S_N0), per_n)?;
+            }
+            if self.packed && bi == 1 {
+                let slot = self.s_buf();
+                self.a.mov(r8, qword_ptr(rsp + slot))?;
+            }
+            if kblocks > 1 && bi == 0 || kblocks > 1 && bi == 1 && !self.packed {
+                let op = if bi == 0 { &self.c.a } else { &self.c.b };
+                let per_k = op.offset.of(self.c.k[0]) * 4;
+                self.add_scaled(r8, qword_ptr(rsp + Self::S_K0), per_k)?;
             }
             let s = self.s_ptr(bi);
             self.a.mov(qword_ptr(rsp + s), r8)?;
@@ -507,6 +574,11 @@ impl Emitter<'_> {
         self.a.inc(r14)?;
         self.a.cmp(r14, qword_ptr(rsp + Self::S_END))?;
         self.a.jb(top)?;
+        if kblocks > 1 {
+            self.a.add(qword_ptr(rsp + Self::S_K0), kc as i32)?;
+            self.a.cmp(qword_ptr(rsp + Self::S_K0), k as i32)?;
+            self.a.jb(kblock_top)?;
+        }
         if blocks > 1 {
             self.a.add(qword_ptr(rsp + Self::S_N0), nc as i32)?;
             self.a.cmp(qword_ptr(rsp + Self::S_N0), n as i32)?;
@@ -536,10 +608,103 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// Columns per block: all of them when B fits [`L2_BLOCK`], else a multiple of 48
-    /// columns (two and three vector tiles both divide it) whose K rows fit.
-    fn block_columns(&self) -> u64 {
+    /// Copies rows `k0 .. k0 + klen` of B's current 16-column block into the stack
+    /// buffer, 64 bytes a row (columns past N in the last block are zeros).
+    fn pack_b(&mut self, n: u64, nc: u64, blocks: u64, last_cols: u64) -> R<()> {
+        let b = &self.bases[1];
+        let (binding, c, per_k) = (b.binding, b.c, self.c.b.offset.of(self.c.k[0]) * 4);
+        self.a.mov(rsi, qword_ptr(r15 + 8 * binding as i32))?;
+        self.add_imm(rsi, c)?;
+        self.add_scaled(rsi, qword_ptr(rsp + Self::S_K0), per_k)?;
+        self.add_scaled(rsi, qword_ptr(rsp + Self::S_N0), 4)?;
+        let slot = self.s_buf();
+        self.a.mov(rdi, qword_ptr(rsp + slot))?;
+        self.a.mov(rdx, qword_ptr(rsp + Self::S_KLEN))?;
+        let mut widths = vec![nc.min(n)];
+        if blocks > 1 && last_cols != nc {
+            widths.insert(0, last_cols);
+        }
+        let mut end = self.a.create_label();
+        for (i, &w) in widths.iter().enumerate() {
+            let mut other = None;
+            if i + 1 < widths.len() {
+                // The last, narrower block.
+                let l = self.a.create_label();
+                self.a.cmp(qword_ptr(rsp + Self::S_N0), ((blocks - 1) * nc) as i32)?;
+                self.a.jb(l)?;
+                other = Some(l);
+            }
+            let mut rows = self.a.create_label();
+            self.a.set_label(&mut rows)?;
+            for (v, lanes) in [(0i32, w.min(8)), (1, w.saturating_sub(8).min(8))] {
+                let r = YMM[v as usize];
+                if lanes == 8 {
+                    self.a.vmovups(r, ymmword_ptr(rsi + 32 * v))?;
+                } else if lanes == 0 {
+                    self.a.vxorps(r, r, r)?;
+                } else {
+                    let l = self.mask_label(lanes);
+                    self.a.vmovups(ymm2, ymmword_ptr(l))?;
+                    self.a.vmaskmovps(r, ymm2, ymmword_ptr(rsi + 32 * v))?;
+                }
+                self.a.vmovaps(ymmword_ptr(rdi + 32 * v), r)?;
+            }
+            self.add_imm(rsi, per_k)?;
+            self.a.add(rdi, 64)?;
+            self.a.dec(rdx)?;
+            self.a.jnz(rows)?;
+            self.a.jmp(end)?;
+            if let Some(mut l) = other {
+                self.a.set_label(&mut l)?;
+                self.a.nop()?; // (the next row loop sets its own label)
+            }
+        }
+        self.a.set_label(&mut end)?;
+        self.a.nop()?;
+        Ok(())
+    }
+
+    /// Whether to pack B: a matrix product (one reduction variable, B shared by the
+    /// rows and the batch, unit column step) whose B is large (over 64 KiB) and used
+    /// by at least two full panels. Packing copies each `KC_PACKED × 16` block of B
+    /// into a contiguous stack buffer that every panel then streams from L1, instead
+    /// of walking B's rows at its own pitch (a power-of-two pitch puts every row of a
+    /// tile in the same L1 set).
+    fn should_pack(&self) -> bool {
+        let b = &self.bases[1];
+        let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
+        self.c.k.len() == 1
+            && b.per_m == 0
+            && b.per_n == 4
+            && b.coef.iter().all(|&c| c == 0)
+            && m >= 2 * MR
+            && n >= 16
+            && n * k * 4 > 64 * 1024
+    }
+
+    /// Reduction steps per block: all of them unless B is larger than [`L2_BLOCK`] and
+    /// the reduction runs over one variable longer than [`KC`]; then blocks of `KC`
+    /// rows of B (which also keeps a column block's rows from crowding a few L2 sets
+    /// when B's row pitch is a large power of two). Partial sums go through the output.
+    fn reduction_block(&self) -> u64 {
         let (n, k) = (self.c.dims[1], self.c.dims[2].max(1));
+        if self.packed {
+            return k.min(KC_PACKED);
+        }
+        if self.c.k.len() == 1 && n * k * 4 > L2_BLOCK && k > KC {
+            KC
+        } else {
+            k
+        }
+    }
+
+    /// Columns per block: all of them when B fits [`L2_BLOCK`], else a multiple of 48
+    /// columns (two and three vector tiles both divide it) whose `kc` rows fit.
+    fn block_columns(&self) -> u64 {
+        let (n, k) = (self.c.dims[1], self.kc.max(1));
+        if self.packed {
+            return 16.min(n);
+        }
         if n * k * 4 <= L2_BLOCK {
             return n;
         }
@@ -554,7 +719,7 @@ impl Emitter<'_> {
         for i in 3..self.bases.len() {
             self.a.mov(EPTR[i - 3], qword_ptr(rsp + self.s_ptr(i)))?;
         }
-        let nv = tile_vectors(mr, self.stride2());
+        let nv = if self.packed { 2 } else { tile_vectors(mr, self.stride2()) };
         let width = nv * 8;
         let full = n / width;
         if full > 0 {
@@ -619,7 +784,11 @@ impl Emitter<'_> {
         let kvars = self.c.k.clone();
         let ext: Vec<i64> = kvars.iter().map(|&v| self.k.vars[v as usize] as i64).collect();
         let sa: Vec<i64> = kvars.iter().map(|&v| self.c.a.offset.of(v) * 4).collect();
-        let sb: Vec<i64> = kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect();
+        let sb: Vec<i64> = if self.packed {
+            vec![64]
+        } else {
+            kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect()
+        };
         let q = kvars.len();
         self.a.mov(rdi, r12)?;
         self.a.mov(rsi, r13)?;
@@ -631,7 +800,11 @@ impl Emitter<'_> {
             self.a.set_label(&mut l)?;
             outer.push(l);
         }
-        self.a.mov(rdx, ext[q - 1])?;
+        if self.kc < self.c.dims[2] {
+            self.a.mov(rdx, qword_ptr(rsp + Self::S_KLEN))?;
+        } else {
+            self.a.mov(rdx, ext[q - 1])?;
+        }
         let mut kloop = self.a.create_label();
         self.a.set_label(&mut kloop)?;
         let step = if self.stride2() { 64 } else { 32 };
@@ -688,6 +861,43 @@ impl Emitter<'_> {
         pool.sort_by_key(|r| YMM.iter().position(|y| y == r));
         pool.dedup();
         let out_row = self.bases[2].per_m;
+        let out_at = |i: usize, j: usize| ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
+        let mut finished = None;
+        if self.kc < self.c.dims[2] {
+            // A blocked reduction: add the partial sums of earlier blocks; only the
+            // last block applies the epilogue, the others store the raw sums.
+            let t = pool[0];
+            let mut first = self.a.create_label();
+            self.a.cmp(qword_ptr(rsp + Self::S_K0), 0)?;
+            self.a.je(first)?;
+            for i in 0..mr_ {
+                for j in 0..nv_ {
+                    if masked.is_some() && j == nv_ - 1 {
+                        self.a.vmaskmovps(t, mreg, out_at(i, j))?;
+                        self.a.vaddps(acc(i, j), acc(i, j), t)?;
+                    } else {
+                        self.a.vaddps(acc(i, j), acc(i, j), out_at(i, j))?;
+                    }
+                }
+            }
+            self.a.set_label(&mut first)?;
+            let mut last = self.a.create_label();
+            self.a.cmp(qword_ptr(rsp + Self::S_K0), (self.c.dims[2] - self.kc) as i32)?;
+            self.a.jae(last)?;
+            for i in 0..mr_ {
+                for j in 0..nv_ {
+                    if masked.is_some() && j == nv_ - 1 {
+                        self.a.vmaskmovps(out_at(i, j), mreg, acc(i, j))?;
+                    } else {
+                        self.a.vmovups(out_at(i, j), acc(i, j))?;
+                    }
+                }
+            }
+            let done = self.a.create_label();
+            self.a.jmp(done)?;
+            self.a.set_label(&mut last)?;
+            finished = Some(done);
+        }
         for i in 0..mr_ {
             for j in 0..nv_ {
                 let lanes = if j == nv_ - 1 { masked } else { None };
@@ -708,6 +918,10 @@ impl Emitter<'_> {
                     }
                 }
             }
+        }
+        if let Some(mut l) = finished {
+            // (The next instruction is the caller's: a pointer step or a jump.)
+            self.a.set_label(&mut l)?;
         }
         Ok(())
     }
