@@ -16,9 +16,10 @@
 //! `invoke` allocates nothing, spawns nothing and decides nothing: the schedule, the
 //! tables and the job list were all made when the instance was.
 //!
-//! Threads wait for each other by spinning a bounded number of times, then sleeping on a
-//! condition variable (a wave of a small model lasts microseconds, a sleep and wake-up
-//! tens of them).
+//! Threads wait for each other by polling a flag a bounded number of times, then
+//! sleeping on a condition variable (a wave of a small model lasts microseconds, a sleep
+//! and wake-up tens of them). Polling spins when every thread has a core of its own and
+//! yields the core when there are more threads than cores ([`Patience`]).
 
 use crate::error::RuntimeError;
 use crate::instance::Bases;
@@ -35,10 +36,40 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-/// Polls of a flag before a waiting thread goes to sleep: about 0.2 ms on this
-/// project's Zen 3 machines (`PAUSE` ≈ 27 ns). Longer than the gap between two waves or
-/// two back-to-back calls, short enough that an idle instance soon burns nothing.
-const SPIN: u32 = 1 << 13;
+/// How long a waiting thread polls its flag before it sleeps.
+#[derive(Clone, Copy)]
+struct Patience {
+    /// Polls one `PAUSE` apart (≈ 27 ns on this project's Zen 3 machines).
+    spins: u32,
+    /// Then polls each after yielding the core (≈ 0.5 µs when nobody else wants it).
+    yields: u32,
+}
+
+impl Patience {
+    /// At most one thread per core: spin about 0.2 ms, longer than the gap between two
+    /// waves or two back-to-back calls, then sleep. Yielding early was measured to cost
+    /// lenet 3× on two threads of two cores.
+    const OWN_CORES: Patience = Patience { spins: 1 << 13, yields: 0 };
+    /// More threads than cores: a spinning thread would hold a core from the very
+    /// thread it waits for until the scheduler preempts it (lenet took 2 ms instead of
+    /// 0.03 on 3 threads of 2 cores); yielding at once hands the core over.
+    const SHARED_CORES: Patience = Patience { spins: 1 << 4, yields: 1 << 13 };
+
+    /// Polls `ready` until it holds (true) or the patience is spent (false).
+    fn poll(self, ready: impl Fn() -> bool) -> bool {
+        for i in 0..self.spins + self.yields {
+            if ready() {
+                return true;
+            }
+            if i < self.spins {
+                core::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        false
+    }
+}
 
 /// A value on a cache line of its own: the flag every waiting worker polls is not
 /// the counter every finishing worker writes.
@@ -192,6 +223,7 @@ unsafe fn run_share(wave: Wave, me: u64, threads: u64) {
 /// What the calling thread and the workers share.
 struct Shared {
     threads: u64,
+    patience: Patience,
     /// Written by the calling thread only while no worker runs a wave (every worker
     /// has finished the last one and none has seen the next `epoch`); read by workers
     /// after seeing a new `epoch`, before decrementing `pending`.
@@ -231,12 +263,8 @@ impl Shared {
 
     /// Waits until `epoch` differs from `seen`; returns it.
     fn next_epoch(&self, seen: u32) -> u32 {
-        for _ in 0..SPIN {
-            let e = self.epoch.load(Acquire);
-            if e != seen {
-                return e;
-            }
-            core::hint::spin_loop();
+        if self.patience.poll(|| self.epoch.load(Acquire) != seen) {
+            return self.epoch.load(Acquire);
         }
         let mut g = self.lock();
         // Announce the sleep, then look again: a release either bumped `epoch` before
@@ -272,11 +300,8 @@ impl Shared {
 
     /// The calling thread waits until every worker finished the wave (or one was lost).
     fn wait_done(&self) {
-        for _ in 0..SPIN {
-            if self.pending.load(Acquire) == 0 {
-                return;
-            }
-            core::hint::spin_loop();
+        if self.patience.poll(|| self.pending.load(Acquire) == 0) {
+            return;
         }
         let mut g = self.lock();
         // The mirror of `next_epoch`: the last worker either decremented `pending`
@@ -331,8 +356,12 @@ struct Pool {
 
 impl Pool {
     fn start(threads: usize) -> Result<Pool, RuntimeError> {
+        // Decided once, from the cores the system offers this process now.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let patience = if threads <= cores { Patience::OWN_CORES } else { Patience::SHARED_CORES };
         let shared = Arc::new(Shared {
             threads: threads as u64,
+            patience,
             wave: UnsafeCell::new(Wave { jobs: core::ptr::null(), len: 0, helpers: core::ptr::null() }),
             epoch: Line(AtomicU32::new(0)),
             pending: Line(AtomicU32::new(0)),
