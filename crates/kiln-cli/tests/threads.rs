@@ -5,7 +5,8 @@
 //! microkernels over odd shapes, a wave of two dispatches, reductions, helper calls, and
 //! dispatches of fewer workgroups than threads; the models are lenet (in the repository)
 //! and, from the test data (`$KILN_TEST_DATA`, default `<repo>/.cache`, fetched by
-//! `scripts/test`), mlp, mobilenet_v2 and bert_tiny.
+//! `scripts/test`), mlp, mobilenet_v2, bert_tiny and matmul1024 (whose contraction
+//! packs blocks of B on each thread's stack).
 
 use kiln_import::ImportOptions;
 use kiln_ir::Graph;
@@ -116,6 +117,10 @@ fn models_are_bit_identical_on_threads() {
         (data_dir().join("models/mlp.onnx"), vec![]),
         (data_dir().join("models/mobilenet_v2.onnx"), vec![]),
         (data_dir().join("models/bert_tiny.onnx"), vec![("input_ids".to_string(), vec![1, 128])]),
+        (
+            data_dir().join("models/matmul1024.onnx"),
+            vec![("a".to_string(), vec![1024, 1024]), ("b".to_string(), vec![1024, 1024])],
+        ),
     ];
     for (path, input_shapes) in models {
         assert!(path.exists(), "{} is missing: run scripts/test (it fetches the test models)", path.display());

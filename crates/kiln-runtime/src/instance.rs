@@ -243,8 +243,8 @@ impl<'m> Instance<'m> {
     /// instance is dropped. One thread is [`Instance::new`]'s local-sync driver; zero, or
     /// more than [`crate::MAX_THREADS`], is an error.
     ///
-    /// Workers are plain `std` threads with the default stack size; generated kernels
-    /// keep small frames.
+    /// Workers are `std` threads with 8 MiB stacks (a main thread's usual size; generated
+    /// kernels keep their scratch, such as packed blocks of a contraction, on the stack).
     #[cfg(feature = "local-task")]
     pub fn with_threads(module: &'m LoadedModule<'m>, threads: usize) -> Result<Instance<'m>, RuntimeError> {
         Instance::new(module)?.threaded(threads)

@@ -36,6 +36,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
+/// Stack bytes of a worker: what a main thread usually gets (Linux's default 8 MiB),
+/// so that a kernel that runs on the calling thread runs on a worker too (contraction
+/// kernels pack blocks of B on the stack). Reserved, not touched: pages cost memory
+/// only once used.
+const WORKER_STACK: usize = 8 << 20;
+
 /// How long a waiting thread polls its flag before it sleeps.
 #[derive(Clone, Copy)]
 struct Patience {
@@ -382,6 +388,7 @@ impl Pool {
             let s = Arc::clone(&pool.shared);
             let h = std::thread::Builder::new()
                 .name(alloc::format!("kiln-worker-{me}"))
+                .stack_size(WORKER_STACK)
                 .spawn(move || worker(&s, me as u64))
                 .map_err(|e| RuntimeError::Threads { threads, why: e.to_string() })?;
             pool.handles.push(h);
