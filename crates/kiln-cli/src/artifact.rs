@@ -302,6 +302,9 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds(&a, &sig.inputs)?;
     let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
+    if std::env::var_os("KILN_PERF_MAP").is_some() {
+        write_perf_map(&module)?;
+    }
     let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
@@ -336,6 +339,22 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
             st.p99 / st.median
         ))
     }
+}
+
+/// With `KILN_PERF_MAP` set, `kiln bench` writes `/tmp/perf-PID.map` (the format
+/// `perf report` reads for generated code): each kernel's address, size (up to the
+/// next kernel) and name, so a profile names the dispatches.
+fn write_perf_map(module: &kiln_runtime::LoadedModule<'_>) -> Result<(), String> {
+    let names: Vec<&str> = module.program().kernels.iter().map(|k| k.name).collect();
+    let mut at: Vec<(usize, &str)> = module.kernel_addresses().zip(names).collect();
+    at.sort();
+    let mut text = String::new();
+    for (i, &(addr, name)) in at.iter().enumerate() {
+        let size = at.get(i + 1).map_or(4096, |n| n.0 - addr);
+        text.push_str(&format!("{addr:x} {size:x} kiln:{name}\n"));
+    }
+    let path = format!("/tmp/perf-{}.map", std::process::id());
+    std::fs::write(&path, text).map_err(|e| format!("{path}: {e}"))
 }
 
 /// Summary statistics of timings.

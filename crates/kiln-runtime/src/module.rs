@@ -192,6 +192,12 @@ impl<'a> LoadedModule<'a> {
         self.signature().entry(index).ok_or_else(|| RuntimeError::NoSuchEntry { entry: alloc::format!("#{index}") })
     }
 
+    /// The address each kernel's code starts at, in kernel-table order (for profilers'
+    /// symbol maps; calling them is the runtime's business).
+    pub fn kernel_addresses(&self) -> impl Iterator<Item = usize> + '_ {
+        self.kernels.iter().map(|&f| f as usize)
+    }
+
     /// The decoded artifact (for listings).
     pub fn program(&self) -> &ProgramView<'a> {
         &self.program

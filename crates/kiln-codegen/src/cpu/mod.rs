@@ -16,6 +16,7 @@ mod analysis;
 mod emit;
 mod gemm;
 mod math;
+mod pad;
 mod image;
 
 use cranelift_codegen::ir::UserFuncName;
@@ -283,7 +284,15 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                     notes.push("contraction microkernel (avx2+fma)".to_string());
                     continue;
                 }
-                Err(gemm::NotHere(why)) => notes.push(format!("general ({why})")),
+                Err(gemm::NotHere(why)) => match pad::emit(k) {
+                    Ok((code, wg)) => {
+                        workgroup_counts.push(wg);
+                        micro.push((idx, code));
+                        notes.push("padding copy (avx)".to_string());
+                        continue;
+                    }
+                    Err(_) => notes.push(format!("general ({why})")),
+                },
             }
         } else {
             notes.push("general".to_string());

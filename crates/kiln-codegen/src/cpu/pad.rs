@@ -1,0 +1,194 @@
+//! Padding kernels as machine code (`iced-x86`): `out[q] = x[q + c]` with `Pad` bounds
+//! (what `kiln_flow::layout::materialize_padding` puts in front of a convolution, and
+//! what `Pad` with a constant lowers to), 4-byte elements.
+//!
+//! A workgroup is one output row (every output dimension but the innermost), as for
+//! general kernels. All offsets are constants, so per row the code only decides
+//! whether the row maps into `x` at all; a row that does is written as three runs —
+//! pad values, one contiguous copy (8 lanes at a time, the tail masked), pad values —
+//! and a row that does not is all pad values. Nothing is read outside `x`.
+
+use iced_x86::code_asm::*;
+use kiln_flow::contraction::affine;
+use kiln_flow::{Bounds, Expr, Kernel};
+
+use super::gemm::NotHere;
+
+type R<T> = Result<T, NotHere>;
+
+fn no<T>(what: &str) -> R<T> {
+    Err(NotHere(what.into()))
+}
+
+/// A recognised padding kernel.
+struct Padding {
+    /// Per output dimension: the input index is `q + shift`.
+    shift: Vec<i64>,
+    /// The input's dims.
+    in_dims: Vec<i64>,
+    /// The output's dims.
+    out_dims: Vec<i64>,
+    /// The pad value's bits.
+    value: u32,
+}
+
+fn recognise(k: &Kernel) -> R<Padding> {
+    let Expr::Load { input: 0, index, bounds: Bounds::Pad(bits) } = &k.node(k.root).expr else {
+        return no("not a padding");
+    };
+    let (x, o) = (&k.inputs[0], &k.output);
+    if k.inputs.len() != 1 || x.dtype != o.dtype || x.dtype.storage_bytes(1) != 4 || index.len() != o.shape.rank() {
+        return no("not a 4-byte padding of one input");
+    }
+    let rank = o.shape.rank();
+    if rank == 0 || o.shape.numel() == 0 || x.shape.numel() == 0 {
+        return no("an empty or rank-0 padding");
+    }
+    let mut shift = Vec::with_capacity(rank);
+    for (d, &e) in index.iter().enumerate() {
+        let a = affine(k, e).ok_or_else(|| NotHere("a non-affine padding index".into()))?;
+        if a.coef.iter().enumerate().any(|(v, &c)| c != if v == d { 1 } else { 0 }) {
+            return no("a padding index other than q + c");
+        }
+        shift.push(a.c);
+    }
+    let dims = |t: &kiln_ir::TensorType| t.shape.dims().iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let limit = i32::MAX as usize;
+    if x.storage_bytes() > limit || o.storage_bytes() > limit {
+        return no("an operand over 2 GiB");
+    }
+    Ok(Padding { shift, in_dims: dims(x), out_dims: dims(o), value: *bits as u32 })
+}
+
+/// Emits `k` as a padding kernel (code and workgroup count), or says why not.
+pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
+    let p = recognise(k)?;
+    let rank = p.out_dims.len();
+    let w_out = p.out_dims[rank - 1];
+    let (w_in, c) = (p.in_dims[rank - 1], p.shift[rank - 1]);
+    // Columns x with 0 ≤ x + c < w_in: lo..hi.
+    let lo = (-c).clamp(0, w_out);
+    let hi = (w_in - c).clamp(lo, w_out);
+    let rows: i64 = p.out_dims[..rank - 1].iter().product();
+    let mut in_stride = vec![1i64; rank];
+    for d in (0..rank - 1).rev() {
+        in_stride[d] = in_stride[d + 1] * p.in_dims[d + 1];
+    }
+    let mut a = CodeAssembler::new(64)?;
+    let mut masks: Vec<(u64, CodeLabel)> = Vec::new();
+    let mut mask = |a: &mut CodeAssembler, lanes: u64| -> CodeLabel {
+        if let Some(m) = masks.iter().find(|m| m.0 == lanes) {
+            return m.1;
+        }
+        let l = a.create_label();
+        masks.push((lanes, l));
+        l
+    };
+    let mut value = a.create_label();
+    a.push(rbx)?;
+    // rdi bindings, rdx begin, rcx end (clamped to the row count).
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r8, qword_ptr(rdi))?; // x
+    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    a.mov(r10, rdx)?; // row
+    a.mov(r11, rcx)?; // end
+    a.vbroadcastss(ymm0, dword_ptr(value))?;
+    let mut done = a.create_label();
+    let mut top = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.set_label(&mut top)?;
+    // out row pointer: out + row·w_out·4.
+    a.imul_3(rsi, r10, (w_out * 4) as i32)?;
+    a.add(rsi, r9)?;
+    // Source row: decode the row into outer coordinates, check each maps into x.
+    let mut fill = a.create_label();
+    a.mov(rax, r10)?;
+    a.mov(rbx, r8)?;
+    for d in (0..rank - 1).rev() {
+        a.xor(edx, edx)?;
+        a.mov(rcx, p.out_dims[d])?;
+        a.div(rcx)?; // rdx = q_d, rax = the rest
+        if p.shift[d] != 0 {
+            a.add(rdx, p.shift[d] as i32)?;
+        }
+        a.cmp(rdx, p.in_dims[d] as i32)?;
+        a.jae(fill)?; // (unsigned: a negative index is above every extent)
+        a.imul_3(rdx, rdx, (in_stride[d] * 4) as i32)?;
+        a.add(rbx, rdx)?;
+    }
+    // rbx: x's row. Pad run, copy run, pad run.
+    let store_run = |a: &mut CodeAssembler, mask: &mut dyn FnMut(&mut CodeAssembler, u64) -> CodeLabel, from: i64, to: i64| -> R<()> {
+        let mut x = from;
+        while x + 8 <= to {
+            a.vmovups(ymmword_ptr(rsi + (x * 4) as i32), ymm0)?;
+            x += 8;
+        }
+        if x < to {
+            let l = mask(a, (to - x) as u64);
+            a.vmovups(ymm1, ymmword_ptr(l))?;
+            a.vmaskmovps(ymmword_ptr(rsi + (x * 4) as i32), ymm1, ymm0)?;
+        }
+        Ok(())
+    };
+    store_run(&mut a, &mut mask, 0, lo)?;
+    let n = hi - lo;
+    if n > 0 {
+        // Copy x[lo + c .. hi + c] to out[lo .. hi]: 32 columns per iteration, then 8s, then a masked tail.
+        let src0 = (lo + c) * 4;
+        let dst0 = lo * 4;
+        let mut x = 0i64;
+        if n >= 64 {
+            a.lea(rdi, qword_ptr(rbx + src0 as i32))?;
+            a.lea(rdx, qword_ptr(rsi + dst0 as i32))?;
+            a.mov(rcx, n / 32)?;
+            let mut l32 = a.create_label();
+            a.set_label(&mut l32)?;
+            for v in 0..4 {
+                a.vmovups(ymm2, ymmword_ptr(rdi + 32 * v))?;
+                a.vmovups(ymmword_ptr(rdx + 32 * v), ymm2)?;
+            }
+            a.add(rdi, 128)?;
+            a.add(rdx, 128)?;
+            a.dec(rcx)?;
+            a.jnz(l32)?;
+            x = n / 32 * 32;
+        }
+        while x + 8 <= n {
+            a.vmovups(ymm2, ymmword_ptr(rbx + (src0 + x * 4) as i32))?;
+            a.vmovups(ymmword_ptr(rsi + (dst0 + x * 4) as i32), ymm2)?;
+            x += 8;
+        }
+        if x < n {
+            let l = mask(&mut a, (n - x) as u64);
+            a.vmovups(ymm1, ymmword_ptr(l))?;
+            a.vmaskmovps(ymm2, ymm1, ymmword_ptr(rbx + (src0 + x * 4) as i32))?;
+            a.vmaskmovps(ymmword_ptr(rsi + (dst0 + x * 4) as i32), ymm1, ymm2)?;
+        }
+    }
+    store_run(&mut a, &mut mask, hi, w_out)?;
+    let mut next = a.create_label();
+    a.jmp(next)?;
+    a.set_label(&mut fill)?;
+    a.nop()?;
+    store_run(&mut a, &mut mask, 0, w_out)?;
+    a.set_label(&mut next)?;
+    a.inc(r10)?;
+    a.cmp(r10, r11)?;
+    a.jb(top)?;
+    a.set_label(&mut done)?;
+    a.vzeroupper()?;
+    a.pop(rbx)?;
+    a.ret()?;
+    masks.sort_by_key(|m| m.0);
+    for (lanes, mut l) in masks {
+        a.set_label(&mut l)?;
+        let words: Vec<u32> = (0..8).map(|i| if i < lanes { u32::MAX } else { 0 }).collect();
+        a.dd(&words)?;
+    }
+    a.set_label(&mut value)?;
+    a.dd(&[p.value])?;
+    Ok((a.assemble(0)?, rows as u64))
+}
