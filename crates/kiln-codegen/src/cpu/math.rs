@@ -21,7 +21,7 @@
 //! (`tests/math.rs`): 2.83 ulp, just above the switch at 0.5.
 
 use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, ConstantData, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 
 /// Lane order for vector bitcasts.
@@ -33,23 +33,29 @@ fn lanes(ty: Type) -> MemFlagsData {
     }
 }
 
+/// Four copies of `bits` as a vector constant of type `ty` (one load from the
+/// function's constant pool, not a materialise-and-splat per loop iteration).
+fn vconst(b: &mut FunctionBuilder<'_>, ty: Type, bits: u32) -> Value {
+    let bytes: Vec<u8> = (0..4).flat_map(|_| bits.to_le_bytes()).collect();
+    let handle = b.func.dfg.constants.insert(ConstantData::from(bytes));
+    b.ins().vconst(ty, handle)
+}
+
 /// A constant of `ty` (f32 or f32x4).
 fn c(b: &mut FunctionBuilder<'_>, ty: Type, x: f32) -> Value {
-    let s = b.ins().f32const(x);
     if ty.is_vector() {
-        b.ins().splat(ty, s)
+        vconst(b, ty, x.to_bits())
     } else {
-        s
+        b.ins().f32const(x)
     }
 }
 
 /// An i32 constant of the integer type matching `ty`.
 fn ci(b: &mut FunctionBuilder<'_>, ty: Type, x: i32) -> Value {
-    let s = b.ins().iconst(types::I32, x as i64);
     if ty.is_vector() {
-        b.ins().splat(types::I32X4, s)
+        vconst(b, types::I32X4, x as u32)
     } else {
-        s
+        b.ins().iconst(types::I32, x as i64)
     }
 }
 
