@@ -26,12 +26,15 @@ usage:
                   [--external-weights FILE] [--strip] [--target-cpu host|x86-64-v2|x86-64-v3]
                   [--to tensor|flow|stream|hal] [--dump-after PASS]... [--list-passes] [--timings]
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
+                  [--threads N]
   kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
-  kiln bench ARTIFACT|MODEL [--threads 1] [--warmup W] [--iterations I] [--json] [--input NAME=FILE.npy]...
+  kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json] [--input NAME=FILE.npy]...
   kiln list-passes
   kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
 
 MODEL is an .onnx file or a .kir file (kiln IR text form).
+--threads N runs on the local-task driver with N threads (default: one per core).
+KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
 --input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.
 --passes runs tensor-level passes after import (`default`: all, in pipeline order).

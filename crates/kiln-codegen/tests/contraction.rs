@@ -285,7 +285,7 @@ fn column_blocks() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    for (m, k, n) in [(6, 700, 200), (1, 1100, 97), (13, 300, 500), (24, 1024, 64)] {
+    for (m, k, n) in [(6, 700, 200), (1, 1100, 97), (13, 300, 500), (24, 1024, 64), (16, 400, 100), (20, 300, 72)] {
         let a = random_f32(&[m, k], 1.0, 21);
         let b = random_f32(&[k, n], 1.0, 22);
         check_micro(&matmul(&[], m, k, n, false, false), &[&a, &b], k);

@@ -6,15 +6,15 @@
 //! code, with the same kernel ABI as every other kernel (`kiln_module::abi`).
 //!
 //! ## Work split
-//! A workgroup is one *row panel* (up to [`MR`] rows of one batch position, every
-//! column), so the count is `batch × ⌈M / MR⌉` and a driver may split panels across
+//! A workgroup is one *row panel* (up to 6 or 4 rows, [`panel_rows`], of one batch
+//! position, every column), so the count is `batch × ⌈M / rows⌉` and a driver may split panels across
 //! threads. Inside a panel the columns are walked in register tiles.
 //!
 //! ## Register tile
 //! A tile is `mr` rows × `nv` vectors of 8 columns: `mr·nv` accumulators, `nv` registers
 //! holding one row of B, one broadcast of A; per step of `k` it loads `nv` vectors of B,
 //! broadcasts `mr` elements of A and issues `mr·nv` FMAs. `nv` is the widest that fits
-//! the 16 ymm registers (6×16 for full panels, 1×56 for single rows). Columns past the
+//! the 16 ymm registers (6×16 or 4×24 for full panels, 1×56 for single rows). Columns past the
 //! last full tile run in a narrower tile, and the last 1..7 columns in a masked tile
 //! (`vmaskmovps`: lanes past the end are neither read nor written).
 //!
@@ -36,8 +36,15 @@ use kiln_flow::contraction::Contraction;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-/// Rows of a full panel.
-pub(crate) const MR: u64 = 6;
+/// Rows of a full panel: 6 (a 6×16 tile), or 4 (4×24) when that divides M and 6
+/// does not, so no tail-row code is needed.
+fn panel_rows(m: u64) -> u64 {
+    if m % 6 != 0 && m % 4 == 0 {
+        4
+    } else {
+        6
+    }
+}
 /// Bytes of B one column block may take (the block stays in L2 while every panel of
 /// the workgroup range runs over it).
 const L2_BLOCK: u64 = 256 * 1024;
@@ -45,8 +52,9 @@ const L2_BLOCK: u64 = 256 * 1024;
 const KC: u64 = 128;
 /// Reduction steps per block of a packed B (the stack buffer holds `KC_PACKED × 16`).
 const KC_PACKED: u64 = 256;
-/// Bytes of the packing buffer on the stack (plus 32 for alignment).
-const PACK_BYTES: i32 = (KC_PACKED * 16 * 4) as i32;
+/// Bytes of the packing buffer on the stack (plus 32 for alignment): `KC_PACKED` rows
+/// of up to 24 columns.
+const PACK_BYTES: i32 = (KC_PACKED * 24 * 4) as i32;
 
 /// A compiled contraction kernel: position-independent code and its workgroup count.
 pub(crate) struct GemmCode {
@@ -129,6 +137,8 @@ struct Emitter<'k> {
     kc: u64,
     /// B is copied, block by block, into a contiguous buffer on the stack first.
     packed: bool,
+    /// Rows of a full panel ([`panel_rows`]).
+    mr: u64,
 }
 
 /// Emits `k` as a contraction microkernel, or says why not.
@@ -154,7 +164,9 @@ pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
         uses: HashMap::new(),
         kc: 0,
         packed: false,
+        mr: 6,
     };
+    e.mr = panel_rows(e.c.dims[0]);
     e.plan_bases()?;
     e.packed = e.should_pack();
     e.kc = e.reduction_block();
@@ -172,7 +184,7 @@ impl Emitter<'_> {
     }
 
     fn panels(&self) -> u64 {
-        self.c.dims[0].div_ceil(MR)
+        self.c.dims[0].div_ceil(self.mr)
     }
 
     fn workgroups(&self) -> u64 {
@@ -354,7 +366,9 @@ impl Emitter<'_> {
     const S_N0: i32 = 24;
     const S_K0: i32 = 32;
     const S_KLEN: i32 = 40;
-    const S_COORD: i32 = 48; // 8 per batch variable
+    /// Accumulators on their way through a row-looped epilogue (up to 16 vectors).
+    const S_ACC: i32 = 48;
+    const S_COORD: i32 = 48 + 16 * 32; // 8 per batch variable
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
@@ -422,8 +436,9 @@ impl Emitter<'_> {
         self.s_kcount(self.c.k.len())
     }
     fn frame(&self) -> i32 {
-        // (slots: end, m0, begin, n0, k0, klen, batch coordinates, base pointers, loop
-        // counters, buffer address; then the packing buffer when B is packed)
+        // (slots: end, m0, begin, n0, k0, klen, accumulators, batch coordinates, base
+        // pointers, loop counters, buffer address; then the packing buffer when B is
+        // packed)
         let mut bytes = self.s_buf() + 8;
         if self.packed {
             bytes += PACK_BYTES + 32;
@@ -496,7 +511,7 @@ impl Emitter<'_> {
         self.a.xor(edx, edx)?;
         self.a.mov(rcx, panels as i64)?;
         self.a.div(rcx)?;
-        self.a.imul_3(rdx, rdx, MR as i32)?;
+        self.a.imul_3(rdx, rdx, self.mr as i32)?;
         self.a.mov(qword_ptr(rsp + Self::S_M0), rdx)?;
         let ext = self.batch_extents();
         for (i, &d) in ext.iter().enumerate().rev() {
@@ -531,13 +546,14 @@ impl Emitter<'_> {
             self.a.mov(qword_ptr(rsp + s), r8)?;
         }
         let m = self.c.dims[0];
-        let tail_rows = m % MR;
+        let mr = self.mr;
+        let tail_rows = m % mr;
         let mut kinds: Vec<(u64, Option<u64>)> = Vec::new(); // (rows, guard: rows start at m0 ≥ this)
-        if m >= MR {
+        if m >= mr {
             if tail_rows != 0 {
                 kinds.push((tail_rows, Some(m - tail_rows)));
             }
-            kinds.push((MR, None));
+            kinds.push((mr, None));
         } else {
             kinds.push((tail_rows, None));
         }
@@ -608,8 +624,13 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// Copies rows `k0 .. k0 + klen` of B's current 16-column block into the stack
-    /// buffer, 64 bytes a row (columns past N in the last block are zeros).
+    /// Columns of a packed block: the full panel's tile width (16 or 24).
+    fn pack_width(&self) -> u64 {
+        tile_vectors(self.mr, false) * 8
+    }
+
+    /// Copies rows `k0 .. k0 + klen` of B's current column block into the stack buffer,
+    /// `pack_width` columns a row (columns past N in the last block are zeros).
     fn pack_b(&mut self, n: u64, nc: u64, blocks: u64, last_cols: u64) -> R<()> {
         let b = &self.bases[1];
         let (binding, c, per_k) = (b.binding, b.c, self.c.b.offset.of(self.c.k[0]) * 4);
@@ -636,7 +657,9 @@ impl Emitter<'_> {
             }
             let mut rows = self.a.create_label();
             self.a.set_label(&mut rows)?;
-            for (v, lanes) in [(0i32, w.min(8)), (1, w.saturating_sub(8).min(8))] {
+            let vectors = self.pack_width() / 8;
+            for v in 0..vectors as i32 {
+                let lanes = w.saturating_sub(8 * v as u64).min(8);
                 let r = YMM[v as usize];
                 if lanes == 8 {
                     self.a.vmovups(r, ymmword_ptr(rsi + 32 * v))?;
@@ -644,13 +667,13 @@ impl Emitter<'_> {
                     self.a.vxorps(r, r, r)?;
                 } else {
                     let l = self.mask_label(lanes);
-                    self.a.vmovups(ymm2, ymmword_ptr(l))?;
-                    self.a.vmaskmovps(r, ymm2, ymmword_ptr(rsi + 32 * v))?;
+                    self.a.vmovups(ymm4, ymmword_ptr(l))?;
+                    self.a.vmaskmovps(r, ymm4, ymmword_ptr(rsi + 32 * v))?;
                 }
                 self.a.vmovaps(ymmword_ptr(rdi + 32 * v), r)?;
             }
             self.add_imm(rsi, per_k)?;
-            self.a.add(rdi, 64)?;
+            self.a.add(rdi, (self.pack_width() * 4) as i32)?;
             self.a.dec(rdx)?;
             self.a.jnz(rows)?;
             self.a.jmp(end)?;
@@ -677,7 +700,7 @@ impl Emitter<'_> {
             && b.per_m == 0
             && b.per_n == 4
             && b.coef.iter().all(|&c| c == 0)
-            && m >= 2 * MR
+            && m >= 2 * self.mr
             && n >= 16
             && n * k * 4 > 64 * 1024
     }
@@ -703,7 +726,7 @@ impl Emitter<'_> {
     fn block_columns(&self) -> u64 {
         let (n, k) = (self.c.dims[1], self.kc.max(1));
         if self.packed {
-            return 16.min(n);
+            return self.pack_width().min(n);
         }
         if n * k * 4 <= L2_BLOCK {
             return n;
@@ -719,7 +742,7 @@ impl Emitter<'_> {
         for i in 3..self.bases.len() {
             self.a.mov(EPTR[i - 3], qword_ptr(rsp + self.s_ptr(i)))?;
         }
-        let nv = if self.packed { 2 } else { tile_vectors(mr, self.stride2()) };
+        let nv = if self.packed { self.pack_width() / 8 } else { tile_vectors(mr, self.stride2()) };
         let width = nv * 8;
         let full = n / width;
         if full > 0 {
@@ -785,7 +808,7 @@ impl Emitter<'_> {
         let ext: Vec<i64> = kvars.iter().map(|&v| self.k.vars[v as usize] as i64).collect();
         let sa: Vec<i64> = kvars.iter().map(|&v| self.c.a.offset.of(v) * 4).collect();
         let sb: Vec<i64> = if self.packed {
-            vec![64]
+            vec![(self.pack_width() * 4) as i64]
         } else {
             kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect()
         };
@@ -898,23 +921,74 @@ impl Emitter<'_> {
             self.a.set_label(&mut last)?;
             finished = Some(done);
         }
-        for i in 0..mr_ {
+        if mr_ > 1 && self.k.root != self.c.reduce {
+            // The epilogue as a loop over the tile's rows (code size ∝ one row, not
+            // the whole tile): the accumulators go to the stack, each row's come back
+            // through one register; the output and epilogue pointers step a row at a
+            // time and are put back after.
+            for i in 0..mr_ {
+                for j in 0..nv_ {
+                    self.a.vmovups(ymmword_ptr(rsp + (Self::S_ACC + 32 * (i * nv_ + j) as i32)), acc(i, j))?;
+                }
+            }
+            let mut pool: Vec<AsmRegisterYmm> =
+                YMM.iter().copied().filter(|&r| masked.is_none() || r != mreg).collect();
+            let accr = pool.remove(0);
+            self.a.lea(rdx, qword_ptr(rsp + Self::S_ACC))?;
+            self.a.mov(rax, r8)?;
+            self.a.mov(rcx, mr as i64)?;
+            let mut rows = self.a.create_label();
+            self.a.set_label(&mut rows)?;
             for j in 0..nv_ {
                 let lanes = if j == nv_ - 1 { masked } else { None };
-                let slot = TileSlot { acc: acc(i, j), row: i as i64, vec: j as i64, mask: lanes.map(|_| mreg) };
+                self.a.vmovups(accr, ymmword_ptr(rdx + 32 * j as i32))?;
+                let slot = TileSlot { acc: accr, row: 0, vec: j as i64, mask: lanes.map(|_| mreg) };
                 let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool: &mut pool };
                 let v = self.eval(self.k.root, &slot, &mut ev)?;
-                let at = ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
+                let at = ymmword_ptr(rax + 32 * j as i32);
                 if lanes.is_some() {
                     self.a.vmaskmovps(at, mreg, v)?;
                 } else {
                     self.a.vmovups(at, v)?;
                 }
-                // Every register the evaluation took goes back.
                 let held: Vec<AsmRegisterYmm> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
                 for r in held {
                     if !ev.pool.contains(&r) {
                         ev.pool.push(r);
+                    }
+                }
+            }
+            self.a.add(rdx, 32 * nv_ as i32)?;
+            self.add_imm(rax, out_row)?;
+            for b in 3..self.bases.len() {
+                let step = self.bases[b].per_m;
+                self.add_imm(EPTR[b - 3], step)?;
+            }
+            self.a.dec(rcx)?;
+            self.a.jnz(rows)?;
+            for b in 3..self.bases.len() {
+                let back = self.bases[b].per_m * mr as i64;
+                self.add_imm(EPTR[b - 3], -back)?;
+            }
+        } else {
+            for i in 0..mr_ {
+                for j in 0..nv_ {
+                    let lanes = if j == nv_ - 1 { masked } else { None };
+                    let slot = TileSlot { acc: acc(i, j), row: i as i64, vec: j as i64, mask: lanes.map(|_| mreg) };
+                    let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool: &mut pool };
+                    let v = self.eval(self.k.root, &slot, &mut ev)?;
+                    let at = ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
+                    if lanes.is_some() {
+                        self.a.vmaskmovps(at, mreg, v)?;
+                    } else {
+                        self.a.vmovups(at, v)?;
+                    }
+                    // Every register the evaluation took goes back.
+                    let held: Vec<AsmRegisterYmm> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
+                    for r in held {
+                        if !ev.pool.contains(&r) {
+                            ev.pool.push(r);
+                        }
                     }
                 }
             }
