@@ -36,6 +36,7 @@ struct Args {
     threads: Option<usize>,
     warmup: Option<usize>,
     iterations: Option<usize>,
+    size: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -59,6 +60,13 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--external-weights" => a.external_weights = Some(PathBuf::from(value(flag)?)),
             "--weights" => a.weights = Some(PathBuf::from(value(flag)?)),
             "--strip" => a.strip = true,
+            "--opt" => {
+                a.size = match value(flag)?.as_str() {
+                    "speed" => false,
+                    "size" => true,
+                    other => return Err(format!("--opt `{other}`: expected speed or size")),
+                }
+            }
             "--to" => a.to = Some(value(flag)?),
             "--dump-after" => a.dump_after.push(value(flag)?),
             "--target-cpu" => a.target = Some(value(flag)?),
@@ -123,6 +131,7 @@ fn compile_model(a: &Args, model: &Path) -> Result<kiln_compiler::Compiled, Stri
             .as_ref()
             .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
         strip: a.strip,
+        size: a.size,
         passes: None,
         source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
     };
@@ -154,7 +163,7 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
             }
             (None, "form-dispatches") => {
                 kiln_opt::run_tensor_pipeline(&mut g).map_err(|e| e.to_string())?;
-                let flow = kiln_flow::program::form(&g).map_err(|e| e.to_string())?;
+                let flow = kiln_flow::program::form_with(&g, !a.size).map_err(|e| e.to_string())?;
                 eprintln!("// after {pass}\n{flow}");
             }
             _ => return Err(format!("--dump-after `{pass}`: no such pass (kiln compile --list-passes)")),
@@ -168,7 +177,7 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
         }
         Some("flow") => {
             let g = kiln_compiler::tensor_passes(&graph, &Options::default()).map_err(|e| e.to_string())?;
-            let flow = kiln_flow::program::form(&g).map_err(|e| format!("{}: {e}", model.display()))?;
+            let flow = kiln_flow::program::form_with(&g, !a.size).map_err(|e| format!("{}: {e}", model.display()))?;
             return write_stdout(&format!("{flow}\n"));
         }
         Some("stream") => {

@@ -23,7 +23,7 @@ usage:
   kiln eval MODEL [--input NAME=FILE.npy]... [--input-shape NAME=DIMS]... [--input-value NAME=V]...
                   [--output-dir DIR] [--seed N] [--passes P,P|default]
   kiln compile MODEL -o OUT.kiln [--input-shape NAME=DIMS]... [--input-value NAME=V]...
-                  [--external-weights FILE] [--strip] [--target-cpu host|x86-64-v2|x86-64-v3]
+                  [--external-weights FILE] [--strip] [--opt speed|size] [--target-cpu host|x86-64-v2|x86-64-v3]
                   [--to tensor|flow|stream|hal] [--dump-after PASS]... [--list-passes] [--timings]
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
                   [--threads N]
@@ -33,6 +33,7 @@ usage:
   kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
 
 MODEL is an .onnx file or a .kir file (kiln IR text form).
+--opt size trades speed for code size (no AVX2 microkernels, transcendentals through helpers).
 --threads N runs on the local-task driver with N threads (default: one per core).
 KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).

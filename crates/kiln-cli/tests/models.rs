@@ -111,50 +111,58 @@ fn check_model(name: &str) {
     // The compiled path: compile, write the artifact's bytes (with the weights kept
     // outside for half of the models, to cover both forms), load them, run, and
     // compare with ONNX Runtime under the same tolerance.
-    let external = name.len() % 2 == 0;
-    let opts = kiln_compiler::Options {
-        external_weights: external.then(|| format!("{name}.weights")),
-        source: name.to_string(),
-        ..Default::default()
-    };
-    let t2 = Instant::now();
-    let c = kiln_compiler::compile(&g, &opts).unwrap_or_else(|err| panic!("{name}: compile failed: {err}"));
-    let t_compile = t2.elapsed();
-    let dir = std::env::temp_dir().join(format!("kiln-model-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(format!("{name}.kiln"));
-    std::fs::write(&path, &c.artifact).expect("write artifact");
-    let bytes = std::fs::read(&path).expect("read artifact back");
-    let _ = std::fs::remove_file(&path);
-    let module = kiln_runtime::Module::load(&bytes, c.weights.as_deref())
-        .unwrap_or_else(|err| panic!("{name}: loading the artifact failed: {err}"));
-    let mut instance = kiln_runtime::Instance::new(&module).unwrap_or_else(|err| panic!("{name}: instantiate: {err}"));
-    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-    let mut outs_b: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-    let t3 = Instant::now();
-    {
-        let mut refs: Vec<&mut [u8]> = outs_b.iter_mut().map(|v| &mut v[..]).collect();
-        instance.invoke(&ins, &mut refs).unwrap_or_else(|err| panic!("{name}: invoke failed: {err}"));
+    // Every model compiles for speed; the models of the artifact-size table also for
+    // size (`--opt size`: no microkernels, transcendentals through helpers).
+    let modes: &[bool] = if ["mlp", "lenet", "mobilenet_v2", "bert_tiny"].contains(&name) { &[false, true] } else { &[false] };
+    for &size in modes {
+        let external = name.len() % 2 == 0;
+        let opts = kiln_compiler::Options {
+            external_weights: external.then(|| format!("{name}.weights")),
+            source: name.to_string(),
+            size,
+            ..Default::default()
+        };
+        let t2 = Instant::now();
+        let c = kiln_compiler::compile(&g, &opts).unwrap_or_else(|err| panic!("{name}: compile failed: {err}"));
+        let t_compile = t2.elapsed();
+        let dir = std::env::temp_dir().join(format!("kiln-model-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(format!("{name}.kiln"));
+        std::fs::write(&path, &c.artifact).expect("write artifact");
+        let bytes = std::fs::read(&path).expect("read artifact back");
+        let _ = std::fs::remove_file(&path);
+        let module = kiln_runtime::Module::load(&bytes, c.weights.as_deref())
+            .unwrap_or_else(|err| panic!("{name}: loading the artifact failed: {err}"));
+        let mut instance = kiln_runtime::Instance::new(&module).unwrap_or_else(|err| panic!("{name}: instantiate: {err}"));
+        let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+        let mut outs_b: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
+        let t3 = Instant::now();
+        {
+            let mut refs: Vec<&mut [u8]> = outs_b.iter_mut().map(|v| &mut v[..]).collect();
+            instance.invoke(&ins, &mut refs).unwrap_or_else(|err| panic!("{name}: invoke failed: {err}"));
+        }
+        let t_run = t3.elapsed();
+        for ((bytes, want), &v) in outs_b.into_iter().zip(expected).zip(&g.outputs) {
+            let oname = want["name"].as_str().expect("output name");
+            let got = Tensor::new(g.values[v].ty.clone(), bytes.into()).expect("output tensor");
+            let want = read_npy(want["file"].as_str().expect("file"));
+            compare(&format!("{name}/{oname} (compiled{})", if size { ", --opt size" } else { "" }), &got, &want, rtol, atol);
+        }
+        eprintln!(
+            "MODEL {name}{}: {} nodes ({} after tensor passes), {} dispatches, artifact {} bytes{}, import {:.1} ms, reference eval {:.1} ms, compile {:.1} ms, run {:.2} ms",
+            if size { " (--opt size)" } else { "" },
+            g.nodes.len(),
+            opt.nodes.len(),
+            c.flow.dispatches.len(),
+            c.artifact.len(),
+            if external { " (weights outside)" } else { "" },
+            t_import.as_secs_f64() * 1e3,
+            t_eval.as_secs_f64() * 1e3,
+            t_compile.as_secs_f64() * 1e3,
+            t_run.as_secs_f64() * 1e3,
+        );
+
     }
-    let t_run = t3.elapsed();
-    for ((bytes, want), &v) in outs_b.into_iter().zip(expected).zip(&g.outputs) {
-        let oname = want["name"].as_str().expect("output name");
-        let got = Tensor::new(g.values[v].ty.clone(), bytes.into()).expect("output tensor");
-        let want = read_npy(want["file"].as_str().expect("file"));
-        compare(&format!("{name}/{oname} (compiled)"), &got, &want, rtol, atol);
-    }
-    eprintln!(
-        "MODEL {name}: {} nodes ({} after tensor passes), {} dispatches, artifact {} bytes{}, import {:.1} ms, reference eval {:.1} ms, compile {:.1} ms, run {:.2} ms",
-        g.nodes.len(),
-        opt.nodes.len(),
-        c.flow.dispatches.len(),
-        c.artifact.len(),
-        if external { " (weights outside)" } else { "" },
-        t_import.as_secs_f64() * 1e3,
-        t_eval.as_secs_f64() * 1e3,
-        t_compile.as_secs_f64() * 1e3,
-        t_run.as_secs_f64() * 1e3,
-    );
 }
 
 fn compare(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) {

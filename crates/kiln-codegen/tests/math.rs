@@ -36,7 +36,7 @@ fn inputs(lo: f32, hi: f32, step: u32) -> Vec<f32> {
 fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
     let k = kernel(op, xs.len());
     let x = Tensor::from_vec(Shape::new(vec![xs.len()]).unwrap(), xs.to_vec()).unwrap();
-    let scalar = Config { target: CpuTarget::X86_64V2, options: Options { vectorize: false, reassociate: false, contraction_kernels: false } };
+    let scalar = Config { target: CpuTarget::X86_64V2, options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true } };
     let vector = Config { target: CpuTarget::Host, options: Options::default() };
     let a = run_compiled(&k, &[&x], &scalar, 1).to_vec::<f32>().unwrap();
     let b = run_compiled(&k, &[&x], &vector, 2).to_vec::<f32>().unwrap();

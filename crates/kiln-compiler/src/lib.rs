@@ -39,6 +39,9 @@ pub struct Options {
     pub passes: Option<Vec<String>>,
     /// The source file's name, for the debug section.
     pub source: String,
+    /// Optimise for code size rather than speed: no microkernels, no inline
+    /// transcendentals (`kiln compile --opt size`).
+    pub size: bool,
 }
 
 impl Default for Options {
@@ -49,6 +52,7 @@ impl Default for Options {
             strip: false,
             passes: None,
             source: String::new(),
+            size: false,
         }
     }
 }
@@ -121,14 +125,16 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     let g = tensor_passes(graph, opts)?;
     phases.push(("tensor passes", t.elapsed()));
     let t = Instant::now();
-    let flow = kiln_flow::program::form(&g)?;
+    let flow = kiln_flow::program::form_with(&g, !opts.size)?;
     phases.push(("dispatch formation", t.elapsed()));
     let t = Instant::now();
     let plan = stream::schedule(&flow)?;
     phases.push(("schedule", t.elapsed()));
     let t = Instant::now();
     let kernels: Vec<&kiln_flow::Kernel> = flow.dispatches.iter().map(|d| &d.kernel).collect();
-    let cpu = kiln_codegen::cpu::compile(&kernels, &opts.target).map_err(|e| CompileError::Codegen(e.to_string()))?;
+    let codegen = if opts.size { kiln_codegen::cpu::Options::size() } else { kiln_codegen::cpu::Options::default() };
+    let cpu = kiln_codegen::cpu::compile_with(&kernels, &opts.target, &codegen)
+        .map_err(|e| CompileError::Codegen(e.to_string()))?;
     phases.push(("codegen", t.elapsed()));
     let t = Instant::now();
     let codegen_notes = cpu.notes.clone();

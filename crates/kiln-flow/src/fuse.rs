@@ -34,6 +34,11 @@ const MAX_DUPLICATED_NODES: usize = 24;
 
 /// Fuses the program's dispatches in place (see the module docs).
 pub fn fuse(p: &mut FlowProgram) {
+    fuse_with(p, true)
+}
+
+/// [`fuse`]; `contractions`: keep contractions addressable (see the module docs).
+pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
     for d in 0..p.dispatches.len() {
         inline_scalar_constants(p, d);
     }
@@ -54,7 +59,7 @@ pub fn fuse(p: &mut FlowProgram) {
                     continue;
                 }
                 let shared = readers[s.index()] > 1 || outputs.contains(&s);
-                if try_fuse(p, d, k, pi, shared) {
+                if try_fuse(p, d, k, pi, shared, contractions) {
                     changed = true;
                     break;
                 }
@@ -125,7 +130,7 @@ fn inline_scalar_constants(p: &mut FlowProgram, d: usize) {
 }
 
 /// Tries to fuse dispatch `pi` (producer of operand `k` of dispatch `d`) into `d`.
-fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool) -> bool {
+fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, contractions: bool) -> bool {
     let (dk, pk) = (&p.dispatches[d].kernel, &p.dispatches[pi].kernel);
     let has_reduce = pk.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
     if shared && (has_reduce || pk.nodes.len() > MAX_DUPLICATED_NODES) {
@@ -173,7 +178,7 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool) ->
     // gather (data-dependent loads), an operand's computation or a layout change that
     // breaks its column layout would send the whole kernel down the general path.
     let addressable = |k: &Kernel| Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k));
-    if (addressable(dk) || addressable(pk)) && !addressable(&fused) {
+    if contractions && (addressable(dk) || addressable(pk)) && !addressable(&fused) {
         return false;
     }
     let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;

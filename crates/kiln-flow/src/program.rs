@@ -175,12 +175,24 @@ impl FlowProgram {
     }
 }
 
-/// Lowers every node of `graph` and fuses the result (see the module docs).
+/// Lowers every node of `graph` and fuses the result (see the module docs), shaping
+/// the program for targets with contraction microkernels.
 pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
+    form_with(graph, true)
+}
+
+/// [`form`], with the contraction layout transforms (`crate::layout`) and fusion's
+/// keep-contractions-addressable rule only when `contractions` (a target that compiles
+/// every kernel the general way gains nothing from them and pays a dispatch each).
+pub fn form_with(graph: &Graph, contractions: bool) -> Result<FlowProgram, FlowError> {
     let mut p = lower_graph(graph)?;
-    crate::layout::materialize_padding(&mut p);
-    crate::fuse::fuse(&mut p);
-    crate::layout::relayout_constants(&mut p);
+    if contractions {
+        crate::layout::materialize_padding(&mut p);
+    }
+    crate::fuse::fuse_with(&mut p, contractions);
+    if contractions {
+        crate::layout::relayout_constants(&mut p);
+    }
     p.remove_dead();
     Ok(p)
 }

@@ -53,14 +53,26 @@ pub struct Options {
     /// partial results combined at the end); off, vectorised code is bit-identical to
     /// scalar code.
     pub reassociate: bool,
-    /// Emit recognised contractions as AVX2+FMA microkernels ([`gemm`]) when the
-    /// target has AVX2 and FMA; off, every kernel goes through Cranelift.
+    /// Emit recognised contractions as AVX2+FMA microkernels ([`gemm`]) and padding
+    /// kernels as machine code ([`pad`]) when the target has AVX2 and FMA; off, every
+    /// kernel goes through Cranelift.
     pub contraction_kernels: bool,
+    /// f32 `exp` and `erf` as inline code ([`math`]); off, they call the runtime's
+    /// helper table (libm) like every other transcendental.
+    pub inline_math: bool,
+}
+
+impl Options {
+    /// The smallest code: no microkernels, no inline transcendentals (the `size`
+    /// optimisation level of `kiln compile`).
+    pub fn size() -> Options {
+        Options { vectorize: true, reassociate: true, contraction_kernels: false, inline_math: false }
+    }
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { vectorize: true, reassociate: true, contraction_kernels: true }
+        Options { vectorize: true, reassociate: true, contraction_kernels: true, inline_math: true }
     }
 }
 
@@ -212,7 +224,7 @@ fn make_isa(target: CpuTarget) -> Result<Isa, CodegenError> {
     }
     let sse41 = flags.iter().any(|&(_, f)| f == CpuFeature::Sse41);
     let isa = isa_builder.finish(settings::Flags::new(shared)).map_err(|e| internal("", e))?;
-    Ok(Isa { isa, features, caps: emit::Caps { sse41 } })
+    Ok(Isa { isa, features, caps: emit::Caps { sse41, inline_math: true } })
 }
 
 /// Checks `k` and builds its Cranelift function into `func`; returns notes on what
@@ -230,7 +242,8 @@ fn build_kernel(
     let an = analysis::Analysis::new(k).map_err(|e| internal(&k.name, e))?;
     func.signature = emit::kernel_signature();
     func.name = UserFuncName::user(0, idx as u32);
-    emit::build(k, &an, func, fctx, isa.caps, options, isa.isa.frontend_config()).map_err(|e| internal(&k.name, e))
+    let caps = emit::Caps { inline_math: options.inline_math, ..isa.caps };
+    emit::build(k, &an, func, fctx, caps, options, isa.isa.frontend_config()).map_err(|e| internal(&k.name, e))
 }
 
 /// The Cranelift IR of one kernel as text, as built or (`optimized`) after
