@@ -1,0 +1,61 @@
+/* The machine's own limits, for reading kiln's benchmarks against:
+ *   fma:   one core's f32 FMA throughput, 12 independent AVX2 accumulators (8 lanes,
+ *          2 flops per lane per FMA), the loop the issue names as the peak;
+ *   triad: one core's memory bandwidth, a[i] = b[i] + s*c[i] over 3 x 32 MiB
+ *          (bytes moved: 3 arrays; the best of 10 passes).
+ * Prints one line each: `fma GFLOP/s`, `triad GB/s`. */
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#define ACC(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+__attribute__((target("avx2,fma"))) static double fma_peak(void) {
+    __m256 x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(0.9999999f);
+#define DECL(i) __m256 a##i = _mm256_set1_ps((float)i);
+    ACC(DECL)
+    long n = 50000000;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        for (long i = 0; i < n; i++) {
+            /* twelve independent chains in registers (an FMA chain cannot be folded) */
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, x, y);
+            ACC(STEP)
+        }
+        double t = now() - t0, g = n * 12.0 * 16.0 / t / 1e9;
+        if (g > best) best = g;
+    }
+    float s = 0;
+#define SUM(i) s += a##i[0];
+    ACC(SUM)
+    if (s == 12345.f) printf("!");
+    return best;
+}
+
+static double triad(void) {
+    size_t n = 8u << 20; /* 8 Mi floats = 32 MiB per array */
+    float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
+    for (size_t i = 0; i < n; i++) { a[i] = 0; b[i] = (float)i; c[i] = 1.f; }
+    double best = 0;
+    for (int rep = 0; rep < 10; rep++) {
+        double t0 = now();
+        for (size_t i = 0; i < n; i++) a[i] = b[i] + 3.f * c[i];
+        double t = now() - t0, g = 3.0 * n * 4 / t / 1e9;
+        if (g > best) best = g;
+    }
+    if (a[n / 2] == -1.f) printf("!");
+    free(a); free(b); free(c);
+    return best;
+}
+
+int main(void) {
+    printf("fma %.1f\ntriad %.1f\n", fma_peak(), triad());
+    return 0;
+}
