@@ -1,6 +1,10 @@
 //! Bad input to `kiln`: each case ends with one line on stderr that names what and
 //! where, and a non-zero exit status — never a panic.
 
+mod common;
+
+use common::{fails_with, kiln};
+
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
@@ -8,7 +12,6 @@ use kiln_import::onnx::proto::{
 };
 use prost::Message;
 use std::path::PathBuf;
-use std::process::Command;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-bad-input-{}", std::process::id()));
@@ -90,29 +93,6 @@ fn good_model(free: bool) -> Vec<u8> {
         "y",
         vec![w],
     )
-}
-
-/// Runs kiln and returns (success, stderr).
-fn kiln(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Asserts a clean failure: non-zero exit, one line starting `error:`, containing `needles`.
-fn fails_with(args: &[&str], needles: &[&str]) {
-    let (ok, _, err) = kiln(args);
-    assert!(!ok, "kiln {args:?} should fail");
-    assert!(!err.contains("panicked"), "kiln {args:?} panicked: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "kiln {args:?}: expected one line on stderr, got: {err}");
-    assert!(lines[0].starts_with("error: "), "kiln {args:?}: {err}");
-    for n in needles {
-        assert!(lines[0].contains(n), "kiln {args:?}: `{n}` not in: {}", lines[0]);
-    }
 }
 
 #[test]

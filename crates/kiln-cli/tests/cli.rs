@@ -5,9 +5,12 @@
 //! Expected outputs come from `kiln eval`, the plain reference evaluator (itself checked
 //! against ONNX Runtime in `models.rs`), never from the compiled path under test.
 
+mod common;
+
+use common::{fails_with, kiln, ok};
+
 use kiln_ir::npy;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const LENET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/lenet.onnx");
 
@@ -16,34 +19,6 @@ fn scratch(test: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
-}
-
-fn kiln(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn ok(args: &[&str]) -> String {
-    let (ok, out, err) = kiln(args);
-    assert!(ok, "kiln {args:?} failed: {err}");
-    out
-}
-
-/// Non-zero exit, one `error:` line on stderr that contains every needle, no panic.
-fn fails_with(args: &[&str], needles: &[&str]) {
-    let (ok, _, err) = kiln(args);
-    assert!(!ok, "kiln {args:?} should fail");
-    assert!(!err.contains("panicked"), "kiln {args:?} panicked: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "kiln {args:?}: expected one line on stderr, got: {err}");
-    assert!(lines[0].starts_with("error: "), "kiln {args:?}: {err}");
-    for n in needles {
-        assert!(lines[0].contains(n), "kiln {args:?}: `{n}` not in: {}", lines[0]);
-    }
 }
 
 fn s(p: &Path) -> &str {

@@ -943,20 +943,7 @@ impl Emitter<'_> {
                 let lanes = if j == nv_ - 1 { masked } else { None };
                 self.a.vmovups(accr, ymmword_ptr(rdx + 32 * j as i32))?;
                 let slot = TileSlot { acc: accr, row: 0, vec: j as i64, mask: lanes.map(|_| mreg) };
-                let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool: &mut pool };
-                let v = self.eval(self.k.root, &slot, &mut ev)?;
-                let at = ymmword_ptr(rax + 32 * j as i32);
-                if lanes.is_some() {
-                    self.a.vmaskmovps(at, mreg, v)?;
-                } else {
-                    self.a.vmovups(at, v)?;
-                }
-                let held: Vec<AsmRegisterYmm> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
-                for r in held {
-                    if !ev.pool.contains(&r) {
-                        ev.pool.push(r);
-                    }
-                }
+                self.epilogue_store(&slot, ymmword_ptr(rax + 32 * j as i32), &mut pool)?;
             }
             self.a.add(rdx, 32 * nv_ as i32)?;
             self.add_imm(rax, out_row)?;
@@ -975,27 +962,32 @@ impl Emitter<'_> {
                 for j in 0..nv_ {
                     let lanes = if j == nv_ - 1 { masked } else { None };
                     let slot = TileSlot { acc: acc(i, j), row: i as i64, vec: j as i64, mask: lanes.map(|_| mreg) };
-                    let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool: &mut pool };
-                    let v = self.eval(self.k.root, &slot, &mut ev)?;
                     let at = ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
-                    if lanes.is_some() {
-                        self.a.vmaskmovps(at, mreg, v)?;
-                    } else {
-                        self.a.vmovups(at, v)?;
-                    }
-                    // Every register the evaluation took goes back.
-                    let held: Vec<AsmRegisterYmm> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
-                    for r in held {
-                        if !ev.pool.contains(&r) {
-                            ev.pool.push(r);
-                        }
-                    }
+                    self.epilogue_store(&slot, at, &mut pool)?;
                 }
             }
         }
         if let Some(mut l) = finished {
             // (The next instruction is the caller's: a pointer step or a jump.)
             self.a.set_label(&mut l)?;
+        }
+        Ok(())
+    }
+
+    /// Evaluates the epilogue for one accumulator and stores it at `at` (masked when the
+    /// slot is); every register the evaluation took goes back to `pool`.
+    fn epilogue_store(&mut self, slot: &TileSlot, at: AsmMemoryOperand, pool: &mut Vec<AsmRegisterYmm>) -> R<()> {
+        let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool };
+        let v = self.eval(self.k.root, slot, &mut ev)?;
+        match slot.mask {
+            Some(m) => self.a.vmaskmovps(at, m, v)?,
+            None => self.a.vmovups(at, v)?,
+        }
+        let held: Vec<AsmRegisterYmm> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
+        for r in held {
+            if !ev.pool.contains(&r) {
+                ev.pool.push(r);
+            }
         }
         Ok(())
     }
