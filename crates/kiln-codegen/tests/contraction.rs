@@ -344,3 +344,26 @@ fn convolutions_and_depthwise() {
     }
 }
 
+
+/// Products with fewer than four row panels cut their columns into chunks, one
+/// workgroup each (so threads have something to share): a single row, five rows, with
+/// an epilogue reading per-column and per-row operands.
+#[test]
+fn column_chunks() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for (m, k, n) in [(1, 64, 600), (5, 30, 300), (2, 17, 250)] {
+        let a = random_f32(&[m, k], 1.0, 41);
+        let b = random_f32(&[k, n], 1.0, 42);
+        let kern = matmul(&[], m, k, n, false, false);
+        let compiled = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        assert!(compiled.workgroups[0] >= 3, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
+        check_micro(&kern, &[&a, &b], k);
+        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
+        check_micro(&with_epilogue(m, k, n, "clip_row_scale"), &refs, k);
+    }
+}

@@ -7,7 +7,8 @@
 //!
 //! ## Work split
 //! A workgroup is one *row panel* (up to 6 or 4 rows, [`panel_rows`], of one batch
-//! position, every column), so the count is `batch × ⌈M / rows⌉` and a driver may split panels across
+//! position, every column; or, where there are fewer than four panels, a chunk of its
+//! columns), so the count is `batch × ⌈M / rows⌉ (× chunks)` and a driver may split them across
 //! threads. Inside a panel the columns are walked in register tiles.
 //!
 //! ## Register tile
@@ -139,6 +140,9 @@ struct Emitter<'k> {
     packed: bool,
     /// Rows of a full panel ([`panel_rows`]).
     mr: u64,
+    /// Columns per workgroup when the columns are split across workgroups (a product
+    /// with too few row panels to share among threads); 0 when they are not.
+    chunk: u64,
 }
 
 /// Emits `k` as a contraction microkernel, or says why not.
@@ -165,11 +169,13 @@ pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
         kc: 0,
         packed: false,
         mr: 6,
+        chunk: 0,
     };
     e.mr = panel_rows(e.c.dims[0]);
     e.plan_bases()?;
     e.packed = e.should_pack();
     e.kc = e.reduction_block();
+    e.chunk = e.column_chunk();
     e.check_epilogue(k.root)?;
     e.count_uses();
     let workgroups = e.workgroups();
@@ -188,7 +194,34 @@ impl Emitter<'_> {
     }
 
     fn workgroups(&self) -> u64 {
-        self.batch_extents().iter().product::<u64>() * self.panels()
+        self.batch_extents().iter().product::<u64>() * self.panels() * self.chunks()
+    }
+
+    /// Column chunks per row panel (1 unless the columns are split).
+    fn chunks(&self) -> u64 {
+        if self.chunk == 0 {
+            1
+        } else {
+            self.c.dims[1].div_ceil(self.chunk)
+        }
+    }
+
+    /// With fewer than four row panels in all, a driver would have nothing to share
+    /// among its threads (a single-row `Gemm`, a classifier): the columns are cut into
+    /// up to eight chunks of at least two tiles, each chunk a workgroup. Not with
+    /// blocked or packed B, whose column loop is the block loop.
+    fn column_chunk(&self) -> u64 {
+        let rows = self.batch_extents().iter().product::<u64>() * self.panels();
+        let n = self.c.dims[1];
+        let width = tile_vectors(self.c.dims[0].min(self.mr), self.stride2()) * 8;
+        if rows >= 4 || self.packed || self.kc < self.c.dims[2] || self.block_columns() < n {
+            return 0;
+        }
+        let chunks = (n / (2 * width)).min(8);
+        if chunks < 2 {
+            return 0;
+        }
+        n.div_ceil(chunks).div_ceil(8) * 8
     }
 
     /// Bases 0, 1, 2 are A, B and the output; epilogue loads follow.
@@ -480,7 +513,8 @@ impl Emitter<'_> {
         self.a.jae(done)?;
         // Column blocks: every panel of the range runs over one block of B (kept in
         // L2) before the next block starts.
-        let (n, nc) = (self.c.dims[1], self.block_columns());
+        let n = self.c.dims[1];
+        let nc = if self.chunk > 0 { self.chunk } else { self.block_columns() };
         let blocks = n.div_ceil(nc);
         let last_cols = n - (blocks - 1) * nc;
         let (k, kc) = (self.c.dims[2], self.kc);
@@ -505,9 +539,17 @@ impl Emitter<'_> {
         let mut top = self.a.create_label();
         let mut next = self.a.create_label();
         self.a.set_label(&mut top)?;
-        // Decode the workgroup: panel, then batch coordinates innermost first.
+        // Decode the workgroup: column chunk (when split), panel, then batch
+        // coordinates innermost first.
         let panels = self.panels();
         self.a.mov(rax, r14)?;
+        if self.chunk > 0 {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, self.chunks() as i64)?;
+            self.a.div(rcx)?;
+            self.a.imul_3(rdx, rdx, self.chunk as i32)?;
+            self.a.mov(qword_ptr(rsp + Self::S_N0), rdx)?;
+        }
         self.a.xor(edx, edx)?;
         self.a.mov(rcx, panels as i64)?;
         self.a.div(rcx)?;
@@ -595,7 +637,7 @@ impl Emitter<'_> {
             self.a.cmp(qword_ptr(rsp + Self::S_K0), k as i32)?;
             self.a.jb(kblock_top)?;
         }
-        if blocks > 1 {
+        if blocks > 1 && self.chunk == 0 {
             self.a.add(qword_ptr(rsp + Self::S_N0), nc as i32)?;
             self.a.cmp(qword_ptr(rsp + Self::S_N0), n as i32)?;
             self.a.jb(block_top)?;
