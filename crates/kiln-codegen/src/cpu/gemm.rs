@@ -75,9 +75,9 @@ impl From<IcedError> for NotHere {
     }
 }
 
-type R<T> = Result<T, NotHere>;
+pub(crate) type R<T> = Result<T, NotHere>;
 
-fn no<T>(what: impl Into<String>) -> R<T> {
+pub(crate) fn no<T>(what: impl Into<String>) -> R<T> {
     Err(NotHere(what.into()))
 }
 
@@ -650,15 +650,10 @@ impl Emitter<'_> {
         }
         self.a.ret()?;
         // Constant table: masks (32 bytes each), then broadcast scalars.
-        let mut masks: Vec<(u64, CodeLabel)> = self.masks.iter().map(|(&k, &v)| (k, v)).collect();
-        masks.sort_by_key(|m| m.0);
+        let masks: Vec<(u64, CodeLabel)> = self.masks.iter().map(|(&k, &v)| (k, v)).collect();
         let mut consts: Vec<(u32, CodeLabel)> = self.consts.iter().map(|(&k, &v)| (k, v)).collect();
         consts.sort_by_key(|c| c.0);
-        for (lanes, mut l) in masks {
-            self.a.set_label(&mut l)?;
-            let words: Vec<u32> = (0..8).map(|i| if i < lanes { u32::MAX } else { 0 }).collect();
-            self.a.dd(&words)?;
-        }
+        mask_table(&mut self.a, masks)?;
         for (bits, mut l) in consts {
             self.a.set_label(&mut l)?;
             self.a.dd(&[bits])?;
@@ -1241,6 +1236,18 @@ struct Eval<'p> {
     /// Uses of each node not yet evaluated.
     uses: HashMap<u32, u32>,
     pool: &'p mut Vec<AsmRegisterYmm>,
+}
+
+/// Emits the lane masks `masks` refers to (32 bytes each: `lanes` all-ones words,
+/// then zeros), in lane-count order, each at its label.
+pub(crate) fn mask_table(a: &mut CodeAssembler, mut masks: Vec<(u64, CodeLabel)>) -> R<()> {
+    masks.sort_by_key(|m| m.0);
+    for (lanes, mut l) in masks {
+        a.set_label(&mut l)?;
+        let words: Vec<u32> = (0..8).map(|i| if i < lanes { u32::MAX } else { 0 }).collect();
+        a.dd(&words)?;
+    }
+    Ok(())
 }
 
 /// The accumulator an epilogue evaluation is for.

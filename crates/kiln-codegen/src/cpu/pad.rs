@@ -12,13 +12,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::contraction::affine;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::gemm::NotHere;
-
-type R<T> = Result<T, NotHere>;
-
-fn no<T>(what: &str) -> R<T> {
-    Err(NotHere(what.into()))
-}
+use super::gemm::{mask_table, no, NotHere, R};
 
 /// A recognised padding kernel.
 struct Padding {
@@ -182,12 +176,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.vzeroupper()?;
     a.pop(rbx)?;
     a.ret()?;
-    masks.sort_by_key(|m| m.0);
-    for (lanes, mut l) in masks {
-        a.set_label(&mut l)?;
-        let words: Vec<u32> = (0..8).map(|i| if i < lanes { u32::MAX } else { 0 }).collect();
-        a.dd(&words)?;
-    }
+    mask_table(&mut a, masks)?;
     a.set_label(&mut value)?;
     a.dd(&[p.value])?;
     Ok((a.assemble(0)?, rows as u64))
