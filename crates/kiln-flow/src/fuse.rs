@@ -72,12 +72,26 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
     }
 }
 
-/// How many (dispatch, operand) pairs read each storage buffer.
+/// How many (live dispatch, operand) pairs read each storage buffer. A dispatch is
+/// live when a graph output or a live dispatch reads its result: a producer already
+/// fused into every consumer no longer counts as a reader of its own operands (so
+/// `x` in `0.5·x·(1 + erf(x/√2))`, read by two ops that fused into one, has one
+/// reader, and its producer can fuse).
 fn reader_counts(p: &FlowProgram) -> Vec<usize> {
     let mut n = vec![0; p.buffers.len()];
-    for d in &p.dispatches {
+    let mut live = vec![false; p.buffers.len()];
+    for &o in &p.outputs {
+        live[p.storage(o).index()] = true;
+    }
+    // Dispatches are in execution order: every reader of a result comes after it.
+    for d in p.dispatches.iter().rev() {
+        if !live[p.storage(d.result).index()] {
+            continue;
+        }
         for &o in &d.operands {
-            n[p.storage(o).index()] += 1;
+            let s = p.storage(o).index();
+            n[s] += 1;
+            live[s] = true;
         }
     }
     n

@@ -22,9 +22,10 @@
 //! ## Epilogue
 //! After the `k` loop each accumulator is put through the kernel's own expression above
 //! the reduction (bias, scaling, Relu/Clip as compare-and-select, residual adds, …),
-//! evaluated in the registers left free by the tile, then stored. Operations outside
-//! the supported set (transcendentals, integer arithmetic) make the whole kernel take
-//! the general code generator instead; nothing is approximated.
+//! evaluated in the registers left free by the tile, then stored. exp and erf (GELU,
+//! sigmoid) are the same inline code as the general path's ([`super::math`]).
+//! Operations outside the supported set (other transcendentals, integer arithmetic)
+//! make the whole kernel take the general code generator instead.
 //!
 //! ## Numerics
 //! Each output is the f32 sum over `k` in order, with one rounding per FMA: within the
@@ -318,7 +319,9 @@ impl Emitter<'_> {
                 self.check_epilogue(*x)?;
                 self.check_epilogue(*y)
             }
-            Expr::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt, x) if node.ty == ScalarType::F32 => {
+            Expr::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf, x)
+                if node.ty == ScalarType::F32 =>
+            {
                 self.check_epilogue(*x)
             }
             Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
@@ -958,7 +961,7 @@ impl Emitter<'_> {
             self.a.set_label(&mut last)?;
             finished = Some(done);
         }
-        if mr_ > 1 && self.k.root != self.c.reduce {
+        if (mr_ > 1 || self.transcendental_epilogue()) && self.k.root != self.c.reduce {
             // The epilogue as a loop over the tile's rows (code size ∝ one row, not
             // the whole tile): the accumulators go to the stack, each row's come back
             // through one register; the output and epilogue pointers step a row at a
@@ -1009,6 +1012,14 @@ impl Emitter<'_> {
             self.a.set_label(&mut l)?;
         }
         Ok(())
+    }
+
+    /// Whether the epilogue computes exp or erf (which need more scratch registers than
+    /// a single-row tile leaves, so it takes the row loop with every register free).
+    fn transcendental_epilogue(&self) -> bool {
+        self.uses.keys().chain(std::iter::once(&self.k.root.0)).any(|&e| {
+            matches!(self.k.node(ExprId(e)).expr, Expr::Unary(UnaryOp::Exp | UnaryOp::Erf, _))
+        })
     }
 
     /// Evaluates the epilogue for one accumulator and stores it at `at` (masked when the
@@ -1205,6 +1216,24 @@ impl Emitter<'_> {
                             self.a.vandps(dst, rx, t)?;
                         }
                         ev.pool.push(t);
+                        dst
+                    }
+                    UnaryOp::Exp | UnaryOp::Erf => {
+                        // Scratch first, so the result may take x's register when this is
+                        // its last use.
+                        let n = if *op == UnaryOp::Exp { 4 } else { 8 };
+                        let mut t = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            t.push(ev.pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()))?);
+                        }
+                        let dst = self.result_reg(&[*x], ev)?;
+                        let mut y = super::math::Ymm { a: &mut self.a, consts: &mut self.consts };
+                        if *op == UnaryOp::Exp {
+                            y.exp(dst, rx, [t[0], t[1], t[2], t[3]])?;
+                        } else {
+                            y.erf(dst, rx, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]])?;
+                        }
+                        ev.pool.extend(t);
                         dst
                     }
                     other => return no(format!("epilogue operation {}", other.name())),
