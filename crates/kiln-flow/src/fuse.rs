@@ -17,12 +17,14 @@
 //! consumer element does not. Producers with several readers are duplicated only when
 //! they are small and contain no reduction. A contraction
 //! ([`crate::contraction`]) only takes producers that leave it one, with affine
-//! epilogue loads, so a target's matrix microkernel still applies. Scalar constants
+//! epilogue loads, so a target's matrix microkernel still applies; a depthwise window
+//! ([`crate::window`]) only takes what keeps its epilogue a chain of supported steps. Scalar constants
 //! become literals.
 
 use std::collections::HashMap;
 
 use crate::contraction::Contraction;
+use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
@@ -191,7 +193,9 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
     // A contraction stays one, with an epilogue a microkernel can address: fusing a
     // gather (data-dependent loads), an operand's computation or a layout change that
     // breaks its column layout would send the whole kernel down the general path.
-    let addressable = |k: &Kernel| Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k));
+    let addressable = |k: &Kernel| {
+        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k)) || Depthwise::of(k).is_some()
+    };
     if contractions && (addressable(dk) || addressable(pk)) && !addressable(&fused) {
         return false;
     }

@@ -6,13 +6,15 @@
 //!   (indices outside the tensor read 0). A dispatch in front of it writes the padded
 //!   input once; the convolution then reads that in bounds, at indices shifted by the
 //!   padding, which makes it a contraction (one extra pass over the input, instead of
-//!   a bounds check per multiply-add).
+//!   a bounds check per multiply-add). A depthwise convolution ([`crate::window`]) is
+//!   left as it is: its kernel handles the border itself.
 //! - [`relayout_constants`]: a constant right operand that is not column-contiguous
 //!   (`Gemm` with `transB = 1`) is copied at compile time into a `[K, N]` constant.
 //!
 //! Each transform is taken only when the rewritten kernel is a contraction.
 
 use crate::contraction::{load_offset, Contraction};
+use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
 use crate::program::{BufferKind, Dispatch, FlowProgram};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
@@ -58,7 +60,8 @@ struct Padding {
 /// other loads read the operand too), the padding kernel and the padded type; `None`
 /// unless the result is a contraction.
 fn padded(k: &Kernel) -> Option<(Kernel, Padding, TensorType)> {
-    if Contraction::of(k).is_some() {
+    // A depthwise window handles its own border (`crate::window`).
+    if Contraction::of(k).is_some() || Depthwise::of(k).is_some() {
         return None;
     }
     let body = k.nodes.iter().find_map(|n| match &n.expr {

@@ -22,3 +22,4 @@ pub mod layout;
 pub mod lower;
 pub mod program;
 pub mod text;
+pub mod window;

@@ -13,6 +13,7 @@
 //! scheduling and vectorisation are described in [`analysis`] and [`emit`].
 
 mod analysis;
+mod depthwise;
 mod emit;
 mod gemm;
 mod math;
@@ -290,6 +291,12 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
         }
         if avx2_fma && options.contraction_kernels {
             k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
+            if let Ok((code, wg)) = depthwise::emit(k) {
+                workgroup_counts.push(wg);
+                micro.push((idx, code));
+                notes.push("depthwise window (avx2+fma)".to_string());
+                continue;
+            }
             match gemm::emit(k) {
                 Ok(g) => {
                     workgroup_counts.push(g.workgroups);

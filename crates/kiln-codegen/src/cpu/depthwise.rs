@@ -1,0 +1,365 @@
+//! Depthwise convolutions ([`kiln_flow::window::Depthwise`]) as AVX2+FMA machine code
+//! written with `iced-x86`, reading the unpadded input directly.
+//!
+//! A workgroup is one channel plane `(n, c)`. Its filter taps (at most 9) are broadcast
+//! into registers once; per-channel epilogue values go to the stack as vectors. Each
+//! output row is computed in groups of up to `G` vectors of 8 columns, `G` the
+//! registers left over (4 to 5): per tap one FMA per vector, reading the input row
+//! in place. The border is handled where it is, with no padded copy of the input:
+//! - a window row outside the plane is skipped (one compare per window row, emitted
+//!   only for rows that can fall outside);
+//! - columns outside the plane are masked lanes: `vmaskmovps` reads nothing there and
+//!   gives 0, the padding value; a vector whose lanes are all inside is an FMA with a
+//!   memory operand.
+//!
+//! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`). The
+//! epilogue steps (bias, scale, clamps) apply to each vector before the store, masked
+//! on a row's last vector.
+//!
+//! ## Numerics
+//! Each output is the f32 sum over the taps in row-major order from 0, one rounding
+//! per FMA, then the epilogue steps in the kernel's order (exact clamps: `max(c, v)`
+//! keeps a NaN `v`).
+
+use iced_x86::code_asm::*;
+use kiln_flow::window::{Depthwise, Step, StepOperand};
+use kiln_flow::Kernel;
+
+use super::gemm::{no, NotHere, R};
+
+const YMM: [AsmRegisterYmm; 16] =
+    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
+
+/// Emits `k` as a depthwise kernel (code and workgroup count), or says why not.
+pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
+    let Some(d) = Depthwise::of(k) else { return no("not a depthwise window") };
+    let limit = i32::MAX as usize;
+    if k.inputs.iter().chain([&k.output]).any(|t| t.storage_bytes() > limit) {
+        return no("an operand over 2 GiB");
+    }
+    Emit::new(&d, k.inputs.len())?.run()
+}
+
+struct Emit<'d> {
+    a: CodeAssembler,
+    d: &'d Depthwise,
+    /// The output's binding slot (after the inputs).
+    out_slot: usize,
+    /// Per-channel epilogue operands, one stack vector each.
+    channel: Vec<(u32, kiln_flow::contraction::AffineIndex)>,
+    consts: Vec<(u32, CodeLabel)>,
+    masks: Vec<(u8, CodeLabel)>,
+    /// Registers: taps, then scratch, then accumulators.
+    taps: Vec<AsmRegisterYmm>,
+    scratch: Vec<AsmRegisterYmm>,
+    accs: Vec<AsmRegisterYmm>,
+}
+
+impl<'d> Emit<'d> {
+    fn new(d: &'d Depthwise, inputs: usize) -> R<Emit<'d>> {
+        let ntaps = (d.window[0] * d.window[1]) as usize;
+        let nscratch = if d.stride[1] == 2 { 3 } else { 2 };
+        let mut channel = Vec::new();
+        for s in &d.epilogue {
+            if let Step::Add(o) | Step::Sub(o) | Step::SubFrom(o) | Step::Mul(o) | Step::Div(o) | Step::DivInto(o) = s
+            {
+                if let StepOperand::Channel { input, offset } = o {
+                    if !channel.iter().any(|(i, f)| i == input && f == offset) {
+                        channel.push((*input, offset.clone()));
+                    }
+                }
+            }
+        }
+        Ok(Emit {
+            a: CodeAssembler::new(64)?,
+            d,
+            out_slot: inputs,
+            channel,
+            consts: Vec::new(),
+            masks: Vec::new(),
+            taps: YMM[..ntaps].to_vec(),
+            scratch: YMM[ntaps..ntaps + nscratch].to_vec(),
+            accs: YMM[ntaps + nscratch..].to_vec(),
+        })
+    }
+
+    fn const_label(&mut self, bits: u32) -> CodeLabel {
+        if let Some(c) = self.consts.iter().find(|c| c.0 == bits) {
+            return c.1;
+        }
+        let l = self.a.create_label();
+        self.consts.push((bits, l));
+        l
+    }
+
+    fn mask_label(&mut self, lanes: u8) -> CodeLabel {
+        if let Some(m) = self.masks.iter().find(|m| m.0 == lanes) {
+            return m.1;
+        }
+        let l = self.a.create_label();
+        self.masks.push((lanes, l));
+        l
+    }
+
+    /// Lanes `e` of `0..8` with `0 ≤ first + e < extent`, as bits.
+    fn inside(first: i64, extent: i64) -> u8 {
+        (0..8).filter(|e| (0..extent).contains(&(first + e))).fold(0u8, |m, e| m | (1 << e))
+    }
+
+    /// `dst` = 8 elements at `rbx + disp·4` whose lanes `bits` are inside the row (0
+    /// elsewhere, nothing read there); `None` when no lane is.
+    fn load(&mut self, dst: AsmRegisterYmm, disp: i64, bits: u8) -> R<bool> {
+        let at = ymmword_ptr(rbx + (disp * 4) as i32);
+        match bits {
+            0 => Ok(false),
+            0xff => {
+                self.a.vmovups(dst, at)?;
+                Ok(true)
+            }
+            _ => {
+                let l = self.mask_label(bits);
+                let m = self.scratch[self.scratch.len() - 1];
+                self.a.vmovups(m, ymmword_ptr(l))?;
+                self.a.vmaskmovps(dst, m, at)?;
+                Ok(true)
+            }
+        }
+    }
+
+    fn run(mut self) -> R<(Vec<u8>, u64)> {
+        let d = self.d;
+        let [n, c, oh_n, ow_n] = d.out_dims.map(|x| x as i64);
+        let [_, _, h, w] = d.in_dims.map(|x| x as i64);
+        let planes = n * c;
+        let (sh, sw) = (d.stride[0], d.stride[1]);
+        let (dil_h, dil_w) = (d.dilation[0], d.dilation[1]);
+        let (ph, pw) = (d.offset[0], d.offset[1]);
+        let (kh_n, kw_n) = (d.window[0] as i64, d.window[1] as i64);
+        let vectors = (ow_n + 7) / 8;
+        let g = self.accs.len() as i64;
+        let frame = 32 * self.channel.len() as i32 + 8;
+        let woff = &d.w_offset;
+        let coef = |v: Option<u32>| v.map_or(0, |v| woff.of(v));
+        let (w_c, w_kh, w_kw) = (woff.of(1), coef(d.taps[0]), coef(d.taps[1]));
+
+        for r in [rbx, rbp, r12, r13, r14, r15] {
+            self.a.push(r)?;
+        }
+        self.a.sub(rsp, frame)?;
+        // rdi bindings, rdx begin, rcx end (clamped to the plane count).
+        self.a.mov(rbp, rdi)?;
+        self.a.mov(rax, planes)?;
+        self.a.cmp(rcx, rax)?;
+        self.a.cmova(rcx, rax)?;
+        self.a.mov(r10, rdx)?;
+        self.a.mov(r11, rcx)?;
+        let mut done = self.a.create_label();
+        self.a.cmp(r10, r11)?;
+        self.a.jae(done)?;
+        self.a.mov(r8, qword_ptr(rbp + 8 * d.x as i32))?;
+        self.a.mov(r9, qword_ptr(rbp + 8 * self.out_slot as i32))?;
+        let mut plane = self.a.create_label();
+        self.a.set_label(&mut plane)?;
+        // c = plane mod C.
+        self.a.mov(rax, r10)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, c)?;
+        self.a.div(rcx)?;
+        // Filter taps.
+        self.a.mov(r15, qword_ptr(rbp + 8 * d.w as i32))?;
+        self.a.imul_3(rsi, rdx, i32::try_from(w_c * 4).map_err(|_| NotHere("filter stride".into()))?)?;
+        self.a.add(r15, rsi)?;
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let t = self.taps[(kh * kw_n + kw) as usize];
+                let off = (woff.c + w_kh * kh + w_kw * kw) * 4;
+                self.a.vbroadcastss(t, dword_ptr(r15 + off as i32))?;
+            }
+        }
+        // Per-channel epilogue values, one stack vector each.
+        for j in 0..self.channel.len() {
+            let (input, off) = self.channel[j].clone();
+            let t = self.scratch[0];
+            self.a.mov(rax, qword_ptr(rbp + 8 * input as i32))?;
+            self.a.imul_3(rsi, rdx, i32::try_from(off.of(1) * 4).map_err(|_| NotHere("channel stride".into()))?)?;
+            self.a.vbroadcastss(t, dword_ptr(rax + rsi + (off.c * 4) as i32))?;
+            self.a.vmovups(ymmword_ptr(rsp + 32 * j as i32), t)?;
+        }
+        // Plane pointers: r12 input plane, r13 output row, rbx input row of window row 0.
+        self.a.imul_3(r12, r10, (h * w * 4) as i32)?;
+        self.a.add(r12, r8)?;
+        self.a.imul_3(r13, r10, (oh_n * ow_n * 4) as i32)?;
+        self.a.add(r13, r9)?;
+        self.a.lea(rbx, qword_ptr(r12 + (ph * w * 4) as i32))?;
+        self.a.xor(r14d, r14d)?;
+        let mut row = self.a.create_label();
+        self.a.set_label(&mut row)?;
+        let mut j0 = 0;
+        while j0 < vectors {
+            let j1 = (j0 + g).min(vectors);
+            self.group(j0, j1, [h, w], [sh, sw], [dil_h, dil_w], [ph, pw], [kh_n, kw_n], oh_n, ow_n)?;
+            j0 = j1;
+        }
+        self.a.add(r13, (ow_n * 4) as i32)?;
+        self.a.add(rbx, (sh * w * 4) as i32)?;
+        self.a.inc(r14)?;
+        self.a.cmp(r14, oh_n as i32)?;
+        self.a.jb(row)?;
+        self.a.inc(r10)?;
+        self.a.cmp(r10, r11)?;
+        self.a.jb(plane)?;
+        self.a.set_label(&mut done)?;
+        self.a.vzeroupper()?;
+        self.a.add(rsp, frame)?;
+        for r in [r15, r14, r13, r12, rbp, rbx] {
+            self.a.pop(r)?;
+        }
+        self.a.ret()?;
+        // Tables: lane masks (32 bytes), then 4-byte constants.
+        for (bits, mut l) in std::mem::take(&mut self.masks) {
+            self.a.set_label(&mut l)?;
+            let words: Vec<u32> = (0..8).map(|e| if bits >> e & 1 == 1 { u32::MAX } else { 0 }).collect();
+            self.a.dd(&words)?;
+        }
+        for (bits, mut l) in std::mem::take(&mut self.consts) {
+            self.a.set_label(&mut l)?;
+            self.a.dd(&[bits])?;
+        }
+        Ok((self.a.assemble(0)?, planes as u64))
+    }
+
+    /// Output vectors `j0..j1` of the current row: sum, epilogue, store.
+    #[allow(clippy::too_many_arguments)]
+    fn group(
+        &mut self,
+        j0: i64,
+        j1: i64,
+        [h, w]: [i64; 2],
+        [sh, sw]: [i64; 2],
+        [dil_h, dil_w]: [i64; 2],
+        [ph, pw]: [i64; 2],
+        [kh_n, kw_n]: [i64; 2],
+        oh_n: i64,
+        ow_n: i64,
+    ) -> R<()> {
+        let accs: Vec<AsmRegisterYmm> = self.accs[..(j1 - j0) as usize].to_vec();
+        for &r in &accs {
+            self.a.vxorps(r, r, r)?;
+        }
+        for kh in 0..kh_n {
+            // Window row kh reads input row sh·oh + dil_h·kh + ph: check it where some
+            // output row puts it outside the plane.
+            let first = dil_h * kh + ph;
+            let last = first + sh * (oh_n - 1);
+            let mut skip = None;
+            if first < 0 || last >= h {
+                let l = self.a.create_label();
+                self.a.lea(rax, qword_ptr(r14 * sh as u32 + first as i32))?;
+                self.a.cmp(rax, h as i32)?;
+                self.a.jae(l)?; // (unsigned: a negative row is above every extent)
+                skip = Some(l);
+            }
+            for kw in 0..kw_n {
+                let tap = self.taps[(kh * kw_n + kw) as usize];
+                for (i, &acc) in accs.iter().enumerate() {
+                    let j = j0 + i as i64;
+                    // First input column of the vector's lane 0.
+                    let col = sw * 8 * j + dil_w * kw + pw;
+                    let disp = dil_h * kh * w + col;
+                    let (t0, t1) = (self.scratch[0], self.scratch[1]);
+                    if sw == 1 {
+                        let bits = Self::inside(col, w);
+                        if bits == 0xff {
+                            self.a.vfmadd231ps(acc, tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
+                        } else if self.load(t0, disp, bits)? {
+                            self.a.vfmadd231ps(acc, tap, t0)?;
+                        }
+                    } else {
+                        // 16 elements from col; lane e takes element 2e.
+                        let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
+                        let even = |m: u8| (0..4).any(|e| m >> (2 * e) & 1 == 1);
+                        if !even(lo) && !even(hi) {
+                            continue;
+                        }
+                        if !self.load(t0, disp, lo)? {
+                            self.a.vxorps(t0, t0, t0)?;
+                        }
+                        if !self.load(t1, disp + 8, hi)? {
+                            self.a.vxorps(t1, t1, t1)?;
+                        }
+                        self.a.vshufps(t0, t0, t1, 0x88)?;
+                        self.a.vpermpd(t0, t0, 0xD8)?;
+                        self.a.vfmadd231ps(acc, tap, t0)?;
+                    }
+                }
+            }
+            if let Some(mut l) = skip {
+                self.a.set_label(&mut l)?;
+            }
+        }
+        self.epilogue(&accs)?;
+        for (i, &acc) in accs.iter().enumerate() {
+            let j = j0 + i as i64;
+            let at = ymmword_ptr(r13 + (32 * j) as i32);
+            let lanes = (ow_n - 8 * j).min(8);
+            if lanes == 8 {
+                self.a.vmovups(at, acc)?;
+            } else {
+                let l = self.mask_label(((1u16 << lanes) - 1) as u8);
+                let m = self.scratch[0];
+                self.a.vmovups(m, ymmword_ptr(l))?;
+                self.a.vmaskmovps(at, m, acc)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the epilogue steps to `accs`.
+    fn epilogue(&mut self, accs: &[AsmRegisterYmm]) -> R<()> {
+        let t = self.scratch[0];
+        for s in self.d.epilogue.clone() {
+            // The operand: a register (constant broadcast, or a stack vector loaded
+            // where it must be the first source) or the stack vector as memory.
+            let (o, first) = match &s {
+                Step::Add(o) | Step::Sub(o) | Step::Mul(o) | Step::Div(o) => (Some(o.clone()), false),
+                Step::SubFrom(o) | Step::DivInto(o) => (Some(o.clone()), true),
+                Step::Max(b) | Step::Min(b) => (Some(StepOperand::Const(*b)), true),
+            };
+            let mut mem = None;
+            match o {
+                Some(StepOperand::Const(bits)) => {
+                    let l = self.const_label(bits);
+                    self.a.vbroadcastss(t, dword_ptr(l))?;
+                }
+                Some(StepOperand::Channel { input, offset }) => {
+                    let j = self.channel.iter().position(|(i, f)| *i == input && *f == offset).unwrap_or(0);
+                    let at = ymmword_ptr(rsp + 32 * j as i32);
+                    if first {
+                        self.a.vmovups(t, at)?;
+                    } else {
+                        mem = Some(at);
+                    }
+                }
+                None => {}
+            }
+            for &acc in accs {
+                match (&s, mem) {
+                    (Step::Add(_), Some(m)) => self.a.vaddps(acc, acc, m)?,
+                    (Step::Add(_), None) => self.a.vaddps(acc, acc, t)?,
+                    (Step::Sub(_), Some(m)) => self.a.vsubps(acc, acc, m)?,
+                    (Step::Sub(_), None) => self.a.vsubps(acc, acc, t)?,
+                    (Step::Mul(_), Some(m)) => self.a.vmulps(acc, acc, m)?,
+                    (Step::Mul(_), None) => self.a.vmulps(acc, acc, t)?,
+                    (Step::Div(_), Some(m)) => self.a.vdivps(acc, acc, m)?,
+                    (Step::Div(_), None) => self.a.vdivps(acc, acc, t)?,
+                    (Step::SubFrom(_), _) => self.a.vsubps(acc, t, acc)?,
+                    (Step::DivInto(_), _) => self.a.vdivps(acc, t, acc)?,
+                    // The constant first: vmaxps/vminps give the second source on NaN.
+                    (Step::Max(_), _) => self.a.vmaxps(acc, t, acc)?,
+                    (Step::Min(_), _) => self.a.vminps(acc, t, acc)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! Depthwise windows (`cpu::depthwise`, AVX2+FMA) against the kernel interpreter:
+//! padded and unpadded, symmetric and one-sided padding, strides 1 and 2, dilation 2,
+//! windows 3×3, 1×3, 3×1, 2×2, output widths from 1 to 113 (one vector, masked tails,
+//! several register groups), several batches; epilogues of bias, per-channel scale,
+//! Relu6 as compare-and-select and `max`/`min` clamps; NaN through the clamps;
+//! workgroup splits and writes outside the output (`run_compiled`).
+//!
+//! The kernel sums in f32 with one FMA per tap; the interpreter sums in f64 and rounds
+//! once. Each element must lie within `(taps + 2)·2⁻²⁴·S` of the interpreter, `S` the
+//! same kernel on the absolute values of the inputs (a bound on the sum of |terms| and
+//! the epilogue's magnitude).
+
+mod common;
+
+use common::*;
+use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_flow::{interp, BinaryOp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
+
+fn avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+fn tt(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
+}
+
+/// One depthwise convolution's geometry.
+#[derive(Clone, Copy, Debug)]
+struct Geo {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    win: [usize; 2],
+    stride: [usize; 2],
+    dil: [usize; 2],
+    /// Leading and trailing padding per axis: `[top, bottom, left, right]`.
+    pad: [usize; 4],
+}
+
+impl Geo {
+    fn out(&self) -> [usize; 2] {
+        let oh = (self.h + self.pad[0] + self.pad[1] - self.dil[0] * (self.win[0] - 1) - 1) / self.stride[0] + 1;
+        let ow = (self.w + self.pad[2] + self.pad[3] - self.dil[1] * (self.win[1] - 1) - 1) / self.stride[1] + 1;
+        [oh, ow]
+    }
+}
+
+/// `epilogue`: "bias_relu6" (bias add, then Relu6 as two compare-and-selects),
+/// "scale_clip" (per-channel scale and bias, `max(−1, ·)`, `min(·, 2)`), "none".
+fn depthwise(g: Geo, epilogue: &str) -> Kernel {
+    let [oh, ow] = g.out();
+    let f = ScalarType::F32;
+    let ins = vec![tt(&[g.n, g.c, g.h, g.w]), tt(&[g.c, 1, g.win[0], g.win[1]]), tt(&[g.c]), tt(&[g.c])];
+    let mut b = KernelBuilder::new("dw", ins, tt(&[g.n, g.c, oh, ow]));
+    let o = b.out_index();
+    let grp = b.new_var(1);
+    let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
+    let (gv, yv, xv) = (b.var(grp), b.var(y), b.var(x));
+    let mut axis = |b: &mut KernelBuilder, out: kiln_flow::ExprId, t: kiln_flow::ExprId, d: usize| {
+        let s = b.index(g.stride[d] as i64);
+        let dl = b.index(g.dil[d] as i64);
+        let p = b.index(-(g.pad[2 * d] as i64));
+        let os = b.mul(out, s);
+        let td = b.mul(t, dl);
+        let i = b.add(os, td);
+        b.add(i, p)
+    };
+    let ih = axis(&mut b, o[2], yv, 0);
+    let iw = axis(&mut b, o[3], xv, 1);
+    let chan = b.add(o[1], gv);
+    let padded = g.pad.iter().any(|&p| p > 0);
+    let bounds = if padded { Bounds::Pad(0) } else { Bounds::InBounds };
+    let xin = b.load_with(0, vec![o[0], chan, ih, iw], bounds);
+    let wt = b.load(1, vec![o[1], gv, yv, xv]);
+    let p = b.mul(xin, wt);
+    let s = b.reduce(ReduceOp::Sum, vec![grp, y, x], p);
+    let bias = b.load(2, vec![o[1]]);
+    let r = match epilogue {
+        "bias_relu6" => {
+            let v = b.add(s, bias);
+            let zero = b.float(f, 0.0);
+            let six = b.float(f, 6.0);
+            let lt = b.binary(BinaryOp::Lt, v, zero);
+            let v = b.select(lt, zero, v);
+            let gt = b.binary(BinaryOp::Gt, v, six);
+            b.select(gt, six, v)
+        }
+        "scale_clip" => {
+            let scale = b.load(3, vec![o[1]]);
+            let v = b.mul(s, scale);
+            let v = b.add(bias, v);
+            let lo = b.float(f, -1.0);
+            let hi = b.float(f, 2.0);
+            let v = b.binary(BinaryOp::Max, v, lo);
+            b.binary(BinaryOp::Min, v, hi)
+        }
+        _ => s,
+    };
+    b.finish(r).unwrap()
+}
+
+fn abs(t: &Tensor) -> Tensor {
+    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
+    Tensor::from_vec(t.shape().clone(), v).unwrap()
+}
+
+fn inputs(g: Geo, seed: u64) -> Vec<Tensor> {
+    vec![
+        random_f32(&[g.n, g.c, g.h, g.w], 2.0, seed),
+        random_f32(&[g.c, 1, g.win[0], g.win[1]], 1.0, seed + 1),
+        random_f32(&[g.c], 1.0, seed + 2),
+        random_f32(&[g.c], 1.0, seed + 3),
+    ]
+}
+
+fn check(k: &Kernel, ins: &[Tensor], taps: usize) {
+    let m = compile_with(&[k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    assert!(m.notes[0].starts_with("depthwise"), "{}: {}", k.name, m.notes[0]);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let want = interp::run(k, &refs).unwrap().to_vec::<f32>().unwrap();
+    let absin: Vec<Tensor> = ins.iter().map(abs).collect();
+    let bound = interp::run(k, &absin.iter().collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap();
+    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+    for splits in [1, 3] {
+        let got = run_compiled(k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
+        for i in 0..want.len() {
+            let tol = (taps as f32 + 2.0) * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
+            let ok = (got[i] - want[i]).abs() <= tol || (got[i].is_nan() && want[i].is_nan());
+            assert!(ok, "{} splits {splits}: element {i}: got {}, want {} (tol {tol})", k.name, got[i], want[i]);
+        }
+    }
+}
+
+#[test]
+fn windows_strides_padding_and_widths() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    let mut cases = Vec::new();
+    for (h, w) in [(1, 1), (5, 7), (6, 8), (9, 9), (12, 17), (7, 40), (4, 113), (3, 128)] {
+        for stride in [[1, 1], [2, 2], [1, 2], [2, 1]] {
+            for (win, pad) in [
+                ([3, 3], [1, 1, 1, 1]),
+                ([3, 3], [0, 0, 0, 0]),
+                ([3, 3], [0, 1, 0, 1]),
+                ([1, 3], [0, 0, 2, 1]),
+                ([3, 1], [1, 1, 0, 0]),
+                ([2, 2], [1, 0, 1, 0]),
+            ] {
+                let g = Geo { n: 1, c: 3, h, w, win, stride, dil: [1, 1], pad };
+                // Skip geometries with no output (the window does not fit).
+                if h + pad[0] + pad[1] < win[0] || w + pad[2] + pad[3] < win[1] {
+                    continue;
+                }
+                cases.push(g);
+            }
+        }
+    }
+    cases.push(Geo { n: 2, c: 5, h: 11, w: 19, win: [3, 3], stride: [1, 1], dil: [2, 2], pad: [2, 2, 2, 2] });
+    cases.push(Geo { n: 3, c: 2, h: 8, w: 30, win: [3, 3], stride: [2, 2], dil: [2, 1], pad: [2, 1, 1, 0] });
+    for (i, g) in cases.into_iter().enumerate() {
+        let [oh, ow] = g.out();
+        if oh == 0 || ow == 0 || ow > 128 {
+            continue;
+        }
+        for epilogue in ["bias_relu6", "scale_clip", "none"] {
+            let k = depthwise(g, epilogue);
+            check(&k, &inputs(g, 10 + i as u64), g.win[0] * g.win[1]);
+        }
+    }
+}
+
+#[test]
+fn nan_passes_the_clamps() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    let g = Geo { n: 1, c: 2, h: 4, w: 10, win: [3, 3], stride: [1, 1], dil: [1, 1], pad: [1, 1, 1, 1] };
+    let mut ins = inputs(g, 3);
+    let mut x = ins[0].to_vec::<f32>().unwrap();
+    x[5] = f32::NAN; // channel 0, row 0, column 5
+    ins[0] = Tensor::from_vec(Shape::new(vec![1, 2, 4, 10]).unwrap(), x).unwrap();
+    for epilogue in ["bias_relu6", "scale_clip"] {
+        let k = depthwise(g, epilogue);
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+        let got = run_compiled(&k, &refs, &cfg, 1).to_vec::<f32>().unwrap();
+        let want = interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
+        for i in 0..want.len() {
+            assert_eq!(got[i].is_nan(), want[i].is_nan(), "{epilogue}: element {i}: got {}, want {}", got[i], want[i]);
+        }
+        assert!(want.iter().filter(|v| v.is_nan()).count() >= 6, "{epilogue}: the NaN reached its window");
+    }
+}
+
+/// Forms the depthwise kernel does not take fall back (an epilogue that is not a chain
+/// of supported steps, more than 9 taps) and still compute the same values.
+#[test]
+fn other_forms_take_another_path() {
+    let g = Geo { n: 1, c: 2, h: 9, w: 9, win: [5, 5], stride: [1, 1], dil: [1, 1], pad: [2, 2, 2, 2] };
+    let k = depthwise(g, "bias_relu6");
+    let m = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
+    let ins = inputs(g, 5);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    check_with(&k, &refs, Cmp { zero_sign: true, rtol: 1e-5 }, &[Config { target: CpuTarget::X86_64V3, options: Options::default() }]);
+}

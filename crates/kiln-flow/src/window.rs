@@ -1,0 +1,318 @@
+//! Recognising depthwise convolutions that read their input through `Pad` bounds.
+//!
+//! A depthwise convolution (`Conv` with `group = C`, one filter per channel) is a
+//! sliding window over each channel plane: `out[n, c, oh, ow] = epilogue(Σ_{kh,kw}
+//! x[n, c, sh·oh + dh·kh + ph, sw·ow + dw·kw + pw] · w[c, kh, kw])`, reading 0 outside
+//! the plane. A target with a direct kernel for this form handles the plane's border
+//! itself (masked loads at the edges), so the padded copy that
+//! [`crate::layout::materialize_padding`] would put in front of it, a full extra pass
+//! over the input, is not made; fusion keeps the epilogue in the form below.
+//!
+//! The recognised form, [`Depthwise::of`]:
+//! - rank-4 f32 output `[N, C, OH, OW]` (NCHW) and input `[N, C, H, W]`, the same `C`;
+//! - exactly one `Reduce { Sum }` whose body is `Load(x) · Load(w)` (either order): `x`
+//!   with `Pad(0.0)` or `InBounds` bounds, index `(n, c, sh·oh + dh·kh + ph, sw·ow +
+//!   dw·kw + pw)` with strides 1 or 2; `w` in bounds at an affine offset over `c`, `kh`,
+//!   `kw`; reduction variables of extent 1 (a group index) are ignored; at most 9 taps;
+//! - an epilogue that is a chain from the sum to the result, each step one of `+ − × ÷`
+//!   with a constant or a per-channel value (an affine load over `c`: bias, folded
+//!   batch-norm scale), or a clamp against a constant (`max`, `min`, and `Relu`/`Clip`
+//!   as compare-and-select);
+//! - at most 128 output columns (a row is held in registers in at most 16 vectors).
+//!
+//! Nothing here changes a kernel.
+
+use crate::contraction::{affine, load_offset, AffineIndex};
+use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
+use kiln_ir::DType;
+
+/// Most taps (`kh × kw`) of a recognised window.
+pub const MAX_TAPS: u64 = 9;
+/// Most output columns of a recognised window.
+pub const MAX_COLUMNS: u64 = 128;
+
+/// A value an epilogue step combines with the running value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOperand {
+    /// An f32 constant's bits.
+    Const(u32),
+    /// A per-channel f32 value: input `input` at flat offset `offset` (affine over the
+    /// channel variable only).
+    Channel {
+        /// The kernel input.
+        input: u32,
+        /// Its flat element offset.
+        offset: AffineIndex,
+    },
+}
+
+/// One epilogue step applied to the running value `v`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// `v + o`.
+    Add(StepOperand),
+    /// `v − o`.
+    Sub(StepOperand),
+    /// `o − v`.
+    SubFrom(StepOperand),
+    /// `v · o`.
+    Mul(StepOperand),
+    /// `v / o`.
+    Div(StepOperand),
+    /// `o / v`.
+    DivInto(StepOperand),
+    /// `max(c, v)` for a non-NaN constant `c`: a NaN `v` stays NaN.
+    Max(u32),
+    /// `min(c, v)` for a non-NaN constant `c`: a NaN `v` stays NaN.
+    Min(u32),
+}
+
+/// A recognised depthwise convolution (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Depthwise {
+    /// Kernel input read as the image `x`.
+    pub x: u32,
+    /// Kernel input read as the filter `w`.
+    pub w: u32,
+    /// The filter's flat element offset (over `c`, `kh`, `kw`).
+    pub w_offset: AffineIndex,
+    /// Output dims `[N, C, OH, OW]`.
+    pub out_dims: [u64; 4],
+    /// Input dims `[N, C, H, W]`.
+    pub in_dims: [u64; 4],
+    /// Variables of the window rows and columns (`None` for an extent of 1).
+    pub taps: [Option<u32>; 2],
+    /// Window extents `[KH, KW]`.
+    pub window: [u64; 2],
+    /// Strides `[sh, sw]` (1 or 2).
+    pub stride: [i64; 2],
+    /// Dilations `[dh, dw]`.
+    pub dilation: [i64; 2],
+    /// Offsets `[ph, pw]`: input row `sh·oh + dh·kh + ph` (negative for leading padding).
+    pub offset: [i64; 2],
+    /// The reduction node.
+    pub reduce: ExprId,
+    /// The epilogue, from the sum outwards.
+    pub epilogue: Vec<Step>,
+}
+
+impl Depthwise {
+    /// Recognises `k` (see the module docs), or `None`.
+    pub fn of(k: &Kernel) -> Option<Depthwise> {
+        if k.out_rank() != 4 || k.output.dtype != DType::F32 {
+            return None;
+        }
+        let out_dims = dims4(&k.output.shape)?;
+        if out_dims[3] > MAX_COLUMNS || out_dims.iter().any(|&d| d == 0) {
+            return None;
+        }
+        let mut found = None;
+        for (i, n) in k.nodes.iter().enumerate() {
+            if let Expr::Reduce { op, vars, body } = &n.expr {
+                if found.is_some() || *op != ReduceOp::Sum || n.ty != ScalarType::F32 {
+                    return None;
+                }
+                found = Some((ExprId(i as u32), vars.clone(), *body));
+            }
+        }
+        let (reduce, rvars, body) = found?;
+        let wide: Vec<u32> = rvars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
+        let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
+        let (x, xi, w, wi) = [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
+            let Expr::Load { input: xa, index: xidx, bounds } = &k.node(a).expr else { return None };
+            if !matches!(bounds, Bounds::InBounds | Bounds::Pad(0)) {
+                return None;
+            }
+            let Expr::Load { input: wa, index: widx, bounds: Bounds::InBounds } = &k.node(b).expr else {
+                return None;
+            };
+            (xidx.len() == 4).then(|| (*xa, xidx.clone(), *wa, widx.clone()))
+        })?;
+        for input in [x, w] {
+            if k.inputs.get(input as usize)?.dtype != DType::F32 {
+                return None;
+            }
+        }
+        let in_dims = dims4(&k.inputs[x as usize].shape)?;
+        if in_dims[0] != out_dims[0] || in_dims[1] != out_dims[1] {
+            return None;
+        }
+        // Coefficients that matter: variables of extent 1 are always 0.
+        let live = |a: &AffineIndex, v: usize| if k.vars[v] > 1 { a.coef[v] } else { 0 };
+        let only = |a: &AffineIndex, allowed: &[u32]| {
+            (0..k.vars.len()).all(|v| allowed.contains(&(v as u32)) || live(a, v) == 0)
+        };
+        // n and c read as themselves.
+        for d in 0..2 {
+            let a = affine(k, xi[d])?;
+            if a.c != 0 || !only(&a, &[d as u32]) || (out_dims[d] > 1 && a.coef[d] != 1) {
+                return None;
+            }
+        }
+        // Rows and columns: s·o + dl·t + c, with t the one reduction variable it reads.
+        let mut taps = [None; 2];
+        let mut window = [1u64; 2];
+        let mut stride = [1i64; 2];
+        let mut dilation = [1i64; 2];
+        let mut offset = [0i64; 2];
+        for d in 0..2 {
+            let a = affine(k, xi[2 + d])?;
+            let o = 2 + d;
+            let t: Vec<u32> = wide.iter().copied().filter(|&v| a.coef[v as usize] != 0).collect();
+            let mut allowed = vec![o as u32];
+            allowed.extend(&t);
+            if t.len() > 1 || !only(&a, &allowed) {
+                return None;
+            }
+            stride[d] = if out_dims[o] > 1 { live(&a, o) } else { 1 };
+            if !(1..=2).contains(&stride[d]) {
+                return None;
+            }
+            if let Some(&t) = t.first() {
+                taps[d] = Some(t);
+                window[d] = k.vars[t as usize];
+                dilation[d] = a.coef[t as usize];
+                if dilation[d] <= 0 {
+                    return None;
+                }
+            }
+            offset[d] = a.c;
+        }
+        // Every wide reduction variable is a window axis.
+        if wide.iter().any(|v| !taps.contains(&Some(*v))) || window[0] * window[1] > MAX_TAPS {
+            return None;
+        }
+        // In bounds without padding: the loads must stay inside the plane.
+        if matches!(k.node(x_load(k, body)?).expr, Expr::Load { bounds: Bounds::InBounds, .. }) {
+            for d in 0..2 {
+                let lo = offset[d];
+                let hi = offset[d] + stride[d] * (out_dims[2 + d] as i64 - 1) + dilation[d] * (window[d] as i64 - 1);
+                if lo < 0 || hi >= in_dims[2 + d] as i64 {
+                    return None;
+                }
+            }
+        }
+        let w_offset = load_offset(k, w, &wi)?;
+        let mut w_vars = vec![1u32];
+        w_vars.extend(taps.iter().flatten());
+        if !only(&w_offset, &w_vars) {
+            return None;
+        }
+        let epilogue = chain(k, reduce)?;
+        Some(Depthwise {
+            x,
+            w,
+            w_offset,
+            out_dims,
+            in_dims,
+            taps,
+            window,
+            stride,
+            dilation,
+            offset,
+            reduce,
+            epilogue,
+        })
+    }
+}
+
+/// The image load of the reduction's body (the one with 4 indices and a `Pad` or
+/// `InBounds` bound that `of` took as `x`).
+fn x_load(k: &Kernel, body: ExprId) -> Option<ExprId> {
+    let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
+    [p, q].into_iter().find(|&e| matches!(&k.node(e).expr, Expr::Load { index, .. } if index.len() == 4))
+}
+
+fn dims4(s: &kiln_ir::Shape) -> Option<[u64; 4]> {
+    let d = s.dims();
+    (d.len() == 4).then(|| [d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64])
+}
+
+/// The epilogue from the reduction `r` to the root as steps, or `None` when it is not
+/// a chain of supported steps.
+fn chain(k: &Kernel, r: ExprId) -> Option<Vec<Step>> {
+    let mut steps = Vec::new();
+    let mut e = k.root;
+    while e != r {
+        let node = k.node(e);
+        if node.ty != ScalarType::F32 {
+            return None;
+        }
+        let (next, step) = match &node.expr {
+            Expr::Cast { value, to: DType::F32, .. } if k.node(*value).ty == ScalarType::F32 => {
+                e = *value;
+                continue;
+            }
+            Expr::Binary(op, a, b) => {
+                let (oa, ob) = (operand(k, *a), operand(k, *b));
+                let (v, o, v_first) = match (oa, ob) {
+                    (None, Some(o)) => (*a, o, true),
+                    (Some(o), None) => (*b, o, false),
+                    _ => return None,
+                };
+                let step = match (op, v_first) {
+                    (BinaryOp::Add, _) => Step::Add(o),
+                    (BinaryOp::Mul, _) => Step::Mul(o),
+                    (BinaryOp::Sub, true) => Step::Sub(o),
+                    (BinaryOp::Sub, false) => Step::SubFrom(o),
+                    (BinaryOp::Div, true) => Step::Div(o),
+                    (BinaryOp::Div, false) => Step::DivInto(o),
+                    (BinaryOp::Max | BinaryOp::Min, _) => {
+                        let StepOperand::Const(c) = o else { return None };
+                        if f32::from_bits(c).is_nan() {
+                            return None;
+                        }
+                        if *op == BinaryOp::Max {
+                            Step::Max(c)
+                        } else {
+                            Step::Min(c)
+                        }
+                    }
+                    _ => return None,
+                };
+                (v, step)
+            }
+            Expr::Select(c, then, otherwise) => {
+                // select(v < c, c, v) = max(c, v); select(v > c, c, v) = min(c, v).
+                let Expr::Binary(op @ (BinaryOp::Lt | BinaryOp::Gt), v, cc) = k.node(*c).expr else { return None };
+                let bits = |x: ExprId| match k.node(x).expr {
+                    Expr::Const(b) if k.node(x).ty == ScalarType::F32 && !f32::from_bits(b as u32).is_nan() => {
+                        Some(b as u32)
+                    }
+                    _ => None,
+                };
+                let kc = bits(cc)?;
+                if v != *otherwise || bits(*then) != Some(kc) {
+                    return None;
+                }
+                (v, if op == BinaryOp::Lt { Step::Max(kc) } else { Step::Min(kc) })
+            }
+            _ => return None,
+        };
+        steps.push(step);
+        e = next;
+    }
+    steps.reverse();
+    Some(steps)
+}
+
+/// `e` as a step operand: an f32 constant or a per-channel load.
+fn operand(k: &Kernel, e: ExprId) -> Option<StepOperand> {
+    let node = k.node(e);
+    if node.ty != ScalarType::F32 {
+        return None;
+    }
+    match &node.expr {
+        Expr::Const(b) => Some(StepOperand::Const(*b as u32)),
+        Expr::Load { input, index, bounds: Bounds::InBounds } => {
+            if k.inputs.get(*input as usize)?.dtype != DType::F32 {
+                return None;
+            }
+            let offset = load_offset(k, *input, index)?;
+            let per_channel =
+                (0..k.vars.len()).all(|v| v == 1 || k.vars[v] == 1 || offset.coef[v] == 0);
+            per_channel.then_some(StepOperand::Channel { input: *input, offset })
+        }
+        _ => None,
+    }
+}
