@@ -24,26 +24,39 @@ fn kernel(op: UnaryOp, n: usize) -> Kernel {
 
 /// Every `step`-th f32 bit pattern with a value in `lo..=hi`, plus the specials.
 fn inputs(lo: f32, hi: f32, step: u32) -> Vec<f32> {
-    let mut v: Vec<f32> = (0..=u32::MAX / step)
-        .map(|i| f32::from_bits(i * step))
-        .filter(|x| (lo..=hi).contains(x))
-        .collect();
+    let mut v: Vec<f32> =
+        (0..=u32::MAX / step).map(|i| f32::from_bits(i * step)).filter(|x| (lo..=hi).contains(x)).collect();
     v.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, lo, hi, 1e-30, -1e-30, 0.5, -0.5, 0.4999999]);
     v
 }
 
-/// Runs `op` over `xs` scalar and vectorised; asserts both agree bit for bit.
-fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
+/// Runs `op` over `xs` scalar and vectorised on each target form: x86-64-v2 (the
+/// polynomials as multiply then add) and this host (fused multiply-adds where it has
+/// FMA); asserts that scalar and vector code of one target agree bit for bit, and
+/// returns each target's results.
+fn run(op: UnaryOp, xs: &[f32]) -> Vec<(&'static str, Vec<f32>)> {
     let k = kernel(op, xs.len());
     let x = Tensor::from_vec(Shape::new(vec![xs.len()]).unwrap(), xs.to_vec()).unwrap();
-    let scalar = Config { target: CpuTarget::X86_64V2, options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true } };
-    let vector = Config { target: CpuTarget::Host, options: Options::default() };
-    let a = run_compiled(&k, &[&x], &scalar, 1).to_vec::<f32>().unwrap();
-    let b = run_compiled(&k, &[&x], &vector, 2).to_vec::<f32>().unwrap();
-    for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-        assert!(p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()), "{}({}): scalar {p}, vector {q}", op.name(), xs[i]);
+    let mut out = Vec::new();
+    for (name, target) in [("x86-64-v2", CpuTarget::X86_64V2), ("host", CpuTarget::Host)] {
+        let scalar = Config {
+            target,
+            options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true },
+        };
+        let vector = Config { target, options: Options::default() };
+        let a = run_compiled(&k, &[&x], &scalar, 1).to_vec::<f32>().unwrap();
+        let b = run_compiled(&k, &[&x], &vector, 2).to_vec::<f32>().unwrap();
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()),
+                "{name} {}({}): scalar {p}, vector {q}",
+                op.name(),
+                xs[i]
+            );
+        }
+        out.push((name, a));
     }
-    a
+    out
 }
 
 /// Distance in units of the last place of the f32 nearest to `want`.
@@ -60,50 +73,53 @@ fn ulps(got: f32, want: f64) -> f64 {
 #[test]
 fn exp_error() {
     let xs = inputs(-103.0, 88.72, 1021);
-    let got = run(UnaryOp::Exp, &xs);
-    let mut worst = (0.0f64, 0.0f32);
-    for (&x, &g) in xs.iter().zip(&got) {
-        let want = (x as f64).exp();
-        if x.is_nan() {
-            assert!(g.is_nan());
-            continue;
+    for (target, got) in run(UnaryOp::Exp, &xs) {
+        let mut worst = (0.0f64, 0.0f32);
+        for (&x, &g) in xs.iter().zip(&got) {
+            let want = (x as f64).exp();
+            if x.is_nan() {
+                assert!(g.is_nan());
+                continue;
+            }
+            if x.is_infinite() {
+                assert_eq!(g, if x > 0.0 { f32::INFINITY } else { 0.0 });
+                continue;
+            }
+            let u = ulps(g, want);
+            if u > worst.0 {
+                worst = (u, x);
+            }
         }
-        if x.is_infinite() {
-            assert_eq!(g, if x > 0.0 { f32::INFINITY } else { 0.0 });
-            continue;
-        }
-        let u = ulps(g, want);
-        if u > worst.0 {
-            worst = (u, x);
-        }
+        println!("exp ({target}): worst {:.3} ulp at {}", worst.0, worst.1);
+        assert!(worst.0 <= 2.0, "exp ({target}): {:.3} ulp at {}", worst.0, worst.1);
     }
-    println!("exp: worst {:.3} ulp at {}", worst.0, worst.1);
-    assert!(worst.0 <= 2.0, "exp: {:.3} ulp at {}", worst.0, worst.1);
     // Overflow and underflow edges.
-    let edge = run(UnaryOp::Exp, &[88.8, 100.0, -104.0, -200.0, 88.72283]);
-    assert_eq!(&edge[..4], &[f32::INFINITY, f32::INFINITY, 0.0, 0.0]);
-    assert!(edge[4].is_finite() && edge[4] > 3.4e38);
+    for (target, edge) in run(UnaryOp::Exp, &[88.8, 100.0, -104.0, -200.0, 88.72283]) {
+        assert_eq!(&edge[..4], &[f32::INFINITY, f32::INFINITY, 0.0, 0.0], "{target}");
+        assert!(edge[4].is_finite() && edge[4] > 3.4e38, "{target}");
+    }
 }
 
 #[test]
 fn erf_error() {
     let xs = inputs(-6.0, 6.0, 1021);
-    let got = run(UnaryOp::Erf, &xs);
-    let mut worst = (0.0f64, 0.0f32);
-    for (&x, &g) in xs.iter().zip(&got) {
-        if x.is_nan() {
-            assert!(g.is_nan());
-            continue;
+    for (target, got) in run(UnaryOp::Erf, &xs) {
+        let mut worst = (0.0f64, 0.0f32);
+        for (&x, &g) in xs.iter().zip(&got) {
+            if x.is_nan() {
+                assert!(g.is_nan());
+                continue;
+            }
+            if x.is_infinite() {
+                assert_eq!(g, x.signum());
+                continue;
+            }
+            let u = ulps(g, libm::erf(x as f64));
+            if u > worst.0 {
+                worst = (u, x);
+            }
         }
-        if x.is_infinite() {
-            assert_eq!(g, x.signum());
-            continue;
-        }
-        let u = ulps(g, libm::erf(x as f64));
-        if u > worst.0 {
-            worst = (u, x);
-        }
+        println!("erf ({target}): worst {:.3} ulp at {}", worst.0, worst.1);
+        assert!(worst.0 <= 4.0, "erf ({target}): {:.3} ulp at {}", worst.0, worst.1);
     }
-    println!("erf: worst {:.3} ulp at {}", worst.0, worst.1);
-    assert!(worst.0 <= 4.0, "erf: {:.3} ulp at {}", worst.0, worst.1);
 }

@@ -39,6 +39,8 @@ pub(crate) struct Caps {
     pub sse41: bool,
     /// f32 exp and erf as inline code (`cpu::math`) rather than helper calls.
     pub inline_math: bool,
+    /// Fused multiply-add exists (the inline polynomials use it).
+    pub fma: bool,
 }
 
 /// The C signature of every kernel entry point (see `kiln_module::abi`).
@@ -821,8 +823,8 @@ impl Em<'_, '_> {
                     self.round_fallback(op, t, x)
                 }
             }
-            (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x),
-            (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x),
+            (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x, self.caps.fma),
             (op, S::F32 | S::F64) => {
                 let h = unary_helper(op, t == S::F64).ok_or_else(|| format!("{} of {t}", op.name()))?;
                 self.call(h, &[x], clif(t))
@@ -1477,8 +1479,8 @@ impl Em<'_, '_> {
             (UnaryOp::Round, _) => self.b.ins().nearest(x),
             (UnaryOp::Trunc, _) => self.b.ins().trunc(x),
             (UnaryOp::IsNan, _) => self.b.ins().fcmp(FloatCC::Unordered, x, x),
-            (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x),
-            (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x),
+            (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x, self.caps.fma),
             (op, S::F32) => {
                 let h = unary_helper(op, false).ok_or_else(|| format!("vector {}", op.name()))?;
                 self.call_lanes(h, &[x])

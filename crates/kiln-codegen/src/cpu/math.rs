@@ -23,9 +23,9 @@
 //! ## The same functions as AVX2 code
 //! [`Ymm`] writes both functions as AVX2 machine code (eight lanes, `iced-x86`) for the
 //! contraction microkernels' epilogues (GELU and sigmoid after a matrix product). It
-//! issues the same operations on the same constants in the same order, without
-//! contracting a multiply and an add into an FMA, so an epilogue gives the same bits as
-//! the general code generator's loops.
+//! issues the same operations on the same constants in the same order (the polynomial
+//! steps as FMAs, as the general path does on a target with FMA), so an epilogue gives
+//! the same bits as the general code generator's loops.
 
 use std::collections::HashMap;
 
@@ -78,13 +78,18 @@ fn int_ty(ty: Type) -> Type {
     }
 }
 
-/// Horner: `((c0·x + c1)·x + …) + cn`.
-fn horner(b: &mut FunctionBuilder<'_>, ty: Type, x: Value, coefs: &[f32]) -> Value {
+/// Horner: `((c0·x + c1)·x + …) + cn`, each step one fused multiply-add where the
+/// target has FMA (`fma`), else a multiply and an add.
+fn horner(b: &mut FunctionBuilder<'_>, ty: Type, x: Value, coefs: &[f32], fma: bool) -> Value {
     let mut p = c(b, ty, coefs[0]);
     for &k in &coefs[1..] {
-        let m = b.ins().fmul(p, x);
         let kk = c(b, ty, k);
-        p = b.ins().fadd(m, kk);
+        p = if fma {
+            b.ins().fma(p, x, kk)
+        } else {
+            let m = b.ins().fmul(p, x);
+            b.ins().fadd(m, kk)
+        };
     }
     p
 }
@@ -97,13 +102,33 @@ fn pow2(b: &mut FunctionBuilder<'_>, ty: Type, n: Value) -> Value {
     b.ins().bitcast(ty, lanes(ty), bits)
 }
 
+/// `x < k ? k : x` (`cc` LessThan) or `x > k ? k : x` (GreaterThan): a clamp against a
+/// constant that keeps a NaN `x`. As a vector it is the compare-and-bitselect that
+/// Cranelift lowers to one `maxps`/`minps` (constant first, so NaN gives `x`), not
+/// `fmax`/`fmin`'s eight-instruction NaN-and-signed-zero sequence.
+fn clamp_const(b: &mut FunctionBuilder<'_>, ty: Type, x: Value, k: Value, cc: FloatCC) -> Value {
+    if ty.is_vector() {
+        // maxps(k, x) is bitselect(x < k, k, x); minps(k, x) is bitselect(k < x, k, x).
+        let m = if cc == FloatCC::LessThan {
+            b.ins().fcmp(FloatCC::LessThan, x, k)
+        } else {
+            b.ins().fcmp(FloatCC::LessThan, k, x)
+        };
+        let m = b.ins().bitcast(ty, lanes(ty), m);
+        b.ins().bitselect(m, k, x)
+    } else {
+        let past = b.ins().fcmp(cc, x, k);
+        b.ins().select(past, k, x)
+    }
+}
+
 /// e^x for f32 or f32x4 `x` (see the module docs).
-pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
+pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     let ty = b.func.dfg.value_type(x);
     let lo = c(b, ty, EXP_LO);
     let hi = c(b, ty, EXP_HI);
-    let x = b.ins().fmax(x, lo);
-    let x = b.ins().fmin(x, hi);
+    let x = clamp_const(b, ty, x, lo, FloatCC::LessThan);
+    let x = clamp_const(b, ty, x, hi, FloatCC::GreaterThan);
     // n = round(x·log2 e): adding 1.5·2²³ leaves n in the low mantissa bits.
     let log2e = c(b, ty, std::f32::consts::LOG2_E);
     let t = b.ins().fmul(x, log2e);
@@ -122,7 +147,7 @@ pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let a = b.ins().fmul(nf, c2);
     let r = b.ins().fsub(r, a);
     // e^r ≈ 1 + r + r²·P(r).
-    let p = horner(b, ty, r, &EXP_P);
+    let p = horner(b, ty, r, &EXP_P, fma);
     let r2 = b.ins().fmul(r, r);
     let p = b.ins().fmul(p, r2);
     let p = b.ins().fadd(p, r);
@@ -163,11 +188,11 @@ const LN2_C1: f32 = 0.693_359_4;
 const LN2_C2: f32 = -2.121_944_4e-4;
 
 /// erf(x) for f32 or f32x4 `x` (see the module docs).
-pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
+pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     let ty = b.func.dfg.value_type(x);
     // Small |x|: odd series.
     let x2 = b.ins().fmul(x, x);
-    let s = horner(b, ty, x2, &ERF_SMALL);
+    let s = horner(b, ty, x2, &ERF_SMALL, fma);
     let k = c(b, ty, std::f32::consts::FRAC_2_SQRT_PI);
     let sx = b.ins().fmul(s, x);
     let small = b.ins().fmul(sx, k);
@@ -178,10 +203,10 @@ pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let hz = b.ins().fmul(z, half);
     let d = b.ins().fadd(hz, one);
     let t = b.ins().fdiv(one, d);
-    let p = horner(b, ty, t, &ERFC_P);
+    let p = horner(b, ty, t, &ERFC_P, fma);
     let nz2 = b.ins().fneg(x2);
     let e = b.ins().fadd(nz2, p);
-    let ex = exp(b, e);
+    let ex = exp(b, e, fma);
     let erfc = b.ins().fmul(t, ex);
     let big = b.ins().fsub(one, erfc);
     // With the sign of x (big ≥ 0: or-ing in x's sign bit is copysign).
@@ -228,13 +253,13 @@ impl Ymm<'_> {
         self.splat(r, x.to_bits())
     }
 
-    /// `p = horner(x, coefs)` with `k` as scratch.
+    /// `p = horner(x, coefs)` with `k` as scratch (FMA steps, as the general path's
+    /// on a target with FMA).
     fn horner(&mut self, p: AsmRegisterYmm, x: AsmRegisterYmm, k: AsmRegisterYmm, coefs: &[f32]) -> Asm {
         self.splat_f(p, coefs[0])?;
         for &c in &coefs[1..] {
-            self.a.vmulps(p, p, x)?;
             self.splat_f(k, c)?;
-            self.a.vaddps(p, p, k)?;
+            self.a.vfmadd213ps(p, x, k)?;
         }
         Ok(())
     }

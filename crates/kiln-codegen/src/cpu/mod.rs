@@ -224,8 +224,9 @@ fn make_isa(target: CpuTarget) -> Result<Isa, CodegenError> {
         features |= f.bit();
     }
     let sse41 = flags.iter().any(|&(_, f)| f == CpuFeature::Sse41);
+    let fma = flags.iter().any(|&(_, f)| f == CpuFeature::Fma);
     let isa = isa_builder.finish(settings::Flags::new(shared)).map_err(|e| internal("", e))?;
-    Ok(Isa { isa, features, caps: emit::Caps { sse41, inline_math: true } })
+    Ok(Isa { isa, features, caps: emit::Caps { sse41, inline_math: true, fma } })
 }
 
 /// Checks `k` and builds its Cranelift function into `func`; returns notes on what

@@ -27,7 +27,10 @@ pub fn configs() -> Vec<Config> {
     let mut out = Vec::new();
     for t in targets {
         for vectorize in [false, true] {
-            out.push(Config { target: t, options: Options { vectorize, reassociate: false, contraction_kernels: false, inline_math: true } });
+            out.push(Config {
+                target: t,
+                options: Options { vectorize, reassociate: false, contraction_kernels: false, inline_math: true },
+            });
         }
     }
     out
@@ -36,8 +39,14 @@ pub fn configs() -> Vec<Config> {
 /// A few configurations for larger tests.
 pub fn quick_configs() -> Vec<Config> {
     vec![
-        Config { target: CpuTarget::X86_64V2, options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true } },
-        Config { target: CpuTarget::Host, options: Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true } },
+        Config {
+            target: CpuTarget::X86_64V2,
+            options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true },
+        },
+        Config {
+            target: CpuTarget::Host,
+            options: Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true },
+        },
     ]
 }
 
