@@ -5,7 +5,8 @@
 //! into registers once; per-channel epilogue values go to the stack as vectors. Each
 //! output row is computed in groups of up to `G` vectors of 8 columns, `G` the
 //! registers left over (4 to 5): per tap one FMA per vector, reading the input row
-//! in place. The border is handled where it is, with no padded copy of the input:
+//! in place. Rows narrower than `G` vectors are taken several at a time (a 7-wide
+//! plane: 4 or 5 rows), so independent FMA chains overlap. The border is handled where it is, with no padded copy of the input:
 //! - a window row outside the plane is skipped (one compare per window row, emitted
 //!   only for rows that can fall outside);
 //! - columns outside the plane are masked lanes: `vmaskmovps` reads nothing there and
@@ -13,8 +14,9 @@
 //!   memory operand.
 //!
 //! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`). The
-//! epilogue steps (bias, scale, clamps) apply to each vector before the store, masked
-//! on a row's last vector.
+//! epilogue steps (bias, scale, clamps) apply to each vector before the store. A row's
+//! last vector is stored whole where its extra lanes stay inside the plane (they land
+//! in rows stored after it); only the plane's last rows mask it.
 //!
 //! ## Numerics
 //! Each output is the f32 sum over the taps in row-major order from 0, one rounding
@@ -131,9 +133,7 @@ impl<'d> Emit<'d> {
         let [n, c, oh_n, ow_n] = d.out_dims.map(|x| x as i64);
         let [_, _, h, w] = d.in_dims.map(|x| x as i64);
         let planes = n * c;
-        let (sh, sw) = (d.stride[0], d.stride[1]);
-        let (dil_h, dil_w) = (d.dilation[0], d.dilation[1]);
-        let (ph, pw) = (d.offset[0], d.offset[1]);
+        let ph = d.offset[0];
         let (kh_n, kw_n) = (d.window[0] as i64, d.window[1] as i64);
         let vectors = (ow_n + 7) / 8;
         let g = self.accs.len() as i64;
@@ -192,19 +192,34 @@ impl<'d> Emit<'d> {
         self.a.add(r13, r9)?;
         self.a.lea(rbx, qword_ptr(r12 + (ph * w * 4) as i32))?;
         self.a.xor(r14d, r14d)?;
-        let mut row = self.a.create_label();
-        self.a.set_label(&mut row)?;
-        let mut j0 = 0;
-        while j0 < vectors {
-            let j1 = (j0 + g).min(vectors);
-            self.group(j0, j1, [h, w], [sh, sw], [dil_h, dil_w], [ph, pw], [kh_n, kw_n], oh_n, ow_n)?;
-            j0 = j1;
+        // Rows in blocks of `rows_per`: a row of fewer vectors than accumulators takes
+        // several output rows at once, so the taps' FMA chains of different rows
+        // overlap (one row's nine FMAs are one dependent chain).
+        let rows_per = if vectors >= g { 1 } else { (g / vectors).min(oh_n) };
+        // A row's last vector is stored whole (8 lanes) while that stays inside the
+        // plane: lanes past the row's end land in the next rows, which are stored
+        // after it (a masked store costs about nine plain ones here). The loop runs
+        // the rows where every store is whole; the rest are unrolled, their last
+        // stores masked.
+        let safe_rows = if 8 * vectors > oh_n * ow_n { 0 } else { (oh_n * ow_n - 8 * vectors) / ow_n + 1 };
+        let looped = safe_rows.min(oh_n) / rows_per * rows_per;
+        if looped > 0 {
+            let mut row = self.a.create_label();
+            self.a.set_label(&mut row)?;
+            self.row_block(rows_per, vectors, g, None)?;
+            self.step_rows(rows_per)?;
+            self.a.cmp(r14, looped as i32)?;
+            self.a.jb(row)?;
         }
-        self.a.add(r13, (ow_n * 4) as i32)?;
-        self.a.add(rbx, (sh * w * 4) as i32)?;
-        self.a.inc(r14)?;
-        self.a.cmp(r14, oh_n as i32)?;
-        self.a.jb(row)?;
+        let mut oh = looped;
+        while oh < oh_n {
+            let rows = rows_per.min(oh_n - oh);
+            self.row_block(rows, vectors, g, Some(oh))?;
+            oh += rows;
+            if oh < oh_n {
+                self.step_rows(rows)?;
+            }
+        }
         self.a.inc(r10)?;
         self.a.cmp(r10, r11)?;
         self.a.jb(plane)?;
@@ -228,87 +243,118 @@ impl<'d> Emit<'d> {
         Ok((self.a.assemble(0)?, planes as u64))
     }
 
-    /// Output vectors `j0..j1` of the current row: sum, epilogue, store.
-    #[allow(clippy::too_many_arguments)]
-    fn group(
-        &mut self,
-        j0: i64,
-        j1: i64,
-        [h, w]: [i64; 2],
-        [sh, sw]: [i64; 2],
-        [dil_h, dil_w]: [i64; 2],
-        [ph, pw]: [i64; 2],
-        [kh_n, kw_n]: [i64; 2],
-        oh_n: i64,
-        ow_n: i64,
-    ) -> R<()> {
-        let accs: Vec<AsmRegisterYmm> = self.accs[..(j1 - j0) as usize].to_vec();
+    /// Moves the row pointers and counter `rows` output rows on.
+    fn step_rows(&mut self, rows: i64) -> R<()> {
+        let d = self.d;
+        let (ow_n, w, sh) = (d.out_dims[3] as i64, d.in_dims[3] as i64, d.stride[0]);
+        self.a.add(r13, (rows * ow_n * 4) as i32)?;
+        self.a.add(rbx, (rows * sh * w * 4) as i32)?;
+        self.a.add(r14, rows as i32)?;
+        Ok(())
+    }
+
+    /// Output rows `r14 .. r14 + rows` (every vector of each), in groups of at most `g`
+    /// accumulators; `at`: the first row's number when known here (then stores that
+    /// would leave the plane are masked), `None` inside the loop (every store whole).
+    fn row_block(&mut self, rows: i64, vectors: i64, g: i64, at: Option<i64>) -> R<()> {
+        if rows > 1 {
+            return self.group(rows, 0, vectors, at);
+        }
+        let mut j0 = 0;
+        while j0 < vectors {
+            let j1 = (j0 + g).min(vectors);
+            self.group(1, j0, j1, at)?;
+            j0 = j1;
+        }
+        Ok(())
+    }
+
+    /// Output vectors `j0..j1` of rows `r14 .. r14 + rows`: sum, epilogue, store
+    /// (`at` as for [`Emit::row_block`]).
+    fn group(&mut self, rows: i64, j0: i64, j1: i64, at: Option<i64>) -> R<()> {
+        let d = self.d;
+        let [_, _, oh_n, ow_n] = d.out_dims.map(|x| x as i64);
+        let [_, _, h, w] = d.in_dims.map(|x| x as i64);
+        let (sh, sw) = (d.stride[0], d.stride[1]);
+        let (dil_h, dil_w) = (d.dilation[0], d.dilation[1]);
+        let (ph, pw) = (d.offset[0], d.offset[1]);
+        let (kh_n, kw_n) = (d.window[0] as i64, d.window[1] as i64);
+        let nv = (j1 - j0) as usize;
+        // Accumulator of (row r, vector j0 + i): accs[r·nv + i].
+        let accs: Vec<AsmRegisterYmm> = self.accs[..rows as usize * nv].to_vec();
         for &r in &accs {
             self.a.vxorps(r, r, r)?;
         }
         for kh in 0..kh_n {
-            // Window row kh reads input row sh·oh + dil_h·kh + ph: check it where some
-            // output row puts it outside the plane.
-            let first = dil_h * kh + ph;
-            let last = first + sh * (oh_n - 1);
-            let mut skip = None;
-            if first < 0 || last >= h {
-                let l = self.a.create_label();
-                self.a.lea(rax, qword_ptr(r14 * sh as u32 + first as i32))?;
-                self.a.cmp(rax, h as i32)?;
-                self.a.jae(l)?; // (unsigned: a negative row is above every extent)
-                skip = Some(l);
-            }
-            for kw in 0..kw_n {
-                let tap = self.taps[(kh * kw_n + kw) as usize];
-                for (i, &acc) in accs.iter().enumerate() {
-                    let j = j0 + i as i64;
-                    // First input column of the vector's lane 0.
-                    let col = sw * 8 * j + dil_w * kw + pw;
-                    let disp = dil_h * kh * w + col;
-                    let (t0, t1) = (self.scratch[0], self.scratch[1]);
-                    if sw == 1 {
-                        let bits = Self::inside(col, w);
-                        if bits == 0xff {
-                            self.a.vfmadd231ps(acc, tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
-                        } else if self.load(t0, disp, bits)? {
+            for r in 0..rows {
+                // Window row kh of output row oh + r reads input row sh·(oh + r) + dh·kh
+                // + ph: check it where some output row puts it outside the plane.
+                let first = dil_h * kh + ph + sh * r;
+                let last = dil_h * kh + ph + sh * (oh_n - 1);
+                let mut skip = None;
+                if first < 0 || last >= h {
+                    let l = self.a.create_label();
+                    self.a.lea(rax, qword_ptr(r14 * sh as u32 + first as i32))?;
+                    self.a.cmp(rax, h as i32)?;
+                    self.a.jae(l)?; // (unsigned: a negative row is above every extent)
+                    skip = Some(l);
+                }
+                for kw in 0..kw_n {
+                    let tap = self.taps[(kh * kw_n + kw) as usize];
+                    for i in 0..nv {
+                        let acc = accs[r as usize * nv + i];
+                        let j = j0 + i as i64;
+                        // First input column of the vector's lane 0.
+                        let col = sw * 8 * j + dil_w * kw + pw;
+                        let disp = (sh * r + dil_h * kh) * w + col;
+                        let (t0, t1) = (self.scratch[0], self.scratch[1]);
+                        if sw == 1 {
+                            let bits = Self::inside(col, w);
+                            if bits == 0xff {
+                                self.a.vfmadd231ps(acc, tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
+                            } else if self.load(t0, disp, bits)? {
+                                self.a.vfmadd231ps(acc, tap, t0)?;
+                            }
+                        } else {
+                            // 16 elements from col; lane e takes element 2e.
+                            let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
+                            let even = |m: u8| (0..4).any(|e| m >> (2 * e) & 1 == 1);
+                            if !even(lo) && !even(hi) {
+                                continue;
+                            }
+                            if !self.load(t0, disp, lo)? {
+                                self.a.vxorps(t0, t0, t0)?;
+                            }
+                            if !self.load(t1, disp + 8, hi)? {
+                                self.a.vxorps(t1, t1, t1)?;
+                            }
+                            self.a.vshufps(t0, t0, t1, 0x88)?;
+                            self.a.vpermpd(t0, t0, 0xD8)?;
                             self.a.vfmadd231ps(acc, tap, t0)?;
                         }
-                    } else {
-                        // 16 elements from col; lane e takes element 2e.
-                        let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
-                        let even = |m: u8| (0..4).any(|e| m >> (2 * e) & 1 == 1);
-                        if !even(lo) && !even(hi) {
-                            continue;
-                        }
-                        if !self.load(t0, disp, lo)? {
-                            self.a.vxorps(t0, t0, t0)?;
-                        }
-                        if !self.load(t1, disp + 8, hi)? {
-                            self.a.vxorps(t1, t1, t1)?;
-                        }
-                        self.a.vshufps(t0, t0, t1, 0x88)?;
-                        self.a.vpermpd(t0, t0, 0xD8)?;
-                        self.a.vfmadd231ps(acc, tap, t0)?;
                     }
                 }
-            }
-            if let Some(mut l) = skip {
-                self.a.set_label(&mut l)?;
+                if let Some(mut l) = skip {
+                    self.a.set_label(&mut l)?;
+                }
             }
         }
         self.epilogue(&accs)?;
-        for (i, &acc) in accs.iter().enumerate() {
-            let j = j0 + i as i64;
-            let at = ymmword_ptr(r13 + (32 * j) as i32);
-            let lanes = (ow_n - 8 * j).min(8);
-            if lanes == 8 {
-                self.a.vmovups(at, acc)?;
-            } else {
-                let l = self.mask_label(((1u16 << lanes) - 1) as u8);
-                let m = self.scratch[0];
-                self.a.vmovups(m, ymmword_ptr(l))?;
-                self.a.vmaskmovps(at, m, acc)?;
+        for r in 0..rows {
+            for i in 0..nv {
+                let acc = accs[r as usize * nv + i];
+                let j = j0 + i as i64;
+                let to = ymmword_ptr(r13 + (4 * (r * ow_n + 8 * j)) as i32);
+                let lanes = (ow_n - 8 * j).min(8);
+                let inside = at.is_none_or(|oh| (oh + r) * ow_n + 8 * j + 8 <= oh_n * ow_n);
+                if lanes == 8 || inside {
+                    self.a.vmovups(to, acc)?;
+                } else {
+                    let l = self.mask_label(((1u16 << lanes) - 1) as u8);
+                    let m = self.scratch[0];
+                    self.a.vmovups(m, ymmword_ptr(l))?;
+                    self.a.vmaskmovps(to, m, acc)?;
+                }
             }
         }
         Ok(())
