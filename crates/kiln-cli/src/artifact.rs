@@ -113,7 +113,8 @@ fn target(a: &Args) -> Result<CpuTarget, String> {
         None | Some("host") => Ok(CpuTarget::Host),
         Some("x86-64-v2") => Ok(CpuTarget::X86_64V2),
         Some("x86-64-v3") => Ok(CpuTarget::X86_64V3),
-        Some(t) => Err(format!("--target-cpu `{t}`: expected host, x86-64-v2 or x86-64-v3")),
+        Some("x86-64-v4") => Ok(CpuTarget::X86_64V4),
+        Some(t) => Err(format!("--target-cpu `{t}`: expected host, x86-64-v2, x86-64-v3 or x86-64-v4")),
     }
 }
 

@@ -23,7 +23,7 @@ usage:
   kiln eval MODEL [--input NAME=FILE.npy]... [--input-shape NAME=DIMS]... [--input-value NAME=V]...
                   [--output-dir DIR] [--seed N] [--passes P,P|default]
   kiln compile MODEL -o OUT.kiln [--input-shape NAME=DIMS]... [--input-value NAME=V]...
-                  [--external-weights FILE] [--strip] [--opt speed|size] [--target-cpu host|x86-64-v2|x86-64-v3]
+                  [--external-weights FILE] [--strip] [--opt speed|size] [--target-cpu host|x86-64-v2|x86-64-v3|x86-64-v4]
                   [--to tensor|flow|stream|hal] [--dump-after PASS]... [--list-passes] [--timings]
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
                   [--threads N]

@@ -23,8 +23,18 @@ fn tt(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
 }
 
-fn micro() -> Config {
-    Config { target: CpuTarget::X86_64V3, options: Options::default() }
+/// Every microkernel variant this machine can run: AVX2 (x86-64-v3) tiles, and
+/// 512-bit tiles (x86-64-v4) where the CPU has AVX-512 F (else that variant is
+/// skipped, and says so once).
+fn variants() -> Vec<Config> {
+    let mut v = vec![Config { target: CpuTarget::X86_64V3, options: Options::default() }];
+    if std::is_x86_feature_detected!("avx512f") {
+        v.push(Config { target: CpuTarget::X86_64V4, options: Options::default() });
+    } else {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| eprintln!("skipped: the x86-64-v4 (AVX-512) variants, this CPU lacks AVX-512 F"));
+    }
+    v
 }
 
 fn abs(t: &Tensor) -> Tensor {
@@ -35,21 +45,23 @@ fn abs(t: &Tensor) -> Tensor {
 /// Runs `k` as a microkernel (asserting it took that path) in 1 and 3 splits and
 /// compares with the interpreter within the bound of the module docs.
 fn check_micro(k: &Kernel, inputs: &[&Tensor], kk: usize) {
-    let m = compile_with(&[k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
-    // (Depthwise convolutions of at most 9 taps take `cpu::depthwise`, tested in
-    // `tests/depthwise.rs`; they are checked here the same way.)
-    let taken = m.notes[0].starts_with("contraction") || m.notes[0].starts_with("depthwise");
-    assert!(taken, "{}: {}", k.name, m.notes[0]);
     let want = interp::run(k, inputs).unwrap();
     let absin: Vec<Tensor> = inputs.iter().map(|t| abs(t)).collect();
     let bound = interp::run(k, &absin.iter().collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap();
     let w = want.to_vec::<f32>().unwrap();
-    for splits in [1, 3] {
-        let got = run_compiled(k, inputs, &micro(), splits).to_vec::<f32>().unwrap();
-        for i in 0..w.len() {
-            let tol = (kk as f32 + 2.0) * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
-            let ok = (got[i] - w[i]).abs() <= tol || (got[i].is_nan() && w[i].is_nan());
-            assert!(ok, "{} splits {splits}: element {i}: got {}, want {} (tol {tol})", k.name, got[i], w[i]);
+    for cfg in variants() {
+        let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap();
+        // (Depthwise convolutions of at most 9 taps take `cpu::depthwise`, tested in
+        // `tests/depthwise.rs`; they are checked here the same way.)
+        let taken = m.notes[0].starts_with("contraction") || m.notes[0].starts_with("depthwise");
+        assert!(taken, "{}: {}", k.name, m.notes[0]);
+        for splits in [1, 3] {
+            let got = run_compiled(k, inputs, &cfg, splits).to_vec::<f32>().unwrap();
+            for i in 0..w.len() {
+                let tol = (kk as f32 + 2.0) * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
+                let ok = (got[i] - w[i]).abs() <= tol || (got[i].is_nan() && w[i].is_nan());
+                assert!(ok, "{} {:?} splits {splits}: element {i}: got {}, want {} (tol {tol})", k.name, cfg.target, got[i], w[i]);
+            }
         }
     }
 }
@@ -86,7 +98,7 @@ fn odd_shapes() {
         return;
     }
     for &m in &[1, 2, 5, 6, 7, 13] {
-        for &n in &[1, 7, 8, 9, 16, 17, 40, 63, 100] {
+        for &n in &[1, 7, 8, 9, 16, 17, 40, 63, 64, 100, 130] {
             for &k in &[1, 7, 17, 63] {
                 let a = random_f32(&[m, k], 1.0, (m * 1000 + n * 10 + k) as u64);
                 let b = random_f32(&[k, n], 1.0, (m * 7 + n * 100 + k) as u64);
@@ -94,6 +106,26 @@ fn odd_shapes() {
             }
         }
     }
+}
+
+/// Where the CPU has AVX-512 F, x86-64-v4 takes 512-bit tiles for products of at
+/// least 64 columns (and 256-bit ones for narrower products and the column tails).
+#[test]
+fn wide_tiles_where_the_target_has_them() {
+    if !std::is_x86_feature_detected!("avx512f") {
+        eprintln!("skipped: this CPU lacks AVX-512 F");
+        return;
+    }
+    let wide = |m, k, n| {
+        let kern = matmul(&[], m, k, n, false, false);
+        compile_with(&[&kern], &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone()
+    };
+    assert_eq!(wide(13, 70, 130), "contraction microkernel (avx-512)");
+    assert_eq!(wide(6, 1024, 1024), "contraction microkernel (avx-512)");
+    assert_eq!(wide(13, 70, 40), "contraction microkernel (avx2+fma)");
+    let kern = matmul(&[], 13, 70, 130, false, false);
+    let v3 = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    assert_eq!(v3.notes[0], "contraction microkernel (avx2+fma)");
 }
 
 #[test]
@@ -196,24 +228,24 @@ fn transcendental_epilogues() {
         return;
     }
     for (which, lip) in [("gelu", 1.13f32), ("sigmoid", 0.25)] {
-        for (m, k, n) in [(1, 5, 9), (1, 40, 70), (7, 33, 61), (12, 8, 16), (128, 64, 40)] {
+        for (m, k, n) in [(1, 5, 9), (1, 40, 70), (7, 33, 61), (12, 8, 16), (128, 64, 40), (9, 20, 150)] {
             // Scale 4: sums spread over [−~30, ~30] (erf saturates, exp clamps at large |v|).
             let ins =
                 [random_f32(&[m, k], 4.0, 1), random_f32(&[k, n], 1.0, 2), random_f32(&[n], 3.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
             let refs: Vec<&Tensor> = ins.iter().collect();
             let kern = with_epilogue(m, k, n, which);
-            let module = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
-            assert!(module.notes[0].starts_with("contraction"), "{which}: {}", module.notes[0]);
             let want = interp::run(&kern, &refs).unwrap().to_vec::<f32>().unwrap();
             let (a, bm, bias) = (ins[0].to_vec::<f32>().unwrap(), ins[1].to_vec::<f32>().unwrap(), ins[2].to_vec::<f32>().unwrap());
-            for splits in [1, 3] {
-                let got = run_compiled(&kern, &refs, &micro(), splits).to_vec::<f32>().unwrap();
+            for (cfg, splits) in variants().into_iter().flat_map(|c| [(c.clone(), 1), (c, 3)]) {
+                let module = compile_with(&[&kern], &cfg.target, &cfg.options).unwrap();
+                assert!(module.notes[0].starts_with("contraction"), "{which}: {}", module.notes[0]);
+                let got = run_compiled(&kern, &refs, &cfg, splits).to_vec::<f32>().unwrap();
                 for i in 0..m {
                     for j in 0..n {
                         let sabs: f32 = (0..k).map(|q| (a[i * k + q] * bm[q * n + j]).abs()).sum::<f32>() + bias[j].abs();
                         let (g, w) = (got[i * n + j], want[i * n + j]);
                         let tol = lip * (k as f32 + 2.0) * f32::EPSILON / 2.0 * sabs + 8.0 * f32::EPSILON * w.abs() + 1e-30;
-                        assert!((g - w).abs() <= tol, "{which} {m}x{k}x{n} splits {splits}: [{i},{j}] got {g}, want {w} (tol {tol})");
+                        assert!((g - w).abs() <= tol, "{which} {m}x{k}x{n} {:?} splits {splits}: [{i},{j}] got {g}, want {w} (tol {tol})", cfg.target);
                     }
                 }
             }
@@ -228,7 +260,7 @@ fn fused_epilogues() {
         return;
     }
     for which in ["bias_relu", "clip_row_scale", "residual_max", "neg_abs_sqrt"] {
-        for (m, k, n) in [(1, 5, 9), (7, 33, 61), (12, 8, 16)] {
+        for (m, k, n) in [(1, 5, 9), (7, 33, 61), (12, 8, 16), (11, 19, 140)] {
             let mut bias = random_f32(&[n], 1.0, 3);
             if which == "neg_abs_sqrt" {
                 bias = abs(&bias);
@@ -240,11 +272,13 @@ fn fused_epilogues() {
             if which == "neg_abs_sqrt" {
                 // sqrt is not Lipschitz at 0: compare against the interpreter with a
                 // relative tolerance instead of the sum bound.
-                let m = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
-                assert!(m.notes[0].starts_with("contraction"), "{}", m.notes[0]);
                 let want = interp::run(&kern, &refs).unwrap();
-                let got = run_compiled(&kern, &refs, &micro(), 3);
-                compare(&got, &want, Cmp { zero_sign: true, rtol: 1e-5 * k as f64 }).unwrap();
+                for cfg in variants() {
+                    let m = compile_with(&[&kern], &cfg.target, &cfg.options).unwrap();
+                    assert!(m.notes[0].starts_with("contraction"), "{}", m.notes[0]);
+                    let got = run_compiled(&kern, &refs, &cfg, 3);
+                    compare(&got, &want, Cmp { zero_sign: true, rtol: 1e-5 * k as f64 }).unwrap();
+                }
             } else {
                 check_micro(&kern, &refs, k);
             }
@@ -258,7 +292,7 @@ fn nan_propagates_through_relu_and_max() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    let (m, k, n) = (3, 4, 11);
+    let (m, k, n) = (3, 4, 75);
     let mut a = random_f32(&[m, k], 1.0, 8).to_vec::<f32>().unwrap();
     a[5] = f32::NAN; // row 1
     let a = Tensor::from_vec(Shape::new(vec![m, k]).unwrap(), a).unwrap();
@@ -267,9 +301,11 @@ fn nan_propagates_through_relu_and_max() {
     refs.extend(rest.iter());
     for which in ["bias_relu", "clip_row_scale", "residual_max"] {
         let kern = with_epilogue(m, k, n, which);
-        let got = run_compiled(&kern, &refs, &micro(), 1).to_vec::<f32>().unwrap();
-        for (i, v) in got.iter().enumerate() {
-            assert_eq!(v.is_nan(), i / n == 1, "{which}: element {i} = {v}");
+        for cfg in variants() {
+            let got = run_compiled(&kern, &refs, &cfg, 1).to_vec::<f32>().unwrap();
+            for (i, v) in got.iter().enumerate() {
+                assert_eq!(v.is_nan(), i / n == 1, "{which} {:?}: element {i} = {v}", cfg.target);
+            }
         }
     }
 }
@@ -295,7 +331,7 @@ fn general_path_without_avx2_or_when_refused() {
     assert!(m.notes[0].starts_with("general (an epilogue operation"), "{}", m.notes[0]);
     let a = random_f32(&[2, 3], 1.0, 1);
     let bb = random_f32(&[3, 4], 1.0, 2);
-    check_with(&k, &[&a, &bb], Cmp { zero_sign: false, rtol: 1e-6 }, &[micro()]);
+    check_with(&k, &[&a, &bb], Cmp { zero_sign: false, rtol: 1e-6 }, &variants());
 }
 
 /// `Conv` 1×1 in NCHW with a per-channel bias and Relu6: rows are output channels,

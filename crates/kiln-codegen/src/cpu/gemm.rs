@@ -54,9 +54,8 @@ const L2_BLOCK: u64 = 256 * 1024;
 const KC: u64 = 128;
 /// Reduction steps per block of a packed B (the stack buffer holds `KC_PACKED × 16`).
 const KC_PACKED: u64 = 256;
-/// Bytes of the packing buffer on the stack (plus 32 for alignment): `KC_PACKED` rows
-/// of up to 24 columns.
-const PACK_BYTES: i32 = (KC_PACKED * 24 * 4) as i32;
+/// Columns of a 512-bit tile: 4 vectors of 16 lanes (`mr × 4` accumulators of 32).
+const ZMM_COLUMNS: u64 = 64;
 
 /// A compiled contraction kernel: position-independent code and its workgroup count.
 pub(crate) struct GemmCode {
@@ -64,6 +63,8 @@ pub(crate) struct GemmCode {
     pub code: Vec<u8>,
     /// Workgroups (row panels).
     pub workgroups: u64,
+    /// Whether it uses 512-bit tiles (needs AVX-512 F).
+    pub avx512: bool,
 }
 
 /// Why a kernel does not take this path (it then takes the general one).
@@ -102,6 +103,19 @@ fn tile_vectors(mr: u64, stride2: bool) -> u64 {
 
 const YMM: [AsmRegisterYmm; 16] =
     [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
+const ZMM: [AsmRegisterZmm; 29] = [
+    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14, zmm15, zmm16,
+    zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27, zmm28,
+];
+
+/// The reduction loops a tile's body sits in ([`Emitter::k_loops_open`]).
+struct KLoops {
+    ext: Vec<i64>,
+    sa: Vec<i64>,
+    sb: Vec<i64>,
+    outer: Vec<CodeLabel>,
+    kloop: CodeLabel,
+}
 /// GPRs holding the epilogue's load pointers during a panel.
 const EPTR: [AsmRegister64; 4] = [r9, r10, r11, rbx];
 
@@ -144,10 +158,14 @@ struct Emitter<'k> {
     /// Columns per workgroup when the columns are split across workgroups (a product
     /// with too few row panels to share among threads); 0 when they are not.
     chunk: u64,
+    /// The target has AVX-512 F: full tiles of a plain product are 512-bit.
+    avx512: bool,
+    /// A 512-bit tile was emitted.
+    zmm_used: bool,
 }
 
 /// Emits `k` as a contraction microkernel, or says why not.
-pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
+pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
     let Some(c) = Contraction::of(k) else { return no("not a contraction") };
     if c.dims[2] == 0 {
         return no("an empty reduction");
@@ -171,6 +189,8 @@ pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
         packed: false,
         mr: 6,
         chunk: 0,
+        avx512,
+        zmm_used: false,
     };
     e.mr = panel_rows(e.c.dims[0]);
     e.plan_bases()?;
@@ -182,7 +202,7 @@ pub(crate) fn emit(k: &Kernel) -> R<GemmCode> {
     let workgroups = e.workgroups();
     e.function()?;
     let code = e.a.assemble(0)?;
-    Ok(GemmCode { code, workgroups })
+    Ok(GemmCode { code, workgroups, avx512: e.zmm_used })
 }
 
 impl Emitter<'_> {
@@ -214,7 +234,7 @@ impl Emitter<'_> {
     fn column_chunk(&self) -> u64 {
         let rows = self.batch_extents().iter().product::<u64>() * self.panels();
         let n = self.c.dims[1];
-        let width = tile_vectors(self.c.dims[0].min(self.mr), self.stride2()) * 8;
+        let width = self.tile_width(self.c.dims[0].min(self.mr));
         if rows >= 4 || self.packed || self.kc < self.c.dims[2] || self.block_columns() < n {
             return 0;
         }
@@ -402,9 +422,10 @@ impl Emitter<'_> {
     const S_N0: i32 = 24;
     const S_K0: i32 = 32;
     const S_KLEN: i32 = 40;
-    /// Accumulators on their way through a row-looped epilogue (up to 16 vectors).
+    /// Accumulators on their way through a row-looped epilogue (up to 48 vectors of
+    /// 8 lanes: a 512-bit tile's 6 rows × 64 columns).
     const S_ACC: i32 = 48;
-    const S_COORD: i32 = 48 + 16 * 32; // 8 per batch variable
+    const S_COORD: i32 = 48 + 48 * 32; // 8 per batch variable
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
@@ -477,7 +498,7 @@ impl Emitter<'_> {
         // packed)
         let mut bytes = self.s_buf() + 8;
         if self.packed {
-            bytes += PACK_BYTES + 32;
+            bytes += (KC_PACKED * self.pack_width() * 4) as i32 + 32;
         }
         bytes + 8 - bytes % 16 // keeps rsp 16-aligned after six pushes and the return address
     }
@@ -664,9 +685,24 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// Columns of a packed block: the full panel's tile width (16 or 24).
+    /// Columns of a packed block: the full panel's tile width (16, 24 or 64).
     fn pack_width(&self) -> u64 {
-        tile_vectors(self.mr, false) * 8
+        self.tile_width(self.mr)
+    }
+
+    /// Whether full tiles are 512-bit: the target has AVX-512 F and B is a plain
+    /// shared row per reduction step (unit column step, the same for every row).
+    fn wide(&self) -> bool {
+        self.avx512 && !self.stride2() && self.bases[1].per_m == 0
+    }
+
+    /// Columns of a full tile of `rows` rows.
+    fn tile_width(&self, rows: u64) -> u64 {
+        if self.wide() && rows >= 2 {
+            ZMM_COLUMNS
+        } else {
+            tile_vectors(rows, self.stride2()) * 8
+        }
     }
 
     /// Copies rows `k0 .. k0 + klen` of B's current column block into the stack buffer,
@@ -706,9 +742,11 @@ impl Emitter<'_> {
                 } else if lanes == 0 {
                     self.a.vxorps(r, r, r)?;
                 } else {
+                    // (The mask takes the register after the row's vectors.)
+                    let m = YMM[vectors as usize];
                     let l = self.mask_label(lanes);
-                    self.a.vmovups(ymm4, ymmword_ptr(l))?;
-                    self.a.vmaskmovps(r, ymm4, ymmword_ptr(rsi + 32 * v))?;
+                    self.a.vmovups(m, ymmword_ptr(l))?;
+                    self.a.vmaskmovps(r, m, ymmword_ptr(rsi + 32 * v))?;
                 }
                 self.a.vmovaps(ymmword_ptr(rdi + 32 * v), r)?;
             }
@@ -771,7 +809,8 @@ impl Emitter<'_> {
         if n * k * 4 <= L2_BLOCK {
             return n;
         }
-        ((L2_BLOCK / (4 * k)) / 48 * 48).max(48).min(n)
+        let unit = if self.wide() { ZMM_COLUMNS } else { 48 };
+        ((L2_BLOCK / (4 * k)) / unit * unit).max(unit).min(n)
     }
 
     /// One row panel of `mr` rows over `n` columns of the current block, tile by tile.
@@ -782,7 +821,7 @@ impl Emitter<'_> {
         for i in 3..self.bases.len() {
             self.a.mov(EPTR[i - 3], qword_ptr(rsp + self.s_ptr(i)))?;
         }
-        let nv = if self.packed { self.pack_width() / 8 } else { tile_vectors(mr, self.stride2()) };
+        let nv = if self.packed { self.pack_width() / 8 } else { self.tile_width(mr) / 8 };
         let width = nv * 8;
         let full = n / width;
         if full > 0 {
@@ -794,13 +833,17 @@ impl Emitter<'_> {
             self.a.dec(rbp)?;
             self.a.jnz(tiles)?;
         }
-        let rest = n % width;
-        if rest / 8 > 0 {
-            self.tile(mr, rest / 8, None)?;
-            self.advance(rest / 8 * 8)?;
+        // The rest in 256-bit tiles (after 512-bit full tiles, possibly several).
+        let mut rest = n % width;
+        let most = tile_vectors(mr, self.stride2());
+        while rest >= 8 {
+            let v = (rest / 8).min(most);
+            self.tile(mr, v, None)?;
+            self.advance(v * 8)?;
+            rest -= v * 8;
         }
-        if rest % 8 > 0 {
-            self.tile(mr, 1, Some(rest % 8))?;
+        if rest > 0 {
+            self.tile(mr, 1, Some(rest))?;
         }
         Ok(())
     }
@@ -822,6 +865,9 @@ impl Emitter<'_> {
     /// One `mr × nv·8` tile at the current column pointers; `masked`: the last vector
     /// has only that many lanes.
     fn tile(&mut self, mr: u64, nv: u64, masked: Option<u64>) -> R<()> {
+        if self.wide() && masked.is_none() && nv * 8 == ZMM_COLUMNS {
+            return self.tile_zmm(mr);
+        }
         let (mr_, nv_) = (mr as usize, nv as usize);
         let acc = |i: usize, j: usize| YMM[i * nv_ + j];
         let breg = |j: usize| YMM[mr_ * nv_ + j];
@@ -841,35 +887,7 @@ impl Emitter<'_> {
                 self.a.vxorps(acc(i, j), acc(i, j), acc(i, j))?;
             }
         }
-        // The reduction: one loop per reduction variable, outermost first; each level
-        // leaves the pointers `extent · stride` further on, so the level above adds
-        // its own stride less that.
-        let kvars = self.c.k.clone();
-        let ext: Vec<i64> = kvars.iter().map(|&v| self.k.vars[v as usize] as i64).collect();
-        let sa: Vec<i64> = kvars.iter().map(|&v| self.c.a.offset.of(v) * 4).collect();
-        let sb: Vec<i64> = if self.packed {
-            vec![(self.pack_width() * 4) as i64]
-        } else {
-            kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect()
-        };
-        let q = kvars.len();
-        self.a.mov(rdi, r12)?;
-        self.a.mov(rsi, r13)?;
-        let mut outer: Vec<CodeLabel> = Vec::new();
-        for level in 0..q - 1 {
-            let slot = self.s_kcount(level);
-            self.a.mov(qword_ptr(rsp + slot), ext[level] as i32)?;
-            let mut l = self.a.create_label();
-            self.a.set_label(&mut l)?;
-            outer.push(l);
-        }
-        if self.kc < self.c.dims[2] {
-            self.a.mov(rdx, qword_ptr(rsp + Self::S_KLEN))?;
-        } else {
-            self.a.mov(rdx, ext[q - 1])?;
-        }
-        let mut kloop = self.a.create_label();
-        self.a.set_label(&mut kloop)?;
+        let lp = self.k_loops_open()?;
         let step = if self.stride2() { 64 } else { 32 };
         // Registers past the tile's own (and the store mask) are free for loading B.
         let temps: Vec<AsmRegisterYmm> =
@@ -908,17 +926,7 @@ impl Emitter<'_> {
                 }
             }
         }
-        self.add_imm(rdi, sa[q - 1])?;
-        self.add_imm(rsi, sb[q - 1])?;
-        self.a.dec(rdx)?;
-        self.a.jnz(kloop)?;
-        for level in (0..q - 1).rev() {
-            self.add_imm(rdi, sa[level] - ext[level + 1] * sa[level + 1])?;
-            self.add_imm(rsi, sb[level] - ext[level + 1] * sb[level + 1])?;
-            let slot = self.s_kcount(level);
-            self.a.dec(qword_ptr(rsp + slot))?;
-            self.a.jnz(outer[level])?;
-        }
+        self.k_loops_close(lp)?;
         // Epilogue and store, one accumulator at a time.
         let mut pool: Vec<AsmRegisterYmm> = (0..nv_).map(breg).chain([areg]).chain(free).collect();
         pool.sort_by_key(|r| YMM.iter().position(|y| y == r));
@@ -971,32 +979,7 @@ impl Emitter<'_> {
                     self.a.vmovups(ymmword_ptr(rsp + (Self::S_ACC + 32 * (i * nv_ + j) as i32)), acc(i, j))?;
                 }
             }
-            let mut pool: Vec<AsmRegisterYmm> =
-                YMM.iter().copied().filter(|&r| masked.is_none() || r != mreg).collect();
-            let accr = pool.remove(0);
-            self.a.lea(rdx, qword_ptr(rsp + Self::S_ACC))?;
-            self.a.mov(rax, r8)?;
-            self.a.mov(rcx, mr as i64)?;
-            let mut rows = self.a.create_label();
-            self.a.set_label(&mut rows)?;
-            for j in 0..nv_ {
-                let lanes = if j == nv_ - 1 { masked } else { None };
-                self.a.vmovups(accr, ymmword_ptr(rdx + 32 * j as i32))?;
-                let slot = TileSlot { acc: accr, row: 0, vec: j as i64, mask: lanes.map(|_| mreg) };
-                self.epilogue_store(&slot, ymmword_ptr(rax + 32 * j as i32), &mut pool)?;
-            }
-            self.a.add(rdx, 32 * nv_ as i32)?;
-            self.add_imm(rax, out_row)?;
-            for b in 3..self.bases.len() {
-                let step = self.bases[b].per_m;
-                self.add_imm(EPTR[b - 3], step)?;
-            }
-            self.a.dec(rcx)?;
-            self.a.jnz(rows)?;
-            for b in 3..self.bases.len() {
-                let back = self.bases[b].per_m * mr as i64;
-                self.add_imm(EPTR[b - 3], -back)?;
-            }
+            self.row_epilogue(mr, nv_, masked.map(|_| mreg))?;
         } else {
             for i in 0..mr_ {
                 for j in 0..nv_ {
@@ -1010,6 +993,171 @@ impl Emitter<'_> {
         if let Some(mut l) = finished {
             // (The next instruction is the caller's: a pointer step or a jump.)
             self.a.set_label(&mut l)?;
+        }
+        Ok(())
+    }
+
+    /// Opens the reduction loops at the tile's A and B pointers (`rdi`, `rsi`): one
+    /// loop per reduction variable, outermost first, the innermost counting in `rdx`.
+    fn k_loops_open(&mut self) -> R<KLoops> {
+        let kvars = self.c.k.clone();
+        let ext: Vec<i64> = kvars.iter().map(|&v| self.k.vars[v as usize] as i64).collect();
+        let sa: Vec<i64> = kvars.iter().map(|&v| self.c.a.offset.of(v) * 4).collect();
+        let sb: Vec<i64> = if self.packed {
+            vec![(self.pack_width() * 4) as i64]
+        } else {
+            kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect()
+        };
+        let q = kvars.len();
+        self.a.mov(rdi, r12)?;
+        self.a.mov(rsi, r13)?;
+        let mut outer: Vec<CodeLabel> = Vec::new();
+        for level in 0..q - 1 {
+            let slot = self.s_kcount(level);
+            self.a.mov(qword_ptr(rsp + slot), ext[level] as i32)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            outer.push(l);
+        }
+        if self.kc < self.c.dims[2] {
+            self.a.mov(rdx, qword_ptr(rsp + Self::S_KLEN))?;
+        } else {
+            self.a.mov(rdx, ext[q - 1])?;
+        }
+        let mut kloop = self.a.create_label();
+        self.a.set_label(&mut kloop)?;
+        Ok(KLoops { ext, sa, sb, outer, kloop })
+    }
+
+    /// Closes the loops of [`Self::k_loops_open`]: each level leaves the pointers
+    /// `extent · stride` further on, so the level above adds its own stride less that.
+    fn k_loops_close(&mut self, lp: KLoops) -> R<()> {
+        let KLoops { ext, sa, sb, outer, kloop } = lp;
+        let q = ext.len();
+        self.add_imm(rdi, sa[q - 1])?;
+        self.add_imm(rsi, sb[q - 1])?;
+        self.a.dec(rdx)?;
+        self.a.jnz(kloop)?;
+        for level in (0..q - 1).rev() {
+            self.add_imm(rdi, sa[level] - ext[level + 1] * sa[level + 1])?;
+            self.add_imm(rsi, sb[level] - ext[level + 1] * sb[level + 1])?;
+            let slot = self.s_kcount(level);
+            self.a.dec(qword_ptr(rsp + slot))?;
+            self.a.jnz(outer[level])?;
+        }
+        Ok(())
+    }
+
+    /// The epilogue as a loop over a tile's `mr` rows, the accumulators already on
+    /// the stack (`S_ACC`, `nv` vectors of 8 a row): each row's come back through one
+    /// register (code size ∝ one row, not the whole tile); the output and epilogue
+    /// pointers step a row at a time and are put back after. `mask`: the register
+    /// holding the last vector's lane mask.
+    fn row_epilogue(&mut self, mr: u64, nv: usize, mask: Option<AsmRegisterYmm>) -> R<()> {
+        let out_row = self.bases[2].per_m;
+        let mut pool: Vec<AsmRegisterYmm> = YMM.iter().copied().filter(|&r| Some(r) != mask).collect();
+        let accr = pool.remove(0);
+        self.a.lea(rdx, qword_ptr(rsp + Self::S_ACC))?;
+        self.a.mov(rax, r8)?;
+        self.a.mov(rcx, mr as i64)?;
+        let mut rows = self.a.create_label();
+        self.a.set_label(&mut rows)?;
+        for j in 0..nv {
+            let m = if j == nv - 1 { mask } else { None };
+            self.a.vmovups(accr, ymmword_ptr(rdx + 32 * j as i32))?;
+            let slot = TileSlot { acc: accr, row: 0, vec: j as i64, mask: m };
+            self.epilogue_store(&slot, ymmword_ptr(rax + 32 * j as i32), &mut pool)?;
+        }
+        self.a.add(rdx, 32 * nv as i32)?;
+        self.add_imm(rax, out_row)?;
+        for b in 3..self.bases.len() {
+            let step = self.bases[b].per_m;
+            self.add_imm(EPTR[b - 3], step)?;
+        }
+        self.a.dec(rcx)?;
+        self.a.jnz(rows)?;
+        for b in 3..self.bases.len() {
+            let back = self.bases[b].per_m * mr as i64;
+            self.add_imm(EPTR[b - 3], -back)?;
+        }
+        Ok(())
+    }
+
+    /// One `mr × 64` tile in 512-bit registers at the current column pointers (a full
+    /// tile of a plain product, [`Self::wide`]): `mr × 4` accumulators, 4 of B, one
+    /// broadcast of A, of 32 registers. Blocked reductions add and store partial sums
+    /// as the 256-bit tiles do; the epilogue runs over the accumulators put on the
+    /// stack, 8 columns at a time ([`Self::row_epilogue`]).
+    fn tile_zmm(&mut self, mr: u64) -> R<()> {
+        const NZ: usize = (ZMM_COLUMNS / 16) as usize;
+        self.zmm_used = true;
+        let rows = mr as usize;
+        let acc = |i: usize, j: usize| ZMM[i * NZ + j];
+        let breg = |j: usize| ZMM[24 + j];
+        let areg = ZMM[28];
+        for i in 0..rows {
+            for j in 0..NZ {
+                self.a.vpxord(acc(i, j), acc(i, j), acc(i, j))?;
+            }
+        }
+        let a_row = self.bases[0].per_m;
+        let lp = self.k_loops_open()?;
+        for j in 0..NZ {
+            self.a.vmovups(breg(j), zmmword_ptr(rsi + 64 * j as i32))?;
+        }
+        for i in 0..rows {
+            self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
+            for j in 0..NZ {
+                self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+            }
+        }
+        self.k_loops_close(lp)?;
+        let out_row = self.bases[2].per_m;
+        let out_at = |i: usize, j: usize| zmmword_ptr(r8 + (out_row * i as i64 + 64 * j as i64) as i32);
+        let mut finished = None;
+        if self.kc < self.c.dims[2] {
+            // A blocked reduction (see `tile`): earlier blocks' partial sums come in,
+            // blocks before the last store raw sums.
+            let mut first = self.a.create_label();
+            self.a.cmp(qword_ptr(rsp + Self::S_K0), 0)?;
+            self.a.je(first)?;
+            for i in 0..rows {
+                for j in 0..NZ {
+                    self.a.vaddps(acc(i, j), acc(i, j), out_at(i, j))?;
+                }
+            }
+            self.a.set_label(&mut first)?;
+            let mut last = self.a.create_label();
+            self.a.cmp(qword_ptr(rsp + Self::S_K0), (self.c.dims[2] - self.kc) as i32)?;
+            self.a.jae(last)?;
+            for i in 0..rows {
+                for j in 0..NZ {
+                    self.a.vmovups(out_at(i, j), acc(i, j))?;
+                }
+            }
+            let done = self.a.create_label();
+            self.a.jmp(done)?;
+            self.a.set_label(&mut last)?;
+            finished = Some(done);
+        }
+        if self.k.root == self.c.reduce {
+            for i in 0..rows {
+                for j in 0..NZ {
+                    self.a.vmovups(out_at(i, j), acc(i, j))?;
+                }
+            }
+        } else {
+            for i in 0..rows {
+                for j in 0..NZ {
+                    let at = zmmword_ptr(rsp + (Self::S_ACC + 64 * (i * NZ + j) as i32));
+                    self.a.vmovups(at, acc(i, j))?;
+                }
+            }
+            self.row_epilogue(mr, 2 * NZ, None)?;
+        }
+        if let Some(mut l) = finished {
+            self.a.set_label(&mut l)?;
+            self.a.nop()?;
         }
         Ok(())
     }

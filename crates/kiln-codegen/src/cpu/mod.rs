@@ -43,6 +43,8 @@ pub enum CpuTarget {
     X86_64V2,
     /// x86-64-v3: v2 plus AVX, AVX2, FMA, BMI1, BMI2, LZCNT (VEX encodings).
     X86_64V3,
+    /// x86-64-v4: v3 plus AVX-512 F, DQ and VL (512-bit contraction tiles).
+    X86_64V4,
 }
 
 /// Knobs of the code generator; the defaults are what the compiler uses.
@@ -114,12 +116,19 @@ const V3: [(&str, CpuFeature); 6] = [
     ("has_lzcnt", CpuFeature::Lzcnt),
 ];
 
+const V4: [(&str, CpuFeature); 3] = [
+    ("has_avx512f", CpuFeature::Avx512f),
+    ("has_avx512dq", CpuFeature::Avx512dq),
+    ("has_avx512vl", CpuFeature::Avx512vl),
+];
+
 /// The ISA flags to enable for `target`.
 fn target_flags(target: CpuTarget) -> Result<Vec<(&'static str, CpuFeature)>, CodegenError> {
     Ok(match target {
         CpuTarget::X86_64 => Vec::new(),
         CpuTarget::X86_64V2 => V2.to_vec(),
         CpuTarget::X86_64V3 => V2.iter().chain(&V3).copied().collect(),
+        CpuTarget::X86_64V4 => V2.iter().chain(&V3).chain(&V4).copied().collect(),
         CpuTarget::Host => host_flags()?,
     })
 }
@@ -274,6 +283,8 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
     let isa = make_isa(*target)?;
     let mut features = isa.features;
     let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
+    let avx512 = avx2_fma && features & CpuFeature::Avx512f.bit() != 0;
+    let mut used_avx512 = false;
     let builder = ObjectBuilder::new(isa.isa.clone(), "kiln", default_libcall_names()).map_err(|e| internal("", e))?;
     let mut module = ObjectModule::new(builder);
     let mut ctx = module.make_context();
@@ -298,11 +309,12 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                 notes.push("depthwise window (avx2+fma)".to_string());
                 continue;
             }
-            match gemm::emit(k) {
+            match gemm::emit(k, avx512) {
                 Ok(g) => {
                     workgroup_counts.push(g.workgroups);
                     micro.push((idx, g.code));
-                    notes.push("contraction microkernel (avx2+fma)".to_string());
+                    used_avx512 |= g.avx512;
+                    notes.push(if g.avx512 { "contraction microkernel (avx-512)" } else { "contraction microkernel (avx2+fma)" }.to_string());
                     continue;
                 }
                 Err(gemm::NotHere(why)) => match pad::emit(k) {
@@ -331,6 +343,9 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
     let mut executable = image::from_object(&bytes, &names, features)?;
     if !micro.is_empty() {
         features |= CpuFeature::Avx.bit() | CpuFeature::Avx2.bit() | CpuFeature::Fma.bit();
+        if used_avx512 {
+            features |= CpuFeature::Avx512f.bit();
+        }
         executable.features = features;
         // Microkernels go after the object's sections (position-independent, no
         // relocations); entries are put back in kernel order.
