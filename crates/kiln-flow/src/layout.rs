@@ -11,6 +11,9 @@
 //! - [`relayout_constants`]: a constant right operand that is not column-contiguous
 //!   (`Gemm` with `transB = 1`) is copied at compile time into a `[K, N]` constant.
 //!
+//! - [`materialize_columns`]: a convolution with few output columns reads its image
+//!   through a gathered copy laid out as the rows of one wide product (`im2col`).
+//!
 //! Each transform is taken only when the rewritten kernel is a contraction.
 
 use crate::contraction::{load_offset, Contraction};
@@ -48,6 +51,135 @@ pub fn materialize_padding(p: &mut FlowProgram) -> usize {
     }
     p.dispatches = out;
     added
+}
+
+/// Output columns below which a convolution's image is gathered into columns
+/// ([`materialize_columns`]).
+pub const GATHER_BELOW_COLUMNS: u64 = 32;
+/// Largest gathered column tensor, in elements.
+const GATHER_MOST: u64 = 1 << 22;
+
+/// Gathers the image of a narrow convolution into columns ("im2col"): a contraction
+/// whose column group is one narrow output axis (`ow` of a `k×k` convolution, fewer
+/// than [`GATHER_BELOW_COLUMNS`] columns, with `oh` a batch variable) runs tiles that
+/// are mostly empty lanes. A dispatch in front of it writes `B'[.., ci, kh, kw, oh,
+/// ow] = x[.., ci, s·oh + kh, s·ow + kw]` and the kernel reads that instead, which
+/// makes its columns `oh·OW + ow` (one product of `OH·OW` columns and `CI·KH·KW` rows
+/// of B). Runs after fusion, so the gather is not fused back. Returns how many were
+/// added.
+pub fn materialize_columns(p: &mut FlowProgram) -> usize {
+    let mut out: Vec<Dispatch> = Vec::with_capacity(p.dispatches.len());
+    let mut added = 0;
+    let dispatches = std::mem::take(&mut p.dispatches);
+    for mut d in dispatches {
+        if let Some((kernel, gather, input)) = gathered(&d.kernel) {
+            let source = d.operands[input as usize];
+            let ty = gather.output.clone();
+            let buf = p.add(ty, format!("{}.columns", p.buffer(source).name), BufferKind::Result);
+            out.push(Dispatch {
+                kernel: gather,
+                operands: vec![source],
+                result: buf,
+                sources: vec![format!("columns for {}", d.sources.first().map_or("?", |s| s.as_str()))],
+            });
+            if kernel.inputs.len() > d.operands.len() {
+                d.operands.push(buf);
+            } else {
+                d.operands[input as usize] = buf;
+            }
+            d.kernel = kernel;
+            added += 1;
+        }
+        out.push(d);
+    }
+    p.dispatches = out;
+    added
+}
+
+/// `k` reading gathered columns, the gathering kernel and the input slot it replaces;
+/// `None` unless the result is a contraction over the wider column group.
+fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
+    let c = Contraction::of(k)?;
+    let r = k.out_rank();
+    let [n0] = c.n[..] else { return None };
+    if c.k.len() < 2 || n0 as usize != r - 1 || r < 3 || k.vars[n0 as usize] >= GATHER_BELOW_COLUMNS {
+        return None;
+    }
+    let x = (r - 2) as u32;
+    if !c.batch.contains(&x) || c.a.offset.of(x) != 0 || c.b.offset.of(x) == 0 {
+        return None;
+    }
+    // The B load in the reduction's body.
+    let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
+    let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
+    let load = [p, q].into_iter().find(|&e| matches!(k.node(e).expr, Expr::Load { input, .. } if input == c.b.input))?;
+    let Expr::Load { index, .. } = &k.node(load).expr else { return None };
+    // Columns tensor axes: the batch variables B reads (but x), the reduction, x, n0.
+    let mut axes: Vec<u32> = c.batch.iter().copied().filter(|&v| v != x && c.b.offset.of(v) != 0).collect();
+    axes.extend(&c.k);
+    axes.extend([x, n0]);
+    let dims: Vec<usize> = axes.iter().map(|&v| k.vars[v as usize] as usize).collect();
+    if dims.iter().map(|&d| d as u64).product::<u64>() > GATHER_MOST {
+        return None;
+    }
+    let ty = TensorType::new(DType::F32, Shape::new(dims).ok()?);
+    // The gathering kernel: its output index takes the place of `axes`; any other
+    // variable B's index mentions has coefficient 0 there (extent 1), so it reads 0.
+    let xty = k.inputs[c.b.input as usize].clone();
+    let mut b = KernelBuilder::new(format!("{}_cols", k.name), vec![xty], ty.clone());
+    let o = b.out_index();
+    let mut memo: std::collections::HashMap<u32, ExprId> = std::collections::HashMap::new();
+    let mut idx = Vec::with_capacity(index.len());
+    for &e in index {
+        idx.push(copy_index(k, e, &mut b, &axes, &o, &mut memo)?);
+    }
+    let v = b.load(0, idx);
+    let gather = b.finish(v).ok()?;
+    // The kernel reads the columns at its own variables.
+    let readers =
+        k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input: i, .. } if *i == c.b.input)).count();
+    let new_input = if readers == 1 { c.b.input } else { k.inputs.len() as u32 };
+    let kernel = rebuild_load(k, load, new_input, &ty, &mut |b, _| axes.iter().map(|&v| b.var(VarId(v))).collect())?;
+    let wide = Contraction::of(&kernel)?;
+    if wide.n != [x, n0] || !wide.epilogue_is_affine(&kernel) {
+        return None;
+    }
+    Some((kernel, gather, c.b.input))
+}
+
+/// Copies index expression `e` of `k` into `b`, variable `axes[i]` read as `o[i]` and
+/// any other variable as 0 (only extent-1 variables reach here with a coefficient).
+fn copy_index(
+    k: &Kernel,
+    e: ExprId,
+    b: &mut KernelBuilder,
+    axes: &[u32],
+    o: &[ExprId],
+    memo: &mut std::collections::HashMap<u32, ExprId>,
+) -> Option<ExprId> {
+    if let Some(&id) = memo.get(&e.0) {
+        return Some(id);
+    }
+    let node = k.node(e);
+    let id = match &node.expr {
+        Expr::Var(v) => match axes.iter().position(|&a| a == v.0) {
+            Some(i) => o[i],
+            None if k.vars[v.0 as usize] == 1 => b.index(0),
+            None => return None,
+        },
+        Expr::Const(bits) => b.raw(node.ty, Expr::Const(*bits)),
+        Expr::Binary(op, x, y) => {
+            let (x, y) = (copy_index(k, *x, b, axes, o, memo)?, copy_index(k, *y, b, axes, o, memo)?);
+            b.raw(node.ty, Expr::Binary(*op, x, y))
+        }
+        Expr::Unary(op, x) => {
+            let x = copy_index(k, *x, b, axes, o, memo)?;
+            b.raw(node.ty, Expr::Unary(*op, x))
+        }
+        _ => return None,
+    };
+    memo.insert(e.0, id);
+    Some(id)
 }
 
 /// The padding kernel of an operand.
@@ -99,7 +231,15 @@ fn padded(k: &Kernel) -> Option<(Kernel, Padding, TensorType)> {
         let readers =
             k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input: i, .. } if i == input)).count();
         let new_input = if readers == 1 { *input } else { k.inputs.len() as u32 };
-        let kernel = rebuild_load(k, load, new_input, &padded_ty, &shift)?;
+        let kernel = rebuild_load(k, load, new_input, &padded_ty, &mut |b, idx| {
+            idx.iter()
+                .zip(&shift)
+                .map(|(&e, &s)| {
+                    let c = b.index(s);
+                    b.add(e, c)
+                })
+                .collect()
+        })?;
         if !Contraction::of(&kernel).is_some_and(|c| c.epilogue_is_affine(&kernel)) {
             continue;
         }
@@ -122,8 +262,14 @@ fn padded(k: &Kernel) -> Option<(Kernel, Padding, TensorType)> {
 }
 
 /// `k` with load node `load` reading input `new_input` (of type `ty`: the operand's own
-/// slot, or one appended to the inputs) in bounds at its indices plus `shift`.
-fn rebuild_load(k: &Kernel, load: ExprId, new_input: u32, ty: &TensorType, shift: &[i64]) -> Option<Kernel> {
+/// slot, or one appended to the inputs) in bounds at `index(builder, old indices)`.
+fn rebuild_load(
+    k: &Kernel,
+    load: ExprId,
+    new_input: u32,
+    ty: &TensorType,
+    index: &mut dyn FnMut(&mut KernelBuilder, &[ExprId]) -> Vec<ExprId>,
+) -> Option<Kernel> {
     let mut inputs = k.inputs.clone();
     match inputs.get_mut(new_input as usize) {
         Some(slot) => *slot = ty.clone(),
@@ -137,15 +283,9 @@ fn rebuild_load(k: &Kernel, load: ExprId, new_input: u32, ty: &TensorType, shift
     for (i, node) in k.nodes.iter().enumerate() {
         let m = |e: ExprId| map[e.index()];
         let expr = match &node.expr {
-            Expr::Load { index, .. } if i == load.index() => {
-                let idx: Vec<ExprId> = index
-                    .iter()
-                    .zip(shift)
-                    .map(|(&e, &s)| {
-                        let c = b.index(s);
-                        b.add(m(e), c)
-                    })
-                    .collect();
+            Expr::Load { index: old, .. } if i == load.index() => {
+                let old: Vec<ExprId> = old.iter().map(|&e| m(e)).collect();
+                let idx = index(&mut b, &old);
                 Expr::Load { input: new_input, index: idx, bounds: Bounds::InBounds }
             }
             Expr::Load { input, index, bounds } => {

@@ -192,6 +192,7 @@ pub fn form_with(graph: &Graph, contractions: bool) -> Result<FlowProgram, FlowE
     crate::fuse::fuse_with(&mut p, contractions);
     if contractions {
         crate::layout::relayout_constants(&mut p);
+        crate::layout::materialize_columns(&mut p);
     }
     p.remove_dead();
     Ok(p)
