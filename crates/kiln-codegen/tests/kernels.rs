@@ -25,7 +25,7 @@ fn notes(k: &Kernel, opts: &Options) -> String {
     text.lines().take_while(|l| l.starts_with(';')).collect::<Vec<_>>().join("\n")
 }
 
-const VEC: Options = Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true };
+const VEC: Options = Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false };
 
 /// `a + b * 2` with `b` broadcast to `a`'s shape.
 fn broadcast_add(name: &str, a: &[usize], b: &[usize]) -> Kernel {
@@ -183,7 +183,7 @@ fn what_is_vectorised() {
     let n = notes(&matmul(5, 17, 33), &VEC);
     assert!(n.contains("v1 (innermost output loop)"), "{n}");
     // Nothing when switched off, and nothing for f64 or strided loads.
-    assert!(notes(&sm, &Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true }).is_empty());
+    assert!(notes(&sm, &Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }).is_empty());
     let mut b = KernelBuilder::new("transpose", vec![tt(DType::F32, &[8, 8])], tt(DType::F32, &[8, 8]));
     let i = b.out_index();
     let l = b.load(0, vec![i[1], i[0]]);
@@ -305,7 +305,7 @@ fn loop_invariant_reductions_run_once_per_row() {
     // kernel with exactly that signature (the CoshF32 entry).
     table[Helper::CoshF32 as usize] =
         unsafe { std::mem::transmute::<extern "C" fn(f32) -> f32, HelperFn>(counting_cosh) };
-    for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true }, VEC, Options::default()] {
+    for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }, VEC, Options::default()] {
         let m = compile_with(&[&k], &CpuTarget::Host, &opts).unwrap();
         let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
         let entry = code.entry(m.executable.entries[0].1).unwrap();
@@ -345,7 +345,7 @@ fn shared_nodes_evaluated_once() {
     // kernel calls with that signature.
     table[Helper::TanhF32 as usize] =
         unsafe { std::mem::transmute::<extern "C" fn(f32) -> f32, HelperFn>(counting_tanh) };
-    for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true }, VEC] {
+    for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }, VEC] {
         let m = compile_with(&[&k], &CpuTarget::Host, &opts).unwrap();
         let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
         let entry = code.entry(m.executable.entries[0].1).unwrap();

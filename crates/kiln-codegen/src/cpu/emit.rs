@@ -41,7 +41,12 @@ pub(crate) struct Caps {
     pub inline_math: bool,
     /// Fused multiply-add exists (the inline polynomials use it).
     pub fma: bool,
+    /// Unroll small reduction loops (`Options::unroll`).
+    pub unroll: bool,
 }
+
+/// Reduction loops of at most this many iterations are unrolled.
+const UNROLL_REDUCE: i64 = 4;
 
 /// The C signature of every kernel entry point (see `kiln_module::abi`).
 pub(crate) fn kernel_signature() -> Signature {
@@ -1554,18 +1559,50 @@ impl Em<'_, '_> {
     }
 
     /// Loops over `vars` (outermost first), evaluating each loop's scope, and calls
-    /// `f` in the innermost body.
-    fn reduce_loops(&mut self, vars: &[VarId], f: &mut dyn FnMut(&mut Self) -> R<()>) -> R<()> {
+    /// `f` in the innermost body. With `unroll`, a loop of at most [`UNROLL_REDUCE`]
+    /// iterations (a pooling window's axis) is unrolled: its body once per value of
+    /// the variable.
+    fn reduce_loops(&mut self, vars: &[VarId], unroll: bool, f: &mut dyn FnMut(&mut Self) -> R<()>) -> R<()> {
         let Some((first, rest)) = vars.split_first() else { return f(self) };
         let v = first.0;
         let n = self.k.vars[v as usize] as i64;
+        if unroll && n <= UNROLL_REDUCE {
+            let ctr = self.counter(v);
+            for i in 0..n {
+                let c = self.b.ins().iconst(types::I64, i);
+                self.b.def_var(ctr, c);
+                self.items(v + 1)?;
+                self.reduce_loops(rest, unroll, f)?;
+                self.clear(v + 1);
+            }
+            let end = self.b.ins().iconst(types::I64, n);
+            self.b.def_var(ctr, end);
+            return Ok(());
+        }
         let zero = self.b.ins().iconst(types::I64, 0);
         self.counted_loop(v, zero, n, 1, |em| {
             em.items(v + 1)?;
-            em.reduce_loops(rest, f)?;
+            em.reduce_loops(rest, unroll, f)?;
             em.clear(v + 1);
             Ok(())
         })
+    }
+
+    /// Whether the expression under `e` holds a reduction.
+    fn has_reduce(&self, e: ExprId) -> bool {
+        let mut stack = vec![e];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x.0) {
+                continue;
+            }
+            let n = &self.k.node(x).expr;
+            if matches!(n, Expr::Reduce { .. }) {
+                return true;
+            }
+            n.for_each_operand(|o| stack.push(o));
+        }
+        false
     }
 
     fn reduce(&mut self, i: u32, op: ReduceOp, vars: &[VarId], body: ExprId) -> R<Value> {
@@ -1582,7 +1619,10 @@ impl Em<'_, '_> {
         let (vt, init) = if varying { (vclif(bt), self.splat(bt, init)) } else { (clif(bt), init) };
         let acc = self.b.declare_var(vt);
         self.b.def_var(acc, init);
-        self.reduce_loops(vars, &mut |em| {
+        // Unrolled only where the body holds no other reduction (whose loops would be
+        // copied with it).
+        let unroll = self.caps.unroll && !self.has_reduce(body);
+        self.reduce_loops(vars, unroll, &mut |em| {
             let x = if varying { em.vget(body)? } else { em.get(body)? };
             let a = em.b.use_var(acc);
             let r = em.combine(op, bt, a, x);
@@ -1607,7 +1647,7 @@ impl Em<'_, '_> {
         let best = self.b.declare_var(clif(bt));
         let b0 = self.constant(bt, 0);
         self.b.def_var(best, b0);
-        self.reduce_loops(vars, &mut |em| {
+        self.reduce_loops(vars, false, &mut |em| {
             let x = em.get(body)?;
             let b = em.b.use_var(best);
             let c = em.counter(w);
@@ -1661,7 +1701,7 @@ impl Em<'_, '_> {
             em.clear(w + 1);
             Ok(())
         };
-        self.reduce_loops(outer, &mut |em| {
+        self.reduce_loops(outer, false, &mut |em| {
             let zero = em.b.ins().iconst(types::I64, 0);
             em.presplat(w)?;
             em.vmode = Some(w);

@@ -63,19 +63,22 @@ pub struct Options {
     /// f32 `exp` and `erf` as inline code ([`math`]); off, they call the runtime's
     /// helper table (libm) like every other transcendental.
     pub inline_math: bool,
+    /// Unroll reduction loops of at most 4 iterations whose body holds no other
+    /// reduction (pooling windows).
+    pub unroll: bool,
 }
 
 impl Options {
     /// The smallest code: no microkernels, no inline transcendentals (the `size`
     /// optimisation level of `kiln compile`).
     pub fn size() -> Options {
-        Options { vectorize: true, reassociate: true, contraction_kernels: false, inline_math: false }
+        Options { vectorize: true, reassociate: true, contraction_kernels: false, inline_math: false, unroll: false }
     }
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { vectorize: true, reassociate: true, contraction_kernels: true, inline_math: true }
+        Options { vectorize: true, reassociate: true, contraction_kernels: true, inline_math: true, unroll: true }
     }
 }
 
@@ -235,7 +238,7 @@ fn make_isa(target: CpuTarget) -> Result<Isa, CodegenError> {
     let sse41 = flags.iter().any(|&(_, f)| f == CpuFeature::Sse41);
     let fma = flags.iter().any(|&(_, f)| f == CpuFeature::Fma);
     let isa = isa_builder.finish(settings::Flags::new(shared)).map_err(|e| internal("", e))?;
-    Ok(Isa { isa, features, caps: emit::Caps { sse41, inline_math: true, fma } })
+    Ok(Isa { isa, features, caps: emit::Caps { sse41, inline_math: true, fma, unroll: true } })
 }
 
 /// Checks `k` and builds its Cranelift function into `func`; returns notes on what
@@ -253,7 +256,7 @@ fn build_kernel(
     let an = analysis::Analysis::new(k).map_err(|e| internal(&k.name, e))?;
     func.signature = emit::kernel_signature();
     func.name = UserFuncName::user(0, idx as u32);
-    let caps = emit::Caps { inline_math: options.inline_math, ..isa.caps };
+    let caps = emit::Caps { inline_math: options.inline_math, unroll: options.unroll, ..isa.caps };
     emit::build(k, &an, func, fctx, caps, options, isa.isa.frontend_config()).map_err(|e| internal(&k.name, e))
 }
 

@@ -29,7 +29,7 @@ pub fn configs() -> Vec<Config> {
         for vectorize in [false, true] {
             out.push(Config {
                 target: t,
-                options: Options { vectorize, reassociate: false, contraction_kernels: false, inline_math: true },
+                options: Options { vectorize, reassociate: false, contraction_kernels: false, inline_math: true, unroll: vectorize },
             });
         }
     }
@@ -41,11 +41,11 @@ pub fn quick_configs() -> Vec<Config> {
     vec![
         Config {
             target: CpuTarget::X86_64V2,
-            options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true },
+            options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false },
         },
         Config {
             target: CpuTarget::Host,
-            options: Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true },
+            options: Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true, unroll: true },
         },
     ]
 }
