@@ -144,6 +144,8 @@ struct Emitter<'k> {
     k: &'k Kernel,
     c: Contraction,
     consts: HashMap<u32, CodeLabel>,
+    /// 32-byte vector constants (eight copies), read as memory operands.
+    vconsts: HashMap<u32, CodeLabel>,
     masks: HashMap<u64, CodeLabel>,
     eloads: HashMap<u32, ELoad>,
     bases: Vec<Base>,
@@ -181,6 +183,7 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
         k,
         c,
         consts: HashMap::new(),
+        vconsts: HashMap::new(),
         masks: HashMap::new(),
         eloads: HashMap::new(),
         bases: Vec::new(),
@@ -678,6 +681,12 @@ impl Emitter<'_> {
         let mut consts: Vec<(u32, CodeLabel)> = self.consts.iter().map(|(&k, &v)| (k, v)).collect();
         consts.sort_by_key(|c| c.0);
         mask_table(&mut self.a, masks)?;
+        let mut vconsts: Vec<(u32, CodeLabel)> = self.vconsts.iter().map(|(&k, &v)| (k, v)).collect();
+        vconsts.sort_by_key(|c| c.0);
+        for (bits, mut l) in vconsts {
+            self.a.set_label(&mut l)?;
+            self.a.dd(&[bits; 8])?;
+        }
         for (bits, mut l) in consts {
             self.a.set_label(&mut l)?;
             self.a.dd(&[bits])?;
@@ -1375,7 +1384,8 @@ impl Emitter<'_> {
                             t.push(ev.pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()))?);
                         }
                         let dst = self.result_reg(&[*x], ev)?;
-                        let mut y = super::math::Ymm { a: &mut self.a, consts: &mut self.consts };
+                        let mut y =
+                            super::math::Ymm { a: &mut self.a, consts: &mut self.consts, vconsts: &mut self.vconsts };
                         if *op == UnaryOp::Exp {
                             y.exp(dst, rx, [t[0], t[1], t[2], t[3]])?;
                         } else {

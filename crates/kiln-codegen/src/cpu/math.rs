@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{types, ConstantData, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
-use iced_x86::code_asm::{dword_ptr, AsmRegisterYmm, CodeAssembler, CodeLabel};
+use iced_x86::code_asm::{dword_ptr, ymmword_ptr, AsmMemoryOperand, AsmRegisterYmm, CodeAssembler, CodeLabel};
 use iced_x86::IcedError;
 
 /// Lane order for vector bitcasts.
@@ -226,11 +226,13 @@ pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     }
 }
 
-/// The AVX2 forms (see the module docs): an assembler and its table of broadcast
-/// constants (4 bytes each, emitted by the owner after the code).
+/// The AVX2 forms (see the module docs): an assembler and its tables of constants,
+/// `consts` broadcast from 4 bytes, `vconsts` read whole as 32-byte vectors (memory
+/// operands: no broadcast instruction); the owner emits both after the code.
 pub(crate) struct Ymm<'a> {
     pub a: &'a mut CodeAssembler,
     pub consts: &'a mut HashMap<u32, CodeLabel>,
+    pub vconsts: &'a mut HashMap<u32, CodeLabel>,
 }
 
 type Asm = Result<(), IcedError>;
@@ -238,14 +240,7 @@ type Asm = Result<(), IcedError>;
 impl Ymm<'_> {
     /// `r` = eight copies of `bits`.
     fn splat(&mut self, r: AsmRegisterYmm, bits: u32) -> Asm {
-        let l = match self.consts.get(&bits) {
-            Some(l) => *l,
-            None => {
-                let l = self.a.create_label();
-                self.consts.insert(bits, l);
-                l
-            }
-        };
+        let l = label(self.a, self.consts, bits);
         self.a.vbroadcastss(r, dword_ptr(l))
     }
 
@@ -253,13 +248,22 @@ impl Ymm<'_> {
         self.splat(r, x.to_bits())
     }
 
-    /// `p = horner(x, coefs)` with `k` as scratch (FMA steps, as the general path's
-    /// on a target with FMA).
-    fn horner(&mut self, p: AsmRegisterYmm, x: AsmRegisterYmm, k: AsmRegisterYmm, coefs: &[f32]) -> Asm {
-        self.splat_f(p, coefs[0])?;
+    /// Eight copies of `bits` as a memory operand.
+    fn v(&mut self, bits: u32) -> AsmMemoryOperand {
+        ymmword_ptr(label(self.a, self.vconsts, bits))
+    }
+
+    fn vf(&mut self, x: f32) -> AsmMemoryOperand {
+        self.v(x.to_bits())
+    }
+
+    /// `p = horner(x, coefs)` (FMA steps, as the general path's on a target with FMA).
+    fn horner(&mut self, p: AsmRegisterYmm, x: AsmRegisterYmm, coefs: &[f32]) -> Asm {
+        let c0 = self.vf(coefs[0]);
+        self.a.vmovups(p, c0)?;
         for &c in &coefs[1..] {
-            self.splat_f(k, c)?;
-            self.a.vfmadd213ps(p, x, k)?;
+            let m = self.vf(c);
+            self.a.vfmadd213ps(p, x, m)?;
         }
         Ok(())
     }
@@ -272,33 +276,33 @@ impl Ymm<'_> {
         self.a.vmaxps(dst, k, x)?;
         self.splat_f(k, EXP_HI)?;
         self.a.vminps(dst, k, dst)?;
-        self.splat_f(k, std::f32::consts::LOG2_E)?;
-        self.a.vmulps(n, dst, k)?;
-        self.splat_f(k, MAGIC)?;
-        self.a.vaddps(n, n, k)?;
-        self.a.vsubps(nf, n, k)?;
+        let m = self.vf(std::f32::consts::LOG2_E);
+        self.a.vmulps(n, dst, m)?;
+        let magic = self.vf(MAGIC);
+        self.a.vaddps(n, n, magic)?;
+        self.a.vsubps(nf, n, magic)?;
         // MAGIC's bits are 0x4B40_0000: n's integer value.
-        self.a.vpsubd(n, n, k)?;
-        self.splat_f(k, LN2_C1)?;
-        self.a.vmulps(k, nf, k)?;
+        self.a.vpsubd(n, n, magic)?;
+        let m = self.vf(LN2_C1);
+        self.a.vmulps(k, nf, m)?;
         self.a.vsubps(dst, dst, k)?;
-        self.splat_f(k, LN2_C2)?;
-        self.a.vmulps(k, nf, k)?;
+        let m = self.vf(LN2_C2);
+        self.a.vmulps(k, nf, m)?;
         self.a.vsubps(dst, dst, k)?; // r
-        self.horner(p, dst, k, &EXP_P)?;
+        self.horner(p, dst, &EXP_P)?;
         self.a.vmulps(nf, dst, dst)?;
         self.a.vmulps(p, p, nf)?;
         self.a.vaddps(p, p, dst)?;
-        self.splat_f(k, 1.0)?;
-        self.a.vaddps(p, p, k)?;
+        let one = self.vf(1.0);
+        self.a.vaddps(p, p, one)?;
         // 2^n in two halves.
         self.a.vpsrad(nf, n, 1)?;
         self.a.vpsubd(n, n, nf)?;
-        self.splat(k, 127)?;
-        self.a.vpaddd(nf, nf, k)?;
+        let bias = self.v(127);
+        self.a.vpaddd(nf, nf, bias)?;
         self.a.vpslld(nf, nf, 23)?;
         self.a.vmulps(p, p, nf)?;
-        self.a.vpaddd(n, n, k)?;
+        self.a.vpaddd(n, n, bias)?;
         self.a.vpslld(n, n, 23)?;
         self.a.vmulps(dst, p, n)
     }
@@ -307,22 +311,23 @@ impl Ymm<'_> {
     pub fn erf(&mut self, dst: AsmRegisterYmm, x: AsmRegisterYmm, t: [AsmRegisterYmm; 8]) -> Asm {
         let [x2, small, k, z, sign, mask, e, u] = t;
         self.a.vmulps(x2, x, x)?;
-        self.horner(small, x2, k, &ERF_SMALL)?;
+        self.horner(small, x2, &ERF_SMALL)?;
         self.a.vmulps(small, small, x)?;
-        self.splat_f(k, std::f32::consts::FRAC_2_SQRT_PI)?;
-        self.a.vmulps(small, small, k)?;
-        self.splat(k, 0x7fff_ffff)?;
-        self.a.vandps(z, x, k)?;
-        self.splat(k, 0x8000_0000)?;
-        self.a.vandps(sign, x, k)?;
+        let m = self.vf(std::f32::consts::FRAC_2_SQRT_PI);
+        self.a.vmulps(small, small, m)?;
+        let m = self.v(0x7fff_ffff);
+        self.a.vandps(z, x, m)?;
+        let m = self.v(0x8000_0000);
+        self.a.vandps(sign, x, m)?;
         // x is not read again: dst is free from here on.
-        self.splat_f(k, 0.5)?;
-        self.a.vcmpps(mask, z, k, 0x11)?; // z < 0.5 (LT_OQ)
-        self.a.vmulps(z, z, k)?;
+        let half = self.vf(0.5);
+        self.a.vcmpps(mask, z, half, 0x11)?; // z < 0.5 (LT_OQ)
+        self.a.vmulps(z, z, half)?;
+        let one = self.vf(1.0);
+        self.a.vaddps(z, z, one)?;
         self.splat_f(k, 1.0)?;
-        self.a.vaddps(z, z, k)?;
         self.a.vdivps(z, k, z)?; // t = 1 / (1 + z/2)
-        self.horner(e, z, k, &ERFC_P)?;
+        self.horner(e, z, &ERFC_P)?;
         self.a.vsubps(e, e, x2)?; // −z² + P(t)
         self.exp(e, e, [x2, k, u, dst])?;
         self.a.vmulps(e, z, e)?; // erfc
@@ -331,4 +336,9 @@ impl Ymm<'_> {
         self.a.vorps(e, e, sign)?;
         self.a.vblendvps(dst, e, small, mask)
     }
+}
+
+/// The label of `bits` in `table`, made on first use.
+fn label(a: &mut CodeAssembler, table: &mut HashMap<u32, CodeLabel>, bits: u32) -> CodeLabel {
+    *table.entry(bits).or_insert_with(|| a.create_label())
 }
