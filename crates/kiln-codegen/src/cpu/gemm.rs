@@ -245,7 +245,16 @@ impl Emitter<'_> {
         if chunks < 2 {
             return 0;
         }
-        n.div_ceil(chunks).div_ceil(8) * 8
+        // Whole tiles per chunk: a narrow tile over a long reduction is one FMA chain
+        // per accumulator, as slow as a full one, so only the last chunk has a tail.
+        n.div_ceil(chunks).div_ceil(width) * width
+    }
+
+    /// Fewer than four row panels in all (a single-row `Gemm`, a classifier): B is
+    /// streamed once, so it is neither blocked for cache nor packed, and the columns
+    /// are cut into chunks instead ([`Self::column_chunk`]).
+    fn few_rows(&self) -> bool {
+        self.batch_extents().iter().product::<u64>() * self.panels() < 4
     }
 
     /// Bases 0, 1, 2 are A, B and the output; epilogue loads follow.
@@ -801,6 +810,10 @@ impl Emitter<'_> {
         if self.packed {
             return k.min(KC_PACKED);
         }
+        if self.few_rows() {
+            // B is read once whatever the blocking: nothing to keep in cache.
+            return k;
+        }
         if self.c.k.len() == 1 && n * k * 4 > L2_BLOCK && k > KC {
             KC
         } else {
@@ -814,6 +827,9 @@ impl Emitter<'_> {
         let (n, k) = (self.c.dims[1], self.kc.max(1));
         if self.packed {
             return self.pack_width().min(n);
+        }
+        if self.few_rows() {
+            return n;
         }
         if n * k * 4 <= L2_BLOCK {
             return n;
