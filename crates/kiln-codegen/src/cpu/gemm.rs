@@ -19,6 +19,12 @@
 //! last full tile run in a narrower tile, and the last 1..7 columns in a masked tile
 //! (`vmaskmovps`: lanes past the end are neither read nor written).
 //!
+//! Where the target has AVX-512 F and B is a plain shared row per step (no stride 2, not
+//! per row), full tiles are `mr × 64` in 512-bit registers instead ([`Emitter::tile_zmm`]:
+//! 24 accumulators, 4 of B, one broadcast, of the 32 zmm registers); the columns past the
+//! last such tile run in the 256-bit tiles above. The epilogue of a 512-bit tile runs over
+//! its accumulators put on the stack, 8 columns at a time, with the same code.
+//!
 //! ## Epilogue
 //! After the `k` loop each accumulator is put through the kernel's own expression above
 //! the reduction (bias, scaling, Relu/Clip as compare-and-select, residual adds, …),

@@ -11,6 +11,13 @@
 //! position of every output dimension but the innermost (a rank-0 or rank-1 kernel
 //! has one workgroup), so a driver can split rows across threads. Loop structure,
 //! scheduling and vectorisation are described in [`analysis`] and [`emit`].
+//!
+//! At the speed level (`Options::contraction_kernels`, on a target with AVX2 and FMA)
+//! three kinds of kernel are written directly as machine code with `iced-x86` and
+//! appended to the image (position-independent, no relocations): contractions
+//! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions
+//! ([`depthwise`]) and padding copies ([`pad`]); each keeps the same kernel ABI and the
+//! executable records the CPU features they use.
 
 mod analysis;
 mod depthwise;
@@ -56,9 +63,10 @@ pub struct Options {
     /// partial results combined at the end); off, vectorised code is bit-identical to
     /// scalar code.
     pub reassociate: bool,
-    /// Emit recognised contractions as AVX2+FMA microkernels ([`gemm`]) and padding
-    /// kernels as machine code ([`pad`]) when the target has AVX2 and FMA; off, every
-    /// kernel goes through Cranelift.
+    /// Emit recognised contractions as AVX2+FMA (and, where the target has AVX-512 F,
+    /// 512-bit) microkernels ([`gemm`]), depthwise convolutions ([`depthwise`]) and
+    /// padding kernels ([`pad`]) as machine code when the target has AVX2 and FMA; off,
+    /// every kernel goes through Cranelift.
     pub contraction_kernels: bool,
     /// f32 `exp` and `erf` as inline code ([`math`]); off, they call the runtime's
     /// helper table (libm) like every other transcendental.
