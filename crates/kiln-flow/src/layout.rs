@@ -26,23 +26,38 @@ use kiln_ir::{DType, Shape, Tensor, TensorType};
 /// its `Pad`-bounded operand is read in bounds from a padded copy. Returns how many
 /// were added.
 pub fn materialize_padding(p: &mut FlowProgram) -> usize {
+    put_in_front(p, "padding", "padded", padded)
+}
+
+/// Rewrites every dispatch for which `rewrite` gives (its new kernel, a producer
+/// kernel, the operand slot the producer's result replaces): a dispatch computing the
+/// producer from that operand goes in front of it, into a new buffer named
+/// `OPERAND.suffix`, and the dispatch reads that (in the slot, or in a new last input
+/// when the rewritten kernel has one more). Returns how many were rewritten.
+fn put_in_front(
+    p: &mut FlowProgram,
+    what: &str,
+    suffix: &str,
+    rewrite: impl Fn(&Kernel) -> Option<(Kernel, Kernel, u32)>,
+) -> usize {
     let mut out: Vec<Dispatch> = Vec::with_capacity(p.dispatches.len());
     let mut added = 0;
     let dispatches = std::mem::take(&mut p.dispatches);
     for mut d in dispatches {
-        if let Some((kernel, pad, padded_ty)) = padded(&d.kernel) {
-            let source = d.operands[pad.input as usize];
-            let buf = p.add(padded_ty.clone(), format!("{}.padded", p.buffer(source).name), BufferKind::Result);
+        if let Some((kernel, producer, input)) = rewrite(&d.kernel) {
+            let source = d.operands[input as usize];
+            let ty = producer.output.clone();
+            let buf = p.add(ty, format!("{}.{suffix}", p.buffer(source).name), BufferKind::Result);
             out.push(Dispatch {
-                kernel: pad.kernel,
+                kernel: producer,
                 operands: vec![source],
                 result: buf,
-                sources: vec![format!("padding for {}", d.sources.first().map_or("?", |s| s.as_str()))],
+                sources: vec![format!("{what} for {}", d.sources.first().map_or("?", |s| s.as_str()))],
             });
             if kernel.inputs.len() > d.operands.len() {
                 d.operands.push(buf);
             } else {
-                d.operands[pad.input as usize] = buf;
+                d.operands[input as usize] = buf;
             }
             d.kernel = kernel;
             added += 1;
@@ -68,32 +83,7 @@ const GATHER_MOST: u64 = 1 << 22;
 /// of B). Runs after fusion, so the gather is not fused back. Returns how many were
 /// added.
 pub fn materialize_columns(p: &mut FlowProgram) -> usize {
-    let mut out: Vec<Dispatch> = Vec::with_capacity(p.dispatches.len());
-    let mut added = 0;
-    let dispatches = std::mem::take(&mut p.dispatches);
-    for mut d in dispatches {
-        if let Some((kernel, gather, input)) = gathered(&d.kernel) {
-            let source = d.operands[input as usize];
-            let ty = gather.output.clone();
-            let buf = p.add(ty, format!("{}.columns", p.buffer(source).name), BufferKind::Result);
-            out.push(Dispatch {
-                kernel: gather,
-                operands: vec![source],
-                result: buf,
-                sources: vec![format!("columns for {}", d.sources.first().map_or("?", |s| s.as_str()))],
-            });
-            if kernel.inputs.len() > d.operands.len() {
-                d.operands.push(buf);
-            } else {
-                d.operands[input as usize] = buf;
-            }
-            d.kernel = kernel;
-            added += 1;
-        }
-        out.push(d);
-    }
-    p.dispatches = out;
-    added
+    put_in_front(p, "columns", "columns", gathered)
 }
 
 /// `k` reading gathered columns, the gathering kernel and the input slot it replaces;
@@ -182,16 +172,10 @@ fn copy_index(
     Some(id)
 }
 
-/// The padding kernel of an operand.
-struct Padding {
-    input: u32,
-    kernel: Kernel,
-}
-
 /// `k` reading its padded operand (in the operand's slot, or a new last input when
-/// other loads read the operand too), the padding kernel and the padded type; `None`
+/// other loads read the operand too), the padding kernel and the operand's slot; `None`
 /// unless the result is a contraction.
-fn padded(k: &Kernel) -> Option<(Kernel, Padding, TensorType)> {
+fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     // A depthwise window handles its own border (`crate::window`).
     if Contraction::of(k).is_some() || Depthwise::of(k).is_some() {
         return None;
@@ -256,7 +240,7 @@ fn padded(k: &Kernel) -> Option<(Kernel, Padding, TensorType)> {
             .collect();
         let v = b.load_with(0, idx, Bounds::Pad(*bits));
         let pad_kernel = b.finish(v).ok()?;
-        return Some((kernel, Padding { input: *input, kernel: pad_kernel }, padded_ty));
+        return Some((kernel, pad_kernel, *input));
     }
     None
 }
