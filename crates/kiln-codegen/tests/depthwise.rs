@@ -207,5 +207,10 @@ fn other_forms_take_another_path() {
     assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
     let ins = inputs(g, 5);
     let refs: Vec<&Tensor> = ins.iter().collect();
-    check_with(&k, &refs, Cmp { zero_sign: true, rtol: 1e-5 }, &[Config { target: CpuTarget::X86_64V3, options: Options::default() }]);
+    check_with(
+        &k,
+        &refs,
+        Cmp { zero_sign: true, rtol: 1e-5 },
+        &[Config { target: CpuTarget::X86_64V3, options: Options::default() }],
+    );
 }

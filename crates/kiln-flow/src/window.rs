@@ -103,7 +103,7 @@ impl Depthwise {
             return None;
         }
         let out_dims = dims4(&k.output.shape)?;
-        if out_dims[3] > MAX_COLUMNS || out_dims.iter().any(|&d| d == 0) {
+        if out_dims[3] > MAX_COLUMNS || out_dims.contains(&0) {
             return None;
         }
         let mut found = None;
@@ -199,20 +199,7 @@ impl Depthwise {
             return None;
         }
         let epilogue = chain(k, reduce)?;
-        Some(Depthwise {
-            x,
-            w,
-            w_offset,
-            out_dims,
-            in_dims,
-            taps,
-            window,
-            stride,
-            dilation,
-            offset,
-            reduce,
-            epilogue,
-        })
+        Some(Depthwise { x, w, w_offset, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue })
     }
 }
 
@@ -309,8 +296,7 @@ fn operand(k: &Kernel, e: ExprId) -> Option<StepOperand> {
                 return None;
             }
             let offset = load_offset(k, *input, index)?;
-            let per_channel =
-                (0..k.vars.len()).all(|v| v == 1 || k.vars[v] == 1 || offset.coef[v] == 0);
+            let per_channel = (0..k.vars.len()).all(|v| v == 1 || k.vars[v] == 1 || offset.coef[v] == 0);
             per_channel.then_some(StepOperand::Channel { input: *input, offset })
         }
         _ => None,

@@ -63,8 +63,7 @@ impl<'d> Emit<'d> {
         let nscratch = if d.stride[1] == 2 { 3 } else { 2 };
         let mut channel = Vec::new();
         for s in &d.epilogue {
-            if let Step::Add(o) | Step::Sub(o) | Step::SubFrom(o) | Step::Mul(o) | Step::Div(o) | Step::DivInto(o) = s
-            {
+            if let Step::Add(o) | Step::Sub(o) | Step::SubFrom(o) | Step::Mul(o) | Step::Div(o) | Step::DivInto(o) = s {
                 if let StepOperand::Channel { input, offset } = o {
                     if !channel.iter().any(|(i, f)| i == input && f == offset) {
                         channel.push((*input, offset.clone()));

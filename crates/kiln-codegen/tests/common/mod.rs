@@ -29,7 +29,13 @@ pub fn configs() -> Vec<Config> {
         for vectorize in [false, true] {
             out.push(Config {
                 target: t,
-                options: Options { vectorize, reassociate: false, contraction_kernels: false, inline_math: true, unroll: vectorize },
+                options: Options {
+                    vectorize,
+                    reassociate: false,
+                    contraction_kernels: false,
+                    inline_math: true,
+                    unroll: vectorize,
+                },
             });
         }
     }
@@ -41,11 +47,23 @@ pub fn quick_configs() -> Vec<Config> {
     vec![
         Config {
             target: CpuTarget::X86_64V2,
-            options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false },
+            options: Options {
+                vectorize: false,
+                reassociate: false,
+                contraction_kernels: false,
+                inline_math: true,
+                unroll: false,
+            },
         },
         Config {
             target: CpuTarget::Host,
-            options: Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true, unroll: true },
+            options: Options {
+                vectorize: true,
+                reassociate: false,
+                contraction_kernels: false,
+                inline_math: true,
+                unroll: true,
+            },
         },
     ]
 }
