@@ -33,7 +33,8 @@ usage:
   kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
 
 MODEL is an .onnx file or a .kir file (kiln IR text form).
---opt size trades speed for code size (no AVX2 microkernels, transcendentals through helpers).
+--opt size trades speed for code size (no machine-code kernels, transcendentals through helpers).
+--target-cpu (default host) sets the CPU features the code may use; x86-64-v4 adds AVX-512 tiles.
 --threads N runs on the local-task driver with N threads (default: one per core).
 KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
