@@ -13,11 +13,12 @@
 //! scheduling and vectorisation are described in [`analysis`] and [`emit`].
 //!
 //! At the speed level (`Options::contraction_kernels`, on a target with AVX2 and FMA)
-//! three kinds of kernel are written directly as machine code with `iced-x86` and
+//! four kinds of kernel are written directly as machine code with `iced-x86` and
 //! appended to the image (position-independent, no relocations): contractions
 //! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions
-//! ([`depthwise`]) and padding copies ([`pad`]); each keeps the same kernel ABI and the
-//! executable records the CPU features they use.
+//! ([`depthwise`]), padding copies ([`pad`]) and row kernels such as Softmax and
+//! LayerNorm ([`rows`]); each keeps the same kernel ABI and the executable records the
+//! CPU features they use.
 
 mod analysis;
 mod depthwise;
@@ -25,6 +26,7 @@ mod emit;
 mod gemm;
 mod math;
 mod pad;
+mod rows;
 mod image;
 
 use cranelift_codegen::ir::UserFuncName;
@@ -328,15 +330,20 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                     notes.push(if g.avx512 { "contraction microkernel (avx-512)" } else { "contraction microkernel (avx2+fma)" }.to_string());
                     continue;
                 }
-                Err(gemm::NotHere(why)) => match pad::emit(k) {
-                    Ok((code, wg)) => {
-                        workgroup_counts.push(wg);
-                        micro.push((idx, code));
-                        notes.push("padding copy (avx)".to_string());
-                        continue;
+                Err(gemm::NotHere(why)) => {
+                    let other = pad::emit(k)
+                        .map(|c| (c, "padding copy (avx)"))
+                        .or_else(|_| rows::emit(k).map(|c| (c, "row kernel (avx2)")));
+                    match other {
+                        Ok(((code, wg), note)) => {
+                            workgroup_counts.push(wg);
+                            micro.push((idx, code));
+                            notes.push(note.to_string());
+                            continue;
+                        }
+                        Err(_) => notes.push(format!("general ({why})")),
                     }
-                    Err(_) => notes.push(format!("general ({why})")),
-                },
+                }
             }
         } else {
             notes.push("general".to_string());

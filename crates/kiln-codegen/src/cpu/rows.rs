@@ -1,0 +1,685 @@
+//! Row kernels as AVX2 machine code (`iced-x86`): kernels whose output's innermost axis is
+//! a row, every other value either constant along the row or read along it, and whose
+//! reductions run along a row too — Softmax, LayerNorm, row means and maxima with their
+//! epilogues. Cranelift's code for them runs four lanes; this runs eight.
+//!
+//! A workgroup is one row (every output index but the innermost), as for general
+//! kernels. Per row, in the kernel's node order:
+//! - values constant along the row (row statistics and what is computed from them) are
+//!   evaluated once, as vectors of eight equal lanes kept on the stack;
+//! - each reduction (`Sum` or `Max` over one variable) is a loop over its row eight
+//!   lanes at a time, the last vector masked (masked lanes add 0 or compare as −∞),
+//!   then folded across lanes;
+//! - the output row is a loop that evaluates the kernel's root eight lanes at a time and
+//!   stores them (the last vector masked).
+//!
+//! Operations: `+ − × ÷`, `max`/`min` (NaN in either operand gives NaN), `neg`, `abs`,
+//! `sqrt`, and `exp`/`erf` as the same inline code as everywhere else (`super::math`).
+//! Loads are f32 and in bounds, at affine offsets that step 0 or 1 element along the row.
+//! Anything else leaves the kernel to the general code generator. Sums are reassociated
+//! (eight partial sums), as the general generator's vectorised reductions are.
+
+use std::collections::HashMap;
+
+use iced_x86::code_asm::*;
+use kiln_flow::contraction::{load_offset, AffineIndex};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
+use kiln_ir::DType;
+
+use super::gemm::{mask_table, no, NotHere, R};
+
+const YMM: [AsmRegisterYmm; 16] =
+    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
+
+/// Where a value lives along the row.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Place {
+    /// An index expression (only loads read it).
+    Index,
+    /// The same for the whole row.
+    Row,
+    /// Varies along the output row.
+    Out,
+    /// Varies along the row of reduction `r` (its node).
+    Along(u32),
+}
+
+/// A load: its base (binding and row-dependent element offset) and its step along the row.
+struct LoadPlan {
+    base: usize,
+    step: i64,
+}
+
+struct Plan {
+    place: Vec<Place>,
+    loads: HashMap<u32, LoadPlan>,
+    /// Distinct (binding, row offset) pairs; the offset over the row variables only.
+    bases: Vec<(u32, AffineIndex)>,
+    /// Row variables (all output variables but the last) and their extents.
+    rows: Vec<u64>,
+    /// Output row length.
+    len: u64,
+}
+
+fn plan(k: &Kernel) -> R<Plan> {
+    let rank = k.out_rank();
+    if rank == 0 || k.output.dtype != DType::F32 || k.output.shape.numel() == 0 {
+        return no("not an f32 output with rows");
+    }
+    let u = (rank - 1) as u32;
+    let len = k.vars[u as usize];
+    if len < 8 {
+        return no("rows shorter than one vector");
+    }
+    for t in k.inputs.iter().chain([&k.output]) {
+        if t.storage_bytes() > i32::MAX as usize {
+            return no("an operand over 2 GiB");
+        }
+    }
+    let free = k.free_vars();
+    // Reduction variable → its reduction node.
+    let mut owner: HashMap<u32, u32> = HashMap::new();
+    for (i, n) in k.nodes.iter().enumerate() {
+        if let Expr::Reduce { op, vars, .. } = &n.expr {
+            if !matches!(op, ReduceOp::Sum | ReduceOp::Max) || n.ty != ScalarType::F32 || vars.len() != 1 {
+                return no("a reduction other than an f32 sum or max over one variable");
+            }
+            owner.insert(vars[0].0, i as u32);
+        }
+    }
+    let is_row = |v: u32| (v as usize) < rank - 1;
+    let mut place = Vec::with_capacity(k.nodes.len());
+    for (i, n) in k.nodes.iter().enumerate() {
+        if n.ty == ScalarType::I64 {
+            place.push(Place::Index);
+            continue;
+        }
+        if n.ty != ScalarType::F32 {
+            return no(format!("a {} value", n.ty.name()));
+        }
+        let axes: Vec<u32> = free[i].iter().copied().filter(|&v| !is_row(v)).collect();
+        let p = match axes[..] {
+            [] => Place::Row,
+            [v] if v == u => Place::Out,
+            [v] => match owner.get(&v) {
+                Some(&r) => Place::Along(r),
+                None => return no("a variable that is neither a row nor a reduction"),
+            },
+            _ => return no("a value along two axes"),
+        };
+        match &n.expr {
+            Expr::Const(_) | Expr::Reduce { .. } => {}
+            Expr::Load { bounds: Bounds::InBounds, input, .. } if k.inputs[*input as usize].dtype == DType::F32 => {}
+            Expr::Binary(
+                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min,
+                _,
+                _,
+            ) => {}
+            Expr::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf, _) => {}
+            Expr::Cast { value, to: DType::F32, .. } if k.node(*value).ty == ScalarType::F32 => {}
+            _ => return no("an operation without a row form here"),
+        }
+        place.push(p);
+    }
+    // Index nodes feed loads only.
+    for n in &k.nodes {
+        if !matches!(n.expr, Expr::Load { .. }) {
+            let mut bad = false;
+            n.expr.for_each_operand(|o| bad |= place[o.index()] == Place::Index && n.ty != ScalarType::I64);
+            if bad {
+                return no("an index used as a value");
+            }
+        }
+    }
+    let mut loads = HashMap::new();
+    let mut bases: Vec<(u32, AffineIndex)> = Vec::new();
+    for (i, n) in k.nodes.iter().enumerate() {
+        let Expr::Load { input, index, .. } = &n.expr else { continue };
+        let off = load_offset(k, *input, index).ok_or_else(|| NotHere("a load at a non-affine offset".into()))?;
+        let axis = match place[i] {
+            Place::Out => Some(u),
+            Place::Along(r) => match &k.node(ExprId(r)).expr {
+                Expr::Reduce { vars, .. } => Some(vars[0].0),
+                _ => None,
+            },
+            _ => None,
+        };
+        let step = axis.map_or(0, |a| off.of(a));
+        if step != 0 && step != 1 {
+            return no("a load that strides along the row");
+        }
+        let mut row = AffineIndex { c: off.c, coef: vec![0; k.vars.len()] };
+        for v in 0..rank - 1 {
+            row.coef[v] = off.of(v as u32);
+        }
+        let b = match bases.iter().position(|(bi, o)| bi == input && *o == row) {
+            Some(b) => b,
+            None => {
+                bases.push((*input, row));
+                bases.len() - 1
+            }
+        };
+        loads.insert(i as u32, LoadPlan { base: b, step });
+    }
+    let rows = k.vars[..rank - 1].to_vec();
+    Ok(Plan { place, loads, bases, rows, len })
+}
+
+/// Emits `k` as a row kernel (code and workgroup count), or says why not.
+pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
+    let p = plan(k)?;
+    let mut e = Emit {
+        a: CodeAssembler::new(64)?,
+        k,
+        p,
+        consts: HashMap::new(),
+        vconsts: HashMap::new(),
+        masks: Vec::new(),
+        slots: HashMap::new(),
+    };
+    let wg = e.function()?;
+    Ok((e.a.assemble(0)?, wg))
+}
+
+struct Emit<'k> {
+    a: CodeAssembler,
+    k: &'k Kernel,
+    p: Plan,
+    consts: HashMap<u32, CodeLabel>,
+    vconsts: HashMap<u32, CodeLabel>,
+    masks: Vec<(u64, CodeLabel)>,
+    /// Row values on the stack: node → byte offset from rsp.
+    slots: HashMap<u32, i32>,
+}
+
+/// The state of one vector evaluation: node → register, remaining uses, free registers.
+struct Vec8 {
+    memo: HashMap<u32, AsmRegisterYmm>,
+    uses: HashMap<u32, u32>,
+    pool: Vec<AsmRegisterYmm>,
+    /// The row value being computed (every other row value comes from its slot).
+    computing: Option<u32>,
+}
+
+// Stack frame: [0, 8·bases) base pointers, then row values (32 bytes each).
+const S_END: i32 = 0;
+const S_ROW: i32 = 8;
+const S_BASE: i32 = 16;
+
+impl Emit<'_> {
+    fn const_label(&mut self, bits: u32) -> CodeLabel {
+        *self.consts.entry(bits).or_insert_with(|| self.a.create_label())
+    }
+
+    fn mask_label(&mut self, lanes: u64) -> CodeLabel {
+        if let Some(m) = self.masks.iter().find(|m| m.0 == lanes) {
+            return m.1;
+        }
+        let l = self.a.create_label();
+        self.masks.push((lanes, l));
+        l
+    }
+
+    fn function(&mut self) -> R<u64> {
+        let k = self.k;
+        let rows: u64 = self.p.rows.iter().product();
+        // Row values that the root needs, in node order.
+        let needed = needed(k);
+        let mut off = S_BASE + 8 * self.p.bases.len() as i32;
+        off = (off + 31) / 32 * 32;
+        for (i, &pl) in self.p.place.iter().enumerate() {
+            if pl == Place::Row && needed[i] {
+                self.slots.insert(i as u32, off);
+                off += 32;
+            }
+        }
+        let frame = off + 8;
+        for r in [rbx, rbp, r12, r13, r14, r15] {
+            self.a.push(r)?;
+        }
+        self.a.sub(rsp, frame)?;
+        self.a.mov(rbp, rdi)?;
+        self.a.mov(rax, rows as i64)?;
+        self.a.cmp(rcx, rax)?;
+        self.a.cmova(rcx, rax)?;
+        self.a.mov(qword_ptr(rsp + S_END), rcx)?;
+        self.a.mov(qword_ptr(rsp + S_ROW), rdx)?;
+        let mut done = self.a.create_label();
+        self.a.cmp(rdx, rcx)?;
+        self.a.jae(done)?;
+        let mut top = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        // Row coordinates (innermost first) into r8.. via div; base pointers to the stack.
+        self.bases()?;
+        // Output row pointer: out + row·len·4.
+        let out = self.k.inputs.len() as i32;
+        self.a.mov(r13, qword_ptr(rbp + 8 * out))?;
+        self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
+        self.a.imul_3(rax, rax, (self.p.len * 4) as i32)?;
+        self.a.add(r13, rax)?;
+        // Row values and reductions in node order.
+        for i in 0..k.nodes.len() {
+            if self.p.place[i] != Place::Row || !needed[i] {
+                continue;
+            }
+            let slot = self.slots[&(i as u32)];
+            if let Expr::Reduce { op, vars, body } = k.nodes[i].expr.clone() {
+                let n = k.vars[vars[0].0 as usize];
+                self.reduction(i as u32, op, body, n, slot)?;
+            } else {
+                let mut v = self.fresh(&[ExprId(i as u32)], |_| true);
+                v.computing = Some(i as u32);
+                let r = self.eval(ExprId(i as u32), &mut v, None)?;
+                self.a.vmovups(ymmword_ptr(rsp + slot), r)?;
+            }
+        }
+        // The output row.
+        let root = k.root;
+        let len = self.p.len;
+        self.row_loop(len, &mut |e: &mut Self, mask: Option<AsmRegisterYmm>| {
+            let mut v = e.fresh(&[root], |pl| pl == Place::Out);
+            if let Some(m) = mask {
+                v.pool.retain(|&r| r != m);
+            }
+            let r = e.eval(root, &mut v, mask)?;
+            let at = ymmword_ptr(r13 + r8 * 4);
+            match mask {
+                Some(m) => e.a.vmaskmovps(at, m, r)?,
+                None => e.a.vmovups(at, r)?,
+            }
+            Ok(())
+        })?;
+        self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
+        self.a.inc(rax)?;
+        self.a.mov(qword_ptr(rsp + S_ROW), rax)?;
+        self.a.cmp(rax, qword_ptr(rsp + S_END))?;
+        self.a.jb(top)?;
+        self.a.set_label(&mut done)?;
+        self.a.vzeroupper()?;
+        self.a.add(rsp, frame)?;
+        for r in [r15, r14, r13, r12, rbp, rbx] {
+            self.a.pop(r)?;
+        }
+        self.a.ret()?;
+        let masks = std::mem::take(&mut self.masks);
+        mask_table(&mut self.a, masks)?;
+        let mut vc: Vec<(u32, CodeLabel)> = self.vconsts.iter().map(|(&b, &l)| (b, l)).collect();
+        vc.sort_by_key(|c| c.0);
+        for (bits, mut l) in vc {
+            self.a.set_label(&mut l)?;
+            self.a.dd(&[bits; 8])?;
+        }
+        let mut scalars: Vec<(u32, CodeLabel)> = self.consts.iter().map(|(&b, &l)| (b, l)).collect();
+        scalars.sort_by_key(|c| c.0);
+        for (bits, mut l) in scalars {
+            self.a.set_label(&mut l)?;
+            self.a.dd(&[bits])?;
+        }
+        Ok(rows)
+    }
+
+    /// Decodes the row number into its coordinates and writes each base pointer to
+    /// the stack.
+    fn bases(&mut self) -> R<()> {
+        let nrows = self.p.rows.len();
+        // Coordinates on the stack after the bases would need room; keep them in
+        // registers r8, r9, r10, r11, r12, r14, r15, rbx (up to 8 row variables).
+        const COORD: [AsmRegister64; 8] = [r8, r9, r10, r11, r12, r14, r15, rbx];
+        if nrows > COORD.len() {
+            return no("more than 8 row variables");
+        }
+        self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
+        for d in (0..nrows).rev() {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, self.p.rows[d] as i64)?;
+            self.a.div(rcx)?;
+            self.a.mov(COORD[d], rdx)?;
+        }
+        for b in 0..self.p.bases.len() {
+            let (binding, off) = self.p.bases[b].clone();
+            self.a.mov(rax, qword_ptr(rbp + 8 * binding as i32))?;
+            let c = off.c.checked_mul(4).ok_or_else(|| NotHere("offset overflow".into()))?;
+            self.add_imm(rax, c)?;
+            for (d, &reg) in COORD.iter().enumerate().take(nrows) {
+                let coef = off.of(d as u32) * 4;
+                if coef != 0 {
+                    let coef = i32::try_from(coef).map_err(|_| NotHere("row stride".into()))?;
+                    self.a.imul_3(rcx, reg, coef)?;
+                    self.a.add(rax, rcx)?;
+                }
+            }
+            self.a.mov(qword_ptr(rsp + (S_BASE + 8 * b as i32)), rax)?;
+        }
+        Ok(())
+    }
+
+    fn add_imm(&mut self, r: AsmRegister64, imm: i64) -> R<()> {
+        if imm == 0 {
+            return Ok(());
+        }
+        match i32::try_from(imm) {
+            Ok(i) => self.a.add(r, i)?,
+            Err(_) => {
+                self.a.mov(rcx, imm)?;
+                self.a.add(r, rcx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A loop over `n` elements eight at a time (`r8` the element index), then the
+    /// last `n % 8` with a lane mask; `body(mask)` emits one vector's work.
+    fn row_loop(&mut self, n: u64, body: &mut dyn FnMut(&mut Self, Option<AsmRegisterYmm>) -> R<()>) -> R<()> {
+        self.a.xor(r8d, r8d)?;
+        let full = n / 8;
+        if full > 0 {
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            body(self, None)?;
+            self.a.add(r8, 8)?;
+            self.a.cmp(r8, (full * 8) as i32)?;
+            self.a.jb(l)?;
+        }
+        if n % 8 > 0 {
+            let m = ymm15;
+            let l = self.mask_label(n % 8);
+            self.a.vmovups(m, ymmword_ptr(l))?;
+            body(self, Some(m))?;
+        }
+        Ok(())
+    }
+
+    /// Reduction node `r` (`op` over `n` elements of `body`), its result broadcast to
+    /// the stack slot `slot`.
+    fn reduction(&mut self, r: u32, op: ReduceOp, body: ExprId, n: u64, slot: i32) -> R<()> {
+        // Two accumulators (even and odd vectors) for latency; ymm13, ymm14.
+        let (acc0, acc1) = (ymm13, ymm14);
+        let init = if op == ReduceOp::Sum { 0u32 } else { f32::NEG_INFINITY.to_bits() };
+        for acc in [acc0, acc1] {
+            let l = self.const_label(init);
+            self.a.vbroadcastss(acc, dword_ptr(l))?;
+        }
+        let mut parity = 0usize;
+        let mut body_fn = |e: &mut Self, mask: Option<AsmRegisterYmm>| -> R<()> {
+            let mut v = e.fresh(&[body], |pl| pl == Place::Along(r));
+            v.pool.retain(|&x| x != acc0 && x != acc1 && Some(x) != mask);
+            let x = e.eval(body, &mut v, mask)?;
+            if let Some(m) = mask {
+                // Masked lanes: 0 for a sum, −∞ for a max.
+                if op == ReduceOp::Sum {
+                    e.a.vandps(x, x, m)?;
+                } else {
+                    let t = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+                    let l = e.const_label(f32::NEG_INFINITY.to_bits());
+                    e.a.vbroadcastss(t, dword_ptr(l))?;
+                    e.a.vblendvps(x, t, x, m)?;
+                }
+            }
+            let acc = if parity % 2 == 0 { acc0 } else { acc1 };
+            parity += 1;
+            let t1 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+            let t2 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+            e.combine(op, acc, x, [t1, t2])
+        };
+        // The loop body is emitted once for the full vectors: alternate accumulators by
+        // unrolling two vectors per iteration when there are at least two.
+        let full = n / 8;
+        self.a.xor(r8d, r8d)?;
+        if full >= 2 {
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            body_fn(self, None)?;
+            self.a.add(r8, 8)?;
+            body_fn(self, None)?;
+            self.a.add(r8, 8)?;
+            self.a.cmp(r8, (full / 2 * 16) as i32)?;
+            self.a.jb(l)?;
+        }
+        if full % 2 == 1 {
+            body_fn(self, None)?;
+            self.a.add(r8, 8)?;
+        }
+        if n % 8 > 0 {
+            let m = ymm15;
+            let l = self.mask_label(n % 8);
+            self.a.vmovups(m, ymmword_ptr(l))?;
+            body_fn(self, Some(m))?;
+        }
+        // Fold: the two accumulators, then across lanes (every lane ends with the total).
+        let t = [ymm11, ymm12];
+        self.combine(op, acc0, acc1, t)?;
+        self.a.vperm2f128(acc1, acc0, acc0, 0x01)?;
+        self.combine(op, acc0, acc1, t)?;
+        self.a.vpermilps(acc1, acc0, 0x4E)?;
+        self.combine(op, acc0, acc1, t)?;
+        self.a.vpermilps(acc1, acc0, 0xB1)?;
+        self.combine(op, acc0, acc1, t)?;
+        self.a.vmovups(ymmword_ptr(rsp + slot), acc0)?;
+        Ok(())
+    }
+
+    /// `acc = op(acc, x)`; `t` is scratch.
+    fn combine(&mut self, op: ReduceOp, acc: AsmRegisterYmm, x: AsmRegisterYmm, t: [AsmRegisterYmm; 2]) -> R<()> {
+        if op == ReduceOp::Sum {
+            self.a.vaddps(acc, acc, x)?;
+        } else {
+            self.nan_max_min(true, acc, acc, x, t)?;
+        }
+        Ok(())
+    }
+
+    /// `dst = max(x, y)` (or min): NaN in either gives NaN. `t` is scratch, distinct
+    /// from the others; `dst` may be `x` or `y`.
+    fn nan_max_min(
+        &mut self,
+        max: bool,
+        dst: AsmRegisterYmm,
+        x: AsmRegisterYmm,
+        y: AsmRegisterYmm,
+        [t, m]: [AsmRegisterYmm; 2],
+    ) -> R<()> {
+        // vmaxps gives its second operand when either is NaN, so max(x, y) keeps a NaN
+        // y; where x is NaN, take x.
+        if max {
+            self.a.vmaxps(t, x, y)?;
+        } else {
+            self.a.vminps(t, x, y)?;
+        }
+        self.a.vcmpps(m, x, x, 3)?; // UNORD_Q: x is NaN
+        self.a.vblendvps(dst, t, x, m)?;
+        Ok(())
+    }
+
+    /// A fresh evaluation of the nodes under `roots` that `keep` places in the loop (row
+    /// values come from their slots).
+    fn fresh(&self, roots: &[ExprId], keep: impl Fn(Place) -> bool) -> Vec8 {
+        let mut uses: HashMap<u32, u32> = HashMap::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<ExprId> = roots.to_vec();
+        while let Some(e) = stack.pop() {
+            if !seen.insert(e.0) {
+                continue;
+            }
+            let pl = self.p.place[e.index()];
+            let n = &self.k.node(e).expr;
+            // Below a row value (evaluated already) or a load, nothing is evaluated.
+            if (pl == Place::Row && !roots.contains(&e)) || matches!(n, Expr::Load { .. }) || !keep_or_row(pl, &keep) {
+                continue;
+            }
+            if matches!(n, Expr::Reduce { .. }) && !roots.contains(&e) {
+                continue;
+            }
+            n.for_each_operand(|o| {
+                *uses.entry(o.0).or_insert(0) += 1;
+                stack.push(o);
+            });
+        }
+        Vec8 { memo: HashMap::new(), uses, pool: YMM[..13].iter().rev().copied().collect(), computing: None }
+    }
+
+    /// A register for a node whose operands are `ops`: an operand's register at its
+    /// last use, else a free one.
+    fn result_reg(&mut self, ops: &[ExprId], v: &mut Vec8) -> R<AsmRegisterYmm> {
+        let mut dst = None;
+        for &o in ops {
+            let left = v.uses.get_mut(&o.0).map(|u| {
+                *u = u.saturating_sub(1);
+                *u
+            });
+            if left == Some(0) {
+                if let Some(r) = v.memo.remove(&o.0) {
+                    if dst.is_none() {
+                        dst = Some(r);
+                    } else if dst != Some(r) {
+                        v.pool.push(r);
+                    }
+                }
+            }
+        }
+        match dst {
+            Some(d) => Ok(d),
+            None => v.pool.pop().ok_or_else(|| NotHere("a row expression needs more registers".into())),
+        }
+    }
+
+    /// Evaluates `e` for the current vector (`r8` the element index; `mask` the lane
+    /// mask of a tail vector).
+    fn eval(&mut self, e: ExprId, v: &mut Vec8, mask: Option<AsmRegisterYmm>) -> R<AsmRegisterYmm> {
+        if let Some(&r) = v.memo.get(&e.0) {
+            return Ok(r);
+        }
+        let node = self.k.node(e).clone();
+        let pl = self.p.place[e.index()];
+        let from_slot = pl == Place::Row
+            && self.slots.contains_key(&e.0)
+            && !matches!(node.expr, Expr::Const(_))
+            && v.computing != Some(e.0);
+        let r = if from_slot {
+            // A row value evaluated earlier.
+            let r = self.result_reg(&[], v)?;
+            self.a.vmovups(r, ymmword_ptr(rsp + self.slots[&e.0]))?;
+            r
+        } else {
+            match &node.expr {
+                Expr::Const(bits) => {
+                    let r = self.result_reg(&[], v)?;
+                    let l = self.const_label(*bits as u32);
+                    self.a.vbroadcastss(r, dword_ptr(l))?;
+                    r
+                }
+                Expr::Load { .. } => {
+                    let lp = &self.p.loads[&e.0];
+                    let (base, step) = (lp.base, lp.step);
+                    let r = self.result_reg(&[], v)?;
+                    self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+                    if step == 0 {
+                        self.a.vbroadcastss(r, dword_ptr(rax))?;
+                    } else {
+                        match mask {
+                            Some(m) => self.a.vmaskmovps(r, m, ymmword_ptr(rax + r8 * 4))?,
+                            None => self.a.vmovups(r, ymmword_ptr(rax + r8 * 4))?,
+                        }
+                    }
+                    r
+                }
+                Expr::Cast { value, .. } => {
+                    let r = self.eval(*value, v, mask)?;
+                    if let Some(u) = v.uses.get_mut(&value.0) {
+                        *u = u.saturating_sub(1);
+                    }
+                    v.memo.remove(&value.0);
+                    v.memo.insert(e.0, r);
+                    return Ok(r);
+                }
+                Expr::Binary(op, x, y) => {
+                    let rx = self.eval(*x, v, mask)?;
+                    let ry = self.eval(*y, v, mask)?;
+                    match op {
+                        BinaryOp::Max | BinaryOp::Min => {
+                            let t1 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+                            let t2 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+                            let dst = self.result_reg(&[*x, *y], v)?;
+                            self.nan_max_min(*op == BinaryOp::Max, dst, rx, ry, [t1, t2])?;
+                            v.pool.push(t1);
+                            v.pool.push(t2);
+                            dst
+                        }
+                        _ => {
+                            let dst = self.result_reg(&[*x, *y], v)?;
+                            match op {
+                                BinaryOp::Add => self.a.vaddps(dst, rx, ry)?,
+                                BinaryOp::Sub => self.a.vsubps(dst, rx, ry)?,
+                                BinaryOp::Mul => self.a.vmulps(dst, rx, ry)?,
+                                _ => self.a.vdivps(dst, rx, ry)?,
+                            }
+                            dst
+                        }
+                    }
+                }
+                Expr::Unary(op, x) => {
+                    let rx = self.eval(*x, v, mask)?;
+                    match op {
+                        UnaryOp::Sqrt => {
+                            let dst = self.result_reg(&[*x], v)?;
+                            self.a.vsqrtps(dst, rx)?;
+                            dst
+                        }
+                        UnaryOp::Neg | UnaryOp::Abs => {
+                            let bits = if *op == UnaryOp::Neg { 0x8000_0000u32 } else { 0x7fff_ffff };
+                            let l = self.const_label(bits);
+                            let t = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+                            self.a.vbroadcastss(t, dword_ptr(l))?;
+                            let dst = self.result_reg(&[*x], v)?;
+                            if *op == UnaryOp::Neg {
+                                self.a.vxorps(dst, rx, t)?;
+                            } else {
+                                self.a.vandps(dst, rx, t)?;
+                            }
+                            v.pool.push(t);
+                            dst
+                        }
+                        _ => {
+                            let n = if *op == UnaryOp::Exp { 4 } else { 8 };
+                            let mut t = Vec::with_capacity(n);
+                            for _ in 0..n {
+                                t.push(v.pool.pop().ok_or_else(|| NotHere("registers".into()))?);
+                            }
+                            let dst = self.result_reg(&[*x], v)?;
+                            let mut y = super::math::Ymm {
+                                a: &mut self.a,
+                                consts: &mut self.consts,
+                                vconsts: &mut self.vconsts,
+                            };
+                            if *op == UnaryOp::Exp {
+                                y.exp(dst, rx, [t[0], t[1], t[2], t[3]])?;
+                            } else {
+                                y.erf(dst, rx, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]])?;
+                            }
+                            v.pool.extend(t);
+                            dst
+                        }
+                    }
+                }
+                _ => return no("an operation without a row form here"),
+            }
+        };
+        v.memo.insert(e.0, r);
+        Ok(r)
+    }
+}
+
+fn keep_or_row(pl: Place, keep: &impl Fn(Place) -> bool) -> bool {
+    pl == Place::Row || keep(pl)
+}
+
+/// The nodes the root depends on.
+fn needed(k: &Kernel) -> Vec<bool> {
+    let mut need = vec![false; k.nodes.len()];
+    need[k.root.index()] = true;
+    for i in (0..k.nodes.len()).rev() {
+        if need[i] {
+            k.nodes[i].expr.for_each_operand(|o| need[o.index()] = true);
+        }
+    }
+    need
+}
