@@ -3,8 +3,10 @@
 //! reductions run along a row too — Softmax, LayerNorm, row means and maxima with their
 //! epilogues. Cranelift's code for them runs four lanes; this runs eight.
 //!
-//! A workgroup is one row (every output index but the innermost), as for general
-//! kernels. Per row, in the kernel's node order:
+//! Only kernels with a reduction take this path (elementwise kernels are memory-bound,
+//! and the general loops need no per-row index decoding). A workgroup is one row (every
+//! output index but the innermost), as for general kernels. Per row, in the kernel's
+//! node order:
 //! - values constant along the row (row statistics and what is computed from them) are
 //!   evaluated once, as vectors of eight equal lanes kept on the stack;
 //! - each reduction (`Sum` or `Max` over one variable) is a loop over its row eight
@@ -75,6 +77,11 @@ fn plan(k: &Kernel) -> R<Plan> {
         if t.storage_bytes() > i32::MAX as usize {
             return no("an operand over 2 GiB");
         }
+    }
+    // Without a reduction along the row, the general code generator's loops (four lanes,
+    // no per-row index decoding) serve as well: elementwise kernels are memory-bound.
+    if !k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. })) {
+        return no("no reduction along the row");
     }
     let free = k.free_vars();
     // Reduction variable → its reduction node.
