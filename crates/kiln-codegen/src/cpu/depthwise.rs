@@ -27,10 +27,8 @@ use iced_x86::code_asm::*;
 use kiln_flow::window::{Depthwise, Step, StepOperand};
 use kiln_flow::Kernel;
 
+use super::asm::{enter, leave, Tables, YMM};
 use super::gemm::{no, NotHere, R};
-
-const YMM: [AsmRegisterYmm; 16] =
-    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
 
 /// Emits `k` as a depthwise kernel (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
@@ -49,8 +47,8 @@ struct Emit<'d> {
     out_slot: usize,
     /// Per-channel epilogue operands, one stack vector each.
     channel: Vec<(u32, kiln_flow::contraction::AffineIndex)>,
-    consts: Vec<(u32, CodeLabel)>,
-    masks: Vec<(u8, CodeLabel)>,
+    /// Lane masks and constants, emitted after the code.
+    t: Tables,
     /// Registers: taps, then scratch, then accumulators.
     taps: Vec<AsmRegisterYmm>,
     scratch: Vec<AsmRegisterYmm>,
@@ -76,8 +74,7 @@ impl<'d> Emit<'d> {
             d,
             out_slot: inputs,
             channel,
-            consts: Vec::new(),
-            masks: Vec::new(),
+            t: Tables::default(),
             taps: YMM[..ntaps].to_vec(),
             scratch: YMM[ntaps..ntaps + nscratch].to_vec(),
             accs: YMM[ntaps + nscratch..].to_vec(),
@@ -85,21 +82,12 @@ impl<'d> Emit<'d> {
     }
 
     fn const_label(&mut self, bits: u32) -> CodeLabel {
-        if let Some(c) = self.consts.iter().find(|c| c.0 == bits) {
-            return c.1;
-        }
-        let l = self.a.create_label();
-        self.consts.push((bits, l));
-        l
+        self.t.scalar(&mut self.a, bits)
     }
 
-    fn mask_label(&mut self, lanes: u8) -> CodeLabel {
-        if let Some(m) = self.masks.iter().find(|m| m.0 == lanes) {
-            return m.1;
-        }
-        let l = self.a.create_label();
-        self.masks.push((lanes, l));
-        l
+    /// The mask with lane `i` on where bit `i` of `bits` is set.
+    fn mask_label(&mut self, bits: u8) -> CodeLabel {
+        self.t.mask(&mut self.a, bits)
     }
 
     /// Lanes `e` of `0..8` with `0 ≤ first + e < extent`, as bits.
@@ -141,9 +129,7 @@ impl<'d> Emit<'d> {
         let coef = |v: Option<u32>| v.map_or(0, |v| woff.of(v));
         let (w_c, w_kh, w_kw) = (woff.of(1), coef(d.taps[0]), coef(d.taps[1]));
 
-        for r in [rbx, rbp, r12, r13, r14, r15] {
-            self.a.push(r)?;
-        }
+        enter(&mut self.a)?;
         self.a.sub(rsp, frame)?;
         // rdi bindings, rdx begin, rcx end (clamped to the plane count).
         self.a.mov(rbp, rdi)?;
@@ -223,22 +209,8 @@ impl<'d> Emit<'d> {
         self.a.cmp(r10, r11)?;
         self.a.jb(plane)?;
         self.a.set_label(&mut done)?;
-        self.a.vzeroupper()?;
-        self.a.add(rsp, frame)?;
-        for r in [r15, r14, r13, r12, rbp, rbx] {
-            self.a.pop(r)?;
-        }
-        self.a.ret()?;
-        // Tables: lane masks (32 bytes), then 4-byte constants.
-        for (bits, mut l) in std::mem::take(&mut self.masks) {
-            self.a.set_label(&mut l)?;
-            let words: Vec<u32> = (0..8).map(|e| if bits >> e & 1 == 1 { u32::MAX } else { 0 }).collect();
-            self.a.dd(&words)?;
-        }
-        for (bits, mut l) in std::mem::take(&mut self.consts) {
-            self.a.set_label(&mut l)?;
-            self.a.dd(&[bits])?;
-        }
+        leave(&mut self.a, frame)?;
+        self.t.emit(&mut self.a)?;
         Ok((self.a.assemble(0)?, planes as u64))
     }
 

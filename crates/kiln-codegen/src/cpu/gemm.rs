@@ -41,7 +41,10 @@ use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
 use kiln_flow::contraction::Contraction;
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
+
+use super::asm::{add_imm, enter, leave, Tables, YMM};
+use super::math::Ymm;
 use kiln_ir::DType;
 
 /// Rows of a full panel: 6 (a 6×16 tile), or 4 (4×24) when that divides M and 6
@@ -107,8 +110,6 @@ fn tile_vectors(mr: u64, stride2: bool) -> u64 {
     }
 }
 
-const YMM: [AsmRegisterYmm; 16] =
-    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
 const ZMM: [AsmRegisterZmm; 29] = [
     zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14, zmm15, zmm16,
     zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27, zmm28,
@@ -149,10 +150,8 @@ struct Emitter<'k> {
     a: CodeAssembler,
     k: &'k Kernel,
     c: Contraction,
-    consts: HashMap<u32, CodeLabel>,
-    /// 32-byte vector constants (eight copies), read as memory operands.
-    vconsts: HashMap<u32, CodeLabel>,
-    masks: HashMap<u64, CodeLabel>,
+    /// Lane masks and constants, emitted after the code.
+    t: Tables,
     eloads: HashMap<u32, ELoad>,
     bases: Vec<Base>,
     /// How many times each epilogue node is an operand (within the epilogue).
@@ -188,9 +187,7 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
         a: CodeAssembler::new(64)?,
         k,
         c,
-        consts: HashMap::new(),
-        vconsts: HashMap::new(),
-        masks: HashMap::new(),
+        t: Tables::default(),
         eloads: HashMap::new(),
         bases: Vec::new(),
         uses: HashMap::new(),
@@ -357,9 +354,7 @@ impl Emitter<'_> {
                 self.check_epilogue(*x)?;
                 self.check_epilogue(*y)
             }
-            Expr::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf, x)
-                if node.ty == ScalarType::F32 =>
-            {
+            Expr::Unary(op, x) if node.ty == ScalarType::F32 && Ymm::has(*op) => {
                 self.check_epilogue(*x)
             }
             Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
@@ -386,35 +381,16 @@ impl Emitter<'_> {
     }
 
     fn const_label(&mut self, bits: u32) -> CodeLabel {
-        if let Some(l) = self.consts.get(&bits) {
-            return *l;
-        }
-        let l = self.a.create_label();
-        self.consts.insert(bits, l);
-        l
+        self.t.scalar(&mut self.a, bits)
     }
 
     fn mask_label(&mut self, lanes: u64) -> CodeLabel {
-        if let Some(l) = self.masks.get(&lanes) {
-            return *l;
-        }
-        let l = self.a.create_label();
-        self.masks.insert(lanes, l);
-        l
+        self.t.lanes(&mut self.a, lanes)
     }
 
-    /// `dst += imm` for any 64-bit `imm`.
+    /// `dst += imm` for any 64-bit `imm` (clobbers rax).
     fn add_imm(&mut self, dst: AsmRegister64, imm: i64) -> R<()> {
-        if imm == 0 {
-            return Ok(());
-        }
-        if let Ok(i) = i32::try_from(imm) {
-            self.a.add(dst, i)?;
-        } else {
-            self.a.mov(rax, imm)?;
-            self.a.add(dst, rax)?;
-        }
-        Ok(())
+        add_imm(&mut self.a, dst, imm, rax)
     }
 
     /// `dst += src * imm` (clobbers rax and rdx).
@@ -522,10 +498,7 @@ impl Emitter<'_> {
     }
 
     fn function(&mut self) -> R<()> {
-        let saved = [rbx, rbp, r12, r13, r14, r15];
-        for r in saved {
-            self.a.push(r)?;
-        }
+        enter(&mut self.a)?;
         let frame = self.frame();
         // Grow the stack a page at a time, touching each (a guard page is never
         // skipped).
@@ -685,28 +658,8 @@ impl Emitter<'_> {
             self.a.jb(block_top)?;
         }
         self.a.set_label(&mut done)?;
-        self.a.vzeroupper()?;
-        self.a.add(rsp, frame)?;
-        for r in saved.iter().rev() {
-            self.a.pop(*r)?;
-        }
-        self.a.ret()?;
-        // Constant table: masks (32 bytes each), then broadcast scalars.
-        let masks: Vec<(u64, CodeLabel)> = self.masks.iter().map(|(&k, &v)| (k, v)).collect();
-        let mut consts: Vec<(u32, CodeLabel)> = self.consts.iter().map(|(&k, &v)| (k, v)).collect();
-        consts.sort_by_key(|c| c.0);
-        mask_table(&mut self.a, masks)?;
-        let mut vconsts: Vec<(u32, CodeLabel)> = self.vconsts.iter().map(|(&k, &v)| (k, v)).collect();
-        vconsts.sort_by_key(|c| c.0);
-        for (bits, mut l) in vconsts {
-            self.a.set_label(&mut l)?;
-            self.a.dd(&[bits; 8])?;
-        }
-        for (bits, mut l) in consts {
-            self.a.set_label(&mut l)?;
-            self.a.dd(&[bits])?;
-        }
-        Ok(())
+        leave(&mut self.a, frame)?;
+        self.t.emit(&mut self.a)
     }
 
     /// Columns of a packed block: the full panel's tile width (16, 24 or 64).
@@ -1197,7 +1150,7 @@ impl Emitter<'_> {
     /// a single-row tile leaves, so it takes the row loop with every register free).
     fn transcendental_epilogue(&self) -> bool {
         self.uses.keys().chain(std::iter::once(&self.k.root.0)).any(|&e| {
-            matches!(self.k.node(ExprId(e)).expr, Expr::Unary(UnaryOp::Exp | UnaryOp::Erf, _))
+            matches!(self.k.node(ExprId(e)).expr, Expr::Unary(op, _) if Ymm::scratch(op) > 0)
         })
     }
 
@@ -1375,49 +1328,18 @@ impl Emitter<'_> {
                     }
                 }
             }
-            Expr::Unary(op, x) => {
+            Expr::Unary(op, x) if Ymm::has(*op) => {
                 let rx = self.eval(*x, slot, ev)?;
-                match op {
-                    UnaryOp::Sqrt => {
-                        let dst = self.result_reg(&[*x], ev)?;
-                        self.a.vsqrtps(dst, rx)?;
-                        dst
-                    }
-                    UnaryOp::Neg | UnaryOp::Abs => {
-                        let (bits, neg) = if *op == UnaryOp::Neg { (0x8000_0000u32, true) } else { (0x7fff_ffff, false) };
-                        let l = self.const_label(bits);
-                        let t = self.result_reg(&[], ev)?;
-                        self.a.vbroadcastss(t, dword_ptr(l))?;
-                        let dst = self.result_reg(&[*x], ev)?;
-                        if neg {
-                            self.a.vxorps(dst, rx, t)?;
-                        } else {
-                            self.a.vandps(dst, rx, t)?;
-                        }
-                        ev.pool.push(t);
-                        dst
-                    }
-                    UnaryOp::Exp | UnaryOp::Erf => {
-                        // Scratch first, so the result may take x's register when this is
-                        // its last use.
-                        let n = if *op == UnaryOp::Exp { 4 } else { 8 };
-                        let mut t = Vec::with_capacity(n);
-                        for _ in 0..n {
-                            t.push(ev.pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()))?);
-                        }
-                        let dst = self.result_reg(&[*x], ev)?;
-                        let mut y =
-                            super::math::Ymm { a: &mut self.a, consts: &mut self.consts, vconsts: &mut self.vconsts };
-                        if *op == UnaryOp::Exp {
-                            y.exp(dst, rx, [t[0], t[1], t[2], t[3]])?;
-                        } else {
-                            y.erf(dst, rx, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]])?;
-                        }
-                        ev.pool.extend(t);
-                        dst
-                    }
-                    other => return no(format!("epilogue operation {}", other.name())),
+                // Scratch first, so the result may take x's register when this is its
+                // last use.
+                let mut t = Vec::with_capacity(Ymm::scratch(*op));
+                for _ in 0..Ymm::scratch(*op) {
+                    t.push(ev.pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()))?);
                 }
+                let dst = self.result_reg(&[*x], ev)?;
+                Ymm { a: &mut self.a, t: &mut self.t }.unary(*op, dst, rx, &t)?;
+                ev.pool.extend(t);
+                dst
             }
             Expr::Cast { value, .. } => {
                 let r = self.eval(*value, slot, ev)?;
@@ -1445,18 +1367,6 @@ struct Eval<'p> {
     /// Uses of each node not yet evaluated.
     uses: HashMap<u32, u32>,
     pool: &'p mut Vec<AsmRegisterYmm>,
-}
-
-/// Emits the lane masks `masks` refers to (32 bytes each: `lanes` all-ones words,
-/// then zeros), in lane-count order, each at its label.
-pub(crate) fn mask_table(a: &mut CodeAssembler, mut masks: Vec<(u64, CodeLabel)>) -> R<()> {
-    masks.sort_by_key(|m| m.0);
-    for (lanes, mut l) in masks {
-        a.set_label(&mut l)?;
-        let words: Vec<u32> = (0..8).map(|i| if i < lanes { u32::MAX } else { 0 }).collect();
-        a.dd(&words)?;
-    }
-    Ok(())
 }
 
 /// The accumulator an epilogue evaluation is for.

@@ -27,13 +27,14 @@
 //! steps as FMAs, as the general path does on a target with FMA), so an epilogue gives
 //! the same bits as the general code generator's loops.
 
-use std::collections::HashMap;
-
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{types, ConstantData, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
-use iced_x86::code_asm::{dword_ptr, ymmword_ptr, AsmMemoryOperand, AsmRegisterYmm, CodeAssembler, CodeLabel};
+use iced_x86::code_asm::{dword_ptr, ymmword_ptr, AsmMemoryOperand, AsmRegisterYmm, CodeAssembler};
 use iced_x86::IcedError;
+use kiln_flow::UnaryOp;
+
+use super::asm::Tables;
 
 /// Lane order for vector bitcasts.
 fn lanes(ty: Type) -> MemFlagsData {
@@ -226,21 +227,53 @@ pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     }
 }
 
-/// The AVX2 forms (see the module docs): an assembler and its tables of constants,
-/// `consts` broadcast from 4 bytes, `vconsts` read whole as 32-byte vectors (memory
-/// operands: no broadcast instruction); the owner emits both after the code.
+/// The AVX2 forms (see the module docs), and the other unary operations the
+/// machine-code kernels evaluate: an assembler and the kernel's constant tables
+/// (scalars broadcast from 4 bytes, vectors read whole as memory operands), which the
+/// kernel emits after its code.
 pub(crate) struct Ymm<'a> {
     pub a: &'a mut CodeAssembler,
-    pub consts: &'a mut HashMap<u32, CodeLabel>,
-    pub vconsts: &'a mut HashMap<u32, CodeLabel>,
+    pub t: &'a mut Tables,
 }
 
 type Asm = Result<(), IcedError>;
 
 impl Ymm<'_> {
+    /// Scratch registers [`Ymm::unary`] needs for `op`.
+    pub fn scratch(op: UnaryOp) -> usize {
+        match op {
+            UnaryOp::Exp => 4,
+            UnaryOp::Erf => 8,
+            _ => 0,
+        }
+    }
+
+    /// Whether [`Ymm::unary`] has a form for `op`.
+    pub fn has(op: UnaryOp) -> bool {
+        matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf)
+    }
+
+    /// `dst = op(x)` for an operation [`Ymm::has`]; `dst` may be `x`; `t` holds at least
+    /// [`Ymm::scratch`] registers distinct from both.
+    pub fn unary(&mut self, op: UnaryOp, dst: AsmRegisterYmm, x: AsmRegisterYmm, t: &[AsmRegisterYmm]) -> Asm {
+        match op {
+            UnaryOp::Sqrt => self.a.vsqrtps(dst, x),
+            UnaryOp::Neg => {
+                let m = self.v(0x8000_0000);
+                self.a.vxorps(dst, x, m)
+            }
+            UnaryOp::Abs => {
+                let m = self.v(0x7fff_ffff);
+                self.a.vandps(dst, x, m)
+            }
+            UnaryOp::Exp => self.exp(dst, x, [t[0], t[1], t[2], t[3]]),
+            _ => self.erf(dst, x, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]),
+        }
+    }
+
     /// `r` = eight copies of `bits`.
     fn splat(&mut self, r: AsmRegisterYmm, bits: u32) -> Asm {
-        let l = label(self.a, self.consts, bits);
+        let l = self.t.scalar(self.a, bits);
         self.a.vbroadcastss(r, dword_ptr(l))
     }
 
@@ -250,7 +283,7 @@ impl Ymm<'_> {
 
     /// Eight copies of `bits` as a memory operand.
     fn v(&mut self, bits: u32) -> AsmMemoryOperand {
-        ymmword_ptr(label(self.a, self.vconsts, bits))
+        ymmword_ptr(self.t.vector(self.a, bits))
     }
 
     fn vf(&mut self, x: f32) -> AsmMemoryOperand {
@@ -336,9 +369,4 @@ impl Ymm<'_> {
         self.a.vorps(e, e, sign)?;
         self.a.vblendvps(dst, e, small, mask)
     }
-}
-
-/// The label of `bits` in `table`, made on first use.
-fn label(a: &mut CodeAssembler, table: &mut HashMap<u32, CodeLabel>, bits: u32) -> CodeLabel {
-    *table.entry(bits).or_insert_with(|| a.create_label())
 }

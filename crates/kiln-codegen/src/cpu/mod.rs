@@ -21,6 +21,7 @@
 //! CPU features they use.
 
 mod analysis;
+mod asm;
 mod depthwise;
 mod emit;
 mod gemm;

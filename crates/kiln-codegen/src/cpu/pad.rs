@@ -12,7 +12,8 @@ use iced_x86::code_asm::*;
 use kiln_flow::contraction::affine;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::gemm::{mask_table, no, NotHere, R};
+use super::asm::Tables;
+use super::gemm::{no, NotHere, R};
 
 /// A recognised padding kernel.
 struct Padding {
@@ -69,16 +70,9 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         in_stride[d] = in_stride[d + 1] * p.in_dims[d + 1];
     }
     let mut a = CodeAssembler::new(64)?;
-    let mut masks: Vec<(u64, CodeLabel)> = Vec::new();
-    let mut mask = |a: &mut CodeAssembler, lanes: u64| -> CodeLabel {
-        if let Some(m) = masks.iter().find(|m| m.0 == lanes) {
-            return m.1;
-        }
-        let l = a.create_label();
-        masks.push((lanes, l));
-        l
-    };
-    let mut value = a.create_label();
+    let mut t = Tables::default();
+    let value = t.scalar(&mut a, p.value);
+    let mut mask = |a: &mut CodeAssembler, lanes: u64| -> CodeLabel { t.lanes(a, lanes) };
     a.push(rbx)?;
     // rdi bindings, rdx begin, rcx end (clamped to the row count).
     a.mov(rax, rows)?;
@@ -176,8 +170,6 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.vzeroupper()?;
     a.pop(rbx)?;
     a.ret()?;
-    mask_table(&mut a, masks)?;
-    a.set_label(&mut value)?;
-    a.dd(&[p.value])?;
+    t.emit(&mut a)?;
     Ok((a.assemble(0)?, rows as u64))
 }

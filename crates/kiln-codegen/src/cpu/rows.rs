@@ -25,13 +25,12 @@ use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
 use kiln_flow::contraction::{load_offset, AffineIndex};
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
 use kiln_ir::DType;
 
-use super::gemm::{mask_table, no, NotHere, R};
-
-const YMM: [AsmRegisterYmm; 16] =
-    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
+use super::asm::{add_imm, enter, leave, Tables, YMM};
+use super::gemm::{no, NotHere, R};
+use super::math::Ymm;
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -122,7 +121,7 @@ fn plan(k: &Kernel) -> R<Plan> {
                 _,
                 _,
             ) => {}
-            Expr::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf, _) => {}
+            Expr::Unary(op, _) if Ymm::has(*op) => {}
             Expr::Cast { value, to: DType::F32, .. } if k.node(*value).ty == ScalarType::F32 => {}
             _ => return no("an operation without a row form here"),
         }
@@ -175,15 +174,7 @@ fn plan(k: &Kernel) -> R<Plan> {
 /// Emits `k` as a row kernel (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let p = plan(k)?;
-    let mut e = Emit {
-        a: CodeAssembler::new(64)?,
-        k,
-        p,
-        consts: HashMap::new(),
-        vconsts: HashMap::new(),
-        masks: Vec::new(),
-        slots: HashMap::new(),
-    };
+    let mut e = Emit { a: CodeAssembler::new(64)?, k, p, t: Tables::default(), slots: HashMap::new() };
     let wg = e.function()?;
     Ok((e.a.assemble(0)?, wg))
 }
@@ -192,9 +183,8 @@ struct Emit<'k> {
     a: CodeAssembler,
     k: &'k Kernel,
     p: Plan,
-    consts: HashMap<u32, CodeLabel>,
-    vconsts: HashMap<u32, CodeLabel>,
-    masks: Vec<(u64, CodeLabel)>,
+    /// Lane masks and constants, emitted after the code.
+    t: Tables,
     /// Row values on the stack: node → byte offset from rsp.
     slots: HashMap<u32, i32>,
 }
@@ -215,16 +205,11 @@ const S_BASE: i32 = 16;
 
 impl Emit<'_> {
     fn const_label(&mut self, bits: u32) -> CodeLabel {
-        *self.consts.entry(bits).or_insert_with(|| self.a.create_label())
+        self.t.scalar(&mut self.a, bits)
     }
 
     fn mask_label(&mut self, lanes: u64) -> CodeLabel {
-        if let Some(m) = self.masks.iter().find(|m| m.0 == lanes) {
-            return m.1;
-        }
-        let l = self.a.create_label();
-        self.masks.push((lanes, l));
-        l
+        self.t.lanes(&mut self.a, lanes)
     }
 
     fn function(&mut self) -> R<u64> {
@@ -241,9 +226,7 @@ impl Emit<'_> {
             }
         }
         let frame = off + 8;
-        for r in [rbx, rbp, r12, r13, r14, r15] {
-            self.a.push(r)?;
-        }
+        enter(&mut self.a)?;
         self.a.sub(rsp, frame)?;
         self.a.mov(rbp, rdi)?;
         self.a.mov(rax, rows as i64)?;
@@ -302,26 +285,8 @@ impl Emit<'_> {
         self.a.cmp(rax, qword_ptr(rsp + S_END))?;
         self.a.jb(top)?;
         self.a.set_label(&mut done)?;
-        self.a.vzeroupper()?;
-        self.a.add(rsp, frame)?;
-        for r in [r15, r14, r13, r12, rbp, rbx] {
-            self.a.pop(r)?;
-        }
-        self.a.ret()?;
-        let masks = std::mem::take(&mut self.masks);
-        mask_table(&mut self.a, masks)?;
-        let mut vc: Vec<(u32, CodeLabel)> = self.vconsts.iter().map(|(&b, &l)| (b, l)).collect();
-        vc.sort_by_key(|c| c.0);
-        for (bits, mut l) in vc {
-            self.a.set_label(&mut l)?;
-            self.a.dd(&[bits; 8])?;
-        }
-        let mut scalars: Vec<(u32, CodeLabel)> = self.consts.iter().map(|(&b, &l)| (b, l)).collect();
-        scalars.sort_by_key(|c| c.0);
-        for (bits, mut l) in scalars {
-            self.a.set_label(&mut l)?;
-            self.a.dd(&[bits])?;
-        }
+        leave(&mut self.a, frame)?;
+        self.t.emit(&mut self.a)?;
         Ok(rows)
     }
 
@@ -346,7 +311,7 @@ impl Emit<'_> {
             let (binding, off) = self.p.bases[b].clone();
             self.a.mov(rax, qword_ptr(rbp + 8 * binding as i32))?;
             let c = off.c.checked_mul(4).ok_or_else(|| NotHere("offset overflow".into()))?;
-            self.add_imm(rax, c)?;
+            add_imm(&mut self.a, rax, c, rcx)?;
             for (d, &reg) in COORD.iter().enumerate().take(nrows) {
                 let coef = off.of(d as u32) * 4;
                 if coef != 0 {
@@ -356,20 +321,6 @@ impl Emit<'_> {
                 }
             }
             self.a.mov(qword_ptr(rsp + (S_BASE + 8 * b as i32)), rax)?;
-        }
-        Ok(())
-    }
-
-    fn add_imm(&mut self, r: AsmRegister64, imm: i64) -> R<()> {
-        if imm == 0 {
-            return Ok(());
-        }
-        match i32::try_from(imm) {
-            Ok(i) => self.a.add(r, i)?,
-            Err(_) => {
-                self.a.mov(rcx, imm)?;
-                self.a.add(r, rcx)?;
-            }
         }
         Ok(())
     }
@@ -513,9 +464,6 @@ impl Emit<'_> {
             if (pl == Place::Row && !roots.contains(&e)) || matches!(n, Expr::Load { .. }) || !keep_or_row(pl, &keep) {
                 continue;
             }
-            if matches!(n, Expr::Reduce { .. }) && !roots.contains(&e) {
-                continue;
-            }
             n.for_each_operand(|o| {
                 *uses.entry(o.0).or_insert(0) += 1;
                 stack.push(o);
@@ -625,47 +573,15 @@ impl Emit<'_> {
                 }
                 Expr::Unary(op, x) => {
                     let rx = self.eval(*x, v, mask)?;
-                    match op {
-                        UnaryOp::Sqrt => {
-                            let dst = self.result_reg(&[*x], v)?;
-                            self.a.vsqrtps(dst, rx)?;
-                            dst
-                        }
-                        UnaryOp::Neg | UnaryOp::Abs => {
-                            let bits = if *op == UnaryOp::Neg { 0x8000_0000u32 } else { 0x7fff_ffff };
-                            let l = self.const_label(bits);
-                            let t = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
-                            self.a.vbroadcastss(t, dword_ptr(l))?;
-                            let dst = self.result_reg(&[*x], v)?;
-                            if *op == UnaryOp::Neg {
-                                self.a.vxorps(dst, rx, t)?;
-                            } else {
-                                self.a.vandps(dst, rx, t)?;
-                            }
-                            v.pool.push(t);
-                            dst
-                        }
-                        _ => {
-                            let n = if *op == UnaryOp::Exp { 4 } else { 8 };
-                            let mut t = Vec::with_capacity(n);
-                            for _ in 0..n {
-                                t.push(v.pool.pop().ok_or_else(|| NotHere("registers".into()))?);
-                            }
-                            let dst = self.result_reg(&[*x], v)?;
-                            let mut y = super::math::Ymm {
-                                a: &mut self.a,
-                                consts: &mut self.consts,
-                                vconsts: &mut self.vconsts,
-                            };
-                            if *op == UnaryOp::Exp {
-                                y.exp(dst, rx, [t[0], t[1], t[2], t[3]])?;
-                            } else {
-                                y.erf(dst, rx, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]])?;
-                            }
-                            v.pool.extend(t);
-                            dst
-                        }
+                    // Scratch first, so the result may take x's register at its last use.
+                    let mut t = Vec::with_capacity(Ymm::scratch(*op));
+                    for _ in 0..Ymm::scratch(*op) {
+                        t.push(v.pool.pop().ok_or_else(|| NotHere("registers".into()))?);
                     }
+                    let dst = self.result_reg(&[*x], v)?;
+                    Ymm { a: &mut self.a, t: &mut self.t }.unary(*op, dst, rx, &t)?;
+                    v.pool.extend(t);
+                    dst
                 }
                 _ => return no("an operation without a row form here"),
             }

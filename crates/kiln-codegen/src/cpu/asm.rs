@@ -1,0 +1,109 @@
+//! What the machine-code kernels (`gemm`, `depthwise`, `rows`, `pad`) share: the
+//! register names, the callee-saved registers a kernel saves and restores, an immediate
+//! add, and the read-only tables each kernel carries after its code (lane masks, vector
+//! constants, broadcast scalars).
+
+use std::collections::HashMap;
+
+use iced_x86::code_asm::*;
+
+use super::gemm::R;
+
+pub(crate) const YMM: [AsmRegisterYmm; 16] =
+    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
+
+/// The System V callee-saved registers, in push order.
+const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
+
+/// Saves the callee-saved registers (the caller then reserves its frame).
+pub(crate) fn enter(a: &mut CodeAssembler) -> R<()> {
+    for r in SAVED {
+        a.push(r)?;
+    }
+    Ok(())
+}
+
+/// Releases a frame of `frame` bytes, restores the callee-saved registers and returns
+/// (after `vzeroupper`).
+pub(crate) fn leave(a: &mut CodeAssembler, frame: i32) -> R<()> {
+    a.vzeroupper()?;
+    a.add(rsp, frame)?;
+    for r in SAVED.iter().rev() {
+        a.pop(*r)?;
+    }
+    a.ret()?;
+    Ok(())
+}
+
+/// `dst += imm` for any 64-bit `imm` (through `scratch` when it needs more than 32 bits).
+pub(crate) fn add_imm(a: &mut CodeAssembler, dst: AsmRegister64, imm: i64, scratch: AsmRegister64) -> R<()> {
+    if imm == 0 {
+        return Ok(());
+    }
+    match i32::try_from(imm) {
+        Ok(i) => a.add(dst, i)?,
+        Err(_) => {
+            a.mov(scratch, imm)?;
+            a.add(dst, scratch)?;
+        }
+    }
+    Ok(())
+}
+
+/// A kernel's read-only data, emitted after its code: lane masks (eight 32-bit words,
+/// all ones where bit `i` of the pattern is set), 32-byte vector constants (eight copies,
+/// read as memory operands) and 4-byte scalars (read by broadcasts). Each value is
+/// stored once; the tables come out sorted, so the code is the same from run to run.
+#[derive(Default)]
+pub(crate) struct Tables {
+    masks: HashMap<u8, CodeLabel>,
+    vectors: HashMap<u32, CodeLabel>,
+    scalars: HashMap<u32, CodeLabel>,
+}
+
+impl Tables {
+    /// The lane mask with lane `i` on where bit `i` of `bits` is set.
+    pub fn mask(&mut self, a: &mut CodeAssembler, bits: u8) -> CodeLabel {
+        *self.masks.entry(bits).or_insert_with(|| a.create_label())
+    }
+
+    /// The mask of the first `lanes` lanes (1 to 8).
+    pub fn lanes(&mut self, a: &mut CodeAssembler, lanes: u64) -> CodeLabel {
+        self.mask(a, ((1u16 << lanes.min(8)) - 1) as u8)
+    }
+
+    /// Eight copies of `bits`, 32 bytes.
+    pub fn vector(&mut self, a: &mut CodeAssembler, bits: u32) -> CodeLabel {
+        *self.vectors.entry(bits).or_insert_with(|| a.create_label())
+    }
+
+    /// `bits` alone, 4 bytes.
+    pub fn scalar(&mut self, a: &mut CodeAssembler, bits: u32) -> CodeLabel {
+        *self.scalars.entry(bits).or_insert_with(|| a.create_label())
+    }
+
+    /// Emits the tables at the assembler's current position.
+    pub fn emit(&self, a: &mut CodeAssembler) -> R<()> {
+        let sorted = |m: &HashMap<u32, CodeLabel>| {
+            let mut v: Vec<(u32, CodeLabel)> = m.iter().map(|(&k, &l)| (k, l)).collect();
+            v.sort_by_key(|e| e.0);
+            v
+        };
+        let mut masks: Vec<(u8, CodeLabel)> = self.masks.iter().map(|(&k, &l)| (k, l)).collect();
+        masks.sort_by_key(|e| e.0);
+        for (bits, mut l) in masks {
+            a.set_label(&mut l)?;
+            let words: Vec<u32> = (0..8).map(|i| if bits >> i & 1 == 1 { u32::MAX } else { 0 }).collect();
+            a.dd(&words)?;
+        }
+        for (bits, mut l) in sorted(&self.vectors) {
+            a.set_label(&mut l)?;
+            a.dd(&[bits; 8])?;
+        }
+        for (bits, mut l) in sorted(&self.scalars) {
+            a.set_label(&mut l)?;
+            a.dd(&[bits])?;
+        }
+        Ok(())
+    }
+}
