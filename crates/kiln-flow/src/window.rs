@@ -118,7 +118,7 @@ impl Depthwise {
         let (reduce, rvars, body) = found?;
         let wide: Vec<u32> = rvars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
         let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
-        let (x, xi, w, wi) = [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
+        let (x, xi, padded, w, wi) = [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
             let Expr::Load { input: xa, index: xidx, bounds } = &k.node(a).expr else { return None };
             if !matches!(bounds, Bounds::InBounds | Bounds::Pad(0)) {
                 return None;
@@ -126,7 +126,8 @@ impl Depthwise {
             let Expr::Load { input: wa, index: widx, bounds: Bounds::InBounds } = &k.node(b).expr else {
                 return None;
             };
-            (xidx.len() == 4).then(|| (*xa, xidx.clone(), *wa, widx.clone()))
+            let padded = matches!(bounds, Bounds::Pad(_));
+            (xidx.len() == 4).then(|| (*xa, xidx.clone(), padded, *wa, widx.clone()))
         })?;
         for input in [x, w] {
             if k.inputs.get(input as usize)?.dtype != DType::F32 {
@@ -183,7 +184,7 @@ impl Depthwise {
             return None;
         }
         // In bounds without padding: the loads must stay inside the plane.
-        if matches!(k.node(x_load(k, body)?).expr, Expr::Load { bounds: Bounds::InBounds, .. }) {
+        if !padded {
             for d in 0..2 {
                 let lo = offset[d];
                 let hi = offset[d] + stride[d] * (out_dims[2 + d] as i64 - 1) + dilation[d] * (window[d] as i64 - 1);
@@ -201,13 +202,6 @@ impl Depthwise {
         let epilogue = chain(k, reduce)?;
         Some(Depthwise { x, w, w_offset, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue })
     }
-}
-
-/// The image load of the reduction's body (the one with 4 indices and a `Pad` or
-/// `InBounds` bound that `of` took as `x`).
-fn x_load(k: &Kernel, body: ExprId) -> Option<ExprId> {
-    let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
-    [p, q].into_iter().find(|&e| matches!(&k.node(e).expr, Expr::Load { index, .. } if index.len() == 4))
 }
 
 fn dims4(s: &kiln_ir::Shape) -> Option<[u64; 4]> {
