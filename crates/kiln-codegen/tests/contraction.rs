@@ -11,7 +11,9 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{compile_with, CpuTarget, Options, Packing};
+use kiln_flow::layout::pack_constants;
+use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
 use kiln_flow::{interp, BinaryOp, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
@@ -42,25 +44,75 @@ fn abs(t: &Tensor) -> Tensor {
     Tensor::from_vec(t.shape().clone(), v).unwrap()
 }
 
-/// Runs `k` as a microkernel (asserting it took that path) in 1 and 3 splits and
-/// compares with the interpreter within the bound of the module docs.
+/// `k` with its operands packed the way `cfg`'s microkernels read constants
+/// (`kiln_flow::layout::pack_constants`, every input taken as a constant), and the
+/// packed inputs; `None` when nothing is packed.
+fn packed(k: &Kernel, inputs: &[&Tensor], cfg: &Config) -> Option<(Kernel, Vec<Tensor>)> {
+    let buffer = |ty: TensorType, kind| Buffer { ty, name: "x".into(), kind };
+    let mut buffers: Vec<Buffer> = inputs.iter().map(|t| buffer(t.ty().clone(), BufferKind::Const((*t).clone()))).collect();
+    buffers.push(buffer(k.output.clone(), BufferKind::Result));
+    let n = inputs.len() as u32;
+    let mut p = FlowProgram {
+        name: "p".into(),
+        buffers,
+        dispatches: vec![Dispatch {
+            kernel: k.clone(),
+            operands: (0..n).map(BufferId).collect(),
+            result: BufferId(n),
+            sources: vec![],
+        }],
+        inputs: vec![],
+        outputs: vec![BufferId(n)],
+    };
+    let packing = Packing::new(&cfg.target, &cfg.options).unwrap();
+    if pack_constants(&mut p, &|k| packing.widths(k)) == 0 {
+        return None;
+    }
+    let d = &p.dispatches[0];
+    let tensors = d
+        .operands
+        .iter()
+        .map(|&b| match &p.buffer(b).kind {
+            BufferKind::Const(t) => t.clone(),
+            other => panic!("operand {other:?}"),
+        })
+        .collect();
+    Some((d.kernel.clone(), tensors))
+}
+
+/// Runs `k` as a microkernel (asserting it took that path) in 1 and 3 splits, as it is
+/// and with its operands packed into panels as constants would be, and compares with
+/// the interpreter within the bound of the module docs.
 fn check_micro(k: &Kernel, inputs: &[&Tensor], kk: usize) {
     let want = interp::run(k, inputs).unwrap();
     let absin: Vec<Tensor> = inputs.iter().map(|t| abs(t)).collect();
     let bound = interp::run(k, &absin.iter().collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap();
     let w = want.to_vec::<f32>().unwrap();
     for cfg in variants() {
-        let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap();
-        // (Depthwise convolutions of at most 9 taps take `cpu::depthwise`, tested in
-        // `tests/depthwise.rs`; they are checked here the same way.)
-        let taken = m.notes[0].starts_with("contraction") || m.notes[0].starts_with("depthwise");
-        assert!(taken, "{}: {}", k.name, m.notes[0]);
-        for splits in [1, 3] {
-            let got = run_compiled(k, inputs, &cfg, splits).to_vec::<f32>().unwrap();
-            for i in 0..w.len() {
-                let tol = (kk as f32 + 2.0) * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
-                let ok = (got[i] - w[i]).abs() <= tol || (got[i].is_nan() && w[i].is_nan());
-                assert!(ok, "{} {:?} splits {splits}: element {i}: got {}, want {} (tol {tol})", k.name, cfg.target, got[i], w[i]);
+        let packed = packed(k, inputs, &cfg);
+        let mut runs: Vec<(&Kernel, Vec<&Tensor>, &str)> = vec![(k, inputs.to_vec(), "")];
+        if let Some((pk, pin)) = &packed {
+            // The packed kernel is the same function of the original inputs.
+            assert_eq!(interp::run(pk, &pin.iter().collect::<Vec<_>>()).unwrap(), want, "{}: packing", k.name);
+            runs.push((pk, pin.iter().collect(), " (packed)"));
+        }
+        for (k, inputs, how) in runs {
+            let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap();
+            // (Depthwise convolutions of at most 9 taps take `cpu::depthwise`, tested in
+            // `tests/depthwise.rs`; they are checked here the same way.)
+            let taken = m.notes[0].starts_with("contraction") || m.notes[0].starts_with("depthwise");
+            assert!(taken, "{}{how}: {}", k.name, m.notes[0]);
+            for splits in [1, 3] {
+                let got = run_compiled(k, &inputs, &cfg, splits).to_vec::<f32>().unwrap();
+                for i in 0..w.len() {
+                    let tol = (kk as f32 + 2.0) * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
+                    let ok = (got[i] - w[i]).abs() <= tol || (got[i].is_nan() && w[i].is_nan());
+                    assert!(
+                        ok,
+                        "{}{how} {:?} splits {splits}: element {i}: got {}, want {} (tol {tol})",
+                        k.name, cfg.target, got[i], w[i]
+                    );
+                }
             }
         }
     }

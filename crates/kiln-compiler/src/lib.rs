@@ -125,14 +125,20 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     let g = tensor_passes(graph, opts)?;
     phases.push(("tensor passes", t.elapsed()));
     let t = Instant::now();
-    let flow = kiln_flow::program::form_with(&g, !opts.size)?;
+    let mut flow = kiln_flow::program::form_with(&g, !opts.size)?;
     phases.push(("dispatch formation", t.elapsed()));
+    let codegen = if opts.size { kiln_codegen::cpu::Options::size() } else { kiln_codegen::cpu::Options::default() };
+    let t = Instant::now();
+    let packing = kiln_codegen::Packing::new(&opts.target, &codegen).map_err(|e| CompileError::Codegen(e.to_string()))?;
+    if kiln_flow::layout::pack_constants(&mut flow, &|k| packing.widths(k)) > 0 {
+        flow.remove_dead();
+    }
+    phases.push(("weight packing", t.elapsed()));
     let t = Instant::now();
     let plan = stream::schedule(&flow)?;
     phases.push(("schedule", t.elapsed()));
     let t = Instant::now();
     let kernels: Vec<&kiln_flow::Kernel> = flow.dispatches.iter().map(|d| &d.kernel).collect();
-    let codegen = if opts.size { kiln_codegen::cpu::Options::size() } else { kiln_codegen::cpu::Options::default() };
     let cpu = kiln_codegen::cpu::compile_with(&kernels, &opts.target, &codegen)
         .map_err(|e| CompileError::Codegen(e.to_string()))?;
     phases.push(("codegen", t.elapsed()));

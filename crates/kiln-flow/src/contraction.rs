@@ -147,13 +147,65 @@ pub fn load_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<AffineInd
     Some(flat)
 }
 
+/// A constant operand laid out in panels at compile time ([`crate::layout::pack_constants`]):
+/// the input is `[⌈D / width⌉, L, width]` and element `(v, l)` of the operand (`v` the
+/// row variable of A or the column variable of B, `l` the flattened reduction) sits at
+/// `[v div width, l, v rem width]`, so one panel of `width` rows or columns is one
+/// contiguous stream over the whole reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Panel {
+    /// The variable the panels cut.
+    pub var: u32,
+    /// Rows or columns per panel.
+    pub width: u64,
+    /// Elements from one panel to the next (`L · width`).
+    pub stride: i64,
+}
+
 /// One operand of the contraction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Operand {
     /// The kernel input it reads.
     pub input: u32,
-    /// Its flat element offset over the kernel's variables.
+    /// Its flat element offset over the kernel's variables; for a [`Panel`] operand,
+    /// the offset within the panel (the panel variable's coefficient is 1), to which
+    /// `(var div width) · (stride − width)` adds the panel's start.
     pub offset: AffineIndex,
+    /// Set when the operand is laid out in panels.
+    pub panel: Option<Panel>,
+}
+
+/// The offset of a load at `[v div W, l, v rem W]` of a `[P, L, W]` input (a [`Panel`]
+/// layout), `l` affine over the kernel's variables and within `0..L`.
+pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineIndex, Panel)> {
+    let ty = k.inputs.get(input as usize)?;
+    let &[p, l, w] = ty.shape.dims() else { return None };
+    let &[d, mid, r] = index else { return None };
+    let split = |e: ExprId, op: BinaryOp| -> Option<u32> {
+        let Expr::Binary(o, x, c) = k.node(e).expr else { return None };
+        let Expr::Var(v) = k.node(x).expr else { return None };
+        (o == op && k.node(c).expr == Expr::Const(w as u64)).then_some(v.0)
+    };
+    let (v, v2) = (split(d, BinaryOp::Div)?, split(r, BinaryOp::Rem)?);
+    let ext = *k.vars.get(v as usize)?;
+    if v != v2 || w == 0 || (p as u64).checked_mul(w as u64)? < ext {
+        return None;
+    }
+    let mid = affine(k, mid)?;
+    // `l` stays within its axis.
+    let (mut lo, mut hi) = (mid.c, mid.c);
+    for (u, &c) in mid.coef.iter().enumerate() {
+        let top = c.checked_mul(i64::try_from(k.vars[u]).ok()?.checked_sub(1)?)?;
+        lo = lo.checked_add(top.min(0))?;
+        hi = hi.checked_add(top.max(0))?;
+    }
+    if lo < 0 || hi >= l as i64 || mid.of(v) != 0 {
+        return None;
+    }
+    let width = i64::try_from(w).ok()?;
+    let mut off = mid.scaled(width)?;
+    off.coef[v as usize] = 1;
+    Some((off, Panel { var: v, width: w as u64, stride: width.checked_mul(l as i64)? }))
 }
 
 /// A recognised contraction (see the module docs).
@@ -244,7 +296,13 @@ impl Contraction {
                 Expr::Load { input, index, bounds: Bounds::InBounds }
                     if k.inputs.get(*input as usize)?.dtype == DType::F32 =>
                 {
-                    Some(Operand { input: *input, offset: load_offset(k, *input, index)? })
+                    match load_offset(k, *input, index) {
+                        Some(offset) => Some(Operand { input: *input, offset, panel: None }),
+                        None => {
+                            let (offset, panel) = panel_offset(k, *input, index)?;
+                            Some(Operand { input: *input, offset, panel: Some(panel) })
+                        }
+                    }
                 }
                 _ => None,
             }
@@ -288,6 +346,10 @@ impl Contraction {
             .or_else(|| before().find(|&v| ext(v) == 1))?;
         let batch = (0..rank).filter(|&v| v != m && !n.contains(&v)).collect();
         let kk = kv.iter().try_fold(1u64, |acc, &v| acc.checked_mul(ext(v)))?;
+        // Panels cut A's rows or B's (single) column variable, nothing else.
+        if a.panel.is_some_and(|p| p.var != m) || b.panel.is_some_and(|p| n != [p.var]) {
+            return None;
+        }
         let dims = [ext(m), width as u64, kk];
         Some(Contraction { batch, m, n, k: kv.to_vec(), dims, a, b, reduce, n_strides: strides })
     }
@@ -389,6 +451,36 @@ mod tests {
         assert_eq!((c.a.input, c.b.input), (1, 0));
         assert_eq!(c.column_step(&c.b.offset), Some(1));
         assert_eq!(c.column_step(&c.a.offset), Some(0));
+    }
+
+    /// `w` packed in panels of 4 columns, `[⌈5/4⌉, 7, 4]`, read at `[n div 4, k, n rem 4]`:
+    /// a panel operand; with the division and remainder of different variables, or a
+    /// width other than the input's, it is not one.
+    #[test]
+    fn recognises_panel_operands() {
+        let build = |dvar: usize, width: i64| {
+            let mut kb = KernelBuilder::new("mm", vec![t(&[3, 7]), t(&[2, 7, 4])], t(&[3, 5]));
+            let o = kb.out_index();
+            let kv = kb.new_var(7);
+            let kk = kb.var(kv);
+            let x = kb.load(0, vec![o[0], kk]);
+            let c = kb.index(width);
+            let d = kb.binary(BinaryOp::Div, o[dvar], c);
+            let r = kb.binary(BinaryOp::Rem, o[1], c);
+            let w = kb.load(1, vec![d, kk, r]);
+            let p = kb.mul(x, w);
+            let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
+            kb.finish(s)
+        };
+        let c = Contraction::of(&build(1, 4).unwrap()).expect("a contraction");
+        assert_eq!(c.b.panel, Some(Panel { var: 1, width: 4, stride: 28 }));
+        assert_eq!((c.b.offset.of(1), c.b.offset.of(2)), (1, 4));
+        assert_eq!((c.m, c.n.clone(), c.dims), (0, vec![1], [3, 5, 7]));
+        // Rows 0..3 divided by 4 are 0 and fit the 2 panels, but the remainder is the
+        // columns': no panel, and the load is not affine either.
+        assert!(build(0, 4).ok().and_then(|k| Contraction::of(&k)).is_none());
+        // Panels of 2 do not match the input's width of 4 (nor its bounds).
+        assert!(build(1, 2).ok().and_then(|k| Contraction::of(&k)).is_none());
     }
 
     #[test]

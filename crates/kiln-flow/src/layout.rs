@@ -1,6 +1,7 @@
 //! Layout transforms that make kernels contractions ([`crate::contraction`]), so a
-//! target's matrix microkernels apply to them. Both run on the flow program and keep
-//! every kernel's results unchanged:
+//! target's matrix microkernels apply to them, and lay their constant operands out the
+//! way those microkernels read them. All run on the flow program and keep every
+//! kernel's results unchanged:
 //!
 //! - [`materialize_padding`]: a convolution reads its input through `Pad` bounds
 //!   (indices outside the tensor read 0). A dispatch in front of it writes the padded
@@ -13,13 +14,16 @@
 //!
 //! - [`materialize_columns`]: a convolution with few output columns reads its image
 //!   through a gathered copy laid out as the rows of one wide product (`im2col`).
+//! - [`pack_constants`]: the constant operands of contractions are copied into the
+//!   panels of the target's tiles (weight pre-packing); the widths are the target's
+//!   answer ([`PanelWidths`]), so this one runs when the target is known.
 //!
 //! Each transform is taken only when the rewritten kernel is a contraction.
 
 use crate::contraction::{load_offset, Contraction};
 use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
-use crate::program::{BufferKind, Dispatch, FlowProgram};
+use crate::program::{BufferId, BufferKind, Dispatch, FlowProgram};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 /// Puts a padding dispatch in front of every kernel that becomes a contraction when
@@ -318,6 +322,157 @@ pub fn relayout_constants(p: &mut FlowProgram) -> usize {
     done
 }
 
+/// The panel widths a target packs a contraction's constant operands at (`None`: that
+/// operand stays as it is). A target answers this from its own tile shapes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PanelWidths {
+    /// Rows per panel of a constant left operand (the tile's rows).
+    pub a: Option<u64>,
+    /// Columns per panel of a constant right operand (the tile's columns).
+    pub b: Option<u64>,
+}
+
+/// Packs the constant operands of contractions into the panels their target's tiles
+/// read ([`crate::contraction::Panel`]): a left operand in panels of rows, a right one
+/// in panels of columns, each panel one contiguous stream over the whole reduction
+/// (rows or columns past the end are zeros). The packing is done here, once, at compile
+/// time; the kernel reads the packed constant at `[v div W, l, v rem W]`, which every
+/// target can evaluate and the contraction recognises as a panel operand. Operands that
+/// other loads read too, or that read variables besides the panel variable and the
+/// reduction, are left alone. Identical packings share one constant. Returns how many
+/// operands were packed.
+pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel) -> PanelWidths) -> usize {
+    let mut done = 0;
+    let mut made: Vec<(BufferId, BufferId)> = Vec::new();
+    for d in 0..p.dispatches.len() {
+        let w = widths(&p.dispatches[d].kernel);
+        for left in [true, false] {
+            // (Found again after packing A: the kernel's nodes are renumbered.)
+            let Some(c) = Contraction::of(&p.dispatches[d].kernel) else { break };
+            let (operand, width, var) =
+                if left { (&c.a, w.a, Some(c.m)) } else { (&c.b, w.b, (c.n.len() == 1).then(|| c.n[0])) };
+            let (Some(width), Some(var), None) = (width, var, operand.panel) else { continue };
+            let k = &p.dispatches[d].kernel;
+            let Some((kernel, tensor)) = packed_one(p, d, k, &c, operand, var, width) else { continue };
+            let source = p.storage(p.dispatches[d].operands[operand.input as usize]);
+            let same = |b: BufferId| matches!(&p.buffer(b).kind, BufferKind::Const(t) if *t == tensor);
+            let buffer = match made.iter().find(|&&(s, b)| s == source && same(b)) {
+                Some(&(_, b)) => b,
+                None => {
+                    let name = format!("{}.panels{width}", p.buffer(source).name);
+                    let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
+                    made.push((source, b));
+                    b
+                }
+            };
+
+            p.dispatches[d].kernel = kernel;
+            p.dispatches[d].operands[operand.input as usize] = buffer;
+            done += 1;
+        }
+    }
+    done
+}
+
+/// Dispatch `d`'s kernel reading `operand` (a constant) in panels of `width` along
+/// `var`, and the packed constant; `None` when the operand is not one to pack.
+fn packed_one(
+    p: &FlowProgram,
+    d: usize,
+    k: &Kernel,
+    c: &Contraction,
+    operand: &crate::contraction::Operand,
+    var: u32,
+    width: u64,
+) -> Option<(Kernel, Tensor)> {
+    let BufferKind::Const(t) = &p.buffer(p.storage(p.dispatches[d].operands[operand.input as usize])).kind else {
+        return None;
+    };
+    let off = &operand.offset;
+    let reads_only = off.coef.iter().enumerate().all(|(v, &x)| {
+        x == 0 || v as u32 == var || c.k.contains(&(v as u32)) || k.vars[v] == 1
+    });
+    // (One panel would be the operand itself at another pitch.)
+    if t.dtype() != DType::F32 || width == 0 || k.vars[var as usize] <= width || !reads_only || off.of(var) == 0 {
+        return None;
+    }
+    let loads = k.nodes.iter().filter(|nd| matches!(&nd.expr, Expr::Load { input, .. } if *input == operand.input));
+    if loads.count() != 1 {
+        return None;
+    }
+    let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
+    let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
+    let load = [x, y].into_iter().find(|&e| matches!(k.node(e).expr, Expr::Load { input, .. } if input == operand.input))?;
+    // The packed tensor: [⌈D / W⌉, L, W], zeros past D.
+    let ext = k.vars[var as usize];
+    let kext: Vec<u64> = c.k.iter().map(|&v| k.vars[v as usize]).collect();
+    let l: u64 = kext.iter().product();
+    let panels = ext.div_ceil(width);
+    let count = panels.checked_mul(l)?.checked_mul(width)?;
+    if count > (1 << 28) {
+        return None;
+    }
+    // Where each step of the flat reduction starts in the operand (reduction
+    // variables row-major, outermost first).
+    let mut starts = Vec::with_capacity(l as usize);
+    let mut kval = vec![0i64; kext.len()];
+    for li in 0..l {
+        let mut rest = li;
+        for (i, &e) in kext.iter().enumerate().rev() {
+            kval[i] = (rest % e) as i64;
+            rest /= e;
+        }
+        starts.push(c.k.iter().zip(&kval).try_fold(off.c, |acc, (&v, &x)| acc.checked_add(off.of(v).checked_mul(x)?))?);
+    }
+    // Copied as bytes (the tensor's own little-endian f32s): a run of columns at once
+    // where the operand steps one element per panel position.
+    let (src, step) = (t.bytes(), off.of(var));
+    let element = |i: i64| -> Option<std::ops::Range<usize>> {
+        let at = usize::try_from(i).ok()?.checked_mul(4)?;
+        (at + 4 <= src.len()).then(|| at..at + 4)
+    };
+    let mut out = vec![0u8; count as usize * 4];
+    for (pi, panel) in out.chunks_exact_mut((l * width * 4) as usize).enumerate() {
+        let first = pi as u64 * width;
+        let cols = (ext - first).min(width) as usize;
+        for (row, &start) in panel.chunks_exact_mut(width as usize * 4).zip(&starts) {
+            let at = start.checked_add(step.checked_mul(first as i64)?)?;
+            if step == 1 {
+                let (from, to) = (element(at)?.start, element(at + cols as i64 - 1)?.end);
+                row[..cols * 4].copy_from_slice(&src[from..to]);
+            } else {
+                for (r, x) in row[..cols * 4].chunks_exact_mut(4).enumerate() {
+                    x.copy_from_slice(&src[element(at + step * r as i64)?]);
+                }
+            }
+        }
+    }
+    let shape = Shape::new(vec![panels as usize, l as usize, width as usize]).ok()?;
+    let tensor = Tensor::new(TensorType::new(DType::F32, shape), bytes::Bytes::from(out)).ok()?;
+    let ty = tensor.ty().clone();
+    let kernel = rebuild_load(k, load, operand.input, &ty, &mut |b, _| {
+        let v = b.var(VarId(var));
+        let w = b.index(width as i64);
+        let div = b.binary(BinaryOp::Div, v, w);
+        let v2 = b.var(VarId(var));
+        let rem = b.binary(BinaryOp::Rem, v2, w);
+        // The flat reduction index, row-major over the reduction variables.
+        let mut mid = b.index(0);
+        let mut stride = 1i64;
+        for (&kv, &e) in c.k.iter().zip(&kext).rev() {
+            let x = b.var(VarId(kv));
+            let s = b.index(stride);
+            let term = b.mul(x, s);
+            mid = b.add(mid, term);
+            stride *= e as i64;
+        }
+        vec![div, mid, rem]
+    })?;
+    let packed = Contraction::of(&kernel)?;
+    let side = if operand.input == c.a.input { packed.a.panel } else { packed.b.panel };
+    (side.is_some_and(|s| s.var == var && s.width == width) && packed.epilogue_is_affine(&kernel)).then_some((kernel, tensor))
+}
+
 /// For dispatch `d`: the input to lay out, its load node, the new `[K, N]` constant and
 /// the load's new index.
 fn relayout_one(p: &FlowProgram, d: usize) -> Option<(usize, usize, Tensor, Vec<ExprId>)> {
@@ -435,6 +590,99 @@ mod tests {
         assert_eq!(got, want);
         // Already a contraction: nothing to do.
         assert_eq!(relayout_constants(&mut prog), 0);
+    }
+
+    /// A product by a constant `[K, N]` and a 1×1 convolution by constant weights:
+    /// the constant operands are packed into panels (B in columns, A in rows, zeros
+    /// past the end), the kernels read them as panel operands, and their results do
+    /// not change. An operand that is a graph input, or a panel that would be the
+    /// whole operand, is left alone.
+    #[test]
+    fn constants_packed_in_panels() {
+        use crate::contraction::Panel;
+        use crate::program::{Buffer, BufferId, Dispatch};
+        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+        let data = |dims: &[usize], seed: f32| {
+            let n: usize = dims.iter().product();
+            let v: Vec<f32> = (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+            Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+        };
+        // out[m, n] = Σ_k x[m, k] · w[k, n] + bias[n]
+        let (m, kk, n) = (5usize, 7usize, 37usize);
+        let mut kb = KernelBuilder::new("mm", vec![t(&[m, kk]), t(&[kk, n]), t(&[n])], t(&[m, n]));
+        let o = kb.out_index();
+        let kv = kb.new_var(kk as u64);
+        let k = kb.var(kv);
+        let x = kb.load(0, vec![o[0], k]);
+        let w = kb.load(1, vec![k, o[1]]);
+        let pr = kb.mul(x, w);
+        let s = kb.reduce(ReduceOp::Sum, vec![kv], pr);
+        let bias = kb.load(2, vec![o[1]]);
+        let y = kb.add(s, bias);
+        let mm = kb.finish(y).unwrap();
+        // out[co, h, w] = Σ_ci f[co, ci, 0, 0] · x[ci, h, w]
+        let (co, ci, hw) = (10usize, 3usize, 4usize);
+        let mut kb = KernelBuilder::new("pw", vec![t(&[ci, hw, hw]), t(&[co, ci, 1, 1])], t(&[co, hw, hw]));
+        let o = kb.out_index();
+        let (cv, kh, kw) = (kb.new_var(ci as u64), kb.new_var(1), kb.new_var(1));
+        let (c, h, w) = (kb.var(cv), kb.var(kh), kb.var(kw));
+        let x = kb.load(0, vec![c, o[1], o[2]]);
+        let f = kb.load(1, vec![o[0], c, h, w]);
+        let pr = kb.mul(f, x);
+        let s = kb.reduce(ReduceOp::Sum, vec![cv, kh, kw], pr);
+        let pw = kb.finish(s).unwrap();
+        let (xt, wt, bt) = (data(&[m, kk], 1.0), data(&[kk, n], 2.0), data(&[n], 3.0));
+        let (it, ft) = (data(&[ci, hw, hw], 4.0), data(&[co, ci, 1, 1], 5.0));
+        let want_mm = crate::interp::run(&mm, &[&xt, &wt, &bt]).unwrap();
+        let want_pw = crate::interp::run(&pw, &[&it, &ft]).unwrap();
+        let mut prog = FlowProgram {
+            name: "g".into(),
+            buffers: vec![
+                buf(t(&[m, kk]), BufferKind::Input(0)),
+                buf(t(&[kk, n]), BufferKind::Const(wt.clone())),
+                buf(t(&[n]), BufferKind::Const(bt.clone())),
+                buf(t(&[m, n]), BufferKind::Result),
+                buf(t(&[ci, hw, hw]), BufferKind::Input(1)),
+                buf(t(&[co, ci, 1, 1]), BufferKind::Const(ft.clone())),
+                buf(t(&[co, hw, hw]), BufferKind::Result),
+            ],
+            dispatches: vec![
+                Dispatch { kernel: mm, operands: vec![BufferId(0), BufferId(1), BufferId(2)], result: BufferId(3), sources: vec![] },
+                Dispatch { kernel: pw, operands: vec![BufferId(4), BufferId(5)], result: BufferId(6), sources: vec![] },
+            ],
+            inputs: vec![BufferId(0), BufferId(4)],
+            outputs: vec![BufferId(3), BufferId(6)],
+        };
+        // A panel as wide as the operand is no packing at all.
+        let whole = |_: &Kernel| PanelWidths { a: Some(16), b: Some(64) };
+        assert_eq!(pack_constants(&mut prog.clone(), &whole), 0);
+        let widths = |_: &Kernel| PanelWidths { a: Some(4), b: Some(16) };
+        assert_eq!(pack_constants(&mut prog, &widths), 2);
+        let konst = |b: BufferId| match &prog.buffer(b).kind {
+            BufferKind::Const(t) => t.clone(),
+            other => panic!("{other:?}"),
+        };
+        // The product: B in 3 panels of 16 columns over K = 7; x, a graph input, as it was.
+        let d = &prog.dispatches[0];
+        let c = Contraction::of(&d.kernel).expect("still a contraction");
+        assert_eq!((c.a.panel, c.b.panel), (None, Some(Panel { var: 1, width: 16, stride: 7 * 16 })));
+        let packed = konst(d.operands[1]);
+        assert_eq!(packed.shape().dims(), &[3, kk, 16]);
+        let pv = packed.to_vec::<f32>().unwrap();
+        let wv = wt.to_vec::<f32>().unwrap();
+        // [panel 1, k 2, column 5] is w[2, 21]; past column 36, zeros.
+        assert_eq!(pv[(kk + 2) * 16 + 5], wv[2 * n + 21]);
+        assert!(pv[(2 * kk + 2) * 16 + 5..(2 * kk + 3) * 16].iter().all(|&x| x == 0.0));
+        assert_eq!(crate::interp::run(&d.kernel, &[&xt, &packed, &bt]).unwrap(), want_mm);
+        // The convolution: its weights in 3 panels of 4 output channels over ci.
+        let d = &prog.dispatches[1];
+        let c = Contraction::of(&d.kernel).expect("still a contraction");
+        assert_eq!((c.a.panel, c.b.panel), (Some(Panel { var: 0, width: 4, stride: 3 * 4 }), None));
+        let packed = konst(d.operands[1]);
+        assert_eq!(packed.shape().dims(), &[3, ci, 4]);
+        assert_eq!(crate::interp::run(&d.kernel, &[&it, &packed]).unwrap(), want_pw);
+        // Packed once: nothing more to do.
+        assert_eq!(pack_constants(&mut prog, &widths), 0);
     }
 
     /// A 3×3 convolution with padding 1: after materialisation it is a contraction, a

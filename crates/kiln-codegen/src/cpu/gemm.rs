@@ -41,6 +41,7 @@ use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
 use kiln_flow::contraction::Contraction;
+use kiln_flow::layout::PanelWidths;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
 use super::asm::{add_imm, enter, leave, Tables, YMM};
@@ -136,6 +137,9 @@ struct Base {
     per_n: i64,
     /// Byte step per row (tile displacement).
     per_m: i64,
+    /// Byte step per column from one column block (or chunk) to another: `per_n`, or
+    /// for B in panels (blocks start at panel starts) the panel's bytes per column.
+    per_block: i64,
 }
 
 /// An epilogue load: its base number and whether it is a vector (unit column stride)
@@ -183,23 +187,7 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
             return no("an operand over 2 GiB");
         }
     }
-    let mut e = Emitter {
-        a: CodeAssembler::new(64)?,
-        k,
-        c,
-        t: Tables::default(),
-        eloads: HashMap::new(),
-        bases: Vec::new(),
-        uses: HashMap::new(),
-        kc: 0,
-        packed: false,
-        mr: 6,
-        chunk: 0,
-        avx512,
-        zmm_used: false,
-    };
-    e.mr = panel_rows(e.c.dims[0]);
-    e.plan_bases()?;
+    let mut e = Emitter::new(k, c, avx512)?;
     e.packed = e.should_pack();
     e.kc = e.reduction_block();
     e.chunk = e.column_chunk();
@@ -209,6 +197,48 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
     e.function()?;
     let code = e.a.assemble(0)?;
     Ok(GemmCode { code, workgroups, avx512: e.zmm_used })
+}
+
+/// The panel widths [`emit`] reads a contraction's operands at when they are packed at
+/// compile time (`kiln_flow::layout::pack_constants`): A in panels of the tile's rows
+/// where A reads the rows and B does not; B in panels of the tile's columns where every
+/// row shares one plain row of B per reduction step over a single column variable.
+/// Nothing for a kernel that would not take this path.
+pub(crate) fn panel_widths(k: &Kernel, avx512: bool) -> PanelWidths {
+    let Some(c) = Contraction::of(k) else { return PanelWidths::default() };
+    let Ok(mut e) = Emitter::new(k, c, avx512) else { return PanelWidths::default() };
+    if e.c.dims[2] == 0 || e.check_epilogue(k.root).is_err() {
+        return PanelWidths::default();
+    }
+    let (a, b) = (&e.bases[0], &e.bases[1]);
+    PanelWidths {
+        a: (a.per_m != 0 && b.per_m == 0 && e.c.dims[0] >= 2).then_some(e.mr),
+        b: (b.per_m == 0 && !e.stride2() && e.c.n.len() == 1).then(|| e.b_panel_width()),
+    }
+}
+
+impl<'k> Emitter<'k> {
+    /// The emitter's plan for `c`: panel rows and operand bases.
+    fn new(k: &'k Kernel, c: Contraction, avx512: bool) -> R<Emitter<'k>> {
+        let mut e = Emitter {
+            a: CodeAssembler::new(64)?,
+            k,
+            c,
+            t: Tables::default(),
+            eloads: HashMap::new(),
+            bases: Vec::new(),
+            uses: HashMap::new(),
+            kc: 0,
+            packed: false,
+            mr: 6,
+            chunk: 0,
+            avx512,
+            zmm_used: false,
+        };
+        e.mr = panel_rows(e.c.dims[0]);
+        e.plan_bases()?;
+        Ok(e)
+    }
 }
 
 impl Emitter<'_> {
@@ -240,7 +270,10 @@ impl Emitter<'_> {
     fn column_chunk(&self) -> u64 {
         let rows = self.batch_extents().iter().product::<u64>() * self.panels();
         let n = self.c.dims[1];
-        let width = self.tile_width(self.c.dims[0].min(self.mr));
+        let width = match self.c.b.panel {
+            Some(p) => p.width,
+            None => self.tile_width(self.c.dims[0].min(self.mr)),
+        };
         if rows >= 4 || self.packed || self.kc < self.c.dims[2] || self.block_columns() < n {
             return 0;
         }
@@ -272,10 +305,23 @@ impl Emitter<'_> {
             }
             coef.push(byte(off.of(c.m))?);
             let per_n = c.column_step(off).ok_or_else(|| NotHere("an operand not flat over the columns".into()))?;
-            Ok(Base { binding, c: byte(off.c)?, coef, per_n: byte(per_n)?, per_m: byte(off.of(c.m))? })
+            let per_n = byte(per_n)?;
+            Ok(Base { binding, c: byte(off.c)?, coef, per_n, per_m: byte(off.of(c.m))?, per_block: per_n })
         };
-        let a = mk(c.a.input, &c.a.offset)?;
-        let b = mk(c.b.input, &c.b.offset)?;
+        let mut a = mk(c.a.input, &c.a.offset)?;
+        let mut b = mk(c.b.input, &c.b.offset)?;
+        // Panel operands (`kiln_flow::layout::pack_constants`): a row panel of A starts
+        // at `m0 · L` elements (m0 a multiple of the width), a column block of B at
+        // `n0 · L`.
+        if let Some(p) = c.a.panel {
+            if p.width != self.mr {
+                return no(format!("A in panels of {} rows for {}-row tiles", p.width, self.mr));
+            }
+            *a.coef.last_mut().expect("m") = byte(p.stride / p.width as i64)?;
+        }
+        if let Some(p) = c.b.panel {
+            b.per_block = byte(p.stride / p.width as i64)?;
+        }
         // The output is dense row-major.
         let dims = self.k.output.shape.dims();
         let mut out = kiln_flow::contraction::AffineIndex { c: 0, coef: vec![0; self.k.vars.len()] };
@@ -286,6 +332,11 @@ impl Emitter<'_> {
         }
         let o = mk(nin, &out)?;
         self.bases = vec![a, b, o];
+        if let Some(p) = c.b.panel {
+            if p.width != self.b_panel_width() {
+                return no(format!("B in panels of {} columns for {}-column tiles", p.width, self.b_panel_width()));
+            }
+        }
         Ok(())
     }
 
@@ -329,6 +380,7 @@ impl Emitter<'_> {
                     coef,
                     per_n: per_n * 4,
                     per_m: off.of(c.m) * 4,
+                    per_block: per_n * 4,
                 });
                 self.eloads.insert(e.0, ELoad { base: self.bases.len() - 1, vector: per_n == 1 });
                 Ok(())
@@ -587,8 +639,8 @@ impl Emitter<'_> {
                 self.add_scaled(r8, qword_ptr(rsp + slot), coef)?;
             }
             if blocks > 1 {
-                let per_n = self.bases[bi].per_n;
-                self.add_scaled(r8, qword_ptr(rsp + Self::S_N0), per_n)?;
+                let per_block = self.bases[bi].per_block;
+                self.add_scaled(r8, qword_ptr(rsp + Self::S_N0), per_block)?;
             }
             if self.packed && bi == 1 {
                 let slot = self.s_buf();
@@ -665,6 +717,23 @@ impl Emitter<'_> {
     /// Columns of a packed block: the full panel's tile width (16, 24 or 64).
     fn pack_width(&self) -> u64 {
         self.tile_width(self.mr)
+    }
+
+    /// Columns per panel of a B packed at compile time: the tile width of a full row
+    /// panel, so that every tile of every row panel starts at a panel start. With few
+    /// rows (B streamed once, each tile a handful of FMA chains) any width from half
+    /// the tile's to all of it does as well: the one that pads N least.
+    fn b_panel_width(&self) -> u64 {
+        if !self.few_rows() {
+            return self.pack_width();
+        }
+        let t = self.tile_width(self.c.dims[0].min(self.mr));
+        if t == ZMM_COLUMNS {
+            return t;
+        }
+        let n = self.c.dims[1];
+        let padded = |w: u64| n.div_ceil(w) * w;
+        ((t / 16).max(2)..=t / 8).rev().map(|v| v * 8).min_by_key(|&w| padded(w)).unwrap_or(t)
     }
 
     /// Whether full tiles are 512-bit: the target has AVX-512 F and B is a plain
@@ -751,7 +820,8 @@ impl Emitter<'_> {
     fn should_pack(&self) -> bool {
         let b = &self.bases[1];
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
-        self.c.k.len() == 1
+        self.c.b.panel.is_none()
+            && self.c.k.len() == 1
             && b.per_m == 0
             && b.per_n == 4
             && b.coef.iter().all(|&c| c == 0)
@@ -773,6 +843,9 @@ impl Emitter<'_> {
             // B is read once whatever the blocking: nothing to keep in cache.
             return k;
         }
+        if self.c.b.panel.is_some() {
+            return k.min(KC_PACKED);
+        }
         if self.c.k.len() == 1 && n * k * 4 > L2_BLOCK && k > KC {
             KC
         } else {
@@ -790,6 +863,9 @@ impl Emitter<'_> {
         if self.few_rows() {
             return n;
         }
+        if let Some(p) = self.c.b.panel {
+            return p.width.min(n);
+        }
         if n * k * 4 <= L2_BLOCK {
             return n;
         }
@@ -805,7 +881,11 @@ impl Emitter<'_> {
         for i in 3..self.bases.len() {
             self.a.mov(EPTR[i - 3], qword_ptr(rsp + self.s_ptr(i)))?;
         }
-        let nv = if self.packed { self.pack_width() / 8 } else { self.tile_width(mr) / 8 };
+        let nv = match (self.packed, self.c.b.panel) {
+            (true, _) => self.pack_width() / 8,
+            (false, Some(p)) => p.width / 8,
+            (false, None) => self.tile_width(mr) / 8,
+        };
         let width = nv * 8;
         let full = n / width;
         if full > 0 {
@@ -834,8 +914,13 @@ impl Emitter<'_> {
 
     /// Moves the column pointers `cols` columns right.
     fn advance(&mut self, cols: u64) -> R<()> {
+        // A whole panel of B: on to the next panel.
+        let b_step = match self.c.b.panel {
+            Some(p) if p.width == cols => p.stride * 4,
+            _ => cols as i64 * self.bases[1].per_n,
+        };
         let cols = cols as i64;
-        self.a.add(r13, (cols * self.bases[1].per_n) as i32)?;
+        self.a.add(r13, i32::try_from(b_step).map_err(|_| NotHere("a panel over 2 GiB".into()))?)?;
         self.a.add(r8, (cols * self.bases[2].per_n) as i32)?;
         for i in 3..self.bases.len() {
             let step = cols * self.bases[i].per_n;

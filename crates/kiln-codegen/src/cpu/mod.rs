@@ -292,6 +292,40 @@ pub fn clif_text(k: &Kernel, target: &CpuTarget, options: &Options, optimized: b
     Ok(out)
 }
 
+/// The layout the microkernels read constant operands in, for one target and set of
+/// options: the compiler packs constants with [`Packing::widths`]
+/// (`kiln_flow::layout::pack_constants`) before it compiles the kernels with the same
+/// target and options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packing {
+    /// Contraction microkernels are emitted at all.
+    micro: bool,
+    /// With 512-bit tiles.
+    avx512: bool,
+}
+
+impl Packing {
+    /// What [`compile_with`] will emit for `target` and `options`.
+    pub fn new(target: &CpuTarget, options: &Options) -> Result<Packing, CodegenError> {
+        let features = make_isa(*target)?.features;
+        let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
+        Ok(Packing {
+            micro: avx2_fma && options.contraction_kernels,
+            avx512: avx2_fma && features & CpuFeature::Avx512f.bit() != 0,
+        })
+    }
+
+    /// The panel widths kernel `k`'s microkernel reads its operands packed at (none when
+    /// it does not take a microkernel).
+    pub fn widths(&self, k: &Kernel) -> kiln_flow::layout::PanelWidths {
+        if self.micro {
+            gemm::panel_widths(k, self.avx512)
+        } else {
+            Default::default()
+        }
+    }
+}
+
 /// Compiles `kernels` for `target`.
 pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) -> Result<CpuModule, CodegenError> {
     let isa = make_isa(*target)?;
