@@ -62,6 +62,17 @@ impl AffineIndex {
     pub fn of(&self, v: u32) -> i64 {
         self.coef.get(v as usize).copied().unwrap_or(0)
     }
+
+    /// The least and greatest values over `k`'s index space (`None` on overflow).
+    pub fn range(&self, k: &Kernel) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (self.c, self.c);
+        for (v, &coef) in self.coef.iter().enumerate() {
+            let top = coef.checked_mul(i64::try_from(*k.vars.get(v)?).ok()?.checked_sub(1)?)?;
+            lo = lo.checked_add(top.min(0))?;
+            hi = hi.checked_add(top.max(0))?;
+        }
+        Some((lo, hi))
+    }
 }
 
 /// The affine form of i64 expression `e`, when it is one (no overflow in the
@@ -102,15 +113,6 @@ pub fn affine(k: &Kernel, e: ExprId) -> Option<AffineIndex> {
                 return None;
             }
             let x = affine(k, *a)?;
-            let range = |f: &AffineIndex| -> Option<(i64, i64)> {
-                let (mut lo, mut hi) = (f.c, f.c);
-                for (v, &coef) in f.coef.iter().enumerate() {
-                    let top = coef.checked_mul(i64::try_from(k.vars[v]).ok()?.checked_sub(1)?)?;
-                    lo = lo.checked_add(top.min(0))?;
-                    hi = hi.checked_add(top.max(0))?;
-                }
-                Some((lo, hi))
-            };
             let mut low = AffineIndex::constant(x.c, nv);
             let mut high = AffineIndex::constant(0, nv);
             for (v, &coef) in x.coef.iter().enumerate() {
@@ -120,8 +122,8 @@ pub fn affine(k: &Kernel, e: ExprId) -> Option<AffineIndex> {
                     low.coef[v] = coef;
                 }
             }
-            let (min, _) = range(&x)?;
-            let (lmin, lmax) = range(&low)?;
+            let (min, _) = x.range(k)?;
+            let (lmin, lmax) = low.range(k)?;
             if min < 0 || lmin < 0 || lmax >= c {
                 return None;
             }
@@ -193,12 +195,7 @@ pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineI
     }
     let mid = affine(k, mid)?;
     // `l` stays within its axis.
-    let (mut lo, mut hi) = (mid.c, mid.c);
-    for (u, &c) in mid.coef.iter().enumerate() {
-        let top = c.checked_mul(i64::try_from(k.vars[u]).ok()?.checked_sub(1)?)?;
-        lo = lo.checked_add(top.min(0))?;
-        hi = hi.checked_add(top.max(0))?;
-    }
+    let (lo, hi) = mid.range(k)?;
     if lo < 0 || hi >= l as i64 || mid.of(v) != 0 {
         return None;
     }

@@ -200,13 +200,7 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         let mut shift = Vec::with_capacity(dims.len());
         let mut pdims = Vec::with_capacity(dims.len());
         for (d, &e) in index.iter().enumerate() {
-            let a = crate::contraction::affine(k, e)?;
-            let (mut lo, mut hi) = (a.c, a.c);
-            for (v, &c) in a.coef.iter().enumerate() {
-                let top = c.checked_mul(i64::try_from(k.vars[v]).ok()? - 1)?;
-                lo += top.min(0);
-                hi += top.max(0);
-            }
+            let (lo, hi) = crate::contraction::affine(k, e)?.range(k)?;
             let s = (-lo).max(0);
             shift.push(s);
             pdims.push(usize::try_from((hi + 1).max(dims[d] as i64) + s).ok()?);
@@ -339,11 +333,22 @@ pub struct PanelWidths {
 /// time; the kernel reads the packed constant at `[v div W, l, v rem W]`, which every
 /// target can evaluate and the contraction recognises as a panel operand. Operands that
 /// other loads read too, or that read variables besides the panel variable and the
-/// reduction, are left alone. Identical packings share one constant. Returns how many
-/// operands were packed.
+/// reduction, are left alone: a constant is packed only where it has no other reader, so
+/// the constants stay the same size but for the zeros that pad the last panel. Returns
+/// how many operands were packed.
 pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel) -> PanelWidths) -> usize {
     let mut done = 0;
-    let mut made: Vec<(BufferId, BufferId)> = Vec::new();
+    // Readers of each buffer's storage: a constant is packed only where its one reader
+    // is the operand being packed, so no constant is carried twice.
+    let mut readers = vec![0usize; p.buffers.len()];
+    for d in &p.dispatches {
+        for &o in &d.operands {
+            readers[p.storage(o).index()] += 1;
+        }
+    }
+    for &o in &p.outputs {
+        readers[p.storage(o).index()] += 1;
+    }
     for d in 0..p.dispatches.len() {
         let w = widths(&p.dispatches[d].kernel);
         for left in [true, false] {
@@ -352,20 +357,15 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel) -> PanelWidt
             let (operand, width, var) =
                 if left { (&c.a, w.a, Some(c.m)) } else { (&c.b, w.b, (c.n.len() == 1).then(|| c.n[0])) };
             let (Some(width), Some(var), None) = (width, var, operand.panel) else { continue };
+            let source = p.storage(p.dispatches[d].operands[operand.input as usize]);
+            if readers[source.index()] != 1 {
+                continue;
+            }
             let k = &p.dispatches[d].kernel;
             let Some((kernel, tensor)) = packed_one(p, d, k, &c, operand, var, width) else { continue };
-            let source = p.storage(p.dispatches[d].operands[operand.input as usize]);
-            let same = |b: BufferId| matches!(&p.buffer(b).kind, BufferKind::Const(t) if *t == tensor);
-            let buffer = match made.iter().find(|&&(s, b)| s == source && same(b)) {
-                Some(&(_, b)) => b,
-                None => {
-                    let name = format!("{}.panels{width}", p.buffer(source).name);
-                    let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
-                    made.push((source, b));
-                    b
-                }
-            };
-
+            let name = format!("{}.panels{width}", p.buffer(source).name);
+            let buffer = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
+            readers.push(1);
             p.dispatches[d].kernel = kernel;
             p.dispatches[d].operands[operand.input as usize] = buffer;
             done += 1;
@@ -596,7 +596,7 @@ mod tests {
     /// the constant operands are packed into panels (B in columns, A in rows, zeros
     /// past the end), the kernels read them as panel operands, and their results do
     /// not change. An operand that is a graph input, or a panel that would be the
-    /// whole operand, is left alone.
+    /// whole operand, or a constant something else reads too, is left alone.
     #[test]
     fn constants_packed_in_panels() {
         use crate::contraction::Panel;
@@ -657,6 +657,11 @@ mod tests {
         let whole = |_: &Kernel| PanelWidths { a: Some(16), b: Some(64) };
         assert_eq!(pack_constants(&mut prog.clone(), &whole), 0);
         let widths = |_: &Kernel| PanelWidths { a: Some(4), b: Some(16) };
+        // A constant with another reader (here: it is also an output) stays as it is.
+        let mut shared = prog.clone();
+        shared.outputs.push(BufferId(1));
+        assert_eq!(pack_constants(&mut shared, &widths), 1);
+        assert_eq!(shared.dispatches[0].operands[1], BufferId(1));
         assert_eq!(pack_constants(&mut prog, &widths), 2);
         let konst = |b: BufferId| match &prog.buffer(b).kind {
             BufferKind::Const(t) => t.clone(),
