@@ -289,9 +289,15 @@ fn transcendental_epilogues() {
             let want = interp::run(&kern, &refs).unwrap().to_vec::<f32>().unwrap();
             let (a, bm, bias) = (ins[0].to_vec::<f32>().unwrap(), ins[1].to_vec::<f32>().unwrap(), ins[2].to_vec::<f32>().unwrap());
             for (cfg, splits) in variants().into_iter().flat_map(|c| [(c.clone(), 1), (c, 3)]) {
-                let module = compile_with(&[&kern], &cfg.target, &cfg.options).unwrap();
+                // As it is, and with its operands packed as constants would be.
+                let packed = packed(&kern, &refs, &cfg);
+                let mut runs = vec![(kern.clone(), refs.iter().map(|t| (*t).clone()).collect::<Vec<Tensor>>())];
+                runs.extend(packed);
+                for (kern, ins) in &runs {
+                let refs: Vec<&Tensor> = ins.iter().collect();
+                let module = compile_with(&[kern], &cfg.target, &cfg.options).unwrap();
                 assert!(module.notes[0].starts_with("contraction"), "{which}: {}", module.notes[0]);
-                let got = run_compiled(&kern, &refs, &cfg, splits).to_vec::<f32>().unwrap();
+                let got = run_compiled(kern, &refs, &cfg, splits).to_vec::<f32>().unwrap();
                 for i in 0..m {
                     for j in 0..n {
                         let sabs: f32 = (0..k).map(|q| (a[i * k + q] * bm[q * n + j]).abs()).sum::<f32>() + bias[j].abs();
@@ -299,6 +305,7 @@ fn transcendental_epilogues() {
                         let tol = lip * (k as f32 + 2.0) * f32::EPSILON / 2.0 * sabs + 8.0 * f32::EPSILON * w.abs() + 1e-30;
                         assert!((g - w).abs() <= tol, "{which} {m}x{k}x{n} {:?} splits {splits}: [{i},{j}] got {g}, want {w} (tol {tol})", cfg.target);
                     }
+                }
                 }
             }
         }
@@ -514,5 +521,49 @@ fn column_chunks() {
         let refs: Vec<&Tensor> = ins.iter().collect();
         check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
         check_micro(&with_epilogue(m, k, n, "clip_row_scale"), &refs, k);
+    }
+}
+
+/// Asserts that `k`, its operands packed as constants, takes channel-vector tiles on
+/// every variant.
+fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
+    for cfg in variants() {
+        let (pk, _) = packed(k, inputs, &cfg).expect("operands packed");
+        let m = compile_with(&[&pk], &cfg.target, &cfg.options).unwrap();
+        assert!(m.notes[0].contains("channel vectors"), "{} {:?}: {}", k.name, cfg.target, m.notes[0]);
+    }
+}
+
+/// Narrow products (N under 64 and not a multiple of 8) by a constant A of at least 64
+/// rows, a multiple of 16, take channel-vector tiles once A is packed (A's rows in the
+/// lanes, the tile transposed before its epilogue): whole and masked stores, every kind
+/// of epilogue load, tail columns of 1 to 6, 1×1 convolutions on 7×7 maps.
+#[test]
+fn channel_vector_tiles() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for &(m, kk, n) in &[(64, 7, 49), (64, 1, 1), (96, 17, 9), (80, 64, 13), (64, 5, 63), (128, 33, 7), (64, 300, 50)] {
+        for which in ["bias_relu", "clip_row_scale", "residual_max"] {
+            let seed = (m * 31 + kk * 7 + n) as u64;
+            let a = random_f32(&[m, kk], 1.0, seed);
+            let b = random_f32(&[kk, n], 1.0, seed + 1);
+            let bias = random_f32(&[n], 1.0, seed + 2);
+            let row = random_f32(&[m, 1], 1.0, seed + 3);
+            let res = random_f32(&[m, n], 1.0, seed + 4);
+            let k = with_epilogue(m, kk, n, which);
+            let inputs = [&a, &b, &bias, &row, &res];
+            assert_channel_vectors(&k, &inputs);
+            check_micro(&k, &inputs, kk);
+        }
+    }
+    for (n, ci, co, h, w) in [(1, 32, 64, 7, 7), (2, 24, 96, 7, 7), (1, 16, 64, 3, 5)] {
+        let x = random_f32(&[n, ci, h, w], 4.0, 11);
+        let wt = random_f32(&[co, ci, 1, 1], 2.0, 12);
+        let bias = random_f32(&[co], 2.0, 13);
+        let k = pointwise(n, ci, co, h, w);
+        assert_channel_vectors(&k, &[&x, &wt, &bias]);
+        check_micro(&k, &[&x, &wt, &bias], ci);
     }
 }

@@ -23,7 +23,7 @@
 use crate::contraction::{load_offset, Contraction};
 use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
-use crate::program::{BufferId, BufferKind, Dispatch, FlowProgram};
+use crate::program::{BufferKind, Dispatch, FlowProgram};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 /// Puts a padding dispatch in front of every kernel that becomes a contraction when

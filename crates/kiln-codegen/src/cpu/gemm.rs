@@ -25,6 +25,16 @@
 //! last such tile run in the 256-bit tiles above. The epilogue of a 512-bit tile runs over
 //! its accumulators put on the stack, 8 columns at a time, with the same code.
 //!
+//! ## Channel-vector tiles
+//! A narrow product (N under 64 and not a multiple of 8: a 1×1 convolution on a 7×7
+//! map has N = 49) wastes most lanes of its last column vector, and that masked tile is
+//! FMA-latency-bound. Where A is a constant of at least 64 rows (a multiple of 16), the
+//! compiler packs it in panels of 16 rows ([`panel_widths`]) and the tiles turn around
+//! ([`Emitter::tile_t`]): two vectors of A's rows × 6 columns, each column a broadcast of
+//! B, so every lane does work; the tile is transposed in registers (8×8 blocks) onto the
+//! stack and the epilogue runs over its rows as usual. A row's extra lanes are stored
+//! whole where the next tile of the same workgroup writes those columns again.
+//!
 //! ## Epilogue
 //! After the `k` loop each accumulator is put through the kernel's own expression above
 //! the reduction (bias, scaling, Relu/Clip as compare-and-select, residual adds, …),
@@ -66,6 +76,11 @@ const KC: u64 = 128;
 const KC_PACKED: u64 = 256;
 /// Columns of a 512-bit tile: 4 vectors of 16 lanes (`mr × 4` accumulators of 32).
 const ZMM_COLUMNS: u64 = 64;
+/// Rows of a channel-vector tile ([`Emitter::tile_t`]): two vectors of A's rows.
+const T_ROWS: u64 = 16;
+/// Columns of a channel-vector tile: 2 × 6 accumulators, two of A and one broadcast of B
+/// take 15 of the 16 registers.
+const T_COLS: u64 = 6;
 
 /// A compiled contraction kernel: position-independent code and its workgroup count.
 pub(crate) struct GemmCode {
@@ -75,6 +90,8 @@ pub(crate) struct GemmCode {
     pub workgroups: u64,
     /// Whether it uses 512-bit tiles (needs AVX-512 F).
     pub avx512: bool,
+    /// Whether its tiles are channel-vector tiles (A's rows in the lanes).
+    pub channel_vectors: bool,
 }
 
 /// Why a kernel does not take this path (it then takes the general one).
@@ -196,7 +213,7 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
     let workgroups = e.workgroups();
     e.function()?;
     let code = e.a.assemble(0)?;
-    Ok(GemmCode { code, workgroups, avx512: e.zmm_used })
+    Ok(GemmCode { code, workgroups, avx512: e.zmm_used, channel_vectors: e.transposed() })
 }
 
 /// The panel widths [`emit`] reads a contraction's operands at when they are packed at
@@ -211,6 +228,14 @@ pub(crate) fn panel_widths(k: &Kernel, avx512: bool) -> PanelWidths {
         return PanelWidths::default();
     }
     let (a, b) = (&e.bases[0], &e.bases[1]);
+    let [m, n, _] = e.c.dims;
+    // Narrow products (a 1×1 convolution on a 7×7 map: N = 49) waste the lanes of
+    // row-broadcast tiles on their last, mostly empty vector of columns; with A's rows
+    // in the lanes instead (channel-vector tiles) every lane does work.
+    let narrow = n < 64 && n % 8 != 0 && m >= 4 * T_ROWS && m % T_ROWS == 0 && b.per_n == 4;
+    if a.per_m != 0 && b.per_m == 0 && narrow {
+        return PanelWidths { a: Some(T_ROWS), b: None };
+    }
     PanelWidths {
         a: (a.per_m != 0 && b.per_m == 0 && e.c.dims[0] >= 2).then_some(e.mr),
         b: (b.per_m == 0 && !e.stride2() && e.c.n.len() == 1).then(|| e.b_panel_width()),
@@ -235,8 +260,11 @@ impl<'k> Emitter<'k> {
             avx512,
             zmm_used: false,
         };
-        e.mr = panel_rows(e.c.dims[0]);
+        e.mr = if e.transposed() { T_ROWS } else { panel_rows(e.c.dims[0]) };
         e.plan_bases()?;
+        if e.transposed() && (e.c.b.panel.is_some() || e.bases[1].per_m != 0 || e.stride2()) {
+            return no("channel-vector tiles need a plain B shared by the rows");
+        }
         Ok(e)
     }
 }
@@ -274,7 +302,7 @@ impl Emitter<'_> {
             Some(p) => p.width,
             None => self.tile_width(self.c.dims[0].min(self.mr)),
         };
-        if rows >= 4 || self.packed || self.kc < self.c.dims[2] || self.block_columns() < n {
+        if rows >= 4 || self.packed || self.transposed() || self.kc < self.c.dims[2] || self.block_columns() < n {
             return 0;
         }
         let chunks = (n / (2 * width)).min(8);
@@ -714,6 +742,12 @@ impl Emitter<'_> {
         self.t.emit(&mut self.a)
     }
 
+    /// Whether the tiles are channel-vector tiles: A comes in panels of [`T_ROWS`] rows
+    /// (`kiln_flow::layout::pack_constants` with [`panel_widths`]), read as vectors.
+    fn transposed(&self) -> bool {
+        self.c.a.panel.is_some_and(|p| p.width == T_ROWS)
+    }
+
     /// Columns of a packed block: the full panel's tile width (16, 24 or 64).
     fn pack_width(&self) -> u64 {
         self.tile_width(self.mr)
@@ -821,6 +855,7 @@ impl Emitter<'_> {
         let b = &self.bases[1];
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
         self.c.b.panel.is_none()
+            && !self.transposed()
             && self.c.k.len() == 1
             && b.per_m == 0
             && b.per_n == 4
@@ -838,6 +873,9 @@ impl Emitter<'_> {
         let (n, k) = (self.c.dims[1], self.c.dims[2].max(1));
         if self.packed {
             return k.min(KC_PACKED);
+        }
+        if self.transposed() {
+            return k;
         }
         if self.few_rows() {
             // B is read once whatever the blocking: nothing to keep in cache.
@@ -860,6 +898,9 @@ impl Emitter<'_> {
         if self.packed {
             return self.pack_width().min(n);
         }
+        if self.transposed() {
+            return n;
+        }
         if self.few_rows() {
             return n;
         }
@@ -880,6 +921,9 @@ impl Emitter<'_> {
         self.a.mov(r8, qword_ptr(rsp + self.s_ptr(2)))?;
         for i in 3..self.bases.len() {
             self.a.mov(EPTR[i - 3], qword_ptr(rsp + self.s_ptr(i)))?;
+        }
+        if self.transposed() {
+            return self.panel_t(mr, n);
         }
         let nv = match (self.packed, self.c.b.panel) {
             (true, _) => self.pack_width() / 8,
@@ -1150,6 +1194,102 @@ impl Emitter<'_> {
             self.add_imm(EPTR[b - 3], -back)?;
         }
         Ok(())
+    }
+
+    /// A row panel in channel-vector tiles of [`T_COLS`] columns. A tile's last vector
+    /// of a row is stored whole where its extra lanes stay inside the output row: the
+    /// next tile of this workgroup writes those columns again, so only the last tiles of
+    /// a row need a masked store.
+    fn panel_t(&mut self, rows: u64, n: u64) -> R<()> {
+        // Tiles at n0 = T_COLS·t store whole while n0 + 8 ≤ n.
+        let whole = if n >= 8 { ((n - 8) / T_COLS + 1).min(n / T_COLS) } else { 0 };
+        if whole > 0 {
+            let mut tiles = self.a.create_label();
+            self.a.mov(rbp, whole as i64)?;
+            self.a.set_label(&mut tiles)?;
+            self.tile_t(rows, T_COLS, None)?;
+            self.advance(T_COLS)?;
+            self.a.dec(rbp)?;
+            self.a.jnz(tiles)?;
+        }
+        let mut at = whole * T_COLS;
+        while at < n {
+            let cols = (n - at).min(T_COLS);
+            self.tile_t(rows, cols, Some(cols))?;
+            self.advance(cols)?;
+            at += cols;
+        }
+        Ok(())
+    }
+
+    /// One channel-vector tile: [`T_ROWS`] rows (two vectors of A's packed rows) ×
+    /// `cols` columns (a broadcast of B each), `2·cols` accumulators, each holding one
+    /// column of the tile. After the reduction the tile is transposed (8×8 blocks:
+    /// `vunpck{l,h}ps`, `vshufps`, `vperm2f128`) into rows on the stack, and the
+    /// epilogue runs over them row by row ([`Self::row_epilogue`], the first `rows`
+    /// rows), storing `masked` lanes of each (all 8 when `None`).
+    fn tile_t(&mut self, rows: u64, cols: u64, masked: Option<u64>) -> R<()> {
+        let nc = cols as usize;
+        let acc = |v: usize, j: usize| YMM[v * nc + j];
+        let (a0, a1, breg) = (YMM[2 * nc], YMM[2 * nc + 1], YMM[2 * nc + 2]);
+        for v in 0..2 {
+            for j in 0..nc {
+                self.a.vxorps(acc(v, j), acc(v, j), acc(v, j))?;
+            }
+        }
+        let per_n = self.bases[1].per_n;
+        let lp = self.k_loops_open()?;
+        self.a.vmovups(a0, ymmword_ptr(rdi))?;
+        self.a.vmovups(a1, ymmword_ptr(rdi + 32))?;
+        for j in 0..nc {
+            self.a.vbroadcastss(breg, dword_ptr(rsi + (per_n * j as i64) as i32))?;
+            self.a.vfmadd231ps(acc(0, j), a0, breg)?;
+            self.a.vfmadd231ps(acc(1, j), a1, breg)?;
+        }
+        self.k_loops_close(lp)?;
+        // Columns to the stack past the 16 rows the transpose writes.
+        let spill = Self::S_ACC + 32 * T_ROWS as i32;
+        for v in 0..2 {
+            for j in 0..nc {
+                self.a.vmovups(ymmword_ptr(rsp + (spill + 32 * (v * nc + j) as i32)), acc(v, j))?;
+            }
+        }
+        for v in 0..2 {
+            // r_j: column j of these 8 rows (the last column again past `cols`).
+            for j in 0..nc {
+                self.a.vmovups(YMM[j], ymmword_ptr(rsp + (spill + 32 * (v * nc + j) as i32)))?;
+            }
+            let r = |j: usize| YMM[j.min(nc - 1)];
+            let t = |i: usize| YMM[8 + i];
+            for i in 0..4 {
+                self.a.vunpcklps(t(2 * i), r(2 * i), r(2 * i + 1))?;
+                self.a.vunpckhps(t(2 * i + 1), r(2 * i), r(2 * i + 1))?;
+            }
+            // s: lanes 0-3 of rows 0-3 (or 4-7) of each 128-bit half.
+            for (i, (x, y)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
+                self.a.vshufps(YMM[2 * i], t(x), t(y), 0x44)?;
+                self.a.vshufps(YMM[2 * i + 1], t(x), t(y), 0xEE)?;
+            }
+            // s0..s3 hold rows 0-3 of columns (0|4), (1|5), (2|6), (3|7); s4..s7 rows 4-7.
+            for c in 0..4 {
+                let (lo, hi) = (YMM[c], YMM[4 + c]);
+                self.a.vperm2f128(t(c), lo, hi, 0x20)?;
+                self.a.vperm2f128(t(4 + c), lo, hi, 0x31)?;
+            }
+            for row in 0..8 {
+                let at = Self::S_ACC + 32 * (8 * v + row) as i32;
+                self.a.vmovups(ymmword_ptr(rsp + at), t(row))?;
+            }
+        }
+        let mask = match masked {
+            Some(lanes) if lanes < 8 => {
+                let l = self.mask_label(lanes);
+                self.a.vmovups(YMM[15], ymmword_ptr(l))?;
+                Some(YMM[15])
+            }
+            _ => None,
+        };
+        self.row_epilogue(rows, 1, mask)
     }
 
     /// One `mr × 64` tile in 512-bit registers at the current column pointers (a full

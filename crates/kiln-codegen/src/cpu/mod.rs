@@ -362,7 +362,14 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                     workgroup_counts.push(g.workgroups);
                     micro.push((idx, g.code));
                     used_avx512 |= g.avx512;
-                    notes.push(if g.avx512 { "contraction microkernel (avx-512)" } else { "contraction microkernel (avx2+fma)" }.to_string());
+                    notes.push(
+                        match (g.avx512, g.channel_vectors) {
+                            (true, _) => "contraction microkernel (avx-512)",
+                            (false, true) => "contraction microkernel (avx2+fma, channel vectors)",
+                            (false, false) => "contraction microkernel (avx2+fma)",
+                        }
+                        .to_string(),
+                    );
                     continue;
                 }
                 Err(gemm::NotHere(why)) => {
