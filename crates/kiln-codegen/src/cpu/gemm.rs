@@ -33,7 +33,11 @@
 //! ([`Emitter::tile_t`]): two vectors of A's rows × 6 columns, each column a broadcast of
 //! B, so every lane does work; the tile is transposed in registers (8×8 blocks) onto the
 //! stack and the epilogue runs over its rows as usual. A row's extra lanes are stored
-//! whole where the next tile of the same workgroup writes those columns again.
+//! whole where the next tile of the same workgroup writes those columns again. B's rows
+//! are short (196 bytes for a 7×7 map), so a tile broadcasting 6 of their columns per
+//! step would fetch a new line of B from L2 each step, for every row panel: each call
+//! first copies B to the stack tile by tile (`[⌈N/6⌉, K, 6]`, [`Emitter::pack_b_t`]),
+//! which every tile then streams.
 //!
 //! ## Epilogue
 //! After the `k` loop each accumulator is put through the kernel's own expression above
@@ -81,6 +85,8 @@ const T_ROWS: u64 = 16;
 /// Columns of a channel-vector tile: 2 × 6 accumulators, two of A and one broadcast of B
 /// take 15 of the 16 registers.
 const T_COLS: u64 = 6;
+/// The largest stack copy of B channel-vector tiles read from (`Emitter::pack_b_t`).
+const PACK_T_MOST: u64 = 512 * 1024;
 
 /// A compiled contraction kernel: position-independent code and its workgroup count.
 pub(crate) struct GemmCode {
@@ -181,6 +187,9 @@ struct Emitter<'k> {
     kc: u64,
     /// B is copied, block by block, into a contiguous buffer on the stack first.
     packed: bool,
+    /// Channel-vector tiles read B from a stack copy laid out tile by tile
+    /// ([`Emitter::pack_b_t`]).
+    packed_t: bool,
     /// Rows of a full panel ([`panel_rows`]).
     mr: u64,
     /// Columns per workgroup when the columns are split across workgroups (a product
@@ -206,6 +215,7 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
     }
     let mut e = Emitter::new(k, c, avx512)?;
     e.packed = e.should_pack();
+    e.packed_t = e.should_pack_t();
     e.kc = e.reduction_block();
     e.chunk = e.column_chunk();
     e.check_epilogue(k.root)?;
@@ -255,6 +265,7 @@ impl<'k> Emitter<'k> {
             uses: HashMap::new(),
             kc: 0,
             packed: false,
+            packed_t: false,
             mr: 6,
             chunk: 0,
             avx512,
@@ -574,6 +585,9 @@ impl Emitter<'_> {
         if self.packed {
             bytes += (KC_PACKED * self.pack_width() * 4) as i32 + 32;
         }
+        if self.packed_t {
+            bytes += self.pack_t_bytes() as i32 + 32;
+        }
         bytes + 8 - bytes % 16 // keeps rsp 16-aligned after six pushes and the return address
     }
 
@@ -589,7 +603,7 @@ impl Emitter<'_> {
             self.a.or(qword_ptr(rsp), 0)?;
             left -= step;
         }
-        if self.packed {
+        if self.packed || self.packed_t {
             let at = self.s_buf() + 8 + 31;
             self.a.lea(rax, qword_ptr(rsp + at))?;
             self.a.and(rax, -32)?;
@@ -629,6 +643,9 @@ impl Emitter<'_> {
         self.a.mov(qword_ptr(rsp + Self::S_KLEN), rax)?;
         if self.packed {
             self.pack_b(n, nc, blocks, last_cols)?;
+        }
+        if self.packed_t {
+            self.pack_b_t()?;
         }
         self.a.mov(r14, qword_ptr(rsp + Self::S_BEGIN))?; // workgroup
         let mut top = self.a.create_label();
@@ -670,7 +687,7 @@ impl Emitter<'_> {
                 let per_block = self.bases[bi].per_block;
                 self.add_scaled(r8, qword_ptr(rsp + Self::S_N0), per_block)?;
             }
-            if self.packed && bi == 1 {
+            if (self.packed || self.packed_t) && bi == 1 {
                 let slot = self.s_buf();
                 self.a.mov(r8, qword_ptr(rsp + slot))?;
             }
@@ -746,6 +763,71 @@ impl Emitter<'_> {
     /// (`kiln_flow::layout::pack_constants` with [`panel_widths`]), read as vectors.
     fn transposed(&self) -> bool {
         self.c.a.panel.is_some_and(|p| p.width == T_ROWS)
+    }
+
+    /// Whether channel-vector tiles read B from a copy on the stack, laid out tile by
+    /// tile (`[⌈N/6⌉, K, 6]`): B's rows are a few columns each (a 7×7 map: 196 bytes),
+    /// and a tile broadcasting 6 of them per step would touch a new line of B each step,
+    /// from L2, for every row panel. One reduction variable, B the same for every batch
+    /// position, and the copy at most [`PACK_T_MOST`] bytes.
+    fn should_pack_t(&self) -> bool {
+        let ext = self.batch_extents();
+        let shared = self.bases[1].coef[..ext.len()].iter().zip(&ext).all(|(&c, &e)| c == 0 || e == 1);
+        self.transposed() && self.c.k.len() == 1 && shared && self.pack_t_bytes() <= PACK_T_MOST
+    }
+
+    /// Bytes of the tile-by-tile copy of B.
+    fn pack_t_bytes(&self) -> u64 {
+        self.c.dims[1].div_ceil(T_COLS) * self.c.dims[2] * T_COLS * 4
+    }
+
+    /// Copies B into the stack buffer tile by tile: for each group of [`T_COLS`]
+    /// columns, its `K` rows of 6 (the last group's columns past N are left as they
+    /// are: its tile masks them).
+    fn pack_b_t(&mut self) -> R<()> {
+        let (n, k) = (self.c.dims[1], self.c.dims[2]);
+        let b = &self.bases[1];
+        let (binding, c) = (b.binding, b.c);
+        let per_k = self.c.b.offset.of(self.c.k[0]) * 4;
+        self.a.mov(rsi, qword_ptr(r15 + 8 * binding as i32))?;
+        self.add_imm(rsi, c)?;
+        let slot = self.s_buf();
+        self.a.mov(rdi, qword_ptr(rsp + slot))?;
+        let full = n / T_COLS;
+        let copy_rows = |e: &mut Self, cols: u64| -> R<()> {
+            let mut rows = e.a.create_label();
+            e.a.mov(rdx, k as i64)?;
+            e.a.set_label(&mut rows)?;
+            if cols == T_COLS {
+                e.a.vmovups(xmm0, xmmword_ptr(rsi))?;
+                e.a.vmovsd(xmm1, qword_ptr(rsi + 16))?;
+                e.a.vmovups(xmmword_ptr(rdi), xmm0)?;
+                e.a.vmovsd(qword_ptr(rdi + 16), xmm1)?;
+            } else {
+                for j in 0..cols as i32 {
+                    e.a.mov(eax, dword_ptr(rsi + 4 * j))?;
+                    e.a.mov(dword_ptr(rdi + 4 * j), eax)?;
+                }
+            }
+            e.add_imm(rsi, per_k)?;
+            e.a.add(rdi, (T_COLS * 4) as i32)?;
+            e.a.dec(rdx)?;
+            e.a.jnz(rows)?;
+            // Back to row 0, on to the next group's columns.
+            e.add_imm(rsi, (T_COLS * 4) as i64 - per_k * k as i64)
+        };
+        if full > 0 {
+            let mut groups = self.a.create_label();
+            self.a.mov(rcx, full as i64)?;
+            self.a.set_label(&mut groups)?;
+            copy_rows(self, T_COLS)?;
+            self.a.dec(rcx)?;
+            self.a.jnz(groups)?;
+        }
+        if n % T_COLS != 0 {
+            copy_rows(self, n % T_COLS)?;
+        }
+        Ok(())
     }
 
     /// Columns of a packed block: the full panel's tile width (16, 24 or 64).
@@ -960,6 +1042,7 @@ impl Emitter<'_> {
     fn advance(&mut self, cols: u64) -> R<()> {
         // A whole panel of B: on to the next panel.
         let b_step = match self.c.b.panel {
+            _ if self.packed_t => (self.c.dims[2] * T_COLS * 4) as i64,
             Some(p) if p.width == cols => p.stride * 4,
             _ => cols as i64 * self.bases[1].per_n,
         };
@@ -1118,6 +1201,8 @@ impl Emitter<'_> {
         let sa: Vec<i64> = kvars.iter().map(|&v| self.c.a.offset.of(v) * 4).collect();
         let sb: Vec<i64> = if self.packed {
             vec![(self.pack_width() * 4) as i64]
+        } else if self.packed_t {
+            vec![(T_COLS * 4) as i64]
         } else {
             kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect()
         };
