@@ -537,7 +537,8 @@ fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
 /// Narrow products (N under 64 and not a multiple of 8) by a constant A of at least 64
 /// rows, a multiple of 16, take channel-vector tiles once A is packed (A's rows in the
 /// lanes, the tile transposed before its epilogue): whole and masked stores, every kind
-/// of epilogue load, tail columns of 1 to 6, 1×1 convolutions on 7×7 maps.
+/// of epilogue load, tail columns of 1 to 6, 1×1 convolutions on 7×7 maps (B copied tile
+/// by tile, or read in place for a batch of 2), a 3×3 convolution.
 #[test]
 fn channel_vector_tiles() {
     if !avx2_fma() {
@@ -566,4 +567,11 @@ fn channel_vector_tiles() {
         assert_channel_vectors(&k, &[&x, &wt, &bias]);
         check_micro(&k, &[&x, &wt, &bias], ci);
     }
+    // A 3×3 convolution: three reduction variables, B read per output row (not copied).
+    let x = random_f32(&[1, 4, 7, 9], 1.0, 21);
+    let wt = random_f32(&[64, 4, 3, 3], 1.0, 22);
+    let bias = random_f32(&[64], 1.0, 23);
+    let k = conv(1, 4, 64, 7, 9, 3, 3, false, 1);
+    assert_channel_vectors(&k, &[&x, &wt, &bias]);
+    check_micro(&k, &[&x, &wt, &bias], 36);
 }
