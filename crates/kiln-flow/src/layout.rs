@@ -103,10 +103,7 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     if !c.batch.contains(&x) || c.a.offset.of(x) != 0 || c.b.offset.of(x) == 0 {
         return None;
     }
-    // The B load in the reduction's body.
-    let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
-    let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
-    let load = [p, q].into_iter().find(|&e| matches!(k.node(e).expr, Expr::Load { input, .. } if input == c.b.input))?;
+    let load = product_load(k, &c, c.b.input)?;
     let Expr::Load { index, .. } = &k.node(load).expr else { return None };
     // Columns tensor axes: the batch variables B reads (but x), the reduction, x, n0.
     let mut axes: Vec<u32> = c.batch.iter().copied().filter(|&v| v != x && c.b.offset.of(v) != 0).collect();
@@ -130,9 +127,7 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     let v = b.load(0, idx);
     let gather = b.finish(v).ok()?;
     // The kernel reads the columns at its own variables.
-    let readers =
-        k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input: i, .. } if *i == c.b.input)).count();
-    let new_input = if readers == 1 { c.b.input } else { k.inputs.len() as u32 };
+    let new_input = if loads_of(k, c.b.input) == 1 { c.b.input } else { k.inputs.len() as u32 };
     let kernel = rebuild_load(k, load, new_input, &ty, &mut |b, _| axes.iter().map(|&v| b.var(VarId(v))).collect())?;
     let wide = Contraction::of(&kernel)?;
     if wide.n != [x, n0] || !wide.epilogue_is_affine(&kernel) {
@@ -210,9 +205,7 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         }
         let padded_ty = TensorType::new(DType::F32, Shape::new(pdims).ok()?);
         // The padded copy takes the operand's place unless another load reads it too.
-        let readers =
-            k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input: i, .. } if i == input)).count();
-        let new_input = if readers == 1 { *input } else { k.inputs.len() as u32 };
+        let new_input = if loads_of(k, *input) == 1 { *input } else { k.inputs.len() as u32 };
         let kernel = rebuild_load(k, load, new_input, &padded_ty, &mut |b, idx| {
             idx.iter()
                 .zip(&shift)
@@ -241,6 +234,18 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         return Some((kernel, pad_kernel, *input));
     }
     None
+}
+
+/// How many load nodes of `k` read input `input`.
+fn loads_of(k: &Kernel, input: u32) -> usize {
+    k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input: i, .. } if *i == input)).count()
+}
+
+/// The load of input `input` in the product under `c`'s reduction.
+fn product_load(k: &Kernel, c: &Contraction, input: u32) -> Option<ExprId> {
+    let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
+    let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
+    [x, y].into_iter().find(|&e| matches!(k.node(e).expr, Expr::Load { input: i, .. } if i == input))
 }
 
 /// `k` with load node `load` reading input `new_input` (of type `ty`: the operand's own
@@ -396,13 +401,10 @@ fn packed_one(
     if t.dtype() != DType::F32 || width == 0 || k.vars[var as usize] <= width || !reads_only || off.of(var) == 0 {
         return None;
     }
-    let loads = k.nodes.iter().filter(|nd| matches!(&nd.expr, Expr::Load { input, .. } if *input == operand.input));
-    if loads.count() != 1 {
+    if loads_of(k, operand.input) != 1 {
         return None;
     }
-    let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
-    let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
-    let load = [x, y].into_iter().find(|&e| matches!(k.node(e).expr, Expr::Load { input, .. } if input == operand.input))?;
+    let load = product_load(k, c, operand.input)?;
     // The packed tensor: [⌈D / W⌉, L, W], zeros past D.
     let ext = k.vars[var as usize];
     let kext: Vec<u64> = c.k.iter().map(|&v| k.vars[v as usize]).collect();
@@ -507,8 +509,7 @@ fn relayout_one(p: &FlowProgram, d: usize) -> Option<(usize, usize, Tensor, Vec<
             continue;
         }
         // No other load reads this input.
-        let loads = k.nodes.iter().filter(|nd| matches!(&nd.expr, Expr::Load { input: i, .. } if *i as usize == input)).count();
-        if loads != 1 {
+        if loads_of(k, input as u32) != 1 {
             continue;
         }
         // Var nodes for k and n placed before the load (its new index).

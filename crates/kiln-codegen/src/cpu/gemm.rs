@@ -816,14 +816,7 @@ impl Emitter<'_> {
             // Back to row 0, on to the next group's columns.
             e.add_imm(rsi, (T_COLS * 4) as i64 - per_k * k as i64)
         };
-        if full > 0 {
-            let mut groups = self.a.create_label();
-            self.a.mov(rcx, full as i64)?;
-            self.a.set_label(&mut groups)?;
-            copy_rows(self, T_COLS)?;
-            self.a.dec(rcx)?;
-            self.a.jnz(groups)?;
-        }
+        self.repeat(rcx, full, |e| copy_rows(e, T_COLS))?;
         if n % T_COLS != 0 {
             copy_rows(self, n % T_COLS)?;
         }
@@ -1013,16 +1006,10 @@ impl Emitter<'_> {
             (false, None) => self.tile_width(mr) / 8,
         };
         let width = nv * 8;
-        let full = n / width;
-        if full > 0 {
-            let mut tiles = self.a.create_label();
-            self.a.mov(rbp, full as i64)?;
-            self.a.set_label(&mut tiles)?;
-            self.tile(mr, nv, None)?;
-            self.advance(width)?;
-            self.a.dec(rbp)?;
-            self.a.jnz(tiles)?;
-        }
+        self.repeat(rbp, n / width, |e| {
+            e.tile(mr, nv, None)?;
+            e.advance(width)
+        })?;
         // The rest in 256-bit tiles (after 512-bit full tiles, possibly several).
         let mut rest = n % width;
         let most = tile_vectors(mr, self.stride2());
@@ -1035,6 +1022,21 @@ impl Emitter<'_> {
         if rest > 0 {
             self.tile(mr, 1, Some(rest))?;
         }
+        Ok(())
+    }
+
+    /// `body`'s code run `count` times (not at all for 0), counting down in `counter`,
+    /// which `body` must leave alone.
+    fn repeat(&mut self, counter: AsmRegister64, count: u64, mut body: impl FnMut(&mut Self) -> R<()>) -> R<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut top = self.a.create_label();
+        self.a.mov(counter, count as i64)?;
+        self.a.set_label(&mut top)?;
+        body(self)?;
+        self.a.dec(counter)?;
+        self.a.jnz(top)?;
         Ok(())
     }
 
@@ -1288,15 +1290,10 @@ impl Emitter<'_> {
     fn panel_t(&mut self, rows: u64, n: u64) -> R<()> {
         // Tiles at n0 = T_COLS·t store whole while n0 + 8 ≤ n.
         let whole = if n >= 8 { ((n - 8) / T_COLS + 1).min(n / T_COLS) } else { 0 };
-        if whole > 0 {
-            let mut tiles = self.a.create_label();
-            self.a.mov(rbp, whole as i64)?;
-            self.a.set_label(&mut tiles)?;
-            self.tile_t(rows, T_COLS, None)?;
-            self.advance(T_COLS)?;
-            self.a.dec(rbp)?;
-            self.a.jnz(tiles)?;
-        }
+        self.repeat(rbp, whole, |e| {
+            e.tile_t(rows, T_COLS, None)?;
+            e.advance(T_COLS)
+        })?;
         let mut at = whole * T_COLS;
         while at < n {
             let cols = (n - at).min(T_COLS);
@@ -1350,12 +1347,13 @@ impl Emitter<'_> {
                 self.a.vunpcklps(t(2 * i), r(2 * i), r(2 * i + 1))?;
                 self.a.vunpckhps(t(2 * i + 1), r(2 * i), r(2 * i + 1))?;
             }
-            // s: lanes 0-3 of rows 0-3 (or 4-7) of each 128-bit half.
+            // s_c (c < 4): columns 0-3 of output rows c (low half) and c + 4 (high
+            // half); s_{4+c}: columns 4-7 of the same rows.
             for (i, (x, y)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
                 self.a.vshufps(YMM[2 * i], t(x), t(y), 0x44)?;
                 self.a.vshufps(YMM[2 * i + 1], t(x), t(y), 0xEE)?;
             }
-            // s0..s3 hold rows 0-3 of columns (0|4), (1|5), (2|6), (3|7); s4..s7 rows 4-7.
+            // Row c is the low halves of s_c and s_{4+c}, row c + 4 their high halves.
             for c in 0..4 {
                 let (lo, hi) = (YMM[c], YMM[4 + c]);
                 self.a.vperm2f128(t(c), lo, hi, 0x20)?;
