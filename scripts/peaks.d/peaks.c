@@ -3,10 +3,16 @@
  *          2 flops per lane per FMA), the loop the issue names as the peak;
  *   triad: one core's memory bandwidth, a[i] = b[i] + s*c[i] over 3 x 32 MiB
  *          (bytes moved: 3 arrays; the best of 10 passes).
- * Prints one line each: `fma GFLOP/s`, `triad GB/s`. */
+ * Prints one line each: `fma GFLOP/s`, `triad GB/s`.
+ *
+ * `peaks jitter MS N` instead times N calls (after N/5 warm-up calls) of a fixed piece
+ * of work that takes about MS milliseconds (arithmetic over a 16 KiB buffer that stays
+ * in L1, so nothing but the machine varies) and prints `median MS`, `p99 MS`: the
+ * spread any single-threaded call of that length sees on this machine. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -55,7 +61,57 @@ static double triad(void) {
     return best;
 }
 
-int main(void) {
+/* One unit of fixed work: a pass over a 16 KiB buffer (a dependent chain per line). */
+static float jitter_buf[4096];
+static float unit(long reps) {
+    float s = 0;
+    for (long r = 0; r < reps; r++)
+        for (int j = 0; j < 4096; j += 16) {
+            jitter_buf[j] += 1.0f;
+            s += jitter_buf[j];
+        }
+    return s;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int jitter(double ms, long n) {
+    volatile float sink = 0;
+    /* Calibrate: repetitions for about ms, from the fastest of a few trial calls. */
+    long reps = 1;
+    for (;;) {
+        double best = 1e9;
+        for (int i = 0; i < 5; i++) {
+            double t0 = now();
+            sink += unit(reps);
+            double t = now() - t0;
+            if (t < best) best = t;
+        }
+        if (best * 1e3 >= ms / 4 || reps > (1L << 40)) {
+            reps = (long)(reps * ms / (best * 1e3)) + 1;
+            break;
+        }
+        reps *= 2;
+    }
+    double *t = malloc(n * sizeof *t);
+    if (!t) return 1;
+    for (long i = 0; i < n / 5; i++) sink += unit(reps);
+    for (long i = 0; i < n; i++) {
+        double t0 = now();
+        sink += unit(reps);
+        t[i] = (now() - t0) * 1e3;
+    }
+    qsort(t, n, sizeof *t, cmp);
+    printf("median %.6f\np99 %.6f\n", t[n / 2], t[n * 99 / 100 < n - 1 ? n * 99 / 100 : n - 1]);
+    free(t);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "jitter")) return jitter(atof(argv[2]), atol(argv[3]));
     printf("fma %.1f\ntriad %.1f\n", fma_peak(), triad());
     return 0;
 }
