@@ -58,7 +58,7 @@ fn depthwise(g: Geo, epilogue: &str) -> Kernel {
     let grp = b.new_var(1);
     let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
     let (gv, yv, xv) = (b.var(grp), b.var(y), b.var(x));
-    let mut axis = |b: &mut KernelBuilder, out: kiln_flow::ExprId, t: kiln_flow::ExprId, d: usize| {
+    let axis = |b: &mut KernelBuilder, out: kiln_flow::ExprId, t: kiln_flow::ExprId, d: usize| {
         let s = b.index(g.stride[d] as i64);
         let dl = b.index(g.dil[d] as i64);
         let p = b.index(-(g.pad[2 * d] as i64));

@@ -2,10 +2,16 @@
 //! LayerNorm as the lowering writes them, over row lengths from 8 to 130 (full vectors
 //! and masked tails) and several rows, split across workgroups; a row maximum broadcast
 //! along the row; NaN through the maximum; writes outside the output (`run_compiled`).
+//! Softmax keeps its `exp(x − max)` in the output row between the sum and the output
+//! loop, and multiplies by the sum's reciprocal; kernels whose sum reads another input
+//! or another length must not keep anything, and give the same results.
+//! Elementwise kernels with exp or erf (sigmoid, GELU) take the row path too, and must
+//! give the general code generator's bits exactly (the same inline functions).
 //!
-//! Bounds: Softmax within `(L + 8)·2⁻²⁴` relative (exp is within 1 ulp, the sum is
-//! reassociated over `L` terms); LayerNorm within `10⁻⁵·(1 + |want|)` (inputs in
-//! [−1, 1], the variance a sum of `L` squares).
+//! Bounds: Softmax within `(L + 11)·2⁻²⁴` relative (exp is within 1 ulp, the sum is
+//! reassociated over `L` terms, the reciprocal and its product round twice);
+//! LayerNorm within `10⁻⁵·(1 + |want|)` (inputs in [−1, 1], the variance a sum of `L`
+//! squares).
 
 mod common;
 
@@ -94,13 +100,72 @@ fn row_max_gap(rows: usize, len: usize) -> Kernel {
     b.finish(y).unwrap()
 }
 
+/// `exp(x[i, j]) / Σₖ exp(y[i, k])`: a sum whose operand is not the output's (another
+/// input, or another length).
+fn exp_over_other_sum(rows: usize, len: usize, other: usize) -> Kernel {
+    let mut b = KernelBuilder::new("other", vec![tt(&[rows, len]), tt(&[rows, other])], tt(&[rows, len]));
+    let o = b.out_index();
+    let s = b.new_var(other as u64);
+    let sv = b.var(s);
+    let ys = b.load(1, vec![o[0], sv]);
+    let e = b.unary(UnaryOp::Exp, ys);
+    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
+    let x = b.load(0, vec![o[0], o[1]]);
+    let e = b.unary(UnaryOp::Exp, x);
+    let y = b.div(e, sum);
+    b.finish(y).unwrap()
+}
+
+/// An elementwise kernel over `[rows, len]`: `sigmoid(x) = 1 / (1 + exp(−x))`,
+/// `gelu(x) = x·½·(1 + erf(x/√2))` or `erf(x) + exp(x)·c[j]` (a per-column input).
+fn elementwise(what: &str, rows: usize, len: usize) -> Kernel {
+    let f = ScalarType::F32;
+    let mut b = KernelBuilder::new(what, vec![tt(&[rows, len]), tt(&[len])], tt(&[rows, len]));
+    let o = b.out_index();
+    let x = b.load(0, vec![o[0], o[1]]);
+    let one = b.float(f, 1.0);
+    let y = match what {
+        "sigmoid" => {
+            let n = b.unary(UnaryOp::Neg, x);
+            let e = b.unary(UnaryOp::Exp, n);
+            let d = b.add(one, e);
+            b.div(one, d)
+        }
+        "gelu" => {
+            let r2 = b.float(f, std::f64::consts::SQRT_2);
+            let half = b.float(f, 0.5);
+            let q = b.div(x, r2);
+            let e = b.unary(UnaryOp::Erf, q);
+            let s = b.add(one, e);
+            let h = b.mul(x, half);
+            b.mul(h, s)
+        }
+        _ => {
+            let c = b.load(1, vec![o[1]]);
+            let e = b.unary(UnaryOp::Exp, x);
+            let r = b.unary(UnaryOp::Erf, x);
+            let p = b.mul(e, c);
+            b.add(r, p)
+        }
+    };
+    b.finish(y).unwrap()
+}
+
 fn run_all(k: &Kernel, ins: &[Tensor]) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let (want, got, note) = run_noted(k, ins);
+    assert_eq!(note, "row kernel (avx2)", "{}", k.name);
+    (want, got)
+}
+
+/// Compiles `k` with the default options, runs it split into 1 and 3 workgroup ranges,
+/// and returns the interpreter's result, the compiled ones and the kernel's note.
+fn run_noted(k: &Kernel, ins: &[Tensor]) -> (Vec<f32>, Vec<Vec<f32>>, String) {
     let m = compile_with(&[k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
-    assert_eq!(m.notes[0], "row kernel (avx2)", "{}", k.name);
+    let note = m.notes[0].clone();
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want = interp::run(k, &refs).unwrap().to_vec::<f32>().unwrap();
     let got = [1, 3].iter().map(|&s| run_compiled(k, &refs, &cfg(), s).to_vec::<f32>().unwrap()).collect();
-    (want, got)
+    (want, got, note)
 }
 
 #[test]
@@ -111,8 +176,9 @@ fn softmax_rows() {
     }
     for (rows, len) in [(1, 8), (3, 9), (5, 13), (4, 64), (7, 100), (2, 128), (3, 130)] {
         let k = softmax(rows, len);
-        let (want, got) = run_all(&k, &[random_f32(&[rows, len], 8.0, 11)]);
-        let tol = (len as f32 + 8.0) * f32::EPSILON / 2.0;
+        let (want, got, note) = run_noted(&k, &[random_f32(&[rows, len], 8.0, 11)]);
+        assert_eq!(note, "row kernel (avx2; reduction operand kept in the output; reciprocal per row)");
+        let tol = (len as f32 + 11.0) * f32::EPSILON / 2.0;
         for g in got {
             for (i, (a, w)) in g.iter().zip(&want).enumerate() {
                 assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}: [{i}] got {a}, want {w}");
@@ -130,7 +196,9 @@ fn layernorm_rows() {
     for (rows, len) in [(1, 8), (3, 11), (6, 64), (5, 129), (2, 256)] {
         let k = layernorm(rows, len);
         let ins = [random_f32(&[rows, len], 1.0, 3), random_f32(&[len], 1.0, 4), random_f32(&[len], 1.0, 5)];
-        let (want, got) = run_all(&k, &ins);
+        let (want, got, note) = run_noted(&k, &ins);
+        // The normalising division is by the row's deviation; the mean's by a constant.
+        assert_eq!(note, "row kernel (avx2; reciprocal per row)");
         for g in got {
             for (i, (a, w)) in g.iter().zip(&want).enumerate() {
                 assert!((a - w).abs() <= 1e-5 * (1.0 + w.abs()), "{rows}x{len}: [{i}] got {a}, want {w}");
@@ -156,6 +224,80 @@ fn row_values_and_nan() {
             // Row 1's maximum is NaN, so its whole row is.
             assert_eq!(a.is_nan(), i / len == 1, "[{i}] got {a}");
             assert!(a.is_nan() && w.is_nan() || a == w, "[{i}] got {a}, want {w}");
+        }
+    }
+}
+
+#[test]
+fn sums_of_other_operands_keep_nothing() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    // Another input of the same length, then the same input's shape but another length.
+    for (rows, len, other) in [(3, 37, 37), (2, 64, 64), (3, 37, 20), (2, 16, 64)] {
+        let k = exp_over_other_sum(rows, len, other);
+        let ins = [random_f32(&[rows, len], 4.0, 21), random_f32(&[rows, other], 4.0, 22)];
+        let (want, got, note) = run_noted(&k, &ins);
+        assert_eq!(note, "row kernel (avx2; reciprocal per row)", "{rows}x{len}, sum over {other}");
+        let tol = (other as f32 + 11.0) * f32::EPSILON / 2.0;
+        for g in got {
+            for (i, (a, w)) in g.iter().zip(&want).enumerate() {
+                assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}/{other}: [{i}] got {a}, want {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn exact_division_without_reassociation() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    // Without leave to reassociate, a kernel with a sum is the general generator's, and a
+    // division stays a division.
+    let exact = Options { reassociate: false, ..Options::default() };
+    let m = compile_with(&[&softmax(3, 37)], &CpuTarget::X86_64V3, &exact).unwrap();
+    assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
+    let m = compile_with(&[&elementwise("sigmoid", 3, 37)], &CpuTarget::X86_64V3, &exact).unwrap();
+    assert_eq!(m.notes[0], "row kernel (avx2)");
+}
+
+#[test]
+fn elementwise_transcendentals_match_the_general_path() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    let general = Config {
+        target: CpuTarget::X86_64V3,
+        options: Options { contraction_kernels: false, ..Options::default() },
+    };
+    for what in ["sigmoid", "gelu", "mixed"] {
+        for (rows, len) in [(1, 8), (3, 37), (2, 64), (4, 130)] {
+            let k = elementwise(what, rows, len);
+            // Values past both ends of exp's range, and NaN, in full vectors and in tails.
+            let mut x = random_f32(&[rows, len], 12.0, 31).to_vec::<f32>().unwrap();
+            for (i, v) in [-200.0, 120.0, f32::NAN, -0.0, 89.5, -104.5].into_iter().enumerate() {
+                let at = (i * 7 + len - 1) % x.len();
+                x[at] = v;
+            }
+            let x = Tensor::from_vec(Shape::new(vec![rows, len]).unwrap(), x).unwrap();
+            let c = random_f32(&[len], 2.0, 32);
+            let ins = [x, c];
+            let (want, got, note) = run_noted(&k, &ins);
+            assert_eq!(note, "row kernel (avx2)", "{what}");
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            let gen = run_compiled(&k, &refs, &general, 1).to_vec::<f32>().unwrap();
+            for g in got {
+                for (i, ((a, b), w)) in g.iter().zip(&gen).zip(&want).enumerate() {
+                    assert!(a.to_bits() == b.to_bits(), "{what} {rows}x{len}: [{i}] row {a}, general {b}");
+                    // exp and erf within a few ulp of the interpreter's (libm's).
+                    let close = a == w || (a - w).abs() <= 1e-5 * w.abs() + 1e-6 || a.is_nan() && w.is_nan();
+                    assert!(close, "{what} {rows}x{len}: [{i}] got {a}, want {w}");
+                }
+            }
         }
     }
 }

@@ -63,8 +63,9 @@ pub struct Options {
     /// Run loops four f32/i32 lanes at a time where possible.
     pub vectorize: bool,
     /// Let float sums and products of a vectorised reduction be reassociated (four
-    /// partial results combined at the end); off, vectorised code is bit-identical to
-    /// scalar code.
+    /// partial results combined at the end, eight in row kernels), and let a row kernel
+    /// divide by a row's value as a multiplication by its reciprocal; off, vectorised
+    /// code is bit-identical to scalar code.
     pub reassociate: bool,
     /// Emit recognised contractions as AVX2+FMA (and, where the target has AVX-512 F,
     /// 512-bit) microkernels ([`gemm`]), depthwise convolutions ([`depthwise`]) and
@@ -374,13 +375,18 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                 }
                 Err(gemm::NotHere(why)) => {
                     let other = pad::emit(k)
-                        .map(|c| (c, "padding copy (avx)"))
-                        .or_else(|_| rows::emit(k).map(|c| (c, "row kernel (avx2)")));
+                        .map(|c| (c, "padding copy (avx)".to_string()))
+                        .or_else(|_| {
+                            rows::emit(k, options.reassociate).map(|r| {
+                                let note = r.note();
+                                ((r.code, r.workgroups), note)
+                            })
+                        });
                     match other {
                         Ok(((code, wg), note)) => {
                             workgroup_counts.push(wg);
                             micro.push((idx, code));
-                            notes.push(note.to_string());
+                            notes.push(note);
                             continue;
                         }
                         Err(_) => notes.push(format!("general ({why})")),

@@ -3,10 +3,11 @@
 //! reductions run along a row too — Softmax, LayerNorm, row means and maxima with their
 //! epilogues. Cranelift's code for them runs four lanes; this runs eight.
 //!
-//! Only kernels with a reduction take this path (elementwise kernels are memory-bound,
-//! and the general loops need no per-row index decoding). A workgroup is one row (every
-//! output index but the innermost), as for general kernels. Per row, in the kernel's
-//! node order:
+//! Kernels with a reduction take this path, and elementwise kernels that compute exp or
+//! erf (compute-bound: eight lanes halve their time); other elementwise kernels are
+//! memory-bound, and the general loops need no per-row index decoding. A workgroup is
+//! one row (every output index but the innermost), as for general kernels. Per row, in
+//! the kernel's node order:
 //! - values constant along the row (row statistics and what is computed from them) are
 //!   evaluated once, as vectors of eight equal lanes kept on the stack;
 //! - each reduction (`Sum` or `Max` over one variable) is a loop over its row eight
@@ -14,6 +15,14 @@
 //!   then folded across lanes;
 //! - the output row is a loop that evaluates the kernel's root eight lanes at a time and
 //!   stores them (the last vector masked).
+//!
+//! Two savings, both measured on Softmax over `[4, 128, 128]` (0.133 → 0.082 ms):
+//! - where a reduction's operand is also a value of the output row (Softmax's
+//!   `exp(x − max)`, summed and then divided), the reduction loop stores it into the
+//!   output row and the output loop reads it back: one exp per element instead of two;
+//! - a division of a value along the row by a row value (by the sum) multiplies by its
+//!   reciprocal, computed once per row (only with `Options::reassociate`, like the
+//!   partial sums: one more rounding).
 //!
 //! Operations: `+ − × ÷`, `max`/`min` (NaN in either operand gives NaN), `neg`, `abs`,
 //! `sqrt`, and `exp`/`erf` as the same inline code as everywhere else (`super::math`).
@@ -60,9 +69,15 @@ struct Plan {
     rows: Vec<u64>,
     /// Output row length.
     len: u64,
+    /// A reduction whose operand vectors are stored into the output row, and the
+    /// output row's value they are (see [`stash`]).
+    stash: Option<(u32, u32)>,
+    /// Row values that divide values along a row: their reciprocals get a slot, and the
+    /// division becomes a multiplication (only where `fast`).
+    recip: Vec<u32>,
 }
 
-fn plan(k: &Kernel) -> R<Plan> {
+fn plan(k: &Kernel, fast: bool) -> R<Plan> {
     let rank = k.out_rank();
     if rank == 0 || k.output.dtype != DType::F32 || k.output.shape.numel() == 0 {
         return no("not an f32 output with rows");
@@ -78,9 +93,14 @@ fn plan(k: &Kernel) -> R<Plan> {
         }
     }
     // Without a reduction along the row, the general code generator's loops (four lanes,
-    // no per-row index decoding) serve as well: elementwise kernels are memory-bound.
-    if !k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. })) {
-        return no("no reduction along the row");
+    // no per-row index decoding) serve as well where the kernel is memory-bound; exp and
+    // erf make it compute-bound, and eight lanes halve its time.
+    let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
+    if !reduces && !k.nodes.iter().any(|n| matches!(n.expr, Expr::Unary(op, _) if Ymm::scratch(op) > 0)) {
+        return no("neither a reduction along the row nor exp or erf");
+    }
+    if !fast && k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { op: ReduceOp::Sum, .. })) {
+        return no("a sum, which eight lanes reassociate");
     }
     let free = k.free_vars();
     // Reduction variable → its reduction node.
@@ -168,15 +188,124 @@ fn plan(k: &Kernel) -> R<Plan> {
         loads.insert(i as u32, LoadPlan { base: b, step });
     }
     let rows = k.vars[..rank - 1].to_vec();
-    Ok(Plan { place, loads, bases, rows, len })
+    let stash = stash(k, &place, &free, u);
+    // Divisors that are row values, where the quotient is not: one reciprocal per row.
+    let mut recip = Vec::new();
+    if fast {
+        for (i, n) in k.nodes.iter().enumerate() {
+            if let Expr::Binary(BinaryOp::Div, _, y) = n.expr {
+                let row_value = place[y.index()] == Place::Row && !matches!(k.node(y).expr, Expr::Const(_));
+                if place[i] != Place::Row && row_value && !recip.contains(&y.0) {
+                    recip.push(y.0);
+                }
+            }
+        }
+    }
+    Ok(Plan { place, loads, bases, rows, len, stash, recip })
 }
 
-/// Emits `k` as a row kernel (code and workgroup count), or says why not.
-pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
-    let p = plan(k)?;
-    let mut e = Emit { a: CodeAssembler::new(64)?, k, p, t: Tables::default(), slots: HashMap::new() };
-    let wg = e.function()?;
-    Ok((e.a.assemble(0)?, wg))
+/// The reduction whose operand, with the reduction's variable read as the output's, is
+/// also a value of the output row: `(reduction, value)`. Softmax's sum of
+/// `exp(x − max)` is one. The reduction loop then stores each operand vector into the
+/// output row, and the output loop reads it back instead of computing it again (a
+/// kernel's output never overlaps its inputs, so nothing read later is overwritten).
+fn stash(k: &Kernel, place: &[Place], free: &[Vec<u32>], u: u32) -> Option<(u32, u32)> {
+    // The output row's values, from the root down to row values.
+    let mut out = Vec::new();
+    let mut stack = vec![k.root];
+    while let Some(e) = stack.pop() {
+        if place[e.index()] != Place::Out || out.contains(&e.0) {
+            continue;
+        }
+        out.push(e.0);
+        k.node(e).expr.for_each_operand(|o| stack.push(o));
+    }
+    for (r, n) in k.nodes.iter().enumerate() {
+        let Expr::Reduce { vars, body, .. } = &n.expr else { continue };
+        let w = vars[0].0;
+        // Only a computed operand is worth a store and a load.
+        if k.vars[w as usize] != k.vars[u as usize] || matches!(k.node(*body).expr, Expr::Load { .. } | Expr::Const(_)) {
+            continue;
+        }
+        if let Some(&e) = out.iter().find(|&&e| same_along(k, free, *body, ExprId(e), w, u)) {
+            return Some((r as u32, e));
+        }
+    }
+    None
+}
+
+/// Whether `a`, with variable `w` read as `u`, computes what `b` does.
+fn same_along(k: &Kernel, free: &[Vec<u32>], a: ExprId, b: ExprId, w: u32, u: u32) -> bool {
+    if a == b {
+        return !free[a.index()].iter().any(|&v| v == w || v == u);
+    }
+    let (na, nb) = (k.node(a), k.node(b));
+    if na.ty != nb.ty {
+        return false;
+    }
+    let same = |x: ExprId, y: ExprId| same_along(k, free, x, y, w, u);
+    match (&na.expr, &nb.expr) {
+        (Expr::Var(x), Expr::Var(y)) => (x.0 == w && y.0 == u) || (x == y && x.0 != w && x.0 != u),
+        // A variable of extent 1 is the index 0 (lowering writes either).
+        (Expr::Var(x), Expr::Const(0)) | (Expr::Const(0), Expr::Var(x)) => x.0 != w && x.0 != u && k.vars[x.0 as usize] == 1,
+        (Expr::Const(x), Expr::Const(y)) => x == y,
+        (
+            Expr::Load { input: ia, index: xa, bounds: ba },
+            Expr::Load { input: ib, index: xb, bounds: bb },
+        ) => ia == ib && ba == bb && xa.len() == xb.len() && xa.iter().zip(xb).all(|(&x, &y)| same(x, y)),
+        (Expr::Unary(oa, x), Expr::Unary(ob, y)) => oa == ob && same(*x, *y),
+        (Expr::Binary(oa, x1, x2), Expr::Binary(ob, y1, y2)) => oa == ob && same(*x1, *y1) && same(*x2, *y2),
+        (Expr::Select(c1, x1, x2), Expr::Select(c2, y1, y2)) => same(*c1, *c2) && same(*x1, *y1) && same(*x2, *y2),
+        (
+            Expr::Cast { value: x, to: ta, saturate: sa },
+            Expr::Cast { value: y, to: tb, saturate: sb },
+        ) => ta == tb && sa == sb && same(*x, *y),
+        _ => false,
+    }
+}
+
+/// Emits `k` as a row kernel (code and workgroup count), or says why not. `fast`
+/// (`Options::reassociate`) lets sums run as eight partial sums and a division by a row
+/// value be a multiplication by its reciprocal (one more rounding); without it, kernels
+/// with a sum are left to the general code generator.
+pub(crate) fn emit(k: &Kernel, fast: bool) -> R<RowCode> {
+    let p = plan(k, fast)?;
+    let (stored, reciprocal) = (p.stash.is_some(), !p.recip.is_empty());
+    let mut e = Emit {
+        a: CodeAssembler::new(64)?,
+        k,
+        p,
+        t: Tables::default(),
+        slots: HashMap::new(),
+        recip_slots: HashMap::new(),
+    };
+    let workgroups = e.function()?;
+    Ok(RowCode { code: e.a.assemble(0)?, workgroups, stored, reciprocal })
+}
+
+/// A row kernel's code and what it does beyond the plain row loops.
+pub(crate) struct RowCode {
+    pub code: Vec<u8>,
+    pub workgroups: u64,
+    /// A reduction stores its operand into the output row, which the output loop reads
+    /// back ([`stash`]).
+    pub stored: bool,
+    /// A division by a row value is a multiplication by its reciprocal.
+    pub reciprocal: bool,
+}
+
+impl RowCode {
+    /// The compile listing's note.
+    pub fn note(&self) -> String {
+        let mut n = String::from("row kernel (avx2");
+        if self.stored {
+            n += "; reduction operand kept in the output";
+        }
+        if self.reciprocal {
+            n += "; reciprocal per row";
+        }
+        n + ")"
+    }
 }
 
 struct Emit<'k> {
@@ -187,6 +316,8 @@ struct Emit<'k> {
     t: Tables,
     /// Row values on the stack: node → byte offset from rsp.
     slots: HashMap<u32, i32>,
+    /// Reciprocals of the row values in `Plan::recip`: node → byte offset from rsp.
+    recip_slots: HashMap<u32, i32>,
 }
 
 /// The state of one vector evaluation: node → register, remaining uses, free registers.
@@ -225,6 +356,10 @@ impl Emit<'_> {
                 off += 32;
             }
         }
+        for &y in &self.p.recip {
+            self.recip_slots.insert(y, off);
+            off += 32;
+        }
         let frame = off + 8;
         enter(&mut self.a)?;
         self.a.sub(rsp, frame)?;
@@ -261,6 +396,12 @@ impl Emit<'_> {
                 v.computing = Some(i as u32);
                 let r = self.eval(ExprId(i as u32), &mut v, None)?;
                 self.a.vmovups(ymmword_ptr(rsp + slot), r)?;
+            }
+            if let Some(&rs) = self.recip_slots.get(&(i as u32)) {
+                let l = self.const_label(1f32.to_bits());
+                self.a.vbroadcastss(ymm0, dword_ptr(l))?;
+                self.a.vdivps(ymm0, ymm0, ymmword_ptr(rsp + slot))?;
+                self.a.vmovups(ymmword_ptr(rsp + rs), ymm0)?;
             }
         }
         // The output row.
@@ -362,6 +503,13 @@ impl Emit<'_> {
             let mut v = e.fresh(&[body], |pl| pl == Place::Along(r));
             v.pool.retain(|&x| x != acc0 && x != acc1 && Some(x) != mask);
             let x = e.eval(body, &mut v, mask)?;
+            if e.p.stash.is_some_and(|(sr, _)| sr == r) {
+                let at = ymmword_ptr(r13 + r8 * 4);
+                match mask {
+                    Some(m) => e.a.vmaskmovps(at, m, x)?,
+                    None => e.a.vmovups(at, x)?,
+                }
+            }
             if let Some(m) = mask {
                 // Masked lanes: 0 for a sum, −∞ for a max.
                 if op == ReduceOp::Sum {
@@ -460,16 +608,33 @@ impl Emit<'_> {
             }
             let pl = self.p.place[e.index()];
             let n = &self.k.node(e).expr;
-            // Below a row value (evaluated already) or a load, nothing is evaluated.
-            if (pl == Place::Row && !roots.contains(&e)) || matches!(n, Expr::Load { .. }) || !keep_or_row(pl, &keep) {
+            // Below a row value (evaluated already), a load or the stashed value (read
+            // from the output row), nothing is evaluated.
+            if (pl == Place::Row && !roots.contains(&e))
+                || matches!(n, Expr::Load { .. })
+                || (pl == Place::Out && self.stashed(e))
+                || !keep_or_row(pl, &keep)
+            {
                 continue;
             }
+            // A division by a row value with a reciprocal reads only its dividend.
+            let divisor = match n {
+                Expr::Binary(BinaryOp::Div, _, y) if pl != Place::Row && self.recip_slots.contains_key(&y.0) => Some(*y),
+                _ => None,
+            };
             n.for_each_operand(|o| {
-                *uses.entry(o.0).or_insert(0) += 1;
-                stack.push(o);
+                if Some(o) != divisor {
+                    *uses.entry(o.0).or_insert(0) += 1;
+                    stack.push(o);
+                }
             });
         }
         Vec8 { memo: HashMap::new(), uses, pool: YMM[..13].iter().rev().copied().collect(), computing: None }
+    }
+
+    /// Whether `e` is the output row's value that the stashing reduction stored.
+    fn stashed(&self, e: ExprId) -> bool {
+        self.p.stash.is_some_and(|(_, v)| v == e.0)
     }
 
     /// A register for a node whose operands are `ops`: an operand's register at its
@@ -514,7 +679,35 @@ impl Emit<'_> {
             let r = self.result_reg(&[], v)?;
             self.a.vmovups(r, ymmword_ptr(rsp + self.slots[&e.0]))?;
             r
+        } else if pl == Place::Out && self.stashed(e) {
+            // Stored by the reduction loop at this very element.
+            let r = self.result_reg(&[], v)?;
+            match mask {
+                Some(m) => self.a.vmaskmovps(r, m, ymmword_ptr(r13 + r8 * 4))?,
+                None => self.a.vmovups(r, ymmword_ptr(r13 + r8 * 4))?,
+            }
+            r
+        } else if let (Expr::Binary(BinaryOp::Div, x, y), true) = (&node.expr, pl != Place::Row) {
+            match self.recip_slots.get(&y.0).copied() {
+                Some(rs) => {
+                    let rx = self.eval(*x, v, mask)?;
+                    let dst = self.result_reg(&[*x], v)?;
+                    self.a.vmulps(dst, rx, ymmword_ptr(rsp + rs))?;
+                    dst
+                }
+                None => self.eval_op(e, v, mask)?,
+            }
         } else {
+            self.eval_op(e, v, mask)?
+        };
+        v.memo.insert(e.0, r);
+        Ok(r)
+    }
+
+    /// Evaluates an operation node (not a row value from its slot, not the stashed value).
+    fn eval_op(&mut self, e: ExprId, v: &mut Vec8, mask: Option<AsmRegisterYmm>) -> R<AsmRegisterYmm> {
+        let node = self.k.node(e).clone();
+        let r = {
             match &node.expr {
                 Expr::Const(bits) => {
                     let r = self.result_reg(&[], v)?;
@@ -543,7 +736,6 @@ impl Emit<'_> {
                         *u = u.saturating_sub(1);
                     }
                     v.memo.remove(&value.0);
-                    v.memo.insert(e.0, r);
                     return Ok(r);
                 }
                 Expr::Binary(op, x, y) => {
@@ -586,7 +778,6 @@ impl Emit<'_> {
                 _ => return no("an operation without a row form here"),
             }
         };
-        v.memo.insert(e.0, r);
         Ok(r)
     }
 }
