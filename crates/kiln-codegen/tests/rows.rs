@@ -28,8 +28,16 @@ fn tt(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
 }
 
-fn cfg() -> Config {
-    Config { target: CpuTarget::X86_64V3, options: Options::default() }
+/// The widths under test, with the note's start: eight lanes (x86-64-v3), and sixteen
+/// (x86-64-v4) where this CPU has AVX-512 F (skipped, and said so, where it does not).
+fn widths() -> Vec<(CpuTarget, &'static str)> {
+    let mut w = vec![(CpuTarget::X86_64V3, "row kernel (avx2")];
+    if std::is_x86_feature_detected!("avx512f") {
+        w.push((CpuTarget::X86_64V4, "row kernel (avx-512"));
+    } else {
+        eprintln!("16-lane row kernels skipped: this CPU lacks AVX-512 F");
+    }
+    w
 }
 
 /// `softmax(x)` over the last axis of `[rows, len]`.
@@ -151,20 +159,22 @@ fn elementwise(what: &str, rows: usize, len: usize) -> Kernel {
     b.finish(y).unwrap()
 }
 
-fn run_all(k: &Kernel, ins: &[Tensor]) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let (want, got, note) = run_noted(k, ins);
-    assert_eq!(note, "row kernel (avx2)", "{}", k.name);
+fn run_all(k: &Kernel, ins: &[Tensor], target: (CpuTarget, &str)) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let (want, got, note) = run_noted(k, ins, target.0);
+    assert_eq!(note, format!("{})", target.1), "{}", k.name);
     (want, got)
 }
 
-/// Compiles `k` with the default options, runs it split into 1 and 3 workgroup ranges,
-/// and returns the interpreter's result, the compiled ones and the kernel's note.
-fn run_noted(k: &Kernel, ins: &[Tensor]) -> (Vec<f32>, Vec<Vec<f32>>, String) {
-    let m = compile_with(&[k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+/// Compiles `k` for `target` with the default options, runs it split into 1 and 3
+/// workgroup ranges, and returns the interpreter's result, the compiled ones and the
+/// kernel's note.
+fn run_noted(k: &Kernel, ins: &[Tensor], target: CpuTarget) -> (Vec<f32>, Vec<Vec<f32>>, String) {
+    let m = compile_with(&[k], &target, &Options::default()).unwrap();
     let note = m.notes[0].clone();
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want = interp::run(k, &refs).unwrap().to_vec::<f32>().unwrap();
-    let got = [1, 3].iter().map(|&s| run_compiled(k, &refs, &cfg(), s).to_vec::<f32>().unwrap()).collect();
+    let cfg = Config { target, options: Options::default() };
+    let got = [1, 3].iter().map(|&s| run_compiled(k, &refs, &cfg, s).to_vec::<f32>().unwrap()).collect();
     (want, got, note)
 }
 
@@ -174,14 +184,16 @@ fn softmax_rows() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    for (rows, len) in [(1, 8), (3, 9), (5, 13), (4, 64), (7, 100), (2, 128), (3, 130)] {
-        let k = softmax(rows, len);
-        let (want, got, note) = run_noted(&k, &[random_f32(&[rows, len], 8.0, 11)]);
-        assert_eq!(note, "row kernel (avx2; reduction operand kept in the output; reciprocal per row)");
-        let tol = (len as f32 + 11.0) * f32::EPSILON / 2.0;
-        for g in got {
-            for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}: [{i}] got {a}, want {w}");
+    for (target, kind) in widths() {
+        for (rows, len) in [(1, 8), (3, 9), (5, 13), (2, 16), (4, 64), (7, 100), (2, 128), (3, 130)] {
+            let k = softmax(rows, len);
+            let (want, got, note) = run_noted(&k, &[random_f32(&[rows, len], 8.0, 11)], target);
+            assert_eq!(note, format!("{kind}; reduction operand kept in the output; reciprocal per row)"));
+            let tol = (len as f32 + 11.0) * f32::EPSILON / 2.0;
+            for g in got {
+                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
+                    assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}: [{i}] got {a}, want {w}");
+                }
             }
         }
     }
@@ -193,15 +205,17 @@ fn layernorm_rows() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    for (rows, len) in [(1, 8), (3, 11), (6, 64), (5, 129), (2, 256)] {
-        let k = layernorm(rows, len);
-        let ins = [random_f32(&[rows, len], 1.0, 3), random_f32(&[len], 1.0, 4), random_f32(&[len], 1.0, 5)];
-        let (want, got, note) = run_noted(&k, &ins);
-        // The normalising division is by the row's deviation; the mean's by a constant.
-        assert_eq!(note, "row kernel (avx2; reciprocal per row)");
-        for g in got {
-            for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                assert!((a - w).abs() <= 1e-5 * (1.0 + w.abs()), "{rows}x{len}: [{i}] got {a}, want {w}");
+    for (target, kind) in widths() {
+        for (rows, len) in [(1, 8), (3, 11), (6, 64), (5, 129), (2, 256)] {
+            let k = layernorm(rows, len);
+            let ins = [random_f32(&[rows, len], 1.0, 3), random_f32(&[len], 1.0, 4), random_f32(&[len], 1.0, 5)];
+            let (want, got, note) = run_noted(&k, &ins, target);
+            // The normalising division is by the row's deviation; the mean's by a constant.
+            assert_eq!(note, format!("{kind}; reciprocal per row)"));
+            for g in got {
+                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
+                    assert!((a - w).abs() <= 1e-5 * (1.0 + w.abs()), "{rows}x{len}: [{i}] got {a}, want {w}");
+                }
             }
         }
     }
@@ -213,17 +227,21 @@ fn row_values_and_nan() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    let (rows, len) = (3, 21);
-    let mut x = random_f32(&[rows, len], 1.0, 7).to_vec::<f32>().unwrap();
-    x[len + 20] = f32::NAN; // row 1, in the masked tail
-    let x = Tensor::from_vec(Shape::new(vec![rows, len]).unwrap(), x).unwrap();
-    let k = row_max_gap(rows, len);
-    let (want, got) = run_all(&k, &[x]);
-    for g in got {
-        for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-            // Row 1's maximum is NaN, so its whole row is.
-            assert_eq!(a.is_nan(), i / len == 1, "[{i}] got {a}");
-            assert!(a.is_nan() && w.is_nan() || a == w, "[{i}] got {a}, want {w}");
+    for target in widths() {
+        // Row 1's NaN in the masked tail of both widths, then in a full vector.
+        for (rows, len, at) in [(3, 21, 20), (3, 37, 5)] {
+            let mut x = random_f32(&[rows, len], 1.0, 7).to_vec::<f32>().unwrap();
+            x[len + at] = f32::NAN;
+            let x = Tensor::from_vec(Shape::new(vec![rows, len]).unwrap(), x).unwrap();
+            let k = row_max_gap(rows, len);
+            let (want, got) = run_all(&k, &[x], target);
+            for g in got {
+                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
+                    // Row 1's maximum is NaN, so its whole row is.
+                    assert_eq!(a.is_nan(), i / len == 1, "[{i}] got {a}");
+                    assert!(a.is_nan() && w.is_nan() || a == w, "[{i}] got {a}, want {w}");
+                }
+            }
         }
     }
 }
@@ -235,15 +253,17 @@ fn sums_of_other_operands_keep_nothing() {
         return;
     }
     // Another input of the same length, then the same input's shape but another length.
-    for (rows, len, other) in [(3, 37, 37), (2, 64, 64), (3, 37, 20), (2, 16, 64)] {
-        let k = exp_over_other_sum(rows, len, other);
-        let ins = [random_f32(&[rows, len], 4.0, 21), random_f32(&[rows, other], 4.0, 22)];
-        let (want, got, note) = run_noted(&k, &ins);
-        assert_eq!(note, "row kernel (avx2; reciprocal per row)", "{rows}x{len}, sum over {other}");
-        let tol = (other as f32 + 11.0) * f32::EPSILON / 2.0;
-        for g in got {
-            for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}/{other}: [{i}] got {a}, want {w}");
+    for (target, kind) in widths() {
+        for (rows, len, other) in [(3, 37, 37), (2, 64, 64), (3, 37, 20), (2, 16, 64)] {
+            let k = exp_over_other_sum(rows, len, other);
+            let ins = [random_f32(&[rows, len], 4.0, 21), random_f32(&[rows, other], 4.0, 22)];
+            let (want, got, note) = run_noted(&k, &ins, target);
+            assert_eq!(note, format!("{kind}; reciprocal per row)"), "{rows}x{len}, sum over {other}");
+            let tol = (other as f32 + 11.0) * f32::EPSILON / 2.0;
+            for g in got {
+                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
+                    assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}/{other}: [{i}] got {a}, want {w}");
+                }
             }
         }
     }
@@ -258,10 +278,12 @@ fn exact_division_without_reassociation() {
     // Without leave to reassociate, a kernel with a sum is the general generator's, and a
     // division stays a division.
     let exact = Options { reassociate: false, ..Options::default() };
-    let m = compile_with(&[&softmax(3, 37)], &CpuTarget::X86_64V3, &exact).unwrap();
-    assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
-    let m = compile_with(&[&elementwise("sigmoid", 3, 37)], &CpuTarget::X86_64V3, &exact).unwrap();
-    assert_eq!(m.notes[0], "row kernel (avx2)");
+    for (target, kind) in widths() {
+        let m = compile_with(&[&softmax(3, 37)], &target, &exact).unwrap();
+        assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
+        let m = compile_with(&[&elementwise("sigmoid", 3, 37)], &target, &exact).unwrap();
+        assert_eq!(m.notes[0], format!("{kind})"));
+    }
 }
 
 #[test]
@@ -270,32 +292,34 @@ fn elementwise_transcendentals_match_the_general_path() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    let general = Config {
-        target: CpuTarget::X86_64V3,
-        options: Options { contraction_kernels: false, ..Options::default() },
-    };
-    for what in ["sigmoid", "gelu", "mixed"] {
-        for (rows, len) in [(1, 8), (3, 37), (2, 64), (4, 130)] {
-            let k = elementwise(what, rows, len);
-            // Values past both ends of exp's range, and NaN, in full vectors and in tails.
-            let mut x = random_f32(&[rows, len], 12.0, 31).to_vec::<f32>().unwrap();
-            for (i, v) in [-200.0, 120.0, f32::NAN, -0.0, 89.5, -104.5].into_iter().enumerate() {
-                let at = (i * 7 + len - 1) % x.len();
-                x[at] = v;
-            }
-            let x = Tensor::from_vec(Shape::new(vec![rows, len]).unwrap(), x).unwrap();
-            let c = random_f32(&[len], 2.0, 32);
-            let ins = [x, c];
-            let (want, got, note) = run_noted(&k, &ins);
-            assert_eq!(note, "row kernel (avx2)", "{what}");
-            let refs: Vec<&Tensor> = ins.iter().collect();
-            let gen = run_compiled(&k, &refs, &general, 1).to_vec::<f32>().unwrap();
-            for g in got {
-                for (i, ((a, b), w)) in g.iter().zip(&gen).zip(&want).enumerate() {
-                    assert!(a.to_bits() == b.to_bits(), "{what} {rows}x{len}: [{i}] row {a}, general {b}");
-                    // exp and erf within a few ulp of the interpreter's (libm's).
-                    let close = a == w || (a - w).abs() <= 1e-5 * w.abs() + 1e-6 || a.is_nan() && w.is_nan();
-                    assert!(close, "{what} {rows}x{len}: [{i}] got {a}, want {w}");
+    for (target, kind) in widths() {
+        let general = Config { target, options: Options { contraction_kernels: false, ..Options::default() } };
+        for what in ["sigmoid", "gelu", "mixed"] {
+            for (rows, len) in [(1, 8), (3, 37), (2, 64), (4, 130)] {
+                let k = elementwise(what, rows, len);
+                // Values past both ends of exp's range, results in the subnormal range (exp
+                // of −88 to −104: one rounding, the 16-lane scale in a single instruction),
+                // and NaN, in full vectors and in tails.
+                let mut x = random_f32(&[rows, len], 12.0, 31).to_vec::<f32>().unwrap();
+                let special = [-200.0, 120.0, f32::NAN, -0.0, 89.5, -104.5, -88.5, -95.25, -100.1, -103.9, 88.7, -87.4];
+                for (i, v) in special.into_iter().enumerate() {
+                    let at = (i * 7 + len - 1) % x.len();
+                    x[at] = v;
+                }
+                let x = Tensor::from_vec(Shape::new(vec![rows, len]).unwrap(), x).unwrap();
+                let c = random_f32(&[len], 2.0, 32);
+                let ins = [x, c];
+                let (want, got, note) = run_noted(&k, &ins, target);
+                assert_eq!(note, format!("{kind})"), "{what}");
+                let refs: Vec<&Tensor> = ins.iter().collect();
+                let gen = run_compiled(&k, &refs, &general, 1).to_vec::<f32>().unwrap();
+                for g in got {
+                    for (i, ((a, b), w)) in g.iter().zip(&gen).zip(&want).enumerate() {
+                        assert!(a.to_bits() == b.to_bits(), "{what} {rows}x{len}: [{i}] row {a}, general {b}");
+                        // exp and erf within a few ulp of the interpreter's (libm's).
+                        let close = a == w || (a - w).abs() <= 1e-5 * w.abs() + 1e-6 || a.is_nan() && w.is_nan();
+                        assert!(close, "{what} {rows}x{len}: [{i}] got {a}, want {w}");
+                    }
                 }
             }
         }

@@ -58,7 +58,7 @@ use kiln_flow::contraction::Contraction;
 use kiln_flow::layout::PanelWidths;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
-use super::asm::{add_imm, enter, leave, Tables, YMM};
+use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
 use super::math::Ymm;
 use kiln_ir::DType;
 
@@ -133,11 +133,6 @@ fn tile_vectors(mr: u64, stride2: bool) -> u64 {
         (_, true) => 1,
     }
 }
-
-const ZMM: [AsmRegisterZmm; 29] = [
-    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14, zmm15, zmm16,
-    zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27, zmm28,
-];
 
 /// The reduction loops a tile's body sits in ([`Emitter::k_loops_open`]).
 struct KLoops {

@@ -9,8 +9,11 @@
 //! degree-6 polynomial for `eʳ` on `|r| ≤ ln2/2`, and the scale `2ⁿ` applied as
 //! `2^⌊n/2⌋ · 2^(n−⌊n/2⌋)` so results that overflow give +inf and results in the
 //! subnormal range round once more. `x` is clamped to [−104, 89] first (beyond both
-//! ends the result is already 0 or +inf), NaN passes through. Measured maximum error
-//! against f64 `exp` over every 1021st f32 in [−103, 88.72] (`tests/math.rs`): 0.94 ulp.
+//! ends the result is already 0 or +inf), NaN passes through. Where the target has FMA,
+//! `x·log2 e + 1.5·2²³`, both reduction steps and `r + r²·P(r)` are single FMAs (four
+//! operations fewer, which the 16-lane row kernels need most). Measured maximum error
+//! against f64 `exp` over every 1021st f32 in [−103, 88.72] (`tests/math.rs`): 0.94 ulp
+//! without FMA, 0.99 with.
 //!
 //! ## erf
 //! `|x| < 0.5`: the odd Taylor series `2/√π·Σₙ (−1)ⁿ x²ⁿ⁺¹ / (n!(2n+1))` to `n = 7`
@@ -18,23 +21,26 @@
 //! `erfc(z) = t·exp(−z² + P(t))`, `t = 1/(1 + z/2)` (a Chebyshev fit with fractional
 //! error below 1.2·10⁻⁷, Numerical Recipes §6.2). Both are computed and one selected
 //! per lane. Measured maximum error against f64 `erf` over every 1021st f32 in [−6, 6]
-//! (`tests/math.rs`): 2.83 ulp, just above the switch at 0.5.
+//! (`tests/math.rs`): 2.83 ulp without FMA, 2.49 with, just above the switch at 0.5.
 //!
-//! ## The same functions as AVX2 code
-//! [`Ymm`] writes both functions as AVX2 machine code (eight lanes, `iced-x86`) for the
-//! contraction microkernels' epilogues (GELU and sigmoid after a matrix product). It
-//! issues the same operations on the same constants in the same order (the polynomial
-//! steps as FMAs, as the general path does on a target with FMA), so an epilogue gives
-//! the same bits as the general code generator's loops.
+//! ## The same functions as machine code
+//! `impl Vx` writes both functions as vector machine code (`iced-x86`) of either width
+//! ([`super::vector`]): eight lanes for the contraction microkernels' epilogues (GELU and
+//! sigmoid after a matrix product, through [`Ymm`]) and for row kernels on AVX2, sixteen
+//! for row kernels on AVX-512. It issues the same operations on the same constants in
+//! the same order as the general path on a target with FMA, so every path gives the same
+//! bits. The one difference: sixteen lanes scale by `2ⁿ` with one `vscalefps`, which
+//! rounds `p·2ⁿ` once, exactly as the two exact-then-rounding halves do.
 
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{types, ConstantData, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
-use iced_x86::code_asm::{dword_ptr, ymmword_ptr, AsmMemoryOperand, AsmRegisterYmm, CodeAssembler};
-use iced_x86::IcedError;
+use iced_x86::code_asm::{dword_ptr, AsmRegisterYmm, CodeAssembler};
 use kiln_flow::UnaryOp;
 
-use super::asm::Tables;
+use super::asm::{Tables, YMM};
+use super::gemm::R;
+use super::vector::{Mask, Op, Src, Vx, V};
 
 /// Lane order for vector bitcasts.
 fn lanes(ty: Type) -> MemFlagsData {
@@ -132,26 +138,41 @@ pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     let x = clamp_const(b, ty, x, hi, FloatCC::GreaterThan);
     // n = round(x·log2 e): adding 1.5·2²³ leaves n in the low mantissa bits.
     let log2e = c(b, ty, std::f32::consts::LOG2_E);
-    let t = b.ins().fmul(x, log2e);
     let magic = c(b, ty, MAGIC);
-    let tm = b.ins().fadd(t, magic);
+    let tm = if fma {
+        b.ins().fma(x, log2e, magic)
+    } else {
+        let t = b.ins().fmul(x, log2e);
+        b.ins().fadd(t, magic)
+    };
     let nf = b.ins().fsub(tm, magic);
     let it = int_ty(ty);
     let tbits = b.ins().bitcast(it, lanes(ty), tm);
     let mbits = ci(b, ty, 0x4B40_0000);
     let n = b.ins().isub(tbits, mbits);
     // r = x − n·ln2, ln2 = C1 + C2 with C1 = 0.693359375 (n·C1 exact).
-    let c1 = c(b, ty, LN2_C1);
-    let c2 = c(b, ty, LN2_C2);
-    let a = b.ins().fmul(nf, c1);
-    let r = b.ins().fsub(x, a);
-    let a = b.ins().fmul(nf, c2);
-    let r = b.ins().fsub(r, a);
+    let r = if fma {
+        let c1 = c(b, ty, -LN2_C1);
+        let c2 = c(b, ty, -LN2_C2);
+        let r = b.ins().fma(nf, c1, x);
+        b.ins().fma(nf, c2, r)
+    } else {
+        let c1 = c(b, ty, LN2_C1);
+        let c2 = c(b, ty, LN2_C2);
+        let a = b.ins().fmul(nf, c1);
+        let r = b.ins().fsub(x, a);
+        let a = b.ins().fmul(nf, c2);
+        b.ins().fsub(r, a)
+    };
     // e^r ≈ 1 + r + r²·P(r).
     let p = horner(b, ty, r, &EXP_P, fma);
     let r2 = b.ins().fmul(r, r);
-    let p = b.ins().fmul(p, r2);
-    let p = b.ins().fadd(p, r);
+    let p = if fma {
+        b.ins().fma(p, r2, r)
+    } else {
+        let p = b.ins().fmul(p, r2);
+        b.ins().fadd(p, r)
+    };
     let one = c(b, ty, 1.0);
     let p = b.ins().fadd(p, one);
     // Scale by 2^n in two halves (n in [−150, 129]).
@@ -227,16 +248,12 @@ pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     }
 }
 
-/// The AVX2 forms (see the module docs), and the other unary operations the
-/// machine-code kernels evaluate: an assembler and the kernel's constant tables
-/// (scalars broadcast from 4 bytes, vectors read whole as memory operands), which the
-/// kernel emits after its code.
+/// The AVX2 forms for the contraction microkernels' epilogues (see the module docs):
+/// `ymm` registers in, [`Vx`]'s eight-lane code out.
 pub(crate) struct Ymm<'a> {
     pub a: &'a mut CodeAssembler,
     pub t: &'a mut Tables,
 }
-
-type Asm = Result<(), IcedError>;
 
 impl Ymm<'_> {
     /// Scratch registers [`Ymm::unary`] needs for `op`.
@@ -255,118 +272,130 @@ impl Ymm<'_> {
 
     /// `dst = op(x)` for an operation [`Ymm::has`]; `dst` may be `x`; `t` holds at least
     /// [`Ymm::scratch`] registers distinct from both.
-    pub fn unary(&mut self, op: UnaryOp, dst: AsmRegisterYmm, x: AsmRegisterYmm, t: &[AsmRegisterYmm]) -> Asm {
+    pub fn unary(&mut self, op: UnaryOp, dst: AsmRegisterYmm, x: AsmRegisterYmm, t: &[AsmRegisterYmm]) -> R<()> {
+        let n = |r: AsmRegisterYmm| V(YMM.iter().position(|&q| q == r).unwrap_or(0) as u8);
+        let t: Vec<V> = t.iter().map(|&r| n(r)).collect();
+        Vx { a: self.a, t: self.t, wide: false, held: &[] }.unary(op, n(dst), n(x), &t)
+    }
+}
+
+/// The constants exp reads, most used first (a kernel that holds constants in
+/// registers holds these before erf's).
+pub(crate) fn exp_constants(wide: bool) -> Vec<u32> {
+    let mut c: Vec<u32> = [EXP_LO, EXP_HI, MAGIC, std::f32::consts::LOG2_E, -LN2_C1, -LN2_C2]
+        .iter()
+        .chain(&EXP_P)
+        .chain(&[1.0])
+        .map(|x| x.to_bits())
+        .collect();
+    if !wide {
+        c.push(127);
+    }
+    c
+}
+
+/// The constants erf reads besides exp's.
+pub(crate) fn erf_constants() -> Vec<u32> {
+    let mut c: Vec<u32> =
+        ERF_SMALL.iter().chain(&ERFC_P).chain(&[std::f32::consts::FRAC_2_SQRT_PI, 0.5]).map(|x| x.to_bits()).collect();
+    c.extend([0x7fff_ffff, 0x8000_0000]);
+    c
+}
+
+impl Vx<'_> {
+    /// `dst = op(x)` for an operation [`Ymm::has`]; `dst` may be `x`; `t` holds at least
+    /// [`Ymm::scratch`] registers distinct from both.
+    pub fn unary(&mut self, op: UnaryOp, dst: V, x: V, t: &[V]) -> R<()> {
         match op {
-            UnaryOp::Sqrt => self.a.vsqrtps(dst, x),
-            UnaryOp::Neg => {
-                let m = self.v(0x8000_0000);
-                self.a.vxorps(dst, x, m)
-            }
-            UnaryOp::Abs => {
-                let m = self.v(0x7fff_ffff);
-                self.a.vandps(dst, x, m)
-            }
+            UnaryOp::Sqrt => self.sqrt(dst, x),
+            UnaryOp::Neg => self.op(Op::Xor, dst, x, Src::C(0x8000_0000)),
+            UnaryOp::Abs => self.op(Op::And, dst, x, Src::C(0x7fff_ffff)),
             UnaryOp::Exp => self.exp(dst, x, [t[0], t[1], t[2], t[3]]),
             _ => self.erf(dst, x, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]),
         }
     }
 
-    /// `r` = eight copies of `bits`.
-    fn splat(&mut self, r: AsmRegisterYmm, bits: u32) -> Asm {
-        let l = self.t.scalar(self.a, bits);
-        self.a.vbroadcastss(r, dword_ptr(l))
-    }
-
-    fn splat_f(&mut self, r: AsmRegisterYmm, x: f32) -> Asm {
-        self.splat(r, x.to_bits())
-    }
-
-    /// Eight copies of `bits` as a memory operand.
-    fn v(&mut self, bits: u32) -> AsmMemoryOperand {
-        ymmword_ptr(self.t.vector(self.a, bits))
-    }
-
-    fn vf(&mut self, x: f32) -> AsmMemoryOperand {
-        self.v(x.to_bits())
+    /// A register holding constant `x`: the kernel's, or `scratch` filled with it.
+    fn const_reg(&mut self, x: f32, scratch: V) -> R<V> {
+        match self.held(x.to_bits()) {
+            Some(v) => Ok(v),
+            None => {
+                let l = self.t.scalar(self.a, x.to_bits());
+                self.broadcast(scratch, dword_ptr(l))?;
+                Ok(scratch)
+            }
+        }
     }
 
     /// `p = horner(x, coefs)` (FMA steps, as the general path's on a target with FMA).
-    fn horner(&mut self, p: AsmRegisterYmm, x: AsmRegisterYmm, coefs: &[f32]) -> Asm {
-        let c0 = self.vf(coefs[0]);
-        self.a.vmovups(p, c0)?;
+    fn horner(&mut self, p: V, x: V, coefs: &[f32]) -> R<()> {
+        self.mov(p, Src::C(coefs[0].to_bits()))?;
         for &c in &coefs[1..] {
-            let m = self.vf(c);
-            self.a.vfmadd213ps(p, x, m)?;
+            self.op(Op::Fma213, p, x, Src::C(c.to_bits()))?;
         }
         Ok(())
     }
 
     /// `dst = exp(x)`; `dst` may be `x`; `t` are scratch, distinct from both.
-    pub fn exp(&mut self, dst: AsmRegisterYmm, x: AsmRegisterYmm, t: [AsmRegisterYmm; 4]) -> Asm {
+    pub fn exp(&mut self, dst: V, x: V, t: [V; 4]) -> R<()> {
         let [k, n, nf, p] = t;
+        let c = |x: f32| Src::C(x.to_bits());
         // Clamp, constant first so a NaN x is what comes out.
-        self.splat_f(k, EXP_LO)?;
-        self.a.vmaxps(dst, k, x)?;
-        self.splat_f(k, EXP_HI)?;
-        self.a.vminps(dst, k, dst)?;
-        let m = self.vf(std::f32::consts::LOG2_E);
-        self.a.vmulps(n, dst, m)?;
-        let magic = self.vf(MAGIC);
-        self.a.vaddps(n, n, magic)?;
-        self.a.vsubps(nf, n, magic)?;
-        // MAGIC's bits are 0x4B40_0000: n's integer value.
-        self.a.vpsubd(n, n, magic)?;
-        let m = self.vf(LN2_C1);
-        self.a.vmulps(k, nf, m)?;
-        self.a.vsubps(dst, dst, k)?;
-        let m = self.vf(LN2_C2);
-        self.a.vmulps(k, nf, m)?;
-        self.a.vsubps(dst, dst, k)?; // r
+        let lo = self.const_reg(EXP_LO, k)?;
+        self.op(Op::Max, dst, lo, Src::R(x))?;
+        let hi = self.const_reg(EXP_HI, k)?;
+        self.op(Op::Min, dst, hi, Src::R(dst))?;
+        self.mov(n, c(MAGIC))?;
+        self.op(Op::Fma231, n, dst, c(std::f32::consts::LOG2_E))?; // x·log2 e + magic
+        self.op(Op::Sub, nf, n, c(MAGIC))?;
+        self.op(Op::Fma231, dst, nf, c(-LN2_C1))?;
+        self.op(Op::Fma231, dst, nf, c(-LN2_C2))?; // r
         self.horner(p, dst, &EXP_P)?;
-        self.a.vmulps(nf, dst, dst)?;
-        self.a.vmulps(p, p, nf)?;
-        self.a.vaddps(p, p, dst)?;
-        let one = self.vf(1.0);
-        self.a.vaddps(p, p, one)?;
-        // 2^n in two halves.
-        self.a.vpsrad(nf, n, 1)?;
-        self.a.vpsubd(n, n, nf)?;
-        let bias = self.v(127);
-        self.a.vpaddd(nf, nf, bias)?;
-        self.a.vpslld(nf, nf, 23)?;
-        self.a.vmulps(p, p, nf)?;
-        self.a.vpaddd(n, n, bias)?;
-        self.a.vpslld(n, n, 23)?;
-        self.a.vmulps(dst, p, n)
+        self.op(Op::Mul, k, dst, Src::R(dst))?;
+        self.op(Op::Fma213, p, k, Src::R(dst))?; // p·r² + r
+        self.op(Op::Add, p, p, c(1.0))?;
+        if self.wide {
+            // p·2ⁿ rounded once, as the two halves below round it.
+            return self.op(Op::Scalef, dst, p, Src::R(nf));
+        }
+        // MAGIC's bits are 0x4B40_0000: n's integer value; 2^n in two halves.
+        self.op(Op::SubI, n, n, c(MAGIC))?;
+        self.sra(nf, n, 1)?;
+        self.op(Op::SubI, n, n, Src::R(nf))?;
+        self.op(Op::AddI, nf, nf, Src::C(127))?;
+        self.sll(nf, nf, 23)?;
+        self.op(Op::Mul, p, p, Src::R(nf))?;
+        self.op(Op::AddI, n, n, Src::C(127))?;
+        self.sll(n, n, 23)?;
+        self.op(Op::Mul, dst, p, Src::R(n))
     }
 
     /// `dst = erf(x)`; `dst` may be `x`; `t` are scratch, distinct from both.
-    pub fn erf(&mut self, dst: AsmRegisterYmm, x: AsmRegisterYmm, t: [AsmRegisterYmm; 8]) -> Asm {
+    pub fn erf(&mut self, dst: V, x: V, t: [V; 8]) -> R<()> {
         let [x2, small, k, z, sign, mask, e, u] = t;
-        self.a.vmulps(x2, x, x)?;
+        let c = |x: f32| Src::C(x.to_bits());
+        // The lane choice: the scratch register, or an opmask register (k1 is a row
+        // kernel's tail mask).
+        let m = if self.wide { Mask(2) } else { Mask(mask.0) };
+        self.op(Op::Mul, x2, x, Src::R(x))?;
         self.horner(small, x2, &ERF_SMALL)?;
-        self.a.vmulps(small, small, x)?;
-        let m = self.vf(std::f32::consts::FRAC_2_SQRT_PI);
-        self.a.vmulps(small, small, m)?;
-        let m = self.v(0x7fff_ffff);
-        self.a.vandps(z, x, m)?;
-        let m = self.v(0x8000_0000);
-        self.a.vandps(sign, x, m)?;
+        self.op(Op::Mul, small, small, Src::R(x))?;
+        self.op(Op::Mul, small, small, c(std::f32::consts::FRAC_2_SQRT_PI))?;
+        self.op(Op::And, z, x, Src::C(0x7fff_ffff))?;
+        self.op(Op::And, sign, x, Src::C(0x8000_0000))?;
         // x is not read again: dst is free from here on.
-        let half = self.vf(0.5);
-        self.a.vcmpps(mask, z, half, 0x11)?; // z < 0.5 (LT_OQ)
-        self.a.vmulps(z, z, half)?;
-        let one = self.vf(1.0);
-        self.a.vaddps(z, z, one)?;
-        self.splat_f(k, 1.0)?;
-        self.a.vdivps(z, k, z)?; // t = 1 / (1 + z/2)
+        self.cmp(m, z, c(0.5), 0x11)?; // z < 0.5 (LT_OQ)
+        self.op(Op::Mul, z, z, c(0.5))?;
+        self.op(Op::Add, z, z, c(1.0))?;
+        let one = self.const_reg(1.0, k)?;
+        self.op(Op::Div, z, one, Src::R(z))?; // t = 1 / (1 + z/2)
         self.horner(e, z, &ERFC_P)?;
-        self.a.vsubps(e, e, x2)?; // −z² + P(t)
+        self.op(Op::Sub, e, e, Src::R(x2))?; // −z² + P(t)
         self.exp(e, e, [x2, k, u, dst])?;
-        self.a.vmulps(e, z, e)?; // erfc
-        self.splat_f(k, 1.0)?;
-        self.a.vsubps(e, k, e)?;
-        self.a.vorps(e, e, sign)?;
-        self.a.vblendvps(dst, e, small, mask)
+        self.op(Op::Mul, e, z, Src::R(e))?; // erfc
+        let one = self.const_reg(1.0, k)?;
+        self.op(Op::Sub, e, one, Src::R(e))?;
+        self.op(Op::Or, e, e, Src::R(sign))?;
+        self.blend(dst, m, e, small)
     }
 }

@@ -16,8 +16,9 @@
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
 //! appended to the image (position-independent, no relocations): contractions
 //! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions
-//! ([`depthwise`]), padding copies ([`pad`]) and row kernels such as Softmax and
-//! LayerNorm ([`rows`]); each keeps the same kernel ABI and the executable records the
+//! ([`depthwise`]), padding copies ([`pad`]) and row kernels such as Softmax, LayerNorm
+//! and elementwise exp/erf ([`rows`], 16 lanes where the target has AVX-512 F, written
+//! through [`vector`]); each keeps the same kernel ABI and the executable records the
 //! CPU features they use.
 
 mod analysis;
@@ -29,6 +30,7 @@ mod math;
 mod pad;
 mod rows;
 mod image;
+mod vector;
 
 use cranelift_codegen::ir::UserFuncName;
 use cranelift_codegen::settings::{self, Configurable};
@@ -374,16 +376,15 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                     continue;
                 }
                 Err(gemm::NotHere(why)) => {
-                    let other = pad::emit(k)
-                        .map(|c| (c, "padding copy (avx)".to_string()))
-                        .or_else(|_| {
-                            rows::emit(k, options.reassociate).map(|r| {
-                                let note = r.note();
-                                ((r.code, r.workgroups), note)
-                            })
-                        });
+                    let other = pad::emit(k).map(|c| (c, "padding copy (avx)".to_string(), false)).or_else(|_| {
+                        rows::emit(k, options.reassociate, avx512).map(|r| {
+                            let note = r.note();
+                            ((r.code, r.workgroups), note, r.wide)
+                        })
+                    });
                     match other {
-                        Ok(((code, wg), note)) => {
+                        Ok(((code, wg), note, wide)) => {
+                            used_avx512 |= wide;
                             workgroup_counts.push(wg);
                             micro.push((idx, code));
                             notes.push(note);

@@ -1,22 +1,30 @@
-//! Row kernels as AVX2 machine code (`iced-x86`): kernels whose output's innermost axis is
-//! a row, every other value either constant along the row or read along it, and whose
+//! Row kernels as machine code (`iced-x86`): kernels whose output's innermost axis is a
+//! row, every other value either constant along the row or read along it, and whose
 //! reductions run along a row too — Softmax, LayerNorm, row means and maxima with their
-//! epilogues. Cranelift's code for them runs four lanes; this runs eight.
+//! epilogues. Cranelift's code for them runs four lanes; this runs sixteen where the
+//! target has AVX-512 F (`zmm`, tails under an opmask) and eight elsewhere (AVX2), the
+//! same code through [`super::vector`].
 //!
 //! Kernels with a reduction take this path, and elementwise kernels that compute exp or
-//! erf (compute-bound: eight lanes halve their time); other elementwise kernels are
-//! memory-bound, and the general loops need no per-row index decoding. A workgroup is
-//! one row (every output index but the innermost), as for general kernels. Per row, in
-//! the kernel's node order:
+//! erf (compute-bound); other elementwise kernels are memory-bound, and the general
+//! loops need no per-row index decoding. A workgroup is one row (every output index but
+//! the innermost), as for general kernels. Per row, in the kernel's node order:
 //! - values constant along the row (row statistics and what is computed from them) are
-//!   evaluated once, as vectors of eight equal lanes kept on the stack;
-//! - each reduction (`Sum` or `Max` over one variable) is a loop over its row eight
-//!   lanes at a time, the last vector masked (masked lanes add 0 or compare as −∞),
-//!   then folded across lanes;
-//! - the output row is a loop that evaluates the kernel's root eight lanes at a time and
-//!   stores them (the last vector masked).
+//!   evaluated once, as vectors of equal lanes kept on the stack;
+//! - each reduction (`Sum` or `Max` over one variable) is a loop over its row a vector
+//!   at a time, the last vector masked (masked lanes add 0 or compare as −∞), then
+//!   folded across lanes;
+//! - the output row is a loop that evaluates the kernel's root a vector at a time and
+//!   stores it (the last vector masked).
 //!
-//! Two savings, both measured on Softmax over `[4, 128, 128]` (0.133 → 0.082 ms):
+//! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
+//! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
+//! coefficients cost a load each, and on this machine's AMD EPYC those loads, not the
+//! arithmetic, bounded the eight-lane exp (a C loop of the same exp measured 0.55 ns an
+//! element with memory operands, 0.35–0.46 with registers, 0.19 on 16 lanes with
+//! `vscalefps`). Exp over [128, 1024]: 0.097 ms on eight lanes, 0.030 on sixteen.
+//!
+//! Two savings, both measured on Softmax over `[4, 128, 128]` on eight lanes (0.133 → 0.082 ms):
 //! - where a reduction's operand is also a value of the output row (Softmax's
 //!   `exp(x − max)`, summed and then divided), the reduction loop stores it into the
 //!   output row and the output loop reads it back: one exp per element instead of two;
@@ -28,18 +36,19 @@
 //! `sqrt`, and `exp`/`erf` as the same inline code as everywhere else (`super::math`).
 //! Loads are f32 and in bounds, at affine offsets that step 0 or 1 element along the row.
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
-//! (eight partial sums), as the general generator's vectorised reductions are.
+//! (one partial sum per lane), as the general generator's vectorised reductions are.
 
 use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
 use kiln_flow::contraction::{load_offset, AffineIndex};
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-use super::asm::{add_imm, enter, leave, Tables, YMM};
+use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
-use super::math::Ymm;
+use super::math::{erf_constants, exp_constants, Ymm};
+use super::vector::{Mask, Op, Src, Vx, V};
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -265,12 +274,14 @@ fn same_along(k: &Kernel, free: &[Vec<u32>], a: ExprId, b: ExprId, w: u32, u: u3
 }
 
 /// Emits `k` as a row kernel (code and workgroup count), or says why not. `fast`
-/// (`Options::reassociate`) lets sums run as eight partial sums and a division by a row
-/// value be a multiplication by its reciprocal (one more rounding); without it, kernels
-/// with a sum are left to the general code generator.
-pub(crate) fn emit(k: &Kernel, fast: bool) -> R<RowCode> {
+/// (`Options::reassociate`) lets sums run as partial sums (one per lane) and a division
+/// by a row value be a multiplication by its reciprocal (one more rounding); without it,
+/// kernels with a sum are left to the general code generator. `wide`: 16 lanes in `zmm`
+/// registers (the target has AVX-512 F) rather than 8 in `ymm`.
+pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
     let p = plan(k, fast)?;
     let (stored, reciprocal) = (p.stash.is_some(), !p.recip.is_empty());
+    let held = if wide { held_constants(k) } else { Vec::new() };
     let mut e = Emit {
         a: CodeAssembler::new(64)?,
         k,
@@ -278,15 +289,48 @@ pub(crate) fn emit(k: &Kernel, fast: bool) -> R<RowCode> {
         t: Tables::default(),
         slots: HashMap::new(),
         recip_slots: HashMap::new(),
+        wide,
+        held,
     };
     let workgroups = e.function()?;
-    Ok(RowCode { code: e.a.assemble(0)?, workgroups, stored, reciprocal })
+    Ok(RowCode { code: e.a.assemble(0)?, workgroups, wide, stored, reciprocal })
 }
+
+/// The constants a 16-lane kernel keeps in `zmm16`–`zmm31` for its whole run: exp's
+/// (where it computes exp or erf), then the kernel's own f32 constants, then erf's,
+/// the first 16 of them.
+fn held_constants(k: &Kernel) -> Vec<(u32, V)> {
+    let has = |op: UnaryOp| k.nodes.iter().any(|n| matches!(n.expr, Expr::Unary(o, _) if o == op));
+    let mut bits: Vec<u32> = Vec::new();
+    if has(UnaryOp::Exp) || has(UnaryOp::Erf) {
+        bits.extend(exp_constants(true));
+    }
+    for n in &k.nodes {
+        if let (Expr::Const(c), ScalarType::F32) = (&n.expr, n.ty) {
+            bits.push(*c as u32);
+        }
+    }
+    if has(UnaryOp::Erf) {
+        bits.extend(erf_constants());
+    }
+    let mut held: Vec<(u32, V)> = Vec::new();
+    for b in bits {
+        if held.len() < HELD && !held.iter().any(|h| h.0 == b) {
+            held.push((b, V(16 + held.len() as u8)));
+        }
+    }
+    held
+}
+
+/// Constant registers of a 16-lane kernel (`zmm16`–`zmm31`).
+const HELD: usize = 16;
 
 /// A row kernel's code and what it does beyond the plain row loops.
 pub(crate) struct RowCode {
     pub code: Vec<u8>,
     pub workgroups: u64,
+    /// 16 lanes (AVX-512).
+    pub wide: bool,
     /// A reduction stores its operand into the output row, which the output loop reads
     /// back ([`stash`]).
     pub stored: bool,
@@ -297,7 +341,7 @@ pub(crate) struct RowCode {
 impl RowCode {
     /// The compile listing's note.
     pub fn note(&self) -> String {
-        let mut n = String::from("row kernel (avx2");
+        let mut n = String::from(if self.wide { "row kernel (avx-512" } else { "row kernel (avx2" });
         if self.stored {
             n += "; reduction operand kept in the output";
         }
@@ -314,55 +358,83 @@ struct Emit<'k> {
     p: Plan,
     /// Lane masks and constants, emitted after the code.
     t: Tables,
-    /// Row values on the stack: node → byte offset from rsp.
+    /// Row values on the stack (one vector each): node → byte offset from rsp.
     slots: HashMap<u32, i32>,
     /// Reciprocals of the row values in `Plan::recip`: node → byte offset from rsp.
     recip_slots: HashMap<u32, i32>,
+    /// 16 lanes (`zmm`) rather than 8.
+    wide: bool,
+    /// Constants held in registers (16 lanes only).
+    held: Vec<(u32, V)>,
 }
 
 /// The state of one vector evaluation: node → register, remaining uses, free registers.
-struct Vec8 {
-    memo: HashMap<u32, AsmRegisterYmm>,
+struct VecEval {
+    memo: HashMap<u32, V>,
     uses: HashMap<u32, u32>,
-    pool: Vec<AsmRegisterYmm>,
+    pool: Vec<V>,
     /// The row value being computed (every other row value comes from its slot).
     computing: Option<u32>,
 }
 
-// Stack frame: [0, 8·bases) base pointers, then row values (32 bytes each).
+// Stack frame: [0, 8·bases) base pointers, then row values (one vector each).
 const S_END: i32 = 0;
 const S_ROW: i32 = 8;
 const S_BASE: i32 = 16;
 
+/// Registers with fixed roles: the reduction's two accumulators, and fold scratch.
+const ACC0: V = V(13);
+const ACC1: V = V(14);
+const FOLD: [V; 2] = [V(11), V(12)];
+
 impl Emit<'_> {
-    fn const_label(&mut self, bits: u32) -> CodeLabel {
-        self.t.scalar(&mut self.a, bits)
+    fn vx(&mut self) -> Vx<'_> {
+        Vx { a: &mut self.a, t: &mut self.t, wide: self.wide, held: &self.held }
     }
 
-    fn mask_label(&mut self, lanes: u64) -> CodeLabel {
-        self.t.lanes(&mut self.a, lanes)
+    /// The tail mask: `ymm15`, or `k1`.
+    fn tail_mask(&self) -> Mask {
+        if self.wide {
+            Mask(1)
+        } else {
+            Mask(15)
+        }
+    }
+
+    /// The mask a NaN-propagating max/min computes (`m` its scratch register on 8 lanes).
+    fn nan_mask(&self, m: V) -> Mask {
+        if self.wide {
+            Mask(3)
+        } else {
+            Mask(m.0)
+        }
     }
 
     fn function(&mut self) -> R<u64> {
         let k = self.k;
         let rows: u64 = self.p.rows.iter().product();
+        let vb = self.vx().bytes();
         // Row values that the root needs, in node order.
         let needed = needed(k);
         let mut off = S_BASE + 8 * self.p.bases.len() as i32;
-        off = (off + 31) / 32 * 32;
+        off = (off + vb - 1) / vb * vb;
         for (i, &pl) in self.p.place.iter().enumerate() {
             if pl == Place::Row && needed[i] {
                 self.slots.insert(i as u32, off);
-                off += 32;
+                off += vb;
             }
         }
         for &y in &self.p.recip {
             self.recip_slots.insert(y, off);
-            off += 32;
+            off += vb;
         }
         let frame = off + 8;
         enter(&mut self.a)?;
         self.a.sub(rsp, frame)?;
+        for (bits, v) in self.held.clone() {
+            let l = self.t.scalar(&mut self.a, bits);
+            self.vx().broadcast(v, dword_ptr(l))?;
+        }
         self.a.mov(rbp, rdi)?;
         self.a.mov(rax, rows as i64)?;
         self.a.cmp(rcx, rax)?;
@@ -395,30 +467,22 @@ impl Emit<'_> {
                 let mut v = self.fresh(&[ExprId(i as u32)], |_| true);
                 v.computing = Some(i as u32);
                 let r = self.eval(ExprId(i as u32), &mut v, None)?;
-                self.a.vmovups(ymmword_ptr(rsp + slot), r)?;
+                self.vx().store(ptr(rsp + slot), r, None)?;
             }
             if let Some(&rs) = self.recip_slots.get(&(i as u32)) {
-                let l = self.const_label(1f32.to_bits());
-                self.a.vbroadcastss(ymm0, dword_ptr(l))?;
-                self.a.vdivps(ymm0, ymm0, ymmword_ptr(rsp + slot))?;
-                self.a.vmovups(ymmword_ptr(rsp + rs), ymm0)?;
+                let mut x = self.vx();
+                x.mov(V(0), Src::C(1f32.to_bits()))?;
+                x.op(Op::Div, V(0), V(0), Src::M(ptr(rsp + slot)))?;
+                x.store(ptr(rsp + rs), V(0), None)?;
             }
         }
         // The output row.
         let root = k.root;
         let len = self.p.len;
-        self.row_loop(len, &mut |e: &mut Self, mask: Option<AsmRegisterYmm>| {
+        self.row_loop(len, &mut |e: &mut Self, mask: Option<Mask>| {
             let mut v = e.fresh(&[root], |pl| pl == Place::Out);
-            if let Some(m) = mask {
-                v.pool.retain(|&r| r != m);
-            }
             let r = e.eval(root, &mut v, mask)?;
-            let at = ymmword_ptr(r13 + r8 * 4);
-            match mask {
-                Some(m) => e.a.vmaskmovps(at, m, r)?,
-                None => e.a.vmovups(at, r)?,
-            }
-            Ok(())
+            e.vx().store(ptr(r13 + r8 * 4), r, mask)
         })?;
         self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
         self.a.inc(rax)?;
@@ -466,23 +530,23 @@ impl Emit<'_> {
         Ok(())
     }
 
-    /// A loop over `n` elements eight at a time (`r8` the element index), then the
-    /// last `n % 8` with a lane mask; `body(mask)` emits one vector's work.
-    fn row_loop(&mut self, n: u64, body: &mut dyn FnMut(&mut Self, Option<AsmRegisterYmm>) -> R<()>) -> R<()> {
+    /// A loop over `n` elements a vector at a time (`r8` the element index), then the
+    /// last `n % lanes` with a lane mask; `body(mask)` emits one vector's work.
+    fn row_loop(&mut self, n: u64, body: &mut dyn FnMut(&mut Self, Option<Mask>) -> R<()>) -> R<()> {
+        let lanes = self.vx().lanes();
         self.a.xor(r8d, r8d)?;
-        let full = n / 8;
+        let full = n / lanes;
         if full > 0 {
             let mut l = self.a.create_label();
             self.a.set_label(&mut l)?;
             body(self, None)?;
-            self.a.add(r8, 8)?;
-            self.a.cmp(r8, (full * 8) as i32)?;
+            self.a.add(r8, lanes as i32)?;
+            self.a.cmp(r8, (full * lanes) as i32)?;
             self.a.jb(l)?;
         }
-        if n % 8 > 0 {
-            let m = ymm15;
-            let l = self.mask_label(n % 8);
-            self.a.vmovups(m, ymmword_ptr(l))?;
+        if n % lanes > 0 {
+            let m = self.tail_mask();
+            self.vx().first_lanes(m, n % lanes, eax)?;
             body(self, Some(m))?;
         }
         Ok(())
@@ -491,34 +555,31 @@ impl Emit<'_> {
     /// Reduction node `r` (`op` over `n` elements of `body`), its result broadcast to
     /// the stack slot `slot`.
     fn reduction(&mut self, r: u32, op: ReduceOp, body: ExprId, n: u64, slot: i32) -> R<()> {
-        // Two accumulators (even and odd vectors) for latency; ymm13, ymm14.
-        let (acc0, acc1) = (ymm13, ymm14);
+        // Two accumulators (even and odd vectors) for latency.
+        let (acc0, acc1) = (ACC0, ACC1);
+        let lanes = self.vx().lanes();
         let init = if op == ReduceOp::Sum { 0u32 } else { f32::NEG_INFINITY.to_bits() };
         for acc in [acc0, acc1] {
-            let l = self.const_label(init);
-            self.a.vbroadcastss(acc, dword_ptr(l))?;
+            let l = self.t.scalar(&mut self.a, init);
+            self.vx().broadcast(acc, dword_ptr(l))?;
         }
         let mut parity = 0usize;
-        let mut body_fn = |e: &mut Self, mask: Option<AsmRegisterYmm>| -> R<()> {
+        let mut body_fn = |e: &mut Self, mask: Option<Mask>| -> R<()> {
             let mut v = e.fresh(&[body], |pl| pl == Place::Along(r));
-            v.pool.retain(|&x| x != acc0 && x != acc1 && Some(x) != mask);
+            v.pool.retain(|&x| x != acc0 && x != acc1 && Some(x.0) != mask.map(|m| m.0).filter(|_| !e.wide));
             let x = e.eval(body, &mut v, mask)?;
             if e.p.stash.is_some_and(|(sr, _)| sr == r) {
-                let at = ymmword_ptr(r13 + r8 * 4);
-                match mask {
-                    Some(m) => e.a.vmaskmovps(at, m, x)?,
-                    None => e.a.vmovups(at, x)?,
-                }
+                e.vx().store(ptr(r13 + r8 * 4), x, mask)?;
             }
             if let Some(m) = mask {
                 // Masked lanes: 0 for a sum, −∞ for a max.
                 if op == ReduceOp::Sum {
-                    e.a.vandps(x, x, m)?;
+                    e.vx().zero_unmasked(x, m)?;
                 } else {
                     let t = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
-                    let l = e.const_label(f32::NEG_INFINITY.to_bits());
-                    e.a.vbroadcastss(t, dword_ptr(l))?;
-                    e.a.vblendvps(x, t, x, m)?;
+                    let mut vx = e.vx();
+                    vx.mov(t, Src::C(f32::NEG_INFINITY.to_bits()))?;
+                    vx.blend(x, m, t, x)?;
                 }
             }
             let acc = if parity % 2 == 0 { acc0 } else { acc1 };
@@ -529,76 +590,63 @@ impl Emit<'_> {
         };
         // The loop body is emitted once for the full vectors: alternate accumulators by
         // unrolling two vectors per iteration when there are at least two.
-        let full = n / 8;
+        let full = n / lanes;
         self.a.xor(r8d, r8d)?;
         if full >= 2 {
             let mut l = self.a.create_label();
             self.a.set_label(&mut l)?;
             body_fn(self, None)?;
-            self.a.add(r8, 8)?;
+            self.a.add(r8, lanes as i32)?;
             body_fn(self, None)?;
-            self.a.add(r8, 8)?;
-            self.a.cmp(r8, (full / 2 * 16) as i32)?;
+            self.a.add(r8, lanes as i32)?;
+            self.a.cmp(r8, (full / 2 * 2 * lanes) as i32)?;
             self.a.jb(l)?;
         }
         if full % 2 == 1 {
             body_fn(self, None)?;
-            self.a.add(r8, 8)?;
+            self.a.add(r8, lanes as i32)?;
         }
-        if n % 8 > 0 {
-            let m = ymm15;
-            let l = self.mask_label(n % 8);
-            self.a.vmovups(m, ymmword_ptr(l))?;
+        if n % lanes > 0 {
+            let m = self.tail_mask();
+            self.vx().first_lanes(m, n % lanes, eax)?;
             body_fn(self, Some(m))?;
         }
         // Fold: the two accumulators, then across lanes (every lane ends with the total).
-        let t = [ymm11, ymm12];
-        self.combine(op, acc0, acc1, t)?;
-        self.a.vperm2f128(acc1, acc0, acc0, 0x01)?;
-        self.combine(op, acc0, acc1, t)?;
-        self.a.vpermilps(acc1, acc0, 0x4E)?;
-        self.combine(op, acc0, acc1, t)?;
-        self.a.vpermilps(acc1, acc0, 0xB1)?;
-        self.combine(op, acc0, acc1, t)?;
-        self.a.vmovups(ymmword_ptr(rsp + slot), acc0)?;
+        self.combine(op, acc0, acc1, FOLD)?;
+        let mut step = lanes / 2;
+        while step >= 1 {
+            self.vx().swap_lanes(acc1, acc0, step)?;
+            self.combine(op, acc0, acc1, FOLD)?;
+            step /= 2;
+        }
+        self.vx().store(ptr(rsp + slot), acc0, None)?;
         Ok(())
     }
 
     /// `acc = op(acc, x)`; `t` is scratch.
-    fn combine(&mut self, op: ReduceOp, acc: AsmRegisterYmm, x: AsmRegisterYmm, t: [AsmRegisterYmm; 2]) -> R<()> {
+    fn combine(&mut self, op: ReduceOp, acc: V, x: V, t: [V; 2]) -> R<()> {
         if op == ReduceOp::Sum {
-            self.a.vaddps(acc, acc, x)?;
+            self.vx().op(Op::Add, acc, acc, Src::R(x))
         } else {
-            self.nan_max_min(true, acc, acc, x, t)?;
+            self.nan_max_min(true, acc, acc, x, t)
         }
-        Ok(())
     }
 
     /// `dst = max(x, y)` (or min): NaN in either gives NaN. `t` is scratch, distinct
     /// from the others; `dst` may be `x` or `y`.
-    fn nan_max_min(
-        &mut self,
-        max: bool,
-        dst: AsmRegisterYmm,
-        x: AsmRegisterYmm,
-        y: AsmRegisterYmm,
-        [t, m]: [AsmRegisterYmm; 2],
-    ) -> R<()> {
+    fn nan_max_min(&mut self, max: bool, dst: V, x: V, y: V, [t, m]: [V; 2]) -> R<()> {
         // vmaxps gives its second operand when either is NaN, so max(x, y) keeps a NaN
         // y; where x is NaN, take x.
-        if max {
-            self.a.vmaxps(t, x, y)?;
-        } else {
-            self.a.vminps(t, x, y)?;
-        }
-        self.a.vcmpps(m, x, x, 3)?; // UNORD_Q: x is NaN
-        self.a.vblendvps(dst, t, x, m)?;
-        Ok(())
+        let mask = self.nan_mask(m);
+        let mut vx = self.vx();
+        vx.op(if max { Op::Max } else { Op::Min }, t, x, Src::R(y))?;
+        vx.cmp(mask, x, Src::R(x), 3)?; // UNORD_Q: x is NaN
+        vx.blend(dst, mask, t, x)
     }
 
     /// A fresh evaluation of the nodes under `roots` that `keep` places in the loop (row
     /// values come from their slots).
-    fn fresh(&self, roots: &[ExprId], keep: impl Fn(Place) -> bool) -> Vec8 {
+    fn fresh(&self, roots: &[ExprId], keep: impl Fn(Place) -> bool) -> VecEval {
         let mut uses: HashMap<u32, u32> = HashMap::new();
         let mut seen = std::collections::HashSet::new();
         let mut stack: Vec<ExprId> = roots.to_vec();
@@ -629,7 +677,14 @@ impl Emit<'_> {
                 }
             });
         }
-        Vec8 { memo: HashMap::new(), uses, pool: YMM[..13].iter().rev().copied().collect(), computing: None }
+        // 13 registers on 8 lanes (ymm13–15: accumulators and tail mask); on 16, the
+        // same and the upper 16 that hold no constant.
+        let mut pool: Vec<V> = (0..13).map(V).collect();
+        if self.wide {
+            pool.extend((16 + self.held.len() as u8..32).map(V));
+        }
+        pool.reverse();
+        VecEval { memo: HashMap::new(), uses, pool, computing: None }
     }
 
     /// Whether `e` is the output row's value that the stashing reduction stored.
@@ -639,7 +694,7 @@ impl Emit<'_> {
 
     /// A register for a node whose operands are `ops`: an operand's register at its
     /// last use, else a free one.
-    fn result_reg(&mut self, ops: &[ExprId], v: &mut Vec8) -> R<AsmRegisterYmm> {
+    fn result_reg(&mut self, ops: &[ExprId], v: &mut VecEval) -> R<V> {
         let mut dst = None;
         for &o in ops {
             let left = v.uses.get_mut(&o.0).map(|u| {
@@ -664,7 +719,7 @@ impl Emit<'_> {
 
     /// Evaluates `e` for the current vector (`r8` the element index; `mask` the lane
     /// mask of a tail vector).
-    fn eval(&mut self, e: ExprId, v: &mut Vec8, mask: Option<AsmRegisterYmm>) -> R<AsmRegisterYmm> {
+    fn eval(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<V> {
         if let Some(&r) = v.memo.get(&e.0) {
             return Ok(r);
         }
@@ -677,22 +732,20 @@ impl Emit<'_> {
         let r = if from_slot {
             // A row value evaluated earlier.
             let r = self.result_reg(&[], v)?;
-            self.a.vmovups(r, ymmword_ptr(rsp + self.slots[&e.0]))?;
+            let at = ptr(rsp + self.slots[&e.0]);
+            self.vx().load(r, at, None)?;
             r
         } else if pl == Place::Out && self.stashed(e) {
             // Stored by the reduction loop at this very element.
             let r = self.result_reg(&[], v)?;
-            match mask {
-                Some(m) => self.a.vmaskmovps(r, m, ymmword_ptr(r13 + r8 * 4))?,
-                None => self.a.vmovups(r, ymmword_ptr(r13 + r8 * 4))?,
-            }
+            self.vx().load(r, ptr(r13 + r8 * 4), mask)?;
             r
         } else if let (Expr::Binary(BinaryOp::Div, x, y), true) = (&node.expr, pl != Place::Row) {
             match self.recip_slots.get(&y.0).copied() {
                 Some(rs) => {
                     let rx = self.eval(*x, v, mask)?;
                     let dst = self.result_reg(&[*x], v)?;
-                    self.a.vmulps(dst, rx, ymmword_ptr(rsp + rs))?;
+                    self.vx().op(Op::Mul, dst, rx, Src::M(ptr(rsp + rs)))?;
                     dst
                 }
                 None => self.eval_op(e, v, mask)?,
@@ -705,78 +758,74 @@ impl Emit<'_> {
     }
 
     /// Evaluates an operation node (not a row value from its slot, not the stashed value).
-    fn eval_op(&mut self, e: ExprId, v: &mut Vec8, mask: Option<AsmRegisterYmm>) -> R<AsmRegisterYmm> {
+    fn eval_op(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<V> {
         let node = self.k.node(e).clone();
-        let r = {
-            match &node.expr {
-                Expr::Const(bits) => {
-                    let r = self.result_reg(&[], v)?;
-                    let l = self.const_label(*bits as u32);
-                    self.a.vbroadcastss(r, dword_ptr(l))?;
-                    r
-                }
-                Expr::Load { .. } => {
-                    let lp = &self.p.loads[&e.0];
-                    let (base, step) = (lp.base, lp.step);
-                    let r = self.result_reg(&[], v)?;
-                    self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
-                    if step == 0 {
-                        self.a.vbroadcastss(r, dword_ptr(rax))?;
-                    } else {
-                        match mask {
-                            Some(m) => self.a.vmaskmovps(r, m, ymmword_ptr(rax + r8 * 4))?,
-                            None => self.a.vmovups(r, ymmword_ptr(rax + r8 * 4))?,
-                        }
-                    }
-                    r
-                }
-                Expr::Cast { value, .. } => {
-                    let r = self.eval(*value, v, mask)?;
-                    if let Some(u) = v.uses.get_mut(&value.0) {
-                        *u = u.saturating_sub(1);
-                    }
-                    v.memo.remove(&value.0);
-                    return Ok(r);
-                }
-                Expr::Binary(op, x, y) => {
-                    let rx = self.eval(*x, v, mask)?;
-                    let ry = self.eval(*y, v, mask)?;
-                    match op {
-                        BinaryOp::Max | BinaryOp::Min => {
-                            let t1 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
-                            let t2 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
-                            let dst = self.result_reg(&[*x, *y], v)?;
-                            self.nan_max_min(*op == BinaryOp::Max, dst, rx, ry, [t1, t2])?;
-                            v.pool.push(t1);
-                            v.pool.push(t2);
-                            dst
-                        }
-                        _ => {
-                            let dst = self.result_reg(&[*x, *y], v)?;
-                            match op {
-                                BinaryOp::Add => self.a.vaddps(dst, rx, ry)?,
-                                BinaryOp::Sub => self.a.vsubps(dst, rx, ry)?,
-                                BinaryOp::Mul => self.a.vmulps(dst, rx, ry)?,
-                                _ => self.a.vdivps(dst, rx, ry)?,
-                            }
-                            dst
-                        }
-                    }
-                }
-                Expr::Unary(op, x) => {
-                    let rx = self.eval(*x, v, mask)?;
-                    // Scratch first, so the result may take x's register at its last use.
-                    let mut t = Vec::with_capacity(Ymm::scratch(*op));
-                    for _ in 0..Ymm::scratch(*op) {
-                        t.push(v.pool.pop().ok_or_else(|| NotHere("registers".into()))?);
-                    }
-                    let dst = self.result_reg(&[*x], v)?;
-                    Ymm { a: &mut self.a, t: &mut self.t }.unary(*op, dst, rx, &t)?;
-                    v.pool.extend(t);
-                    dst
-                }
-                _ => return no("an operation without a row form here"),
+        let r = match &node.expr {
+            Expr::Const(bits) => {
+                // A copy even of a held constant: the register may be reused as a result.
+                let r = self.result_reg(&[], v)?;
+                self.vx().mov(r, Src::C(*bits as u32))?;
+                r
             }
+            Expr::Load { .. } => {
+                let lp = &self.p.loads[&e.0];
+                let (base, step) = (lp.base, lp.step);
+                let r = self.result_reg(&[], v)?;
+                self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+                if step == 0 {
+                    self.vx().broadcast(r, dword_ptr(rax))?;
+                } else {
+                    self.vx().load(r, ptr(rax + r8 * 4), mask)?;
+                }
+                r
+            }
+            Expr::Cast { value, .. } => {
+                let r = self.eval(*value, v, mask)?;
+                if let Some(u) = v.uses.get_mut(&value.0) {
+                    *u = u.saturating_sub(1);
+                }
+                v.memo.remove(&value.0);
+                return Ok(r);
+            }
+            Expr::Binary(op, x, y) => {
+                let rx = self.eval(*x, v, mask)?;
+                let ry = self.eval(*y, v, mask)?;
+                match op {
+                    BinaryOp::Max | BinaryOp::Min => {
+                        let t1 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+                        let t2 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
+                        let dst = self.result_reg(&[*x, *y], v)?;
+                        self.nan_max_min(*op == BinaryOp::Max, dst, rx, ry, [t1, t2])?;
+                        v.pool.push(t1);
+                        v.pool.push(t2);
+                        dst
+                    }
+                    _ => {
+                        let dst = self.result_reg(&[*x, *y], v)?;
+                        let op = match op {
+                            BinaryOp::Add => Op::Add,
+                            BinaryOp::Sub => Op::Sub,
+                            BinaryOp::Mul => Op::Mul,
+                            _ => Op::Div,
+                        };
+                        self.vx().op(op, dst, rx, Src::R(ry))?;
+                        dst
+                    }
+                }
+            }
+            Expr::Unary(op, x) => {
+                let rx = self.eval(*x, v, mask)?;
+                // Scratch first, so the result may take x's register at its last use.
+                let mut t = Vec::with_capacity(Ymm::scratch(*op));
+                for _ in 0..Ymm::scratch(*op) {
+                    t.push(v.pool.pop().ok_or_else(|| NotHere("registers".into()))?);
+                }
+                let dst = self.result_reg(&[*x], v)?;
+                self.vx().unary(*op, dst, rx, &t)?;
+                v.pool.extend(t);
+                dst
+            }
+            _ => return no("an operation without a row form here"),
         };
         Ok(r)
     }
