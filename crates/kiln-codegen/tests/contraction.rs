@@ -254,6 +254,21 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
             let e = b.add(e, one);
             b.mul(h, e)
         }
+        "swish_row_residual" => {
+            // v·sigmoid(v) with v = s·row (a per-row broadcast), then max with the
+            // residual (both operands vary: NaN-propagating) and a clamp below at −0.25.
+            let v = b.mul(s, row);
+            let n = b.unary(UnaryOp::Neg, v);
+            let e = b.unary(UnaryOp::Exp, n);
+            let one = b.float(f, 1.0);
+            let d = b.add(e, one);
+            let sig = b.div(one, d);
+            let w = b.mul(v, sig);
+            let w = b.binary(BinaryOp::Max, w, res);
+            let lo = b.float(f, -0.25);
+            let lt = b.binary(BinaryOp::Lt, w, lo);
+            b.select(lt, lo, w)
+        }
         "sigmoid" => {
             // 1 / (1 + exp(−v)), v = s + bias.
             let v = b.add(s, bias);
@@ -268,10 +283,13 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
     b.finish(r).unwrap()
 }
 
-/// GELU and sigmoid epilogues (inline erf and exp, `cpu::math`) on 1-row, odd and
-/// full-panel shapes, with values reaching both of erf's branches and exp's clamps.
-/// Bound: `L·(K + 2)·2⁻²⁴·Σ|a·b| + |bias|` for the sum (`L` the function's Lipschitz
-/// constant: GELU 1.13, sigmoid 0.25) plus 8 ulp of the result for the approximations
+/// GELU, sigmoid and swish epilogues (inline erf and exp, `cpu::math`) on 1-row, odd and
+/// full-panel shapes, with values reaching both of erf's branches and exp's clamps; on
+/// x86-64-v4, full 64-column tiles evaluate them sixteen lanes at a time (swish with a
+/// per-row scale, a max with the residual and a clamp). Bound:
+/// `L·(K + 2)·2⁻²⁴·Σ|a·b| + |bias|` for the sum (`L` the function's Lipschitz
+/// constant: GELU 1.13, sigmoid 0.25, swish 1.1 times a row scale ≤ 1) plus 8 ulp of the
+/// result for the approximations
 /// (measured: erf ≤ 2.83 ulp, exp ≤ 0.99 ulp; `tests/math.rs`).
 #[test]
 fn transcendental_epilogues() {
@@ -279,7 +297,7 @@ fn transcendental_epilogues() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    for (which, lip) in [("gelu", 1.13f32), ("sigmoid", 0.25)] {
+    for (which, lip) in [("gelu", 1.13f32), ("sigmoid", 0.25), ("swish_row_residual", 1.13)] {
         for (m, k, n) in [(1, 5, 9), (1, 40, 70), (7, 33, 61), (12, 8, 16), (128, 64, 40), (9, 20, 150)] {
             // Scale 4: sums spread over [−~30, ~30] (erf saturates, exp clamps at large |v|).
             let ins =
@@ -297,6 +315,11 @@ fn transcendental_epilogues() {
                 let refs: Vec<&Tensor> = ins.iter().collect();
                 let module = compile_with(&[kern], &cfg.target, &cfg.options).unwrap();
                 assert!(module.notes[0].starts_with("contraction"), "{which}: {}", module.notes[0]);
+                // Full 64-column tiles: from 64 columns on, past one row (a single row
+                // takes the one-row tiles), B not packed in narrower panels.
+                if cfg.target == CpuTarget::X86_64V4 && m > 1 && n >= 64 && kern.inputs[1].shape.dims()[1] == n {
+                    assert!(module.notes[0].ends_with("epilogue on 16 lanes)"), "{which}: {}", module.notes[0]);
+                }
                 let got = run_compiled(kern, &refs, &cfg, splits).to_vec::<f32>().unwrap();
                 for i in 0..m {
                     for j in 0..n {

@@ -26,8 +26,8 @@
 //! ## The same functions as machine code
 //! `impl Vx` writes both functions as vector machine code (`iced-x86`) of either width
 //! ([`super::vector`]): eight lanes for the contraction microkernels' epilogues (GELU and
-//! sigmoid after a matrix product, through [`Ymm`]) and for row kernels on AVX2, sixteen
-//! for row kernels on AVX-512. It issues the same operations on the same constants in
+//! sigmoid after a matrix product) and row kernels on AVX2, sixteen for row kernels and
+//! 512-bit tiles' epilogues on AVX-512. It issues the same operations on the same constants in
 //! the same order as the general path on a target with FMA, so every path gives the same
 //! bits. The one difference: sixteen lanes scale by `2ⁿ` with one `vscalefps`, which
 //! rounds `p·2ⁿ` once, exactly as the two exact-then-rounding halves do.
@@ -35,10 +35,10 @@
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{types, ConstantData, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
-use iced_x86::code_asm::{dword_ptr, AsmRegisterYmm, CodeAssembler};
-use kiln_flow::UnaryOp;
+use iced_x86::code_asm::dword_ptr;
+use kiln_flow::kernel::Node;
+use kiln_flow::{Expr, ScalarType, UnaryOp};
 
-use super::asm::{Tables, YMM};
 use super::gemm::R;
 use super::vector::{Mask, Op, Src, Vx, V};
 
@@ -248,40 +248,58 @@ pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     }
 }
 
-/// The AVX2 forms for the contraction microkernels' epilogues (see the module docs):
-/// `ymm` registers in, [`Vx`]'s eight-lane code out.
-pub(crate) struct Ymm<'a> {
-    pub a: &'a mut CodeAssembler,
-    pub t: &'a mut Tables,
+/// Scratch registers [`Vx::unary`] needs for `op`.
+pub(crate) fn vector_scratch(op: UnaryOp) -> usize {
+    match op {
+        UnaryOp::Exp => 4,
+        UnaryOp::Erf => 8,
+        _ => 0,
+    }
 }
 
-impl Ymm<'_> {
-    /// Scratch registers [`Ymm::unary`] needs for `op`.
-    pub fn scratch(op: UnaryOp) -> usize {
-        match op {
-            UnaryOp::Exp => 4,
-            UnaryOp::Erf => 8,
-            _ => 0,
+/// Whether [`Vx::unary`] has a form for `op`.
+pub(crate) fn has_vector_form(op: UnaryOp) -> bool {
+    matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf)
+}
+
+/// The constants a 16-lane kernel (a row kernel, a 512-bit tile's epilogue) holds in
+/// `zmm16`–`zmm31` for its whole run, given the nodes it evaluates: exp's where it
+/// computes exp or erf, then its own f32 constants, then erf's, the first 16. Read as
+/// memory operands, a polynomial's coefficients cost a load each, and those loads bound
+/// exp on this machine (see `super::rows`).
+pub(crate) fn held_constants<'a>(nodes: impl Iterator<Item = &'a Node> + Clone) -> Vec<(u32, V)> {
+    let has = |op: UnaryOp| nodes.clone().any(|n| matches!(n.expr, Expr::Unary(o, _) if o == op));
+    let mut bits: Vec<u32> = Vec::new();
+    if has(UnaryOp::Exp) || has(UnaryOp::Erf) {
+        bits.extend(exp_constants(true));
+    }
+    let mut own: Vec<u32> = nodes
+        .clone()
+        .filter_map(|n| match (&n.expr, n.ty) {
+            (&Expr::Const(c), ScalarType::F32) => Some(c as u32),
+            _ => None,
+        })
+        .collect();
+    // (A hash map's order in the epilogue's case: sorted, so the code is reproducible.)
+    own.sort_unstable();
+    bits.extend(own);
+    if has(UnaryOp::Erf) {
+        bits.extend(erf_constants());
+    }
+    let mut held: Vec<(u32, V)> = Vec::new();
+    for b in bits {
+        if held.len() < HELD && !held.iter().any(|h| h.0 == b) {
+            held.push((b, V(16 + held.len() as u8)));
         }
     }
-
-    /// Whether [`Ymm::unary`] has a form for `op`.
-    pub fn has(op: UnaryOp) -> bool {
-        matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf)
-    }
-
-    /// `dst = op(x)` for an operation [`Ymm::has`]; `dst` may be `x`; `t` holds at least
-    /// [`Ymm::scratch`] registers distinct from both.
-    pub fn unary(&mut self, op: UnaryOp, dst: AsmRegisterYmm, x: AsmRegisterYmm, t: &[AsmRegisterYmm]) -> R<()> {
-        let n = |r: AsmRegisterYmm| V(YMM.iter().position(|&q| q == r).unwrap_or(0) as u8);
-        let t: Vec<V> = t.iter().map(|&r| n(r)).collect();
-        Vx { a: self.a, t: self.t, wide: false, held: &[] }.unary(op, n(dst), n(x), &t)
-    }
+    held
 }
 
-/// The constants exp reads, most used first (a kernel that holds constants in
-/// registers holds these before erf's).
-pub(crate) fn exp_constants(wide: bool) -> Vec<u32> {
+/// Constant registers of a 16-lane kernel (`zmm16`–`zmm31`).
+const HELD: usize = 16;
+
+/// The constants exp reads, most used first.
+fn exp_constants(wide: bool) -> Vec<u32> {
     let mut c: Vec<u32> = [EXP_LO, EXP_HI, MAGIC, std::f32::consts::LOG2_E, -LN2_C1, -LN2_C2]
         .iter()
         .chain(&EXP_P)
@@ -295,7 +313,7 @@ pub(crate) fn exp_constants(wide: bool) -> Vec<u32> {
 }
 
 /// The constants erf reads besides exp's.
-pub(crate) fn erf_constants() -> Vec<u32> {
+fn erf_constants() -> Vec<u32> {
     let mut c: Vec<u32> =
         ERF_SMALL.iter().chain(&ERFC_P).chain(&[std::f32::consts::FRAC_2_SQRT_PI, 0.5]).map(|x| x.to_bits()).collect();
     c.extend([0x7fff_ffff, 0x8000_0000]);
@@ -303,8 +321,8 @@ pub(crate) fn erf_constants() -> Vec<u32> {
 }
 
 impl Vx<'_> {
-    /// `dst = op(x)` for an operation [`Ymm::has`]; `dst` may be `x`; `t` holds at least
-    /// [`Ymm::scratch`] registers distinct from both.
+    /// `dst = op(x)` for an operation [`has_vector_form`]; `dst` may be `x`; `t` holds at
+    /// least [`vector_scratch`] registers distinct from both.
     pub fn unary(&mut self, op: UnaryOp, dst: V, x: V, t: &[V]) -> R<()> {
         match op {
             UnaryOp::Sqrt => self.sqrt(dst, x),

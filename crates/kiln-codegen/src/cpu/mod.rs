@@ -367,6 +367,7 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                     used_avx512 |= g.avx512;
                     notes.push(
                         match (g.avx512, g.channel_vectors) {
+                            (true, _) if g.wide_epilogue => "contraction microkernel (avx-512; epilogue on 16 lanes)",
                             (true, _) => "contraction microkernel (avx-512)",
                             (false, true) => "contraction microkernel (avx2+fma, channel vectors)",
                             (false, false) => "contraction microkernel (avx2+fma)",

@@ -42,12 +42,12 @@ use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
 use kiln_flow::contraction::{load_offset, AffineIndex};
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
 use kiln_ir::DType;
 
 use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
-use super::math::{erf_constants, exp_constants, Ymm};
+use super::math::{has_vector_form, held_constants, vector_scratch};
 use super::vector::{Mask, Op, Src, Vx, V};
 
 /// Where a value lives along the row.
@@ -105,7 +105,7 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
     // no per-row index decoding) serve as well where the kernel is memory-bound; exp and
     // erf make it compute-bound, and eight lanes halve its time.
     let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
-    if !reduces && !k.nodes.iter().any(|n| matches!(n.expr, Expr::Unary(op, _) if Ymm::scratch(op) > 0)) {
+    if !reduces && !k.nodes.iter().any(|n| matches!(n.expr, Expr::Unary(op, _) if vector_scratch(op) > 0)) {
         return no("neither a reduction along the row nor exp or erf");
     }
     if !fast && k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { op: ReduceOp::Sum, .. })) {
@@ -150,7 +150,7 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
                 _,
                 _,
             ) => {}
-            Expr::Unary(op, _) if Ymm::has(*op) => {}
+            Expr::Unary(op, _) if has_vector_form(*op) => {}
             Expr::Cast { value, to: DType::F32, .. } if k.node(*value).ty == ScalarType::F32 => {}
             _ => return no("an operation without a row form here"),
         }
@@ -281,7 +281,7 @@ fn same_along(k: &Kernel, free: &[Vec<u32>], a: ExprId, b: ExprId, w: u32, u: u3
 pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
     let p = plan(k, fast)?;
     let (stored, reciprocal) = (p.stash.is_some(), !p.recip.is_empty());
-    let held = if wide { held_constants(k) } else { Vec::new() };
+    let held = if wide { held_constants(k.nodes.iter()) } else { Vec::new() };
     let mut e = Emit {
         a: CodeAssembler::new(64)?,
         k,
@@ -295,35 +295,6 @@ pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
     let workgroups = e.function()?;
     Ok(RowCode { code: e.a.assemble(0)?, workgroups, wide, stored, reciprocal })
 }
-
-/// The constants a 16-lane kernel keeps in `zmm16`–`zmm31` for its whole run: exp's
-/// (where it computes exp or erf), then the kernel's own f32 constants, then erf's,
-/// the first 16 of them.
-fn held_constants(k: &Kernel) -> Vec<(u32, V)> {
-    let has = |op: UnaryOp| k.nodes.iter().any(|n| matches!(n.expr, Expr::Unary(o, _) if o == op));
-    let mut bits: Vec<u32> = Vec::new();
-    if has(UnaryOp::Exp) || has(UnaryOp::Erf) {
-        bits.extend(exp_constants(true));
-    }
-    for n in &k.nodes {
-        if let (Expr::Const(c), ScalarType::F32) = (&n.expr, n.ty) {
-            bits.push(*c as u32);
-        }
-    }
-    if has(UnaryOp::Erf) {
-        bits.extend(erf_constants());
-    }
-    let mut held: Vec<(u32, V)> = Vec::new();
-    for b in bits {
-        if held.len() < HELD && !held.iter().any(|h| h.0 == b) {
-            held.push((b, V(16 + held.len() as u8)));
-        }
-    }
-    held
-}
-
-/// Constant registers of a 16-lane kernel (`zmm16`–`zmm31`).
-const HELD: usize = 16;
 
 /// A row kernel's code and what it does beyond the plain row loops.
 pub(crate) struct RowCode {
@@ -816,8 +787,8 @@ impl Emit<'_> {
             Expr::Unary(op, x) => {
                 let rx = self.eval(*x, v, mask)?;
                 // Scratch first, so the result may take x's register at its last use.
-                let mut t = Vec::with_capacity(Ymm::scratch(*op));
-                for _ in 0..Ymm::scratch(*op) {
+                let mut t = Vec::with_capacity(vector_scratch(*op));
+                for _ in 0..vector_scratch(*op) {
                     t.push(v.pool.pop().ok_or_else(|| NotHere("registers".into()))?);
                 }
                 let dst = self.result_reg(&[*x], v)?;
