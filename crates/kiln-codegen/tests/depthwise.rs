@@ -1,4 +1,5 @@
-//! Depthwise windows (`cpu::depthwise`, AVX2+FMA) against the kernel interpreter:
+//! Depthwise windows and max pools (`cpu::depthwise`, AVX2+FMA) against the kernel
+//! interpreter:
 //! padded and unpadded, symmetric and one-sided padding, strides 1 and 2, dilation 2,
 //! windows 3×3, 1×3, 3×1, 2×2, output widths from 1 to 113 (one vector, masked tails,
 //! several register groups), several batches; epilogues of bias, per-channel scale,
@@ -8,13 +9,15 @@
 //! The kernel sums in f32 with one FMA per tap; the interpreter sums in f64 and rounds
 //! once. Each element must lie within `(taps + 2)·2⁻²⁴·S` of the interpreter, `S` the
 //! same kernel on the absolute values of the inputs (a bound on the sum of |terms| and
-//! the epilogue's magnitude).
+//! the epilogue's magnitude). Max pools (MaxPool as lowered: NaN ignored, −∞ padding)
+//! over the same geometries, with NaN in the input and windows of NaN only, must give the
+//! interpreter's values exactly (a maximum does not round).
 
 mod common;
 
 use common::*;
 use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
-use kiln_flow::{interp, BinaryOp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType};
+use kiln_flow::{interp, BinaryOp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 fn avx2_fma() -> bool {
@@ -101,6 +104,57 @@ fn depthwise(g: Geo, epilogue: &str) -> Kernel {
     b.finish(r).unwrap()
 }
 
+/// A max pool as the lowering writes it: `max over the window of select(isnan(x), −∞,
+/// x)`, −∞ outside the plane; `epilogue` as for [`depthwise`].
+fn max_pool(g: Geo, epilogue: &str) -> Kernel {
+    let [oh, ow] = g.out();
+    let f = ScalarType::F32;
+    let ins = vec![tt(&[g.n, g.c, g.h, g.w]), tt(&[g.c]), tt(&[g.c])];
+    let mut b = KernelBuilder::new("maxpool", ins, tt(&[g.n, g.c, oh, ow]));
+    let o = b.out_index();
+    let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
+    let (yv, xv) = (b.var(y), b.var(x));
+    let axis = |b: &mut KernelBuilder, out: kiln_flow::ExprId, t: kiln_flow::ExprId, d: usize| {
+        let s = b.index(g.stride[d] as i64);
+        let dl = b.index(g.dil[d] as i64);
+        let p = b.index(-(g.pad[2 * d] as i64));
+        let os = b.mul(out, s);
+        let td = b.mul(t, dl);
+        let i = b.add(os, td);
+        b.add(i, p)
+    };
+    let ih = axis(&mut b, o[2], yv, 0);
+    let iw = axis(&mut b, o[3], xv, 1);
+    let neg_inf = f32::NEG_INFINITY.to_bits() as u64;
+    let padded = g.pad.iter().any(|&p| p > 0);
+    let bounds = if padded { Bounds::Pad(neg_inf) } else { Bounds::InBounds };
+    let xin = b.load_with(0, vec![o[0], o[1], ih, iw], bounds);
+    let lo = b.float(f, f64::NEG_INFINITY);
+    let nan = b.unary(UnaryOp::IsNan, xin);
+    let key = b.select(nan, lo, xin);
+    let m = b.reduce(ReduceOp::Max, vec![y, x], key);
+    let bias = b.load(1, vec![o[1]]);
+    let r = match epilogue {
+        "bias_relu6" => {
+            let v = b.add(m, bias);
+            let zero = b.float(f, 0.0);
+            let six = b.float(f, 6.0);
+            let lt = b.binary(BinaryOp::Lt, v, zero);
+            let v = b.select(lt, zero, v);
+            let gt = b.binary(BinaryOp::Gt, v, six);
+            b.select(gt, six, v)
+        }
+        "scale_clip" => {
+            let scale = b.load(2, vec![o[1]]);
+            let v = b.mul(m, scale);
+            let lo = b.float(f, -1.0);
+            b.binary(BinaryOp::Max, v, lo)
+        }
+        _ => m,
+    };
+    b.finish(r).unwrap()
+}
+
 fn abs(t: &Tensor) -> Tensor {
     let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
     Tensor::from_vec(t.shape().clone(), v).unwrap()
@@ -171,6 +225,57 @@ fn windows_strides_padding_and_widths() {
             check(&k, &inputs(g, 10 + i as u64), g.win[0] * g.win[1]);
         }
     }
+}
+
+#[test]
+fn max_pools_match_the_interpreter() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+    let mut n = 0;
+    for (h, w) in [(1, 1), (5, 7), (6, 8), (12, 17), (7, 40), (4, 113), (24, 24)] {
+        for stride in [[1, 1], [2, 2], [1, 2]] {
+            for (win, pad) in [([2, 2], [0, 0, 0, 0]), ([3, 3], [1, 1, 1, 1]), ([3, 3], [0, 1, 0, 1]), ([1, 3], [0, 0, 1, 1])] {
+                let g = Geo { n: 2, c: 3, h, w, win, stride, dil: [1, 1], pad };
+                let [oh, ow] = if h + pad[0] + pad[1] < win[0] || w + pad[2] + pad[3] < win[1] { [0, 0] } else { g.out() };
+                if oh == 0 || ow == 0 || ow > 128 {
+                    continue;
+                }
+                for epilogue in ["none", "bias_relu6", "scale_clip"] {
+                    let k = max_pool(g, epilogue);
+                    let m = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+                    assert_eq!(m.notes[0], "max pool window (avx2)", "{g:?}");
+                    // NaN here and there (ignored), and all of plane 1 NaN (every window
+                    // empty: −∞, then the epilogue).
+                    let mut x = random_f32(&[2, 3, h, w], 2.0, 40 + n).to_vec::<f32>().unwrap();
+                    for i in (0..x.len()).step_by(7) {
+                        x[i] = f32::NAN;
+                    }
+                    for v in &mut x[h * w..2 * h * w] {
+                        *v = f32::NAN;
+                    }
+                    let ins = [
+                        Tensor::from_vec(Shape::new(vec![2, 3, h, w]).unwrap(), x).unwrap(),
+                        random_f32(&[3], 1.0, 41 + n),
+                        random_f32(&[3], 1.0, 42 + n),
+                    ];
+                    n += 1;
+                    let refs: Vec<&Tensor> = ins.iter().collect();
+                    let want = interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
+                    for splits in [1, 4] {
+                        let got = run_compiled(&k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
+                        for i in 0..want.len() {
+                            let same = got[i] == want[i] || (got[i].is_nan() && want[i].is_nan());
+                            assert!(same, "{g:?} {epilogue} splits {splits}: [{i}] got {}, want {}", got[i], want[i]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(n > 100, "only {n} cases ran");
 }
 
 #[test]

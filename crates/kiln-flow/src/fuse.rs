@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 
 use crate::contraction::Contraction;
-use crate::window::Depthwise;
+use crate::window::{Depthwise, WindowOp};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
@@ -194,7 +194,8 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
     // gather (data-dependent loads), an operand's computation or a layout change that
     // breaks its column layout would send the whole kernel down the general path.
     let addressable = |k: &Kernel| {
-        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k)) || Depthwise::of(k).is_some()
+        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k))
+            || Depthwise::of(k).is_some_and(|d| matches!(d.op, WindowOp::Conv { .. }))
     };
     if contractions && (addressable(dk) || addressable(pk)) && !addressable(&fused) {
         return false;

@@ -1,19 +1,24 @@
-//! Recognising depthwise convolutions that read their input through `Pad` bounds.
+//! Recognising sliding windows over channel planes — depthwise convolutions and max
+//! pools — that read their input through `Pad` bounds.
 //!
 //! A depthwise convolution (`Conv` with `group = C`, one filter per channel) is a
 //! sliding window over each channel plane: `out[n, c, oh, ow] = epilogue(Σ_{kh,kw}
 //! x[n, c, sh·oh + dh·kh + ph, sw·ow + dw·kw + pw] · w[c, kh, kw])`, reading 0 outside
-//! the plane. A target with a direct kernel for this form handles the plane's border
-//! itself (masked loads at the edges), so the padded copy that
-//! [`crate::layout::materialize_padding`] would put in front of it, a full extra pass
-//! over the input, is not made; fusion keeps the epilogue in the form below.
+//! the plane. A max pool is the same window with `max` for `Σ ·w`, NaN ignored and −∞
+//! outside the plane ([`WindowOp::Max`]). A target with a direct kernel for this form
+//! handles the plane's border itself (masked loads at the edges), so the padded copy
+//! that [`crate::layout::materialize_padding`] would put in front of a convolution, a
+//! full extra pass over the input, is not made; fusion keeps the epilogue in the form
+//! below.
 //!
 //! The recognised form, [`Depthwise::of`]:
 //! - rank-4 f32 output `[N, C, OH, OW]` (NCHW) and input `[N, C, H, W]`, the same `C`;
-//! - exactly one `Reduce { Sum }` whose body is `Load(x) · Load(w)` (either order): `x`
-//!   with `Pad(0.0)` or `InBounds` bounds, index `(n, c, sh·oh + dh·kh + ph, sw·ow +
-//!   dw·kw + pw)` with strides 1 or 2; `w` in bounds at an affine offset over `c`, `kh`,
-//!   `kw`; reduction variables of extent 1 (a group index) are ignored; at most 9 taps;
+//! - exactly one reduction: a `Reduce { Sum }` whose body is `Load(x) · Load(w)` (either
+//!   order), or a `Reduce { Max }` whose body is `select(isnan(Load(x)), −∞, Load(x))`
+//!   (MaxPool as lowered): `x` with `InBounds` bounds or `Pad` by 0 (a sum) or −∞ (a
+//!   maximum), index `(n, c, sh·oh + dh·kh + ph, sw·ow + dw·kw + pw)` with strides 1
+//!   or 2; `w` in bounds at an affine offset over `c`, `kh`, `kw`; reduction variables
+//!   of extent 1 (a group index) are ignored; at most 9 taps;
 //! - an epilogue that is a chain from the sum to the result, each step one of `+ − × ÷`
 //!   with a constant or a per-channel value (an affine load over `c`: bias, folded
 //!   batch-norm scale), or a clamp against a constant (`max`, `min`, and `Relu`/`Clip`
@@ -23,7 +28,7 @@
 //! Nothing here changes a kernel.
 
 use crate::contraction::{affine, load_offset, AffineIndex};
-use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
+use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
 /// Most taps (`kh × kw`) of a recognised window.
@@ -67,15 +72,27 @@ pub enum Step {
     Min(u32),
 }
 
-/// A recognised depthwise convolution (see the module docs).
+/// What a window computes over its taps.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WindowOp {
+    /// `Σ x·w`, a depthwise convolution; 0 outside the plane.
+    Conv {
+        /// Kernel input read as the filter `w`.
+        w: u32,
+        /// The filter's flat element offset (over `c`, `kh`, `kw`).
+        w_offset: AffineIndex,
+    },
+    /// `max x` with NaN ignored (read as −∞), a max pool; −∞ outside the plane.
+    Max,
+}
+
+/// A recognised window: a depthwise convolution or a max pool (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Depthwise {
     /// Kernel input read as the image `x`.
     pub x: u32,
-    /// Kernel input read as the filter `w`.
-    pub w: u32,
-    /// The filter's flat element offset (over `c`, `kh`, `kw`).
-    pub w_offset: AffineIndex,
+    /// What the window computes.
+    pub op: WindowOp,
     /// Output dims `[N, C, OH, OW]`.
     pub out_dims: [u64; 4],
     /// Input dims `[N, C, H, W]`.
@@ -109,28 +126,46 @@ impl Depthwise {
         let mut found = None;
         for (i, n) in k.nodes.iter().enumerate() {
             if let Expr::Reduce { op, vars, body } = &n.expr {
-                if found.is_some() || *op != ReduceOp::Sum || n.ty != ScalarType::F32 {
+                if found.is_some() || !matches!(op, ReduceOp::Sum | ReduceOp::Max) || n.ty != ScalarType::F32 {
                     return None;
                 }
-                found = Some((ExprId(i as u32), vars.clone(), *body));
+                found = Some((ExprId(i as u32), *op, vars.clone(), *body));
             }
         }
-        let (reduce, rvars, body) = found?;
+        let (reduce, rop, rvars, body) = found?;
         let wide: Vec<u32> = rvars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
-        let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
-        let (x, xi, padded, w, wi) = [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
-            let Expr::Load { input: xa, index: xidx, bounds } = &k.node(a).expr else { return None };
-            if !matches!(bounds, Bounds::InBounds | Bounds::Pad(0)) {
+        // The image load, its index, whether it is padded, and the filter load.
+        let (x, xi, padded, filter) = if rop == ReduceOp::Sum {
+            let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
+            [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
+                let Expr::Load { input: xa, index: xidx, bounds } = &k.node(a).expr else { return None };
+                if !matches!(bounds, Bounds::InBounds | Bounds::Pad(0)) {
+                    return None;
+                }
+                let Expr::Load { input: wa, index: widx, bounds: Bounds::InBounds } = &k.node(b).expr else {
+                    return None;
+                };
+                let padded = matches!(bounds, Bounds::Pad(_));
+                (xidx.len() == 4).then(|| (*xa, xidx.clone(), padded, Some((*wa, widx.clone()))))
+            })?
+        } else {
+            // select(isnan(x), −∞, x), x padded (if at all) by −∞.
+            let Expr::Select(c, lo, v) = k.node(body).expr else { return None };
+            let neg_inf = f32::NEG_INFINITY.to_bits() as u64;
+            if k.node(c).expr != Expr::Unary(UnaryOp::IsNan, v) || k.node(lo).expr != Expr::Const(neg_inf) {
                 return None;
             }
-            let Expr::Load { input: wa, index: widx, bounds: Bounds::InBounds } = &k.node(b).expr else {
+            let Expr::Load { input: xa, index: xidx, bounds } = &k.node(v).expr else { return None };
+            if !matches!(bounds, Bounds::InBounds) && *bounds != Bounds::Pad(neg_inf) {
                 return None;
-            };
-            let padded = matches!(bounds, Bounds::Pad(_));
-            (xidx.len() == 4).then(|| (*xa, xidx.clone(), padded, *wa, widx.clone()))
-        })?;
-        for input in [x, w] {
-            if k.inputs.get(input as usize)?.dtype != DType::F32 {
+            }
+            (xidx.len() == 4).then(|| (*xa, xidx.clone(), matches!(bounds, Bounds::Pad(_)), None))?
+        };
+        if k.inputs.get(x as usize)?.dtype != DType::F32 {
+            return None;
+        }
+        if let Some((w, _)) = &filter {
+            if k.inputs.get(*w as usize)?.dtype != DType::F32 {
                 return None;
             }
         }
@@ -193,14 +228,20 @@ impl Depthwise {
                 }
             }
         }
-        let w_offset = load_offset(k, w, &wi)?;
-        let mut w_vars = vec![1u32];
-        w_vars.extend(taps.iter().flatten());
-        if !only(&w_offset, &w_vars) {
-            return None;
-        }
+        let op = match filter {
+            Some((w, wi)) => {
+                let w_offset = load_offset(k, w, &wi)?;
+                let mut w_vars = vec![1u32];
+                w_vars.extend(taps.iter().flatten());
+                if !only(&w_offset, &w_vars) {
+                    return None;
+                }
+                WindowOp::Conv { w, w_offset }
+            }
+            None => WindowOp::Max,
+        };
         let epilogue = chain(k, reduce)?;
-        Some(Depthwise { x, w, w_offset, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue })
+        Some(Depthwise { x, op, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue })
     }
 }
 

@@ -1,5 +1,5 @@
-//! Depthwise convolutions ([`kiln_flow::window::Depthwise`]) as AVX2+FMA machine code
-//! written with `iced-x86`, reading the unpadded input directly.
+//! Depthwise convolutions and max pools ([`kiln_flow::window::Depthwise`]) as AVX2+FMA
+//! machine code written with `iced-x86`, reading the unpadded input directly.
 //!
 //! A workgroup is one channel plane `(n, c)`. Its filter taps (at most 9) are broadcast
 //! into registers once; per-channel epilogue values go to the stack as vectors. Each
@@ -13,6 +13,10 @@
 //!   gives 0, the padding value; a vector whose lanes are all inside is an FMA with a
 //!   memory operand.
 //!
+//! A max pool keeps −∞ in one register instead of taps: its accumulators start there,
+//! each tap is `vmaxps acc, x, acc` (which gives `acc` where `x` is NaN: NaN is
+//! ignored, as MaxPool wants), and lanes outside the plane are blended to −∞.
+//!
 //! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`). The
 //! epilogue steps (bias, scale, clamps) apply to each vector before the store. A row's
 //! last vector is stored whole where its extra lanes stay inside the plane (they land
@@ -24,20 +28,26 @@
 //! keeps a NaN `v`).
 
 use iced_x86::code_asm::*;
-use kiln_flow::window::{Depthwise, Step, StepOperand};
+use kiln_flow::window::{Depthwise, Step, StepOperand, WindowOp};
 use kiln_flow::Kernel;
 
 use super::asm::{enter, leave, Tables, YMM};
 use super::gemm::{no, NotHere, R};
 
-/// Emits `k` as a depthwise kernel (code and workgroup count), or says why not.
-pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
+/// Emits `k` as a window kernel (code, workgroup count and the compile listing's note),
+/// or says why not.
+pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64, &'static str)> {
     let Some(d) = Depthwise::of(k) else { return no("not a depthwise window") };
     let limit = i32::MAX as usize;
     if k.inputs.iter().chain([&k.output]).any(|t| t.storage_bytes() > limit) {
         return no("an operand over 2 GiB");
     }
-    Emit::new(&d, k.inputs.len())?.run()
+    let note = match d.op {
+        WindowOp::Conv { .. } => "depthwise window (avx2+fma)",
+        WindowOp::Max => "max pool window (avx2)",
+    };
+    let (code, wg) = Emit::new(&d, k.inputs.len())?.run()?;
+    Ok((code, wg, note))
 }
 
 struct Emit<'d> {
@@ -57,7 +67,8 @@ struct Emit<'d> {
 
 impl<'d> Emit<'d> {
     fn new(d: &'d Depthwise, inputs: usize) -> R<Emit<'d>> {
-        let ntaps = (d.window[0] * d.window[1]) as usize;
+        // A max pool's one "tap" register holds −∞.
+        let ntaps = if d.op == WindowOp::Max { 1 } else { (d.window[0] * d.window[1]) as usize };
         let nscratch = if d.stride[1] == 2 { 3 } else { 2 };
         let mut channel = Vec::new();
         for s in &d.epilogue {
@@ -115,6 +126,22 @@ impl<'d> Emit<'d> {
         }
     }
 
+    /// `dst` = 8 elements at `rbx + disp·4` for a max pool: lanes outside the row
+    /// (not in `bits`) are −∞.
+    fn load_max(&mut self, dst: AsmRegisterYmm, disp: i64, bits: u8) -> R<()> {
+        let neg_inf = self.taps[0];
+        match bits {
+            0 => self.a.vmovaps(dst, neg_inf)?,
+            0xff => self.a.vmovups(dst, ymmword_ptr(rbx + (disp * 4) as i32))?,
+            _ => {
+                self.load(dst, disp, bits)?;
+                let m = self.scratch[self.scratch.len() - 1];
+                self.a.vblendvps(dst, neg_inf, dst, m)?;
+            }
+        }
+        Ok(())
+    }
+
     fn run(mut self) -> R<(Vec<u8>, u64)> {
         let d = self.d;
         let [n, c, oh_n, ow_n] = d.out_dims.map(|x| x as i64);
@@ -125,9 +152,6 @@ impl<'d> Emit<'d> {
         let vectors = (ow_n + 7) / 8;
         let g = self.accs.len() as i64;
         let frame = 32 * self.channel.len() as i32 + 8;
-        let woff = &d.w_offset;
-        let coef = |v: Option<u32>| v.map_or(0, |v| woff.of(v));
-        let (w_c, w_kh, w_kw) = (woff.of(1), coef(d.taps[0]), coef(d.taps[1]));
 
         enter(&mut self.a)?;
         self.a.sub(rsp, frame)?;
@@ -150,15 +174,26 @@ impl<'d> Emit<'d> {
         self.a.xor(edx, edx)?;
         self.a.mov(rcx, c)?;
         self.a.div(rcx)?;
-        // Filter taps.
-        self.a.mov(r15, qword_ptr(rbp + 8 * d.w as i32))?;
-        self.a.imul_3(rsi, rdx, i32::try_from(w_c * 4).map_err(|_| NotHere("filter stride".into()))?)?;
-        self.a.add(r15, rsi)?;
-        for kh in 0..kh_n {
-            for kw in 0..kw_n {
-                let t = self.taps[(kh * kw_n + kw) as usize];
-                let off = (woff.c + w_kh * kh + w_kw * kw) * 4;
-                self.a.vbroadcastss(t, dword_ptr(r15 + off as i32))?;
+        match &d.op {
+            WindowOp::Conv { w, w_offset: woff } => {
+                // Filter taps.
+                let coef = |v: Option<u32>| v.map_or(0, |v| woff.of(v));
+                let (w_c, w_kh, w_kw) = (woff.of(1), coef(d.taps[0]), coef(d.taps[1]));
+                self.a.mov(r15, qword_ptr(rbp + 8 * *w as i32))?;
+                let stride = i32::try_from(w_c * 4).map_err(|_| NotHere("filter stride".into()))?;
+                self.a.imul_3(rsi, rdx, stride)?;
+                self.a.add(r15, rsi)?;
+                for kh in 0..kh_n {
+                    for kw in 0..kw_n {
+                        let t = self.taps[(kh * kw_n + kw) as usize];
+                        let off = (woff.c + w_kh * kh + w_kw * kw) * 4;
+                        self.a.vbroadcastss(t, dword_ptr(r15 + off as i32))?;
+                    }
+                }
+            }
+            WindowOp::Max => {
+                let l = self.const_label(f32::NEG_INFINITY.to_bits());
+                self.a.vbroadcastss(self.taps[0], dword_ptr(l))?;
             }
         }
         // Per-channel epilogue values, one stack vector each.
@@ -253,8 +288,13 @@ impl<'d> Emit<'d> {
         let nv = (j1 - j0) as usize;
         // Accumulator of (row r, vector j0 + i): accs[r·nv + i].
         let accs: Vec<AsmRegisterYmm> = self.accs[..rows as usize * nv].to_vec();
+        let max = d.op == WindowOp::Max;
         for &r in &accs {
-            self.a.vxorps(r, r, r)?;
+            if max {
+                self.a.vmovaps(r, self.taps[0])?;
+            } else {
+                self.a.vxorps(r, r, r)?;
+            }
         }
         for kh in 0..kh_n {
             for r in 0..rows {
@@ -271,7 +311,7 @@ impl<'d> Emit<'d> {
                     skip = Some(l);
                 }
                 for kw in 0..kw_n {
-                    let tap = self.taps[(kh * kw_n + kw) as usize];
+                    let tap = self.taps[if max { 0 } else { (kh * kw_n + kw) as usize }];
                     for i in 0..nv {
                         let acc = accs[r as usize * nv + i];
                         let j = j0 + i as i64;
@@ -279,7 +319,19 @@ impl<'d> Emit<'d> {
                         let col = sw * 8 * j + dil_w * kw + pw;
                         let disp = (sh * r + dil_h * kh) * w + col;
                         let (t0, t1) = (self.scratch[0], self.scratch[1]);
-                        if sw == 1 {
+                        if max {
+                            // vmaxps gives its second source where the first is NaN.
+                            if sw == 1 {
+                                self.load_max(t0, disp, Self::inside(col, w))?;
+                            } else {
+                                let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
+                                self.load_max(t0, disp, lo)?;
+                                self.load_max(t1, disp + 8, hi)?;
+                                self.a.vshufps(t0, t0, t1, 0x88)?;
+                                self.a.vpermpd(t0, t0, 0xD8)?;
+                            }
+                            self.a.vmaxps(acc, t0, acc)?;
+                        } else if sw == 1 {
                             let bits = Self::inside(col, w);
                             if bits == 0xff {
                                 self.a.vfmadd231ps(acc, tap, ymmword_ptr(rbx + (disp * 4) as i32))?;

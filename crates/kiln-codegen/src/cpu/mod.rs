@@ -15,7 +15,7 @@
 //! At the speed level (`Options::contraction_kernels`, on a target with AVX2 and FMA)
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
 //! appended to the image (position-independent, no relocations): contractions
-//! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions
+//! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions and max pools
 //! ([`depthwise`]), padding copies ([`pad`]) and row kernels such as Softmax, LayerNorm
 //! and elementwise exp/erf ([`rows`], 16 lanes where the target has AVX-512 F, written
 //! through [`vector`]); each keeps the same kernel ABI and the executable records the
@@ -354,10 +354,10 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
         }
         if avx2_fma && options.contraction_kernels {
             k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
-            if let Ok((code, wg)) = depthwise::emit(k) {
+            if let Ok((code, wg, note)) = depthwise::emit(k) {
                 workgroup_counts.push(wg);
                 micro.push((idx, code));
-                notes.push("depthwise window (avx2+fma)".to_string());
+                notes.push(note.to_string());
                 continue;
             }
             match gemm::emit(k, avx512) {
