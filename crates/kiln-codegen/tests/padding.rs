@@ -2,12 +2,17 @@
 //! interpreter, bit for bit: pads on every side, crops (positive shifts), rows wholly
 //! outside the input, widths below, at and above the vector width, a non-zero pad
 //! value, ranks 1 to 4, workgroup splits, nothing written outside the output.
+//!
+//! Affine copies (`cpu::copy`): im2col column gathers, strided row picks, broadcast
+//! rows and crops, ranks 2 to 6, row widths 4 to 70 (tails of every length), bit for
+//! bit, with workgroup ranges run in order and last first (a range's last row must not
+//! write into the next range).
 
 mod common;
 
 use common::*;
 use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
-use kiln_flow::{Bounds, Kernel, KernelBuilder};
+use kiln_flow::{Bounds, ExprId, Kernel, KernelBuilder};
 use kiln_ir::{DType, Shape, TensorType};
 
 fn tt(dims: &[usize]) -> TensorType {
@@ -53,5 +58,64 @@ fn paddings_match_the_interpreter() {
         assert!(m.notes[0].starts_with("padding copy"), "case {i}: {}", m.notes[0]);
         let x = random_f32(&inp, 3.0, i as u64);
         check_with(&k, &[&x], EXACT, &[Config { target: CpuTarget::Host, options: Options::default() }]);
+    }
+}
+
+/// `out[q] = x[Σ_d coef[d]·q_d + c]` over `x` flattened (in bounds), through a rank-1
+/// view: `x` is read at the flat offset, so any affine map is expressible.
+fn copy(in_len: usize, out_dims: &[usize], coef: &[i64], c: i64) -> Kernel {
+    let mut b = KernelBuilder::new("copy", vec![tt(&[in_len])], tt(out_dims));
+    let q = b.out_index();
+    let mut at: ExprId = b.index(c);
+    for (d, &k) in coef.iter().enumerate() {
+        if k != 0 {
+            let kk = b.index(k);
+            let t = b.mul(q[d], kk);
+            at = b.add(at, t);
+        }
+    }
+    let v = b.load(0, vec![at]);
+    b.finish(v).unwrap()
+}
+
+#[test]
+fn affine_copies_match_the_interpreter() {
+    if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+        eprintln!("skipped: this CPU lacks AVX2+FMA, so the copy kernel is not used");
+        return;
+    }
+    // (output dims, coefficients per output dim, constant); the input is sized to the
+    // largest offset read.
+    let mut cases: Vec<(Vec<usize>, Vec<i64>, i64)> = vec![
+        // im2col of a [1, 6, 14, 14] map for a 5×5 window: cols[c, kh, kw, oh, ow].
+        (vec![6, 5, 5, 10, 10], vec![196, 14, 1, 14, 1], 0),
+        // of a [1, 1, 32, 32] map, 28 columns (3 vectors and a tail of 4).
+        (vec![5, 5, 28, 28], vec![32, 1, 32, 1], 0),
+        // every other row of a 2-D array, from an offset (a strided slice).
+        (vec![7, 13], vec![2 * 20, 1], 5),
+        // one row broadcast over two outer dims.
+        (vec![3, 4, 9], vec![0, 0, 1], 2),
+        // rank 6, widths 4 and 8.
+        (vec![2, 1, 3, 2, 2, 4], vec![200, 0, 50, 16, 5, 1], 3),
+        (vec![2, 2, 2, 2, 2, 8], vec![300, 100, 40, 16, 8, 1], 0),
+    ];
+    for w in [4usize, 5, 7, 8, 9, 15, 16, 17, 33, 70] {
+        cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
+    }
+    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+    for (dims, coef, c) in cases {
+        let last: i64 = c + dims.iter().zip(&coef).map(|(&d, &k)| (d as i64 - 1) * k).sum::<i64>();
+        let in_len = last as usize + 1;
+        let k = copy(in_len, &dims, &coef, c);
+        let m = compile_with(&[&k], &cfg.target, &cfg.options).unwrap();
+        assert_eq!(m.notes[0], "affine copy (avx)", "{dims:?}");
+        let x = random_f32(&[in_len], 1.0, in_len as u64);
+        let want = kiln_flow::interp::run(&k, &[&x]).unwrap();
+        for splits in [1, 3, 7] {
+            for reversed in [false, true] {
+                let got = run_compiled_in(&k, &[&x], &cfg, splits, reversed);
+                assert_eq!(got.bytes(), want.bytes(), "{dims:?} {coef:?} splits {splits} reversed {reversed}");
+            }
+        }
     }
 }

@@ -16,13 +16,14 @@
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
 //! appended to the image (position-independent, no relocations): contractions
 //! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions and max pools
-//! ([`depthwise`]), padding copies ([`pad`]) and row kernels such as Softmax, LayerNorm
+//! ([`depthwise`]), padding copies ([`pad`]), affine copies such as im2col ([`copy`]) and row kernels such as Softmax, LayerNorm
 //! and elementwise exp/erf ([`rows`], 16 lanes where the target has AVX-512 F, written
 //! through [`vector`]); each keeps the same kernel ABI and the executable records the
 //! CPU features they use.
 
 mod analysis;
 mod asm;
+mod copy;
 mod depthwise;
 mod emit;
 mod gemm;
@@ -377,7 +378,10 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                     continue;
                 }
                 Err(gemm::NotHere(why)) => {
-                    let other = pad::emit(k).map(|c| (c, "padding copy (avx)".to_string(), false)).or_else(|_| {
+                    let other = pad::emit(k)
+                        .map(|c| (c, "padding copy (avx)".to_string(), false))
+                        .or_else(|_| copy::emit(k).map(|c| (c, "affine copy (avx)".to_string(), false)))
+                        .or_else(|_| {
                         rows::emit(k, options.reassociate, avx512).map(|r| {
                             let note = r.note();
                             ((r.code, r.workgroups), note, r.wide)

@@ -99,6 +99,13 @@ impl Guarded {
 /// and returns the output. The output starts as 0xA5 bytes, so a byte the kernel does
 /// not write (a missed element, the padding nibble of a packed type) shows.
 pub fn run_compiled(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64) -> Tensor {
+    run_compiled_in(k, inputs, cfg, splits, false)
+}
+
+/// [`run_compiled`], the `splits` ranges run last first when `reversed` (a kernel that
+/// writes past its range's end into the next range then clobbers what that range
+/// already wrote, as another thread's range could be).
+pub fn run_compiled_in(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64, reversed: bool) -> Tensor {
     let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap_or_else(|e| panic!("compile {}: {e}", k.name));
     let exe = &m.executable;
     let code = LoadedCode::load(&exe.code, &exe.relocs).unwrap_or_else(|e| panic!("load: {e}"));
@@ -109,13 +116,20 @@ pub fn run_compiled(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64) -
     bindings.push(out.ptr());
     let wg = m.workgroups[0];
     let splits = splits.clamp(1, wg.max(1));
+    let mut ranges = Vec::new();
     let mut at = 0;
     for s in 0..splits {
         let end = if s + 1 == splits { wg } else { at + wg / splits };
+        ranges.push((at, end));
+        at = end;
+    }
+    if reversed {
+        ranges.reverse();
+    }
+    for (at, end) in ranges {
         // SAFETY (test): the bindings are live buffers of the kernel's input and output
         // types, in binding order; the helper table is the runtime's.
         unsafe { entry(bindings.as_ptr(), HELPERS.as_ptr(), at, end) };
-        at = end;
     }
     // Also: an empty range and a range past the end do nothing.
     // SAFETY (test): as above.

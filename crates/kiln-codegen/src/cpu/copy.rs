@@ -1,0 +1,171 @@
+//! Affine copies as machine code (`iced-x86`): `out[q] = x[off(q)]` with in-bounds
+//! loads, `off` affine in the output index and stepping one element along the output's
+//! innermost axis, 4-byte elements — the column gathers a convolution with narrow
+//! windows reads (`kiln_flow::layout`'s im2col: `cols[c, kh, kw, oh, ow] = x[n, c, oh +
+//! kh, ow + kw]`), slices, concatenation pieces and broadcasts of rows.
+//!
+//! Every output row (all output dimensions but the innermost) is one contiguous run of
+//! the input. A workgroup is one row, as for general kernels. Only the first row of a
+//! range is decoded (one division per outer dimension); after it the row coordinates
+//! step like an odometer, moving the source pointer by constant strides. Each row is
+//! copied 8 lanes at a time; its last, partial vector is read masked (nothing past the
+//! run is read) but stored whole, its extra lanes landing in the next row, which is
+//! written after it — except in the range's last row, stored masked (the next row may
+//! be another thread's). The general code generator decodes every row with divisions
+//! and runs four lanes.
+
+use iced_x86::code_asm::*;
+use kiln_flow::contraction::load_offset;
+use kiln_flow::{Bounds, Expr, Kernel};
+
+use super::asm::{enter, leave, Tables};
+use super::gemm::{no, NotHere, R};
+
+/// Outer dimensions the odometer keeps in registers.
+const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
+
+/// Shortest row worth a row of its own (shorter ones stay general).
+const MIN_ROW: i64 = 4;
+
+/// A recognised copy.
+struct Copy {
+    /// Output dims.
+    dims: Vec<i64>,
+    /// Source element offset: constant, and per outer output dimension.
+    c: i64,
+    coef: Vec<i64>,
+}
+
+fn recognise(k: &Kernel) -> R<Copy> {
+    let Expr::Load { input: 0, index, bounds: Bounds::InBounds } = &k.node(k.root).expr else {
+        return no("not a copy");
+    };
+    let (x, o) = (&k.inputs[0], &k.output);
+    if k.inputs.len() != 1 || x.dtype != o.dtype || x.dtype.storage_bytes(1) != 4 {
+        return no("not a 4-byte copy of one input");
+    }
+    let rank = o.shape.rank();
+    if rank < 2 || rank - 1 > COORD.len() || o.shape.numel() == 0 {
+        return no("a copy of another rank");
+    }
+    let limit = i32::MAX as usize;
+    if x.storage_bytes() > limit || o.storage_bytes() > limit {
+        return no("an operand over 2 GiB");
+    }
+    let dims: Vec<i64> = o.shape.dims().iter().map(|&d| d as i64).collect();
+    if dims[rank - 1] < MIN_ROW {
+        return no("rows shorter than 4 elements");
+    }
+    let off = load_offset(k, 0, index).ok_or_else(|| NotHere("a non-affine copy index".into()))?;
+    // Only output variables, the innermost with step 1.
+    if off.coef.iter().enumerate().any(|(v, &c)| v >= rank && c != 0 && k.vars[v] > 1) || off.of((rank - 1) as u32) != 1 {
+        return no("a copy that does not run along the output's rows");
+    }
+    let coef: Vec<i64> = (0..rank - 1).map(|d| if dims[d] > 1 { off.of(d as u32) } else { 0 }).collect();
+    for &c in coef.iter().chain([&off.c]) {
+        if (c * 4).unsigned_abs() > limit as u64 {
+            return no("a copy stride over 2 GiB");
+        }
+    }
+    Ok(Copy { dims, c: off.c, coef })
+}
+
+/// Emits `k` as an affine copy (code and workgroup count), or says why not.
+pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
+    let p = recognise(k)?;
+    let rank = p.dims.len();
+    let outer = rank - 1;
+    let w = p.dims[outer];
+    let rows: i64 = p.dims[..outer].iter().product();
+    let (full, tail) = (w / 8, w % 8);
+    let mut a = CodeAssembler::new(64)?;
+    let mut t = Tables::default();
+    let frame = 8;
+    enter(&mut a)?;
+    a.sub(rsp, frame)?;
+    // rdi bindings, rdx begin, rcx end (clamped to the row count).
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r10, rdx)?; // row
+    a.mov(r11, rcx)?; // end
+    let mut done = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.mov(r8, qword_ptr(rdi))?; // x
+    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    if tail > 0 {
+        let l = t.lanes(&mut a, tail as u64);
+        a.vmovups(ymm15, ymmword_ptr(l))?;
+    }
+    // Destination: out + row·w·4.
+    a.imul_3(rdi, r10, (w * 4) as i32)?;
+    a.add(rdi, r9)?;
+    // Decode the first row into coordinates; source: x + (c + Σ coef·q)·4.
+    a.lea(rsi, qword_ptr(r8 + (p.c * 4) as i32))?;
+    a.mov(rax, r10)?;
+    for d in (0..outer).rev() {
+        a.xor(edx, edx)?;
+        a.mov(rcx, p.dims[d])?;
+        a.div(rcx)?;
+        a.mov(COORD[d], rdx)?;
+        if p.coef[d] != 0 {
+            a.imul_3(rdx, rdx, (p.coef[d] * 4) as i32)?;
+            a.add(rsi, rdx)?;
+        }
+    }
+    // One row: whole vectors, then the tail read masked and stored whole (`last`:
+    // stored masked).
+    let row = |a: &mut CodeAssembler, last: bool| -> R<()> {
+        for v in 0..full as i32 {
+            a.vmovups(ymm0, ymmword_ptr(rsi + 32 * v))?;
+            a.vmovups(ymmword_ptr(rdi + 32 * v), ymm0)?;
+        }
+        if tail > 0 {
+            let at = 32 * full as i32;
+            a.vmaskmovps(ymm0, ymm15, ymmword_ptr(rsi + at))?;
+            if last {
+                a.vmaskmovps(ymmword_ptr(rdi + at), ymm15, ymm0)?;
+            } else {
+                a.vmovups(ymmword_ptr(rdi + at), ymm0)?;
+            }
+        }
+        Ok(())
+    };
+    let mut top = a.create_label();
+    let mut last = a.create_label();
+    a.set_label(&mut top)?;
+    a.lea(rax, qword_ptr(r10 + 1))?;
+    a.cmp(rax, r11)?;
+    a.jae(last)?;
+    row(&mut a, false)?;
+    a.add(rdi, (w * 4) as i32)?;
+    a.inc(r10)?;
+    // The odometer: the innermost outer coordinate steps; at its extent it returns to
+    // 0 and the next one steps.
+    for d in (0..outer).rev() {
+        a.inc(COORD[d])?;
+        if p.coef[d] != 0 {
+            a.add(rsi, (p.coef[d] * 4) as i32)?;
+        }
+        if d == 0 {
+            // (The row count ends the loop before the outermost wraps.)
+            a.jmp(top)?;
+            break;
+        }
+        a.cmp(COORD[d], p.dims[d] as i32)?;
+        a.jb(top)?;
+        a.xor(COORD[d], COORD[d])?;
+        if p.coef[d] != 0 {
+            let back = p.coef[d] * p.dims[d] * 4;
+            let back = i32::try_from(back).map_err(|_| NotHere("a copy stride over 2 GiB".into()))?;
+            a.sub(rsi, back)?;
+        }
+    }
+    a.set_label(&mut last)?;
+    row(&mut a, true)?;
+    a.set_label(&mut done)?;
+    leave(&mut a, frame)?;
+    t.emit(&mut a)?;
+    Ok((a.assemble(0)?, rows as u64))
+}
