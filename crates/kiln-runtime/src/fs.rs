@@ -14,11 +14,13 @@ pub struct AlignedBytes {
 }
 
 impl AlignedBytes {
-    /// Reads the whole file (one allocation, no copy).
+    /// Reads the whole file (one allocation, no copy; large files on huge pages where the
+    /// system has them, see [`crate::pages`]).
     pub fn read(path: &Path) -> std::io::Result<AlignedBytes> {
         let mut f = std::fs::File::open(path)?;
         let len = usize::try_from(f.metadata()?.len()).map_err(|_| std::io::Error::other("file too large"))?;
         let mut buf = vec![0u8; len + 63];
+        crate::pages::prefer_huge_pages(buf.as_ptr(), buf.len());
         let start = buf.as_ptr().align_offset(64).min(63);
         f.read_exact(&mut buf[start..start + len])?;
         Ok(AlignedBytes { buf, start, len })
@@ -27,6 +29,7 @@ impl AlignedBytes {
     /// Copies `bytes` to an aligned buffer.
     pub fn copy_from(bytes: &[u8]) -> AlignedBytes {
         let mut buf = vec![0u8; bytes.len() + 63];
+        crate::pages::prefer_huge_pages(buf.as_ptr(), buf.len());
         let start = buf.as_ptr().align_offset(64).min(63);
         buf[start..start + bytes.len()].copy_from_slice(bytes);
         AlignedBytes { buf, start, len: bytes.len() }

@@ -217,6 +217,9 @@ impl<'m> Instance<'m> {
         let total = size.checked_add(align - 1).ok_or(RuntimeError::ArenaAlloc { bytes: l.arena_size })?;
         let mut buf = Vec::new();
         buf.try_reserve_exact(total).map_err(|_| RuntimeError::ArenaAlloc { bytes: l.arena_size })?;
+        // Before the first touch, which is what decides the page size.
+        #[cfg(feature = "std")]
+        crate::pages::prefer_huge_pages(buf.as_ptr(), buf.capacity());
         buf.resize(total, 0u8);
         let start = buf.as_ptr().align_offset(align);
         if start > align - 1 {

@@ -26,6 +26,8 @@ pub mod dtype;
 pub mod error;
 #[cfg(feature = "std")]
 pub mod fs;
+#[cfg(feature = "std")]
+mod pages;
 pub mod hal;
 mod instance;
 mod module;
