@@ -17,7 +17,7 @@ mod common;
 
 use common::*;
 use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
-use kiln_flow::{interp, BinaryOp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_flow::{interp, BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 fn avx2_fma() -> bool {
@@ -50,28 +50,17 @@ impl Geo {
     }
 }
 
-/// `epilogue`: "bias_relu6" (bias add, then Relu6 as two compare-and-selects),
-/// "scale_clip" (per-channel scale and bias, `max(−1, ·)`, `min(·, 2)`), "none".
+/// A depthwise convolution over `g`; `epilogue` as in [`epilogue_of`] ("none" for none).
 fn depthwise(g: Geo, epilogue: &str) -> Kernel {
     let [oh, ow] = g.out();
-    let f = ScalarType::F32;
     let ins = vec![tt(&[g.n, g.c, g.h, g.w]), tt(&[g.c, 1, g.win[0], g.win[1]]), tt(&[g.c]), tt(&[g.c])];
     let mut b = KernelBuilder::new("dw", ins, tt(&[g.n, g.c, oh, ow]));
     let o = b.out_index();
     let grp = b.new_var(1);
     let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
     let (gv, yv, xv) = (b.var(grp), b.var(y), b.var(x));
-    let axis = |b: &mut KernelBuilder, out: kiln_flow::ExprId, t: kiln_flow::ExprId, d: usize| {
-        let s = b.index(g.stride[d] as i64);
-        let dl = b.index(g.dil[d] as i64);
-        let p = b.index(-(g.pad[2 * d] as i64));
-        let os = b.mul(out, s);
-        let td = b.mul(t, dl);
-        let i = b.add(os, td);
-        b.add(i, p)
-    };
-    let ih = axis(&mut b, o[2], yv, 0);
-    let iw = axis(&mut b, o[3], xv, 1);
+    let ih = window_index(&mut b, g, o[2], yv, 0);
+    let iw = window_index(&mut b, g, o[3], xv, 1);
     let chan = b.add(o[1], gv);
     let padded = g.pad.iter().any(|&p| p > 0);
     let bounds = if padded { Bounds::Pad(0) } else { Bounds::InBounds };
@@ -79,8 +68,28 @@ fn depthwise(g: Geo, epilogue: &str) -> Kernel {
     let wt = b.load(1, vec![o[1], gv, yv, xv]);
     let p = b.mul(xin, wt);
     let s = b.reduce(ReduceOp::Sum, vec![grp, y, x], p);
-    let bias = b.load(2, vec![o[1]]);
-    let r = match epilogue {
+    let r = epilogue_of(&mut b, s, o[1], 2, epilogue);
+    b.finish(r).unwrap()
+}
+
+/// Input row (`d` = 0) or column (`d` = 1) of output position `out`, window tap `t`.
+fn window_index(b: &mut KernelBuilder, g: Geo, out: ExprId, t: ExprId, d: usize) -> ExprId {
+    let s = b.index(g.stride[d] as i64);
+    let dl = b.index(g.dil[d] as i64);
+    let p = b.index(-(g.pad[2 * d] as i64));
+    let os = b.mul(out, s);
+    let td = b.mul(t, dl);
+    let i = b.add(os, td);
+    b.add(i, p)
+}
+
+/// `epilogue` applied to `s`, with per-channel bias (input `bias_at`) and scale (the
+/// next input): "bias_relu6" (bias add, then Relu6 as two compare-and-selects),
+/// "scale_clip" (scale and bias, `max(−1, ·)`, `min(·, 2)`), anything else: `s`.
+fn epilogue_of(b: &mut KernelBuilder, s: ExprId, channel: ExprId, bias_at: usize, epilogue: &str) -> ExprId {
+    let f = ScalarType::F32;
+    let bias = b.load(bias_at, vec![channel]);
+    match epilogue {
         "bias_relu6" => {
             let v = b.add(s, bias);
             let zero = b.float(f, 0.0);
@@ -91,7 +100,7 @@ fn depthwise(g: Geo, epilogue: &str) -> Kernel {
             b.select(gt, six, v)
         }
         "scale_clip" => {
-            let scale = b.load(3, vec![o[1]]);
+            let scale = b.load(bias_at + 1, vec![channel]);
             let v = b.mul(s, scale);
             let v = b.add(bias, v);
             let lo = b.float(f, -1.0);
@@ -100,12 +109,11 @@ fn depthwise(g: Geo, epilogue: &str) -> Kernel {
             b.binary(BinaryOp::Min, v, hi)
         }
         _ => s,
-    };
-    b.finish(r).unwrap()
+    }
 }
 
 /// A max pool as the lowering writes it: `max over the window of select(isnan(x), −∞,
-/// x)`, −∞ outside the plane; `epilogue` as for [`depthwise`].
+/// x)`, −∞ outside the plane; `epilogue` as for [`depthwise`] ([`epilogue_of`]).
 fn max_pool(g: Geo, epilogue: &str) -> Kernel {
     let [oh, ow] = g.out();
     let f = ScalarType::F32;
@@ -114,17 +122,8 @@ fn max_pool(g: Geo, epilogue: &str) -> Kernel {
     let o = b.out_index();
     let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
     let (yv, xv) = (b.var(y), b.var(x));
-    let axis = |b: &mut KernelBuilder, out: kiln_flow::ExprId, t: kiln_flow::ExprId, d: usize| {
-        let s = b.index(g.stride[d] as i64);
-        let dl = b.index(g.dil[d] as i64);
-        let p = b.index(-(g.pad[2 * d] as i64));
-        let os = b.mul(out, s);
-        let td = b.mul(t, dl);
-        let i = b.add(os, td);
-        b.add(i, p)
-    };
-    let ih = axis(&mut b, o[2], yv, 0);
-    let iw = axis(&mut b, o[3], xv, 1);
+    let ih = window_index(&mut b, g, o[2], yv, 0);
+    let iw = window_index(&mut b, g, o[3], xv, 1);
     let neg_inf = f32::NEG_INFINITY.to_bits() as u64;
     let padded = g.pad.iter().any(|&p| p > 0);
     let bounds = if padded { Bounds::Pad(neg_inf) } else { Bounds::InBounds };
@@ -133,25 +132,7 @@ fn max_pool(g: Geo, epilogue: &str) -> Kernel {
     let nan = b.unary(UnaryOp::IsNan, xin);
     let key = b.select(nan, lo, xin);
     let m = b.reduce(ReduceOp::Max, vec![y, x], key);
-    let bias = b.load(1, vec![o[1]]);
-    let r = match epilogue {
-        "bias_relu6" => {
-            let v = b.add(m, bias);
-            let zero = b.float(f, 0.0);
-            let six = b.float(f, 6.0);
-            let lt = b.binary(BinaryOp::Lt, v, zero);
-            let v = b.select(lt, zero, v);
-            let gt = b.binary(BinaryOp::Gt, v, six);
-            b.select(gt, six, v)
-        }
-        "scale_clip" => {
-            let scale = b.load(2, vec![o[1]]);
-            let v = b.mul(m, scale);
-            let lo = b.float(f, -1.0);
-            b.binary(BinaryOp::Max, v, lo)
-        }
-        _ => m,
-    };
+    let r = epilogue_of(&mut b, m, o[1], 1, epilogue);
     b.finish(r).unwrap()
 }
 
