@@ -91,14 +91,24 @@ fn check_model(name: &str) {
     let t1 = Instant::now();
     let outs = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|err| panic!("{name}: eval failed: {err}"));
     let t_eval = t1.elapsed();
-    // The tensor pipeline must not change what the graph computes, to the bit.
+    // The tensor pipeline must not change what the graph computes: to the bit, except
+    // that folding batch normalisations into convolutions rounds the folded filters
+    // once more (then within the model's tolerance).
     let mut opt = g.clone();
     kiln_opt::run_tensor_pipeline(&mut opt).unwrap_or_else(|err| panic!("{name}: tensor passes failed: {err}"));
     let opt_outs = kiln_ref::eval_graph(&opt, &feeds).unwrap_or_else(|err| panic!("{name}: eval after passes: {err}"));
-    assert!(opt_outs == outs, "{name}: the tensor passes changed the outputs");
-    assert!(opt.nodes.len() <= g.nodes.len());
     let rtol = e["rtol"].as_f64().unwrap_or(1e-4);
     let atol = e["atol"].as_f64().unwrap_or(1e-5);
+    let bns = |g: &kiln_ir::Graph| g.nodes.iter().filter(|(_, n)| n.op.kind == kiln_ir::OpKind::BatchNormalization).count();
+    let folds_bn = bns(&opt) < bns(&g);
+    if folds_bn {
+        for (o, r) in opt_outs.iter().zip(&outs) {
+            compare(&format!("{name} (after the tensor passes)"), o, r, rtol, atol);
+        }
+    } else {
+        assert!(opt_outs == outs, "{name}: the tensor passes changed the outputs");
+    }
+    assert!(opt.nodes.len() <= g.nodes.len());
     let expected = e["outputs"].as_array().expect("outputs");
     assert_eq!(outs.len(), expected.len(), "{name}: output count");
     for ((got, want), &v) in outs.iter().zip(expected).zip(&g.outputs) {

@@ -56,6 +56,7 @@ pub fn registry() -> &'static [&'static dyn Pass] {
     &[
         &tensor::ElideIdentities,
         &tensor::FoldConstants,
+        &tensor::FoldBatchNorm,
         &tensor::DeduplicateConstants,
         &tensor::EliminateCommonSubexpressions,
         &tensor::EliminateDeadCode,

@@ -1,7 +1,8 @@
 //! Tensor-level passes. Each is small and does one thing; the pipeline order is
 //! [`crate::registry`]'s: elide no-op nodes first (so folding and CSE see through
-//! them), fold, then merge equal constants (which makes more nodes look alike),
-//! merge equal nodes, and drop what nothing uses last.
+//! them), fold, fold batch normalisations into the convolutions before them, then
+//! merge equal constants (which makes more nodes look alike), merge equal nodes, and
+//! drop what nothing uses last.
 //!
 //! No pass removes or renames a graph output: an output defined by a node that
 //! would go away keeps its node (outputs carry the model's names).
@@ -222,5 +223,112 @@ impl Pass for EliminateDeadCode {
         let changed = new.nodes.len() != g.nodes.len() || new.values.len() != g.values.len();
         *g = new;
         Ok(changed)
+    }
+}
+
+/// `tensor-fold-batch-norm`: folds an inference `BatchNormalization` into the `Conv`
+/// that feeds it and nothing else, when the filter, the bias (if any) and the four
+/// statistics are f32 constants: with `s = scale / √(var + ε)` per output channel,
+/// `W' = W · s` (along the filter's first axis) and `b' = (b − mean) · s + B`.
+///
+/// The convolution then needs no epilogue for it: without the fold, every element pays
+/// a subtraction, a division by a square root computed per element and a multiply-add,
+/// and a depthwise convolution followed by one cannot fuse it at all (its epilogue only
+/// takes per-channel constants). The folded values are rounded once to f32 from f64.
+pub struct FoldBatchNorm;
+
+impl FoldBatchNorm {
+    /// `(W', b')` for the Conv node `conv` and the BatchNormalization node `bn`, or `None`.
+    fn folded(g: &Graph, conv: &Node, bn: &Node) -> Option<(kiln_ir::Tensor, kiln_ir::Tensor)> {
+        let f32s = |v: Option<ValueId>| -> Option<(Vec<f32>, kiln_ir::Shape)> {
+            let t = g.constant(v?)?;
+            (t.dtype() == kiln_ir::DType::F32).then(|| Some((t.to_vec::<f32>().ok()?, t.shape().clone())))?
+        };
+        let (w, wshape) = f32s(*conv.inputs.get(1)?)?;
+        let m = *wshape.dims().first()?;
+        if wshape.rank() < 3 || m == 0 {
+            return None;
+        }
+        let b = match conv.inputs.get(2).copied().flatten() {
+            Some(v) => f32s(Some(v))?.0,
+            None => vec![0.0; m],
+        };
+        let stat = |i: usize| f32s(*bn.inputs.get(i)?).map(|(v, _)| v).filter(|v| v.len() == m);
+        let (scale, shift, mean, var) = (stat(1)?, stat(2)?, stat(3)?, stat(4)?);
+        if b.len() != m {
+            return None;
+        }
+        let eps = bn.op.attrs.float_or("epsilon", 1e-5).ok()? as f64;
+        let s: Vec<f64> = (0..m).map(|c| scale[c] as f64 / (var[c] as f64 + eps).sqrt()).collect();
+        let per = w.len() / m;
+        let w2: Vec<f32> = w.iter().enumerate().map(|(i, &x)| (x as f64 * s[i / per]) as f32).collect();
+        let b2: Vec<f32> = (0..m).map(|c| ((b[c] as f64 - mean[c] as f64) * s[c] + shift[c] as f64) as f32).collect();
+        let b_shape = kiln_ir::Shape::new(vec![m]).ok()?;
+        Some((kiln_ir::Tensor::from_vec(wshape, w2).ok()?, kiln_ir::Tensor::from_vec(b_shape, b2).ok()?))
+    }
+}
+
+impl Pass for FoldBatchNorm {
+    fn name(&self) -> &'static str {
+        "tensor-fold-batch-norm"
+    }
+    fn summary(&self) -> &'static str {
+        "fold an inference BatchNormalization into the Conv that feeds only it (constant f32 filter and statistics)"
+    }
+    fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
+        // Readers of each value (graph outputs count), and the node defining it.
+        let mut readers: HashMap<ValueId, usize> = HashMap::new();
+        let mut producer: HashMap<ValueId, kiln_ir::NodeId> = HashMap::new();
+        for (id, n) in g.nodes.iter() {
+            for v in n.inputs.iter().flatten() {
+                *readers.entry(*v).or_insert(0) += 1;
+            }
+            for &o in &n.outputs {
+                producer.insert(o, id);
+            }
+        }
+        for v in &g.outputs {
+            *readers.entry(*v).or_insert(0) += 1;
+        }
+        let mut folds = Vec::new();
+        for (bid, bn) in g.nodes.iter() {
+            let training = bn.op.attrs.int_or("training_mode", 0).unwrap_or(1) != 0;
+            if bn.op.kind != OpKind::BatchNormalization || bn.outputs.len() != 1 || training {
+                continue;
+            }
+            let Some(Some(x)) = bn.inputs.first() else { continue };
+            let Some(&cid) = producer.get(x) else { continue };
+            let conv = &g.nodes[cid];
+            if conv.op.kind != OpKind::Conv || conv.outputs.len() != 1 || readers.get(x) != Some(&1) {
+                continue;
+            }
+            // (A graph output keeps its node and its name.)
+            if g.ty(*x) != g.ty(bn.outputs[0]) || g.outputs.contains(&bn.outputs[0]) {
+                continue;
+            }
+            if let Some((w, b)) = Self::folded(g, conv, bn) {
+                folds.push((cid, bid, w, b));
+            }
+        }
+        if folds.is_empty() {
+            return Ok(false);
+        }
+        // The folded BatchNormalizations, by their result.
+        let mut folded = std::collections::HashSet::new();
+        for (cid, bid, w, b) in folds {
+            let name = g.values[g.nodes[cid].outputs[0]].name.clone();
+            let wv = g.add_const(format!("{name}.folded_w"), w);
+            let bv = g.add_const(format!("{name}.folded_b"), b);
+            let x = g.nodes[cid].inputs[0];
+            g.nodes[cid].inputs = vec![x, Some(wv), Some(bv)];
+            folded.insert(g.nodes[bid].outputs[0]);
+        }
+        // Their readers read the convolution instead.
+        let new = rebuild(g, |_, n, inputs| match inputs.first() {
+            Some(Some(x)) if n.outputs.first().is_some_and(|o| folded.contains(o)) => Action::Replace(vec![*x]),
+            _ => Action::Keep,
+        });
+        *g = new;
+        Ok(true)
     }
 }

@@ -3,7 +3,10 @@
 //! `NAME.expected.kir`. `KILN_BLESS=1` rewrites the expectations (review the diff).
 //! Every registered pass has a filetest named after it, and every filetest's graph
 //! computes the same outputs before and after (checked with the reference evaluator
-//! on seeded inputs), so an expectation cannot bless a miscompile silently.
+//! on seeded inputs), so an expectation cannot bless a miscompile silently: exactly,
+//! or within a tolerance a file states on a line `// rtol: X`, relative to each
+//! output's largest magnitude (for passes that fold arithmetic into constants and so
+//! round differently).
 
 use kiln_ir::{DType, Graph, Tensor};
 use std::path::PathBuf;
@@ -59,7 +62,27 @@ fn filetests() {
         let feeds = inputs(&g);
         let before = kiln_ref::eval_graph(&g, &feeds).expect("eval before");
         let after = kiln_ref::eval_graph(&h, &feeds).expect("eval after");
-        assert_eq!(before, after, "{}: the passes changed what the graph computes", f.display());
+        // Exact, unless the file states a relative tolerance (`// rtol: X`) for a pass
+        // that rounds differently by design (folding arithmetic into constants).
+        let rtol: Option<f64> =
+            src.lines().find_map(|l| l.strip_prefix("// rtol:")).map(|t| t.trim().parse().expect("rtol"));
+        match rtol {
+            None => assert_eq!(before, after, "{}: the passes changed what the graph computes", f.display()),
+            Some(rtol) => {
+                assert_eq!(before.len(), after.len(), "{}", f.display());
+                for (b, a) in before.iter().zip(&after) {
+                    let (b, a) = (b.to_f64_vec(), a.to_f64_vec());
+                    assert_eq!(b.len(), a.len(), "{}", f.display());
+                    // Relative to the output's largest magnitude (a sum that cancels
+                    // keeps the absolute error of its terms).
+                    let scale = b.iter().fold(0f64, |m, x| m.max(x.abs()));
+                    for (i, (x, y)) in b.iter().zip(&a).enumerate() {
+                        let ok = (x - y).abs() <= rtol * scale + 1e-30;
+                        assert!(ok, "{}: element {i}: {x} before, {y} after (rtol {rtol})", f.display());
+                    }
+                }
+            }
+        }
         let got = kiln_ir::text::print(&h);
         let exp_path = f.with_extension("expected.kir");
         if bless {
