@@ -3,13 +3,15 @@
 //! padded and unpadded, symmetric and one-sided padding, strides 1 and 2, dilation 2,
 //! windows 3×3, 1×3, 3×1, 2×2, output widths from 1 to 113 (one vector, masked tails,
 //! several register groups), several batches; epilogues of bias, per-channel scale,
-//! Relu6 as compare-and-select and `max`/`min` clamps; NaN through the clamps;
+//! Relu6 as compare-and-select, `max`/`min` clamps and HardSwish (the value times a
+//! clamped chain of itself); NaN through the clamps;
 //! workgroup splits and writes outside the output (`run_compiled`).
 //!
 //! The kernel sums in f32 with one FMA per tap; the interpreter sums in f64 and rounds
 //! once. Each element must lie within `(taps + 2)·2⁻²⁴·S` of the interpreter, `S` the
 //! same kernel on the absolute values of the inputs (a bound on the sum of |terms| and
-//! the epilogue's magnitude). Max pools (MaxPool as lowered: NaN ignored, −∞ padding)
+//! the epilogue's magnitude); after HardSwish `(3·(taps + 2) + 4)·2⁻²⁴·S` (its slope is
+//! at most 1.5, `S` at least half the sum's bound, and its gate rounds four times). Max pools (MaxPool as lowered: NaN ignored, −∞ padding)
 //! over the same geometries, with NaN in the input and windows of NaN only, must give the
 //! interpreter's values exactly (a maximum does not round).
 
@@ -85,6 +87,7 @@ fn window_index(b: &mut KernelBuilder, g: Geo, out: ExprId, t: ExprId, d: usize)
 
 /// `epilogue` applied to `s`, with per-channel bias (input `bias_at`) and scale (the
 /// next input): "bias_relu6" (bias add, then Relu6 as two compare-and-selects),
+/// "bias_hardswish" (bias add, then HardSwish: the value times a chain of itself),
 /// "scale_clip" (scale and bias, `max(−1, ·)`, `min(·, 2)`), anything else: `s`.
 fn epilogue_of(b: &mut KernelBuilder, s: ExprId, channel: ExprId, bias_at: usize, epilogue: &str) -> ExprId {
     let f = ScalarType::F32;
@@ -98,6 +101,19 @@ fn epilogue_of(b: &mut KernelBuilder, s: ExprId, channel: ExprId, bias_at: usize
             let v = b.select(lt, zero, v);
             let gt = b.binary(BinaryOp::Gt, v, six);
             b.select(gt, six, v)
+        }
+        "bias_hardswish" => {
+            // As lowered: v · min(max(v / 6 + 0.5, 0), 1), v = s + bias.
+            let v = b.add(s, bias);
+            let six = b.float(f, 6.0);
+            let half = b.float(f, 0.5);
+            let zero = b.float(f, 0.0);
+            let one = b.float(f, 1.0);
+            let g = b.div(v, six);
+            let g = b.add(g, half);
+            let g = b.binary(BinaryOp::Max, g, zero);
+            let g = b.binary(BinaryOp::Min, g, one);
+            b.mul(v, g)
         }
         "scale_clip" => {
             let scale = b.load(bias_at + 1, vec![channel]);
@@ -160,8 +176,11 @@ fn check(k: &Kernel, ins: &[Tensor], taps: usize) {
     let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
     for splits in [1, 3] {
         let got = run_compiled(k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
+        // HardSwish: slope up to 1.5, the bound's input at most twice the bound (its
+        // gate is at least ½ for positive sums), and four more roundings.
+        let units = if k.name == "dw_hs" { 3.0 * (taps as f32 + 2.0) + 4.0 } else { taps as f32 + 2.0 };
         for i in 0..want.len() {
-            let tol = (taps as f32 + 2.0) * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
+            let tol = units * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
             let ok = (got[i] - want[i]).abs() <= tol || (got[i].is_nan() && want[i].is_nan());
             assert!(ok, "{} splits {splits}: element {i}: got {}, want {} (tol {tol})", k.name, got[i], want[i]);
         }
@@ -201,8 +220,11 @@ fn windows_strides_padding_and_widths() {
         if oh == 0 || ow == 0 || ow > 128 {
             continue;
         }
-        for epilogue in ["bias_relu6", "scale_clip", "none"] {
-            let k = depthwise(g, epilogue);
+        for epilogue in ["bias_relu6", "bias_hardswish", "scale_clip", "none"] {
+            let mut k = depthwise(g, epilogue);
+            if epilogue == "bias_hardswish" {
+                k.name = "dw_hs".into();
+            }
             check(&k, &inputs(g, 10 + i as u64), g.win[0] * g.win[1]);
         }
     }
@@ -224,7 +246,7 @@ fn max_pools_match_the_interpreter() {
                 if oh == 0 || ow == 0 || ow > 128 {
                     continue;
                 }
-                for epilogue in ["none", "bias_relu6", "scale_clip"] {
+                for epilogue in ["none", "bias_relu6", "bias_hardswish", "scale_clip"] {
                     let k = max_pool(g, epilogue);
                     let m = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
                     assert_eq!(m.notes[0], "max pool window (avx2)", "{g:?}");

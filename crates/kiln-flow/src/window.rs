@@ -21,8 +21,9 @@
 //!   of extent 1 (a group index) are ignored; at most 9 taps;
 //! - an epilogue that is a chain from the sum to the result, each step one of `+ − × ÷`
 //!   with a constant or a per-channel value (an affine load over `c`: bias, folded
-//!   batch-norm scale), or a clamp against a constant (`max`, `min`, and `Relu`/`Clip`
-//!   as compare-and-select);
+//!   batch-norm scale), a clamp against a constant (`max`, `min`, and `Relu`/`Clip`
+//!   as compare-and-select), or the running value times such a chain of itself
+//!   (HardSwish);
 //! - at most 128 output columns (a row is held in registers in at most 16 vectors).
 //!
 //! Nothing here changes a kernel.
@@ -70,6 +71,9 @@ pub enum Step {
     Max(u32),
     /// `min(c, v)` for a non-NaN constant `c`: a NaN `v` stays NaN.
     Min(u32),
+    /// `v · f(v)`, `f` these steps applied to a copy of `v` (none of them `MulSelf`):
+    /// HardSwish, `v · min(max(v/6 + 0.5, 0), 1)`, and `v · sigmoid`-like gates.
+    MulSelf(Vec<Step>),
 }
 
 /// What a window computes over its taps.
@@ -253,9 +257,15 @@ fn dims4(s: &kiln_ir::Shape) -> Option<[u64; 4]> {
 /// The epilogue from the reduction `r` to the root as steps, or `None` when it is not
 /// a chain of supported steps.
 fn chain(k: &Kernel, r: ExprId) -> Option<Vec<Step>> {
+    chain_between(k, r, k.root, false)
+}
+
+/// The steps that take `from`'s value to `to`'s, or `None`; `nested`: inside a
+/// `MulSelf` (which does not nest).
+fn chain_between(k: &Kernel, from: ExprId, to: ExprId, nested: bool) -> Option<Vec<Step>> {
     let mut steps = Vec::new();
-    let mut e = k.root;
-    while e != r {
+    let mut e = to;
+    while e != from {
         let node = k.node(e);
         if node.ty != ScalarType::F32 {
             return None;
@@ -270,6 +280,15 @@ fn chain(k: &Kernel, r: ExprId) -> Option<Vec<Step>> {
                 let (v, o, v_first) = match (oa, ob) {
                     (None, Some(o)) => (*a, o, true),
                     (Some(o), None) => (*b, o, false),
+                    (None, None) if *op == BinaryOp::Mul && !nested => {
+                        // v · f(v): one operand is the running value, the other a chain of it.
+                        let (v, inner) = [(*a, *b), (*b, *a)]
+                            .into_iter()
+                            .find_map(|(v, f)| chain_between(k, v, f, true).map(|inner| (v, inner)))?;
+                        steps.push(Step::MulSelf(inner));
+                        e = v;
+                        continue;
+                    }
                     _ => return None,
                 };
                 let step = match (op, v_first) {

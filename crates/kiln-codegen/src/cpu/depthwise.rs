@@ -71,7 +71,11 @@ impl<'d> Emit<'d> {
         let ntaps = if d.op == WindowOp::Max { 1 } else { (d.window[0] * d.window[1]) as usize };
         let nscratch = if d.stride[1] == 2 { 3 } else { 2 };
         let mut channel = Vec::new();
-        for s in &d.epilogue {
+        let inner = d.epilogue.iter().flat_map(|s| match s {
+            Step::MulSelf(inner) => inner.as_slice(),
+            _ => &[],
+        });
+        for s in d.epilogue.iter().chain(inner) {
             if let Step::Add(o) | Step::Sub(o) | Step::SubFrom(o) | Step::Mul(o) | Step::Div(o) | Step::DivInto(o) = s {
                 if let StepOperand::Channel { input, offset } = o {
                     if !channel.iter().any(|(i, f)| i == input && f == offset) {
@@ -385,48 +389,69 @@ impl<'d> Emit<'d> {
 
     /// Applies the epilogue steps to `accs`.
     fn epilogue(&mut self, accs: &[AsmRegisterYmm]) -> R<()> {
-        let t = self.scratch[0];
         for s in self.d.epilogue.clone() {
-            // The operand: a register (constant broadcast, or a stack vector loaded
-            // where it must be the first source) or the stack vector as memory.
-            let (o, first) = match &s {
-                Step::Add(o) | Step::Sub(o) | Step::Mul(o) | Step::Div(o) => (Some(o.clone()), false),
-                Step::SubFrom(o) | Step::DivInto(o) => (Some(o.clone()), true),
-                Step::Max(b) | Step::Min(b) => (Some(StepOperand::Const(*b)), true),
-            };
-            let mut mem = None;
-            match o {
-                Some(StepOperand::Const(bits)) => {
-                    let l = self.const_label(bits);
-                    self.a.vbroadcastss(t, dword_ptr(l))?;
-                }
-                Some(StepOperand::Channel { input, offset }) => {
-                    let j = self.channel.iter().position(|(i, f)| *i == input && *f == offset).unwrap_or(0);
-                    let at = ymmword_ptr(rsp + 32 * j as i32);
-                    if first {
-                        self.a.vmovups(t, at)?;
-                    } else {
-                        mem = Some(at);
+            match &s {
+                Step::MulSelf(inner) => {
+                    // Per accumulator: a copy through the inner steps, then the product.
+                    let c = self.scratch[1];
+                    for &acc in accs {
+                        self.a.vmovaps(c, acc)?;
+                        for is in inner {
+                            self.step(is, &[c])?;
+                        }
+                        self.a.vmulps(acc, acc, c)?;
                     }
                 }
-                None => {}
+                _ => self.step(&s, accs)?,
             }
-            for &acc in accs {
-                match (&s, mem) {
-                    (Step::Add(_), Some(m)) => self.a.vaddps(acc, acc, m)?,
-                    (Step::Add(_), None) => self.a.vaddps(acc, acc, t)?,
-                    (Step::Sub(_), Some(m)) => self.a.vsubps(acc, acc, m)?,
-                    (Step::Sub(_), None) => self.a.vsubps(acc, acc, t)?,
-                    (Step::Mul(_), Some(m)) => self.a.vmulps(acc, acc, m)?,
-                    (Step::Mul(_), None) => self.a.vmulps(acc, acc, t)?,
-                    (Step::Div(_), Some(m)) => self.a.vdivps(acc, acc, m)?,
-                    (Step::Div(_), None) => self.a.vdivps(acc, acc, t)?,
-                    (Step::SubFrom(_), _) => self.a.vsubps(acc, t, acc)?,
-                    (Step::DivInto(_), _) => self.a.vdivps(acc, t, acc)?,
-                    // The constant first: vmaxps/vminps give the second source on NaN.
-                    (Step::Max(_), _) => self.a.vmaxps(acc, t, acc)?,
-                    (Step::Min(_), _) => self.a.vminps(acc, t, acc)?,
+        }
+        Ok(())
+    }
+
+    /// Applies one step (not `MulSelf`) to `regs`; `scratch[0]` holds its operand.
+    fn step(&mut self, s: &Step, regs: &[AsmRegisterYmm]) -> R<()> {
+        let t = self.scratch[0];
+        // The operand: a register (constant broadcast, or a stack vector loaded where it
+        // must be the first source) or the stack vector as memory.
+        let (o, first) = match s {
+            Step::Add(o) | Step::Sub(o) | Step::Mul(o) | Step::Div(o) => (Some(o.clone()), false),
+            Step::SubFrom(o) | Step::DivInto(o) => (Some(o.clone()), true),
+            Step::Max(b) | Step::Min(b) => (Some(StepOperand::Const(*b)), true),
+            Step::MulSelf(_) => return no("a nested v · f(v) step"),
+        };
+        let mut mem = None;
+        match o {
+            Some(StepOperand::Const(bits)) => {
+                let l = self.const_label(bits);
+                self.a.vbroadcastss(t, dword_ptr(l))?;
+            }
+            Some(StepOperand::Channel { input, offset }) => {
+                let j = self.channel.iter().position(|(i, f)| *i == input && *f == offset).unwrap_or(0);
+                let at = ymmword_ptr(rsp + 32 * j as i32);
+                if first {
+                    self.a.vmovups(t, at)?;
+                } else {
+                    mem = Some(at);
                 }
+            }
+            None => {}
+        }
+        for &r in regs {
+            match (s, mem) {
+                (Step::Add(_), Some(m)) => self.a.vaddps(r, r, m)?,
+                (Step::Add(_), None) => self.a.vaddps(r, r, t)?,
+                (Step::Sub(_), Some(m)) => self.a.vsubps(r, r, m)?,
+                (Step::Sub(_), None) => self.a.vsubps(r, r, t)?,
+                (Step::Mul(_), Some(m)) => self.a.vmulps(r, r, m)?,
+                (Step::Mul(_), None) => self.a.vmulps(r, r, t)?,
+                (Step::Div(_), Some(m)) => self.a.vdivps(r, r, m)?,
+                (Step::Div(_), None) => self.a.vdivps(r, r, t)?,
+                (Step::SubFrom(_), _) => self.a.vsubps(r, t, r)?,
+                (Step::DivInto(_), _) => self.a.vdivps(r, t, r)?,
+                // The constant first: vmaxps/vminps give the second source on NaN.
+                (Step::Max(_), _) => self.a.vmaxps(r, t, r)?,
+                (Step::Min(_), _) => self.a.vminps(r, t, r)?,
+                (Step::MulSelf(_), _) => return no("a nested v · f(v) step"),
             }
         }
         Ok(())
