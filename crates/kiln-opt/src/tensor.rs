@@ -242,7 +242,10 @@ impl FoldBatchNorm {
     fn folded(g: &Graph, conv: &Node, bn: &Node) -> Option<(kiln_ir::Tensor, kiln_ir::Tensor)> {
         let f32s = |v: Option<ValueId>| -> Option<(Vec<f32>, kiln_ir::Shape)> {
             let t = g.constant(v?)?;
-            (t.dtype() == kiln_ir::DType::F32).then(|| Some((t.to_vec::<f32>().ok()?, t.shape().clone())))?
+            if t.dtype() != kiln_ir::DType::F32 {
+                return None;
+            }
+            Some((t.to_vec::<f32>().ok()?, t.shape().clone()))
         };
         let (w, wshape) = f32s(*conv.inputs.get(1)?)?;
         let m = *wshape.dims().first()?;

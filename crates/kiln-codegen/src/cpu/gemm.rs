@@ -58,6 +58,7 @@
 use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
+use iced_x86::Register;
 use kiln_flow::contraction::Contraction;
 use kiln_flow::layout::PanelWidths;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
@@ -1621,8 +1622,8 @@ impl Emitter<'_> {
                     _ => *bits as u32,
                 };
                 let r = self.result_reg(&[], ev)?;
-                match self.held.iter().find(|h| h.0 == bits) {
-                    Some(&(_, h)) => self.vx().mov(r, Src::R(h))?,
+                match self.vx().held(bits) {
+                    Some(h) => self.vx().mov(r, Src::R(h))?,
                     None => {
                         let l = self.const_label(bits);
                         self.vx().broadcast(r, dword_ptr(l))?;
@@ -1760,7 +1761,7 @@ impl Emitter<'_> {
 
 /// The register number of a `ymm` register.
 fn yv(r: AsmRegisterYmm) -> V {
-    V(YMM.iter().position(|&q| q == r).unwrap_or(0) as u8)
+    V((Register::from(r) as u32 - Register::YMM0 as u32) as u8)
 }
 
 /// Per-accumulator state of an epilogue evaluation.
