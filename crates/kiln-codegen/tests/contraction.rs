@@ -161,7 +161,8 @@ fn odd_shapes() {
 }
 
 /// Where the CPU has AVX-512 F, x86-64-v4 takes 512-bit tiles for products of at
-/// least 64 columns (and 256-bit ones for narrower products and the column tails).
+/// least 16 columns (64 a tile, then the whole vectors of 16 left; 256-bit tiles for
+/// the last 1 to 15 columns and narrower products).
 #[test]
 fn wide_tiles_where_the_target_has_them() {
     if !std::is_x86_feature_detected!("avx512f") {
@@ -174,7 +175,8 @@ fn wide_tiles_where_the_target_has_them() {
     };
     assert_eq!(wide(13, 70, 130), "contraction microkernel (avx-512)");
     assert_eq!(wide(6, 1024, 1024), "contraction microkernel (avx-512)");
-    assert_eq!(wide(13, 70, 40), "contraction microkernel (avx2+fma)");
+    assert_eq!(wide(13, 70, 40), "contraction microkernel (avx-512)");
+    assert_eq!(wide(13, 70, 15), "contraction microkernel (avx2+fma)");
     let kern = matmul(&[], 13, 70, 130, false, false);
     let v3 = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
     assert_eq!(v3.notes[0], "contraction microkernel (avx2+fma)");
@@ -506,7 +508,19 @@ fn convolutions_and_depthwise() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    let shapes = [(1, 1, 6, 12, 12, 5, 5), (2, 3, 7, 9, 20, 3, 3), (1, 6, 16, 14, 14, 5, 5), (1, 4, 5, 6, 30, 1, 3), (1, 3, 13, 11, 39, 3, 3)];
+    // The last three have output rows of 114, 80 and 64 columns: whole 512-bit tiles,
+    // then narrower ones (3 and 1 vectors of 16) and a 256-bit tail; at stride 2 the
+    // last vector of the last row ends at the input's last element.
+    let shapes = [
+        (1, 1, 6, 12, 12, 5, 5),
+        (2, 3, 7, 9, 20, 3, 3),
+        (1, 6, 16, 14, 14, 5, 5),
+        (1, 4, 5, 6, 30, 1, 3),
+        (1, 3, 13, 11, 39, 3, 3),
+        (1, 3, 32, 5, 229, 3, 3),
+        (1, 2, 12, 4, 161, 3, 3),
+        (2, 3, 8, 3, 129, 3, 3),
+    ];
     for ((n, ci, co, h, w, kh, kw), depthwise, s) in
         shapes.iter().flat_map(|&sh| [(sh, false, 1), (sh, true, 1), (sh, false, 2), (sh, true, 2)])
     {
@@ -519,6 +533,11 @@ fn convolutions_and_depthwise() {
             let k = conv(n, ci, co, h, w, kh, kw, depthwise, s);
             let kk = if depthwise { kh * kw } else { ci * kh * kw };
             check_micro(&k, &[&x, &wt, &bias], kk);
+            if !depthwise && (w - kw) / s + 1 >= 64 && std::is_x86_feature_detected!("avx512f") {
+                // Output rows of 64 columns or more take 512-bit tiles at either stride.
+                let note = compile_with(&[&k], &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone();
+                assert_eq!(note, "contraction microkernel (avx-512)", "{ci}×{h}×{w} stride {s}");
+            }
         }
     }
 }

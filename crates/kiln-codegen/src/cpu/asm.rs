@@ -64,6 +64,8 @@ pub(crate) struct Tables {
     masks: HashMap<u8, CodeLabel>,
     vectors: HashMap<u32, CodeLabel>,
     scalars: HashMap<u32, CodeLabel>,
+    /// Whole vectors given word by word (index vectors of permutes).
+    words: Vec<(Vec<u32>, CodeLabel)>,
 }
 
 impl Tables {
@@ -87,6 +89,16 @@ impl Tables {
         *self.scalars.entry(bits).or_insert_with(|| a.create_label())
     }
 
+    /// The vector of `words`, as given.
+    pub fn words(&mut self, a: &mut CodeAssembler, words: &[u32]) -> CodeLabel {
+        if let Some((_, l)) = self.words.iter().find(|(w, _)| w == words) {
+            return *l;
+        }
+        let l = a.create_label();
+        self.words.push((words.to_vec(), l));
+        l
+    }
+
     /// Emits the tables at the assembler's current position.
     pub fn emit(&self, a: &mut CodeAssembler) -> R<()> {
         let sorted = |m: &HashMap<u32, CodeLabel>| {
@@ -100,6 +112,11 @@ impl Tables {
             a.set_label(&mut l)?;
             let words: Vec<u32> = (0..8).map(|i| if bits >> i & 1 == 1 { u32::MAX } else { 0 }).collect();
             a.dd(&words)?;
+        }
+        for (words, l) in &self.words {
+            let mut l = *l;
+            a.set_label(&mut l)?;
+            a.dd(words)?;
         }
         for (bits, mut l) in sorted(&self.vectors) {
             a.set_label(&mut l)?;

@@ -19,10 +19,14 @@
 //! last full tile run in a narrower tile, and the last 1..7 columns in a masked tile
 //! (`vmaskmovps`: lanes past the end are neither read nor written).
 //!
-//! Where the target has AVX-512 F and B is a plain shared row per step (no stride 2, not
+//! Where the target has AVX-512 F and B is a row shared by the tile's rows per step (not
 //! per row), full tiles are `mr × 64` in 512-bit registers instead ([`Emitter::tile_zmm`]:
-//! 24 accumulators, 4 of B, one broadcast, of the 32 zmm registers); the columns past the
-//! last such tile run in the 256-bit tiles above. The epilogue of a 512-bit tile runs over
+//! 24 accumulators, 4 of B, one broadcast, of the 32 zmm registers); the whole vectors of
+//! 16 columns past the last such tile run in one narrower 512-bit tile, the last 1..15
+//! columns in the 256-bit tiles above. A stride-2 B (a strided convolution: mobilenet's
+//! stem, 3×3 over 3 channels) takes each vector from two loads and one `vpermt2ps`,
+//! where the 256-bit tiles need two shuffles per 8 columns and fit only 8 accumulators:
+//! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms). The epilogue of a 512-bit tile runs over
 //! its accumulators put on the stack: 16 columns at a time where it computes exp or erf
 //! and has a 16-lane form (arithmetic, clamps, loads: [`Emitter::zmm_epilogue`]), with
 //! exp's constants held in `zmm16`–`zmm31` (a GELU after a [128, 256] × [256, 1024]
@@ -86,6 +90,8 @@ const KC: u64 = 128;
 const KC_PACKED: u64 = 256;
 /// Columns of a 512-bit tile: 4 vectors of 16 lanes (`mr × 4` accumulators of 32).
 const ZMM_COLUMNS: u64 = 64;
+/// `vpermt2ps` indices picking the even elements of two vectors of 16 (a stride-2 B).
+const EVEN_LANES: [u32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
 /// Rows of a channel-vector tile ([`Emitter::tile_t`]): two vectors of A's rows.
 const T_ROWS: u64 = 16;
 /// Columns of a channel-vector tile: 2 × 6 accumulators, two of A and one broadcast of B
@@ -863,10 +869,10 @@ impl Emitter<'_> {
         ((t / 16).max(2)..=t / 8).rev().map(|v| v * 8).min_by_key(|&w| padded(w)).unwrap_or(t)
     }
 
-    /// Whether full tiles are 512-bit: the target has AVX-512 F and B is a plain
-    /// shared row per reduction step (unit column step, the same for every row).
+    /// Whether full tiles are 512-bit: the target has AVX-512 F and B is a row shared
+    /// by the tile's rows per reduction step (unit or stride-2 column step).
     fn wide(&self) -> bool {
-        self.avx512 && !self.stride2() && self.bases[1].per_m == 0
+        self.avx512 && self.bases[1].per_m == 0
     }
 
     /// Columns of a full tile of `rows` rows.
@@ -1028,8 +1034,14 @@ impl Emitter<'_> {
             e.tile(mr, nv, None)?;
             e.advance(width)
         })?;
-        // The rest in 256-bit tiles (after 512-bit full tiles, possibly several).
         let mut rest = n % width;
+        // Whole vectors of 16 past the last full 512-bit tile: one narrower 512-bit tile.
+        if self.tile_width(mr) == ZMM_COLUMNS && rest >= 16 {
+            self.tile_zmm(mr, (rest / 16) as usize)?;
+            self.advance(rest / 16 * 16)?;
+            rest %= 16;
+        }
+        // The rest in 256-bit tiles (after 512-bit full tiles, possibly several).
         let most = tile_vectors(mr, self.stride2());
         while rest >= 8 {
             let v = (rest / 8).min(most);
@@ -1082,7 +1094,7 @@ impl Emitter<'_> {
     /// has only that many lanes.
     fn tile(&mut self, mr: u64, nv: u64, masked: Option<u64>) -> R<()> {
         if self.wide() && masked.is_none() && nv * 8 == ZMM_COLUMNS {
-            return self.tile_zmm(mr);
+            return self.tile_zmm(mr, (ZMM_COLUMNS / 16) as usize);
         }
         let (mr_, nv_) = (mr as usize, nv as usize);
         let acc = |i: usize, j: usize| YMM[i * nv_ + j];
@@ -1458,31 +1470,48 @@ impl Emitter<'_> {
         self.row_epilogue(rows, 1, mask)
     }
 
-    /// One `mr × 64` tile in 512-bit registers at the current column pointers (a full
-    /// tile of a plain product, [`Self::wide`]): `mr × 4` accumulators, 4 of B, one
-    /// broadcast of A, of 32 registers. Blocked reductions add and store partial sums
-    /// as the 256-bit tiles do; the epilogue runs over the accumulators put on the
-    /// stack, 8 columns at a time ([`Self::row_epilogue`]).
-    fn tile_zmm(&mut self, mr: u64) -> R<()> {
-        const NZ: usize = (ZMM_COLUMNS / 16) as usize;
+    /// One `mr × 16·nz` tile in 512-bit registers at the current column pointers (a
+    /// full tile of a plain product, [`Self::wide`], or the whole vectors after the last
+    /// one): `mr × nz` accumulators, `nz` of B, one broadcast of A, of 32 registers. A
+    /// stride-2 B vector is the even elements of two loads, put together by one
+    /// `vpermt2ps` (its index vector in `zmm29`; the second load reads 15 elements,
+    /// never the last odd one, which may lie past the tensor). Blocked reductions add
+    /// and store partial sums as the 256-bit tiles do; the epilogue runs over the
+    /// accumulators put on the stack, 8 columns at a time ([`Self::row_epilogue`]).
+    fn tile_zmm(&mut self, mr: u64, nz: usize) -> R<()> {
+        debug_assert!((1..=4).contains(&nz));
         self.zmm_used = true;
         let rows = mr as usize;
-        let acc = |i: usize, j: usize| ZMM[i * NZ + j];
+        let acc = |i: usize, j: usize| ZMM[i * nz + j];
         let breg = |j: usize| ZMM[24 + j];
         let areg = ZMM[28];
+        let (index, high) = (ZMM[29], ZMM[30]);
         for i in 0..rows {
-            for j in 0..NZ {
+            for j in 0..nz {
                 self.a.vpxord(acc(i, j), acc(i, j), acc(i, j))?;
             }
         }
+        let stride2 = self.stride2();
+        if stride2 {
+            let l = self.t.words(&mut self.a, &EVEN_LANES);
+            self.a.vmovups(index, zmmword_ptr(l))?;
+            self.a.mov(eax, 0x7FFF)?;
+            self.a.kmovw(k2, eax)?;
+        }
         let a_row = self.bases[0].per_m;
         let lp = self.k_loops_open()?;
-        for j in 0..NZ {
-            self.a.vmovups(breg(j), zmmword_ptr(rsi + 64 * j as i32))?;
+        for j in 0..nz as i32 {
+            if stride2 {
+                self.a.vmovups(breg(j as usize), zmmword_ptr(rsi + 128 * j))?;
+                self.a.vmovups(high.k2().z(), zmmword_ptr(rsi + (128 * j + 64)))?;
+                self.a.vpermt2ps(breg(j as usize), index, high)?;
+            } else {
+                self.a.vmovups(breg(j as usize), zmmword_ptr(rsi + 64 * j))?;
+            }
         }
         for i in 0..rows {
             self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
-            for j in 0..NZ {
+            for j in 0..nz {
                 self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
             }
         }
@@ -1497,7 +1526,7 @@ impl Emitter<'_> {
             self.a.cmp(qword_ptr(rsp + Self::S_K0), 0)?;
             self.a.je(first)?;
             for i in 0..rows {
-                for j in 0..NZ {
+                for j in 0..nz {
                     self.a.vaddps(acc(i, j), acc(i, j), out_at(i, j))?;
                 }
             }
@@ -1506,7 +1535,7 @@ impl Emitter<'_> {
             self.a.cmp(qword_ptr(rsp + Self::S_K0), (self.c.dims[2] - self.kc) as i32)?;
             self.a.jae(last)?;
             for i in 0..rows {
-                for j in 0..NZ {
+                for j in 0..nz {
                     self.a.vmovups(out_at(i, j), acc(i, j))?;
                 }
             }
@@ -1517,23 +1546,23 @@ impl Emitter<'_> {
         }
         if self.k.root == self.c.reduce {
             for i in 0..rows {
-                for j in 0..NZ {
+                for j in 0..nz {
                     self.a.vmovups(out_at(i, j), acc(i, j))?;
                 }
             }
         } else {
             for i in 0..rows {
-                for j in 0..NZ {
-                    let at = zmmword_ptr(rsp + (Self::S_ACC + 64 * (i * NZ + j) as i32));
+                for j in 0..nz {
+                    let at = zmmword_ptr(rsp + (Self::S_ACC + 64 * (i * nz + j) as i32));
                     self.a.vmovups(at, acc(i, j))?;
                 }
             }
             // Sixteen lanes where the epilogue has that form and computes exp or erf
             // (which it then does at twice the width, its constants in registers).
             if self.transcendental_epilogue() && self.zmm_epilogue() {
-                self.row_epilogue_zmm(mr, NZ)?;
+                self.row_epilogue_zmm(mr, nz)?;
             } else {
-                self.row_epilogue(mr, 2 * NZ, None)?;
+                self.row_epilogue(mr, 2 * nz, None)?;
             }
         }
         if let Some(mut l) = finished {
