@@ -536,7 +536,7 @@ fn convolutions_and_depthwise() {
             if !depthwise && (w - kw) / s + 1 >= 64 && std::is_x86_feature_detected!("avx512f") {
                 // Output rows of 64 columns or more take 512-bit tiles at either stride.
                 let note = compile_with(&[&k], &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone();
-                assert_eq!(note, "contraction microkernel (avx-512)", "{ci}×{h}×{w} stride {s}");
+                assert_eq!(note, "contraction microkernel (avx-512; epilogue on 16 lanes)", "{ci}×{h}×{w} stride {s}");
             }
         }
     }

@@ -26,12 +26,17 @@
 //! columns in the 256-bit tiles above. A stride-2 B (a strided convolution: mobilenet's
 //! stem, 3×3 over 3 channels) takes each vector from two loads and one `vpermt2ps`,
 //! where the 256-bit tiles need two shuffles per 8 columns and fit only 8 accumulators:
-//! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms). The epilogue of a 512-bit tile runs over
-//! its accumulators put on the stack: 16 columns at a time where it computes exp or erf
-//! and has a 16-lane form (arithmetic, clamps, loads: [`Emitter::zmm_epilogue`]), with
-//! exp's constants held in `zmm16`–`zmm31` (a GELU after a [128, 256] × [256, 1024]
-//! product: +0.30 → +0.135 ms), else 8 columns at a time with the 256-bit tiles' code.
-//! Both go through [`super::vector`].
+//! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms).
+//!
+//! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
+//! loads: [`Emitter::zmm_epilogue`]), runs 16 columns at a time: in registers, on each
+//! accumulator where it is, when it computes no exp or erf (bias, Relu6, residual add:
+//! mobilenet_v2's 1×1 convolutions; its block-1 expansion, 16 reduction steps a tile,
+//! went from 0.84 to 0.70 ms with its depthwise convolution, about 13 KB more code over
+//! the model); else over the accumulators put on the stack, a row at a time, with exp's
+//! constants held in `zmm16`–`zmm31` (a GELU after a [128, 256] × [256, 1024] product:
+//! +0.30 → +0.135 ms). Other epilogues run 8 columns at a time with the 256-bit tiles'
+//! code, over the stack. All go through [`super::vector`].
 //!
 //! ## Channel-vector tiles
 //! A narrow product (N under 64 and not a multiple of 8: a 1×1 convolution on a 7×7
@@ -1550,6 +1555,21 @@ impl Emitter<'_> {
                     self.a.vmovups(out_at(i, j), acc(i, j))?;
                 }
             }
+        } else if self.zmm_epilogue() && !self.transcendental_epilogue() {
+            // Sixteen lanes, in registers: each accumulator through the epilogue and
+            // stored where it is, with the registers the reduction is done with (B, A
+            // and the permute's) and any accumulators the tile did not use.
+            self.epi_wide = true;
+            self.wide_epilogue_used = true;
+            let mut pool: Vec<V> = (rows * nz..32).rev().map(|r| V(r as u8)).collect();
+            for i in 0..rows {
+                for j in 0..nz {
+                    let slot = TileSlot { acc: V((i * nz + j) as u8), row: i as i64, vec: j as i64, mask: None };
+                    let at = zmmword_ptr(r8 + (out_row * i as i64 + 64 * j as i64) as i32);
+                    self.epilogue_store(&slot, at, &mut pool)?;
+                }
+            }
+            self.epi_wide = false;
         } else {
             for i in 0..rows {
                 for j in 0..nz {
