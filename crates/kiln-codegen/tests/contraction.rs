@@ -14,7 +14,7 @@ use common::*;
 use kiln_codegen::cpu::{compile_with, CpuTarget, Options, Packing};
 use kiln_flow::layout::pack_constants;
 use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
-use kiln_flow::{interp, BinaryOp, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 fn avx2_fma() -> bool {
@@ -280,9 +280,41 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
             let d = b.add(e, one);
             b.div(one, d)
         }
+        "many_live" => {
+            // Ten scalings of the sum by powers of two (exact), all live at once: the
+            // maximum over them is taken first, then their minimum, and the difference.
+            let t: Vec<ExprId> = (0..10)
+                .map(|i| {
+                    let c = b.float(f, f64::from(1u32 << i) / 8.0);
+                    b.mul(s, c)
+                })
+                .collect();
+            let hi = t[1..].iter().fold(t[0], |m, &x| b.binary(BinaryOp::Max, m, x));
+            let lo = t[1..].iter().fold(t[0], |m, &x| b.binary(BinaryOp::Min, m, x));
+            b.sub(hi, lo)
+        }
         _ => unreachable!(),
     };
     b.finish(r).unwrap()
+}
+
+/// An epilogue that needs more registers than a full 512-bit tile or a one-row 256-bit
+/// tile leaves (ten values live at once): the kernel is emitted again with the
+/// epilogue over the stack, not given up to the general path (`check_micro` asserts
+/// the contraction path).
+#[test]
+fn epilogue_beyond_the_spare_registers() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for &(m, kk, n) in &[(6, 7, 64), (12, 17, 130), (1, 5, 70)] {
+        let a = random_f32(&[m, kk], 1.0, 51);
+        let b = random_f32(&[kk, n], 1.0, 52);
+        let ins = [a, b, random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_micro(&with_epilogue(m, kk, n, "many_live"), &refs, kk);
+    }
 }
 
 /// GELU, sigmoid and swish epilogues (inline erf and exp, `cpu::math`) on 1-row, odd and

@@ -219,6 +219,9 @@ struct Emitter<'k> {
     held: Vec<(u32, V)>,
     /// A 16-lane epilogue was emitted.
     wide_epilogue_used: bool,
+    /// Tiles may evaluate their epilogue in the registers the reduction leaves (512-bit
+    /// tiles, and 256-bit tiles of one row); else every epilogue goes over the stack.
+    in_registers: bool,
 }
 
 /// Emits `k` as a contraction microkernel, or says why not.
@@ -233,7 +236,22 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
             return no("an operand over 2 GiB");
         }
     }
+    // An epilogue evaluated in a tile's spare registers (a 512-bit tile, or a 256-bit
+    // tile of one row) may need more of them than there are; the kernel is then
+    // emitted again with every epilogue over the stack (all registers free), rather
+    // than given up to the general path.
+    match emit_with(k, c.clone(), avx512, true) {
+        Err(NotHere(why)) if why == OUT_OF_REGISTERS => emit_with(k, c, avx512, false),
+        other => other,
+    }
+}
+
+/// The error of an epilogue that ran out of registers.
+const OUT_OF_REGISTERS: &str = "epilogue needs more registers";
+
+fn emit_with(k: &Kernel, c: Contraction, avx512: bool, in_registers: bool) -> R<GemmCode> {
     let mut e = Emitter::new(k, c, avx512)?;
+    e.in_registers = in_registers;
     e.packed = e.should_pack();
     e.packed_t = e.should_pack_t();
     e.kc = e.reduction_block();
@@ -299,6 +317,7 @@ impl<'k> Emitter<'k> {
             epi_wide: false,
             held: Vec::new(),
             wide_epilogue_used: false,
+            in_registers: true,
         };
         e.mr = if e.transposed() { T_ROWS } else { panel_rows(e.c.dims[0]) };
         e.plan_bases()?;
@@ -1202,7 +1221,7 @@ impl Emitter<'_> {
             self.a.set_label(&mut last)?;
             finished = Some(done);
         }
-        if (mr_ > 1 || self.transcendental_epilogue()) && self.k.root != self.c.reduce {
+        if (mr_ > 1 || self.transcendental_epilogue() || !self.in_registers) && self.k.root != self.c.reduce {
             // The epilogue as a loop over the tile's rows (code size ∝ one row, not
             // the whole tile): the accumulators go to the stack, each row's come back
             // through one register; the output and epilogue pointers step a row at a
@@ -1555,7 +1574,7 @@ impl Emitter<'_> {
                     self.a.vmovups(out_at(i, j), acc(i, j))?;
                 }
             }
-        } else if self.zmm_epilogue() && !self.transcendental_epilogue() {
+        } else if self.in_registers && self.zmm_epilogue() && !self.transcendental_epilogue() {
             // Sixteen lanes, in registers: each accumulator through the epilogue and
             // stored where it is, with the registers the reduction is done with (B, A
             // and the permute's) and any accumulators the tile did not use.
@@ -1649,7 +1668,7 @@ impl Emitter<'_> {
         }
         match dst {
             Some(d) => Ok(d),
-            None => ev.pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into())),
+            None => ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into())),
         }
     }
 
@@ -1782,7 +1801,7 @@ impl Emitter<'_> {
                 // last use.
                 let mut t = Vec::with_capacity(vector_scratch(*op));
                 for _ in 0..vector_scratch(*op) {
-                    t.push(ev.pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()))?);
+                    t.push(ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?);
                 }
                 let dst = self.result_reg(&[*x], ev)?;
                 self.vx().unary(*op, dst, rx, &t)?;
