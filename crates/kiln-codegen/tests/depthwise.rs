@@ -169,20 +169,55 @@ fn inputs(g: Geo, seed: u64) -> Vec<Tensor> {
 /// Compiles and runs `k` (which must take the depthwise path) and compares it with the
 /// interpreter within `units` half-ulps of `S` (see the module docs).
 fn check(k: &Kernel, ins: &[Tensor], units: f32) {
-    let m = compile_with(&[k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
-    assert!(m.notes[0].starts_with("depthwise"), "{}: {}", k.name, m.notes[0]);
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want = interp::run(k, &refs).unwrap().to_vec::<f32>().unwrap();
     let absin: Vec<Tensor> = ins.iter().map(abs).collect();
     let bound = interp::run(k, &absin.iter().collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap();
-    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
-    for splits in [1, 3] {
-        let got = run_compiled(k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
-        for i in 0..want.len() {
-            let tol = units * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
-            let ok = (got[i] - want[i]).abs() <= tol || (got[i].is_nan() && want[i].is_nan());
-            assert!(ok, "{} splits {splits}: element {i}: got {}, want {} (tol {tol})", k.name, got[i], want[i]);
+    for cfg in targets() {
+        let m = compile_with(&[k], &cfg.target, &Options::default()).unwrap();
+        assert!(m.notes[0].starts_with("depthwise"), "{} {:?}: {}", k.name, cfg.target, m.notes[0]);
+        for splits in [1, 3] {
+            let got = run_compiled(k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
+            for i in 0..want.len() {
+                let tol = units * f32::EPSILON / 2.0 * bound[i].abs() + 1e-30;
+                let ok = (got[i] - want[i]).abs() <= tol || (got[i].is_nan() && want[i].is_nan());
+                assert!(
+                    ok,
+                    "{} {:?} splits {splits}: element {i}: got {}, want {} (tol {tol})",
+                    k.name, cfg.target, got[i], want[i]
+                );
+            }
         }
+    }
+}
+
+/// x86-64-v3, and x86-64-v4 where the CPU has AVX-512 F and VL (border taps under
+/// opmasks); skipped, with a message, where not.
+fn targets() -> Vec<Config> {
+    let mut v = vec![Config { target: CpuTarget::X86_64V3, options: Options::default() }];
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl") {
+        v.push(Config { target: CpuTarget::X86_64V4, options: Options::default() });
+    } else {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| eprintln!("skipped: the x86-64-v4 variants, this CPU lacks AVX-512 F/VL"));
+    }
+    v
+}
+
+/// On x86-64-v4, convolutions whose rows have border vectors take their border taps
+/// under opmasks (at stride 1 and 2), and say so.
+#[test]
+fn border_taps_under_opmasks() {
+    if targets().len() < 2 {
+        return;
+    }
+    for (w, stride) in [(14, [1, 1]), (7, [1, 1]), (28, [2, 2]), (9, [1, 2])] {
+        let g = Geo { n: 1, c: 3, h: 6, w, win: [3, 3], stride, dil: [1, 1], pad: [1, 1, 1, 1] };
+        let k = depthwise(g, "bias_relu6");
+        let m = compile_with(&[&k], &CpuTarget::X86_64V4, &Options::default()).unwrap();
+        assert_eq!(m.notes[0], "depthwise window (avx2+fma, avx-512 border masks)", "{g:?}");
+        let v3 = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        assert_eq!(v3.notes[0], "depthwise window (avx2+fma)", "{g:?}");
     }
 }
 
@@ -295,11 +330,19 @@ fn nan_passes_the_clamps() {
     for epilogue in ["bias_relu6", "scale_clip"] {
         let k = depthwise(g, epilogue);
         let refs: Vec<&Tensor> = ins.iter().collect();
-        let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
-        let got = run_compiled(&k, &refs, &cfg, 1).to_vec::<f32>().unwrap();
         let want = interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
-        for i in 0..want.len() {
-            assert_eq!(got[i].is_nan(), want[i].is_nan(), "{epilogue}: element {i}: got {}, want {}", got[i], want[i]);
+        for cfg in targets() {
+            let got = run_compiled(&k, &refs, &cfg, 1).to_vec::<f32>().unwrap();
+            for i in 0..want.len() {
+                assert_eq!(
+                    got[i].is_nan(),
+                    want[i].is_nan(),
+                    "{epilogue} {:?}: element {i}: got {}, want {}",
+                    cfg.target,
+                    got[i],
+                    want[i]
+                );
+            }
         }
         assert!(want.iter().filter(|v| v.is_nan()).count() >= 6, "{epilogue}: the NaN reached its window");
     }

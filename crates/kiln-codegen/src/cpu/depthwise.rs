@@ -13,6 +13,14 @@
 //!   gives 0, the padding value; a vector whose lanes are all inside is an FMA with a
 //!   memory operand.
 //!
+//! Where the target has AVX-512 F and VL, a convolution's border vectors take opmasks
+//! instead (`k1`–`k7`, one per lane pattern, set once per call): a tap is one FMA under
+//! the mask (masked lanes neither read memory nor change the accumulator: zero
+//! padding), a stride-2 half one zeroing masked load, where either was a mask load and a
+//! `vmaskmovps` too. On 3×3 depthwise convolutions (one thread): 14×14 × 384 channels
+//! 0.040 → 0.024 ms, 7×7 × 960 0.032 → 0.016, 28×28 × 192 0.061 → 0.047, 56×56 × 144
+//! 0.149 → 0.130, 14×14 × 576 at stride 2 0.028 → 0.020.
+//!
 //! A max pool keeps −∞ in one register instead of taps: its accumulators start there,
 //! each tap is `vmaxps acc, x, acc` (which gives `acc` where `x` is NaN: NaN is
 //! ignored, as MaxPool wants), and lanes outside the plane are blended to −∞.
@@ -34,20 +42,49 @@ use kiln_flow::Kernel;
 use super::asm::{enter, leave, Tables, YMM};
 use super::gemm::{no, NotHere, R};
 
-/// Emits `k` as a window kernel (code, workgroup count and the compile listing's note),
-/// or says why not.
-pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64, &'static str)> {
+/// A compiled window kernel.
+pub(crate) struct WindowCode {
+    pub code: Vec<u8>,
+    pub workgroups: u64,
+    /// The compile listing's note.
+    pub note: &'static str,
+    /// Whether it uses AVX-512 (F and VL) opmasks.
+    pub avx512: bool,
+}
+
+/// Emits `k` as a window kernel, or says why not. `avx512vl`: the target has AVX-512 F
+/// and VL, so a convolution's border taps may be FMAs under an opmask.
+pub(crate) fn emit(k: &Kernel, avx512vl: bool) -> R<WindowCode> {
     let Some(d) = Depthwise::of(k) else { return no("not a depthwise window") };
     let limit = i32::MAX as usize;
     if k.inputs.iter().chain([&k.output]).any(|t| t.storage_bytes() > limit) {
         return no("an operand over 2 GiB");
     }
+    let mut e = Emit::new(&d, k.inputs.len())?;
+    if avx512vl && matches!(d.op, WindowOp::Conv { .. }) {
+        e.plan_opmasks();
+    }
+    let avx512 = !e.opmasks.is_empty();
     let note = match d.op {
+        WindowOp::Conv { .. } if avx512 => "depthwise window (avx2+fma, avx-512 border masks)",
         WindowOp::Conv { .. } => "depthwise window (avx2+fma)",
         WindowOp::Max => "max pool window (avx2)",
     };
-    let (code, wg) = Emit::new(&d, k.inputs.len())?.run()?;
-    Ok((code, wg, note))
+    let (code, workgroups) = e.run()?;
+    Ok(WindowCode { code, workgroups, note, avx512 })
+}
+
+/// `r{k}`: register `r` written under opmask `k` (1–7), merging.
+fn under(r: AsmRegisterYmm, k: u8) -> AsmRegisterYmm {
+    match k {
+        1 => r.k1(),
+        2 => r.k2(),
+        3 => r.k3(),
+        4 => r.k4(),
+        5 => r.k5(),
+        6 => r.k6(),
+        _ => r.k7(),
+    }
 }
 
 struct Emit<'d> {
@@ -63,6 +100,9 @@ struct Emit<'d> {
     taps: Vec<AsmRegisterYmm>,
     scratch: Vec<AsmRegisterYmm>,
     accs: Vec<AsmRegisterYmm>,
+    /// Lane patterns of border columns held in opmask registers `k1`–`k7` (the
+    /// pattern's bits, the register's number), set once per call.
+    opmasks: Vec<(u8, u8)>,
 }
 
 impl<'d> Emit<'d> {
@@ -93,7 +133,32 @@ impl<'d> Emit<'d> {
             taps: YMM[..ntaps].to_vec(),
             scratch: YMM[ntaps..ntaps + nscratch].to_vec(),
             accs: YMM[ntaps + nscratch..].to_vec(),
+            opmasks: Vec::new(),
         })
+    }
+
+    /// Gives the border columns' lane patterns (which depend only on a vector's place
+    /// in the row and the window column) opmask registers, the first seven of them:
+    /// such a tap is then one FMA whose masked lanes neither read memory nor change
+    /// the accumulator (zero padding), where it was a mask load, a `vmaskmovps` and an
+    /// FMA.
+    fn plan_opmasks(&mut self) {
+        let d = self.d;
+        let (ow_n, w) = (d.out_dims[3] as i64, d.in_dims[3] as i64);
+        let (sw, dil_w, pw, kw_n) = (d.stride[1], d.dilation[1], d.offset[1], d.window[1] as i64);
+        for j in 0..(ow_n + 7) / 8 {
+            for kw in 0..kw_n {
+                let col = sw * 8 * j + dil_w * kw + pw;
+                // (A stride-2 vector is put together from two loads: 8 columns apart.)
+                for first in if sw == 1 { vec![col] } else { vec![col, col + 8] } {
+                    let bits = Self::inside(first, w);
+                    if bits != 0 && bits != 0xff && !self.opmasks.iter().any(|m| m.0 == bits) && self.opmasks.len() < 7
+                    {
+                        self.opmasks.push((bits, self.opmasks.len() as u8 + 1));
+                    }
+                }
+            }
+        }
     }
 
     fn const_label(&mut self, bits: u32) -> CodeLabel {
@@ -121,6 +186,11 @@ impl<'d> Emit<'d> {
                 Ok(true)
             }
             _ => {
+                if let Some(&(_, k)) = self.opmasks.iter().find(|m| m.0 == bits) {
+                    // Zeroing: lanes outside read nothing and are 0.
+                    self.a.evex().vmovups(under(dst, k).z(), at)?;
+                    return Ok(true);
+                }
                 let l = self.mask_label(bits);
                 let m = self.scratch[self.scratch.len() - 1];
                 self.a.vmovups(m, ymmword_ptr(l))?;
@@ -171,6 +241,11 @@ impl<'d> Emit<'d> {
         self.a.jae(done)?;
         self.a.mov(r8, qword_ptr(rbp + 8 * d.x as i32))?;
         self.a.mov(r9, qword_ptr(rbp + 8 * self.out_slot as i32))?;
+        for (bits, k) in self.opmasks.clone() {
+            self.a.mov(eax, i32::from(bits))?;
+            let kr = [k1, k2, k3, k4, k5, k6, k7][usize::from(k) - 1];
+            self.a.kmovw(kr, eax)?;
+        }
         let mut plane = self.a.create_label();
         self.a.set_label(&mut plane)?;
         // c = plane mod C.
@@ -337,8 +412,11 @@ impl<'d> Emit<'d> {
                             self.a.vmaxps(acc, t0, acc)?;
                         } else if sw == 1 {
                             let bits = Self::inside(col, w);
+                            let k = self.opmasks.iter().find(|m| m.0 == bits).map(|m| m.1);
                             if bits == 0xff {
                                 self.a.vfmadd231ps(acc, tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
+                            } else if let Some(k) = k {
+                                self.a.evex().vfmadd231ps(under(acc, k), tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
                             } else if self.load(t0, disp, bits)? {
                                 self.a.vfmadd231ps(acc, tap, t0)?;
                             }

@@ -355,10 +355,11 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
         }
         if avx2_fma && options.contraction_kernels {
             k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
-            if let Ok((code, wg, note)) = depthwise::emit(k) {
-                workgroup_counts.push(wg);
-                micro.push((idx, code));
-                notes.push(note.to_string());
+            if let Ok(w) = depthwise::emit(k, avx512 && features & CpuFeature::Avx512vl.bit() != 0) {
+                workgroup_counts.push(w.workgroups);
+                micro.push((idx, w.code));
+                notes.push(w.note.to_string());
+                used_avx512 |= w.avx512;
                 continue;
             }
             match gemm::emit(k, avx512) {
