@@ -219,6 +219,10 @@ fn border_taps_under_opmasks() {
         let v3 = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
         assert_eq!(v3.notes[0], "depthwise window (avx2+fma)", "{g:?}");
     }
+    // A max pool's border loads: merged under the mask into −∞.
+    let g = Geo { n: 1, c: 3, h: 12, w: 17, win: [3, 3], stride: [1, 1], dil: [1, 1], pad: [1, 1, 1, 1] };
+    let m = compile_with(&[&max_pool(g, "none")], &CpuTarget::X86_64V4, &Options::default()).unwrap();
+    assert_eq!(m.notes[0], "max pool window (avx2, avx-512 border masks)", "{g:?}");
 }
 
 #[test]
@@ -271,7 +275,6 @@ fn max_pools_match_the_interpreter() {
         eprintln!("skipped: this CPU lacks AVX2+FMA");
         return;
     }
-    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
     let mut n = 0;
     for (h, w) in [(1, 1), (5, 7), (6, 8), (12, 17), (7, 40), (4, 113), (24, 24)] {
         for stride in [[1, 1], [2, 2], [1, 2]] {
@@ -302,11 +305,15 @@ fn max_pools_match_the_interpreter() {
                     n += 1;
                     let refs: Vec<&Tensor> = ins.iter().collect();
                     let want = interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
-                    for splits in [1, 4] {
+                    for (cfg, splits) in targets().into_iter().flat_map(|c| [(c.clone(), 1), (c, 4)]) {
                         let got = run_compiled(&k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
                         for i in 0..want.len() {
                             let same = got[i] == want[i] || (got[i].is_nan() && want[i].is_nan());
-                            assert!(same, "{g:?} {epilogue} splits {splits}: [{i}] got {}, want {}", got[i], want[i]);
+                            assert!(
+                                same,
+                                "{g:?} {epilogue} {:?} splits {splits}: [{i}] got {}, want {}",
+                                cfg.target, got[i], want[i]
+                            );
                         }
                     }
                 }

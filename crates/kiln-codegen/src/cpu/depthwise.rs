@@ -17,7 +17,8 @@
 //! instead (`k1`–`k7`, one per lane pattern, set once per call): a tap is one FMA under
 //! the mask (masked lanes neither read memory nor change the accumulator: zero
 //! padding), a stride-2 half one zeroing masked load, where either was a mask load and a
-//! `vmaskmovps` too. On 3×3 depthwise convolutions (one thread): 14×14 × 384 channels
+//! `vmaskmovps` too (a max pool's border load: a load merged under the mask into −∞,
+//! where it was a mask load, a `vmaskmovps` and a blend). On 3×3 depthwise convolutions (one thread): 14×14 × 384 channels
 //! 0.040 → 0.024 ms, 7×7 × 960 0.032 → 0.016, 28×28 × 192 0.061 → 0.047, 56×56 × 144
 //! 0.149 → 0.130, 14×14 × 576 at stride 2 0.028 → 0.020.
 //!
@@ -53,7 +54,8 @@ pub(crate) struct WindowCode {
 }
 
 /// Emits `k` as a window kernel, or says why not. `avx512vl`: the target has AVX-512 F
-/// and VL, so a convolution's border taps may be FMAs under an opmask.
+/// and VL, so a convolution's border taps may be FMAs under an opmask (a max pool's,
+/// loads under one).
 pub(crate) fn emit(k: &Kernel, avx512vl: bool) -> R<WindowCode> {
     let Some(d) = Depthwise::of(k) else { return no("not a depthwise window") };
     let limit = i32::MAX as usize;
@@ -61,13 +63,14 @@ pub(crate) fn emit(k: &Kernel, avx512vl: bool) -> R<WindowCode> {
         return no("an operand over 2 GiB");
     }
     let mut e = Emit::new(&d, k.inputs.len())?;
-    if avx512vl && matches!(d.op, WindowOp::Conv { .. }) {
+    if avx512vl {
         e.plan_opmasks();
     }
     let avx512 = !e.opmasks.is_empty();
     let note = match d.op {
         WindowOp::Conv { .. } if avx512 => "depthwise window (avx2+fma, avx-512 border masks)",
         WindowOp::Conv { .. } => "depthwise window (avx2+fma)",
+        WindowOp::Max if avx512 => "max pool window (avx2, avx-512 border masks)",
         WindowOp::Max => "max pool window (avx2)",
     };
     let (code, workgroups) = e.run()?;
@@ -207,6 +210,12 @@ impl<'d> Emit<'d> {
         match bits {
             0 => self.a.vmovaps(dst, neg_inf)?,
             0xff => self.a.vmovups(dst, ymmword_ptr(rbx + (disp * 4) as i32))?,
+            _ if self.opmasks.iter().any(|m| m.0 == bits) => {
+                // −∞, then the lanes inside under the mask (merging).
+                let k = self.opmasks.iter().find(|m| m.0 == bits).map_or(1, |m| m.1);
+                self.a.vmovaps(dst, neg_inf)?;
+                self.a.evex().vmovups(under(dst, k), ymmword_ptr(rbx + (disp * 4) as i32))?;
+            }
             _ => {
                 self.load(dst, disp, bits)?;
                 let m = self.scratch[self.scratch.len() - 1];
