@@ -293,15 +293,30 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
             let lo = t[1..].iter().fold(t[0], |m, &x| b.binary(BinaryOp::Min, m, x));
             b.sub(hi, lo)
         }
+        "five_live" => {
+            // Eight values, five registers live at once (three scalings of the sum by
+            // powers of two, exact, and the NaN-propagating max's two temporaries):
+            // short enough to be evaluated in place, more than a 6×16 tile leaves.
+            let t: Vec<ExprId> = [0.5, 2.0, 4.0]
+                .iter()
+                .map(|&c| {
+                    let c = b.float(f, c);
+                    b.mul(s, c)
+                })
+                .collect();
+            let m = b.binary(BinaryOp::Max, t[1], t[2]);
+            b.add(t[0], m)
+        }
         _ => unreachable!(),
     };
     b.finish(r).unwrap()
 }
 
-/// An epilogue that needs more registers than a full 512-bit tile or a one-row 256-bit
-/// tile leaves (ten values live at once): the kernel is emitted again with the
-/// epilogue over the stack, not given up to the general path (`check_micro` asserts
-/// the contraction path).
+/// Epilogues that need more registers than a tile leaves: ten values live at once (too
+/// long to be evaluated in place at all: the row loop over the stack), and eight values
+/// needing five registers (in place, where a 6×16 tile leaves four: the kernel is
+/// emitted again with the epilogue over the stack). Neither is given up to the general
+/// path (`check_micro` asserts the contraction path).
 #[test]
 fn epilogue_beyond_the_spare_registers() {
     if !avx2_fma() {
@@ -314,6 +329,7 @@ fn epilogue_beyond_the_spare_registers() {
         let ins = [a, b, random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
         let refs: Vec<&Tensor> = ins.iter().collect();
         check_micro(&with_epilogue(m, kk, n, "many_live"), &refs, kk);
+        check_micro(&with_epilogue(m, kk, n, "five_live"), &refs, kk);
     }
 }
 

