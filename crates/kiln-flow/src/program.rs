@@ -251,7 +251,9 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
         let mut step_value: Vec<Option<ValueId>> = vec![None; lowered.steps.len()];
         for (k, o) in lowered.outputs.iter().enumerate() {
             if let (Output::Step(s), Some(&v)) = (o, node.outputs.get(k)) {
-                if step_value[*s].is_none() && of_value[v.index()].is_none() {
+                // (A step whose result has another shape is viewed through an alias.)
+                let same = lowered.steps.get(*s).is_some_and(|st| st.kernel.output == graph.values[v].ty);
+                if same && step_value[*s].is_none() && of_value[v.index()].is_none() {
                     step_value[*s] = Some(v);
                 }
             }
@@ -285,10 +287,12 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
             match *o {
                 Output::Step(s) => {
                     let b = step_buffers[s];
-                    if of_value[v.index()].is_none() {
+                    let same = p.buffer(b).ty == graph.values[v].ty;
+                    if of_value[v.index()].is_none() && same {
                         of_value[v.index()] = Some(b);
                     } else if of_value[v.index()] != Some(b) {
-                        // Two results computed by one step: the second is an alias.
+                        // Two results computed by one step, or a step's result of another
+                        // shape: an alias.
                         let a = p.add(graph.values[v].ty.clone(), graph.values[v].name.clone(), BufferKind::Alias(b));
                         of_value[v.index()] = Some(a);
                     }

@@ -365,6 +365,29 @@ fn conv_windows_groups_bias() {
     assert_eq!(n, 3 * 5 * 10);
 }
 
+/// A float convolution with several input channels per group computes
+/// `[N, group, M/group, …]` (the group an index of its own) and is recognised as a
+/// batch of contractions; a depthwise one (one input channel per group) keeps its
+/// `[N, M, …]` form. (Their values are checked in `conv_windows_groups_bias`.)
+#[test]
+fn grouped_convolutions_are_batches_of_contractions() {
+    let x = rand(DType::F32, &[1, 6, 9, 9], 1);
+    let w = rand(DType::F32, &[4, 3, 3, 3], 2);
+    // (Unpadded: a padded window is a `Pad` load until the layout pass puts the
+    // padding in front.)
+    let o = op(OpKind::Conv, &[("group", int(2))]);
+    let (l, out) = lower_from(&o, &[Some(x), Some(w)], 1);
+    let k = &l.steps[0].kernel;
+    assert_eq!(k.output.shape.dims(), &[1, 2, 2, 7, 7]);
+    assert_eq!(out[0].shape.dims(), &[1, 4, 7, 7]);
+    let c = kiln_flow::contraction::Contraction::of(k).expect("a contraction");
+    assert_eq!(c.dims[0], 2, "rows: the output channels of one group");
+    assert_eq!(c.dims[2], 27, "reduction: 3 channels × 3 × 3");
+    let dw = op(OpKind::Conv, &[("group", int(6))]);
+    let (l, _) = lower_from(&dw, &[Some(rand(DType::F32, &[1, 6, 9, 9], 3)), Some(rand(DType::F32, &[6, 1, 3, 3], 4))], 1);
+    assert_eq!(l.steps[0].kernel.output.shape.dims(), &[1, 6, 7, 7]);
+}
+
 #[test]
 fn conv_dtypes_and_odd_shapes() {
     for d in [DType::F64, DType::F16] {

@@ -10,7 +10,10 @@
 //! - **Convolutions** read the input at `o·stride − pad_begin + k·dilation`; a window that
 //!   can leave the input uses a [`Bounds::Pad`] load (0 for Conv, the zero point for the
 //!   integer forms when it is a constant, else an explicit range guard), so padding never
-//!   reaches memory. Groups pick the input channel `(m / (M/group))·(C/group) + c`.
+//!   reaches memory. Groups pick the input channel `(m / (M/group))·(C/group) + c`; a
+//!   float convolution with several input channels per group instead computes
+//!   `[N, group, M/group, …]` with the group as an index of its own (affine channels: a
+//!   batch of contractions), which the op's result views as `[N, M, …]`.
 //!   ConvTranspose is the gather form of the scatter: output `o` takes tap `k` from input
 //!   `(o + pad_begin − k·dilation) / stride` when that division is exact and in range.
 //! - **Integer forms** subtract the zero points in i32 and accumulate in i32 (exact for the
@@ -759,9 +762,31 @@ fn conv(cx: &OpCx<'_>, kind: ConvKind) -> R<Lowered> {
     if kind == ConvKind::Float && !ct.is_float() {
         return Err(cx.unsupported("float operands expected"));
     }
-    let mut b = cx.builder(0, types(cx, &ops)?);
+    // A grouped convolution that is not depthwise (several input channels per group)
+    // computes `[N, group, M/group, spatial…]`, the group an index of its own: the
+    // channels it reads are then affine in the output index (`g·C/group + c`, not
+    // `(m div M/group)·C/group + c`), so it is a batch of contractions a code generator's
+    // microkernels take; the result is that tensor viewed as `[N, M, spatial…]`.
+    let split = kind == ConvKind::Float && g > 1 && cg > 1;
+    let mut b = if split {
+        let mut dims = vec![n, g, mg];
+        dims.extend(&od[2..]);
+        let ty = TensorType::new(d, Shape::new(dims).map_err(|e| cx.unsupported(e.to_string()))?);
+        KernelBuilder::new(cx.name.to_string(), types(cx, &ops)?, ty)
+    } else {
+        cx.builder(0, types(cx, &ops)?)
+    };
     let out = b.out_index();
-    let mv = out[1];
+    let sp = if split { 3 } else { 2 };
+    // The output channel `m`, and the group's first input channel where split.
+    let (mv, split_chan) = if split {
+        let q = b.index(mg as i64);
+        let gm = b.mul(out[1], q);
+        let m = b.add(gm, out[2]);
+        (m, Some(affine(&mut b, out[1], cg as i64, 0)))
+    } else {
+        (out[1], None)
+    };
     let taps: usize = wd[2..].iter().product();
     let acc = if cg * taps == 0 {
         b.constant(ct, 0)
@@ -769,7 +794,9 @@ fn conv(cx: &OpCx<'_>, kind: ConvKind) -> R<Lowered> {
         let cvar = b.new_var(cg as u64);
         let kvars: Vec<VarId> = wd[2..].iter().map(|&k| b.new_var(k as u64)).collect();
         let cv = b.var(cvar);
-        let chan = if g == 1 {
+        let chan = if let Some(base) = split_chan {
+            b.add(base, cv)
+        } else if g == 1 {
             cv
         } else {
             let q = b.index(mg as i64);
@@ -782,7 +809,7 @@ fn conv(cx: &OpCx<'_>, kind: ConvKind) -> R<Lowered> {
         let mut guard = None;
         for (dd, w) in win.iter().enumerate() {
             let kv = b.var(kvars[dd]);
-            let t = w.tap(&mut b, out[2 + dd], kv);
+            let t = w.tap(&mut b, out[sp + dd], kv);
             if !w.inside() {
                 let r = in_range(&mut b, t, w.input);
                 guard = Some(and(&mut b, guard, r));

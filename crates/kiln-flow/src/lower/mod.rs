@@ -64,7 +64,8 @@ pub struct Step {
 /// Where a result of the op comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
-    /// The result of a step.
+    /// The result of a step, viewed with the result's type (same dtype and element
+    /// count; the same shape but for a grouped convolution's `[N, group, M/group, …]`).
     Step(usize),
     /// The bytes of operand `i`, viewed with the result's type (same dtype and element count).
     Alias(usize),
@@ -286,7 +287,7 @@ pub fn interpret(
         .iter()
         .zip(out_types)
         .filter_map(|(o, ty)| match *o {
-            Output::Step(s) => results.get(s).cloned(),
+            Output::Step(s) => results.get(s).and_then(|t| t.reshaped(ty.shape.clone()).ok()),
             Output::Alias(i) => inputs.get(i).copied().flatten().and_then(|t| t.reshaped(ty.shape.clone()).ok()),
         })
         .collect())
