@@ -591,6 +591,28 @@ fn convolutions_and_depthwise() {
 }
 
 
+/// A convolution whose columns step 3 or 4 input elements is a contraction (the layout
+/// pass gathers it into columns in a real program), but no microkernel reads it in
+/// place: left as it is, it takes the general path, says why, and computes the same.
+#[test]
+fn wider_strides_take_the_general_path() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for s in [3, 4] {
+        let k = conv(1, 3, 8, 9, 41, 3, 3, false, s);
+        let ins = [random_f32(&[1, 3, 9, 41], 1.0, 61), random_f32(&[8, 3, 3, 3], 1.0, 62), random_f32(&[8], 1.0, 63)];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        let want = interp::run(&k, &refs).unwrap();
+        for cfg in variants() {
+            let m = compile_with(&[&k], &cfg.target, &cfg.options).unwrap();
+            assert_eq!(m.notes[0], format!("general (B steps {s} elements a column (1 or 2 here))"));
+            assert_eq!(run_compiled(&k, &refs, &cfg, 1), want, "stride {s}");
+        }
+    }
+}
+
 /// Products with fewer than four row panels cut their columns into chunks, one
 /// workgroup each (so threads have something to share): a single row, five rows, with
 /// an epilogue reading per-column and per-row operands.

@@ -14,7 +14,7 @@
 //! - the *column group* `n` is the longest run of trailing output variables that `a`
 //!   does not read and over which `b` and the output are laid out as one flattened
 //!   dimension (for an NCHW 1×1 convolution: `h, w`, so the columns are `h·W + w`);
-//!   `b` steps 1 element per column, or 2 (a stride-2 convolution);
+//!   `b` steps 1 or 2 elements per column, or a convolution's stride;
 //! - the row variable `m` is the innermost output variable before the group that `b`
 //!   does not read and `a` does, else one that only `b` reads (a depthwise
 //!   convolution's output rows); every other output variable is a batch variable.
@@ -317,9 +317,11 @@ impl Contraction {
         let mut n: Vec<u32> = Vec::new();
         let mut strides: Vec<i64> = Vec::new();
         let mut width = 1i64;
-        // `b` steps 1 (or 2: a stride-2 convolution) elements per column.
+        // `b` steps 1 or 2 elements per column, or for a convolution (several reduction
+        // variables) any stride: code generators take 1 and 2, and a layout pass gathers
+        // wider strides into columns. (A product with a transposed B steps K: no.)
         let step = b.offset.of(rank - 1);
-        if step != 1 && step != 2 {
+        if step < 1 || (step > 2 && kv.len() < 2) {
             return None;
         }
         for v in (0..rank).rev() {

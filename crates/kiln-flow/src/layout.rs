@@ -81,7 +81,8 @@ const GATHER_MOST: u64 = 1 << 22;
 /// Gathers the image of a narrow convolution into columns ("im2col"): a contraction
 /// whose column group is one narrow output axis (`ow` of a `k×k` convolution, fewer
 /// than [`GATHER_BELOW_COLUMNS`] columns, with `oh` a batch variable) runs tiles that
-/// are mostly empty lanes. A dispatch in front of it writes `B'[.., ci, kh, kw, oh,
+/// are mostly empty lanes; one whose columns step more than 2 input elements (a stride-4
+/// convolution) has no microkernel that reads them in place. A dispatch in front of it writes `B'[.., ci, kh, kw, oh,
 /// ow] = x[.., ci, s·oh + kh, s·ow + kw]` and the kernel reads that instead, which
 /// makes its columns `oh·OW + ow` (one product of `OH·OW` columns and `CI·KH·KW` rows
 /// of B). Runs after fusion, so the gather is not fused back. Returns how many were
@@ -96,7 +97,9 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     let c = Contraction::of(k)?;
     let r = k.out_rank();
     let [n0] = c.n[..] else { return None };
-    if c.k.len() < 2 || n0 as usize != r - 1 || r < 3 || k.vars[n0 as usize] >= GATHER_BELOW_COLUMNS {
+    // Narrow rows, or a column step above 2 (which no microkernel reads in place).
+    let wide_step = c.b.offset.of(n0) > 2;
+    if c.k.len() < 2 || n0 as usize != r - 1 || r < 3 || (k.vars[n0 as usize] >= GATHER_BELOW_COLUMNS && !wide_step) {
         return None;
     }
     let x = (r - 2) as u32;

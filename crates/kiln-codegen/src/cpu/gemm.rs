@@ -333,6 +333,9 @@ impl<'k> Emitter<'k> {
         };
         e.mr = if e.transposed() { T_ROWS } else { panel_rows(e.c.dims[0]) };
         e.plan_bases()?;
+        if e.bases[1].per_n != 4 && e.bases[1].per_n != 8 && e.c.b.panel.is_none() {
+            return no(format!("B steps {} elements a column (1 or 2 here)", e.bases[1].per_n / 4));
+        }
         if e.transposed() && (e.c.b.panel.is_some() || e.bases[1].per_m != 0 || e.stride2()) {
             return no("channel-vector tiles need a plain B shared by the rows");
         }
