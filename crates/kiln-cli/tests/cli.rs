@@ -61,6 +61,23 @@ fn compile_then_run_matches_the_reference_evaluator() {
     assert_close(&read_f32(&got.join("output.npy")), &read_f32(&want.join("output.npy")));
 }
 
+/// A ConstantOfShape too large to fold is filled by the plan (a Fill command, no
+/// kernel), and the product reading it still matches the reference evaluator.
+#[test]
+fn large_constant_fills_are_fill_commands() {
+    const KIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../kiln-compiler/tests/filetests/constant-fill.kir");
+    let dir = scratch("fill");
+    let art = dir.join("fill.kiln");
+    ok(&["compile", KIR, "-o", s(&art)]);
+    let plan = ok(&["inspect", s(&art)]);
+    assert!(plan.contains("fill arena+0 (131072 bytes) with 0x3f000000/4"), "no fill in the plan: {plan}");
+    assert!(plan.contains("1 dispatches"), "the constant still dispatched: {plan}");
+    let (want, got) = (dir.join("want"), dir.join("got"));
+    ok(&["eval", KIR, "--output-dir", s(&want)]);
+    ok(&["run", s(&art), "--output-dir", s(&got)]);
+    assert_close(&read_f32(&got.join("y.npy")), &read_f32(&want.join("y.npy")));
+}
+
 #[test]
 fn external_weights_and_strip() {
     let dir = scratch("weights");

@@ -1,7 +1,8 @@
 //! The HAL level: one static command list per entry point, device-neutral.
 //!
 //! Each wave's dispatches become `Dispatch` commands (kernel, workgroup count, one
-//! `(slot, offset, length)` binding per kernel input and one for its output), a
+//! `(slot, offset, length)` binding per kernel input and one for its output; a kernel
+//! whose every element is one float constant becomes a `Fill` instead), a
 //! `Barrier` separates waves, and outputs that are not written in place (a graph
 //! input or constant returned as an output, or one buffer returned twice) are `Copy`
 //! commands at the end. Only the executables differ per target.
@@ -23,6 +24,18 @@ pub fn binding(p: &FlowProgram, plan: &StreamPlan, b: BufferId) -> Option<Bindin
         Placement::None => return None,
     };
     Some(Binding { slot, offset, length })
+}
+
+/// The fill pattern of a kernel whose every element is one float constant, with
+/// storage of the constant's own width: `(bits, bytes)`.
+fn constant_fill(k: &kiln_flow::Kernel) -> Option<(u64, u8)> {
+    let node = k.node(k.root);
+    let kiln_flow::Expr::Const(bits) = node.expr else { return None };
+    match (node.ty, k.output.dtype) {
+        (kiln_flow::ScalarType::F32, kiln_ir::DType::F32) => Some((bits & 0xFFFF_FFFF, 4)),
+        (kiln_flow::ScalarType::F64, kiln_ir::DType::F64) => Some((bits, 8)),
+        _ => None,
+    }
 }
 
 /// A tensor of the signature.
@@ -59,6 +72,13 @@ pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64]) -> Re
             }
             let wg = workgroups.get(d).copied().ok_or("missing workgroup count")?;
             if p.buffer(disp.result).ty.shape.numel() == 0 {
+                continue;
+            }
+            if let Some((pattern, pattern_len)) = constant_fill(&disp.kernel) {
+                // Every element the same constant (a ConstantOfShape too large to fold):
+                // a fill, not a kernel. (Its output binding is the dispatch's last.)
+                let dst = *bindings.last().expect("the output's binding");
+                commands.push(Command::Fill { dst, pattern, pattern_len });
                 continue;
             }
             commands.push(Command::Dispatch {

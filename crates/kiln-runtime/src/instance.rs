@@ -151,8 +151,27 @@ pub(crate) unsafe fn transfer(c: &Command, bases: &Bases<'_>) {
             if let [b] = pat {
                 out.fill(*b);
             } else {
-                for chunk in out.chunks_mut(pat.len()) {
-                    chunk.copy_from_slice(&pat[..chunk.len()]);
+                // The pattern repeated to 8 bytes, written a word at a time where the
+                // range is word-aligned relative to its start (lengths are multiples of
+                // the pattern, itself 2, 4 or 8 bytes, a divisor of 8).
+                let mut word = [0u8; 8];
+                for (i, w) in word.iter_mut().enumerate() {
+                    *w = pat[i % pat.len()];
+                }
+                // SAFETY: every bit pattern is a valid u64.
+                let (head, words, tail) = unsafe { out.align_to_mut::<u64>() };
+                if head.len() % pat.len() == 0 && 8 % pat.len() == 0 {
+                    for (i, b) in head.iter_mut().enumerate() {
+                        *b = pat[i % pat.len()];
+                    }
+                    words.fill(u64::from_ne_bytes(word));
+                    for (i, b) in tail.iter_mut().enumerate() {
+                        *b = pat[i % pat.len()];
+                    }
+                } else {
+                    for chunk in out.chunks_mut(pat.len()) {
+                        chunk.copy_from_slice(&pat[..chunk.len()]);
+                    }
                 }
             }
         }
