@@ -13,14 +13,15 @@
 //!   gives 0, the padding value; a vector whose lanes are all inside is an FMA with a
 //!   memory operand.
 //!
-//! Where the target has AVX-512 F and VL, a convolution's border vectors take opmasks
-//! instead (`k1`–`k7`, one per lane pattern, set once per call): a tap is one FMA under
-//! the mask (masked lanes neither read memory nor change the accumulator: zero
-//! padding), a stride-2 half one zeroing masked load, where either was a mask load and a
-//! `vmaskmovps` too (a max pool's border load: a load merged under the mask into −∞,
-//! where it was a mask load, a `vmaskmovps` and a blend). On 3×3 depthwise convolutions (one thread): 14×14 × 384 channels
-//! 0.040 → 0.024 ms, 7×7 × 960 0.032 → 0.016, 28×28 × 192 0.061 → 0.047, 56×56 × 144
-//! 0.149 → 0.130, 14×14 × 576 at stride 2 0.028 → 0.020.
+//! Where the target has AVX-512 F and VL, border vectors take opmasks instead (`k1`–`k7`,
+//! one per lane pattern, set once per call): a convolution's tap is one FMA under the
+//! mask (masked lanes neither read memory nor change the accumulator: zero padding), a
+//! stride-2 half one zeroing masked load, where either was a mask load and a
+//! `vmaskmovps` too; a max pool's border load is one load merged under the mask into
+//! −∞, where it was a mask load, a `vmaskmovps` and a blend. On 3×3 depthwise
+//! convolutions (one thread): 14×14 × 384 channels 0.040 → 0.024 ms, 7×7 × 960 0.032 →
+//! 0.016, 28×28 × 192 0.061 → 0.047, 56×56 × 144 0.149 → 0.130, 14×14 × 576 at stride 2
+//! 0.028 → 0.020.
 //!
 //! A max pool keeps −∞ in one register instead of taps: its accumulators start there,
 //! each tap is `vmaxps acc, x, acc` (which gives `acc` where `x` is NaN: NaN is
