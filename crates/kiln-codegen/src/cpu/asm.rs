@@ -17,6 +17,23 @@ pub(crate) const ZMM: [AsmRegisterZmm; 32] = [
     zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27, zmm28, zmm29, zmm30, zmm31,
 ];
 
+/// `r{k}`: vector register `r` (`ymm` or `zmm`) written under opmask `k` (1–7;
+/// merging unless `.z()` follows).
+macro_rules! under_mask {
+    ($r:expr, $k:expr) => {
+        match $k {
+            1 => $r.k1(),
+            2 => $r.k2(),
+            3 => $r.k3(),
+            4 => $r.k4(),
+            5 => $r.k5(),
+            6 => $r.k6(),
+            _ => $r.k7(),
+        }
+    };
+}
+pub(crate) use under_mask;
+
 /// The System V callee-saved registers, in push order.
 const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 

@@ -41,7 +41,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::window::{Depthwise, Step, StepOperand, WindowOp};
 use kiln_flow::Kernel;
 
-use super::asm::{enter, leave, Tables, YMM};
+use super::asm::{enter, leave, under_mask, Tables, YMM};
 use super::gemm::{no, NotHere, R};
 
 /// A compiled window kernel.
@@ -80,15 +80,7 @@ pub(crate) fn emit(k: &Kernel, avx512vl: bool) -> R<WindowCode> {
 
 /// `r{k}`: register `r` written under opmask `k` (1–7), merging.
 fn under(r: AsmRegisterYmm, k: u8) -> AsmRegisterYmm {
-    match k {
-        1 => r.k1(),
-        2 => r.k2(),
-        3 => r.k3(),
-        4 => r.k4(),
-        5 => r.k5(),
-        6 => r.k6(),
-        _ => r.k7(),
-    }
+    under_mask!(r, k)
 }
 
 struct Emit<'d> {

@@ -16,7 +16,7 @@
 
 use iced_x86::code_asm::*;
 
-use super::asm::{Tables, YMM, ZMM};
+use super::asm::{under_mask, Tables, YMM, ZMM};
 use super::gemm::R;
 
 /// A vector register by number (0–15 for `ymm`, 0–31 for `zmm`).
@@ -84,16 +84,7 @@ fn k(m: Mask) -> AsmRegisterK {
 
 /// `zmm{k}`: register `v` written under opmask `m` (1–7).
 fn zk(v: V, m: Mask) -> AsmRegisterZmm {
-    let r = z(v);
-    match m.0 {
-        1 => r.k1(),
-        2 => r.k2(),
-        3 => r.k3(),
-        4 => r.k4(),
-        5 => r.k5(),
-        6 => r.k6(),
-        _ => r.k7(),
-    }
+    under_mask!(z(v), m.0)
 }
 
 /// An operand resolved for one width.
