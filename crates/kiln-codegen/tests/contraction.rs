@@ -26,17 +26,9 @@ fn tt(dims: &[usize]) -> TensorType {
 }
 
 /// Every microkernel variant this machine can run: AVX2 (x86-64-v3) tiles, and
-/// 512-bit tiles (x86-64-v4) where the CPU has AVX-512 F (else that variant is
-/// skipped, and says so once).
+/// 512-bit tiles (x86-64-v4) where the CPU has AVX-512 F.
 fn variants() -> Vec<Config> {
-    let mut v = vec![Config { target: CpuTarget::X86_64V3, options: Options::default() }];
-    if std::is_x86_feature_detected!("avx512f") {
-        v.push(Config { target: CpuTarget::X86_64V4, options: Options::default() });
-    } else {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| eprintln!("skipped: the x86-64-v4 (AVX-512) variants, this CPU lacks AVX-512 F"));
-    }
-    v
+    microkernel_variants(false)
 }
 
 fn abs(t: &Tensor) -> Tensor {
@@ -260,11 +252,7 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
             // v·sigmoid(v) with v = s·row (a per-row broadcast), then max with the
             // residual (both operands vary: NaN-propagating) and a clamp below at −0.25.
             let v = b.mul(s, row);
-            let n = b.unary(UnaryOp::Neg, v);
-            let e = b.unary(UnaryOp::Exp, n);
-            let one = b.float(f, 1.0);
-            let d = b.add(e, one);
-            let sig = b.div(one, d);
+            let sig = sigmoid(&mut b, v);
             let w = b.mul(v, sig);
             let w = b.binary(BinaryOp::Max, w, res);
             let lo = b.float(f, -0.25);
@@ -272,13 +260,8 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
             b.select(lt, lo, w)
         }
         "sigmoid" => {
-            // 1 / (1 + exp(−v)), v = s + bias.
             let v = b.add(s, bias);
-            let n = b.unary(UnaryOp::Neg, v);
-            let e = b.unary(UnaryOp::Exp, n);
-            let one = b.float(f, 1.0);
-            let d = b.add(e, one);
-            b.div(one, d)
+            sigmoid(&mut b, v)
         }
         "many_live" => {
             // Ten scalings of the sum by powers of two (exact), all live at once: the
@@ -310,6 +293,15 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
         _ => unreachable!(),
     };
     b.finish(r).unwrap()
+}
+
+/// `1 / (1 + exp(−v))`, as exported.
+fn sigmoid(b: &mut KernelBuilder, v: ExprId) -> ExprId {
+    let n = b.unary(UnaryOp::Neg, v);
+    let e = b.unary(UnaryOp::Exp, n);
+    let one = b.float(ScalarType::F32, 1.0);
+    let d = b.add(e, one);
+    b.div(one, d)
 }
 
 /// Epilogues that need more registers than a tile leaves: ten values live at once (too

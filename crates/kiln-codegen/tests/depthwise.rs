@@ -192,16 +192,9 @@ fn check(k: &Kernel, ins: &[Tensor], units: f32) {
 }
 
 /// x86-64-v3, and x86-64-v4 where the CPU has AVX-512 F and VL (border taps under
-/// opmasks); skipped, with a message, where not.
+/// opmasks).
 fn targets() -> Vec<Config> {
-    let mut v = vec![Config { target: CpuTarget::X86_64V3, options: Options::default() }];
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl") {
-        v.push(Config { target: CpuTarget::X86_64V4, options: Options::default() });
-    } else {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| eprintln!("skipped: the x86-64-v4 variants, this CPU lacks AVX-512 F/VL"));
-    }
-    v
+    microkernel_variants(true)
 }
 
 /// On x86-64-v4, convolutions whose rows have border vectors take their border taps

@@ -148,13 +148,17 @@ impl<'d> Emit<'d> {
                 // (A stride-2 vector is put together from two loads: 8 columns apart.)
                 for first in if sw == 1 { vec![col] } else { vec![col, col + 8] } {
                     let bits = Self::inside(first, w);
-                    if bits != 0 && bits != 0xff && !self.opmasks.iter().any(|m| m.0 == bits) && self.opmasks.len() < 7
-                    {
+                    if bits != 0 && bits != 0xff && self.opmask(bits).is_none() && self.opmasks.len() < 7 {
                         self.opmasks.push((bits, self.opmasks.len() as u8 + 1));
                     }
                 }
             }
         }
+    }
+
+    /// The opmask register number holding lane pattern `bits`, if one does.
+    fn opmask(&self, bits: u8) -> Option<u8> {
+        self.opmasks.iter().find(|m| m.0 == bits).map(|m| m.1)
     }
 
     fn const_label(&mut self, bits: u32) -> CodeLabel {
@@ -182,7 +186,7 @@ impl<'d> Emit<'d> {
                 Ok(true)
             }
             _ => {
-                if let Some(&(_, k)) = self.opmasks.iter().find(|m| m.0 == bits) {
+                if let Some(k) = self.opmask(bits) {
                     // Zeroing: lanes outside read nothing and are 0.
                     self.a.evex().vmovups(under(dst, k).z(), at)?;
                     return Ok(true);
@@ -203,17 +207,18 @@ impl<'d> Emit<'d> {
         match bits {
             0 => self.a.vmovaps(dst, neg_inf)?,
             0xff => self.a.vmovups(dst, ymmword_ptr(rbx + (disp * 4) as i32))?,
-            _ if self.opmasks.iter().any(|m| m.0 == bits) => {
-                // −∞, then the lanes inside under the mask (merging).
-                let k = self.opmasks.iter().find(|m| m.0 == bits).map_or(1, |m| m.1);
-                self.a.vmovaps(dst, neg_inf)?;
-                self.a.evex().vmovups(under(dst, k), ymmword_ptr(rbx + (disp * 4) as i32))?;
-            }
-            _ => {
-                self.load(dst, disp, bits)?;
-                let m = self.scratch[self.scratch.len() - 1];
-                self.a.vblendvps(dst, neg_inf, dst, m)?;
-            }
+            _ => match self.opmask(bits) {
+                Some(k) => {
+                    // −∞, then the lanes inside under the mask (merging).
+                    self.a.vmovaps(dst, neg_inf)?;
+                    self.a.evex().vmovups(under(dst, k), ymmword_ptr(rbx + (disp * 4) as i32))?;
+                }
+                None => {
+                    self.load(dst, disp, bits)?;
+                    let m = self.scratch[self.scratch.len() - 1];
+                    self.a.vblendvps(dst, neg_inf, dst, m)?;
+                }
+            },
         }
         Ok(())
     }
@@ -414,7 +419,7 @@ impl<'d> Emit<'d> {
                             self.a.vmaxps(acc, t0, acc)?;
                         } else if sw == 1 {
                             let bits = Self::inside(col, w);
-                            let k = self.opmasks.iter().find(|m| m.0 == bits).map(|m| m.1);
+                            let k = self.opmask(bits);
                             if bits == 0xff {
                                 self.a.vfmadd231ps(acc, tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
                             } else if let Some(k) = k {

@@ -1250,15 +1250,8 @@ impl Emitter<'_> {
             self.row_epilogue(mr, nv_, masked.map(|_| mreg))?;
         } else {
             let mut pool: Vec<V> = pool.iter().map(|&r| yv(r)).collect();
-            for i in 0..mr_ {
-                for j in 0..nv_ {
-                    let lanes = if j == nv_ - 1 { masked } else { None };
-                    let mask = lanes.map(|_| Mask(yv(mreg).0));
-                    let slot = TileSlot { acc: yv(acc(i, j)), row: i as i64, vec: j as i64, mask };
-                    let at = ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
-                    self.epilogue_store(&slot, at, &mut pool)?;
-                }
-            }
+            let last_mask = masked.map(|_| Mask(yv(mreg).0));
+            self.epilogue_in_place(mr_, nv_, |i, j| yv(acc(i, j)), last_mask, &mut pool)?;
         }
         if let Some(mut l) = finished {
             // (The next instruction is the caller's: a pointer step or a jump.)
@@ -1597,13 +1590,7 @@ impl Emitter<'_> {
             self.epi_wide = true;
             self.wide_epilogue_used = true;
             let mut pool: Vec<V> = (rows * nz..32).rev().map(|r| V(r as u8)).collect();
-            for i in 0..rows {
-                for j in 0..nz {
-                    let slot = TileSlot { acc: V((i * nz + j) as u8), row: i as i64, vec: j as i64, mask: None };
-                    let at = zmmword_ptr(r8 + (out_row * i as i64 + 64 * j as i64) as i32);
-                    self.epilogue_store(&slot, at, &mut pool)?;
-                }
-            }
+            self.epilogue_in_place(rows, nz, |i, j| V((i * nz + j) as u8), None, &mut pool)?;
             self.epi_wide = false;
         } else {
             for i in 0..rows {
@@ -1623,6 +1610,29 @@ impl Emitter<'_> {
         if let Some(mut l) = finished {
             self.a.set_label(&mut l)?;
             self.a.nop()?;
+        }
+        Ok(())
+    }
+
+    /// The epilogue on a tile's accumulators where they are (`acc(i, j)`: row `i`,
+    /// vector `j`, of the width being emitted), each stored at its place in the output
+    /// row; `last_mask`: the lanes of each row's last vector, when it is partial.
+    fn epilogue_in_place(
+        &mut self,
+        rows: usize,
+        nv: usize,
+        acc: impl Fn(usize, usize) -> V,
+        last_mask: Option<Mask>,
+        pool: &mut Vec<V>,
+    ) -> R<()> {
+        let out_row = self.bases[2].per_m;
+        let bytes = self.vx().bytes() as i64;
+        for i in 0..rows {
+            for j in 0..nv {
+                let mask = if j == nv - 1 { last_mask } else { None };
+                let slot = TileSlot { acc: acc(i, j), row: i as i64, vec: j as i64, mask };
+                self.epilogue_store(&slot, ptr(r8 + (out_row * i as i64 + bytes * j as i64) as i32), pool)?;
+            }
         }
         Ok(())
     }

@@ -16,6 +16,20 @@ pub struct Config {
     pub options: Options,
 }
 
+/// The microkernel variants this machine can run: x86-64-v3 (AVX2) and, where the CPU
+/// has AVX-512 F (and VL, when `vl`: code that writes `ymm` registers under opmasks),
+/// x86-64-v4; where it does not, that variant is skipped, and said so once.
+pub fn microkernel_variants(vl: bool) -> Vec<Config> {
+    let mut v = vec![Config { target: CpuTarget::X86_64V3, options: Options::default() }];
+    if std::is_x86_feature_detected!("avx512f") && (!vl || std::is_x86_feature_detected!("avx512vl")) {
+        v.push(Config { target: CpuTarget::X86_64V4, options: Options::default() });
+    } else {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| eprintln!("skipped: the x86-64-v4 (AVX-512) variants, this CPU lacks AVX-512 F or VL"));
+    }
+    v
+}
+
 /// Every target this machine can run, with and without vectorisation (float
 /// reductions never reassociated, so every result is comparable bit for bit).
 pub fn configs() -> Vec<Config> {
