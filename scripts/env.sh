@@ -5,7 +5,7 @@
 
 KILN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Everything downloaded or generated for tests; the Rust tests read it via $KILN_TEST_DATA.
-KILN_CACHE="$KILN_ROOT/.cache"
+KILN_CACHE="${KILN_CACHE:-$KILN_ROOT/.cache}"
 # Virtual environment holding the pinned packages of scripts/requirements.txt.
 KILN_VENV="$KILN_ROOT/.venv"
 KILN_VPY="$KILN_VENV/bin/python"

@@ -520,8 +520,8 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 .commands
                 .iter()
                 .map(|c| match c {
-                    Command::Dispatch { kernel, workgroups, bindings, .. } => format!(
-                        "{{\"op\":\"dispatch\",\"kernel\":{},\"workgroups\":{workgroups},\"bindings\":[{}]}}",
+                    Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
+                        "{{\"op\":\"dispatch\",\"kernel\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
                         bindings.iter().map(|b| format!("{}:{}", json_str(&slot_name(b)), b.length)).map(|x| format!("{{{x}}}")).collect::<Vec<_>>().join(",")
                     ),
@@ -594,7 +594,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
         let mut wave = 0;
         for (i, c) in e.commands.iter().enumerate() {
             match c {
-                Command::Dispatch { kernel, workgroups, bindings, .. } => {
+                Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
                     let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
                     let b: Vec<String> = bindings.iter().map(|b| format!("{}:{}", slot_name(b), b.length)).collect();
                     let src = p
@@ -603,7 +603,8 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         .and_then(|d| d.kernel_sources.get(*kernel as usize))
                         .map(|s| format!("  // {s}"))
                         .unwrap_or_default();
-                    let _ = writeln!(s, "  {i:>4} w{wave:<3} dispatch {name} x{workgroups} [{}]{src}", b.join(", "));
+                    let est = if *work_ns == 0 { String::new() } else { format!(" ~{:.1}us", *work_ns as f64 / 1e3) };
+                    let _ = writeln!(s, "  {i:>4} w{wave:<3} dispatch {name} x{workgroups}{est} [{}]{src}", b.join(", "));
                 }
                 Command::Barrier => {
                     wave += 1;

@@ -3,7 +3,9 @@
 //! be bit-identical: a kernel computes each workgroup the same way whichever thread runs
 //! it, so splitting the workgroups may change nothing. The graphs cover contraction
 //! microkernels over odd shapes, a wave of two dispatches, reductions, helper calls, and
-//! dispatches of fewer workgroups than threads; the models are lenet (in the repository)
+//! dispatches of fewer workgroups than threads; each also with its work estimates cleared,
+//! so that the driver splits every wave (with them, it runs waves too small to pay for
+//! the hand-off on the calling thread alone); the models are lenet (in the repository)
 //! and, from the test data (`$KILN_TEST_DATA`, default `<repo>/.cache`, fetched by
 //! `scripts/test`), mlp, mobilenet_v2, bert_tiny and matmul1024 (whose contraction
 //! packs blocks of B on each thread's stack).
@@ -60,11 +62,36 @@ fn run(module: &kiln_runtime::LoadedModule<'_>, threads: usize, ins: &[Vec<u8>])
     outs
 }
 
+/// `artifact` with every dispatch's work estimate cleared: the driver then splits every
+/// wave, as it does a format 1.0 plan's (the graphs here are too small for the
+/// estimates to let it split any).
+fn without_estimates(artifact: &[u8]) -> Vec<u8> {
+    let m = kiln_module::Module::parse(artifact).expect("parse");
+    let mut p = kiln_module::sections::read_program(&m).expect("decode").to_program();
+    let mut cleared = 0;
+    for e in &mut p.entries {
+        for c in &mut e.commands {
+            if let kiln_module::program::Command::Dispatch { work_ns, .. } = c {
+                assert!(*work_ns > 0, "the compiler estimates every dispatch");
+                *work_ns = 0;
+                cleared += 1;
+            }
+        }
+    }
+    assert!(cleared > 0);
+    kiln_module::sections::write_program(&p)
+}
+
 fn same_on_threads(name: &str, g: &Graph) {
     let c = kiln_compiler::compile(g, &kiln_compiler::Options::default())
         .unwrap_or_else(|e| panic!("{name}: compile: {e}"));
-    let module =
-        kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).unwrap_or_else(|e| panic!("{name}: load: {e}"));
+    same_on_threads_of(name, &c.artifact, c.weights.as_deref());
+    let split = without_estimates(&c.artifact);
+    same_on_threads_of(&format!("{name} (every wave split)"), &split, c.weights.as_deref());
+}
+
+fn same_on_threads_of(name: &str, artifact: &[u8], weights: Option<&[u8]>) {
+    let module = kiln_runtime::Module::load(artifact, weights).unwrap_or_else(|e| panic!("{name}: load: {e}"));
     let ins = inputs(&module.entry_signature(0).expect("entry 0"));
     let one = run(&module, 1, &ins);
     for threads in [2, 3] {
@@ -128,4 +155,39 @@ fn models_are_bit_identical_on_threads() {
         let g = kiln_import::onnx::import_file(&path, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         same_on_threads(&path.display().to_string(), &g);
     }
+}
+
+#[test]
+fn work_estimates_are_on_a_physical_scale() {
+    // A 256×256×256 product (16.8 M multiply-adds) and an 8-element add.
+    let g = graph(
+        r#"graph @est(%0: f32[256,256] "x", %1: f32[256,256] "w", %2: f32[8] "a") -> (%4, %5) {
+  %3 = MatMul(%0, %1) : f32[256,256] "mm" node "mm"
+  %4 = Relu(%3) : f32[256,256] "r" node "r"
+  %5 = Add(%2, %2) : f32[8] "s" node "s"
+}"#,
+    );
+    let c = kiln_compiler::compile(&g, &kiln_compiler::Options::default()).expect("compile");
+    let m = kiln_module::Module::parse(&c.artifact).expect("parse");
+    let p = kiln_module::sections::read_program(&m).expect("decode").to_program();
+    let mut est: Vec<(u64, u64)> = p.entries[0]
+        .commands
+        .iter()
+        .filter_map(|c| match c {
+            kiln_module::program::Command::Dispatch { work_ns, bindings, .. } => {
+                Some((*work_ns, bindings.last().expect("output").length))
+            }
+            _ => None,
+        })
+        .collect();
+    est.sort_by_key(|e| e.1);
+    assert_eq!(est.len(), 2, "{est:?}");
+    let (small, product) = (est[0].0, est[1].0);
+    // No core does more than 200 or fewer than 4 multiply-adds a nanosecond on a
+    // microkernel; an 8-element add is well under 10 µs and is estimated.
+    let macs = 256u64 * 256 * 256;
+    assert!((macs / 200..=macs / 4).contains(&product), "product estimated at {product} ns");
+    assert!((1..10_000).contains(&small), "add estimated at {small} ns");
+    // So on two threads the product is worth splitting and the add is not.
+    assert!(product / 2 >= 3_000 && small / 2 < 3_000);
 }

@@ -49,9 +49,10 @@ pub fn tensor_desc(p: &FlowProgram, b: BufferId) -> TensorDesc {
     }
 }
 
-/// The "main" entry point of `p` under `plan`; `workgroups[d]` is dispatch `d`'s count
-/// and dispatch `d` runs kernel `d` of the kernel table.
-pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64]) -> Result<EntryPoint, String> {
+/// The "main" entry point of `p` under `plan`; `workgroups[d]` is dispatch `d`'s count,
+/// `work_ns[d]` its estimated single-thread time (0: none), and dispatch `d` runs kernel
+/// `d` of the kernel table.
+pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64], work_ns: &[u64]) -> Result<EntryPoint, String> {
     let mut commands = Vec::new();
     let mut first_cmd = vec![u32::MAX; p.buffers.len()];
     let mut last_cmd = vec![0u32; p.buffers.len()];
@@ -87,6 +88,7 @@ pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64]) -> Re
                 workgroups: wg,
                 bindings,
                 push_constants: Vec::new(),
+                work_ns: work_ns.get(d).copied().unwrap_or(0),
             });
         }
     }

@@ -144,7 +144,7 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     phases.push(("codegen", t.elapsed()));
     let t = Instant::now();
     let codegen_notes = cpu.notes.clone();
-    let mut entry = hal::entry_point(&flow, &plan, &cpu.workgroups).map_err(CompileError::Hal)?;
+    let mut entry = hal::entry_point(&flow, &plan, &cpu.workgroups, &cpu.work_ns).map_err(CompileError::Hal)?;
     if opts.strip {
         // The memory map's buffer names are for listings only, like the debug section.
         entry.buffers.iter_mut().for_each(|b| b.name.clear());

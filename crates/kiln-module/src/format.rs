@@ -37,7 +37,9 @@ impl fmt::Display for Version {
 }
 
 /// The container format version this crate writes and reads.
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 0 };
+///
+/// 1.1 added each dispatch's `work_ns` to the plan (a 1.0 plan reads as 0: no estimate).
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 1 };
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

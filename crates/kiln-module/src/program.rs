@@ -78,6 +78,10 @@ pub enum Command {
         bindings: Vec<Binding>,
         /// Small constants passed to the kernel (unused by the first kernels; reserved).
         push_constants: Vec<u32>,
+        /// The compiler's estimate of the time all workgroups take on one thread, in
+        /// nanoseconds (0: no estimate). A driver compares it with what handing work to
+        /// other threads costs; it never changes what the dispatch computes.
+        work_ns: u64,
     },
     /// Everything before it completes before anything after it starts.
     Barrier,

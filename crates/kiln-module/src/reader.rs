@@ -324,7 +324,17 @@ mod tests {
         d[8] = 2;
         assert_eq!(
             Module::parse(&d).unwrap_err(),
-            ReadError::UnsupportedVersion { file: Version { major: 2, minor: 0 }, reader: FORMAT_VERSION }
+            ReadError::UnsupportedVersion { file: Version { major: 2, minor: FORMAT_VERSION.minor }, reader: FORMAT_VERSION }
+        );
+        // A newer minor of the same major is refused too (its additions are not known here).
+        let mut d = good.clone();
+        d[10] = FORMAT_VERSION.minor as u8 + 1;
+        assert_eq!(
+            Module::parse(&d).unwrap_err(),
+            ReadError::UnsupportedVersion {
+                file: Version { major: 1, minor: FORMAT_VERSION.minor + 1 },
+                reader: FORMAT_VERSION
+            }
         );
         let mut d = good.clone();
         d[12] ^= 1;

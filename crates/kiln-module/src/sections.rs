@@ -25,7 +25,8 @@
 //!   list<entry>        (as many as the signature has, same order)
 //!                      entry  = uv arena_size, uv arena_align, list<command>, list<buffer>
 //!   command = uv tag, then
-//!     0 dispatch: u32 kernel, u32 device, uv workgroups, list<binding>, list<u32> push_constants
+//!     0 dispatch: u32 kernel, u32 device, uv workgroups, list<binding>, list<u32> push_constants,
+//!                 uv work_ns (format 1.1 on; absent from 1.0 files, read as 0)
 //!     1 barrier
 //!     2 copy:     binding src, binding dst
 //!     3 fill:     binding dst, uv pattern_len (≤ 255), uv pattern
@@ -49,7 +50,7 @@
 //! encoding.
 
 use crate::abi::ABI_VERSION;
-use crate::format::SectionKind;
+use crate::format::{SectionKind, Version};
 use crate::program::{
     Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel, Program,
     Reloc, RelocKind, Slot, TensorDesc, Variant,
@@ -526,7 +527,7 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
         e.len(ep.commands.len());
         for c in &ep.commands {
             match c {
-                Command::Dispatch { kernel, device, workgroups, bindings, push_constants } => {
+                Command::Dispatch { kernel, device, workgroups, bindings, push_constants, work_ns } => {
                     e.uv(0);
                     e.uv((*kernel).into());
                     e.uv((*device).into());
@@ -539,6 +540,7 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                     for &c in push_constants {
                         e.uv(c.into());
                     }
+                    e.uv(*work_ns);
                 }
                 Command::Barrier => e.uv(1),
                 Command::Copy { src, dst } => {
@@ -650,13 +652,15 @@ struct Dec<'a> {
     pos: usize,
     kind: SectionKind,
     base: u64,
+    /// The file's format version (what a section holds may depend on it).
+    format: Version,
 }
 
 type R<T> = Result<T, SectionError>;
 
 impl<'a> Dec<'a> {
-    fn new(kind: SectionKind, base: u64, data: &'a [u8]) -> Dec<'a> {
-        Dec { data, pos: 0, kind, base }
+    fn new(kind: SectionKind, base: u64, data: &'a [u8], format: Version) -> Dec<'a> {
+        Dec { data, pos: 0, kind, base, format }
     }
 
     fn err_at(&self, pos: usize, problem: SectionProblem) -> SectionError {
@@ -823,7 +827,8 @@ impl<'a> Dec<'a> {
                 for _ in 0..n {
                     push_constants.push(self.u32("push constant")?);
                 }
-                Command::Dispatch { kernel, device, workgroups, bindings, push_constants }
+                let work_ns = if self.format.minor >= 1 { self.uv("dispatch work estimate")? } else { 0 };
+                Command::Dispatch { kernel, device, workgroups, bindings, push_constants, work_ns }
             }
             1 => Command::Barrier,
             2 => {
@@ -855,7 +860,7 @@ struct Sig<'a> {
 }
 
 fn section<'a>(m: &Module<'a>, kind: SectionKind) -> Option<Dec<'a>> {
-    m.sections().find(|s| s.kind == kind).map(|s| Dec::new(kind, s.offset, s.bytes))
+    m.sections().find(|s| s.kind == kind).map(|s| Dec::new(kind, s.offset, s.bytes, m.format()))
 }
 
 fn required<'a>(m: &Module<'a>, kind: SectionKind) -> R<Dec<'a>> {

@@ -38,6 +38,7 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                         b(Slot::Arena, 0, 32),
                     ],
                     push_constants: vec![],
+                    work_ns: 0,
                 },
                 Command::Barrier,
                 Command::Dispatch {
@@ -46,6 +47,7 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                     workgroups: 2,
                     bindings: vec![b(Slot::Arena, 0, 32), b(Slot::Constants, 192, 64), b(Slot::Output(0), 0, 8)],
                     push_constants: vec![7, u32::MAX],
+                    work_ns: 1234,
                 },
                 Command::Copy { src: b(Slot::Output(0), 0, 8), dst: b(Slot::Arena, 32, 8) },
             ],
@@ -138,6 +140,7 @@ fn round_trip_extremes_and_empty() {
             workgroups: u64::MAX,
             bindings: vec![b(Slot::Input(u32::MAX), u64::MAX, u64::MAX), b(Slot::Output(u32::MAX), 0, 0)],
             push_constants: vec![0, u32::MAX],
+            work_ns: u64::MAX,
         },
         Command::Fill { dst: b(Slot::Constants, 1, 2), pattern: u64::MAX, pattern_len: 255 },
     ];
@@ -247,6 +250,66 @@ fn slot_and_signed_encodings_by_hand() {
         section_bytes(&p, SectionKind::Executables).expect("executables"),
         [1, 0, 0, 1, 1, b'k', 0, 1, 0, 0, 0, 7, 1, 0xc3, 0]
     );
+}
+
+#[test]
+fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
+    let mut p = mlp(Constants::Embedded(vec![]), false);
+    p.devices.clear();
+    p.entries[0].commands = vec![Command::Dispatch {
+        kernel: 1,
+        device: 0,
+        workgroups: 3,
+        bindings: vec![b(Slot::Arena, 0, 4)],
+        push_constants: vec![],
+        work_ns: 300,
+    }];
+    p.entries[0].buffers.clear();
+    let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
+    // devices 0; entries 1; arena 64, align 64; 1 command: tag 0, kernel 1, device 0,
+    // 3 workgroups, 1 binding (slot 0, offset 0, length 4), 0 push constants, work
+    // 300 = 0b10_0101100 → ac 02; 0 buffers.
+    assert_eq!(plan, [0, 1, 0x40, 0x40, 1, 0, 1, 0, 3, 1, 0, 0, 4, 0, 0xac, 0x02, 0]);
+    let file_of = |plan: Vec<u8>, minor: u16| {
+        let mut f = file_with(&[
+            (SectionKind::Signature, section_bytes(&p, SectionKind::Signature).expect("sig")),
+            (SectionKind::Plan, plan),
+            (SectionKind::Executables, section_bytes(&p, SectionKind::Executables).expect("exe")),
+            (SectionKind::Constants, vec![]),
+        ]);
+        f[10..12].copy_from_slice(&minor.to_le_bytes());
+        let crc = kiln_module::format::crc32(&f[..36]);
+        f[36..40].copy_from_slice(&crc.to_le_bytes());
+        f
+    };
+    // A format 1.0 file has no estimate: the same plan without it reads as 0.
+    let mut old_plan = plan.clone();
+    old_plan.drain(14..16);
+    let old = file_of(old_plan, 0);
+    let m = Module::parse(&old).expect("a 1.0 file parses");
+    assert_eq!(m.format(), kiln_module::Version { major: 1, minor: 0 });
+    let commands = read_program(&m).expect("a 1.0 plan decodes").to_program().entries[0].commands.clone();
+    assert_eq!(
+        commands,
+        [Command::Dispatch {
+            kernel: 1,
+            device: 0,
+            workgroups: 3,
+            bindings: vec![b(Slot::Arena, 0, 4)],
+            push_constants: vec![],
+            work_ns: 0
+        }]
+    );
+    // The 1.1 plan under a 1.0 header leaves bytes over; under its own, it reads back.
+    let mislabelled = file_of(plan.clone(), 0);
+    let m = Module::parse(&mislabelled).expect("parses");
+    // (a 1.0 reader takes the estimate for the buffer count, byte 14).
+    let e = read_program(&m).expect_err("the estimate is not part of a 1.0 plan");
+    assert_eq!(e.section_offset, 14, "{e}");
+    assert!(e.to_string().contains("buffers: count 300"), "{e}");
+    let current = file_of(plan, 1);
+    let m = Module::parse(&current).expect("parses");
+    assert_eq!(read_program(&m).expect("decodes").to_program().entries[0].commands, p.entries[0].commands);
 }
 
 #[test]

@@ -35,6 +35,7 @@ fn program(external: Option<&[u8]>) -> Program {
                     workgroups: 3,
                     bindings: vec![b(Slot::Input(0), 0, 12), b(Slot::Input(1), 0, 12), b(Slot::Arena, 0, 12)],
                     push_constants: vec![],
+                    work_ns: 0,
                 },
                 Command::Copy { src: b(Slot::Arena, 0, 12), dst: b(Slot::Output(0), 0, 12) },
             ],

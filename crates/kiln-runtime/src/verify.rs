@@ -52,7 +52,7 @@ fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -
         binding(e, pool_len, b, writes).map_err(|problem| CommandProblem::Binding { role, problem })
     };
     match c {
-        Command::Dispatch { kernel, device, workgroups: _, bindings, push_constants } => {
+        Command::Dispatch { kernel, device, workgroups: _, bindings, push_constants, work_ns: _ } => {
             if *kernel as usize >= p.kernels.len() {
                 return Err(CommandProblem::KernelIndex { kernel: *kernel, count: p.kernels.len() });
             }

@@ -24,6 +24,7 @@
 mod analysis;
 mod asm;
 mod copy;
+mod cost;
 mod depthwise;
 mod emit;
 mod gemm;
@@ -108,6 +109,8 @@ pub struct CpuModule {
     /// How each kernel was compiled: `contraction microkernel`, or `general` with the
     /// reason a recognised contraction did not take the microkernel path.
     pub notes: Vec<String>,
+    /// Each kernel's estimated single-thread time in nanoseconds (see [`cost`]).
+    pub work_ns: Vec<u64>,
 }
 
 /// The workgroups of a kernel: the product of every output dimension but the
@@ -346,6 +349,7 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
     // Kernels emitted as microkernels: (kernel index, code).
     let mut micro: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut notes = Vec::with_capacity(kernels.len());
+    let mut work_ns = Vec::with_capacity(kernels.len());
     for (idx, k) in kernels.iter().enumerate() {
         if names.contains(&k.name.as_str()) || micro.iter().any(|(i, _)| kernels[*i].name == k.name) {
             return Err(CodegenError::Unsupported {
@@ -357,6 +361,7 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
             k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
             if let Ok(w) = depthwise::emit(k, avx512 && features & CpuFeature::Avx512vl.bit() != 0) {
                 workgroup_counts.push(w.workgroups);
+                work_ns.push(cost::estimate_ns(k, cost::Path::Window));
                 micro.push((idx, w.code));
                 notes.push(w.note.to_string());
                 used_avx512 |= w.avx512;
@@ -365,6 +370,7 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
             match gemm::emit(k, avx512) {
                 Ok(g) => {
                     workgroup_counts.push(g.workgroups);
+                    work_ns.push(cost::estimate_ns(k, cost::Path::Contraction));
                     micro.push((idx, g.code));
                     used_avx512 |= g.avx512;
                     notes.push(
@@ -392,6 +398,7 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                         Ok(((code, wg), note, wide)) => {
                             used_avx512 |= wide;
                             workgroup_counts.push(wg);
+                            work_ns.push(cost::estimate_ns(k, cost::Path::Vector));
                             micro.push((idx, code));
                             notes.push(note);
                             continue;
@@ -410,6 +417,7 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
             module.declare_function(&k.name, Linkage::Export, &ctx.func.signature).map_err(|e| internal(&k.name, e))?;
         module.define_function(id, &mut ctx).map_err(|e| internal(&k.name, format!("{e:?}")))?;
         workgroup_counts.push(workgroups(k));
+        work_ns.push(cost::estimate_ns(k, cost::Path::General));
     }
     let product = module.finish();
     let bytes = product.emit().map_err(|e| internal("", e))?;
@@ -437,5 +445,5 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
             }
         }
     }
-    Ok(CpuModule { executable, workgroups: workgroup_counts, notes })
+    Ok(CpuModule { executable, workgroups: workgroup_counts, notes, work_ns })
 }

@@ -114,6 +114,7 @@ pub fn add_program(n: u64) -> Program {
                     workgroups: n,
                     bindings: vec![b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes), b(Slot::Arena, 64, bytes)],
                     push_constants: vec![],
+                    work_ns: 0,
                 },
                 Command::Barrier,
                 Command::Copy { src: b(Slot::Arena, 64, bytes), dst: b(Slot::Output(0), 0, bytes) },
@@ -162,6 +163,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                         workgroups: 1,
                         bindings: vec![b(Slot::Constants, 0, 4), b(Slot::Arena, 4, 4)],
                         push_constants: vec![],
+                        work_ns: 0,
                     },
                     Command::Fill { dst: b(Slot::Output(0), 4, 3), pattern: 0xaa, pattern_len: 1 },
                     Command::Fill { dst: b(Slot::Output(0), 7, 5), pattern: 0x1122, pattern_len: 2 },
@@ -183,6 +185,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                     workgroups: 1,
                     bindings: vec![b(Slot::Input(0), 0, 4), b(Slot::Output(0), 0, 4)],
                     push_constants: vec![],
+                    work_ns: 0,
                 }],
                 buffers: vec![],
             },
@@ -244,6 +247,7 @@ pub fn reloc_program() -> Program {
             workgroups: 1,
             bindings: vec![b(Slot::Output(0), 0, 4)],
             push_constants: vec![],
+            work_ns: 0,
         }],
         buffers: vec![],
     };
@@ -371,6 +375,7 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
         workgroups: n,
         bindings: vec![a, b, y],
         push_constants: vec![],
+        work_ns: 0,
     };
     let (a, bb) = (b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes));
     let (s, t, w) = (b(Slot::Arena, 0, bytes), b(Slot::Arena, bytes, bytes), b(Slot::Arena, 2 * bytes, 4));
@@ -383,6 +388,7 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
             workgroups: 1,
             bindings: vec![b(Slot::Input(0), 0, 4), w],
             push_constants: vec![],
+            work_ns: 0,
         },
     ];
     if barrier {
