@@ -1,9 +1,12 @@
 /* The machine's own limits, for reading kiln's benchmarks against:
  *   fma:   one core's f32 FMA throughput, 12 independent AVX2 accumulators (8 lanes,
  *          2 flops per lane per FMA), the loop the issue names as the peak;
+ *   fma512: the same with AVX-512 (16 lanes) where the CPU has AVX-512 F, else 0 (a core
+ *          with two 512-bit FMA pipes, as many Xeons, doubles the AVX2 figure; a core
+ *          that splits them in halves, as Zen 4, does not);
  *   triad: one core's memory bandwidth, a[i] = b[i] + s*c[i] over 3 x 32 MiB
  *          (bytes moved: 3 arrays; the best of 10 passes).
- * Prints one line each: `fma GFLOP/s`, `triad GB/s`.
+ * Prints one line each: `fma GFLOP/s`, `fma512 GFLOP/s`, `triad GB/s`.
  *
  * `peaks jitter MS N` instead times N calls (after N/5 warm-up calls) of a fixed piece
  * of work that takes about MS milliseconds (arithmetic over a 16 KiB buffer that stays
@@ -42,6 +45,29 @@ __attribute__((target("avx2,fma"), noinline)) static double fma_peak(void) {
     float s = 0;
 #define SUM(i) s += a##i[0];
     ACC(SUM)
+    if (s == 12345.f) printf("!");
+    return best;
+}
+
+/* As fma_peak, 16 lanes. */
+__attribute__((target("avx512f"), noinline)) static double fma512_peak(void) {
+    __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
+#define DECL512(i) __m512 a##i = _mm512_set1_ps((float)i);
+    ACC(DECL512)
+    long n = 50000000;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        for (long i = 0; i < n; i++) {
+#define STEP512(i) a##i = _mm512_fmadd_ps(a##i, x, y);
+            ACC(STEP512)
+        }
+        double t = now() - t0, g = n * 12.0 * 32.0 / t / 1e9;
+        if (g > best) best = g;
+    }
+    float s = 0;
+#define SUM512(i) s += _mm512_reduce_add_ps(a##i);
+    ACC(SUM512)
     if (s == 12345.f) printf("!");
     return best;
 }
@@ -113,6 +139,9 @@ static int jitter(double ms, long n) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "jitter")) return jitter(atof(argv[2]), atol(argv[3]));
-    printf("fma %.1f\ntriad %.1f\n", fma_peak(), triad());
+    double f = fma_peak();
+    __builtin_cpu_init();
+    double f512 = __builtin_cpu_supports("avx512f") ? fma512_peak() : 0;
+    printf("fma %.1f\nfma512 %.1f\ntriad %.1f\n", f, f512, triad());
     return 0;
 }
