@@ -37,6 +37,7 @@ struct Args {
     warmup: Option<usize>,
     iterations: Option<usize>,
     size: bool,
+    profile: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -84,6 +85,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--dispatch-graph" => a.dispatch_graph = true,
             "--list-passes" => a.list_passes = true,
             "--timings" => a.timings = true,
+            "--profile" => a.profile = true,
             "--threads" | "--warmup" | "--iterations" => {
                 let v = value(flag)?;
                 let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
@@ -298,14 +300,18 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]`:
-/// times `invoke` alone (inputs prepared, outputs allocated once, the instance's worker
-/// threads started before the first call) and prints the median, p99, standard
-/// deviation and p99/median of the per-call wall times, and the thread count used
-/// (default: one per core).
+/// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]
+/// [--profile]`: times `invoke` alone (inputs prepared, outputs allocated once, the
+/// instance's worker threads started before the first call) and prints the median, p99,
+/// standard deviation and p99/median of the per-call wall times, and the thread count
+/// used (default: one per core). `--profile` times each command of the plan instead
+/// (one thread; see [`profile`]).
 pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
-    let threads = threads(&a);
+    if a.profile && a.threads.is_some_and(|t| t > 1) {
+        return Err("--profile times each command on one thread: leave out --threads (or give 1)".into());
+    }
+    let threads = if a.profile { 1 } else { threads(&a) };
     let (bytes, weights, label) = artifact_and_weights(&a)?;
     let module =
         kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;
@@ -321,6 +327,9 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
     for _ in 0..warmup {
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+    }
+    if a.profile {
+        return profile(&a, &label, &module, &mut instance, &ins, &mut out_refs, iterations);
     }
     let mut ms: Vec<f64> = Vec::with_capacity(iterations);
     for _ in 0..iterations {
@@ -349,6 +358,109 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
             st.p99 / st.median
         ))
     }
+}
+
+/// `kiln bench --profile`: `iterations` calls through `Instance::invoke_observed`, the
+/// clock read after every command; per dispatch, copy and fill the median time, its
+/// share of the sum of medians and the compiler's estimate (`work_ns`), slowest first.
+/// The clock costs some 20–40 ns a command, so a model of many tiny commands reads a
+/// little slower here than in a plain `kiln bench`.
+fn profile(
+    a: &Args,
+    label: &str,
+    module: &kiln_runtime::LoadedModule<'_>,
+    instance: &mut kiln_runtime::Instance<'_>,
+    ins: &[&[u8]],
+    outs: &mut [&mut [u8]],
+    iterations: usize,
+) -> Result<(), String> {
+    let p = module.program();
+    let main = p.entries.first().ok_or_else(|| format!("{label}: no entry point"))?;
+    let n = main.commands.len();
+    // times[c * iterations + k]: command c in call k.
+    let mut times = vec![0f64; n * iterations];
+    let mut calls = Vec::with_capacity(iterations);
+    for k in 0..iterations {
+        let start = Instant::now();
+        let mut last = start;
+        instance
+            .invoke_observed(ins, outs, &mut |c| {
+                let now = Instant::now();
+                times[c * iterations + k] = (now - last).as_secs_f64() * 1e6;
+                last = now;
+            })
+            .map_err(|e| format!("{label}: {e}"))?;
+        calls.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let call = Stats::of(&mut calls);
+    struct Row {
+        command: usize,
+        what: String,
+        median_us: f64,
+        est_us: Option<f64>,
+        source: String,
+    }
+    let mut rows = Vec::new();
+    for (c, cmd) in main.commands.iter().enumerate() {
+        let (what, est, kernel) = match cmd {
+            Command::Dispatch { kernel, workgroups, work_ns, .. } => {
+                let name = p.kernels.get(*kernel as usize).map(|k| k.name).unwrap_or("?");
+                (format!("{name} x{workgroups}"), (*work_ns > 0).then(|| *work_ns as f64 / 1e3), Some(*kernel))
+            }
+            Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None, None),
+            Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None, None),
+            Command::Barrier => continue,
+        };
+        let source = kernel
+            .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let median_us = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
+        rows.push(Row { command: c, what, median_us, est_us: est, source });
+    }
+    rows.sort_by(|x, y| y.median_us.total_cmp(&x.median_us));
+    let total: f64 = rows.iter().map(|r| r.median_us).sum();
+    if a.json {
+        let items: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"command\":{},\"what\":{},\"median_us\":{},\"estimate_us\":{},\"source\":{}}}",
+                    r.command,
+                    json_str(&r.what),
+                    r.median_us,
+                    r.est_us.map_or("null".to_string(), |e| e.to_string()),
+                    json_str(&r.source)
+                )
+            })
+            .collect();
+        return write_stdout(&format!(
+            "{{\"model\":{},\"median_ms\":{},\"iterations\":{iterations},\"threads\":1,\"profile\":[{}]}}\n",
+            json_str(label),
+            call.median,
+            items.join(",")
+        ));
+    }
+    let mut s = format!(
+        "{label}: profile of {iterations} calls on one thread: median call {:.4} ms, sum of command medians {:.4} ms\n",
+        call.median,
+        total / 1e3
+    );
+    s.push_str("  command  median us   share  estimate us  what  // source\n");
+    for r in &rows {
+        let est = r.est_us.map_or("—".to_string(), |e| format!("{e:.1}"));
+        let src = if r.source.is_empty() { String::new() } else { format!("  // {}", r.source) };
+        let _ = writeln!(
+            s,
+            "  {:>7}  {:>9.2}  {:>5.1}%  {:>11}  {}{src}",
+            r.command,
+            r.median_us,
+            r.median_us / total.max(f64::MIN_POSITIVE) * 100.0,
+            est,
+            r.what
+        );
+    }
+    write_stdout(&s)
 }
 
 /// With `KILN_PERF_MAP` set, `kiln bench` writes `/tmp/perf-PID.map` (the format

@@ -179,6 +179,41 @@ fn bench_json_and_refusals() {
 }
 
 #[test]
+fn bench_profile_times_every_command_of_the_plan() {
+    let dir = scratch("profile");
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    let plan: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
+    let commands = plan["entries"][0]["commands"].as_array().expect("commands").clone();
+    let out = ok(&["bench", s(&art), "--profile", "--warmup", "2", "--iterations", "30", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --profile --json");
+    assert_eq!(json["threads"].as_u64(), Some(1));
+    let rows = json["profile"].as_array().expect("profile rows");
+    // One row per command but the barriers, slowest first.
+    let mut seen: Vec<u64> = rows.iter().map(|r| r["command"].as_u64().expect("command")).collect();
+    seen.sort();
+    let expected: Vec<u64> =
+        (0..commands.len() as u64).filter(|&i| commands[i as usize]["op"] != "barrier").collect();
+    assert_eq!(seen, expected);
+    let medians: Vec<f64> = rows.iter().map(|r| r["median_us"].as_f64().expect("median")).collect();
+    assert!(medians.iter().all(|&m| m >= 0.0 && m.is_finite()), "{json}");
+    assert!(medians.windows(2).all(|w| w[0] >= w[1]), "slowest first: {medians:?}");
+    for r in rows {
+        let c = &commands[r["command"].as_u64().unwrap() as usize];
+        // Each dispatch row names its kernel and carries the plan's estimate.
+        assert!(r["what"].as_str().unwrap().starts_with(c["kernel"].as_str().unwrap()), "{r} for {c}");
+        assert_eq!(r["estimate_us"].as_f64().map(|e| (e * 1e3).round() as u64), c["work_ns"].as_u64(), "{r}");
+        assert!(!r["source"].as_str().unwrap().is_empty(), "{r}");
+    }
+    // The commands' sum is at most the calls' median plus the clock's own reads.
+    let sum: f64 = medians.iter().sum();
+    assert!(sum > 0.0 && sum <= json["median_ms"].as_f64().unwrap() * 1e3 * 1.5, "{sum} µs: {json}");
+    let text = ok(&["bench", s(&art), "--profile", "--warmup", "0", "--iterations", "3"]);
+    assert!(text.contains("profile of 3 calls on one thread") && text.contains("// Conv conv1"), "{text}");
+    fails_with(&["bench", s(&art), "--profile", "--threads", "2"], &["--profile", "one thread"]);
+}
+
+#[test]
 fn wrong_inputs_are_refused_with_names() {
     let dir = scratch("inputs");
     let art = dir.join("lenet.kiln");

@@ -318,7 +318,21 @@ impl<'m> Instance<'m> {
     /// the instance's workers run their shares and wait for the next call.
     pub fn invoke(&mut self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), RuntimeError> {
         let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
-        self.run(main, inputs, outputs)
+        self.run(main, inputs, outputs, None)
+    }
+
+    /// Runs entry point `main` as [`Instance::invoke`] does, but on the calling thread
+    /// alone whatever the instance's thread count, calling `after(i)` as soon as
+    /// command `i` of the entry's plan has completed: a profiler reads its clock there,
+    /// and the time between two calls is one command's. Allocates nothing itself.
+    pub fn invoke_observed(
+        &mut self,
+        inputs: &[&[u8]],
+        outputs: &mut [&mut [u8]],
+        after: &mut dyn FnMut(usize),
+    ) -> Result<(), RuntimeError> {
+        let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
+        self.run(main, inputs, outputs, Some(after))
     }
 
     /// Runs entry point `entry` (an index into [`LoadedModule::signature`]).
@@ -328,7 +342,7 @@ impl<'m> Instance<'m> {
         inputs: &[&[u8]],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), RuntimeError> {
-        self.run(entry, inputs, outputs)
+        self.run(entry, inputs, outputs, None)
     }
 
     /// Runs entry point `entry` with typed tensors: dtypes and shapes are checked too.
@@ -338,14 +352,17 @@ impl<'m> Instance<'m> {
         inputs: &[TensorRef<'_>],
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), RuntimeError> {
-        self.run(entry, inputs, outputs)
+        self.run(entry, inputs, outputs, None)
     }
 
+    /// `observe`: run on this thread and call it after each command (see
+    /// [`Instance::invoke_observed`]).
     fn run<I: InputArg, O: OutputArg>(
         &mut self,
         index: usize,
         inputs: &[I],
         outputs: &mut [O],
+        mut observe: Option<&mut dyn FnMut(usize)>,
     ) -> Result<(), RuntimeError> {
         let m = self.module;
         let entry =
@@ -382,12 +399,12 @@ impl<'m> Instance<'m> {
         let constants = m.pool.bytes().as_ptr().cast_mut();
         let bases = Bases { arena, constants, inputs: &self.inputs, outputs: &self.outputs };
         #[cfg(feature = "local-task")]
-        if let Some(task) = &mut self.task {
+        if let (Some(task), None) = (&mut self.task, &observe) {
             // SAFETY: `bases` are this checked invocation's, the arena is exclusively
             // ours, and the caller's buffers stay borrowed until we return.
             return unsafe { task.run(index, &bases, m.helpers.as_ptr()) };
         }
-        for c in &entry.commands {
+        for (i, c) in entry.commands.iter().enumerate() {
             match c {
                 Command::Dispatch { kernel, workgroups, bindings, .. } => {
                     for (slot, b) in self.table.iter_mut().zip(bindings) {
@@ -409,6 +426,9 @@ impl<'m> Instance<'m> {
                 Command::Barrier => {}
                 // SAFETY: `bases` are this checked invocation's; commands run one by one.
                 Command::Copy { .. } | Command::Fill { .. } => unsafe { transfer(c, &bases) },
+            }
+            if let Some(after) = observe.as_mut() {
+                after(i);
             }
         }
         Ok(())
