@@ -365,3 +365,72 @@ fn other_forms_take_another_path() {
         &[Config { target: CpuTarget::X86_64V3, options: Options::default() }],
     );
 }
+
+/// An AveragePool as `kiln_flow::lower` lowers it: `Σ x` over the window, divided by the
+/// kernel's size (`count_include_pad`, or no padding) or by the taps inside the input
+/// (the per-position count the window path tabulates at compile time).
+fn average_pool(dims: [usize; 4], kernel: [i64; 2], strides: [i64; 2], pads: [i64; 4], include_pad: bool) -> Kernel {
+    use kiln_flow::lower::{lower_op, OpCx, OpInput};
+    use kiln_ir::infer::{infer, InferInput};
+    use kiln_ir::{Attr, Attrs, Op, OpKind};
+    let mut a = Attrs::new();
+    a.set("kernel_shape", Attr::Ints(kernel.to_vec()));
+    a.set("strides", Attr::Ints(strides.to_vec()));
+    a.set("pads", Attr::Ints(pads.to_vec()));
+    a.set("count_include_pad", Attr::Int(include_pad as i64));
+    let op = Op::with_attrs(OpKind::AveragePool, a);
+    let x = tt(&dims);
+    let out = infer(&op, &[Some(InferInput { ty: &x, value: None })], 1).expect("infer");
+    let ins = [Some(OpInput { ty: &x, value: None })];
+    let cx = OpCx { op: &op, name: "avg", inputs: &ins, outputs: &out };
+    let mut l = lower_op(&cx).expect("lower AveragePool");
+    assert_eq!(l.steps.len(), 1);
+    l.steps.remove(0).kernel
+}
+
+/// Average pools take the window path (a sum, then the divisor: a constant, or a table
+/// of per-position counts) and give the interpreter's bits: both add the taps in f32 in
+/// the same order and divide once (a tap outside the plane adds nothing in the kernel, 0
+/// in the interpreter; a sum from +0 cannot be −0, so the two agree).
+#[test]
+fn average_pools_are_windows_with_the_interpreters_bits() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    let mut n = 0;
+    for (dims, kernel, strides, pads) in [
+        ([1, 3, 35, 35], [3, 3], [1, 1], [1, 1, 1, 1]),
+        ([2, 2, 17, 17], [3, 3], [1, 1], [1, 1, 1, 1]),
+        ([1, 4, 13, 21], [3, 3], [2, 2], [1, 1, 1, 1]),
+        ([1, 2, 9, 30], [3, 3], [1, 2], [0, 1, 0, 1]),
+        ([1, 3, 8, 8], [2, 2], [2, 2], [0, 0, 0, 0]),
+        ([1, 2, 12, 40], [3, 1], [1, 1], [1, 1, 0, 0]),
+        ([1, 2, 5, 7], [3, 3], [1, 1], [2, 2, 2, 2]),
+    ] {
+        for include_pad in [false, true] {
+            let k = average_pool(dims, kernel, strides, pads, include_pad);
+            let x = random_f32(&dims, 2.0, 90 + n);
+            n += 1;
+            let want = interp::run(&k, &[&x]).unwrap();
+            let padded = pads.iter().any(|&p| p > 0);
+            for cfg in targets() {
+                let m = compile_with(&[&k], &cfg.target, &Options::default()).unwrap();
+                assert!(m.notes[0].starts_with("average pool window"), "{dims:?} {pads:?} {cfg:?}: {}", m.notes[0]);
+                for splits in [1, 3] {
+                    let got = run_compiled(&k, &[&x], &cfg, splits);
+                    if let Err(e) = compare(&got, &want, EXACT) {
+                        panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} include_pad {include_pad} {cfg:?} splits {splits}: {e}");
+                    }
+                }
+            }
+            // The per-position divisor is what the window path tabulates: with padding
+            // and without count_include_pad the window's own count varies.
+            let d = kiln_flow::window::Depthwise::of(&k).expect("a window");
+            let tabulated = d.epilogue.iter().any(|s| {
+                matches!(s, kiln_flow::window::Step::Div(kiln_flow::window::StepOperand::Position(_)))
+            });
+            assert_eq!(tabulated, padded && !include_pad, "{dims:?} {pads:?} include_pad {include_pad}: {:?}", d.epilogue);
+        }
+    }
+}

@@ -74,6 +74,47 @@ pub fn run(kernel: &Kernel, inputs: &[&Tensor]) -> Result<Tensor, InterpError> {
     Ok(encode(&kernel.output, &out))
 }
 
+/// A node of a kernel evaluated at chosen values of the kernel's variables (those of
+/// reductions inside it are iterated as usual): what a code generator tabulates at
+/// compile time. Only nodes that read no input are taken.
+pub struct NodeEval<'a> {
+    ev: Eval<'a>,
+    e: ExprId,
+}
+
+impl<'a> NodeEval<'a> {
+    /// Node `e` of `k`, or `None` when it reads an input.
+    pub fn new(k: &'a Kernel, e: ExprId) -> Option<NodeEval<'a>> {
+        if e.index() >= k.nodes.len() {
+            return None;
+        }
+        let mut stack = vec![e];
+        let mut seen = vec![false; k.nodes.len()];
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut seen[n.index()], true) {
+                continue;
+            }
+            if matches!(k.node(n).expr, Expr::Load { .. }) {
+                return None;
+            }
+            k.node(n).expr.for_each_operand(|o| stack.push(o));
+        }
+        let n = k.nodes.len();
+        let ev = Eval { k, data: Vec::new(), env: vec![0; k.vars.len()], cache: vec![None; n], free: k.free_vars() };
+        Some(NodeEval { ev, e })
+    }
+
+    /// The node's value, as bits of its type, where variable `v` holds `env[v]` (those
+    /// past `env`'s end hold 0).
+    pub fn at(&mut self, env: &[i64]) -> u64 {
+        for (i, slot) in self.ev.env.iter_mut().enumerate() {
+            *slot = env.get(i).copied().unwrap_or(0);
+        }
+        self.ev.cache.iter_mut().for_each(|c| *c = None);
+        self.ev.eval(self.e)
+    }
+}
+
 /// Values of a tensor as bits of its compute type.
 fn decode(t: &Tensor) -> Vec<u64> {
     let ct = ScalarType::of_storage(t.dtype());

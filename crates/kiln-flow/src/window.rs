@@ -36,6 +36,8 @@ use kiln_ir::DType;
 pub const MAX_TAPS: u64 = 9;
 /// Most output columns of a recognised window.
 pub const MAX_COLUMNS: u64 = 128;
+/// Most output positions (`OH × OW`) a per-position epilogue value is tabulated for.
+pub const MAX_POSITIONS: u64 = 16 * 1024;
 
 /// A value an epilogue step combines with the running value.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +52,10 @@ pub enum StepOperand {
         /// Its flat element offset.
         offset: AffineIndex,
     },
+    /// A per-position f32 value computed from the output row and column alone, with no
+    /// load (an average pool's count of taps inside the plane): the f32 bits at every
+    /// `(oh, ow)`, row after row, worked out here at compile time.
+    Position(Vec<u32>),
 }
 
 /// One epilogue step applied to the running value `v`.
@@ -88,6 +94,9 @@ pub enum WindowOp {
     },
     /// `max x` with NaN ignored (read as −∞), a max pool; −∞ outside the plane.
     Max,
+    /// `Σ x`, an average pool's sum (its divisor is an epilogue step); 0 outside the
+    /// plane.
+    Sum,
 }
 
 /// A recognised window: a depthwise convolution or a max pool (see the module docs).
@@ -130,6 +139,11 @@ impl Depthwise {
         let mut found = None;
         for (i, n) in k.nodes.iter().enumerate() {
             if let Expr::Reduce { op, vars, body } = &n.expr {
+                // A fold over indices alone (an average pool's count of taps inside the
+                // plane) is part of an epilogue operand, tabulated there.
+                if reads_nothing(k, ExprId(i as u32)) {
+                    continue;
+                }
                 if found.is_some() || !matches!(op, ReduceOp::Sum | ReduceOp::Max) || n.ty != ScalarType::F32 {
                     return None;
                 }
@@ -139,7 +153,17 @@ impl Depthwise {
         let (reduce, rop, rvars, body) = found?;
         let wide: Vec<u32> = rvars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
         // The image load, its index, whether it is padded, and the filter load.
-        let (x, xi, padded, filter) = if rop == ReduceOp::Sum {
+        let image = |e: ExprId| match &k.node(e).expr {
+            Expr::Load { input, index, bounds: b @ (Bounds::InBounds | Bounds::Pad(0)) } if index.len() == 4 => {
+                Some((*input, index.clone(), matches!(b, Bounds::Pad(_))))
+            }
+            _ => None,
+        };
+        let (x, xi, padded, filter) = if rop == ReduceOp::Sum && image(body).is_some() {
+            // Σ x alone: an average pool's sum.
+            let (x, xi, padded) = image(body)?;
+            (x, xi, padded, None)
+        } else if rop == ReduceOp::Sum {
             let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
             [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
                 let Expr::Load { input: xa, index: xidx, bounds } = &k.node(a).expr else { return None };
@@ -233,6 +257,7 @@ impl Depthwise {
             }
         }
         let op = match filter {
+            None if rop == ReduceOp::Sum => WindowOp::Sum,
             Some((w, wi)) => {
                 let w_offset = load_offset(k, w, &wi)?;
                 let mut w_vars = vec![1u32];
@@ -247,6 +272,22 @@ impl Depthwise {
         let epilogue = chain(k, reduce)?;
         Some(Depthwise { x, op, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue })
     }
+}
+
+/// Whether `e` reads no kernel input.
+fn reads_nothing(k: &Kernel, e: ExprId) -> bool {
+    let mut stack = vec![e];
+    let mut seen = vec![false; k.nodes.len()];
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut seen[n.index()], true) {
+            continue;
+        }
+        if matches!(k.node(n).expr, Expr::Load { .. }) {
+            return false;
+        }
+        k.node(n).expr.for_each_operand(|o| stack.push(o));
+    }
+    true
 }
 
 fn dims4(s: &kiln_ir::Shape) -> Option<[u64; 4]> {
@@ -337,11 +378,15 @@ fn chain_between(k: &Kernel, from: ExprId, to: ExprId, nested: bool) -> Option<V
     Some(steps)
 }
 
-/// `e` as a step operand: an f32 constant or a per-channel load.
+/// `e` as a step operand: an f32 constant, a per-channel load, or a value of the output
+/// row and column alone (tabulated).
 fn operand(k: &Kernel, e: ExprId) -> Option<StepOperand> {
     let node = k.node(e);
     if node.ty != ScalarType::F32 {
         return None;
+    }
+    if !matches!(node.expr, Expr::Const(_) | Expr::Load { .. }) {
+        return position(k, e);
     }
     match &node.expr {
         Expr::Const(b) => Some(StepOperand::Const(*b as u32)),
@@ -355,4 +400,29 @@ fn operand(k: &Kernel, e: ExprId) -> Option<StepOperand> {
         }
         _ => None,
     }
+}
+
+/// `e` tabulated over the output rows and columns when it reads no input and depends on
+/// no other output variable (the kernel is rank 4, `[n, c, oh, ow]`).
+fn position(k: &Kernel, e: ExprId) -> Option<StepOperand> {
+    let [_, _, oh_n, ow_n] = dims4(&k.output.shape)?;
+    if oh_n * ow_n > MAX_POSITIONS {
+        return None;
+    }
+    let free = k.free_vars();
+    if free[e.index()].iter().any(|&v| v < 2 || v >= 4 && k.vars[v as usize] > 1) {
+        return None;
+    }
+    let mut ev = crate::interp::NodeEval::new(k, e)?;
+    let mut values = Vec::with_capacity((oh_n * ow_n) as usize);
+    for oh in 0..oh_n as i64 {
+        for ow in 0..ow_n as i64 {
+            values.push(ev.at(&[0, 0, oh, ow]) as u32);
+        }
+    }
+    // One value everywhere is a constant.
+    if values.iter().all(|&v| v == values[0]) {
+        return Some(StepOperand::Const(values[0]));
+    }
+    Some(StepOperand::Position(values))
 }

@@ -73,6 +73,8 @@ pub(crate) fn emit(k: &Kernel, avx512vl: bool) -> R<WindowCode> {
         WindowOp::Conv { .. } => "depthwise window (avx2+fma)",
         WindowOp::Max if avx512 => "max pool window (avx2, avx-512 border masks)",
         WindowOp::Max => "max pool window (avx2)",
+        WindowOp::Sum if avx512 => "average pool window (avx2, avx-512 border masks)",
+        WindowOp::Sum => "average pool window (avx2)",
     };
     let (code, workgroups) = e.run()?;
     Ok(WindowCode { code, workgroups, note, avx512 })
@@ -103,8 +105,12 @@ struct Emit<'d> {
 
 impl<'d> Emit<'d> {
     fn new(d: &'d Depthwise, inputs: usize) -> R<Emit<'d>> {
-        // A max pool's one "tap" register holds −∞.
-        let ntaps = if d.op == WindowOp::Max { 1 } else { (d.window[0] * d.window[1]) as usize };
+        // A max pool's one "tap" register holds −∞; a sum has no filter.
+        let ntaps = match d.op {
+            WindowOp::Max => 1,
+            WindowOp::Sum => 0,
+            WindowOp::Conv { .. } => (d.window[0] * d.window[1]) as usize,
+        };
         let nscratch = if d.stride[1] == 2 { 3 } else { 2 };
         let mut channel = Vec::new();
         let inner = d.epilogue.iter().flat_map(|s| match s {
@@ -281,6 +287,7 @@ impl<'d> Emit<'d> {
                 let l = self.const_label(f32::NEG_INFINITY.to_bits());
                 self.a.vbroadcastss(self.taps[0], dword_ptr(l))?;
             }
+            WindowOp::Sum => {}
         }
         // Per-channel epilogue values, one stack vector each.
         for j in 0..self.channel.len() {
@@ -397,7 +404,13 @@ impl<'d> Emit<'d> {
                     skip = Some(l);
                 }
                 for kw in 0..kw_n {
-                    let tap = self.taps[if max { 0 } else { (kh * kw_n + kw) as usize }];
+                    // (A sum has no tap register: its "tap" is never read.)
+                    let tap = match d.op {
+                        WindowOp::Max => self.taps[0],
+                        WindowOp::Sum => self.scratch[0],
+                        WindowOp::Conv { .. } => self.taps[(kh * kw_n + kw) as usize],
+                    };
+                    let sum = d.op == WindowOp::Sum;
                     for i in 0..nv {
                         let acc = accs[r as usize * nv + i];
                         let j = j0 + i as i64;
@@ -420,12 +433,21 @@ impl<'d> Emit<'d> {
                         } else if sw == 1 {
                             let bits = Self::inside(col, w);
                             let k = self.opmask(bits);
-                            if bits == 0xff {
-                                self.a.vfmadd231ps(acc, tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
+                            let at = ymmword_ptr(rbx + (disp * 4) as i32);
+                            if bits == 0xff && sum {
+                                self.a.vaddps(acc, acc, at)?;
+                            } else if bits == 0xff {
+                                self.a.vfmadd231ps(acc, tap, at)?;
+                            } else if let (Some(k), true) = (k, sum) {
+                                self.a.evex().vaddps(under(acc, k), acc, at)?;
                             } else if let Some(k) = k {
-                                self.a.evex().vfmadd231ps(under(acc, k), tap, ymmword_ptr(rbx + (disp * 4) as i32))?;
+                                self.a.evex().vfmadd231ps(under(acc, k), tap, at)?;
                             } else if self.load(t0, disp, bits)? {
-                                self.a.vfmadd231ps(acc, tap, t0)?;
+                                if sum {
+                                    self.a.vaddps(acc, acc, t0)?;
+                                } else {
+                                    self.a.vfmadd231ps(acc, tap, t0)?;
+                                }
                             }
                         } else {
                             // 16 elements from col; lane e takes element 2e.
@@ -442,7 +464,11 @@ impl<'d> Emit<'d> {
                             }
                             self.a.vshufps(t0, t0, t1, 0x88)?;
                             self.a.vpermpd(t0, t0, 0xD8)?;
-                            self.a.vfmadd231ps(acc, tap, t0)?;
+                            if sum {
+                                self.a.vaddps(acc, acc, t0)?;
+                            } else {
+                                self.a.vfmadd231ps(acc, tap, t0)?;
+                            }
                         }
                     }
                 }
@@ -451,7 +477,7 @@ impl<'d> Emit<'d> {
                 }
             }
         }
-        self.epilogue(&accs)?;
+        self.epilogue(&accs, nv, j0)?;
         for r in 0..rows {
             for i in 0..nv {
                 let acc = accs[r as usize * nv + i];
@@ -472,10 +498,36 @@ impl<'d> Emit<'d> {
         Ok(())
     }
 
-    /// Applies the epilogue steps to `accs`.
-    fn epilogue(&mut self, accs: &[AsmRegisterYmm]) -> R<()> {
+    /// Applies the epilogue steps to `accs`: `accs[r·nv + i]` holds output vector `j0 + i`
+    /// of row `r14 + r`.
+    fn epilogue(&mut self, accs: &[AsmRegisterYmm], nv: usize, j0: i64) -> R<()> {
         for s in self.d.epilogue.clone() {
             match &s {
+                Step::Add(StepOperand::Position(v))
+                | Step::Sub(StepOperand::Position(v))
+                | Step::Mul(StepOperand::Position(v))
+                | Step::Div(StepOperand::Position(v)) => {
+                    // Each vector's own values, from a table of every position (its
+                    // rows padded by a vector of ones: a row's last vector may read past
+                    // the last position, into lanes that are never stored).
+                    let ow_n = self.d.out_dims[3] as i64;
+                    let mut words = v.clone();
+                    words.extend([1f32.to_bits(); 8]);
+                    let l = self.t.words(&mut self.a, &words);
+                    self.a.lea(rax, qword_ptr(l))?;
+                    self.a.imul_3(rsi, r14, (ow_n * 4) as i32)?;
+                    self.a.add(rsi, rax)?;
+                    for (idx, &acc) in accs.iter().enumerate() {
+                        let (r, i) = ((idx / nv) as i64, (idx % nv) as i64);
+                        let at = ymmword_ptr(rsi + (4 * (r * ow_n + 8 * (j0 + i))) as i32);
+                        match &s {
+                            Step::Add(_) => self.a.vaddps(acc, acc, at)?,
+                            Step::Sub(_) => self.a.vsubps(acc, acc, at)?,
+                            Step::Mul(_) => self.a.vmulps(acc, acc, at)?,
+                            _ => self.a.vdivps(acc, acc, at)?,
+                        }
+                    }
+                }
                 Step::MulSelf(inner) => {
                     // Per accumulator: a copy through the inner steps, then the product.
                     let c = self.scratch[1];
@@ -506,6 +558,7 @@ impl<'d> Emit<'d> {
         };
         let mut mem = None;
         match o {
+            Some(StepOperand::Position(_)) => return no("a per-position value as this step's operand"),
             Some(StepOperand::Const(bits)) => {
                 let l = self.const_label(bits);
                 self.a.vbroadcastss(t, dword_ptr(l))?;
