@@ -1,11 +1,12 @@
-//! Recognising sliding windows over channel planes — depthwise convolutions and max
-//! pools — that read their input through `Pad` bounds.
+//! Recognising sliding windows over channel planes — depthwise convolutions, max pools
+//! and average pools — that read their input through `Pad` bounds.
 //!
 //! A depthwise convolution (`Conv` with `group = C`, one filter per channel) is a
 //! sliding window over each channel plane: `out[n, c, oh, ow] = epilogue(Σ_{kh,kw}
 //! x[n, c, sh·oh + dh·kh + ph, sw·ow + dw·kw + pw] · w[c, kh, kw])`, reading 0 outside
 //! the plane. A max pool is the same window with `max` for `Σ ·w`, NaN ignored and −∞
-//! outside the plane ([`WindowOp::Max`]). A target with a direct kernel for this form
+//! outside the plane ([`WindowOp::Max`]); an average pool the plain `Σ x`
+//! ([`WindowOp::Sum`]) with its divisor in the epilogue. A target with a direct kernel for this form
 //! handles the plane's border itself (masked loads at the edges), so the padded copy
 //! that [`crate::layout::materialize_padding`] would put in front of a convolution, a
 //! full extra pass over the input, is not made; fusion keeps the epilogue in the form
@@ -13,15 +14,18 @@
 //!
 //! The recognised form, [`Depthwise::of`]:
 //! - rank-4 f32 output `[N, C, OH, OW]` (NCHW) and input `[N, C, H, W]`, the same `C`;
-//! - exactly one reduction: a `Reduce { Sum }` whose body is `Load(x) · Load(w)` (either
-//!   order), or a `Reduce { Max }` whose body is `select(isnan(Load(x)), −∞, Load(x))`
+//! - exactly one reduction that reads an input (folds over indices alone belong to an
+//!   epilogue operand): a `Reduce { Sum }` whose body is `Load(x) · Load(w)` (either
+//!   order) or `Load(x)` alone, or a `Reduce { Max }` whose body is `select(isnan(Load(x)), −∞, Load(x))`
 //!   (MaxPool as lowered): `x` with `InBounds` bounds or `Pad` by 0 (a sum) or −∞ (a
 //!   maximum), index `(n, c, sh·oh + dh·kh + ph, sw·ow + dw·kw + pw)` with strides 1
 //!   or 2; `w` in bounds at an affine offset over `c`, `kh`, `kw`; reduction variables
 //!   of extent 1 (a group index) are ignored; at most 9 taps;
 //! - an epilogue that is a chain from the sum to the result, each step one of `+ − × ÷`
-//!   with a constant or a per-channel value (an affine load over `c`: bias, folded
-//!   batch-norm scale), a clamp against a constant (`max`, `min`, and `Relu`/`Clip`
+//!   with a constant, a per-channel value (an affine load over `c`: bias, folded
+//!   batch-norm scale) or a value of the output row and column alone that reads no
+//!   input (an average pool's count of taps inside the plane, tabulated here for every
+//!   position, at most [`MAX_POSITIONS`] of them), a clamp against a constant (`max`, `min`, and `Relu`/`Clip`
 //!   as compare-and-select), or the running value times such a chain of itself
 //!   (HardSwish);
 //! - at most 128 output columns (a row is held in registers in at most 16 vectors).
