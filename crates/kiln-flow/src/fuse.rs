@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 
 use crate::contraction::Contraction;
-use crate::window::{Depthwise, WindowOp};
+use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
@@ -192,10 +192,11 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
     let Ok(fused) = b.finish(root) else { return false };
     // A contraction stays one, with an epilogue a microkernel can address: fusing a
     // gather (data-dependent loads), an operand's computation or a layout change that
-    // breaks its column layout would send the whole kernel down the general path.
+    // breaks its column layout would send the whole kernel down the general path. So
+    // does a window (depthwise convolution, max or average pool): a Concat fused into
+    // the pool after it reads two inputs by position, which no window kernel does.
     let addressable = |k: &Kernel| {
-        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k))
-            || Depthwise::of(k).is_some_and(|d| matches!(d.op, WindowOp::Conv { .. }))
+        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k)) || Depthwise::of(k).is_some()
     };
     if contractions && (addressable(dk) || addressable(pk)) && !addressable(&fused) {
         return false;
