@@ -57,6 +57,7 @@ pub fn registry() -> &'static [&'static dyn Pass] {
         &tensor::ElideIdentities,
         &tensor::FoldConstants,
         &tensor::FoldBatchNorm,
+        &tensor::FoldChannelAffine,
         &tensor::DeduplicateConstants,
         &tensor::EliminateCommonSubexpressions,
         &tensor::EliminateDeadCode,

@@ -15,10 +15,11 @@ pub enum Action {
 }
 
 /// Rebuilds `g`. `decide` sees each node with its operands already mapped into the
-/// new graph (`new` is the graph so far) and says what to do with it. Graph inputs
+/// new graph (`new` is the graph so far, to which it may add nodes and constants that
+/// a `Replace` then names) and says what to do with it. Graph inputs
 /// and constants are kept (constants in the order they appear; unused ones are left
 /// for dead-code elimination).
-pub fn rebuild(g: &Graph, mut decide: impl FnMut(&Graph, &Node, &[Option<ValueId>]) -> Action) -> Graph {
+pub fn rebuild(g: &Graph, mut decide: impl FnMut(&mut Graph, &Node, &[Option<ValueId>]) -> Action) -> Graph {
     let mut new = Graph::new(g.name.clone());
     let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
     for (vid, v) in g.values.iter() {
@@ -29,7 +30,7 @@ pub fn rebuild(g: &Graph, mut decide: impl FnMut(&Graph, &Node, &[Option<ValueId
     new.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
     for (_, n) in g.nodes.iter() {
         let inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| map[v.index()])).collect();
-        match decide(&new, n, &inputs) {
+        match decide(&mut new, n, &inputs) {
             Action::Keep => {
                 let outs = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.values[o].ty.clone())).collect();
                 let (_, vals) = new.add_node(n.name.clone(), n.op.clone(), inputs, outs);

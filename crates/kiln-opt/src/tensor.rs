@@ -1,7 +1,8 @@
 //! Tensor-level passes. Each is small and does one thing; the pipeline order is
 //! [`crate::registry`]'s: elide no-op nodes first (so folding and CSE see through
-//! them), fold, fold batch normalisations into the convolutions before them, then
-//! merge equal constants (which makes more nodes look alike), merge equal nodes, and
+//! them), fold, fold batch normalisations into the convolutions before them, merge
+//! the per-channel scales and shifts left (other batch normalisations, Mul/Add by
+//! per-channel constants) into one of each, then merge equal constants (which makes more nodes look alike), merge equal nodes, and
 //! drop what nothing uses last.
 //!
 //! No pass removes or renames a graph output: an output defined by a node that
@@ -333,5 +334,197 @@ impl Pass for FoldBatchNorm {
         });
         *g = new;
         Ok(true)
+    }
+}
+
+/// `tensor-fold-channel-affine`: merges chains of per-channel scales and shifts by
+/// constants into one scale and one shift. An inference `BatchNormalization` with f32
+/// constant statistics is `x·s + t` (`s = scale/√(var + ε)`, `t = bias − mean·s`); a
+/// `Mul`, `Add` or `Sub` of an f32 value of rank ≥ 2 by a constant that varies along
+/// axis 1 at most (a scalar, or ones but the channel's extent `C` there) is one too.
+/// Where such an op reads the result of another and is its only reader, the two become
+/// `x·s' + t'` (`s' = s₁·s₂`, `t' = t₁·s₂ + t₂`, worked out in f64 and rounded once),
+/// emitted as a `Mul` and an `Add` (either left out when it would change nothing); a
+/// lone `BatchNormalization` is emitted so too.
+///
+/// A convolution whose filter is not a constant (so the batch norm after it cannot fold
+/// into it) followed by a batch norm, a `Mul` and an `Add` had six per-channel operands
+/// in its epilogue, more than a contraction tile keeps pointers for; after this pass it
+/// has two. Rounding: the products and sums of constants round once instead of at each
+/// step, so results move by about an ulp of the largest term.
+pub struct FoldChannelAffine;
+
+/// `x·scale + shift`, per channel (`scale` and `shift` of length `C`).
+#[derive(Clone)]
+struct ChannelAffine {
+    x: ValueId,
+    scale: Vec<f64>,
+    shift: Vec<f64>,
+}
+
+impl FoldChannelAffine {
+    /// The per-channel values of constant `c` for a value of type `ty` (f32, rank ≥ 2,
+    /// `C` channels on axis 1): `c` must broadcast to `ty` without enlarging it and vary
+    /// along axis 1 at most.
+    fn per_channel(ty: &kiln_ir::TensorType, c: &kiln_ir::Tensor) -> Option<Vec<f64>> {
+        let xd = ty.shape.dims();
+        if ty.dtype != kiln_ir::DType::F32 || c.dtype() != kiln_ir::DType::F32 || xd.len() < 2 {
+            return None;
+        }
+        let ch = xd[1];
+        let cd = c.shape().dims();
+        if cd.len() > xd.len() {
+            return None;
+        }
+        let lead = xd.len() - cd.len();
+        for (i, &d) in cd.iter().enumerate() {
+            let axis = lead + i;
+            let ok = d == 1 || (axis == 1 && d == ch);
+            if !ok {
+                return None;
+            }
+        }
+        let v = c.to_vec::<f32>().ok()?;
+        match v.len() {
+            1 => Some(vec![v[0] as f64; ch]),
+            n if n == ch => Some(v.iter().map(|&x| x as f64).collect()),
+            _ => None,
+        }
+    }
+
+    /// Node `n` (its operands already in `g`) as `x·scale + shift` of one operand `x`.
+    fn affine_of(g: &Graph, n: &Node, inputs: &[Option<ValueId>]) -> Option<ChannelAffine> {
+        if n.outputs.len() != 1 {
+            return None;
+        }
+        match n.op.kind {
+            OpKind::BatchNormalization => {
+                let training = n.op.attrs.int_or("training_mode", 0).unwrap_or(1) != 0;
+                if n.outputs.len() != 1 || training {
+                    return None;
+                }
+                let x = inputs.first().copied().flatten()?;
+                let ty = g.ty(x);
+                let stat = |i: usize| {
+                    let v = inputs.get(i).copied().flatten()?;
+                    let t = g.constant(v)?;
+                    (t.dtype() == kiln_ir::DType::F32 && t.shape().rank() == 1 && ty.shape.rank() >= 2)
+                        .then(|| t.to_vec::<f32>().ok())
+                        .flatten()
+                        .filter(|s| s.len() == ty.shape.dims()[1])
+                };
+                let (scale, bias, mean, var) = (stat(1)?, stat(2)?, stat(3)?, stat(4)?);
+                if ty.dtype != kiln_ir::DType::F32 {
+                    return None;
+                }
+                let eps = n.op.attrs.float_or("epsilon", 1e-5).ok()? as f64;
+                let s: Vec<f64> = scale.iter().zip(&var).map(|(&a, &v)| a as f64 / (v as f64 + eps).sqrt()).collect();
+                let t: Vec<f64> = (0..s.len()).map(|c| bias[c] as f64 - mean[c] as f64 * s[c]).collect();
+                Some(ChannelAffine { x, scale: s, shift: t })
+            }
+            OpKind::Mul | OpKind::Add | OpKind::Sub => {
+                let (a, b) = (inputs.first().copied().flatten()?, inputs.get(1).copied().flatten()?);
+                // The variable operand and the constant; a Sub's constant must be second.
+                let (x, c) = match (g.constant(a), g.constant(b)) {
+                    (None, Some(c)) => (a, c),
+                    (Some(c), None) if n.op.kind != OpKind::Sub => (b, c),
+                    _ => return None,
+                };
+                let ty = g.ty(x);
+                let v = Self::per_channel(ty, c)?;
+                let ch = v.len();
+                Some(match n.op.kind {
+                    OpKind::Mul => ChannelAffine { x, scale: v, shift: vec![0.0; ch] },
+                    OpKind::Add => ChannelAffine { x, scale: vec![1.0; ch], shift: v },
+                    _ => ChannelAffine { x, scale: vec![1.0; ch], shift: v.iter().map(|s| -s).collect() },
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// `[1, C, 1, …]` of `v` rounded to f32, for a value of rank `rank`.
+    fn constant(v: &[f64], rank: usize) -> Option<kiln_ir::Tensor> {
+        let mut dims = vec![1; rank];
+        dims[1] = v.len();
+        let shape = kiln_ir::Shape::new(dims).ok()?;
+        kiln_ir::Tensor::from_vec(shape, v.iter().map(|&x| x as f32).collect()).ok()
+    }
+}
+
+impl Pass for FoldChannelAffine {
+    fn name(&self) -> &'static str {
+        "tensor-fold-channel-affine"
+    }
+    fn summary(&self) -> &'static str {
+        "merge chains of per-channel scales and shifts by constants (BatchNormalization, Mul, Add, Sub) into one Mul and one Add"
+    }
+    fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
+        // Readers of each value of the old graph (graph outputs count).
+        let mut readers: HashMap<ValueId, usize> = HashMap::new();
+        for (_, n) in g.nodes.iter() {
+            for v in n.inputs.iter().flatten() {
+                *readers.entry(*v).or_insert(0) += 1;
+            }
+        }
+        for v in &g.outputs {
+            *readers.entry(*v).or_insert(0) += 1;
+        }
+        // Per value of the new graph that an affine node defines: its form, and whether
+        // the value it stands for has that one reader (so its form may merge into it).
+        let mut forms: HashMap<ValueId, (ChannelAffine, bool)> = HashMap::new();
+        let mut changed = false;
+        let old: &Graph = g;
+        let new = rebuild(old, |new, n, inputs| {
+            let Some(mut f) = Self::affine_of(new, n, inputs) else { return Action::Keep };
+            let single = readers.get(&n.outputs[0]) == Some(&1);
+            let (out_name, out_ty) = (old.values[n.outputs[0]].name.clone(), old.ty(n.outputs[0]).clone());
+            let merged = match forms.get(&f.x) {
+                Some((inner, true)) if inner.scale.len() == f.scale.len() => {
+                    let scale: Vec<f64> = inner.scale.iter().zip(&f.scale).map(|(a, b)| a * b).collect();
+                    let shift: Vec<f64> =
+                        inner.shift.iter().zip(&f.scale).zip(&f.shift).map(|((t, s), u)| t * s + u).collect();
+                    f = ChannelAffine { x: inner.x, scale, shift };
+                    true
+                }
+                _ => false,
+            };
+            if !merged && n.op.kind != OpKind::BatchNormalization {
+                // Nothing to merge into: the node as it is, its form remembered for the
+                // op after it.
+                let (_, outs) = new.add_node(n.name.clone(), n.op.clone(), inputs.to_vec(), vec![(out_name, out_ty)]);
+                forms.insert(outs[0], (f, single));
+                return Action::Replace(outs);
+            }
+            let rank = out_ty.shape.rank();
+            let (Some(sc), Some(sh)) = (Self::constant(&f.scale, rank), Self::constant(&f.shift, rank)) else {
+                return Action::Keep;
+            };
+            if new.ty(f.x) != &out_ty {
+                return Action::Keep;
+            }
+            changed = true;
+            // x·S + T, the Mul left out for a scale of ones (the Add is kept when both
+            // would go: the result is a node of its own, with its name).
+            let scaled = f.scale.iter().any(|&s| s as f32 != 1.0);
+            let shifted = f.shift.iter().any(|&t| t as f32 != 0.0) || !scaled;
+            let mut v = f.x;
+            if scaled {
+                let c = new.add_const(format!("{out_name}.scale"), sc);
+                let name = if shifted { format!("{out_name}.scaled") } else { out_name.clone() };
+                let op = kiln_ir::Op::new(OpKind::Mul);
+                let node = format!("{}.scale", if n.name.is_empty() { &out_name } else { &n.name });
+                v = new.add_node(node, op, vec![Some(v), Some(c)], vec![(name, out_ty.clone())]).1[0];
+            }
+            if shifted {
+                let c = new.add_const(format!("{out_name}.shift"), sh);
+                let op = kiln_ir::Op::new(OpKind::Add);
+                v = new.add_node(n.name.clone(), op, vec![Some(v), Some(c)], vec![(out_name, out_ty)]).1[0];
+            }
+            forms.insert(v, (f, single));
+            Action::Replace(vec![v])
+        });
+        *g = new;
+        Ok(changed)
     }
 }
