@@ -321,9 +321,12 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     if std::env::var_os("KILN_PERF_MAP").is_some() {
         write_perf_map(&module)?;
     }
-    let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
-    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-    let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+    // The inputs and outputs as a program embedding kiln would keep them: aligned, and
+    // on huge pages where the system has them (as numpy's large arrays are).
+    let mut outs: Vec<AlignedBytes> = sig.outputs.iter().map(|t| AlignedBytes::zeroed(t.bytes as usize)).collect();
+    let in_bufs: Vec<AlignedBytes> = feeds.iter().map(|t| AlignedBytes::copy_from(t.bytes())).collect();
+    let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
+    let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
     let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
     for _ in 0..warmup {
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;

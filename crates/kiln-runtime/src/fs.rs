@@ -35,9 +35,23 @@ impl AlignedBytes {
         AlignedBytes { buf, start, len: bytes.len() }
     }
 
+    /// `len` zero bytes, aligned and on huge pages like [`AlignedBytes::read`]'s: a
+    /// caller's input or output buffer of the size a tensor needs.
+    pub fn zeroed(len: usize) -> AlignedBytes {
+        let buf = vec![0u8; len + 63];
+        crate::pages::prefer_huge_pages(buf.as_ptr(), buf.len());
+        let start = buf.as_ptr().align_offset(64).min(63);
+        AlignedBytes { buf, start, len }
+    }
+
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.buf[self.start..self.start + self.len]
+    }
+
+    /// The bytes, to write.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
     }
 }
 
@@ -55,6 +69,11 @@ mod tests {
         }
         let p = std::env::temp_dir().join(format!("kiln-fs-test-{}", std::process::id()));
         std::fs::write(&p, b"kiln").expect("write");
+        let mut z = AlignedBytes::zeroed(1000);
+        assert_eq!(z.bytes().as_ptr() as usize % 64, 0);
+        assert!(z.bytes().iter().all(|&b| b == 0) && z.bytes().len() == 1000);
+        z.bytes_mut()[999] = 7;
+        assert_eq!(z.bytes()[999], 7);
         let a = AlignedBytes::read(&p).expect("read");
         assert_eq!((a.bytes(), a.bytes().as_ptr() as usize % 64), (&b"kiln"[..], 0));
         let _ = std::fs::remove_file(&p);
