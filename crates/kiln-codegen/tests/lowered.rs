@@ -46,6 +46,16 @@ fn data(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
     }
 }
 
+/// Floats with every special value of `pow`'s base: ±∞, ±0, negatives, NaN.
+fn specials() -> Tensor {
+    let v = [f64::NEG_INFINITY, -2.5, -1.0, -0.0, 0.0, 1e-30, 0.5, 1.0, 2.0, 17.0, 1e30, f64::INFINITY, f64::NAN];
+    Tensor::from_f64(DType::F32, Shape::new(vec![v.len()]).unwrap(), &v).unwrap()
+}
+
+fn scalar(x: f64) -> Tensor {
+    Tensor::from_f64(DType::F32, Shape::new(vec![]).unwrap(), &[x]).unwrap()
+}
+
 struct Case {
     op: Op,
     inputs: Vec<Option<Tensor>>,
@@ -187,6 +197,20 @@ fn cases() -> Vec<Case> {
         case(op(K::Cast, &[("to", Attr::Int(16))]), vec![x(&[3, 6], 42)], 1),
         case(op(K::Cast, &[("to", Attr::Int(6))]), vec![x(&[3, 6], 43)], 1),
         case(op(K::Pow, &[]), vec![x(&[8], 44), x(&[8], 45)], 2),
+        // Constant exponents computed by square roots: the special values of pow too.
+        case(op(K::Pow, &[]), vec![Some(specials()), Some(scalar(0.75))], 1),
+        case(op(K::Pow, &[]), vec![Some(specials()), Some(scalar(0.25))], 1),
+        case(op(K::Pow, &[]), vec![Some(specials()), Some(scalar(1.5))], 1),
+        case(op(K::Pow, &[]), vec![Some(specials()), Some(scalar(0.5))], 1),
+        case(
+            op(
+                K::LRN,
+                &[("size", Attr::Int(5)), ("alpha", Attr::Float(2e-2)), ("beta", Attr::Float(0.75)), ("bias", Attr::Float(2.0))],
+            ),
+            vec![x(&[1, 7, 3, 4], 73)],
+            1,
+        ),
+        case(op(K::LRN, &[("size", Attr::Int(3)), ("beta", Attr::Float(0.6))]), vec![x(&[2, 4, 5], 74)], 1),
         case(op(K::ReduceSum, &[]), vec![x(&[3, 4, 5], 46), Some(i64s(&[1]))], 1),
         case(op(K::ReduceMax, &[("keepdims", Attr::Int(0))]), vec![x(&[3, 4, 5], 47), Some(i64s(&[0, 2]))], 1),
         case(op(K::ReduceMean, &[]), vec![x(&[6, 10], 48), Some(i64s(&[-1]))], 1),

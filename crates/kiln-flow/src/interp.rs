@@ -85,19 +85,8 @@ pub struct NodeEval<'a> {
 impl<'a> NodeEval<'a> {
     /// Node `e` of `k`, or `None` when it reads an input.
     pub fn new(k: &'a Kernel, e: ExprId) -> Option<NodeEval<'a>> {
-        if e.index() >= k.nodes.len() {
+        if e.index() >= k.nodes.len() || k.reads_an_input(e) {
             return None;
-        }
-        let mut stack = vec![e];
-        let mut seen = vec![false; k.nodes.len()];
-        while let Some(n) = stack.pop() {
-            if std::mem::replace(&mut seen[n.index()], true) {
-                continue;
-            }
-            if matches!(k.node(n).expr, Expr::Load { .. }) {
-                return None;
-            }
-            k.node(n).expr.for_each_operand(|o| stack.push(o));
         }
         let n = k.nodes.len();
         let ev = Eval { k, data: Vec::new(), env: vec![0; k.vars.len()], cache: vec![None; n], free: k.free_vars() };

@@ -672,6 +672,22 @@ impl Kernel {
         &self.nodes[id.index()]
     }
 
+    /// Whether node `e` reads a kernel input (a `Load` in its expression).
+    pub fn reads_an_input(&self, e: ExprId) -> bool {
+        let mut stack = vec![e];
+        let mut seen = vec![false; self.nodes.len()];
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut seen[n.index()], true) {
+                continue;
+            }
+            if matches!(self.node(n).expr, Expr::Load { .. }) {
+                return true;
+            }
+            self.node(n).expr.for_each_operand(|o| stack.push(o));
+        }
+        false
+    }
+
     /// Number of output index variables.
     pub fn out_rank(&self) -> usize {
         self.output.shape.rank()

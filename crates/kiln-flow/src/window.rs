@@ -145,7 +145,7 @@ impl Depthwise {
             if let Expr::Reduce { op, vars, body } = &n.expr {
                 // A fold over indices alone (an average pool's count of taps inside the
                 // plane) is part of an epilogue operand, tabulated there.
-                if reads_nothing(k, ExprId(i as u32)) {
+                if !k.reads_an_input(ExprId(i as u32)) {
                     continue;
                 }
                 if found.is_some() || !matches!(op, ReduceOp::Sum | ReduceOp::Max) || n.ty != ScalarType::F32 {
@@ -276,22 +276,6 @@ impl Depthwise {
         let epilogue = chain(k, reduce)?;
         Some(Depthwise { x, op, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue })
     }
-}
-
-/// Whether `e` reads no kernel input.
-fn reads_nothing(k: &Kernel, e: ExprId) -> bool {
-    let mut stack = vec![e];
-    let mut seen = vec![false; k.nodes.len()];
-    while let Some(n) = stack.pop() {
-        if std::mem::replace(&mut seen[n.index()], true) {
-            continue;
-        }
-        if matches!(k.node(n).expr, Expr::Load { .. }) {
-            return false;
-        }
-        k.node(n).expr.for_each_operand(|o| stack.push(o));
-    }
-    true
 }
 
 fn dims4(s: &kiln_ir::Shape) -> Option<[u64; 4]> {

@@ -15,6 +15,20 @@ use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Node, OpKind, ValueDef, ValueId};
 use std::collections::HashMap;
 
+/// How many node operands and graph outputs read each value.
+fn readers(g: &Graph) -> HashMap<ValueId, usize> {
+    let mut readers: HashMap<ValueId, usize> = HashMap::new();
+    for (_, n) in g.nodes.iter() {
+        for v in n.inputs.iter().flatten() {
+            *readers.entry(*v).or_insert(0) += 1;
+        }
+    }
+    for v in &g.outputs {
+        *readers.entry(*v).or_insert(0) += 1;
+    }
+    readers
+}
+
 fn defines_output(g: &Graph, n: &Node) -> bool {
     n.outputs.iter().any(|o| g.outputs.contains(o))
 }
@@ -281,18 +295,12 @@ impl Pass for FoldBatchNorm {
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         // Readers of each value (graph outputs count), and the node defining it.
-        let mut readers: HashMap<ValueId, usize> = HashMap::new();
+        let readers = readers(g);
         let mut producer: HashMap<ValueId, kiln_ir::NodeId> = HashMap::new();
         for (id, n) in g.nodes.iter() {
-            for v in n.inputs.iter().flatten() {
-                *readers.entry(*v).or_insert(0) += 1;
-            }
             for &o in &n.outputs {
                 producer.insert(o, id);
             }
-        }
-        for v in &g.outputs {
-            *readers.entry(*v).or_insert(0) += 1;
         }
         let mut folds = Vec::new();
         for (bid, bn) in g.nodes.iter() {
@@ -461,15 +469,7 @@ impl Pass for FoldChannelAffine {
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         // Readers of each value of the old graph (graph outputs count).
-        let mut readers: HashMap<ValueId, usize> = HashMap::new();
-        for (_, n) in g.nodes.iter() {
-            for v in n.inputs.iter().flatten() {
-                *readers.entry(*v).or_insert(0) += 1;
-            }
-        }
-        for v in &g.outputs {
-            *readers.entry(*v).or_insert(0) += 1;
-        }
+        let readers = readers(g);
         // Per value of the new graph that an affine node defines: its form, and whether
         // the value it stands for has that one reader (so its form may merge into it).
         let mut forms: HashMap<ValueId, (ChannelAffine, bool)> = HashMap::new();

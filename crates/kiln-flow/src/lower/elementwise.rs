@@ -6,7 +6,7 @@
 //! operand at the output index under numpy broadcasting and hands the values to a
 //! closure that returns the result's value, so most ops are a line. Clip bounds, a
 //! scalar Pow exponent and per-tensor quantisation parameters that are compile-time
-//! constants become literals (Pow with exponent 0, ±1, 2 or ½ becomes the matching
+//! constants become literals (Pow with exponent 0, ±1, 2, ¼, ½, ¾ or 1½ becomes the matching
 //! multiply, divide or square root).
 //!
 //! Numerics follow the reference evaluator (`kiln-ref`), which computes in `f64` and
@@ -677,28 +677,14 @@ fn pow(cx: &OpCx<'_>) -> R<Lowered> {
     if let Some(e) = c.and_then(|t| t.to_f64_vec().first().copied()) {
         return map(cx, &[0], |b, v| {
             let x = v[0];
-            Ok(if e == 0.0 {
-                lit(b, x, 1.0)
-            } else if e == 1.0 {
-                x
-            } else if e == 2.0 {
-                b.mul(x, x)
-            } else if e == -1.0 {
-                let one = lit(b, x, 1.0);
-                b.div(one, x)
-            } else if e == 0.5 {
-                // pow(−0, ½) = +0 and pow(−∞, ½) = +∞, where sqrt gives −0 and NaN.
-                let s = b.unary(U::Sqrt, x);
-                let zero = lit(b, x, 0.0);
-                let s = b.add(s, zero);
-                let (ni, pi) = (lit(b, x, f64::NEG_INFINITY), lit(b, x, f64::INFINITY));
-                let m = b.binary(B::Eq, x, ni);
-                sel(b, m, pi, s)
-            } else {
-                let exact = ct == S::F64 || (e as f32) as f64 == e;
-                let x = if exact { x } else { b.convert(x, S::F64) };
-                let ce = lit(b, x, e);
-                b.binary(B::Pow, x, ce)
+            Ok(match super::pow_by_constant(b, x, e) {
+                Some(r) => r,
+                None => {
+                    let exact = ct == S::F64 || (e as f32) as f64 == e;
+                    let x = if exact { x } else { b.convert(x, S::F64) };
+                    let ce = lit(b, x, e);
+                    b.binary(B::Pow, x, ce)
+                }
             })
         });
     }

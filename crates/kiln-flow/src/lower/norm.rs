@@ -676,8 +676,14 @@ fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
         let t = b.mul(a, s);
         let bi = lit(b, ct, bias);
         let base = b.add(bi, t);
-        let be = lit(b, ct, beta);
-        let den = b.binary(B::Pow, base, be);
+        // β = ¾ (AlexNet, GoogLeNet, ZFNet…): square roots, not a pow call per element.
+        let den = match super::pow_by_constant(b, base, beta) {
+            Some(d) => d,
+            None => {
+                let be = lit(b, ct, beta);
+                b.binary(B::Pow, base, be)
+            }
+        };
         let x = ld(b, 0, idx.to_vec(), ct);
         Ok(b.div(x, den))
     })?;
