@@ -516,6 +516,40 @@ fn column_blocks() {
     }
 }
 
+/// A convolution over gathered columns (`[ci, kh, kw, oh, ow]`, as the layout pass writes
+/// them for narrow rows) by a filter `[co, ci, kh, kw]`: its reduction `ci, kh, kw` steps
+/// through both operands as through one index, so it runs as one loop level, and with B
+/// over one L2 block (64 channels × 9 taps × 196 columns) and rows enough to reuse it
+/// (27 output channels: 5 row panels) that level is blocked, the last block short
+/// (576 = 4 × 128 + 64).
+#[test]
+fn gathered_convolutions_block_their_flattened_reduction() {
+    if !avx2_fma() {
+        eprintln!("skipped: this CPU lacks AVX2+FMA");
+        return;
+    }
+    for (ci, co, oh, ow) in [(64, 27, 14, 14), (40, 6, 7, 9), (3, 8, 10, 12)] {
+        let ins = vec![tt(&[ci, 3, 3, oh, ow]), tt(&[co, ci, 3, 3]), tt(&[co])];
+        let mut b = KernelBuilder::new("cols_conv", ins, tt(&[1, co, oh, ow]));
+        let o = b.out_index();
+        let (c, y, x) = (b.new_var(ci as u64), b.new_var(3), b.new_var(3));
+        let (cv, yv, xv) = (b.var(c), b.var(y), b.var(x));
+        let cols = b.load(0, vec![cv, yv, xv, o[2], o[3]]);
+        let wt = b.load(1, vec![o[1], cv, yv, xv]);
+        let p = b.mul(cols, wt);
+        let s = b.reduce(ReduceOp::Sum, vec![c, y, x], p);
+        let bias = b.load(2, vec![o[1]]);
+        let r = b.add(s, bias);
+        let k = b.finish(r).unwrap();
+        let inputs = [
+            random_f32(&[ci, 3, 3, oh, ow], 1.0, 31),
+            random_f32(&[co, ci, 3, 3], 1.0, 32),
+            random_f32(&[co], 1.0, 33),
+        ];
+        check_micro(&k, &inputs.iter().collect::<Vec<_>>(), ci * 9);
+    }
+}
+
 /// A valid (unpadded) convolution in NCHW with stride `s`, grouped by channel when
 /// `depthwise` (then every output row reads its own input rows with the same weights).
 #[allow(clippy::too_many_arguments)]

@@ -755,8 +755,9 @@ impl Emitter<'_> {
                 self.a.mov(r8, qword_ptr(rsp + slot))?;
             }
             if kblocks > 1 && bi == 0 || kblocks > 1 && bi == 1 && !self.packed {
-                let op = if bi == 0 { &self.c.a } else { &self.c.b };
-                let per_k = op.offset.of(self.c.k[0]) * 4;
+                // (A blocked reduction is one loop level: its innermost step.)
+                let (_, sa, sb) = self.k_levels();
+                let per_k = if bi == 0 { sa[sa.len() - 1] } else { sb[sb.len() - 1] };
                 self.add_scaled(r8, qword_ptr(rsp + Self::S_K0), per_k)?;
             }
             let s = self.s_ptr(bi);
@@ -1022,11 +1023,38 @@ impl Emitter<'_> {
         if self.c.b.panel.is_some() {
             return k.min(KC_PACKED);
         }
-        if self.c.k.len() == 1 && n * k * 4 > L2_BLOCK && k > KC {
+        if self.k_levels().0.len() == 1 && n * k * 4 > L2_BLOCK && k > KC {
             KC
         } else {
             k
         }
+    }
+
+    /// The reduction's loop levels, outermost first: each variable's extent and the byte
+    /// steps of A and (unpacked) B, with adjacent levels merged where both operands step
+    /// through them as through one index (a convolution's `ci, kh, kw` over columns laid
+    /// out `[ci, kh, kw, …]` and a filter in panels: one level of `C·KH·KW` steps, which
+    /// can then be blocked like a matrix product's).
+    fn k_levels(&self) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+        let mut ext: Vec<i64> = Vec::new();
+        let mut sa: Vec<i64> = Vec::new();
+        let mut sb: Vec<i64> = Vec::new();
+        for &v in &self.c.k {
+            let (e, a, b) = (self.k.vars[v as usize] as i64, self.c.a.offset.of(v) * 4, self.c.b.offset.of(v) * 4);
+            if let (Some(&la), Some(&lb)) = (sa.last(), sb.last()) {
+                if la == e * a && lb == e * b {
+                    let last = ext.len() - 1;
+                    ext[last] *= e;
+                    sa[last] = a;
+                    sb[last] = b;
+                    continue;
+                }
+            }
+            ext.push(e);
+            sa.push(a);
+            sb.push(b);
+        }
+        (ext, sa, sb)
     }
 
     /// Columns per block: all of them when B fits [`L2_BLOCK`], else a multiple of 48
@@ -1263,17 +1291,15 @@ impl Emitter<'_> {
     /// Opens the reduction loops at the tile's A and B pointers (`rdi`, `rsi`): one
     /// loop per reduction variable, outermost first, the innermost counting in `rdx`.
     fn k_loops_open(&mut self) -> R<KLoops> {
-        let kvars = self.c.k.clone();
-        let ext: Vec<i64> = kvars.iter().map(|&v| self.k.vars[v as usize] as i64).collect();
-        let sa: Vec<i64> = kvars.iter().map(|&v| self.c.a.offset.of(v) * 4).collect();
+        let (ext, sa, sb_unpacked) = self.k_levels();
         let sb: Vec<i64> = if self.packed {
             vec![(self.pack_width() * 4) as i64]
         } else if self.packed_t {
             vec![(T_COLS * 4) as i64]
         } else {
-            kvars.iter().map(|&v| self.c.b.offset.of(v) * 4).collect()
+            sb_unpacked
         };
-        let q = kvars.len();
+        let q = ext.len();
         self.a.mov(rdi, r12)?;
         self.a.mov(rsi, r13)?;
         let mut outer: Vec<CodeLabel> = Vec::new();
