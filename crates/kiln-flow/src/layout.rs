@@ -97,9 +97,16 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     let c = Contraction::of(k)?;
     let r = k.out_rank();
     let [n0] = c.n[..] else { return None };
-    // Narrow rows, or a column step above 2 (which no microkernel reads in place).
-    let wide_step = c.b.offset.of(n0) > 2;
-    if c.k.len() < 2 || n0 as usize != r - 1 || r < 3 || (k.vars[n0 as usize] >= GATHER_BELOW_COLUMNS && !wide_step) {
+    // Narrow rows, or a column step above 2 (which no microkernel reads in place). A
+    // 1×1 convolution (one reduction variable) of stride 1 is a product over all its
+    // positions already; strided, its rows are narrow like any other's.
+    let step = c.b.offset.of(n0);
+    let wide_step = step > 2;
+    if (c.k.len() < 2 && step <= 1)
+        || n0 as usize != r - 1
+        || r < 3
+        || (k.vars[n0 as usize] >= GATHER_BELOW_COLUMNS && !wide_step)
+    {
         return None;
     }
     let x = (r - 2) as u32;
