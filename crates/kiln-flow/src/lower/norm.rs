@@ -634,6 +634,9 @@ fn group_norm(cx: &OpCx<'_>) -> R<Lowered> {
     Ok(lowered_last(vec![mean, inv, y]))
 }
 
+/// Widest LRN channel window written out term by term (see [`lrn`]).
+const LRN_UNROLLED: i64 = 16;
+
 /// LRN: `x / (bias + α/size · Σ x²)^β`, the sum over the channels
 /// `c − ⌊(size−1)/2⌋ ..= c + ⌈(size−1)/2⌉` that exist.
 fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
@@ -652,26 +655,36 @@ fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
     let below = (size - 1) / 2;
     let binds = input_binds(cx, &[0])?;
     let step = build(result_name(cx, 0), out_ty(cx, 0)?.clone(), &binds, |b, idx| {
-        let k = b.new_var(size as u64);
-        let ke = b.var(k);
-        let off = b.index(-below);
-        let c0 = b.add(idx[1], off);
-        let ch = b.add(c0, ke);
-        let mut ix = idx.to_vec();
-        ix[1] = ch;
-        // A clamped load masked outside the channels (a padded load would do, but
-        // the interpreter cannot yet take a negative index in a non-last dimension).
-        let w = b.load_with(0, ix, Bounds::Clamp);
-        let w = b.convert(w, ct);
-        let sq = b.mul(w, w);
-        let zero = b.index(0);
-        let cn = b.index(xd[1] as i64);
-        let ge = b.binary(B::Ge, ch, zero);
-        let lt = b.binary(B::Lt, ch, cn);
-        let inside = b.binary(B::And, ge, lt);
-        let z = lit(b, ct, 0.0);
-        let sq = sel(b, inside, sq, z);
-        let s = b.reduce(ReduceOp::Sum, vec![k], sq);
+        // The square of channel `c − below + k`, 0 outside the channels (a load padded
+        // by 0 there).
+        let square = |b: &mut KernelBuilder, ke: ExprId| {
+            let off = b.index(-below);
+            let c0 = b.add(idx[1], off);
+            let ch = b.add(c0, ke);
+            let mut ix = idx.to_vec();
+            ix[1] = ch;
+            let w = b.load_with(0, ix, Bounds::Pad(0));
+            let w = b.convert(w, ct);
+            b.mul(w, w)
+        };
+        // A window of a few channels (5 in AlexNet and GoogLeNet) is written out as a
+        // sum of its terms, in the fold's order from +0: an elementwise kernel, which
+        // code generators vectorise along the rows, where a fold of 5 steps per element
+        // had stayed scalar. Wider windows stay a fold.
+        let s = if size <= LRN_UNROLLED {
+            let mut acc = lit(b, ct, 0.0);
+            for j in 0..size {
+                let ke = b.index(j);
+                let t = square(b, ke);
+                acc = b.add(acc, t);
+            }
+            acc
+        } else {
+            let k = b.new_var(size as u64);
+            let ke = b.var(k);
+            let sq = square(b, ke);
+            b.reduce(ReduceOp::Sum, vec![k], sq)
+        };
         let a = lit(b, ct, alpha / size as f64);
         let t = b.mul(a, s);
         let bi = lit(b, ct, bias);
