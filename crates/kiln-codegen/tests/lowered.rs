@@ -211,6 +211,8 @@ fn cases() -> Vec<Case> {
             1,
         ),
         case(op(K::LRN, &[("size", Attr::Int(3)), ("beta", Attr::Float(0.6))]), vec![x(&[2, 4, 5], 74)], 1),
+        // A window wider than those written out term by term: a fold.
+        case(op(K::LRN, &[("size", Attr::Int(17))]), vec![x(&[1, 20, 2, 3], 75)], 1),
         case(op(K::ReduceSum, &[]), vec![x(&[3, 4, 5], 46), Some(i64s(&[1]))], 1),
         case(op(K::ReduceMax, &[("keepdims", Attr::Int(0))]), vec![x(&[3, 4, 5], 47), Some(i64s(&[0, 2]))], 1),
         case(op(K::ReduceMean, &[]), vec![x(&[6, 10], 48), Some(i64s(&[-1]))], 1),
