@@ -25,52 +25,36 @@ static double now(void) {
 }
 
 #define ACC(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-/* noinline: inlined into main, gcc spilled the accumulators (half the peak). */
-__attribute__((target("avx2,fma"), noinline)) static double fma_peak(void) {
-    __m256 x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(0.9999999f);
-#define DECL(i) __m256 a##i = _mm256_set1_ps((float)i);
-    ACC(DECL)
-    long n = 50000000;
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
-        for (long i = 0; i < n; i++) {
-            /* twelve independent chains in registers (an FMA chain cannot be folded) */
-#define STEP(i) a##i = _mm256_fmadd_ps(a##i, x, y);
-            ACC(STEP)
-        }
-        double t = now() - t0, g = n * 12.0 * 16.0 / t / 1e9;
-        if (g > best) best = g;
+/* One core's FMA throughput with vectors of type VT (LANES floats): twelve independent
+ * chains in registers (an FMA chain cannot be folded), the best of three passes.
+ * noinline: inlined into main, gcc spilled the accumulators (half the peak). */
+#define FMA_PEAK(NAME, TARGET, VT, SET1, LANES)                                      \
+    __attribute__((target(TARGET), noinline)) static double NAME(void) {                \
+        VT x = SET1(1.0000001f), y = SET1(0.9999999f);                                  \
+        ACC(DECL_##NAME)                                                                \
+        long n = 50000000;                                                              \
+        double best = 0;                                                                \
+        for (int rep = 0; rep < 3; rep++) {                                             \
+            double t0 = now();                                                          \
+            for (long i = 0; i < n; i++) {                                              \
+                ACC(STEP_##NAME)                                                        \
+            }                                                                           \
+            double t = now() - t0, g = n * 12.0 * 2.0 * LANES / t / 1e9;               \
+            if (g > best) best = g;                                                     \
+        }                                                                               \
+        float s = 0;                                                                    \
+        ACC(SUM_##NAME)                                                                 \
+        if (s == 12345.f) printf("!");                                                  \
+        return best;                                                                    \
     }
-    float s = 0;
-#define SUM(i) s += a##i[0];
-    ACC(SUM)
-    if (s == 12345.f) printf("!");
-    return best;
-}
-
-/* As fma_peak, 16 lanes. */
-__attribute__((target("avx512f"), noinline)) static double fma512_peak(void) {
-    __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
-#define DECL512(i) __m512 a##i = _mm512_set1_ps((float)i);
-    ACC(DECL512)
-    long n = 50000000;
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
-        for (long i = 0; i < n; i++) {
-#define STEP512(i) a##i = _mm512_fmadd_ps(a##i, x, y);
-            ACC(STEP512)
-        }
-        double t = now() - t0, g = n * 12.0 * 32.0 / t / 1e9;
-        if (g > best) best = g;
-    }
-    float s = 0;
-#define SUM512(i) s += _mm512_reduce_add_ps(a##i);
-    ACC(SUM512)
-    if (s == 12345.f) printf("!");
-    return best;
-}
+#define DECL_fma_peak(i) __m256 a##i = _mm256_set1_ps((float)i);
+#define STEP_fma_peak(i) a##i = _mm256_fmadd_ps(a##i, x, y);
+#define SUM_fma_peak(i) s += a##i[0];
+FMA_PEAK(fma_peak, "avx2,fma", __m256, _mm256_set1_ps, 8)
+#define DECL_fma512_peak(i) __m512 a##i = _mm512_set1_ps((float)i);
+#define STEP_fma512_peak(i) a##i = _mm512_fmadd_ps(a##i, x, y);
+#define SUM_fma512_peak(i) s += a##i[0];
+FMA_PEAK(fma512_peak, "avx512f", __m512, _mm512_set1_ps, 16)
 
 static double triad(void) {
     size_t n = 8u << 20; /* 8 Mi floats = 32 MiB per array */
