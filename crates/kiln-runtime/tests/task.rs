@@ -110,3 +110,32 @@ fn thread_counts() {
     let inst = Instance::with_threads(&m, 4).expect("instance");
     assert!(format!("{inst:?}").contains("threads: 4"));
 }
+
+/// `invoke_observed` runs every command on the calling thread, in order, whatever the
+/// instance's threads, calling back once after each (barriers included), and computes
+/// what `invoke` does.
+#[test]
+fn observed_invocations_call_back_after_every_command() {
+    for n in [3u64, 256] {
+        let prog = waves_program(n, true);
+        let commands = prog.entries[0].commands.len();
+        let file = write_program(&prog);
+        let m = load(&file, None).expect("load");
+        let (a, b) = (ramp(n, 1.5), ramp(n, 0.125));
+        for threads in [1, 2, 3] {
+            let mut inst = Instance::with_threads(&m, threads).expect("instance");
+            let (mut y, mut z) = (vec![0u8; 4 * n as usize], vec![0u8; 4]);
+            inst.invoke(&[&a, &b], &mut [&mut y, &mut z]).expect("invoke");
+            let (mut y2, mut z2) = (vec![0u8; 4 * n as usize], vec![0u8; 4]);
+            let mut seen = Vec::new();
+            let caller = std::thread::current().id();
+            inst.invoke_observed(&[&a, &b], &mut [&mut y2, &mut z2], &mut |c| {
+                assert_eq!(std::thread::current().id(), caller);
+                seen.push(c)
+            })
+            .expect("invoke_observed");
+            assert_eq!(seen, (0..commands).collect::<Vec<_>>(), "{threads} threads");
+            assert_eq!((y2, z2), (y, z), "n = {n}, {threads} threads");
+        }
+    }
+}
