@@ -655,17 +655,25 @@ fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
     let below = (size - 1) / 2;
     let binds = input_binds(cx, &[0])?;
     let step = build(result_name(cx, 0), out_ty(cx, 0)?.clone(), &binds, |b, idx| {
-        // The square of channel `c − below + k`, 0 outside the channels (a load padded
-        // by 0 there).
+        // The square of channel `c − below + k`, 0 outside the channels: an in-bounds
+        // load at the channel clamped into range, masked where it was not (the row it
+        // reads is contiguous, so a code generator loads it a vector at a time; a load
+        // padded by 0 is not vectorised).
         let square = |b: &mut KernelBuilder, ke: ExprId| {
             let off = b.index(-below);
             let c0 = b.add(idx[1], off);
             let ch = b.add(c0, ke);
+            let zero = b.index(0);
+            let last = b.index(xd[1] as i64 - 1);
+            let lo = b.binary(B::Max, ch, zero);
+            let clamped = b.binary(B::Min, lo, last);
             let mut ix = idx.to_vec();
-            ix[1] = ch;
-            let w = b.load_with(0, ix, Bounds::Pad(0));
-            let w = b.convert(w, ct);
-            b.mul(w, w)
+            ix[1] = clamped;
+            let w = ld(b, 0, ix, ct);
+            let sq = b.mul(w, w);
+            let inside = b.binary(B::Eq, clamped, ch);
+            let z = lit(b, ct, 0.0);
+            sel(b, inside, sq, z)
         };
         // A window of a few channels (5 in AlexNet and GoogLeNet) is written out as a
         // sum of its terms, in the fold's order from +0: an elementwise kernel, which
