@@ -163,35 +163,32 @@ impl Depthwise {
             }
             _ => None,
         };
-        let (x, xi, padded, filter) = if rop == ReduceOp::Sum && image(body).is_some() {
+        let (x, xi, padded, filter) = match (rop, image(body)) {
             // Σ x alone: an average pool's sum.
-            let (x, xi, padded) = image(body)?;
-            (x, xi, padded, None)
-        } else if rop == ReduceOp::Sum {
-            let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
-            [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
-                let Expr::Load { input: xa, index: xidx, bounds } = &k.node(a).expr else { return None };
-                if !matches!(bounds, Bounds::InBounds | Bounds::Pad(0)) {
+            (ReduceOp::Sum, Some((x, xi, padded))) => (x, xi, padded, None),
+            (ReduceOp::Sum, None) => {
+                let Expr::Binary(BinaryOp::Mul, p, q) = k.node(body).expr else { return None };
+                [(p, q), (q, p)].into_iter().find_map(|(a, b)| {
+                    let (xa, xidx, padded) = image(a)?;
+                    let Expr::Load { input: wa, index: widx, bounds: Bounds::InBounds } = &k.node(b).expr else {
+                        return None;
+                    };
+                    Some((xa, xidx, padded, Some((*wa, widx.clone()))))
+                })?
+            }
+            _ => {
+                // select(isnan(x), −∞, x), x padded (if at all) by −∞.
+                let Expr::Select(c, lo, v) = k.node(body).expr else { return None };
+                let neg_inf = f32::NEG_INFINITY.to_bits() as u64;
+                if k.node(c).expr != Expr::Unary(UnaryOp::IsNan, v) || k.node(lo).expr != Expr::Const(neg_inf) {
                     return None;
                 }
-                let Expr::Load { input: wa, index: widx, bounds: Bounds::InBounds } = &k.node(b).expr else {
+                let Expr::Load { input: xa, index: xidx, bounds } = &k.node(v).expr else { return None };
+                if !matches!(bounds, Bounds::InBounds) && *bounds != Bounds::Pad(neg_inf) {
                     return None;
-                };
-                let padded = matches!(bounds, Bounds::Pad(_));
-                (xidx.len() == 4).then(|| (*xa, xidx.clone(), padded, Some((*wa, widx.clone()))))
-            })?
-        } else {
-            // select(isnan(x), −∞, x), x padded (if at all) by −∞.
-            let Expr::Select(c, lo, v) = k.node(body).expr else { return None };
-            let neg_inf = f32::NEG_INFINITY.to_bits() as u64;
-            if k.node(c).expr != Expr::Unary(UnaryOp::IsNan, v) || k.node(lo).expr != Expr::Const(neg_inf) {
-                return None;
+                }
+                (xidx.len() == 4).then(|| (*xa, xidx.clone(), matches!(bounds, Bounds::Pad(_)), None))?
             }
-            let Expr::Load { input: xa, index: xidx, bounds } = &k.node(v).expr else { return None };
-            if !matches!(bounds, Bounds::InBounds) && *bounds != Bounds::Pad(neg_inf) {
-                return None;
-            }
-            (xidx.len() == 4).then(|| (*xa, xidx.clone(), matches!(bounds, Bounds::Pad(_)), None))?
         };
         if k.inputs.get(x as usize)?.dtype != DType::F32 {
             return None;

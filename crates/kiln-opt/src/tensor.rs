@@ -252,6 +252,32 @@ impl Pass for EliminateDeadCode {
 /// takes per-channel constants). The folded values are rounded once to f32 from f64.
 pub struct FoldBatchNorm;
 
+/// An inference BatchNormalization's statistics per channel: `s = scale / √(var + ε)`
+/// (in f64), its bias and its mean.
+struct BatchNormStats {
+    s: Vec<f64>,
+    bias: Vec<f32>,
+    mean: Vec<f32>,
+}
+
+/// The statistics of `bn` (inference form, one result) whose operands are `inputs`
+/// (values of `g`), when its scale, bias, mean and variance are f32 constants of `m`
+/// values each.
+fn batch_norm_stats(g: &Graph, bn: &Node, inputs: &[Option<ValueId>], m: usize) -> Option<BatchNormStats> {
+    let training = bn.op.attrs.int_or("training_mode", 0).unwrap_or(1) != 0;
+    if bn.op.kind != OpKind::BatchNormalization || bn.outputs.len() != 1 || training {
+        return None;
+    }
+    let stat = |i: usize| {
+        let t = g.constant((*inputs.get(i)?)?)?;
+        (t.dtype() == kiln_ir::DType::F32).then(|| t.to_vec::<f32>().ok()).flatten().filter(|v| v.len() == m)
+    };
+    let (scale, bias, mean, var) = (stat(1)?, stat(2)?, stat(3)?, stat(4)?);
+    let eps = bn.op.attrs.float_or("epsilon", 1e-5).ok()? as f64;
+    let s = scale.iter().zip(&var).map(|(&a, &v)| a as f64 / (v as f64 + eps).sqrt()).collect();
+    Some(BatchNormStats { s, bias, mean })
+}
+
 impl FoldBatchNorm {
     /// `(W', b')` for the Conv node `conv` and the BatchNormalization node `bn`, or `None`.
     fn folded(g: &Graph, conv: &Node, bn: &Node) -> Option<(kiln_ir::Tensor, kiln_ir::Tensor)> {
@@ -271,13 +297,10 @@ impl FoldBatchNorm {
             Some(v) => f32s(Some(v))?.0,
             None => vec![0.0; m],
         };
-        let stat = |i: usize| f32s(*bn.inputs.get(i)?).map(|(v, _)| v).filter(|v| v.len() == m);
-        let (scale, shift, mean, var) = (stat(1)?, stat(2)?, stat(3)?, stat(4)?);
+        let BatchNormStats { s, bias: shift, mean } = batch_norm_stats(g, bn, &bn.inputs, m)?;
         if b.len() != m {
             return None;
         }
-        let eps = bn.op.attrs.float_or("epsilon", 1e-5).ok()? as f64;
-        let s: Vec<f64> = (0..m).map(|c| scale[c] as f64 / (var[c] as f64 + eps).sqrt()).collect();
         let per = w.len() / m;
         let w2: Vec<f32> = w.iter().enumerate().map(|(i, &x)| (x as f64 * s[i / per]) as f32).collect();
         let b2: Vec<f32> = (0..m).map(|c| ((b[c] as f64 - mean[c] as f64) * s[c] + shift[c] as f64) as f32).collect();
@@ -304,8 +327,8 @@ impl Pass for FoldBatchNorm {
         }
         let mut folds = Vec::new();
         for (bid, bn) in g.nodes.iter() {
-            let training = bn.op.attrs.int_or("training_mode", 0).unwrap_or(1) != 0;
-            if bn.op.kind != OpKind::BatchNormalization || bn.outputs.len() != 1 || training {
+            // (`folded` takes only inference batch norms of one result.)
+            if bn.op.kind != OpKind::BatchNormalization || bn.outputs.len() != 1 {
                 continue;
             }
             let Some(Some(x)) = bn.inputs.first() else { continue };
@@ -407,26 +430,13 @@ impl FoldChannelAffine {
         }
         match n.op.kind {
             OpKind::BatchNormalization => {
-                let training = n.op.attrs.int_or("training_mode", 0).unwrap_or(1) != 0;
-                if n.outputs.len() != 1 || training {
-                    return None;
-                }
                 let x = inputs.first().copied().flatten()?;
                 let ty = g.ty(x);
-                let stat = |i: usize| {
-                    let v = inputs.get(i).copied().flatten()?;
-                    let t = g.constant(v)?;
-                    (t.dtype() == kiln_ir::DType::F32 && t.shape().rank() == 1 && ty.shape.rank() >= 2)
-                        .then(|| t.to_vec::<f32>().ok())
-                        .flatten()
-                        .filter(|s| s.len() == ty.shape.dims()[1])
-                };
-                let (scale, bias, mean, var) = (stat(1)?, stat(2)?, stat(3)?, stat(4)?);
                 if ty.dtype != kiln_ir::DType::F32 {
                     return None;
                 }
-                let eps = n.op.attrs.float_or("epsilon", 1e-5).ok()? as f64;
-                let s: Vec<f64> = scale.iter().zip(&var).map(|(&a, &v)| a as f64 / (v as f64 + eps).sqrt()).collect();
+                // (Verified graphs: X of rank ≥ 2, statistics of shape [C].)
+                let BatchNormStats { s, bias, mean } = batch_norm_stats(g, n, inputs, *ty.shape.dims().get(1)?)?;
                 let t: Vec<f64> = (0..s.len()).map(|c| bias[c] as f64 - mean[c] as f64 * s[c]).collect();
                 Some(ChannelAffine { x, scale: s, shift: t })
             }

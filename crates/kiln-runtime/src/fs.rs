@@ -19,24 +19,21 @@ impl AlignedBytes {
     pub fn read(path: &Path) -> std::io::Result<AlignedBytes> {
         let mut f = std::fs::File::open(path)?;
         let len = usize::try_from(f.metadata()?.len()).map_err(|_| std::io::Error::other("file too large"))?;
-        let mut buf = vec![0u8; len + 63];
-        crate::pages::prefer_huge_pages(buf.as_ptr(), buf.len());
-        let start = buf.as_ptr().align_offset(64).min(63);
-        f.read_exact(&mut buf[start..start + len])?;
-        Ok(AlignedBytes { buf, start, len })
+        let mut a = AlignedBytes::zeroed(len);
+        f.read_exact(a.bytes_mut())?;
+        Ok(a)
     }
 
     /// Copies `bytes` to an aligned buffer.
     pub fn copy_from(bytes: &[u8]) -> AlignedBytes {
-        let mut buf = vec![0u8; bytes.len() + 63];
-        crate::pages::prefer_huge_pages(buf.as_ptr(), buf.len());
-        let start = buf.as_ptr().align_offset(64).min(63);
-        buf[start..start + bytes.len()].copy_from_slice(bytes);
-        AlignedBytes { buf, start, len: bytes.len() }
+        let mut a = AlignedBytes::zeroed(bytes.len());
+        a.bytes_mut().copy_from_slice(bytes);
+        a
     }
 
-    /// `len` zero bytes, aligned and on huge pages like [`AlignedBytes::read`]'s: a
-    /// caller's input or output buffer of the size a tensor needs.
+    /// `len` zero bytes at a 64-byte-aligned address, on huge pages where the system has
+    /// them (asked before the first write): also a caller's input or output buffer of the
+    /// size a tensor needs.
     pub fn zeroed(len: usize) -> AlignedBytes {
         let buf = vec![0u8; len + 63];
         crate::pages::prefer_huge_pages(buf.as_ptr(), buf.len());

@@ -127,6 +127,13 @@ impl Bases<'_> {
     }
 }
 
+/// `pat` repeated over `dst` from its start (the last copy cut short).
+fn repeat(dst: &mut [u8], pat: &[u8]) {
+    for chunk in dst.chunks_mut(pat.len()) {
+        chunk.copy_from_slice(&pat[..chunk.len()]);
+    }
+}
+
 /// Runs a copy or a fill on the calling thread (dispatches and barriers are the
 /// driver's; they are ignored here).
 ///
@@ -155,23 +162,16 @@ pub(crate) unsafe fn transfer(c: &Command, bases: &Bases<'_>) {
                 // range is word-aligned relative to its start (lengths are multiples of
                 // the pattern, itself 2, 4 or 8 bytes, a divisor of 8).
                 let mut word = [0u8; 8];
-                for (i, w) in word.iter_mut().enumerate() {
-                    *w = pat[i % pat.len()];
-                }
+                repeat(&mut word, pat);
                 // SAFETY: every bit pattern is a valid u64.
                 let (head, words, tail) = unsafe { out.align_to_mut::<u64>() };
                 if head.len() % pat.len() == 0 && 8 % pat.len() == 0 {
-                    for (i, b) in head.iter_mut().enumerate() {
-                        *b = pat[i % pat.len()];
-                    }
+                    // (The words and the tail start at multiples of the pattern.)
+                    repeat(head, pat);
                     words.fill(u64::from_ne_bytes(word));
-                    for (i, b) in tail.iter_mut().enumerate() {
-                        *b = pat[i % pat.len()];
-                    }
+                    repeat(tail, pat);
                 } else {
-                    for chunk in out.chunks_mut(pat.len()) {
-                        chunk.copy_from_slice(&pat[..chunk.len()]);
-                    }
+                    repeat(out, pat);
                 }
             }
         }

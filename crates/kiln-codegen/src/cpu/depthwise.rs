@@ -410,7 +410,6 @@ impl<'d> Emit<'d> {
                         WindowOp::Sum => self.scratch[0],
                         WindowOp::Conv { .. } => self.taps[(kh * kw_n + kw) as usize],
                     };
-                    let sum = d.op == WindowOp::Sum;
                     for i in 0..nv {
                         let acc = accs[r as usize * nv + i];
                         let j = j0 + i as i64;
@@ -432,22 +431,13 @@ impl<'d> Emit<'d> {
                             self.a.vmaxps(acc, t0, acc)?;
                         } else if sw == 1 {
                             let bits = Self::inside(col, w);
-                            let k = self.opmask(bits);
                             let at = ymmword_ptr(rbx + (disp * 4) as i32);
-                            if bits == 0xff && sum {
-                                self.a.vaddps(acc, acc, at)?;
-                            } else if bits == 0xff {
-                                self.a.vfmadd231ps(acc, tap, at)?;
-                            } else if let (Some(k), true) = (k, sum) {
-                                self.a.evex().vaddps(under(acc, k), acc, at)?;
-                            } else if let Some(k) = k {
-                                self.a.evex().vfmadd231ps(under(acc, k), tap, at)?;
+                            if bits == 0xff {
+                                self.add_tap_at(acc, None, tap, at)?;
+                            } else if let Some(k) = self.opmask(bits) {
+                                self.add_tap_at(acc, Some(k), tap, at)?;
                             } else if self.load(t0, disp, bits)? {
-                                if sum {
-                                    self.a.vaddps(acc, acc, t0)?;
-                                } else {
-                                    self.a.vfmadd231ps(acc, tap, t0)?;
-                                }
+                                self.add_tap(acc, tap, t0)?;
                             }
                         } else {
                             // 16 elements from col; lane e takes element 2e.
@@ -464,11 +454,7 @@ impl<'d> Emit<'d> {
                             }
                             self.a.vshufps(t0, t0, t1, 0x88)?;
                             self.a.vpermpd(t0, t0, 0xD8)?;
-                            if sum {
-                                self.a.vaddps(acc, acc, t0)?;
-                            } else {
-                                self.a.vfmadd231ps(acc, tap, t0)?;
-                            }
+                            self.add_tap(acc, tap, t0)?;
                         }
                     }
                 }
@@ -494,6 +480,31 @@ impl<'d> Emit<'d> {
                     self.a.vmaskmovps(to, m, acc)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// `acc += tap · x` (a convolution) or `acc += x` (a sum).
+    fn add_tap(&mut self, acc: AsmRegisterYmm, tap: AsmRegisterYmm, x: AsmRegisterYmm) -> R<()> {
+        if self.d.op == WindowOp::Sum {
+            self.a.vaddps(acc, acc, x)?;
+        } else {
+            self.a.vfmadd231ps(acc, tap, x)?;
+        }
+        Ok(())
+    }
+
+    /// [`Emit::add_tap`] of the 8 elements at `at`; under opmask `k` (merging), the
+    /// lanes outside it read nothing and keep `acc`.
+    fn add_tap_at(&mut self, acc: AsmRegisterYmm, k: Option<u8>, tap: AsmRegisterYmm, at: AsmMemoryOperand) -> R<()> {
+        let (a, dst) = match k {
+            Some(k) => (self.a.evex(), under(acc, k)),
+            None => (&mut self.a, acc),
+        };
+        if self.d.op == WindowOp::Sum {
+            a.vaddps(dst, acc, at)?;
+        } else {
+            a.vfmadd231ps(dst, tap, at)?;
         }
         Ok(())
     }
