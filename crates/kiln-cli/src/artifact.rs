@@ -38,6 +38,7 @@ struct Args {
     iterations: Option<usize>,
     size: bool,
     profile: bool,
+    samples: Option<PathBuf>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -86,6 +87,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--list-passes" => a.list_passes = true,
             "--timings" => a.timings = true,
             "--profile" => a.profile = true,
+            "--samples" => a.samples = Some(PathBuf::from(value(flag)?)),
             "--threads" | "--warmup" | "--iterations" => {
                 let v = value(flag)?;
                 let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
@@ -301,15 +303,20 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
 }
 
 /// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]
-/// [--profile]`: times `invoke` alone (inputs prepared, outputs allocated once, the
-/// instance's worker threads started before the first call) and prints the median, p99,
-/// standard deviation and p99/median of the per-call wall times, and the thread count
-/// used (default: one per core). `--profile` times each command of the plan instead
+/// [--samples FILE] [--profile]`: times `invoke` alone (inputs prepared, outputs
+/// allocated once, the instance's worker threads started before the first call) and
+/// prints the median, p99, standard deviation and p99/median of the per-call wall times,
+/// and the thread count used (default: one per core). `--samples` also writes every
+/// call's time, in milliseconds, one per line in call order (for pooling rounds, or
+/// reading a tail against time). `--profile` times each command of the plan instead
 /// (one thread; see [`profile`]).
 pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     if a.profile && a.threads.is_some_and(|t| t > 1) {
         return Err("--profile times each command on one thread: leave out --threads (or give 1)".into());
+    }
+    if a.profile && a.samples.is_some() {
+        return Err("--samples writes whole calls' times, --profile each command's: give one of them".into());
     }
     let threads = if a.profile { 1 } else { threads(&a) };
     let (bytes, weights, label) = artifact_and_weights(&a)?;
@@ -339,6 +346,10 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
         let t = Instant::now();
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    if let Some(path) = &a.samples {
+        let text: String = ms.iter().map(|t| format!("{t}\n")).collect();
+        std::fs::write(path, text).map_err(|e| format!("--samples {}: {e}", path.display()))?;
     }
     let st = Stats::of(&mut ms);
     if a.json {

@@ -179,6 +179,35 @@ fn bench_json_and_refusals() {
 }
 
 #[test]
+fn bench_samples_are_the_timed_calls() {
+    let dir = scratch("samples");
+    let art = dir.join("lenet.kiln");
+    let file = dir.join("samples.txt");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    let out = ok(&["bench", s(&art), "--threads", "1", "--warmup", "1", "--iterations", "41", "--json", "--samples", s(&file)]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
+    let mut ms: Vec<f64> = std::fs::read_to_string(&file)
+        .expect("samples file")
+        .lines()
+        .map(|l| l.parse::<f64>().unwrap_or_else(|_| panic!("not a number: {l:?}")))
+        .collect();
+    assert_eq!(ms.len(), 41);
+    assert!(ms.iter().all(|&t| t > 0.0 && t.is_finite()), "{ms:?}");
+    // The summary is of exactly these calls (serde_json's float parsing may differ from
+    // Rust's in the last bit).
+    ms.sort_by(f64::total_cmp);
+    let same = |key: &str, v: f64| {
+        let j = json[key].as_f64().unwrap_or_else(|| panic!("{key}: {json}"));
+        assert!((j - v).abs() <= 1e-12 * v, "{key} {j} vs the samples' {v}");
+    };
+    same("median_ms", ms[20]);
+    same("min_ms", ms[0]);
+    same("p99_ms", ms[40]);
+    fails_with(&["bench", s(&art), "--profile", "--samples", s(&file)], &["--samples", "--profile"]);
+    fails_with(&["bench", s(&art), "--iterations", "2", "--samples", s(&dir.join("no/such/dir/x.txt"))], &["--samples"]);
+}
+
+#[test]
 fn bench_profile_times_every_command_of_the_plan() {
     let dir = scratch("profile");
     let art = dir.join("lenet.kiln");
