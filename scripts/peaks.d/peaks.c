@@ -8,11 +8,12 @@
  *          (bytes moved: 3 arrays; the best of 10 passes).
  * Prints one line each: `fma GFLOP/s`, `fma512 GFLOP/s`, `triad GB/s`.
  *
- * `peaks jitter MS N [BYTES]` instead times N calls (after N/5 warm-up calls) of a
+ * `peaks jitter MS N [BYTES] [--reps R] [--samples]` instead times N calls (after N/5 warm-up calls) of a
  * fixed piece of work shaped like one inference: it reads a buffer of BYTES (a model's
  * constants, arena, inputs and outputs: what its call walks), then runs FMAs at full
  * throughput on 16 KiB that stay in L1 for the rest of about MS milliseconds. It prints
- * `median MS`, `p99 MS`, every call timed, and `samples` lines of them with --samples:
+ * `reps R` (the FMA passes it calibrated for MS, or was given, so that every round of a
+ * benchmark times the same work), `median MS`, `p99 MS` and, with --samples, every call:
  * the spread this machine gives a single-threaded call of that length and footprint
  * (timer ticks, other tenants' use of the core, the shared L3 and memory), which no
  * engine can go below. */
@@ -129,7 +130,7 @@ static double best_of(long reps, int tries, volatile float *sink) {
     return best;
 }
 
-static int jitter(double ms, long n, double bytes, int samples) {
+static int jitter(double ms, long n, double bytes, long reps, int samples) {
     volatile float sink = 0;
     jitter_floats = (long)(bytes / 4) / 64 * 64;
     size_t len = (size_t)(jitter_floats + 64) * 4;
@@ -139,9 +140,11 @@ static int jitter(double ms, long n, double bytes, int samples) {
     madvise(jitter_mem, len, MADV_HUGEPAGE); /* as kiln asks for its constants and arena */
 #endif
     for (long i = 0; i < jitter_floats + 64; i++) jitter_mem[i] = 1e-3f * (float)(i & 1023);
-    /* Calibrate: the read alone, then FMA passes for the rest of about ms. */
-    double read = best_of(0, 5, &sink), pass = best_of(64, 5, &sink) - read;
-    long reps = ms / 1e3 > read && pass > 0 ? (long)((ms / 1e3 - read) / (pass / 64)) : 0;
+    /* Calibrate (unless given): the read alone, then FMA passes for the rest of ms. */
+    if (reps < 0) {
+        double read = best_of(0, 5, &sink), pass = best_of(64, 5, &sink) - read;
+        reps = ms / 1e3 > read && pass > 0 ? (long)((ms / 1e3 - read) / (pass / 64)) : 0;
+    }
     double *t = malloc(n * sizeof *t);
     if (!t) return 1;
     for (long i = 0; i < n / 5; i++) sink += unit(reps);
@@ -156,7 +159,7 @@ static int jitter(double ms, long n, double bytes, int samples) {
         printf("\n");
     }
     qsort(t, n, sizeof *t, cmp);
-    printf("median %.6f\np99 %.6f\n", t[n / 2], t[n * 99 / 100 < n - 1 ? n * 99 / 100 : n - 1]);
+    printf("reps %ld\nmedian %.6f\np99 %.6f\n", reps, t[n / 2], t[n * 99 / 100 < n - 1 ? n * 99 / 100 : n - 1]);
     free(t);
     free(jitter_mem);
     return 0;
@@ -164,9 +167,15 @@ static int jitter(double ms, long n, double bytes, int samples) {
 
 int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "jitter")) {
-        int samples = argc > 4 && !strcmp(argv[argc - 1], "--samples");
-        double bytes = argc - samples > 4 ? atof(argv[4]) : 0;
-        return jitter(atof(argv[2]), atol(argv[3]), bytes, samples);
+        double bytes = 0;
+        long reps = -1;
+        int samples = 0;
+        for (int i = 4; i < argc; i++) {
+            if (!strcmp(argv[i], "--samples")) samples = 1;
+            else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atol(argv[++i]);
+            else bytes = atof(argv[i]);
+        }
+        return jitter(atof(argv[2]), atol(argv[3]), bytes, reps, samples);
     }
     double f = fma_peak();
     __builtin_cpu_init();
