@@ -39,6 +39,7 @@ struct Args {
     size: bool,
     profile: bool,
     samples: Option<PathBuf>,
+    floor: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -88,6 +89,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--timings" => a.timings = true,
             "--profile" => a.profile = true,
             "--samples" => a.samples = Some(PathBuf::from(value(flag)?)),
+            "--floor" => a.floor = true,
             "--threads" | "--warmup" | "--iterations" => {
                 let v = value(flag)?;
                 let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
@@ -303,20 +305,23 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
 }
 
 /// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]
-/// [--samples FILE] [--profile]`: times `invoke` alone (inputs prepared, outputs
+/// [--samples FILE] [--floor] [--profile]`: times `invoke` alone (inputs prepared, outputs
 /// allocated once, the instance's worker threads started before the first call) and
 /// prints the median, p99, standard deviation and p99/median of the per-call wall times,
 /// and the thread count used (default: one per core). `--samples` also writes every
 /// call's time, in milliseconds, one per line in call order (for pooling rounds, or
-/// reading a tail against time). `--profile` times each command of the plan instead
-/// (one thread; see [`profile`]).
+/// reading a tail against time). `--floor` also times, after every call, fixed work
+/// of the call's length and footprint (see [`crate::floor`]) and prints its median and
+/// p99 beside (with `--samples`, each line then holds both times). `--profile` times
+/// each command of the plan instead (one thread; see [`profile`]).
 pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     if a.profile && a.threads.is_some_and(|t| t > 1) {
         return Err("--profile times each command on one thread: leave out --threads (or give 1)".into());
     }
-    if a.profile && a.samples.is_some() {
-        return Err("--samples writes whole calls' times, --profile each command's: give one of them".into());
+    if a.profile && (a.samples.is_some() || a.floor) {
+        let flag = if a.floor { "--floor" } else { "--samples" };
+        return Err(format!("{flag} times whole calls, --profile each command: give one of them"));
     }
     let threads = if a.profile { 1 } else { threads(&a) };
     let (bytes, weights, label) = artifact_and_weights(&a)?;
@@ -335,26 +340,53 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
     let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
+    if a.floor && warmup == 0 {
+        return Err("--floor sizes its fixed work from the warm-up calls: give --warmup 1 or more".into());
+    }
+    let mut warm_ms = Vec::with_capacity(warmup);
     for _ in 0..warmup {
+        let t = Instant::now();
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+        warm_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     if a.profile {
         return profile(&a, &label, &module, &mut instance, &ins, &mut out_refs, iterations);
     }
+    // With --floor: fixed work as long as a warm call and reading as many bytes as a
+    // call walks, timed after every call (see `floor`).
+    let footprint = module.constants().len()
+        + module.program().entries.first().map_or(0, |e| e.arena_size as usize)
+        + sig.inputs.iter().chain(sig.outputs.iter()).map(|t| t.bytes as usize).sum::<usize>();
+    let mut fixed = a.floor.then(|| crate::floor::FixedWork::calibrated(footprint, Stats::of(&mut warm_ms).median));
     let mut ms: Vec<f64> = Vec::with_capacity(iterations);
+    let mut floor_ms: Vec<f64> = Vec::with_capacity(if a.floor { iterations } else { 0 });
     for _ in 0..iterations {
         let t = Instant::now();
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if let Some(f) = fixed.as_mut() {
+            floor_ms.push(f.time());
+        }
     }
     if let Some(path) = &a.samples {
-        let text: String = ms.iter().map(|t| format!("{t}\n")).collect();
+        let text: String = match fixed {
+            Some(_) => ms.iter().zip(&floor_ms).map(|(t, f)| format!("{t} {f}\n")).collect(),
+            None => ms.iter().map(|t| format!("{t}\n")).collect(),
+        };
         std::fs::write(path, text).map_err(|e| format!("--samples {}: {e}", path.display()))?;
     }
     let st = Stats::of(&mut ms);
+    let fl = fixed.as_ref().map(|f| (Stats::of(&mut floor_ms), f.sink()));
     if a.json {
+        let floor = match &fl {
+            Some((f, _)) => format!(
+                ",\"floor_median_ms\":{},\"floor_p99_ms\":{},\"footprint_bytes\":{footprint}",
+                f.median, f.p99
+            ),
+            None => String::new(),
+        };
         write_stdout(&format!(
-            "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}}}\n",
+            "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}{floor}}}\n",
             json_str(&label),
             st.median,
             st.p99,
@@ -362,8 +394,19 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
             st.min
         ))
     } else {
+        let floor = match &fl {
+            Some((f, sink)) => format!(
+                "; fixed work of its length and footprint ({footprint} bytes) after each call: median {:.4} ms, p99 {:.4} ms, p99/median {:.2}{}",
+                f.median,
+                f.p99,
+                f.p99 / f.median,
+                // Never true; printing on it keeps the work from being optimised away.
+                if sink.is_nan() { " (NaN)" } else { "" }
+            ),
+            None => String::new(),
+        };
         write_stdout(&format!(
-            "{label}: {iterations} iterations after {warmup} warm-up, {threads} thread{}: median {:.4} ms, p99 {:.4} ms, stddev {:.4} ms, min {:.4} ms, p99/median {:.2}\n",
+            "{label}: {iterations} iterations after {warmup} warm-up, {threads} thread{}: median {:.4} ms, p99 {:.4} ms, stddev {:.4} ms, min {:.4} ms, p99/median {:.2}{floor}\n",
             if threads == 1 { "" } else { "s" },
             st.median,
             st.p99,

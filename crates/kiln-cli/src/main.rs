@@ -10,6 +10,7 @@
 
 mod artifact;
 mod conformance;
+mod floor;
 
 use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
 use kiln_ir::{npy, DType, Graph, Shape, Tensor};
@@ -28,7 +29,7 @@ usage:
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
                   [--threads N]
   kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
-  kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json] [--samples FILE] [--profile] [--input NAME=FILE.npy]...
+  kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json] [--samples FILE] [--floor] [--profile] [--input NAME=FILE.npy]...
   kiln list-passes
   kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
 
@@ -38,6 +39,7 @@ MODEL is an .onnx file or a .kir file (kiln IR text form).
 --threads N runs on the local-task driver with N threads (default: one per core).
 bench --profile times each command of the plan on one thread (median, share, the compiler's estimate).
 bench --samples FILE writes every timed call's milliseconds, one per line, in call order.
+bench --floor times, after every call, fixed work of the call's length and footprint: the machine's own spread.
 KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
 --input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.

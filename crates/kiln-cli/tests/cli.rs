@@ -208,6 +208,48 @@ fn bench_samples_are_the_timed_calls() {
 }
 
 #[test]
+fn bench_floor_times_fixed_work_after_every_call() {
+    let dir = scratch("floor");
+    let art = dir.join("lenet.kiln");
+    let file = dir.join("samples.txt");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    let plan: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
+    let e = &plan["entries"][0];
+    let sum = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|t| t["bytes"].as_u64().unwrap()).sum::<u64>();
+    let consts: u64 =
+        plan["sections"].as_array().unwrap().iter().filter(|s| s["kind"] == "constants").map(|s| s["bytes"].as_u64().unwrap()).sum();
+    let out = ok(&["bench", s(&art), "--threads", "1", "--warmup", "5", "--iterations", "31", "--json", "--floor", "--samples", s(&file)]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --floor --json");
+    // The fixed work reads the bytes one call walks.
+    assert_eq!(
+        json["footprint_bytes"].as_u64(),
+        Some(consts + e["arena_bytes"].as_u64().unwrap() + sum(&e["inputs"]) + sum(&e["outputs"])),
+        "{json}"
+    );
+    // Each line: the call's time, then the fixed work's after it; the summaries are of
+    // those columns.
+    let rows: Vec<Vec<f64>> = std::fs::read_to_string(&file)
+        .expect("samples file")
+        .lines()
+        .map(|l| l.split(' ').map(|x| x.parse::<f64>().unwrap_or_else(|_| panic!("{l:?}"))).collect())
+        .collect();
+    assert_eq!(rows.len(), 31);
+    assert!(rows.iter().all(|r| r.len() == 2 && r.iter().all(|&t| t > 0.0 && t.is_finite())), "{rows:?}");
+    for (col, key) in [(0, "median_ms"), (1, "floor_median_ms")] {
+        let mut v: Vec<f64> = rows.iter().map(|r| r[col]).collect();
+        v.sort_by(f64::total_cmp);
+        let j = json[key].as_f64().unwrap_or_else(|| panic!("{key}: {json}"));
+        assert!((j - v[15]).abs() <= 1e-12 * v[15], "{key} {j} vs the samples' {}", v[15]);
+    }
+    let p99 = json["floor_p99_ms"].as_f64().expect("floor_p99_ms");
+    assert!(p99 >= json["floor_median_ms"].as_f64().unwrap(), "{json}");
+    let text = ok(&["bench", s(&art), "--threads", "1", "--warmup", "2", "--iterations", "5", "--floor"]);
+    assert!(text.contains("fixed work of its length and footprint"), "{text}");
+    fails_with(&["bench", s(&art), "--floor", "--warmup", "0"], &["--floor", "--warmup"]);
+    fails_with(&["bench", s(&art), "--floor", "--profile"], &["--floor", "--profile"]);
+}
+
+#[test]
 fn bench_profile_times_every_command_of_the_plan() {
     let dir = scratch("profile");
     let art = dir.join("lenet.kiln");
