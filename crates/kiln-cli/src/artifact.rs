@@ -312,7 +312,8 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
 /// call's time, in milliseconds, one per line in call order (for pooling rounds, or
 /// reading a tail against time). `--floor` also times, after every call, fixed work
 /// of the call's length and footprint (see [`crate::floor`]) and prints its median and
-/// p99 beside (with `--samples`, each line then holds both times). `--profile` times
+/// p99 beside (with `--samples`, each line then holds both times); both run on one
+/// thread. `--profile` times
 /// each command of the plan instead (one thread; see [`profile`]).
 pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
@@ -323,7 +324,10 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
         let flag = if a.floor { "--floor" } else { "--samples" };
         return Err(format!("{flag} times whole calls, --profile each command: give one of them"));
     }
-    let threads = if a.profile { 1 } else { threads(&a) };
+    if a.floor && a.threads.is_some_and(|t| t > 1) {
+        return Err("--floor's fixed work is one thread's: leave out --threads (or give 1)".into());
+    }
+    let threads = if a.profile || a.floor { 1 } else { threads(&a) };
     let (bytes, weights, label) = artifact_and_weights(&a)?;
     let module =
         kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;

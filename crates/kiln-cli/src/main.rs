@@ -39,7 +39,8 @@ MODEL is an .onnx file or a .kir file (kiln IR text form).
 --threads N runs on the local-task driver with N threads (default: one per core).
 bench --profile times each command of the plan on one thread (median, share, the compiler's estimate).
 bench --samples FILE writes every timed call's milliseconds, one per line, in call order.
-bench --floor times, after every call, fixed work of the call's length and footprint: the machine's own spread.
+bench --floor times, after every call, fixed work of the call's length and footprint: the machine's own
+  spread (one thread).
 KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
 --input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.

@@ -247,6 +247,11 @@ fn bench_floor_times_fixed_work_after_every_call() {
     assert!(text.contains("fixed work of its length and footprint"), "{text}");
     fails_with(&["bench", s(&art), "--floor", "--warmup", "0"], &["--floor", "--warmup"]);
     fails_with(&["bench", s(&art), "--floor", "--profile"], &["--floor", "--profile"]);
+    fails_with(&["bench", s(&art), "--floor", "--threads", "2"], &["--floor", "one thread"]);
+    // Without --threads, --floor runs on one thread (the default is one per core).
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["bench", s(&art), "--warmup", "1", "--iterations", "3", "--floor", "--json"])).unwrap();
+    assert_eq!(json["threads"].as_u64(), Some(1), "{json}");
 }
 
 #[test]
