@@ -178,6 +178,21 @@ fn bench_json_and_refusals() {
     fails_with(&["bench", s(&art), "--threads", "two"], &["--threads", "two"]);
 }
 
+/// The lines of a `kiln bench --samples` file, each split into its numbers.
+fn sample_rows(file: &Path) -> Vec<Vec<f64>> {
+    std::fs::read_to_string(file)
+        .expect("samples file")
+        .lines()
+        .map(|l| l.split(' ').map(|x| x.parse::<f64>().unwrap_or_else(|_| panic!("not a number: {l:?}"))).collect())
+        .collect()
+}
+
+/// `json[key]` is `v` (serde_json's float parsing may differ from Rust's in the last bit).
+fn same_number(json: &serde_json::Value, key: &str, v: f64) {
+    let j = json[key].as_f64().unwrap_or_else(|| panic!("{key}: {json}"));
+    assert!((j - v).abs() <= 1e-12 * v, "{key} {j} vs the samples' {v}");
+}
+
 #[test]
 fn bench_samples_are_the_timed_calls() {
     let dir = scratch("samples");
@@ -186,23 +201,16 @@ fn bench_samples_are_the_timed_calls() {
     ok(&["compile", LENET, "-o", s(&art)]);
     let out = ok(&["bench", s(&art), "--threads", "1", "--warmup", "1", "--iterations", "41", "--json", "--samples", s(&file)]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
-    let mut ms: Vec<f64> = std::fs::read_to_string(&file)
-        .expect("samples file")
-        .lines()
-        .map(|l| l.parse::<f64>().unwrap_or_else(|_| panic!("not a number: {l:?}")))
-        .collect();
+    let rows = sample_rows(&file);
+    assert!(rows.iter().all(|r| r.len() == 1), "one number a line: {rows:?}");
+    let mut ms: Vec<f64> = rows.iter().map(|r| r[0]).collect();
     assert_eq!(ms.len(), 41);
     assert!(ms.iter().all(|&t| t > 0.0 && t.is_finite()), "{ms:?}");
-    // The summary is of exactly these calls (serde_json's float parsing may differ from
-    // Rust's in the last bit).
+    // The summary is of exactly these calls.
     ms.sort_by(f64::total_cmp);
-    let same = |key: &str, v: f64| {
-        let j = json[key].as_f64().unwrap_or_else(|| panic!("{key}: {json}"));
-        assert!((j - v).abs() <= 1e-12 * v, "{key} {j} vs the samples' {v}");
-    };
-    same("median_ms", ms[20]);
-    same("min_ms", ms[0]);
-    same("p99_ms", ms[40]);
+    same_number(&json, "median_ms", ms[20]);
+    same_number(&json, "min_ms", ms[0]);
+    same_number(&json, "p99_ms", ms[40]);
     fails_with(&["bench", s(&art), "--profile", "--samples", s(&file)], &["--samples", "--profile"]);
     fails_with(&["bench", s(&art), "--iterations", "2", "--samples", s(&dir.join("no/such/dir/x.txt"))], &["--samples"]);
 }
@@ -228,18 +236,13 @@ fn bench_floor_times_fixed_work_after_every_call() {
     );
     // Each line: the call's time, then the fixed work's after it; the summaries are of
     // those columns.
-    let rows: Vec<Vec<f64>> = std::fs::read_to_string(&file)
-        .expect("samples file")
-        .lines()
-        .map(|l| l.split(' ').map(|x| x.parse::<f64>().unwrap_or_else(|_| panic!("{l:?}"))).collect())
-        .collect();
+    let rows = sample_rows(&file);
     assert_eq!(rows.len(), 31);
     assert!(rows.iter().all(|r| r.len() == 2 && r.iter().all(|&t| t > 0.0 && t.is_finite())), "{rows:?}");
     for (col, key) in [(0, "median_ms"), (1, "floor_median_ms")] {
         let mut v: Vec<f64> = rows.iter().map(|r| r[col]).collect();
         v.sort_by(f64::total_cmp);
-        let j = json[key].as_f64().unwrap_or_else(|| panic!("{key}: {json}"));
-        assert!((j - v[15]).abs() <= 1e-12 * v[15], "{key} {j} vs the samples' {}", v[15]);
+        same_number(&json, key, v[15]);
     }
     let p99 = json["floor_p99_ms"].as_f64().expect("floor_p99_ms");
     assert!(p99 >= json["floor_median_ms"].as_f64().unwrap(), "{json}");
