@@ -10,7 +10,6 @@
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -67,7 +66,7 @@ static double triad(void) {
     return best;
 }
 
-int main(int argc, char **argv) {
+int main(void) {
     double f = fma_peak();
     __builtin_cpu_init();
     double f512 = __builtin_cpu_supports("avx512f") ? fma512_peak() : 0;

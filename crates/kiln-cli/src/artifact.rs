@@ -40,6 +40,7 @@ struct Args {
     profile: bool,
     samples: Option<PathBuf>,
     floor: bool,
+    floor_passes: Option<usize>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -90,6 +91,11 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--profile" => a.profile = true,
             "--samples" => a.samples = Some(PathBuf::from(value(flag)?)),
             "--floor" => a.floor = true,
+            "--floor-passes" => {
+                let v = value(flag)?;
+                a.floor_passes = Some(v.parse().map_err(|_| format!("--floor-passes `{v}` is not a count"))?);
+                a.floor = true;
+            }
             "--threads" | "--warmup" | "--iterations" => {
                 let v = value(flag)?;
                 let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
@@ -305,15 +311,15 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
 }
 
 /// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]
-/// [--samples FILE] [--floor] [--profile]`: times `invoke` alone (inputs prepared, outputs
+/// [--samples FILE] [--floor] [--floor-passes N] [--profile]`: times `invoke` alone (inputs prepared, outputs
 /// allocated once, the instance's worker threads started before the first call) and
 /// prints the median, p99, standard deviation and p99/median of the per-call wall times,
 /// and the thread count used (default: one per core). `--samples` also writes every
 /// call's time, in milliseconds, one per line in call order (for pooling rounds, or
 /// reading a tail against time). `--floor` also times, after every call, fixed work
-/// of the call's length and footprint (see [`crate::floor`]) and prints its median and
-/// p99 beside (with `--samples`, each line then holds both times); both run on one
-/// thread. `--profile` times
+/// of the call's length and footprint on the same thread (one; see [`crate::floor`])
+/// and prints its median and p99 beside; with `--samples`, each line then holds both
+/// times. `--floor-passes N` gives its arithmetic instead of tuning it. `--profile` times
 /// each command of the plan instead (one thread; see [`profile`]).
 pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
@@ -344,24 +350,30 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
     let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
-    if a.floor && warmup == 0 {
-        return Err("--floor sizes its fixed work from the warm-up calls: give --warmup 1 or more".into());
-    }
-    let mut warm_ms = Vec::with_capacity(warmup);
     for _ in 0..warmup {
-        let t = Instant::now();
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-        warm_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     if a.profile {
         return profile(&a, &label, &module, &mut instance, &ins, &mut out_refs, iterations);
     }
-    // With --floor: fixed work as long as a warm call and reading as many bytes as a
-    // call walks, timed after every call (see `floor`).
+    // With --floor: fixed work reading as many bytes as a call walks, as long as a call
+    // (tuned against interleaved calls, as many as the warm-up's, 5 to 200) or with the
+    // passes given, timed after every call (see `floor`).
     let footprint = module.constants().len()
         + module.program().entries.first().map_or(0, |e| e.arena_size as usize)
         + sig.inputs.iter().chain(sig.outputs.iter()).map(|t| t.bytes as usize).sum::<usize>();
-    let mut fixed = a.floor.then(|| crate::floor::FixedWork::calibrated(footprint, Stats::of(&mut warm_ms).median));
+    let mut fixed = None;
+    if a.floor {
+        let mut f = crate::floor::FixedWork::new(footprint, a.floor_passes.unwrap_or(0));
+        if a.floor_passes.is_none() {
+            f.tune(warmup.clamp(5, 200), || {
+                let t = Instant::now();
+                instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+                Ok(t.elapsed().as_secs_f64() * 1e3)
+            })?;
+        }
+        fixed = Some(f);
+    }
     let mut ms: Vec<f64> = Vec::with_capacity(iterations);
     let mut floor_ms: Vec<f64> = Vec::with_capacity(if a.floor { iterations } else { 0 });
     for _ in 0..iterations {
@@ -380,11 +392,11 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
         std::fs::write(path, text).map_err(|e| format!("--samples {}: {e}", path.display()))?;
     }
     let st = Stats::of(&mut ms);
-    let fl = fixed.as_ref().map(|f| (Stats::of(&mut floor_ms), f.sink()));
+    let fl = fixed.as_ref().map(|f| (Stats::of(&mut floor_ms), f.passes()));
     if a.json {
         let floor = match &fl {
-            Some((f, _)) => format!(
-                ",\"floor_median_ms\":{},\"floor_p99_ms\":{},\"footprint_bytes\":{footprint}",
+            Some((f, passes)) => format!(
+                ",\"floor_median_ms\":{},\"floor_p99_ms\":{},\"footprint_bytes\":{footprint},\"floor_passes\":{passes}",
                 f.median, f.p99
             ),
             None => String::new(),
@@ -399,13 +411,11 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
         ))
     } else {
         let floor = match &fl {
-            Some((f, sink)) => format!(
-                "; fixed work of its length and footprint ({footprint} bytes) after each call: median {:.4} ms, p99 {:.4} ms, p99/median {:.2}{}",
+            Some((f, passes)) => format!(
+                "; fixed work of its footprint ({footprint} bytes read, {passes} passes of arithmetic) after each call: median {:.4} ms, p99 {:.4} ms, p99/median {:.2}",
                 f.median,
                 f.p99,
-                f.p99 / f.median,
-                // Never true; printing on it keeps the work from being optimised away.
-                if sink.is_nan() { " (NaN)" } else { "" }
+                f.p99 / f.median
             ),
             None => String::new(),
         };

@@ -29,7 +29,7 @@ usage:
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
                   [--threads N]
   kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
-  kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json] [--samples FILE] [--floor] [--profile] [--input NAME=FILE.npy]...
+  kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json] [--samples FILE] [--floor] [--floor-passes N] [--profile] [--input NAME=FILE.npy]...
   kiln list-passes
   kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
 
@@ -38,9 +38,9 @@ MODEL is an .onnx file or a .kir file (kiln IR text form).
 --target-cpu (default host) sets the CPU features the code may use; x86-64-v4 adds AVX-512 tiles.
 --threads N runs on the local-task driver with N threads (default: one per core).
 bench --profile times each command of the plan on one thread (median, share, the compiler's estimate).
-bench --samples FILE writes every timed call's milliseconds, one per line, in call order.
-bench --floor times, after every call, fixed work of the call's length and footprint: the machine's own
-  spread (one thread).
+bench --samples FILE writes every timed call's milliseconds, one line a call, in call order.
+bench --floor times, after every call, fixed work of the call's length and footprint (the machine's own
+  spread) on one thread; with --samples each line holds both times. --floor-passes N fixes its arithmetic.
 KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
 --input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.

@@ -244,11 +244,31 @@ fn bench_floor_times_fixed_work_after_every_call() {
         v.sort_by(f64::total_cmp);
         same_number(&json, key, v[15]);
     }
-    let p99 = json["floor_p99_ms"].as_f64().expect("floor_p99_ms");
-    assert!(p99 >= json["floor_median_ms"].as_f64().unwrap(), "{json}");
-    let text = ok(&["bench", s(&art), "--threads", "1", "--warmup", "2", "--iterations", "5", "--floor"]);
-    assert!(text.contains("fixed work of its length and footprint"), "{text}");
-    fails_with(&["bench", s(&art), "--floor", "--warmup", "0"], &["--floor", "--warmup"]);
+    // Tuned to a call's length: with arithmetic, of the call's order; without, because
+    // the read alone outlasts the call (as in an unoptimised build of this binary).
+    let passes = json["floor_passes"].as_u64().expect("floor_passes");
+    let (call, work) = (json["median_ms"].as_f64().unwrap(), json["floor_median_ms"].as_f64().unwrap());
+    if passes > 0 {
+        assert!(work > call / 3.0 && work < call * 3.0, "fixed work {work} ms against calls of {call} ms");
+    } else {
+        assert!(work > call * 0.7, "no arithmetic, yet the read ({work} ms) is shorter than a call ({call} ms)");
+    }
+    // Given passes are kept, and the arithmetic is done: more passes take longer than
+    // the read alone.
+    let passes = 8 * passes.max(16);
+    let timed = |passes: u64| -> serde_json::Value {
+        let out = ok(&["bench", s(&art), "--warmup", "2", "--iterations", "31", "--json", "--floor-passes", &passes.to_string()]);
+        let json: serde_json::Value = serde_json::from_str(&out).expect("bench --floor-passes --json");
+        assert_eq!(json["floor_passes"].as_u64(), Some(passes), "{json}");
+        json
+    };
+    let (read, more) = (timed(0), timed(passes));
+    let median = |j: &serde_json::Value| j["floor_median_ms"].as_f64().unwrap();
+    assert!(median(&more) > median(&read) * 2.0, "{read} against {more}");
+    let text = ok(&["bench", s(&art), "--threads", "1", "--warmup", "0", "--iterations", "5", "--floor"]);
+    let footprint = json["footprint_bytes"].as_u64().unwrap();
+    assert!(text.contains(&format!("fixed work of its footprint ({footprint} bytes read")), "{text}");
+    fails_with(&["bench", s(&art), "--floor-passes", "many"], &["--floor-passes", "many"]);
     fails_with(&["bench", s(&art), "--floor", "--profile"], &["--floor", "--profile"]);
     fails_with(&["bench", s(&art), "--floor", "--threads", "2"], &["--floor", "one thread"]);
     // Without --threads, --floor runs on one thread (the default is one per core).
