@@ -311,16 +311,17 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
 }
 
 /// `kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json]
-/// [--samples FILE] [--floor] [--floor-passes N] [--profile]`: times `invoke` alone (inputs prepared, outputs
-/// allocated once, the instance's worker threads started before the first call) and
-/// prints the median, p99, standard deviation and p99/median of the per-call wall times,
-/// and the thread count used (default: one per core). `--samples` also writes every
-/// call's time, in milliseconds, one per line in call order (for pooling rounds, or
-/// reading a tail against time). `--floor` also times, after every call, fixed work
-/// of the call's length and footprint on the same thread (one; see [`crate::floor`])
-/// and prints its median and p99 beside; with `--samples`, each line then holds both
-/// times. `--floor-passes N` gives its arithmetic instead of tuning it. `--profile` times
-/// each command of the plan instead (one thread; see [`profile`]).
+/// [--samples FILE] [--floor] [--floor-passes N] [--profile]`: times `invoke` alone
+/// (inputs prepared, outputs allocated once, the instance's worker threads started
+/// before the first call) and prints the median, p99, standard deviation and
+/// p99/median of the per-call wall times, and the thread count used (default: one per
+/// core). `--samples` also writes every call's time, in milliseconds, one line a call in
+/// call order (for pooling rounds, or reading a tail against time). `--floor` also
+/// times, after every call, fixed work of the call's length and footprint on the same
+/// thread (one; see [`crate::floor`]) and prints its median and p99 beside; with
+/// `--samples`, each line then holds both times. `--floor-passes N` gives its
+/// arithmetic instead of tuning it. `--profile` times each command of the plan instead
+/// (one thread; see [`profile`]).
 pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     if a.profile && a.threads.is_some_and(|t| t > 1) {
