@@ -363,24 +363,24 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     let footprint = module.constants().len()
         + module.program().entries.first().map_or(0, |e| e.arena_size as usize)
         + sig.inputs.iter().chain(sig.outputs.iter()).map(|t| t.bytes as usize).sum::<usize>();
+    // One timed call, in milliseconds.
+    let mut call = || -> Result<f64, String> {
+        let t = Instant::now();
+        instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    };
     let mut fixed = None;
     if a.floor {
         let mut f = crate::floor::FixedWork::new(footprint, a.floor_passes.unwrap_or(0));
         if a.floor_passes.is_none() {
-            f.tune(warmup.clamp(5, 200), || {
-                let t = Instant::now();
-                instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-                Ok(t.elapsed().as_secs_f64() * 1e3)
-            })?;
+            f.tune(warmup.clamp(5, 200), &mut call)?;
         }
         fixed = Some(f);
     }
     let mut ms: Vec<f64> = Vec::with_capacity(iterations);
     let mut floor_ms: Vec<f64> = Vec::with_capacity(if a.floor { iterations } else { 0 });
     for _ in 0..iterations {
-        let t = Instant::now();
-        instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        ms.push(call()?);
         if let Some(f) = fixed.as_mut() {
             floor_ms.push(f.time());
         }
@@ -552,16 +552,16 @@ fn write_perf_map(module: &kiln_runtime::LoadedModule<'_>) -> Result<(), String>
 }
 
 /// Summary statistics of timings.
-struct Stats {
-    median: f64,
-    p99: f64,
-    stddev: f64,
-    min: f64,
+pub(crate) struct Stats {
+    pub median: f64,
+    pub p99: f64,
+    pub stddev: f64,
+    pub min: f64,
 }
 
 impl Stats {
     /// Sorts `v` (non-empty) and summarises it; p99 is the nearest-rank percentile.
-    fn of(v: &mut [f64]) -> Stats {
+    pub(crate) fn of(v: &mut [f64]) -> Stats {
         v.sort_by(f64::total_cmp);
         let n = v.len();
         let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };

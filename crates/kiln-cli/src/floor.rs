@@ -18,6 +18,8 @@
 
 use std::time::Instant;
 
+use crate::artifact::Stats;
+
 /// Lanes of one accumulator: a 256-bit vector of f32.
 const LANES: usize = 8;
 /// Independent chains: enough to keep two FMA pipes busy through their latency.
@@ -69,7 +71,7 @@ impl FixedWork {
                 kiln.push(call()?);
                 fixed.push(self.time());
             }
-            let (k, f) = (median(&mut kiln), median(&mut fixed));
+            let (k, f) = (Stats::of(&mut kiln).median, Stats::of(&mut fixed).median);
             let passes = self.passes as f64 + (k - f) / pass;
             self.passes = if passes.is_finite() { passes.clamp(0.0, MOST_PASSES as f64).round() as usize } else { 0 };
         }
@@ -96,11 +98,6 @@ impl FixedWork {
         }
         std::hint::black_box(work_plain(&self.mem, &self.block, self.passes));
     }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 #[cfg(target_arch = "x86_64")]
