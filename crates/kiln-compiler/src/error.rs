@@ -158,19 +158,23 @@ impl CompileError {
         self.kind() == ErrorKind::Internal
     }
 
-    /// The node the error is about, when it is about one.
+    /// The node the error is about, when it is about one (of several unsupported ops,
+    /// the first's first node).
     pub fn node(&self) -> Option<&str> {
         match self {
             CompileError::Import { source: ImportError::Node { node, .. }, .. } => Some(node),
+            CompileError::Import { source: ImportError::Unsupported(ops), .. } => ops.first().map(|o| &o.node[..]),
             CompileError::Flow(FlowError::Lower { node, .. }) => Some(node),
             _ => None,
         }
     }
 
-    /// The op the error is about, when it is about one.
+    /// The op the error is about, when it is about one (of several unsupported ops, the
+    /// first).
     pub fn op(&self) -> Option<&str> {
         match self {
             CompileError::Import { source: ImportError::Node { op_type, .. }, .. } => Some(op_type),
+            CompileError::Import { source: ImportError::Unsupported(ops), .. } => ops.first().map(|o| &o.op_type[..]),
             CompileError::Flow(FlowError::Lower { source, .. }) => match source {
                 LowerError::Unsupported { op, .. } | LowerError::NotConstant { op, .. } => Some(op),
                 LowerError::Kernel(_) => None,
