@@ -70,8 +70,14 @@ pub enum CompileError {
     #[error(transparent)]
     Stream(#[from] StreamError),
     /// Code generation failed.
-    #[error("code generation: {0}")]
-    Codegen(#[from] CodegenError),
+    #[error("code generation: {source}{}", from_ops(sources))]
+    Codegen {
+        /// What the code generator found (it names the kernel).
+        source: CodegenError,
+        /// The ops the kernel was formed from (`"MatMul fc1"`, as the dispatch lists
+        /// them), when the kernel is one of the program's.
+        sources: Vec<String>,
+    },
     /// Building the command list failed (a compiler bug).
     #[error("command list: {0}")]
     Hal(#[from] HalError),
@@ -103,6 +109,20 @@ pub enum TextError {
     ImportOptions,
 }
 
+impl From<CodegenError> for CompileError {
+    fn from(source: CodegenError) -> CompileError {
+        CompileError::Codegen { source, sources: Vec::new() }
+    }
+}
+
+fn from_ops(sources: &[String]) -> String {
+    if sources.is_empty() {
+        String::new()
+    } else {
+        format!(" (the kernel of {})", sources.join(" + "))
+    }
+}
+
 fn prefix(path: &Option<PathBuf>) -> String {
     path.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default()
 }
@@ -121,7 +141,7 @@ impl CompileError {
             CompileError::Passes(_) => Stage::TensorPasses,
             CompileError::Flow(_) => Stage::FormDispatches,
             CompileError::Stream(_) => Stage::Schedule,
-            CompileError::Codegen(_) => Stage::Codegen,
+            CompileError::Codegen { .. } => Stage::Codegen,
             CompileError::Hal(_) => Stage::Hal,
             CompileError::Pipeline { stage, .. } => *stage,
         }
@@ -148,8 +168,8 @@ impl CompileError {
                 FlowError::Lower { source: LowerError::Kernel(_), .. } | FlowError::Graph(_) => ErrorKind::Internal,
             },
             CompileError::Stream(_) | CompileError::Hal(_) | CompileError::Pipeline { .. } => ErrorKind::Internal,
-            CompileError::Codegen(e) if e.is_internal() => ErrorKind::Internal,
-            CompileError::Codegen(_) => ErrorKind::Unsupported,
+            CompileError::Codegen { source, .. } if source.is_internal() => ErrorKind::Internal,
+            CompileError::Codegen { .. } => ErrorKind::Unsupported,
         }
     }
 

@@ -40,7 +40,7 @@ pub use kiln_codegen::cpu::CpuTarget;
 pub use kiln_codegen::{CodegenError, CpuModule};
 pub use kiln_import::ImportOptions;
 
-/// Options of [`compile`].
+/// Options of a [`Compilation`] (and of [`compile`]).
 #[derive(Debug, Clone)]
 pub struct Options {
     /// CPU the code is generated for.
@@ -460,7 +460,8 @@ impl Compilation {
             }
             Stage::Codegen => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
-                self.cpu = Some(generate_code(flow, &self.options.target, &self.codegen_options())?);
+                let cpu = generate_code(flow, &self.options.target, &self.codegen_options());
+                self.cpu = Some(cpu.map_err(|e| codegen_error(flow, e))?);
             }
             Stage::Hal => {
                 let (Some(flow), Some(plan), Some(cpu)) = (&self.flow, &self.plan, &self.cpu) else {
@@ -487,6 +488,15 @@ fn generate_code(
 ) -> Result<CpuModule, CodegenError> {
     let kernels: Vec<&kiln_flow::Kernel> = flow.dispatches.iter().map(|d| &d.kernel).collect();
     kiln_codegen::cpu::compile_with(&kernels, target, codegen)
+}
+
+/// A code generator's error with the ops of the kernel it names.
+fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
+    let sources = match source.kernel() {
+        "" => Vec::new(),
+        name => flow.dispatches.iter().find(|d| d.kernel.name == name).map(|d| d.sources.clone()).unwrap_or_default(),
+    };
+    CompileError::Codegen { source, sources }
 }
 
 /// The [`Stage::Hal`] stage: the program of `flow` under `plan` with `cpu`'s code, and the constant pool when it is kept outside the artifact.
@@ -539,4 +549,34 @@ fn build_program(
 /// Compiles `graph` into a `.kiln` artifact: every stage after [`Stage::Import`].
 pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> {
     Compilation::new(Input::Graph(graph.clone()), opts.clone()).finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_codegen_error_names_the_ops_of_its_kernel() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/filetests/packed-weights.kir");
+        let mut c = Compilation::new(Input::File(path), Options::default());
+        c.run_to(Stage::Schedule).expect("schedule");
+        let flow = c.flow().expect("flow");
+        let unsupported = CodegenError::Unsupported { kernel: "k1_0".into(), what: "f8 loads".into() };
+        let e = codegen_error(flow, unsupported.clone());
+        assert!(
+            matches!(&e, CompileError::Codegen { source, sources } if *source == unsupported && sources == &["MatMul fc1", "Relu relu"]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "code generation: kernel k1_0: f8 loads is not supported by the CPU code generator \
+             (the kernel of MatMul fc1 + Relu relu)"
+        );
+        assert_eq!((e.stage(), e.kind()), (Stage::Codegen, ErrorKind::Unsupported));
+        // Not about a kernel of the program: no ops to name.
+        let internal = CodegenError::Internal { kernel: String::new(), what: "no ISA".into() };
+        let e = codegen_error(flow, internal);
+        assert!(matches!(&e, CompileError::Codegen { sources, .. } if sources.is_empty()), "{e:?}");
+        assert!(e.is_internal());
+    }
 }
