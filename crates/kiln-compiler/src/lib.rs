@@ -378,7 +378,8 @@ impl Compilation {
         self.run_to_with(last, &mut |_, _| {})
     }
 
-    /// [`Compilation::run_to`], calling `hook` after every tensor pass and every stage.
+    /// [`Compilation::run_to`], calling `hook` after every tensor pass and every stage
+    /// (a tensor pass's hook runs inside, and is timed with, [`Stage::TensorPasses`]).
     pub fn run_to_with(&mut self, last: Stage, hook: &mut Hook<'_>) -> Result<(), CompileError> {
         while self.done.is_none_or(|d| d < last) {
             let stage = self.done.map_or(Some(Stage::Import), Stage::next);
