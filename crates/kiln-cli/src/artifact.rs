@@ -5,14 +5,14 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_compiler::{CpuTarget, Options};
+use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage};
 use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
 use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
 
-use crate::{file_stem, load, random_tensor, summary, write_stdout, SplitMix};
+use crate::{file_stem, random_tensor, summary, write_stdout, SplitMix};
 
 /// Options shared by compile, run and inspect.
 #[derive(Default)]
@@ -134,10 +134,9 @@ fn is_artifact(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "kiln")
 }
 
-/// Compiles the model named in `a` (ONNX or .kir) with the options in `a`.
-fn compile_model(a: &Args, model: &Path) -> Result<kiln_compiler::Compiled, String> {
-    let graph = load(model, &a.import)?;
-    let opts = Options {
+/// The compile options in `a` for `model` (ONNX or .kir).
+fn options(a: &Args, model: &Path) -> Result<Options, String> {
+    Ok(Options {
         target: target(a)?,
         external_weights: a
             .external_weights
@@ -147,66 +146,79 @@ fn compile_model(a: &Args, model: &Path) -> Result<kiln_compiler::Compiled, Stri
         size: a.size,
         passes: None,
         source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-    };
-    kiln_compiler::compile(&graph, &opts).map_err(|e| format!("{}: {e}", model.display()))
+        import: a.import.clone(),
+    })
+}
+
+/// A compile error as one line: import errors name the file themselves, later ones
+/// get the model's path in front.
+fn compile_error(model: &Path, e: &kiln_compiler::CompileError) -> String {
+    match e.stage() {
+        Stage::Import => e.to_string(),
+        _ => format!("{}: {e}", model.display()),
+    }
+}
+
+/// Compiles the model named in `a` (ONNX or .kir) with the options in `a`.
+fn compile_model(a: &Args, model: &Path) -> Result<kiln_compiler::Compiled, String> {
+    Compilation::new(Input::File(model.to_path_buf()), options(a, model)?)
+        .finish()
+        .map_err(|e| compile_error(model, &e))
 }
 
 /// `kiln compile MODEL -o OUT.kiln [...]`.
 pub fn compile_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     if a.list_passes {
-        for p in kiln_opt::registry() {
-            write_stdout(&format!("{:<40} {}\n", p.name(), p.summary()))?;
+        // Every stage in order, the tensor passes under theirs: the names
+        // `--dump-after` takes.
+        for stage in Stage::ALL {
+            write_stdout(&format!("{:<40} {}\n", stage.name(), stage.summary()))?;
+            if stage == Stage::TensorPasses {
+                for p in kiln_opt::registry() {
+                    write_stdout(&format!("  {:<38} {}\n", p.name(), p.summary()))?;
+                }
+            }
         }
-        write_stdout(&format!("{:<40} {}\n", "form-dispatches", "lower ops to kernels and fuse them (flow level)"))?;
         return Ok(());
     }
     let model = a.model.clone().ok_or("no model given (kiln --help shows the usage)")?;
-    let t0 = Instant::now();
-    let graph = load(&model, &a.import)?;
-    let t_import = t0.elapsed();
+    let level = match a.to.as_deref() {
+        None | Some("artifact") => None,
+        Some(l) => Some(
+            Level::from_name(l).ok_or_else(|| format!("--to `{l}`: expected tensor, flow, stream, hal or artifact"))?,
+        ),
+    };
     for pass in &a.dump_after {
-        let mut g = graph.clone();
-        let names: Vec<&str> = kiln_opt::registry().iter().map(|p| p.name()).collect();
-        let upto = names.iter().position(|n| n == pass);
-        match (upto, pass.as_str()) {
-            (Some(i), _) => {
-                kiln_opt::run_passes(&mut g, &names[..=i]).map_err(|e| e.to_string())?;
-                eprintln!("// after {pass}\n{}", kiln_ir::text::print(&g));
-            }
-            (None, "form-dispatches") => {
-                kiln_opt::run_tensor_pipeline(&mut g).map_err(|e| e.to_string())?;
-                let flow = kiln_flow::program::form_with(&g, !a.size).map_err(|e| e.to_string())?;
-                eprintln!("// after {pass}\n{flow}");
-            }
-            _ => return Err(format!("--dump-after `{pass}`: no such pass (kiln compile --list-passes)")),
+        if Stage::from_name(pass).is_none() && kiln_opt::find(pass).is_err() {
+            return Err(format!("--dump-after `{pass}`: no such stage or pass (kiln compile --list-passes)"));
         }
     }
-    match a.to.as_deref() {
-        None | Some("artifact") => {}
-        Some("tensor") => {
-            let g = kiln_compiler::tensor_passes(&graph, &Options::default()).map_err(|e| e.to_string())?;
-            return write_stdout(&kiln_ir::text::print(&g));
+    let mut c = Compilation::new(Input::File(model.clone()), options(&a, &model)?);
+    let mut dump = |name: &str, c: &Compilation| {
+        if a.dump_after.iter().any(|p| p == name) {
+            let text = match c.text() {
+                Some(t) => t,
+                None => c.program().map(|p| listing(p, &LayoutInfo::default(), false)).unwrap_or_default(),
+            };
+            eprintln!("// after {name}\n{text}");
         }
-        Some("flow") => {
-            let g = kiln_compiler::tensor_passes(&graph, &Options::default()).map_err(|e| e.to_string())?;
-            let flow = kiln_flow::program::form_with(&g, !a.size).map_err(|e| format!("{}: {e}", model.display()))?;
-            return write_stdout(&format!("{flow}\n"));
+    };
+    let last = level.map_or(Stage::Artifact, Level::stage);
+    c.run_to_with(last, &mut dump).map_err(|e| compile_error(&model, &e))?;
+    match level {
+        None => {}
+        Some(Level::Flow) => return write_stdout(&format!("{}\n", c.text().unwrap_or_default())),
+        Some(Level::Hal) => {
+            let program = c.program().ok_or("no program after the HAL stage")?;
+            return write_stdout(&listing(program, &LayoutInfo::default(), false));
         }
-        Some("stream") => {
-            let c = compile_model(&a, &model)?;
-            return write_stdout(&kiln_compiler::stream::print(&c.flow, &c.plan));
-        }
-        Some("hal") => {
-            let c = compile_model(&a, &model)?;
-            return write_stdout(&listing(&c.program, &LayoutInfo::default(), false));
-        }
-        Some(l) => return Err(format!("--to `{l}`: expected tensor, flow, stream, hal or artifact")),
+        Some(_) => return write_stdout(&c.text().unwrap_or_default()),
     }
     let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
-    let t1 = Instant::now();
-    let c = compile_model(&a, &model)?;
-    let t_compile = t1.elapsed();
+    let c = c.finish().map_err(|e| compile_error(&model, &e))?;
+    let t_import: std::time::Duration = c.phases.iter().filter(|(s, _)| *s == Stage::Import).map(|(_, d)| *d).sum();
+    let t_compile: std::time::Duration = c.phases.iter().filter(|(s, _)| *s != Stage::Import).map(|(_, d)| *d).sum();
     std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
     if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
         std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
@@ -273,8 +285,8 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
     let (bytes, weights, label) = artifact_and_weights(&a)?;
     let t0 = Instant::now();
-    let module =
-        kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;
+    let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
+        .map_err(|e| format!("{label}: {e}"))?;
     let t_load = t0.elapsed();
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds(&a, &sig.inputs)?;
@@ -336,8 +348,8 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     }
     let threads = if a.profile || a.floor { 1 } else { threads(&a) };
     let (bytes, weights, label) = artifact_and_weights(&a)?;
-    let module =
-        kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes)).map_err(|e| format!("{label}: {e}"))?;
+    let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
+        .map_err(|e| format!("{label}: {e}"))?;
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds(&a, &sig.inputs)?;
     let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
@@ -590,7 +602,13 @@ fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) -> Result<V
                 let b = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
                 let x = npy::read(&b).map_err(|e| format!("{}: {e}", file.display()))?;
                 if x.ty() != &ty {
-                    return Err(format!("input `{}`: {} holds {}, the model expects {}", t.name, file.display(), x.ty(), ty));
+                    return Err(format!(
+                        "input `{}`: {} holds {}, the model expects {}",
+                        t.name,
+                        file.display(),
+                        x.ty(),
+                        ty
+                    ));
                 }
                 x
             }
@@ -678,12 +696,23 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
         }
     };
     if json {
-        let _ = write!(s, "{{\"bytes\":{},\"format\":{},\"abi\":{},", info.file_bytes, json_str(&info.format), json_str(&info.abi));
+        let _ = write!(
+            s,
+            "{{\"bytes\":{},\"format\":{},\"abi\":{},",
+            info.file_bytes,
+            json_str(&info.format),
+            json_str(&info.abi)
+        );
         let secs: Vec<String> =
             info.sections.iter().map(|(k, n)| format!("{{\"kind\":{},\"bytes\":{n}}}", json_str(k))).collect();
         let _ = write!(s, "\"sections\":[{}],", secs.join(","));
         let f: Vec<String> = features(feats).iter().map(|f| json_str(f)).collect();
-        let _ = write!(s, "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{},", f.join(","), json_str(&constants));
+        let _ = write!(
+            s,
+            "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{},",
+            f.join(","),
+            json_str(&constants)
+        );
         let mut entries = Vec::new();
         for e in &p.entries {
             let tensors = |ts: &[kiln_module::program::TensorDesc]| -> String {
@@ -751,7 +780,8 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
         return s;
     }
     if info.file_bytes > 0 {
-        let _ = writeln!(s, "artifact: {} bytes, format {}, needs runtime ABI {}", info.file_bytes, info.format, info.abi);
+        let _ =
+            writeln!(s, "artifact: {} bytes, format {}, needs runtime ABI {}", info.file_bytes, info.format, info.abi);
         let _ = writeln!(s, "sections:");
         for (k, n) in &info.sections {
             let _ = writeln!(s, "  {k:<18} {n:>10} bytes");
@@ -788,23 +818,43 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         .map(|s| format!("  // {s}"))
                         .unwrap_or_default();
                     let est = if *work_ns == 0 { String::new() } else { format!(" ~{:.1}us", *work_ns as f64 / 1e3) };
-                    let _ = writeln!(s, "  {i:>4} w{wave:<3} dispatch {name} x{workgroups}{est} [{}]{src}", b.join(", "));
+                    let _ =
+                        writeln!(s, "  {i:>4} w{wave:<3} dispatch {name} x{workgroups}{est} [{}]{src}", b.join(", "));
                 }
                 Command::Barrier => {
                     wave += 1;
                     let _ = writeln!(s, "  {i:>4}      barrier");
                 }
                 Command::Copy { src, dst } => {
-                    let _ = writeln!(s, "  {i:>4}      copy {} -> {} ({} bytes)", slot_name(src), slot_name(dst), src.length);
+                    let _ = writeln!(
+                        s,
+                        "  {i:>4}      copy {} -> {} ({} bytes)",
+                        slot_name(src),
+                        slot_name(dst),
+                        src.length
+                    );
                 }
                 Command::Fill { dst, pattern, pattern_len } => {
-                    let _ = writeln!(s, "  {i:>4}      fill {} ({} bytes) with {pattern:#x}/{pattern_len}", slot_name(dst), dst.length);
+                    let _ = writeln!(
+                        s,
+                        "  {i:>4}      fill {} ({} bytes) with {pattern:#x}/{pattern_len}",
+                        slot_name(dst),
+                        dst.length
+                    );
                 }
             }
         }
         let _ = writeln!(s, "  memory map (offset, bytes, live commands, name):");
         for b in &e.buffers {
-            let _ = writeln!(s, "    {:<16} {:>10}  {:>4}..{:<4} {}", slot_name(&b.binding), b.binding.length, b.first, b.last, b.name);
+            let _ = writeln!(
+                s,
+                "    {:<16} {:>10}  {:>4}..{:<4} {}",
+                slot_name(&b.binding),
+                b.binding.length,
+                b.first,
+                b.last,
+                b.name
+            );
         }
     }
     s
@@ -818,7 +868,8 @@ fn dispatch_dot(p: &Program) -> String {
         for (i, c) in e.commands.iter().enumerate() {
             let Command::Dispatch { kernel, bindings, .. } = c else { continue };
             let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
-            let src = p.debug.as_ref().and_then(|d| d.kernel_sources.get(*kernel as usize)).cloned().unwrap_or_default();
+            let src =
+                p.debug.as_ref().and_then(|d| d.kernel_sources.get(*kernel as usize)).cloned().unwrap_or_default();
             let _ = writeln!(s, "  c{i} [label={}];", json_str(&format!("{name}\\n{src}")).replace("\\\\n", "\\n"));
             let Some((out, ins)) = bindings.split_last() else { continue };
             for b in ins {

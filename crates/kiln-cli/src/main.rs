@@ -25,7 +25,7 @@ usage:
                   [--output-dir DIR] [--seed N] [--passes P,P|default]
   kiln compile MODEL -o OUT.kiln [--input-shape NAME=DIMS]... [--input-value NAME=V]...
                   [--external-weights FILE] [--strip] [--opt speed|size] [--target-cpu host|x86-64-v2|x86-64-v3|x86-64-v4]
-                  [--to tensor|flow|stream|hal] [--dump-after PASS]... [--list-passes] [--timings]
+                  [--to tensor|flow|stream|hal] [--dump-after STAGE|PASS]... [--list-passes] [--timings]
   kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
                   [--threads N]
   kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
@@ -45,6 +45,7 @@ KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names e
 --input-shape binds free input dimensions (e.g. input=1x3x224x224).
 --input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.
 --passes runs tensor-level passes after import (`default`: all, in pipeline order).
+compile --list-passes lists the pipeline's stages and tensor passes; --dump-after NAME prints the IR after one.
 eval without --input for an input feeds seeded random data (--seed, default 0).";
 
 fn main() -> ExitCode {
@@ -87,9 +88,7 @@ fn parse_args(args: &[String], allow_eval: bool) -> Result<Cli, String> {
             "--input-value" => cli.opts.input_values.push(parse_input_value(&value(flag)?)?),
             "--input" if allow_eval => {
                 let v = value(flag)?;
-                let (n, f) = v
-                    .rsplit_once('=')
-                    .ok_or_else(|| format!("--input `{v}`: expected NAME=FILE.npy"))?;
+                let (n, f) = v.rsplit_once('=').ok_or_else(|| format!("--input `{v}`: expected NAME=FILE.npy"))?;
                 cli.inputs.push((n.to_string(), PathBuf::from(f)));
             }
             "--output-dir" if allow_eval => cli.output_dir = Some(PathBuf::from(value(flag)?)),
@@ -242,20 +241,9 @@ fn optimise(g: &mut Graph, passes: &[String]) -> Result<(), String> {
     kiln_opt::run_passes(g, &names).map_err(|e| e.to_string())
 }
 
-/// Loads an ONNX model or an IR text file.
-pub(crate) fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
-    let is_text = path.extension().is_some_and(|e| e == "kir");
-    if is_text {
-        if !opts.input_shapes.is_empty() || !opts.input_values.is_empty() {
-            return Err("--input-shape/--input-value apply to ONNX models only".into());
-        }
-        let src = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-        let g = kiln_ir::text::parse(&src).map_err(|e| format!("{}:{e}", path.display()))?;
-        kiln_ir::verify::verify(&g).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(g)
-    } else {
-        kiln_import::onnx::import_file(path, opts).map_err(|e| format!("{}: {e}", path.display()))
-    }
+/// Loads an ONNX model or an IR text file: the compiler's import stage on its own.
+fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
+    kiln_compiler::import(kiln_compiler::Input::File(path.to_path_buf()), opts).map_err(|e| e.to_string())
 }
 
 fn eval(cli: Cli) -> Result<(), String> {
@@ -319,10 +307,8 @@ fn eval(cli: Cli) -> Result<(), String> {
 
 /// An output name as a file name: every character outside `[A-Za-z0-9._-]` becomes `_`.
 pub(crate) fn file_stem(name: &str) -> String {
-    let s: String = name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
-        .collect();
+    let s: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
     if s.is_empty() || s.chars().all(|c| c == '.') {
         format!("output_{s}")
     } else {

@@ -35,3 +35,20 @@ pub enum CodegenError {
         what: String,
     },
 }
+
+impl CodegenError {
+    /// Whether this is a bug (in the code generator or in whatever built the kernel)
+    /// rather than a kernel this code generator does not handle.
+    pub fn is_internal(&self) -> bool {
+        !matches!(self, CodegenError::Unsupported { .. })
+    }
+
+    /// The kernel the error is about (empty when it is not about one).
+    pub fn kernel(&self) -> &str {
+        match self {
+            CodegenError::Unsupported { kernel, .. }
+            | CodegenError::Invalid { kernel, .. }
+            | CodegenError::Internal { kernel, .. } => kernel,
+        }
+    }
+}

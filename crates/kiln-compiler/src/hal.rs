@@ -12,6 +12,46 @@ use kiln_module::program::{Binding, BufferDesc, Command, EntryPoint, Slot, Tenso
 
 use crate::stream::{bytes, Placement, StreamPlan, ALIGN};
 
+/// Why a command list could not be built. Every case is a compiler bug: the stream
+/// plan or the code generator's output does not fit the flow program.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HalError {
+    /// A dispatch binds a buffer the stream plan gave no storage.
+    #[error("dispatch {dispatch} (kernel {kernel}) binds buffer %{buffer}, which has no storage")]
+    NoStorage {
+        /// The dispatch's index.
+        dispatch: usize,
+        /// Its kernel's name.
+        kernel: String,
+        /// The buffer.
+        buffer: u32,
+    },
+    /// A graph output that needs a copy has no storage to copy from.
+    #[error("output {output} has no storage to copy from")]
+    OutputNoStorage {
+        /// The output's index.
+        output: u32,
+    },
+    /// The code generator reported no workgroup count for a dispatch.
+    #[error("dispatch {dispatch} (kernel {kernel}) has no workgroup count ({count} kernels compiled)")]
+    MissingWorkgroups {
+        /// The dispatch's index.
+        dispatch: usize,
+        /// Its kernel's name.
+        kernel: String,
+        /// How many counts there are.
+        count: usize,
+    },
+    /// A wave names a dispatch the program does not have.
+    #[error("a wave names dispatch {dispatch}, the program has {count}")]
+    NoSuchDispatch {
+        /// The dispatch's index.
+        dispatch: usize,
+        /// How many dispatches there are.
+        count: usize,
+    },
+}
+
 /// The binding of buffer `b` (through its alias chain).
 pub fn binding(p: &FlowProgram, plan: &StreamPlan, b: BufferId) -> Option<Binding> {
     let s = p.storage(b);
@@ -52,7 +92,12 @@ pub fn tensor_desc(p: &FlowProgram, b: BufferId) -> TensorDesc {
 /// The "main" entry point of `p` under `plan`; `workgroups[d]` is dispatch `d`'s count,
 /// `work_ns[d]` its estimated single-thread time (0: none), and dispatch `d` runs kernel
 /// `d` of the kernel table.
-pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64], work_ns: &[u64]) -> Result<EntryPoint, String> {
+pub fn entry_point(
+    p: &FlowProgram,
+    plan: &StreamPlan,
+    workgroups: &[u64],
+    work_ns: &[u64],
+) -> Result<EntryPoint, HalError> {
     let mut commands = Vec::new();
     let mut first_cmd = vec![u32::MAX; p.buffers.len()];
     let mut last_cmd = vec![0u32; p.buffers.len()];
@@ -61,24 +106,33 @@ pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64], work_
             commands.push(Command::Barrier);
         }
         for &d in wave {
-            let disp = &p.dispatches[d];
+            let disp =
+                p.dispatches.get(d).ok_or(HalError::NoSuchDispatch { dispatch: d, count: p.dispatches.len() })?;
             let at = commands.len() as u32;
             let mut bindings = Vec::with_capacity(disp.operands.len() + 1);
             for &o in disp.operands.iter().chain(std::iter::once(&disp.result)) {
-                let b = binding(p, plan, o).ok_or_else(|| format!("buffer %{} has no storage", o.0))?;
+                let b = binding(p, plan, o).ok_or_else(|| HalError::NoStorage {
+                    dispatch: d,
+                    kernel: disp.kernel.name.clone(),
+                    buffer: o.0,
+                })?;
                 let s = p.storage(o).index();
                 first_cmd[s] = first_cmd[s].min(at);
                 last_cmd[s] = last_cmd[s].max(at);
                 bindings.push(b);
             }
-            let wg = workgroups.get(d).copied().ok_or("missing workgroup count")?;
+            let wg = workgroups.get(d).copied().ok_or_else(|| HalError::MissingWorkgroups {
+                dispatch: d,
+                kernel: disp.kernel.name.clone(),
+                count: workgroups.len(),
+            })?;
             if p.buffer(disp.result).ty.shape.numel() == 0 {
                 continue;
             }
-            if let Some((pattern, pattern_len)) = constant_fill(&disp.kernel) {
+            if let (Some((pattern, pattern_len)), Some(&dst)) = (constant_fill(&disp.kernel), bindings.last()) {
                 // Every element the same constant (a ConstantOfShape too large to fold):
-                // a fill, not a kernel. (Its output binding is the dispatch's last.)
-                let dst = *bindings.last().expect("the output's binding");
+                // a fill, not a kernel. (Its output binding is the dispatch's last,
+                // always present: the loop above pushed it.)
                 commands.push(Command::Fill { dst, pattern, pattern_len });
                 continue;
             }
@@ -96,7 +150,7 @@ pub fn entry_point(p: &FlowProgram, plan: &StreamPlan, workgroups: &[u64], work_
         commands.push(Command::Barrier);
     }
     for &(s, k) in &plan.output_copies {
-        let src = binding(p, plan, s).ok_or_else(|| format!("output {k} has no storage"))?;
+        let src = binding(p, plan, s).ok_or(HalError::OutputNoStorage { output: k })?;
         let len = bytes(p, p.outputs[k as usize]);
         if len == 0 {
             continue;

@@ -1,31 +1,46 @@
-//! The compile pipeline of kiln, level by level:
+//! The compile pipeline of kiln: one list of named stages ([`Stage::ALL`]) that the
+//! command line, the filetests, the tests and the benches all run through
+//! [`Compilation`]:
 //!
 //! ```text
-//! tensor graph ──tensor passes (kiln-opt)──► tensor graph
-//!   ──lowering + fusion (kiln-flow)──► flow program: dispatches on buffers
-//!   ──stream::schedule──► waves, lifetimes, arena plan, constant pool
-//!   ──codegen (kiln-codegen)──► one executable per target
-//!   ──hal::entry_point──► static command list
-//!   ──kiln_module::sections──► .kiln bytes (+ external weights)
+//! model (ONNX file or bytes, IR text, or a graph)
+//!   ──import (kiln-import)──► tensor graph
+//!   ──tensor-passes (kiln-opt)──► tensor graph
+//!   ──flow-form-dispatches (kiln-flow)──► flow program: dispatches on buffers
+//!   ──flow-pack-weights (kiln-flow::layout, widths from kiln-codegen)──► flow program
+//!   ──stream-schedule──► waves, lifetimes, arena plan, constant pool
+//!   ──cpu-codegen (kiln-codegen)──► one executable per target
+//!   ──hal-build-program──► static command list, kernel table, constants
+//!   ──artifact-write (kiln_module::sections)──► .kiln bytes (+ external weights)
 //! ```
 //!
-//! [`compile`] runs it all and keeps every level's result in [`Compiled`]; each has a
-//! text form (`kiln compile --to tensor|flow|stream|hal`): kiln-ir's text, the flow
-//! program's `Display`, [`stream::print`], and the artifact listing.
+//! A [`Compilation`] holds each level's result; [`Compilation::run_to`] stops after
+//! any stage (`kiln compile --to tensor|flow|stream|hal`), a hook sees the state after
+//! every tensor pass and every stage (`--dump-after`), and [`Compilation::text`] gives
+//! the text form of the level reached: kiln-ir's text, the flow program's `Display`,
+//! [`stream::print`]. [`compile`] runs a graph through every stage.
+//!
+//! Errors ([`CompileError`]) stay typed until the caller prints them and say whose
+//! problem they are ([`CompileError::kind`]).
 #![deny(missing_docs)]
 
+mod error;
 pub mod hal;
 pub mod stream;
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kiln_flow::program::FlowProgram;
 use kiln_ir::Graph;
 use kiln_module::program::{Constants, DebugInfo, Device, DeviceKind, Kernel, Program, Variant};
 
+pub use error::{CompileError, ErrorKind, TextError};
 pub use kiln_codegen::cpu::CpuTarget;
+pub use kiln_codegen::{CodegenError, CpuModule};
+pub use kiln_import::ImportOptions;
 
-/// Options of [`compile`].
+/// Options of a [`Compilation`] (and of [`compile`]).
 #[derive(Debug, Clone)]
 pub struct Options {
     /// CPU the code is generated for.
@@ -42,6 +57,8 @@ pub struct Options {
     /// Optimise for code size rather than speed: no microkernels, no inline
     /// transcendentals (`kiln compile --opt size`).
     pub size: bool,
+    /// How the [`Stage::Import`] stage binds an ONNX model's inputs.
+    pub import: ImportOptions,
 }
 
 impl Default for Options {
@@ -53,6 +70,7 @@ impl Default for Options {
             passes: None,
             source: String::new(),
             size: false,
+            import: ImportOptions::default(),
         }
     }
 }
@@ -70,86 +88,431 @@ pub struct Compiled {
     pub plan: stream::StreamPlan,
     /// The program written.
     pub program: Program,
-    /// Wall time of each phase.
-    pub phases: Vec<(&'static str, Duration)>,
+    /// Wall time of each stage run, in order.
+    pub phases: Vec<(Stage, Duration)>,
     /// Per dispatch, how its code was generated (microkernel or general, and why).
     pub codegen_notes: Vec<String>,
 }
 
-/// Why a compile failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum CompileError {
-    /// A tensor pass failed.
-    #[error("tensor passes: {0}")]
-    Passes(String),
-    /// An op could not be lowered to kernels.
-    #[error(transparent)]
-    Flow(#[from] kiln_flow::program::FlowError),
-    /// Scheduling failed.
-    #[error(transparent)]
-    Stream(#[from] stream::StreamError),
-    /// Code generation failed.
-    #[error("code generation: {0}")]
-    Codegen(String),
-    /// Building the command list failed (a compiler bug).
-    #[error("command list: {0}")]
-    Hal(String),
+/// One stage of the pipeline, in the order [`Stage::ALL`] runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// The model to a tensor graph ([`import`]).
+    Import,
+    /// The tensor passes of kiln-opt ([`Options::passes`]; by default all of
+    /// [`kiln_opt::registry`], in its order).
+    TensorPasses,
+    /// Lowering every op to kernels and fusing them: the flow level.
+    FormDispatches,
+    /// Constant operands of contractions into the panel layout of the target's
+    /// microkernels. It sits after dispatch formation because the panels follow the
+    /// fused kernels, and before scheduling because the packed constants are what the
+    /// constant pool holds.
+    PackWeights,
+    /// Waves, lifetimes, the arena plan and the constant pool: the stream level.
+    Schedule,
+    /// Every kernel to machine code for the CPU target.
+    Codegen,
+    /// The static command list, kernel table and constants: the HAL level.
+    Hal,
+    /// The `.kiln` bytes.
+    Artifact,
 }
 
-impl CompileError {
-    /// Whether the compile failed only because an operand needed at compile time (axes,
-    /// a shape) is a run-time value: binding graph inputs to values resolves it.
-    pub fn needs_constant_operand(&self) -> bool {
-        matches!(self, CompileError::Flow(f) if f.needs_constant_operand())
-    }
-}
+impl Stage {
+    /// Every stage, in pipeline order.
+    pub const ALL: [Stage; 8] = [
+        Stage::Import,
+        Stage::TensorPasses,
+        Stage::FormDispatches,
+        Stage::PackWeights,
+        Stage::Schedule,
+        Stage::Codegen,
+        Stage::Hal,
+        Stage::Artifact,
+    ];
 
-/// Runs the tensor passes on a copy of `graph`.
-pub fn tensor_passes(graph: &Graph, opts: &Options) -> Result<Graph, CompileError> {
-    let mut g = graph.clone();
-    match &opts.passes {
-        None => kiln_opt::run_tensor_pipeline(&mut g),
-        Some(names) => {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            kiln_opt::run_passes(&mut g, &names)
+    /// The stage's name (`<level>-<verb>-<noun>` where it transforms a level).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Import => "import",
+            Stage::TensorPasses => "tensor-passes",
+            Stage::FormDispatches => "flow-form-dispatches",
+            Stage::PackWeights => "flow-pack-weights",
+            Stage::Schedule => "stream-schedule",
+            Stage::Codegen => "cpu-codegen",
+            Stage::Hal => "hal-build-program",
+            Stage::Artifact => "artifact-write",
         }
     }
-    .map_err(|e| CompileError::Passes(e.to_string()))?;
-    Ok(g)
+
+    /// One line saying what it does.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Stage::Import => "read the model (ONNX, or kiln IR text) into a tensor graph with static shapes",
+            Stage::TensorPasses => "run the tensor passes (kiln list-passes) in pipeline order",
+            Stage::FormDispatches => "lower ops to kernels and fuse them (flow level)",
+            Stage::PackWeights => "lay contraction constants out in the target microkernels' panels",
+            Stage::Schedule => "order dispatches in waves, plan the arena and the constant pool (stream level)",
+            Stage::Codegen => "compile every kernel to machine code for the CPU target",
+            Stage::Hal => "build the static command list, kernel table and constants (HAL level)",
+            Stage::Artifact => "write the .kiln bytes (and the external weights)",
+        }
+    }
+
+    /// The stage called `name`.
+    pub fn from_name(name: &str) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The stage after this one.
+    pub fn next(self) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|&s| s > self)
+    }
 }
 
-/// Compiles `graph` into a `.kiln` artifact.
-pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> {
-    let mut phases = Vec::new();
-    let t = Instant::now();
-    let g = tensor_passes(graph, opts)?;
-    phases.push(("tensor passes", t.elapsed()));
-    let t = Instant::now();
-    let mut flow = kiln_flow::program::form_with(&g, !opts.size)?;
-    phases.push(("dispatch formation", t.elapsed()));
-    let codegen = if opts.size { kiln_codegen::cpu::Options::size() } else { kiln_codegen::cpu::Options::default() };
-    let t = Instant::now();
-    let packing = kiln_codegen::Packing::new(&opts.target, &codegen).map_err(|e| CompileError::Codegen(e.to_string()))?;
-    if kiln_flow::layout::pack_constants(&mut flow, &|k| packing.widths(k)) > 0 {
-        flow.remove_dead();
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
     }
-    phases.push(("weight packing", t.elapsed()));
-    let t = Instant::now();
-    let plan = stream::schedule(&flow)?;
-    phases.push(("schedule", t.elapsed()));
-    let t = Instant::now();
+}
+
+/// A level of the pipeline that has a text form (`kiln compile --to LEVEL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// The tensor graph after the tensor passes.
+    Tensor,
+    /// The flow program as dispatch formation leaves it.
+    Flow,
+    /// The stream plan of the program that ships (weights packed).
+    Stream,
+    /// The program's command list.
+    Hal,
+}
+
+impl Level {
+    /// Every level, in pipeline order.
+    pub const ALL: [Level; 4] = [Level::Tensor, Level::Flow, Level::Stream, Level::Hal];
+
+    /// The level's name (`tensor`, `flow`, `stream`, `hal`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Tensor => "tensor",
+            Level::Flow => "flow",
+            Level::Stream => "stream",
+            Level::Hal => "hal",
+        }
+    }
+
+    /// The level called `name`.
+    pub fn from_name(name: &str) -> Option<Level> {
+        Level::ALL.into_iter().find(|l| l.name() == name)
+    }
+
+    /// The stage that completes the level.
+    pub fn stage(self) -> Stage {
+        match self {
+            Level::Tensor => Stage::TensorPasses,
+            Level::Flow => Stage::FormDispatches,
+            Level::Stream => Stage::Schedule,
+            Level::Hal => Stage::Hal,
+        }
+    }
+}
+
+/// A model to compile.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A tensor graph already built.
+    Graph(Graph),
+    /// A file: kiln IR text when its extension is `.kir`, else an ONNX model
+    /// (external data read beside it).
+    File(PathBuf),
+    /// An ONNX model in memory; external data is looked up in `base_dir`.
+    OnnxBytes {
+        /// The serialized `ModelProto`.
+        bytes: bytes::Bytes,
+        /// Where external data files are (none: the model must not have any).
+        base_dir: Option<PathBuf>,
+    },
+    /// A model in kiln's IR text form.
+    Text(String),
+}
+
+/// The [`Stage::Import`] stage on its own: `input` as a tensor graph, verified.
+/// `opts` bind ONNX inputs; they are an error for IR text.
+pub fn import(input: Input, opts: &ImportOptions) -> Result<Graph, CompileError> {
+    let binds = !opts.input_shapes.is_empty() || !opts.input_values.is_empty();
+    let text = |path: Option<&Path>, src: &str| -> Result<Graph, CompileError> {
+        let at = |source: TextError| CompileError::Text { path: path.map(Path::to_path_buf), source };
+        if binds {
+            return Err(at(TextError::ImportOptions));
+        }
+        let g = kiln_ir::text::parse(src).map_err(|e| at(e.into()))?;
+        kiln_ir::verify::verify(&g).map_err(|e| at(e.into()))?;
+        Ok(g)
+    };
+    match input {
+        Input::Graph(g) => Ok(g),
+        Input::Text(src) => text(None, &src),
+        Input::File(path) if path.extension().is_some_and(|e| e == "kir") => {
+            let src = std::fs::read_to_string(&path)
+                .map_err(|e| CompileError::Text { path: Some(path.clone()), source: TextError::Read(e.to_string()) })?;
+            text(Some(&path), &src)
+        }
+        Input::File(path) => kiln_import::onnx::import_file(&path, opts)
+            .map_err(|source| CompileError::Import { path: Some(path), source }),
+        Input::OnnxBytes { bytes, base_dir } => kiln_import::onnx::import_bytes(bytes, base_dir.as_deref(), opts)
+            .map_err(|source| CompileError::Import { path: None, source }),
+    }
+}
+
+/// One model on its way through the pipeline: each stage's result, kept until a later
+/// stage consumes or changes it.
+///
+/// Stages run in [`Stage::ALL`] order, each at most once. After an error the
+/// compilation stays at the last stage that succeeded (the failed stage's level may
+/// be partly changed); drop it.
+#[derive(Debug)]
+pub struct Compilation {
+    options: Options,
+    input: Option<Input>,
+    done: Option<Stage>,
+    graph: Option<Graph>,
+    flow: Option<FlowProgram>,
+    plan: Option<stream::StreamPlan>,
+    cpu: Option<CpuModule>,
+    program: Option<Program>,
+    weights: Option<Vec<u8>>,
+    artifact: Option<Vec<u8>>,
+    phases: Vec<(Stage, Duration)>,
+}
+
+/// What a [`Compilation`] hook is shown: the name of the tensor pass or [`Stage`] just
+/// run (`--dump-after NAME`), and the compilation after it.
+pub type Hook<'h> = dyn FnMut(&str, &Compilation) + 'h;
+
+impl Compilation {
+    /// A compilation of `input` with `options`; nothing has run yet.
+    pub fn new(input: Input, options: Options) -> Compilation {
+        Compilation {
+            options,
+            input: Some(input),
+            done: None,
+            graph: None,
+            flow: None,
+            plan: None,
+            cpu: None,
+            program: None,
+            weights: None,
+            artifact: None,
+            phases: Vec::new(),
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The last stage that has run.
+    pub fn done(&self) -> Option<Stage> {
+        self.done
+    }
+
+    /// The tensor graph (after [`Stage::Import`], transformed by [`Stage::TensorPasses`]).
+    pub fn graph(&self) -> Option<&Graph> {
+        self.graph.as_ref()
+    }
+
+    /// The flow program (after [`Stage::FormDispatches`], packed by [`Stage::PackWeights`]).
+    pub fn flow(&self) -> Option<&FlowProgram> {
+        self.flow.as_ref()
+    }
+
+    /// The stream plan (after [`Stage::Schedule`]).
+    pub fn plan(&self) -> Option<&stream::StreamPlan> {
+        self.plan.as_ref()
+    }
+
+    /// The compiled kernels (after [`Stage::Codegen`]).
+    pub fn cpu(&self) -> Option<&CpuModule> {
+        self.cpu.as_ref()
+    }
+
+    /// The program (after [`Stage::Hal`]).
+    pub fn program(&self) -> Option<&Program> {
+        self.program.as_ref()
+    }
+
+    /// The `.kiln` bytes (after [`Stage::Artifact`]).
+    pub fn artifact(&self) -> Option<&[u8]> {
+        self.artifact.as_deref()
+    }
+
+    /// Wall time of each stage run so far.
+    pub fn phases(&self) -> &[(Stage, Duration)] {
+        &self.phases
+    }
+
+    /// The text form of the level the last stage left: kiln-ir's text after
+    /// [`Stage::Import`] and [`Stage::TensorPasses`], the flow program after the flow
+    /// stages, [`stream::print`] after [`Stage::Schedule`], one line per kernel saying
+    /// how its code was generated after [`Stage::Codegen`]. `None` before any stage
+    /// and after [`Stage::Hal`] (the program's listing is `kiln inspect`'s).
+    pub fn text(&self) -> Option<String> {
+        match self.done? {
+            Stage::Import | Stage::TensorPasses => self.graph.as_ref().map(kiln_ir::text::print),
+            Stage::FormDispatches | Stage::PackWeights => self.flow.as_ref().map(|f| format!("{f}")),
+            Stage::Schedule => Some(stream::print(self.flow.as_ref()?, self.plan.as_ref()?)),
+            Stage::Codegen => {
+                let (flow, cpu) = (self.flow.as_ref()?, self.cpu.as_ref()?);
+                Some(flow.dispatches.iter().zip(&cpu.notes).map(|(d, n)| format!("{}: {n}\n", d.kernel.name)).collect())
+            }
+            Stage::Hal | Stage::Artifact => None,
+        }
+    }
+
+    /// Runs every stage not yet run up to and including `last`.
+    pub fn run_to(&mut self, last: Stage) -> Result<(), CompileError> {
+        self.run_to_with(last, &mut |_, _| {})
+    }
+
+    /// [`Compilation::run_to`], calling `hook` after every tensor pass and every stage
+    /// (a tensor pass's hook runs inside, and is timed with, [`Stage::TensorPasses`]).
+    pub fn run_to_with(&mut self, last: Stage, hook: &mut Hook<'_>) -> Result<(), CompileError> {
+        while self.done.is_none_or(|d| d < last) {
+            let stage = self.done.map_or(Some(Stage::Import), Stage::next);
+            let Some(stage) = stage else { break };
+            let t = Instant::now();
+            self.run_stage(stage, hook)?;
+            self.phases.push((stage, t.elapsed()));
+            self.done = Some(stage);
+            hook(stage.name(), self);
+        }
+        Ok(())
+    }
+
+    /// Runs every remaining stage and returns the result.
+    pub fn finish(mut self) -> Result<Compiled, CompileError> {
+        self.run_to(Stage::Artifact)?;
+        self.into_compiled()
+    }
+
+    /// The result of a compilation that ran every stage.
+    fn into_compiled(self) -> Result<Compiled, CompileError> {
+        let missing = |what: &'static str| CompileError::Pipeline { stage: Stage::Artifact, missing: what };
+        Ok(Compiled {
+            artifact: self.artifact.ok_or_else(|| missing("artifact"))?,
+            weights: self.weights,
+            codegen_notes: self.cpu.map(|c| c.notes).ok_or_else(|| missing("kernels"))?,
+            flow: self.flow.ok_or_else(|| missing("flow program"))?,
+            plan: self.plan.ok_or_else(|| missing("stream plan"))?,
+            program: self.program.ok_or_else(|| missing("program"))?,
+            phases: self.phases,
+        })
+    }
+
+    /// The code generator's options for [`Options::size`].
+    fn codegen_options(&self) -> kiln_codegen::cpu::Options {
+        if self.options.size {
+            kiln_codegen::cpu::Options::size()
+        } else {
+            kiln_codegen::cpu::Options::default()
+        }
+    }
+
+    fn run_stage(&mut self, stage: Stage, hook: &mut Hook<'_>) -> Result<(), CompileError> {
+        let missing = |what: &'static str| CompileError::Pipeline { stage, missing: what };
+        match stage {
+            Stage::Import => {
+                let input = self.input.take().ok_or_else(|| missing("input"))?;
+                self.graph = Some(import(input, &self.options.import)?);
+            }
+            Stage::TensorPasses => {
+                let names: Vec<&'static str> = match &self.options.passes {
+                    None => kiln_opt::registry().iter().map(|p| p.name()).collect(),
+                    Some(names) => {
+                        names.iter().map(|n| kiln_opt::find(n).map(|p| p.name())).collect::<Result<_, _>>()?
+                    }
+                };
+                for name in names {
+                    let g = self.graph.as_mut().ok_or_else(|| missing("tensor graph"))?;
+                    kiln_opt::run_passes(g, &[name])?;
+                    hook(name, self);
+                }
+            }
+            Stage::FormDispatches => {
+                let g = self.graph.take().ok_or_else(|| missing("tensor graph"))?;
+                let flow = kiln_flow::program::form_with(&g, !self.options.size);
+                self.graph = Some(g);
+                self.flow = Some(flow?);
+            }
+            Stage::PackWeights => {
+                let packing = kiln_codegen::Packing::new(&self.options.target, &self.codegen_options())?;
+                let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;
+                if kiln_flow::layout::pack_constants(flow, &|k| packing.widths(k)) > 0 {
+                    flow.remove_dead();
+                }
+            }
+            Stage::Schedule => {
+                let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
+                self.plan = Some(stream::schedule(flow)?);
+            }
+            Stage::Codegen => {
+                let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
+                let cpu = generate_code(flow, &self.options.target, &self.codegen_options());
+                self.cpu = Some(cpu.map_err(|e| codegen_error(flow, e))?);
+            }
+            Stage::Hal => {
+                let (Some(flow), Some(plan), Some(cpu)) = (&self.flow, &self.plan, &self.cpu) else {
+                    return Err(missing("flow program, stream plan or kernels"));
+                };
+                let (program, weights) = build_program(flow, plan, cpu, &self.options)?;
+                self.program = Some(program);
+                self.weights = weights;
+            }
+            Stage::Artifact => {
+                let program = self.program.as_ref().ok_or_else(|| missing("program"))?;
+                self.artifact = Some(kiln_module::sections::write_program(program));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The [`Stage::Codegen`] stage: every dispatch's kernel, compiled for `target`.
+fn generate_code(
+    flow: &FlowProgram,
+    target: &CpuTarget,
+    codegen: &kiln_codegen::cpu::Options,
+) -> Result<CpuModule, CodegenError> {
     let kernels: Vec<&kiln_flow::Kernel> = flow.dispatches.iter().map(|d| &d.kernel).collect();
-    let cpu = kiln_codegen::cpu::compile_with(&kernels, &opts.target, &codegen)
-        .map_err(|e| CompileError::Codegen(e.to_string()))?;
-    phases.push(("codegen", t.elapsed()));
-    let t = Instant::now();
-    let codegen_notes = cpu.notes.clone();
-    let mut entry = hal::entry_point(&flow, &plan, &cpu.workgroups, &cpu.work_ns).map_err(CompileError::Hal)?;
+    kiln_codegen::cpu::compile_with(&kernels, target, codegen)
+}
+
+/// A code generator's error with the ops of the kernel it names.
+fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
+    let sources = match source.kernel() {
+        "" => Vec::new(),
+        name => flow.dispatches.iter().find(|d| d.kernel.name == name).map(|d| d.sources.clone()).unwrap_or_default(),
+    };
+    CompileError::Codegen { source, sources }
+}
+
+/// The [`Stage::Hal`] stage: the program of `flow` under `plan` with `cpu`'s code, and the constant pool when it is kept outside the artifact.
+fn build_program(
+    flow: &FlowProgram,
+    plan: &stream::StreamPlan,
+    cpu: &CpuModule,
+    opts: &Options,
+) -> Result<(Program, Option<Vec<u8>>), CompileError> {
+    let mut entry = hal::entry_point(flow, plan, &cpu.workgroups, &cpu.work_ns)?;
     if opts.strip {
         // The memory map's buffer names are for listings only, like the debug section.
         entry.buffers.iter_mut().for_each(|b| b.name.clear());
     }
-    let kernels_table: Vec<Kernel> = flow
+    let kernels: Vec<Kernel> = flow
         .dispatches
         .iter()
         .enumerate()
@@ -176,12 +539,45 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     let program = Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![entry],
-        kernels: kernels_table,
-        executables: vec![cpu.executable],
+        kernels,
+        executables: vec![cpu.executable.clone()],
         constants,
         debug,
     };
-    let artifact = kiln_module::sections::write_program(&program);
-    phases.push(("artifact", t.elapsed()));
-    Ok(Compiled { artifact, weights, flow, plan, program, phases, codegen_notes })
+    Ok((program, weights))
+}
+
+/// Compiles `graph` into a `.kiln` artifact: every stage after [`Stage::Import`].
+pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> {
+    Compilation::new(Input::Graph(graph.clone()), opts.clone()).finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_codegen_error_names_the_ops_of_its_kernel() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/filetests/packed-weights.kir");
+        let mut c = Compilation::new(Input::File(path), Options::default());
+        c.run_to(Stage::Schedule).expect("schedule");
+        let flow = c.flow().expect("flow");
+        let unsupported = CodegenError::Unsupported { kernel: "k1_0".into(), what: "f8 loads".into() };
+        let e = codegen_error(flow, unsupported.clone());
+        assert!(
+            matches!(&e, CompileError::Codegen { source, sources } if *source == unsupported && sources == &["MatMul fc1", "Relu relu"]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "code generation: kernel k1_0: f8 loads is not supported by the CPU code generator \
+             (the kernel of MatMul fc1 + Relu relu)"
+        );
+        assert_eq!((e.stage(), e.kind()), (Stage::Codegen, ErrorKind::Unsupported));
+        // Not about a kernel of the program: no ops to name.
+        let internal = CodegenError::Internal { kernel: String::new(), what: "no ISA".into() };
+        let e = codegen_error(flow, internal);
+        assert!(matches!(&e, CompileError::Codegen { sources, .. } if sources.is_empty()), "{e:?}");
+        assert!(e.is_internal());
+    }
 }

@@ -1,9 +1,11 @@
 //! Stream-level filetests: each `tests/filetests/NAME.kir` is a tensor-level graph in
-//! kiln-ir's text form; the compiler's tensor passes, dispatch formation and
-//! [`kiln_compiler::stream::schedule`] plan it, and the plan's text
-//! ([`kiln_compiler::stream::print`]) must equal `NAME.stream`. `KILN_BLESS=1`
-//! rewrites the expectations (review the diff: they pin waves, barriers and the
-//! memory plan).
+//! kiln-ir's text form; one [`Compilation`] runs it through every stage up to
+//! [`Stage::Schedule`] (tensor passes, dispatch formation, weight packing), and the
+//! plan's text ([`kiln_compiler::stream::print`]) must equal `NAME.stream`; the same
+//! compilation then runs on to the artifact, so the plan pinned is the plan shipped.
+//! The target is fixed (x86-64-v3) so that weight packing, and with it the plan, does
+//! not depend on the machine. `KILN_BLESS=1` rewrites the expectations (review the
+//! diff: they pin waves, barriers and the memory plan).
 //!
 //! Independently of the expectations, every plan must
 //! - put each dispatch in a later wave than every dispatch it reads from;
@@ -18,6 +20,7 @@
 use std::path::PathBuf;
 
 use kiln_compiler::stream::{self, Placement, StreamPlan, ALIGN};
+use kiln_compiler::{Compilation, CpuTarget, Input, Options, Stage};
 use kiln_flow::program::{BufferKind, FlowProgram};
 use kiln_ir::{DType, Graph, Tensor};
 
@@ -65,7 +68,10 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
         for &o in &disp.operands {
             if let Some(pd) = producers[p.storage(o).index()] {
                 if wave_of[pd] >= wave_of[d] {
-                    return Err(format!("dispatch {d} (wave {}) reads dispatch {pd} (wave {})", wave_of[d], wave_of[pd]));
+                    return Err(format!(
+                        "dispatch {d} (wave {}) reads dispatch {pd} (wave {})",
+                        wave_of[d], wave_of[pd]
+                    ));
                 }
             }
         }
@@ -76,7 +82,11 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
         match *pl {
             Placement::Arena(o) => {
                 if o % ALIGN != 0 || o + size > plan.arena_size {
-                    return Err(format!("%{i}: arena [{o}, {}) misaligned or past the arena ({})", o + size, plan.arena_size));
+                    return Err(format!(
+                        "%{i}: arena [{o}, {}) misaligned or past the arena ({})",
+                        o + size,
+                        plan.arena_size
+                    ));
                 }
                 let (a, z) = plan.lifetimes[i].ok_or(format!("%{i}: in the arena without a lifetime"))?;
                 arena.push((i, o, o + size, a, z));
@@ -107,9 +117,8 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
     Ok(())
 }
 
-fn run_compiled(g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, String> {
-    let c = kiln_compiler::compile(g, &kiln_compiler::Options::default()).map_err(|e| e.to_string())?;
-    let module = kiln_runtime::Module::load(&c.artifact, None).map_err(|e| e.to_string())?;
+fn run_compiled(g: &Graph, artifact: &[u8], feeds: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    let module = kiln_runtime::Module::load(artifact, None).map_err(|e| e.to_string())?;
     let mut inst = kiln_runtime::Instance::new(&module).map_err(|e| e.to_string())?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.ty(v).storage_bytes()]).collect();
@@ -128,9 +137,15 @@ fn one(path: &std::path::Path) -> Result<(), String> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let src = std::fs::read_to_string(path).map_err(|e| format!("{name}: {e}"))?;
     let g = kiln_ir::text::parse(&src).map_err(|e| format!("{name}: {e}"))?;
-    let t = kiln_compiler::tensor_passes(&g, &kiln_compiler::Options::default()).map_err(|e| format!("{name}: {e}"))?;
-    let flow = kiln_flow::program::form(&t).map_err(|e| format!("{name}: {e}"))?;
-    let plan = stream::schedule(&flow).map_err(|e| format!("{name}: {e}"))?;
+    let opts = Options { target: CpuTarget::X86_64V3, ..Options::default() };
+    let mut c = Compilation::new(Input::Graph(g.clone()), opts);
+    c.run_to(Stage::Schedule).map_err(|e| format!("{name}: {e}"))?;
+    let (Some(flow), Some(plan)) = (c.flow().cloned(), c.plan().cloned()) else {
+        return Err(format!("{name}: no flow program or plan after {}", Stage::Schedule));
+    };
+    if c.text().as_deref() != Some(&stream::print(&flow, &plan)[..]) {
+        return Err(format!("{name}: the compilation's text after {} is not the plan's", Stage::Schedule));
+    }
     check_plan(&flow, &plan).map_err(|e| format!("{name}: {e}"))?;
     if let Some(n) = directive(&src, "waves") {
         if plan.waves.len() != n {
@@ -139,7 +154,11 @@ fn one(path: &std::path::Path) -> Result<(), String> {
     }
     let feeds = inputs(&g);
     let want = kiln_ref::eval_graph(&g, &feeds).map_err(|e| format!("{name}: reference: {e}"))?;
-    let got = run_compiled(&g, &feeds).map_err(|e| format!("{name}: compiled: {e}"))?;
+    let compiled = c.finish().map_err(|e| format!("{name}: {e}"))?;
+    if compiled.plan.waves != plan.waves || compiled.plan.constants != plan.constants {
+        return Err(format!("{name}: the artifact's plan is not the plan checked"));
+    }
+    let got = run_compiled(&g, &compiled.artifact, &feeds).map_err(|e| format!("{name}: compiled: {e}"))?;
     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
         assert_eq!(b.dtype(), DType::F32);
         for (i, (x, y)) in a.to_f64_vec().iter().zip(b.to_f64_vec()).enumerate() {
@@ -157,7 +176,10 @@ fn one(path: &std::path::Path) -> Result<(), String> {
     let want = std::fs::read_to_string(&expected)
         .map_err(|e| format!("{name}: cannot read {}: {e} (KILN_BLESS=1 writes it)", expected.display()))?;
     if want != text {
-        return Err(format!("{name}: the plan differs from {}:\n--- expected\n{want}\n--- got\n{text}", expected.display()));
+        return Err(format!(
+            "{name}: the plan differs from {}:\n--- expected\n{want}\n--- got\n{text}",
+            expected.display()
+        ));
     }
     Ok(())
 }

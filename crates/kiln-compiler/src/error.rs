@@ -1,0 +1,205 @@
+//! Why a compile failed: one typed error per stage, kept typed until the caller
+//! prints it, and an [`ErrorKind`] that says whose problem it is.
+//!
+//! A command line prints the error as one line; a C API or a Python package maps
+//! [`CompileError::kind`] to a code: the input is invalid, the input uses something
+//! kiln does not support (yet), or kiln itself has a bug.
+
+use std::path::PathBuf;
+
+use kiln_codegen::CodegenError;
+use kiln_flow::lower::LowerError;
+use kiln_flow::program::FlowError;
+use kiln_import::ImportError;
+use kiln_opt::PassError;
+
+use crate::hal::HalError;
+use crate::stream::StreamError;
+use crate::Stage;
+
+/// Whose problem an error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The input (a model, IR text, an option) is malformed or cannot be read: the
+    /// caller fixes the input.
+    InvalidInput,
+    /// The input is valid but uses an op, a form of an op or a feature that kiln does
+    /// not support (yet).
+    Unsupported,
+    /// A bug in kiln: a stage produced something the next one rejects.
+    Internal,
+}
+
+impl ErrorKind {
+    /// A stable lower-case name (`invalid-input`, `unsupported`, `internal`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid-input",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// Why a compile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The ONNX importer rejected the model.
+    #[error("{}{source}", prefix(path))]
+    Import {
+        /// The model file, when the model came from one.
+        path: Option<PathBuf>,
+        /// What the importer found.
+        source: ImportError,
+    },
+    /// A model in kiln's IR text form could not be read, parsed or verified.
+    #[error("{}{source}", prefix(path))]
+    Text {
+        /// The `.kir` file, when the text came from one.
+        path: Option<PathBuf>,
+        /// What is wrong.
+        source: TextError,
+    },
+    /// A tensor pass failed.
+    #[error("tensor passes: {0}")]
+    Passes(#[from] PassError),
+    /// An op could not be lowered to kernels.
+    #[error(transparent)]
+    Flow(#[from] FlowError),
+    /// Scheduling failed (a compiler bug).
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// Code generation failed.
+    #[error("code generation: {source}{}", from_ops(sources))]
+    Codegen {
+        /// What the code generator found (it names the kernel).
+        source: CodegenError,
+        /// The ops the kernel was formed from (`"MatMul fc1"`, as the dispatch lists
+        /// them), when the kernel is one of the program's.
+        sources: Vec<String>,
+    },
+    /// Building the command list failed (a compiler bug).
+    #[error("command list: {0}")]
+    Hal(#[from] HalError),
+    /// A stage found nothing to work on: the stage before it did not leave its result
+    /// (a compiler bug).
+    #[error("internal error: stage {stage} has no {missing} to work on")]
+    Pipeline {
+        /// The stage.
+        stage: Stage,
+        /// What it needed.
+        missing: &'static str,
+    },
+}
+
+/// Why a model in kiln's IR text form was rejected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TextError {
+    /// The file could not be read.
+    #[error("cannot read the file: {0}")]
+    Read(String),
+    /// The text does not parse (`LINE:COL: message`).
+    #[error("{0}")]
+    Parse(#[from] kiln_ir::text::ParseError),
+    /// The graph parses but breaks an invariant.
+    #[error("{0}")]
+    Verify(#[from] kiln_ir::verify::VerifyError),
+    /// Input shapes or values were given: they bind ONNX inputs only.
+    #[error("input shapes and values (--input-shape, --input-value) apply to ONNX models only")]
+    ImportOptions,
+}
+
+impl From<CodegenError> for CompileError {
+    fn from(source: CodegenError) -> CompileError {
+        CompileError::Codegen { source, sources: Vec::new() }
+    }
+}
+
+fn from_ops(sources: &[String]) -> String {
+    if sources.is_empty() {
+        String::new()
+    } else {
+        format!(" (the kernel of {})", sources.join(" + "))
+    }
+}
+
+fn prefix(path: &Option<PathBuf>) -> String {
+    path.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default()
+}
+
+impl CompileError {
+    /// Whether the compile failed only because an operand needed at compile time (axes,
+    /// a shape) is a run-time value: binding graph inputs to values resolves it.
+    pub fn needs_constant_operand(&self) -> bool {
+        matches!(self, CompileError::Flow(f) if f.needs_constant_operand())
+    }
+
+    /// The stage that failed.
+    pub fn stage(&self) -> Stage {
+        match self {
+            CompileError::Import { .. } | CompileError::Text { .. } => Stage::Import,
+            CompileError::Passes(_) => Stage::TensorPasses,
+            CompileError::Flow(_) => Stage::FormDispatches,
+            CompileError::Stream(_) => Stage::Schedule,
+            CompileError::Codegen { .. } => Stage::Codegen,
+            CompileError::Hal(_) => Stage::Hal,
+            CompileError::Pipeline { stage, .. } => *stage,
+        }
+    }
+
+    /// Whose problem it is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            CompileError::Import { source, .. } => match source {
+                ImportError::Unsupported(_) => ErrorKind::Unsupported,
+                // The importer verifies what it built: a failure is its own bug.
+                ImportError::Verify(_) => ErrorKind::Internal,
+                _ => ErrorKind::InvalidInput,
+            },
+            CompileError::Text { .. } => ErrorKind::InvalidInput,
+            CompileError::Passes(e) => match e {
+                PassError::UnknownPass(_) | PassError::Failed { .. } => ErrorKind::InvalidInput,
+                PassError::Verify { .. } => ErrorKind::Internal,
+            },
+            CompileError::Flow(e) => match e {
+                FlowError::Lower {
+                    source: LowerError::Unsupported { .. } | LowerError::NotConstant { .. }, ..
+                } => ErrorKind::Unsupported,
+                FlowError::Lower { source: LowerError::Kernel(_), .. } | FlowError::Graph(_) => ErrorKind::Internal,
+            },
+            CompileError::Stream(_) | CompileError::Hal(_) | CompileError::Pipeline { .. } => ErrorKind::Internal,
+            CompileError::Codegen { source, .. } if source.is_internal() => ErrorKind::Internal,
+            CompileError::Codegen { .. } => ErrorKind::Unsupported,
+        }
+    }
+
+    /// Whether this is a bug in kiln rather than a problem of the input.
+    pub fn is_internal(&self) -> bool {
+        self.kind() == ErrorKind::Internal
+    }
+
+    /// The node the error is about, when it is about one (of several unsupported ops,
+    /// the first's first node).
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            CompileError::Import { source: ImportError::Node { node, .. }, .. } => Some(node),
+            CompileError::Import { source: ImportError::Unsupported(ops), .. } => ops.first().map(|o| &o.node[..]),
+            CompileError::Flow(FlowError::Lower { node, .. }) => Some(node),
+            _ => None,
+        }
+    }
+
+    /// The op the error is about, when it is about one (of several unsupported ops, the
+    /// first).
+    pub fn op(&self) -> Option<&str> {
+        match self {
+            CompileError::Import { source: ImportError::Node { op_type, .. }, .. } => Some(op_type),
+            CompileError::Import { source: ImportError::Unsupported(ops), .. } => ops.first().map(|o| &o.op_type[..]),
+            CompileError::Flow(FlowError::Lower { source, .. }) => match source {
+                LowerError::Unsupported { op, .. } | LowerError::NotConstant { op, .. } => Some(op),
+                LowerError::Kernel(_) => None,
+            },
+            _ => None,
+        }
+    }
+}
