@@ -29,7 +29,7 @@
 #define KILN_CAPI_VERSION_MINOR 0
 
 /**
- * What a call did: `KILN_STATUS_OK`, or why it failed ([`kiln_last_error_message`] has
+ * What a call did: `KILN_STATUS_OK`, or why it failed (`kiln_last_error_message` has
  * the details).
  */
 enum kiln_status
@@ -201,42 +201,19 @@ typedef uint32_t kiln_dtype;
 /**
  * An execution context of a module: its arena, its worker threads, and a buffer per
  * input and output. Opaque; created by `kiln_instance_create*`, released by
- * [`kiln_instance_free`]. Used by one thread at a time (any thread: it may move between
+ * `kiln_instance_free`. Used by one thread at a time (any thread: it may move between
  * threads between calls); instances of one module run independently.
  */
 typedef struct kiln_instance kiln_instance;
 
 /**
  * A loaded, verified module whose code is placed and ready to instantiate. Opaque;
- * created by `kiln_module_load_*`, released by [`kiln_module_free`]. Immutable after
- * loading, so it may be queried and instantiated from several threads at once.
- *
- * The handle is an `Arc<kiln_module>` turned into a pointer: every instance holds a
- * reference too, so the module lives until it is freed and its last instance is.
+ * created by `kiln_module_load_*`, released by `kiln_module_free`. Immutable after
+ * loading, so it may be queried and instantiated from several threads at once. Every
+ * instance holds a reference to it: the module lives until it is freed and its last
+ * instance is.
  */
 typedef struct kiln_module kiln_module;
-
-/**
- * A caller's allocator for an instance's memory (see
- * [`kiln_instance_create_with_allocator`]). `alloc` returns `size` bytes aligned to
- * `align` (a power of two), or NULL; `free` releases a block `alloc` returned, with the
- * same size and alignment. Both receive `ctx`. They are called from the thread that
- * creates or frees the instance, never during `kiln_instance_invoke`.
- */
-typedef struct {
-  /**
-   * Allocates `size` bytes aligned to `align`; NULL when it cannot.
-   */
-  void *(*alloc)(void *ctx, size_t size, size_t align);
-  /**
-   * Releases a block from `alloc`.
-   */
-  void (*free)(void *ctx, void *p, size_t size, size_t align);
-  /**
-   * Passed to both.
-   */
-  void *ctx;
-} kiln_allocator;
 
 /**
  * One input or output of a module's entry point. Every pointer is owned by the module
@@ -267,6 +244,28 @@ typedef struct {
   size_t byte_size;
 } kiln_tensor_info;
 
+/**
+ * A caller's allocator for an instance's memory (see
+ * `kiln_instance_create_with_allocator`). `alloc` returns `size` bytes aligned to
+ * `align` (a power of two), or NULL; `free` releases a block `alloc` returned, with the
+ * same size and alignment. Both receive `ctx`. They are called from the thread that
+ * creates or frees the instance, never during `kiln_instance_invoke`.
+ */
+typedef struct {
+  /**
+   * Allocates `size` bytes aligned to `align`; NULL when it cannot.
+   */
+  void *(*alloc)(void *ctx, size_t size, size_t align);
+  /**
+   * Releases a block from `alloc`.
+   */
+  void (*free)(void *ctx, void *p, size_t size, size_t align);
+  /**
+   * Passed to both.
+   */
+  void *ctx;
+} kiln_allocator;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -294,6 +293,148 @@ uint32_t kiln_capi_version(void);
 const char *kiln_last_error_message(void);
 
 /**
+ * Loads an artifact from memory: `data`/`len` the `.kiln` bytes, `weights`/`weights_len`
+ * its external weights (NULL and 0 for a module that embeds them). Both are copied (to
+ * 64-byte-aligned buffers the module owns, so that the constants are used in place);
+ * the caller's buffers may be released on return. On success `*out` is the module, to
+ * release with `kiln_module_free`; on failure `*out` is left as it was.
+ *
+ * Checks the artifact completely (container, versions, sections, plan, weights, CPU
+ * features) and places its code. Errors: `KILN_STATUS_INVALID_ARTIFACT`,
+ * `_UNSUPPORTED`, `_WEIGHTS`, `_INVALID_ARGUMENT` (NULL pointers), `_RUNTIME`.
+ *
+ * # Safety
+ *
+ * `data` points to `len` readable bytes, `weights` (when not NULL) to `weights_len`;
+ * `out` is writable.
+ */
+kiln_status kiln_module_load_bytes(const uint8_t *data,
+                                   size_t len,
+                                   const uint8_t *weights,
+                                   size_t weights_len,
+                                   kiln_module **out);
+
+/**
+ * `kiln_module_load_bytes` without copies: the module reads `data` and `weights` in
+ * place. The caller guarantees that both stay valid and unmodified until the module
+ * and every instance made from it are freed. Put them at 64-byte-aligned addresses:
+ * constants found misaligned in memory are copied once to an aligned buffer.
+ *
+ * # Safety
+ *
+ * As `kiln_module_load_bytes`, and the lifetime guarantee above.
+ */
+kiln_status kiln_module_load_bytes_nocopy(const uint8_t *data,
+                                          size_t len,
+                                          const uint8_t *weights,
+                                          size_t weights_len,
+                                          kiln_module **out);
+
+/**
+ * Loads an artifact from the file `path`, with its external weights from
+ * `weights_path`, or — when that is NULL — from the file the artifact names, beside it
+ * (as `kiln run` does; nothing is read for a module that embeds its weights). Both are
+ * read into 64-byte-aligned buffers the module owns. On success `*out` is the module.
+ *
+ * Errors: as `kiln_module_load_bytes`, and `KILN_STATUS_IO` when a file cannot be
+ * read (the message names it).
+ *
+ * # Safety
+ *
+ * `path` (and `weights_path` when not NULL) are NUL-terminated strings; `out` is
+ * writable.
+ */
+kiln_status kiln_module_load_file(const char *path, const char *weights_path, kiln_module **out);
+
+/**
+ * Releases a module handle. Instances made from it keep the module alive until they
+ * are freed too. NULL is ignored.
+ *
+ * # Safety
+ *
+ * `m` is NULL or a handle from `kiln_module_load_*`, not freed before.
+ */
+void kiln_module_free(kiln_module *m);
+
+/**
+ * Sets `*count` to the number of inputs of the module's entry point (`main`, else its
+ * first).
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `count` writable.
+ */
+kiln_status kiln_module_input_count(const kiln_module *m, size_t *count);
+
+/**
+ * Sets `*count` to the number of outputs of the module's entry point.
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `count` writable.
+ */
+kiln_status kiln_module_output_count(const kiln_module *m, size_t *count);
+
+/**
+ * Fills `*info` with input `index`'s name, dtype, shape and byte size (pointers owned
+ * by the module).
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `info` writable.
+ */
+kiln_status kiln_module_input_info(const kiln_module *m, size_t index, kiln_tensor_info *info);
+
+/**
+ * Fills `*info` with output `index`'s name, dtype, shape and byte size.
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `info` writable.
+ */
+kiln_status kiln_module_output_info(const kiln_module *m, size_t index, kiln_tensor_info *info);
+
+/**
+ * Sets `*index` to the index of the input called `name`; `KILN_STATUS_NOT_FOUND` when
+ * there is none.
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `name` NUL-terminated, `index` writable.
+ */
+kiln_status kiln_module_input_index(const kiln_module *m, const char *name, size_t *index);
+
+/**
+ * Sets `*index` to the index of the output called `name`; `KILN_STATUS_NOT_FOUND` when
+ * there is none.
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `name` NUL-terminated, `index` writable.
+ */
+kiln_status kiln_module_output_index(const kiln_module *m, const char *name, size_t *index);
+
+/**
+ * Sets `*size` to the bytes of arena an instance needs (for
+ * `kiln_instance_create_in`).
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `size` writable.
+ */
+kiln_status kiln_module_arena_size(const kiln_module *m, size_t *size);
+
+/**
+ * Sets `*align` to the alignment (a power of two, at most 4096) an instance's arena
+ * needs.
+ *
+ * # Safety
+ *
+ * `m` is a live module handle, `align` writable.
+ */
+kiln_status kiln_module_arena_align(const kiln_module *m, size_t *align);
+
+/**
  * Creates an instance of `m` running on `threads` threads (the calling one and
  * `threads − 1` workers started here, asleep between invocations; 0 means one per
  * core), with its arena allocated by the runtime. The instance keeps the module alive.
@@ -306,7 +447,7 @@ const char *kiln_last_error_message(void);
 kiln_status kiln_instance_create(const kiln_module *m, size_t threads, kiln_instance **out);
 
 /**
- * [`kiln_instance_create`] with the arena in caller-provided memory: `arena_len` ≥
+ * `kiln_instance_create` with the arena in caller-provided memory: `arena_len` ≥
  * `kiln_module_arena_size`, `arena` aligned to `kiln_module_arena_align`. The memory is
  * zeroed here and then belongs to the instance until `kiln_instance_free`; the caller
  * releases it after that. The instance's input and output buffers, its tables and its
@@ -325,7 +466,7 @@ kiln_status kiln_instance_create_in(const kiln_module *m,
                                     kiln_instance **out);
 
 /**
- * [`kiln_instance_create`] with the instance's large blocks from `allocator`: the arena
+ * `kiln_instance_create` with the instance's large blocks from `allocator`: the arena
  * (`kiln_module_arena_size` bytes aligned to `kiln_module_arena_align`) and one buffer
  * per input and per output (their byte sizes, aligned to 64), allocated here and
  * released by `kiln_instance_free`. Not through it: the instance's small tables (a few
@@ -446,148 +587,6 @@ kiln_status kiln_instance_output(kiln_instance *inst, size_t index, const void *
  * require.
  */
 kiln_status kiln_instance_invoke(kiln_instance *inst);
-
-/**
- * Loads an artifact from memory: `data`/`len` the `.kiln` bytes, `weights`/`weights_len`
- * its external weights (NULL and 0 for a module that embeds them). Both are copied (to
- * 64-byte-aligned buffers the module owns, so that the constants are used in place);
- * the caller's buffers may be released on return. On success `*out` is the module, to
- * release with `kiln_module_free`; on failure `*out` is left as it was.
- *
- * Checks the artifact completely (container, versions, sections, plan, weights, CPU
- * features) and places its code. Errors: `KILN_STATUS_INVALID_ARTIFACT`,
- * `_UNSUPPORTED`, `_WEIGHTS`, `_INVALID_ARGUMENT` (NULL pointers), `_RUNTIME`.
- *
- * # Safety
- *
- * `data` points to `len` readable bytes, `weights` (when not NULL) to `weights_len`;
- * `out` is writable.
- */
-kiln_status kiln_module_load_bytes(const uint8_t *data,
-                                   size_t len,
-                                   const uint8_t *weights,
-                                   size_t weights_len,
-                                   kiln_module **out);
-
-/**
- * [`kiln_module_load_bytes`] without copies: the module reads `data` and `weights` in
- * place. The caller guarantees that both stay valid and unmodified until the module
- * and every instance made from it are freed. Put them at 64-byte-aligned addresses:
- * constants found misaligned in memory are copied once to an aligned buffer.
- *
- * # Safety
- *
- * As [`kiln_module_load_bytes`], and the lifetime guarantee above.
- */
-kiln_status kiln_module_load_bytes_nocopy(const uint8_t *data,
-                                          size_t len,
-                                          const uint8_t *weights,
-                                          size_t weights_len,
-                                          kiln_module **out);
-
-/**
- * Loads an artifact from the file `path`, with its external weights from
- * `weights_path`, or — when that is NULL — from the file the artifact names, beside it
- * (as `kiln run` does; nothing is read for a module that embeds its weights). Both are
- * read into 64-byte-aligned buffers the module owns. On success `*out` is the module.
- *
- * Errors: as [`kiln_module_load_bytes`], and `KILN_STATUS_IO` when a file cannot be
- * read (the message names it).
- *
- * # Safety
- *
- * `path` (and `weights_path` when not NULL) are NUL-terminated strings; `out` is
- * writable.
- */
-kiln_status kiln_module_load_file(const char *path, const char *weights_path, kiln_module **out);
-
-/**
- * Releases a module handle. Instances made from it keep the module alive until they
- * are freed too. NULL is ignored.
- *
- * # Safety
- *
- * `m` is NULL or a handle from `kiln_module_load_*`, not freed before.
- */
-void kiln_module_free(kiln_module *m);
-
-/**
- * Sets `*count` to the number of inputs of the module's entry point (`main`, else its
- * first).
- *
- * # Safety
- *
- * `m` is a live module handle, `count` writable.
- */
-kiln_status kiln_module_input_count(const kiln_module *m, size_t *count);
-
-/**
- * Sets `*count` to the number of outputs of the module's entry point.
- *
- * # Safety
- *
- * `m` is a live module handle, `count` writable.
- */
-kiln_status kiln_module_output_count(const kiln_module *m, size_t *count);
-
-/**
- * Fills `*info` with input `index`'s name, dtype, shape and byte size (pointers owned
- * by the module).
- *
- * # Safety
- *
- * `m` is a live module handle, `info` writable.
- */
-kiln_status kiln_module_input_info(const kiln_module *m, size_t index, kiln_tensor_info *info);
-
-/**
- * Fills `*info` with output `index`'s name, dtype, shape and byte size.
- *
- * # Safety
- *
- * `m` is a live module handle, `info` writable.
- */
-kiln_status kiln_module_output_info(const kiln_module *m, size_t index, kiln_tensor_info *info);
-
-/**
- * Sets `*index` to the index of the input called `name`; `KILN_STATUS_NOT_FOUND` when
- * there is none.
- *
- * # Safety
- *
- * `m` is a live module handle, `name` NUL-terminated, `index` writable.
- */
-kiln_status kiln_module_input_index(const kiln_module *m, const char *name, size_t *index);
-
-/**
- * Sets `*index` to the index of the output called `name`; `KILN_STATUS_NOT_FOUND` when
- * there is none.
- *
- * # Safety
- *
- * `m` is a live module handle, `name` NUL-terminated, `index` writable.
- */
-kiln_status kiln_module_output_index(const kiln_module *m, const char *name, size_t *index);
-
-/**
- * Sets `*size` to the bytes of arena an instance needs (for
- * `kiln_instance_create_in`).
- *
- * # Safety
- *
- * `m` is a live module handle, `size` writable.
- */
-kiln_status kiln_module_arena_size(const kiln_module *m, size_t *size);
-
-/**
- * Sets `*align` to the alignment (a power of two, at most 4096) an instance's arena
- * needs.
- *
- * # Safety
- *
- * `m` is a live module handle, `align` writable.
- */
-kiln_status kiln_module_arena_align(const kiln_module *m, size_t *align);
 
 #ifdef __cplusplus
 }  // extern "C"

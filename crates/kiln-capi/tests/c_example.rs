@@ -68,11 +68,7 @@ fn build_example(dir: &Path, link: Link) -> PathBuf {
         }
     }
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run the C compiler {cc}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cc} failed on run_model.c ({link:?}):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{cc} failed on run_model.c ({link:?}):\n{}", String::from_utf8_lossy(&out.stderr));
     exe
 }
 
