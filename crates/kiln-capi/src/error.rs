@@ -117,3 +117,39 @@ pub(crate) fn non_null<T>(p: *const T, name: &str) -> Result<(), Error> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn message() -> String {
+        // SAFETY: never NULL, NUL-terminated.
+        unsafe { CStr::from_ptr(kiln_last_error_message()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_its_message() {
+        let s = guard("kiln_test", || -> Result<(), Error> { panic!("boom at {}", 7) });
+        assert_eq!(s, kiln_status::Internal);
+        assert_eq!(message(), "kiln_test: internal error (a bug in kiln, please report it): boom at 7");
+        guard_void("kiln_test_void", || panic!("quiet"));
+        assert_eq!(message(), "kiln_test_void: internal error (a bug in kiln, please report it)");
+    }
+
+    #[test]
+    fn errors_carry_status_and_context_and_successes_keep_the_message() {
+        let s = guard("kiln_test", || Err(Error::arg("bad\0thing").context("here")));
+        assert_eq!(s, kiln_status::InvalidArgument);
+        assert_eq!(message(), "kiln_test: here: bad\u{FFFD}thing");
+        assert_eq!(guard("kiln_ok", || Ok(())), kiln_status::Ok);
+        assert_eq!(message(), "kiln_test: here: bad\u{FFFD}thing");
+        let e = Error::from(RuntimeError::WeightsNotExpected);
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (kiln_status::Weights, "a weights file was given but the module embeds its weights")
+        );
+        assert_eq!(status_of(&RuntimeError::ArenaAlloc { bytes: 1 }), kiln_status::OutOfMemory);
+        assert_eq!(status_of(&RuntimeError::BadMagic), kiln_status::InvalidArtifact);
+    }
+}

@@ -252,6 +252,7 @@ fn loading_without_copies_and_from_files() {
     let s = unsafe { kiln_module_load_file(absent.as_ptr(), null(), &mut m) };
     assert_fails(s, kiln_status::Io, "kiln_module_load_file", "cannot read ");
     assert!(message().contains("absent.kiln"), "{}", message());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -47,14 +47,21 @@ enum Link {
 
 /// Compiles run_model.c into `dir`, linked against the static or the shared library.
 fn build_example(dir: &Path, link: Link) -> PathBuf {
+    build_c(&repo().join("examples/c/run_model.c"), dir, link)
+}
+
+/// Compiles the C program `source` into `dir`, linked against the static or the shared
+/// library.
+fn build_c(source: &Path, dir: &Path, link: Link) -> PathBuf {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let libs = lib_dir();
-    let exe = dir.join(format!("run_model_{link:?}").to_lowercase());
+    let stem = source.file_stem().and_then(|s| s.to_str()).expect("a C file's name");
+    let exe = dir.join(format!("{stem}_{link:?}").to_lowercase());
     let mut cmd = Command::new(&cc);
     cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1"])
         .arg("-I")
         .arg(repo().join("crates/kiln-capi/include"))
-        .arg(repo().join("examples/c/run_model.c"))
+        .arg(source)
         .arg("-o")
         .arg(&exe);
     match link {
@@ -157,6 +164,7 @@ fn example_matches_the_rust_runtime(link: Link) {
         let out = stdout_of(&run(&exe, &[model, "--all", "--input", &spec]));
         assert_close(&printed_values(&out, &output), &want, &format!("{link:?}, --input {spec}"));
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -196,6 +204,7 @@ fn example_finds_weights_beside_the_artifact() {
     std::fs::rename(dir.join("lenet.weights"), &elsewhere).expect("move weights");
     let out = stdout_of(&run(&exe, &[model, "--all", "--weights", elsewhere.to_str().expect("UTF-8")]));
     assert_close(&printed_values(&out, &output), &want, "--weights");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn lenet_signature_with(artifact: &[u8], weights: &[u8]) -> (String, usize, String) {
@@ -241,4 +250,20 @@ fn example_reports_errors_with_status_and_message() {
     let out = run(&exe, &[dir.join("absent.kiln").to_str().expect("UTF-8")]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("KILN_STATUS_IO") && err.contains("absent.kiln"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn error_paths_called_from_c() {
+    let dir = scratch("errors-c");
+    let model = dir.join("lenet.kiln");
+    std::fs::write(&model, &compile_lenet(None).artifact).expect("write artifact");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/errors.c");
+    for link in [Link::Static, Link::Shared] {
+        let exe = build_c(&source, &dir, link);
+        let out = stdout_of(&run(&exe, &[model.to_str().expect("UTF-8")]));
+        let checks = out.lines().filter(|l| l.starts_with("ok ")).count();
+        assert!(out.ends_with("0 failed\n") && checks == 20, "{link:?}: {checks} checks passed:\n{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
