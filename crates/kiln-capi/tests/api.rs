@@ -598,3 +598,27 @@ fn outputs_of_the_example_input_are_plausible_logits() {
     assert!(y.iter().all(|v| v.is_finite()));
     assert!(y.iter().any(|&v| v != y[0]));
 }
+
+#[test]
+fn weights_beside_the_artifact_only_by_a_plain_file_name() {
+    // An artifact that names its weights with a path: loading by file never follows it
+    // out of the artifact's folder (or into a subfolder) on the artifact's word.
+    let c = compile_lenet(Some("sub/lenet.weights"));
+    let w = c.weights.as_deref().expect("weights kept outside");
+    let dir = scratch("api-weights-path");
+    std::fs::create_dir_all(dir.join("sub")).expect("mkdir");
+    std::fs::write(dir.join("sub/lenet.weights"), w).expect("write weights");
+    std::fs::write(dir.join("lenet.kiln"), &c.artifact).expect("write artifact");
+    let p = CString::new(dir.join("lenet.kiln").to_str().expect("UTF-8")).expect("path");
+    let mut m = null_mut();
+    // SAFETY: NUL-terminated path, writable out-pointer.
+    let s = unsafe { kiln_module_load_file(p.as_ptr(), null(), &mut m) };
+    assert_fails(s, kiln_status::Weights, "kiln_module_load_file", "sub/lenet.weights");
+    assert!(m.is_null());
+    // Named by the caller, the same file loads.
+    let wp = CString::new(dir.join("sub/lenet.weights").to_str().expect("UTF-8")).expect("path");
+    // SAFETY: as above.
+    ok(unsafe { kiln_module_load_file(p.as_ptr(), wp.as_ptr(), &mut m) });
+    unsafe { kiln_module_free(m) };
+    let _ = std::fs::remove_dir_all(&dir);
+}
