@@ -622,3 +622,38 @@ fn weights_beside_the_artifact_only_by_a_plain_file_name() {
     unsafe { kiln_module_free(m) };
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn one_module_serves_instances_on_several_threads() {
+    /// The module handle, shared: the API documents a module as usable from any thread.
+    struct Shared(*const kiln_module);
+    // SAFETY: what is tested here: a module is immutable and its handle thread-safe.
+    unsafe impl Sync for Shared {}
+    let m = load(&lenet().artifact, None);
+    let shared = Shared(m);
+    let want = want();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let (shared, want) = (&shared, &want);
+                s.spawn(move || {
+                    let x = input_bytes();
+                    let inst = instance(shared.0, 1 + t % 2);
+                    for _ in 0..20 {
+                        // SAFETY: this thread's own instance; `x` outlives the call.
+                        ok(unsafe { kiln_instance_set_input(inst, 0, x.as_ptr().cast(), x.len()) });
+                        ok(unsafe { kiln_instance_invoke(inst) });
+                        assert_eq!(output(inst, 0), &want[..], "thread {t}");
+                    }
+                    // SAFETY: a live handle, freed once.
+                    unsafe { kiln_instance_free(inst) };
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("worker");
+        }
+    });
+    // SAFETY: a live handle, freed once (every instance is gone).
+    unsafe { kiln_module_free(m) };
+}

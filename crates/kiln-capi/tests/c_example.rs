@@ -47,21 +47,36 @@ enum Link {
 
 /// Compiles run_model.c into `dir`, linked against the static or the shared library.
 fn build_example(dir: &Path, link: Link) -> PathBuf {
-    build_c(&repo().join("examples/c/run_model.c"), dir, link)
+    build_c(&repo().join("examples/c/run_model.c"), dir, link, Lang::C11)
 }
 
-/// Compiles the C program `source` into `dir`, linked against the static or the shared
-/// library.
-fn build_c(source: &Path, dir: &Path, link: Link) -> PathBuf {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+/// The language a source is compiled as.
+#[derive(Clone, Copy, Debug)]
+enum Lang {
+    C99,
+    C11,
+    /// C++17, with `$CXX` (else `c++`).
+    Cxx,
+}
+
+/// Compiles the C program `source` as `lang` into `dir`, linked against the static or
+/// the shared library.
+fn build_c(source: &Path, dir: &Path, link: Link, lang: Lang) -> PathBuf {
+    let (var, default, std, x) = match lang {
+        Lang::C99 => ("CC", "cc", "-std=c99", "c"),
+        Lang::C11 => ("CC", "cc", "-std=c11", "c"),
+        Lang::Cxx => ("CXX", "c++", "-std=c++17", "c++"),
+    };
+    let cc = std::env::var(var).unwrap_or_else(|_| default.to_string());
     let libs = lib_dir();
     let stem = source.file_stem().and_then(|s| s.to_str()).expect("a C file's name");
-    let exe = dir.join(format!("{stem}_{link:?}").to_lowercase());
+    let exe = dir.join(format!("{stem}_{link:?}_{lang:?}").to_lowercase());
     let mut cmd = Command::new(&cc);
-    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1"])
+    cmd.args([std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1", "-x", x])
         .arg("-I")
         .arg(repo().join("crates/kiln-capi/include"))
         .arg(source)
+        .args(["-x", "none"])
         .arg("-o")
         .arg(&exe);
     match link {
@@ -253,17 +268,18 @@ fn example_reports_errors_with_status_and_message() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Also the header's check in C99 and in C++ (its `extern "C"` block and typed enums).
 #[test]
 fn error_paths_called_from_c() {
     let dir = scratch("errors-c");
     let model = dir.join("lenet.kiln");
     std::fs::write(&model, &compile_lenet(None).artifact).expect("write artifact");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/errors.c");
-    for link in [Link::Static, Link::Shared] {
-        let exe = build_c(&source, &dir, link);
+    for (link, lang) in [(Link::Static, Lang::C99), (Link::Shared, Lang::C99), (Link::Shared, Lang::Cxx)] {
+        let exe = build_c(&source, &dir, link, lang);
         let out = stdout_of(&run(&exe, &[model.to_str().expect("UTF-8")]));
         let checks = out.lines().filter(|l| l.starts_with("ok ")).count();
-        assert!(out.ends_with("0 failed\n") && checks == 20, "{link:?}: {checks} checks passed:\n{out}");
+        assert!(out.ends_with("0 failed\n") && checks == 20, "{link:?}, {lang:?}: {checks} checks passed:\n{out}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

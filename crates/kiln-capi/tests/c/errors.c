@@ -2,6 +2,7 @@
  * The C API's error paths, called from C: NULL arguments, a truncated artifact, a
  * wrong input size. Prints one line per check, "ok NAME" or "FAIL NAME: ...", and
  * exits 1 if any failed. Usage: errors MODEL.kiln (a valid artifact, read from disk).
+ * Valid C99 and C++: the test compiles it as both, which checks kiln.h in both.
  */
 #include <kiln.h>
 
@@ -29,7 +30,7 @@ int main(int argc, char **argv) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    unsigned char *bytes = malloc((size_t)n);
+    unsigned char *bytes = (unsigned char *)malloc((size_t)n);
     if (!bytes || fread(bytes, 1, (size_t)n, f) != (size_t)n) return 2;
     fclose(f);
 
@@ -68,7 +69,7 @@ int main(int argc, char **argv) {
     expect("create", kiln_instance_create(m, 1, &inst), KILN_STATUS_OK, NULL);
     expect("set_input NULL data", kiln_instance_set_input(inst, 0, NULL, info.byte_size),
            KILN_STATUS_INVALID_ARGUMENT, "`data` is NULL");
-    float *x = calloc(info.byte_size / 4 + 1, 4);
+    float *x = (float *)calloc(info.byte_size / 4 + 1, 4);
     if (!x) return 2;
     expect("set_input wrong size", kiln_instance_set_input(inst, 0, x, info.byte_size + 4),
            KILN_STATUS_INVALID_ARGUMENT, "must be");
