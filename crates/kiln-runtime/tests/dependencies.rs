@@ -1,6 +1,6 @@
-//! The runtime side links no compiler code: kiln-module, kiln-runtime and kiln-runner
-//! depend (outside their dev-dependencies) on no kiln crate but each other, and on no
-//! crate beyond a short, deliberate list. The manifests are read as text: a dependency
+//! The runtime side links no compiler code: kiln-module, kiln-runtime, kiln-runner and
+//! kiln-capi depend (outside their dev-dependencies) on no kiln crate but each other, and
+//! on no crate beyond a short, deliberate list. The manifests are read as text: a dependency
 //! is a `name = ...` or `name.workspace = true` line inside `[dependencies]`.
 
 use std::path::Path;
@@ -40,6 +40,7 @@ fn runtime_side_links_no_compiler_crate() {
         ("kiln-module", &["crc32fast"]),
         ("kiln-runtime", &["kiln-module", "libm", "libc"]),
         ("kiln-runner", &["kiln-module", "kiln-runtime"]),
+        ("kiln-capi", &["kiln-module", "kiln-runtime"]),
     ];
     for (krate, ok) in allowed {
         for d in dependencies(krate) {
