@@ -47,12 +47,7 @@ fn packed(k: &Kernel, inputs: &[&Tensor], cfg: &Config) -> Option<(Kernel, Vec<T
     let mut p = FlowProgram {
         name: "p".into(),
         buffers,
-        dispatches: vec![Dispatch {
-            kernel: k.clone(),
-            operands: (0..n).map(BufferId).collect(),
-            result: BufferId(n),
-            sources: vec![],
-        }],
+        dispatches: vec![Dispatch::new(k.clone(), (0..n).map(BufferId).collect(), BufferId(n), vec![])],
         inputs: vec![],
         outputs: vec![BufferId(n)],
     };

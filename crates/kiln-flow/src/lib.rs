@@ -10,6 +10,8 @@
 //! (`kiln-codegen`) consume kernels; [`interp`] is their executable specification.
 #![deny(missing_docs)]
 
+pub mod affine;
+pub mod class;
 pub mod contraction;
 pub mod fuse;
 pub mod interp;
