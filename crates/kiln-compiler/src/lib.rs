@@ -130,7 +130,7 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     let codegen = if opts.size { kiln_codegen::cpu::Options::size() } else { kiln_codegen::cpu::Options::default() };
     let t = Instant::now();
     let packing = kiln_codegen::Packing::new(&opts.target, &codegen).map_err(|e| CompileError::Codegen(e.to_string()))?;
-    if kiln_flow::layout::pack_constants(&mut flow, &|k| packing.widths(k)) > 0 {
+    if kiln_flow::layout::pack_constants(&mut flow, &|k, class| packing.widths(k, class)) > 0 {
         flow.remove_dead();
     }
     phases.push(("weight packing", t.elapsed()));
@@ -138,7 +138,8 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
     let plan = stream::schedule(&flow)?;
     phases.push(("schedule", t.elapsed()));
     let t = Instant::now();
-    let kernels: Vec<&kiln_flow::Kernel> = flow.dispatches.iter().map(|d| &d.kernel).collect();
+    let kernels: Vec<(&kiln_flow::Kernel, kiln_flow::class::KernelClass)> =
+        flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
     let cpu = kiln_codegen::cpu::compile_with(&kernels, &opts.target, &codegen)
         .map_err(|e| CompileError::Codegen(e.to_string()))?;
     phases.push(("codegen", t.elapsed()));
