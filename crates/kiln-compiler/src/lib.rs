@@ -118,6 +118,20 @@ pub fn tensor_passes(graph: &Graph, opts: &Options) -> Result<Graph, CompileErro
     Ok(g)
 }
 
+/// The artifact's record of a flow kernel class.
+fn artifact_class(c: kiln_flow::class::KernelClass) -> kiln_module::program::KernelClass {
+    use kiln_flow::class::KernelClass as F;
+    use kiln_module::program::KernelClass as M;
+    match c {
+        F::Contraction => M::Contraction,
+        F::Window => M::Window,
+        F::Rows => M::Rows,
+        F::Movement => M::Movement,
+        F::Elementwise => M::Elementwise,
+        F::General => M::General,
+    }
+}
+
 /// Compiles `graph` into a `.kiln` artifact.
 pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> {
     let mut phases = Vec::new();
@@ -157,6 +171,7 @@ pub fn compile(graph: &Graph, opts: &Options) -> Result<Compiled, CompileError> 
         .map(|(i, d)| Kernel {
             name: d.kernel.name.clone(),
             variants: vec![Variant { executable: 0, entry: i as u32, features: 0 }],
+            class: artifact_class(d.class),
         })
         .collect();
     let (constants, weights) = match &opts.external_weights {
