@@ -27,7 +27,8 @@
 //!    their epilogues.
 //! 5. [`KernelClass::Elementwise`]: no reduction; each output element is computed from
 //!    input elements at positions its output index alone determines (the same index,
-//!    a broadcast, or any other index map, such as a fused transpose).
+//!    a broadcast, or any other index map, such as a fused transpose); a kernel that
+//!    reads no input at all (a fill, a range) is elementwise too.
 //! 6. [`KernelClass::General`]: anything else — reductions that are none of the above
 //!    (a cumulative sum, a reduction across a non-innermost axis, a product of two
 //!    reductions' variables), and every kernel whose load indices depend on loaded data
@@ -61,8 +62,7 @@ pub enum KernelClass {
 }
 
 impl KernelClass {
-    /// Every class, in the order of the module docs' table of contents in
-    /// [`KernelClass`] (listing order).
+    /// Every class, in listing order (the order of the enum).
     pub const ALL: [KernelClass; 6] = [
         KernelClass::Contraction,
         KernelClass::Window,
