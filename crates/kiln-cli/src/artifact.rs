@@ -244,12 +244,39 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
         }
         let micro = c.codegen_notes.iter().filter(|n| n.starts_with("contraction")).count();
         eprintln!("  {micro} of {} dispatches are contraction microkernels", c.codegen_notes.len());
+        eprintln!("  {}", class_summary(&c.flow, &c.codegen_notes));
         for (d, note) in c.flow.dispatches.iter().zip(&c.codegen_notes) {
             let work = kiln_flow::fuse::work(&d.kernel);
-            eprintln!("  {:<10} {work:>12.0} {note}  [{}]", d.kernel.name, d.sources.join(" + "));
+            eprintln!(
+                "  {:<10} {work:>12.0} {:<11} {note}  [{}]",
+                d.kernel.name,
+                d.class.name(),
+                d.sources.join(" + ")
+            );
         }
     }
     Ok(())
+}
+
+/// `classes: N contraction (M microkernel), …`: dispatches per kernel class, and how many
+/// of each took their class's microkernel; the rest took the general path (a note that
+/// starts with `general`), and those of a class other than general are fallbacks.
+fn class_summary(flow: &kiln_flow::program::FlowProgram, notes: &[String]) -> String {
+    use kiln_flow::class::KernelClass;
+    let general = |i: usize| notes.get(i).is_none_or(|n| n.starts_with("general"));
+    let mut parts = Vec::new();
+    let mut fallbacks = 0;
+    for class in KernelClass::ALL {
+        let of: Vec<usize> = (0..flow.dispatches.len()).filter(|&i| flow.dispatches[i].class == class).collect();
+        let micro = of.iter().filter(|&&i| !general(i)).count();
+        if class == KernelClass::General {
+            parts.push(format!("{} general", of.len()));
+        } else {
+            fallbacks += of.len() - micro;
+            parts.push(format!("{} {} ({micro} microkernel)", of.len(), class.name()));
+        }
+    }
+    format!("classes: {}; {fallbacks} fell back to the general path", parts.join(", "))
 }
 
 /// Reads an artifact (or compiles a model) and its weights.
@@ -734,8 +761,9 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 .iter()
                 .map(|c| match c {
                     Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
-                        "{{\"op\":\"dispatch\",\"kernel\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
+                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
+                        json_str(p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name())),
                         bindings.iter().map(|b| format!("{}:{}", json_str(&slot_name(b)), b.length)).map(|x| format!("{{{x}}}")).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
@@ -810,6 +838,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             match c {
                 Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
                     let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
+                    let class = p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name());
                     let b: Vec<String> = bindings.iter().map(|b| format!("{}:{}", slot_name(b), b.length)).collect();
                     let src = p
                         .debug
@@ -818,8 +847,11 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         .map(|s| format!("  // {s}"))
                         .unwrap_or_default();
                     let est = if *work_ns == 0 { String::new() } else { format!(" ~{:.1}us", *work_ns as f64 / 1e3) };
-                    let _ =
-                        writeln!(s, "  {i:>4} w{wave:<3} dispatch {name} x{workgroups}{est} [{}]{src}", b.join(", "));
+                    let _ = writeln!(
+                        s,
+                        "  {i:>4} w{wave:<3} dispatch {name} ({class}) x{workgroups}{est} [{}]{src}",
+                        b.join(", ")
+                    );
                 }
                 Command::Barrier => {
                     wave += 1;

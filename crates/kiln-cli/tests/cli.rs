@@ -336,3 +336,56 @@ fn wrong_inputs_are_refused_with_names() {
     let (ok, _, err) = kiln(&["run", s(&broken)]);
     assert!(!ok && !err.contains("panicked") && err.starts_with("error: "), "{err}");
 }
+
+/// `compile --timings` names each dispatch's kernel class with its codegen note and sums
+/// them up by class and path; `inspect` (text and JSON) reads the same class back from
+/// the artifact's kernel table.
+#[test]
+fn kernel_classes_in_timings_and_inspect() {
+    const CLASSES: [&str; 6] = ["contraction", "window", "rows", "movement", "elementwise", "general"];
+    let dir = scratch("classes");
+    let art = dir.join("lenet.kiln");
+    let (done, _, err) = kiln(&["compile", LENET, "-o", s(&art), "--target-cpu", "x86-64-v4", "--timings"]);
+    assert!(done, "compile failed: {err}");
+    // One line per dispatch: kernel, work, class, note.
+    let mut timed: Vec<(String, String, String)> = Vec::new();
+    for line in err.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() > 3 && w[0] != "classes:" && w[1].parse::<f64>().is_ok() && CLASSES.contains(&w[2]) {
+            timed.push((w[0].to_string(), w[2].to_string(), w[3..].join(" ")));
+        }
+    }
+    let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
+    let dispatched: Vec<(String, String)> = json["entries"][0]["commands"]
+        .as_array()
+        .expect("commands")
+        .iter()
+        .filter(|c| c["op"] == "dispatch")
+        .map(|c| (c["kernel"].as_str().unwrap().to_string(), c["class"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(timed.len(), dispatched.len(), "{err}");
+    for (kernel, class) in &dispatched {
+        let t = timed.iter().find(|t| &t.0 == kernel).unwrap_or_else(|| panic!("{kernel} not in --timings: {err}"));
+        assert_eq!(&t.1, class, "{kernel}: --timings and the artifact disagree");
+    }
+    // LeNet's convolutions and fully connected layers are contractions, and at v4 they
+    // take the microkernel.
+    let contractions: Vec<_> = timed.iter().filter(|t| t.1 == "contraction").collect();
+    assert!(contractions.len() >= 3, "{err}");
+    assert!(contractions.iter().all(|t| t.2.starts_with("contraction microkernel")), "{err}");
+    // The summary counts them all, by class and by path.
+    let summary = err.lines().find_map(|l| l.trim().strip_prefix("classes: ")).unwrap_or_else(|| panic!("{err}"));
+    let count = |c: &str| timed.iter().filter(|t| t.1 == c).count();
+    let micro = |c: &str| timed.iter().filter(|t| t.1 == c && !t.2.starts_with("general")).count();
+    assert!(
+        summary.contains(&format!("{} contraction ({} microkernel)", count("contraction"), micro("contraction"))),
+        "{summary}"
+    );
+    assert!(summary.contains(&format!("{} window ({} microkernel)", count("window"), micro("window"))), "{summary}");
+    assert!(summary.contains(&format!(", {} general;", count("general"))), "{summary}");
+    // The text listing carries the class after the kernel's name.
+    let text = ok(&["inspect", s(&art)]);
+    for (kernel, class) in &dispatched {
+        assert!(text.contains(&format!("dispatch {kernel} ({class}) x")), "{kernel} ({class}) not in: {text}");
+    }
+}

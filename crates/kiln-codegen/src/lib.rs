@@ -5,7 +5,7 @@
 
 pub mod cpu;
 
-pub use cpu::{compile, compile_with, CpuModule, CpuTarget, Options, Packing};
+pub use cpu::{classify, compile, compile_with, CpuModule, CpuTarget, Options, Packing};
 
 /// Why kernels could not be compiled.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -6,7 +6,7 @@ mod common;
 use std::time::Instant;
 
 use common::random_f32;
-use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{Kernel, KernelBuilder, ReduceOp, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
@@ -17,7 +17,7 @@ fn tt(d: DType, dims: &[usize]) -> TensorType {
 }
 
 fn time(k: &Kernel, inputs: &[&Tensor], opts: &Options) -> f64 {
-    let m = compile_with(&[k], &CpuTarget::Host, opts).unwrap();
+    let m = compile_with(&classify(&[k]), &CpuTarget::Host, opts).unwrap();
     let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
     let entry = code.entry(m.executable.entries[0].1).unwrap();
     let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|t| t.bytes().to_vec()).collect();

@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{compile_with, CpuTarget, Options, Packing};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options, Packing};
 use kiln_flow::layout::pack_constants;
 use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
 use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
@@ -47,17 +47,12 @@ fn packed(k: &Kernel, inputs: &[&Tensor], cfg: &Config) -> Option<(Kernel, Vec<T
     let mut p = FlowProgram {
         name: "p".into(),
         buffers,
-        dispatches: vec![Dispatch {
-            kernel: k.clone(),
-            operands: (0..n).map(BufferId).collect(),
-            result: BufferId(n),
-            sources: vec![],
-        }],
+        dispatches: vec![Dispatch::new(k.clone(), (0..n).map(BufferId).collect(), BufferId(n), vec![])],
         inputs: vec![],
         outputs: vec![BufferId(n)],
     };
     let packing = Packing::new(&cfg.target, &cfg.options).unwrap();
-    if pack_constants(&mut p, &|k| packing.widths(k)) == 0 {
+    if pack_constants(&mut p, &|k, c| packing.widths(k, c)) == 0 {
         return None;
     }
     let d = &p.dispatches[0];
@@ -89,7 +84,7 @@ fn check_micro(k: &Kernel, inputs: &[&Tensor], kk: usize) {
             runs.push((pk, pin.iter().collect(), " (packed)"));
         }
         for (k, inputs, how) in runs {
-            let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap();
+            let m = compile_with(&classify(&[k]), &cfg.target, &cfg.options).unwrap();
             // (Depthwise convolutions of at most 9 taps take `cpu::depthwise`, tested in
             // `tests/depthwise.rs`; they are checked here the same way.)
             let taken = m.notes[0].starts_with("contraction") || m.notes[0].starts_with("depthwise");
@@ -163,14 +158,14 @@ fn wide_tiles_where_the_target_has_them() {
     }
     let wide = |m, k, n| {
         let kern = matmul(&[], m, k, n, false, false);
-        compile_with(&[&kern], &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone()
+        compile_with(&classify(&[&kern]), &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone()
     };
     assert_eq!(wide(13, 70, 130), "contraction microkernel (avx-512)");
     assert_eq!(wide(6, 1024, 1024), "contraction microkernel (avx-512)");
     assert_eq!(wide(13, 70, 40), "contraction microkernel (avx-512)");
     assert_eq!(wide(13, 70, 15), "contraction microkernel (avx2+fma)");
     let kern = matmul(&[], 13, 70, 130, false, false);
-    let v3 = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    let v3 = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
     assert_eq!(v3.notes[0], "contraction microkernel (avx2+fma)");
 }
 
@@ -355,7 +350,7 @@ fn transcendental_epilogues() {
                 runs.extend(packed);
                 for (kern, ins) in &runs {
                 let refs: Vec<&Tensor> = ins.iter().collect();
-                let module = compile_with(&[kern], &cfg.target, &cfg.options).unwrap();
+                let module = compile_with(&classify(&[kern]), &cfg.target, &cfg.options).unwrap();
                 assert!(module.notes[0].starts_with("contraction"), "{which}: {}", module.notes[0]);
                 // Full 64-column tiles: from 64 columns on, past one row (a single row
                 // takes the one-row tiles), B not packed in narrower panels.
@@ -398,7 +393,7 @@ fn fused_epilogues() {
                 // relative tolerance instead of the sum bound.
                 let want = interp::run(&kern, &refs).unwrap();
                 for cfg in variants() {
-                    let m = compile_with(&[&kern], &cfg.target, &cfg.options).unwrap();
+                    let m = compile_with(&classify(&[&kern]), &cfg.target, &cfg.options).unwrap();
                     assert!(m.notes[0].starts_with("contraction"), "{}", m.notes[0]);
                     let got = run_compiled(&kern, &refs, &cfg, 3);
                     compare(&got, &want, Cmp { zero_sign: true, rtol: 1e-5 * k as f64 }).unwrap();
@@ -438,7 +433,7 @@ fn nan_propagates_through_relu_and_max() {
 fn general_path_without_avx2_or_when_refused() {
     // Without AVX2 the same kernel compiles through Cranelift.
     let k = matmul(&[], 5, 7, 9, false, false);
-    let m = compile_with(&[&k], &CpuTarget::X86_64V2, &Options::default()).unwrap();
+    let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V2, &Options::default()).unwrap();
     assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
     // An epilogue with a transcendental the microkernels have no inline form of.
     let mut b = KernelBuilder::new("mm_tanh", vec![tt(&[2, 3]), tt(&[3, 4])], tt(&[2, 4]));
@@ -451,7 +446,7 @@ fn general_path_without_avx2_or_when_refused() {
     let s = b.reduce(ReduceOp::Sum, vec![kv], p);
     let e = b.unary(UnaryOp::Tanh, s);
     let k = b.finish(e).unwrap();
-    let m = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
     assert!(m.notes[0].starts_with("general (an epilogue operation"), "{}", m.notes[0]);
     let a = random_f32(&[2, 3], 1.0, 1);
     let bb = random_f32(&[3, 4], 1.0, 2);
@@ -609,7 +604,7 @@ fn convolutions_and_depthwise() {
             check_micro(&k, &[&x, &wt, &bias], kk);
             if !depthwise && (w - kw) / s + 1 >= 64 && std::is_x86_feature_detected!("avx512f") {
                 // Output rows of 64 columns or more take 512-bit tiles at either stride.
-                let note = compile_with(&[&k], &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone();
+                let note = compile_with(&classify(&[&k]), &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone();
                 assert_eq!(note, "contraction microkernel (avx-512; epilogue on 16 lanes)", "{ci}×{h}×{w} stride {s}");
             }
         }
@@ -632,7 +627,7 @@ fn wider_strides_take_the_general_path() {
         let refs: Vec<&Tensor> = ins.iter().collect();
         let want = interp::run(&k, &refs).unwrap();
         for cfg in variants() {
-            let m = compile_with(&[&k], &cfg.target, &cfg.options).unwrap();
+            let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
             assert_eq!(m.notes[0], format!("general (B steps {s} elements a column (1 or 2 here))"));
             assert_eq!(run_compiled(&k, &refs, &cfg, 1), want, "stride {s}");
         }
@@ -652,7 +647,7 @@ fn column_chunks() {
         let a = random_f32(&[m, k], 1.0, 41);
         let b = random_f32(&[k, n], 1.0, 42);
         let kern = matmul(&[], m, k, n, false, false);
-        let compiled = compile_with(&[&kern], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
         assert!(compiled.workgroups[0] >= 3, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
         check_micro(&kern, &[&a, &b], k);
         let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
@@ -667,7 +662,7 @@ fn column_chunks() {
 fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
     for cfg in variants() {
         let (pk, _) = packed(k, inputs, &cfg).expect("operands packed");
-        let m = compile_with(&[&pk], &cfg.target, &cfg.options).unwrap();
+        let m = compile_with(&classify(&[&pk]), &cfg.target, &cfg.options).unwrap();
         assert!(m.notes[0].contains("channel vectors"), "{} {:?}: {}", k.name, cfg.target, m.notes[0]);
     }
 }

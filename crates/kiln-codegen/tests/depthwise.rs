@@ -18,7 +18,7 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{interp, BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
@@ -174,7 +174,7 @@ fn check(k: &Kernel, ins: &[Tensor], units: f32) {
     let absin: Vec<Tensor> = ins.iter().map(abs).collect();
     let bound = interp::run(k, &absin.iter().collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap();
     for cfg in targets() {
-        let m = compile_with(&[k], &cfg.target, &Options::default()).unwrap();
+        let m = compile_with(&classify(&[k]), &cfg.target, &Options::default()).unwrap();
         assert!(m.notes[0].starts_with("depthwise"), "{} {:?}: {}", k.name, cfg.target, m.notes[0]);
         for splits in [1, 3] {
             let got = run_compiled(k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
@@ -207,14 +207,14 @@ fn border_taps_under_opmasks() {
     for (w, stride) in [(14, [1, 1]), (7, [1, 1]), (28, [2, 2]), (9, [1, 2])] {
         let g = Geo { n: 1, c: 3, h: 6, w, win: [3, 3], stride, dil: [1, 1], pad: [1, 1, 1, 1] };
         let k = depthwise(g, "bias_relu6");
-        let m = compile_with(&[&k], &CpuTarget::X86_64V4, &Options::default()).unwrap();
+        let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V4, &Options::default()).unwrap();
         assert_eq!(m.notes[0], "depthwise window (avx2+fma, avx-512 border masks)", "{g:?}");
-        let v3 = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        let v3 = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
         assert_eq!(v3.notes[0], "depthwise window (avx2+fma)", "{g:?}");
     }
     // A max pool's border loads: merged under the mask into −∞.
     let g = Geo { n: 1, c: 3, h: 12, w: 17, win: [3, 3], stride: [1, 1], dil: [1, 1], pad: [1, 1, 1, 1] };
-    let m = compile_with(&[&max_pool(g, "none")], &CpuTarget::X86_64V4, &Options::default()).unwrap();
+    let m = compile_with(&classify(&[&max_pool(g, "none")]), &CpuTarget::X86_64V4, &Options::default()).unwrap();
     assert_eq!(m.notes[0], "max pool window (avx2, avx-512 border masks)", "{g:?}");
 }
 
@@ -279,7 +279,7 @@ fn max_pools_match_the_interpreter() {
                 }
                 for epilogue in ["none", "bias_relu6", "bias_hardswish", "scale_clip"] {
                     let k = max_pool(g, epilogue);
-                    let m = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+                    let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
                     assert_eq!(m.notes[0], "max pool window (avx2)", "{g:?}");
                     // NaN here and there (ignored), and all of plane 1 NaN (every window
                     // empty: −∞, then the epilogue).
@@ -354,7 +354,7 @@ fn nan_passes_the_clamps() {
 fn other_forms_take_another_path() {
     let g = Geo { n: 1, c: 2, h: 9, w: 9, win: [5, 5], stride: [1, 1], dil: [1, 1], pad: [2, 2, 2, 2] };
     let k = depthwise(g, "bias_relu6");
-    let m = compile_with(&[&k], &CpuTarget::X86_64V3, &Options::default()).unwrap();
+    let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
     assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
     let ins = inputs(g, 5);
     let refs: Vec<&Tensor> = ins.iter().collect();
@@ -415,7 +415,7 @@ fn average_pools_are_windows_with_the_interpreters_bits() {
             let want = interp::run(&k, &[&x]).unwrap();
             let padded = pads.iter().any(|&p| p > 0);
             for cfg in targets() {
-                let m = compile_with(&[&k], &cfg.target, &Options::default()).unwrap();
+                let m = compile_with(&classify(&[&k]), &cfg.target, &Options::default()).unwrap();
                 assert!(m.notes[0].starts_with("average pool window"), "{dims:?} {pads:?} {cfg:?}: {}", m.notes[0]);
                 for splits in [1, 3] {
                     let got = run_compiled(&k, &[&x], &cfg, splits);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use common::*;
-use kiln_codegen::cpu::{clif_text, compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{classify, clif_text, compile_with, CpuTarget, Options};
 use kiln_flow::lower::broadcast_index;
 use kiln_flow::{BinaryOp, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, TensorType};
@@ -72,7 +72,7 @@ fn workgroup_ranges() {
     let k = broadcast_add("rows", &[7, 2, 5], &[5]);
     let x = random_f32(&[7, 2, 5], 1.0, 1);
     let y = random_f32(&[5], 1.0, 2);
-    let m = compile_with(&[&k], &CpuTarget::Host, &VEC).unwrap();
+    let m = compile_with(&classify(&[&k]), &CpuTarget::Host, &VEC).unwrap();
     assert_eq!(m.workgroups, vec![14]);
     let want = kiln_flow::interp::run(&k, &[&x, &y]).unwrap();
     for cfg in quick_configs() {
@@ -306,7 +306,7 @@ fn loop_invariant_reductions_run_once_per_row() {
     table[Helper::CoshF32 as usize] =
         unsafe { std::mem::transmute::<extern "C" fn(f32) -> f32, HelperFn>(counting_cosh) };
     for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }, VEC, Options::default()] {
-        let m = compile_with(&[&k], &CpuTarget::Host, &opts).unwrap();
+        let m = compile_with(&classify(&[&k]), &CpuTarget::Host, &opts).unwrap();
         let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
         let entry = code.entry(m.executable.entries[0].1).unwrap();
         let mut xin = x.bytes().to_vec();
@@ -346,7 +346,7 @@ fn shared_nodes_evaluated_once() {
     table[Helper::TanhF32 as usize] =
         unsafe { std::mem::transmute::<extern "C" fn(f32) -> f32, HelperFn>(counting_tanh) };
     for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }, VEC] {
-        let m = compile_with(&[&k], &CpuTarget::Host, &opts).unwrap();
+        let m = compile_with(&classify(&[&k]), &CpuTarget::Host, &opts).unwrap();
         let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
         let entry = code.entry(m.executable.entries[0].1).unwrap();
         let xin = random_f32(&[6], 1.0, 3);
@@ -390,7 +390,7 @@ fn one_executable_many_kernels_and_compile_time() {
         chain,
     ];
     let refs: Vec<&Kernel> = kernels.iter().collect();
-    let m = compile_with(&refs, &CpuTarget::Host, &Options::default()).unwrap();
+    let m = compile_with(&classify(&refs), &CpuTarget::Host, &Options::default()).unwrap();
     let names: Vec<&str> = m.executable.entries.iter().map(|e| e.0.as_str()).collect();
     assert_eq!(names, ["softmax", "layernorm", "matmul", "add4d", "chain150"]);
     // The matmul is a contraction microkernel where the host has AVX2+FMA: one
@@ -407,10 +407,10 @@ fn one_executable_many_kernels_and_compile_time() {
         let t = Instant::now();
         let reps = 5;
         for _ in 0..reps {
-            compile_with(&[k], &CpuTarget::Host, &Options::default()).unwrap();
+            compile_with(&classify(&[k]), &CpuTarget::Host, &Options::default()).unwrap();
         }
         let per = t.elapsed() / reps;
-        let one = compile_with(&[k], &CpuTarget::Host, &Options::default()).unwrap();
+        let one = compile_with(&classify(&[k]), &CpuTarget::Host, &Options::default()).unwrap();
         println!(
             "compile time {:>10}: {:>8.2?} ({nodes} nodes, {} bytes of code)",
             k.name,
@@ -419,7 +419,7 @@ fn one_executable_many_kernels_and_compile_time() {
         );
     }
     // Duplicate names are refused.
-    let e = compile_with(&[&kernels[0], &kernels[0]], &CpuTarget::Host, &Options::default()).unwrap_err();
+    let e = compile_with(&classify(&[&kernels[0], &kernels[0]]), &CpuTarget::Host, &Options::default()).unwrap_err();
     assert!(matches!(e, kiln_codegen::CodegenError::Unsupported { .. }));
 }
 
@@ -428,7 +428,7 @@ fn one_executable_many_kernels_and_compile_time() {
 fn features_per_target() {
     use kiln_module::program::CpuFeature as F;
     let k = broadcast_add("f", &[4], &[4]);
-    let feats = |t| compile_with(&[&k], &t, &Options::default()).unwrap().executable.features;
+    let feats = |t| compile_with(&classify(&[&k]), &t, &Options::default()).unwrap().executable.features;
     assert_eq!(feats(CpuTarget::X86_64), F::Sse2.bit());
     let v2 = feats(CpuTarget::X86_64V2);
     assert!(v2 & F::Sse41.bit() != 0 && v2 & F::Sse42.bit() != 0 && v2 & F::Avx.bit() == 0);

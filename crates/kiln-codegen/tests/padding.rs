@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{Bounds, ExprId, Kernel, KernelBuilder};
 use kiln_ir::{DType, Shape, TensorType};
 
@@ -54,7 +54,7 @@ fn paddings_match_the_interpreter() {
     ];
     for (i, (inp, out, shift, value)) in cases.into_iter().enumerate() {
         let k = padding(&inp, &out, &shift, value);
-        let m = compile_with(&[&k], &CpuTarget::Host, &Options::default()).unwrap();
+        let m = compile_with(&classify(&[&k]), &CpuTarget::Host, &Options::default()).unwrap();
         assert!(m.notes[0].starts_with("padding copy"), "case {i}: {}", m.notes[0]);
         let x = random_f32(&inp, 3.0, i as u64);
         check_with(&k, &[&x], EXACT, &[Config { target: CpuTarget::Host, options: Options::default() }]);
@@ -107,7 +107,7 @@ fn affine_copies_match_the_interpreter() {
         let last: i64 = c + dims.iter().zip(&coef).map(|(&d, &k)| (d as i64 - 1) * k).sum::<i64>();
         let in_len = last as usize + 1;
         let k = copy(in_len, &dims, &coef, c);
-        let m = compile_with(&[&k], &cfg.target, &cfg.options).unwrap();
+        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
         assert_eq!(m.notes[0], "affine copy (avx)", "{dims:?}");
         let x = random_f32(&[in_len], 1.0, in_len as u64);
         let want = kiln_flow::interp::run(&k, &[&x]).unwrap();

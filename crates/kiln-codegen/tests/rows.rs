@@ -16,7 +16,7 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{interp, BinaryOp, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
@@ -169,7 +169,7 @@ fn run_all(k: &Kernel, ins: &[Tensor], target: (CpuTarget, &str)) -> (Vec<f32>, 
 /// workgroup ranges, and returns the interpreter's result, the compiled ones and the
 /// kernel's note.
 fn run_noted(k: &Kernel, ins: &[Tensor], target: CpuTarget) -> (Vec<f32>, Vec<Vec<f32>>, String) {
-    let m = compile_with(&[k], &target, &Options::default()).unwrap();
+    let m = compile_with(&classify(&[k]), &target, &Options::default()).unwrap();
     let note = m.notes[0].clone();
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want = interp::run(k, &refs).unwrap().to_vec::<f32>().unwrap();
@@ -279,9 +279,9 @@ fn exact_division_without_reassociation() {
     // division stays a division.
     let exact = Options { reassociate: false, ..Options::default() };
     for (target, kind) in widths() {
-        let m = compile_with(&[&softmax(3, 37)], &target, &exact).unwrap();
+        let m = compile_with(&classify(&[&softmax(3, 37)]), &target, &exact).unwrap();
         assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
-        let m = compile_with(&[&elementwise("sigmoid", 3, 37)], &target, &exact).unwrap();
+        let m = compile_with(&classify(&[&elementwise("sigmoid", 3, 37)]), &target, &exact).unwrap();
         assert_eq!(m.notes[0], format!("{kind})"));
     }
 }

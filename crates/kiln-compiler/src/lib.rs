@@ -31,6 +31,7 @@ pub mod stream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use kiln_flow::class::KernelClass;
 use kiln_flow::program::FlowProgram;
 use kiln_ir::Graph;
 use kiln_module::program::{Constants, DebugInfo, Device, DeviceKind, Kernel, Program, Variant};
@@ -451,7 +452,7 @@ impl Compilation {
             Stage::PackWeights => {
                 let packing = kiln_codegen::Packing::new(&self.options.target, &self.codegen_options())?;
                 let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;
-                if kiln_flow::layout::pack_constants(flow, &|k| packing.widths(k)) > 0 {
+                if kiln_flow::layout::pack_constants(flow, &|k, class| packing.widths(k, class)) > 0 {
                     flow.remove_dead();
                 }
             }
@@ -487,8 +488,21 @@ fn generate_code(
     target: &CpuTarget,
     codegen: &kiln_codegen::cpu::Options,
 ) -> Result<CpuModule, CodegenError> {
-    let kernels: Vec<&kiln_flow::Kernel> = flow.dispatches.iter().map(|d| &d.kernel).collect();
+    let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> = flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
     kiln_codegen::cpu::compile_with(&kernels, target, codegen)
+}
+
+/// The artifact's record of a flow kernel class.
+fn artifact_class(c: KernelClass) -> kiln_module::program::KernelClass {
+    use kiln_module::program::KernelClass as M;
+    match c {
+        KernelClass::Contraction => M::Contraction,
+        KernelClass::Window => M::Window,
+        KernelClass::Rows => M::Rows,
+        KernelClass::Movement => M::Movement,
+        KernelClass::Elementwise => M::Elementwise,
+        KernelClass::General => M::General,
+    }
 }
 
 /// A code generator's error with the ops of the kernel it names.
@@ -519,6 +533,7 @@ fn build_program(
         .map(|(i, d)| Kernel {
             name: d.kernel.name.clone(),
             variants: vec![Variant { executable: 0, entry: i as u32, features: 0 }],
+            class: artifact_class(d.class),
         })
         .collect();
     let (constants, weights) = match &opts.external_weights {

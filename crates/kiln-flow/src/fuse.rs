@@ -72,6 +72,7 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
             }
         }
     }
+    p.classify();
 }
 
 /// How many (live dispatch, operand) pairs read each storage buffer. A dispatch is

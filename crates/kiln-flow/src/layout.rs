@@ -20,9 +20,11 @@
 //!
 //! Each transform is taken only when the rewritten kernel is a contraction.
 
-use crate::contraction::{load_offset, Contraction};
+use crate::affine::load_offset;
+use crate::contraction::Contraction;
 use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
+use crate::class::KernelClass;
 use crate::program::{BufferKind, Dispatch, FlowProgram};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
@@ -52,18 +54,19 @@ fn put_in_front(
             let source = d.operands[input as usize];
             let ty = producer.output.clone();
             let buf = p.add(ty, format!("{}.{suffix}", p.buffer(source).name), BufferKind::Result);
-            out.push(Dispatch {
-                kernel: producer,
-                operands: vec![source],
-                result: buf,
-                sources: vec![format!("{what} for {}", d.sources.first().map_or("?", |s| s.as_str()))],
-            });
+            out.push(Dispatch::new(
+                producer,
+                vec![source],
+                buf,
+                vec![format!("{what} for {}", d.sources.first().map_or("?", |s| s.as_str()))],
+            ));
             if kernel.inputs.len() > d.operands.len() {
                 d.operands.push(buf);
             } else {
                 d.operands[input as usize] = buf;
             }
             d.kernel = kernel;
+            d.class = KernelClass::of(&d.kernel);
             added += 1;
         }
         out.push(d);
@@ -205,7 +208,7 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         let mut shift = Vec::with_capacity(dims.len());
         let mut pdims = Vec::with_capacity(dims.len());
         for (d, &e) in index.iter().enumerate() {
-            let (lo, hi) = crate::contraction::affine(k, e)?.range(k)?;
+            let (lo, hi) = crate::affine::affine(k, e)?.range(k)?;
             let s = (-lo).max(0);
             shift.push(s);
             pdims.push(usize::try_from((hi + 1).max(dims[d] as i64) + s).ok()?);
@@ -326,6 +329,7 @@ pub fn relayout_constants(p: &mut FlowProgram) -> usize {
         let name = format!("{}.kn", p.buffer(p.dispatches[d].operands[input]).name);
         let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
         p.dispatches[d].operands[input] = b;
+        p.dispatches[d].class = KernelClass::of(&p.dispatches[d].kernel);
         done += 1;
     }
     done
@@ -350,8 +354,9 @@ pub struct PanelWidths {
 /// other loads read too, or that read variables besides the panel variable and the
 /// reduction, are left alone: a constant is packed only where it has no other reader, so
 /// the constants stay the same size but for the zeros that pad the last panel. Returns
-/// how many operands were packed.
-pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel) -> PanelWidths) -> usize {
+/// how many operands were packed. The target answers `widths` from a kernel and its
+/// class (only contractions are packed); a packed dispatch is classified again.
+pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass) -> PanelWidths) -> usize {
     let mut done = 0;
     // Readers of each buffer's storage: a constant is packed only where its one reader
     // is the operand being packed, so no constant is carried twice.
@@ -365,7 +370,7 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel) -> PanelWidt
         readers[p.storage(o).index()] += 1;
     }
     for d in 0..p.dispatches.len() {
-        let w = widths(&p.dispatches[d].kernel);
+        let w = widths(&p.dispatches[d].kernel, p.dispatches[d].class);
         for left in [true, false] {
             // (Found again after packing A: the kernel's nodes are renumbered.)
             let Some(c) = Contraction::of(&p.dispatches[d].kernel) else { break };
@@ -383,6 +388,7 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel) -> PanelWidt
             readers.push(1);
             p.dispatches[d].kernel = kernel;
             p.dispatches[d].operands[operand.input as usize] = buffer;
+            p.dispatches[d].class = KernelClass::of(&p.dispatches[d].kernel);
             done += 1;
         }
     }
@@ -582,12 +588,7 @@ mod tests {
                 buf(t(&[n, kk]), BufferKind::Const(wt.clone())),
                 buf(t(&[m, n]), BufferKind::Result),
             ],
-            dispatches: vec![Dispatch {
-                kernel,
-                operands: vec![BufferId(0), BufferId(1)],
-                result: BufferId(2),
-                sources: vec!["Gemm".into()],
-            }],
+            dispatches: vec![Dispatch::new(kernel, vec![BufferId(0), BufferId(1)], BufferId(2), vec!["Gemm".into()])],
             inputs: vec![BufferId(0)],
             outputs: vec![BufferId(2)],
         };
@@ -658,16 +659,16 @@ mod tests {
                 buf(t(&[co, hw, hw]), BufferKind::Result),
             ],
             dispatches: vec![
-                Dispatch { kernel: mm, operands: vec![BufferId(0), BufferId(1), BufferId(2)], result: BufferId(3), sources: vec![] },
-                Dispatch { kernel: pw, operands: vec![BufferId(4), BufferId(5)], result: BufferId(6), sources: vec![] },
+                Dispatch::new(mm, vec![BufferId(0), BufferId(1), BufferId(2)], BufferId(3), vec![]),
+                Dispatch::new(pw, vec![BufferId(4), BufferId(5)], BufferId(6), vec![]),
             ],
             inputs: vec![BufferId(0), BufferId(4)],
             outputs: vec![BufferId(3), BufferId(6)],
         };
         // A panel as wide as the operand is no packing at all.
-        let whole = |_: &Kernel| PanelWidths { a: Some(16), b: Some(64) };
+        let whole = |_: &Kernel, _: KernelClass| PanelWidths { a: Some(16), b: Some(64) };
         assert_eq!(pack_constants(&mut prog.clone(), &whole), 0);
-        let widths = |_: &Kernel| PanelWidths { a: Some(4), b: Some(16) };
+        let widths = |_: &Kernel, _: KernelClass| PanelWidths { a: Some(4), b: Some(16) };
         // A constant with another reader (here: it is also an output) stays as it is.
         let mut shared = prog.clone();
         shared.outputs.push(BufferId(1));
@@ -733,12 +734,7 @@ mod tests {
                 buf(t(&[co, c, 3, 3]), BufferKind::Const(ws.clone())),
                 buf(t(&[1, co, h, w]), BufferKind::Result),
             ],
-            dispatches: vec![Dispatch {
-                kernel,
-                operands: vec![BufferId(0), BufferId(1)],
-                result: BufferId(2),
-                sources: vec!["Conv".into()],
-            }],
+            dispatches: vec![Dispatch::new(kernel, vec![BufferId(0), BufferId(1)], BufferId(2), vec!["Conv".into()])],
             inputs: vec![BufferId(0)],
             outputs: vec![BufferId(2)],
         };

@@ -6,10 +6,15 @@
 //! reads input tensors at computed indices, may reduce over extra index variables
 //! (sums, maxima, contractions), and converts between dtypes. Every tensor op lowers
 //! to such kernels ([`lower`]); fusing a producer into its consumer is substituting the
-//! producer's expression for the consumer's load of it ([`fuse`]). Code generators
-//! (`kiln-codegen`) consume kernels; [`interp`] is their executable specification.
+//! producer's expression for the consumer's load of it ([`fuse`]). Every dispatch
+//! carries its kernel's class ([`class`]: contraction, window, rows, movement,
+//! elementwise or general), decided here once from the kernel's shape ([`affine`] is the
+//! one index analysis behind it); code generators (`kiln-codegen`) consume kernels and
+//! match on their class; [`interp`] is their executable specification.
 #![deny(missing_docs)]
 
+pub mod affine;
+pub mod class;
 pub mod contraction;
 pub mod fuse;
 pub mod interp;

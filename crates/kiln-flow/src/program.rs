@@ -8,6 +8,7 @@
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Tensor, TensorType, ValueDef, ValueId};
 
+use crate::class::KernelClass;
 use crate::kernel::Kernel;
 use crate::lower::{lower_op, LowerError, OpCx, OpInput, Operand, Output};
 
@@ -57,6 +58,17 @@ pub struct Dispatch {
     pub result: BufferId,
     /// The source ops fused into it (`"Conv conv1"`), for listings and debug info.
     pub sources: Vec<String>,
+    /// The kernel's class ([`KernelClass::of`]), which code generators match on. Every
+    /// pass of this crate that changes kernels sets it again ([`FlowProgram::classify`]).
+    pub class: KernelClass,
+}
+
+impl Dispatch {
+    /// A dispatch of `kernel`, of the kernel's class.
+    pub fn new(kernel: Kernel, operands: Vec<BufferId>, result: BufferId, sources: Vec<String>) -> Dispatch {
+        let class = KernelClass::of(&kernel);
+        Dispatch { kernel, operands, result, sources, class }
+    }
 }
 
 /// A program at the flow level.
@@ -110,6 +122,13 @@ impl FlowProgram {
             id = b;
         }
         id
+    }
+
+    /// Sets every dispatch's class from its kernel (after a pass that changed kernels).
+    pub fn classify(&mut self) {
+        for d in &mut self.dispatches {
+            d.class = KernelClass::of(&d.kernel);
+        }
     }
 
     /// Which dispatch writes each buffer.
@@ -279,7 +298,7 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
             };
             let mut kernel = step.kernel.clone();
             kernel.name = format!("{name}_{s}");
-            p.dispatches.push(Dispatch { kernel, operands, result, sources: vec![source.clone()] });
+            p.dispatches.push(Dispatch::new(kernel, operands, result, vec![source.clone()]));
             step_buffers.push(result);
         }
         for (k, o) in lowered.outputs.iter().enumerate() {

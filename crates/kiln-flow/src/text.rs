@@ -54,7 +54,7 @@
 //!   %2: f32[4] = const [0.5, 1.0, -2.0, 0.0] "b"
 //!   %3: f32[1,4] = result "y"
 //!   %4: f32[4] = alias %3 "y_flat"
-//!   %3 = dispatch(%0, %1, %2) sources ["MatMul mm", "Add add"]
+//!   %3 = dispatch(%0, %1, %2) class contraction sources ["MatMul mm", "Add add"]
 //!     kernel @k1_0(%0: f32[1,3], %1: f32[3,4], %2: f32[4]) -> f32[1,4] {
 //!       …
 //!     }
@@ -79,7 +79,9 @@
 //!   raw codes in hex (`0x3C`). Bytes with no element form (a `bool` byte other than 0
 //!   or 1, a non-zero padding nibble) go to a blob.
 //! - `%R = dispatch(%a, …)` runs a kernel (the block after it) on those operands,
-//!   writing `%R`; `sources [...]` lists the ops fused into it, when there are any.
+//!   writing `%R`; `class C` names the kernel's class ([`KernelClass`]; optional when
+//!   parsing, where it must be the class the kernel has); `sources [...]` lists the ops
+//!   fused into it, when there are any.
 //!   Dispatches run in the order written; an operand computed by a dispatch must be
 //!   written by an earlier one.
 //! - `return %a, …` lists the outputs.
@@ -102,6 +104,7 @@ use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 pub use kiln_ir::text::ParseError;
 
+use crate::class::KernelClass;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelError, Node, ReduceOp, ScalarType, UnaryOp, VarId};
 use crate::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
 
@@ -209,6 +212,7 @@ impl fmt::Display for FlowProgram {
             let _ = write!(out, "  %{} = dispatch(", d.result.0);
             write_refs(&mut out, &d.operands);
             out.push(')');
+            let _ = write!(out, " class {}", d.class);
             if !d.sources.is_empty() {
                 out.push_str(" sources [");
                 for (k, s) in d.sources.iter().enumerate() {
@@ -821,6 +825,8 @@ struct PDispatch {
     result: (u32, usize),
     operands: Vec<(u32, usize)>,
     sources: Vec<String>,
+    /// The class written, and where.
+    class: Option<(KernelClass, usize)>,
     kernel: Kernel,
 }
 
@@ -1321,6 +1327,20 @@ impl Parser {
                         self.expect(&Tok::Comma, "or `)` after an operand")?;
                     }
                 }
+                let mut class = None;
+                if self.is_kw("class") {
+                    self.bump();
+                    class = Some(match self.bump() {
+                        (Tok::Ident(s), p) => match KernelClass::from_name(&s) {
+                            Some(c) => (c, p),
+                            None => {
+                                let names: Vec<&str> = KernelClass::ALL.iter().map(|c| c.name()).collect();
+                                return fail(p, format!("unknown kernel class `{s}` (one of {})", names.join(", ")));
+                            }
+                        },
+                        (t, p) => return fail(p, format!("expected a kernel class after `class`, found {t}")),
+                    });
+                }
                 let mut sources = Vec::new();
                 if self.is_kw("sources") {
                     self.bump();
@@ -1337,7 +1357,7 @@ impl Parser {
                     }
                 }
                 let kernel = self.kernel()?;
-                dispatches.push(PDispatch { pos, result: (id, pos), operands, sources, kernel });
+                dispatches.push(PDispatch { pos, result: (id, pos), operands, sources, class, kernel });
             } else {
                 return fail(
                     self.pos(),
@@ -1449,7 +1469,13 @@ impl Parser {
                 operands.push(b);
             }
             written[result.index()] = true;
-            out.push(Dispatch { kernel: d.kernel, operands, result, sources: d.sources });
+            let dispatch = Dispatch::new(d.kernel, operands, result, d.sources);
+            if let Some((written_class, p)) = d.class {
+                if written_class != dispatch.class {
+                    return fail(p, format!("class {written_class}, but the kernel is of class {}", dispatch.class));
+                }
+            }
+            out.push(dispatch);
         }
         let mut output_ids = Vec::new();
         for &r in &outputs {

@@ -32,7 +32,7 @@
 //!
 //! Nothing here changes a kernel.
 
-use crate::contraction::{affine, load_offset, AffineIndex};
+use crate::affine::{affine, load_offset, AffineIndex};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 

@@ -10,10 +10,14 @@
 //!   bools exactly);
 //! - meet the counts its `.kir` file states in comment lines
 //!   `// dispatches: N` (dispatches in the program) and `// reduces: N` (reduction
-//!   nodes over all kernels: a contraction recomputed in two consumers shows here).
+//!   nodes over all kernels: a contraction recomputed in two consumers shows here);
+//! - have the kernel classes its `.kir` file states, when it states them:
+//!   `// classes: C C …`, one class name per dispatch in order (`kiln_flow::class`),
+//!   checked both on the program and against each kernel classified afresh.
 
 use std::path::{Path, PathBuf};
 
+use kiln_flow::class::KernelClass;
 use kiln_flow::kernel::Expr;
 use kiln_flow::program::{form, interpret, FlowProgram};
 use kiln_flow::text::{parse_program, print_program};
@@ -120,6 +124,21 @@ fn check(path: &Path, bless: bool) -> Result<(), String> {
     if let Some(n) = directive(&src, "reduces") {
         if reduces(&p) != n {
             return Err(format!("{name}: {} reduction nodes, the file states {n}:\n{text}", reduces(&p)));
+        }
+    }
+    if let Some(want) =
+        src.lines().filter_map(|l| l.trim().strip_prefix("//")).find_map(|l| l.trim().strip_prefix("classes:"))
+    {
+        let want: Vec<&str> = want.split_whitespace().collect();
+        let got: Vec<&str> = p.dispatches.iter().map(|d| d.class.name()).collect();
+        if got != want {
+            return Err(format!("{name}: classes {got:?}, the file states {want:?}:\n{text}"));
+        }
+        for d in &p.dispatches {
+            let fresh = KernelClass::of(&d.kernel);
+            if fresh != d.class {
+                return Err(format!("{name}: {} carries class {} but is of class {fresh}", d.kernel.name, d.class));
+            }
         }
     }
     Ok(())

@@ -465,12 +465,8 @@ fn sample_program() -> FlowProgram {
     let y = b.load(1, vec![o[1]]);
     let s = b.add(x, y);
     let k = b.finish(s).unwrap();
-    let d = Dispatch {
-        kernel: k,
-        operands: vec![BufferId(0), BufferId(2)],
-        result: BufferId(12),
-        sources: vec!["Add add1".into(), "Relu \u{1}".into()],
-    };
+    let d =
+        Dispatch::new(k, vec![BufferId(0), BufferId(2)], BufferId(12), vec!["Add add1".into(), "Relu \u{1}".into()]);
     FlowProgram {
         name: "sample model".into(),
         buffers,
@@ -501,7 +497,7 @@ fn program_round_trips_with_every_kind_of_buffer() {
         "  %11: u8[0] = const []",
         "  %12: f32[2,3] = result \"y\"",
         "  %13: f32[6] = alias %12 \"y.flat\"",
-        "  %12 = dispatch(%0, %2) sources [\"Add add1\", \"Relu \\u{1}\"]",
+        "  %12 = dispatch(%0, %2) class elementwise sources [\"Add add1\", \"Relu \\u{1}\"]",
         "    kernel @k0_0(%0: f32[2,3], %1: f32[3]) -> f32[2,3] {",
         "      yield e4",
         "    }",
@@ -646,14 +642,14 @@ fn errors_name_the_line_column_and_what_was_expected() {
   %0: f32[2] = input 0
   %1: f32[2] = result
   %2: f32[2] = result
-  %2 = dispatch(%1)
+  %2 = dispatch(%1) class movement
     kernel @a(%0: f32[2]) -> f32[2] {
       vars v0<2
       e0: i64 = v0
       e1: f32 = load %0[e0]
       yield e1
     }
-  %1 = dispatch(%0)
+  %1 = dispatch(%0) class movement
     kernel @b(%0: f32[2]) -> f32[2] {
       vars v0<2
       e0: i64 = v0
@@ -665,12 +661,21 @@ fn errors_name_the_line_column_and_what_was_expected() {
 ";
     assert_eq!(err_program(two), (5, 17, "%1 is read before a dispatch writes it".to_string()));
     let fixed = two.replacen("%2 = dispatch(%1)", "%1 = dispatch(%0)", 1).replacen(
-        "  %1 = dispatch(%0)\n    kernel @b",
-        "  %2 = dispatch(%1)\n    kernel @b",
+        "  %1 = dispatch(%0) class movement\n    kernel @b",
+        "  %2 = dispatch(%1) class movement\n    kernel @b",
         1,
     );
     let p = parse_program(&fixed).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(print_program(&p), fixed);
+    // The class is optional (the kernel's own when left out), and must be the kernel's.
+    let bare = fixed.replace(" class movement", "");
+    assert_eq!(parse_program(&bare).map(|p| print_program(&p)), Ok(fixed.clone()));
+    let wrong = fixed.replacen("class movement", "class rows", 1);
+    assert_eq!(err_program(&wrong), (5, 27, "class rows, but the kernel is of class movement".to_string()));
+    let unknown = fixed.replacen("class movement", "class gemm", 1);
+    let (line, col, msg) = err_program(&unknown);
+    assert_eq!((line, col), (5, 27));
+    assert!(msg.starts_with("unknown kernel class `gemm`"), "{msg}");
 }
 
 /// Random edits of valid texts: the parser returns (never panics), and whatever it

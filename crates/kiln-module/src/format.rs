@@ -39,7 +39,9 @@ impl fmt::Display for Version {
 /// The container format version this crate writes and reads.
 ///
 /// 1.1 added each dispatch's `work_ns` to the plan (a 1.0 plan reads as 0: no estimate).
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 1 };
+/// 1.2 added each kernel's class to the kernel table (a 1.0 or 1.1 kernel reads as
+/// `KernelClass::Unknown`).
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 2 };
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -143,6 +143,73 @@ pub struct Kernel {
     pub name: String,
     /// The variants, in order of preference.
     pub variants: Vec<Variant>,
+    /// The shape of computation the compiler classified it as, for listings (the runtime
+    /// ignores it).
+    pub class: KernelClass,
+}
+
+/// The compiler's class of a kernel (its flow-level `KernelClass`), recorded for
+/// listings; [`KernelClass::Unknown`] in files older than format 1.2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelClass {
+    /// Not recorded (a file of format 1.0 or 1.1).
+    Unknown,
+    /// An epilogue over a sum of products (matrix product, convolution).
+    Contraction,
+    /// A depthwise convolution or a pool over an image's planes.
+    Window,
+    /// Reductions along the output's rows (Softmax, LayerNorm).
+    Rows,
+    /// Data moved, not computed (copies, padding, concatenation).
+    Movement,
+    /// A pointwise computation without reductions.
+    Elementwise,
+    /// Anything else.
+    General,
+}
+
+impl KernelClass {
+    /// Every class, by code.
+    pub const ALL: [KernelClass; 7] = [
+        KernelClass::Unknown,
+        KernelClass::Contraction,
+        KernelClass::Window,
+        KernelClass::Rows,
+        KernelClass::Movement,
+        KernelClass::Elementwise,
+        KernelClass::General,
+    ];
+
+    /// The on-disk code (its position in [`KernelClass::ALL`]).
+    pub fn code(self) -> u8 {
+        match self {
+            KernelClass::Unknown => 0,
+            KernelClass::Contraction => 1,
+            KernelClass::Window => 2,
+            KernelClass::Rows => 3,
+            KernelClass::Movement => 4,
+            KernelClass::Elementwise => 5,
+            KernelClass::General => 6,
+        }
+    }
+
+    /// The class of an on-disk code.
+    pub fn from_code(code: u64) -> Option<KernelClass> {
+        KernelClass::ALL.into_iter().find(|c| u64::from(c.code()) == code)
+    }
+
+    /// Its name in listings (`contraction`, …, `unknown`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelClass::Unknown => "unknown",
+            KernelClass::Contraction => "contraction",
+            KernelClass::Window => "window",
+            KernelClass::Rows => "rows",
+            KernelClass::Movement => "movement",
+            KernelClass::Elementwise => "elementwise",
+            KernelClass::General => "general",
+        }
+    }
 }
 
 /// One implementation of a kernel.

@@ -37,7 +37,10 @@
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
 //!                                   list<reloc>, uv code_len, code bytes
 //!                      reloc = uv offset, uv kind (0 pc32, 1 abs64), uv target, sv addend
-//!   list<kernel>       kernel = str name, list<variant>
+//!   list<kernel>       kernel = str name, list<variant>,
+//!                               uv class (format 1.2 on: 0 unknown, 1 contraction, 2 window,
+//!                               3 rows, 4 movement, 5 elementwise, 6 general; absent from
+//!                               1.0 and 1.1 files, read as unknown; the runtime ignores it)
 //!                      variant = u32 executable, u32 entry, uv features
 //! constants (kind 4, align 64): the constant pool's bytes, nothing else
 //! external-weights (kind 5, align 8): str file, uv size, hash as 8 bytes little-endian
@@ -52,8 +55,8 @@
 use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
-    Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel, Program,
-    Reloc, RelocKind, Slot, TensorDesc, Variant,
+    Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel,
+    KernelClass, Program, Reloc, RelocKind, Slot, TensorDesc, Variant,
 };
 use crate::reader::Module;
 use crate::writer::ModuleWriter;
@@ -228,6 +231,8 @@ pub struct KernelView<'a> {
     pub name: &'a str,
     /// Variants in order of preference.
     pub variants: Vec<Variant>,
+    /// The compiler's class of the kernel ([`KernelClass::Unknown`] before format 1.2).
+    pub class: KernelClass,
 }
 
 /// An executable; `code` borrows the file.
@@ -304,7 +309,7 @@ impl ProgramView<'_> {
             kernels: self
                 .kernels
                 .iter()
-                .map(|k| Kernel { name: k.name.to_string(), variants: k.variants.clone() })
+                .map(|k| Kernel { name: k.name.to_string(), variants: k.variants.clone(), class: k.class })
                 .collect(),
             executables: self
                 .executables
@@ -600,6 +605,7 @@ fn executables_bytes(p: &Program) -> Vec<u8> {
             e.uv(v.entry.into());
             e.uv(v.features);
         }
+        e.uv(k.class.code().into());
     }
     e.0
 }
@@ -976,7 +982,14 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
             let features = d.uv("variant features")?;
             variants.push(Variant { executable, entry, features });
         }
-        kernels.push(KernelView { name, variants });
+        let class = if d.format.minor >= 2 {
+            // (Every code up to the last class's is one.)
+            let last = KernelClass::ALL.len() as u64 - 1;
+            KernelClass::from_code(d.tag("kernel class", last)?).unwrap_or(KernelClass::Unknown)
+        } else {
+            KernelClass::Unknown
+        };
+        kernels.push(KernelView { name, variants, class });
     }
     d.finish()?;
     Ok((executables, kernels))

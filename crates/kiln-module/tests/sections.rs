@@ -65,8 +65,13 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                     Variant { executable: 0, entry: 0, features: CpuFeature::Avx2.bit() | CpuFeature::Fma.bit() },
                     Variant { executable: 0, entry: 1, features: 0 },
                 ],
+                class: KernelClass::Contraction,
             },
-            Kernel { name: "fc2".into(), variants: vec![Variant { executable: 0, entry: 2, features: 0 }] },
+            Kernel {
+                name: "fc2".into(),
+                variants: vec![Variant { executable: 0, entry: 2, features: 0 }],
+                class: KernelClass::Elementwise,
+            },
         ],
         executables: vec![Executable {
             device: DeviceKind::Cpu,
@@ -256,6 +261,8 @@ fn slot_and_signed_encodings_by_hand() {
 fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
     let mut p = mlp(Constants::Embedded(vec![]), false);
     p.devices.clear();
+    // No kernels: the kernel table (whose records grew in 1.2) is the same in every format.
+    p.kernels.clear();
     p.entries[0].commands = vec![Command::Dispatch {
         kernel: 1,
         device: 0,
@@ -310,6 +317,51 @@ fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
     let current = file_of(plan, 1);
     let m = Module::parse(&current).expect("parses");
     assert_eq!(read_program(&m).expect("decodes").to_program().entries[0].commands, p.entries[0].commands);
+}
+
+#[test]
+fn kernel_classes_by_hand_and_from_format_1_1() {
+    let mut p = mlp(Constants::Embedded(vec![]), false);
+    p.executables.clear();
+    p.kernels = vec![Kernel {
+        name: "k".into(),
+        variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
+        class: KernelClass::Rows,
+    }];
+    let exe = section_bytes(&p, SectionKind::Executables).expect("exe");
+    // 0 executables; 1 kernel: name "k", 1 variant (0, 0, 0), class 3 (rows).
+    assert_eq!(exe, [0, 1, 1, b'k', 1, 0, 0, 0, 3]);
+    let file_of = |exe: Vec<u8>, minor: u16| {
+        let mut f = file_with(&[
+            (SectionKind::Signature, section_bytes(&p, SectionKind::Signature).expect("sig")),
+            (SectionKind::Plan, section_bytes(&p, SectionKind::Plan).expect("plan")),
+            (SectionKind::Executables, exe),
+            (SectionKind::Constants, vec![]),
+        ]);
+        f[10..12].copy_from_slice(&minor.to_le_bytes());
+        let crc = kiln_module::format::crc32(&f[..36]);
+        f[36..40].copy_from_slice(&crc.to_le_bytes());
+        f
+    };
+    let kernels = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().kernels);
+    assert_eq!(kernels(&file_of(exe.clone(), 2)).expect("a 1.2 table"), p.kernels);
+    // Every class has its own code, and reads back.
+    for c in KernelClass::ALL {
+        let mut e = exe.clone();
+        e[8] = c.code();
+        assert_eq!(kernels(&file_of(e, 2)).expect("decodes")[0].class, c);
+    }
+    // A 1.1 file has no class: the same table without it reads as unknown.
+    let old = kernels(&file_of(exe[..8].to_vec(), 1)).expect("a 1.1 table");
+    assert_eq!(old[0].class, KernelClass::Unknown);
+    assert_eq!(old[0].variants, p.kernels[0].variants);
+    // A 1.2 table under a 1.1 header leaves the class over; a code past the last is refused.
+    let e = kernels(&file_of(exe.clone(), 1)).expect_err("trailing class byte");
+    assert_eq!(e.section_offset, 8, "{e}");
+    let mut bad = exe.clone();
+    bad[8] = 7;
+    let e = kernels(&file_of(bad, 2)).expect_err("class 7");
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "kernel class", tag: 7 });
 }
 
 #[test]

@@ -41,7 +41,11 @@ fn program(external: Option<&[u8]>) -> Program {
             ],
             buffers: vec![],
         }],
-        kernels: vec![Kernel { name: "add".into(), variants: vec![Variant { executable: 0, entry: 0, features: 0 }] }],
+        kernels: vec![Kernel {
+            name: "add".into(),
+            variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
+            class: KernelClass::Elementwise,
+        }],
         executables: vec![Executable {
             device: DeviceKind::Cpu,
             features: 0,

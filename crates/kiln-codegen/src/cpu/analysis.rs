@@ -12,7 +12,8 @@
 //! column variable and is computed once per row.
 //!
 //! ## Addresses
-//! The element offset of an `InBounds` load (and of the store) is decomposed into an
+//! The element offset of an `InBounds` load (and of the store) is decomposed by
+//! `kiln_flow::affine` (its address mode: wrapping, opaque nodes kept as terms) into an
 //! affine form `c + Σ k·atom` over index variables and opaque i64 nodes. The terms are
 //! grouped by the scope they vary in and summed scope by scope, outermost first, into a
 //! chain of partial addresses ([`AddrItem`]); each link is evaluated in its own scope
@@ -22,60 +23,10 @@
 
 use std::collections::HashMap;
 
+pub(crate) use kiln_flow::affine::Atom;
+use kiln_flow::affine::{Affine, AffineCx, Mode};
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
-
-/// An opaque term of an affine index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Atom {
-    /// The value of an index variable.
-    Var(u32),
-    /// The value of a node that is not affine in the variables.
-    Node(u32),
-}
-
-/// `c + Σ coef·atom` (wrapping i64 arithmetic, as index arithmetic is).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Affine {
-    pub c: i64,
-    pub terms: Vec<(Atom, i64)>,
-}
-
-impl Affine {
-    fn constant(c: i64) -> Affine {
-        Affine { c, terms: Vec::new() }
-    }
-
-    fn atom(a: Atom) -> Affine {
-        Affine { c: 0, terms: vec![(a, 1)] }
-    }
-
-    fn scaled(&self, k: i64) -> Affine {
-        let mut r = Affine { c: self.c.wrapping_mul(k), terms: Vec::new() };
-        for &(a, x) in &self.terms {
-            r.push(a, x.wrapping_mul(k));
-        }
-        r
-    }
-
-    fn push(&mut self, a: Atom, k: i64) {
-        if let Some(t) = self.terms.iter_mut().find(|t| t.0 == a) {
-            t.1 = t.1.wrapping_add(k);
-        } else {
-            self.terms.push((a, k));
-        }
-        self.terms.retain(|t| t.1 != 0);
-    }
-
-    fn add(&self, o: &Affine) -> Affine {
-        let mut r = self.clone();
-        r.c = r.c.wrapping_add(o.c);
-        for &(a, k) in &o.terms {
-            r.push(a, k);
-        }
-        r
-    }
-}
 
 /// What an address chain link adds to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -177,58 +128,13 @@ fn innermost(fv: &[u32], parent: &[u32], depth: &[u32]) -> Result<u32, String> {
     Ok(best)
 }
 
-/// Affine forms of the i64 nodes (memoised on demand).
-struct AffineCx<'k> {
-    k: &'k Kernel,
-    memo: HashMap<u32, Affine>,
-}
-
-impl AffineCx<'_> {
-    fn of(&mut self, e: ExprId) -> Affine {
-        if let Some(a) = self.memo.get(&e.0) {
-            return a.clone();
-        }
-        let n = self.k.node(e);
-        let r = if n.ty != ScalarType::I64 {
-            Affine::atom(Atom::Node(e.0))
-        } else {
-            match &n.expr {
-                Expr::Var(v) => Affine::atom(Atom::Var(v.0)),
-                Expr::Const(b) => Affine::constant(*b as i64),
-                Expr::Binary(BinaryOp::Add, a, b) => {
-                    let (a, b) = (self.of(*a), self.of(*b));
-                    a.add(&b)
-                }
-                Expr::Binary(BinaryOp::Sub, a, b) => {
-                    let (a, b) = (self.of(*a), self.of(*b));
-                    a.add(&b.scaled(-1))
-                }
-                Expr::Binary(BinaryOp::Mul, a, b) => {
-                    let (a, b) = (self.of(*a), self.of(*b));
-                    if a.terms.is_empty() {
-                        b.scaled(a.c)
-                    } else if b.terms.is_empty() {
-                        a.scaled(b.c)
-                    } else {
-                        Affine::atom(Atom::Node(e.0))
-                    }
-                }
-                Expr::Unary(UnaryOp::Neg, a) => self.of(*a).scaled(-1),
-                _ => Affine::atom(Atom::Node(e.0)),
-            }
-        };
-        self.memo.insert(e.0, r.clone());
-        r
-    }
-}
-
 impl Analysis {
     /// Analyses a verified kernel whose storage dtypes are all supported.
     pub(crate) fn new(k: &Kernel) -> Result<Analysis, String> {
         let n = k.nodes.len();
         let rank = k.out_rank();
         let free = k.free_vars();
-        let mut aff = AffineCx { k, memo: HashMap::new() };
+        let mut aff = AffineCx::new(k, Mode::Address);
 
         // Needed nodes, and the affine index of every InBounds load.
         let mut needed = vec![false; n];
@@ -248,7 +154,7 @@ impl Analysis {
                         let st = strides(t.shape.dims());
                         let mut flat = Affine::constant(0);
                         for (&e, &s) in index.iter().zip(&st) {
-                            flat = flat.add(&aff.of(e).scaled(s));
+                            flat = flat.wrapping_plus(&aff.address(e).wrapping_scaled(s));
                         }
                         for &(a, _) in &flat.terms {
                             if let Atom::Node(m) = a {
@@ -369,7 +275,7 @@ impl Analysis {
         let out_size = elem_bytes(k.output.dtype).ok_or("unsupported output dtype")?;
         let mut out_flat = Affine::constant(0);
         for (l, s) in strides(k.output.shape.dims()).into_iter().enumerate() {
-            out_flat = out_flat.add(&Affine::atom(Atom::Var(l as u32)).scaled(s));
+            out_flat = out_flat.wrapping_plus(&Affine::atom(Atom::Var(l as u32)).wrapping_scaled(s));
         }
         let store = chain(k.inputs.len() as u32, &out_flat, out_size);
 

@@ -15,7 +15,7 @@
 //! and runs four lanes.
 
 use iced_x86::code_asm::*;
-use kiln_flow::contraction::load_offset;
+use kiln_flow::affine::load_offset;
 use kiln_flow::{Bounds, Expr, Kernel};
 
 use super::asm::{enter, leave, Tables};

@@ -91,7 +91,7 @@ struct Emit<'d> {
     /// The output's binding slot (after the inputs).
     out_slot: usize,
     /// Per-channel epilogue operands, one stack vector each.
-    channel: Vec<(u32, kiln_flow::contraction::AffineIndex)>,
+    channel: Vec<(u32, kiln_flow::affine::AffineIndex)>,
     /// Lane masks and constants, emitted after the code.
     t: Tables,
     /// Registers: taps, then scratch, then accumulators.

@@ -400,7 +400,7 @@ impl Emitter<'_> {
         let c = &self.c;
         let nin = self.k.inputs.len() as u32;
         let byte = |x: i64| x.checked_mul(4).ok_or_else(|| NotHere("offset overflow".into()));
-        let mk = |binding: u32, off: &kiln_flow::contraction::AffineIndex| -> R<Base> {
+        let mk = |binding: u32, off: &kiln_flow::affine::AffineIndex| -> R<Base> {
             let mut coef = Vec::new();
             for &b in &c.batch {
                 coef.push(byte(off.of(b))?);
@@ -426,7 +426,7 @@ impl Emitter<'_> {
         }
         // The output is dense row-major.
         let dims = self.k.output.shape.dims();
-        let mut out = kiln_flow::contraction::AffineIndex { c: 0, coef: vec![0; self.k.vars.len()] };
+        let mut out = kiln_flow::affine::AffineIndex { c: 0, coef: vec![0; self.k.vars.len()] };
         let mut stride = 1i64;
         for v in (0..dims.len()).rev() {
             out.coef[v] = stride;
@@ -461,7 +461,7 @@ impl Emitter<'_> {
                 if self.eloads.contains_key(&e.0) {
                     return Ok(());
                 }
-                let off = kiln_flow::contraction::load_offset(self.k, *input, index)
+                let off = kiln_flow::affine::load_offset(self.k, *input, index)
                     .ok_or_else(|| NotHere("epilogue load with a non-affine index".into()))?;
                 let per_n = self.c.column_step(&off).unwrap_or(-1);
                 if per_n != 0 && per_n != 1 {

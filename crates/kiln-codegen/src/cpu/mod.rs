@@ -12,6 +12,13 @@
 //! has one workgroup), so a driver can split rows across threads. Loop structure,
 //! scheduling and vectorisation are described in [`analysis`] and [`emit`].
 //!
+//! Each kernel comes with its class (`kiln_flow::class::KernelClass`), and the class
+//! alone picks its emitter: a contraction goes to [`gemm`], a window to [`depthwise`], a
+//! movement to [`pad`] or [`copy`] (by the bounds of the load it is), rows and
+//! elementwise kernels to [`rows`], and a general kernel to Cranelift. An emitter that
+//! declines a kernel of its class (an epilogue it has no form for, rows shorter than a
+//! vector) leaves it to Cranelift, and the kernel's note says `general (why)`.
+//!
 //! At the speed level (`Options::contraction_kernels`, on a target with AVX2 and FMA)
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
 //! appended to the image (position-independent, no relocations): contractions
@@ -39,7 +46,8 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use cranelift_object::{ObjectBuilder, ObjectModule};
-use kiln_flow::{Expr, Kernel, UnaryOp};
+use kiln_flow::class::KernelClass;
+use kiln_flow::{Bounds, Expr, Kernel, UnaryOp};
 use kiln_ir::DType;
 use kiln_module::program::{CpuFeature, Executable};
 
@@ -106,8 +114,9 @@ pub struct CpuModule {
     pub executable: Executable,
     /// Workgroup count per kernel.
     pub workgroups: Vec<u64>,
-    /// How each kernel was compiled: `contraction microkernel`, or `general` with the
-    /// reason a recognised contraction did not take the microkernel path.
+    /// How each kernel was compiled: the microkernel that took it (`contraction
+    /// microkernel (avx2+fma)`, `max pool window (avx2)`, …), or `general` — with, in
+    /// parentheses, why the emitter of its class declined it when its class has one.
     pub notes: Vec<String>,
     /// Each kernel's estimated single-thread time in nanoseconds (see [`cost`]).
     pub work_ns: Vec<u64>,
@@ -223,9 +232,16 @@ fn check_supported(k: &Kernel) -> Result<(), CodegenError> {
     Ok(())
 }
 
-/// Compiles `kernels` for `target` with the default [`Options`].
+/// Compiles `kernels` for `target` with the default [`Options`], each of the class
+/// `KernelClass::of` gives it.
 pub fn compile(kernels: &[&Kernel], target: &CpuTarget) -> Result<CpuModule, CodegenError> {
-    compile_with(kernels, target, &Options::default())
+    compile_with(&classify(kernels), target, &Options::default())
+}
+
+/// `kernels`, each with its class ([`KernelClass::of`]): what [`compile_with`] takes,
+/// for callers that hold kernels without their dispatches.
+pub fn classify<'k>(kernels: &[&'k Kernel]) -> Vec<(&'k Kernel, KernelClass)> {
+    kernels.iter().map(|&k| (k, KernelClass::of(k))).collect()
 }
 
 /// A configured ISA and the features its code may use.
@@ -322,10 +338,11 @@ impl Packing {
         })
     }
 
-    /// The panel widths kernel `k`'s microkernel reads its operands packed at (none when
-    /// it does not take a microkernel).
-    pub fn widths(&self, k: &Kernel) -> kiln_flow::layout::PanelWidths {
-        if self.micro {
+    /// The panel widths kernel `k`, of class `class`, has its operands packed at: those
+    /// its contraction microkernel reads (none for another class, or when it does not
+    /// take a microkernel).
+    pub fn widths(&self, k: &Kernel, class: KernelClass) -> kiln_flow::layout::PanelWidths {
+        if self.micro && class == KernelClass::Contraction {
             gemm::panel_widths(k, self.avx512)
         } else {
             Default::default()
@@ -333,12 +350,87 @@ impl Packing {
     }
 }
 
-/// Compiles `kernels` for `target`.
-pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) -> Result<CpuModule, CodegenError> {
+/// A kernel written as machine code by the emitter of its class.
+struct Micro {
+    code: Vec<u8>,
+    workgroups: u64,
+    note: String,
+    /// It uses AVX-512 F.
+    avx512: bool,
+    path: cost::Path,
+}
+
+/// Emits `k` with the microkernel emitter of `class`: `Ok(None)` for the general class
+/// (no emitter), `Err` with the reason when the emitter declines it.
+fn emit_class(
+    k: &Kernel,
+    class: KernelClass,
+    options: &Options,
+    avx512: bool,
+    avx512vl: bool,
+) -> Result<Option<Micro>, gemm::NotHere> {
+    let vector = |(code, workgroups): (Vec<u8>, u64), note: &str| Micro {
+        code,
+        workgroups,
+        note: note.to_string(),
+        avx512: false,
+        path: cost::Path::Vector,
+    };
+    Ok(Some(match class {
+        KernelClass::Window => {
+            let w = depthwise::emit(k, avx512vl)?;
+            Micro {
+                code: w.code,
+                workgroups: w.workgroups,
+                note: w.note.to_string(),
+                avx512: w.avx512,
+                path: cost::Path::Window,
+            }
+        }
+        KernelClass::Contraction => {
+            let g = gemm::emit(k, avx512)?;
+            let note = match (g.avx512, g.channel_vectors) {
+                (true, _) if g.wide_epilogue => "contraction microkernel (avx-512; epilogue on 16 lanes)",
+                (true, _) => "contraction microkernel (avx-512)",
+                (false, true) => "contraction microkernel (avx2+fma, channel vectors)",
+                (false, false) => "contraction microkernel (avx2+fma)",
+            };
+            Micro {
+                code: g.code,
+                workgroups: g.workgroups,
+                note: note.to_string(),
+                avx512: g.avx512,
+                path: cost::Path::Contraction,
+            }
+        }
+        // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
+        // copy in bounds.
+        KernelClass::Movement => match &k.node(k.root).expr {
+            Expr::Load { bounds: Bounds::Pad(_), .. } => vector(pad::emit(k)?, "padding copy (avx)"),
+            Expr::Load { bounds: Bounds::InBounds, .. } => vector(copy::emit(k)?, "affine copy (avx)"),
+            _ => return gemm::no("a movement other than one padded or in-bounds load"),
+        },
+        KernelClass::Rows | KernelClass::Elementwise => {
+            let r = rows::emit(k, options.reassociate, avx512)?;
+            let note = r.note();
+            Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector }
+        }
+        KernelClass::General => return Ok(None),
+    }))
+}
+
+/// Compiles `kernels`, each with its class (`kiln_flow::program::Dispatch::class`), for
+/// `target`.
+pub fn compile_with(
+    kernels: &[(&Kernel, KernelClass)],
+    target: &CpuTarget,
+    options: &Options,
+) -> Result<CpuModule, CodegenError> {
     let isa = make_isa(*target)?;
     let mut features = isa.features;
     let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
     let avx512 = avx2_fma && features & CpuFeature::Avx512f.bit() != 0;
+    let avx512vl = avx512 && features & CpuFeature::Avx512vl.bit() != 0;
     let mut used_avx512 = false;
     let builder = ObjectBuilder::new(isa.isa.clone(), "kiln", default_libcall_names()).map_err(|e| internal("", e))?;
     let mut module = ObjectModule::new(builder);
@@ -350,8 +442,8 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
     let mut micro: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut notes = Vec::with_capacity(kernels.len());
     let mut work_ns = Vec::with_capacity(kernels.len());
-    for (idx, k) in kernels.iter().enumerate() {
-        if names.contains(&k.name.as_str()) || micro.iter().any(|(i, _)| kernels[*i].name == k.name) {
+    for (idx, &(k, class)) in kernels.iter().enumerate() {
+        if names.contains(&k.name.as_str()) || micro.iter().any(|(i, _)| kernels[*i].0.name == k.name) {
             return Err(CodegenError::Unsupported {
                 kernel: k.name.clone(),
                 what: "a second kernel of the same name".into(),
@@ -359,53 +451,17 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
         }
         if avx2_fma && options.contraction_kernels {
             k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
-            if let Ok(w) = depthwise::emit(k, avx512 && features & CpuFeature::Avx512vl.bit() != 0) {
-                workgroup_counts.push(w.workgroups);
-                work_ns.push(cost::estimate_ns(k, cost::Path::Window));
-                micro.push((idx, w.code));
-                notes.push(w.note.to_string());
-                used_avx512 |= w.avx512;
-                continue;
-            }
-            match gemm::emit(k, avx512) {
-                Ok(g) => {
-                    workgroup_counts.push(g.workgroups);
-                    work_ns.push(cost::estimate_ns(k, cost::Path::Contraction));
-                    micro.push((idx, g.code));
-                    used_avx512 |= g.avx512;
-                    notes.push(
-                        match (g.avx512, g.channel_vectors) {
-                            (true, _) if g.wide_epilogue => "contraction microkernel (avx-512; epilogue on 16 lanes)",
-                            (true, _) => "contraction microkernel (avx-512)",
-                            (false, true) => "contraction microkernel (avx2+fma, channel vectors)",
-                            (false, false) => "contraction microkernel (avx2+fma)",
-                        }
-                        .to_string(),
-                    );
+            match emit_class(k, class, options, avx512, avx512vl) {
+                Ok(Some(m)) => {
+                    workgroup_counts.push(m.workgroups);
+                    work_ns.push(cost::estimate_ns(k, m.path));
+                    micro.push((idx, m.code));
+                    notes.push(m.note);
+                    used_avx512 |= m.avx512;
                     continue;
                 }
-                Err(gemm::NotHere(why)) => {
-                    let other = pad::emit(k)
-                        .map(|c| (c, "padding copy (avx)".to_string(), false))
-                        .or_else(|_| copy::emit(k).map(|c| (c, "affine copy (avx)".to_string(), false)))
-                        .or_else(|_| {
-                        rows::emit(k, options.reassociate, avx512).map(|r| {
-                            let note = r.note();
-                            ((r.code, r.workgroups), note, r.wide)
-                        })
-                    });
-                    match other {
-                        Ok(((code, wg), note, wide)) => {
-                            used_avx512 |= wide;
-                            workgroup_counts.push(wg);
-                            work_ns.push(cost::estimate_ns(k, cost::Path::Vector));
-                            micro.push((idx, code));
-                            notes.push(note);
-                            continue;
-                        }
-                        Err(_) => notes.push(format!("general ({why})")),
-                    }
-                }
+                Ok(None) => notes.push("general".to_string()),
+                Err(gemm::NotHere(why)) => notes.push(format!("general ({why})")),
             }
         } else {
             notes.push("general".to_string());
@@ -438,7 +494,7 @@ pub fn compile_with(kernels: &[&Kernel], target: &CpuTarget, options: &Options) 
                 let at = executable.code.len().div_ceil(32) * 32;
                 executable.code.resize(at, 0xCC);
                 executable.code.extend_from_slice(&code);
-                executable.entries.push((kernels[idx].name.clone(), at as u64));
+                executable.entries.push((kernels[idx].0.name.clone(), at as u64));
             } else {
                 let e = entries.next().ok_or_else(|| internal("", "an entry point went missing"))?;
                 executable.entries.push(e);

@@ -9,7 +9,7 @@
 //! and a row that does not is all pad values. Nothing is read outside `x`.
 
 use iced_x86::code_asm::*;
-use kiln_flow::contraction::affine;
+use kiln_flow::affine::affine;
 use kiln_flow::{Bounds, Expr, Kernel};
 
 use super::asm::Tables;

@@ -41,7 +41,7 @@
 use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
-use kiln_flow::contraction::{load_offset, AffineIndex};
+use kiln_flow::affine::{load_offset, AffineIndex};
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
 use kiln_ir::DType;
 

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use kiln_codegen::cpu::{compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{interp, Kernel};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
@@ -120,7 +120,8 @@ pub fn run_compiled(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64) -
 /// writes past its range's end into the next range then clobbers what that range
 /// already wrote, as another thread's range could be).
 pub fn run_compiled_in(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64, reversed: bool) -> Tensor {
-    let m = compile_with(&[k], &cfg.target, &cfg.options).unwrap_or_else(|e| panic!("compile {}: {e}", k.name));
+    let m =
+        compile_with(&classify(&[k]), &cfg.target, &cfg.options).unwrap_or_else(|e| panic!("compile {}: {e}", k.name));
     let exe = &m.executable;
     let code = LoadedCode::load(&exe.code, &exe.relocs).unwrap_or_else(|e| panic!("load: {e}"));
     let entry = code.entry(exe.entries[0].1).expect("entry");

@@ -88,8 +88,11 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
         entries: vec![("copy4".into(), 0), ("add".into(), 16), ("exp".into(), 64)],
         relocs: vec![],
     };
-    let k =
-        |name: &str, entry| Kernel { name: name.into(), variants: vec![Variant { executable: 0, entry, features: 0 }] };
+    let k = |name: &str, entry| Kernel {
+        name: name.into(),
+        variants: vec![Variant { executable: 0, entry, features: 0 }],
+        class: KernelClass::Unknown,
+    };
     (x, vec![k("copy4", 0), k("add", 1), k("exp", 2)])
 }
 
@@ -251,8 +254,11 @@ pub fn reloc_program() -> Program {
         }],
         buffers: vec![],
     };
-    let k =
-        |name: &str, entry| Kernel { name: name.into(), variants: vec![Variant { executable: 0, entry, features: 0 }] };
+    let k = |name: &str, entry| Kernel {
+        name: name.into(),
+        variants: vec![Variant { executable: 0, entry, features: 0 }],
+        class: KernelClass::Unknown,
+    };
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![entry("main", 0), entry("abs", 1)],
