@@ -15,15 +15,9 @@
 //! - and, compiled to an artifact, loaded and run, compute what kiln-ref computes on
 //!   seeded inputs (within 1e-5 relative + 1e-6 absolute).
 
-use std::path::PathBuf;
-
 use kiln_compiler::stream::{self, Placement, StreamPlan, ALIGN};
 use kiln_flow::program::{BufferKind, FlowProgram};
 use kiln_ir::{DType, Graph, Tensor};
-
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/filetests")
-}
 
 fn inputs(g: &Graph) -> Vec<Tensor> {
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -44,14 +38,6 @@ fn inputs(g: &Graph) -> Vec<Tensor> {
         .collect()
 }
 
-fn directive(src: &str, key: &str) -> Option<usize> {
-    src.lines()
-        .filter_map(|l| l.trim().strip_prefix("//"))
-        .filter_map(|l| l.trim().strip_prefix(key))
-        .filter_map(|l| l.strip_prefix(':'))
-        .find_map(|n| n.trim().parse().ok())
-}
-
 /// The plan's invariants (see the module docs).
 fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
     let producers = p.producers();
@@ -65,7 +51,10 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
         for &o in &disp.operands {
             if let Some(pd) = producers[p.storage(o).index()] {
                 if wave_of[pd] >= wave_of[d] {
-                    return Err(format!("dispatch {d} (wave {}) reads dispatch {pd} (wave {})", wave_of[d], wave_of[pd]));
+                    return Err(format!(
+                        "dispatch {d} (wave {}) reads dispatch {pd} (wave {})",
+                        wave_of[d], wave_of[pd]
+                    ));
                 }
             }
         }
@@ -76,7 +65,11 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
         match *pl {
             Placement::Arena(o) => {
                 if o % ALIGN != 0 || o + size > plan.arena_size {
-                    return Err(format!("%{i}: arena [{o}, {}) misaligned or past the arena ({})", o + size, plan.arena_size));
+                    return Err(format!(
+                        "%{i}: arena [{o}, {}) misaligned or past the arena ({})",
+                        o + size,
+                        plan.arena_size
+                    ));
                 }
                 let (a, z) = plan.lifetimes[i].ok_or(format!("%{i}: in the arena without a lifetime"))?;
                 arena.push((i, o, o + size, a, z));
@@ -124,15 +117,16 @@ fn run_compiled(g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, String> {
         .collect()
 }
 
-fn one(path: &std::path::Path) -> Result<(), String> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let src = std::fs::read_to_string(path).map_err(|e| format!("{name}: {e}"))?;
+/// Plans one file, checks the plan and the compiled artifact's outputs, and returns the
+/// plan's text.
+fn one(c: &kiln_filetest::Case) -> Result<String, String> {
+    let (name, src) = (&c.name, &c.src);
     let g = kiln_ir::text::parse(&src).map_err(|e| format!("{name}: {e}"))?;
     let t = kiln_compiler::tensor_passes(&g, &kiln_compiler::Options::default()).map_err(|e| format!("{name}: {e}"))?;
     let flow = kiln_flow::program::form(&t).map_err(|e| format!("{name}: {e}"))?;
     let plan = stream::schedule(&flow).map_err(|e| format!("{name}: {e}"))?;
     check_plan(&flow, &plan).map_err(|e| format!("{name}: {e}"))?;
-    if let Some(n) = directive(&src, "waves") {
+    if let Some(n) = c.count("waves") {
         if plan.waves.len() != n {
             return Err(format!("{name}: {} waves, the file states {n}", plan.waves.len()));
         }
@@ -148,29 +142,14 @@ fn one(path: &std::path::Path) -> Result<(), String> {
             }
         }
     }
-    let text = stream::print(&flow, &plan);
-    let expected = path.with_extension("stream");
-    if std::env::var_os("KILN_BLESS").is_some() {
-        std::fs::write(&expected, &text).map_err(|e| format!("{name}: {e}"))?;
-        return Ok(());
-    }
-    let want = std::fs::read_to_string(&expected)
-        .map_err(|e| format!("{name}: cannot read {}: {e} (KILN_BLESS=1 writes it)", expected.display()))?;
-    if want != text {
-        return Err(format!("{name}: the plan differs from {}:\n--- expected\n{want}\n--- got\n{text}", expected.display()));
-    }
-    Ok(())
+    Ok(stream::print(&flow, &plan))
 }
 
 #[test]
 fn filetests() {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
-        .expect("filetests dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
-        .collect();
-    files.sort();
+    let files = kiln_filetest::run(&kiln_filetest::dir(env!("CARGO_MANIFEST_DIR")), "kir", |c| {
+        let text = one(c)?;
+        c.expect(&text, "stream")
+    });
     assert!(files.len() >= 4, "the stream filetests are missing");
-    let failures: Vec<String> = files.iter().filter_map(|f| one(f).err()).collect();
-    assert!(failures.is_empty(), "{} of {} filetests failed:\n{}", failures.len(), files.len(), failures.join("\n\n"));
 }
