@@ -1,7 +1,7 @@
 //! The printer.
 
 use super::base64;
-use super::lex::{is_ident, quote};
+use super::lex::{quote, write_name};
 use super::INLINE_LIMIT;
 use crate::dtype::DType;
 use crate::entity::EntityId;
@@ -97,11 +97,7 @@ impl Printer<'_> {
     }
 
     fn ident_or_quoted(&mut self, s: &str) {
-        if is_ident(s) {
-            self.out.push_str(s);
-        } else {
-            quote(s, &mut self.out);
-        }
+        write_name(&mut self.out, s);
     }
 
     /// `TYPE "name"` of a value (the name only when not empty).
@@ -235,7 +231,7 @@ impl Printer<'_> {
 
 /// The elements of a small tensor in their exact text form; `None` when the tensor is
 /// large or its bytes have no exact element form (they then go to a blob).
-fn inline_elements(t: &Tensor) -> Option<Vec<String>> {
+pub fn inline_elements(t: &Tensor) -> Option<Vec<String>> {
     let n = t.numel();
     let d: &[u8] = t.bytes();
     let dtype = t.dtype();
@@ -283,17 +279,17 @@ fn inline_elements(t: &Tensor) -> Option<Vec<String>> {
 }
 
 /// The quiet NaN with sign and payload clear, printed as plain `nan`.
-pub(crate) const F32_NAN: u32 = 0x7FC0_0000;
+pub const F32_NAN: u32 = 0x7FC0_0000;
 /// See [`F32_NAN`].
-pub(crate) const F64_NAN: u64 = 0x7FF8_0000_0000_0000;
+pub const F64_NAN: u64 = 0x7FF8_0000_0000_0000;
 /// See [`F32_NAN`].
-pub(crate) const F16_NAN: u16 = 0x7E00;
+pub const F16_NAN: u16 = 0x7E00;
 /// See [`F32_NAN`].
-pub(crate) const BF16_NAN: u16 = 0x7FC0;
+pub const BF16_NAN: u16 = 0x7FC0;
 
 /// The exact text of an `f32`: shortest decimal that reads back to the same bits (always
 /// with a `.` or an exponent), `inf`, `-inf`, `nan`, or `nan(0x…)` with the NaN's bits.
-pub(crate) fn fmt_f32(x: f32) -> String {
+pub fn fmt_f32(x: f32) -> String {
     if x.is_nan() {
         if x.to_bits() == F32_NAN {
             "nan".to_string()
@@ -308,7 +304,7 @@ pub(crate) fn fmt_f32(x: f32) -> String {
 }
 
 /// [`fmt_f32`] for `f64`.
-pub(crate) fn fmt_f64(x: f64) -> String {
+pub fn fmt_f64(x: f64) -> String {
     if x.is_nan() {
         if x.to_bits() == F64_NAN {
             "nan".to_string()
