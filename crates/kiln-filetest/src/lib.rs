@@ -14,10 +14,15 @@
 //!     });
 //! }
 //! ```
+//!
+//! [`fuzz`] holds what the fuzz-corpus replays share; the graph helpers ([`seeded_inputs`],
+//! [`compare`]) come with the default `graphs` feature.
 #![deny(missing_docs)]
 
+pub mod fuzz;
+
+#[cfg(feature = "graphs")]
 use kiln_ir::{DType, Graph, Tensor};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 /// The environment variable that turns comparison into rewriting the expectations.
@@ -155,16 +160,9 @@ pub fn run(dir: &Path, ext: &str, check: impl Fn(&Case) -> Result<(), String>) -
         .iter()
         .filter_map(|f| {
             let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            match catch_unwind(AssertUnwindSafe(|| Case::read(f).and_then(|c| check(&c)))) {
+            match fuzz::catch(|| Case::read(f).and_then(|c| check(&c))) {
                 Ok(r) => r.err(),
-                Err(e) => {
-                    let what = e
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    Some(format!("{name}: panicked: {what}"))
-                }
+                Err(what) => Some(format!("{name}: panicked: {what}")),
             }
         })
         .collect();
@@ -178,22 +176,16 @@ pub fn run(dir: &Path, ext: &str, check: impl Fn(&Case) -> Result<(), String>) -
     files
 }
 
-/// Seeded inputs for a graph's inputs: a xorshift64 stream from `seed`, each draw turned
-/// into an element by `value(dtype, draw)`.
+/// Seeded inputs for a graph's inputs: a [`fuzz::XorShift`] stream from `seed`, each draw
+/// turned into an element by `value(dtype, draw)`.
+#[cfg(feature = "graphs")]
 pub fn seeded_inputs(g: &Graph, seed: u64, value: impl Fn(DType, u64) -> f64) -> Vec<Tensor> {
-    let mut x = seed;
+    let mut rng = fuzz::XorShift(seed);
     g.inputs
         .iter()
         .map(|&v| {
             let ty = g.ty(v);
-            let vals: Vec<f64> = (0..ty.shape.numel())
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    value(ty.dtype, x)
-                })
-                .collect();
+            let vals: Vec<f64> = (0..ty.shape.numel()).map(|_| value(ty.dtype, rng.next())).collect();
             Tensor::from_f64(ty.dtype, ty.shape.clone(), &vals).expect("a seeded input of the graph's own type")
         })
         .collect()
@@ -204,6 +196,7 @@ pub fn unit(draw: u64) -> f64 {
     (draw % 2000) as f64 / 1000.0 - 1.0
 }
 
+#[cfg(feature = "graphs")]
 /// Compares outputs with the reference's: the same types, floats within
 /// `rtol · |want| + atol` (NaN matches NaN), other dtypes bit for bit.
 pub fn compare(name: &str, got: &[Tensor], want: &[Tensor], rtol: f64, atol: f64) -> Result<(), String> {
