@@ -7,19 +7,7 @@ use common::*;
 use kiln_flow::{BinaryOp, Bounds, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
-const TYPES: [ScalarType; 11] = [
-    ScalarType::Bool,
-    ScalarType::I8,
-    ScalarType::I16,
-    ScalarType::I32,
-    ScalarType::I64,
-    ScalarType::U8,
-    ScalarType::U16,
-    ScalarType::U32,
-    ScalarType::U64,
-    ScalarType::F32,
-    ScalarType::F64,
-];
+const TYPES: [ScalarType; 11] = ScalarType::ALL;
 
 /// Every storage dtype the CPU backend handles.
 const STORAGE: [DType; 13] = [

@@ -20,22 +20,7 @@ use kiln_flow::program::{BufferKind, FlowProgram};
 use kiln_ir::{DType, Graph, Tensor};
 
 fn inputs(g: &Graph) -> Vec<Tensor> {
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    g.inputs
-        .iter()
-        .map(|&v| {
-            let ty = g.ty(v);
-            let vals: Vec<f64> = (0..ty.shape.numel())
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % 2000) as f64 / 1000.0 - 1.0
-                })
-                .collect();
-            Tensor::from_f64(ty.dtype, ty.shape.clone(), &vals).expect("input")
-        })
-        .collect()
+    kiln_filetest::seeded_inputs(g, 0x2545_F491_4F6C_DD1D, |_, x| kiln_filetest::unit(x))
 }
 
 /// The plan's invariants (see the module docs).

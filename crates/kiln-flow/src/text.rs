@@ -118,20 +118,6 @@ const BLOB_LINE_BYTES: usize = 57;
 /// The longest loop the parser accepts for a variable (the element limit of tensors).
 const MAX_EXTENT: u64 = kiln_ir::shape::MAX_ELEMENTS as u64;
 
-const SCALAR_TYPES: [ScalarType; 11] = [
-    ScalarType::Bool,
-    ScalarType::I8,
-    ScalarType::I16,
-    ScalarType::I32,
-    ScalarType::I64,
-    ScalarType::U8,
-    ScalarType::U16,
-    ScalarType::U32,
-    ScalarType::U64,
-    ScalarType::F32,
-    ScalarType::F64,
-];
-
 const REDUCE_OPS: [ReduceOp; 8] = [
     ReduceOp::Sum,
     ReduceOp::Prod,
@@ -490,7 +476,7 @@ impl Parser<'_> {
     fn scalar_type(&mut self) -> PResult<ScalarType> {
         let (tok, pos) = self.bump();
         if let Tok::Ident(s) = &tok {
-            if let Some(t) = SCALAR_TYPES.iter().find(|t| t.name() == s) {
+            if let Some(t) = ScalarType::ALL.iter().find(|t| t.name() == s) {
                 return Ok(*t);
             }
         }

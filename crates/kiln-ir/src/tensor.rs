@@ -82,25 +82,21 @@ macro_rules! element_int {
 element_int!(f32 => F32, f64 => F64, i8 => I8, i16 => I16, i32 => I32, i64 => I64,
              u8 => U8, u16 => U16, u32 => U32, u64 => U64);
 
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    fn read_le(b: &[u8]) -> Self {
-        f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
-    }
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
+/// The 16-bit floats, stored as their bits.
+macro_rules! element_half {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn read_le(b: &[u8]) -> Self {
+                <$t>::from_bits(u16::from_le_bytes([b[0], b[1]]))
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_bits().to_le_bytes());
+            }
+        }
+    )*};
 }
-
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn read_le(b: &[u8]) -> Self {
-        bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))
-    }
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-}
+element_half!(f16 => F16, bf16 => BF16);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;

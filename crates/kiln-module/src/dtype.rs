@@ -56,6 +56,8 @@ pub enum DType {
 
 /// One row of the table.
 struct Row {
+    /// The dtype the row describes.
+    dtype: DType,
     /// ONNX `TensorProto.DataType` code; 0 where ONNX has none (0 is ONNX's "undefined").
     code: u32,
     /// Name in the text forms and in messages.
@@ -66,62 +68,47 @@ struct Row {
     npy: Option<&'static str>,
 }
 
-const fn row(code: u32, name: &'static str, bits: u32, npy: Option<&'static str>) -> Row {
-    Row { code, name, bits, npy }
+const fn row(dtype: DType, code: u32, name: &'static str, bits: u32, npy: Option<&'static str>) -> Row {
+    Row { dtype, code, name, bits, npy }
 }
 
 /// The table, one row per [`DType`] in declaration order (a test checks the order).
 const TABLE: [Row; 22] = [
-    row(1, "f32", 32, Some("<f4")),
-    row(10, "f16", 16, Some("<f2")),
-    row(16, "bf16", 16, None),
-    row(11, "f64", 64, Some("<f8")),
-    row(3, "i8", 8, Some("|i1")),
-    row(5, "i16", 16, Some("<i2")),
-    row(6, "i32", 32, Some("<i4")),
-    row(7, "i64", 64, Some("<i8")),
-    row(2, "u8", 8, Some("|u1")),
-    row(4, "u16", 16, Some("<u2")),
-    row(12, "u32", 32, Some("<u4")),
-    row(13, "u64", 64, Some("<u8")),
-    row(9, "bool", 8, Some("|b1")),
-    row(22, "i4", 4, None),
-    row(21, "u4", 4, None),
-    row(17, "f8E4M3FN", 8, None),
-    row(18, "f8E4M3FNUZ", 8, None),
-    row(19, "f8E5M2", 8, None),
-    row(20, "f8E5M2FNUZ", 8, None),
-    row(24, "f8E8M0FNU", 8, None),
-    row(0, "f6E3M2FN", 8, None),
-    row(23, "f4E2M1FN", 4, None),
+    row(DType::F32, 1, "f32", 32, Some("<f4")),
+    row(DType::F16, 10, "f16", 16, Some("<f2")),
+    row(DType::BF16, 16, "bf16", 16, None),
+    row(DType::F64, 11, "f64", 64, Some("<f8")),
+    row(DType::I8, 3, "i8", 8, Some("|i1")),
+    row(DType::I16, 5, "i16", 16, Some("<i2")),
+    row(DType::I32, 6, "i32", 32, Some("<i4")),
+    row(DType::I64, 7, "i64", 64, Some("<i8")),
+    row(DType::U8, 2, "u8", 8, Some("|u1")),
+    row(DType::U16, 4, "u16", 16, Some("<u2")),
+    row(DType::U32, 12, "u32", 32, Some("<u4")),
+    row(DType::U64, 13, "u64", 64, Some("<u8")),
+    row(DType::Bool, 9, "bool", 8, Some("|b1")),
+    row(DType::I4, 22, "i4", 4, None),
+    row(DType::U4, 21, "u4", 4, None),
+    row(DType::F8E4M3FN, 17, "f8E4M3FN", 8, None),
+    row(DType::F8E4M3FNUZ, 18, "f8E4M3FNUZ", 8, None),
+    row(DType::F8E5M2, 19, "f8E5M2", 8, None),
+    row(DType::F8E5M2FNUZ, 20, "f8E5M2FNUZ", 8, None),
+    row(DType::F8E8M0FNU, 24, "f8E8M0FNU", 8, None),
+    row(DType::F6E3M2FN, 0, "f6E3M2FN", 8, None),
+    row(DType::F4E2M1FN, 23, "f4E2M1FN", 4, None),
 ];
 
 impl DType {
     /// All dtypes, in declaration order.
-    pub const ALL: [DType; 22] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F64,
-        DType::I8,
-        DType::I16,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::U16,
-        DType::U32,
-        DType::U64,
-        DType::Bool,
-        DType::I4,
-        DType::U4,
-        DType::F8E4M3FN,
-        DType::F8E4M3FNUZ,
-        DType::F8E5M2,
-        DType::F8E5M2FNUZ,
-        DType::F8E8M0FNU,
-        DType::F6E3M2FN,
-        DType::F4E2M1FN,
-    ];
+    pub const ALL: [DType; 22] = {
+        let mut all = [DType::F32; 22];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = TABLE[i].dtype;
+            i += 1;
+        }
+        all
+    };
 
     fn row(self) -> &'static Row {
         // `DType` is a field-less enum whose discriminants are 0..22 in declaration order,
@@ -285,7 +272,9 @@ mod tests {
     fn table_follows_declaration_order() {
         for (i, d) in DType::ALL.iter().enumerate() {
             assert_eq!(*d as usize, i);
+            assert_eq!(TABLE[i].dtype, *d);
         }
+        assert_eq!(DType::ALL.iter().collect::<alloc::collections::BTreeSet<_>>().len(), 22, "no dtype twice");
         assert_eq!(TABLE.len(), DType::ALL.len());
     }
 
