@@ -190,16 +190,7 @@ fn reduce_input(t: ScalarType, cols: usize) -> Tensor {
 
 #[test]
 fn reductions_every_type() {
-    let ops = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Max,
-        ReduceOp::Min,
-        ReduceOp::ArgMax { last: false },
-        ReduceOp::ArgMax { last: true },
-        ReduceOp::ArgMin { last: false },
-        ReduceOp::ArgMin { last: true },
-    ];
+    let ops = ReduceOp::ALL;
     let mut count = 0;
     for t in TYPES {
         for op in ops {

@@ -459,6 +459,18 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// Every reduction, each arg-reduction with both tie rules.
+    pub const ALL: [ReduceOp; 8] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::ArgMax { last: false },
+        ReduceOp::ArgMax { last: true },
+        ReduceOp::ArgMin { last: false },
+        ReduceOp::ArgMin { last: true },
+    ];
+
     /// Lower-case name, as printed.
     pub fn name(self) -> &'static str {
         match self {

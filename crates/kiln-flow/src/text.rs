@@ -98,14 +98,14 @@
 use std::collections::HashMap;
 use std::fmt::{self, Write};
 
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_ir::{DType, Tensor, TensorType};
 
 pub use kiln_ir::text::ParseError;
 // The lexer, token cursor, quoting, base64 and number forms are the tensor level's: one
 // text syntax at every level.
 use kiln_ir::text::syntax::{
-    base64_decode, base64_encode, fail, fmt_f32, fmt_f64, inline_elements, int_parts, is_hex, parse_int, quote,
-    write_name, Cursor, SResult as PResult, SyntaxError as PErr, Tok, BF16_NAN, F16_NAN, F32_NAN, F64_NAN,
+    base64_encode, fail, fmt_f32, fmt_f64, inline_elements, int_parts, is_hex, lit_code as syntax_lit_code, parse_int,
+    quote, write_name, Cursor, SResult as PResult, SyntaxError as PErr, Tok, BF16_NAN, F16_NAN, F32_NAN, F64_NAN,
 };
 pub use kiln_ir::text::INLINE_LIMIT;
 
@@ -117,17 +117,6 @@ const BLOB_LINE_BYTES: usize = 57;
 
 /// The longest loop the parser accepts for a variable (the element limit of tensors).
 const MAX_EXTENT: u64 = kiln_ir::shape::MAX_ELEMENTS as u64;
-
-const REDUCE_OPS: [ReduceOp; 8] = [
-    ReduceOp::Sum,
-    ReduceOp::Prod,
-    ReduceOp::Max,
-    ReduceOp::Min,
-    ReduceOp::ArgMax { last: false },
-    ReduceOp::ArgMax { last: true },
-    ReduceOp::ArgMin { last: false },
-    ReduceOp::ArgMin { last: true },
-];
 
 /// The text of a kernel (its `Display`).
 pub fn print_kernel(k: &Kernel) -> String {
@@ -447,32 +436,6 @@ impl Parser<'_> {
         fail(pos, format!("expected {what} (`{prefix}N`), found {t}"))
     }
 
-    /// `DTYPE[d0,d1,…]`.
-    fn tensor_type(&mut self) -> PResult<TensorType> {
-        let (tok, pos) = self.bump();
-        let Tok::Ident(name) = tok else {
-            return fail(pos, format!("expected a tensor type such as `f32[2,3]`, found {tok}"));
-        };
-        let dtype: DType = name.parse().map_err(|_| PErr { pos, message: format!("unknown dtype `{name}`") })?;
-        self.expect(&Tok::LBrack, "after the dtype (a tensor type is written `f32[2,3]`, `f32[]` for a scalar)")?;
-        let mut dims = Vec::new();
-        if !self.eat(&Tok::RBrack) {
-            loop {
-                let (d, dpos) = self.uint("a dimension")?;
-                match usize::try_from(d) {
-                    Ok(d) => dims.push(d),
-                    Err(_) => return fail(dpos, "dimension too large"),
-                }
-                if self.eat(&Tok::RBrack) {
-                    break;
-                }
-                self.expect(&Tok::Comma, "or `]` after a dimension")?;
-            }
-        }
-        let shape = Shape::new(dims).map_err(|e| PErr { pos, message: format!("invalid shape: {e}") })?;
-        Ok(TensorType::new(dtype, shape))
-    }
-
     fn scalar_type(&mut self) -> PResult<ScalarType> {
         let (tok, pos) = self.bump();
         if let Tok::Ident(s) = &tok {
@@ -501,25 +464,6 @@ impl Parser<'_> {
             t => return fail(pos, format!("expected a literal, found {t}")),
         };
         Ok((lit, pos))
-    }
-
-    /// The optional `(0x…)` after `nan`.
-    fn nan_bits(&mut self) -> PResult<Option<(u64, usize)>> {
-        if !self.eat(&Tok::LParen) {
-            return Ok(None);
-        }
-        let (t, pos) = self.bump();
-        let bits = match &t {
-            Tok::Num(s) if s.starts_with("0x") || s.starts_with("0X") => {
-                parse_int(s).and_then(|v| u64::try_from(v).ok())
-            }
-            _ => None,
-        };
-        let Some(bits) = bits else {
-            return fail(pos, format!("expected the NaN's bits in hex (`nan(0x7FC00001)`), found {t}"));
-        };
-        self.expect(&Tok::RParen, "after the NaN's bits")?;
-        Ok(Some((bits, pos)))
     }
 
     /// A constant of scalar type `ty`, as bits.
@@ -669,7 +613,7 @@ impl Parser<'_> {
             return Ok(Expr::Binary(*op, a, b));
         }
         if let Some(r) = word.strip_prefix("reduce.") {
-            let Some(op) = REDUCE_OPS.iter().find(|o| o.name() == r) else {
+            let Some(op) = ReduceOp::ALL.iter().find(|o| o.name() == r) else {
                 return fail(
                     pos,
                     format!("unknown reduction `{r}` (sum, prod, max, min, argmax[.last], argmin[.last])"),
@@ -1036,21 +980,7 @@ impl Parser<'_> {
                 return fail(pos, format!("blob {index} is defined twice"));
             }
             self.expect(&Tok::Colon, "after the blob number")?;
-            if !matches!(self.peek(), Tok::Str(_)) {
-                return fail(self.pos(), format!("expected the blob's base64 text (strings), found {}", self.peek()));
-            }
-            let mut data = Vec::new();
-            let mut ended = false;
-            while let Tok::Str(_) = self.peek() {
-                let (t, spos) = self.bump();
-                let Tok::Str(s) = t else { break };
-                if ended {
-                    return fail(spos, format!("blob {index} continues after its `=` padding"));
-                }
-                // +1: the offset inside the quotes (base64 has no escapes to skew it).
-                ended = base64_decode(&s, &mut data)
-                    .map_err(|e| PErr { pos: spos + 1 + e.offset, message: format!("blob {index}: {}", e.message) })?;
-            }
+            let data = self.blob_data(index)?;
             blobs.insert(index, (data, pos));
         }
         Ok(blobs)
@@ -1186,14 +1116,7 @@ fn encode_elements(dtype: DType, lits: &[(Lit, usize)]) -> PResult<Vec<u8>> {
 
 /// A raw code of a low-precision float type (hex).
 fn lit_code(l: &Lit, pos: usize, what: &str, max: u8) -> PResult<u8> {
-    let Lit::Num(s) = l else {
-        return fail(pos, format!("expected a raw {what} code such as `0x{max:X}`"));
-    };
-    match parse_int(s) {
-        Some(v) if (0..=i128::from(max)).contains(&v) => Ok(v as u8),
-        Some(_) => fail(pos, format!("code `{s}` is out of range for {what} (0x0 to 0x{max:X})")),
-        None => fail(pos, format!("expected a raw {what} code such as `0x{max:X}`, found `{s}`")),
-    }
+    syntax_lit_code(if let Lit::Num(s) = l { Some(s) } else { None }, pos, what, max)
 }
 
 #[cfg(test)]

@@ -308,16 +308,7 @@ fn random_kernel(rng: &mut Rng) -> Option<Kernel> {
                 let vv = b.var(v);
                 let body = load(&mut b, rng, Some(vv))?;
                 let bt = b.ty(body);
-                let op = *rng.pick(&[
-                    ReduceOp::Sum,
-                    ReduceOp::Prod,
-                    ReduceOp::Max,
-                    ReduceOp::Min,
-                    ReduceOp::ArgMax { last: false },
-                    ReduceOp::ArgMax { last: true },
-                    ReduceOp::ArgMin { last: false },
-                    ReduceOp::ArgMin { last: true },
-                ]);
+                let op = *rng.pick(&ReduceOp::ALL);
                 if bt == ScalarType::Bool && matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
                     None
                 } else if !op.is_arg() && rng.below(2) == 0 {

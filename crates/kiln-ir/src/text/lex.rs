@@ -3,6 +3,8 @@
 //! The tensor level's text form and the flow level's (in kiln-flow) share these: the
 //! same identifiers, numbers, strings, `%N` references, comments and punctuation.
 
+use crate::dtype::DType;
+use crate::shape::{Shape, TensorType};
 use core::fmt;
 
 /// One token.
@@ -300,6 +302,19 @@ pub fn is_hex(s: &str) -> bool {
     b.starts_with("0x") || b.starts_with("0X")
 }
 
+/// A raw code of a low-precision float type of `max` at most (written in hex by the
+/// printers) from a number literal `num` (`None`: the literal is not a number).
+pub fn lit_code(num: Option<&str>, pos: usize, what: impl fmt::Display, max: u8) -> SResult<u8> {
+    let Some(s) = num else {
+        return fail(pos, format!("expected a raw {what} code such as `0x{max:X}`"));
+    };
+    match parse_int(s) {
+        Some(v) if (0..=i128::from(max)).contains(&v) => Ok(v as u8),
+        Some(_) => fail(pos, format!("code `{s}` is out of range for {what} (0x0 to 0x{max:X})")),
+        None => fail(pos, format!("expected a raw {what} code such as `0x{max:X}`, found `{s}`")),
+    }
+}
+
 /// The tokens of a text with a read position: what a recursive-descent parser steps over.
 #[derive(Debug)]
 pub struct Cursor {
@@ -369,6 +384,78 @@ impl Cursor {
         } else {
             fail(pos, format!("expected `{kw}` {context}, found {}", self.peek()))
         }
+    }
+
+    /// The optional `(0x…)` after `nan`: the NaN's bits and their offset.
+    pub fn nan_bits(&mut self) -> SResult<Option<(u64, usize)>> {
+        if !self.eat(&Tok::LParen) {
+            return Ok(None);
+        }
+        let (t, pos) = self.bump();
+        let bits = match &t {
+            Tok::Num(s) if s.starts_with("0x") || s.starts_with("0X") => {
+                parse_int(s).and_then(|v| u64::try_from(v).ok())
+            }
+            _ => None,
+        };
+        let Some(bits) = bits else {
+            return fail(pos, format!("expected the NaN's bits in hex (`nan(0x7FC00001)`), found {t}"));
+        };
+        self.expect(&Tok::RParen, "after the NaN's bits")?;
+        Ok(Some((bits, pos)))
+    }
+
+    /// The bytes of blob `index` of a `blobs` section: one or more base64 strings, of which
+    /// only the last may end in `=` padding.
+    pub fn blob_data(&mut self, index: u64) -> SResult<Vec<u8>> {
+        if !matches!(self.peek(), Tok::Str(_)) {
+            return fail(self.pos(), format!("expected the blob's base64 text (strings), found {}", self.peek()));
+        }
+        let mut data = Vec::new();
+        let mut ended = false;
+        while let Tok::Str(_) = self.peek() {
+            let (t, spos) = self.bump();
+            let Tok::Str(s) = t else { break };
+            if ended {
+                return fail(spos, format!("blob {index} continues after its `=` padding"));
+            }
+            // +1: the offset is inside the quotes (base64 has no escapes to skew it).
+            ended = super::base64::decode_into(&s, &mut data).map_err(|e| SyntaxError {
+                pos: spos + 1 + e.offset,
+                message: format!("blob {index}: {}", e.message),
+            })?;
+        }
+        Ok(data)
+    }
+
+    /// A tensor type, `DTYPE[d0,d1,…]` (`f32[]` for a scalar).
+    pub fn tensor_type(&mut self) -> SResult<TensorType> {
+        let (tok, pos) = self.bump();
+        let Tok::Ident(name) = tok else {
+            return fail(pos, format!("expected a tensor type such as `f32[2,3]`, found {tok}"));
+        };
+        let dtype: DType = name.parse().map_err(|_| SyntaxError { pos, message: format!("unknown dtype `{name}`") })?;
+        self.expect(&Tok::LBrack, "after the dtype (a tensor type is written `f32[2,3]`, `f32[]` for a scalar)")?;
+        let mut dims = Vec::new();
+        if !self.eat(&Tok::RBrack) {
+            loop {
+                let (t, dpos) = self.bump();
+                let dim = match &t {
+                    Tok::Num(s) => parse_int(s).and_then(|v| usize::try_from(v).ok()),
+                    _ => None,
+                };
+                match dim {
+                    Some(d) => dims.push(d),
+                    None => return fail(dpos, format!("expected a dimension (a non-negative integer), found {t}")),
+                }
+                if self.eat(&Tok::RBrack) {
+                    break;
+                }
+                self.expect(&Tok::Comma, "or `]` after a dimension")?;
+            }
+        }
+        let shape = Shape::new(dims).map_err(|e| SyntaxError { pos, message: format!("invalid shape: {e}") })?;
+        Ok(TensorType::new(dtype, shape))
     }
 
     /// Succeeds at the end of the text.

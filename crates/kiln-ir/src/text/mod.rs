@@ -62,7 +62,8 @@ pub use print::print;
 pub mod syntax {
     pub use super::base64::{decode_into as base64_decode, encode as base64_encode, DecodeError};
     pub use super::lex::{
-        fail, int_parts, is_hex, is_ident, lex, parse_int, quote, run, write_name, Cursor, SResult, SyntaxError, Tok,
+        fail, int_parts, is_hex, is_ident, lex, lit_code, parse_int, quote, run, write_name, Cursor, SResult,
+        SyntaxError, Tok,
     };
     pub use super::print::{fmt_f32, fmt_f64, inline_elements, BF16_NAN, F16_NAN, F32_NAN, F64_NAN};
 }

@@ -1,14 +1,16 @@
 //! The parser.
 
-use super::base64;
-use super::lex::{fail, int_parts, is_hex, lex, parse_int, Cursor, SResult as PResult, SyntaxError as PErr, Tok};
+use super::lex::{
+    fail, int_parts, is_hex, lex, lit_code as syntax_lit_code, parse_int, Cursor, SResult as PResult,
+    SyntaxError as PErr, Tok,
+};
 use super::print::{BF16_NAN, F16_NAN, F32_NAN, F64_NAN};
 use super::ParseError;
 use crate::dtype::DType;
 use crate::entity::EntityId;
 use crate::graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
 use crate::op::{Attr, Attrs, Op, OpKind};
-use crate::shape::{Shape, TensorType};
+use crate::shape::TensorType;
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use half::{bf16, f16};
@@ -137,7 +139,7 @@ impl Parser {
                 let (id, pos) = self.value_token("a graph input")?;
                 self.check_new(id, pos)?;
                 self.expect(&Tok::Colon, "after the input's value")?;
-                let ty = self.ty()?;
+                let ty = self.tensor_type()?;
                 let name = self.opt_string().unwrap_or_default();
                 self.values.insert(id, PValue { ty, name, def: PDef::Input, pos });
                 inputs.push(ValueId::new(id as usize));
@@ -184,36 +186,6 @@ impl Parser {
         Ok(())
     }
 
-    /// `DTYPE[d0,d1,…]`.
-    fn ty(&mut self) -> PResult<TensorType> {
-        let (tok, pos) = self.bump();
-        let Tok::Ident(name) = tok else {
-            return fail(pos, format!("expected a type such as `f32[2,3]`, found {tok}"));
-        };
-        let dtype: DType = name.parse().map_err(|_| PErr { pos, message: format!("unknown dtype `{name}`") })?;
-        self.expect(&Tok::LBrack, "after the dtype (a type is written `f32[2,3]`, `f32[]` for a scalar)")?;
-        let mut dims = Vec::new();
-        if !self.eat(&Tok::RBrack) {
-            loop {
-                let (t, dpos) = self.bump();
-                let dim = match &t {
-                    Tok::Num(s) => parse_int(s).and_then(|v| usize::try_from(v).ok()),
-                    _ => None,
-                };
-                match dim {
-                    Some(d) => dims.push(d),
-                    None => return fail(dpos, format!("expected a dimension (a non-negative integer), found {t}")),
-                }
-                if self.eat(&Tok::RBrack) {
-                    break;
-                }
-                self.expect(&Tok::Comma, "or `]` after a dimension")?;
-            }
-        }
-        let shape = Shape::new(dims).map_err(|e| PErr { pos, message: format!("invalid shape: {e}") })?;
-        Ok(TensorType::new(dtype, shape))
-    }
-
     fn statement(&mut self) -> PResult<()> {
         let start = self.pos();
         let mut results = Vec::new();
@@ -238,7 +210,7 @@ impl Parser {
                 let (id, pos) = results[0];
                 let lit = self.tensor_lit()?;
                 let ty = if self.eat(&Tok::Colon) {
-                    self.ty()?
+                    self.tensor_type()?
                 } else {
                     match &lit {
                         TLit::Ready(t) => t.ty().clone(),
@@ -315,7 +287,7 @@ impl Parser {
                 if types.len() == results.len() {
                     return fail(pos, format!("more result types than results (the node defines {})", results.len()));
                 }
-                let ty = self.ty()?;
+                let ty = self.tensor_type()?;
                 let name = self.opt_string().unwrap_or_default();
                 types.push((ty, name));
                 if !self.eat(&Tok::Comma) {
@@ -350,7 +322,7 @@ impl Parser {
 
     /// `TYPE [elements]` or `TYPE blob(N)`.
     fn tensor_lit(&mut self) -> PResult<TLit> {
-        let ty = self.ty()?;
+        let ty = self.tensor_type()?;
         if self.is_kw("blob") {
             self.bump();
             self.expect(&Tok::LParen, "after `blob`")?;
@@ -413,25 +385,6 @@ impl Parser {
             t => return fail(pos, format!("expected a literal, found {t}")),
         };
         Ok((lit, pos))
-    }
-
-    /// The optional `(0x…)` after `nan`.
-    fn nan_bits(&mut self) -> PResult<Option<(u64, usize)>> {
-        if !self.eat(&Tok::LParen) {
-            return Ok(None);
-        }
-        let (t, pos) = self.bump();
-        let bits = match &t {
-            Tok::Num(s) if s.starts_with("0x") || s.starts_with("0X") => {
-                parse_int(s).and_then(|v| u64::try_from(v).ok())
-            }
-            _ => None,
-        };
-        let Some(bits) = bits else {
-            return fail(pos, format!("expected the NaN's bits in hex (`nan(0x7FC00001)`), found {t}"));
-        };
-        self.expect(&Tok::RParen, "after the NaN's bits")?;
-        Ok(Some((bits, pos)))
     }
 
     fn attr_value(&mut self) -> PResult<PAttr> {
@@ -514,21 +467,7 @@ impl Parser {
                 return fail(pos, format!("blob {index} defined twice"));
             }
             self.expect(&Tok::Colon, "after the blob number")?;
-            if !matches!(self.peek(), Tok::Str(_)) {
-                return fail(self.pos(), format!("expected the blob's base64 text (strings), found {}", self.peek()));
-            }
-            let mut data = Vec::new();
-            let mut ended = false;
-            while let Tok::Str(_) = self.peek() {
-                let (t, spos) = self.bump();
-                let Tok::Str(s) = t else { break };
-                if ended {
-                    return fail(spos, format!("blob {index} continues after its `=` padding"));
-                }
-                // +1: the offset is inside the quotes (base64 has no escapes to skew it).
-                ended = base64::decode_into(&s, &mut data)
-                    .map_err(|e| PErr { pos: spos + 1 + e.offset, message: format!("blob {index}: {}", e.message) })?;
-            }
+            let data = self.blob_data(index)?;
             blobs.insert(index, Bytes::from(data));
         }
         Ok(blobs)
@@ -742,14 +681,7 @@ fn encode_elements(dtype: DType, lits: &[(Lit, usize)]) -> PResult<Vec<u8>> {
     Ok(out)
 }
 
-/// A raw code of a low-precision float type (written in hex by the printer).
+/// A raw code of a low-precision float type.
 fn lit_code(l: &Lit, pos: usize, dtype: DType, max: u8) -> PResult<u8> {
-    let Lit::Num(s) = l else {
-        return fail(pos, format!("expected a raw {dtype} code such as `0x{max:X}`"));
-    };
-    match parse_int(s).filter(|_| !is_float_lit(l)) {
-        Some(v) if (0..=i128::from(max)).contains(&v) => Ok(v as u8),
-        Some(_) => fail(pos, format!("code `{s}` is out of range for {dtype} (0x0 to 0x{max:X})")),
-        None => fail(pos, format!("expected a raw {dtype} code such as `0x{max:X}`, found `{s}`")),
-    }
+    syntax_lit_code(if let Lit::Num(s) = l { Some(s) } else { None }, pos, dtype, max)
 }
