@@ -287,34 +287,37 @@ pub const F16_NAN: u16 = 0x7E00;
 /// See [`F32_NAN`].
 pub const BF16_NAN: u16 = 0x7FC0;
 
+/// `nan` for the quiet NaN `quiet`, else `nan(0x…)` with the NaN's bits in `digits` hex
+/// digits.
+fn nan_text(bits: u64, quiet: u64, digits: usize) -> String {
+    if bits == quiet {
+        "nan".to_string()
+    } else {
+        format!("nan(0x{bits:0digits$X})")
+    }
+}
+
+/// `inf` or `-inf`.
+fn inf_text(positive: bool) -> String {
+    (if positive { "inf" } else { "-inf" }).to_string()
+}
+
 /// The exact text of an `f32`: shortest decimal that reads back to the same bits (always
 /// with a `.` or an exponent), `inf`, `-inf`, `nan`, or `nan(0x…)` with the NaN's bits.
 pub fn fmt_f32(x: f32) -> String {
-    if x.is_nan() {
-        if x.to_bits() == F32_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{:08X})", x.to_bits())
-        }
-    } else if x.is_infinite() {
-        (if x > 0.0 { "inf" } else { "-inf" }).to_string()
-    } else {
-        format!("{x:?}")
+    match x {
+        x if x.is_nan() => nan_text(u64::from(x.to_bits()), u64::from(F32_NAN), 8),
+        x if x.is_infinite() => inf_text(x > 0.0),
+        x => format!("{x:?}"),
     }
 }
 
 /// [`fmt_f32`] for `f64`.
 pub fn fmt_f64(x: f64) -> String {
-    if x.is_nan() {
-        if x.to_bits() == F64_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{:016X})", x.to_bits())
-        }
-    } else if x.is_infinite() {
-        (if x > 0.0 { "inf" } else { "-inf" }).to_string()
-    } else {
-        format!("{x:?}")
+    match x {
+        x if x.is_nan() => nan_text(x.to_bits(), F64_NAN, 16),
+        x if x.is_infinite() => inf_text(x > 0.0),
+        x => format!("{x:?}"),
     }
 }
 
@@ -322,11 +325,7 @@ pub fn fmt_f64(x: f64) -> String {
 fn fmt_f16(bits: u16) -> String {
     let x = f16::from_bits(bits);
     if x.is_nan() {
-        if bits == F16_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{bits:04X})")
-        }
+        nan_text(u64::from(bits), u64::from(F16_NAN), 4)
     } else {
         fmt_f32(x.to_f32())
     }
@@ -336,11 +335,7 @@ fn fmt_f16(bits: u16) -> String {
 fn fmt_bf16(bits: u16) -> String {
     let x = bf16::from_bits(bits);
     if x.is_nan() {
-        if bits == BF16_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{bits:04X})")
-        }
+        nan_text(u64::from(bits), u64::from(BF16_NAN), 4)
     } else {
         fmt_f32(x.to_f32())
     }
@@ -362,6 +357,9 @@ mod tests {
         assert_eq!(fmt_f32(f32::from_bits(0xFFC0_0000)), "nan(0xFFC00000)");
         assert_eq!(fmt_f32(f32::from_bits(0x7F80_0001)), "nan(0x7F800001)");
         assert_eq!(fmt_f64(f64::from_bits(1)), "5e-324");
+        assert_eq!(fmt_f64(f64::from_bits(0xFFF8_0000_0000_0001)), "nan(0xFFF8000000000001)");
+        assert_eq!(fmt_f64(f64::from_bits(F64_NAN)), "nan");
+        assert_eq!(fmt_f64(f64::INFINITY), "inf");
         // 0x3555 is the f16 nearest 1/3: 0.333251953125 exactly, whose shortest f32 form
         // is 0.33325195.
         assert_eq!(fmt_f16(0x3555), "0.33325195");
