@@ -321,24 +321,26 @@ pub fn fmt_f64(x: f64) -> String {
     }
 }
 
-/// An `f16` by its bits: finite values and infinities through `f32` (exact), NaNs as bits.
-fn fmt_f16(bits: u16) -> String {
-    let x = f16::from_bits(bits);
-    if x.is_nan() {
-        nan_text(u64::from(bits), u64::from(F16_NAN), 4)
+/// A 16-bit float by its bits: finite values and infinities through their exact `f32`
+/// `value`, NaNs as bits (`quiet` prints as plain `nan`).
+fn fmt_half(bits: u16, is_nan: bool, quiet: u16, value: f32) -> String {
+    if is_nan {
+        nan_text(u64::from(bits), u64::from(quiet), 4)
     } else {
-        fmt_f32(x.to_f32())
+        fmt_f32(value)
     }
 }
 
-/// [`fmt_f16`] for `bf16`.
+/// An `f16` by its bits.
+fn fmt_f16(bits: u16) -> String {
+    let x = f16::from_bits(bits);
+    fmt_half(bits, x.is_nan(), F16_NAN, x.to_f32())
+}
+
+/// A `bf16` by its bits.
 fn fmt_bf16(bits: u16) -> String {
     let x = bf16::from_bits(bits);
-    if x.is_nan() {
-        nan_text(u64::from(bits), u64::from(BF16_NAN), 4)
-    } else {
-        fmt_f32(x.to_f32())
-    }
+    fmt_half(bits, x.is_nan(), BF16_NAN, x.to_f32())
 }
 
 #[cfg(test)]
