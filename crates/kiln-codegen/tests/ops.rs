@@ -7,19 +7,7 @@ use common::*;
 use kiln_flow::{BinaryOp, Bounds, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
-const TYPES: [ScalarType; 11] = [
-    ScalarType::Bool,
-    ScalarType::I8,
-    ScalarType::I16,
-    ScalarType::I32,
-    ScalarType::I64,
-    ScalarType::U8,
-    ScalarType::U16,
-    ScalarType::U32,
-    ScalarType::U64,
-    ScalarType::F32,
-    ScalarType::F64,
-];
+const TYPES: [ScalarType; 11] = ScalarType::ALL;
 
 /// Every storage dtype the CPU backend handles.
 const STORAGE: [DType; 13] = [
@@ -202,16 +190,7 @@ fn reduce_input(t: ScalarType, cols: usize) -> Tensor {
 
 #[test]
 fn reductions_every_type() {
-    let ops = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Max,
-        ReduceOp::Min,
-        ReduceOp::ArgMax { last: false },
-        ReduceOp::ArgMax { last: true },
-        ReduceOp::ArgMin { last: false },
-        ReduceOp::ArgMin { last: true },
-    ];
+    let ops = ReduceOp::ALL;
     let mut count = 0;
     for t in TYPES {
         for op in ops {

@@ -17,42 +17,13 @@
 //! - and, compiled to an artifact, loaded and run, compute what kiln-ref computes on
 //!   seeded inputs (within 1e-5 relative + 1e-6 absolute).
 
-use std::path::PathBuf;
-
 use kiln_compiler::stream::{self, Placement, StreamPlan, ALIGN};
 use kiln_compiler::{Compilation, CpuTarget, Input, Options, Stage};
 use kiln_flow::program::{BufferKind, FlowProgram};
 use kiln_ir::{DType, Graph, Tensor};
 
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/filetests")
-}
-
 fn inputs(g: &Graph) -> Vec<Tensor> {
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    g.inputs
-        .iter()
-        .map(|&v| {
-            let ty = g.ty(v);
-            let vals: Vec<f64> = (0..ty.shape.numel())
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % 2000) as f64 / 1000.0 - 1.0
-                })
-                .collect();
-            Tensor::from_f64(ty.dtype, ty.shape.clone(), &vals).expect("input")
-        })
-        .collect()
-}
-
-fn directive(src: &str, key: &str) -> Option<usize> {
-    src.lines()
-        .filter_map(|l| l.trim().strip_prefix("//"))
-        .filter_map(|l| l.trim().strip_prefix(key))
-        .filter_map(|l| l.strip_prefix(':'))
-        .find_map(|n| n.trim().parse().ok())
+    kiln_filetest::seeded_inputs(g, 0x2545_F491_4F6C_DD1D, |_, x| kiln_filetest::unit(x))
 }
 
 /// The plan's invariants (see the module docs).
@@ -133,10 +104,11 @@ fn run_compiled(g: &Graph, artifact: &[u8], feeds: &[Tensor]) -> Result<Vec<Tens
         .collect()
 }
 
-fn one(path: &std::path::Path) -> Result<(), String> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let src = std::fs::read_to_string(path).map_err(|e| format!("{name}: {e}"))?;
-    let g = kiln_ir::text::parse(&src).map_err(|e| format!("{name}: {e}"))?;
+/// Plans one file, checks the plan and the compiled artifact's outputs, and returns the
+/// plan's text.
+fn one(case: &kiln_filetest::Case) -> Result<String, String> {
+    let (name, src) = (&case.name, &case.src);
+    let g = kiln_ir::text::parse(src).map_err(|e| format!("{name}: {e}"))?;
     let opts = Options { target: CpuTarget::X86_64V3, ..Options::default() };
     let mut c = Compilation::new(Input::Graph(g.clone()), opts);
     c.run_to(Stage::Schedule).map_err(|e| format!("{name}: {e}"))?;
@@ -147,7 +119,7 @@ fn one(path: &std::path::Path) -> Result<(), String> {
         return Err(format!("{name}: the compilation's text after {} is not the plan's", Stage::Schedule));
     }
     check_plan(&flow, &plan).map_err(|e| format!("{name}: {e}"))?;
-    if let Some(n) = directive(&src, "waves") {
+    if let Some(n) = case.count("waves") {
         if plan.waves.len() != n {
             return Err(format!("{name}: {} waves, the file states {n}", plan.waves.len()));
         }
@@ -167,32 +139,14 @@ fn one(path: &std::path::Path) -> Result<(), String> {
             }
         }
     }
-    let text = stream::print(&flow, &plan);
-    let expected = path.with_extension("stream");
-    if std::env::var_os("KILN_BLESS").is_some() {
-        std::fs::write(&expected, &text).map_err(|e| format!("{name}: {e}"))?;
-        return Ok(());
-    }
-    let want = std::fs::read_to_string(&expected)
-        .map_err(|e| format!("{name}: cannot read {}: {e} (KILN_BLESS=1 writes it)", expected.display()))?;
-    if want != text {
-        return Err(format!(
-            "{name}: the plan differs from {}:\n--- expected\n{want}\n--- got\n{text}",
-            expected.display()
-        ));
-    }
-    Ok(())
+    Ok(stream::print(&flow, &plan))
 }
 
 #[test]
 fn filetests() {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
-        .expect("filetests dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
-        .collect();
-    files.sort();
+    let files = kiln_filetest::run(&kiln_filetest::dir(env!("CARGO_MANIFEST_DIR")), "kir", |c| {
+        let text = one(c)?;
+        c.expect(&text, "stream")
+    });
     assert!(files.len() >= 4, "the stream filetests are missing");
-    let failures: Vec<String> = files.iter().filter_map(|f| one(f).err()).collect();
-    assert!(failures.is_empty(), "{} of {} filetests failed:\n{}", failures.len(), files.len(), failures.join("\n\n"));
 }

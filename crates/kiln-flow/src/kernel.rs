@@ -85,6 +85,21 @@ pub enum ScalarType {
 }
 
 impl ScalarType {
+    /// Every scalar type, in declaration order.
+    pub const ALL: [ScalarType; 11] = [
+        ScalarType::Bool,
+        ScalarType::I8,
+        ScalarType::I16,
+        ScalarType::I32,
+        ScalarType::I64,
+        ScalarType::U8,
+        ScalarType::U16,
+        ScalarType::U32,
+        ScalarType::U64,
+        ScalarType::F32,
+        ScalarType::F64,
+    ];
+
     /// The compute type of values stored as `d`.
     pub fn of_storage(d: DType) -> ScalarType {
         match d {
@@ -444,6 +459,18 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// Every reduction, each arg-reduction with both tie rules.
+    pub const ALL: [ReduceOp; 8] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::ArgMax { last: false },
+        ReduceOp::ArgMax { last: true },
+        ReduceOp::ArgMin { last: false },
+        ReduceOp::ArgMin { last: true },
+    ];
+
     /// Lower-case name, as printed.
     pub fn name(self) -> &'static str {
         match self {

@@ -100,47 +100,26 @@
 use std::collections::HashMap;
 use std::fmt::{self, Write};
 
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_ir::{DType, Tensor, TensorType};
 
 pub use kiln_ir::text::ParseError;
+// The lexer, token cursor, quoting, base64 and number forms are the tensor level's: one
+// text syntax at every level.
+use kiln_ir::text::syntax::{
+    base64_encode, fail, fmt_f32, fmt_f64, inline_elements, int_parts, is_hex, lit_code as syntax_lit_code, parse_int,
+    quote, write_name, Cursor, SResult as PResult, SyntaxError as PErr, Tok, BF16_NAN, F16_NAN, F32_NAN, F64_NAN,
+};
+pub use kiln_ir::text::INLINE_LIMIT;
 
 use crate::class::KernelClass;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelError, Node, ReduceOp, ScalarType, UnaryOp, VarId};
 use crate::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
-
-/// Constants with at most this many elements are printed inline; larger ones as blobs.
-pub const INLINE_LIMIT: usize = 16;
 
 /// Bytes per base64 line of the `blobs` section (76 characters).
 const BLOB_LINE_BYTES: usize = 57;
 
 /// The longest loop the parser accepts for a variable (the element limit of tensors).
 const MAX_EXTENT: u64 = kiln_ir::shape::MAX_ELEMENTS as u64;
-
-const SCALAR_TYPES: [ScalarType; 11] = [
-    ScalarType::Bool,
-    ScalarType::I8,
-    ScalarType::I16,
-    ScalarType::I32,
-    ScalarType::I64,
-    ScalarType::U8,
-    ScalarType::U16,
-    ScalarType::U32,
-    ScalarType::U64,
-    ScalarType::F32,
-    ScalarType::F64,
-];
-
-const REDUCE_OPS: [ReduceOp; 8] = [
-    ReduceOp::Sum,
-    ReduceOp::Prod,
-    ReduceOp::Max,
-    ReduceOp::Min,
-    ReduceOp::ArgMax { last: false },
-    ReduceOp::ArgMax { last: true },
-    ReduceOp::ArgMin { last: false },
-    ReduceOp::ArgMin { last: true },
-];
 
 /// The text of a kernel (its `Display`).
 pub fn print_kernel(k: &Kernel) -> String {
@@ -309,41 +288,6 @@ fn scalar_text(ty: ScalarType, bits: u64) -> String {
     }
 }
 
-const F32_NAN: u32 = 0x7FC0_0000;
-const F64_NAN: u64 = 0x7FF8_0000_0000_0000;
-const F16_NAN: u16 = 0x7E00;
-const BF16_NAN: u16 = 0x7FC0;
-
-/// Shortest decimal reading back to the same bits, `inf`, `-inf`, `nan`, `nan(0x…)`.
-fn fmt_f32(x: f32) -> String {
-    if x.is_nan() {
-        if x.to_bits() == F32_NAN {
-            "nan".into()
-        } else {
-            format!("nan(0x{:08X})", x.to_bits())
-        }
-    } else if x.is_infinite() {
-        (if x > 0.0 { "inf" } else { "-inf" }).into()
-    } else {
-        format!("{x:?}")
-    }
-}
-
-/// [`fmt_f32`] for `f64`.
-fn fmt_f64(x: f64) -> String {
-    if x.is_nan() {
-        if x.to_bits() == F64_NAN {
-            "nan".into()
-        } else {
-            format!("nan(0x{:016X})", x.to_bits())
-        }
-    } else if x.is_infinite() {
-        (if x > 0.0 { "inf" } else { "-inf" }).into()
-    } else {
-        format!("{x:?}")
-    }
-}
-
 /// The exact value of an `f16` (any bits but a NaN's).
 fn f16_to_f32(h: u16) -> f32 {
     let exp = u32::from((h >> 10) & 0x1F);
@@ -380,392 +324,6 @@ fn f32_to_f16_exact(x: f32) -> Option<u16> {
     (f16_to_f32(lo) == a).then_some(lo | sign)
 }
 
-fn fmt_half(dtype: DType, bits: u16) -> String {
-    let (nan, value) = match dtype {
-        DType::BF16 => (BF16_NAN, f32::from_bits(u32::from(bits) << 16)),
-        _ => (F16_NAN, f16_to_f32(bits)),
-    };
-    let exp_mask = if dtype == DType::BF16 { 0x7F80 } else { 0x7C00 };
-    let is_nan = bits & exp_mask == exp_mask && bits & !exp_mask & 0x7FFF != 0;
-    if is_nan {
-        if bits == nan {
-            "nan".into()
-        } else {
-            format!("nan(0x{bits:04X})")
-        }
-    } else {
-        fmt_f32(value)
-    }
-}
-
-/// The elements of a small tensor in their exact text form; `None` when the tensor is
-/// large or its bytes have no element form (it then goes to a blob).
-fn inline_elements(t: &Tensor) -> Option<Vec<String>> {
-    let n = t.numel();
-    let d: &[u8] = t.bytes();
-    let dtype = t.dtype();
-    if n > INLINE_LIMIT || d.len() != dtype.storage_bytes(n) {
-        return None;
-    }
-    if dtype.is_packed() && n % 2 == 1 && d.get(n / 2).is_some_and(|b| b >> 4 != 0) {
-        return None;
-    }
-    let size = if dtype.is_packed() { 1 } else { dtype.storage_bytes(1) };
-    let word = |k: usize| -> u64 {
-        let mut v = 0u64;
-        for (j, &b) in d.iter().skip(k * size).take(size).enumerate() {
-            v |= u64::from(b) << (8 * j);
-        }
-        v
-    };
-    let nibble = |k: usize| (d.get(k / 2).copied().unwrap_or(0) >> ((k % 2) * 4)) & 0xF;
-    (0..n)
-        .map(|k| match dtype {
-            DType::F32 => Some(fmt_f32(f32::from_bits(word(k) as u32))),
-            DType::F64 => Some(fmt_f64(f64::from_bits(word(k)))),
-            DType::F16 | DType::BF16 => Some(fmt_half(dtype, word(k) as u16)),
-            DType::I8 => Some((word(k) as u8 as i8).to_string()),
-            DType::I16 => Some((word(k) as u16 as i16).to_string()),
-            DType::I32 => Some((word(k) as u32 as i32).to_string()),
-            DType::I64 => Some((word(k) as i64).to_string()),
-            DType::U8 | DType::U16 | DType::U32 | DType::U64 => Some(word(k).to_string()),
-            DType::Bool => match word(k) {
-                0 => Some("false".into()),
-                1 => Some("true".into()),
-                _ => None,
-            },
-            DType::I4 => Some((((nibble(k) << 4) as i8) >> 4).to_string()),
-            DType::U4 => Some(nibble(k).to_string()),
-            DType::F4E2M1FN => Some(format!("0x{:X}", nibble(k))),
-            _ => Some(format!("0x{:02X}", word(k))),
-        })
-        .collect()
-}
-
-fn is_ident(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
-        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'.')
-}
-
-fn write_name(out: &mut String, s: &str) {
-    if is_ident(s) {
-        out.push_str(s);
-    } else {
-        quote(s, out);
-    }
-}
-
-/// Writes `s` as a string literal.
-fn quote(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{{{:X}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-// ---------------------------------------------------------------------------------
-// Base64 (RFC 4648 alphabet, `=` padding)
-// ---------------------------------------------------------------------------------
-
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn base64_encode(data: &[u8]) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let at = |k: usize| u32::from(chunk.get(k).copied().unwrap_or(0));
-        let n = (at(0) << 16) | (at(1) << 8) | at(2);
-        for (k, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
-            if k <= chunk.len() {
-                out.push(char::from(B64[((n >> shift) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// Decodes one piece of base64 text (whole groups of four; `=` may end it, and the bits
-/// padding drops must be zero, so every byte string has one encoding), appending to
-/// `out`. Returns whether the text ended in padding; an error gives the byte offset.
-fn base64_decode(text: &str, out: &mut Vec<u8>) -> Result<bool, (usize, String)> {
-    let t = text.as_bytes();
-    if !t.len().is_multiple_of(4) {
-        return Err((t.len() - t.len() % 4, format!("base64 text has {} characters, not a multiple of 4", t.len())));
-    }
-    let groups = t.len() / 4;
-    for (g, quad) in t.chunks_exact(4).enumerate() {
-        let last = g + 1 == groups;
-        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
-        if pad > 2 || (pad > 0 && !last) {
-            return Err((g * 4 + 4 - pad, "misplaced base64 padding `=`".into()));
-        }
-        let mut n = 0u32;
-        for (k, &c) in quad.iter().take(4 - pad).enumerate() {
-            let v = match c {
-                b'A'..=b'Z' => c - b'A',
-                b'a'..=b'z' => c - b'a' + 26,
-                b'0'..=b'9' => c - b'0' + 52,
-                b'+' => 62,
-                b'/' => 63,
-                _ => return Err((g * 4 + k, format!("invalid base64 character {:?}", char::from(c)))),
-            };
-            n |= u32::from(v) << (18 - 6 * k);
-        }
-        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        let keep = 3 - pad;
-        if bytes[keep..].iter().any(|&b| b != 0) {
-            return Err((g * 4 + 3 - pad, "base64 group has non-zero bits after its last byte".into()));
-        }
-        out.extend_from_slice(&bytes[..keep]);
-        if last {
-            return Ok(pad > 0);
-        }
-    }
-    Ok(false)
-}
-
-// ---------------------------------------------------------------------------------
-// Lexing
-// ---------------------------------------------------------------------------------
-
-#[derive(Clone, Debug, PartialEq)]
-enum Tok {
-    /// `[A-Za-z_][A-Za-z0-9_.]*`.
-    Ident(String),
-    /// `-`? digit, then letters, digits, `_`, `.` and a sign right after `e`/`E`
-    /// (hex numbers take neither `.` nor a sign).
-    Num(String),
-    Str(String),
-    /// `%N`.
-    Ref(u32),
-    Minus,
-    Arrow,
-    At,
-    Lt,
-    LParen,
-    RParen,
-    LBrack,
-    RBrack,
-    LBrace,
-    RBrace,
-    Comma,
-    Colon,
-    Eq,
-    Eof,
-}
-
-impl fmt::Display for Tok {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Tok::Ident(s) | Tok::Num(s) if s.chars().count() > 24 => {
-                write!(f, "`{}…`", s.chars().take(24).collect::<String>())
-            }
-            Tok::Ident(s) | Tok::Num(s) => write!(f, "`{s}`"),
-            Tok::Str(s) if s.chars().count() > 24 => {
-                write!(f, "string \"{}…\"", s.chars().take(24).collect::<String>().escape_debug())
-            }
-            Tok::Str(s) => write!(f, "string \"{}\"", s.escape_debug()),
-            Tok::Ref(v) => write!(f, "`%{v}`"),
-            Tok::Minus => f.write_str("`-`"),
-            Tok::Arrow => f.write_str("`->`"),
-            Tok::At => f.write_str("`@`"),
-            Tok::Lt => f.write_str("`<`"),
-            Tok::LParen => f.write_str("`(`"),
-            Tok::RParen => f.write_str("`)`"),
-            Tok::LBrack => f.write_str("`[`"),
-            Tok::RBrack => f.write_str("`]`"),
-            Tok::LBrace => f.write_str("`{`"),
-            Tok::RBrace => f.write_str("`}`"),
-            Tok::Comma => f.write_str("`,`"),
-            Tok::Colon => f.write_str("`:`"),
-            Tok::Eq => f.write_str("`=`"),
-            Tok::Eof => f.write_str("end of input"),
-        }
-    }
-}
-
-/// An error at a byte offset.
-struct PErr {
-    pos: usize,
-    message: String,
-}
-
-type PResult<T> = Result<T, PErr>;
-
-fn fail<T>(pos: usize, message: impl Into<String>) -> PResult<T> {
-    Err(PErr { pos, message: message.into() })
-}
-
-/// Tokens with their byte offsets, ending in `Eof`: at the end of the text, or where the
-/// first lexing error (also returned) stops the scan.
-fn lex(src: &str) -> (Vec<(Tok, usize)>, Option<PErr>) {
-    let mut toks = Vec::new();
-    match lex_into(src, &mut toks) {
-        Ok(()) => {
-            toks.push((Tok::Eof, src.len()));
-            (toks, None)
-        }
-        Err(e) => {
-            toks.push((Tok::Eof, e.pos));
-            (toks, Some(e))
-        }
-    }
-}
-
-fn lex_into(src: &str, toks: &mut Vec<(Tok, usize)>) -> PResult<()> {
-    let b = src.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        let start = i;
-        let single = match c {
-            b' ' | b'\t' | b'\n' | b'\r' => {
-                i += 1;
-                continue;
-            }
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
-                continue;
-            }
-            b'@' => Some(Tok::At),
-            b'<' => Some(Tok::Lt),
-            b'(' => Some(Tok::LParen),
-            b')' => Some(Tok::RParen),
-            b'[' => Some(Tok::LBrack),
-            b']' => Some(Tok::RBrack),
-            b'{' => Some(Tok::LBrace),
-            b'}' => Some(Tok::RBrace),
-            b',' => Some(Tok::Comma),
-            b':' => Some(Tok::Colon),
-            b'=' => Some(Tok::Eq),
-            _ => None,
-        };
-        if let Some(t) = single {
-            toks.push((t, start));
-            i += 1;
-        } else if c == b'-' && b.get(i + 1) == Some(&b'>') {
-            toks.push((Tok::Arrow, start));
-            i += 2;
-        } else if c == b'-' && !b.get(i + 1).is_some_and(u8::is_ascii_digit) {
-            toks.push((Tok::Minus, start));
-            i += 1;
-        } else if c == b'-' || c.is_ascii_digit() {
-            i += usize::from(c == b'-');
-            let hex = b.get(i) == Some(&b'0') && matches!(b.get(i + 1), Some(b'x' | b'X'));
-            while let Some(&d) = b.get(i) {
-                let exp_sign = !hex && (d == b'+' || d == b'-') && matches!(b[i - 1], b'e' | b'E');
-                if d.is_ascii_alphanumeric() || d == b'_' || (d == b'.' && !hex) || exp_sign {
-                    i += 1;
-                } else {
-                    break;
-                }
-            }
-            toks.push((Tok::Num(src[start..i].to_string()), start));
-        } else if c == b'%' {
-            i += 1;
-            let digits = i;
-            while i < b.len() && b[i].is_ascii_digit() {
-                i += 1;
-            }
-            if i == digits {
-                return fail(start, "expected a number after `%`");
-            }
-            let n: u32 = src[digits..i]
-                .parse()
-                .map_err(|_| PErr { pos: start, message: format!("`%{}` is too large", &src[digits..i]) })?;
-            toks.push((Tok::Ref(n), start));
-        } else if c.is_ascii_alphabetic() || c == b'_' {
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.') {
-                i += 1;
-            }
-            toks.push((Tok::Ident(src[start..i].to_string()), start));
-        } else if c == b'"' {
-            let (s, end) = string(src, i)?;
-            toks.push((Tok::Str(s), start));
-            i = end;
-        } else {
-            let ch = src[i..].chars().next().unwrap_or('?');
-            return fail(start, format!("unexpected character {ch:?}"));
-        }
-    }
-    Ok(())
-}
-
-/// The string literal starting at `src[start] == '"'` and the offset after it.
-fn string(src: &str, start: usize) -> PResult<(String, usize)> {
-    let mut out = String::new();
-    let mut it = src[start + 1..].char_indices().map(|(k, c)| (start + 1 + k, c));
-    while let Some((pos, c)) = it.next() {
-        match c {
-            '"' => return Ok((out, pos + 1)),
-            '\n' | '\r' => return fail(start, "unterminated string (strings end on their line)"),
-            '\\' => {
-                let Some((_, e)) = it.next() else { break };
-                match e {
-                    '"' => out.push('"'),
-                    '\\' => out.push('\\'),
-                    'n' => out.push('\n'),
-                    't' => out.push('\t'),
-                    'r' => out.push('\r'),
-                    'u' => {
-                        if it.next().map(|x| x.1) != Some('{') {
-                            return fail(pos, "expected `{` after `\\u`");
-                        }
-                        let mut code: u32 = 0;
-                        let mut digits = 0;
-                        loop {
-                            match it.next() {
-                                Some((_, '}')) if digits > 0 => break,
-                                Some((_, h)) if digits < 6 && h.is_ascii_hexdigit() => {
-                                    code = code * 16 + h.to_digit(16).unwrap_or(0);
-                                    digits += 1;
-                                }
-                                _ => return fail(pos, "malformed `\\u{…}` escape (1 to 6 hex digits)"),
-                            }
-                        }
-                        match char::from_u32(code) {
-                            Some(ch) => out.push(ch),
-                            None => return fail(pos, format!("`\\u{{{code:X}}}` is not a Unicode scalar value")),
-                        }
-                    }
-                    other => return fail(pos, format!("unknown escape `\\{}`", other.escape_debug())),
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    fail(start, "unterminated string")
-}
-
-/// A 1-based line and column (in characters) for a byte offset.
-fn error_at(src: &str, pos: usize, message: String) -> ParseError {
-    let mut pos = pos.min(src.len());
-    while !src.is_char_boundary(pos) {
-        pos -= 1;
-    }
-    let before = &src[..pos];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |k| k + 1);
-    let col = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
-    ParseError { line, col, message }
-}
-
 // ---------------------------------------------------------------------------------
 // Parsing
 // ---------------------------------------------------------------------------------
@@ -790,15 +348,7 @@ pub fn parse_program(src: &str) -> Result<FlowProgram, ParseError> {
 }
 
 fn run_parser<T>(src: &str, f: impl FnOnce(&mut Parser) -> PResult<T>) -> Result<T, ParseError> {
-    let (toks, lex_error) = lex(src);
-    let mut p = Parser { toks, i: 0 };
-    let r = match (f(&mut p), lex_error) {
-        (Err(e), Some(l)) if l.pos <= e.pos => Err(l),
-        (Err(e), _) => Err(e),
-        (Ok(_), Some(l)) => Err(l),
-        (Ok(v), None) => Ok(v),
-    };
-    r.map_err(|e| error_at(src, e.pos, e.message))
+    kiln_ir::text::syntax::run(src, |cur| f(&mut Parser(cur)))
 }
 
 /// One literal as written, before its type gives it a value.
@@ -809,9 +359,20 @@ enum Lit {
     Bool(bool),
 }
 
-struct Parser {
-    toks: Vec<(Tok, usize)>,
-    i: usize,
+/// The parser: a cursor over the tokens, with the flow level's grammar as methods.
+struct Parser<'c>(&'c mut Cursor);
+
+impl std::ops::Deref for Parser<'_> {
+    type Target = Cursor;
+    fn deref(&self) -> &Cursor {
+        self.0
+    }
+}
+
+impl std::ops::DerefMut for Parser<'_> {
+    fn deref_mut(&mut self) -> &mut Cursor {
+        self.0
+    }
 }
 
 /// A constant of a program before blobs are resolved.
@@ -830,65 +391,7 @@ struct PDispatch {
     kernel: Kernel,
 }
 
-impl Parser {
-    fn peek(&self) -> &Tok {
-        self.toks.get(self.i).map_or(&Tok::Eof, |t| &t.0)
-    }
-
-    fn pos(&self) -> usize {
-        self.toks.get(self.i).or(self.toks.last()).map_or(0, |t| t.1)
-    }
-
-    fn bump(&mut self) -> (Tok, usize) {
-        let pos = self.pos();
-        match self.toks.get_mut(self.i) {
-            Some(slot) if slot.0 != Tok::Eof => {
-                self.i += 1;
-                (std::mem::replace(&mut slot.0, Tok::Eof), pos)
-            }
-            _ => (Tok::Eof, pos),
-        }
-    }
-
-    fn eat(&mut self, t: &Tok) -> bool {
-        if self.peek() == t {
-            self.bump();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn is_kw(&self, kw: &str) -> bool {
-        matches!(self.peek(), Tok::Ident(s) if s == kw)
-    }
-
-    fn expect(&mut self, t: &Tok, context: &str) -> PResult<usize> {
-        let pos = self.pos();
-        if self.eat(t) {
-            Ok(pos)
-        } else {
-            fail(pos, format!("expected {t} {context}, found {}", self.peek()))
-        }
-    }
-
-    fn expect_kw(&mut self, kw: &str, context: &str) -> PResult<usize> {
-        let pos = self.pos();
-        if self.is_kw(kw) {
-            self.bump();
-            Ok(pos)
-        } else {
-            fail(pos, format!("expected `{kw}` {context}, found {}", self.peek()))
-        }
-    }
-
-    fn end(&mut self) -> PResult<()> {
-        match self.peek() {
-            Tok::Eof => Ok(()),
-            t => fail(self.pos(), format!("expected end of input, found {t}")),
-        }
-    }
-
+impl Parser<'_> {
     /// `@NAME` or `@"name"`.
     fn at_name(&mut self, what: &str) -> PResult<String> {
         self.expect(&Tok::At, &format!("before the {what}"))?;
@@ -939,36 +442,10 @@ impl Parser {
         fail(pos, format!("expected {what} (`{prefix}N`), found {t}"))
     }
 
-    /// `DTYPE[d0,d1,…]`.
-    fn tensor_type(&mut self) -> PResult<TensorType> {
-        let (tok, pos) = self.bump();
-        let Tok::Ident(name) = tok else {
-            return fail(pos, format!("expected a tensor type such as `f32[2,3]`, found {tok}"));
-        };
-        let dtype: DType = name.parse().map_err(|_| PErr { pos, message: format!("unknown dtype `{name}`") })?;
-        self.expect(&Tok::LBrack, "after the dtype (a tensor type is written `f32[2,3]`, `f32[]` for a scalar)")?;
-        let mut dims = Vec::new();
-        if !self.eat(&Tok::RBrack) {
-            loop {
-                let (d, dpos) = self.uint("a dimension")?;
-                match usize::try_from(d) {
-                    Ok(d) => dims.push(d),
-                    Err(_) => return fail(dpos, "dimension too large"),
-                }
-                if self.eat(&Tok::RBrack) {
-                    break;
-                }
-                self.expect(&Tok::Comma, "or `]` after a dimension")?;
-            }
-        }
-        let shape = Shape::new(dims).map_err(|e| PErr { pos, message: format!("invalid shape: {e}") })?;
-        Ok(TensorType::new(dtype, shape))
-    }
-
     fn scalar_type(&mut self) -> PResult<ScalarType> {
         let (tok, pos) = self.bump();
         if let Tok::Ident(s) = &tok {
-            if let Some(t) = SCALAR_TYPES.iter().find(|t| t.name() == s) {
+            if let Some(t) = ScalarType::ALL.iter().find(|t| t.name() == s) {
                 return Ok(*t);
             }
         }
@@ -993,25 +470,6 @@ impl Parser {
             t => return fail(pos, format!("expected a literal, found {t}")),
         };
         Ok((lit, pos))
-    }
-
-    /// The optional `(0x…)` after `nan`.
-    fn nan_bits(&mut self) -> PResult<Option<(u64, usize)>> {
-        if !self.eat(&Tok::LParen) {
-            return Ok(None);
-        }
-        let (t, pos) = self.bump();
-        let bits = match &t {
-            Tok::Num(s) if s.starts_with("0x") || s.starts_with("0X") => {
-                parse_int(s).and_then(|v| u64::try_from(v).ok())
-            }
-            _ => None,
-        };
-        let Some(bits) = bits else {
-            return fail(pos, format!("expected the NaN's bits in hex (`nan(0x7FC00001)`), found {t}"));
-        };
-        self.expect(&Tok::RParen, "after the NaN's bits")?;
-        Ok(Some((bits, pos)))
     }
 
     /// A constant of scalar type `ty`, as bits.
@@ -1161,7 +619,7 @@ impl Parser {
             return Ok(Expr::Binary(*op, a, b));
         }
         if let Some(r) = word.strip_prefix("reduce.") {
-            let Some(op) = REDUCE_OPS.iter().find(|o| o.name() == r) else {
+            let Some(op) = ReduceOp::ALL.iter().find(|o| o.name() == r) else {
                 return fail(
                     pos,
                     format!("unknown reduction `{r}` (sum, prod, max, min, argmax[.last], argmin[.last])"),
@@ -1260,16 +718,17 @@ impl Parser {
                 break;
             }
             let pos = self.pos();
-            let (id, _) =
-                match self.peek() {
-                    Tok::Ref(_) => self.reference("a buffer")?,
-                    t => return fail(
+            let (id, _) = match self.peek() {
+                Tok::Ref(_) => self.reference("a buffer")?,
+                t => {
+                    return fail(
                         pos,
                         format!(
                             "expected a buffer (`%N: TYPE = …`), a dispatch (`%N = dispatch…`) or `return`, found {t}"
                         ),
-                    ),
-                };
+                    )
+                }
+            };
             if self.eat(&Tok::Colon) {
                 if id as usize != buffers.len() {
                     return fail(
@@ -1280,38 +739,39 @@ impl Parser {
                 let ty = self.tensor_type()?;
                 self.expect(&Tok::Eq, "after the buffer's type")?;
                 let kpos = self.pos();
-                let kind =
-                    match self.bump() {
-                        (Tok::Ident(s), _) if s == "input" => {
-                            let (k, kp) = self.uint("the input's position")?;
-                            match usize::try_from(k) {
-                                Ok(k) => BufferKind::Input(k),
-                                Err(_) => return fail(kp, "input position too large"),
-                            }
+                let kind = match self.bump() {
+                    (Tok::Ident(s), _) if s == "input" => {
+                        let (k, kp) = self.uint("the input's position")?;
+                        match usize::try_from(k) {
+                            Ok(k) => BufferKind::Input(k),
+                            Err(_) => return fail(kp, "input position too large"),
                         }
-                        (Tok::Ident(s), _) if s == "result" => BufferKind::Result,
-                        (Tok::Ident(s), _) if s == "alias" => {
-                            let (x, xpos) = self.reference("the aliased buffer")?;
-                            if x >= id {
-                                return fail(
-                                    xpos,
-                                    format!("an alias must refer to an earlier buffer (%{x} is not before %{id})"),
-                                );
-                            }
-                            BufferKind::Alias(BufferId(x))
+                    }
+                    (Tok::Ident(s), _) if s == "result" => BufferKind::Result,
+                    (Tok::Ident(s), _) if s == "alias" => {
+                        let (x, xpos) = self.reference("the aliased buffer")?;
+                        if x >= id {
+                            return fail(
+                                xpos,
+                                format!("an alias must refer to an earlier buffer (%{x} is not before %{id})"),
+                            );
                         }
-                        (Tok::Ident(s), _) if s == "const" => {
-                            let c = self.constant(&ty)?;
-                            consts.push((buffers.len(), c));
-                            BufferKind::Result // replaced once blobs are read
-                        }
-                        (t, _) => return fail(
+                        BufferKind::Alias(BufferId(x))
+                    }
+                    (Tok::Ident(s), _) if s == "const" => {
+                        let c = self.constant(&ty)?;
+                        consts.push((buffers.len(), c));
+                        BufferKind::Result // replaced once blobs are read
+                    }
+                    (t, _) => {
+                        return fail(
                             kpos,
                             format!(
                                 "expected the buffer's kind (`input K`, `const …`, `result`, `alias %N`), found {t}"
                             ),
-                        ),
-                    };
+                        )
+                    }
+                };
                 let name = self.opt_string().unwrap_or_default();
                 buffers.push((Buffer { ty, name, kind }, pos));
             } else if self.eat(&Tok::Eq) {
@@ -1546,21 +1006,7 @@ impl Parser {
                 return fail(pos, format!("blob {index} is defined twice"));
             }
             self.expect(&Tok::Colon, "after the blob number")?;
-            if !matches!(self.peek(), Tok::Str(_)) {
-                return fail(self.pos(), format!("expected the blob's base64 text (strings), found {}", self.peek()));
-            }
-            let mut data = Vec::new();
-            let mut ended = false;
-            while let Tok::Str(_) = self.peek() {
-                let (t, spos) = self.bump();
-                let Tok::Str(s) = t else { break };
-                if ended {
-                    return fail(spos, format!("blob {index} continues after its `=` padding"));
-                }
-                // +1: the offset inside the quotes (base64 has no escapes to skew it).
-                ended = base64_decode(&s, &mut data)
-                    .map_err(|(off, m)| PErr { pos: spos + 1 + off, message: format!("blob {index}: {m}") })?;
-            }
+            let data = self.blob_data(index)?;
             blobs.insert(index, (data, pos));
         }
         Ok(blobs)
@@ -1574,33 +1020,6 @@ fn numbered_ident(s: &str, prefix: char) -> Option<u32> {
         return None;
     }
     d.parse().ok()
-}
-
-/// Sign, radix and digits of an integer literal, if it is one.
-fn int_parts(s: &str) -> Option<(bool, u32, &str)> {
-    let (neg, body) = match s.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, s),
-    };
-    let (radix, digits) = match body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
-        Some(hex) => (16, hex),
-        None => (10, body),
-    };
-    let ok = !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix));
-    ok.then_some((neg, radix, digits))
-}
-
-/// An integer literal (decimal or `0x` hex, optionally negative) of at most 64 bits of
-/// magnitude.
-fn parse_int(s: &str) -> Option<i128> {
-    let (neg, radix, digits) = int_parts(s)?;
-    let mag = u64::from_str_radix(digits, radix).ok()?;
-    Some(if neg { -i128::from(mag) } else { i128::from(mag) })
-}
-
-fn is_hex(s: &str) -> bool {
-    let b = s.strip_prefix('-').unwrap_or(s);
-    b.starts_with("0x") || b.starts_with("0X")
 }
 
 /// An integer of a type whose values are `lo..=hi`.
@@ -1723,42 +1142,12 @@ fn encode_elements(dtype: DType, lits: &[(Lit, usize)]) -> PResult<Vec<u8>> {
 
 /// A raw code of a low-precision float type (hex).
 fn lit_code(l: &Lit, pos: usize, what: &str, max: u8) -> PResult<u8> {
-    let Lit::Num(s) = l else {
-        return fail(pos, format!("expected a raw {what} code such as `0x{max:X}`"));
-    };
-    match parse_int(s) {
-        Some(v) if (0..=i128::from(max)).contains(&v) => Ok(v as u8),
-        Some(_) => fail(pos, format!("code `{s}` is out of range for {what} (0x0 to 0x{max:X})")),
-        None => fail(pos, format!("expected a raw {what} code such as `0x{max:X}`, found `{s}`")),
-    }
+    syntax_lit_code(if let Lit::Num(s) = l { Some(s) } else { None }, pos, what, max)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_rfc4648_vectors() {
-        for (plain, coded) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            assert_eq!(base64_encode(plain.as_bytes()), coded);
-            let mut v = Vec::new();
-            base64_decode(coded, &mut v).unwrap();
-            assert_eq!(v, plain.as_bytes());
-        }
-        let mut v = Vec::new();
-        assert!(base64_decode("Zh==", &mut v).is_err());
-        assert!(base64_decode("Zg==Zm9v", &mut v).is_err());
-        assert!(base64_decode("Z===", &mut v).is_err());
-        assert!(base64_decode("Zm!v", &mut v).is_err());
-    }
 
     #[test]
     fn f16_exact_conversions() {

@@ -3,11 +3,10 @@
 
 mod common;
 
-use common::{op, int, s, check, compare, floats, rand, Bind, Tol, EXACT, F32};
-use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput, Output};
+use common::{check, compare, floats, infer_types, int, lower, op, rand, s, t, typed_i, Bind, Tol, EXACT, F32};
+use kiln_flow::lower::{interpret, Lowered, Output};
 use kiln_flow::{BinaryOp, Expr, UnaryOp};
-use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor, TensorType};
+use kiln_ir::{Attr, DType, Op, OpKind, Tensor, TensorType};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -20,19 +19,9 @@ fn flt(v: f32) -> Attr {
 }
 
 
-/// A tensor of `d` from values (floats rounded to `d`, integers as i64 bits).
-fn t(d: DType, dims: &[usize], v: &[f64]) -> Tensor {
-    let shape = Shape::new(dims.to_vec()).unwrap();
-    if d.is_float() {
-        Tensor::from_f64(d, shape, v).unwrap()
-    } else {
-        let iv: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-        Tensor::from_i64(d, shape, &iv).unwrap()
-    }
-}
 
 fn ti(d: DType, dims: &[usize], v: &[i64]) -> Tensor {
-    Tensor::from_i64(d, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+    typed_i(d, dims, v)
 }
 
 fn v1(d: DType, v: &[f64]) -> Tensor {
@@ -110,21 +99,11 @@ fn check_typed(op: &Op, inputs: &[Option<Tensor>], consts: &[bool], out: &[Tenso
 }
 
 fn lower_with(op: &Op, inputs: &[Option<Tensor>], consts: &[bool], out: &[TensorType]) -> Lowered {
-    let opin: Vec<Option<OpInput>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.as_ref().map(|t| OpInput { ty: t.ty(), value: consts.get(i).copied().unwrap_or(false).then_some(t) })
-        })
-        .collect();
-    let cx = OpCx { op, name: "t", inputs: &opin, outputs: out };
-    lower_op(&cx).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind))
+    lower(op, inputs, |i| consts.get(i).copied().unwrap_or(false), out)
 }
 
 fn out_types(op: &Op, inputs: &[Option<Tensor>]) -> Vec<TensorType> {
-    let ninfer: Vec<Option<InferInput>> =
-        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
-    infer(op, &ninfer, 1).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind))
+    infer_types(op, inputs, 1)
 }
 
 /// Lowers with inferred types and the given constant operands.

@@ -4,10 +4,12 @@
 
 mod common;
 
-use common::{op, int, ia, s, check, compare, floats, ints, rand, Bind, Tol, EXACT, F32};
+use common::{
+    check, compare, floats, ia, infer_inputs, infer_types, int, ints, lower, op, rand, s, typed, typed_i, Bind, Tol, EXACT, F32,
+};
 use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 use kiln_flow::{Bounds, Expr};
-use kiln_ir::infer::{infer, InferInput};
+use kiln_ir::infer::infer;
 use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor};
 
 // ---------------------------------------------------------------------------
@@ -22,13 +24,7 @@ fn fl(v: f32) -> Attr {
     Attr::Float(v)
 }
 
-fn typed(dtype: DType, dims: &[usize], v: &[f64]) -> Tensor {
-    Tensor::from_f64(dtype, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
 
-fn typed_i(dtype: DType, dims: &[usize], v: &[i64]) -> Tensor {
-    Tensor::from_i64(dtype, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
 
 /// Integers spread over a dtype's whole range (u8/i8), deterministic.
 fn wide(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
@@ -64,21 +60,11 @@ fn tol_for(d: DType) -> Tol {
     }
 }
 
-fn ninfer(inputs: &[Option<Tensor>]) -> Vec<Option<InferInput<'_>>> {
-    inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect()
-}
 
 /// Lowers with operands from `from` on constant.
 fn lower_from(op: &Op, inputs: &[Option<Tensor>], from: usize) -> (Lowered, Vec<kiln_ir::TensorType>) {
-    let out_types = infer(op, &ninfer(inputs), 1).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
-    let opin: Vec<Option<OpInput>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| t.as_ref().map(|t| OpInput { ty: t.ty(), value: (i >= from).then_some(t) }))
-        .collect();
-    let cx = OpCx { op, name: "t", inputs: &opin, outputs: &out_types };
-    let l = lower_op(&cx).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind));
-    (l, out_types)
+    let out_types = infer_types(op, inputs, 1);
+    (lower(op, inputs, |i| i >= from, &out_types), out_types)
 }
 
 /// Lowers and runs `op` (all operands run-time).
@@ -638,7 +624,7 @@ fn det_hand_computed_pivots_and_singular() {
 fn det_ints_reject_cleanly() {
     let x = ints(&[2, 2], &[1, 2, 3, 4]);
     let xs = [Some(x.clone())];
-    let ninfer = ninfer(&xs);
+    let ninfer = infer_inputs(&xs);
     // Det is float-only in shape inference already; lowering an int Det by hand errors.
     assert!(infer(&op(OpKind::Det, &[]), &ninfer, 1).is_err());
     let tys = vec![kiln_ir::TensorType::new(DType::I64, Shape::new(vec![]).unwrap())];

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{op, int, s, check, compare, floats, ints, rand, Bind, Tol, EXACT, F32};
+use common::{
+    check, compare, floats, infer_inputs, infer_types, int, ints, lower, op, rand, s, typed, Bind, Tol, EXACT, F32,
+};
 use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput, Output};
 use kiln_flow::{Bounds, Expr};
 use kiln_ir::infer::{infer, InferInput};
@@ -36,9 +38,6 @@ fn f32s(v: &[f64]) -> Tensor {
     floats(&[v.len()], v)
 }
 
-fn typed(dtype: DType, dims: &[usize], v: &[f64]) -> Tensor {
-    Tensor::from_f64(dtype, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
 
 /// The dtypes every pure movement op is checked with.
 const MOVE_TYPES: [DType; 7] = [DType::F32, DType::F64, DType::F16, DType::I8, DType::I64, DType::U16, DType::Bool];
@@ -56,8 +55,7 @@ fn check_mixed(op: &Op, inputs: &[Option<Tensor>], consts: &[bool], tol: Tol) {
 }
 
 fn out_count(op: &Op, inputs: &[Option<Tensor>]) -> usize {
-    let ninfer: Vec<Option<InferInput>> =
-        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
+    let ninfer = infer_inputs(inputs);
     if let Some(Attr::Int(n)) = op.attrs.get("num_outputs") {
         return *n as usize;
     }
@@ -65,9 +63,7 @@ fn out_count(op: &Op, inputs: &[Option<Tensor>]) -> usize {
 }
 
 fn reference(op: &Op, inputs: &[Option<Tensor>]) -> (Vec<kiln_ir::TensorType>, Vec<Tensor>) {
-    let ninfer: Vec<Option<InferInput>> =
-        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
-    let out_types = infer(op, &ninfer, out_count(op, inputs)).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
+    let out_types = infer_types(op, inputs, out_count(op, inputs));
     let refs: Vec<Option<&Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
     let want = kiln_ref::eval_op(op, &refs, &out_types).unwrap_or_else(|e| panic!("{}: reference: {e}", op.kind));
     (out_types, want)
@@ -75,18 +71,7 @@ fn reference(op: &Op, inputs: &[Option<Tensor>]) -> (Vec<kiln_ir::TensorType>, V
 
 /// Lowers with the operands marked by `consts` constant.
 fn lower_mixed(op: &Op, inputs: &[Option<Tensor>], consts: &[bool]) -> Lowered {
-    let ninfer: Vec<Option<InferInput>> =
-        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
-    let out_types = infer(op, &ninfer, out_count(op, inputs)).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
-    let opin: Vec<Option<OpInput>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.as_ref().map(|t| OpInput { ty: t.ty(), value: consts.get(i).copied().unwrap_or(false).then_some(t) })
-        })
-        .collect();
-    let cx = OpCx { op, name: "t", inputs: &opin, outputs: &out_types };
-    lower_op(&cx).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind))
+    lower(op, inputs, |i| consts.get(i).copied().unwrap_or(false), &infer_types(op, inputs, out_count(op, inputs)))
 }
 
 /// Lowers with operands from `from` on constant.
@@ -102,19 +87,7 @@ fn no_clamp(l: &Lowered) -> bool {
 
 /// Lowering fails (as an unsupported form, not a panic).
 fn lower_fails(op: &Op, inputs: &[Option<Tensor>], consts: &[bool]) -> String {
-    let ninfer: Vec<Option<InferInput>> =
-        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
-    let out_types = infer(op, &ninfer, out_count(op, inputs)).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
-    let opin: Vec<Option<OpInput>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| t.as_ref().map(|t| OpInput { ty: t.ty(), value: consts[i].then_some(t) }))
-        .collect();
-    let cx = OpCx { op, name: "t", inputs: &opin, outputs: &out_types };
-    match lower_op(&cx) {
-        Ok(_) => panic!("{}: lowering should fail", op.kind),
-        Err(e) => e.to_string(),
-    }
+    common::lower_fails(op, inputs, |i| consts[i], &infer_types(op, inputs, out_count(op, inputs)))
 }
 
 // ---------------------------------------------------------------------------

@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{op, int, s, check, floats, rand, Bind, Tol, EXACT, F32};
+use common::{check, floats, infer_types, int, lower, op, rand, s, t, typed_i, Bind, Tol, EXACT, F32};
 use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
-use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor, TensorType};
+use kiln_ir::{Attr, DType, Op, OpKind, Tensor, TensorType};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -26,18 +25,9 @@ fn strs(v: &[&str]) -> Attr {
     Attr::Strings(v.iter().map(|x| x.to_string()).collect())
 }
 
-fn t(d: DType, dims: &[usize], v: &[f64]) -> Tensor {
-    let shape = Shape::new(dims.to_vec()).unwrap();
-    if d.is_float() {
-        Tensor::from_f64(d, shape, v).unwrap()
-    } else {
-        let iv: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-        Tensor::from_i64(d, shape, &iv).unwrap()
-    }
-}
 
 fn ti(d: DType, dims: &[usize], v: &[i64]) -> Tensor {
-    Tensor::from_i64(d, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+    typed_i(d, dims, v)
 }
 
 /// Positive values (variances).
@@ -64,22 +54,13 @@ fn tol(d: DType) -> Tol {
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
 fn out_types(op: &Op, inputs: &[Option<Tensor>], n: usize) -> Vec<TensorType> {
-    let ninfer: Vec<Option<InferInput>> =
-        inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
-    infer(op, &ninfer, n).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind))
+    infer_types(op, inputs, n)
 }
 
 /// Lowers `op` with `n` results and operands from `first_const` on constant.
 fn lowered(op: &Op, inputs: &[Option<Tensor>], first_const: usize, n: usize) -> (Lowered, Vec<TensorType>) {
     let out = out_types(op, inputs, n);
-    let opin: Vec<Option<OpInput>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| t.as_ref().map(|t| OpInput { ty: t.ty(), value: (i >= first_const).then_some(t) }))
-        .collect();
-    let cx = OpCx { op, name: "t", inputs: &opin, outputs: &out };
-    let l = lower_op(&cx).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind));
-    (l, out)
+    (lower(op, inputs, |i| i >= first_const, &out), out)
 }
 
 /// Lowers and runs `op`, returning its results (for hand-computed expectations).

@@ -3,11 +3,13 @@
 
 mod common;
 
-use common::{op, int, ia, s, check, compare, floats, ints, rand, Bind, Tol, EXACT, F32};
-use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
+use common::{
+    check, compare, floats, ia, infer_types, int, ints, lower, lower_fails, op, rand, s, typed, typed_i, Bind, Tol,
+    EXACT, F32,
+};
+use kiln_flow::lower::{interpret, Lowered};
 use kiln_flow::{Expr, ReduceOp};
-use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor};
+use kiln_ir::{Attr, DType, Op, OpKind, Tensor};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -21,13 +23,7 @@ fn i64s(v: &[i64]) -> Tensor {
     ints(&[v.len()], v)
 }
 
-fn typed(dtype: DType, dims: &[usize], v: &[f64]) -> Tensor {
-    Tensor::from_f64(dtype, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
 
-fn typed_i(dtype: DType, dims: &[usize], v: &[i64]) -> Tensor {
-    Tensor::from_i64(dtype, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
 
 /// f16 results: the reference rounds once from f64, the kernel from f32.
 const HALF: Tol = Tol { rtol: 2e-3, atol: 2e-3 };
@@ -53,21 +49,11 @@ const REDUCES: [OpKind; 10] = [
     OpKind::ReduceSumSquare,
 ];
 
-fn ninfer(inputs: &[Option<Tensor>]) -> Vec<Option<InferInput<'_>>> {
-    inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect()
-}
 
 /// Lowers with exactly `nout` results (operands from `from` on constant).
 fn lower_n(op: &Op, inputs: &[Option<Tensor>], nout: usize, from: usize) -> (Lowered, Vec<kiln_ir::TensorType>) {
-    let out_types = infer(op, &ninfer(inputs), nout).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
-    let opin: Vec<Option<OpInput>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| t.as_ref().map(|t| OpInput { ty: t.ty(), value: (i >= from).then_some(t) }))
-        .collect();
-    let cx = OpCx { op, name: "t", inputs: &opin, outputs: &out_types };
-    let l = lower_op(&cx).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind));
-    (l, out_types)
+    let out_types = infer_types(op, inputs, nout);
+    (lower(op, inputs, |i| i >= from, &out_types), out_types)
 }
 
 /// Lowers and runs `op` with `nout` results.
@@ -79,7 +65,7 @@ fn run_n(op: &Op, inputs: &[Option<Tensor>], nout: usize) -> Vec<Tensor> {
 
 /// Like `common::check` with exactly `nout` results.
 fn check_n(op: &Op, inputs: &[Option<Tensor>], nout: usize, tol: Tol) {
-    let out_types = infer(op, &ninfer(inputs), nout).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
+    let out_types = infer_types(op, inputs, nout);
     let refs: Vec<Option<&Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
     let want = kiln_ref::eval_op(op, &refs, &out_types).unwrap_or_else(|e| panic!("{}: reference: {e}", op.kind));
     let got = run_n(op, inputs, nout);
@@ -107,17 +93,7 @@ fn reduce_ops(l: &Lowered) -> Vec<Vec<ReduceOp>> {
 }
 
 fn lower_err(op: &Op, inputs: &[Option<Tensor>], from: usize) -> String {
-    let out_types = infer(op, &ninfer(inputs), 1).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind));
-    let opin: Vec<Option<OpInput>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| t.as_ref().map(|t| OpInput { ty: t.ty(), value: (i >= from).then_some(t) }))
-        .collect();
-    let cx = OpCx { op, name: "t", inputs: &opin, outputs: &out_types };
-    match lower_op(&cx) {
-        Ok(_) => panic!("{}: lowering should fail", op.kind),
-        Err(e) => e.to_string(),
-    }
+    lower_fails(op, inputs, |i| i >= from, &infer_types(op, inputs, 1))
 }
 
 // ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 //! constants keep their exact bits, errors point at the offending token, and mutated
 //! texts never panic the parser.
 
+use kiln_filetest::fuzz::XorShiftStar as Rng;
 use kiln_flow::kernel::{
     BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, Node, ReduceOp, ScalarType, UnaryOp, VarId,
 };
@@ -21,24 +22,6 @@ fn node(ty: ScalarType, expr: Expr) -> Node {
 
 fn e(i: u32) -> ExprId {
     ExprId(i)
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len())]
-    }
 }
 
 /// Asserts print → parse → print is identical and parse(print(k)) == k.
@@ -224,19 +207,7 @@ fn random_kernel(rng: &mut Rng) -> Option<Kernel> {
     let mut pool: Vec<ExprId> = out.clone();
     let zero = b.index(0);
     pool.push(zero);
-    let types = [
-        ScalarType::Bool,
-        ScalarType::I8,
-        ScalarType::I16,
-        ScalarType::I32,
-        ScalarType::I64,
-        ScalarType::U8,
-        ScalarType::U16,
-        ScalarType::U32,
-        ScalarType::U64,
-        ScalarType::F32,
-        ScalarType::F64,
-    ];
+    let types = ScalarType::ALL;
     // Interesting constant bits: NaNs with payloads, signed zeros, infinities, extremes.
     let special: [u64; 10] = [
         0,
@@ -337,16 +308,7 @@ fn random_kernel(rng: &mut Rng) -> Option<Kernel> {
                 let vv = b.var(v);
                 let body = load(&mut b, rng, Some(vv))?;
                 let bt = b.ty(body);
-                let op = *rng.pick(&[
-                    ReduceOp::Sum,
-                    ReduceOp::Prod,
-                    ReduceOp::Max,
-                    ReduceOp::Min,
-                    ReduceOp::ArgMax { last: false },
-                    ReduceOp::ArgMax { last: true },
-                    ReduceOp::ArgMin { last: false },
-                    ReduceOp::ArgMin { last: true },
-                ]);
+                let op = *rng.pick(&ReduceOp::ALL);
                 if bt == ScalarType::Bool && matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
                     None
                 } else if !op.is_arg() && rng.below(2) == 0 {

@@ -4,39 +4,25 @@
 //! test run, on stable Rust.
 
 use bytes::Bytes;
+use kiln_filetest::fuzz::XorShift as Rng;
 use kiln_import::{onnx::import_bytes, ImportOptions};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/import_onnx");
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| {
-            let p = e.expect("dir entry").path();
-            let name = p.file_name().expect("file name").to_string_lossy().into_owned();
-            (name, std::fs::read(&p).expect("read corpus file"))
-        })
-        .collect();
-    files.sort();
-    files
+    kiln_filetest::fuzz::corpus(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/import_onnx"))
 }
 
 /// Imports `data`; returns whether it imported, or the panic message.
 fn import(data: &[u8]) -> Result<bool, String> {
     let data = Bytes::copy_from_slice(data);
-    catch_unwind(AssertUnwindSafe(|| import_bytes(data, None, &ImportOptions::default()).is_ok())).map_err(|p| {
-        p.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default()
-    })
+    kiln_filetest::fuzz::catch(|| import_bytes(data, None, &ImportOptions::default()).is_ok())
 }
 
 #[test]
 fn seeds_import() {
     let files = corpus();
-    let seeds = ["conv_pool.onnx", "gemm_relu.onnx", "generators.onnx", "if_const.onnx", "opset9.onnx", "shape_fold.onnx"];
+    let seeds =
+        ["conv_pool.onnx", "gemm_relu.onnx", "generators.onnx", "if_const.onnx", "opset9.onnx", "shape_fold.onnx"];
     for s in seeds {
         let (_, data) = files.iter().find(|(n, _)| n == s).unwrap_or_else(|| panic!("seed {s} missing"));
         let r = import_bytes(Bytes::from(data.clone()), None, &ImportOptions::default());
@@ -50,19 +36,6 @@ fn corpus_never_panics() {
         if let Err(msg) = import(&data) {
             panic!("corpus file {name} panics the importer: {msg}");
         }
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
     }
 }
 

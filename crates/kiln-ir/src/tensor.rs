@@ -82,25 +82,21 @@ macro_rules! element_int {
 element_int!(f32 => F32, f64 => F64, i8 => I8, i16 => I16, i32 => I32, i64 => I64,
              u8 => U8, u16 => U16, u32 => U32, u64 => U64);
 
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    fn read_le(b: &[u8]) -> Self {
-        f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
-    }
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
+/// The 16-bit floats, stored as their bits.
+macro_rules! element_half {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn read_le(b: &[u8]) -> Self {
+                <$t>::from_bits(u16::from_le_bytes([b[0], b[1]]))
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_bits().to_le_bytes());
+            }
+        }
+    )*};
 }
-
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn read_le(b: &[u8]) -> Self {
-        bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))
-    }
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-}
+element_half!(f16 => F16, bf16 => BF16);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;
@@ -109,6 +105,15 @@ impl Element for bool {
     }
     fn write_le(self, out: &mut Vec<u8>) {
         out.push(self as u8);
+    }
+}
+
+/// Fails unless `shape` holds `got` elements.
+fn check_count(shape: &Shape, got: usize) -> Result<(), TensorError> {
+    if got == shape.numel() {
+        Ok(())
+    } else {
+        Err(TensorError::ElementCount { shape: shape.to_string(), expected: shape.numel(), got })
     }
 }
 
@@ -130,13 +135,7 @@ impl Tensor {
 
     /// A tensor from typed elements.
     pub fn from_vec<T: Element>(shape: Shape, v: Vec<T>) -> Result<Tensor, TensorError> {
-        if v.len() != shape.numel() {
-            return Err(TensorError::ElementCount {
-                shape: shape.to_string(),
-                expected: shape.numel(),
-                got: v.len(),
-            });
-        }
+        check_count(&shape, v.len())?;
         let mut out = Vec::with_capacity(T::DTYPE.storage_bytes(v.len()));
         for x in v {
             x.write_le(&mut out);
@@ -156,13 +155,7 @@ impl Tensor {
     /// that saturate; truncation toward zero, wrapping, for 8- to 64-bit integers;
     /// round-to-nearest-even with clamping for i4/u4, as ONNX converts them; `x != 0` for bool).
     pub fn from_f64(dtype: DType, shape: Shape, v: &[f64]) -> Result<Tensor, TensorError> {
-        if v.len() != shape.numel() {
-            return Err(TensorError::ElementCount {
-                shape: shape.to_string(),
-                expected: shape.numel(),
-                got: v.len(),
-            });
-        }
+        check_count(&shape, v.len())?;
         let mut out = Vec::with_capacity(dtype.storage_bytes(v.len()));
         match dtype {
             DType::F32 => v.iter().for_each(|&x| (x as f32).write_le(&mut out)),
@@ -188,13 +181,7 @@ impl Tensor {
 
     /// A tensor of an 8-bit-or-smaller dtype from one code per element (packs 4-bit types).
     pub fn from_codes(dtype: DType, shape: Shape, codes: &[u8]) -> Result<Tensor, TensorError> {
-        if codes.len() != shape.numel() {
-            return Err(TensorError::ElementCount {
-                shape: shape.to_string(),
-                expected: shape.numel(),
-                got: codes.len(),
-            });
-        }
+        check_count(&shape, codes.len())?;
         let data = if dtype.is_packed() {
             codes.chunks(2).map(|c| (c[0] & 0xF) | (c.get(1).copied().unwrap_or(0) << 4)).collect()
         } else {
@@ -230,13 +217,7 @@ impl Tensor {
 
     /// The same data with another shape of equal element count.
     pub fn reshaped(&self, shape: Shape) -> Result<Tensor, TensorError> {
-        if shape.numel() != self.numel() {
-            return Err(TensorError::ElementCount {
-                shape: shape.to_string(),
-                expected: shape.numel(),
-                got: self.numel(),
-            });
-        }
+        check_count(&shape, self.numel())?;
         Ok(Tensor { ty: TensorType::new(self.ty.dtype, shape), data: self.data.clone() })
     }
 
@@ -304,13 +285,7 @@ impl Tensor {
         if !(dtype.is_int() || dtype == DType::Bool) {
             return Err(TensorError::NotInteger(dtype));
         }
-        if v.len() != shape.numel() {
-            return Err(TensorError::ElementCount {
-                shape: shape.to_string(),
-                expected: shape.numel(),
-                got: v.len(),
-            });
-        }
+        check_count(&shape, v.len())?;
         let mut out = Vec::with_capacity(dtype.storage_bytes(v.len()));
         match dtype {
             DType::I8 => v.iter().for_each(|&x| (x as i8).write_le(&mut out)),

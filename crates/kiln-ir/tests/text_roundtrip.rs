@@ -5,6 +5,7 @@ use bytes::Bytes;
 use half::{bf16, f16};
 use kiln_ir::entity::EntityId;
 use kiln_ir::text::{parse, print, ParseError};
+use kiln_filetest::fuzz::XorShiftStar as Rng;
 use kiln_ir::{Attr, Attrs, DType, Graph, Op, OpKind, Shape, Tensor, TensorType, ValueDef, ValueId};
 
 fn shape(d: &[usize]) -> Shape {
@@ -13,21 +14,6 @@ fn shape(d: &[usize]) -> Shape {
 
 fn ty(dt: DType, d: &[usize]) -> TensorType {
     TensorType::new(dt, shape(d))
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 fn same_tensor(a: &Tensor, b: &Tensor, what: &str) {

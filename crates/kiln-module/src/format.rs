@@ -104,6 +104,18 @@ impl fmt::Display for SectionKind {
     }
 }
 
+/// The little-endian `u32` at byte `o` of `d`; the caller has checked `o + 4 <= d.len()`
+/// (the header and table offsets are fixed, the table's extent is checked first).
+pub(crate) fn le_u32(d: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
+}
+
+/// The little-endian `u64` at byte `o` of `d`, under the same precondition as [`le_u32`]
+/// (`o + 8 <= d.len()`).
+pub(crate) fn le_u64(d: &[u8], o: usize) -> u64 {
+    u64::from(le_u32(d, o)) | (u64::from(le_u32(d, o + 4)) << 32)
+}
+
 /// CRC-32 (IEEE) of `bytes`.
 pub fn crc32(bytes: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();

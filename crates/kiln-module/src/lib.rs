@@ -35,13 +35,15 @@
 extern crate alloc;
 
 pub mod abi;
+pub mod dtype;
 pub mod format;
 pub mod program;
-pub mod sections;
 pub mod reader;
 pub mod reseal;
+pub mod sections;
 pub mod writer;
 
+pub use dtype::DType;
 pub use format::{SectionKind, Version, FORMAT_VERSION};
 pub use reader::{Module, ReadError};
 pub use writer::ModuleWriter;

@@ -2,19 +2,7 @@
 //! purpose (fuzzing, tests of the section decoders) get past the container's integrity
 //! checks and reach the code behind them. Readers never call this.
 
-use crate::format::{crc32, ENTRY_LEN, HEADER_LEN, MAX_SECTIONS};
-
-fn u32_at(d: &[u8], o: usize) -> u32 {
-    let mut b = [0u8; 4];
-    b.copy_from_slice(&d[o..o + 4]);
-    u32::from_le_bytes(b)
-}
-
-fn u64_at(d: &[u8], o: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&d[o..o + 8]);
-    u64::from_le_bytes(b)
-}
+use crate::format::{crc32, le_u32, le_u64, ENTRY_LEN, HEADER_LEN, MAX_SECTIONS};
 
 /// Sets the header's file length to `data.len()` and recomputes the CRC of every
 /// section that lies inside the file, of the section table and of the header. Files
@@ -25,12 +13,12 @@ pub fn reseal(data: &mut [u8]) {
     }
     let len = data.len();
     data[24..32].copy_from_slice(&(len as u64).to_le_bytes());
-    let count = (u32_at(data, 20) as usize).min(MAX_SECTIONS);
+    let count = (le_u32(data, 20) as usize).min(MAX_SECTIONS);
     let table_end = (HEADER_LEN + count * ENTRY_LEN).min(len);
     let entries = (table_end - HEADER_LEN) / ENTRY_LEN;
     for i in 0..entries {
         let e = HEADER_LEN + i * ENTRY_LEN;
-        let (offset, length) = (u64_at(data, e + 8), u64_at(data, e + 16));
+        let (offset, length) = (le_u64(data, e + 8), le_u64(data, e + 16));
         if let Some(end) = offset.checked_add(length).filter(|&end| end <= len as u64) {
             let crc = crc32(&data[offset as usize..end as usize]);
             data[e + 28..e + 32].copy_from_slice(&crc.to_le_bytes());

@@ -4,7 +4,6 @@
 //! the file. `KILN_BLESS=1` rewrites the seed files from the writer.
 
 use kiln_module::{Module, ModuleWriter, SectionKind, Version};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 fn dir() -> PathBuf {
@@ -23,7 +22,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn check(data: &[u8]) -> Result<bool, String> {
-    catch_unwind(AssertUnwindSafe(|| match Module::parse(data) {
+    kiln_filetest::fuzz::catch(|| match Module::parse(data) {
         Ok(m) => {
             for s in m.sections() {
                 let start = s.bytes.as_ptr() as usize - data.as_ptr() as usize;
@@ -37,43 +36,18 @@ fn check(data: &[u8]) -> Result<bool, String> {
             assert!(!e.to_string().contains('\n'));
             false
         }
-    }))
-    .map_err(|p| p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
+    })
 }
 
 #[test]
 fn corpus_replays() {
-    if std::env::var_os("KILN_BLESS").is_some() {
-        std::fs::create_dir_all(dir()).expect("mkdir");
-        for (name, bytes) in seeds() {
-            std::fs::write(dir().join(name), bytes).expect("write seed");
-        }
-    }
-    let mut n = 0;
-    for e in std::fs::read_dir(dir()).expect("corpus dir") {
-        let p = e.expect("entry").path();
-        let data = std::fs::read(&p).expect("read");
-        check(&data).unwrap_or_else(|m| panic!("{} panics the reader: {m}", p.display()));
-        n += 1;
-    }
-    assert!(n >= 2, "corpus is missing its seeds");
-    // The committed seeds are what the writer produces today.
-    for (name, bytes) in seeds() {
-        let committed = std::fs::read(dir().join(name)).expect("seed file");
-        assert!(committed == bytes, "{name} is stale; rerun with KILN_BLESS=1");
-        assert_eq!(check(&bytes), Ok(true));
-    }
+    kiln_filetest::fuzz::replay_corpus(&dir(), &seeds(), "the reader", check);
 }
 
 #[test]
 fn mutations_never_panic() {
-    let mut x = 0x1234_5678_9ABC_DEF1u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = kiln_filetest::fuzz::XorShift(0x1234_5678_9ABC_DEF1);
+    let mut next = move || rng.next();
     let mut rejected = 0;
     for (name, seed) in seeds() {
         for round in 0..3000 {

@@ -8,91 +8,77 @@
 //! output's largest magnitude (for passes that fold arithmetic into constants and so
 //! round differently).
 
+use kiln_filetest::Case;
 use kiln_ir::{DType, Graph, Tensor};
-use std::path::PathBuf;
 
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/filetests")
-}
-
+/// Seeded inputs, uniform in [-1, 1) (bools: random bits).
 fn inputs(g: &Graph) -> Vec<Tensor> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    g.inputs
-        .iter()
-        .map(|&v| {
-            let ty = g.ty(v);
-            let vals: Vec<f64> = (0..ty.shape.numel())
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    if ty.dtype == DType::Bool { (x & 1) as f64 } else { (x % 2000) as f64 / 1000.0 - 1.0 }
-                })
-                .collect();
-            Tensor::from_f64(ty.dtype, ty.shape.clone(), &vals).expect("input")
-        })
-        .collect()
+    kiln_filetest::seeded_inputs(g, 0x9E37_79B9_7F4A_7C15, |dtype, x| {
+        if dtype == DType::Bool {
+            (x & 1) as f64
+        } else {
+            kiln_filetest::unit(x)
+        }
+    })
 }
 
-#[test]
-fn filetests() {
-    let bless = std::env::var_os("KILN_BLESS").is_some();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
-        .expect("filetests dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.to_string_lossy().ends_with(".kir") && !p.to_string_lossy().ends_with(".expected.kir"))
-        .collect();
-    files.sort();
-    let mut covered = Vec::new();
-    let mut failures = Vec::new();
-    for f in &files {
-        let src = std::fs::read_to_string(f).expect("read");
-        let passes: Vec<&str> = src
-            .lines()
-            .next()
-            .and_then(|l| l.strip_prefix("// pass:"))
-            .unwrap_or_else(|| panic!("{}: first line must be `// pass: NAME...`", f.display()))
-            .split_whitespace()
-            .collect();
-        covered.extend(passes.iter().map(|p| p.to_string()));
-        let g = kiln_ir::text::parse(&src).unwrap_or_else(|e| panic!("{}:{e}", f.display()));
-        kiln_ir::verify::verify(&g).unwrap_or_else(|e| panic!("{}: input invalid: {e}", f.display()));
-        let mut h = g.clone();
-        kiln_opt::run_passes(&mut h, &passes).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        let feeds = inputs(&g);
-        let before = kiln_ref::eval_graph(&g, &feeds).expect("eval before");
-        let after = kiln_ref::eval_graph(&h, &feeds).expect("eval after");
-        // Exact, unless the file states a relative tolerance (`// rtol: X`) for a pass
-        // that rounds differently by design (folding arithmetic into constants).
-        let rtol: Option<f64> =
-            src.lines().find_map(|l| l.strip_prefix("// rtol:")).map(|t| t.trim().parse().expect("rtol"));
-        match rtol {
-            None => assert_eq!(before, after, "{}: the passes changed what the graph computes", f.display()),
-            Some(rtol) => {
-                assert_eq!(before.len(), after.len(), "{}", f.display());
-                for (b, a) in before.iter().zip(&after) {
-                    let (b, a) = (b.to_f64_vec(), a.to_f64_vec());
-                    assert_eq!(b.len(), a.len(), "{}", f.display());
-                    // Relative to the output's largest magnitude (a sum that cancels
-                    // keeps the absolute error of its terms).
-                    let scale = b.iter().fold(0f64, |m, x| m.max(x.abs()));
-                    for (i, (x, y)) in b.iter().zip(&a).enumerate() {
-                        let ok = (x - y).abs() <= rtol * scale + 1e-30;
-                        assert!(ok, "{}: element {i}: {x} before, {y} after (rtol {rtol})", f.display());
+/// The passes a file names on its first line, `// pass: P1 P2 ...`.
+fn passes(c: &Case) -> Result<Vec<&str>, String> {
+    let first = c.src.lines().next().and_then(|l| l.strip_prefix("// pass:"));
+    let first = first.ok_or_else(|| format!("{}: first line must be `// pass: NAME...`", c.name))?;
+    Ok(first.split_whitespace().collect())
+}
+
+/// Runs the file's passes, checks the result computes what the input does, and prints it.
+fn check(c: &Case) -> Result<String, String> {
+    let f = &c.name;
+    let passes = passes(c)?;
+    let g = kiln_ir::text::parse(&c.src).map_err(|e| format!("{f}:{e}"))?;
+    kiln_ir::verify::verify(&g).map_err(|e| format!("{f}: input invalid: {e}"))?;
+    let mut h = g.clone();
+    kiln_opt::run_passes(&mut h, &passes).map_err(|e| format!("{f}: {e}"))?;
+    let feeds = inputs(&g);
+    let before = kiln_ref::eval_graph(&g, &feeds).map_err(|e| format!("{f}: eval before: {e}"))?;
+    let after = kiln_ref::eval_graph(&h, &feeds).map_err(|e| format!("{f}: eval after: {e}"))?;
+    // Exact, unless the file states a relative tolerance (`// rtol: X`) for a pass
+    // that rounds differently by design (folding arithmetic into constants).
+    let rtol = c.directive("rtol").map(|t| t.parse::<f64>().map_err(|e| format!("{f}: rtol: {e}"))).transpose()?;
+    match rtol {
+        None if before != after => return Err(format!("{f}: the passes changed what the graph computes")),
+        None => {}
+        Some(rtol) => {
+            if before.len() != after.len() {
+                return Err(format!("{f}: {} outputs before, {} after", before.len(), after.len()));
+            }
+            for (b, a) in before.iter().zip(&after) {
+                let (b, a) = (b.to_f64_vec(), a.to_f64_vec());
+                if b.len() != a.len() {
+                    return Err(format!("{f}: {} elements before, {} after", b.len(), a.len()));
+                }
+                // Relative to the output's largest magnitude (a sum that cancels
+                // keeps the absolute error of its terms).
+                let scale = b.iter().fold(0f64, |m, x| m.max(x.abs()));
+                for (i, (x, y)) in b.iter().zip(&a).enumerate() {
+                    if (x - y).abs() > rtol * scale + 1e-30 {
+                        return Err(format!("{f}: element {i}: {x} before, {y} after (rtol {rtol})"));
                     }
                 }
             }
         }
-        let got = kiln_ir::text::print(&h);
-        let exp_path = f.with_extension("expected.kir");
-        if bless {
-            std::fs::write(&exp_path, &got).expect("bless");
-            continue;
-        }
-        let want = std::fs::read_to_string(&exp_path).unwrap_or_default();
-        if got != want {
-            failures.push(format!("{}:\n--- expected\n{want}--- got\n{got}", f.display()));
-        }
+    }
+    Ok(kiln_ir::text::print(&h))
+}
+
+#[test]
+fn filetests() {
+    let files = kiln_filetest::run(&kiln_filetest::dir(env!("CARGO_MANIFEST_DIR")), "kir", |c| {
+        let got = check(c)?;
+        c.expect(&got, "expected.kir")
+    });
+    let mut covered = Vec::new();
+    for f in &files {
+        let c = Case::read(f).expect("read");
+        covered.extend(passes(&c).expect("checked above").into_iter().map(str::to_string));
     }
     for p in kiln_opt::registry() {
         assert!(covered.iter().any(|c| c == p.name()), "pass `{}` has no filetest", p.name());
@@ -102,7 +88,6 @@ fn filetests() {
             p.name()
         );
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

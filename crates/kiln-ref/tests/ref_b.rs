@@ -270,45 +270,14 @@ fn qlinear_matmul_by_hand() {
     let b_z = ti(DType::U8, &[], &[1]);
     let y_z = ti(DType::U8, &[], &[10]);
     let o = op(OpKind::QLinearMatMul, &[]);
-    let ins = [
-        Some(&a),
-        Some(&a_s),
-        Some(&a_z),
-        Some(&b),
-        Some(&b_s),
-        Some(&b_z),
-        Some(&y_s),
-        Some(&y_z),
-    ];
-    let y = run(&o, &ins, &[(DType::U8, &[1, 1])]);
-    assert_eq!(y[0].to_i64_vec().unwrap(), vec![16]);
+    let qmm = |y_s: &Tensor| {
+        let ins = [Some(&a), Some(&a_s), Some(&a_z), Some(&b), Some(&b_s), Some(&b_z), Some(y_s), Some(&y_z)];
+        run(&o, &ins, &[(DType::U8, &[1, 1])])[0].to_i64_vec().unwrap()
+    };
+    assert_eq!(qmm(&y_s), vec![16]);
     // Rounding half to even and saturation: y_scale 0.5 → 1.5 rounds to 2; y_scale 0.001 → 750 + 10 saturates to 255.
-    let y_s = f(0.5);
-    let ins = [
-        Some(&a),
-        Some(&a_s),
-        Some(&a_z),
-        Some(&b),
-        Some(&b_s),
-        Some(&b_z),
-        Some(&y_s),
-        Some(&y_z),
-    ];
-    let y = run(&o, &ins, &[(DType::U8, &[1, 1])]);
-    assert_eq!(y[0].to_i64_vec().unwrap(), vec![12]);
-    let y_s = f(0.001);
-    let ins = [
-        Some(&a),
-        Some(&a_s),
-        Some(&a_z),
-        Some(&b),
-        Some(&b_s),
-        Some(&b_z),
-        Some(&y_s),
-        Some(&y_z),
-    ];
-    let y = run(&o, &ins, &[(DType::U8, &[1, 1])]);
-    assert_eq!(y[0].to_i64_vec().unwrap(), vec![255]);
+    assert_eq!(qmm(&f(0.5)), vec![12]);
+    assert_eq!(qmm(&f(0.001)), vec![255]);
 }
 
 // ---------------------------------------------------------------------------

@@ -10,11 +10,10 @@
 //! the thread count (`--threads`, default one per core) on stderr; outputs written as `DIR/<name>.npy` with characters outside
 //! `[A-Za-z0-9._-]` replaced by `_`. Errors: one line on stderr, exit status 1.
 
-mod npy;
-
 use kiln_module::sections::TensorView;
+use kiln_npy::{DType, NpyError};
 use kiln_runtime::fs::AlignedBytes;
-use kiln_runtime::{dtype, Instance, Module, TensorMut, TensorRef};
+use kiln_runtime::{Instance, Module, TensorMut, TensorRef};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -118,7 +117,7 @@ fn random_input(t: &TensorView<'_>, rng: &mut Rng) -> Vec<u8> {
             9 => out.push((rng.next() >> 63) as u8),
             2..=7 | 12 | 13 => {
                 let v = (rng.next() >> 40) % 4;
-                let width = dtype::info(t.dtype).map_or(1, |(_, bits)| bits as usize / 8);
+                let width = DType::from_code(t.dtype).map_or(1, |d| d.bits() / 8);
                 out.extend(&v.to_le_bytes()[..width]);
             }
             _ => {}
@@ -128,6 +127,25 @@ fn random_input(t: &TensorView<'_>, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
+/// An input array: dtype code, shape and its bytes.
+struct Input {
+    dtype: u32,
+    dims: Vec<u64>,
+    data: Vec<u8>,
+}
+
+/// Reads an input `.npy`, refusing bytes after the data (a sign of a shape mismatch).
+fn read_npy(bytes: &[u8]) -> Result<Input, NpyError> {
+    let a = kiln_npy::read(bytes)?;
+    if a.trailing != 0 {
+        let need = a.data.len() as u64;
+        let elements = a.dims.iter().product();
+        return Err(NpyError::Length { elements, need, have: need + a.trailing as u64 });
+    }
+    let dtype = a.dtype.onnx_code().map_or(0, |c| c as u32);
+    Ok(Input { dtype, dims: a.dims, data: a.data.to_vec() })
+}
+
 /// Elements as f64, for the dtypes that have a plain numeric value.
 fn values(dtype: u32, data: &[u8]) -> Option<Vec<f64>> {
     fn le<const N: usize>(c: &[u8]) -> [u8; N] {
@@ -135,11 +153,11 @@ fn values(dtype: u32, data: &[u8]) -> Option<Vec<f64>> {
         a.copy_from_slice(c);
         a
     }
-    let (_, bits) = dtype::info(dtype)?;
+    let bits = DType::from_code(dtype)?.bits();
     if bits < 8 {
         return None;
     }
-    let chunks = data.chunks_exact(bits as usize / 8);
+    let chunks = data.chunks_exact(bits / 8);
     Some(match dtype {
         1 => chunks.map(|c| f64::from(f32::from_le_bytes(le(c)))).collect(),
         11 => chunks.map(|c| f64::from_le_bytes(le(c))).collect(),
@@ -158,7 +176,7 @@ fn values(dtype: u32, data: &[u8]) -> Option<Vec<f64>> {
 }
 
 fn summary(t: &TensorView<'_>, data: &[u8]) -> String {
-    let name = dtype::name(t.dtype).unwrap_or("?");
+    let name = DType::from_code(t.dtype).map_or("?", DType::name);
     let dims = t.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
     let stats = match values(t.dtype, data) {
         Some(v) if !v.is_empty() => {
@@ -205,9 +223,9 @@ fn run(args: Args) -> Result<(), String> {
         let a = match args.inputs.iter().find(|(n, _)| n == t.name) {
             Some((_, path)) => {
                 let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                npy::read(&bytes).map_err(|e| format!("{}: {e}", path.display()))?
+                read_npy(&bytes).map_err(|e| format!("{}: {e}", path.display()))?
             }
-            None => npy::Array { dtype: t.dtype, dims: t.dims.clone(), data: random_input(t, &mut rng) },
+            None => Input { dtype: t.dtype, dims: t.dims.clone(), data: random_input(t, &mut rng) },
         };
         arrays.push(a);
     }
@@ -244,12 +262,12 @@ fn run(args: Args) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for (t, d) in entry.outputs.iter().zip(&out_data) {
             let path = dir.join(file_name(t.name));
-            match npy::write(t.dtype, &t.dims, d) {
-                Ok(bytes) => std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?,
-                Err(_) => eprintln!(
+            match DType::from_code(t.dtype).map(|dt| kiln_npy::write(dt, &t.dims, d)) {
+                Some(Ok(bytes)) => std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?,
+                _ => eprintln!(
                     "{}: not written, NumPy has no {} dtype",
                     path.display(),
-                    dtype::name(t.dtype).unwrap_or("such")
+                    DType::from_code(t.dtype).map_or("such", DType::name)
                 ),
             }
         }

@@ -99,7 +99,7 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
             return Err(VerifyError::Arena { entry: entry(), size: e.arena_size, align: e.arena_align });
         }
         for t in e.inputs.iter().chain(&e.outputs) {
-            if crate::dtype::info(t.dtype).is_none() {
+            if crate::dtype::DType::from_code(t.dtype).is_none() {
                 return Err(VerifyError::UnknownDtype { entry: entry(), tensor: t.name.to_string(), dtype: t.dtype });
             }
             let expected = crate::dtype::storage_bytes(t.dtype, &t.dims);

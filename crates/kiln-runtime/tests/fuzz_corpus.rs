@@ -9,12 +9,12 @@
 mod common;
 
 use common::*;
+use kiln_filetest::fuzz::XorShift as Rng;
 use kiln_module::abi::ABI_VERSION;
 use kiln_module::program::*;
 use kiln_module::sections::{read_program, write_program, ConstantsView, ProgramView};
 use kiln_module::{ModuleWriter, SectionKind};
 use kiln_runtime::{Module, RuntimeError};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 fn dir() -> PathBuf {
@@ -41,7 +41,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 
 /// The property: decode and verify without panicking; messages are one line.
 fn check(data: &[u8]) -> Result<bool, String> {
-    catch_unwind(AssertUnwindSafe(|| {
+    kiln_filetest::fuzz::catch(|| {
         if let Ok(m) = kiln_module::Module::parse(data) {
             if let Err(e) = read_program(&m) {
                 assert!(!e.to_string().contains('\n'));
@@ -58,12 +58,6 @@ fn check(data: &[u8]) -> Result<bool, String> {
                 matches!(e, RuntimeError::WeightsMissing { .. })
             }
         }
-    }))
-    .map_err(|p| {
-        p.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default()
     })
 }
 
@@ -115,43 +109,7 @@ fn assert_bindings_inside(p: &ProgramView<'_>) {
 
 #[test]
 fn corpus_replays() {
-    if std::env::var_os("KILN_BLESS").is_some() {
-        std::fs::create_dir_all(dir()).expect("mkdir");
-        for (name, bytes) in seeds() {
-            std::fs::write(dir().join(name), bytes).expect("write seed");
-        }
-    }
-    let mut n = 0;
-    for e in std::fs::read_dir(dir()).expect("corpus dir (run once with KILN_BLESS=1)") {
-        let p = e.expect("entry").path();
-        let data = std::fs::read(&p).expect("read");
-        check(&data).unwrap_or_else(|m| panic!("{} panics the loader: {m}", p.display()));
-        n += 1;
-    }
-    assert!(n >= seeds().len(), "corpus is missing its seeds");
-    for (name, bytes) in seeds() {
-        let committed = std::fs::read(dir().join(name)).expect("seed file");
-        assert!(committed == bytes, "{name} is stale; rerun with KILN_BLESS=1");
-        assert_eq!(check(&bytes), Ok(true), "{name} verifies");
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
+    kiln_filetest::fuzz::replay_corpus(&dir(), &seeds(), "the loader", check);
 }
 
 fn sections_of(file: &[u8]) -> Vec<(SectionKind, u32, Vec<u8>)> {

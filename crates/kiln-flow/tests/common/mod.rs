@@ -2,9 +2,9 @@
 //! interpreter, and every result is compared with the reference evaluator's.
 #![allow(dead_code)]
 
-use kiln_flow::lower::{interpret, lower_op, OpCx, OpInput};
+use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor};
+use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
 
 /// `kind` with the given attributes.
 pub fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
@@ -157,4 +157,63 @@ pub fn ints(dims: &[usize], v: &[i64]) -> Tensor {
 /// An f32 tensor from values.
 pub fn floats(dims: &[usize], v: &[f64]) -> Tensor {
     Tensor::from_f64(DType::F32, Shape::new(dims.to_vec()).expect("shape"), v).expect("tensor")
+}
+
+/// A tensor of `dtype` from values (rounded to the dtype).
+pub fn typed(dtype: DType, dims: &[usize], v: &[f64]) -> Tensor {
+    Tensor::from_f64(dtype, Shape::new(dims.to_vec()).expect("shape"), v).expect("tensor")
+}
+
+/// A tensor of an integer (or bool) `dtype` from values.
+pub fn typed_i(dtype: DType, dims: &[usize], v: &[i64]) -> Tensor {
+    Tensor::from_i64(dtype, Shape::new(dims.to_vec()).expect("shape"), v).expect("tensor")
+}
+
+/// A tensor of `d` from values: floats rounded to `d`, other dtypes through i64.
+pub fn t(d: DType, dims: &[usize], v: &[f64]) -> Tensor {
+    if d.is_float() {
+        typed(d, dims, v)
+    } else {
+        let iv: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+        typed_i(d, dims, &iv)
+    }
+}
+
+/// The operands as shape-inference inputs, every value known.
+pub fn infer_inputs(inputs: &[Option<Tensor>]) -> Vec<Option<InferInput<'_>>> {
+    inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect()
+}
+
+/// The `n` result types shape inference gives `op` on `inputs`.
+pub fn infer_types(op: &Op, inputs: &[Option<Tensor>], n: usize) -> Vec<TensorType> {
+    infer(op, &infer_inputs(inputs), n).unwrap_or_else(|e| panic!("{}: infer: {e}", op.kind))
+}
+
+/// Lowers `op` to results of types `out`; operand `i` is a constant where `konst(i)`.
+pub fn try_lower(
+    op: &Op,
+    inputs: &[Option<Tensor>],
+    konst: impl Fn(usize) -> bool,
+    out: &[TensorType],
+) -> Result<Lowered, String> {
+    let opin: Vec<Option<OpInput>> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.as_ref().map(|t| OpInput { ty: t.ty(), value: konst(i).then_some(t) }))
+        .collect();
+    let cx = OpCx { op, name: "t", inputs: &opin, outputs: out };
+    lower_op(&cx).map_err(|e| e.to_string())
+}
+
+/// [`try_lower`], which must succeed.
+pub fn lower(op: &Op, inputs: &[Option<Tensor>], konst: impl Fn(usize) -> bool, out: &[TensorType]) -> Lowered {
+    try_lower(op, inputs, konst, out).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind))
+}
+
+/// [`try_lower`], which must fail (as an unsupported form, not a panic): the message.
+pub fn lower_fails(op: &Op, inputs: &[Option<Tensor>], konst: impl Fn(usize) -> bool, out: &[TensorType]) -> String {
+    match try_lower(op, inputs, konst, out) {
+        Ok(_) => panic!("{}: lowering should fail", op.kind),
+        Err(e) => e,
+    }
 }

@@ -3,7 +3,7 @@
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /// Encodes `data`, padding the last group with `=`.
-pub(crate) fn encode(data: &[u8]) -> String {
+pub fn encode(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
         let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
@@ -30,7 +30,7 @@ fn sextet(c: u8) -> Option<u32> {
 
 /// Why a base64 text does not decode; `offset` is the byte offset in the text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DecodeError {
+pub struct DecodeError {
     /// Offset of the offending character (or of the incomplete group).
     pub offset: usize,
     /// What is wrong.
@@ -40,7 +40,7 @@ pub(crate) struct DecodeError {
 /// Decodes one piece of base64 text, appending to `out`. The text must be whole groups of
 /// four characters; `=` padding may end it, and the bits padding drops must be zero (so
 /// every byte string has exactly one encoding). Returns whether the text ended in padding.
-pub(crate) fn decode_into(text: &str, out: &mut Vec<u8>) -> Result<bool, DecodeError> {
+pub fn decode_into(text: &str, out: &mut Vec<u8>) -> Result<bool, DecodeError> {
     let t = text.as_bytes();
     if !t.len().is_multiple_of(4) {
         return Err(DecodeError {
@@ -54,10 +54,7 @@ pub(crate) fn decode_into(text: &str, out: &mut Vec<u8>) -> Result<bool, DecodeE
         let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
         if pad > 2 || (pad > 0 && !last) {
             let first_pad = quad.iter().position(|&c| c == b'=').unwrap_or(0);
-            return Err(DecodeError {
-                offset: g * 4 + first_pad,
-                message: "misplaced base64 padding `=`".to_string(),
-            });
+            return Err(DecodeError { offset: g * 4 + first_pad, message: "misplaced base64 padding `=`".to_string() });
         }
         let mut n = 0u32;
         for (k, &c) in quad[..4 - pad].iter().enumerate() {

@@ -1,14 +1,20 @@
-//! Tokens of the text form.
+//! Tokens of the text forms, the lexer, and a cursor over the tokens.
+//!
+//! The tensor level's text form and the flow level's (in kiln-flow) share these: the
+//! same identifiers, numbers, strings, `%N` references, comments and punctuation.
 
+use crate::dtype::DType;
+use crate::shape::{Shape, TensorType};
 use core::fmt;
 
 /// One token.
+#[allow(missing_docs)]
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Tok {
+pub enum Tok {
     /// `[A-Za-z_][A-Za-z0-9_.]*`: keywords, op names, dtypes, attribute names.
     Ident(String),
-    /// `%N`.
-    Value(u32),
+    /// `%N`: value `N` of a graph, buffer `N` of a flow program.
+    Ref(u32),
     /// A number as written: `-`? then a digit, then letters, digits, `.`, and a sign
     /// right after an exponent `e`/`E` (hex numbers `0x…` take no sign).
     Num(String),
@@ -18,6 +24,8 @@ pub(crate) enum Tok {
     Minus,
     Arrow,
     At,
+    /// `<` (the tensor level has no use for it; its parser reports it where it appears).
+    Lt,
     LParen,
     RParen,
     LBrack,
@@ -33,9 +41,11 @@ pub(crate) enum Tok {
 impl fmt::Display for Tok {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Tok::Ident(s) => write!(f, "`{s}`"),
-            Tok::Value(v) => write!(f, "`%{v}`"),
-            Tok::Num(s) => write!(f, "`{s}`"),
+            Tok::Ident(s) | Tok::Num(s) if s.chars().count() > 24 => {
+                write!(f, "`{}…`", s.chars().take(24).collect::<String>())
+            }
+            Tok::Ident(s) | Tok::Num(s) => write!(f, "`{s}`"),
+            Tok::Ref(v) => write!(f, "`%{v}`"),
             Tok::Str(s) if s.chars().count() > 24 => {
                 write!(f, "string \"{}…\"", s.chars().take(24).collect::<String>().escape_debug())
             }
@@ -43,6 +53,7 @@ impl fmt::Display for Tok {
             Tok::Minus => f.write_str("`-`"),
             Tok::Arrow => f.write_str("`->`"),
             Tok::At => f.write_str("`@`"),
+            Tok::Lt => f.write_str("`<`"),
             Tok::LParen => f.write_str("`(`"),
             Tok::RParen => f.write_str("`)`"),
             Tok::LBrack => f.write_str("`[`"),
@@ -57,15 +68,22 @@ impl fmt::Display for Tok {
     }
 }
 
-/// A lexing error at a byte offset.
-#[derive(Debug)]
-pub(crate) struct LexError {
+/// A lexing or parsing error at a byte offset of the text ([`super::ParseError::at`]
+/// turns it into a line and column).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyntaxError {
+    /// Byte offset of the offending token.
     pub pos: usize,
+    /// What is wrong.
     pub message: String,
 }
 
-fn err<T>(pos: usize, message: impl Into<String>) -> Result<T, LexError> {
-    Err(LexError { pos, message: message.into() })
+/// The result of a lexing or parsing step.
+pub type SResult<T> = Result<T, SyntaxError>;
+
+/// Fails at `pos` with `message`.
+pub fn fail<T>(pos: usize, message: impl Into<String>) -> SResult<T> {
+    Err(SyntaxError { pos, message: message.into() })
 }
 
 fn is_ident_start(c: u8) -> bool {
@@ -77,7 +95,7 @@ fn is_ident_char(c: u8) -> bool {
 }
 
 /// True if `s` can be written as a bare identifier (else it is quoted).
-pub(crate) fn is_ident(s: &str) -> bool {
+pub fn is_ident(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty() && is_ident_start(b[0]) && b[1..].iter().all(|&c| is_ident_char(c))
 }
@@ -85,7 +103,7 @@ pub(crate) fn is_ident(s: &str) -> bool {
 /// Splits `src` into tokens with their byte offsets. The last token is [`Tok::Eof`]: at the
 /// end of the text, or where the first lexing error (also returned) stops the scan, so
 /// that the parser can report whichever error comes first in the text.
-pub(crate) fn lex(src: &str) -> (Vec<(Tok, usize)>, Option<LexError>) {
+pub fn lex(src: &str) -> (Vec<(Tok, usize)>, Option<SyntaxError>) {
     let mut toks = Vec::new();
     match lex_into(src, &mut toks) {
         Ok(()) => {
@@ -99,7 +117,7 @@ pub(crate) fn lex(src: &str) -> (Vec<(Tok, usize)>, Option<LexError>) {
     }
 }
 
-fn lex_into(src: &str, toks: &mut Vec<(Tok, usize)>) -> Result<(), LexError> {
+fn lex_into(src: &str, toks: &mut Vec<(Tok, usize)>) -> Result<(), SyntaxError> {
     let b = src.as_bytes();
     let mut i = 0;
     while i < b.len() {
@@ -117,6 +135,7 @@ fn lex_into(src: &str, toks: &mut Vec<(Tok, usize)>) -> Result<(), LexError> {
                 continue;
             }
             b'@' => Some(Tok::At),
+            b'<' => Some(Tok::Lt),
             b'(' => Some(Tok::LParen),
             b')' => Some(Tok::RParen),
             b'[' => Some(Tok::LBrack),
@@ -144,8 +163,7 @@ fn lex_into(src: &str, toks: &mut Vec<(Tok, usize)>) -> Result<(), LexError> {
             let hex = b[i] == b'0' && matches!(b.get(i + 1), Some(b'x' | b'X'));
             while i < b.len() {
                 let d = b[i];
-                let exp_sign =
-                    !hex && (d == b'+' || d == b'-') && i > start && matches!(b[i - 1], b'e' | b'E');
+                let exp_sign = !hex && (d == b'+' || d == b'-') && i > start && matches!(b[i - 1], b'e' | b'E');
                 if d.is_ascii_alphanumeric() || d == b'_' || (d == b'.' && !hex) || exp_sign {
                     i += 1;
                 } else {
@@ -160,13 +178,12 @@ fn lex_into(src: &str, toks: &mut Vec<(Tok, usize)>) -> Result<(), LexError> {
                 i += 1;
             }
             if i == digits {
-                return err(start, "expected a value number after `%`");
+                return fail(start, "expected a number after `%`");
             }
-            let n: u32 = src[digits..i].parse().map_err(|_| LexError {
-                pos: start,
-                message: format!("value number `%{}` is too large", &src[digits..i]),
-            })?;
-            toks.push((Tok::Value(n), start));
+            let n: u32 = src[digits..i]
+                .parse()
+                .map_err(|_| SyntaxError { pos: start, message: format!("`%{}` is too large", &src[digits..i]) })?;
+            toks.push((Tok::Ref(n), start));
         } else if is_ident_start(c) {
             while i < b.len() && is_ident_char(b[i]) {
                 i += 1;
@@ -178,20 +195,20 @@ fn lex_into(src: &str, toks: &mut Vec<(Tok, usize)>) -> Result<(), LexError> {
             i = end;
         } else {
             let ch = src[i..].chars().next().unwrap_or('?');
-            return err(start, format!("unexpected character {ch:?}"));
+            return fail(start, format!("unexpected character {ch:?}"));
         }
     }
     Ok(())
 }
 
 /// Reads the string literal starting at `b[start] == '"'`; returns it and the offset after it.
-fn string(src: &str, start: usize) -> Result<(String, usize), LexError> {
+fn string(src: &str, start: usize) -> Result<(String, usize), SyntaxError> {
     let mut out = String::new();
     let mut it = src[start + 1..].char_indices().map(|(k, c)| (start + 1 + k, c)).peekable();
     while let Some((pos, c)) = it.next() {
         match c {
             '"' => return Ok((out, pos + 1)),
-            '\n' | '\r' => return err(start, "unterminated string (strings end on their line)"),
+            '\n' | '\r' => return fail(start, "unterminated string (strings end on their line)"),
             '\\' => {
                 let Some((_, e)) = it.next() else { break };
                 match e {
@@ -202,7 +219,7 @@ fn string(src: &str, start: usize) -> Result<(String, usize), LexError> {
                     'r' => out.push('\r'),
                     'u' => {
                         if it.next().map(|x| x.1) != Some('{') {
-                            return err(pos, "expected `{` after `\\u`");
+                            return fail(pos, "expected `{` after `\\u`");
                         }
                         let mut code: u32 = 0;
                         let mut digits = 0;
@@ -213,27 +230,25 @@ fn string(src: &str, start: usize) -> Result<(String, usize), LexError> {
                                     code = code * 16 + h.to_digit(16).unwrap_or(0);
                                     digits += 1;
                                 }
-                                _ => return err(pos, "malformed `\\u{…}` escape (1 to 6 hex digits)"),
+                                _ => return fail(pos, "malformed `\\u{…}` escape (1 to 6 hex digits)"),
                             }
                         }
                         match char::from_u32(code) {
                             Some(ch) => out.push(ch),
-                            None => {
-                                return err(pos, format!("`\\u{{{code:X}}}` is not a Unicode scalar value"))
-                            }
+                            None => return fail(pos, format!("`\\u{{{code:X}}}` is not a Unicode scalar value")),
                         }
                     }
-                    other => return err(pos, format!("unknown escape `\\{}`", other.escape_debug())),
+                    other => return fail(pos, format!("unknown escape `\\{}`", other.escape_debug())),
                 }
             }
             c => out.push(c),
         }
     }
-    err(start, "unterminated string")
+    fail(start, "unterminated string")
 }
 
 /// Writes `s` as a string literal.
-pub(crate) fn quote(s: &str, out: &mut String) {
+pub fn quote(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -247,6 +262,224 @@ pub(crate) fn quote(s: &str, out: &mut String) {
         }
     }
     out.push('"');
+}
+
+/// Writes `s` bare when it is an identifier, else as a string literal.
+pub fn write_name(out: &mut String, s: &str) {
+    if is_ident(s) {
+        out.push_str(s);
+    } else {
+        quote(s, out);
+    }
+}
+
+/// Sign, radix and digits of an integer literal (decimal or `0x` hex, optionally
+/// negative), if it is one, whatever its size.
+pub fn int_parts(s: &str) -> Option<(bool, u32, &str)> {
+    let (neg, body) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (radix, digits) = match body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
+        Some(hex) => (16, hex),
+        None => (10, body),
+    };
+    let ok = !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix));
+    ok.then_some((neg, radix, digits))
+}
+
+/// An integer literal (decimal or `0x` hex, optionally negative) of at most 64 bits of
+/// magnitude.
+pub fn parse_int(s: &str) -> Option<i128> {
+    let (neg, radix, digits) = int_parts(s)?;
+    let mag = u64::from_str_radix(digits, radix).ok()?;
+    Some(if neg { -i128::from(mag) } else { i128::from(mag) })
+}
+
+/// True for a number written in hex (`0x…`, `-0x…`).
+pub fn is_hex(s: &str) -> bool {
+    let b = s.strip_prefix('-').unwrap_or(s);
+    b.starts_with("0x") || b.starts_with("0X")
+}
+
+/// A raw code of a low-precision float type of `max` at most (written in hex by the
+/// printers) from a number literal `num` (`None`: the literal is not a number).
+pub fn lit_code(num: Option<&str>, pos: usize, what: impl fmt::Display, max: u8) -> SResult<u8> {
+    let Some(s) = num else {
+        return fail(pos, format!("expected a raw {what} code such as `0x{max:X}`"));
+    };
+    match parse_int(s) {
+        Some(v) if (0..=i128::from(max)).contains(&v) => Ok(v as u8),
+        Some(_) => fail(pos, format!("code `{s}` is out of range for {what} (0x0 to 0x{max:X})")),
+        None => fail(pos, format!("expected a raw {what} code such as `0x{max:X}`, found `{s}`")),
+    }
+}
+
+/// The tokens of a text with a read position: what a recursive-descent parser steps over.
+#[derive(Debug)]
+pub struct Cursor {
+    toks: Vec<(Tok, usize)>,
+    i: usize,
+}
+
+impl Cursor {
+    /// A cursor at the first of `toks` (as [`lex`] returns them, ending in [`Tok::Eof`]).
+    pub fn new(toks: Vec<(Tok, usize)>) -> Cursor {
+        Cursor { toks, i: 0 }
+    }
+
+    /// The next token.
+    pub fn peek(&self) -> &Tok {
+        self.toks.get(self.i).map_or(&Tok::Eof, |t| &t.0)
+    }
+
+    /// The byte offset of the next token.
+    pub fn pos(&self) -> usize {
+        self.toks.get(self.i).or(self.toks.last()).map_or(0, |t| t.1)
+    }
+
+    /// Takes the next token (leaving `Eof` in its slot: a parser never looks back).
+    pub fn bump(&mut self) -> (Tok, usize) {
+        let pos = self.pos();
+        match self.toks.get_mut(self.i) {
+            Some(slot) if slot.0 != Tok::Eof => {
+                self.i += 1;
+                (core::mem::replace(&mut slot.0, Tok::Eof), pos)
+            }
+            _ => (Tok::Eof, pos),
+        }
+    }
+
+    /// Takes the next token if it is `t`.
+    pub fn eat(&mut self, t: &Tok) -> bool {
+        if self.peek() == t {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// True if the next token is the identifier `kw`.
+    pub fn is_kw(&self, kw: &str) -> bool {
+        matches!(self.peek(), Tok::Ident(s) if s == kw)
+    }
+
+    /// Consumes `t` (returning its offset) or fails with "expected `t` CONTEXT, found …".
+    pub fn expect(&mut self, t: &Tok, context: &str) -> SResult<usize> {
+        let pos = self.pos();
+        if self.eat(t) {
+            Ok(pos)
+        } else {
+            fail(pos, format!("expected {t} {context}, found {}", self.peek()))
+        }
+    }
+
+    /// Consumes the identifier `kw` (returning its offset) or fails like [`Cursor::expect`].
+    pub fn expect_kw(&mut self, kw: &str, context: &str) -> SResult<usize> {
+        let pos = self.pos();
+        if self.is_kw(kw) {
+            self.bump();
+            Ok(pos)
+        } else {
+            fail(pos, format!("expected `{kw}` {context}, found {}", self.peek()))
+        }
+    }
+
+    /// The optional `(0x…)` after `nan`: the NaN's bits and their offset.
+    pub fn nan_bits(&mut self) -> SResult<Option<(u64, usize)>> {
+        if !self.eat(&Tok::LParen) {
+            return Ok(None);
+        }
+        let (t, pos) = self.bump();
+        let bits = match &t {
+            Tok::Num(s) if s.starts_with("0x") || s.starts_with("0X") => {
+                parse_int(s).and_then(|v| u64::try_from(v).ok())
+            }
+            _ => None,
+        };
+        let Some(bits) = bits else {
+            return fail(pos, format!("expected the NaN's bits in hex (`nan(0x7FC00001)`), found {t}"));
+        };
+        self.expect(&Tok::RParen, "after the NaN's bits")?;
+        Ok(Some((bits, pos)))
+    }
+
+    /// The bytes of blob `index` of a `blobs` section: one or more base64 strings, of which
+    /// only the last may end in `=` padding.
+    pub fn blob_data(&mut self, index: u64) -> SResult<Vec<u8>> {
+        if !matches!(self.peek(), Tok::Str(_)) {
+            return fail(self.pos(), format!("expected the blob's base64 text (strings), found {}", self.peek()));
+        }
+        let mut data = Vec::new();
+        let mut ended = false;
+        while let Tok::Str(_) = self.peek() {
+            let (t, spos) = self.bump();
+            let Tok::Str(s) = t else { break };
+            if ended {
+                return fail(spos, format!("blob {index} continues after its `=` padding"));
+            }
+            // +1: the offset is inside the quotes (base64 has no escapes to skew it).
+            ended = super::base64::decode_into(&s, &mut data).map_err(|e| SyntaxError {
+                pos: spos + 1 + e.offset,
+                message: format!("blob {index}: {}", e.message),
+            })?;
+        }
+        Ok(data)
+    }
+
+    /// A tensor type, `DTYPE[d0,d1,…]` (`f32[]` for a scalar).
+    pub fn tensor_type(&mut self) -> SResult<TensorType> {
+        let (tok, pos) = self.bump();
+        let Tok::Ident(name) = tok else {
+            return fail(pos, format!("expected a tensor type such as `f32[2,3]`, found {tok}"));
+        };
+        let dtype: DType = name.parse().map_err(|_| SyntaxError { pos, message: format!("unknown dtype `{name}`") })?;
+        self.expect(&Tok::LBrack, "after the dtype (a tensor type is written `f32[2,3]`, `f32[]` for a scalar)")?;
+        let mut dims = Vec::new();
+        if !self.eat(&Tok::RBrack) {
+            loop {
+                let (t, dpos) = self.bump();
+                let dim = match &t {
+                    Tok::Num(s) => parse_int(s).and_then(|v| usize::try_from(v).ok()),
+                    _ => None,
+                };
+                match dim {
+                    Some(d) => dims.push(d),
+                    None => return fail(dpos, format!("expected a dimension (a non-negative integer), found {t}")),
+                }
+                if self.eat(&Tok::RBrack) {
+                    break;
+                }
+                self.expect(&Tok::Comma, "or `]` after a dimension")?;
+            }
+        }
+        let shape = Shape::new(dims).map_err(|e| SyntaxError { pos, message: format!("invalid shape: {e}") })?;
+        Ok(TensorType::new(dtype, shape))
+    }
+
+    /// Succeeds at the end of the text.
+    pub fn end(&self) -> SResult<()> {
+        match self.peek() {
+            Tok::Eof => Ok(()),
+            t => fail(self.pos(), format!("expected end of input, found {t}")),
+        }
+    }
+}
+
+/// Runs `parse` over the tokens of `src` and reports whichever comes first in the text:
+/// the parser's error or the lexing error that stopped the scan (then the parser, which
+/// sees `Eof` there, usually fails at the same place).
+pub fn run<T>(src: &str, parse: impl FnOnce(&mut Cursor) -> SResult<T>) -> Result<T, super::ParseError> {
+    let (toks, lex_error) = lex(src);
+    let mut cursor = Cursor::new(toks);
+    let r = match (parse(&mut cursor), lex_error) {
+        (Err(e), Some(l)) if l.pos <= e.pos => Err(l),
+        (Err(e), _) => Err(e),
+        (Ok(_), Some(l)) => Err(l),
+        (Ok(v), None) => Ok(v),
+    };
+    r.map_err(|e| super::ParseError::at(src, e.pos, e.message))
 }
 
 #[cfg(test)]
@@ -304,6 +537,37 @@ mod tests {
         assert_eq!(lex_err("\"\\u{110000}\""), 1);
         assert_eq!(lex_err("\"\\u{}\""), 1);
         assert_eq!(lex_err("\"\\"), 0);
+    }
+
+    #[test]
+    fn references_and_angle_brackets() {
+        assert_eq!(toks("%12<"), vec![Tok::Ref(12), Tok::Lt, Tok::Eof]);
+        assert_eq!(lex("%").1.map(|e| e.message), Some("expected a number after `%`".into()));
+        let long = "a".repeat(30);
+        assert_eq!(Tok::Ident(long).to_string(), format!("`{}…`", "a".repeat(24)));
+    }
+
+    #[test]
+    fn cursor_steps_and_reports() {
+        let mut c = Cursor::new(lex("a , b").0);
+        assert!(c.is_kw("a") && !c.is_kw("b"));
+        assert_eq!(c.expect_kw("a", "first"), Ok(0));
+        assert!(!c.eat(&Tok::Colon) && c.eat(&Tok::Comma));
+        let e = c.expect(&Tok::Colon, "here").unwrap_err();
+        assert_eq!((e.pos, e.message.as_str()), (4, "expected `:` here, found `b`"));
+        assert_eq!(c.end().unwrap_err().pos, 4);
+        assert_eq!(c.bump(), (Tok::Ident("b".into()), 4));
+        assert_eq!((c.bump(), c.end()), ((Tok::Eof, 5), Ok(())));
+    }
+
+    #[test]
+    fn integer_literals() {
+        assert_eq!(parse_int("-0x10"), Some(-16));
+        assert_eq!(parse_int("18446744073709551615"), Some(u64::MAX as i128));
+        assert_eq!(parse_int("18446744073709551616"), None);
+        assert!(int_parts("18446744073709551616").is_some());
+        assert_eq!(int_parts("1.5"), None);
+        assert!(is_hex("-0X1f") && !is_hex("10"));
     }
 
     #[test]

@@ -55,6 +55,19 @@ mod print;
 pub use parse::parse;
 pub use print::print;
 
+/// The pieces of the text form that other levels' text forms (kiln-flow's) build on, so
+/// that every level lexes, quotes, encodes blobs and writes numbers the same way: the
+/// tokens, the lexer and a token cursor, string quoting, integer literals, base64 for
+/// `blobs` sections, and the exact forms of floats and of small constants.
+pub mod syntax {
+    pub use super::base64::{decode_into as base64_decode, encode as base64_encode, DecodeError};
+    pub use super::lex::{
+        fail, int_parts, is_hex, is_ident, lex, lit_code, parse_int, quote, run, write_name, Cursor, SResult,
+        SyntaxError, Tok,
+    };
+    pub use super::print::{fmt_f32, fmt_f64, inline_elements, BF16_NAN, F16_NAN, F32_NAN, F64_NAN};
+}
+
 /// Constants with at most this many elements are printed inline; larger ones as blobs.
 pub const INLINE_LIMIT: usize = 16;
 
@@ -68,4 +81,20 @@ pub struct ParseError {
     pub col: usize,
     /// What is wrong.
     pub message: String,
+}
+
+impl ParseError {
+    /// The error `message` at byte offset `pos` of `src`, as a 1-based line and column
+    /// (in characters).
+    pub fn at(src: &str, pos: usize, message: String) -> ParseError {
+        let mut pos = pos.min(src.len());
+        while !src.is_char_boundary(pos) {
+            pos -= 1;
+        }
+        let before = &src[..pos];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |k| k + 1);
+        let col = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
+        ParseError { line, col, message }
+    }
 }

@@ -1,14 +1,16 @@
 //! The parser.
 
-use super::base64;
-use super::lex::{lex, Tok};
+use super::lex::{
+    fail, int_parts, is_hex, lex, lit_code as syntax_lit_code, parse_int, Cursor, SResult as PResult,
+    SyntaxError as PErr, Tok,
+};
 use super::print::{BF16_NAN, F16_NAN, F32_NAN, F64_NAN};
 use super::ParseError;
 use crate::dtype::DType;
 use crate::entity::EntityId;
 use crate::graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
 use crate::op::{Attr, Attrs, Op, OpKind};
-use crate::shape::{Shape, TensorType};
+use crate::shape::TensorType;
 use crate::tensor::Tensor;
 use bytes::Bytes;
 use half::{bf16, f16};
@@ -19,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 /// Never panics; every error names the line and column of the offending token.
 pub fn parse(src: &str) -> Result<Graph, ParseError> {
     let (toks, lex_error) = lex(src);
-    let mut p = Parser { toks, i: 0, values: BTreeMap::new(), nodes: Vec::new() };
+    let mut p = Parser { cur: Cursor::new(toks), values: BTreeMap::new(), nodes: Vec::new() };
     // The scan stopped at a lexing error: report it unless the parser failed before it.
     let result = match (p.file(), lex_error) {
         (Err(e), Some(l)) if l.pos <= e.pos => Err((l.pos, l.message)),
@@ -27,32 +29,7 @@ pub fn parse(src: &str) -> Result<Graph, ParseError> {
         (Ok(_), Some(l)) => Err((l.pos, l.message)),
         (Ok(parsed), None) => p.finish(parsed).map_err(|e| (e.pos, e.message)),
     };
-    result.map_err(|(pos, message)| error_at(src, pos, message))
-}
-
-/// Converts a byte offset into a 1-based line and column (in characters).
-fn error_at(src: &str, pos: usize, message: String) -> ParseError {
-    let mut pos = pos.min(src.len());
-    while !src.is_char_boundary(pos) {
-        pos -= 1;
-    }
-    let before = &src[..pos];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |k| k + 1);
-    let col = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
-    ParseError { line, col, message }
-}
-
-/// An error at a byte offset.
-struct PErr {
-    pos: usize,
-    message: String,
-}
-
-type PResult<T> = Result<T, PErr>;
-
-fn fail<T>(pos: usize, message: impl Into<String>) -> PResult<T> {
-    Err(PErr { pos, message: message.into() })
+    result.map_err(|(pos, message)| ParseError::at(src, pos, message))
 }
 
 /// A tensor literal before blobs are resolved.
@@ -112,65 +89,25 @@ struct Parsed {
 }
 
 struct Parser {
-    toks: Vec<(Tok, usize)>,
-    i: usize,
+    cur: Cursor,
     values: BTreeMap<u32, PValue>,
     nodes: Vec<PNode>,
 }
 
+impl core::ops::Deref for Parser {
+    type Target = Cursor;
+    fn deref(&self) -> &Cursor {
+        &self.cur
+    }
+}
+
+impl core::ops::DerefMut for Parser {
+    fn deref_mut(&mut self) -> &mut Cursor {
+        &mut self.cur
+    }
+}
+
 impl Parser {
-    fn peek(&self) -> &Tok {
-        self.toks.get(self.i).map_or(&Tok::Eof, |t| &t.0)
-    }
-
-    fn pos(&self) -> usize {
-        self.toks.get(self.i).or(self.toks.last()).map_or(0, |t| t.1)
-    }
-
-    /// Takes the next token (leaving `Eof` in its slot: the parser never looks back).
-    fn bump(&mut self) -> (Tok, usize) {
-        let pos = self.pos();
-        match self.toks.get_mut(self.i) {
-            Some(slot) if slot.0 != Tok::Eof => {
-                self.i += 1;
-                (core::mem::replace(&mut slot.0, Tok::Eof), pos)
-            }
-            _ => (Tok::Eof, pos),
-        }
-    }
-
-    fn eat(&mut self, t: &Tok) -> bool {
-        if self.peek() == t {
-            self.bump();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn is_kw(&self, kw: &str) -> bool {
-        matches!(self.peek(), Tok::Ident(s) if s == kw)
-    }
-
-    /// Consumes `t` or fails with "expected `t` CONTEXT, found …".
-    fn expect(&mut self, t: &Tok, context: &str) -> PResult<usize> {
-        let pos = self.pos();
-        if self.eat(t) {
-            Ok(pos)
-        } else {
-            fail(pos, format!("expected {t} {context}, found {}", self.peek()))
-        }
-    }
-
-    fn expect_kw(&mut self, kw: &str, context: &str) -> PResult<()> {
-        if self.is_kw(kw) {
-            self.bump();
-            Ok(())
-        } else {
-            fail(self.pos(), format!("expected `{kw}` {context}, found {}", self.peek()))
-        }
-    }
-
     /// An identifier or a quoted string (graph and attribute names).
     fn name(&mut self, what: &str) -> PResult<String> {
         match self.bump() {
@@ -202,7 +139,7 @@ impl Parser {
                 let (id, pos) = self.value_token("a graph input")?;
                 self.check_new(id, pos)?;
                 self.expect(&Tok::Colon, "after the input's value")?;
-                let ty = self.ty()?;
+                let ty = self.tensor_type()?;
                 let name = self.opt_string().unwrap_or_default();
                 self.values.insert(id, PValue { ty, name, def: PDef::Input, pos });
                 inputs.push(ValueId::new(id as usize));
@@ -237,7 +174,7 @@ impl Parser {
 
     fn value_token(&mut self, what: &str) -> PResult<(u32, usize)> {
         match self.bump() {
-            (Tok::Value(v), pos) => Ok((v, pos)),
+            (Tok::Ref(v), pos) => Ok((v, pos)),
             (t, pos) => fail(pos, format!("expected {what} (`%N`), found {t}")),
         }
     }
@@ -249,46 +186,10 @@ impl Parser {
         Ok(())
     }
 
-    /// `DTYPE[d0,d1,…]`.
-    fn ty(&mut self) -> PResult<TensorType> {
-        let (tok, pos) = self.bump();
-        let Tok::Ident(name) = tok else {
-            return fail(pos, format!("expected a type such as `f32[2,3]`, found {tok}"));
-        };
-        let dtype: DType =
-            name.parse().map_err(|_| PErr { pos, message: format!("unknown dtype `{name}`") })?;
-        self.expect(&Tok::LBrack, "after the dtype (a type is written `f32[2,3]`, `f32[]` for a scalar)")?;
-        let mut dims = Vec::new();
-        if !self.eat(&Tok::RBrack) {
-            loop {
-                let (t, dpos) = self.bump();
-                let dim = match &t {
-                    Tok::Num(s) => parse_int(s).and_then(|v| usize::try_from(v).ok()),
-                    _ => None,
-                };
-                match dim {
-                    Some(d) => dims.push(d),
-                    None => {
-                        return fail(
-                            dpos,
-                            format!("expected a dimension (a non-negative integer), found {t}"),
-                        )
-                    }
-                }
-                if self.eat(&Tok::RBrack) {
-                    break;
-                }
-                self.expect(&Tok::Comma, "or `]` after a dimension")?;
-            }
-        }
-        let shape = Shape::new(dims).map_err(|e| PErr { pos, message: format!("invalid shape: {e}") })?;
-        Ok(TensorType::new(dtype, shape))
-    }
-
     fn statement(&mut self) -> PResult<()> {
         let start = self.pos();
         let mut results = Vec::new();
-        if let Tok::Value(_) = self.peek() {
+        if let Tok::Ref(_) = self.peek() {
             loop {
                 let (id, pos) = self.value_token("a result")?;
                 self.check_new(id, pos)?;
@@ -309,7 +210,7 @@ impl Parser {
                 let (id, pos) = results[0];
                 let lit = self.tensor_lit()?;
                 let ty = if self.eat(&Tok::Colon) {
-                    self.ty()?
+                    self.tensor_type()?
                 } else {
                     match &lit {
                         TLit::Ready(t) => t.ty().clone(),
@@ -323,9 +224,7 @@ impl Parser {
         }
         let (tok, op_pos) = self.bump();
         let kind: OpKind = match &tok {
-            Tok::Ident(s) => {
-                s.parse().map_err(|_| PErr { pos: op_pos, message: format!("unknown op `{s}`") })?
-            }
+            Tok::Ident(s) => s.parse().map_err(|_| PErr { pos: op_pos, message: format!("unknown op `{s}`") })?,
             t if results.is_empty() => {
                 return fail(op_pos, format!("expected a statement (`%N = …`, an op, or `}}`), found {t}"))
             }
@@ -338,7 +237,7 @@ impl Parser {
                 let (t, pos) = self.bump();
                 match t {
                     Tok::Ident(s) if s == "_" => inputs.push(None),
-                    Tok::Value(v) => {
+                    Tok::Ref(v) => {
                         if !self.values.contains_key(&v) {
                             return fail(pos, format!("value %{v} used before definition"));
                         }
@@ -350,10 +249,7 @@ impl Parser {
                     break;
                 }
                 if *self.peek() != Tok::Comma {
-                    return fail(
-                        self.pos(),
-                        format!("expected `,` or `)` after operand, found {}", self.peek()),
-                    );
+                    return fail(self.pos(), format!("expected `,` or `)` after operand, found {}", self.peek()));
                 }
                 self.bump();
             }
@@ -382,23 +278,16 @@ impl Parser {
         if !results.is_empty() && *self.peek() != Tok::Colon {
             return fail(
                 self.pos(),
-                format!(
-                    "expected `:` and the result types after `{}(…)`, found {}",
-                    kind.name(),
-                    self.peek()
-                ),
+                format!("expected `:` and the result types after `{}(…)`, found {}", kind.name(), self.peek()),
             );
         }
         if self.eat(&Tok::Colon) {
             loop {
                 let pos = self.pos();
                 if types.len() == results.len() {
-                    return fail(
-                        pos,
-                        format!("more result types than results (the node defines {})", results.len()),
-                    );
+                    return fail(pos, format!("more result types than results (the node defines {})", results.len()));
                 }
-                let ty = self.ty()?;
+                let ty = self.tensor_type()?;
                 let name = self.opt_string().unwrap_or_default();
                 types.push((ty, name));
                 if !self.eat(&Tok::Comma) {
@@ -416,9 +305,7 @@ impl Parser {
             self.bump();
             match self.bump() {
                 (Tok::Str(s), _) => s,
-                (t, pos) => {
-                    return fail(pos, format!("expected the node name (a string) after `node`, found {t}"))
-                }
+                (t, pos) => return fail(pos, format!("expected the node name (a string) after `node`, found {t}")),
             }
         } else {
             String::new()
@@ -435,7 +322,7 @@ impl Parser {
 
     /// `TYPE [elements]` or `TYPE blob(N)`.
     fn tensor_lit(&mut self) -> PResult<TLit> {
-        let ty = self.ty()?;
+        let ty = self.tensor_type()?;
         if self.is_kw("blob") {
             self.bump();
             self.expect(&Tok::LParen, "after `blob`")?;
@@ -457,9 +344,7 @@ impl Parser {
             return fail(open, format!("constant has {} elements, type {ty} needs {n}", lits.len()));
         }
         let bytes = encode_elements(ty.dtype, &lits)?;
-        Tensor::new(ty, Bytes::from(bytes))
-            .map(TLit::Ready)
-            .map_err(|e| PErr { pos: open, message: e.to_string() })
+        Tensor::new(ty, Bytes::from(bytes)).map(TLit::Ready).map_err(|e| PErr { pos: open, message: e.to_string() })
     }
 
     /// Literals up to and including `]` (the `[` is already consumed).
@@ -474,10 +359,7 @@ impl Parser {
                 return Ok(lits);
             }
             if *self.peek() != Tok::Comma {
-                return fail(
-                    self.pos(),
-                    format!("expected `,` or `]` after a list element, found {}", self.peek()),
-                );
+                return fail(self.pos(), format!("expected `,` or `]` after a list element, found {}", self.peek()));
             }
             self.bump();
         }
@@ -491,9 +373,7 @@ impl Parser {
             Tok::Minus => match self.bump() {
                 (Tok::Ident(s), _) if s == "inf" => Lit::Inf { neg: true },
                 (Tok::Ident(s), _) if s == "nan" => Lit::Nan { neg: true, bits: self.nan_bits()? },
-                (t, pos) => {
-                    return fail(pos, format!("expected a number, `inf` or `nan` after `-`, found {t}"))
-                }
+                (t, pos) => return fail(pos, format!("expected a number, `inf` or `nan` after `-`, found {t}")),
             },
             Tok::Ident(s) => match s.as_str() {
                 "inf" => Lit::Inf { neg: false },
@@ -505,25 +385,6 @@ impl Parser {
             t => return fail(pos, format!("expected a literal, found {t}")),
         };
         Ok((lit, pos))
-    }
-
-    /// The optional `(0x…)` after `nan`.
-    fn nan_bits(&mut self) -> PResult<Option<(u64, usize)>> {
-        if !self.eat(&Tok::LParen) {
-            return Ok(None);
-        }
-        let (t, pos) = self.bump();
-        let bits = match &t {
-            Tok::Num(s) if s.starts_with("0x") || s.starts_with("0X") => {
-                parse_int(s).and_then(|v| u64::try_from(v).ok())
-            }
-            _ => None,
-        };
-        let Some(bits) = bits else {
-            return fail(pos, format!("expected the NaN's bits in hex (`nan(0x7FC00001)`), found {t}"));
-        };
-        self.expect(&Tok::RParen, "after the NaN's bits")?;
-        Ok(Some((bits, pos)))
     }
 
     fn attr_value(&mut self) -> PResult<PAttr> {
@@ -565,8 +426,7 @@ impl Parser {
                 let mut v = Vec::new();
                 for (l, p) in &lits {
                     if !is_float_lit(l) {
-                        let msg =
-                            "expected a float (with `.` or an exponent, `inf` or `nan`) in a list of floats";
+                        let msg = "expected a float (with `.` or an exponent, `inf` or `nan`) in a list of floats";
                         return fail(*p, msg);
                     }
                     v.push(lit_f32(l, *p)?);
@@ -607,26 +467,7 @@ impl Parser {
                 return fail(pos, format!("blob {index} defined twice"));
             }
             self.expect(&Tok::Colon, "after the blob number")?;
-            if !matches!(self.peek(), Tok::Str(_)) {
-                return fail(
-                    self.pos(),
-                    format!("expected the blob's base64 text (strings), found {}", self.peek()),
-                );
-            }
-            let mut data = Vec::new();
-            let mut ended = false;
-            while let Tok::Str(_) = self.peek() {
-                let (t, spos) = self.bump();
-                let Tok::Str(s) = t else { break };
-                if ended {
-                    return fail(spos, format!("blob {index} continues after its `=` padding"));
-                }
-                // +1: the offset is inside the quotes (base64 has no escapes to skew it).
-                ended = base64::decode_into(&s, &mut data).map_err(|e| PErr {
-                    pos: spos + 1 + e.offset,
-                    message: format!("blob {index}: {}", e.message),
-                })?;
-            }
+            let data = self.blob_data(index)?;
             blobs.insert(index, Bytes::from(data));
         }
         Ok(blobs)
@@ -644,10 +485,7 @@ impl Parser {
                     };
                     let need = ty.storage_bytes();
                     if data.len() != need {
-                        return fail(
-                            pos,
-                            format!("blob {index} has {} bytes, type {ty} needs {need}", data.len()),
-                        );
+                        return fail(pos, format!("blob {index} has {} bytes, type {ty} needs {need}", data.len()));
                     }
                     Tensor::new(ty, data.clone()).map_err(|e| PErr { pos, message: e.to_string() })
                 }
@@ -662,10 +500,7 @@ impl Parser {
         let values = core::mem::take(&mut self.values);
         for (expected, (id, v)) in values.into_iter().enumerate() {
             if id as usize != expected {
-                return fail(
-                    v.pos,
-                    format!("value ids must be dense: %{expected} is never defined (found %{id})"),
-                );
+                return fail(v.pos, format!("value ids must be dense: %{expected} is never defined (found %{id})"));
             }
             let def = match v.def {
                 PDef::Input => ValueDef::Input,
@@ -696,35 +531,9 @@ impl Parser {
     }
 }
 
-/// Splits an integer literal into its sign, radix and digits, if it is one.
-fn int_parts(s: &str) -> Option<(bool, u32, &str)> {
-    let (neg, body) = match s.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, s),
-    };
-    let (radix, digits) = match body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
-        Some(hex) => (16, hex),
-        None => (10, body),
-    };
-    let ok = !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix));
-    ok.then_some((neg, radix, digits))
-}
-
 /// True if `s` is written as an integer (whatever its size).
 fn is_int_syntax(s: &str) -> bool {
     int_parts(s).is_some()
-}
-
-/// An integer literal: decimal or `0x` hex, optionally negative; at most 64 bits of magnitude.
-fn parse_int(s: &str) -> Option<i128> {
-    let (neg, radix, digits) = int_parts(s)?;
-    let mag = u64::from_str_radix(digits, radix).ok()?;
-    Some(if neg { -i128::from(mag) } else { i128::from(mag) })
-}
-
-fn is_hex(s: &str) -> bool {
-    let b = s.strip_prefix('-').unwrap_or(s);
-    b.starts_with("0x") || b.starts_with("0X")
 }
 
 /// True for literals that can only be floats: `1.5`, `1e3`, `inf`, `nan`.
@@ -783,13 +592,9 @@ fn lit_float_bits(l: &Lit, pos: usize, dtype: DType) -> PResult<u64> {
                 );
             }
             if width == 64 {
-                s.parse::<f64>()
-                    .map(f64::to_bits)
-                    .map_err(|_| PErr { pos, message: format!("invalid number `{s}`") })
+                s.parse::<f64>().map(f64::to_bits).map_err(|_| PErr { pos, message: format!("invalid number `{s}`") })
             } else {
-                s.parse::<f32>()
-                    .map(from_f32)
-                    .map_err(|_| PErr { pos, message: format!("invalid number `{s}`") })
+                s.parse::<f32>().map(from_f32).map_err(|_| PErr { pos, message: format!("invalid number `{s}`") })
             }
         }
         Lit::Inf { neg } => {
@@ -844,14 +649,7 @@ fn encode_elements(dtype: DType, lits: &[(Lit, usize)]) -> PResult<Vec<u8>> {
                 let bits = lit_float_bits(l, pos, dtype)?;
                 out.extend_from_slice(&bits.to_le_bytes()[..dtype.bits() / 8]);
             }
-            DType::I8
-            | DType::I16
-            | DType::I32
-            | DType::I64
-            | DType::U8
-            | DType::U16
-            | DType::U32
-            | DType::U64 => {
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::U8 | DType::U16 | DType::U32 | DType::U64 => {
                 let bits = dtype.bits();
                 let (lo, hi) = int_range(bits as u32, dtype.is_signed_int());
                 let v = lit_int(l, pos, dtype, lo, hi)?;
@@ -883,14 +681,7 @@ fn encode_elements(dtype: DType, lits: &[(Lit, usize)]) -> PResult<Vec<u8>> {
     Ok(out)
 }
 
-/// A raw code of a low-precision float type (written in hex by the printer).
+/// A raw code of a low-precision float type.
 fn lit_code(l: &Lit, pos: usize, dtype: DType, max: u8) -> PResult<u8> {
-    let Lit::Num(s) = l else {
-        return fail(pos, format!("expected a raw {dtype} code such as `0x{max:X}`"));
-    };
-    match parse_int(s).filter(|_| !is_float_lit(l)) {
-        Some(v) if (0..=i128::from(max)).contains(&v) => Ok(v as u8),
-        Some(_) => fail(pos, format!("code `{s}` is out of range for {dtype} (0x0 to 0x{max:X})")),
-        None => fail(pos, format!("expected a raw {dtype} code such as `0x{max:X}`, found `{s}`")),
-    }
+    syntax_lit_code(if let Lit::Num(s) = l { Some(s) } else { None }, pos, dtype, max)
 }

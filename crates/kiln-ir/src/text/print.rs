@@ -1,7 +1,7 @@
 //! The printer.
 
 use super::base64;
-use super::lex::{is_ident, quote};
+use super::lex::{quote, write_name};
 use super::INLINE_LIMIT;
 use crate::dtype::DType;
 use crate::entity::EntityId;
@@ -97,11 +97,7 @@ impl Printer<'_> {
     }
 
     fn ident_or_quoted(&mut self, s: &str) {
-        if is_ident(s) {
-            self.out.push_str(s);
-        } else {
-            quote(s, &mut self.out);
-        }
+        write_name(&mut self.out, s);
     }
 
     /// `TYPE "name"` of a value (the name only when not empty).
@@ -235,7 +231,7 @@ impl Printer<'_> {
 
 /// The elements of a small tensor in their exact text form; `None` when the tensor is
 /// large or its bytes have no exact element form (they then go to a blob).
-fn inline_elements(t: &Tensor) -> Option<Vec<String>> {
+pub fn inline_elements(t: &Tensor) -> Option<Vec<String>> {
     let n = t.numel();
     let d: &[u8] = t.bytes();
     let dtype = t.dtype();
@@ -283,71 +279,68 @@ fn inline_elements(t: &Tensor) -> Option<Vec<String>> {
 }
 
 /// The quiet NaN with sign and payload clear, printed as plain `nan`.
-pub(crate) const F32_NAN: u32 = 0x7FC0_0000;
+pub const F32_NAN: u32 = 0x7FC0_0000;
 /// See [`F32_NAN`].
-pub(crate) const F64_NAN: u64 = 0x7FF8_0000_0000_0000;
+pub const F64_NAN: u64 = 0x7FF8_0000_0000_0000;
 /// See [`F32_NAN`].
-pub(crate) const F16_NAN: u16 = 0x7E00;
+pub const F16_NAN: u16 = 0x7E00;
 /// See [`F32_NAN`].
-pub(crate) const BF16_NAN: u16 = 0x7FC0;
+pub const BF16_NAN: u16 = 0x7FC0;
+
+/// `nan` for the quiet NaN `quiet`, else `nan(0x…)` with the NaN's bits in `digits` hex
+/// digits.
+fn nan_text(bits: u64, quiet: u64, digits: usize) -> String {
+    if bits == quiet {
+        "nan".to_string()
+    } else {
+        format!("nan(0x{bits:0digits$X})")
+    }
+}
+
+/// `inf` or `-inf`.
+fn inf_text(positive: bool) -> String {
+    (if positive { "inf" } else { "-inf" }).to_string()
+}
 
 /// The exact text of an `f32`: shortest decimal that reads back to the same bits (always
 /// with a `.` or an exponent), `inf`, `-inf`, `nan`, or `nan(0x…)` with the NaN's bits.
-pub(crate) fn fmt_f32(x: f32) -> String {
-    if x.is_nan() {
-        if x.to_bits() == F32_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{:08X})", x.to_bits())
-        }
-    } else if x.is_infinite() {
-        (if x > 0.0 { "inf" } else { "-inf" }).to_string()
-    } else {
-        format!("{x:?}")
+pub fn fmt_f32(x: f32) -> String {
+    match x {
+        x if x.is_nan() => nan_text(u64::from(x.to_bits()), u64::from(F32_NAN), 8),
+        x if x.is_infinite() => inf_text(x > 0.0),
+        x => format!("{x:?}"),
     }
 }
 
 /// [`fmt_f32`] for `f64`.
-pub(crate) fn fmt_f64(x: f64) -> String {
-    if x.is_nan() {
-        if x.to_bits() == F64_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{:016X})", x.to_bits())
-        }
-    } else if x.is_infinite() {
-        (if x > 0.0 { "inf" } else { "-inf" }).to_string()
-    } else {
-        format!("{x:?}")
+pub fn fmt_f64(x: f64) -> String {
+    match x {
+        x if x.is_nan() => nan_text(x.to_bits(), F64_NAN, 16),
+        x if x.is_infinite() => inf_text(x > 0.0),
+        x => format!("{x:?}"),
     }
 }
 
-/// An `f16` by its bits: finite values and infinities through `f32` (exact), NaNs as bits.
+/// A 16-bit float by its bits: finite values and infinities through their exact `f32`
+/// `value`, NaNs as bits (`quiet` prints as plain `nan`).
+fn fmt_half(bits: u16, is_nan: bool, quiet: u16, value: f32) -> String {
+    if is_nan {
+        nan_text(u64::from(bits), u64::from(quiet), 4)
+    } else {
+        fmt_f32(value)
+    }
+}
+
+/// An `f16` by its bits.
 fn fmt_f16(bits: u16) -> String {
     let x = f16::from_bits(bits);
-    if x.is_nan() {
-        if bits == F16_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{bits:04X})")
-        }
-    } else {
-        fmt_f32(x.to_f32())
-    }
+    fmt_half(bits, x.is_nan(), F16_NAN, x.to_f32())
 }
 
-/// [`fmt_f16`] for `bf16`.
+/// A `bf16` by its bits.
 fn fmt_bf16(bits: u16) -> String {
     let x = bf16::from_bits(bits);
-    if x.is_nan() {
-        if bits == BF16_NAN {
-            "nan".to_string()
-        } else {
-            format!("nan(0x{bits:04X})")
-        }
-    } else {
-        fmt_f32(x.to_f32())
-    }
+    fmt_half(bits, x.is_nan(), BF16_NAN, x.to_f32())
 }
 
 #[cfg(test)]
@@ -366,6 +359,9 @@ mod tests {
         assert_eq!(fmt_f32(f32::from_bits(0xFFC0_0000)), "nan(0xFFC00000)");
         assert_eq!(fmt_f32(f32::from_bits(0x7F80_0001)), "nan(0x7F800001)");
         assert_eq!(fmt_f64(f64::from_bits(1)), "5e-324");
+        assert_eq!(fmt_f64(f64::from_bits(0xFFF8_0000_0000_0001)), "nan(0xFFF8000000000001)");
+        assert_eq!(fmt_f64(f64::from_bits(F64_NAN)), "nan");
+        assert_eq!(fmt_f64(f64::INFINITY), "inf");
         // 0x3555 is the f16 nearest 1/3: 0.333251953125 exactly, whose shortest f32 form
         // is 0.33325195.
         assert_eq!(fmt_f16(0x3555), "0.33325195");
