@@ -26,11 +26,11 @@ pub mod dtype;
 pub mod error;
 #[cfg(feature = "std")]
 pub mod fs;
-#[cfg(feature = "std")]
-mod pages;
 pub mod hal;
 mod instance;
 mod module;
+#[cfg(feature = "std")]
+mod pages;
 #[cfg(feature = "local-task")]
 mod task;
 pub mod verify;
@@ -38,7 +38,7 @@ pub mod verify;
 pub use error::{RuntimeError, VerifyError};
 pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
 pub use instance::{Instance, TensorMut, TensorRef};
-pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, RUNTIME_ABI};
+pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, VerifiedPlan, RUNTIME_ABI};
 
 /// Most threads an instance may run on ([`Instance::with_threads`]).
 #[cfg(feature = "local-task")]

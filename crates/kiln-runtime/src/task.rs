@@ -159,8 +159,11 @@ struct Schedule<'m> {
     jobs: Vec<Planned<'m>>,
 }
 
+/// Whether two ranges share a byte (ends saturate: the verifier proved they do not
+/// overflow, and a range that did would still compare as reaching the end).
 fn overlaps(a: &Binding, b: &Binding) -> bool {
-    a.slot == b.slot && a.offset < b.offset + b.length && b.offset < a.offset + a.length
+    let end = |x: &Binding| x.offset.saturating_add(x.length);
+    a.slot == b.slot && a.offset < end(b) && b.offset < end(a)
 }
 
 /// Whether two dispatches may not run at the same time: one writes (its last binding)
