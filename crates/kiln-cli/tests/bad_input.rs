@@ -248,7 +248,13 @@ fn crafted(name: &str, p: &Program) -> String {
 
 /// Indices of the dispatches of the main entry point.
 fn dispatches(p: &Program) -> Vec<usize> {
-    p.entries[0].commands.iter().enumerate().filter(|(_, c)| matches!(c, Command::Dispatch { .. })).map(|(i, _)| i).collect()
+    p.entries[0]
+        .commands
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| matches!(c, Command::Dispatch { .. }))
+        .map(|(i, _)| i)
+        .collect()
 }
 
 fn bindings(p: &mut Program, command: usize) -> &mut Vec<Binding> {
@@ -297,7 +303,12 @@ fn binding_end_past_u64() {
     let file = crafted("end-past-u64", &p);
     every_reader_fails(
         &file,
-        &["invalid module", &format!("command {second}"), "binding 0", "arena bytes 18446744073709551615..18446744073709551615+2"],
+        &[
+            "invalid module",
+            &format!("command {second}"),
+            "binding 0",
+            "arena bytes 18446744073709551615..18446744073709551615+2",
+        ],
     );
 }
 
@@ -325,7 +336,10 @@ fn dispatch_of_a_kernel_that_does_not_exist() {
         *kernel = 1000;
     }
     let file = crafted("no-kernel", &p);
-    every_reader_fails(&file, &[&format!("command {first}"), &format!("kernel 1000 does not exist ({kernels} kernels)")]);
+    every_reader_fails(
+        &file,
+        &[&format!("command {first}"), &format!("kernel 1000 does not exist ({kernels} kernels)")],
+    );
 }
 
 #[test]
@@ -425,7 +439,10 @@ fn output_too_large_to_allocate() {
 #[test]
 fn bench_iterations_beyond_memory() {
     let file = crafted("lenet-iterations", &lenet_program());
-    fails_with(&["bench", &file, "--warmup", "0", "--iterations", "18446744073709551615"], &["cannot hold that many timings"]);
+    fails_with(
+        &["bench", &file, "--warmup", "0", "--iterations", "18446744073709551615"],
+        &["cannot hold that many timings"],
+    );
     fails_with(
         &["bench", &file, "--warmup", "0", "--iterations", "18446744073709551615", "--profile"],
         &["--iterations"],
