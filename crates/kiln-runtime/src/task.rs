@@ -636,5 +636,11 @@ mod tests {
         assert!(conflict(&x, &other_slot), "other_slot reads what x writes");
         assert!(!conflict(&beside, &[b(Slot::Output(0), 16, 16)]));
         assert!(!conflict(&[], &x));
+        // Ends that would overflow u64 saturate instead of panicking (a verified plan
+        // has none; the comparison stays right for the ranges it does have).
+        let top = [b(Slot::Arena, u64::MAX - 1, 4)];
+        assert!(conflict(&top, &[b(Slot::Arena, u64::MAX - 2, 2)]));
+        assert!(!conflict(&top, &[b(Slot::Arena, 0, u64::MAX - 1)]));
+        assert!(conflict(&[b(Slot::Arena, u64::MAX - 1, u64::MAX)], &top));
     }
 }
