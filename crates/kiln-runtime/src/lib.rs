@@ -3,6 +3,8 @@
 //! artifact.
 //!
 //! ```text
+//! Module::verify_plan(artifact)        container → ABI → sections → plan verification
+//!                                      (no weights, no host: for tools that list an artifact)
 //! Module::load(artifact, weights)      container → ABI → sections → plan verification
 //!                                      → weights binding → variant choice → code loading
 //! Instance::new(&module)               the arena and the driver's tables, allocated once
