@@ -1,7 +1,8 @@
 //! Fuzz target: arbitrary bytes as an ONNX model, through the whole compiler to an
 //! artifact, then through the runtime. Import and compile must return Ok or a typed
 //! error, never panic; what the compiler ships must verify and load (a refusal is a
-//! compiler bug), and, for a small model, run on zero inputs.
+//! compiler bug), and, for a small model, run on zero inputs. The input's bytes also
+//! choose `--opt size` or speed and embedded or external weights.
 //!
 //! Models over [`MAX_VALUES`] values or [`MAX_BYTES`] bytes of tensors are skipped after
 //! import, so that no fuzz case takes seconds; only models under [`MAX_RUN_BYTES`] run.
@@ -30,8 +31,16 @@ fuzz_target!(|data: &[u8]| {
     if total > MAX_BYTES {
         return;
     }
-    let Ok(c) = kiln_compiler::compile(&graph, &kiln_compiler::Options::default()) else { return };
-    let module = match kiln_runtime::Module::load(&c.artifact, None) {
+    // Both code-generation modes and both homes of the weights, chosen by the input's
+    // bytes so that a case replays as it ran.
+    let pick = data.iter().fold(0u8, |h, &b| h.rotate_left(1) ^ b);
+    let opts = kiln_compiler::Options {
+        size: pick & 1 == 1,
+        external_weights: (pick & 2 == 2).then(|| "fuzz.weights".to_string()),
+        ..kiln_compiler::Options::default()
+    };
+    let Ok(c) = kiln_compiler::compile(&graph, &opts) else { return };
+    let module = match kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()) {
         Ok(m) => m,
         Err(e) => panic!("the compiler shipped an artifact the runtime refuses: {e}"),
     };

@@ -2,7 +2,8 @@
 //! fuzzes further with a seeded mutation loop, so that the property the cargo-fuzz
 //! target checks holds in every test run, on stable Rust: ONNX bytes → import → compile
 //! → artifact, where import and compile return Ok or a typed error (never panic), what
-//! the compiler ships verifies and loads, and a small model runs on zero inputs.
+//! the compiler ships verifies and loads, and a small model runs on zero inputs. The
+//! bytes also choose speed or size code and embedded or external weights.
 //!
 //! Mutations work at two levels: bytes of the encoded model (as the importer's own
 //! corpus test does), and fields of the decoded `ModelProto` (dimensions, attribute
@@ -61,17 +62,24 @@ enum Reached {
 /// The fuzz target's property for `data`: how far it got, or why it failed (a panic's
 /// message, or an artifact the runtime refuses).
 fn check(data: &[u8]) -> Result<Reached, String> {
-    let data = Bytes::copy_from_slice(data);
     let r = catch_unwind(AssertUnwindSafe(|| -> Result<Reached, String> {
-        let Ok(graph) = import_bytes(data, None, &ImportOptions::default()) else { return Ok(Reached::Refused) };
+        let bytes = Bytes::copy_from_slice(data);
+        let Ok(graph) = import_bytes(bytes, None, &ImportOptions::default()) else { return Ok(Reached::Refused) };
         let total = graph.values.values().fold(0usize, |n, v| n.saturating_add(v.ty.storage_bytes()));
         if graph.values.len() > MAX_VALUES || total > MAX_BYTES {
             return Ok(Reached::TooLarge);
         }
-        let Ok(c) = kiln_compiler::compile(&graph, &kiln_compiler::Options::default()) else {
+        // As the fuzz target: the bytes choose speed or size, embedded or external weights.
+        let pick = data.iter().fold(0u8, |h, &b| h.rotate_left(1) ^ b);
+        let opts = kiln_compiler::Options {
+            size: pick & 1 == 1,
+            external_weights: (pick & 2 == 2).then(|| "fuzz.weights".to_string()),
+            ..kiln_compiler::Options::default()
+        };
+        let Ok(c) = kiln_compiler::compile(&graph, &opts) else {
             return Ok(Reached::NotCompiled);
         };
-        let module = kiln_runtime::Module::load(&c.artifact, None)
+        let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref())
             .map_err(|e| format!("the compiler shipped an artifact the runtime refuses: {e}"))?;
         if total > MAX_RUN_BYTES {
             return Ok(Reached::Loaded);
