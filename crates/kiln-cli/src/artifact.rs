@@ -279,32 +279,76 @@ fn class_summary(flow: &kiln_flow::program::FlowProgram, notes: &[String]) -> St
     format!("classes: {}; {fallbacks} fell back to the general path", parts.join(", "))
 }
 
-/// Reads an artifact (or compiles a model) and its weights.
-/// The artifact's bytes are 64-byte aligned so that the runtime uses its constants in place.
-fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>, String), String> {
+/// An artifact's bytes (read, or compiled from a model), its weights when the compile
+/// kept them outside, and a label for messages.
+struct Loaded {
+    bytes: AlignedBytes,
+    compiled_weights: Option<AlignedBytes>,
+    label: String,
+    /// The artifact's file (`None` for a model compiled here).
+    path: Option<PathBuf>,
+}
+
+/// Reads an artifact, or compiles a model; the bytes are 64-byte aligned so that the
+/// runtime uses the constants in place.
+fn read_artifact(a: &Args) -> Result<Loaded, String> {
     let model = a.model.clone().ok_or("no artifact or model given (kiln --help shows the usage)")?;
     let label = model.display().to_string();
-    if !is_artifact(&model) {
-        let c = compile_model(a, &model)?;
-        return Ok((AlignedBytes::copy_from(&c.artifact), c.weights.as_deref().map(AlignedBytes::copy_from), label));
+    if is_artifact(&model) {
+        let bytes = AlignedBytes::read(&model).map_err(|e| format!("cannot read `{label}`: {e}"))?;
+        return Ok(Loaded { bytes, compiled_weights: None, label, path: Some(model) });
     }
-    let bytes = AlignedBytes::read(&model).map_err(|e| format!("cannot read `{label}`: {e}"))?;
-    let weights = match &a.weights {
-        Some(w) => Some(AlignedBytes::read(w).map_err(|e| format!("cannot read `{}`: {e}", w.display()))?),
-        None => {
-            // An artifact with external weights names its file; look beside the artifact.
-            let m = kiln_module::Module::parse(bytes.bytes()).map_err(|e| format!("{label}: {e}"))?;
-            let view = kiln_module::sections::read_program(&m).map_err(|e| format!("{label}: {e}"))?;
-            match view.constants {
+    let c = compile_model(a, &model)?;
+    let bytes = AlignedBytes::copy_from(&c.artifact);
+    Ok(Loaded { bytes, compiled_weights: c.weights.as_deref().map(AlignedBytes::copy_from), label, path: None })
+}
+
+/// Verifies an artifact's container, sections and plan
+/// ([`kiln_runtime::Module::verify_plan`]): every command that reads an artifact does
+/// this before it walks the plan or opens a file the artifact names.
+fn verify_plan(l: &Loaded) -> Result<kiln_runtime::VerifiedPlan<'_>, String> {
+    kiln_runtime::Module::verify_plan(l.bytes.bytes()).map_err(|e| format!("{}: {e}", l.label))
+}
+
+/// A verified artifact (see [`verify_plan`]) and its weights: `--weights`, else, for an
+/// artifact that keeps them outside, the file it names beside the artifact.
+fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>, String), String> {
+    let loaded = read_artifact(a)?;
+    let plan = verify_plan(&loaded)?;
+    let weights = match (&loaded.path, &a.weights) {
+        (None, _) => None,
+        (Some(_), Some(w)) => Some(AlignedBytes::read(w).map_err(|e| format!("cannot read `{}`: {e}", w.display()))?),
+        (Some(model), None) => {
+            let label = &loaded.label;
+            match plan.program.constants {
                 ConstantsView::External { file, .. } => {
+                    // The compiler records a bare file name; anything else (a path, `..`)
+                    // would make the artifact choose which file kiln opens.
+                    let plain = Path::new(file).file_name().is_some_and(|n| n == std::ffi::OsStr::new(file));
+                    if !plain {
+                        return Err(format!(
+                            "{label}: the artifact names its weights file {}, which is not a plain file name; pass the weights with --weights",
+                            json_str(file)
+                        ));
+                    }
                     let p = model.parent().unwrap_or(Path::new(".")).join(file);
                     AlignedBytes::read(&p).ok()
                 }
-                _ => None,
+                ConstantsView::Embedded(_) => None,
             }
         }
     };
-    Ok((bytes, weights, label))
+    drop(plan);
+    let Loaded { bytes, compiled_weights, label, .. } = loaded;
+    Ok((bytes, weights.or(compiled_weights), label))
+}
+
+/// `len` zero bytes for a buffer whose size an artifact gave, or an error naming it.
+fn zeroed(len: u64, what: &str) -> Result<AlignedBytes, String> {
+    usize::try_from(len)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+        .and_then(AlignedBytes::try_zeroed)
+        .map_err(|_| format!("cannot allocate the {len} bytes of {what}"))
 }
 
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
@@ -319,11 +363,16 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     let feeds = feeds(&a, &sig.inputs)?;
     let threads = threads(&a);
     let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
+    let mut outs: Vec<AlignedBytes> = sig
+        .outputs
+        .iter()
+        .map(|t| zeroed(t.bytes, &format!("output {}", json_str(t.name))))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{label}: {e}"))?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let t1 = Instant::now();
     {
-        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
     }
     let t_run = t1.elapsed();
@@ -332,7 +381,7 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     }
     for (t, data) in sig.outputs.iter().zip(outs) {
         let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("output `{}`: {e}", t.name))?;
-        let tensor = Tensor::new(ty, data.into()).map_err(|e| format!("output `{}`: {e}", t.name))?;
+        let tensor = Tensor::new(ty, data.bytes().to_vec().into()).map_err(|e| format!("output `{}`: {e}", t.name))?;
         write_stdout(&format!("{}: {} {}\n", t.name, tensor.ty(), summary(&tensor)))?;
         if let Some(dir) = &a.output_dir {
             let file = dir.join(format!("{}.npy", file_stem(&t.name)));
@@ -385,7 +434,12 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     }
     // The inputs and outputs as a program embedding kiln would keep them: aligned, and
     // on huge pages where the system has them (as numpy's large arrays are).
-    let mut outs: Vec<AlignedBytes> = sig.outputs.iter().map(|t| AlignedBytes::zeroed(t.bytes as usize)).collect();
+    let mut outs: Vec<AlignedBytes> = sig
+        .outputs
+        .iter()
+        .map(|t| zeroed(t.bytes, &format!("output {}", json_str(t.name))))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{label}: {e}"))?;
     let in_bufs: Vec<AlignedBytes> = feeds.iter().map(|t| AlignedBytes::copy_from(t.bytes())).collect();
     let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
@@ -399,9 +453,13 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     // With --floor: fixed work reading as many bytes as a call walks, as long as a call
     // (tuned against interleaved calls, as many as the warm-up's, 5 to 200) or with the
     // passes given, timed after every call (see `floor`).
-    let footprint = module.constants().len()
-        + module.program().entries.first().map_or(0, |e| e.arena_size as usize)
-        + sig.inputs.iter().chain(sig.outputs.iter()).map(|t| t.bytes as usize).sum::<usize>();
+    let footprint = sig
+        .inputs
+        .iter()
+        .chain(sig.outputs.iter())
+        .map(|t| t.bytes as usize)
+        .chain([module.constants().len(), module.program().entries.first().map_or(0, |e| e.arena_size as usize)])
+        .fold(0usize, usize::saturating_add);
     // One timed call, in milliseconds.
     let mut call = || -> Result<f64, String> {
         let t = Instant::now();
@@ -416,8 +474,8 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
         }
         fixed = Some(f);
     }
-    let mut ms: Vec<f64> = Vec::with_capacity(iterations);
-    let mut floor_ms: Vec<f64> = Vec::with_capacity(if a.floor { iterations } else { 0 });
+    let mut ms: Vec<f64> = timings(iterations)?;
+    let mut floor_ms: Vec<f64> = timings(if a.floor { iterations } else { 0 })?;
     for _ in 0..iterations {
         ms.push(call()?);
         if let Some(f) = fixed.as_mut() {
@@ -489,8 +547,9 @@ fn profile(
     let main = p.entries.first().ok_or_else(|| format!("{label}: no entry point"))?;
     let n = main.commands.len();
     // times[c * iterations + k]: command c in call k.
-    let mut times = vec![0f64; n * iterations];
-    let mut calls = Vec::with_capacity(iterations);
+    let mut times = timings(n.checked_mul(iterations).ok_or("--iterations: too many to time")?)?;
+    times.resize(n * iterations, 0.0);
+    let mut calls = timings(iterations)?;
     for k in 0..iterations {
         let start = Instant::now();
         let mut last = start;
@@ -590,6 +649,13 @@ fn write_perf_map(module: &kiln_runtime::LoadedModule<'_>) -> Result<(), String>
     std::fs::write(&path, text).map_err(|e| format!("{path}: {e}"))
 }
 
+/// Room for `n` timings, or an error when `--iterations` asks for more than memory holds.
+fn timings(n: usize) -> Result<Vec<f64>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| format!("--iterations {n}: cannot hold that many timings"))?;
+    Ok(v)
+}
+
 /// Summary statistics of timings.
 pub(crate) struct Stats {
     pub median: f64,
@@ -664,10 +730,13 @@ struct LayoutInfo {
 /// `kiln inspect OUT.kiln [--json] [--dispatch-graph]`.
 pub fn inspect_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
-    let (bytes, _weights, label) = artifact_and_weights(&a)?;
-    let m = kiln_module::Module::parse(bytes.bytes()).map_err(|e| format!("{label}: {e}"))?;
-    let view = kiln_module::sections::read_program(&m).map_err(|e| format!("{label}: {e}"))?;
-    let program = view.to_program();
+    // Verified before it is walked: the listing and the dispatch graph do arithmetic on
+    // its offsets and lengths. Weights are not needed to list it.
+    let loaded = read_artifact(&a)?;
+    let bytes = &loaded.bytes;
+    let plan = verify_plan(&loaded)?;
+    let m = plan.container;
+    let program = plan.program.to_program();
     let info = LayoutInfo {
         file_bytes: bytes.bytes().len(),
         sections: m.sections().map(|s| (s.kind.to_string(), s.bytes.len() as u64)).collect(),
@@ -917,6 +986,9 @@ fn dispatch_dot(p: &Program) -> String {
     s
 }
 
+/// Whether two ranges share a byte. Ends saturate: a verified plan's never overflow,
+/// and a range that did would still compare as reaching the end.
 fn overlaps(a: &Binding, b: &Binding) -> bool {
-    a.slot == b.slot && a.offset < b.offset + b.length && b.offset < a.offset + a.length
+    let end = |x: &Binding| x.offset.saturating_add(x.length);
+    a.slot == b.slot && a.offset < end(b) && b.offset < end(a)
 }

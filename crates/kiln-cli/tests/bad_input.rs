@@ -205,3 +205,246 @@ fn eval_with_wrong_input_file() {
     assert!(ok, "{err}");
     assert!(out.starts_with("y: f32[1,3]"), "{out}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Crafted artifacts: a real artifact (lenet, compiled by `kiln compile`) with one field
+// broken. Each is written with its checksums computed afresh (re-encoded, or resealed
+// after a byte edit), so that only the decoders and the verifier can object. Every
+// command that reads an artifact must refuse it with one line naming what and where.
+// ---------------------------------------------------------------------------------------
+
+use kiln_module::program::{Binding, Command, Constants, Program, Slot};
+use kiln_module::sections::{read_program, write_program};
+use kiln_module::SectionKind;
+
+const LENET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/lenet.onnx");
+
+fn s(p: &std::path::Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// lenet compiled once for every test of this file: the artifact's bytes.
+fn lenet_artifact() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| {
+        let out = scratch("lenet.kiln");
+        let (ok, _, err) = kiln(&["compile", LENET, "-o", s(&out)]);
+        assert!(ok, "{err}");
+        std::fs::read(&out).expect("read the artifact")
+    })
+}
+
+fn lenet_program() -> Program {
+    let m = kiln_module::Module::parse(lenet_artifact()).expect("a valid container");
+    read_program(&m).expect("valid sections").to_program()
+}
+
+/// Writes `p` as `NAME.kiln` in the scratch directory; returns its path.
+fn crafted(name: &str, p: &Program) -> String {
+    let path = scratch(&format!("{name}.kiln"));
+    std::fs::write(&path, write_program(p)).expect("write");
+    s(&path).to_string()
+}
+
+/// Indices of the dispatches of the main entry point.
+fn dispatches(p: &Program) -> Vec<usize> {
+    p.entries[0]
+        .commands
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| matches!(c, Command::Dispatch { .. }))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn bindings(p: &mut Program, command: usize) -> &mut Vec<Binding> {
+    match &mut p.entries[0].commands[command] {
+        Command::Dispatch { bindings, .. } => bindings,
+        c => panic!("command {command} is not a dispatch: {c:?}"),
+    }
+}
+
+/// Every command that reads an artifact: the listings, the dispatch graph, run, bench.
+fn readers(file: &str) -> Vec<Vec<&str>> {
+    vec![
+        vec!["inspect", file],
+        vec!["inspect", file, "--json"],
+        vec!["inspect", file, "--dispatch-graph"],
+        vec!["run", file],
+        vec!["bench", file, "--warmup", "0", "--iterations", "1"],
+    ]
+}
+
+fn every_reader_fails(file: &str, needles: &[&str]) {
+    for args in readers(file) {
+        fails_with(&args, needles);
+    }
+}
+
+#[test]
+fn the_lenet_artifact_reads_cleanly() {
+    let file = crafted("lenet-as-is", &lenet_program());
+    for args in readers(&file) {
+        let (ok, _, err) = kiln(&args);
+        assert!(ok, "kiln {args:?}: {err}");
+    }
+    assert!(dispatches(&lenet_program()).len() >= 2, "the cases below need a dispatch reading another's output");
+}
+
+/// The crash the review found: `inspect --dispatch-graph` compared an unverified binding
+/// whose end overflows u64 with an earlier dispatch's output (a debug build panicked).
+#[test]
+fn binding_end_past_u64() {
+    let mut p = lenet_program();
+    let (first, second) = (dispatches(&p)[0], dispatches(&p)[1]);
+    let slot = bindings(&mut p, first).last().expect("an output").slot;
+    assert_eq!(slot, Slot::Arena, "lenet's first dispatch writes the arena");
+    bindings(&mut p, second)[0] = Binding { slot, offset: u64::MAX, length: 2 };
+    let file = crafted("end-past-u64", &p);
+    every_reader_fails(
+        &file,
+        &[
+            "invalid module",
+            &format!("command {second}"),
+            "binding 0",
+            "arena bytes 18446744073709551615..18446744073709551615+2",
+        ],
+    );
+}
+
+#[test]
+fn binding_past_its_slot() {
+    let mut p = lenet_program();
+    let first = dispatches(&p)[0];
+    let arena = p.entries[0].arena_size;
+    let b = bindings(&mut p, first);
+    let last = b.len() - 1;
+    b[last] = Binding { slot: Slot::Arena, offset: arena - 4, length: 8 };
+    let file = crafted("past-slot", &p);
+    every_reader_fails(
+        &file,
+        &[&format!("command {first}"), &format!("binding {last}"), &format!("run past its {arena} bytes")],
+    );
+}
+
+#[test]
+fn dispatch_of_a_kernel_that_does_not_exist() {
+    let mut p = lenet_program();
+    let first = dispatches(&p)[0];
+    let kernels = p.kernels.len();
+    if let Command::Dispatch { kernel, .. } = &mut p.entries[0].commands[first] {
+        *kernel = 1000;
+    }
+    let file = crafted("no-kernel", &p);
+    every_reader_fails(
+        &file,
+        &[&format!("command {first}"), &format!("kernel 1000 does not exist ({kernels} kernels)")],
+    );
+}
+
+#[test]
+fn copy_into_an_input() {
+    let mut p = lenet_program();
+    let len = p.entries[0].inputs[0].bytes;
+    p.entries[0].commands.push(Command::Copy {
+        src: Binding { slot: Slot::Arena, offset: 0, length: len },
+        dst: Binding { slot: Slot::Input(0), offset: 0, length: len },
+    });
+    let n = p.entries[0].commands.len() - 1;
+    let file = crafted("copy-into-input", &p);
+    every_reader_fails(&file, &[&format!("command {n}"), "copy destination writes input 0, which is read-only"]);
+}
+
+/// A name holding a line break still gives a one-line error.
+#[test]
+fn names_cannot_break_the_error_line() {
+    let mut p = lenet_program();
+    p.entries[0].name = "main\nsecond line".into();
+    let first = dispatches(&p)[0];
+    bindings(&mut p, first)[0].length = u64::MAX;
+    let file = crafted("newline-name", &p);
+    every_reader_fails(&file, &["entry main\\nsecond line", &format!("command {first}")]);
+}
+
+/// Byte-level damage inside the plan section: the last varint made to run off the end.
+#[test]
+fn plan_section_truncated_inside_a_varint() {
+    let mut bytes = lenet_artifact().to_vec();
+    let m = kiln_module::Module::parse(&bytes).expect("valid");
+    let plan = m.sections().find(|s| s.kind == SectionKind::Plan).expect("a plan section");
+    let (offset, len) = (plan.offset as usize, plan.bytes.len());
+    assert!(plan.bytes[len - 1] < 0x80, "the plan's last varint is one byte");
+    bytes[offset + len - 1] = 0x80;
+    let unsealed = scratch("plan-unsealed.kiln");
+    std::fs::write(&unsealed, &bytes).expect("write");
+    // Without fresh checksums the container check names the section.
+    every_reader_fails(s(&unsealed), &["plan section checksum mismatch"]);
+    kiln_module::reseal::reseal(&mut bytes);
+    let sealed = scratch("plan-truncated.kiln");
+    std::fs::write(&sealed, &bytes).expect("write");
+    every_reader_fails(
+        s(&sealed),
+        &["malformed module: plan section", &format!("file offset {}", offset + len - 1), "the section ends inside"],
+    );
+}
+
+/// A section table entry pointing outside the file, resealed.
+#[test]
+fn section_outside_the_file() {
+    let mut bytes = lenet_artifact().to_vec();
+    // Entry 1's offset field: header (64) + one entry (32) + kind and flags (8).
+    let at = 64 + 32 + 8;
+    bytes[at..at + 8].copy_from_slice(&(u64::MAX - 7).to_le_bytes());
+    kiln_module::reseal::reseal(&mut bytes);
+    let file = scratch("section-outside.kiln");
+    std::fs::write(&file, &bytes).expect("write");
+    every_reader_fails(s(&file), &["bad container", "section 1 (18446744073709551608+"]);
+}
+
+/// The artifact may not choose which file kiln opens as its weights.
+#[test]
+fn weights_file_name_with_a_path() {
+    let mut p = lenet_program();
+    let Constants::Embedded(pool) = &p.constants else { panic!("lenet embeds its weights") };
+    let (size, hash) = (pool.len() as u64, kiln_module::sections::weights_hash(pool));
+    for name in ["../lenet.weights", "/etc/passwd", "sub/w.bin", ".."] {
+        p.constants = Constants::External { file: name.into(), size, hash };
+        let file = crafted("weights-path", &p);
+        for cmd in ["run", "bench"] {
+            fails_with(&[cmd, &file], &["weights file", "not a plain file name", "--weights"]);
+        }
+        // Listing needs no weights.
+        let (ok, out, err) = kiln(&["inspect", &file]);
+        assert!(ok, "{err}");
+        assert!(out.contains("constants: external"), "{out}");
+    }
+}
+
+/// An output whose recorded size no allocator gives (the dims agree with it, so the
+/// verifier accepts it): an error, not an abort.
+#[test]
+fn output_too_large_to_allocate() {
+    let mut p = lenet_program();
+    let out = &mut p.entries[0].outputs[0];
+    out.dims = vec![1 << 60];
+    out.bytes = 1 << 62;
+    let file = crafted("huge-output", &p);
+    let (ok, _, err) = kiln(&["inspect", &file]);
+    assert!(ok, "{err}");
+    for args in [vec!["run", &file[..]], vec!["bench", &file, "--warmup", "0", "--iterations", "1"]] {
+        fails_with(&args, &["cannot allocate the 4611686018427387904 bytes of output"]);
+    }
+}
+
+#[test]
+fn bench_iterations_beyond_memory() {
+    let file = crafted("lenet-iterations", &lenet_program());
+    fails_with(
+        &["bench", &file, "--warmup", "0", "--iterations", "18446744073709551615"],
+        &["cannot hold that many timings"],
+    );
+    fails_with(
+        &["bench", &file, "--warmup", "0", "--iterations", "18446744073709551615", "--profile"],
+        &["--iterations"],
+    );
+}

@@ -103,11 +103,23 @@ fn f16_value(h: u16) -> f64 {
     }
 }
 
+/// `len` zero bytes for a buffer whose size the artifact gave, or an error naming it.
+fn zeroed(len: u64, what: &str) -> Result<Vec<u8>, String> {
+    let refused = || format!("cannot allocate the {len} bytes of {what}");
+    let n = usize::try_from(len).map_err(|_| refused())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| refused())?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 /// Seeded values for an input: floats in [-1, 1), integers in 0..4, bools 0/1, other
-/// types zero.
-fn random_input(t: &TensorView<'_>, rng: &mut Rng) -> Vec<u8> {
-    let n = t.dims.iter().product::<u64>() as usize;
-    let mut out = Vec::with_capacity(t.bytes as usize);
+/// types zero. The module was verified: `bytes` is what the dtype and dims give.
+fn random_input(t: &TensorView<'_>, rng: &mut Rng) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(usize::try_from(t.bytes).unwrap_or(usize::MAX))
+        .map_err(|_| format!("cannot allocate the {} bytes of input {}", t.bytes, t.name.escape_debug()))?;
+    let n = t.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).unwrap_or(0);
     for _ in 0..n {
         match t.dtype {
             1 => out.extend(rng.unit().to_le_bytes()),
@@ -124,7 +136,7 @@ fn random_input(t: &TensorView<'_>, rng: &mut Rng) -> Vec<u8> {
         }
     }
     out.resize(t.bytes as usize, 0);
-    out
+    Ok(out)
 }
 
 /// An input array: dtype code, shape and its bytes.
@@ -225,16 +237,23 @@ fn run(args: Args) -> Result<(), String> {
                 let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
                 read_npy(&bytes).map_err(|e| format!("{}: {e}", path.display()))?
             }
-            None => Input { dtype: t.dtype, dims: t.dims.clone(), data: random_input(t, &mut rng) },
+            None => Input { dtype: t.dtype, dims: t.dims.clone(), data: random_input(t, &mut rng)? },
         };
         arrays.push(a);
     }
     let inputs: Vec<TensorRef<'_>> =
         arrays.iter().map(|a| TensorRef { dtype: a.dtype, dims: &a.dims, data: &a.data }).collect();
-    let mut out_data: Vec<Vec<u8>> = entry.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
+    let mut out_data: Vec<Vec<u8>> = entry
+        .outputs
+        .iter()
+        .map(|t| zeroed(t.bytes, &format!("output {}", t.name.escape_debug())))
+        .collect::<Result<_, _>>()?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut inst = Instance::with_threads(&m, threads).map_err(|e| e.to_string())?;
-    let mut times = Vec::with_capacity(args.iterations as usize);
+    let mut times = Vec::new();
+    times
+        .try_reserve_exact(usize::try_from(args.iterations).unwrap_or(usize::MAX))
+        .map_err(|_| format!("--iterations {}: cannot hold that many timings", args.iterations))?;
     for _ in 0..args.iterations {
         let mut outputs: Vec<TensorMut<'_>> = entry
             .outputs

@@ -160,3 +160,50 @@ fn errors_are_one_line() {
     assert!(!ok);
     assert!(err.contains("not a .kiln module"), "{err}");
 }
+
+/// Artifacts a verifier must stop, or whose sizes no allocator gives: one line, no
+/// panic, no abort.
+#[test]
+fn crafted_artifacts_are_refused_in_one_line() {
+    let d = tmp("crafted");
+    let refused = |name: &str, p: &Program, needles: &[&str]| {
+        std::fs::write(d.join(name), write_program(p)).expect("write");
+        let (ok, _, err) = kiln_run(&[&d.join(name)]);
+        assert!(!ok, "{name} ran");
+        assert!(!err.contains("panicked") && !err.contains("memory allocation"), "{name}: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+        assert!(err.starts_with("kiln-run: "), "{name}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{name}: `{n}` not in {err}");
+        }
+    };
+    // A binding whose end overflows u64.
+    let mut p = program(None);
+    if let Command::Dispatch { bindings, .. } = &mut p.entries[0].commands[0] {
+        bindings[0].offset = u64::MAX;
+    }
+    refused(
+        "overflow.kiln",
+        &p,
+        &["invalid module: entry main, command 0: binding 0 input 0 bytes 18446744073709551615.."],
+    );
+    // A name with a line break in the message.
+    let mut p = program(None);
+    p.entries[0].name = "main\nx".into();
+    p.entries[0].arena_align = 3;
+    refused("name.kiln", &p, &["entry main\\nx: arena of 12 bytes aligned to 3"]);
+    // An output of 2^62 bytes (its dims agree, so it verifies).
+    let mut p = program(None);
+    p.entries[0].outputs[0].dims = vec![1 << 60];
+    p.entries[0].outputs[0].bytes = 1 << 62;
+    refused("huge-output.kiln", &p, &["cannot allocate the 4611686018427387904 bytes of output out/y:0"]);
+    // An input of 2^62 bytes, fed random data.
+    let mut p = program(None);
+    p.entries[0].inputs[1].dims = vec![1 << 60];
+    p.entries[0].inputs[1].bytes = 1 << 62;
+    refused("huge-input.kiln", &p, &["cannot allocate the 4611686018427387904 bytes of input b"]);
+    // More iterations than timings fit in memory.
+    std::fs::write(d.join("m.kiln"), write_program(&program(None))).expect("write");
+    let (ok, _, err) = kiln_run(&[&d.join("m.kiln"), Path::new("--iterations"), Path::new("18446744073709551615")]);
+    assert!(!ok && err.lines().count() == 1 && err.contains("cannot hold that many timings"), "{err}");
+}

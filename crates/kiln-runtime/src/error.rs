@@ -233,6 +233,25 @@ impl fmt::Display for Dims<'_> {
     }
 }
 
+/// A name read from a module (or given by a caller), written with control characters
+/// escaped (`\n` as `\\n`), so that every message stays on one line whatever the
+/// artifact holds.
+pub(crate) struct Name<'a>(pub &'a str);
+
+impl fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write as _;
+        for c in self.0.chars() {
+            if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for RuntimeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use RuntimeError as E;
@@ -252,21 +271,27 @@ impl fmt::Display for RuntimeError {
             E::Malformed(e) => write!(f, "malformed module: {e}"),
             E::Invalid(e) => write!(f, "invalid module: {e}"),
             E::MissingCpuFeatures { kernel, names } => {
-                write!(f, "kernel {kernel} needs CPU features this machine lacks: ")?;
+                write!(f, "kernel {kernel_} needs CPU features this machine lacks: ", kernel_ = Name(kernel))?;
                 for (i, n) in names.iter().enumerate() {
                     write!(f, "{}{n}", if i > 0 { ", " } else { "" })?;
                 }
                 f.write_str(" (compile for this CPU)")
             }
-            E::NoCpuVariant { kernel } => write!(f, "kernel {kernel} has no variant for a CPU"),
+            E::NoCpuVariant { kernel } => {
+                write!(f, "kernel {kernel_} has no variant for a CPU", kernel_ = Name(kernel))
+            }
             E::WeightsMissing { file, size } => {
-                write!(f, "the module's weights are in a separate file ({file}, {size} bytes); pass it with the module")
+                write!(
+                    f,
+                    "the module's weights are in a separate file ({file_}, {size} bytes); pass it with the module",
+                    file_ = Name(file)
+                )
             }
             E::WeightsMismatch { file, expected_size, got_size, expected_hash, got_hash } => {
                 if expected_size != got_size {
-                    write!(f, "weights file has {got_size} bytes, the module was compiled with {file} of {expected_size} bytes")
+                    write!(f, "weights file has {got_size} bytes, the module was compiled with {file_} of {expected_size} bytes", file_ = Name(file))
                 } else {
-                    write!(f, "weights file hash {:016x} differs from {file}'s {expected_hash:016x}: not the weights the module was compiled with", got_hash.unwrap_or(0))
+                    write!(f, "weights file hash {:016x} differs from {file_}'s {expected_hash:016x}: not the weights the module was compiled with", got_hash.unwrap_or(0), file_ = Name(file))
                 }
             }
             E::WeightsNotExpected => f.write_str("a weights file was given but the module embeds its weights"),
@@ -278,26 +303,36 @@ impl fmt::Display for RuntimeError {
             }
             E::Threads { threads, why } => write!(f, "cannot run on {threads} threads: {why}"),
             E::WorkerLost => f.write_str("a worker thread of this instance stopped unexpectedly; make a new instance"),
-            E::NoSuchEntry { entry } => write!(f, "the module has no entry point {entry}"),
-            E::InputCount { entry, expected, got } => write!(f, "{entry} takes {expected} inputs, {got} given"),
-            E::OutputCount { entry, expected, got } => {
-                write!(f, "{entry} produces {expected} outputs, {got} buffers given")
+            E::NoSuchEntry { entry } => write!(f, "the module has no entry point {entry_}", entry_ = Name(entry)),
+            E::InputCount { entry, expected, got } => {
+                write!(f, "{entry_} takes {expected} inputs, {got} given", entry_ = Name(entry))
             }
-            E::InputSize { name, expected, got } => write!(f, "input {name} must be {expected} bytes, got {got}"),
+            E::OutputCount { entry, expected, got } => {
+                write!(f, "{entry_} produces {expected} outputs, {got} buffers given", entry_ = Name(entry))
+            }
+            E::InputSize { name, expected, got } => {
+                write!(f, "input {name_} must be {expected} bytes, got {got}", name_ = Name(name))
+            }
             E::OutputSize { name, expected, got } => {
-                write!(f, "output buffer {name} must be {expected} bytes, got {got}")
+                write!(f, "output buffer {name_} must be {expected} bytes, got {got}", name_ = Name(name))
             }
             E::InputDtype { name, expected, got } => {
-                write!(f, "input {name} must be {}, got {}", Show(*expected), Show(*got))
+                write!(f, "input {name_} must be {}, got {}", Show(*expected), Show(*got), name_ = Name(name))
             }
             E::OutputDtype { name, expected, got } => {
-                write!(f, "output {name} is {}, buffer given as {}", Show(*expected), Show(*got))
+                write!(f, "output {name_} is {}, buffer given as {}", Show(*expected), Show(*got), name_ = Name(name))
             }
             E::InputShape { name, expected, got } => {
-                write!(f, "input {name} must have shape {}, got {}", Dims(expected), Dims(got))
+                write!(f, "input {name_} must have shape {}, got {}", Dims(expected), Dims(got), name_ = Name(name))
             }
             E::OutputShape { name, expected, got } => {
-                write!(f, "output {name} has shape {}, buffer given as {}", Dims(expected), Dims(got))
+                write!(
+                    f,
+                    "output {name_} has shape {}, buffer given as {}",
+                    Dims(expected),
+                    Dims(got),
+                    name_ = Name(name)
+                )
             }
         }
     }
@@ -539,7 +574,7 @@ impl fmt::Display for CommandProblem {
                 write!(f, "device {device} does not exist ({count} devices)")
             }
             CommandProblem::UnsupportedDevice { device, name } => {
-                write!(f, "device {device} ({name}) is not a CPU; this runtime drives CPUs only")
+                write!(f, "device {device} ({name_}) is not a CPU; this runtime drives CPUs only", name_ = Name(name))
             }
             CommandProblem::PushConstants { count } => {
                 write!(f, "{count} push constants, which kernel ABI 1.x cannot pass")
@@ -554,26 +589,26 @@ impl fmt::Display for CommandProblem {
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            VerifyError::Command { entry, command, problem } => write!(f, "entry {entry}, command {command}: {problem}"),
-            VerifyError::Buffer { entry, buffer, problem } => write!(f, "entry {entry}, buffer {buffer}: {problem}"),
+            VerifyError::Command { entry, command, problem } => write!(f, "entry {entry_}, command {command}: {problem}", entry_ = Name(entry)),
+            VerifyError::Buffer { entry, buffer, problem } => write!(f, "entry {entry_}, buffer {buffer_}: {problem}", entry_ = Name(entry), buffer_ = Name(buffer)),
             VerifyError::TensorBytes { entry, tensor, recorded, expected } => match expected {
-                Some(e) => write!(f, "entry {entry}, tensor {tensor}: recorded as {recorded} bytes, its dtype and shape give {e}"),
-                None => write!(f, "entry {entry}, tensor {tensor}: its shape overflows 64-bit sizes"),
+                Some(e) => write!(f, "entry {entry_}, tensor {tensor_}: recorded as {recorded} bytes, its dtype and shape give {e}", entry_ = Name(entry), tensor_ = Name(tensor)),
+                None => write!(f, "entry {entry_}, tensor {tensor_}: its shape overflows 64-bit sizes", entry_ = Name(entry), tensor_ = Name(tensor)),
             },
             VerifyError::UnknownDtype { entry, tensor, dtype } => {
-                write!(f, "entry {entry}, tensor {tensor}: dtype code {dtype} is not one kiln runs")
+                write!(f, "entry {entry_}, tensor {tensor_}: dtype code {dtype} is not one kiln runs", entry_ = Name(entry), tensor_ = Name(tensor))
             }
             VerifyError::Arena { entry, size, align } => write!(
                 f,
-                "entry {entry}: arena of {size} bytes aligned to {align} (alignment must be a power of two up to {})",
+                "entry {entry_}: arena of {size} bytes aligned to {align} (alignment must be a power of two up to {})",
                 crate::MAX_ARENA_ALIGN
-            ),
-            VerifyError::NoVariants { kernel } => write!(f, "kernel {kernel} has no variants"),
+            , entry_ = Name(entry)),
+            VerifyError::NoVariants { kernel } => write!(f, "kernel {kernel_} has no variants", kernel_ = Name(kernel)),
             VerifyError::Variant { kernel, variant, executable, entry } => {
-                write!(f, "kernel {kernel}, variant {variant}: executable {executable} entry {entry} does not exist")
+                write!(f, "kernel {kernel_}, variant {variant}: executable {executable} entry {entry} does not exist", kernel_ = Name(kernel))
             }
             VerifyError::Symbol { executable, name, offset, code_len } => {
-                write!(f, "executable {executable}: symbol {name} at {offset} lies outside its {code_len} bytes of code")
+                write!(f, "executable {executable}: symbol {name_} at {offset} lies outside its {code_len} bytes of code", name_ = Name(name))
             }
             VerifyError::Reloc { executable, index, offset, target, code_len } => write!(
                 f,

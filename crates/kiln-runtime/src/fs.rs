@@ -19,7 +19,7 @@ impl AlignedBytes {
     pub fn read(path: &Path) -> std::io::Result<AlignedBytes> {
         let mut f = std::fs::File::open(path)?;
         let len = usize::try_from(f.metadata()?.len()).map_err(|_| std::io::Error::other("file too large"))?;
-        let mut a = AlignedBytes::zeroed(len);
+        let mut a = AlignedBytes::try_zeroed(len)?;
         f.read_exact(a.bytes_mut())?;
         Ok(a)
     }
@@ -34,11 +34,36 @@ impl AlignedBytes {
     /// `len` zero bytes at a 64-byte-aligned address, on huge pages where the system has
     /// them (asked before the first write): also a caller's input or output buffer of the
     /// size a tensor needs.
+    ///
+    /// Panics when the memory cannot be had; [`AlignedBytes::try_zeroed`] is for sizes
+    /// that come from untrusted input (an artifact's tensor sizes).
     pub fn zeroed(len: usize) -> AlignedBytes {
-        let buf = vec![0u8; len + 63];
+        match AlignedBytes::try_zeroed(len) {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// [`AlignedBytes::zeroed`], or an error of kind [`std::io::ErrorKind::OutOfMemory`]
+    /// naming the size when the allocator refuses it.
+    pub fn try_zeroed(len: usize) -> std::io::Result<AlignedBytes> {
+        let refused = || std::io::Error::new(std::io::ErrorKind::OutOfMemory, format!("cannot allocate {len} bytes"));
+        let total = len.checked_add(63).ok_or_else(refused)?;
+        let layout = std::alloc::Layout::array::<u8>(total).map_err(|_| refused())?;
+        // Zeroed by the allocator as `vec![0u8; n]` is (fresh pages stay untouched, so
+        // the advice below still decides their size), but a refusal is an error here.
+        // SAFETY: the layout's size is at least 63, not zero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(refused());
+        }
+        // SAFETY: `ptr` comes from the global allocator with the layout of `total` bytes
+        // at alignment 1 (a `Vec<u8>`'s own), all of them initialised (zero); the Vec
+        // takes ownership with length and capacity `total`.
+        let buf = unsafe { Vec::from_raw_parts(ptr, total, total) };
         crate::pages::prefer_huge_pages(buf.as_ptr(), buf.len());
         let start = buf.as_ptr().align_offset(64).min(63);
-        AlignedBytes { buf, start, len }
+        Ok(AlignedBytes { buf, start, len })
     }
 
     /// The bytes.
@@ -72,6 +97,10 @@ mod tests {
         z.bytes_mut()[999] = 7;
         assert_eq!(z.bytes()[999], 7);
         let a = AlignedBytes::read(&p).expect("read");
+        // Sizes no allocator gives are an error, not an abort.
+        let e = AlignedBytes::try_zeroed(usize::MAX).expect_err("usize::MAX bytes");
+        assert_eq!(e.kind(), std::io::ErrorKind::OutOfMemory);
+        assert!(AlignedBytes::try_zeroed(1 << 62).is_err());
         assert_eq!((a.bytes(), a.bytes().as_ptr() as usize % 64), (&b"kiln"[..], 0));
         let _ = std::fs::remove_file(&p);
     }

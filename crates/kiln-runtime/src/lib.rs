@@ -3,6 +3,8 @@
 //! artifact.
 //!
 //! ```text
+//! Module::verify_plan(artifact)        container → ABI → sections → plan verification
+//!                                      (no weights, no host: for tools that list an artifact)
 //! Module::load(artifact, weights)      container → ABI → sections → plan verification
 //!                                      → weights binding → variant choice → code loading
 //! Instance::new(&module)               the arena and the driver's tables, allocated once
@@ -26,11 +28,11 @@ pub mod dtype;
 pub mod error;
 #[cfg(feature = "std")]
 pub mod fs;
-#[cfg(feature = "std")]
-mod pages;
 pub mod hal;
 mod instance;
 mod module;
+#[cfg(feature = "std")]
+mod pages;
 #[cfg(feature = "local-task")]
 mod task;
 pub mod verify;
@@ -38,7 +40,7 @@ pub mod verify;
 pub use error::{RuntimeError, VerifyError};
 pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
 pub use instance::{Instance, TensorMut, TensorRef};
-pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, RUNTIME_ABI};
+pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, VerifiedPlan, RUNTIME_ABI};
 
 /// Most threads an instance may run on ([`Instance::with_threads`]).
 #[cfg(feature = "local-task")]

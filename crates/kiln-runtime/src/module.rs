@@ -22,17 +22,13 @@ pub const RUNTIME_ABI: Version = ABI_VERSION;
 pub struct Module;
 
 impl Module {
-    /// Checks an artifact completely without placing any code: container, ABI version,
-    /// sections, plan, weights binding, and the choice of a kernel variant for a host
-    /// with CPU features `host_features` (bits of [`kiln_module::program::CpuFeature`]).
-    ///
-    /// `weights` is the external weights file for modules compiled with weights kept
-    /// outside; pass `None` for modules that embed them.
-    pub fn verify<'a>(
-        artifact: &'a [u8],
-        weights: Option<&'a [u8]>,
-        host_features: u64,
-    ) -> Result<Verified<'a>, RuntimeError> {
+    /// Checks everything about an artifact that does not depend on the machine or on
+    /// a weights file: container, ABI version, sections and plan (every index, range
+    /// and length the plan holds). A tool that reads an artifact without running it
+    /// (a listing, a dispatch graph) calls this before it walks the plan: whatever it
+    /// returns has every binding inside its slot, so offset arithmetic on the plan's
+    /// values cannot overflow.
+    pub fn verify_plan(artifact: &[u8]) -> Result<VerifiedPlan<'_>, RuntimeError> {
         let container = kiln_module::Module::parse(artifact)?;
         if !RUNTIME_ABI.can_read(container.abi()) {
             return Err(RuntimeError::UnsupportedVersion { needed: container.abi(), have: RUNTIME_ABI });
@@ -43,6 +39,22 @@ impl Module {
             ConstantsView::External { size, .. } => size,
         };
         let limits = verify_program(&program, pool_len)?;
+        Ok(VerifiedPlan { container, program, limits })
+    }
+
+    /// Checks an artifact completely without placing any code: what
+    /// [`Module::verify_plan`] checks, then the weights binding, and the choice of a
+    /// kernel variant for a host with CPU features `host_features` (bits of
+    /// [`kiln_module::program::CpuFeature`]).
+    ///
+    /// `weights` is the external weights file for modules compiled with weights kept
+    /// outside; pass `None` for modules that embed them.
+    pub fn verify<'a>(
+        artifact: &'a [u8],
+        weights: Option<&'a [u8]>,
+        host_features: u64,
+    ) -> Result<Verified<'a>, RuntimeError> {
+        let VerifiedPlan { program, limits, .. } = Module::verify_plan(artifact)?;
         let pool = match (program.constants, weights) {
             (ConstantsView::Embedded(_), Some(_)) => return Err(RuntimeError::WeightsNotExpected),
             (ConstantsView::Embedded(b), None) => b,
@@ -66,6 +78,18 @@ impl Module {
         let variants = select_variants(&program, host_features)?;
         Ok(Verified { program, pool, variants, limits })
     }
+}
+
+/// An artifact whose container, sections and plan passed [`Module::verify_plan`]'s
+/// checks; its weights and its code's CPU features are not checked.
+#[derive(Debug)]
+pub struct VerifiedPlan<'a> {
+    /// The container: format and ABI versions, the section table.
+    pub container: kiln_module::Module<'a>,
+    /// The decoded, verified program.
+    pub program: ProgramView<'a>,
+    /// What an instance of it needs.
+    pub limits: Limits,
 }
 
 /// An artifact that passed every check; [`Verified::load`] places its code.

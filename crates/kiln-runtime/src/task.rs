@@ -159,8 +159,11 @@ struct Schedule<'m> {
     jobs: Vec<Planned<'m>>,
 }
 
+/// Whether two ranges share a byte (ends saturate: the verifier proved they do not
+/// overflow, and a range that did would still compare as reaching the end).
 fn overlaps(a: &Binding, b: &Binding) -> bool {
-    a.slot == b.slot && a.offset < b.offset + b.length && b.offset < a.offset + a.length
+    let end = |x: &Binding| x.offset.saturating_add(x.length);
+    a.slot == b.slot && a.offset < end(b) && b.offset < end(a)
 }
 
 /// Whether two dispatches may not run at the same time: one writes (its last binding)
@@ -633,5 +636,11 @@ mod tests {
         assert!(conflict(&x, &other_slot), "other_slot reads what x writes");
         assert!(!conflict(&beside, &[b(Slot::Output(0), 16, 16)]));
         assert!(!conflict(&[], &x));
+        // Ends that would overflow u64 saturate instead of panicking (a verified plan
+        // has none; the comparison stays right for the ranges it does have).
+        let top = [b(Slot::Arena, u64::MAX - 1, 4)];
+        assert!(conflict(&top, &[b(Slot::Arena, u64::MAX - 2, 2)]));
+        assert!(!conflict(&top, &[b(Slot::Arena, 0, u64::MAX - 1)]));
+        assert!(conflict(&[b(Slot::Arena, u64::MAX - 1, u64::MAX)], &top));
     }
 }

@@ -318,3 +318,68 @@ fn verifier_messages_read_well() {
         "invalid module: entry main, command 3: copy destination writes input 1, which is read-only"
     );
 }
+
+/// Names come from the module: control characters in them are escaped, so a message
+/// stays one line whatever the artifact holds.
+#[test]
+fn names_are_escaped_in_messages() {
+    let mut p = add_program(4);
+    p.entries[0].name = "main\nrm -rf /\r\u{1b}[2J".into();
+    dispatch_bindings(&mut p)[2] = b(Slot::Arena, 64, 17);
+    assert_eq!(
+        verify(&p).expect_err("range").to_string(),
+        "invalid module: entry main\\nrm -rf /\\r\\u{1b}[2J, command 1: binding 2 arena bytes 64..64+17 run past its 80 bytes"
+    );
+    let mut p = add_program(4);
+    p.kernels[1].variants.clear();
+    p.kernels[1].name = "add\u{2028}next".into();
+    assert_eq!(
+        verify(&p).expect_err("no variants").to_string(),
+        "invalid module: kernel add\\u{2028}next has no variants"
+    );
+    // Non-ASCII text that is not a control character is kept as it is.
+    let mut p = add_program(4);
+    p.entries[0].inputs[0].name = "ä/x:0".into();
+    p.entries[0].inputs[0].bytes = 15;
+    assert_eq!(
+        verify(&p).expect_err("bytes").to_string(),
+        "invalid module: entry main, tensor ä/x:0: recorded as 15 bytes, its dtype and shape give 16"
+    );
+}
+
+/// `verify_plan` checks what needs neither the weights nor the host: a module whose
+/// weights are outside verifies without them, and every plan error is still found.
+#[test]
+fn verify_plan_needs_no_weights_or_host() {
+    let (p, pool) = misc_program(true);
+    let file = write_program(&p);
+    assert!(matches!(Module::verify(&file, None, u64::MAX), Err(RuntimeError::WeightsMissing { .. })));
+    let plan = Module::verify_plan(&file).expect("the plan verifies without the weights");
+    assert_eq!(plan.program.entries.len(), 2);
+    assert_eq!(plan.limits, Module::verify(&file, Some(&pool), u64::MAX).expect("with weights").limits());
+    assert_eq!(plan.container.abi(), ABI_VERSION);
+    // A kernel whose only variant needs a feature no host has: the plan is still valid.
+    let mut p = add_program(4);
+    p.kernels[1].variants[0].features = 1 << 63;
+    let file = write_program(&p);
+    assert!(matches!(Module::verify(&file, None, 0), Err(RuntimeError::MissingCpuFeatures { .. })));
+    Module::verify_plan(&file).expect("features are the host's business");
+    // Plan errors are found as `verify` finds them.
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[0] = b(Slot::Input(0), u64::MAX, 2);
+    let file = write_program(&p);
+    assert!(matches!(
+        Module::verify_plan(&file),
+        Err(RuntimeError::Invalid(VerifyError::Command {
+            command: 1,
+            problem: CommandProblem::Binding {
+                role: BindingRole::Dispatch(0),
+                problem: BindingProblem::OutOfRange { .. }
+            },
+            ..
+        }))
+    ));
+    let mut d = write_program(&add_program(4));
+    d[100] ^= 1;
+    assert!(matches!(Module::verify_plan(&d), Err(RuntimeError::Checksum { .. } | RuntimeError::Container(_))));
+}
