@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{op, int, s, check, compare, floats, ints, rand, Bind, Tol, EXACT, F32};
+use common::{check, compare, floats, int, ints, op, rand, s, Bind, Tol, EXACT, F32};
 use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput, Output};
 use kiln_flow::{Bounds, Expr};
 use kiln_ir::infer::{infer, InferInput};
@@ -13,12 +13,9 @@ use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor};
 // Helpers.
 // ---------------------------------------------------------------------------
 
-
-
 fn ints_attr(v: &[i64]) -> Attr {
     Attr::Ints(v.to_vec())
 }
-
 
 fn i64s(v: &[i64]) -> Tensor {
     ints(&[v.len()], v)
@@ -58,8 +55,8 @@ fn check_mixed(op: &Op, inputs: &[Option<Tensor>], consts: &[bool], tol: Tol) {
 fn out_count(op: &Op, inputs: &[Option<Tensor>]) -> usize {
     let ninfer: Vec<Option<InferInput>> =
         inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
-    if let Some(Attr::Int(n)) = op.attrs.get("num_outputs") {
-        return *n as usize;
+    if let Some(n) = op.attrs_of::<kiln_ir::attrs::SplitAttrs>().ok().and_then(|a| a.num_outputs) {
+        return n as usize;
     }
     (1..=3).rev().find(|&n| infer(op, &ninfer, n).is_ok()).unwrap_or(1)
 }

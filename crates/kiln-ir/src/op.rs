@@ -11,6 +11,7 @@
 //! - attributes keep their ONNX names and types; an attribute that is absent takes
 //!   its ONNX default.
 
+use crate::attrs::{OpAttrs, OpAttrsOf, WindowAttrs};
 use crate::tensor::Tensor;
 use core::fmt;
 use core::str::FromStr;
@@ -66,11 +67,7 @@ pub struct UnknownOp(pub String);
 impl FromStr for OpKind {
     type Err = UnknownOp;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        OpKind::ALL
-            .iter()
-            .copied()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownOp(s.to_string()))
+        OpKind::ALL.iter().copied().find(|k| k.name() == s).ok_or_else(|| UnknownOp(s.to_string()))
     }
 }
 
@@ -124,6 +121,38 @@ pub enum AttrError {
         /// Kind found.
         found: &'static str,
     },
+    /// The attribute has a value the op does not accept.
+    #[error("attribute `{name}` {reason}")]
+    Invalid {
+        /// Attribute name.
+        name: String,
+        /// What is wrong with the value.
+        reason: String,
+    },
+    /// The attribute has a valid value kiln does not support.
+    #[error("attribute `{name}` = {reason}")]
+    Unsupported {
+        /// Attribute name.
+        name: String,
+        /// What kiln does not support.
+        reason: String,
+    },
+    /// The op's attributes are not of the family asked for (a bug in the caller, or an
+    /// op built by [`Op::new`] without its required attributes).
+    #[error("{op} has no {family}")]
+    NotOfOp {
+        /// The op.
+        op: OpKind,
+        /// The attribute struct asked for.
+        family: &'static str,
+    },
+}
+
+impl AttrError {
+    /// An [`AttrError::Invalid`].
+    pub fn invalid(name: &str, reason: impl Into<String>) -> AttrError {
+        AttrError::Invalid { name: name.to_string(), reason: reason.into() }
+    }
 }
 
 /// Attributes of one op, kept sorted by name (so printing is deterministic).
@@ -180,10 +209,7 @@ impl Attrs {
 
     /// The attribute, if present.
     pub fn get(&self, name: &str) -> Option<&Attr> {
-        self.0
-            .binary_search_by(|(n, _)| n.as_str().cmp(name))
-            .ok()
-            .map(|i| &self.0[i].1)
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok().map(|i| &self.0[i].1)
     }
 
     /// All attributes, sorted by name.
@@ -222,24 +248,59 @@ impl Attrs {
     }
 }
 
-/// An operator with its attributes.
+/// An operator with its typed attributes.
+///
+/// The attributes are parsed and validated when the op is built ([`Op::parse`]), so
+/// readers take the typed struct ([`Op::attrs_of`]) and never look a name up.
+/// `kind` is public to read; the attributes are private so that they always belong
+/// to the family of `kind`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Op {
     /// Which operator.
     pub kind: OpKind,
-    /// Its attributes.
-    pub attrs: Attrs,
+    attrs: OpAttrs,
 }
 
 impl Op {
-    /// An op without attributes.
+    /// An op with default attributes. For a kind with required attributes (Cast,
+    /// Concat, …) the op has none, and [`Op::attrs_of`] reports that; use
+    /// [`Op::parse`] or [`Op::with_typed`] for those.
     pub fn new(kind: OpKind) -> Op {
-        Op { kind, attrs: Attrs::new() }
+        Op { kind, attrs: OpAttrs::parse(kind, &Attrs::new()).unwrap_or(OpAttrs::None) }
     }
 
-    /// An op with attributes.
-    pub fn with_attrs(kind: OpKind, attrs: Attrs) -> Op {
-        Op { kind, attrs }
+    /// An op with attributes in string-keyed form, parsed and validated.
+    pub fn parse(kind: OpKind, attrs: &Attrs) -> Result<Op, AttrError> {
+        Ok(Op { kind, attrs: OpAttrs::parse(kind, attrs)? })
+    }
+
+    /// An op with typed attributes; they must be of the family of `kind`.
+    pub fn with_typed(kind: OpKind, attrs: impl Into<OpAttrs>) -> Result<Op, AttrError> {
+        let attrs = attrs.into();
+        if !attrs.fits(kind) {
+            return Err(AttrError::NotOfOp { op: kind, family: "attributes of this kind" });
+        }
+        Ok(Op { kind, attrs })
+    }
+
+    /// The typed attributes.
+    pub fn attrs(&self) -> &OpAttrs {
+        &self.attrs
+    }
+
+    /// The attributes as struct `T`; an error when the op's family is another.
+    pub fn attrs_of<T: OpAttrsOf>(&self) -> Result<&T, AttrError> {
+        T::of(&self.attrs).ok_or(AttrError::NotOfOp { op: self.kind, family: T::FAMILY })
+    }
+
+    /// The sliding-window attributes of a convolution or pool.
+    pub fn window_attrs(&self) -> Result<WindowAttrs<'_>, AttrError> {
+        self.attrs.window().ok_or(AttrError::NotOfOp { op: self.kind, family: "WindowAttrs" })
+    }
+
+    /// The attributes in string-keyed form (for printing and writing out).
+    pub fn to_attrs(&self) -> Attrs {
+        self.attrs.to_attrs()
     }
 }
 

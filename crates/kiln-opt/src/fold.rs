@@ -70,11 +70,11 @@ pub fn fold_from_type(op: &Op, operand: &TensorType, out: &TensorType) -> Option
         OpKind::Shape => {
             let r = dims.len() as i64;
             let clamp = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) } as usize;
-            let start = match op.attrs.int_or("start", 0) {
+            let start = match op.to_attrs().int_or("start", 0) {
                 Ok(s) => clamp(s),
                 Err(e) => return Some(Err(e.to_string())),
             };
-            let end = match op.attrs.int_or("end", r) {
+            let end = match op.to_attrs().int_or("end", r) {
                 Ok(e) => clamp(e),
                 Err(e) => return Some(Err(e.to_string())),
             };

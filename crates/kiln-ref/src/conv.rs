@@ -49,7 +49,7 @@ pub(crate) enum AutoPad {
 }
 
 pub(crate) fn auto_pad(cx: &Cx) -> Result<AutoPad, EvalError> {
-    let s = cx.attr(cx.op.attrs.string_or("auto_pad", "NOTSET".to_string()))?;
+    let s = cx.attr(cx.op.to_attrs().string_or("auto_pad", "NOTSET".to_string()))?;
     match s.as_str() {
         "NOTSET" | "" => Ok(AutoPad::NotSet),
         "SAME_UPPER" => Ok(AutoPad::SameUpper),
@@ -70,7 +70,7 @@ pub(crate) fn positive_ints(
     len: usize,
     default: usize,
 ) -> Result<Vec<usize>, EvalError> {
-    match cx.attr(cx.op.attrs.ints(name))? {
+    match cx.attr(cx.op.to_attrs().ints(name))? {
         None => Ok(vec![default; len]),
         Some(v) if v.is_empty() => Ok(vec![default; len]),
         Some(v) => {
@@ -86,7 +86,7 @@ pub(crate) fn positive_ints(
 
 /// The `pads` attribute as (begin, end) per spatial dim (non-negative; default 0).
 pub(crate) fn explicit_pads(cx: &Cx, len: usize) -> Result<(Vec<i64>, Vec<i64>), EvalError> {
-    match cx.attr(cx.op.attrs.ints("pads"))? {
+    match cx.attr(cx.op.to_attrs().ints("pads"))? {
         None => Ok((vec![0; len], vec![0; len])),
         Some(v) if v.is_empty() => Ok((vec![0; len], vec![0; len])),
         Some(v) => {
@@ -103,7 +103,7 @@ pub(crate) fn explicit_pads(cx: &Cx, len: usize) -> Result<(Vec<i64>, Vec<i64>),
 /// The `kernel_shape` attribute, checked against `from_weights` when given.
 fn kernel_shape(cx: &Cx, from_weights: &[usize]) -> Result<Vec<usize>, EvalError> {
     let k = positive_ints(cx, "kernel_shape", from_weights.len(), 1)?;
-    if cx.op.attrs.get("kernel_shape").is_some() && k != from_weights {
+    if cx.op.to_attrs().get("kernel_shape").is_some() && k != from_weights {
         return Err(
             cx.invalid(format!("kernel_shape {k:?} differs from the weights' {from_weights:?}"))
         );
@@ -186,7 +186,7 @@ fn conv_dims(cx: &Cx, xd: &[usize], wd: &[usize]) -> Result<ConvDims, EvalError>
             cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected"))
         );
     }
-    let group = cx.attr(cx.op.attrs.int_or("group", 1))?;
+    let group = cx.attr(cx.op.to_attrs().int_or("group", 1))?;
     if group < 1 {
         return Err(cx.invalid(format!("group = {group}")));
     }
@@ -485,7 +485,7 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
             cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected"))
         );
     }
-    let group = cx.attr(cx.op.attrs.int_or("group", 1))?;
+    let group = cx.attr(cx.op.to_attrs().int_or("group", 1))?;
     if group < 1 {
         return Err(cx.invalid(format!("group = {group}")));
     }
@@ -501,7 +501,7 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     let kernel = kernel_shape(cx, &wd[2..])?;
     let strides = positive_ints(cx, "strides", r, 1)?;
     let dilations = positive_ints(cx, "dilations", r, 1)?;
-    let out_pad: Vec<i64> = match cx.attr(cx.op.attrs.ints("output_padding"))? {
+    let out_pad: Vec<i64> = match cx.attr(cx.op.to_attrs().ints("output_padding"))? {
         None => vec![0; r],
         Some(v) if v.is_empty() => vec![0; r],
         Some(v) if v.len() == r && v.iter().all(|&p| (0..=MAX_ATTR).contains(&p)) => v,
@@ -509,7 +509,7 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     };
     let ap = auto_pad(cx)?;
     let (pb, pe) = explicit_pads(cx, r)?;
-    let out_shape: Option<Vec<i64>> = match cx.attr(cx.op.attrs.ints("output_shape"))? {
+    let out_shape: Option<Vec<i64>> = match cx.attr(cx.op.to_attrs().ints("output_shape"))? {
         Some(v) if v.len() >= r && v.iter().all(|&o| (0..=1 << 40).contains(&o)) => {
             Some(v[v.len() - r..].to_vec())
         }

@@ -351,7 +351,7 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
     let ty = cx.out_type(0)?;
     let d = ty.dtype;
     if cx.kind() == OpKind::Cast {
-        if let Some(code) = cx.attr(cx.op.attrs.int("to"))? {
+        if let Some(code) = cx.attr(cx.op.to_attrs().int("to"))? {
             match DType::from_onnx_code(code) {
                 Some(t) if t == d => {}
                 Some(t) => return Err(cx.invalid(format!("`to` is {t}, result dtype is {d}"))),
@@ -370,7 +370,7 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
             x.shape()
         )));
     }
-    let saturate = cx.attr(cx.op.attrs.int_or("saturate", 1))? != 0;
+    let saturate = cx.attr(cx.op.to_attrs().int_or("saturate", 1))? != 0;
     let s = x.dtype();
     if s == d {
         return Ok(x.clone());
@@ -436,7 +436,7 @@ fn unary_signed(cx: &Cx) -> Result<Tensor, EvalError> {
 }
 
 fn attr_f(cx: &Cx, name: &str, default: f32) -> Result<f64, EvalError> {
-    Ok(cx.attr(cx.op.attrs.float_or(name, default))? as f64)
+    Ok(cx.attr(cx.op.to_attrs().float_or(name, default))? as f64)
 }
 
 /// Float-only unary ops and activations.
@@ -504,7 +504,7 @@ fn unary_float(cx: &Cx) -> Result<Tensor, EvalError> {
             let a = attr_f(cx, "alpha", 1.0)?;
             Box::new(move |v| if v > a { v } else { 0.0 })
         }
-        Gelu => match cx.attr(cx.op.attrs.string_or("approximate", "none".into()))?.as_str() {
+        Gelu => match cx.attr(cx.op.to_attrs().string_or("approximate", "none".into()))?.as_str() {
             "none" => Box::new(|v| 0.5 * v * erfc(-v * std::f64::consts::FRAC_1_SQRT_2)),
             "tanh" => Box::new(|v| {
                 let c = (2.0 / std::f64::consts::PI).sqrt();
@@ -635,8 +635,8 @@ fn is_inf_nan(cx: &Cx) -> Result<Tensor, EvalError> {
     let r: Vec<i64> = if cx.kind() == OpKind::IsNaN {
         v.iter().map(|x| x.is_nan() as i64).collect()
     } else {
-        let neg = cx.attr(cx.op.attrs.int_or("detect_negative", 1))? != 0;
-        let pos = cx.attr(cx.op.attrs.int_or("detect_positive", 1))? != 0;
+        let neg = cx.attr(cx.op.to_attrs().int_or("detect_negative", 1))? != 0;
+        let pos = cx.attr(cx.op.to_attrs().int_or("detect_positive", 1))? != 0;
         v.iter()
             .map(|&x| ((x == f64::INFINITY && pos) || (x == f64::NEG_INFINITY && neg)) as i64)
             .collect()
@@ -656,7 +656,7 @@ fn arith(cx: &Cx) -> Result<Tensor, EvalError> {
     let d = same_dtype(cx, &[a, b])?;
     out_of_dtype(cx, d)?;
     let out = ty.shape.dims();
-    let fmod = k == Mod && cx.attr(cx.op.attrs.int_or("fmod", 0))? != 0;
+    let fmod = k == Mod && cx.attr(cx.op.to_attrs().int_or("fmod", 0))? != 0;
     if d.is_float() {
         let (x, y) = zip_f64(cx, a, b, out)?;
         let f: fn(f64, f64) -> f64 = match k {
@@ -842,7 +842,7 @@ fn bit_shift(cx: &Cx) -> Result<Tensor, EvalError> {
     if !d.is_unsigned_int() {
         return Err(cx.invalid(format!("{d} operands, unsigned integers required")));
     }
-    let left = match cx.attr(cx.op.attrs.string("direction"))?.as_deref() {
+    let left = match cx.attr(cx.op.to_attrs().string("direction"))?.as_deref() {
         Some("LEFT") => true,
         Some("RIGHT") => false,
         Some(s) => return Err(cx.invalid(format!("direction = `{s}`"))),

@@ -398,7 +398,7 @@ fn qlinear_matmul(cx: &Cx) -> Result<Tensor, EvalError> {
 fn gemm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (a, b) = (cx.input(0)?, cx.input(1)?);
     let ty = cx.out_type(0)?;
-    let attrs = &cx.op.attrs;
+    let attrs = &cx.op.to_attrs();
     let alpha = cx.attr(attrs.float_or("alpha", 1.0))? as f64;
     let beta = cx.attr(attrs.float_or("beta", 1.0))? as f64;
     let ta = cx.attr(attrs.int_or("transA", 0))? != 0;
@@ -521,7 +521,7 @@ fn term_labels(subs: &[Sub], rank: usize, e_total: usize) -> Result<Vec<usize>, 
 
 fn einsum(cx: &Cx) -> Result<Tensor, EvalError> {
     let eq = cx
-        .attr(cx.op.attrs.string("equation"))?
+        .attr(cx.op.to_attrs().string("equation"))?
         .ok_or_else(|| cx.invalid("equation is missing"))?;
     let ty = cx.out_type(0)?;
     let ops: Vec<&Tensor> = (0..cx.inputs.len()).map(|i| cx.input(i)).collect::<Result<_, _>>()?;

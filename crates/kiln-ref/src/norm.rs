@@ -29,7 +29,7 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 }
 
 fn eps(cx: &Cx, default: f32) -> Result<f64, EvalError> {
-    Ok(cx.attr(cx.op.attrs.float_or("epsilon", default))? as f64)
+    Ok(cx.attr(cx.op.to_attrs().float_or("epsilon", default))? as f64)
 }
 
 /// The float operand `X` and the result type, which must match it.
@@ -76,7 +76,7 @@ fn stats(vals: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
 }
 
 fn batch_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
-    if cx.attr(cx.op.attrs.int_or("training_mode", 0))? != 0 || cx.out_types.len() > 1 {
+    if cx.attr(cx.op.to_attrs().int_or("training_mode", 0))? != 0 || cx.out_types.len() > 1 {
         return Err(cx.unsupported("training mode (only the inference form is supported)"));
     }
     let (x, ty) = x_and_out(cx)?;
@@ -125,7 +125,7 @@ fn instance_norm(cx: &Cx) -> Result<Tensor, EvalError> {
 fn layer_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let xd = x.shape().dims();
-    let axis = cx.axis(cx.attr(cx.op.attrs.int_or("axis", -1))?, xd.len())?;
+    let axis = cx.axis(cx.attr(cx.op.to_attrs().int_or("axis", -1))?, xd.len())?;
     let e = eps(cx, 1e-5)?;
     let outer: usize = xd[..axis].iter().product();
     let inner: usize = xd[axis..].iter().product();
@@ -173,7 +173,7 @@ fn layer_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 fn group_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let (n, c, inner) = nc_inner(cx, x)?;
-    let g = cx.attr(cx.op.attrs.req_int("num_groups"))?;
+    let g = cx.attr(cx.op.to_attrs().req_int("num_groups"))?;
     let g = usize::try_from(g)
         .ok()
         .filter(|&g| g > 0 && g <= c.max(1) && c % g == 0)
@@ -202,8 +202,8 @@ fn group_norm(cx: &Cx) -> Result<Tensor, EvalError> {
 fn lp_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let xd = x.shape().dims();
-    let axis = cx.axis(cx.attr(cx.op.attrs.int_or("axis", -1))?, xd.len())?;
-    let p = cx.attr(cx.op.attrs.int_or("p", 2))?;
+    let axis = cx.axis(cx.attr(cx.op.to_attrs().int_or("axis", -1))?, xd.len())?;
+    let p = cx.attr(cx.op.to_attrs().int_or("p", 2))?;
     if p != 1 && p != 2 {
         return Err(cx.invalid(format!("p = {p}, 1 or 2 expected")));
     }
@@ -229,10 +229,10 @@ fn lp_norm(cx: &Cx) -> Result<Tensor, EvalError> {
 fn lrn(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let (outer, c, inner) = nc_inner(cx, x)?;
-    let alpha = cx.attr(cx.op.attrs.float_or("alpha", 1e-4))? as f64;
-    let beta = cx.attr(cx.op.attrs.float_or("beta", 0.75))? as f64;
-    let bias = cx.attr(cx.op.attrs.float_or("bias", 1.0))? as f64;
-    let size = cx.attr(cx.op.attrs.req_int("size"))?;
+    let alpha = cx.attr(cx.op.to_attrs().float_or("alpha", 1e-4))? as f64;
+    let beta = cx.attr(cx.op.to_attrs().float_or("beta", 0.75))? as f64;
+    let bias = cx.attr(cx.op.to_attrs().float_or("bias", 1.0))? as f64;
+    let size = cx.attr(cx.op.to_attrs().req_int("size"))?;
     if size < 1 {
         return Err(cx.invalid(format!("size = {size}")));
     }
@@ -258,7 +258,7 @@ fn mvn(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let xd = x.shape().dims();
     let rank = xd.len();
-    let axes = cx.attr(cx.op.attrs.ints_or("axes", vec![0, 2, 3]))?;
+    let axes = cx.attr(cx.op.to_attrs().ints_or("axes", vec![0, 2, 3]))?;
     let mut red = vec![false; rank];
     for a in axes {
         red[cx.axis(a, rank)?] = true;

@@ -28,14 +28,14 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     match cx.kind() {
         AveragePool => Ok(vec![pool(cx, Kind::Avg)?]),
         LpPool => {
-            let p = cx.attr(cx.op.attrs.int_or("p", 2))?;
+            let p = cx.attr(cx.op.to_attrs().int_or("p", 2))?;
             Ok(vec![pool(cx, Kind::Lp(p as f64))?])
         }
         MaxPool => max_pool(cx),
         GlobalAveragePool => Ok(vec![global(cx, Kind::Avg)?]),
         GlobalMaxPool => Ok(vec![global(cx, Kind::Max)?]),
         GlobalLpPool => {
-            let p = cx.attr(cx.op.attrs.int_or("p", 2))?;
+            let p = cx.attr(cx.op.to_attrs().int_or("p", 2))?;
             Ok(vec![global(cx, Kind::Lp(p as f64))?])
         }
         _ => Err(cx.unsupported("not a pooling operator")),
@@ -63,7 +63,7 @@ struct Taps {
 fn pool_taps(cx: &Cx, xd: &[usize], ty: &TensorType) -> Result<Taps, EvalError> {
     let input = &xd[2..];
     let r = input.len();
-    let kernel: Vec<usize> = match cx.attr(cx.op.attrs.ints("kernel_shape"))? {
+    let kernel: Vec<usize> = match cx.attr(cx.op.to_attrs().ints("kernel_shape"))? {
         Some(k) if k.len() == r && k.iter().all(|&v| (1..=1 << 24).contains(&v)) => {
             k.into_iter().map(|v| v as usize).collect()
         }
@@ -72,7 +72,7 @@ fn pool_taps(cx: &Cx, xd: &[usize], ty: &TensorType) -> Result<Taps, EvalError> 
     };
     let strides = positive_ints(cx, "strides", r, 1)?;
     let dilations = positive_ints(cx, "dilations", r, 1)?;
-    let ceil_mode = cx.attr(cx.op.attrs.int_or("ceil_mode", 0))? != 0;
+    let ceil_mode = cx.attr(cx.op.to_attrs().int_or("ceil_mode", 0))? != 0;
     let ap = auto_pad(cx)?;
     let (pb, pe) = explicit_pads(cx, r)?;
     let in_strides = row_major_strides(input);
@@ -182,7 +182,7 @@ fn pool(cx: &Cx, kind: Kind) -> Result<Tensor, EvalError> {
     let ty = cx.out_type(0)?;
     let xd = x.shape().dims();
     let taps = pool_taps(cx, xd, ty)?;
-    let include_pad = cx.attr(cx.op.attrs.int_or("count_include_pad", 0))? != 0;
+    let include_pad = cx.attr(cx.op.to_attrs().int_or("count_include_pad", 0))? != 0;
     let xv = floats(cx, x)?;
     let planes = xd[0] * xd[1];
     let in_sz: usize = xd[2..].iter().product();
@@ -222,7 +222,7 @@ fn max_pool(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let xd = x.shape().dims();
     let taps = pool_taps(cx, xd, ty)?;
     let want_idx = cx.out_types.len() > 1;
-    let col_major = cx.attr(cx.op.attrs.int_or("storage_order", 0))? != 0;
+    let col_major = cx.attr(cx.op.to_attrs().int_or("storage_order", 0))? != 0;
     let xv = floats(cx, x)?;
     let planes = xd[0] * xd[1];
     let sp = &xd[2..];

@@ -89,7 +89,7 @@ impl Act {
 
 /// The activations: `per_dir` per direction, `num_dir` directions.
 fn activations(cx: &Cx, defaults: &[&str], num_dir: usize) -> Result<Vec<Act>, EvalError> {
-    let attrs = &cx.op.attrs;
+    let attrs = &cx.op.to_attrs();
     let names: Vec<String> = match cx.attr(attrs.strings("activations"))? {
         Some(v) if !v.is_empty() => v,
         _ => defaults.iter().map(|s| s.to_string()).collect(),
@@ -179,7 +179,7 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         OpKind::GRU => Cell::Gru,
         _ => Cell::Rnn,
     };
-    let attrs = &cx.op.attrs;
+    let attrs = &cx.op.to_attrs();
     let g = cell.gates();
     let x = cx.input(0)?;
     cx.input(1)?; // W is required (read below with its shape checked).

@@ -40,7 +40,7 @@ pub(crate) fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize
 }
 
 fn int_attr(cx: &Cx, name: &str, default: i64) -> Result<i64, EvalError> {
-    cx.attr(cx.op.attrs.int_or(name, default))
+    cx.attr(cx.op.to_attrs().int_or(name, default))
 }
 
 use crate::util::out_checked;

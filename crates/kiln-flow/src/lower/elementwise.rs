@@ -213,11 +213,11 @@ impl Scalar {
 }
 
 fn attr_f(cx: &OpCx<'_>, name: &str, default: f32) -> R<f64> {
-    Ok(cx.attr(cx.op.attrs.float_or(name, default))? as f64)
+    Ok(cx.attr(cx.op.to_attrs().float_or(name, default))? as f64)
 }
 
 fn attr_i(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
+    cx.attr(cx.op.to_attrs().int_or(name, default))
 }
 
 fn dtype(cx: &OpCx<'_>, i: usize) -> R<DType> {
@@ -452,7 +452,7 @@ fn activation(cx: &OpCx<'_>) -> R<Lowered> {
         _ => (0.0, 0.0),
     };
     let tanh_gelu = match kind {
-        Gelu => match cx.attr(cx.op.attrs.string_or("approximate", "none".into()))?.as_str() {
+        Gelu => match cx.attr(cx.op.to_attrs().string_or("approximate", "none".into()))?.as_str() {
             "none" => false,
             "tanh" => true,
             s => return Err(cx.unsupported(format!("approximate = `{s}`"))),
@@ -851,7 +851,7 @@ fn bitwise(cx: &OpCx<'_>) -> R<Lowered> {
 fn bit_shift(cx: &OpCx<'_>) -> R<Lowered> {
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d.is_unsigned_int(), "an unsigned dtype")?;
-    let op = match cx.attr(cx.op.attrs.string("direction"))?.as_deref() {
+    let op = match cx.attr(cx.op.to_attrs().string("direction"))?.as_deref() {
         Some("LEFT") => B::Shl,
         Some("RIGHT") => B::Shr,
         Some(s) => return Err(cx.unsupported(format!("direction = `{s}`"))),
@@ -1020,7 +1020,7 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
     let out = out_ty(cx)?;
     let d = out.dtype;
     if cx.op.kind == OpKind::Cast {
-        if let Some(code) = cx.attr(cx.op.attrs.int("to"))? {
+        if let Some(code) = cx.attr(cx.op.to_attrs().int("to"))? {
             if DType::from_onnx_code(code) != Some(d) {
                 return Err(cx.unsupported(format!("`to` = {code} does not name the result dtype {d}")));
             }

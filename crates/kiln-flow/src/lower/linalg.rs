@@ -82,7 +82,7 @@ pub(super) fn expect_out(cx: &OpCx<'_>, i: usize, want: &[usize]) -> R<()> {
 
 /// An int attribute.
 pub(super) fn int_attr(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
+    cx.attr(cx.op.to_attrs().int_or(name, default))
 }
 
 /// Types of the given operands, in order (the kernel's inputs).
@@ -223,7 +223,7 @@ pub(super) enum AutoPad {
 
 /// Reads `auto_pad`.
 pub(super) fn auto_pad(cx: &OpCx<'_>) -> R<AutoPad> {
-    let s = cx.attr(cx.op.attrs.string_or("auto_pad", "NOTSET".to_string()))?;
+    let s = cx.attr(cx.op.to_attrs().string_or("auto_pad", "NOTSET".to_string()))?;
     Ok(match s.as_str() {
         "NOTSET" | "" => AutoPad::NotSet,
         "SAME_UPPER" => AutoPad::SameUpper,
@@ -239,7 +239,7 @@ const MAX_ATTR: i64 = 1 << 24;
 
 /// An ints attribute of `len` values in `min..=2^24` (`default` each when absent or empty).
 pub(super) fn window_ints(cx: &OpCx<'_>, name: &str, len: usize, min: i64, default: i64) -> R<Vec<i64>> {
-    match cx.attr(cx.op.attrs.ints(name))? {
+    match cx.attr(cx.op.to_attrs().ints(name))? {
         None => Ok(vec![default; len]),
         Some(v) if v.is_empty() => Ok(vec![default; len]),
         Some(v) => {
@@ -453,8 +453,8 @@ fn gemm(cx: &OpCx<'_>) -> R<Lowered> {
     if ad.len() != 2 || bd.len() != 2 {
         return Err(cx.unsupported("Gemm needs 2-D operands"));
     }
-    let alpha = cx.attr(cx.op.attrs.float_or("alpha", 1.0))? as f64;
-    let beta = cx.attr(cx.op.attrs.float_or("beta", 1.0))? as f64;
+    let alpha = cx.attr(cx.op.to_attrs().float_or("alpha", 1.0))? as f64;
+    let beta = cx.attr(cx.op.to_attrs().float_or("beta", 1.0))? as f64;
     let ta = int_attr(cx, "transA", 0)? != 0;
     let tb = int_attr(cx, "transB", 0)? != 0;
     let (m, k) = if ta { (ad[1], ad[0]) } else { (ad[0], ad[1]) };
@@ -690,7 +690,7 @@ enum ConvKind {
 
 /// The `kernel_shape` attribute, when present, must equal the weights' spatial extents.
 fn check_kernel_shape(cx: &OpCx<'_>, from_weights: &[usize]) -> R<()> {
-    if let Some(k) = cx.attr(cx.op.attrs.ints("kernel_shape"))? {
+    if let Some(k) = cx.attr(cx.op.to_attrs().ints("kernel_shape"))? {
         if !k.is_empty() && !k.iter().map(|&x| x as usize).eq(from_weights.iter().copied()) {
             return Err(cx.unsupported(format!("kernel_shape {k:?} differs from the weights' {from_weights:?}")));
         }
@@ -916,7 +916,7 @@ fn conv_transpose(cx: &OpCx<'_>) -> R<Lowered> {
     let out_pad = window_ints(cx, "output_padding", r, 0, 0)?;
     let pads = window_ints(cx, "pads", 2 * r, 0, 0)?;
     let ap = auto_pad(cx)?;
-    let out_shape: Option<Vec<i64>> = match cx.attr(cx.op.attrs.ints("output_shape"))? {
+    let out_shape: Option<Vec<i64>> = match cx.attr(cx.op.to_attrs().ints("output_shape"))? {
         Some(v) if v.is_empty() => None,
         Some(v) if v.len() >= r && v.iter().all(|&o| (0..=1 << 40).contains(&o)) => Some(v[v.len() - r..].to_vec()),
         Some(v) => return Err(cx.unsupported(format!("output_shape = {v:?}"))),
@@ -1102,7 +1102,7 @@ impl Term {
 }
 
 fn einsum(cx: &OpCx<'_>) -> R<Lowered> {
-    let eq = cx.attr(cx.op.attrs.string("equation"))?.ok_or_else(|| cx.unsupported("equation is missing"))?;
+    let eq = cx.attr(cx.op.to_attrs().string("equation"))?.ok_or_else(|| cx.unsupported("equation is missing"))?;
     let nops = cx.inputs.len();
     let ds: Vec<Vec<usize>> = (0..nops).map(|i| dims(cx, i)).collect::<R<_>>()?;
     let (lhs, rhs) = match eq.split_once("->") {

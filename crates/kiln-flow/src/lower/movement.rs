@@ -129,11 +129,11 @@ fn expect_out(cx: &OpCx<'_>, want: &[usize]) -> R<()> {
 }
 
 fn int_attr(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
+    cx.attr(cx.op.to_attrs().int_or(name, default))
 }
 
 fn str_attr(cx: &OpCx<'_>, name: &str, default: &str) -> R<String> {
-    cx.attr(cx.op.attrs.string_or(name, default.to_string()))
+    cx.attr(cx.op.to_attrs().string_or(name, default.to_string()))
 }
 
 /// A required constant integer operand.
@@ -326,7 +326,7 @@ fn dropout(cx: &OpCx<'_>) -> R<Lowered> {
 fn transpose(cx: &OpCx<'_>) -> R<Lowered> {
     let xd = dims(cx, 0)?;
     let r = xd.len();
-    let perm: Vec<usize> = match cx.attr(cx.op.attrs.ints("perm"))? {
+    let perm: Vec<usize> = match cx.attr(cx.op.to_attrs().ints("perm"))? {
         Some(p) => {
             let mut seen = vec![false; r];
             let ok = p.len() == r
@@ -538,7 +538,7 @@ fn pad(cx: &OpCx<'_>) -> R<Lowered> {
 fn concat(cx: &OpCx<'_>) -> R<Lowered> {
     let od = out_dims(cx, 0)?;
     let r = od.len();
-    let a = norm_axis(cx, cx.attr(cx.op.attrs.req_int("axis"))?, r)?;
+    let a = norm_axis(cx, cx.attr(cx.op.to_attrs().req_int("axis"))?, r)?;
     // (operand, offset on the axis, extent on the axis) of every non-empty piece.
     let mut pieces: Vec<(usize, i64, i64)> = Vec::new();
     let mut off = 0i64;
@@ -654,7 +654,7 @@ fn nchw_block(cx: &OpCx<'_>) -> R<([usize; 4], usize)> {
     let d = dims(cx, 0)?;
     let dims: [usize; 4] =
         d.as_slice().try_into().map_err(|_| cx.unsupported(format!("operand rank {} is not 4", d.len())))?;
-    let b = cx.attr(cx.op.attrs.req_int("blocksize"))?;
+    let b = cx.attr(cx.op.to_attrs().req_int("blocksize"))?;
     if b <= 0 {
         return Err(cx.unsupported(format!("blocksize {b}")));
     }
@@ -1150,7 +1150,7 @@ fn range(cx: &OpCx<'_>) -> R<Lowered> {
 fn constant_of_shape(cx: &OpCx<'_>) -> R<Lowered> {
     let dt = out_ty(cx)?.dtype;
     let ct = ScalarType::of_storage(dt);
-    let bits = match cx.attr(cx.op.attrs.tensor("value"))? {
+    let bits = match cx.attr(cx.op.to_attrs().tensor("value"))? {
         Some(v) if v.numel() == 1 => elem_bits(&v, 0, ct),
         Some(v) => return Err(cx.unsupported(format!("value has {} elements, 1 expected", v.numel()))),
         None => 0,
@@ -1167,7 +1167,7 @@ fn shape(cx: &OpCx<'_>) -> R<Lowered> {
     let r = xd.len() as i64;
     let clamp = |v: i64| (if v < 0 { v.saturating_add(r) } else { v }).clamp(0, r) as usize;
     let start = clamp(int_attr(cx, "start", 0)?);
-    let end = match cx.attr(cx.op.attrs.int("end"))? {
+    let end = match cx.attr(cx.op.to_attrs().int("end"))? {
         Some(e) => clamp(e),
         None => xd.len(),
     };
@@ -1853,13 +1853,13 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
     };
     let params = Interp {
         mode,
-        cubic_a: cx.attr(cx.op.attrs.float_or("cubic_coeff_a", -0.75))? as f64,
+        cubic_a: cx.attr(cx.op.to_attrs().float_or("cubic_coeff_a", -0.75))? as f64,
         exclude_outside: int_attr(cx, "exclude_outside", 0)? != 0,
         antialias: int_attr(cx, "antialias", 0)? != 0,
     };
-    let ev = cx.attr(cx.op.attrs.float_or("extrapolation_value", 0.0))? as f64;
+    let ev = cx.attr(cx.op.to_attrs().float_or("extrapolation_value", 0.0))? as f64;
     let policy = str_attr(cx, "keep_aspect_ratio_policy", "stretch")?;
-    let axes = match cx.attr(cx.op.attrs.ints("axes"))? {
+    let axes = match cx.attr(cx.op.to_attrs().ints("axes"))? {
         Some(a) => unique_axes(cx, &a, r)?,
         None => (0..r).collect(),
     };

@@ -76,11 +76,11 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
 // ---------------------------------------------------------------------------
 
 fn attr_i(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
+    cx.attr(cx.op.to_attrs().int_or(name, default))
 }
 
 fn attr_f(cx: &OpCx<'_>, name: &str, default: f32) -> R<f64> {
-    Ok(cx.attr(cx.op.attrs.float_or(name, default))? as f64)
+    Ok(cx.attr(cx.op.to_attrs().float_or(name, default))? as f64)
 }
 
 /// Dimensions of operand `i`.
@@ -558,7 +558,7 @@ fn group_norm(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let c = xd[1];
     check_per_channel(cx, c)?;
-    let g = cx.attr(cx.op.attrs.req_int("num_groups"))?;
+    let g = cx.attr(cx.op.to_attrs().req_int("num_groups"))?;
     let g = usize::try_from(g)
         .ok()
         .filter(|&g| g > 0 && g <= c.max(1) && c % g == 0)
@@ -648,7 +648,7 @@ fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
     let alpha = attr_f(cx, "alpha", 1e-4)?;
     let beta = attr_f(cx, "beta", 0.75)?;
     let bias = attr_f(cx, "bias", 1.0)?;
-    let size = cx.attr(cx.op.attrs.req_int("size"))?;
+    let size = cx.attr(cx.op.to_attrs().req_int("size"))?;
     if size < 1 {
         return Err(cx.unsupported(format!("size = {size}")));
     }
@@ -744,7 +744,7 @@ fn lp_norm(cx: &OpCx<'_>) -> R<Lowered> {
 fn mvn(cx: &OpCx<'_>) -> R<Lowered> {
     let (_, ct) = float_x(cx)?;
     let xd = dims(cx, 0)?;
-    let axes = cx.attr(cx.op.attrs.ints_or("axes", vec![0, 2, 3]))?;
+    let axes = cx.attr(cx.op.to_attrs().ints_or("axes", vec![0, 2, 3]))?;
     let mut reduced = vec![false; xd.len()];
     for a in axes {
         reduced[norm_axis(cx, a, xd.len())?] = true;
@@ -1046,7 +1046,7 @@ impl Act {
 /// The activations of every direction (`defaults.len()` per direction), with the
 /// alphas and betas consumed in order, as the reference evaluator reads them.
 fn activations(cx: &OpCx<'_>, defaults: &[&str], nd: usize) -> R<Vec<Act>> {
-    let attrs = &cx.op.attrs;
+    let attrs = &cx.op.to_attrs();
     let names: Vec<String> = match cx.attr(attrs.strings("activations"))? {
         Some(v) if !v.is_empty() => v,
         _ => defaults.iter().map(|s| s.to_string()).collect(),
@@ -1323,7 +1323,7 @@ fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
         _ => Cell::Rnn,
     };
     let (xdt, ct) = float_x(cx)?;
-    let attrs = &cx.op.attrs;
+    let attrs = &cx.op.to_attrs();
     let layout = attr_i(cx, "layout", 0)?;
     if layout != 0 && layout != 1 {
         return Err(cx.unsupported(format!("layout = {layout}")));

@@ -316,7 +316,7 @@ fn pool_window(cx: &OpCx<'_>, xd: &[usize]) -> R<Vec<WinDim>> {
         return Err(cx.unsupported(format!("input of shape {xd:?}: [N, C, D1, ...] expected")));
     }
     let r = xd.len() - 2;
-    let kernel: Vec<usize> = match cx.attr(cx.op.attrs.ints("kernel_shape"))? {
+    let kernel: Vec<usize> = match cx.attr(cx.op.to_attrs().ints("kernel_shape"))? {
         Some(k) if k.len() == r && k.iter().all(|&v| (1..=1 << 24).contains(&v)) => {
             k.into_iter().map(|v| v as usize).collect()
         }

@@ -71,7 +71,7 @@ pub(super) fn constant_of_shape(cx: &Cx) -> Result<Tensor, EvalError> {
         .into_iter()
         .map(|d| to_usize(cx, d, "dimension"))
         .collect::<Result<_, _>>()?;
-    let value = cx.attr(cx.op.attrs.tensor("value"))?;
+    let value = cx.attr(cx.op.to_attrs().tensor("value"))?;
     let dt = value.as_ref().map_or(DType::F32, Tensor::dtype);
     let ty = out_checked(cx, 0, dt, &dims)?;
     let fill = match &value {

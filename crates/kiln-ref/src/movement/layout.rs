@@ -134,7 +134,7 @@ pub(super) fn shape(cx: &Cx) -> Result<Tensor, EvalError> {
     let r = xd.len() as i64;
     let clamp = |v: i64| (if v < 0 { v.saturating_add(r) } else { v }).clamp(0, r) as usize;
     let start = clamp(int_attr(cx, "start", 0)?);
-    let end = match cx.attr(cx.op.attrs.int("end"))? {
+    let end = match cx.attr(cx.op.to_attrs().int("end"))? {
         Some(e) => clamp(e),
         None => xd.len(),
     };
@@ -208,7 +208,7 @@ pub(super) fn transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let xd = x.shape().dims();
     let r = xd.len();
-    let perm: Vec<usize> = match cx.attr(cx.op.attrs.ints("perm"))? {
+    let perm: Vec<usize> = match cx.attr(cx.op.to_attrs().ints("perm"))? {
         Some(p) => {
             if p.len() != r {
                 return Err(cx.invalid(format!("perm {p:?} for rank {r}")));
@@ -376,7 +376,7 @@ pub(super) fn concat(cx: &Cx) -> Result<Tensor, EvalError> {
     let first = *ins.first().ok_or_else(|| cx.invalid("no inputs"))?;
     let d0 = first.shape().dims();
     let r = d0.len();
-    let a = cx.axis(cx.attr(cx.op.attrs.req_int("axis"))?, r)?;
+    let a = cx.axis(cx.attr(cx.op.to_attrs().req_int("axis"))?, r)?;
     let mut out = d0.to_vec();
     out[a] = 0;
     for t in &ins {
@@ -427,7 +427,7 @@ pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
             return Err(cx.invalid(format!("split {s:?} does not sum to {n}")));
         }
         s
-    } else if let Some(k) = cx.attr(cx.op.attrs.int("num_outputs"))? {
+    } else if let Some(k) = cx.attr(cx.op.to_attrs().int("num_outputs"))? {
         let k = to_usize(cx, k, "num_outputs")?;
         if k == 0 {
             return Err(cx.invalid("num_outputs 0"));
@@ -481,7 +481,7 @@ fn nchw_block(cx: &Cx, x: &Tensor) -> Result<([usize; 4], usize), EvalError> {
     let dims: [usize; 4] = d
         .try_into()
         .map_err(|_| cx.invalid(format!("input rank {} is not 4", d.len())))?;
-    let b = to_usize(cx, cx.attr(cx.op.attrs.req_int("blocksize"))?, "blocksize")?;
+    let b = to_usize(cx, cx.attr(cx.op.to_attrs().req_int("blocksize"))?, "blocksize")?;
     if b == 0 {
         return Err(cx.invalid("blocksize 0"));
     }

@@ -134,12 +134,12 @@ pub(super) use crate::util::out_checked;
 
 /// An integer attribute with a default.
 pub(super) fn int_attr(cx: &Cx, name: &str, default: i64) -> Result<i64, EvalError> {
-    cx.attr(cx.op.attrs.int_or(name, default))
+    cx.attr(cx.op.to_attrs().int_or(name, default))
 }
 
 /// A string attribute with a default.
 pub(super) fn str_attr(cx: &Cx, name: &str, default: &str) -> Result<String, EvalError> {
-    cx.attr(cx.op.attrs.string_or(name, default.to_string()))
+    cx.attr(cx.op.to_attrs().string_or(name, default.to_string()))
 }
 
 /// Converts a count from the operands into `usize`, or an error.

@@ -299,13 +299,13 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
     };
     let params = Params {
         mode,
-        cubic_a: cx.attr(cx.op.attrs.float_or("cubic_coeff_a", -0.75))? as f64,
+        cubic_a: cx.attr(cx.op.to_attrs().float_or("cubic_coeff_a", -0.75))? as f64,
         exclude_outside: int_attr(cx, "exclude_outside", 0)? != 0,
         antialias: int_attr(cx, "antialias", 0)? != 0,
     };
-    let ev = cx.attr(cx.op.attrs.float_or("extrapolation_value", 0.0))? as f64;
+    let ev = cx.attr(cx.op.to_attrs().float_or("extrapolation_value", 0.0))? as f64;
     let policy = str_attr(cx, "keep_aspect_ratio_policy", "stretch")?;
-    let axes = match cx.attr(cx.op.attrs.ints("axes"))? {
+    let axes = match cx.attr(cx.op.to_attrs().ints("axes"))? {
         Some(a) => unique_axes(cx, &a, r)?,
         None => (0..r).collect(),
     };
