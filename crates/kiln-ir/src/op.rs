@@ -9,7 +9,9 @@
 //!   always **inputs** here;
 //! - optional inputs that are absent are `None` in the node's input list;
 //! - attributes keep their ONNX names and types; an attribute that is absent takes
-//!   its ONNX default.
+//!   its ONNX default. Front ends hand them over in string-keyed form ([`Attrs`]);
+//!   [`Op::parse`] turns them into the op family's typed struct ([`crate::attrs`]),
+//!   validated once, and every later stage reads the struct.
 
 use crate::attrs::{OpAttrs, OpAttrsOf, WindowAttrs};
 use crate::tensor::Tensor;
@@ -155,30 +157,11 @@ impl AttrError {
     }
 }
 
-/// Attributes of one op, kept sorted by name (so printing is deterministic).
+/// Attributes of one op in string-keyed form, kept sorted by name (so printing is
+/// deterministic). This is the interchange form of the front ends and the text format;
+/// an [`Op`] holds them parsed ([`Op::parse`]), and later stages read the typed struct.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Attrs(Vec<(String, Attr)>);
-
-macro_rules! attr_getters {
-    ($($get:ident, $or:ident, $variant:ident, $t:ty, $kind:literal);* $(;)?) => {$(
-        /// The attribute if present with this kind; an error if present with another kind.
-        pub fn $get(&self, name: &str) -> Result<Option<$t>, AttrError> {
-            match self.get(name) {
-                None => Ok(None),
-                Some(Attr::$variant(v)) => Ok(Some(v.clone())),
-                Some(a) => Err(AttrError::WrongKind {
-                    name: name.to_string(),
-                    expected: $kind,
-                    found: a.kind_name(),
-                }),
-            }
-        }
-        /// The attribute, or `default` when absent; an error if present with another kind.
-        pub fn $or(&self, name: &str, default: $t) -> Result<$t, AttrError> {
-            Ok(self.$get(name)?.unwrap_or(default))
-        }
-    )*};
-}
 
 impl Attrs {
     /// No attributes.
@@ -225,26 +208,6 @@ impl Attrs {
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
-    }
-
-    attr_getters! {
-        int, int_or, Int, i64, "int";
-        float, float_or, Float, f32, "float";
-        string, string_or, String, String, "string";
-        ints, ints_or, Ints, Vec<i64>, "ints";
-        floats, floats_or, Floats, Vec<f32>, "floats";
-        strings, strings_or, Strings, Vec<String>, "strings";
-        tensor, tensor_or, Tensor, Tensor, "tensor";
-    }
-
-    /// A required attribute of kind int.
-    pub fn req_int(&self, name: &str) -> Result<i64, AttrError> {
-        self.int(name)?.ok_or_else(|| AttrError::Missing(name.to_string()))
-    }
-
-    /// A required attribute of kind ints.
-    pub fn req_ints(&self, name: &str) -> Result<Vec<i64>, AttrError> {
-        self.ints(name)?.ok_or_else(|| AttrError::Missing(name.to_string()))
     }
 }
 
@@ -321,9 +284,7 @@ mod tests {
         let a = Attrs::new().with("b", Attr::Int(2)).with("a", Attr::Float(1.0));
         let names: Vec<_> = a.iter().map(|(n, _)| n).collect();
         assert_eq!(names, vec!["a", "b"]);
-        assert_eq!(a.int_or("b", 0), Ok(2));
-        assert_eq!(a.int_or("c", 7), Ok(7));
-        assert!(a.int("a").is_err());
-        assert!(a.req_int("c").is_err());
+        assert_eq!(a.get("b"), Some(&Attr::Int(2)));
+        assert_eq!(a.get("c"), None);
     }
 }
