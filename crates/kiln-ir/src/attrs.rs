@@ -7,7 +7,7 @@
 //! the fields; none of them looks an attribute up by name.
 //!
 //! Each struct field carries its ONNX name and default in one place (the
-//! [`attr_structs!`] table below): an absent attribute takes its default, a
+//! `attr_structs!` table below): an absent attribute takes its default, a
 //! required one that is absent is an [`AttrError::Missing`], one of the wrong kind
 //! is an [`AttrError::WrongKind`], and a value out of range (a flag other than
 //! 0/1, a string outside its enum, an unknown dtype code, `group < 1`, …) is an
@@ -855,6 +855,14 @@ macro_rules! op_attrs {
                 }
             }
 
+            /// The name of the attribute struct (`"None"` for none).
+            pub fn family(&self) -> &'static str {
+                match self {
+                    OpAttrs::None => "None",
+                    $(OpAttrs::$variant(_) => stringify!($t),)*
+                }
+            }
+
             /// The string-keyed form (see the module docs).
             pub fn to_attrs(&self) -> Attrs {
                 let mut out = Attrs::new();
@@ -1020,6 +1028,21 @@ mod tests {
         assert!(bad(OpKind::Cast, "to", Attr::Int(99)).contains("not a dtype code"));
         assert!(OpAttrs::parse(OpKind::Cast, &Attrs::new()).unwrap_err().to_string().contains("`to`"));
         assert!(OpAttrs::parse(OpKind::Concat, &Attrs::new()).is_err());
+    }
+
+    #[test]
+    fn typed_ops_keep_their_family() {
+        let mut g = GemmAttrs::default();
+        g.trans_b = true;
+        let op = crate::op::Op::with_typed(OpKind::Gemm, g.clone()).unwrap();
+        assert_eq!(op.attrs_of::<GemmAttrs>().unwrap(), &g);
+        assert!(op.attrs_of::<ConvAttrs>().is_err());
+        assert_eq!(op.to_attrs(), Attrs::new().with("transB", Attr::Int(1)));
+        let e = crate::op::Op::with_typed(OpKind::Conv, g).unwrap_err();
+        assert_eq!(e.to_string(), "Conv has no GemmAttrs");
+        // Kinds with required attributes get none from Op::new, and say so when asked.
+        let cast = crate::op::Op::new(OpKind::Cast);
+        assert_eq!(cast.attrs_of::<CastAttrs>().unwrap_err().to_string(), "Cast has no CastAttrs");
     }
 
     #[test]

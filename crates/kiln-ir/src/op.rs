@@ -241,7 +241,7 @@ impl Op {
     pub fn with_typed(kind: OpKind, attrs: impl Into<OpAttrs>) -> Result<Op, AttrError> {
         let attrs = attrs.into();
         if !attrs.fits(kind) {
-            return Err(AttrError::NotOfOp { op: kind, family: "attributes of this kind" });
+            return Err(AttrError::NotOfOp { op: kind, family: attrs.family() });
         }
         Ok(Op { kind, attrs })
     }

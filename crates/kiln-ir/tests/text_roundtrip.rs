@@ -500,6 +500,20 @@ fn errors_name_line_and_column() {
     let head = "graph @g(%0: f32[2,2] \"x\") -> (%1) {\n";
     check_err(&format!("{head}  %1 = Foo(%0) : f32[2,2]\n}}\n"), 2, 8, "unknown op `Foo`");
     check_err(&format!("{head}  %1 = Relu(%7) : f32[2,2]\n}}\n"), 2, 13, "value %7 used before definition");
+    // Attributes are checked as the op is built; the error names op, node and attribute.
+    check_err(
+        &format!("{head}  %1 = Softmax(%0) {{axis = 1.5}} : f32[2,2] node \"sm\"\n}}\n"),
+        2,
+        8,
+        "Softmax (node \"sm\"): attribute `axis` should be int, found float",
+    );
+    check_err(&format!("{head}  %1 = Cast(%0) : f32[2,2]\n}}\n"), 2, 8, "Cast: required attribute `to` is missing");
+    check_err(
+        &format!("{head}  %1 = Resize(%0) {{mode = \"bicubic\"}} : f32[2,2]\n}}\n"),
+        2,
+        8,
+        "attribute `mode` must be one of nearest, linear, cubic, got \"bicubic\"",
+    );
     check_err(&format!("{head}  %1 = Relu(%1) : f32[2,2]\n}}\n"), 2, 13, "value %1 used before definition");
     check_err(&format!("{head}  %1 = const f32[2,2] blob(3)\n}}\n"), 2, 28, "blob 3 not defined");
     check_err(
