@@ -213,7 +213,6 @@ impl Scalar {
     }
 }
 
-
 fn dtype(cx: &OpCx<'_>, i: usize) -> R<DType> {
     Ok(cx.input_ty(i)?.dtype)
 }

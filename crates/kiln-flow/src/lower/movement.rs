@@ -1848,12 +1848,8 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
         ka::NearestMode::Floor => NearestMode::Floor,
         ka::NearestMode::Ceil => NearestMode::Ceil,
     };
-    let params = Interp {
-        mode,
-        cubic_a: ra.cubic_coeff_a as f64,
-        exclude_outside: ra.exclude_outside,
-        antialias: ra.antialias,
-    };
+    let params =
+        Interp { mode, cubic_a: ra.cubic_coeff_a as f64, exclude_outside: ra.exclude_outside, antialias: ra.antialias };
     let ev = ra.extrapolation_value as f64;
     let policy = ra.keep_aspect_ratio_policy;
     let axes = match &ra.axes {
@@ -1894,9 +1890,7 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
             let common = match policy {
                 ka::KeepAspectRatioPolicy::Stretch => None,
                 ka::KeepAspectRatioPolicy::NotLarger => Some(ratios.iter().copied().fold(f64::INFINITY, f64::min)),
-                ka::KeepAspectRatioPolicy::NotSmaller => {
-                    Some(ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max))
-                }
+                ka::KeepAspectRatioPolicy::NotSmaller => Some(ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
             };
             for (&a, v) in axes.iter().zip(ratios) {
                 scale[a] = common.unwrap_or(v);

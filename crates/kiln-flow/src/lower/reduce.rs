@@ -22,8 +22,8 @@ use kiln_ir::attrs::{ArgReduceAttrs, PoolAttrs, ReduceAttrs};
 use kiln_ir::{DType, OpKind};
 
 use super::linalg::{
-    and, dims, empty_step, expect_out, finish, float_to, fold, in_range, int_bounds, one, sliding_window,
-    types, WinDim, R,
+    and, dims, empty_step, expect_out, finish, float_to, fold, in_range, int_bounds, one, sliding_window, types,
+    WinDim, R,
 };
 use super::{compute, flat_index, norm_axis, unflatten, LowerError, Lowered, OpCx};
 use crate::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
