@@ -378,7 +378,7 @@ fn average_pool(dims: [usize; 4], kernel: [i64; 2], strides: [i64; 2], pads: [i6
     a.set("strides", Attr::Ints(strides.to_vec()));
     a.set("pads", Attr::Ints(pads.to_vec()));
     a.set("count_include_pad", Attr::Int(include_pad as i64));
-    let op = Op::with_attrs(OpKind::AveragePool, a);
+    let op = Op::parse(OpKind::AveragePool, &a).unwrap();
     let x = tt(&dims);
     let out = infer(&op, &[Some(InferInput { ty: &x, value: None })], 1).expect("infer");
     let ins = [Some(OpInput { ty: &x, value: None })];

@@ -14,7 +14,7 @@ fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
     for (n, v) in attrs {
         a.set(*n, v.clone());
     }
-    Op::with_attrs(kind, a)
+    Op::parse(kind, &a).unwrap()
 }
 
 fn i64s(v: &[i64]) -> Tensor {
@@ -266,8 +266,8 @@ fn cases() -> Vec<Case> {
 }
 
 fn out_count(op: &Op, ninfer: &[Option<InferInput<'_>>]) -> usize {
-    if let Some(Attr::Int(n)) = op.attrs.get("num_outputs") {
-        return *n as usize;
+    if let Some(n) = op.attrs_of::<kiln_ir::attrs::SplitAttrs>().ok().and_then(|a| a.num_outputs) {
+        return n as usize;
     }
     (1..=3).rev().find(|&n| infer(op, ninfer, n).is_ok()).unwrap_or(1)
 }

@@ -15,12 +15,9 @@ use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor};
 // Helpers.
 // ---------------------------------------------------------------------------
 
-
-
 fn ints_attr(v: &[i64]) -> Attr {
     Attr::Ints(v.to_vec())
 }
-
 
 fn i64s(v: &[i64]) -> Tensor {
     ints(&[v.len()], v)
@@ -56,8 +53,8 @@ fn check_mixed(op: &Op, inputs: &[Option<Tensor>], consts: &[bool], tol: Tol) {
 
 fn out_count(op: &Op, inputs: &[Option<Tensor>]) -> usize {
     let ninfer = infer_inputs(inputs);
-    if let Some(Attr::Int(n)) = op.attrs.get("num_outputs") {
-        return *n as usize;
+    if let Some(n) = op.attrs_of::<kiln_ir::attrs::SplitAttrs>().ok().and_then(|a| a.num_outputs) {
+        return n as usize;
     }
     (1..=3).rev().find(|&n| infer(op, &ninfer, n).is_ok()).unwrap_or(1)
 }

@@ -58,6 +58,17 @@ pub enum InferError {
     Unsupported(String),
 }
 
+impl InferError {
+    /// The error of an op of kind `kind` whose attributes did not parse, in the form
+    /// inference gives its own errors (prefixed with the op name).
+    pub fn attr(kind: crate::op::OpKind, e: crate::op::AttrError) -> InferError {
+        match e {
+            crate::op::AttrError::Unsupported { .. } => InferError::Unsupported(format!("{kind}: {e}")),
+            e => InferError::Invalid(format!("{kind}: {e}")),
+        }
+    }
+}
+
 /// Result types of `op` applied to `inputs` (`None` = absent optional input).
 ///
 /// Returns exactly `num_outputs` types: the node's first `num_outputs` results.

@@ -12,6 +12,7 @@
 //! - [`npy`]: reading and writing `.npy` files.
 #![deny(missing_docs)]
 
+pub mod attrs;
 pub mod dtype;
 pub mod entity;
 pub mod graph;
@@ -24,6 +25,7 @@ pub mod tensor;
 pub mod text;
 pub mod verify;
 
+pub use attrs::OpAttrs;
 pub use dtype::DType;
 pub use graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
 pub use op::{Attr, Attrs, Op, OpKind};

@@ -9,8 +9,11 @@
 //!   always **inputs** here;
 //! - optional inputs that are absent are `None` in the node's input list;
 //! - attributes keep their ONNX names and types; an attribute that is absent takes
-//!   its ONNX default.
+//!   its ONNX default. Front ends hand them over in string-keyed form ([`Attrs`]);
+//!   [`Op::parse`] turns them into the op family's typed struct ([`crate::attrs`]),
+//!   validated once, and every later stage reads the struct.
 
+use crate::attrs::{OpAttrs, OpAttrsOf, WindowAttrs};
 use crate::tensor::Tensor;
 use core::fmt;
 use core::str::FromStr;
@@ -66,11 +69,7 @@ pub struct UnknownOp(pub String);
 impl FromStr for OpKind {
     type Err = UnknownOp;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        OpKind::ALL
-            .iter()
-            .copied()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownOp(s.to_string()))
+        OpKind::ALL.iter().copied().find(|k| k.name() == s).ok_or_else(|| UnknownOp(s.to_string()))
     }
 }
 
@@ -124,32 +123,45 @@ pub enum AttrError {
         /// Kind found.
         found: &'static str,
     },
+    /// The attribute has a value the op does not accept.
+    #[error("attribute `{name}` {reason}")]
+    Invalid {
+        /// Attribute name.
+        name: String,
+        /// What is wrong with the value.
+        reason: String,
+    },
+    /// The attribute has a valid value kiln does not support.
+    #[error("attribute `{name}` = {reason}")]
+    Unsupported {
+        /// Attribute name.
+        name: String,
+        /// What kiln does not support.
+        reason: String,
+    },
+    /// The op's attributes are not of the family asked for (a bug in the caller, or an
+    /// op built by [`Op::new`] without its required attributes).
+    #[error("{op} has no {family}")]
+    NotOfOp {
+        /// The op.
+        op: OpKind,
+        /// The attribute struct asked for.
+        family: &'static str,
+    },
 }
 
-/// Attributes of one op, kept sorted by name (so printing is deterministic).
+impl AttrError {
+    /// An [`AttrError::Invalid`].
+    pub fn invalid(name: &str, reason: impl Into<String>) -> AttrError {
+        AttrError::Invalid { name: name.to_string(), reason: reason.into() }
+    }
+}
+
+/// Attributes of one op in string-keyed form, kept sorted by name (so printing is
+/// deterministic). This is the interchange form of the front ends and the text format;
+/// an [`Op`] holds them parsed ([`Op::parse`]), and later stages read the typed struct.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Attrs(Vec<(String, Attr)>);
-
-macro_rules! attr_getters {
-    ($($get:ident, $or:ident, $variant:ident, $t:ty, $kind:literal);* $(;)?) => {$(
-        /// The attribute if present with this kind; an error if present with another kind.
-        pub fn $get(&self, name: &str) -> Result<Option<$t>, AttrError> {
-            match self.get(name) {
-                None => Ok(None),
-                Some(Attr::$variant(v)) => Ok(Some(v.clone())),
-                Some(a) => Err(AttrError::WrongKind {
-                    name: name.to_string(),
-                    expected: $kind,
-                    found: a.kind_name(),
-                }),
-            }
-        }
-        /// The attribute, or `default` when absent; an error if present with another kind.
-        pub fn $or(&self, name: &str, default: $t) -> Result<$t, AttrError> {
-            Ok(self.$get(name)?.unwrap_or(default))
-        }
-    )*};
-}
 
 impl Attrs {
     /// No attributes.
@@ -180,10 +192,7 @@ impl Attrs {
 
     /// The attribute, if present.
     pub fn get(&self, name: &str) -> Option<&Attr> {
-        self.0
-            .binary_search_by(|(n, _)| n.as_str().cmp(name))
-            .ok()
-            .map(|i| &self.0[i].1)
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok().map(|i| &self.0[i].1)
     }
 
     /// All attributes, sorted by name.
@@ -200,46 +209,61 @@ impl Attrs {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-
-    attr_getters! {
-        int, int_or, Int, i64, "int";
-        float, float_or, Float, f32, "float";
-        string, string_or, String, String, "string";
-        ints, ints_or, Ints, Vec<i64>, "ints";
-        floats, floats_or, Floats, Vec<f32>, "floats";
-        strings, strings_or, Strings, Vec<String>, "strings";
-        tensor, tensor_or, Tensor, Tensor, "tensor";
-    }
-
-    /// A required attribute of kind int.
-    pub fn req_int(&self, name: &str) -> Result<i64, AttrError> {
-        self.int(name)?.ok_or_else(|| AttrError::Missing(name.to_string()))
-    }
-
-    /// A required attribute of kind ints.
-    pub fn req_ints(&self, name: &str) -> Result<Vec<i64>, AttrError> {
-        self.ints(name)?.ok_or_else(|| AttrError::Missing(name.to_string()))
-    }
 }
 
-/// An operator with its attributes.
+/// An operator with its typed attributes.
+///
+/// The attributes are parsed and validated when the op is built ([`Op::parse`]), so
+/// readers take the typed struct ([`Op::attrs_of`]) and never look a name up.
+/// `kind` is public to read; the attributes are private so that they always belong
+/// to the family of `kind`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Op {
     /// Which operator.
     pub kind: OpKind,
-    /// Its attributes.
-    pub attrs: Attrs,
+    attrs: OpAttrs,
 }
 
 impl Op {
-    /// An op without attributes.
+    /// An op with default attributes. For a kind with required attributes (Cast,
+    /// Concat, …) the op has none, and [`Op::attrs_of`] reports that; use
+    /// [`Op::parse`] or [`Op::with_typed`] for those.
     pub fn new(kind: OpKind) -> Op {
-        Op { kind, attrs: Attrs::new() }
+        Op { kind, attrs: OpAttrs::parse(kind, &Attrs::new()).unwrap_or(OpAttrs::None) }
     }
 
-    /// An op with attributes.
-    pub fn with_attrs(kind: OpKind, attrs: Attrs) -> Op {
-        Op { kind, attrs }
+    /// An op with attributes in string-keyed form, parsed and validated.
+    pub fn parse(kind: OpKind, attrs: &Attrs) -> Result<Op, AttrError> {
+        Ok(Op { kind, attrs: OpAttrs::parse(kind, attrs)? })
+    }
+
+    /// An op with typed attributes; they must be of the family of `kind`.
+    pub fn with_typed(kind: OpKind, attrs: impl Into<OpAttrs>) -> Result<Op, AttrError> {
+        let attrs = attrs.into();
+        if !attrs.fits(kind) {
+            return Err(AttrError::NotOfOp { op: kind, family: attrs.family() });
+        }
+        Ok(Op { kind, attrs })
+    }
+
+    /// The typed attributes.
+    pub fn attrs(&self) -> &OpAttrs {
+        &self.attrs
+    }
+
+    /// The attributes as struct `T`; an error when the op's family is another.
+    pub fn attrs_of<T: OpAttrsOf>(&self) -> Result<&T, AttrError> {
+        T::of(&self.attrs).ok_or(AttrError::NotOfOp { op: self.kind, family: T::FAMILY })
+    }
+
+    /// The sliding-window attributes of a convolution or pool.
+    pub fn window_attrs(&self) -> Result<WindowAttrs<'_>, AttrError> {
+        self.attrs.window().ok_or(AttrError::NotOfOp { op: self.kind, family: "WindowAttrs" })
+    }
+
+    /// The attributes in string-keyed form (for printing and writing out).
+    pub fn to_attrs(&self) -> Attrs {
+        self.attrs.to_attrs()
     }
 }
 
@@ -260,9 +284,7 @@ mod tests {
         let a = Attrs::new().with("b", Attr::Int(2)).with("a", Attr::Float(1.0));
         let names: Vec<_> = a.iter().map(|(n, _)| n).collect();
         assert_eq!(names, vec!["a", "b"]);
-        assert_eq!(a.int_or("b", 0), Ok(2));
-        assert_eq!(a.int_or("c", 7), Ok(7));
-        assert!(a.int("a").is_err());
-        assert!(a.req_int("c").is_err());
+        assert_eq!(a.get("b"), Some(&Attr::Int(2)));
+        assert_eq!(a.get("c"), None);
     }
 }

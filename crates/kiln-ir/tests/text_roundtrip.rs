@@ -6,6 +6,7 @@ use half::{bf16, f16};
 use kiln_ir::entity::EntityId;
 use kiln_ir::text::{parse, print, ParseError};
 use kiln_filetest::fuzz::XorShiftStar as Rng;
+use kiln_ir::attrs::EinsumAttrs;
 use kiln_ir::{Attr, Attrs, DType, Graph, Op, OpKind, Shape, Tensor, TensorType, ValueDef, ValueId};
 
 fn shape(d: &[usize]) -> Shape {
@@ -54,8 +55,9 @@ fn assert_same(a: &Graph, b: &Graph) {
         assert_eq!(na.op.kind, nb.op.kind, "{what}: op");
         assert_eq!(na.inputs, nb.inputs, "{what}: inputs");
         assert_eq!(na.outputs, nb.outputs, "{what}: outputs");
-        assert_eq!(na.op.attrs.len(), nb.op.attrs.len(), "{what}: attribute count");
-        for ((ka, aa), (kb, ab)) in na.op.attrs.iter().zip(nb.op.attrs.iter()) {
+        let (attrs_a, attrs_b) = (na.op.to_attrs(), nb.op.to_attrs());
+        assert_eq!(attrs_a.len(), attrs_b.len(), "{what}: attribute count");
+        for ((ka, aa), (kb, ab)) in attrs_a.iter().zip(attrs_b.iter()) {
             assert_eq!(ka, kb, "{what}: attribute names");
             same_attr(aa, ab, &format!("{what}: attribute {ka}"));
         }
@@ -120,14 +122,14 @@ fn golden_text() {
     let attrs = Attrs::new().with("keepdims", Attr::Int(0)).with("noop_with_empty_axes", Attr::Int(0));
     let (_, r) = g.add_node(
         "",
-        Op::with_attrs(OpKind::ReduceSum, attrs),
+        Op::parse(OpKind::ReduceSum, &attrs).unwrap(),
         vec![Some(mm[0]), Some(axes)],
         vec![(String::new(), ty(DType::F32, &[2]))],
     );
     let split = Attrs::new().with("axis", Attr::Int(0)).with("num_outputs", Attr::Int(2));
     let (_, parts) = g.add_node(
         "split",
-        Op::with_attrs(OpKind::Split, split),
+        Op::parse(OpKind::Split, &split).unwrap(),
         vec![Some(r[0]), None],
         vec![("a".into(), ty(DType::F32, &[1])), (String::new(), ty(DType::F32, &[1]))],
     );
@@ -150,8 +152,8 @@ fn parses_hand_written_text() {
     let src = "// a comment line
 graph @\"my graph\"(%0: f32[] \"in\") -> (%2, %0) {   // trailing comment
   %1 = const f32[3] [1, 2.5e0, -inf]
-  %2 = Clip(%0, _,
-            _) { max = 6.0, \"odd name\" = \"a\\tb\" } : f32[] node \"c\\\"lip\"
+  %2 = Einsum(%0, _,
+            _) { \"equation\" = \"a\\tb\", unknown = 6.0 } : f32[] node \"c\\\"lip\"
 }
 ";
     let g = parse(src).unwrap();
@@ -163,16 +165,16 @@ graph @\"my graph\"(%0: f32[] \"in\") -> (%2, %0) {   // trailing comment
     assert_eq!(c.to_vec::<f32>().unwrap(), vec![1.0, 2.5, f32::NEG_INFINITY]);
     let n = g.nodes.values().next().unwrap();
     assert_eq!(n.name, "c\"lip");
-    assert_eq!(n.op.kind, OpKind::Clip);
+    assert_eq!(n.op.kind, OpKind::Einsum);
     assert_eq!(n.inputs, vec![Some(ValueId::new(0)), None, None]);
-    assert_eq!(n.op.attrs.float("max").unwrap(), Some(6.0));
-    assert_eq!(n.op.attrs.string("odd name").unwrap(), Some("a\tb".to_string()));
+    // A quoted attribute name is an attribute name; attributes the op does not define are dropped.
+    assert_eq!(n.op.attrs_of::<EinsumAttrs>().unwrap().equation, "a\tb");
     assert_eq!(g.outputs, vec![ValueId::new(2), ValueId::new(0)]);
     // The canonical form prints the graph name quoted and the attributes sorted.
     let text = round_trip(&g);
     assert!(text.starts_with("graph @\"my graph\"(%0: f32[] \"in\") -> (%2, %0) {\n"), "{text}");
     assert!(text.contains("%1 = const f32[3] [1.0, 2.5, -inf]\n"), "{text}");
-    assert!(text.contains("{max = 6.0, \"odd name\" = \"a\\tb\"}"), "{text}");
+    assert!(text.contains("{equation = \"a\\tb\"}"), "{text}");
 }
 
 #[test]
@@ -331,75 +333,87 @@ fn random_f32_and_f64_bits() {
     round_trip(&g);
 }
 
-fn every_attr_kind() -> Attrs {
+/// Ops whose attributes between them hold every attribute kind, with awkward values.
+fn every_attr_kind() -> Vec<(OpKind, Attrs)> {
     let big = Tensor::from_vec(shape(&[5, 5]), (0..25).map(|k| k as f32 * 0.5).collect()).unwrap();
-    Attrs::new()
-        .with("i", Attr::Int(-7))
-        .with("i_min", Attr::Int(i64::MIN))
-        .with("i_max", Attr::Int(i64::MAX))
-        .with("f", Attr::Float(0.1))
-        .with("f_neg_zero", Attr::Float(-0.0))
-        .with("f_int", Attr::Float(3.0))
-        .with("f_big", Attr::Float(1e30))
-        .with("f_inf", Attr::Float(f32::NEG_INFINITY))
-        .with("f_nan", Attr::Float(f32::from_bits(0x7FC0_0000)))
-        .with("f_nan_payload", Attr::Float(f32::from_bits(0xFF80_0123)))
-        .with("f_subnormal", Attr::Float(f32::from_bits(3)))
-        .with("s", Attr::String("quote \" backslash \\ newline \n tab \t bell \u{7} é 😀".into()))
-        .with("s_empty", Attr::String(String::new()))
-        .with("ints", Attr::Ints(vec![1, -2, i64::MAX]))
-        .with("ints_empty", Attr::Ints(vec![]))
-        .with("floats", Attr::Floats(vec![1.0, -0.0, f32::INFINITY, f32::from_bits(0x7FC0_0002), 1e-40]))
-        .with("floats_empty", Attr::Floats(vec![]))
-        .with("strings", Attr::Strings(vec!["a".into(), String::new(), "\"q\"".into()]))
-        .with("strings_empty", Attr::Strings(vec![]))
-        .with("t_small", Attr::Tensor(Tensor::scalar(1.5f32)))
-        .with(
-            "t_codes",
-            Attr::Tensor(Tensor::from_codes(DType::F8E4M3FN, shape(&[2]), &[0x38, 0xFE]).unwrap()),
-        )
-        .with("t_big", Attr::Tensor(big))
-        .with("", Attr::Int(0))
-        .with("needs quotes!", Attr::Int(1))
-        .with("dotted.name", Attr::Int(2))
+    let a = Attrs::new;
+    vec![
+        (OpKind::Shape, a().with("start", Attr::Int(-7)).with("end", Attr::Int(i64::MAX))),
+        (OpKind::Concat, a().with("axis", Attr::Int(i64::MIN))),
+        (OpKind::Gemm, a().with("alpha", Attr::Float(0.1)).with("beta", Attr::Float(-0.0))),
+        (OpKind::LeakyRelu, a().with("alpha", Attr::Float(3.0))),
+        (OpKind::Selu, a().with("alpha", Attr::Float(1e30)).with("gamma", Attr::Float(f32::NEG_INFINITY))),
+        (
+            OpKind::HardSigmoid,
+            a().with("alpha", Attr::Float(f32::from_bits(0x7FC0_0000)))
+                .with("beta", Attr::Float(f32::from_bits(0xFF80_0123))),
+        ),
+        (OpKind::Shrink, a().with("bias", Attr::Float(f32::from_bits(3)))),
+        (
+            OpKind::Einsum,
+            a().with("equation", Attr::String("quote \" backslash \\ newline \n tab \t bell \u{7} é 😀".into())),
+        ),
+        (OpKind::Einsum, a().with("equation", Attr::String(String::new()))),
+        (OpKind::Transpose, a().with("perm", Attr::Ints(vec![1, -2, i64::MAX]))),
+        (OpKind::Conv, a().with("strides", Attr::Ints(vec![]))),
+        (
+            OpKind::LSTM,
+            a().with(
+                "activation_alpha",
+                Attr::Floats(vec![1.0, -0.0, f32::INFINITY, f32::from_bits(0x7FC0_0002), 1e-40]),
+            )
+            .with("activation_beta", Attr::Floats(vec![]))
+            .with("activations", Attr::Strings(vec!["a".into(), String::new(), "\"q\"".into()])),
+        ),
+        (OpKind::GRU, a().with("activations", Attr::Strings(vec![]))),
+        (OpKind::ConstantOfShape, a().with("value", Attr::Tensor(Tensor::scalar(1.5f32)))),
+        (
+            OpKind::ConstantOfShape,
+            a().with("value", Attr::Tensor(Tensor::from_codes(DType::F8E4M3FN, shape(&[2]), &[0x38, 0xFE]).unwrap())),
+        ),
+        (OpKind::ConstantOfShape, a().with("value", Attr::Tensor(big))),
+    ]
 }
 
 #[test]
 fn every_attr_kind_round_trips() {
     let mut g = Graph::new("attrs");
     let x = g.add_input("x", ty(DType::F32, &[2]));
-    let (_, y) = g.add_node(
-        "n",
-        Op::with_attrs(OpKind::Identity, every_attr_kind()),
-        vec![Some(x)],
-        vec![("y".into(), ty(DType::F32, &[2]))],
-    );
-    g.outputs = vec![y[0]];
+    let mut outs = Vec::new();
+    for (k, (kind, attrs)) in every_attr_kind().into_iter().enumerate() {
+        let (_, y) = g.add_node(
+            format!("n{k}"),
+            Op::parse(kind, &attrs).unwrap(),
+            vec![Some(x)],
+            vec![(String::new(), ty(DType::F32, &[2]))],
+        );
+        outs.push(y[0]);
+    }
+    g.outputs = outs;
     let text = round_trip(&g);
     for piece in [
-        "\"\" = 0",
-        "\"needs quotes!\" = 1",
-        "dotted.name = 2",
-        "f = 0.1",
-        "f_big = 1e30",
-        "f_int = 3.0",
-        "f_nan = nan",
-        "f_nan_payload = nan(0xFF800123)",
-        "f_neg_zero = -0.0",
-        "f_inf = -inf",
-        "f_subnormal = 4e-45",
-        "floats = [1.0, -0.0, inf, nan(0x7FC00002), 1e-40]",
-        "floats_empty = floats []",
-        "i_min = -9223372036854775808",
-        "ints = [1, -2, 9223372036854775807]",
-        "ints_empty = ints []",
-        "s = \"quote \\\" backslash \\\\ newline \\n tab \\t bell \\u{7} é 😀\"",
-        "s_empty = \"\"",
-        "strings = [\"a\", \"\", \"\\\"q\\\"\"]",
-        "strings_empty = strings []",
-        "t_big = f32[5,5] blob(0)",
-        "t_codes = f8E4M3FN[2] [0x38, 0xFE]",
-        "t_small = f32[] [1.5]",
+        "start = -7",
+        "end = 9223372036854775807",
+        "axis = -9223372036854775808",
+        "alpha = 0.1",
+        "beta = -0.0",
+        "alpha = 3.0",
+        "alpha = 1e30",
+        "gamma = -inf",
+        "alpha = nan",
+        "beta = nan(0xFF800123)",
+        "bias = 4e-45",
+        "activation_alpha = [1.0, -0.0, inf, nan(0x7FC00002), 1e-40]",
+        "activation_beta = floats []",
+        "perm = [1, -2, 9223372036854775807]",
+        "strides = ints []",
+        "equation = \"quote \\\" backslash \\\\ newline \\n tab \\t bell \\u{7} é 😀\"",
+        "equation = \"\"",
+        "activations = [\"a\", \"\", \"\\\"q\\\"\"]",
+        "activations = strings []",
+        "value = f32[5,5] blob(0)",
+        "value = f8E4M3FN[2] [0x38, 0xFE]",
+        "value = f32[] [1.5]",
     ] {
         assert!(text.contains(piece), "missing `{piece}` in\n{text}");
     }
@@ -472,6 +486,20 @@ fn errors_name_line_and_column() {
     let head = "graph @g(%0: f32[2,2] \"x\") -> (%1) {\n";
     check_err(&format!("{head}  %1 = Foo(%0) : f32[2,2]\n}}\n"), 2, 8, "unknown op `Foo`");
     check_err(&format!("{head}  %1 = Relu(%7) : f32[2,2]\n}}\n"), 2, 13, "value %7 used before definition");
+    // Attributes are checked as the op is built; the error names op, node and attribute.
+    check_err(
+        &format!("{head}  %1 = Softmax(%0) {{axis = 1.5}} : f32[2,2] node \"sm\"\n}}\n"),
+        2,
+        8,
+        "Softmax (node \"sm\"): attribute `axis` should be int, found float",
+    );
+    check_err(&format!("{head}  %1 = Cast(%0) : f32[2,2]\n}}\n"), 2, 8, "Cast: required attribute `to` is missing");
+    check_err(
+        &format!("{head}  %1 = Resize(%0) {{mode = \"bicubic\"}} : f32[2,2]\n}}\n"),
+        2,
+        8,
+        "attribute `mode` must be one of nearest, linear, cubic, got \"bicubic\"",
+    );
     check_err(&format!("{head}  %1 = Relu(%1) : f32[2,2]\n}}\n"), 2, 13, "value %1 used before definition");
     check_err(&format!("{head}  %1 = const f32[2,2] blob(3)\n}}\n"), 2, 28, "blob 3 not defined");
     check_err(
@@ -636,9 +664,13 @@ fn sample() -> Graph {
         vec![Some(x), Some(w)],
         vec![("y".into(), ty(DType::F32, &[1, 6]))],
     );
+    for (kind, attrs) in every_attr_kind() {
+        g.add_node("", Op::parse(kind, &attrs).unwrap(), vec![Some(y[0])], vec![(String::new(), ty(DType::F32, &[1]))]);
+    }
+    let split = Attrs::new().with("axis", Attr::Int(-1)).with("num_outputs", Attr::Int(2));
     let (_, parts) = g.add_node(
         "split",
-        Op::with_attrs(OpKind::Split, every_attr_kind()),
+        Op::parse(OpKind::Split, &split).unwrap(),
         vec![Some(y[0]), None, Some(b)],
         vec![("p\u{0}q".into(), ty(DType::F32, &[1, 3])), (String::new(), ty(DType::F32, &[1, 3]))],
     );

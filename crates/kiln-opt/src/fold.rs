@@ -70,14 +70,11 @@ pub fn fold_from_type(op: &Op, operand: &TensorType, out: &TensorType) -> Option
         OpKind::Shape => {
             let r = dims.len() as i64;
             let clamp = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) } as usize;
-            let start = match op.attrs.int_or("start", 0) {
-                Ok(s) => clamp(s),
+            let a = match op.attrs_of::<kiln_ir::attrs::ShapeAttrs>() {
+                Ok(a) => a,
                 Err(e) => return Some(Err(e.to_string())),
             };
-            let end = match op.attrs.int_or("end", r) {
-                Ok(e) => clamp(e),
-                Err(e) => return Some(Err(e.to_string())),
-            };
+            let (start, end) = (clamp(a.start), clamp(a.end.unwrap_or(r)));
             dims[start..end.max(start)].to_vec()
         }
         _ => return None,

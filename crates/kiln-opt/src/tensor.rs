@@ -57,7 +57,7 @@ impl ElideIdentities {
             | OpKind::Squeeze
             | OpKind::Unsqueeze
             | OpKind::Tile => true,
-            OpKind::Transpose => match n.op.attrs.ints("perm") {
+            OpKind::Transpose => match n.op.attrs_of::<kiln_ir::attrs::TransposeAttrs>().map(|a| &a.perm) {
                 Ok(Some(p)) => p.iter().enumerate().all(|(i, &a)| a == i as i64),
                 // Default perm reverses the axes: a no-op for rank ≤ 1.
                 Ok(None) => tx.shape.rank() <= 1,
@@ -264,8 +264,11 @@ struct BatchNormStats {
 /// (values of `g`), when its scale, bias, mean and variance are f32 constants of `m`
 /// values each.
 fn batch_norm_stats(g: &Graph, bn: &Node, inputs: &[Option<ValueId>], m: usize) -> Option<BatchNormStats> {
-    let training = bn.op.attrs.int_or("training_mode", 0).unwrap_or(1) != 0;
-    if bn.op.kind != OpKind::BatchNormalization || bn.outputs.len() != 1 || training {
+    if bn.op.kind != OpKind::BatchNormalization || bn.outputs.len() != 1 {
+        return None;
+    }
+    let attrs = bn.op.attrs_of::<kiln_ir::attrs::BatchNormAttrs>().ok()?;
+    if attrs.training_mode {
         return None;
     }
     let stat = |i: usize| {
@@ -273,7 +276,7 @@ fn batch_norm_stats(g: &Graph, bn: &Node, inputs: &[Option<ValueId>], m: usize) 
         (t.dtype() == kiln_ir::DType::F32).then(|| t.to_vec::<f32>().ok()).flatten().filter(|v| v.len() == m)
     };
     let (scale, bias, mean, var) = (stat(1)?, stat(2)?, stat(3)?, stat(4)?);
-    let eps = bn.op.attrs.float_or("epsilon", 1e-5).ok()? as f64;
+    let eps = attrs.epsilon as f64;
     let s = scale.iter().zip(&var).map(|(&a, &v)| a as f64 / (v as f64 + eps).sqrt()).collect();
     Some(BatchNormStats { s, bias, mean })
 }

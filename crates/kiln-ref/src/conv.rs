@@ -22,6 +22,7 @@ use crate::elementwise::write_f64;
 use crate::linalg::{floats, gemm_acc, requantize, transpose};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
+use kiln_ir::attrs::{ConvAttrs, ConvTransposeAttrs};
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -39,38 +40,26 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 // Attributes shared with pool.rs.
 // ---------------------------------------------------------------------------
 
-/// The `auto_pad` attribute.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum AutoPad {
-    NotSet,
-    SameUpper,
-    SameLower,
-    Valid,
-}
+pub(crate) use kiln_ir::attrs::AutoPad;
 
+/// The `auto_pad` attribute.
 pub(crate) fn auto_pad(cx: &Cx) -> Result<AutoPad, EvalError> {
-    let s = cx.attr(cx.op.attrs.string_or("auto_pad", "NOTSET".to_string()))?;
-    match s.as_str() {
-        "NOTSET" | "" => Ok(AutoPad::NotSet),
-        "SAME_UPPER" => Ok(AutoPad::SameUpper),
-        "SAME_LOWER" => Ok(AutoPad::SameLower),
-        "VALID" => Ok(AutoPad::Valid),
-        other => Err(cx.invalid(format!("auto_pad = {other:?}"))),
-    }
+    Ok(cx.window()?.auto_pad)
 }
 
 /// Bound on strides, dilations, pads and output paddings: far above any real model,
 /// low enough that window arithmetic cannot overflow.
 pub(crate) const MAX_ATTR: i64 = 1 << 24;
 
-/// An ints attribute of `len` positive values (default all `default`).
+/// An ints attribute `name` (value `v`) of `len` positive values (default all `default`).
 pub(crate) fn positive_ints(
     cx: &Cx,
     name: &str,
+    v: Option<&[i64]>,
     len: usize,
     default: usize,
 ) -> Result<Vec<usize>, EvalError> {
-    match cx.attr(cx.op.attrs.ints(name))? {
+    match v {
         None => Ok(vec![default; len]),
         Some(v) if v.is_empty() => Ok(vec![default; len]),
         Some(v) => {
@@ -79,14 +68,14 @@ pub(crate) fn positive_ints(
                     cx.invalid(format!("{name} = {v:?}: {len} values in 1..=2^24 expected"))
                 );
             }
-            Ok(v.into_iter().map(|x| x as usize).collect())
+            Ok(v.iter().map(|&x| x as usize).collect())
         }
     }
 }
 
 /// The `pads` attribute as (begin, end) per spatial dim (non-negative; default 0).
 pub(crate) fn explicit_pads(cx: &Cx, len: usize) -> Result<(Vec<i64>, Vec<i64>), EvalError> {
-    match cx.attr(cx.op.attrs.ints("pads"))? {
+    match cx.window()?.pads {
         None => Ok((vec![0; len], vec![0; len])),
         Some(v) if v.is_empty() => Ok((vec![0; len], vec![0; len])),
         Some(v) => {
@@ -102,8 +91,9 @@ pub(crate) fn explicit_pads(cx: &Cx, len: usize) -> Result<(Vec<i64>, Vec<i64>),
 
 /// The `kernel_shape` attribute, checked against `from_weights` when given.
 fn kernel_shape(cx: &Cx, from_weights: &[usize]) -> Result<Vec<usize>, EvalError> {
-    let k = positive_ints(cx, "kernel_shape", from_weights.len(), 1)?;
-    if cx.op.attrs.get("kernel_shape").is_some() && k != from_weights {
+    let given = cx.window()?.kernel_shape;
+    let k = positive_ints(cx, "kernel_shape", given, from_weights.len(), 1)?;
+    if given.is_some() && k != from_weights {
         return Err(
             cx.invalid(format!("kernel_shape {k:?} differs from the weights' {from_weights:?}"))
         );
@@ -141,8 +131,9 @@ pub(crate) fn same_pads(ap: AutoPad, input: usize, stride: usize, dk: usize) -> 
 fn conv_window(cx: &Cx, input: &[usize], wk: &[usize]) -> Result<Window, EvalError> {
     let r = input.len();
     let kernel = kernel_shape(cx, wk)?;
-    let strides = positive_ints(cx, "strides", r, 1)?;
-    let dilations = positive_ints(cx, "dilations", r, 1)?;
+    let win = cx.window()?;
+    let strides = positive_ints(cx, "strides", win.strides, r, 1)?;
+    let dilations = positive_ints(cx, "dilations", win.dilations, r, 1)?;
     let ap = auto_pad(cx)?;
     let (pb, pe) = explicit_pads(cx, r)?;
     let mut output = Vec::with_capacity(r);
@@ -186,7 +177,7 @@ fn conv_dims(cx: &Cx, xd: &[usize], wd: &[usize]) -> Result<ConvDims, EvalError>
             cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected"))
         );
     }
-    let group = cx.attr(cx.op.attrs.int_or("group", 1))?;
+    let group = cx.attrs::<ConvAttrs>()?.group;
     if group < 1 {
         return Err(cx.invalid(format!("group = {group}")));
     }
@@ -485,7 +476,8 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
             cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected"))
         );
     }
-    let group = cx.attr(cx.op.attrs.int_or("group", 1))?;
+    let ct = cx.attrs::<ConvTransposeAttrs>()?;
+    let group = ct.group;
     if group < 1 {
         return Err(cx.invalid(format!("group = {group}")));
     }
@@ -499,17 +491,17 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     let r = xd.len() - 2;
     let input = &xd[2..];
     let kernel = kernel_shape(cx, &wd[2..])?;
-    let strides = positive_ints(cx, "strides", r, 1)?;
-    let dilations = positive_ints(cx, "dilations", r, 1)?;
-    let out_pad: Vec<i64> = match cx.attr(cx.op.attrs.ints("output_padding"))? {
+    let strides = positive_ints(cx, "strides", ct.strides.as_deref(), r, 1)?;
+    let dilations = positive_ints(cx, "dilations", ct.dilations.as_deref(), r, 1)?;
+    let out_pad: Vec<i64> = match &ct.output_padding {
         None => vec![0; r],
         Some(v) if v.is_empty() => vec![0; r],
-        Some(v) if v.len() == r && v.iter().all(|&p| (0..=MAX_ATTR).contains(&p)) => v,
+        Some(v) if v.len() == r && v.iter().all(|&p| (0..=MAX_ATTR).contains(&p)) => v.clone(),
         Some(v) => return Err(cx.invalid(format!("output_padding = {v:?}"))),
     };
     let ap = auto_pad(cx)?;
     let (pb, pe) = explicit_pads(cx, r)?;
-    let out_shape: Option<Vec<i64>> = match cx.attr(cx.op.attrs.ints("output_shape"))? {
+    let out_shape: Option<Vec<i64>> = match &ct.output_shape {
         Some(v) if v.len() >= r && v.iter().all(|&o| (0..=1 << 40).contains(&o)) => {
             Some(v[v.len() - r..].to_vec())
         }

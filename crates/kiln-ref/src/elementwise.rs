@@ -26,6 +26,10 @@ use crate::util::{broadcast_dims, broadcast_map, Cx};
 use crate::EvalError;
 use half::{bf16, f16};
 use kiln_ir::lowp::{f64_to_f32_odd, int_to_f64_odd, round_binary, BF16_MAX};
+use kiln_ir::attrs::{
+    AlphaOneAttrs, BitShiftAttrs, CastAttrs, CastLikeAttrs, GeluApproximate, GeluAttrs, HardSigmoidAttrs,
+    IsInfAttrs, LeakyReluAttrs, ModAttrs, SeluAttrs, ShiftDirection, ShrinkAttrs,
+};
 use kiln_ir::{lowp, DType, OpKind, Tensor, TensorType};
 use std::cmp::Ordering;
 
@@ -350,15 +354,16 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let ty = cx.out_type(0)?;
     let d = ty.dtype;
-    if cx.kind() == OpKind::Cast {
-        if let Some(code) = cx.attr(cx.op.attrs.int("to"))? {
-            match DType::from_onnx_code(code) {
-                Some(t) if t == d => {}
-                Some(t) => return Err(cx.invalid(format!("`to` is {t}, result dtype is {d}"))),
-                None => return Err(cx.unsupported(format!("cast to ONNX dtype code {code}"))),
-            }
+    let saturate = if cx.kind() == OpKind::Cast {
+        let a = cx.attrs::<CastAttrs>()?;
+        if a.to != d {
+            return Err(cx.invalid(format!("`to` is {}, result dtype is {d}", a.to)));
         }
-    } else if let Some(t) = cx.opt_input(1) {
+        a.saturate
+    } else {
+        cx.attrs::<CastLikeAttrs>()?.saturate
+    };
+    if let (OpKind::CastLike, Some(t)) = (cx.kind(), cx.opt_input(1)) {
         if t.dtype() != d {
             return Err(cx.invalid(format!("target_type is {}, result dtype is {d}", t.dtype())));
         }
@@ -370,7 +375,6 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
             x.shape()
         )));
     }
-    let saturate = cx.attr(cx.op.attrs.int_or("saturate", 1))? != 0;
     let s = x.dtype();
     if s == d {
         return Ok(x.clone());
@@ -435,10 +439,6 @@ fn unary_signed(cx: &Cx) -> Result<Tensor, EvalError> {
     cx.from_i64(ty, &v)
 }
 
-fn attr_f(cx: &Cx, name: &str, default: f32) -> Result<f64, EvalError> {
-    Ok(cx.attr(cx.op.attrs.float_or(name, default))? as f64)
-}
-
 /// Float-only unary ops and activations.
 fn unary_float(cx: &Cx) -> Result<Tensor, EvalError> {
     use OpKind::*;
@@ -475,42 +475,41 @@ fn unary_float(cx: &Cx) -> Result<Tensor, EvalError> {
         Mish => Box::new(|v| v * softplus(v).tanh()),
         HardSwish => Box::new(|v| v * (v / 6.0 + 0.5).clamp(0.0, 1.0)),
         Celu => {
-            let a = attr_f(cx, "alpha", 1.0)?;
+            let a = cx.attrs::<AlphaOneAttrs>()?.alpha as f64;
             // max(0, x) + min(0, α(e^{x/α} − 1)); f64::max/min would turn NaN into 0.
             Box::new(
                 move |v| if v.is_nan() { v } else { v.max(0.0) + (a * (v / a).exp_m1()).min(0.0) },
             )
         }
         Elu => {
-            let a = attr_f(cx, "alpha", 1.0)?;
+            let a = cx.attrs::<AlphaOneAttrs>()?.alpha as f64;
             Box::new(move |v| if v < 0.0 { a * v.exp_m1() } else { v })
         }
         Selu => {
             // The f32 defaults 1.67326319217681884765625 and 1.05070102214813232421875.
-            let a = attr_f(cx, "alpha", 1.673_263_2)?;
-            let g = attr_f(cx, "gamma", 1.050_701)?;
+            let sa = cx.attrs::<SeluAttrs>()?;
+            let (a, g) = (sa.alpha as f64, sa.gamma as f64);
             Box::new(move |v| if v > 0.0 { g * v } else { g * a * v.exp_m1() })
         }
         HardSigmoid => {
-            let a = attr_f(cx, "alpha", 0.2)?;
-            let b = attr_f(cx, "beta", 0.5)?;
+            let ha = cx.attrs::<HardSigmoidAttrs>()?;
+            let (a, b) = (ha.alpha as f64, ha.beta as f64);
             Box::new(move |v| (a * v + b).clamp(0.0, 1.0))
         }
         LeakyRelu => {
-            let a = attr_f(cx, "alpha", 0.01)?;
+            let a = cx.attrs::<LeakyReluAttrs>()?.alpha as f64;
             Box::new(move |v| if v < 0.0 { a * v } else { v })
         }
         ThresholdedRelu => {
-            let a = attr_f(cx, "alpha", 1.0)?;
+            let a = cx.attrs::<AlphaOneAttrs>()?.alpha as f64;
             Box::new(move |v| if v > a { v } else { 0.0 })
         }
-        Gelu => match cx.attr(cx.op.attrs.string_or("approximate", "none".into()))?.as_str() {
-            "none" => Box::new(|v| 0.5 * v * erfc(-v * std::f64::consts::FRAC_1_SQRT_2)),
-            "tanh" => Box::new(|v| {
+        Gelu => match cx.attrs::<GeluAttrs>()?.approximate {
+            GeluApproximate::None => Box::new(|v| 0.5 * v * erfc(-v * std::f64::consts::FRAC_1_SQRT_2)),
+            GeluApproximate::Tanh => Box::new(|v| {
                 let c = (2.0 / std::f64::consts::PI).sqrt();
                 0.5 * v * (1.0 + (c * (v + 0.044715 * v * v * v)).tanh())
             }),
-            s => return Err(cx.invalid(format!("approximate = `{s}`"))),
         },
         _ => return Err(cx.unsupported("not a unary float operator")),
     };
@@ -611,8 +610,8 @@ fn erfc_cf(x: f64) -> f64 {
 fn shrink(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let ty = out_of_dtype(cx, x.dtype())?;
-    let bias = attr_f(cx, "bias", 0.0)?;
-    let lambd = attr_f(cx, "lambd", 0.5)?;
+    let sa = cx.attrs::<ShrinkAttrs>()?;
+    let (bias, lambd) = (sa.bias as f64, sa.lambd as f64);
     let v: Vec<f64> = read_f64(cx, x)?
         .into_iter()
         .map(|v| {
@@ -635,8 +634,8 @@ fn is_inf_nan(cx: &Cx) -> Result<Tensor, EvalError> {
     let r: Vec<i64> = if cx.kind() == OpKind::IsNaN {
         v.iter().map(|x| x.is_nan() as i64).collect()
     } else {
-        let neg = cx.attr(cx.op.attrs.int_or("detect_negative", 1))? != 0;
-        let pos = cx.attr(cx.op.attrs.int_or("detect_positive", 1))? != 0;
+        let ia = cx.attrs::<IsInfAttrs>()?;
+        let (neg, pos) = (ia.detect_negative, ia.detect_positive);
         v.iter()
             .map(|&x| ((x == f64::INFINITY && pos) || (x == f64::NEG_INFINITY && neg)) as i64)
             .collect()
@@ -656,7 +655,7 @@ fn arith(cx: &Cx) -> Result<Tensor, EvalError> {
     let d = same_dtype(cx, &[a, b])?;
     out_of_dtype(cx, d)?;
     let out = ty.shape.dims();
-    let fmod = k == Mod && cx.attr(cx.op.attrs.int_or("fmod", 0))? != 0;
+    let fmod = k == Mod && cx.attrs::<ModAttrs>()?.fmod;
     if d.is_float() {
         let (x, y) = zip_f64(cx, a, b, out)?;
         let f: fn(f64, f64) -> f64 = match k {
@@ -842,12 +841,7 @@ fn bit_shift(cx: &Cx) -> Result<Tensor, EvalError> {
     if !d.is_unsigned_int() {
         return Err(cx.invalid(format!("{d} operands, unsigned integers required")));
     }
-    let left = match cx.attr(cx.op.attrs.string("direction"))?.as_deref() {
-        Some("LEFT") => true,
-        Some("RIGHT") => false,
-        Some(s) => return Err(cx.invalid(format!("direction = `{s}`"))),
-        None => return Err(cx.invalid("required attribute `direction` is missing")),
-    };
+    let left = cx.attrs::<BitShiftAttrs>()?.direction == ShiftDirection::Left;
     let (x, y) = zip_i64(cx, a, b, ty.shape.dims())?;
     let v: Vec<i64> = x
         .iter()

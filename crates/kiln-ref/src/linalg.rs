@@ -20,6 +20,7 @@
 use crate::elementwise::{read_f64, read_i64, write_f64};
 use crate::util::{broadcast_dims, broadcast_map, row_major_strides, Cx};
 use crate::EvalError;
+use kiln_ir::attrs::{EinsumAttrs, GemmAttrs};
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -398,11 +399,9 @@ fn qlinear_matmul(cx: &Cx) -> Result<Tensor, EvalError> {
 fn gemm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (a, b) = (cx.input(0)?, cx.input(1)?);
     let ty = cx.out_type(0)?;
-    let attrs = &cx.op.attrs;
-    let alpha = cx.attr(attrs.float_or("alpha", 1.0))? as f64;
-    let beta = cx.attr(attrs.float_or("beta", 1.0))? as f64;
-    let ta = cx.attr(attrs.int_or("transA", 0))? != 0;
-    let tb = cx.attr(attrs.int_or("transB", 0))? != 0;
+    let ga = cx.attrs::<GemmAttrs>()?;
+    let (alpha, beta) = (ga.alpha as f64, ga.beta as f64);
+    let (ta, tb) = (ga.trans_a, ga.trans_b);
     let (ad, bd) = (a.shape().dims(), b.shape().dims());
     if ad.len() != 2 || bd.len() != 2 {
         return Err(cx.invalid(format!("Gemm needs 2-D operands, got {ad:?} and {bd:?}")));
@@ -520,9 +519,7 @@ fn term_labels(subs: &[Sub], rank: usize, e_total: usize) -> Result<Vec<usize>, 
 }
 
 fn einsum(cx: &Cx) -> Result<Tensor, EvalError> {
-    let eq = cx
-        .attr(cx.op.attrs.string("equation"))?
-        .ok_or_else(|| cx.invalid("equation is missing"))?;
+    let eq = &cx.attrs::<EinsumAttrs>()?.equation;
     let ty = cx.out_type(0)?;
     let ops: Vec<&Tensor> = (0..cx.inputs.len()).map(|i| cx.input(i)).collect::<Result<_, _>>()?;
     let (lhs, rhs) = match eq.split_once("->") {

@@ -12,6 +12,9 @@ use crate::elementwise::{check_unidirectional, expand, read_f64, write_f64};
 use crate::reduce::split_at_axis;
 use crate::util::Cx;
 use crate::EvalError;
+use kiln_ir::attrs::{
+    BatchNormAttrs, GroupNormAttrs, InstanceNormAttrs, LayerNormAttrs, LpNormAttrs, LrnAttrs, MvnAttrs,
+};
 use kiln_ir::{OpKind, Tensor, TensorType};
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -28,8 +31,15 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     }
 }
 
-fn eps(cx: &Cx, default: f32) -> Result<f64, EvalError> {
-    Ok(cx.attr(cx.op.attrs.float_or("epsilon", default))? as f64)
+/// The `epsilon` of the normalisation being evaluated.
+fn eps(cx: &Cx) -> Result<f64, EvalError> {
+    let e = match cx.kind() {
+        OpKind::BatchNormalization => cx.attrs::<BatchNormAttrs>()?.epsilon,
+        OpKind::InstanceNormalization => cx.attrs::<InstanceNormAttrs>()?.epsilon,
+        OpKind::LayerNormalization => cx.attrs::<LayerNormAttrs>()?.epsilon,
+        _ => cx.attrs::<GroupNormAttrs>()?.epsilon,
+    };
+    Ok(e as f64)
 }
 
 /// The float operand `X` and the result type, which must match it.
@@ -76,7 +86,7 @@ fn stats(vals: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
 }
 
 fn batch_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
-    if cx.attr(cx.op.attrs.int_or("training_mode", 0))? != 0 || cx.out_types.len() > 1 {
+    if cx.attrs::<BatchNormAttrs>()?.training_mode || cx.out_types.len() > 1 {
         return Err(cx.unsupported("training mode (only the inference form is supported)"));
     }
     let (x, ty) = x_and_out(cx)?;
@@ -87,7 +97,7 @@ fn batch_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let bias = per_channel(cx, 2, c, "B")?;
     let mean = per_channel(cx, 3, c, "input_mean")?;
     let var = per_channel(cx, 4, c, "input_var")?;
-    let e = eps(cx, 1e-5)?;
+    let e = eps(cx)?;
     let v = x.to_f64_vec();
     let out: Vec<f64> = v
         .iter()
@@ -105,7 +115,7 @@ fn instance_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (n, c, inner) = nc_inner(cx, x)?;
     let scale = per_channel(cx, 1, c, "scale")?;
     let bias = per_channel(cx, 2, c, "B")?;
-    let e = eps(cx, 1e-5)?;
+    let e = eps(cx)?;
     let v = x.to_f64_vec();
     let mut out = vec![0.0; v.len()];
     for b in 0..n {
@@ -125,8 +135,8 @@ fn instance_norm(cx: &Cx) -> Result<Tensor, EvalError> {
 fn layer_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let xd = x.shape().dims();
-    let axis = cx.axis(cx.attr(cx.op.attrs.int_or("axis", -1))?, xd.len())?;
-    let e = eps(cx, 1e-5)?;
+    let axis = cx.axis(cx.attrs::<LayerNormAttrs>()?.axis, xd.len())?;
+    let e = eps(cx)?;
     let outer: usize = xd[..axis].iter().product();
     let inner: usize = xd[axis..].iter().product();
     let s = cx.input(1)?;
@@ -173,14 +183,14 @@ fn layer_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 fn group_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let (n, c, inner) = nc_inner(cx, x)?;
-    let g = cx.attr(cx.op.attrs.req_int("num_groups"))?;
+    let g = cx.attrs::<GroupNormAttrs>()?.num_groups;
     let g = usize::try_from(g)
         .ok()
         .filter(|&g| g > 0 && g <= c.max(1) && c % g == 0)
         .ok_or_else(|| cx.invalid(format!("num_groups = {g} does not divide {c} channels")))?;
     let scale = per_channel(cx, 1, c, "scale")?;
     let bias = per_channel(cx, 2, c, "bias")?;
-    let e = eps(cx, 1e-5)?;
+    let e = eps(cx)?;
     let v = x.to_f64_vec();
     let mut out = vec![0.0; v.len()];
     let per = c / g * inner;
@@ -202,8 +212,9 @@ fn group_norm(cx: &Cx) -> Result<Tensor, EvalError> {
 fn lp_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let xd = x.shape().dims();
-    let axis = cx.axis(cx.attr(cx.op.attrs.int_or("axis", -1))?, xd.len())?;
-    let p = cx.attr(cx.op.attrs.int_or("p", 2))?;
+    let la = cx.attrs::<LpNormAttrs>()?;
+    let axis = cx.axis(la.axis, xd.len())?;
+    let p = la.p;
     if p != 1 && p != 2 {
         return Err(cx.invalid(format!("p = {p}, 1 or 2 expected")));
     }
@@ -229,10 +240,9 @@ fn lp_norm(cx: &Cx) -> Result<Tensor, EvalError> {
 fn lrn(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let (outer, c, inner) = nc_inner(cx, x)?;
-    let alpha = cx.attr(cx.op.attrs.float_or("alpha", 1e-4))? as f64;
-    let beta = cx.attr(cx.op.attrs.float_or("beta", 0.75))? as f64;
-    let bias = cx.attr(cx.op.attrs.float_or("bias", 1.0))? as f64;
-    let size = cx.attr(cx.op.attrs.req_int("size"))?;
+    let la = cx.attrs::<LrnAttrs>()?;
+    let (alpha, beta, bias) = (la.alpha as f64, la.beta as f64, la.bias as f64);
+    let size = la.size;
     if size < 1 {
         return Err(cx.invalid(format!("size = {size}")));
     }
@@ -258,10 +268,10 @@ fn mvn(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, ty) = x_and_out(cx)?;
     let xd = x.shape().dims();
     let rank = xd.len();
-    let axes = cx.attr(cx.op.attrs.ints_or("axes", vec![0, 2, 3]))?;
+    let axes = &cx.attrs::<MvnAttrs>()?.axes;
     let mut red = vec![false; rank];
     for a in axes {
-        red[cx.axis(a, rank)?] = true;
+        red[cx.axis(*a, rank)?] = true;
     }
     let kd: Vec<usize> = xd.iter().zip(&red).map(|(&n, &r)| if r { 1 } else { n }).collect();
     let m: usize = kd.iter().product();

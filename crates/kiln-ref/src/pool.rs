@@ -21,6 +21,7 @@ use crate::elementwise::write_f64;
 use crate::linalg::floats;
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
+use kiln_ir::attrs::PoolAttrs;
 use kiln_ir::{OpKind, Tensor, TensorType};
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -28,14 +29,14 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     match cx.kind() {
         AveragePool => Ok(vec![pool(cx, Kind::Avg)?]),
         LpPool => {
-            let p = cx.attr(cx.op.attrs.int_or("p", 2))?;
+            let p = cx.attrs::<PoolAttrs>()?.p;
             Ok(vec![pool(cx, Kind::Lp(p as f64))?])
         }
         MaxPool => max_pool(cx),
         GlobalAveragePool => Ok(vec![global(cx, Kind::Avg)?]),
         GlobalMaxPool => Ok(vec![global(cx, Kind::Max)?]),
         GlobalLpPool => {
-            let p = cx.attr(cx.op.attrs.int_or("p", 2))?;
+            let p = cx.attrs::<PoolAttrs>()?.p;
             Ok(vec![global(cx, Kind::Lp(p as f64))?])
         }
         _ => Err(cx.unsupported("not a pooling operator")),
@@ -63,16 +64,17 @@ struct Taps {
 fn pool_taps(cx: &Cx, xd: &[usize], ty: &TensorType) -> Result<Taps, EvalError> {
     let input = &xd[2..];
     let r = input.len();
-    let kernel: Vec<usize> = match cx.attr(cx.op.attrs.ints("kernel_shape"))? {
+    let a = cx.attrs::<PoolAttrs>()?;
+    let kernel: Vec<usize> = match &a.kernel_shape {
         Some(k) if k.len() == r && k.iter().all(|&v| (1..=1 << 24).contains(&v)) => {
-            k.into_iter().map(|v| v as usize).collect()
+            k.iter().map(|&v| v as usize).collect()
         }
         Some(k) => return Err(cx.invalid(format!("kernel_shape {k:?} for {r} spatial dims"))),
         None => return Err(cx.invalid("kernel_shape is missing")),
     };
-    let strides = positive_ints(cx, "strides", r, 1)?;
-    let dilations = positive_ints(cx, "dilations", r, 1)?;
-    let ceil_mode = cx.attr(cx.op.attrs.int_or("ceil_mode", 0))? != 0;
+    let strides = positive_ints(cx, "strides", a.strides.as_deref(), r, 1)?;
+    let dilations = positive_ints(cx, "dilations", a.dilations.as_deref(), r, 1)?;
+    let ceil_mode = a.ceil_mode;
     let ap = auto_pad(cx)?;
     let (pb, pe) = explicit_pads(cx, r)?;
     let in_strides = row_major_strides(input);
@@ -182,7 +184,7 @@ fn pool(cx: &Cx, kind: Kind) -> Result<Tensor, EvalError> {
     let ty = cx.out_type(0)?;
     let xd = x.shape().dims();
     let taps = pool_taps(cx, xd, ty)?;
-    let include_pad = cx.attr(cx.op.attrs.int_or("count_include_pad", 0))? != 0;
+    let include_pad = cx.attrs::<PoolAttrs>()?.count_include_pad;
     let xv = floats(cx, x)?;
     let planes = xd[0] * xd[1];
     let in_sz: usize = xd[2..].iter().product();
@@ -222,7 +224,7 @@ fn max_pool(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let xd = x.shape().dims();
     let taps = pool_taps(cx, xd, ty)?;
     let want_idx = cx.out_types.len() > 1;
-    let col_major = cx.attr(cx.op.attrs.int_or("storage_order", 0))? != 0;
+    let col_major = cx.attrs::<PoolAttrs>()?.storage_order;
     let xv = floats(cx, x)?;
     let planes = xd[0] * xd[1];
     let sp = &xd[2..];

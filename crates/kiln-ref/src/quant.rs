@@ -21,6 +21,7 @@ use kiln_ir::lowp::round_binary;
 use crate::reduce::split_at_axis;
 use crate::util::Cx;
 use crate::EvalError;
+use kiln_ir::attrs::{DequantizeAttrs, QuantizeAttrs};
 use kiln_ir::{DType, OpKind, Tensor};
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -38,8 +39,16 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 fn param_index(cx: &Cx, xd: &[usize], sd: &[usize]) -> Result<Vec<usize>, EvalError> {
     let n: usize = xd.iter().product();
     let sn: usize = sd.iter().product();
-    let axis = cx.attr(cx.op.attrs.int_or("axis", 1))?;
-    let block = cx.attr(cx.op.attrs.int_or("block_size", 0))?;
+    let (axis, block) = match cx.kind() {
+        OpKind::QuantizeLinear => {
+            let a = cx.attrs::<QuantizeAttrs>()?;
+            (a.axis, a.block_size)
+        }
+        _ => {
+            let a = cx.attrs::<DequantizeAttrs>()?;
+            (a.axis, a.block_size)
+        }
+    };
     if block < 0 {
         return Err(cx.invalid(format!("block_size = {block}")));
     }
@@ -144,14 +153,15 @@ fn quantize(cx: &Cx) -> Result<Tensor, EvalError> {
     }
     let (s, z, idx) = params(cx, x, d)?;
     let sdt = cx.input(1)?.dtype();
-    let prec = match cx.attr(cx.op.attrs.int("precision"))? {
-        Some(0) | None if sdt.is_float() => sdt,
-        Some(0) | None => DType::F64,
-        Some(c) => {
+    let qa = cx.attrs::<QuantizeAttrs>()?;
+    let prec = match qa.precision {
+        0 if sdt.is_float() => sdt,
+        0 => DType::F64,
+        c => {
             DType::from_onnx_code(c).ok_or_else(|| cx.invalid(format!("precision = {c}")))?
         }
     };
-    let saturate = cx.attr(cx.op.attrs.int_or("saturate", 1))? != 0;
+    let saturate = qa.saturate;
     let xv = read_f64(cx, x)?;
     let zp = |j: usize| z.as_ref().map_or(0.0, |z| z[idx[j]]);
     if d.is_int() {

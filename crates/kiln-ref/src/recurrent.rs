@@ -23,6 +23,7 @@ use crate::elementwise::write_f64;
 use crate::linalg::{floats, gemm_acc, transpose};
 use crate::util::Cx;
 use crate::EvalError;
+use kiln_ir::attrs::{RnnAttrs, RnnDirection};
 use kiln_ir::{OpKind, Tensor, TensorType};
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -89,9 +90,9 @@ impl Act {
 
 /// The activations: `per_dir` per direction, `num_dir` directions.
 fn activations(cx: &Cx, defaults: &[&str], num_dir: usize) -> Result<Vec<Act>, EvalError> {
-    let attrs = &cx.op.attrs;
-    let names: Vec<String> = match cx.attr(attrs.strings("activations"))? {
-        Some(v) if !v.is_empty() => v,
+    let ra = cx.attrs::<RnnAttrs>()?;
+    let names: Vec<String> = match &ra.activations {
+        Some(v) if !v.is_empty() => v.clone(),
         _ => defaults.iter().map(|s| s.to_string()).collect(),
     };
     let per_dir = defaults.len();
@@ -106,8 +107,7 @@ fn activations(cx: &Cx, defaults: &[&str], num_dir: usize) -> Result<Vec<Act>, E
             per_dir * num_dir
         )));
     };
-    let alphas = cx.attr(attrs.floats_or("activation_alpha", Vec::new()))?;
-    let betas = cx.attr(attrs.floats_or("activation_beta", Vec::new()))?;
+    let (alphas, betas) = (&ra.activation_alpha, &ra.activation_beta);
     let (mut ai, mut bi) = (alphas.iter(), betas.iter());
     let mut alpha = |d: f64| ai.next().map_or(d, |&v| v as f64);
     let mut beta = |d: f64| bi.next().map_or(d, |&v| v as f64);
@@ -179,33 +179,29 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         OpKind::GRU => Cell::Gru,
         _ => Cell::Rnn,
     };
-    let attrs = &cx.op.attrs;
+    let ra = cx.attrs::<RnnAttrs>()?;
     let g = cell.gates();
     let x = cx.input(0)?;
     cx.input(1)?; // W is required (read below with its shape checked).
     let r = cx.input(2)?;
-    let layout = cx.attr(attrs.int_or("layout", 0))?;
-    if layout != 0 && layout != 1 {
-        return Err(cx.invalid(format!("layout = {layout}")));
-    }
+    let layout = ra.layout as usize;
     let xd = x.shape().dims();
     if xd.len() != 3 {
         return Err(cx.invalid(format!("X has shape {xd:?}, rank 3 expected")));
     }
     let (seq, batch, input) =
         if layout == 0 { (xd[0], xd[1], xd[2]) } else { (xd[1], xd[0], xd[2]) };
-    let num_dir = match cx.attr(attrs.string_or("direction", "forward".to_string()))?.as_str() {
-        "forward" | "reverse" => 1,
-        "bidirectional" => 2,
-        other => return Err(cx.invalid(format!("direction = {other:?}"))),
+    let num_dir = match ra.direction {
+        RnnDirection::Forward | RnnDirection::Reverse => 1,
+        RnnDirection::Bidirectional => 2,
     };
-    let reverse_only = cx.attr(attrs.string_or("direction", "forward".to_string()))? == "reverse";
+    let reverse_only = ra.direction == RnnDirection::Reverse;
     let rd = r.shape().dims();
     if rd.len() != 3 {
         return Err(cx.invalid(format!("R has shape {rd:?}, rank 3 expected")));
     }
     let hidden = rd[2];
-    if let Some(hs) = cx.attr(attrs.int("hidden_size"))? {
+    if let Some(hs) = ra.hidden_size {
         if hs != hidden as i64 {
             return Err(cx.invalid(format!("hidden_size = {hs}, R has shape {rd:?}")));
         }
@@ -249,12 +245,11 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         },
         num_dir,
     )?;
-    let clip = cx.attr(attrs.float("clip"))?.map(|c| c as f64);
+    let clip = ra.clip.map(|c| c as f64);
     if clip.is_some_and(|c| c.is_nan() || c < 0.0) {
         return Err(cx.invalid(format!("clip = {clip:?}")));
     }
-    let input_forget = cx.attr(attrs.int_or("input_forget", 0))? != 0;
-    let lbr = cx.attr(attrs.int_or("linear_before_reset", 0))? != 0;
+    let (input_forget, lbr) = (ra.input_forget, ra.linear_before_reset);
     // The result types, checked before any work of their size.
     let n_out = cx.out_types.len();
     if n_out > if cell == Cell::Lstm { 3 } else { 2 } {

@@ -16,6 +16,7 @@
 use crate::elementwise::{icmp, int_range, raw_elems, read_f64, read_i64, widen, write_f64};
 use crate::util::{broadcast_map, Cx};
 use crate::EvalError;
+use kiln_ir::attrs::{ArgReduceAttrs, CumSumAttrs, ReduceAttrs, SoftmaxAttrs, TopKAttrs};
 use kiln_ir::{DType, OpKind, Tensor};
 use std::cmp::Ordering;
 
@@ -39,9 +40,6 @@ pub(crate) fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize
     (outer, dims[axis], inner)
 }
 
-fn int_attr(cx: &Cx, name: &str, default: i64) -> Result<i64, EvalError> {
-    cx.attr(cx.op.attrs.int_or(name, default))
-}
 
 use crate::util::out_checked;
 
@@ -68,8 +66,8 @@ fn reduce(cx: &Cx) -> Result<Tensor, EvalError> {
     let d = x.dtype();
     let xd = x.shape().dims();
     let rank = xd.len();
-    let keep = int_attr(cx, "keepdims", 1)? != 0;
-    let noop = int_attr(cx, "noop_with_empty_axes", 0)? != 0;
+    let ra = cx.attrs::<ReduceAttrs>()?;
+    let (keep, noop) = (ra.keepdims, ra.noop_with_empty_axes);
     let axes = match cx.opt_input(1) {
         Some(_) => cx.ints(1)?,
         None => Vec::new(),
@@ -202,9 +200,9 @@ fn arg_reduce(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let d = x.dtype();
     let xd = x.shape().dims();
-    let axis = cx.axis(int_attr(cx, "axis", 0)?, xd.len())?;
-    let keep = int_attr(cx, "keepdims", 1)? != 0;
-    let last = int_attr(cx, "select_last_index", 0)? != 0;
+    let aa = cx.attrs::<ArgReduceAttrs>()?;
+    let axis = cx.axis(aa.axis, xd.len())?;
+    let (keep, last) = (aa.keepdims, aa.select_last_index);
     let greater = cx.kind() == OpKind::ArgMax;
     let red: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
     let ty = out_checked(cx, 0, DType::I64, &reduced_dims(xd, &red, keep))?;
@@ -256,8 +254,8 @@ fn cumsum(cx: &Cx) -> Result<Tensor, EvalError> {
         return Err(cx.invalid("axis must hold one value"));
     }
     let axis = cx.axis(a[0], xd.len())?;
-    let exclusive = int_attr(cx, "exclusive", 0)? != 0;
-    let reverse = int_attr(cx, "reverse", 0)? != 0;
+    let ca = cx.attrs::<CumSumAttrs>()?;
+    let (exclusive, reverse) = (ca.exclusive, ca.reverse);
     let (outer, n, inner) = split_at_axis(xd, axis);
     // Visits every lane in scan order, calling `step(index)`.
     let scan = |f: &mut dyn FnMut(usize, bool)| {
@@ -314,7 +312,7 @@ fn softmax(cx: &Cx) -> Result<Tensor, EvalError> {
     }
     let xd = x.shape().dims();
     let ty = out_checked(cx, 0, d, xd)?;
-    let axis = cx.axis(int_attr(cx, "axis", -1)?, xd.len())?;
+    let axis = cx.axis(cx.attrs::<SoftmaxAttrs>()?.axis, xd.len())?;
     let (outer, n, inner) = split_at_axis(xd, axis);
     let v = x.to_f64_vec();
     let mut out = vec![0.0f64; v.len()];
@@ -362,8 +360,9 @@ fn topk(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let x = cx.input(0)?;
     let d = x.dtype();
     let xd = x.shape().dims();
-    let axis = cx.axis(int_attr(cx, "axis", -1)?, xd.len())?;
-    let largest = int_attr(cx, "largest", 1)? != 0;
+    let ta = cx.attrs::<TopKAttrs>()?;
+    let axis = cx.axis(ta.axis, xd.len())?;
+    let largest = ta.largest;
     let kv = cx.ints(1)?;
     if kv.len() != 1 {
         return Err(cx.invalid("K must hold one value"));

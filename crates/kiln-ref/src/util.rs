@@ -2,6 +2,7 @@
 //! op-named errors, broadcasting, index arithmetic.
 
 use crate::EvalError;
+use kiln_ir::attrs::{OpAttrsOf, WindowAttrs};
 use kiln_ir::op::AttrError;
 use kiln_ir::{DType, Op, OpKind, Tensor, TensorType};
 
@@ -42,6 +43,16 @@ impl<'a> Cx<'a> {
     /// Expected type of result `i`.
     pub fn out_type(&self, i: usize) -> Result<&'a TensorType, EvalError> {
         self.out_types.get(i).ok_or_else(|| self.invalid(format!("result {i} has no type")))
+    }
+
+    /// The op's attributes as struct `T` (parsed and checked when the op was built).
+    pub fn attrs<T: OpAttrsOf>(&self) -> Result<&'a T, EvalError> {
+        self.attr(self.op.attrs_of::<T>())
+    }
+
+    /// The sliding-window attributes of a convolution or pool.
+    pub fn window(&self) -> Result<WindowAttrs<'a>, EvalError> {
+        self.attr(self.op.window_attrs())
     }
 
     /// Converts an attribute error into an op-named error.

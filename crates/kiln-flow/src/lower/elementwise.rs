@@ -32,6 +32,7 @@
 //!   power (1 for base 1, ±1 for base −1, else 0);
 //! - integer Div and Mod by zero give 0 (the reference reports an error).
 
+use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
 use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output};
@@ -210,14 +211,6 @@ impl Scalar {
             }
         }
     }
-}
-
-fn attr_f(cx: &OpCx<'_>, name: &str, default: f32) -> R<f64> {
-    Ok(cx.attr(cx.op.attrs.float_or(name, default))? as f64)
-}
-
-fn attr_i(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
 }
 
 fn dtype(cx: &OpCx<'_>, i: usize) -> R<DType> {
@@ -445,18 +438,20 @@ fn activation(cx: &OpCx<'_>) -> R<Lowered> {
     let kind = cx.op.kind;
     // Attributes (f32 values, as the reference reads them).
     let (a, g) = match kind {
-        Celu | Elu | ThresholdedRelu => (attr_f(cx, "alpha", 1.0)?, 0.0),
-        Selu => (attr_f(cx, "alpha", 1.673_263_2)?, attr_f(cx, "gamma", 1.050_701)?),
-        HardSigmoid => (attr_f(cx, "alpha", 0.2)?, attr_f(cx, "beta", 0.5)?),
-        LeakyRelu => (attr_f(cx, "alpha", 0.01)?, 0.0),
+        Celu | Elu | ThresholdedRelu => (cx.attrs::<ka::AlphaOneAttrs>()?.alpha as f64, 0.0),
+        Selu => {
+            let sa = cx.attrs::<ka::SeluAttrs>()?;
+            (sa.alpha as f64, sa.gamma as f64)
+        }
+        HardSigmoid => {
+            let ha = cx.attrs::<ka::HardSigmoidAttrs>()?;
+            (ha.alpha as f64, ha.beta as f64)
+        }
+        LeakyRelu => (cx.attrs::<ka::LeakyReluAttrs>()?.alpha as f64, 0.0),
         _ => (0.0, 0.0),
     };
     let tanh_gelu = match kind {
-        Gelu => match cx.attr(cx.op.attrs.string_or("approximate", "none".into()))?.as_str() {
-            "none" => false,
-            "tanh" => true,
-            s => return Err(cx.unsupported(format!("approximate = `{s}`"))),
-        },
+        Gelu => cx.attrs::<ka::GeluAttrs>()?.approximate == ka::GeluApproximate::Tanh,
         _ => false,
     };
     map(cx, &[0], |b, v| {
@@ -570,8 +565,8 @@ fn activation(cx: &OpCx<'_>) -> R<Lowered> {
 fn shrink(cx: &OpCx<'_>) -> R<Lowered> {
     let d = dtype(cx, 0)?;
     need(cx, d, d.is_float() || d.is_int(), "a numeric dtype")?;
-    let bias = attr_f(cx, "bias", 0.0)?;
-    let lambd = attr_f(cx, "lambd", 0.5)?;
+    let sa = cx.attrs::<ka::ShrinkAttrs>()?;
+    let (bias, lambd) = (sa.bias as f64, sa.lambd as f64);
     map(cx, &[0], |b, v| {
         let x = if d.is_float() { v[0] } else { b.convert(v[0], S::F64) };
         let (l, nl, bi, zero) = (lit(b, x, lambd), lit(b, x, -lambd), lit(b, x, bias), lit(b, x, 0.0));
@@ -589,8 +584,12 @@ fn shrink(cx: &OpCx<'_>) -> R<Lowered> {
 fn is_class(cx: &OpCx<'_>) -> R<Lowered> {
     let d = dtype(cx, 0)?;
     let nan = cx.op.kind == OpKind::IsNaN;
-    let neg = attr_i(cx, "detect_negative", 1)? != 0;
-    let pos = attr_i(cx, "detect_positive", 1)? != 0;
+    let (neg, pos) = if nan {
+        (true, true)
+    } else {
+        let ia = cx.attrs::<ka::IsInfAttrs>()?;
+        (ia.detect_negative, ia.detect_positive)
+    };
     if !d.is_float() || (!nan && !neg && !pos) {
         return kernel(cx, &[], |b, _| Ok(b.int(S::Bool, 0)));
     }
@@ -631,7 +630,7 @@ fn arith(cx: &OpCx<'_>) -> R<Lowered> {
 fn modulo(cx: &OpCx<'_>) -> R<Lowered> {
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d.is_float() || d.is_int(), "a numeric dtype")?;
-    let fmod = attr_i(cx, "fmod", 0)? != 0;
+    let fmod = cx.attrs::<ka::ModAttrs>()?.fmod;
     map(cx, &[0, 1], |b, v| {
         let (x, y) = (v[0], v[1]);
         let r = b.binary(B::Rem, x, y);
@@ -851,11 +850,9 @@ fn bitwise(cx: &OpCx<'_>) -> R<Lowered> {
 fn bit_shift(cx: &OpCx<'_>) -> R<Lowered> {
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d.is_unsigned_int(), "an unsigned dtype")?;
-    let op = match cx.attr(cx.op.attrs.string("direction"))?.as_deref() {
-        Some("LEFT") => B::Shl,
-        Some("RIGHT") => B::Shr,
-        Some(s) => return Err(cx.unsupported(format!("direction = `{s}`"))),
-        None => return Err(cx.unsupported("required attribute `direction` is missing")),
+    let op = match cx.attrs::<ka::BitShiftAttrs>()?.direction {
+        ka::ShiftDirection::Left => B::Shl,
+        ka::ShiftDirection::Right => B::Shr,
     };
     map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
 }
@@ -1019,20 +1016,21 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
     let s = dtype(cx, 0)?;
     let out = out_ty(cx)?;
     let d = out.dtype;
-    if cx.op.kind == OpKind::Cast {
-        if let Some(code) = cx.attr(cx.op.attrs.int("to"))? {
-            if DType::from_onnx_code(code) != Some(d) {
-                return Err(cx.unsupported(format!("`to` = {code} does not name the result dtype {d}")));
-            }
+    let saturate = if cx.op.kind == OpKind::Cast {
+        let ca = cx.attrs::<ka::CastAttrs>()?;
+        if ca.to != d {
+            return Err(cx.unsupported(format!("`to` = {} does not name the result dtype {d}", ca.to)));
         }
-    }
+        ca.saturate
+    } else {
+        cx.attrs::<ka::CastLikeAttrs>()?.saturate
+    };
     if cx.input_ty(0)?.shape != out.shape {
         return Err(cx.unsupported("the result must have the input's shape"));
     }
     if s == d {
         return Ok(Lowered { steps: Vec::new(), outputs: vec![Output::Alias(0)] });
     }
-    let saturate = attr_i(cx, "saturate", 1)? != 0;
     map(cx, &[0], |b, v| Ok(convert_dtype(b, v[0], s, d, saturate)))
 }
 
@@ -1090,8 +1088,16 @@ fn quant_params(cx: &OpCx<'_>, zd: DType, operands: &mut Vec<usize>) -> R<(Layou
     let st = cx.input_ty(1)?;
     let sd = st.shape.dims().to_vec();
     let sn: usize = sd.iter().product();
-    let axis = attr_i(cx, "axis", 1)?;
-    let block = attr_i(cx, "block_size", 0)?;
+    let (axis, block) = match cx.op.kind {
+        OpKind::QuantizeLinear => {
+            let a = cx.attrs::<ka::QuantizeAttrs>()?;
+            (a.axis, a.block_size)
+        }
+        _ => {
+            let a = cx.attrs::<ka::DequantizeAttrs>()?;
+            (a.axis, a.block_size)
+        }
+    };
     let layout = if block < 0 {
         return Err(cx.unsupported(format!("block_size = {block}")));
     } else if block == 0 {
@@ -1165,12 +1171,13 @@ fn quantize(cx: &OpCx<'_>) -> R<Lowered> {
     if !(d.is_int() || d.is_low_precision_float()) {
         return Err(cx.unsupported(format!("{d} is not a quantised dtype")));
     }
-    let prec = match attr_i(cx, "precision", 0)? {
+    let qa = cx.attrs::<ka::QuantizeAttrs>()?;
+    let prec = match qa.precision {
         0 if sdt.is_float() => sdt,
         0 => DType::F64,
         c => DType::from_onnx_code(c).ok_or_else(|| cx.unsupported(format!("precision = {c}")))?,
     };
-    let saturate = attr_i(cx, "saturate", 1)? != 0;
+    let saturate = qa.saturate;
     let mut operands = vec![0];
     let (layout, scale, zero) = quant_params(cx, d, &mut operands)?;
     // f32 division is the reference's (f64 division rounded to f32) for f32-exact operands.

@@ -28,6 +28,7 @@
 //!   determinant (pivot row by `argmax |a|`, a zero pivot zeroes the rest, so the result is
 //!   exactly 0 as in the reference).
 
+use kiln_ir::attrs::{ConvAttrs, ConvTransposeAttrs, EinsumAttrs, GemmAttrs};
 use kiln_ir::{DType, OpKind, Shape, TensorType};
 
 use super::{broadcast_index, compute, store, unflatten, LowerError, Lowered, OpCx, Operand, Output, Step};
@@ -78,11 +79,6 @@ pub(super) fn expect_out(cx: &OpCx<'_>, i: usize, want: &[usize]) -> R<()> {
         return Err(cx.unsupported(format!("result {i} has dims {got:?}, the operands give {want:?}")));
     }
     Ok(())
-}
-
-/// An int attribute.
-pub(super) fn int_attr(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
 }
 
 /// Types of the given operands, in order (the kernel's inputs).
@@ -212,41 +208,30 @@ pub(super) fn float_to(b: &mut KernelBuilder, e: ExprId, d: DType) -> ExprId {
 // Sliding windows (Conv and the pools).
 // ---------------------------------------------------------------------------
 
-/// The `auto_pad` attribute.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum AutoPad {
-    NotSet,
-    SameUpper,
-    SameLower,
-    Valid,
-}
-
-/// Reads `auto_pad`.
-pub(super) fn auto_pad(cx: &OpCx<'_>) -> R<AutoPad> {
-    let s = cx.attr(cx.op.attrs.string_or("auto_pad", "NOTSET".to_string()))?;
-    Ok(match s.as_str() {
-        "NOTSET" | "" => AutoPad::NotSet,
-        "SAME_UPPER" => AutoPad::SameUpper,
-        "SAME_LOWER" => AutoPad::SameLower,
-        "VALID" => AutoPad::Valid,
-        other => return Err(cx.unsupported(format!("auto_pad = {other:?}"))),
-    })
-}
+pub(super) use kiln_ir::attrs::AutoPad;
 
 /// Bound on window attributes (strides, dilations, pads): far above real models, low
 /// enough that index arithmetic cannot overflow.
 const MAX_ATTR: i64 = 1 << 24;
 
-/// An ints attribute of `len` values in `min..=2^24` (`default` each when absent or empty).
-pub(super) fn window_ints(cx: &OpCx<'_>, name: &str, len: usize, min: i64, default: i64) -> R<Vec<i64>> {
-    match cx.attr(cx.op.attrs.ints(name))? {
+/// An ints attribute `name` (value `v`) of `len` values in `min..=2^24` (`default` each
+/// when absent or empty).
+pub(super) fn window_ints(
+    cx: &OpCx<'_>,
+    name: &str,
+    v: Option<&[i64]>,
+    len: usize,
+    min: i64,
+    default: i64,
+) -> R<Vec<i64>> {
+    match v {
         None => Ok(vec![default; len]),
         Some(v) if v.is_empty() => Ok(vec![default; len]),
         Some(v) => {
             if v.len() != len || v.iter().any(|&x| !(min..=MAX_ATTR).contains(&x)) {
                 return Err(cx.unsupported(format!("{name} = {v:?}: {len} values in {min}..=2^24 expected")));
             }
-            Ok(v)
+            Ok(v.to_vec())
         }
     }
 }
@@ -294,10 +279,11 @@ impl WinDim {
 /// output extents and leading pads the reference computes.
 pub(super) fn sliding_window(cx: &OpCx<'_>, input: &[usize], kernel: &[usize], ceil: bool) -> R<Vec<WinDim>> {
     let r = input.len();
-    let strides = window_ints(cx, "strides", r, 1, 1)?;
-    let dilations = window_ints(cx, "dilations", r, 1, 1)?;
-    let pads = window_ints(cx, "pads", 2 * r, 0, 0)?;
-    let ap = auto_pad(cx)?;
+    let w = cx.window()?;
+    let strides = window_ints(cx, "strides", w.strides, r, 1, 1)?;
+    let dilations = window_ints(cx, "dilations", w.dilations, r, 1, 1)?;
+    let pads = window_ints(cx, "pads", w.pads, 2 * r, 0, 0)?;
+    let ap = w.auto_pad;
     let mut out = Vec::with_capacity(r);
     for d in 0..r {
         let (i, s, dl) = (input[d] as i64, strides[d], dilations[d]);
@@ -453,10 +439,9 @@ fn gemm(cx: &OpCx<'_>) -> R<Lowered> {
     if ad.len() != 2 || bd.len() != 2 {
         return Err(cx.unsupported("Gemm needs 2-D operands"));
     }
-    let alpha = cx.attr(cx.op.attrs.float_or("alpha", 1.0))? as f64;
-    let beta = cx.attr(cx.op.attrs.float_or("beta", 1.0))? as f64;
-    let ta = int_attr(cx, "transA", 0)? != 0;
-    let tb = int_attr(cx, "transB", 0)? != 0;
+    let ga = cx.attrs::<GemmAttrs>()?;
+    let (alpha, beta) = (ga.alpha as f64, ga.beta as f64);
+    let (ta, tb) = (ga.trans_a, ga.trans_b);
     let (m, k) = if ta { (ad[1], ad[0]) } else { (ad[0], ad[1]) };
     let (k2, n) = if tb { (bd[1], bd[0]) } else { (bd[0], bd[1]) };
     if k != k2 {
@@ -690,7 +675,7 @@ enum ConvKind {
 
 /// The `kernel_shape` attribute, when present, must equal the weights' spatial extents.
 fn check_kernel_shape(cx: &OpCx<'_>, from_weights: &[usize]) -> R<()> {
-    if let Some(k) = cx.attr(cx.op.attrs.ints("kernel_shape"))? {
+    if let Some(k) = cx.window()?.kernel_shape {
         if !k.is_empty() && !k.iter().map(|&x| x as usize).eq(from_weights.iter().copied()) {
             return Err(cx.unsupported(format!("kernel_shape {k:?} differs from the weights' {from_weights:?}")));
         }
@@ -699,7 +684,10 @@ fn check_kernel_shape(cx: &OpCx<'_>, from_weights: &[usize]) -> R<()> {
 }
 
 fn group_attr(cx: &OpCx<'_>) -> R<usize> {
-    let g = int_attr(cx, "group", 1)?;
+    let g = match cx.op.kind {
+        OpKind::ConvTranspose => cx.attrs::<ConvTransposeAttrs>()?.group,
+        _ => cx.attrs::<ConvAttrs>()?.group,
+    };
     if g < 1 {
         return Err(cx.unsupported(format!("group = {g}")));
     }
@@ -911,12 +899,13 @@ fn conv_transpose(cx: &OpCx<'_>) -> R<Lowered> {
     let input = &xd[2..];
     let kernel = &wd[2..];
     check_kernel_shape(cx, kernel)?;
-    let strides = window_ints(cx, "strides", r, 1, 1)?;
-    let dilations = window_ints(cx, "dilations", r, 1, 1)?;
-    let out_pad = window_ints(cx, "output_padding", r, 0, 0)?;
-    let pads = window_ints(cx, "pads", 2 * r, 0, 0)?;
-    let ap = auto_pad(cx)?;
-    let out_shape: Option<Vec<i64>> = match cx.attr(cx.op.attrs.ints("output_shape"))? {
+    let ct = cx.attrs::<ConvTransposeAttrs>()?;
+    let strides = window_ints(cx, "strides", ct.strides.as_deref(), r, 1, 1)?;
+    let dilations = window_ints(cx, "dilations", ct.dilations.as_deref(), r, 1, 1)?;
+    let out_pad = window_ints(cx, "output_padding", ct.output_padding.as_deref(), r, 0, 0)?;
+    let pads = window_ints(cx, "pads", ct.pads.as_deref(), 2 * r, 0, 0)?;
+    let ap = ct.auto_pad;
+    let out_shape: Option<Vec<i64>> = match &ct.output_shape {
         Some(v) if v.is_empty() => None,
         Some(v) if v.len() >= r && v.iter().all(|&o| (0..=1 << 40).contains(&o)) => Some(v[v.len() - r..].to_vec()),
         Some(v) => return Err(cx.unsupported(format!("output_shape = {v:?}"))),
@@ -1102,7 +1091,7 @@ impl Term {
 }
 
 fn einsum(cx: &OpCx<'_>) -> R<Lowered> {
-    let eq = cx.attr(cx.op.attrs.string("equation"))?.ok_or_else(|| cx.unsupported("equation is missing"))?;
+    let eq = &cx.attrs::<EinsumAttrs>()?.equation;
     let nops = cx.inputs.len();
     let ds: Vec<Vec<usize>> = (0..nops).map(|i| dims(cx, i)).collect::<R<_>>()?;
     let (lhs, rhs) = match eq.split_once("->") {

@@ -177,6 +177,16 @@ impl<'a> OpCx<'a> {
     pub fn attr<T>(&self, r: Result<T, kiln_ir::op::AttrError>) -> Result<T, LowerError> {
         r.map_err(|e| self.unsupported(e.to_string()))
     }
+
+    /// The op's attributes as struct `T` (parsed and checked when the op was built).
+    pub fn attrs<T: kiln_ir::attrs::OpAttrsOf>(&self) -> Result<&'a T, LowerError> {
+        self.attr(self.op.attrs_of::<T>())
+    }
+
+    /// The sliding-window attributes of a convolution or pool.
+    pub fn window(&self) -> Result<kiln_ir::attrs::WindowAttrs<'a>, LowerError> {
+        self.attr(self.op.window_attrs())
+    }
 }
 
 /// Lowers one op (see the module docs).

@@ -25,6 +25,7 @@
 //!   Linear and cubic weigh taps with the reference's formulas (antialias, exclude_outside
 //!   included), one reduction variable per interpolated axis, the last axis innermost.
 
+use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
 use super::{
@@ -126,14 +127,6 @@ fn expect_out(cx: &OpCx<'_>, want: &[usize]) -> R<()> {
         return Err(cx.unsupported(format!("result type has dims {got:?}, the operands give {want:?}")));
     }
     Ok(())
-}
-
-fn int_attr(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
-}
-
-fn str_attr(cx: &OpCx<'_>, name: &str, default: &str) -> R<String> {
-    cx.attr(cx.op.attrs.string_or(name, default.to_string()))
 }
 
 /// A required constant integer operand.
@@ -326,7 +319,7 @@ fn dropout(cx: &OpCx<'_>) -> R<Lowered> {
 fn transpose(cx: &OpCx<'_>) -> R<Lowered> {
     let xd = dims(cx, 0)?;
     let r = xd.len();
-    let perm: Vec<usize> = match cx.attr(cx.op.attrs.ints("perm"))? {
+    let perm: Vec<usize> = match &cx.attrs::<ka::TransposeAttrs>()?.perm {
         Some(p) => {
             let mut seen = vec![false; r];
             let ok = p.len() == r
@@ -416,12 +409,11 @@ fn pad(cx: &OpCx<'_>) -> R<Lowered> {
     let xd = x.shape.dims().to_vec();
     let r = xd.len();
     let pads = req_ints(cx, 1, "pads")?;
-    let mode = match str_attr(cx, "mode", "constant")?.as_str() {
-        "constant" => PadMode::Constant,
-        "edge" => PadMode::Edge,
-        "reflect" => PadMode::Reflect,
-        "wrap" => PadMode::Wrap,
-        m => return Err(cx.unsupported(format!("unknown mode `{m}`"))),
+    let mode = match cx.attrs::<ka::PadAttrs>()?.mode {
+        ka::PadMode::Constant => PadMode::Constant,
+        ka::PadMode::Edge => PadMode::Edge,
+        ka::PadMode::Reflect => PadMode::Reflect,
+        ka::PadMode::Wrap => PadMode::Wrap,
     };
     let axes = match cx.const_ints(3, "axes")? {
         Some(a) => unique_axes(cx, &a, r)?,
@@ -538,7 +530,7 @@ fn pad(cx: &OpCx<'_>) -> R<Lowered> {
 fn concat(cx: &OpCx<'_>) -> R<Lowered> {
     let od = out_dims(cx, 0)?;
     let r = od.len();
-    let a = norm_axis(cx, cx.attr(cx.op.attrs.req_int("axis"))?, r)?;
+    let a = norm_axis(cx, cx.attrs::<ka::ConcatAttrs>()?.axis, r)?;
     // (operand, offset on the axis, extent on the axis) of every non-empty piece.
     let mut pieces: Vec<(usize, i64, i64)> = Vec::new();
     let mut off = 0i64;
@@ -579,9 +571,10 @@ fn concat(cx: &OpCx<'_>) -> R<Lowered> {
 }
 
 fn split(cx: &OpCx<'_>) -> R<Lowered> {
+    let axis = cx.attrs::<ka::SplitAttrs>()?.axis;
     let xd = dims(cx, 0)?;
     let r = xd.len();
-    let a = norm_axis(cx, int_attr(cx, "axis", 0)?, r)?;
+    let a = norm_axis(cx, axis, r)?;
     // The results are consecutive chunks of the axis; their types give the chunk sizes
     // (the `split` operand or `num_outputs` decided them in shape inference).
     let mut steps = Vec::with_capacity(cx.outputs.len());
@@ -654,7 +647,10 @@ fn nchw_block(cx: &OpCx<'_>) -> R<([usize; 4], usize)> {
     let d = dims(cx, 0)?;
     let dims: [usize; 4] =
         d.as_slice().try_into().map_err(|_| cx.unsupported(format!("operand rank {} is not 4", d.len())))?;
-    let b = cx.attr(cx.op.attrs.req_int("blocksize"))?;
+    let b = match cx.op.kind {
+        OpKind::DepthToSpace => cx.attrs::<ka::DepthToSpaceAttrs>()?.blocksize,
+        _ => cx.attrs::<ka::SpaceToDepthAttrs>()?.blocksize,
+    };
     if b <= 0 {
         return Err(cx.unsupported(format!("blocksize {b}")));
     }
@@ -668,11 +664,7 @@ fn depth_to_space(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let co = c / (bs * bs);
     expect_out(cx, &[n, co, h * bs, w * bs])?;
-    let dcr = match str_attr(cx, "mode", "DCR")?.as_str() {
-        "DCR" => true,
-        "CRD" => false,
-        m => return Err(cx.unsupported(format!("unknown mode `{m}`"))),
-    };
+    let dcr = cx.attrs::<ka::DepthToSpaceAttrs>()?.mode == ka::DepthToSpaceMode::Dcr;
     let (bs, co) = (bs as i64, co as i64);
     single(cx, &[0], |b, out| {
         let k = b.index(bs);
@@ -717,8 +709,8 @@ fn reverse_sequence(cx: &OpCx<'_>) -> R<Lowered> {
     if xd.len() < 2 {
         return Err(cx.unsupported(format!("operand rank {} < 2", xd.len())));
     }
-    let ba = int_attr(cx, "batch_axis", 1)?;
-    let ta = int_attr(cx, "time_axis", 0)?;
+    let ra = cx.attrs::<ka::ReverseSequenceAttrs>()?;
+    let (ba, ta) = (ra.batch_axis, ra.time_axis);
     let (ba, ta) = match (ba, ta) {
         (0, 1) => (0, 1),
         (1, 0) => (1, 0),
@@ -755,7 +747,7 @@ fn trilu(cx: &OpCx<'_>) -> R<Lowered> {
         Some(v) if v.len() == 1 => v[0],
         Some(v) => return Err(cx.unsupported(format!("k has {} elements", v.len()))),
     };
-    let upper = int_attr(cx, "upper", 1)? != 0;
+    let upper = cx.attrs::<ka::TriluAttrs>()?.upper;
     expect_out(cx, &xd)?;
     let ct = ScalarType::of_storage(x.dtype);
     single(cx, &[0], |b, out| {
@@ -774,10 +766,11 @@ fn trilu(cx: &OpCx<'_>) -> R<Lowered> {
 // ---------------------------------------------------------------------------
 
 fn gather(cx: &OpCx<'_>) -> R<Lowered> {
+    let axis = cx.attrs::<ka::GatherAttrs>()?.axis;
     let xd = dims(cx, 0)?;
     let id = dims(cx, 1)?;
     let r = xd.len();
-    let a = norm_axis(cx, int_attr(cx, "axis", 0)?, r)?;
+    let a = norm_axis(cx, axis, r)?;
     let q = id.len();
     let want: Vec<usize> = xd[..a].iter().chain(&id).chain(&xd[a + 1..]).copied().collect();
     expect_out(cx, &want)?;
@@ -812,10 +805,11 @@ fn gather(cx: &OpCx<'_>) -> R<Lowered> {
 }
 
 fn gather_elements(cx: &OpCx<'_>) -> R<Lowered> {
+    let axis = cx.attrs::<ka::GatherAttrs>()?.axis;
     let xd = dims(cx, 0)?;
     let id = dims(cx, 1)?;
     let r = xd.len();
-    let a = norm_axis(cx, int_attr(cx, "axis", 0)?, r)?;
+    let a = norm_axis(cx, axis, r)?;
     if id.len() != r || id.iter().zip(&xd).enumerate().any(|(d, (&m, &n))| d != a && m > n) {
         return Err(cx.unsupported(format!("indices of dims {id:?} do not fit data of dims {xd:?}")));
     }
@@ -831,7 +825,7 @@ fn gather_elements(cx: &OpCx<'_>) -> R<Lowered> {
 fn gather_nd(cx: &OpCx<'_>) -> R<Lowered> {
     let xd = dims(cx, 0)?;
     let id = dims(cx, 1)?;
-    let bd = int_attr(cx, "batch_dims", 0)?;
+    let bd = cx.attrs::<ka::GatherNdAttrs>()?.batch_dims;
     let q = id.len();
     let bd = usize::try_from(bd).map_err(|_| cx.unsupported(format!("batch_dims {bd}")))?;
     if q == 0 || bd >= q || bd > xd.len() || xd[..bd] != id[..bd] || bd + id[q - 1] > xd.len() {
@@ -855,7 +849,7 @@ fn gather_nd(cx: &OpCx<'_>) -> R<Lowered> {
 fn one_hot(cx: &OpCx<'_>) -> R<Lowered> {
     let it = cx.input_ty(0)?;
     let r = it.shape.rank();
-    let a = norm_axis(cx, int_attr(cx, "axis", -1)?, r + 1)?;
+    let a = norm_axis(cx, cx.attrs::<ka::OneHotAttrs>()?.axis, r + 1)?;
     let od = out_dims(cx, 0)?;
     let want_rest: Vec<usize> = it.shape.dims().to_vec();
     if od.len() != r + 1 || od[..a] != want_rest[..a] || od[a + 1..] != want_rest[a..] {
@@ -901,13 +895,16 @@ enum Reduction {
 }
 
 fn reduction(cx: &OpCx<'_>) -> R<Reduction> {
-    Ok(match str_attr(cx, "reduction", "none")?.as_str() {
-        "none" => Reduction::None,
-        "add" => Reduction::Add,
-        "mul" => Reduction::Mul,
-        "max" => Reduction::Max,
-        "min" => Reduction::Min,
-        r => return Err(cx.unsupported(format!("unknown reduction `{r}`"))),
+    let r = match cx.op.kind {
+        OpKind::ScatterElements => cx.attrs::<ka::ScatterElementsAttrs>()?.reduction,
+        _ => cx.attrs::<ka::ScatterNdAttrs>()?.reduction,
+    };
+    Ok(match r {
+        ka::ScatterReduction::None => Reduction::None,
+        ka::ScatterReduction::Add => Reduction::Add,
+        ka::ScatterReduction::Mul => Reduction::Mul,
+        ka::ScatterReduction::Max => Reduction::Max,
+        ka::ScatterReduction::Min => Reduction::Min,
     })
 }
 
@@ -963,11 +960,12 @@ fn scatter_value(
 }
 
 fn scatter_elements(cx: &OpCx<'_>) -> R<Lowered> {
+    let axis = cx.attrs::<ka::ScatterElementsAttrs>()?.axis;
     let xd = dims(cx, 0)?;
     let id = dims(cx, 1)?;
     let ud = dims(cx, 2)?;
     let r = xd.len();
-    let a = norm_axis(cx, int_attr(cx, "axis", 0)?, r)?;
+    let a = norm_axis(cx, axis, r)?;
     if ud != id || id.len() != r || id.iter().zip(&xd).enumerate().any(|(d, (&m, &n))| d != a && m > n) {
         return Err(cx.unsupported(format!("indices {id:?} / updates {ud:?} do not fit data of dims {xd:?}")));
     }
@@ -1074,7 +1072,7 @@ fn eye_like(cx: &OpCx<'_>) -> R<Lowered> {
         return Err(cx.unsupported(format!("operand rank {} is not 2", xd.len())));
     }
     expect_out(cx, &xd)?;
-    let k = int_attr(cx, "k", 0)?;
+    let k = cx.attrs::<ka::EyeLikeAttrs>()?.k;
     let ct = ScalarType::of_storage(cx.outputs[0].dtype);
     single(cx, &[], |b, out| {
         let diff = b.sub(out[1], out[0]);
@@ -1150,8 +1148,8 @@ fn range(cx: &OpCx<'_>) -> R<Lowered> {
 fn constant_of_shape(cx: &OpCx<'_>) -> R<Lowered> {
     let dt = out_ty(cx)?.dtype;
     let ct = ScalarType::of_storage(dt);
-    let bits = match cx.attr(cx.op.attrs.tensor("value"))? {
-        Some(v) if v.numel() == 1 => elem_bits(&v, 0, ct),
+    let bits = match &cx.attrs::<ka::ConstantOfShapeAttrs>()?.value {
+        Some(v) if v.numel() == 1 => elem_bits(v, 0, ct),
         Some(v) => return Err(cx.unsupported(format!("value has {} elements, 1 expected", v.numel()))),
         None => 0,
     };
@@ -1166,8 +1164,9 @@ fn shape(cx: &OpCx<'_>) -> R<Lowered> {
     let xd = dims(cx, 0)?;
     let r = xd.len() as i64;
     let clamp = |v: i64| (if v < 0 { v.saturating_add(r) } else { v }).clamp(0, r) as usize;
-    let start = clamp(int_attr(cx, "start", 0)?);
-    let end = match cx.attr(cx.op.attrs.int("end"))? {
+    let sa = cx.attrs::<ka::ShapeAttrs>()?;
+    let start = clamp(sa.start);
+    let end = match sa.end {
         Some(e) => clamp(e),
         None => xd.len(),
     };
@@ -1204,8 +1203,8 @@ fn cumsum(cx: &OpCx<'_>) -> R<Lowered> {
         v => return Err(cx.unsupported(format!("axis has {} elements", v.len()))),
     };
     let a = norm_axis(cx, axis, xd.len())?;
-    let exclusive = int_attr(cx, "exclusive", 0)? != 0;
-    let reverse = int_attr(cx, "reverse", 0)? != 0;
+    let ca = cx.attrs::<ka::CumSumAttrs>()?;
+    let (exclusive, reverse) = (ca.exclusive, ca.reverse);
     let ct = ScalarType::of_storage(x.dtype);
     if ct == ScalarType::Bool {
         return Err(cx.unsupported("bool operand"));
@@ -1829,38 +1828,32 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
     if ty.dtype != x.dtype || od.len() != r {
         return Err(cx.unsupported(format!("result type {ty} for operand {x}")));
     }
-    let mode = match str_attr(cx, "mode", "nearest")?.as_str() {
-        "nearest" => RMode::Nearest,
-        "linear" => RMode::Linear,
-        "cubic" => RMode::Cubic,
-        m => return Err(cx.unsupported(format!("unknown mode `{m}`"))),
+    let ra = cx.attrs::<ka::ResizeAttrs>()?;
+    let mode = match ra.mode {
+        ka::ResizeMode::Nearest => RMode::Nearest,
+        ka::ResizeMode::Linear => RMode::Linear,
+        ka::ResizeMode::Cubic => RMode::Cubic,
     };
-    let ctm = match str_attr(cx, "coordinate_transformation_mode", "half_pixel")?.as_str() {
-        "half_pixel" => Ctm::HalfPixel,
-        "half_pixel_symmetric" => Ctm::HalfPixelSymmetric,
-        "pytorch_half_pixel" => Ctm::PytorchHalfPixel,
-        "align_corners" => Ctm::AlignCorners,
-        "asymmetric" => Ctm::Asymmetric,
-        "tf_crop_and_resize" => Ctm::TfCropAndResize,
-        m => return Err(cx.unsupported(format!("unknown coordinate_transformation_mode `{m}`"))),
+    let ctm = match ra.coordinate_transformation_mode {
+        ka::CoordinateTransformationMode::HalfPixel => Ctm::HalfPixel,
+        ka::CoordinateTransformationMode::HalfPixelSymmetric => Ctm::HalfPixelSymmetric,
+        ka::CoordinateTransformationMode::PytorchHalfPixel => Ctm::PytorchHalfPixel,
+        ka::CoordinateTransformationMode::AlignCorners => Ctm::AlignCorners,
+        ka::CoordinateTransformationMode::Asymmetric => Ctm::Asymmetric,
+        ka::CoordinateTransformationMode::TfCropAndResize => Ctm::TfCropAndResize,
     };
-    let nearest = match str_attr(cx, "nearest_mode", "round_prefer_floor")?.as_str() {
-        "round_prefer_floor" => NearestMode::RoundPreferFloor,
-        "round_prefer_ceil" => NearestMode::RoundPreferCeil,
-        "floor" => NearestMode::Floor,
-        "ceil" => NearestMode::Ceil,
-        m => return Err(cx.unsupported(format!("unknown nearest_mode `{m}`"))),
+    let nearest = match ra.nearest_mode {
+        ka::NearestMode::RoundPreferFloor => NearestMode::RoundPreferFloor,
+        ka::NearestMode::RoundPreferCeil => NearestMode::RoundPreferCeil,
+        ka::NearestMode::Floor => NearestMode::Floor,
+        ka::NearestMode::Ceil => NearestMode::Ceil,
     };
-    let params = Interp {
-        mode,
-        cubic_a: cx.attr(cx.op.attrs.float_or("cubic_coeff_a", -0.75))? as f64,
-        exclude_outside: int_attr(cx, "exclude_outside", 0)? != 0,
-        antialias: int_attr(cx, "antialias", 0)? != 0,
-    };
-    let ev = cx.attr(cx.op.attrs.float_or("extrapolation_value", 0.0))? as f64;
-    let policy = str_attr(cx, "keep_aspect_ratio_policy", "stretch")?;
-    let axes = match cx.attr(cx.op.attrs.ints("axes"))? {
-        Some(a) => unique_axes(cx, &a, r)?,
+    let params =
+        Interp { mode, cubic_a: ra.cubic_coeff_a as f64, exclude_outside: ra.exclude_outside, antialias: ra.antialias };
+    let ev = ra.extrapolation_value as f64;
+    let policy = ra.keep_aspect_ratio_policy;
+    let axes = match &ra.axes {
+        Some(a) => unique_axes(cx, a, r)?,
         None => (0..r).collect(),
     };
     // Operands that are absent or empty count as absent.
@@ -1894,11 +1887,10 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
                 return Err(cx.unsupported(format!("{} sizes for {} axes", s.len(), axes.len())));
             }
             let ratios: Vec<f64> = axes.iter().zip(s).map(|(&a, &v)| v as f64 / xd[a] as f64).collect();
-            let common = match policy.as_str() {
-                "stretch" => None,
-                "not_larger" => Some(ratios.iter().copied().fold(f64::INFINITY, f64::min)),
-                "not_smaller" => Some(ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
-                p => return Err(cx.unsupported(format!("unknown keep_aspect_ratio_policy `{p}`"))),
+            let common = match policy {
+                ka::KeepAspectRatioPolicy::Stretch => None,
+                ka::KeepAspectRatioPolicy::NotLarger => Some(ratios.iter().copied().fold(f64::INFINITY, f64::min)),
+                ka::KeepAspectRatioPolicy::NotSmaller => Some(ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
             };
             for (&a, v) in axes.iter().zip(ratios) {
                 scale[a] = common.unwrap_or(v);
@@ -1933,7 +1925,7 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
     if x.shape.numel() == 0 {
         return Err(cx.unsupported("cannot resize an empty tensor to a non-empty one"));
     }
-    let fractional = scales.is_some() || policy != "stretch";
+    let fractional = scales.is_some() || policy != ka::KeepAspectRatioPolicy::Stretch;
     let maps: Vec<AxisMap> = (0..r)
         .map(|a| AxisMap {
             ctm,

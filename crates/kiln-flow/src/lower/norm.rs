@@ -43,6 +43,7 @@
 //! is zero, and the time index of a reverse pass (`len − 1 − step`) becomes a clamped
 //! load.
 
+use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Shape, TensorType};
 
 use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output, Step};
@@ -74,14 +75,6 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
 // ---------------------------------------------------------------------------
 // Shared helpers.
 // ---------------------------------------------------------------------------
-
-fn attr_i(cx: &OpCx<'_>, name: &str, default: i64) -> R<i64> {
-    cx.attr(cx.op.attrs.int_or(name, default))
-}
-
-fn attr_f(cx: &OpCx<'_>, name: &str, default: f32) -> R<f64> {
-    Ok(cx.attr(cx.op.attrs.float_or(name, default))? as f64)
-}
 
 /// Dimensions of operand `i`.
 fn dims(cx: &OpCx<'_>, i: usize) -> R<Vec<usize>> {
@@ -338,9 +331,10 @@ fn lowered_last(steps: Vec<Step>) -> Lowered {
 /// Softmax and LogSoftmax: `m` = row max, `s` = Σ exp(x − m); `exp(x − m)/s` or
 /// `(x − m) − log s`.
 fn softmax(cx: &OpCx<'_>) -> R<Lowered> {
+    let axis = cx.attrs::<ka::SoftmaxAttrs>()?.axis;
     let (_, ct) = float_x(cx)?;
     let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
+    let axis = norm_axis(cx, axis, xd.len())?;
     let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
     let (d1, r1) = (xd.clone(), reduced.clone());
     let (d2, r2) = (xd.clone(), reduced.clone());
@@ -374,9 +368,10 @@ fn softmax(cx: &OpCx<'_>) -> R<Lowered> {
 
 /// Hardmax: 1 at the first maximum of the row (the first NaN if there is one), else 0.
 fn hardmax(cx: &OpCx<'_>) -> R<Lowered> {
+    let axis = cx.attrs::<ka::SoftmaxAttrs>()?.axis;
     let (_, ct) = float_x(cx)?;
     let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
+    let axis = norm_axis(cx, axis, xd.len())?;
     let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
     let (d1, r1) = (xd.clone(), reduced.clone());
     let pos: StatFn = Box::new(move |b, idx, _| {
@@ -420,14 +415,16 @@ fn mean_inv_stats<'f>(xd: &[usize], reduced: &[bool], ct: S, eps: f64) -> Vec<(S
 
 /// LayerNormalization → (Y, Mean?, InvStdDev?) over the axes from `axis` on.
 fn layer_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    let la = cx.attrs::<ka::LayerNormAttrs>()?;
+    let axis = la.axis;
     let (_, xct) = float_x(cx)?;
     let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
-    let eps = attr_f(cx, "epsilon", 1e-5)?;
-    let stash = attr_i(cx, "stash_type", 1)?;
-    let stash = DType::from_onnx_code(stash)
-        .filter(|d| d.is_float())
-        .ok_or_else(|| cx.unsupported(format!("stash_type = {stash}")))?;
+    let axis = norm_axis(cx, axis, xd.len())?;
+    let eps = la.epsilon as f64;
+    let stash = la.stash_type;
+    if !stash.is_float() {
+        return Err(cx.unsupported(format!("stash_type = {stash}")));
+    }
     let ct = if xct == S::F64 || S::of_storage(stash) == S::F64 { S::F64 } else { S::F32 };
     if cx.outputs.is_empty() || cx.outputs.len() > 3 {
         return Err(cx.unsupported(format!("{} results", cx.outputs.len())));
@@ -467,7 +464,8 @@ fn layer_norm(cx: &OpCx<'_>) -> R<Lowered> {
 
 /// BatchNormalization (inference): `(x − mean[c])/sqrt(var[c] + ε)·scale[c] + B[c]`.
 fn batch_norm(cx: &OpCx<'_>) -> R<Lowered> {
-    if attr_i(cx, "training_mode", 0)? != 0 || cx.outputs.len() != 1 {
+    let ba = cx.attrs::<ka::BatchNormAttrs>()?;
+    if ba.training_mode || cx.outputs.len() != 1 {
         return Err(cx.unsupported("training mode (only the inference form is supported)"));
     }
     let (_, ct) = float_x(cx)?;
@@ -485,7 +483,7 @@ fn batch_norm(cx: &OpCx<'_>) -> R<Lowered> {
             return Err(cx.unsupported(format!("operand {i} must be a float")));
         }
     }
-    let eps = attr_f(cx, "epsilon", 1e-5)?;
+    let eps = ba.epsilon as f64;
     let binds = input_binds(cx, &[0, 1, 2, 3, 4])?;
     let step = build(result_name(cx, 0), out_ty(cx, 0)?.clone(), &binds, |b, idx| {
         let x = ld(b, 0, idx.to_vec(), ct);
@@ -535,7 +533,7 @@ fn instance_norm(cx: &OpCx<'_>) -> R<Lowered> {
         return Err(cx.unsupported("input must have rank 2 or more"));
     }
     check_per_channel(cx, xd[1])?;
-    let eps = attr_f(cx, "epsilon", 1e-5)?;
+    let eps = cx.attrs::<ka::InstanceNormAttrs>()?.epsilon as f64;
     let reduced: Vec<bool> = (0..xd.len()).map(|i| i >= 2).collect();
     let st = Staged {
         dims: xd.clone(),
@@ -558,12 +556,13 @@ fn group_norm(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let c = xd[1];
     check_per_channel(cx, c)?;
-    let g = cx.attr(cx.op.attrs.req_int("num_groups"))?;
+    let ga = cx.attrs::<ka::GroupNormAttrs>()?;
+    let g = ga.num_groups;
     let g = usize::try_from(g)
         .ok()
         .filter(|&g| g > 0 && g <= c.max(1) && c % g == 0)
         .ok_or_else(|| cx.unsupported(format!("num_groups = {g} does not divide {c} channels")))?;
-    let eps = attr_f(cx, "epsilon", 1e-5)?;
+    let eps = ga.epsilon as f64;
     let per = c / g;
     let reduced: Vec<bool> = (0..xd.len()).map(|i| i >= 2).collect();
     if per == 1 || out_ty(cx, 0)?.shape.numel() == 0 {
@@ -645,10 +644,9 @@ fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
     if xd.len() < 2 {
         return Err(cx.unsupported("input must have rank 2 or more"));
     }
-    let alpha = attr_f(cx, "alpha", 1e-4)?;
-    let beta = attr_f(cx, "beta", 0.75)?;
-    let bias = attr_f(cx, "bias", 1.0)?;
-    let size = cx.attr(cx.op.attrs.req_int("size"))?;
+    let la = cx.attrs::<ka::LrnAttrs>()?;
+    let (alpha, beta, bias) = (la.alpha as f64, la.beta as f64, la.bias as f64);
+    let size = la.size;
     if size < 1 {
         return Err(cx.unsupported(format!("size = {size}")));
     }
@@ -713,10 +711,12 @@ fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
 
 /// LpNormalization (p = 1 or 2) along `axis`; a zero norm gives 0.
 fn lp_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    let la = cx.attrs::<ka::LpNormAttrs>()?;
+    let axis = la.axis;
     let (_, ct) = float_x(cx)?;
     let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
-    let p = attr_i(cx, "p", 2)?;
+    let axis = norm_axis(cx, axis, xd.len())?;
+    let p = la.p;
     if p != 1 && p != 2 {
         return Err(cx.unsupported(format!("p = {p}, 1 or 2 expected")));
     }
@@ -744,9 +744,9 @@ fn lp_norm(cx: &OpCx<'_>) -> R<Lowered> {
 fn mvn(cx: &OpCx<'_>) -> R<Lowered> {
     let (_, ct) = float_x(cx)?;
     let xd = dims(cx, 0)?;
-    let axes = cx.attr(cx.op.attrs.ints_or("axes", vec![0, 2, 3]))?;
+    let axes = &cx.attrs::<ka::MvnAttrs>()?.axes;
     let mut reduced = vec![false; xd.len()];
-    for a in axes {
+    for &a in axes {
         reduced[norm_axis(cx, a, xd.len())?] = true;
     }
     let (d1, r1) = (xd.clone(), reduced.clone());
@@ -844,10 +844,12 @@ fn dynamic_quantize(cx: &OpCx<'_>) -> R<Lowered> {
 /// reference does: largest (or smallest) first, NaN above every number, equal values
 /// lower position first; `sorted = 0` sorts too.
 fn topk(cx: &OpCx<'_>) -> R<Lowered> {
+    let ta = cx.attrs::<ka::TopKAttrs>()?;
+    let axis = ta.axis;
     let xt = cx.input_ty(0)?.clone();
     let xd = xt.shape.dims().to_vec();
-    let axis = norm_axis(cx, attr_i(cx, "axis", -1)?, xd.len())?;
-    let largest = attr_i(cx, "largest", 1)? != 0;
+    let axis = norm_axis(cx, axis, xd.len())?;
+    let largest = ta.largest;
     let k = match cx.const_ints(1, "K")?.as_deref() {
         Some([k]) => *k,
         _ => return Err(cx.unsupported("K must be a constant of one element")),
@@ -1046,9 +1048,9 @@ impl Act {
 /// The activations of every direction (`defaults.len()` per direction), with the
 /// alphas and betas consumed in order, as the reference evaluator reads them.
 fn activations(cx: &OpCx<'_>, defaults: &[&str], nd: usize) -> R<Vec<Act>> {
-    let attrs = &cx.op.attrs;
-    let names: Vec<String> = match cx.attr(attrs.strings("activations"))? {
-        Some(v) if !v.is_empty() => v,
+    let ra = cx.attrs::<ka::RnnAttrs>()?;
+    let names: Vec<String> = match &ra.activations {
+        Some(v) if !v.is_empty() => v.clone(),
         _ => defaults.iter().map(|s| s.to_string()).collect(),
     };
     let per = defaults.len();
@@ -1059,8 +1061,7 @@ fn activations(cx: &OpCx<'_>, defaults: &[&str], nd: usize) -> R<Vec<Act>> {
     } else {
         return Err(cx.unsupported(format!("{} activations, {} expected", names.len(), per * nd)));
     };
-    let alphas = cx.attr(attrs.floats_or("activation_alpha", Vec::new()))?;
-    let betas = cx.attr(attrs.floats_or("activation_beta", Vec::new()))?;
+    let (alphas, betas) = (&ra.activation_alpha, &ra.activation_beta);
     let (mut ai, mut bi) = (alphas.iter(), betas.iter());
     let mut alpha = |d: f64| ai.next().map_or(d, |&v| v as f64);
     let mut beta = |d: f64| bi.next().map_or(d, |&v| v as f64);
@@ -1323,26 +1324,21 @@ fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
         _ => Cell::Rnn,
     };
     let (xdt, ct) = float_x(cx)?;
-    let attrs = &cx.op.attrs;
-    let layout = attr_i(cx, "layout", 0)?;
-    if layout != 0 && layout != 1 {
-        return Err(cx.unsupported(format!("layout = {layout}")));
-    }
-    let batch_major = layout == 1;
+    let ra = cx.attrs::<ka::RnnAttrs>()?;
+    let batch_major = ra.layout;
     let xd = dims(cx, 0)?;
     let rd = dims(cx, 2)?;
     if xd.len() != 3 || rd.len() != 3 {
         return Err(cx.unsupported("X and R must have rank 3"));
     }
     let (seq, batch, input) = if batch_major { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
-    let direction = cx.attr(attrs.string_or("direction", "forward".to_string()))?;
-    let nd = match direction.as_str() {
-        "forward" | "reverse" => 1,
-        "bidirectional" => 2,
-        other => return Err(cx.unsupported(format!("direction = {other:?}"))),
+    let direction = ra.direction;
+    let nd = match direction {
+        ka::RnnDirection::Forward | ka::RnnDirection::Reverse => 1,
+        ka::RnnDirection::Bidirectional => 2,
     };
     let hidden = rd[2];
-    if let Some(hs) = cx.attr(attrs.int("hidden_size"))? {
+    if let Some(hs) = ra.hidden_size {
         if hs != hidden as i64 {
             return Err(cx.unsupported(format!("hidden_size = {hs}, R has dims {rd:?}")));
         }
@@ -1396,12 +1392,12 @@ fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
         },
         nd,
     )?;
-    let clip = cx.attr(attrs.float("clip"))?.map(|c| c as f64);
+    let clip = ra.clip.map(|c| c as f64);
     if clip.is_some_and(|c| c.is_nan() || c < 0.0) {
         return Err(cx.unsupported(format!("clip = {clip:?}")));
     }
-    let input_forget = lstm && attr_i(cx, "input_forget", 0)? != 0;
-    let lbr = cell == Cell::Gru && attr_i(cx, "linear_before_reset", 0)? != 0;
+    let input_forget = lstm && ra.input_forget;
+    let lbr = cell == Cell::Gru && ra.linear_before_reset;
     let nres = cx.outputs.len();
     if nres == 0 || nres > if lstm { 3 } else { 2 } {
         return Err(cx.unsupported(format!("{nres} results")));
@@ -1421,7 +1417,7 @@ fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
         hidden,
         nd,
         batch_major,
-        reverse_only: direction == "reverse",
+        reverse_only: direction == ka::RnnDirection::Reverse,
         acts,
         clip,
         input_forget,

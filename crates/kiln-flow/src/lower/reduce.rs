@@ -18,11 +18,12 @@
 //!   MaxPool ignores NaN; its Indices fold `argmax` over the flattened window of
 //!   `tap is inside && x == max`, then recheck that tap (−1 when there is none).
 
+use kiln_ir::attrs::{ArgReduceAttrs, PoolAttrs, ReduceAttrs};
 use kiln_ir::{DType, OpKind};
 
 use super::linalg::{
-    and, dims, empty_step, expect_out, finish, float_to, fold, in_range, int_attr, int_bounds, one, sliding_window,
-    types, WinDim, R,
+    and, dims, empty_step, expect_out, finish, float_to, fold, in_range, int_bounds, one, sliding_window, types,
+    WinDim, R,
 };
 use super::{compute, flat_index, norm_axis, unflatten, LowerError, Lowered, OpCx};
 use crate::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
@@ -86,8 +87,8 @@ fn reduce(cx: &OpCx<'_>) -> R<Lowered> {
     let d = x.dtype;
     let xd = x.shape.dims().to_vec();
     let rank = xd.len();
-    let keep = int_attr(cx, "keepdims", 1)? != 0;
-    let noop = int_attr(cx, "noop_with_empty_axes", 0)? != 0;
+    let ra = cx.attrs::<ReduceAttrs>()?;
+    let (keep, noop) = (ra.keepdims, ra.noop_with_empty_axes);
     let axes = match cx.input(1) {
         None => Vec::new(),
         Some(_) => cx.const_ints(1, "axes")?.unwrap_or_default(),
@@ -244,9 +245,9 @@ fn reduce(cx: &OpCx<'_>) -> R<Lowered> {
 fn arg_reduce(cx: &OpCx<'_>) -> R<Lowered> {
     let x = cx.input_ty(0)?;
     let xd = x.shape.dims().to_vec();
-    let axis = norm_axis(cx, int_attr(cx, "axis", 0)?, xd.len())?;
-    let keep = int_attr(cx, "keepdims", 1)? != 0;
-    let last = int_attr(cx, "select_last_index", 0)? != 0;
+    let aa = cx.attrs::<ArgReduceAttrs>()?;
+    let axis = norm_axis(cx, aa.axis, xd.len())?;
+    let (keep, last) = (aa.keepdims, aa.select_last_index);
     let red: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
     let od: Vec<usize> = xd
         .iter()
@@ -316,14 +317,15 @@ fn pool_window(cx: &OpCx<'_>, xd: &[usize]) -> R<Vec<WinDim>> {
         return Err(cx.unsupported(format!("input of shape {xd:?}: [N, C, D1, ...] expected")));
     }
     let r = xd.len() - 2;
-    let kernel: Vec<usize> = match cx.attr(cx.op.attrs.ints("kernel_shape"))? {
+    let pa = cx.attrs::<PoolAttrs>()?;
+    let kernel: Vec<usize> = match &pa.kernel_shape {
         Some(k) if k.len() == r && k.iter().all(|&v| (1..=1 << 24).contains(&v)) => {
-            k.into_iter().map(|v| v as usize).collect()
+            k.iter().map(|&v| v as usize).collect()
         }
         Some(k) => return Err(cx.unsupported(format!("kernel_shape {k:?} for {r} spatial dims"))),
         None => return Err(cx.unsupported("kernel_shape is missing")),
     };
-    let ceil = int_attr(cx, "ceil_mode", 0)? != 0;
+    let ceil = pa.ceil_mode;
     let win = sliding_window(cx, &xd[2..], &kernel, ceil)?;
     let mut od = xd[..2].to_vec();
     od.extend(win.iter().map(|w| w.output));
@@ -374,7 +376,7 @@ fn lp_fold(b: &mut KernelBuilder, vars: Vec<VarId>, x: ExprId, p: i64) -> ExprId
 
 /// The `p` of LpPool / GlobalLpPool (positive).
 fn lp_power(cx: &OpCx<'_>) -> R<i64> {
-    let p = int_attr(cx, "p", 2)?;
+    let p = cx.attrs::<PoolAttrs>()?.p;
     if p <= 0 {
         return Err(cx.unsupported(format!("p = {p}")));
     }
@@ -390,7 +392,7 @@ fn pool(cx: &OpCx<'_>, kind: Pool) -> R<Lowered> {
         return Err(cx.unsupported("float operand expected"));
     }
     let p = if kind == Pool::Lp { lp_power(cx)? } else { 1 };
-    let include_pad = int_attr(cx, "count_include_pad", 0)? != 0;
+    let include_pad = cx.attrs::<PoolAttrs>()?.count_include_pad;
     if cx.output_ty(0).shape.numel() == 0 {
         return Ok(one(empty_step(cx, 0)?));
     }
@@ -491,7 +493,7 @@ fn max_pool(cx: &OpCx<'_>) -> R<Lowered> {
         if cx.output_ty(1).shape.dims() != cx.output_ty(0).shape.dims() {
             return Err(cx.unsupported("Indices and values differ in shape"));
         }
-        let col_major = int_attr(cx, "storage_order", 0)? != 0;
+        let col_major = cx.attrs::<PoolAttrs>()?.storage_order;
         let mut b = cx.builder(1, types(cx, &[0])?);
         let out = b.out_index();
         let m = window_max(&mut b, &win, &out, ct);

@@ -12,7 +12,7 @@ pub fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
     for (n, v) in attrs {
         a.set(*n, v.clone());
     }
-    Op::with_attrs(kind, a)
+    Op::parse(kind, &a).unwrap()
 }
 
 /// An integer attribute.
@@ -90,11 +90,8 @@ pub fn check(op: &Op, inputs: &[Option<Tensor>], bind: Bind, tol: Tol) {
 fn count_outputs(op: &Op, inputs: &[Option<Tensor>]) -> usize {
     let ninfer: Vec<Option<InferInput>> =
         inputs.iter().map(|t| t.as_ref().map(|t| InferInput { ty: t.ty(), value: Some(t) })).collect();
-    if let Some(n) = op.attrs.get("num_outputs").and_then(|a| match a {
-        kiln_ir::Attr::Int(n) => Some(*n as usize),
-        _ => None,
-    }) {
-        return n;
+    if let Some(n) = op.attrs_of::<kiln_ir::attrs::SplitAttrs>().ok().and_then(|a| a.num_outputs) {
+        return n as usize;
     }
     (1..=3).rev().find(|&n| infer(op, &ninfer, n).is_ok()).unwrap_or(1)
 }

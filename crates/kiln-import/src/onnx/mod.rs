@@ -20,6 +20,7 @@ pub mod proto {
 use crate::{ImportError, ImportOptions, UnsupportedOp};
 use bytes::Bytes;
 use kiln_ir::infer::{infer, InferError, InferInput};
+use kiln_ir::op::AttrError;
 use kiln_ir::{Attr, Attrs, DType, Graph, Op, OpKind, Shape, Tensor, TensorType, ValueDef, ValueId};
 use prost::Message;
 use proto::{attribute_proto::AttributeType, type_proto, GraphProto, ModelProto, NodeProto};
@@ -718,7 +719,11 @@ impl Importer {
         out_names: &[String],
         at: &At,
     ) -> Result<Vec<ValueId>, ImportError> {
-        let op = Op { kind, attrs };
+        // The one place ONNX attributes become typed: later stages read the struct.
+        let op = Op::parse(kind, &attrs).map_err(|e| match e {
+            AttrError::Unsupported { .. } => at.err(format!("unsupported: {e}")),
+            e => at.err(e.to_string()),
+        })?;
         let num_outputs = out_names.len().max(1);
         let tys = {
             let infer_inputs: Vec<Option<InferInput>> = inputs

@@ -3,6 +3,7 @@
 //! start with the op name.
 
 use super::{InferError, InferInput};
+use crate::attrs::OpAttrsOf;
 use crate::dtype::DType;
 use crate::op::{AttrError, Op};
 use crate::shape::{Shape, ShapeError, TensorType};
@@ -160,7 +161,10 @@ impl<'a, 'b> Ctx<'a, 'b> {
     }
 
     fn attr_err(&self, e: AttrError) -> InferError {
-        self.invalid(e)
+        match e {
+            AttrError::Unsupported { .. } => self.unsupported(e),
+            e => self.invalid(e),
+        }
     }
 
     // ---- operands ----
@@ -324,60 +328,9 @@ impl<'a, 'b> Ctx<'a, 'b> {
 
     // ---- attributes ----
 
-    /// An int attribute with a default.
-    pub fn int(&self, name: &str, default: i64) -> R<i64> {
-        self.op.attrs.int_or(name, default).map_err(|e| self.attr_err(e))
-    }
-
-    /// An int attribute, if present.
-    pub fn opt_int(&self, name: &str) -> R<Option<i64>> {
-        self.op.attrs.int(name).map_err(|e| self.attr_err(e))
-    }
-
-    /// A required int attribute.
-    pub fn req_int(&self, name: &str) -> R<i64> {
-        self.op.attrs.req_int(name).map_err(|e| self.attr_err(e))
-    }
-
-    /// An int attribute that must be 0 or 1.
-    pub fn flag(&self, name: &str, default: bool) -> R<bool> {
-        match self.int(name, default as i64)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            v => Err(self.invalid(format_args!("attribute `{name}` must be 0 or 1, got {v}"))),
-        }
-    }
-
-    /// An ints attribute, if present.
-    pub fn opt_ints(&self, name: &str) -> R<Option<Vec<i64>>> {
-        self.op.attrs.ints(name).map_err(|e| self.attr_err(e))
-    }
-
-    /// A string attribute with a default, checked against the allowed values.
-    pub fn choice(&self, name: &str, default: &str, allowed: &[&str]) -> R<String> {
-        let v = self.op.attrs.string(name).map_err(|e| self.attr_err(e))?;
-        let v = v.unwrap_or_else(|| default.to_string());
-        if allowed.contains(&v.as_str()) {
-            Ok(v)
-        } else {
-            Err(self.invalid(format_args!("attribute `{name}` must be one of {}, got \"{v}\"", allowed.join(", "))))
-        }
-    }
-
-    /// A tensor attribute, if present.
-    pub fn opt_tensor(&self, name: &str) -> R<Option<Tensor>> {
-        self.op.attrs.tensor(name).map_err(|e| self.attr_err(e))
-    }
-
-    /// The dtype of an ONNX dtype code held by attribute `name`.
-    pub fn dtype_code(&self, name: &str, code: i64) -> R<DType> {
-        match DType::from_onnx_code(code) {
-            Some(d) => Ok(d),
-            None if matches!(code, 8 | 14 | 15) => Err(self.unsupported(format_args!(
-                "attribute `{name}` = {code} names a string or complex dtype, which kiln does not support"
-            ))),
-            None => Err(self.invalid(format_args!("attribute `{name}` = {code} is not a dtype code"))),
-        }
+    /// The op's attributes as struct `T` (parsed and validated when the op was built).
+    pub fn attrs<T: OpAttrsOf>(&self) -> R<&'a T> {
+        self.op.attrs_of::<T>().map_err(|e| self.attr_err(e))
     }
 
     // ---- shapes, axes ----

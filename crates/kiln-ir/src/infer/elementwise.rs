@@ -3,6 +3,7 @@
 //! normalizations, Dropout).
 
 use super::ctx::{Class, Ctx, R};
+use crate::attrs::{BitShiftAttrs, CastAttrs, LpNormAttrs, LrnAttrs, ModAttrs, MvnAttrs, SoftmaxAttrs};
 use crate::dtype::DType;
 use crate::shape::TensorType;
 
@@ -15,7 +16,6 @@ pub(super) fn unary(cx: &Ctx, class: Class) -> R<Vec<TensorType>> {
 
 /// Gelu: a float map with `approximate` = none | tanh.
 pub(super) fn gelu(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.choice("approximate", "none", &["none", "tanh"])?;
     unary(cx, Class::Float)
 }
 
@@ -30,7 +30,7 @@ pub(super) fn is_class(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn softmax(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req_class(0, "input", Class::Float)?;
-    cx.axis(cx.int("axis", -1)?, x.shape.rank(), "axis")?;
+    cx.axis(cx.attrs::<SoftmaxAttrs>()?.axis, x.shape.rank(), "axis")?;
     Ok(vec![x.clone()])
 }
 
@@ -39,10 +39,7 @@ pub(super) fn lrn(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req_class(0, "X", Class::Float)?;
     cx.min_rank(x, 0, "X", 3)?;
-    let size = cx.req_int("size")?;
-    if size < 1 {
-        return Err(cx.invalid(format_args!("attribute `size` must be ≥ 1, got {size}")));
-    }
+    cx.attrs::<LrnAttrs>()?;
     Ok(vec![x.clone()])
 }
 
@@ -50,8 +47,9 @@ pub(super) fn lrn(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn lp_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req_class(0, "input", Class::Float)?;
-    cx.axis(cx.int("axis", -1)?, x.shape.rank(), "axis")?;
-    let p = cx.int("p", 2)?;
+    let a = cx.attrs::<LpNormAttrs>()?;
+    cx.axis(a.axis, x.shape.rank(), "axis")?;
+    let p = a.p;
     if p != 1 && p != 2 {
         return Err(cx.invalid(format_args!("attribute `p` must be 1 or 2, got {p}")));
     }
@@ -62,8 +60,8 @@ pub(super) fn lp_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn mean_variance_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req_class(0, "X", Class::Float)?;
-    let axes = cx.opt_ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]);
-    cx.axes(&axes, x.shape.rank(), "axis")?;
+    let axes = &cx.attrs::<MvnAttrs>()?.axes;
+    cx.axes(axes, x.shape.rank(), "axis")?;
     Ok(vec![x.clone()])
 }
 
@@ -97,7 +95,7 @@ pub(super) fn clip(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn cast(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req(0, "input")?;
-    let to = cx.dtype_code("to", cx.req_int("to")?)?;
+    let to = cx.attrs::<CastAttrs>()?.to;
     Ok(vec![TensorType::new(to, x.shape.clone())])
 }
 
@@ -122,7 +120,7 @@ pub(super) fn binary(cx: &Ctx, class: Class, out: Option<DType>) -> R<Vec<Tensor
 
 /// Mod: `fmod` 0 (integer modulo, sign of the divisor) is defined for integers only.
 pub(super) fn modulo(cx: &Ctx) -> R<Vec<TensorType>> {
-    let fmod = cx.flag("fmod", false)?;
+    let fmod = cx.attrs::<ModAttrs>()?.fmod;
     let out = binary(cx, Class::Numeric, None)?;
     if !fmod && out.first().is_some_and(|t| t.dtype.is_float()) {
         return Err(cx.invalid("fmod=0 is defined for integer operands only; float operands need fmod=1"));
@@ -132,10 +130,7 @@ pub(super) fn modulo(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// BitShift: unsigned operands, `direction` LEFT or RIGHT (required).
 pub(super) fn bit_shift(cx: &Ctx) -> R<Vec<TensorType>> {
-    if cx.op.attrs.get("direction").is_none() {
-        return Err(cx.invalid("required attribute `direction` is missing"));
-    }
-    cx.choice("direction", "", &["LEFT", "RIGHT"])?;
+    cx.attrs::<BitShiftAttrs>()?;
     binary(cx, Class::Unsigned, None)
 }
 

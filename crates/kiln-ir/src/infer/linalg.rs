@@ -1,6 +1,7 @@
 //! Linear algebra: Gemm, MatMul (and its integer and quantized forms), Einsum, Det.
 
 use super::ctx::{broadcast_dims, Class, Ctx, R};
+use crate::attrs::{EinsumAttrs, GemmAttrs};
 use crate::dtype::DType;
 use crate::shape::TensorType;
 use std::collections::BTreeMap;
@@ -13,8 +14,8 @@ pub(super) fn gemm(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.same_dtype(b, 1, "B", a)?;
     cx.rank(a, 0, "A", 2)?;
     cx.rank(b, 1, "B", 2)?;
-    let ta = cx.flag("transA", false)?;
-    let tb = cx.flag("transB", false)?;
+    let ga = cx.attrs::<GemmAttrs>()?;
+    let (ta, tb) = (ga.trans_a, ga.trans_b);
     let (ad, bd) = (a.shape.dims(), b.shape.dims());
     let (m, ka) = if ta { (ad[1], ad[0]) } else { (ad[0], ad[1]) };
     let (kb, n) = if tb { (bd[1], bd[0]) } else { (bd[0], bd[1]) };
@@ -156,15 +157,7 @@ fn parse_term(cx: &Ctx, term: &str) -> R<Vec<Sub>> {
 /// Einsum(Inputs…) with `equation`: explicit (`->`) or implicit output; ellipses
 /// broadcast; a label's extents must agree (1 broadcasts).
 pub(super) fn einsum(cx: &Ctx) -> R<Vec<TensorType>> {
-    let eq: String = cx
-        .op
-        .attrs
-        .string("equation")
-        .map_err(|e| cx.invalid(e))?
-        .ok_or_else(|| cx.invalid("required attribute `equation` is missing"))?
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect();
+    let eq: String = cx.attrs::<EinsumAttrs>()?.equation.chars().filter(|c| !c.is_whitespace()).collect();
     let (lhs, rhs) = match eq.split_once("->") {
         Some((l, r)) => (l, Some(r)),
         None => (eq.as_str(), None),

@@ -4,6 +4,11 @@
 //! Trilu, ReverseSequence and Resize.
 
 use super::ctx::{broadcast_dims, Class, Ctx, Ints, R};
+use crate::attrs::{
+    ConcatAttrs, ConstantOfShapeAttrs, DepthToSpaceAttrs, EyeLikeAttrs, FlattenAttrs, GatherAttrs, GatherNdAttrs,
+    KeepAspectRatioPolicy, OneHotAttrs, PadAttrs, PadMode, ReshapeAttrs, ResizeAttrs, ReverseSequenceAttrs,
+    ScatterElementsAttrs, ShapeAttrs, SpaceToDepthAttrs, SplitAttrs, TransposeAttrs,
+};
 use crate::dtype::DType;
 use crate::shape::TensorType;
 
@@ -29,7 +34,7 @@ pub(super) fn reshape(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(2)?;
     let data = cx.req(0, "data")?;
     let spec = req_int_list(cx, 1, "shape")?;
-    let allowzero = cx.flag("allowzero", false)?;
+    let allowzero = cx.attrs::<ReshapeAttrs>()?.allowzero;
     let in_dims = data.shape.dims();
     let mut out = Vec::with_capacity(spec.len());
     let mut infer_at = None;
@@ -189,7 +194,7 @@ pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn pad(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(4)?;
     let data = cx.req(0, "data")?;
-    let mode = cx.choice("mode", "constant", &["constant", "reflect", "edge", "wrap"])?;
+    let mode = cx.attrs::<PadAttrs>()?.mode;
     let pads = req_int_list(cx, 1, "pads")?;
     if let Some(v) = cx.opt_ty(2) {
         cx.same_dtype(v, 2, "constant_value", data)?;
@@ -212,7 +217,7 @@ pub(super) fn pad(cx: &Ctx) -> R<Vec<TensorType>> {
     for (j, &ax) in axes.iter().enumerate() {
         let (b, e) = (pads[j], pads[j + n]);
         let d = out[ax];
-        if mode != "constant" && d == 0 && (b > 0 || e > 0) {
+        if mode != PadMode::Constant && d == 0 && (b > 0 || e > 0) {
             return Err(cx.invalid(format_args!("mode {mode} cannot pad axis {ax} of {data}: it is empty")));
         }
         let new = d as i128 + b as i128 + e as i128;
@@ -266,9 +271,10 @@ pub(super) fn unsqueeze(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn split(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(2)?;
     let x = cx.req(0, "input")?;
-    let axis = cx.axis(cx.int("axis", 0)?, x.shape.rank(), "axis")?;
+    let sa = cx.attrs::<SplitAttrs>()?;
+    let axis = cx.axis(sa.axis, x.shape.rank(), "axis")?;
     let dim = x.shape.dims()[axis];
-    let attr_n = cx.opt_int("num_outputs")?;
+    let attr_n = sa.num_outputs;
     let sizes: Vec<usize> = match (cx.int_list(1, "split")?, attr_n) {
         (Some(_), Some(_)) => {
             return Err(cx.invalid("give either the `split` operand or the `num_outputs` attribute, not both"))
@@ -331,7 +337,7 @@ pub(super) fn concat(cx: &Ctx) -> R<Vec<TensorType>> {
     if rank == 0 {
         return Err(cx.invalid(format_args!("cannot concatenate scalars ({first})")));
     }
-    let axis = cx.axis(cx.req_int("axis")?, rank, "axis")?;
+    let axis = cx.axis(cx.attrs::<ConcatAttrs>()?.axis, rank, "axis")?;
     let mut out = first.shape.dims().to_vec();
     for i in 1..cx.num_inputs() {
         let t = cx.req(i, "inputs")?;
@@ -353,7 +359,7 @@ pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
     let data = cx.req(0, "data")?;
     let ind = cx.req_class(1, "indices", Class::Index)?;
     cx.min_rank(data, 0, "data", 1)?;
-    let axis = cx.axis(cx.int("axis", 0)?, data.shape.rank(), "axis")?;
+    let axis = cx.axis(cx.attrs::<GatherAttrs>()?.axis, data.shape.rank(), "axis")?;
     let d = data.shape.dims();
     if let Some(v) = cx.opt(1).and_then(|x| x.value) {
         let n = d[axis] as i64;
@@ -376,7 +382,7 @@ pub(super) fn gather_elements(cx: &Ctx) -> R<Vec<TensorType>> {
     let ind = cx.req_class(1, "indices", Class::Index)?;
     cx.min_rank(data, 0, "data", 1)?;
     cx.rank(ind, 1, "indices", data.shape.rank())?;
-    cx.axis(cx.int("axis", 0)?, data.shape.rank(), "axis")?;
+    cx.axis(cx.attrs::<GatherAttrs>()?.axis, data.shape.rank(), "axis")?;
     Ok(vec![TensorType::new(data.dtype, ind.shape.clone())])
 }
 
@@ -388,7 +394,7 @@ pub(super) fn gather_nd(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.min_rank(data, 0, "data", 1)?;
     cx.min_rank(ind, 1, "indices", 1)?;
     let (d, q) = (data.shape.dims(), ind.shape.dims());
-    let b = cx.int("batch_dims", 0)?;
+    let b = cx.attrs::<GatherNdAttrs>()?.batch_dims;
     let b = usize::try_from(b).ok().filter(|&b| b < d.len().min(q.len())).ok_or_else(|| {
         cx.invalid(format_args!("attribute `batch_dims` = {b} must be ≥ 0 and less than the ranks of {data} and {ind}"))
     })?;
@@ -407,10 +413,6 @@ pub(super) fn gather_nd(cx: &Ctx) -> R<Vec<TensorType>> {
     Ok(vec![cx.tt(data.dtype, out)?])
 }
 
-fn scatter_reduction(cx: &Ctx) -> R<()> {
-    cx.choice("reduction", "none", &["none", "add", "mul", "max", "min"]).map(|_| ())
-}
-
 /// ScatterElements(data, indices, updates): the data's type.
 pub(super) fn scatter_elements(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
@@ -421,8 +423,7 @@ pub(super) fn scatter_elements(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.rank(ind, 1, "indices", data.shape.rank())?;
     cx.same_dtype(upd, 2, "updates", data)?;
     cx.expect_dims(upd, 2, "updates", ind.shape.dims())?;
-    cx.axis(cx.int("axis", 0)?, data.shape.rank(), "axis")?;
-    scatter_reduction(cx)?;
+    cx.axis(cx.attrs::<ScatterElementsAttrs>()?.axis, data.shape.rank(), "axis")?;
     Ok(vec![data.clone()])
 }
 
@@ -443,7 +444,6 @@ pub(super) fn scatter_nd(cx: &Ctx) -> R<Vec<TensorType>> {
     let mut want = q[..q.len() - 1].to_vec();
     want.extend_from_slice(&d[k..]);
     cx.expect_dims(upd, 2, "updates", &want)?;
-    scatter_reduction(cx)?;
     Ok(vec![data.clone()])
 }
 
@@ -452,7 +452,7 @@ pub(super) fn transpose(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req(0, "data")?;
     let d = x.shape.dims();
-    let perm: Vec<usize> = match cx.opt_ints("perm")? {
+    let perm: Vec<usize> = match &cx.attrs::<TransposeAttrs>()?.perm {
         Some(p) => {
             let ok = p.len() == d.len() && {
                 let mut seen = vec![false; d.len()];
@@ -481,7 +481,7 @@ pub(super) fn flatten(cx: &Ctx) -> R<Vec<TensorType>> {
     let x = cx.req(0, "input")?;
     let d = x.shape.dims();
     // `axis` is in [-r, r]; a negative one counts from the back of the r dimensions.
-    let a = cx.int("axis", 1)?;
+    let a = cx.attrs::<FlattenAttrs>()?.axis;
     let r = d.len() as i64;
     if a < -r || a > r {
         return Err(cx.invalid(format_args!("axis {a} is out of range for rank {r} (valid: {} to {r})", -r)));
@@ -495,7 +495,10 @@ pub(super) fn flatten(cx: &Ctx) -> R<Vec<TensorType>> {
 }
 
 fn blocksize(cx: &Ctx) -> R<usize> {
-    let b = cx.req_int("blocksize")?;
+    let b = match cx.op.kind {
+        crate::op::OpKind::DepthToSpace => cx.attrs::<DepthToSpaceAttrs>()?.blocksize,
+        _ => cx.attrs::<SpaceToDepthAttrs>()?.blocksize,
+    };
     usize::try_from(b)
         .ok()
         .filter(|&b| b >= 1)
@@ -508,7 +511,6 @@ pub(super) fn depth_to_space(cx: &Ctx) -> R<Vec<TensorType>> {
     let x = cx.req(0, "input")?;
     cx.rank(x, 0, "input", 4)?;
     let b = blocksize(cx)?;
-    cx.choice("mode", "DCR", &["DCR", "CRD"])?;
     let d = x.shape.dims();
     let bb = b.checked_mul(b).ok_or_else(|| cx.invalid("`blocksize` is too large"))?;
     if d[1] % bb != 0 {
@@ -539,8 +541,9 @@ pub(super) fn shape(cx: &Ctx) -> R<Vec<TensorType>> {
     let x = cx.req(0, "data")?;
     let r = x.shape.rank() as i64;
     let clamp = |v: i64| if v < 0 { v.saturating_add(r).max(0) } else { v.min(r) };
-    let start = clamp(cx.int("start", 0)?);
-    let end = clamp(cx.opt_int("end")?.unwrap_or(r));
+    let a = cx.attrs::<ShapeAttrs>()?;
+    let start = clamp(a.start);
+    let end = clamp(a.end.unwrap_or(r));
     let n = (end - start).max(0) as usize;
     Ok(vec![cx.tt(DType::I64, vec![n])?])
 }
@@ -561,7 +564,7 @@ pub(super) fn constant_of_shape(cx: &Ctx) -> R<Vec<TensorType>> {
     }
     let spec = req_int_list(cx, 0, "input")?;
     let dims = spec.iter().map(|&s| cx.extent(s, "`input` entry")).collect::<R<Vec<usize>>>()?;
-    let dtype = match cx.opt_tensor("value")? {
+    let dtype = match &cx.attrs::<ConstantOfShapeAttrs>()?.value {
         Some(v) => {
             if v.numel() != 1 {
                 return Err(cx.invalid(format_args!("attribute `value` must hold one element, got {}", v.ty())));
@@ -578,11 +581,7 @@ pub(super) fn eye_like(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req(0, "input")?;
     cx.rank(x, 0, "input", 2)?;
-    cx.int("k", 0)?;
-    let dtype = match cx.opt_int("dtype")? {
-        Some(c) => cx.dtype_code("dtype", c)?,
-        None => x.dtype,
-    };
+    let dtype = cx.attrs::<EyeLikeAttrs>()?.dtype.unwrap_or(x.dtype);
     Ok(vec![TensorType::new(dtype, x.shape.clone())])
 }
 
@@ -597,7 +596,7 @@ pub(super) fn one_hot(cx: &Ctx) -> R<Vec<TensorType>> {
         return Err(cx.invalid(format_args!("`values` (input 2) must have shape [2], got {values}")));
     }
     let r = ind.shape.rank();
-    let axis = cx.axis(cx.int("axis", -1)?, r + 1, "axis")?;
+    let axis = cx.axis(cx.attrs::<OneHotAttrs>()?.axis, r + 1, "axis")?;
     let depth = cx
         .constant(1, "depth")?
         .and_then(|v| v.to_f64_vec().first().copied())
@@ -678,7 +677,6 @@ pub(super) fn trilu(cx: &Ctx) -> R<Vec<TensorType>> {
     if let Some(k) = cx.opt_class(1, "k", Class::Index)? {
         cx.expect_scalar(k, 1, "k")?;
     }
-    cx.flag("upper", true)?;
     Ok(vec![x.clone()])
 }
 
@@ -688,8 +686,8 @@ pub(super) fn reverse_sequence(cx: &Ctx) -> R<Vec<TensorType>> {
     let x = cx.req(0, "input")?;
     let lens = cx.req_class(1, "sequence_lens", Class::Index)?;
     cx.min_rank(x, 0, "input", 2)?;
-    let b = cx.int("batch_axis", 1)?;
-    let t = cx.int("time_axis", 0)?;
+    let a = cx.attrs::<ReverseSequenceAttrs>()?;
+    let (b, t) = (a.batch_axis, a.time_axis);
     if !matches!((b, t), (0, 1) | (1, 0)) {
         return Err(
             cx.invalid(format_args!("`batch_axis` and `time_axis` must be 0 and 1 in some order, got {b} and {t}"))
@@ -704,23 +702,10 @@ pub(super) fn reverse_sequence(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(4)?;
     let x = cx.req(0, "X")?;
-    cx.choice("mode", "nearest", &["nearest", "linear", "cubic"])?;
-    cx.choice(
-        "coordinate_transformation_mode",
-        "half_pixel",
-        &[
-            "half_pixel",
-            "half_pixel_symmetric",
-            "pytorch_half_pixel",
-            "align_corners",
-            "asymmetric",
-            "tf_crop_and_resize",
-        ],
-    )?;
-    cx.choice("nearest_mode", "round_prefer_floor", &["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])?;
-    let policy = cx.choice("keep_aspect_ratio_policy", "stretch", &["stretch", "not_larger", "not_smaller"])?;
+    let ra = cx.attrs::<ResizeAttrs>()?;
+    let policy = ra.keep_aspect_ratio_policy;
     let rank = x.shape.rank();
-    let axes = match cx.opt_ints("axes")? {
+    let axes = match &ra.axes {
         Some(a) => cx.axes(&a, rank, "axis")?,
         None => (0..rank).collect(),
     };
@@ -769,7 +754,7 @@ pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
                 )));
             }
             let sizes = v.iter().map(|&s| cx.extent(s, "`sizes` entry")).collect::<R<Vec<usize>>>()?;
-            if policy == "stretch" {
+            if policy == KeepAspectRatioPolicy::Stretch {
                 for (&ax, &s) in axes.iter().zip(&sizes) {
                     out[ax] = s;
                 }
@@ -782,7 +767,7 @@ pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
                     let r = s as f32 / in_dims[ax] as f32;
                     scale = Some(match scale {
                         None => r,
-                        Some(c) if policy == "not_larger" => c.min(r),
+                        Some(c) if policy == KeepAspectRatioPolicy::NotLarger => c.min(r),
                         Some(c) => c.max(r),
                     });
                 }

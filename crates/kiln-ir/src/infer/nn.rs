@@ -2,16 +2,12 @@
 //! pools, the normalizations and the recurrent ops (RNN, GRU, LSTM).
 
 use super::ctx::{broadcast_dims, Class, Ctx, Dims, Ints, R};
+use crate::attrs::{
+    AutoPad, BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, GroupNormAttrs, LayerNormAttrs, PoolAttrs, RnnAttrs,
+    RnnDirection,
+};
 use crate::dtype::DType;
 use crate::shape::TensorType;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AutoPad {
-    NotSet,
-    SameUpper,
-    SameLower,
-    Valid,
-}
 
 /// The sliding-window attributes shared by convolutions and pools.
 struct Window {
@@ -23,8 +19,8 @@ struct Window {
 }
 
 /// An ints attribute of `n` entries, each ≥ `min`; `default` when absent.
-fn ints_n(cx: &Ctx, name: &str, n: usize, min: i64, default: usize) -> R<Vec<usize>> {
-    match cx.opt_ints(name)? {
+fn ints_n(cx: &Ctx, name: &str, v: Option<&[i64]>, n: usize, min: i64, default: usize) -> R<Vec<usize>> {
+    match v {
         None => Ok(vec![default; n]),
         Some(v) => {
             if v.len() != n {
@@ -42,17 +38,12 @@ fn ints_n(cx: &Ctx, name: &str, n: usize, min: i64, default: usize) -> R<Vec<usi
 }
 
 fn window(cx: &Ctx, n: usize) -> R<Window> {
-    let auto_pad = match cx.choice("auto_pad", "NOTSET", &["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])?.as_str() {
-        "SAME_UPPER" => AutoPad::SameUpper,
-        "SAME_LOWER" => AutoPad::SameLower,
-        "VALID" => AutoPad::Valid,
-        _ => AutoPad::NotSet,
-    };
+    let a = cx.op.window_attrs().map_err(|e| cx.invalid(e))?;
     Ok(Window {
-        strides: ints_n(cx, "strides", n, 1, 1)?,
-        dilations: ints_n(cx, "dilations", n, 1, 1)?,
-        pads: ints_n(cx, "pads", 2 * n, 0, 0)?,
-        auto_pad,
+        strides: ints_n(cx, "strides", a.strides, n, 1, 1)?,
+        dilations: ints_n(cx, "dilations", a.dilations, n, 1, 1)?,
+        pads: ints_n(cx, "pads", a.pads, 2 * n, 0, 0)?,
+        auto_pad: a.auto_pad,
     })
 }
 
@@ -109,7 +100,10 @@ fn window_out(cx: &Ctx, input: &[usize], kernel: &[usize], w: &Window, ceil: boo
 }
 
 fn group(cx: &Ctx) -> R<usize> {
-    let g = cx.int("group", 1)?;
+    let g = match cx.op.kind {
+        crate::op::OpKind::ConvTranspose => cx.attrs::<ConvTransposeAttrs>()?.group,
+        _ => cx.attrs::<ConvAttrs>()?.group,
+    };
     usize::try_from(g)
         .ok()
         .filter(|&g| g >= 1)
@@ -118,12 +112,13 @@ fn group(cx: &Ctx) -> R<usize> {
 
 /// Checks `kernel_shape` (optional for convolutions) against the weights' spatial extents.
 fn check_kernel_shape(cx: &Ctx, w: &TensorType, kernel: &[usize]) -> R<()> {
-    if let Some(ks) = cx.opt_ints("kernel_shape")? {
+    let ks = cx.op.window_attrs().map_err(|e| cx.invalid(e))?.kernel_shape;
+    if let Some(ks) = ks {
         let same =
             ks.len() == kernel.len() && ks.iter().zip(kernel).all(|(&a, &b)| u64::try_from(a).ok() == Some(b as u64));
         if !same {
             return Err(
-                cx.invalid(format_args!("attribute `kernel_shape` {} does not match the weights {w}", Ints(&ks)))
+                cx.invalid(format_args!("attribute `kernel_shape` {} does not match the weights {w}", Ints(ks)))
             );
         }
     }
@@ -257,14 +252,15 @@ pub(super) fn conv_transpose(cx: &Ctx) -> R<Vec<TensorType>> {
     let n = kernel.len();
     check_kernel_shape(cx, w, kernel)?;
     let win = window(cx, n)?;
-    let out_pad = ints_n(cx, "output_padding", n, 0, 0)?;
+    let a = cx.attrs::<ConvTransposeAttrs>()?;
+    let out_pad = ints_n(cx, "output_padding", a.output_padding.as_deref(), n, 0, 0)?;
     let mut out = vec![xd[0], m];
-    if let Some(os) = cx.opt_ints("output_shape")? {
+    if let Some(os) = &a.output_shape {
         // Spatial extents; a full [N, C, spatial…] list is accepted too.
         let sp = match os.len() {
             l if l == n => &os[..],
             l if l == n + 2 => &os[2..],
-            _ => return Err(cx.invalid(format_args!("attribute `output_shape` {} must have {n} entries", Ints(&os)))),
+            _ => return Err(cx.invalid(format_args!("attribute `output_shape` {} must have {n} entries", Ints(os)))),
         };
         for &v in sp {
             out.push(cx.extent(v, "`output_shape` entry")?);
@@ -308,23 +304,13 @@ pub(super) fn pool(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.min_rank(x, 0, "X", 3)?;
     let xd = x.shape.dims();
     let n = xd.len() - 2;
-    if cx.opt_ints("kernel_shape")?.is_none() {
+    let a = cx.attrs::<PoolAttrs>()?;
+    if a.kernel_shape.is_none() {
         return Err(cx.invalid("required attribute `kernel_shape` is missing"));
     }
-    let kernel = ints_n(cx, "kernel_shape", n, 1, 1)?;
+    let kernel = ints_n(cx, "kernel_shape", a.kernel_shape.as_deref(), n, 1, 1)?;
     let win = window(cx, n)?;
-    let ceil = cx.flag("ceil_mode", false)?;
-    match cx.op.kind {
-        crate::op::OpKind::AveragePool => {
-            cx.flag("count_include_pad", false)?;
-        }
-        crate::op::OpKind::MaxPool => {
-            cx.flag("storage_order", false)?;
-        }
-        _ => {
-            cx.int("p", 2)?;
-        }
-    }
+    let ceil = a.ceil_mode;
     let mut out = vec![xd[0], xd[1]];
     out.extend(window_out(cx, &xd[2..], &kernel, &win, ceil)?);
     let y = cx.tt(x.dtype, out)?;
@@ -356,7 +342,7 @@ pub(super) fn batch_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(5)?;
     let x = cx.req_class(0, "X", Class::Float)?;
     cx.min_rank(x, 0, "X", 2)?;
-    if cx.flag("training_mode", false)? || cx.num_outputs > 1 {
+    if cx.attrs::<BatchNormAttrs>()?.training_mode || cx.num_outputs > 1 {
         return Err(cx.unsupported(
             "training mode (outputs running_mean, running_var) is not supported; only the inference form is",
         ));
@@ -386,7 +372,7 @@ pub(super) fn group_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     let x = cx.req_class(0, "X", Class::Float)?;
     cx.min_rank(x, 0, "X", 2)?;
     let c = x.shape.dims()[1];
-    let g = cx.req_int("num_groups")?;
+    let g = cx.attrs::<GroupNormAttrs>()?.num_groups;
     if g < 1 || !(c as u64).is_multiple_of(g as u64) {
         return Err(cx.invalid(format_args!(
             "attribute `num_groups` = {g} must be ≥ 1 and divide the channel count {c} of {x}"
@@ -397,8 +383,6 @@ pub(super) fn group_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
         cx.same_dtype(t, i, what, x)?;
     }
     per_channel(cx, &[(1, "scale"), (2, "bias")], c, Class::Float)?;
-    let stash = cx.int("stash_type", 1)?;
-    cx.dtype_code("stash_type", stash)?;
     Ok(vec![x.clone()])
 }
 
@@ -408,7 +392,8 @@ pub(super) fn layer_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
     let x = cx.req_class(0, "X", Class::Float)?;
     let r = x.shape.rank();
-    let axis = cx.axis(cx.int("axis", -1)?, r, "axis")?;
+    let a = cx.attrs::<LayerNormAttrs>()?;
+    let axis = cx.axis(a.axis, r, "axis")?;
     let norm = &x.shape.dims()[axis..];
     for (i, what) in [(1, "Scale"), (2, "B")] {
         let t = if i == 1 { Some(cx.req(i, what)?) } else { cx.opt_ty(i) };
@@ -422,7 +407,7 @@ pub(super) fn layer_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
             }
         }
     }
-    let stash = cx.dtype_code("stash_type", cx.int("stash_type", 1)?)?;
+    let stash = a.stash_type;
     if !stash.is_float() {
         return Err(cx.invalid(format_args!("attribute `stash_type` must name a float dtype, got {stash}")));
     }
@@ -445,14 +430,15 @@ pub(super) fn recurrent(cx: &Ctx, gates: usize) -> R<Vec<TensorType>> {
     cx.same_dtype(r, 2, "R", x)?;
     cx.rank(w, 1, "W", 3)?;
     cx.rank(r, 2, "R", 3)?;
-    let nd = match cx.choice("direction", "forward", &["forward", "reverse", "bidirectional"])?.as_str() {
-        "bidirectional" => 2,
-        _ => 1,
+    let a = cx.attrs::<RnnAttrs>()?;
+    let nd = match a.direction {
+        RnnDirection::Bidirectional => 2,
+        RnnDirection::Forward | RnnDirection::Reverse => 1,
     };
-    let batch_major = cx.flag("layout", false)?;
+    let batch_major = a.layout;
     let xd = x.shape.dims();
     let (seq, batch, input) = if batch_major { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
-    let hidden = match cx.opt_int("hidden_size")? {
+    let hidden = match a.hidden_size {
         Some(h) => usize::try_from(h)
             .ok()
             .filter(|&h| h >= 1)
@@ -486,10 +472,6 @@ pub(super) fn recurrent(cx: &Ctx, gates: usize) -> R<Vec<TensorType>> {
             cx.same_dtype(p, 7, "P", x)?;
             cx.expect_dims(p, 7, "P", &[nd, hidden.checked_mul(3).ok_or_else(big)?])?;
         }
-        cx.flag("input_forget", false)?;
-    }
-    if gates == 3 {
-        cx.flag("linear_before_reset", false)?;
     }
     let y = if batch_major { vec![batch, seq, nd, hidden] } else { vec![seq, nd, batch, hidden] };
     let mut outs = vec![cx.tt(x.dtype, y)?, cx.tt(x.dtype, state.clone())?];

@@ -1,6 +1,7 @@
 //! QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear.
 
 use super::ctx::{Class, Ctx, Dims, R};
+use crate::attrs::{DequantizeAttrs, QuantizeAttrs};
 use crate::dtype::DType;
 use crate::shape::{Shape, TensorType};
 
@@ -13,13 +14,22 @@ fn is_quantized(d: DType) -> bool {
 /// per axis (1-D of x's extent along `axis`), or blocked (`block_size` > 0: x's
 /// shape with ceil(extent / block_size) along `axis`).
 fn check_scale_shape(cx: &Ctx, x: &TensorType, s: &TensorType, i: usize, what: &str) -> R<()> {
-    let block = cx.int("block_size", 0)?;
+    let (axis, block) = match cx.op.kind {
+        crate::op::OpKind::QuantizeLinear => {
+            let a = cx.attrs::<QuantizeAttrs>()?;
+            (a.axis, a.block_size)
+        }
+        _ => {
+            let a = cx.attrs::<DequantizeAttrs>()?;
+            (a.axis, a.block_size)
+        }
+    };
     let sd = s.shape.dims();
     if sd.is_empty() || (sd == [1] && block == 0) {
         return Ok(());
     }
     let xd = x.shape.dims();
-    let axis = cx.axis(cx.int("axis", 1)?, xd.len(), "axis")?;
+    let axis = cx.axis(axis, xd.len(), "axis")?;
     let want: Vec<usize> = match block {
         0 => vec![xd[axis]],
         b if b > 0 => {
@@ -62,11 +72,8 @@ pub(super) fn quantize_linear(cx: &Ctx) -> R<Vec<TensorType>> {
         return Err(cx.invalid(format_args!("`y_scale` (input 1) must be a float tensor, got {s}")));
     }
     check_scale_shape(cx, x, s, 1, "y_scale")?;
-    cx.flag("saturate", true)?;
-    let attr = match cx.int("output_dtype", 0)? {
-        0 => None,
-        c => Some(cx.dtype_code("output_dtype", c)?),
-    };
+    // A non-zero code was checked when the op was built.
+    let attr = DType::from_onnx_code(cx.attrs::<QuantizeAttrs>()?.output_dtype);
     let out = match cx.opt_ty(2) {
         Some(z) => {
             check_zero_point(cx, z, s, 2, "y_zero_point")?;

@@ -1,6 +1,7 @@
 //! Reductions (Reduce*(data, axes?)), ArgMax/ArgMin, CumSum and TopK.
 
 use super::ctx::{Class, Ctx, R};
+use crate::attrs::{ArgReduceAttrs, ReduceAttrs, TopKAttrs};
 use crate::dtype::DType;
 use crate::shape::TensorType;
 
@@ -20,8 +21,8 @@ fn reduced(dims: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> {
 pub(super) fn reduce(cx: &Ctx, class: Class) -> R<Vec<TensorType>> {
     cx.max_inputs(2)?;
     let x = cx.req_class(0, "data", class)?;
-    let keepdims = cx.flag("keepdims", true)?;
-    let noop = cx.flag("noop_with_empty_axes", false)?;
+    let a = cx.attrs::<ReduceAttrs>()?;
+    let (keepdims, noop) = (a.keepdims, a.noop_with_empty_axes);
     let rank = x.shape.rank();
     let axes = cx.axes_list(1, "axes")?.unwrap_or_default();
     let axes = if axes.is_empty() {
@@ -40,9 +41,9 @@ pub(super) fn arg_reduce(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(1)?;
     let x = cx.req_class(0, "data", Class::Numeric)?;
     cx.min_rank(x, 0, "data", 1)?;
-    let axis = cx.axis(cx.int("axis", 0)?, x.shape.rank(), "axis")?;
-    let keepdims = cx.flag("keepdims", true)?;
-    cx.flag("select_last_index", false)?;
+    let a = cx.attrs::<ArgReduceAttrs>()?;
+    let axis = cx.axis(a.axis, x.shape.rank(), "axis")?;
+    let keepdims = a.keepdims;
     Ok(vec![cx.tt(DType::I64, reduced(x.shape.dims(), &[axis], keepdims))?])
 }
 
@@ -59,8 +60,6 @@ pub(super) fn cum_sum(cx: &Ctx) -> R<Vec<TensorType>> {
             cx.axis(axis, x.shape.rank(), "axis")?;
         }
     }
-    cx.flag("exclusive", false)?;
-    cx.flag("reverse", false)?;
     Ok(vec![x.clone()])
 }
 
@@ -73,9 +72,7 @@ pub(super) fn top_k(cx: &Ctx) -> R<Vec<TensorType>> {
         return Err(cx.invalid(format_args!("`K` (input 1) must be an int64 tensor, got {kt}")));
     }
     cx.min_rank(x, 0, "X", 1)?;
-    let axis = cx.axis(cx.int("axis", -1)?, x.shape.rank(), "axis")?;
-    cx.flag("largest", true)?;
-    cx.flag("sorted", true)?;
+    let axis = cx.axis(cx.attrs::<TopKAttrs>()?.axis, x.shape.rank(), "axis")?;
     let k = cx.int_scalar(1, "K")?.ok_or_else(|| cx.invalid("operand `K` (input 1) is required"))?;
     let dim = x.shape.dims()[axis];
     let k = usize::try_from(k).ok().filter(|&k| k <= dim).ok_or_else(|| {

@@ -57,6 +57,8 @@ enum PAttr {
 }
 
 struct PNode {
+    /// Offset of the op name (for attribute errors).
+    pos: usize,
     name: String,
     kind: OpKind,
     attrs: Vec<(String, PAttr)>,
@@ -316,7 +318,7 @@ impl Parser {
             self.values.insert(id, PValue { ty, name: vname, def: PDef::Node { node, index }, pos });
             outputs.push(ValueId::new(id as usize));
         }
-        self.nodes.push(PNode { name, kind, attrs, inputs, outputs });
+        self.nodes.push(PNode { pos: op_pos, name, kind, attrs, inputs, outputs });
         Ok(())
     }
 
@@ -518,9 +520,13 @@ impl Parser {
                 };
                 attrs.set(name, a);
             }
+            let op = Op::parse(n.kind, &attrs).map_err(|e| {
+                let node = if n.name.is_empty() { String::new() } else { format!(" (node \"{}\")", n.name) };
+                PErr { pos: n.pos, message: format!("{}{node}: {e}", n.kind) }
+            })?;
             g.nodes.push(Node {
                 name: n.name,
-                op: Op::with_attrs(n.kind, attrs),
+                op,
                 inputs: n.inputs,
                 outputs: n.outputs,
             });

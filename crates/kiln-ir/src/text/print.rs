@@ -156,9 +156,10 @@ impl Printer<'_> {
             }
         }
         self.out.push(')');
-        if !node.op.attrs.is_empty() {
+        let attrs = node.op.to_attrs();
+        if !attrs.is_empty() {
             self.out.push_str(" {");
-            for (k, (name, a)) in node.op.attrs.iter().enumerate() {
+            for (k, (name, a)) in attrs.iter().enumerate() {
                 if k > 0 {
                     self.out.push_str(", ");
                 }

@@ -5,10 +5,11 @@
 //! accumulating `delta`. EyeLike writes the dtype's 1 on the diagonal and zero
 //! bits elsewhere.
 
-use super::{build, elems, int_attr, out_checked, to_usize, width};
+use super::{build, elems, out_checked, to_usize, width};
 use crate::elementwise::{read_f64, write_f64};
 use crate::util::Cx;
 use crate::EvalError;
+use kiln_ir::attrs::{ConstantOfShapeAttrs, EyeLikeAttrs};
 use kiln_ir::{DType, Shape, Tensor};
 
 pub(super) fn range(cx: &Cx) -> Result<Tensor, EvalError> {
@@ -71,10 +72,10 @@ pub(super) fn constant_of_shape(cx: &Cx) -> Result<Tensor, EvalError> {
         .into_iter()
         .map(|d| to_usize(cx, d, "dimension"))
         .collect::<Result<_, _>>()?;
-    let value = cx.attr(cx.op.attrs.tensor("value"))?;
+    let value = &cx.attrs::<ConstantOfShapeAttrs>()?.value;
     let dt = value.as_ref().map_or(DType::F32, Tensor::dtype);
     let ty = out_checked(cx, 0, dt, &dims)?;
-    let fill = match &value {
+    let fill = match value {
         Some(v) if v.numel() == 1 => elems(v).data.into_owned(),
         Some(v) => return Err(cx.invalid(format!("value has {} elements, expected 1", v.numel()))),
         None => vec![0; 4],
@@ -91,7 +92,7 @@ pub(super) fn eye_like(cx: &Cx) -> Result<Tensor, EvalError> {
         return Err(cx.invalid(format!("input rank {} is not 2", xd.len())));
     };
     let ty = out_checked(cx, 0, ty.dtype, &[*rows, *cols])?;
-    let k = int_attr(cx, "k", 0)?;
+    let k = cx.attrs::<EyeLikeAttrs>()?.k;
     let one = Tensor::from_f64(ty.dtype, Shape::scalar(), &[1.0])
         .map_err(|e| cx.invalid(e.to_string()))?;
     let one = elems(&one).data.into_owned();

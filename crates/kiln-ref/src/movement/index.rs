@@ -9,13 +9,14 @@
 //! OneHot: float indices and depth are truncated toward zero; an index outside
 //! `-depth..depth` gives a row of off values.
 
-use super::{build, elems, int_attr, norm_index, out_checked, str_attr, to_usize, width, Elems};
+use super::{build, elems, norm_index, out_checked, to_usize, width, Elems};
 use crate::elementwise::{icmp, read_f64};
 use kiln_ir::lowp::{f64_to_f32_odd, round_binary, BF16_MAX};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
 use half::{bf16, f16};
-use kiln_ir::{lowp, DType, Tensor};
+use kiln_ir::attrs::{GatherAttrs, GatherNdAttrs, OneHotAttrs, ScatterElementsAttrs, ScatterNdAttrs, ScatterReduction};
+use kiln_ir::{lowp, DType, OpKind, Tensor};
 
 /// Integer contents of an index operand (`int32`/`int64`).
 fn indices(cx: &Cx, i: usize) -> Result<Vec<i64>, EvalError> {
@@ -38,9 +39,10 @@ fn copy_elem(cx: &Cx, src: &Elems, i: usize, out: &mut Vec<u8>) -> Result<(), Ev
 }
 
 pub(super) fn gather(cx: &Cx) -> Result<Tensor, EvalError> {
+    let axis = cx.attrs::<GatherAttrs>()?.axis;
     let x = cx.input(0)?;
     let xd = x.shape().dims();
-    let a = cx.axis(int_attr(cx, "axis", 0)?, xd.len())?;
+    let a = cx.axis(axis, xd.len())?;
     let idx = indices(cx, 1)?;
     let id = cx.input(1)?.shape().dims();
     let out: Vec<usize> = xd[..a]
@@ -117,9 +119,10 @@ fn check_elements_shapes(cx: &Cx, xd: &[usize], id: &[usize], a: usize) -> Resul
 }
 
 pub(super) fn gather_elements(cx: &Cx) -> Result<Tensor, EvalError> {
+    let axis = cx.attrs::<GatherAttrs>()?.axis;
     let x = cx.input(0)?;
     let xd = x.shape().dims();
-    let a = cx.axis(int_attr(cx, "axis", 0)?, xd.len())?;
+    let a = cx.axis(axis, xd.len())?;
     let idx = indices(cx, 1)?;
     let id = cx.input(1)?.shape().dims();
     check_elements_shapes(cx, xd, id, a)?;
@@ -180,7 +183,7 @@ pub(super) fn gather_nd(cx: &Cx) -> Result<Tensor, EvalError> {
     let xd = x.shape().dims();
     let idx = indices(cx, 1)?;
     let id = cx.input(1)?.shape().dims();
-    let b = to_usize(cx, int_attr(cx, "batch_dims", 0)?, "batch_dims")?;
+    let b = to_usize(cx, cx.attrs::<GatherNdAttrs>()?.batch_dims, "batch_dims")?;
     let (batches, tuples, m, slice) = nd_geometry(cx, xd, id, b)?;
     let out: Vec<usize> = id[..id.len() - 1]
         .iter()
@@ -221,13 +224,16 @@ enum Reduction {
 }
 
 fn reduction(cx: &Cx) -> Result<Reduction, EvalError> {
-    Ok(match str_attr(cx, "reduction", "none")?.as_str() {
-        "none" => Reduction::None,
-        "add" => Reduction::Add,
-        "mul" => Reduction::Mul,
-        "max" => Reduction::Max,
-        "min" => Reduction::Min,
-        r => return Err(cx.invalid(format!("unknown reduction `{r}`"))),
+    let r = match cx.kind() {
+        OpKind::ScatterElements => cx.attrs::<ScatterElementsAttrs>()?.reduction,
+        _ => cx.attrs::<ScatterNdAttrs>()?.reduction,
+    };
+    Ok(match r {
+        ScatterReduction::None => Reduction::None,
+        ScatterReduction::Add => Reduction::Add,
+        ScatterReduction::Mul => Reduction::Mul,
+        ScatterReduction::Max => Reduction::Max,
+        ScatterReduction::Min => Reduction::Min,
     })
 }
 
@@ -341,9 +347,10 @@ fn apply(
 }
 
 pub(super) fn scatter_elements(cx: &Cx) -> Result<Tensor, EvalError> {
+    let axis = cx.attrs::<ScatterElementsAttrs>()?.axis;
     let x = cx.input(0)?;
     let xd = x.shape().dims();
-    let a = cx.axis(int_attr(cx, "axis", 0)?, xd.len())?;
+    let a = cx.axis(axis, xd.len())?;
     let idx = indices(cx, 1)?;
     let id = cx.input(1)?.shape().dims();
     let u = cx.input(2)?;
@@ -444,7 +451,7 @@ pub(super) fn one_hot(cx: &Cx) -> Result<Tensor, EvalError> {
         )));
     }
     let r = id.len();
-    let axis = int_attr(cx, "axis", -1)?;
+    let axis = cx.attrs::<OneHotAttrs>()?.axis;
     let a = crate::util::norm_axis(axis, r + 1)
         .ok_or_else(|| cx.invalid(format!("axis {axis} out of range for rank {r}")))?;
     let dn = to_usize(cx, depth, "depth")?;

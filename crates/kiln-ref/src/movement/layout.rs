@@ -12,11 +12,15 @@
 //! - ReverseSequence needs every sequence length in `0..=time`.
 
 use super::{
-    build, elems, gather_tensor, int_attr, out_checked, str_attr, to_usize, unique_axes, Ax, FILL,
+    build, elems, gather_tensor, out_checked, to_usize, unique_axes, Ax, FILL,
 };
 use crate::util::{broadcast_dims, row_major_strides, Cx};
 use crate::EvalError;
-use kiln_ir::{DType, Tensor};
+use kiln_ir::attrs::{
+    ConcatAttrs, DepthToSpaceAttrs, DepthToSpaceMode, FlattenAttrs, PadAttrs, PadMode, ReshapeAttrs,
+    ReverseSequenceAttrs, ShapeAttrs, SpaceToDepthAttrs, SplitAttrs, TransposeAttrs, TriluAttrs,
+};
+use kiln_ir::{DType, OpKind, Tensor};
 
 /// The same elements with the dims of result 0 (checked to be `dims`).
 fn reshaped(cx: &Cx, x: &Tensor, dims: &[usize]) -> Result<Tensor, EvalError> {
@@ -28,7 +32,7 @@ fn reshaped(cx: &Cx, x: &Tensor, dims: &[usize]) -> Result<Tensor, EvalError> {
 pub(super) fn reshape(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let shape = cx.ints(1)?;
-    let allowzero = int_attr(cx, "allowzero", 0)? != 0;
+    let allowzero = cx.attrs::<ReshapeAttrs>()?.allowzero;
     let xd = x.shape().dims();
     let mut dims = Vec::with_capacity(shape.len());
     let mut infer = None;
@@ -74,7 +78,7 @@ pub(super) fn flatten(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let xd = x.shape().dims();
     let r = xd.len();
-    let axis = int_attr(cx, "axis", 1)?;
+    let axis = cx.attrs::<FlattenAttrs>()?.axis;
     // Accepted range [-r, r]; a negative axis counts from the rank.
     let a = if axis < 0 { axis + r as i64 } else { axis };
     let a = usize::try_from(a)
@@ -133,8 +137,9 @@ pub(super) fn shape(cx: &Cx) -> Result<Tensor, EvalError> {
     let xd = x.shape().dims();
     let r = xd.len() as i64;
     let clamp = |v: i64| (if v < 0 { v.saturating_add(r) } else { v }).clamp(0, r) as usize;
-    let start = clamp(int_attr(cx, "start", 0)?);
-    let end = match cx.attr(cx.op.attrs.int("end"))? {
+    let sa = cx.attrs::<ShapeAttrs>()?;
+    let start = clamp(sa.start);
+    let end = match sa.end {
         Some(e) => clamp(e),
         None => xd.len(),
     };
@@ -208,7 +213,7 @@ pub(super) fn transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let xd = x.shape().dims();
     let r = xd.len();
-    let perm: Vec<usize> = match cx.attr(cx.op.attrs.ints("perm"))? {
+    let perm: Vec<usize> = match &cx.attrs::<TransposeAttrs>()?.perm {
         Some(p) => {
             if p.len() != r {
                 return Err(cx.invalid(format!("perm {p:?} for rank {r}")));
@@ -297,16 +302,13 @@ pub(super) fn pad(cx: &Cx) -> Result<Tensor, EvalError> {
     let xd = x.shape().dims();
     let r = xd.len();
     let pads = cx.ints(1)?;
-    let mode = str_attr(cx, "mode", "constant")?;
+    let mode = cx.attrs::<PadAttrs>()?.mode;
     let axes = match cx.opt_input(3) {
         Some(_) => unique_axes(cx, &cx.ints(3)?, r)?,
         None => (0..r).collect(),
     };
     if pads.len() != 2 * axes.len() {
         return Err(cx.invalid(format!("{} pads for {} axes", pads.len(), axes.len())));
-    }
-    if !matches!(mode.as_str(), "constant" | "edge" | "reflect" | "wrap") {
-        return Err(cx.invalid(format!("unknown mode `{mode}`")));
     }
     // Per padded axis: (axis, elements cropped at the start, length kept, added at the start).
     let mut plan = Vec::with_capacity(axes.len());
@@ -328,7 +330,7 @@ pub(super) fn pad(cx: &Cx) -> Result<Tensor, EvalError> {
         if n > kiln_ir::shape::MAX_ELEMENTS as i128 {
             return Err(cx.invalid("result too large"));
         }
-        if len == 0 && mode != "constant" && n > 0 {
+        if len == 0 && mode != PadMode::Constant && n > 0 {
             return Err(cx.invalid(format!("cannot pad an empty axis in mode {mode}")));
         }
         plan.push((a, (-pb).max(0), len, pb.max(0)));
@@ -344,11 +346,11 @@ pub(super) fn pad(cx: &Cx) -> Result<Tensor, EvalError> {
                 let src = if (0..len).contains(&i) {
                     i
                 } else {
-                    match mode.as_str() {
-                        "edge" => i.max(0).min(len - 1),
-                        "wrap" => i.rem_euclid(len),
-                        "reflect" if len == 1 => 0,
-                        "reflect" => {
+                    match mode {
+                        PadMode::Edge => i.max(0).min(len - 1),
+                        PadMode::Wrap => i.rem_euclid(len),
+                        PadMode::Reflect if len == 1 => 0,
+                        PadMode::Reflect => {
                             let p = 2 * (len - 1);
                             let m = i.rem_euclid(p);
                             if m >= len {
@@ -357,7 +359,7 @@ pub(super) fn pad(cx: &Cx) -> Result<Tensor, EvalError> {
                                 m
                             }
                         }
-                        _ => return FILL,
+                        PadMode::Constant => return FILL,
                     }
                 };
                 ((crop + src) * strides[a] as i128) as usize
@@ -376,7 +378,7 @@ pub(super) fn concat(cx: &Cx) -> Result<Tensor, EvalError> {
     let first = *ins.first().ok_or_else(|| cx.invalid("no inputs"))?;
     let d0 = first.shape().dims();
     let r = d0.len();
-    let a = cx.axis(cx.attr(cx.op.attrs.req_int("axis"))?, r)?;
+    let a = cx.axis(cx.attrs::<ConcatAttrs>()?.axis, r)?;
     let mut out = d0.to_vec();
     out[a] = 0;
     for t in &ins {
@@ -414,7 +416,8 @@ pub(super) fn concat(cx: &Cx) -> Result<Tensor, EvalError> {
 pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let x = cx.input(0)?;
     let xd = x.shape().dims();
-    let a = cx.axis(int_attr(cx, "axis", 0)?, xd.len())?;
+    let split = cx.attrs::<SplitAttrs>()?;
+    let a = cx.axis(split.axis, xd.len())?;
     let n = xd[a];
     let results = cx.out_types.len();
     let sizes: Vec<usize> = if cx.opt_input(1).is_some() {
@@ -427,7 +430,7 @@ pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
             return Err(cx.invalid(format!("split {s:?} does not sum to {n}")));
         }
         s
-    } else if let Some(k) = cx.attr(cx.op.attrs.int("num_outputs"))? {
+    } else if let Some(k) = split.num_outputs {
         let k = to_usize(cx, k, "num_outputs")?;
         if k == 0 {
             return Err(cx.invalid("num_outputs 0"));
@@ -481,7 +484,11 @@ fn nchw_block(cx: &Cx, x: &Tensor) -> Result<([usize; 4], usize), EvalError> {
     let dims: [usize; 4] = d
         .try_into()
         .map_err(|_| cx.invalid(format!("input rank {} is not 4", d.len())))?;
-    let b = to_usize(cx, cx.attr(cx.op.attrs.req_int("blocksize"))?, "blocksize")?;
+    let b = match cx.kind() {
+        OpKind::DepthToSpace => cx.attrs::<DepthToSpaceAttrs>()?.blocksize,
+        _ => cx.attrs::<SpaceToDepthAttrs>()?.blocksize,
+    };
+    let b = to_usize(cx, b, "blocksize")?;
     if b == 0 {
         return Err(cx.invalid("blocksize 0"));
     }
@@ -501,12 +508,11 @@ pub(super) fn depth_to_space(cx: &Cx) -> Result<Tensor, EvalError> {
     let ty = out_checked(cx, 0, x.dtype(), &[n, co, h * b, w * b])?;
     let sc = h * w;
     // Output (n, c', h, i, w, j) with y = h*b + i, x = w*b + j.
-    let (s_c, s_i, s_j) = match str_attr(cx, "mode", "DCR")?.as_str() {
+    let (s_c, s_i, s_j) = match cx.attrs::<DepthToSpaceAttrs>()?.mode {
         // Input channel (i*b + j)*C' + c'.
-        "DCR" => (sc, b * co * sc, co * sc),
+        DepthToSpaceMode::Dcr => (sc, b * co * sc, co * sc),
         // Input channel c'*b*b + i*b + j.
-        "CRD" => (b * b * sc, b * sc, sc),
-        m => return Err(cx.invalid(format!("unknown mode `{m}`"))),
+        DepthToSpaceMode::Crd => (b * b * sc, b * sc, sc),
     };
     let axes = vec![
         Ax::lin(c * sc, n),
@@ -547,8 +553,8 @@ pub(super) fn reverse_sequence(cx: &Cx) -> Result<Tensor, EvalError> {
     if xd.len() < 2 {
         return Err(cx.invalid(format!("input rank {} < 2", xd.len())));
     }
-    let ba = int_attr(cx, "batch_axis", 1)?;
-    let ta = int_attr(cx, "time_axis", 0)?;
+    let ra = cx.attrs::<ReverseSequenceAttrs>()?;
+    let (ba, ta) = (ra.batch_axis, ra.time_axis);
     if !matches!((ba, ta), (0, 1) | (1, 0)) {
         return Err(cx.invalid(format!(
             "batch_axis {ba} and time_axis {ta} must be 0 and 1"
@@ -608,7 +614,7 @@ pub(super) fn trilu(cx: &Cx) -> Result<Tensor, EvalError> {
         },
         None => 0,
     };
-    let upper = int_attr(cx, "upper", 1)? != 0;
+    let upper = cx.attrs::<TriluAttrs>()?.upper;
     let ty = out_checked(cx, 0, x.dtype(), xd)?;
     let (rows, cols) = (xd[r - 2], xd[r - 1]);
     let e = elems(x);

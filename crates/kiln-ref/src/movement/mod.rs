@@ -132,16 +132,6 @@ pub(super) fn first_elem_or_zero(
 
 pub(super) use crate::util::out_checked;
 
-/// An integer attribute with a default.
-pub(super) fn int_attr(cx: &Cx, name: &str, default: i64) -> Result<i64, EvalError> {
-    cx.attr(cx.op.attrs.int_or(name, default))
-}
-
-/// A string attribute with a default.
-pub(super) fn str_attr(cx: &Cx, name: &str, default: &str) -> Result<String, EvalError> {
-    cx.attr(cx.op.attrs.string_or(name, default.to_string()))
-}
-
 /// Converts a count from the operands into `usize`, or an error.
 pub(super) fn to_usize(cx: &Cx, v: i64, what: &str) -> Result<usize, EvalError> {
     usize::try_from(v).map_err(|_| cx.invalid(format!("{what} {v} is negative")))

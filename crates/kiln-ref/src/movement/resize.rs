@@ -25,10 +25,11 @@
 //!   and its test data do) and the output size otherwise; `pytorch_half_pixel` and
 //!   `align_corners` map a length-1 output to 0, as the ONNX definition states.
 
-use super::{elems, gather_tensor, int_attr, str_attr, unique_axes, Ax, FILL};
+use super::{elems, gather_tensor, unique_axes, Ax, FILL};
 use crate::elementwise::{read_f64, write_f64};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
+use kiln_ir::attrs::{CoordinateTransformationMode, KeepAspectRatioPolicy, NearestMode, ResizeAttrs, ResizeMode};
 use kiln_ir::{Shape, Tensor, TensorType};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -275,38 +276,36 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
     if ty.dtype != x.dtype() || od.len() != r {
         return Err(cx.invalid(format!("result type {ty} for input {}", x.ty())));
     }
-    let mode = match str_attr(cx, "mode", "nearest")?.as_str() {
-        "nearest" => Mode::Nearest,
-        "linear" => Mode::Linear,
-        "cubic" => Mode::Cubic,
-        m => return Err(cx.invalid(format!("unknown mode `{m}`"))),
+    let ra = cx.attrs::<ResizeAttrs>()?;
+    let mode = match ra.mode {
+        ResizeMode::Nearest => Mode::Nearest,
+        ResizeMode::Linear => Mode::Linear,
+        ResizeMode::Cubic => Mode::Cubic,
     };
-    let ctm = match str_attr(cx, "coordinate_transformation_mode", "half_pixel")?.as_str() {
-        "half_pixel" => Ctm::HalfPixel,
-        "half_pixel_symmetric" => Ctm::HalfPixelSymmetric,
-        "pytorch_half_pixel" => Ctm::PytorchHalfPixel,
-        "align_corners" => Ctm::AlignCorners,
-        "asymmetric" => Ctm::Asymmetric,
-        "tf_crop_and_resize" => Ctm::TfCropAndResize,
-        m => return Err(cx.invalid(format!("unknown coordinate_transformation_mode `{m}`"))),
+    let ctm = match ra.coordinate_transformation_mode {
+        CoordinateTransformationMode::HalfPixel => Ctm::HalfPixel,
+        CoordinateTransformationMode::HalfPixelSymmetric => Ctm::HalfPixelSymmetric,
+        CoordinateTransformationMode::PytorchHalfPixel => Ctm::PytorchHalfPixel,
+        CoordinateTransformationMode::AlignCorners => Ctm::AlignCorners,
+        CoordinateTransformationMode::Asymmetric => Ctm::Asymmetric,
+        CoordinateTransformationMode::TfCropAndResize => Ctm::TfCropAndResize,
     };
-    let nearest = match str_attr(cx, "nearest_mode", "round_prefer_floor")?.as_str() {
-        "round_prefer_floor" => Nearest::RoundPreferFloor,
-        "round_prefer_ceil" => Nearest::RoundPreferCeil,
-        "floor" => Nearest::Floor,
-        "ceil" => Nearest::Ceil,
-        m => return Err(cx.invalid(format!("unknown nearest_mode `{m}`"))),
+    let nearest = match ra.nearest_mode {
+        NearestMode::RoundPreferFloor => Nearest::RoundPreferFloor,
+        NearestMode::RoundPreferCeil => Nearest::RoundPreferCeil,
+        NearestMode::Floor => Nearest::Floor,
+        NearestMode::Ceil => Nearest::Ceil,
     };
     let params = Params {
         mode,
-        cubic_a: cx.attr(cx.op.attrs.float_or("cubic_coeff_a", -0.75))? as f64,
-        exclude_outside: int_attr(cx, "exclude_outside", 0)? != 0,
-        antialias: int_attr(cx, "antialias", 0)? != 0,
+        cubic_a: ra.cubic_coeff_a as f64,
+        exclude_outside: ra.exclude_outside,
+        antialias: ra.antialias,
     };
-    let ev = cx.attr(cx.op.attrs.float_or("extrapolation_value", 0.0))? as f64;
-    let policy = str_attr(cx, "keep_aspect_ratio_policy", "stretch")?;
-    let axes = match cx.attr(cx.op.attrs.ints("axes"))? {
-        Some(a) => unique_axes(cx, &a, r)?,
+    let ev = ra.extrapolation_value as f64;
+    let policy = ra.keep_aspect_ratio_policy;
+    let axes = match &ra.axes {
+        Some(a) => unique_axes(cx, a, r)?,
         None => (0..r).collect(),
     };
     let present = |i: usize| cx.opt_input(i).filter(|t| t.numel() > 0);
@@ -335,11 +334,10 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
                 return Err(cx.invalid(format!("{} sizes for {} axes", s.len(), axes.len())));
             }
             let ratios = axes.iter().zip(s).map(|(&a, &v)| v as f64 / xd[a] as f64);
-            let common = match policy.as_str() {
-                "stretch" => None,
-                "not_larger" => Some(ratios.clone().fold(f64::INFINITY, f64::min)),
-                "not_smaller" => Some(ratios.clone().fold(f64::NEG_INFINITY, f64::max)),
-                p => return Err(cx.invalid(format!("unknown keep_aspect_ratio_policy `{p}`"))),
+            let common = match policy {
+                KeepAspectRatioPolicy::Stretch => None,
+                KeepAspectRatioPolicy::NotLarger => Some(ratios.clone().fold(f64::INFINITY, f64::min)),
+                KeepAspectRatioPolicy::NotSmaller => Some(ratios.clone().fold(f64::NEG_INFINITY, f64::max)),
             };
             for (&a, v) in axes.iter().zip(ratios) {
                 scale[a] = common.unwrap_or(v);
@@ -382,7 +380,7 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
     }
     // With `scales` (or a common scale) the transforms see the fractional output
     // length `scale * in`, as the ONNX reference does; with plain `sizes`, the size.
-    let fractional = scales.is_some() || policy != "stretch";
+    let fractional = scales.is_some() || policy != KeepAspectRatioPolicy::Stretch;
     let map = |a: usize| AxisMap {
         ctm,
         n_in: xd[a],
