@@ -68,6 +68,11 @@ impl Error {
         Error::new(Class::InputType, message)
     }
 
+    /// `message (note)`, the class unchanged.
+    pub(crate) fn context_after(self, note: impl std::fmt::Display) -> Error {
+        Error { class: self.class, message: format!("{} ({note})", self.message) }
+    }
+
     /// `context: message`, the class unchanged.
     pub(crate) fn context(self, context: impl std::fmt::Display) -> Error {
         Error { class: self.class, message: format!("{context}: {}", self.message) }

@@ -121,7 +121,8 @@ fn import_options(
 /// released while compiling.
 #[pyfunction]
 #[pyo3(signature = (model, input_shapes=None, input_values=None, target="host", opt="speed", external_weights=None, strip=false))]
-#[allow(clippy::too_many_arguments)]
+// CompileError is kiln-compiler's (large, typed until printed); it is converted at once.
+#[allow(clippy::too_many_arguments, clippy::result_large_err)]
 fn compile<'py>(
     py: Python<'py>,
     model: &Bound<'py, PyAny>,

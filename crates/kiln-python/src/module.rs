@@ -93,7 +93,12 @@ impl Loaded {
         let a: &'static [u8] = unsafe { &*std::ptr::from_ref(artifact.bytes()) };
         // SAFETY: as above.
         let w: Option<&'static [u8]> = weights.as_ref().map(|w| unsafe { &*std::ptr::from_ref(w.bytes()) });
-        let loaded = kiln_runtime::Module::load(a, w)?;
+        let loaded = kiln_runtime::Module::load(a, w).map_err(|e| match e {
+            kiln_runtime::RuntimeError::WeightsMissing { .. } => {
+                Error::from(e).context_after("kiln.load(artifact, weights=PATH) names the file")
+            }
+            e => Error::from(e),
+        })?;
         let sig = loaded.signature();
         let entry = sig
             .find("main")
