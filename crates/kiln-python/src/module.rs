@@ -281,15 +281,17 @@ impl Module {
         })
     }
 
-    /// The inputs, output names and output descriptors, for `InferenceSession`.
+    /// The output names in order (for `InferenceSession`).
     pub(crate) fn output_names(&self) -> impl Iterator<Item = &str> {
         self.shared.outputs.iter().map(|t| t.name.as_str())
     }
 
+    /// The inputs' `TensorInfo`s in call order.
     pub(crate) fn input_info(&self, py: Python<'_>) -> Vec<Py<TensorInfo>> {
         self.in_info.iter().map(|i| i.clone_ref(py)).collect()
     }
 
+    /// The outputs' `TensorInfo`s in order.
     pub(crate) fn output_info(&self, py: Python<'_>) -> Vec<Py<TensorInfo>> {
         self.out_info.iter().map(|i| i.clone_ref(py)).collect()
     }
