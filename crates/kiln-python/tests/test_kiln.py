@@ -377,3 +377,65 @@ def test_integer_and_bool_outputs():
     got = kiln.InferenceSession(model).run(None, {"a": a, "b": b})
     for g_, r in zip(got, ref):
         np.testing.assert_array_equal(g_, r)
+
+
+# ---------------------------------------------------------------- the package itself
+
+
+def test_the_gil_is_released_while_running(data_dir, manifest):
+    """Another Python thread runs in the middle of a long call: the GIL is not held
+    while kiln computes. (With it held, the other thread could run only before the call
+    starts or after it ends, never in the middle third of it.)"""
+    import time
+
+    path, ins, *_ = model_case(data_dir, manifest, "lenet")
+    m = kiln.load(kiln.compile(path), threads=1)
+    t_one = m.bench(iterations=5, warmup=1)["median_ms"]
+    iterations = max(20, int(300 / max(t_one, 1e-3)))  # about 300 ms of invokes
+    started, stop, stamps = threading.Event(), threading.Event(), []
+
+    def spin():
+        started.set()
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    t = threading.Thread(target=spin)
+    t.start()
+    started.wait()
+    t0 = time.perf_counter()
+    m.bench(iterations=iterations, warmup=0)
+    t1 = time.perf_counter()
+    stop.set()
+    t.join()
+    lo, hi = t0 + (t1 - t0) / 3, t1 - (t1 - t0) / 3
+    inside = sum(lo < s < hi for s in stamps)
+    assert inside > 0, f"the other thread never ran in the middle of a {1e3 * (t1 - t0):.0f} ms call"
+
+
+def test_the_type_stubs_name_what_the_module_has():
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("kiln")
+    stub = Path(spec.origin).with_suffix(".pyi")
+    assert stub.is_file(), f"{stub} is not installed"
+    tree = ast.parse(stub.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    import types
+
+    # (Less the extension submodule the package's __init__ imports from.)
+    public = {n for n in dir(kiln) if not n.startswith("_") and not isinstance(getattr(kiln, n), types.ModuleType)}
+    public |= {"__version__"}
+    stubbed = {n for n in names if not n.startswith("_")} | {"__version__"}
+    assert stubbed == public, f"only in the stub: {stubbed - public}; only in the module: {public - stubbed}"
+    for cls in ("Module", "InferenceSession", "TensorInfo"):
+        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+        members = {n.name for n in node.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+        real = {n for n in dir(getattr(kiln, cls)) if not n.startswith("_")}
+        assert members == real, f"{cls}: only in the stub: {members - real}; only in the class: {real - members}"
