@@ -99,13 +99,20 @@ class Module:
     threads take turns on the module's one instance.
     """
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """Runs the module; returns a new array per output, in the signature's order.
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Optional[Mapping[str, np.ndarray]] = None,
+    ) -> Dict[str, np.ndarray]:
+        """Runs the module; returns an array per output, in the signature's order.
 
         Each input must be a C-contiguous array of exactly the input's dtype and shape
         (see ``inputs``): it is read in place, without a copy. Otherwise InputTypeError
         (wrong dtype, not an array) or InvalidInputError (missing or unknown name, wrong
-        shape, not contiguous) names the input and what it expects.
+        shape, not contiguous) names the input and what it expects. Outputs are new
+        arrays, written directly by the runtime, unless ``outputs`` names arrays of the
+        caller's to write instead (checked as inputs are, writable, overlapping no
+        other argument).
         """
     @property
     def inputs(self) -> List[TensorInfo]:

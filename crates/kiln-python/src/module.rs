@@ -346,57 +346,64 @@ impl Module {
         i: usize,
         value: &Bound<'_, PyAny>,
     ) -> Result<(*const u8, usize), Error> {
-        let Ok(a) = value.cast::<PyUntypedArray>() else {
-            let ty = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
-            return Err(Error::input_type(format!(
-                "input `{}`: expected a numpy.ndarray of {}, got {ty}",
-                t.name,
-                t.ty()
-            )));
-        };
-        let Some(want) = &self.in_descr[i] else {
-            return Err(Error::new(
-                Class::Unsupported,
-                format!("input `{}` has dtype {}, which numpy has no dtype for", t.name, dtype::of(t.code).name),
-            ));
-        };
-        let got = a.dtype();
-        if !got.is_equiv_to(want.bind(py)) {
-            let got = got.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
-            return Err(Error::input_type(format!(
-                "input `{}`: expected {}, got {got} {}",
-                t.name,
-                t.ty(),
-                shape_str(a.shape())
-            )));
-        }
-        if a.shape().len() != t.dims.len() || a.shape().iter().zip(&t.dims).any(|(&g, &w)| g as u64 != w) {
-            return Err(Error::invalid(format!(
-                "input `{}`: expected {}, got shape {}",
-                t.name,
-                t.ty(),
-                shape_str(a.shape())
-            )));
-        }
-        if !a.is_c_contiguous() {
-            return Err(Error::invalid(format!(
-                "input `{}` is not C-contiguous (kiln reads inputs in place, without a copy): pass np.ascontiguousarray(...)",
-                t.name
-            )));
-        }
-        // SAFETY: `a` is a live numpy array (the GIL is held); its `data` field is the
-        // address of its first element.
-        let data = unsafe { array_data(a) }.cast_const();
-        if data.is_null() && t.bytes != 0 {
-            return Err(Error::new(Class::Internal, format!("input `{}`: the array has no data", t.name)));
-        }
+        let a = check_array(py, "input", t, self.in_descr[i].as_ref(), value)?;
+        // SAFETY: `a` is a live numpy array (the GIL is held).
+        let data = unsafe { array_data(&a) }.cast_const();
         Ok((data, t.bytes))
     }
 
-    /// A new zeroed, C-contiguous numpy array for each output.
-    fn new_outputs<'py>(&self, py: Python<'py>) -> Result<Vec<Bound<'py, PyUntypedArray>>, PyErr> {
+    /// The outputs to write: the caller's arrays given in `out` (checked as inputs
+    /// are, and writable), new arrays for the others.
+    fn outputs_of<'py>(
+        &self,
+        py: Python<'py>,
+        out: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Vec<Bound<'py, PyUntypedArray>>> {
+        let Some(out) = out else { return self.new_outputs(py, &[]) };
+        let mut given = Vec::with_capacity(self.shared.outputs.len());
+        for (i, t) in self.shared.outputs.iter().enumerate() {
+            let a = match out.get_item(self.out_names[i].bind(py))? {
+                None => None,
+                Some(v) => {
+                    let a = check_array(py, "output", t, self.out_descr[i].as_ref(), &v)?;
+                    // SAFETY: a live numpy array (the GIL is held).
+                    let flags = unsafe { (*numpy::npyffi::objects::_PyArray_GET_ITEM_DATA(a.as_array_ptr())).flags };
+                    if flags & numpy::npyffi::NPY_ARRAY_WRITEABLE == 0 {
+                        return Err(Error::invalid(format!("output `{}`: the array given is read-only", t.name)).into());
+                    }
+                    Some(a)
+                }
+            };
+            given.push(a);
+        }
+        if out.len() != given.iter().flatten().count() {
+            for key in out.keys() {
+                if !self.out_names.iter().any(|n| n.bind(py).as_any().eq(&key).unwrap_or(false)) {
+                    let key = key.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
+                    return Err(Error::invalid(format!(
+                        "the module has no output named `{key}`; its outputs are: {}",
+                        self.names(&self.shared.outputs)
+                    ))
+                    .into());
+                }
+            }
+        }
+        self.new_outputs(py, &given)
+    }
+
+    /// The arrays of `given` (one per output, or none), and a new zeroed, C-contiguous
+    /// numpy array for each output without one.
+    fn new_outputs<'py>(
+        &self,
+        py: Python<'py>,
+        given: &[Option<Bound<'py, PyUntypedArray>>],
+    ) -> Result<Vec<Bound<'py, PyUntypedArray>>, PyErr> {
         let mut outs = Vec::with_capacity(self.shared.outputs.len());
-        for (t, descr) in self.shared.outputs.iter().zip(&self.out_descr) {
+        for (i, (t, descr)) in self.shared.outputs.iter().zip(&self.out_descr).enumerate() {
+            if let Some(Some(a)) = given.get(i) {
+                outs.push(a.clone());
+                continue;
+            }
             let Some(descr) = descr else {
                 return Err(Error::new(
                     Class::Unsupported,
@@ -429,25 +436,57 @@ impl Module {
         &self,
         py: Python<'py>,
         feed: &Bound<'py, PyDict>,
+        out: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Vec<Bound<'py, PyUntypedArray>>> {
         let ins = self.inputs_of(py, feed)?;
-        let outs = self.new_outputs(py)?;
+        let outs = self.outputs_of(py, out)?;
         let args = Args {
             ins,
             outs: outs
                 .iter()
                 .zip(&self.shared.outputs)
-                // SAFETY: live arrays just made (the GIL is held).
+                // SAFETY: live arrays (the GIL is held).
                 .map(|(a, t)| (unsafe { array_data(a) }, t.bytes))
                 .collect(),
         };
+        if out.is_some() {
+            self.check_overlaps(&args)?;
+        }
         // SAFETY: the inputs point into the arrays of `feed` and the outputs into
         // `outs`, all alive (held by this frame) for the whole call, each of its byte
-        // length (shape, dtype and contiguity checked); the outputs are new arrays, so
-        // they overlap nothing. Python code on another thread writing an input array
-        // meanwhile is the caller's race, as with any buffer lent to native code.
+        // length (shape, dtype and contiguity checked); the outputs overlap nothing
+        // (new arrays, or the caller's checked just above). Python code on another
+        // thread touching these arrays meanwhile is the caller's race, as with any
+        // buffer lent to native code.
         py.detach(move || unsafe { self.lock().invoke(&args) }).map_err(|e| self.at(e))?;
         Ok(outs)
+    }
+
+    /// No output's bytes overlap another output's or an input's (the caller's arrays
+    /// given as outputs may be views of anything).
+    fn check_overlaps(&self, args: &Args) -> Result<(), Error> {
+        let ins =
+            args.ins.iter().map(|&(p, len)| (p as usize, len)).zip(&self.shared.inputs).map(|(r, t)| (r, "input", t));
+        let outs = args
+            .outs
+            .iter()
+            .map(|&(p, len)| (p as usize, len))
+            .zip(&self.shared.outputs)
+            .map(|(r, t)| (r, "output", t));
+        let all: Vec<_> = ins.chain(outs).collect();
+        let first_output = args.ins.len();
+        for (k, &((a, alen), _, ot)) in all.iter().enumerate().skip(first_output) {
+            for (j, &((b, blen), what, t)) in all.iter().enumerate() {
+                let overlap = alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen);
+                if j != k && overlap {
+                    return Err(Error::invalid(format!(
+                        "the array given for output `{}` overlaps the array of {what} `{}`",
+                        ot.name, t.name
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn at(&self, e: Error) -> Error {
@@ -457,6 +496,60 @@ impl Module {
             e.context(&self.label)
         }
     }
+}
+
+/// `value` as the array `t` needs (`what`: "input" or "output" for messages): a
+/// numpy array of dtype `descr` (byte order included), of `t`'s shape, C-contiguous.
+fn check_array<'py>(
+    py: Python<'py>,
+    what: &str,
+    t: &Tensor,
+    descr: Option<&Py<PyArrayDescr>>,
+    value: &Bound<'py, PyAny>,
+) -> Result<Bound<'py, PyUntypedArray>, Error> {
+    let Ok(a) = value.cast::<PyUntypedArray>() else {
+        let ty = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        return Err(Error::input_type(format!(
+            "{what} `{}`: expected a numpy.ndarray of {}, got {ty}",
+            t.name,
+            t.ty()
+        )));
+    };
+    let Some(want) = descr else {
+        return Err(Error::new(
+            Class::Unsupported,
+            format!("{what} `{}` has dtype {}, which numpy has no dtype for", t.name, dtype::of(t.code).name),
+        ));
+    };
+    let got = a.dtype();
+    if !got.is_equiv_to(want.bind(py)) {
+        let got = got.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
+        return Err(Error::input_type(format!(
+            "{what} `{}`: expected {}, got {got} {}",
+            t.name,
+            t.ty(),
+            shape_str(a.shape())
+        )));
+    }
+    if a.shape().len() != t.dims.len() || a.shape().iter().zip(&t.dims).any(|(&g, &w)| g as u64 != w) {
+        return Err(Error::invalid(format!(
+            "{what} `{}`: expected {}, got shape {}",
+            t.name,
+            t.ty(),
+            shape_str(a.shape())
+        )));
+    }
+    if !a.is_c_contiguous() {
+        return Err(Error::invalid(format!(
+            "{what} `{}` is not C-contiguous (kiln reads and writes arrays in place, without a copy): pass np.ascontiguousarray(...)",
+            t.name
+        )));
+    }
+    // SAFETY: a live numpy array (the GIL is held).
+    if unsafe { array_data(a) }.is_null() && t.bytes != 0 {
+        return Err(Error::new(Class::Internal, format!("{what} `{}`: the array has no data", t.name)));
+    }
+    Ok(a.clone())
 }
 
 /// Summary statistics of timings, in milliseconds (as `kiln bench` computes them).
@@ -502,17 +595,26 @@ impl Module {
     /// :class:`InputTypeError` (wrong dtype or not an array) or
     /// :class:`InvalidInputError` (missing or unknown name, wrong shape, not
     /// contiguous: ``np.ascontiguousarray`` makes it so) names the input and what it
-    /// expects. Outputs are new arrays each call that the runtime writes directly.
+    /// expects. Outputs are new arrays each call that the runtime writes directly;
+    /// ``outputs`` (a dict of output name to array) names arrays of the caller's to
+    /// write instead (checked as inputs are, writable, overlapping no other argument),
+    /// which the returned dict then holds.
     /// The GIL is released while the module runs; do not write the input arrays from
     /// another thread meanwhile.
-    fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    #[pyo3(signature = (inputs, outputs=None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: &Bound<'py, PyAny>,
+        outputs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let feed = inputs.cast::<PyDict>().map_err(|_| {
             Error::input_type(format!(
                 "run() takes a dict of input name to numpy array, got {}",
                 inputs.get_type().name().map(|n| n.to_string()).unwrap_or_default()
             ))
         })?;
-        let outs = self.run_arrays(py, feed)?;
+        let outs = self.run_arrays(py, feed, outputs)?;
         let d = PyDict::new(py);
         for (name, a) in self.out_names.iter().zip(outs) {
             d.set_item(name.bind(py), a)?;

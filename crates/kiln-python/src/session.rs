@@ -94,7 +94,7 @@ impl InferenceSession {
                     .collect::<Result<_, _>>()?,
             ),
         };
-        let outs = m.run_arrays(py, feed)?;
+        let outs = m.run_arrays(py, feed, None)?;
         match order {
             None => PyList::new(py, outs),
             Some(order) => PyList::new(py, order.iter().map(|&i| outs[i].clone())),

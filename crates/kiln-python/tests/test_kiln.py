@@ -439,3 +439,33 @@ def test_the_type_stubs_name_what_the_module_has():
         members = {n.name for n in node.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
         real = {n for n in dir(getattr(kiln, cls)) if not n.startswith("_")}
         assert members == real, f"{cls}: only in the stub: {members - real}; only in the class: {real - members}"
+
+
+def test_outputs_into_the_callers_arrays(mlp):
+    m, x = mlp
+    want = m.run({"input": x})["output"]
+    out = np.full((1, 10), np.nan, np.float32)
+    got = m.run({"input": x}, outputs={"output": out})
+    assert got["output"] is out
+    np.testing.assert_array_equal(out, want)
+    # A view into a larger buffer is written in place, and nothing around it.
+    big = np.zeros((3, 10), np.float32)
+    m.run({"input": x}, outputs={"output": big[1:2]})
+    np.testing.assert_array_equal(big[1], want[0])
+    assert not big[0].any() and not big[2].any()
+    # Refused: wrong dtype, shape, layout, read-only, unknown name, overlap with an input.
+    with pytest.raises(kiln.InputTypeError, match=r"output `output`: expected float32 \(1, 10\), got float64"):
+        m.run({"input": x}, outputs={"output": np.zeros((1, 10))})
+    with pytest.raises(kiln.InvalidInputError, match=r"output `output`: expected float32 \(1, 10\), got shape \(10,\)"):
+        m.run({"input": x}, outputs={"output": np.zeros(10, np.float32)})
+    with pytest.raises(kiln.InvalidInputError, match="output `output` is not C-contiguous"):
+        m.run({"input": x}, outputs={"output": np.zeros((1, 20), np.float32)[:, ::2]})
+    ro = np.zeros((1, 10), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(kiln.InvalidInputError, match="output `output`: the array given is read-only"):
+        m.run({"input": x}, outputs={"output": ro})
+    with pytest.raises(kiln.InvalidInputError, match="no output named `y`"):
+        m.run({"input": x}, outputs={"y": out})
+    shared = np.zeros((1, 784), np.float32)
+    with pytest.raises(kiln.InvalidInputError, match="output `output` overlaps the array of input `input`"):
+        m.run({"input": shared}, outputs={"output": shared[:, :10]})
