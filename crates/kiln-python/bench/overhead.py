@@ -4,7 +4,9 @@
 `module.bench()` (invoke alone, timed in Rust on the same instance), in rounds that
 interleave the two so that a noisy machine disturbs both alike.
 
-    .venv/bin/python crates/kiln-python/bench/overhead.py [MODEL.onnx] [--rounds R] [--calls N] [--threads T]
+    .venv/bin/python crates/kiln-python/bench/overhead.py [MODEL.onnx] [--rounds R] [--calls N] [--threads T] [--outputs]
+
+--outputs times `run(inputs, outputs=...)` into arrays allocated once.
 
 MODEL defaults to $KILN_TEST_DATA/models/mlp.onnx (KILN_TEST_DATA defaults to .cache).
 Prints each round and the median over rounds of the difference, in microseconds.
@@ -29,13 +31,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--outputs", action="store_true", help="write into preallocated output arrays")
     a = ap.parse_args()
 
     m = kiln.load(kiln.compile(a.model), threads=a.threads)
     rng = np.random.default_rng(0)
     feed = {i.name: rng.random(i.shape).astype(i.dtype) for i in m.inputs}
+    out = {o.name: np.empty(o.shape, o.dtype) for o in m.outputs} if a.outputs else None
     for _ in range(200):  # warm up both paths
-        m.run(feed)
+        m.run(feed, out)
     m.bench(iterations=200, warmup=0, inputs=feed)
 
     clock = time.perf_counter_ns
@@ -44,7 +48,7 @@ def main():
         t = []
         for _ in range(a.calls):
             t0 = clock()
-            m.run(feed)
+            m.run(feed, out)
             t.append(clock() - t0)
         run = statistics.median(t) / 1e3
         inv = m.bench(iterations=a.calls, warmup=0, inputs=feed)["median_ms"] * 1e3
@@ -53,7 +57,8 @@ def main():
         diff_us.append(run - inv)
         print(f"round {r:2}: run {run:8.2f} us  invoke {inv:8.2f} us  overhead {run - inv:6.2f} us")
     print(
-        f"{Path(a.model).name}, {a.threads} thread(s), {a.rounds} rounds x {a.calls} calls: "
+        f"{Path(a.model).name}, {a.threads} thread(s), {a.rounds} rounds x {a.calls} calls"
+        f"{', outputs preallocated' if a.outputs else ''}: "
         f"median run {statistics.median(run_us):.2f} us, median invoke {statistics.median(invoke_us):.2f} us, "
         f"median overhead {statistics.median(diff_us):.2f} us (min {min(diff_us):.2f}, max {max(diff_us):.2f})"
     )
