@@ -303,9 +303,15 @@ impl Module {
     }
 
     /// Checks `feed` against the signature: each input's pointer and byte length, in
-    /// signature order. The arrays stay owned by `feed`.
-    fn inputs_of(&self, py: Python<'_>, feed: &Bound<'_, PyDict>) -> Result<Vec<(*const u8, usize)>, Error> {
+    /// signature order, and the arrays (a reference each, which keeps them alive while
+    /// the GIL is released even if another thread empties `feed`).
+    fn inputs_of<'py>(
+        &self,
+        py: Python<'py>,
+        feed: &Bound<'py, PyDict>,
+    ) -> Result<(Vec<(*const u8, usize)>, Vec<Bound<'py, PyUntypedArray>>), Error> {
         let mut ins = Vec::with_capacity(self.shared.inputs.len());
+        let mut arrays = Vec::with_capacity(self.shared.inputs.len());
         for (i, t) in self.shared.inputs.iter().enumerate() {
             let value = feed.get_item(self.in_names[i].bind(py)).map_err(|e| Error::input_type(e.to_string()))?;
             let Some(value) = value else {
@@ -316,7 +322,10 @@ impl Module {
                     self.names(&self.shared.inputs)
                 )));
             };
-            ins.push(self.check_input(py, t, i, &value)?);
+            let a = check_array(py, "input", t, self.in_descr[i].as_ref(), &value)?;
+            // SAFETY: `a` is a live numpy array (the GIL is held).
+            ins.push((unsafe { array_data(&a) }.cast_const(), t.bytes));
+            arrays.push(a);
         }
         if feed.len() != ins.len() {
             for key in feed.keys() {
@@ -330,26 +339,11 @@ impl Module {
                 }
             }
         }
-        Ok(ins)
+        Ok((ins, arrays))
     }
 
     fn names(&self, ts: &[Tensor]) -> String {
         ts.iter().map(|t| format!("`{}` ({})", t.name, t.ty())).collect::<Vec<_>>().join(", ")
-    }
-
-    /// One input's pointer and length after checking its Python type, dtype, shape and
-    /// layout.
-    fn check_input(
-        &self,
-        py: Python<'_>,
-        t: &Tensor,
-        i: usize,
-        value: &Bound<'_, PyAny>,
-    ) -> Result<(*const u8, usize), Error> {
-        let a = check_array(py, "input", t, self.in_descr[i].as_ref(), value)?;
-        // SAFETY: `a` is a live numpy array (the GIL is held).
-        let data = unsafe { array_data(&a) }.cast_const();
-        Ok((data, t.bytes))
     }
 
     /// The outputs to write: the caller's arrays given in `out` (checked as inputs
@@ -431,14 +425,15 @@ impl Module {
         Ok(outs)
     }
 
-    /// `run` for `InferenceSession`: the outputs as arrays, in signature order.
+    /// Runs the module on `feed`, into the arrays of `out` where given: the output
+    /// arrays in signature order (for `run` and `InferenceSession.run`).
     pub(crate) fn run_arrays<'py>(
         &self,
         py: Python<'py>,
         feed: &Bound<'py, PyDict>,
         out: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Vec<Bound<'py, PyUntypedArray>>> {
-        let ins = self.inputs_of(py, feed)?;
+        let (ins, _held) = self.inputs_of(py, feed)?;
         let outs = self.outputs_of(py, out)?;
         let args = Args {
             ins,
@@ -453,7 +448,7 @@ impl Module {
             self.check_overlaps(&args)?;
         }
         // SAFETY: the inputs point into the arrays of `feed` and the outputs into
-        // `outs`, all alive (held by this frame) for the whole call, each of its byte
+        // `outs`, all alive (referenced by `_held` and `outs`) for the whole call, each of its byte
         // length (shape, dtype and contiguity checked); the outputs overlap nothing
         // (new arrays, or the caller's checked just above). Python code on another
         // thread touching these arrays meanwhile is the caller's race, as with any
@@ -730,7 +725,7 @@ impl Module {
         }
         let ins: Vec<AlignedBytes> = match inputs {
             Some(feed) => {
-                let given = self.inputs_of(py, feed)?;
+                let (given, _held) = self.inputs_of(py, feed)?;
                 given
                     .iter()
                     .map(|&(p, len)| {
