@@ -186,9 +186,12 @@ unsafe fn array_data(a: &Bound<'_, PyUntypedArray>) -> *mut u8 {
     unsafe { (*numpy::npyffi::objects::_PyArray_GET_ITEM_DATA(a.as_array_ptr())).data.cast::<u8>() }
 }
 
+/// An input's address and byte length.
+type InputArg = (*const u8, usize);
+
 /// Raw argument pointers carried across the GIL release.
 struct Args {
-    ins: Vec<(*const u8, usize)>,
+    ins: Vec<InputArg>,
     outs: Vec<(*mut u8, usize)>,
 }
 
@@ -309,7 +312,7 @@ impl Module {
         &self,
         py: Python<'py>,
         feed: &Bound<'py, PyDict>,
-    ) -> Result<(Vec<(*const u8, usize)>, Vec<Bound<'py, PyUntypedArray>>), Error> {
+    ) -> Result<(Vec<InputArg>, Vec<Bound<'py, PyUntypedArray>>), Error> {
         let mut ins = Vec::with_capacity(self.shared.inputs.len());
         let mut arrays = Vec::with_capacity(self.shared.inputs.len());
         for (i, t) in self.shared.inputs.iter().enumerate() {
