@@ -39,14 +39,20 @@ def assert_close(what, got, want, rtol, atol):
 # ---------------------------------------------------------------- compile and run
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet"])
+# mlp and lenet (f32), bert_tiny (int64 token ids), silero_vad (three inputs, one bound by
+# `input_values`, two outputs), eltwise (three 16 MiB inputs).
+@pytest.mark.parametrize("name", ["mlp", "lenet", "bert_tiny", "silero_vad", "eltwise"])
 def test_compile_and_run_match_onnx_runtime(data_dir, manifest, name):
     path, ins, outs, rtol, atol = model_case(data_dir, manifest, name)
-    artifact = kiln.compile(str(path), input_shapes=manifest[name].get("input_shapes"))
+    e = manifest[name]
+    artifact = kiln.compile(str(path), input_shapes=e.get("input_shapes"), input_values=e.get("input_values"))
     assert isinstance(artifact, bytes) and artifact[:8] == b"KILNMOD\0"
+    # Inputs bound to values at compile time are no longer inputs.
+    ins = {k: v for k, v in ins.items() if k not in e.get("input_values", {})}
     for threads in (1, 2):
         m = kiln.load(artifact, threads=threads)
         assert m.threads == threads
+        assert [i.name for i in m.inputs] == list(ins)
         got = m.run(ins)
         assert list(got) == [n for n, _ in outs]
         for n, want in outs:
