@@ -4,7 +4,7 @@
 //! and node.
 //!
 //! Expected texts come from the crates of each level run directly (kiln-ir, kiln-opt,
-//! kiln-flow) or from the pipeline's own listing of names, not from the CLI under test.
+//! kiln-lower) or from the pipeline's own listing of names, not from the CLI under test.
 
 mod common;
 
@@ -46,7 +46,7 @@ fn to_each_level_prints_that_levels_text() {
     let mut g = kiln_ir::text::parse(&src).expect("parse");
     kiln_opt::run_tensor_pipeline(&mut g).expect("tensor passes");
     assert_eq!(ok(&["compile", PACKED, "--to", "tensor"]), kiln_ir::text::print(&g));
-    let flow = kiln_flow::program::form(&g).expect("dispatch formation");
+    let flow = kiln_lower::form(&g).expect("dispatch formation");
     assert_eq!(ok(&["compile", PACKED, "--to", "flow"]), format!("{flow}\n"));
     // The stream level shows the plan that ships: the packed weights of x86-64-v3.
     let stream = ok(&["compile", PACKED, "--to", "stream", "--target-cpu", "x86-64-v3"]);

@@ -366,13 +366,13 @@ fn other_forms_take_another_path() {
     );
 }
 
-/// An AveragePool as `kiln_flow::lower` lowers it: `Σ x` over the window, divided by the
+/// An AveragePool as `kiln_lower` lowers it: `Σ x` over the window, divided by the
 /// kernel's size (`count_include_pad`, or no padding) or by the taps inside the input
 /// (the per-position count the window path tabulates at compile time).
 fn average_pool(dims: [usize; 4], kernel: [i64; 2], strides: [i64; 2], pads: [i64; 4], include_pad: bool) -> Kernel {
-    use kiln_flow::lower::{lower_op, OpCx, OpInput};
     use kiln_ir::infer::{infer, InferInput};
     use kiln_ir::{Attr, Attrs, Op, OpKind};
+    use kiln_lower::{lower_op, OpCx, OpInput};
     let mut a = Attrs::new();
     a.set("kernel_shape", Attr::Ints(kernel.to_vec()));
     a.set("strides", Attr::Ints(strides.to_vec()));

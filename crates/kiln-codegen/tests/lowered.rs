@@ -1,13 +1,13 @@
-//! Kernels from the real lowerings (`kiln_flow::lower::lower_op`), compiled and run
+//! Kernels from the real lowerings (`kiln_lower::lower_op`), compiled and run
 //! step by step against the kernel interpreter. Ops not lowered yet are skipped and
 //! listed; every kernel that is produced must compile and match bit for bit.
 
 mod common;
 
 use common::*;
-use kiln_flow::lower::{lower_op, OpCx, OpInput, Operand};
 use kiln_ir::infer::{infer, InferInput};
 use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor};
+use kiln_lower::{lower_op, OpCx, OpInput, Operand};
 
 fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
     let mut a = Attrs::new();
@@ -351,8 +351,8 @@ fn lowered_ops_compile_and_match() {
         };
         for (r, (o, w)) in lowered.outputs.iter().zip(&want).enumerate() {
             let got = match *o {
-                kiln_flow::lower::Output::Step(s) => results[s].clone(),
-                kiln_flow::lower::Output::Alias(i) => {
+                kiln_lower::Output::Step(s) => results[s].clone(),
+                kiln_lower::Output::Alias(i) => {
                     c.inputs[i].as_ref().unwrap().reshaped(w.shape().clone()).unwrap()
                 }
             };

@@ -445,7 +445,7 @@ impl Compilation {
             }
             Stage::FormDispatches => {
                 let g = self.graph.take().ok_or_else(|| missing("tensor graph"))?;
-                let flow = kiln_flow::program::form_with(&g, !self.options.size);
+                let flow = kiln_lower::form_with(&g, !self.options.size);
                 self.graph = Some(g);
                 self.flow = Some(flow?);
             }

@@ -2,7 +2,7 @@
 //! each error is.
 //!
 //! Expected values come from running the stage's own crate directly (kiln-ir's parser
-//! and printer, kiln-opt's pipeline, kiln-flow's dispatch formation), not from the
+//! and printer, kiln-opt's pipeline, kiln-lower's dispatch formation), not from the
 //! pipeline under test.
 
 use std::path::PathBuf;
@@ -82,7 +82,7 @@ fn stopping_after_each_stage_gives_that_levels_text() {
     let parsed = kiln_ir::text::parse(&src).expect("parse");
     let mut optimised = parsed.clone();
     kiln_opt::run_tensor_pipeline(&mut optimised).expect("tensor passes");
-    let formed = kiln_flow::program::form(&optimised).expect("dispatch formation");
+    let formed = kiln_lower::form(&optimised).expect("dispatch formation");
     let full = kiln_compiler::compile(&parsed, &options()).expect("compile");
 
     let mut previous_flow = None;

@@ -5,8 +5,10 @@
 //! a loop over the output's index space whose body is a scalar expression. The body
 //! reads input tensors at computed indices, may reduce over extra index variables
 //! (sums, maxima, contractions), and converts between dtypes. Every tensor op lowers
-//! to such kernels ([`lower`]); fusing a producer into its consumer is substituting the
-//! producer's expression for the consumer's load of it ([`fuse`]). Every dispatch
+//! to such kernels (crate `kiln-lower`, through the interface in [`lower`]); [`program`]
+//! builds the DAG of dispatches from the lowered ops; fusing a producer into its
+//! consumer is substituting the producer's expression for the consumer's load of it
+//! ([`fuse`]). Every dispatch
 //! carries its kernel's class ([`class`]: contraction, window, rows, movement,
 //! elementwise or general), decided here once from the kernel's shape ([`affine`] is the
 //! one index analysis behind it); code generators (`kiln-codegen`) consume kernels and

@@ -1,7 +1,7 @@
 //! The flow-level program: buffers and the dispatches that compute them.
 //!
-//! [`form`] lowers every node of a tensor-level graph ([`crate::lower`]) into
-//! dispatches, then fuses producers into their consumers ([`crate::fuse`]) and drops
+//! [`form`] lowers every node of a tensor-level graph into dispatches with a given
+//! lowering ([`crate::lower::Lowering`]; kiln's are crate `kiln-lower`'s), then fuses producers into their consumers ([`crate::fuse`]) and drops
 //! dispatches nobody reads. A buffer is a graph input, a constant, a dispatch result,
 //! or an alias (the same bytes under another shape, for reshape-like ops).
 
@@ -10,7 +10,7 @@ use kiln_ir::{Graph, Tensor, TensorType, ValueDef, ValueId};
 
 use crate::class::KernelClass;
 use crate::kernel::Kernel;
-use crate::lower::{lower_op, LowerError, OpCx, OpInput, Operand, Output};
+use crate::lower::{LowerError, Lowering, OpCx, OpInput, Operand, Output};
 
 /// A buffer of the flow program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -194,17 +194,13 @@ impl FlowProgram {
     }
 }
 
-/// Lowers every node of `graph` and fuses the result (see the module docs), shaping
-/// the program for targets with contraction microkernels.
-pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
-    form_with(graph, true)
-}
-
-/// [`form`], with the contraction layout transforms (`crate::layout`) and fusion's
-/// keep-contractions-addressable rule only when `contractions` (a target that compiles
-/// every kernel the general way gains nothing from them and pays a dispatch each).
-pub fn form_with(graph: &Graph, contractions: bool) -> Result<FlowProgram, FlowError> {
-    let mut p = lower_graph(graph)?;
+/// Lowers every node of `graph` with `lower` and fuses the result (see the module docs).
+/// The contraction layout transforms (`crate::layout`) and fusion's
+/// keep-contractions-addressable rule apply only when `contractions`: they shape the
+/// program for targets with contraction microkernels (a target that compiles every
+/// kernel the general way gains nothing from them and pays a dispatch each).
+pub fn form(graph: &Graph, contractions: bool, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
+    let mut p = lower_graph(graph, lower)?;
     if contractions {
         crate::layout::materialize_padding(&mut p);
     }
@@ -217,8 +213,8 @@ pub fn form_with(graph: &Graph, contractions: bool) -> Result<FlowProgram, FlowE
     Ok(p)
 }
 
-/// Lowers every node of `graph`, one dispatch per kernel, without fusing.
-pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
+/// Lowers every node of `graph` with `lower`, one dispatch per kernel, without fusing.
+pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
     let mut p = FlowProgram {
         name: graph.name.clone(),
         buffers: Vec::new(),
@@ -263,7 +259,7 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
         let outputs: Vec<TensorType> = node.outputs.iter().map(|&v| graph.values[v].ty.clone()).collect();
         let name = format!("k{}", nid.index());
         let cx = OpCx { op: &node.op, name: &name, inputs: &inputs, outputs: &outputs };
-        let lowered = lower_op(&cx).map_err(|source| FlowError::Lower { node: label.clone(), source })?;
+        let lowered = lower(&cx).map_err(|source| FlowError::Lower { node: label.clone(), source })?;
         let source = format!("{} {}", node.op.kind.name(), label);
         let mut step_buffers: Vec<BufferId> = Vec::with_capacity(lowered.steps.len());
         // Results of the op that come straight from a step take the value's buffer.

@@ -1,8 +1,8 @@
 //! The flow level's text form: hand-written texts parse to hand-built kernels and
 //! programs, every printed kernel and program parses back to an equal one and prints
-//! identically (random kernels from a seeded generator, programs formed from graphs),
-//! constants keep their exact bits, errors point at the offending token, and mutated
-//! texts never panic the parser.
+//! identically (random kernels from a seeded generator; programs formed from graphs are
+//! kiln-lower's `tests/text.rs`), constants keep their exact bits, errors point at the
+//! offending token, and mutated texts never panic the parser.
 
 use kiln_filetest::fuzz::XorShiftStar as Rng;
 use kiln_flow::kernel::{
@@ -474,37 +474,6 @@ fn program_round_trips_with_every_kind_of_buffer() {
     // The blob of %3: 80 bytes, 57 on the first line (76 base64 characters).
     let blob_lines: Vec<&str> = text.lines().skip_while(|l| *l != "  0:").skip(1).take(2).collect();
     assert_eq!(blob_lines[0].trim().len(), 78);
-}
-
-#[test]
-fn programs_formed_from_graphs_round_trip() {
-    // Layout ops are lowered; whatever else fails to lower is skipped here (the
-    // filetests cover the other ops).
-    let graphs = [
-        "graph @t(%0: f32[2,3,4] \"x\") -> (%1) {
-  %1 = Transpose(%0) {perm = [2, 0, 1]} : f32[4,2,3] \"y\"
-}",
-        "graph @r(%0: f32[2,3,4] \"x\") -> (%2, %3) {
-  %1 = const i64[2] [6, 4]
-  %2 = Reshape(%0, %1) : f32[6,4] \"y\"
-  %3 = Transpose(%2) {perm = [1, 0]} : f32[4,6] \"z\"
-}",
-        "graph @c(%0: f32[2,3] \"x\") -> (%4) {
-  %1 = const i64[1] [1]
-  %2 = const i64[1] [3]
-  %3 = Concat(%0, %0) {axis = 0} : f32[4,3]
-  %4 = Slice(%3, %1, %2) : f32[2,3]
-}",
-    ];
-    let mut formed = 0;
-    for src in graphs {
-        let Ok(g) = kiln_ir::text::parse(src) else { continue };
-        if let Ok(p) = kiln_flow::program::form(&g) {
-            round_trip_program(&p);
-            formed += 1;
-        }
-    }
-    assert!(formed >= 1);
 }
 
 #[test]

@@ -31,7 +31,7 @@ use kiln_ir::{DType, OpKind, Tensor, TensorType};
 use super::{
     broadcast_index, flat_index, norm_axis, store, unflatten, LowerError, Lowered, OpCx, OpInput, Operand, Output, Step,
 };
-use crate::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
+use kiln_flow::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
 
 type R<T> = Result<T, LowerError>;
 

@@ -6,10 +6,10 @@ mod common;
 use common::{
     check, compare, floats, infer_inputs, infer_types, int, ints, lower, op, rand, s, typed, Bind, Tol, EXACT, F32,
 };
-use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput, Output};
 use kiln_flow::{Bounds, Expr};
 use kiln_ir::infer::{infer, InferInput};
 use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor};
+use kiln_lower::{interpret, lower_op, Lowered, OpCx, OpInput, Output};
 
 // ---------------------------------------------------------------------------
 // Helpers.

@@ -4,9 +4,9 @@
 mod common;
 
 use common::{check, compare, floats, infer_types, int, lower, op, rand, s, t, typed_i, Bind, Tol, EXACT, F32};
-use kiln_flow::lower::{interpret, Lowered, Output};
 use kiln_flow::{BinaryOp, Expr, UnaryOp};
 use kiln_ir::{Attr, DType, Op, OpKind, Tensor, TensorType};
+use kiln_lower::{interpret, Lowered, Output};
 
 // ---------------------------------------------------------------------------
 // Helpers.

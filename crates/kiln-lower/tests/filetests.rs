@@ -1,5 +1,5 @@
 //! Dispatch-formation filetests: each `tests/filetests/NAME.kir` is a tensor-level graph
-//! in kiln-ir's text form; `kiln_flow::program::form` turns it into a flow program,
+//! in kiln-ir's text form; `kiln_lower::form` turns it into a flow program,
 //! whose text must equal `NAME.flow`. `KILN_BLESS=1` rewrites the expectations
 //! (review the diff: they pin the fusion decisions).
 //!
@@ -18,9 +18,10 @@
 use kiln_filetest::Case;
 use kiln_flow::class::KernelClass;
 use kiln_flow::kernel::Expr;
-use kiln_flow::program::{form, interpret, FlowProgram};
+use kiln_flow::program::{interpret, FlowProgram};
 use kiln_flow::text::{parse_program, print_program};
 use kiln_ir::{DType, Graph, Tensor};
+use kiln_lower::form;
 
 /// Seeded inputs, uniform in [-1, 1) (bools: random bits, integers: -3..=3).
 fn inputs(g: &Graph) -> Vec<Tensor> {

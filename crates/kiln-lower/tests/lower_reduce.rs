@@ -7,9 +7,9 @@ use common::{
     check, compare, floats, ia, infer_types, int, ints, lower, lower_fails, op, rand, s, typed, typed_i, Bind, Tol,
     EXACT, F32,
 };
-use kiln_flow::lower::{interpret, Lowered};
 use kiln_flow::{Expr, ReduceOp};
 use kiln_ir::{Attr, DType, Op, OpKind, Tensor};
+use kiln_lower::{interpret, Lowered};
 
 // ---------------------------------------------------------------------------
 // Helpers.

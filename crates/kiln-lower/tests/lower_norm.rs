@@ -7,8 +7,8 @@
 mod common;
 
 use common::{check, floats, infer_types, int, lower, op, rand, s, t, typed_i, Bind, Tol, EXACT, F32};
-use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 use kiln_ir::{Attr, DType, Op, OpKind, Tensor, TensorType};
+use kiln_lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 
 // ---------------------------------------------------------------------------
 // Helpers.

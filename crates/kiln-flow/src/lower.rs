@@ -1,25 +1,22 @@
-//! Lowering of tensor ops into kernels.
+//! The interface between op lowering and the flow program.
 //!
-//! [`lower_op`] turns one op, with the types of its operands (and the contents of the
-//! constant ones), into [`Lowered`]: a small DAG of [`Step`]s, each one kernel whose
-//! inputs are the op's operands or earlier steps' results, plus where each of the op's
-//! results comes from. Most ops are one step; ops whose results are a view of an
-//! operand's bytes (Reshape, Squeeze, Flatten, Identity, …) are [`Output::Alias`] and
-//! cost nothing. A lowering reads constant operands it needs at compile time (shapes,
-//! pads, axes) and binds only the operands its kernels read.
+//! A lowering (crate `kiln-lower`) turns one op, with the types of its operands (and the
+//! contents of the constant ones) in an [`OpCx`], into [`Lowered`]: a small DAG of
+//! [`Step`]s, each one kernel whose inputs are the op's operands or earlier steps'
+//! results, plus where each of the op's results comes from. Most ops are one step; ops
+//! whose results are a view of an operand's bytes (Reshape, Squeeze, Flatten, Identity,
+//! …) are [`Output::Alias`] and cost nothing. [`crate::program::form`] takes a lowering
+//! as a parameter ([`Lowering`]) and builds the flow program from what it produces.
 //!
-//! Each op family has a module; [`lower_op`] asks them in turn. Helpers shared by the
-//! families (broadcast indexing, flattening, dtype handling) live here.
+//! The index helpers here ([`broadcast_index`], [`flat_index`], [`unflatten`]) serve both
+//! the lowerings and fusion; [`interpret`] runs a lowered op with the kernel interpreter.
 
-use kiln_ir::{DType, Op, Tensor, TensorType};
+use kiln_ir::{Op, Tensor, TensorType};
 
-use crate::kernel::{ExprId, Kernel, KernelBuilder, KernelError, ScalarType};
+use crate::kernel::{ExprId, Kernel, KernelBuilder, KernelError};
 
-mod elementwise;
-mod linalg;
-mod movement;
-mod norm;
-mod reduce;
+/// A lowering: one op into kernels (`kiln_lower::lower_op` is kiln's).
+pub type Lowering<'l> = dyn Fn(&OpCx<'_>) -> Result<Lowered, LowerError> + 'l;
 
 /// One operand of the op being lowered.
 #[derive(Debug, Clone, Copy)]
@@ -189,18 +186,6 @@ impl<'a> OpCx<'a> {
     }
 }
 
-/// Lowers one op (see the module docs).
-pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
-    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 5] =
-        [elementwise::lower, movement::lower, reduce::lower, linalg::lower, norm::lower];
-    for f in families {
-        if let Some(r) = f(cx) {
-            return r;
-        }
-    }
-    Err(cx.unsupported("no lowering for this op yet"))
-}
-
 /// The index of an operand of shape `in_dims` broadcast (numpy rules) to `out_index`:
 /// leading output dimensions the operand lacks are dropped, its dimensions of extent 1
 /// read index 0.
@@ -240,71 +225,6 @@ pub fn unflatten(b: &mut KernelBuilder, dims: &[usize], flat: ExprId) -> Vec<Exp
         stride = stride.saturating_mul(dims[d].max(1) as i64);
     }
     out
-}
-
-/// `x^e` for a float `x` and a constant exponent `e` that plain arithmetic computes with
-/// the same special values as `pow` (0, ±1, 2, ¼, ½, ¾, 1½: multiplies and square roots,
-/// which a code generator vectorises, where `pow` is a call per element); `None` for
-/// other exponents. `pow(±0, e)` is +0 and `pow(−∞, e)` +∞ for these positive `e`, where
-/// square roots give −0 and NaN: both are put right. The roots round at most three
-/// times (about 1.5 ulp from the correctly rounded power).
-pub fn pow_by_constant(b: &mut KernelBuilder, x: ExprId, e: f64) -> Option<ExprId> {
-    use crate::kernel::{BinaryOp as B, UnaryOp as U};
-    let t = b.ty(x);
-    if !t.is_float() {
-        return None;
-    }
-    let r = match e {
-        0.0 => return Some(b.float(t, 1.0)),
-        1.0 => return Some(x),
-        2.0 => return Some(b.mul(x, x)),
-        -1.0 => {
-            let one = b.float(t, 1.0);
-            return Some(b.div(one, x));
-        }
-        0.5 => b.unary(U::Sqrt, x),
-        0.25 => {
-            let s = b.unary(U::Sqrt, x);
-            b.unary(U::Sqrt, s)
-        }
-        0.75 => {
-            let s = b.unary(U::Sqrt, x);
-            let q = b.unary(U::Sqrt, s);
-            b.mul(s, q)
-        }
-        1.5 => {
-            let s = b.unary(U::Sqrt, x);
-            b.mul(x, s)
-        }
-        _ => return None,
-    };
-    // −0 → +0 (a root of −0 is −0; the products of two such are +0 already).
-    let zero = b.float(t, 0.0);
-    let r = b.add(r, zero);
-    let (ni, pi) = (b.float(t, f64::NEG_INFINITY), b.float(t, f64::INFINITY));
-    let m = b.binary(B::Eq, x, ni);
-    Some(b.select(m, pi, r))
-}
-
-/// The compute type a float op of storage dtype `d` computes in.
-pub fn compute(d: DType) -> ScalarType {
-    ScalarType::of_storage(d)
-}
-
-/// Ends a kernel's value: the cast that rounds `e` to the output dtype (identity when
-/// the output stores its compute type exactly).
-pub fn store(b: &mut KernelBuilder, e: ExprId) -> ExprId {
-    let d = b.output().dtype;
-    b.cast(e, d, true)
-}
-
-/// Normalises a possibly negative axis against `rank`.
-pub fn norm_axis(cx: &OpCx<'_>, axis: i64, rank: usize) -> Result<usize, LowerError> {
-    let r = rank as i64;
-    if axis < -r || axis >= r.max(1) {
-        return Err(cx.unsupported(format!("axis {axis} out of range for rank {rank}")));
-    }
-    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
 }
 
 /// Evaluates a lowered op with the kernel interpreter (tests and debugging).

@@ -7,10 +7,10 @@ mod common;
 use common::{
     check, compare, floats, ia, infer_inputs, infer_types, int, ints, lower, op, rand, s, typed, typed_i, Bind, Tol, EXACT, F32,
 };
-use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 use kiln_flow::{Bounds, Expr};
 use kiln_ir::infer::infer;
 use kiln_ir::{Attr, DType, Op, OpKind, Shape, Tensor};
+use kiln_lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 
 // ---------------------------------------------------------------------------
 // Helpers.

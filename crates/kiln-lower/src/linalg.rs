@@ -32,7 +32,7 @@ use kiln_ir::attrs::{ConvAttrs, ConvTransposeAttrs, EinsumAttrs, GemmAttrs};
 use kiln_ir::{DType, OpKind, Shape, TensorType};
 
 use super::{broadcast_index, compute, store, unflatten, LowerError, Lowered, OpCx, Operand, Output, Step};
-use crate::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
+use kiln_flow::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
 
 pub(super) type R<T> = Result<T, LowerError>;
 

@@ -36,7 +36,7 @@ use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
 use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output};
-use crate::kernel::{BinaryOp as B, Expr, ExprId, KernelBuilder, ScalarType as S, UnaryOp as U};
+use kiln_flow::kernel::{BinaryOp as B, Expr, ExprId, KernelBuilder, ScalarType as S, UnaryOp as U};
 
 type R<T> = Result<T, LowerError>;
 

@@ -2,9 +2,9 @@
 //! interpreter, and every result is compared with the reference evaluator's.
 #![allow(dead_code)]
 
-use kiln_flow::lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 use kiln_ir::infer::{infer, InferInput};
 use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
+use kiln_lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 
 /// `kind` with the given attributes.
 pub fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {

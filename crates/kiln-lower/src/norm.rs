@@ -47,7 +47,7 @@ use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Shape, TensorType};
 
 use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output, Step};
-use crate::kernel::{BinaryOp as B, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType as S, UnaryOp as U, VarId};
+use kiln_flow::kernel::{BinaryOp as B, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType as S, UnaryOp as U, VarId};
 
 type R<T> = Result<T, LowerError>;
 

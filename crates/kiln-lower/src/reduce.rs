@@ -26,7 +26,7 @@ use super::linalg::{
     WinDim, R,
 };
 use super::{compute, flat_index, norm_axis, unflatten, LowerError, Lowered, OpCx};
-use crate::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
+use kiln_flow::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
 
 /// Lowers the ops of this family; `None` for ops of other families.
 pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
