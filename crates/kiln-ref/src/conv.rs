@@ -283,57 +283,84 @@ fn im2col(
     rows: usize,
     col: &mut [f64],
 ) {
-    let r = win.input.len();
-    let last = r - 1;
     let in_sz: usize = win.input.iter().product();
-    let row_len = win.output[last];
+    let row_len = win.output[win.output.len() - 1];
     let pt = rows * row_len;
-    let (s, dl, pb, iw) = (
-        win.strides[last] as i64,
-        win.dilations[last] as i64,
-        win.pad_begin[last],
-        win.input[last] as i64,
-    );
-    let outer_dims = &win.output[..last];
+    let s = win.strides[win.strides.len() - 1];
     let mut cr = 0; // column row
     for c in 0..cg {
         let xc = &xg[c * in_sz..(c + 1) * in_sz];
         for tap in taps {
             let dst_row = &mut col[cr * pt..(cr + 1) * pt];
             cr += 1;
-            // Output columns whose input position ow·s − pb + k·dl lies in [0, iw).
-            let base = tap[last] as i64 * dl - pb;
-            let lo = if base >= 0 { 0 } else { (-base + s - 1) / s };
-            let hi = if iw - base <= 0 { 0 } else { ((iw - base + s - 1) / s).min(row_len as i64) };
-            let (lo, hi) = (lo.min(hi) as usize, hi.max(0) as usize);
-            let mut oidx = crate::util::unravel(r0, outer_dims);
-            for rr in 0..rows {
-                // Offset of the input row for this output row and tap (None: padding).
-                let mut off = Some(0usize);
-                for d in 0..last {
-                    let i = oidx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d]
-                        + tap[d] as i64 * win.dilations[d] as i64;
-                    if i < 0 || i >= win.input[d] as i64 {
-                        off = None;
-                        break;
-                    }
-                    off = off.map(|o| o + i as usize * in_strides[d]);
-                }
-                if let (Some(off), true) = (off, hi > lo) {
-                    let dst = &mut dst_row[rr * row_len + lo..rr * row_len + hi];
-                    let start = (lo as i64 * s + base) as usize;
-                    if s == 1 {
-                        dst.copy_from_slice(&xc[off + start..off + start + (hi - lo)]);
-                    } else {
-                        let src = xc[off + start..].iter().step_by(s as usize);
-                        for (dv, &sv) in dst.iter_mut().zip(src) {
-                            *dv = sv;
-                        }
+            tap_runs(win, tap, &win.output, &win.input, in_strides, r0, rows, |rr, lo, hi, at| {
+                let dst = &mut dst_row[rr * row_len + lo..rr * row_len + hi];
+                if s == 1 {
+                    dst.copy_from_slice(&xc[at..at + (hi - lo)]);
+                } else {
+                    for (dv, &sv) in dst.iter_mut().zip(xc[at..].iter().step_by(s)) {
+                        *dv = sv;
                     }
                 }
-                advance(&mut oidx, outer_dims);
-            }
+            });
         }
+    }
+}
+
+/// Walks the positions one kernel tap connects between the side a convolution
+/// walks row by row (`walked`: the output for im2col, the input for col2im) and its
+/// partner side: position `p` of a walked dim meets `p·s − pb + k·dl` of the
+/// partner's. For each of the `rows` walked rows from `r0` (positions of the outer
+/// dims) whose outer partner position lies inside `partner`, calls
+/// `run(rr, lo, hi, at)`: walked columns `lo..hi` of row `rr` meet partner positions
+/// inside it, the first at flat offset `at` (with `partner_strides`), the next ones
+/// `s` apart.
+#[allow(clippy::too_many_arguments)]
+fn tap_runs(
+    win: &Window,
+    tap: &[usize],
+    walked: &[usize],
+    partner: &[usize],
+    partner_strides: &[usize],
+    r0: usize,
+    rows: usize,
+    mut run: impl FnMut(usize, usize, usize, usize),
+) {
+    let last = walked.len() - 1;
+    let row_len = walked[last];
+    let (s, dl, pb, pw) = (
+        win.strides[last] as i64,
+        win.dilations[last] as i64,
+        win.pad_begin[last],
+        partner[last] as i64,
+    );
+    // Walked columns whose partner position c·s − pb + k·dl lies in [0, pw).
+    let base = tap[last] as i64 * dl - pb;
+    let lo = if base >= 0 { 0 } else { (-base + s - 1) / s };
+    let hi = if pw - base <= 0 { 0 } else { ((pw - base + s - 1) / s).min(row_len as i64) };
+    let (lo, hi) = (lo.min(hi) as usize, hi.max(0) as usize);
+    if hi <= lo {
+        return;
+    }
+    let start = (lo as i64 * s + base) as usize;
+    let outer_dims = &walked[..last];
+    let mut idx = crate::util::unravel(r0, outer_dims);
+    for rr in 0..rows {
+        // Offset of the partner row for this walked row and tap (None: padding).
+        let mut off = Some(0usize);
+        for d in 0..last {
+            let p = idx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d]
+                + tap[d] as i64 * win.dilations[d] as i64;
+            if p < 0 || p >= partner[d] as i64 {
+                off = None;
+                break;
+            }
+            off = off.map(|o| o + p as usize * partner_strides[d]);
+        }
+        if let Some(off) = off {
+            run(rr, lo, hi, off + start);
+        }
+        advance(&mut idx, outer_dims);
     }
 }
 
@@ -616,58 +643,28 @@ fn col2im(
     r0: usize,
     rows: usize,
 ) {
-    let r = win.input.len();
-    let last = r - 1;
     let out_sz: usize = win.output.iter().product();
-    let row_len = win.input[last];
+    let row_len = win.input[win.input.len() - 1];
     let pt = rows * row_len;
-    let (s, dl, pb, ow) = (
-        win.strides[last] as i64,
-        win.dilations[last] as i64,
-        win.pad_begin[last],
-        win.output[last] as i64,
-    );
-    let outer_dims = &win.input[..last];
+    let s = win.strides[win.strides.len() - 1];
     let mut cr = 0;
     for mi in 0..mg {
         let yc = &mut yg[mi * out_sz..(mi + 1) * out_sz];
         for tap in taps {
             let src_row = &col[cr * pt..(cr + 1) * pt];
             cr += 1;
-            // Input columns iw whose output position iw·s − pb + k·dl lies in [0, ow).
-            let base = tap[last] as i64 * dl - pb;
-            let lo = if base >= 0 { 0 } else { (-base + s - 1) / s };
-            let hi = if ow - base <= 0 { 0 } else { ((ow - base + s - 1) / s).min(row_len as i64) };
-            let (lo, hi) = (lo.min(hi) as usize, hi.max(0) as usize);
-            let mut iidx = crate::util::unravel(r0, outer_dims);
-            for rr in 0..rows {
-                let mut off = Some(0usize);
-                for d in 0..last {
-                    let o = iidx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d]
-                        + tap[d] as i64 * win.dilations[d] as i64;
-                    if o < 0 || o >= win.output[d] as i64 {
-                        off = None;
-                        break;
+            tap_runs(win, tap, &win.input, &win.output, out_strides, r0, rows, |rr, lo, hi, at| {
+                let src = &src_row[rr * row_len + lo..rr * row_len + hi];
+                if s == 1 {
+                    for (dv, &sv) in yc[at..at + (hi - lo)].iter_mut().zip(src) {
+                        *dv += sv;
                     }
-                    off = off.map(|v| v + o as usize * out_strides[d]);
-                }
-                if let (Some(off), true) = (off, hi > lo) {
-                    let src = &src_row[rr * row_len + lo..rr * row_len + hi];
-                    let start = (lo as i64 * s + base) as usize;
-                    if s == 1 {
-                        for (dv, &sv) in
-                            yc[off + start..off + start + (hi - lo)].iter_mut().zip(src)
-                        {
-                            *dv += sv;
-                        }
-                    } else {
-                        for (dv, &sv) in yc[off + start..].iter_mut().step_by(s as usize).zip(src) {
-                            *dv += sv;
-                        }
+                } else {
+                    for (dv, &sv) in yc[at..].iter_mut().step_by(s).zip(src) {
+                        *dv += sv;
                     }
                 }
-                advance(&mut iidx, outer_dims);
-            }
+            });
         }
     }
 }
