@@ -456,7 +456,6 @@ fn general_path_without_avx2_or_when_refused() {
 /// `Conv` 1×1 in NCHW with a per-channel bias and Relu6: rows are output channels,
 /// columns the flattened `h·W + w`.
 fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
-    let f = ScalarType::F32;
     let ins = vec![tt(&[n, ci, h, w]), tt(&[co, ci, 1, 1]), tt(&[co])];
     let mut b = KernelBuilder::new("pw", ins, tt(&[n, co, h, w]));
     let o = b.out_index();
@@ -469,12 +468,7 @@ fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
     let s = b.reduce(ReduceOp::Sum, vec![c, kh, kw], p);
     let bias = b.load(2, vec![o[1]]);
     let v = b.add(s, bias);
-    let zero = b.float(f, 0.0);
-    let six = b.float(f, 6.0);
-    let lt = b.binary(BinaryOp::Lt, v, zero);
-    let v = b.select(lt, zero, v);
-    let gt = b.binary(BinaryOp::Gt, v, six);
-    let r = b.select(gt, six, v);
+    let r = relu6(&mut b, v);
     b.finish(r).unwrap()
 }
 

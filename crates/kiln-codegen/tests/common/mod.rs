@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
-use kiln_flow::{interp, Kernel};
+use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ScalarType};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
 use kiln_runtime::cpu::loader::LoadedCode;
@@ -453,4 +453,16 @@ pub fn round_oracle(d: DType, x: f64) -> u16 {
     let (dl, dh) = (a - value(lo), value(hi) - a);
     let pick = if dl < dh || (dl == dh && lo % 2 == 0) { lo } else { hi };
     sign | pick
+}
+
+/// `v` clipped to [0, 6] in f32 as the Relu6 epilogue is lowered (two selects:
+/// `v < 0 ? 0 : v`, then `v > 6 ? 6 : v`).
+pub fn relu6(b: &mut KernelBuilder, v: ExprId) -> ExprId {
+    let f = ScalarType::F32;
+    let zero = b.float(f, 0.0);
+    let six = b.float(f, 6.0);
+    let lt = b.binary(BinaryOp::Lt, v, zero);
+    let v = b.select(lt, zero, v);
+    let gt = b.binary(BinaryOp::Gt, v, six);
+    b.select(gt, six, v)
 }
