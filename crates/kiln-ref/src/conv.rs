@@ -394,13 +394,25 @@ fn bias(cx: &Cx, i: usize, m: usize) -> Result<Option<Vec<f64>>, EvalError> {
     }
 }
 
-fn conv(cx: &Cx) -> Result<Tensor, EvalError> {
-    let (x, w) = (cx.input(0)?, cx.input(1)?);
-    let ty = cx.out_type(0)?;
+/// The channel dims and the window of a Conv-style operator with input `x` and
+/// weights `w`, checked against the result type `ty`.
+fn conv_geometry(
+    cx: &Cx,
+    x: &Tensor,
+    w: &Tensor,
+    ty: &TensorType,
+) -> Result<(ConvDims, Window), EvalError> {
     let (xd, wd) = (x.shape().dims(), w.shape().dims());
     let cd = conv_dims(cx, xd, wd)?;
     let win = conv_window(cx, &xd[2..], &wd[2..])?;
     check_out(cx, ty, &out_dims(&cd, &win))?;
+    Ok((cd, win))
+}
+
+fn conv(cx: &Cx) -> Result<Tensor, EvalError> {
+    let (x, w) = (cx.input(0)?, cx.input(1)?);
+    let ty = cx.out_type(0)?;
+    let (cd, win) = conv_geometry(cx, x, w, ty)?;
     let b = bias(cx, 2, cd.m)?;
     let y = conv_f64(&floats(cx, x)?, &floats(cx, w)?, b.as_deref(), &cd, &win);
     write_f64(cx, ty, &y)
@@ -442,10 +454,7 @@ fn conv_integer(cx: &Cx) -> Result<Tensor, EvalError> {
     if !ty.dtype.is_int() {
         return Err(cx.invalid(format!("{} result, i32 expected", ty.dtype)));
     }
-    let (xd, wd) = (x.shape().dims(), w.shape().dims());
-    let cd = conv_dims(cx, xd, wd)?;
-    let win = conv_window(cx, &xd[2..], &wd[2..])?;
-    check_out(cx, ty, &out_dims(&cd, &win))?;
+    let (cd, win) = conv_geometry(cx, x, w, ty)?;
     let xv = minus_zp(cx, x, 2, false)?;
     let wv = minus_zp(cx, w, 3, true)?;
     let y = conv_f64(&xv, &wv, None, &cd, &win);
@@ -466,10 +475,7 @@ fn scales(cx: &Cx, i: usize, m: usize) -> Result<Vec<f64>, EvalError> {
 fn qlinear_conv(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, w) = (cx.input(0)?, cx.input(3)?);
     let ty = cx.out_type(0)?;
-    let (xd, wd) = (x.shape().dims(), w.shape().dims());
-    let cd = conv_dims(cx, xd, wd)?;
-    let win = conv_window(cx, &xd[2..], &wd[2..])?;
-    check_out(cx, ty, &out_dims(&cd, &win))?;
+    let (cd, win) = conv_geometry(cx, x, w, ty)?;
     let xs = scales(cx, 1, 1)?[0];
     let ws = scales(cx, 4, cd.m)?;
     let ys = scales(cx, 6, 1)?[0];
