@@ -153,6 +153,21 @@ unsafe fn caller_bytes(data: *const u8, len: usize, name: &str) -> Result<&'stat
     Ok(unsafe { std::slice::from_raw_parts(data, len) })
 }
 
+/// The external weights given from C: none for NULL with length 0 (a module that
+/// embeds its weights), else a view as [`caller_bytes`] makes it.
+///
+/// # Safety
+///
+/// As [`caller_bytes`] when `weights` is not NULL.
+unsafe fn caller_weights(weights: *const u8, weights_len: usize) -> Result<Option<&'static [u8]>, Error> {
+    match weights.is_null() {
+        true if weights_len == 0 => Ok(None),
+        true => Err(Error::arg(format!("`weights` is NULL but `weights_len` is {weights_len}"))),
+        // SAFETY: the caller's contract.
+        false => Ok(Some(unsafe { caller_bytes(weights, weights_len, "weights")? })),
+    }
+}
+
 /// Hands a new module to C through `out`.
 ///
 /// # Safety
@@ -200,12 +215,8 @@ pub unsafe extern "C" fn kiln_module_load_bytes(
         non_null(out, "out")?;
         // SAFETY: the caller's contract; the views are copied at once.
         let artifact = owned_copy(unsafe { caller_bytes(data, len, "data")? });
-        let weights = match weights.is_null() {
-            true if weights_len == 0 => None,
-            true => return Err(Error::arg(format!("`weights` is NULL but `weights_len` is {weights_len}"))),
-            // SAFETY: as above.
-            false => Some(owned_copy(unsafe { caller_bytes(weights, weights_len, "weights")? })),
-        };
+        // SAFETY: as above.
+        let weights = unsafe { caller_weights(weights, weights_len)? }.map(owned_copy);
         // SAFETY: the views point into the owned copies handed over with them.
         let m = unsafe { kiln_module::load(artifact.0, artifact.1, weights)? };
         // SAFETY: `out` checked above.
@@ -234,12 +245,8 @@ pub unsafe extern "C" fn kiln_module_load_bytes_nocopy(
         non_null(out, "out")?;
         // SAFETY: the caller keeps the bytes valid and unmodified while the module lives.
         let artifact = unsafe { caller_bytes(data, len, "data")? };
-        let weights = match weights.is_null() {
-            true if weights_len == 0 => None,
-            true => return Err(Error::arg(format!("`weights` is NULL but `weights_len` is {weights_len}"))),
-            // SAFETY: as above.
-            false => Some((unsafe { caller_bytes(weights, weights_len, "weights")? }, Bytes::Caller)),
-        };
+        // SAFETY: as above.
+        let weights = unsafe { caller_weights(weights, weights_len)? }.map(|w| (w, Bytes::Caller));
         // SAFETY: the caller's guarantee covers the borrowed bytes.
         let m = unsafe { kiln_module::load(artifact, Bytes::Caller, weights)? };
         // SAFETY: `out` checked above.
