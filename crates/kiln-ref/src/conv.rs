@@ -195,6 +195,26 @@ fn rows_per_tile(kd: usize, row_len: usize) -> usize {
     ((1usize << 19) / kd.saturating_mul(row_len).max(1)).max(1)
 }
 
+/// Runs `f(r0, rows, col)` for the tiles of at most `tile_rows` rows that cover rows
+/// `0..n_rows`, `col` holding `kd` zeroed column rows of `rows·row_len` values each.
+fn for_each_tile(
+    n_rows: usize,
+    tile_rows: usize,
+    kd: usize,
+    row_len: usize,
+    col: &mut Vec<f64>,
+    mut f: impl FnMut(usize, usize, &mut [f64]),
+) {
+    let mut r0 = 0;
+    while r0 < n_rows {
+        let rows = tile_rows.min(n_rows - r0);
+        col.clear();
+        col.resize(kd * rows * row_len, 0.0);
+        f(r0, rows, col);
+        r0 += rows;
+    }
+}
+
 /// Odometer over the outer (all but the last) spatial dims of `dims`.
 fn advance(idx: &mut [usize], dims: &[usize]) {
     for d in (0..idx.len()).rev() {
@@ -255,16 +275,11 @@ fn conv_f64(x: &[f64], w: &[f64], bias: Option<&[f64]>, cd: &ConvDims, win: &Win
                 gemm_acc(mg, out_sz, kd, wg, kd, xg, in_sz, yg, out_sz);
                 continue;
             }
-            let mut r0 = 0;
-            while r0 < n_rows {
-                let rows = tile_rows.min(n_rows - r0);
+            for_each_tile(n_rows, tile_rows, kd, row_len, &mut col, |r0, rows, col| {
                 let pt = rows * row_len;
-                col.clear();
-                col.resize(kd * pt, 0.0);
-                im2col(xg, cg, win, &taps, &in_strides, r0, rows, &mut col);
-                gemm_acc(mg, pt, kd, wg, kd, &col, pt, &mut yg[r0 * row_len..], out_sz);
-                r0 += rows;
-            }
+                im2col(xg, cg, win, &taps, &in_strides, r0, rows, col);
+                gemm_acc(mg, pt, kd, wg, kd, col, pt, &mut yg[r0 * row_len..], out_sz);
+            });
         }
     }
     y
@@ -621,16 +636,11 @@ fn conv_transpose_f64(
         for ni in 0..n {
             let xg = &x[(ni * c + g * cg) * in_sz..(ni * c + (g + 1) * cg) * in_sz];
             let yg = &mut y[(ni * m + g * mg) * out_sz..(ni * m + (g + 1) * mg) * out_sz];
-            let mut r0 = 0;
-            while r0 < n_rows {
-                let rows = tile_rows.min(n_rows - r0);
+            for_each_tile(n_rows, tile_rows, kd, row_len, &mut col, |r0, rows, col| {
                 let pt = rows * row_len;
-                col.clear();
-                col.resize(kd * pt, 0.0);
-                gemm_acc(kd, pt, cg, &wt, cg, &xg[r0 * row_len..], in_sz, &mut col, pt);
-                col2im(&col, yg, mg, win, &taps, &out_strides, r0, rows);
-                r0 += rows;
-            }
+                gemm_acc(kd, pt, cg, &wt, cg, &xg[r0 * row_len..], in_sz, col, pt);
+                col2im(col, yg, mg, win, &taps, &out_strides, r0, rows);
+            });
         }
     }
     y
