@@ -211,18 +211,8 @@ pub unsafe extern "C" fn kiln_module_load_bytes(
     weights_len: usize,
     out: *mut *mut kiln_module,
 ) -> kiln_status {
-    guard("kiln_module_load_bytes", || {
-        non_null(out, "out")?;
-        // SAFETY: the caller's contract; the views are copied at once.
-        let artifact = owned_copy(unsafe { caller_bytes(data, len, "data")? });
-        // SAFETY: as above.
-        let weights = unsafe { caller_weights(weights, weights_len)? }.map(owned_copy);
-        // SAFETY: the views point into the owned copies handed over with them.
-        let m = unsafe { kiln_module::load(artifact.0, artifact.1, weights)? };
-        // SAFETY: `out` checked above.
-        unsafe { give(out, m) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { load_caller_bytes("kiln_module_load_bytes", data, len, weights, weights_len, out, true) }
 }
 
 /// `kiln_module_load_bytes` without copies: the module reads `data` and `weights` in
@@ -241,14 +231,42 @@ pub unsafe extern "C" fn kiln_module_load_bytes_nocopy(
     weights_len: usize,
     out: *mut *mut kiln_module,
 ) -> kiln_status {
-    guard("kiln_module_load_bytes_nocopy", || {
+    // SAFETY: the caller's contract, with the lifetime guarantee.
+    unsafe { load_caller_bytes("kiln_module_load_bytes_nocopy", data, len, weights, weights_len, out, false) }
+}
+
+/// The two `kiln_module_load_bytes*` (named `function` in errors): `copy` copies the
+/// caller's artifact and weights to buffers the module owns, else the module borrows
+/// them.
+///
+/// # Safety
+///
+/// As `kiln_module_load_bytes`; without `copy`, the bytes also stay valid and
+/// unmodified while the module lives.
+unsafe fn load_caller_bytes(
+    function: &str,
+    data: *const u8,
+    len: usize,
+    weights: *const u8,
+    weights_len: usize,
+    out: *mut *mut kiln_module,
+    copy: bool,
+) -> kiln_status {
+    guard(function, || {
         non_null(out, "out")?;
-        // SAFETY: the caller keeps the bytes valid and unmodified while the module lives.
+        // SAFETY: the caller's contract; copied at once unless the caller keeps the
+        // bytes valid and unmodified while the module lives.
         let artifact = unsafe { caller_bytes(data, len, "data")? };
         // SAFETY: as above.
-        let weights = unsafe { caller_weights(weights, weights_len)? }.map(|w| (w, Bytes::Caller));
-        // SAFETY: the caller's guarantee covers the borrowed bytes.
-        let m = unsafe { kiln_module::load(artifact, Bytes::Caller, weights)? };
+        let weights = unsafe { caller_weights(weights, weights_len)? };
+        let borrowed = |b: &'static [u8]| (b, Bytes::Caller);
+        let (artifact, weights) = match copy {
+            true => (owned_copy(artifact), weights.map(owned_copy)),
+            false => (borrowed(artifact), weights.map(borrowed)),
+        };
+        // SAFETY: the views point into the owned copies handed over with them, or into
+        // the caller's bytes, which its guarantee covers.
+        let m = unsafe { kiln_module::load(artifact.0, artifact.1, weights)? };
         // SAFETY: `out` checked above.
         unsafe { give(out, m) };
         Ok(())
