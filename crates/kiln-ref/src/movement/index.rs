@@ -31,17 +31,25 @@ fn indices(cx: &Cx, i: usize) -> Result<Vec<i64>, EvalError> {
 }
 
 /// The operands of an op that indexes its data along one axis (Gather,
-/// GatherElements, ScatterElements): the data (input 0), the axis `axis` checked
-/// against its rank, the indices (input 1) and their dims.
-fn along_axis<'a>(
-    cx: &Cx<'a>,
-    axis: i64,
-) -> Result<(&'a Tensor, usize, Vec<i64>, &'a [usize]), EvalError> {
+/// GatherElements, ScatterElements).
+struct AlongAxis<'a> {
+    /// The data (input 0).
+    x: &'a Tensor,
+    /// The axis, checked against the data's rank.
+    a: usize,
+    /// The indices (input 1).
+    idx: Vec<i64>,
+    /// The indices' dims.
+    id: &'a [usize],
+}
+
+/// Reads the [`AlongAxis`] operands, `axis` the op's attribute.
+fn along_axis<'a>(cx: &Cx<'a>, axis: i64) -> Result<AlongAxis<'a>, EvalError> {
     let x = cx.input(0)?;
     let a = cx.axis(axis, x.shape().rank())?;
     let idx = indices(cx, 1)?;
     let id = cx.input(1)?.shape().dims();
-    Ok((x, a, idx, id))
+    Ok(AlongAxis { x, a, idx, id })
 }
 
 fn copy_elem(cx: &Cx, src: &Elems, i: usize, out: &mut Vec<u8>) -> Result<(), EvalError> {
@@ -53,7 +61,7 @@ fn copy_elem(cx: &Cx, src: &Elems, i: usize, out: &mut Vec<u8>) -> Result<(), Ev
 }
 
 pub(super) fn gather(cx: &Cx) -> Result<Tensor, EvalError> {
-    let (x, a, idx, id) = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
+    let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
     let xd = x.shape().dims();
     let out: Vec<usize> = xd[..a]
         .iter()
@@ -129,7 +137,7 @@ fn check_elements_shapes(cx: &Cx, xd: &[usize], id: &[usize], a: usize) -> Resul
 }
 
 pub(super) fn gather_elements(cx: &Cx) -> Result<Tensor, EvalError> {
-    let (x, a, idx, id) = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
+    let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
     let xd = x.shape().dims();
     check_elements_shapes(cx, xd, id, a)?;
     let ty = out_checked(cx, 0, x.dtype(), id)?;
@@ -353,7 +361,7 @@ fn apply(
 }
 
 pub(super) fn scatter_elements(cx: &Cx) -> Result<Tensor, EvalError> {
-    let (x, a, idx, id) = along_axis(cx, cx.attrs::<ScatterElementsAttrs>()?.axis)?;
+    let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<ScatterElementsAttrs>()?.axis)?;
     let xd = x.shape().dims();
     let u = cx.input(2)?;
     if u.shape().dims() != id || u.dtype() != x.dtype() {
