@@ -141,13 +141,7 @@ fn layernorm(r: usize, c: usize) -> Kernel {
 fn matmul(m: usize, kk: usize, n: usize) -> Kernel {
     let f = DType::F32;
     let mut b = KernelBuilder::new("matmul", vec![tt(f, &[m, kk]), tt(f, &[kk, n])], tt(f, &[m, n]));
-    let i = b.out_index();
-    let k = b.new_var(kk as u64);
-    let kv = b.var(k);
-    let a = b.load(0, vec![i[0], kv]);
-    let bb = b.load(1, vec![kv, i[1]]);
-    let p = b.mul(a, bb);
-    let r = b.reduce(ReduceOp::Sum, vec![k], p);
+    let (_, r) = matmul_sum(&mut b, kk);
     b.finish(r).unwrap()
 }
 

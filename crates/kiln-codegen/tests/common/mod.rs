@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
-use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ScalarType};
+use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
 use kiln_runtime::cpu::loader::LoadedCode;
@@ -465,4 +465,17 @@ pub fn relu6(b: &mut KernelBuilder, v: ExprId) -> ExprId {
     let v = b.select(lt, zero, v);
     let gt = b.binary(BinaryOp::Gt, v, six);
     b.select(gt, six, v)
+}
+
+/// The sum of a matrix product of the kernel's first two inputs, `Σ_k in0[o0, k] ·
+/// in1[k, o1]` over `kk` terms, with the output index `[o0, o1]` it reads.
+pub fn matmul_sum(b: &mut KernelBuilder, kk: usize) -> (Vec<ExprId>, ExprId) {
+    let o = b.out_index();
+    let kv = b.new_var(kk as u64);
+    let k = b.var(kv);
+    let x = b.load(0, vec![o[0], k]);
+    let y = b.load(1, vec![k, o[1]]);
+    let p = b.mul(x, y);
+    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
+    (o, s)
 }
