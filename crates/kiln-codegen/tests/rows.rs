@@ -61,37 +61,6 @@ fn softmax(rows: usize, len: usize) -> Kernel {
     b.finish(y).unwrap()
 }
 
-/// LayerNorm over the last axis of `[rows, len]` with per-column scale and shift.
-fn layernorm(rows: usize, len: usize) -> Kernel {
-    let f = ScalarType::F32;
-    let mut b = KernelBuilder::new("layernorm", vec![tt(&[rows, len]), tt(&[len]), tt(&[len])], tt(&[rows, len]));
-    let o = b.out_index();
-    let n = b.float(f, len as f64);
-    let a = b.new_var(len as u64);
-    let av = b.var(a);
-    let xa = b.load(0, vec![o[0], av]);
-    let sum = b.reduce(ReduceOp::Sum, vec![a], xa);
-    let mean = b.div(sum, n);
-    let q = b.new_var(len as u64);
-    let qv = b.var(q);
-    let xq = b.load(0, vec![o[0], qv]);
-    let dq = b.sub(xq, mean);
-    let sq = b.mul(dq, dq);
-    let ss = b.reduce(ReduceOp::Sum, vec![q], sq);
-    let var = b.div(ss, n);
-    let eps = b.float(f, 1e-5);
-    let ve = b.add(var, eps);
-    let sd = b.unary(UnaryOp::Sqrt, ve);
-    let x = b.load(0, vec![o[0], o[1]]);
-    let d = b.sub(x, mean);
-    let nrm = b.div(d, sd);
-    let g = b.load(1, vec![o[1]]);
-    let bt = b.load(2, vec![o[1]]);
-    let y = b.mul(nrm, g);
-    let y = b.add(y, bt);
-    b.finish(y).unwrap()
-}
-
 /// `max(x[i, ..]) − x[i, j]`, clamped below at 0 with a `max` (a row value broadcast
 /// and a binary max).
 fn row_max_gap(rows: usize, len: usize) -> Kernel {

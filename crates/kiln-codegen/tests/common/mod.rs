@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
-use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
+use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
 use kiln_runtime::cpu::loader::LoadedCode;
@@ -478,4 +478,44 @@ pub fn matmul_sum(b: &mut KernelBuilder, kk: usize) -> (Vec<ExprId>, ExprId) {
     let p = b.mul(x, y);
     let s = b.reduce(ReduceOp::Sum, vec![kv], p);
     (o, s)
+}
+
+/// The f32 tensor type of shape `dims`.
+fn f32_type(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
+}
+
+/// LayerNorm over the last axis of `[rows, len]` with per-column scale and shift.
+pub fn layernorm(rows: usize, len: usize) -> Kernel {
+    let f = ScalarType::F32;
+    let mut b = KernelBuilder::new(
+        "layernorm",
+        vec![f32_type(&[rows, len]), f32_type(&[len]), f32_type(&[len])],
+        f32_type(&[rows, len]),
+    );
+    let o = b.out_index();
+    let n = b.float(f, len as f64);
+    let a = b.new_var(len as u64);
+    let av = b.var(a);
+    let xa = b.load(0, vec![o[0], av]);
+    let sum = b.reduce(ReduceOp::Sum, vec![a], xa);
+    let mean = b.div(sum, n);
+    let q = b.new_var(len as u64);
+    let qv = b.var(q);
+    let xq = b.load(0, vec![o[0], qv]);
+    let dq = b.sub(xq, mean);
+    let sq = b.mul(dq, dq);
+    let ss = b.reduce(ReduceOp::Sum, vec![q], sq);
+    let var = b.div(ss, n);
+    let eps = b.float(f, 1e-5);
+    let ve = b.add(var, eps);
+    let sd = b.unary(UnaryOp::Sqrt, ve);
+    let x = b.load(0, vec![o[0], o[1]]);
+    let d = b.sub(x, mean);
+    let nrm = b.div(d, sd);
+    let g = b.load(1, vec![o[1]]);
+    let bt = b.load(2, vec![o[1]]);
+    let y = b.mul(nrm, g);
+    let y = b.add(y, bt);
+    b.finish(y).unwrap()
 }
