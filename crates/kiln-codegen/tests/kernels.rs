@@ -83,31 +83,6 @@ fn workgroup_ranges() {
     }
 }
 
-fn softmax(r: usize, c: usize) -> Kernel {
-    softmax_with(r, c, UnaryOp::Exp)
-}
-
-/// Softmax with `op` in place of exp (`Cosh`: a transcendental the helper table serves).
-fn softmax_with(r: usize, c: usize, op: UnaryOp) -> Kernel {
-    let mut b = KernelBuilder::new("softmax", vec![tt(DType::F32, &[r, c])], tt(DType::F32, &[r, c]));
-    let i = b.out_index();
-    let k1 = b.new_var(c as u64);
-    let k1v = b.var(k1);
-    let xk = b.load(0, vec![i[0], k1v]);
-    let mx = b.reduce(ReduceOp::Max, vec![k1], xk);
-    let k2 = b.new_var(c as u64);
-    let k2v = b.var(k2);
-    let xk2 = b.load(0, vec![i[0], k2v]);
-    let d2 = b.sub(xk2, mx);
-    let e2 = b.unary(op, d2);
-    let s = b.reduce(ReduceOp::Sum, vec![k2], e2);
-    let x = b.load(0, i.clone());
-    let d = b.sub(x, mx);
-    let e = b.unary(op, d);
-    let r = b.div(e, s);
-    b.finish(r).unwrap()
-}
-
 fn matmul(m: usize, kk: usize, n: usize) -> Kernel {
     let f = DType::F32;
     let mut b = KernelBuilder::new("matmul", vec![tt(f, &[m, kk]), tt(f, &[kk, n])], tt(f, &[m, n]));

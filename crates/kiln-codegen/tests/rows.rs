@@ -40,27 +40,6 @@ fn widths() -> Vec<(CpuTarget, &'static str)> {
     w
 }
 
-/// `softmax(x)` over the last axis of `[rows, len]`.
-fn softmax(rows: usize, len: usize) -> Kernel {
-    let mut b = KernelBuilder::new("softmax", vec![tt(&[rows, len])], tt(&[rows, len]));
-    let o = b.out_index();
-    let m = b.new_var(len as u64);
-    let mv = b.var(m);
-    let xm = b.load(0, vec![o[0], mv]);
-    let mx = b.reduce(ReduceOp::Max, vec![m], xm);
-    let s = b.new_var(len as u64);
-    let sv = b.var(s);
-    let xs = b.load(0, vec![o[0], sv]);
-    let d = b.sub(xs, mx);
-    let e = b.unary(UnaryOp::Exp, d);
-    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
-    let x = b.load(0, vec![o[0], o[1]]);
-    let d = b.sub(x, mx);
-    let e = b.unary(UnaryOp::Exp, d);
-    let y = b.div(e, sum);
-    b.finish(y).unwrap()
-}
-
 /// `max(x[i, ..]) − x[i, j]`, clamped below at 0 with a `max` (a row value broadcast
 /// and a binary max).
 fn row_max_gap(rows: usize, len: usize) -> Kernel {

@@ -519,3 +519,29 @@ pub fn layernorm(rows: usize, len: usize) -> Kernel {
     let y = b.add(y, bt);
     b.finish(y).unwrap()
 }
+
+/// `softmax(x)` over the last axis of `[rows, len]`.
+pub fn softmax(rows: usize, len: usize) -> Kernel {
+    softmax_with(rows, len, UnaryOp::Exp)
+}
+
+/// Softmax with `op` in place of exp (`Cosh`: a transcendental the helper table serves).
+pub fn softmax_with(rows: usize, len: usize, op: UnaryOp) -> Kernel {
+    let mut b = KernelBuilder::new("softmax", vec![f32_type(&[rows, len])], f32_type(&[rows, len]));
+    let o = b.out_index();
+    let m = b.new_var(len as u64);
+    let mv = b.var(m);
+    let xm = b.load(0, vec![o[0], mv]);
+    let mx = b.reduce(ReduceOp::Max, vec![m], xm);
+    let s = b.new_var(len as u64);
+    let sv = b.var(s);
+    let xs = b.load(0, vec![o[0], sv]);
+    let d = b.sub(xs, mx);
+    let e = b.unary(op, d);
+    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
+    let x = b.load(0, vec![o[0], o[1]]);
+    let d = b.sub(x, mx);
+    let e = b.unary(op, d);
+    let y = b.div(e, sum);
+    b.finish(y).unwrap()
+}
