@@ -126,6 +126,16 @@ fn run_noted(k: &Kernel, ins: &[Tensor], target: CpuTarget) -> (Vec<f32>, Vec<Ve
     (want, got, note)
 }
 
+/// Asserts that every run's result `got` is `close` to the interpreter's `want`,
+/// element by element (`what` names the case in the message).
+fn assert_close(got: &[Vec<f32>], want: &[f32], close: impl Fn(f32, f32) -> bool, what: &str) {
+    for g in got {
+        for (i, (&a, &w)) in g.iter().zip(want).enumerate() {
+            assert!(close(a, w), "{what}: [{i}] got {a}, want {w}");
+        }
+    }
+}
+
 #[test]
 fn softmax_rows() {
     if !avx2_fma() {
@@ -138,11 +148,7 @@ fn softmax_rows() {
             let (want, got, note) = run_noted(&k, &[random_f32(&[rows, len], 8.0, 11)], target);
             assert_eq!(note, format!("{kind}; reduction operand kept in the output; reciprocal per row)"));
             let tol = (len as f32 + 11.0) * f32::EPSILON / 2.0;
-            for g in got {
-                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}: [{i}] got {a}, want {w}");
-                }
-            }
+            assert_close(&got, &want, |a, w| (a - w).abs() <= tol * w.abs(), &format!("{rows}x{len}"));
         }
     }
 }
@@ -160,11 +166,7 @@ fn layernorm_rows() {
             let (want, got, note) = run_noted(&k, &ins, target);
             // The normalising division is by the row's deviation; the mean's by a constant.
             assert_eq!(note, format!("{kind}; reciprocal per row)"));
-            for g in got {
-                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= 1e-5 * (1.0 + w.abs()), "{rows}x{len}: [{i}] got {a}, want {w}");
-                }
-            }
+            assert_close(&got, &want, |a, w| (a - w).abs() <= 1e-5 * (1.0 + w.abs()), &format!("{rows}x{len}"));
         }
     }
 }
@@ -208,11 +210,7 @@ fn sums_of_other_operands_keep_nothing() {
             let (want, got, note) = run_noted(&k, &ins, target);
             assert_eq!(note, format!("{kind}; reciprocal per row)"), "{rows}x{len}, sum over {other}");
             let tol = (other as f32 + 11.0) * f32::EPSILON / 2.0;
-            for g in got {
-                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}/{other}: [{i}] got {a}, want {w}");
-                }
-            }
+            assert_close(&got, &want, |a, w| (a - w).abs() <= tol * w.abs(), &format!("{rows}x{len}/{other}"));
         }
     }
 }
