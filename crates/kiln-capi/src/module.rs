@@ -153,6 +153,21 @@ unsafe fn caller_bytes(data: *const u8, len: usize, name: &str) -> Result<&'stat
     Ok(unsafe { std::slice::from_raw_parts(data, len) })
 }
 
+/// The external weights given from C: none for NULL with length 0 (a module that
+/// embeds its weights), else a view as [`caller_bytes`] makes it.
+///
+/// # Safety
+///
+/// As [`caller_bytes`] when `weights` is not NULL.
+unsafe fn caller_weights(weights: *const u8, weights_len: usize) -> Result<Option<&'static [u8]>, Error> {
+    match weights.is_null() {
+        true if weights_len == 0 => Ok(None),
+        true => Err(Error::arg(format!("`weights` is NULL but `weights_len` is {weights_len}"))),
+        // SAFETY: the caller's contract.
+        false => Ok(Some(unsafe { caller_bytes(weights, weights_len, "weights")? })),
+    }
+}
+
 /// Hands a new module to C through `out`.
 ///
 /// # Safety
@@ -196,22 +211,8 @@ pub unsafe extern "C" fn kiln_module_load_bytes(
     weights_len: usize,
     out: *mut *mut kiln_module,
 ) -> kiln_status {
-    guard("kiln_module_load_bytes", || {
-        non_null(out, "out")?;
-        // SAFETY: the caller's contract; the views are copied at once.
-        let artifact = owned_copy(unsafe { caller_bytes(data, len, "data")? });
-        let weights = match weights.is_null() {
-            true if weights_len == 0 => None,
-            true => return Err(Error::arg(format!("`weights` is NULL but `weights_len` is {weights_len}"))),
-            // SAFETY: as above.
-            false => Some(owned_copy(unsafe { caller_bytes(weights, weights_len, "weights")? })),
-        };
-        // SAFETY: the views point into the owned copies handed over with them.
-        let m = unsafe { kiln_module::load(artifact.0, artifact.1, weights)? };
-        // SAFETY: `out` checked above.
-        unsafe { give(out, m) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { load_caller_bytes("kiln_module_load_bytes", data, len, weights, weights_len, out, true) }
 }
 
 /// `kiln_module_load_bytes` without copies: the module reads `data` and `weights` in
@@ -230,18 +231,42 @@ pub unsafe extern "C" fn kiln_module_load_bytes_nocopy(
     weights_len: usize,
     out: *mut *mut kiln_module,
 ) -> kiln_status {
-    guard("kiln_module_load_bytes_nocopy", || {
+    // SAFETY: the caller's contract, with the lifetime guarantee.
+    unsafe { load_caller_bytes("kiln_module_load_bytes_nocopy", data, len, weights, weights_len, out, false) }
+}
+
+/// The two `kiln_module_load_bytes*` (named `function` in errors): `copy` copies the
+/// caller's artifact and weights to buffers the module owns, else the module borrows
+/// them.
+///
+/// # Safety
+///
+/// As `kiln_module_load_bytes`; without `copy`, the bytes also stay valid and
+/// unmodified while the module lives.
+unsafe fn load_caller_bytes(
+    function: &str,
+    data: *const u8,
+    len: usize,
+    weights: *const u8,
+    weights_len: usize,
+    out: *mut *mut kiln_module,
+    copy: bool,
+) -> kiln_status {
+    guard(function, || {
         non_null(out, "out")?;
-        // SAFETY: the caller keeps the bytes valid and unmodified while the module lives.
+        // SAFETY: the caller's contract; copied at once unless the caller keeps the
+        // bytes valid and unmodified while the module lives.
         let artifact = unsafe { caller_bytes(data, len, "data")? };
-        let weights = match weights.is_null() {
-            true if weights_len == 0 => None,
-            true => return Err(Error::arg(format!("`weights` is NULL but `weights_len` is {weights_len}"))),
-            // SAFETY: as above.
-            false => Some((unsafe { caller_bytes(weights, weights_len, "weights")? }, Bytes::Caller)),
+        // SAFETY: as above.
+        let weights = unsafe { caller_weights(weights, weights_len)? };
+        let borrowed = |b: &'static [u8]| (b, Bytes::Caller);
+        let (artifact, weights) = match copy {
+            true => (owned_copy(artifact), weights.map(owned_copy)),
+            false => (borrowed(artifact), weights.map(borrowed)),
         };
-        // SAFETY: the caller's guarantee covers the borrowed bytes.
-        let m = unsafe { kiln_module::load(artifact, Bytes::Caller, weights)? };
+        // SAFETY: the views point into the owned copies handed over with them, or into
+        // the caller's bytes, which its guarantee covers.
+        let m = unsafe { kiln_module::load(artifact.0, artifact.1, weights)? };
         // SAFETY: `out` checked above.
         unsafe { give(out, m) };
         Ok(())
@@ -365,6 +390,31 @@ pub unsafe extern "C" fn kiln_module_free(m: *mut kiln_module) {
     })
 }
 
+/// Answers a query about module `m` under `guard` (named `function` in errors): checks
+/// `out` (called `name`) is not null, runs `f` on the module and writes its answer to
+/// `*out`, which is left as it was on failure.
+///
+/// # Safety
+///
+/// `m` is null or a live module handle, `out` null or writable.
+unsafe fn query<T: Copy>(
+    function: &str,
+    m: *const kiln_module,
+    out: *mut T,
+    name: &str,
+    f: impl FnOnce(&kiln_module) -> Result<T, Error>,
+) -> kiln_status {
+    guard(function, || {
+        non_null(out, name)?;
+        // SAFETY: the caller's contract.
+        let m = unsafe { module_ref(m)? };
+        let v = f(m)?;
+        // SAFETY: checked not null; writable per the contract.
+        unsafe { *out = v };
+        Ok(())
+    })
+}
+
 /// Sets `*count` to the number of inputs of the module's entry point (`main`, else its
 /// first).
 ///
@@ -373,14 +423,8 @@ pub unsafe extern "C" fn kiln_module_free(m: *mut kiln_module) {
 /// `m` is a live module handle, `count` writable.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_module_input_count(m: *const kiln_module, count: *mut usize) -> kiln_status {
-    guard("kiln_module_input_count", || {
-        non_null(count, "count")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *count = m.inputs.len() };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { query("kiln_module_input_count", m, count, "count", |m| Ok(m.inputs.len())) }
 }
 
 /// Sets `*count` to the number of outputs of the module's entry point.
@@ -390,14 +434,8 @@ pub unsafe extern "C" fn kiln_module_input_count(m: *const kiln_module, count: *
 /// `m` is a live module handle, `count` writable.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_module_output_count(m: *const kiln_module, count: *mut usize) -> kiln_status {
-    guard("kiln_module_output_count", || {
-        non_null(count, "count")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *count = m.outputs.len() };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { query("kiln_module_output_count", m, count, "count", |m| Ok(m.outputs.len())) }
 }
 
 /// Fills `*info` with input `index`'s name, dtype, shape and byte size (pointers owned
@@ -412,15 +450,8 @@ pub unsafe extern "C" fn kiln_module_input_info(
     index: usize,
     info: *mut kiln_tensor_info,
 ) -> kiln_status {
-    guard("kiln_module_input_info", || {
-        non_null(info, "info")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        let t = m.input(index)?.info();
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *info = t };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { query("kiln_module_input_info", m, info, "info", |m| Ok(m.input(index)?.info())) }
 }
 
 /// Fills `*info` with output `index`'s name, dtype, shape and byte size.
@@ -434,15 +465,8 @@ pub unsafe extern "C" fn kiln_module_output_info(
     index: usize,
     info: *mut kiln_tensor_info,
 ) -> kiln_status {
-    guard("kiln_module_output_info", || {
-        non_null(info, "info")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        let t = m.output(index)?.info();
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *info = t };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { query("kiln_module_output_info", m, info, "info", |m| Ok(m.output(index)?.info())) }
 }
 
 /// The index of the tensor called `name` in `tensors`.
@@ -475,16 +499,9 @@ pub unsafe extern "C" fn kiln_module_input_index(
     name: *const c_char,
     index: *mut usize,
 ) -> kiln_status {
-    guard("kiln_module_input_index", || {
-        non_null(index, "index")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        // SAFETY: the caller's contract.
-        let i = unsafe { index_of(&m.inputs, name, "input")? };
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *index = i };
-        Ok(())
-    })
+    // SAFETY: the caller's contract (`m` live, `index` writable, `name` NUL-terminated),
+    // which is also `index_of`'s.
+    unsafe { query("kiln_module_input_index", m, index, "index", |m| index_of(&m.inputs, name, "input")) }
 }
 
 /// Sets `*index` to the index of the output called `name`; `KILN_STATUS_NOT_FOUND` when
@@ -499,16 +516,9 @@ pub unsafe extern "C" fn kiln_module_output_index(
     name: *const c_char,
     index: *mut usize,
 ) -> kiln_status {
-    guard("kiln_module_output_index", || {
-        non_null(index, "index")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        // SAFETY: the caller's contract.
-        let i = unsafe { index_of(&m.outputs, name, "output")? };
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *index = i };
-        Ok(())
-    })
+    // SAFETY: the caller's contract (`m` live, `index` writable, `name` NUL-terminated),
+    // which is also `index_of`'s.
+    unsafe { query("kiln_module_output_index", m, index, "index", |m| index_of(&m.outputs, name, "output")) }
 }
 
 /// Sets `*size` to the bytes of arena an instance needs (for
@@ -519,17 +529,14 @@ pub unsafe extern "C" fn kiln_module_output_index(
 /// `m` is a live module handle, `size` writable.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_module_arena_size(m: *const kiln_module, size: *mut usize) -> kiln_status {
-    guard("kiln_module_arena_size", || {
-        non_null(size, "size")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        // Verified at load: the arena size fits usize.
-        let s = usize::try_from(m.loaded.limits().arena_size)
-            .map_err(|_| Error::new(kiln_status::InvalidArtifact, "the arena does not fit the address space"))?;
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *size = s };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        query("kiln_module_arena_size", m, size, "size", |m| {
+            // Verified at load: the arena size fits usize.
+            usize::try_from(m.loaded.limits().arena_size)
+                .map_err(|_| Error::new(kiln_status::InvalidArtifact, "the arena does not fit the address space"))
+        })
+    }
 }
 
 /// Sets `*align` to the alignment (a power of two, at most 4096) an instance's arena
@@ -540,14 +547,11 @@ pub unsafe extern "C" fn kiln_module_arena_size(m: *const kiln_module, size: *mu
 /// `m` is a live module handle, `align` writable.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_module_arena_align(m: *const kiln_module, align: *mut usize) -> kiln_status {
-    guard("kiln_module_arena_align", || {
-        non_null(align, "align")?;
-        // SAFETY: the caller's contract.
-        let m = unsafe { module_ref(m)? };
-        // Verified at load: a power of two ≤ 4096.
-        let a = m.loaded.limits().arena_align as usize;
-        // SAFETY: checked not null; writable per the contract.
-        unsafe { *align = a };
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        query("kiln_module_arena_align", m, align, "align", |m| {
+            // Verified at load: a power of two ≤ 4096.
+            Ok(m.loaded.limits().arena_align as usize)
+        })
+    }
 }

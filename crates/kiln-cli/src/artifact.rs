@@ -351,6 +351,16 @@ fn zeroed(len: u64, what: &str) -> Result<AlignedBytes, String> {
         .map_err(|_| format!("cannot allocate the {len} bytes of {what}"))
 }
 
+/// One zeroed buffer per output of an entry point, or an error naming the artifact
+/// (`label`) and the output.
+fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str) -> Result<Vec<AlignedBytes>, String> {
+    outputs
+        .iter()
+        .map(|t| zeroed(t.bytes, &format!("output {}", json_str(t.name))))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{label}: {e}"))
+}
+
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
 pub fn run_cmd(args: &[String]) -> Result<(), String> {
     let a = parse(args)?;
@@ -363,12 +373,7 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
     let feeds = feeds(&a, &sig.inputs)?;
     let threads = threads(&a);
     let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let mut outs: Vec<AlignedBytes> = sig
-        .outputs
-        .iter()
-        .map(|t| zeroed(t.bytes, &format!("output {}", json_str(t.name))))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{label}: {e}"))?;
+    let mut outs = output_buffers(sig.outputs, &label)?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let t1 = Instant::now();
     {
@@ -434,12 +439,7 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     }
     // The inputs and outputs as a program embedding kiln would keep them: aligned, and
     // on huge pages where the system has them (as numpy's large arrays are).
-    let mut outs: Vec<AlignedBytes> = sig
-        .outputs
-        .iter()
-        .map(|t| zeroed(t.bytes, &format!("output {}", json_str(t.name))))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{label}: {e}"))?;
+    let mut outs = output_buffers(sig.outputs, &label)?;
     let in_bufs: Vec<AlignedBytes> = feeds.iter().map(|t| AlignedBytes::copy_from(t.bytes())).collect();
     let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();

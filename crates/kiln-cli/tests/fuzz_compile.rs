@@ -13,6 +13,7 @@
 //! replay.
 
 use bytes::Bytes;
+use kiln_filetest::fuzz::XorShift;
 use kiln_import::onnx::proto::{tensor_shape_proto::dimension, type_proto, ModelProto};
 use kiln_import::{onnx::import_bytes, ImportOptions};
 use prost::Message;
@@ -129,23 +130,6 @@ fn corpus_compiles_or_is_refused() {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len())]
-    }
-}
-
 /// Values that find edges: empty, one, small odd, negative (axes), large.
 const INTERESTING: [i64; 10] = [0, 1, 2, 3, 5, -1, -2, 7, 64, 1 << 20];
 
@@ -170,7 +154,7 @@ const OPS: [&str; 16] = [
 ];
 
 /// One structural mutation of a decoded model; `false` when it had nothing to change.
-fn mutate_model(rng: &mut Rng, m: &mut ModelProto) -> bool {
+fn mutate_model(rng: &mut XorShift, m: &mut ModelProto) -> bool {
     let Some(g) = m.graph.as_mut() else { return false };
     match rng.below(6) {
         0 => {
@@ -182,7 +166,7 @@ fn mutate_model(rng: &mut Rng, m: &mut ModelProto) -> bool {
             };
             let Some(shape) = t.shape.as_mut().filter(|s| !s.dim.is_empty()) else { return false };
             let d = rng.below(shape.dim.len());
-            shape.dim[d].value = Some(dimension::Value::DimValue(rng.pick(&INTERESTING[..5])));
+            shape.dim[d].value = Some(dimension::Value::DimValue(*rng.pick(&INTERESTING[..5])));
         }
         1 => {
             // An integer attribute, or one element of an integer-list attribute.
@@ -190,7 +174,7 @@ fn mutate_model(rng: &mut Rng, m: &mut ModelProto) -> bool {
             let node = &mut g.node[n];
             let Some(a) = (!node.attribute.is_empty()).then(|| rng.below(node.attribute.len())) else { return false };
             let attr = &mut node.attribute[a];
-            let v = rng.pick(&INTERESTING);
+            let v = *rng.pick(&INTERESTING);
             if !attr.ints.is_empty() {
                 let i = rng.below(attr.ints.len());
                 attr.ints[i] = v;
@@ -226,7 +210,7 @@ fn mutate_model(rng: &mut Rng, m: &mut ModelProto) -> bool {
                 return false;
             }
             let d = rng.below(init.dims.len());
-            init.dims[d] = rng.pick(&INTERESTING[..8]);
+            init.dims[d] = *rng.pick(&INTERESTING[..8]);
         }
         _ => {
             // A node removed (its consumers lose their producer) or duplicated.
@@ -246,14 +230,14 @@ fn mutate_model(rng: &mut Rng, m: &mut ModelProto) -> bool {
 }
 
 /// One byte-level mutation (bit flips, interesting bytes, truncation, insertion).
-fn mutate_bytes(rng: &mut Rng, d: &mut Vec<u8>) {
+fn mutate_bytes(rng: &mut XorShift, d: &mut Vec<u8>) {
     if d.is_empty() {
         return;
     }
     let i = rng.below(d.len());
     match rng.below(4) {
         0 => d[i] ^= 1 << rng.below(8),
-        1 => d[i] = rng.pick(&[0x00, 0x01, 0x7f, 0x80, 0xff]),
+        1 => d[i] = *rng.pick(&[0x00, 0x01, 0x7f, 0x80, 0xff]),
         2 => d.truncate(i.max(1)),
         _ => {
             let b = rng.next() as u8;
@@ -265,7 +249,7 @@ fn mutate_bytes(rng: &mut Rng, d: &mut Vec<u8>) {
 #[test]
 fn mutations_compile_or_are_refused() {
     let files = corpus();
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
     let mut reached = [0usize; 5];
     // Rounds per seed; lenet (the largest, slowest to compile) gets fewer.
     for (name, seed) in &files {

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::random_f32;
+use common::{matmul_sum, random_f32};
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{Kernel, KernelBuilder, ReduceOp, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
@@ -76,13 +76,7 @@ fn bench() {
     let n = 256;
     let ma = random_f32(&[n, n], 1.0, 4);
     let mut b = KernelBuilder::new("matmul", vec![ma.ty().clone(), ma.ty().clone()], ma.ty().clone());
-    let i = b.out_index();
-    let k = b.new_var(n as u64);
-    let kv = b.var(k);
-    let l0 = b.load(0, vec![i[0], kv]);
-    let l1 = b.load(1, vec![kv, i[1]]);
-    let p = b.mul(l0, l1);
-    let s = b.reduce(ReduceOp::Sum, vec![k], p);
+    let (_, s) = matmul_sum(&mut b, n);
     let matmul = b.finish(s).unwrap();
 
     let t_in = random_f32(&[2048, 2048], 1.0, 5);

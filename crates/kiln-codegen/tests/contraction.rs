@@ -195,13 +195,7 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
     let f = ScalarType::F32;
     let ins = vec![tt(&[m, kk]), tt(&[kk, n]), tt(&[n]), tt(&[m, 1]), tt(&[m, n])];
     let mut b = KernelBuilder::new(which, ins, tt(&[m, n]));
-    let o = b.out_index();
-    let kv = b.new_var(kk as u64);
-    let k = b.var(kv);
-    let x = b.load(0, vec![o[0], k]);
-    let y = b.load(1, vec![k, o[1]]);
-    let p = b.mul(x, y);
-    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
+    let (o, s) = matmul_sum(&mut b, kk);
     let bias = b.load(2, vec![o[1]]);
     let zero_idx = b.index(0);
     let row = b.load(3, vec![o[0], zero_idx]);
@@ -437,13 +431,7 @@ fn general_path_without_avx2_or_when_refused() {
     assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
     // An epilogue with a transcendental the microkernels have no inline form of.
     let mut b = KernelBuilder::new("mm_tanh", vec![tt(&[2, 3]), tt(&[3, 4])], tt(&[2, 4]));
-    let o = b.out_index();
-    let kv = b.new_var(3);
-    let kk = b.var(kv);
-    let x = b.load(0, vec![o[0], kk]);
-    let y = b.load(1, vec![kk, o[1]]);
-    let p = b.mul(x, y);
-    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
+    let (_, s) = matmul_sum(&mut b, 3);
     let e = b.unary(UnaryOp::Tanh, s);
     let k = b.finish(e).unwrap();
     let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
@@ -456,7 +444,6 @@ fn general_path_without_avx2_or_when_refused() {
 /// `Conv` 1×1 in NCHW with a per-channel bias and Relu6: rows are output channels,
 /// columns the flattened `h·W + w`.
 fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
-    let f = ScalarType::F32;
     let ins = vec![tt(&[n, ci, h, w]), tt(&[co, ci, 1, 1]), tt(&[co])];
     let mut b = KernelBuilder::new("pw", ins, tt(&[n, co, h, w]));
     let o = b.out_index();
@@ -469,12 +456,7 @@ fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
     let s = b.reduce(ReduceOp::Sum, vec![c, kh, kw], p);
     let bias = b.load(2, vec![o[1]]);
     let v = b.add(s, bias);
-    let zero = b.float(f, 0.0);
-    let six = b.float(f, 6.0);
-    let lt = b.binary(BinaryOp::Lt, v, zero);
-    let v = b.select(lt, zero, v);
-    let gt = b.binary(BinaryOp::Gt, v, six);
-    let r = b.select(gt, six, v);
+    let r = relu6(&mut b, v);
     b.finish(r).unwrap()
 }
 

@@ -95,12 +95,7 @@ fn epilogue_of(b: &mut KernelBuilder, s: ExprId, channel: ExprId, bias_at: usize
     match epilogue {
         "bias_relu6" => {
             let v = b.add(s, bias);
-            let zero = b.float(f, 0.0);
-            let six = b.float(f, 6.0);
-            let lt = b.binary(BinaryOp::Lt, v, zero);
-            let v = b.select(lt, zero, v);
-            let gt = b.binary(BinaryOp::Gt, v, six);
-            b.select(gt, six, v)
+            relu6(b, v)
         }
         "bias_hardswish" => {
             // As lowered: v · min(max(v / 6 + 0.5, 0), 1), v = s + bias.

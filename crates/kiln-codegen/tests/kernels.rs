@@ -83,71 +83,10 @@ fn workgroup_ranges() {
     }
 }
 
-fn softmax(r: usize, c: usize) -> Kernel {
-    softmax_with(r, c, UnaryOp::Exp)
-}
-
-/// Softmax with `op` in place of exp (`Cosh`: a transcendental the helper table serves).
-fn softmax_with(r: usize, c: usize, op: UnaryOp) -> Kernel {
-    let mut b = KernelBuilder::new("softmax", vec![tt(DType::F32, &[r, c])], tt(DType::F32, &[r, c]));
-    let i = b.out_index();
-    let k1 = b.new_var(c as u64);
-    let k1v = b.var(k1);
-    let xk = b.load(0, vec![i[0], k1v]);
-    let mx = b.reduce(ReduceOp::Max, vec![k1], xk);
-    let k2 = b.new_var(c as u64);
-    let k2v = b.var(k2);
-    let xk2 = b.load(0, vec![i[0], k2v]);
-    let d2 = b.sub(xk2, mx);
-    let e2 = b.unary(op, d2);
-    let s = b.reduce(ReduceOp::Sum, vec![k2], e2);
-    let x = b.load(0, i.clone());
-    let d = b.sub(x, mx);
-    let e = b.unary(op, d);
-    let r = b.div(e, s);
-    b.finish(r).unwrap()
-}
-
-fn layernorm(r: usize, c: usize) -> Kernel {
-    let f = DType::F32;
-    let mut b = KernelBuilder::new("layernorm", vec![tt(f, &[r, c]), tt(f, &[c]), tt(f, &[c])], tt(f, &[r, c]));
-    let i = b.out_index();
-    let n = b.float(ScalarType::F32, c as f64);
-    let k1 = b.new_var(c as u64);
-    let k1v = b.var(k1);
-    let x1 = b.load(0, vec![i[0], k1v]);
-    let s = b.reduce(ReduceOp::Sum, vec![k1], x1);
-    let mean = b.div(s, n);
-    let k2 = b.new_var(c as u64);
-    let k2v = b.var(k2);
-    let x2 = b.load(0, vec![i[0], k2v]);
-    let d2 = b.sub(x2, mean);
-    let sq = b.mul(d2, d2);
-    let v = b.reduce(ReduceOp::Sum, vec![k2], sq);
-    let var = b.div(v, n);
-    let eps = b.float(ScalarType::F32, 1e-5);
-    let ve = b.add(var, eps);
-    let sd = b.unary(UnaryOp::Sqrt, ve);
-    let x = b.load(0, i.clone());
-    let d = b.sub(x, mean);
-    let y = b.div(d, sd);
-    let g = b.load(1, vec![i[1]]);
-    let bb = b.load(2, vec![i[1]]);
-    let yg = b.mul(y, g);
-    let r = b.add(yg, bb);
-    b.finish(r).unwrap()
-}
-
 fn matmul(m: usize, kk: usize, n: usize) -> Kernel {
     let f = DType::F32;
     let mut b = KernelBuilder::new("matmul", vec![tt(f, &[m, kk]), tt(f, &[kk, n])], tt(f, &[m, n]));
-    let i = b.out_index();
-    let k = b.new_var(kk as u64);
-    let kv = b.var(k);
-    let a = b.load(0, vec![i[0], kv]);
-    let bb = b.load(1, vec![kv, i[1]]);
-    let p = b.mul(a, bb);
-    let r = b.reduce(ReduceOp::Sum, vec![k], p);
+    let (_, r) = matmul_sum(&mut b, kk);
     b.finish(r).unwrap()
 }
 

@@ -40,58 +40,6 @@ fn widths() -> Vec<(CpuTarget, &'static str)> {
     w
 }
 
-/// `softmax(x)` over the last axis of `[rows, len]`.
-fn softmax(rows: usize, len: usize) -> Kernel {
-    let mut b = KernelBuilder::new("softmax", vec![tt(&[rows, len])], tt(&[rows, len]));
-    let o = b.out_index();
-    let m = b.new_var(len as u64);
-    let mv = b.var(m);
-    let xm = b.load(0, vec![o[0], mv]);
-    let mx = b.reduce(ReduceOp::Max, vec![m], xm);
-    let s = b.new_var(len as u64);
-    let sv = b.var(s);
-    let xs = b.load(0, vec![o[0], sv]);
-    let d = b.sub(xs, mx);
-    let e = b.unary(UnaryOp::Exp, d);
-    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
-    let x = b.load(0, vec![o[0], o[1]]);
-    let d = b.sub(x, mx);
-    let e = b.unary(UnaryOp::Exp, d);
-    let y = b.div(e, sum);
-    b.finish(y).unwrap()
-}
-
-/// LayerNorm over the last axis of `[rows, len]` with per-column scale and shift.
-fn layernorm(rows: usize, len: usize) -> Kernel {
-    let f = ScalarType::F32;
-    let mut b = KernelBuilder::new("layernorm", vec![tt(&[rows, len]), tt(&[len]), tt(&[len])], tt(&[rows, len]));
-    let o = b.out_index();
-    let n = b.float(f, len as f64);
-    let a = b.new_var(len as u64);
-    let av = b.var(a);
-    let xa = b.load(0, vec![o[0], av]);
-    let sum = b.reduce(ReduceOp::Sum, vec![a], xa);
-    let mean = b.div(sum, n);
-    let q = b.new_var(len as u64);
-    let qv = b.var(q);
-    let xq = b.load(0, vec![o[0], qv]);
-    let dq = b.sub(xq, mean);
-    let sq = b.mul(dq, dq);
-    let ss = b.reduce(ReduceOp::Sum, vec![q], sq);
-    let var = b.div(ss, n);
-    let eps = b.float(f, 1e-5);
-    let ve = b.add(var, eps);
-    let sd = b.unary(UnaryOp::Sqrt, ve);
-    let x = b.load(0, vec![o[0], o[1]]);
-    let d = b.sub(x, mean);
-    let nrm = b.div(d, sd);
-    let g = b.load(1, vec![o[1]]);
-    let bt = b.load(2, vec![o[1]]);
-    let y = b.mul(nrm, g);
-    let y = b.add(y, bt);
-    b.finish(y).unwrap()
-}
-
 /// `max(x[i, ..]) − x[i, j]`, clamped below at 0 with a `max` (a row value broadcast
 /// and a binary max).
 fn row_max_gap(rows: usize, len: usize) -> Kernel {
@@ -178,6 +126,16 @@ fn run_noted(k: &Kernel, ins: &[Tensor], target: CpuTarget) -> (Vec<f32>, Vec<Ve
     (want, got, note)
 }
 
+/// Asserts that every run's result `got` is `close` to the interpreter's `want`,
+/// element by element (`what` names the case in the message).
+fn assert_close(got: &[Vec<f32>], want: &[f32], close: impl Fn(f32, f32) -> bool, what: &str) {
+    for g in got {
+        for (i, (&a, &w)) in g.iter().zip(want).enumerate() {
+            assert!(close(a, w), "{what}: [{i}] got {a}, want {w}");
+        }
+    }
+}
+
 #[test]
 fn softmax_rows() {
     if !avx2_fma() {
@@ -190,11 +148,7 @@ fn softmax_rows() {
             let (want, got, note) = run_noted(&k, &[random_f32(&[rows, len], 8.0, 11)], target);
             assert_eq!(note, format!("{kind}; reduction operand kept in the output; reciprocal per row)"));
             let tol = (len as f32 + 11.0) * f32::EPSILON / 2.0;
-            for g in got {
-                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}: [{i}] got {a}, want {w}");
-                }
-            }
+            assert_close(&got, &want, |a, w| (a - w).abs() <= tol * w.abs(), &format!("{rows}x{len}"));
         }
     }
 }
@@ -212,11 +166,7 @@ fn layernorm_rows() {
             let (want, got, note) = run_noted(&k, &ins, target);
             // The normalising division is by the row's deviation; the mean's by a constant.
             assert_eq!(note, format!("{kind}; reciprocal per row)"));
-            for g in got {
-                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= 1e-5 * (1.0 + w.abs()), "{rows}x{len}: [{i}] got {a}, want {w}");
-                }
-            }
+            assert_close(&got, &want, |a, w| (a - w).abs() <= 1e-5 * (1.0 + w.abs()), &format!("{rows}x{len}"));
         }
     }
 }
@@ -260,11 +210,7 @@ fn sums_of_other_operands_keep_nothing() {
             let (want, got, note) = run_noted(&k, &ins, target);
             assert_eq!(note, format!("{kind}; reciprocal per row)"), "{rows}x{len}, sum over {other}");
             let tol = (other as f32 + 11.0) * f32::EPSILON / 2.0;
-            for g in got {
-                for (i, (a, w)) in g.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= tol * w.abs(), "{rows}x{len}/{other}: [{i}] got {a}, want {w}");
-                }
-            }
+            assert_close(&got, &want, |a, w| (a - w).abs() <= tol * w.abs(), &format!("{rows}x{len}/{other}"));
         }
     }
 }

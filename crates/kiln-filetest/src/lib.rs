@@ -15,10 +15,12 @@
 //! }
 //! ```
 //!
-//! [`fuzz`] holds what the fuzz-corpus replays share; the graph helpers ([`seeded_inputs`],
+//! [`fuzz`] holds what the fuzz-corpus replays share, [`alloc`] the counting allocator of
+//! the no-allocation tests; the graph helpers ([`seeded_inputs`],
 //! [`compare`]) come with the default `graphs` feature.
 #![deny(missing_docs)]
 
+pub mod alloc;
 pub mod fuzz;
 
 #[cfg(feature = "graphs")]

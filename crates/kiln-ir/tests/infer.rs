@@ -5,6 +5,7 @@
 //! specification. The exhaustive checks compare against the definitions written
 //! out again here as plain iteration, never against the code under test.
 
+use kiln_filetest::fuzz::XorShift;
 use kiln_ir::infer::{infer, InferError, InferInput};
 use kiln_ir::{Attr, Attrs, Op, OpKind, Shape, Tensor, TensorType};
 
@@ -1193,21 +1194,6 @@ fn quantization() {
 
 // ---------------------------------------------------------------- robustness
 
-/// A small deterministic generator for the no-panic sweep.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<T: Clone>(&mut self, v: &[T]) -> T {
-        v[(self.next() % v.len() as u64) as usize].clone()
-    }
-}
-
 #[test]
 fn never_panics() {
     let extremes = [i64::MIN, -9, -1, 0, 1, 2, 3, i64::MAX, 1 << 40];
@@ -1262,12 +1248,13 @@ fn never_panics() {
         v.push(Attrs::new().with("axis", Attr::Float(1.0)).with("equation", Attr::Int(3)));
         v
     };
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
     for &kind in OpKind::ALL {
         for _ in 0..1000 {
             let n_in = (rng.next() % 10) as usize;
-            let inputs: Vec<Option<(TensorType, Option<Tensor>)>> = (0..n_in).map(|_| rng.pick(&operands)).collect();
-            let Ok(op) = Op::parse(kind, &rng.pick(&attr_sets)) else { continue };
+            let inputs: Vec<Option<(TensorType, Option<Tensor>)>> =
+                (0..n_in).map(|_| rng.pick(&operands).clone()).collect();
+            let Ok(op) = Op::parse(kind, rng.pick(&attr_sets)) else { continue };
             let n_out = (rng.next() % 5) as usize;
             let ins: Vec<Option<InferInput>> =
                 inputs.iter().map(|o| o.as_ref().map(|(t, v)| InferInput { ty: t, value: v.as_ref() })).collect();

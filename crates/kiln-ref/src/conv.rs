@@ -195,6 +195,26 @@ fn rows_per_tile(kd: usize, row_len: usize) -> usize {
     ((1usize << 19) / kd.saturating_mul(row_len).max(1)).max(1)
 }
 
+/// Runs `f(r0, rows, col)` for the tiles of at most `tile_rows` rows that cover rows
+/// `0..n_rows`, `col` holding `kd` zeroed column rows of `rows·row_len` values each.
+fn for_each_tile(
+    n_rows: usize,
+    tile_rows: usize,
+    kd: usize,
+    row_len: usize,
+    col: &mut Vec<f64>,
+    mut f: impl FnMut(usize, usize, &mut [f64]),
+) {
+    let mut r0 = 0;
+    while r0 < n_rows {
+        let rows = tile_rows.min(n_rows - r0);
+        col.clear();
+        col.resize(kd * rows * row_len, 0.0);
+        f(r0, rows, col);
+        r0 += rows;
+    }
+}
+
 /// Odometer over the outer (all but the last) spatial dims of `dims`.
 fn advance(idx: &mut [usize], dims: &[usize]) {
     for d in (0..idx.len()).rev() {
@@ -255,16 +275,11 @@ fn conv_f64(x: &[f64], w: &[f64], bias: Option<&[f64]>, cd: &ConvDims, win: &Win
                 gemm_acc(mg, out_sz, kd, wg, kd, xg, in_sz, yg, out_sz);
                 continue;
             }
-            let mut r0 = 0;
-            while r0 < n_rows {
-                let rows = tile_rows.min(n_rows - r0);
+            for_each_tile(n_rows, tile_rows, kd, row_len, &mut col, |r0, rows, col| {
                 let pt = rows * row_len;
-                col.clear();
-                col.resize(kd * pt, 0.0);
-                im2col(xg, cg, win, &taps, &in_strides, r0, rows, &mut col);
-                gemm_acc(mg, pt, kd, wg, kd, &col, pt, &mut yg[r0 * row_len..], out_sz);
-                r0 += rows;
-            }
+                im2col(xg, cg, win, &taps, &in_strides, r0, rows, col);
+                gemm_acc(mg, pt, kd, wg, kd, col, pt, &mut yg[r0 * row_len..], out_sz);
+            });
         }
     }
     y
@@ -283,57 +298,84 @@ fn im2col(
     rows: usize,
     col: &mut [f64],
 ) {
-    let r = win.input.len();
-    let last = r - 1;
     let in_sz: usize = win.input.iter().product();
-    let row_len = win.output[last];
+    let row_len = win.output[win.output.len() - 1];
     let pt = rows * row_len;
-    let (s, dl, pb, iw) = (
-        win.strides[last] as i64,
-        win.dilations[last] as i64,
-        win.pad_begin[last],
-        win.input[last] as i64,
-    );
-    let outer_dims = &win.output[..last];
+    let s = win.strides[win.strides.len() - 1];
     let mut cr = 0; // column row
     for c in 0..cg {
         let xc = &xg[c * in_sz..(c + 1) * in_sz];
         for tap in taps {
             let dst_row = &mut col[cr * pt..(cr + 1) * pt];
             cr += 1;
-            // Output columns whose input position ow·s − pb + k·dl lies in [0, iw).
-            let base = tap[last] as i64 * dl - pb;
-            let lo = if base >= 0 { 0 } else { (-base + s - 1) / s };
-            let hi = if iw - base <= 0 { 0 } else { ((iw - base + s - 1) / s).min(row_len as i64) };
-            let (lo, hi) = (lo.min(hi) as usize, hi.max(0) as usize);
-            let mut oidx = crate::util::unravel(r0, outer_dims);
-            for rr in 0..rows {
-                // Offset of the input row for this output row and tap (None: padding).
-                let mut off = Some(0usize);
-                for d in 0..last {
-                    let i = oidx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d]
-                        + tap[d] as i64 * win.dilations[d] as i64;
-                    if i < 0 || i >= win.input[d] as i64 {
-                        off = None;
-                        break;
-                    }
-                    off = off.map(|o| o + i as usize * in_strides[d]);
-                }
-                if let (Some(off), true) = (off, hi > lo) {
-                    let dst = &mut dst_row[rr * row_len + lo..rr * row_len + hi];
-                    let start = (lo as i64 * s + base) as usize;
-                    if s == 1 {
-                        dst.copy_from_slice(&xc[off + start..off + start + (hi - lo)]);
-                    } else {
-                        let src = xc[off + start..].iter().step_by(s as usize);
-                        for (dv, &sv) in dst.iter_mut().zip(src) {
-                            *dv = sv;
-                        }
+            tap_runs(win, tap, &win.output, &win.input, in_strides, r0, rows, |rr, lo, hi, at| {
+                let dst = &mut dst_row[rr * row_len + lo..rr * row_len + hi];
+                if s == 1 {
+                    dst.copy_from_slice(&xc[at..at + (hi - lo)]);
+                } else {
+                    for (dv, &sv) in dst.iter_mut().zip(xc[at..].iter().step_by(s)) {
+                        *dv = sv;
                     }
                 }
-                advance(&mut oidx, outer_dims);
-            }
+            });
         }
+    }
+}
+
+/// Walks the positions one kernel tap connects between the side a convolution
+/// walks row by row (`walked`: the output for im2col, the input for col2im) and its
+/// partner side: position `p` of a walked dim meets `p·s − pb + k·dl` of the
+/// partner's. For each of the `rows` walked rows from `r0` (positions of the outer
+/// dims) whose outer partner position lies inside `partner`, calls
+/// `run(rr, lo, hi, at)`: walked columns `lo..hi` of row `rr` meet partner positions
+/// inside it, the first at flat offset `at` (with `partner_strides`), the next ones
+/// `s` apart.
+#[allow(clippy::too_many_arguments)]
+fn tap_runs(
+    win: &Window,
+    tap: &[usize],
+    walked: &[usize],
+    partner: &[usize],
+    partner_strides: &[usize],
+    r0: usize,
+    rows: usize,
+    mut run: impl FnMut(usize, usize, usize, usize),
+) {
+    let last = walked.len() - 1;
+    let row_len = walked[last];
+    let (s, dl, pb, pw) = (
+        win.strides[last] as i64,
+        win.dilations[last] as i64,
+        win.pad_begin[last],
+        partner[last] as i64,
+    );
+    // Walked columns whose partner position c·s − pb + k·dl lies in [0, pw).
+    let base = tap[last] as i64 * dl - pb;
+    let lo = if base >= 0 { 0 } else { (-base + s - 1) / s };
+    let hi = if pw - base <= 0 { 0 } else { ((pw - base + s - 1) / s).min(row_len as i64) };
+    let (lo, hi) = (lo.min(hi) as usize, hi.max(0) as usize);
+    if hi <= lo {
+        return;
+    }
+    let start = (lo as i64 * s + base) as usize;
+    let outer_dims = &walked[..last];
+    let mut idx = crate::util::unravel(r0, outer_dims);
+    for rr in 0..rows {
+        // Offset of the partner row for this walked row and tap (None: padding).
+        let mut off = Some(0usize);
+        for d in 0..last {
+            let p = idx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d]
+                + tap[d] as i64 * win.dilations[d] as i64;
+            if p < 0 || p >= partner[d] as i64 {
+                off = None;
+                break;
+            }
+            off = off.map(|o| o + p as usize * partner_strides[d]);
+        }
+        if let Some(off) = off {
+            run(rr, lo, hi, off + start);
+        }
+        advance(&mut idx, outer_dims);
     }
 }
 
@@ -367,13 +409,25 @@ fn bias(cx: &Cx, i: usize, m: usize) -> Result<Option<Vec<f64>>, EvalError> {
     }
 }
 
-fn conv(cx: &Cx) -> Result<Tensor, EvalError> {
-    let (x, w) = (cx.input(0)?, cx.input(1)?);
-    let ty = cx.out_type(0)?;
+/// The channel dims and the window of a Conv-style operator with input `x` and
+/// weights `w`, checked against the result type `ty`.
+fn conv_geometry(
+    cx: &Cx,
+    x: &Tensor,
+    w: &Tensor,
+    ty: &TensorType,
+) -> Result<(ConvDims, Window), EvalError> {
     let (xd, wd) = (x.shape().dims(), w.shape().dims());
     let cd = conv_dims(cx, xd, wd)?;
     let win = conv_window(cx, &xd[2..], &wd[2..])?;
     check_out(cx, ty, &out_dims(&cd, &win))?;
+    Ok((cd, win))
+}
+
+fn conv(cx: &Cx) -> Result<Tensor, EvalError> {
+    let (x, w) = (cx.input(0)?, cx.input(1)?);
+    let ty = cx.out_type(0)?;
+    let (cd, win) = conv_geometry(cx, x, w, ty)?;
     let b = bias(cx, 2, cd.m)?;
     let y = conv_f64(&floats(cx, x)?, &floats(cx, w)?, b.as_deref(), &cd, &win);
     write_f64(cx, ty, &y)
@@ -415,10 +469,7 @@ fn conv_integer(cx: &Cx) -> Result<Tensor, EvalError> {
     if !ty.dtype.is_int() {
         return Err(cx.invalid(format!("{} result, i32 expected", ty.dtype)));
     }
-    let (xd, wd) = (x.shape().dims(), w.shape().dims());
-    let cd = conv_dims(cx, xd, wd)?;
-    let win = conv_window(cx, &xd[2..], &wd[2..])?;
-    check_out(cx, ty, &out_dims(&cd, &win))?;
+    let (cd, win) = conv_geometry(cx, x, w, ty)?;
     let xv = minus_zp(cx, x, 2, false)?;
     let wv = minus_zp(cx, w, 3, true)?;
     let y = conv_f64(&xv, &wv, None, &cd, &win);
@@ -439,10 +490,7 @@ fn scales(cx: &Cx, i: usize, m: usize) -> Result<Vec<f64>, EvalError> {
 fn qlinear_conv(cx: &Cx) -> Result<Tensor, EvalError> {
     let (x, w) = (cx.input(0)?, cx.input(3)?);
     let ty = cx.out_type(0)?;
-    let (xd, wd) = (x.shape().dims(), w.shape().dims());
-    let cd = conv_dims(cx, xd, wd)?;
-    let win = conv_window(cx, &xd[2..], &wd[2..])?;
-    check_out(cx, ty, &out_dims(&cd, &win))?;
+    let (cd, win) = conv_geometry(cx, x, w, ty)?;
     let xs = scales(cx, 1, 1)?[0];
     let ws = scales(cx, 4, cd.m)?;
     let ys = scales(cx, 6, 1)?[0];
@@ -588,16 +636,11 @@ fn conv_transpose_f64(
         for ni in 0..n {
             let xg = &x[(ni * c + g * cg) * in_sz..(ni * c + (g + 1) * cg) * in_sz];
             let yg = &mut y[(ni * m + g * mg) * out_sz..(ni * m + (g + 1) * mg) * out_sz];
-            let mut r0 = 0;
-            while r0 < n_rows {
-                let rows = tile_rows.min(n_rows - r0);
+            for_each_tile(n_rows, tile_rows, kd, row_len, &mut col, |r0, rows, col| {
                 let pt = rows * row_len;
-                col.clear();
-                col.resize(kd * pt, 0.0);
-                gemm_acc(kd, pt, cg, &wt, cg, &xg[r0 * row_len..], in_sz, &mut col, pt);
-                col2im(&col, yg, mg, win, &taps, &out_strides, r0, rows);
-                r0 += rows;
-            }
+                gemm_acc(kd, pt, cg, &wt, cg, &xg[r0 * row_len..], in_sz, col, pt);
+                col2im(col, yg, mg, win, &taps, &out_strides, r0, rows);
+            });
         }
     }
     y
@@ -616,58 +659,28 @@ fn col2im(
     r0: usize,
     rows: usize,
 ) {
-    let r = win.input.len();
-    let last = r - 1;
     let out_sz: usize = win.output.iter().product();
-    let row_len = win.input[last];
+    let row_len = win.input[win.input.len() - 1];
     let pt = rows * row_len;
-    let (s, dl, pb, ow) = (
-        win.strides[last] as i64,
-        win.dilations[last] as i64,
-        win.pad_begin[last],
-        win.output[last] as i64,
-    );
-    let outer_dims = &win.input[..last];
+    let s = win.strides[win.strides.len() - 1];
     let mut cr = 0;
     for mi in 0..mg {
         let yc = &mut yg[mi * out_sz..(mi + 1) * out_sz];
         for tap in taps {
             let src_row = &col[cr * pt..(cr + 1) * pt];
             cr += 1;
-            // Input columns iw whose output position iw·s − pb + k·dl lies in [0, ow).
-            let base = tap[last] as i64 * dl - pb;
-            let lo = if base >= 0 { 0 } else { (-base + s - 1) / s };
-            let hi = if ow - base <= 0 { 0 } else { ((ow - base + s - 1) / s).min(row_len as i64) };
-            let (lo, hi) = (lo.min(hi) as usize, hi.max(0) as usize);
-            let mut iidx = crate::util::unravel(r0, outer_dims);
-            for rr in 0..rows {
-                let mut off = Some(0usize);
-                for d in 0..last {
-                    let o = iidx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d]
-                        + tap[d] as i64 * win.dilations[d] as i64;
-                    if o < 0 || o >= win.output[d] as i64 {
-                        off = None;
-                        break;
+            tap_runs(win, tap, &win.input, &win.output, out_strides, r0, rows, |rr, lo, hi, at| {
+                let src = &src_row[rr * row_len + lo..rr * row_len + hi];
+                if s == 1 {
+                    for (dv, &sv) in yc[at..at + (hi - lo)].iter_mut().zip(src) {
+                        *dv += sv;
                     }
-                    off = off.map(|v| v + o as usize * out_strides[d]);
-                }
-                if let (Some(off), true) = (off, hi > lo) {
-                    let src = &src_row[rr * row_len + lo..rr * row_len + hi];
-                    let start = (lo as i64 * s + base) as usize;
-                    if s == 1 {
-                        for (dv, &sv) in
-                            yc[off + start..off + start + (hi - lo)].iter_mut().zip(src)
-                        {
-                            *dv += sv;
-                        }
-                    } else {
-                        for (dv, &sv) in yc[off + start..].iter_mut().step_by(s as usize).zip(src) {
-                            *dv += sv;
-                        }
+                } else {
+                    for (dv, &sv) in yc[at..].iter_mut().step_by(s).zip(src) {
+                        *dv += sv;
                     }
                 }
-                advance(&mut iidx, outer_dims);
-            }
+            });
         }
     }
 }

@@ -626,33 +626,13 @@ fn einsum(cx: &Cx) -> Result<Tensor, EvalError> {
         .collect();
     let n_out: usize = out_dims.iter().product();
     let n_sum: usize = sizes[out_labels.len()..].iter().product();
+    let lp = EinsumLoop { strides, sizes, n_out, n_sum };
     if ty.dtype.is_float() {
         let vals: Vec<Vec<f64>> = ops.iter().map(|x| floats(cx, x)).collect::<Result<_, _>>()?;
-        let out = einsum_loop(
-            &vals,
-            &strides,
-            &sizes,
-            n_out,
-            n_sum,
-            0.0,
-            1.0,
-            |a, b| a * b,
-            |a, b| a + b,
-        );
-        write_f64(cx, ty, &out)
+        write_f64(cx, ty, &lp.run(&vals, 0.0, 1.0, |a, b| a * b, |a, b| a + b))
     } else if ty.dtype.is_int() {
         let vals: Vec<Vec<i64>> = ops.iter().map(|x| read_i64(cx, x)).collect::<Result<_, _>>()?;
-        let out = einsum_loop(
-            &vals,
-            &strides,
-            &sizes,
-            n_out,
-            n_sum,
-            0,
-            1,
-            i64::wrapping_mul,
-            i64::wrapping_add,
-        );
+        let out = lp.run(&vals, 0, 1, i64::wrapping_mul, i64::wrapping_add);
         cx.from_i64(ty, &out)
     } else {
         Err(cx.invalid(format!("{} result", ty.dtype)))
@@ -667,53 +647,65 @@ fn label_name(l: usize) -> String {
     }
 }
 
-/// The einsum sum of products: every combination of loop-label values, output
-/// labels outermost, with one running offset per operand.
-#[allow(clippy::too_many_arguments)]
-fn einsum_loop<T: Copy>(
-    vals: &[Vec<T>],
-    strides: &[Vec<usize>],
-    sizes: &[usize],
+/// The loops of an einsum: every combination of loop-label values, output labels
+/// outermost.
+struct EinsumLoop {
+    /// Per operand, the stride of each loop label.
+    strides: Vec<Vec<usize>>,
+    /// Extent of each loop label.
+    sizes: Vec<usize>,
+    /// Output elements (product of the output labels' extents).
     n_out: usize,
+    /// Terms summed per output element (product of the summed labels' extents).
     n_sum: usize,
-    zero: T,
-    one: T,
-    mul: impl Fn(T, T) -> T,
-    add: impl Fn(T, T) -> T,
-) -> Vec<T> {
-    let mut out = vec![zero; n_out];
-    if n_sum == 0 {
-        return out;
-    }
-    let nl = sizes.len();
-    let mut idx = vec![0usize; nl];
-    let mut offs = vec![0usize; vals.len()];
-    for o in out.iter_mut() {
-        let mut acc = zero;
-        for _ in 0..n_sum {
-            let mut p = one;
-            for (v, &off) in vals.iter().zip(&offs) {
-                p = mul(p, v[off]);
-            }
-            acc = add(acc, p);
-            // Advance the odometer (last label fastest), keeping offsets in step.
-            for d in (0..nl).rev() {
-                idx[d] += 1;
-                for (off, s) in offs.iter_mut().zip(strides) {
-                    *off += s[d];
-                }
-                if idx[d] < sizes[d] {
-                    break;
-                }
-                for (off, s) in offs.iter_mut().zip(strides) {
-                    *off -= s[d] * idx[d];
-                }
-                idx[d] = 0;
-            }
+}
+
+impl EinsumLoop {
+    /// The sum of products over operands `vals` in the ring (`zero`, `one`, `mul`,
+    /// `add`), with one running offset per operand.
+    fn run<T: Copy>(
+        &self,
+        vals: &[Vec<T>],
+        zero: T,
+        one: T,
+        mul: impl Fn(T, T) -> T,
+        add: impl Fn(T, T) -> T,
+    ) -> Vec<T> {
+        let (strides, sizes) = (&self.strides, &self.sizes);
+        let mut out = vec![zero; self.n_out];
+        if self.n_sum == 0 {
+            return out;
         }
-        *o = acc;
+        let nl = sizes.len();
+        let mut idx = vec![0usize; nl];
+        let mut offs = vec![0usize; vals.len()];
+        for o in out.iter_mut() {
+            let mut acc = zero;
+            for _ in 0..self.n_sum {
+                let mut p = one;
+                for (v, &off) in vals.iter().zip(&offs) {
+                    p = mul(p, v[off]);
+                }
+                acc = add(acc, p);
+                // Advance the odometer (last label fastest), keeping offsets in step.
+                for d in (0..nl).rev() {
+                    idx[d] += 1;
+                    for (off, s) in offs.iter_mut().zip(strides) {
+                        *off += s[d];
+                    }
+                    if idx[d] < sizes[d] {
+                        break;
+                    }
+                    for (off, s) in offs.iter_mut().zip(strides) {
+                        *off -= s[d] * idx[d];
+                    }
+                    idx[d] = 0;
+                }
+            }
+            *o = acc;
+        }
+        out
     }
-    out
 }
 
 // ---------------------------------------------------------------------------

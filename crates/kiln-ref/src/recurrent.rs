@@ -304,12 +304,10 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
             if cell == Cell::Gru && !lbr {
                 // (r ⊙ H)·Rhᵀ needs r first.
                 for b in 0..batch {
-                    if step >= lens[b] {
+                    let Some((_, xr, hrb)) = step_row(&xw, &hr, b, batch, lens[b], step, reverse, gh)
+                    else {
                         continue;
-                    }
-                    let t = if reverse { lens[b] - 1 - step } else { step };
-                    let xr = &xw[(t * batch + b) * gh..(t * batch + b + 1) * gh];
-                    let hrb = &hr[b * gh..(b + 1) * gh];
+                    };
                     for j in 0..hidden {
                         let pre = bound(xr[hidden + j] + hrb[hidden + j] + rb[hidden + j], clip);
                         rh[b * hidden + j] = act[0].apply(pre) * h[b * hidden + j];
@@ -329,12 +327,9 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
                 );
             }
             for b in 0..batch {
-                if step >= lens[b] {
+                let Some((t, xr, hrb)) = step_row(&xw, &hr, b, batch, lens[b], step, reverse, gh) else {
                     continue;
-                }
-                let t = if reverse { lens[b] - 1 - step } else { step };
-                let xr = &xw[(t * batch + b) * gh..(t * batch + b + 1) * gh];
-                let hrb = &hr[b * gh..(b + 1) * gh];
+                };
                 let hb = &mut h[b * hidden..(b + 1) * hidden];
                 let cb = &mut c[b * hidden..(b + 1) * hidden];
                 for j in 0..hidden {
@@ -434,4 +429,26 @@ fn swap01(v: &[f64], a: usize, b: usize, n: usize) -> Vec<f64> {
         }
     }
     t
+}
+
+/// What batch row `b` reads at `step`: the time it is at (counting down from its
+/// sequence's end, `len`, when `reverse`), its row of X·Wᵀ + Wb there and its row of
+/// H·Rᵀ (`gh` wide each); None once its sequence has ended.
+#[allow(clippy::too_many_arguments)]
+fn step_row<'v>(
+    xw: &'v [f64],
+    hr: &'v [f64],
+    b: usize,
+    batch: usize,
+    len: usize,
+    step: usize,
+    reverse: bool,
+    gh: usize,
+) -> Option<(usize, &'v [f64], &'v [f64])> {
+    if step >= len {
+        return None;
+    }
+    let t = if reverse { len - 1 - step } else { step };
+    let xr = &xw[(t * batch + b) * gh..(t * batch + b + 1) * gh];
+    Some((t, xr, &hr[b * gh..(b + 1) * gh]))
 }

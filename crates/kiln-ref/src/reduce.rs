@@ -210,38 +210,41 @@ fn arg_reduce(cx: &Cx) -> Result<Tensor, EvalError> {
     if n == 0 && outer * inner > 0 {
         return Err(cx.invalid("arg-reduction over an empty axis"));
     }
-    let mut out = vec![0i64; outer * inner];
-    if d.is_float() {
+    let out = if d.is_float() {
         let v = x.to_f64_vec();
-        for o in 0..outer {
-            for i in 0..inner {
-                let at = |k: usize| v[(o * n + k) * inner + i];
-                let mut best = 0;
-                for k in 1..n {
-                    if better_f(at(k), at(best), greater, last) {
-                        best = k;
-                    }
-                }
-                out[o * inner + i] = best as i64;
-            }
-        }
+        arg_best(&v, outer, n, inner, |a, b| better_f(a, b, greater, last))
     } else {
         let v = read_i64(cx, x)?;
         let uns = d.is_unsigned_int();
-        for o in 0..outer {
-            for i in 0..inner {
-                let at = |k: usize| v[(o * n + k) * inner + i];
-                let mut best = 0;
-                for k in 1..n {
-                    if better_i(at(k), at(best), uns, greater, last) {
-                        best = k;
-                    }
+        arg_best(&v, outer, n, inner, |a, b| better_i(a, b, uns, greater, last))
+    };
+    cx.from_i64(ty, &out)
+}
+
+/// For each of the `outer·inner` lines of `v` (`[outer, n, inner]`) along its middle
+/// axis, the index of the best element: the first, replaced by each later one `better`
+/// than the best so far.
+fn arg_best<T: Copy>(
+    v: &[T],
+    outer: usize,
+    n: usize,
+    inner: usize,
+    better: impl Fn(T, T) -> bool,
+) -> Vec<i64> {
+    let mut out = vec![0i64; outer * inner];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| v[(o * n + k) * inner + i];
+            let mut best = 0;
+            for k in 1..n {
+                if better(at(k), at(best)) {
+                    best = k;
                 }
-                out[o * inner + i] = best as i64;
             }
+            out[o * inner + i] = best as i64;
         }
     }
-    cx.from_i64(ty, &out)
+    out
 }
 
 fn cumsum(cx: &Cx) -> Result<Tensor, EvalError> {

@@ -43,64 +43,69 @@ pub(crate) trait OutputArg {
     fn checked_ptr(&mut self, t: &TensorView<'_>) -> Result<*mut u8, RuntimeError>;
 }
 
-fn input_size(t: &TensorView<'_>, got: usize) -> Result<(), RuntimeError> {
+/// Which side of a call an argument is on, for the errors that name it.
+#[derive(Clone, Copy)]
+enum Side {
+    Input,
+    Output,
+}
+
+/// Checks an argument's byte length against the signature's tensor `t`.
+fn check_size(side: Side, t: &TensorView<'_>, got: usize) -> Result<(), RuntimeError> {
     if got as u64 != t.bytes {
-        return Err(RuntimeError::InputSize { name: t.name.to_string(), expected: t.bytes, got: got as u64 });
+        let (name, expected, got) = (t.name.to_string(), t.bytes, got as u64);
+        return Err(match side {
+            Side::Input => RuntimeError::InputSize { name, expected, got },
+            Side::Output => RuntimeError::OutputSize { name, expected, got },
+        });
     }
     Ok(())
 }
 
-fn output_size(t: &TensorView<'_>, got: usize) -> Result<(), RuntimeError> {
-    if got as u64 != t.bytes {
-        return Err(RuntimeError::OutputSize { name: t.name.to_string(), expected: t.bytes, got: got as u64 });
+/// Checks a typed argument (dtype code, dims, `len` bytes) against the signature's
+/// tensor `t`.
+fn check_typed(side: Side, t: &TensorView<'_>, dtype: u32, dims: &[u64], len: usize) -> Result<(), RuntimeError> {
+    if dtype != t.dtype {
+        let (name, expected, got) = (t.name.to_string(), t.dtype, dtype);
+        return Err(match side {
+            Side::Input => RuntimeError::InputDtype { name, expected, got },
+            Side::Output => RuntimeError::OutputDtype { name, expected, got },
+        });
     }
-    Ok(())
+    if dims != &t.dims[..] {
+        let (name, expected, got) = (t.name.to_string(), t.dims.clone(), dims.to_vec());
+        return Err(match side {
+            Side::Input => RuntimeError::InputShape { name, expected, got },
+            Side::Output => RuntimeError::OutputShape { name, expected, got },
+        });
+    }
+    check_size(side, t, len)
 }
 
 impl InputArg for &[u8] {
     fn checked_ptr(&self, t: &TensorView<'_>) -> Result<*const u8, RuntimeError> {
-        input_size(t, self.len())?;
+        check_size(Side::Input, t, self.len())?;
         Ok(self.as_ptr())
     }
 }
 
 impl InputArg for TensorRef<'_> {
     fn checked_ptr(&self, t: &TensorView<'_>) -> Result<*const u8, RuntimeError> {
-        if self.dtype != t.dtype {
-            return Err(RuntimeError::InputDtype { name: t.name.to_string(), expected: t.dtype, got: self.dtype });
-        }
-        if self.dims != &t.dims[..] {
-            return Err(RuntimeError::InputShape {
-                name: t.name.to_string(),
-                expected: t.dims.clone(),
-                got: self.dims.to_vec(),
-            });
-        }
-        input_size(t, self.data.len())?;
+        check_typed(Side::Input, t, self.dtype, self.dims, self.data.len())?;
         Ok(self.data.as_ptr())
     }
 }
 
 impl OutputArg for &mut [u8] {
     fn checked_ptr(&mut self, t: &TensorView<'_>) -> Result<*mut u8, RuntimeError> {
-        output_size(t, self.len())?;
+        check_size(Side::Output, t, self.len())?;
         Ok(self.as_mut_ptr())
     }
 }
 
 impl OutputArg for TensorMut<'_> {
     fn checked_ptr(&mut self, t: &TensorView<'_>) -> Result<*mut u8, RuntimeError> {
-        if self.dtype != t.dtype {
-            return Err(RuntimeError::OutputDtype { name: t.name.to_string(), expected: t.dtype, got: self.dtype });
-        }
-        if self.dims != &t.dims[..] {
-            return Err(RuntimeError::OutputShape {
-                name: t.name.to_string(),
-                expected: t.dims.clone(),
-                got: self.dims.to_vec(),
-            });
-        }
-        output_size(t, self.data.len())?;
+        check_typed(Side::Output, t, self.dtype, self.dims, self.data.len())?;
         Ok(self.data.as_mut_ptr())
     }
 }

@@ -8,57 +8,12 @@
 mod common;
 
 use common::*;
+use kiln_filetest::alloc::Counting;
 use kiln_module::sections::write_program;
 use kiln_runtime::{Instance, TensorMut, TensorRef};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-
-struct Counting;
-
-// Process-wide, not per thread: the workers allocate on threads of their own.
-static WATCHING: AtomicBool = AtomicBool::new(false);
-static COUNT: AtomicU64 = AtomicU64::new(0);
-
-fn note() {
-    if WATCHING.load(SeqCst) {
-        COUNT.fetch_add(1, SeqCst);
-    }
-}
-
-// SAFETY: forwards every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-}
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn counted<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    COUNT.store(0, SeqCst);
-    WATCHING.store(true, SeqCst);
-    let r = f();
-    WATCHING.store(false, SeqCst);
-    (r, COUNT.load(SeqCst))
-}
+static ALLOC: Counting = Counting::new();
 
 /// Threads of this process now (Linux: entries of /proc/self/task).
 fn threads_now() -> usize {
@@ -68,7 +23,7 @@ fn threads_now() -> usize {
 #[test]
 fn invoke_allocates_nothing() {
     // The counter works: a Vec allocates.
-    let (_, n) = counted(|| std::hint::black_box(vec![1u8; 100]));
+    let (_, n) = ALLOC.counted(|| std::hint::black_box(vec![1u8; 100]));
     assert!(n >= 1, "the counting allocator sees allocations");
 
     let add = write_program(&add_program(64));
@@ -85,7 +40,7 @@ fn invoke_allocates_nothing() {
     let x = 1.0f32.to_le_bytes();
     let mut e = [0u8; 4];
     let dims = [64u64];
-    let ((), n) = counted(|| {
+    let ((), n) = ALLOC.counted(|| {
         for _ in 0..100 {
             i_add.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
             let ins = [TensorRef { dtype: 1, dims: &dims, data: &a }, TensorRef { dtype: 1, dims: &dims, data: &b }];
@@ -115,7 +70,7 @@ fn invoke_allocates_nothing() {
     let started = threads_now();
     assert_eq!(started, before + 3 * (1 + 2), "each instance starts threads − 1 workers");
     let mut z = [0u8; 4];
-    let ((), n) = counted(|| {
+    let ((), n) = ALLOC.counted(|| {
         for _ in 0..100 {
             for (i_add, i_misc, i_wave) in &mut pools {
                 i_add.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
-use kiln_flow::{interp, Kernel};
+use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
 use kiln_runtime::cpu::loader::LoadedCode;
@@ -453,4 +453,95 @@ pub fn round_oracle(d: DType, x: f64) -> u16 {
     let (dl, dh) = (a - value(lo), value(hi) - a);
     let pick = if dl < dh || (dl == dh && lo % 2 == 0) { lo } else { hi };
     sign | pick
+}
+
+/// `v` clipped to [0, 6] in f32 as the Relu6 epilogue is lowered (two selects:
+/// `v < 0 ? 0 : v`, then `v > 6 ? 6 : v`).
+pub fn relu6(b: &mut KernelBuilder, v: ExprId) -> ExprId {
+    let f = ScalarType::F32;
+    let zero = b.float(f, 0.0);
+    let six = b.float(f, 6.0);
+    let lt = b.binary(BinaryOp::Lt, v, zero);
+    let v = b.select(lt, zero, v);
+    let gt = b.binary(BinaryOp::Gt, v, six);
+    b.select(gt, six, v)
+}
+
+/// The sum of a matrix product of the kernel's first two inputs, `Σ_k in0[o0, k] ·
+/// in1[k, o1]` over `kk` terms, with the output index `[o0, o1]` it reads.
+pub fn matmul_sum(b: &mut KernelBuilder, kk: usize) -> (Vec<ExprId>, ExprId) {
+    let o = b.out_index();
+    let kv = b.new_var(kk as u64);
+    let k = b.var(kv);
+    let x = b.load(0, vec![o[0], k]);
+    let y = b.load(1, vec![k, o[1]]);
+    let p = b.mul(x, y);
+    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
+    (o, s)
+}
+
+/// The f32 tensor type of shape `dims`.
+fn f32_type(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
+}
+
+/// LayerNorm over the last axis of `[rows, len]` with per-column scale and shift.
+pub fn layernorm(rows: usize, len: usize) -> Kernel {
+    let f = ScalarType::F32;
+    let mut b = KernelBuilder::new(
+        "layernorm",
+        vec![f32_type(&[rows, len]), f32_type(&[len]), f32_type(&[len])],
+        f32_type(&[rows, len]),
+    );
+    let o = b.out_index();
+    let n = b.float(f, len as f64);
+    let a = b.new_var(len as u64);
+    let av = b.var(a);
+    let xa = b.load(0, vec![o[0], av]);
+    let sum = b.reduce(ReduceOp::Sum, vec![a], xa);
+    let mean = b.div(sum, n);
+    let q = b.new_var(len as u64);
+    let qv = b.var(q);
+    let xq = b.load(0, vec![o[0], qv]);
+    let dq = b.sub(xq, mean);
+    let sq = b.mul(dq, dq);
+    let ss = b.reduce(ReduceOp::Sum, vec![q], sq);
+    let var = b.div(ss, n);
+    let eps = b.float(f, 1e-5);
+    let ve = b.add(var, eps);
+    let sd = b.unary(UnaryOp::Sqrt, ve);
+    let x = b.load(0, vec![o[0], o[1]]);
+    let d = b.sub(x, mean);
+    let nrm = b.div(d, sd);
+    let g = b.load(1, vec![o[1]]);
+    let bt = b.load(2, vec![o[1]]);
+    let y = b.mul(nrm, g);
+    let y = b.add(y, bt);
+    b.finish(y).unwrap()
+}
+
+/// `softmax(x)` over the last axis of `[rows, len]`.
+pub fn softmax(rows: usize, len: usize) -> Kernel {
+    softmax_with(rows, len, UnaryOp::Exp)
+}
+
+/// Softmax with `op` in place of exp (`Cosh`: a transcendental the helper table serves).
+pub fn softmax_with(rows: usize, len: usize, op: UnaryOp) -> Kernel {
+    let mut b = KernelBuilder::new("softmax", vec![f32_type(&[rows, len])], f32_type(&[rows, len]));
+    let o = b.out_index();
+    let m = b.new_var(len as u64);
+    let mv = b.var(m);
+    let xm = b.load(0, vec![o[0], mv]);
+    let mx = b.reduce(ReduceOp::Max, vec![m], xm);
+    let s = b.new_var(len as u64);
+    let sv = b.var(s);
+    let xs = b.load(0, vec![o[0], sv]);
+    let d = b.sub(xs, mx);
+    let e = b.unary(op, d);
+    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
+    let x = b.load(0, vec![o[0], o[1]]);
+    let d = b.sub(x, mx);
+    let e = b.unary(op, d);
+    let y = b.div(e, sum);
+    b.finish(y).unwrap()
 }

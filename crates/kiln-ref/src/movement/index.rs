@@ -30,6 +30,28 @@ fn indices(cx: &Cx, i: usize) -> Result<Vec<i64>, EvalError> {
     cx.ints(i)
 }
 
+/// The operands of an op that indexes its data along one axis (Gather,
+/// GatherElements, ScatterElements).
+struct AlongAxis<'a> {
+    /// The data (input 0).
+    x: &'a Tensor,
+    /// The axis, checked against the data's rank.
+    a: usize,
+    /// The indices (input 1).
+    idx: Vec<i64>,
+    /// The indices' dims.
+    id: &'a [usize],
+}
+
+/// Reads the [`AlongAxis`] operands, `axis` the op's attribute.
+fn along_axis<'a>(cx: &Cx<'a>, axis: i64) -> Result<AlongAxis<'a>, EvalError> {
+    let x = cx.input(0)?;
+    let a = cx.axis(axis, x.shape().rank())?;
+    let idx = indices(cx, 1)?;
+    let id = cx.input(1)?.shape().dims();
+    Ok(AlongAxis { x, a, idx, id })
+}
+
 fn copy_elem(cx: &Cx, src: &Elems, i: usize, out: &mut Vec<u8>) -> Result<(), EvalError> {
     out.extend_from_slice(
         src.get(i)
@@ -39,12 +61,8 @@ fn copy_elem(cx: &Cx, src: &Elems, i: usize, out: &mut Vec<u8>) -> Result<(), Ev
 }
 
 pub(super) fn gather(cx: &Cx) -> Result<Tensor, EvalError> {
-    let axis = cx.attrs::<GatherAttrs>()?.axis;
-    let x = cx.input(0)?;
+    let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
     let xd = x.shape().dims();
-    let a = cx.axis(axis, xd.len())?;
-    let idx = indices(cx, 1)?;
-    let id = cx.input(1)?.shape().dims();
     let out: Vec<usize> = xd[..a]
         .iter()
         .chain(id)
@@ -119,12 +137,8 @@ fn check_elements_shapes(cx: &Cx, xd: &[usize], id: &[usize], a: usize) -> Resul
 }
 
 pub(super) fn gather_elements(cx: &Cx) -> Result<Tensor, EvalError> {
-    let axis = cx.attrs::<GatherAttrs>()?.axis;
-    let x = cx.input(0)?;
+    let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
     let xd = x.shape().dims();
-    let a = cx.axis(axis, xd.len())?;
-    let idx = indices(cx, 1)?;
-    let id = cx.input(1)?.shape().dims();
     check_elements_shapes(cx, xd, id, a)?;
     let ty = out_checked(cx, 0, x.dtype(), id)?;
     let st = row_major_strides(xd);
@@ -347,12 +361,8 @@ fn apply(
 }
 
 pub(super) fn scatter_elements(cx: &Cx) -> Result<Tensor, EvalError> {
-    let axis = cx.attrs::<ScatterElementsAttrs>()?.axis;
-    let x = cx.input(0)?;
+    let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<ScatterElementsAttrs>()?.axis)?;
     let xd = x.shape().dims();
-    let a = cx.axis(axis, xd.len())?;
-    let idx = indices(cx, 1)?;
-    let id = cx.input(1)?.shape().dims();
     let u = cx.input(2)?;
     if u.shape().dims() != id || u.dtype() != x.dtype() {
         return Err(cx.invalid(format!(
