@@ -46,6 +46,7 @@
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Shape, TensorType};
 
+use super::elementwise::logistic;
 use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output, Step};
 use kiln_flow::kernel::{BinaryOp as B, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType as S, UnaryOp as U, VarId};
 
@@ -979,16 +980,7 @@ impl Act {
                 sel(b, pos, x, zero)
             }
             Act::Tanh => b.unary(U::Tanh, x),
-            Act::Sigmoid => {
-                // select(x ≥ 0, 1, e)/(1 + e) with e = e^{−|x|}.
-                let a = b.unary(U::Abs, x);
-                let na = b.unary(U::Neg, a);
-                let e = b.unary(U::Exp, na);
-                let pos = b.binary(B::Ge, x, zero);
-                let num = sel(b, pos, one, e);
-                let den = b.add(one, e);
-                b.div(num, den)
-            }
+            Act::Sigmoid => logistic(b, x, zero, one),
             Act::Affine(a, c) => {
                 let (a, c) = (lit(b, ct, a), lit(b, ct, c));
                 let t = b.mul(a, x);
@@ -1196,6 +1188,15 @@ impl Rnn {
         let lens = if self.has_lens { Some(binds.add(Operand::Input(4), cx.input_ty(4)?.clone())) } else { None };
         let p = if self.has_p { Some(binds.add(Operand::Input(7), cx.input_ty(7)?.clone())) } else { None };
         Ok(StepIn { proj, r, b: bi, lens, p })
+    }
+
+    /// A step kernel's bindings: what every step reads, then the hidden state `h`;
+    /// with the inputs and `h`'s kernel input index.
+    fn step_binds(&self, cx: &OpCx<'_>, proj_ty: &TensorType, h: State) -> R<(Binds, StepIn, Option<usize>)> {
+        let mut binds = Binds::default();
+        let si = self.step_inputs(cx, &mut binds, proj_ty)?;
+        let hj = self.bind_state(cx, &mut binds, h)?;
+        Ok((binds, si, hj))
     }
 
     /// Whether direction `d` runs backwards in time (a Bool).
@@ -1530,9 +1531,7 @@ fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) 
 
 /// One RNN step (1 kernel): `H = f(clip(X·Wᵀ + Wb + H·Rᵀ + Rb))`.
 fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
         let x = rnn.xpart(b, &si, &sc, 0);
@@ -1551,9 +1550,7 @@ fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s
 fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
     let mut rh = None;
     if !rnn.lbr && !matches!(h, State::Zero) {
-        let mut binds = Binds::default();
-        let si = rnn.step_inputs(cx, &mut binds, pty)?;
-        let hj = rnn.bind_state(cx, &mut binds, h)?;
+        let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
         steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
             let sc = step_cx(rnn, b, &si, idx, s);
             let x = rnn.xpart(b, &si, &sc, 1);
@@ -1565,9 +1562,7 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s
         })?);
         rh = Some(steps.len() - 1);
     }
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     let rhj = rh.map(|k| binds.add(Operand::Step(k), rnn.sty.clone()));
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
@@ -1651,9 +1646,7 @@ fn lstm_step(
         })
     };
     // Kernel 1: the cell state.
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     let cj = rnn.bind_state(cx, &mut binds, c)?;
     steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
@@ -1685,9 +1678,7 @@ fn lstm_step(
     })?);
     let kc = steps.len() - 1;
     // Kernel 2: the hidden state, from the new cell state.
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     let cn = binds.add(Operand::Step(kc), rnn.sty.clone());
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
