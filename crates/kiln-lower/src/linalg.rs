@@ -625,20 +625,8 @@ fn qlinear_matmul(cx: &OpCx<'_>) -> R<Lowered> {
     let col = if g.b_rank > 1 { out[out.len() - 1] } else { zero };
     let acc = contract(&mut b, g.k, ct, |b, kv| {
         let (ai, bi, row, col) = mm_index(b, &g, &out, kv);
-        let x = b.load(0, ai);
-        let x = b.convert(x, ct);
-        let zd = dims(cx, 2)?;
-        check_numel(cx, 2, &zd, g.m)?;
-        let xz = load_flat(b, 2, &zd, row);
-        let xz = b.convert(xz, ct);
-        let x = b.sub(x, xz);
-        let y = b.load(3, bi);
-        let y = b.convert(y, ct);
-        let zd = dims(cx, 5)?;
-        check_numel(cx, 5, &zd, g.n)?;
-        let yz = load_flat(b, 5, &zd, col);
-        let yz = b.convert(yz, ct);
-        let y = b.sub(y, yz);
+        let x = centred(cx, b, (0, ai), (2, g.m, row), ct)?;
+        let y = centred(cx, b, (3, bi), (5, g.n, col), ct)?;
         Ok(b.mul(x, y))
     })?;
     let sa = qparam(cx, &mut b, 1, 1, g.m, row)?;
@@ -649,6 +637,24 @@ fn qlinear_matmul(cx: &OpCx<'_>) -> R<Lowered> {
     let mult = b.div(ab, sy);
     let v = requantize(&mut b, acc, mult, zy, d);
     Ok(one(finish(b, v, &ops)?))
+}
+
+/// Operand `op` at `index` minus its zero point (operand `zp`, per tensor or one per
+/// `n` positions, taken at `at`), both converted to `ct`.
+fn centred(
+    cx: &OpCx<'_>,
+    b: &mut KernelBuilder,
+    (op, index): (usize, Vec<ExprId>),
+    (zp, n, at): (usize, usize, ExprId),
+    ct: ScalarType,
+) -> R<ExprId> {
+    let v = b.load(op, index);
+    let v = b.convert(v, ct);
+    let zd = dims(cx, zp)?;
+    check_numel(cx, zp, &zd, n)?;
+    let z = load_flat(b, zp, &zd, at);
+    let z = b.convert(z, ct);
+    Ok(b.sub(v, z))
 }
 
 fn check_numel(cx: &OpCx<'_>, op: usize, d: &[usize], n: usize) -> R<()> {

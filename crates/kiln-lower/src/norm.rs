@@ -1255,6 +1255,14 @@ impl Rnn {
         }
     }
 
+    /// Gate `g`'s whole pre-activation: `X·Wᵀ + Wb + H·Rᵀ + Rb` (the product left out
+    /// for a zero state).
+    fn pre(&self, b: &mut KernelBuilder, si: &StepIn, h: State, hj: Option<usize>, sc: &StepCx, g: usize) -> ExprId {
+        let x = self.xpart(b, si, sc, g);
+        let r = self.rdot(b, si, h, hj, sc, g);
+        add_opt(b, x, r)
+    }
+
     /// `Σₖ h[d, bb, k]·R[d, g·hidden + j, k]` over the state from input `hj` (`None`
     /// for a zero state).
     fn rdot(
@@ -1534,9 +1542,7 @@ fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s
     let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
-        let x = rnn.xpart(b, &si, &sc, 0);
-        let r = rnn.rdot(b, &si, h, hj, &sc, 0);
-        let pre = add_opt(b, x, r);
+        let pre = rnn.pre(b, &si, h, hj, &sc, 0);
         let new = rnn.gate(b, 0, sc.d, pre);
         let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
         Ok(keep(b, sc.valid, new, old))
@@ -1553,9 +1559,7 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s
         let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
         steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
             let sc = step_cx(rnn, b, &si, idx, s);
-            let x = rnn.xpart(b, &si, &sc, 1);
-            let r = rnn.rdot(b, &si, h, hj, &sc, 1);
-            let pre = add_opt(b, x, r);
+            let pre = rnn.pre(b, &si, h, hj, &sc, 1);
             let r = rnn.gate(b, 0, sc.d, pre);
             let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
             Ok(b.mul(r, hv))
@@ -1567,14 +1571,10 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
         let ct = rnn.ct;
-        let xz = rnn.xpart(b, &si, &sc, 0);
-        let rz = rnn.rdot(b, &si, h, hj, &sc, 0);
-        let pz = add_opt(b, xz, rz);
+        let pz = rnn.pre(b, &si, h, hj, &sc, 0);
         let z = rnn.gate(b, 0, sc.d, pz);
         let ht = if rnn.lbr {
-            let xr = rnn.xpart(b, &si, &sc, 1);
-            let rr = rnn.rdot(b, &si, h, hj, &sc, 1);
-            let pr = add_opt(b, xr, rr);
+            let pr = rnn.pre(b, &si, h, hj, &sc, 1);
             let r = rnn.gate(b, 0, sc.d, pr);
             // xw_h (with Wb, without Rb) + r·(H·R_hᵀ + Rb_h).
             let off = b.index((2 * rnn.hidden) as i64);
@@ -1651,11 +1651,7 @@ fn lstm_step(
     steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
         let cp = rnn.state_at(b, c, cj, sc.d, sc.bb, sc.j);
-        let pre = |b: &mut KernelBuilder, g: usize| {
-            let x = rnn.xpart(b, &si, &sc, g);
-            let r = rnn.rdot(b, &si, h, hj, &sc, g);
-            add_opt(b, x, r)
-        };
+        let pre = |b: &mut KernelBuilder, g: usize| rnn.pre(b, &si, h, hj, &sc, g);
         let pi = pre(b, 0);
         let pih = peep(b, &si, sc.d, sc.j, 0, cp);
         let pi = add_opt(b, pi, pih);
@@ -1683,9 +1679,7 @@ fn lstm_step(
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
         let cv = b.load(cn, vec![sc.d, sc.bb, sc.j]);
-        let x = rnn.xpart(b, &si, &sc, 1);
-        let r = rnn.rdot(b, &si, h, hj, &sc, 1);
-        let po = add_opt(b, x, r);
+        let po = rnn.pre(b, &si, h, hj, &sc, 1);
         let poh = peep(b, &si, sc.d, sc.j, 1, cv);
         let po = add_opt(b, po, poh);
         let o = rnn.gate(b, 0, sc.d, po);
