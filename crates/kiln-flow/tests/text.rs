@@ -137,12 +137,7 @@ fn float_constants_print_exactly() {
         (0x7F7F_FFFF, "3.4028235e38"),
     ];
     for (bits, text) in f32s {
-        let mut b = KernelBuilder::new("c", vec![], ty(DType::F32, &[]));
-        let c = b.constant(ScalarType::F32, u64::from(bits));
-        let k = b.finish(c).unwrap();
-        let printed = print_kernel(&k);
-        assert!(printed.contains(&format!("e0: f32 = {text}\n")), "{bits:#x}: {printed}");
-        round_trip_kernel(&k);
+        check_constant(DType::F32, ScalarType::F32, u64::from(bits), "f32", text);
     }
     let f64s: [(u64, &str); 4] = [
         (0x7FF8_0000_0000_0000, "nan"),
@@ -151,12 +146,19 @@ fn float_constants_print_exactly() {
         (0xBFF0_0000_0000_0000, "-1.0"),
     ];
     for (bits, text) in f64s {
-        let mut b = KernelBuilder::new("c", vec![], ty(DType::F64, &[]));
-        let c = b.constant(ScalarType::F64, bits);
-        let k = b.finish(c).unwrap();
-        assert!(print_kernel(&k).contains(&format!("e0: f64 = {text}\n")));
-        round_trip_kernel(&k);
+        check_constant(DType::F64, ScalarType::F64, bits, "f64", text);
     }
+}
+
+/// Asserts a kernel yielding the constant `bits` of type `st` prints it as
+/// `e0: {name} = {text}`, and round-trips.
+fn check_constant(d: DType, st: ScalarType, bits: u64, name: &str, text: &str) {
+    let mut b = KernelBuilder::new("c", vec![], ty(d, &[]));
+    let c = b.constant(st, bits);
+    let k = b.finish(c).unwrap();
+    let printed = print_kernel(&k);
+    assert!(printed.contains(&format!("e0: {name} = {text}\n")), "{bits:#x}: {printed}");
+    round_trip_kernel(&k);
 }
 
 #[test]
