@@ -314,11 +314,8 @@ mod tests {
     use super::*;
     use crate::kernel::Bounds;
     use crate::KernelBuilder;
-    use kiln_ir::{DType, Shape, TensorType};
 
-    fn t(dims: &[usize]) -> TensorType {
-        TensorType::new(DType::F32, Shape::new(dims).unwrap())
-    }
+    use crate::test_types::t;
 
     /// `x[(2·v0 − v1 + 3) div 4]`-like indices in both modes.
     #[test]

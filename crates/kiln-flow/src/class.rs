@@ -186,15 +186,8 @@ mod tests {
     use super::*;
     use crate::kernel::{BinaryOp, Bounds, ReduceOp, UnaryOp};
     use crate::KernelBuilder;
-    use kiln_ir::{DType, Shape, TensorType};
 
-    fn t(dims: &[usize]) -> TensorType {
-        TensorType::new(DType::F32, Shape::new(dims).unwrap())
-    }
-
-    fn ti(dims: &[usize]) -> TensorType {
-        TensorType::new(DType::I64, Shape::new(dims).unwrap())
-    }
+    use crate::test_types::{t, ti};
 
     /// `out[m, n] = Σ_k x[m, k] · w[k, n] + b[n]`.
     #[test]

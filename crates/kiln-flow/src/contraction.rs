@@ -240,9 +240,7 @@ mod tests {
     use crate::KernelBuilder;
     use kiln_ir::{Shape, TensorType};
 
-    fn t(dims: &[usize]) -> TensorType {
-        TensorType::new(DType::F32, Shape::new(dims).unwrap())
-    }
+    use crate::test_types::t;
 
     /// `out[b, m, n] = relu(Σ_k x[b, m, k] · w[k, n] + bias[n])`.
     fn batched(transposed: bool) -> Kernel {

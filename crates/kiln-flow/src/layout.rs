@@ -553,9 +553,7 @@ mod tests {
     use super::*;
     use kiln_ir::Shape;
 
-    fn t(dims: &[usize]) -> TensorType {
-        TensorType::new(DType::F32, Shape::new(dims).unwrap())
-    }
+    use crate::test_types::t;
 
     /// `Gemm` with `transB = 1`: the constant is laid out `[K, N]` at compile time, the
     /// kernel becomes a contraction, and its results do not change.

@@ -29,4 +29,6 @@ pub mod layout;
 pub mod lower;
 pub mod program;
 pub mod text;
+#[cfg(test)]
+mod test_types;
 pub mod window;

@@ -418,6 +418,22 @@ impl Parser<'_> {
         }
     }
 
+    /// `%N, …)`: references up to the closing parenthesis (its opening one read), each
+    /// one `what`.
+    fn references(&mut self, what: &str) -> PResult<Vec<(u32, usize)>> {
+        let mut refs = Vec::new();
+        if !self.eat(&Tok::RParen) {
+            loop {
+                refs.push(self.reference(what)?);
+                if self.eat(&Tok::RParen) {
+                    break;
+                }
+                self.expect(&Tok::Comma, &format!("or `)` after {what}"))?;
+            }
+        }
+        Ok(refs)
+    }
+
     /// A number that must be a non-negative integer.
     fn uint(&mut self, what: &str) -> PResult<(u64, usize)> {
         let (t, pos) = self.bump();
@@ -699,16 +715,7 @@ impl Parser<'_> {
         self.expect_kw("flow", "at the start of the program")?;
         let name = self.at_name("program name")?;
         self.expect(&Tok::LParen, "before the program's inputs")?;
-        let mut inputs: Vec<(u32, usize)> = Vec::new();
-        if !self.eat(&Tok::RParen) {
-            loop {
-                inputs.push(self.reference("a program input")?);
-                if self.eat(&Tok::RParen) {
-                    break;
-                }
-                self.expect(&Tok::Comma, "or `)` after a program input")?;
-            }
-        }
+        let inputs = self.references("a program input")?;
         self.expect(&Tok::LBrace, "before the program body")?;
         let mut buffers: Vec<(Buffer, usize)> = Vec::new();
         let mut consts: Vec<(usize, PConst)> = Vec::new();
@@ -777,16 +784,7 @@ impl Parser<'_> {
             } else if self.eat(&Tok::Eq) {
                 self.expect_kw("dispatch", "after `%N =`")?;
                 self.expect(&Tok::LParen, "before the dispatch's operands")?;
-                let mut operands = Vec::new();
-                if !self.eat(&Tok::RParen) {
-                    loop {
-                        operands.push(self.reference("an operand")?);
-                        if self.eat(&Tok::RParen) {
-                            break;
-                        }
-                        self.expect(&Tok::Comma, "or `)` after an operand")?;
-                    }
-                }
+                let operands = self.references("an operand")?;
                 let mut class = None;
                 if self.is_kw("class") {
                     self.bump();

@@ -137,12 +137,7 @@ fn float_constants_print_exactly() {
         (0x7F7F_FFFF, "3.4028235e38"),
     ];
     for (bits, text) in f32s {
-        let mut b = KernelBuilder::new("c", vec![], ty(DType::F32, &[]));
-        let c = b.constant(ScalarType::F32, u64::from(bits));
-        let k = b.finish(c).unwrap();
-        let printed = print_kernel(&k);
-        assert!(printed.contains(&format!("e0: f32 = {text}\n")), "{bits:#x}: {printed}");
-        round_trip_kernel(&k);
+        check_constant(DType::F32, ScalarType::F32, u64::from(bits), "f32", text);
     }
     let f64s: [(u64, &str); 4] = [
         (0x7FF8_0000_0000_0000, "nan"),
@@ -151,12 +146,19 @@ fn float_constants_print_exactly() {
         (0xBFF0_0000_0000_0000, "-1.0"),
     ];
     for (bits, text) in f64s {
-        let mut b = KernelBuilder::new("c", vec![], ty(DType::F64, &[]));
-        let c = b.constant(ScalarType::F64, bits);
-        let k = b.finish(c).unwrap();
-        assert!(print_kernel(&k).contains(&format!("e0: f64 = {text}\n")));
-        round_trip_kernel(&k);
+        check_constant(DType::F64, ScalarType::F64, bits, "f64", text);
     }
+}
+
+/// Asserts a kernel yielding the constant `bits` of type `st` prints it as
+/// `e0: {name} = {text}`, and round-trips.
+fn check_constant(d: DType, st: ScalarType, bits: u64, name: &str, text: &str) {
+    let mut b = KernelBuilder::new("c", vec![], ty(d, &[]));
+    let c = b.constant(st, bits);
+    let k = b.finish(c).unwrap();
+    let printed = print_kernel(&k);
+    assert!(printed.contains(&format!("e0: {name} = {text}\n")), "{bits:#x}: {printed}");
+    round_trip_kernel(&k);
 }
 
 #[test]
@@ -352,6 +354,11 @@ fn tensor(d: DType, dims: &[usize], bytes: Vec<u8>) -> Tensor {
     Tensor::new(ty(d, dims), bytes.into()).unwrap()
 }
 
+/// A constant buffer named `name` whose tensor has the buffer's type.
+fn const_buffer(name: &str, d: DType, dims: &[usize], bytes: Vec<u8>) -> Buffer {
+    Buffer { ty: ty(d, dims), name: name.into(), kind: BufferKind::Const(tensor(d, dims, bytes)) }
+}
+
 /// A program whose buffers cover every kind, with constants of every dtype inline and
 /// in blobs.
 fn sample_program() -> FlowProgram {
@@ -361,18 +368,10 @@ fn sample_program() -> FlowProgram {
     ];
     let f32_bits = [0x3F80_0000u32, 0x8000_0000, 0x7FC0_0001];
     let bytes: Vec<u8> = f32_bits.iter().flat_map(|b| b.to_le_bytes()).collect();
-    buffers.push(Buffer {
-        ty: ty(DType::F32, &[3]),
-        name: "bias \"b\"\n".into(),
-        kind: BufferKind::Const(tensor(DType::F32, &[3], bytes)),
-    });
+    buffers.push(const_buffer("bias \"b\"\n", DType::F32, &[3], bytes));
     // 20 elements: a blob, with arbitrary bytes (NaN payloads included).
     let big: Vec<u8> = (0..80u32).map(|i| (i * 37 + 11) as u8).collect();
-    buffers.push(Buffer {
-        ty: ty(DType::F32, &[4, 5]),
-        name: "w".into(),
-        kind: BufferKind::Const(tensor(DType::F32, &[4, 5], big)),
-    });
+    buffers.push(const_buffer("w", DType::F32, &[4, 5], big));
     // A constant whose tensor type differs from its buffer's.
     let c: Vec<u8> = [1i64, -2].iter().flat_map(|v| v.to_le_bytes()).collect();
     buffers.push(Buffer {
@@ -382,41 +381,13 @@ fn sample_program() -> FlowProgram {
     });
     // f16 (1.0, 1/3 rounded, a NaN with payload, -inf), bf16, bool (one byte not 0/1:
     // a blob), i4 with an odd count, f8 codes, an empty tensor.
-    buffers.push(Buffer {
-        ty: ty(DType::F16, &[4]),
-        name: "h".into(),
-        kind: BufferKind::Const(tensor(DType::F16, &[4], vec![0x00, 0x3C, 0x55, 0x35, 0x01, 0x7E, 0x00, 0xFC])),
-    });
-    buffers.push(Buffer {
-        ty: ty(DType::BF16, &[2]),
-        name: "".into(),
-        kind: BufferKind::Const(tensor(DType::BF16, &[2], vec![0x80, 0x3F, 0xC1, 0xFF])),
-    });
-    buffers.push(Buffer {
-        ty: ty(DType::Bool, &[3]),
-        name: "".into(),
-        kind: BufferKind::Const(tensor(DType::Bool, &[3], vec![1, 0, 1])),
-    });
-    buffers.push(Buffer {
-        ty: ty(DType::Bool, &[2]),
-        name: "".into(),
-        kind: BufferKind::Const(tensor(DType::Bool, &[2], vec![1, 2])),
-    });
-    buffers.push(Buffer {
-        ty: ty(DType::I4, &[3]),
-        name: "".into(),
-        kind: BufferKind::Const(tensor(DType::I4, &[3], vec![0x8F, 0x07])),
-    });
-    buffers.push(Buffer {
-        ty: ty(DType::F8E4M3FN, &[2]),
-        name: "".into(),
-        kind: BufferKind::Const(tensor(DType::F8E4M3FN, &[2], vec![0x38, 0xFF])),
-    });
-    buffers.push(Buffer {
-        ty: ty(DType::U8, &[0]),
-        name: "".into(),
-        kind: BufferKind::Const(tensor(DType::U8, &[0], vec![])),
-    });
+    buffers.push(const_buffer("h", DType::F16, &[4], vec![0x00, 0x3C, 0x55, 0x35, 0x01, 0x7E, 0x00, 0xFC]));
+    buffers.push(const_buffer("", DType::BF16, &[2], vec![0x80, 0x3F, 0xC1, 0xFF]));
+    buffers.push(const_buffer("", DType::Bool, &[3], vec![1, 0, 1]));
+    buffers.push(const_buffer("", DType::Bool, &[2], vec![1, 2]));
+    buffers.push(const_buffer("", DType::I4, &[3], vec![0x8F, 0x07]));
+    buffers.push(const_buffer("", DType::F8E4M3FN, &[2], vec![0x38, 0xFF]));
+    buffers.push(const_buffer("", DType::U8, &[0], vec![]));
     // Results and an alias.
     buffers.push(Buffer { ty: ty(DType::F32, &[2, 3]), name: "y".into(), kind: BufferKind::Result });
     buffers.push(Buffer { ty: ty(DType::F32, &[6]), name: "y.flat".into(), kind: BufferKind::Alias(BufferId(12)) });

@@ -310,10 +310,16 @@ fn expm1(b: &mut KernelBuilder, x: ExprId) -> ExprId {
     sel(b, tiny, x, r)
 }
 
-/// The logistic function: `select(x ≥ 0, 1, e)/(1 + e)` with `e = e^{−|x|}`.
+/// The logistic function.
 fn sigmoid(b: &mut KernelBuilder, x: ExprId) -> ExprId {
     let one = lit(b, x, 1.0);
     let zero = lit(b, x, 0.0);
+    logistic(b, x, zero, one)
+}
+
+/// The logistic function of `x`, given `x`'s type's 0 and 1:
+/// `select(x ≥ 0, 1, e)/(1 + e)` with `e = e^{−|x|}`, which overflows for no `x`.
+pub(super) fn logistic(b: &mut KernelBuilder, x: ExprId, zero: ExprId, one: ExprId) -> ExprId {
     let a = b.unary(U::Abs, x);
     let na = b.unary(U::Neg, a);
     let e = b.unary(U::Exp, na);

@@ -405,6 +405,23 @@ fn mm_index(
     (ai, bi, row, col)
 }
 
+/// `Σ_k term(k)` over a contraction of `k` positions (`term` gets the index expression
+/// of `k`), or the zero of `ct` when there are none.
+fn contract(
+    b: &mut KernelBuilder,
+    k: usize,
+    ct: ScalarType,
+    term: impl FnOnce(&mut KernelBuilder, ExprId) -> R<ExprId>,
+) -> R<ExprId> {
+    if k == 0 {
+        return Ok(b.constant(ct, 0));
+    }
+    let kvar = b.new_var(k as u64);
+    let kv = b.var(kvar);
+    let p = term(b, kv)?;
+    Ok(b.reduce(ReduceOp::Sum, vec![kvar], p))
+}
+
 fn matmul(cx: &OpCx<'_>) -> R<Lowered> {
     let (ad, bd) = (dims(cx, 0)?, dims(cx, 1)?);
     let g = mm_geom(cx, &ad, &bd)?;
@@ -420,17 +437,12 @@ fn matmul(cx: &OpCx<'_>) -> R<Lowered> {
     let ops = [0, 1];
     let mut b = cx.builder(0, types(cx, &ops)?);
     let out = b.out_index();
-    let acc = if g.k == 0 {
-        b.constant(ct, 0)
-    } else {
-        let kvar = b.new_var(g.k as u64);
-        let kv = b.var(kvar);
-        let (ai, bi, _, _) = mm_index(&mut b, &g, &out, kv);
+    let acc = contract(&mut b, g.k, ct, |b, kv| {
+        let (ai, bi, _, _) = mm_index(b, &g, &out, kv);
         let x = b.load(0, ai);
         let y = b.load(1, bi);
-        let p = b.mul(x, y);
-        b.reduce(ReduceOp::Sum, vec![kvar], p)
-    };
+        Ok(b.mul(x, y))
+    })?;
     Ok(one(finish(b, acc, &ops)?))
 }
 
@@ -459,20 +471,15 @@ fn gemm(cx: &OpCx<'_>) -> R<Lowered> {
     let mut b = cx.builder(0, types(cx, &ops)?);
     let out = b.out_index();
     let (i, j) = (out[0], out[1]);
-    let mut acc = if k == 0 {
-        b.constant(ct, 0)
-    } else {
-        let kvar = b.new_var(k as u64);
-        let kv = b.var(kvar);
+    let mut acc = contract(&mut b, k, ct, |b, kv| {
         let ai = if ta { vec![kv, i] } else { vec![i, kv] };
         let bi = if tb { vec![j, kv] } else { vec![kv, j] };
         let x = b.load(0, ai);
         let x = b.convert(x, ct);
         let y = b.load(1, bi);
         let y = b.convert(y, ct);
-        let p = b.mul(x, y);
-        b.reduce(ReduceOp::Sum, vec![kvar], p)
-    };
+        Ok(b.mul(x, y))
+    })?;
     if alpha != 1.0 {
         let a = b.float(ct, alpha);
         acc = b.mul(acc, a);
@@ -544,33 +551,28 @@ fn matmul_integer(cx: &OpCx<'_>) -> R<Lowered> {
     let ct = ScalarType::I32;
     let mut b = cx.builder(0, types(cx, &ops)?);
     let out = b.out_index();
-    let acc = if g.k == 0 {
-        b.constant(ct, 0)
-    } else {
-        let kvar = b.new_var(g.k as u64);
-        let kv = b.var(kvar);
-        let (ai, bi, _, _) = mm_index(&mut b, &g, &out, kv);
+    let acc = contract(&mut b, g.k, ct, |b, kv| {
+        let (ai, bi, _, _) = mm_index(b, &g, &out, kv);
         let x = b.load(0, ai.clone());
         let mut x = b.convert(x, ct);
         let y = b.load(1, bi.clone());
         let mut y = b.convert(y, ct);
         if cx.input(2).is_some() {
             let zd = dims(cx, 2)?;
-            let zi = zero_point_index(cx, &mut b, &zd, &ad, &ai, ad.len() > 1)?;
+            let zi = zero_point_index(cx, b, &zd, &ad, &ai, ad.len() > 1)?;
             let z = b.load(pos(&ops, 2), zi);
             let z = b.convert(z, ct);
             x = b.sub(x, z);
         }
         if cx.input(3).is_some() {
             let zd = dims(cx, 3)?;
-            let zi = zero_point_index(cx, &mut b, &zd, &bd, &bi, false)?;
+            let zi = zero_point_index(cx, b, &zd, &bd, &bi, false)?;
             let z = b.load(pos(&ops, 3), zi);
             let z = b.convert(z, ct);
             y = b.sub(y, z);
         }
-        let p = b.mul(x, y);
-        b.reduce(ReduceOp::Sum, vec![kvar], p)
-    };
+        Ok(b.mul(x, y))
+    })?;
     Ok(one(finish(b, acc, &ops)?))
 }
 
@@ -621,29 +623,12 @@ fn qlinear_matmul(cx: &OpCx<'_>) -> R<Lowered> {
     let zero = b.index(0);
     let row = if g.a_rank > 1 { out[g.batch.len()] } else { zero };
     let col = if g.b_rank > 1 { out[out.len() - 1] } else { zero };
-    let acc = if g.k == 0 {
-        b.constant(ct, 0)
-    } else {
-        let kvar = b.new_var(g.k as u64);
-        let kv = b.var(kvar);
-        let (ai, bi, row, col) = mm_index(&mut b, &g, &out, kv);
-        let x = b.load(0, ai);
-        let x = b.convert(x, ct);
-        let zd = dims(cx, 2)?;
-        check_numel(cx, 2, &zd, g.m)?;
-        let xz = load_flat(&mut b, 2, &zd, row);
-        let xz = b.convert(xz, ct);
-        let x = b.sub(x, xz);
-        let y = b.load(3, bi);
-        let y = b.convert(y, ct);
-        let zd = dims(cx, 5)?;
-        check_numel(cx, 5, &zd, g.n)?;
-        let yz = load_flat(&mut b, 5, &zd, col);
-        let yz = b.convert(yz, ct);
-        let y = b.sub(y, yz);
-        let p = b.mul(x, y);
-        b.reduce(ReduceOp::Sum, vec![kvar], p)
-    };
+    let acc = contract(&mut b, g.k, ct, |b, kv| {
+        let (ai, bi, row, col) = mm_index(b, &g, &out, kv);
+        let x = centred(cx, b, (0, ai), (2, g.m, row), ct)?;
+        let y = centred(cx, b, (3, bi), (5, g.n, col), ct)?;
+        Ok(b.mul(x, y))
+    })?;
     let sa = qparam(cx, &mut b, 1, 1, g.m, row)?;
     let sb = qparam(cx, &mut b, 4, 4, g.n, col)?;
     let sy = qparam(cx, &mut b, 6, 6, g.m, row)?;
@@ -652,6 +637,24 @@ fn qlinear_matmul(cx: &OpCx<'_>) -> R<Lowered> {
     let mult = b.div(ab, sy);
     let v = requantize(&mut b, acc, mult, zy, d);
     Ok(one(finish(b, v, &ops)?))
+}
+
+/// Operand `op` at `index` minus its zero point (operand `zp`, per tensor or one per
+/// `n` positions, taken at `at`), both converted to `ct`.
+fn centred(
+    cx: &OpCx<'_>,
+    b: &mut KernelBuilder,
+    (op, index): (usize, Vec<ExprId>),
+    (zp, n, at): (usize, usize, ExprId),
+    ct: ScalarType,
+) -> R<ExprId> {
+    let v = b.load(op, index);
+    let v = b.convert(v, ct);
+    let zd = dims(cx, zp)?;
+    check_numel(cx, zp, &zd, n)?;
+    let z = load_flat(b, zp, &zd, at);
+    let z = b.convert(z, ct);
+    Ok(b.sub(v, z))
 }
 
 fn check_numel(cx: &OpCx<'_>, op: usize, d: &[usize], n: usize) -> R<()> {

@@ -46,6 +46,7 @@
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Shape, TensorType};
 
+use super::elementwise::logistic;
 use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output, Step};
 use kiln_flow::kernel::{BinaryOp as B, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType as S, UnaryOp as U, VarId};
 
@@ -979,16 +980,7 @@ impl Act {
                 sel(b, pos, x, zero)
             }
             Act::Tanh => b.unary(U::Tanh, x),
-            Act::Sigmoid => {
-                // select(x ≥ 0, 1, e)/(1 + e) with e = e^{−|x|}.
-                let a = b.unary(U::Abs, x);
-                let na = b.unary(U::Neg, a);
-                let e = b.unary(U::Exp, na);
-                let pos = b.binary(B::Ge, x, zero);
-                let num = sel(b, pos, one, e);
-                let den = b.add(one, e);
-                b.div(num, den)
-            }
+            Act::Sigmoid => logistic(b, x, zero, one),
             Act::Affine(a, c) => {
                 let (a, c) = (lit(b, ct, a), lit(b, ct, c));
                 let t = b.mul(a, x);
@@ -1198,6 +1190,15 @@ impl Rnn {
         Ok(StepIn { proj, r, b: bi, lens, p })
     }
 
+    /// A step kernel's bindings: what every step reads, then the hidden state `h`;
+    /// with the inputs and `h`'s kernel input index.
+    fn step_binds(&self, cx: &OpCx<'_>, proj_ty: &TensorType, h: State) -> R<(Binds, StepIn, Option<usize>)> {
+        let mut binds = Binds::default();
+        let si = self.step_inputs(cx, &mut binds, proj_ty)?;
+        let hj = self.bind_state(cx, &mut binds, h)?;
+        Ok((binds, si, hj))
+    }
+
     /// Whether direction `d` runs backwards in time (a Bool).
     fn reversed(&self, b: &mut KernelBuilder, d: ExprId) -> ExprId {
         if self.nd == 2 {
@@ -1252,6 +1253,14 @@ impl Rnn {
             }
             None => x,
         }
+    }
+
+    /// Gate `g`'s whole pre-activation: `X·Wᵀ + Wb + H·Rᵀ + Rb` (the product left out
+    /// for a zero state).
+    fn pre(&self, b: &mut KernelBuilder, si: &StepIn, h: State, hj: Option<usize>, sc: &StepCx, g: usize) -> ExprId {
+        let x = self.xpart(b, si, sc, g);
+        let r = self.rdot(b, si, h, hj, sc, g);
+        add_opt(b, x, r)
     }
 
     /// `Σₖ h[d, bb, k]·R[d, g·hidden + j, k]` over the state from input `hj` (`None`
@@ -1530,14 +1539,10 @@ fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) 
 
 /// One RNN step (1 kernel): `H = f(clip(X·Wᵀ + Wb + H·Rᵀ + Rb))`.
 fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
-        let x = rnn.xpart(b, &si, &sc, 0);
-        let r = rnn.rdot(b, &si, h, hj, &sc, 0);
-        let pre = add_opt(b, x, r);
+        let pre = rnn.pre(b, &si, h, hj, &sc, 0);
         let new = rnn.gate(b, 0, sc.d, pre);
         let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
         Ok(keep(b, sc.valid, new, old))
@@ -1551,35 +1556,25 @@ fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s
 fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
     let mut rh = None;
     if !rnn.lbr && !matches!(h, State::Zero) {
-        let mut binds = Binds::default();
-        let si = rnn.step_inputs(cx, &mut binds, pty)?;
-        let hj = rnn.bind_state(cx, &mut binds, h)?;
+        let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
         steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
             let sc = step_cx(rnn, b, &si, idx, s);
-            let x = rnn.xpart(b, &si, &sc, 1);
-            let r = rnn.rdot(b, &si, h, hj, &sc, 1);
-            let pre = add_opt(b, x, r);
+            let pre = rnn.pre(b, &si, h, hj, &sc, 1);
             let r = rnn.gate(b, 0, sc.d, pre);
             let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
             Ok(b.mul(r, hv))
         })?);
         rh = Some(steps.len() - 1);
     }
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     let rhj = rh.map(|k| binds.add(Operand::Step(k), rnn.sty.clone()));
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
         let ct = rnn.ct;
-        let xz = rnn.xpart(b, &si, &sc, 0);
-        let rz = rnn.rdot(b, &si, h, hj, &sc, 0);
-        let pz = add_opt(b, xz, rz);
+        let pz = rnn.pre(b, &si, h, hj, &sc, 0);
         let z = rnn.gate(b, 0, sc.d, pz);
         let ht = if rnn.lbr {
-            let xr = rnn.xpart(b, &si, &sc, 1);
-            let rr = rnn.rdot(b, &si, h, hj, &sc, 1);
-            let pr = add_opt(b, xr, rr);
+            let pr = rnn.pre(b, &si, h, hj, &sc, 1);
             let r = rnn.gate(b, 0, sc.d, pr);
             // xw_h (with Wb, without Rb) + r·(H·R_hᵀ + Rb_h).
             let off = b.index((2 * rnn.hidden) as i64);
@@ -1651,18 +1646,12 @@ fn lstm_step(
         })
     };
     // Kernel 1: the cell state.
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     let cj = rnn.bind_state(cx, &mut binds, c)?;
     steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
         let cp = rnn.state_at(b, c, cj, sc.d, sc.bb, sc.j);
-        let pre = |b: &mut KernelBuilder, g: usize| {
-            let x = rnn.xpart(b, &si, &sc, g);
-            let r = rnn.rdot(b, &si, h, hj, &sc, g);
-            add_opt(b, x, r)
-        };
+        let pre = |b: &mut KernelBuilder, g: usize| rnn.pre(b, &si, h, hj, &sc, g);
         let pi = pre(b, 0);
         let pih = peep(b, &si, sc.d, sc.j, 0, cp);
         let pi = add_opt(b, pi, pih);
@@ -1685,16 +1674,12 @@ fn lstm_step(
     })?);
     let kc = steps.len() - 1;
     // Kernel 2: the hidden state, from the new cell state.
-    let mut binds = Binds::default();
-    let si = rnn.step_inputs(cx, &mut binds, pty)?;
-    let hj = rnn.bind_state(cx, &mut binds, h)?;
+    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     let cn = binds.add(Operand::Step(kc), rnn.sty.clone());
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &si, idx, s);
         let cv = b.load(cn, vec![sc.d, sc.bb, sc.j]);
-        let x = rnn.xpart(b, &si, &sc, 1);
-        let r = rnn.rdot(b, &si, h, hj, &sc, 1);
-        let po = add_opt(b, x, r);
+        let po = rnn.pre(b, &si, h, hj, &sc, 1);
         let poh = peep(b, &si, sc.d, sc.j, 1, cv);
         let po = add_opt(b, po, poh);
         let o = rnn.gate(b, 0, sc.d, po);

@@ -80,6 +80,23 @@ fn lane(
     (vars, b.convert(x, ct))
 }
 
+/// The dims of a reduction of `xd` over the axes marked in `red`: a reduced axis
+/// stays as 1 with `keep`, and goes without.
+fn reduced_dims(xd: &[usize], red: &[bool], keep: bool) -> Vec<usize> {
+    xd.iter()
+        .zip(red)
+        .filter_map(|(&n, &r)| {
+            if !r {
+                Some(n)
+            } else if keep {
+                Some(1)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 fn reduce(cx: &OpCx<'_>) -> R<Lowered> {
     use OpKind::*;
     let k = cx.op.kind;
@@ -101,19 +118,7 @@ fn reduce(cx: &OpCx<'_>) -> R<Lowered> {
         }
         red[a] = true;
     }
-    let od: Vec<usize> = xd
-        .iter()
-        .zip(&red)
-        .filter_map(|(&n, &r)| {
-            if !r {
-                Some(n)
-            } else if keep {
-                Some(1)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let od = reduced_dims(&xd, &red, keep);
     expect_out(cx, 0, &od)?;
     if d == DType::Bool && !matches!(k, ReduceMax | ReduceMin) {
         return Err(cx.unsupported("bool operand"));
@@ -249,19 +254,7 @@ fn arg_reduce(cx: &OpCx<'_>) -> R<Lowered> {
     let axis = norm_axis(cx, aa.axis, xd.len())?;
     let (keep, last) = (aa.keepdims, aa.select_last_index);
     let red: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
-    let od: Vec<usize> = xd
-        .iter()
-        .zip(&red)
-        .filter_map(|(&n, &r)| {
-            if !r {
-                Some(n)
-            } else if keep {
-                Some(1)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let od = reduced_dims(&xd, &red, keep);
     expect_out(cx, 0, &od)?;
     if od.iter().product::<usize>() == 0 {
         return Ok(one(empty_step(cx, 0)?));

@@ -5,7 +5,8 @@
 mod common;
 
 use common::{
-    check, compare, floats, ia, infer_inputs, infer_types, int, ints, lower, op, rand, s, typed, typed_i, Bind, Tol, EXACT, F32,
+    check, compare, floats, ia, infer_inputs, infer_types, int, ints, lower, op, rand, s, typed, typed_i, Bind, Tol,
+    EXACT, F32,
 };
 use kiln_flow::{Bounds, Expr};
 use kiln_ir::infer::infer;
@@ -16,15 +17,9 @@ use kiln_lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 // Helpers.
 // ---------------------------------------------------------------------------
 
-
-
-
-
 fn fl(v: f32) -> Attr {
     Attr::Float(v)
 }
-
-
 
 /// Integers spread over a dtype's whole range (u8/i8), deterministic.
 fn wide(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
@@ -59,7 +54,6 @@ fn tol_for(d: DType) -> Tol {
         _ => EXACT,
     }
 }
-
 
 /// Lowers with operands from `from` on constant.
 fn lower_from(op: &Op, inputs: &[Option<Tensor>], from: usize) -> (Lowered, Vec<kiln_ir::TensorType>) {
@@ -321,6 +315,16 @@ fn conv_cases(r: usize) -> Vec<Vec<(&'static str, Attr)>> {
     ]
 }
 
+/// Checks a convolution `kind` with `attrs` and `group = g`: without a bias, every
+/// operand at run time; with `bias`, the weights and bias constant.
+fn check_grouped(kind: OpKind, attrs: &[(&str, Attr)], g: usize, x: &Tensor, w: &Tensor, bias: &Tensor) {
+    let mut a = attrs.to_vec();
+    a.push(("group", int(g as i64)));
+    let o = op(kind, &a);
+    check(&o, &[Some(x.clone()), Some(w.clone()), None], Bind::Runtime, SUM);
+    check(&o, &[Some(x.clone()), Some(w.clone()), Some(bias.clone())], Bind::ConstFrom(1), SUM);
+}
+
 fn spatial(r: usize) -> &'static [usize] {
     &[7, 6, 5][..r]
 }
@@ -338,12 +342,8 @@ fn conv_windows_groups_bias() {
             let x = rand(DType::F32, &xd, 70 + n);
             let w = rand(DType::F32, &wd, 71 + n);
             let bias = rand(DType::F32, &[m], 72);
-            for attrs in conv_cases(r) {
-                let mut a = attrs.clone();
-                a.push(("group", int(g as i64)));
-                let o = op(OpKind::Conv, &a);
-                check(&o, &[Some(x.clone()), Some(w.clone()), None], Bind::Runtime, SUM);
-                check(&o, &[Some(x.clone()), Some(w.clone()), Some(bias.clone())], Bind::ConstFrom(1), SUM);
+            for attrs in &conv_cases(r) {
+                check_grouped(OpKind::Conv, attrs, g, &x, &w, &bias);
                 n += 1;
             }
         }
@@ -370,7 +370,8 @@ fn grouped_convolutions_are_batches_of_contractions() {
     assert_eq!(c.dims[0], 2, "rows: the output channels of one group");
     assert_eq!(c.dims[2], 27, "reduction: 3 channels × 3 × 3");
     let dw = op(OpKind::Conv, &[("group", int(6))]);
-    let (l, _) = lower_from(&dw, &[Some(rand(DType::F32, &[1, 6, 9, 9], 3)), Some(rand(DType::F32, &[6, 1, 3, 3], 4))], 1);
+    let (l, _) =
+        lower_from(&dw, &[Some(rand(DType::F32, &[1, 6, 9, 9], 3)), Some(rand(DType::F32, &[6, 1, 3, 3], 4))], 1);
     assert_eq!(l.steps[0].kernel.output.shape.dims(), &[1, 6, 7, 7]);
 }
 
@@ -438,11 +439,7 @@ fn conv_transpose_variants() {
             let w = rand(DType::F32, &wd, 81 + n);
             let bias = rand(DType::F32, &[mg * g], 82);
             for attrs in &cases {
-                let mut a = attrs.clone();
-                a.push(("group", int(g as i64)));
-                let o = op(OpKind::ConvTranspose, &a);
-                check(&o, &[Some(x.clone()), Some(w.clone()), None], Bind::Runtime, SUM);
-                check(&o, &[Some(x.clone()), Some(w.clone()), Some(bias.clone())], Bind::ConstFrom(1), SUM);
+                check_grouped(OpKind::ConvTranspose, attrs, g, &x, &w, &bias);
                 n += 1;
             }
         }

@@ -35,7 +35,6 @@ fn f32s(v: &[f64]) -> Tensor {
     floats(&[v.len()], v)
 }
 
-
 /// The dtypes every pure movement op is checked with.
 const MOVE_TYPES: [DType; 7] = [DType::F32, DType::F64, DType::F16, DType::I8, DType::I64, DType::U16, DType::Bool];
 
@@ -747,6 +746,11 @@ fn resize_inputs(
     vec![Some(x.clone()), roi, scales.map(f32s), sizes.map(i64s)]
 }
 
+/// Checks the Resize `o` on `x` with constant scales or sizes (see `resize_inputs`).
+fn check_resize(o: &Op, x: &Tensor, ctm: &str, scales: Option<&[f64]>, sizes: Option<&[i64]>, axes: usize, tol: Tol) {
+    check(o, &resize_inputs(x, ctm, scales, sizes, axes), Bind::ConstFrom(1), tol);
+}
+
 #[test]
 fn resize_nearest_every_mode() {
     let x = rand(DType::F32, &[1, 2, 5, 4], 1);
@@ -766,10 +770,10 @@ fn resize_nearest_every_mode() {
                 ("extrapolation_value", Attr::Float(-3.5)),
             ]);
             for sc in scales {
-                check(&o, &resize_inputs(&x, ctm, Some(sc), None, 4), Bind::ConstFrom(1), EXACT);
+                check_resize(&o, &x, ctm, Some(sc), None, 4, EXACT);
             }
             for sz in sizes {
-                check(&o, &resize_inputs(&x, ctm, None, Some(sz), 4), Bind::ConstFrom(1), EXACT);
+                check_resize(&o, &x, ctm, None, Some(sz), 4, EXACT);
             }
         }
     }
@@ -800,19 +804,19 @@ fn resize_nearest_dtypes_axes_and_policies() {
     for (k, dt) in MOVE_TYPES.iter().enumerate() {
         let x = rand(*dt, &[2, 3, 5], k as u64);
         let o = resize_op(&[("axes", ints_attr(&[-1, 1]))]);
-        check(&o, &resize_inputs(&x, "half_pixel", Some(&[2.5, 0.7]), None, 2), Bind::ConstFrom(1), EXACT);
+        check_resize(&o, &x, "half_pixel", Some(&[2.5, 0.7]), None, 2, EXACT);
         let o = resize_op(&[
             ("coordinate_transformation_mode", s("tf_crop_and_resize")),
             ("axes", ints_attr(&[2])),
             ("extrapolation_value", Attr::Float(300.7)),
         ]);
-        check(&o, &resize_inputs(&x, "tf_crop_and_resize", Some(&[1.6]), None, 1), Bind::ConstFrom(1), EXACT);
+        check_resize(&o, &x, "tf_crop_and_resize", Some(&[1.6]), None, 1, EXACT);
     }
     let x = rand(DType::F32, &[1, 1, 4, 6], 3);
     for policy in ["stretch", "not_larger", "not_smaller"] {
         let o = resize_op(&[("keep_aspect_ratio_policy", s(policy)), ("axes", ints_attr(&[2, 3]))]);
         for sz in [[7, 7], [2, 9], [1, 3]] {
-            check(&o, &resize_inputs(&x, "half_pixel", None, Some(&sz), 2), Bind::ConstFrom(1), EXACT);
+            check_resize(&o, &x, "half_pixel", None, Some(&sz), 2, EXACT);
         }
     }
     // Empty scales next to sizes count as absent.
@@ -835,18 +839,13 @@ fn resize_linear_and_cubic() {
                     ("extrapolation_value", Attr::Float(0.25)),
                 ]);
                 for sc in scales {
-                    check(&o, &resize_inputs(&x, ctm, Some(sc), None, 4), Bind::ConstFrom(1), RESIZE_TOL);
+                    check_resize(&o, &x, ctm, Some(sc), None, 4, RESIZE_TOL);
                 }
-                check(&o, &resize_inputs(&x, ctm, None, Some(&[1, 2, 3, 11]), 4), Bind::ConstFrom(1), RESIZE_TOL);
+                check_resize(&o, &x, ctm, None, Some(&[1, 2, 3, 11]), 4, RESIZE_TOL);
             }
         }
         let o = resize_op(&[("mode", s(mode)), ("cubic_coeff_a", Attr::Float(-0.5))]);
-        check(
-            &o,
-            &resize_inputs(&x, "half_pixel", Some(&[1.0, 1.0, 1.4, 0.8]), None, 4),
-            Bind::ConstFrom(1),
-            RESIZE_TOL,
-        );
+        check_resize(&o, &x, "half_pixel", Some(&[1.0, 1.0, 1.4, 0.8]), None, 4, RESIZE_TOL);
     }
 }
 
@@ -863,9 +862,9 @@ fn resize_antialias() {
                     ("exclude_outside", int(exclude)),
                 ]);
                 for sc in [[1.0, 1.0, 0.5, 0.3], [1.0, 1.0, 0.75, 1.5], [1.0, 1.0, 2.0, 1.0]] {
-                    check(&o, &resize_inputs(&x, ctm, Some(&sc), None, 4), Bind::ConstFrom(1), RESIZE_TOL);
+                    check_resize(&o, &x, ctm, Some(&sc), None, 4, RESIZE_TOL);
                 }
-                check(&o, &resize_inputs(&x, ctm, None, Some(&[1, 1, 4, 3]), 4), Bind::ConstFrom(1), RESIZE_TOL);
+                check_resize(&o, &x, ctm, None, Some(&[1, 1, 4, 3]), 4, RESIZE_TOL);
             }
         }
     }
@@ -892,7 +891,7 @@ fn resize_interp_dtypes() {
             for aa in [0, 1] {
                 let o = resize_op(&[("mode", s(mode)), ("antialias", int(aa)), ("axes", ints_attr(&[2, 3]))]);
                 for sc in [[1.5, 0.6], [2.0, 3.0], [0.5, 1.0]] {
-                    check(&o, &resize_inputs(&x, "half_pixel", Some(&sc), None, 2), Bind::ConstFrom(1), tol);
+                    check_resize(&o, &x, "half_pixel", Some(&sc), None, 2, tol);
                 }
             }
         }
@@ -901,12 +900,7 @@ fn resize_interp_dtypes() {
             ("coordinate_transformation_mode", s("tf_crop_and_resize")),
             ("extrapolation_value", Attr::Float(-1000.0)),
         ]);
-        check(
-            &o,
-            &resize_inputs(&x, "tf_crop_and_resize", Some(&[1.0, 1.0, 1.5, 2.0]), None, 4),
-            Bind::ConstFrom(1),
-            tol,
-        );
+        check_resize(&o, &x, "tf_crop_and_resize", Some(&[1.0, 1.0, 1.5, 2.0]), None, 4, tol);
     }
 }
 
@@ -916,18 +910,13 @@ fn resize_rank1_and_rank3() {
     for mode in ["nearest", "linear", "cubic"] {
         let o = resize_op(&[("mode", s(mode))]);
         for sc in [0.5, 1.0, 2.2, 3.0] {
-            check(&o, &resize_inputs(&x, "half_pixel", Some(&[sc]), None, 1), Bind::ConstFrom(1), RESIZE_TOL);
+            check_resize(&o, &x, "half_pixel", Some(&[sc]), None, 1, RESIZE_TOL);
         }
     }
     let x = rand(DType::F32, &[2, 3, 4], 9);
     for mode in ["nearest", "linear", "cubic"] {
         let o = resize_op(&[("mode", s(mode)), ("coordinate_transformation_mode", s("align_corners"))]);
-        check(
-            &o,
-            &resize_inputs(&x, "align_corners", Some(&[1.5, 2.0, 0.75]), None, 3),
-            Bind::ConstFrom(1),
-            RESIZE_TOL,
-        );
+        check_resize(&o, &x, "align_corners", Some(&[1.5, 2.0, 0.75]), None, 3, RESIZE_TOL);
     }
 }
 
