@@ -393,6 +393,14 @@ impl<'a, 'b> Ctx<'a, 'b> {
         usize::try_from(v).map_err(|_| self.invalid(format_args!("{what} must be ≥ 0, got {v}")))
     }
 
+    /// The attribute `what` as a count that must be at least 1 (a group, a block size, a number of outputs).
+    pub fn count_attr(&self, v: i64, what: &str) -> R<usize> {
+        usize::try_from(v)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| self.invalid(format_args!("attribute `{what}` must be ≥ 1, got {v}")))
+    }
+
     /// Numpy broadcasting of all `tys`' shapes.
     pub fn broadcast(&self, tys: &[&TensorType]) -> R<Vec<usize>> {
         let Some((first, rest)) = tys.split_first() else { return Ok(Vec::new()) };

@@ -290,10 +290,7 @@ pub(super) fn split(cx: &Ctx) -> R<Vec<TensorType>> {
             sizes
         }
         (None, Some(n)) => {
-            let n = usize::try_from(n)
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| cx.invalid(format_args!("attribute `num_outputs` must be ≥ 1, got {n}")))?;
+            let n = cx.count_attr(n, "num_outputs")?;
             let chunk = dim.div_ceil(n);
             // The last chunk is smaller when the extent does not divide evenly.
             let last = chunk.checked_mul(n - 1).and_then(|u| dim.checked_sub(u)).ok_or_else(|| {
@@ -353,12 +350,28 @@ pub(super) fn concat(cx: &Ctx) -> R<Vec<TensorType>> {
     Ok(vec![cx.tt(first.dtype, out)?])
 }
 
-/// Gather(data, indices): data[:axis] + indices + data[axis+1:].
-pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
+/// The operands of the Gather family: `data` (rank ≥ 1) and integer `indices`.
+fn gather_operands<'b>(cx: &Ctx<'_, 'b>) -> R<(&'b TensorType, &'b TensorType)> {
     cx.max_inputs(2)?;
     let data = cx.req(0, "data")?;
     let ind = cx.req_class(1, "indices", Class::Index)?;
     cx.min_rank(data, 0, "data", 1)?;
+    Ok((data, ind))
+}
+
+/// The operands of the Scatter family: `data` (rank ≥ 1), integer `indices` and `updates`.
+fn scatter_operands<'b>(cx: &Ctx<'_, 'b>) -> R<(&'b TensorType, &'b TensorType, &'b TensorType)> {
+    cx.max_inputs(3)?;
+    let data = cx.req(0, "data")?;
+    let ind = cx.req_class(1, "indices", Class::Index)?;
+    let upd = cx.req(2, "updates")?;
+    cx.min_rank(data, 0, "data", 1)?;
+    Ok((data, ind, upd))
+}
+
+/// Gather(data, indices): data[:axis] + indices + data[axis+1:].
+pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
+    let (data, ind) = gather_operands(cx)?;
     let axis = cx.axis(cx.attrs::<GatherAttrs>()?.axis, data.shape.rank(), "axis")?;
     let d = data.shape.dims();
     if let Some(v) = cx.opt(1).and_then(|x| x.value) {
@@ -377,10 +390,7 @@ pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// GatherElements(data, indices): the indices' shape, data's dtype.
 pub(super) fn gather_elements(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(2)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind) = gather_operands(cx)?;
     cx.rank(ind, 1, "indices", data.shape.rank())?;
     cx.axis(cx.attrs::<GatherAttrs>()?.axis, data.shape.rank(), "axis")?;
     Ok(vec![TensorType::new(data.dtype, ind.shape.clone())])
@@ -388,10 +398,7 @@ pub(super) fn gather_elements(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// GatherND(data, indices) with `batch_dims`.
 pub(super) fn gather_nd(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(2)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind) = gather_operands(cx)?;
     cx.min_rank(ind, 1, "indices", 1)?;
     let (d, q) = (data.shape.dims(), ind.shape.dims());
     let b = cx.attrs::<GatherNdAttrs>()?.batch_dims;
@@ -415,11 +422,7 @@ pub(super) fn gather_nd(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// ScatterElements(data, indices, updates): the data's type.
 pub(super) fn scatter_elements(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    let upd = cx.req(2, "updates")?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind, upd) = scatter_operands(cx)?;
     cx.rank(ind, 1, "indices", data.shape.rank())?;
     cx.same_dtype(upd, 2, "updates", data)?;
     cx.expect_dims(upd, 2, "updates", ind.shape.dims())?;
@@ -429,11 +432,7 @@ pub(super) fn scatter_elements(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// ScatterND(data, indices, updates): the data's type.
 pub(super) fn scatter_nd(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    let upd = cx.req(2, "updates")?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind, upd) = scatter_operands(cx)?;
     cx.min_rank(ind, 1, "indices", 1)?;
     cx.same_dtype(upd, 2, "updates", data)?;
     let (d, q) = (data.shape.dims(), ind.shape.dims());
@@ -499,10 +498,7 @@ fn blocksize(cx: &Ctx) -> R<usize> {
         crate::op::OpKind::DepthToSpace => cx.attrs::<DepthToSpaceAttrs>()?.blocksize,
         _ => cx.attrs::<SpaceToDepthAttrs>()?.blocksize,
     };
-    usize::try_from(b)
-        .ok()
-        .filter(|&b| b >= 1)
-        .ok_or_else(|| cx.invalid(format_args!("attribute `blocksize` must be ≥ 1, got {b}")))
+    cx.count_attr(b, "blocksize")
 }
 
 /// DepthToSpace: [N, C, H, W] → [N, C/b², H·b, W·b].

@@ -104,10 +104,7 @@ fn group(cx: &Ctx) -> R<usize> {
         crate::op::OpKind::ConvTranspose => cx.attrs::<ConvTransposeAttrs>()?.group,
         _ => cx.attrs::<ConvAttrs>()?.group,
     };
-    usize::try_from(g)
-        .ok()
-        .filter(|&g| g >= 1)
-        .ok_or_else(|| cx.invalid(format_args!("attribute `group` must be ≥ 1, got {g}")))
+    cx.count_attr(g, "group")
 }
 
 /// Checks `kernel_shape` (optional for convolutions) against the weights' spatial extents.
@@ -337,6 +334,16 @@ fn per_channel(cx: &Ctx, ops: &[(usize, &str)], c: usize, class: Class) -> R<()>
     Ok(())
 }
 
+/// The scale and bias operands `ops` of a normalization of `x` with `c` channels: each of
+/// `x`'s dtype (checked for both first) and of shape `[c]`.
+fn scale_and_bias(cx: &Ctx, x: &TensorType, c: usize, ops: [(usize, &str); 2]) -> R<()> {
+    for (i, what) in ops {
+        let t = cx.req(i, what)?;
+        cx.same_dtype(t, i, what, x)?;
+    }
+    per_channel(cx, &ops, c, Class::Float)
+}
+
 /// BatchNormalization(X, scale, B, input_mean, input_var), inference form.
 pub(super) fn batch_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(5)?;
@@ -358,11 +365,7 @@ pub(super) fn instance_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     let x = cx.req_class(0, "input", Class::Float)?;
     cx.min_rank(x, 0, "input", 3)?;
     let c = x.shape.dims()[1];
-    for (i, what) in [(1, "scale"), (2, "B")] {
-        let t = cx.req(i, what)?;
-        cx.same_dtype(t, i, what, x)?;
-    }
-    per_channel(cx, &[(1, "scale"), (2, "B")], c, Class::Float)?;
+    scale_and_bias(cx, x, c, [(1, "scale"), (2, "B")])?;
     Ok(vec![x.clone()])
 }
 
@@ -378,11 +381,7 @@ pub(super) fn group_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
             "attribute `num_groups` = {g} must be ≥ 1 and divide the channel count {c} of {x}"
         )));
     }
-    for (i, what) in [(1, "scale"), (2, "bias")] {
-        let t = cx.req(i, what)?;
-        cx.same_dtype(t, i, what, x)?;
-    }
-    per_channel(cx, &[(1, "scale"), (2, "bias")], c, Class::Float)?;
+    scale_and_bias(cx, x, c, [(1, "scale"), (2, "bias")])?;
     Ok(vec![x.clone()])
 }
 
@@ -439,10 +438,7 @@ pub(super) fn recurrent(cx: &Ctx, gates: usize) -> R<Vec<TensorType>> {
     let xd = x.shape.dims();
     let (seq, batch, input) = if batch_major { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
     let hidden = match a.hidden_size {
-        Some(h) => usize::try_from(h)
-            .ok()
-            .filter(|&h| h >= 1)
-            .ok_or_else(|| cx.invalid(format_args!("attribute `hidden_size` must be ≥ 1, got {h}")))?,
+        Some(h) => cx.count_attr(h, "hidden_size")?,
         None => r.shape.dims()[2],
     };
     let big = || cx.invalid("attribute `hidden_size` is too large");
