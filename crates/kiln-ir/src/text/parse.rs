@@ -322,20 +322,26 @@ impl Parser {
         Ok(())
     }
 
+    /// A blob number and its position; `expected` says what else may stand there in the error.
+    fn blob_number(&mut self, expected: &str) -> PResult<(u64, usize)> {
+        let (t, pos) = self.bump();
+        let index = match &t {
+            Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
+            _ => None,
+        };
+        match index {
+            Some(index) => Ok((index, pos)),
+            None => fail(pos, format!("expected {expected}, found {t}")),
+        }
+    }
+
     /// `TYPE [elements]` or `TYPE blob(N)`.
     fn tensor_lit(&mut self) -> PResult<TLit> {
         let ty = self.tensor_type()?;
         if self.is_kw("blob") {
             self.bump();
             self.expect(&Tok::LParen, "after `blob`")?;
-            let (t, pos) = self.bump();
-            let index = match &t {
-                Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
-                _ => None,
-            };
-            let Some(index) = index else {
-                return fail(pos, format!("expected a blob number, found {t}"));
-            };
+            let (index, pos) = self.blob_number("a blob number")?;
             self.expect(&Tok::RParen, "after the blob number")?;
             return Ok(TLit::Blob { ty, index, pos });
         }
@@ -457,14 +463,7 @@ impl Parser {
         self.expect(&Tok::LBrace, "after `blobs`")?;
         let mut blobs = HashMap::new();
         while !self.eat(&Tok::RBrace) {
-            let (t, pos) = self.bump();
-            let index = match &t {
-                Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
-                _ => None,
-            };
-            let Some(index) = index else {
-                return fail(pos, format!("expected a blob number or `}}`, found {t}"));
-            };
+            let (index, pos) = self.blob_number("a blob number or `}`")?;
             if blobs.contains_key(&index) {
                 return fail(pos, format!("blob {index} defined twice"));
             }
