@@ -137,6 +137,14 @@ pub(super) fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> usize {
     n as usize
 }
 
+/// Checks that the named integer lists `a` and `b` have the same length.
+fn same_length(cx: &Ctx, (an, a): (&str, &[i64]), (bn, b): (&str, &[i64])) -> R<()> {
+    if a.len() != b.len() {
+        return Err(cx.invalid(format_args!("`{an}` {} and `{bn}` {} differ in length", Ints(a), Ints(b))));
+    }
+    Ok(())
+}
+
 /// Slice(data, starts, ends, axes?, steps?).
 pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(5)?;
@@ -144,18 +152,10 @@ pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
     let starts = req_int_list(cx, 1, "starts")?;
     let ends = req_int_list(cx, 2, "ends")?;
     let rank = data.shape.rank();
-    if ends.len() != starts.len() {
-        return Err(cx.invalid(format_args!("`starts` {} and `ends` {} differ in length", Ints(&starts), Ints(&ends))));
-    }
+    same_length(cx, ("starts", &starts), ("ends", &ends))?;
     let axes = match cx.int_list(3, "axes")? {
         Some(a) => {
-            if a.len() != starts.len() {
-                return Err(cx.invalid(format_args!(
-                    "`axes` {} and `starts` {} differ in length",
-                    Ints(&a),
-                    Ints(&starts)
-                )));
-            }
+            same_length(cx, ("axes", &a), ("starts", &starts))?;
             cx.axes(&a, rank, "axis")?
         }
         None => {
@@ -169,13 +169,7 @@ pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
     };
     let steps = match cx.int_list(4, "steps")? {
         Some(s) => {
-            if s.len() != starts.len() {
-                return Err(cx.invalid(format_args!(
-                    "`steps` {} and `starts` {} differ in length",
-                    Ints(&s),
-                    Ints(&starts)
-                )));
-            }
+            same_length(cx, ("steps", &s), ("starts", &starts))?;
             if s.contains(&0) {
                 return Err(cx.invalid(format_args!("`steps` {} holds a 0", Ints(&s))));
             }

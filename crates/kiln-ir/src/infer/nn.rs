@@ -334,6 +334,15 @@ fn per_channel(cx: &Ctx, ops: &[(usize, &str)], c: usize, class: Class) -> R<()>
     Ok(())
 }
 
+/// The float input (operand 0, `what`, rank ≥ `min_rank` ≥ 2) of a normalization taking at most
+/// `max_inputs` operands, and its channel count (axis 1).
+fn channels_input<'b>(cx: &Ctx<'_, 'b>, max_inputs: usize, what: &str, min_rank: usize) -> R<(&'b TensorType, usize)> {
+    cx.max_inputs(max_inputs)?;
+    let x = cx.req_class(0, what, Class::Float)?;
+    cx.min_rank(x, 0, what, min_rank)?;
+    Ok((x, x.shape.dims()[1]))
+}
+
 /// The scale and bias operands `ops` of a normalization of `x` with `c` channels: each of
 /// `x`'s dtype (checked for both first) and of shape `[c]`.
 fn scale_and_bias(cx: &Ctx, x: &TensorType, c: usize, ops: [(usize, &str); 2]) -> R<()> {
@@ -346,35 +355,26 @@ fn scale_and_bias(cx: &Ctx, x: &TensorType, c: usize, ops: [(usize, &str); 2]) -
 
 /// BatchNormalization(X, scale, B, input_mean, input_var), inference form.
 pub(super) fn batch_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(5)?;
-    let x = cx.req_class(0, "X", Class::Float)?;
-    cx.min_rank(x, 0, "X", 2)?;
+    let (x, c) = channels_input(cx, 5, "X", 2)?;
     if cx.attrs::<BatchNormAttrs>()?.training_mode || cx.num_outputs > 1 {
         return Err(cx.unsupported(
             "training mode (outputs running_mean, running_var) is not supported; only the inference form is",
         ));
     }
-    let c = x.shape.dims()[1];
     per_channel(cx, &[(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")], c, Class::Float)?;
     Ok(vec![x.clone()])
 }
 
 /// InstanceNormalization(input, scale, B).
 pub(super) fn instance_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let x = cx.req_class(0, "input", Class::Float)?;
-    cx.min_rank(x, 0, "input", 3)?;
-    let c = x.shape.dims()[1];
+    let (x, c) = channels_input(cx, 3, "input", 3)?;
     scale_and_bias(cx, x, c, [(1, "scale"), (2, "B")])?;
     Ok(vec![x.clone()])
 }
 
 /// GroupNormalization(X, scale, bias): scale and bias per channel (opset 21 form).
 pub(super) fn group_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let x = cx.req_class(0, "X", Class::Float)?;
-    cx.min_rank(x, 0, "X", 2)?;
-    let c = x.shape.dims()[1];
+    let (x, c) = channels_input(cx, 3, "X", 2)?;
     let g = cx.attrs::<GroupNormAttrs>()?.num_groups;
     if g < 1 || !(c as u64).is_multiple_of(g as u64) {
         return Err(cx.invalid(format_args!(
