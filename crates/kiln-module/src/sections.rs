@@ -472,6 +472,13 @@ impl Enc {
     fn len(&mut self, n: usize) {
         self.uv(n as u64);
     }
+    /// The count of `items`, then each written by `item`.
+    fn list<T>(&mut self, items: &[T], mut item: impl FnMut(&mut Self, &T)) {
+        self.len(items.len());
+        for x in items {
+            item(self, x);
+        }
+    }
     fn str(&mut self, s: &str) {
         self.len(s.len());
         self.0.extend_from_slice(s.as_bytes());
@@ -479,10 +486,7 @@ impl Enc {
     fn tensor(&mut self, t: &TensorDesc) {
         self.str(&t.name);
         self.uv(t.dtype.into());
-        self.len(t.dims.len());
-        for &d in &t.dims {
-            self.uv(d);
-        }
+        self.list(&t.dims, |e, &d| e.uv(d));
         self.uv(t.bytes);
     }
     fn binding(&mut self, b: &Binding) {
@@ -505,86 +509,67 @@ impl Enc {
 
 fn signature_bytes(p: &Program) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(p.entries.len());
-    for ep in &p.entries {
+    e.list(&p.entries, |e, ep| {
         e.str(&ep.name);
         for list in [&ep.inputs, &ep.outputs] {
-            e.len(list.len());
-            for t in list {
-                e.tensor(t);
-            }
+            e.list(list, |e, t| e.tensor(t));
         }
-    }
+    });
     e.0
 }
 
 fn plan_bytes(p: &Program) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(p.devices.len());
-    for d in &p.devices {
+    e.list(&p.devices, |e, d| {
         e.device_kind(d.kind);
         e.str(&d.name);
-    }
-    e.len(p.entries.len());
-    for ep in &p.entries {
+    });
+    e.list(&p.entries, |e, ep| {
         e.uv(ep.arena_size);
         e.uv(ep.arena_align);
-        e.len(ep.commands.len());
-        for c in &ep.commands {
-            match c {
-                Command::Dispatch { kernel, device, workgroups, bindings, push_constants, work_ns } => {
-                    e.uv(0);
-                    e.uv((*kernel).into());
-                    e.uv((*device).into());
-                    e.uv(*workgroups);
-                    e.len(bindings.len());
-                    for b in bindings {
-                        e.binding(b);
-                    }
-                    e.len(push_constants.len());
-                    for &c in push_constants {
-                        e.uv(c.into());
-                    }
-                    e.uv(*work_ns);
-                }
-                Command::Barrier => e.uv(1),
-                Command::Copy { src, dst } => {
-                    e.uv(2);
-                    e.binding(src);
-                    e.binding(dst);
-                }
-                Command::Fill { dst, pattern, pattern_len } => {
-                    e.uv(3);
-                    e.binding(dst);
-                    e.uv((*pattern_len).into());
-                    e.uv(*pattern);
-                }
+        e.list(&ep.commands, |e, c| match c {
+            Command::Dispatch { kernel, device, workgroups, bindings, push_constants, work_ns } => {
+                e.uv(0);
+                e.uv((*kernel).into());
+                e.uv((*device).into());
+                e.uv(*workgroups);
+                e.list(bindings, |e, b| e.binding(b));
+                e.list(push_constants, |e, &c| e.uv(c.into()));
+                e.uv(*work_ns);
             }
-        }
-        e.len(ep.buffers.len());
-        for b in &ep.buffers {
+            Command::Barrier => e.uv(1),
+            Command::Copy { src, dst } => {
+                e.uv(2);
+                e.binding(src);
+                e.binding(dst);
+            }
+            Command::Fill { dst, pattern, pattern_len } => {
+                e.uv(3);
+                e.binding(dst);
+                e.uv((*pattern_len).into());
+                e.uv(*pattern);
+            }
+        });
+        e.list(&ep.buffers, |e, b| {
             e.str(&b.name);
             e.binding(&b.binding);
             e.uv(b.first.into());
             e.uv(b.last.into());
-        }
-    }
+        });
+    });
     e.0
 }
 
 fn executables_bytes(p: &Program) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(p.executables.len());
-    for x in &p.executables {
+    e.list(&p.executables, |e, x| {
         e.device_kind(x.device);
         e.uv(x.features);
-        e.len(x.entries.len());
-        for (name, off) in &x.entries {
+        e.list(&x.entries, |e, (name, off)| {
             e.str(name);
             e.uv(*off);
-        }
-        e.len(x.relocs.len());
-        for r in &x.relocs {
+        });
+        e.list(&x.relocs, |e, r| {
             e.uv(r.offset);
             e.uv(match r.kind {
                 RelocKind::Pc32 => 0,
@@ -592,30 +577,25 @@ fn executables_bytes(p: &Program) -> Vec<u8> {
             });
             e.uv(r.target);
             e.sv(r.addend);
-        }
+        });
         e.len(x.code.len());
         e.0.extend_from_slice(&x.code);
-    }
-    e.len(p.kernels.len());
-    for k in &p.kernels {
+    });
+    e.list(&p.kernels, |e, k| {
         e.str(&k.name);
-        e.len(k.variants.len());
-        for v in &k.variants {
+        e.list(&k.variants, |e, v| {
             e.uv(v.executable.into());
             e.uv(v.entry.into());
             e.uv(v.features);
-        }
+        });
         e.uv(k.class.code().into());
-    }
+    });
     e.0
 }
 
 fn debug_bytes(d: &DebugInfo) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(d.kernel_sources.len());
-    for s in &d.kernel_sources {
-        e.str(s);
-    }
+    e.list(&d.kernel_sources, |e, s| e.str(s));
     e.str(&d.source);
     e.0
 }
