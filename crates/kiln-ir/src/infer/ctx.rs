@@ -225,6 +225,13 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
     }
 
+    /// Required operand `i`, of the dtype of operand `of`.
+    pub fn req_same(&self, i: usize, what: &str, of: &TensorType) -> R<&'b TensorType> {
+        let t = self.req(i, what)?;
+        self.same_dtype(t, i, what, of)?;
+        Ok(t)
+    }
+
     /// Checks that operand `i` has `dtype` (the dtype of operand `of`).
     pub fn same_dtype(&self, t: &TensorType, i: usize, what: &str, of: &TensorType) -> R<()> {
         if t.dtype == of.dtype {

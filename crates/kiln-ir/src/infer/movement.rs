@@ -487,20 +487,21 @@ pub(super) fn flatten(cx: &Ctx) -> R<Vec<TensorType>> {
     Ok(vec![cx.tt(x.dtype, vec![a, b])?])
 }
 
-fn blocksize(cx: &Ctx) -> R<usize> {
+/// The rank-4 `input` of DepthToSpace or SpaceToDepth, and its `blocksize`.
+fn block_input<'b>(cx: &Ctx<'_, 'b>) -> R<(&'b TensorType, usize)> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "input")?;
+    cx.rank(x, 0, "input", 4)?;
     let b = match cx.op.kind {
         crate::op::OpKind::DepthToSpace => cx.attrs::<DepthToSpaceAttrs>()?.blocksize,
         _ => cx.attrs::<SpaceToDepthAttrs>()?.blocksize,
     };
-    cx.count_attr(b, "blocksize")
+    Ok((x, cx.count_attr(b, "blocksize")?))
 }
 
 /// DepthToSpace: [N, C, H, W] → [N, C/b², H·b, W·b].
 pub(super) fn depth_to_space(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(1)?;
-    let x = cx.req(0, "input")?;
-    cx.rank(x, 0, "input", 4)?;
-    let b = blocksize(cx)?;
+    let (x, b) = block_input(cx)?;
     let d = x.shape.dims();
     let bb = b.checked_mul(b).ok_or_else(|| cx.invalid("`blocksize` is too large"))?;
     if d[1] % bb != 0 {
@@ -513,10 +514,7 @@ pub(super) fn depth_to_space(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// SpaceToDepth: [N, C, H, W] → [N, C·b², H/b, W/b].
 pub(super) fn space_to_depth(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(1)?;
-    let x = cx.req(0, "input")?;
-    cx.rank(x, 0, "input", 4)?;
-    let b = blocksize(cx)?;
+    let (x, b) = block_input(cx)?;
     let d = x.shape.dims();
     if d[2] % b != 0 || d[3] % b != 0 {
         return Err(cx.invalid(format_args!("the spatial extents of {x} are not multiples of blocksize {b}")));

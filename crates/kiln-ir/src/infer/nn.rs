@@ -154,8 +154,7 @@ fn conv_shape(cx: &Ctx, x: &TensorType, xi: usize, w: &TensorType, wi: usize) ->
 pub(super) fn conv(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
     let x = cx.req_class(0, "X", Class::Float)?;
-    let w = cx.req(1, "W")?;
-    cx.same_dtype(w, 1, "W", x)?;
+    let w = cx.req_same(1, "W", x)?;
     let (dims, m) = conv_shape(cx, x, 0, w, 1)?;
     if let Some(b) = cx.opt_ty(2) {
         cx.same_dtype(b, 2, "B", x)?;
@@ -200,13 +199,11 @@ pub(super) fn qlinear_conv(cx: &Ctx) -> R<Vec<TensorType>> {
     let (dims, m) = conv_shape(cx, x, 0, w, 3)?;
     let xs = cx.req_class(1, "x_scale", Class::Float)?;
     cx.expect_scalar(xs, 1, "x_scale")?;
-    let xz = cx.req(2, "x_zero_point")?;
-    cx.same_dtype(xz, 2, "x_zero_point", x)?;
+    let xz = cx.req_same(2, "x_zero_point", x)?;
     cx.expect_scalar(xz, 2, "x_zero_point")?;
     let ws = cx.req_class(4, "w_scale", Class::Float)?;
     per_tensor_or_channel(cx, ws, 4, "w_scale", m)?;
-    let wz = cx.req(5, "w_zero_point")?;
-    cx.same_dtype(wz, 5, "w_zero_point", w)?;
+    let wz = cx.req_same(5, "w_zero_point", w)?;
     per_tensor_or_channel(cx, wz, 5, "w_zero_point", m)?;
     let ys = cx.req_class(6, "y_scale", Class::Float)?;
     cx.expect_scalar(ys, 6, "y_scale")?;
@@ -227,8 +224,7 @@ pub(super) fn qlinear_conv(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn conv_transpose(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
     let x = cx.req_class(0, "X", Class::Float)?;
-    let w = cx.req(1, "W")?;
-    cx.same_dtype(w, 1, "W", x)?;
+    let w = cx.req_same(1, "W", x)?;
     cx.min_rank(x, 0, "X", 3)?;
     cx.rank(w, 1, "W", x.shape.rank())?;
     let (xd, wd) = (x.shape.dims(), w.shape.dims());
