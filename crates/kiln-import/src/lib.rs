@@ -49,25 +49,25 @@ pub fn parse_dims(s: &str) -> Result<Vec<usize>, String> {
         .collect()
 }
 
-/// Parses `NAME=DIMS` (for `--input-shape`).
-pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
-    let (name, dims) = s
-        .rsplit_once('=')
-        .ok_or_else(|| format!("`{s}`: expected NAME=DIMS, e.g. input=1x3x224x224"))?;
+/// Splits `NAME=REST` at its last `=` into a non-empty name and the rest; `form` describes the
+/// expected form in the error.
+fn split_named<'a>(s: &'a str, form: &str) -> Result<(&'a str, &'a str), String> {
+    let (name, rest) = s.rsplit_once('=').ok_or_else(|| format!("`{s}`: expected {form}"))?;
     if name.is_empty() {
         return Err(format!("`{s}`: the input name is empty"));
     }
+    Ok((name, rest))
+}
+
+/// Parses `NAME=DIMS` (for `--input-shape`).
+pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, dims) = split_named(s, "NAME=DIMS, e.g. input=1x3x224x224")?;
     Ok((name.to_string(), parse_dims(dims).map_err(|e| format!("`{s}`: {e}"))?))
 }
 
 /// Parses `NAME=V[,V...]` (for `--input-value`).
 pub fn parse_input_value(s: &str) -> Result<(String, Vec<f64>), String> {
-    let (name, vals) = s
-        .rsplit_once('=')
-        .ok_or_else(|| format!("`{s}`: expected NAME=VALUE[,VALUE...], e.g. sr=16000"))?;
-    if name.is_empty() {
-        return Err(format!("`{s}`: the input name is empty"));
-    }
+    let (name, vals) = split_named(s, "NAME=VALUE[,VALUE...], e.g. sr=16000")?;
     let v = vals
         .split(',')
         .map(|x| x.trim().parse::<f64>().map_err(|_| format!("`{s}`: `{x}` is not a number")))

@@ -472,6 +472,13 @@ impl Enc {
     fn len(&mut self, n: usize) {
         self.uv(n as u64);
     }
+    /// The count of `items`, then each written by `item`.
+    fn list<T>(&mut self, items: &[T], mut item: impl FnMut(&mut Self, &T)) {
+        self.len(items.len());
+        for x in items {
+            item(self, x);
+        }
+    }
     fn str(&mut self, s: &str) {
         self.len(s.len());
         self.0.extend_from_slice(s.as_bytes());
@@ -479,10 +486,7 @@ impl Enc {
     fn tensor(&mut self, t: &TensorDesc) {
         self.str(&t.name);
         self.uv(t.dtype.into());
-        self.len(t.dims.len());
-        for &d in &t.dims {
-            self.uv(d);
-        }
+        self.list(&t.dims, |e, &d| e.uv(d));
         self.uv(t.bytes);
     }
     fn binding(&mut self, b: &Binding) {
@@ -505,86 +509,67 @@ impl Enc {
 
 fn signature_bytes(p: &Program) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(p.entries.len());
-    for ep in &p.entries {
+    e.list(&p.entries, |e, ep| {
         e.str(&ep.name);
         for list in [&ep.inputs, &ep.outputs] {
-            e.len(list.len());
-            for t in list {
-                e.tensor(t);
-            }
+            e.list(list, |e, t| e.tensor(t));
         }
-    }
+    });
     e.0
 }
 
 fn plan_bytes(p: &Program) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(p.devices.len());
-    for d in &p.devices {
+    e.list(&p.devices, |e, d| {
         e.device_kind(d.kind);
         e.str(&d.name);
-    }
-    e.len(p.entries.len());
-    for ep in &p.entries {
+    });
+    e.list(&p.entries, |e, ep| {
         e.uv(ep.arena_size);
         e.uv(ep.arena_align);
-        e.len(ep.commands.len());
-        for c in &ep.commands {
-            match c {
-                Command::Dispatch { kernel, device, workgroups, bindings, push_constants, work_ns } => {
-                    e.uv(0);
-                    e.uv((*kernel).into());
-                    e.uv((*device).into());
-                    e.uv(*workgroups);
-                    e.len(bindings.len());
-                    for b in bindings {
-                        e.binding(b);
-                    }
-                    e.len(push_constants.len());
-                    for &c in push_constants {
-                        e.uv(c.into());
-                    }
-                    e.uv(*work_ns);
-                }
-                Command::Barrier => e.uv(1),
-                Command::Copy { src, dst } => {
-                    e.uv(2);
-                    e.binding(src);
-                    e.binding(dst);
-                }
-                Command::Fill { dst, pattern, pattern_len } => {
-                    e.uv(3);
-                    e.binding(dst);
-                    e.uv((*pattern_len).into());
-                    e.uv(*pattern);
-                }
+        e.list(&ep.commands, |e, c| match c {
+            Command::Dispatch { kernel, device, workgroups, bindings, push_constants, work_ns } => {
+                e.uv(0);
+                e.uv((*kernel).into());
+                e.uv((*device).into());
+                e.uv(*workgroups);
+                e.list(bindings, |e, b| e.binding(b));
+                e.list(push_constants, |e, &c| e.uv(c.into()));
+                e.uv(*work_ns);
             }
-        }
-        e.len(ep.buffers.len());
-        for b in &ep.buffers {
+            Command::Barrier => e.uv(1),
+            Command::Copy { src, dst } => {
+                e.uv(2);
+                e.binding(src);
+                e.binding(dst);
+            }
+            Command::Fill { dst, pattern, pattern_len } => {
+                e.uv(3);
+                e.binding(dst);
+                e.uv((*pattern_len).into());
+                e.uv(*pattern);
+            }
+        });
+        e.list(&ep.buffers, |e, b| {
             e.str(&b.name);
             e.binding(&b.binding);
             e.uv(b.first.into());
             e.uv(b.last.into());
-        }
-    }
+        });
+    });
     e.0
 }
 
 fn executables_bytes(p: &Program) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(p.executables.len());
-    for x in &p.executables {
+    e.list(&p.executables, |e, x| {
         e.device_kind(x.device);
         e.uv(x.features);
-        e.len(x.entries.len());
-        for (name, off) in &x.entries {
+        e.list(&x.entries, |e, (name, off)| {
             e.str(name);
             e.uv(*off);
-        }
-        e.len(x.relocs.len());
-        for r in &x.relocs {
+        });
+        e.list(&x.relocs, |e, r| {
             e.uv(r.offset);
             e.uv(match r.kind {
                 RelocKind::Pc32 => 0,
@@ -592,30 +577,25 @@ fn executables_bytes(p: &Program) -> Vec<u8> {
             });
             e.uv(r.target);
             e.sv(r.addend);
-        }
+        });
         e.len(x.code.len());
         e.0.extend_from_slice(&x.code);
-    }
-    e.len(p.kernels.len());
-    for k in &p.kernels {
+    });
+    e.list(&p.kernels, |e, k| {
         e.str(&k.name);
-        e.len(k.variants.len());
-        for v in &k.variants {
+        e.list(&k.variants, |e, v| {
             e.uv(v.executable.into());
             e.uv(v.entry.into());
             e.uv(v.features);
-        }
+        });
         e.uv(k.class.code().into());
-    }
+    });
     e.0
 }
 
 fn debug_bytes(d: &DebugInfo) -> Vec<u8> {
     let mut e = Enc::default();
-    e.len(d.kernel_sources.len());
-    for s in &d.kernel_sources {
-        e.str(s);
-    }
+    e.list(&d.kernel_sources, |e, s| e.str(s));
     e.str(&d.source);
     e.0
 }
@@ -731,6 +711,16 @@ impl<'a> Dec<'a> {
         Ok(self.bounded(field, u32::MAX.into())? as u32)
     }
 
+    /// A counted list (see [`Dec::count`]) of elements each read by `item`.
+    fn list<T>(&mut self, field: &'static str, min_bytes: usize, mut item: impl FnMut(&mut Self) -> R<T>) -> R<Vec<T>> {
+        let n = self.count(field, min_bytes)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(item(self)?);
+        }
+        Ok(v)
+    }
+
     /// A list count; each element takes at least `min_bytes` bytes, so the count is capped
     /// by what remains (this bounds every allocation by the section's size).
     fn count(&mut self, field: &'static str, min_bytes: usize) -> R<usize> {
@@ -769,23 +759,14 @@ impl<'a> Dec<'a> {
     fn tensor(&mut self) -> R<TensorView<'a>> {
         let name = self.str("tensor name")?;
         let dtype = self.u32("tensor dtype")?;
-        let n = self.count("tensor dims", 1)?;
-        let mut dims = Vec::with_capacity(n);
-        for _ in 0..n {
-            dims.push(self.uv("tensor dim")?);
-        }
+        let dims = self.list("tensor dims", 1, |d| d.uv("tensor dim"))?;
         let bytes = self.uv("tensor bytes")?;
         Ok(TensorView { name, dtype, dims, bytes })
     }
 
     fn tensors(&mut self, field: &'static str) -> R<Vec<TensorView<'a>>> {
         // name length, dtype, dim count, bytes: at least 4 bytes each.
-        let n = self.count(field, 4)?;
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            v.push(self.tensor()?);
-        }
-        Ok(v)
+        self.list(field, 4, Dec::tensor)
     }
 
     fn binding(&mut self) -> R<Binding> {
@@ -823,16 +804,8 @@ impl<'a> Dec<'a> {
                 let kernel = self.u32("dispatch kernel")?;
                 let device = self.u32("dispatch device")?;
                 let workgroups = self.uv("dispatch workgroups")?;
-                let n = self.count("dispatch bindings", 3)?;
-                let mut bindings = Vec::with_capacity(n);
-                for _ in 0..n {
-                    bindings.push(self.binding()?);
-                }
-                let n = self.count("dispatch push constants", 1)?;
-                let mut push_constants = Vec::with_capacity(n);
-                for _ in 0..n {
-                    push_constants.push(self.u32("push constant")?);
-                }
+                let bindings = self.list("dispatch bindings", 3, Dec::binding)?;
+                let push_constants = self.list("dispatch push constants", 1, |d| d.u32("push constant"))?;
                 let work_ns = if self.format.minor >= 1 { self.uv("dispatch work estimate")? } else { 0 };
                 Command::Dispatch { kernel, device, workgroups, bindings, push_constants, work_ns }
             }
@@ -880,26 +853,22 @@ fn required<'a>(m: &Module<'a>, kind: SectionKind) -> R<Dec<'a>> {
 
 fn read_signature<'a>(d: &mut Dec<'a>) -> R<Vec<Sig<'a>>> {
     // name, input count, output count: at least 3 bytes each.
-    let n = d.count("signature entries", 3)?;
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
+    let v = d.list("signature entries", 3, |d| {
         let name = d.str("entry name")?;
         let inputs = d.tensors("entry inputs")?;
         let outputs = d.tensors("entry outputs")?;
-        v.push(Sig { name, inputs, outputs });
-    }
+        Ok(Sig { name, inputs, outputs })
+    })?;
     d.finish()?;
     Ok(v)
 }
 
 fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>, Vec<EntryView<'a>>)> {
-    let n = d.count("devices", 2)?;
-    let mut devices = Vec::with_capacity(n);
-    for _ in 0..n {
+    let devices = d.list("devices", 2, |d| {
         let kind = d.device_kind()?;
         let name = d.str("device name")?;
-        devices.push(DeviceView { kind, name });
-    }
+        Ok(DeviceView { kind, name })
+    })?;
     let start = d.pos;
     let n = d.count("plan entries", 4)?;
     if n != sigs.len() {
@@ -911,21 +880,15 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
     for sig in sigs {
         let arena_size = d.uv("arena size")?;
         let arena_align = d.uv("arena alignment")?;
-        let n = d.count("commands", 1)?;
-        let mut commands = Vec::with_capacity(n);
-        for _ in 0..n {
-            commands.push(d.command()?);
-        }
+        let commands = d.list("commands", 1, Dec::command)?;
         // name, binding (3), first, last.
-        let n = d.count("buffers", 6)?;
-        let mut buffers = Vec::with_capacity(n);
-        for _ in 0..n {
+        let buffers = d.list("buffers", 6, |d| {
             let name = d.str("buffer name")?;
             let binding = d.binding()?;
             let first = d.u32("buffer first")?;
             let last = d.u32("buffer last")?;
-            buffers.push(BufferView { name, binding, first, last });
-        }
+            Ok(BufferView { name, binding, first, last })
+        })?;
         entries.push(EntryView {
             name: sig.name,
             inputs: sig.inputs,
@@ -942,21 +905,15 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
 
 fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<KernelView<'a>>)> {
     // device, features, entry count, reloc count, code length.
-    let n = d.count("executables", 5)?;
-    let mut executables = Vec::with_capacity(n);
-    for _ in 0..n {
+    let executables = d.list("executables", 5, |d| {
         let device = d.device_kind()?;
         let features = d.uv("executable features")?;
-        let m = d.count("executable entries", 2)?;
-        let mut entries = Vec::with_capacity(m);
-        for _ in 0..m {
+        let entries = d.list("executable entries", 2, |d| {
             let name = d.str("entry symbol name")?;
             let off = d.uv("entry symbol offset")?;
-            entries.push((name, off));
-        }
-        let m = d.count("relocations", 4)?;
-        let mut relocs = Vec::with_capacity(m);
-        for _ in 0..m {
+            Ok((name, off))
+        })?;
+        let relocs = d.list("relocations", 4, |d| {
             let offset = d.uv("relocation offset")?;
             let kind = match d.tag("relocation kind", 1)? {
                 0 => RelocKind::Pc32,
@@ -964,24 +921,20 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
             };
             let target = d.uv("relocation target")?;
             let addend = d.sv("relocation addend")?;
-            relocs.push(Reloc { offset, kind, target, addend });
-        }
+            Ok(Reloc { offset, kind, target, addend })
+        })?;
         let len = d.uv("code length")?;
         let code = d.bytes(len, "code")?;
-        executables.push(ExecutableView { device, features, code, entries, relocs });
-    }
-    let n = d.count("kernels", 2)?;
-    let mut kernels = Vec::with_capacity(n);
-    for _ in 0..n {
+        Ok(ExecutableView { device, features, code, entries, relocs })
+    })?;
+    let kernels = d.list("kernels", 2, |d| {
         let name = d.str("kernel name")?;
-        let m = d.count("kernel variants", 3)?;
-        let mut variants = Vec::with_capacity(m);
-        for _ in 0..m {
+        let variants = d.list("kernel variants", 3, |d| {
             let executable = d.u32("variant executable")?;
             let entry = d.u32("variant entry")?;
             let features = d.uv("variant features")?;
-            variants.push(Variant { executable, entry, features });
-        }
+            Ok(Variant { executable, entry, features })
+        })?;
         let class = if d.format.minor >= 2 {
             // (Every code up to the last class's is one.)
             let last = KernelClass::ALL.len() as u64 - 1;
@@ -989,8 +942,8 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
         } else {
             KernelClass::Unknown
         };
-        kernels.push(KernelView { name, variants, class });
-    }
+        Ok(KernelView { name, variants, class })
+    })?;
     d.finish()?;
     Ok((executables, kernels))
 }
@@ -1004,11 +957,7 @@ fn read_external<'a>(d: &mut Dec<'a>) -> R<ConstantsView<'a>> {
 }
 
 fn read_debug<'a>(d: &mut Dec<'a>) -> R<DebugView<'a>> {
-    let n = d.count("kernel sources", 1)?;
-    let mut kernel_sources = Vec::with_capacity(n);
-    for _ in 0..n {
-        kernel_sources.push(d.str("kernel source")?);
-    }
+    let kernel_sources = d.list("kernel sources", 1, |d| d.str("kernel source"))?;
     let source = d.str("source name")?;
     d.finish()?;
     Ok(DebugView { kernel_sources, source })

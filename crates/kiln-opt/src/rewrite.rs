@@ -53,3 +53,18 @@ pub fn rebuild(g: &Graph, mut decide: impl FnMut(&mut Graph, &Node, &[Option<Val
     new.outputs = g.outputs.iter().filter_map(|v| map[v.index()]).collect();
     new
 }
+
+/// [`rebuild`], also saying whether `decide` rewrote any node (answered anything but
+/// [`Action::Keep`]).
+pub fn rebuild_tracked(
+    g: &Graph,
+    mut decide: impl FnMut(&mut Graph, &Node, &[Option<ValueId>]) -> Action,
+) -> (Graph, bool) {
+    let mut changed = false;
+    let new = rebuild(g, |new, n, inputs| {
+        let action = decide(new, n, inputs);
+        changed |= !matches!(action, Action::Keep);
+        action
+    });
+    (new, changed)
+}

@@ -9,7 +9,7 @@
 //! would go away keeps its node (outputs carry the model's names).
 
 use crate::fold::{constant_operands, fold_from_type, try_fold};
-use crate::rewrite::{rebuild, Action};
+use crate::rewrite::{rebuild, rebuild_tracked, Action};
 use crate::{Pass, PassError};
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Node, OpKind, ValueDef, ValueId};
@@ -76,11 +76,9 @@ impl Pass for ElideIdentities {
         "remove Identity, inference Dropout, and Cast/Reshape/Expand/Tile/Transpose nodes that change nothing"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
-        let mut changed = false;
-        let new = rebuild(g, |_, n, inputs| {
+        let (new, changed) = rebuild_tracked(g, |_, n, inputs| {
             if Self::is_noop(g, n) && !defines_output(g, n) {
                 if let Some(Some(x)) = inputs.first() {
-                    changed = true;
                     return Action::Replace(vec![*x]);
                 }
             }
@@ -103,17 +101,13 @@ impl Pass for FoldConstants {
         "evaluate nodes with constant operands (and Shape/Size of any value) with the reference evaluator"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
-        let mut changed = false;
         let mut failure = None;
-        let new = rebuild(g, |new, n, inputs| {
+        let (new, changed) = rebuild_tracked(g, |new, n, inputs| {
             let tys: Vec<_> = n.outputs.iter().map(|&o| g.ty(o).clone()).collect();
             if let (Some(Some(x)), [out]) = (inputs.first(), tys.as_slice()) {
                 if let Some(r) = fold_from_type(&n.op, new.ty(*x), out) {
                     return match r {
-                        Ok(t) => {
-                            changed = true;
-                            Action::Constants(vec![t])
-                        }
+                        Ok(t) => Action::Constants(vec![t]),
                         Err(e) => {
                             failure.get_or_insert(format!("node `{}` ({}): {e}", n.name, n.op.kind));
                             Action::Keep
@@ -123,10 +117,7 @@ impl Pass for FoldConstants {
             }
             let Some(consts) = constant_operands(new, inputs) else { return Action::Keep };
             match try_fold(&n.op, &consts, &tys) {
-                Ok(Some(ts)) => {
-                    changed = true;
-                    Action::Constants(ts)
-                }
+                Ok(Some(ts)) => Action::Constants(ts),
                 Ok(None) => Action::Keep,
                 Err(e) => {
                     failure.get_or_insert(format!("node `{}` ({}): {e}", n.name, n.op.kind));
@@ -197,8 +188,7 @@ impl Pass for EliminateCommonSubexpressions {
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let mut seen: HashMap<CseKey, Vec<(kiln_ir::Op, Vec<ValueId>)>> = HashMap::new();
-        let mut changed = false;
-        let new = rebuild(g, |new, n, inputs| {
+        let (new, changed) = rebuild_tracked(g, |new, n, inputs| {
             let key = (n.op.kind, inputs.to_vec());
             let tys: Vec<_> = n.outputs.iter().map(|&o| g.ty(o).clone()).collect();
             if !defines_output(g, n) {
@@ -206,7 +196,6 @@ impl Pass for EliminateCommonSubexpressions {
                     for (op, outs) in cands {
                         let same_types = outs.len() == tys.len() && outs.iter().zip(&tys).all(|(o, t)| new.ty(*o) == t);
                         if *op == n.op && same_types {
-                            changed = true;
                             return Action::Replace(outs.clone());
                         }
                     }

@@ -176,15 +176,20 @@ fn nll(
     })
 }
 
-/// A window function's values as a constant.
-fn window(imp: &mut Importer, op_type: &str, attrs: &Attrs, size: ValueId, at: &At) -> Result<ValueId, ImportError> {
-    let Some(t) = imp.g.constant(size) else {
+/// The integers of the constant operand `v` (`what` names it in the error when it is not a constant).
+fn const_ints(imp: &Importer, v: ValueId, what: &str, at: &At) -> Result<Vec<i64>, ImportError> {
+    let Some(t) = imp.g.constant(v) else {
         return Err(at.err(format!(
-            "size (operand 0) must be a constant: `{}` depends on run-time data (bind it with --input-value)",
-            imp.g.values[size].name
+            "{what} must be a constant: `{}` depends on run-time data (bind it with --input-value)",
+            imp.g.values[v].name
         )));
     };
-    let n = match t.to_i64_vec().map_err(|e| at.err(e.to_string()))?.as_slice() {
+    t.to_i64_vec().map_err(|e| at.err(e.to_string()))
+}
+
+/// A window function's values as a constant.
+fn window(imp: &mut Importer, op_type: &str, attrs: &Attrs, size: ValueId, at: &At) -> Result<ValueId, ImportError> {
+    let n = match const_ints(imp, size, "size (operand 0)", at)?.as_slice() {
         [n] if (0..=MAX_CONST_ELEMENTS as i64).contains(n) => *n as usize,
         other => return Err(at.err(format!("size {other:?}: expected one count of at most {MAX_CONST_ELEMENTS}"))),
     };
@@ -213,13 +218,7 @@ fn window(imp: &mut Importer, op_type: &str, attrs: &Attrs, size: ValueId, at: &
 
 /// `CenterCropPad` as Slice and Pad (see the module docs).
 fn center_crop_pad(imp: &mut Importer, attrs: &Attrs, x: ValueId, shape: ValueId, at: &At) -> Result<ValueId, ImportError> {
-    let Some(t) = imp.g.constant(shape) else {
-        return Err(at.err(format!(
-            "shape (operand 1) must be a constant: `{}` depends on run-time data (bind it with --input-value)",
-            imp.g.values[shape].name
-        )));
-    };
-    let sizes = t.to_i64_vec().map_err(|e| at.err(e.to_string()))?;
+    let sizes = const_ints(imp, shape, "shape (operand 1)", at)?;
     let dims: Vec<i64> = imp.g.ty(x).shape.dims().iter().map(|&d| d as i64).collect();
     let rank = dims.len() as i64;
     let axes: Vec<i64> = match attrs.get("axes") {
@@ -263,13 +262,7 @@ fn center_crop_pad(imp: &mut Importer, attrs: &Attrs, x: ValueId, shape: ValueId
 
 /// `AffineGrid` as a constant base grid times θᵀ (see the module docs).
 fn affine_grid(imp: &mut Importer, attrs: &Attrs, theta: ValueId, size: ValueId, at: &At) -> Result<ValueId, ImportError> {
-    let Some(t) = imp.g.constant(size) else {
-        return Err(at.err(format!(
-            "size (operand 1) must be a constant: `{}` depends on run-time data (bind it with --input-value)",
-            imp.g.values[size].name
-        )));
-    };
-    let size = t.to_i64_vec().map_err(|e| at.err(e.to_string()))?;
+    let size = const_ints(imp, size, "size (operand 1)", at)?;
     let r = match size.len() {
         4 => 2,
         5 => 3,

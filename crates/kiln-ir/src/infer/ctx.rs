@@ -225,6 +225,13 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
     }
 
+    /// Required operand `i`, of the dtype of operand `of`.
+    pub fn req_same(&self, i: usize, what: &str, of: &TensorType) -> R<&'b TensorType> {
+        let t = self.req(i, what)?;
+        self.same_dtype(t, i, what, of)?;
+        Ok(t)
+    }
+
     /// Checks that operand `i` has `dtype` (the dtype of operand `of`).
     pub fn same_dtype(&self, t: &TensorType, i: usize, what: &str, of: &TensorType) -> R<()> {
         if t.dtype == of.dtype {
@@ -391,6 +398,14 @@ impl<'a, 'b> Ctx<'a, 'b> {
     /// A non-negative extent from an i64.
     pub fn extent(&self, v: i64, what: &str) -> R<usize> {
         usize::try_from(v).map_err(|_| self.invalid(format_args!("{what} must be ≥ 0, got {v}")))
+    }
+
+    /// The attribute `what` as a count that must be at least 1 (a group, a block size, a number of outputs).
+    pub fn count_attr(&self, v: i64, what: &str) -> R<usize> {
+        usize::try_from(v)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| self.invalid(format_args!("attribute `{what}` must be ≥ 1, got {v}")))
     }
 
     /// Numpy broadcasting of all `tys`' shapes.

@@ -147,8 +147,7 @@ pub(super) fn pow(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn prelu(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(2)?;
     let x = cx.req_class(0, "X", Class::Numeric)?;
-    let s = cx.req(1, "slope")?;
-    cx.same_dtype(s, 1, "slope", x)?;
+    let s = cx.req_same(1, "slope", x)?;
     let dims = cx.broadcast(&[x, s])?;
     if dims != x.shape.dims() {
         return Err(cx.invalid(format_args!("`slope` {s} does not broadcast to the shape of X {x}")));
@@ -178,8 +177,7 @@ pub(super) fn where_(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
     let c = cx.req_class(0, "condition", Class::Bool)?;
     let x = cx.req(1, "X")?;
-    let y = cx.req(2, "Y")?;
-    cx.same_dtype(y, 2, "Y", x)?;
+    let y = cx.req_same(2, "Y", x)?;
     let dims = cx.broadcast(&[c, x, y])?;
     Ok(vec![cx.tt(x.dtype, dims)?])
 }

@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 pub(super) fn gemm(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
     let a = cx.req_class(0, "A", Class::Numeric)?;
-    let b = cx.req(1, "B")?;
-    cx.same_dtype(b, 1, "B", a)?;
+    let b = cx.req_same(1, "B", a)?;
     cx.rank(a, 0, "A", 2)?;
     cx.rank(b, 1, "B", 2)?;
     let ga = cx.attrs::<GemmAttrs>()?;
@@ -64,8 +63,7 @@ fn matmul_dims(cx: &Ctx, a: &TensorType, b: &TensorType) -> R<Vec<usize>> {
 pub(super) fn matmul(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(2)?;
     let a = cx.req_class(0, "A", Class::Numeric)?;
-    let b = cx.req(1, "B")?;
-    cx.same_dtype(b, 1, "B", a)?;
+    let b = cx.req_same(1, "B", a)?;
     Ok(vec![cx.tt(a.dtype, matmul_dims(cx, a, b)?)?])
 }
 

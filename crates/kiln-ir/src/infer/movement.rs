@@ -137,6 +137,14 @@ pub(super) fn slice_len(dim: usize, start: i64, end: i64, step: i64) -> usize {
     n as usize
 }
 
+/// Checks that the named integer lists `a` and `b` have the same length.
+fn same_length(cx: &Ctx, (an, a): (&str, &[i64]), (bn, b): (&str, &[i64])) -> R<()> {
+    if a.len() != b.len() {
+        return Err(cx.invalid(format_args!("`{an}` {} and `{bn}` {} differ in length", Ints(a), Ints(b))));
+    }
+    Ok(())
+}
+
 /// Slice(data, starts, ends, axes?, steps?).
 pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(5)?;
@@ -144,18 +152,10 @@ pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
     let starts = req_int_list(cx, 1, "starts")?;
     let ends = req_int_list(cx, 2, "ends")?;
     let rank = data.shape.rank();
-    if ends.len() != starts.len() {
-        return Err(cx.invalid(format_args!("`starts` {} and `ends` {} differ in length", Ints(&starts), Ints(&ends))));
-    }
+    same_length(cx, ("starts", &starts), ("ends", &ends))?;
     let axes = match cx.int_list(3, "axes")? {
         Some(a) => {
-            if a.len() != starts.len() {
-                return Err(cx.invalid(format_args!(
-                    "`axes` {} and `starts` {} differ in length",
-                    Ints(&a),
-                    Ints(&starts)
-                )));
-            }
+            same_length(cx, ("axes", &a), ("starts", &starts))?;
             cx.axes(&a, rank, "axis")?
         }
         None => {
@@ -169,13 +169,7 @@ pub(super) fn slice(cx: &Ctx) -> R<Vec<TensorType>> {
     };
     let steps = match cx.int_list(4, "steps")? {
         Some(s) => {
-            if s.len() != starts.len() {
-                return Err(cx.invalid(format_args!(
-                    "`steps` {} and `starts` {} differ in length",
-                    Ints(&s),
-                    Ints(&starts)
-                )));
-            }
+            same_length(cx, ("steps", &s), ("starts", &starts))?;
             if s.contains(&0) {
                 return Err(cx.invalid(format_args!("`steps` {} holds a 0", Ints(&s))));
             }
@@ -290,10 +284,7 @@ pub(super) fn split(cx: &Ctx) -> R<Vec<TensorType>> {
             sizes
         }
         (None, Some(n)) => {
-            let n = usize::try_from(n)
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| cx.invalid(format_args!("attribute `num_outputs` must be ≥ 1, got {n}")))?;
+            let n = cx.count_attr(n, "num_outputs")?;
             let chunk = dim.div_ceil(n);
             // The last chunk is smaller when the extent does not divide evenly.
             let last = chunk.checked_mul(n - 1).and_then(|u| dim.checked_sub(u)).ok_or_else(|| {
@@ -353,12 +344,28 @@ pub(super) fn concat(cx: &Ctx) -> R<Vec<TensorType>> {
     Ok(vec![cx.tt(first.dtype, out)?])
 }
 
-/// Gather(data, indices): data[:axis] + indices + data[axis+1:].
-pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
+/// The operands of the Gather family: `data` (rank ≥ 1) and integer `indices`.
+fn gather_operands<'b>(cx: &Ctx<'_, 'b>) -> R<(&'b TensorType, &'b TensorType)> {
     cx.max_inputs(2)?;
     let data = cx.req(0, "data")?;
     let ind = cx.req_class(1, "indices", Class::Index)?;
     cx.min_rank(data, 0, "data", 1)?;
+    Ok((data, ind))
+}
+
+/// The operands of the Scatter family: `data` (rank ≥ 1), integer `indices` and `updates`.
+fn scatter_operands<'b>(cx: &Ctx<'_, 'b>) -> R<(&'b TensorType, &'b TensorType, &'b TensorType)> {
+    cx.max_inputs(3)?;
+    let data = cx.req(0, "data")?;
+    let ind = cx.req_class(1, "indices", Class::Index)?;
+    let upd = cx.req(2, "updates")?;
+    cx.min_rank(data, 0, "data", 1)?;
+    Ok((data, ind, upd))
+}
+
+/// Gather(data, indices): data[:axis] + indices + data[axis+1:].
+pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
+    let (data, ind) = gather_operands(cx)?;
     let axis = cx.axis(cx.attrs::<GatherAttrs>()?.axis, data.shape.rank(), "axis")?;
     let d = data.shape.dims();
     if let Some(v) = cx.opt(1).and_then(|x| x.value) {
@@ -377,10 +384,7 @@ pub(super) fn gather(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// GatherElements(data, indices): the indices' shape, data's dtype.
 pub(super) fn gather_elements(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(2)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind) = gather_operands(cx)?;
     cx.rank(ind, 1, "indices", data.shape.rank())?;
     cx.axis(cx.attrs::<GatherAttrs>()?.axis, data.shape.rank(), "axis")?;
     Ok(vec![TensorType::new(data.dtype, ind.shape.clone())])
@@ -388,10 +392,7 @@ pub(super) fn gather_elements(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// GatherND(data, indices) with `batch_dims`.
 pub(super) fn gather_nd(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(2)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind) = gather_operands(cx)?;
     cx.min_rank(ind, 1, "indices", 1)?;
     let (d, q) = (data.shape.dims(), ind.shape.dims());
     let b = cx.attrs::<GatherNdAttrs>()?.batch_dims;
@@ -415,11 +416,7 @@ pub(super) fn gather_nd(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// ScatterElements(data, indices, updates): the data's type.
 pub(super) fn scatter_elements(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    let upd = cx.req(2, "updates")?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind, upd) = scatter_operands(cx)?;
     cx.rank(ind, 1, "indices", data.shape.rank())?;
     cx.same_dtype(upd, 2, "updates", data)?;
     cx.expect_dims(upd, 2, "updates", ind.shape.dims())?;
@@ -429,11 +426,7 @@ pub(super) fn scatter_elements(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// ScatterND(data, indices, updates): the data's type.
 pub(super) fn scatter_nd(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let data = cx.req(0, "data")?;
-    let ind = cx.req_class(1, "indices", Class::Index)?;
-    let upd = cx.req(2, "updates")?;
-    cx.min_rank(data, 0, "data", 1)?;
+    let (data, ind, upd) = scatter_operands(cx)?;
     cx.min_rank(ind, 1, "indices", 1)?;
     cx.same_dtype(upd, 2, "updates", data)?;
     let (d, q) = (data.shape.dims(), ind.shape.dims());
@@ -494,23 +487,21 @@ pub(super) fn flatten(cx: &Ctx) -> R<Vec<TensorType>> {
     Ok(vec![cx.tt(x.dtype, vec![a, b])?])
 }
 
-fn blocksize(cx: &Ctx) -> R<usize> {
+/// The rank-4 `input` of DepthToSpace or SpaceToDepth, and its `blocksize`.
+fn block_input<'b>(cx: &Ctx<'_, 'b>) -> R<(&'b TensorType, usize)> {
+    cx.max_inputs(1)?;
+    let x = cx.req(0, "input")?;
+    cx.rank(x, 0, "input", 4)?;
     let b = match cx.op.kind {
         crate::op::OpKind::DepthToSpace => cx.attrs::<DepthToSpaceAttrs>()?.blocksize,
         _ => cx.attrs::<SpaceToDepthAttrs>()?.blocksize,
     };
-    usize::try_from(b)
-        .ok()
-        .filter(|&b| b >= 1)
-        .ok_or_else(|| cx.invalid(format_args!("attribute `blocksize` must be ≥ 1, got {b}")))
+    Ok((x, cx.count_attr(b, "blocksize")?))
 }
 
 /// DepthToSpace: [N, C, H, W] → [N, C/b², H·b, W·b].
 pub(super) fn depth_to_space(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(1)?;
-    let x = cx.req(0, "input")?;
-    cx.rank(x, 0, "input", 4)?;
-    let b = blocksize(cx)?;
+    let (x, b) = block_input(cx)?;
     let d = x.shape.dims();
     let bb = b.checked_mul(b).ok_or_else(|| cx.invalid("`blocksize` is too large"))?;
     if d[1] % bb != 0 {
@@ -523,10 +514,7 @@ pub(super) fn depth_to_space(cx: &Ctx) -> R<Vec<TensorType>> {
 
 /// SpaceToDepth: [N, C, H, W] → [N, C·b², H/b, W/b].
 pub(super) fn space_to_depth(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(1)?;
-    let x = cx.req(0, "input")?;
-    cx.rank(x, 0, "input", 4)?;
-    let b = blocksize(cx)?;
+    let (x, b) = block_input(cx)?;
     let d = x.shape.dims();
     if d[2] % b != 0 || d[3] % b != 0 {
         return Err(cx.invalid(format_args!("the spatial extents of {x} are not multiples of blocksize {b}")));

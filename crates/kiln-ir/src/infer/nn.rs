@@ -104,10 +104,7 @@ fn group(cx: &Ctx) -> R<usize> {
         crate::op::OpKind::ConvTranspose => cx.attrs::<ConvTransposeAttrs>()?.group,
         _ => cx.attrs::<ConvAttrs>()?.group,
     };
-    usize::try_from(g)
-        .ok()
-        .filter(|&g| g >= 1)
-        .ok_or_else(|| cx.invalid(format_args!("attribute `group` must be ≥ 1, got {g}")))
+    cx.count_attr(g, "group")
 }
 
 /// Checks `kernel_shape` (optional for convolutions) against the weights' spatial extents.
@@ -157,8 +154,7 @@ fn conv_shape(cx: &Ctx, x: &TensorType, xi: usize, w: &TensorType, wi: usize) ->
 pub(super) fn conv(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
     let x = cx.req_class(0, "X", Class::Float)?;
-    let w = cx.req(1, "W")?;
-    cx.same_dtype(w, 1, "W", x)?;
+    let w = cx.req_same(1, "W", x)?;
     let (dims, m) = conv_shape(cx, x, 0, w, 1)?;
     if let Some(b) = cx.opt_ty(2) {
         cx.same_dtype(b, 2, "B", x)?;
@@ -203,13 +199,11 @@ pub(super) fn qlinear_conv(cx: &Ctx) -> R<Vec<TensorType>> {
     let (dims, m) = conv_shape(cx, x, 0, w, 3)?;
     let xs = cx.req_class(1, "x_scale", Class::Float)?;
     cx.expect_scalar(xs, 1, "x_scale")?;
-    let xz = cx.req(2, "x_zero_point")?;
-    cx.same_dtype(xz, 2, "x_zero_point", x)?;
+    let xz = cx.req_same(2, "x_zero_point", x)?;
     cx.expect_scalar(xz, 2, "x_zero_point")?;
     let ws = cx.req_class(4, "w_scale", Class::Float)?;
     per_tensor_or_channel(cx, ws, 4, "w_scale", m)?;
-    let wz = cx.req(5, "w_zero_point")?;
-    cx.same_dtype(wz, 5, "w_zero_point", w)?;
+    let wz = cx.req_same(5, "w_zero_point", w)?;
     per_tensor_or_channel(cx, wz, 5, "w_zero_point", m)?;
     let ys = cx.req_class(6, "y_scale", Class::Float)?;
     cx.expect_scalar(ys, 6, "y_scale")?;
@@ -230,8 +224,7 @@ pub(super) fn qlinear_conv(cx: &Ctx) -> R<Vec<TensorType>> {
 pub(super) fn conv_transpose(cx: &Ctx) -> R<Vec<TensorType>> {
     cx.max_inputs(3)?;
     let x = cx.req_class(0, "X", Class::Float)?;
-    let w = cx.req(1, "W")?;
-    cx.same_dtype(w, 1, "W", x)?;
+    let w = cx.req_same(1, "W", x)?;
     cx.min_rank(x, 0, "X", 3)?;
     cx.rank(w, 1, "W", x.shape.rank())?;
     let (xd, wd) = (x.shape.dims(), w.shape.dims());
@@ -337,52 +330,54 @@ fn per_channel(cx: &Ctx, ops: &[(usize, &str)], c: usize, class: Class) -> R<()>
     Ok(())
 }
 
+/// The float input (operand 0, `what`, rank ≥ `min_rank` ≥ 2) of a normalization taking at most
+/// `max_inputs` operands, and its channel count (axis 1).
+fn channels_input<'b>(cx: &Ctx<'_, 'b>, max_inputs: usize, what: &str, min_rank: usize) -> R<(&'b TensorType, usize)> {
+    cx.max_inputs(max_inputs)?;
+    let x = cx.req_class(0, what, Class::Float)?;
+    cx.min_rank(x, 0, what, min_rank)?;
+    Ok((x, x.shape.dims()[1]))
+}
+
+/// The scale and bias operands `ops` of a normalization of `x` with `c` channels: each of
+/// `x`'s dtype (checked for both first) and of shape `[c]`.
+fn scale_and_bias(cx: &Ctx, x: &TensorType, c: usize, ops: [(usize, &str); 2]) -> R<()> {
+    for (i, what) in ops {
+        let t = cx.req(i, what)?;
+        cx.same_dtype(t, i, what, x)?;
+    }
+    per_channel(cx, &ops, c, Class::Float)
+}
+
 /// BatchNormalization(X, scale, B, input_mean, input_var), inference form.
 pub(super) fn batch_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(5)?;
-    let x = cx.req_class(0, "X", Class::Float)?;
-    cx.min_rank(x, 0, "X", 2)?;
+    let (x, c) = channels_input(cx, 5, "X", 2)?;
     if cx.attrs::<BatchNormAttrs>()?.training_mode || cx.num_outputs > 1 {
         return Err(cx.unsupported(
             "training mode (outputs running_mean, running_var) is not supported; only the inference form is",
         ));
     }
-    let c = x.shape.dims()[1];
     per_channel(cx, &[(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")], c, Class::Float)?;
     Ok(vec![x.clone()])
 }
 
 /// InstanceNormalization(input, scale, B).
 pub(super) fn instance_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let x = cx.req_class(0, "input", Class::Float)?;
-    cx.min_rank(x, 0, "input", 3)?;
-    let c = x.shape.dims()[1];
-    for (i, what) in [(1, "scale"), (2, "B")] {
-        let t = cx.req(i, what)?;
-        cx.same_dtype(t, i, what, x)?;
-    }
-    per_channel(cx, &[(1, "scale"), (2, "B")], c, Class::Float)?;
+    let (x, c) = channels_input(cx, 3, "input", 3)?;
+    scale_and_bias(cx, x, c, [(1, "scale"), (2, "B")])?;
     Ok(vec![x.clone()])
 }
 
 /// GroupNormalization(X, scale, bias): scale and bias per channel (opset 21 form).
 pub(super) fn group_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
-    cx.max_inputs(3)?;
-    let x = cx.req_class(0, "X", Class::Float)?;
-    cx.min_rank(x, 0, "X", 2)?;
-    let c = x.shape.dims()[1];
+    let (x, c) = channels_input(cx, 3, "X", 2)?;
     let g = cx.attrs::<GroupNormAttrs>()?.num_groups;
     if g < 1 || !(c as u64).is_multiple_of(g as u64) {
         return Err(cx.invalid(format_args!(
             "attribute `num_groups` = {g} must be ≥ 1 and divide the channel count {c} of {x}"
         )));
     }
-    for (i, what) in [(1, "scale"), (2, "bias")] {
-        let t = cx.req(i, what)?;
-        cx.same_dtype(t, i, what, x)?;
-    }
-    per_channel(cx, &[(1, "scale"), (2, "bias")], c, Class::Float)?;
+    scale_and_bias(cx, x, c, [(1, "scale"), (2, "bias")])?;
     Ok(vec![x.clone()])
 }
 
@@ -439,10 +434,7 @@ pub(super) fn recurrent(cx: &Ctx, gates: usize) -> R<Vec<TensorType>> {
     let xd = x.shape.dims();
     let (seq, batch, input) = if batch_major { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
     let hidden = match a.hidden_size {
-        Some(h) => usize::try_from(h)
-            .ok()
-            .filter(|&h| h >= 1)
-            .ok_or_else(|| cx.invalid(format_args!("attribute `hidden_size` must be ≥ 1, got {h}")))?,
+        Some(h) => cx.count_attr(h, "hidden_size")?,
         None => r.shape.dims()[2],
     };
     let big = || cx.invalid("attribute `hidden_size` is too large");

@@ -136,33 +136,23 @@ impl Parser {
         let name = self.name("the graph name (an identifier or a string)")?;
         self.expect(&Tok::LParen, "before the graph inputs")?;
         let mut inputs = Vec::new();
-        if !self.eat(&Tok::RParen) {
-            loop {
-                let (id, pos) = self.value_token("a graph input")?;
-                self.check_new(id, pos)?;
-                self.expect(&Tok::Colon, "after the input's value")?;
-                let ty = self.tensor_type()?;
-                let name = self.opt_string().unwrap_or_default();
-                self.values.insert(id, PValue { ty, name, def: PDef::Input, pos });
-                inputs.push(ValueId::new(id as usize));
-                if self.eat(&Tok::RParen) {
-                    break;
-                }
-                self.expect(&Tok::Comma, "or `)` after a graph input")?;
-            }
-        }
+        self.separated(&Tok::RParen, "a graph input", |p| {
+            let (id, pos) = p.value_token("a graph input")?;
+            p.check_new(id, pos)?;
+            p.expect(&Tok::Colon, "after the input's value")?;
+            let ty = p.tensor_type()?;
+            let name = p.opt_string().unwrap_or_default();
+            p.values.insert(id, PValue { ty, name, def: PDef::Input, pos });
+            inputs.push(ValueId::new(id as usize));
+            Ok(())
+        })?;
         self.expect(&Tok::Arrow, "after the graph inputs")?;
         self.expect(&Tok::LParen, "before the graph outputs")?;
         let mut outputs = Vec::new();
-        if !self.eat(&Tok::RParen) {
-            loop {
-                outputs.push(self.value_token("a graph output")?);
-                if self.eat(&Tok::RParen) {
-                    break;
-                }
-                self.expect(&Tok::Comma, "or `)` after a graph output")?;
-            }
-        }
+        self.separated(&Tok::RParen, "a graph output", |p| {
+            outputs.push(p.value_token("a graph output")?);
+            Ok(())
+        })?;
         self.expect(&Tok::LBrace, "before the graph body")?;
         while !self.eat(&Tok::RBrace) {
             self.statement()?;
@@ -234,47 +224,34 @@ impl Parser {
         };
         self.expect(&Tok::LParen, &format!("after the op name `{}`", kind.name()))?;
         let mut inputs = Vec::new();
-        if !self.eat(&Tok::RParen) {
-            loop {
-                let (t, pos) = self.bump();
-                match t {
-                    Tok::Ident(s) if s == "_" => inputs.push(None),
-                    Tok::Ref(v) => {
-                        if !self.values.contains_key(&v) {
-                            return fail(pos, format!("value %{v} used before definition"));
-                        }
-                        inputs.push(Some(ValueId::new(v as usize)));
+        self.separated(&Tok::RParen, "operand", |p| {
+            let (t, pos) = p.bump();
+            match t {
+                Tok::Ident(s) if s == "_" => inputs.push(None),
+                Tok::Ref(v) => {
+                    if !p.values.contains_key(&v) {
+                        return fail(pos, format!("value %{v} used before definition"));
                     }
-                    t => return fail(pos, format!("expected an operand (`%N` or `_`), found {t}")),
+                    inputs.push(Some(ValueId::new(v as usize)));
                 }
-                if self.eat(&Tok::RParen) {
-                    break;
-                }
-                if *self.peek() != Tok::Comma {
-                    return fail(self.pos(), format!("expected `,` or `)` after operand, found {}", self.peek()));
-                }
-                self.bump();
+                t => return fail(pos, format!("expected an operand (`%N` or `_`), found {t}")),
             }
-        }
+            Ok(())
+        })?;
         let mut attrs: Vec<(String, PAttr)> = Vec::new();
         if self.eat(&Tok::LBrace) {
             let mut seen = HashSet::new();
-            if !self.eat(&Tok::RBrace) {
-                loop {
-                    let pos = self.pos();
-                    let name = self.name("an attribute name")?;
-                    if !seen.insert(name.clone()) {
-                        return fail(pos, format!("attribute `{name}` given twice"));
-                    }
-                    self.expect(&Tok::Eq, &format!("after attribute name `{name}`"))?;
-                    let a = self.attr_value()?;
-                    attrs.push((name, a));
-                    if self.eat(&Tok::RBrace) {
-                        break;
-                    }
-                    self.expect(&Tok::Comma, "or `}` after an attribute")?;
+            self.separated(&Tok::RBrace, "an attribute", |p| {
+                let pos = p.pos();
+                let name = p.name("an attribute name")?;
+                if !seen.insert(name.clone()) {
+                    return fail(pos, format!("attribute `{name}` given twice"));
                 }
-            }
+                p.expect(&Tok::Eq, &format!("after attribute name `{name}`"))?;
+                let a = p.attr_value()?;
+                attrs.push((name, a));
+                Ok(())
+            })?;
         }
         let mut types = Vec::new();
         if !results.is_empty() && *self.peek() != Tok::Colon {
@@ -322,20 +299,42 @@ impl Parser {
         Ok(())
     }
 
+    /// The elements of a comma-separated list closed by `close` (its opening token already
+    /// taken; none when `close` comes first): `item` reads each, `what` names one in the error
+    /// for a missing separator.
+    fn separated(&mut self, close: &Tok, what: &str, mut item: impl FnMut(&mut Self) -> PResult<()>) -> PResult<()> {
+        if self.eat(close) {
+            return Ok(());
+        }
+        loop {
+            item(self)?;
+            if self.eat(close) {
+                return Ok(());
+            }
+            self.expect(&Tok::Comma, &format!("or {close} after {what}"))?;
+        }
+    }
+
+    /// A blob number and its position; `expected` says what else may stand there in the error.
+    fn blob_number(&mut self, expected: &str) -> PResult<(u64, usize)> {
+        let (t, pos) = self.bump();
+        let index = match &t {
+            Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
+            _ => None,
+        };
+        match index {
+            Some(index) => Ok((index, pos)),
+            None => fail(pos, format!("expected {expected}, found {t}")),
+        }
+    }
+
     /// `TYPE [elements]` or `TYPE blob(N)`.
     fn tensor_lit(&mut self) -> PResult<TLit> {
         let ty = self.tensor_type()?;
         if self.is_kw("blob") {
             self.bump();
             self.expect(&Tok::LParen, "after `blob`")?;
-            let (t, pos) = self.bump();
-            let index = match &t {
-                Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
-                _ => None,
-            };
-            let Some(index) = index else {
-                return fail(pos, format!("expected a blob number, found {t}"));
-            };
+            let (index, pos) = self.blob_number("a blob number")?;
             self.expect(&Tok::RParen, "after the blob number")?;
             return Ok(TLit::Blob { ty, index, pos });
         }
@@ -457,14 +456,7 @@ impl Parser {
         self.expect(&Tok::LBrace, "after `blobs`")?;
         let mut blobs = HashMap::new();
         while !self.eat(&Tok::RBrace) {
-            let (t, pos) = self.bump();
-            let index = match &t {
-                Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
-                _ => None,
-            };
-            let Some(index) = index else {
-                return fail(pos, format!("expected a blob number or `}}`, found {t}"));
-            };
+            let (index, pos) = self.blob_number("a blob number or `}`")?;
             if blobs.contains_key(&index) {
                 return fail(pos, format!("blob {index} defined twice"));
             }
