@@ -74,12 +74,13 @@ fn os_error(e: i32) -> String {
     // SAFETY: strerror returns a NUL-terminated string that stays valid until the next
     // strerror call; the runner is single-threaded and copies it at once.
     let text = unsafe { CStr::from_ptr(libc::strerror(e)) };
-    format!("{} (os error {e})", text.to_string_lossy())
+    format!("{} (os error {e})", text.to_str().unwrap_or("unknown error"))
 }
 
-/// `path` as text for messages.
-pub fn show(path: &CStr) -> String {
-    String::from(path.to_string_lossy())
+/// `path` as text for messages (a placeholder when it is not UTF-8: lossy decoding
+/// would cost its own code).
+pub fn show(path: &CStr) -> &str {
+    path.to_str().unwrap_or("(a path that is not UTF-8)")
 }
 
 /// Writes all of `bytes` to descriptor `fd`.
