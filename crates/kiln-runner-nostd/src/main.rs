@@ -225,8 +225,13 @@ fn report_err(message: &str) {
 }
 
 /// The C entry point: the C library's start-up code calls it with the arguments.
+///
+/// # Safety
+///
+/// `argv` holds `argc` pointers to NUL-terminated strings that live until the process
+/// exits, as the C start-up code passes them.
 #[no_mangle]
-pub extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
     let n = usize::try_from(argc).unwrap_or(0);
     let mut args = Vec::with_capacity(n);
     for i in 1..n {
