@@ -4,7 +4,8 @@
 //! The binary under test is the real `no_std` one: `cargo test` builds binaries with
 //! unwinding (where this crate links std for its panic runtime), so the test builds it
 //! again through the `nostd-test` profile (panic=abort) in a target directory of its
-//! own, and checks that it links nothing but the C library.
+//! own, and checks that it links nothing but the C library. `KILN_RUN_NOSTD=PATH` tests
+//! that binary instead (the `runner` profile's, for one).
 
 use kiln_npy::DType;
 use kiln_runtime::fs::AlignedBytes;
@@ -13,10 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The `no_std` binary, built once per test run.
+/// The `no_std` binary, built once per test run; or the one `KILN_RUN_NOSTD` names (to
+/// test another build, e.g. `target/runner/kiln-run-nostd`).
 fn binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("KILN_RUN_NOSTD") {
+            return PathBuf::from(bin);
+        }
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nostd-build");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let out = Command::new(cargo)
