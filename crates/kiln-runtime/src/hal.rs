@@ -1,7 +1,7 @@
 //! The boundary between the runtime and the machine it runs on: placing an executable's
 //! code in executable memory and the helper table its kernels call. With the `std`
-//! feature the runtime brings its own ([`crate::cpu::CpuLoader`]); without it the
-//! embedder implements [`CodeLoader`].
+//! (or `loader-libc`) feature the runtime brings its own ([`crate::cpu::CpuLoader`]);
+//! without it the embedder implements [`CodeLoader`].
 
 use alloc::boxed::Box;
 use alloc::string::String;
@@ -36,7 +36,7 @@ pub trait LoadedImage: Send + Sync {
 #[derive(Debug)]
 pub enum LoadError {
     /// The runtime's own CPU loader failed.
-    #[cfg(feature = "std")]
+    #[cfg(feature = "loader-libc")]
     Cpu(crate::cpu::loader::LoadError),
     /// An embedder's loader failed, with its message.
     Embedder(String),
@@ -45,7 +45,7 @@ pub enum LoadError {
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            #[cfg(feature = "std")]
+            #[cfg(feature = "loader-libc")]
             LoadError::Cpu(e) => write!(f, "{e}"),
             LoadError::Embedder(m) => f.write_str(m),
         }

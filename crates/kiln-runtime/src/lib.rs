@@ -16,7 +16,9 @@
 //! The core is `no_std` + `alloc`. The `std` feature (default) adds the CPU code loader,
 //! host CPU feature detection and [`Module::load`]; without it an embedder passes its
 //! own [`hal::CodeLoader`] to [`Verified::load`] and the host's features to
-//! [`Module::verify`]. The `local-task` feature (default; needs `std`) adds the
+//! [`Module::verify`]. The `loader-libc` feature brings the CPU loader and
+//! [`Module::load`] without std, on the C library alone (`mmap`, `mprotect`, `munmap`,
+//! `sysconf`; CPU features read with `cpuid`/`xgetbv`). The `local-task` feature (default; needs `std`) adds the
 //! multithreaded driver, `Instance::with_threads`.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]

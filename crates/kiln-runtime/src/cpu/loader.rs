@@ -85,7 +85,7 @@ impl fmt::Display for LoadError {
     }
 }
 
-impl std::error::Error for LoadError {}
+impl core::error::Error for LoadError {}
 
 /// Code placed in executable memory.
 #[derive(Debug)]
@@ -104,8 +104,23 @@ unsafe impl Send for LoadedCode {}
 // SAFETY: as above; `&LoadedCode` gives no way to write the memory.
 unsafe impl Sync for LoadedCode {}
 
+#[cfg(feature = "std")]
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// The calling thread's `errno`, read from the C library (Linux; 0 elsewhere).
+#[cfg(not(feature = "std"))]
+fn errno() -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `__errno_location` returns a valid pointer to this thread's errno.
+        unsafe { *libc::__errno_location() }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        0
+    }
 }
 
 fn page_size() -> usize {

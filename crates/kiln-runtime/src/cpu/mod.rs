@@ -2,15 +2,16 @@
 //! kernels call, and the host's CPU features.
 
 pub mod helpers;
-#[cfg(feature = "std")]
+#[cfg(feature = "loader-libc")]
 pub mod loader;
 
-#[cfg(feature = "std")]
+#[cfg(feature = "loader-libc")]
 mod native {
     use super::{helpers, loader};
     use crate::error::RuntimeError;
     use crate::hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
     use crate::module::{LoadedModule, Module};
+    use alloc::boxed::Box;
     use kiln_module::abi::{HelperFn, HELPER_COUNT};
     use kiln_module::program::Reloc;
 
@@ -45,13 +46,81 @@ mod native {
     }
 }
 
-#[cfg(feature = "std")]
+#[cfg(feature = "loader-libc")]
 pub use native::CpuLoader;
 
 /// The CPU features of the machine this runs on, as bits of
-/// [`kiln_module::program::CpuFeature`] (none off x86-64).
-#[cfg(feature = "std")]
+/// [`kiln_module::program::CpuFeature`] (none off x86-64). With `std`, from the
+/// standard library's detection; without it (`loader-libc`), from `cpuid` and `xgetbv`
+/// ([`cpuid_features`]), which reads the same bits.
+#[cfg(feature = "loader-libc")]
 pub fn host_features() -> u64 {
+    #[cfg(feature = "std")]
+    {
+        std_features()
+    }
+    #[cfg(all(not(feature = "std"), target_arch = "x86_64"))]
+    {
+        cpuid_features()
+    }
+    #[cfg(all(not(feature = "std"), not(target_arch = "x86_64")))]
+    {
+        0
+    }
+}
+
+/// The host's CPU features as `cpuid` and `xgetbv` report them, without std: a feature
+/// whose registers the operating system does not save (AVX without XMM and YMM state in
+/// XCR0, AVX-512 without the opmask and ZMM state) counts as absent, as in std's
+/// `is_x86_feature_detected!`.
+#[cfg(target_arch = "x86_64")]
+pub fn cpuid_features() -> u64 {
+    use core::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv, CpuidResult};
+    use kiln_module::program::CpuFeature as F;
+    let bit = |reg: u32, n: u32| reg >> n & 1 == 1;
+    // `cpuid` exists on every x86-64 processor; leaves above the maximum the processor
+    // reports are not read.
+    let (max, max_ext) = (__cpuid(0).eax, __cpuid(0x8000_0000).eax);
+    let l1 = __cpuid(1);
+    let l7 = if max >= 7 { __cpuid_count(7, 0) } else { CpuidResult { eax: 0, ebx: 0, ecx: 0, edx: 0 } };
+    let ext_ecx = if max_ext >= 0x8000_0001 { __cpuid(0x8000_0001).ecx } else { 0 };
+    let mut bits = 0u64;
+    let mut set = |on: bool, f: F| {
+        if on {
+            bits |= f.bit();
+        }
+    };
+    set(bit(l1.edx, 26), F::Sse2);
+    set(bit(l1.ecx, 0), F::Sse3);
+    set(bit(l1.ecx, 9), F::Ssse3);
+    set(bit(l1.ecx, 19), F::Sse41);
+    set(bit(l1.ecx, 20), F::Sse42);
+    set(bit(l1.ecx, 23), F::Popcnt);
+    set(bit(l7.ebx, 3), F::Bmi1);
+    set(bit(l7.ebx, 8), F::Bmi2);
+    set(bit(ext_ecx, 5), F::Lzcnt);
+    // OSXSAVE: the operating system enabled `xgetbv` and says which state it saves.
+    if bit(l1.ecx, 27) {
+        // SAFETY: OSXSAVE is set, so `xgetbv` is enabled; XCR0 is register 0.
+        let xcr0 = unsafe { _xgetbv(0) };
+        if xcr0 & 0x6 == 0x6 {
+            set(bit(l1.ecx, 28), F::Avx);
+            set(bit(l7.ebx, 5), F::Avx2);
+            set(bit(l1.ecx, 12), F::Fma);
+            set(bit(l1.ecx, 29), F::F16c);
+            if xcr0 & 0xe0 == 0xe0 {
+                set(bit(l7.ebx, 16), F::Avx512f);
+                set(bit(l7.ebx, 30), F::Avx512bw);
+                set(bit(l7.ebx, 17), F::Avx512dq);
+                set(bit(l7.ebx, 31), F::Avx512vl);
+            }
+        }
+    }
+    bits
+}
+
+#[cfg(feature = "std")]
+fn std_features() -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
         use kiln_module::program::CpuFeature as F;
@@ -71,5 +140,13 @@ pub fn host_features() -> u64 {
     #[cfg(not(target_arch = "x86_64"))]
     {
         0
+    }
+}
+
+#[cfg(all(test, feature = "std", target_arch = "x86_64"))]
+mod tests {
+    #[test]
+    fn cpuid_reads_what_std_detects() {
+        assert_eq!(super::cpuid_features(), super::std_features());
     }
 }
