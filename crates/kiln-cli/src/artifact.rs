@@ -6,118 +6,62 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage};
-use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
+use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
 use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
 
+use crate::args::Emit;
 use crate::{file_stem, random_tensor, summary, write_stdout, SplitMix};
 
-/// Options shared by compile, run and inspect.
+/// Options shared by compile, run, inspect and bench (built from the command line's
+/// per-command arguments, [`crate::args`]).
 #[derive(Default)]
-struct Args {
-    model: Option<PathBuf>,
-    output: Option<PathBuf>,
-    import: ImportOptions,
-    external_weights: Option<PathBuf>,
-    weights: Option<PathBuf>,
-    strip: bool,
-    to: Option<String>,
-    dump_after: Vec<String>,
-    target: Option<String>,
-    inputs: Vec<(String, PathBuf)>,
-    output_dir: Option<PathBuf>,
-    seed: u64,
-    json: bool,
-    dispatch_graph: bool,
-    list_passes: bool,
-    timings: bool,
-    threads: Option<usize>,
-    warmup: Option<usize>,
-    iterations: Option<usize>,
-    size: bool,
-    profile: bool,
-    samples: Option<PathBuf>,
-    floor: bool,
-    floor_passes: Option<usize>,
-}
-
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut a = Args::default();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().ok_or_else(|| format!("{name} needs a value")),
-            }
-        };
-        match flag {
-            "-o" | "--output" => a.output = Some(PathBuf::from(value(flag)?)),
-            "--input-shape" => a.import.input_shapes.push(parse_input_shape(&value(flag)?)?),
-            "--input-value" => a.import.input_values.push(parse_input_value(&value(flag)?)?),
-            "--external-weights" => a.external_weights = Some(PathBuf::from(value(flag)?)),
-            "--weights" => a.weights = Some(PathBuf::from(value(flag)?)),
-            "--strip" => a.strip = true,
-            "--opt" => {
-                a.size = match value(flag)?.as_str() {
-                    "speed" => false,
-                    "size" => true,
-                    other => return Err(format!("--opt `{other}`: expected speed or size")),
-                }
-            }
-            "--to" => a.to = Some(value(flag)?),
-            "--dump-after" => a.dump_after.push(value(flag)?),
-            "--target-cpu" => a.target = Some(value(flag)?),
-            "--input" => {
-                let v = value(flag)?;
-                let (n, f) = v.rsplit_once('=').ok_or_else(|| format!("--input `{v}`: expected NAME=FILE.npy"))?;
-                a.inputs.push((n.to_string(), PathBuf::from(f)));
-            }
-            "--output-dir" => a.output_dir = Some(PathBuf::from(value(flag)?)),
-            "--seed" => {
-                let v = value(flag)?;
-                a.seed = v.parse().map_err(|_| format!("--seed `{v}` is not a number"))?;
-            }
-            "--json" => a.json = true,
-            "--dispatch-graph" => a.dispatch_graph = true,
-            "--list-passes" => a.list_passes = true,
-            "--timings" => a.timings = true,
-            "--profile" => a.profile = true,
-            "--samples" => a.samples = Some(PathBuf::from(value(flag)?)),
-            "--floor" => a.floor = true,
-            "--floor-passes" => {
-                let v = value(flag)?;
-                a.floor_passes = Some(v.parse().map_err(|_| format!("--floor-passes `{v}` is not a count"))?);
-                a.floor = true;
-            }
-            "--threads" | "--warmup" | "--iterations" => {
-                let v = value(flag)?;
-                let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
-                match flag {
-                    "--threads" if n == 0 => return Err("--threads 0: at least one thread is needed".into()),
-                    "--threads" => a.threads = Some(n),
-                    "--warmup" => a.warmup = Some(n),
-                    _ if n == 0 => return Err("--iterations 0: at least one timed iteration is needed".into()),
-                    _ => a.iterations = Some(n),
-                }
-            }
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}` (kiln --help lists them)")),
-            _ if a.model.is_none() => a.model = Some(PathBuf::from(arg)),
-            _ => return Err(format!("unexpected argument `{arg}`")),
-        }
-    }
-    Ok(a)
+pub(crate) struct Args {
+    pub model: Option<PathBuf>,
+    pub output: Option<PathBuf>,
+    pub import: ImportOptions,
+    pub external_weights: Option<PathBuf>,
+    pub weights: Option<PathBuf>,
+    pub strip: bool,
+    pub to: Option<String>,
+    pub dump_after: Vec<String>,
+    pub target: Option<String>,
+    pub inputs: Vec<(String, PathBuf)>,
+    pub output_dir: Option<PathBuf>,
+    pub seed: u64,
+    pub json: bool,
+    pub dispatch_graph: bool,
+    pub list_passes: bool,
+    pub timings: bool,
+    pub threads: Option<usize>,
+    pub warmup: Option<usize>,
+    pub iterations: Option<usize>,
+    pub size: bool,
+    pub profile: bool,
+    pub samples: Option<PathBuf>,
+    pub floor: bool,
+    pub floor_passes: Option<usize>,
+    pub emit: Emit,
+    pub symbol: Option<String>,
 }
 
 /// Threads `run` and `bench` use: `--threads`, else one per core the system offers.
+/// More threads than cores only contend for them: that is worth a warning on stderr.
 fn threads(a: &Args) -> usize {
-    a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match a.threads {
+        Some(n) if n > cores => {
+            eprintln!(
+                "warning: --threads {n} is more than the {cores} core{} this machine offers; the threads will contend for them",
+                if cores == 1 { "" } else { "s" }
+            );
+            n
+        }
+        Some(n) => n,
+        None => cores,
+    }
 }
 
 fn target(a: &Args) -> Result<CpuTarget, String> {
@@ -167,8 +111,7 @@ fn compile_model(a: &Args, model: &Path) -> Result<kiln_compiler::Compiled, Stri
 }
 
 /// `kiln compile MODEL -o OUT.kiln [...]`.
-pub fn compile_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
     if a.list_passes {
         // Every stage in order, the tensor passes under theirs: the names
         // `--dump-after` takes.
@@ -216,10 +159,20 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
         Some(_) => return write_stdout(&c.text().unwrap_or_default()),
     }
     let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
+    if a.symbol.is_some() && a.emit == Emit::Kiln {
+        return Err("--symbol names the symbol of --emit c-array or --emit object".into());
+    }
     let c = c.finish().map_err(|e| compile_error(&model, &e))?;
     let t_import: std::time::Duration = c.phases.iter().filter(|(s, _)| *s == Stage::Import).map(|(_, d)| *d).sum();
     let t_compile: std::time::Duration = c.phases.iter().filter(|(s, _)| *s != Stage::Import).map(|(_, d)| *d).sum();
-    std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
+    let written: std::borrow::Cow<'_, [u8]> = match a.emit {
+        Emit::Kiln => c.artifact[..].into(),
+        Emit::CArray => {
+            crate::embed::c_array(&c.artifact, &crate::embed::symbol(a.symbol.as_deref(), &out)?).into_bytes().into()
+        }
+        Emit::Object => crate::embed::object(&c.artifact, &crate::embed::symbol(a.symbol.as_deref(), &out)?)?.into(),
+    };
+    std::fs::write(&out, &written).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
     if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
         std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
     }
@@ -362,8 +315,7 @@ fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str
 }
 
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
-pub fn run_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn run_cmd(a: Args) -> Result<(), String> {
     let (bytes, weights, label) = artifact_and_weights(&a)?;
     let t0 = Instant::now();
     let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
@@ -415,8 +367,7 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
 /// `--samples`, each line then holds both times. `--floor-passes N` gives its
 /// arithmetic instead of tuning it. `--profile` times each command of the plan instead
 /// (one thread; see [`profile`]).
-pub fn bench_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
     if a.profile && a.threads.is_some_and(|t| t > 1) {
         return Err("--profile times each command on one thread: leave out --threads (or give 1)".into());
     }
@@ -728,8 +679,7 @@ struct LayoutInfo {
 }
 
 /// `kiln inspect OUT.kiln [--json] [--dispatch-graph]`.
-pub fn inspect_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn inspect_cmd(a: Args) -> Result<(), String> {
     // Verified before it is walked: the listing and the dispatch graph do arithmetic on
     // its offsets and lengths. Weights are not needed to list it.
     let loaded = read_artifact(&a)?;
