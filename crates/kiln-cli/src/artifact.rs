@@ -285,7 +285,13 @@ fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>,
                         ));
                     }
                     let p = model.parent().unwrap_or(Path::new(".")).join(file);
-                    AlignedBytes::read(&p).ok()
+                    let w = AlignedBytes::read(&p).map_err(|e| {
+                        format!(
+                            "{label}: the artifact keeps its weights in a separate file, `{}`, which cannot be read ({e}); name it with --weights FILE",
+                            p.display()
+                        )
+                    })?;
+                    Some(w)
                 }
                 ConstantsView::Embedded(_) => None,
             }
@@ -435,8 +441,8 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
     }
     if let Some(path) = &a.samples {
         let text: String = match fixed {
-            Some(_) => ms.iter().zip(&floor_ms).map(|(t, f)| format!("{t} {f}\n")).collect(),
-            None => ms.iter().map(|t| format!("{t}\n")).collect(),
+            Some(_) => ms.iter().zip(&floor_ms).map(|(t, f)| format!("{} {}\n", json_ms(*t), json_ms(*f))).collect(),
+            None => ms.iter().map(|t| format!("{}\n", json_ms(*t))).collect(),
         };
         std::fs::write(path, text).map_err(|e| format!("--samples {}: {e}", path.display()))?;
     }
@@ -446,17 +452,18 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         let floor = match &fl {
             Some((f, passes)) => format!(
                 ",\"floor_median_ms\":{},\"floor_p99_ms\":{},\"footprint_bytes\":{footprint},\"floor_passes\":{passes}",
-                f.median, f.p99
+                json_ms(f.median),
+                json_ms(f.p99)
             ),
             None => String::new(),
         };
         write_stdout(&format!(
             "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}{floor}}}\n",
             json_str(&label),
-            st.median,
-            st.p99,
-            st.stddev,
-            st.min
+            json_ms(st.median),
+            json_ms(st.p99),
+            json_ms(st.stddev),
+            json_ms(st.min)
         ))
     } else {
         let floor = match &fl {
@@ -549,8 +556,8 @@ fn profile(
                     "{{\"command\":{},\"what\":{},\"median_us\":{},\"estimate_us\":{},\"source\":{}}}",
                     r.command,
                     json_str(&r.what),
-                    r.median_us,
-                    r.est_us.map_or("null".to_string(), |e| e.to_string()),
+                    json_ms(r.median_us),
+                    r.est_us.map_or("null".to_string(), json_ms),
                     json_str(&r.source)
                 )
             })
@@ -712,6 +719,29 @@ fn slot_name(b: &Binding) -> String {
     }
 }
 
+/// A binding as JSON: `{"slot":"arena"|"constants"|"input"|"output","index":I,"offset":O,"bytes":L}`
+/// (`index` for inputs and outputs only).
+fn json_binding(b: &Binding) -> String {
+    let (slot, index) = match b.slot {
+        Slot::Arena => ("arena", None),
+        Slot::Constants => ("constants", None),
+        Slot::Input(i) => ("input", Some(i)),
+        Slot::Output(i) => ("output", Some(i)),
+    };
+    let index = index.map(|i| format!(",\"index\":{i}")).unwrap_or_default();
+    format!("{{\"slot\":\"{slot}\"{index},\"offset\":{},\"bytes\":{}}}", b.offset, b.length)
+}
+
+/// A time in JSON (and `--samples`): rounded to the nanosecond, given milliseconds (or to
+/// the picosecond, given microseconds: finer than any clock here), `null` when not finite.
+fn json_ms(x: f64) -> String {
+    if x.is_finite() {
+        format!("{}", (x * 1e6).round() / 1e6)
+    } else {
+        "null".into()
+    }
+}
+
 fn features(bits: u64) -> Vec<&'static str> {
     CpuFeature::ALL.iter().filter(|f| bits & f.bit() != 0).map(|f| f.name()).collect()
 }
@@ -753,12 +783,14 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             info.sections.iter().map(|(k, n)| format!("{{\"kind\":{},\"bytes\":{n}}}", json_str(k))).collect();
         let _ = write!(s, "\"sections\":[{}],", secs.join(","));
         let f: Vec<String> = features(feats).iter().map(|f| json_str(f)).collect();
-        let _ = write!(
-            s,
-            "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{},",
-            f.join(","),
-            json_str(&constants)
-        );
+        let constants = match &p.constants {
+            kiln_module::program::Constants::Embedded(b) => format!("{{\"embedded\":true,\"bytes\":{}}}", b.len()),
+            kiln_module::program::Constants::External { file, size, hash } => format!(
+                "{{\"embedded\":false,\"bytes\":{size},\"file\":{},\"hash\":\"{hash:016x}\"}}",
+                json_str(file)
+            ),
+        };
+        let _ = write!(s, "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{constants},", f.join(","));
         let mut entries = Vec::new();
         for e in &p.entries {
             let tensors = |ts: &[kiln_module::program::TensorDesc]| -> String {
@@ -783,18 +815,18 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
                         json_str(p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name())),
-                        bindings.iter().map(|b| format!("{}:{}", json_str(&slot_name(b)), b.length)).map(|x| format!("{{{x}}}")).collect::<Vec<_>>().join(",")
+                        bindings.iter().map(json_binding).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
                     Command::Copy { src, dst } => format!(
                         "{{\"op\":\"copy\",\"src\":{},\"dst\":{},\"bytes\":{}}}",
-                        json_str(&slot_name(src)),
-                        json_str(&slot_name(dst)),
+                        json_binding(src),
+                        json_binding(dst),
                         src.length
                     ),
                     Command::Fill { dst, pattern, pattern_len } => format!(
                         "{{\"op\":\"fill\",\"dst\":{},\"bytes\":{},\"pattern\":{pattern},\"pattern_len\":{pattern_len}}}",
-                        json_str(&slot_name(dst)),
+                        json_binding(dst),
                         dst.length
                     ),
                 })
@@ -806,7 +838,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                     format!(
                         "{{\"name\":{},\"at\":{},\"bytes\":{},\"first\":{},\"last\":{}}}",
                         json_str(&b.name),
-                        json_str(&slot_name(&b.binding)),
+                        json_binding(&b.binding),
                         b.binding.length,
                         b.first,
                         b.last
