@@ -1,12 +1,14 @@
 //! `kiln`: the command-line front door.
 //!
-//! - `kiln import MODEL [--input-shape N=DIMS]... [--input-value N=V]...` prints the
-//!   tensor-level IR of a model;
-//! - `kiln eval MODEL [--input N=FILE.npy]... [--output-dir DIR] [--seed S]` runs the
-//!   reference evaluator and writes one `.npy` per output.
+//! The grammar is in [`args`] (clap, derive): `compile`, `run`, `inspect`, `bench`
+//! ([`artifact`]), `import` (the tensor-level IR of a model), `eval` (the reference
+//! evaluator), `conformance`, `list-passes` and `completions`; `kiln CMD --help` describes
+//! each with examples, `kiln --version` prints the compiler, artifact format and kernel ABI
+//! versions.
 //!
 //! MODEL is an ONNX file, or a file in kiln's IR text form (`.kir`).
-//! Errors are one line on stderr and exit status 1.
+//! Errors (kiln's own and usage errors alike) are one line on stderr and exit status 1;
+//! `--help` and `--version` exit 0.
 
 mod args;
 mod artifact;
@@ -32,17 +34,23 @@ fn main() -> ExitCode {
                 let _ = write_stdout(&e.render().to_string());
                 return ExitCode::SUCCESS;
             }
-            // A usage error: one line, like kiln's own errors, and where to look.
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                eprintln!("error: no command given (kiln --help lists the commands)");
+                return ExitCode::FAILURE;
+            }
+            // A usage error: one line, like kiln's own errors, and where to look: the
+            // first paragraph of clap's message (it puts missing arguments on lines of
+            // their own), and the command's --help when the command is known.
             let text = e.render().to_string();
-            // Its first paragraph (clap puts a list of missing arguments on lines of their own).
             let first: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
             let first = first.join(" ");
             let first = first.trim_start_matches("error: ");
-            let cmd: Vec<String> = std::env::args().skip(1).take_while(|a| !a.starts_with('-')).take(1).collect();
-            eprintln!(
-                "error: {first} (kiln {}--help shows the usage)",
-                cmd.iter().map(|c| format!("{c} ")).collect::<String>()
-            );
+            let cmd = std::env::args()
+                .nth(1)
+                .filter(|c| args::Cli::command().find_subcommand(c).is_some())
+                .map(|c| format!("{c} "))
+                .unwrap_or_default();
+            eprintln!("error: {first} (kiln {cmd}--help shows the usage)");
             return ExitCode::FAILURE;
         }
     };

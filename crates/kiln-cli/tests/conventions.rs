@@ -166,7 +166,8 @@ fn version_names_the_formats() {
 fn usage_errors_are_one_line() {
     fails_with(&["compile", "--no-such-option"], &["--no-such-option", "kiln compile --help"]);
     fails_with(&["bench"], &["required", "kiln bench --help"]);
-    fails_with(&["frobnicate"], &["frobnicate"]);
+    fails_with(&["frobnicate"], &["frobnicate", "(kiln --help"]);
+    fails_with(&[], &["no command given"]);
     fails_with(&["compile", LENET, "-o", "x.kiln", "--emit", "elf"], &["--emit", "elf"]);
 }
 
