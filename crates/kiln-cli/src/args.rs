@@ -58,7 +58,8 @@ pub(crate) enum Cmd {
     #[command(after_help = "Examples:\n  \
         kiln bench lenet.kiln --threads 1 --iterations 1000\n  \
         kiln bench lenet.kiln --json\n  \
-        kiln bench resnet50.kiln --profile")]
+        kiln bench resnet50.kiln --profile\n\n\
+        KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.")]
     Bench(BenchArgs),
     /// Print a model's tensor-level IR
     #[command(after_help = "Examples:\n  \
@@ -185,6 +186,7 @@ pub(crate) struct CompileArgs {
 #[derive(Args)]
 pub(crate) struct RunArgs {
     /// The artifact (.kiln) or model (.onnx, .kir)
+    #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// The weights file of an artifact compiled with --external-weights (default: the one beside it)
     #[arg(long, value_name = "FILE")]
@@ -197,7 +199,7 @@ pub(crate) struct RunArgs {
     /// Threads of the local-task driver (default: one per core)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
     pub threads: Option<u64>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
     pub model_args: ModelArgs,
 }
 
@@ -205,6 +207,7 @@ pub(crate) struct RunArgs {
 #[derive(Args)]
 pub(crate) struct InspectArgs {
     /// The artifact (.kiln) or model (.onnx, .kir)
+    #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// Print one JSON object
     #[arg(long)]
@@ -212,7 +215,7 @@ pub(crate) struct InspectArgs {
     /// Print the dispatch DAG as DOT
     #[arg(long = "dispatch-graph")]
     pub dispatch_graph: bool,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
     pub model_args: ModelArgs,
 }
 
@@ -220,6 +223,7 @@ pub(crate) struct InspectArgs {
 #[derive(Args)]
 pub(crate) struct BenchArgs {
     /// The artifact (.kiln) or model (.onnx, .kir)
+    #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// Threads of the local-task driver (default: one per core)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
@@ -250,7 +254,7 @@ pub(crate) struct BenchArgs {
     pub weights: Option<PathBuf>,
     #[command(flatten)]
     pub feed: FeedArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
     pub model_args: ModelArgs,
 }
 

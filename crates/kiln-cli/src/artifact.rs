@@ -248,6 +248,15 @@ fn read_artifact(a: &Args) -> Result<Loaded, String> {
     let model = a.model.clone().ok_or("no artifact or model given (kiln --help shows the usage)")?;
     let label = model.display().to_string();
     if is_artifact(&model) {
+        let given = [
+            (!a.import.input_shapes.is_empty(), "--input-shape"),
+            (!a.import.input_values.is_empty(), "--input-value"),
+            (a.target.is_some(), "--target-cpu"),
+            (a.size, "--opt size"),
+        ];
+        if let Some((_, flag)) = given.iter().find(|(set, _)| *set) {
+            return Err(format!("{flag} applies when compiling a model; `{label}` is an artifact, compiled already"));
+        }
         let bytes = AlignedBytes::read(&model).map_err(|e| format!("cannot read `{label}`: {e}"))?;
         return Ok(Loaded { bytes, compiled_weights: None, label, path: Some(model) });
     }

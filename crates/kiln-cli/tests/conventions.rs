@@ -145,6 +145,7 @@ fn every_command_has_help_with_examples() {
     for cmd in ["run", "inspect"] {
         assert!(ok(&[cmd, "--help"]).contains("--input-shape"), "--input-shape not in {cmd} --help");
     }
+    assert!(ok(&["bench", "--help"]).contains("KILN_PERF_MAP"));
 }
 
 #[test]
@@ -332,6 +333,19 @@ fn missing_weights_name_the_option() {
     ok(&["compile", LENET, "-o", s(&art), "--external-weights", s(&w)]);
     std::fs::remove_file(&w).expect("remove weights");
     fails_with(&["run", s(&art)], &["--weights"]);
+}
+
+#[test]
+fn model_options_given_an_artifact_are_refused() {
+    let dir = scratch("artifact-options");
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    fails_with(&["run", s(&art), "--input-shape", "input=1x1x28x28"], &["--input-shape", "artifact"]);
+    fails_with(&["inspect", s(&art), "--target-cpu", "x86-64-v3"], &["--target-cpu", "artifact"]);
+    // Given the model, they apply.
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", LENET, "--input-shape", "input=1x1x28x28", "--json"])).expect("json");
+    assert_eq!(json["entries"][0]["inputs"][0]["dims"], serde_json::json!([1, 1, 28, 28]));
 }
 
 #[test]
