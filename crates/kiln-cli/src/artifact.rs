@@ -794,10 +794,9 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
         let f: Vec<String> = features(feats).iter().map(|f| json_str(f)).collect();
         let constants = match &p.constants {
             kiln_module::program::Constants::Embedded(b) => format!("{{\"embedded\":true,\"bytes\":{}}}", b.len()),
-            kiln_module::program::Constants::External { file, size, hash } => format!(
-                "{{\"embedded\":false,\"bytes\":{size},\"file\":{},\"hash\":\"{hash:016x}\"}}",
-                json_str(file)
-            ),
+            kiln_module::program::Constants::External { file, size, hash } => {
+                format!("{{\"embedded\":false,\"bytes\":{size},\"file\":{},\"hash\":\"{hash:016x}\"}}", json_str(file))
+            }
         };
         let _ = write!(s, "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{constants},", f.join(","));
         let mut entries = Vec::new();

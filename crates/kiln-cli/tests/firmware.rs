@@ -76,9 +76,7 @@ fn rust_values(artifact: &[u8]) -> (String, Vec<f32>) {
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            (0..t.bytes as usize / 4)
-                .flat_map(|k| (((7 * k + 3 * i) % 17) as f32 / 8.0 - 1.0).to_le_bytes())
-                .collect()
+            (0..t.bytes as usize / 4).flat_map(|k| (((7 * k + 3 * i) % 17) as f32 / 8.0 - 1.0).to_le_bytes()).collect()
         })
         .collect();
     let mut outs: Vec<Vec<u8>> = sig.outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
