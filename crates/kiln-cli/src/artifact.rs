@@ -6,118 +6,62 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage};
-use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
+use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
 use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
 
+use crate::args::Emit;
 use crate::{file_stem, random_tensor, summary, write_stdout, SplitMix};
 
-/// Options shared by compile, run and inspect.
+/// Options shared by compile, run, inspect and bench (built from the command line's
+/// per-command arguments, [`crate::args`]).
 #[derive(Default)]
-struct Args {
-    model: Option<PathBuf>,
-    output: Option<PathBuf>,
-    import: ImportOptions,
-    external_weights: Option<PathBuf>,
-    weights: Option<PathBuf>,
-    strip: bool,
-    to: Option<String>,
-    dump_after: Vec<String>,
-    target: Option<String>,
-    inputs: Vec<(String, PathBuf)>,
-    output_dir: Option<PathBuf>,
-    seed: u64,
-    json: bool,
-    dispatch_graph: bool,
-    list_passes: bool,
-    timings: bool,
-    threads: Option<usize>,
-    warmup: Option<usize>,
-    iterations: Option<usize>,
-    size: bool,
-    profile: bool,
-    samples: Option<PathBuf>,
-    floor: bool,
-    floor_passes: Option<usize>,
-}
-
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut a = Args::default();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().ok_or_else(|| format!("{name} needs a value")),
-            }
-        };
-        match flag {
-            "-o" | "--output" => a.output = Some(PathBuf::from(value(flag)?)),
-            "--input-shape" => a.import.input_shapes.push(parse_input_shape(&value(flag)?)?),
-            "--input-value" => a.import.input_values.push(parse_input_value(&value(flag)?)?),
-            "--external-weights" => a.external_weights = Some(PathBuf::from(value(flag)?)),
-            "--weights" => a.weights = Some(PathBuf::from(value(flag)?)),
-            "--strip" => a.strip = true,
-            "--opt" => {
-                a.size = match value(flag)?.as_str() {
-                    "speed" => false,
-                    "size" => true,
-                    other => return Err(format!("--opt `{other}`: expected speed or size")),
-                }
-            }
-            "--to" => a.to = Some(value(flag)?),
-            "--dump-after" => a.dump_after.push(value(flag)?),
-            "--target-cpu" => a.target = Some(value(flag)?),
-            "--input" => {
-                let v = value(flag)?;
-                let (n, f) = v.rsplit_once('=').ok_or_else(|| format!("--input `{v}`: expected NAME=FILE.npy"))?;
-                a.inputs.push((n.to_string(), PathBuf::from(f)));
-            }
-            "--output-dir" => a.output_dir = Some(PathBuf::from(value(flag)?)),
-            "--seed" => {
-                let v = value(flag)?;
-                a.seed = v.parse().map_err(|_| format!("--seed `{v}` is not a number"))?;
-            }
-            "--json" => a.json = true,
-            "--dispatch-graph" => a.dispatch_graph = true,
-            "--list-passes" => a.list_passes = true,
-            "--timings" => a.timings = true,
-            "--profile" => a.profile = true,
-            "--samples" => a.samples = Some(PathBuf::from(value(flag)?)),
-            "--floor" => a.floor = true,
-            "--floor-passes" => {
-                let v = value(flag)?;
-                a.floor_passes = Some(v.parse().map_err(|_| format!("--floor-passes `{v}` is not a count"))?);
-                a.floor = true;
-            }
-            "--threads" | "--warmup" | "--iterations" => {
-                let v = value(flag)?;
-                let n = v.parse::<usize>().map_err(|_| format!("{flag} `{v}` is not a count"))?;
-                match flag {
-                    "--threads" if n == 0 => return Err("--threads 0: at least one thread is needed".into()),
-                    "--threads" => a.threads = Some(n),
-                    "--warmup" => a.warmup = Some(n),
-                    _ if n == 0 => return Err("--iterations 0: at least one timed iteration is needed".into()),
-                    _ => a.iterations = Some(n),
-                }
-            }
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}` (kiln --help lists them)")),
-            _ if a.model.is_none() => a.model = Some(PathBuf::from(arg)),
-            _ => return Err(format!("unexpected argument `{arg}`")),
-        }
-    }
-    Ok(a)
+pub(crate) struct Args {
+    pub model: Option<PathBuf>,
+    pub output: Option<PathBuf>,
+    pub import: ImportOptions,
+    pub external_weights: Option<PathBuf>,
+    pub weights: Option<PathBuf>,
+    pub strip: bool,
+    pub to: Option<String>,
+    pub dump_after: Vec<String>,
+    pub target: Option<String>,
+    pub inputs: Vec<(String, PathBuf)>,
+    pub output_dir: Option<PathBuf>,
+    pub seed: u64,
+    pub json: bool,
+    pub dispatch_graph: bool,
+    pub list_passes: bool,
+    pub timings: bool,
+    pub threads: Option<usize>,
+    pub warmup: Option<usize>,
+    pub iterations: Option<usize>,
+    pub size: bool,
+    pub profile: bool,
+    pub samples: Option<PathBuf>,
+    pub floor: bool,
+    pub floor_passes: Option<usize>,
+    pub emit: Emit,
+    pub symbol: Option<String>,
 }
 
 /// Threads `run` and `bench` use: `--threads`, else one per core the system offers.
+/// More threads than cores only contend for them: that is worth a warning on stderr.
 fn threads(a: &Args) -> usize {
-    a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match a.threads {
+        Some(n) if n > cores => {
+            eprintln!(
+                "warning: --threads {n} is more than the {cores} core{} this machine offers; the threads will contend for them",
+                if cores == 1 { "" } else { "s" }
+            );
+            n
+        }
+        Some(n) => n,
+        None => cores,
+    }
 }
 
 fn target(a: &Args) -> Result<CpuTarget, String> {
@@ -167,8 +111,7 @@ fn compile_model(a: &Args, model: &Path) -> Result<kiln_compiler::Compiled, Stri
 }
 
 /// `kiln compile MODEL -o OUT.kiln [...]`.
-pub fn compile_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
     if a.list_passes {
         // Every stage in order, the tensor passes under theirs: the names
         // `--dump-after` takes.
@@ -216,10 +159,20 @@ pub fn compile_cmd(args: &[String]) -> Result<(), String> {
         Some(_) => return write_stdout(&c.text().unwrap_or_default()),
     }
     let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
+    if a.symbol.is_some() && a.emit == Emit::Kiln {
+        return Err("--symbol names the symbol of --emit c-array or --emit object".into());
+    }
     let c = c.finish().map_err(|e| compile_error(&model, &e))?;
     let t_import: std::time::Duration = c.phases.iter().filter(|(s, _)| *s == Stage::Import).map(|(_, d)| *d).sum();
     let t_compile: std::time::Duration = c.phases.iter().filter(|(s, _)| *s != Stage::Import).map(|(_, d)| *d).sum();
-    std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
+    let written: std::borrow::Cow<'_, [u8]> = match a.emit {
+        Emit::Kiln => c.artifact[..].into(),
+        Emit::CArray => {
+            crate::embed::c_array(&c.artifact, &crate::embed::symbol(a.symbol.as_deref(), &out)?).into_bytes().into()
+        }
+        Emit::Object => crate::embed::object(&c.artifact, &crate::embed::symbol(a.symbol.as_deref(), &out)?)?.into(),
+    };
+    std::fs::write(&out, &written).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
     if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
         std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
     }
@@ -295,6 +248,15 @@ fn read_artifact(a: &Args) -> Result<Loaded, String> {
     let model = a.model.clone().ok_or("no artifact or model given (kiln --help shows the usage)")?;
     let label = model.display().to_string();
     if is_artifact(&model) {
+        let given = [
+            (!a.import.input_shapes.is_empty(), "--input-shape"),
+            (!a.import.input_values.is_empty(), "--input-value"),
+            (a.target.is_some(), "--target-cpu"),
+            (a.size, "--opt size"),
+        ];
+        if let Some((_, flag)) = given.iter().find(|(set, _)| *set) {
+            return Err(format!("{flag} applies when compiling a model; `{label}` is an artifact, compiled already"));
+        }
         let bytes = AlignedBytes::read(&model).map_err(|e| format!("cannot read `{label}`: {e}"))?;
         return Ok(Loaded { bytes, compiled_weights: None, label, path: Some(model) });
     }
@@ -332,7 +294,13 @@ fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>,
                         ));
                     }
                     let p = model.parent().unwrap_or(Path::new(".")).join(file);
-                    AlignedBytes::read(&p).ok()
+                    let w = AlignedBytes::read(&p).map_err(|e| {
+                        format!(
+                            "{label}: the artifact keeps its weights in a separate file, `{}`, which cannot be read ({e}); name it with --weights FILE",
+                            p.display()
+                        )
+                    })?;
+                    Some(w)
                 }
                 ConstantsView::Embedded(_) => None,
             }
@@ -362,8 +330,7 @@ fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str
 }
 
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
-pub fn run_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn run_cmd(a: Args) -> Result<(), String> {
     let (bytes, weights, label) = artifact_and_weights(&a)?;
     let t0 = Instant::now();
     let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
@@ -415,8 +382,7 @@ pub fn run_cmd(args: &[String]) -> Result<(), String> {
 /// `--samples`, each line then holds both times. `--floor-passes N` gives its
 /// arithmetic instead of tuning it. `--profile` times each command of the plan instead
 /// (one thread; see [`profile`]).
-pub fn bench_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
     if a.profile && a.threads.is_some_and(|t| t > 1) {
         return Err("--profile times each command on one thread: leave out --threads (or give 1)".into());
     }
@@ -484,8 +450,8 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
     }
     if let Some(path) = &a.samples {
         let text: String = match fixed {
-            Some(_) => ms.iter().zip(&floor_ms).map(|(t, f)| format!("{t} {f}\n")).collect(),
-            None => ms.iter().map(|t| format!("{t}\n")).collect(),
+            Some(_) => ms.iter().zip(&floor_ms).map(|(t, f)| format!("{} {}\n", json_ms(*t), json_ms(*f))).collect(),
+            None => ms.iter().map(|t| format!("{}\n", json_ms(*t))).collect(),
         };
         std::fs::write(path, text).map_err(|e| format!("--samples {}: {e}", path.display()))?;
     }
@@ -495,17 +461,18 @@ pub fn bench_cmd(args: &[String]) -> Result<(), String> {
         let floor = match &fl {
             Some((f, passes)) => format!(
                 ",\"floor_median_ms\":{},\"floor_p99_ms\":{},\"footprint_bytes\":{footprint},\"floor_passes\":{passes}",
-                f.median, f.p99
+                json_ms(f.median),
+                json_ms(f.p99)
             ),
             None => String::new(),
         };
         write_stdout(&format!(
             "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}{floor}}}\n",
             json_str(&label),
-            st.median,
-            st.p99,
-            st.stddev,
-            st.min
+            json_ms(st.median),
+            json_ms(st.p99),
+            json_ms(st.stddev),
+            json_ms(st.min)
         ))
     } else {
         let floor = match &fl {
@@ -598,8 +565,8 @@ fn profile(
                     "{{\"command\":{},\"what\":{},\"median_us\":{},\"estimate_us\":{},\"source\":{}}}",
                     r.command,
                     json_str(&r.what),
-                    r.median_us,
-                    r.est_us.map_or("null".to_string(), |e| e.to_string()),
+                    json_ms(r.median_us),
+                    r.est_us.map_or("null".to_string(), json_ms),
                     json_str(&r.source)
                 )
             })
@@ -728,8 +695,7 @@ struct LayoutInfo {
 }
 
 /// `kiln inspect OUT.kiln [--json] [--dispatch-graph]`.
-pub fn inspect_cmd(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+pub(crate) fn inspect_cmd(a: Args) -> Result<(), String> {
     // Verified before it is walked: the listing and the dispatch graph do arithmetic on
     // its offsets and lengths. Weights are not needed to list it.
     let loaded = read_artifact(&a)?;
@@ -759,6 +725,29 @@ fn slot_name(b: &Binding) -> String {
         Slot::Constants => format!("const+{}", b.offset),
         Slot::Input(i) => format!("in{i}+{}", b.offset),
         Slot::Output(i) => format!("out{i}+{}", b.offset),
+    }
+}
+
+/// A binding as JSON: `{"slot":"arena"|"constants"|"input"|"output","index":I,"offset":O,"bytes":L}`
+/// (`index` for inputs and outputs only).
+fn json_binding(b: &Binding) -> String {
+    let (slot, index) = match b.slot {
+        Slot::Arena => ("arena", None),
+        Slot::Constants => ("constants", None),
+        Slot::Input(i) => ("input", Some(i)),
+        Slot::Output(i) => ("output", Some(i)),
+    };
+    let index = index.map(|i| format!(",\"index\":{i}")).unwrap_or_default();
+    format!("{{\"slot\":\"{slot}\"{index},\"offset\":{},\"bytes\":{}}}", b.offset, b.length)
+}
+
+/// A time in JSON (and `--samples`): rounded to the nanosecond, given milliseconds (or to
+/// the picosecond, given microseconds: finer than any clock here), `null` when not finite.
+fn json_ms(x: f64) -> String {
+    if x.is_finite() {
+        format!("{}", (x * 1e6).round() / 1e6)
+    } else {
+        "null".into()
     }
 }
 
@@ -803,12 +792,13 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             info.sections.iter().map(|(k, n)| format!("{{\"kind\":{},\"bytes\":{n}}}", json_str(k))).collect();
         let _ = write!(s, "\"sections\":[{}],", secs.join(","));
         let f: Vec<String> = features(feats).iter().map(|f| json_str(f)).collect();
-        let _ = write!(
-            s,
-            "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{},",
-            f.join(","),
-            json_str(&constants)
-        );
+        let constants = match &p.constants {
+            kiln_module::program::Constants::Embedded(b) => format!("{{\"embedded\":true,\"bytes\":{}}}", b.len()),
+            kiln_module::program::Constants::External { file, size, hash } => {
+                format!("{{\"embedded\":false,\"bytes\":{size},\"file\":{},\"hash\":\"{hash:016x}\"}}", json_str(file))
+            }
+        };
+        let _ = write!(s, "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{constants},", f.join(","));
         let mut entries = Vec::new();
         for e in &p.entries {
             let tensors = |ts: &[kiln_module::program::TensorDesc]| -> String {
@@ -833,18 +823,18 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
                         json_str(p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name())),
-                        bindings.iter().map(|b| format!("{}:{}", json_str(&slot_name(b)), b.length)).map(|x| format!("{{{x}}}")).collect::<Vec<_>>().join(",")
+                        bindings.iter().map(json_binding).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
                     Command::Copy { src, dst } => format!(
                         "{{\"op\":\"copy\",\"src\":{},\"dst\":{},\"bytes\":{}}}",
-                        json_str(&slot_name(src)),
-                        json_str(&slot_name(dst)),
+                        json_binding(src),
+                        json_binding(dst),
                         src.length
                     ),
                     Command::Fill { dst, pattern, pattern_len } => format!(
                         "{{\"op\":\"fill\",\"dst\":{},\"bytes\":{},\"pattern\":{pattern},\"pattern_len\":{pattern_len}}}",
-                        json_str(&slot_name(dst)),
+                        json_binding(dst),
                         dst.length
                     ),
                 })
@@ -856,7 +846,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                     format!(
                         "{{\"name\":{},\"at\":{},\"bytes\":{},\"first\":{},\"last\":{}}}",
                         json_str(&b.name),
-                        json_str(&slot_name(&b.binding)),
+                        json_binding(&b.binding),
                         b.binding.length,
                         b.first,
                         b.last

@@ -1,56 +1,60 @@
 //! `kiln`: the command-line front door.
 //!
-//! - `kiln import MODEL [--input-shape N=DIMS]... [--input-value N=V]...` prints the
-//!   tensor-level IR of a model;
-//! - `kiln eval MODEL [--input N=FILE.npy]... [--output-dir DIR] [--seed S]` runs the
-//!   reference evaluator and writes one `.npy` per output.
+//! The grammar is in [`args`] (clap, derive): `compile`, `run`, `inspect`, `bench`
+//! ([`artifact`]), `import` (the tensor-level IR of a model), `eval` (the reference
+//! evaluator), `conformance`, `list-passes` and `completions`; `kiln CMD --help` describes
+//! each with examples, `kiln --version` prints the compiler, artifact format and kernel ABI
+//! versions.
 //!
 //! MODEL is an ONNX file, or a file in kiln's IR text form (`.kir`).
-//! Errors are one line on stderr and exit status 1.
+//! Errors (kiln's own and usage errors alike) are one line on stderr and exit status 1;
+//! `--help` and `--version` exit 0.
 
+mod args;
 mod artifact;
 mod conformance;
+mod embed;
 mod floor;
 
-use kiln_import::{parse_input_shape, parse_input_value, ImportOptions};
+use args::Cmd;
+use clap::{CommandFactory, Parser};
+use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Graph, Shape, Tensor};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "\
-usage:
-  kiln import MODEL [--input-shape NAME=DIMS]... [--input-value NAME=V[,V...]]... [--passes P,P|default]
-  kiln eval MODEL [--input NAME=FILE.npy]... [--input-shape NAME=DIMS]... [--input-value NAME=V]...
-                  [--output-dir DIR] [--seed N] [--passes P,P|default]
-  kiln compile MODEL -o OUT.kiln [--input-shape NAME=DIMS]... [--input-value NAME=V]...
-                  [--external-weights FILE] [--strip] [--opt speed|size] [--target-cpu host|x86-64-v2|x86-64-v3|x86-64-v4]
-                  [--to tensor|flow|stream|hal] [--dump-after STAGE|PASS]... [--list-passes] [--timings]
-  kiln run ARTIFACT|MODEL [--weights FILE] [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N]
-                  [--threads N]
-  kiln inspect ARTIFACT|MODEL [--json] [--dispatch-graph]
-  kiln bench ARTIFACT|MODEL [--threads N] [--warmup W] [--iterations I] [--json] [--samples FILE] [--floor] [--floor-passes N] [--profile] [--input NAME=FILE.npy]...
-  kiln list-passes
-  kiln conformance DIR [--engine compiled|reference] [--jobs N] [--filter TEXT] [--verbose]
-
-MODEL is an .onnx file or a .kir file (kiln IR text form).
---opt size trades speed for code size (no machine-code kernels, transcendentals through helpers).
---target-cpu (default host) sets the CPU features the code may use; x86-64-v4 adds AVX-512 tiles.
---threads N runs on the local-task driver with N threads (default: one per core).
-bench --profile times each command of the plan on one thread (median, share, the compiler's estimate).
-bench --samples FILE writes every timed call's milliseconds, one line a call, in call order.
-bench --floor times, after every call, fixed work of the call's length and footprint (the machine's own
-  spread) on one thread; with --samples each line holds both times. --floor-passes N fixes its arithmetic.
-KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.
---input-shape binds free input dimensions (e.g. input=1x3x224x224).
---input-value turns an input into a constant (e.g. sr=16000), so what it feeds can fold.
---passes runs tensor-level passes after import (`default`: all, in pipeline order).
-compile --list-passes lists the pipeline's stages and tensor passes; --dump-after NAME prints the IR after one.
-eval without --input for an input feeds seeded random data (--seed, default 0).";
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
+    let cli = match args::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                // Help and version go to stdout; a closed pipe is not an error.
+                let _ = write_stdout(&e.render().to_string());
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                eprintln!("error: no command given (kiln --help lists the commands)");
+                return ExitCode::FAILURE;
+            }
+            // A usage error: one line, like kiln's own errors, and where to look: the
+            // first paragraph of clap's message (it puts missing arguments on lines of
+            // their own), and the command's --help when the command is known.
+            let text = e.render().to_string();
+            let first: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+            let first = first.join(" ");
+            let first = first.trim_start_matches("error: ");
+            let cmd = std::env::args()
+                .nth(1)
+                .filter(|c| args::Cli::command().find_subcommand(c).is_some())
+                .map(|c| format!("{c} "))
+                .unwrap_or_default();
+            eprintln!("error: {first} (kiln {cmd}--help shows the usage)");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -59,127 +63,152 @@ fn main() -> ExitCode {
     }
 }
 
-#[derive(Default)]
-struct Cli {
-    model: Option<PathBuf>,
-    opts: ImportOptions,
-    inputs: Vec<(String, PathBuf)>,
-    output_dir: Option<PathBuf>,
-    seed: u64,
-    passes: Vec<String>,
+/// `--passes`: `default` for every pass in pipeline order, else a comma-separated list.
+fn passes(p: Option<String>) -> Vec<String> {
+    match p.as_deref() {
+        None => Vec::new(),
+        Some("default") => kiln_opt::registry().iter().map(|p| p.name().to_string()).collect(),
+        Some(v) => v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+    }
 }
 
-fn parse_args(args: &[String], allow_eval: bool) -> Result<Cli, String> {
-    let mut cli = Cli::default();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().ok_or_else(|| format!("{name} needs a value")),
-            }
-        };
-        match flag {
-            "--input-shape" => cli.opts.input_shapes.push(parse_input_shape(&value(flag)?)?),
-            "--input-value" => cli.opts.input_values.push(parse_input_value(&value(flag)?)?),
-            "--input" if allow_eval => {
-                let v = value(flag)?;
-                let (n, f) = v.rsplit_once('=').ok_or_else(|| format!("--input `{v}`: expected NAME=FILE.npy"))?;
-                cli.inputs.push((n.to_string(), PathBuf::from(f)));
-            }
-            "--output-dir" if allow_eval => cli.output_dir = Some(PathBuf::from(value(flag)?)),
-            "--seed" if allow_eval => {
-                let v = value(flag)?;
-                cli.seed = v.parse().map_err(|_| format!("--seed `{v}` is not a number"))?;
-            }
-            "--passes" => {
-                let v = value(flag)?;
-                cli.passes = if v == "default" {
-                    kiln_opt::registry().iter().map(|p| p.name().to_string()).collect()
-                } else {
-                    v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
-                };
-            }
-            "-h" | "--help" => {
-                let _ = write_stdout(&format!("{USAGE}\n"));
-                std::process::exit(0);
-            }
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}` (kiln --help lists them)")),
-            _ if cli.model.is_none() => cli.model = Some(PathBuf::from(a)),
-            _ => return Err(format!("unexpected argument `{a}`")),
-        }
-    }
-    if cli.model.is_none() {
-        return Err("no model given (kiln --help shows the usage)".to_string());
-    }
-    Ok(cli)
+fn import_options(b: args::BindArgs) -> ImportOptions {
+    ImportOptions { input_shapes: b.input_shape, input_values: b.input_value }
 }
 
-fn run(args: &[String]) -> Result<(), String> {
-    let Some(cmd) = args.first() else {
-        return Err("no command given (kiln --help shows the usage)".to_string());
+/// The shared options of compile, run, inspect and bench, from one command's arguments.
+fn model_options(a: &mut artifact::Args, m: args::ModelArgs) -> Result<(), String> {
+    a.import = import_options(m.bind);
+    a.target = m.target_cpu;
+    a.size = match m.opt.as_deref() {
+        None | Some("speed") => false,
+        Some("size") => true,
+        Some(other) => return Err(format!("--opt `{other}`: expected speed or size")),
     };
-    match cmd.as_str() {
-        "list-passes" => {
+    Ok(())
+}
+
+/// A count as a `usize` (saturating: no machine holds more of anything).
+fn count(n: Option<u64>) -> Option<usize> {
+    n.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// `--threads`: at least one.
+fn thread_count(n: Option<u64>) -> Result<Option<usize>, String> {
+    match n {
+        Some(0) => Err("--threads 0: at least one thread is needed".into()),
+        n => Ok(count(n)),
+    }
+}
+
+fn run(cmd: Cmd) -> Result<(), String> {
+    match cmd {
+        Cmd::ListPasses => {
             for p in kiln_opt::registry() {
                 write_stdout(&format!("{:<40} {}\n", p.name(), p.summary()))?;
             }
             Ok(())
         }
-        "import" => {
-            let cli = parse_args(&args[1..], false)?;
-            let mut g = load(cli.model.as_deref().unwrap_or(Path::new("")), &cli.opts)?;
-            optimise(&mut g, &cli.passes)?;
+        Cmd::Import(i) => {
+            let mut g = load(&i.model, &import_options(i.bind))?;
+            optimise(&mut g, &passes(i.passes))?;
             write_stdout(&kiln_ir::text::print(&g))
         }
-        "eval" => eval(parse_args(&args[1..], true)?),
-        "compile" => artifact::compile_cmd(&args[1..]),
-        "run" => artifact::run_cmd(&args[1..]),
-        "inspect" => artifact::inspect_cmd(&args[1..]),
-        "bench" => artifact::bench_cmd(&args[1..]),
-        "conformance" => conformance_cmd(&args[1..]),
-        "conformance-case" => conformance_case_cmd(&args[1..]),
-        "-h" | "--help" | "help" => {
-            write_stdout(&format!("{USAGE}\n"))?;
-            Ok(())
+        Cmd::Eval(e) => eval(Eval {
+            model: e.model,
+            opts: import_options(e.bind),
+            inputs: e.feed.input,
+            output_dir: e.output_dir,
+            seed: e.feed.seed,
+            passes: passes(e.passes),
+        }),
+        Cmd::Compile(c) => {
+            let mut a = artifact::Args {
+                model: c.model,
+                output: c.output,
+                external_weights: c.external_weights,
+                strip: c.strip,
+                to: c.to,
+                dump_after: c.dump_after,
+                list_passes: c.list_passes,
+                timings: c.timings,
+                emit: c.emit,
+                symbol: c.symbol,
+                ..Default::default()
+            };
+            model_options(&mut a, c.model_args)?;
+            artifact::compile_cmd(a)
         }
-        other => Err(format!("unknown command `{other}` (kiln --help lists the commands)")),
+        Cmd::Run(r) => {
+            let mut a = artifact::Args {
+                model: Some(r.model),
+                weights: r.weights,
+                inputs: r.feed.input,
+                seed: r.feed.seed,
+                output_dir: r.output_dir,
+                threads: thread_count(r.threads)?,
+                ..Default::default()
+            };
+            model_options(&mut a, r.model_args)?;
+            artifact::run_cmd(a)
+        }
+        Cmd::Inspect(i) => {
+            let mut a = artifact::Args {
+                model: Some(i.model),
+                json: i.json,
+                dispatch_graph: i.dispatch_graph,
+                ..Default::default()
+            };
+            model_options(&mut a, i.model_args)?;
+            artifact::inspect_cmd(a)
+        }
+        Cmd::Bench(b) => {
+            if b.iterations == 0 {
+                return Err("--iterations 0: at least one timed iteration is needed".into());
+            }
+            let mut a = artifact::Args {
+                model: Some(b.model),
+                weights: b.weights,
+                inputs: b.feed.input,
+                seed: b.feed.seed,
+                threads: thread_count(b.threads)?,
+                warmup: Some(b.warmup),
+                iterations: count(Some(b.iterations)),
+                json: b.json,
+                samples: b.samples,
+                floor: b.floor || b.floor_passes.is_some(),
+                floor_passes: b.floor_passes,
+                profile: b.profile,
+                ..Default::default()
+            };
+            model_options(&mut a, b.model_args)?;
+            artifact::bench_cmd(a)
+        }
+        Cmd::Conformance(c) => conformance_cmd(c),
+        Cmd::ConformanceCase { case, engine } => {
+            let o = conformance::run_case_caught(&case, engine_of(engine));
+            write_stdout(&format!("{}\n", conformance::encode(&o)))
+        }
+        Cmd::Completions { shell } => {
+            let mut text = Vec::new();
+            clap_complete::generate(shell, &mut args::Cli::command(), "kiln", &mut text);
+            write_stdout(&String::from_utf8_lossy(&text))
+        }
+    }
+}
+
+fn engine_of(e: args::Engine) -> conformance::Engine {
+    match e {
+        args::Engine::Compiled => conformance::Engine::Compiled,
+        args::Engine::Reference => conformance::Engine::Reference,
     }
 }
 
 /// `kiln conformance DIR`: runs every ONNX node test case under DIR, each in a child
 /// process, `--jobs` at a time (default: the number of CPUs), printing results in order.
-fn conformance_cmd(args: &[String]) -> Result<(), String> {
-    let mut dir = None;
-    let mut filter = String::new();
-    let mut verbose = false;
-    let mut engine = conformance::Engine::Compiled;
-    let mut jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--filter" => filter = it.next().cloned().ok_or("--filter needs a value")?,
-            "--verbose" | "-v" => verbose = true,
-            "--engine" => {
-                engine = match it.next().map(String::as_str) {
-                    Some("compiled") => conformance::Engine::Compiled,
-                    Some("reference") => conformance::Engine::Reference,
-                    other => return Err(format!("--engine {other:?}: expected compiled or reference")),
-                }
-            }
-            "--jobs" | "-j" => {
-                let v = it.next().ok_or("--jobs needs a value")?;
-                jobs = v.parse::<usize>().map_err(|_| format!("--jobs `{v}` is not a number"))?.max(1);
-            }
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}`")),
-            _ => dir = Some(PathBuf::from(a)),
-        }
-    }
-    let dir = dir.ok_or("no directory given (e.g. .cache/onnx-node)")?;
+fn conformance_cmd(c: args::ConformanceArgs) -> Result<(), String> {
+    let (dir, filter, verbose, engine) = (c.dir, c.filter, c.verbose, engine_of(c.engine));
+    let jobs = c.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the kiln binary: {e}"))?;
     let cases: Vec<PathBuf> = conformance::cases(&dir)?
         .into_iter()
@@ -214,18 +243,6 @@ fn conformance_cmd(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `kiln conformance-case CASE [--engine E]`: one case, reported as one line (used by
-/// `kiln conformance`, which runs every case in a process of its own).
-fn conformance_case_cmd(args: &[String]) -> Result<(), String> {
-    let case = args.first().ok_or("no case directory given")?;
-    let engine = match args.get(2).map(String::as_str) {
-        Some("reference") => conformance::Engine::Reference,
-        _ => conformance::Engine::Compiled,
-    };
-    let o = conformance::run_case_caught(Path::new(case), engine);
-    write_stdout(&format!("{}\n", conformance::encode(&o)))
-}
-
 /// Writes to stdout; a closed pipe (`kiln import m.onnx | head`) is not an error.
 pub(crate) fn write_stdout(text: &str) -> Result<(), String> {
     use std::io::Write;
@@ -246,8 +263,18 @@ fn load(path: &Path, opts: &ImportOptions) -> Result<Graph, String> {
     kiln_compiler::import(kiln_compiler::Input::File(path.to_path_buf()), opts).map_err(|e| e.to_string())
 }
 
-fn eval(cli: Cli) -> Result<(), String> {
-    let path = cli.model.clone().unwrap_or_default();
+/// What `kiln eval` runs.
+struct Eval {
+    model: PathBuf,
+    opts: ImportOptions,
+    inputs: Vec<(String, PathBuf)>,
+    output_dir: Option<PathBuf>,
+    seed: u64,
+    passes: Vec<String>,
+}
+
+fn eval(cli: Eval) -> Result<(), String> {
+    let path = cli.model.clone();
     let t0 = Instant::now();
     let mut g = load(&path, &cli.opts)?;
     optimise(&mut g, &cli.passes)?;
@@ -316,21 +343,38 @@ pub(crate) fn file_stem(name: &str) -> String {
     }
 }
 
+/// `min … max … mean … [first four, ...]` of a tensor: integers print as integers and
+/// booleans as `true`/`false` (the mean stays a fraction); NaNs are counted. `kiln-run`
+/// prints the same.
 pub(crate) fn summary(t: &Tensor) -> String {
     let v = t.to_f64_vec();
     if v.is_empty() {
         return "(empty)".into();
     }
+    let dtype = t.ty().dtype;
+    let show = |x: f64| {
+        if dtype == DType::Bool {
+            (x != 0.0).to_string()
+        } else if dtype.is_float() {
+            format!("{x:.6}")
+        } else {
+            format!("{x:.0}")
+        }
+    };
     let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
     for &x in &v {
         lo = lo.min(x);
         hi = hi.max(x);
         sum += x;
     }
-    let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:.6}")).collect();
+    let nans = v.iter().filter(|x| x.is_nan()).count();
+    let head: Vec<String> = v.iter().take(4).map(|&x| show(x)).collect();
     format!(
-        "min {lo:.6} max {hi:.6} mean {:.6} [{}{}]",
+        "min {} max {} mean {:.6}{} [{}{}]",
+        show(lo),
+        show(hi),
         sum / v.len() as f64,
+        if nans > 0 { format!(" nan {nans}") } else { String::new() },
         head.join(", "),
         if v.len() > 4 { ", ..." } else { "" }
     )

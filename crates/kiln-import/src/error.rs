@@ -28,6 +28,17 @@ impl fmt::Display for UnsupportedOp {
     }
 }
 
+/// A graph input whose dimensions are not all known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreeDims {
+    /// The input's name.
+    pub name: String,
+    /// Its declared shape, free dimensions by their names (`?` when unnamed), e.g. `Nx3x224x224`.
+    pub declared: String,
+    /// A `--input-shape` value that binds it: the declared shape with every free dimension 1.
+    pub suggested: String,
+}
+
 /// Why a model could not be imported.
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -68,6 +79,13 @@ pub enum ImportError {
         /// What is wrong.
         message: String,
     },
+    /// Graph inputs with free dimensions and no `--input-shape` (all of them, at once).
+    #[error(
+        "free input dimensions: {}; bind them with --input-shape, e.g. {} (free dimensions set to 1)",
+        .0.iter().map(|f| format!("input `{}` ({})", f.name, f.declared)).collect::<Vec<_>>().join(", "),
+        .0.iter().map(|f| format!("--input-shape {}={}", f.name, f.suggested)).collect::<Vec<_>>().join(" ")
+    )]
+    FreeDims(Vec<FreeDims>),
     /// A tensor (initializer, constant, attribute) could not be decoded.
     #[error("tensor `{name}`: {message}")]
     Tensor {

@@ -21,7 +21,7 @@
 mod error;
 pub mod onnx;
 
-pub use error::{ImportError, UnsupportedOp};
+pub use error::{FreeDims, ImportError, UnsupportedOp};
 
 /// How to import a model.
 #[derive(Clone, Debug, Default)]

@@ -187,9 +187,22 @@ fn values(dtype: u32, data: &[u8]) -> Option<Vec<f64>> {
     })
 }
 
+/// One output as `kiln run` prints it: `NAME: f32[1,10] min … max … mean … [first four, ...]`,
+/// integers as integers and booleans as `true`/`false`, NaNs counted.
 fn summary(t: &TensorView<'_>, data: &[u8]) -> String {
-    let name = DType::from_code(t.dtype).map_or("?", DType::name);
-    let dims = t.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
+    let dtype = DType::from_code(t.dtype);
+    let name = dtype.map_or("?", DType::name);
+    let dims = t.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+    let float = matches!(t.dtype, 1 | 10 | 11 | 16);
+    let show = |x: f64| {
+        if t.dtype == 9 {
+            (x != 0.0).to_string()
+        } else if float {
+            format!("{x:.6}")
+        } else {
+            format!("{x:.0}")
+        }
+    };
     let stats = match values(t.dtype, data) {
         Some(v) if !v.is_empty() => {
             let min = v.iter().copied().fold(f64::INFINITY, f64::min);
@@ -197,12 +210,14 @@ fn summary(t: &TensorView<'_>, data: &[u8]) -> String {
             let mean = v.iter().sum::<f64>() / v.len() as f64;
             let nans = v.iter().filter(|x| x.is_nan()).count();
             let nans = if nans > 0 { format!(" nan {nans}") } else { String::new() };
-            format!("min {min:.6} max {max:.6} mean {mean:.6}{nans}")
+            let head: Vec<String> = v.iter().take(4).map(|&x| show(x)).collect();
+            let more = if v.len() > 4 { ", ..." } else { "" };
+            format!("min {} max {} mean {mean:.6}{nans} [{}{more}]", show(min), show(max), head.join(", "))
         }
-        Some(_) => "empty".to_string(),
+        Some(_) => "(empty)".to_string(),
         None => "(no statistics for this dtype)".to_string(),
     };
-    format!("{} {name} [{dims}] {stats}", t.name)
+    format!("{}: {name}[{dims}] {stats}", t.name)
 }
 
 /// `name` with every character outside `[A-Za-z0-9._-]` replaced by `_`.

@@ -112,8 +112,8 @@ fn runs_on_npy_inputs_and_writes_outputs() {
         Path::new("3"),
     ]);
     assert!(ok, "{stderr}");
-    // y = [1.5, -2, 13]: min -2, max 13, mean 12.5 / 3.
-    assert_eq!(stdout, "out/y:0 f32 [3] min -2.000000 max 13.000000 mean 4.166667\n");
+    // y = [1.5, -2, 13]: min -2, max 13, mean 12.5 / 3; printed as `kiln run` prints it.
+    assert_eq!(stdout, "out/y:0: f32[3] min -2.000000 max 13.000000 mean 4.166667 [1.500000, -2.000000, 13.000000]\n");
     assert!(stderr.starts_with("3 iteration(s) on 3 thread(s): median"), "{stderr}");
     let y = std::fs::read(p("out").join("out_y_0.npy")).expect("output file");
     assert_eq!(y, npy_f32(&[3], &[1.5, -2.0, 13.0]));
@@ -125,7 +125,7 @@ fn random_inputs_when_none_are_given() {
     std::fs::write(d.join("m.kiln"), write_program(&program(None))).expect("write");
     let (ok, out1, err) = kiln_run(&[&d.join("m.kiln")]);
     assert!(ok, "{err}");
-    assert!(out1.starts_with("out/y:0 f32 [3] min "), "{out1}");
+    assert!(out1.starts_with("out/y:0: f32[3] min "), "{out1}");
     let (_, out2, _) = kiln_run(&[&d.join("m.kiln")]);
     assert_eq!(out1, out2, "the seed is fixed");
     let (ok, out3, err) = kiln_run(&[&d.join("m.kiln"), Path::new("--threads"), Path::new("2")]);

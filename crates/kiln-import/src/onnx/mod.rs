@@ -389,6 +389,34 @@ impl Importer {
                 });
             }
         }
+        // Every input with free dimensions and no --input-shape, reported at once.
+        let mut free = Vec::new();
+        for vi in &graph.input {
+            use proto::tensor_shape_proto::dimension::Value as D;
+            let name = vi.name.clone().unwrap_or_default();
+            if self.lookup(&name).is_some() || opts.input_shapes.iter().any(|(n, _)| *n == name) {
+                continue;
+            }
+            let Some(type_proto::Value::TensorType(tt)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+                continue;
+            };
+            let Some(s) = &tt.shape else { continue };
+            let is_free = |d: &proto::tensor_shape_proto::Dimension| !matches!(d.value, Some(D::DimValue(v)) if v >= 0);
+            // A dimension as declared (free ones by name, `?` unnamed), or with free ones as `fill`.
+            let dim = |d: &proto::tensor_shape_proto::Dimension, fill: &str| match &d.value {
+                Some(D::DimValue(v)) if *v >= 0 => v.to_string(),
+                _ if !fill.is_empty() => fill.to_string(),
+                Some(D::DimParam(p)) if !p.is_empty() => p.clone(),
+                _ => "?".to_string(),
+            };
+            if s.dim.iter().any(is_free) {
+                let join = |fill: &str| s.dim.iter().map(|d| dim(d, fill)).collect::<Vec<_>>().join("x");
+                free.push(crate::error::FreeDims { name, declared: join(""), suggested: join("1") });
+            }
+        }
+        if !free.is_empty() {
+            return Err(ImportError::FreeDims(free));
+        }
         for vi in &graph.input {
             let name = vi.name.clone().unwrap_or_default();
             if self.lookup(&name).is_some() {
@@ -471,7 +499,11 @@ impl Importer {
             let shape = Shape::new(dims).map_err(|e| ierr(e.to_string()))?;
             let ty = TensorType::new(dtype, shape);
             let v = match value {
-                Some(vals) => {
+                Some(mut vals) => {
+                    // One value fills the whole input.
+                    if vals.len() == 1 {
+                        vals = vec![vals[0]; ty.shape.numel()];
+                    }
                     if vals.len() != ty.shape.numel() {
                         return Err(ierr(format!(
                             "--input-value gives {} values, type {ty} holds {}",

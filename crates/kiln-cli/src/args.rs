@@ -1,0 +1,322 @@
+//! The command line's grammar: one `clap` (derive) struct per command.
+//!
+//! Values are parsed here where the syntax alone decides (`NAME=DIMS`, counts); checks that
+//! need the model or the artifact stay in the commands.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kiln_import::{parse_input_shape, parse_input_value};
+
+/// `kiln --version`: the compiler, the artifact format it writes and the kernel ABI.
+pub(crate) fn version() -> String {
+    format!(
+        "{} (artifact format {}, kernel ABI {})",
+        env!("CARGO_PKG_VERSION"),
+        kiln_module::format::FORMAT_VERSION,
+        kiln_module::abi::ABI_VERSION
+    )
+}
+
+/// kiln: an ahead-of-time compiler and runtime for ML inference.
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version = version(),
+    about = "kiln: an ahead-of-time compiler and runtime for ML inference",
+    after_help = "MODEL is an .onnx file or a .kir file (kiln IR text form); ARTIFACT is a .kiln file.\n\
+                  Errors are one line on stderr and exit status 1.",
+    disable_help_subcommand = true
+)]
+pub(crate) struct Cli {
+    /// The command.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// Every command.
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Compile a model into a .kiln artifact (or a linkable object or C array)
+    #[command(after_help = "Examples:\n  \
+        kiln compile resnet50.onnx -o resnet50.kiln --input-shape input=1x3x224x224\n  \
+        kiln compile lenet.onnx -o lenet.o --emit object --symbol lenet\n  \
+        kiln compile mlp.onnx --to flow")]
+    Compile(CompileArgs),
+    /// Run an artifact (or a model, compiled in memory) once and summarise its outputs
+    #[command(after_help = "Examples:\n  \
+        kiln run lenet.kiln --input input=digit.npy --output-dir out\n  \
+        kiln run model.onnx --input-shape x=1x16 --seed 3")]
+    Run(RunArgs),
+    /// List an artifact's sections, signature, plan and memory map
+    #[command(after_help = "Examples:\n  \
+        kiln inspect lenet.kiln\n  \
+        kiln inspect lenet.kiln --json\n  \
+        kiln inspect lenet.kiln --dispatch-graph | dot -Tsvg > plan.svg")]
+    Inspect(InspectArgs),
+    /// Time invoke: median, p99, stddev and p99/median of the per-call times
+    #[command(after_help = "Examples:\n  \
+        kiln bench lenet.kiln --threads 1 --iterations 1000\n  \
+        kiln bench lenet.kiln --json\n  \
+        kiln bench resnet50.kiln --profile\n\n\
+        KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.")]
+    Bench(BenchArgs),
+    /// Print a model's tensor-level IR
+    #[command(after_help = "Examples:\n  \
+        kiln import model.onnx --input-shape input=1x3x224x224\n  \
+        kiln import model.onnx --passes default")]
+    Import(ImportArgs),
+    /// Run a model through the reference evaluator
+    #[command(after_help = "Examples:\n  \
+        kiln eval model.onnx --input x=x.npy --output-dir ref\n  \
+        kiln eval model.onnx --seed 7")]
+    Eval(EvalArgs),
+    /// Run ONNX's operator test cases, each in a child process
+    #[command(after_help = "Examples:\n  \
+        kiln conformance .cache/onnx-node\n  \
+        kiln conformance .cache/onnx-node --engine reference --filter conv -v")]
+    Conformance(ConformanceArgs),
+    /// List the tensor-level passes (the names --passes takes)
+    #[command(after_help = "Example:\n  kiln list-passes")]
+    ListPasses,
+    /// Print a shell completion script
+    #[command(after_help = "Examples:\n  \
+        kiln completions bash > /etc/bash_completion.d/kiln\n  \
+        kiln completions zsh > ~/.zfunc/_kiln")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// One conformance case, reported as one line (used by `kiln conformance`)
+    #[command(hide = true)]
+    ConformanceCase {
+        /// The case's directory.
+        case: PathBuf,
+        /// The engine.
+        #[arg(long, value_enum, default_value_t = Engine::Compiled)]
+        engine: Engine,
+    },
+}
+
+/// `--input-shape` and `--input-value`: how a model's inputs are bound at import.
+#[derive(Args, Clone, Default)]
+pub(crate) struct BindArgs {
+    /// Bind free input dimensions, e.g. input=1x3x224x224 (repeatable)
+    #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = parse_input_shape)]
+    pub input_shape: Vec<(String, Vec<usize>)>,
+    /// Make an input a constant, so what it feeds folds; one value fills the input,
+    /// e.g. sr=16000 (repeatable)
+    #[arg(long = "input-value", value_name = "NAME=V[,V...]", value_parser = parse_input_value)]
+    pub input_value: Vec<(String, Vec<f64>)>,
+}
+
+/// Options for compiling a model: `compile`'s, and `run`/`inspect`/`bench`'s when given a model.
+#[derive(Args, Clone, Default)]
+pub(crate) struct ModelArgs {
+    #[command(flatten)]
+    pub bind: BindArgs,
+    /// The CPU features the code may use: host, x86-64-v2, x86-64-v3 or x86-64-v4 (adds AVX-512 tiles)
+    #[arg(long = "target-cpu", value_name = "CPU")]
+    pub target_cpu: Option<String>,
+    /// speed, or size: no machine-code kernels, transcendentals through helpers
+    #[arg(long, value_name = "speed|size")]
+    pub opt: Option<String>,
+}
+
+/// `--input NAME=FILE.npy`, `--seed`.
+#[derive(Args, Clone, Default)]
+pub(crate) struct FeedArgs {
+    /// Feed an input from a .npy file (repeatable; other inputs get seeded random data)
+    #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = parse_feed)]
+    pub input: Vec<(String, PathBuf)>,
+    /// The seed of the random inputs
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// What `kiln compile` writes.
+#[derive(ValueEnum, Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(crate) enum Emit {
+    /// The .kiln artifact.
+    #[default]
+    Kiln,
+    /// C source defining the artifact's bytes as an array and its length.
+    CArray,
+    /// An x86-64 ELF relocatable object holding the artifact in .rodata.
+    Object,
+}
+
+/// `kiln compile`.
+#[derive(Args)]
+pub(crate) struct CompileArgs {
+    /// The model (.onnx or .kir)
+    pub model: Option<PathBuf>,
+    /// The file to write
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub model_args: ModelArgs,
+    /// Keep the constants in FILE, bound to the artifact by size and hash
+    #[arg(long = "external-weights", value_name = "FILE")]
+    pub external_weights: Option<PathBuf>,
+    /// Drop debug information
+    #[arg(long)]
+    pub strip: bool,
+    /// Stop at a level and print its text form: tensor, flow, stream or hal
+    #[arg(long, value_name = "LEVEL")]
+    pub to: Option<String>,
+    /// Print the IR after a pipeline stage or tensor pass (repeatable)
+    #[arg(long = "dump-after", value_name = "STAGE|PASS")]
+    pub dump_after: Vec<String>,
+    /// List the pipeline's stages and tensor passes
+    #[arg(long = "list-passes")]
+    pub list_passes: bool,
+    /// Print each stage's time and how each dispatch's code was generated
+    #[arg(long)]
+    pub timings: bool,
+    /// What to write: the artifact, C source of it, or a linkable object
+    #[arg(long, value_enum, default_value_t = Emit::Kiln)]
+    pub emit: Emit,
+    /// The symbol of --emit c-array/object (default: the output's file stem); NAME_len holds the length
+    #[arg(long, value_name = "NAME")]
+    pub symbol: Option<String>,
+}
+
+/// `kiln run`.
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    /// The artifact (.kiln) or model (.onnx, .kir)
+    #[arg(value_name = "ARTIFACT|MODEL")]
+    pub model: PathBuf,
+    /// The weights file of an artifact compiled with --external-weights (default: the one beside it)
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    #[command(flatten)]
+    pub feed: FeedArgs,
+    /// Write DIR/<output name>.npy for each output
+    #[arg(long = "output-dir", value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Threads of the local-task driver (default: one per core)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    pub threads: Option<u64>,
+    #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
+    pub model_args: ModelArgs,
+}
+
+/// `kiln inspect`.
+#[derive(Args)]
+pub(crate) struct InspectArgs {
+    /// The artifact (.kiln) or model (.onnx, .kir)
+    #[arg(value_name = "ARTIFACT|MODEL")]
+    pub model: PathBuf,
+    /// Print one JSON object
+    #[arg(long)]
+    pub json: bool,
+    /// Print the dispatch DAG as DOT
+    #[arg(long = "dispatch-graph")]
+    pub dispatch_graph: bool,
+    #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
+    pub model_args: ModelArgs,
+}
+
+/// `kiln bench`.
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// The artifact (.kiln) or model (.onnx, .kir)
+    #[arg(value_name = "ARTIFACT|MODEL")]
+    pub model: PathBuf,
+    /// Threads of the local-task driver (default: one per core)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    pub threads: Option<u64>,
+    /// Untimed calls first
+    #[arg(long, value_name = "W", default_value_t = 10)]
+    pub warmup: usize,
+    /// Timed calls
+    #[arg(long, value_name = "I", default_value_t = 100)]
+    pub iterations: u64,
+    /// Print one JSON object
+    #[arg(long)]
+    pub json: bool,
+    /// Write every timed call's milliseconds, one line a call, in call order
+    #[arg(long, value_name = "FILE")]
+    pub samples: Option<PathBuf>,
+    /// Also time fixed work of the call's length and footprint after every call (one thread)
+    #[arg(long)]
+    pub floor: bool,
+    /// Fix --floor's arithmetic at N passes (implies --floor)
+    #[arg(long = "floor-passes", value_name = "N")]
+    pub floor_passes: Option<usize>,
+    /// Time each command of the plan on one thread (median, share, the compiler's estimate)
+    #[arg(long)]
+    pub profile: bool,
+    /// The weights file of an artifact compiled with --external-weights
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    #[command(flatten)]
+    pub feed: FeedArgs,
+    #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
+    pub model_args: ModelArgs,
+}
+
+/// `kiln import`.
+#[derive(Args)]
+pub(crate) struct ImportArgs {
+    /// The model (.onnx or .kir)
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    /// Tensor-level passes to run after import, comma-separated (`default`: all, in pipeline order)
+    #[arg(long, value_name = "P,P|default")]
+    pub passes: Option<String>,
+}
+
+/// `kiln eval`.
+#[derive(Args)]
+pub(crate) struct EvalArgs {
+    /// The model (.onnx or .kir)
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    #[command(flatten)]
+    pub feed: FeedArgs,
+    /// Write DIR/<output name>.npy for each output
+    #[arg(long = "output-dir", value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Tensor-level passes to run after import, comma-separated (`default`: all, in pipeline order)
+    #[arg(long, value_name = "P,P|default")]
+    pub passes: Option<String>,
+}
+
+/// The engine of a conformance run.
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Engine {
+    /// Compile → artifact file → load → run.
+    Compiled,
+    /// The reference evaluator.
+    Reference,
+}
+
+/// `kiln conformance`.
+#[derive(Args)]
+pub(crate) struct ConformanceArgs {
+    /// The directory of ONNX node test cases (e.g. .cache/onnx-node)
+    pub dir: PathBuf,
+    /// The engine
+    #[arg(long, value_enum, default_value_t = Engine::Compiled)]
+    pub engine: Engine,
+    /// Cases at a time (default: the number of CPUs)
+    #[arg(short = 'j', long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Only cases whose name contains TEXT
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    pub filter: String,
+    /// Print passing cases too
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+}
+
+/// `NAME=FILE.npy`.
+fn parse_feed(v: &str) -> Result<(String, PathBuf), String> {
+    let (n, f) = v.rsplit_once('=').ok_or_else(|| format!("`{v}`: expected NAME=FILE.npy"))?;
+    Ok((n.to_string(), PathBuf::from(f)))
+}
