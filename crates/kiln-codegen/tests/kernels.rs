@@ -334,7 +334,7 @@ fn one_executable_many_kernels_and_compile_time() {
     assert_eq!(names, ["softmax", "layernorm", "matmul", "add4d", "chain150"]);
     // The matmul is a contraction microkernel where the host has AVX2+FMA: one
     // workgroup per panel of four rows (16 is a multiple of 4, not of 6).
-    let micro = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+    let micro = avx2_fma();
     assert_eq!(m.workgroups, vec![16, 16, if micro { 4 } else { 16 }, 30, 64]);
     // Every entry runs: the chain against the interpreter.
     let x = random_f32(&[64, 64], 2.0, 8);

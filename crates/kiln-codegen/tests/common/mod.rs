@@ -30,11 +30,31 @@ pub fn microkernel_variants(vl: bool) -> Vec<Config> {
     v
 }
 
+/// Whether this CPU has AVX2 and FMA, which the x86-64-v3 microkernels need.
+pub fn avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+/// Returns from the calling test, saying that it is skipped (and, when given, what is
+/// then not tested), where this CPU lacks AVX2+FMA.
+#[macro_export]
+macro_rules! require_avx2_fma {
+    () => {
+        $crate::require_avx2_fma!("")
+    };
+    ($why:literal) => {
+        if !$crate::common::avx2_fma() {
+            eprintln!(concat!("skipped: this CPU lacks AVX2+FMA", $why));
+            return;
+        }
+    };
+}
+
 /// Every target this machine can run, with and without vectorisation (float
 /// reductions never reassociated, so every result is comparable bit for bit).
 pub fn configs() -> Vec<Config> {
     let mut targets = vec![CpuTarget::X86_64, CpuTarget::X86_64V2];
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+    if avx2_fma() {
         targets.push(CpuTarget::X86_64V3);
     }
     targets.push(CpuTarget::Host);
