@@ -5,16 +5,12 @@ mod common;
 
 use std::time::Instant;
 
-use common::{matmul_sum, random_f32, softmax};
+use common::{matmul_sum, random_f32, row_reduce, softmax};
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{Kernel, KernelBuilder, ReduceOp};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_ir::{DType, Tensor};
 use kiln_runtime::cpu::helpers::HELPERS;
 use kiln_runtime::cpu::loader::LoadedCode;
-
-fn tt(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
-}
 
 fn time(k: &Kernel, inputs: &[&Tensor], opts: &Options) -> f64 {
     let m = compile_with(&classify(&[k]), &CpuTarget::Host, opts).unwrap();
@@ -46,13 +42,7 @@ fn bench() {
     let s = b.add(x, y);
     let add = b.finish(s).unwrap();
 
-    let mut b = KernelBuilder::new("rowsum", vec![a.ty().clone()], tt(DType::F32, &[r]));
-    let i = b.out_index();
-    let k = b.new_var(c as u64);
-    let kv = b.var(k);
-    let l = b.load(0, vec![i[0], kv]);
-    let s = b.reduce(ReduceOp::Sum, vec![k], l);
-    let rowsum = b.finish(s).unwrap();
+    let rowsum = row_reduce("rowsum", a.ty().clone(), DType::F32, ReduceOp::Sum);
 
     let sm_in = random_f32(&[1024, 1024], 4.0, 3);
     let softmax = softmax(1024, 1024);

@@ -208,13 +208,7 @@ fn reassociated_sums() {
     for (op, d) in [(ReduceOp::Sum, DType::I32), (ReduceOp::Max, DType::F32), (ReduceOp::Min, DType::U32)] {
         let c = 37;
         let ct = ScalarType::of_storage(d);
-        let mut b = KernelBuilder::new("exact_vec_reduce", vec![tt(d, &[4, c])], tt(d, &[4]));
-        let i = b.out_index();
-        let k = b.new_var(c as u64);
-        let kv = b.var(k);
-        let l = b.load(0, vec![i[0], kv]);
-        let r = b.reduce(op, vec![k], l);
-        let kern = b.finish(r).unwrap();
+        let kern = row_reduce("exact_vec_reduce", tt(d, &[4, c]), d, op);
         assert!(notes(&kern, &opts).contains("reduce"), "{op:?} {d:?}");
         let sp = specials(d);
         let v: Vec<u64> = (0..4 * c).map(|j| sp[(j * 7 + j / c) % sp.len()]).collect();

@@ -202,16 +202,9 @@ fn reductions_every_type() {
             }
             for cols in [1, 3, 7, 17] {
                 let x = reduce_input(t, cols);
-                let rows = x.shape().dims()[0];
                 let out = if op.is_arg() { DType::I64 } else { t.dtype() };
                 let name = format!("r_{}_{}_{cols}", op.name().replace('.', "_"), t.name());
-                let mut b = KernelBuilder::new(name, vec![x.ty().clone()], tt(out, &[rows]));
-                let i = b.out_index();
-                let j = b.new_var(cols as u64);
-                let jv = b.var(j);
-                let l = b.load(0, vec![i[0], jv]);
-                let r = b.reduce(op, vec![j], l);
-                let k = b.finish(r).unwrap();
+                let k = row_reduce(name, x.ty().clone(), out, op);
                 let cmp = if t.is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min) {
                     Cmp { zero_sign: true, ..EXACT }
                 } else {

@@ -540,6 +540,19 @@ pub fn layernorm(rows: usize, len: usize) -> Kernel {
     b.finish(y).unwrap()
 }
 
+/// `y[i] = op over j of x[i, j]`: a reduction along the last axis of a `[rows, cols]`
+/// input of type `input`, to `[rows]` of `out`.
+pub fn row_reduce(name: impl Into<String>, input: TensorType, out: DType, op: ReduceOp) -> Kernel {
+    let (rows, cols) = (input.shape.dims()[0], input.shape.dims()[1]);
+    let mut b = KernelBuilder::new(name, vec![input], TensorType::new(out, Shape::new(vec![rows]).unwrap()));
+    let i = b.out_index();
+    let j = b.new_var(cols as u64);
+    let jv = b.var(j);
+    let l = b.load(0, vec![i[0], jv]);
+    let r = b.reduce(op, vec![j], l);
+    b.finish(r).unwrap()
+}
+
 /// `softmax(x)` over the last axis of `[rows, len]`.
 pub fn softmax(rows: usize, len: usize) -> Kernel {
     softmax_with(rows, len, UnaryOp::Exp)
