@@ -349,34 +349,16 @@ fn expand_both_ways() {
 #[test]
 fn tile_repeats() {
     let x = ti(DType::I32, &[2, 2], &[1, 2, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[1, 2])],
-        ty(DType::I32, &[2, 4]),
-    );
-    assert_eq!(iv(&r), vec![1, 2, 1, 2, 3, 4, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[2, 1])],
-        ty(DType::I32, &[4, 2]),
-    );
-    assert_eq!(iv(&r), vec![1, 2, 3, 4, 1, 2, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[2, 2])],
-        ty(DType::I32, &[4, 4]),
-    );
-    assert_eq!(iv(&r), vec![1, 2, 1, 2, 3, 4, 3, 4, 1, 2, 1, 2, 3, 4, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[0, 3])],
-        ty(DType::I32, &[0, 6]),
-    );
-    assert_eq!(r.numel(), 0);
+    let cases: [([i64; 2], [usize; 2], Vec<i64>); 4] = [
+        ([1, 2], [2, 4], vec![1, 2, 1, 2, 3, 4, 3, 4]),
+        ([2, 1], [4, 2], vec![1, 2, 3, 4, 1, 2, 3, 4]),
+        ([2, 2], [4, 4], vec![1, 2, 1, 2, 3, 4, 3, 4, 1, 2, 1, 2, 3, 4, 3, 4]),
+        ([0, 3], [0, 6], vec![]),
+    ];
+    for (reps, dims, want) in cases {
+        let r = run1(OpKind::Tile, &[], &[&x, &i64s(&reps)], ty(DType::I32, &dims));
+        assert_eq!(iv(&r), want, "repeats {reps:?}");
+    }
     fails(
         OpKind::Tile,
         &[],
