@@ -190,11 +190,7 @@ fn reassociated_sums() {
     for c in [8, 9, 31, 100, 1000] {
         let mut b = KernelBuilder::new("rowsum", vec![tt(DType::F32, &[3, c])], tt(DType::F32, &[3]));
         let i = b.out_index();
-        let k = b.new_var(c as u64);
-        let kv = b.var(k);
-        let l = b.load(0, vec![i[0], kv]);
-        let ab = b.unary(UnaryOp::Abs, l);
-        let r = b.reduce(ReduceOp::Sum, vec![k], ab);
+        let r = reduce_row(&mut b, 0, i[0], c, ReduceOp::Sum, |b, l| b.unary(UnaryOp::Abs, l));
         let kern = b.finish(r).unwrap();
         assert!(notes(&kern, &opts).contains("reduce"), "c={c}");
         let x = random_f32(&[3, c], 3.0, c as u64);

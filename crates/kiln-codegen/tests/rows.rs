@@ -41,10 +41,7 @@ fn widths() -> Vec<(CpuTarget, &'static str)> {
 fn row_max_gap(rows: usize, len: usize) -> Kernel {
     let mut b = KernelBuilder::new("gap", vec![tt(&[rows, len])], tt(&[rows, len]));
     let o = b.out_index();
-    let m = b.new_var(len as u64);
-    let mv = b.var(m);
-    let xm = b.load(0, vec![o[0], mv]);
-    let mx = b.reduce(ReduceOp::Max, vec![m], xm);
+    let mx = reduce_row(&mut b, 0, o[0], len, ReduceOp::Max, |_, x| x);
     let x = b.load(0, vec![o[0], o[1]]);
     let d = b.sub(mx, x);
     let zero = b.float(ScalarType::F32, 0.0);
@@ -57,11 +54,7 @@ fn row_max_gap(rows: usize, len: usize) -> Kernel {
 fn exp_over_other_sum(rows: usize, len: usize, other: usize) -> Kernel {
     let mut b = KernelBuilder::new("other", vec![tt(&[rows, len]), tt(&[rows, other])], tt(&[rows, len]));
     let o = b.out_index();
-    let s = b.new_var(other as u64);
-    let sv = b.var(s);
-    let ys = b.load(1, vec![o[0], sv]);
-    let e = b.unary(UnaryOp::Exp, ys);
-    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
+    let sum = reduce_row(&mut b, 1, o[0], other, ReduceOp::Sum, |b, y| b.unary(UnaryOp::Exp, y));
     let x = b.load(0, vec![o[0], o[1]]);
     let e = b.unary(UnaryOp::Exp, x);
     let y = b.div(e, sum);
