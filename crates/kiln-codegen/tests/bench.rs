@@ -5,16 +5,12 @@ mod common;
 
 use std::time::Instant;
 
-use common::{matmul_sum, random_f32};
+use common::{matmul_sum, random_f32, row_reduce, softmax};
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
-use kiln_flow::{Kernel, KernelBuilder, ReduceOp, UnaryOp};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_flow::{Kernel, KernelBuilder, ReduceOp};
+use kiln_ir::{DType, Tensor};
 use kiln_runtime::cpu::helpers::HELPERS;
 use kiln_runtime::cpu::loader::LoadedCode;
-
-fn tt(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
-}
 
 fn time(k: &Kernel, inputs: &[&Tensor], opts: &Options) -> f64 {
     let m = compile_with(&classify(&[k]), &CpuTarget::Host, opts).unwrap();
@@ -46,32 +42,10 @@ fn bench() {
     let s = b.add(x, y);
     let add = b.finish(s).unwrap();
 
-    let mut b = KernelBuilder::new("rowsum", vec![a.ty().clone()], tt(DType::F32, &[r]));
-    let i = b.out_index();
-    let k = b.new_var(c as u64);
-    let kv = b.var(k);
-    let l = b.load(0, vec![i[0], kv]);
-    let s = b.reduce(ReduceOp::Sum, vec![k], l);
-    let rowsum = b.finish(s).unwrap();
+    let rowsum = row_reduce("rowsum", a.ty().clone(), DType::F32, ReduceOp::Sum);
 
     let sm_in = random_f32(&[1024, 1024], 4.0, 3);
-    let mut b = KernelBuilder::new("softmax", vec![sm_in.ty().clone()], sm_in.ty().clone());
-    let i = b.out_index();
-    let k1 = b.new_var(1024);
-    let k1v = b.var(k1);
-    let xk = b.load(0, vec![i[0], k1v]);
-    let mx = b.reduce(ReduceOp::Max, vec![k1], xk);
-    let k2 = b.new_var(1024);
-    let k2v = b.var(k2);
-    let xk2 = b.load(0, vec![i[0], k2v]);
-    let d2 = b.sub(xk2, mx);
-    let e2 = b.unary(UnaryOp::Exp, d2);
-    let s = b.reduce(ReduceOp::Sum, vec![k2], e2);
-    let x = b.load(0, i.clone());
-    let d = b.sub(x, mx);
-    let e = b.unary(UnaryOp::Exp, d);
-    let rr = b.div(e, s);
-    let softmax = b.finish(rr).unwrap();
+    let softmax = softmax(1024, 1024);
 
     let n = 256;
     let ma = random_f32(&[n, n], 1.0, 4);

@@ -17,10 +17,6 @@ use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
 use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
-fn avx2_fma() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-}
-
 fn tt(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
 }
@@ -132,10 +128,7 @@ fn matmul(batch: &[usize], m: usize, kk: usize, n: usize, a_t: bool, b_batched: 
 
 #[test]
 fn odd_shapes() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA, so no contraction microkernel can run here");
-        return;
-    }
+    require_avx2_fma!(", so no contraction microkernel can run here");
     for &m in &[1, 2, 5, 6, 7, 13] {
         for &n in &[1, 7, 8, 9, 16, 17, 40, 63, 64, 100, 130] {
             for &k in &[1, 7, 17, 63] {
@@ -171,10 +164,7 @@ fn wide_tiles_where_the_target_has_them() {
 
 #[test]
 fn batched_broadcast_and_transposed() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (batch, m, k, n) in [(vec![3], 7, 17, 20), (vec![2, 3], 6, 9, 8), (vec![2], 13, 130, 33)] {
         for a_t in [false, true] {
             for b_batched in [false, true] {
@@ -300,10 +290,7 @@ fn sigmoid(b: &mut KernelBuilder, v: ExprId) -> ExprId {
 /// path (`check_micro` asserts the contraction path).
 #[test]
 fn epilogue_beyond_the_spare_registers() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for &(m, kk, n) in &[(6, 7, 64), (12, 17, 130), (1, 5, 70)] {
         let a = random_f32(&[m, kk], 1.0, 51);
         let b = random_f32(&[kk, n], 1.0, 52);
@@ -324,10 +311,7 @@ fn epilogue_beyond_the_spare_registers() {
 /// (measured: erf ≤ 2.83 ulp, exp ≤ 0.99 ulp; `tests/math.rs`).
 #[test]
 fn transcendental_epilogues() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (which, lip) in [("gelu", 1.13f32), ("sigmoid", 0.25), ("swish_row_residual", 1.13)] {
         for (m, k, n) in [(1, 5, 9), (1, 40, 70), (7, 33, 61), (12, 8, 16), (128, 64, 40), (9, 20, 150)] {
             // Scale 4: sums spread over [−~30, ~30] (erf saturates, exp clamps at large |v|).
@@ -368,10 +352,7 @@ fn transcendental_epilogues() {
 
 #[test]
 fn fused_epilogues() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for which in ["bias_relu", "clip_row_scale", "residual_max", "neg_abs_sqrt"] {
         for (m, k, n) in [(1, 5, 9), (7, 33, 61), (12, 8, 16), (11, 19, 140)] {
             let mut bias = random_f32(&[n], 1.0, 3);
@@ -401,10 +382,7 @@ fn fused_epilogues() {
 
 #[test]
 fn nan_propagates_through_relu_and_max() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     let (m, k, n) = (3, 4, 75);
     let mut a = random_f32(&[m, k], 1.0, 8).to_vec::<f32>().unwrap();
     a[5] = f32::NAN; // row 1
@@ -462,10 +440,7 @@ fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
 
 #[test]
 fn pointwise_convolutions() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (n, ci, co, h, w) in [(1, 8, 4, 5, 6), (2, 3, 13, 7, 7), (1, 17, 7, 1, 9), (2, 32, 16, 4, 4)] {
         let x = random_f32(&[n, ci, h, w], 4.0, 1);
         let wt = random_f32(&[co, ci, 1, 1], 2.0, 2);
@@ -479,10 +454,7 @@ fn pointwise_convolutions() {
 /// sums go through the output; with twelve rows or more, B packed on the stack.
 #[test]
 fn column_blocks() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (m, k, n) in [(6, 700, 200), (1, 1100, 97), (13, 300, 500), (24, 1024, 64), (16, 400, 100), (20, 300, 72)] {
         let a = random_f32(&[m, k], 1.0, 21);
         let b = random_f32(&[k, n], 1.0, 22);
@@ -501,10 +473,7 @@ fn column_blocks() {
 /// (576 = 4 × 128 + 64).
 #[test]
 fn gathered_convolutions_block_their_flattened_reduction() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (ci, co, oh, ow) in [(64, 27, 14, 14), (40, 6, 7, 9), (3, 8, 10, 12)] {
         let ins = vec![tt(&[ci, 3, 3, oh, ow]), tt(&[co, ci, 3, 3]), tt(&[co])];
         let mut b = KernelBuilder::new("cols_conv", ins, tt(&[1, co, oh, ow]));
@@ -555,10 +524,7 @@ fn conv(n: usize, ci: usize, co: usize, h: usize, w: usize, kh: usize, kw: usize
 
 #[test]
 fn convolutions_and_depthwise() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     // The last three have output rows of 114, 80 and 64 columns: whole 512-bit tiles,
     // then narrower ones (3 and 1 vectors of 16) and a 256-bit tail; at stride 2 the
     // last vector of the last row ends at the input's last element.
@@ -599,10 +565,7 @@ fn convolutions_and_depthwise() {
 /// place: left as it is, it takes the general path, says why, and computes the same.
 #[test]
 fn wider_strides_take_the_general_path() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for s in [3, 4] {
         let k = conv(1, 3, 8, 9, 41, 3, 3, false, s);
         let ins = [random_f32(&[1, 3, 9, 41], 1.0, 61), random_f32(&[8, 3, 3, 3], 1.0, 62), random_f32(&[8], 1.0, 63)];
@@ -621,10 +584,7 @@ fn wider_strides_take_the_general_path() {
 /// an epilogue reading per-column and per-row operands.
 #[test]
 fn column_chunks() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (m, k, n) in [(1, 64, 600), (5, 30, 300), (2, 17, 250)] {
         let a = random_f32(&[m, k], 1.0, 41);
         let b = random_f32(&[k, n], 1.0, 42);
@@ -656,10 +616,7 @@ fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
 /// by tile, or read in place for a batch of 2), a 3×3 convolution.
 #[test]
 fn channel_vector_tiles() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for &(m, kk, n) in &[(64, 7, 49), (64, 1, 1), (96, 17, 9), (80, 64, 13), (64, 5, 63), (128, 33, 7), (64, 300, 50)] {
         for which in ["bias_relu", "clip_row_scale", "residual_max"] {
             let seed = (m * 31 + kk * 7 + n) as u64;

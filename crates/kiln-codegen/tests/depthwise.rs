@@ -22,10 +22,6 @@ use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{interp, BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
-fn avx2_fma() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-}
-
 fn tt(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
 }
@@ -215,10 +211,7 @@ fn border_taps_under_opmasks() {
 
 #[test]
 fn windows_strides_padding_and_widths() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     let mut cases = Vec::new();
     for (h, w) in [(1, 1), (5, 7), (6, 8), (9, 9), (12, 17), (7, 40), (4, 113), (3, 128)] {
         for stride in [[1, 1], [2, 2], [1, 2], [2, 1]] {
@@ -259,10 +252,7 @@ fn windows_strides_padding_and_widths() {
 
 #[test]
 fn max_pools_match_the_interpreter() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     let mut n = 0;
     for (h, w) in [(1, 1), (5, 7), (6, 8), (12, 17), (7, 40), (4, 113), (24, 24)] {
         for stride in [[1, 1], [2, 2], [1, 2]] {
@@ -313,10 +303,7 @@ fn max_pools_match_the_interpreter() {
 
 #[test]
 fn nan_passes_the_clamps() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     let g = Geo { n: 1, c: 2, h: 4, w: 10, win: [3, 3], stride: [1, 1], dil: [1, 1], pad: [1, 1, 1, 1] };
     let mut ins = inputs(g, 3);
     let mut x = ins[0].to_vec::<f32>().unwrap();
@@ -389,10 +376,7 @@ fn average_pool(dims: [usize; 4], kernel: [i64; 2], strides: [i64; 2], pads: [i6
 /// in the interpreter; a sum from +0 cannot be −0, so the two agree).
 #[test]
 fn average_pools_are_windows_with_the_interpreters_bits() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     let mut n = 0;
     for (dims, kernel, strides, pads) in [
         ([1, 3, 35, 35], [3, 3], [1, 1], [1, 1, 1, 1]),

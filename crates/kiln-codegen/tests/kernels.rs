@@ -25,6 +25,10 @@ fn notes(k: &Kernel, opts: &Options) -> String {
     text.lines().take_while(|l| l.starts_with(';')).collect::<Vec<_>>().join("\n")
 }
 
+/// Scalar code (float sums in order).
+const SCALAR: Options = Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false };
+
+/// Vector code (float sums in order).
 const VEC: Options = Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false };
 
 /// `a + b * 2` with `b` broadcast to `a`'s shape.
@@ -122,7 +126,7 @@ fn what_is_vectorised() {
     let n = notes(&matmul(5, 17, 33), &VEC);
     assert!(n.contains("v1 (innermost output loop)"), "{n}");
     // Nothing when switched off, and nothing for f64 or strided loads.
-    assert!(notes(&sm, &Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }).is_empty());
+    assert!(notes(&sm, &SCALAR).is_empty());
     let mut b = KernelBuilder::new("transpose", vec![tt(DType::F32, &[8, 8])], tt(DType::F32, &[8, 8]));
     let i = b.out_index();
     let l = b.load(0, vec![i[1], i[0]]);
@@ -186,11 +190,7 @@ fn reassociated_sums() {
     for c in [8, 9, 31, 100, 1000] {
         let mut b = KernelBuilder::new("rowsum", vec![tt(DType::F32, &[3, c])], tt(DType::F32, &[3]));
         let i = b.out_index();
-        let k = b.new_var(c as u64);
-        let kv = b.var(k);
-        let l = b.load(0, vec![i[0], kv]);
-        let ab = b.unary(UnaryOp::Abs, l);
-        let r = b.reduce(ReduceOp::Sum, vec![k], ab);
+        let r = reduce_row(&mut b, 0, i[0], c, ReduceOp::Sum, |b, l| b.unary(UnaryOp::Abs, l));
         let kern = b.finish(r).unwrap();
         assert!(notes(&kern, &opts).contains("reduce"), "c={c}");
         let x = random_f32(&[3, c], 3.0, c as u64);
@@ -204,13 +204,7 @@ fn reassociated_sums() {
     for (op, d) in [(ReduceOp::Sum, DType::I32), (ReduceOp::Max, DType::F32), (ReduceOp::Min, DType::U32)] {
         let c = 37;
         let ct = ScalarType::of_storage(d);
-        let mut b = KernelBuilder::new("exact_vec_reduce", vec![tt(d, &[4, c])], tt(d, &[4]));
-        let i = b.out_index();
-        let k = b.new_var(c as u64);
-        let kv = b.var(k);
-        let l = b.load(0, vec![i[0], kv]);
-        let r = b.reduce(op, vec![k], l);
-        let kern = b.finish(r).unwrap();
+        let kern = row_reduce("exact_vec_reduce", tt(d, &[4, c]), d, op);
         assert!(notes(&kern, &opts).contains("reduce"), "{op:?} {d:?}");
         let sp = specials(d);
         let v: Vec<u64> = (0..4 * c).map(|j| sp[(j * 7 + j / c) % sp.len()]).collect();
@@ -222,6 +216,29 @@ fn reassociated_sums() {
             .collect();
         check_with(&kern, &[&x], Cmp { zero_sign: true, rtol: 0.0 }, &cfgs);
     }
+}
+
+/// Compiles `k` alone for the host with `opts`, runs all its workgroups on `x` with the
+/// helper `table`, and returns the output's bytes.
+fn run_with_table(k: &Kernel, opts: &Options, table: &[HelperFn; HELPER_COUNT], x: &kiln_ir::Tensor) -> Vec<u8> {
+    let m = compile_with(&classify(&[k]), &CpuTarget::Host, opts).unwrap();
+    let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
+    let entry = code.entry(m.executable.entries[0].1).unwrap();
+    let mut xin = x.bytes().to_vec();
+    let mut out = vec![0u8; k.output.storage_bytes()];
+    let bindings = [xin.as_mut_ptr(), out.as_mut_ptr()];
+    // SAFETY (test): bindings of the kernel's types; a helper table of the ABI.
+    unsafe { entry(bindings.as_ptr(), table.as_ptr(), 0, m.workgroups[0]) };
+    out
+}
+
+/// The runtime's helper table with `f` in place of `which`, an `f32 -> f32` helper.
+fn helpers_with(which: Helper, f: extern "C" fn(f32) -> f32) -> [HelperFn; HELPER_COUNT] {
+    let mut table: [HelperFn; HELPER_COUNT] = HELPERS;
+    // SAFETY (test): an `extern "C" fn(f32) -> f32` stored untyped in an entry the
+    // kernel calls with exactly that signature (the callers pass `f32 -> f32` helpers).
+    table[which as usize] = unsafe { std::mem::transmute::<extern "C" fn(f32) -> f32, HelperFn>(f) };
+    table
 }
 
 static COSH_CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -239,21 +256,10 @@ fn loop_invariant_reductions_run_once_per_row() {
     let (r, c) = (3, 10);
     let k = softmax_with(r, c, UnaryOp::Cosh);
     let x = random_f32(&[r, c], 2.0, 4);
-    let mut table: [HelperFn; HELPER_COUNT] = HELPERS;
-    // SAFETY (test): an `extern "C" fn(f32) -> f32` stored untyped, called by the
-    // kernel with exactly that signature (the CoshF32 entry).
-    table[Helper::CoshF32 as usize] =
-        unsafe { std::mem::transmute::<extern "C" fn(f32) -> f32, HelperFn>(counting_cosh) };
-    for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }, VEC, Options::default()] {
-        let m = compile_with(&classify(&[&k]), &CpuTarget::Host, &opts).unwrap();
-        let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
-        let entry = code.entry(m.executable.entries[0].1).unwrap();
-        let mut xin = x.bytes().to_vec();
-        let mut out = vec![0u8; r * c * 4];
-        let bindings = [xin.as_mut_ptr(), out.as_mut_ptr()];
+    let table = helpers_with(Helper::CoshF32, counting_cosh);
+    for opts in [SCALAR, VEC, Options::default()] {
         COSH_CALLS.store(0, Ordering::SeqCst);
-        // SAFETY (test): bindings of the kernel's types; a helper table of the ABI.
-        unsafe { entry(bindings.as_ptr(), table.as_ptr(), 0, m.workgroups[0]) };
+        let out = run_with_table(&k, &opts, &table, &x);
         assert_eq!(COSH_CALLS.load(Ordering::SeqCst), 2 * r * c, "{opts:?}");
         let want = kiln_flow::interp::run(&k, &[&x]).unwrap();
         let tol = if opts.reassociate { 1e-6 } else { 0.0 };
@@ -279,22 +285,10 @@ fn shared_nodes_evaluated_once() {
     let a = b.mul(e, e);
     let s = b.add(a, e);
     let k = b.finish(s).unwrap();
-    let mut table: [HelperFn; HELPER_COUNT] = HELPERS;
-    // SAFETY (test): an `extern "C" fn(f32) -> f32` in the TanhF32 entry, which the
-    // kernel calls with that signature.
-    table[Helper::TanhF32 as usize] =
-        unsafe { std::mem::transmute::<extern "C" fn(f32) -> f32, HelperFn>(counting_tanh) };
-    for opts in [Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }, VEC] {
-        let m = compile_with(&classify(&[&k]), &CpuTarget::Host, &opts).unwrap();
-        let code = LoadedCode::load(&m.executable.code, &m.executable.relocs).unwrap();
-        let entry = code.entry(m.executable.entries[0].1).unwrap();
-        let xin = random_f32(&[6], 1.0, 3);
-        let mut xb = xin.bytes().to_vec();
-        let mut out = vec![0u8; 24];
-        let bindings = [xb.as_mut_ptr(), out.as_mut_ptr()];
+    let table = helpers_with(Helper::TanhF32, counting_tanh);
+    for opts in [SCALAR, VEC] {
         TANH_CALLS.store(0, Ordering::SeqCst);
-        // SAFETY (test): bindings of the kernel's types; a helper table of the ABI.
-        unsafe { entry(bindings.as_ptr(), table.as_ptr(), 0, 1) };
+        run_with_table(&k, &opts, &table, &random_f32(&[6], 1.0, 3));
         assert_eq!(TANH_CALLS.load(Ordering::SeqCst), 6, "{opts:?}");
     }
 }
@@ -334,7 +328,7 @@ fn one_executable_many_kernels_and_compile_time() {
     assert_eq!(names, ["softmax", "layernorm", "matmul", "add4d", "chain150"]);
     // The matmul is a contraction microkernel where the host has AVX2+FMA: one
     // workgroup per panel of four rows (16 is a multiple of 4, not of 6).
-    let micro = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+    let micro = avx2_fma();
     assert_eq!(m.workgroups, vec![16, 16, if micro { 4 } else { 16 }, 30, 64]);
     // Every entry runs: the chain against the interpreter.
     let x = random_f32(&[64, 64], 2.0, 8);

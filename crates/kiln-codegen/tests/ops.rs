@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kiln_flow::{BinaryOp, Bounds, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_flow::{BinaryOp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 const TYPES: [ScalarType; 11] = ScalarType::ALL;
@@ -28,6 +28,15 @@ const STORAGE: [DType; 13] = [
 
 fn tt(d: DType, dims: &[usize]) -> TensorType {
     TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
+}
+
+/// `y[i] = cast(x[i])` to `to` (saturating where `saturate`), `x` one-dimensional.
+fn cast_kernel(name: impl Into<String>, x: &Tensor, to: DType, saturate: bool) -> Kernel {
+    let mut b = KernelBuilder::new(name, vec![x.ty().clone()], tt(to, &[x.numel()]));
+    let i = b.out_index();
+    let l = b.load(0, i);
+    let c = b.cast(l, to, saturate);
+    b.finish(c).unwrap()
 }
 
 fn values(d: DType) -> Tensor {
@@ -146,13 +155,7 @@ fn casts_every_pair() {
     for from in STORAGE {
         for to in STORAGE {
             let x = values(from);
-            let n = x.numel();
-            let mut b =
-                KernelBuilder::new(format!("c_{}_{}", from.name(), to.name()), vec![x.ty().clone()], tt(to, &[n]));
-            let i = b.out_index();
-            let l = b.load(0, i);
-            let r = b.cast(l, to, true);
-            let k = b.finish(r).unwrap();
+            let k = cast_kernel(format!("c_{}_{}", from.name(), to.name()), &x, to, true);
             check(&k, &[&x], EXACT);
             count += 1;
         }
@@ -199,16 +202,9 @@ fn reductions_every_type() {
             }
             for cols in [1, 3, 7, 17] {
                 let x = reduce_input(t, cols);
-                let rows = x.shape().dims()[0];
                 let out = if op.is_arg() { DType::I64 } else { t.dtype() };
                 let name = format!("r_{}_{}_{cols}", op.name().replace('.', "_"), t.name());
-                let mut b = KernelBuilder::new(name, vec![x.ty().clone()], tt(out, &[rows]));
-                let i = b.out_index();
-                let j = b.new_var(cols as u64);
-                let jv = b.var(j);
-                let l = b.load(0, vec![i[0], jv]);
-                let r = b.reduce(op, vec![j], l);
-                let k = b.finish(r).unwrap();
+                let k = row_reduce(name, x.ty().clone(), out, op);
                 let cmp = if t.is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min) {
                     Cmp { zero_sign: true, ..EXACT }
                 } else {
@@ -504,12 +500,7 @@ fn narrow_float_rounding() {
         ];
         for (src, bits) in sources {
             let x = tensor_bits(src, &[bits.len()], &bits);
-            let n = x.numel();
-            let mut b = KernelBuilder::new("round_narrow", vec![x.ty().clone()], tt(d, &[n]));
-            let i = b.out_index();
-            let l = b.load(0, i);
-            let c = b.cast(l, d, true);
-            let k = b.finish(c).unwrap();
+            let k = cast_kernel("round_narrow", &x, d, true);
             let want: Vec<u16> = bits
                 .iter()
                 .map(|&b| {
@@ -569,11 +560,7 @@ fn f8_load_cast_store() {
         }
         let x = tensor_bits(DType::F32, &[v.len()], &v);
         for sat in [true, false] {
-            let mut b = KernelBuilder::new("f8_cast", vec![x.ty().clone()], tt(d, &[v.len()]));
-            let i = b.out_index();
-            let l = b.load(0, i);
-            let c = b.cast(l, d, sat);
-            let k = b.finish(c).unwrap();
+            let k = cast_kernel("f8_cast", &x, d, sat);
             check(&k, &[&x], EXACT);
         }
         // An f32 value stored without a cast rounds as a non-saturating cast would.
@@ -603,12 +590,7 @@ fn int4_load_cast_store() {
         check(&k, &[&x], EXACT);
         for from in [DType::F32, DType::F64, DType::I8, DType::I32, DType::I64, DType::U64, DType::I4] {
             let src = if from == DType::I4 { x.clone() } else { values(from) };
-            let m = src.numel();
-            let mut b = KernelBuilder::new("i4_cast", vec![src.ty().clone()], tt(d, &[m]));
-            let i = b.out_index();
-            let l = b.load(0, i);
-            let c = b.cast(l, d, true);
-            let k = b.finish(c).unwrap();
+            let k = cast_kernel("i4_cast", &src, d, true);
             check(&k, &[&src], EXACT);
         }
     }

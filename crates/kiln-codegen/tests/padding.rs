@@ -37,10 +37,7 @@ fn padding(in_dims: &[usize], out_dims: &[usize], shift: &[i64], value: f32) -> 
 
 #[test]
 fn paddings_match_the_interpreter() {
-    if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
-        eprintln!("skipped: this CPU lacks AVX2+FMA, so the padding kernel is not used");
-        return;
-    }
+    require_avx2_fma!(", so the padding kernel is not used");
     let cases: Vec<(Vec<usize>, Vec<usize>, Vec<i64>, f32)> = vec![
         (vec![1, 3, 5, 6], vec![1, 3, 7, 8], vec![0, 0, -1, -1], 0.0),
         (vec![2, 4, 9, 70], vec![2, 4, 13, 74], vec![0, 0, -2, -2], 0.0),
@@ -80,10 +77,7 @@ fn copy(in_len: usize, out_dims: &[usize], coef: &[i64], c: i64) -> Kernel {
 
 #[test]
 fn affine_copies_match_the_interpreter() {
-    if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
-        eprintln!("skipped: this CPU lacks AVX2+FMA, so the copy kernel is not used");
-        return;
-    }
+    require_avx2_fma!(", so the copy kernel is not used");
     // (output dims, coefficients per output dim, constant); the input is sized to the
     // largest offset read.
     let mut cases: Vec<(Vec<usize>, Vec<i64>, i64)> = vec![

@@ -20,10 +20,6 @@ use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{interp, BinaryOp, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
-fn avx2_fma() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-}
-
 fn tt(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
 }
@@ -45,10 +41,7 @@ fn widths() -> Vec<(CpuTarget, &'static str)> {
 fn row_max_gap(rows: usize, len: usize) -> Kernel {
     let mut b = KernelBuilder::new("gap", vec![tt(&[rows, len])], tt(&[rows, len]));
     let o = b.out_index();
-    let m = b.new_var(len as u64);
-    let mv = b.var(m);
-    let xm = b.load(0, vec![o[0], mv]);
-    let mx = b.reduce(ReduceOp::Max, vec![m], xm);
+    let mx = reduce_row(&mut b, 0, o[0], len, ReduceOp::Max, |_, x| x);
     let x = b.load(0, vec![o[0], o[1]]);
     let d = b.sub(mx, x);
     let zero = b.float(ScalarType::F32, 0.0);
@@ -61,11 +54,7 @@ fn row_max_gap(rows: usize, len: usize) -> Kernel {
 fn exp_over_other_sum(rows: usize, len: usize, other: usize) -> Kernel {
     let mut b = KernelBuilder::new("other", vec![tt(&[rows, len]), tt(&[rows, other])], tt(&[rows, len]));
     let o = b.out_index();
-    let s = b.new_var(other as u64);
-    let sv = b.var(s);
-    let ys = b.load(1, vec![o[0], sv]);
-    let e = b.unary(UnaryOp::Exp, ys);
-    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
+    let sum = reduce_row(&mut b, 1, o[0], other, ReduceOp::Sum, |b, y| b.unary(UnaryOp::Exp, y));
     let x = b.load(0, vec![o[0], o[1]]);
     let e = b.unary(UnaryOp::Exp, x);
     let y = b.div(e, sum);
@@ -138,10 +127,7 @@ fn assert_close(got: &[Vec<f32>], want: &[f32], close: impl Fn(f32, f32) -> bool
 
 #[test]
 fn softmax_rows() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (target, kind) in widths() {
         for (rows, len) in [(1, 8), (3, 9), (5, 13), (2, 16), (4, 64), (7, 100), (2, 128), (3, 130)] {
             let k = softmax(rows, len);
@@ -155,10 +141,7 @@ fn softmax_rows() {
 
 #[test]
 fn layernorm_rows() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (target, kind) in widths() {
         for (rows, len) in [(1, 8), (3, 11), (6, 64), (5, 129), (2, 256)] {
             let k = layernorm(rows, len);
@@ -173,10 +156,7 @@ fn layernorm_rows() {
 
 #[test]
 fn row_values_and_nan() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for target in widths() {
         // Row 1's NaN in the masked tail of both widths, then in a full vector.
         for (rows, len, at) in [(3, 21, 20), (3, 37, 5)] {
@@ -198,10 +178,7 @@ fn row_values_and_nan() {
 
 #[test]
 fn sums_of_other_operands_keep_nothing() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     // Another input of the same length, then the same input's shape but another length.
     for (target, kind) in widths() {
         for (rows, len, other) in [(3, 37, 37), (2, 64, 64), (3, 37, 20), (2, 16, 64)] {
@@ -217,10 +194,7 @@ fn sums_of_other_operands_keep_nothing() {
 
 #[test]
 fn exact_division_without_reassociation() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     // Without leave to reassociate, a kernel with a sum is the general generator's, and a
     // division stays a division.
     let exact = Options { reassociate: false, ..Options::default() };
@@ -234,10 +208,7 @@ fn exact_division_without_reassociation() {
 
 #[test]
 fn elementwise_transcendentals_match_the_general_path() {
-    if !avx2_fma() {
-        eprintln!("skipped: this CPU lacks AVX2+FMA");
-        return;
-    }
+    require_avx2_fma!();
     for (target, kind) in widths() {
         let general = Config { target, options: Options { contraction_kernels: false, ..Options::default() } };
         for what in ["sigmoid", "gelu", "mixed"] {

@@ -240,18 +240,9 @@ fn logical_and_bitwise() {
     assert_eq!(r.to_i64_vec().unwrap(), vec![250, 255]);
     let p = ti(DType::I32, &[2], &[12, -1]);
     let q = ti(DType::I32, &[2], &[10, 7]);
-    assert_eq!(
-        run1(OpKind::BitwiseAnd, &[], &[&p, &q], ty(DType::I32, &[2])).to_i64_vec().unwrap(),
-        vec![8, 7]
-    );
-    assert_eq!(
-        run1(OpKind::BitwiseOr, &[], &[&p, &q], ty(DType::I32, &[2])).to_i64_vec().unwrap(),
-        vec![14, -1]
-    );
-    assert_eq!(
-        run1(OpKind::BitwiseXor, &[], &[&p, &q], ty(DType::I32, &[2])).to_i64_vec().unwrap(),
-        vec![6, -8]
-    );
+    for (op, want) in [(OpKind::BitwiseAnd, [8, 7]), (OpKind::BitwiseOr, [14, -1]), (OpKind::BitwiseXor, [6, -8])] {
+        assert_eq!(run1(op, &[], &[&p, &q], ty(DType::I32, &[2])).to_i64_vec().unwrap(), want, "{op:?}");
+    }
     let i4 = ti(DType::I4, &[2], &[5, -8]);
     let r = run1(OpKind::BitwiseNot, &[], &[&i4], ty(DType::I4, &[2]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![-6, 7]);
@@ -304,28 +295,14 @@ fn variadic_max_min_sum_mean() {
     // Integers: exact, unsigned compares, truncated mean.
     let p = ti(DType::I32, &[2], &[1, -1]);
     let q = ti(DType::I32, &[2], &[2, -2]);
-    assert_eq!(
-        run1(OpKind::Mean, &[], &[&p, &q], ty(DType::I32, &[2])).to_i64_vec().unwrap(),
-        vec![1, -1]
-    );
-    assert_eq!(
-        run1(OpKind::Max, &[], &[&p, &q], ty(DType::I32, &[2])).to_i64_vec().unwrap(),
-        vec![2, -1]
-    );
+    for (op, want) in [(OpKind::Mean, [1, -1]), (OpKind::Max, [2, -1])] {
+        assert_eq!(run1(op, &[], &[&p, &q], ty(DType::I32, &[2])).to_i64_vec().unwrap(), want, "{op:?}");
+    }
     let u = t(&[2], &[u64::MAX, 3]);
     let v = t(&[2], &[1u64, 4]);
-    assert_eq!(
-        run1(OpKind::Max, &[], &[&u, &v], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(),
-        vec![u64::MAX, 4]
-    );
-    assert_eq!(
-        run1(OpKind::Min, &[], &[&u, &v], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(),
-        vec![1, 3]
-    );
-    assert_eq!(
-        run1(OpKind::Mean, &[], &[&u, &v], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(),
-        vec![u64::MAX / 2 + 1, 3]
-    );
+    for (op, want) in [(OpKind::Max, [u64::MAX, 4]), (OpKind::Min, [1, 3]), (OpKind::Mean, [u64::MAX / 2 + 1, 3])] {
+        assert_eq!(run1(op, &[], &[&u, &v], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(), want, "{op:?}");
+    }
 }
 
 #[test]

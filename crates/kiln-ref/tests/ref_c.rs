@@ -349,34 +349,16 @@ fn expand_both_ways() {
 #[test]
 fn tile_repeats() {
     let x = ti(DType::I32, &[2, 2], &[1, 2, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[1, 2])],
-        ty(DType::I32, &[2, 4]),
-    );
-    assert_eq!(iv(&r), vec![1, 2, 1, 2, 3, 4, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[2, 1])],
-        ty(DType::I32, &[4, 2]),
-    );
-    assert_eq!(iv(&r), vec![1, 2, 3, 4, 1, 2, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[2, 2])],
-        ty(DType::I32, &[4, 4]),
-    );
-    assert_eq!(iv(&r), vec![1, 2, 1, 2, 3, 4, 3, 4, 1, 2, 1, 2, 3, 4, 3, 4]);
-    let r = run1(
-        OpKind::Tile,
-        &[],
-        &[&x, &i64s(&[0, 3])],
-        ty(DType::I32, &[0, 6]),
-    );
-    assert_eq!(r.numel(), 0);
+    let cases: [([i64; 2], [usize; 2], Vec<i64>); 4] = [
+        ([1, 2], [2, 4], vec![1, 2, 1, 2, 3, 4, 3, 4]),
+        ([2, 1], [4, 2], vec![1, 2, 3, 4, 1, 2, 3, 4]),
+        ([2, 2], [4, 4], vec![1, 2, 1, 2, 3, 4, 3, 4, 1, 2, 1, 2, 3, 4, 3, 4]),
+        ([0, 3], [0, 6], vec![]),
+    ];
+    for (reps, dims, want) in cases {
+        let r = run1(OpKind::Tile, &[], &[&x, &i64s(&reps)], ty(DType::I32, &dims));
+        assert_eq!(iv(&r), want, "repeats {reps:?}");
+    }
     fails(
         OpKind::Tile,
         &[],
@@ -1394,57 +1376,25 @@ fn scatter_elements_reductions() {
     assert_eq!(run_red("max"), vec![1., 2.1, 3., 4., 5.]);
     assert_eq!(run_red("min"), vec![1., 1.1, 3., 4., 5.]);
     assert_eq!(run_red("none"), vec![1., 2.1, 3., 4., 5.]);
-    // Integer reductions: i8 wraps, u8 compares unsigned.
-    let xi = ti(DType::I8, &[2], &[100, -5]);
+    // Integer reductions: i8 wraps, u8 compares unsigned; bool add is or, mul is and.
     let ii = ti(DType::I64, &[3], &[0, 0, 1]);
-    let ui = ti(DType::I8, &[3], &[20, 10, 3]);
-    let r = run1(
-        OpKind::ScatterElements,
-        &[("reduction", s("add"))],
-        &[&xi, &ii, &ui],
-        ty(DType::I8, &[2]),
-    );
-    assert_eq!(iv(&r), vec![-126, -2]);
-    let r = run1(
-        OpKind::ScatterElements,
-        &[("reduction", s("mul"))],
-        &[&xi, &ii, &ui],
-        ty(DType::I8, &[2]),
-    );
-    assert_eq!(iv(&r), vec![(100i32 * 20 * 10) as i8 as i64, -15]);
-    let xu = ti(DType::U8, &[2], &[100, 7]);
-    let uu = ti(DType::U8, &[3], &[200, 50, 3]);
-    let r = run1(
-        OpKind::ScatterElements,
-        &[("reduction", s("max"))],
-        &[&xu, &ii, &uu],
-        ty(DType::U8, &[2]),
-    );
-    assert_eq!(iv(&r), vec![200, 7]);
-    let r = run1(
-        OpKind::ScatterElements,
-        &[("reduction", s("min"))],
-        &[&xu, &ii, &uu],
-        ty(DType::U8, &[2]),
-    );
-    assert_eq!(iv(&r), vec![50, 3]);
-    // Bool add is or, mul is and.
-    let xb = ti(DType::Bool, &[2], &[0, 1]);
-    let ub = ti(DType::Bool, &[3], &[1, 1, 0]);
-    let r = run1(
-        OpKind::ScatterElements,
-        &[("reduction", s("add"))],
-        &[&xb, &ii, &ub],
-        ty(DType::Bool, &[2]),
-    );
-    assert_eq!(iv(&r), vec![1, 1]);
-    let r = run1(
-        OpKind::ScatterElements,
-        &[("reduction", s("mul"))],
-        &[&xb, &ii, &ub],
-        ty(DType::Bool, &[2]),
-    );
-    assert_eq!(iv(&r), vec![0, 0]);
+    let int_cases: [(DType, [i64; 2], [i64; 3], &str, [i64; 2]); 6] = [
+        (DType::I8, [100, -5], [20, 10, 3], "add", [-126, -2]),
+        (DType::I8, [100, -5], [20, 10, 3], "mul", [(100i32 * 20 * 10) as i8 as i64, -15]),
+        (DType::U8, [100, 7], [200, 50, 3], "max", [200, 7]),
+        (DType::U8, [100, 7], [200, 50, 3], "min", [50, 3]),
+        (DType::Bool, [0, 1], [1, 1, 0], "add", [1, 1]),
+        (DType::Bool, [0, 1], [1, 1, 0], "mul", [0, 0]),
+    ];
+    for (d, x, upd, red, want) in int_cases {
+        let r = run1(
+            OpKind::ScatterElements,
+            &[("reduction", s(red))],
+            &[&ti(d, &[2], &x), &ii, &ti(d, &[3], &upd)],
+            ty(d, &[2]),
+        );
+        assert_eq!(iv(&r), want, "{d:?} {red}");
+    }
     // f16 adds round after each step: 2048 + 1 + 1 stays 2048 (ties to even), not 2050.
     let xh = t(&[1], &[half::f16::from_f32(2048.0)]);
     let uh = t(&[2], &[half::f16::from_f32(1.0), half::f16::from_f32(1.0)]);
@@ -1489,27 +1439,15 @@ fn scatter_nd_reductions() {
     assert_eq!(f32v(&r), vec![1., 11., 3., 10., 9., 6., 7., 12.]);
     let idx = ti(DType::I64, &[2, 1], &[0, -8]);
     let upd = t(&[2], &[5f32, 6.]);
-    let r = run1(
-        OpKind::ScatterND,
-        &[("reduction", s("add"))],
-        &[&x, &idx, &upd],
-        ty(DType::F32, &[8]),
-    );
-    assert_eq!(f32v(&r)[0], 12.);
-    let r = run1(
-        OpKind::ScatterND,
-        &[("reduction", s("mul"))],
-        &[&x, &idx, &upd],
-        ty(DType::F32, &[8]),
-    );
-    assert_eq!(f32v(&r)[0], 30.);
-    let r = run1(
-        OpKind::ScatterND,
-        &[("reduction", s("min"))],
-        &[&x, &idx, &upd],
-        ty(DType::F32, &[8]),
-    );
-    assert_eq!(f32v(&r)[0], 1.);
+    for (red, want) in [("add", 12.), ("mul", 30.), ("min", 1.)] {
+        let r = run1(
+            OpKind::ScatterND,
+            &[("reduction", s(red))],
+            &[&x, &idx, &upd],
+            ty(DType::F32, &[8]),
+        );
+        assert_eq!(f32v(&r)[0], want, "{red}");
+    }
     // Slices: replace the second matrix of a 2x2x2.
     let y = ti(DType::I32, &[2, 2, 2], &[0; 8]);
     let idx = ti(DType::I64, &[1, 1], &[1]);

@@ -30,11 +30,31 @@ pub fn microkernel_variants(vl: bool) -> Vec<Config> {
     v
 }
 
+/// Whether this CPU has AVX2 and FMA, which the x86-64-v3 microkernels need.
+pub fn avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+/// Returns from the calling test, saying that it is skipped (and, when given, what is
+/// then not tested), where this CPU lacks AVX2+FMA.
+#[macro_export]
+macro_rules! require_avx2_fma {
+    () => {
+        $crate::require_avx2_fma!("")
+    };
+    ($why:literal) => {
+        if !$crate::common::avx2_fma() {
+            eprintln!(concat!("skipped: this CPU lacks AVX2+FMA", $why));
+            return;
+        }
+    };
+}
+
 /// Every target this machine can run, with and without vectorisation (float
 /// reductions never reassociated, so every result is comparable bit for bit).
 pub fn configs() -> Vec<Config> {
     let mut targets = vec![CpuTarget::X86_64, CpuTarget::X86_64V2];
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+    if avx2_fma() {
         targets.push(CpuTarget::X86_64V3);
     }
     targets.push(CpuTarget::Host);
@@ -485,6 +505,23 @@ fn f32_type(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
 }
 
+/// `op` over `k < len` of `f(x[row, k])`, `x` input `input`: a reduction along one row
+/// inside a kernel being built (`f` maps each loaded element first; `|_, v| v` for none).
+pub fn reduce_row(
+    b: &mut KernelBuilder,
+    input: usize,
+    row: ExprId,
+    len: usize,
+    op: ReduceOp,
+    f: impl FnOnce(&mut KernelBuilder, ExprId) -> ExprId,
+) -> ExprId {
+    let k = b.new_var(len as u64);
+    let kv = b.var(k);
+    let x = b.load(input, vec![row, kv]);
+    let v = f(b, x);
+    b.reduce(op, vec![k], v)
+}
+
 /// LayerNorm over the last axis of `[rows, len]` with per-column scale and shift.
 pub fn layernorm(rows: usize, len: usize) -> Kernel {
     let f = ScalarType::F32;
@@ -495,17 +532,12 @@ pub fn layernorm(rows: usize, len: usize) -> Kernel {
     );
     let o = b.out_index();
     let n = b.float(f, len as f64);
-    let a = b.new_var(len as u64);
-    let av = b.var(a);
-    let xa = b.load(0, vec![o[0], av]);
-    let sum = b.reduce(ReduceOp::Sum, vec![a], xa);
+    let sum = reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |_, x| x);
     let mean = b.div(sum, n);
-    let q = b.new_var(len as u64);
-    let qv = b.var(q);
-    let xq = b.load(0, vec![o[0], qv]);
-    let dq = b.sub(xq, mean);
-    let sq = b.mul(dq, dq);
-    let ss = b.reduce(ReduceOp::Sum, vec![q], sq);
+    let ss = reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
+        let dq = b.sub(x, mean);
+        b.mul(dq, dq)
+    });
     let var = b.div(ss, n);
     let eps = b.float(f, 1e-5);
     let ve = b.add(var, eps);
@@ -520,6 +552,16 @@ pub fn layernorm(rows: usize, len: usize) -> Kernel {
     b.finish(y).unwrap()
 }
 
+/// `y[i] = op over j of x[i, j]`: a reduction along the last axis of a `[rows, cols]`
+/// input of type `input`, to `[rows]` of `out`.
+pub fn row_reduce(name: impl Into<String>, input: TensorType, out: DType, op: ReduceOp) -> Kernel {
+    let (rows, cols) = (input.shape.dims()[0], input.shape.dims()[1]);
+    let mut b = KernelBuilder::new(name, vec![input], TensorType::new(out, Shape::new(vec![rows]).unwrap()));
+    let i = b.out_index();
+    let r = reduce_row(&mut b, 0, i[0], cols, op, |_, x| x);
+    b.finish(r).unwrap()
+}
+
 /// `softmax(x)` over the last axis of `[rows, len]`.
 pub fn softmax(rows: usize, len: usize) -> Kernel {
     softmax_with(rows, len, UnaryOp::Exp)
@@ -529,16 +571,11 @@ pub fn softmax(rows: usize, len: usize) -> Kernel {
 pub fn softmax_with(rows: usize, len: usize, op: UnaryOp) -> Kernel {
     let mut b = KernelBuilder::new("softmax", vec![f32_type(&[rows, len])], f32_type(&[rows, len]));
     let o = b.out_index();
-    let m = b.new_var(len as u64);
-    let mv = b.var(m);
-    let xm = b.load(0, vec![o[0], mv]);
-    let mx = b.reduce(ReduceOp::Max, vec![m], xm);
-    let s = b.new_var(len as u64);
-    let sv = b.var(s);
-    let xs = b.load(0, vec![o[0], sv]);
-    let d = b.sub(xs, mx);
-    let e = b.unary(op, d);
-    let sum = b.reduce(ReduceOp::Sum, vec![s], e);
+    let mx = reduce_row(&mut b, 0, o[0], len, ReduceOp::Max, |_, x| x);
+    let sum = reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
+        let d = b.sub(x, mx);
+        b.unary(op, d)
+    });
     let x = b.load(0, vec![o[0], o[1]]);
     let d = b.sub(x, mx);
     let e = b.unary(op, d);
