@@ -177,6 +177,18 @@ pub fn read(bytes: &[u8]) -> Result<Array<'_>, NpyError> {
     Ok(Array { dtype, dims, data, trailing: rest.len() - data.len() })
 }
 
+/// Parses an `.npy` image like [`read`], refusing bytes after the data (a sign that the
+/// header's shape is not the data's: what a runner wants of an input file).
+pub fn read_exact(bytes: &[u8]) -> Result<Array<'_>, NpyError> {
+    let a = read(bytes)?;
+    if a.trailing != 0 {
+        let need = a.data.len() as u64;
+        let elements = a.dims.iter().product();
+        return Err(NpyError::Length { elements, need, have: need + a.trailing as u64 });
+    }
+    Ok(a)
+}
+
 /// Encodes an array as an `.npy` version 1.0 image (header padded so the data starts at a
 /// multiple of 64 bytes, ending in `'\n'`).
 pub fn write(dtype: DType, dims: &[u64], data: &[u8]) -> Result<Vec<u8>, NpyError> {
@@ -298,6 +310,11 @@ mod tests {
         assert_eq!(read(&huge("-1")), Err(NpyError::BadDimension("-1".into())));
         assert_eq!(read(&huge("4611686018427387904")), Err(NpyError::ShapeOverflow));
         assert_eq!(read(b"hello"), Err(NpyError::BadMagic));
+        let mut long = ok.clone();
+        long.extend([0; 4]);
+        assert_eq!(read(&long).map(|a| a.trailing), Ok(4));
+        assert_eq!(read_exact(&long), Err(NpyError::Length { elements: 2, need: 8, have: 12 }));
+        assert_eq!(read_exact(&ok).map(|a| a.data.len()), Ok(8));
         assert_eq!(read(b"\x93NUMPY\x01\x00\xff\xff{"), Err(NpyError::TruncatedHeader));
         assert_eq!(read(b"\x93NUMPY\x02\x00\x01\x00"), Err(NpyError::TruncatedHeader));
         assert_eq!(read(b"\x93NUMPY\x04\x00\x00\x00"), Err(NpyError::Version(4)));

@@ -147,12 +147,7 @@ struct Input {
 
 /// Reads an input `.npy`, refusing bytes after the data (a sign of a shape mismatch).
 fn read_npy(bytes: &[u8]) -> Result<Input, NpyError> {
-    let a = kiln_npy::read(bytes)?;
-    if a.trailing != 0 {
-        let need = a.data.len() as u64;
-        let elements = a.dims.iter().product();
-        return Err(NpyError::Length { elements, need, have: need + a.trailing as u64 });
-    }
+    let a = kiln_npy::read_exact(bytes)?;
     let dtype = a.dtype.onnx_code().map_or(0, |c| c as u32);
     Ok(Input { dtype, dims: a.dims, data: a.data.to_vec() })
 }
