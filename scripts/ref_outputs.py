@@ -10,6 +10,9 @@ and one thread (so the numbers do not depend on the machine's core count), and w
     CACHE/ref/NAME/in_K.npy, CACHE/ref/NAME/out_K.npy   (graph input / output order)
     CACHE/ref/manifest.json                              (every model; see docs/testing.md)
 
+and likewise for the ONNX models of the real-model corpus (corpus/models.json, fetched
+into CACHE/corpus by setup-test-data), listed in CACHE/ref/corpus.json instead.
+
 A model is skipped when its results are newer than both the model file and this
 script and were made by the same onnxruntime version.
 
@@ -92,6 +95,11 @@ def make_input(name: str, model, v, shape, cfg: dict, rng: np.random.Generator) 
     dtype = np_dtype(v.type.tensor_type.elem_type)
     if v.name in cfg.get("values", {}):
         return np.full(shape, cfg["values"][v.name], dtype=dtype)
+    if v.name in cfg.get("fill", {}):
+        return np.broadcast_to(np.asarray(cfg["fill"][v.name], dtype=dtype), shape).copy()
+    if v.name in cfg.get("range", {}):
+        lo, hi = cfg["range"][v.name]
+        return rng.integers(lo, hi, size=shape).astype(dtype)
     if v.name in cfg.get("zeros", []) or v.name == "token_type_ids":
         return np.zeros(shape, dtype=dtype)
     if v.name == "attention_mask":
@@ -110,9 +118,43 @@ def save_npy(path: Path, a: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def run_model(cache: Path, path: Path) -> dict:
-    name = path.stem
-    cfg = MODELS.get(name, {})
+# Corpus models whose tolerance differs from the default, and why.
+CORPUS_TOLERANCE = {
+    # 119 convolutions deep, with 38 bilinear resizes, small sigmoid side outputs: f32
+    # rounding alone moves them by more than the default tolerance. Measured: ONNX
+    # Runtime with its graph optimisations differs from itself without them by up to
+    # 2.9x the default (at side output 1961), the f64 reference evaluator from ONNX
+    # Runtime by 1.2x. Four times the default covers that noise, not a kernel error.
+    "u2netp-bgremoval": {"rtol": 4e-4, "atol": 4e-5},
+}
+
+
+def corpus_models(cache: Path) -> dict:
+    """The ONNX models of the real-model corpus (corpus/models.json) present under
+    CACHE/corpus, as {name: (path, settings)}: each input's `bind_shape`, and its `data`
+    (`value`, broadcast; `range` [lo, hi), uniform integers) where it must hold sensible
+    data; other inputs are standard normal."""
+    listing = json.loads((Path(__file__).resolve().parent.parent / "corpus" / "models.json").read_text())
+    found = {}
+    for m in listing["models"]:
+        path = cache / "corpus" / m["dest"]
+        if m["format"] != "onnx" or not path.is_file():
+            continue
+        cfg = {"shapes": {}, "values": {}, "fill": {}, "range": {}, "corpus": True, **CORPUS_TOLERANCE.get(m["name"], {})}
+        for i in m["inputs"]:
+            cfg["shapes"][i["name"]] = i["bind_shape"]
+            data = i.get("data", {})
+            if "value" in data:
+                cfg["fill"][i["name"]] = data["value"]
+            if "range" in data:
+                cfg["range"][i["name"]] = data["range"]
+        found[m["name"]] = (path, cfg)
+    return found
+
+
+def run_model(cache: Path, path: Path, name: str = None, cfg: dict = None) -> dict:
+    name = name or path.stem
+    cfg = cfg if cfg is not None else MODELS.get(name, {})
     model = onnx.load(str(path), load_external_data=False)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     out_dir = cache / "ref" / name
@@ -142,20 +184,22 @@ def run_model(cache: Path, path: Path) -> dict:
 
     entry = {
         "name": name,
-        "model": f"models/{path.name}",
+        "model": path.relative_to(cache).as_posix(),
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
         "size_bytes": path.stat().st_size,
         "input_shapes": shapes,
     }
     if cfg.get("values"):
         entry["input_values"] = {n: [v] for n, v in cfg["values"].items()}
+    if cfg.get("corpus"):
+        entry["corpus"] = True
     entry.update(inputs=inputs, outputs=outputs, rtol=cfg.get("rtol", RTOL), atol=cfg.get("atol", ATOL))
     return entry
 
 
-def cached_entry(cache: Path, path: Path):
-    """The recorded entry of PATH if still valid, else None."""
-    stamp = cache / "ref" / path.stem / "entry.json"
+def cached_entry(cache: Path, path: Path, name: str):
+    """The recorded entry of model NAME at PATH if still valid, else None."""
+    stamp = cache / "ref" / name / "entry.json"
     try:
         rec = json.loads(stamp.read_text())
         t = stamp.stat().st_mtime
@@ -181,25 +225,29 @@ def main() -> None:
     paths = sorted((cache / "models").glob("*.onnx"))
     if not paths:
         sys.exit(f"no models in {cache / 'models'}; run scripts/setup-test-data and scripts/gen_models.py")
-    entries = []
-    for path in paths:
-        e = None if args.force else cached_entry(cache, path)
-        if e is None:
-            print(f"running {path.name} with onnxruntime {ort.__version__}", file=sys.stderr)
-            e = run_model(cache, path)
-            stamp = cache / "ref" / path.stem / "entry.json"
-            tmp = stamp.with_name("entry.json.tmp")
-            tmp.write_text(json.dumps({"onnxruntime": ort.__version__, "numpy": np.__version__, "entry": e}, indent=1))
-            os.replace(tmp, stamp)
-        entries.append(e)
-    manifest = {"generator": {"onnxruntime": ort.__version__, "numpy": np.__version__, "onnx": onnx.__version__},
-                "models": entries}
-    out = cache / "ref" / "manifest.json"
-    tmp = out.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out)
-    print(f"{out}: {len(entries)} models", file=sys.stderr)
-
+    suites = {
+        "manifest.json": [(path.stem, path, None) for path in paths],
+        "corpus.json": [(name, path, cfg) for name, (path, cfg) in corpus_models(cache).items()],
+    }
+    for file, jobs in suites.items():
+        entries = []
+        for name, path, cfg in jobs:
+            e = None if args.force else cached_entry(cache, path, name)
+            if e is None:
+                print(f"running {name} with onnxruntime {ort.__version__}", file=sys.stderr)
+                e = run_model(cache, path, name, cfg)
+                stamp = cache / "ref" / name / "entry.json"
+                tmp = stamp.with_name("entry.json.tmp")
+                tmp.write_text(json.dumps({"onnxruntime": ort.__version__, "numpy": np.__version__, "entry": e}, indent=1))
+                os.replace(tmp, stamp)
+            entries.append(e)
+        manifest = {"generator": {"onnxruntime": ort.__version__, "numpy": np.__version__, "onnx": onnx.__version__},
+                    "models": entries}
+        out = cache / "ref" / file
+        tmp = out.with_name(file + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(tmp, out)
+        print(f"{out}: {len(entries)} models", file=sys.stderr)
 
 if __name__ == "__main__":
     main()

@@ -113,9 +113,11 @@ fn params(cx: &Cx, x: &Tensor, zd: DType) -> Result<Params, EvalError> {
             if z.dtype() != zd {
                 return Err(cx.invalid(format!("zero point dtype {} should be {zd}", z.dtype())));
             }
-            // A one-element zero point beside a scalar scale is per-tensor too
-            // (ONNX's own test data uses that form).
-            let both_single = z.numel() == 1 && s.numel() == 1 && s.shape().rank() == 0;
+            // A one-element zero point beside a scalar scale, or a scalar zero point
+            // beside a one-element scale, is per-tensor too (ONNX's own test data uses
+            // the first form, exporters write the second).
+            let one_scalar = s.shape().rank() == 0 || z.shape().rank() == 0;
+            let both_single = z.numel() == 1 && s.numel() == 1 && one_scalar;
             if z.shape() != s.shape() && !both_single {
                 return Err(cx.invalid(format!(
                     "zero point shape {} differs from scale {}",

@@ -1139,6 +1139,18 @@ fn dequantize() {
         run(OpKind::DequantizeLinear, &a, &[Some(&x), Some(&s), None], &[ty(DType::F16, &[1, 4])])
             .unwrap();
     same(&r[0].to_f64_vec(), &[1., -2., 1.5, 3.5]);
+    // Per tensor, spelled two ways exporters use: a one-element scale beside a scalar
+    // zero point, and the reverse; each equals the scalar-scalar form.
+    let x = ti(DType::U8, &[3], &[0, 128, 255]);
+    let forms = [(t(&[1], &[0.5f32]), Tensor::scalar(128u8)), (Tensor::scalar(0.5f32), ti(DType::U8, &[1], &[128]))];
+    for (s, z) in forms {
+        let r = run1(OpKind::DequantizeLinear, &[], &[&x, &s, &z], ty(DType::F32, &[3]));
+        same(&r.to_f64_vec(), &[-64., 0., 63.5]);
+    }
+    // Two scales are not per tensor: a scalar zero point beside them is an error.
+    let (x2, s2, z0) = (ti(DType::U8, &[2], &[0, 1]), t(&[2], &[0.5f32, 1.0]), Tensor::scalar(0u8));
+    let ins = [Some(&x2), Some(&s2), Some(&z0)];
+    assert!(run(OpKind::DequantizeLinear, &[("axis", int(0))], &ins, &[ty(DType::F32, &[2])]).is_err());
 }
 
 #[test]
