@@ -19,6 +19,16 @@
 //! A wave the compiler estimates too small to pay for the hand-off (see
 //! [`worth_splitting`]) runs on the calling thread alone, as a one-workgroup wave does.
 //!
+//! A worker's share is *claimed* before it runs, by the worker or by the calling thread:
+//! once its own share is done, the calling thread claims and runs every worker share
+//! that no worker has claimed yet, and then waits only for the shares workers did claim.
+//! A worker that the system has not scheduled (another process holds its core, or it
+//! is still waking from a sleep) so costs the call the time of its share, not the time
+//! until the system runs it again: on a loaded machine that wait was milliseconds per
+//! wave. A claim is a compare-and-swap of the worker's claim word from an earlier wave
+//! to this one; a worker that wakes late finds its share of a finished wave claimed and
+//! goes back to waiting.
+//!
 //! Threads wait for each other by polling a flag a bounded number of times, then
 //! sleeping on a condition variable (a wave of a small model lasts microseconds, a sleep
 //! and wake-up tens of them). Polling spins when every thread has a core of its own and
@@ -35,7 +45,7 @@ use core::ops::Range;
 use kiln_module::abi::HelperFn;
 use kiln_module::program::{Binding, Command};
 use kiln_module::sections::EntryView;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -270,13 +280,19 @@ unsafe fn run_share(wave: Wave, me: u64, threads: u64) {
 struct Shared {
     threads: u64,
     patience: Patience,
-    /// Written by the calling thread only while no worker runs a wave (every worker
-    /// has finished the last one and none has seen the next `epoch`); read by workers
-    /// after seeing a new `epoch`, before decrementing `pending`.
+    /// Written by the calling thread only while no worker runs a wave (every share of
+    /// the last wave is done, and a share of the next can be claimed only once `epoch`
+    /// says it is out); read by a worker after it claimed its share of the wave of the
+    /// epoch it saw, before it decrements `pending`.
     wave: UnsafeCell<Wave>,
-    /// Bumped (release) to start a wave, or to stop when `stop` is set.
-    epoch: Line<AtomicU32>,
-    /// Workers that have not finished the current wave.
+    /// Bumped (release) to start a wave, or to stop when `stop` is set. 64 bits: it
+    /// never wraps, so an epoch a late worker saw is never taken for a current one.
+    epoch: Line<AtomicU64>,
+    /// Per thread (index 0 unused), the last epoch whose share of that thread was
+    /// claimed, by the worker itself or by the calling thread; only ever increases.
+    claims: Box<[Line<AtomicU64>]>,
+    /// Worker shares of the current wave not yet done (and, while the pool starts,
+    /// workers not yet running).
     pending: Line<AtomicU32>,
     stop: AtomicBool,
     /// A worker ended unexpectedly (a panic): the pool runs no further wave.
@@ -307,8 +323,22 @@ impl Shared {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Claims thread `t`'s share of the wave of epoch `e`: true for exactly one
+    /// caller per share, false when it was claimed already or `e` is a past wave's.
+    fn claim(&self, t: usize, e: u64) -> bool {
+        let word = &self.claims[t];
+        let mut c = word.load(SeqCst);
+        while c < e {
+            match word.compare_exchange_weak(c, e, SeqCst, SeqCst) {
+                Ok(_) => return true,
+                Err(now) => c = now,
+            }
+        }
+        false
+    }
+
     /// Waits until `epoch` differs from `seen`; returns it.
-    fn next_epoch(&self, seen: u32) -> u32 {
+    fn next_epoch(&self, seen: u64) -> u64 {
         if self.patience.poll(|| self.epoch.load(Acquire) != seen) {
             return self.epoch.load(Acquire);
         }
@@ -327,13 +357,14 @@ impl Shared {
         }
     }
 
-    /// Starts a new epoch and wakes the workers that sleep.
-    fn release(&self) {
-        self.epoch.fetch_add(1, SeqCst);
+    /// Starts a new epoch and wakes the workers that sleep; returns the epoch.
+    fn release(&self) -> u64 {
+        let e = self.epoch.fetch_add(1, SeqCst) + 1;
         if self.sleepers.load(SeqCst) != 0 {
             let _g = self.lock();
             self.wake.notify_all();
         }
+        e
     }
 
     /// A worker is done with the current wave.
@@ -383,12 +414,19 @@ fn worker(shared: &Shared, me: u64) {
         if shared.stop.load(Acquire) {
             return;
         }
-        // SAFETY: a new epoch was seen (acquire): the calling thread wrote the wave
-        // before releasing it and writes it again only after this worker's `finished`.
+        // A share of a wave that ended without this worker (the calling thread ran it)
+        // is claimed already: wait for the next epoch.
+        if !shared.claim(me as usize, seen) {
+            continue;
+        }
+        // SAFETY: this worker claimed its share of the wave of epoch `seen`, so that
+        // wave has not ended (it ends when every share is done) and the calling thread,
+        // which wrote the wave before releasing the epoch (seen with acquire), writes
+        // it again only after this worker's `finished`.
         let wave = unsafe { *shared.wave.get() };
-        // SAFETY: the calling thread published a live wave and waits for every worker
-        // before it touches the jobs, the tables or the memory they point to; each
-        // worker runs its own share (`me` is unique, 1..threads).
+        // SAFETY: the calling thread published a live wave and waits for every claimed
+        // share before it touches the jobs, the tables or the memory they point to;
+        // each share runs once (claimed once; `me` is unique, 1..threads).
         unsafe { run_share(wave, me, shared.threads) };
         shared.finished();
     }
@@ -409,7 +447,8 @@ impl Pool {
             threads: threads as u64,
             patience,
             wave: UnsafeCell::new(Wave { jobs: core::ptr::null(), len: 0, helpers: core::ptr::null() }),
-            epoch: Line(AtomicU32::new(0)),
+            epoch: Line(AtomicU64::new(0)),
+            claims: (0..threads).map(|_| Line(AtomicU64::new(0))).collect(),
             pending: Line(AtomicU32::new(0)),
             stop: AtomicBool::new(false),
             lost: AtomicBool::new(false),
@@ -453,9 +492,19 @@ impl Pool {
         // saw `pending` at zero) and none can see a new epoch before `release` below.
         unsafe { *s.wave.get() = wave };
         s.pending.store(self.handles.len() as u32, Relaxed);
-        s.release();
+        let e = s.release();
         // SAFETY: the caller's contract; thread 0 is the calling thread.
         unsafe { run_share(wave, 0, s.threads) };
+        // The shares no worker has claimed yet: run here rather than wait for a worker
+        // the system may not schedule for a while.
+        for t in 1..s.threads {
+            if s.claim(t as usize, e) {
+                // SAFETY: as above; the share of thread `t` was claimed here, so no
+                // worker runs it.
+                unsafe { run_share(wave, t, s.threads) };
+                s.pending.fetch_sub(1, SeqCst);
+            }
+        }
         s.wait_done();
         if s.lost.load(Acquire) {
             return Err(RuntimeError::WorkerLost);
@@ -604,6 +653,34 @@ mod tests {
         assert_eq!(share(10, 4, 1, 1), (0, 3));
         assert_eq!(share(1, 4, 2, 2), (0, 1));
         assert_eq!(share(1, 4, 0, 2), (1, 1));
+    }
+
+    #[test]
+    fn each_share_is_claimed_once_and_late_claims_fail() {
+        let pool = Pool::start(3).expect("pool");
+        let s = &*pool.shared;
+        // The calling thread and a worker race for thread 2's share of epoch 7: one wins.
+        assert!(s.claim(2, 7));
+        assert!(!s.claim(2, 7));
+        // A worker that saw epoch 5 and wakes after wave 7 finds its share taken.
+        assert!(!s.claim(2, 5));
+        // The next wave's share is free again; other threads' words are their own.
+        assert!(s.claim(2, 8));
+        assert!(s.claim(1, 5) && !s.claim(1, 4));
+        // Many threads racing for one share: exactly one wins.
+        let wins = AtomicU32::new(0);
+        std::thread::scope(|sc| {
+            for _ in 0..8 {
+                sc.spawn(|| {
+                    if s.claim(1, 100) {
+                        wins.fetch_add(1, SeqCst);
+                    }
+                });
+            }
+        });
+        assert_eq!(wins.load(SeqCst), 1);
+        // Leave the words as the pool's own waves expect: nothing ran, nothing pending.
+        drop(pool);
     }
 
     #[test]
