@@ -19,15 +19,16 @@
 //! A wave the compiler estimates too small to pay for the hand-off (see
 //! [`worth_splitting`]) runs on the calling thread alone, as a one-workgroup wave does.
 //!
-//! A worker's share is *claimed* before it runs, by the worker or by the calling thread:
-//! once its own share is done, the calling thread claims and runs every worker share
-//! that no worker has claimed yet, and then waits only for the shares workers did claim.
-//! A worker that the system has not scheduled (another process holds its core, or it
-//! is still waking from a sleep) so costs the call the time of its share, not the time
-//! until the system runs it again: on a loaded machine that wait was milliseconds per
-//! wave. A claim is a compare-and-swap of the worker's claim word from an earlier wave
-//! to this one; a worker that wakes late finds its share of a finished wave claimed and
-//! goes back to waiting.
+//! A worker's share is cut into [`PARTS`] contiguous parts, each *claimed* before it
+//! runs, in order, by the worker or by the calling thread: once its own share is done,
+//! the calling thread claims and runs every part that no worker has claimed yet, and
+//! then waits only for the parts workers did claim. A worker that the system has not
+//! scheduled (another process holds its core, the host of a virtual machine took it,
+//! or it is still waking from a sleep) so costs the call at most the part it holds, not
+//! the time until the system runs it again: on a loaded machine that wait was
+//! milliseconds per wave. A claim is a compare-and-swap of the worker's claim word,
+//! which holds the epoch of its wave and the next part; a worker that wakes late finds
+//! the parts of a finished wave claimed and goes back to waiting.
 //!
 //! Threads wait for each other by polling a flag a bounded number of times, then
 //! sleeping on a condition variable (a wave of a small model lasts microseconds, a sleep
@@ -252,19 +253,25 @@ struct Wave {
     helpers: *const HelperFn,
 }
 
-/// Runs thread `me`'s share of every dispatch of `wave`.
+/// Parts of a worker's share that are claimed one at a time (the calling thread's own
+/// share is never claimed by another thread and runs whole).
+pub(crate) const PARTS: u64 = 4;
+
+/// Runs part `part` of `parts` of thread `me`'s share of every dispatch of `wave`.
 ///
 /// # Safety
 ///
 /// `wave` describes live jobs whose tables and kernels are valid as in
-/// [`crate::Instance`]'s dispatch, and every thread `0..threads` runs its own share of
-/// this wave once (the shares are disjoint and together cover each dispatch).
-unsafe fn run_share(wave: Wave, me: u64, threads: u64) {
+/// [`crate::Instance`]'s dispatch, and every part of every thread `0..threads` of this
+/// wave runs once (the parts are disjoint and together cover each dispatch).
+unsafe fn run_share(wave: Wave, me: u64, threads: u64, part: u64, parts: u64) {
     // SAFETY: `jobs` points to `len` initialised jobs that stay untouched while the
     // wave runs (the caller's contract).
     let jobs = unsafe { core::slice::from_raw_parts(wave.jobs, wave.len) };
     for (j, job) in jobs.iter().enumerate() {
-        let (begin, end) = share(job.workgroups, threads, me, j as u64);
+        let (b, e) = share(job.workgroups, threads, me, j as u64);
+        let (pb, pe) = split(e - b, parts, part);
+        let (begin, end) = (b + pb, b + pe);
         if begin < end {
             // SAFETY: as the local-sync dispatch in `Instance::run`: the table holds one
             // pointer per binding into memory that lives while the calling thread waits
@@ -288,8 +295,9 @@ struct Shared {
     /// Bumped (release) to start a wave, or to stop when `stop` is set. 64 bits: it
     /// never wraps, so an epoch a late worker saw is never taken for a current one.
     epoch: Line<AtomicU64>,
-    /// Per thread (index 0 unused), the last epoch whose share of that thread was
-    /// claimed, by the worker itself or by the calling thread; only ever increases.
+    /// Per thread (index 0 unused), `epoch << 8 | part`: the epoch of the last wave a
+    /// part of that thread's share was claimed in, by the worker itself or by the
+    /// calling thread, and the next part to claim; only ever increases.
     claims: Box<[Line<AtomicU64>]>,
     /// Worker shares of the current wave not yet done (and, while the pool starts,
     /// workers not yet running).
@@ -323,18 +331,25 @@ impl Shared {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Claims thread `t`'s share of the wave of epoch `e`: true for exactly one
-    /// caller per share, false when it was claimed already or `e` is a past wave's.
-    fn claim(&self, t: usize, e: u64) -> bool {
+    /// Claims the next part of thread `t`'s share of the wave of epoch `e`: each part
+    /// is returned to exactly one caller; `None` once every part is claimed or when
+    /// `e` is a past wave's.
+    fn claim(&self, t: usize, e: u64) -> Option<u64> {
         let word = &self.claims[t];
         let mut c = word.load(SeqCst);
-        while c < e {
-            match word.compare_exchange_weak(c, e, SeqCst, SeqCst) {
-                Ok(_) => return true,
+        loop {
+            let (epoch, next) = (c >> 8, c & 0xff);
+            let part = match epoch.cmp(&e) {
+                core::cmp::Ordering::Greater => return None,
+                core::cmp::Ordering::Less => 0,
+                core::cmp::Ordering::Equal if next < PARTS => next,
+                core::cmp::Ordering::Equal => return None,
+            };
+            match word.compare_exchange_weak(c, e << 8 | (part + 1), SeqCst, SeqCst) {
+                Ok(_) => return Some(part),
                 Err(now) => c = now,
             }
         }
-        false
     }
 
     /// Waits until `epoch` differs from `seen`; returns it.
@@ -414,21 +429,20 @@ fn worker(shared: &Shared, me: u64) {
         if shared.stop.load(Acquire) {
             return;
         }
-        // A share of a wave that ended without this worker (the calling thread ran it)
-        // is claimed already: wait for the next epoch.
-        if !shared.claim(me as usize, seen) {
-            continue;
+        // The parts of a wave that ended without this worker (the calling thread ran
+        // them) are claimed already: then it waits for the next epoch.
+        while let Some(part) = shared.claim(me as usize, seen) {
+            // SAFETY: this worker claimed a part of the wave of epoch `seen`, so that
+            // wave has not ended (it ends when every part is done) and the calling
+            // thread, which wrote the wave before releasing the epoch (seen with
+            // acquire), writes it again only after this part's `finished`.
+            let wave = unsafe { *shared.wave.get() };
+            // SAFETY: the calling thread published a live wave and waits for every
+            // claimed part before it touches the jobs, the tables or the memory they
+            // point to; each part runs once (claimed once; `me` is unique, 1..threads).
+            unsafe { run_share(wave, me, shared.threads, part, PARTS) };
+            shared.finished();
         }
-        // SAFETY: this worker claimed its share of the wave of epoch `seen`, so that
-        // wave has not ended (it ends when every share is done) and the calling thread,
-        // which wrote the wave before releasing the epoch (seen with acquire), writes
-        // it again only after this worker's `finished`.
-        let wave = unsafe { *shared.wave.get() };
-        // SAFETY: the calling thread published a live wave and waits for every claimed
-        // share before it touches the jobs, the tables or the memory they point to;
-        // each share runs once (claimed once; `me` is unique, 1..threads).
-        unsafe { run_share(wave, me, shared.threads) };
-        shared.finished();
     }
 }
 
@@ -491,17 +505,17 @@ impl Pool {
         // SAFETY: no worker runs a wave: each finished the last one (the calling thread
         // saw `pending` at zero) and none can see a new epoch before `release` below.
         unsafe { *s.wave.get() = wave };
-        s.pending.store(self.handles.len() as u32, Relaxed);
+        s.pending.store(self.handles.len() as u32 * PARTS as u32, Relaxed);
         let e = s.release();
         // SAFETY: the caller's contract; thread 0 is the calling thread.
-        unsafe { run_share(wave, 0, s.threads) };
-        // The shares no worker has claimed yet: run here rather than wait for a worker
+        unsafe { run_share(wave, 0, s.threads, 0, 1) };
+        // The parts no worker has claimed yet: run here rather than wait for a worker
         // the system may not schedule for a while.
         for t in 1..s.threads {
-            if s.claim(t as usize, e) {
-                // SAFETY: as above; the share of thread `t` was claimed here, so no
-                // worker runs it.
-                unsafe { run_share(wave, t, s.threads) };
+            while let Some(part) = s.claim(t as usize, e) {
+                // SAFETY: as above; this part of thread `t`'s share was claimed here, so
+                // no worker runs it.
+                unsafe { run_share(wave, t, s.threads, part, PARTS) };
                 s.pending.fetch_sub(1, SeqCst);
             }
         }
@@ -656,31 +670,53 @@ mod tests {
     }
 
     #[test]
-    fn each_share_is_claimed_once_and_late_claims_fail() {
+    fn each_part_is_claimed_once_and_late_claims_fail() {
         let pool = Pool::start(3).expect("pool");
         let s = &*pool.shared;
-        // The calling thread and a worker race for thread 2's share of epoch 7: one wins.
-        assert!(s.claim(2, 7));
-        assert!(!s.claim(2, 7));
-        // A worker that saw epoch 5 and wakes after wave 7 finds its share taken.
-        assert!(!s.claim(2, 5));
-        // The next wave's share is free again; other threads' words are their own.
-        assert!(s.claim(2, 8));
-        assert!(s.claim(1, 5) && !s.claim(1, 4));
-        // Many threads racing for one share: exactly one wins.
-        let wins = AtomicU32::new(0);
+        // The parts of thread 2's share of epoch 7 go out once each, in order.
+        let parts: Vec<u64> = core::iter::from_fn(|| s.claim(2, 7)).collect();
+        assert_eq!(parts, (0..PARTS).collect::<Vec<_>>());
+        assert_eq!(s.claim(2, 7), None);
+        // A worker that saw epoch 5 and wakes after wave 7 finds nothing to run.
+        assert_eq!(s.claim(2, 5), None);
+        // The next wave starts at part 0 again; other threads' words are their own.
+        assert_eq!(s.claim(2, 8), Some(0));
+        assert_eq!(s.claim(1, 5), Some(0));
+        assert_eq!(s.claim(1, 4), None);
+        // Many threads racing for the parts of one share: each part goes to exactly one.
+        let won = Mutex::new(Vec::new());
         std::thread::scope(|sc| {
             for _ in 0..8 {
                 sc.spawn(|| {
-                    if s.claim(1, 100) {
-                        wins.fetch_add(1, SeqCst);
+                    while let Some(p) = s.claim(1, 100) {
+                        won.lock().unwrap().push(p);
                     }
                 });
             }
         });
-        assert_eq!(wins.load(SeqCst), 1);
-        // Leave the words as the pool's own waves expect: nothing ran, nothing pending.
+        let mut won = won.into_inner().unwrap();
+        won.sort();
+        assert_eq!(won, (0..PARTS).collect::<Vec<_>>());
         drop(pool);
+    }
+
+    #[test]
+    fn parts_cover_each_share_once() {
+        // Parts of a share are contiguous and together exactly the share.
+        for n in [0u64, 1, 3, 5, 17, 1001] {
+            for threads in 1..=4u64 {
+                for me in 0..threads {
+                    let (b, e) = share(n, threads, me, 1);
+                    let mut at = b;
+                    for part in 0..PARTS {
+                        let (pb, pe) = split(e - b, PARTS, part);
+                        assert_eq!(b + pb, at);
+                        at = b + pe;
+                    }
+                    assert_eq!(at, e);
+                }
+            }
+        }
     }
 
     #[test]
