@@ -330,23 +330,29 @@ fn nan_passes_the_clamps() {
     }
 }
 
-/// Forms the window kernel does not take fall back (more than `MAX_TAPS` taps) and
-/// still compute the same values.
+/// Forms the window kernel does not take fall back (more than `MAX_TAPS` taps; one
+/// output column from a window wider than a vector, a row reduction) and still compute
+/// the same values.
 #[test]
 fn other_forms_take_another_path() {
-    let g = Geo { n: 1, c: 2, h: 20, w: 20, win: [17, 16], stride: [1, 1], dil: [1, 1], pad: [8, 8, 8, 7] };
-    assert!((g.win[0] * g.win[1]) as u64 > kiln_flow::window::MAX_TAPS);
-    let k = depthwise(g, "bias_relu6");
-    let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
-    assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
-    let ins = inputs(g, 5);
-    let refs: Vec<&Tensor> = ins.iter().collect();
-    check_with(
-        &k,
-        &refs,
-        Cmp { zero_sign: true, rtol: 1e-5 },
-        &[Config { target: CpuTarget::X86_64V3, options: Options::default() }],
-    );
+    let too_many = Geo { n: 1, c: 2, h: 20, w: 20, win: [17, 16], stride: [1, 1], dil: [1, 1], pad: [8, 8, 8, 7] };
+    assert!((too_many.win[0] * too_many.win[1]) as u64 > kiln_flow::window::MAX_TAPS);
+    let row_sum = Geo { n: 1, c: 3, h: 4, w: 20, win: [1, 20], stride: [1, 1], dil: [1, 1], pad: [0, 0, 0, 0] };
+    assert_eq!(row_sum.out()[1], 1);
+    for (i, g) in [too_many, row_sum].into_iter().enumerate() {
+        let k = depthwise(g, "bias_relu6");
+        assert!(kiln_flow::window::Depthwise::of(&k).is_none(), "{g:?}");
+        let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
+        let ins = inputs(g, 5 + i as u64);
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_with(
+            &k,
+            &refs,
+            Cmp { zero_sign: true, rtol: 1e-5 },
+            &[Config { target: CpuTarget::X86_64V3, options: Options::default() }],
+        );
+    }
 }
 
 /// An AveragePool as `kiln_lower` lowers it: `Σ x` over the window, divided by the

@@ -24,7 +24,8 @@
 //!   and dilations (each to [`MAX_STRIDE`], asymmetric ones included) and any offsets
 //!   (padding, and the extra trailing windows of a pool's ceil mode, read as padding);
 //!   `w` in bounds at an affine offset over `c`, `kh`, `kw`; reduction variables of
-//!   extent 1 (a group index) are ignored; at most [`MAX_TAPS`] taps;
+//!   extent 1 (a group index) are ignored; at most [`MAX_TAPS`] taps ([`MAX_STRIDED_TAPS`]
+//!   at column strides past 1);
 //! - an epilogue that is a chain from the sum to the result, each step one of `+ − × ÷`
 //!   with a constant, a per-channel value (an affine load over `c`: bias, folded
 //!   batch-norm scale) or a value of the output row and column alone that reads no
@@ -35,6 +36,9 @@
 //!
 //! A plane of one column with a window along its rows (`[KH, 1]` over `[H, 1]`, as
 //! FSMN's memory blocks write a 1-D convolution) is held as the row it is in memory.
+//! One output column with a window of more than 8 columns is not a window: each output
+//! reduces a stretch of a row (an SE block's row sum, a global pool), which vectors
+//! along the output row would compute one lane at a time.
 //!
 //! **Grouped convolutions are not windows.** A convolution with several input channels
 //! per group (`1 < C/group`) is lowered as `[N, group, M/group, …]` with the group an
@@ -52,10 +56,16 @@ use crate::affine::{affine, load_offset, AffineIndex};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-/// Most taps (`kh × kw`) of a recognised window: a target unrolls the taps, so this
-/// bounds its code (256 taps of 12 vectors: about 25 KB a row group); 16×16 windows,
-/// 1-D windows of 256 taps.
-pub const MAX_TAPS: u64 = 256;
+/// Most taps (`kh × kw`) of a recognised window at column stride 1: a target unrolls
+/// the taps, so this bounds its code (169 taps of 12 vectors, one FMA each: about 14 KB
+/// a row group); 13×13 windows (YOLO's SPPF pools), 1-D windows of 169 taps. A kernel
+/// that runs once per inference pays for its code on every call (fetched cold): the
+/// 256-tap stride-2 1-D convolutions of a CQT front end took 60 µs more as windows
+/// than as contractions.
+pub const MAX_TAPS: u64 = 169;
+/// Most taps at column strides past 1, where a tap is several instructions (two loads
+/// and a shuffle, or a gather): 7×7 and 8×8 windows, 1-D windows of 64 taps.
+pub const MAX_STRIDED_TAPS: u64 = 64;
 /// Largest stride and dilation of a recognised window (far above real models; keeps
 /// the offsets a target computes small).
 pub const MAX_STRIDE: i64 = 64;
@@ -315,6 +325,16 @@ impl Depthwise {
             d.stride.swap(0, 1);
             d.dilation.swap(0, 1);
             d.offset.swap(0, 1);
+        }
+        // One output column per row and a window wider than a vector (SE blocks' row
+        // sums, global pools): each output is a reduction of a row, which a window
+        // kernel (vectors along the output row) would compute one lane at a time; that
+        // is a row reduction's form, not a sliding window's.
+        if d.out_dims[3] == 1 && d.window[1] > 8 {
+            return None;
+        }
+        if d.stride[1] > 1 && d.window[0] * d.window[1] > MAX_STRIDED_TAPS {
+            return None;
         }
         Some(d)
     }

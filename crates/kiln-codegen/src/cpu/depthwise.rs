@@ -1,12 +1,19 @@
-//! Depthwise convolutions and max pools ([`kiln_flow::window::Depthwise`]) as AVX2+FMA
-//! machine code written with `iced-x86`, reading the unpadded input directly.
+//! Depthwise convolutions and max and average pools, 2-D and 1-D
+//! ([`kiln_flow::window::Depthwise`]), as AVX2+FMA machine code written with `iced-x86`,
+//! reading the unpadded input directly.
 //!
-//! A workgroup is one channel plane `(n, c)`. Its filter taps (at most 9) are broadcast
-//! into registers once; per-channel epilogue values go to the stack as vectors. Each
-//! output row is computed in groups of up to `G` vectors of 8 columns, `G` the
-//! registers left over (4 to 5): per tap one FMA per vector, reading the input row
-//! in place. Rows narrower than `G` vectors are taken several at a time (a 7-wide
-//! plane: 4 or 5 rows), so independent FMA chains overlap. The border is handled where it is, with no padded copy of the input:
+//! A workgroup is one channel plane `(n, c)` (a 1-D window's plane is one row). A
+//! filter of at most [`TAPS_IN_REGISTERS`] taps is broadcast into registers once per
+//! plane; a larger one (5×5, 7×7, 1-D windows of 20 or 31 taps) keeps one tap register
+//! and broadcasts each tap from the filter where it is used, once per group of
+//! vectors, which leaves 12 to 13 registers to accumulators. Per-channel epilogue
+//! values go to the stack as vectors. Each output row is computed in groups of up to
+//! `G` vectors of 8 columns, `G` the registers left over: per tap one FMA per vector,
+//! reading the input row in place. Rows narrower than `G` vectors are taken several at
+//! a time (a 7-wide plane: 4 or 5 rows), so independent FMA chains overlap. A wide
+//! row's interior groups (every load and store whole) are one loop that moves the row
+//! pointers a group on per turn, so the code does not grow with the row's width; only
+//! the border groups are unrolled. The border is handled where it is, with no padded copy of the input:
 //! - a window row outside the plane is skipped (one compare per window row, emitted
 //!   only for rows that can fall outside);
 //! - columns outside the plane are masked lanes: `vmaskmovps` reads nothing there and
@@ -25,9 +32,15 @@
 //!
 //! A max pool keeps −∞ in one register instead of taps: its accumulators start there,
 //! each tap is `vmaxps acc, x, acc` (which gives `acc` where `x` is NaN: NaN is
-//! ignored, as MaxPool wants), and lanes outside the plane are blended to −∞.
+//! ignored, as MaxPool wants), and lanes outside the plane are blended to −∞. Its
+//! taps go input row by input row: the maximum along a window row is taken once and
+//! folded into every output row of the block whose window holds that input row, so
+//! `R` output rows of a `KH × KW` window cost about `(R + KH − 1)·KW + R·KH` maxima, not
+//! `R·KH·KW` (YOLO's SPPF 13×13 pools over 13×13 planes: blocks of 6 rows, 3× fewer).
 //!
-//! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`). The
+//! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`); wider
+//! column strides gather their 8 columns (`vgatherdps` under the mask of the lanes
+//! inside the row). Any row stride is a pointer step. The
 //! epilogue steps (bias, scale, clamps) apply to each vector before the store. A row's
 //! last vector is stored whole where its extra lanes stay inside the plane (they land
 //! in rows stored after it); only the plane's last rows mask it.
