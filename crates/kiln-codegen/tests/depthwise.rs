@@ -541,8 +541,7 @@ fn one_dimensional_windows_are_rows() {
 fn max_pools_of_any_window() {
     require_avx2_fma!();
     use kiln_ir::{Attrs, OpKind};
-    let mut n = 0;
-    for (dims, kernel, strides, dil, pads, ceil) in [
+    for (n, (dims, kernel, strides, dil, pads, ceil)) in [
         (vec![1, 3, 13, 13], vec![5, 5], vec![1, 1], vec![1, 1], vec![2, 2, 2, 2], false),
         (vec![1, 3, 13, 13], vec![9, 9], vec![1, 1], vec![1, 1], vec![4, 4, 4, 4], false),
         (vec![1, 2, 13, 13], vec![13, 13], vec![1, 1], vec![1, 1], vec![6, 6, 6, 6], false),
@@ -553,14 +552,16 @@ fn max_pools_of_any_window() {
         (vec![1, 2, 16, 45], vec![3, 3], vec![3, 3], vec![1, 1], vec![1, 1, 1, 1], true),
         (vec![1, 2, 15, 30], vec![3, 5], vec![2, 1], vec![2, 1], vec![2, 2, 1, 3], false),
         (vec![1, 3, 50], vec![7], vec![2], vec![1], vec![3, 3], true),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let k = pool_kernel(OpKind::MaxPool, &dims, &kernel, &strides, &dil, &pads, ceil, Attrs::new());
         let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
         assert_eq!(m.notes[0], "max pool window (avx2)", "{dims:?} {kernel:?}");
         let numel: usize = dims.iter().product();
         let plane: usize = dims[2..].iter().product();
-        let mut x = random_f32(&dims, 2.0, 500 + n).to_vec::<f32>().unwrap();
-        n += 1;
+        let mut x = random_f32(&dims, 2.0, 500 + n as u64).to_vec::<f32>().unwrap();
         for i in (0..numel).step_by(11) {
             x[i] = f32::NAN;
         }
