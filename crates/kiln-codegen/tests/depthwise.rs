@@ -330,42 +330,75 @@ fn nan_passes_the_clamps() {
     }
 }
 
-/// Forms the depthwise kernel does not take fall back (an epilogue that is not a chain
-/// of supported steps, more than 9 taps) and still compute the same values.
+/// Forms the window kernel does not take fall back (more than `MAX_TAPS` taps; one
+/// output column from a window wider than a vector, a row reduction) and still compute
+/// the same values.
 #[test]
 fn other_forms_take_another_path() {
-    let g = Geo { n: 1, c: 2, h: 9, w: 9, win: [5, 5], stride: [1, 1], dil: [1, 1], pad: [2, 2, 2, 2] };
-    let k = depthwise(g, "bias_relu6");
-    let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
-    assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
-    let ins = inputs(g, 5);
-    let refs: Vec<&Tensor> = ins.iter().collect();
-    check_with(
-        &k,
-        &refs,
-        Cmp { zero_sign: true, rtol: 1e-5 },
-        &[Config { target: CpuTarget::X86_64V3, options: Options::default() }],
-    );
+    let too_many = Geo { n: 1, c: 2, h: 20, w: 20, win: [17, 16], stride: [1, 1], dil: [1, 1], pad: [8, 8, 8, 7] };
+    assert!((too_many.win[0] * too_many.win[1]) as u64 > kiln_flow::window::MAX_TAPS);
+    let row_sum = Geo { n: 1, c: 3, h: 4, w: 20, win: [1, 20], stride: [1, 1], dil: [1, 1], pad: [0, 0, 0, 0] };
+    assert_eq!(row_sum.out()[1], 1);
+    for (i, g) in [too_many, row_sum].into_iter().enumerate() {
+        let k = depthwise(g, "bias_relu6");
+        assert!(kiln_flow::window::Depthwise::of(&k).is_none(), "{g:?}");
+        let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
+        let ins = inputs(g, 5 + i as u64);
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_with(
+            &k,
+            &refs,
+            Cmp { zero_sign: true, rtol: 1e-5 },
+            &[Config { target: CpuTarget::X86_64V3, options: Options::default() }],
+        );
+    }
 }
 
 /// An AveragePool as `kiln_lower` lowers it: `Σ x` over the window, divided by the
 /// kernel's size (`count_include_pad`, or no padding) or by the taps inside the input
 /// (the per-position count the window path tabulates at compile time).
 fn average_pool(dims: [usize; 4], kernel: [i64; 2], strides: [i64; 2], pads: [i64; 4], include_pad: bool) -> Kernel {
-    use kiln_ir::infer::{infer, InferInput};
-    use kiln_ir::{Attr, Attrs, Op, OpKind};
-    use kiln_lower::{lower_op, OpCx, OpInput};
-    let mut a = Attrs::new();
+    let mut a = kiln_ir::Attrs::new();
+    a.set("count_include_pad", kiln_ir::Attr::Int(include_pad as i64));
+    pool_kernel(kiln_ir::OpKind::AveragePool, &dims, &kernel, &strides, &[1, 1], &pads, false, a)
+}
+
+/// A pool (`kind`, MaxPool or AveragePool) over `dims` as `kiln_lower` lowers it, with
+/// the given window attributes (`dilations` for MaxPool only) and `extra` attributes.
+#[allow(clippy::too_many_arguments)]
+fn pool_kernel(
+    kind: kiln_ir::OpKind,
+    dims: &[usize],
+    kernel: &[i64],
+    strides: &[i64],
+    dilations: &[i64],
+    pads: &[i64],
+    ceil: bool,
+    mut a: kiln_ir::Attrs,
+) -> Kernel {
+    use kiln_ir::Attr;
     a.set("kernel_shape", Attr::Ints(kernel.to_vec()));
     a.set("strides", Attr::Ints(strides.to_vec()));
     a.set("pads", Attr::Ints(pads.to_vec()));
-    a.set("count_include_pad", Attr::Int(include_pad as i64));
-    let op = Op::parse(OpKind::AveragePool, &a).unwrap();
-    let x = tt(&dims);
-    let out = infer(&op, &[Some(InferInput { ty: &x, value: None })], 1).expect("infer");
-    let ins = [Some(OpInput { ty: &x, value: None })];
-    let cx = OpCx { op: &op, name: "avg", inputs: &ins, outputs: &out };
-    let mut l = lower_op(&cx).expect("lower AveragePool");
+    a.set("ceil_mode", Attr::Int(ceil as i64));
+    if kind == kiln_ir::OpKind::MaxPool {
+        a.set("dilations", Attr::Ints(dilations.to_vec()));
+    }
+    lowered(kind, a, &[tt(dims)])
+}
+
+/// The one kernel `kind` (with attributes `a`, over inputs of types `ins`) lowers to.
+fn lowered(kind: kiln_ir::OpKind, a: kiln_ir::Attrs, ins: &[TensorType]) -> Kernel {
+    use kiln_ir::infer::{infer, InferInput};
+    use kiln_ir::Op;
+    use kiln_lower::{lower_op, OpCx, OpInput};
+    let op = Op::parse(kind, &a).unwrap();
+    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
+    let out = infer(&op, &inf, 1).expect("infer");
+    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
+    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
+    let mut l = lower_op(&cx).expect("lower");
     assert_eq!(l.steps.len(), 1);
     l.steps.remove(0).kernel
 }
@@ -410,6 +443,175 @@ fn average_pools_are_windows_with_the_interpreters_bits() {
                 matches!(s, kiln_flow::window::Step::Div(kiln_flow::window::StepOperand::Position(_)))
             });
             assert_eq!(tabulated, padded && !include_pad, "{dims:?} {pads:?} include_pad {include_pad}: {:?}", d.epilogue);
+        }
+    }
+}
+
+/// Windows past the old limits: 5×5 and 7×7, 1-D rows of up to 31 taps and columns of
+/// 31, strides 3 and 4 (columns gathered) and asymmetric ones, dilations to 3, rows
+/// wider than 16 vectors (the interior groups of a row run as a loop), and more taps
+/// than registers hold (each tap broadcast where it is used). Same bound as
+/// [`windows_strides_padding_and_widths`]: `(taps + 2)` half-ulps of `S` (the error of
+/// an f32 sum of `taps` products is at most `taps` roundings of the sum of |terms|,
+/// and the bias and clamps add two); HardSwish `3·(taps + 2) + 4`.
+#[test]
+fn large_windows_any_stride_and_wide_rows() {
+    require_avx2_fma!();
+    let cases = [
+        Geo { n: 1, c: 3, h: 12, w: 17, win: [5, 5], stride: [1, 1], dil: [1, 1], pad: [2, 2, 2, 2] },
+        Geo { n: 1, c: 2, h: 11, w: 40, win: [5, 5], stride: [2, 2], dil: [1, 1], pad: [2, 2, 2, 2] },
+        Geo { n: 2, c: 2, h: 9, w: 23, win: [7, 7], stride: [1, 1], dil: [1, 1], pad: [3, 3, 3, 3] },
+        Geo { n: 1, c: 2, h: 14, w: 14, win: [7, 7], stride: [2, 2], dil: [1, 1], pad: [3, 2, 3, 2] },
+        Geo { n: 1, c: 2, h: 1, w: 70, win: [1, 31], stride: [1, 1], dil: [1, 1], pad: [0, 0, 15, 15] },
+        Geo { n: 1, c: 2, h: 40, w: 3, win: [31, 1], stride: [1, 1], dil: [1, 1], pad: [15, 15, 0, 0] },
+        Geo { n: 1, c: 3, h: 13, w: 29, win: [3, 3], stride: [3, 3], dil: [1, 1], pad: [1, 1, 1, 1] },
+        Geo { n: 1, c: 2, h: 9, w: 61, win: [3, 5], stride: [1, 4], dil: [1, 1], pad: [1, 1, 2, 2] },
+        Geo { n: 1, c: 2, h: 17, w: 20, win: [5, 3], stride: [3, 1], dil: [1, 1], pad: [2, 2, 1, 1] },
+        Geo { n: 1, c: 2, h: 10, w: 33, win: [5, 5], stride: [2, 1], dil: [1, 1], pad: [2, 2, 2, 2] },
+        Geo { n: 1, c: 2, h: 10, w: 33, win: [5, 5], stride: [1, 2], dil: [1, 1], pad: [2, 2, 2, 2] },
+        Geo { n: 1, c: 2, h: 15, w: 30, win: [3, 5], stride: [1, 1], dil: [3, 2], pad: [3, 3, 4, 4] },
+        Geo { n: 1, c: 2, h: 12, w: 26, win: [4, 4], stride: [1, 3], dil: [2, 3], pad: [0, 3, 5, 0] },
+        // Wide rows: 160 and 300 columns (the interior in a loop), at strides 1 and 2.
+        Geo { n: 1, c: 2, h: 4, w: 160, win: [3, 3], stride: [1, 1], dil: [1, 1], pad: [1, 1, 1, 1] },
+        Geo { n: 1, c: 2, h: 5, w: 320, win: [3, 3], stride: [2, 2], dil: [1, 1], pad: [1, 1, 1, 1] },
+        Geo { n: 1, c: 2, h: 4, w: 300, win: [5, 5], stride: [1, 1], dil: [1, 1], pad: [2, 2, 2, 2] },
+        Geo { n: 1, c: 1, h: 3, w: 250, win: [3, 3], stride: [1, 3], dil: [1, 1], pad: [1, 1, 1, 1] },
+        // Unpadded, the window inside the plane.
+        Geo { n: 1, c: 2, h: 12, w: 150, win: [5, 5], stride: [1, 1], dil: [1, 1], pad: [0, 0, 0, 0] },
+    ];
+    for (i, g) in cases.into_iter().enumerate() {
+        for epilogue in ["bias_relu6", "bias_hardswish", "none"] {
+            let k = depthwise(g, epilogue);
+            let taps = (g.win[0] * g.win[1]) as f32;
+            let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
+            check(&k, &inputs(g, 200 + i as u64), units);
+        }
+    }
+}
+
+/// 1-D depthwise convolutions (`Conv` over `[N, C, L]`, as lowered, bias included) are
+/// windows along one row: 9, 20 and 31 taps, padded or not, strides 1 to 3, dilation
+/// 2; and a `[K, 1]` window over a one-column plane (FSMN's memory blocks) is the same
+/// row. Bound: `(taps + 2)` half-ulps of `S`, as above (the bias is one rounding).
+#[test]
+fn one_dimensional_windows_are_rows() {
+    require_avx2_fma!();
+    use kiln_ir::{Attr, Attrs, OpKind};
+    let mut n = 0;
+    for (c, l, k, stride, dil, pads) in [
+        (4, 80, 9, 1, 1, [4, 4]),
+        (3, 119, 20, 1, 1, [0, 0]),
+        (3, 100, 20, 1, 1, [19, 0]),
+        (2, 200, 31, 1, 1, [15, 15]),
+        (2, 90, 31, 2, 1, [15, 15]),
+        (2, 77, 7, 3, 2, [6, 6]),
+    ] {
+        for two_d in [false, true] {
+            // 1-D over [N, C, L], or 2-D over a one-column plane [N, C, L, 1].
+            let mut a = Attrs::new();
+            a.set("group", Attr::Int(c as i64));
+            let xd = if two_d {
+                a.set("strides", Attr::Ints(vec![stride, 1]));
+                a.set("dilations", Attr::Ints(vec![dil, 1]));
+                a.set("pads", Attr::Ints(vec![pads[0], 0, pads[1], 0]));
+                vec![1, c, l, 1]
+            } else {
+                a.set("strides", Attr::Ints(vec![stride]));
+                a.set("dilations", Attr::Ints(vec![dil]));
+                a.set("pads", Attr::Ints(pads.to_vec()));
+                vec![1, c, l]
+            };
+            let wd = if two_d { vec![c, 1, k, 1] } else { vec![c, 1, k] };
+            let kern = lowered(OpKind::Conv, a, &[tt(&xd), tt(&wd), tt(&[c])]);
+            let d = kiln_flow::window::Depthwise::of(&kern).expect("a window");
+            assert_eq!((d.in_dims[2], d.in_dims[3], d.window), (1, l as u64, [1, k as u64]), "{xd:?} {wd:?}");
+            let ins = [random_f32(&xd, 2.0, 300 + n), random_f32(&wd, 1.0, 301 + n), random_f32(&[c], 1.0, 302 + n)];
+            n += 3;
+            check(&kern, &ins, k as f32 + 2.0);
+        }
+    }
+}
+
+/// Max pools of any window as lowered (MaxPool: NaN ignored, −∞ padding), exactly the
+/// interpreter's values: YOLO's SPPF windows (5×5, 9×9, 13×13 at stride 1, padded to
+/// the same size) whose output rows share their window rows' maxima, ceil mode (2×2 at
+/// stride 2 over odd and wide planes: U²-Net), strides 3 and (2, 1), dilation 2, 1-D
+/// pools; NaN here and there and one plane all NaN.
+#[test]
+fn max_pools_of_any_window() {
+    require_avx2_fma!();
+    use kiln_ir::{Attrs, OpKind};
+    for (n, (dims, kernel, strides, dil, pads, ceil)) in [
+        (vec![1, 3, 13, 13], vec![5, 5], vec![1, 1], vec![1, 1], vec![2, 2, 2, 2], false),
+        (vec![1, 3, 13, 13], vec![9, 9], vec![1, 1], vec![1, 1], vec![4, 4, 4, 4], false),
+        (vec![1, 2, 13, 13], vec![13, 13], vec![1, 1], vec![1, 1], vec![6, 6, 6, 6], false),
+        (vec![1, 2, 20, 20], vec![13, 13], vec![1, 1], vec![1, 1], vec![6, 6, 6, 6], false),
+        (vec![2, 2, 23, 37], vec![2, 2], vec![2, 2], vec![1, 1], vec![0, 0, 0, 0], true),
+        (vec![1, 2, 9, 641], vec![2, 2], vec![2, 2], vec![1, 1], vec![0, 0, 0, 0], true),
+        (vec![1, 2, 11, 160], vec![3, 3], vec![2, 2], vec![1, 1], vec![1, 1, 1, 1], true),
+        (vec![1, 2, 16, 45], vec![3, 3], vec![3, 3], vec![1, 1], vec![1, 1, 1, 1], true),
+        (vec![1, 2, 15, 30], vec![3, 5], vec![2, 1], vec![2, 1], vec![2, 2, 1, 3], false),
+        (vec![1, 3, 50], vec![7], vec![2], vec![1], vec![3, 3], true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let k = pool_kernel(OpKind::MaxPool, &dims, &kernel, &strides, &dil, &pads, ceil, Attrs::new());
+        let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        assert_eq!(m.notes[0], "max pool window (avx2)", "{dims:?} {kernel:?}");
+        let numel: usize = dims.iter().product();
+        let plane: usize = dims[2..].iter().product();
+        let mut x = random_f32(&dims, 2.0, 500 + n as u64).to_vec::<f32>().unwrap();
+        for i in (0..numel).step_by(11) {
+            x[i] = f32::NAN;
+        }
+        for v in &mut x[plane..2 * plane] {
+            *v = f32::NAN;
+        }
+        let x = Tensor::from_vec(Shape::new(dims.clone()).unwrap(), x).unwrap();
+        let want = interp::run(&k, &[&x]).unwrap();
+        for cfg in targets() {
+            for splits in [1, 3] {
+                let got = run_compiled(&k, &[&x], &cfg, splits);
+                if let Err(e) = compare(&got, &want, EXACT) {
+                    panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} {cfg:?} splits {splits}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Average pools past the old limits, as lowered, with the interpreter's bits (the
+/// same f32 sums in the same order, one division): 5×5 and 7×7 windows, ceil mode,
+/// padding with and without `count_include_pad`, stride 3, wide rows.
+#[test]
+fn average_pools_of_any_window() {
+    require_avx2_fma!();
+    let mut n = 0;
+    for (dims, kernel, strides, pads, ceil) in [
+        ([1, 2, 13, 13], [5, 5], [1, 1], [2, 2, 2, 2], false),
+        ([1, 2, 15, 17], [7, 7], [2, 2], [3, 3, 3, 3], true),
+        ([1, 2, 16, 45], [3, 3], [3, 3], [1, 1, 1, 1], true),
+        ([1, 2, 7, 600], [3, 3], [1, 1], [1, 1, 1, 1], false),
+        ([1, 2, 9, 31], [2, 2], [2, 2], [0, 0, 0, 0], true),
+    ] {
+        for include_pad in [false, true] {
+            let mut a = kiln_ir::Attrs::new();
+            a.set("count_include_pad", kiln_ir::Attr::Int(include_pad as i64));
+            let k = pool_kernel(kiln_ir::OpKind::AveragePool, &dims, &kernel, &strides, &[1, 1], &pads, ceil, a);
+            let x = random_f32(&dims, 2.0, 600 + n);
+            n += 1;
+            let want = interp::run(&k, &[&x]).unwrap();
+            for cfg in targets() {
+                let m = compile_with(&classify(&[&k]), &cfg.target, &Options::default()).unwrap();
+                assert!(m.notes[0].starts_with("average pool window"), "{dims:?} {kernel:?}: {}", m.notes[0]);
+                for splits in [1, 3] {
+                    let got = run_compiled(&k, &[&x], &cfg, splits);
+                    if let Err(e) = compare(&got, &want, EXACT) {
+                        panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad} {cfg:?} splits {splits}: {e}");
+                    }
+                }
+            }
         }
     }
 }

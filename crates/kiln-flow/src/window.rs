@@ -13,22 +13,42 @@
 //! below.
 //!
 //! The recognised form, [`Depthwise::of`]:
-//! - rank-4 f32 output `[N, C, OH, OW]` (NCHW) and input `[N, C, H, W]`, the same `C`;
+//! - f32 output `[N, C, OH, OW]` (NCHW) and input `[N, C, H, W]`, the same `C`, or the
+//!   1-D forms `[N, C, OL]` and `[N, C, L]` (a plane of one row, [`Depthwise`] holds
+//!   them as `[N, C, 1, L]`);
 //! - exactly one reduction that reads an input (folds over indices alone belong to an
 //!   epilogue operand): a `Reduce { Sum }` whose body is `Load(x) · Load(w)` (either
 //!   order) or `Load(x)` alone, or a `Reduce { Max }` whose body is `select(isnan(Load(x)), −∞, Load(x))`
 //!   (MaxPool as lowered): `x` with `InBounds` bounds or `Pad` by 0 (a sum) or −∞ (a
-//!   maximum), index `(n, c, sh·oh + dh·kh + ph, sw·ow + dw·kw + pw)` with strides 1
-//!   or 2; `w` in bounds at an affine offset over `c`, `kh`, `kw`; reduction variables
-//!   of extent 1 (a group index) are ignored; at most 9 taps;
+//!   maximum), index `(n, c, sh·oh + dh·kh + ph, sw·ow + dw·kw + pw)` with any strides
+//!   and dilations (each to [`MAX_STRIDE`], asymmetric ones included) and any offsets
+//!   (padding, and the extra trailing windows of a pool's ceil mode, read as padding);
+//!   `w` in bounds at an affine offset over `c`, `kh`, `kw`; reduction variables of
+//!   extent 1 (a group index) are ignored; at most [`MAX_TAPS`] taps ([`MAX_STRIDED_TAPS`]
+//!   at column strides past 1);
 //! - an epilogue that is a chain from the sum to the result, each step one of `+ − × ÷`
 //!   with a constant, a per-channel value (an affine load over `c`: bias, folded
 //!   batch-norm scale) or a value of the output row and column alone that reads no
 //!   input (an average pool's count of taps inside the plane, tabulated here for every
 //!   position, at most [`MAX_POSITIONS`] of them), a clamp against a constant (`max`, `min`, and `Relu`/`Clip`
 //!   as compare-and-select), or the running value times such a chain of itself
-//!   (HardSwish);
-//! - at most 128 output columns (a row is held in registers in at most 16 vectors).
+//!   (HardSwish).
+//!
+//! A plane of one column with a window along its rows (`[KH, 1]` over `[H, 1]`, as
+//! FSMN's memory blocks write a 1-D convolution) is held as the row it is in memory.
+//! One output column with a window of more than 8 columns is not a window: each output
+//! reduces a stretch of a row (an SE block's row sum, a global pool), which vectors
+//! along the output row would compute one lane at a time.
+//!
+//! **Grouped convolutions are not windows.** A convolution with several input channels
+//! per group (`1 < C/group`) is lowered as `[N, group, M/group, …]` with the group an
+//! index of its own (`kiln_lower`'s linalg module), which makes it a batch of
+//! contractions ([`crate::contraction`]): each group is a product of `M/group` filter
+//! rows and `C/group · KH · KW` image rows, where every loaded image vector is used by
+//! `M/group` outputs, which a matrix tile exploits and a window (one output channel
+//! per input plane) cannot. Only one input channel per output channel is a window.
+//! A channel multiplier (`M = k·C`, `group = C`) reads channel `m / k`, not affine in
+//! the output index, and is not recognised here.
 //!
 //! Nothing here changes a kernel.
 
@@ -36,10 +56,19 @@ use crate::affine::{affine, load_offset, AffineIndex};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-/// Most taps (`kh × kw`) of a recognised window.
-pub const MAX_TAPS: u64 = 9;
-/// Most output columns of a recognised window.
-pub const MAX_COLUMNS: u64 = 128;
+/// Most taps (`kh × kw`) of a recognised window at column stride 1: a target unrolls
+/// the taps, so this bounds its code (169 taps of 12 vectors, one FMA each: about 14 KB
+/// a row group); 13×13 windows (YOLO's SPPF pools), 1-D windows of 169 taps. A kernel
+/// that runs once per inference pays for its code on every call (fetched cold): the
+/// 256-tap stride-2 1-D convolutions of a CQT front end took 60 µs more as windows
+/// than as contractions.
+pub const MAX_TAPS: u64 = 169;
+/// Most taps at column strides past 1, where a tap is several instructions (two loads
+/// and a shuffle, or a gather): 7×7 and 8×8 windows, 1-D windows of 64 taps.
+pub const MAX_STRIDED_TAPS: u64 = 64;
+/// Largest stride and dilation of a recognised window (far above real models; keeps
+/// the offsets a target computes small).
+pub const MAX_STRIDE: i64 = 64;
 /// Most output positions (`OH × OW`) a per-position epilogue value is tabulated for.
 pub const MAX_POSITIONS: u64 = 16 * 1024;
 
@@ -133,11 +162,12 @@ pub struct Depthwise {
 impl Depthwise {
     /// Recognises `k` (see the module docs), or `None`.
     pub fn of(k: &Kernel) -> Option<Depthwise> {
-        if k.out_rank() != 4 || k.output.dtype != DType::F32 {
+        let rank = k.out_rank();
+        if !(rank == 3 || rank == 4) || k.output.dtype != DType::F32 {
             return None;
         }
-        let out_dims = dims4(&k.output.shape)?;
-        if out_dims[3] > MAX_COLUMNS || out_dims.contains(&0) {
+        let out_dims = plane_dims(&k.output.shape)?;
+        if out_dims.contains(&0) {
             return None;
         }
         let mut found = None;
@@ -158,7 +188,7 @@ impl Depthwise {
         let wide: Vec<u32> = rvars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
         // The image load, its index, whether it is padded, and the filter load.
         let image = |e: ExprId| match &k.node(e).expr {
-            Expr::Load { input, index, bounds: b @ (Bounds::InBounds | Bounds::Pad(0)) } if index.len() == 4 => {
+            Expr::Load { input, index, bounds: b @ (Bounds::InBounds | Bounds::Pad(0)) } if index.len() == rank => {
                 Some((*input, index.clone(), matches!(b, Bounds::Pad(_))))
             }
             _ => None,
@@ -187,7 +217,7 @@ impl Depthwise {
                 if !matches!(bounds, Bounds::InBounds) && *bounds != Bounds::Pad(neg_inf) {
                     return None;
                 }
-                (xidx.len() == 4).then(|| (*xa, xidx.clone(), matches!(bounds, Bounds::Pad(_)), None))?
+                (xidx.len() == rank).then(|| (*xa, xidx.clone(), matches!(bounds, Bounds::Pad(_)), None))?
             }
         };
         if k.inputs.get(x as usize)?.dtype != DType::F32 {
@@ -198,7 +228,10 @@ impl Depthwise {
                 return None;
             }
         }
-        let in_dims = dims4(&k.inputs[x as usize].shape)?;
+        if k.inputs[x as usize].shape.rank() != rank {
+            return None;
+        }
+        let in_dims = plane_dims(&k.inputs[x as usize].shape)?;
         if in_dims[0] != out_dims[0] || in_dims[1] != out_dims[1] {
             return None;
         }
@@ -214,34 +247,43 @@ impl Depthwise {
                 return None;
             }
         }
-        // Rows and columns: s·o + dl·t + c, with t the one reduction variable it reads.
+        // Rows and columns: s·o + dl·t + c, with t the one reduction variable it reads
+        // (a 1-D window has no row axis: one row, one window row).
         let mut taps = [None; 2];
         let mut window = [1u64; 2];
         let mut stride = [1i64; 2];
         let mut dilation = [1i64; 2];
         let mut offset = [0i64; 2];
         for d in 0..2 {
-            let a = affine(k, xi[2 + d])?;
-            let o = 2 + d;
+            // The axis of the index (and output variable) for plane axis d.
+            let o = match (rank, d) {
+                (4, _) => 2 + d,
+                (_, 1) => 2,
+                _ => continue,
+            };
+            let a = affine(k, xi[o])?;
             let t: Vec<u32> = wide.iter().copied().filter(|&v| a.coef[v as usize] != 0).collect();
             let mut allowed = vec![o as u32];
             allowed.extend(&t);
             if t.len() > 1 || !only(&a, &allowed) {
                 return None;
             }
-            stride[d] = if out_dims[o] > 1 { live(&a, o) } else { 1 };
-            if !(1..=2).contains(&stride[d]) {
+            stride[d] = if out_dims[2 + d] > 1 { live(&a, o) } else { 1 };
+            if !(1..=MAX_STRIDE).contains(&stride[d]) {
                 return None;
             }
             if let Some(&t) = t.first() {
                 taps[d] = Some(t);
                 window[d] = k.vars[t as usize];
                 dilation[d] = a.coef[t as usize];
-                if dilation[d] <= 0 {
+                if !(1..=MAX_STRIDE).contains(&dilation[d]) {
                     return None;
                 }
             }
             offset[d] = a.c;
+            if offset[d].abs() > MAX_STRIDE * MAX_TAPS as i64 {
+                return None;
+            }
         }
         // Every wide reduction variable is a window axis.
         if wide.iter().any(|v| !taps.contains(&Some(*v))) || window[0] * window[1] > MAX_TAPS {
@@ -271,13 +313,40 @@ impl Depthwise {
             None => WindowOp::Max,
         };
         let epilogue = chain(k, reduce)?;
-        Some(Depthwise { x, op, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue })
+        let mut d = Depthwise { x, op, out_dims, in_dims, taps, window, stride, dilation, offset, reduce, epilogue };
+        // A plane of one column whose window does not move along it (a `[KH, 1]` window
+        // over `[H, 1]`: FSMN's memory blocks) is, in memory, one row: the same elements
+        // in the same order, with the window along the row.
+        if d.in_dims[3] == 1 && d.out_dims[3] == 1 && d.window[1] == 1 && d.offset[1] == 0 && d.in_dims[2] > 1 {
+            d.in_dims.swap(2, 3);
+            d.out_dims.swap(2, 3);
+            d.taps.swap(0, 1);
+            d.window.swap(0, 1);
+            d.stride.swap(0, 1);
+            d.dilation.swap(0, 1);
+            d.offset.swap(0, 1);
+        }
+        // One output column per row and a window wider than a vector (SE blocks' row
+        // sums, global pools): each output is a reduction of a row, which a window
+        // kernel (vectors along the output row) would compute one lane at a time; that
+        // is a row reduction's form, not a sliding window's.
+        if d.out_dims[3] == 1 && d.window[1] > 8 {
+            return None;
+        }
+        if d.stride[1] > 1 && d.window[0] * d.window[1] > MAX_STRIDED_TAPS {
+            return None;
+        }
+        Some(d)
     }
 }
 
-fn dims4(s: &kiln_ir::Shape) -> Option<[u64; 4]> {
-    let d = s.dims();
-    (d.len() == 4).then(|| [d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64])
+/// `[N, C, H, W]` of an NCHW tensor, `[N, C, 1, L]` of an NCL one; `None` for other ranks.
+fn plane_dims(s: &kiln_ir::Shape) -> Option<[u64; 4]> {
+    match *s.dims() {
+        [n, c, l] => Some([n as u64, c as u64, 1, l as u64]),
+        [n, c, h, w] => Some([n as u64, c as u64, h as u64, w as u64]),
+        _ => None,
+    }
 }
 
 /// The epilogue from the reduction `r` to the root as steps, or `None` when it is not
@@ -388,21 +457,23 @@ fn operand(k: &Kernel, e: ExprId) -> Option<StepOperand> {
 }
 
 /// `e` tabulated over the output rows and columns when it reads no input and depends on
-/// no other output variable (the kernel is rank 4, `[n, c, oh, ow]`).
+/// no other output variable (the kernel is rank 4, `[n, c, oh, ow]`, or rank 3, `[n, c, ow]`).
 fn position(k: &Kernel, e: ExprId) -> Option<StepOperand> {
-    let [_, _, oh_n, ow_n] = dims4(&k.output.shape)?;
+    let [_, _, oh_n, ow_n] = plane_dims(&k.output.shape)?;
     if oh_n * ow_n > MAX_POSITIONS {
         return None;
     }
+    let rank = k.out_rank() as u32;
     let free = k.free_vars();
-    if free[e.index()].iter().any(|&v| v < 2 || v >= 4 && k.vars[v as usize] > 1) {
+    if free[e.index()].iter().any(|&v| v < 2 || v >= rank && k.vars[v as usize] > 1) {
         return None;
     }
     let mut ev = crate::interp::NodeEval::new(k, e)?;
     let mut values = Vec::with_capacity((oh_n * ow_n) as usize);
     for oh in 0..oh_n as i64 {
         for ow in 0..ow_n as i64 {
-            values.push(ev.at(&[0, 0, oh, ow]) as u32);
+            let env: &[i64] = if rank == 4 { &[0, 0, oh, ow] } else { &[0, 0, ow] };
+            values.push(ev.at(env) as u32);
         }
     }
     // One value everywhere is a constant.

@@ -1,12 +1,19 @@
-//! Depthwise convolutions and max pools ([`kiln_flow::window::Depthwise`]) as AVX2+FMA
-//! machine code written with `iced-x86`, reading the unpadded input directly.
+//! Depthwise convolutions and max and average pools, 2-D and 1-D
+//! ([`kiln_flow::window::Depthwise`]), as AVX2+FMA machine code written with `iced-x86`,
+//! reading the unpadded input directly.
 //!
-//! A workgroup is one channel plane `(n, c)`. Its filter taps (at most 9) are broadcast
-//! into registers once; per-channel epilogue values go to the stack as vectors. Each
-//! output row is computed in groups of up to `G` vectors of 8 columns, `G` the
-//! registers left over (4 to 5): per tap one FMA per vector, reading the input row
-//! in place. Rows narrower than `G` vectors are taken several at a time (a 7-wide
-//! plane: 4 or 5 rows), so independent FMA chains overlap. The border is handled where it is, with no padded copy of the input:
+//! A workgroup is one channel plane `(n, c)` (a 1-D window's plane is one row). A
+//! filter of at most [`TAPS_IN_REGISTERS`] taps is broadcast into registers once per
+//! plane; a larger one (5×5, 7×7, 1-D windows of 20 or 31 taps) keeps one tap register
+//! and broadcasts each tap from the filter where it is used, once per group of
+//! vectors, which leaves 12 to 13 registers to accumulators. Per-channel epilogue
+//! values go to the stack as vectors. Each output row is computed in groups of up to
+//! `G` vectors of 8 columns, `G` the registers left over: per tap one FMA per vector,
+//! reading the input row in place. Rows narrower than `G` vectors are taken several at
+//! a time (a 7-wide plane: 4 or 5 rows), so independent FMA chains overlap. A wide
+//! row's interior groups (every load and store whole) are one loop that moves the row
+//! pointers a group on per turn, so the code does not grow with the row's width; only
+//! the border groups are unrolled. The border is handled where it is, with no padded copy of the input:
 //! - a window row outside the plane is skipped (one compare per window row, emitted
 //!   only for rows that can fall outside);
 //! - columns outside the plane are masked lanes: `vmaskmovps` reads nothing there and
@@ -25,9 +32,15 @@
 //!
 //! A max pool keeps −∞ in one register instead of taps: its accumulators start there,
 //! each tap is `vmaxps acc, x, acc` (which gives `acc` where `x` is NaN: NaN is
-//! ignored, as MaxPool wants), and lanes outside the plane are blended to −∞.
+//! ignored, as MaxPool wants), and lanes outside the plane are blended to −∞. Its
+//! taps go input row by input row: the maximum along a window row is taken once and
+//! folded into every output row of the block whose window holds that input row, so
+//! `R` output rows of a `KH × KW` window cost about `(R + KH − 1)·KW + R·KH` maxima, not
+//! `R·KH·KW` (YOLO's SPPF 13×13 pools over 13×13 planes: blocks of 6 rows, 3× fewer).
 //!
-//! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`). The
+//! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`); wider
+//! column strides gather their 8 columns (`vgatherdps` under the mask of the lanes
+//! inside the row). Any row stride is a pointer step. The
 //! epilogue steps (bias, scale, clamps) apply to each vector before the store. A row's
 //! last vector is stored whole where its extra lanes stay inside the plane (they land
 //! in rows stored after it); only the plane's last rows mask it.
@@ -43,6 +56,11 @@ use kiln_flow::Kernel;
 
 use super::asm::{enter, leave, under_mask, Tables, YMM};
 use super::gemm::{no, NotHere, R};
+
+/// Taps a convolution keeps in registers for a whole plane; one of more taps
+/// broadcasts each tap from the filter where it is used (one load for every vector of
+/// a group), which leaves more registers to accumulators.
+const TAPS_IN_REGISTERS: u64 = 9;
 
 /// A compiled window kernel.
 pub(crate) struct WindowCode {
@@ -94,8 +112,12 @@ struct Emit<'d> {
     channel: Vec<(u32, kiln_flow::affine::AffineIndex)>,
     /// Lane masks and constants, emitted after the code.
     t: Tables,
-    /// Registers: taps, then scratch, then accumulators.
+    /// Registers: taps, then scratch, then accumulators. A convolution of more than
+    /// [`TAPS_IN_REGISTERS`] taps has one tap register, filled per use from the filter
+    /// (`r15`); a max pool's one holds −∞.
     taps: Vec<AsmRegisterYmm>,
+    /// Whether a convolution's taps are all held in `taps`.
+    taps_held: bool,
     scratch: Vec<AsmRegisterYmm>,
     accs: Vec<AsmRegisterYmm>,
     /// Lane patterns of border columns held in opmask registers `k1`–`k7` (the
@@ -105,13 +127,23 @@ struct Emit<'d> {
 
 impl<'d> Emit<'d> {
     fn new(d: &'d Depthwise, inputs: usize) -> R<Emit<'d>> {
-        // A max pool's one "tap" register holds −∞; a sum has no filter.
+        let all_taps = d.window[0] * d.window[1];
+        let taps_held = all_taps <= TAPS_IN_REGISTERS;
+        // A max pool's one "tap" register holds −∞; a sum has no filter; a convolution
+        // of many taps broadcasts each into one register where it is used.
         let ntaps = match d.op {
             WindowOp::Max => 1,
             WindowOp::Sum => 0,
-            WindowOp::Conv { .. } => (d.window[0] * d.window[1]) as usize,
+            WindowOp::Conv { .. } if taps_held => all_taps as usize,
+            WindowOp::Conv { .. } => 1,
         };
-        let nscratch = if d.stride[1] == 2 { 3 } else { 2 };
+        // Scratch: the loaded vector, the second half of a stride-2 load (or a gather's
+        // index vector), and a lane mask last; a max pool also the maximum along a
+        // window row shared by several output rows.
+        let mut nscratch = if d.stride[1] == 1 { 2 } else { 3 };
+        if d.op == WindowOp::Max {
+            nscratch += 1;
+        }
         let mut channel = Vec::new();
         let inner = d.epilogue.iter().flat_map(|s| match s {
             Step::MulSelf(inner) => inner.as_slice(),
@@ -133,6 +165,7 @@ impl<'d> Emit<'d> {
             channel,
             t: Tables::default(),
             taps: YMM[..ntaps].to_vec(),
+            taps_held,
             scratch: YMM[ntaps..ntaps + nscratch].to_vec(),
             accs: YMM[ntaps + nscratch..].to_vec(),
             opmasks: Vec::new(),
@@ -148,6 +181,10 @@ impl<'d> Emit<'d> {
         let d = self.d;
         let (ow_n, w) = (d.out_dims[3] as i64, d.in_dims[3] as i64);
         let (sw, dil_w, pw, kw_n) = (d.stride[1], d.dilation[1], d.offset[1], d.window[1] as i64);
+        if sw > 2 {
+            // (Wider strides gather their columns under a vector mask.)
+            return;
+        }
         for j in 0..(ow_n + 7) / 8 {
             for kw in 0..kw_n {
                 let col = sw * 8 * j + dil_w * kw + pw;
@@ -252,6 +289,9 @@ impl<'d> Emit<'d> {
         let mut done = self.a.create_label();
         self.a.cmp(r10, r11)?;
         self.a.jae(done)?;
+        // rdi: the byte offset of the output column a loop over a row's groups is at
+        // (0 outside such loops; per-position epilogue tables add it).
+        self.a.xor(edi, edi)?;
         self.a.mov(r8, qword_ptr(rbp + 8 * d.x as i32))?;
         self.a.mov(r9, qword_ptr(rbp + 8 * self.out_slot as i32))?;
         for (bits, k) in self.opmasks.clone() {
@@ -277,9 +317,13 @@ impl<'d> Emit<'d> {
                 self.a.add(r15, rsi)?;
                 for kh in 0..kh_n {
                     for kw in 0..kw_n {
+                        if !self.taps_held {
+                            break;
+                        }
                         let t = self.taps[(kh * kw_n + kw) as usize];
-                        let off = (woff.c + w_kh * kh + w_kw * kw) * 4;
-                        self.a.vbroadcastss(t, dword_ptr(r15 + off as i32))?;
+                        let off = i32::try_from((woff.c + w_kh * kh + w_kw * kw) * 4)
+                            .map_err(|_| NotHere("filter offset".into()))?;
+                        self.a.vbroadcastss(t, dword_ptr(r15 + off))?;
                     }
                 }
             }
@@ -355,17 +399,154 @@ impl<'d> Emit<'d> {
     /// Output rows `r14 .. r14 + rows` (every vector of each), in groups of at most `g`
     /// accumulators; `at`: the first row's number when known here (then stores that
     /// would leave the plane are masked), `None` inside the loop (every store whole).
+    ///
+    /// A run of groups whose every load and store is whole (the row's interior) is one
+    /// loop over the first of them, moving the row pointers a group on per turn, so
+    /// a row's code does not grow with its width.
     fn row_block(&mut self, rows: i64, vectors: i64, g: i64, at: Option<i64>) -> R<()> {
         if rows > 1 {
             return self.group(rows, 0, vectors, at);
         }
-        let mut j0 = 0;
-        while j0 < vectors {
-            let j1 = (j0 + g).min(vectors);
+        let groups: Vec<(i64, i64)> = (0..vectors).step_by(g as usize).map(|j0| (j0, (j0 + g).min(vectors))).collect();
+        let whole = |e: &Self, (j0, j1): (i64, i64)| j1 - j0 == g && (j0..j1).all(|j| e.interior(j));
+        let first = groups.iter().position(|&gr| whole(self, gr));
+        let run = first.map_or(0, |f| groups[f..].iter().take_while(|&&gr| whole(self, gr)).count());
+        let mut i = 0;
+        while i < groups.len() {
+            if Some(i) == first && run >= 2 {
+                let (j0, j1) = groups[i];
+                let sw = self.d.stride[1];
+                let (step_in, step_out) = (32 * sw * g, 32 * g);
+                let n = run as i64;
+                let total_in = i32::try_from(step_in * n).map_err(|_| NotHere("row too wide".into()))?;
+                self.a.mov(edx, n as i32)?;
+                let mut top = self.a.create_label();
+                self.a.set_label(&mut top)?;
+                self.group(1, j0, j1, at)?;
+                self.a.add(rbx, step_in as i32)?;
+                self.a.add(r13, step_out as i32)?;
+                self.a.add(rdi, step_out as i32)?;
+                self.a.dec(edx)?;
+                self.a.jnz(top)?;
+                self.a.sub(rbx, total_in)?;
+                self.a.sub(r13, (step_out * n) as i32)?;
+                self.a.xor(edi, edi)?;
+                i += run;
+                continue;
+            }
+            let (j0, j1) = groups[i];
             self.group(1, j0, j1, at)?;
-            j0 = j1;
+            i += 1;
         }
         Ok(())
+    }
+
+    /// Whether output vector `j` of a row is whole (8 columns) and reads whole vectors
+    /// inside the row at every window column.
+    fn interior(&self, j: i64) -> bool {
+        let d = self.d;
+        let (ow_n, w) = (d.out_dims[3] as i64, d.in_dims[3] as i64);
+        let (sw, dil_w, pw) = (d.stride[1], d.dilation[1], d.offset[1]);
+        // Input columns a vector's load spans (a stride-2 vector is two loads).
+        let span = if sw == 2 { 16 } else { 7 * sw + 1 };
+        8 * j + 8 <= ow_n
+            && (0..d.window[1] as i64).all(|kw| {
+                let col = sw * 8 * j + dil_w * kw + pw;
+                col >= 0 && col + span <= w
+            })
+    }
+
+    /// `rax` = input row `r14·sh + first` (the row window row `kh` of output row
+    /// `r14 + r` reads, `first = dh·kh + ph + sh·r`), then a jump to the returned label
+    /// when it is outside the plane; `None` (and no code) when no output row puts it
+    /// outside.
+    fn row_check(&mut self, first: i64, last: i64) -> R<Option<CodeLabel>> {
+        let d = self.d;
+        let (h, sh) = (d.in_dims[2] as i64, d.stride[0]);
+        if first >= 0 && last < h {
+            return Ok(None);
+        }
+        let l = self.a.create_label();
+        let first = i32::try_from(first).map_err(|_| NotHere("row offset".into()))?;
+        if matches!(sh, 1 | 2 | 4 | 8) {
+            self.a.lea(rax, qword_ptr(r14 * sh as u32 + first))?;
+        } else {
+            self.a.imul_3(rax, r14, sh as i32)?;
+            self.a.add(rax, first)?;
+        }
+        self.a.cmp(rax, h as i32)?;
+        self.a.jae(l)?; // (unsigned: a negative row is above every extent)
+        Ok(Some(l))
+    }
+
+    /// `dst` = the 8 input elements of a vector whose lane 0 reads input column `col`
+    /// (at `rbx + disp·4`), lane `e` column `col + sw·e`: 0 outside the row (−∞ for a
+    /// max pool), nothing read there. `false` (and `dst` unset) when no lane is inside
+    /// and the value would be 0.
+    fn fetch(&mut self, dst: AsmRegisterYmm, disp: i64, col: i64) -> R<bool> {
+        let d = self.d;
+        let (w, sw) = (d.in_dims[3] as i64, d.stride[1]);
+        let max = d.op == WindowOp::Max;
+        let (t1, m) = (self.scratch[1], self.scratch[self.scratch.len() - 1]);
+        match sw {
+            1 => {
+                let bits = Self::inside(col, w);
+                if max {
+                    self.load_max(dst, disp, bits)?;
+                    Ok(true)
+                } else {
+                    self.load(dst, disp, bits)
+                }
+            }
+            2 => {
+                // 16 elements from col; lane e takes element 2e.
+                let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
+                if max {
+                    self.load_max(dst, disp, lo)?;
+                    self.load_max(t1, disp + 8, hi)?;
+                } else {
+                    let even = |m: u8| (0..4).any(|e| m >> (2 * e) & 1 == 1);
+                    if !even(lo) && !even(hi) {
+                        return Ok(false);
+                    }
+                    if !self.load(dst, disp, lo)? {
+                        self.a.vxorps(dst, dst, dst)?;
+                    }
+                    if !self.load(t1, disp + 8, hi)? {
+                        self.a.vxorps(t1, t1, t1)?;
+                    }
+                }
+                self.a.vshufps(dst, dst, t1, 0x88)?;
+                self.a.vpermpd(dst, dst, 0xD8)?;
+                Ok(true)
+            }
+            _ => {
+                // A gather of lanes col + sw·e under the mask of those inside the row.
+                let bits = (0..8).filter(|e| (0..w).contains(&(col + sw * e))).fold(0u8, |b, e| b | 1 << e);
+                if max {
+                    self.a.vmovaps(dst, self.taps[0])?;
+                } else if bits == 0 {
+                    return Ok(false);
+                } else {
+                    self.a.vxorps(dst, dst, dst)?;
+                }
+                if bits == 0 {
+                    return Ok(true);
+                }
+                let index: Vec<u32> = (0..8).map(|e| (sw * e) as u32).collect();
+                let l = self.t.words(&mut self.a, &index);
+                self.a.vmovdqu(t1, ymmword_ptr(l))?;
+                if bits == 0xff {
+                    self.a.vpcmpeqd(m, m, m)?;
+                } else {
+                    let l = self.mask_label(bits);
+                    self.a.vmovups(m, ymmword_ptr(l))?;
+                }
+                let disp = i32::try_from(disp * 4).map_err(|_| NotHere("column offset".into()))?;
+                self.a.vgatherdps_3(dst, ymmword_ptr(rbx + t1 * 4 + disp), m)?;
+                Ok(true)
+            }
+        }
     }
 
     /// Output vectors `j0..j1` of rows `r14 .. r14 + rows`: sum, epilogue, store
@@ -373,7 +554,7 @@ impl<'d> Emit<'d> {
     fn group(&mut self, rows: i64, j0: i64, j1: i64, at: Option<i64>) -> R<()> {
         let d = self.d;
         let [_, _, oh_n, ow_n] = d.out_dims.map(|x| x as i64);
-        let [_, _, h, w] = d.in_dims.map(|x| x as i64);
+        let w = d.in_dims[3] as i64;
         let (sh, sw) = (d.stride[0], d.stride[1]);
         let (dil_h, dil_w) = (d.dilation[0], d.dilation[1]);
         let (ph, pw) = (d.offset[0], d.offset[1]);
@@ -389,26 +570,28 @@ impl<'d> Emit<'d> {
                 self.a.vxorps(r, r, r)?;
             }
         }
+        if max {
+            self.max_taps(rows, j0, &accs)?;
+        }
         for kh in 0..kh_n {
+            if max {
+                break;
+            }
             for r in 0..rows {
                 // Window row kh of output row oh + r reads input row sh·(oh + r) + dh·kh
                 // + ph: check it where some output row puts it outside the plane.
                 let first = dil_h * kh + ph + sh * r;
-                let last = dil_h * kh + ph + sh * (oh_n - 1);
-                let mut skip = None;
-                if first < 0 || last >= h {
-                    let l = self.a.create_label();
-                    self.a.lea(rax, qword_ptr(r14 * sh as u32 + first as i32))?;
-                    self.a.cmp(rax, h as i32)?;
-                    self.a.jae(l)?; // (unsigned: a negative row is above every extent)
-                    skip = Some(l);
-                }
+                let skip = self.row_check(first, dil_h * kh + ph + sh * (oh_n - 1))?;
                 for kw in 0..kw_n {
                     // (A sum has no tap register: its "tap" is never read.)
                     let tap = match d.op {
-                        WindowOp::Max => self.taps[0],
                         WindowOp::Sum => self.scratch[0],
-                        WindowOp::Conv { .. } => self.taps[(kh * kw_n + kw) as usize],
+                        _ if !self.taps_held => {
+                            let t = self.taps[0];
+                            self.broadcast_tap(t, kh, kw)?;
+                            t
+                        }
+                        _ => self.taps[(kh * kw_n + kw) as usize],
                     };
                     for i in 0..nv {
                         let acc = accs[r as usize * nv + i];
@@ -416,20 +599,8 @@ impl<'d> Emit<'d> {
                         // First input column of the vector's lane 0.
                         let col = sw * 8 * j + dil_w * kw + pw;
                         let disp = (sh * r + dil_h * kh) * w + col;
-                        let (t0, t1) = (self.scratch[0], self.scratch[1]);
-                        if max {
-                            // vmaxps gives its second source where the first is NaN.
-                            if sw == 1 {
-                                self.load_max(t0, disp, Self::inside(col, w))?;
-                            } else {
-                                let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
-                                self.load_max(t0, disp, lo)?;
-                                self.load_max(t1, disp + 8, hi)?;
-                                self.a.vshufps(t0, t0, t1, 0x88)?;
-                                self.a.vpermpd(t0, t0, 0xD8)?;
-                            }
-                            self.a.vmaxps(acc, t0, acc)?;
-                        } else if sw == 1 {
+                        let t0 = self.scratch[0];
+                        if sw == 1 {
                             let bits = Self::inside(col, w);
                             let at = ymmword_ptr(rbx + (disp * 4) as i32);
                             if bits == 0xff {
@@ -439,21 +610,7 @@ impl<'d> Emit<'d> {
                             } else if self.load(t0, disp, bits)? {
                                 self.add_tap(acc, tap, t0)?;
                             }
-                        } else {
-                            // 16 elements from col; lane e takes element 2e.
-                            let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
-                            let even = |m: u8| (0..4).any(|e| m >> (2 * e) & 1 == 1);
-                            if !even(lo) && !even(hi) {
-                                continue;
-                            }
-                            if !self.load(t0, disp, lo)? {
-                                self.a.vxorps(t0, t0, t0)?;
-                            }
-                            if !self.load(t1, disp + 8, hi)? {
-                                self.a.vxorps(t1, t1, t1)?;
-                            }
-                            self.a.vshufps(t0, t0, t1, 0x88)?;
-                            self.a.vpermpd(t0, t0, 0xD8)?;
+                        } else if self.fetch(t0, disp, col)? {
                             self.add_tap(acc, tap, t0)?;
                         }
                     }
@@ -479,6 +636,72 @@ impl<'d> Emit<'d> {
                     self.a.vmovups(m, ymmword_ptr(l))?;
                     self.a.vmaskmovps(to, m, acc)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// `t` = the convolution's filter tap `(kh, kw)` of this channel, broadcast.
+    fn broadcast_tap(&mut self, t: AsmRegisterYmm, kh: i64, kw: i64) -> R<()> {
+        let d = self.d;
+        let WindowOp::Conv { w_offset: woff, .. } = &d.op else { return no("a tap of a window without a filter") };
+        let coef = |v: Option<u32>| v.map_or(0, |v| woff.of(v));
+        let off = (woff.c + coef(d.taps[0]) * kh + coef(d.taps[1]) * kw) * 4;
+        let off = i32::try_from(off).map_err(|_| NotHere("filter offset".into()))?;
+        self.a.vbroadcastss(t, dword_ptr(r15 + off))?;
+        Ok(())
+    }
+
+    /// A max pool's taps into `accs` (rows `r14 .. r14 + rows`, vectors from `j0`),
+    /// one input row at a time: the maximum along a window row of input row `u` is
+    /// taken once and folded into every output row whose window holds that row (with
+    /// stride 1, a `KH`-row window over `R` output rows reads `R + KH − 1` input rows,
+    /// not `R·KH`), so a block of rows costs about `(R + KH − 1)·KW + R·KH` maxima
+    /// instead of `R·KH·KW`. (The maximum is exact in any order.)
+    fn max_taps(&mut self, rows: i64, j0: i64, accs: &[AsmRegisterYmm]) -> R<()> {
+        let d = self.d;
+        let oh_n = d.out_dims[2] as i64;
+        let w = d.in_dims[3] as i64;
+        let (sh, sw) = (d.stride[0], d.stride[1]);
+        let (dil_h, dil_w) = (d.dilation[0], d.dilation[1]);
+        let (ph, pw) = (d.offset[0], d.offset[1]);
+        let (kh_n, kw_n) = (d.window[0] as i64, d.window[1] as i64);
+        let nv = accs.len() / rows as usize;
+        let neg_inf = self.taps[0];
+        let (t0, hmax) = (self.scratch[0], self.scratch[self.scratch.len() - 2]);
+        let span = sh * (rows - 1) + dil_h * (kh_n - 1) + 1;
+        for u in 0..span {
+            // The (output row, window row) pairs that read input row u of the block.
+            let pairs: Vec<i64> = (0..rows)
+                .filter(|&r| {
+                    let k = u - sh * r;
+                    k >= 0 && k % dil_h == 0 && k / dil_h < kh_n
+                })
+                .collect();
+            let Some(&r_min) = pairs.first() else { continue };
+            let skip = self.row_check(ph + u, ph + u + sh * (oh_n - 1 - r_min))?;
+            for i in 0..nv {
+                let j = j0 + i as i64;
+                // One pair: straight into its accumulator; several: their shared row
+                // maximum first (from −∞: a NaN first load must not stick).
+                let single = pairs.len() == 1;
+                let target = if single { accs[pairs[0] as usize * nv + i] } else { hmax };
+                for kw in 0..kw_n {
+                    let col = sw * 8 * j + dil_w * kw + pw;
+                    self.fetch(t0, u * w + col, col)?;
+                    // vmaxps gives its second source where the first is NaN.
+                    let prev = if !single && kw == 0 { neg_inf } else { target };
+                    self.a.vmaxps(target, t0, prev)?;
+                }
+                if !single {
+                    for &r in &pairs {
+                        let acc = accs[r as usize * nv + i];
+                        self.a.vmaxps(acc, hmax, acc)?;
+                    }
+                }
+            }
+            if let Some(mut l) = skip {
+                self.a.set_label(&mut l)?;
             }
         }
         Ok(())
@@ -528,6 +751,7 @@ impl<'d> Emit<'d> {
                     self.a.lea(rax, qword_ptr(l))?;
                     self.a.imul_3(rsi, r14, (ow_n * 4) as i32)?;
                     self.a.add(rsi, rax)?;
+                    self.a.add(rsi, rdi)?;
                     for (idx, &acc) in accs.iter().enumerate() {
                         let (r, i) = ((idx / nv) as i64, (idx % nv) as i64);
                         let at = ymmword_ptr(rsi + (4 * (r * ow_n + 8 * (j0 + i))) as i32);
