@@ -147,6 +147,41 @@ impl Contraction {
         true
     }
 
+    /// Whether a matrix microkernel reads this contraction where it lies, tile by tile:
+    /// `b` steps 1 or 2 elements per column (or is laid out in panels), and every load
+    /// of the epilogue is an `InBounds` load at an affine offset that steps 0 or 1
+    /// element per column (a bias, a residual in the output's layout). A contraction
+    /// that is not (its right operand or a residual read across a transpose) can only
+    /// run on a target's general path, unless a layout transform gathers its columns
+    /// first ([`crate::layout::contraction_in_place`]).
+    pub fn in_place(&self, k: &Kernel) -> bool {
+        let b_step = match self.b.panel {
+            Some(_) => Some(1),
+            None => self.column_step(&self.b.offset),
+        };
+        if !matches!(b_step, Some(1 | 2)) {
+            return false;
+        }
+        let mut seen = vec![false; k.nodes.len()];
+        let mut stack = vec![k.root];
+        while let Some(e) = stack.pop() {
+            if e == self.reduce || std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match &k.node(e).expr {
+                Expr::Load { input, index, bounds: Bounds::InBounds } => {
+                    let step = load_offset(k, *input, index).and_then(|o| self.column_step(&o));
+                    if !matches!(step, Some(0 | 1)) {
+                        return false;
+                    }
+                }
+                Expr::Load { .. } => return false,
+                other => other.for_each_operand(|o| stack.push(o)),
+            }
+        }
+        true
+    }
+
     /// Recognises `k` as a contraction, or `None`.
     pub fn of(k: &Kernel) -> Option<Contraction> {
         let rank = k.out_rank();

@@ -23,8 +23,8 @@
 
 use std::collections::HashMap;
 
-use crate::contraction::Contraction;
-use crate::window::Depthwise;
+use crate::class::KernelClass;
+use crate::layout::contraction_in_place;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
@@ -48,7 +48,11 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
     for d in 0..p.dispatches.len() {
         // Keep fusing into `d` until nothing more is taken: a fused producer brings its
         // own operands, which may be fusable in turn.
-        let mut tried: Vec<usize> = Vec::new();
+        // Producers refused, and whether their result was shared then: a fusion that
+        // takes another reader's place (SiLU's `x · sigmoid(x)`: once the sigmoid is in
+        // the product, the product is the convolution's only reader) makes a shared
+        // result unshared, so those refused as shared are tried again after each fusion.
+        let mut tried: Vec<(usize, bool)> = Vec::new();
         loop {
             let producers = p.producers();
             let readers = reader_counts(p);
@@ -57,7 +61,7 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
                 let x = p.dispatches[d].operands[k];
                 let s = p.storage(x);
                 let Some(pi) = producers[s.index()] else { continue };
-                if pi >= d || tried.contains(&pi) {
+                if pi >= d || tried.iter().any(|t| t.0 == pi) {
                     continue;
                 }
                 let shared = readers[s.index()] > 1 || outputs.contains(&s);
@@ -65,11 +69,12 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
                     changed = true;
                     break;
                 }
-                tried.push(pi);
+                tried.push((pi, shared));
             }
             if !changed {
                 break;
             }
+            tried.retain(|t| !t.1);
         }
     }
     p.classify();
@@ -191,15 +196,7 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
         LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
     }, pk, &p_map);
     let Ok(fused) = b.finish(root) else { return false };
-    // A contraction stays one, with an epilogue a microkernel can address: fusing a
-    // gather (data-dependent loads), an operand's computation or a layout change that
-    // breaks its column layout would send the whole kernel down the general path. So
-    // does a window (depthwise convolution, max or average pool): a Concat fused into
-    // the pool after it reads two inputs by position, which no window kernel does.
-    let addressable = |k: &Kernel| {
-        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k)) || Depthwise::of(k).is_some()
-    };
-    if contractions && (addressable(dk) || addressable(pk)) && !addressable(&fused) {
+    if contractions && demotes(dk, pk, &fused) {
         return false;
     }
     let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;
@@ -215,6 +212,30 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
     disp.operands = operands;
     disp.sources = sources;
     true
+}
+
+/// How fast `k` runs, as its class's [`KernelClass::rank`], except that a contraction a
+/// matrix microkernel cannot read in place, even after its columns are gathered
+/// ([`crate::layout::contraction_in_place`]), runs on the general path: rank 3.
+fn rank(k: &Kernel) -> u8 {
+    match KernelClass::of(k) {
+        KernelClass::Contraction if !contraction_in_place(k) => KernelClass::General.rank(),
+        class => class.rank(),
+    }
+}
+
+/// Whether fusing producer `pk` into consumer `dk` as `fused` would move the work of a
+/// kernel with a dedicated fast path (a contraction or window microkernel, a row
+/// kernel: rank 0 or 1) into a kernel of a slower rank. The cost model cannot see
+/// that: a convolution that takes in a Transpose of its input reads its columns 256
+/// elements apart, which no microkernel does, and its whole product runs scalar (a
+/// 36× slower model); a max pool that takes in a Concat reads two inputs by position,
+/// which no window kernel does. Such a layout op stays a dispatch of its own (a
+/// Movement kernel: one vectorised copy). Kernels of the other classes fuse as the cost
+/// model says: a gather may take in the elementwise op before it.
+fn demotes(dk: &Kernel, pk: &Kernel, fused: &Kernel) -> bool {
+    let fast = rank(dk).min(rank(pk));
+    fast <= KernelClass::Rows.rank() && rank(fused) > fast
 }
 
 fn slot_of(
