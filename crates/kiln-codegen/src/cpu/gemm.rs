@@ -1685,7 +1685,7 @@ impl Emitter<'_> {
     /// Evaluates the epilogue for one accumulator and stores it at `at` (masked when the
     /// slot is); every register the evaluation took goes back to `pool`.
     fn epilogue_store(&mut self, slot: &TileSlot, at: AsmMemoryOperand, pool: &mut Vec<V>) -> R<()> {
-        let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool };
+        let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), need: HashMap::new(), pool };
         let v = self.eval(self.k.root, slot, &mut ev)?;
         self.vx().store(at, v, slot.mask)?;
         let held: Vec<V> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
@@ -1733,6 +1733,39 @@ impl Emitter<'_> {
             Some(d) => Ok(d),
             None => ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into())),
         }
+    }
+
+    /// `ops` in the order to evaluate them: the one needing the most registers first
+    /// (Sethi–Ullman), so that fewer values are held while it is computed.
+    fn by_need(&self, ops: &[ExprId], ev: &mut Eval<'_>) -> Vec<ExprId> {
+        let mut v: Vec<(u32, ExprId)> = ops.iter().map(|&o| (self.need(o, ev), o)).collect();
+        v.sort_by_key(|p| std::cmp::Reverse(p.0));
+        v.into_iter().map(|p| p.1).collect()
+    }
+
+    /// About how many registers evaluating `e` takes at its peak (a transcendental's
+    /// scratch included); 0 for a value already in a register.
+    fn need(&self, e: ExprId, ev: &mut Eval<'_>) -> u32 {
+        if e == self.c.reduce || ev.memo.contains_key(&e.0) {
+            return 0;
+        }
+        if let Some(&n) = ev.need.get(&e.0) {
+            return n;
+        }
+        let n = match &self.k.node(e).expr {
+            Expr::Const(_) | Expr::Load { .. } => 1,
+            Expr::Unary(op, x) => self.need(*x, ev).max(1 + vector_scratch(*op) as u32),
+            Expr::Cast { value, .. } => self.need(*value, ev),
+            expr => {
+                let mut ops = Vec::new();
+                expr.for_each_operand(|o| ops.push(o));
+                let mut ns: Vec<u32> = ops.iter().map(|&o| self.need(o, ev)).collect();
+                ns.sort_unstable_by(|a, b| b.cmp(a));
+                ns.iter().enumerate().map(|(i, &n)| n + i as u32).max().unwrap_or(0).max(1)
+            }
+        };
+        ev.need.insert(e.0, n);
+        n
     }
 
     /// Evaluates epilogue node `e` for one accumulator into a register; a node is
@@ -1792,7 +1825,13 @@ impl Emitter<'_> {
                     self.vx().op(if is_max { Op::Max } else { Op::Min }, dst, rk, Src::R(rv))?;
                     dst
                 } else {
-                    // A Bool is a vector of all-ones or zero lanes (8 lanes only).
+                    // A Bool is a vector of all-ones or zero lanes (8 lanes only). The
+                    // operands in order of their register need (the condition, usually
+                    // a comparison, last: held across a branch's exp it would cost a
+                    // register all along).
+                    for o in self.by_need(&[*x, *y, *c], ev) {
+                        self.eval(o, slot, ev)?;
+                    }
                     let rc = self.eval(*c, slot, ev)?;
                     let rx = self.eval(*x, slot, ev)?;
                     let ry = self.eval(*y, slot, ev)?;
@@ -1808,6 +1847,9 @@ impl Emitter<'_> {
                     BinaryOp::Max | BinaryOp::Min if matches!(self.k.node(*y).expr, Expr::Const(_)) => (*y, *x),
                     _ => (*x, *y),
                 };
+                for o in self.by_need(&[x, y], ev) {
+                    self.eval(o, slot, ev)?;
+                }
                 let rx = self.eval(x, slot, ev)?;
                 let ry = self.eval(y, slot, ev)?;
                 let const_first = matches!(self.k.node(x).expr, Expr::Const(b) if !f32::from_bits(b as u32).is_nan());
@@ -1901,6 +1943,8 @@ struct Eval<'p> {
     memo: HashMap<u32, (V, bool)>,
     /// Uses of each node not yet evaluated.
     uses: HashMap<u32, u32>,
+    /// [`Emitter::need`] of nodes not yet evaluated.
+    need: HashMap<u32, u32>,
     pool: &'p mut Vec<V>,
 }
 

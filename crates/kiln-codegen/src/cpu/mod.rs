@@ -84,7 +84,7 @@ pub struct Options {
     /// padding kernels ([`pad`]) as machine code when the target has AVX2 and FMA; off,
     /// every kernel goes through Cranelift.
     pub contraction_kernels: bool,
-    /// f32 `exp` and `erf` as inline code ([`math`]); off, they call the runtime's
+    /// f32 `exp`, `erf`, `tanh` and `log` as inline code ([`math`]); off, they call the runtime's
     /// helper table (libm) like every other transcendental.
     pub inline_math: bool,
     /// Unroll reduction loops of at most 4 iterations whose body holds no other
