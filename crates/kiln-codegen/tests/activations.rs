@@ -23,7 +23,7 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{classify, compile_with};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget};
 use kiln_flow::class::KernelClass;
 use kiln_flow::program::{interpret, BufferKind, FlowProgram};
 use kiln_ir::{DType, Shape, Tensor};
@@ -261,6 +261,13 @@ fn check(act: &Act, prod: Product, seed: u64) {
     for cfg in microkernel_variants(false) {
         let (got, notes) = run_program(&p, &feeds, &cfg);
         assert!(notes[0].starts_with("contraction"), "{what} {:?}: {}", cfg.target, notes[0]);
+        // Full 512-bit tiles (more than one row, 64 columns or more) run every one of
+        // these epilogues sixteen lanes at a time (comparisons into opmask registers).
+        if let (CpuTarget::X86_64V4, Product::MatMul { m, n, .. }) = (cfg.target, prod) {
+            if m > 1 && n >= 64 {
+                assert!(notes[0].ends_with("epilogue on 16 lanes)"), "{what}: {}", notes[0]);
+            }
+        }
         let got = got[0].to_vec::<f32>().unwrap();
         for (i, (&gv, &wv)) in got.iter().zip(&w).enumerate() {
             if !wv.is_finite() {

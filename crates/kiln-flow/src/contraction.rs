@@ -29,6 +29,12 @@ use crate::affine::{affine, load_offset, AffineIndex};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
 use kiln_ir::DType;
 
+/// The most loads an epilogue a microkernel reads in place may have
+/// ([`Contraction::in_place`]): it keeps a pointer per epilogue operand in a register
+/// while it walks a row panel, and x86-64 has four general registers to spare there
+/// (`kiln-codegen`'s `cpu::gemm`). Fusion stops adding epilogue operands at this many.
+pub const MAX_EPILOGUE_LOADS: usize = 4;
+
 /// A constant operand laid out in panels at compile time ([`crate::layout::pack_constants`]):
 /// the input is `[⌈D / width⌉, L, width]` and element `(v, l)` of the operand (`v` the
 /// row variable of A or the column variable of B, `l` the flattened reduction) sits at
@@ -148,9 +154,10 @@ impl Contraction {
     }
 
     /// Whether a matrix microkernel reads this contraction where it lies, tile by tile:
-    /// `b` steps 1 or 2 elements per column (or is laid out in panels), and every load
-    /// of the epilogue is an `InBounds` load at an affine offset that steps 0 or 1
-    /// element per column (a bias, a residual in the output's layout). A contraction
+    /// `b` steps 1 or 2 elements per column (or is laid out in panels), and the epilogue
+    /// has at most [`MAX_EPILOGUE_LOADS`] loads, each an `InBounds` load at an affine
+    /// offset that steps 0 or 1 element per column (a bias, a residual in the output's
+    /// layout). A contraction
     /// that is not (its right operand or a residual read across a transpose) can only
     /// run on a target's general path, unless a layout transform gathers its columns
     /// first ([`crate::layout::contraction_in_place`]).
@@ -164,6 +171,7 @@ impl Contraction {
         }
         let mut seen = vec![false; k.nodes.len()];
         let mut stack = vec![k.root];
+        let mut loads = 0;
         while let Some(e) = stack.pop() {
             if e == self.reduce || std::mem::replace(&mut seen[e.index()], true) {
                 continue;
@@ -171,7 +179,8 @@ impl Contraction {
             match &k.node(e).expr {
                 Expr::Load { input, index, bounds: Bounds::InBounds } => {
                     let step = load_offset(k, *input, index).and_then(|o| self.column_step(&o));
-                    if !matches!(step, Some(0 | 1)) {
+                    loads += 1;
+                    if !matches!(step, Some(0 | 1)) || loads > MAX_EPILOGUE_LOADS {
                         return false;
                     }
                 }

@@ -169,8 +169,9 @@ struct KLoops {
     outer: Vec<CodeLabel>,
     kloop: CodeLabel,
 }
-/// GPRs holding the epilogue's load pointers during a panel.
-const EPTR: [AsmRegister64; 4] = [r9, r10, r11, rbx];
+/// GPRs holding the epilogue's load pointers during a panel (as many as the flow level
+/// lets fusion give a contraction in place: `kiln_flow::contraction::MAX_EPILOGUE_LOADS`).
+const EPTR: [AsmRegister64; kiln_flow::contraction::MAX_EPILOGUE_LOADS] = [r9, r10, r11, rbx];
 
 /// A pointer the panel needs: binding, and its byte offset as `c + Σ coef·var`.
 struct Base {
@@ -1402,8 +1403,9 @@ impl Emitter<'_> {
         Vx { a: &mut self.a, t: &mut self.t, wide: self.epi_wide, held: &self.held }
     }
 
-    /// Whether the epilogue has a 16-lane form: no comparisons, selects other than
-    /// clamps, or bitwise operations (Bool values are vector masks only on 8 lanes).
+    /// Whether the epilogue has a 16-lane form: no Bool constants or bitwise operations
+    /// on Bools. (On 16 lanes a Bool is an opmask register, `k4`–`k7`: written by a
+    /// comparison, read by a select; on 8 lanes a vector of all-ones or zero lanes.)
     fn zmm_epilogue(&self) -> bool {
         let mut stack = vec![self.k.root];
         while let Some(e) = stack.pop() {
@@ -1416,16 +1418,18 @@ impl Emitter<'_> {
                 Expr::Load { .. } => continue,
                 Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32,
                 Expr::Unary(op, _) => has_vector_form(*op),
-                Expr::Binary(op, _, _) => matches!(
-                    op,
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min
-                ),
+                Expr::Binary(op, _, _) => {
+                    matches!(
+                        op,
+                        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min
+                    ) || op.is_comparison()
+                }
                 Expr::Select(c, x, y) => match self.clamp_pattern(*c, *x, *y) {
                     Some((_, k, v)) => {
                         stack.extend([k, v]);
                         continue;
                     }
-                    None => false,
+                    None => matches!(self.k.node(*c).expr, Expr::Binary(op, _, _) if op.is_comparison()),
                 },
                 _ => false,
             };
@@ -1625,9 +1629,9 @@ impl Emitter<'_> {
                     self.a.vmovups(at, acc(i, j))?;
                 }
             }
-            // Sixteen lanes where the epilogue has that form and computes exp or erf
-            // (which it then does at twice the width, its constants in registers).
-            if self.transcendental_epilogue() && self.zmm_epilogue() {
+            // Sixteen lanes where the epilogue has that form (twice the width, its
+            // constants in registers).
+            if self.zmm_epilogue() {
                 self.row_epilogue_zmm(mr, nz)?;
             } else {
                 self.row_epilogue(mr, 2 * nz, None)?;
@@ -1685,10 +1689,12 @@ impl Emitter<'_> {
     /// Evaluates the epilogue for one accumulator and stores it at `at` (masked when the
     /// slot is); every register the evaluation took goes back to `pool`.
     fn epilogue_store(&mut self, slot: &TileSlot, at: AsmMemoryOperand, pool: &mut Vec<V>) -> R<()> {
-        let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), need: HashMap::new(), pool };
+        let kpool = if self.epi_wide { vec![7, 6, 5, 4] } else { vec![] };
+        let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), need: HashMap::new(), kpool, pool };
         let v = self.eval(self.k.root, slot, &mut ev)?;
         self.vx().store(at, v, slot.mask)?;
-        let held: Vec<V> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
+        let held: Vec<V> =
+            ev.memo.iter().filter(|(&e, r)| r.1 && !self.in_opmask(ExprId(e))).map(|(_, r)| r.0).collect();
         for r in held {
             if !ev.pool.contains(&r) {
                 ev.pool.push(r);
@@ -1721,7 +1727,9 @@ impl Emitter<'_> {
             if left == Some(0) {
                 if let Some(&(r, true)) = ev.memo.get(&o.0) {
                     ev.memo.remove(&o.0);
-                    if dst.is_none() {
+                    if self.in_opmask(o) {
+                        ev.kpool.push(r.0);
+                    } else if dst.is_none() {
                         dst = Some(r);
                     } else if dst != Some(r) {
                         ev.pool.push(r);
@@ -1733,6 +1741,21 @@ impl Emitter<'_> {
             Some(d) => Ok(d),
             None => ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into())),
         }
+    }
+
+    /// Whether node `e` (of the epilogue being emitted) lives in an opmask register: a
+    /// Bool on 16 lanes.
+    fn in_opmask(&self, e: ExprId) -> bool {
+        self.epi_wide && self.k.node(e).ty == ScalarType::Bool
+    }
+
+    /// An opmask register for a Bool result on 16 lanes whose operands are `ops` (used
+    /// up as in [`Self::result_reg`]).
+    fn result_opmask(&mut self, ops: &[ExprId], ev: &mut Eval<'_>) -> R<Mask> {
+        // Operands are f32 values (comparisons): their registers go back to the pool.
+        let r = self.result_reg(ops, ev)?;
+        ev.pool.push(r);
+        ev.kpool.pop().map(Mask).ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))
     }
 
     /// `ops` in the order to evaluate them: the one needing the most registers first
@@ -1825,7 +1848,8 @@ impl Emitter<'_> {
                     self.vx().op(if is_max { Op::Max } else { Op::Min }, dst, rk, Src::R(rv))?;
                     dst
                 } else {
-                    // A Bool is a vector of all-ones or zero lanes (8 lanes only). The
+                    // A Bool is a vector of all-ones or zero lanes (8 lanes) or an
+                    // opmask register (16 lanes): either way a blend's mask. The
                     // operands in order of their register need (the condition, usually
                     // a comparison, last: held across a branch's exp it would cost a
                     // register all along).
@@ -1871,9 +1895,14 @@ impl Emitter<'_> {
                         }
                         dst
                     }
+                    _ if op.is_comparison() && self.epi_wide => {
+                        let m = self.result_opmask(&[x, y], ev)?;
+                        self.vx().cmp(m, rx, Src::R(ry), comparison_predicate(*op))?;
+                        V(m.0)
+                    }
                     _ => {
                         let dst = self.result_reg(&[x, y], ev)?;
-                        // Comparisons write a vector mask (8 lanes only).
+                        // Comparisons write a vector mask on 8 lanes (an opmask on 16: above).
                         let cmp = |p: i32| (p, Mask(dst.0));
                         let arith = match op {
                             BinaryOp::Add => Ok(Op::Add),
@@ -1884,12 +1913,7 @@ impl Emitter<'_> {
                             BinaryOp::Min => Ok(Op::Min),
                             BinaryOp::And => Ok(Op::And),
                             BinaryOp::Or => Ok(Op::Or),
-                            BinaryOp::Eq => Err(cmp(0x00)),
-                            BinaryOp::Ne => Err(cmp(0x04)),
-                            BinaryOp::Lt => Err(cmp(0x11)),
-                            BinaryOp::Le => Err(cmp(0x12)),
-                            BinaryOp::Gt => Err(cmp(0x1E)),
-                            BinaryOp::Ge => Err(cmp(0x1D)),
+                            op if op.is_comparison() => Err(cmp(comparison_predicate(*op))),
                             other => return no(format!("epilogue operation {}", other.name())),
                         };
                         match arith {
@@ -1932,6 +1956,19 @@ impl Emitter<'_> {
     }
 }
 
+/// The `vcmpps` predicate of a comparison: ordered and quiet, except `≠` (true where
+/// either is NaN, as the kernel semantics say).
+fn comparison_predicate(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Eq => 0x00,
+        BinaryOp::Ne => 0x04,
+        BinaryOp::Lt => 0x11,
+        BinaryOp::Le => 0x12,
+        BinaryOp::Gt => 0x1E,
+        _ => 0x1D, // Ge
+    }
+}
+
 /// The register number of a `ymm` register.
 fn yv(r: AsmRegisterYmm) -> V {
     V((Register::from(r) as u32 - Register::YMM0 as u32) as u8)
@@ -1945,6 +1982,8 @@ struct Eval<'p> {
     uses: HashMap<u32, u32>,
     /// [`Emitter::need`] of nodes not yet evaluated.
     need: HashMap<u32, u32>,
+    /// Free opmask registers for Bools on 16 lanes.
+    kpool: Vec<u8>,
     pool: &'p mut Vec<V>,
 }
 
