@@ -388,6 +388,17 @@ mod tests {
         assert_eq!(KernelClass::of(&kb.finish(s).unwrap()), KernelClass::General);
     }
 
+    /// The ranks order the classes from the register-tiled microkernels to the scalar
+    /// loops, as fusion's no-demotion rule reads them.
+    #[test]
+    fn ranks() {
+        use KernelClass::*;
+        assert_eq!(Contraction.rank(), Window.rank());
+        assert!(Window.rank() < Rows.rank() && Rows.rank() < Elementwise.rank());
+        assert_eq!(Movement.rank(), Elementwise.rank());
+        assert!(Elementwise.rank() < General.rank());
+    }
+
     #[test]
     fn names_round_trip() {
         for c in KernelClass::ALL {

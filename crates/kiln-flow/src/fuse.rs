@@ -15,11 +15,19 @@
 //! Slice, Pad, broadcasts) and row statistics read at a row's index (a mean, a max, a
 //! sum of exponentials) fuse; a contraction whose every result would be recomputed per
 //! consumer element does not. Producers with several readers are duplicated only when
-//! they are small and contain no reduction. A contraction
-//! ([`crate::contraction`]) only takes producers that leave it one, with affine
-//! epilogue loads, so a target's matrix microkernel still applies; a depthwise window
-//! ([`crate::window`]) only takes what keeps its epilogue a chain of supported steps. Scalar constants
-//! become literals.
+//! they are small and contain no reduction; a producer refused because its result was
+//! shared is tried again after each fusion into the same consumer (SiLU's `x·sigmoid(x)`
+//! reads the convolution twice until the sigmoid is fused into the product).
+//!
+//! No fusion demotes a fast kernel (`demotes`): where either kernel's class has a
+//! dedicated fast path (a contraction or window microkernel, a row kernel), the fused
+//! kernel's class must be at least as fast ([`KernelClass::rank`]), and a contraction
+//! counts as fast only where a matrix microkernel reads it in place, or will once its
+//! columns are gathered ([`crate::layout::contraction_in_place`]). So a contraction
+//! takes no gather, no operand's computation and no layout change that breaks its
+//! column layout, a depthwise window ([`crate::window`]) only what keeps its epilogue a
+//! chain of supported steps; such a layout op stays a Movement dispatch. Scalar
+//! constants become literals.
 
 use std::collections::HashMap;
 
