@@ -23,7 +23,9 @@
 //! dedicated fast path (a contraction or window microkernel, a row kernel), the fused
 //! kernel's class must be at least as fast ([`KernelClass::rank`]), and a contraction
 //! counts as fast only where a matrix microkernel reads it in place, or will once its
-//! columns are gathered ([`crate::layout::contraction_in_place`]). So a contraction
+//! columns are gathered ([`crate::layout::contraction_in_place`]), and an elementwise
+//! kernel computing a transcendental counts as a row kernel only where it reads along
+//! its rows (a DepthToSpace stays apart from the Softplus after it). So a contraction
 //! takes no gather, no operand's computation and no layout change that breaks its
 //! column layout, a depthwise window ([`crate::window`]) only what keeps its epilogue a
 //! chain of supported steps; such a layout op stays a Movement dispatch. Scalar
@@ -225,11 +227,75 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
 /// How fast `k` runs, as its class's [`KernelClass::rank`], except that a contraction a
 /// matrix microkernel cannot read in place, even after its columns are gathered
 /// ([`crate::layout::contraction_in_place`]), runs on the general path: rank 3.
+///
+/// An elementwise kernel that computes a transcendental (exp, log, tanh, erf, …: SiLU,
+/// Softplus, GELU) and reads every input along its rows is compute-bound and vectorised
+/// like a row kernel (`kiln-codegen`'s `cpu::rows` takes it): Rows' rank. Fused with a
+/// layout op that makes it read across its rows (a DepthToSpace before a Softplus), it
+/// would compute every exp and log one lane at a time.
 fn rank(k: &Kernel) -> u8 {
     match KernelClass::of(k) {
         KernelClass::Contraction if !contraction_in_place(k) => KernelClass::General.rank(),
+        KernelClass::Elementwise if transcendental(k) && reads_along_rows(k) => KernelClass::Rows.rank(),
         class => class.rank(),
     }
+}
+
+/// Whether `k` computes a transcendental.
+fn transcendental(k: &Kernel) -> bool {
+    use crate::kernel::UnaryOp as U;
+    k.nodes.iter().any(|n| {
+        matches!(n.expr, Expr::Unary(op, _)
+            if !matches!(op, U::Neg | U::Abs | U::Not | U::Sqrt | U::Floor | U::Ceil | U::Round | U::Trunc | U::IsNan))
+    })
+}
+
+/// Output rows sampled by [`reads_along_rows`], and steps along each.
+const SAMPLE_ROWS: usize = 3;
+const SAMPLE_STEPS: u64 = 64;
+
+/// Whether every load of `k` reads along the output's rows: at the first, middle and
+/// last output row, each of the first [`SAMPLE_STEPS`] steps of the innermost output
+/// variable moves each load's flat offset by 0 or 1 element. Evaluated, not derived:
+/// an index built through a reshape (`flat div 12`, `(flat div 4) rem 3`, `flat rem 4`)
+/// is contiguous although no affine form says so; a load whose index reads an input
+/// (a gather) does not read along the rows.
+fn reads_along_rows(k: &Kernel) -> bool {
+    let rank = k.out_rank();
+    if rank == 0 || k.output.shape.numel() == 0 {
+        return false;
+    }
+    let dims: Vec<i64> = k.vars[..rank].iter().map(|&d| d as i64).collect();
+    let steps = (dims[rank - 1] as u64).min(SAMPLE_STEPS) as i64;
+    for n in &k.nodes {
+        let Expr::Load { input, index, .. } = &n.expr else { continue };
+        let Some(ty) = k.inputs.get(*input as usize) else { return false };
+        let mut evals = Vec::with_capacity(index.len());
+        for &e in index {
+            match crate::interp::NodeEval::new(k, e) {
+                Some(ev) => evals.push(ev),
+                None => return false,
+            }
+        }
+        let mut strides = vec![1i64; index.len()];
+        for d in (0..index.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1].wrapping_mul(ty.shape.dims().get(d + 1).copied().unwrap_or(1) as i64);
+        }
+        for r in 0..SAMPLE_ROWS {
+            // Row r of the samples: every outer variable at 0, its middle or its last value.
+            let mut env: Vec<i64> = dims.iter().map(|&d| (d - 1) * r as i64 / (SAMPLE_ROWS as i64 - 1)).collect();
+            let mut last = None;
+            for j in 0..steps {
+                env[rank - 1] = j;
+                let flat: i64 = evals.iter_mut().zip(&strides).map(|(ev, &s)| (ev.at(&env) as i64).wrapping_mul(s)).sum();
+                if last.is_some_and(|l: i64| !matches!(flat.wrapping_sub(l), 0 | 1)) {
+                    return false;
+                }
+                last = Some(flat);
+            }
+        }
+    }
+    true
 }
 
 /// Whether fusing producer `pk` into consumer `dk` as `fused` would move the work of a
