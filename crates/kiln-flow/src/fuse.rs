@@ -287,7 +287,8 @@ fn reads_along_rows(k: &Kernel) -> bool {
             let mut last = None;
             for j in 0..steps {
                 env[rank - 1] = j;
-                let flat: i64 = evals.iter_mut().zip(&strides).map(|(ev, &s)| (ev.at(&env) as i64).wrapping_mul(s)).sum();
+                let flat =
+                    evals.iter_mut().zip(&strides).fold(0i64, |f, (ev, &s)| f.wrapping_add((ev.at(&env) as i64).wrapping_mul(s)));
                 if last.is_some_and(|l: i64| !matches!(flat.wrapping_sub(l), 0 | 1)) {
                     return false;
                 }
