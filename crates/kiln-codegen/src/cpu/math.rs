@@ -399,7 +399,7 @@ const LOG_P: [f32; 9] = [
     -1.666_805_8e-1,
     2.000_071_5e-1,
     -2.499_999_4e-1,
-    3.333_333_1e-1,
+    3.333_333e-1,
 ];
 /// The bits of √½ rounded down to an f32 (0.70710677).
 const SQRT_HALF_BITS: i32 = 0x3f35_04f3;
