@@ -317,11 +317,13 @@ fn lowered_ops_compile_and_match() {
             let cfgs = quick_configs();
             let got = run_compiled(&step.kernel, &args, &cfgs[0], 2);
             let want = std::panic::catch_unwind(|| kiln_flow::interp::run(&step.kernel, &args).unwrap());
-            // exp and erf of f32 are inline code within a few ulp of libm (`cpu::math`);
-            // kernels using them compare with a tolerance, every other kernel exactly.
+            // exp, erf, tanh and log of f32 are inline code within a few ulp of libm
+            // (`cpu::math`); kernels using them compare with a tolerance, every other
+            // kernel exactly.
+            use kiln_flow::UnaryOp as U;
             let approximated = step.kernel.nodes.iter().any(|n| {
                 n.ty == kiln_flow::ScalarType::F32
-                    && matches!(n.expr, kiln_flow::Expr::Unary(kiln_flow::UnaryOp::Exp | kiln_flow::UnaryOp::Erf, _))
+                    && matches!(n.expr, kiln_flow::Expr::Unary(U::Exp | U::Erf | U::Tanh | U::Log, _))
             });
             let cmp = if approximated { Cmp { zero_sign: false, rtol: 1e-5 } } else { EXACT };
             match want {

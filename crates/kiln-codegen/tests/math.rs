@@ -1,9 +1,10 @@
-//! The inline f32 `exp` and `erf` (`cpu::math`) against f64 references, over sweeps
+//! The inline f32 `exp`, `erf`, `tanh` and `log` (`cpu::math`) against f64 references, over sweeps
 //! of f32 inputs, in scalar and vectorised code (which must agree bit for bit), with
 //! the special values (NaN, ±inf, ±0, the overflow and underflow edges).
 //!
 //! Errors are in units of the last place of the correctly rounded f32 result (for a
-//! subnormal result, the subnormal spacing). Bounds asserted: exp ≤ 2 ulp, erf ≤ 4 ulp
+//! subnormal result, the subnormal spacing). Bounds asserted: exp ≤ 2 ulp, erf ≤ 4 ulp,
+//! tanh ≤ 3 ulp, log ≤ 2 ulp
 //! (`--nocapture` prints the measured worst case; docs/pipeline.md quotes it).
 
 mod common;
@@ -113,5 +114,49 @@ fn erf_error() {
         let worst = worst_ulps(&xs, &got, |x| libm::erf(x as f64), f32::signum);
         println!("erf ({target}): worst {:.3} ulp at {}", worst.0, worst.1);
         assert!(worst.0 <= 4.0, "erf ({target}): {:.3} ulp at {}", worst.0, worst.1);
+    }
+}
+
+#[test]
+fn tanh_error() {
+    let xs = inputs(-10.0, 10.0, 1021);
+    for (target, got) in run(UnaryOp::Tanh, &xs) {
+        let worst = worst_ulps(&xs, &got, |x| (x as f64).tanh(), f32::signum);
+        println!("tanh ({target}): worst {:.3} ulp at {}", worst.0, worst.1);
+        assert!(worst.0 <= 3.0, "tanh ({target}): {:.3} ulp at {}", worst.0, worst.1);
+    }
+    // Signed zeros, the switch between the two forms, saturation (e^{2|x|} overflows
+    // to +inf beyond 44.5), and tiny values (x itself).
+    let edges = [0.0, -0.0, 0.625, -0.625, 0.62499994, 44.0, -45.0, 1e30, -1e30, 1e-20, -1e-20];
+    for (target, got) in run(UnaryOp::Tanh, &edges) {
+        assert_eq!(got[0].to_bits(), 0.0f32.to_bits(), "{target}");
+        assert_eq!(got[1].to_bits(), (-0.0f32).to_bits(), "{target}");
+        for (i, &x) in edges.iter().enumerate().skip(2) {
+            assert!(ulps(got[i], (x as f64).tanh()) <= 3.0, "{target}: tanh({x}) = {}", got[i]);
+        }
+        assert_eq!(&got[6..9], &[-1.0, 1.0, -1.0], "{target}");
+    }
+}
+
+#[test]
+fn log_error() {
+    // Every positive f32 from the smallest subnormal to the largest finite.
+    let mut xs = inputs(f32::from_bits(1), f32::MAX, 1021);
+    xs.retain(|&x| x.is_nan() || x > 0.0);
+    for (target, got) in run(UnaryOp::Log, &xs) {
+        let worst = worst_ulps(&xs, &got, |x| (x as f64).ln(), |_| f32::INFINITY);
+        println!("log ({target}): worst {:.3} ulp at {}", worst.0, worst.1);
+        assert!(worst.0 <= 2.0, "log ({target}): {:.3} ulp at {}", worst.0, worst.1);
+    }
+    // Around 1 (where log is near 0 and the relative error counts), zeros, negatives.
+    let near_one: Vec<f32> = (-2000..2000).map(|i| f32::from_bits((1.0f32.to_bits() as i32 + i) as u32)).collect();
+    for (target, got) in run(UnaryOp::Log, &near_one) {
+        let worst = worst_ulps(&near_one, &got, |x| (x as f64).ln(), |_| f32::INFINITY);
+        assert!(worst.0 <= 2.0, "log near 1 ({target}): {:.3} ulp at {}", worst.0, worst.1);
+    }
+    for (target, got) in run(UnaryOp::Log, &[0.0, -0.0, -1.0, -f32::MIN_POSITIVE, f32::NEG_INFINITY, 1.0]) {
+        assert_eq!(&got[..2], &[f32::NEG_INFINITY, f32::NEG_INFINITY], "{target}");
+        assert!(got[2..5].iter().all(|v| v.is_nan()), "{target}: {got:?}");
+        assert_eq!(got[5].to_bits(), 0.0f32.to_bits(), "{target}");
     }
 }

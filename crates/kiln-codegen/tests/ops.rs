@@ -73,9 +73,10 @@ fn unary_every_type() {
             let l = b.load(0, i);
             let r = b.unary(op, l);
             let k = b.finish(r).unwrap();
-            // exp and erf of f32 are inline code within 3 ulp of libm (`cpu::math`,
-            // measured in tests/math.rs); everything else matches exactly.
-            let inline = matches!(op, UnaryOp::Exp | UnaryOp::Erf) && t == ScalarType::F32;
+            // exp, erf, tanh and log of f32 are inline code within 3 ulp of libm
+            // (`cpu::math`, measured in tests/math.rs); everything else matches exactly.
+            let inline =
+                matches!(op, UnaryOp::Exp | UnaryOp::Erf | UnaryOp::Tanh | UnaryOp::Log) && t == ScalarType::F32;
             check(&k, &[&x], if inline { Cmp { zero_sign: false, rtol: 4e-7 } } else { EXACT });
             count += 1;
         }

@@ -89,6 +89,21 @@ impl KernelClass {
         KernelClass::ALL.into_iter().find(|c| c.name() == name)
     }
 
+    /// How fast a kernel of this class runs compared with the others, as a rank (lower
+    /// is faster): 0 for the classes with register-tiled microkernels (Contraction,
+    /// Window), 1 for Rows (vectorised reductions along a row), 2 for Movement and
+    /// Elementwise (vectorised copies and pointwise loops), 3 for General (scalar
+    /// loops). Fusion never puts the work of a kernel of rank 0 or 1 into a kernel of a
+    /// slower rank (`crate::fuse`).
+    pub fn rank(self) -> u8 {
+        match self {
+            KernelClass::Contraction | KernelClass::Window => 0,
+            KernelClass::Rows => 1,
+            KernelClass::Movement | KernelClass::Elementwise => 2,
+            KernelClass::General => 3,
+        }
+    }
+
     /// Classifies `k` (the first class of the module docs' list that fits).
     pub fn of(k: &Kernel) -> KernelClass {
         if Depthwise::of(k).is_some() {
@@ -371,6 +386,17 @@ mod tests {
         let v = kb.select(le, x, z);
         let s = kb.reduce(ReduceOp::Sum, vec![jv], v);
         assert_eq!(KernelClass::of(&kb.finish(s).unwrap()), KernelClass::General);
+    }
+
+    /// The ranks order the classes from the register-tiled microkernels to the scalar
+    /// loops, as fusion's no-demotion rule reads them.
+    #[test]
+    fn ranks() {
+        use KernelClass::*;
+        assert_eq!(Contraction.rank(), Window.rank());
+        assert!(Window.rank() < Rows.rank() && Rows.rank() < Elementwise.rank());
+        assert_eq!(Movement.rank(), Elementwise.rank());
+        assert!(Elementwise.rank() < General.rank());
     }
 
     #[test]

@@ -29,6 +29,12 @@ use crate::affine::{affine, load_offset, AffineIndex};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
 use kiln_ir::DType;
 
+/// The most loads an epilogue a microkernel reads in place may have
+/// ([`Contraction::in_place`]): it keeps a pointer per epilogue operand in a register
+/// while it walks a row panel, and x86-64 has four general registers to spare there
+/// (`kiln-codegen`'s `cpu::gemm`). Fusion stops adding epilogue operands at this many.
+pub const MAX_EPILOGUE_LOADS: usize = 4;
+
 /// A constant operand laid out in panels at compile time ([`crate::layout::pack_constants`]):
 /// the input is `[⌈D / width⌉, L, width]` and element `(v, l)` of the operand (`v` the
 /// row variable of A or the column variable of B, `l` the flattened reduction) sits at
@@ -137,6 +143,44 @@ impl Contraction {
             match &k.node(e).expr {
                 Expr::Load { input, index, bounds: Bounds::InBounds } => {
                     if load_offset(k, *input, index).is_none() {
+                        return false;
+                    }
+                }
+                Expr::Load { .. } => return false,
+                other => other.for_each_operand(|o| stack.push(o)),
+            }
+        }
+        true
+    }
+
+    /// Whether a matrix microkernel reads this contraction where it lies, tile by tile:
+    /// `b` steps 1 or 2 elements per column (or is laid out in panels), and the epilogue
+    /// has at most [`MAX_EPILOGUE_LOADS`] loads, each an `InBounds` load at an affine
+    /// offset that steps 0 or 1 element per column (a bias, a residual in the output's
+    /// layout). A contraction
+    /// that is not (its right operand or a residual read across a transpose) can only
+    /// run on a target's general path, unless a layout transform gathers its columns
+    /// first ([`crate::layout::contraction_in_place`]).
+    pub fn in_place(&self, k: &Kernel) -> bool {
+        let b_step = match self.b.panel {
+            Some(_) => Some(1),
+            None => self.column_step(&self.b.offset),
+        };
+        if !matches!(b_step, Some(1 | 2)) {
+            return false;
+        }
+        let mut seen = vec![false; k.nodes.len()];
+        let mut stack = vec![k.root];
+        let mut loads = 0;
+        while let Some(e) = stack.pop() {
+            if e == self.reduce || std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match &k.node(e).expr {
+                Expr::Load { input, index, bounds: Bounds::InBounds } => {
+                    let step = load_offset(k, *input, index).and_then(|o| self.column_step(&o));
+                    loads += 1;
+                    if !matches!(step, Some(0 | 1)) || loads > MAX_EPILOGUE_LOADS {
                         return false;
                     }
                 }
@@ -358,6 +402,58 @@ mod tests {
         assert!(build(0, 4).ok().and_then(|k| Contraction::of(&k)).is_none());
         // Panels of 2 do not match the input's width of 4 (nor its bounds).
         assert!(build(1, 2).ok().and_then(|k| Contraction::of(&k)).is_none());
+    }
+
+    /// `out[m, n] = Σ_k x[m, k] · w[k·s + ..]` plus `extra` epilogue loads: B read with
+    /// its columns `step` elements apart (a transposed operand), each epilogue load a
+    /// row of `[M, N]` read at `(m, n)`, or at `(n, m)` of an `[N, M]` input (across the
+    /// columns) when `across`.
+    fn with_loads(step: usize, extra: usize, across: bool) -> Kernel {
+        let (m, k, n) = (3, 4, 5);
+        let mut ins = vec![t(&[m, k]), if step == 1 { t(&[k, n]) } else { t(&[n, k]) }];
+        for _ in 0..extra {
+            ins.push(if across { t(&[n, m]) } else { t(&[m, n]) });
+        }
+        let mut kb = KernelBuilder::new("mm", ins, t(&[m, n]));
+        let o = kb.out_index();
+        let kv = kb.new_var(k as u64);
+        let kk = kb.var(kv);
+        let x = kb.load(0, vec![o[0], kk]);
+        let w = if step == 1 { kb.load(1, vec![kk, o[1]]) } else { kb.load(1, vec![o[1], kk]) };
+        let p = kb.mul(x, w);
+        let mut y = kb.reduce(ReduceOp::Sum, vec![kv], p);
+        for i in 0..extra {
+            let e = if across { kb.load(2 + i, vec![o[1], o[0]]) } else { kb.load(2 + i, vec![o[0], o[1]]) };
+            y = kb.add(y, e);
+        }
+        kb.finish(y).unwrap()
+    }
+
+    #[test]
+    fn in_place_contractions() {
+        let in_place = |k: &Kernel| Contraction::of(k).map(|c| c.in_place(k));
+        assert_eq!(in_place(&with_loads(1, 0, false)), Some(true));
+        assert_eq!(in_place(&with_loads(1, MAX_EPILOGUE_LOADS, false)), Some(true));
+        // One epilogue operand more than a microkernel has pointer registers for.
+        assert_eq!(in_place(&with_loads(1, MAX_EPILOGUE_LOADS + 1, false)), Some(false));
+        // A residual read across the columns (a transposed layout).
+        assert_eq!(in_place(&with_loads(1, 1, true)), Some(false));
+        // A convolution whose image is read with its columns C elements apart (a
+        // Transpose of an [N, L, C] sequence fused into it): a contraction, not in place.
+        let mut kb = KernelBuilder::new("conv1d", vec![t(&[1, 12, 6]), t(&[4, 6, 3])], t(&[1, 4, 10]));
+        let o = kb.out_index();
+        let (ci, kw) = (kb.new_var(6), kb.new_var(3));
+        let (c, w) = (kb.var(ci), kb.var(kw));
+        let pos = kb.add(o[2], w);
+        let x = kb.load(0, vec![o[0], pos, c]);
+        let f = kb.load(1, vec![o[1], c, w]);
+        let p = kb.mul(x, f);
+        let s = kb.reduce(ReduceOp::Sum, vec![ci, kw], p);
+        let k = kb.finish(s).unwrap();
+        let conv = Contraction::of(&k).expect("a contraction");
+        assert_eq!(conv.column_step(&conv.b.offset), Some(6));
+        assert!(!conv.in_place(&k));
+        assert!(!crate::layout::contraction_in_place(&k));
     }
 
     #[test]

@@ -15,16 +15,26 @@
 //! Slice, Pad, broadcasts) and row statistics read at a row's index (a mean, a max, a
 //! sum of exponentials) fuse; a contraction whose every result would be recomputed per
 //! consumer element does not. Producers with several readers are duplicated only when
-//! they are small and contain no reduction. A contraction
-//! ([`crate::contraction`]) only takes producers that leave it one, with affine
-//! epilogue loads, so a target's matrix microkernel still applies; a depthwise window
-//! ([`crate::window`]) only takes what keeps its epilogue a chain of supported steps. Scalar constants
-//! become literals.
+//! they are small and contain no reduction; a producer refused because its result was
+//! shared is tried again after each fusion into the same consumer (SiLU's `x·sigmoid(x)`
+//! reads the convolution twice until the sigmoid is fused into the product).
+//!
+//! No fusion demotes a fast kernel (`demotes`): where either kernel's class has a
+//! dedicated fast path (a contraction or window microkernel, a row kernel), the fused
+//! kernel's class must be at least as fast ([`KernelClass::rank`]), and a contraction
+//! counts as fast only where a matrix microkernel reads it in place, or will once its
+//! columns are gathered ([`crate::layout::contraction_in_place`]), and an elementwise
+//! kernel computing a transcendental counts as a row kernel only where it reads along
+//! its rows (a DepthToSpace stays apart from the Softplus after it). So a contraction
+//! takes no gather, no operand's computation and no layout change that breaks its
+//! column layout, a depthwise window ([`crate::window`]) only what keeps its epilogue a
+//! chain of supported steps; such a layout op stays a Movement dispatch. Scalar
+//! constants become literals.
 
 use std::collections::HashMap;
 
-use crate::contraction::Contraction;
-use crate::window::Depthwise;
+use crate::class::KernelClass;
+use crate::layout::contraction_in_place;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
@@ -48,7 +58,11 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
     for d in 0..p.dispatches.len() {
         // Keep fusing into `d` until nothing more is taken: a fused producer brings its
         // own operands, which may be fusable in turn.
-        let mut tried: Vec<usize> = Vec::new();
+        // Producers refused, and whether their result was shared then: a fusion that
+        // takes another reader's place (SiLU's `x · sigmoid(x)`: once the sigmoid is in
+        // the product, the product is the convolution's only reader) makes a shared
+        // result unshared, so those refused as shared are tried again after each fusion.
+        let mut tried: Vec<(usize, bool)> = Vec::new();
         loop {
             let producers = p.producers();
             let readers = reader_counts(p);
@@ -57,7 +71,7 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
                 let x = p.dispatches[d].operands[k];
                 let s = p.storage(x);
                 let Some(pi) = producers[s.index()] else { continue };
-                if pi >= d || tried.contains(&pi) {
+                if pi >= d || tried.iter().any(|t| t.0 == pi) {
                     continue;
                 }
                 let shared = readers[s.index()] > 1 || outputs.contains(&s);
@@ -65,11 +79,12 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
                     changed = true;
                     break;
                 }
-                tried.push(pi);
+                tried.push((pi, shared));
             }
             if !changed {
                 break;
             }
+            tried.retain(|t| !t.1);
         }
     }
     p.classify();
@@ -191,15 +206,7 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
         LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
     }, pk, &p_map);
     let Ok(fused) = b.finish(root) else { return false };
-    // A contraction stays one, with an epilogue a microkernel can address: fusing a
-    // gather (data-dependent loads), an operand's computation or a layout change that
-    // breaks its column layout would send the whole kernel down the general path. So
-    // does a window (depthwise convolution, max or average pool): a Concat fused into
-    // the pool after it reads two inputs by position, which no window kernel does.
-    let addressable = |k: &Kernel| {
-        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k)) || Depthwise::of(k).is_some()
-    };
-    if contractions && (addressable(dk) || addressable(pk)) && !addressable(&fused) {
+    if contractions && demotes(dk, pk, &fused) {
         return false;
     }
     let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;
@@ -215,6 +222,95 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
     disp.operands = operands;
     disp.sources = sources;
     true
+}
+
+/// How fast `k` runs, as its class's [`KernelClass::rank`], except that a contraction a
+/// matrix microkernel cannot read in place, even after its columns are gathered
+/// ([`crate::layout::contraction_in_place`]), runs on the general path: rank 3.
+///
+/// An elementwise kernel that computes a transcendental (exp, log, tanh, erf, …: SiLU,
+/// Softplus, GELU) and reads every input along its rows is compute-bound and vectorised
+/// like a row kernel (`kiln-codegen`'s `cpu::rows` takes it): Rows' rank. Fused with a
+/// layout op that makes it read across its rows (a DepthToSpace before a Softplus), it
+/// would compute every exp and log one lane at a time.
+fn rank(k: &Kernel) -> u8 {
+    match KernelClass::of(k) {
+        KernelClass::Contraction if !contraction_in_place(k) => KernelClass::General.rank(),
+        KernelClass::Elementwise if transcendental(k) && reads_along_rows(k) => KernelClass::Rows.rank(),
+        class => class.rank(),
+    }
+}
+
+/// Whether `k` computes a transcendental.
+fn transcendental(k: &Kernel) -> bool {
+    use crate::kernel::UnaryOp as U;
+    k.nodes.iter().any(|n| {
+        matches!(n.expr, Expr::Unary(op, _)
+            if !matches!(op, U::Neg | U::Abs | U::Not | U::Sqrt | U::Floor | U::Ceil | U::Round | U::Trunc | U::IsNan))
+    })
+}
+
+/// Output rows sampled by [`reads_along_rows`], and steps along each.
+const SAMPLE_ROWS: usize = 3;
+const SAMPLE_STEPS: u64 = 64;
+
+/// Whether every load of `k` reads along the output's rows: at the first, middle and
+/// last output row, each of the first [`SAMPLE_STEPS`] steps of the innermost output
+/// variable moves each load's flat offset by 0 or 1 element. Evaluated, not derived:
+/// an index built through a reshape (`flat div 12`, `(flat div 4) rem 3`, `flat rem 4`)
+/// is contiguous although no affine form says so; a load whose index reads an input
+/// (a gather) does not read along the rows.
+fn reads_along_rows(k: &Kernel) -> bool {
+    let rank = k.out_rank();
+    if rank == 0 || k.output.shape.numel() == 0 {
+        return false;
+    }
+    let dims: Vec<i64> = k.vars[..rank].iter().map(|&d| d as i64).collect();
+    let steps = (dims[rank - 1] as u64).min(SAMPLE_STEPS) as i64;
+    for n in &k.nodes {
+        let Expr::Load { input, index, .. } = &n.expr else { continue };
+        let Some(ty) = k.inputs.get(*input as usize) else { return false };
+        let mut evals = Vec::with_capacity(index.len());
+        for &e in index {
+            match crate::interp::NodeEval::new(k, e) {
+                Some(ev) => evals.push(ev),
+                None => return false,
+            }
+        }
+        let mut strides = vec![1i64; index.len()];
+        for d in (0..index.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1].wrapping_mul(ty.shape.dims().get(d + 1).copied().unwrap_or(1) as i64);
+        }
+        for r in 0..SAMPLE_ROWS {
+            // Row r of the samples: every outer variable at 0, its middle or its last value.
+            let mut env: Vec<i64> = dims.iter().map(|&d| (d - 1) * r as i64 / (SAMPLE_ROWS as i64 - 1)).collect();
+            let mut last = None;
+            for j in 0..steps {
+                env[rank - 1] = j;
+                let flat =
+                    evals.iter_mut().zip(&strides).fold(0i64, |f, (ev, &s)| f.wrapping_add((ev.at(&env) as i64).wrapping_mul(s)));
+                if last.is_some_and(|l: i64| !matches!(flat.wrapping_sub(l), 0 | 1)) {
+                    return false;
+                }
+                last = Some(flat);
+            }
+        }
+    }
+    true
+}
+
+/// Whether fusing producer `pk` into consumer `dk` as `fused` would move the work of a
+/// kernel with a dedicated fast path (a contraction or window microkernel, a row
+/// kernel: rank 0 or 1) into a kernel of a slower rank. The cost model cannot see
+/// that: a convolution that takes in a Transpose of its input reads its columns 256
+/// elements apart, which no microkernel does, and its whole product runs scalar (a
+/// 36× slower model); a max pool that takes in a Concat reads two inputs by position,
+/// which no window kernel does. Such a layout op stays a dispatch of its own (a
+/// Movement kernel: one vectorised copy). Kernels of the other classes fuse as the cost
+/// model says: a gather may take in the elementwise op before it.
+fn demotes(dk: &Kernel, pk: &Kernel, fused: &Kernel) -> bool {
+    let fast = rank(dk).min(rank(pk));
+    fast <= KernelClass::Rows.rank() && rank(fused) > fast
 }
 
 fn slot_of(

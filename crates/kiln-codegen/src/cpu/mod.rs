@@ -24,7 +24,7 @@
 //! appended to the image (position-independent, no relocations): contractions
 //! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions and max pools
 //! ([`depthwise`]), padding copies ([`pad`]), affine copies such as im2col ([`copy`]) and row kernels such as Softmax, LayerNorm
-//! and elementwise exp/erf ([`rows`], 16 lanes where the target has AVX-512 F, written
+//! and elementwise exp/erf/tanh/log ([`rows`], 16 lanes where the target has AVX-512 F, written
 //! through [`vector`]); each keeps the same kernel ABI and the executable records the
 //! CPU features they use.
 
@@ -84,7 +84,7 @@ pub struct Options {
     /// padding kernels ([`pad`]) as machine code when the target has AVX2 and FMA; off,
     /// every kernel goes through Cranelift.
     pub contraction_kernels: bool,
-    /// f32 `exp` and `erf` as inline code ([`math`]); off, they call the runtime's
+    /// f32 `exp`, `erf`, `tanh` and `log` as inline code ([`math`]); off, they call the runtime's
     /// helper table (libm) like every other transcendental.
     pub inline_math: bool,
     /// Unroll reduction loops of at most 4 iterations whose body holds no other

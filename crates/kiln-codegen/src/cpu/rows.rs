@@ -5,8 +5,8 @@
 //! target has AVX-512 F (`zmm`, tails under an opmask) and eight elsewhere (AVX2), the
 //! same code through [`super::vector`].
 //!
-//! Kernels with a reduction take this path, and elementwise kernels that compute exp or
-//! erf (compute-bound); other elementwise kernels are memory-bound, and the general
+//! Kernels with a reduction take this path, and elementwise kernels that compute exp,
+//! erf, tanh or log (compute-bound); other elementwise kernels are memory-bound, and the general
 //! loops need no per-row index decoding. A workgroup is one row (every output index but
 //! the innermost), as for general kernels. Per row, in the kernel's node order:
 //! - values constant along the row (row statistics and what is computed from them) are
@@ -33,7 +33,7 @@
 //!   partial sums: one more rounding).
 //!
 //! Operations: `+ − × ÷`, `max`/`min` (NaN in either operand gives NaN), `neg`, `abs`,
-//! `sqrt`, and `exp`/`erf` as the same inline code as everywhere else (`super::math`).
+//! `sqrt`, and `exp`/`erf`/`tanh`/`log` as the same inline code as everywhere else (`super::math`).
 //! Loads are f32 and in bounds, at affine offsets that step 0 or 1 element along the row.
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
@@ -106,7 +106,7 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
     // erf make it compute-bound, and eight lanes halve its time.
     let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
     if !reduces && !k.nodes.iter().any(|n| matches!(n.expr, Expr::Unary(op, _) if vector_scratch(op) > 0)) {
-        return no("neither a reduction along the row nor exp or erf");
+        return no("neither a reduction along the row nor a transcendental");
     }
     if !fast && k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { op: ReduceOp::Sum, .. })) {
         return no("a sum, which eight lanes reassociate");
