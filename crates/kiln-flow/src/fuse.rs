@@ -18,12 +18,14 @@
 //! they are small and contain no reduction. A contraction
 //! ([`crate::contraction`]) only takes producers that leave it one, with affine
 //! epilogue loads, so a target's matrix microkernel still applies; a depthwise window
-//! ([`crate::window`]) only takes what keeps its epilogue a chain of supported steps. Scalar constants
+//! ([`crate::window`]) only takes what keeps its epilogue a chain of supported steps, and
+//! a resampling ([`crate::resample`]) takes nothing and fuses into nothing. Scalar constants
 //! become literals.
 
 use std::collections::HashMap;
 
 use crate::contraction::Contraction;
+use crate::resample::Resample;
 use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
@@ -196,8 +198,12 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
     // breaks its column layout would send the whole kernel down the general path. So
     // does a window (depthwise convolution, max or average pool): a Concat fused into
     // the pool after it reads two inputs by position, which no window kernel does.
+    // A resampling (Resize) runs from tables of its taps only in the lowering's form.
     let addressable = |k: &Kernel| {
-        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k)) || Depthwise::of(k).is_some()
+        Contraction::of(k).is_some_and(|c| c.epilogue_is_affine(k))
+            || Depthwise::of(k).is_some()
+            || Resample::is_interpolation(k)
+            || Resample::is_table_copy(k)
     };
     if contractions && (addressable(dk) || addressable(pk)) && !addressable(&fused) {
         return false;

@@ -28,6 +28,7 @@ pub use kernel::{
 pub mod layout;
 pub mod lower;
 pub mod program;
+pub mod resample;
 pub mod text;
 #[cfg(test)]
 mod test_types;
