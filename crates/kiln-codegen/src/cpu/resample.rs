@@ -15,10 +15,13 @@
 //!    four rows per pass (more taps: further passes add into the row). The row goes to
 //!    the stack when `W` is resampled too, else straight to the output. A copied `H`
 //!    only picks the source row.
-//! 2. **Horizontal.** A resampled `W` gathers each output vector from that row
-//!    (`vgatherdps` / `vpgatherdd` by the column table's indices; the table is padded
-//!    to whole vectors with index 0 and weight 0, and the last vector is stored masked)
-//!    and sums its `T_x` taps with the column weights, `Σ_t w_t · row[i_t]`.
+//! 2. **Horizontal.** A resampled `W` takes each output vector from that row and sums
+//!    its `T_x` taps with the column weights, `Σ_t w_t · row[i_t]`. Where every output
+//!    vector's taps lie within eight source columns (any upscale, mild downscales) the
+//!    vector loads those eight columns once and each tap is one `vpermps` by the
+//!    table's indices relative to the window; otherwise each tap is a gather
+//!    (`vgatherdps` / `vpgatherdd`, several times slower). The tables are padded to
+//!    whole vectors with index 0 and weight 0, and the last vector is stored masked.
 //!
 //! A row or column the table marks as filled (tf_crop_and_resize outside its region of
 //! interest) takes the fill value: the whole row, or per column by a blend.
@@ -109,10 +112,11 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let ty = v.h.map_or(1, |t| t.taps);
     let tx = v.w.map_or(1, |t| t.taps);
     let w_pad = (v.w_out + 7) / 8 * 8;
-    let table_bytes = v.h.map_or(0, |_| v.h_out as usize * (4 + 8 * ty)) + v.w.map_or(0, |_| w_pad as usize * 4 * (2 * tx + 1));
+    let table_bytes = v.h.map_or(0, |_| v.h_out as usize * (4 + 8 * ty)) + v.w.map_or(0, |_| w_pad as usize * 4 * (2 * tx + 2));
     if table_bytes > MAX_TABLE_BYTES {
         return no("tables over 4 MiB");
     }
+    let bases = v.w.and_then(|w| windows(w, v.w_in, v.w_out));
     let rows = v.p * v.h_out;
     let plane_in = v.h_in * v.w_in * 4;
     let row_in = v.w_in * 4;
@@ -196,7 +200,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         }
     }
     if let Some(wt) = v.w {
-        horizontal(&mut a, &v, wt, w_pad, w_fills, out_tail, &mut xlab)?;
+        horizontal(&mut a, &v, wt, w_pad, w_fills, out_tail, bases.is_some(), &mut xlab)?;
     } else if !(v.h.is_some() && v.weights) {
         // A copied row.
         copy_row(&mut a, v.w_out, out_tail)?;
@@ -252,15 +256,20 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     if let Some(w) = v.w {
         a.set_label(&mut xlab)?;
         let wp = w_pad as usize;
-        let mut words = vec![0u32; wp * (2 * tx + 1)];
+        let mut words = vec![0u32; wp * (2 * tx + 2)];
         for x in 0..v.w_out as usize {
+            // A window's base is its first column's word of the last plane.
+            let base = bases.as_ref().map_or(0, |b| b[x / 8]);
             for j in 0..tx {
-                words[j * wp + x] = w.index[x * tx + j];
+                words[j * wp + x] = w.index[x * tx + j] - base;
                 if v.weights {
                     words[(tx + j) * wp + x] = w.weight[x * tx + j];
                 }
             }
             words[2 * tx * wp + x] = if w.fills(x) { u32::MAX } else { 0 };
+            if x % 8 == 0 {
+                words[(2 * tx + 1) * wp + x] = base * 4;
+            }
         }
         a.dd(&words)?;
     }
@@ -335,6 +344,7 @@ fn horizontal(
     w_pad: i64,
     fills: bool,
     tail: i64,
+    permute: bool,
     xlab: &mut CodeLabel,
 ) -> R<()> {
     let tx = wt.taps;
@@ -342,18 +352,34 @@ fn horizontal(
     let full = v.w_out / 8;
     a.lea(rdx, ptr(*xlab))?;
     let step = |a: &mut CodeAssembler, at: AsmMemoryOperand, off: &dyn Fn(i32) -> AsmMemoryOperand, masked: bool| -> R<()> {
+        if permute {
+            // The vector's window of eight source columns.
+            a.movsxd(rax, off((2 * tx as i32 + 1) * plane))?;
+            if v.w_in < 8 {
+                a.vmaskmovps(ymm5, ymm15, ptr(rsi + rax))?;
+            } else {
+                a.vmovups(ymm5, ptr(rsi + rax))?;
+            }
+        }
         for j in 0..tx as i32 {
             a.vmovdqu(ymm2, off(j * plane))?;
-            a.vpcmpeqd(ymm3, ymm3, ymm3)?;
+            let x = if v.weights { ymm1 } else { ymm0 };
+            if permute {
+                a.vpermps(x, ymm2, ymm5)?;
+            } else {
+                a.vpcmpeqd(ymm3, ymm3, ymm3)?;
+                if v.weights {
+                    a.vgatherdps_3(x, ptr(rsi + ymm2 * 4), ymm3)?;
+                } else {
+                    a.vpgatherdd_3(x, ptr(rsi + ymm2 * 4), ymm3)?;
+                }
+            }
             if v.weights {
-                a.vgatherdps_3(ymm1, ptr(rsi + ymm2 * 4), ymm3)?;
                 if j == 0 {
                     a.vmulps(ymm0, ymm1, off((tx as i32 + j) * plane))?;
                 } else {
                     a.vfmadd231ps(ymm0, ymm1, off((tx as i32 + j) * plane))?;
                 }
-            } else {
-                a.vpgatherdd_3(ymm0, ptr(rsi + ymm2 * 4), ymm3)?;
             }
         }
         if fills {
@@ -381,6 +407,23 @@ fn horizontal(
         step(a, ymmword_ptr(r14 + at), &|o| ymmword_ptr(rdx + at + o), true)?;
     }
     Ok(())
+}
+
+/// Per output vector (eight columns), the first of eight source columns that hold all its
+/// taps, or `None` when some vector's taps spread wider: then each vector is gathered.
+/// The window stays inside the row (it starts at most at `W_in - 8`; a row of fewer
+/// than eight columns is read masked from column 0).
+fn windows(w: &AxisTable, w_in: i64, w_out: i64) -> Option<Vec<u32>> {
+    let mut bases = Vec::new();
+    for c in (0..w_out as usize).step_by(8) {
+        let lanes = &w.index[c * w.taps..((c + 8).min(w_out as usize)) * w.taps];
+        let (lo, hi) = (*lanes.iter().min()?, *lanes.iter().max()?);
+        if hi - lo >= 8 {
+            return None;
+        }
+        bases.push(if w_in >= 8 { lo.min(w_in as u32 - 8) } else { 0 });
+    }
+    Some(bases)
 }
 
 /// The output row as a copy of the source row at `rsi`.
