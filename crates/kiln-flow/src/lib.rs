@@ -17,6 +17,7 @@
 
 pub mod affine;
 pub mod class;
+pub mod concat;
 pub mod contraction;
 pub mod fuse;
 pub mod interp;
