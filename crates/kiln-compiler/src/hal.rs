@@ -54,16 +54,25 @@ pub enum HalError {
 
 /// The binding of buffer `b` (through its alias chain).
 pub fn binding(p: &FlowProgram, plan: &StreamPlan, b: BufferId) -> Option<Binding> {
-    let s = p.storage(b);
+    let mut s = p.storage(b);
     let length = bytes(p, b);
-    let (slot, offset) = match plan.placement[s.index()] {
-        Placement::Input(i) => (Slot::Input(i), 0),
-        Placement::Output(i) => (Slot::Output(i), 0),
-        Placement::Constant(o) => (Slot::Constants, o),
-        Placement::Arena(o) => (Slot::Arena, o),
-        Placement::None => return None,
+    // A piece of an in-place concatenation: inside its result's storage.
+    let mut within = 0;
+    let (slot, offset) = loop {
+        break match plan.placement.get(s.index()).copied()? {
+            Placement::Input(i) => (Slot::Input(i), 0),
+            Placement::Output(i) => (Slot::Output(i), 0),
+            Placement::Constant(o) => (Slot::Constants, o),
+            Placement::Arena(o) => (Slot::Arena, o),
+            Placement::Within(c, o) if p.storage(c) != s => {
+                within += o;
+                s = p.storage(c);
+                continue;
+            }
+            Placement::Within(..) | Placement::None => return None,
+        };
     };
-    Some(Binding { slot, offset, length })
+    Some(Binding { slot, offset: offset + within, length })
 }
 
 /// The fill pattern of a kernel whose every element is one float constant, with

@@ -10,7 +10,18 @@
 //! share their source's bytes; graph inputs and outputs are the caller's memory, so a
 //! dispatch producing a graph output writes it in place; constants are laid out in one
 //! pool, each at a 64-byte aligned offset.
+//!
+//! **In-place concatenation.** A concatenation (`kiln_flow::concat::Concat`) along an
+//! axis with only extent-1 axes before it places each of its inputs in one contiguous
+//! range of its result. Where every input is an intermediate result of its own dispatch
+//! (not a graph input, constant or output, not a piece of another concatenation, each
+//! once), each input is placed inside the result's bytes ([`Placement::Within`]), its
+//! producer writes its range directly, and the concatenation runs no code
+//! ([`StreamPlan::elided`]): readers of the result wait for the pieces' producers
+//! instead, and the result lives from the first piece written to its last reader (or
+//! the last reader of a piece).
 
+use kiln_flow::concat::Concat;
 use kiln_flow::program::{BufferId, BufferKind, FlowProgram};
 use kiln_schedule::arena;
 
@@ -30,6 +41,9 @@ pub enum Placement {
     Constant(u64),
     /// The arena, at an offset.
     Arena(u64),
+    /// Inside another storage buffer, at a byte offset (a piece of an in-place
+    /// concatenation).
+    Within(BufferId, u64),
 }
 
 /// The stream-level plan of a flow program.
@@ -49,6 +63,8 @@ pub struct StreamPlan {
     pub constants: Vec<u8>,
     /// Outputs that need a copy at the end: (storage buffer, output index).
     pub output_copies: Vec<(BufferId, u32)>,
+    /// Dispatches in no wave: concatenations whose pieces their producers write in place.
+    pub elided: Vec<usize>,
 }
 
 /// Why a program cannot be scheduled (a compiler bug when it happens).
@@ -71,32 +87,112 @@ pub fn bytes(p: &FlowProgram, b: BufferId) -> u64 {
     p.buffer(b).ty.storage_bytes() as u64
 }
 
+/// The concatenations of `p` done in place (see the module docs): per buffer, the
+/// storage buffer and byte offset it is placed at; and the dispatches elided.
+fn in_place_concats(p: &FlowProgram, producers: &[Option<usize>]) -> (Vec<Option<(BufferId, u64)>>, Vec<usize>) {
+    let nb = p.buffers.len();
+    let mut within: Vec<Option<(BufferId, u64)>> = vec![None; nb];
+    let mut elided: Vec<usize> = Vec::new();
+    let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
+    for (d, disp) in p.dispatches.iter().enumerate() {
+        let Some(c) = Concat::of(&disp.kernel) else { continue };
+        let cs = p.storage(disp.result);
+        let ty = &p.buffer(cs).ty;
+        if ty.dtype.is_packed() || outputs.contains(&cs) || within[cs.index()].is_some() {
+            continue;
+        }
+        let dims = ty.shape.dims();
+        if dims[..c.axis].iter().any(|&x| x != 1) {
+            continue;
+        }
+        let inner = dims[c.axis + 1..].iter().product::<usize>() as u64 * ty.dtype.storage_bytes(1) as u64;
+        let mut pieces: Vec<(BufferId, u64)> = Vec::with_capacity(c.pieces.len());
+        let fits = c.pieces.iter().all(|&(j, start)| {
+            let Some(&o) = disp.operands.get(j as usize) else { return false };
+            let s = p.storage(o);
+            let ok = matches!(p.buffer(s).kind, BufferKind::Result)
+                && producers[s.index()].is_some_and(|pi| pi < d && !elided.contains(&pi))
+                && !outputs.contains(&s)
+                && within[s.index()].is_none()
+                && !pieces.iter().any(|&(x, _)| x == s);
+            pieces.push((s, start * inner));
+            ok
+        });
+        if !fits {
+            continue;
+        }
+        for (s, off) in pieces {
+            within[s.index()] = Some((cs, off));
+        }
+        elided.push(d);
+    }
+    (within, elided)
+}
+
 /// Plans `p` (see the module docs).
 pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
     let producers = p.producers();
+    let (within, elided) = in_place_concats(p, &producers);
+    // The storage whose bytes a buffer's live range keeps (a piece: its concatenation's).
+    let home = |b: BufferId| {
+        let s = p.storage(b);
+        within[s.index()].map_or(s, |(c, _)| c)
+    };
+    // The dispatches a reader of buffer `b` waits for: its producer, or the producers
+    // of an elided concatenation's pieces.
+    let mut writers: Vec<Vec<usize>> = vec![Vec::new(); p.buffers.len()];
+    for (i, pr) in producers.iter().enumerate() {
+        if let Some(d) = *pr {
+            if !elided.contains(&d) {
+                writers[i].push(d);
+            }
+        }
+    }
+    for (i, w) in within.iter().enumerate() {
+        if let (Some((c, _)), Some(d)) = (w, producers[i]) {
+            writers[c.index()].push(d);
+        }
+    }
     let n = p.dispatches.len();
     let deps: Vec<Vec<usize>> = p
         .dispatches
         .iter()
         .map(|d| {
-            let mut v: Vec<usize> = d.operands.iter().filter_map(|&o| producers[p.storage(o).index()]).collect();
+            let mut v: Vec<usize> = d.operands.iter().flat_map(|&o| writers[p.storage(o).index()].iter().copied()).collect();
             v.sort_unstable();
             v.dedup();
             v
         })
         .collect();
-    let w = kiln_schedule::waves::waves(&deps).map_err(|e| StreamError::Waves(e.to_string()))?;
+    let mut w = kiln_schedule::waves::waves(&deps).map_err(|e| StreamError::Waves(e.to_string()))?;
+    // Elided dispatches leave the waves (a wave left empty goes too).
+    if !elided.is_empty() {
+        let waves: Vec<Vec<usize>> = std::mem::take(&mut w.waves)
+            .into_iter()
+            .map(|wave| wave.into_iter().filter(|d| !elided.contains(d)).collect::<Vec<usize>>())
+            .filter(|wave| !wave.is_empty())
+            .collect();
+        for (wi, wave) in waves.iter().enumerate() {
+            for &d in wave {
+                w.wave_of[d] = wi;
+            }
+        }
+        w.waves = waves;
+    }
     let nb = p.buffers.len();
     let mut lifetimes: Vec<Option<(usize, usize)>> = vec![None; nb];
     for (di, d) in p.dispatches.iter().enumerate() {
+        if elided.contains(&di) {
+            continue;
+        }
         let wave = w.wave_of[di];
-        let s = p.storage(d.result).index();
+        let s = home(d.result).index();
         lifetimes[s] = Some(match lifetimes[s] {
             None => (wave, wave),
             Some((a, b)) => (a.min(wave), b.max(wave)),
         });
         for &o in &d.operands {
-            let s = p.storage(o).index();
+            let s = home(o).index();
             if let Some((a, b)) = lifetimes[s] {
                 lifetimes[s] = Some((a, b.max(wave)));
             }
@@ -104,6 +200,11 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
     }
     let _ = n;
     let mut placement = vec![Placement::None; nb];
+    for (i, w) in within.iter().enumerate() {
+        if let Some((c, off)) = *w {
+            placement[i] = Placement::Within(c, off);
+        }
+    }
     // Graph inputs.
     for (i, b) in p.buffers.iter().enumerate() {
         if let BufferKind::Input(k) = b.kind {
@@ -170,6 +271,7 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
         arena_lower_bound: plan.lower_bound,
         constants,
         output_copies,
+        elided,
     })
 }
 
@@ -226,6 +328,7 @@ pub fn print(p: &FlowProgram, plan: &StreamPlan) -> String {
             (_, Placement::Output(k)) => format!("output {k}"),
             (_, Placement::Constant(o)) => format!("constants [{o}, {})", o + bytes(p, id)),
             (_, Placement::Arena(o)) => format!("arena [{o}, {})", o + bytes(p, id)),
+            (_, Placement::Within(c, o)) => format!("in %{} [{o}, {})", c.0, o + bytes(p, id)),
         };
         let live = match plan.lifetimes[i] {
             Some((a, z)) if !matches!(b.kind, BufferKind::Alias(_) | BufferKind::Const(_)) => {
@@ -238,6 +341,9 @@ pub fn print(p: &FlowProgram, plan: &StreamPlan) -> String {
     let _ = writeln!(s, "  }}");
     for &(src, k) in &plan.output_copies {
         let _ = writeln!(s, "  copy %{} -> output {k}", src.0);
+    }
+    for &d in &plan.elided {
+        let _ = writeln!(s, "  in place %{} = dispatch @{}", p.dispatches[d].result.0, p.dispatches[d].kernel.name);
     }
     let _ = writeln!(
         s,

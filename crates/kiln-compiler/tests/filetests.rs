@@ -13,13 +13,17 @@
 //!   64-byte aligned and inside the arena, and an arena no smaller than the lower
 //!   bound (the largest set of arena buffers live in one wave);
 //! - place constants at 64-byte aligned offsets of the pool;
+//! - run no code for an in-place concatenation (in no wave), whose pieces tile its
+//!   result exactly, with readers after every piece's producer and every buffer a
+//!   dispatch touches live (its own range, or its concatenation's) in that dispatch's
+//!   wave;
 //! - meet the `// waves: N` its `.kir` file states;
 //! - and, compiled to an artifact, loaded and run, compute what kiln-ref computes on
 //!   seeded inputs (within 1e-5 relative + 1e-6 absolute).
 
 use kiln_compiler::stream::{self, Placement, StreamPlan, ALIGN};
 use kiln_compiler::{Compilation, CpuTarget, Input, Options, Stage};
-use kiln_flow::program::{BufferKind, FlowProgram};
+use kiln_flow::program::{BufferId, BufferKind, FlowProgram};
 use kiln_ir::{DType, Graph, Tensor};
 
 fn inputs(g: &Graph) -> Vec<Tensor> {
@@ -35,9 +39,56 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
             wave_of[d] = w;
         }
     }
+    // The pieces of each in-place concatenation's result, and where each buffer's bytes
+    // are kept alive (a piece: by its concatenation's result).
+    let mut pieces: Vec<Vec<usize>> = vec![Vec::new(); p.buffers.len()];
+    let mut home: Vec<usize> = (0..p.buffers.len()).collect();
+    for (i, pl) in plan.placement.iter().enumerate() {
+        if let Placement::Within(c, o) = *pl {
+            let (size, csize) = (stream::bytes(p, BufferId(i as u32)), stream::bytes(p, c));
+            if o + size > csize || !matches!(plan.placement[c.index()], Placement::Arena(_)) {
+                return Err(format!("%{i}: in %{} at [{o}, {}), outside it or not in the arena", c.0, o + size));
+            }
+            pieces[c.index()].push(i);
+            home[i] = c.index();
+        }
+    }
     for (d, disp) in p.dispatches.iter().enumerate() {
+        let elided = plan.elided.contains(&d);
+        if elided != (wave_of[d] == usize::MAX) {
+            return Err(format!("dispatch {d}: elided {elided}, but in wave {}", wave_of[d]));
+        }
+        if elided {
+            // Its pieces cover its result exactly, each written by its own producer.
+            let c = p.storage(disp.result).index();
+            let mut ranges: Vec<(u64, u64)> = pieces[c]
+                .iter()
+                .map(|&i| match plan.placement[i] {
+                    Placement::Within(_, o) => (o, o + stream::bytes(p, BufferId(i as u32))),
+                    _ => (0, 0),
+                })
+                .collect();
+            ranges.sort_unstable();
+            let mut at = 0;
+            for (lo, hi) in ranges {
+                if lo != at {
+                    return Err(format!("dispatch {d}: its pieces leave a gap or overlap at byte {at}"));
+                }
+                at = hi;
+            }
+            if at != stream::bytes(p, disp.result) || pieces[c].iter().any(|&i| producers[i].is_none()) {
+                return Err(format!("dispatch {d}: its pieces do not cover its result"));
+            }
+            continue;
+        }
         for &o in &disp.operands {
-            if let Some(pd) = producers[p.storage(o).index()] {
+            let s = p.storage(o).index();
+            let writers: Vec<usize> = match producers[s] {
+                Some(pd) if plan.elided.contains(&pd) => pieces[s].iter().filter_map(|&i| producers[i]).collect(),
+                Some(pd) => vec![pd],
+                None => Vec::new(),
+            };
+            for pd in writers {
                 if wave_of[pd] >= wave_of[d] {
                     return Err(format!(
                         "dispatch {d} (wave {}) reads dispatch {pd} (wave {})",
@@ -46,10 +97,19 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
                 }
             }
         }
+        // Every buffer it touches is live (in its home's range) in its wave.
+        for &b in disp.operands.iter().chain([&disp.result]) {
+            let h = home[p.storage(b).index()];
+            if let (Placement::Arena(_), Some((a, z))) = (plan.placement[h], plan.lifetimes[h]) {
+                if wave_of[d] < a || wave_of[d] > z {
+                    return Err(format!("dispatch {d} (wave {}) touches %{h}, live waves {a}..{z}", wave_of[d]));
+                }
+            }
+        }
     }
     let mut arena = Vec::new();
     for (i, pl) in plan.placement.iter().enumerate() {
-        let size = stream::bytes(p, kiln_flow::program::BufferId(i as u32));
+        let size = stream::bytes(p, BufferId(i as u32));
         match *pl {
             Placement::Arena(o) => {
                 if o % ALIGN != 0 || o + size > plan.arena_size {

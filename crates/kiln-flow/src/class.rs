@@ -11,7 +11,9 @@
 //! The classes, decided in this order (the first that fits):
 //! 1. [`KernelClass::Window`]: a depthwise convolution or a pool over an NCHW image,
 //!    each output channel a small window of its own input channel
-//!    ([`crate::window::Depthwise::of`]).
+//!    ([`crate::window::Depthwise::of`]); or an interpolating resample (Resize), each
+//!    output a few taps with weights tabulated per position
+//!    ([`crate::resample::Resample::is_interpolation`]).
 //! 2. [`KernelClass::Contraction`]: an epilogue over `Σ_k A[.., m, k] · B[.., k, n]`,
 //!    a matrix product or a convolution ([`crate::contraction::Contraction::of`]).
 //! 3. [`KernelClass::Movement`]: no reduction and no arithmetic on values: every output
@@ -42,6 +44,7 @@ use std::fmt;
 
 use crate::contraction::Contraction;
 use crate::kernel::{Expr, Kernel, ScalarType};
+use crate::resample::Resample;
 use crate::window::Depthwise;
 
 /// The class of a kernel (see the module docs for the precise definitions).
@@ -49,7 +52,7 @@ use crate::window::Depthwise;
 pub enum KernelClass {
     /// An epilogue over a sum of products (matrix product, convolution).
     Contraction,
-    /// A depthwise convolution or a pool over an image's planes.
+    /// A depthwise convolution or a pool over an image's planes, or an interpolation.
     Window,
     /// Reductions along the output's rows (Softmax, LayerNorm).
     Rows,
@@ -106,7 +109,7 @@ impl KernelClass {
 
     /// Classifies `k` (the first class of the module docs' list that fits).
     pub fn of(k: &Kernel) -> KernelClass {
-        if Depthwise::of(k).is_some() {
+        if Depthwise::of(k).is_some() || Resample::is_interpolation(k) {
             return KernelClass::Window;
         }
         if Contraction::of(k).is_some() {

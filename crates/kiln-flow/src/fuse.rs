@@ -28,13 +28,16 @@
 //! its rows (a DepthToSpace stays apart from the Softplus after it). So a contraction
 //! takes no gather, no operand's computation and no layout change that breaks its
 //! column layout, a depthwise window ([`crate::window`]) only what keeps its epilogue a
-//! chain of supported steps; such a layout op stays a Movement dispatch. Scalar
+//! chain of supported steps; such a layout op stays a Movement dispatch. A resampling
+//! ([`crate::resample`]: Resize's interpolation or table copy, run from tables of its
+//! taps only in the lowering's form) takes nothing and fuses into nothing. Scalar
 //! constants become literals.
 
 use std::collections::HashMap;
 
 use crate::class::KernelClass;
 use crate::layout::contraction_in_place;
+use crate::resample::Resample;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
@@ -206,7 +209,8 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
         LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
     }, pk, &p_map);
     let Ok(fused) = b.finish(root) else { return false };
-    if contractions && demotes(dk, pk, &fused) {
+    let resamples = |k: &Kernel| Resample::is_interpolation(k) || Resample::is_table_copy(k);
+    if contractions && (demotes(dk, pk, &fused) || resamples(dk) || resamples(pk)) {
         return false;
     }
     let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;

@@ -17,6 +17,7 @@
 
 pub mod affine;
 pub mod class;
+pub mod concat;
 pub mod contraction;
 pub mod fuse;
 pub mod interp;
@@ -28,6 +29,7 @@ pub use kernel::{
 pub mod layout;
 pub mod lower;
 pub mod program;
+pub mod resample;
 pub mod text;
 #[cfg(test)]
 mod test_types;

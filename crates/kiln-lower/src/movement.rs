@@ -24,6 +24,8 @@
 //!   integers (checked against the table at compile time) uses that integer form instead.
 //!   Linear and cubic weigh taps with the reference's formulas (antialias, exclude_outside
 //!   included), one reduction variable per interpolated axis, the last axis innermost.
+//!   `kiln_flow::resample` recognises exactly these forms and tabulates their indices and
+//!   weights at compile time for the code generators: a change here must keep them.
 
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};

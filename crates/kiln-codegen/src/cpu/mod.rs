@@ -13,8 +13,9 @@
 //! scheduling and vectorisation are described in [`analysis`] and [`emit`].
 //!
 //! Each kernel comes with its class (`kiln_flow::class::KernelClass`), and the class
-//! alone picks its emitter: a contraction goes to [`gemm`], a window to [`depthwise`], a
-//! movement to [`pad`] or [`copy`] (by the bounds of the load it is), rows and
+//! alone picks its emitter: a contraction goes to [`gemm`], a window to [`depthwise`] (or,
+//! an interpolation, to [`resample`]), a movement to [`pad`], [`copy`] or [`resample`]
+//! (by the bounds of the load it is, and whether its index comes from tables), rows and
 //! elementwise kernels to [`rows`], and a general kernel to Cranelift. An emitter that
 //! declines a kernel of its class (an epilogue it has no form for, rows shorter than a
 //! vector) leaves it to Cranelift, and the kernel's note says `general (why)`.
@@ -37,6 +38,7 @@ mod emit;
 mod gemm;
 mod math;
 mod pad;
+mod resample;
 mod rows;
 mod image;
 mod vector;
@@ -47,6 +49,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use cranelift_object::{ObjectBuilder, ObjectModule};
 use kiln_flow::class::KernelClass;
+use kiln_flow::resample::Resample;
 use kiln_flow::{Bounds, Expr, Kernel, UnaryOp};
 use kiln_ir::DType;
 use kiln_module::program::{CpuFeature, Executable};
@@ -377,6 +380,7 @@ fn emit_class(
         path: cost::Path::Vector,
     };
     Ok(Some(match class {
+        KernelClass::Window if Resample::is_interpolation(k) => vector(resample::emit(k)?, "resampling (avx2)"),
         KernelClass::Window => {
             let w = depthwise::emit(k, avx512vl)?;
             Micro {
@@ -406,6 +410,7 @@ fn emit_class(
         // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
         // copy in bounds.
         KernelClass::Movement => match &k.node(k.root).expr {
+            _ if Resample::is_table_copy(k) => vector(resample::emit(k)?, "table copy (avx2)"),
             Expr::Load { bounds: Bounds::Pad(_), .. } => vector(pad::emit(k)?, "padding copy (avx)"),
             Expr::Load { bounds: Bounds::InBounds, .. } => vector(copy::emit(k)?, "affine copy (avx)"),
             _ => return gemm::no("a movement other than one padded or in-bounds load"),
