@@ -35,11 +35,12 @@ mod cost;
 mod depthwise;
 mod emit;
 mod gemm;
+mod image;
 mod math;
 mod pad;
 mod rows;
-mod image;
 mod vector;
+mod vops;
 
 use cranelift_codegen::ir::UserFuncName;
 use cranelift_codegen::settings::{self, Configurable};
@@ -120,6 +121,39 @@ pub struct CpuModule {
     pub notes: Vec<String>,
     /// Each kernel's estimated single-thread time in nanoseconds (see [`cost`]).
     pub work_ns: Vec<u64>,
+    /// How each kernel's code runs along its contiguous axis ([`CodePath`]).
+    pub paths: Vec<CodePath>,
+}
+
+/// How a kernel's code runs along its contiguous axis: the classification `kiln
+/// compile --timings` counts (and the test that no dispatch of a known model is scalar
+/// reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CodePath {
+    /// Machine code written by its class's emitter ([`gemm`], [`depthwise`], [`pad`],
+    /// [`copy`], or [`rows`] for elementwise, row and general kernels), on vectors of
+    /// `bits` (256: AVX2, 512: AVX-512 F).
+    Vector {
+        /// Vector width in bits.
+        bits: u16,
+    },
+    /// Cranelift code that runs the innermost output loop or a reduction four lanes at
+    /// a time (128-bit vectors: Cranelift's x86-64 backend has no wider ones).
+    Vector128,
+    /// Cranelift code, one element at a time.
+    Scalar,
+}
+
+impl CodePath {
+    /// The listing's name: `512-bit`, `256-bit`, `128-bit` or `scalar`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CodePath::Vector { bits: 512 } => "512-bit",
+            CodePath::Vector { .. } => "256-bit",
+            CodePath::Vector128 => "128-bit",
+            CodePath::Scalar => "scalar",
+        }
+    }
 }
 
 /// The workgroups of a kernel: the product of every output dimension but the
@@ -358,6 +392,8 @@ struct Micro {
     /// It uses AVX-512 F.
     avx512: bool,
     path: cost::Path,
+    /// Its vectors' width in bits.
+    bits: u16,
 }
 
 /// Emits `k` with the microkernel emitter of `class`: `Ok(None)` for the general class
@@ -375,6 +411,7 @@ fn emit_class(
         note: note.to_string(),
         avx512: false,
         path: cost::Path::Vector,
+        bits: 256,
     };
     Ok(Some(match class {
         KernelClass::Window => {
@@ -385,6 +422,7 @@ fn emit_class(
                 note: w.note.to_string(),
                 avx512: w.avx512,
                 path: cost::Path::Window,
+                bits: if w.avx512 { 512 } else { 256 },
             }
         }
         KernelClass::Contraction => {
@@ -401,6 +439,7 @@ fn emit_class(
                 note: note.to_string(),
                 avx512: g.avx512,
                 path: cost::Path::Contraction,
+                bits: if g.avx512 { 512 } else { 256 },
             }
         }
         // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
@@ -410,12 +449,14 @@ fn emit_class(
             Expr::Load { bounds: Bounds::InBounds, .. } => vector(copy::emit(k)?, "affine copy (avx)"),
             _ => return gemm::no("a movement other than one padded or in-bounds load"),
         },
-        KernelClass::Rows | KernelClass::Elementwise => {
+        // Every other kernel with a vector form of each of its operations is a vector
+        // kernel; what has none is left to Cranelift (the reason in its note).
+        KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => {
             let r = rows::emit(k, options.reassociate, avx512)?;
             let note = r.note();
-            Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector }
+            let bits = if r.wide { 512 } else { 256 };
+            Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits }
         }
-        KernelClass::General => return Ok(None),
     }))
 }
 
@@ -442,6 +483,7 @@ pub fn compile_with(
     let mut micro: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut notes = Vec::with_capacity(kernels.len());
     let mut work_ns = Vec::with_capacity(kernels.len());
+    let mut paths = Vec::with_capacity(kernels.len());
     for (idx, &(k, class)) in kernels.iter().enumerate() {
         if names.contains(&k.name.as_str()) || micro.iter().any(|(i, _)| kernels[*i].0.name == k.name) {
             return Err(CodegenError::Unsupported {
@@ -457,6 +499,7 @@ pub fn compile_with(
                     work_ns.push(cost::estimate_ns(k, m.path));
                     micro.push((idx, m.code));
                     notes.push(m.note);
+                    paths.push(CodePath::Vector { bits: m.bits });
                     used_avx512 |= m.avx512;
                     continue;
                 }
@@ -468,7 +511,8 @@ pub fn compile_with(
         }
         names.push(&k.name);
         module.clear_context(&mut ctx);
-        build_kernel(k, idx, &isa, options, &mut ctx.func, &mut fctx)?;
+        let vectorised = build_kernel(k, idx, &isa, options, &mut ctx.func, &mut fctx)?;
+        paths.push(if vectorised.is_empty() { CodePath::Scalar } else { CodePath::Vector128 });
         let id =
             module.declare_function(&k.name, Linkage::Export, &ctx.func.signature).map_err(|e| internal(&k.name, e))?;
         module.define_function(id, &mut ctx).map_err(|e| internal(&k.name, format!("{e:?}")))?;
@@ -501,5 +545,5 @@ pub fn compile_with(
             }
         }
     }
-    Ok(CpuModule { executable, workgroups: workgroup_counts, notes, work_ns })
+    Ok(CpuModule { executable, workgroups: workgroup_counts, notes, work_ns, paths })
 }
