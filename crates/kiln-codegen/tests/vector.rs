@@ -283,3 +283,52 @@ fn short_rows_and_unit_axes() {
         }
     }
 }
+
+/// A matrix product whose epilogue multiplies by a column mask from an i64 comparison
+/// (`(pos[n] < len) as f32`, a sequence mask fused into a convolution) and adds a
+/// residual: the contraction microkernel takes it, with the comparison and the cast
+/// from the shared vector table, over column counts with masked tails. The sum is
+/// the microkernel's (`tests/contraction.rs` bounds it); here the masked columns must be
+/// exactly 0 + residual·0 and the others within `K·2⁻²³·Σ|a·b|`.
+#[test]
+fn contraction_epilogue_with_an_i64_mask() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    for n in LENGTHS {
+        let f = DType::F32;
+        let mut b = KernelBuilder::new(
+            "masked_mm",
+            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(f, &[m, n]), tt(DType::I64, &[n]), tt(DType::I64, &[1])],
+            tt(f, &[m, n]),
+        );
+        let (o, s) = matmul_sum(&mut b, kk);
+        let res = b.load(2, o.clone());
+        let p = b.load(3, vec![o[1]]);
+        let z = b.index(0);
+        let len = b.load(4, vec![z]);
+        let lt = b.binary(BinaryOp::Lt, p, len);
+        let mf = b.cast(lt, DType::F32, false);
+        let a = b.add(s, res);
+        let r = b.mul(a, mf);
+        let k = b.finish(r).unwrap();
+        let ins = [
+            random_f32(&[m, kk], 1.0, 3),
+            random_f32(&[kk, n], 1.0, 4),
+            random_f32(&[m, n], 1.0, 5),
+            tensor_bits(DType::I64, &[n], &(0..n as u64).collect::<Vec<_>>()),
+            tensor_bits(DType::I64, &[1], &[(n as u64 + 1) / 2]),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        let want = kiln_flow::interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
+        for cfg in microkernel_variants(false) {
+            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert!(module.notes[0].starts_with("contraction microkernel"), "{n}: {}", module.notes[0]);
+            let got = run_compiled(&k, &refs, &cfg, 3).to_vec::<f32>().unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let masked = i % n >= (n + 1) / 2;
+                let ok = if masked { *g == 0.0 } else { (g - w).abs() <= kk as f32 * 2.0 * f32::EPSILON * 16.0 };
+                assert!(ok, "n={n} [{i}]: got {g}, want {w}");
+            }
+        }
+    }
+}
