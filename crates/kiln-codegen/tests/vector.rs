@@ -332,3 +332,36 @@ fn contraction_epilogue_with_an_i64_mask() {
         }
     }
 }
+
+/// Output axes joined into one vector axis where every load reads them contiguously:
+/// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
+/// along the run) and an input with its first two axes swapped (contiguous along `c`
+/// only, which keeps the axes apart), over odd sizes.
+#[test]
+fn joined_axes() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for (a, b2, c) in [(3, 7, 9), (2, 1, 17), (5, 3, 2), (1, 15, 16)] {
+        for transposed in [false, true] {
+            let mut kb = KernelBuilder::new(
+                "joined",
+                vec![tt(f, &[a, b2, c]), tt(f, &[a]), tt(f, &[b2, a, c])],
+                tt(f, &[a, b2, c]),
+            );
+            let o = kb.out_index();
+            let x = kb.load(0, o.clone());
+            let s = kb.load(1, vec![o[0]]);
+            let mut r = kb.mul(x, s);
+            if transposed {
+                let t = kb.load(2, vec![o[1], o[0], o[2]]);
+                r = kb.add(r, t);
+            }
+            let zero = kb.float(ScalarType::F32, 0.0);
+            let r = kb.binary(BinaryOp::Max, r, zero);
+            let k = kb.finish(r).unwrap();
+            let ins = [cycled(f, &[a, b2, c], 0), cycled(f, &[a], 3), cycled(f, &[b2, a, c], 5)];
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            check_vector(&k, &refs, Cmp { zero_sign: true, ..EXACT });
+        }
+    }
+}

@@ -14,10 +14,13 @@
 //!
 //! Each kernel comes with its class (`kiln_flow::class::KernelClass`), and the class
 //! alone picks its emitter: a contraction goes to [`gemm`], a window to [`depthwise`], a
-//! movement to [`pad`] or [`copy`] (by the bounds of the load it is), rows and
-//! elementwise kernels to [`rows`], and a general kernel to Cranelift. An emitter that
-//! declines a kernel of its class (an epilogue it has no form for, rows shorter than a
-//! vector) leaves it to Cranelift, and the kernel's note says `general (why)`.
+//! movement to [`pad`] or [`copy`] (by the bounds of the load it is), and rows,
+//! elementwise and general kernels to the vector kernels of [`rows`] (8 or 16 lanes,
+//! every operation from the one table of [`vops`], which contraction epilogues share).
+//! An emitter that declines a kernel of its class (an epilogue it has no form for, an
+//! operation without a vector form) leaves it to Cranelift, whose x86-64 backend has
+//! 128-bit vectors only, and the kernel's note says `general (why)`; [`CodePath`] says
+//! for each kernel whether its code runs 512-, 256- or 128-bit vectors or is scalar.
 //!
 //! At the speed level (`Options::contraction_kernels`, on a target with AVX2 and FMA)
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
@@ -396,8 +399,8 @@ struct Micro {
     bits: u16,
 }
 
-/// Emits `k` with the microkernel emitter of `class`: `Ok(None)` for the general class
-/// (no emitter), `Err` with the reason when the emitter declines it.
+/// Emits `k` with the microkernel emitter of `class` (`Ok(None)` would be a class
+/// without one; every class has one now), `Err` with the reason when it declines.
 fn emit_class(
     k: &Kernel,
     class: KernelClass,

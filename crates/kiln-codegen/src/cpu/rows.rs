@@ -5,10 +5,14 @@
 //! target has AVX-512 F (`zmm`, tails under an opmask) and eight elsewhere (AVX2), the
 //! same code through [`super::vector`].
 //!
-//! Kernels with a reduction take this path, and elementwise kernels that compute exp or
-//! erf (compute-bound); other elementwise kernels are memory-bound, and the general
-//! loops need no per-row index decoding. A workgroup is one row (every output index but
-//! the innermost), as for general kernels. Per row, in the kernel's node order:
+//! Every elementwise, row and general kernel whose operations all have a vector form
+//! in the shared table ([`super::vops`]: f32, i32/u32 and bool-mask lanes, i64
+//! comparisons read from memory) takes this path; the rest stay Cranelift's, with the
+//! reason in their note. The vector axis is the output's innermost axis longer than one
+//! (for a kernel without a reduction; axes after it have one position: an SE block's
+//! `[1, C, 1, 1]`), or its innermost axis; a row shorter than a vector is one masked
+//! vector. A workgroup is one row (every output index before the vector axis). Per row,
+//! in the kernel's node order:
 //! - values constant along the row (row statistics and what is computed from them) are
 //!   evaluated once, as vectors of equal lanes kept on the stack;
 //! - each reduction (`Sum` or `Max` over one variable) is a loop over its row a vector
@@ -32,9 +36,10 @@
 //!   reciprocal, computed once per row (only with `Options::reassociate`, like the
 //!   partial sums: one more rounding).
 //!
-//! Operations: `+ − × ÷`, `max`/`min` (NaN in either operand gives NaN), `neg`, `abs`,
-//! `sqrt`, and `exp`/`erf` as the same inline code as everywhere else (`super::math`).
-//! Loads are f32 and in bounds, at affine offsets that step 0 or 1 element along the row.
+//! Operations: those of [`super::vops`] (`+ − × ÷`, `max`/`min` with NaN, comparisons,
+//! selects, casts between lane types, rounding, `exp`/`erf` as the same inline code as
+//! everywhere else). Loads are f32, i32, u32 (or i64 under a comparison) and in bounds,
+//! at affine offsets that step 0 or 1 element along the row.
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
 
@@ -102,7 +107,12 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     // it may read the axes before.)
     let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
     let u = if reduces { rank - 1 } else { (0..rank).rev().find(|&v| k.vars[v] > 1).unwrap_or(rank - 1) } as u32;
-    let len = k.vars[u as usize];
+    // Without a reduction, output axes before the vector axis join it while every load
+    // reads the joined axes contiguously (or not at all): `[C, 14, 14]` runs rows of
+    // 196, or one row, instead of 14-element rows that each pay for decoding their
+    // position.
+    let lo = if reduces { u } else { joined_axes(k, u) };
+    let len: u64 = k.vars[lo as usize..=u as usize].iter().product();
     for t in k.inputs.iter().chain([&k.output]) {
         if t.storage_bytes() > i32::MAX as usize {
             return no("an operand over 2 GiB");
@@ -139,7 +149,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     let data_i64 = |i: usize| compared[i] && !other_use[i] && matches!(k.nodes[i].expr, Expr::Load { .. });
     // Output axes other than the vector axis are the row's (those after it have one
     // position).
-    let is_row = |v: u32| (v as usize) < rank && v != u;
+    let is_row = |v: u32| (v as usize) < rank && !(lo..=u).contains(&v);
     let mut place = Vec::with_capacity(k.nodes.len());
     for (i, n) in k.nodes.iter().enumerate() {
         if n.ty == ScalarType::I64 && !data_i64(i) {
@@ -149,7 +159,9 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         if n.ty != ScalarType::I64 && !lane_type(n.ty) {
             return no(format!("a {} value", n.ty.name()));
         }
-        let axes: Vec<u32> = free[i].iter().copied().filter(|&v| !is_row(v)).collect();
+        let mut axes: Vec<u32> =
+            free[i].iter().copied().filter(|&v| !is_row(v)).map(|v| if v >= lo && v <= u { u } else { v }).collect();
+        axes.dedup();
         let p = match axes[..] {
             [] => Place::Row,
             [v] if v == u => Place::Out,
@@ -200,7 +212,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             return no("a load that strides along the row");
         }
         let mut row = AffineIndex { c: off.c, coef: vec![0; k.vars.len()] };
-        for v in 0..u as usize {
+        for v in 0..lo as usize {
             row.coef[v] = off.of(v as u32);
         }
         let b = match bases.iter().position(|(bi, o)| bi == input && *o == row) {
@@ -212,7 +224,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         };
         loads.insert(i as u32, LoadPlan { base: b, step });
     }
-    let rows = k.vars[..u as usize].to_vec();
+    let rows = k.vars[..lo as usize].to_vec();
     let stash = stash(k, &place, &free, u);
     // Divisors that are row values, where the quotient is not: one reciprocal per row.
     let mut recip = Vec::new();
@@ -227,6 +239,46 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         }
     }
     Ok(Plan { place, loads, bases, rows, len, stash, recip })
+}
+
+/// The first output axis of the run `lo..=u` that every load reads contiguously (its
+/// element offset steps by 1 along `u`, and along each axis before by the extent of the
+/// axes after it) or not at all, so the run can be walked as one axis of their product.
+fn joined_axes(k: &Kernel, u: u32) -> u32 {
+    let offsets: Option<Vec<AffineIndex>> = k
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.expr {
+            Expr::Load { input, index, .. } => Some(load_offset(k, *input, index)),
+            _ => None,
+        })
+        .collect();
+    let Some(offsets) = offsets else { return u };
+    let mut lo = u;
+    let mut span = k.vars[u as usize] as i64;
+    while lo > 0 {
+        let a = lo - 1;
+        let fits = offsets.iter().all(|off| {
+            let run: Vec<i64> = (lo..=u).map(|v| off.of(v)).collect();
+            let untouched = run.iter().all(|&c| c == 0) && off.of(a) == 0;
+            let dense = off.of(u) == 1 && off.of(a) == span && {
+                let mut stride = 1i64;
+                (lo..=u).rev().all(|v| {
+                    let ok = off.of(v) == stride;
+                    stride *= k.vars[v as usize] as i64;
+                    ok
+                })
+            };
+            untouched || dense
+        });
+        // (An index used other than in a load's offset makes the plan decline anyway.)
+        if !fits || k.vars[a as usize] == 0 {
+            break;
+        }
+        span = span.saturating_mul(k.vars[a as usize] as i64);
+        lo = a;
+    }
+    lo
 }
 
 /// The reduction whose operand, with the reduction's variable read as the output's, is
