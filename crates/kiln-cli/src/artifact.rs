@@ -198,12 +198,16 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
         let micro = c.codegen_notes.iter().filter(|n| n.starts_with("contraction")).count();
         eprintln!("  {micro} of {} dispatches are contraction microkernels", c.codegen_notes.len());
         eprintln!("  {}", class_summary(&c.flow, &c.codegen_notes));
-        for (d, note) in c.flow.dispatches.iter().zip(&c.codegen_notes) {
+        for line in path_summary(&c.flow, &c.codegen_paths) {
+            eprintln!("  {line}");
+        }
+        for ((d, note), path) in c.flow.dispatches.iter().zip(&c.codegen_notes).zip(&c.codegen_paths) {
             let work = kiln_flow::fuse::work(&d.kernel);
             eprintln!(
-                "  {:<10} {work:>12.0} {:<11} {note}  [{}]",
+                "  {:<10} {work:>12.0} {:<11} {:<7} {note}  [{}]",
                 d.kernel.name,
                 d.class.name(),
+                path.name(),
                 d.sources.join(" + ")
             );
         }
@@ -230,6 +234,28 @@ fn class_summary(flow: &kiln_flow::program::FlowProgram, notes: &[String]) -> St
         }
     }
     format!("classes: {}; {fallbacks} fell back to the general path", parts.join(", "))
+}
+
+/// Dispatches per class and code path (`contraction: 44 512-bit, 12 256-bit`), one line
+/// per class that has any, then how many run scalar, said even when none do.
+fn path_summary(flow: &kiln_flow::program::FlowProgram, paths: &[kiln_compiler::CodePath]) -> Vec<String> {
+    use kiln_flow::class::KernelClass;
+    let mut lines = Vec::new();
+    for class in KernelClass::ALL {
+        let mut counts: std::collections::BTreeMap<kiln_compiler::CodePath, usize> = Default::default();
+        for (d, p) in flow.dispatches.iter().zip(paths) {
+            if d.class == class {
+                *counts.entry(*p).or_default() += 1;
+            }
+        }
+        if !counts.is_empty() {
+            let parts: Vec<String> = counts.iter().map(|(p, n)| format!("{n} {}", p.name())).collect();
+            lines.push(format!("paths of {}: {}", class.name(), parts.join(", ")));
+        }
+    }
+    let scalar = paths.iter().filter(|p| **p == kiln_compiler::CodePath::Scalar).count();
+    lines.push(format!("{scalar} of {} dispatches run scalar", paths.len()));
+    lines
 }
 
 /// An artifact's bytes (read, or compiled from a model), its weights when the compile

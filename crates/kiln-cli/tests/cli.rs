@@ -347,14 +347,18 @@ fn kernel_classes_in_timings_and_inspect() {
     let art = dir.join("lenet.kiln");
     let (done, _, err) = kiln(&["compile", LENET, "-o", s(&art), "--target-cpu", "x86-64-v4", "--timings"]);
     assert!(done, "compile failed: {err}");
-    // One line per dispatch: kernel, work, class, note.
+    // One line per dispatch: kernel, work, class, code path, note.
+    const PATHS: [&str; 4] = ["512-bit", "256-bit", "128-bit", "scalar"];
     let mut timed: Vec<(String, String, String)> = Vec::new();
     for line in err.lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
-        if w.len() > 3 && w[0] != "classes:" && w[1].parse::<f64>().is_ok() && CLASSES.contains(&w[2]) {
-            timed.push((w[0].to_string(), w[2].to_string(), w[3..].join(" ")));
+        if w.len() > 4 && w[0] != "classes:" && w[1].parse::<f64>().is_ok() && CLASSES.contains(&w[2]) {
+            assert!(PATHS.contains(&w[3]), "{line}");
+            timed.push((w[0].to_string(), w[2].to_string(), w[4..].join(" ")));
         }
     }
+    // The scalar count is said even when it is zero (LeNet has none at v4).
+    assert!(err.lines().any(|l| l.trim() == format!("0 of {} dispatches run scalar", timed.len())), "{err}");
     let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
     let dispatched: Vec<(String, String)> = json["entries"][0]["commands"]
         .as_array()

@@ -37,7 +37,7 @@ use kiln_ir::Graph;
 use kiln_module::program::{Constants, DebugInfo, Device, DeviceKind, Kernel, Program, Variant};
 
 pub use error::{CompileError, ErrorKind, TextError};
-pub use kiln_codegen::cpu::CpuTarget;
+pub use kiln_codegen::cpu::{CodePath, CpuTarget};
 pub use kiln_codegen::{CodegenError, CpuModule};
 pub use kiln_import::ImportOptions;
 
@@ -93,6 +93,9 @@ pub struct Compiled {
     pub phases: Vec<(Stage, Duration)>,
     /// Per dispatch, how its code was generated (microkernel or general, and why).
     pub codegen_notes: Vec<String>,
+    /// Per dispatch, how its code runs along its contiguous axis (vector width, or
+    /// scalar).
+    pub codegen_paths: Vec<CodePath>,
 }
 
 /// One stage of the pipeline, in the order [`Stage::ALL`] runs them.
@@ -406,6 +409,7 @@ impl Compilation {
         Ok(Compiled {
             artifact: self.artifact.ok_or_else(|| missing("artifact"))?,
             weights: self.weights,
+            codegen_paths: self.cpu.as_ref().map(|c| c.paths.clone()).ok_or_else(|| missing("kernels"))?,
             codegen_notes: self.cpu.map(|c| c.notes).ok_or_else(|| missing("kernels"))?,
             flow: self.flow.ok_or_else(|| missing("flow program"))?,
             plan: self.plan.ok_or_else(|| missing("stream plan"))?,
@@ -488,7 +492,8 @@ fn generate_code(
     target: &CpuTarget,
     codegen: &kiln_codegen::cpu::Options,
 ) -> Result<CpuModule, CodegenError> {
-    let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> = flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
+    let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> =
+        flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
     kiln_codegen::cpu::compile_with(&kernels, target, codegen)
 }
 

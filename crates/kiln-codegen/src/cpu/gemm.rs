@@ -87,6 +87,7 @@ use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
 use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
 use super::math::{has_vector_form, held_constants, vector_scratch};
+use super::vops::{is_i64_compare, op_form, I64Src};
 use super::vector::{Mask, Op, Src, Vx, V};
 use kiln_ir::DType;
 
@@ -454,6 +455,17 @@ impl Emitter<'_> {
             return Ok(());
         }
         let node = self.k.node(e).clone();
+        // An i64 comparison (a sequence mask) reads its operands from memory
+        // (`vops::Vx::cmp_i64`).
+        if is_i64_compare(self.k, e) {
+            let Expr::Binary(_, a, b) = node.expr else { return no("an i64 comparison") };
+            for x in [a, b] {
+                if let Expr::Load { input, index, .. } = &self.k.node(x).expr {
+                    self.plan_eload(x, *input, index, 8)?;
+                }
+            }
+            return Ok(());
+        }
         let f32_or_bool = matches!(node.ty, ScalarType::F32 | ScalarType::Bool);
         if !f32_or_bool {
             return no(format!("epilogue value of type {}", node.ty.name()));
@@ -464,34 +476,7 @@ impl Emitter<'_> {
                 if self.k.inputs[*input as usize].dtype != DType::F32 {
                     return no("epilogue load of a non-f32 tensor");
                 }
-                if self.eloads.contains_key(&e.0) {
-                    return Ok(());
-                }
-                let off = kiln_flow::affine::load_offset(self.k, *input, index)
-                    .ok_or_else(|| NotHere("epilogue load with a non-affine index".into()))?;
-                let per_n = self.c.column_step(&off).unwrap_or(-1);
-                if per_n != 0 && per_n != 1 {
-                    return no("epilogue load with a column stride other than 0 or 1");
-                }
-                if self.eloads.len() == EPTR.len() {
-                    return no("more than four epilogue loads");
-                }
-                let c = &self.c;
-                let mut coef = Vec::new();
-                for &b in &c.batch {
-                    coef.push(off.of(b) * 4);
-                }
-                coef.push(off.of(c.m) * 4);
-                self.bases.push(Base {
-                    binding: *input,
-                    c: off.c * 4,
-                    coef,
-                    per_n: per_n * 4,
-                    per_m: off.of(c.m) * 4,
-                    per_block: per_n * 4,
-                });
-                self.eloads.insert(e.0, ELoad { base: self.bases.len() - 1, vector: per_n == 1 });
-                Ok(())
+                self.plan_eload(e, *input, index, 4)
             }
             Expr::Binary(op, x, y) => {
                 let float_operands = self.k.node(*x).ty == ScalarType::F32;
@@ -520,8 +505,44 @@ impl Emitter<'_> {
             Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
                 self.check_epilogue(*value)
             }
+            // Other casts between lane types: the shared vector table's.
+            Expr::Cast { value, .. } if op_form(self.k, e, false).is_ok() => self.check_epilogue(*value),
             _ => no("an epilogue operation without a vector form here"),
         }
+    }
+
+    /// Plans epilogue load `e` (of `input` at `index`, `size`-byte elements): a base
+    /// pointer stepping with the tile, read as a vector (unit column stride) or a
+    /// broadcast.
+    fn plan_eload(&mut self, e: ExprId, input: u32, index: &[ExprId], size: i64) -> R<()> {
+        if self.eloads.contains_key(&e.0) {
+            return Ok(());
+        }
+        let off = kiln_flow::affine::load_offset(self.k, input, index)
+            .ok_or_else(|| NotHere("epilogue load with a non-affine index".into()))?;
+        let per_n = self.c.column_step(&off).unwrap_or(-1);
+        if per_n != 0 && per_n != 1 {
+            return no("epilogue load with a column stride other than 0 or 1");
+        }
+        if self.eloads.len() == EPTR.len() {
+            return no("more than four epilogue loads");
+        }
+        let c = &self.c;
+        let mut coef = Vec::new();
+        for &b in &c.batch {
+            coef.push(off.of(b) * size);
+        }
+        coef.push(off.of(c.m) * size);
+        self.bases.push(Base {
+            binding: input,
+            c: off.c * size,
+            coef,
+            per_n: per_n * size,
+            per_m: off.of(c.m) * size,
+            per_block: per_n * size,
+        });
+        self.eloads.insert(e.0, ELoad { base: self.bases.len() - 1, vector: per_n == 1 });
+        Ok(())
     }
 
     /// Counts operand uses of the epilogue's nodes (each edge once; the reduction and
@@ -1869,6 +1890,34 @@ impl Emitter<'_> {
                     dst
                 }
             }
+            Expr::Binary(op, a, b) if is_i64_compare(self.k, e) => {
+                let lanes = self.vx().lanes() as i64;
+                let mut src = [I64Src::Const(0); 2];
+                for (j, x) in [*a, *b].into_iter().enumerate() {
+                    src[j] = match self.k.node(x).expr {
+                        Expr::Const(c) => I64Src::Const(c as i64),
+                        _ => {
+                            let el = self.eloads[&x.0];
+                            let b = &self.bases[el.base];
+                            let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
+                            let at = ptr(EPTR[el.base - 3] + disp as i32);
+                            if el.vector {
+                                I64Src::Vector(at)
+                            } else {
+                                I64Src::Broadcast(at)
+                            }
+                        }
+                    };
+                }
+                let mut t = Vec::with_capacity(3);
+                for _ in 0..3 {
+                    t.push(ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?);
+                }
+                let dst = self.result_reg(&[*a, *b], ev)?;
+                self.vx().cmp_i64(*op, dst, src[0], src[1], slot.mask, &t)?;
+                ev.pool.extend(t);
+                dst
+            }
             Expr::Binary(op, x, y) => {
                 // Max/Min with a constant: the constant goes first, so a NaN in the
                 // other operand is what comes out (the kernel's NaN rule).
@@ -1940,6 +1989,13 @@ impl Emitter<'_> {
                 let dst = self.result_reg(&[*x], ev)?;
                 self.vx().unary(*op, dst, rx, &t)?;
                 ev.pool.extend(t);
+                dst
+            }
+            Expr::Cast { value, .. } if self.k.node(*value).ty != ScalarType::F32 => {
+                let rx = self.eval(*value, slot, ev)?;
+                let dst = self.result_reg(&[*value], ev)?;
+                let k = self.k;
+                self.vx().node_op(k, e, dst, &[rx], &[])?;
                 dst
             }
             Expr::Cast { value, .. } => {

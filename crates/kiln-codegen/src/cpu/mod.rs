@@ -15,10 +15,13 @@
 //! Each kernel comes with its class (`kiln_flow::class::KernelClass`), and the class
 //! alone picks its emitter: a contraction goes to [`gemm`], a window to [`depthwise`] (or,
 //! an interpolation, to [`resample`]), a movement to [`pad`], [`copy`] or [`resample`]
-//! (by the bounds of the load it is, and whether its index comes from tables), rows and
-//! elementwise kernels to [`rows`], and a general kernel to Cranelift. An emitter that
-//! declines a kernel of its class (an epilogue it has no form for, rows shorter than a
-//! vector) leaves it to Cranelift, and the kernel's note says `general (why)`.
+//! (by the bounds of the load it is, and whether its index comes from tables), and rows,
+//! elementwise and general kernels to the vector kernels of [`rows`] (8 or 16 lanes,
+//! every operation from the one table of [`vops`], which contraction epilogues share).
+//! An emitter that declines a kernel of its class (an epilogue it has no form for, an
+//! operation without a vector form) leaves it to Cranelift, whose x86-64 backend has
+//! 128-bit vectors only, and the kernel's note says `general (why)`; [`CodePath`] says
+//! for each kernel whether its code runs 512-, 256- or 128-bit vectors or is scalar.
 //!
 //! At the speed level (`Options::contraction_kernels`, on a target with AVX2 and FMA)
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
@@ -36,12 +39,13 @@ mod cost;
 mod depthwise;
 mod emit;
 mod gemm;
+mod image;
 mod math;
 mod pad;
 mod resample;
 mod rows;
-mod image;
 mod vector;
+mod vops;
 
 use cranelift_codegen::ir::UserFuncName;
 use cranelift_codegen::settings::{self, Configurable};
@@ -123,6 +127,39 @@ pub struct CpuModule {
     pub notes: Vec<String>,
     /// Each kernel's estimated single-thread time in nanoseconds (see [`cost`]).
     pub work_ns: Vec<u64>,
+    /// How each kernel's code runs along its contiguous axis ([`CodePath`]).
+    pub paths: Vec<CodePath>,
+}
+
+/// How a kernel's code runs along its contiguous axis: the classification `kiln
+/// compile --timings` counts (and the test that no dispatch of a known model is scalar
+/// reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CodePath {
+    /// Machine code written by its class's emitter ([`gemm`], [`depthwise`], [`pad`],
+    /// [`copy`], or [`rows`] for elementwise, row and general kernels), on vectors of
+    /// `bits` (256: AVX2, 512: AVX-512 F).
+    Vector {
+        /// Vector width in bits.
+        bits: u16,
+    },
+    /// Cranelift code that runs the innermost output loop or a reduction four lanes at
+    /// a time (128-bit vectors: Cranelift's x86-64 backend has no wider ones).
+    Vector128,
+    /// Cranelift code, one element at a time.
+    Scalar,
+}
+
+impl CodePath {
+    /// The listing's name: `512-bit`, `256-bit`, `128-bit` or `scalar`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CodePath::Vector { bits: 512 } => "512-bit",
+            CodePath::Vector { .. } => "256-bit",
+            CodePath::Vector128 => "128-bit",
+            CodePath::Scalar => "scalar",
+        }
+    }
 }
 
 /// The workgroups of a kernel: the product of every output dimension but the
@@ -361,10 +398,12 @@ struct Micro {
     /// It uses AVX-512 F.
     avx512: bool,
     path: cost::Path,
+    /// Its vectors' width in bits.
+    bits: u16,
 }
 
-/// Emits `k` with the microkernel emitter of `class`: `Ok(None)` for the general class
-/// (no emitter), `Err` with the reason when the emitter declines it.
+/// Emits `k` with the microkernel emitter of `class` (`Ok(None)` would be a class
+/// without one; every class has one now), `Err` with the reason when it declines.
 fn emit_class(
     k: &Kernel,
     class: KernelClass,
@@ -378,6 +417,7 @@ fn emit_class(
         note: note.to_string(),
         avx512: false,
         path: cost::Path::Vector,
+        bits: 256,
     };
     Ok(Some(match class {
         KernelClass::Window if Resample::is_interpolation(k) => vector(resample::emit(k)?, "resampling (avx2)"),
@@ -389,6 +429,7 @@ fn emit_class(
                 note: w.note.to_string(),
                 avx512: w.avx512,
                 path: cost::Path::Window,
+                bits: if w.avx512 { 512 } else { 256 },
             }
         }
         KernelClass::Contraction => {
@@ -405,6 +446,7 @@ fn emit_class(
                 note: note.to_string(),
                 avx512: g.avx512,
                 path: cost::Path::Contraction,
+                bits: if g.avx512 { 512 } else { 256 },
             }
         }
         // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
@@ -415,12 +457,14 @@ fn emit_class(
             Expr::Load { bounds: Bounds::InBounds, .. } => vector(copy::emit(k)?, "affine copy (avx)"),
             _ => return gemm::no("a movement other than one padded or in-bounds load"),
         },
-        KernelClass::Rows | KernelClass::Elementwise => {
+        // Every other kernel with a vector form of each of its operations is a vector
+        // kernel; what has none is left to Cranelift (the reason in its note).
+        KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => {
             let r = rows::emit(k, options.reassociate, avx512)?;
             let note = r.note();
-            Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector }
+            let bits = if r.wide { 512 } else { 256 };
+            Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits }
         }
-        KernelClass::General => return Ok(None),
     }))
 }
 
@@ -447,6 +491,7 @@ pub fn compile_with(
     let mut micro: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut notes = Vec::with_capacity(kernels.len());
     let mut work_ns = Vec::with_capacity(kernels.len());
+    let mut paths = Vec::with_capacity(kernels.len());
     for (idx, &(k, class)) in kernels.iter().enumerate() {
         if names.contains(&k.name.as_str()) || micro.iter().any(|(i, _)| kernels[*i].0.name == k.name) {
             return Err(CodegenError::Unsupported {
@@ -462,6 +507,7 @@ pub fn compile_with(
                     work_ns.push(cost::estimate_ns(k, m.path));
                     micro.push((idx, m.code));
                     notes.push(m.note);
+                    paths.push(CodePath::Vector { bits: m.bits });
                     used_avx512 |= m.avx512;
                     continue;
                 }
@@ -473,7 +519,8 @@ pub fn compile_with(
         }
         names.push(&k.name);
         module.clear_context(&mut ctx);
-        build_kernel(k, idx, &isa, options, &mut ctx.func, &mut fctx)?;
+        let vectorised = build_kernel(k, idx, &isa, options, &mut ctx.func, &mut fctx)?;
+        paths.push(if vectorised.is_empty() { CodePath::Scalar } else { CodePath::Vector128 });
         let id =
             module.declare_function(&k.name, Linkage::Export, &ctx.func.signature).map_err(|e| internal(&k.name, e))?;
         module.define_function(id, &mut ctx).map_err(|e| internal(&k.name, format!("{e:?}")))?;
@@ -506,5 +553,5 @@ pub fn compile_with(
             }
         }
     }
-    Ok(CpuModule { executable, workgroups: workgroup_counts, notes, work_ns })
+    Ok(CpuModule { executable, workgroups: workgroup_counts, notes, work_ns, paths })
 }

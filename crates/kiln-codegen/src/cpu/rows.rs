@@ -5,10 +5,14 @@
 //! target has AVX-512 F (`zmm`, tails under an opmask) and eight elsewhere (AVX2), the
 //! same code through [`super::vector`].
 //!
-//! Kernels with a reduction take this path, and elementwise kernels that compute exp,
-//! erf, tanh or log (compute-bound); other elementwise kernels are memory-bound, and the general
-//! loops need no per-row index decoding. A workgroup is one row (every output index but
-//! the innermost), as for general kernels. Per row, in the kernel's node order:
+//! Every elementwise, row and general kernel whose operations all have a vector form
+//! in the shared table ([`super::vops`]: f32, i32/u32 and bool-mask lanes, i64
+//! comparisons read from memory) takes this path; the rest stay Cranelift's, with the
+//! reason in their note. The vector axis is the output's innermost axis longer than one
+//! (for a kernel without a reduction; axes after it have one position: an SE block's
+//! `[1, C, 1, 1]`), or its innermost axis; a row shorter than a vector is one masked
+//! vector. A workgroup is one row (every output index before the vector axis). Per row,
+//! in the kernel's node order:
 //! - values constant along the row (row statistics and what is computed from them) are
 //!   evaluated once, as vectors of equal lanes kept on the stack;
 //! - each reduction (`Sum` or `Max` over one variable) is a loop over its row a vector
@@ -32,9 +36,10 @@
 //!   reciprocal, computed once per row (only with `Options::reassociate`, like the
 //!   partial sums: one more rounding).
 //!
-//! Operations: `+ − × ÷`, `max`/`min` (NaN in either operand gives NaN), `neg`, `abs`,
-//! `sqrt`, and `exp`/`erf`/`tanh`/`log` as the same inline code as everywhere else (`super::math`).
-//! Loads are f32 and in bounds, at affine offsets that step 0 or 1 element along the row.
+//! Operations: those of [`super::vops`] (`+ − × ÷`, `max`/`min` with NaN, comparisons,
+//! selects, casts between lane types, rounding, `exp`/`erf`/`tanh`/`log` as the same
+//! inline code as everywhere else). Loads are f32, i32, u32 (or i64 under a comparison) and in bounds,
+//! at affine offsets that step 0 or 1 element along the row.
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
 
@@ -47,8 +52,9 @@ use kiln_ir::DType;
 
 use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
-use super::math::{has_vector_form, held_constants, vector_scratch};
+use super::math::held_constants;
 use super::vector::{Mask, Op, Src, Vx, V};
+use super::vops::{is_i64_compare, lane_type, op_form, op_scratch, I64Src};
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -86,27 +92,31 @@ struct Plan {
     recip: Vec<u32>,
 }
 
-fn plan(k: &Kernel, fast: bool) -> R<Plan> {
+fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     let rank = k.out_rank();
-    if rank == 0 || k.output.dtype != DType::F32 || k.output.shape.numel() == 0 {
-        return no("not an f32 output with rows");
+    if rank == 0 || k.output.shape.numel() == 0 {
+        return no("no output axis");
     }
-    let u = (rank - 1) as u32;
-    let len = k.vars[u as usize];
-    if len < 8 {
-        return no("rows shorter than one vector");
+    if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) {
+        return no(format!("a {} output (f32, i32 or u32 lanes here)", k.output.dtype.name()));
     }
+    // The vector axis: the innermost output axis longer than 1 (axes after it have one
+    // position, so the output stays dense row by row); a row shorter than a vector is
+    // one masked vector.
+    // (With a reduction, the output's innermost axis stays the row: a reduction along
+    // it may read the axes before.)
+    let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
+    let u = if reduces { rank - 1 } else { (0..rank).rev().find(|&v| k.vars[v] > 1).unwrap_or(rank - 1) } as u32;
+    // Without a reduction, output axes before the vector axis join it while every load
+    // reads the joined axes contiguously (or not at all): `[C, 14, 14]` runs rows of
+    // 196, or one row, instead of 14-element rows that each pay for decoding their
+    // position.
+    let lo = if reduces { u } else { joined_axes(k, u) };
+    let len: u64 = k.vars[lo as usize..=u as usize].iter().product();
     for t in k.inputs.iter().chain([&k.output]) {
         if t.storage_bytes() > i32::MAX as usize {
             return no("an operand over 2 GiB");
         }
-    }
-    // Without a reduction along the row, the general code generator's loops (four lanes,
-    // no per-row index decoding) serve as well where the kernel is memory-bound; exp and
-    // erf make it compute-bound, and eight lanes halve its time.
-    let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
-    if !reduces && !k.nodes.iter().any(|n| matches!(n.expr, Expr::Unary(op, _) if vector_scratch(op) > 0)) {
-        return no("neither a reduction along the row nor a transcendental");
     }
     if !fast && k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { op: ReduceOp::Sum, .. })) {
         return no("a sum, which eight lanes reassociate");
@@ -122,17 +132,36 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
             owner.insert(vars[0].0, i as u32);
         }
     }
-    let is_row = |v: u32| (v as usize) < rank - 1;
+    // i64 loads that only i64 comparisons read are data (read by the comparison);
+    // every other i64 value is index arithmetic.
+    let mut compared = vec![false; k.nodes.len()];
+    let mut other_use = vec![false; k.nodes.len()];
+    for (i, n) in k.nodes.iter().enumerate() {
+        let cmp = is_i64_compare(k, ExprId(i as u32));
+        n.expr.for_each_operand(|o| {
+            if cmp {
+                compared[o.index()] = true;
+            } else {
+                other_use[o.index()] = true;
+            }
+        });
+    }
+    let data_i64 = |i: usize| compared[i] && !other_use[i] && matches!(k.nodes[i].expr, Expr::Load { .. });
+    // Output axes other than the vector axis are the row's (those after it have one
+    // position).
+    let is_row = |v: u32| (v as usize) < rank && !(lo..=u).contains(&v);
     let mut place = Vec::with_capacity(k.nodes.len());
     for (i, n) in k.nodes.iter().enumerate() {
-        if n.ty == ScalarType::I64 {
+        if n.ty == ScalarType::I64 && !data_i64(i) {
             place.push(Place::Index);
             continue;
         }
-        if n.ty != ScalarType::F32 {
+        if n.ty != ScalarType::I64 && !lane_type(n.ty) {
             return no(format!("a {} value", n.ty.name()));
         }
-        let axes: Vec<u32> = free[i].iter().copied().filter(|&v| !is_row(v)).collect();
+        let mut axes: Vec<u32> =
+            free[i].iter().copied().filter(|&v| !is_row(v)).map(|v| if v >= lo && v <= u { u } else { v }).collect();
+        axes.dedup();
         let p = match axes[..] {
             [] => Place::Row,
             [v] if v == u => Place::Out,
@@ -144,21 +173,20 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
         };
         match &n.expr {
             Expr::Const(_) | Expr::Reduce { .. } => {}
-            Expr::Load { bounds: Bounds::InBounds, input, .. } if k.inputs[*input as usize].dtype == DType::F32 => {}
-            Expr::Binary(
-                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min,
-                _,
-                _,
-            ) => {}
-            Expr::Unary(op, _) if has_vector_form(*op) => {}
-            Expr::Cast { value, to: DType::F32, .. } if k.node(*value).ty == ScalarType::F32 => {}
-            _ => return no("an operation without a row form here"),
+            Expr::Load { bounds: Bounds::InBounds, input, .. } => {
+                let d = k.inputs[*input as usize].dtype;
+                if !matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I64) {
+                    return no(format!("a load of {}", d.name()));
+                }
+            }
+            Expr::Load { .. } => return no("a load that may fall outside its input"),
+            _ => op_form(k, ExprId(i as u32), wide).map_err(NotHere)?,
         }
         place.push(p);
     }
     // Index nodes feed loads only.
-    for n in &k.nodes {
-        if !matches!(n.expr, Expr::Load { .. }) {
+    for (i, n) in k.nodes.iter().enumerate() {
+        if !matches!(n.expr, Expr::Load { .. }) && !is_i64_compare(k, ExprId(i as u32)) {
             let mut bad = false;
             n.expr.for_each_operand(|o| bad |= place[o.index()] == Place::Index && n.ty != ScalarType::I64);
             if bad {
@@ -184,7 +212,7 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
             return no("a load that strides along the row");
         }
         let mut row = AffineIndex { c: off.c, coef: vec![0; k.vars.len()] };
-        for v in 0..rank - 1 {
+        for v in 0..lo as usize {
             row.coef[v] = off.of(v as u32);
         }
         let b = match bases.iter().position(|(bi, o)| bi == input && *o == row) {
@@ -196,7 +224,7 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
         };
         loads.insert(i as u32, LoadPlan { base: b, step });
     }
-    let rows = k.vars[..rank - 1].to_vec();
+    let rows = k.vars[..lo as usize].to_vec();
     let stash = stash(k, &place, &free, u);
     // Divisors that are row values, where the quotient is not: one reciprocal per row.
     let mut recip = Vec::new();
@@ -211,6 +239,46 @@ fn plan(k: &Kernel, fast: bool) -> R<Plan> {
         }
     }
     Ok(Plan { place, loads, bases, rows, len, stash, recip })
+}
+
+/// The first output axis of the run `lo..=u` that every load reads contiguously (its
+/// element offset steps by 1 along `u`, and along each axis before by the extent of the
+/// axes after it) or not at all, so the run can be walked as one axis of their product.
+fn joined_axes(k: &Kernel, u: u32) -> u32 {
+    let offsets: Option<Vec<AffineIndex>> = k
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.expr {
+            Expr::Load { input, index, .. } => Some(load_offset(k, *input, index)),
+            _ => None,
+        })
+        .collect();
+    let Some(offsets) = offsets else { return u };
+    let mut lo = u;
+    let mut span = k.vars[u as usize] as i64;
+    while lo > 0 {
+        let a = lo - 1;
+        let fits = offsets.iter().all(|off| {
+            let run: Vec<i64> = (lo..=u).map(|v| off.of(v)).collect();
+            let untouched = run.iter().all(|&c| c == 0) && off.of(a) == 0;
+            let dense = off.of(u) == 1 && off.of(a) == span && {
+                let mut stride = 1i64;
+                (lo..=u).rev().all(|v| {
+                    let ok = off.of(v) == stride;
+                    stride *= k.vars[v as usize] as i64;
+                    ok
+                })
+            };
+            untouched || dense
+        });
+        // (An index used other than in a load's offset makes the plan decline anyway.)
+        if !fits || k.vars[a as usize] == 0 {
+            break;
+        }
+        span = span.saturating_mul(k.vars[a as usize] as i64);
+        lo = a;
+    }
+    lo
 }
 
 /// The reduction whose operand, with the reduction's variable read as the output's, is
@@ -233,7 +301,8 @@ fn stash(k: &Kernel, place: &[Place], free: &[Vec<u32>], u: u32) -> Option<(u32,
         let Expr::Reduce { vars, body, .. } = &n.expr else { continue };
         let w = vars[0].0;
         // Only a computed operand is worth a store and a load.
-        if k.vars[w as usize] != k.vars[u as usize] || matches!(k.node(*body).expr, Expr::Load { .. } | Expr::Const(_)) {
+        if k.vars[w as usize] != k.vars[u as usize] || matches!(k.node(*body).expr, Expr::Load { .. } | Expr::Const(_))
+        {
             continue;
         }
         if let Some(&e) = out.iter().find(|&&e| same_along(k, free, *body, ExprId(e), w, u)) {
@@ -256,19 +325,19 @@ fn same_along(k: &Kernel, free: &[Vec<u32>], a: ExprId, b: ExprId, w: u32, u: u3
     match (&na.expr, &nb.expr) {
         (Expr::Var(x), Expr::Var(y)) => (x.0 == w && y.0 == u) || (x == y && x.0 != w && x.0 != u),
         // A variable of extent 1 is the index 0 (lowering writes either).
-        (Expr::Var(x), Expr::Const(0)) | (Expr::Const(0), Expr::Var(x)) => x.0 != w && x.0 != u && k.vars[x.0 as usize] == 1,
+        (Expr::Var(x), Expr::Const(0)) | (Expr::Const(0), Expr::Var(x)) => {
+            x.0 != w && x.0 != u && k.vars[x.0 as usize] == 1
+        }
         (Expr::Const(x), Expr::Const(y)) => x == y,
-        (
-            Expr::Load { input: ia, index: xa, bounds: ba },
-            Expr::Load { input: ib, index: xb, bounds: bb },
-        ) => ia == ib && ba == bb && xa.len() == xb.len() && xa.iter().zip(xb).all(|(&x, &y)| same(x, y)),
+        (Expr::Load { input: ia, index: xa, bounds: ba }, Expr::Load { input: ib, index: xb, bounds: bb }) => {
+            ia == ib && ba == bb && xa.len() == xb.len() && xa.iter().zip(xb).all(|(&x, &y)| same(x, y))
+        }
         (Expr::Unary(oa, x), Expr::Unary(ob, y)) => oa == ob && same(*x, *y),
         (Expr::Binary(oa, x1, x2), Expr::Binary(ob, y1, y2)) => oa == ob && same(*x1, *y1) && same(*x2, *y2),
         (Expr::Select(c1, x1, x2), Expr::Select(c2, y1, y2)) => same(*c1, *c2) && same(*x1, *y1) && same(*x2, *y2),
-        (
-            Expr::Cast { value: x, to: ta, saturate: sa },
-            Expr::Cast { value: y, to: tb, saturate: sb },
-        ) => ta == tb && sa == sb && same(*x, *y),
+        (Expr::Cast { value: x, to: ta, saturate: sa }, Expr::Cast { value: y, to: tb, saturate: sb }) => {
+            ta == tb && sa == sb && same(*x, *y)
+        }
         _ => false,
     }
 }
@@ -279,7 +348,7 @@ fn same_along(k: &Kernel, free: &[Vec<u32>], a: ExprId, b: ExprId, w: u32, u: u3
 /// kernels with a sum are left to the general code generator. `wide`: 16 lanes in `zmm`
 /// registers (the target has AVX-512 F) rather than 8 in `ymm`.
 pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
-    let p = plan(k, fast)?;
+    let p = plan(k, fast, wide)?;
     let (stored, reciprocal) = (p.stash.is_some(), !p.recip.is_empty());
     let held = if wide { held_constants(k.nodes.iter()) } else { Vec::new() };
     let mut e = Emit {
@@ -485,11 +554,12 @@ impl Emit<'_> {
         }
         for b in 0..self.p.bases.len() {
             let (binding, off) = self.p.bases[b].clone();
+            let size = elem_size(self.k, binding);
             self.a.mov(rax, qword_ptr(rbp + 8 * binding as i32))?;
-            let c = off.c.checked_mul(4).ok_or_else(|| NotHere("offset overflow".into()))?;
+            let c = off.c.checked_mul(size).ok_or_else(|| NotHere("offset overflow".into()))?;
             add_imm(&mut self.a, rax, c, rcx)?;
             for (d, &reg) in COORD.iter().enumerate().take(nrows) {
-                let coef = off.of(d as u32) * 4;
+                let coef = off.of(d as u32) * size;
                 if coef != 0 {
                     let coef = i32::try_from(coef).map_err(|_| NotHere("row stride".into()))?;
                     self.a.imul_3(rcx, reg, coef)?;
@@ -638,7 +708,9 @@ impl Emit<'_> {
             }
             // A division by a row value with a reciprocal reads only its dividend.
             let divisor = match n {
-                Expr::Binary(BinaryOp::Div, _, y) if pl != Place::Row && self.recip_slots.contains_key(&y.0) => Some(*y),
+                Expr::Binary(BinaryOp::Div, _, y) if pl != Place::Row && self.recip_slots.contains_key(&y.0) => {
+                    Some(*y)
+                }
                 _ => None,
             };
             n.for_each_operand(|o| {
@@ -734,8 +806,12 @@ impl Emit<'_> {
         let r = match &node.expr {
             Expr::Const(bits) => {
                 // A copy even of a held constant: the register may be reused as a result.
+                let bits = match node.ty {
+                    ScalarType::Bool if *bits != 0 => u32::MAX,
+                    _ => *bits as u32,
+                };
                 let r = self.result_reg(&[], v)?;
-                self.vx().mov(r, Src::C(*bits as u32))?;
+                self.vx().mov(r, Src::C(bits))?;
                 r
             }
             Expr::Load { .. } => {
@@ -750,7 +826,8 @@ impl Emit<'_> {
                 }
                 r
             }
-            Expr::Cast { value, .. } => {
+            // f32 to f32: the operand's register.
+            Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
                 let r = self.eval(*value, v, mask)?;
                 if let Some(u) = v.uses.get_mut(&value.0) {
                     *u = u.saturating_sub(1);
@@ -758,47 +835,82 @@ impl Emit<'_> {
                 v.memo.remove(&value.0);
                 return Ok(r);
             }
-            Expr::Binary(op, x, y) => {
-                let rx = self.eval(*x, v, mask)?;
-                let ry = self.eval(*y, v, mask)?;
-                match op {
-                    BinaryOp::Max | BinaryOp::Min => {
-                        let t1 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
-                        let t2 = v.pool.pop().ok_or_else(|| NotHere("registers".into()))?;
-                        let dst = self.result_reg(&[*x, *y], v)?;
-                        self.nan_max_min(*op == BinaryOp::Max, dst, rx, ry, [t1, t2])?;
-                        v.pool.push(t1);
-                        v.pool.push(t2);
-                        dst
-                    }
-                    _ => {
-                        let dst = self.result_reg(&[*x, *y], v)?;
-                        let op = match op {
-                            BinaryOp::Add => Op::Add,
-                            BinaryOp::Sub => Op::Sub,
-                            BinaryOp::Mul => Op::Mul,
-                            _ => Op::Div,
-                        };
-                        self.vx().op(op, dst, rx, Src::R(ry))?;
-                        dst
-                    }
+            Expr::Binary(op, a, b) if is_i64_compare(self.k, e) => {
+                // Operands straight from memory (r9, r10 their base pointers).
+                let mut src = [I64Src::Const(0); 2];
+                for (j, (x, reg)) in [(*a, r9), (*b, r10)].into_iter().enumerate() {
+                    src[j] = match self.k.node(x).expr {
+                        Expr::Const(c) => I64Src::Const(c as i64),
+                        _ => {
+                            let lp =
+                                self.p.loads.get(&x.0).ok_or_else(|| NotHere("an i64 load without a plan".into()))?;
+                            let (base, step) = (lp.base, lp.step);
+                            self.a.mov(reg, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+                            if step == 0 {
+                                I64Src::Broadcast(ptr(reg))
+                            } else {
+                                I64Src::Vector(ptr(reg + r8 * 8))
+                            }
+                        }
+                    };
                 }
+                let t = self.scratch(3, v)?;
+                let dst = self.result_reg(&[*a, *b], v)?;
+                self.vx().cmp_i64(*op, dst, src[0], src[1], mask, &t)?;
+                v.pool.extend(t);
+                dst
             }
-            Expr::Unary(op, x) => {
+            Expr::Unary(_, x) | Expr::Cast { value: x, .. } => {
                 let rx = self.eval(*x, v, mask)?;
                 // Scratch first, so the result may take x's register at its last use.
-                let mut t = Vec::with_capacity(vector_scratch(*op));
-                for _ in 0..vector_scratch(*op) {
-                    t.push(v.pool.pop().ok_or_else(|| NotHere("registers".into()))?);
-                }
+                let t = self.scratch(op_scratch(self.k, e), v)?;
                 let dst = self.result_reg(&[*x], v)?;
-                self.vx().unary(*op, dst, rx, &t)?;
+                {
+                    let k = self.k;
+                    self.vx().node_op(k, e, dst, &[rx], &t)?;
+                }
                 v.pool.extend(t);
+                dst
+            }
+            Expr::Binary(_, x, y) => {
+                let rx = self.eval(*x, v, mask)?;
+                let ry = self.eval(*y, v, mask)?;
+                let t = self.scratch(op_scratch(self.k, e), v)?;
+                let dst = self.result_reg(&[*x, *y], v)?;
+                {
+                    let k = self.k;
+                    self.vx().node_op(k, e, dst, &[rx, ry], &t)?;
+                }
+                v.pool.extend(t);
+                dst
+            }
+            Expr::Select(c, x, y) => {
+                let rc = self.eval(*c, v, mask)?;
+                let rx = self.eval(*x, v, mask)?;
+                let ry = self.eval(*y, v, mask)?;
+                let dst = self.result_reg(&[*c, *x, *y], v)?;
+                {
+                    let k = self.k;
+                    self.vx().node_op(k, e, dst, &[rc, rx, ry], &[])?;
+                }
                 dst
             }
             _ => return no("an operation without a row form here"),
         };
         Ok(r)
+    }
+
+    /// `n` scratch registers from the pool.
+    fn scratch(&mut self, n: usize, v: &mut VecEval) -> R<Vec<V>> {
+        (0..n).map(|_| v.pool.pop().ok_or_else(|| NotHere("a row expression needs more registers".into()))).collect()
+    }
+}
+
+/// Bytes of one element of input `binding` (4, or 8 for i64).
+fn elem_size(k: &Kernel, binding: u32) -> i64 {
+    match k.inputs.get(binding as usize).map(|t| t.dtype) {
+        Some(DType::I64) => 8,
+        _ => 4,
     }
 }
 

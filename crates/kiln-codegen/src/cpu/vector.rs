@@ -70,20 +70,20 @@ pub(crate) struct Vx<'a> {
     pub held: &'a [(u32, V)],
 }
 
-fn y(v: V) -> AsmRegisterYmm {
+pub(crate) fn y(v: V) -> AsmRegisterYmm {
     YMM[v.0 as usize]
 }
 
-fn z(v: V) -> AsmRegisterZmm {
+pub(crate) fn z(v: V) -> AsmRegisterZmm {
     ZMM[v.0 as usize]
 }
 
-fn k(m: Mask) -> AsmRegisterK {
+pub(crate) fn k(m: Mask) -> AsmRegisterK {
     [k0, k1, k2, k3, k4, k5, k6, k7][m.0 as usize]
 }
 
 /// `zmm{k}`: register `v` written under opmask `m` (1–7).
-fn zk(v: V, m: Mask) -> AsmRegisterZmm {
+pub(crate) fn zk(v: V, m: Mask) -> AsmRegisterZmm {
     under_mask!(z(v), m.0)
 }
 

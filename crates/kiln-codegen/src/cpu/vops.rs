@@ -1,0 +1,500 @@
+//! The one table of vector operations that the machine-code kernels share: which
+//! kernel operations have a vector form ([`op_form`]), how many scratch registers each
+//! needs ([`op_scratch`]), and how each is written ([`Vx::node_op`]) in either width
+//! ([`super::vector`]: eight lanes in `ymm`, sixteen in `zmm`). The vector kernels
+//! ([`super::rows`], which every elementwise, row and general kernel with a vector form
+//! takes) and the contraction epilogues ([`super::gemm`]) both evaluate their
+//! operations through it, so a form added here serves both.
+//!
+//! ## Lanes
+//! Every value is a vector of 32-bit lanes: f32, i32 or u32 bits, or a **bool as a
+//! vector mask** — all ones (true) or zero (false) in each lane, in both widths (on
+//! sixteen lanes a comparison writes an opmask register, `k4`, which is widened into a
+//! vector with `vpternlogd`; a select narrows its condition back with `vptestmd` into
+//! `k5`). A bool therefore lives in an ordinary register, can be stored on the stack,
+//! selected on, negated (`xor` with all ones) and cast: to f32 as `and` with 1.0, to
+//! i32 as a shift right by 31.
+//!
+//! i64 values have no lanes here; an i64 **comparison** whose operands are i64 loads or
+//! constants (a sequence mask, `arange(n) < length`) reads its operands straight from
+//! memory into two registers of 64-bit lanes per vector (`vpcmpgtq`/`vpcmpeqq`, or
+//! `vpcmpq` into opmasks), and writes the 32-bit lane mask of its result
+//! ([`Vx::cmp_i64`]): it is the only operation on i64 data with a vector form.
+//!
+//! ## Semantics
+//! Exactly the kernel interpreter's (`kiln_flow::interp`), lane by lane: f32 `max`/`min`
+//! give NaN when either operand is NaN; comparisons are ordered (false on NaN) except
+//! `ne` (true on NaN); a cast of f32 to bool is `x != 0` (NaN is true); integer
+//! arithmetic wraps; floor/ceil/round (half to even)/trunc are `vroundps`/
+//! `vrndscaleps`.
+
+use iced_x86::code_asm::*;
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType as S, UnaryOp};
+use kiln_ir::DType;
+
+use super::asm::XMM;
+use super::gemm::{NotHere, R};
+use super::math::{has_vector_form, vector_scratch};
+use super::vector::{k as kreg, y, z, zk, Mask, Op, Src, Vx, V};
+
+/// Whether values of type `t` are lanes of a vector register (f32, i32, u32, bool).
+pub(crate) fn lane_type(t: S) -> bool {
+    matches!(t, S::F32 | S::I32 | S::U32 | S::Bool)
+}
+
+/// An operand of an i64 comparison ([`Vx::cmp_i64`]).
+#[derive(Clone, Copy)]
+pub(crate) enum I64Src {
+    /// Consecutive elements from this address (the lane-0 element), one per lane.
+    Vector(AsmMemoryOperand),
+    /// One element at this address, in every lane.
+    Broadcast(AsmMemoryOperand),
+    /// A constant.
+    Const(i64),
+}
+
+/// Whether `e` is an i64 comparison of the form [`Vx::cmp_i64`] takes: both operands
+/// in-bounds loads of an i64 tensor, or constants.
+pub(crate) fn is_i64_compare(k: &Kernel, e: ExprId) -> bool {
+    let Expr::Binary(op, a, b) = k.node(e).expr else { return false };
+    let operand = |x: ExprId| match &k.node(x).expr {
+        Expr::Const(_) => true,
+        Expr::Load { input, bounds: Bounds::InBounds, .. } => k.inputs[*input as usize].dtype == DType::I64,
+        _ => false,
+    };
+    op.is_comparison() && k.node(a).ty == S::I64 && operand(a) && operand(b)
+}
+
+/// Whether operation node `e` (a unary, binary, select or cast: loads, constants and
+/// reductions are each emitter's own) has a vector form on `wide` (16-lane) or 8-lane
+/// vectors; `Err` names what has none.
+pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
+    use BinaryOp as B;
+    let node = k.node(e);
+    let ty_of = |x: ExprId| k.node(x).ty;
+    let ok = match &node.expr {
+        Expr::Unary(op, a) => match ty_of(*a) {
+            S::F32 => {
+                has_vector_form(*op)
+                    || matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc | UnaryOp::IsNan)
+            }
+            S::I32 | S::U32 => matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not),
+            S::Bool => *op == UnaryOp::Not,
+            _ => false,
+        },
+        Expr::Binary(op, a, _) => match ty_of(*a) {
+            S::F32 => !matches!(op, B::Rem | B::Pow | B::And | B::Or | B::Xor | B::Shl | B::Shr),
+            S::I32 | S::U32 => !matches!(op, B::Div | B::Rem | B::Pow | B::Shl | B::Shr),
+            S::Bool => matches!(op, B::And | B::Or | B::Xor | B::Eq | B::Ne),
+            S::I64 => is_i64_compare(k, e),
+            _ => false,
+        },
+        Expr::Select(_, a, _) => lane_type(ty_of(*a)),
+        Expr::Cast { value, to, .. } => {
+            let to_ty = S::of_storage(*to);
+            to_ty.dtype() == *to
+                && matches!(
+                    (ty_of(*value), to_ty),
+                    (S::F32, S::F32)
+                        | (S::I32 | S::U32, S::I32 | S::U32)
+                        | (S::Bool, S::F32 | S::I32 | S::U32 | S::Bool)
+                        | (S::F32 | S::I32 | S::U32, S::Bool)
+                        | (S::I32, S::F32)
+                )
+                || (wide && ty_of(*value) == S::U32 && to_ty == S::F32)
+        }
+        _ => false,
+    };
+    if ok && lane_type(node.ty) {
+        Ok(())
+    } else {
+        Err(format!("{} of {} without a vector form", describe(&node.expr), node.ty.name()))
+    }
+}
+
+fn describe(e: &Expr) -> String {
+    match e {
+        Expr::Unary(op, _) => op.name().to_string(),
+        Expr::Binary(op, _, _) => op.name().to_string(),
+        Expr::Select(..) => "select".into(),
+        Expr::Cast { to, .. } => format!("a cast to {}", to.name()),
+        Expr::Load { .. } => "a load".into(),
+        Expr::Reduce { .. } => "a reduction".into(),
+        _ => "a value".into(),
+    }
+}
+
+/// Scratch registers [`Vx::node_op`] needs for node `e` (distinct from its operands'
+/// and its result's).
+pub(crate) fn op_scratch(k: &Kernel, e: ExprId) -> usize {
+    let node = k.node(e);
+    match &node.expr {
+        Expr::Unary(op, a) if k.node(*a).ty == S::F32 => vector_scratch(*op),
+        Expr::Unary(UnaryOp::Neg, _) => 1,
+        Expr::Binary(op, a, _) => match (k.node(*a).ty, op) {
+            (S::F32, BinaryOp::Max | BinaryOp::Min) => 2,
+            (S::U32, op) if op.is_comparison() => 2,
+            (S::I64, _) => 3,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// The `vcmpps` predicate of a float comparison (ordered, `ne` unordered).
+pub(crate) fn float_pred(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Eq => 0x00,
+        BinaryOp::Ne => 0x04,
+        BinaryOp::Lt => 0x11,
+        BinaryOp::Le => 0x12,
+        BinaryOp::Gt => 0x1E,
+        _ => 0x1D,
+    }
+}
+
+/// The `vpcmpd`/`vpcmpq` predicate of an integer comparison.
+fn int_pred(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Eq => 0,
+        BinaryOp::Lt => 1,
+        BinaryOp::Le => 2,
+        BinaryOp::Ne => 4,
+        BinaryOp::Ge => 5,
+        _ => 6,
+    }
+}
+
+/// Opmask registers the wide forms use: a comparison's result, a select's condition,
+/// the upper half of a tail mask (`k1` is the tail, `k2` erf's, `k3` max/min's).
+const K_CMP: Mask = Mask(4);
+const K_SEL: Mask = Mask(5);
+const K_HALF: Mask = Mask(6);
+
+impl Vx<'_> {
+    /// `d` = all ones where opmask `m` is set, else zero (16 lanes).
+    fn mask_to_vector(&mut self, d: V, m: Mask) -> R<()> {
+        self.a.vpternlogd(zk(d, m).z(), z(d), z(d), 0xFF)?;
+        Ok(())
+    }
+
+    /// `d = !x` for a vector mask.
+    pub fn not(&mut self, d: V, x: V) -> R<()> {
+        self.op(Op::Xor, d, x, Src::C(u32::MAX))
+    }
+
+    /// `d = c ? t : f`, lane by lane, for a vector mask `c`.
+    pub fn select(&mut self, d: V, c: V, t: V, f: V) -> R<()> {
+        if self.wide {
+            self.a.vptestmd(kreg(K_SEL), z(c), z(c))?;
+            self.a.vblendmps(zk(d, K_SEL), z(f), z(t))?;
+        } else {
+            self.a.vblendvps(y(d), y(f), y(t), y(c))?;
+        }
+        Ok(())
+    }
+
+    /// `d = x pred s` as a vector mask (a `vcmpps` predicate, [`float_pred`]).
+    pub fn cmp_vector(&mut self, d: V, x: V, s: Src, pred: i32) -> R<()> {
+        if self.wide {
+            self.cmp(K_CMP, x, s, pred)?;
+            self.mask_to_vector(d, K_CMP)
+        } else {
+            self.cmp(Mask(d.0), x, s, pred)
+        }
+    }
+
+    /// `d = max(x, y)` (or min) on f32 lanes: NaN in either gives NaN. `t` is scratch,
+    /// distinct from the others; `d` may be `x` or `y`.
+    pub fn max_min(&mut self, max: bool, d: V, x: V, yv: V, t: [V; 2]) -> R<()> {
+        // vmaxps gives its second operand when either is NaN, so max(x, y) keeps a NaN
+        // y; where x is NaN, take x.
+        let m = if self.wide { Mask(3) } else { Mask(t[1].0) };
+        self.op(if max { Op::Max } else { Op::Min }, t[0], x, Src::R(yv))?;
+        self.cmp(m, x, Src::R(x), 3)?; // UNORD_Q: x is NaN
+        self.blend(d, m, t[0], x)
+    }
+
+    /// A three-operand integer instruction on registers of the width in use.
+    fn int3(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V) -> R<()> {
+        use BinaryOp as B;
+        macro_rules! both {
+            ($ins:ident) => {
+                if self.wide {
+                    self.a.$ins(z(d), z(x), z(yv))?
+                } else {
+                    self.a.$ins(y(d), y(x), y(yv))?
+                }
+            };
+        }
+        match (op, signed) {
+            (B::Add, _) => both!(vpaddd),
+            (B::Sub, _) => both!(vpsubd),
+            (B::Mul, _) => both!(vpmulld),
+            (B::Min, true) => both!(vpminsd),
+            (B::Max, true) => both!(vpmaxsd),
+            (B::Min, false) => both!(vpminud),
+            (B::Max, false) => both!(vpmaxud),
+            (B::And, _) => return self.op(Op::And, d, x, Src::R(yv)),
+            (B::Or, _) => return self.op(Op::Or, d, x, Src::R(yv)),
+            (B::Xor, _) => return self.op(Op::Xor, d, x, Src::R(yv)),
+            _ => return Err(NotHere(format!("vector integer {}", op.name()))),
+        }
+        Ok(())
+    }
+
+    /// `d = x op y` as a vector mask, on i32 (`signed`) or u32 lanes; `t` is scratch
+    /// (two registers for u32 on eight lanes).
+    fn int_compare(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V, t: &[V]) -> R<()> {
+        use BinaryOp as B;
+        if self.wide {
+            if signed {
+                self.a.vpcmpd(kreg(K_CMP), z(x), z(yv), int_pred(op))?;
+            } else {
+                self.a.vpcmpud(kreg(K_CMP), z(x), z(yv), int_pred(op))?;
+            }
+            return self.mask_to_vector(d, K_CMP);
+        }
+        // AVX2 has `>` and `==` on signed lanes: unsigned lanes compare with their sign
+        // bits flipped.
+        let (x, yv) = if signed {
+            (x, yv)
+        } else {
+            let [tx, ty] = [t[0], t[1]];
+            self.op(Op::Xor, tx, x, Src::C(0x8000_0000))?;
+            self.op(Op::Xor, ty, yv, Src::C(0x8000_0000))?;
+            (tx, ty)
+        };
+        let (a, b, negate) = match op {
+            B::Eq | B::Ne => (x, yv, op == B::Ne),
+            B::Gt | B::Le => (x, yv, op == B::Le),
+            _ => (yv, x, op == B::Ge), // Lt: y > x; Ge: !(y > x)
+        };
+        if matches!(op, B::Eq | B::Ne) {
+            self.a.vpcmpeqd(y(d), y(a), y(b))?;
+        } else {
+            self.a.vpcmpgtd(y(d), y(a), y(b))?;
+        }
+        if negate {
+            self.not(d, d)?;
+        }
+        Ok(())
+    }
+
+    /// Loads half `h` (lanes `4h..4h+4` on eight lanes, `8h..8h+8` on sixteen) of i64
+    /// operand `s` into `d`; `tail`: the lane mask of a partial vector (`q` is scratch
+    /// for its 64-bit form on eight lanes).
+    fn load_i64_half(&mut self, d: V, s: I64Src, h: i32, tail: Option<Mask>, q: V) -> R<()> {
+        let half_bytes = self.bytes();
+        match s {
+            I64Src::Vector(m) => {
+                let m = m + half_bytes * h;
+                match (tail, self.wide) {
+                    (None, false) => self.a.vmovdqu(y(d), m)?,
+                    (None, true) => self.a.vmovdqu64(z(d), m)?,
+                    (Some(t), false) => {
+                        // The 32-bit lane mask's half, widened to 64-bit lanes.
+                        if h == 0 {
+                            self.a.vpmovsxdq(y(q), XMM[t.0 as usize])?;
+                        } else {
+                            self.a.vextracti128(XMM[q.0 as usize], y(V(t.0)), 1)?;
+                            self.a.vpmovsxdq(y(q), XMM[q.0 as usize])?;
+                        }
+                        self.a.vpmaskmovq(y(d), y(q), m)?;
+                    }
+                    (Some(t), true) => {
+                        let km = if h == 0 {
+                            t
+                        } else {
+                            self.a.kshiftrw(kreg(K_HALF), kreg(t), 8)?;
+                            K_HALF
+                        };
+                        self.a.vmovdqu64(zk(d, km).z(), m)?;
+                    }
+                }
+            }
+            I64Src::Broadcast(m) => {
+                if self.wide {
+                    self.a.vpbroadcastq(z(d), qword_ptr(m))?;
+                } else {
+                    self.a.vpbroadcastq(y(d), qword_ptr(m))?;
+                }
+            }
+            I64Src::Const(c) => {
+                let l = self.t.words(self.a, &[c as u32, (c >> 32) as u32]);
+                if self.wide {
+                    self.a.vpbroadcastq(z(d), qword_ptr(l))?;
+                } else {
+                    self.a.vpbroadcastq(y(d), qword_ptr(l))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `d = a op b` as a 32-bit lane mask, for i64 operands read from memory or constant
+    /// (see the module docs); `t`: three scratch registers distinct from `d`.
+    pub fn cmp_i64(&mut self, op: BinaryOp, d: V, a: I64Src, b: I64Src, tail: Option<Mask>, t: &[V]) -> R<()> {
+        use BinaryOp as B;
+        let [t0, t1, q] = [t[0], t[1], t[2]];
+        if self.wide {
+            for (h, km) in [(0, K_CMP), (1, K_SEL)] {
+                self.load_i64_half(t0, a, h, tail, q)?;
+                self.load_i64_half(t1, b, h, tail, q)?;
+                self.a.vpcmpq(kreg(km), z(t0), z(t1), int_pred(op))?;
+            }
+            // k4 = k5:k4 (lanes 8..16 from the upper half).
+            self.a.kunpckbw(kreg(K_CMP), kreg(K_SEL), kreg(K_CMP))?;
+            return self.mask_to_vector(d, K_CMP);
+        }
+        // Per half, `>` or `==` on 64-bit lanes (operands swapped for `<`, `>=`).
+        let swap = matches!(op, B::Lt | B::Ge);
+        let negate = matches!(op, B::Ne | B::Le | B::Ge);
+        let halves = [t0, t1];
+        for (h, &r) in halves.iter().enumerate() {
+            let other = if h == 0 { t1 } else { d };
+            let (first, second) = if swap { (b, a) } else { (a, b) };
+            self.load_i64_half(r, first, h as i32, tail, q)?;
+            self.load_i64_half(other, second, h as i32, tail, q)?;
+            if matches!(op, B::Eq | B::Ne) {
+                self.a.vpcmpeqq(y(r), y(r), y(other))?;
+            } else {
+                self.a.vpcmpgtq(y(r), y(r), y(other))?;
+            }
+        }
+        // Each 64-bit lane is all ones or zero: its low dword stands for it. Per 128-bit
+        // half, dwords 0 and 2 of t0 then of t1; then the 64-bit pairs in order.
+        self.a.vshufps(y(d), y(t0), y(t1), 0x88)?;
+        self.a.vpermpd(y(d), y(d), 0xD8)?;
+        if negate {
+            self.not(d, d)?;
+        }
+        Ok(())
+    }
+
+    /// `d = round(x)` by `vroundps`/`vrndscaleps` mode `imm` (8 nearest even, 9 floor,
+    /// 10 ceil, 11 trunc; exceptions suppressed).
+    fn round(&mut self, d: V, x: V, imm: i32) -> R<()> {
+        if self.wide {
+            self.a.vrndscaleps(z(d), z(x), imm)?;
+        } else {
+            self.a.vroundps(y(d), y(x), imm)?;
+        }
+        Ok(())
+    }
+
+    /// Writes operation node `e` of `k` (one [`op_form`] accepts; not an i64 comparison,
+    /// which reads memory: [`Vx::cmp_i64`]) into `d`, from its operands' registers `ops`
+    /// in operand order; `t` holds [`op_scratch`] registers distinct from them and `d`.
+    /// `d` may be an operand's register.
+    pub fn node_op(&mut self, k: &Kernel, e: ExprId, d: V, ops: &[V], t: &[V]) -> R<()> {
+        use BinaryOp as B;
+        let node = k.node(e);
+        let arg = |i: usize| ops.get(i).copied().ok_or_else(|| NotHere("an operand without a register".into()));
+        match &node.expr {
+            Expr::Unary(op, a) => {
+                let x = arg(0)?;
+                match (op, k.node(*a).ty) {
+                    (UnaryOp::Floor, S::F32) => self.round(d, x, 9),
+                    (UnaryOp::Ceil, S::F32) => self.round(d, x, 10),
+                    (UnaryOp::Round, S::F32) => self.round(d, x, 8),
+                    (UnaryOp::Trunc, S::F32) => self.round(d, x, 11),
+                    (UnaryOp::IsNan, S::F32) => self.cmp_vector(d, x, Src::R(x), 3),
+                    (op, S::F32) => self.unary(*op, d, x, t),
+                    (UnaryOp::Not, _) => self.not(d, x),
+                    (UnaryOp::Neg, _) => {
+                        self.op(Op::Xor, t[0], t[0], Src::R(t[0]))?;
+                        self.int3(B::Sub, true, d, t[0], x)
+                    }
+                    (UnaryOp::Abs, S::I32) => {
+                        if self.wide {
+                            self.a.vpabsd(z(d), z(x))?;
+                        } else {
+                            self.a.vpabsd(y(d), y(x))?;
+                        }
+                        Ok(())
+                    }
+                    (UnaryOp::Abs, _) => self.mov(d, Src::R(x)),
+                    (op, t) => Err(NotHere(format!("vector {} of {t}", op.name()))),
+                }
+            }
+            Expr::Binary(op, a, _) => {
+                let (x, yv) = (arg(0)?, arg(1)?);
+                match k.node(*a).ty {
+                    S::F32 => match op {
+                        B::Max | B::Min => self.max_min(*op == B::Max, d, x, yv, [t[0], t[1]]),
+                        op if op.is_comparison() => self.cmp_vector(d, x, Src::R(yv), float_pred(*op)),
+                        B::Add => self.op(Op::Add, d, x, Src::R(yv)),
+                        B::Sub => self.op(Op::Sub, d, x, Src::R(yv)),
+                        B::Mul => self.op(Op::Mul, d, x, Src::R(yv)),
+                        B::Div => self.op(Op::Div, d, x, Src::R(yv)),
+                        _ => Err(NotHere(format!("vector {} of f32", op.name()))),
+                    },
+                    S::Bool => match op {
+                        B::And => self.op(Op::And, d, x, Src::R(yv)),
+                        B::Or => self.op(Op::Or, d, x, Src::R(yv)),
+                        B::Xor | B::Ne => self.op(Op::Xor, d, x, Src::R(yv)),
+                        B::Eq => {
+                            self.op(Op::Xor, d, x, Src::R(yv))?;
+                            self.not(d, d)
+                        }
+                        _ => Err(NotHere(format!("vector {} of bool", op.name()))),
+                    },
+                    ty @ (S::I32 | S::U32) => {
+                        let signed = ty == S::I32;
+                        if op.is_comparison() {
+                            self.int_compare(*op, signed, d, x, yv, t)
+                        } else {
+                            self.int3(*op, signed, d, x, yv)
+                        }
+                    }
+                    ty => Err(NotHere(format!("vector {} of {ty}", op.name()))),
+                }
+            }
+            Expr::Select(..) => self.select(d, arg(0)?, arg(1)?, arg(2)?),
+            Expr::Cast { value, to, .. } => {
+                let x = arg(0)?;
+                match (k.node(*value).ty, S::of_storage(*to)) {
+                    (S::Bool, S::F32) => self.op(Op::And, d, x, Src::C(1f32.to_bits())),
+                    (S::Bool, S::I32 | S::U32) => {
+                        if self.wide {
+                            self.a.vpsrld(z(d), z(x), 31)?;
+                        } else {
+                            self.a.vpsrld(y(d), y(x), 31)?;
+                        }
+                        Ok(())
+                    }
+                    (S::F32, S::Bool) => self.cmp_vector(d, x, Src::C(0), 0x04),
+                    (S::I32 | S::U32, S::Bool) => {
+                        if self.wide {
+                            self.a.vptestmd(kreg(K_CMP), z(x), z(x))?;
+                            self.mask_to_vector(d, K_CMP)
+                        } else {
+                            let zero = self.t.vector(self.a, 0);
+                            self.a.vpcmpeqd(y(d), y(x), ymmword_ptr(zero))?;
+                            self.not(d, d)
+                        }
+                    }
+                    (S::I32, S::F32) => {
+                        if self.wide {
+                            self.a.vcvtdq2ps(z(d), z(x))?;
+                        } else {
+                            self.a.vcvtdq2ps(y(d), y(x))?;
+                        }
+                        Ok(())
+                    }
+                    (S::U32, S::F32) if self.wide => {
+                        self.a.vcvtudq2ps(z(d), z(x))?;
+                        Ok(())
+                    }
+                    // Same bits: f32 to f32, bool to bool, between i32 and u32.
+                    (from, to) if from == to || (from != S::F32 && to != S::F32 && from != S::Bool) => {
+                        self.mov(d, Src::R(x))
+                    }
+                    (from, to) => Err(NotHere(format!("a vector cast of {from} to {to}"))),
+                }
+            }
+            _ => Err(NotHere("a vector operation that is not one".into())),
+        }
+    }
+}

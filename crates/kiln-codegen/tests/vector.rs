@@ -1,0 +1,367 @@
+//! The vector forms of general kernels (`cpu::vops`, run by `cpu::rows` on eight lanes
+//! and, where this CPU has AVX-512 F, sixteen) against the kernel interpreter: every
+//! operation of the shared vector table on each lane type it takes (f32, i32, u32,
+//! bool as a vector mask), i64 comparisons read from memory, rows shorter than a
+//! vector, trailing axes of one position, and a reduction over a comparison mask.
+//!
+//! Every case runs over row lengths 1, 3, 7, 8, 9, 15, 16, 17, 33 and 257 (below,
+//! at and across both vector widths, with masked tails), on two rows, split into 1 and
+//! 3 workgroup ranges (`run_compiled` also checks that nothing outside the output is
+//! written). Inputs cycle through `specials` (zeros of both signs, ±inf, NaN, halves,
+//! integer extremes), so NaN and infinities meet every operation. Each case first
+//! asserts, from the classification the compiler reports (`CpuModule::paths`), that the
+//! kernel took a vector path of the expected width, so a case cannot pass on the
+//! general code generator.
+//!
+//! Bounds: exact (NaN matches any NaN), except exp and erf (the inline functions, within
+//! 4·10⁻⁷ relative of libm: `tests/math.rs`), and f32 max/min of mixed-sign zeros,
+//! whose sign the interpreter leaves open (see `ops.rs`).
+
+mod common;
+
+use common::*;
+use kiln_codegen::cpu::{classify, compile_with, CodePath};
+use kiln_flow::{BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
+
+const LENGTHS: [usize; 10] = [1, 3, 7, 8, 9, 15, 16, 17, 33, 257];
+const ROWS: usize = 2;
+
+fn tt(d: DType, dims: &[usize]) -> TensorType {
+    TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
+}
+
+/// `dims` elements of dtype `d`, cycling through its special values from `shift` on;
+/// every third element is the one at shift 0 whatever `shift` is, so two inputs of
+/// different shifts also hold equal pairs (which tell `<` from `<=`).
+fn cycled(d: DType, dims: &[usize], shift: usize) -> Tensor {
+    let s = specials(d);
+    let n: usize = dims.iter().product();
+    let bits: Vec<u64> = (0..n).map(|i| s[(i * 7 + if i % 3 == 0 { 0 } else { shift }) % s.len()]).collect();
+    tensor_bits(d, dims, &bits)
+}
+
+/// Checks `k` against the interpreter on every vector width this CPU runs, after
+/// asserting that it took the vector path of that width.
+fn check_vector(k: &Kernel, inputs: &[&Tensor], cmp: Cmp) {
+    let variants = microkernel_variants(false);
+    for cfg in &variants {
+        let m = compile_with(&classify(&[k]), &cfg.target, &cfg.options).unwrap();
+        let bits = if cfg.target == kiln_codegen::cpu::CpuTarget::X86_64V4 { 512 } else { 256 };
+        assert_eq!(m.paths[0], CodePath::Vector { bits }, "{}: {}\n{k}", k.name, m.notes[0]);
+    }
+    check_with(k, inputs, cmp, &variants);
+}
+
+/// `out[r, j] = f(x[r, j], y[r, j])` for inputs of dtype `d` and an output of `out`.
+fn binary_kernel(
+    name: &str,
+    d: DType,
+    out: DType,
+    len: usize,
+    f: impl Fn(&mut KernelBuilder, ExprId, ExprId) -> ExprId,
+) -> Kernel {
+    let mut b = KernelBuilder::new(name, vec![tt(d, &[ROWS, len]), tt(d, &[ROWS, len])], tt(out, &[ROWS, len]));
+    let o = b.out_index();
+    let x = b.load(0, o.clone());
+    let y = b.load(1, o);
+    let r = f(&mut b, x, y);
+    b.finish(r).unwrap()
+}
+
+/// A bool as 1.0 or 0.0 (the output has f32 lanes).
+fn as_f32(b: &mut KernelBuilder, c: ExprId) -> ExprId {
+    b.cast(c, DType::F32, false)
+}
+
+#[test]
+fn f32_operations() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for len in LENGTHS {
+        let (x, y) = (cycled(f, &[ROWS, len], 0), cycled(f, &[ROWS, len], 5));
+        for op in [
+            UnaryOp::Neg,
+            UnaryOp::Abs,
+            UnaryOp::Sqrt,
+            UnaryOp::Floor,
+            UnaryOp::Ceil,
+            UnaryOp::Round,
+            UnaryOp::Trunc,
+            UnaryOp::Exp,
+            UnaryOp::Erf,
+        ] {
+            let k = binary_kernel(&format!("u_{}", op.name()), f, f, len, |b, x, _| b.unary(op, x));
+            let inline = matches!(op, UnaryOp::Exp | UnaryOp::Erf);
+            check_vector(&k, &[&x, &y], if inline { Cmp { zero_sign: false, rtol: 4e-7 } } else { EXACT });
+        }
+        let k = binary_kernel("isnan", f, f, len, |b, x, _| {
+            let c = b.unary(UnaryOp::IsNan, x);
+            as_f32(b, c)
+        });
+        check_vector(&k, &[&x, &y], EXACT);
+        for op in BinaryOp::ALL {
+            let k = match op {
+                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min => {
+                    binary_kernel(&format!("b_{}", op.name()), f, f, len, |b, x, y| b.binary(op, x, y))
+                }
+                op if op.is_comparison() => binary_kernel(&format!("c_{}", op.name()), f, f, len, |b, x, y| {
+                    let c = b.binary(op, x, y);
+                    as_f32(b, c)
+                }),
+                _ => continue,
+            };
+            let cmp =
+                if matches!(op, BinaryOp::Max | BinaryOp::Min) { Cmp { zero_sign: true, ..EXACT } } else { EXACT };
+            check_vector(&k, &[&x, &y], cmp);
+        }
+    }
+}
+
+#[test]
+fn integer_operations() {
+    require_avx2_fma!();
+    for d in [DType::I32, DType::U32] {
+        for len in LENGTHS {
+            let (x, y) = (cycled(d, &[ROWS, len], 0), cycled(d, &[ROWS, len], 3));
+            for op in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Not] {
+                let k = binary_kernel(&format!("u_{}", op.name()), d, d, len, |b, x, _| b.unary(op, x));
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+            for op in BinaryOp::ALL {
+                let k = match op {
+                    BinaryOp::Add
+                    | BinaryOp::Sub
+                    | BinaryOp::Mul
+                    | BinaryOp::Max
+                    | BinaryOp::Min
+                    | BinaryOp::And
+                    | BinaryOp::Or
+                    | BinaryOp::Xor => {
+                        binary_kernel(&format!("b_{}", op.name()), d, d, len, |b, x, y| b.binary(op, x, y))
+                    }
+                    op if op.is_comparison() => binary_kernel(&format!("c_{}", op.name()), d, d, len, |b, x, y| {
+                        let c = b.binary(op, x, y);
+                        b.cast(c, d, false)
+                    }),
+                    _ => continue,
+                };
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+        }
+    }
+}
+
+#[test]
+fn bool_masks_select_and_casts() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for len in LENGTHS {
+        let (x, y) = (cycled(f, &[ROWS, len], 0), cycled(f, &[ROWS, len], 4));
+        // Two masks combined every way a bool is, then selected on and cast.
+        for op in [BinaryOp::And, BinaryOp::Or, BinaryOp::Xor, BinaryOp::Eq, BinaryOp::Ne] {
+            let k = binary_kernel(&format!("m_{}", op.name()), f, f, len, |b, x, y| {
+                let lt = b.binary(BinaryOp::Lt, x, y);
+                let zero = b.float(ScalarType::F32, 0.0);
+                let pos = b.binary(BinaryOp::Gt, x, zero);
+                let m = b.binary(op, lt, pos);
+                let n = b.unary(UnaryOp::Not, m);
+                b.select(n, x, y)
+            });
+            check_vector(&k, &[&x, &y], EXACT);
+        }
+        // f32 → bool (NaN is true) → i32 → f32; and a bool constant.
+        let k = binary_kernel("casts", f, f, len, |b, x, _| {
+            let c = b.cast(x, DType::Bool, false);
+            let t = b.constant(ScalarType::Bool, 1);
+            let c = b.binary(BinaryOp::And, c, t);
+            let i = b.cast(c, DType::I32, false);
+            b.cast(i, DType::F32, false)
+        });
+        check_vector(&k, &[&x, &y], EXACT);
+        // i32 → bool and i32 → f32; a select on i32 lanes.
+        let (xi, yi) = (cycled(DType::I32, &[ROWS, len], 0), cycled(DType::I32, &[ROWS, len], 2));
+        let k = binary_kernel("int_casts", DType::I32, f, len, |b, x, y| {
+            let c = b.cast(x, DType::Bool, false);
+            let s = b.select(c, x, y);
+            b.cast(s, DType::F32, false)
+        });
+        check_vector(&k, &[&xi, &yi], EXACT);
+    }
+}
+
+/// i64 values around the dword boundaries (equal low halves, different high halves),
+/// and the extremes.
+fn i64_values(dims: &[usize], shift: usize) -> Tensor {
+    let vals: [i64; 12] = [0, 1, -1, 5, 80, 1 << 32, (1 << 32) + 5, -(1 << 32), i64::MIN, i64::MAX, 79, 0x7fff_ffff];
+    let n: usize = dims.iter().product();
+    let bits: Vec<u64> = (0..n).map(|i| vals[(i * 5 + shift) % vals.len()] as u64).collect();
+    tensor_bits(DType::I64, dims, &bits)
+}
+
+#[test]
+fn i64_comparisons_from_memory() {
+    require_avx2_fma!();
+    for len in LENGTHS {
+        let (x, y) = (i64_values(&[ROWS, len], 0), i64_values(&[ROWS, len], 7));
+        let s = i64_values(&[1], 4);
+        for op in [BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt, BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge] {
+            // Two vectors; a vector and a broadcast (a sequence mask); a constant.
+            let mut b = KernelBuilder::new(
+                format!("q_{}", op.name()),
+                vec![tt(DType::I64, &[ROWS, len]), tt(DType::I64, &[ROWS, len]), tt(DType::I64, &[1])],
+                tt(DType::F32, &[ROWS, len]),
+            );
+            let o = b.out_index();
+            let lx = b.load(0, o.clone());
+            let ly = b.load(1, o);
+            let z = b.index(0);
+            let ls = b.load(2, vec![z]);
+            let c80 = b.constant(ScalarType::I64, 80);
+            let c1 = b.binary(op, lx, ly);
+            let c2 = b.binary(op, lx, ls);
+            let c3 = b.binary(op, c80, ly);
+            let a = b.binary(BinaryOp::Xor, c1, c2);
+            let a = b.binary(BinaryOp::Or, a, c3);
+            let f1 = b.cast(a, DType::F32, false);
+            let f2 = b.cast(c2, DType::F32, false);
+            let two = b.float(ScalarType::F32, 2.0);
+            let f2 = b.mul(f2, two);
+            let r = b.add(f1, f2);
+            let k = b.finish(r).unwrap();
+            check_vector(&k, &[&x, &y, &s], EXACT);
+        }
+    }
+}
+
+#[test]
+fn short_rows_and_unit_axes() {
+    require_avx2_fma!();
+    for len in LENGTHS {
+        // Relu over [1, n, 1]: the vector axis is the middle one.
+        let x = cycled(DType::F32, &[1, len, 1], 1);
+        let mut b = KernelBuilder::new("relu", vec![tt(DType::F32, &[1, len, 1])], tt(DType::F32, &[1, len, 1]));
+        let o = b.out_index();
+        let l = b.load(0, o);
+        let zero = b.float(ScalarType::F32, 0.0);
+        let lt = b.binary(BinaryOp::Lt, l, zero);
+        let r = b.select(lt, zero, l);
+        let k = b.finish(r).unwrap();
+        check_vector(&k, &[&x], EXACT);
+        // A masked row sum: `Σⱼ x[r, j]·[j < n] / s` into [rows, 1] (one output lane a
+        // row), the mask an i64 comparison of a position table with a length.
+        let xs = random_f32(&[3, len], 1.0, len as u64);
+        let pos: Vec<u64> = (0..len as u64).collect();
+        let pos = tensor_bits(DType::I64, &[len], &pos);
+        let n = tensor_bits(DType::I64, &[1], &[(len as u64).div_ceil(2)]);
+        let mut b = KernelBuilder::new(
+            "masked_sum",
+            vec![tt(DType::F32, &[3, len]), tt(DType::I64, &[len]), tt(DType::I64, &[1])],
+            tt(DType::F32, &[3, 1]),
+        );
+        let o = b.out_index();
+        let j = b.new_var(len as u64);
+        let jv = b.var(j);
+        let x = b.load(0, vec![o[0], jv]);
+        let p = b.load(1, vec![jv]);
+        let z = b.index(0);
+        let nl = b.load(2, vec![z]);
+        let m = b.binary(BinaryOp::Lt, p, nl);
+        let mf = b.cast(m, DType::F32, false);
+        let v = b.mul(x, mf);
+        let s = b.reduce(ReduceOp::Sum, vec![j], v);
+        let k = b.finish(s).unwrap();
+        // The sum is reassociated (one partial sum per lane): within len·2⁻²⁴·Σ|x|.
+        let want = kiln_flow::interp::run(&k, &[&xs, &pos, &n]).unwrap().to_vec::<f32>().unwrap();
+        for cfg in microkernel_variants(false) {
+            let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert!(matches!(m.paths[0], CodePath::Vector { .. }), "{}", m.notes[0]);
+            let got = run_compiled(&k, &[&xs, &pos, &n], &cfg, 3).to_vec::<f32>().unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= len as f32 * f32::EPSILON * 2.0, "{len}: got {g}, want {w}");
+            }
+        }
+    }
+}
+
+/// A matrix product whose epilogue multiplies by a column mask from an i64 comparison
+/// (`(pos[n] < len) as f32`, a sequence mask fused into a convolution) and adds a
+/// residual: the contraction microkernel takes it, with the comparison and the cast
+/// from the shared vector table, over column counts with masked tails. The sum is
+/// the microkernel's (`tests/contraction.rs` bounds it); here the masked columns must be
+/// exactly 0 + residual·0 and the others within `K·2⁻²³·Σ|a·b|`.
+#[test]
+fn contraction_epilogue_with_an_i64_mask() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    for n in LENGTHS {
+        let f = DType::F32;
+        let mut b = KernelBuilder::new(
+            "masked_mm",
+            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(f, &[m, n]), tt(DType::I64, &[n]), tt(DType::I64, &[1])],
+            tt(f, &[m, n]),
+        );
+        let (o, s) = matmul_sum(&mut b, kk);
+        let res = b.load(2, o.clone());
+        let p = b.load(3, vec![o[1]]);
+        let z = b.index(0);
+        let len = b.load(4, vec![z]);
+        let lt = b.binary(BinaryOp::Lt, p, len);
+        let mf = b.cast(lt, DType::F32, false);
+        let a = b.add(s, res);
+        let r = b.mul(a, mf);
+        let k = b.finish(r).unwrap();
+        let ins = [
+            random_f32(&[m, kk], 1.0, 3),
+            random_f32(&[kk, n], 1.0, 4),
+            random_f32(&[m, n], 1.0, 5),
+            tensor_bits(DType::I64, &[n], &(0..n as u64).collect::<Vec<_>>()),
+            tensor_bits(DType::I64, &[1], &[(n as u64 + 1) / 2]),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        let want = kiln_flow::interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
+        for cfg in microkernel_variants(false) {
+            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert!(module.notes[0].starts_with("contraction microkernel"), "{n}: {}", module.notes[0]);
+            let got = run_compiled(&k, &refs, &cfg, 3).to_vec::<f32>().unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let masked = i % n >= (n + 1) / 2;
+                let ok = if masked { *g == 0.0 } else { (g - w).abs() <= kk as f32 * 2.0 * f32::EPSILON * 16.0 };
+                assert!(ok, "n={n} [{i}]: got {g}, want {w}");
+            }
+        }
+    }
+}
+
+/// Output axes joined into one vector axis where every load reads them contiguously:
+/// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
+/// along the run) and an input with its first two axes swapped (contiguous along `c`
+/// only, which keeps the axes apart), over odd sizes.
+#[test]
+fn joined_axes() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for (a, b2, c) in [(3, 7, 9), (2, 1, 17), (5, 3, 2), (1, 15, 16)] {
+        for transposed in [false, true] {
+            let mut kb = KernelBuilder::new(
+                "joined",
+                vec![tt(f, &[a, b2, c]), tt(f, &[a]), tt(f, &[b2, a, c])],
+                tt(f, &[a, b2, c]),
+            );
+            let o = kb.out_index();
+            let x = kb.load(0, o.clone());
+            let s = kb.load(1, vec![o[0]]);
+            let mut r = kb.mul(x, s);
+            if transposed {
+                let t = kb.load(2, vec![o[1], o[0], o[2]]);
+                r = kb.add(r, t);
+            }
+            let zero = kb.float(ScalarType::F32, 0.0);
+            let r = kb.binary(BinaryOp::Max, r, zero);
+            let k = kb.finish(r).unwrap();
+            let ins = [cycled(f, &[a, b2, c], 0), cycled(f, &[a], 3), cycled(f, &[b2, a, c], 5)];
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            check_vector(&k, &refs, Cmp { zero_sign: true, ..EXACT });
+        }
+    }
+}
