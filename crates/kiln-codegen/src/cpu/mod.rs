@@ -14,7 +14,7 @@
 //!
 //! Each kernel comes with its class (`kiln_flow::class::KernelClass`), and the class
 //! alone picks its emitter: a contraction goes to [`gemm`], a window to [`depthwise`], a
-//! movement to [`pad`] or [`copy`] (by the bounds of the load it is), rows and
+//! movement to [`pad`], [`copy`] or [`gather`] (by the bounds and index of the load it is), rows and
 //! elementwise kernels to [`rows`], and a general kernel to Cranelift. An emitter that
 //! declines a kernel of its class (an epilogue it has no form for, rows shorter than a
 //! vector) leaves it to Cranelift, and the kernel's note says `general (why)`.
@@ -23,7 +23,8 @@
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
 //! appended to the image (position-independent, no relocations): contractions
 //! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions and max pools
-//! ([`depthwise`]), padding copies ([`pad`]), affine copies such as im2col ([`copy`]) and row kernels such as Softmax, LayerNorm
+//! ([`depthwise`]), padding copies ([`pad`]), affine copies such as im2col ([`copy`]), separable gathers such as
+//! ConvTranspose's phase interleave ([`gather`]) and row kernels such as Softmax, LayerNorm
 //! and elementwise exp/erf ([`rows`], 16 lanes where the target has AVX-512 F, written
 //! through [`vector`]); each keeps the same kernel ABI and the executable records the
 //! CPU features they use.
@@ -34,6 +35,7 @@ mod copy;
 mod cost;
 mod depthwise;
 mod emit;
+mod gather;
 mod gemm;
 mod math;
 mod pad;
@@ -407,7 +409,15 @@ fn emit_class(
         // copy in bounds.
         KernelClass::Movement => match &k.node(k.root).expr {
             Expr::Load { bounds: Bounds::Pad(_), .. } => vector(pad::emit(k)?, "padding copy (avx)"),
-            Expr::Load { bounds: Bounds::InBounds, .. } => vector(copy::emit(k)?, "affine copy (avx)"),
+            // An affine copy where it is one; else a table gather where the index is
+            // separable (one term per output dimension).
+            Expr::Load { bounds: Bounds::InBounds, .. } => match copy::emit(k) {
+                Ok(c) => vector(c, "affine copy (avx)"),
+                Err(gemm::NotHere(why)) => match gather::emit(k) {
+                    Ok(g) => vector(g, "table gather (avx2)"),
+                    Err(gemm::NotHere(also)) => return gemm::no(format!("{why}; {also}")),
+                },
+            },
             _ => return gemm::no("a movement other than one padded or in-bounds load"),
         },
         KernelClass::Rows | KernelClass::Elementwise => {

@@ -1,0 +1,270 @@
+//! Table gathers as machine code (`iced-x86`, AVX2 `vgatherdps`): `out[q] = x[off(q)]`
+//! with an in-bounds load whose element offset is *separable* — a sum of one term per
+//! output dimension, `off(q) = c + Σ_d G_d(q_d)` — but not affine, so [`super::copy`]
+//! does not take it. Each index expression of the load reads at most one output
+//! variable, in any way (`div`, `rem`, selects on it): the interleave of ConvTranspose's
+//! sub-pixel phases (`y[n, m, o] = P[n, (o + s') mod s, m, (o + s') div s]`:
+//! `kiln_lower`'s linalg module), depth-to-space and pixel shuffles, transposes whose
+//! innermost step is not 1, and any affine copy as well. An index that reads several
+//! variables is taken apart at `+`, `−` and products by constants (a flat index over
+//! digits that each read one variable, such as the interleave's flat phase).
+//!
+//! Every `G_d` is tabulated at compile time from the index expressions (evaluated with
+//! the interpreter's integer semantics, so the tables are what the kernel means) and
+//! carried after the code: one 32-bit offset per position of each outer dimension and of
+//! the innermost one. A workgroup is one output row (every dimension but the innermost),
+//! as for the other copies; the first row of a range is decoded with divisions and the
+//! rest step like an odometer. A row's source base is `x + (c + Σ G_d(q_d))·4`; its
+//! elements are gathered 8 at a time with the innermost table as the index vector, the
+//! last 1..7 under a lane mask (masked lanes are neither read nor written).
+
+use iced_x86::code_asm::*;
+use kiln_flow::interp;
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
+
+use super::asm::{enter, leave, Tables};
+use super::gemm::{no, NotHere, R};
+
+/// Outer dimensions the odometer keeps in registers.
+const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
+
+/// Most table entries (over every dimension) a kernel carries.
+const MOST_ENTRIES: u64 = 1 << 16;
+
+/// A recognised gather.
+struct Gather {
+    /// Output dims.
+    dims: Vec<i64>,
+    /// The constant offset `c` (elements), dimensions of extent 1 folded in.
+    c: i64,
+    /// `G_d` per output dimension (elements), empty for an extent of 1.
+    tables: Vec<Vec<i32>>,
+}
+
+/// The value of index expression `e` at `var = x` (`None` for what it does not
+/// evaluate: loads, reductions, casts, other variables).
+fn eval(k: &Kernel, e: ExprId, var: Option<u32>, x: i64) -> Option<u64> {
+    let node = k.node(e);
+    if !matches!(node.ty, ScalarType::I64 | ScalarType::Bool) {
+        return None;
+    }
+    Some(match &node.expr {
+        Expr::Var(v) if Some(v.0) == var => x as u64,
+        Expr::Const(bits) => *bits,
+        Expr::Binary(op, a, b) => {
+            let t = k.node(*a).ty;
+            interp::binary(*op, t, eval(k, *a, var, x)?, eval(k, *b, var, x)?)
+        }
+        Expr::Unary(op, a) => interp::unary(*op, k.node(*a).ty, eval(k, *a, var, x)?),
+        Expr::Select(c, a, b) => {
+            if eval(k, *c, var, x)? != 0 {
+                eval(k, *a, var, x)?
+            } else {
+                eval(k, *b, var, x)?
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// `scale · e` as a sum of terms that each read at most one variable, appended to
+/// `out` as `(variable, scale, term)`: `e` itself when it reads one variable or none,
+/// else taken apart at `+`, `−` and products by a constant (a flat index over several
+/// digits, each computed from one variable).
+fn split(k: &Kernel, free: &[Vec<u32>], e: ExprId, scale: i64, out: &mut Vec<(Option<u32>, i64, ExprId)>) -> Option<()> {
+    let mut vars = free[e.index()].clone();
+    vars.sort_unstable();
+    vars.dedup();
+    if vars.len() <= 1 {
+        out.push((vars.first().copied(), scale, e));
+        return Some(());
+    }
+    let constant = |x: ExprId| match k.node(x).expr {
+        Expr::Const(bits) if k.node(x).ty == ScalarType::I64 => Some(bits as i64),
+        _ => None,
+    };
+    match k.node(e).expr {
+        Expr::Binary(BinaryOp::Add, a, b) => {
+            split(k, free, a, scale, out)?;
+            split(k, free, b, scale, out)
+        }
+        Expr::Binary(BinaryOp::Sub, a, b) => {
+            split(k, free, a, scale, out)?;
+            split(k, free, b, scale.checked_neg()?, out)
+        }
+        Expr::Binary(BinaryOp::Mul, a, b) => match (constant(a), constant(b)) {
+            (_, Some(y)) => split(k, free, a, scale.checked_mul(y)?, out),
+            (Some(x), _) => split(k, free, b, scale.checked_mul(x)?, out),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn recognise(k: &Kernel) -> R<Gather> {
+    let Expr::Load { input: 0, index, bounds: Bounds::InBounds } = &k.node(k.root).expr else {
+        return no("not an in-bounds load");
+    };
+    let (x, o) = (&k.inputs[0], &k.output);
+    if k.inputs.len() != 1 || x.dtype != o.dtype || x.dtype.storage_bytes(1) != 4 {
+        return no("not a 4-byte copy of one input");
+    }
+    let rank = o.shape.rank();
+    if rank == 0 || rank - 1 > COORD.len() || o.shape.numel() == 0 || index.len() != x.shape.rank() {
+        return no("a copy of another rank");
+    }
+    let limit = i32::MAX as usize;
+    if x.storage_bytes() > limit || o.storage_bytes() > limit {
+        return no("an operand over 2 GiB");
+    }
+    let dims: Vec<i64> = o.shape.dims().iter().map(|&d| d as i64).collect();
+    if dims.iter().map(|&d| d as u64).sum::<u64>() > MOST_ENTRIES {
+        return no("offset tables too large");
+    }
+    let free = k.free_vars();
+    let xd = x.shape.dims();
+    let mut strides = vec![1i64; xd.len()];
+    for i in (0..xd.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * xd[i + 1] as i64;
+    }
+    let mut c = 0i64;
+    let mut g: Vec<Vec<i64>> = dims.iter().map(|&d| vec![0; d as usize]).collect();
+    for (i, &e) in index.iter().enumerate() {
+        let mut parts = Vec::new();
+        split(k, &free, e, strides[i], &mut parts).ok_or_else(|| NotHere("an index that reads several variables".into()))?;
+        for (var, scale, term) in parts {
+            let at = |q: i64| -> R<i64> {
+                let v = eval(k, term, var, q).ok_or_else(|| NotHere("an index the tables cannot evaluate".into()))?;
+                (v as i64).checked_mul(scale).ok_or_else(|| NotHere("an offset overflow".into()))
+            };
+            match var {
+                Some(v) if (v as usize) < rank => {
+                    for (q, slot) in g[v as usize].iter_mut().enumerate() {
+                        *slot += at(q as i64)?;
+                    }
+                }
+                Some(_) => return no("an index that reads a reduction variable"),
+                None => c += at(0)?,
+            }
+        }
+    }
+    // Every offset inside the input (the verifier proved the load in bounds; this
+    // keeps the tables honest).
+    let lo = c + g.iter().map(|t| t.iter().copied().min().unwrap_or(0)).sum::<i64>();
+    let hi = c + g.iter().map(|t| t.iter().copied().max().unwrap_or(0)).sum::<i64>();
+    if lo < 0 || hi >= x.shape.numel() as i64 || g.iter().flatten().any(|&v| i32::try_from(v).is_err()) {
+        return no("an offset outside the input");
+    }
+    let mut tables = Vec::with_capacity(rank);
+    for (d, t) in g.into_iter().enumerate() {
+        if dims[d] == 1 {
+            c += t[0];
+            tables.push(Vec::new());
+        } else {
+            tables.push(t.into_iter().map(|v| v as i32).collect());  // (checked above)
+        }
+    }
+    Ok(Gather { dims, c, tables })
+}
+
+/// Emits `k` as a table gather (code and workgroup count), or says why not.
+pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
+    let p = recognise(k)?;
+    let rank = p.dims.len();
+    let outer = rank - 1;
+    let w = p.dims[outer];
+    let rows: i64 = p.dims[..outer].iter().product();
+    let (full, tail) = (w / 8, w % 8);
+    let mut a = CodeAssembler::new(64)?;
+    let mut t = Tables::default();
+    // The innermost table, padded to whole vectors (an extent of 1 reads offset 0).
+    let mut inner: Vec<u32> = if p.tables[outer].is_empty() { vec![0] } else { p.tables[outer].iter().map(|&v| v as u32).collect() };
+    inner.resize(inner.len().div_ceil(8) * 8, 0);
+    let inner_label = t.words(&mut a, &inner);
+    let outer_labels: Vec<Option<CodeLabel>> = p.tables[..outer]
+        .iter()
+        .map(|g| {
+            (!g.is_empty()).then(|| {
+                let mut words: Vec<u32> = g.iter().map(|&v| v as u32).collect();
+                words.resize(words.len().div_ceil(8) * 8, 0);
+                t.words(&mut a, &words)
+            })
+        })
+        .collect();
+    let c4 = i32::try_from(p.c * 4).map_err(|_| NotHere("an offset over 2 GiB".into()))?;
+    let frame = 8;
+    enter(&mut a)?;
+    a.sub(rsp, frame)?;
+    // rdi bindings, rdx begin, rcx end (clamped to the row count).
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r10, rdx)?; // row
+    a.mov(r11, rcx)?; // end
+    let mut done = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.mov(r8, qword_ptr(rdi))?; // x
+    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    if tail > 0 {
+        let l = t.lanes(&mut a, tail as u64);
+        a.vmovups(ymm15, ymmword_ptr(l))?;
+    }
+    // Destination: out + row·w·4.
+    a.imul_3(rdi, r10, (w * 4) as i32)?;
+    a.add(rdi, r9)?;
+    // Decode the first row into coordinates.
+    a.mov(rax, r10)?;
+    for d in (0..outer).rev() {
+        a.xor(edx, edx)?;
+        a.mov(rcx, p.dims[d])?;
+        a.div(rcx)?;
+        a.mov(COORD[d], rdx)?;
+    }
+    let mut top = a.create_label();
+    a.set_label(&mut top)?;
+    // The row's source: x + (c + Σ G_d(q_d))·4.
+    a.lea(rsi, qword_ptr(r8 + c4))?;
+    for d in 0..outer {
+        if let Some(l) = outer_labels[d] {
+            a.lea(rax, qword_ptr(l))?;
+            a.movsxd(rdx, dword_ptr(rax + COORD[d] * 4))?;
+            a.lea(rsi, qword_ptr(rsi + rdx * 4))?;
+        }
+    }
+    a.lea(rcx, qword_ptr(inner_label))?;
+    for v in 0..full as i32 {
+        a.vmovdqu(ymm1, ymmword_ptr(rcx + 32 * v))?;
+        a.vpcmpeqd(ymm2, ymm2, ymm2)?;
+        a.vgatherdps_3(ymm0, ymmword_ptr(rsi + ymm1 * 4), ymm2)?;
+        a.vmovups(ymmword_ptr(rdi + 32 * v), ymm0)?;
+    }
+    if tail > 0 {
+        let at = 32 * full as i32;
+        a.vmovdqu(ymm1, ymmword_ptr(rcx + at))?;
+        a.vmovaps(ymm2, ymm15)?;
+        a.vxorps(ymm0, ymm0, ymm0)?;
+        a.vgatherdps_3(ymm0, ymmword_ptr(rsi + ymm1 * 4), ymm2)?;
+        a.vmaskmovps(ymmword_ptr(rdi + at), ymm15, ymm0)?;
+    }
+    a.add(rdi, (w * 4) as i32)?;
+    a.inc(r10)?;
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    // The odometer: the innermost outer coordinate steps; at its extent it returns to
+    // 0 and the next one steps.
+    for d in (0..outer).rev() {
+        a.inc(COORD[d])?;
+        if d == 0 {
+            break;
+        }
+        a.cmp(COORD[d], p.dims[d] as i32)?;
+        a.jb(top)?;
+        a.xor(COORD[d], COORD[d])?;
+    }
+    a.jmp(top)?;
+    a.set_label(&mut done)?;
+    leave(&mut a, frame)?;
+    t.emit(&mut a)?;
+    Ok((a.assemble(0)?, rows as u64))
+}
