@@ -134,3 +134,64 @@ fn non_separable_index_is_left_to_the_general_path() {
     let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
     assert_eq!(run_compiled(&k, &[&x], &cfg, 2).bytes(), kiln_flow::interp::run(&k, &[&x]).unwrap().bytes());
 }
+
+/// The interleave with an activation fused after it — `max(x, 0)` (NaN stays NaN), a
+/// leaky select `x < 0 ? 0.1·x : x`, a clamp to [−1, 1] — evaluated on the gathered
+/// vector: bit for bit the interpreter's (but for the sign of a zero from max or min),
+/// NaN and infinities in the input included.
+#[test]
+fn epilogues_over_a_gather_match_the_interpreter() {
+    require_avx2_fma!(", so the gather kernel is not used");
+    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+    for (act, w) in [(0, 16usize), (1, 13), (2, 33), (0, 5)] {
+        let base = interleave(1, 3, &[4, w], &[2, 2], &[1, 0]);
+        // Rebuild with the activation at the root.
+        let mut b = KernelBuilder::new("act", base.inputs.clone(), base.output.clone());
+        let o = b.out_index();
+        let mut flat = b.index(0);
+        let mut inner = Vec::new();
+        for (d, sh) in [1i64, 0].into_iter().enumerate() {
+            let c = b.index(sh);
+            let q = b.add(o[2 + d], c);
+            let sv = b.index(2);
+            let r = b.binary(BinaryOp::Rem, q, sv);
+            let f = b.mul(flat, sv);
+            flat = b.add(f, r);
+            inner.push(b.div(q, sv));
+        }
+        let mut idx = vec![o[0], flat, o[1]];
+        idx.extend(inner);
+        let x = b.load(0, idx);
+        let zero = b.float(kiln_flow::ScalarType::F32, 0.0);
+        let v = match act {
+            0 => b.binary(BinaryOp::Max, x, zero),
+            1 => {
+                let neg = b.binary(BinaryOp::Lt, x, zero);
+                let tenth = b.float(kiln_flow::ScalarType::F32, 0.1);
+                let s = b.mul(x, tenth);
+                b.select(neg, s, x)
+            }
+            _ => {
+                let (lo, hi) = (b.float(kiln_flow::ScalarType::F32, -1.0), b.float(kiln_flow::ScalarType::F32, 1.0));
+                let m = b.binary(BinaryOp::Max, x, lo);
+                b.binary(BinaryOp::Min, m, hi)
+            }
+        };
+        let k = b.finish(v).unwrap();
+        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+        assert_eq!(m.notes[0], "table gather with epilogue (avx2)", "activation {act}");
+        let mut xs = random_f32(k.inputs[0].shape.dims(), 2.0, 9 + act as u64).to_f64_vec();
+        for (i, s) in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0].into_iter().enumerate() {
+            xs[3 * i + 1] = s;
+        }
+        let x = kiln_ir::Tensor::from_f64(DType::F32, k.inputs[0].shape.clone(), &xs).unwrap();
+        let want = kiln_flow::interp::run(&k, &[&x]).unwrap();
+        for splits in [1, 5] {
+            let got = run_compiled_in(&k, &[&x], &cfg, splits, true);
+            // (max and min of mixed-sign zeros may give either zero, as in the
+            // contraction epilogues; NaN matches NaN.)
+            compare(&got, &want, Cmp { zero_sign: true, rtol: 0.0 })
+                .unwrap_or_else(|e| panic!("activation {act} width {w} splits {splits}: {e}"));
+        }
+    }
+}

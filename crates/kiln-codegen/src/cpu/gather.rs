@@ -23,6 +23,8 @@ use kiln_flow::interp;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
 use super::asm::{enter, leave, Tables};
+use super::math::{has_vector_form, vector_scratch};
+use super::vector::{Mask, Op, Src, Vx, V};
 use super::gemm::{no, NotHere, R};
 
 /// Outer dimensions the odometer keeps in registers.
@@ -33,12 +35,15 @@ const MOST_ENTRIES: u64 = 1 << 16;
 
 /// A recognised gather.
 struct Gather {
-    /// Output dims.
+    /// Output dims, outer ones of extent 1 dropped and adjacent ones merged down to
+    /// the odometer's registers (the rows in the same order).
     dims: Vec<i64>,
     /// The constant offset `c` (elements), dimensions of extent 1 folded in.
     c: i64,
-    /// `G_d` per output dimension (elements), empty for an extent of 1.
+    /// `G_d` per dimension of `dims` (elements); the innermost empty for an extent of 1.
     tables: Vec<Vec<i32>>,
+    /// The load (the root, for a plain copy).
+    load: ExprId,
 }
 
 /// The value of index expression `e` at `var = x` (`None` for what it does not
@@ -101,16 +106,45 @@ fn split(k: &Kernel, free: &[Vec<u32>], e: ExprId, scale: i64, out: &mut Vec<(Op
     }
 }
 
+/// The one load of `k` (of input 0, in bounds) and whether the kernel is that load
+/// alone; `None` when there are other loads or reductions.
+fn the_load(k: &Kernel) -> Option<(ExprId, bool)> {
+    let mut found = None;
+    for (i, n) in k.nodes.iter().enumerate() {
+        match &n.expr {
+            Expr::Load { input: 0, bounds: Bounds::InBounds, .. } if found.is_none() => found = Some(ExprId(i as u32)),
+            Expr::Load { .. } | Expr::Reduce { .. } => return None,
+            _ => {}
+        }
+    }
+    found.map(|l| (l, l == k.root))
+}
+
+/// Whether an elementwise kernel is one for this emitter rather than the row kernels or
+/// the general loops: its one load is not at an affine offset stepping 0 or 1 element
+/// along the output's rows (which those vectorise).
+pub(crate) fn takes_elementwise(k: &Kernel) -> bool {
+    let Some((load, false)) = the_load(k) else { return false };
+    let Expr::Load { index, .. } = &k.node(load).expr else { return false };
+    let rank = k.out_rank();
+    let plain = rank > 0
+        && kiln_flow::affine::load_offset(k, 0, index).is_some_and(|off| matches!(off.of((rank - 1) as u32), 0 | 1));
+    !plain && recognise(k).is_ok()
+}
+
 fn recognise(k: &Kernel) -> R<Gather> {
-    let Expr::Load { input: 0, index, bounds: Bounds::InBounds } = &k.node(k.root).expr else {
-        return no("not an in-bounds load");
-    };
+    let Some((load, copy)) = the_load(k) else { return no("not one in-bounds load") };
+    let Expr::Load { index, .. } = &k.node(load).expr else { return no("not a load") };
     let (x, o) = (&k.inputs[0], &k.output);
-    if k.inputs.len() != 1 || x.dtype != o.dtype || x.dtype.storage_bytes(1) != 4 {
+    let four = |d: kiln_ir::DType| d.storage_bytes(1) == 4;
+    if k.inputs.len() != 1 || !four(x.dtype) || !four(o.dtype) || (copy && x.dtype != o.dtype) {
         return no("not a 4-byte copy of one input");
     }
+    if !copy && (x.dtype != kiln_ir::DType::F32 || o.dtype != kiln_ir::DType::F32) {
+        return no("an epilogue over a load that is not f32");
+    }
     let rank = o.shape.rank();
-    if rank == 0 || rank - 1 > COORD.len() || o.shape.numel() == 0 || index.len() != x.shape.rank() {
+    if rank == 0 || o.shape.numel() == 0 || index.len() != x.shape.rank() {
         return no("a copy of another rank");
     }
     let limit = i32::MAX as usize;
@@ -155,16 +189,42 @@ fn recognise(k: &Kernel) -> R<Gather> {
     if lo < 0 || hi >= x.shape.numel() as i64 || g.iter().flatten().any(|&v| i32::try_from(v).is_err()) {
         return no("an offset outside the input");
     }
-    let mut tables = Vec::with_capacity(rank);
+    // Outer dimensions of extent 1 fold into `c`; while there are more than the
+    // odometer holds, the adjacent pair with the fewest positions becomes one dimension
+    // (its table the sums), which keeps the rows in order.
+    let inner = g.pop().unwrap_or_default();
+    let mut outer: Vec<(i64, Vec<i64>)> = Vec::new();
     for (d, t) in g.into_iter().enumerate() {
         if dims[d] == 1 {
             c += t[0];
-            tables.push(Vec::new());
         } else {
-            tables.push(t.into_iter().map(|v| v as i32).collect());  // (checked above)
+            outer.push((dims[d], t));
         }
     }
-    Ok(Gather { dims, c, tables })
+    while outer.len() > COORD.len() {
+        let i = (0..outer.len() - 1).min_by_key(|&i| outer[i].0 * outer[i + 1].0).unwrap_or(0);
+        let (e2, t2) = outer.remove(i + 1);
+        let (e1, t1) = std::mem::take(&mut outer[i]);
+        let merged: Vec<i64> = t1.iter().flat_map(|&a| t2.iter().map(move |&b| a + b)).collect();
+        outer[i] = (e1 * e2, merged);
+        if outer.iter().map(|o| o.0 as u64).sum::<u64>() + dims[rank - 1] as u64 > MOST_ENTRIES {
+            return no("offset tables too large");
+        }
+    }
+    let mut vdims: Vec<i64> = outer.iter().map(|o| o.0).collect();
+    vdims.push(dims[rank - 1]);
+    let fit = |t: Vec<i64>| -> R<Vec<i32>> {
+        t.into_iter().map(|v| i32::try_from(v).map_err(|_| NotHere("an offset over 2 GiB".into()))).collect()
+    };
+    let mut tables: Vec<Vec<i32>> = outer.into_iter().map(|(_, t)| fit(t)).collect::<R<_>>()?;
+    // An innermost extent of 1 reads offset 0 of its (empty) table.
+    if dims[rank - 1] == 1 {
+        c += inner[0];
+        tables.push(Vec::new());
+    } else {
+        tables.push(fit(inner)?);
+    }
+    Ok(Gather { dims: vdims, c, tables, load })
 }
 
 /// Emits `k` as a table gather (code and workgroup count), or says why not.
@@ -233,19 +293,38 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         }
     }
     a.lea(rcx, qword_ptr(inner_label))?;
-    for v in 0..full as i32 {
-        a.vmovdqu(ymm1, ymmword_ptr(rcx + 32 * v))?;
-        a.vpcmpeqd(ymm2, ymm2, ymm2)?;
-        a.vgatherdps_3(ymm0, ymmword_ptr(rsi + ymm1 * 4), ymm2)?;
-        a.vmovups(ymmword_ptr(rdi + 32 * v), ymm0)?;
+    // One vector: gather (under the tail mask for the last), the epilogue, store.
+    let vector = |a: &mut CodeAssembler, t: &mut Tables, at: AsmMemoryOperand, idx: AsmMemoryOperand, out: AsmMemoryOperand, masked: bool| -> R<()> {
+        a.vmovdqu(ymm1, idx)?;
+        if masked {
+            a.vmovaps(ymm2, ymm15)?;
+            a.vxorps(ymm0, ymm0, ymm0)?;
+        } else {
+            a.vpcmpeqd(ymm2, ymm2, ymm2)?;
+        }
+        a.vgatherdps_3(ymm0, at, ymm2)?;
+        let r = epilogue(k, p.load, &mut Vx { a: &mut *a, t: &mut *t, wide: false, held: &[] })?;
+        let ry = super::asm::YMM[r.0 as usize];
+        if masked {
+            a.vmaskmovps(out, ymm15, ry)?;
+        } else {
+            a.vmovups(out, ry)?;
+        }
+        Ok(())
+    };
+    if full > 0 {
+        // rdx: the vector's byte offset in the row.
+        a.xor(edx, edx)?;
+        let mut each = a.create_label();
+        a.set_label(&mut each)?;
+        vector(&mut a, &mut t, ymmword_ptr(rsi + ymm1 * 4), ymmword_ptr(rcx + rdx), ymmword_ptr(rdi + rdx), false)?;
+        a.add(rdx, 32)?;
+        a.cmp(rdx, (full * 32) as i32)?;
+        a.jb(each)?;
     }
     if tail > 0 {
         let at = 32 * full as i32;
-        a.vmovdqu(ymm1, ymmword_ptr(rcx + at))?;
-        a.vmovaps(ymm2, ymm15)?;
-        a.vxorps(ymm0, ymm0, ymm0)?;
-        a.vgatherdps_3(ymm0, ymmword_ptr(rsi + ymm1 * 4), ymm2)?;
-        a.vmaskmovps(ymmword_ptr(rdi + at), ymm15, ymm0)?;
+        vector(&mut a, &mut t, ymmword_ptr(rsi + ymm1 * 4), ymmword_ptr(rcx + at), ymmword_ptr(rdi + at), true)?;
     }
     a.add(rdi, (w * 4) as i32)?;
     a.inc(r10)?;
@@ -267,4 +346,105 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     leave(&mut a, frame)?;
     t.emit(&mut a)?;
     Ok((a.assemble(0)?, rows as u64))
+}
+
+/// Evaluates `k`'s root over the gathered vector in `ymm0` (the load `load`), eight
+/// lanes, one register per value from `ymm3`–`ymm14` (a plain copy: `ymm0` itself);
+/// returns the result's register. The operations and their NaN rules are the contraction
+/// epilogue's (`super::gemm`): `+ − × ÷`, `max`/`min` (NaN in either operand gives NaN),
+/// comparisons and selects, `neg`, `abs`, `sqrt`, `exp`, `erf`, casts from f32 to f32.
+fn epilogue(k: &Kernel, load: ExprId, vx: &mut Vx<'_>) -> R<V> {
+    let mut reg: std::collections::HashMap<u32, V> = std::collections::HashMap::new();
+    reg.insert(load.0, V(0));
+    let mut free: Vec<V> = (3..15).rev().map(V).collect();
+    value(k, k.root, vx, &mut reg, &mut free)
+}
+
+fn value(
+    k: &Kernel,
+    e: ExprId,
+    vx: &mut Vx<'_>,
+    reg: &mut std::collections::HashMap<u32, V>,
+    free: &mut Vec<V>,
+) -> R<V> {
+    if let Some(&r) = reg.get(&e.0) {
+        return Ok(r);
+    }
+    let node = k.node(e).clone();
+    if !matches!(node.ty, ScalarType::F32 | ScalarType::Bool) {
+        return no(format!("an epilogue value of type {}", node.ty.name()));
+    }
+    let take = |free: &mut Vec<V>| free.pop().ok_or_else(|| NotHere("an epilogue that needs more registers".into()));
+    let r = match &node.expr {
+        Expr::Const(bits) => {
+            let bits = match node.ty {
+                ScalarType::Bool if *bits != 0 => u32::MAX,
+                ScalarType::Bool => 0,
+                _ => *bits as u32,
+            };
+            let d = take(free)?;
+            vx.mov(d, Src::C(bits))?;
+            d
+        }
+        Expr::Cast { value: v, .. } if k.node(*v).ty == ScalarType::F32 && node.ty == ScalarType::F32 => {
+            value(k, *v, vx, reg, free)?
+        }
+        Expr::Select(c, x, y) => {
+            let (rc, rx, ry) = (value(k, *c, vx, reg, free)?, value(k, *x, vx, reg, free)?, value(k, *y, vx, reg, free)?);
+            let d = take(free)?;
+            vx.blend(d, Mask(rc.0), ry, rx)?;
+            d
+        }
+        Expr::Binary(op, x, y) => {
+            let (rx, ry) = (value(k, *x, vx, reg, free)?, value(k, *y, vx, reg, free)?);
+            let d = take(free)?;
+            let arith = match op {
+                BinaryOp::Add => Some(Op::Add),
+                BinaryOp::Sub => Some(Op::Sub),
+                BinaryOp::Mul => Some(Op::Mul),
+                BinaryOp::Div => Some(Op::Div),
+                BinaryOp::And => Some(Op::And),
+                BinaryOp::Or => Some(Op::Or),
+                _ => None,
+            };
+            let pred = match op {
+                BinaryOp::Eq => Some(0x00),
+                BinaryOp::Ne => Some(0x04),
+                BinaryOp::Lt => Some(0x11),
+                BinaryOp::Le => Some(0x12),
+                BinaryOp::Gt => Some(0x1E),
+                BinaryOp::Ge => Some(0x1D),
+                _ => None,
+            };
+            match (op, arith, pred) {
+                (_, Some(o), _) => vx.op(o, d, rx, Src::R(ry))?,
+                (_, _, Some(p)) => vx.cmp(Mask(d.0), rx, Src::R(ry), p)?,
+                (BinaryOp::Max | BinaryOp::Min, _, _) => {
+                    // vmaxps/vminps give the second operand when either is NaN: where
+                    // x is NaN, x.
+                    let m = take(free)?;
+                    vx.op(if *op == BinaryOp::Max { Op::Max } else { Op::Min }, d, rx, Src::R(ry))?;
+                    vx.cmp(Mask(m.0), rx, Src::R(rx), 3)?; // UNORD_Q
+                    vx.blend(d, Mask(m.0), d, rx)?;
+                    free.push(m);
+                }
+                _ => return no(format!("epilogue operation {}", op.name())),
+            }
+            d
+        }
+        Expr::Unary(op, x) if has_vector_form(*op) => {
+            let rx = value(k, *x, vx, reg, free)?;
+            let mut t = Vec::with_capacity(vector_scratch(*op));
+            for _ in 0..vector_scratch(*op) {
+                t.push(take(free)?);
+            }
+            let d = take(free)?;
+            vx.unary(*op, d, rx, &t)?;
+            free.extend(t);
+            d
+        }
+        _ => return no("an epilogue operation without a vector form here"),
+    };
+    reg.insert(e.0, r);
+    Ok(r)
 }

@@ -420,6 +420,12 @@ fn emit_class(
             },
             _ => return gemm::no("a movement other than one padded or in-bounds load"),
         },
+        // An elementwise kernel over one gathered load (an activation fused into
+        // ConvTranspose's phase interleave), which the general loops would run a
+        // scalar at a time with divisions, is a table gather with an epilogue.
+        KernelClass::Elementwise if gather::takes_elementwise(k) => {
+            vector(gather::emit(k)?, "table gather with epilogue (avx2)")
+        }
         KernelClass::Rows | KernelClass::Elementwise => {
             let r = rows::emit(k, options.reassociate, avx512)?;
             let note = r.note();
