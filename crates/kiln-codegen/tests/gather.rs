@@ -2,7 +2,8 @@
 //! dimension but not affine — sub-pixel interleaves (`(o + s') div s`, `(o + s') mod s`)
 //! of strides 1 to 3 along one or two axes, a depth-to-space, a transpose with a
 //! non-unit innermost step, selects on an index — at ranks 1 to 5 and row widths 1 to
-//! 70 (every tail length), against the interpreter bit for bit, with workgroup ranges
+//! 70 (every tail length; stride-2 rows of 16 and more take the two-run unpack path,
+//! the rest the gather), against the interpreter bit for bit, with workgroup ranges
 //! run in order and last first and nothing written outside the output. Kernels the
 //! gather must not take (an index reading two variables) fall to the general path and
 //! say why.

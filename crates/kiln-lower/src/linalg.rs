@@ -952,7 +952,7 @@ fn conv_transpose(cx: &OpCx<'_>) -> R<Lowered> {
             None if ap == AutoPad::Valid => (full, 0),
             None => (full - pads[d] - pads[d + r], pads[d]),
         };
-        if o < 0 || o > MAX_ATTR * MAX_ATTR {
+        if !(0..=MAX_ATTR * MAX_ATTR).contains(&o) {
             return Err(cx.unsupported(format!("spatial dim {d}: output extent {o}")));
         }
         ph.push(Phases::new(input[d], kernel[d], strides[d], dilations[d], pb, o as usize));

@@ -312,9 +312,35 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         }
         Ok(())
     };
-    if full > 0 {
-        // rdx: the vector's byte offset in the row.
+    // Two interleaved runs (`T[2i] = T[0] + i`, `T[2i + 1] = T[1] + i`: a stride-2
+    // phase interleave): blocks of 16 from two plain loads and two unpacks; the gather
+    // takes the rest of the row.
+    let pairs = interleaved_pair(&p.tables[outer]);
+    let blocks = if pairs.is_some() { w / 16 } else { 0 };
+    if let Some((first, second)) = pairs.filter(|_| blocks > 0) {
+        let (f4, s4) = (first * 4, second * 4);
+        // rax: the runs' byte offset; rdx: the output's.
+        a.xor(eax, eax)?;
         a.xor(edx, edx)?;
+        let mut each = a.create_label();
+        a.set_label(&mut each)?;
+        a.vmovups(ymm0, ymmword_ptr(rsi + rax + f4))?;
+        a.vmovups(ymm2, ymmword_ptr(rsi + rax + s4))?;
+        a.vunpcklps(ymm1, ymm0, ymm2)?;
+        a.vunpckhps(ymm2, ymm0, ymm2)?;
+        for (half, sel) in [(0, 0x20), (32, 0x31)] {
+            a.vperm2f128(ymm0, ymm1, ymm2, sel)?;
+            let r = epilogue(k, p.load, &mut Vx { a: &mut a, t: &mut t, wide: false, held: &[] })?;
+            a.vmovups(ymmword_ptr(rdi + rdx + half), super::asm::YMM[r.0 as usize])?;
+        }
+        a.add(rax, 32)?;
+        a.add(rdx, 64)?;
+        a.cmp(rdx, (blocks * 64) as i32)?;
+        a.jb(each)?;
+    }
+    if full > 2 * blocks {
+        // rdx: the vector's byte offset in the row.
+        a.mov(edx, (blocks * 64) as i32)?;
         let mut each = a.create_label();
         a.set_label(&mut each)?;
         vector(&mut a, &mut t, ymmword_ptr(rsi + ymm1 * 4), ymmword_ptr(rcx + rdx), ymmword_ptr(rdi + rdx), false)?;
@@ -346,6 +372,15 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     leave(&mut a, frame)?;
     t.emit(&mut a)?;
     Ok((a.assemble(0)?, rows as u64))
+}
+
+/// `(T[0], T[1])` when the innermost table is two interleaved runs of unit step,
+/// `T[2i] = T[0] + i` and `T[2i + 1] = T[1] + i`, with offsets that fit 32 bits in bytes.
+fn interleaved_pair(t: &[i32]) -> Option<(i32, i32)> {
+    let (&a, &b) = (t.first()?, t.get(1)?);
+    let ok = t.iter().enumerate().all(|(w, &v)| v as i64 == if w % 2 == 0 { a as i64 } else { b as i64 } + (w / 2) as i64);
+    let fits = |x: i32| x.checked_mul(4).is_some() && (x as i64 + t.len() as i64) * 4 < i32::MAX as i64;
+    (ok && fits(a) && fits(b)).then_some((a, b))
 }
 
 /// Evaluates `k`'s root over the gathered vector in `ymm0` (the load `load`), eight
