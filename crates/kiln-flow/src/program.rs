@@ -201,6 +201,9 @@ impl FlowProgram {
 /// kernel the general way gains nothing from them and pays a dispatch each).
 pub fn form(graph: &Graph, contractions: bool, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
     let mut p = lower_graph(graph, lower)?;
+    // Rearranged constants (ConvTranspose's phase filters) become constants before
+    // anything reads their layout.
+    crate::fold::fold_constants(&mut p);
     if contractions {
         crate::layout::materialize_padding(&mut p);
     }

@@ -14,8 +14,25 @@
 //!   float convolution with several input channels per group instead computes
 //!   `[N, group, M/group, …]` with the group as an index of its own (affine channels: a
 //!   batch of contractions), which the op's result views as `[N, M, …]`.
-//!   ConvTranspose is the gather form of the scatter: output `o` takes tap `k` from input
-//!   `(o + pad_begin − k·dilation) / stride` when that division is exact and in range.
+//! - **ConvTranspose** is sub-pixel convolution: output `o` takes tap `k` from input `i`
+//!   where `o + pad = i·stride + k·dilation`, so writing `o + shift = stride·u + ρ`, each
+//!   phase `ρ` of the output is an ordinary stride-1 convolution over the input at `u`
+//!   with the taps `k ≡ ρ + pad − shift (mod stride)` of the filter ([`Phases`]). Three
+//!   kernels: the phase filters `W'[ρ, m, c, t…]` (a copy of `W`, zero where a phase has
+//!   fewer taps; folded at compile time when `W` is a constant), one product
+//!   `P[n, ρ, m, u…] = Σ_{c,t} W'·x (+ bias)` over every phase at once — the phase (the
+//!   dimensions' phases as one flat axis) a batch index, `x` read at `u + lo + t`
+//!   through `Pad` bounds exactly as a Conv, so the padding layout transform and the
+//!   contraction recogniser take it like one — and the interleave
+//!   `y[n, m, o…] = P[n, ρ(o), m, (o + shift) div s…]`, `ρ(o)` the flat phase of the
+//!   digits `(o + shift) mod s`: a pure copy (a table gather on the CPU). No multiply-add is spent on the zeros a zero-inserted input would have
+//!   (`stride^r` times the work), and nothing is scattered: the col2im form (a product
+//!   into per-input-pixel columns, then a scatter-add) would need a reduction across
+//!   overlapping windows, which no fast kernel class holds. The cost is the interleave
+//!   (one pass over the result) and, where the kernel extent is not a multiple of the
+//!   stride, zero taps in the phases that have fewer (`shift` is chosen for the fewest).
+//!   At stride 1 the phases are one and the product is the result: a Conv with the
+//!   filter flipped, a contraction or (depthwise) a window.
 //! - **Integer forms** subtract the zero points in i32 and accumulate in i32 (exact for the
 //!   8-bit operands below 2^15 taps). QLinear forms then rescale in f64 with the
 //!   reference's operations in its order (`acc · (s_a·s_b / s_y)`, round half to even, add
@@ -914,7 +931,7 @@ fn conv_transpose(cx: &OpCx<'_>) -> R<Lowered> {
         Some(v) => return Err(cx.unsupported(format!("output_shape = {v:?}"))),
         None => None,
     };
-    let mut win = Vec::with_capacity(r);
+    let mut ph = Vec::with_capacity(r);
     for d in 0..r {
         if kernel[d] == 0 || kernel[d] as i64 > MAX_ATTR {
             return Err(cx.unsupported(format!("kernel extent {}", kernel[d])));
@@ -935,43 +952,50 @@ fn conv_transpose(cx: &OpCx<'_>) -> R<Lowered> {
             None if ap == AutoPad::Valid => (full, 0),
             None => (full - pads[d] - pads[d + r], pads[d]),
         };
-        if o < 0 {
+        if !(0..=MAX_ATTR * MAX_ATTR).contains(&o) {
             return Err(cx.unsupported(format!("spatial dim {d}: output extent {o}")));
         }
-        win.push(WinDim {
-            input: input[d],
-            kernel: kernel[d],
-            stride: strides[d],
-            dilation: dilations[d],
-            pad: pb,
-            output: o as usize,
-        });
+        ph.push(Phases::new(input[d], kernel[d], strides[d], dilations[d], pb, o as usize));
     }
     let mut od = vec![n, m];
-    od.extend(win.iter().map(|w| w.output));
+    od.extend(ph.iter().map(|p| p.output));
     expect_out(cx, 0, &od)?;
     if od.iter().product::<usize>() == 0 {
         return Ok(one(empty_step(cx, 0)?));
     }
     let d = cx.output_ty(0).dtype;
-    let ct = compute(d);
-    if !ct.is_float() {
+    let ctype = compute(d);
+    if !ctype.is_float() {
         return Err(cx.unsupported("float operands expected"));
     }
-    let bias = cx.input(2).map(|_| 2);
-    let mut ops = vec![0, 1];
-    ops.extend(bias);
-    let mut b = cx.builder(0, types(cx, &ops)?);
-    let out = b.out_index();
-    let mv = out[1];
-    let taps: usize = kernel.iter().product();
-    let acc = if cg * taps == 0 || input.contains(&0) {
-        b.constant(ct, 0)
-    } else {
-        let cvar = b.new_var(cg as u64);
-        let kvars: Vec<VarId> = kernel.iter().map(|&k| b.new_var(k as u64)).collect();
-        let cv = b.var(cvar);
-        let (chan, wm) = if g == 1 {
+    let bias = match cx.input(2) {
+        Some(_) if dims(cx, 2)? != [m] => return Err(cx.unsupported(format!("bias must have shape [{m}]"))),
+        Some(_) => Some(2),
+        None => None,
+    };
+    let ty = |cx: &OpCx<'_>, dims: Vec<usize>| -> R<TensorType> {
+        Ok(TensorType::new(d, Shape::new(dims).map_err(|e| cx.unsupported(e.to_string()))?))
+    };
+    // Phase axes only where some stride is above 1 (else the product is the result).
+    let phased = ph.iter().any(|p| p.stride > 1);
+    // Several output channels per group in several groups: the group is an axis of its
+    // own, so the input channel it reads is affine (as for Conv).
+    let split = g > 1 && mg > 1;
+    let taps: usize = ph.iter().map(|p| p.taps).product();
+    // Every combination of the dimensions' phases, as one flat axis (ρ row-major).
+    let phases: usize = ph.iter().map(|p| p.stride as usize).product();
+    let empty = cg * taps == 0 || input.contains(&0);
+    let mut steps: Vec<Step> = Vec::new();
+    // 1. The phase filters W'[ρ, m, c, t…] = W[chan, m mod M/g, k…] for the tap k of
+    //    phase ρ and tap t (0 where that phase has no such tap). A copy of W: folded at
+    //    compile time when W is a constant.
+    if !empty {
+        let mut wdims = vec![phases, m, cg];
+        wdims.extend(ph.iter().map(|p| p.taps));
+        let mut b = KernelBuilder::new(format!("{}_filters", cx.name), types(cx, &[1])?, ty(cx, wdims)?);
+        let o = b.out_index();
+        let (mv, cv) = (o[1], o[2]);
+        let (chan, j) = if g == 1 {
             (cv, mv)
         } else {
             let q = b.index(mg as i64);
@@ -979,56 +1003,221 @@ fn conv_transpose(cx: &OpCx<'_>) -> R<Lowered> {
             let base = affine(&mut b, grp, cg as i64, 0);
             (b.add(base, cv), b.binary(BinaryOp::Rem, mv, q))
         };
-        let mut xidx = vec![out[0], chan];
-        let mut widx = vec![chan, wm];
-        let mut exact: Option<ExprId> = None;
-        let mut all_inside = true;
-        for (dd, w) in win.iter().enumerate() {
-            let kv = b.var(kvars[dd]);
-            // Output o takes tap k from input (o + pad − k·dilation) / stride.
-            let o = affine(&mut b, out[2 + dd], 1, w.pad);
-            let kk = affine(&mut b, kv, w.dilation, 0);
-            let num = if w.kernel == 1 { o } else { b.sub(o, kk) };
-            let lo = w.pad - (w.kernel as i64 - 1) * w.dilation;
-            let hi = w.output as i64 - 1 + w.pad;
-            let i = if w.stride == 1 {
-                all_inside &= lo >= 0 && hi < w.input as i64;
-                num
+        let mut widx = vec![chan, j];
+        let mut valid: Option<ExprId> = None;
+        let mut inner = phases as i64;
+        for (dd, p) in ph.iter().enumerate() {
+            // k·dilation = ρ + pad − shift − stride·(lo + step·t), ρ this dimension's
+            // digit of the flat phase.
+            inner /= p.stride;
+            let rho = if p.stride > 1 {
+                let q = b.index(inner);
+                let hi = b.div(o[0], q);
+                let s = b.index(p.stride);
+                b.binary(BinaryOp::Rem, hi, s)
             } else {
-                all_inside = false;
-                let s = b.index(w.stride);
-                let rem = b.binary(BinaryOp::Rem, num, s);
-                let z = b.index(0);
-                let ok = b.binary(BinaryOp::Eq, rem, z);
-                exact = Some(and(&mut b, exact, ok));
-                b.div(num, s)
+                b.index(0)
             };
-            xidx.push(i);
-            widx.push(kv);
+            let t = o[3 + dd];
+            let base = affine(&mut b, rho, 1, p.pad - p.shift - p.stride * p.lo);
+            let st = affine(&mut b, t, p.stride * p.step, 0);
+            let kd = b.sub(base, st);
+            let ok = in_range(&mut b, kd, ((p.kernel as i64 - 1) * p.dilation + 1) as usize);
+            let mut ok = ok;
+            let k = if p.dilation == 1 {
+                kd
+            } else {
+                let dl = b.index(p.dilation);
+                let rem = b.binary(BinaryOp::Rem, kd, dl);
+                let z = b.index(0);
+                let exact = b.binary(BinaryOp::Eq, rem, z);
+                ok = b.binary(BinaryOp::And, ok, exact);
+                b.div(kd, dl)
+            };
+            valid = Some(and(&mut b, valid, ok));
+            widx.push(k);
         }
-        let bounds = if all_inside { Bounds::InBounds } else { Bounds::Pad(0) };
-        let x = b.load_with(0, xidx, bounds);
+        let wv = b.load_with(0, widx, Bounds::Clamp);
+        let v = match valid {
+            Some(ok) => {
+                let z = b.constant(ScalarType::of_storage(d), 0);
+                b.select(ok, wv, z)
+            }
+            None => wv,
+        };
+        let root = b.finish(v)?;
+        steps.push(Step { kernel: root, operands: vec![Operand::Input(1)] });
+    }
+    // 2. The product P[n, ρ, m, u…] = Σ_{c, t…} W'[ρ, m, c, t…] · x[n, chan, u + lo + step·t…]
+    //    (+ bias): one contraction over every phase at once, the phase a batch index.
+    let mut pdims = vec![n];
+    if phased {
+        pdims.push(phases);
+    }
+    if split {
+        pdims.extend([g, mg]);
+    } else {
+        pdims.push(m);
+    }
+    pdims.extend(ph.iter().map(|p| p.extent));
+    let pty = ty(cx, pdims)?;
+    let mut pin = types(cx, &[0])?;
+    let mut pops = vec![Operand::Input(0)];
+    if !empty {
+        pin.push(steps[0].kernel.output.clone());
+        pops.push(Operand::Step(0));
+    }
+    if let Some(i) = bias {
+        pin.push(cx.input_ty(i)?.clone());
+        pops.push(Operand::Input(i));
+    }
+    let bias_input = pin.len() - 1;
+    let mut b = KernelBuilder::new(format!("{}_product", cx.name), pin, pty);
+    let o = b.out_index();
+    let nr = usize::from(phased);
+    let (mv, gj) = if split {
+        let (gv, jv) = (o[1 + nr], o[2 + nr]);
+        let q = b.index(mg as i64);
+        let gm = b.mul(gv, q);
+        (b.add(gm, jv), Some(gv))
+    } else {
+        (o[1 + nr], None)
+    };
+    let us: Vec<ExprId> = o[o.len() - r..].to_vec();
+    let acc = if empty {
+        b.constant(ctype, 0)
+    } else {
+        let cvar = b.new_var(cg as u64);
+        let tvars: Vec<VarId> = ph.iter().map(|p| b.new_var(p.taps as u64)).collect();
+        let cv = b.var(cvar);
+        let chan = match gj {
+            Some(gv) => {
+                let base = affine(&mut b, gv, cg as i64, 0);
+                b.add(base, cv)
+            }
+            None if g == 1 => cv,
+            // One output channel per group (mg = 1): group m reads channels m·C/g + c.
+            None => {
+                let base = affine(&mut b, mv, cg as i64, 0);
+                b.add(base, cv)
+            }
+        };
+        let mut xidx = vec![o[0], chan];
+        let mut widx: Vec<ExprId> = Vec::with_capacity(2 * r + 2);
+        let mut inside = true;
+        for (dd, p) in ph.iter().enumerate() {
+            let t = b.var(tvars[dd]);
+            let base = affine(&mut b, us[dd], 1, p.lo);
+            let st = affine(&mut b, t, p.step, 0);
+            xidx.push(b.add(base, st));
+            inside &= p.inside();
+        }
+        widx.push(if phased { o[1] } else { b.index(0) });
+        widx.extend([mv, cv]);
+        widx.extend(tvars.iter().map(|&t| b.var(t)));
+        let x = b.load_with(0, xidx, if inside { Bounds::InBounds } else { Bounds::Pad(0) });
         let w = b.load(1, widx);
-        let mut p = b.mul(x, w);
-        if let Some(e) = exact {
-            let z = b.constant(ct, 0);
-            p = b.select(e, p, z);
-        }
+        let p = b.mul(x, w);
         let mut vars = vec![cvar];
-        vars.extend(kvars);
+        vars.extend(tvars);
         b.reduce(ReduceOp::Sum, vars, p)
     };
     let acc = match bias {
-        Some(i) => {
-            if dims(cx, i)? != [m] {
-                return Err(cx.unsupported(format!("bias must have shape [{m}]")));
-            }
-            let bv = b.load(pos(&ops, i), vec![mv]);
+        Some(_) => {
+            let bv = b.load(bias_input, vec![mv]);
             b.add(acc, bv)
         }
         None => acc,
     };
-    Ok(one(finish(b, acc, &ops)?))
+    let root = store(&mut b, acc);
+    let product = b.finish(root)?;
+    steps.push(Step { kernel: product, operands: pops });
+    let p_step = steps.len() - 1;
+    if !phased {
+        return Ok(Lowered { steps, outputs: vec![Output::Step(p_step)] });
+    }
+    // 3. The interleave: y[n, m, o…] = P[n, ρ, m, (o + shift) div s…], ρ the flat phase
+    //    of the digits (o + shift) mod s.
+    let pty = steps[p_step].kernel.output.clone();
+    let mut b = cx.builder(0, vec![pty]);
+    let o = b.out_index();
+    let mut flat = b.index(0);
+    let mut inner = Vec::with_capacity(r);
+    for (dd, p) in ph.iter().enumerate() {
+        let q = affine(&mut b, o[2 + dd], 1, p.shift);
+        let s = b.index(p.stride);
+        let rho = b.binary(BinaryOp::Rem, q, s);
+        let f = b.mul(flat, s);
+        flat = b.add(f, rho);
+        inner.push(b.div(q, s));
+    }
+    let mut idx = vec![o[0], flat];
+    if split {
+        let q = b.index(mg as i64);
+        idx.push(b.div(o[1], q));
+        idx.push(b.binary(BinaryOp::Rem, o[1], q));
+    } else {
+        idx.push(o[1]);
+    }
+    idx.extend(inner);
+    let v = b.load(0, idx);
+    steps.push(Step { kernel: b.finish(v)?, operands: vec![Operand::Step(p_step)] });
+    Ok(Lowered { outputs: vec![Output::Step(steps.len() - 1)], steps })
+}
+
+/// One spatial dimension of a ConvTranspose as sub-pixel phases (see the module docs):
+/// output `o` takes input `i` through tap `k` where `o + pad = i·stride + k·dilation`.
+/// With `o + shift = stride·u + ρ` (phase `ρ`, phase position `u`), phase `ρ`'s taps read
+/// input `u + lo + step·t` for `t` in `0..taps`, tap `t` being kernel position
+/// `(ρ + pad − shift − stride·(lo + step·t)) / dilation` where that is a whole position
+/// inside the kernel (else the phase has no tap `t`: its filter is 0 there).
+#[derive(Clone, Debug)]
+struct Phases {
+    input: usize,
+    kernel: usize,
+    stride: i64,
+    dilation: i64,
+    pad: i64,
+    output: usize,
+    /// `shift` in `0..stride`, chosen for the fewest taps.
+    shift: i64,
+    /// Input offset of tap 0.
+    lo: i64,
+    /// Input step per tap (the dilation at stride 1, else 1).
+    step: i64,
+    /// Taps per phase.
+    taps: usize,
+    /// Phase positions `u`: `⌈(output + shift) / stride⌉`.
+    extent: usize,
+}
+
+impl Phases {
+    fn new(input: usize, kernel: usize, stride: i64, dilation: i64, pad: i64, output: usize) -> Phases {
+        let span = (kernel as i64 - 1) * dilation;
+        let (shift, lo, step, taps) = if stride == 1 {
+            // Tap t is kernel position K − 1 − t: input o + pad − span + dilation·t.
+            (0, pad - span, dilation, kernel)
+        } else {
+            // Input offsets e with e·stride = ρ + pad − shift − k·dilation, over every ρ:
+            // from ⌈(pad − shift − span) / s⌉ to ⌊(s − 1 + pad − shift) / s⌋.
+            (0..stride)
+                .map(|shift| {
+                    let hi = (stride - 1 + pad - shift).div_euclid(stride);
+                    let lo = -(span - pad + shift).div_euclid(stride);
+                    (shift, lo, 1, (hi - lo + 1).max(0) as usize)
+                })
+                .min_by_key(|&(shift, _, _, taps)| (taps, shift))
+                .unwrap_or((0, 0, 1, 0))
+        };
+        let extent = ((output as i64 + shift + stride - 1) / stride) as usize;
+        Phases { input, kernel, stride, dilation, pad, output, shift, lo, step, taps, extent }
+    }
+
+    /// Every tap of every phase position reads inside the input.
+    fn inside(&self) -> bool {
+        let last = self.extent as i64 - 1 + self.lo + self.step * (self.taps as i64 - 1);
+        self.lo >= 0 && last < self.input as i64
+    }
 }
 
 // ---------------------------------------------------------------------------

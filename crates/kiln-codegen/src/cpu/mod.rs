@@ -14,8 +14,8 @@
 //!
 //! Each kernel comes with its class (`kiln_flow::class::KernelClass`), and the class
 //! alone picks its emitter: a contraction goes to [`gemm`], a window to [`depthwise`] (or,
-//! an interpolation, to [`resample`]), a movement to [`pad`], [`copy`] or [`resample`]
-//! (by the bounds of the load it is, and whether its index comes from tables), and rows,
+//! an interpolation, to [`resample`]), a movement to [`pad`], [`copy`], [`gather`] or [`resample`]
+//! (by the bounds and index of the load it is, and whether its index comes from tables), and rows,
 //! elementwise and general kernels to the vector kernels of [`rows`] (8 or 16 lanes,
 //! every operation from the one table of [`vops`], which contraction epilogues share).
 //! An emitter that declines a kernel of its class (an epilogue it has no form for, an
@@ -27,7 +27,8 @@
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
 //! appended to the image (position-independent, no relocations): contractions
 //! ([`gemm`], with 512-bit tiles where the target has AVX-512 F), depthwise convolutions and max pools
-//! ([`depthwise`]), padding copies ([`pad`]), affine copies such as im2col ([`copy`]) and row kernels such as Softmax, LayerNorm
+//! ([`depthwise`]), padding copies ([`pad`]), affine copies such as im2col ([`copy`]), separable gathers such as
+//! ConvTranspose's phase interleave ([`gather`]) and row kernels such as Softmax, LayerNorm
 //! and elementwise exp/erf/tanh/log ([`rows`], 16 lanes where the target has AVX-512 F, written
 //! through [`vector`]); each keeps the same kernel ABI and the executable records the
 //! CPU features they use.
@@ -38,6 +39,7 @@ mod copy;
 mod cost;
 mod depthwise;
 mod emit;
+mod gather;
 mod gemm;
 mod image;
 mod math;
@@ -454,9 +456,23 @@ fn emit_class(
         KernelClass::Movement => match &k.node(k.root).expr {
             _ if Resample::is_table_copy(k) => vector(resample::emit(k)?, "table copy (avx2)"),
             Expr::Load { bounds: Bounds::Pad(_), .. } => vector(pad::emit(k)?, "padding copy (avx)"),
-            Expr::Load { bounds: Bounds::InBounds, .. } => vector(copy::emit(k)?, "affine copy (avx)"),
+            // An affine copy where it is one; else a table gather where the index is
+            // separable (one term per output dimension).
+            Expr::Load { bounds: Bounds::InBounds, .. } => match copy::emit(k) {
+                Ok(c) => vector(c, "affine copy (avx)"),
+                Err(gemm::NotHere(why)) => match gather::emit(k) {
+                    Ok(g) => vector(g, "table gather (avx2)"),
+                    Err(gemm::NotHere(also)) => return gemm::no(format!("{why}; {also}")),
+                },
+            },
             _ => return gemm::no("a movement other than one padded or in-bounds load"),
         },
+        // An elementwise kernel over one gathered load (an activation fused into
+        // ConvTranspose's phase interleave), which the general loops would run a
+        // scalar at a time with divisions, is a table gather with an epilogue.
+        KernelClass::Elementwise if gather::takes_elementwise(k) => {
+            vector(gather::emit(k)?, "table gather with epilogue (avx2)")
+        }
         // Every other kernel with a vector form of each of its operations is a vector
         // kernel; what has none is left to Cranelift (the reason in its note).
         KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => {
