@@ -428,6 +428,11 @@ impl<'k, 'p> Eval<'k, 'p> {
         if let Some(opcode) = simple(op) {
             return Ok(self.op1(c, &opcode, a));
         }
+        if op == UnaryOp::Not {
+            // Not a float operation; the interpreter's value for it is NaN.
+            let nan = if t == ScalarType::F32 { f32::NAN.to_bits() as u64 } else { f64::NAN.to_bits() };
+            return Ok(self.constant(t, nan));
+        }
         if op == UnaryOp::IsNan {
             let d = self.p.reg(RegClass::Pred);
             self.p.op(&format!("setp.nan.{f}"), &[d.into(), a.into(), a.into()]);
