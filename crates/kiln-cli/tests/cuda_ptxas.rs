@@ -113,3 +113,17 @@ fn every_kernel_of_every_model_assembles_for_sm_90a() {
     assert!(kernels > 0, "no kernels compiled");
     assert!(failures.is_empty(), "{} models failed:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// The CPU runtime refuses a CUDA artifact with a typed error naming the device, at
+/// load, before any code is mapped (never a panic).
+#[test]
+fn the_cpu_runtime_refuses_a_cuda_artifact() {
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/lenet.onnx");
+    let opts = Options { device: TargetDevice::Cuda, ..Options::default() };
+    let c = Compilation::new(Input::File(model), opts).finish().expect("lenet compiles for cuda");
+    assert!(c.program.devices.iter().all(|d| d.kind == kiln_module::program::DeviceKind::Cuda));
+    let bytes = kiln_runtime::fs::AlignedBytes::copy_from(&c.artifact);
+    let err = kiln_runtime::Module::load(bytes.bytes(), None).map(|_| ()).expect_err("a CUDA artifact does not load on the CPU runtime");
+    let text = err.to_string();
+    assert!(text.contains("(cuda) is not a CPU"), "{text}");
+}
