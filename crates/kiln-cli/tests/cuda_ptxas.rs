@@ -123,7 +123,9 @@ fn the_cpu_runtime_refuses_a_cuda_artifact() {
     let c = Compilation::new(Input::File(model), opts).finish().expect("lenet compiles for cuda");
     assert!(c.program.devices.iter().all(|d| d.kind == kiln_module::program::DeviceKind::Cuda));
     let bytes = kiln_runtime::fs::AlignedBytes::copy_from(&c.artifact);
-    let err = kiln_runtime::Module::load(bytes.bytes(), None).map(|_| ()).expect_err("a CUDA artifact does not load on the CPU runtime");
+    let err = kiln_runtime::Module::load(bytes.bytes(), None)
+        .map(|_| ())
+        .expect_err("a CUDA artifact does not load on the CPU runtime");
     let text = err.to_string();
     assert!(text.contains("(cuda) is not a CPU"), "{text}");
 }

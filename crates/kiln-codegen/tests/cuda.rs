@@ -55,7 +55,12 @@ fn ty(d: DType, dims: &[usize]) -> TensorType {
 const DIMS: [usize; 2] = [3, 8];
 
 /// `out[i, j] = f(a[i, j], b[i, j])` with inputs of dtype `d`.
-fn pointwise(name: &str, d: DType, out: DType, f: impl Fn(&mut KernelBuilder, kiln_flow::ExprId, kiln_flow::ExprId) -> kiln_flow::ExprId) -> Kernel {
+fn pointwise(
+    name: &str,
+    d: DType,
+    out: DType,
+    f: impl Fn(&mut KernelBuilder, kiln_flow::ExprId, kiln_flow::ExprId) -> kiln_flow::ExprId,
+) -> Kernel {
     let mut b = KernelBuilder::new(name, vec![ty(d, &DIMS), ty(d, &DIMS)], ty(out, &DIMS));
     let idx = b.out_index();
     let x = b.load(0, idx.clone());
@@ -75,9 +80,10 @@ fn every_unary_op_on_every_type_assembles() {
                 continue;
             }
             let name = format!("u_{}_{}", op.name(), t.name());
-            let k = pointwise(&name, t.dtype(), if op == UnaryOp::IsNan { DType::Bool } else { t.dtype() }, |b, x, _| {
-                b.unary(op, x)
-            });
+            let k =
+                pointwise(&name, t.dtype(), if op == UnaryOp::IsNan { DType::Bool } else { t.dtype() }, |b, x, _| {
+                    b.unary(op, x)
+                });
             // f64 transcendentals have no inline sequence yet: a typed refusal.
             match cuda::compile(&[(&k, KernelClass::of(&k))]) {
                 Err(CodegenError::Unsupported { .. }) => declined.push(name),
@@ -87,7 +93,10 @@ fn every_unary_op_on_every_type_assembles() {
         }
     }
     for n in &declined {
-        assert!(n.ends_with("_f64") || n.starts_with("u_asin_") || n.starts_with("u_acos_") || n.starts_with("u_atan_"), "{n} declined");
+        assert!(
+            n.ends_with("_f64") || n.starts_with("u_asin_") || n.starts_with("u_acos_") || n.starts_with("u_atan_"),
+            "{n} declined"
+        );
     }
     // Every f32 operation but the inverse trigonometric ones has its sequence.
     for op in UnaryOp::ALL {
@@ -115,7 +124,9 @@ fn every_binary_op_on_every_type_assembles() {
                 continue;
             }
             let out = if op.is_comparison() { DType::Bool } else { t.dtype() };
-            kernels.push(pointwise(&format!("b_{}_{}", op.name(), t.name()), t.dtype(), out, |b, x, y| b.binary(op, x, y)));
+            kernels.push(pointwise(&format!("b_{}_{}", op.name(), t.name()), t.dtype(), out, |b, x, y| {
+                b.binary(op, x, y)
+            }));
         }
     }
     assemble("binary", &kernels);
@@ -128,7 +139,8 @@ fn every_cast_and_select_assembles() {
     let mut kernels = Vec::new();
     for &from in &targets {
         for &to in &targets {
-            kernels.push(pointwise(&format!("c_{}_{}", from.name(), to.name()), from, to, |b, x, _| b.cast(x, to, true)));
+            kernels
+                .push(pointwise(&format!("c_{}_{}", from.name(), to.name()), from, to, |b, x, _| b.cast(x, to, true)));
         }
         let k = pointwise(&format!("s_{}", from.name()), from, from, |b, x, y| {
             let c = b.binary(BinaryOp::Lt, x, y);
@@ -173,7 +185,11 @@ fn every_reduction_assembles_under_the_general_mapping() {
             // out[i] = op over (j, k) of in[i, j, k] (one variable for the arg-reductions).
             let d = t.dtype();
             let out = if op.is_arg() { DType::I64 } else { d };
-            let mut b = KernelBuilder::new(format!("r_{}_{}", op.name().replace('.', "_"), t.name()), vec![ty(d, &[3, 5, 7])], ty(out, &[3]));
+            let mut b = KernelBuilder::new(
+                format!("r_{}_{}", op.name().replace('.', "_"), t.name()),
+                vec![ty(d, &[3, 5, 7])],
+                ty(out, &[3]),
+            );
             let idx = b.out_index();
             let j = b.new_var(5);
             let k = b.new_var(7);
@@ -215,7 +231,12 @@ fn elementwise_kernels_take_the_vector_form_where_rows_allow() {
         let r = b.binary(BinaryOp::Mul, x, y);
         b.finish(r).expect("elementwise kernel")
     };
-    let kernels = vec![mk("e_f32_8", DType::F32, 8), mk("e_f32_7", DType::F32, 7), mk("e_f64_6", DType::F64, 6), mk("e_i8_8", DType::I8, 8)];
+    let kernels = vec![
+        mk("e_f32_8", DType::F32, 8),
+        mk("e_f32_7", DType::F32, 7),
+        mk("e_f64_6", DType::F64, 6),
+        mk("e_i8_8", DType::I8, 8),
+    ];
     let m = assemble("vector", &kernels);
     assert_eq!(m.notes[0], "elementwise (v4 store, 2 vector loads)");
     assert!(m.notes[1].starts_with("general (rows of 7 elements"), "{}", m.notes[1]);
