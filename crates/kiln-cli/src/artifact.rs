@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage};
+use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
 use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
@@ -28,6 +28,7 @@ pub(crate) struct Args {
     pub to: Option<String>,
     pub dump_after: Vec<String>,
     pub target: Option<String>,
+    pub device: Option<String>,
     pub inputs: Vec<(String, PathBuf)>,
     pub output_dir: Option<PathBuf>,
     pub seed: u64,
@@ -74,6 +75,15 @@ fn target(a: &Args) -> Result<CpuTarget, String> {
     }
 }
 
+/// `--target`: the device the kernels run on.
+fn device(a: &Args) -> Result<TargetDevice, String> {
+    match a.device.as_deref() {
+        None | Some("cpu") => Ok(TargetDevice::Cpu),
+        Some("cuda") => Ok(TargetDevice::Cuda),
+        Some(t) => Err(format!("--target `{t}`: expected cpu or cuda")),
+    }
+}
+
 fn is_artifact(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "kiln")
 }
@@ -82,6 +92,7 @@ fn is_artifact(path: &Path) -> bool {
 fn options(a: &Args, model: &Path) -> Result<Options, String> {
     Ok(Options {
         target: target(a)?,
+        device: device(a)?,
         external_weights: a
             .external_weights
             .as_ref()
@@ -126,10 +137,22 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
         return Ok(());
     }
     let model = a.model.clone().ok_or("no model given (kiln --help shows the usage)")?;
+    if a.to.as_deref() == Some("ptx") {
+        // The PTX module of the CUDA target: every kernel, as ptxas and the driver take it.
+        if a.device.as_deref().is_some_and(|d| d != "cuda") {
+            return Err("--to ptx is the CUDA target's code: leave out --target or give --target cuda".into());
+        }
+        let mut opts = options(&a, &model)?;
+        opts.device = TargetDevice::Cuda;
+        let mut c = Compilation::new(Input::File(model.clone()), opts);
+        c.run_to(Stage::Codegen).map_err(|e| compile_error(&model, &e))?;
+        return write_stdout(c.cuda().map(|m| m.ptx()).unwrap_or_default());
+    }
     let level = match a.to.as_deref() {
         None | Some("artifact") => None,
         Some(l) => Some(
-            Level::from_name(l).ok_or_else(|| format!("--to `{l}`: expected tensor, flow, stream, hal or artifact"))?,
+            Level::from_name(l)
+                .ok_or_else(|| format!("--to `{l}`: expected tensor, flow, stream, hal, ptx or artifact"))?,
         ),
     };
     for pass in &a.dump_after {

@@ -80,6 +80,7 @@ fn import_options(b: args::BindArgs) -> ImportOptions {
 fn model_options(a: &mut artifact::Args, m: args::ModelArgs) -> Result<(), String> {
     a.import = import_options(m.bind);
     a.target = m.target_cpu;
+    a.device = m.target;
     a.size = match m.opt.as_deref() {
         None | Some("speed") => false,
         Some("size") => true,

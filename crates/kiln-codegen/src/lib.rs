@@ -1,9 +1,11 @@
 //! Code generation: flow-level kernels to native executables.
 //!
-//! [`cpu`] compiles [`kiln_flow::Kernel`]s to x86-64 through Cranelift.
+//! [`cpu`] compiles [`kiln_flow::Kernel`]s to x86-64 through Cranelift; [`cuda`]
+//! writes them as PTX for NVIDIA Hopper GPUs.
 #![deny(missing_docs)]
 
 pub mod cpu;
+pub mod cuda;
 
 pub use cpu::{classify, compile, compile_with, CpuModule, CpuTarget, Options, Packing};
 

@@ -38,14 +38,27 @@ use kiln_module::program::{Constants, DebugInfo, Device, DeviceKind, Kernel, Pro
 
 pub use error::{CompileError, ErrorKind, TextError};
 pub use kiln_codegen::cpu::{CodePath, CpuTarget};
+pub use kiln_codegen::cuda::CudaModule;
 pub use kiln_codegen::{CodegenError, CpuModule};
+
+/// The device a compilation generates code for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TargetDevice {
+    /// The host CPU ([`Options::target`] says which x86-64 features).
+    #[default]
+    Cpu,
+    /// An NVIDIA Hopper GPU (`sm_90a`), PTX per kernel ([`kiln_codegen::cuda`]).
+    Cuda,
+}
 pub use kiln_import::ImportOptions;
 
 /// Options of a [`Compilation`] (and of [`compile`]).
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// CPU the code is generated for.
+    /// CPU the code is generated for (with [`TargetDevice::Cpu`]).
     pub target: CpuTarget,
+    /// The device the kernels run on.
+    pub device: TargetDevice,
     /// Keep the constants in a separate file with this name (the caller writes
     /// [`Compiled::weights`] there).
     pub external_weights: Option<String>,
@@ -66,6 +79,7 @@ impl Default for Options {
     fn default() -> Options {
         Options {
             target: CpuTarget::Host,
+            device: TargetDevice::Cpu,
             external_weights: None,
             strip: false,
             passes: None,
@@ -286,6 +300,7 @@ pub struct Compilation {
     flow: Option<FlowProgram>,
     plan: Option<stream::StreamPlan>,
     cpu: Option<CpuModule>,
+    cuda: Option<CudaModule>,
     program: Option<Program>,
     weights: Option<Vec<u8>>,
     artifact: Option<Vec<u8>>,
@@ -307,6 +322,7 @@ impl Compilation {
             flow: None,
             plan: None,
             cpu: None,
+            cuda: None,
             program: None,
             weights: None,
             artifact: None,
@@ -344,6 +360,11 @@ impl Compilation {
         self.cpu.as_ref()
     }
 
+    /// The compiled kernels of a CUDA compilation (after [`Stage::Codegen`]).
+    pub fn cuda(&self) -> Option<&CudaModule> {
+        self.cuda.as_ref()
+    }
+
     /// The program (after [`Stage::Hal`]).
     pub fn program(&self) -> Option<&Program> {
         self.program.as_ref()
@@ -370,8 +391,13 @@ impl Compilation {
             Stage::FormDispatches | Stage::PackWeights => self.flow.as_ref().map(|f| format!("{f}")),
             Stage::Schedule => Some(stream::print(self.flow.as_ref()?, self.plan.as_ref()?)),
             Stage::Codegen => {
-                let (flow, cpu) = (self.flow.as_ref()?, self.cpu.as_ref()?);
-                Some(flow.dispatches.iter().zip(&cpu.notes).map(|(d, n)| format!("{}: {n}\n", d.kernel.name)).collect())
+                let flow = self.flow.as_ref()?;
+                let notes = match (&self.cpu, &self.cuda) {
+                    (Some(cpu), _) => &cpu.notes,
+                    (None, Some(cuda)) => &cuda.notes,
+                    _ => return None,
+                };
+                Some(flow.dispatches.iter().zip(notes).map(|(d, n)| format!("{}: {n}\n", d.kernel.name)).collect())
             }
             Stage::Hal | Stage::Artifact => None,
         }
@@ -409,8 +435,13 @@ impl Compilation {
         Ok(Compiled {
             artifact: self.artifact.ok_or_else(|| missing("artifact"))?,
             weights: self.weights,
-            codegen_paths: self.cpu.as_ref().map(|c| c.paths.clone()).ok_or_else(|| missing("kernels"))?,
-            codegen_notes: self.cpu.map(|c| c.notes).ok_or_else(|| missing("kernels"))?,
+            // A CUDA compilation has no CPU code paths to report.
+            codegen_paths: self.cpu.as_ref().map(|c| c.paths.clone()).unwrap_or_default(),
+            codegen_notes: self
+                .cpu
+                .map(|c| c.notes)
+                .or(self.cuda.map(|c| c.notes))
+                .ok_or_else(|| missing("kernels"))?,
             flow: self.flow.ok_or_else(|| missing("flow program"))?,
             plan: self.plan.ok_or_else(|| missing("stream plan"))?,
             program: self.program.ok_or_else(|| missing("program"))?,
@@ -453,6 +484,8 @@ impl Compilation {
                 self.graph = Some(g);
                 self.flow = Some(flow?);
             }
+            // A GPU's kernels read constants as they are (no CPU panels).
+            Stage::PackWeights if self.options.device == TargetDevice::Cuda => {}
             Stage::PackWeights => {
                 let packing = kiln_codegen::Packing::new(&self.options.target, &self.codegen_options())?;
                 let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;
@@ -464,16 +497,38 @@ impl Compilation {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
                 self.plan = Some(stream::schedule(flow)?);
             }
+            Stage::Codegen if self.options.device == TargetDevice::Cuda => {
+                let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
+                let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> =
+                    flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
+                let cuda = kiln_codegen::cuda::compile(&kernels);
+                self.cuda = Some(cuda.map_err(|e| codegen_error(flow, e))?);
+            }
             Stage::Codegen => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
                 let cpu = generate_code(flow, &self.options.target, &self.codegen_options());
                 self.cpu = Some(cpu.map_err(|e| codegen_error(flow, e))?);
             }
             Stage::Hal => {
-                let (Some(flow), Some(plan), Some(cpu)) = (&self.flow, &self.plan, &self.cpu) else {
-                    return Err(missing("flow program, stream plan or kernels"));
+                let (Some(flow), Some(plan)) = (&self.flow, &self.plan) else {
+                    return Err(missing("flow program or stream plan"));
                 };
-                let (program, weights) = build_program(flow, plan, cpu, &self.options)?;
+                let code = match (&self.cpu, &self.cuda) {
+                    (Some(cpu), _) => Code {
+                        device: DeviceKind::Cpu,
+                        executable: &cpu.executable,
+                        workgroups: cpu.workgroups.clone(),
+                        work_ns: cpu.work_ns.clone(),
+                    },
+                    (None, Some(cuda)) => Code {
+                        device: DeviceKind::Cuda,
+                        executable: &cuda.executable,
+                        workgroups: cuda.launches.iter().map(|l| l.grid).collect(),
+                        work_ns: Vec::new(),
+                    },
+                    _ => return Err(missing("kernels")),
+                };
+                let (program, weights) = build_program(flow, plan, &code, &self.options)?;
                 self.program = Some(program);
                 self.weights = weights;
             }
@@ -519,14 +574,23 @@ fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
     CompileError::Codegen { source, sources }
 }
 
-/// The [`Stage::Hal`] stage: the program of `flow` under `plan` with `cpu`'s code, and the constant pool when it is kept outside the artifact.
+/// What the code generator of one device made: the executable and, per dispatch, its
+/// workgroup count (CPU workgroups, or a CUDA launch's blocks) and estimated time.
+struct Code<'a> {
+    device: DeviceKind,
+    executable: &'a kiln_module::program::Executable,
+    workgroups: Vec<u64>,
+    work_ns: Vec<u64>,
+}
+
+/// The [`Stage::Hal`] stage: the program of `flow` under `plan` with `code`, and the constant pool when it is kept outside the artifact.
 fn build_program(
     flow: &FlowProgram,
     plan: &stream::StreamPlan,
-    cpu: &CpuModule,
+    code: &Code<'_>,
     opts: &Options,
 ) -> Result<(Program, Option<Vec<u8>>), CompileError> {
-    let mut entry = hal::entry_point(flow, plan, &cpu.workgroups, &cpu.work_ns)?;
+    let mut entry = hal::entry_point(flow, plan, &code.workgroups, &code.work_ns)?;
     if opts.strip {
         // The memory map's buffer names are for listings only, like the debug section.
         entry.buffers.iter_mut().for_each(|b| b.name.clear());
@@ -557,10 +621,13 @@ fn build_program(
         source: opts.source.clone(),
     });
     let program = Program {
-        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        devices: vec![Device {
+            kind: code.device,
+            name: if code.device == DeviceKind::Cuda { "cuda".into() } else { "cpu".into() },
+        }],
         entries: vec![entry],
         kernels,
-        executables: vec![cpu.executable.clone()],
+        executables: vec![code.executable.clone()],
         constants,
         debug,
     };

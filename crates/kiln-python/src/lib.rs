@@ -148,6 +148,7 @@ fn compile<'py>(
     let weights_path = external_weights.map(|w| path_of(w, "external_weights")).transpose()?;
     let options = Options {
         target: self::target(target)?,
+        device: Default::default(),
         external_weights: weights_path
             .as_ref()
             .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),

@@ -1,0 +1,224 @@
+//! PTX for kernels: the CUDA target (NVIDIA Hopper, `sm_90a`).
+//!
+//! [`compile`] turns kernels into one PTX module ([`ptx::HEADER`]: ISA 8.0, `sm_90a`,
+//! 64-bit addresses) with one `.visible .entry` per kernel, named after the kernel.
+//! Every entry takes one `.u64` parameter per binding, the kernel's inputs in order
+//! and then its output: global addresses of the bound ranges ([`Launch::params`]).
+//! Each entry comes with its launch configuration ([`Launch`]): a one-dimensional grid
+//! of one-dimensional blocks, whose threads walk the kernel's elements in a
+//! grid-stride loop, so any grid size is correct and the grid is sized for occupancy,
+//! not for the tensor.
+//!
+//! The kernel's class picks its emitter, as on the CPU:
+//! - Elementwise and Movement ([`elementwise`]): each thread computes a group of
+//!   consecutive elements along the innermost axis and stores them with one 128-bit
+//!   `st.global.v4`/`.v2`; every load read at the output's innermost index of an input
+//!   whose rows keep the group aligned is one 128-bit vector load too. It declines
+//!   rows whose length is not a multiple of the group, and narrow outputs.
+//! - Every other class, and what the class emitters decline ([`general`]): one
+//!   thread per output element, reductions as loops in that thread. Correct for every
+//!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions,
+//!   windows and rows, whose emitters are still to come.
+//!
+//! Each kernel's note says which emitter wrote it, and why a class emitter declined it
+//! (`general (why)`), as on the CPU. Nothing here has run on a GPU yet: generated
+//! kernels are validated with `ptxas -arch=sm_90a` in the tests, and their lowering is
+//! the kernel interpreter's semantics (see `docs/cuda.md`).
+
+mod elementwise;
+pub mod expr;
+mod general;
+pub mod ptx;
+
+use kiln_flow::class::KernelClass;
+use kiln_flow::Kernel;
+use kiln_module::program::{DeviceKind, Executable};
+
+use self::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use crate::CodegenError;
+
+/// Threads per block of every kernel.
+pub const BLOCK: u32 = 256;
+
+/// Most blocks a grid gets: enough to fill an H200 (132 multiprocessors, 8 resident
+/// blocks of 256 threads each) four times over; the grid-stride loop does the rest.
+pub const MAX_GRID: u64 = 132 * 8 * 4;
+
+/// How a kernel is launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    /// Blocks in the (one-dimensional) grid.
+    pub grid: u64,
+    /// Threads per block.
+    pub block: u32,
+    /// Number of `.u64` parameters: one global address per binding (inputs, then the
+    /// output).
+    pub params: u32,
+}
+
+/// Compiled kernels: one PTX module (the executable's code) and, per kernel in input
+/// order, its launch and a note on how it was generated. Entry `i` of the executable is
+/// kernel `i`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaModule {
+    /// The PTX module, as an executable of device kind CUDA (code = PTX text; entries at
+    /// the byte offset of their `.entry`).
+    pub executable: Executable,
+    /// Each kernel's launch.
+    pub launches: Vec<Launch>,
+    /// How each kernel was compiled (`elementwise (v4 store, 2 vector loads)`,
+    /// `general (why)`).
+    pub notes: Vec<String>,
+}
+
+impl CudaModule {
+    /// The PTX text.
+    pub fn ptx(&self) -> &str {
+        std::str::from_utf8(&self.executable.code).unwrap_or("")
+    }
+}
+
+/// One kernel's entry text, launch and note.
+pub struct Entry {
+    /// The `.entry` text.
+    pub text: String,
+    /// Its launch.
+    pub launch: Launch,
+    /// How it was generated.
+    pub note: String,
+}
+
+/// Compiles `kernels` (each with its class) into one PTX module.
+pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, CodegenError> {
+    let mut code = String::from(ptx::HEADER);
+    let mut entries = Vec::new();
+    let mut launches = Vec::new();
+    let mut notes = Vec::new();
+    for &(k, class) in kernels {
+        k.verify().map_err(|error| CodegenError::Invalid { kernel: k.name.clone(), error })?;
+        let e = compile_kernel(k, class)?;
+        code.push('\n');
+        entries.push((k.name.clone(), code.len() as u64));
+        code.push_str(&e.text);
+        launches.push(e.launch);
+        notes.push(e.note);
+    }
+    Ok(CudaModule {
+        executable: Executable {
+            device: DeviceKind::Cuda,
+            features: 0,
+            code: code.into_bytes(),
+            entries,
+            relocs: Vec::new(),
+        },
+        launches,
+        notes,
+    })
+}
+
+/// One kernel: its class's emitter, or the general mapping where there is none yet or
+/// it declines.
+pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenError> {
+    let declined = match class {
+        KernelClass::Elementwise | KernelClass::Movement => match elementwise::emit(k, class)? {
+            Ok(e) => return Ok(e),
+            Err(why) => Some(why),
+        },
+        KernelClass::General => None,
+        // No GPU emitter for these classes yet: the general mapping is correct, not fast.
+        KernelClass::Contraction | KernelClass::Window | KernelClass::Rows => {
+            Some(format!("no CUDA {} emitter yet", class.name()))
+        }
+    };
+    let mut e = general::emit(k)?;
+    if let Some(why) = declined {
+        e.note = format!("general ({why})");
+    }
+    Ok(e)
+}
+
+fn internal(k: &Kernel, e: ptx::PtxError) -> CodegenError {
+    CodegenError::Internal { kernel: k.name.clone(), what: e.0 }
+}
+
+/// The prologue every entry shares: global base addresses of the bindings, the
+/// thread's first group index and the grid's stride, and the loop head; returns
+/// `(bases, group, loop end label, loop head label, stride)`.
+struct Skeleton {
+    bases: Vec<Reg>,
+    group: Reg,
+    stride: Reg,
+    head: ptx::Label,
+    end: ptx::Label,
+}
+
+impl Skeleton {
+    /// Opens the grid-stride loop over `0..groups`.
+    fn open(p: &mut Ptx, bindings: usize, groups: u64) -> Skeleton {
+        let mut bases = Vec::with_capacity(bindings);
+        for i in 0..bindings {
+            let raw = p.reg(RegClass::B64);
+            p.op("ld.param.u64", &[raw.into(), p.param(i)]);
+            let g = p.reg(RegClass::B64);
+            p.op("cvta.to.global.u64", &[g.into(), raw.into()]);
+            bases.push(g);
+        }
+        let special = |p: &mut Ptx, s: &'static str| {
+            let r = p.reg(RegClass::B32);
+            p.op("mov.u32", &[r.into(), Opd::Special(s)]);
+            r
+        };
+        let tid = special(p, "%tid.x");
+        let ntid = special(p, "%ntid.x");
+        let ctaid = special(p, "%ctaid.x");
+        let nctaid = special(p, "%nctaid.x");
+        let tid64 = p.reg(RegClass::B64);
+        p.op("cvt.u64.u32", &[tid64.into(), tid.into()]);
+        let group = p.reg(RegClass::B64);
+        p.op("mad.wide.u32", &[group.into(), ctaid.into(), ntid.into(), tid64.into()]);
+        let stride = p.reg(RegClass::B64);
+        p.op("mul.wide.u32", &[stride.into(), nctaid.into(), ntid.into()]);
+        let (head, end) = (p.label(), p.label());
+        p.place(head);
+        let done = p.reg(RegClass::Pred);
+        p.op("setp.ge.u64", &[done.into(), group.into(), Imm::U(groups).into()]);
+        p.bra(Some((done, false)), end);
+        Skeleton { bases, group, stride, head, end }
+    }
+
+    /// Closes the loop.
+    fn close(self, p: &mut Ptx) {
+        p.op("add.s64", &[self.group.into(), self.group.into(), self.stride.into()]);
+        p.bra(None, self.head);
+        p.place(self.end);
+    }
+}
+
+/// The output index (one i64 register per dimension) of flat element `flat`.
+fn decompose(p: &mut Ptx, flat: Reg, dims: &[usize]) -> Vec<Reg> {
+    let mut out = vec![flat; dims.len()];
+    let mut rest = flat;
+    for d in (0..dims.len()).rev() {
+        if d == 0 {
+            out[0] = rest;
+            break;
+        }
+        let n = Imm::U(dims[d] as u64);
+        let v = p.reg(RegClass::B64);
+        p.op("rem.u64", &[v.into(), rest.into(), n.into()]);
+        let q = p.reg(RegClass::B64);
+        p.op("div.u64", &[q.into(), rest.into(), n.into()]);
+        out[d] = v;
+        rest = q;
+    }
+    out
+}
+
+/// The launch of a kernel walking `groups` groups of elements.
+fn launch(k: &Kernel, groups: u64) -> Launch {
+    Launch {
+        grid: groups.div_ceil(u64::from(BLOCK)).clamp(1, MAX_GRID),
+        block: BLOCK,
+        params: (k.inputs.len() + 1) as u32,
+    }
+}
