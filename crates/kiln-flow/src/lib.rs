@@ -18,6 +18,7 @@
 pub mod affine;
 pub mod class;
 pub mod contraction;
+pub mod dequant;
 pub mod fuse;
 pub mod interp;
 pub mod kernel;

@@ -206,6 +206,7 @@ pub fn form(graph: &Graph, contractions: bool, lower: &Lowering<'_>) -> Result<F
     }
     crate::fuse::fuse_with(&mut p, contractions);
     if contractions {
+        crate::dequant::dequantize_in_load(&mut p);
         crate::layout::relayout_constants(&mut p);
         crate::layout::materialize_columns(&mut p);
     }
