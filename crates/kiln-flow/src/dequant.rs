@@ -151,11 +151,32 @@ fn split_producer(p: &FlowProgram, pi: usize, dims: &[usize]) -> Option<(Tensor,
     if k.output.dtype != DType::F32 || k.vars.len() != k.out_rank() || k.output.shape.numel() != dims.iter().product() {
         return None;
     }
-    let mut data = Vec::with_capacity(d.operands.len());
+    let mut consts = Vec::with_capacity(d.operands.len());
     for &o in &d.operands {
         let BufferKind::Const(t) = &p.buffer(p.storage(o)).kind else { return None };
-        data.push(interp::decode(t));
+        consts.push(t);
     }
+    let (int, scale) = parts(k)?;
+    let (ints, scale) = match direct(k, &consts, int, scale) {
+        Some(v) => v,
+        None => evaluated(k, &consts, int, scale)?,
+    };
+    let (lo, hi) = ints.iter().fold((0, 0), |(lo, hi), &v| (v.min(lo), v.max(hi)));
+    let (dtype, bytes): (DType, Vec<u8>) = if lo >= -128 && hi <= 127 {
+        (DType::I8, ints.iter().map(|&v| v as i8 as u8).collect())
+    } else if lo >= 0 && hi <= 255 {
+        (DType::U8, ints.iter().map(|&v| v as u8).collect())
+    } else {
+        (DType::I16, ints.iter().flat_map(|&v| (v as i16).to_le_bytes()).collect())
+    };
+    debug_assert!(INT_OPERANDS.contains(&dtype));
+    let w = Tensor::new(TensorType::new(dtype, Shape::new(dims.to_vec()).ok()?), bytes.into()).ok()?;
+    scale.iter().all(|s| s.is_finite()).then_some((w, scale))
+}
+
+/// `k`'s root as integers times a scale: `(I, Some(S))` for `I · S` (either order) or
+/// `(I, None)` for `I` alone, `I` the side that reads an integer input.
+fn parts(k: &Kernel) -> Option<(ExprId, Option<ExprId>)> {
     let reads_int = |e: ExprId| {
         let mut stack = vec![e];
         while let Some(e) = stack.pop() {
@@ -171,36 +192,173 @@ fn split_producer(p: &FlowProgram, pi: usize, dims: &[usize]) -> Option<(Tensor,
         false
     };
     let root = k.node(k.root);
-    let (int, scale) = match root.expr {
-        Expr::Binary(BinaryOp::Mul, a, b) if root.ty == ScalarType::F32 && reads_int(a) => (a, Some(b)),
-        Expr::Binary(BinaryOp::Mul, a, b) if root.ty == ScalarType::F32 && reads_int(b) => (b, Some(a)),
-        _ if root.ty == ScalarType::F32 && reads_int(k.root) => (k.root, None),
-        _ => return None,
-    };
+    if root.ty != ScalarType::F32 {
+        return None;
+    }
+    match root.expr {
+        Expr::Binary(BinaryOp::Mul, a, b) if reads_int(a) => Some((a, Some(b))),
+        Expr::Binary(BinaryOp::Mul, a, b) if reads_int(b) => Some((b, Some(a))),
+        _ if reads_int(k.root) => Some((k.root, None)),
+        _ => None,
+    }
+}
+
+/// `I` and `S` (1 when absent) at every element of `k`, evaluated with the kernel
+/// semantics ([`evaluate`]); `None` unless every `I` is an integer in i16's range.
+fn evaluated(k: &Kernel, consts: &[&Tensor], int: ExprId, scale: Option<ExprId>) -> Option<(Vec<i32>, Vec<f32>)> {
+    let data: Vec<Vec<u64>> = consts.iter().map(|t| interp::decode(t)).collect();
     let roots: Vec<ExprId> = [Some(int), scale].into_iter().flatten().collect();
     let values = evaluate(k, &data, &roots)?;
-    let ints: Vec<i64> = values[0]
+    let ints: Vec<i32> = values[0]
         .iter()
         .map(|&b| {
             let v = f32::from_bits(b as u32);
-            (v.fract() == 0.0 && (-32768.0..=32767.0).contains(&v)).then_some(v as i64)
+            (v.fract() == 0.0 && (-32768.0..=32767.0).contains(&v)).then_some(v as i32)
         })
         .collect::<Option<_>>()?;
-    let (lo, hi) = ints.iter().fold((0, 0), |(lo, hi), &v| (v.min(lo), v.max(hi)));
-    let dtype = if lo >= -128 && hi <= 127 {
-        DType::I8
-    } else if lo >= 0 && hi <= 255 {
-        DType::U8
-    } else {
-        DType::I16
-    };
-    debug_assert!(INT_OPERANDS.contains(&dtype));
-    let w = Tensor::from_i64(dtype, Shape::new(dims.to_vec()).ok()?, &ints).ok()?;
     let scale: Vec<f32> = match values.get(1) {
         Some(s) => s.iter().map(|&b| f32::from_bits(b as u32)).collect(),
         None => vec![1.0; ints.len()],
     };
-    scale.iter().all(|s| s.is_finite()).then_some((w, scale))
+    Some((ints, scale))
+}
+
+/// A value [`direct`] reads at every element: a load of a constant (its bytes, dtype
+/// and offset in elements, affine over the kernel's variables), or a literal.
+enum Leaf<'t> {
+    Load { bytes: &'t [u8], dtype: DType, offset: AffineIndex },
+    Const(f32),
+}
+
+impl Leaf<'_> {
+    /// Element `i` of a load as an integer (8- and 16-bit integer dtypes).
+    fn int(bytes: &[u8], dtype: DType, i: usize) -> Option<i32> {
+        Some(match dtype {
+            DType::I8 => *bytes.get(i)? as i8 as i32,
+            DType::U8 => *bytes.get(i)? as i32,
+            DType::I16 => i16::from_le_bytes(bytes.get(2 * i..2 * i + 2)?.try_into().ok()?) as i32,
+            DType::U16 => u16::from_le_bytes(bytes.get(2 * i..2 * i + 2)?.try_into().ok()?) as i32,
+            _ => return None,
+        })
+    }
+
+    /// Element `i` of an f32 load.
+    fn float(bytes: &[u8], i: usize) -> Option<f32> {
+        Some(f32::from_le_bytes(bytes.get(4 * i..4 * i + 4)?.try_into().ok()?))
+    }
+}
+
+/// [`evaluated`] without the general evaluator, for the forms models use — `I` is
+/// `f32(q)` or `f32(q) − z`, with `q` an 8- or 16-bit integer constant and `z` one too or
+/// an integral literal; `S` an f32 constant or literal — read straight from the
+/// constants' bytes (a transformer's weights are millions of elements: this takes a few
+/// nanoseconds each, the evaluator tens). The results are the same: `f32(q) − f32(z)`
+/// is exact in f32 for these integers, and `S` is read as it is. `None` for any other
+/// form.
+fn direct(k: &Kernel, consts: &[&Tensor], int: ExprId, scale: Option<ExprId>) -> Option<(Vec<i32>, Vec<f32>)> {
+    let none = AffineIndex::constant(0, k.vars.len());
+    // A load of a constant of a dtype `ok` accepts.
+    let load = |e: ExprId, ok: &dyn Fn(DType) -> bool| -> Option<Leaf<'_>> {
+        let Expr::Load { input, index, bounds: Bounds::InBounds } = &k.node(e).expr else { return None };
+        let t = consts.get(*input as usize)?;
+        (ok(t.dtype()) && t.dtype() == k.inputs[*input as usize].dtype)
+            .then(|| Some(Leaf::Load { bytes: t.bytes(), dtype: t.dtype(), offset: load_offset(k, *input, index)? }))?
+    };
+    let small = |d: DType| matches!(d, DType::I8 | DType::U8 | DType::I16 | DType::U16);
+    // `f32(q)`: q an 8- or 16-bit integer load, or an integer literal.
+    let int_leaf = |e: ExprId| -> Option<Leaf<'_>> {
+        let Expr::Cast { value, to: DType::F32, .. } = k.node(e).expr else { return None };
+        match k.node(value).expr {
+            Expr::Const(bits) if k.node(value).ty.is_int() => {
+                let v = k.node(value).ty.to_i128(bits);
+                (v.unsigned_abs() < 1 << 24).then_some(Leaf::Const(v as f32))
+            }
+            _ => load(value, &small),
+        }
+    };
+    let literal = |e: ExprId| match k.node(e).expr {
+        Expr::Const(bits) if k.node(e).ty == ScalarType::F32 => Some(Leaf::Const(f32::from_bits(bits as u32))),
+        _ => None,
+    };
+    let (q, z) = match k.node(int).expr {
+        Expr::Binary(BinaryOp::Sub, a, b) => (int_leaf(a)?, Some(int_leaf(b).or_else(|| literal(b))?)),
+        _ => (int_leaf(int)?, None),
+    };
+    let s = match scale {
+        Some(e) => Some(load(e, &|d| d == DType::F32).or_else(|| literal(e))?),
+        None => None,
+    };
+    let Leaf::Load { bytes: qb, dtype: qd, offset: qo } = q else { return None };
+    // The zero point: a load, or an integral literal.
+    let (zb, zd, zo, zc) = match z {
+        None => (&[][..], DType::I8, none.clone(), 0),
+        Some(Leaf::Const(x)) if x.fract() == 0.0 && x.abs() < 16_777_216.0 => {
+            (&[][..], DType::I8, none.clone(), x as i32)
+        }
+        Some(Leaf::Const(_)) => return None,
+        Some(Leaf::Load { bytes, dtype, offset }) => (bytes, dtype, offset, 0),
+    };
+    let (sb, so, sc) = match s {
+        None => (&[][..], none.clone(), 1.0),
+        Some(Leaf::Const(x)) => (&[][..], none.clone(), x),
+        Some(Leaf::Load { bytes, offset, .. }) => (bytes, offset, 0.0),
+    };
+    let (z_load, s_load) = (!zb.is_empty(), !sb.is_empty());
+    let dims = k.output.shape.dims();
+    let numel: usize = dims.iter().product();
+    let rank = dims.len();
+    let last = if rank == 0 { 1 } else { dims[rank - 1] };
+    let rows = numel.checked_div(last).unwrap_or(0);
+    let step = |o: &AffineIndex| if rank == 0 { 0 } else { o.of(rank as u32 - 1) };
+    let start =
+        |o: &AffineIndex, idx: &[i64]| (0..rank.saturating_sub(1)).fold(o.c, |acc, v| acc + o.of(v as u32) * idx[v]);
+    let (qs, zs, ss) = (step(&qo), step(&zo), step(&so));
+    let mut ints = Vec::with_capacity(numel);
+    let mut scales = Vec::with_capacity(numel);
+    let mut idx = vec![0i64; rank];
+    let (mut lo, mut hi) = (0i32, 0i32);
+    for _ in 0..rows {
+        let (q0, z0, s0) = (start(&qo, &idx), start(&zo, &idx), start(&so, &idx));
+        let at = ints.len();
+        if qs == 1 && !z_load && matches!(qd, DType::I8 | DType::U8) {
+            // (A row of 8-bit integers in a row: the common case, as one slice.)
+            let row = qb.get(usize::try_from(q0).ok()?..usize::try_from(q0).ok()? + last)?;
+            if qd == DType::I8 {
+                ints.extend(row.iter().map(|&b| b as i8 as i32 - zc));
+            } else {
+                ints.extend(row.iter().map(|&b| b as i32 - zc));
+            }
+            let (rlo, rhi) = ints[at..].iter().fold((lo, hi), |(l, h), &w| (l.min(w), h.max(w)));
+            (lo, hi) = (rlo, rhi);
+            if s_load && ss == 1 {
+                let from = usize::try_from(s0).ok()?.checked_mul(4)?;
+                let row = sb.get(from..from + 4 * last)?;
+                scales.extend(row.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            } else {
+                for j in 0..last as i64 {
+                    scales.push(if s_load { Leaf::float(sb, usize::try_from(s0 + ss * j).ok()?)? } else { sc });
+                }
+            }
+        } else {
+            for j in 0..last as i64 {
+                let qv = Leaf::int(qb, qd, usize::try_from(q0 + qs * j).ok()?)?;
+                let zv = if z_load { Leaf::int(zb, zd, usize::try_from(z0 + zs * j).ok()?)? } else { zc };
+                let w = qv - zv;
+                lo = lo.min(w);
+                hi = hi.max(w);
+                ints.push(w);
+                scales.push(if s_load { Leaf::float(sb, usize::try_from(s0 + ss * j).ok()?)? } else { sc });
+            }
+        }
+        for d in (0..rank.saturating_sub(1)).rev() {
+            idx[d] += 1;
+            if (idx[d] as usize) < dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    (lo >= -32768 && hi <= 32767).then_some((ints, scales))
 }
 
 /// The values of `roots` (f32 nodes of `k`, an elementwise kernel over constants
@@ -337,7 +495,10 @@ fn rebuilt(
                 Some(Scale::Vector(_, along)) => {
                     let idx: Vec<ExprId> =
                         index.iter().zip(along).map(|(&e, &a)| if a { b.index(0) } else { map[e.index()] }).collect();
-                    Some(b.raw(ScalarType::F32, Expr::Load { input: k.inputs.len() as u32, index: idx, bounds: Bounds::InBounds }))
+                    Some(b.raw(
+                        ScalarType::F32,
+                        Expr::Load { input: k.inputs.len() as u32, index: idx, bounds: Bounds::InBounds },
+                    ))
                 }
             };
             match s {
@@ -372,18 +533,33 @@ fn scale_of(dims: &[usize], along: &[bool], s: &[f32]) -> Option<Option<Scale>> 
     }
     let kept: Vec<usize> = dims.iter().zip(along).map(|(&e, &a)| if a { 1 } else { e }).collect();
     let mut out = Vec::with_capacity(kept.iter().product());
-    let mut idx = vec![0usize; dims.len()];
-    // Where each element's scale is read: its own index with the `along` axes at 0
-    // (kept up to date as the index steps).
+    let rank = dims.len();
+    // Row by row (the last axis): where each row's scales are read is its own index with
+    // the `along` axes at 0 (kept up to date as the index steps), the whole row when the
+    // last axis is kept, else its first element.
+    let last = dims.last().copied().unwrap_or(1).max(1);
+    let bits = |x: &f32| x.to_bits();
+    let mut idx = vec![0usize; rank];
     let mut base = 0usize;
-    for (flat, &x) in s.iter().enumerate() {
-        if x.to_bits() != s.get(base)?.to_bits() {
-            return None;
+    for (r, row) in s.chunks(last).enumerate() {
+        let flat = r * last;
+        if rank > 0 && !along[rank - 1] {
+            if !row.iter().map(bits).eq(s.get(base..base + row.len())?.iter().map(bits)) {
+                return None;
+            }
+            if base == flat {
+                out.extend_from_slice(row);
+            }
+        } else {
+            let want = s.get(base)?.to_bits();
+            if row.iter().any(|x| x.to_bits() != want) {
+                return None;
+            }
+            if base == flat {
+                out.push(row[0]);
+            }
         }
-        if base == flat {
-            out.push(x);
-        }
-        for d in (0..dims.len()).rev() {
+        for d in (0..rank.saturating_sub(1)).rev() {
             idx[d] += 1;
             if !along[d] {
                 base += strides[d];
@@ -470,7 +646,8 @@ mod tests {
     #[test]
     fn a_per_column_weight_is_read_as_integers() {
         let mut p = program(0.0, false, false, false);
-        let x = Tensor::from_vec(Shape::new(vec![3, 7]).unwrap(), (0..21).map(|i| (i as f32 * 0.7).sin()).collect()).unwrap();
+        let x = Tensor::from_vec(Shape::new(vec![3, 7]).unwrap(), (0..21).map(|i| (i as f32 * 0.7).sin()).collect())
+            .unwrap();
         let want = interpret(&p, std::slice::from_ref(&x)).unwrap()[0].to_vec::<f32>().unwrap();
         assert_eq!(dequantize_in_load(&mut p), 1);
         p.remove_dead();
@@ -499,5 +676,63 @@ mod tests {
         assert_eq!(dequantize_in_load(&mut program(0.0, false, false, true)), 0);
         // An integer offset is still integers (the zero point of `q + 1`): taken.
         assert_eq!(dequantize_in_load(&mut program(1.0, false, false, false)), 1);
+    }
+
+    /// The direct reading of the common forms gives what the general evaluation gives:
+    /// i8, u8 and i16 weights, zero points per column (u8 loads) and per tensor (an
+    /// integer literal converted, an f32 literal), scales per column and literal.
+    #[test]
+    fn direct_reading_agrees_with_the_evaluation() {
+        let (kk, n) = (6usize, 11usize);
+        for (qd, zero, literal_scale) in [
+            (DType::I8, 0, false),
+            (DType::U8, 1, false),
+            (DType::U8, 2, true),
+            (DType::I16, 3, false),
+            (DType::U8, 0, true),
+        ] {
+            let q: Vec<i64> =
+                (0..kk * n).map(|i| (i as i64 * 97) % 256 - if qd == DType::U8 { 0 } else { 128 }).collect();
+            let q = Tensor::from_i64(qd, Shape::new(vec![kk, n]).unwrap(), &q).unwrap();
+            let z = Tensor::from_i64(
+                DType::U8,
+                Shape::new(vec![n]).unwrap(),
+                &(0..n as i64).map(|i| i * 23 % 256).collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let sc = Tensor::from_vec(Shape::new(vec![1, n]).unwrap(), (0..n).map(|i| 0.5f32.powi(i as i32)).collect())
+                .unwrap();
+            let mut b = KernelBuilder::new("dq", vec![q.ty().clone(), z.ty().clone(), sc.ty().clone()], t(&[kk, n]));
+            let o = b.out_index();
+            let x = b.load(0, vec![o[0], o[1]]);
+            let mut v = b.convert(x, ScalarType::F32);
+            let zv = match zero {
+                1 => {
+                    let zl = b.load(1, vec![o[1]]);
+                    Some(b.convert(zl, ScalarType::F32))
+                }
+                2 => {
+                    let c = b.int(ScalarType::U8, 128);
+                    Some(b.convert(c, ScalarType::F32))
+                }
+                3 => Some(b.float(ScalarType::F32, -7.0)),
+                _ => None,
+            };
+            if let Some(zv) = zv {
+                v = b.sub(v, zv);
+            }
+            let sv = if literal_scale {
+                b.float(ScalarType::F32, 0.375)
+            } else {
+                let zero = b.index(0);
+                b.load(2, vec![zero, o[1]])
+            };
+            let r = b.mul(sv, v);
+            let k = b.finish(r).unwrap();
+            let consts = [&q, &z, &sc];
+            let (int, scale) = parts(&k).expect("integers times a scale");
+            let fast = direct(&k, &consts, int, scale).expect("a form read directly");
+            assert_eq!(Some(fast), evaluated(&k, &consts, int, scale), "{qd} zero {zero}");
+        }
     }
 }
