@@ -4,8 +4,9 @@
 //! `Mul`, or `DequantizeLinear` with a per-tensor or per-axis scale and zero point), and
 //! its matrix product reads the f32 weight `B = (q − z)·s`. Folding that at compile time
 //! would carry the weight in f32 (four times the int8 bytes; `kiln-opt`'s folding policy
-//! declines), and leaving it as a dispatch writes the whole f32 weight into the arena on
-//! every call before the product reads it. Instead, this pass rewrites the pair:
+//! declines above 64 KB, and keeps doing so), and leaving it as a dispatch writes the
+//! whole f32 weight into the arena on every call before the product reads it. Instead,
+//! this pass rewrites the pair:
 //!
 //! ```text
 //! P:  B[i]   = I(i) · S(i)                 (elementwise, over constants only)
@@ -40,7 +41,8 @@
 //! where `I` reads an integer input; `P` reads only constants, has no reduction, and
 //! `D` is its one reader, through one load that is a factor of `D`'s one `Σ` product.
 //! `I` and `S` are evaluated at compile time with the kernel semantics
-//! ([`crate::interp`]'s scalar operations) at every element: every `I` must be an integer
+//! ([`crate::interp`]'s scalar operations; the common forms read straight from the
+//! constants' bytes, `direct`) at every element: every `I` must be an integer
 //! in i16's range (so `I = W` exactly) and every `S` finite. After the rewrite `D'` must
 //! be a [`Contraction`] whose right operand is `W`, one element a column, with affine
 //! epilogue loads; anything else is left as it was. Weight packing then lays `W` out in
@@ -48,14 +50,17 @@
 //! it also reads a batch or row variable (a product whose result is split into heads)
 //! it stays as it is.
 //!
-//! **Numerics.** Before: each `B = round(I·S)`, then the f32 sum of `A·B` (one rounding
-//! per FMA). After: the f32 sum of `A·W` — each product exact inside its FMA (`A` has a
-//! 24-bit significand, `|W| < 2¹⁵`), one rounding per FMA as before — then one rounding
-//! for `·S'`. Both are within `(K + 1)·u·|S|·Σ_k |A_k·W_k|` (u = 2⁻²⁴) of the exact
-//! `S·Σ A·W` (`γ_K` for the sum, `u` for the scale or for `B`'s own rounding), so they
-//! differ by at most twice that; a constant-scale weight loses nothing but the order of
-//! one rounding. The tests (`kiln-codegen/tests/gemm.rs`, the int8 cases) check
-//! microkernels against the f64 sum with this bound.
+//! **Numerics** (u = 2⁻²⁴, the unit roundoff). Before: each `B = round(I·S)` (one
+//! rounding), then the f32 sum of `A·B` (one rounding per FMA). After: the f32 sum of
+//! `A·W` — each product exact inside its FMA (`A` has a 24-bit significand, `|W| < 2¹⁵`,
+//! so the product needs at most 39 bits and the FMA rounds only the sum), one rounding
+//! per FMA as before — then one rounding for `·S'`. Both lie within
+//! `(K + 1)·u·|S|·Σ_k |A_k·W_k|` (to first order) of the exact `S·Σ A·W`: `K` roundings
+//! of the sum, plus `B`'s own rounding before or the scale's rounding after. So the two
+//! differ by at most twice that, and by the order of one rounding for `K = 1`. The
+//! kernel tests (`kiln-codegen/tests/dequant.rs`) check the microkernels and the
+//! rewritten kernel against the interpreter running the original pair with
+//! `(2K + 4)·u·Σ|A|·|B|` (the interpreter rounds each product too).
 
 use crate::affine::{affine, load_offset, AffineIndex};
 use crate::class::KernelClass;

@@ -195,7 +195,7 @@ impl FlowProgram {
 }
 
 /// Lowers every node of `graph` with `lower` and fuses the result (see the module docs).
-/// The contraction layout transforms (`crate::layout`) and fusion's
+/// The contraction layout transforms (`crate::dequant`, `crate::layout`) and fusion's
 /// keep-contractions-addressable rule apply only when `contractions`: they shape the
 /// program for targets with contraction microkernels (a target that compiles every
 /// kernel the general way gains nothing from them and pays a dispatch each).
