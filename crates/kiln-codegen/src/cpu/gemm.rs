@@ -316,7 +316,8 @@ pub(crate) fn panel_widths(k: &Kernel, avx512: bool) -> PanelWidths {
     // Narrow products (a 1×1 convolution on a 7×7 map: N = 49) waste the lanes of
     // row-broadcast tiles on their last, mostly empty vector of columns; with A's rows
     // in the lanes instead (channel-vector tiles) every lane does work.
-    // (Not with an integer B, which is read from panels only.)
+    // (Not with an integer B: those tiles broadcast B element by element, each of which
+    // would need converting; the plain tiles convert whole vectors.)
     let narrow = n < 64 && n % 8 != 0 && m >= 4 * T_ROWS && m % T_ROWS == 0 && b.per_n == 4 && !e.b_int();
     if a.per_m != 0 && b.per_m == 0 && narrow {
         return PanelWidths { a: Some(T_ROWS), b: None };
@@ -612,7 +613,7 @@ impl Emitter<'_> {
     }
 
     /// Whether B stores integers converted to f32 in the load (a dequantised weight,
-    /// `kiln_flow::dequant`): `Cast(Load)` of i8, u8 or i16, in panels.
+    /// `kiln_flow::dequant`): `Cast(Load)` of i8, u8 or i16, in panels or as it is.
     fn b_int(&self) -> bool {
         self.c.b.dtype != DType::F32
     }
