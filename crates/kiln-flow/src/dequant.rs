@@ -593,9 +593,14 @@ mod tests {
     /// per row of B: along the reduction), and the product `x · B` reading it; with
     /// `shared`, B is a graph output too.
     fn program(offset: f32, q_input: bool, s_rows: bool, shared: bool) -> FlowProgram {
+        let q: Vec<i64> = (0..7 * 5).map(|i| (i as i64 * 37) % 256 - 128).collect();
+        let q = Tensor::from_i64(DType::I8, Shape::new(vec![7, 5]).unwrap(), &q).unwrap();
+        program_of(q, offset, q_input, s_rows, shared)
+    }
+
+    /// [`program`] with the weight's integers `q` (`[7, 5]`).
+    fn program_of(q: Tensor, offset: f32, q_input: bool, s_rows: bool, shared: bool) -> FlowProgram {
         let (m, kk, n) = (3usize, 7usize, 5usize);
-        let q: Vec<i64> = (0..kk * n).map(|i| (i as i64 * 37) % 256 - 128).collect();
-        let q = Tensor::from_i64(DType::I8, Shape::new(vec![kk, n]).unwrap(), &q).unwrap();
         let sdims = if s_rows { [kk, 1] } else { [1, n] };
         let s: Vec<f32> = (0..sdims[0] * sdims[1]).map(|i| 0.01 * (i + 1) as f32).collect();
         let s = Tensor::from_vec(Shape::new(sdims.to_vec()).unwrap(), s).unwrap();
@@ -738,6 +743,29 @@ mod tests {
             let (int, scale) = parts(&k).expect("integers times a scale");
             let fast = direct(&k, &consts, int, scale).expect("a form read directly");
             assert_eq!(Some(fast), evaluated(&k, &consts, int, scale), "{qd} zero {zero}");
+        }
+    }
+
+    /// A 4-bit weight (two a byte) goes through the general evaluation and is stored
+    /// widened, one i8 a value (0..15 fits too): four times smaller than f32, and what
+    /// the tiles read.
+    #[test]
+    fn four_bit_weights_are_widened() {
+        for (qd, want) in [(DType::I4, DType::I8), (DType::U4, DType::I8)] {
+            let vals: Vec<i64> = (0..35).map(|i| if qd == DType::I4 { i % 16 - 8 } else { i % 16 }).collect();
+            let q = Tensor::from_i64(qd, Shape::new(vec![7, 5]).unwrap(), &vals).unwrap();
+            let mut p = program_of(q, 0.0, false, false, false);
+            let x = Tensor::from_vec(Shape::new(vec![3, 7]).unwrap(), (0..21).map(|i| (i as f32 * 0.3).cos()).collect())
+                .unwrap();
+            let want_out = interpret(&p, std::slice::from_ref(&x)).unwrap()[0].to_vec::<f32>().unwrap();
+            assert_eq!(dequantize_in_load(&mut p), 1, "{qd}");
+            p.remove_dead();
+            let c = Contraction::of(&p.dispatches[0].kernel).unwrap();
+            assert_eq!(c.b.dtype, want);
+            let got = interpret(&p, &[x]).unwrap()[0].to_vec::<f32>().unwrap();
+            for (g, w) in got.iter().zip(&want_out) {
+                assert!((g - w).abs() <= 18.0 * f32::EPSILON / 2.0 * 7.0 * 16.0 * 0.05, "{g} vs {w}");
+            }
         }
     }
 }
