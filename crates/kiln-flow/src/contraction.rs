@@ -11,6 +11,10 @@
 //! - exactly one `Reduce { Sum }` over f32 whose body is `Load(a) · Load(b)` (either
 //!   order), both `InBounds` loads of f32 inputs with affine indices; its variables of
 //!   extent above 1 are `k` (one for a matrix product, `ci, kh, kw` for a convolution);
+//!   the right operand may instead be an integer load converted to f32,
+//!   `Cast(Load(b): i8 | u8 | i16 → f32)`: a weight dequantised in the load
+//!   ([`crate::dequant`]), whose scale the epilogue applies; [`Operand::dtype`] says
+//!   which (the left operand is always f32);
 //! - the *column group* `n` is the longest run of trailing output variables that `a`
 //!   does not read and over which `b` and the output are laid out as one flattened
 //!   dimension (for an NCHW 1×1 convolution: `h, w`, so the columns are `h·W + w`);
@@ -61,7 +65,14 @@ pub struct Operand {
     pub offset: AffineIndex,
     /// Set when the operand is laid out in panels.
     pub panel: Option<Panel>,
+    /// The dtype its input stores: f32, or for a right operand converted in the load
+    /// (`Cast(Load)`, [`crate::dequant`]) the integer type [`INT_OPERANDS`] lists.
+    pub dtype: DType,
 }
+
+/// The integer dtypes a right operand may store and convert to f32 in its load: each
+/// value is exact in f32, and so is each product with an f32 inside an FMA.
+pub const INT_OPERANDS: [DType; 3] = [DType::I8, DType::U8, DType::I16];
 
 /// The offset of a load at `[v div W, l, v rem W]` of a `[P, L, W]` input (a [`Panel`]
 /// layout), `l` affine over the kernel's variables and within `0..L`.
@@ -213,16 +224,28 @@ impl Contraction {
         let (reduce, kv, body) = found?;
         let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
         let load = |e: ExprId| -> Option<Operand> {
-            match &k.node(e).expr {
-                Expr::Load { input, index, bounds: Bounds::InBounds }
-                    if k.inputs.get(*input as usize)?.dtype == DType::F32 =>
-                {
-                    match load_offset(k, *input, index) {
-                        Some(offset) => Some(Operand { input: *input, offset, panel: None }),
-                        None => {
-                            let (offset, panel) = panel_offset(k, *input, index)?;
-                            Some(Operand { input: *input, offset, panel: Some(panel) })
-                        }
+            let (load, int) = match &k.node(e).expr {
+                Expr::Cast { value, to: DType::F32, .. } => (*value, true),
+                _ => (e, false),
+            };
+            match &k.node(load).expr {
+                Expr::Load { input, index, bounds: Bounds::InBounds } => {
+                    let dtype = k.inputs.get(*input as usize)?.dtype;
+                    if int != INT_OPERANDS.contains(&dtype) || (!int && dtype != DType::F32) {
+                        return None;
+                    }
+                    // (An integer operand in one panel, `[1, L, W]` with W above the
+                    // columns, is affine too; it is read as the panel it is, whose zero
+                    // columns a tile may read whole.)
+                    let panel = || {
+                        let (offset, panel) = panel_offset(k, *input, index)?;
+                        Some(Operand { input: *input, offset, panel: Some(panel), dtype })
+                    };
+                    let plain = || Some(Operand { input: *input, offset: load_offset(k, *input, index)?, panel: None, dtype });
+                    if int {
+                        panel().or_else(plain)
+                    } else {
+                        plain().or_else(panel)
                     }
                 }
                 _ => None,
@@ -234,6 +257,10 @@ impl Contraction {
 
     /// The contraction with `a` as the left operand, if the operands fit that way.
     fn with(k: &Kernel, reduce: ExprId, kv: &[u32], a: Operand, b: Operand) -> Option<Contraction> {
+        // An operand converted in its load is the right one (the weights a tile streams).
+        if a.dtype != DType::F32 {
+            return None;
+        }
         let rank = k.out_rank() as u32;
         let ext = |v: u32| k.vars[v as usize];
         // The column group: trailing variables `a` does not read, `b` reads, laid out

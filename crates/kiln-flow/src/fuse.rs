@@ -98,7 +98,7 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
 /// fused into every consumer no longer counts as a reader of its own operands (so
 /// `x` in `0.5·x·(1 + erf(x/√2))`, read by two ops that fused into one, has one
 /// reader, and its producer can fuse).
-fn reader_counts(p: &FlowProgram) -> Vec<usize> {
+pub(crate) fn reader_counts(p: &FlowProgram) -> Vec<usize> {
     let mut n = vec![0; p.buffers.len()];
     let mut live = vec![false; p.buffers.len()];
     for &o in &p.outputs {

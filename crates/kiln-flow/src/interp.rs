@@ -105,7 +105,9 @@ impl<'a> NodeEval<'a> {
 }
 
 /// Values of a tensor as bits of its compute type.
-fn decode(t: &Tensor) -> Vec<u64> {
+/// The elements of `t` as bits of their compute type ([`ScalarType::of_storage`]): what
+/// a kernel's load of `t` reads.
+pub fn decode(t: &Tensor) -> Vec<u64> {
     let ct = ScalarType::of_storage(t.dtype());
     match ct {
         ScalarType::F32 => t.to_f64_vec().into_iter().map(|x| (x as f32).to_bits() as u64).collect(),

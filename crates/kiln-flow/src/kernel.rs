@@ -578,6 +578,22 @@ impl Expr {
             }
         }
     }
+
+    /// The same expression with each operand node `e` replaced by `f(e)` (for passes
+    /// that copy a kernel node by node into a builder).
+    pub fn map_operands(&self, mut f: impl FnMut(ExprId) -> ExprId) -> Expr {
+        match self {
+            Expr::Var(_) | Expr::Const(_) => self.clone(),
+            Expr::Load { input, index, bounds } => {
+                Expr::Load { input: *input, index: index.iter().map(|&e| f(e)).collect(), bounds: *bounds }
+            }
+            Expr::Unary(op, a) => Expr::Unary(*op, f(*a)),
+            Expr::Cast { value, to, saturate } => Expr::Cast { value: f(*value), to: *to, saturate: *saturate },
+            Expr::Reduce { op, vars, body } => Expr::Reduce { op: *op, vars: vars.clone(), body: f(*body) },
+            Expr::Binary(op, a, b) => Expr::Binary(*op, f(*a), f(*b)),
+            Expr::Select(c, a, b) => Expr::Select(f(*c), f(*a), f(*b)),
+        }
+    }
 }
 
 impl Kernel {

@@ -125,6 +125,10 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     if !c.batch.contains(&x) || c.a.offset.of(x) != 0 || c.b.offset.of(x) == 0 {
         return None;
     }
+    // (A weight converted in its load is no image to gather.)
+    if c.b.dtype != DType::F32 {
+        return None;
+    }
     let load = product_load(k, &c, c.b.input)?;
     let Expr::Load { index, .. } = &k.node(load).expr else { return None };
     // Columns tensor axes: the batch variables B reads (but x), the reduction, x, n0.
@@ -263,11 +267,16 @@ fn loads_of(k: &Kernel, input: u32) -> usize {
     k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input: i, .. } if *i == input)).count()
 }
 
-/// The load of input `input` in the product under `c`'s reduction.
+/// The load of input `input` in the product under `c`'s reduction (under the
+/// conversion of an operand converted in its load).
 fn product_load(k: &Kernel, c: &Contraction, input: u32) -> Option<ExprId> {
     let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
     let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
-    [x, y].into_iter().find(|&e| matches!(k.node(e).expr, Expr::Load { input: i, .. } if i == input))
+    let through = |e: ExprId| match k.node(e).expr {
+        Expr::Cast { value, .. } => value,
+        _ => e,
+    };
+    [x, y].into_iter().map(through).find(|&e| matches!(k.node(e).expr, Expr::Load { input: i, .. } if i == input))
 }
 
 /// `k` with load node `load` reading input `new_input` (of type `ty`: the operand's own
@@ -422,8 +431,13 @@ fn packed_one(
     let reads_only = off.coef.iter().enumerate().all(|(v, &x)| {
         x == 0 || v as u32 == var || c.k.contains(&(v as u32)) || k.vars[v] == 1
     });
-    // (One panel would be the operand itself at another pitch.)
-    if t.dtype() != DType::F32 || width == 0 || k.vars[var as usize] <= width || !reads_only || off.of(var) == 0 {
+    // (One panel would be the operand itself at another pitch; but an integer operand,
+    // converted in its load, is packed whatever its width: the panel's zero columns let
+    // a tile read whole vectors of it, where there are no masked byte loads.)
+    let es = t.dtype().storage_bytes(1);
+    let int = t.dtype() == operand.dtype && crate::contraction::INT_OPERANDS.contains(&t.dtype());
+    let one_panel = k.vars[var as usize] <= width;
+    if !(t.dtype() == DType::F32 || int) || width == 0 || (one_panel && !int) || !reads_only || off.of(var) == 0 {
         return None;
     }
     if loads_of(k, operand.input) != 1 {
@@ -451,31 +465,31 @@ fn packed_one(
         }
         starts.push(c.k.iter().zip(&kval).try_fold(off.c, |acc, (&v, &x)| acc.checked_add(off.of(v).checked_mul(x)?))?);
     }
-    // Copied as bytes (the tensor's own little-endian f32s): a run of columns at once
-    // where the operand steps one element per panel position.
+    // Copied as bytes (the tensor's own little-endian elements, `es` bytes each): a run
+    // of columns at once where the operand steps one element per panel position.
     let (src, step) = (t.bytes(), off.of(var));
     let element = |i: i64| -> Option<std::ops::Range<usize>> {
-        let at = usize::try_from(i).ok()?.checked_mul(4)?;
-        (at + 4 <= src.len()).then(|| at..at + 4)
+        let at = usize::try_from(i).ok()?.checked_mul(es)?;
+        (at + es <= src.len()).then(|| at..at + es)
     };
-    let mut out = vec![0u8; count as usize * 4];
-    for (pi, panel) in out.chunks_exact_mut((l * width * 4) as usize).enumerate() {
+    let mut out = vec![0u8; count as usize * es];
+    for (pi, panel) in out.chunks_exact_mut(l as usize * width as usize * es).enumerate() {
         let first = pi as u64 * width;
         let cols = (ext - first).min(width) as usize;
-        for (row, &start) in panel.chunks_exact_mut(width as usize * 4).zip(&starts) {
+        for (row, &start) in panel.chunks_exact_mut(width as usize * es).zip(&starts) {
             let at = start.checked_add(step.checked_mul(first as i64)?)?;
             if step == 1 {
                 let (from, to) = (element(at)?.start, element(at + cols as i64 - 1)?.end);
-                row[..cols * 4].copy_from_slice(&src[from..to]);
+                row[..cols * es].copy_from_slice(&src[from..to]);
             } else {
-                for (r, x) in row[..cols * 4].chunks_exact_mut(4).enumerate() {
+                for (r, x) in row[..cols * es].chunks_exact_mut(es).enumerate() {
                     x.copy_from_slice(&src[element(at + step * r as i64)?]);
                 }
             }
         }
     }
     let shape = Shape::new(vec![panels as usize, l as usize, width as usize]).ok()?;
-    let tensor = Tensor::new(TensorType::new(DType::F32, shape), bytes::Bytes::from(out)).ok()?;
+    let tensor = Tensor::new(TensorType::new(t.dtype(), shape), bytes::Bytes::from(out)).ok()?;
     let ty = tensor.ty().clone();
     let kernel = rebuild_load(k, load, operand.input, &ty, &mut |b, _| {
         let v = b.var(VarId(var));

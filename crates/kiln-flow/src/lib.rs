@@ -19,6 +19,7 @@ pub mod affine;
 pub mod class;
 pub mod concat;
 pub mod contraction;
+pub mod dequant;
 pub mod fold;
 pub mod fuse;
 pub mod interp;

@@ -195,7 +195,7 @@ impl FlowProgram {
 }
 
 /// Lowers every node of `graph` with `lower` and fuses the result (see the module docs).
-/// The contraction layout transforms (`crate::layout`) and fusion's
+/// The contraction layout transforms (`crate::dequant`, `crate::layout`) and fusion's
 /// keep-contractions-addressable rule apply only when `contractions`: they shape the
 /// program for targets with contraction microkernels (a target that compiles every
 /// kernel the general way gains nothing from them and pays a dispatch each).
@@ -209,6 +209,7 @@ pub fn form(graph: &Graph, contractions: bool, lower: &Lowering<'_>) -> Result<F
     }
     crate::fuse::fuse_with(&mut p, contractions);
     if contractions {
+        crate::dequant::dequantize_in_load(&mut p);
         crate::layout::relayout_constants(&mut p);
         crate::layout::materialize_columns(&mut p);
     }

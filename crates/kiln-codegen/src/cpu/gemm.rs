@@ -55,6 +55,22 @@
 //! first copies B to the stack tile by tile (`[⌈N/6⌉, K, 6]`, [`Emitter::pack_b_t`]),
 //! which every tile then streams.
 //!
+//! ## Integer B (weights dequantised in the load)
+//! A right operand `Cast(Load(W))` of i8, u8 or i16 (`kiln_flow::dequant` makes these
+//! from a weight-only quantised model's `q·s`, the scale left to the epilogue) is read
+//! as integers and converted where it is loaded: each vector of 8 or 16 columns is one
+//! `vpmovsxbd`/`vpmovzxbd`/`vpmovsxwd` from memory and one `vcvtdq2ps` (exact: every
+//! value is below 2¹⁵ in magnitude), in the 256- and the 512-bit tiles alike; A and the
+//! FMAs are as for f32. Packed in panels (which integer weights always are where the
+//! product reads only the columns and the reduction), a tile reads whole vectors: the
+//! panel's zero columns past N fill the last one. As it is (a projection split into
+//! heads reads B per head), whole vectors are read where there are 8 columns left, and
+//! the last 1..7 are extended one by one into a stack slot and converted from there (no
+//! masked byte loads before AVX-512 BW). The weight streams at a quarter of its f32
+//! bytes (all-MiniLM-L6-v2-int8: 42 MB of f32 weights a call no longer written and
+//! read). B is never copied to the stack (`should_pack`) nor broadcast (channel-vector
+//! tiles): such kernels keep plain tiles.
+//!
 //! ## Epilogue
 //! After the `k` loop each accumulator is put through the kernel's own expression above
 //! the reduction (bias, scaling, Relu/Clip as compare-and-select, residual adds, …),
@@ -75,7 +91,9 @@
 //!
 //! ## Numerics
 //! Each output is the f32 sum over `k` in order, with one rounding per FMA: within the
-//! reduction-order freedom the kernel semantics give a float sum.
+//! reduction-order freedom the kernel semantics give a float sum. An integer B's
+//! products are exact inside the FMA (a 24-bit significand times an integer below 2¹⁵),
+//! so its sum rounds exactly as an f32 one does.
 
 use std::collections::HashMap;
 
@@ -305,7 +323,9 @@ pub(crate) fn panel_widths(k: &Kernel, avx512: bool) -> PanelWidths {
     // Narrow products (a 1×1 convolution on a 7×7 map: N = 49) waste the lanes of
     // row-broadcast tiles on their last, mostly empty vector of columns; with A's rows
     // in the lanes instead (channel-vector tiles) every lane does work.
-    let narrow = n < 64 && n % 8 != 0 && m >= 4 * T_ROWS && m % T_ROWS == 0 && b.per_n == 4;
+    // (Not with an integer B: those tiles broadcast B element by element, each of which
+    // would need converting; the plain tiles convert whole vectors.)
+    let narrow = n < 64 && n % 8 != 0 && m >= 4 * T_ROWS && m % T_ROWS == 0 && b.per_n == 4 && !e.b_int();
     if a.per_m != 0 && b.per_m == 0 && narrow {
         return PanelWidths { a: Some(T_ROWS), b: None };
     }
@@ -340,7 +360,14 @@ impl<'k> Emitter<'k> {
         };
         e.mr = if e.transposed() { T_ROWS } else { panel_rows(e.c.dims[0]) };
         e.plan_bases()?;
-        if e.bases[1].per_n != 4 && e.bases[1].per_n != 8 && e.c.b.panel.is_none() {
+        if e.b_int() {
+            // An integer B is converted in the load, one element a column (in panels, or
+            // as it is); not into channel-vector tiles, which broadcast it.
+            let unit = e.c.b.panel.is_some() || e.bases[1].per_n == e.b_bytes();
+            if !unit || e.transposed() {
+                return no("an integer B of more than one element a column, or broadcast");
+            }
+        } else if e.bases[1].per_n != 4 && e.bases[1].per_n != 8 && e.c.b.panel.is_none() {
             return no(format!("B steps {} elements a column (1 or 2 here)", e.bases[1].per_n / 4));
         }
         if e.transposed() && (e.c.b.panel.is_some() || e.bases[1].per_m != 0 || e.stride2()) {
@@ -406,8 +433,10 @@ impl Emitter<'_> {
     fn plan_bases(&mut self) -> R<()> {
         let c = &self.c;
         let nin = self.k.inputs.len() as u32;
-        let byte = |x: i64| x.checked_mul(4).ok_or_else(|| NotHere("offset overflow".into()));
-        let mk = |binding: u32, off: &kiln_flow::affine::AffineIndex| -> R<Base> {
+        let bytes = |x: i64, eb: i64| x.checked_mul(eb).ok_or_else(|| NotHere("offset overflow".into()));
+        let byte = |x: i64| bytes(x, 4);
+        let mk = |binding: u32, off: &kiln_flow::affine::AffineIndex, eb: i64| -> R<Base> {
+            let byte = |x: i64| bytes(x, eb);
             let mut coef = Vec::new();
             for &b in &c.batch {
                 coef.push(byte(off.of(b))?);
@@ -417,8 +446,9 @@ impl Emitter<'_> {
             let per_n = byte(per_n)?;
             Ok(Base { binding, c: byte(off.c)?, coef, per_n, per_m: byte(off.of(c.m))?, per_block: per_n })
         };
-        let mut a = mk(c.a.input, &c.a.offset)?;
-        let mut b = mk(c.b.input, &c.b.offset)?;
+        let eb = self.b_bytes();
+        let mut a = mk(c.a.input, &c.a.offset, 4)?;
+        let mut b = mk(c.b.input, &c.b.offset, eb)?;
         // Panel operands (`kiln_flow::layout::pack_constants`): a row panel of A starts
         // at `m0 · L` elements (m0 a multiple of the width), a column block of B at
         // `n0 · L`.
@@ -429,7 +459,7 @@ impl Emitter<'_> {
             *a.coef.last_mut().expect("m") = byte(p.stride / p.width as i64)?;
         }
         if let Some(p) = c.b.panel {
-            b.per_block = byte(p.stride / p.width as i64)?;
+            b.per_block = bytes(p.stride / p.width as i64, eb)?;
         }
         // The output is dense row-major.
         let dims = self.k.output.shape.dims();
@@ -439,7 +469,7 @@ impl Emitter<'_> {
             out.coef[v] = stride;
             stride *= dims[v] as i64;
         }
-        let o = mk(nin, &out)?;
+        let o = mk(nin, &out, 4)?;
         self.bases = vec![a, b, o];
         if let Some(p) = c.b.panel {
             if p.width != self.b_panel_width() {
@@ -606,13 +636,83 @@ impl Emitter<'_> {
     }
     /// Whether B steps two elements per column (a stride-2 convolution).
     fn stride2(&self) -> bool {
-        self.bases[1].per_n == 8
+        !self.b_int() && self.bases[1].per_n == 8
+    }
+
+    /// Whether B stores integers converted to f32 in the load (a dequantised weight,
+    /// `kiln_flow::dequant`): `Cast(Load)` of i8, u8 or i16, in panels or as it is.
+    fn b_int(&self) -> bool {
+        self.c.b.dtype != DType::F32
+    }
+
+    /// Bytes of one element of B.
+    fn b_bytes(&self) -> i64 {
+        self.c.b.dtype.storage_bytes(1) as i64
+    }
+
+    /// Loads 8 (`ymm` register `reg`) or 16 (`zmm`, `wide`) columns of an integer B at
+    /// `at` as f32: sign- or zero-extended to 32 bits (`vpmovsxbd`, `vpmovzxbd`,
+    /// `vpmovsxwd`), then converted (`vcvtdq2ps`, exact: every value is below 2¹⁵ in
+    /// magnitude). A whole vector of columns.
+    fn load_b_int(&mut self, reg: usize, wide: bool, at: AsmMemoryOperand) -> R<()> {
+        if wide {
+            let r = ZMM[reg];
+            match self.c.b.dtype {
+                DType::I8 => self.a.vpmovsxbd(r, at)?,
+                DType::U8 => self.a.vpmovzxbd(r, at)?,
+                DType::I16 => self.a.vpmovsxwd(r, at)?,
+                other => return no(format!("B of dtype {other}")),
+            }
+            self.a.vcvtdq2ps(r, r)?;
+        } else {
+            let r = YMM[reg];
+            match self.c.b.dtype {
+                DType::I8 => self.a.vpmovsxbd(r, at)?,
+                DType::U8 => self.a.vpmovzxbd(r, at)?,
+                DType::I16 => self.a.vpmovsxwd(r, at)?,
+                other => return no(format!("B of dtype {other}")),
+            }
+            self.a.vcvtdq2ps(r, r)?;
+        }
+        Ok(())
     }
 
     /// Loads vector `j` of B (8 columns) at `rsi + disp` into `dst`: one load, or for
-    /// a stride-2 B the even elements of two (`vshufps` + `vpermpd` put them in order).
-    /// `lanes`: only that many columns are valid (masked loads, nothing read past them).
+    /// a stride-2 B the even elements of two (`vshufps` + `vpermpd` put them in order),
+    /// or for an integer B one load converted. `lanes`: only that many columns are
+    /// valid (masked loads, nothing read past them).
     fn load_b(&mut self, dst: AsmRegisterYmm, disp: i64, lanes: Option<u64>, temps: &[AsmRegisterYmm]) -> R<()> {
+        if self.b_int() {
+            let eb = self.b_bytes();
+            let at = disp as i32;
+            if let (Some(l), None) = (lanes, self.c.b.panel) {
+                // The last 1..7 columns of a B as it is: nothing past them may be read
+                // (there are no masked byte loads before AVX-512 BW), so each is
+                // extended on its own into the accumulator slots (free during the
+                // reduction), the other lanes zeros, and the eight converted.
+                for j in 0..8i32 {
+                    let slot = dword_ptr(rsp + (Self::S_ACC + 4 * j));
+                    if (j as u64) < l {
+                        let src = rsi + (at + j * eb as i32);
+                        match self.c.b.dtype {
+                            DType::I8 => self.a.movsx(eax, byte_ptr(src))?,
+                            DType::U8 => self.a.movzx(eax, byte_ptr(src))?,
+                            _ => self.a.movsx(eax, word_ptr(src))?,
+                        }
+                        self.a.mov(slot, eax)?;
+                    } else {
+                        self.a.mov(slot, 0)?;
+                    }
+                }
+                self.a.vcvtdq2ps(dst, ymmword_ptr(rsp + Self::S_ACC))?;
+                return Ok(());
+            }
+            // Whole vectors: in panels, the zero columns past N are read (a panel is a
+            // whole number of vectors wide); as it is, only where N is (the masked tile
+            // takes the rest).
+            let mem = if eb == 1 { qword_ptr(rsi + at) } else { xmmword_ptr(rsi + at) };
+            return self.load_b_int(yv(dst).0 as usize, false, mem);
+        }
         if !self.stride2() {
             let at = ymmword_ptr(rsi + disp as i32);
             match lanes {
@@ -1021,6 +1121,7 @@ impl Emitter<'_> {
         let b = &self.bases[1];
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
         self.c.b.panel.is_none()
+            && !self.b_int()
             && !self.transposed()
             && self.c.k.len() == 1
             && b.per_m == 0
@@ -1067,7 +1168,8 @@ impl Emitter<'_> {
         let mut sa: Vec<i64> = Vec::new();
         let mut sb: Vec<i64> = Vec::new();
         for &v in &self.c.k {
-            let (e, a, b) = (self.k.vars[v as usize] as i64, self.c.a.offset.of(v) * 4, self.c.b.offset.of(v) * 4);
+            let eb = self.b_bytes();
+            let (e, a, b) = (self.k.vars[v as usize] as i64, self.c.a.offset.of(v) * 4, self.c.b.offset.of(v) * eb);
             if let (Some(&la), Some(&lb)) = (sa.last(), sb.last()) {
                 if la == e * a && lb == e * b {
                     let last = ext.len() - 1;
@@ -1169,7 +1271,7 @@ impl Emitter<'_> {
         // A whole panel of B: on to the next panel.
         let b_step = match self.c.b.panel {
             _ if self.packed_t => (self.c.dims[2] * T_COLS * 4) as i64,
-            Some(p) if p.width == cols => p.stride * 4,
+            Some(p) if p.width == cols => p.stride * self.b_bytes(),
             _ => cols as i64 * self.bases[1].per_n,
         };
         let cols = cols as i64;
@@ -1210,7 +1312,8 @@ impl Emitter<'_> {
             }
         }
         let lp = self.k_loops_open()?;
-        let step = if self.stride2() { 64 } else { 32 };
+        // Bytes of B per vector of 8 columns.
+        let step = if self.stride2() { 64 } else { 8 * self.b_bytes() };
         // Registers past the tile's own (and the store mask) are free for loading B.
         let temps: Vec<AsmRegisterYmm> =
             YMM[mr_ * nv_ + nv_ + 1..].iter().copied().filter(|&r| masked.is_none() || r != mreg).collect();
@@ -1239,7 +1342,7 @@ impl Emitter<'_> {
                 for j in 0..nv_ {
                     let disp = b_row * i as i64 + step * j as i64;
                     let lanes = if j == nv_ - 1 { masked } else { None };
-                    if lanes.is_none() && !self.stride2() {
+                    if lanes.is_none() && !self.stride2() && !self.b_int() {
                         self.a.vfmadd231ps(acc(i, j), areg, ymmword_ptr(rsi + disp as i32))?;
                     } else {
                         self.load_b(breg(j), disp, lanes, &temps)?;
@@ -1594,6 +1697,10 @@ impl Emitter<'_> {
                 self.a.vmovups(breg(j as usize), zmmword_ptr(rsi + 128 * j))?;
                 self.a.vmovups(high.k2().z(), zmmword_ptr(rsi + (128 * j + 64)))?;
                 self.a.vpermt2ps(breg(j as usize), index, high)?;
+            } else if self.b_int() {
+                let eb = self.b_bytes() as i32;
+                let at = if eb == 1 { xmmword_ptr(rsi + 16 * j) } else { ymmword_ptr(rsi + 32 * j) };
+                self.load_b_int(24 + j as usize, true, at)?;
             } else {
                 self.a.vmovups(breg(j as usize), zmmword_ptr(rsi + 64 * j))?;
             }
