@@ -667,6 +667,60 @@ mod tests {
         assert_eq!(relayout_constants(&mut prog), 0);
     }
 
+    /// A recurrent layer's per-direction product, `out[d, b, q] = Σ_k h[d, b, k] ·
+    /// r[d, q, k]`, read by three dispatches (three time steps): each becomes a
+    /// contraction over one shared `[d, K, N]` copy, with its results unchanged; a
+    /// dispatch reading only the first half of the rows gets a copy of its own.
+    #[test]
+    fn batched_transposed_constant_laid_out_once() {
+        use crate::program::{Buffer, BufferId, Dispatch};
+        let (nd, b, kk, n) = (2usize, 3usize, 5usize, 6usize);
+        let step = |rows: usize| {
+            let mut kb = KernelBuilder::new("step", vec![t(&[nd, b, kk]), t(&[nd, n, kk])], t(&[nd, b, rows]));
+            let o = kb.out_index();
+            let kv = kb.new_var(kk as u64);
+            let k = kb.var(kv);
+            let h = kb.load(0, vec![o[0], o[1], k]);
+            let r = kb.load(1, vec![o[0], o[2], k]);
+            let p = kb.mul(h, r);
+            let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
+            kb.finish(s).unwrap()
+        };
+        let (full, half) = (step(n), step(n / 2));
+        assert!(Contraction::of(&full).is_none());
+        let data = |dims: &[usize], seed: f32| {
+            let c: usize = dims.iter().product();
+            let v: Vec<f32> = (0..c).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+            Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+        };
+        let (h, r) = (data(&[nd, b, kk], 1.0), data(&[nd, n, kk], 2.0));
+        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+        let mut buffers = vec![buf(t(&[nd, b, kk]), BufferKind::Input(0)), buf(t(&[nd, n, kk]), BufferKind::Const(r.clone()))];
+        let mut dispatches = Vec::new();
+        for (i, k) in [&full, &full, &full, &half].into_iter().enumerate() {
+            buffers.push(buf(k.output.clone(), BufferKind::Result));
+            dispatches.push(Dispatch::new(k.clone(), vec![BufferId(0), BufferId(1)], BufferId(2 + i as u32), vec![]));
+        }
+        let mut prog = FlowProgram {
+            name: "g".into(),
+            buffers,
+            dispatches,
+            inputs: vec![BufferId(0)],
+            outputs: (2..6).map(BufferId).collect(),
+        };
+        assert_eq!(relayout_constants(&mut prog), 4);
+        let copies: Vec<BufferId> = prog.dispatches.iter().map(|d| d.operands[1]).collect();
+        assert!(copies[0] == copies[1] && copies[1] == copies[2] && copies[3] != copies[0], "{copies:?}");
+        for (d, want_kernel) in prog.dispatches.iter().zip([&full, &full, &full, &half]) {
+            assert_eq!(d.class, KernelClass::Contraction);
+            let BufferKind::Const(laid) = &prog.buffer(d.operands[1]).kind else { panic!("not a constant") };
+            let cols = want_kernel.output.shape.dims()[2];
+            assert_eq!(laid.shape().dims(), &[nd, kk, cols]);
+            let want = crate::interp::run(want_kernel, &[&h, &r]).unwrap();
+            assert_eq!(crate::interp::run(&d.kernel, &[&h, laid]).unwrap(), want);
+        }
+    }
+
     /// A product by a constant `[K, N]` and a 1×1 convolution by constant weights:
     /// the constant operands are packed into panels (B in columns, A in rows, zeros
     /// past the end), the kernels read them as panel operands, and their results do
