@@ -10,7 +10,8 @@
 //!   a bounds check per multiply-add). A depthwise convolution ([`crate::window`]) is
 //!   left as it is: its kernel handles the border itself.
 //! - [`relayout_constants`]: a constant right operand that is not column-contiguous
-//!   (`Gemm` with `transB = 1`) is copied at compile time into a `[K, N]` constant.
+//!   (`Gemm` with `transB = 1`, a recurrent layer's weights) is copied at compile time
+//!   into a `[batch.., K, N]` constant, one copy however many dispatches read it so.
 //!
 //! - [`materialize_columns`]: a convolution with few output columns reads its image
 //!   through a gathered copy laid out as the rows of one wide product (`im2col`).
@@ -21,12 +22,13 @@
 //! Each transform is taken only when the rewritten kernel is a contraction.
 
 use crate::affine::load_offset;
-use crate::contraction::Contraction;
-use crate::window::Depthwise;
-use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
 use crate::class::KernelClass;
-use crate::program::{BufferKind, Dispatch, FlowProgram};
+use crate::contraction::Contraction;
+use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
+use crate::program::{BufferId, BufferKind, Dispatch, FlowProgram};
+use crate::window::Depthwise;
 use kiln_ir::{DType, Shape, Tensor, TensorType};
+use std::collections::HashMap;
 
 /// Puts a padding dispatch in front of every kernel that becomes a contraction when
 /// its `Pad`-bounded operand is read in bounds from a padded copy. Returns how many
@@ -323,30 +325,48 @@ fn rebuild_load(
 
 /// Lays constant right operands out for the contraction they feed: where a kernel is
 /// `Σ_k A · B` except that the constant `B` is not column-contiguous (`Gemm` with
-/// `transB = 1`, a `MatMul` by a transposed weight), `B` is copied at compile time into
-/// a new `[K, N]` constant and the kernel reads that instead, which makes it a
-/// [`Contraction`]. Returns how many operands were laid out.
+/// `transB = 1`, a `MatMul` by a transposed weight, a recurrent layer's `W` and `R`),
+/// `B` is copied at compile time into a new `[batch.., K, N]` constant and the kernel
+/// reads that instead, which makes it a [`Contraction`]. `B` may also read batch
+/// variables that `A` reads (one product per direction of a bidirectional layer).
+/// Dispatches that read the same constant the same way (every time step of a
+/// recurrence) share one copy. Returns how many operands were laid out.
 pub fn relayout_constants(p: &mut FlowProgram) -> usize {
     let mut done = 0;
+    let mut made: HashMap<(BufferId, Vec<(u64, i64)>, i64), BufferId> = HashMap::new();
     for d in 0..p.dispatches.len() {
         if Contraction::of(&p.dispatches[d].kernel).is_some() {
             continue;
         }
-        let Some((input, load, tensor, index)) = relayout_one(p, d) else { continue };
+        let Some(r) = relayout_one(p, d) else { continue };
         let k = &mut p.dispatches[d].kernel;
-        let old = (k.inputs[input].clone(), k.nodes[load].expr.clone());
-        k.inputs[input] = tensor.ty().clone();
-        if let Expr::Load { index: ix, .. } = &mut k.nodes[load].expr {
-            *ix = index;
+        let old = (k.inputs[r.input].clone(), k.nodes[r.load].expr.clone());
+        k.inputs[r.input] = r.ty.clone();
+        if let Expr::Load { index: ix, .. } = &mut k.nodes[r.load].expr {
+            *ix = r.index.clone();
         }
         if k.verify().is_err() || Contraction::of(k).is_none() {
-            k.inputs[input] = old.0;
-            k.nodes[load].expr = old.1;
+            k.inputs[r.input] = old.0;
+            k.nodes[r.load].expr = old.1;
             continue;
         }
-        let name = format!("{}.kn", p.buffer(p.dispatches[d].operands[input]).name);
-        let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
-        p.dispatches[d].operands[input] = b;
+        let key = (r.source, r.layout.clone(), r.c);
+        let b = match made.get(&key) {
+            Some(&b) => b,
+            None => {
+                let Some(tensor) = r.materialize(p) else {
+                    let k = &mut p.dispatches[d].kernel;
+                    k.inputs[r.input] = old.0;
+                    k.nodes[r.load].expr = old.1;
+                    continue;
+                };
+                let name = format!("{}.kn", p.buffer(r.source).name);
+                let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
+                made.insert(key, b);
+                b
+            }
+        };
+        p.dispatches[d].operands[r.input] = b;
         p.dispatches[d].class = KernelClass::of(&p.dispatches[d].kernel);
         done += 1;
     }
@@ -511,12 +531,55 @@ fn packed_one(
     })?;
     let packed = Contraction::of(&kernel)?;
     let side = if operand.input == c.a.input { packed.a.panel } else { packed.b.panel };
-    (side.is_some_and(|s| s.var == var && s.width == width) && packed.epilogue_is_affine(&kernel)).then_some((kernel, tensor))
+    (side.is_some_and(|s| s.var == var && s.width == width) && packed.epilogue_is_affine(&kernel))
+        .then_some((kernel, tensor))
 }
 
-/// For dispatch `d`: the input to lay out, its load node, the new `[K, N]` constant and
-/// the load's new index.
-fn relayout_one(p: &FlowProgram, d: usize) -> Option<(usize, usize, Tensor, Vec<ExprId>)> {
+/// A relayout of one dispatch's constant right operand ([`relayout_constants`]).
+struct Relayout {
+    /// The kernel input and the load node that reads it.
+    input: usize,
+    load: usize,
+    /// The constant (its storage).
+    source: BufferId,
+    /// `(extent, element step in the source)` of each axis of the copy: the batch
+    /// variables, then `k`, then `n`.
+    layout: Vec<(u64, i64)>,
+    /// The source element of the copy's first element.
+    c: i64,
+    /// The copy's type and the load's new index.
+    ty: TensorType,
+    index: Vec<ExprId>,
+}
+
+impl Relayout {
+    /// The copy: element `(i₀, …)` is source element `c + Σ iₐ·stepₐ`.
+    fn materialize(&self, p: &FlowProgram) -> Option<Tensor> {
+        let BufferKind::Const(t) = &p.buffer(self.source).kind else { return None };
+        let src = t.to_vec::<f32>().ok()?;
+        let count: u64 = self.layout.iter().map(|a| a.0).product();
+        let mut out = Vec::with_capacity(usize::try_from(count).ok()?);
+        let mut at = vec![0u64; self.layout.len()];
+        for _ in 0..count {
+            let mut off = self.c;
+            for (&i, &(_, step)) in at.iter().zip(&self.layout) {
+                off = off.checked_add(step.checked_mul(i as i64)?)?;
+            }
+            out.push(*src.get(usize::try_from(off).ok()?)?);
+            for a in (0..at.len()).rev() {
+                at[a] += 1;
+                if at[a] < self.layout[a].0 {
+                    break;
+                }
+                at[a] = 0;
+            }
+        }
+        Tensor::from_vec(self.ty.shape.clone(), out).ok()
+    }
+}
+
+/// The relayout of dispatch `d`'s constant right operand, if it has one to lay out.
+fn relayout_one(p: &FlowProgram, d: usize) -> Option<Relayout> {
     let k = &p.dispatches[d].kernel;
     let rank = k.out_rank();
     if rank < 2 || k.output.dtype != DType::F32 {
@@ -536,40 +599,40 @@ fn relayout_one(p: &FlowProgram, d: usize) -> Option<(usize, usize, Tensor, Vec<
         let Expr::Load { input, index, bounds: Bounds::InBounds } = &k.node(b).expr else { continue };
         let Expr::Load { input: ai, index: aix, bounds: Bounds::InBounds } = &k.node(a).expr else { continue };
         let (input, ai) = (*input as usize, *ai as usize);
-        let operand = p.storage(p.dispatches[d].operands[input]);
-        let BufferKind::Const(t) = &p.buffer(operand).kind else { continue };
+        let source = p.storage(p.dispatches[d].operands[input]);
+        let BufferKind::Const(t) = &p.buffer(source).kind else { continue };
         if t.dtype() != DType::F32 || input == ai {
             continue;
         }
         let (boff, aoff) = (load_offset(k, input as u32, index)?, load_offset(k, ai as u32, aix)?);
-        // B reads only k and n (and extent-1 variables); A does not read n.
-        let only_kn = boff.coef.iter().enumerate().all(|(v, &c)| c == 0 || v as u32 == kv || v as u32 == n || k.vars[v] == 1);
-        if !only_kn || aoff.of(n) != 0 || boff.of(n) == 1 || boff.of(n) == 0 {
+        // B reads k, n, extent-1 variables and batch variables: other output variables
+        // (one that is the product's row instead leaves no contraction, checked after).
+        let batch: Vec<u32> = (0..n).filter(|&v| boff.of(v) != 0 && k.vars[v as usize] > 1).collect();
+        let fits =
+            boff.coef.iter().enumerate().all(|(v, &c)| {
+                c == 0 || v as u32 == kv || v as u32 == n || k.vars[v] == 1 || batch.contains(&(v as u32))
+            });
+        if !fits || aoff.of(n) != 0 || boff.of(n) == 1 || boff.of(n) == 0 {
             continue;
         }
         // No other load reads this input.
         if loads_of(k, input as u32) != 1 {
             continue;
         }
-        // Var nodes for k and n placed before the load (its new index).
+        // Var nodes for the batch variables, k and n placed before the load (its new index).
         let var_node = |v: u32| k.nodes[..b.index()].iter().position(|nd| nd.expr == Expr::Var(VarId(v)));
-        let (ek, en) = (var_node(kv)?, var_node(n)?);
-        let (kk, nn) = (k.vars[kv as usize] as usize, k.vars[n as usize] as usize);
-        let src = t.to_vec::<f32>().ok()?;
-        let mut out = Vec::with_capacity(kk * nn);
-        for ki in 0..kk as i64 {
-            for ni in 0..nn as i64 {
-                let at = boff.c + boff.of(kv) * ki + boff.of(n) * ni;
-                out.push(*src.get(usize::try_from(at).ok()?)?);
-            }
+        let axes: Vec<u32> = batch.iter().copied().chain([kv, n]).collect();
+        let mut new_index = Vec::with_capacity(axes.len());
+        for &v in &axes {
+            new_index.push(ExprId(var_node(v)? as u32));
         }
-        let tensor = Tensor::from_vec(Shape::new(vec![kk, nn]).ok()?, out).ok()?;
-        debug_assert_eq!(tensor.ty(), &TensorType::new(DType::F32, Shape::new(vec![kk, nn]).ok()?));
-        return Some((input, b.index(), tensor, vec![ExprId(ek as u32), ExprId(en as u32)]));
+        let layout: Vec<(u64, i64)> = axes.iter().map(|&v| (k.vars[v as usize], boff.of(v))).collect();
+        let dims: Vec<usize> = layout.iter().map(|a| usize::try_from(a.0).ok()).collect::<Option<_>>()?;
+        let ty = TensorType::new(DType::F32, Shape::new(dims).ok()?);
+        return Some(Relayout { input, load: b.index(), source, layout, c: boff.c, ty, index: new_index });
     }
     None
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -623,6 +686,60 @@ mod tests {
         assert_eq!(got, want);
         // Already a contraction: nothing to do.
         assert_eq!(relayout_constants(&mut prog), 0);
+    }
+
+    /// A recurrent layer's per-direction product, `out[d, b, q] = Σ_k h[d, b, k] ·
+    /// r[d, q, k]`, read by three dispatches (three time steps): each becomes a
+    /// contraction over one shared `[d, K, N]` copy, with its results unchanged; a
+    /// dispatch reading only the first half of the rows gets a copy of its own.
+    #[test]
+    fn batched_transposed_constant_laid_out_once() {
+        use crate::program::{Buffer, BufferId, Dispatch};
+        let (nd, b, kk, n) = (2usize, 3usize, 5usize, 6usize);
+        let step = |rows: usize| {
+            let mut kb = KernelBuilder::new("step", vec![t(&[nd, b, kk]), t(&[nd, n, kk])], t(&[nd, b, rows]));
+            let o = kb.out_index();
+            let kv = kb.new_var(kk as u64);
+            let k = kb.var(kv);
+            let h = kb.load(0, vec![o[0], o[1], k]);
+            let r = kb.load(1, vec![o[0], o[2], k]);
+            let p = kb.mul(h, r);
+            let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
+            kb.finish(s).unwrap()
+        };
+        let (full, half) = (step(n), step(n / 2));
+        assert!(Contraction::of(&full).is_none());
+        let data = |dims: &[usize], seed: f32| {
+            let c: usize = dims.iter().product();
+            let v: Vec<f32> = (0..c).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+            Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+        };
+        let (h, r) = (data(&[nd, b, kk], 1.0), data(&[nd, n, kk], 2.0));
+        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+        let mut buffers = vec![buf(t(&[nd, b, kk]), BufferKind::Input(0)), buf(t(&[nd, n, kk]), BufferKind::Const(r.clone()))];
+        let mut dispatches = Vec::new();
+        for (i, k) in [&full, &full, &full, &half].into_iter().enumerate() {
+            buffers.push(buf(k.output.clone(), BufferKind::Result));
+            dispatches.push(Dispatch::new(k.clone(), vec![BufferId(0), BufferId(1)], BufferId(2 + i as u32), vec![]));
+        }
+        let mut prog = FlowProgram {
+            name: "g".into(),
+            buffers,
+            dispatches,
+            inputs: vec![BufferId(0)],
+            outputs: (2..6).map(BufferId).collect(),
+        };
+        assert_eq!(relayout_constants(&mut prog), 4);
+        let copies: Vec<BufferId> = prog.dispatches.iter().map(|d| d.operands[1]).collect();
+        assert!(copies[0] == copies[1] && copies[1] == copies[2] && copies[3] != copies[0], "{copies:?}");
+        for (d, want_kernel) in prog.dispatches.iter().zip([&full, &full, &full, &half]) {
+            assert_eq!(d.class, KernelClass::Contraction);
+            let BufferKind::Const(laid) = &prog.buffer(d.operands[1]).kind else { panic!("not a constant") };
+            let cols = want_kernel.output.shape.dims()[2];
+            assert_eq!(laid.shape().dims(), &[nd, kk, cols]);
+            let want = crate::interp::run(want_kernel, &[&h, &r]).unwrap();
+            assert_eq!(crate::interp::run(&d.kernel, &[&h, laid]).unwrap(), want);
+        }
     }
 
     /// A product by a constant `[K, N]` and a 1×1 convolution by constant weights:
@@ -744,8 +861,16 @@ mod tests {
         let r = b.reduce(ReduceOp::Sum, vec![ci, y, x], p);
         let kernel = b.finish(r).unwrap();
         assert!(Contraction::of(&kernel).is_none());
-        let xs = Tensor::from_vec(Shape::new(vec![1, c, h, w]).unwrap(), (0..c * h * w).map(|i| (i as f32 * 0.7).cos()).collect()).unwrap();
-        let ws = Tensor::from_vec(Shape::new(vec![co, c, 3, 3]).unwrap(), (0..co * c * 9).map(|i| (i as f32 * 0.3).sin()).collect()).unwrap();
+        let xs = Tensor::from_vec(
+            Shape::new(vec![1, c, h, w]).unwrap(),
+            (0..c * h * w).map(|i| (i as f32 * 0.7).cos()).collect(),
+        )
+        .unwrap();
+        let ws = Tensor::from_vec(
+            Shape::new(vec![co, c, 3, 3]).unwrap(),
+            (0..co * c * 9).map(|i| (i as f32 * 0.3).sin()).collect(),
+        )
+        .unwrap();
         let want = crate::interp::run(&kernel, &[&xs, &ws]).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
         let mut prog = FlowProgram {

@@ -206,6 +206,11 @@ pub fn form(graph: &Graph, contractions: bool, lower: &Lowering<'_>) -> Result<F
     crate::fold::fold_constants(&mut p);
     if contractions {
         crate::layout::materialize_padding(&mut p);
+        // Before fusion, so that fusion sees these products as contractions and keeps
+        // their operands plain loads (an embedding Gather in front of a recurrent
+        // layer's input projection stays its own dispatch); again after it, for
+        // products that fusion forms.
+        crate::layout::relayout_constants(&mut p);
     }
     crate::fuse::fuse_with(&mut p, contractions);
     if contractions {

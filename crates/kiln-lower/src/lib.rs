@@ -10,9 +10,9 @@
 //! the operands its kernels read.
 //!
 //! Each op family has a module (elementwise, movement, reductions, linear algebra,
-//! normalisations); [`lower_op`] asks them in turn. Helpers shared by the families (dtype
-//! handling, axes, powers) live here; the interface types and the index helpers are
-//! kiln-flow's ([`kiln_flow::lower`]), re-exported here.
+//! normalisations, recurrent layers); [`lower_op`] asks them in turn. Helpers shared by
+//! the families (dtype handling, axes, powers) live here; the interface types and the
+//! index helpers are kiln-flow's ([`kiln_flow::lower`]), re-exported here.
 //!
 //! [`form`] and [`form_with`] are dispatch formation with these lowerings: every node
 //! of a graph lowered, then fused ([`kiln_flow::program::form`]).
@@ -30,6 +30,7 @@ mod elementwise;
 mod linalg;
 mod movement;
 mod norm;
+mod recurrent;
 mod reduce;
 
 /// Lowers every node of `graph` and fuses the result, shaping the program for targets
@@ -52,8 +53,8 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
 
 /// Lowers one op (see the module docs).
 pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
-    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 5] =
-        [elementwise::lower, movement::lower, reduce::lower, linalg::lower, norm::lower];
+    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 6] =
+        [elementwise::lower, movement::lower, reduce::lower, linalg::lower, norm::lower, recurrent::lower];
     for f in families {
         if let Some(r) = f(cx) {
             return r;

@@ -1,7 +1,7 @@
 //! Lowering of the normalisations and composite ops: the Softmax family, LayerNorm,
 //! BatchNorm (inference), InstanceNorm, GroupNorm, LRN, LpNormalization,
-//! MeanVarianceNormalization, DynamicQuantizeLinear, TopK and the recurrent layers
-//! (RNN, GRU, LSTM).
+//! MeanVarianceNormalization, DynamicQuantizeLinear and TopK. (The recurrent layers are
+//! [`super::recurrent`]'s.)
 //!
 //! ## Statistics
 //! A normalisation divides its operand into *rows* (the elements that share the kept
@@ -27,26 +27,10 @@
 //! and the values (a clamped gather of X at those indices). The rank kernel is
 //! O(n²) per row of n elements (acceptable for now; a sort-based lowering would need
 //! kernel-level loops), the others O(k·n) and O(k).
-//!
-//! ## Recurrent layers
-//! One kernel projects X for every time step and direction (`X·Wᵀ + Wb`), then each
-//! time step is one or two kernels over `[num_directions, batch, hidden]` (both
-//! directions advance together; the reverse one walks time backwards) whose results
-//! are the states passed on as `Operand::Step`: RNN 1 kernel per step (H), GRU 1 with
-//! `linear_before_reset = 1` (H) and 2 without (r ⊙ H, then H; the first step without
-//! an initial state skips r ⊙ H, which is 0), LSTM 2 (C, then H).
-//! A final kernel gathers Y from the per-step states (a select over the step that
-//! wrote each time position, like a concatenation: it binds every step's state, so
-//! its inputs and its select chain grow with the sequence); Y_h and Y_c are the last states
-//! (a kernel only where the layout or the dtype differs from the state's).
-//! `sequence_lens` may be run-time data: a row past its length keeps its state, its Y
-//! is zero, and the time index of a reverse pass (`len − 1 − step`) becomes a clamped
-//! load.
 
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Shape, TensorType};
 
-use super::elementwise::logistic;
 use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output, Step};
 use kiln_flow::kernel::{BinaryOp as B, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType as S, UnaryOp as U, VarId};
 
@@ -67,7 +51,6 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
         MeanVarianceNormalization => mvn(cx),
         DynamicQuantizeLinear => dynamic_quantize(cx),
         TopK => topk(cx),
-        RNN | GRU | LSTM => recurrent(cx),
         _ => return None,
     };
     Some(r)
@@ -78,17 +61,17 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
 // ---------------------------------------------------------------------------
 
 /// Dimensions of operand `i`.
-fn dims(cx: &OpCx<'_>, i: usize) -> R<Vec<usize>> {
+pub(super) fn dims(cx: &OpCx<'_>, i: usize) -> R<Vec<usize>> {
     Ok(cx.input_ty(i)?.shape.dims().to_vec())
 }
 
 /// Result type `i`.
-fn out_ty<'a>(cx: &OpCx<'a>, i: usize) -> R<&'a TensorType> {
+pub(super) fn out_ty<'a>(cx: &OpCx<'a>, i: usize) -> R<&'a TensorType> {
     cx.outputs.get(i).ok_or_else(|| cx.unsupported(format!("result {i} has no type")))
 }
 
 /// The float operand 0 and its compute type.
-fn float_x(cx: &OpCx<'_>) -> R<(DType, S)> {
+pub(super) fn float_x(cx: &OpCx<'_>) -> R<(DType, S)> {
     let d = cx.input_ty(0)?.dtype;
     if !d.is_float() {
         return Err(cx.unsupported(format!("{} operand, a float dtype is required", d.name())));
@@ -97,7 +80,7 @@ fn float_x(cx: &OpCx<'_>) -> R<(DType, S)> {
 }
 
 /// The kernel name of result `i` (as [`OpCx::builder`] names them).
-fn result_name(cx: &OpCx<'_>, i: usize) -> String {
+pub(super) fn result_name(cx: &OpCx<'_>, i: usize) -> String {
     if cx.outputs.len() > 1 {
         format!("{}_{i}", cx.name)
     } else {
@@ -106,7 +89,7 @@ fn result_name(cx: &OpCx<'_>, i: usize) -> String {
 }
 
 /// A tensor type from parts (the dims come from existing tensors, so they are valid).
-fn tensor_ty(cx: &OpCx<'_>, d: DType, dims: Vec<usize>) -> R<TensorType> {
+pub(super) fn tensor_ty(cx: &OpCx<'_>, d: DType, dims: Vec<usize>) -> R<TensorType> {
     let shape = Shape::new(dims).map_err(|e| cx.unsupported(e.to_string()))?;
     Ok(TensorType::new(d, shape))
 }
@@ -114,7 +97,7 @@ fn tensor_ty(cx: &OpCx<'_>, d: DType, dims: Vec<usize>) -> R<TensorType> {
 /// One kernel: output `out`, kernel input `j` bound to `binds[j]`. `body` gets the
 /// builder and the output index and returns the value (stored rounded to the output
 /// dtype). An empty output gets a kernel that reads nothing.
-fn build<F>(name: String, out: TensorType, binds: &[(Operand, TensorType)], body: F) -> R<Step>
+pub(super) fn build<F>(name: String, out: TensorType, binds: &[(Operand, TensorType)], body: F) -> R<Step>
 where
     F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
 {
@@ -140,7 +123,7 @@ fn input_binds(cx: &OpCx<'_>, ops: &[usize]) -> R<Vec<(Operand, TensorType)>> {
 /// Element of input `j` at `idx`, converted to `ct`. An empty input (read only under a
 /// reduce over zero elements, which never evaluates it) is read with padding, since
 /// no index of it is in bounds.
-fn ld(b: &mut KernelBuilder, j: usize, idx: Vec<ExprId>, ct: S) -> ExprId {
+pub(super) fn ld(b: &mut KernelBuilder, j: usize, idx: Vec<ExprId>, ct: S) -> ExprId {
     let empty = b.inputs().get(j).is_some_and(|t| t.shape.numel() == 0);
     let v = if empty { b.load_with(j, idx, Bounds::Pad(0)) } else { b.load(j, idx) };
     b.convert(v, ct)
@@ -155,16 +138,16 @@ fn fold(b: &mut KernelBuilder, op: ReduceOp, vars: Vec<VarId>, body: ExprId) -> 
     }
 }
 
-fn lit(b: &mut KernelBuilder, ct: S, x: f64) -> ExprId {
+pub(super) fn lit(b: &mut KernelBuilder, ct: S, x: f64) -> ExprId {
     b.float(ct, x)
 }
 
-fn sel(b: &mut KernelBuilder, c: ExprId, x: ExprId, y: ExprId) -> ExprId {
+pub(super) fn sel(b: &mut KernelBuilder, c: ExprId, x: ExprId, y: ExprId) -> ExprId {
     b.select(c, x, y)
 }
 
 /// `min(max(x, lo), hi)` (NaN stays NaN).
-fn clamp(b: &mut KernelBuilder, x: ExprId, lo: ExprId, hi: ExprId) -> ExprId {
+pub(super) fn clamp(b: &mut KernelBuilder, x: ExprId, lo: ExprId, hi: ExprId) -> ExprId {
     let m = b.binary(B::Max, x, lo);
     b.binary(B::Min, m, hi)
 }
@@ -945,789 +928,4 @@ fn topk(cx: &OpCx<'_>) -> R<Lowered> {
         outputs.push(Output::Step(1));
     }
     Ok(Lowered { steps, outputs })
-}
-
-// ---------------------------------------------------------------------------
-// Recurrent layers.
-// ---------------------------------------------------------------------------
-
-/// An activation function of the recurrent layers, with its alpha and beta.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Act {
-    Relu,
-    Tanh,
-    Sigmoid,
-    Affine(f64, f64),
-    LeakyRelu(f64),
-    ThresholdedRelu(f64),
-    ScaledTanh(f64, f64),
-    HardSigmoid(f64, f64),
-    Elu(f64),
-    Softsign,
-    Softplus,
-}
-
-impl Act {
-    /// `f(x)` in `x`'s (float) type.
-    fn apply(self, b: &mut KernelBuilder, x: ExprId) -> ExprId {
-        let ct = b.ty(x);
-        let zero = lit(b, ct, 0.0);
-        let one = lit(b, ct, 1.0);
-        match self {
-            // NaN gives 0, as `f64::max(NaN, 0)` does.
-            Act::Relu => {
-                let pos = b.binary(B::Gt, x, zero);
-                sel(b, pos, x, zero)
-            }
-            Act::Tanh => b.unary(U::Tanh, x),
-            Act::Sigmoid => logistic(b, x, zero, one),
-            Act::Affine(a, c) => {
-                let (a, c) = (lit(b, ct, a), lit(b, ct, c));
-                let t = b.mul(a, x);
-                b.add(t, c)
-            }
-            Act::LeakyRelu(a) => {
-                let a = lit(b, ct, a);
-                let t = b.mul(a, x);
-                let pos = b.binary(B::Ge, x, zero);
-                sel(b, pos, x, t)
-            }
-            Act::ThresholdedRelu(a) => {
-                let a = lit(b, ct, a);
-                let above = b.binary(B::Gt, x, a);
-                sel(b, above, x, zero)
-            }
-            Act::ScaledTanh(a, c) => {
-                let (a, c) = (lit(b, ct, a), lit(b, ct, c));
-                let t = b.mul(c, x);
-                let th = b.unary(U::Tanh, t);
-                b.mul(a, th)
-            }
-            Act::HardSigmoid(a, c) => {
-                let (a, c) = (lit(b, ct, a), lit(b, ct, c));
-                let t = b.mul(a, x);
-                let t = b.add(t, c);
-                clamp(b, t, zero, one)
-            }
-            Act::Elu(a) => {
-                let a = lit(b, ct, a);
-                let e = b.unary(U::Exp, x);
-                let em = b.sub(e, one);
-                let t = b.mul(a, em);
-                let pos = b.binary(B::Ge, x, zero);
-                sel(b, pos, x, t)
-            }
-            Act::Softsign => {
-                let a = b.unary(U::Abs, x);
-                let d = b.add(one, a);
-                b.div(x, d)
-            }
-            Act::Softplus => {
-                // max(x, 0) + log(1 + e^{−|x|}).
-                let a = b.unary(U::Abs, x);
-                let na = b.unary(U::Neg, a);
-                let e = b.unary(U::Exp, na);
-                let l = b.add(one, e);
-                let l = b.unary(U::Log, l);
-                let pos = b.binary(B::Gt, x, zero);
-                let m = sel(b, pos, x, zero);
-                b.add(m, l)
-            }
-        }
-    }
-}
-
-/// The activations of every direction (`defaults.len()` per direction), with the
-/// alphas and betas consumed in order, as the reference evaluator reads them.
-fn activations(cx: &OpCx<'_>, defaults: &[&str], nd: usize) -> R<Vec<Act>> {
-    let ra = cx.attrs::<ka::RnnAttrs>()?;
-    let names: Vec<String> = match &ra.activations {
-        Some(v) if !v.is_empty() => v.clone(),
-        _ => defaults.iter().map(|s| s.to_string()).collect(),
-    };
-    let per = defaults.len();
-    let names: Vec<String> = if names.len() == per * nd {
-        names
-    } else if names.len() == per {
-        names.iter().cycle().take(per * nd).cloned().collect()
-    } else {
-        return Err(cx.unsupported(format!("{} activations, {} expected", names.len(), per * nd)));
-    };
-    let (alphas, betas) = (&ra.activation_alpha, &ra.activation_beta);
-    let (mut ai, mut bi) = (alphas.iter(), betas.iter());
-    let mut alpha = |d: f64| ai.next().map_or(d, |&v| v as f64);
-    let mut beta = |d: f64| bi.next().map_or(d, |&v| v as f64);
-    names
-        .iter()
-        .map(|n| {
-            Ok(match n.to_ascii_lowercase().as_str() {
-                "relu" => Act::Relu,
-                "tanh" => Act::Tanh,
-                "sigmoid" => Act::Sigmoid,
-                "affine" => Act::Affine(alpha(1.0), beta(0.0)),
-                "leakyrelu" => Act::LeakyRelu(alpha(0.01)),
-                "thresholdedrelu" => Act::ThresholdedRelu(alpha(1.0)),
-                "scaledtanh" => Act::ScaledTanh(alpha(1.0), beta(1.0)),
-                "hardsigmoid" => Act::HardSigmoid(alpha(0.2), beta(0.5)),
-                "elu" => Act::Elu(alpha(1.0)),
-                "softsign" => Act::Softsign,
-                "softplus" => Act::Softplus,
-                other => return Err(cx.unsupported(format!("activation {other:?}"))),
-            })
-        })
-        .collect()
-}
-
-/// Which recurrent layer.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Cell {
-    Lstm,
-    Gru,
-    Rnn,
-}
-
-/// Where a state `[num_dir, batch, hidden]` comes from.
-#[derive(Clone, Copy, Debug)]
-enum State {
-    /// Zero (no initial state).
-    Zero,
-    /// An initial-state operand, in the layout's order.
-    Init(usize),
-    /// The result of a step, `[num_dir, batch, hidden]` in the compute type.
-    Step(usize),
-}
-
-/// The fixed facts of a recurrent lowering.
-struct Rnn {
-    cell: Cell,
-    ct: S,
-    seq: usize,
-    input: usize,
-    hidden: usize,
-    nd: usize,
-    /// `[batch, seq, …]` operands and results.
-    batch_major: bool,
-    /// Only direction, reversed.
-    reverse_only: bool,
-    acts: Vec<Act>,
-    clip: Option<f64>,
-    input_forget: bool,
-    lbr: bool,
-    has_b: bool,
-    /// `sequence_lens` is bound (not absent, not all `seq`).
-    has_lens: bool,
-    has_p: bool,
-    /// The type of the state tensors.
-    sty: TensorType,
-}
-
-/// Kernel inputs of one kernel: bindings added once, looked up by operand.
-#[derive(Default)]
-struct Binds {
-    list: Vec<(Operand, TensorType)>,
-}
-
-impl Binds {
-    fn add(&mut self, o: Operand, ty: TensorType) -> usize {
-        if let Some(i) = self.list.iter().position(|x| x.0 == o) {
-            return i;
-        }
-        self.list.push((o, ty));
-        self.list.len() - 1
-    }
-}
-
-/// The kernel inputs a step reads (indices into its binds).
-struct StepIn {
-    proj: usize,
-    r: usize,
-    b: Option<usize>,
-    lens: Option<usize>,
-    p: Option<usize>,
-}
-
-impl Rnn {
-    fn gh(&self) -> usize {
-        self.cell_gates() * self.hidden
-    }
-
-    fn cell_gates(&self) -> usize {
-        match self.cell {
-            Cell::Lstm => 4,
-            Cell::Gru => 3,
-            Cell::Rnn => 1,
-        }
-    }
-
-    /// Binds the state `s` (nothing for zero); the kernel input index.
-    fn bind_state(&self, cx: &OpCx<'_>, binds: &mut Binds, s: State) -> R<Option<usize>> {
-        Ok(match s {
-            State::Zero => None,
-            State::Init(i) => Some(binds.add(Operand::Input(i), cx.input_ty(i)?.clone())),
-            State::Step(k) => Some(binds.add(Operand::Step(k), self.sty.clone())),
-        })
-    }
-
-    /// The state value at `(d, b, k)` (compute type), from its kernel input `j`.
-    fn state_at(&self, b: &mut KernelBuilder, s: State, j: Option<usize>, d: ExprId, bb: ExprId, k: ExprId) -> ExprId {
-        match (s, j) {
-            (State::Init(_), Some(j)) => {
-                let ix = if self.batch_major { vec![bb, d, k] } else { vec![d, bb, k] };
-                ld(b, j, ix, self.ct)
-            }
-            (State::Step(_), Some(j)) => b.load(j, vec![d, bb, k]),
-            _ => lit(b, self.ct, 0.0),
-        }
-    }
-
-    /// Binds what every step kernel reads.
-    fn step_inputs(&self, cx: &OpCx<'_>, binds: &mut Binds, proj_ty: &TensorType) -> R<StepIn> {
-        let proj = binds.add(Operand::Step(0), proj_ty.clone());
-        let r = binds.add(Operand::Input(2), cx.input_ty(2)?.clone());
-        let bi = if self.has_b { Some(binds.add(Operand::Input(3), cx.input_ty(3)?.clone())) } else { None };
-        let lens = if self.has_lens { Some(binds.add(Operand::Input(4), cx.input_ty(4)?.clone())) } else { None };
-        let p = if self.has_p { Some(binds.add(Operand::Input(7), cx.input_ty(7)?.clone())) } else { None };
-        Ok(StepIn { proj, r, b: bi, lens, p })
-    }
-
-    /// A step kernel's bindings: what every step reads, then the hidden state `h`;
-    /// with the inputs and `h`'s kernel input index.
-    fn step_binds(&self, cx: &OpCx<'_>, proj_ty: &TensorType, h: State) -> R<(Binds, StepIn, Option<usize>)> {
-        let mut binds = Binds::default();
-        let si = self.step_inputs(cx, &mut binds, proj_ty)?;
-        let hj = self.bind_state(cx, &mut binds, h)?;
-        Ok((binds, si, hj))
-    }
-
-    /// Whether direction `d` runs backwards in time (a Bool).
-    fn reversed(&self, b: &mut KernelBuilder, d: ExprId) -> ExprId {
-        if self.nd == 2 {
-            let one = b.index(1);
-            b.binary(B::Eq, d, one)
-        } else {
-            b.constant(S::Bool, self.reverse_only as u64)
-        }
-    }
-
-    /// The length of batch row `bb` (i64) when `sequence_lens` is bound.
-    fn len_of(&self, b: &mut KernelBuilder, lens: Option<usize>, bb: ExprId) -> Option<ExprId> {
-        lens.map(|j| {
-            let l = b.load(j, vec![bb]);
-            b.convert(l, S::I64)
-        })
-    }
-
-    /// The time index of step `s` of direction `d` for row `bb`, whether the row is
-    /// still running (`None`: always), and whether the time index may be out of range.
-    fn time(&self, b: &mut KernelBuilder, s: usize, d: ExprId, len: Option<ExprId>) -> (ExprId, Option<ExprId>) {
-        let se = b.index(s as i64);
-        let rev = self.reversed(b, d);
-        match len {
-            None => {
-                let back = b.index((self.seq - 1 - s) as i64);
-                (sel(b, rev, back, se), None)
-            }
-            Some(l) => {
-                let one = b.index(1);
-                let last = b.sub(l, one);
-                let back = b.sub(last, se);
-                let valid = b.binary(B::Lt, se, l);
-                (sel(b, rev, back, se), Some(valid))
-            }
-        }
-    }
-
-    /// Gate `g`'s pre-activation without the recurrent product: `X·Wᵀ + Wb` (step 0)
-    /// at time `t` plus `Rb`.
-    fn xpart(&self, b: &mut KernelBuilder, si: &StepIn, sc: &StepCx, g: usize) -> ExprId {
-        let off = b.index((g * self.hidden) as i64);
-        let q = b.add(off, sc.j);
-        let ix = vec![sc.t, sc.d, sc.bb, q];
-        let x = if sc.clamped { b.load_with(si.proj, ix, Bounds::Clamp) } else { b.load(si.proj, ix) };
-        match si.b {
-            Some(bi) => {
-                let o = b.index((self.gh() + g * self.hidden) as i64);
-                let q = b.add(o, sc.j);
-                let rb = ld(b, bi, vec![sc.d, q], self.ct);
-                b.add(x, rb)
-            }
-            None => x,
-        }
-    }
-
-    /// Gate `g`'s whole pre-activation: `X·Wᵀ + Wb + H·Rᵀ + Rb` (the product left out
-    /// for a zero state).
-    fn pre(&self, b: &mut KernelBuilder, si: &StepIn, h: State, hj: Option<usize>, sc: &StepCx, g: usize) -> ExprId {
-        let x = self.xpart(b, si, sc, g);
-        let r = self.rdot(b, si, h, hj, sc, g);
-        add_opt(b, x, r)
-    }
-
-    /// `Σₖ h[d, bb, k]·R[d, g·hidden + j, k]` over the state from input `hj` (`None`
-    /// for a zero state).
-    fn rdot(
-        &self,
-        b: &mut KernelBuilder,
-        si: &StepIn,
-        h: State,
-        hj: Option<usize>,
-        sc: &StepCx,
-        g: usize,
-    ) -> Option<ExprId> {
-        hj?;
-        let k = b.new_var(self.hidden as u64);
-        let ke = b.var(k);
-        let hv = self.state_at(b, h, hj, sc.d, sc.bb, ke);
-        let off = b.index((g * self.hidden) as i64);
-        let q = b.add(off, sc.j);
-        let r = ld(b, si.r, vec![sc.d, q, ke], self.ct);
-        let p = b.mul(hv, r);
-        Some(b.reduce(ReduceOp::Sum, vec![k], p))
-    }
-
-    /// `x` clipped to `[−clip, clip]` when `clip` is set.
-    fn bound(&self, b: &mut KernelBuilder, x: ExprId) -> ExprId {
-        match self.clip {
-            Some(c) => {
-                let (lo, hi) = (lit(b, self.ct, -c), lit(b, self.ct, c));
-                clamp(b, x, lo, hi)
-            }
-            None => x,
-        }
-    }
-
-    /// Activation `i` of direction `d` applied to `x` (a select between the
-    /// directions' functions when they differ).
-    fn act(&self, b: &mut KernelBuilder, i: usize, d: ExprId, x: ExprId) -> ExprId {
-        let per = self.acts.len() / self.nd;
-        let f0 = self.acts[i];
-        let v0 = f0.apply(b, x);
-        if self.nd == 2 && self.acts[per + i] != f0 {
-            let v1 = self.acts[per + i].apply(b, x);
-            let rev = self.reversed(b, d);
-            sel(b, rev, v1, v0)
-        } else {
-            v0
-        }
-    }
-
-    /// `act_i(bound(pre))`.
-    fn gate(&self, b: &mut KernelBuilder, i: usize, d: ExprId, pre: ExprId) -> ExprId {
-        let c = self.bound(b, pre);
-        self.act(b, i, d, c)
-    }
-}
-
-fn add_opt(b: &mut KernelBuilder, x: ExprId, y: Option<ExprId>) -> ExprId {
-    match y {
-        Some(y) => b.add(x, y),
-        None => x,
-    }
-}
-
-/// RNN, GRU, LSTM (see the module docs).
-fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
-    let cell = match cx.op.kind {
-        OpKind::LSTM => Cell::Lstm,
-        OpKind::GRU => Cell::Gru,
-        _ => Cell::Rnn,
-    };
-    let (xdt, ct) = float_x(cx)?;
-    let ra = cx.attrs::<ka::RnnAttrs>()?;
-    let batch_major = ra.layout;
-    let xd = dims(cx, 0)?;
-    let rd = dims(cx, 2)?;
-    if xd.len() != 3 || rd.len() != 3 {
-        return Err(cx.unsupported("X and R must have rank 3"));
-    }
-    let (seq, batch, input) = if batch_major { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
-    let direction = ra.direction;
-    let nd = match direction {
-        ka::RnnDirection::Forward | ka::RnnDirection::Reverse => 1,
-        ka::RnnDirection::Bidirectional => 2,
-    };
-    let hidden = rd[2];
-    if let Some(hs) = ra.hidden_size {
-        if hs != hidden as i64 {
-            return Err(cx.unsupported(format!("hidden_size = {hs}, R has dims {rd:?}")));
-        }
-    }
-    let gates = match cell {
-        Cell::Lstm => 4,
-        Cell::Gru => 3,
-        Cell::Rnn => 1,
-    };
-    let gh = gates * hidden;
-    let expect = |i: usize, want: &[usize], what: &str| -> R<()> {
-        if let Some(t) = cx.input(i) {
-            if t.ty.shape.dims() != want {
-                return Err(cx.unsupported(format!("{what} has dims {:?}, {want:?} expected", t.ty.shape.dims())));
-            }
-            if !t.ty.dtype.is_float() {
-                return Err(cx.unsupported(format!("{what} must be a float")));
-            }
-        }
-        Ok(())
-    };
-    expect(1, &[nd, gh, input], "W")?;
-    expect(2, &[nd, gh, hidden], "R")?;
-    expect(3, &[nd, 2 * gh], "B")?;
-    let state_dims = if batch_major { vec![batch, nd, hidden] } else { vec![nd, batch, hidden] };
-    expect(5, &state_dims, "initial_h")?;
-    let lstm = cell == Cell::Lstm;
-    if lstm {
-        expect(6, &state_dims, "initial_c")?;
-        expect(7, &[nd, 3 * hidden], "P")?;
-    }
-    let has_lens = match cx.input(4) {
-        None => false,
-        Some(t) => {
-            if t.ty.shape.dims() != [batch] || !matches!(t.ty.dtype, DType::I32 | DType::I64) {
-                return Err(cx.unsupported(format!("sequence_lens has type {}", t.ty)));
-            }
-            // Constant lengths all equal to the sequence length change nothing.
-            match t.value.map(|v| v.to_i64_vec()) {
-                Some(Ok(v)) => v.iter().any(|&l| l != seq as i64),
-                _ => true,
-            }
-        }
-    };
-    let acts = activations(
-        cx,
-        match cell {
-            Cell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
-            Cell::Gru => &["Sigmoid", "Tanh"],
-            Cell::Rnn => &["Tanh"],
-        },
-        nd,
-    )?;
-    let clip = ra.clip.map(|c| c as f64);
-    if clip.is_some_and(|c| c.is_nan() || c < 0.0) {
-        return Err(cx.unsupported(format!("clip = {clip:?}")));
-    }
-    let input_forget = lstm && ra.input_forget;
-    let lbr = cell == Cell::Gru && ra.linear_before_reset;
-    let nres = cx.outputs.len();
-    if nres == 0 || nres > if lstm { 3 } else { 2 } {
-        return Err(cx.unsupported(format!("{nres} results")));
-    }
-    let y_dims = if batch_major { vec![batch, seq, nd, hidden] } else { vec![seq, nd, batch, hidden] };
-    for (i, ty) in cx.outputs.iter().enumerate() {
-        let want = if i == 0 { &y_dims } else { &state_dims };
-        if ty.shape.dims() != want.as_slice() || ty.dtype != xdt {
-            return Err(cx.unsupported(format!("result {i} has type {ty}")));
-        }
-    }
-    let rnn = Rnn {
-        cell,
-        ct,
-        seq,
-        input,
-        hidden,
-        nd,
-        batch_major,
-        reverse_only: direction == ka::RnnDirection::Reverse,
-        acts,
-        clip,
-        input_forget,
-        lbr,
-        has_b: cx.input(3).is_some(),
-        has_lens,
-        has_p: lstm && cx.input(7).is_some(),
-        sty: tensor_ty(cx, ct.dtype(), vec![nd, batch, hidden])?,
-    };
-    let mut steps: Vec<Step> = Vec::new();
-    let init_h = if cx.input(5).is_some() { State::Init(5) } else { State::Zero };
-    let init_c = if lstm && cx.input(6).is_some() { State::Init(6) } else { State::Zero };
-    let (mut h, mut c) = (init_h, init_c);
-    let mut hs: Vec<usize> = Vec::with_capacity(seq);
-    if rnn.seq > 0 && rnn.sty.shape.numel() > 0 {
-        // Step 0: X·Wᵀ + Wb, [seq, num_dir, batch, gates·hidden].
-        let pty = tensor_ty(cx, ct.dtype(), vec![seq, nd, batch, gh])?;
-        let mut pb = Binds::default();
-        let (xj, wj) =
-            (pb.add(Operand::Input(0), cx.input_ty(0)?.clone()), pb.add(Operand::Input(1), cx.input_ty(1)?.clone()));
-        let bj = if rnn.has_b { Some(pb.add(Operand::Input(3), cx.input_ty(3)?.clone())) } else { None };
-        steps.push(build(format!("{}_xw", cx.name), pty.clone(), &pb.list, |b, idx| {
-            let (t, d, bb, q) = (idx[0], idx[1], idx[2], idx[3]);
-            let i = b.new_var(rnn.input as u64);
-            let ie = b.var(i);
-            let xix = if rnn.batch_major { vec![bb, t, ie] } else { vec![t, bb, ie] };
-            let x = ld(b, xj, xix, ct);
-            let w = ld(b, wj, vec![d, q, ie], ct);
-            let p = b.mul(x, w);
-            let s = b.reduce(ReduceOp::Sum, vec![i], p);
-            Ok(match bj {
-                Some(bj) => {
-                    let wb = ld(b, bj, vec![d, q], ct);
-                    b.add(s, wb)
-                }
-                None => s,
-            })
-        })?);
-        for s in 0..seq {
-            match cell {
-                Cell::Rnn => {
-                    let k = rnn_step(cx, &rnn, &mut steps, &pty, s, h)?;
-                    h = State::Step(k);
-                }
-                Cell::Gru => {
-                    let k = gru_step(cx, &rnn, &mut steps, &pty, s, h)?;
-                    h = State::Step(k);
-                }
-                Cell::Lstm => {
-                    let (kc, kh) = lstm_step(cx, &rnn, &mut steps, &pty, s, h, c)?;
-                    c = State::Step(kc);
-                    h = State::Step(kh);
-                }
-            }
-            if let State::Step(k) = h {
-                hs.push(k);
-            }
-        }
-    }
-    // Y: a gather over the per-step states.
-    let mut outputs = Vec::with_capacity(nres);
-    let y = y_kernel(cx, &rnn, &hs)?;
-    steps.push(y);
-    outputs.push(Output::Step(steps.len() - 1));
-    for (r, st) in [(1, h), (2, c)] {
-        if r >= nres {
-            break;
-        }
-        match st {
-            State::Step(k) if !batch_major && xdt == ct.dtype() => outputs.push(Output::Step(k)),
-            st => {
-                let mut binds = Binds::default();
-                let j = rnn.bind_state(cx, &mut binds, st)?;
-                steps.push(build(result_name(cx, r), out_ty(cx, r)?.clone(), &binds.list, |b, idx| {
-                    let (d, bb, k) = if batch_major { (idx[1], idx[0], idx[2]) } else { (idx[0], idx[1], idx[2]) };
-                    Ok(rnn.state_at(b, st, j, d, bb, k))
-                })?);
-                outputs.push(Output::Step(steps.len() - 1));
-            }
-        }
-    }
-    Ok(Lowered { steps, outputs })
-}
-
-/// The common prologue of a step kernel: `(d, bb, j)`, the time index, whether it may
-/// be out of range, and the running condition.
-struct StepCx {
-    d: ExprId,
-    bb: ExprId,
-    j: ExprId,
-    t: ExprId,
-    clamped: bool,
-    valid: Option<ExprId>,
-}
-
-fn step_cx(rnn: &Rnn, b: &mut KernelBuilder, si: &StepIn, idx: &[ExprId], s: usize) -> StepCx {
-    let (d, bb, j) = (idx[0], idx[1], idx[2]);
-    let len = rnn.len_of(b, si.lens, bb);
-    let (t, valid) = rnn.time(b, s, d, len);
-    StepCx { d, bb, j, t, clamped: valid.is_some(), valid }
-}
-
-/// `valid ? new : old`.
-fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) -> ExprId {
-    match valid {
-        Some(v) => sel(b, v, new, old),
-        None => new,
-    }
-}
-
-/// One RNN step (1 kernel): `H = f(clip(X·Wᵀ + Wb + H·Rᵀ + Rb))`.
-fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
-    let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
-    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &si, idx, s);
-        let pre = rnn.pre(b, &si, h, hj, &sc, 0);
-        let new = rnn.gate(b, 0, sc.d, pre);
-        let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
-        Ok(keep(b, sc.valid, new, old))
-    })?);
-    Ok(steps.len() - 1)
-}
-
-/// One GRU step (gates z, r, h): with `linear_before_reset` 1 kernel,
-/// `h̃ = g(clip(xw_h + r·(H·R_hᵀ + Rb_h)))`; without, 2 kernels: `r ⊙ H`, then
-/// `h̃ = g(clip(xw_h + (r ⊙ H)·R_hᵀ + Rb_h))`. `H' = (1 − z)·h̃ + z·H`.
-fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
-    let mut rh = None;
-    if !rnn.lbr && !matches!(h, State::Zero) {
-        let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
-        steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-            let sc = step_cx(rnn, b, &si, idx, s);
-            let pre = rnn.pre(b, &si, h, hj, &sc, 1);
-            let r = rnn.gate(b, 0, sc.d, pre);
-            let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
-            Ok(b.mul(r, hv))
-        })?);
-        rh = Some(steps.len() - 1);
-    }
-    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
-    let rhj = rh.map(|k| binds.add(Operand::Step(k), rnn.sty.clone()));
-    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &si, idx, s);
-        let ct = rnn.ct;
-        let pz = rnn.pre(b, &si, h, hj, &sc, 0);
-        let z = rnn.gate(b, 0, sc.d, pz);
-        let ht = if rnn.lbr {
-            let pr = rnn.pre(b, &si, h, hj, &sc, 1);
-            let r = rnn.gate(b, 0, sc.d, pr);
-            // xw_h (with Wb, without Rb) + r·(H·R_hᵀ + Rb_h).
-            let off = b.index((2 * rnn.hidden) as i64);
-            let q = b.add(off, sc.j);
-            let ix = vec![sc.t, sc.d, sc.bb, q];
-            let xh = if sc.clamped { b.load_with(si.proj, ix, Bounds::Clamp) } else { b.load(si.proj, ix) };
-            let hr = rnn.rdot(b, &si, h, hj, &sc, 2);
-            let rb = si.b.map(|bi| {
-                let o = b.index((rnn.gh() + 2 * rnn.hidden) as i64);
-                let q = b.add(o, sc.j);
-                ld(b, bi, vec![sc.d, q], ct)
-            });
-            let hpart = match (hr, rb) {
-                (Some(x), Some(y)) => Some(b.add(x, y)),
-                (x, y) => x.or(y),
-            };
-            let pre = match hpart {
-                Some(p) => {
-                    let m = b.mul(r, p);
-                    b.add(xh, m)
-                }
-                None => xh,
-            };
-            rnn.gate(b, 1, sc.d, pre)
-        } else {
-            let x = rnn.xpart(b, &si, &sc, 2);
-            let dot = rhj.map(|rj| {
-                let k = b.new_var(rnn.hidden as u64);
-                let ke = b.var(k);
-                let v = b.load(rj, vec![sc.d, sc.bb, ke]);
-                let off = b.index((2 * rnn.hidden) as i64);
-                let q = b.add(off, sc.j);
-                let w = ld(b, si.r, vec![sc.d, q, ke], ct);
-                let p = b.mul(v, w);
-                b.reduce(ReduceOp::Sum, vec![k], p)
-            });
-            let pre = add_opt(b, x, dot);
-            rnn.gate(b, 1, sc.d, pre)
-        };
-        let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
-        let one = lit(b, ct, 1.0);
-        let omz = b.sub(one, z);
-        let a = b.mul(omz, ht);
-        let zh = b.mul(z, hv);
-        let new = b.add(a, zh);
-        Ok(keep(b, sc.valid, new, hv))
-    })?);
-    Ok(steps.len() - 1)
-}
-
-/// One LSTM step (2 kernels; gates i, o, f, c; peepholes i, o, f): C' = f·C + i·c̃,
-/// then H' = o·h(C') with o's peephole on C'.
-fn lstm_step(
-    cx: &OpCx<'_>,
-    rnn: &Rnn,
-    steps: &mut Vec<Step>,
-    pty: &TensorType,
-    s: usize,
-    h: State,
-    c: State,
-) -> R<(usize, usize)> {
-    let ct = rnn.ct;
-    let peep = |b: &mut KernelBuilder, si: &StepIn, d: ExprId, j: ExprId, which: usize, cv: ExprId| -> Option<ExprId> {
-        si.p.map(|pj| {
-            let o = b.index((which * rnn.hidden) as i64);
-            let q = b.add(o, j);
-            let p = ld(b, pj, vec![d, q], ct);
-            b.mul(p, cv)
-        })
-    };
-    // Kernel 1: the cell state.
-    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
-    let cj = rnn.bind_state(cx, &mut binds, c)?;
-    steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &si, idx, s);
-        let cp = rnn.state_at(b, c, cj, sc.d, sc.bb, sc.j);
-        let pre = |b: &mut KernelBuilder, g: usize| rnn.pre(b, &si, h, hj, &sc, g);
-        let pi = pre(b, 0);
-        let pih = peep(b, &si, sc.d, sc.j, 0, cp);
-        let pi = add_opt(b, pi, pih);
-        let i = rnn.gate(b, 0, sc.d, pi);
-        let f = if rnn.input_forget {
-            let one = lit(b, ct, 1.0);
-            b.sub(one, i)
-        } else {
-            let pf = pre(b, 2);
-            let pfh = peep(b, &si, sc.d, sc.j, 2, cp);
-            let pf = add_opt(b, pf, pfh);
-            rnn.gate(b, 0, sc.d, pf)
-        };
-        let pc = pre(b, 3);
-        let cand = rnn.gate(b, 1, sc.d, pc);
-        let fc = b.mul(f, cp);
-        let ic = b.mul(i, cand);
-        let new = b.add(fc, ic);
-        Ok(keep(b, sc.valid, new, cp))
-    })?);
-    let kc = steps.len() - 1;
-    // Kernel 2: the hidden state, from the new cell state.
-    let (mut binds, si, hj) = rnn.step_binds(cx, pty, h)?;
-    let cn = binds.add(Operand::Step(kc), rnn.sty.clone());
-    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &si, idx, s);
-        let cv = b.load(cn, vec![sc.d, sc.bb, sc.j]);
-        let po = rnn.pre(b, &si, h, hj, &sc, 1);
-        let poh = peep(b, &si, sc.d, sc.j, 1, cv);
-        let po = add_opt(b, po, poh);
-        let o = rnn.gate(b, 0, sc.d, po);
-        let hc = rnn.act(b, 2, sc.d, cv);
-        let new = b.mul(o, hc);
-        let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
-        Ok(keep(b, sc.valid, new, old))
-    })?);
-    Ok((kc, steps.len() - 1))
-}
-
-/// Y: for each time position, the state of the step that wrote it (a select over the
-/// steps, like a concatenation), zero past a row's length.
-fn y_kernel(cx: &OpCx<'_>, rnn: &Rnn, hs: &[usize]) -> R<Step> {
-    let out = out_ty(cx, 0)?.clone();
-    let mut binds = Binds::default();
-    let inputs: Vec<usize> = hs.iter().map(|&k| binds.add(Operand::Step(k), rnn.sty.clone())).collect();
-    let lens = if rnn.has_lens { Some(binds.add(Operand::Input(4), cx.input_ty(4)?.clone())) } else { None };
-    build(result_name(cx, 0), out, &binds.list, |b, idx| {
-        let (t, d, bb, j) =
-            if rnn.batch_major { (idx[1], idx[2], idx[0], idx[3]) } else { (idx[0], idx[1], idx[2], idx[3]) };
-        let rev = rnn.reversed(b, d);
-        let len = rnn.len_of(b, lens, bb);
-        let one = b.index(1);
-        // The step that wrote time t: t forwards, len − 1 − t backwards.
-        let last = match len {
-            Some(l) => b.sub(l, one),
-            None => b.index(rnn.seq as i64 - 1),
-        };
-        let back = b.sub(last, t);
-        let step = sel(b, rev, back, t);
-        let Some((&base, rest)) = inputs.split_last() else {
-            return Err(cx.unsupported("no time steps for a non-empty Y"));
-        };
-        let mut v = b.load(base, vec![d, bb, j]);
-        for (s, &k) in rest.iter().enumerate().rev() {
-            let x = b.load(k, vec![d, bb, j]);
-            let se = b.index(s as i64);
-            let hit = b.binary(B::Eq, step, se);
-            v = sel(b, hit, x, v);
-        }
-        Ok(match len {
-            Some(l) => {
-                let valid = b.binary(B::Lt, t, l);
-                let zero = lit(b, rnn.ct, 0.0);
-                sel(b, valid, v, zero)
-            }
-            None => v,
-        })
-    })
 }

@@ -14,17 +14,13 @@ use kiln_lower::{interpret, lower_op, Lowered, OpCx, OpInput};
 // Helpers.
 // ---------------------------------------------------------------------------
 
-
-
 fn flt(v: f32) -> Attr {
     Attr::Float(v)
 }
 
-
 fn strs(v: &[&str]) -> Attr {
     Attr::Strings(v.iter().map(|x| x.to_string()).collect())
 }
-
 
 fn ti(d: DType, dims: &[usize], v: &[i64]) -> Tensor {
     typed_i(d, dims, v)
@@ -745,20 +741,22 @@ fn gru_linear_before_reset_and_lstm_options() {
 
 #[test]
 fn recurrent_kernel_counts() {
-    // Projection + per-step kernels + Y (+ Y_h / Y_c where the layout differs).
+    // Projection + per-step kernels (the recurrent product, then the gates) + Y
+    // (+ Y_h / Y_c where the layout differs).
     let count = |r: Rec, extra: &[(&str, Attr)]| {
         let n = if r.kind == OpKind::LSTM { 3 } else { 2 };
         lowered(&r.op(extra), &r.inputs(), 1, n).0.steps.len()
     };
     let seq = 4;
-    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::RNN) }, &[]), 1 + seq + 1);
-    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[("linear_before_reset", int(1))]), 1 + seq + 1);
-    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[]), 1 + 2 * seq + 1);
-    // Without an initial state, the first GRU step has no r ⊙ H kernel.
-    assert_eq!(count(Rec::new(OpKind::GRU), &[]), 1 + 2 * seq);
-    assert_eq!(count(Rec::new(OpKind::LSTM), &[]), 1 + 2 * seq + 1);
+    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::RNN) }, &[]), 1 + 2 * seq + 1);
+    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[("linear_before_reset", int(1))]), 1 + 2 * seq + 1);
+    // Without linear_before_reset: z and r's product, r ⊙ H, its product, H.
+    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[]), 1 + 4 * seq + 1);
+    // Without an initial state, the first step has no product (and GRU no r ⊙ H).
+    assert_eq!(count(Rec::new(OpKind::GRU), &[]), 1 + 1 + 4 * (seq - 1) + 1);
+    assert_eq!(count(Rec::new(OpKind::LSTM), &[]), 1 + 2 + 3 * (seq - 1) + 1);
     // Batch-major results need their own Y_h and Y_c kernels.
-    assert_eq!(count(Rec { layout: 1, ..Rec::new(OpKind::LSTM) }, &[]), 1 + 2 * seq + 3);
+    assert_eq!(count(Rec { layout: 1, ..Rec::new(OpKind::LSTM) }, &[]), 1 + 2 + 3 * (seq - 1) + 3);
 }
 
 #[test]
