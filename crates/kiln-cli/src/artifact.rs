@@ -8,7 +8,7 @@ use std::time::Instant;
 use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage};
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
-use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
+use kiln_module::program::{Binding, Command, CpuFeature, KernelClass, Program, Slot};
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
 
@@ -215,7 +215,6 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
 /// of each took their class's microkernel; the rest took the general path (a note that
 /// starts with `general`), and those of a class other than general are fallbacks.
 fn class_summary(flow: &kiln_flow::program::FlowProgram, notes: &[String]) -> String {
-    use kiln_flow::class::KernelClass;
     let general = |i: usize| notes.get(i).is_none_or(|n| n.starts_with("general"));
     let mut parts = Vec::new();
     let mut fallbacks = 0;
@@ -822,7 +821,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                     Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
                         "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
-                        json_str(p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name())),
+                        json_str(p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name)),
                         bindings.iter().map(json_binding).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
@@ -897,7 +896,8 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             match c {
                 Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
                     let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
-                    let class = p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name());
+                    let class =
+                        p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name);
                     let b: Vec<String> = bindings.iter().map(|b| format!("{}:{}", slot_name(b), b.length)).collect();
                     let src = p
                         .debug

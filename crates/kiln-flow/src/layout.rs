@@ -24,7 +24,7 @@ use crate::affine::load_offset;
 use crate::contraction::Contraction;
 use crate::window::Depthwise;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
-use crate::class::KernelClass;
+use crate::class::{classify, KernelClass};
 use crate::program::{BufferKind, Dispatch, FlowProgram};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
@@ -66,7 +66,7 @@ fn put_in_front(
                 d.operands[input as usize] = buf;
             }
             d.kernel = kernel;
-            d.class = KernelClass::of(&d.kernel);
+            d.class = classify(&d.kernel);
             added += 1;
         }
         out.push(d);
@@ -329,7 +329,7 @@ pub fn relayout_constants(p: &mut FlowProgram) -> usize {
         let name = format!("{}.kn", p.buffer(p.dispatches[d].operands[input]).name);
         let b = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
         p.dispatches[d].operands[input] = b;
-        p.dispatches[d].class = KernelClass::of(&p.dispatches[d].kernel);
+        p.dispatches[d].class = classify(&p.dispatches[d].kernel);
         done += 1;
     }
     done
@@ -388,7 +388,7 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass)
             readers.push(1);
             p.dispatches[d].kernel = kernel;
             p.dispatches[d].operands[operand.input as usize] = buffer;
-            p.dispatches[d].class = KernelClass::of(&p.dispatches[d].kernel);
+            p.dispatches[d].class = classify(&p.dispatches[d].kernel);
             done += 1;
         }
     }

@@ -16,7 +16,7 @@
 //!   checked both on the program and against each kernel classified afresh.
 
 use kiln_filetest::Case;
-use kiln_flow::class::KernelClass;
+use kiln_flow::class::classify;
 use kiln_flow::kernel::Expr;
 use kiln_flow::program::{interpret, FlowProgram};
 use kiln_flow::text::{parse_program, print_program};
@@ -75,7 +75,7 @@ fn check(c: &Case) -> Result<(), String> {
             return Err(format!("{name}: classes {got:?}, the file states {want:?}:\n{text}"));
         }
         for d in &p.dispatches {
-            let fresh = KernelClass::of(&d.kernel);
+            let fresh = classify(&d.kernel);
             if fresh != d.class {
                 return Err(format!("{name}: {} carries class {} but is of class {fresh}", d.kernel.name, d.class));
             }

@@ -91,7 +91,7 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
     let k = |name: &str, entry| Kernel {
         name: name.into(),
         variants: vec![Variant { executable: 0, entry, features: 0 }],
-        class: KernelClass::Unknown,
+        class: None,
     };
     (x, vec![k("copy4", 0), k("add", 1), k("exp", 2)])
 }
@@ -257,7 +257,7 @@ pub fn reloc_program() -> Program {
     let k = |name: &str, entry| Kernel {
         name: name.into(),
         variants: vec![Variant { executable: 0, entry, features: 0 }],
-        class: KernelClass::Unknown,
+        class: None,
     };
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
