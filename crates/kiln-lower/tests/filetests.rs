@@ -4,7 +4,8 @@
 //! (review the diff: they pin the fusion decisions).
 //!
 //! Independently of the expectations, every program must
-//! - print to a text that parses back to the same program;
+//! - print to a text that parses back to the same program (the flow text form's round
+//!   trip for programs formed from graphs);
 //! - compute what the graph computes: the kernel interpreter against kiln-ref on
 //!   seeded random inputs (floats within 1e-5 relative + 1e-6 absolute, integers and
 //!   bools exactly);
