@@ -35,7 +35,7 @@
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
-use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output};
+use super::{broadcast_index, mean_from_parts, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output};
 use kiln_flow::kernel::{BinaryOp as B, Expr, ExprId, KernelBuilder, ScalarType as S, UnaryOp as U};
 
 type R<T> = Result<T, LowerError>;
@@ -934,8 +934,7 @@ fn int_mean(b: &mut KernelBuilder, v: &[ExprId], d: DType) -> ExprId {
         let k = b.int(S::I64, n);
         return b.div(acc, k);
     }
-    // 64-bit: sum = n·Q + R with Q = Σ xᵢ/n and R = Σ xᵢ%n (no overflow); the quotient is
-    // s = Q + R/n, corrected by one where s and c = R%n have opposite signs.
+    // 64-bit: sum = n·Q + R with Q = Σ xᵢ/n and R = Σ xᵢ%n (no overflow).
     let k = b.int(t, n);
     let (mut q, mut r) = (b.div(v[0], k), b.binary(B::Rem, v[0], k));
     for &x in &v[1..] {
@@ -943,23 +942,7 @@ fn int_mean(b: &mut KernelBuilder, v: &[ExprId], d: DType) -> ExprId {
         q = b.add(q, qx);
         r = b.add(r, rx);
     }
-    let a = b.div(r, k);
-    let s = b.add(q, a);
-    if !d.is_signed_int() {
-        return s;
-    }
-    let c = b.binary(B::Rem, r, k);
-    let (zero, one) = (b.int(t, 0), b.int(t, 1));
-    let sp = b.binary(B::Gt, s, zero);
-    let sn = b.binary(B::Lt, s, zero);
-    let cp = b.binary(B::Gt, c, zero);
-    let cn = b.binary(B::Lt, c, zero);
-    let down = b.binary(B::And, sp, cn);
-    let up = b.binary(B::And, sn, cp);
-    let sm = b.sub(s, one);
-    let sa = b.add(s, one);
-    let s2 = sel(b, down, sm, s);
-    sel(b, up, sa, s2)
+    mean_from_parts(b, q, r, k, d.is_signed_int())
 }
 
 fn where_(cx: &OpCx<'_>) -> R<Lowered> {
