@@ -138,7 +138,7 @@ fn signature_queries_describe_the_module() {
     // SAFETY: as above.
     ok(unsafe { kiln_module_arena_size(m, &mut size) });
     ok(unsafe { kiln_module_arena_align(m, &mut align) });
-    assert_eq!((size as u64, align as u64), (rt.limits().arena_size, rt.limits().arena_align));
+    assert_eq!((size as u64, align as u64), (rt.verified().limits().arena_size, rt.verified().limits().arena_align));
     assert!(size > 0 && align.is_power_of_two());
     // SAFETY: a live handle, freed once.
     unsafe { kiln_module_free(m) };

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage};
 use kiln_import::ImportOptions;
@@ -271,12 +271,16 @@ fn verify_plan(l: &Loaded) -> Result<kiln_runtime::VerifiedPlan<'_>, String> {
     kiln_runtime::Module::verify_plan(l.bytes.bytes()).map_err(|e| format!("{}: {e}", l.label))
 }
 
-/// A verified artifact (see [`verify_plan`]) and its weights: `--weights`, else, for an
-/// artifact that keeps them outside, the file it names beside the artifact.
-fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>, String), String> {
-    let loaded = read_artifact(a)?;
-    let plan = verify_plan(&loaded)?;
-    let weights = match (&loaded.path, &a.weights) {
+/// The weights of an artifact verified by [`verify_plan`] that are in a file:
+/// `--weights`, else, for an artifact that keeps them outside, the file it names beside
+/// the artifact. `None` for an artifact that embeds them and for a model compiled here
+/// (whose weights, when the compile kept them outside, are `compiled_weights`).
+fn weights_file(
+    a: &Args,
+    loaded: &Loaded,
+    plan: &kiln_runtime::VerifiedPlan<'_>,
+) -> Result<Option<AlignedBytes>, String> {
+    Ok(match (&loaded.path, &a.weights) {
         (None, _) => None,
         (Some(_), Some(w)) => Some(AlignedBytes::read(w).map_err(|e| format!("cannot read `{}`: {e}", w.display()))?),
         (Some(model), None) => {
@@ -304,10 +308,28 @@ fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>,
                 ConstantsView::Embedded(_) => None,
             }
         }
-    };
-    drop(plan);
-    let Loaded { bytes, compiled_weights, label, .. } = loaded;
-    Ok((bytes, weights.or(compiled_weights), label))
+    })
+}
+
+/// Loads an artifact (or a model compiled here) to run it, verifying it once: the plan
+/// ([`verify_plan`]), then its weights file ([`weights_file`], kept in `weights`) and the
+/// rest of the runtime's checks, and its code placed. Also returns how long verifying
+/// and loading took (reading the weights file is not counted).
+fn load_module<'l>(
+    a: &Args,
+    loaded: &'l Loaded,
+    weights: &'l mut Option<AlignedBytes>,
+) -> Result<(kiln_runtime::LoadedModule<'l>, Duration), String> {
+    let t0 = Instant::now();
+    let plan = verify_plan(loaded)?;
+    let t_verify = t0.elapsed();
+    *weights = weights_file(a, loaded, &plan)?;
+    let weights: &'l Option<AlignedBytes> = weights;
+    let t1 = Instant::now();
+    let module = plan
+        .load(weights.as_ref().or(loaded.compiled_weights.as_ref()).map(AlignedBytes::bytes))
+        .map_err(|e| format!("{}: {e}", loaded.label))?;
+    Ok((module, t_verify + t1.elapsed()))
 }
 
 /// `len` zero bytes for a buffer whose size an artifact gave, or an error naming it.
@@ -330,11 +352,10 @@ fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str
 
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
 pub(crate) fn run_cmd(a: Args) -> Result<(), String> {
-    let (bytes, weights, label) = artifact_and_weights(&a)?;
-    let t0 = Instant::now();
-    let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
-        .map_err(|e| format!("{label}: {e}"))?;
-    let t_load = t0.elapsed();
+    let loaded = read_artifact(&a)?;
+    let mut weights = None;
+    let (module, t_load) = load_module(&a, &loaded, &mut weights)?;
+    let label = &loaded.label;
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds(&a, &sig.inputs)?;
     let threads = threads(&a);
@@ -393,9 +414,10 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         return Err("--floor's fixed work is one thread's: leave out --threads (or give 1)".into());
     }
     let threads = if a.profile || a.floor { 1 } else { threads(&a) };
-    let (bytes, weights, label) = artifact_and_weights(&a)?;
-    let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
-        .map_err(|e| format!("{label}: {e}"))?;
+    let loaded = read_artifact(&a)?;
+    let mut weights = None;
+    let (module, _) = load_module(&a, &loaded, &mut weights)?;
+    let label = &loaded.label;
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds(&a, &sig.inputs)?;
     let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
@@ -423,7 +445,10 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         .iter()
         .chain(sig.outputs.iter())
         .map(|t| t.bytes as usize)
-        .chain([module.constants().len(), module.program().entries.first().map_or(0, |e| e.arena_size as usize)])
+        .chain([
+            module.constants().len(),
+            module.verified().program().entries.first().map_or(0, |e| e.arena_size as usize),
+        ])
         .fold(0usize, usize::saturating_add);
     // One timed call, in milliseconds.
     let mut call = || -> Result<f64, String> {
@@ -509,7 +534,7 @@ fn profile(
     outs: &mut [&mut [u8]],
     iterations: usize,
 ) -> Result<(), String> {
-    let p = module.program();
+    let p = module.verified().program();
     let main = p.entries.first().ok_or_else(|| format!("{label}: no entry point"))?;
     let n = main.commands.len();
     // times[c * iterations + k]: command c in call k.
@@ -603,7 +628,7 @@ fn profile(
 /// `perf report` reads for generated code): each kernel's address, size (up to the
 /// next kernel) and name, so a profile names the dispatches.
 fn write_perf_map(module: &kiln_runtime::LoadedModule<'_>) -> Result<(), String> {
-    let names: Vec<&str> = module.program().kernels.iter().map(|k| k.name).collect();
+    let names: Vec<&str> = module.verified().program().kernels.iter().map(|k| k.name).collect();
     let mut at: Vec<(usize, &str)> = module.kernel_addresses().zip(names).collect();
     at.sort();
     let mut text = String::new();

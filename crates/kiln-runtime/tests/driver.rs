@@ -131,7 +131,7 @@ fn raw_front_checks_counts_and_sizes() {
 fn caller_arena() {
     let file = write_program(&add_program(4));
     let m = load(&file, None).expect("load");
-    assert_eq!((m.limits().arena_size, m.limits().arena_align), (80, 64));
+    assert_eq!((m.verified().limits().arena_size, m.verified().limits().arena_align), (80, 64));
     let mut mem = vec![0u8; 80 + 128];
     let off = mem.as_ptr().align_offset(64);
     {
@@ -192,7 +192,7 @@ fn signature_accessors() {
         ("y", 2, &[16u64][..], 16)
     );
     assert!(sig.find("nope").is_none());
-    assert_eq!(m.variants(), [0, 0, 0]);
+    assert_eq!(m.verified().variants(), [0, 0, 0]);
 }
 
 #[test]

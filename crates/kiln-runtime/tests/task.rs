@@ -83,7 +83,7 @@ fn caller_arena_on_threads() {
     let n = 40u64;
     let file = write_program(&add_program(n));
     let m = load(&file, None).expect("load");
-    let size = m.limits().arena_size as usize;
+    let size = m.verified().limits().arena_size as usize;
     let mut mem = vec![0u8; size + 128];
     let off = mem.as_ptr().align_offset(64);
     let (a, b) = (ramp(n, 1.0), ramp(n, 2.0));
