@@ -311,25 +311,24 @@ fn weights_file(
     })
 }
 
-/// Loads an artifact (or a model compiled here) to run it, verifying it once: the plan
-/// ([`verify_plan`]), then its weights file ([`weights_file`], kept in `weights`) and the
-/// rest of the runtime's checks, and its code placed. Also returns how long verifying
-/// and loading took (reading the weights file is not counted).
-fn load_module<'l>(
+/// Reads the artifact of `a` (or compiles its model), loads it verifying it once (the
+/// plan with [`verify_plan`], then, with its weights from [`weights_file`], the rest of
+/// the runtime's checks) and calls `then` with the module, the artifact's label and how
+/// long verifying and loading took (reading the weights file is not counted).
+fn with_module<T>(
     a: &Args,
-    loaded: &'l Loaded,
-    weights: &'l mut Option<AlignedBytes>,
-) -> Result<(kiln_runtime::LoadedModule<'l>, Duration), String> {
+    then: impl FnOnce(&kiln_runtime::LoadedModule<'_>, &str, Duration) -> Result<T, String>,
+) -> Result<T, String> {
+    let loaded = read_artifact(a)?;
     let t0 = Instant::now();
-    let plan = verify_plan(loaded)?;
+    let plan = verify_plan(&loaded)?;
     let t_verify = t0.elapsed();
-    *weights = weights_file(a, loaded, &plan)?;
-    let weights: &'l Option<AlignedBytes> = weights;
+    let weights = weights_file(a, &loaded, &plan)?;
     let t1 = Instant::now();
     let module = plan
         .load(weights.as_ref().or(loaded.compiled_weights.as_ref()).map(AlignedBytes::bytes))
         .map_err(|e| format!("{}: {e}", loaded.label))?;
-    Ok((module, t_verify + t1.elapsed()))
+    then(&module, &loaded.label, t_verify + t1.elapsed())
 }
 
 /// `len` zero bytes for a buffer whose size an artifact gave, or an error naming it.
@@ -352,15 +351,16 @@ fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str
 
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
 pub(crate) fn run_cmd(a: Args) -> Result<(), String> {
-    let loaded = read_artifact(&a)?;
-    let mut weights = None;
-    let (module, t_load) = load_module(&a, &loaded, &mut weights)?;
-    let label = &loaded.label;
+    with_module(&a, |module, label, t_load| run_module(&a, module, label, t_load))
+}
+
+/// `kiln run` once the module is loaded (in `t_load`).
+fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_load: Duration) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(&a, &sig.inputs)?;
-    let threads = threads(&a);
-    let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let mut outs = output_buffers(sig.outputs, &label)?;
+    let feeds = feeds(a, &sig.inputs)?;
+    let threads = threads(a);
+    let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
+    let mut outs = output_buffers(sig.outputs, label)?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let t1 = Instant::now();
     {
@@ -414,19 +414,20 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         return Err("--floor's fixed work is one thread's: leave out --threads (or give 1)".into());
     }
     let threads = if a.profile || a.floor { 1 } else { threads(&a) };
-    let loaded = read_artifact(&a)?;
-    let mut weights = None;
-    let (module, _) = load_module(&a, &loaded, &mut weights)?;
-    let label = &loaded.label;
+    with_module(&a, |module, label, _| bench_module(&a, module, label, threads))
+}
+
+/// `kiln bench` once the module is loaded.
+fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, threads: usize) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(&a, &sig.inputs)?;
-    let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
+    let feeds = feeds(a, &sig.inputs)?;
+    let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
     if std::env::var_os("KILN_PERF_MAP").is_some() {
-        write_perf_map(&module)?;
+        write_perf_map(module)?;
     }
     // The inputs and outputs as a program embedding kiln would keep them: aligned, and
     // on huge pages where the system has them (as numpy's large arrays are).
-    let mut outs = output_buffers(sig.outputs, &label)?;
+    let mut outs = output_buffers(sig.outputs, label)?;
     let in_bufs: Vec<AlignedBytes> = feeds.iter().map(|t| AlignedBytes::copy_from(t.bytes())).collect();
     let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
@@ -435,7 +436,7 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
     }
     if a.profile {
-        return profile(&a, &label, &module, &mut instance, &ins, &mut out_refs, iterations);
+        return profile(a, label, module, &mut instance, &ins, &mut out_refs, iterations);
     }
     // With --floor: fixed work reading as many bytes as a call walks, as long as a call
     // (tuned against interleaved calls, as many as the warm-up's, 5 to 200) or with the
@@ -492,7 +493,7 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         };
         write_stdout(&format!(
             "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}{floor}}}\n",
-            json_str(&label),
+            json_str(label),
             json_ms(st.median),
             json_ms(st.p99),
             json_ms(st.stddev),
