@@ -5,13 +5,12 @@
 
 mod common;
 
-use common::{fails_with, kiln, lenet_artifact, ok, s, scratch, LENET};
+use common::{fails_with, kiln, lenet_artifact, ok, onnx_model, s, scratch, LENET};
 
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    AttributeProto, NodeProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
-use prost::Message;
 use std::path::Path;
 
 /// A dimension: fixed, or free under a name.
@@ -67,19 +66,8 @@ fn int_attr(name: &str, i: i64) -> AttributeProto {
 
 /// Writes a model of `nodes` with these inputs and (untyped) outputs.
 fn write_model(path: &Path, nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: &[&str]) {
-    let m = ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-        graph: Some(GraphProto {
-            node: nodes,
-            name: Some("g".into()),
-            input: inputs,
-            output: outputs.iter().map(|o| value_info(o, 0, None)).collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    std::fs::write(path, m.encode_to_vec()).expect("write model");
+    let outputs = outputs.iter().map(|o| value_info(o, 0, None)).collect();
+    std::fs::write(path, onnx_model(nodes, inputs, outputs, Vec::new())).expect("write model");
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! Running the `kiln` binary from tests: its exit status and output, the shape of a
-//! clean failure (one `error:` line, no panic), scratch folders, and LeNet compiled.
+//! clean failure (one `error:` line, no panic), scratch folders, LeNet compiled, and
+//! ONNX models built in the test.
 #![allow(dead_code)]
 
+use kiln_import::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto};
+use prost::Message;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -59,4 +62,21 @@ pub fn lenet_artifact(suite: &str, name: &str) -> (PathBuf, PathBuf) {
     let art = dir.join("lenet.kiln");
     ok(&["compile", LENET, "-o", s(&art)]);
     (dir, art)
+}
+
+/// An ONNX model (IR version 8, opset 17) of the graph `g` with these nodes, inputs,
+/// outputs and initializers, encoded.
+pub fn onnx_model(
+    node: Vec<NodeProto>,
+    input: Vec<ValueInfoProto>,
+    output: Vec<ValueInfoProto>,
+    initializer: Vec<TensorProto>,
+) -> Vec<u8> {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(GraphProto { node, name: Some("g".into()), initializer, input, output, ..Default::default() }),
+        ..Default::default()
+    }
+    .encode_to_vec()
 }
