@@ -619,16 +619,32 @@ fn is_class(cx: &OpCx<'_>) -> R<Lowered> {
 // Binary ops.
 // ---------------------------------------------------------------------------
 
+/// A binary op that is one kernel operation on its two (broadcast) operands: arithmetic,
+/// comparisons, logical and bitwise ops (the dtypes checked by the caller).
+fn pointwise(cx: &OpCx<'_>) -> R<Lowered> {
+    use OpKind::*;
+    let op = match cx.op.kind {
+        Add => B::Add,
+        Sub => B::Sub,
+        Mul => B::Mul,
+        Div => B::Div,
+        Equal => B::Eq,
+        Greater => B::Gt,
+        GreaterOrEqual => B::Ge,
+        Less => B::Lt,
+        LessOrEqual => B::Le,
+        And | BitwiseAnd => B::And,
+        Or | BitwiseOr => B::Or,
+        Xor | BitwiseXor => B::Xor,
+        _ => return Err(cx.unsupported("not a pointwise binary op")),
+    };
+    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+}
+
 fn arith(cx: &OpCx<'_>) -> R<Lowered> {
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d.is_float() || d.is_int(), "a numeric dtype")?;
-    let op = match cx.op.kind {
-        OpKind::Add => B::Add,
-        OpKind::Sub => B::Sub,
-        OpKind::Mul => B::Mul,
-        _ => B::Div,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// Mod: `fmod=1` is the truncated remainder (C's `fmod`); `fmod=0` takes the divisor's
@@ -808,14 +824,7 @@ fn ipow_const(b: &mut KernelBuilder, base: ExprId, e: u64, neg: bool, base_signe
 
 fn compare(cx: &OpCx<'_>) -> R<Lowered> {
     same_dtype(cx, [0, 1])?;
-    let op = match cx.op.kind {
-        OpKind::Equal => B::Eq,
-        OpKind::Greater => B::Gt,
-        OpKind::GreaterOrEqual => B::Ge,
-        OpKind::Less => B::Lt,
-        _ => B::Le,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// And, Or, Xor, Not on bool.
@@ -827,12 +836,7 @@ fn logical(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d == DType::Bool, "bool")?;
-    let op = match cx.op.kind {
-        OpKind::And => B::And,
-        OpKind::Or => B::Or,
-        _ => B::Xor,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot on integers.
@@ -844,12 +848,7 @@ fn bitwise(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d.is_int(), "an integer dtype")?;
-    let op = match cx.op.kind {
-        OpKind::BitwiseAnd => B::And,
-        OpKind::BitwiseOr => B::Or,
-        _ => B::Xor,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// BitShift on unsigned integers; amounts of the width or more give 0.
