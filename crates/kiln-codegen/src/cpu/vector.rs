@@ -104,6 +104,19 @@ pub(crate) struct Vx<'a> {
     pub held: &'a [(u32, V)],
 }
 
+/// `$vx.a.$ins` with the vector registers `$v…` in the width `$vx` emits (`zmm` when
+/// wide, else `ymm`), then the other operands `$rest…`: an instruction both widths have
+/// in the same form.
+macro_rules! either_width {
+    ($vx:ident . $ins:ident ( $($v:expr),+ ; $($rest:expr),* )) => {
+        if $vx.wide {
+            $vx.a.$ins($(z($v)),+ $(, $rest)*)?;
+        } else {
+            $vx.a.$ins($(y($v)),+ $(, $rest)*)?;
+        }
+    };
+}
+
 fn y(v: V) -> AsmRegisterYmm {
     YMM[v.0 as usize]
 }
@@ -217,31 +230,19 @@ impl Vx<'_> {
 
     /// `d = x >> n` (arithmetic, 32-bit lanes).
     pub fn sra(&mut self, d: V, x: V, n: i32) -> R<()> {
-        if self.wide {
-            self.a.vpsrad(z(d), z(x), n)?;
-        } else {
-            self.a.vpsrad(y(d), y(x), n)?;
-        }
+        either_width!(self.vpsrad(d, x; n));
         Ok(())
     }
 
     /// `d = x << n` (32-bit lanes).
     pub fn sll(&mut self, d: V, x: V, n: i32) -> R<()> {
-        if self.wide {
-            self.a.vpslld(z(d), z(x), n)?;
-        } else {
-            self.a.vpslld(y(d), y(x), n)?;
-        }
+        either_width!(self.vpslld(d, x; n));
         Ok(())
     }
 
     /// `d = √x`.
     pub fn sqrt(&mut self, d: V, x: V) -> R<()> {
-        if self.wide {
-            self.a.vsqrtps(z(d), z(x))?;
-        } else {
-            self.a.vsqrtps(y(d), y(x))?;
-        }
+        either_width!(self.vsqrtps(d, x;));
         Ok(())
     }
 
@@ -313,11 +314,7 @@ impl Vx<'_> {
 
     /// `d` = the f32 at `mem` in every lane.
     pub fn broadcast(&mut self, d: V, mem: AsmMemoryOperand) -> R<()> {
-        if self.wide {
-            self.a.vbroadcastss(z(d), mem)?;
-        } else {
-            self.a.vbroadcastss(y(d), mem)?;
-        }
+        either_width!(self.vbroadcastss(d; mem));
         Ok(())
     }
 
