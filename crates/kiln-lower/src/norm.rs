@@ -1532,6 +1532,25 @@ fn step_cx(rnn: &Rnn, b: &mut KernelBuilder, si: &StepIn, idx: &[ExprId], s: usi
     StepCx { d, bb, j, t, clamped: valid.is_some(), valid }
 }
 
+/// In a step kernel at `idx`: the step's context, gate `g` (its pre-activation through
+/// the first activation) and the value of the state `h` (bound as input `hj`) it updates.
+/// The RNN step's one gate; GRU's reset gate, for `r ⊙ H`.
+fn gate_and_state(
+    rnn: &Rnn,
+    b: &mut KernelBuilder,
+    si: &StepIn,
+    idx: &[ExprId],
+    s: usize,
+    (h, hj): (State, Option<usize>),
+    g: usize,
+) -> (StepCx, ExprId, ExprId) {
+    let sc = step_cx(rnn, b, si, idx, s);
+    let pre = rnn.pre(b, si, h, hj, &sc, g);
+    let gate = rnn.gate(b, 0, sc.d, pre);
+    let state = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+    (sc, gate, state)
+}
+
 /// `valid ? new : old`.
 fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) -> ExprId {
     match valid {
@@ -1544,10 +1563,7 @@ fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) 
 fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s: usize, h: State) -> R<usize> {
     let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &si, idx, s);
-        let pre = rnn.pre(b, &si, h, hj, &sc, 0);
-        let new = rnn.gate(b, 0, sc.d, pre);
-        let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+        let (sc, new, old) = gate_and_state(rnn, b, &si, idx, s, (h, hj), 0);
         Ok(keep(b, sc.valid, new, old))
     })?);
     Ok(steps.len() - 1)
@@ -1561,10 +1577,7 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, pty: &TensorType, s
     if !rnn.lbr && !matches!(h, State::Zero) {
         let (binds, si, hj) = rnn.step_binds(cx, pty, h)?;
         steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-            let sc = step_cx(rnn, b, &si, idx, s);
-            let pre = rnn.pre(b, &si, h, hj, &sc, 1);
-            let r = rnn.gate(b, 0, sc.d, pre);
-            let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+            let (_, r, hv) = gate_and_state(rnn, b, &si, idx, s, (h, hj), 1);
             Ok(b.mul(r, hv))
         })?);
         rh = Some(steps.len() - 1);
