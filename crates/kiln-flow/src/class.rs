@@ -137,22 +137,12 @@ mod tests {
     use crate::kernel::{BinaryOp, Bounds, ReduceOp, UnaryOp};
     use crate::KernelBuilder;
 
-    use crate::test_types::{t, ti};
+    use crate::test_types::{matmul_bias, t, ti};
 
     /// `out[m, n] = Σ_k x[m, k] · w[k, n] + b[n]`.
     #[test]
     fn matmul_is_a_contraction() {
-        let mut kb = KernelBuilder::new("mm", vec![t(&[4, 8]), t(&[8, 16]), t(&[16])], t(&[4, 16]));
-        let o = kb.out_index();
-        let kv = kb.new_var(8);
-        let kk = kb.var(kv);
-        let x = kb.load(0, vec![o[0], kk]);
-        let w = kb.load(1, vec![kk, o[1]]);
-        let p = kb.mul(x, w);
-        let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
-        let b = kb.load(2, vec![o[1]]);
-        let y = kb.add(s, b);
-        assert_eq!(classify(&kb.finish(y).unwrap()), KernelClass::Contraction);
+        assert_eq!(classify(&matmul_bias(4, 8, 16)), KernelClass::Contraction);
     }
 
     /// A 3×3 convolution over 4 input channels, in bounds (its input already padded).
