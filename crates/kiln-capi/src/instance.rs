@@ -22,7 +22,7 @@ pub struct kiln_instance {
     // module (`module`), so it comes first and they come last.
     /// The runtime's instance, its lifetime erased to `'static`.
     ///
-    /// SAFETY (of the erasure): it borrows `module.loaded`, which lives in the `Arc` this
+    /// SAFETY (of the erasure): it borrows `module.owned`'s module, which lives in the `Arc` this
     /// instance holds (`module`, dropped after `inst`; the module is never modified),
     /// and the arena memory `arena` owns (or the caller's, which `kiln_instance_create_in`
     /// requires to outlive the instance), never used by anything else and released only
@@ -183,8 +183,8 @@ impl kiln_instance {
         let threads = thread_count(threads)?;
         // SAFETY: see `kiln_instance::inst`: the module stays in the `Arc` this instance
         // holds until after the runtime instance is dropped.
-        let loaded: &'static LoadedModule<'static> = unsafe { &*std::ptr::from_ref(&module.loaded) };
-        let limits = loaded.limits();
+        let loaded: &'static LoadedModule<'static> = unsafe { &*std::ptr::from_ref(module.owned.module()).cast() };
+        let limits = loaded.verified().limits();
         // Verified at load: fits usize, alignment a power of two ≤ 4096.
         let (size, align) = (limits.arena_size as usize, limits.arena_align as usize);
         let (inst, arena) = match arena {

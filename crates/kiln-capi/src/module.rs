@@ -1,11 +1,11 @@
-//! `kiln_module`: a loaded artifact together with the bytes it borrows, and the
-//! signature queries.
+//! `kiln_module`: a loaded artifact (the runtime's [`OwnedModule`]), and the signature
+//! queries.
 
 use crate::error::{guard, guard_void, non_null, Error};
 use crate::{kiln_dtype, kiln_status, kiln_tensor_info};
-use ::kiln_module::sections::{read_program, ConstantsView, TensorView};
+use ::kiln_module::sections::TensorView;
 use kiln_runtime::fs::AlignedBytes;
-use kiln_runtime::{LoadedModule, Module};
+use kiln_runtime::OwnedModule;
 use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,41 +17,21 @@ use std::sync::Arc;
 /// instance is.
 // The handle is `Arc::into_raw` of an `Arc<kiln_module>`; instances hold clones.
 pub struct kiln_module {
-    // Fields drop in declaration order: `loaded` borrows `artifact` and `weights`, so
-    // it comes first.
-    /// The runtime's module, its lifetime erased to `'static`.
-    ///
-    /// SAFETY (of the erasure): it borrows the bytes of `artifact` and `weights` only.
-    /// Those live in heap buffers (or, for `Bytes::Caller`, in the caller's memory,
-    /// which the caller keeps as `kiln_module_load_bytes_nocopy` requires) that are never
-    /// written, moved or freed before `loaded` is dropped: moving a `kiln_module` (into
-    /// its `Arc`) moves the buffers' owners, not the bytes, and no `&mut` to them is ever
-    /// made. Nothing hands out a reference with the erased lifetime: every accessor ties
-    /// it to a borrow of `self` (instances keep an `Arc` to this module, see
-    /// `instance.rs`).
-    pub(crate) loaded: LoadedModule<'static>,
+    /// The runtime's module and the bytes it reads (copies it owns, or the caller's for
+    /// `kiln_module_load_bytes_nocopy`).
+    pub(crate) owned: OwnedModule,
     /// The entry point this API runs: `main`, else the first.
     pub(crate) entry: usize,
     pub(crate) inputs: Vec<Tensor>,
     pub(crate) outputs: Vec<Tensor>,
-    _artifact: Bytes,
-    _weights: Option<Bytes>,
 }
 
 // Proof that sharing a module between threads (its `Arc` is cloned by instances
-// created anywhere) is sound: the runtime's module is itself `Send + Sync`.
+// created anywhere) is sound.
 const _: () = {
     const fn shareable<T: Send + Sync>() {}
     shareable::<kiln_module>();
 };
-
-/// Where the artifact's or the weights' bytes live.
-enum Bytes {
-    /// A 64-byte-aligned copy the module owns.
-    Owned(#[allow(dead_code)] AlignedBytes),
-    /// The caller's memory (`kiln_module_load_bytes_nocopy`): nothing to free.
-    Caller,
-}
 
 /// A signature entry with a NUL-terminated name, for `kiln_tensor_info`.
 pub(crate) struct Tensor {
@@ -87,32 +67,16 @@ impl Tensor {
 }
 
 impl kiln_module {
-    /// Loads `artifact` (and `weights`) and takes ownership of their storage.
-    ///
-    /// # Safety
-    ///
-    /// `artifact` and `weights` point into `artifact_owner` / `weights_owner` (heap
-    /// buffers that are never written or moved) or, where an owner is `Bytes::Caller`,
-    /// into caller memory that stays valid and unmodified until the module is dropped.
-    unsafe fn load(
-        artifact: &'static [u8],
-        artifact_owner: Bytes,
-        weights: Option<(&'static [u8], Bytes)>,
-    ) -> Result<Arc<kiln_module>, Error> {
-        let (weights, weights_owner) = match weights {
-            Some((w, o)) => (Some(w), Some(o)),
-            None => (None, None),
-        };
-        let loaded = Module::load(artifact, weights)?;
-        let sig = loaded.signature();
+    /// The C API's module around a loaded one: its default entry point's signature.
+    fn new(owned: OwnedModule) -> Result<Arc<kiln_module>, Error> {
+        let sig = owned.module().signature();
         let entry = sig
-            .find("main")
-            .or_else(|| sig.entry(0))
+            .default_entry()
             .ok_or_else(|| Error::new(kiln_status::InvalidArtifact, "the module has no entry points"))?;
         let inputs = entry.inputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
         let outputs = entry.outputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
         let entry = entry.index;
-        Ok(Arc::new(kiln_module { loaded, entry, inputs, outputs, _artifact: artifact_owner, _weights: weights_owner }))
+        Ok(Arc::new(kiln_module { owned, entry, inputs, outputs }))
     }
 
     fn input(&self, index: usize) -> Result<&Tensor, Error> {
@@ -126,16 +90,6 @@ impl kiln_module {
             Error::arg(format!("output index {index} is out of range (the module has {} outputs)", self.outputs.len()))
         })
     }
-}
-
-/// A 64-byte-aligned copy of `bytes` and a `'static` view of it.
-fn owned_copy(bytes: &[u8]) -> (&'static [u8], Bytes) {
-    let a = AlignedBytes::copy_from(bytes);
-    // SAFETY: the view points into `a`'s heap buffer, which `Bytes::Owned(a)` keeps
-    // unmodified and in place until the module that borrows it is dropped (see
-    // `kiln_module::loaded`).
-    let view: &'static [u8] = unsafe { &*std::ptr::from_ref(a.bytes()) };
-    (view, Bytes::Owned(a))
 }
 
 /// A `'static` view of caller memory, checked for null.
@@ -259,14 +213,13 @@ unsafe fn load_caller_bytes(
         let artifact = unsafe { caller_bytes(data, len, "data")? };
         // SAFETY: as above.
         let weights = unsafe { caller_weights(weights, weights_len)? };
-        let borrowed = |b: &'static [u8]| (b, Bytes::Caller);
-        let (artifact, weights) = match copy {
-            true => (owned_copy(artifact), weights.map(owned_copy)),
-            false => (borrowed(artifact), weights.map(borrowed)),
+        let owned = match copy {
+            true => OwnedModule::load(AlignedBytes::copy_from(artifact), weights.map(AlignedBytes::copy_from))?,
+            // SAFETY: the caller keeps the bytes valid and unmodified while the module
+            // lives (the nocopy contract).
+            false => unsafe { OwnedModule::load_in_place(artifact, weights)? },
         };
-        // SAFETY: the views point into the owned copies handed over with them, or into
-        // the caller's bytes, which its guarantee covers.
-        let m = unsafe { kiln_module::load(artifact.0, artifact.1, weights)? };
+        let m = kiln_module::new(owned)?;
         // SAFETY: `out` checked above.
         unsafe { give(out, m) };
         Ok(())
@@ -289,23 +242,6 @@ fn path_of(p: &CStr, name: &str) -> Result<PathBuf, Error> {
 
 fn read(path: &Path) -> Result<AlignedBytes, Error> {
     AlignedBytes::read(path).map_err(|e| Error::new(kiln_status::Io, format!("cannot read {}: {e}", path.display())))
-}
-
-/// The weights file an artifact names, beside it (as `kiln run` looks for it); `None`
-/// for a module that embeds its weights, or a recorded name that is not a plain file
-/// name (the loader then reports the weights missing).
-fn weights_beside(artifact_path: &Path, artifact: &[u8]) -> Option<PathBuf> {
-    let container = ::kiln_module::Module::parse(artifact).ok()?;
-    let program = read_program(&container).ok()?;
-    match program.constants {
-        ConstantsView::External { file, .. } => {
-            // Never leave the artifact's folder on the artifact's word.
-            let plain = Path::new(file).file_name().is_some_and(|n| n == file);
-            let dir = artifact_path.parent().unwrap_or(Path::new("."));
-            plain.then(|| dir.join(file))
-        }
-        ConstantsView::Embedded(_) => None,
-    }
 }
 
 /// Loads an artifact from the file `path`, with its external weights from
@@ -340,7 +276,7 @@ pub unsafe extern "C" fn kiln_module_load_file(
             let artifact = read(&path)?;
             let (weights_path, beside) = match &weights_path {
                 Some(p) => (Some(p.clone()), false),
-                None => (weights_beside(&path, artifact.bytes()), true),
+                None => (kiln_runtime::fs::weights_beside(&path, artifact.bytes()), true),
             };
             let weights = match &weights_path {
                 // Looked for beside the artifact and not there: the loader says which
@@ -350,13 +286,12 @@ pub unsafe extern "C" fn kiln_module_load_file(
                 None => None,
             };
             let found = weights.is_some();
-            let (a, a_owner) = owned_from(artifact);
-            let w = weights.map(owned_from);
-            // SAFETY: the views point into the owned buffers handed over with them.
-            unsafe { kiln_module::load(a, a_owner, w) }.map_err(|e| match (&weights_path, e.status) {
-                (Some(p), kiln_status::Weights) if found => e.context(format!("weights {}", p.display())),
-                (Some(p), kiln_status::Weights) => e.context(format!("no weights file at {}", p.display())),
-                _ => e,
+            OwnedModule::load(artifact, weights).map_err(Error::from).and_then(kiln_module::new).map_err(|e| {
+                match (&weights_path, e.status) {
+                    (Some(p), kiln_status::Weights) if found => e.context(format!("weights {}", p.display())),
+                    (Some(p), kiln_status::Weights) => e.context(format!("no weights file at {}", p.display())),
+                    _ => e,
+                }
             })
         };
         let m = load().map_err(|e| e.context(path.display()))?;
@@ -364,13 +299,6 @@ pub unsafe extern "C" fn kiln_module_load_file(
         unsafe { give(out, m) };
         Ok(())
     })
-}
-
-fn owned_from(a: AlignedBytes) -> (&'static [u8], Bytes) {
-    // SAFETY: as in `owned_copy`: the view points into `a`'s heap buffer, kept in place
-    // and unmodified by `Bytes::Owned(a)` for as long as the module lives.
-    let view: &'static [u8] = unsafe { &*std::ptr::from_ref(a.bytes()) };
-    (view, Bytes::Owned(a))
 }
 
 /// Releases a module handle. Instances made from it keep the module alive until they
@@ -533,7 +461,7 @@ pub unsafe extern "C" fn kiln_module_arena_size(m: *const kiln_module, size: *mu
     unsafe {
         query("kiln_module_arena_size", m, size, "size", |m| {
             // Verified at load: the arena size fits usize.
-            usize::try_from(m.loaded.limits().arena_size)
+            usize::try_from(m.owned.module().verified().limits().arena_size)
                 .map_err(|_| Error::new(kiln_status::InvalidArtifact, "the arena does not fit the address space"))
         })
     }
@@ -551,7 +479,7 @@ pub unsafe extern "C" fn kiln_module_arena_align(m: *const kiln_module, align: *
     unsafe {
         query("kiln_module_arena_align", m, align, "align", |m| {
             // Verified at load: a power of two ≤ 4096.
-            Ok(m.loaded.limits().arena_align as usize)
+            Ok(m.owned.module().verified().limits().arena_align as usize)
         })
     }
 }

@@ -81,6 +81,16 @@ fn info(m: *const kiln_module, input: bool, index: usize) -> kiln_tensor_info {
     t
 }
 
+/// The module's arena size and alignment (`kiln_module_arena_size`, `_align`).
+fn arena(m: *const kiln_module) -> (usize, usize) {
+    let (mut size, mut align) = (0, 0);
+    // SAFETY: a live module, writable out-pointers.
+    ok(unsafe { kiln_module_arena_size(m, &mut size) });
+    // SAFETY: as above.
+    ok(unsafe { kiln_module_arena_align(m, &mut align) });
+    (size, align)
+}
+
 fn input_bytes() -> Vec<u8> {
     f32_bytes(&pattern_f32(0, 28 * 28))
 }
@@ -134,11 +144,8 @@ fn signature_queries_describe_the_module() {
     let s = unsafe { kiln_module_output_info(m, 1, &mut t) };
     assert_fails(s, kiln_status::InvalidArgument, "kiln_module_output_info", "output index 1 is out of range");
 
-    let (mut size, mut align) = (0, 0);
-    // SAFETY: as above.
-    ok(unsafe { kiln_module_arena_size(m, &mut size) });
-    ok(unsafe { kiln_module_arena_align(m, &mut align) });
-    assert_eq!((size as u64, align as u64), (rt.limits().arena_size, rt.limits().arena_align));
+    let (size, align) = arena(m);
+    assert_eq!((size as u64, align as u64), (rt.verified().limits().arena_size, rt.verified().limits().arena_align));
     assert!(size > 0 && align.is_power_of_two());
     // SAFETY: a live handle, freed once.
     unsafe { kiln_module_free(m) };
@@ -456,10 +463,8 @@ fn null_pointers_are_invalid_arguments_never_crashes() {
 #[test]
 fn caller_arena_must_fit_and_be_aligned() {
     let m = load(&lenet().artifact, None);
-    let (mut size, mut align) = (0, 0);
+    let (size, align) = arena(m);
     // SAFETY (whole test): a live module; arenas outlive the instances made in them.
-    ok(unsafe { kiln_module_arena_size(m, &mut size) });
-    ok(unsafe { kiln_module_arena_align(m, &mut align) });
     let mut mem = vec![0u8; size + 2 * align + 64];
     let base = mem.as_mut_ptr();
     let aligned = unsafe { base.add(base.align_offset(align.max(2))) };
@@ -529,10 +534,8 @@ unsafe extern "C" fn seen_free(ctx: *mut c_void, p: *mut c_void, size: usize, al
 #[test]
 fn the_callers_allocator_gets_the_arena_and_buffers_back() {
     let m = load(&lenet().artifact, None);
-    let (mut size, mut align) = (0, 0);
+    let (size, align) = arena(m);
     // SAFETY (whole test): live handles; `seen` outlives every instance using it.
-    ok(unsafe { kiln_module_arena_size(m, &mut size) });
-    ok(unsafe { kiln_module_arena_align(m, &mut align) });
     // Reached only through this pointer, as the allocator reaches it.
     let seen: *mut Seen = Box::into_raw(Box::default());
     let hook = kiln_allocator { alloc: Some(seen_alloc), free: Some(seen_free), ctx: seen.cast() };

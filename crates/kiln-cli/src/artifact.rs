@@ -3,12 +3,12 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
-use kiln_module::program::{Binding, Command, CpuFeature, Program, Slot};
+use kiln_module::program::{Binding, Command, CpuFeature, KernelClass, Program, Slot};
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
 
@@ -242,7 +242,6 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
 /// of each took their class's microkernel; the rest took the general path (a note that
 /// starts with `general`), and those of a class other than general are fallbacks.
 fn class_summary(flow: &kiln_flow::program::FlowProgram, notes: &[String]) -> String {
-    use kiln_flow::class::KernelClass;
     let general = |i: usize| notes.get(i).is_none_or(|n| n.starts_with("general"));
     let mut parts = Vec::new();
     let mut fallbacks = 0;
@@ -321,12 +320,16 @@ fn verify_plan(l: &Loaded) -> Result<kiln_runtime::VerifiedPlan<'_>, String> {
     kiln_runtime::Module::verify_plan(l.bytes.bytes()).map_err(|e| format!("{}: {e}", l.label))
 }
 
-/// A verified artifact (see [`verify_plan`]) and its weights: `--weights`, else, for an
-/// artifact that keeps them outside, the file it names beside the artifact.
-fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>, String), String> {
-    let loaded = read_artifact(a)?;
-    let plan = verify_plan(&loaded)?;
-    let weights = match (&loaded.path, &a.weights) {
+/// The weights of an artifact verified by [`verify_plan`] that are in a file:
+/// `--weights`, else, for an artifact that keeps them outside, the file it names beside
+/// the artifact. `None` for an artifact that embeds them and for a model compiled here
+/// (whose weights, when the compile kept them outside, are `compiled_weights`).
+fn weights_file(
+    a: &Args,
+    loaded: &Loaded,
+    plan: &kiln_runtime::VerifiedPlan<'_>,
+) -> Result<Option<AlignedBytes>, String> {
+    Ok(match (&loaded.path, &a.weights) {
         (None, _) => None,
         (Some(_), Some(w)) => Some(AlignedBytes::read(w).map_err(|e| format!("cannot read `{}`: {e}", w.display()))?),
         (Some(model), None) => {
@@ -354,10 +357,27 @@ fn artifact_and_weights(a: &Args) -> Result<(AlignedBytes, Option<AlignedBytes>,
                 ConstantsView::Embedded(_) => None,
             }
         }
-    };
-    drop(plan);
-    let Loaded { bytes, compiled_weights, label, .. } = loaded;
-    Ok((bytes, weights.or(compiled_weights), label))
+    })
+}
+
+/// Reads the artifact of `a` (or compiles its model), loads it verifying it once (the
+/// plan with [`verify_plan`], then, with its weights from [`weights_file`], the rest of
+/// the runtime's checks) and calls `then` with the module, the artifact's label and how
+/// long verifying and loading took (reading the weights file is not counted).
+fn with_module<T>(
+    a: &Args,
+    then: impl FnOnce(&kiln_runtime::LoadedModule<'_>, &str, Duration) -> Result<T, String>,
+) -> Result<T, String> {
+    let loaded = read_artifact(a)?;
+    let t0 = Instant::now();
+    let plan = verify_plan(&loaded)?;
+    let t_verify = t0.elapsed();
+    let weights = weights_file(a, &loaded, &plan)?;
+    let t1 = Instant::now();
+    let module = plan
+        .load(weights.as_ref().or(loaded.compiled_weights.as_ref()).map(AlignedBytes::bytes))
+        .map_err(|e| format!("{}: {e}", loaded.label))?;
+    then(&module, &loaded.label, t_verify + t1.elapsed())
 }
 
 /// `len` zero bytes for a buffer whose size an artifact gave, or an error naming it.
@@ -380,16 +400,16 @@ fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str
 
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
 pub(crate) fn run_cmd(a: Args) -> Result<(), String> {
-    let (bytes, weights, label) = artifact_and_weights(&a)?;
-    let t0 = Instant::now();
-    let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
-        .map_err(|e| format!("{label}: {e}"))?;
-    let t_load = t0.elapsed();
+    with_module(&a, |module, label, t_load| run_module(&a, module, label, t_load))
+}
+
+/// `kiln run` once the module is loaded (in `t_load`).
+fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_load: Duration) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(&a, &sig.inputs)?;
-    let threads = threads(&a);
-    let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let mut outs = output_buffers(sig.outputs, &label)?;
+    let feeds = feeds(a, &sig.inputs)?;
+    let threads = threads(a);
+    let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
+    let mut outs = output_buffers(sig.outputs, label)?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let t1 = Instant::now();
     {
@@ -443,18 +463,20 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         return Err("--floor's fixed work is one thread's: leave out --threads (or give 1)".into());
     }
     let threads = if a.profile || a.floor { 1 } else { threads(&a) };
-    let (bytes, weights, label) = artifact_and_weights(&a)?;
-    let module = kiln_runtime::Module::load(bytes.bytes(), weights.as_ref().map(AlignedBytes::bytes))
-        .map_err(|e| format!("{label}: {e}"))?;
+    with_module(&a, |module, label, _| bench_module(&a, module, label, threads))
+}
+
+/// `kiln bench` once the module is loaded.
+fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, threads: usize) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(&a, &sig.inputs)?;
-    let mut instance = kiln_runtime::Instance::with_threads(&module, threads).map_err(|e| format!("{label}: {e}"))?;
+    let feeds = feeds(a, &sig.inputs)?;
+    let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
     if std::env::var_os("KILN_PERF_MAP").is_some() {
-        write_perf_map(&module)?;
+        write_perf_map(module)?;
     }
     // The inputs and outputs as a program embedding kiln would keep them: aligned, and
     // on huge pages where the system has them (as numpy's large arrays are).
-    let mut outs = output_buffers(sig.outputs, &label)?;
+    let mut outs = output_buffers(sig.outputs, label)?;
     let in_bufs: Vec<AlignedBytes> = feeds.iter().map(|t| AlignedBytes::copy_from(t.bytes())).collect();
     let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
@@ -463,7 +485,7 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
     }
     if a.profile {
-        return profile(&a, &label, &module, &mut instance, &ins, &mut out_refs, iterations);
+        return profile(a, label, module, &mut instance, &ins, &mut out_refs, iterations);
     }
     // With --floor: fixed work reading as many bytes as a call walks, as long as a call
     // (tuned against interleaved calls, as many as the warm-up's, 5 to 200) or with the
@@ -473,7 +495,10 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         .iter()
         .chain(sig.outputs.iter())
         .map(|t| t.bytes as usize)
-        .chain([module.constants().len(), module.program().entries.first().map_or(0, |e| e.arena_size as usize)])
+        .chain([
+            module.constants().len(),
+            module.verified().program().entries.first().map_or(0, |e| e.arena_size as usize),
+        ])
         .fold(0usize, usize::saturating_add);
     // One timed call, in milliseconds.
     let mut call = || -> Result<f64, String> {
@@ -517,7 +542,7 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
         };
         write_stdout(&format!(
             "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}{floor}}}\n",
-            json_str(&label),
+            json_str(label),
             json_ms(st.median),
             json_ms(st.p99),
             json_ms(st.stddev),
@@ -559,7 +584,7 @@ fn profile(
     outs: &mut [&mut [u8]],
     iterations: usize,
 ) -> Result<(), String> {
-    let p = module.program();
+    let p = module.verified().program();
     let main = p.entries.first().ok_or_else(|| format!("{label}: no entry point"))?;
     let n = main.commands.len();
     // times[c * iterations + k]: command c in call k.
@@ -653,7 +678,7 @@ fn profile(
 /// `perf report` reads for generated code): each kernel's address, size (up to the
 /// next kernel) and name, so a profile names the dispatches.
 fn write_perf_map(module: &kiln_runtime::LoadedModule<'_>) -> Result<(), String> {
-    let names: Vec<&str> = module.program().kernels.iter().map(|k| k.name).collect();
+    let names: Vec<&str> = module.verified().program().kernels.iter().map(|k| k.name).collect();
     let mut at: Vec<(usize, &str)> = module.kernel_addresses().zip(names).collect();
     at.sort();
     let mut text = String::new();
@@ -871,7 +896,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                     Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
                         "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
-                        json_str(p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name())),
+                        json_str(p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name)),
                         bindings.iter().map(json_binding).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
@@ -946,7 +971,8 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             match c {
                 Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
                     let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
-                    let class = p.kernels.get(*kernel as usize).map_or("unknown", |k| k.class.name());
+                    let class =
+                        p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name);
                     let b: Vec<String> = bindings.iter().map(|b| format!("{}:{}", slot_name(b), b.length)).collect();
                     let src = p
                         .debug

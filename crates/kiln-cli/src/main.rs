@@ -76,17 +76,21 @@ fn import_options(b: args::BindArgs) -> ImportOptions {
     ImportOptions { input_shapes: b.input_shape, input_values: b.input_value }
 }
 
-/// The shared options of compile, run, inspect and bench, from one command's arguments.
-fn model_options(a: &mut artifact::Args, m: args::ModelArgs) -> Result<(), String> {
-    a.import = import_options(m.bind);
-    a.target = m.target_cpu;
-    a.device = m.target;
-    a.size = match m.opt.as_deref() {
+/// The shared options of compile, run, inspect and bench, from one command's arguments:
+/// the base of that command's `artifact::Args` (`..model_options(m)?`).
+fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
+    let size = match m.opt.as_deref() {
         None | Some("speed") => false,
         Some("size") => true,
         Some(other) => return Err(format!("--opt `{other}`: expected speed or size")),
     };
-    Ok(())
+    Ok(artifact::Args {
+        import: import_options(m.bind),
+        target: m.target_cpu,
+        device: m.target,
+        size,
+        ..Default::default()
+    })
 }
 
 /// A count as a `usize` (saturating: no machine holds more of anything).
@@ -123,51 +127,39 @@ fn run(cmd: Cmd) -> Result<(), String> {
             seed: e.feed.seed,
             passes: passes(e.passes),
         }),
-        Cmd::Compile(c) => {
-            let mut a = artifact::Args {
-                model: c.model,
-                output: c.output,
-                external_weights: c.external_weights,
-                strip: c.strip,
-                to: c.to,
-                dump_after: c.dump_after,
-                list_passes: c.list_passes,
-                timings: c.timings,
-                emit: c.emit,
-                symbol: c.symbol,
-                ..Default::default()
-            };
-            model_options(&mut a, c.model_args)?;
-            artifact::compile_cmd(a)
-        }
-        Cmd::Run(r) => {
-            let mut a = artifact::Args {
-                model: Some(r.model),
-                weights: r.weights,
-                inputs: r.feed.input,
-                seed: r.feed.seed,
-                output_dir: r.output_dir,
-                threads: thread_count(r.threads)?,
-                ..Default::default()
-            };
-            model_options(&mut a, r.model_args)?;
-            artifact::run_cmd(a)
-        }
-        Cmd::Inspect(i) => {
-            let mut a = artifact::Args {
-                model: Some(i.model),
-                json: i.json,
-                dispatch_graph: i.dispatch_graph,
-                ..Default::default()
-            };
-            model_options(&mut a, i.model_args)?;
-            artifact::inspect_cmd(a)
-        }
+        Cmd::Compile(c) => artifact::compile_cmd(artifact::Args {
+            model: c.model,
+            output: c.output,
+            external_weights: c.external_weights,
+            strip: c.strip,
+            to: c.to,
+            dump_after: c.dump_after,
+            list_passes: c.list_passes,
+            timings: c.timings,
+            emit: c.emit,
+            symbol: c.symbol,
+            ..model_options(c.model_args)?
+        }),
+        Cmd::Run(r) => artifact::run_cmd(artifact::Args {
+            model: Some(r.model),
+            weights: r.weights,
+            inputs: r.feed.input,
+            seed: r.feed.seed,
+            output_dir: r.output_dir,
+            threads: thread_count(r.threads)?,
+            ..model_options(r.model_args)?
+        }),
+        Cmd::Inspect(i) => artifact::inspect_cmd(artifact::Args {
+            model: Some(i.model),
+            json: i.json,
+            dispatch_graph: i.dispatch_graph,
+            ..model_options(i.model_args)?
+        }),
         Cmd::Bench(b) => {
             if b.iterations == 0 {
                 return Err("--iterations 0: at least one timed iteration is needed".into());
             }
-            let mut a = artifact::Args {
+            artifact::bench_cmd(artifact::Args {
                 model: Some(b.model),
                 weights: b.weights,
                 inputs: b.feed.input,
@@ -180,10 +172,8 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 floor: b.floor || b.floor_passes.is_some(),
                 floor_passes: b.floor_passes,
                 profile: b.profile,
-                ..Default::default()
-            };
-            model_options(&mut a, b.model_args)?;
-            artifact::bench_cmd(a)
+                ..model_options(b.model_args)?
+            })
         }
         Cmd::Conformance(c) => conformance_cmd(c),
         Cmd::ConformanceCase { case, engine } => {

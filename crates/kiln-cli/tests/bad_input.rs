@@ -3,14 +3,12 @@
 
 mod common;
 
-use common::{fails_with, kiln};
+use common::{fails_with, kiln, onnx_model};
 
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
+    AttributeProto, NodeProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
-use prost::Message;
 use std::path::PathBuf;
 
 fn scratch(name: &str) -> PathBuf {
@@ -55,20 +53,7 @@ fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
 }
 
 fn model(nodes: Vec<NodeProto>, input: ValueInfoProto, output: &str, init: Vec<TensorProto>) -> Vec<u8> {
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-        graph: Some(GraphProto {
-            node: nodes,
-            name: Some("g".into()),
-            initializer: init,
-            input: vec![input],
-            output: vec![value_info(output, &[])],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    onnx_model(nodes, vec![input], vec![value_info(output, &[])], init)
 }
 
 /// A valid model: y = Relu(x · w) with x [1,4] (both dims free when `free`).

@@ -7,23 +7,10 @@
 
 mod common;
 
-use common::{fails_with, kiln, ok};
+use common::{fails_with, kiln, lenet_artifact, ok, s, scratch, LENET};
 
 use kiln_ir::npy;
-use std::path::{Path, PathBuf};
-
-const LENET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/lenet.onnx");
-
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-cli-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
-}
+use std::path::Path;
 
 fn read_f32(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -41,9 +28,7 @@ fn assert_close(got: &[f32], want: &[f32]) {
 
 #[test]
 fn compile_then_run_matches_the_reference_evaluator() {
-    let dir = scratch("roundtrip");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (dir, art) = lenet_artifact("cli", "roundtrip");
     // The same input for both, written once and fed by file.
     let input = dir.join("input.npy");
     let t = kiln_ir::Tensor::from_f64(
@@ -66,7 +51,7 @@ fn compile_then_run_matches_the_reference_evaluator() {
 #[test]
 fn large_constant_fills_are_fill_commands() {
     const KIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../kiln-compiler/tests/filetests/constant-fill.kir");
-    let dir = scratch("fill");
+    let dir = scratch("cli", "fill");
     let art = dir.join("fill.kiln");
     ok(&["compile", KIR, "-o", s(&art)]);
     let plan = ok(&["inspect", s(&art)]);
@@ -80,7 +65,7 @@ fn large_constant_fills_are_fill_commands() {
 
 #[test]
 fn external_weights_and_strip() {
-    let dir = scratch("weights");
+    let dir = scratch("cli", "weights");
     let full = dir.join("full.kiln");
     let art = dir.join("lenet.kiln");
     let w = dir.join("lenet.weights");
@@ -129,9 +114,7 @@ fn external_weights_and_strip() {
 
 #[test]
 fn inspect_json_describes_plan_and_memory() {
-    let dir = scratch("inspect");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (_, art) = lenet_artifact("cli", "inspect");
     let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
     assert_eq!(json["bytes"].as_u64(), Some(std::fs::metadata(&art).unwrap().len()));
     let sections: u64 = json["sections"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
@@ -149,9 +132,7 @@ fn inspect_json_describes_plan_and_memory() {
 
 #[test]
 fn bench_json_and_refusals() {
-    let dir = scratch("bench");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (_, art) = lenet_artifact("cli", "bench");
     let out = ok(&["bench", s(&art), "--warmup", "2", "--iterations", "20", "--json", "--threads", "1"]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
     for key in ["median_ms", "p99_ms", "stddev_ms"] {
@@ -195,10 +176,8 @@ fn same_number(json: &serde_json::Value, key: &str, v: f64) {
 
 #[test]
 fn bench_samples_are_the_timed_calls() {
-    let dir = scratch("samples");
-    let art = dir.join("lenet.kiln");
+    let (dir, art) = lenet_artifact("cli", "samples");
     let file = dir.join("samples.txt");
-    ok(&["compile", LENET, "-o", s(&art)]);
     let out = ok(&["bench", s(&art), "--threads", "1", "--warmup", "1", "--iterations", "41", "--json", "--samples", s(&file)]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
     let rows = sample_rows(&file);
@@ -217,10 +196,8 @@ fn bench_samples_are_the_timed_calls() {
 
 #[test]
 fn bench_floor_times_fixed_work_after_every_call() {
-    let dir = scratch("floor");
-    let art = dir.join("lenet.kiln");
+    let (dir, art) = lenet_artifact("cli", "floor");
     let file = dir.join("samples.txt");
-    ok(&["compile", LENET, "-o", s(&art)]);
     let plan: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
     let e = &plan["entries"][0];
     let sum = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|t| t["bytes"].as_u64().unwrap()).sum::<u64>();
@@ -279,9 +256,7 @@ fn bench_floor_times_fixed_work_after_every_call() {
 
 #[test]
 fn bench_profile_times_every_command_of_the_plan() {
-    let dir = scratch("profile");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (_, art) = lenet_artifact("cli", "profile");
     let plan: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
     let commands = plan["entries"][0]["commands"].as_array().expect("commands").clone();
     let out = ok(&["bench", s(&art), "--profile", "--warmup", "2", "--iterations", "30", "--json"]);
@@ -314,9 +289,7 @@ fn bench_profile_times_every_command_of_the_plan() {
 
 #[test]
 fn wrong_inputs_are_refused_with_names() {
-    let dir = scratch("inputs");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (dir, art) = lenet_artifact("cli", "inputs");
     let bad = dir.join("bad.npy");
     let t = kiln_ir::Tensor::from_f64(kiln_ir::DType::F32, kiln_ir::Shape::new(&[1, 1, 28, 27]).unwrap(), &[0.0; 756])
         .unwrap();
@@ -343,7 +316,7 @@ fn wrong_inputs_are_refused_with_names() {
 #[test]
 fn kernel_classes_in_timings_and_inspect() {
     const CLASSES: [&str; 6] = ["contraction", "window", "rows", "movement", "elementwise", "general"];
-    let dir = scratch("classes");
+    let dir = scratch("cli", "classes");
     let art = dir.join("lenet.kiln");
     let (done, _, err) = kiln(&["compile", LENET, "-o", s(&art), "--target-cpu", "x86-64-v4", "--timings"]);
     assert!(done, "compile failed: {err}");

@@ -5,26 +5,13 @@
 
 mod common;
 
-use common::{fails_with, kiln, ok};
+use common::{fails_with, kiln, lenet_artifact, ok, onnx_model, s, scratch, LENET};
 
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    AttributeProto, NodeProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
-use prost::Message;
-use std::path::{Path, PathBuf};
-
-const LENET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models/lenet.onnx");
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-conventions-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
+use std::path::Path;
 
 /// A dimension: fixed, or free under a name.
 enum D {
@@ -79,19 +66,8 @@ fn int_attr(name: &str, i: i64) -> AttributeProto {
 
 /// Writes a model of `nodes` with these inputs and (untyped) outputs.
 fn write_model(path: &Path, nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: &[&str]) {
-    let m = ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-        graph: Some(GraphProto {
-            node: nodes,
-            name: Some("g".into()),
-            input: inputs,
-            output: outputs.iter().map(|o| value_info(o, 0, None)).collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    std::fs::write(path, m.encode_to_vec()).expect("write model");
+    let outputs = outputs.iter().map(|o| value_info(o, 0, None)).collect();
+    std::fs::write(path, onnx_model(nodes, inputs, outputs, Vec::new())).expect("write model");
 }
 
 #[test]
@@ -182,7 +158,7 @@ fn completions() {
 
 #[test]
 fn all_free_dimensions_in_one_error() {
-    let dir = scratch("free");
+    let dir = scratch("conventions", "free");
     let m = dir.join("free.onnx");
     write_model(
         &m,
@@ -207,7 +183,7 @@ fn all_free_dimensions_in_one_error() {
 
 #[test]
 fn input_value_broadcasts_a_scalar() {
-    let dir = scratch("broadcast");
+    let dir = scratch("conventions", "broadcast");
     let m = dir.join("add.onnx");
     write_model(
         &m,
@@ -229,7 +205,7 @@ fn input_value_broadcasts_a_scalar() {
 
 #[test]
 fn integers_and_booleans_print_as_such() {
-    let dir = scratch("ints");
+    let dir = scratch("conventions", "ints");
     let m = dir.join("argmax.onnx");
     write_model(
         &m,
@@ -258,9 +234,7 @@ fn integers_and_booleans_print_as_such() {
 
 #[test]
 fn json_numbers_are_numbers() {
-    let dir = scratch("json");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (_, art) = lenet_artifact("conventions", "json");
     let bench: serde_json::Value = serde_json::from_str(&ok(&[
         "bench",
         s(&art),
@@ -311,9 +285,7 @@ fn json_numbers_are_numbers() {
 
 #[test]
 fn threads_over_the_cores_warn() {
-    let dir = scratch("threads");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (_, art) = lenet_artifact("conventions", "threads");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let many = (cores + 1).to_string();
     let (good, _, err) = kiln(&["run", s(&art), "--threads", &many]);
@@ -327,7 +299,7 @@ fn threads_over_the_cores_warn() {
 
 #[test]
 fn missing_weights_name_the_option() {
-    let dir = scratch("weights");
+    let dir = scratch("conventions", "weights");
     let art = dir.join("lenet.kiln");
     let w = dir.join("lenet.weights");
     ok(&["compile", LENET, "-o", s(&art), "--external-weights", s(&w)]);
@@ -337,9 +309,7 @@ fn missing_weights_name_the_option() {
 
 #[test]
 fn model_options_given_an_artifact_are_refused() {
-    let dir = scratch("artifact-options");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (_, art) = lenet_artifact("conventions", "artifact-options");
     fails_with(&["run", s(&art), "--input-shape", "input=1x1x28x28"], &["--input-shape", "artifact"]);
     fails_with(&["inspect", s(&art), "--target-cpu", "x86-64-v3"], &["--target-cpu", "artifact"]);
     // Given the model, they apply.
@@ -350,9 +320,7 @@ fn model_options_given_an_artifact_are_refused() {
 
 #[test]
 fn emit_c_array_and_object() {
-    let dir = scratch("emit");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+    let (dir, art) = lenet_artifact("conventions", "emit");
     let bytes = std::fs::read(&art).expect("artifact");
     // C source: the same bytes, aligned, under the symbol; it compiles.
     let c = dir.join("model.c");

@@ -9,24 +9,12 @@
 
 mod common;
 
-use common::ok;
+use common::{lenet_artifact, ok, s, LENET};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const LENET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models/lenet.onnx");
-
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-firmware-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
 }
 
 /// The newest `libkiln_capi*.a` in this test's folder (cargo built it with this test;
@@ -138,32 +126,30 @@ fn assert_same(got: &[f64], want: &[f32], what: &str) {
     }
 }
 
-#[test]
-fn object_links_into_a_static_binary_that_runs_the_model() {
-    let dir = scratch("object");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
+/// Compiles LeNet with `--emit emit` into `file`, links that into the binary `exe` and
+/// checks that it prints what the Rust runtime computes from the artifact; with
+/// `artifact_gone` the artifact file is removed first, so that the binary has nothing
+/// to read it from.
+fn linked_binary_runs_the_model(emit: &str, file: &str, exe: &str, artifact_gone: bool) {
+    let (dir, art) = lenet_artifact("firmware", emit);
     let (output, want) = rust_values(&std::fs::read(&art).expect("artifact"));
-    let obj = dir.join("model.o");
-    ok(&["compile", LENET, "-o", s(&obj), "--emit", "object", "--symbol", "kiln_model"]);
-    // The artifact file is gone: the binary has nothing to read it from.
-    std::fs::remove_file(&art).expect("remove artifact");
-    let exe = link(&dir, &obj, "embed_object");
+    let linked = dir.join(file);
+    ok(&["compile", LENET, "-o", s(&linked), "--emit", emit, "--symbol", "kiln_model"]);
+    if artifact_gone {
+        std::fs::remove_file(&art).expect("remove artifact");
+    }
+    let exe = link(&dir, &linked, exe);
     let out = run_without_files(&exe, &dir);
-    assert_same(&printed(&out, &output), &want, "--emit object");
+    assert_same(&printed(&out, &output), &want, &format!("--emit {emit}"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
+fn object_links_into_a_static_binary_that_runs_the_model() {
+    linked_binary_runs_the_model("object", "model.o", "embed_object", true);
+}
+
+#[test]
 fn c_array_links_the_same() {
-    let dir = scratch("c-array");
-    let art = dir.join("lenet.kiln");
-    ok(&["compile", LENET, "-o", s(&art)]);
-    let (output, want) = rust_values(&std::fs::read(&art).expect("artifact"));
-    let src = dir.join("model.c");
-    ok(&["compile", LENET, "-o", s(&src), "--emit", "c-array", "--symbol", "kiln_model"]);
-    let exe = link(&dir, &src, "embed_c_array");
-    let out = run_without_files(&exe, &dir);
-    assert_same(&printed(&out, &output), &want, "--emit c-array");
-    let _ = std::fs::remove_dir_all(&dir);
+    linked_binary_runs_the_model("c-array", "model.c", "embed_c_array", false);
 }

@@ -14,7 +14,7 @@ use std::process::Command;
 
 use kiln_codegen::cuda;
 use kiln_codegen::CodegenError;
-use kiln_flow::class::KernelClass;
+use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, TensorType};
 
@@ -29,7 +29,7 @@ fn ptxas() -> PathBuf {
 
 /// Compiles `kernels` into one module and assembles it; panics with ptxas's complaint.
 fn assemble(tag: &str, kernels: &[Kernel]) -> cuda::CudaModule {
-    let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, KernelClass::of(k))).collect();
+    let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, classify(k))).collect();
     let m = cuda::compile(&with_class).unwrap_or_else(|e| panic!("{tag}: {e}"));
     let dir = std::env::temp_dir().join(format!("kiln-cuda-test-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -85,7 +85,7 @@ fn every_unary_op_on_every_type_assembles() {
                     b.unary(op, x)
                 });
             // f64 transcendentals have no inline sequence yet: a typed refusal.
-            match cuda::compile(&[(&k, KernelClass::of(&k))]) {
+            match cuda::compile(&[(&k, classify(&k))]) {
                 Err(CodegenError::Unsupported { .. }) => declined.push(name),
                 Err(e) => panic!("{name}: {e}"),
                 Ok(_) => kernels.push(k),

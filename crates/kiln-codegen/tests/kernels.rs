@@ -241,12 +241,21 @@ fn helpers_with(which: Helper, f: extern "C" fn(f32) -> f32) -> [HelperFn; HELPE
     table
 }
 
-static COSH_CALLS: AtomicUsize = AtomicUsize::new(0);
+/// `$name`, an `f32 -> f32` helper that counts its calls in `$calls` and returns what the
+/// runtime's `$helper` does.
+macro_rules! counting_helper {
+    ($calls:ident, $name:ident, $helper:path) => {
+        static $calls: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn counting_cosh(x: f32) -> f32 {
-    COSH_CALLS.fetch_add(1, Ordering::SeqCst);
-    kiln_runtime::cpu::helpers::cosh_f32(x)
+        extern "C" fn $name(x: f32) -> f32 {
+            $calls.fetch_add(1, Ordering::SeqCst);
+            $helper(x)
+        }
+    };
 }
+
+counting_helper!(COSH_CALLS, counting_cosh, kiln_runtime::cpu::helpers::cosh_f32);
+counting_helper!(SIN_CALLS, counting_sin, kiln_runtime::cpu::helpers::sin_f32);
 
 /// The row max and row sum of a softmax do not read the column variable: they are
 /// evaluated once per row, so the transcendental runs 2·rows·cols times (not
@@ -266,13 +275,6 @@ fn loop_invariant_reductions_run_once_per_row() {
         let got = kiln_ir::Tensor::new(k.output.clone(), out.into()).unwrap();
         compare(&got, &want, Cmp { zero_sign: false, rtol: tol }).unwrap();
     }
-}
-
-static SIN_CALLS: AtomicUsize = AtomicUsize::new(0);
-
-extern "C" fn counting_sin(x: f32) -> f32 {
-    SIN_CALLS.fetch_add(1, Ordering::SeqCst);
-    kiln_runtime::cpu::helpers::sin_f32(x)
 }
 
 /// A value with several users is computed once per iteration of its scope.

@@ -122,7 +122,7 @@ fn check_kernel(k: &Kernel, x: &Tensor, fast: bool) {
     let r = Resample::of(k);
     if fast {
         let r = r.as_ref().unwrap_or_else(|| panic!("not recognised as a resampling:\n{k}"));
-        let class = KernelClass::of(k);
+        let class = kiln_flow::class::classify(k);
         assert_eq!(class, if r.weights { KernelClass::Window } else { KernelClass::Movement });
     }
     let tol = match &r {

@@ -552,19 +552,6 @@ fn generate_code(
     kiln_codegen::cpu::compile_with(&kernels, target, codegen)
 }
 
-/// The artifact's record of a flow kernel class.
-fn artifact_class(c: KernelClass) -> kiln_module::program::KernelClass {
-    use kiln_module::program::KernelClass as M;
-    match c {
-        KernelClass::Contraction => M::Contraction,
-        KernelClass::Window => M::Window,
-        KernelClass::Rows => M::Rows,
-        KernelClass::Movement => M::Movement,
-        KernelClass::Elementwise => M::Elementwise,
-        KernelClass::General => M::General,
-    }
-}
-
 /// A code generator's error with the ops of the kernel it names.
 fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
     let sources = match source.kernel() {
@@ -602,7 +589,7 @@ fn build_program(
         .map(|(i, d)| Kernel {
             name: d.kernel.name.clone(),
             variants: vec![Variant { executable: 0, entry: i as u32, features: 0 }],
-            class: artifact_class(d.class),
+            class: Some(d.class),
         })
         .collect();
     let (constants, weights) = match &opts.external_weights {

@@ -1,7 +1,7 @@
 //! Kernel classes: the shape of computation a kernel has, decided once at the flow level
 //! so that every code generator matches on it instead of trying its emitters in turn.
 //!
-//! The class is a function of the kernel alone ([`KernelClass::of`]) and says nothing
+//! The class is a function of the kernel alone ([`classify`]) and says nothing
 //! about a target: a target implements one emitter per class, and where its emitter
 //! declines a kernel of that class (a CPU microkernel without an epilogue form, rows too
 //! short for a vector) it compiles the kernel the general way and says so. Dispatches
@@ -40,65 +40,29 @@
 //! expressions read no input; a kernel with a load whose index does read one (a
 //! data-dependent index) is General, whatever else it computes.
 
-use std::fmt;
-
 use crate::contraction::Contraction;
 use crate::kernel::{Expr, Kernel, ScalarType};
 use crate::resample::Resample;
 use crate::window::Depthwise;
 
-/// The class of a kernel (see the module docs for the precise definitions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KernelClass {
-    /// An epilogue over a sum of products (matrix product, convolution).
-    Contraction,
-    /// A depthwise convolution or a pool over an image's planes, or an interpolation.
-    Window,
-    /// Reductions along the output's rows (Softmax, LayerNorm).
-    Rows,
-    /// Data moved, not computed (copies, padding, concatenation).
-    Movement,
-    /// A pointwise computation without reductions.
-    Elementwise,
-    /// Anything else.
-    General,
+/// The class of a kernel (see the module docs for the precise definitions): the
+/// artifact's enum, so the class a dispatch has at the flow level is the one the
+/// `.kiln` file records.
+pub use kiln_module::program::KernelClass;
+
+/// How fast a kernel of a class runs compared with the others, as a rank (lower is
+/// faster): 0 for the classes with register-tiled microkernels (Contraction, Window), 1
+/// for Rows (vectorised reductions along a row), 2 for Movement and Elementwise
+/// (vectorised copies and pointwise loops), 3 for General (what no class emitter takes).
+/// Fusion never puts the work of a kernel of rank 0 or 1 into a kernel of a slower rank
+/// (`crate::fuse`). A compiler policy, so it lives here, not on the artifact's enum.
+pub trait Rank {
+    /// The class's rank.
+    fn rank(self) -> u8;
 }
 
-impl KernelClass {
-    /// Every class, in listing order (the order of the enum).
-    pub const ALL: [KernelClass; 6] = [
-        KernelClass::Contraction,
-        KernelClass::Window,
-        KernelClass::Rows,
-        KernelClass::Movement,
-        KernelClass::Elementwise,
-        KernelClass::General,
-    ];
-
-    /// The class's name in the flow text form and in listings.
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelClass::Contraction => "contraction",
-            KernelClass::Window => "window",
-            KernelClass::Rows => "rows",
-            KernelClass::Movement => "movement",
-            KernelClass::Elementwise => "elementwise",
-            KernelClass::General => "general",
-        }
-    }
-
-    /// The class named `name` ([`KernelClass::name`]).
-    pub fn from_name(name: &str) -> Option<KernelClass> {
-        KernelClass::ALL.into_iter().find(|c| c.name() == name)
-    }
-
-    /// How fast a kernel of this class runs compared with the others, as a rank (lower
-    /// is faster): 0 for the classes with register-tiled microkernels (Contraction,
-    /// Window), 1 for Rows (vectorised reductions along a row), 2 for Movement and
-    /// Elementwise (vectorised copies and pointwise loops), 3 for General (scalar
-    /// loops). Fusion never puts the work of a kernel of rank 0 or 1 into a kernel of a
-    /// slower rank (`crate::fuse`).
-    pub fn rank(self) -> u8 {
+impl Rank for KernelClass {
+    fn rank(self) -> u8 {
         match self {
             KernelClass::Contraction | KernelClass::Window => 0,
             KernelClass::Rows => 1,
@@ -106,47 +70,40 @@ impl KernelClass {
             KernelClass::General => 3,
         }
     }
-
-    /// Classifies `k` (the first class of the module docs' list that fits).
-    pub fn of(k: &Kernel) -> KernelClass {
-        if Depthwise::of(k).is_some() || Resample::is_interpolation(k) {
-            return KernelClass::Window;
-        }
-        if Contraction::of(k).is_some() {
-            return KernelClass::Contraction;
-        }
-        let Some(data) = reads_data(k) else { return KernelClass::General };
-        let at = |e: crate::ExprId| data.get(e.index()).copied().unwrap_or(true);
-        // A load at a data-dependent index.
-        let gathers =
-            k.nodes.iter().any(|n| matches!(&n.expr, Expr::Load { index, .. } if index.iter().any(|&i| at(i))));
-        if gathers {
-            return KernelClass::General;
-        }
-        let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
-        if !reduces {
-            let moves = at(k.root)
-                && k.nodes.iter().enumerate().all(|(i, n)| {
-                    !data[i]
-                        || match n.expr {
-                            Expr::Load { .. } => true,
-                            Expr::Select(c, _, _) => !at(c),
-                            _ => false,
-                        }
-                });
-            return if moves { KernelClass::Movement } else { KernelClass::Elementwise };
-        }
-        if along_rows(k) {
-            KernelClass::Rows
-        } else {
-            KernelClass::General
-        }
-    }
 }
 
-impl fmt::Display for KernelClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+/// Classifies `k` (the first class of the module docs' list that fits).
+pub fn classify(k: &Kernel) -> KernelClass {
+    if Depthwise::of(k).is_some() || Resample::is_interpolation(k) {
+        return KernelClass::Window;
+    }
+    if Contraction::of(k).is_some() {
+        return KernelClass::Contraction;
+    }
+    let Some(data) = reads_data(k) else { return KernelClass::General };
+    let at = |e: crate::ExprId| data.get(e.index()).copied().unwrap_or(true);
+    // A load at a data-dependent index.
+    let gathers = k.nodes.iter().any(|n| matches!(&n.expr, Expr::Load { index, .. } if index.iter().any(|&i| at(i))));
+    if gathers {
+        return KernelClass::General;
+    }
+    let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
+    if !reduces {
+        let moves = at(k.root)
+            && k.nodes.iter().enumerate().all(|(i, n)| {
+                !data[i]
+                    || match n.expr {
+                        Expr::Load { .. } => true,
+                        Expr::Select(c, _, _) => !at(c),
+                        _ => false,
+                    }
+            });
+        return if moves { KernelClass::Movement } else { KernelClass::Elementwise };
+    }
+    if along_rows(k) {
+        KernelClass::Rows
+    } else {
+        KernelClass::General
     }
 }
 
@@ -205,22 +162,12 @@ mod tests {
     use crate::kernel::{BinaryOp, Bounds, ReduceOp, UnaryOp};
     use crate::KernelBuilder;
 
-    use crate::test_types::{t, ti};
+    use crate::test_types::{matmul_bias, t, ti};
 
     /// `out[m, n] = Σ_k x[m, k] · w[k, n] + b[n]`.
     #[test]
     fn matmul_is_a_contraction() {
-        let mut kb = KernelBuilder::new("mm", vec![t(&[4, 8]), t(&[8, 16]), t(&[16])], t(&[4, 16]));
-        let o = kb.out_index();
-        let kv = kb.new_var(8);
-        let kk = kb.var(kv);
-        let x = kb.load(0, vec![o[0], kk]);
-        let w = kb.load(1, vec![kk, o[1]]);
-        let p = kb.mul(x, w);
-        let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
-        let b = kb.load(2, vec![o[1]]);
-        let y = kb.add(s, b);
-        assert_eq!(KernelClass::of(&kb.finish(y).unwrap()), KernelClass::Contraction);
+        assert_eq!(classify(&matmul_bias(4, 8, 16)), KernelClass::Contraction);
     }
 
     /// A 3×3 convolution over 4 input channels, in bounds (its input already padded).
@@ -236,7 +183,7 @@ mod tests {
         let f = kb.load(1, vec![o[1], c, h, w]);
         let p = kb.mul(x, f);
         let s = kb.reduce(ReduceOp::Sum, vec![ci, kh, kw], p);
-        assert_eq!(KernelClass::of(&kb.finish(s).unwrap()), KernelClass::Contraction);
+        assert_eq!(classify(&kb.finish(s).unwrap()), KernelClass::Contraction);
     }
 
     /// A depthwise 3×3 convolution with zero padding: each channel its own filter.
@@ -256,7 +203,7 @@ mod tests {
         let f = kb.load(1, vec![o[1], zero, h, w]);
         let p = kb.mul(x, f);
         let s = kb.reduce(ReduceOp::Sum, vec![kh, kw], p);
-        assert_eq!(KernelClass::of(&kb.finish(s).unwrap()), KernelClass::Window);
+        assert_eq!(classify(&kb.finish(s).unwrap()), KernelClass::Window);
     }
 
     /// A 2×2 max pool at stride 2 (NaN read as −∞).
@@ -276,7 +223,7 @@ mod tests {
         let ninf = kb.float(ScalarType::F32, f64::NEG_INFINITY);
         let v = kb.select(nan, ninf, x);
         let m = kb.reduce(ReduceOp::Max, vec![kh, kw], v);
-        assert_eq!(KernelClass::of(&kb.finish(m).unwrap()), KernelClass::Window);
+        assert_eq!(classify(&kb.finish(m).unwrap()), KernelClass::Window);
     }
 
     /// Softmax over the last axis: a max and a sum along the row.
@@ -296,7 +243,7 @@ mod tests {
         let d = kb.sub(x, mx);
         let e = kb.unary(UnaryOp::Exp, d);
         let y = kb.binary(BinaryOp::Div, e, s);
-        assert_eq!(KernelClass::of(&kb.finish(y).unwrap()), KernelClass::Rows);
+        assert_eq!(classify(&kb.finish(y).unwrap()), KernelClass::Rows);
     }
 
     /// LayerNorm without affine parameters: mean and variance along the row.
@@ -321,7 +268,7 @@ mod tests {
         let y = kb.binary(BinaryOp::Div, c, r);
         let g = kb.load(1, vec![o[1]]);
         let y = kb.mul(y, g);
-        assert_eq!(KernelClass::of(&kb.finish(y).unwrap()), KernelClass::Rows);
+        assert_eq!(classify(&kb.finish(y).unwrap()), KernelClass::Rows);
     }
 
     /// Padding by 1 on each side of the last axis.
@@ -332,7 +279,7 @@ mod tests {
         let one = kb.index(1);
         let i = kb.sub(o[1], one);
         let x = kb.load_with(0, vec![o[0], i], Bounds::Pad(0));
-        assert_eq!(KernelClass::of(&kb.finish(x).unwrap()), KernelClass::Movement);
+        assert_eq!(classify(&kb.finish(x).unwrap()), KernelClass::Movement);
     }
 
     #[test]
@@ -340,7 +287,7 @@ mod tests {
         let mut kb = KernelBuilder::new("tr", vec![t(&[5, 7])], t(&[7, 5]));
         let o = kb.out_index();
         let x = kb.load(0, vec![o[1], o[0]]);
-        assert_eq!(KernelClass::of(&kb.finish(x).unwrap()), KernelClass::Movement);
+        assert_eq!(classify(&kb.finish(x).unwrap()), KernelClass::Movement);
         // Concatenation along the last axis: select(j < 3, a[i, j], b[i, j − 3]).
         let mut kb = KernelBuilder::new("cat", vec![t(&[2, 3]), t(&[2, 4])], t(&[2, 7]));
         let o = kb.out_index();
@@ -350,7 +297,7 @@ mod tests {
         let jb = kb.sub(o[1], three);
         let b = kb.load_with(1, vec![o[0], jb], Bounds::Pad(0));
         let y = kb.select(c, a, b);
-        assert_eq!(KernelClass::of(&kb.finish(y).unwrap()), KernelClass::Movement);
+        assert_eq!(classify(&kb.finish(y).unwrap()), KernelClass::Movement);
     }
 
     /// `a + b[broadcast]`, and a relu of a transposed input: elementwise.
@@ -361,13 +308,13 @@ mod tests {
         let a = kb.load(0, vec![o[0], o[1]]);
         let b = kb.load(1, vec![o[1]]);
         let y = kb.add(a, b);
-        assert_eq!(KernelClass::of(&kb.finish(y).unwrap()), KernelClass::Elementwise);
+        assert_eq!(classify(&kb.finish(y).unwrap()), KernelClass::Elementwise);
         let mut kb = KernelBuilder::new("relu_t", vec![t(&[8, 4])], t(&[4, 8]));
         let o = kb.out_index();
         let a = kb.load(0, vec![o[1], o[0]]);
         let z = kb.float(ScalarType::F32, 0.0);
         let y = kb.binary(BinaryOp::Max, a, z);
-        assert_eq!(KernelClass::of(&kb.finish(y).unwrap()), KernelClass::Elementwise);
+        assert_eq!(classify(&kb.finish(y).unwrap()), KernelClass::Elementwise);
     }
 
     /// A gather by a run-time index, and a cumulative sum: general.
@@ -377,7 +324,7 @@ mod tests {
         let o = kb.out_index();
         let i = kb.load(1, vec![o[0]]);
         let x = kb.load_with(0, vec![i, o[1]], Bounds::Clamp);
-        assert_eq!(KernelClass::of(&kb.finish(x).unwrap()), KernelClass::General);
+        assert_eq!(classify(&kb.finish(x).unwrap()), KernelClass::General);
         // out[i] = Σ_{j ≤ i} x[j].
         let mut kb = KernelBuilder::new("cumsum", vec![t(&[6])], t(&[6]));
         let o = kb.out_index();
@@ -388,7 +335,7 @@ mod tests {
         let z = kb.float(ScalarType::F32, 0.0);
         let v = kb.select(le, x, z);
         let s = kb.reduce(ReduceOp::Sum, vec![jv], v);
-        assert_eq!(KernelClass::of(&kb.finish(s).unwrap()), KernelClass::General);
+        assert_eq!(classify(&kb.finish(s).unwrap()), KernelClass::General);
     }
 
     /// The ranks order the classes from the register-tiled microkernels to the scalar
@@ -400,13 +347,5 @@ mod tests {
         assert!(Window.rank() < Rows.rank() && Rows.rank() < Elementwise.rank());
         assert_eq!(Movement.rank(), Elementwise.rank());
         assert!(Elementwise.rank() < General.rank());
-    }
-
-    #[test]
-    fn names_round_trip() {
-        for c in KernelClass::ALL {
-            assert_eq!(KernelClass::from_name(c.name()), Some(c));
-        }
-        assert_eq!(KernelClass::from_name("gemm"), None);
     }
 }

@@ -63,7 +63,7 @@
 //! `(2K + 4)·u·Σ|A|·|B|` (the interpreter rounds each product too).
 
 use crate::affine::{affine, load_offset, AffineIndex};
-use crate::class::KernelClass;
+use crate::class::classify;
 use crate::contraction::{Contraction, INT_OPERANDS};
 use crate::interp;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
@@ -86,7 +86,7 @@ pub fn dequantize_in_load(p: &mut FlowProgram) -> usize {
         dispatch.operands[r.input as usize] = w;
         dispatch.operands.extend(scale);
         dispatch.kernel = r.kernel;
-        dispatch.class = KernelClass::of(&dispatch.kernel);
+        dispatch.class = classify(&dispatch.kernel);
         sources.append(&mut dispatch.sources);
         dispatch.sources = sources;
         done += 1;
@@ -663,7 +663,7 @@ mod tests {
         p.remove_dead();
         assert_eq!(p.dispatches.len(), 1);
         let d = &p.dispatches[0];
-        assert_eq!(d.class, KernelClass::Contraction);
+        assert_eq!(d.class, crate::class::KernelClass::Contraction);
         assert_eq!(d.sources, ["Dequantize", "MatMul"]);
         let c = Contraction::of(&d.kernel).unwrap();
         assert_eq!((c.b.dtype, d.kernel.inputs.len()), (DType::I8, 3));

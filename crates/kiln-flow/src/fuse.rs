@@ -35,7 +35,7 @@
 
 use std::collections::HashMap;
 
-use crate::class::KernelClass;
+use crate::class::{classify, KernelClass, Rank};
 use crate::layout::contraction_in_place;
 use crate::resample::Resample;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
@@ -238,7 +238,7 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
 /// layout op that makes it read across its rows (a DepthToSpace before a Softplus), it
 /// would compute every exp and log one lane at a time.
 fn rank(k: &Kernel) -> u8 {
-    match KernelClass::of(k) {
+    match classify(k) {
         KernelClass::Contraction if !contraction_in_place(k) => KernelClass::General.rank(),
         KernelClass::Elementwise if transcendental(k) && reads_along_rows(k) => KernelClass::Rows.rank(),
         class => class.rank(),

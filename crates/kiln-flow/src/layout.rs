@@ -22,7 +22,7 @@
 //! Each transform is taken only when the rewritten kernel is a contraction.
 
 use crate::affine::load_offset;
-use crate::class::KernelClass;
+use crate::class::{classify, KernelClass};
 use crate::contraction::Contraction;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, VarId};
 use crate::program::{BufferId, BufferKind, Dispatch, FlowProgram};
@@ -68,7 +68,7 @@ fn put_in_front(
                 d.operands[input as usize] = buf;
             }
             d.kernel = kernel;
-            d.class = KernelClass::of(&d.kernel);
+            d.class = classify(&d.kernel);
             added += 1;
         }
         out.push(d);
@@ -367,7 +367,7 @@ pub fn relayout_constants(p: &mut FlowProgram) -> usize {
             }
         };
         p.dispatches[d].operands[r.input] = b;
-        p.dispatches[d].class = KernelClass::of(&p.dispatches[d].kernel);
+        p.dispatches[d].class = classify(&p.dispatches[d].kernel);
         done += 1;
     }
     done
@@ -426,7 +426,7 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass)
             readers.push(1);
             p.dispatches[d].kernel = kernel;
             p.dispatches[d].operands[operand.input as usize] = buffer;
-            p.dispatches[d].class = KernelClass::of(&p.dispatches[d].kernel);
+            p.dispatches[d].class = classify(&p.dispatches[d].kernel);
             done += 1;
         }
     }
@@ -639,7 +639,7 @@ mod tests {
     use super::*;
     use kiln_ir::Shape;
 
-    use crate::test_types::t;
+    use crate::test_types::{matmul_bias, t};
 
     /// `Gemm` with `transB = 1`: the constant is laid out `[K, N]` at compile time, the
     /// kernel becomes a contraction, and its results do not change.
@@ -759,17 +759,7 @@ mod tests {
         };
         // out[m, n] = Σ_k x[m, k] · w[k, n] + bias[n]
         let (m, kk, n) = (5usize, 7usize, 37usize);
-        let mut kb = KernelBuilder::new("mm", vec![t(&[m, kk]), t(&[kk, n]), t(&[n])], t(&[m, n]));
-        let o = kb.out_index();
-        let kv = kb.new_var(kk as u64);
-        let k = kb.var(kv);
-        let x = kb.load(0, vec![o[0], k]);
-        let w = kb.load(1, vec![k, o[1]]);
-        let pr = kb.mul(x, w);
-        let s = kb.reduce(ReduceOp::Sum, vec![kv], pr);
-        let bias = kb.load(2, vec![o[1]]);
-        let y = kb.add(s, bias);
-        let mm = kb.finish(y).unwrap();
+        let mm = matmul_bias(m, kk, n);
         // out[co, h, w] = Σ_ci f[co, ci, 0, 0] · x[ci, h, w]
         let (co, ci, hw) = (10usize, 3usize, 4usize);
         let mut kb = KernelBuilder::new("pw", vec![t(&[ci, hw, hw]), t(&[co, ci, 1, 1])], t(&[co, hw, hw]));

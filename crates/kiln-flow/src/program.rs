@@ -8,7 +8,7 @@
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Tensor, TensorType, ValueDef, ValueId};
 
-use crate::class::KernelClass;
+use crate::class::{classify, KernelClass};
 use crate::kernel::Kernel;
 use crate::lower::{LowerError, Lowering, OpCx, OpInput, Operand, Output};
 
@@ -58,7 +58,7 @@ pub struct Dispatch {
     pub result: BufferId,
     /// The source ops fused into it (`"Conv conv1"`), for listings and debug info.
     pub sources: Vec<String>,
-    /// The kernel's class ([`KernelClass::of`]), which code generators match on. Every
+    /// The kernel's class ([`crate::class::classify`]), which code generators match on. Every
     /// pass of this crate that changes kernels sets it again ([`FlowProgram::classify`]).
     pub class: KernelClass,
 }
@@ -66,7 +66,7 @@ pub struct Dispatch {
 impl Dispatch {
     /// A dispatch of `kernel`, of the kernel's class.
     pub fn new(kernel: Kernel, operands: Vec<BufferId>, result: BufferId, sources: Vec<String>) -> Dispatch {
-        let class = KernelClass::of(&kernel);
+        let class = classify(&kernel);
         Dispatch { kernel, operands, result, sources, class }
     }
 }
@@ -127,7 +127,7 @@ impl FlowProgram {
     /// Sets every dispatch's class from its kernel (after a pass that changed kernels).
     pub fn classify(&mut self) {
         for d in &mut self.dispatches {
-            d.class = KernelClass::of(&d.kernel);
+            d.class = classify(&d.kernel);
         }
     }
 

@@ -1,8 +1,8 @@
 //! The flow level's text form: hand-written texts parse to hand-built kernels and
 //! programs, every printed kernel and program parses back to an equal one and prints
 //! identically (random kernels from a seeded generator; programs formed from graphs are
-//! kiln-lower's `tests/text.rs`), constants keep their exact bits, errors point at the
-//! offending token, and mutated texts never panic the parser.
+//! checked by kiln-lower's filetests, every one of them), constants keep their exact
+//! bits, errors point at the offending token, and mutated texts never panic the parser.
 
 use kiln_filetest::fuzz::XorShiftStar as Rng;
 use kiln_flow::kernel::{

@@ -35,7 +35,7 @@
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
-use super::{broadcast_index, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output};
+use super::{broadcast_index, mean_from_parts, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output};
 use kiln_flow::kernel::{BinaryOp as B, Expr, ExprId, KernelBuilder, ScalarType as S, UnaryOp as U};
 
 type R<T> = Result<T, LowerError>;
@@ -619,16 +619,32 @@ fn is_class(cx: &OpCx<'_>) -> R<Lowered> {
 // Binary ops.
 // ---------------------------------------------------------------------------
 
+/// A binary op that is one kernel operation on its two (broadcast) operands: arithmetic,
+/// comparisons, logical and bitwise ops (the dtypes checked by the caller).
+fn pointwise(cx: &OpCx<'_>) -> R<Lowered> {
+    use OpKind::*;
+    let op = match cx.op.kind {
+        Add => B::Add,
+        Sub => B::Sub,
+        Mul => B::Mul,
+        Div => B::Div,
+        Equal => B::Eq,
+        Greater => B::Gt,
+        GreaterOrEqual => B::Ge,
+        Less => B::Lt,
+        LessOrEqual => B::Le,
+        And | BitwiseAnd => B::And,
+        Or | BitwiseOr => B::Or,
+        Xor | BitwiseXor => B::Xor,
+        _ => return Err(cx.unsupported("not a pointwise binary op")),
+    };
+    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+}
+
 fn arith(cx: &OpCx<'_>) -> R<Lowered> {
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d.is_float() || d.is_int(), "a numeric dtype")?;
-    let op = match cx.op.kind {
-        OpKind::Add => B::Add,
-        OpKind::Sub => B::Sub,
-        OpKind::Mul => B::Mul,
-        _ => B::Div,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// Mod: `fmod=1` is the truncated remainder (C's `fmod`); `fmod=0` takes the divisor's
@@ -808,14 +824,7 @@ fn ipow_const(b: &mut KernelBuilder, base: ExprId, e: u64, neg: bool, base_signe
 
 fn compare(cx: &OpCx<'_>) -> R<Lowered> {
     same_dtype(cx, [0, 1])?;
-    let op = match cx.op.kind {
-        OpKind::Equal => B::Eq,
-        OpKind::Greater => B::Gt,
-        OpKind::GreaterOrEqual => B::Ge,
-        OpKind::Less => B::Lt,
-        _ => B::Le,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// And, Or, Xor, Not on bool.
@@ -827,12 +836,7 @@ fn logical(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d == DType::Bool, "bool")?;
-    let op = match cx.op.kind {
-        OpKind::And => B::And,
-        OpKind::Or => B::Or,
-        _ => B::Xor,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot on integers.
@@ -844,12 +848,7 @@ fn bitwise(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let d = same_dtype(cx, [0, 1])?;
     need(cx, d, d.is_int(), "an integer dtype")?;
-    let op = match cx.op.kind {
-        OpKind::BitwiseAnd => B::And,
-        OpKind::BitwiseOr => B::Or,
-        _ => B::Xor,
-    };
-    map(cx, &[0, 1], |b, v| Ok(b.binary(op, v[0], v[1])))
+    pointwise(cx)
 }
 
 /// BitShift on unsigned integers; amounts of the width or more give 0.
@@ -934,8 +933,7 @@ fn int_mean(b: &mut KernelBuilder, v: &[ExprId], d: DType) -> ExprId {
         let k = b.int(S::I64, n);
         return b.div(acc, k);
     }
-    // 64-bit: sum = n·Q + R with Q = Σ xᵢ/n and R = Σ xᵢ%n (no overflow); the quotient is
-    // s = Q + R/n, corrected by one where s and c = R%n have opposite signs.
+    // 64-bit: sum = n·Q + R with Q = Σ xᵢ/n and R = Σ xᵢ%n (no overflow).
     let k = b.int(t, n);
     let (mut q, mut r) = (b.div(v[0], k), b.binary(B::Rem, v[0], k));
     for &x in &v[1..] {
@@ -943,23 +941,7 @@ fn int_mean(b: &mut KernelBuilder, v: &[ExprId], d: DType) -> ExprId {
         q = b.add(q, qx);
         r = b.add(r, rx);
     }
-    let a = b.div(r, k);
-    let s = b.add(q, a);
-    if !d.is_signed_int() {
-        return s;
-    }
-    let c = b.binary(B::Rem, r, k);
-    let (zero, one) = (b.int(t, 0), b.int(t, 1));
-    let sp = b.binary(B::Gt, s, zero);
-    let sn = b.binary(B::Lt, s, zero);
-    let cp = b.binary(B::Gt, c, zero);
-    let cn = b.binary(B::Lt, c, zero);
-    let down = b.binary(B::And, sp, cn);
-    let up = b.binary(B::And, sn, cp);
-    let sm = b.sub(s, one);
-    let sa = b.add(s, one);
-    let s2 = sel(b, down, sm, s);
-    sel(b, up, sa, s2)
+    mean_from_parts(b, q, r, k, d.is_signed_int())
 }
 
 fn where_(cx: &OpCx<'_>) -> R<Lowered> {

@@ -107,6 +107,32 @@ pub fn pow_by_constant(b: &mut KernelBuilder, x: ExprId, e: f64) -> Option<ExprI
     Some(b.select(m, pi, r))
 }
 
+/// The truncated mean `Σx / n` of 64-bit integers whose sum may overflow, from the sums
+/// `q = Σ(x/n)` and `r = Σ(x%n)`, which cannot: `q + r/n`, and for a `signed` type one
+/// step towards zero where that and `r % n` have opposite signs (truncating the two
+/// parts separately then went one past truncating the whole). Mean and ReduceMean.
+pub(crate) fn mean_from_parts(b: &mut KernelBuilder, q: ExprId, r: ExprId, n: ExprId, signed: bool) -> ExprId {
+    use kiln_flow::kernel::BinaryOp as B;
+    let a = b.div(r, n);
+    let s = b.add(q, a);
+    if !signed {
+        return s;
+    }
+    let t = b.ty(s);
+    let c = b.binary(B::Rem, r, n);
+    let (zero, one) = (b.int(t, 0), b.int(t, 1));
+    let sp = b.binary(B::Gt, s, zero);
+    let sn = b.binary(B::Lt, s, zero);
+    let cp = b.binary(B::Gt, c, zero);
+    let cn = b.binary(B::Lt, c, zero);
+    let down = b.binary(B::And, sp, cn);
+    let up = b.binary(B::And, sn, cp);
+    let sm = b.sub(s, one);
+    let sa = b.add(s, one);
+    let s2 = b.select(down, sm, s);
+    b.select(up, sa, s2)
+}
+
 /// The compute type a float op of storage dtype `d` computes in.
 pub fn compute(d: DType) -> ScalarType {
     ScalarType::of_storage(d)

@@ -714,6 +714,15 @@ fn group_attr(cx: &OpCx<'_>) -> R<usize> {
     Ok(g as usize)
 }
 
+/// A convolution's output dims, `[n, m]` then each window axis's output extent, checked
+/// against the op's output type; `None` for an empty output (nothing to compute).
+fn conv_out_dims(cx: &OpCx<'_>, n: usize, m: usize, win: &[WinDim]) -> R<Option<Vec<usize>>> {
+    let mut od = vec![n, m];
+    od.extend(win.iter().map(|w| w.output));
+    expect_out(cx, 0, &od)?;
+    Ok((od.iter().product::<usize>() != 0).then_some(od))
+}
+
 fn conv(cx: &OpCx<'_>, kind: ConvKind) -> R<Lowered> {
     let (xi, wi) = if kind == ConvKind::QLinear { (0, 3) } else { (0, 1) };
     let (xd, wd) = (dims(cx, xi)?, dims(cx, wi)?);
@@ -728,12 +737,7 @@ fn conv(cx: &OpCx<'_>, kind: ConvKind) -> R<Lowered> {
     let (cg, mg) = (wd[1], m / g);
     check_kernel_shape(cx, &wd[2..])?;
     let win = sliding_window(cx, &xd[2..], &wd[2..], false)?;
-    let mut od = vec![n, m];
-    od.extend(win.iter().map(|w| w.output));
-    expect_out(cx, 0, &od)?;
-    if od.iter().product::<usize>() == 0 {
-        return Ok(one(empty_step(cx, 0)?));
-    }
+    let Some(od) = conv_out_dims(cx, n, m, &win)? else { return Ok(one(empty_step(cx, 0)?)) };
     let d = cx.output_ty(0).dtype;
     let xt = cx.input_ty(xi)?.dtype;
     // Operands: X, W, then what each kind reads.

@@ -767,12 +767,23 @@ fn trilu(cx: &OpCx<'_>) -> R<Lowered> {
 // Data-dependent indexing.
 // ---------------------------------------------------------------------------
 
-fn gather(cx: &OpCx<'_>) -> R<Lowered> {
+/// Gather's and GatherElements' data dims, index dims and normalised axis.
+fn gather_operands(cx: &OpCx<'_>) -> R<(Vec<usize>, Vec<usize>, usize)> {
     let axis = cx.attrs::<ka::GatherAttrs>()?.axis;
     let xd = dims(cx, 0)?;
     let id = dims(cx, 1)?;
-    let r = xd.len();
-    let a = norm_axis(cx, axis, r)?;
+    let a = norm_axis(cx, axis, xd.len())?;
+    Ok((xd, id, a))
+}
+
+/// Whether indices of dims `id` fit data of dims `xd` element by element along axis `a`
+/// (GatherElements, ScatterElements): the same rank, no larger on the other axes.
+fn fits_along(xd: &[usize], id: &[usize], a: usize) -> bool {
+    id.len() == xd.len() && id.iter().zip(xd).enumerate().all(|(d, (&m, &n))| d == a || m <= n)
+}
+
+fn gather(cx: &OpCx<'_>) -> R<Lowered> {
+    let (xd, id, a) = gather_operands(cx)?;
     let q = id.len();
     let want: Vec<usize> = xd[..a].iter().chain(&id).chain(&xd[a + 1..]).copied().collect();
     expect_out(cx, &want)?;
@@ -807,12 +818,8 @@ fn gather(cx: &OpCx<'_>) -> R<Lowered> {
 }
 
 fn gather_elements(cx: &OpCx<'_>) -> R<Lowered> {
-    let axis = cx.attrs::<ka::GatherAttrs>()?.axis;
-    let xd = dims(cx, 0)?;
-    let id = dims(cx, 1)?;
-    let r = xd.len();
-    let a = norm_axis(cx, axis, r)?;
-    if id.len() != r || id.iter().zip(&xd).enumerate().any(|(d, (&m, &n))| d != a && m > n) {
+    let (xd, id, a) = gather_operands(cx)?;
+    if !fits_along(&xd, &id, a) {
         return Err(cx.unsupported(format!("indices of dims {id:?} do not fit data of dims {xd:?}")));
     }
     expect_out(cx, &id)?;
@@ -968,7 +975,7 @@ fn scatter_elements(cx: &OpCx<'_>) -> R<Lowered> {
     let ud = dims(cx, 2)?;
     let r = xd.len();
     let a = norm_axis(cx, axis, r)?;
-    if ud != id || id.len() != r || id.iter().zip(&xd).enumerate().any(|(d, (&m, &n))| d != a && m > n) {
+    if ud != id || !fits_along(&xd, &id, a) {
         return Err(cx.unsupported(format!("indices {id:?} / updates {ud:?} do not fit data of dims {xd:?}")));
     }
     let red = reduction(cx)?;

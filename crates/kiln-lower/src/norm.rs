@@ -79,6 +79,15 @@ pub(super) fn float_x(cx: &OpCx<'_>) -> R<(DType, S)> {
     Ok((d, S::of_storage(d)))
 }
 
+/// A float op along one axis of input 0: its compute type, the input's dims and `axis`
+/// normalised against their rank.
+fn float_along(cx: &OpCx<'_>, axis: i64) -> R<(S, Vec<usize>, usize)> {
+    let (_, ct) = float_x(cx)?;
+    let xd = dims(cx, 0)?;
+    let axis = norm_axis(cx, axis, xd.len())?;
+    Ok((ct, xd, axis))
+}
+
 /// The kernel name of result `i` (as [`OpCx::builder`] names them).
 pub(super) fn result_name(cx: &OpCx<'_>, i: usize) -> String {
     if cx.outputs.len() > 1 {
@@ -312,14 +321,18 @@ fn lowered_last(steps: Vec<Step>) -> Lowered {
 // Softmax, LogSoftmax, Hardmax.
 // ---------------------------------------------------------------------------
 
+/// The row Softmax, LogSoftmax and Hardmax work along: [`float_along`] their `axis`, and
+/// the mask that reduces exactly that axis.
+fn softmax_row(cx: &OpCx<'_>) -> R<(S, Vec<usize>, usize, Vec<bool>)> {
+    let (ct, xd, axis) = float_along(cx, cx.attrs::<ka::SoftmaxAttrs>()?.axis)?;
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
+    Ok((ct, xd, axis, reduced))
+}
+
 /// Softmax and LogSoftmax: `m` = row max, `s` = Σ exp(x − m); `exp(x − m)/s` or
 /// `(x − m) − log s`.
 fn softmax(cx: &OpCx<'_>) -> R<Lowered> {
-    let axis = cx.attrs::<ka::SoftmaxAttrs>()?.axis;
-    let (_, ct) = float_x(cx)?;
-    let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, axis, xd.len())?;
-    let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
+    let (ct, xd, _, reduced) = softmax_row(cx)?;
     let (d1, r1) = (xd.clone(), reduced.clone());
     let (d2, r2) = (xd.clone(), reduced.clone());
     let max: StatFn = Box::new(move |b, idx, _| {
@@ -352,11 +365,7 @@ fn softmax(cx: &OpCx<'_>) -> R<Lowered> {
 
 /// Hardmax: 1 at the first maximum of the row (the first NaN if there is one), else 0.
 fn hardmax(cx: &OpCx<'_>) -> R<Lowered> {
-    let axis = cx.attrs::<ka::SoftmaxAttrs>()?.axis;
-    let (_, ct) = float_x(cx)?;
-    let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, axis, xd.len())?;
-    let reduced: Vec<bool> = (0..xd.len()).map(|i| i == axis).collect();
+    let (ct, xd, axis, reduced) = softmax_row(cx)?;
     let (d1, r1) = (xd.clone(), reduced.clone());
     let pos: StatFn = Box::new(move |b, idx, _| {
         // Three folds over the same row: whether it has a NaN, the first NaN, the
@@ -400,10 +409,7 @@ fn mean_inv_stats<'f>(xd: &[usize], reduced: &[bool], ct: S, eps: f64) -> Vec<(S
 /// LayerNormalization → (Y, Mean?, InvStdDev?) over the axes from `axis` on.
 fn layer_norm(cx: &OpCx<'_>) -> R<Lowered> {
     let la = cx.attrs::<ka::LayerNormAttrs>()?;
-    let axis = la.axis;
-    let (_, xct) = float_x(cx)?;
-    let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, axis, xd.len())?;
+    let (xct, xd, axis) = float_along(cx, la.axis)?;
     let eps = la.epsilon as f64;
     let stash = la.stash_type;
     if !stash.is_float() {
@@ -696,10 +702,7 @@ fn lrn(cx: &OpCx<'_>) -> R<Lowered> {
 /// LpNormalization (p = 1 or 2) along `axis`; a zero norm gives 0.
 fn lp_norm(cx: &OpCx<'_>) -> R<Lowered> {
     let la = cx.attrs::<ka::LpNormAttrs>()?;
-    let axis = la.axis;
-    let (_, ct) = float_x(cx)?;
-    let xd = dims(cx, 0)?;
-    let axis = norm_axis(cx, axis, xd.len())?;
+    let (ct, xd, axis) = float_along(cx, la.axis)?;
     let p = la.p;
     if p != 1 && p != 2 {
         return Err(cx.unsupported(format!("p = {p}, 1 or 2 expected")));

@@ -25,7 +25,7 @@ use super::linalg::{
     and, dims, empty_step, expect_out, finish, float_to, fold, in_range, int_bounds, one, sliding_window, types,
     WinDim, R,
 };
-use super::{compute, flat_index, norm_axis, unflatten, LowerError, Lowered, OpCx};
+use super::{compute, flat_index, mean_from_parts, norm_axis, unflatten, LowerError, Lowered, OpCx};
 use kiln_flow::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
 
 /// Lowers the ops of this family; `None` for ops of other families.
@@ -191,34 +191,14 @@ fn reduce(cx: &OpCx<'_>) -> R<Lowered> {
             b.div(s, n)
         }
         ReduceMean => {
-            // i64/u64: the sum may not fit, the mean does. Σx = n·Σ(x/n) + Σ(x%n), so
-            // the mean is Σ(x/n) + Σ(x%n)/n, plus a correction where truncating the parts
-            // separately differs from truncating the whole (signed only).
+            // i64/u64: the sum may not fit, the mean does: from Σ(x/n) and Σ(x%n).
             let n = b.int(ct, count as i64);
             let q = b.div(x, n);
             let q = fold(&mut b, ReduceOp::Sum, vars, q);
             let (vars2, x2) = lane(&mut b, &xd, &red, keep, &out, ct);
             let r = b.binary(BinaryOp::Rem, x2, n);
             let r = fold(&mut b, ReduceOp::Sum, vars2, r);
-            let rq = b.div(r, n);
-            let t = b.add(q, rq);
-            if ct.is_signed() {
-                let rr = b.binary(BinaryOp::Rem, r, n);
-                let z = b.int(ct, 0);
-                let unit = b.int(ct, 1);
-                let tpos = b.binary(BinaryOp::Gt, t, z);
-                let tneg = b.binary(BinaryOp::Lt, t, z);
-                let rneg = b.binary(BinaryOp::Lt, rr, z);
-                let rpos = b.binary(BinaryOp::Gt, rr, z);
-                let down = b.binary(BinaryOp::And, tpos, rneg);
-                let up = b.binary(BinaryOp::And, tneg, rpos);
-                let tm = b.sub(t, unit);
-                let tp = b.add(t, unit);
-                let t2 = b.select(up, tp, t);
-                b.select(down, tm, t2)
-            } else {
-                t
-            }
+            mean_from_parts(&mut b, q, r, n, ct.is_signed())
         }
         ReduceProd => fold(&mut b, ReduceOp::Prod, vars, x),
         ReduceMax => fold(&mut b, ReduceOp::Max, vars, x),

@@ -4,7 +4,8 @@
 //! (review the diff: they pin the fusion decisions).
 //!
 //! Independently of the expectations, every program must
-//! - print to a text that parses back to the same program;
+//! - print to a text that parses back to the same program (the flow text form's round
+//!   trip for programs formed from graphs);
 //! - compute what the graph computes: the kernel interpreter against kiln-ref on
 //!   seeded random inputs (floats within 1e-5 relative + 1e-6 absolute, integers and
 //!   bools exactly);
@@ -16,7 +17,7 @@
 //!   checked both on the program and against each kernel classified afresh.
 
 use kiln_filetest::Case;
-use kiln_flow::class::KernelClass;
+use kiln_flow::class::classify;
 use kiln_flow::kernel::Expr;
 use kiln_flow::program::{interpret, FlowProgram};
 use kiln_flow::text::{parse_program, print_program};
@@ -75,7 +76,7 @@ fn check(c: &Case) -> Result<(), String> {
             return Err(format!("{name}: classes {got:?}, the file states {want:?}:\n{text}"));
         }
         for d in &p.dispatches {
-            let fresh = KernelClass::of(&d.kernel);
+            let fresh = classify(&d.kernel);
             if fresh != d.class {
                 return Err(format!("{name}: {} carries class {} but is of class {fresh}", d.kernel.name, d.class));
             }

@@ -461,7 +461,7 @@ fn conv_transpose_variants() {
 /// the result: a flipped convolution, a window when depthwise.
 #[test]
 fn conv_transpose_is_phases_of_a_contraction() {
-    use kiln_flow::class::KernelClass;
+    use kiln_flow::class::{classify, KernelClass};
     let x = rand(DType::F32, &[1, 4, 5, 6], 1);
     for (k, pads, taps, zeros) in [(4usize, 1i64, 2usize, 0usize), (3, 1, 2, 7), (2, 0, 1, 0)] {
         let w = rand(DType::F32, &[4, 3, k, k], 2);
@@ -470,7 +470,7 @@ fn conv_transpose_is_phases_of_a_contraction() {
         assert_eq!(l.steps.len(), 3, "kernel {k}");
         let (filters, product, interleave) = (&l.steps[0].kernel, &l.steps[1].kernel, &l.steps[2].kernel);
         assert_eq!(filters.output.shape.dims(), &[4, 3, 4, taps, taps], "kernel {k}");
-        assert_eq!(KernelClass::of(filters), KernelClass::Movement);
+        assert_eq!(classify(filters), KernelClass::Movement);
         assert_eq!(l.steps[0].operands, vec![kiln_lower::Operand::Input(1)]);
         let d = out[0].shape.dims();
         // Phase positions: ⌈(O + shift) / 2⌉, the shift 0 or 1.
@@ -479,7 +479,7 @@ fn conv_transpose_is_phases_of_a_contraction() {
         for (u, o) in pd[3..].iter().zip(&d[2..]) {
             assert!(*u == o.div_ceil(2) || *u == (o + 1).div_ceil(2), "kernel {k}: {pd:?} for {d:?}");
         }
-        assert_eq!(KernelClass::of(interleave), KernelClass::Movement);
+        assert_eq!(classify(interleave), KernelClass::Movement);
         // The filters hold every weight once per phase it serves, zeros elsewhere.
         let f = kiln_flow::interp::run(filters, &[&w]).unwrap().to_f64_vec();
         assert_eq!(f.iter().filter(|&&v| v == 0.0).count(), zeros * 4 * 3, "kernel {k}");
@@ -491,7 +491,7 @@ fn conv_transpose_is_phases_of_a_contraction() {
     assert_eq!(l.steps[1].kernel.output.shape.dims(), out[0].shape.dims());
     let dw = op(OpKind::ConvTranspose, &[("group", int(4)), ("pads", ia(&[1; 4]))]);
     let (l, _) = lower_from(&dw, &[Some(x), Some(rand(DType::F32, &[4, 1, 3, 3], 4))], 1);
-    assert_eq!(KernelClass::of(&l.steps[1].kernel), KernelClass::Window);
+    assert_eq!(classify(&l.steps[1].kernel), KernelClass::Window);
 }
 
 #[test]

@@ -39,8 +39,8 @@ impl fmt::Display for Version {
 /// The container format version this crate writes and reads.
 ///
 /// 1.1 added each dispatch's `work_ns` to the plan (a 1.0 plan reads as 0: no estimate).
-/// 1.2 added each kernel's class to the kernel table (a 1.0 or 1.1 kernel reads as
-/// `KernelClass::Unknown`).
+/// 1.2 added each kernel's class to the kernel table (a 1.0 or 1.1 kernel's class reads
+/// as `None`).
 pub const FORMAT_VERSION: Version = Version { major: 1, minor: 2 };
 
 /// What a section holds.

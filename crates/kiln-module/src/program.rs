@@ -144,16 +144,17 @@ pub struct Kernel {
     /// The variants, in order of preference.
     pub variants: Vec<Variant>,
     /// The shape of computation the compiler classified it as, for listings (the runtime
-    /// ignores it).
-    pub class: KernelClass,
+    /// ignores it); `None` in files older than format 1.2, which do not record it.
+    pub class: Option<KernelClass>,
 }
 
-/// The compiler's class of a kernel (its flow-level `KernelClass`), recorded for
-/// listings; [`KernelClass::Unknown`] in files older than format 1.2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The class of a kernel: the shape of computation it has, decided once at the flow
+/// level (`kiln_flow::class::classify`, which defines each class precisely) so that every
+/// code generator matches on it, and recorded in the artifact for listings. The one
+/// enum of both sides: the compiler's flow level uses it, and the artifact stores its
+/// [`KernelClass::code`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KernelClass {
-    /// Not recorded (a file of format 1.0 or 1.1).
-    Unknown,
     /// An epilogue over a sum of products (matrix product, convolution).
     Contraction,
     /// A depthwise convolution or a pool over an image's planes.
@@ -169,9 +170,8 @@ pub enum KernelClass {
 }
 
 impl KernelClass {
-    /// Every class, by code.
-    pub const ALL: [KernelClass; 7] = [
-        KernelClass::Unknown,
+    /// Every class, in listing order (the order of the enum and of the codes).
+    pub const ALL: [KernelClass; 6] = [
         KernelClass::Contraction,
         KernelClass::Window,
         KernelClass::Rows,
@@ -180,28 +180,19 @@ impl KernelClass {
         KernelClass::General,
     ];
 
-    /// The on-disk code (its position in [`KernelClass::ALL`]).
+    /// The on-disk code: 1 + its position in [`KernelClass::ALL`] (0 is "not recorded").
     pub fn code(self) -> u8 {
-        match self {
-            KernelClass::Unknown => 0,
-            KernelClass::Contraction => 1,
-            KernelClass::Window => 2,
-            KernelClass::Rows => 3,
-            KernelClass::Movement => 4,
-            KernelClass::Elementwise => 5,
-            KernelClass::General => 6,
-        }
+        self as u8 + 1
     }
 
-    /// The class of an on-disk code.
+    /// The class of an on-disk code; `None` for 0 ("not recorded") and unknown codes.
     pub fn from_code(code: u64) -> Option<KernelClass> {
         KernelClass::ALL.into_iter().find(|c| u64::from(c.code()) == code)
     }
 
-    /// Its name in listings (`contraction`, …, `unknown`).
+    /// Its name in the flow text form and in listings (`contraction`, …, `general`).
     pub fn name(self) -> &'static str {
         match self {
-            KernelClass::Unknown => "unknown",
             KernelClass::Contraction => "contraction",
             KernelClass::Window => "window",
             KernelClass::Rows => "rows",
@@ -209,6 +200,17 @@ impl KernelClass {
             KernelClass::Elementwise => "elementwise",
             KernelClass::General => "general",
         }
+    }
+
+    /// The class named `name` ([`KernelClass::name`]).
+    pub fn from_name(name: &str) -> Option<KernelClass> {
+        KernelClass::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+impl core::fmt::Display for KernelClass {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

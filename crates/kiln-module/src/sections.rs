@@ -40,7 +40,7 @@
 //!   list<kernel>       kernel = str name, list<variant>,
 //!                               uv class (format 1.2 on: 0 unknown, 1 contraction, 2 window,
 //!                               3 rows, 4 movement, 5 elementwise, 6 general; absent from
-//!                               1.0 and 1.1 files, read as unknown; the runtime ignores it)
+//!                               1.0 and 1.1 files; 0 and absent read as `None`; the runtime ignores it)
 //!                      variant = u32 executable, u32 entry, uv features
 //! constants (kind 4, align 64): the constant pool's bytes, nothing else
 //! external-weights (kind 5, align 8): str file, uv size, hash as 8 bytes little-endian
@@ -231,8 +231,8 @@ pub struct KernelView<'a> {
     pub name: &'a str,
     /// Variants in order of preference.
     pub variants: Vec<Variant>,
-    /// The compiler's class of the kernel ([`KernelClass::Unknown`] before format 1.2).
-    pub class: KernelClass,
+    /// The compiler's class of the kernel (`None` before format 1.2, or recorded as unknown).
+    pub class: Option<KernelClass>,
 }
 
 /// An executable; `code` borrows the file.
@@ -588,7 +588,7 @@ fn executables_bytes(p: &Program) -> Vec<u8> {
             e.uv(v.entry.into());
             e.uv(v.features);
         });
-        e.uv(k.class.code().into());
+        e.uv(k.class.map_or(0, KernelClass::code).into());
     });
     e.0
 }
@@ -936,11 +936,10 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
             Ok(Variant { executable, entry, features })
         })?;
         let class = if d.format.minor >= 2 {
-            // (Every code up to the last class's is one.)
-            let last = KernelClass::ALL.len() as u64 - 1;
-            KernelClass::from_code(d.tag("kernel class", last)?).unwrap_or(KernelClass::Unknown)
+            // Codes run from 0 (not recorded) to the last class's.
+            KernelClass::from_code(d.tag("kernel class", KernelClass::ALL.len() as u64)?)
         } else {
-            KernelClass::Unknown
+            None
         };
         Ok(KernelView { name, variants, class })
     })?;

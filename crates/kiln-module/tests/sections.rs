@@ -65,12 +65,12 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                     Variant { executable: 0, entry: 0, features: CpuFeature::Avx2.bit() | CpuFeature::Fma.bit() },
                     Variant { executable: 0, entry: 1, features: 0 },
                 ],
-                class: KernelClass::Contraction,
+                class: Some(KernelClass::Contraction),
             },
             Kernel {
                 name: "fc2".into(),
                 variants: vec![Variant { executable: 0, entry: 2, features: 0 }],
-                class: KernelClass::Elementwise,
+                class: Some(KernelClass::Elementwise),
             },
         ],
         executables: vec![Executable {
@@ -326,7 +326,7 @@ fn kernel_classes_by_hand_and_from_format_1_1() {
     p.kernels = vec![Kernel {
         name: "k".into(),
         variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
-        class: KernelClass::Rows,
+        class: Some(KernelClass::Rows),
     }];
     let exe = section_bytes(&p, SectionKind::Executables).expect("exe");
     // 0 executables; 1 kernel: name "k", 1 variant (0, 0, 0), class 3 (rows).
@@ -345,15 +345,15 @@ fn kernel_classes_by_hand_and_from_format_1_1() {
     };
     let kernels = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().kernels);
     assert_eq!(kernels(&file_of(exe.clone(), 2)).expect("a 1.2 table"), p.kernels);
-    // Every class has its own code, and reads back.
-    for c in KernelClass::ALL {
+    // Every class has its own code, and reads back; code 0 is "not recorded".
+    for c in KernelClass::ALL.map(Some).into_iter().chain([None]) {
         let mut e = exe.clone();
-        e[8] = c.code();
+        e[8] = c.map_or(0, KernelClass::code);
         assert_eq!(kernels(&file_of(e, 2)).expect("decodes")[0].class, c);
     }
-    // A 1.1 file has no class: the same table without it reads as unknown.
+    // A 1.1 file has no class: the same table without it reads as not recorded.
     let old = kernels(&file_of(exe[..8].to_vec(), 1)).expect("a 1.1 table");
-    assert_eq!(old[0].class, KernelClass::Unknown);
+    assert_eq!(old[0].class, None);
     assert_eq!(old[0].variants, p.kernels[0].variants);
     // A 1.2 table under a 1.1 header leaves the class over; a code past the last is refused.
     let e = kernels(&file_of(exe.clone(), 1)).expect_err("trailing class byte");
@@ -362,6 +362,14 @@ fn kernel_classes_by_hand_and_from_format_1_1() {
     bad[8] = 7;
     let e = kernels(&file_of(bad, 2)).expect_err("class 7");
     assert_eq!(e.problem, SectionProblem::UnknownTag { field: "kernel class", tag: 7 });
+}
+
+#[test]
+fn kernel_class_names_round_trip() {
+    for c in KernelClass::ALL {
+        assert_eq!(KernelClass::from_name(c.name()), Some(c));
+    }
+    assert_eq!(KernelClass::from_name("gemm"), None);
 }
 
 #[test]

@@ -191,7 +191,7 @@ fn artifact_and_weights(
     let weights = match weights_given {
         Some((w, _)) => Some(w),
         // An artifact with external weights names its file: look beside the artifact.
-        None => match module::weights_beside(&path, bytes.bytes()) {
+        None => match kiln_runtime::fs::weights_beside(&path, bytes.bytes()) {
             Some(p) if p.exists() => Some(module::read(&p)?),
             _ => None,
         },

@@ -7,14 +7,13 @@
 //! initialised memory), which the runtime writes directly: the arrays returned own
 //! their data, and a later call never changes them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use kiln_module::program::{Command, Constants, CpuFeature};
-use kiln_module::sections::{read_program, ConstantsView};
 use kiln_runtime::fs::AlignedBytes;
-use kiln_runtime::{Instance, LoadedModule};
+use kiln_runtime::{Instance, LoadedModule, OwnedModule};
 use numpy::npyffi::npy_intp;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods, PY_ARRAY_API};
 use pyo3::prelude::*;
@@ -57,68 +56,41 @@ fn shape_str<T: std::fmt::Display>(dims: &[T]) -> String {
     }
 }
 
-/// A loaded module and the bytes it borrows.
+/// A loaded module (with the bytes it reads) and its default entry point's signature.
 pub(crate) struct Loaded {
-    // Fields drop in declaration order: `loaded` borrows `artifact` and `weights`, so
-    // it comes first.
-    /// The runtime's module, its lifetime erased to `'static`.
-    ///
-    /// SAFETY (of the erasure): it borrows the bytes of `artifact` and `weights` only,
-    /// heap buffers that are never written, moved or freed before `loaded` is dropped
-    /// (moving a `Loaded` moves the buffers' owners, not the bytes; no `&mut` to them
-    /// is ever made). Nothing hands out a reference with the erased lifetime: every
-    /// use is tied to a borrow of `self` or to the `Arc` a `Runner` holds.
-    loaded: LoadedModule<'static>,
+    owned: OwnedModule,
     /// The entry point run: `main`, else the first.
     entry: usize,
     pub(crate) inputs: Vec<Tensor>,
     pub(crate) outputs: Vec<Tensor>,
-    artifact: AlignedBytes,
-    _weights: Option<AlignedBytes>,
 }
-
-// Proof that sharing a `Loaded` between threads is sound: the runtime's module is
-// itself `Send + Sync`, and the rest is plain data.
-const _: () = {
-    const fn shareable<T: Send + Sync>() {}
-    shareable::<Loaded>();
-};
 
 impl Loaded {
     /// Loads `artifact` (and `weights`), taking the buffers.
     fn new(artifact: AlignedBytes, weights: Option<AlignedBytes>) -> Result<Loaded, Error> {
-        // SAFETY: the views point into the heap buffers of `artifact` and `weights`,
-        // which move into the `Loaded` with the module that borrows them and stay there,
-        // unmodified, until after it is dropped (see `Loaded::loaded`).
-        let a: &'static [u8] = unsafe { &*std::ptr::from_ref(artifact.bytes()) };
-        // SAFETY: as above.
-        let w: Option<&'static [u8]> = weights.as_ref().map(|w| unsafe { &*std::ptr::from_ref(w.bytes()) });
-        let loaded = kiln_runtime::Module::load(a, w).map_err(|e| match e {
+        let owned = OwnedModule::load(artifact, weights).map_err(|e| match e {
             kiln_runtime::RuntimeError::WeightsMissing { .. } => {
                 Error::from(e).context_after("kiln.load(artifact, weights=PATH) names the file")
             }
             e => Error::from(e),
         })?;
-        let sig = loaded.signature();
-        let entry = sig
-            .find("main")
-            .or_else(|| sig.entry(0))
-            .ok_or_else(|| Error::invalid("the module has no entry points"))?;
+        let sig = owned.module().signature();
+        let entry = sig.default_entry().ok_or_else(|| Error::invalid("the module has no entry points"))?;
         let inputs = entry.inputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
         let outputs = entry.outputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
         let entry = entry.index;
-        Ok(Loaded { loaded, entry, inputs, outputs, artifact, _weights: weights })
+        Ok(Loaded { owned, entry, inputs, outputs })
     }
 }
 
 /// The instance and its argument lists: used by one thread at a time, behind the
 /// module's mutex.
 struct Runner {
-    // Fields drop in declaration order: `inst` borrows `module.loaded`, so it comes
+    // Fields drop in declaration order: `inst` borrows `module.owned`, so it comes
     // first and the `Arc` last.
     /// The runtime's instance, its lifetime erased to `'static`.
     ///
-    /// SAFETY (of the erasure): it borrows `module.loaded`, which lives in the `Arc`
+    /// SAFETY (of the erasure): it borrows `module.owned`'s module, which lives in the `Arc`
     /// this runner holds (`module`, dropped after `inst`; never modified), and an arena
     /// the instance allocated and owns. No reference with the erased lifetime leaves
     /// this struct.
@@ -141,7 +113,7 @@ impl Runner {
     fn new(module: Arc<Loaded>, threads: usize) -> Result<Runner, Error> {
         // SAFETY: see `Runner::inst`: the module stays in the `Arc` this runner holds
         // until after the instance is dropped.
-        let loaded: &'static LoadedModule<'static> = unsafe { &*std::ptr::from_ref(&module.loaded) };
+        let loaded: &'static LoadedModule<'static> = unsafe { &*std::ptr::from_ref(module.owned.module()).cast() };
         let inst = Instance::with_threads(loaded, threads)?;
         Ok(Runner {
             inst,
@@ -646,9 +618,9 @@ impl Module {
     /// ``arena_bytes`` and ``arena_align``; and ``threads``.
     fn inspect<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = &self.shared;
-        let bytes = s.artifact.bytes();
+        let bytes = s.owned.artifact();
         let container = kiln_module::Module::parse(bytes).map_err(|e| Error::new(Class::Internal, e.to_string()))?;
-        let program = s.loaded.program();
+        let program = s.owned.module().verified().program();
         let d = PyDict::new(py);
         d.set_item("bytes", bytes.len())?;
         d.set_item("format", container.format().to_string())?;
@@ -811,21 +783,4 @@ pub(crate) fn thread_count(threads: Option<usize>) -> Result<usize, Error> {
 /// place).
 pub(crate) fn read(path: &Path) -> Result<AlignedBytes, Error> {
     AlignedBytes::read(path).map_err(|e| Error::invalid(format!("cannot read `{}`: {e}", path.display())))
-}
-
-/// The weights file an artifact names, beside it (as `kiln run` looks for it); `None`
-/// for a module that embeds its weights, or a recorded name that is not a plain file
-/// name (the loader then reports the weights missing).
-pub(crate) fn weights_beside(artifact_path: &Path, artifact: &[u8]) -> Option<PathBuf> {
-    let container = kiln_module::Module::parse(artifact).ok()?;
-    let program = read_program(&container).ok()?;
-    match program.constants {
-        ConstantsView::External { file, .. } => {
-            // Never leave the artifact's folder on the artifact's word.
-            let plain = Path::new(file).file_name().is_some_and(|n| n == file);
-            let dir = artifact_path.parent().unwrap_or(Path::new("."));
-            plain.then(|| dir.join(file))
-        }
-        ConstantsView::Embedded(_) => None,
-    }
 }

@@ -19,7 +19,7 @@
 //! smaller half first, any other mode the larger half).
 
 use crate::elementwise::write_f64;
-use crate::linalg::{floats, gemm_acc, requantize, transpose};
+use crate::linalg::{floats, gemm_acc, requantize, transpose, zero_point};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
 use kiln_ir::attrs::{ConvAttrs, ConvTransposeAttrs};
@@ -440,14 +440,7 @@ fn minus_zp(cx: &Cx, t: &Tensor, zi: usize, per_channel: bool) -> Result<Vec<f64
         return Err(cx.invalid(format!("{} operand, u8 or i8 expected", t.dtype())));
     }
     let mut v = floats(cx, t)?;
-    let Some(z) = cx.opt_input(zi) else { return Ok(v) };
-    if z.dtype() != t.dtype() {
-        return Err(cx.invalid(format!(
-            "zero point dtype {} differs from {}",
-            z.dtype(),
-            t.dtype()
-        )));
-    }
+    let Some(z) = zero_point(cx, t, zi)? else { return Ok(v) };
     let zv = floats(cx, z)?;
     let m = t.shape().dims().first().copied().unwrap_or(1);
     if zv.len() == 1 {

@@ -299,22 +299,15 @@ fn two<'a>(cx: &Cx<'a>, ty: &TensorType) -> Result<(&'a Tensor, &'a Tensor), Eva
     Ok((a, b))
 }
 
-fn zip_f64(
+/// Both operands read as `T` by `read` and broadcast to `out`.
+fn zip<T: Copy>(
     cx: &Cx,
     a: &Tensor,
     b: &Tensor,
     out: &[usize],
-) -> Result<(Vec<f64>, Vec<f64>), EvalError> {
-    Ok((expand(read_f64(cx, a)?, dims(a), out), expand(read_f64(cx, b)?, dims(b), out)))
-}
-
-fn zip_i64(
-    cx: &Cx,
-    a: &Tensor,
-    b: &Tensor,
-    out: &[usize],
-) -> Result<(Vec<i64>, Vec<i64>), EvalError> {
-    Ok((expand(read_i64(cx, a)?, dims(a), out), expand(read_i64(cx, b)?, dims(b), out)))
+    read: fn(&Cx, &Tensor) -> Result<Vec<T>, EvalError>,
+) -> Result<(Vec<T>, Vec<T>), EvalError> {
+    Ok((expand(read(cx, a)?, dims(a), out), expand(read(cx, b)?, dims(b), out)))
 }
 
 // ---------------------------------------------------------------------------
@@ -442,11 +435,8 @@ fn unary_signed(cx: &Cx) -> Result<Tensor, EvalError> {
 /// Float-only unary ops and activations.
 fn unary_float(cx: &Cx) -> Result<Tensor, EvalError> {
     use OpKind::*;
-    let x = cx.input(0)?;
+    let x = cx.float_input(0)?;
     let d = x.dtype();
-    if !d.is_float() {
-        return Err(cx.invalid(format!("{d} operand, a float dtype is required")));
-    }
     let ty = out_of_dtype(cx, d)?;
     let f: Box<dyn Fn(f64) -> f64> = match cx.kind() {
         Acos => Box::new(f64::acos),
@@ -657,7 +647,7 @@ fn arith(cx: &Cx) -> Result<Tensor, EvalError> {
     let out = ty.shape.dims();
     let fmod = k == Mod && cx.attrs::<ModAttrs>()?.fmod;
     if d.is_float() {
-        let (x, y) = zip_f64(cx, a, b, out)?;
+        let (x, y) = zip(cx, a, b, out, read_f64)?;
         let f: fn(f64, f64) -> f64 = match k {
             Add => |p, q| p + q,
             Sub => |p, q| p - q,
@@ -679,7 +669,7 @@ fn arith(cx: &Cx) -> Result<Tensor, EvalError> {
     if !d.is_int() {
         return Err(cx.invalid(format!("{d} operands")));
     }
-    let (x, y) = zip_i64(cx, a, b, out)?;
+    let (x, y) = zip(cx, a, b, out, read_i64)?;
     if matches!(k, Div | Mod) && y.contains(&0) {
         return Err(cx.invalid("integer division by zero"));
     }
@@ -738,7 +728,7 @@ fn pow(cx: &Cx) -> Result<Tensor, EvalError> {
     out_of_dtype(cx, d)?;
     let out = ty.shape.dims();
     if d.is_int() && b.dtype().is_int() {
-        let (x, y) = zip_i64(cx, a, b, out)?;
+        let (x, y) = zip(cx, a, b, out, read_i64)?;
         let (bu, eu) = (d.is_unsigned_int(), b.dtype().is_unsigned_int());
         let v: Vec<i64> = x.iter().zip(&y).map(|(&p, &q)| ipow(p, q, bu, eu)).collect();
         return cx.from_i64(ty, &v);
@@ -746,7 +736,7 @@ fn pow(cx: &Cx) -> Result<Tensor, EvalError> {
     if !(d.is_float() || d.is_int()) || !(b.dtype().is_float() || b.dtype().is_int()) {
         return Err(cx.invalid(format!("{d} ^ {} is not numeric", b.dtype())));
     }
-    let (x, y) = zip_f64(cx, a, b, out)?;
+    let (x, y) = zip(cx, a, b, out, read_f64)?;
     let v: Vec<f64> = x.iter().zip(&y).map(|(&p, &q)| p.powf(q)).collect();
     write_f64(cx, ty, &v)
 }
@@ -768,11 +758,11 @@ fn compare(cx: &Cx) -> Result<Tensor, EvalError> {
         }
     };
     let v: Vec<i64> = if d.is_float() {
-        let (x, y) = zip_f64(cx, a, b, out)?;
+        let (x, y) = zip(cx, a, b, out, read_f64)?;
         x.iter().zip(&y).map(|(p, q)| accept(p.partial_cmp(q)) as i64).collect()
     } else {
         let uns = d.is_unsigned_int();
-        let (x, y) = zip_i64(cx, a, b, out)?;
+        let (x, y) = zip(cx, a, b, out, read_i64)?;
         x.iter().zip(&y).map(|(&p, &q)| accept(Some(icmp(p, q, uns))) as i64).collect()
     };
     cx.from_i64(ty, &v)
@@ -784,7 +774,7 @@ fn logical(cx: &Cx) -> Result<Tensor, EvalError> {
     if same_dtype(cx, &[a, b])? != DType::Bool {
         return Err(cx.invalid("operands must be bool"));
     }
-    let (x, y) = zip_i64(cx, a, b, ty.shape.dims())?;
+    let (x, y) = zip(cx, a, b, ty.shape.dims(), read_i64)?;
     let f: fn(bool, bool) -> bool = match cx.kind() {
         OpKind::And => |p, q| p && q,
         OpKind::Or => |p, q| p || q,
@@ -804,15 +794,26 @@ fn not(cx: &Cx) -> Result<Tensor, EvalError> {
     cx.from_i64(ty, &v)
 }
 
-fn bitwise(cx: &Cx) -> Result<Tensor, EvalError> {
+/// The result type and the broadcast operands (as i64) of a binary op on integers: both
+/// operands and the result of one dtype, which `takes` accepts (`what` names them).
+fn int_operands<'a>(
+    cx: &Cx<'a>,
+    takes: fn(DType) -> bool,
+    what: &str,
+) -> Result<(&'a TensorType, Vec<i64>, Vec<i64>), EvalError> {
     let ty = cx.out_type(0)?;
     let (a, b) = two(cx, ty)?;
     let d = same_dtype(cx, &[a, b])?;
     out_of_dtype(cx, d)?;
-    if !d.is_int() {
-        return Err(cx.invalid(format!("{d} operands, integers required")));
+    if !takes(d) {
+        return Err(cx.invalid(format!("{d} operands, {what} required")));
     }
-    let (x, y) = zip_i64(cx, a, b, ty.shape.dims())?;
+    let (x, y) = zip(cx, a, b, ty.shape.dims(), read_i64)?;
+    Ok((ty, x, y))
+}
+
+fn bitwise(cx: &Cx) -> Result<Tensor, EvalError> {
+    let (ty, x, y) = int_operands(cx, DType::is_int, "integers")?;
     let f: fn(i64, i64) -> i64 = match cx.kind() {
         OpKind::BitwiseAnd => |p, q| p & q,
         OpKind::BitwiseOr => |p, q| p | q,
@@ -834,15 +835,8 @@ fn bitwise_not(cx: &Cx) -> Result<Tensor, EvalError> {
 }
 
 fn bit_shift(cx: &Cx) -> Result<Tensor, EvalError> {
-    let ty = cx.out_type(0)?;
-    let (a, b) = two(cx, ty)?;
-    let d = same_dtype(cx, &[a, b])?;
-    out_of_dtype(cx, d)?;
-    if !d.is_unsigned_int() {
-        return Err(cx.invalid(format!("{d} operands, unsigned integers required")));
-    }
+    let (ty, x, y) = int_operands(cx, DType::is_unsigned_int, "unsigned integers")?;
     let left = cx.attrs::<BitShiftAttrs>()?.direction == ShiftDirection::Left;
-    let (x, y) = zip_i64(cx, a, b, ty.shape.dims())?;
     let v: Vec<i64> = x
         .iter()
         .zip(&y)
@@ -871,7 +865,7 @@ fn prelu(cx: &Cx) -> Result<Tensor, EvalError> {
     }
     check_unidirectional(cx, dims(s), out)?;
     if d.is_float() {
-        let (x, s) = zip_f64(cx, x, s, out)?;
+        let (x, s) = zip(cx, x, s, out, read_f64)?;
         let v: Vec<f64> =
             x.iter().zip(&s).map(|(&p, &q)| if p < 0.0 { q * p } else { p }).collect();
         return write_f64(cx, ty, &v);
@@ -880,7 +874,7 @@ fn prelu(cx: &Cx) -> Result<Tensor, EvalError> {
         return Err(cx.invalid(format!("{d} operands")));
     }
     let uns = d.is_unsigned_int();
-    let (x, s) = zip_i64(cx, x, s, out)?;
+    let (x, s) = zip(cx, x, s, out, read_i64)?;
     let v: Vec<i64> = x
         .iter()
         .zip(&s)

@@ -291,19 +291,22 @@ fn check_q8(cx: &Cx, t: &Tensor, what: &str) -> Result<(), EvalError> {
     }
 }
 
+/// Operand `zi`, the optional zero point of the quantised operand `t`, when given: it
+/// must have `t`'s dtype.
+pub(crate) fn zero_point<'a>(cx: &Cx<'a>, t: &Tensor, zi: usize) -> Result<Option<&'a Tensor>, EvalError> {
+    let Some(z) = cx.opt_input(zi) else { return Ok(None) };
+    if z.dtype() != t.dtype() {
+        return Err(cx.invalid(format!("zero point dtype {} differs from {}", z.dtype(), t.dtype())));
+    }
+    Ok(Some(z))
+}
+
 /// `x − zp` in f64, where the zero point (operand `zi`, optional) is one value, a
 /// 1-D tensor per row (`rowwise`: `[M]` read as `[M, 1]`) or per column (`[N]`),
 /// or a tensor broadcasting to `x` unidirectionally (`[.., M, 1]`, `[.., 1, N]`).
 fn minus_zero_point(cx: &Cx, x: &Tensor, zi: usize, rowwise: bool) -> Result<Vec<f64>, EvalError> {
     let xv = read_f64(cx, x)?;
-    let Some(z) = cx.opt_input(zi) else { return Ok(xv) };
-    if z.dtype() != x.dtype() {
-        return Err(cx.invalid(format!(
-            "zero point dtype {} differs from {}",
-            z.dtype(),
-            x.dtype()
-        )));
-    }
+    let Some(z) = zero_point(cx, x, zi)? else { return Ok(xv) };
     let zv = read_f64(cx, z)?;
     if zv.len() == 1 {
         return Ok(xv.into_iter().map(|v| v - zv[0]).collect());

@@ -9,7 +9,7 @@
 //! `(x − mean) / (sqrt(var) + 1e-9)` as the ONNX function body defines it.
 
 use crate::elementwise::{check_unidirectional, expand, read_f64, write_f64};
-use crate::reduce::split_at_axis;
+use crate::reduce::map_lanes;
 use crate::util::Cx;
 use crate::EvalError;
 use kiln_ir::attrs::{
@@ -44,10 +44,7 @@ fn eps(cx: &Cx) -> Result<f64, EvalError> {
 
 /// The float operand `X` and the result type, which must match it.
 fn x_and_out<'a>(cx: &Cx<'a>) -> Result<(&'a Tensor, &'a TensorType), EvalError> {
-    let x = cx.input(0)?;
-    if !x.dtype().is_float() {
-        return Err(cx.invalid(format!("{} operand, a float dtype is required", x.dtype())));
-    }
+    let x = cx.float_input(0)?;
     let ty = cx.out_type(0)?;
     if ty != x.ty() {
         return Err(cx.invalid(format!("result type {ty} differs from X {}", x.ty())));
@@ -218,22 +215,16 @@ fn lp_norm(cx: &Cx) -> Result<Tensor, EvalError> {
     if p != 1 && p != 2 {
         return Err(cx.invalid(format!("p = {p}, 1 or 2 expected")));
     }
-    let (outer, n, inner) = split_at_axis(xd, axis);
-    let v = x.to_f64_vec();
-    let mut out = vec![0.0; v.len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let idx = |k: usize| (o * n + k) * inner + i;
-            let norm = if p == 1 {
-                (0..n).map(|k| v[idx(k)].abs()).sum::<f64>()
-            } else {
-                (0..n).map(|k| v[idx(k)] * v[idx(k)]).sum::<f64>().sqrt()
-            };
-            for k in 0..n {
-                out[idx(k)] = if norm == 0.0 { 0.0 } else { v[idx(k)] / norm };
-            }
+    let out = map_lanes(&x.to_f64_vec(), xd, axis, |lane, out| {
+        let norm = if p == 1 {
+            lane.iter().map(|v| v.abs()).sum::<f64>()
+        } else {
+            lane.iter().map(|v| v * v).sum::<f64>().sqrt()
+        };
+        for (o, &v) in out.iter_mut().zip(lane) {
+            *o = if norm == 0.0 { 0.0 } else { v / norm };
         }
-    }
+    });
     write_f64(cx, ty, &out)
 }
 

@@ -216,10 +216,7 @@ fn dequantize(cx: &Cx) -> Result<Tensor, EvalError> {
 }
 
 fn dynamic_quantize(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
-    let x = cx.input(0)?;
-    if !x.dtype().is_float() {
-        return Err(cx.invalid(format!("{} operand, a float dtype is required", x.dtype())));
-    }
+    let x = cx.float_input(0)?;
     let yty = cx.out_type(0)?;
     if yty.dtype != DType::U8 || yty.shape != *x.shape() {
         return Err(cx.invalid(format!("result 0 has type {yty}, expected u8 of x's shape")));

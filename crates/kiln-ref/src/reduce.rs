@@ -33,6 +33,28 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     }
 }
 
+/// `v` (row-major, of dims `dims`) with each lane along `axis` replaced by what `f`
+/// writes for it: `f(lane, out)` gets the lane's values and a zeroed lane to fill.
+pub(crate) fn map_lanes(v: &[f64], dims: &[usize], axis: usize, mut f: impl FnMut(&[f64], &mut [f64])) -> Vec<f64> {
+    let (outer, n, inner) = split_at_axis(dims, axis);
+    let mut out = vec![0.0; v.len()];
+    let (mut lane, mut res) = (vec![0.0; n], vec![0.0; n]);
+    for o in 0..outer {
+        for i in 0..inner {
+            let idx = |k: usize| (o * n + k) * inner + i;
+            for (k, l) in lane.iter_mut().enumerate() {
+                *l = v[idx(k)];
+            }
+            res.fill(0.0);
+            f(&lane, &mut res);
+            for (k, r) in res.iter().enumerate() {
+                out[idx(k)] = *r;
+            }
+        }
+    }
+    out
+}
+
 /// `(outer, n, inner)` sizes around `axis`: element `(o, k, i)` is at `(o*n + k)*inner + i`.
 pub(crate) fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
     let outer = dims[..axis].iter().product();
@@ -308,44 +330,32 @@ fn cumsum(cx: &Cx) -> Result<Tensor, EvalError> {
 }
 
 fn softmax(cx: &Cx) -> Result<Tensor, EvalError> {
-    let x = cx.input(0)?;
-    let d = x.dtype();
-    if !d.is_float() {
-        return Err(cx.invalid(format!("{d} operand, a float dtype is required")));
-    }
+    let x = cx.float_input(0)?;
     let xd = x.shape().dims();
-    let ty = out_checked(cx, 0, d, xd)?;
+    let ty = out_checked(cx, 0, x.dtype(), xd)?;
     let axis = cx.axis(cx.attrs::<SoftmaxAttrs>()?.axis, xd.len())?;
-    let (outer, n, inner) = split_at_axis(xd, axis);
-    let v = x.to_f64_vec();
-    let mut out = vec![0.0f64; v.len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let idx = |k: usize| (o * n + k) * inner + i;
-            match cx.kind() {
-                OpKind::Hardmax => {
-                    let mut best = 0;
-                    for k in 1..n {
-                        if better_f(v[idx(k)], v[idx(best)], true, false) {
-                            best = k;
-                        }
-                    }
-                    if n > 0 {
-                        out[idx(best)] = 1.0;
-                    }
-                }
-                kind => {
-                    let m = (0..n).map(|k| v[idx(k)]).fold(f64::NEG_INFINITY, f64::max);
-                    let s: f64 = (0..n).map(|k| (v[idx(k)] - m).exp()).sum();
-                    for k in 0..n {
-                        let z = v[idx(k)] - m;
-                        out[idx(k)] =
-                            if kind == OpKind::Softmax { z.exp() / s } else { z - s.ln() };
-                    }
+    let kind = cx.kind();
+    let out = map_lanes(&x.to_f64_vec(), xd, axis, |lane, out| match kind {
+        OpKind::Hardmax => {
+            let mut best = 0;
+            for k in 1..lane.len() {
+                if better_f(lane[k], lane[best], true, false) {
+                    best = k;
                 }
             }
+            if let Some(o) = out.get_mut(best) {
+                *o = 1.0;
+            }
         }
-    }
+        kind => {
+            let m = lane.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = lane.iter().map(|&v| (v - m).exp()).sum();
+            for (o, &v) in out.iter_mut().zip(lane) {
+                let z = v - m;
+                *o = if kind == OpKind::Softmax { z.exp() / s } else { z - s.ln() };
+            }
+        }
+    });
     write_f64(cx, ty, &out)
 }
 

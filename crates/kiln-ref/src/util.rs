@@ -35,6 +35,15 @@ impl<'a> Cx<'a> {
             .ok_or_else(|| self.invalid(format!("input {i} is missing")))
     }
 
+    /// Operand `i`, which must be of a float dtype.
+    pub fn float_input(&self, i: usize) -> Result<&'a Tensor, EvalError> {
+        let x = self.input(i)?;
+        if !x.dtype().is_float() {
+            return Err(self.invalid(format!("{} operand, a float dtype is required", x.dtype())));
+        }
+        Ok(x)
+    }
+
     /// Operand `i` if present.
     pub fn opt_input(&self, i: usize) -> Option<&'a Tensor> {
         self.inputs.get(i).copied().flatten()

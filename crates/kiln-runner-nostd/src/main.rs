@@ -158,7 +158,7 @@ fn run(args: &Args) -> Result<(), String> {
     let m = Module::load(model.bytes(), weights.as_ref().map(|w| w.bytes()))
         .map_err(|e| format!("{}: {e}", sys::show(args.model)))?;
     let sig = m.signature();
-    let entry = sig.find("main").or_else(|| sig.entry(0)).ok_or("the module has no entry points")?;
+    let entry = sig.default_entry().ok_or("the module has no entry points")?;
     for (name, _) in &args.inputs {
         if !entry.inputs.iter().any(|t| t.name == *name) {
             let names: Vec<_> = entry.inputs.iter().map(|t| t.name).collect();

@@ -91,7 +91,7 @@ fn matches_rust_invoke(onnx: &Path, external: bool) {
     let w = c.weights.as_deref().map(AlignedBytes::copy_from);
     let m = Module::load(a.bytes(), w.as_ref().map(|w| w.bytes())).expect("load");
     let sig = m.signature();
-    let entry = sig.find("main").or_else(|| sig.entry(0)).expect("an entry point");
+    let entry = sig.default_entry().expect("an entry point");
     let mut args: Vec<String> = vec![artifact.display().to_string()];
     if external {
         args.extend(["--weights".to_string(), weights.display().to_string()]);

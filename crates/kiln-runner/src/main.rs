@@ -231,7 +231,7 @@ fn run(args: Args) -> Result<(), String> {
     let sig = m.signature();
     let entry = match &args.entry {
         Some(n) => sig.find(n).ok_or(format!("the module has no entry point {n}"))?,
-        None => sig.find("main").or_else(|| sig.entry(0)).ok_or("the module has no entry points")?,
+        None => sig.default_entry().ok_or("the module has no entry points")?,
     };
     for (name, _) in &args.inputs {
         if !entry.inputs.iter().any(|t| t.name == name) {

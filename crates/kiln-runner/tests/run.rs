@@ -44,7 +44,7 @@ fn program(external: Option<&[u8]>) -> Program {
         kernels: vec![Kernel {
             name: "add".into(),
             variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
-            class: KernelClass::Elementwise,
+            class: Some(KernelClass::Elementwise),
         }],
         executables: vec![Executable {
             device: DeviceKind::Cpu,

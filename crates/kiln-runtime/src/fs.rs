@@ -3,7 +3,9 @@
 //! inside the file (the runtime copies a constant pool it finds misaligned).
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use kiln_module::sections::{read_program, ConstantsView};
 
 /// A file's bytes at a 64-byte-aligned address.
 #[derive(Debug, Clone)]
@@ -74,6 +76,23 @@ impl AlignedBytes {
     /// The bytes, to write.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// The weights file an artifact names, beside it (where `kiln run` looks for it); `None`
+/// for an artifact that embeds its weights or that does not parse, and for a recorded
+/// name that is not a plain file name (the loader then reports the weights missing).
+pub fn weights_beside(artifact_path: &Path, artifact: &[u8]) -> Option<PathBuf> {
+    let container = kiln_module::Module::parse(artifact).ok()?;
+    let program = read_program(&container).ok()?;
+    match program.constants {
+        ConstantsView::External { file, .. } => {
+            // Never leave the artifact's folder on the artifact's word.
+            let plain = Path::new(file).file_name().is_some_and(|n| n == file);
+            let dir = artifact_path.parent().unwrap_or(Path::new("."));
+            plain.then(|| dir.join(file))
+        }
+        ConstantsView::Embedded(_) => None,
     }
 }
 

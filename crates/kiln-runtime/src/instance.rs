@@ -220,7 +220,7 @@ impl core::fmt::Debug for Instance<'_> {
 
 impl<'m> Instance<'m> {
     fn with(module: &'m LoadedModule<'m>, arena: Arena<'m>) -> Instance<'m> {
-        let l = module.limits;
+        let l = module.verified.limits;
         Instance {
             module,
             arena,
@@ -235,7 +235,7 @@ impl<'m> Instance<'m> {
     /// An instance with an arena from the global allocator (zeroed, aligned as the
     /// module asks), allocated here and never again.
     pub fn new(module: &'m LoadedModule<'m>) -> Result<Instance<'m>, RuntimeError> {
-        let l = module.limits;
+        let l = module.verified.limits;
         // Verified: the size fits usize and the alignment is a power of two ≤ 4096.
         let (size, align) = (l.arena_size as usize, l.arena_align as usize);
         let total = size.checked_add(align - 1).ok_or(RuntimeError::ArenaAlloc { bytes: l.arena_size })?;
@@ -255,7 +255,7 @@ impl<'m> Instance<'m> {
     /// An instance whose arena is `memory` (at least the module's arena size, aligned as
     /// it asks: see [`LoadedModule::limits`]).
     pub fn with_arena(module: &'m LoadedModule<'m>, memory: &'m mut [u8]) -> Result<Instance<'m>, RuntimeError> {
-        let l = module.limits;
+        let l = module.verified.limits;
         if (memory.len() as u64) < l.arena_size {
             return Err(RuntimeError::ArenaTooSmall { needed: l.arena_size, got: memory.len() as u64 });
         }
@@ -370,8 +370,8 @@ impl<'m> Instance<'m> {
         mut observe: Option<&mut dyn FnMut(usize)>,
     ) -> Result<(), RuntimeError> {
         let m = self.module;
-        let entry =
-            m.program.entries.get(index).ok_or_else(|| RuntimeError::NoSuchEntry { entry: format!("#{index}") })?;
+        let entries = &m.verified.program.entries;
+        let entry = entries.get(index).ok_or_else(|| RuntimeError::NoSuchEntry { entry: format!("#{index}") })?;
         if inputs.len() != entry.inputs.len() {
             return Err(RuntimeError::InputCount {
                 entry: entry.name.to_string(),

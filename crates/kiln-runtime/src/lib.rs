@@ -7,6 +7,7 @@
 //!                                      (no weights, no host: for tools that list an artifact)
 //! Module::load(artifact, weights)      container → ABI → sections → plan verification
 //!                                      → weights binding → variant choice → code loading
+//!   or plan.load(weights)              the same after Module::verify_plan, checking nothing twice
 //! Instance::new(&module)               the arena and the driver's tables, allocated once
 //!   or ::with_threads(&module, n)      … and n−1 worker threads (the local-task driver)
 //! instance.invoke(&inputs, &mut outs)  checks the arguments, then walks the commands:
@@ -14,9 +15,9 @@
 //! ```
 //!
 //! The core is `no_std` + `alloc`. The `std` feature (default) adds the CPU code loader,
-//! host CPU feature detection and [`Module::load`]; without it an embedder passes its
-//! own [`hal::CodeLoader`] to [`Verified::load`] and the host's features to
-//! [`Module::verify`]. The `loader-libc` feature brings the CPU loader and
+//! host CPU feature detection, [`Module::load`] and [`OwnedModule`]; without it an
+//! embedder passes its own [`hal::CodeLoader`] to [`Verified::load`] and the host's
+//! features to [`Module::verify`]. The `loader-libc` feature brings the CPU loader and
 //! [`Module::load`] without std, on the C library alone (`mmap`, `mprotect`, `munmap`,
 //! `sysconf`; CPU features read with `cpuid`/`xgetbv`). The `local-task` feature (default; needs `std`) adds the
 //! multithreaded driver, `Instance::with_threads`.
@@ -34,6 +35,8 @@ pub mod hal;
 mod instance;
 mod module;
 #[cfg(feature = "std")]
+mod owned;
+#[cfg(feature = "std")]
 mod pages;
 #[cfg(feature = "local-task")]
 mod task;
@@ -43,6 +46,8 @@ pub use error::{RuntimeError, VerifyError};
 pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
 pub use instance::{Instance, TensorMut, TensorRef};
 pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, VerifiedPlan, RUNTIME_ABI};
+#[cfg(feature = "std")]
+pub use owned::OwnedModule;
 
 /// Most threads an instance may run on ([`Instance::with_threads`]).
 #[cfg(feature = "local-task")]

@@ -43,18 +43,35 @@ impl Module {
     }
 
     /// Checks an artifact completely without placing any code: what
-    /// [`Module::verify_plan`] checks, then the weights binding, and the choice of a
-    /// kernel variant for a host with CPU features `host_features` (bits of
-    /// [`kiln_module::program::CpuFeature`]).
-    ///
-    /// `weights` is the external weights file for modules compiled with weights kept
-    /// outside; pass `None` for modules that embed them.
+    /// [`Module::verify_plan`] checks, then what [`VerifiedPlan::bind`] does.
     pub fn verify<'a>(
         artifact: &'a [u8],
         weights: Option<&'a [u8]>,
         host_features: u64,
     ) -> Result<Verified<'a>, RuntimeError> {
-        let VerifiedPlan { program, limits, .. } = Module::verify_plan(artifact)?;
+        Module::verify_plan(artifact)?.bind(weights, host_features)
+    }
+}
+
+/// An artifact whose container, sections and plan passed [`Module::verify_plan`]'s
+/// checks; its weights and its code's CPU features are not checked.
+#[derive(Debug)]
+pub struct VerifiedPlan<'a> {
+    /// The container: format and ABI versions, the section table.
+    pub container: kiln_module::Module<'a>,
+    /// The decoded, verified program.
+    pub program: ProgramView<'a>,
+    /// What an instance of it needs.
+    pub limits: Limits,
+}
+
+impl<'a> VerifiedPlan<'a> {
+    /// The checks that need the weights and the host: binds `weights`, the external
+    /// weights file of a module compiled with weights kept outside (`None` for a module
+    /// that embeds them), and chooses each kernel's variant for a host with CPU features
+    /// `host_features` (bits of [`kiln_module::program::CpuFeature`]).
+    pub fn bind(self, weights: Option<&'a [u8]>, host_features: u64) -> Result<Verified<'a>, RuntimeError> {
+        let VerifiedPlan { program, limits, .. } = self;
         let pool = match (program.constants, weights) {
             (ConstantsView::Embedded(_), Some(_)) => return Err(RuntimeError::WeightsNotExpected),
             (ConstantsView::Embedded(b), None) => b,
@@ -80,39 +97,27 @@ impl Module {
     }
 }
 
-/// An artifact whose container, sections and plan passed [`Module::verify_plan`]'s
-/// checks; its weights and its code's CPU features are not checked.
-#[derive(Debug)]
-pub struct VerifiedPlan<'a> {
-    /// The container: format and ABI versions, the section table.
-    pub container: kiln_module::Module<'a>,
-    /// The decoded, verified program.
-    pub program: ProgramView<'a>,
-    /// What an instance of it needs.
-    pub limits: Limits,
-}
-
 /// An artifact that passed every check; [`Verified::load`] places its code.
 #[derive(Debug)]
 pub struct Verified<'a> {
-    program: ProgramView<'a>,
+    pub(crate) program: ProgramView<'a>,
     pool: &'a [u8],
     variants: Vec<usize>,
-    limits: Limits,
+    pub(crate) limits: Limits,
 }
 
 impl<'a> Verified<'a> {
-    /// The decoded artifact.
+    /// The decoded artifact (for listings).
     pub fn program(&self) -> &ProgramView<'a> {
         &self.program
     }
 
-    /// Per kernel, the index of the variant chosen for the host.
+    /// Per kernel, the index of the variant chosen for the host (the one that runs).
     pub fn variants(&self) -> &[usize] {
         &self.variants
     }
 
-    /// What an instance needs.
+    /// Arena size, alignment and table sizes an instance needs.
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -143,13 +148,11 @@ impl<'a> Verified<'a> {
         let main = p.entries.iter().position(|e| e.name == "main");
         Ok(LoadedModule {
             pool: Pool::new(self.pool),
-            program: self.program,
-            variants: self.variants,
+            verified: self,
             kernels,
             _images: images.into_iter().flatten().collect(),
             helpers: loader.helpers(),
             main,
-            limits: self.limits,
         })
     }
 }
@@ -181,26 +184,26 @@ impl<'a> Pool<'a> {
     }
 }
 
-/// A loaded module: verified plan, placed code, bound constants. Create
-/// [`crate::Instance`]s from it to run it; it is never modified after loading.
+/// A loaded module: a [`Verified`] artifact ([`LoadedModule::verified`]: its program,
+/// the variants that run, the limits an instance needs), its code placed and its
+/// constants bound. Create [`crate::Instance`]s from it to run it; it is never modified
+/// after loading.
 pub struct LoadedModule<'a> {
-    pub(crate) program: ProgramView<'a>,
+    pub(crate) verified: Verified<'a>,
     pub(crate) pool: Pool<'a>,
-    variants: Vec<usize>,
     pub(crate) kernels: Vec<KernelFn>,
     // Keeps the code that `kernels` point into mapped; dropped last.
     _images: Vec<Box<dyn LoadedImage>>,
     pub(crate) helpers: &'static [HelperFn; HELPER_COUNT],
     pub(crate) main: Option<usize>,
-    pub(crate) limits: Limits,
 }
 
 impl core::fmt::Debug for LoadedModule<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("LoadedModule")
-            .field("entries", &self.program.entries.len())
+            .field("entries", &self.verified.program.entries.len())
             .field("kernels", &self.kernels.len())
-            .field("limits", &self.limits)
+            .field("limits", &self.verified.limits)
             .finish_non_exhaustive()
     }
 }
@@ -208,7 +211,7 @@ impl core::fmt::Debug for LoadedModule<'_> {
 impl<'a> LoadedModule<'a> {
     /// The entry points' names, inputs and outputs.
     pub fn signature(&self) -> Signature<'_, 'a> {
-        Signature { entries: &self.program.entries }
+        Signature { entries: &self.verified.program.entries }
     }
 
     /// Entry point `index`'s name, inputs and outputs.
@@ -222,19 +225,10 @@ impl<'a> LoadedModule<'a> {
         self.kernels.iter().map(|&f| f as usize)
     }
 
-    /// The decoded artifact (for listings).
-    pub fn program(&self) -> &ProgramView<'a> {
-        &self.program
-    }
-
-    /// Per kernel, the index of the variant that runs.
-    pub fn variants(&self) -> &[usize] {
-        &self.variants
-    }
-
-    /// Arena size, alignment and table sizes an instance needs.
-    pub fn limits(&self) -> Limits {
-        self.limits
+    /// What loading verified: the decoded artifact, the variant of each kernel that
+    /// runs, and the limits an instance needs.
+    pub fn verified(&self) -> &Verified<'a> {
+        &self.verified
     }
 
     /// The constant pool the kernels read.
@@ -286,6 +280,11 @@ impl<'m, 'a> Signature<'m, 'a> {
     /// The entry point called `name`.
     pub fn find(&self, name: &str) -> Option<EntrySignature<'m, 'a>> {
         self.at(self.entries.iter().position(|e| e.name == name)?)
+    }
+
+    /// The entry point an embedder runs when none is named: `main`, else the first.
+    pub fn default_entry(&self) -> Option<EntrySignature<'m, 'a>> {
+        self.find("main").or_else(|| self.entry(0))
     }
 
     /// All entry points in order.

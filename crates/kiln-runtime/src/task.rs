@@ -555,7 +555,7 @@ impl<'m> LocalTask<'m> {
     /// Starts `threads − 1` workers (`threads` ≥ 2) and plans every entry point of `m`.
     pub(crate) fn new(m: &'m LoadedModule<'m>, threads: usize) -> Result<LocalTask<'m>, RuntimeError> {
         let n = threads as u64;
-        let schedules: Vec<Schedule<'m>> = m.program.entries.iter().map(|e| schedule(m, e, n)).collect();
+        let schedules: Vec<Schedule<'m>> = m.verified.program.entries.iter().map(|e| schedule(m, e, n)).collect();
         let tables = schedules.iter().map(|s| s.jobs.iter().map(|p| p.bindings.len()).sum()).max().unwrap_or(0);
         let widest = schedules
             .iter()

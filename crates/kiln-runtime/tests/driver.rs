@@ -26,8 +26,7 @@ fn add_kernel_runs_over_all_workgroups() {
 
 #[test]
 fn copy_fill_and_constants() {
-    let (p, _) = misc_program(false);
-    let file = Aligned::new(&write_program(&p), 0);
+    let file = Aligned::new(&misc_file(), 0);
     let m = load(file.bytes(), None).expect("load");
     let mut inst = Instance::new(&m).expect("instance");
     let mut y = [0u8; 16];
@@ -51,8 +50,7 @@ fn misaligned_constants_are_copied_once_aligned() {
 
 #[test]
 fn helper_table_reaches_kernels() {
-    let (p, _) = misc_program(false);
-    let file = write_program(&p);
+    let file = misc_file();
     let m = load(&file, None).expect("load");
     let sig = m.signature();
     let exp = sig.find("exp").expect("exp entry");
@@ -131,7 +129,7 @@ fn raw_front_checks_counts_and_sizes() {
 fn caller_arena() {
     let file = write_program(&add_program(4));
     let m = load(&file, None).expect("load");
-    assert_eq!((m.limits().arena_size, m.limits().arena_align), (80, 64));
+    assert_eq!((m.verified().limits().arena_size, m.verified().limits().arena_align), (80, 64));
     let mut mem = vec![0u8; 80 + 128];
     let off = mem.as_ptr().align_offset(64);
     {
@@ -178,8 +176,7 @@ fn external_weights() {
 
 #[test]
 fn signature_accessors() {
-    let (p, _) = misc_program(false);
-    let file = write_program(&p);
+    let file = misc_file();
     let m = load(&file, None).expect("load");
     let sig = m.signature();
     assert_eq!(sig.len(), 2);
@@ -192,7 +189,7 @@ fn signature_accessors() {
         ("y", 2, &[16u64][..], 16)
     );
     assert!(sig.find("nope").is_none());
-    assert_eq!(m.variants(), [0, 0, 0]);
+    assert_eq!(m.verified().variants(), [0, 0, 0]);
 }
 
 #[test]

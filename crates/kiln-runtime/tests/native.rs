@@ -28,17 +28,9 @@ fn native_loader_runs_the_driver_programs() {
     let mut y = vec![0u8; 12];
     Instance::new(&m).expect("instance").invoke(&[&a, &a], &mut [&mut y]).expect("invoke");
     assert_eq!(to_f32s(&y), [2.0, 4.0, 6.0]);
-    let (p, _) = misc_program(false);
-    let file = write_program(&p);
+    let file = misc_file();
     let m = Module::load(&file, None).expect("load");
-    let mut inst = Instance::new(&m).expect("instance");
-    let mut out = [0u8; 16];
-    inst.invoke(&[], &mut [&mut out[..]]).expect("main");
-    assert_eq!(out, MISC_EXPECTED);
-    let x = 0.5f32.to_le_bytes();
-    let mut e = [0u8; 4];
-    inst.invoke_entry(1, &[&x], &mut [&mut e[..]]).expect("exp");
-    assert!((f32::from_le_bytes(e) - 1.648_721_3).abs() < 1e-6);
+    check_misc_entries(&mut Instance::new(&m).expect("instance"), 0.5);
 }
 
 #[test]

@@ -60,19 +60,13 @@ fn waves_of_several_dispatches() {
 
 #[test]
 fn copies_fills_helpers_and_entries() {
-    let (p, _) = misc_program(false);
-    let file = Aligned::new(&write_program(&p), 0);
+    let file = Aligned::new(&misc_file(), 0);
     let m = load(file.bytes(), None).expect("load");
     for threads in [2, 3] {
         let mut inst = Instance::with_threads(&m, threads).expect("instance");
-        let mut y = [0u8; 16];
-        inst.invoke(&[], &mut [&mut y[..]]).expect("invoke");
-        assert_eq!(y, MISC_EXPECTED);
-        let x = 1.0f32.to_le_bytes();
-        let mut e = [0u8; 4];
-        inst.invoke_entry(1, &[&x], &mut [&mut e[..]]).expect("exp");
-        assert!((f32::from_le_bytes(e) - std::f32::consts::E).abs() < 1e-6);
+        check_misc_entries(&mut inst, 1.0);
         // Argument checks come first, as on one thread.
+        let (x, mut y) = (1.0f32.to_le_bytes(), [0u8; 16]);
         let e = inst.invoke(&[&x], &mut [&mut y[..]]).expect_err("count");
         assert!(matches!(e, RuntimeError::InputCount { .. }));
     }
@@ -83,7 +77,7 @@ fn caller_arena_on_threads() {
     let n = 40u64;
     let file = write_program(&add_program(n));
     let m = load(&file, None).expect("load");
-    let size = m.limits().arena_size as usize;
+    let size = m.verified().limits().arena_size as usize;
     let mut mem = vec![0u8; size + 128];
     let off = mem.as_ptr().align_offset(64);
     let (a, b) = (ramp(n, 1.0), ramp(n, 2.0));

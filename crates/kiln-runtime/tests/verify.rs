@@ -40,6 +40,14 @@ fn dispatch_bindings(p: &mut Program) -> &mut Vec<Binding> {
     }
 }
 
+/// The command problem of `add_program(4)` with binding `i` of its dispatch replaced by
+/// `with`.
+fn dispatch_binding_problem(i: usize, with: Binding) -> CommandProblem {
+    let mut p = add_program(4);
+    dispatch_bindings(&mut p)[i] = with;
+    command_problem(&p).1
+}
+
 #[test]
 fn the_base_program_verifies() {
     verify(&add_program(4)).expect("valid");
@@ -61,24 +69,18 @@ fn bindings_out_of_range() {
         }
     );
     // Input 1 is 16 bytes.
-    let mut p = add_program(4);
-    dispatch_bindings(&mut p)[1] = b(Slot::Input(1), 4, 13);
     assert!(matches!(
-        command_problem(&p).1,
+        dispatch_binding_problem(1, b(Slot::Input(1), 4, 13)),
         CommandProblem::Binding { problem: BindingProblem::OutOfRange { size: 16, .. }, .. }
     ));
     // Offset + length overflows u64.
-    let mut p = add_program(4);
-    dispatch_bindings(&mut p)[0] = b(Slot::Input(0), u64::MAX, 2);
     assert!(matches!(
-        command_problem(&p).1,
+        dispatch_binding_problem(0, b(Slot::Input(0), u64::MAX, 2)),
         CommandProblem::Binding { problem: BindingProblem::OutOfRange { .. }, .. }
     ));
     // No input 2.
-    let mut p = add_program(4);
-    dispatch_bindings(&mut p)[0] = b(Slot::Input(2), 0, 4);
     assert_eq!(
-        command_problem(&p).1,
+        dispatch_binding_problem(0, b(Slot::Input(2), 0, 4)),
         CommandProblem::Binding {
             role: BindingRole::Dispatch(0),
             problem: BindingProblem::NoSuchSlot { slot: Slot::Input(2), count: 2 }
@@ -98,10 +100,8 @@ fn bindings_out_of_range() {
         )
     );
     // Constants: the pool is empty.
-    let mut p = add_program(4);
-    dispatch_bindings(&mut p)[0] = b(Slot::Constants, 0, 1);
     assert!(matches!(
-        command_problem(&p).1,
+        dispatch_binding_problem(0, b(Slot::Constants, 0, 1)),
         CommandProblem::Binding { problem: BindingProblem::OutOfRange { slot: Slot::Constants, size: 0, .. }, .. }
     ));
     // A buffer of the memory map outside the arena.
@@ -112,10 +112,8 @@ fn bindings_out_of_range() {
 
 #[test]
 fn writes_to_read_only_slots() {
-    let mut p = add_program(4);
-    dispatch_bindings(&mut p)[2] = b(Slot::Input(0), 0, 16);
     assert_eq!(
-        command_problem(&p).1,
+        dispatch_binding_problem(2, b(Slot::Input(0), 0, 16)),
         CommandProblem::Binding {
             role: BindingRole::Dispatch(2),
             problem: BindingProblem::ReadOnly { slot: Slot::Input(0) }

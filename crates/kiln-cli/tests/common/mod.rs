@@ -1,8 +1,16 @@
-//! Running the `kiln` binary from tests: its exit status and output, and the shape of
-//! a clean failure (one `error:` line, no panic).
+//! Running the `kiln` binary from tests: its exit status and output, the shape of a
+//! clean failure (one `error:` line, no panic), scratch folders, LeNet compiled, and
+//! ONNX models built in the test.
 #![allow(dead_code)]
 
+use kiln_import::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto};
+use prost::Message;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// LeNet, the committed model (`scripts/test` checks that it is what
+/// `scripts/gen_models.py` makes).
+pub const LENET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/lenet.onnx");
 
 /// Runs kiln; returns (success, stdout, stderr).
 pub fn kiln(args: &[&str]) -> (bool, String, String) {
@@ -32,4 +40,43 @@ pub fn fails_with(args: &[&str], needles: &[&str]) {
     for n in needles {
         assert!(lines[0].contains(n), "kiln {args:?}: `{n}` not in: {}", lines[0]);
     }
+}
+
+/// An empty scratch folder for test `name` of a suite: `kiln-<suite>-<pid>-<name>` in the
+/// temp folder.
+pub fn scratch(suite: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-{suite}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// A scratch folder (see [`scratch`]) and `lenet.kiln` in it, compiled from [`LENET`].
+pub fn lenet_artifact(suite: &str, name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(suite, name);
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "-o", s(&art)]);
+    (dir, art)
+}
+
+/// An ONNX model (IR version 8, opset 17) of the graph `g` with these nodes, inputs,
+/// outputs and initializers, encoded.
+pub fn onnx_model(
+    node: Vec<NodeProto>,
+    input: Vec<ValueInfoProto>,
+    output: Vec<ValueInfoProto>,
+    initializer: Vec<TensorProto>,
+) -> Vec<u8> {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(GraphProto { node, name: Some("g".into()), initializer, input, output, ..Default::default() }),
+        ..Default::default()
+    }
+    .encode_to_vec()
 }

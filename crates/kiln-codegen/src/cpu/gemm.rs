@@ -1358,42 +1358,36 @@ impl Emitter<'_> {
         pool.dedup();
         let out_row = self.bases[2].per_m;
         let out_at = |i: usize, j: usize| ymmword_ptr(r8 + (out_row * i as i64 + 32 * j as i64) as i32);
-        let mut finished = None;
-        if self.kc < self.c.dims[2] {
-            // A blocked reduction: add the partial sums of earlier blocks; only the
-            // last block applies the epilogue, the others store the raw sums.
-            let t = pool[0];
-            let mut first = self.a.create_label();
-            self.a.cmp(qword_ptr(rsp + Self::S_K0), 0)?;
-            self.a.je(first)?;
-            for i in 0..mr_ {
-                for j in 0..nv_ {
-                    if masked.is_some() && j == nv_ - 1 {
-                        self.a.vmaskmovps(t, mreg, out_at(i, j))?;
-                        self.a.vaddps(acc(i, j), acc(i, j), t)?;
-                    } else {
-                        self.a.vaddps(acc(i, j), acc(i, j), out_at(i, j))?;
+        // A blocked reduction: add the partial sums of earlier blocks; only the last
+        // block applies the epilogue, the others store the raw sums.
+        let t = pool[0];
+        let finished = self.blocked_sums(
+            |e| {
+                for i in 0..mr_ {
+                    for j in 0..nv_ {
+                        if masked.is_some() && j == nv_ - 1 {
+                            e.a.vmaskmovps(t, mreg, out_at(i, j))?;
+                            e.a.vaddps(acc(i, j), acc(i, j), t)?;
+                        } else {
+                            e.a.vaddps(acc(i, j), acc(i, j), out_at(i, j))?;
+                        }
                     }
                 }
-            }
-            self.a.set_label(&mut first)?;
-            let mut last = self.a.create_label();
-            self.a.cmp(qword_ptr(rsp + Self::S_K0), (self.c.dims[2] - self.kc) as i32)?;
-            self.a.jae(last)?;
-            for i in 0..mr_ {
-                for j in 0..nv_ {
-                    if masked.is_some() && j == nv_ - 1 {
-                        self.a.vmaskmovps(out_at(i, j), mreg, acc(i, j))?;
-                    } else {
-                        self.a.vmovups(out_at(i, j), acc(i, j))?;
+                Ok(())
+            },
+            |e| {
+                for i in 0..mr_ {
+                    for j in 0..nv_ {
+                        if masked.is_some() && j == nv_ - 1 {
+                            e.a.vmaskmovps(out_at(i, j), mreg, acc(i, j))?;
+                        } else {
+                            e.a.vmovups(out_at(i, j), acc(i, j))?;
+                        }
                     }
                 }
-            }
-            let done = self.a.create_label();
-            self.a.jmp(done)?;
-            self.a.set_label(&mut last)?;
-            finished = Some(done);
-        }
+                Ok(())
+            },
+        )?;
         if !self.epilogue_in_registers() && self.k.root != self.c.reduce {
             // The epilogue as a loop over the tile's rows, every register free (exp
             // and erf need many, as may an epilogue the spare registers did not hold):
@@ -1416,6 +1410,35 @@ impl Emitter<'_> {
             self.a.set_label(&mut l)?;
         }
         Ok(())
+    }
+
+    /// The control flow of a blocked reduction (a block of `kc` reduction steps, fewer
+    /// than all), around a tile's accumulators after its steps: every block but the first
+    /// adds the earlier blocks' partial sums (`add_earlier`, from the output), and every
+    /// block but the last stores its raw sums (`store_raw`) and jumps past the epilogue,
+    /// to the returned label, which the caller binds after it. Nothing, and `None`, when
+    /// the reduction is not blocked.
+    fn blocked_sums(
+        &mut self,
+        add_earlier: impl FnOnce(&mut Self) -> R<()>,
+        store_raw: impl FnOnce(&mut Self) -> R<()>,
+    ) -> R<Option<CodeLabel>> {
+        if self.kc >= self.c.dims[2] {
+            return Ok(None);
+        }
+        let mut first = self.a.create_label();
+        self.a.cmp(qword_ptr(rsp + Self::S_K0), 0)?;
+        self.a.je(first)?;
+        add_earlier(self)?;
+        self.a.set_label(&mut first)?;
+        let mut last = self.a.create_label();
+        self.a.cmp(qword_ptr(rsp + Self::S_K0), (self.c.dims[2] - self.kc) as i32)?;
+        self.a.jae(last)?;
+        store_raw(self)?;
+        let done = self.a.create_label();
+        self.a.jmp(done)?;
+        self.a.set_label(&mut last)?;
+        Ok(Some(done))
     }
 
     /// Opens the reduction loops at the tile's A and B pointers (`rdi`, `rsi`): one
@@ -1714,32 +1737,26 @@ impl Emitter<'_> {
         self.k_loops_close(lp)?;
         let out_row = self.bases[2].per_m;
         let out_at = |i: usize, j: usize| zmmword_ptr(r8 + (out_row * i as i64 + 64 * j as i64) as i32);
-        let mut finished = None;
-        if self.kc < self.c.dims[2] {
-            // A blocked reduction (see `tile`): earlier blocks' partial sums come in,
-            // blocks before the last store raw sums.
-            let mut first = self.a.create_label();
-            self.a.cmp(qword_ptr(rsp + Self::S_K0), 0)?;
-            self.a.je(first)?;
-            for i in 0..rows {
-                for j in 0..nz {
-                    self.a.vaddps(acc(i, j), acc(i, j), out_at(i, j))?;
+        // A blocked reduction (see `tile`): earlier blocks' partial sums come in, blocks
+        // before the last store raw sums.
+        let finished = self.blocked_sums(
+            |e| {
+                for i in 0..rows {
+                    for j in 0..nz {
+                        e.a.vaddps(acc(i, j), acc(i, j), out_at(i, j))?;
+                    }
                 }
-            }
-            self.a.set_label(&mut first)?;
-            let mut last = self.a.create_label();
-            self.a.cmp(qword_ptr(rsp + Self::S_K0), (self.c.dims[2] - self.kc) as i32)?;
-            self.a.jae(last)?;
-            for i in 0..rows {
-                for j in 0..nz {
-                    self.a.vmovups(out_at(i, j), acc(i, j))?;
+                Ok(())
+            },
+            |e| {
+                for i in 0..rows {
+                    for j in 0..nz {
+                        e.a.vmovups(out_at(i, j), acc(i, j))?;
+                    }
                 }
-            }
-            let done = self.a.create_label();
-            self.a.jmp(done)?;
-            self.a.set_label(&mut last)?;
-            finished = Some(done);
-        }
+                Ok(())
+            },
+        )?;
         if self.k.root == self.c.reduce {
             for i in 0..rows {
                 for j in 0..nz {

@@ -275,15 +275,15 @@ fn check_supported(k: &Kernel) -> Result<(), CodegenError> {
 }
 
 /// Compiles `kernels` for `target` with the default [`Options`], each of the class
-/// `KernelClass::of` gives it.
+/// `kiln_flow::class::classify` gives it.
 pub fn compile(kernels: &[&Kernel], target: &CpuTarget) -> Result<CpuModule, CodegenError> {
     compile_with(&classify(kernels), target, &Options::default())
 }
 
-/// `kernels`, each with its class ([`KernelClass::of`]): what [`compile_with`] takes,
+/// `kernels`, each with its class ([`kiln_flow::class::classify`]): what [`compile_with`] takes,
 /// for callers that hold kernels without their dispatches.
 pub fn classify<'k>(kernels: &[&'k Kernel]) -> Vec<(&'k Kernel, KernelClass)> {
-    kernels.iter().map(|&k| (k, KernelClass::of(k))).collect()
+    kernels.iter().map(|&k| (k, kiln_flow::class::classify(k))).collect()
 }
 
 /// A configured ISA and the features its code may use.

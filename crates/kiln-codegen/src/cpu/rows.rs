@@ -738,26 +738,9 @@ impl Emit<'_> {
     /// A register for a node whose operands are `ops`: an operand's register at its
     /// last use, else a free one.
     fn result_reg(&mut self, ops: &[ExprId], v: &mut VecEval) -> R<V> {
-        let mut dst = None;
-        for &o in ops {
-            let left = v.uses.get_mut(&o.0).map(|u| {
-                *u = u.saturating_sub(1);
-                *u
-            });
-            if left == Some(0) {
-                if let Some(r) = v.memo.remove(&o.0) {
-                    if dst.is_none() {
-                        dst = Some(r);
-                    } else if dst != Some(r) {
-                        v.pool.push(r);
-                    }
-                }
-            }
-        }
-        match dst {
-            Some(d) => Ok(d),
-            None => v.pool.pop().ok_or_else(|| NotHere("a row expression needs more registers".into())),
-        }
+        let memo = &mut v.memo;
+        super::vector::result_reg(ops, &mut v.uses, &mut v.pool, |o| memo.remove(&o))
+            .ok_or_else(|| NotHere("a row expression needs more registers".into()))
     }
 
     /// Evaluates `e` for the current vector (`r8` the element index; `mask` the lane

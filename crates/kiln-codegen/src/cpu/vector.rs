@@ -14,7 +14,10 @@
 //! - **bitwise operations**: `vandps`/`vorps`/`vxorps` on `ymm`, `vpandd`/`vpord`/
 //!   `vpxord` on `zmm` (AVX-512 F alone; the `ps` forms need DQ).
 
+use std::collections::HashMap;
+
 use iced_x86::code_asm::*;
+use kiln_flow::ExprId;
 
 use super::asm::{under_mask, Tables, YMM, ZMM};
 use super::gemm::R;
@@ -22,6 +25,37 @@ use super::gemm::R;
 /// A vector register by number (0–15 for `ymm`, 0–31 for `zmm`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub(crate) struct V(pub u8);
+
+/// A register for the result of a node whose operands are `ops`, in an evaluation of
+/// expression nodes into registers that counts each node's remaining `uses` and keeps
+/// the free registers in `pool`: an operand's own register where this is its last use
+/// and `release(operand)` gives it up, else a free one (`None`: none is left). Every
+/// operand's use is counted off; other registers released at once go back to the pool.
+/// The register allocation of the contraction epilogues and of the row kernels.
+pub(crate) fn result_reg(
+    ops: &[ExprId],
+    uses: &mut HashMap<u32, u32>,
+    pool: &mut Vec<V>,
+    mut release: impl FnMut(u32) -> Option<V>,
+) -> Option<V> {
+    let mut dst = None;
+    for &o in ops {
+        let left = uses.get_mut(&o.0).map(|u| {
+            *u = u.saturating_sub(1);
+            *u
+        });
+        if left == Some(0) {
+            if let Some(r) = release(o.0) {
+                if dst.is_none() {
+                    dst = Some(r);
+                } else if dst != Some(r) {
+                    pool.push(r);
+                }
+            }
+        }
+    }
+    dst.or_else(|| pool.pop())
+}
 
 /// A lane mask: a vector register (`ymm`) or an opmask register (`zmm`), by number.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -68,6 +102,19 @@ pub(crate) struct Vx<'a> {
     pub wide: bool,
     /// Constants held in registers for the whole kernel: (bits, register).
     pub held: &'a [(u32, V)],
+}
+
+/// `$vx.a.$ins` with the vector registers `$v…` in the width `$vx` emits (`zmm` when
+/// wide, else `ymm`), then the other operands `$rest…`: an instruction both widths have
+/// in the same form.
+macro_rules! either_width {
+    ($vx:ident . $ins:ident ( $($v:expr),+ ; $($rest:expr),* )) => {
+        if $vx.wide {
+            $vx.a.$ins($(z($v)),+ $(, $rest)*)?;
+        } else {
+            $vx.a.$ins($(y($v)),+ $(, $rest)*)?;
+        }
+    };
 }
 
 pub(crate) fn y(v: V) -> AsmRegisterYmm {
@@ -183,31 +230,19 @@ impl Vx<'_> {
 
     /// `d = x >> n` (arithmetic, 32-bit lanes).
     pub fn sra(&mut self, d: V, x: V, n: i32) -> R<()> {
-        if self.wide {
-            self.a.vpsrad(z(d), z(x), n)?;
-        } else {
-            self.a.vpsrad(y(d), y(x), n)?;
-        }
+        either_width!(self.vpsrad(d, x; n));
         Ok(())
     }
 
     /// `d = x << n` (32-bit lanes).
     pub fn sll(&mut self, d: V, x: V, n: i32) -> R<()> {
-        if self.wide {
-            self.a.vpslld(z(d), z(x), n)?;
-        } else {
-            self.a.vpslld(y(d), y(x), n)?;
-        }
+        either_width!(self.vpslld(d, x; n));
         Ok(())
     }
 
     /// `d = √x`.
     pub fn sqrt(&mut self, d: V, x: V) -> R<()> {
-        if self.wide {
-            self.a.vsqrtps(z(d), z(x))?;
-        } else {
-            self.a.vsqrtps(y(d), y(x))?;
-        }
+        either_width!(self.vsqrtps(d, x;));
         Ok(())
     }
 
@@ -279,11 +314,7 @@ impl Vx<'_> {
 
     /// `d` = the f32 at `mem` in every lane.
     pub fn broadcast(&mut self, d: V, mem: AsmMemoryOperand) -> R<()> {
-        if self.wide {
-            self.a.vbroadcastss(z(d), mem)?;
-        } else {
-            self.a.vbroadcastss(y(d), mem)?;
-        }
+        either_width!(self.vbroadcastss(d; mem));
         Ok(())
     }
 

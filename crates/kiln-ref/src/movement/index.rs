@@ -136,6 +136,12 @@ fn check_elements_shapes(cx: &Cx, xd: &[usize], id: &[usize], a: usize) -> Resul
     Ok(())
 }
 
+/// The flat offset (row-major strides `st`) of index `p` with its coordinate on axis `a`
+/// replaced by `k`: where GatherElements reads and ScatterElements writes.
+fn offset_along(p: &[usize], st: &[usize], a: usize, k: usize) -> usize {
+    p.iter().zip(st).enumerate().map(|(d, (&i, &s))| if d == a { k * s } else { i * s }).sum()
+}
+
 pub(super) fn gather_elements(cx: &Cx) -> Result<Tensor, EvalError> {
     let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
     let xd = x.shape().dims();
@@ -148,12 +154,7 @@ pub(super) fn gather_elements(cx: &Cx) -> Result<Tensor, EvalError> {
     for_each_index(id, |p| {
         let k = norm_index(cx, idx[flat], xd[a])?;
         flat += 1;
-        let src: usize = p
-            .iter()
-            .zip(&st)
-            .enumerate()
-            .map(|(d, (&i, &s))| if d == a { k * s } else { i * s })
-            .sum();
+        let src = offset_along(p, &st, a, k);
         copy_elem(cx, &e, src, &mut data)
     })?;
     build(cx, ty, data)
@@ -382,12 +383,7 @@ pub(super) fn scatter_elements(cx: &Cx) -> Result<Tensor, EvalError> {
     let mut flat = 0usize;
     for_each_index(id, |p| {
         let k = norm_index(cx, idx[flat], xd[a])?;
-        let dst: usize = p
-            .iter()
-            .zip(&st)
-            .enumerate()
-            .map(|(d, (&i, &s))| if d == a { k * s } else { i * s })
-            .sum();
+        let dst = offset_along(p, &st, a, k);
         let upd = ue.get(flat).ok_or_else(|| cx.invalid("short updates"))?;
         flat += 1;
         apply(cx, x.dtype(), r, &mut data, w, dst, upd)

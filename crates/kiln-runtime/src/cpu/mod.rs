@@ -10,7 +10,7 @@ mod native {
     use super::{helpers, loader};
     use crate::error::RuntimeError;
     use crate::hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
-    use crate::module::{LoadedModule, Module};
+    use crate::module::{LoadedModule, Module, VerifiedPlan};
     use alloc::boxed::Box;
     use kiln_module::abi::{HelperFn, HELPER_COUNT};
     use kiln_module::program::Reloc;
@@ -41,7 +41,17 @@ mod native {
         /// host's CPU features, then its code through [`CpuLoader`]. `weights` is the
         /// external weights file for modules compiled with weights kept outside.
         pub fn load<'a>(artifact: &'a [u8], weights: Option<&'a [u8]>) -> Result<LoadedModule<'a>, RuntimeError> {
-            Module::verify(artifact, weights, super::host_features())?.load(&CpuLoader)
+            Module::verify_plan(artifact)?.load(weights)
+        }
+    }
+
+    impl<'a> VerifiedPlan<'a> {
+        /// [`Module::load`] after [`Module::verify_plan`], for a caller that verified the
+        /// plan already (to read it: the weights file it names) and should not pay for
+        /// those checks twice: [`VerifiedPlan::bind`] with the host's CPU features, then
+        /// the code through [`CpuLoader`].
+        pub fn load(self, weights: Option<&'a [u8]>) -> Result<LoadedModule<'a>, RuntimeError> {
+            self.bind(weights, super::host_features())?.load(&CpuLoader)
         }
     }
 }

@@ -91,7 +91,7 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
     let k = |name: &str, entry| Kernel {
         name: name.into(),
         variants: vec![Variant { executable: 0, entry, features: 0 }],
-        class: KernelClass::Unknown,
+        class: None,
     };
     (x, vec![k("copy4", 0), k("add", 1), k("exp", 2)])
 }
@@ -201,12 +201,29 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
     (p, pool)
 }
 
+/// `misc_program` with its constants embedded, written as a `.kiln` file.
+pub fn misc_file() -> Vec<u8> {
+    kiln_module::sections::write_program(&misc_program(false).0)
+}
+
 /// The expected output of `misc_program`'s main, worked out by hand: the word
 /// 0xdeadbeef little-endian, three 0xaa, the pattern 22 11 repeated over five bytes
 /// (cut after the first byte of the third copy), then 08 07 06 05 (the low four bytes
 /// of the 8-byte pattern, little-endian).
 pub const MISC_EXPECTED: [u8; 16] =
     [0xef, 0xbe, 0xad, 0xde, 0xaa, 0xaa, 0xaa, 0x22, 0x11, 0x22, 0x11, 0x22, 8, 7, 6, 5];
+
+/// Runs `misc_program`'s two entry points on `inst`: `main` must give
+/// [`MISC_EXPECTED`], and `exp` at `x` what `f32::exp` gives (within 1e-6).
+pub fn check_misc_entries(inst: &mut kiln_runtime::Instance<'_>, x: f32) {
+    let mut y = [0u8; 16];
+    inst.invoke(&[], &mut [&mut y[..]]).expect("main");
+    assert_eq!(y, MISC_EXPECTED);
+    let mut e = [0u8; 4];
+    inst.invoke_entry(1, &[&x.to_le_bytes()], &mut [&mut e[..]]).expect("exp");
+    let got = f32::from_le_bytes(e);
+    assert!((got - x.exp()).abs() < 1e-6, "exp({x}) = {got}");
+}
 
 /// Two kernels reading a constant from their own read-only data, one through a
 /// PC-relative and one through an absolute relocation; `y[0] = c`.
@@ -257,7 +274,7 @@ pub fn reloc_program() -> Program {
     let k = |name: &str, entry| Kernel {
         name: name.into(),
         variants: vec![Variant { executable: 0, entry, features: 0 }],
-        class: KernelClass::Unknown,
+        class: None,
     };
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
