@@ -1,5 +1,6 @@
-//! What the machine-code kernels (`gemm`, `depthwise`, `rows`, `pad`) share: the
-//! register names, the callee-saved registers a kernel saves and restores, an immediate
+//! What the machine-code kernels (`gemm`, `depthwise`, `rows`, `pad`, `copy`, `gather`,
+//! `resample`) share: the register names, the callee-saved registers a kernel saves and
+//! restores, the entry of a kernel over rows and its odometer's decode, an immediate
 //! add, and the read-only tables each kernel carries after its code (lane masks, vector
 //! constants, broadcast scalars).
 
@@ -60,6 +61,44 @@ pub(crate) fn leave(a: &mut CodeAssembler, frame: i32) -> R<()> {
     Ok(())
 }
 
+/// The entry of a kernel whose workgroups are the rows `0..rows` (`copy`, `gather`,
+/// `resample`): saves the callee-saved registers, reserves `frame` bytes, clamps the end
+/// (`rcx`) to `rows` and loads `r10` = row (`rdx`, the begin), `r11` = end, `r8` = the
+/// first binding (x) and `r9` = the second (out). Returns the label an empty range jumps
+/// to (the caller sets it before `leave`).
+pub(crate) fn enter_rows(a: &mut CodeAssembler, frame: i32, rows: i64) -> R<CodeLabel> {
+    enter(a)?;
+    a.sub(rsp, frame)?;
+    // rdi bindings, rdx begin, rcx end (clamped to the row count).
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r10, rdx)?; // row
+    a.mov(r11, rcx)?; // end
+    let done = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.mov(r8, qword_ptr(rdi))?; // x
+    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    Ok(done)
+}
+
+/// Outer dimensions a row odometer keeps in registers (`copy`, `gather`).
+pub(crate) const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
+
+/// Decodes row `r10` into the coordinates `COORD[d]` of the outer dims `dims`
+/// (innermost last); clobbers `rax`, `rcx`, `rdx`.
+pub(crate) fn decode_row(a: &mut CodeAssembler, dims: &[i64]) -> R<()> {
+    a.mov(rax, r10)?;
+    for d in (0..dims.len()).rev() {
+        a.xor(edx, edx)?;
+        a.mov(rcx, dims[d])?;
+        a.div(rcx)?;
+        a.mov(COORD[d], rdx)?;
+    }
+    Ok(())
+}
+
 /// `dst += imm` for any 64-bit `imm` (through `scratch` when it needs more than 32 bits).
 pub(crate) fn add_imm(a: &mut CodeAssembler, dst: AsmRegister64, imm: i64, scratch: AsmRegister64) -> R<()> {
     if imm == 0 {
@@ -97,6 +136,16 @@ impl Tables {
     /// The mask of the first `lanes` lanes (1 to 8).
     pub fn lanes(&mut self, a: &mut CodeAssembler, lanes: u64) -> CodeLabel {
         self.mask(a, ((1u16 << lanes.min(8)) - 1) as u8)
+    }
+
+    /// Loads the mask of the first `lanes` lanes into `reg`, when `lanes` is not 0
+    /// (the tail of a row of whole vectors).
+    pub fn load_lanes(&mut self, a: &mut CodeAssembler, reg: AsmRegisterYmm, lanes: i64) -> R<()> {
+        if lanes > 0 {
+            let l = self.lanes(a, lanes as u64);
+            a.vmovups(reg, ymmword_ptr(l))?;
+        }
+        Ok(())
     }
 
     /// Eight copies of `bits`, 32 bytes.

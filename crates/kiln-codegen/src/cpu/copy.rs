@@ -18,11 +18,8 @@ use iced_x86::code_asm::*;
 use kiln_flow::affine::load_offset;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::asm::{enter, leave, Tables};
+use super::asm::{decode_row, enter_rows, leave, Tables, COORD};
 use super::gemm::{no, NotHere, R};
-
-/// Outer dimensions the odometer keeps in registers.
-const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
 
 /// Shortest row worth a row of its own (shorter ones stay general).
 const MIN_ROW: i64 = 4;
@@ -81,36 +78,17 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let mut a = CodeAssembler::new(64)?;
     let mut t = Tables::default();
     let frame = 8;
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
-    // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
-    if tail > 0 {
-        let l = t.lanes(&mut a, tail as u64);
-        a.vmovups(ymm15, ymmword_ptr(l))?;
-    }
+    let mut done = enter_rows(&mut a, frame, rows)?;
+    t.load_lanes(&mut a, ymm15, tail)?;
     // Destination: out + row·w·4.
     a.imul_3(rdi, r10, (w * 4) as i32)?;
     a.add(rdi, r9)?;
     // Decode the first row into coordinates; source: x + (c + Σ coef·q)·4.
+    decode_row(&mut a, &p.dims[..outer])?;
     a.lea(rsi, qword_ptr(r8 + (p.c * 4) as i32))?;
-    a.mov(rax, r10)?;
-    for d in (0..outer).rev() {
-        a.xor(edx, edx)?;
-        a.mov(rcx, p.dims[d])?;
-        a.div(rcx)?;
-        a.mov(COORD[d], rdx)?;
+    for d in 0..outer {
         if p.coef[d] != 0 {
-            a.imul_3(rdx, rdx, (p.coef[d] * 4) as i32)?;
+            a.imul_3(rdx, COORD[d], (p.coef[d] * 4) as i32)?;
             a.add(rsi, rdx)?;
         }
     }

@@ -22,13 +22,10 @@ use iced_x86::code_asm::*;
 use kiln_flow::interp;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
-use super::asm::{enter, leave, Tables};
+use super::asm::{decode_row, enter_rows, leave, Tables, COORD};
 use super::math::{has_vector_form, vector_scratch};
 use super::vector::{Mask, Op, Src, Vx, V};
 use super::gemm::{no, NotHere, R};
-
-/// Outer dimensions the odometer keeps in registers.
-const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
 
 /// Most table entries (over every dimension) a kernel carries.
 const MOST_ENTRIES: u64 = 1 << 16;
@@ -253,34 +250,13 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         .collect();
     let c4 = i32::try_from(p.c * 4).map_err(|_| NotHere("an offset over 2 GiB".into()))?;
     let frame = 8;
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
-    // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
-    if tail > 0 {
-        let l = t.lanes(&mut a, tail as u64);
-        a.vmovups(ymm15, ymmword_ptr(l))?;
-    }
+    let mut done = enter_rows(&mut a, frame, rows)?;
+    t.load_lanes(&mut a, ymm15, tail)?;
     // Destination: out + row·w·4.
     a.imul_3(rdi, r10, (w * 4) as i32)?;
     a.add(rdi, r9)?;
     // Decode the first row into coordinates.
-    a.mov(rax, r10)?;
-    for d in (0..outer).rev() {
-        a.xor(edx, edx)?;
-        a.mov(rcx, p.dims[d])?;
-        a.div(rcx)?;
-        a.mov(COORD[d], rdx)?;
-    }
+    decode_row(&mut a, &p.dims[..outer])?;
     let mut top = a.create_label();
     a.set_label(&mut top)?;
     // The row's source: x + (c + Σ G_d(q_d))·4.

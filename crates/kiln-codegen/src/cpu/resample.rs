@@ -41,7 +41,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::resample::{Axis, AxisTable, Resample};
 use kiln_flow::Kernel;
 
-use super::asm::{enter, leave, Tables, YMM};
+use super::asm::{enter_rows, leave, Tables, YMM};
 use super::gemm::{no, NotHere, R};
 
 /// Largest source row held on the stack (elements).
@@ -129,18 +129,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let mut t = Tables::default();
     let mut ylab = a.create_label();
     let mut xlab = a.create_label();
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    let mut done = enter_rows(&mut a, frame, rows)?;
     // r12 = p, r13 = y, r14 = output row, r15 = input plane.
     a.mov(rax, r10)?;
     a.xor(edx, edx)?;
@@ -154,14 +143,8 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.add(r15, r8)?;
     // Lane masks of the last vectors of an input row and an output row.
     let (in_tail, out_tail) = (v.w_in % 8, v.w_out % 8);
-    if in_tail > 0 {
-        let l = t.lanes(&mut a, in_tail as u64);
-        a.vmovups(ymm15, ymmword_ptr(l))?;
-    }
-    if out_tail > 0 {
-        let l = t.lanes(&mut a, out_tail as u64);
-        a.vmovups(ymm14, ymmword_ptr(l))?;
-    }
+    t.load_lanes(&mut a, ymm15, in_tail)?;
+    t.load_lanes(&mut a, ymm14, out_tail)?;
     let fill_lab = t.vector(&mut a, v.fill);
     a.vmovups(ymm13, ymmword_ptr(fill_lab))?;
     let h_fills = v.h.is_some_and(|h| !h.fill.is_empty());
