@@ -26,6 +26,7 @@ use super::asm::{decode_row, enter_rows, leave, Tables, COORD};
 use super::math::{has_vector_form, vector_scratch};
 use super::vector::{Mask, Op, Src, Vx, V};
 use super::gemm::{no, NotHere, R};
+use super::vops::const_word;
 
 /// Most table entries (over every dimension) a kernel carries.
 const MOST_ENTRIES: u64 = 1 << 16;
@@ -388,11 +389,7 @@ fn value(
     let take = |free: &mut Vec<V>| free.pop().ok_or_else(|| NotHere("an epilogue that needs more registers".into()));
     let r = match &node.expr {
         Expr::Const(bits) => {
-            let bits = match node.ty {
-                ScalarType::Bool if *bits != 0 => u32::MAX,
-                ScalarType::Bool => 0,
-                _ => *bits as u32,
-            };
+            let bits = const_word(node.ty, *bits);
             let d = take(free)?;
             vx.mov(d, Src::C(bits))?;
             d

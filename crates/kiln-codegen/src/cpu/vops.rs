@@ -153,6 +153,15 @@ pub(crate) fn float_pred(op: BinaryOp) -> i32 {
     }
 }
 
+/// The 32-bit lane word of a constant node of type `ty`: a true `Bool` is all ones
+/// (the vector masks' form), a false one 0, anything else its low 32 bits.
+pub(crate) fn const_word(ty: S, bits: u64) -> u32 {
+    match ty {
+        S::Bool if bits != 0 => u32::MAX,
+        _ => bits as u32,
+    }
+}
+
 /// The `vpcmpd`/`vpcmpq` predicate of an integer comparison.
 fn int_pred(op: BinaryOp) -> i32 {
     match op {
