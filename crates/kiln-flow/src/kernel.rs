@@ -424,7 +424,10 @@ impl BinaryOp {
         matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
     }
 
-    fn accepts(self, t: ScalarType) -> bool {
+    /// Whether the operation takes operands of type `t` (the verifier's rule: `pow` on
+    /// floats, the bitwise ones on integers and bool, shifts on integers, arithmetic on
+    /// anything but bool, comparisons, `max` and `min` on every type).
+    pub fn accepts(self, t: ScalarType) -> bool {
         match self {
             BinaryOp::Pow => t.is_float(),
             BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => !t.is_float(),
