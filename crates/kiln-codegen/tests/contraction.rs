@@ -185,7 +185,7 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
     let f = ScalarType::F32;
     let ins = vec![tt(&[m, kk]), tt(&[kk, n]), tt(&[n]), tt(&[m, 1]), tt(&[m, n])];
     let mut b = KernelBuilder::new(which, ins, tt(&[m, n]));
-    let (o, s) = matmul_sum(&mut b, kk);
+    let (o, s) = b.matmul_sum(kk);
     let bias = b.load(2, vec![o[1]]);
     let zero_idx = b.index(0);
     let row = b.load(3, vec![o[0], zero_idx]);
@@ -409,7 +409,7 @@ fn general_path_without_avx2_or_when_refused() {
     assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
     // An epilogue with a transcendental the microkernels have no inline form of.
     let mut b = KernelBuilder::new("mm_sin", vec![tt(&[2, 3]), tt(&[3, 4])], tt(&[2, 4]));
-    let (_, s) = matmul_sum(&mut b, 3);
+    let (_, s) = b.matmul_sum(3);
     let e = b.unary(UnaryOp::Sin, s);
     let k = b.finish(e).unwrap();
     let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();

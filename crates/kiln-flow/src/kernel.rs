@@ -1189,6 +1189,20 @@ impl KernelBuilder {
         self.push(ty, Expr::Reduce { op, vars, body })
     }
 
+    /// The sum of a matrix product of the kernel's first two inputs, `Σ_k in0[o0, k] ·
+    /// in1[k, o1]` over `k` terms, with the output index `[o0, o1]` it reads (the
+    /// shape of every matmul and linear layer; the caller adds its epilogue).
+    pub fn matmul_sum(&mut self, k: usize) -> (Vec<ExprId>, ExprId) {
+        let o = self.out_index();
+        let kv = self.new_var(k as u64);
+        let kk = self.var(kv);
+        let x = self.load(0, vec![o[0], kk]);
+        let y = self.load(1, vec![kk, o[1]]);
+        let p = self.mul(x, y);
+        let s = self.reduce(ReduceOp::Sum, vec![kv], p);
+        (o, s)
+    }
+
     /// `a + b`.
     pub fn add(&mut self, a: ExprId, b: ExprId) -> ExprId {
         self.binary(BinaryOp::Add, a, b)

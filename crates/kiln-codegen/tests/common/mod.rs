@@ -477,19 +477,6 @@ pub fn relu6(b: &mut KernelBuilder, v: ExprId) -> ExprId {
     b.select(gt, six, v)
 }
 
-/// The sum of a matrix product of the kernel's first two inputs, `Σ_k in0[o0, k] ·
-/// in1[k, o1]` over `kk` terms, with the output index `[o0, o1]` it reads.
-pub fn matmul_sum(b: &mut KernelBuilder, kk: usize) -> (Vec<ExprId>, ExprId) {
-    let o = b.out_index();
-    let kv = b.new_var(kk as u64);
-    let k = b.var(kv);
-    let x = b.load(0, vec![o[0], k]);
-    let y = b.load(1, vec![k, o[1]]);
-    let p = b.mul(x, y);
-    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
-    (o, s)
-}
-
 /// The f32 tensor type of shape `dims`.
 fn f32_type(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
