@@ -302,19 +302,7 @@ fn vertical(a: &mut CodeAssembler, v: &Plan, ty: usize, dst: AsmRegister64, to_o
             }
             Ok(())
         };
-        if full > 0 {
-            a.xor(esi, esi)?;
-            let mut lp = a.create_label();
-            a.set_label(&mut lp)?;
-            step(a, ymmword_ptr(dst + rsi), &|r| ymmword_ptr(r + rsi), false)?;
-            a.add(rsi, 32)?;
-            a.cmp(rsi, (full * 32) as i32)?;
-            a.jb(lp)?;
-        }
-        if tail > 0 {
-            let at = (full * 32) as i32;
-            step(a, ymmword_ptr(dst + at), &|r| ymmword_ptr(r + at), true)?;
-        }
+        each_vector(a, rsi, full, tail, &|a, pos, masked| step(a, pos(dst), pos, masked))?;
     }
     Ok(())
 }
@@ -376,18 +364,33 @@ fn horizontal(
         }
         Ok(())
     };
+    each_vector(a, rdi, full, tail, &|a, pos, masked| step(a, pos(r14), &|o| pos(rdx) + o, masked))
+}
+
+/// The address of a row's vector from a base register.
+type VectorAt<'a> = &'a dyn Fn(AsmRegister64) -> AsmMemoryOperand;
+
+/// Runs `step` over a row's `full` whole vectors (their byte offset counted in `i`
+/// from 0 by 32), then, `masked`, over its last `tail` columns.
+fn each_vector(
+    a: &mut CodeAssembler,
+    i: AsmRegister64,
+    full: i64,
+    tail: i64,
+    step: &dyn Fn(&mut CodeAssembler, VectorAt<'_>, bool) -> R<()>,
+) -> R<()> {
     if full > 0 {
-        a.xor(edi, edi)?;
+        a.xor(i, i)?;
         let mut lp = a.create_label();
         a.set_label(&mut lp)?;
-        step(a, ymmword_ptr(r14 + rdi), &|o| ymmword_ptr(rdx + rdi + o), false)?;
-        a.add(rdi, 32)?;
-        a.cmp(rdi, (full * 32) as i32)?;
+        step(a, &|base| ymmword_ptr(base + i), false)?;
+        a.add(i, 32)?;
+        a.cmp(i, (full * 32) as i32)?;
         a.jb(lp)?;
     }
     if tail > 0 {
         let at = (full * 32) as i32;
-        step(a, ymmword_ptr(r14 + at), &|o| ymmword_ptr(rdx + at + o), true)?;
+        step(a, &|base| ymmword_ptr(base + at), true)?;
     }
     Ok(())
 }
