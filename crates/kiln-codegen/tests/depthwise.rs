@@ -143,11 +143,6 @@ fn max_pool(g: Geo, epilogue: &str) -> Kernel {
     b.finish(r).unwrap()
 }
 
-fn abs(t: &Tensor) -> Tensor {
-    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
-    Tensor::from_vec(t.shape().clone(), v).unwrap()
-}
-
 fn inputs(g: Geo, seed: u64) -> Vec<Tensor> {
     vec![
         random_f32(&[g.n, g.c, g.h, g.w], 2.0, seed),
