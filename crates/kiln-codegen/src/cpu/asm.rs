@@ -99,6 +99,55 @@ pub(crate) fn decode_row(a: &mut CodeAssembler, dims: &[i64]) -> R<()> {
     Ok(())
 }
 
+/// A copy-like kernel over the rows of an output of dims `dims` (`copy`, `gather`), its
+/// entry emitted: [`enter_rows`] with an 8-byte frame, the tail's lane mask in `ymm15`,
+/// `rdi` = out + row·w·4 and the first row's coordinates ([`decode_row`]).
+pub(crate) struct RowKernel {
+    pub a: CodeAssembler,
+    pub t: Tables,
+    /// Where an empty range jumps to ([`end_rows`] sets it).
+    pub done: CodeLabel,
+    /// The outer dims (all but the row).
+    pub outer: usize,
+    /// The row's length.
+    pub w: i64,
+    /// Whole vectors and the tail of a row.
+    pub full: i64,
+    pub tail: i64,
+    /// The row count (the workgroup count).
+    pub rows: i64,
+}
+
+impl RowKernel {
+    const FRAME: i32 = 8;
+
+    /// Starts the kernel; see the type.
+    pub fn begin(dims: &[i64]) -> R<Self> {
+        let outer = dims.len() - 1;
+        let w = dims[outer];
+        let rows: i64 = dims[..outer].iter().product();
+        let mut a = CodeAssembler::new(64)?;
+        let mut t = Tables::default();
+        let done = enter_rows(&mut a, Self::FRAME, rows)?;
+        t.load_lanes(&mut a, ymm15, w % 8)?;
+        // Destination: out + row·w·4.
+        a.imul_3(rdi, r10, (w * 4) as i32)?;
+        a.add(rdi, r9)?;
+        decode_row(&mut a, &dims[..outer])?;
+        Ok(RowKernel { a, t, done, outer, w, full: w / 8, tail: w % 8, rows })
+    }
+
+}
+
+/// Ends a [`RowKernel`]: sets `done`, leaves, and emits the tables; the code and the
+/// workgroup count.
+pub(crate) fn end_rows(mut a: CodeAssembler, t: &Tables, mut done: CodeLabel, rows: i64) -> R<(Vec<u8>, u64)> {
+    a.set_label(&mut done)?;
+    leave(&mut a, RowKernel::FRAME)?;
+    t.emit(&mut a)?;
+    Ok((a.assemble(0)?, rows as u64))
+}
+
 /// `dst += imm` for any 64-bit `imm` (through `scratch` when it needs more than 32 bits).
 pub(crate) fn add_imm(a: &mut CodeAssembler, dst: AsmRegister64, imm: i64, scratch: AsmRegister64) -> R<()> {
     if imm == 0 {

@@ -18,7 +18,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::affine::load_offset;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::asm::{decode_row, enter_rows, leave, Tables, COORD};
+use super::asm::{end_rows, RowKernel, COORD};
 use super::gemm::{no, NotHere, R};
 
 /// Shortest row worth a row of its own (shorter ones stay general).
@@ -70,21 +70,8 @@ fn recognise(k: &Kernel) -> R<Copy> {
 /// Emits `k` as an affine copy (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let p = recognise(k)?;
-    let rank = p.dims.len();
-    let outer = rank - 1;
-    let w = p.dims[outer];
-    let rows: i64 = p.dims[..outer].iter().product();
-    let (full, tail) = (w / 8, w % 8);
-    let mut a = CodeAssembler::new(64)?;
-    let mut t = Tables::default();
-    let frame = 8;
-    let mut done = enter_rows(&mut a, frame, rows)?;
-    t.load_lanes(&mut a, ymm15, tail)?;
-    // Destination: out + row·w·4.
-    a.imul_3(rdi, r10, (w * 4) as i32)?;
-    a.add(rdi, r9)?;
-    // Decode the first row into coordinates; source: x + (c + Σ coef·q)·4.
-    decode_row(&mut a, &p.dims[..outer])?;
+    let RowKernel { mut a, t, done, outer, w, full, tail, rows } = RowKernel::begin(&p.dims)?;
+    // Source: x + (c + Σ coef·q)·4.
     a.lea(rsi, qword_ptr(r8 + (p.c * 4) as i32))?;
     for d in 0..outer {
         if p.coef[d] != 0 {
@@ -142,8 +129,5 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     }
     a.set_label(&mut last)?;
     row(&mut a, true)?;
-    a.set_label(&mut done)?;
-    leave(&mut a, frame)?;
-    t.emit(&mut a)?;
-    Ok((a.assemble(0)?, rows as u64))
+    end_rows(a, &t, done, rows)
 }

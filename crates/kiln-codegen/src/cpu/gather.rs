@@ -22,7 +22,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::interp;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
-use super::asm::{decode_row, enter_rows, leave, Tables, COORD};
+use super::asm::{end_rows, RowKernel, Tables, COORD};
 use super::math::{has_vector_form, vector_scratch};
 use super::vector::{Mask, Op, Src, Vx, V};
 use super::gemm::{no, NotHere, R};
@@ -228,13 +228,7 @@ fn recognise(k: &Kernel) -> R<Gather> {
 /// Emits `k` as a table gather (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let p = recognise(k)?;
-    let rank = p.dims.len();
-    let outer = rank - 1;
-    let w = p.dims[outer];
-    let rows: i64 = p.dims[..outer].iter().product();
-    let (full, tail) = (w / 8, w % 8);
-    let mut a = CodeAssembler::new(64)?;
-    let mut t = Tables::default();
+    let RowKernel { mut a, mut t, done, outer, w, full, tail, rows } = RowKernel::begin(&p.dims)?;
     // The innermost table, padded to whole vectors (an extent of 1 reads offset 0).
     let mut inner: Vec<u32> = if p.tables[outer].is_empty() { vec![0] } else { p.tables[outer].iter().map(|&v| v as u32).collect() };
     inner.resize(inner.len().div_ceil(8) * 8, 0);
@@ -250,14 +244,6 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         })
         .collect();
     let c4 = i32::try_from(p.c * 4).map_err(|_| NotHere("an offset over 2 GiB".into()))?;
-    let frame = 8;
-    let mut done = enter_rows(&mut a, frame, rows)?;
-    t.load_lanes(&mut a, ymm15, tail)?;
-    // Destination: out + row·w·4.
-    a.imul_3(rdi, r10, (w * 4) as i32)?;
-    a.add(rdi, r9)?;
-    // Decode the first row into coordinates.
-    decode_row(&mut a, &p.dims[..outer])?;
     let mut top = a.create_label();
     a.set_label(&mut top)?;
     // The row's source: x + (c + Σ G_d(q_d))·4.
@@ -345,10 +331,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         a.xor(COORD[d], COORD[d])?;
     }
     a.jmp(top)?;
-    a.set_label(&mut done)?;
-    leave(&mut a, frame)?;
-    t.emit(&mut a)?;
-    Ok((a.assemble(0)?, rows as u64))
+    end_rows(a, &t, done, rows)
 }
 
 /// `(T[0], T[1])` when the innermost table is two interleaved runs of unit step,
