@@ -32,8 +32,8 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::ffi::{c_char, c_int, CStr};
 use kiln_npy::DType;
-use kiln_runtime::{Instance, Module, TensorMut, TensorRef};
-use shared::{file_name, read_npy, zeroed};
+use kiln_runtime::{Instance, Module, TensorRef};
+use shared::{file_name, output_tensors, read_npy, zeroed};
 
 #[global_allocator]
 static ALLOC: sys::Malloc = sys::Malloc;
@@ -151,12 +151,7 @@ fn run(args: &Args) -> Result<(), String> {
         entry.outputs.iter().map(|t| zeroed(t.bytes, &format!("output {}", t.name))).collect::<Result<_, _>>()?;
     let mut inst = Instance::new(&m).map_err(|e| e.to_string())?;
     for _ in 0..args.iterations {
-        let mut outputs: Vec<TensorMut<'_>> = entry
-            .outputs
-            .iter()
-            .zip(&mut out_data)
-            .map(|(t, d)| TensorMut { dtype: t.dtype, dims: &t.dims, data: d })
-            .collect();
+        let mut outputs = output_tensors(entry.outputs, &mut out_data);
         inst.invoke_tensors(entry.index, &inputs, &mut outputs).map_err(|e| e.to_string())?;
     }
     if let Some(dir) = args.output_dir {

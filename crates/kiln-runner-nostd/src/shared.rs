@@ -1,11 +1,13 @@
 //! What both runners do alike (`kiln-run`, which includes this file by path, and
-//! `kiln-run-nostd`): read an input `.npy`, allocate an output and name its file. Core
-//! and alloc only.
+//! `kiln-run-nostd`): read an input `.npy`, allocate an output, lay the outputs over their
+//! buffers for a run and name their files. Core and alloc only.
 
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
+use kiln_module::sections::TensorView;
 use kiln_npy::NpyError;
+use kiln_runtime::TensorMut;
 
 /// `name` with every character outside `[A-Za-z0-9._-]` replaced by `_`, and `.npy`.
 pub fn file_name(name: &str) -> String {
@@ -37,4 +39,10 @@ pub fn read_npy(bytes: &[u8]) -> Result<Input, NpyError> {
     let a = kiln_npy::read_exact(bytes)?;
     let dtype = a.dtype.onnx_code().map_or(0, |c| c as u32);
     Ok(Input { dtype, dims: a.dims, data: a.data.to_vec() })
+}
+
+/// The outputs `descs` over their buffers `data` (one each, as [`zeroed`] made them),
+/// for one invoke.
+pub fn output_tensors<'d>(descs: &'d [TensorView<'_>], data: &'d mut [Vec<u8>]) -> Vec<TensorMut<'d>> {
+    descs.iter().zip(data).map(|(t, d)| TensorMut { dtype: t.dtype, dims: &t.dims, data: d }).collect()
 }

@@ -18,12 +18,12 @@ mod shared;
 use kiln_module::sections::TensorView;
 use kiln_npy::DType;
 use kiln_runtime::fs::AlignedBytes;
-use kiln_runtime::{Instance, Module, TensorMut, TensorRef};
+use kiln_runtime::{Instance, Module, TensorRef};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use shared::{file_name, read_npy, zeroed, Input};
+use shared::{file_name, output_tensors, read_npy, zeroed, Input};
 
 const USAGE: &str = "usage: kiln-run MODEL.kiln [--weights FILE] [--input NAME=FILE.npy ...] [--entry NAME] [--output-dir DIR] [--iterations N] [--threads N]";
 
@@ -241,12 +241,7 @@ fn run(args: Args) -> Result<(), String> {
         .try_reserve_exact(usize::try_from(args.iterations).unwrap_or(usize::MAX))
         .map_err(|_| format!("--iterations {}: cannot hold that many timings", args.iterations))?;
     for _ in 0..args.iterations {
-        let mut outputs: Vec<TensorMut<'_>> = entry
-            .outputs
-            .iter()
-            .zip(&mut out_data)
-            .map(|(t, d)| TensorMut { dtype: t.dtype, dims: &t.dims, data: d })
-            .collect();
+        let mut outputs = output_tensors(entry.outputs, &mut out_data);
         let t0 = Instant::now();
         inst.invoke_tensors(entry.index, &inputs, &mut outputs).map_err(|e| e.to_string())?;
         times.push(t0.elapsed());
