@@ -347,6 +347,15 @@ impl Rnn {
         Ok(GateIn { proj, lens, p })
     }
 
+    /// The operands every step kernel starts with: the gate inputs
+    /// ([`Rnn::gate_inputs`]), then the recurrence ([`Rnn::bind_rec`] of `product`).
+    fn step_binds(&self, cx: &OpCx<'_>, product: Option<Product>) -> R<(Binds, GateIn, Rec)> {
+        let mut binds = Binds::default();
+        let gi = self.gate_inputs(cx, &mut binds)?;
+        let rec = self.bind_rec(cx, &mut binds, product)?;
+        Ok((binds, gi, rec))
+    }
+
     /// Binds the recurrent part: a step's product, or the bias where there is none.
     fn bind_rec(&self, cx: &OpCx<'_>, binds: &mut Binds, product: Option<Product>) -> R<Rec> {
         Ok(match product {
@@ -764,9 +773,7 @@ fn product_of(
 /// One RNN step: the product `H·Rᵀ + Rb`, then `H = f(clip(P + S))`.
 fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State) -> R<usize> {
     let prod = product_of(cx, rnn, steps, format!("{}_hr{s}", cx.name), h, 1)?;
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hj = rnn.bind_state(cx, &mut binds, h)?;
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &gi, idx, s);
@@ -788,9 +795,7 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State)
     let mut h_prod: Option<Product> = None;
     if !rnn.lbr && prod.is_some() {
         // r ⊙ H.
-        let mut binds = Binds::default();
-        let gi = rnn.gate_inputs(cx, &mut binds)?;
-        let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+        let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
         let hj = rnn.bind_state(cx, &mut binds, h)?;
         steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
             let sc = step_cx(rnn, b, &gi, idx, s);
@@ -802,9 +807,7 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State)
         let rh = steps.len() - 1;
         h_prod = Some(rnn.product(cx, steps, format!("{}_rhr{s}", cx.name), State::Step(rh), 2, 1)?);
     }
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hrec = match h_prod {
         Some(p) => Some(rnn.bind_rec(cx, &mut binds, Some(p))?),
         None => None,
@@ -857,9 +860,7 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
     };
     let prod = product_of(cx, rnn, steps, format!("{}_hr{s}", cx.name), h, 4)?;
     // The cell state.
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let cj = rnn.bind_state(cx, &mut binds, c)?;
     steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &gi, idx, s);
@@ -886,9 +887,7 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
     })?);
     let kc = steps.len() - 1;
     // The hidden state, from the new cell state.
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hj = rnn.bind_state(cx, &mut binds, h)?;
     let cn = binds.add(Operand::Step(kc), rnn.sty.clone());
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
