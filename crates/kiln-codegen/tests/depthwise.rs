@@ -204,6 +204,16 @@ fn border_taps_under_opmasks() {
     assert_eq!(m.notes[0], "max pool window (avx2, avx-512 border masks)", "{g:?}");
 }
 
+/// Checks the depthwise convolution of `g` with `epilogue` on inputs of `seed`, within
+/// `(taps + 2)` half-ulps; HardSwish: slope up to 1.5, the bound's input at most twice
+/// the bound (its gate is at least ½ for positive sums), and four more roundings.
+fn check_convolution(g: Geo, epilogue: &str, seed: u64) {
+    let k = depthwise(g, epilogue);
+    let taps = (g.win[0] * g.win[1]) as f32;
+    let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
+    check(&k, &inputs(g, seed), units);
+}
+
 #[test]
 fn windows_strides_padding_and_widths() {
     require_avx2_fma!();
@@ -235,12 +245,7 @@ fn windows_strides_padding_and_widths() {
             continue;
         }
         for epilogue in ["bias_relu6", "bias_hardswish", "scale_clip", "none"] {
-            let k = depthwise(g, epilogue);
-            let taps = (g.win[0] * g.win[1]) as f32;
-            // HardSwish: slope up to 1.5, the bound's input at most twice the bound (its
-            // gate is at least ½ for positive sums), and four more roundings.
-            let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
-            check(&k, &inputs(g, 10 + i as u64), units);
+            check_convolution(g, epilogue, 10 + i as u64);
         }
     }
 }
@@ -476,10 +481,7 @@ fn large_windows_any_stride_and_wide_rows() {
     ];
     for (i, g) in cases.into_iter().enumerate() {
         for epilogue in ["bias_relu6", "bias_hardswish", "none"] {
-            let k = depthwise(g, epilogue);
-            let taps = (g.win[0] * g.win[1]) as f32;
-            let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
-            check(&k, &inputs(g, 200 + i as u64), units);
+            check_convolution(g, epilogue, 200 + i as u64);
         }
     }
 }
