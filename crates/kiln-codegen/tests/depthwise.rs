@@ -183,6 +183,24 @@ fn targets() -> Vec<Config> {
     microkernel_variants(true)
 }
 
+/// Runs `k` on `x` for every target in 1 and 3 splits, bit for bit the interpreter's;
+/// `note`: how each target must say it compiled `k` (a prefix); `what` names the case.
+fn check_exact(k: &Kernel, x: &Tensor, note: Option<&str>, what: &str) {
+    let want = interp::run(k, &[x]).unwrap();
+    for cfg in targets() {
+        if let Some(note) = note {
+            let m = compile_with(&classify(&[k]), &cfg.target, &Options::default()).unwrap();
+            assert!(m.notes[0].starts_with(note), "{what} {cfg:?}: {}", m.notes[0]);
+        }
+        for splits in [1, 3] {
+            let got = run_compiled(k, &[x], &cfg, splits);
+            if let Err(e) = compare(&got, &want, EXACT) {
+                panic!("{what} {cfg:?} splits {splits}: {e}");
+            }
+        }
+    }
+}
+
 /// On x86-64-v4, convolutions whose rows have border vectors take their border taps
 /// under opmasks (at stride 1 and 2), and say so.
 #[test]
@@ -424,18 +442,9 @@ fn average_pools_are_windows_with_the_interpreters_bits() {
             let k = average_pool(dims, kernel, strides, pads, include_pad);
             let x = random_f32(&dims, 2.0, 90 + n);
             n += 1;
-            let want = interp::run(&k, &[&x]).unwrap();
             let padded = pads.iter().any(|&p| p > 0);
-            for cfg in targets() {
-                let m = compile_with(&classify(&[&k]), &cfg.target, &Options::default()).unwrap();
-                assert!(m.notes[0].starts_with("average pool window"), "{dims:?} {pads:?} {cfg:?}: {}", m.notes[0]);
-                for splits in [1, 3] {
-                    let got = run_compiled(&k, &[&x], &cfg, splits);
-                    if let Err(e) = compare(&got, &want, EXACT) {
-                        panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} include_pad {include_pad} {cfg:?} splits {splits}: {e}");
-                    }
-                }
-            }
+            let what = format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} include_pad {include_pad}");
+            check_exact(&k, &x, Some("average pool window"), &what);
             // The per-position divisor is what the window path tabulates: with padding
             // and without count_include_pad the window's own count varies.
             let d = kiln_flow::window::Depthwise::of(&k).expect("a window");
@@ -566,15 +575,7 @@ fn max_pools_of_any_window() {
             *v = f32::NAN;
         }
         let x = Tensor::from_vec(Shape::new(dims.clone()).unwrap(), x).unwrap();
-        let want = interp::run(&k, &[&x]).unwrap();
-        for cfg in targets() {
-            for splits in [1, 3] {
-                let got = run_compiled(&k, &[&x], &cfg, splits);
-                if let Err(e) = compare(&got, &want, EXACT) {
-                    panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} {cfg:?} splits {splits}: {e}");
-                }
-            }
-        }
+        check_exact(&k, &x, None, &format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil}"));
     }
 }
 
@@ -598,17 +599,8 @@ fn average_pools_of_any_window() {
             let k = pool_kernel(kiln_ir::OpKind::AveragePool, &dims, &kernel, &strides, &[1, 1], &pads, ceil, a);
             let x = random_f32(&dims, 2.0, 600 + n);
             n += 1;
-            let want = interp::run(&k, &[&x]).unwrap();
-            for cfg in targets() {
-                let m = compile_with(&classify(&[&k]), &cfg.target, &Options::default()).unwrap();
-                assert!(m.notes[0].starts_with("average pool window"), "{dims:?} {kernel:?}: {}", m.notes[0]);
-                for splits in [1, 3] {
-                    let got = run_compiled(&k, &[&x], &cfg, splits);
-                    if let Err(e) = compare(&got, &want, EXACT) {
-                        panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad} {cfg:?} splits {splits}: {e}");
-                    }
-                }
-            }
+            let what = format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad}");
+            check_exact(&k, &x, Some("average pool window"), &what);
         }
     }
 }
