@@ -71,7 +71,8 @@ fn write_model(path: &Path, nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, 
 }
 
 /// Every command of the CLI.
-const COMMANDS: [&str; 9] = ["compile", "run", "inspect", "bench", "import", "eval", "conformance", "list-passes", "completions"];
+const COMMANDS: [&str; 9] =
+    ["compile", "run", "inspect", "bench", "import", "eval", "conformance", "list-passes", "completions"];
 
 /// Asserts that `kiln cmd --help` names every one of `opts`.
 fn help_lists(cmd: &str, opts: &[&str]) {

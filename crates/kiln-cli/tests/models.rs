@@ -25,10 +25,8 @@ fn entry(name: &str) -> Value {
 }
 
 fn names(file: &str) -> Vec<String> {
-    let mut names: Vec<String> = listed_models(file)
-        .iter()
-        .map(|e| e["name"].as_str().expect("name").to_string())
-        .collect();
+    let mut names: Vec<String> =
+        listed_models(file).iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
     names.sort();
     names
 }

@@ -136,7 +136,6 @@ impl RowKernel {
         decode_row(&mut a, &dims[..outer])?;
         Ok(RowKernel { a, t, done, outer, w, full: w / 8, tail: w % 8, rows })
     }
-
 }
 
 /// Ends a [`RowKernel`]: sets `done`, leaves, and emits the tables; the code and the
