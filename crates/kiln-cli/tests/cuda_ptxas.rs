@@ -9,76 +9,22 @@
 //! docs/cuda.md).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use kiln_compiler::{Compilation, Input, Options, Stage, TargetDevice};
 use kiln_import::ImportOptions;
-use serde_json::Value;
 
-fn data_dir() -> PathBuf {
-    match std::env::var_os("KILN_TEST_DATA") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
-    }
-}
+mod common;
+#[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
+mod ptxas;
 
-/// The `ptxas` binary; panics when there is none.
-fn ptxas() -> PathBuf {
-    let p = std::env::var_os("KILN_PTXAS").map(PathBuf::from).unwrap_or_else(|| data_dir().join("tools/ptxas"));
-    assert!(
-        p.is_file(),
-        "{} does not exist: run scripts/setup-test-data (it extracts ptxas from the nvidia-cuda-nvcc wheel)",
-        p.display()
-    );
-    p
-}
-
-/// Assembles `ptx` for sm_90a; the error output when ptxas refuses it.
-fn assemble(name: &str, ptx: &str) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("kiln-ptxas-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let src = dir.join("m.ptx");
-    std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
-    let out = Command::new(ptxas())
-        .arg("-arch=sm_90a")
-        .arg(&src)
-        .arg("-o")
-        .arg(dir.join("m.cubin"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_dir_all(&dir);
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
+use common::{import_options, listed_models, model_path};
+use ptxas::{assemble_ptx, ptxas};
 
 fn models() -> Vec<(String, PathBuf, ImportOptions)> {
-    let path = data_dir().join("ref/manifest.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}; run scripts/test (it fetches the models)", path.display()));
-    let v: Value = serde_json::from_str(&text).expect("manifest.json is valid JSON");
-    let mut out = Vec::new();
-    for e in v["models"].as_array().expect("models") {
-        let name = e["name"].as_str().expect("name").to_string();
-        let mut opts = ImportOptions::default();
-        if let Some(shapes) = e["input_shapes"].as_object() {
-            for (k, v) in shapes {
-                let dims = v.as_array().expect("dims").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
-                opts.input_shapes.push((k.clone(), dims));
-            }
-        }
-        if let Some(vals) = e["input_values"].as_object() {
-            for (k, v) in vals {
-                let vals = v.as_array().expect("values").iter().map(|d| d.as_f64().expect("number")).collect();
-                opts.input_values.push((k.clone(), vals));
-            }
-            opts.input_shapes.retain(|(n, _)| !vals.contains_key(n));
-        }
-        out.push((name, data_dir().join(e["model"].as_str().expect("model")), opts));
-    }
-    out
+    listed_models("manifest.json")
+        .iter()
+        .map(|e| (e["name"].as_str().expect("name").to_string(), model_path(e), import_options(e)))
+        .collect()
 }
 
 #[test]
@@ -106,7 +52,7 @@ fn every_kernel_of_every_model_assembles_for_sm_90a() {
             assert!(l.grid >= 1 && l.block >= 32, "{name}: {}: launch {l:?}", d.kernel.name);
         }
         kernels += cuda.launches.len();
-        if let Err(e) = assemble(&name, cuda.ptx()) {
+        if let Err(e) = assemble_ptx("ptxas", &name, cuda.ptx()) {
             failures.push(format!("{name}: ptxas: {}", e.lines().take(8).collect::<Vec<_>>().join("\n")));
         }
     }

@@ -9,44 +9,24 @@
 //! Tolerance: |kiln − ORT| ≤ atol·max|ORT| + rtol·|ORT| per element, with rtol and
 //! atol from the manifest (1e-4 and 1e-5 for f32); integer and bool outputs exact.
 
-use kiln_import::ImportOptions;
+mod common;
+
+use common::{data_dir, import_options, listed_models, model_path};
 use kiln_ir::{npy, Tensor};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::time::Instant;
-
-fn data_dir() -> PathBuf {
-    match std::env::var_os("KILN_TEST_DATA") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
-    }
-}
-
-/// `ref/manifest.json` (the repo's test models) or `ref/corpus.json` (the real-model
-/// corpus of `corpus/models.json`).
-fn listing(file: &str) -> Value {
-    let path = data_dir().join("ref").join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("cannot read {}: {e}; run scripts/test (it fetches models and reference outputs)", path.display())
-    });
-    serde_json::from_str(&text).expect("manifest.json is valid JSON")
-}
 
 fn entry(name: &str) -> Value {
     ["manifest.json", "corpus.json"]
         .iter()
-        .flat_map(|f| listing(f)["models"].as_array().expect("a listing has a models list").clone())
+        .flat_map(|f| listed_models(f))
         .find(|e| e["name"] == name)
         .unwrap_or_else(|| panic!("model `{name}` is in neither ref/manifest.json nor ref/corpus.json"))
 }
 
 fn names(file: &str) -> Vec<String> {
-    let mut names: Vec<String> = listing(file)["models"]
-        .as_array()
-        .expect("models")
-        .iter()
-        .map(|e| e["name"].as_str().expect("name").to_string())
-        .collect();
+    let mut names: Vec<String> =
+        listed_models(file).iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
     names.sort();
     names
 }
@@ -59,22 +39,8 @@ fn read_npy(rel: &str) -> Tensor {
 
 fn check_model(name: &str) {
     let e = entry(name);
-    let model = data_dir().join(e["model"].as_str().expect("model path"));
-    let mut opts = ImportOptions::default();
-    if let Some(shapes) = e["input_shapes"].as_object() {
-        for (k, v) in shapes {
-            let dims = v.as_array().expect("dims").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
-            opts.input_shapes.push((k.clone(), dims));
-        }
-    }
-    if let Some(vals) = e["input_values"].as_object() {
-        for (k, v) in vals {
-            let vals = v.as_array().expect("values").iter().map(|d| d.as_f64().expect("number")).collect();
-            opts.input_values.push((k.clone(), vals));
-        }
-        // Inputs bound to values are no longer graph inputs.
-        opts.input_shapes.retain(|(n, _)| !vals.contains_key(n));
-    }
+    let model = model_path(&e);
+    let opts = import_options(&e);
 
     let t0 = Instant::now();
     let g = kiln_import::onnx::import_file(&model, &opts).unwrap_or_else(|err| panic!("{name}: import failed: {err}"));

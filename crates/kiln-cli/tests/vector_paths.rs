@@ -7,26 +7,12 @@
 //! in `models.rs`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use kiln_compiler::CodePath;
-use kiln_import::ImportOptions;
-use serde_json::Value;
 
-fn data_dir() -> PathBuf {
-    match std::env::var_os("KILN_TEST_DATA") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
-    }
-}
+mod common;
 
-fn models(file: &str) -> Vec<Value> {
-    let path = data_dir().join("ref").join(file);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}; run scripts/test (it fetches the models)", path.display()));
-    let v: Value = serde_json::from_str(&text).expect("valid JSON");
-    v["models"].as_array().expect("a models list").clone()
-}
+use common::{import_options, listed_models, model_path};
 
 /// Dispatches that still run scalar, by the reason their note gives, with how many
 /// across all the models: the forms the vector kernels have no form for yet (int8 and
@@ -55,23 +41,10 @@ const KNOWN_SCALAR: &[(&str, usize)] = &[
 fn scalar_dispatches_are_exactly_the_known_ones() {
     let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut compiled = 0;
-    for e in models("manifest.json").into_iter().chain(models("corpus.json")) {
+    for e in listed_models("manifest.json").into_iter().chain(listed_models("corpus.json")) {
         let name = e["name"].as_str().expect("name").to_string();
-        let mut opts = ImportOptions::default();
-        if let Some(shapes) = e["input_shapes"].as_object() {
-            for (k, v) in shapes {
-                let dims = v.as_array().expect("dims").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
-                opts.input_shapes.push((k.clone(), dims));
-            }
-        }
-        if let Some(vals) = e["input_values"].as_object() {
-            for (k, v) in vals {
-                let vals = v.as_array().expect("values").iter().map(|d| d.as_f64().expect("number")).collect();
-                opts.input_values.push((k.clone(), vals));
-            }
-            opts.input_shapes.retain(|(n, _)| !vals.contains_key(n));
-        }
-        let model = data_dir().join(e["model"].as_str().expect("model path"));
+        let opts = import_options(&e);
+        let model = model_path(&e);
         // Models kiln cannot import yet are `models.rs`'s known gaps.
         let Ok(g) = kiln_import::onnx::import_file(&model, &opts) else { continue };
         let c = kiln_compiler::compile(&g, &kiln_compiler::Options { source: name.clone(), ..Default::default() })

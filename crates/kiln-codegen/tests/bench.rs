@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{matmul_sum, random_f32, row_reduce, softmax};
+use common::{random_f32, row_reduce, softmax};
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{Kernel, KernelBuilder, ReduceOp};
 use kiln_ir::{DType, Tensor};
@@ -50,7 +50,7 @@ fn bench() {
     let n = 256;
     let ma = random_f32(&[n, n], 1.0, 4);
     let mut b = KernelBuilder::new("matmul", vec![ma.ty().clone(), ma.ty().clone()], ma.ty().clone());
-    let (_, s) = matmul_sum(&mut b, n);
+    let (_, s) = b.matmul_sum(n);
     let matmul = b.finish(s).unwrap();
 
     let t_in = random_f32(&[2048, 2048], 1.0, 5);

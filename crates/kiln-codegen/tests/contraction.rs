@@ -11,8 +11,7 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options, Packing};
-use kiln_flow::layout::pack_constants;
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
 use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
@@ -25,11 +24,6 @@ fn tt(dims: &[usize]) -> TensorType {
 /// 512-bit tiles (x86-64-v4) where the CPU has AVX-512 F.
 fn variants() -> Vec<Config> {
     microkernel_variants(false)
-}
-
-fn abs(t: &Tensor) -> Tensor {
-    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
-    Tensor::from_vec(t.shape().clone(), v).unwrap()
 }
 
 /// `k` with its operands packed the way `cfg`'s microkernels read constants
@@ -47,20 +41,10 @@ fn packed(k: &Kernel, inputs: &[&Tensor], cfg: &Config) -> Option<(Kernel, Vec<T
         inputs: vec![],
         outputs: vec![BufferId(n)],
     };
-    let packing = Packing::new(&cfg.target, &cfg.options).unwrap();
-    if pack_constants(&mut p, &|k, c| packing.widths(k, c)) == 0 {
+    if pack_for(&mut p, cfg) == 0 {
         return None;
     }
-    let d = &p.dispatches[0];
-    let tensors = d
-        .operands
-        .iter()
-        .map(|&b| match &p.buffer(b).kind {
-            BufferKind::Const(t) => t.clone(),
-            other => panic!("operand {other:?}"),
-        })
-        .collect();
-    Some((d.kernel.clone(), tensors))
+    Some(first_dispatch(&p, None))
 }
 
 /// Runs `k` as a microkernel (asserting it took that path) in 1 and 3 splits, as it is
@@ -185,7 +169,7 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
     let f = ScalarType::F32;
     let ins = vec![tt(&[m, kk]), tt(&[kk, n]), tt(&[n]), tt(&[m, 1]), tt(&[m, n])];
     let mut b = KernelBuilder::new(which, ins, tt(&[m, n]));
-    let (o, s) = matmul_sum(&mut b, kk);
+    let (o, s) = b.matmul_sum(kk);
     let bias = b.load(2, vec![o[1]]);
     let zero_idx = b.index(0);
     let row = b.load(3, vec![o[0], zero_idx]);
@@ -409,7 +393,7 @@ fn general_path_without_avx2_or_when_refused() {
     assert!(m.notes[0].starts_with("general"), "{}", m.notes[0]);
     // An epilogue with a transcendental the microkernels have no inline form of.
     let mut b = KernelBuilder::new("mm_sin", vec![tt(&[2, 3]), tt(&[3, 4])], tt(&[2, 4]));
-    let (_, s) = matmul_sum(&mut b, 3);
+    let (_, s) = b.matmul_sum(3);
     let e = b.unary(UnaryOp::Sin, s);
     let k = b.finish(e).unwrap();
     let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();

@@ -9,8 +9,9 @@
 //! test. These tests check that the PTX is valid for Hopper and which emitter takes a
 //! kernel; no GPU runs them (docs/cuda.md).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod ptxas;
+
+use ptxas::assemble_ptx;
 
 use kiln_codegen::cuda;
 use kiln_codegen::CodegenError;
@@ -18,32 +19,13 @@ use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, TensorType};
 
-fn ptxas() -> PathBuf {
-    let data = std::env::var_os("KILN_TEST_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"));
-    let p = std::env::var_os("KILN_PTXAS").map(PathBuf::from).unwrap_or_else(|| data.join("tools/ptxas"));
-    assert!(p.is_file(), "{} does not exist: run scripts/setup-test-data", p.display());
-    p
-}
-
 /// Compiles `kernels` into one module and assembles it; panics with ptxas's complaint.
 fn assemble(tag: &str, kernels: &[Kernel]) -> cuda::CudaModule {
     let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, classify(k))).collect();
     let m = cuda::compile(&with_class).unwrap_or_else(|e| panic!("{tag}: {e}"));
-    let dir = std::env::temp_dir().join(format!("kiln-cuda-test-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let src = dir.join("m.ptx");
-    std::fs::write(&src, m.ptx()).expect("write ptx");
-    let out = Command::new(ptxas())
-        .arg("-arch=sm_90a")
-        .arg(&src)
-        .arg("-o")
-        .arg(dir.join("m.cubin"))
-        .output()
-        .expect("ptxas runs");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{tag}: ptxas refused the module:\n{}", String::from_utf8_lossy(&out.stderr));
+    if let Err(e) = assemble_ptx("cuda-test", tag, m.ptx()) {
+        panic!("{tag}: ptxas refused the module:\n{e}");
+    }
     assert_eq!(m.launches.len(), kernels.len());
     m
 }
@@ -112,13 +94,7 @@ fn every_binary_op_on_every_type_assembles() {
     let mut kernels = Vec::new();
     for t in ScalarType::ALL {
         for op in BinaryOp::ALL {
-            let ok = match op {
-                BinaryOp::Pow => t.is_float(),
-                BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => !t.is_float(),
-                BinaryOp::Shl | BinaryOp::Shr => t.is_int(),
-                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Rem => t != ScalarType::Bool,
-                _ => true,
-            };
+            let ok = op.accepts(t);
             // f64 pow and fmod have no inline sequence yet.
             if !ok || (t == ScalarType::F64 && matches!(op, BinaryOp::Pow | BinaryOp::Rem)) {
                 continue;

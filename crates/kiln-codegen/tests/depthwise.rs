@@ -143,11 +143,6 @@ fn max_pool(g: Geo, epilogue: &str) -> Kernel {
     b.finish(r).unwrap()
 }
 
-fn abs(t: &Tensor) -> Tensor {
-    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
-    Tensor::from_vec(t.shape().clone(), v).unwrap()
-}
-
 fn inputs(g: Geo, seed: u64) -> Vec<Tensor> {
     vec![
         random_f32(&[g.n, g.c, g.h, g.w], 2.0, seed),
@@ -188,6 +183,24 @@ fn targets() -> Vec<Config> {
     microkernel_variants(true)
 }
 
+/// Runs `k` on `x` for every target in 1 and 3 splits, bit for bit the interpreter's;
+/// `note`: how each target must say it compiled `k` (a prefix); `what` names the case.
+fn check_exact(k: &Kernel, x: &Tensor, note: Option<&str>, what: &str) {
+    let want = interp::run(k, &[x]).unwrap();
+    for cfg in targets() {
+        if let Some(note) = note {
+            let m = compile_with(&classify(&[k]), &cfg.target, &Options::default()).unwrap();
+            assert!(m.notes[0].starts_with(note), "{what} {cfg:?}: {}", m.notes[0]);
+        }
+        for splits in [1, 3] {
+            let got = run_compiled(k, &[x], &cfg, splits);
+            if let Err(e) = compare(&got, &want, EXACT) {
+                panic!("{what} {cfg:?} splits {splits}: {e}");
+            }
+        }
+    }
+}
+
 /// On x86-64-v4, convolutions whose rows have border vectors take their border taps
 /// under opmasks (at stride 1 and 2), and say so.
 #[test]
@@ -207,6 +220,16 @@ fn border_taps_under_opmasks() {
     let g = Geo { n: 1, c: 3, h: 12, w: 17, win: [3, 3], stride: [1, 1], dil: [1, 1], pad: [1, 1, 1, 1] };
     let m = compile_with(&classify(&[&max_pool(g, "none")]), &CpuTarget::X86_64V4, &Options::default()).unwrap();
     assert_eq!(m.notes[0], "max pool window (avx2, avx-512 border masks)", "{g:?}");
+}
+
+/// Checks the depthwise convolution of `g` with `epilogue` on inputs of `seed`, within
+/// `(taps + 2)` half-ulps; HardSwish: slope up to 1.5, the bound's input at most twice
+/// the bound (its gate is at least ½ for positive sums), and four more roundings.
+fn check_convolution(g: Geo, epilogue: &str, seed: u64) {
+    let k = depthwise(g, epilogue);
+    let taps = (g.win[0] * g.win[1]) as f32;
+    let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
+    check(&k, &inputs(g, seed), units);
 }
 
 #[test]
@@ -240,12 +263,7 @@ fn windows_strides_padding_and_widths() {
             continue;
         }
         for epilogue in ["bias_relu6", "bias_hardswish", "scale_clip", "none"] {
-            let k = depthwise(g, epilogue);
-            let taps = (g.win[0] * g.win[1]) as f32;
-            // HardSwish: slope up to 1.5, the bound's input at most twice the bound (its
-            // gate is at least ½ for positive sums), and four more roundings.
-            let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
-            check(&k, &inputs(g, 10 + i as u64), units);
+            check_convolution(g, epilogue, 10 + i as u64);
         }
     }
 }
@@ -424,18 +442,9 @@ fn average_pools_are_windows_with_the_interpreters_bits() {
             let k = average_pool(dims, kernel, strides, pads, include_pad);
             let x = random_f32(&dims, 2.0, 90 + n);
             n += 1;
-            let want = interp::run(&k, &[&x]).unwrap();
             let padded = pads.iter().any(|&p| p > 0);
-            for cfg in targets() {
-                let m = compile_with(&classify(&[&k]), &cfg.target, &Options::default()).unwrap();
-                assert!(m.notes[0].starts_with("average pool window"), "{dims:?} {pads:?} {cfg:?}: {}", m.notes[0]);
-                for splits in [1, 3] {
-                    let got = run_compiled(&k, &[&x], &cfg, splits);
-                    if let Err(e) = compare(&got, &want, EXACT) {
-                        panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} include_pad {include_pad} {cfg:?} splits {splits}: {e}");
-                    }
-                }
-            }
+            let what = format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} include_pad {include_pad}");
+            check_exact(&k, &x, Some("average pool window"), &what);
             // The per-position divisor is what the window path tabulates: with padding
             // and without count_include_pad the window's own count varies.
             let d = kiln_flow::window::Depthwise::of(&k).expect("a window");
@@ -481,10 +490,7 @@ fn large_windows_any_stride_and_wide_rows() {
     ];
     for (i, g) in cases.into_iter().enumerate() {
         for epilogue in ["bias_relu6", "bias_hardswish", "none"] {
-            let k = depthwise(g, epilogue);
-            let taps = (g.win[0] * g.win[1]) as f32;
-            let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
-            check(&k, &inputs(g, 200 + i as u64), units);
+            check_convolution(g, epilogue, 200 + i as u64);
         }
     }
 }
@@ -569,15 +575,7 @@ fn max_pools_of_any_window() {
             *v = f32::NAN;
         }
         let x = Tensor::from_vec(Shape::new(dims.clone()).unwrap(), x).unwrap();
-        let want = interp::run(&k, &[&x]).unwrap();
-        for cfg in targets() {
-            for splits in [1, 3] {
-                let got = run_compiled(&k, &[&x], &cfg, splits);
-                if let Err(e) = compare(&got, &want, EXACT) {
-                    panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} {cfg:?} splits {splits}: {e}");
-                }
-            }
-        }
+        check_exact(&k, &x, None, &format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil}"));
     }
 }
 
@@ -601,17 +599,8 @@ fn average_pools_of_any_window() {
             let k = pool_kernel(kiln_ir::OpKind::AveragePool, &dims, &kernel, &strides, &[1, 1], &pads, ceil, a);
             let x = random_f32(&dims, 2.0, 600 + n);
             n += 1;
-            let want = interp::run(&k, &[&x]).unwrap();
-            for cfg in targets() {
-                let m = compile_with(&classify(&[&k]), &cfg.target, &Options::default()).unwrap();
-                assert!(m.notes[0].starts_with("average pool window"), "{dims:?} {kernel:?}: {}", m.notes[0]);
-                for splits in [1, 3] {
-                    let got = run_compiled(&k, &[&x], &cfg, splits);
-                    if let Err(e) = compare(&got, &want, EXACT) {
-                        panic!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad} {cfg:?} splits {splits}: {e}");
-                    }
-                }
-            }
+            let what = format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad}");
+            check_exact(&k, &x, Some("average pool window"), &what);
         }
     }
 }

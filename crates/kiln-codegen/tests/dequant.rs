@@ -20,9 +20,8 @@
 mod common;
 
 use common::*;
-use kiln_codegen::cpu::{classify, compile_with, Packing};
+use kiln_codegen::cpu::{classify, compile_with};
 use kiln_flow::contraction::Contraction;
-use kiln_flow::layout::pack_constants;
 use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
 use kiln_flow::{interp, BinaryOp, Kernel, KernelBuilder, ReduceOp, ScalarType};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
@@ -167,11 +166,6 @@ fn product(m: usize, kk: usize, n: usize, epilogue: bool, heads: usize) -> Kerne
     b.finish(r).unwrap()
 }
 
-fn abs(t: &Tensor) -> Tensor {
-    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
-    Tensor::from_vec(t.shape().clone(), v).unwrap()
-}
-
 /// The program `P; D` (the dequantisation, the product reading it), rewritten and
 /// packed for `cfg` (`packs`: whether the integer weight is packed): the one dispatch
 /// left, and its operands (`a` as the input).
@@ -180,19 +174,8 @@ fn rewritten(p: &FlowProgram, a: &Tensor, cfg: &Config, packs: bool) -> (Kernel,
     assert_eq!(kiln_flow::dequant::dequantize_in_load(&mut p), 1, "the product reads the integers");
     p.remove_dead();
     assert_eq!(p.dispatches.len(), 1, "the dequantising dispatch is gone");
-    let packing = Packing::new(&cfg.target, &cfg.options).unwrap();
-    assert_eq!(pack_constants(&mut p, &|k, c| packing.widths(k, c)), packs as usize, "the integer weight's packing");
-    let d = &p.dispatches[0];
-    let inputs = d
-        .operands
-        .iter()
-        .map(|&b| match &p.buffer(b).kind {
-            BufferKind::Const(t) => t.clone(),
-            BufferKind::Input(_) => a.clone(),
-            other => panic!("operand {other:?}"),
-        })
-        .collect();
-    (d.kernel.clone(), inputs)
+    assert_eq!(pack_for(&mut p, cfg), packs as usize, "the integer weight's packing");
+    first_dispatch(&p, Some(a))
 }
 
 /// Checks `form` on an `m × kk × n` product (split into `heads`, see [`product`]);

@@ -29,6 +29,12 @@ fn interleave(n: usize, m: usize, out: &[usize], strides: &[i64], shifts: &[i64]
     let mut od = vec![n, m];
     od.extend(out);
     let mut b = KernelBuilder::new("interleave", vec![tt(&pd)], tt(&od));
+    let v = interleave_load(&mut b, strides, shifts);
+    b.finish(v).unwrap()
+}
+
+/// The load of [`interleave`]'s `P[n, ρ(o), m, (o + shift) div s…]` in `b`.
+fn interleave_load(b: &mut KernelBuilder, strides: &[i64], shifts: &[i64]) -> ExprId {
     let o = b.out_index();
     let mut flat = b.index(0);
     let mut inner = Vec::new();
@@ -43,8 +49,7 @@ fn interleave(n: usize, m: usize, out: &[usize], strides: &[i64], shifts: &[i64]
     }
     let mut idx = vec![o[0], flat, o[1]];
     idx.extend(inner);
-    let v = b.load(0, idx);
-    b.finish(v).unwrap()
+    b.load(0, idx)
 }
 
 /// Compiles `k`, checks it took a table-driven vector copy (the table gather, or the
@@ -150,21 +155,7 @@ fn epilogues_over_a_gather_match_the_interpreter() {
         let base = interleave(1, 3, &[4, w], &[2, 2], &[1, 0]);
         // Rebuild with the activation at the root.
         let mut b = KernelBuilder::new("act", base.inputs.clone(), base.output.clone());
-        let o = b.out_index();
-        let mut flat = b.index(0);
-        let mut inner = Vec::new();
-        for (d, sh) in [1i64, 0].into_iter().enumerate() {
-            let c = b.index(sh);
-            let q = b.add(o[2 + d], c);
-            let sv = b.index(2);
-            let r = b.binary(BinaryOp::Rem, q, sv);
-            let f = b.mul(flat, sv);
-            flat = b.add(f, r);
-            inner.push(b.div(q, sv));
-        }
-        let mut idx = vec![o[0], flat, o[1]];
-        idx.extend(inner);
-        let x = b.load(0, idx);
+        let x = interleave_load(&mut b, &[2, 2], &[1, 0]);
         let zero = b.float(kiln_flow::ScalarType::F32, 0.0);
         let v = match act {
             0 => b.binary(BinaryOp::Max, x, zero),

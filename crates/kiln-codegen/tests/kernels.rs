@@ -90,7 +90,7 @@ fn workgroup_ranges() {
 fn matmul(m: usize, kk: usize, n: usize) -> Kernel {
     let f = DType::F32;
     let mut b = KernelBuilder::new("matmul", vec![tt(f, &[m, kk]), tt(f, &[kk, n])], tt(f, &[m, n]));
-    let (_, r) = matmul_sum(&mut b, kk);
+    let (_, r) = b.matmul_sum(kk);
     b.finish(r).unwrap()
 }
 

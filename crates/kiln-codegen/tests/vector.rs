@@ -301,7 +301,7 @@ fn contraction_epilogue_with_an_i64_mask() {
             vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(f, &[m, n]), tt(DType::I64, &[n]), tt(DType::I64, &[1])],
             tt(f, &[m, n]),
         );
-        let (o, s) = matmul_sum(&mut b, kk);
+        let (o, s) = b.matmul_sum(kk);
         let res = b.load(2, o.clone());
         let p = b.load(3, vec![o[1]]);
         let z = b.index(0);

@@ -617,13 +617,7 @@ mod tests {
         let r = b.mul(v, sv);
         let dq = b.finish(r).unwrap();
         let mut b = KernelBuilder::new("mm", vec![t(&[m, kk]), t(&[kk, n])], t(&[m, n]));
-        let o = b.out_index();
-        let kv = b.new_var(kk as u64);
-        let k = b.var(kv);
-        let x = b.load(0, vec![o[0], k]);
-        let w = b.load(1, vec![k, o[1]]);
-        let p = b.mul(x, w);
-        let r = b.reduce(ReduceOp::Sum, vec![kv], p);
+        let (_, r) = b.matmul_sum(kk);
         let mm = b.finish(r).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
         let qkind = if q_input { BufferKind::Input(1) } else { BufferKind::Const(q.clone()) };

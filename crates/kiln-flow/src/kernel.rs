@@ -424,7 +424,10 @@ impl BinaryOp {
         matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
     }
 
-    fn accepts(self, t: ScalarType) -> bool {
+    /// Whether the operation takes operands of type `t` (the verifier's rule: `pow` on
+    /// floats, the bitwise ones on integers and bool, shifts on integers, arithmetic on
+    /// anything but bool, comparisons, `max` and `min` on every type).
+    pub fn accepts(self, t: ScalarType) -> bool {
         match self {
             BinaryOp::Pow => t.is_float(),
             BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => !t.is_float(),
@@ -1184,6 +1187,20 @@ impl KernelBuilder {
         let bt = self.ty(body);
         let ty = if op.is_arg() { ScalarType::I64 } else { bt };
         self.push(ty, Expr::Reduce { op, vars, body })
+    }
+
+    /// The sum of a matrix product of the kernel's first two inputs, `Σ_k in0[o0, k] ·
+    /// in1[k, o1]` over `k` terms, with the output index `[o0, o1]` it reads (the
+    /// shape of every matmul and linear layer; the caller adds its epilogue).
+    pub fn matmul_sum(&mut self, k: usize) -> (Vec<ExprId>, ExprId) {
+        let o = self.out_index();
+        let kv = self.new_var(k as u64);
+        let kk = self.var(kv);
+        let x = self.load(0, vec![o[0], kk]);
+        let y = self.load(1, vec![kk, o[1]]);
+        let p = self.mul(x, y);
+        let s = self.reduce(ReduceOp::Sum, vec![kv], p);
+        (o, s)
     }
 
     /// `a + b`.

@@ -2,7 +2,7 @@
 
 use kiln_ir::{DType, Shape, TensorType};
 
-use crate::kernel::{Kernel, KernelBuilder, ReduceOp};
+use crate::kernel::{Kernel, KernelBuilder};
 
 /// An f32 tensor type of shape `dims`.
 pub(crate) fn t(dims: &[usize]) -> TensorType {
@@ -17,13 +17,7 @@ pub(crate) fn ti(dims: &[usize]) -> TensorType {
 /// `mm`: `out[m, n] = Σ_k x[m, k] · w[k, n] + b[n]` in f32, with `k` terms.
 pub(crate) fn matmul_bias(m: usize, k: usize, n: usize) -> Kernel {
     let mut kb = KernelBuilder::new("mm", vec![t(&[m, k]), t(&[k, n]), t(&[n])], t(&[m, n]));
-    let o = kb.out_index();
-    let kv = kb.new_var(k as u64);
-    let kk = kb.var(kv);
-    let x = kb.load(0, vec![o[0], kk]);
-    let w = kb.load(1, vec![kk, o[1]]);
-    let p = kb.mul(x, w);
-    let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
+    let (o, s) = kb.matmul_sum(k);
     let b = kb.load(2, vec![o[1]]);
     let y = kb.add(s, b);
     kb.finish(y).unwrap()

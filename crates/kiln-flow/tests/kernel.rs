@@ -17,13 +17,7 @@ fn f32s(dims: &[usize], v: &[f64]) -> Tensor {
 fn matmul_as_a_reduce() {
     // [2,3] x [3,2]
     let mut b = KernelBuilder::new("mm", vec![ty(DType::F32, &[2, 3]), ty(DType::F32, &[3, 2])], ty(DType::F32, &[2, 2]));
-    let o = b.out_index();
-    let k = b.new_var(3);
-    let kv = b.var(k);
-    let a = b.load(0, vec![o[0], kv]);
-    let w = b.load(1, vec![kv, o[1]]);
-    let p = b.mul(a, w);
-    let s = b.reduce(ReduceOp::Sum, vec![k], p);
+    let (_, s) = b.matmul_sum(3);
     let kern = b.finish(s).unwrap();
     let x = f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
     let y = f32s(&[3, 2], &[7., 8., 9., 10., 11., 12.]);

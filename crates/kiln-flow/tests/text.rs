@@ -277,16 +277,8 @@ fn random_kernel(rng: &mut Rng) -> Option<Kernel> {
                 let same: Vec<ExprId> = pool.iter().copied().filter(|&x| b.ty(x) == at).collect();
                 let c = *rng.pick(&same);
                 let op = *rng.pick(&BinaryOp::ALL);
-                let ok = match op {
-                    BinaryOp::Pow => at.is_float(),
-                    BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => !at.is_float(),
-                    BinaryOp::Shl | BinaryOp::Shr => at.is_int(),
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Rem => {
-                        // u64 products are left out: see the report on `Kernel::verify`.
-                        at != ScalarType::Bool && !(op == BinaryOp::Mul && at == ScalarType::U64)
-                    }
-                    _ => true,
-                };
+                // u64 products are left out: see the report on `Kernel::verify`.
+                let ok = op.accepts(at) && !(op == BinaryOp::Mul && at == ScalarType::U64);
                 ok.then(|| b.binary(op, a, c))
             }
             5 => {

@@ -347,6 +347,15 @@ impl Rnn {
         Ok(GateIn { proj, lens, p })
     }
 
+    /// The operands every step kernel starts with: the gate inputs
+    /// ([`Rnn::gate_inputs`]), then the recurrence ([`Rnn::bind_rec`] of `product`).
+    fn step_binds(&self, cx: &OpCx<'_>, product: Option<Product>) -> R<(Binds, GateIn, Rec)> {
+        let mut binds = Binds::default();
+        let gi = self.gate_inputs(cx, &mut binds)?;
+        let rec = self.bind_rec(cx, &mut binds, product)?;
+        Ok((binds, gi, rec))
+    }
+
     /// Binds the recurrent part: a step's product, or the bias where there is none.
     fn bind_rec(&self, cx: &OpCx<'_>, binds: &mut Binds, product: Option<Product>) -> R<Rec> {
         Ok(match product {
@@ -764,16 +773,33 @@ fn product_of(
 /// One RNN step: the product `H·Rᵀ + Rb`, then `H = f(clip(P + S))`.
 fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State) -> R<usize> {
     let prod = product_of(cx, rnn, steps, format!("{}_hr{s}", cx.name), h, 1)?;
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    gate_and_state(cx, rnn, steps, format!("{}_h{s}", cx.name), s, prod, h, 0, |b, sc, new, old| {
+        keep(b, sc.valid, new, old)
+    })
+}
+
+/// A step kernel `name` of one gate (block `k` of the product, the first activation)
+/// and the state `h`: `combine(b, sc, gate, state)`. Its step's index.
+#[allow(clippy::too_many_arguments)]
+fn gate_and_state(
+    cx: &OpCx<'_>,
+    rnn: &Rnn,
+    steps: &mut Vec<Step>,
+    name: String,
+    s: usize,
+    prod: Option<Product>,
+    h: State,
+    k: usize,
+    combine: impl Fn(&mut KernelBuilder, &StepCx, ExprId, ExprId) -> ExprId,
+) -> R<usize> {
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hj = rnn.bind_state(cx, &mut binds, h)?;
-    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+    steps.push(build(name, rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &gi, idx, s);
-        let pre = rnn.pre(b, &gi, rec, &sc, 0);
-        let new = rnn.gate(b, 0, sc.d, pre);
-        let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
-        Ok(keep(b, sc.valid, new, old))
+        let pre = rnn.pre(b, &gi, rec, &sc, k);
+        let gate = rnn.gate(b, 0, sc.d, pre);
+        let state = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
+        Ok(combine(b, &sc, gate, state))
     })?);
     Ok(steps.len() - 1)
 }
@@ -788,23 +814,11 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State)
     let mut h_prod: Option<Product> = None;
     if !rnn.lbr && prod.is_some() {
         // r ⊙ H.
-        let mut binds = Binds::default();
-        let gi = rnn.gate_inputs(cx, &mut binds)?;
-        let rec = rnn.bind_rec(cx, &mut binds, prod)?;
-        let hj = rnn.bind_state(cx, &mut binds, h)?;
-        steps.push(build(format!("{}_rh{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-            let sc = step_cx(rnn, b, &gi, idx, s);
-            let pre = rnn.pre(b, &gi, rec, &sc, 1);
-            let r = rnn.gate(b, 0, sc.d, pre);
-            let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
-            Ok(b.mul(r, hv))
-        })?);
-        let rh = steps.len() - 1;
+        let rh =
+            gate_and_state(cx, rnn, steps, format!("{}_rh{s}", cx.name), s, prod, h, 1, |b, _, r, hv| b.mul(r, hv))?;
         h_prod = Some(rnn.product(cx, steps, format!("{}_rhr{s}", cx.name), State::Step(rh), 2, 1)?);
     }
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hrec = match h_prod {
         Some(p) => Some(rnn.bind_rec(cx, &mut binds, Some(p))?),
         None => None,
@@ -857,9 +871,7 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
     };
     let prod = product_of(cx, rnn, steps, format!("{}_hr{s}", cx.name), h, 4)?;
     // The cell state.
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let cj = rnn.bind_state(cx, &mut binds, c)?;
     steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
         let sc = step_cx(rnn, b, &gi, idx, s);
@@ -886,9 +898,7 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
     })?);
     let kc = steps.len() - 1;
     // The hidden state, from the new cell state.
-    let mut binds = Binds::default();
-    let gi = rnn.gate_inputs(cx, &mut binds)?;
-    let rec = rnn.bind_rec(cx, &mut binds, prod)?;
+    let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hj = rnn.bind_state(cx, &mut binds, h)?;
     let cn = binds.add(Operand::Step(kc), rnn.sty.clone());
     steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {

@@ -23,6 +23,7 @@ extern crate alloc;
 #[cfg(panic = "unwind")]
 extern crate std;
 
+mod shared;
 mod sys;
 
 use alloc::ffi::CString;
@@ -30,8 +31,9 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::ffi::{c_char, c_int, CStr};
-use kiln_npy::{DType, NpyError};
-use kiln_runtime::{Instance, Module, TensorMut, TensorRef};
+use kiln_npy::DType;
+use kiln_runtime::{Instance, Module, TensorRef};
+use shared::{file_name, output_tensors, read_npy, zeroed};
 
 #[global_allocator]
 static ALLOC: sys::Malloc = sys::Malloc;
@@ -120,38 +122,6 @@ fn parse_args(argv: &[&'static CStr]) -> Result<Args, String> {
     Ok(a)
 }
 
-/// `name` with every character outside `[A-Za-z0-9._-]` replaced by `_`, and `.npy`.
-fn file_name(name: &str) -> String {
-    let mut s: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
-    s.push_str(".npy");
-    s
-}
-
-/// `len` zero bytes for a buffer whose size the artifact gave, or an error naming it.
-fn zeroed(len: u64, what: &str) -> Result<Vec<u8>, String> {
-    let refused = || format!("cannot allocate the {len} bytes of {what}");
-    let n = usize::try_from(len).map_err(|_| refused())?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| refused())?;
-    v.resize(n, 0);
-    Ok(v)
-}
-
-/// An input array: dtype code, shape and its bytes.
-struct Input {
-    dtype: u32,
-    dims: Vec<u64>,
-    data: Vec<u8>,
-}
-
-/// Reads an input `.npy`, refusing bytes after the data (a sign of a shape mismatch).
-fn read_npy(bytes: &[u8]) -> Result<Input, NpyError> {
-    let a = kiln_npy::read_exact(bytes)?;
-    let dtype = a.dtype.onnx_code().map_or(0, |c| c as u32);
-    Ok(Input { dtype, dims: a.dims, data: a.data.to_vec() })
-}
-
 fn run(args: &Args) -> Result<(), String> {
     let model = sys::read_file(args.model)?;
     let weights = args.weights.map(sys::read_file).transpose()?;
@@ -181,12 +151,7 @@ fn run(args: &Args) -> Result<(), String> {
         entry.outputs.iter().map(|t| zeroed(t.bytes, &format!("output {}", t.name))).collect::<Result<_, _>>()?;
     let mut inst = Instance::new(&m).map_err(|e| e.to_string())?;
     for _ in 0..args.iterations {
-        let mut outputs: Vec<TensorMut<'_>> = entry
-            .outputs
-            .iter()
-            .zip(&mut out_data)
-            .map(|(t, d)| TensorMut { dtype: t.dtype, dims: &t.dims, data: d })
-            .collect();
+        let mut outputs = output_tensors(entry.outputs, &mut out_data);
         inst.invoke_tensors(entry.index, &inputs, &mut outputs).map_err(|e| e.to_string())?;
     }
     if let Some(dir) = args.output_dir {

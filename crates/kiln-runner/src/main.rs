@@ -10,13 +10,20 @@
 //! the thread count (`--threads`, default one per core) on stderr; outputs written as `DIR/<name>.npy` with characters outside
 //! `[A-Za-z0-9._-]` replaced by `_`. Errors: one line on stderr, exit status 1.
 
+extern crate alloc;
+
+#[path = "../../kiln-runner-nostd/src/shared.rs"]
+mod shared;
+
 use kiln_module::sections::TensorView;
-use kiln_npy::{DType, NpyError};
+use kiln_npy::DType;
 use kiln_runtime::fs::AlignedBytes;
-use kiln_runtime::{Instance, Module, TensorMut, TensorRef};
+use kiln_runtime::{Instance, Module, TensorRef};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
+
+use shared::{file_name, output_tensors, read_npy, zeroed, Input};
 
 const USAGE: &str = "usage: kiln-run MODEL.kiln [--weights FILE] [--input NAME=FILE.npy ...] [--entry NAME] [--output-dir DIR] [--iterations N] [--threads N]";
 
@@ -103,16 +110,6 @@ fn f16_value(h: u16) -> f64 {
     }
 }
 
-/// `len` zero bytes for a buffer whose size the artifact gave, or an error naming it.
-fn zeroed(len: u64, what: &str) -> Result<Vec<u8>, String> {
-    let refused = || format!("cannot allocate the {len} bytes of {what}");
-    let n = usize::try_from(len).map_err(|_| refused())?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| refused())?;
-    v.resize(n, 0);
-    Ok(v)
-}
-
 /// Seeded values for an input: floats in [-1, 1), integers in 0..4, bools 0/1, other
 /// types zero. The module was verified: `bytes` is what the dtype and dims give.
 fn random_input(t: &TensorView<'_>, rng: &mut Rng) -> Result<Vec<u8>, String> {
@@ -137,20 +134,6 @@ fn random_input(t: &TensorView<'_>, rng: &mut Rng) -> Result<Vec<u8>, String> {
     }
     out.resize(t.bytes as usize, 0);
     Ok(out)
-}
-
-/// An input array: dtype code, shape and its bytes.
-struct Input {
-    dtype: u32,
-    dims: Vec<u64>,
-    data: Vec<u8>,
-}
-
-/// Reads an input `.npy`, refusing bytes after the data (a sign of a shape mismatch).
-fn read_npy(bytes: &[u8]) -> Result<Input, NpyError> {
-    let a = kiln_npy::read_exact(bytes)?;
-    let dtype = a.dtype.onnx_code().map_or(0, |c| c as u32);
-    Ok(Input { dtype, dims: a.dims, data: a.data.to_vec() })
 }
 
 /// Elements as f64, for the dtypes that have a plain numeric value.
@@ -215,13 +198,6 @@ fn summary(t: &TensorView<'_>, data: &[u8]) -> String {
     format!("{}: {name}[{dims}] {stats}", t.name)
 }
 
-/// `name` with every character outside `[A-Za-z0-9._-]` replaced by `_`.
-fn file_name(name: &str) -> String {
-    let s: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
-    format!("{s}.npy")
-}
-
 fn run(args: Args) -> Result<(), String> {
     let read = |p: &PathBuf| AlignedBytes::read(p).map_err(|e| format!("{}: {e}", p.display()));
     let model = read(&args.model)?;
@@ -265,12 +241,7 @@ fn run(args: Args) -> Result<(), String> {
         .try_reserve_exact(usize::try_from(args.iterations).unwrap_or(usize::MAX))
         .map_err(|_| format!("--iterations {}: cannot hold that many timings", args.iterations))?;
     for _ in 0..args.iterations {
-        let mut outputs: Vec<TensorMut<'_>> = entry
-            .outputs
-            .iter()
-            .zip(&mut out_data)
-            .map(|(t, d)| TensorMut { dtype: t.dtype, dims: &t.dims, data: d })
-            .collect();
+        let mut outputs = output_tensors(entry.outputs, &mut out_data);
         let t0 = Instant::now();
         inst.invoke_tensors(entry.index, &inputs, &mut outputs).map_err(|e| e.to_string())?;
         times.push(t0.elapsed());

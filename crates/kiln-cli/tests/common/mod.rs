@@ -1,10 +1,13 @@
 //! Running the `kiln` binary from tests: its exit status and output, the shape of a
-//! clean failure (one `error:` line, no panic), scratch folders, LeNet compiled, and
-//! ONNX models built in the test.
+//! clean failure (one `error:` line, no panic), scratch folders, LeNet compiled, ONNX
+//! models built in the test, and the test data `scripts/test` fetches (the model
+//! listings and the import options an entry asks for).
 #![allow(dead_code)]
 
 use kiln_import::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto};
+use kiln_import::ImportOptions;
 use prost::Message;
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -79,4 +82,48 @@ pub fn onnx_model(
         ..Default::default()
     }
     .encode_to_vec()
+}
+
+/// The test data: `$KILN_TEST_DATA`, default `<repo>/.cache` (filled by `scripts/test`).
+pub fn data_dir() -> PathBuf {
+    match std::env::var_os("KILN_TEST_DATA") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+    }
+}
+
+/// The entries of `ref/manifest.json` (the repo's test models) or `ref/corpus.json`
+/// (the real-model corpus of `corpus/models.json`). A missing listing is a failure.
+pub fn listed_models(file: &str) -> Vec<Value> {
+    let path = data_dir().join("ref").join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("cannot read {}: {e}; run scripts/test (it fetches models and reference outputs)", path.display())
+    });
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    v["models"].as_array().expect("a listing has a models list").clone()
+}
+
+/// The path of a listing entry's model.
+pub fn model_path(e: &Value) -> PathBuf {
+    data_dir().join(e["model"].as_str().expect("model path"))
+}
+
+/// The import options a listing entry asks for: its input shapes and its input values.
+pub fn import_options(e: &Value) -> ImportOptions {
+    let mut opts = ImportOptions::default();
+    if let Some(shapes) = e["input_shapes"].as_object() {
+        for (k, v) in shapes {
+            let dims = v.as_array().expect("dims").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+            opts.input_shapes.push((k.clone(), dims));
+        }
+    }
+    if let Some(vals) = e["input_values"].as_object() {
+        for (k, v) in vals {
+            let vals = v.as_array().expect("values").iter().map(|d| d.as_f64().expect("number")).collect();
+            opts.input_values.push((k.clone(), vals));
+        }
+        // Inputs bound to values are no longer graph inputs.
+        opts.input_shapes.retain(|(n, _)| !vals.contains_key(n));
+    }
+    opts
 }

@@ -1,5 +1,6 @@
-//! What the machine-code kernels (`gemm`, `depthwise`, `rows`, `pad`) share: the
-//! register names, the callee-saved registers a kernel saves and restores, an immediate
+//! What the machine-code kernels (`gemm`, `depthwise`, `rows`, `pad`, `copy`, `gather`,
+//! `resample`) share: the register names, the callee-saved registers a kernel saves and
+//! restores, the entry of a kernel over rows and its odometer's decode, an immediate
 //! add, and the read-only tables each kernel carries after its code (lane masks, vector
 //! constants, broadcast scalars).
 
@@ -60,6 +61,92 @@ pub(crate) fn leave(a: &mut CodeAssembler, frame: i32) -> R<()> {
     Ok(())
 }
 
+/// The entry of a kernel whose workgroups are the rows `0..rows` (`copy`, `gather`,
+/// `resample`): saves the callee-saved registers, reserves `frame` bytes, clamps the end
+/// (`rcx`) to `rows` and loads `r10` = row (`rdx`, the begin), `r11` = end, `r8` = the
+/// first binding (x) and `r9` = the second (out). Returns the label an empty range jumps
+/// to (the caller sets it before `leave`).
+pub(crate) fn enter_rows(a: &mut CodeAssembler, frame: i32, rows: i64) -> R<CodeLabel> {
+    enter(a)?;
+    a.sub(rsp, frame)?;
+    // rdi bindings, rdx begin, rcx end (clamped to the row count).
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r10, rdx)?; // row
+    a.mov(r11, rcx)?; // end
+    let done = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.mov(r8, qword_ptr(rdi))?; // x
+    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    Ok(done)
+}
+
+/// Outer dimensions a row odometer keeps in registers (`copy`, `gather`).
+pub(crate) const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
+
+/// Decodes row `r10` into the coordinates `COORD[d]` of the outer dims `dims`
+/// (innermost last); clobbers `rax`, `rcx`, `rdx`.
+pub(crate) fn decode_row(a: &mut CodeAssembler, dims: &[i64]) -> R<()> {
+    a.mov(rax, r10)?;
+    for d in (0..dims.len()).rev() {
+        a.xor(edx, edx)?;
+        a.mov(rcx, dims[d])?;
+        a.div(rcx)?;
+        a.mov(COORD[d], rdx)?;
+    }
+    Ok(())
+}
+
+/// A copy-like kernel over the rows of an output of dims `dims` (`copy`, `gather`), its
+/// entry emitted: [`enter_rows`] with an 8-byte frame, the tail's lane mask in `ymm15`,
+/// `rdi` = out + row·w·4 and the first row's coordinates ([`decode_row`]).
+pub(crate) struct RowKernel {
+    pub a: CodeAssembler,
+    pub t: Tables,
+    /// Where an empty range jumps to ([`end_rows`] sets it).
+    pub done: CodeLabel,
+    /// The outer dims (all but the row).
+    pub outer: usize,
+    /// The row's length.
+    pub w: i64,
+    /// Whole vectors and the tail of a row.
+    pub full: i64,
+    pub tail: i64,
+    /// The row count (the workgroup count).
+    pub rows: i64,
+}
+
+impl RowKernel {
+    const FRAME: i32 = 8;
+
+    /// Starts the kernel; see the type.
+    pub fn begin(dims: &[i64]) -> R<Self> {
+        let outer = dims.len() - 1;
+        let w = dims[outer];
+        let rows: i64 = dims[..outer].iter().product();
+        let mut a = CodeAssembler::new(64)?;
+        let mut t = Tables::default();
+        let done = enter_rows(&mut a, Self::FRAME, rows)?;
+        t.load_lanes(&mut a, ymm15, w % 8)?;
+        // Destination: out + row·w·4.
+        a.imul_3(rdi, r10, (w * 4) as i32)?;
+        a.add(rdi, r9)?;
+        decode_row(&mut a, &dims[..outer])?;
+        Ok(RowKernel { a, t, done, outer, w, full: w / 8, tail: w % 8, rows })
+    }
+}
+
+/// Ends a [`RowKernel`]: sets `done`, leaves, and emits the tables; the code and the
+/// workgroup count.
+pub(crate) fn end_rows(mut a: CodeAssembler, t: &Tables, mut done: CodeLabel, rows: i64) -> R<(Vec<u8>, u64)> {
+    a.set_label(&mut done)?;
+    leave(&mut a, RowKernel::FRAME)?;
+    t.emit(&mut a)?;
+    Ok((a.assemble(0)?, rows as u64))
+}
+
 /// `dst += imm` for any 64-bit `imm` (through `scratch` when it needs more than 32 bits).
 pub(crate) fn add_imm(a: &mut CodeAssembler, dst: AsmRegister64, imm: i64, scratch: AsmRegister64) -> R<()> {
     if imm == 0 {
@@ -97,6 +184,16 @@ impl Tables {
     /// The mask of the first `lanes` lanes (1 to 8).
     pub fn lanes(&mut self, a: &mut CodeAssembler, lanes: u64) -> CodeLabel {
         self.mask(a, ((1u16 << lanes.min(8)) - 1) as u8)
+    }
+
+    /// Loads the mask of the first `lanes` lanes into `reg`, when `lanes` is not 0
+    /// (the tail of a row of whole vectors).
+    pub fn load_lanes(&mut self, a: &mut CodeAssembler, reg: AsmRegisterYmm, lanes: i64) -> R<()> {
+        if lanes > 0 {
+            let l = self.lanes(a, lanes as u64);
+            a.vmovups(reg, ymmword_ptr(l))?;
+        }
+        Ok(())
     }
 
     /// Eight copies of `bits`, 32 bytes.

@@ -18,11 +18,8 @@ use iced_x86::code_asm::*;
 use kiln_flow::affine::load_offset;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::asm::{enter, leave, Tables};
+use super::asm::{end_rows, RowKernel, COORD};
 use super::gemm::{no, NotHere, R};
-
-/// Outer dimensions the odometer keeps in registers.
-const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
 
 /// Shortest row worth a row of its own (shorter ones stay general).
 const MIN_ROW: i64 = 4;
@@ -73,44 +70,12 @@ fn recognise(k: &Kernel) -> R<Copy> {
 /// Emits `k` as an affine copy (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let p = recognise(k)?;
-    let rank = p.dims.len();
-    let outer = rank - 1;
-    let w = p.dims[outer];
-    let rows: i64 = p.dims[..outer].iter().product();
-    let (full, tail) = (w / 8, w % 8);
-    let mut a = CodeAssembler::new(64)?;
-    let mut t = Tables::default();
-    let frame = 8;
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
-    // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
-    if tail > 0 {
-        let l = t.lanes(&mut a, tail as u64);
-        a.vmovups(ymm15, ymmword_ptr(l))?;
-    }
-    // Destination: out + row·w·4.
-    a.imul_3(rdi, r10, (w * 4) as i32)?;
-    a.add(rdi, r9)?;
-    // Decode the first row into coordinates; source: x + (c + Σ coef·q)·4.
+    let RowKernel { mut a, t, done, outer, w, full, tail, rows } = RowKernel::begin(&p.dims)?;
+    // Source: x + (c + Σ coef·q)·4.
     a.lea(rsi, qword_ptr(r8 + (p.c * 4) as i32))?;
-    a.mov(rax, r10)?;
-    for d in (0..outer).rev() {
-        a.xor(edx, edx)?;
-        a.mov(rcx, p.dims[d])?;
-        a.div(rcx)?;
-        a.mov(COORD[d], rdx)?;
+    for d in 0..outer {
         if p.coef[d] != 0 {
-            a.imul_3(rdx, rdx, (p.coef[d] * 4) as i32)?;
+            a.imul_3(rdx, COORD[d], (p.coef[d] * 4) as i32)?;
             a.add(rsi, rdx)?;
         }
     }
@@ -164,8 +129,5 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     }
     a.set_label(&mut last)?;
     row(&mut a, true)?;
-    a.set_label(&mut done)?;
-    leave(&mut a, frame)?;
-    t.emit(&mut a)?;
-    Ok((a.assemble(0)?, rows as u64))
+    end_rows(a, &t, done, rows)
 }

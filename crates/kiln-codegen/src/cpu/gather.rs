@@ -22,13 +22,11 @@ use iced_x86::code_asm::*;
 use kiln_flow::interp;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
-use super::asm::{enter, leave, Tables};
+use super::asm::{end_rows, RowKernel, Tables, COORD};
 use super::math::{has_vector_form, vector_scratch};
 use super::vector::{Mask, Op, Src, Vx, V};
 use super::gemm::{no, NotHere, R};
-
-/// Outer dimensions the odometer keeps in registers.
-const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
+use super::vops::const_word;
 
 /// Most table entries (over every dimension) a kernel carries.
 const MOST_ENTRIES: u64 = 1 << 16;
@@ -230,13 +228,7 @@ fn recognise(k: &Kernel) -> R<Gather> {
 /// Emits `k` as a table gather (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let p = recognise(k)?;
-    let rank = p.dims.len();
-    let outer = rank - 1;
-    let w = p.dims[outer];
-    let rows: i64 = p.dims[..outer].iter().product();
-    let (full, tail) = (w / 8, w % 8);
-    let mut a = CodeAssembler::new(64)?;
-    let mut t = Tables::default();
+    let RowKernel { mut a, mut t, done, outer, w, full, tail, rows } = RowKernel::begin(&p.dims)?;
     // The innermost table, padded to whole vectors (an extent of 1 reads offset 0).
     let mut inner: Vec<u32> = if p.tables[outer].is_empty() { vec![0] } else { p.tables[outer].iter().map(|&v| v as u32).collect() };
     inner.resize(inner.len().div_ceil(8) * 8, 0);
@@ -252,35 +244,6 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         })
         .collect();
     let c4 = i32::try_from(p.c * 4).map_err(|_| NotHere("an offset over 2 GiB".into()))?;
-    let frame = 8;
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
-    // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
-    if tail > 0 {
-        let l = t.lanes(&mut a, tail as u64);
-        a.vmovups(ymm15, ymmword_ptr(l))?;
-    }
-    // Destination: out + row·w·4.
-    a.imul_3(rdi, r10, (w * 4) as i32)?;
-    a.add(rdi, r9)?;
-    // Decode the first row into coordinates.
-    a.mov(rax, r10)?;
-    for d in (0..outer).rev() {
-        a.xor(edx, edx)?;
-        a.mov(rcx, p.dims[d])?;
-        a.div(rcx)?;
-        a.mov(COORD[d], rdx)?;
-    }
     let mut top = a.create_label();
     a.set_label(&mut top)?;
     // The row's source: x + (c + Σ G_d(q_d))·4.
@@ -368,10 +331,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         a.xor(COORD[d], COORD[d])?;
     }
     a.jmp(top)?;
-    a.set_label(&mut done)?;
-    leave(&mut a, frame)?;
-    t.emit(&mut a)?;
-    Ok((a.assemble(0)?, rows as u64))
+    end_rows(a, &t, done, rows)
 }
 
 /// `(T[0], T[1])` when the innermost table is two interleaved runs of unit step,
@@ -412,11 +372,7 @@ fn value(
     let take = |free: &mut Vec<V>| free.pop().ok_or_else(|| NotHere("an epilogue that needs more registers".into()));
     let r = match &node.expr {
         Expr::Const(bits) => {
-            let bits = match node.ty {
-                ScalarType::Bool if *bits != 0 => u32::MAX,
-                ScalarType::Bool => 0,
-                _ => *bits as u32,
-            };
+            let bits = const_word(node.ty, *bits);
             let d = take(free)?;
             vx.mov(d, Src::C(bits))?;
             d

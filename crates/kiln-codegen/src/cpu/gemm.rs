@@ -105,7 +105,7 @@ use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
 use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
 use super::math::{has_vector_form, held_constants, vector_scratch};
-use super::vops::{is_i64_compare, op_form, I64Src};
+use super::vops::{const_word, float_pred, is_i64_compare, op_form, I64Src};
 use super::vector::{Mask, Op, Src, Vx, V};
 use kiln_ir::DType;
 
@@ -655,26 +655,12 @@ impl Emitter<'_> {
     /// `vpmovsxwd`), then converted (`vcvtdq2ps`, exact: every value is below 2¹⁵ in
     /// magnitude). A whole vector of columns.
     fn load_b_int(&mut self, reg: usize, wide: bool, at: AsmMemoryOperand) -> R<()> {
+        let dtype = self.c.b.dtype;
         if wide {
-            let r = ZMM[reg];
-            match self.c.b.dtype {
-                DType::I8 => self.a.vpmovsxbd(r, at)?,
-                DType::U8 => self.a.vpmovzxbd(r, at)?,
-                DType::I16 => self.a.vpmovsxwd(r, at)?,
-                other => return no(format!("B of dtype {other}")),
-            }
-            self.a.vcvtdq2ps(r, r)?;
+            int_to_f32(&mut self.a, ZMM[reg], dtype, at)
         } else {
-            let r = YMM[reg];
-            match self.c.b.dtype {
-                DType::I8 => self.a.vpmovsxbd(r, at)?,
-                DType::U8 => self.a.vpmovzxbd(r, at)?,
-                DType::I16 => self.a.vpmovsxwd(r, at)?,
-                other => return no(format!("B of dtype {other}")),
-            }
-            self.a.vcvtdq2ps(r, r)?;
+            int_to_f32(&mut self.a, YMM[reg], dtype, at)
         }
-        Ok(())
     }
 
     /// Loads vector `j` of B (8 columns) at `rsi + disp` into `dst`: one load, or for
@@ -1953,11 +1939,7 @@ impl Emitter<'_> {
         let node = self.k.node(e).clone();
         let r = match &node.expr {
             Expr::Const(bits) => {
-                let bits = match node.ty {
-                    ScalarType::Bool if *bits != 0 => u32::MAX,
-                    ScalarType::Bool => 0,
-                    _ => *bits as u32,
-                };
+                let bits = const_word(node.ty, *bits);
                 let r = self.result_reg(&[], ev)?;
                 match self.vx().held(bits) {
                     Some(h) => self.vx().mov(r, Src::R(h))?,
@@ -2075,7 +2057,7 @@ impl Emitter<'_> {
                     }
                     _ if op.is_comparison() && self.epi_wide => {
                         let m = self.result_opmask(&[x, y], ev)?;
-                        self.vx().cmp(m, rx, Src::R(ry), comparison_predicate(*op))?;
+                        self.vx().cmp(m, rx, Src::R(ry), float_pred(*op))?;
                         V(m.0)
                     }
                     _ => {
@@ -2091,7 +2073,7 @@ impl Emitter<'_> {
                             BinaryOp::Min => Ok(Op::Min),
                             BinaryOp::And => Ok(Op::And),
                             BinaryOp::Or => Ok(Op::Or),
-                            op if op.is_comparison() => Err(cmp(comparison_predicate(*op))),
+                            op if op.is_comparison() => Err(cmp(float_pred(*op))),
                             other => return no(format!("epilogue operation {}", other.name())),
                         };
                         match arith {
@@ -2141,17 +2123,23 @@ impl Emitter<'_> {
     }
 }
 
-/// The `vcmpps` predicate of a comparison: ordered and quiet, except `≠` (true where
-/// either is NaN, as the kernel semantics say).
-fn comparison_predicate(op: BinaryOp) -> i32 {
-    match op {
-        BinaryOp::Eq => 0x00,
-        BinaryOp::Ne => 0x04,
-        BinaryOp::Lt => 0x11,
-        BinaryOp::Le => 0x12,
-        BinaryOp::Gt => 0x1E,
-        _ => 0x1D, // Ge
+/// Widens the integers of `dtype` at `at` to 32 bits into `r` (a `ymm` or `zmm`
+/// register) and converts them to f32 in place (for `Emitter::load_b_int`).
+fn int_to_f32<T: Copy>(a: &mut CodeAssembler, r: T, dtype: DType, at: AsmMemoryOperand) -> R<()>
+where
+    CodeAssembler: asm_traits::CodeAsmVpmovsxbd<T, AsmMemoryOperand>
+        + asm_traits::CodeAsmVpmovzxbd<T, AsmMemoryOperand>
+        + asm_traits::CodeAsmVpmovsxwd<T, AsmMemoryOperand>
+        + asm_traits::CodeAsmVcvtdq2ps<T, T>,
+{
+    match dtype {
+        DType::I8 => a.vpmovsxbd(r, at)?,
+        DType::U8 => a.vpmovzxbd(r, at)?,
+        DType::I16 => a.vpmovsxwd(r, at)?,
+        other => return no(format!("B of dtype {other}")),
     }
+    a.vcvtdq2ps(r, r)?;
+    Ok(())
 }
 
 /// The register number of a `ymm` register.

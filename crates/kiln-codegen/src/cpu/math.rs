@@ -102,18 +102,23 @@ fn int_ty(ty: Type) -> Type {
     }
 }
 
-/// Horner: `((c0·x + c1)·x + …) + cn`, each step one fused multiply-add where the
-/// target has FMA (`fma`), else a multiply and an add.
+/// `x·y + z`: one fused multiply-add where the target has FMA (`fma`), else a multiply
+/// and an add (rounded twice).
+fn mul_add(b: &mut FunctionBuilder<'_>, fma: bool, x: Value, y: Value, z: Value) -> Value {
+    if fma {
+        b.ins().fma(x, y, z)
+    } else {
+        let m = b.ins().fmul(x, y);
+        b.ins().fadd(m, z)
+    }
+}
+
+/// Horner: `((c0·x + c1)·x + …) + cn`, each step a [`mul_add`].
 fn horner(b: &mut FunctionBuilder<'_>, ty: Type, x: Value, coefs: &[f32], fma: bool) -> Value {
     let mut p = c(b, ty, coefs[0]);
     for &k in &coefs[1..] {
         let kk = c(b, ty, k);
-        p = if fma {
-            b.ins().fma(p, x, kk)
-        } else {
-            let m = b.ins().fmul(p, x);
-            b.ins().fadd(m, kk)
-        };
+        p = mul_add(b, fma, p, x, kk);
     }
     p
 }
@@ -156,12 +161,7 @@ pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     // n = round(x·log2 e): adding 1.5·2²³ leaves n in the low mantissa bits.
     let log2e = c(b, ty, std::f32::consts::LOG2_E);
     let magic = c(b, ty, MAGIC);
-    let tm = if fma {
-        b.ins().fma(x, log2e, magic)
-    } else {
-        let t = b.ins().fmul(x, log2e);
-        b.ins().fadd(t, magic)
-    };
+    let tm = mul_add(b, fma, x, log2e, magic);
     let nf = b.ins().fsub(tm, magic);
     let it = int_ty(ty);
     let tbits = b.ins().bitcast(it, lanes(ty), tm);
@@ -184,12 +184,7 @@ pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     // e^r ≈ 1 + r + r²·P(r).
     let p = horner(b, ty, r, &EXP_P, fma);
     let r2 = b.ins().fmul(r, r);
-    let p = if fma {
-        b.ins().fma(p, r2, r)
-    } else {
-        let p = b.ins().fmul(p, r2);
-        b.ins().fadd(p, r)
-    };
+    let p = mul_add(b, fma, p, r2, r);
     let one = c(b, ty, 1.0);
     let p = b.ins().fadd(p, one);
     // Scale by 2^n in two halves (n in [−150, 129]).
@@ -287,12 +282,7 @@ pub(crate) fn tanh(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     let z2 = b.ins().fmul(z, z);
     let p = horner(b, ty, z2, &TANH_P, fma);
     let z3 = b.ins().fmul(z2, z);
-    let small = if fma {
-        b.ins().fma(p, z3, z)
-    } else {
-        let t = b.ins().fmul(p, z3);
-        b.ins().fadd(t, z)
-    };
+    let small = mul_add(b, fma, p, z3, z);
     let limit = c(b, ty, TANH_SMALL);
     let is_small = b.ins().fcmp(FloatCC::LessThan, z, limit);
     // Elsewhere: 1 − 2/(e^{2|x|} + 1).
@@ -346,19 +336,14 @@ pub(crate) fn log(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     let p = horner(b, ty, f, &LOG_P, fma);
     let p = b.ins().fmul(p, f);
     let p = b.ins().fmul(p, z);
-    let mul_add = |b: &mut FunctionBuilder<'_>, x: Value, k: f32, acc: Value| -> Value {
+    let mul_add_c = |b: &mut FunctionBuilder<'_>, x: Value, k: f32, acc: Value| -> Value {
         let kk = c(b, ty, k);
-        if fma {
-            b.ins().fma(x, kk, acc)
-        } else {
-            let t = b.ins().fmul(x, kk);
-            b.ins().fadd(t, acc)
-        }
+        mul_add(b, fma, x, kk, acc)
     };
-    let p = mul_add(b, ef, LN2_C2, p);
-    let p = mul_add(b, z, -0.5, p);
+    let p = mul_add_c(b, ef, LN2_C2, p);
+    let p = mul_add_c(b, z, -0.5, p);
     let p = b.ins().fadd(p, f);
-    let r = mul_add(b, ef, LN2_C1, p);
+    let r = mul_add_c(b, ef, LN2_C1, p);
     // +inf and NaN: x; x ≤ 0: √x − ∞ (−inf for ±0, NaN below).
     let inf = fc(b, f32::INFINITY);
     let finite = b.ins().fcmp(FloatCC::LessThan, x, inf);

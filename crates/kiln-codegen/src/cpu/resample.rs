@@ -41,7 +41,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::resample::{Axis, AxisTable, Resample};
 use kiln_flow::Kernel;
 
-use super::asm::{enter, leave, Tables, YMM};
+use super::asm::{enter_rows, leave, Tables, YMM};
 use super::gemm::{no, NotHere, R};
 
 /// Largest source row held on the stack (elements).
@@ -129,18 +129,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let mut t = Tables::default();
     let mut ylab = a.create_label();
     let mut xlab = a.create_label();
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    let mut done = enter_rows(&mut a, frame, rows)?;
     // r12 = p, r13 = y, r14 = output row, r15 = input plane.
     a.mov(rax, r10)?;
     a.xor(edx, edx)?;
@@ -154,14 +143,8 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.add(r15, r8)?;
     // Lane masks of the last vectors of an input row and an output row.
     let (in_tail, out_tail) = (v.w_in % 8, v.w_out % 8);
-    if in_tail > 0 {
-        let l = t.lanes(&mut a, in_tail as u64);
-        a.vmovups(ymm15, ymmword_ptr(l))?;
-    }
-    if out_tail > 0 {
-        let l = t.lanes(&mut a, out_tail as u64);
-        a.vmovups(ymm14, ymmword_ptr(l))?;
-    }
+    t.load_lanes(&mut a, ymm15, in_tail)?;
+    t.load_lanes(&mut a, ymm14, out_tail)?;
     let fill_lab = t.vector(&mut a, v.fill);
     a.vmovups(ymm13, ymmword_ptr(fill_lab))?;
     let h_fills = v.h.is_some_and(|h| !h.fill.is_empty());
@@ -319,19 +302,7 @@ fn vertical(a: &mut CodeAssembler, v: &Plan, ty: usize, dst: AsmRegister64, to_o
             }
             Ok(())
         };
-        if full > 0 {
-            a.xor(esi, esi)?;
-            let mut lp = a.create_label();
-            a.set_label(&mut lp)?;
-            step(a, ymmword_ptr(dst + rsi), &|r| ymmword_ptr(r + rsi), false)?;
-            a.add(rsi, 32)?;
-            a.cmp(rsi, (full * 32) as i32)?;
-            a.jb(lp)?;
-        }
-        if tail > 0 {
-            let at = (full * 32) as i32;
-            step(a, ymmword_ptr(dst + at), &|r| ymmword_ptr(r + at), true)?;
-        }
+        each_vector(a, rsi, full, tail, &|a, pos, masked| step(a, pos(dst), pos, masked))?;
     }
     Ok(())
 }
@@ -393,18 +364,33 @@ fn horizontal(
         }
         Ok(())
     };
+    each_vector(a, rdi, full, tail, &|a, pos, masked| step(a, pos(r14), &|o| pos(rdx) + o, masked))
+}
+
+/// The address of a row's vector from a base register.
+type VectorAt<'a> = &'a dyn Fn(AsmRegister64) -> AsmMemoryOperand;
+
+/// Runs `step` over a row's `full` whole vectors (their byte offset counted in `i`
+/// from 0 by 32), then, `masked`, over its last `tail` columns.
+fn each_vector(
+    a: &mut CodeAssembler,
+    i: AsmRegister64,
+    full: i64,
+    tail: i64,
+    step: &dyn Fn(&mut CodeAssembler, VectorAt<'_>, bool) -> R<()>,
+) -> R<()> {
     if full > 0 {
-        a.xor(edi, edi)?;
+        a.xor(i, i)?;
         let mut lp = a.create_label();
         a.set_label(&mut lp)?;
-        step(a, ymmword_ptr(r14 + rdi), &|o| ymmword_ptr(rdx + rdi + o), false)?;
-        a.add(rdi, 32)?;
-        a.cmp(rdi, (full * 32) as i32)?;
+        step(a, &|base| ymmword_ptr(base + i), false)?;
+        a.add(i, 32)?;
+        a.cmp(i, (full * 32) as i32)?;
         a.jb(lp)?;
     }
     if tail > 0 {
         let at = (full * 32) as i32;
-        step(a, ymmword_ptr(r14 + at), &|o| ymmword_ptr(rdx + at + o), true)?;
+        step(a, &|base| ymmword_ptr(base + at), true)?;
     }
     Ok(())
 }

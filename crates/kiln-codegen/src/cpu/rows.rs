@@ -54,7 +54,7 @@ use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
 use super::math::held_constants;
 use super::vector::{Mask, Op, Src, Vx, V};
-use super::vops::{is_i64_compare, lane_type, op_form, op_scratch, I64Src};
+use super::vops::{const_word, is_i64_compare, lane_type, op_form, op_scratch, I64Src};
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -789,10 +789,7 @@ impl Emit<'_> {
         let r = match &node.expr {
             Expr::Const(bits) => {
                 // A copy even of a held constant: the register may be reused as a result.
-                let bits = match node.ty {
-                    ScalarType::Bool if *bits != 0 => u32::MAX,
-                    _ => *bits as u32,
-                };
+                let bits = const_word(node.ty, *bits);
                 let r = self.result_reg(&[], v)?;
                 self.vx().mov(r, Src::C(bits))?;
                 r

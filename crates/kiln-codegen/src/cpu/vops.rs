@@ -37,6 +37,18 @@ use super::gemm::{NotHere, R};
 use super::math::{has_vector_form, vector_scratch};
 use super::vector::{k as kreg, y, z, zk, Mask, Op, Src, Vx, V};
 
+/// `self.a.$ins` on the registers `$r…` as `zmm` (a wide `Vx`) or `ymm`, then the
+/// operands `$extra…` as given (immediates, memory).
+macro_rules! at_width {
+    ($s:ident, $ins:ident($($r:expr),+ $(; $($extra:expr),+)?)) => {
+        if $s.wide {
+            $s.a.$ins($(z($r)),+ $($(, $extra)+)?)?
+        } else {
+            $s.a.$ins($(y($r)),+ $($(, $extra)+)?)?
+        }
+    };
+}
+
 /// Whether values of type `t` are lanes of a vector register (f32, i32, u32, bool).
 pub(crate) fn lane_type(t: S) -> bool {
     matches!(t, S::F32 | S::I32 | S::U32 | S::Bool)
@@ -153,6 +165,15 @@ pub(crate) fn float_pred(op: BinaryOp) -> i32 {
     }
 }
 
+/// The 32-bit lane word of a constant node of type `ty`: a true `Bool` is all ones
+/// (the vector masks' form), a false one 0, anything else its low 32 bits.
+pub(crate) fn const_word(ty: S, bits: u64) -> u32 {
+    match ty {
+        S::Bool if bits != 0 => u32::MAX,
+        _ => bits as u32,
+    }
+}
+
 /// The `vpcmpd`/`vpcmpq` predicate of an integer comparison.
 fn int_pred(op: BinaryOp) -> i32 {
     match op {
@@ -220,11 +241,7 @@ impl Vx<'_> {
         use BinaryOp as B;
         macro_rules! both {
             ($ins:ident) => {
-                if self.wide {
-                    self.a.$ins(z(d), z(x), z(yv))?
-                } else {
-                    self.a.$ins(y(d), y(x), y(yv))?
-                }
+                at_width!(self, $ins(d, x, yv))
             };
         }
         match (op, signed) {
@@ -314,19 +331,11 @@ impl Vx<'_> {
                 }
             }
             I64Src::Broadcast(m) => {
-                if self.wide {
-                    self.a.vpbroadcastq(z(d), qword_ptr(m))?;
-                } else {
-                    self.a.vpbroadcastq(y(d), qword_ptr(m))?;
-                }
+                at_width!(self, vpbroadcastq(d; qword_ptr(m)));
             }
             I64Src::Const(c) => {
                 let l = self.t.words(self.a, &[c as u32, (c >> 32) as u32]);
-                if self.wide {
-                    self.a.vpbroadcastq(z(d), qword_ptr(l))?;
-                } else {
-                    self.a.vpbroadcastq(y(d), qword_ptr(l))?;
-                }
+                at_width!(self, vpbroadcastq(d; qword_ptr(l)));
             }
         }
         Ok(())
@@ -407,11 +416,7 @@ impl Vx<'_> {
                         self.int3(B::Sub, true, d, t[0], x)
                     }
                     (UnaryOp::Abs, S::I32) => {
-                        if self.wide {
-                            self.a.vpabsd(z(d), z(x))?;
-                        } else {
-                            self.a.vpabsd(y(d), y(x))?;
-                        }
+                        at_width!(self, vpabsd(d, x));
                         Ok(())
                     }
                     (UnaryOp::Abs, _) => self.mov(d, Src::R(x)),
@@ -457,11 +462,7 @@ impl Vx<'_> {
                 match (k.node(*value).ty, S::of_storage(*to)) {
                     (S::Bool, S::F32) => self.op(Op::And, d, x, Src::C(1f32.to_bits())),
                     (S::Bool, S::I32 | S::U32) => {
-                        if self.wide {
-                            self.a.vpsrld(z(d), z(x), 31)?;
-                        } else {
-                            self.a.vpsrld(y(d), y(x), 31)?;
-                        }
+                        at_width!(self, vpsrld(d, x; 31));
                         Ok(())
                     }
                     (S::F32, S::Bool) => self.cmp_vector(d, x, Src::C(0), 0x04),
@@ -476,11 +477,7 @@ impl Vx<'_> {
                         }
                     }
                     (S::I32, S::F32) => {
-                        if self.wide {
-                            self.a.vcvtdq2ps(z(d), z(x))?;
-                        } else {
-                            self.a.vcvtdq2ps(y(d), y(x))?;
-                        }
+                        at_width!(self, vcvtdq2ps(d, x));
                         Ok(())
                     }
                     (S::U32, S::F32) if self.wide => {

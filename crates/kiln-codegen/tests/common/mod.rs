@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
+use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options, Packing};
+use kiln_flow::layout::pack_constants;
+use kiln_flow::program::{BufferKind, FlowProgram};
 use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
@@ -477,19 +479,6 @@ pub fn relu6(b: &mut KernelBuilder, v: ExprId) -> ExprId {
     b.select(gt, six, v)
 }
 
-/// The sum of a matrix product of the kernel's first two inputs, `Σ_k in0[o0, k] ·
-/// in1[k, o1]` over `kk` terms, with the output index `[o0, o1]` it reads.
-pub fn matmul_sum(b: &mut KernelBuilder, kk: usize) -> (Vec<ExprId>, ExprId) {
-    let o = b.out_index();
-    let kv = b.new_var(kk as u64);
-    let k = b.var(kv);
-    let x = b.load(0, vec![o[0], k]);
-    let y = b.load(1, vec![k, o[1]]);
-    let p = b.mul(x, y);
-    let s = b.reduce(ReduceOp::Sum, vec![kv], p);
-    (o, s)
-}
-
 /// The f32 tensor type of shape `dims`.
 fn f32_type(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
@@ -571,4 +560,33 @@ pub fn softmax_with(rows: usize, len: usize, op: UnaryOp) -> Kernel {
     let e = b.unary(op, d);
     let y = b.div(e, sum);
     b.finish(y).unwrap()
+}
+
+/// `|t|` of an f32 tensor (the inputs of an error bound).
+pub fn abs(t: &Tensor) -> Tensor {
+    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x.abs()).collect();
+    Tensor::from_vec(t.shape().clone(), v).unwrap()
+}
+
+/// Packs `p`'s constants into panels as `cfg` wants them
+/// (`kiln_flow::layout::pack_constants`); how many it packed.
+pub fn pack_for(p: &mut FlowProgram, cfg: &Config) -> usize {
+    let packing = Packing::new(&cfg.target, &cfg.options).unwrap();
+    pack_constants(p, &|k, c| packing.widths(k, c))
+}
+
+/// The kernel of `p`'s first dispatch and its operands: the constants, and `input` for
+/// a program input (panics on any other operand).
+pub fn first_dispatch(p: &FlowProgram, input: Option<&Tensor>) -> (Kernel, Vec<Tensor>) {
+    let d = &p.dispatches[0];
+    let tensors = d
+        .operands
+        .iter()
+        .map(|&b| match (&p.buffer(b).kind, input) {
+            (BufferKind::Const(t), _) => t.clone(),
+            (BufferKind::Input(_), Some(a)) => a.clone(),
+            (other, _) => panic!("operand {other:?}"),
+        })
+        .collect();
+    (d.kernel.clone(), tensors)
 }

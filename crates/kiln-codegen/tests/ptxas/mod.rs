@@ -1,0 +1,45 @@
+//! NVIDIA's `ptxas` from tests (kiln-codegen's `cuda.rs`, kiln-cli's `cuda_ptxas.rs`,
+//! which includes this file by path): `$KILN_PTXAS`, else
+//! `$KILN_TEST_DATA/tools/ptxas` (default `<repo>/.cache`, extracted by
+//! scripts/setup-test-data from the `nvidia-cuda-nvcc` wheel). A missing one fails the
+//! test.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `ptxas` binary; panics when there is none.
+pub fn ptxas() -> PathBuf {
+    let data = std::env::var_os("KILN_TEST_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"));
+    let p = std::env::var_os("KILN_PTXAS").map(PathBuf::from).unwrap_or_else(|| data.join("tools/ptxas"));
+    assert!(
+        p.is_file(),
+        "{} does not exist: run scripts/setup-test-data (it extracts ptxas from the nvidia-cuda-nvcc wheel)",
+        p.display()
+    );
+    p
+}
+
+/// Assembles `ptx` for sm_90a in a scratch folder named after `suite` and `tag`; the
+/// error output when ptxas refuses it.
+pub fn assemble_ptx(suite: &str, tag: &str, ptx: &str) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("kiln-{suite}-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let src = dir.join("m.ptx");
+    std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
+    let out = Command::new(ptxas())
+        .arg("-arch=sm_90a")
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.join("m.cubin"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
