@@ -220,5 +220,5 @@ fn elementwise_kernels_take_the_vector_form_where_rows_allow() {
     assert!(m.notes[3].starts_with("general (i8 output"), "{}", m.notes[3]);
     assert!(m.ptx().contains("ld.global.v4.f32") && m.ptx().contains("st.global.v4.f32"));
     // Groups, not elements, are what the vector form's grid walks.
-    assert_eq!(m.launches[0], cuda::Launch { grid: 1, block: cuda::BLOCK, params: 3 });
+    assert_eq!(m.launches[0], cuda::Launch { grid: 1, block: cuda::BLOCK, shared: 0, params: 3 });
 }

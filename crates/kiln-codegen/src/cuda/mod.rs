@@ -49,8 +49,11 @@ pub const MAX_GRID: u64 = 132 * 8 * 4;
 pub struct Launch {
     /// Blocks in the (one-dimensional) grid.
     pub grid: u64,
-    /// Threads per block.
+    /// Threads per block (a multiple of 32, at most 1024).
     pub block: u32,
+    /// Bytes of dynamic shared memory per block (`.extern .shared`; 0: none). Over
+    /// 48 KiB the runtime raises the entry's dynamic shared-memory limit before launch.
+    pub shared: u32,
     /// Number of `.u64` parameters: one global address per binding (inputs, then the
     /// output).
     pub params: u32,
@@ -219,6 +222,7 @@ fn launch(k: &Kernel, groups: u64) -> Launch {
     Launch {
         grid: groups.div_ceil(u64::from(BLOCK)).clamp(1, MAX_GRID),
         block: BLOCK,
+        shared: 0,
         params: (k.inputs.len() + 1) as u32,
     }
 }
