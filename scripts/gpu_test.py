@@ -737,6 +737,10 @@ def run_device(args) -> None:
         info["ptxas"] = f"{ptxas}: {(o + e).strip().splitlines()[-1] if (o + e).strip() else rc}"
     else:
         info["ptxas"] = "none found (artifacts carry PTX only)"
+    rc, o, e, _ = run([kiln, "--version"], 30)
+    if rc != 0:  # e.g. a glibc older than the one it was linked against
+        info["kiln_broken"] = f"the kiln binary does not start: {last_line(e or o, rc)}"
+        print(info["kiln_broken"], file=sys.stderr)
     helps = kiln_help(run, kiln)
     on_gpu = device != "cpu"
     has = {
@@ -748,7 +752,9 @@ def run_device(args) -> None:
         "resident": next((f for f in RESIDENT_FLAGS if helps["bench"] is not None and f in helps["bench"]), None),
         "gpu_check": helps["gpu-check"] is not None,
     }
-    info["kiln_flags"] = has
+    info["kiln_flags"] = dict(has)
+    if info.get("kiln_broken"):
+        has["broken"] = info["kiln_broken"]
     torch, onnx2torch, torch_why = torch_setup(bundle, work, log)
     if torch is not None:
         info["torch"] = torch.__version__
@@ -893,8 +899,8 @@ def run_case(r, name, precision, source, models, work, kiln, env, run, log, budg
         d = work / "in" / name
         d.mkdir(parents=True, exist_ok=True)
         files = []
-        for n, a in feeds:
-            p = d / f"{file_stem(n)}.npy"
+        for k, (n, a) in enumerate(feeds):
+            p = d / f"in{k}_{file_stem(n)}.npy"  # numbered: two names may share a file stem
             np.save(p, a, allow_pickle=False)
             files.append((n, p))
         refs = ort_reference(onnx_path, feeds, out_names)
@@ -912,8 +918,9 @@ def run_case(r, name, precision, source, models, work, kiln, env, run, log, budg
     # kiln: compile, run and compare, bench.
     art = work / f"{r['id'].replace(':', '_')}.kiln"
     cmd = [kiln, "compile", onnx_path, "-o", art] + bind_args(shapes, values)
-    if on_gpu and not (has["target"] and has["device"]):
-        errors.append("not run: this kiln has no " + ("compile --target" if not has["target"] else "run --device"))
+    if has.get("broken") or (on_gpu and not (has["target"] and has["device"])):
+        errors.append(has.get("broken") or
+                      "not run: this kiln has no " + ("compile --target" if not has["target"] else "run --device"))
         r["kiln_why"] = "kiln without the CUDA flags"
         return peer(r, torch, onnx2torch, torch_why, onnx_path, feeds, refs, out_names, precision, device,
                     iterations, budget, rtol, atol, errors)
