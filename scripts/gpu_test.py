@@ -618,7 +618,7 @@ def torch_peer(torch, onnx2torch, onnx_path: Path, feeds: list, refs: dict, out_
         if dev.type != "cuda":
             res["graph_why"] = "CUDA graphs need a CUDA device"
             return res
-        try:
+        def capture(model):
             static_in = [to_dev(h).clone() for h in hosts]
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -629,6 +629,22 @@ def torch_peer(torch, onnx2torch, onnx_path: Path, feeds: list, refs: dict, out_
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 static_out = outs(model(*static_in))
+            return g, static_in, static_out
+
+        try:
+            # The eager placement first; if its forward cannot be captured (a host
+            # constant copied in during capture), every constant on the device.
+            try:
+                g, static_in, static_out = capture(model)
+            except Exception as e:
+                if res["placement"] == "all on the device":
+                    raise
+                msg = str(e).strip().splitlines()
+                res["graph_placement_tried"] = f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
+                torch.cuda.synchronize()
+                model = build(False)
+                g, static_in, static_out = capture(model)
+                res["graph_placement"] = "all on the device"
 
             def replay():
                 for si, h in zip(static_in, hosts):
@@ -1182,7 +1198,10 @@ def report(args) -> None:
       f"the same copies. {WARMUP} warm-up calls, then {ITERATIONS} timed calls unless that would take more than "
       f"{CALL_CAP_S:.0f} s (the count is then given). Median, p99 (nearest rank) and stddev of the timed calls. "
       "'graph, device' is the graph replayed back to back with the data on the device (CUDA events), PyTorch's "
-      "own floor without copies. Ratio = kiln median / PyTorch CUDA-graph median (below 1: kiln is faster).\n")
+      "own floor without copies. Ratio = kiln median / PyTorch CUDA-graph median (below 1: kiln is faster). "
+      "PyTorch runs f32 without TF32 (as kiln), f16/bf16 by casting the module and the float inputs; "
+      "onnx2torch's small integer constants (shapes) stay in host memory where the model allows, since its "
+      "Reshape reads them on the host (on the device each read is a synchronisation and breaks graph capture).\n")
     w("**Correctness.** Every case's outputs against ONNX Runtime on the CPU (no graph optimisations) on the same "
       "seeded inputs (`scripts/ref_outputs.py`'s rules; the corpus listing's `data` rules). f32: the repository's "
       "rule, |kiln − ORT| ≤ atol·max|ORT| + rtol·|ORT| per element (rtol 1e-4, atol 1e-5 unless the model states "
