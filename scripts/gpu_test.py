@@ -1149,7 +1149,7 @@ def print_summary(results) -> None:
         lines.append("failures:")
         for r in fails:
             msg = " | ".join(r.get("errors", []) + ([f"torch: {r['torch_why']}"] if r.get("torch_why") and not m.get("torch_why") else []))
-            lines.append(f"  {r['id']}: {msg[:240]}")
+            lines.append(f"  {r['id']}: {msg[:160]}")
     nr = [r["id"] for r in results["cases"] if r.get("not_reached")]
     if nr:
         lines.append(f"not reached (time budget): {', '.join(nr)}")
