@@ -40,9 +40,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -341,10 +343,12 @@ class Log:
 
     def __init__(self, path: Path):
         self.f = open(path, "w")
+        self.lock = threading.Lock()  # the compile phase writes from several threads
 
     def write(self, text: str, echo=False):
-        self.f.write(text if text.endswith("\n") else text + "\n")
-        self.f.flush()
+        with self.lock:
+            self.f.write(text if text.endswith("\n") else text + "\n")
+            self.f.flush()
         if echo:
             print(text.rstrip("\n"), file=sys.stderr, flush=True)
 
@@ -367,7 +371,6 @@ class Runner:
     def __call__(self, args, timeout, env=None, cwd=None):
         """(returncode, stdout, stderr, seconds); returncode None on timeout."""
         t = self.budget.timeout(timeout)
-        self.log.write("$ " + " ".join(map(str, args)))
         t0 = time.monotonic()
         try:
             r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=t, env=env, cwd=cwd)
@@ -378,10 +381,11 @@ class Runner:
             err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
                 f"\n(timed out after {t:.0f} s)"
         dt = time.monotonic() - t0
-        self.log.write(f"  exit {rc} after {dt:.2f} s")
+        entry = ["$ " + " ".join(map(str, args)), f"  exit {rc} after {dt:.2f} s"]
         for label, text in (("stdout", out), ("stderr", err)):
             if text.strip():
-                self.log.write(f"  {label}:\n" + "\n".join("    " + l for l in text.rstrip().splitlines()[-60:]))
+                entry.append(f"  {label}:\n" + "\n".join("    " + l for l in text.rstrip().splitlines()[-60:]))
+        self.log.write("\n".join(entry))
         return rc, out, err, dt
 
 
@@ -822,6 +826,7 @@ def run_device(args) -> None:
     listing = json.loads((bundle / "corpus-models.json").read_text())["models"]
 
     check = GpuCheck(kiln, helps["gpu-check"], device, env, run, out / "gpu-check.txt") if has["gpu_check"] else None
+    compiled = compile_all(cases, models, work, kiln, env, run, log, has, on_gpu, device, listing, ref_outputs)
     refs_cache = {}
     for name, precision, source in cases:
         cid = case_id(name, precision)
@@ -836,8 +841,8 @@ def run_device(args) -> None:
         t_case = time.monotonic()
         try:
             run_case(r, name, precision, source, models, work, kiln, env, run, log, budget, has, on_gpu, device,
-                     listing, ref_outputs, refs_cache, torch, onnx2torch, torch_why, args.iterations)
-        except Exception as e:  # a bug in this script for one case must not stop the others
+                     listing, ref_outputs, refs_cache, torch, onnx2torch, torch_why, args.iterations, compiled)
+        except (Exception, SystemExit) as e:  # nor a bug here, nor ref_outputs' exit on an input it has no rule for
             r.setdefault("errors", []).append(f"gpu_test.py: {type(e).__name__}: {e}")
         # A case whose kiln outputs are wrong (or whose run failed) is checked kernel by
         # kernel at once: that is what tells which kernel to look at.
@@ -891,6 +896,82 @@ class GpuCheck:
         r["gpu_check"] = "passed" if rc == 0 else f"failed: {last_line(e or o, rc)}"
 
 
+def case_config(name: str, source: str, listing: list, ref_outputs) -> dict:
+    return corpus_cfg(listing, name, ref_outputs) if source == "corpus" else ref_outputs.MODELS.get(name, {})
+
+
+def case_shapes(name: str, onnx_path: Path, cfg: dict, ref_outputs) -> dict:
+    """The bound shape of every graph input (ref_outputs.py's rule), without drawing data."""
+    import onnx
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return {v.name: ref_outputs.bind_shape(name, v, cfg) for v in ref_outputs.graph_inputs(model)}
+
+
+def compile_command(kiln, onnx_path: Path, art: Path, shapes: dict, values: dict, precision: str, has: dict,
+                    device: str, on_gpu: bool):
+    """kiln compile's command for a case, or (None, why) when this kiln cannot compile it."""
+    if has.get("broken"):
+        return None, has["broken"]
+    if on_gpu and not (has["target"] and has["device"]):
+        return None, "not run: this kiln has no " + ("compile --target" if not has["target"] else "run --device")
+    cmd = [kiln, "compile", onnx_path, "-o", art] + bind_args(shapes, values)
+    if has["target"]:
+        cmd += ["--target", device]
+    if precision != "f32":
+        if not has["precision"]:
+            return None, f"not run: this kiln's compile has no --precision ({precision})"
+        cmd += ["--precision", precision]
+    return cmd, None
+
+
+def no_ptxas_env(env: dict) -> dict:
+    """ENV with no ptxas to be found: neither KILN_PTXAS nor a PATH entry holding one."""
+    env2 = {k: v for k, v in env.items() if k != "KILN_PTXAS"}
+    env2["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
+                                   if not os.path.isfile(os.path.join(d, "ptxas")))
+    return env2
+
+
+def compile_all(cases, models, work, kiln, env, run, log, has, on_gpu, device, listing, ref_outputs) -> dict:
+    """Every case's kiln compile (and the PTX-only compile of LOAD_CASES), several at a time
+    before anything is timed: compiling is CPU work (ptxas included) that would otherwise
+    sit between the GPU measurements one case at a time. {case id: result}."""
+    jobs = []
+    done = {}
+    for name, precision, source in cases:
+        cid = case_id(name, precision)
+        onnx_path = models / f"{name}.onnx"
+        if not onnx_path.is_file():
+            continue
+        try:
+            cfg = case_config(name, source, listing, ref_outputs)
+            shapes = case_shapes(name, onnx_path, cfg, ref_outputs)
+        except BaseException as e:  # ref_outputs exits on an input it has no rule for
+            done[cid] = {"why": f"inputs: {type(e).__name__}: {e}"}
+            continue
+        art = work / f"{cid.replace(':', '_')}.kiln"
+        cmd, why = compile_command(kiln, onnx_path, art, shapes, cfg.get("values", {}), precision, has, device, on_gpu)
+        if cmd is None:
+            done[cid] = {"why": why}
+            continue
+        jobs.append((cid, "main", cmd, art, env))
+        if on_gpu and env.get("KILN_PTXAS") and cid in LOAD_CASES:
+            art2 = work / f"{cid.replace(':', '_')}-ptx.kiln"
+            jobs.append((cid, "ptx", [art2 if x == art else x for x in cmd], art2, no_ptxas_env(env)))
+
+    def one(job):
+        cid, kind, cmd, art, e = job
+        rc, o, err, dt = run(cmd, STEP_TIMEOUT["compile"], env=e)
+        return cid, kind, {"cmd": cmd, "art": art, "rc": rc, "stderr": err, "seconds": round(dt, 2)}
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=min(8, max(2, (os.cpu_count() or 2) // 2))) as pool:
+        for cid, kind, res in pool.map(one, jobs):
+            done.setdefault(cid, {})[kind] = res
+    log.write(f"compiled {len(jobs)} artifacts in {time.monotonic() - t0:.1f} s", echo=True)
+    return done
+
+
 def bind_args(shapes: dict, values: dict) -> list:
     a = []
     for n, dims in shapes.items():
@@ -902,14 +983,14 @@ def bind_args(shapes: dict, values: dict) -> list:
 
 
 def run_case(r, name, precision, source, models, work, kiln, env, run, log, budget, has, on_gpu, device, listing,
-             ref_outputs, refs_cache, torch, onnx2torch, torch_why, iterations):
+             ref_outputs, refs_cache, torch, onnx2torch, torch_why, iterations, compiled):
     import numpy as np
     errors = r.setdefault("errors", [])
     onnx_path = models / f"{name}.onnx"
     if not onnx_path.is_file():
         errors.append("model not built (gen_models.py failed: see gpu-log.txt)")
         return
-    cfg = corpus_cfg(listing, name, ref_outputs) if source == "corpus" else ref_outputs.MODELS.get(name, {})
+    cfg = case_config(name, source, listing, ref_outputs)
     rtol, atol = cfg.get("rtol", ref_outputs.RTOL), cfg.get("atol", ref_outputs.ATOL)
     # Inputs and ONNX Runtime's outputs: once per model (shared by its precisions).
     if name not in refs_cache:
@@ -934,28 +1015,18 @@ def run_case(r, name, precision, source, models, work, kiln, env, run, log, budg
     fed = [(n, p) for n, p in files if n not in values]
     r["inputs"] = {n: list(s) for n, s in shapes.items()}
 
-    # kiln: compile, run and compare, bench.
-    art = work / f"{r['id'].replace(':', '_')}.kiln"
-    cmd = [kiln, "compile", onnx_path, "-o", art] + bind_args(shapes, values)
-    if has.get("broken") or (on_gpu and not (has["target"] and has["device"])):
-        errors.append(has.get("broken") or
-                      "not run: this kiln has no " + ("compile --target" if not has["target"] else "run --device"))
-        r["kiln_why"] = "kiln without the CUDA flags"
+    # kiln: compiled before (compile_all); run and compare, bench.
+    comp = compiled.get(r["id"], {"why": "not compiled (see gpu-log.txt)"})
+    main = comp.get("main")
+    if main is None:
+        errors.append(comp.get("why", "not compiled"))
+        r["kiln_why"] = comp.get("why")
         return peer(r, torch, onnx2torch, torch_why, onnx_path, feeds, refs, out_names, precision, device,
                     iterations, budget, rtol, atol, errors)
-    if has["target"]:
-        cmd += ["--target", device]
-    if precision != "f32":
-        if not has["precision"]:
-            errors.append(f"not run: this kiln's compile has no --precision ({precision})")
-            r["kiln_why"] = "no --precision"
-            return peer(r, torch, onnx2torch, torch_why, onnx_path, feeds, refs, out_names, precision, device,
-                        iterations, budget, rtol, atol, errors)
-        cmd += ["--precision", precision]
-    rc, o, e, dt = run(cmd, STEP_TIMEOUT["compile"], env=env)
-    r["compile_seconds"] = round(dt, 2)
-    if rc != 0:
-        errors.append(f"kiln compile: {last_line(e, rc)}")
+    art = main["art"]
+    r["compile_seconds"] = main["seconds"]
+    if main["rc"] != 0:
+        errors.append(f"kiln compile: {last_line(main['stderr'], main['rc'])}")
         r["kiln_why"] = "compile failed"
     else:
         r["artifact_bytes"] = art.stat().st_size
@@ -982,8 +1053,8 @@ def run_case(r, name, precision, source, models, work, kiln, env, run, log, budg
         if rc == 0:
             bench(r, kiln, art, dev_flag, feed_args, run, env, has, work, iterations, errors)
         # Load time with PTX only: the same model compiled without ptxas, run once.
-        if rc == 0 and on_gpu and env.get("KILN_PTXAS") and r["id"] in LOAD_CASES:
-            ptx_only(r, kiln, cmd, art, dev_flag, feed_args, run, env, work)
+        if rc == 0 and "ptx" in comp:
+            ptx_only(r, kiln, art, comp["ptx"], dev_flag, feed_args, run, env)
     peer(r, torch, onnx2torch, torch_why, onnx_path, feeds, refs, out_names, precision, device, iterations, budget,
          rtol, atol, errors)
 
@@ -1043,17 +1114,13 @@ def bench(r, kiln, art, dev_flag, feed_args, run, env, has, work, iterations, er
             {"why": f"kiln bench {has['resident']}: {last_line(e, rc)}"}
 
 
-def ptx_only(r, kiln, cmd, art, dev_flag, feed_args, run, env, work):
-    """Compile again with no ptxas to be found (PTX only), then time load+run of both."""
-    env2 = {k: v for k, v in env.items() if k != "KILN_PTXAS"}
-    env2["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
-                                   if not os.path.isfile(os.path.join(d, "ptxas")))
-    art2 = work / (art.stem + "-ptx.kiln")
-    cmd2 = [art2 if x == art else x for x in cmd]
-    rc, o, e, _ = run(cmd2, STEP_TIMEOUT["compile"], env=env2)
-    if rc != 0:
-        r["load"] = {"why": f"PTX-only compile: {last_line(e, rc)}"}
+def ptx_only(r, kiln, art, ptx, dev_flag, feed_args, run, env):
+    """Load and one call of the artifact as compiled and of its PTX-only twin (compiled with
+    no ptxas to be found), each a process of its own."""
+    if ptx["rc"] != 0:
+        r["load"] = {"why": f"PTX-only compile: {last_line(ptx['stderr'], ptx['rc'])}"}
         return
+    art2 = ptx["art"]
     load = {"cubin_artifact_bytes": art.stat().st_size, "ptx_artifact_bytes": art2.stat().st_size}
     if load["cubin_artifact_bytes"] == load["ptx_artifact_bytes"]:
         load["note"] = "both artifacts have the same size: either no cubin was made at all, or kiln found a ptxas anyway"
