@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Writes kiln's synthetic test models as ONNX files (opset 17, f32).
 
-    gen_models.py --out DIR [--only NAME[,NAME...]]
+    gen_models.py --out DIR [--only NAME[,NAME...]] [--batch N]
 
 Models: mlp, lenet, mobilenet_v2, bert_tiny, matmul1024, eltwise (see the builders
-below). Weights are random but fixed: each model draws from its own numpy
+below). On request only (`--only`; scripts/gpu-test builds them on the GPU machine, and
+the CPU test suite leaves them out): gemm4096, one 4096x4096x4096 MatMul of two inputs.
+`--batch N` writes mobilenet_v2 and bert_tiny with a batch dimension of N instead of 1,
+as NAME_bN.onnx (the same weights; batch 1 is the file above, byte for byte).
+
+Weights are random but fixed: each model draws from its own numpy
 `default_rng(seed)`, weights He-style normal (std sqrt(2/fan_in)), biases normal with
 std 0.01. The output is deterministic: the same pinned packages give byte-identical
 files, and each model is built twice here and the two serialisations compared.
@@ -144,7 +149,7 @@ MOBILENET_V2_STAGES = [
 ]
 
 
-def mobilenet_v2() -> onnx.ModelProto:
+def mobilenet_v2(batch: int = 1) -> onnx.ModelProto:
     b = Builder(seed=3)
     b.names.add("input")
     lo, hi = b.const("relu6.min", 0.0), b.const("relu6.max", 6.0)
@@ -179,14 +184,15 @@ def mobilenet_v2() -> onnx.ModelProto:
     x = b.node("Flatten", [x], "flatten", axis=1)
     b.node("Gemm", [x, b.weight("classifier.weight", [1000, 1280], 1280), b.bias("classifier.bias", 1000)],
            "output", transB=1)
-    return b.model("mobilenet_v2", [f32("input", [1, 3, 224, 224])], [f32("output", [1, 1000])],
-                   "MobileNetV2 (width 1.0) with batch normalisation folded into the convolutions")
+    return b.model("mobilenet_v2", [f32("input", [batch, 3, 224, 224])], [f32("output", [batch, 1000])],
+                   "MobileNetV2 (width 1.0) with batch normalisation folded into the convolutions"
+                   + batch_note(batch))
 
 
 BERT = dict(vocab=8192, seq=128, hidden=256, heads=4, ffn=1024, layers=2)
 
 
-def bert_tiny() -> onnx.ModelProto:
+def bert_tiny(batch: int = 1) -> onnx.ModelProto:
     vocab, seq, hid, heads, ffn = (BERT[k] for k in ("vocab", "seq", "hidden", "heads", "ffn"))
     dh = hid // heads
     b = Builder(seed=4)
@@ -196,8 +202,8 @@ def bert_tiny() -> onnx.ModelProto:
     pos = b.init("embeddings.position", b.normal([seq, hid], math.sqrt(0.5)))
     x = b.node("Gather", [emb, "input_ids"], "embeddings.gather", axis=0)
     x = b.node("Add", [x, pos], "embeddings.add_position")
-    split_shape = b.const("shape.split_heads", [1, seq, heads, dh], np.int64)
-    merge_shape = b.const("shape.merge_heads", [1, seq, hid], np.int64)
+    split_shape = b.const("shape.split_heads", [batch, seq, heads, dh], np.int64)
+    merge_shape = b.const("shape.merge_heads", [batch, seq, hid], np.int64)
     scale = b.const("attention.scale", math.sqrt(dh))
     sqrt2 = b.const("gelu.sqrt2", math.sqrt(2.0))
     one = b.const("gelu.one", 1.0)
@@ -217,7 +223,7 @@ def bert_tiny() -> onnx.ModelProto:
         q = linear(x, f"{p}.query", hid, hid)
         k = linear(x, f"{p}.key", hid, hid)
         v = linear(x, f"{p}.value", hid, hid)
-        # [1,seq,hid] -> [1,seq,heads,dh] -> [1,heads,seq,dh]; K goes to [1,heads,dh,seq].
+        # [B,seq,hid] -> [B,seq,heads,dh] -> [B,heads,seq,dh]; K goes to [B,heads,dh,seq].
         q = b.node("Transpose", [b.node("Reshape", [q, split_shape], f"{p}.query.split")],
                    f"{p}.query.heads", perm=[0, 2, 1, 3])
         kt = b.node("Transpose", [b.node("Reshape", [k, split_shape], f"{p}.key.split")],
@@ -242,9 +248,10 @@ def bert_tiny() -> onnx.ModelProto:
         x = layer_norm(b.node("Add", [x, f], f"{p}.ffn_residual"), f"{p}.ffn_norm", "output" if last else None)
     return b.model(
         "bert_tiny",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
-        [f32("output", [1, seq, hid])],
-        "BERT-style encoder: vocab 8192, 128 positions, hidden 256, 4 heads, FFN 1024, 2 layers",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, seq])],
+        [f32("output", [batch, seq, hid])],
+        "BERT-style encoder: vocab 8192, 128 positions, hidden 256, 4 heads, FFN 1024, 2 layers"
+        + batch_note(batch),
     )
 
 
@@ -254,6 +261,17 @@ def matmul1024() -> onnx.ModelProto:
     b.node("MatMul", ["a", "b"], "output")
     return b.model("matmul1024", [f32("a", [1024, 1024]), f32("b", [1024, 1024])],
                    [f32("output", [1024, 1024])], "one 1024x1024x1024 MatMul of two inputs")
+
+
+def gemm4096() -> onnx.ModelProto:
+    # The GPU's matrix-unit benchmark (scripts/gpu-test compiles it with --precision bf16
+    # too); too large for the CPU test suite's reference evaluator, so built on request.
+    n = 4096
+    b = Builder(seed=7)
+    b.names.update(["a", "b"])
+    b.node("MatMul", ["a", "b"], "output")
+    return b.model("gemm4096", [f32("a", [n, n]), f32("b", [n, n])], [f32("output", [n, n])],
+                   "one 4096x4096x4096 MatMul of two inputs")
 
 
 def eltwise() -> onnx.ModelProto:
@@ -267,6 +285,11 @@ def eltwise() -> onnx.ModelProto:
                    "Relu(a*b + c) on 4M-element vectors")
 
 
+def batch_note(batch: int) -> str:
+    """The doc string's addition for a batch other than 1 (none for 1, so that file stays as it was)."""
+    return "" if batch == 1 else f"; batch {batch}"
+
+
 MODELS = {
     "mlp": mlp,
     "lenet": lenet,
@@ -275,13 +298,21 @@ MODELS = {
     "matmul1024": matmul1024,
     "eltwise": eltwise,
 }
+# Built only when named with --only (not part of the CPU test suite's model set).
+ON_REQUEST = {
+    "gemm4096": gemm4096,
+}
+# The builders that take a batch size (--batch).
+BATCHED = {"mobilenet_v2", "bert_tiny"}
 
 
-def build(name: str) -> bytes:
-    m = MODELS[name]()
+def build(name: str, batch: int = 1) -> bytes:
+    make = {**MODELS, **ON_REQUEST}[name]
+    args = (batch,) if batch != 1 else ()
+    m = make(*args)
     onnx.checker.check_model(m, full_check=True)
     data = m.SerializeToString()
-    if MODELS[name]().SerializeToString() != data:
+    if make(*args).SerializeToString() != data:
         sys.exit(f"{name}: two builds serialise differently; generation is not deterministic")
     return data
 
@@ -299,15 +330,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--only", action="append", default=[], help="model name(s), comma separated")
+    ap.add_argument("--batch", type=int, default=1,
+                    help=f"batch size of {' and '.join(sorted(BATCHED))} (written as NAME_bN.onnx when not 1)")
     args = ap.parse_args()
     names = [n for arg in args.only for n in arg.split(",") if n] or list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
+    known = list(MODELS) + list(ON_REQUEST)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if args.batch < 1:
+        sys.exit(f"--batch {args.batch}: a batch size is at least 1")
+    if args.batch != 1:
+        unbatched = [n for n in names if n not in BATCHED]
+        if unbatched:
+            sys.exit(f"--batch applies to {', '.join(sorted(BATCHED))}, not to {', '.join(unbatched)}")
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        data = build(name)
-        path = args.out / f"{name}.onnx"
+        data = build(name, args.batch)
+        path = args.out / (f"{name}.onnx" if args.batch == 1 else f"{name}_b{args.batch}.onnx")
         changed = write_if_changed(path, data)
         print(f"{path}: {len(data)} bytes{'' if changed else ' (unchanged)'}", file=sys.stderr)
 
