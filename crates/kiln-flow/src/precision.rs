@@ -1,0 +1,322 @@
+//! Storage precision: the f32 tensors a program stores, narrowed to f16 or bf16, with
+//! every kernel still computing in f32 (`kiln compile --precision f16|bf16`).
+//!
+//! The pass ([`narrow_storage`], the pipeline's `flow-narrow-storage`) changes types
+//! only, never an expression. A kernel's load of an f16 or bf16 tensor already yields
+//! the exact value widened to f32 ([`crate::kernel::ScalarType::of_storage`]) and its
+//! store already rounds an f32 root to nearest even when the output is half (see
+//! [`crate::kernel`]'s *Types*), so retyping a buffer and the kernel bindings that read
+//! or write it is the whole transformation:
+//!
+//! - **storage is half**: every f32 constant (weights: half the bytes in the artifact)
+//!   and every f32 dispatch result in the arena becomes the half type;
+//! - **arithmetic is f32**: a kernel's expression is untouched, so its loads widen to
+//!   f32, every operation, sum, maximum, and contraction accumulates in f32, and only
+//!   the final store rounds. A contraction's operands are then half and its
+//!   accumulator f32 (what `mma … .f32.f16.f16.f32` computes); LayerNorm's and
+//!   Softmax's statistics are f32 sums of widened values;
+//! - **the API stays f32**: graph inputs are not narrowed (the first kernels that read
+//!   them read f32), and the storage of every graph output stays f32 (the kernels that
+//!   write outputs write f32). No conversion kernels are added.
+//!
+//! It runs after dispatch formation, so a value that fusion keeps in a kernel's
+//! registers (a matrix product's sum before its bias and activation, a LayerNorm's
+//! mean) is never rounded to half: only what is stored is. Integer, bool and f64
+//! tensors, and tensors already narrower than f32, are left as they are.
+//!
+//! ## What stays f32
+//!
+//! Narrowing must not turn a finite value into an infinity, nor an index into another
+//! index. So a buffer (with its aliases) keeps f32 storage when
+//! - it is (the storage of) a graph output ([`Kept::Output`]);
+//! - it is a constant with a finite element that rounds to ±∞ in the half type: |x| ≥
+//!   65520 for f16 (an attention mask of −1e4 narrows, −1e9 does not), |x| above
+//!   bf16's largest finite 3.3895e38 rounded (`f32::MIN`, −3.4028e38, which exporters
+//!   write as "minus infinity" for masks, rounds to −∞ in bf16 too) ([`Kept::Range`]);
+//! - it is a dispatch result whose value may carry such a magnitude: its root reaches,
+//!   through operations that pass a magnitude on (`+ − ×`, the numerator of `÷`,
+//!   min/max, select, neg/abs/sqrt/rounding, casts, sums and maxima), a literal or pad
+//!   value that overflows the half type or a load of a buffer kept for range. A
+//!   transcendental (`exp`, `tanh`, `erf`, `log`, …) or a comparison ends the chain:
+//!   `exp(−1e9 − max)` is 0 in any type. So `scores + mask` with a −1e9 mask stays f32
+//!   and the Softmax after it, whose result is in `[0, 1]`, is half ([`Kept::Range`]);
+//! - it is a constant whose every nonzero element is below the half type's smallest
+//!   normal (f16: 6.1e-5), where half would keep fewer bits than its usual 11
+//!   ([`Kept::Tiny`]; a tiny per-tensor scale, not a weight tensor with some small
+//!   elements, whose absolute error stays small);
+//! - some kernel uses a value loaded from it to compute an index (a gather at
+//!   float-computed positions), where rounding would move the read ([`Kept::Index`]).
+//!
+//! Values that overflow only at run time (a logit above 65504 in f16) become ±∞ as
+//! f16 arithmetic would make them; bf16 keeps f32's range. The stated tolerances of
+//! each model are in `docs/precision.md`.
+
+use kiln_ir::lowp::{round_binary, BF16_MAX};
+use kiln_ir::{DType, Tensor};
+
+use crate::kernel::{BinaryOp, Bounds, Expr, Kernel, ReduceOp, ScalarType, UnaryOp};
+use crate::program::{BufferId, BufferKind, FlowProgram};
+
+/// The storage type of a program's f32 tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// f32 storage and f32 arithmetic (the pass does nothing).
+    #[default]
+    F32,
+    /// IEEE binary16 storage (11-bit significand, largest finite 65504), f32 arithmetic.
+    F16,
+    /// bfloat16 storage (8-bit significand, f32's exponent range), f32 arithmetic.
+    BF16,
+}
+
+impl Precision {
+    /// Every precision, in the order the command line lists them.
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::F16, Precision::BF16];
+
+    /// Its name on the command line (`f32`, `f16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::BF16 => "bf16",
+        }
+    }
+
+    /// The precision called `name`.
+    pub fn from_name(name: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The dtype f32 tensors are stored in (`None`: f32, nothing narrows).
+    pub fn storage(self) -> Option<DType> {
+        match self {
+            Precision::F32 => None,
+            Precision::F16 => Some(DType::F16),
+            Precision::BF16 => Some(DType::BF16),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// Whether a load of a tensor stored as `d` is an f32 value that a code generator may
+/// treat as one: f32 itself, or f16/bf16, widened exactly. (The storage types a
+/// contraction's or a window's float operands may have.)
+pub fn loads_as_f32(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Why a buffer kept f32 storage (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kept {
+    /// It is (the storage of) a graph output.
+    Output,
+    /// It holds, or may carry, a finite value that overflows the half type.
+    Range,
+    /// A constant whose every nonzero element is below the half type's smallest normal.
+    Tiny,
+    /// A kernel computes an index from its values.
+    Index,
+}
+
+/// What [`narrow_storage`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Narrowed {
+    /// Storage buffers (constants and dispatch results) narrowed.
+    pub narrowed: usize,
+    /// Storage buffers that were f32 constants or results and stay f32, and why.
+    pub kept: Vec<(BufferId, Kept)>,
+}
+
+/// The half format's rounding: `(significand bits, minimum normal exponent, largest
+/// finite value)`, the arguments of [`round_binary`] (what the kernel interpreter's
+/// store does).
+fn format(half: DType) -> (i32, i32, f64) {
+    if half == DType::F16 {
+        (11, -14, 65504.0)
+    } else {
+        (8, -126, BF16_MAX)
+    }
+}
+
+/// Whether the finite `x` becomes ±∞ in `half`.
+fn overflows(half: DType, x: f64) -> bool {
+    let (p, emin, max) = format(half);
+    x.is_finite() && round_binary(x, p, emin, max).is_infinite()
+}
+
+/// Narrows the storage of `p`'s f32 tensors to `precision` (see the module docs).
+/// Nothing changes at [`Precision::F32`].
+pub fn narrow_storage(p: &mut FlowProgram, precision: Precision) -> Narrowed {
+    let Some(half) = precision.storage() else { return Narrowed::default() };
+    let n = p.buffers.len();
+    let candidate: Vec<bool> = (0..n)
+        .map(|i| {
+            let b = &p.buffers[i];
+            b.ty.dtype == DType::F32 && matches!(b.kind, BufferKind::Const(_) | BufferKind::Result)
+        })
+        .collect();
+    let mut kept: Vec<Option<Kept>> = vec![None; n];
+    let keep = |kept: &mut Vec<Option<Kept>>, b: BufferId, why: Kept| {
+        if candidate[b.index()] && kept[b.index()].is_none() {
+            kept[b.index()] = Some(why);
+        }
+    };
+    for &o in &p.outputs {
+        keep(&mut kept, p.storage(o), Kept::Output);
+    }
+    for (i, b) in p.buffers.iter().enumerate() {
+        if let (true, BufferKind::Const(t)) = (candidate[i], &b.kind) {
+            if let Some(why) = constant_keeps(half, t) {
+                keep(&mut kept, BufferId(i as u32), why);
+            }
+        }
+    }
+    for d in &p.dispatches {
+        for input in index_inputs(&d.kernel) {
+            if let Some(&o) = d.operands.get(input as usize) {
+                keep(&mut kept, p.storage(o), Kept::Index);
+            }
+        }
+    }
+    // Dispatches run in order, so every producer's range is known before its readers'.
+    for d in &p.dispatches {
+        let wide_input = |i: u32| {
+            d.operands.get(i as usize).is_some_and(|&o| kept[p.storage(o).index()] == Some(Kept::Range))
+        };
+        if carries_range(&d.kernel, half, &wide_input) {
+            keep(&mut kept, p.storage(d.result), Kept::Range);
+        }
+    }
+    let narrow: Vec<bool> = (0..n).map(|i| candidate[i] && kept[i].is_none()).collect();
+    let narrowed = narrow.iter().filter(|&&x| x).count();
+    if narrowed == 0 {
+        return Narrowed { narrowed, kept: report(&kept) };
+    }
+    let narrowed_storage: Vec<bool> = (0..n).map(|i| narrow[p.storage(BufferId(i as u32)).index()]).collect();
+    for (i, b) in p.buffers.iter_mut().enumerate() {
+        if !narrowed_storage[i] {
+            continue;
+        }
+        b.ty.dtype = half;
+        if let BufferKind::Const(t) = &b.kind {
+            // Rounded once, to nearest even (every f32 is exact in f64); finite values
+            // stay finite (constants that would not are kept above).
+            let v = t.to_f64_vec();
+            if let Ok(h) = Tensor::from_f64(half, t.shape().clone(), &v) {
+                b.kind = BufferKind::Const(h);
+            }
+        }
+    }
+    for d in &mut p.dispatches {
+        for (j, &o) in d.operands.iter().enumerate() {
+            if narrowed_storage[o.index()] {
+                if let Some(t) = d.kernel.inputs.get_mut(j) {
+                    t.dtype = half;
+                }
+            }
+        }
+        if narrowed_storage[d.result.index()] {
+            d.kernel.output.dtype = half;
+        }
+    }
+    p.classify();
+    Narrowed { narrowed, kept: report(&kept) }
+}
+
+fn report(kept: &[Option<Kept>]) -> Vec<(BufferId, Kept)> {
+    kept.iter().enumerate().filter_map(|(i, k)| k.map(|k| (BufferId(i as u32), k))).collect()
+}
+
+/// Why the f32 constant `t` keeps f32 storage in `half`, if it does.
+fn constant_keeps(half: DType, t: &Tensor) -> Option<Kept> {
+    let v = t.to_f64_vec();
+    if v.iter().any(|&x| overflows(half, x)) {
+        return Some(Kept::Range);
+    }
+    let (_, emin, _) = format(half);
+    let min_normal = 2f64.powi(emin);
+    let largest = v.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    (largest > 0.0 && largest < min_normal).then_some(Kept::Tiny)
+}
+
+/// The inputs of `k` that some load's index is computed from (a value read from them
+/// decides where another load reads).
+fn index_inputs(k: &Kernel) -> Vec<u32> {
+    // Backwards over the arena (operands precede users): a node feeds an index when it
+    // is one, or is an operand of a node that feeds one.
+    let mut feeds = vec![false; k.nodes.len()];
+    for i in (0..k.nodes.len()).rev() {
+        let expr = &k.nodes[i].expr;
+        let all = feeds[i] || matches!(expr, Expr::Load { .. });
+        if all {
+            expr.for_each_operand(|o| {
+                if let Some(f) = feeds.get_mut(o.index()) {
+                    *f = true;
+                }
+            });
+        }
+    }
+    let mut inputs: Vec<u32> = k
+        .nodes
+        .iter()
+        .zip(&feeds)
+        .filter_map(|(n, &f)| match n.expr {
+            Expr::Load { input, .. } if f => Some(input),
+            _ => None,
+        })
+        .collect();
+    inputs.sort_unstable();
+    inputs.dedup();
+    inputs
+}
+
+/// Whether the value `k` stores may carry a magnitude that overflows `half`: its root
+/// reaches an overflowing literal or pad value, or a load of an input for which
+/// `wide_input` holds, through operations that pass a magnitude on (module docs).
+fn carries_range(k: &Kernel, half: DType, wide_input: &dyn Fn(u32) -> bool) -> bool {
+    let big = |ty: ScalarType, bits: u64| -> bool {
+        match ty {
+            ScalarType::F32 => overflows(half, f32::from_bits(bits as u32) as f64),
+            ScalarType::F64 => overflows(half, f64::from_bits(bits)),
+            // An integer literal converted to float later (a mask built in i64).
+            t if t != ScalarType::Bool => overflows(half, t.to_i128(bits) as f64),
+            _ => false,
+        }
+    };
+    let mut wide = vec![false; k.nodes.len()];
+    for (i, n) in k.nodes.iter().enumerate() {
+        let w = |e: crate::ExprId| wide.get(e.index()).copied().unwrap_or(true);
+        wide[i] = match &n.expr {
+            Expr::Var(_) => false,
+            Expr::Const(bits) => big(n.ty, *bits),
+            Expr::Load { input, bounds, .. } => {
+                wide_input(*input) || matches!(bounds, Bounds::Pad(bits) if big(n.ty, *bits))
+            }
+            Expr::Unary(op, a) => match op {
+                UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Sqrt
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Trunc => w(*a),
+                // Bounded (or ±∞ in f32 already), or not a number at all.
+                _ => false,
+            },
+            Expr::Binary(op, a, b) => match op {
+                BinaryOp::Div => w(*a),
+                BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => false,
+                _ => w(*a) || w(*b),
+            },
+            Expr::Select(_, a, b) => w(*a) || w(*b),
+            Expr::Cast { value, to, .. } => *to != DType::Bool && w(*value),
+            Expr::Reduce { op, body, .. } => !matches!(op, ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. }) && w(*body),
+        };
+    }
+    wide.get(k.root.index()).copied().unwrap_or(true)
+}
