@@ -320,3 +320,257 @@ fn carries_range(k: &Kernel, half: DType, wide_input: &dyn Fn(u32) -> bool) -> b
     }
     wide.get(k.root.index()).copied().unwrap_or(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::interpret;
+    use crate::text::parse_program;
+    use kiln_ir::Shape;
+
+    /// `h = x·w` (stored, and viewed flat by an alias), `y = exp(flat)` (an output),
+    /// `t = tanh(h)` (stored), `z = relu(t[i])` (an output).
+    const PROGRAM: &str = r#"flow @t(%0, %1) {
+  %0: f32[2,4] = input 0 "x"
+  %1: i64[2] = input 1 "i"
+  %2: f32[4,4] = const [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6] "w"
+  %3: f32[2,4] = result "h"
+  %4: f32[8] = alias %3 "flat"
+  %5: f32[8] = result "y"
+  %6: f32[2,4] = result "t"
+  %7: f32[2,4] = result "z"
+  %3 = dispatch(%0, %2) class contraction sources ["MatMul m"]
+    kernel @k0(%0: f32[2,4], %1: f32[4,4]) -> f32[2,4] {
+      vars v0<2 v1<4 v2<4
+      e0: i64 = v0
+      e1: i64 = v1
+      e2: i64 = v2
+      e3: f32 = load %0[e0, e2]
+      e4: f32 = load %1[e2, e1]
+      e5: f32 = mul e3, e4
+      e6: f32 = reduce.sum [v2] e5
+      yield e6
+    }
+  %5 = dispatch(%4) class elementwise sources ["Exp e"]
+    kernel @k1(%0: f32[8]) -> f32[8] {
+      vars v0<8
+      e0: i64 = v0
+      e1: f32 = load %0[e0]
+      e2: f32 = exp e1
+      yield e2
+    }
+  %6 = dispatch(%3) class elementwise sources ["Tanh t"]
+    kernel @k2(%0: f32[2,4]) -> f32[2,4] {
+      vars v0<2 v1<4
+      e0: i64 = v0
+      e1: i64 = v1
+      e2: f32 = load %0[e0, e1]
+      e3: f32 = tanh e2
+      yield e3
+    }
+  %7 = dispatch(%6, %1) class general sources ["Gather g", "Relu r"]
+    kernel @k3(%0: f32[2,4], %1: i64[2]) -> f32[2,4] {
+      vars v0<2 v1<4
+      e0: i64 = v0
+      e1: i64 = v1
+      e2: i64 = load %1[e0]
+      e3: f32 = load %0[e2, e1] clamp
+      e4: f32 = 0.0
+      e5: bool = lt e3, e4
+      e6: f32 = select e5, e4, e3
+      yield e6
+    }
+  return %5, %7
+}
+"#;
+
+    fn inputs() -> Vec<Tensor> {
+        let x: Vec<f64> = (0..8).map(|i| (i as f64 - 3.5) / 3.0).collect();
+        vec![
+            Tensor::from_f64(DType::F32, Shape::new(vec![2, 4]).unwrap(), &x).unwrap(),
+            Tensor::from_i64(DType::I64, Shape::new(vec![2]).unwrap(), &[1, 0]).unwrap(),
+        ]
+    }
+
+    fn dtypes(p: &FlowProgram) -> Vec<DType> {
+        p.buffers.iter().map(|b| b.ty.dtype).collect()
+    }
+
+    #[test]
+    fn f32_changes_nothing() {
+        let mut p = parse_program(PROGRAM).unwrap();
+        let before = p.clone();
+        assert_eq!(narrow_storage(&mut p, Precision::F32), Narrowed::default());
+        assert_eq!(p, before);
+    }
+
+    #[test]
+    fn storage_narrows_the_api_and_the_arithmetic_stay_f32() {
+        for precision in [Precision::F16, Precision::BF16] {
+            let mut p = parse_program(PROGRAM).unwrap();
+            let f32_program = p.clone();
+            let r = narrow_storage(&mut p, precision);
+            let h = precision.storage().unwrap();
+            let (f, i) = (DType::F32, DType::I64);
+            // The weight, `h` and its alias, `t` narrow; inputs and outputs do not.
+            assert_eq!(dtypes(&p), [f, i, h, h, h, f, h, f], "{precision}");
+            assert_eq!(r.narrowed, 3, "{precision}");
+            assert_eq!(r.kept, [(BufferId(5), Kept::Output), (BufferId(7), Kept::Output)], "{precision}");
+            for (d, d32) in p.dispatches.iter().zip(&f32_program.dispatches) {
+                d.kernel.verify().unwrap_or_else(|e| panic!("{precision}: {}: {e}", d.kernel.name));
+                // Types only: the arithmetic is the f32 program's.
+                assert_eq!(d.kernel.nodes, d32.kernel.nodes);
+                assert_eq!(d.class, d32.class, "{precision}: {}", d.kernel.name);
+                for (t, &o) in d.kernel.inputs.iter().zip(&d.operands) {
+                    assert_eq!(t, &p.buffer(o).ty);
+                }
+                assert_eq!(d.kernel.output, p.buffer(d.result).ty);
+            }
+            // The weight's elements are the f32 ones rounded once.
+            let (BufferKind::Const(w), BufferKind::Const(w32)) = (&p.buffers[2].kind, &f32_program.buffers[2].kind)
+            else {
+                panic!("constants")
+            };
+            let (p_bits, emin, max) = format(h);
+            let rounded: Vec<f64> = w32.to_f64_vec().iter().map(|&x| round_binary(x, p_bits, emin, max)).collect();
+            assert_eq!(w.to_f64_vec(), rounded);
+            // What it computes: the f32 program's values within a few roundings.
+            let (a, b) = (interpret(&p, &inputs()).unwrap(), interpret(&f32_program, &inputs()).unwrap());
+            let u = 2f64.powi(-p_bits);
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.dtype(), DType::F32);
+                for (x, y) in x.to_f64_vec().iter().zip(y.to_f64_vec()) {
+                    assert!((x - y).abs() <= 8.0 * u * y.abs().max(1.0), "{precision}: {x} vs {y}");
+                }
+            }
+            assert_ne!(a, b, "{precision}: rounding the storage changes some bits");
+        }
+    }
+
+    /// `pos = x + 2` (f32, stored), then a load of `table` at `i64(pos)`.
+    const GATHER_AT_VALUES: &str = r#"flow @g(%0, %1) {
+  %0: f32[4] = input 0 "x"
+  %1: f32[8] = input 1 "table"
+  %2: f32[4] = result "pos"
+  %3: f32[4] = result "y"
+  %2 = dispatch(%0) class elementwise sources ["Add a"]
+    kernel @k0(%0: f32[4]) -> f32[4] {
+      vars v0<4
+      e0: i64 = v0
+      e1: f32 = load %0[e0]
+      e2: f32 = 2.0
+      e3: f32 = add e1, e2
+      yield e3
+    }
+  %3 = dispatch(%2, %1) class general sources ["Gather g"]
+    kernel @k1(%0: f32[4], %1: f32[8]) -> f32[4] {
+      vars v0<4
+      e0: i64 = v0
+      e1: f32 = load %0[e0]
+      e2: i64 = cast e1 to i64
+      e3: f32 = load %1[e2] clamp
+      yield e3
+    }
+  return %3
+}
+"#;
+
+    #[test]
+    fn a_value_an_index_is_computed_from_keeps_f32() {
+        let mut p = parse_program(GATHER_AT_VALUES).unwrap();
+        let r = narrow_storage(&mut p, Precision::F16);
+        assert_eq!(r.kept, [(BufferId(2), Kept::Index), (BufferId(3), Kept::Output)]);
+        assert_eq!(r.narrowed, 0);
+        assert_eq!(dtypes(&p), [DType::F32; 4]);
+    }
+
+    /// `s = x·2 + mask` (stored), `p = exp(s)` (stored), `y = p + tiny`: the mask's
+    /// range passes to `s`, not through `exp` to `p`.
+    fn masked(mask: f32, tiny: f32) -> String {
+        format!(
+            r#"flow @m(%0) {{
+  %0: f32[4] = input 0 "x"
+  %1: f32[4] = const [0.0, 0.0, {mask:e}, {mask:e}] "mask"
+  %2: f32[4] = const [{tiny:e}, 0.0, {tiny:e}, {tiny:e}] "tiny"
+  %3: f32[4] = result "s"
+  %4: f32[4] = result "p"
+  %5: f32[4] = result "y"
+  %3 = dispatch(%0, %1) class elementwise sources ["Add a"]
+    kernel @k0(%0: f32[4], %1: f32[4]) -> f32[4] {{
+      vars v0<4
+      e0: i64 = v0
+      e1: f32 = load %0[e0]
+      e2: f32 = 2.0
+      e3: f32 = mul e1, e2
+      e4: f32 = load %1[e0]
+      e5: f32 = add e3, e4
+      yield e5
+    }}
+  %4 = dispatch(%3) class elementwise sources ["Exp e"]
+    kernel @k1(%0: f32[4]) -> f32[4] {{
+      vars v0<4
+      e0: i64 = v0
+      e1: f32 = load %0[e0]
+      e2: f32 = exp e1
+      yield e2
+    }}
+  %5 = dispatch(%4, %2) class elementwise sources ["Add b"]
+    kernel @k2(%0: f32[4], %1: f32[4]) -> f32[4] {{
+      vars v0<4
+      e0: i64 = v0
+      e1: f32 = load %0[e0]
+      e2: f32 = load %1[e0]
+      e3: f32 = add e1, e2
+      yield e3
+    }}
+  return %5
+}}
+"#
+        )
+    }
+
+    #[test]
+    fn an_overflowing_constant_and_what_carries_it_keep_f32() {
+        let (f, h, b) = (DType::F32, DType::F16, DType::BF16);
+        // f16: −1e9 overflows, 1e-6 is below the smallest normal (6.1e-5).
+        let mut p = parse_program(&masked(-1e9, 1e-6)).unwrap();
+        let r = narrow_storage(&mut p, Precision::F16);
+        assert_eq!(dtypes(&p), [f, f, f, f, h, f]);
+        let kept = [(1, Kept::Range), (2, Kept::Tiny), (3, Kept::Range), (5, Kept::Output)];
+        assert_eq!(r.kept, kept.map(|(i, k)| (BufferId(i), k)));
+        // 65519 rounds to 65504, 65520 to ∞.
+        assert!(!overflows(h, 65519.0) && overflows(h, 65520.0) && overflows(h, -65520.0));
+        assert!(!overflows(h, f64::NEG_INFINITY));
+        // −1e4 fits f16; a largest element of 1e-4 is a normal.
+        let mut p = parse_program(&masked(-1e4, 1e-4)).unwrap();
+        narrow_storage(&mut p, Precision::F16);
+        assert_eq!(dtypes(&p), [f, h, h, h, h, f]);
+        // bf16 has f32's exponents: −1e9 and 1e-6 narrow, f32::MIN rounds to −∞.
+        let mut p = parse_program(&masked(-1e9, 1e-6)).unwrap();
+        narrow_storage(&mut p, Precision::BF16);
+        assert_eq!(dtypes(&p), [f, b, b, b, b, f]);
+        let mut p = parse_program(&masked(f32::MIN, 1e-6)).unwrap();
+        narrow_storage(&mut p, Precision::BF16);
+        assert_eq!(dtypes(&p), [f, f, b, f, b, f]);
+        assert!(overflows(b, f32::MIN as f64) && !overflows(b, BF16_MAX));
+    }
+
+    #[test]
+    fn an_overflowing_literal_keeps_its_result_f32() {
+        // `s = x·2 + mask` with the mask a literal instead of a load.
+        let src = masked(0.0, 0.0).replace("e4: f32 = load %1[e0]", "e4: f32 = -1000000000.0");
+        let mut p = parse_program(&src).unwrap();
+        narrow_storage(&mut p, Precision::F16);
+        let (f, h) = (DType::F32, DType::F16);
+        // (The all-zero constants narrow; they are not read as values here.)
+        assert_eq!(dtypes(&p), [f, h, h, f, h, f]);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for p in Precision::ALL {
+            assert_eq!(Precision::from_name(p.name()), Some(p));
+        }
+        assert_eq!(Precision::from_name("fp16"), None);
+    }
+}
