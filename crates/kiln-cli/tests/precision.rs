@@ -335,3 +335,22 @@ fn half_precision_kernels_assemble_for_sm_90a() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `--precision` on the command line: `compile` (and `run`, `inspect`, `bench`, which
+/// share the model options) take f32, f16 and bf16; anything else is one error line.
+#[test]
+fn the_precision_flag() {
+    use common::{fails_with, ok, LENET};
+    let f32_flow = ok(&["compile", LENET, "--to", "flow"]);
+    assert_eq!(ok(&["compile", LENET, "--to", "flow", "--precision", "f32"]), f32_flow);
+    assert!(!f32_flow.contains("f16") && !f32_flow.contains("bf16"), "{f32_flow}");
+    for p in ["f16", "bf16"] {
+        let flow = ok(&["compile", LENET, "--to", "flow", "--precision", p]);
+        assert!(flow.contains(&format!(": {p}[")), "{flow}");
+        // The API stays f32: the input and the output.
+        assert!(flow.contains("%0: f32[1,1,28,28] = input 0"), "{flow}");
+        let out = ok(&["run", LENET, "--precision", p]);
+        assert!(out.contains("f32[1,10]"), "{out}");
+    }
+    fails_with(&["compile", LENET, "--precision", "fp16", "--to", "flow"], &["--precision `fp16`", "f32, f16 or bf16"]);
+}
