@@ -243,7 +243,8 @@ fn shape(k: &Kernel) -> Option<Shape> {
     }
     let Expr::Load { index, .. } = &k.node(e).expr else { return None };
     let interpolates = !pending.is_empty();
-    if interpolates && (o.dtype != DType::F32 || k.node(k.root).ty != ScalarType::F32) {
+    // (Interpolating in f32 whether the storage is f32 or, narrowed, f16/bf16.)
+    if interpolates && (!crate::precision::loads_as_f32(o.dtype) || k.node(k.root).ty != ScalarType::F32) {
         return None;
     }
     // Each axis's index reads its own output variable and at most one tap variable.
