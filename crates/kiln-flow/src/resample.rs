@@ -37,7 +37,6 @@
 use crate::affine::load_offset;
 use crate::interp::NodeEval;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
-use kiln_ir::DType;
 
 /// Most taps of one interpolated axis (an antialiased cubic downscale by `s` has about
 /// `4/s`).
