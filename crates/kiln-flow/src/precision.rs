@@ -36,7 +36,8 @@
 //! - it is a dispatch result whose value may carry such a magnitude: its root reaches,
 //!   through operations that pass a magnitude on (`+ − ×`, the numerator of `÷`,
 //!   min/max, select, neg/abs/sqrt/rounding, casts, sums and maxima), a literal or pad
-//!   value that overflows the half type or a load of a buffer kept for range. A
+//!   value that overflows the half type, or a load of a constant of any dtype with such
+//!   an element, or of a result that carries one (outputs included). A
 //!   transcendental (`exp`, `tanh`, `erf`, `log`, …) or a comparison ends the chain:
 //!   `exp(−1e9 − max)` is 0 in any type. So `scores + mask` with a −1e9 mask stays f32
 //!   and the Softmax after it, whose result is in `[0, 1]`, is half ([`Kept::Range`]);
@@ -169,10 +170,29 @@ pub fn narrow_storage(p: &mut FlowProgram, precision: Precision) -> Narrowed {
     for &o in &p.outputs {
         keep(&mut kept, p.storage(o), Kept::Output);
     }
+    // Per storage buffer, whether it holds or may carry a finite value that overflows
+    // the half type: constants of any dtype (an i64 or f64 mask converted in a kernel
+    // counts too), then results in dispatch order, so every producer's range is known
+    // before its readers'. (Tracked apart from `kept`: an output that carries a mask
+    // passes it on to its readers too.)
+    let mut range = vec![false; n];
     for (i, b) in p.buffers.iter().enumerate() {
-        if let (true, BufferKind::Const(t)) = (candidate[i], &b.kind) {
-            if let Some(why) = constant_keeps(half, t) {
-                keep(&mut kept, BufferId(i as u32), why);
+        if let BufferKind::Const(t) = &b.kind {
+            range[i] = t.dtype() != DType::Bool && t.to_f64_vec().iter().any(|&x| overflows(half, x));
+        }
+    }
+    for d in &p.dispatches {
+        let wide_input = |i: u32| d.operands.get(i as usize).is_some_and(|&o| range[p.storage(o).index()]);
+        if carries_range(&d.kernel, half, &wide_input) {
+            range[p.storage(d.result).index()] = true;
+        }
+    }
+    for (i, b) in p.buffers.iter().enumerate() {
+        if range[i] {
+            keep(&mut kept, BufferId(i as u32), Kept::Range);
+        } else if let (true, BufferKind::Const(t)) = (candidate[i], &b.kind) {
+            if tiny(half, t) {
+                keep(&mut kept, BufferId(i as u32), Kept::Tiny);
             }
         }
     }
@@ -181,15 +201,6 @@ pub fn narrow_storage(p: &mut FlowProgram, precision: Precision) -> Narrowed {
             if let Some(&o) = d.operands.get(input as usize) {
                 keep(&mut kept, p.storage(o), Kept::Index);
             }
-        }
-    }
-    // Dispatches run in order, so every producer's range is known before its readers'.
-    for d in &p.dispatches {
-        let wide_input = |i: u32| {
-            d.operands.get(i as usize).is_some_and(|&o| kept[p.storage(o).index()] == Some(Kept::Range))
-        };
-        if carries_range(&d.kernel, half, &wide_input) {
-            keep(&mut kept, p.storage(d.result), Kept::Range);
         }
     }
     let narrow: Vec<bool> = (0..n).map(|i| candidate[i] && kept[i].is_none()).collect();
@@ -232,16 +243,13 @@ fn report(kept: &[Option<Kept>]) -> Vec<(BufferId, Kept)> {
     kept.iter().enumerate().filter_map(|(i, k)| k.map(|k| (BufferId(i as u32), k))).collect()
 }
 
-/// Why the f32 constant `t` keeps f32 storage in `half`, if it does.
-fn constant_keeps(half: DType, t: &Tensor) -> Option<Kept> {
-    let v = t.to_f64_vec();
-    if v.iter().any(|&x| overflows(half, x)) {
-        return Some(Kept::Range);
-    }
+/// Whether every nonzero finite element of the constant `t` is below `half`'s smallest
+/// normal (and some element is nonzero).
+fn tiny(half: DType, t: &Tensor) -> bool {
     let (_, emin, _) = format(half);
     let min_normal = 2f64.powi(emin);
-    let largest = v.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
-    (largest > 0.0 && largest < min_normal).then_some(Kept::Tiny)
+    let largest = t.to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    largest > 0.0 && largest < min_normal
 }
 
 /// The inputs of `k` that some load's index is computed from (a value read from them
@@ -564,6 +572,16 @@ mod tests {
         let (f, h) = (DType::F32, DType::F16);
         // (The all-zero constants narrow; they are not read as values here.)
         assert_eq!(dtypes(&p), [f, h, h, f, h, f]);
+    }
+
+    #[test]
+    fn an_output_that_carries_a_mask_passes_it_on() {
+        // `s` is an output too, and `p = −s` (not `exp s`) carries the mask.
+        let src = masked(-1e9, 0.0).replace("return %5", "return %5, %3").replace("exp e1", "neg e1");
+        let mut p = parse_program(&src).unwrap();
+        let r = narrow_storage(&mut p, Precision::F16);
+        assert!(r.kept.contains(&(BufferId(3), Kept::Output)) && r.kept.contains(&(BufferId(4), Kept::Range)));
+        assert_eq!(p.buffers[4].ty.dtype, DType::F32);
     }
 
     #[test]
