@@ -65,6 +65,7 @@ def compile(
     opt: str = "speed",
     external_weights: Optional[_Path] = None,
     strip: bool = False,
+    precision: str = "f32",
 ) -> bytes:
     """Compiles a model into a ``.kiln`` artifact and returns its bytes.
 
@@ -74,7 +75,9 @@ def compile(
     constants (``{"sr": 16000}``). ``target`` is ``"host"``, ``"x86-64"``,
     ``"x86-64-v2"``, ``"x86-64-v3"`` or ``"x86-64-v4"``; ``opt`` is ``"speed"`` or
     ``"size"``. With ``external_weights`` the constants are written to that file and
-    the artifact records its name. ``strip`` leaves out the debug names.
+    the artifact records its name. ``strip`` leaves out the debug names. ``precision``
+    is ``"f32"``, or ``"f16"``/``"bf16"``: weights and intermediates stored half,
+    computed in f32, inputs and outputs f32.
 
     Raises InvalidInputError, UnsupportedError or InternalError. The GIL is released
     while compiling.

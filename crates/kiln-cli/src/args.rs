@@ -125,6 +125,10 @@ pub(crate) struct ModelArgs {
     /// speed, or size: no machine-code kernels, transcendentals through helpers
     #[arg(long, value_name = "speed|size")]
     pub opt: Option<String>,
+    /// Storage of f32 tensors: f32 (default), or f16/bf16 weights and intermediates
+    /// with f32 arithmetic (inputs and outputs stay f32)
+    #[arg(long, value_name = "f32|f16|bf16")]
+    pub precision: Option<String>,
 }
 
 /// `--input NAME=FILE.npy`, `--seed`.

@@ -40,6 +40,7 @@ pub(crate) struct Args {
     pub warmup: Option<usize>,
     pub iterations: Option<usize>,
     pub size: bool,
+    pub precision: kiln_compiler::Precision,
     pub profile: bool,
     pub samples: Option<PathBuf>,
     pub floor: bool,
@@ -102,6 +103,7 @@ fn options(a: &Args, model: &Path) -> Result<Options, String> {
         passes: None,
         source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         import: a.import.clone(),
+        precision: a.precision,
     })
 }
 

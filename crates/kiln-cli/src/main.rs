@@ -84,11 +84,17 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
         Some("size") => true,
         Some(other) => return Err(format!("--opt `{other}`: expected speed or size")),
     };
+    let precision = match m.precision.as_deref() {
+        None => kiln_compiler::Precision::F32,
+        Some(p) => kiln_compiler::Precision::from_name(p)
+            .ok_or_else(|| format!("--precision `{p}`: expected f32, f16 or bf16"))?,
+    };
     Ok(artifact::Args {
         import: import_options(m.bind),
         target: m.target_cpu,
         device: m.target,
         size,
+        precision,
         ..Default::default()
     })
 }

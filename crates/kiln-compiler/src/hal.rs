@@ -83,6 +83,13 @@ fn constant_fill(k: &kiln_flow::Kernel) -> Option<(u64, u8)> {
     match (node.ty, k.output.dtype) {
         (kiln_flow::ScalarType::F32, kiln_ir::DType::F32) => Some((bits & 0xFFFF_FFFF, 4)),
         (kiln_flow::ScalarType::F64, kiln_ir::DType::F64) => Some((bits, 8)),
+        // Half storage (`--precision`): the constant rounded as the store would.
+        (kiln_flow::ScalarType::F32, d @ (kiln_ir::DType::F16 | kiln_ir::DType::BF16)) => {
+            let x = f32::from_bits(bits as u32) as f64;
+            let t = kiln_ir::Tensor::from_f64(d, kiln_ir::Shape::new(Vec::new()).ok()?, &[x]).ok()?;
+            let b = t.bytes();
+            Some((u64::from(u16::from_le_bytes([*b.first()?, *b.get(1)?])), 2))
+        }
         _ => None,
     }
 }

@@ -7,6 +7,7 @@
 //!   ──import (kiln-import)──► tensor graph
 //!   ──tensor-passes (kiln-opt)──► tensor graph
 //!   ──flow-form-dispatches (kiln-flow)──► flow program: dispatches on buffers
+//!   ──flow-narrow-storage (kiln-flow::precision)──► flow program (f16/bf16 storage)
 //!   ──flow-pack-weights (kiln-flow::layout, widths from kiln-codegen)──► flow program
 //!   ──stream-schedule──► waves, lifetimes, arena plan, constant pool
 //!   ──cpu-codegen (kiln-codegen)──► one executable per target
@@ -50,6 +51,7 @@ pub enum TargetDevice {
     /// An NVIDIA Hopper GPU (`sm_90a`), PTX per kernel ([`kiln_codegen::cuda`]).
     Cuda,
 }
+pub use kiln_flow::precision::Precision;
 pub use kiln_import::ImportOptions;
 
 /// Options of a [`Compilation`] (and of [`compile`]).
@@ -73,6 +75,9 @@ pub struct Options {
     pub size: bool,
     /// How the [`Stage::Import`] stage binds an ONNX model's inputs.
     pub import: ImportOptions,
+    /// The storage type of f32 tensors (`kiln compile --precision`): f32, or f16/bf16
+    /// storage with f32 arithmetic ([`Stage::NarrowStorage`]).
+    pub precision: Precision,
 }
 
 impl Default for Options {
@@ -86,6 +91,7 @@ impl Default for Options {
             source: String::new(),
             size: false,
             import: ImportOptions::default(),
+            precision: Precision::F32,
         }
     }
 }
@@ -122,6 +128,12 @@ pub enum Stage {
     TensorPasses,
     /// Lowering every op to kernels and fusing them: the flow level.
     FormDispatches,
+    /// f32 constants and intermediates stored as f16 or bf16 ([`Options::precision`];
+    /// nothing at f32), kernels computing in f32 ([`kiln_flow::precision`]). It sits
+    /// after dispatch formation so that only what fusion leaves stored is rounded
+    /// (a kernel's fused intermediates stay f32 in registers), and before weight
+    /// packing so that the constant pool holds what kernels read.
+    NarrowStorage,
     /// Constant operands of contractions into the panel layout of the target's
     /// microkernels. It sits after dispatch formation because the panels follow the
     /// fused kernels, and before scheduling because the packed constants are what the
@@ -139,10 +151,11 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in pipeline order.
-    pub const ALL: [Stage; 8] = [
+    pub const ALL: [Stage; 9] = [
         Stage::Import,
         Stage::TensorPasses,
         Stage::FormDispatches,
+        Stage::NarrowStorage,
         Stage::PackWeights,
         Stage::Schedule,
         Stage::Codegen,
@@ -156,6 +169,7 @@ impl Stage {
             Stage::Import => "import",
             Stage::TensorPasses => "tensor-passes",
             Stage::FormDispatches => "flow-form-dispatches",
+            Stage::NarrowStorage => "flow-narrow-storage",
             Stage::PackWeights => "flow-pack-weights",
             Stage::Schedule => "stream-schedule",
             Stage::Codegen => "cpu-codegen",
@@ -170,6 +184,7 @@ impl Stage {
             Stage::Import => "read the model (ONNX, or kiln IR text) into a tensor graph with static shapes",
             Stage::TensorPasses => "run the tensor passes (kiln list-passes) in pipeline order",
             Stage::FormDispatches => "lower ops to kernels and fuse them (flow level)",
+            Stage::NarrowStorage => "store f32 constants and intermediates as f16/bf16 (--precision), computing in f32",
             Stage::PackWeights => "lay contraction constants out in the target microkernels' panels",
             Stage::Schedule => "order dispatches in waves, plan the arena and the constant pool (stream level)",
             Stage::Codegen => "compile every kernel to machine code for the CPU target",
@@ -200,7 +215,8 @@ impl std::fmt::Display for Stage {
 pub enum Level {
     /// The tensor graph after the tensor passes.
     Tensor,
-    /// The flow program as dispatch formation leaves it.
+    /// The flow program as dispatch formation leaves it, storage narrowed to
+    /// [`Options::precision`].
     Flow,
     /// The stream plan of the program that ships (weights packed).
     Stream,
@@ -231,7 +247,7 @@ impl Level {
     pub fn stage(self) -> Stage {
         match self {
             Level::Tensor => Stage::TensorPasses,
-            Level::Flow => Stage::FormDispatches,
+            Level::Flow => Stage::NarrowStorage,
             Level::Stream => Stage::Schedule,
             Level::Hal => Stage::Hal,
         }
@@ -388,7 +404,9 @@ impl Compilation {
     pub fn text(&self) -> Option<String> {
         match self.done? {
             Stage::Import | Stage::TensorPasses => self.graph.as_ref().map(kiln_ir::text::print),
-            Stage::FormDispatches | Stage::PackWeights => self.flow.as_ref().map(|f| format!("{f}")),
+            Stage::FormDispatches | Stage::NarrowStorage | Stage::PackWeights => {
+                self.flow.as_ref().map(|f| format!("{f}"))
+            }
             Stage::Schedule => Some(stream::print(self.flow.as_ref()?, self.plan.as_ref()?)),
             Stage::Codegen => {
                 let flow = self.flow.as_ref()?;
@@ -483,6 +501,10 @@ impl Compilation {
                 let flow = kiln_lower::form_with(&g, !self.options.size);
                 self.graph = Some(g);
                 self.flow = Some(flow?);
+            }
+            Stage::NarrowStorage => {
+                let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;
+                kiln_flow::precision::narrow_storage(flow, self.options.precision);
             }
             // A GPU's kernels read constants as they are (no CPU panels).
             Stage::PackWeights if self.options.device == TargetDevice::Cuda => {}

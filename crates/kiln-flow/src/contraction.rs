@@ -9,12 +9,14 @@
 //!
 //! The recognised form:
 //! - exactly one `Reduce { Sum }` over f32 whose body is `Load(a) · Load(b)` (either
-//!   order), both `InBounds` loads of f32 inputs with affine indices; its variables of
+//!   order), both `InBounds` loads of f32 inputs with affine indices (or of f16 or bf16
+//!   inputs, each value widened exactly to f32 in its load: half storage,
+//!   [`crate::precision`]; the output then may be half too); its variables of
 //!   extent above 1 are `k` (one for a matrix product, `ci, kh, kw` for a convolution);
 //!   the right operand may instead be an integer load converted to f32,
 //!   `Cast(Load(b): i8 | u8 | i16 → f32)`: a weight dequantised in the load
 //!   ([`crate::dequant`]), whose scale the epilogue applies; [`Operand::dtype`] says
-//!   which (the left operand is always f32);
+//!   which (the left operand is always a float load);
 //! - the *column group* `n` is the longest run of trailing output variables that `a`
 //!   does not read and over which `b` and the output are laid out as one flattened
 //!   dimension (for an NCHW 1×1 convolution: `h, w`, so the columns are `h·W + w`);
@@ -31,6 +33,7 @@
 
 use crate::affine::{affine, load_offset, AffineIndex};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
+use crate::precision::loads_as_f32;
 use kiln_ir::DType;
 
 /// The most loads an epilogue a microkernel reads in place may have
@@ -65,7 +68,8 @@ pub struct Operand {
     pub offset: AffineIndex,
     /// Set when the operand is laid out in panels.
     pub panel: Option<Panel>,
-    /// The dtype its input stores: f32, or for a right operand converted in the load
+    /// The dtype its input stores: f32, f16 or bf16 (loaded as f32: half storage,
+    /// [`crate::precision`]), or for a right operand converted in the load
     /// (`Cast(Load)`, [`crate::dequant`]) the integer type [`INT_OPERANDS`] lists.
     pub dtype: DType,
 }
@@ -205,7 +209,7 @@ impl Contraction {
     /// Recognises `k` as a contraction, or `None`.
     pub fn of(k: &Kernel) -> Option<Contraction> {
         let rank = k.out_rank();
-        if rank < 2 || k.output.dtype != DType::F32 || k.output.shape.numel() == 0 {
+        if rank < 2 || !loads_as_f32(k.output.dtype) || k.output.shape.numel() == 0 {
             return None;
         }
         let mut found = None;
@@ -231,7 +235,7 @@ impl Contraction {
             match &k.node(load).expr {
                 Expr::Load { input, index, bounds: Bounds::InBounds } => {
                     let dtype = k.inputs.get(*input as usize)?.dtype;
-                    if int != INT_OPERANDS.contains(&dtype) || (!int && dtype != DType::F32) {
+                    if int != INT_OPERANDS.contains(&dtype) || (!int && !loads_as_f32(dtype)) {
                         return None;
                     }
                     // (An integer operand in one panel, `[1, L, W]` with W above the
@@ -258,7 +262,7 @@ impl Contraction {
     /// The contraction with `a` as the left operand, if the operands fit that way.
     fn with(k: &Kernel, reduce: ExprId, kv: &[u32], a: Operand, b: Operand) -> Option<Contraction> {
         // An operand converted in its load is the right one (the weights a tile streams).
-        if a.dtype != DType::F32 {
+        if !loads_as_f32(a.dtype) {
             return None;
         }
         let rank = k.out_rank() as u32;

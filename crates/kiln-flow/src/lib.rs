@@ -12,7 +12,8 @@
 //! carries its kernel's class ([`class`]: contraction, window, rows, movement,
 //! elementwise or general), decided here once from the kernel's shape ([`affine`] is the
 //! one index analysis behind it); code generators (`kiln-codegen`) consume kernels and
-//! match on their class; [`interp`] is their executable specification.
+//! match on their class; [`interp`] is their executable specification. [`precision`]
+//! narrows what a program stores to f16 or bf16, its kernels still computing in f32.
 #![deny(missing_docs)]
 
 pub mod affine;
@@ -30,6 +31,7 @@ pub use kernel::{
 };
 pub mod layout;
 pub mod lower;
+pub mod precision;
 pub mod program;
 pub mod resample;
 pub mod text;

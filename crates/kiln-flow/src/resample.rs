@@ -37,7 +37,6 @@
 use crate::affine::load_offset;
 use crate::interp::NodeEval;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
-use kiln_ir::DType;
 
 /// Most taps of one interpolated axis (an antialiased cubic downscale by `s` has about
 /// `4/s`).
@@ -243,7 +242,8 @@ fn shape(k: &Kernel) -> Option<Shape> {
     }
     let Expr::Load { index, .. } = &k.node(e).expr else { return None };
     let interpolates = !pending.is_empty();
-    if interpolates && (o.dtype != DType::F32 || k.node(k.root).ty != ScalarType::F32) {
+    // (Interpolating in f32 whether the storage is f32 or, narrowed, f16/bf16.)
+    if interpolates && (!crate::precision::loads_as_f32(o.dtype) || k.node(k.root).ty != ScalarType::F32) {
         return None;
     }
     // Each axis's index reads its own output variable and at most one tap variable.

@@ -13,7 +13,8 @@
 //! below.
 //!
 //! The recognised form, [`Depthwise::of`]:
-//! - f32 output `[N, C, OH, OW]` (NCHW) and input `[N, C, H, W]`, the same `C`, or the
+//! - f32 output `[N, C, OH, OW]` (NCHW) and input (either may be stored as f16 or
+//!   bf16 instead, loaded as f32: [`crate::precision`]) `[N, C, H, W]`, the same `C`, or the
 //!   1-D forms `[N, C, OL]` and `[N, C, L]` (a plane of one row, [`Depthwise`] holds
 //!   them as `[N, C, 1, L]`);
 //! - exactly one reduction that reads an input (folds over indices alone belong to an
@@ -54,6 +55,7 @@
 
 use crate::affine::{affine, load_offset, AffineIndex};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
+use crate::precision::loads_as_f32;
 use kiln_ir::DType;
 
 /// Most taps (`kh × kw`) of a recognised window at column stride 1: a target unrolls
@@ -163,7 +165,7 @@ impl Depthwise {
     /// Recognises `k` (see the module docs), or `None`.
     pub fn of(k: &Kernel) -> Option<Depthwise> {
         let rank = k.out_rank();
-        if !(rank == 3 || rank == 4) || k.output.dtype != DType::F32 {
+        if !(rank == 3 || rank == 4) || !loads_as_f32(k.output.dtype) {
             return None;
         }
         let out_dims = plane_dims(&k.output.shape)?;
@@ -220,11 +222,11 @@ impl Depthwise {
                 (xidx.len() == rank).then(|| (*xa, xidx.clone(), matches!(bounds, Bounds::Pad(_)), None))?
             }
         };
-        if k.inputs.get(x as usize)?.dtype != DType::F32 {
+        if !loads_as_f32(k.inputs.get(x as usize)?.dtype) {
             return None;
         }
         if let Some((w, _)) = &filter {
-            if k.inputs.get(*w as usize)?.dtype != DType::F32 {
+            if !loads_as_f32(k.inputs.get(*w as usize)?.dtype) {
                 return None;
             }
         }
@@ -445,7 +447,7 @@ fn operand(k: &Kernel, e: ExprId) -> Option<StepOperand> {
     match &node.expr {
         Expr::Const(b) => Some(StepOperand::Const(*b as u32)),
         Expr::Load { input, index, bounds: Bounds::InBounds } => {
-            if k.inputs.get(*input as usize)?.dtype != DType::F32 {
+            if !loads_as_f32(k.inputs.get(*input as usize)?.dtype) {
                 return None;
             }
             let offset = load_offset(k, *input, index)?;

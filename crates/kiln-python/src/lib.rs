@@ -114,13 +114,15 @@ fn import_options(
 /// ``"x86-64"``, ``"x86-64-v2"``, ``"x86-64-v3"`` or ``"x86-64-v4"``; ``opt`` is
 /// ``"speed"`` or ``"size"``. With ``external_weights`` (a path), the constants go to
 /// that file and the artifact records its name: load it with ``weights=`` or keep the
-/// file beside the artifact. ``strip`` leaves out the debug names.
+/// file beside the artifact. ``strip`` leaves out the debug names. ``precision`` is
+/// ``"f32"``, or ``"f16"``/``"bf16"``: weights and intermediates stored half, computed
+/// in f32, inputs and outputs f32 (docs/precision.md).
 ///
 /// Raises :class:`InvalidInputError`, :class:`UnsupportedError` or
 /// :class:`InternalError` with the message ``kiln compile`` prints. The GIL is
 /// released while compiling.
 #[pyfunction]
-#[pyo3(signature = (model, input_shapes=None, input_values=None, target="host", opt="speed", external_weights=None, strip=false))]
+#[pyo3(signature = (model, input_shapes=None, input_values=None, target="host", opt="speed", external_weights=None, strip=false, precision="f32"))]
 // CompileError is kiln-compiler's (large, typed until printed); it is converted at once.
 #[allow(clippy::too_many_arguments, clippy::result_large_err)]
 fn compile<'py>(
@@ -132,6 +134,7 @@ fn compile<'py>(
     opt: &str,
     external_weights: Option<&Bound<'py, PyAny>>,
     strip: bool,
+    precision: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let (input, path) = match bytes_of(model) {
         Some(b) => (Input::OnnxBytes { bytes: bytes::Bytes::from(b), base_dir: None }, None),
@@ -157,6 +160,9 @@ fn compile<'py>(
         passes: None,
         source: path.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         import: import_options(py, input_shapes, input_values)?,
+        precision: kiln_compiler::Precision::from_name(precision).ok_or_else(|| {
+            Error::invalid(format!("precision `{precision}`: expected f32, f16 or bf16"))
+        })?,
     };
     let compiled = py
         .detach(|| Compilation::new(input, options).finish())

@@ -59,6 +59,23 @@ def test_compile_and_run_match_onnx_runtime(data_dir, manifest, name):
             assert_close(f"{name}/{n} ({threads} threads)", got[n], want, rtol, atol)
 
 
+@pytest.mark.parametrize("precision,bound", [("f16", 1e-2), ("bf16", 6e-2)])
+def test_half_precision_matches_onnx_runtime_within_its_tolerance(data_dir, manifest, precision, bound):
+    """``precision=`` stores the weights half (the artifact about halves) and keeps the
+    API f32; the relative L2 error against ORT is within docs/precision.md's bound."""
+    path, ins, outs, *_ = model_case(data_dir, manifest, "mlp")
+    f32 = kiln.compile(path)
+    half = kiln.compile(path, precision=precision)
+    assert len(half) < 0.55 * len(f32)
+    got = kiln.load(half).run(ins)
+    for n, want in outs:
+        assert got[n].dtype == np.float32
+        err = np.linalg.norm(got[n].astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64))
+        assert err <= bound, f"{n}: relative L2 error {err:.2e}"
+    with pytest.raises(kiln.InvalidInputError, match="precision `fp16`"):
+        kiln.compile(path, precision="fp16")
+
+
 def test_compile_from_bytes_and_path_give_the_same_artifact(data_dir, manifest, tmp_path):
     path, *_ = model_case(data_dir, manifest, "mlp")
     from_path = kiln.compile(path)  # os.PathLike

@@ -77,6 +77,10 @@ pub(crate) struct WindowCode {
 /// loads under one).
 pub(crate) fn emit(k: &Kernel, avx512vl: bool) -> R<WindowCode> {
     let Some(d) = Depthwise::of(k) else { return no("not a depthwise window") };
+    // f32 lanes only: half storage (`--precision`) runs on the general path.
+    if super::gemm::half_storage(k) {
+        return no("f16 or bf16 storage (f32 lanes only)");
+    }
     let limit = i32::MAX as usize;
     if k.inputs.iter().chain([&k.output]).any(|t| t.storage_bytes() > limit) {
         return no("an operand over 2 GiB");

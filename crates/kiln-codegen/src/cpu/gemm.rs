@@ -260,6 +260,11 @@ struct Emitter<'k> {
 /// Emits `k` as a contraction microkernel, or says why not.
 pub(crate) fn emit(k: &Kernel, avx512: bool) -> R<GemmCode> {
     let Some(c) = Contraction::of(k) else { return no("not a contraction") };
+    // Tiles load f32 (or integer B) lanes and store f32: half storage (`--precision`)
+    // runs on the general path, which widens each load and rounds each store.
+    if half_storage(k) {
+        return no("f16 or bf16 storage (f32 tiles only)");
+    }
     if c.dims[2] == 0 {
         return no("an empty reduction");
     }
@@ -307,6 +312,12 @@ fn emit_with(k: &Kernel, c: Contraction, avx512: bool, in_registers: bool) -> R<
     })
 }
 
+/// Whether `k` reads or writes f16 or bf16 storage (`--precision`), which the tiles do
+/// not take.
+pub(crate) fn half_storage(k: &Kernel) -> bool {
+    k.inputs.iter().chain([&k.output]).any(|t| matches!(t.dtype, DType::F16 | DType::BF16))
+}
+
 /// The panel widths [`emit`] reads a contraction's operands at when they are packed at
 /// compile time (`kiln_flow::layout::pack_constants`): A in panels of the tile's rows
 /// where A reads the rows and B does not; B in panels of the tile's columns where every
@@ -314,6 +325,9 @@ fn emit_with(k: &Kernel, c: Contraction, avx512: bool, in_registers: bool) -> R<
 /// Nothing for a kernel that would not take this path.
 pub(crate) fn panel_widths(k: &Kernel, avx512: bool) -> PanelWidths {
     let Some(c) = Contraction::of(k) else { return PanelWidths::default() };
+    if half_storage(k) {
+        return PanelWidths::default();
+    }
     let Ok(mut e) = Emitter::new(k, c, avx512) else { return PanelWidths::default() };
     if e.c.dims[2] == 0 || e.check_epilogue(k.root).is_err() {
         return PanelWidths::default();
