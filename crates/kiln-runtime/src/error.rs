@@ -6,7 +6,15 @@ use crate::hal::LoadError;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
-use kiln_module::program::Slot;
+use kiln_module::program::{DeviceKind, Slot};
+
+/// A device kind as messages name it.
+pub(crate) fn kind_name(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Cpu => "CPU",
+        DeviceKind::Cuda => "CUDA",
+    }
+}
 use kiln_module::reader::ReadError;
 use kiln_module::sections::SectionError;
 use kiln_module::Version;
@@ -420,6 +428,27 @@ pub enum VerifyError {
         /// Code length.
         code_len: u64,
     },
+    /// An executable has a different number of launch records than it should: one per
+    /// entry for CUDA, none for a CPU.
+    Launches {
+        /// Executable index.
+        executable: usize,
+        /// Launch records present.
+        launches: usize,
+        /// Launch records expected.
+        expected: usize,
+    },
+    /// A CUDA launch record is out of the device's limits.
+    Launch {
+        /// Executable index.
+        executable: usize,
+        /// Entry index.
+        entry: usize,
+        /// Threads per block recorded (must be a multiple of 32 from 32 to 1024).
+        block: u32,
+        /// Dynamic shared bytes recorded (at most [`crate::verify::MAX_CUDA_SHARED`]).
+        shared: u32,
+    },
     /// A relocation patches or targets bytes outside its executable's code.
     Reloc {
         /// Executable index.
@@ -452,12 +481,34 @@ pub enum CommandProblem {
         /// Devices in the module.
         count: usize,
     },
-    /// The device is not one this runtime drives.
+    /// The device is not one this runtime drives (the CPU runtime refuses a CUDA
+    /// device, the CUDA runtime a CPU one).
     UnsupportedDevice {
         /// Device index.
         device: u32,
         /// Its name.
         name: String,
+        /// The kind of device the runtime that refused it drives.
+        driver: DeviceKind,
+    },
+    /// The dispatched kernel has no variant for the kind of device it is dispatched on.
+    NoVariantForDevice {
+        /// Kernel index.
+        kernel: u32,
+        /// The device's kind.
+        kind: DeviceKind,
+    },
+    /// A CUDA variant's launch record takes a different number of parameters than the
+    /// dispatch has bindings.
+    LaunchParams {
+        /// Kernel index.
+        kernel: u32,
+        /// Variant index.
+        variant: usize,
+        /// Parameters of the launch record.
+        params: u32,
+        /// Bindings of the dispatch.
+        bindings: usize,
     },
     /// Push constants are reserved: kernel ABI 1.x has no way to pass them.
     PushConstants {
@@ -573,9 +624,17 @@ impl fmt::Display for CommandProblem {
             CommandProblem::DeviceIndex { device, count } => {
                 write!(f, "device {device} does not exist ({count} devices)")
             }
-            CommandProblem::UnsupportedDevice { device, name } => {
-                write!(f, "device {device} ({name_}) is not a CPU; this runtime drives CPUs only", name_ = Name(name))
+            CommandProblem::UnsupportedDevice { device, name, driver } => match driver {
+                DeviceKind::Cpu => write!(f, "device {device} ({name_}) is not a CPU; this runtime drives CPUs only", name_ = Name(name)),
+                DeviceKind::Cuda => write!(f, "device {device} ({name_}) is not a CUDA device; the CUDA runtime drives CUDA devices only", name_ = Name(name)),
+            },
+            CommandProblem::NoVariantForDevice { kernel, kind } => {
+                write!(f, "kernel {kernel} has no variant for a {} device", kind_name(*kind))
             }
+            CommandProblem::LaunchParams { kernel, variant, params, bindings } => write!(
+                f,
+                "kernel {kernel}, variant {variant}: its launch takes {params} parameters, the dispatch has {bindings} bindings"
+            ),
             CommandProblem::PushConstants { count } => {
                 write!(f, "{count} push constants, which kernel ABI 1.x cannot pass")
             }
@@ -610,6 +669,14 @@ impl fmt::Display for VerifyError {
             VerifyError::Symbol { executable, name, offset, code_len } => {
                 write!(f, "executable {executable}: symbol {name_} at {offset} lies outside its {code_len} bytes of code", name_ = Name(name))
             }
+            VerifyError::Launches { executable, launches, expected } => {
+                write!(f, "executable {executable}: {launches} launch records, {expected} expected (one per entry of a CUDA executable, none for a CPU)")
+            }
+            VerifyError::Launch { executable, entry, block, shared } => write!(
+                f,
+                "executable {executable}, entry {entry}: launch of {block} threads per block and {shared} bytes of shared memory (blocks are a multiple of 32 from 32 to 1024, shared memory at most {} bytes)",
+                crate::verify::MAX_CUDA_SHARED
+            ),
             VerifyError::Reloc { executable, index, offset, target, code_len } => write!(
                 f,
                 "executable {executable}, relocation {index}: patch at {offset} or target {target} lies outside its {code_len} bytes of code"

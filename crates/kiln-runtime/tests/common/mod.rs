@@ -87,6 +87,7 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
         code,
         entries: vec![("copy4".into(), 0), ("add".into(), 16), ("exp".into(), 64)],
         relocs: vec![],
+        launches: vec![],
     };
     let k = |name: &str, entry| Kernel {
         name: name.into(),
@@ -254,6 +255,7 @@ pub fn reloc_program() -> Program {
             Reloc { offset: 7, kind: RelocKind::Pc32, target: 40, addend: -4 },
             Reloc { offset: 21, kind: RelocKind::Abs64, target: 44, addend: 0 },
         ],
+        launches: vec![],
     };
     let entry = |name: &str, kernel| EntryPoint {
         name: name.into(),
@@ -435,4 +437,26 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
         constants: Constants::Embedded(vec![]),
         debug: None,
     }
+}
+
+/// A CUDA executable of `entries` entries (PTX-like text; never run here), each launched
+/// with 256 threads, no shared memory and 3 parameters (the bindings of `add`).
+pub fn cuda_executable(entries: usize) -> Executable {
+    Executable {
+        device: DeviceKind::Cuda,
+        features: 0,
+        code: b"// ptx\n.visible .entry k0() {}\n".to_vec(),
+        entries: (0..entries).map(|i| (format!("k{i}"), 0)).collect(),
+        relocs: vec![],
+        launches: vec![Launch { block: 256, shared: 0, params: 3 }; entries],
+    }
+}
+
+/// `add_program(4)` for a CUDA device: every kernel's one variant is entry `i` of a CUDA
+/// executable.
+pub fn cuda_add_program() -> Program {
+    let mut p = add_program(4);
+    p.devices[0] = Device { kind: DeviceKind::Cuda, name: "cuda".into() };
+    p.executables = vec![cuda_executable(3)];
+    p
 }
