@@ -125,6 +125,54 @@ pub enum RuntimeError {
         /// The name or index asked for.
         entry: String,
     },
+    /// No CUDA driver can be used: the library is missing, or lacks a function kiln
+    /// calls (a driver older than CUDA 12).
+    NoCudaDriver {
+        /// What is missing (`libcuda.so.1 not found`).
+        what: String,
+    },
+    /// A CUDA driver call failed.
+    Cuda {
+        /// The driver function (`cuGraphLaunch`).
+        call: &'static str,
+        /// The driver's error name (`CUDA_ERROR_INVALID_VALUE`).
+        error: String,
+    },
+    /// The driver refused an executable's code (PTX it cannot compile, or a cubin for
+    /// another device).
+    CudaModuleLoad {
+        /// The executable's index.
+        executable: usize,
+        /// The driver's error name.
+        error: String,
+        /// The JIT compiler's log (empty for a cubin, or when it said nothing).
+        log: String,
+    },
+    /// No variant of a kernel runs on this CUDA device.
+    NoCudaVariant {
+        /// The kernel.
+        kernel: String,
+        /// Why not (the device's compute capability, the loads that failed).
+        why: String,
+    },
+    /// A plan the CUDA graph cannot express.
+    CudaPlan {
+        /// Entry point name.
+        entry: String,
+        /// Command index.
+        command: usize,
+        /// What.
+        problem: CudaPlanProblem,
+    },
+    /// No binding at that place of an entry point's plan.
+    NoSuchBinding {
+        /// Entry point.
+        entry: String,
+        /// Command index.
+        command: usize,
+        /// Binding index.
+        binding: usize,
+    },
     /// Wrong number of inputs.
     InputCount {
         /// Entry point.
@@ -312,6 +360,26 @@ impl fmt::Display for RuntimeError {
             E::Threads { threads, why } => write!(f, "cannot run on {threads} threads: {why}"),
             E::WorkerLost => f.write_str("a worker thread of this instance stopped unexpectedly; make a new instance"),
             E::NoSuchEntry { entry } => write!(f, "the module has no entry point {entry_}", entry_ = Name(entry)),
+            E::NoCudaDriver { what } => write!(f, "no CUDA driver: {what}"),
+            E::Cuda { call, error } => write!(f, "CUDA call {call} failed: {error}"),
+            E::CudaModuleLoad { executable, error, log } => {
+                write!(f, "the CUDA driver refused executable {executable}: {error}")?;
+                if !log.trim().is_empty() {
+                    write!(f, " ({})", OneLine(log))?;
+                }
+                Ok(())
+            }
+            E::NoCudaVariant { kernel, why } => {
+                write!(f, "kernel {kernel_} has no variant for this CUDA device: {why}", kernel_ = Name(kernel))
+            }
+            E::CudaPlan { entry, command, problem } => {
+                write!(f, "entry {entry_}, command {command}: {problem}", entry_ = Name(entry))
+            }
+            E::NoSuchBinding { entry, command, binding } => write!(
+                f,
+                "entry {entry_} has no binding {binding} at command {command}",
+                entry_ = Name(entry)
+            ),
             E::InputCount { entry, expected, got } => {
                 write!(f, "{entry_} takes {expected} inputs, {got} given", entry_ = Name(entry))
             }
@@ -348,6 +416,47 @@ impl fmt::Display for RuntimeError {
 
 #[cfg(feature = "std")]
 impl std::error::Error for RuntimeError {}
+
+/// What about a command the CUDA graph cannot express.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CudaPlanProblem {
+    /// A dispatch's grid is larger than a kernel launch takes (2³¹ − 1 blocks).
+    Grid {
+        /// Workgroups recorded.
+        workgroups: u64,
+    },
+    /// A dispatched kernel has no launch record.
+    NoLaunch {
+        /// Kernel index.
+        kernel: u32,
+    },
+}
+
+impl fmt::Display for CudaPlanProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CudaPlanProblem::Grid { workgroups } => {
+                write!(f, "a grid of {workgroups} blocks (a CUDA grid has at most {} blocks)", (1u64 << 31) - 1)
+            }
+            CudaPlanProblem::NoLaunch { kernel } => write!(f, "kernel {kernel} has no CUDA launch record"),
+        }
+    }
+}
+
+/// Text from outside (a JIT log) on one line: line breaks become `; `.
+struct OneLine<'a>(&'a str);
+
+impl fmt::Display for OneLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, line) in self.0.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}", Name(line))?;
+        }
+        Ok(())
+    }
+}
 
 /// An inconsistency found by the load-time verifier. Entry, kernel and tensor names
 /// come from the module.

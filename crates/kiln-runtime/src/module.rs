@@ -266,6 +266,12 @@ pub struct EntrySignature<'m, 'a> {
 }
 
 impl<'m, 'a> Signature<'m, 'a> {
+    /// The signature of `entries`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn of(entries: &'m [EntryView<'a>]) -> Signature<'m, 'a> {
+        Signature { entries }
+    }
+
     fn at(&self, index: usize) -> Option<EntrySignature<'m, 'a>> {
         let e = self.entries.get(index)?;
         Some(EntrySignature { index, name: e.name, inputs: &e.inputs, outputs: &e.outputs })
