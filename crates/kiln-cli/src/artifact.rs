@@ -876,6 +876,12 @@ pub(crate) fn json_str(s: &str) -> String {
     o
 }
 
+/// The CUDA launch of kernel `kernel`'s preferred variant (its first), if it has one.
+fn launch_of(p: &Program, kernel: u32) -> Option<kiln_module::program::Launch> {
+    let v = p.kernels.get(kernel as usize)?.variants.first()?;
+    p.executables.get(v.executable as usize)?.launches.get(v.entry as usize).copied()
+}
+
 /// The human (or JSON) listing of an artifact.
 fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
     let mut s = String::new();
@@ -927,9 +933,12 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 .iter()
                 .map(|c| match c {
                     Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
-                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
+                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},{}\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
                         json_str(p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name)),
+                        launch_of(p, *kernel)
+                            .map(|l| format!("\"block\":{},\"shared\":{},", l.block, l.shared))
+                            .unwrap_or_default(),
                         bindings.iter().map(json_binding).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
@@ -1014,9 +1023,16 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         .map(|s| format!("  // {s}"))
                         .unwrap_or_default();
                     let est = if *work_ns == 0 { String::new() } else { format!(" ~{:.1}us", *work_ns as f64 / 1e3) };
+                    // A CUDA launch: blocks of `block` threads (and dynamic shared memory).
+                    let launch = launch_of(p, *kernel)
+                        .map(|l| match l.shared {
+                            0 => format!(" block {}", l.block),
+                            sh => format!(" block {} shared {sh} B", l.block),
+                        })
+                        .unwrap_or_default();
                     let _ = writeln!(
                         s,
-                        "  {i:>4} w{wave:<3} dispatch {name} ({class}) x{workgroups}{est} [{}]{src}",
+                        "  {i:>4} w{wave:<3} dispatch {name} ({class}) x{workgroups}{launch}{est} [{}]{src}",
                         b.join(", ")
                     );
                 }

@@ -95,13 +95,18 @@ pub fn init() -> Result<(), RuntimeError> {
         }
         // SAFETY: every function is present (checked above); cuInit takes flags 0.
         let r = unsafe { sys::cuInit(0) };
-        check("cuInit", r).map_err(|e| (false, e.to_string()))
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err((false, error_name(r)))
+        }
     });
     match state {
         Ok(()) => Ok(()),
         Err((true, what)) => Err(RuntimeError::NoCudaDriver { what: what.clone() }),
-        // The first call's error, again: the driver refused to initialise.
-        Err((false, what)) => Err(RuntimeError::Cuda { call: "cuInit", error: what.clone() }),
+        // The first call's error, again: the driver refused to initialise (no device,
+        // a driver older than the kernel module, …).
+        Err((false, error)) => Err(RuntimeError::Cuda { call: "cuInit", error: error.clone() }),
     }
 }
 

@@ -125,6 +125,14 @@ impl core::fmt::Debug for CudaModule<'_> {
     }
 }
 
+impl Drop for CudaModule<'_> {
+    fn drop(&mut self) {
+        // Modules unload from the current context: make it ours before the fields go
+        // (the code first, then the context). Nothing to do about a failure here.
+        let _ = self.ctx.bind();
+    }
+}
+
 /// How a kernel's variants split: the first cubin one and the first PTX one (variants
 /// whose executable is for CUDA and asks for no other feature bit).
 fn cuda_variants(p: &ProgramView<'_>, kernel: usize) -> (Option<usize>, Option<usize>) {
