@@ -331,7 +331,9 @@ fn clone_error(e: &RuntimeError) -> RuntimeError {
 pub struct CudaInstance<'m> {
     // Dropped first (after `Drop::drop` synchronised the stream): the graphs, then the
     // stream, then the memory they use.
-    graphs: Vec<driver::GraphExec>,
+    /// Per entry point its graph (`None`: the plan has no node, e.g. outputs copied
+    /// from inputs only; a graph of no nodes is not instantiated).
+    graphs: Vec<Option<driver::GraphExec>>,
     nodes: Vec<Vec<Node>>,
     stream: driver::Stream,
     memory: driver::DeviceMemory,
@@ -390,7 +392,7 @@ impl<'m> CudaInstance<'m> {
         let mut graphs = Vec::with_capacity(p.entries.len());
         for (i, e) in p.entries.iter().enumerate() {
             let n = graph::nodes(e, i, &layout, &module.launches)?;
-            graphs.push(build_graph(module, &n, base)?.instantiate(&stream)?);
+            graphs.push(if n.is_empty() { None } else { Some(build_graph(module, &n, base)?.instantiate(&stream)?) });
             nodes.push(n);
         }
         let graph_time = start.elapsed();
@@ -503,7 +505,9 @@ impl<'m> CudaInstance<'m> {
             // borrowed until `run` synchronises; the input region holds exactly them.
             unsafe { self.stream.upload(self.base + self.layout.inputs[index][i], src, t.bytes as usize)? };
         }
-        self.graphs[index].launch(&self.stream)?;
+        if let Some(g) = &self.graphs[index] {
+            g.launch(&self.stream)?;
+        }
         for (i, (arg, t)) in outputs.iter_mut().zip(&entry.outputs).enumerate() {
             let dst = arg.checked_ptr(t)?;
             // SAFETY: `dst` is writable for the tensor's bytes (checked) and stays
@@ -536,7 +540,10 @@ impl<'m> CudaInstance<'m> {
     pub fn launch_resident(&mut self, entry: usize) -> Result<(), RuntimeError> {
         let g = self.graphs.get(entry).ok_or_else(|| RuntimeError::NoSuchEntry { entry: format!("#{entry}") })?;
         self.module.ctx.bind()?;
-        g.launch(&self.stream)
+        match g {
+            Some(g) => g.launch(&self.stream),
+            None => Ok(()),
+        }
     }
 
     /// Waits for everything queued on this instance.
