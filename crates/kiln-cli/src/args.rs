@@ -46,7 +46,8 @@ pub(crate) enum Cmd {
     /// Run an artifact (or a model, compiled in memory) once and summarise its outputs
     #[command(after_help = "Examples:\n  \
         kiln run lenet.kiln --input input=digit.npy --output-dir out\n  \
-        kiln run model.onnx --input-shape x=1x16 --seed 3")]
+        kiln run model.onnx --input-shape x=1x16 --seed 3\n  \
+        kiln run lenet.kiln --device cuda")]
     Run(RunArgs),
     /// List an artifact's sections, signature, plan and memory map
     #[command(after_help = "Examples:\n  \
@@ -58,7 +59,8 @@ pub(crate) enum Cmd {
     #[command(after_help = "Examples:\n  \
         kiln bench lenet.kiln --threads 1 --iterations 1000\n  \
         kiln bench lenet.kiln --json\n  \
-        kiln bench resnet50.kiln --profile\n\n\
+        kiln bench resnet50.kiln --profile\n  \
+        kiln bench lenet.kiln --device cuda --json\n\n\
         KILN_PERF_MAP=1 kiln bench ... writes /tmp/perf-PID.map so `perf report` names each kernel.")]
     Bench(BenchArgs),
     /// Print a model's tensor-level IR
@@ -74,8 +76,20 @@ pub(crate) enum Cmd {
     /// Run ONNX's operator test cases, each in a child process
     #[command(after_help = "Examples:\n  \
         kiln conformance .cache/onnx-node\n  \
-        kiln conformance .cache/onnx-node --engine reference --filter conv -v")]
+        kiln conformance .cache/onnx-node --engine reference --filter conv -v\n  \
+        kiln conformance .cache/onnx-node --device cuda")]
     Conformance(ConformanceArgs),
+    /// Run a model on the GPU kernel by kernel against the kernel interpreter
+    #[command(
+        name = "gpu-check",
+        after_help = "Compiles MODEL for CUDA, runs its plan one command at a time on GPU 0 and \
+        compares each dispatch's output with the kernel interpreter's on the same inputs: one \
+        line per dispatch, failures again at the end; exit status 1 when any differs.\n\n\
+        Examples:\n  \
+        kiln gpu-check mobilenet_v2.onnx --input-shape input=1x3x224x224\n  \
+        kiln gpu-check lenet.onnx --dispatch 3"
+    )]
+    GpuCheck(GpuCheckArgs),
     /// List the tensor-level passes (the names --passes takes)
     #[command(after_help = "Example:\n  kiln list-passes")]
     ListPasses,
@@ -118,8 +132,8 @@ pub(crate) struct ModelArgs {
     /// The CPU features the code may use: host, x86-64-v2, x86-64-v3 or x86-64-v4 (adds AVX-512 tiles)
     #[arg(long = "target-cpu", value_name = "CPU")]
     pub target_cpu: Option<String>,
-    /// The device the kernels run on: cpu (default) or cuda (PTX for sm_90a; the
-    /// runtime cannot run it yet)
+    /// The device the kernels are compiled for: cpu (default) or cuda (PTX for sm_90a;
+    /// run it with --device cuda)
     #[arg(long = "target", value_name = "cpu|cuda")]
     pub target: Option<String>,
     /// speed, or size: no machine-code kernels, transcendentals through helpers
@@ -207,6 +221,10 @@ pub(crate) struct RunArgs {
     /// Threads of the local-task driver (default: one per core)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
     pub threads: Option<u64>,
+    /// Where it runs: cpu (default) or cuda (GPU 0 through the CUDA driver; a model is
+    /// then compiled for CUDA)
+    #[arg(long, value_name = "cpu|cuda")]
+    pub device: Option<String>,
     #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
     pub model_args: ModelArgs,
 }
@@ -260,10 +278,34 @@ pub(crate) struct BenchArgs {
     /// The weights file of an artifact compiled with --external-weights
     #[arg(long, value_name = "FILE")]
     pub weights: Option<PathBuf>,
+    /// Where it runs: cpu (default) or cuda (GPU 0; the time of a call is copies in,
+    /// one graph launch, copies out, one synchronisation)
+    #[arg(long, value_name = "cpu|cuda")]
+    pub device: Option<String>,
+    /// With --device cuda: time the graph alone, on inputs kept on the device
+    #[arg(long)]
+    pub resident: bool,
     #[command(flatten)]
     pub feed: FeedArgs,
     #[command(flatten, next_help_heading = "Given a model (compiled in memory)")]
     pub model_args: ModelArgs,
+}
+
+/// `kiln gpu-check`.
+#[derive(Args)]
+pub(crate) struct GpuCheckArgs {
+    /// The model (.onnx or .kir)
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    #[command(flatten)]
+    pub feed: FeedArgs,
+    /// Check only dispatch N (the plan still runs up to it)
+    #[arg(long, value_name = "N")]
+    pub dispatch: Option<usize>,
+    /// Float tolerance in units in the last place of the interpreter's value
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub ulps: u32,
 }
 
 /// `kiln import`.
@@ -302,6 +344,8 @@ pub(crate) enum Engine {
     Compiled,
     /// The reference evaluator.
     Reference,
+    /// Compile for CUDA → artifact file → load on GPU 0 → run (`--device cuda`).
+    Cuda,
 }
 
 /// `kiln conformance`.
@@ -321,6 +365,10 @@ pub(crate) struct ConformanceArgs {
     /// Print passing cases too
     #[arg(short = 'v', long)]
     pub verbose: bool,
+    /// Where the compiled engine runs: cpu (default) or cuda (each case compiled for
+    /// CUDA and run on GPU 0)
+    #[arg(long, value_name = "cpu|cuda")]
+    pub device: Option<String>,
 }
 
 /// `NAME=FILE.npy`.

@@ -47,6 +47,20 @@ pub(crate) struct Args {
     pub floor_passes: Option<usize>,
     pub emit: Emit,
     pub symbol: Option<String>,
+    /// `run`/`bench --device`: where the artifact runs.
+    pub run_on: RunDevice,
+    /// `bench --resident`: time the graph alone, on data kept on the device.
+    pub resident: bool,
+}
+
+/// Where `run` and `bench` run an artifact (`--device`).
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum RunDevice {
+    /// The host CPU (the default).
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU through the CUDA driver (`kiln_runtime::cuda`).
+    Cuda,
 }
 
 /// Threads `run` and `bench` use: `--threads`, else one per core the system offers.
@@ -90,7 +104,7 @@ fn is_artifact(path: &Path) -> bool {
 }
 
 /// The compile options in `a` for `model` (ONNX or .kir).
-fn options(a: &Args, model: &Path) -> Result<Options, String> {
+pub(crate) fn options(a: &Args, model: &Path) -> Result<Options, String> {
     Ok(Options {
         target: target(a)?,
         device: device(a)?,
@@ -284,17 +298,17 @@ fn path_summary(flow: &kiln_flow::program::FlowProgram, paths: &[kiln_compiler::
 
 /// An artifact's bytes (read, or compiled from a model), its weights when the compile
 /// kept them outside, and a label for messages.
-struct Loaded {
-    bytes: AlignedBytes,
-    compiled_weights: Option<AlignedBytes>,
-    label: String,
+pub(crate) struct Loaded {
+    pub bytes: AlignedBytes,
+    pub compiled_weights: Option<AlignedBytes>,
+    pub label: String,
     /// The artifact's file (`None` for a model compiled here).
-    path: Option<PathBuf>,
+    pub path: Option<PathBuf>,
 }
 
 /// Reads an artifact, or compiles a model; the bytes are 64-byte aligned so that the
 /// runtime uses the constants in place.
-fn read_artifact(a: &Args) -> Result<Loaded, String> {
+pub(crate) fn read_artifact(a: &Args) -> Result<Loaded, String> {
     let model = a.model.clone().ok_or("no artifact or model given (kiln --help shows the usage)")?;
     let label = model.display().to_string();
     if is_artifact(&model) {
@@ -318,7 +332,7 @@ fn read_artifact(a: &Args) -> Result<Loaded, String> {
 /// Verifies an artifact's container, sections and plan
 /// ([`kiln_runtime::Module::verify_plan`]): every command that reads an artifact does
 /// this before it walks the plan or opens a file the artifact names.
-fn verify_plan(l: &Loaded) -> Result<kiln_runtime::VerifiedPlan<'_>, String> {
+pub(crate) fn verify_plan(l: &Loaded) -> Result<kiln_runtime::VerifiedPlan<'_>, String> {
     kiln_runtime::Module::verify_plan(l.bytes.bytes()).map_err(|e| format!("{}: {e}", l.label))
 }
 
@@ -326,7 +340,7 @@ fn verify_plan(l: &Loaded) -> Result<kiln_runtime::VerifiedPlan<'_>, String> {
 /// `--weights`, else, for an artifact that keeps them outside, the file it names beside
 /// the artifact. `None` for an artifact that embeds them and for a model compiled here
 /// (whose weights, when the compile kept them outside, are `compiled_weights`).
-fn weights_file(
+pub(crate) fn weights_file(
     a: &Args,
     loaded: &Loaded,
     plan: &kiln_runtime::VerifiedPlan<'_>,
@@ -392,7 +406,7 @@ fn zeroed(len: u64, what: &str) -> Result<AlignedBytes, String> {
 
 /// One zeroed buffer per output of an entry point, or an error naming the artifact
 /// (`label`) and the output.
-fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str) -> Result<Vec<AlignedBytes>, String> {
+pub(crate) fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str) -> Result<Vec<AlignedBytes>, String> {
     outputs
         .iter()
         .map(|t| zeroed(t.bytes, &format!("output {}", json_str(t.name))))
@@ -402,13 +416,16 @@ fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str
 
 /// `kiln run OUT.kiln [--input NAME=FILE.npy]... [--output-dir DIR] [--seed N] [--threads N]`.
 pub(crate) fn run_cmd(a: Args) -> Result<(), String> {
+    if a.run_on == RunDevice::Cuda {
+        return crate::gpu::run_cmd(&a);
+    }
     with_module(&a, |module, label, t_load| run_module(&a, module, label, t_load))
 }
 
 /// `kiln run` once the module is loaded (in `t_load`).
 fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_load: Duration) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(a, &sig.inputs)?;
+    let feeds = feeds(a, sig.inputs)?;
     let threads = threads(a);
     let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
     let mut outs = output_buffers(sig.outputs, label)?;
@@ -419,25 +436,35 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
     }
     let t_run = t1.elapsed();
-    if let Some(dir) = &a.output_dir {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
-    }
-    for (t, data) in sig.outputs.iter().zip(outs) {
-        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("output `{}`: {e}", t.name))?;
-        let tensor = Tensor::new(ty, data.bytes().to_vec().into()).map_err(|e| format!("output `{}`: {e}", t.name))?;
-        write_stdout(&format!("{}: {} {}\n", t.name, tensor.ty(), summary(&tensor)))?;
-        if let Some(dir) = &a.output_dir {
-            let file = dir.join(format!("{}.npy", file_stem(&t.name)));
-            let b = npy::write(&tensor).map_err(|e| format!("{}: {e}", t.name))?;
-            std::fs::write(&file, b).map_err(|e| format!("cannot write `{}`: {e}", file.display()))?;
-        }
-    }
+    write_outputs(a, sig.outputs, outs.iter().map(AlignedBytes::bytes))?;
     eprintln!(
         "{label}: loaded in {:.2} ms, ran in {:.3} ms on {threads} thread{}",
         t_load.as_secs_f64() * 1e3,
         t_run.as_secs_f64() * 1e3,
         if threads == 1 { "" } else { "s" }
     );
+    Ok(())
+}
+
+/// Prints each output's summary, and with `--output-dir` writes it as `.npy`.
+pub(crate) fn write_outputs<'b>(
+    a: &Args,
+    outputs: &[kiln_module::sections::TensorView<'_>],
+    data: impl Iterator<Item = &'b [u8]>,
+) -> Result<(), String> {
+    if let Some(dir) = &a.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    }
+    for (t, data) in outputs.iter().zip(data) {
+        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("output `{}`: {e}", t.name))?;
+        let tensor = Tensor::new(ty, data.to_vec().into()).map_err(|e| format!("output `{}`: {e}", t.name))?;
+        write_stdout(&format!("{}: {} {}\n", t.name, tensor.ty(), summary(&tensor)))?;
+        if let Some(dir) = &a.output_dir {
+            let file = dir.join(format!("{}.npy", file_stem(t.name)));
+            let b = npy::write(&tensor).map_err(|e| format!("{}: {e}", t.name))?;
+            std::fs::write(&file, b).map_err(|e| format!("cannot write `{}`: {e}", file.display()))?;
+        }
+    }
     Ok(())
 }
 
@@ -454,6 +481,12 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
 /// arithmetic instead of tuning it. `--profile` times each command of the plan instead
 /// (one thread; see [`profile`]).
 pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
+    if a.run_on == RunDevice::Cuda {
+        return crate::gpu::bench_cmd(&a);
+    }
+    if a.resident {
+        return Err("--resident times the CUDA graph alone: it needs --device cuda".into());
+    }
     if a.profile && a.threads.is_some_and(|t| t > 1) {
         return Err("--profile times each command on one thread: leave out --threads (or give 1)".into());
     }
@@ -471,7 +504,7 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
 /// `kiln bench` once the module is loaded.
 fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, threads: usize) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(a, &sig.inputs)?;
+    let feeds = feeds(a, sig.inputs)?;
     let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
     if std::env::var_os("KILN_PERF_MAP").is_some() {
         write_perf_map(module)?;
@@ -693,7 +726,7 @@ fn write_perf_map(module: &kiln_runtime::LoadedModule<'_>) -> Result<(), String>
 }
 
 /// Room for `n` timings, or an error when `--iterations` asks for more than memory holds.
-fn timings(n: usize) -> Result<Vec<f64>, String> {
+pub(crate) fn timings(n: usize) -> Result<Vec<f64>, String> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| format!("--iterations {n}: cannot hold that many timings"))?;
     Ok(v)
@@ -722,7 +755,7 @@ impl Stats {
 
 /// The inputs of a run: `--input NAME=FILE.npy` where given (checked against the
 /// signature), seeded random data (`--seed`) elsewhere.
-fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) -> Result<Vec<Tensor>, String> {
+pub(crate) fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) -> Result<Vec<Tensor>, String> {
     for (n, _) in &a.inputs {
         if !inputs.iter().any(|t| t.name == *n) {
             let names: Vec<String> = inputs.iter().map(|t| format!("`{}`", t.name)).collect();
@@ -755,7 +788,7 @@ fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) -> Result<V
     Ok(feeds)
 }
 
-fn tensor_type(code: u32, dims: &[u64]) -> Result<TensorType, String> {
+pub(crate) fn tensor_type(code: u32, dims: &[u64]) -> Result<TensorType, String> {
     let dtype = DType::from_onnx_code(code as i64).ok_or_else(|| format!("unknown dtype code {code}"))?;
     let shape = Shape::new(dims.iter().map(|&d| d as usize).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
     Ok(TensorType::new(dtype, shape))
@@ -819,7 +852,7 @@ fn json_binding(b: &Binding) -> String {
 
 /// A time in JSON (and `--samples`): rounded to the nanosecond, given milliseconds (or to
 /// the picosecond, given microseconds: finer than any clock here), `null` when not finite.
-fn json_ms(x: f64) -> String {
+pub(crate) fn json_ms(x: f64) -> String {
     if x.is_finite() {
         format!("{}", (x * 1e6).round() / 1e6)
     } else {
@@ -831,7 +864,7 @@ fn features(bits: u64) -> Vec<&'static str> {
     CpuFeature::ALL.iter().filter(|f| bits & f.bit() != 0).map(|f| f.name()).collect()
 }
 
-fn json_str(s: &str) -> String {
+pub(crate) fn json_str(s: &str) -> String {
     let mut o = String::from("\"");
     for c in s.chars() {
         match c {
@@ -843,6 +876,12 @@ fn json_str(s: &str) -> String {
     }
     o.push('"');
     o
+}
+
+/// The CUDA launch of kernel `kernel`'s preferred variant (its first), if it has one.
+fn launch_of(p: &Program, kernel: u32) -> Option<kiln_module::program::Launch> {
+    let v = p.kernels.get(kernel as usize)?.variants.first()?;
+    p.executables.get(v.executable as usize)?.launches.get(v.entry as usize).copied()
 }
 
 /// The human (or JSON) listing of an artifact.
@@ -896,9 +935,12 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 .iter()
                 .map(|c| match c {
                     Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
-                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},\"bindings\":[{}]}}",
+                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},{}\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
                         json_str(p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name)),
+                        launch_of(p, *kernel)
+                            .map(|l| format!("\"block\":{},\"shared\":{},", l.block, l.shared))
+                            .unwrap_or_default(),
                         bindings.iter().map(json_binding).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
@@ -983,9 +1025,16 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         .map(|s| format!("  // {s}"))
                         .unwrap_or_default();
                     let est = if *work_ns == 0 { String::new() } else { format!(" ~{:.1}us", *work_ns as f64 / 1e3) };
+                    // A CUDA launch: blocks of `block` threads (and dynamic shared memory).
+                    let launch = launch_of(p, *kernel)
+                        .map(|l| match l.shared {
+                            0 => format!(" block {}", l.block),
+                            sh => format!(" block {} shared {sh} B", l.block),
+                        })
+                        .unwrap_or_default();
                     let _ = writeln!(
                         s,
-                        "  {i:>4} w{wave:<3} dispatch {name} ({class}) x{workgroups}{est} [{}]{src}",
+                        "  {i:>4} w{wave:<3} dispatch {name} ({class}) x{workgroups}{launch}{est} [{}]{src}",
                         b.join(", ")
                     );
                 }

@@ -2,7 +2,8 @@
 //! `test_data_set_*/{input,output}_*.pb`) and puts each in exactly one category.
 //!
 //! Engines: `compiled` (the default) runs import → compile → artifact bytes → load →
-//! run; `reference` runs import → the reference evaluator. Each case runs in a child
+//! run; `reference` runs import → the reference evaluator; `cuda` (`--device cuda`) is
+//! `compiled` for the CUDA target, run on GPU 0, compared the same way. Each case runs in a child
 //! process (`kiln conformance-case`), so a crash or a hang in generated code is a
 //! category of its own and never takes the harness down.
 //! Comparison follows the ONNX backend test defaults: |got − want| ≤ atol + rtol·|want|
@@ -47,6 +48,9 @@ pub enum Engine {
     Compiled,
     /// The reference evaluator.
     Reference,
+    /// Compile for CUDA, write the artifact's bytes, load them on GPU 0, run
+    /// (`kiln conformance --device cuda`).
+    Cuda,
 }
 
 impl Engine {
@@ -55,7 +59,17 @@ impl Engine {
         match self {
             Engine::Compiled => "compiled",
             Engine::Reference => "reference",
+            Engine::Cuda => "cuda",
         }
+    }
+
+    /// The compile options of a compiled engine.
+    fn options(self) -> kiln_compiler::Options {
+        let device = match self {
+            Engine::Cuda => kiln_compiler::TargetDevice::Cuda,
+            Engine::Compiled | Engine::Reference => kiln_compiler::TargetDevice::Cpu,
+        };
+        kiln_compiler::Options { device, ..kiln_compiler::Options::default() }
     }
 }
 
@@ -173,6 +187,7 @@ fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 fn execute(engine: Engine, g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, Outcome> {
     match engine {
         Engine::Reference => kiln_ref::eval_graph(g, feeds).map_err(|e| Outcome::RuntimeError(e.to_string())),
+        Engine::Cuda => crate::gpu::execute_graph(g, feeds),
         Engine::Compiled => {
             let c = kiln_compiler::compile(g, &kiln_compiler::Options::default())
                 .map_err(|e| Outcome::CompileError(e.to_string()))?;
@@ -230,8 +245,8 @@ pub fn run_case(case: &Path, engine: Engine) -> Outcome {
     // The compiler needs some operands constant that the evaluator takes at run time
     // (axes, k, …): those cases are specialised the same way.
     let mut compile_error = None;
-    if let (Engine::Compiled, Ok(g)) = (engine, &plain) {
-        if let Err(e) = kiln_compiler::compile(g, &kiln_compiler::Options::default()) {
+    if let (Engine::Compiled | Engine::Cuda, Ok(g)) = (engine, &plain) {
+        if let Err(e) = kiln_compiler::compile(g, &engine.options()) {
             if e.needs_constant_operand() {
                 specialise = true;
                 compile_error = Some(Outcome::CompileError(e.to_string()));

@@ -15,6 +15,7 @@ mod artifact;
 mod conformance;
 mod embed;
 mod floor;
+mod gpu;
 
 use args::Cmd;
 use clap::{CommandFactory, Parser};
@@ -99,6 +100,23 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
     })
 }
 
+/// `--device` of `run` and `bench`, and what it means for a model compiled in memory:
+/// `cuda` compiles for CUDA unless `--target` says otherwise (which is an error).
+fn run_device(device: Option<String>, base: &mut artifact::Args) -> Result<(), String> {
+    match device.as_deref() {
+        None | Some("cpu") => Ok(()),
+        Some("cuda") => {
+            match base.device.as_deref() {
+                None | Some("cuda") => base.device = Some("cuda".into()),
+                Some(t) => return Err(format!("--target {t} compiles for another device than --device cuda runs on")),
+            }
+            base.run_on = artifact::RunDevice::Cuda;
+            Ok(())
+        }
+        Some(d) => Err(format!("--device `{d}`: expected cpu or cuda")),
+    }
+}
+
 /// A count as a `usize` (saturating: no machine holds more of anything).
 fn count(n: Option<u64>) -> Option<usize> {
     n.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
@@ -146,15 +164,19 @@ fn run(cmd: Cmd) -> Result<(), String> {
             symbol: c.symbol,
             ..model_options(c.model_args)?
         }),
-        Cmd::Run(r) => artifact::run_cmd(artifact::Args {
-            model: Some(r.model),
-            weights: r.weights,
-            inputs: r.feed.input,
-            seed: r.feed.seed,
-            output_dir: r.output_dir,
-            threads: thread_count(r.threads)?,
-            ..model_options(r.model_args)?
-        }),
+        Cmd::Run(r) => {
+            let mut a = artifact::Args {
+                model: Some(r.model),
+                weights: r.weights,
+                inputs: r.feed.input,
+                seed: r.feed.seed,
+                output_dir: r.output_dir,
+                threads: thread_count(r.threads)?,
+                ..model_options(r.model_args)?
+            };
+            run_device(r.device, &mut a)?;
+            artifact::run_cmd(a)
+        }
         Cmd::Inspect(i) => artifact::inspect_cmd(artifact::Args {
             model: Some(i.model),
             json: i.json,
@@ -165,7 +187,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
             if b.iterations == 0 {
                 return Err("--iterations 0: at least one timed iteration is needed".into());
             }
-            artifact::bench_cmd(artifact::Args {
+            let mut a = artifact::Args {
                 model: Some(b.model),
                 weights: b.weights,
                 inputs: b.feed.input,
@@ -178,9 +200,23 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 floor: b.floor || b.floor_passes.is_some(),
                 floor_passes: b.floor_passes,
                 profile: b.profile,
+                resident: b.resident,
                 ..model_options(b.model_args)?
-            })
+            };
+            run_device(b.device, &mut a)?;
+            artifact::bench_cmd(a)
         }
+        Cmd::GpuCheck(g) => gpu::check_cmd(
+            &artifact::Args {
+                model: Some(g.model),
+                import: import_options(g.bind),
+                inputs: g.feed.input,
+                seed: g.feed.seed,
+                ..Default::default()
+            },
+            g.dispatch,
+            g.ulps,
+        ),
         Cmd::Conformance(c) => conformance_cmd(c),
         Cmd::ConformanceCase { case, engine } => {
             let o = conformance::run_case_caught(&case, engine_of(engine));
@@ -198,13 +234,26 @@ fn engine_of(e: args::Engine) -> conformance::Engine {
     match e {
         args::Engine::Compiled => conformance::Engine::Compiled,
         args::Engine::Reference => conformance::Engine::Reference,
+        args::Engine::Cuda => conformance::Engine::Cuda,
     }
 }
 
 /// `kiln conformance DIR`: runs every ONNX node test case under DIR, each in a child
 /// process, `--jobs` at a time (default: the number of CPUs), printing results in order.
 fn conformance_cmd(c: args::ConformanceArgs) -> Result<(), String> {
-    let (dir, filter, verbose, engine) = (c.dir, c.filter, c.verbose, engine_of(c.engine));
+    let engine = match (c.device.as_deref(), c.engine) {
+        (None | Some("cpu"), e) => engine_of(e),
+        (Some("cuda"), args::Engine::Compiled | args::Engine::Cuda) => {
+            // Every case would fail the same way: say it once.
+            gpu::require_driver()?;
+            conformance::Engine::Cuda
+        }
+        (Some("cuda"), args::Engine::Reference) => {
+            return Err("--device cuda runs the compiled engine; the reference evaluator runs on the CPU".into())
+        }
+        (Some(d), _) => return Err(format!("--device `{d}`: expected cpu or cuda")),
+    };
+    let (dir, filter, verbose) = (c.dir, c.filter, c.verbose);
     let jobs = c.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the kiln binary: {e}"))?;
     let cases: Vec<PathBuf> = conformance::cases(&dir)?

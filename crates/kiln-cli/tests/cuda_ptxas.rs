@@ -51,6 +51,17 @@ fn every_kernel_of_every_model_assembles_for_sm_90a() {
             );
             assert!(l.grid >= 1 && l.block >= 32, "{name}: {}: launch {l:?}", d.kernel.name);
         }
+        // The artifact records each entry's launch, and the runtime's verifier accepts
+        // the plan (blocks, shared memory and one parameter per binding).
+        let program = c.program().expect("program");
+        let recorded: Vec<(u32, u32, u32)> =
+            program.executables[0].launches.iter().map(|l| (l.block, l.shared, l.params)).collect();
+        let made: Vec<(u32, u32, u32)> = cuda.launches.iter().map(|l| (l.block, l.shared, l.params)).collect();
+        assert_eq!(recorded, made, "{name}: launch records");
+        let artifact = kiln_runtime::fs::AlignedBytes::copy_from(c.artifact().expect("artifact"));
+        if let Err(e) = kiln_runtime::Module::verify_plan(artifact.bytes()) {
+            failures.push(format!("{name}: the runtime's verifier refuses the CUDA plan: {e}"));
+        }
         kernels += cuda.launches.len();
         if let Err(e) = assemble_ptx("ptxas", &name, cuda.ptx()) {
             failures.push(format!("{name}: ptxas: {}", e.lines().take(8).collect::<Vec<_>>().join("\n")));

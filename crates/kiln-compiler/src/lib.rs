@@ -541,12 +541,22 @@ impl Compilation {
                         executable: &cpu.executable,
                         workgroups: cpu.workgroups.clone(),
                         work_ns: cpu.work_ns.clone(),
+                        launches: Vec::new(),
                     },
                     (None, Some(cuda)) => Code {
                         device: DeviceKind::Cuda,
                         executable: &cuda.executable,
                         workgroups: cuda.launches.iter().map(|l| l.grid).collect(),
                         work_ns: Vec::new(),
+                        launches: cuda
+                            .launches
+                            .iter()
+                            .map(|l| kiln_module::program::Launch {
+                                block: l.block,
+                                shared: l.shared,
+                                params: l.params,
+                            })
+                            .collect(),
                     },
                     _ => return Err(missing("kernels")),
                 };
@@ -584,12 +594,14 @@ fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
 }
 
 /// What the code generator of one device made: the executable and, per dispatch, its
-/// workgroup count (CPU workgroups, or a CUDA launch's blocks) and estimated time.
+/// workgroup count (CPU workgroups, or a CUDA launch's blocks) and estimated time, and
+/// for CUDA each entry's launch record (block, dynamic shared memory, parameters).
 struct Code<'a> {
     device: DeviceKind,
     executable: &'a kiln_module::program::Executable,
     workgroups: Vec<u64>,
     work_ns: Vec<u64>,
+    launches: Vec<kiln_module::program::Launch>,
 }
 
 /// The [`Stage::Hal`] stage: the program of `flow` under `plan` with `code`, and the constant pool when it is kept outside the artifact.
@@ -636,7 +648,10 @@ fn build_program(
         }],
         entries: vec![entry],
         kernels,
-        executables: vec![code.executable.clone()],
+        executables: vec![kiln_module::program::Executable {
+            launches: code.launches.clone(),
+            ..code.executable.clone()
+        }],
         constants,
         debug,
     };

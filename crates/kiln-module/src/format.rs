@@ -41,7 +41,9 @@ impl fmt::Display for Version {
 /// 1.1 added each dispatch's `work_ns` to the plan (a 1.0 plan reads as 0: no estimate).
 /// 1.2 added each kernel's class to the kernel table (a 1.0 or 1.1 kernel's class reads
 /// as `None`).
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 2 };
+/// 1.3 added each executable's launch records (a CUDA entry's block, dynamic shared
+/// memory and parameter count; an older executable reads with none).
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 3 };
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

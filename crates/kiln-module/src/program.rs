@@ -22,7 +22,8 @@ pub struct Device {
 pub enum DeviceKind {
     /// The host CPU (x86-64).
     Cpu,
-    /// An NVIDIA GPU through CUDA (format reserved; not produced yet).
+    /// An NVIDIA GPU through CUDA: executables hold PTX text (or a cubin, see
+    /// [`CUDA_CUBIN_SM90A`]) with one [`Launch`] per entry.
     Cuda,
 }
 
@@ -339,12 +340,32 @@ pub struct Reloc {
     pub addend: i64,
 }
 
+/// Bit of a CUDA [`Executable::features`]: the code is a cubin (an ELF image from
+/// `ptxas -arch=sm_90a`) for compute capability 9.0 with the `a` features, loaded as it
+/// is; without the bit the code is PTX text, compiled by the driver at load. A runtime
+/// prefers a variant with the bit on a 9.0 device and falls back to PTX elsewhere or
+/// when the cubin does not load.
+pub const CUDA_CUBIN_SM90A: u64 = 1 << 0;
+
+/// How a CUDA entry is launched (the grid is each dispatch's `workgroups`): a
+/// one-dimensional block, its dynamic shared memory and its parameter count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Launch {
+    /// Threads per block (a multiple of 32, 32 to 1024).
+    pub block: u32,
+    /// Bytes of dynamic shared memory per block (at most 227 KiB on Hopper).
+    pub shared: u32,
+    /// Number of `.u64` parameters: one device address per binding of the dispatch.
+    pub params: u32,
+}
+
 /// Generated machine code for one target: a relocatable image loaded by the runtime.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Executable {
     /// The device kind it runs on.
     pub device: DeviceKind,
-    /// CPU features the code needs (bit set of [`CpuFeature`]).
+    /// Features the code needs: for a CPU, a bit set of [`CpuFeature`]; for CUDA, bits
+    /// such as [`CUDA_CUBIN_SM90A`].
     pub features: u64,
     /// Code and read-only data, position-independent apart from `relocs`.
     pub code: Vec<u8>,
@@ -352,6 +373,9 @@ pub struct Executable {
     pub entries: Vec<(String, u64)>,
     /// Relocations to apply after the code is placed.
     pub relocs: Vec<Reloc>,
+    /// For a CUDA executable, one launch per entry, in entry order; empty for a CPU
+    /// (and in files older than format 1.3, which do not record them).
+    pub launches: Vec<Launch>,
 }
 
 /// Where the constant pool lives.

@@ -35,8 +35,11 @@
 //!   buffer  = str name, binding, u32 first, u32 last
 //! executables (kind 3, align 8):
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
-//!                                   list<reloc>, uv code_len, code bytes
+//!                                   list<reloc>, list<launch> (format 1.3 on; absent from
+//!                                   older files, read as empty), uv code_len, code bytes
 //!                      reloc = uv offset, uv kind (0 pc32, 1 abs64), uv target, sv addend
+//!                      launch = u32 block, u32 shared, u32 params (CUDA: one per entry,
+//!                               in entry order; a CPU executable has none)
 //!   list<kernel>       kernel = str name, list<variant>,
 //!                               uv class (format 1.2 on: 0 unknown, 1 contraction, 2 window,
 //!                               3 rows, 4 movement, 5 elementwise, 6 general; absent from
@@ -56,7 +59,7 @@ use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
     Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel,
-    KernelClass, Program, Reloc, RelocKind, Slot, TensorDesc, Variant,
+    KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc, Variant,
 };
 use crate::reader::Module;
 use crate::writer::ModuleWriter;
@@ -248,6 +251,9 @@ pub struct ExecutableView<'a> {
     pub entries: Vec<(&'a str, u64)>,
     /// Relocations.
     pub relocs: Vec<Reloc>,
+    /// Launch records, one per entry of a CUDA executable (empty for a CPU, and before
+    /// format 1.3).
+    pub launches: Vec<Launch>,
 }
 
 /// Where the constant pool lives.
@@ -320,6 +326,7 @@ impl ProgramView<'_> {
                     code: x.code.to_vec(),
                     entries: x.entries.iter().map(|(n, o)| (n.to_string(), *o)).collect(),
                     relocs: x.relocs.clone(),
+                    launches: x.launches.clone(),
                 })
                 .collect(),
             constants: match self.constants {
@@ -577,6 +584,11 @@ fn executables_bytes(p: &Program) -> Vec<u8> {
             });
             e.uv(r.target);
             e.sv(r.addend);
+        });
+        e.list(&x.launches, |e, l| {
+            e.uv(l.block.into());
+            e.uv(l.shared.into());
+            e.uv(l.params.into());
         });
         e.len(x.code.len());
         e.0.extend_from_slice(&x.code);
@@ -923,9 +935,20 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
             let addend = d.sv("relocation addend")?;
             Ok(Reloc { offset, kind, target, addend })
         })?;
+        let launches = if d.format.minor >= 3 {
+            // block, shared, params: at least 3 bytes each.
+            d.list("launches", 3, |d| {
+                let block = d.u32("launch block")?;
+                let shared = d.u32("launch shared")?;
+                let params = d.u32("launch params")?;
+                Ok(Launch { block, shared, params })
+            })?
+        } else {
+            Vec::new()
+        };
         let len = d.uv("code length")?;
         let code = d.bytes(len, "code")?;
-        Ok(ExecutableView { device, features, code, entries, relocs })
+        Ok(ExecutableView { device, features, code, entries, relocs, launches })
     })?;
     let kernels = d.list("kernels", 2, |d| {
         let name = d.str("kernel name")?;

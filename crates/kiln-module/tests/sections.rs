@@ -82,6 +82,7 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                 Reloc { offset: 10, kind: RelocKind::Pc32, target: 280, addend: -4 },
                 Reloc { offset: 120, kind: RelocKind::Abs64, target: 288, addend: 0 },
             ],
+            launches: vec![],
         }],
         constants,
         debug: debug.then(|| DebugInfo {
@@ -157,6 +158,7 @@ fn round_trip_extremes_and_empty() {
     });
     p.executables[0].relocs.push(Reloc { offset: 0, kind: RelocKind::Pc32, target: 0, addend: i64::MAX });
     p.executables[0].features = u64::MAX;
+    p.executables[0].launches = vec![Launch { block: u32::MAX, shared: 0, params: u32::MAX }, Launch::default()];
     p.entries[0].inputs[0].dtype = u32::MAX;
     p.entries[0].buffers[0].first = u32::MAX;
     p.debug = Some(DebugInfo::default());
@@ -499,13 +501,70 @@ fn hostile_counts_do_not_allocate() {
     let (e, base) = decode_with(SectionKind::Signature, v);
     assert!(matches!(e.problem, SectionProblem::CountTooLarge { field: "tensor dims", count, .. } if count == 1 << 62));
     assert_eq!(e.offset, base + 7);
-    // Code length past the end.
-    let mut v = vec![1, 0, 0, 0, 0];
+    // Code length past the end (one executable: cpu, no features, entries, relocations
+    // or launches).
+    let mut v = vec![1, 0, 0, 0, 0, 0];
     v.extend([0xff, 0xff, 0xff, 0xff, 0x0f]);
     v.extend([0xc3; 4]);
     let (e, _) = decode_with(SectionKind::Executables, v);
     assert_eq!(e.problem, SectionProblem::Truncated { field: "code" });
-    assert_eq!(e.section_offset, 10);
+    assert_eq!(e.section_offset, 11);
+    // 2^32 launches in a few bytes: rejected before any allocation.
+    let mut v = vec![1, 1, 0, 0, 0];
+    v.extend([0x80, 0x80, 0x80, 0x80, 0x10, 0, 0, 0]);
+    let (e, _) = decode_with(SectionKind::Executables, v);
+    assert!(matches!(e.problem, SectionProblem::CountTooLarge { field: "launches", count, .. } if count == 1 << 32));
+    assert_eq!(e.section_offset, 5);
+}
+
+#[test]
+fn launches_by_hand_and_from_format_1_2() {
+    let mut p = mlp(Constants::Embedded(vec![]), false);
+    p.kernels.clear();
+    p.executables[0] = Executable {
+        device: DeviceKind::Cuda,
+        features: CUDA_CUBIN_SM90A,
+        code: vec![0xab, 0xcd],
+        entries: vec![("k".into(), 1)],
+        relocs: vec![],
+        launches: vec![Launch { block: 256, shared: 65536, params: 3 }],
+    };
+    let exe = section_bytes(&p, SectionKind::Executables).expect("exe");
+    // 1 executable: kind 1, features 1, 1 entry ("k", 1), 0 relocations, 1 launch
+    // (256 = 0x80 0x02, 65536 = 0x80 0x80 0x04, 3), code length 2 and the code; 0 kernels.
+    assert_eq!(exe, [1, 1, 1, 1, 1, b'k', 1, 0, 1, 0x80, 0x02, 0x80, 0x80, 0x04, 3, 2, 0xab, 0xcd, 0]);
+    let file_of = |exe: Vec<u8>, minor: u16| {
+        let mut f = file_with(&[
+            (SectionKind::Signature, section_bytes(&p, SectionKind::Signature).expect("sig")),
+            (SectionKind::Plan, section_bytes(&p, SectionKind::Plan).expect("plan")),
+            (SectionKind::Executables, exe),
+            (SectionKind::Constants, vec![]),
+        ]);
+        f[10..12].copy_from_slice(&minor.to_le_bytes());
+        let crc = kiln_module::format::crc32(&f[..36]);
+        f[36..40].copy_from_slice(&crc.to_le_bytes());
+        f
+    };
+    let exes = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().executables);
+    assert_eq!(exes(&file_of(exe.clone(), 3)).expect("a 1.3 table"), p.executables);
+    // A 1.2 file has no launch records: the same table without them reads with none.
+    let mut old = exe.clone();
+    old.drain(8..15);
+    let read = exes(&file_of(old, 2)).expect("a 1.2 table");
+    assert_eq!(read[0].launches, []);
+    assert_eq!(read[0].code, p.executables[0].code);
+    // A 1.3 table under a 1.2 header takes the launch count (1) for the code length and
+    // then the block (256) for the kernel count, which the bytes left cannot hold.
+    let e = exes(&file_of(exe.clone(), 2)).expect_err("launches are not part of a 1.2 table");
+    assert_eq!(e.section_offset, 10, "{e}");
+    // Each field must fit 32 bits.
+    let mut bad = exe.clone();
+    bad.splice(9..11, [0x80, 0x80, 0x80, 0x80, 0x10]);
+    let e = exes(&file_of(bad, 3)).expect_err("block 2^32");
+    assert_eq!(e.problem, SectionProblem::TooLarge { field: "launch block", value: 1 << 32, max: u32::MAX.into() });
+    // Truncated inside a launch.
+    let e = exes(&file_of(exe[..12].to_vec(), 3)).expect_err("truncated");
+    assert_eq!(e.problem, SectionProblem::Truncated { field: "launch shared" });
 }
 
 #[test]

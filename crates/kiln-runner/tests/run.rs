@@ -52,6 +52,7 @@ fn program(external: Option<&[u8]>) -> Program {
             code: ADD_F32.to_vec(),
             entries: vec![("add".into(), 0)],
             relocs: vec![],
+            launches: vec![],
         }],
         constants: match external {
             Some(w) => Constants::External {

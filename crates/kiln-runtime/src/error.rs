@@ -6,7 +6,15 @@ use crate::hal::LoadError;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
-use kiln_module::program::Slot;
+use kiln_module::program::{DeviceKind, Slot};
+
+/// A device kind as messages name it.
+pub(crate) fn kind_name(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Cpu => "CPU",
+        DeviceKind::Cuda => "CUDA",
+    }
+}
 use kiln_module::reader::ReadError;
 use kiln_module::sections::SectionError;
 use kiln_module::Version;
@@ -116,6 +124,54 @@ pub enum RuntimeError {
     NoSuchEntry {
         /// The name or index asked for.
         entry: String,
+    },
+    /// No CUDA driver can be used: the library is missing, or lacks a function kiln
+    /// calls (a driver older than CUDA 12).
+    NoCudaDriver {
+        /// What is missing (`libcuda.so.1 not found`).
+        what: String,
+    },
+    /// A CUDA driver call failed.
+    Cuda {
+        /// The driver function (`cuGraphLaunch`).
+        call: &'static str,
+        /// The driver's error name (`CUDA_ERROR_INVALID_VALUE`).
+        error: String,
+    },
+    /// The driver refused an executable's code (PTX it cannot compile, or a cubin for
+    /// another device).
+    CudaModuleLoad {
+        /// The executable's index.
+        executable: usize,
+        /// The driver's error name.
+        error: String,
+        /// The JIT compiler's log (empty for a cubin, or when it said nothing).
+        log: String,
+    },
+    /// No variant of a kernel runs on this CUDA device.
+    NoCudaVariant {
+        /// The kernel.
+        kernel: String,
+        /// Why not (the device's compute capability, the loads that failed).
+        why: String,
+    },
+    /// A plan the CUDA graph cannot express.
+    CudaPlan {
+        /// Entry point name.
+        entry: String,
+        /// Command index.
+        command: usize,
+        /// What.
+        problem: CudaPlanProblem,
+    },
+    /// No binding at that place of an entry point's plan.
+    NoSuchBinding {
+        /// Entry point.
+        entry: String,
+        /// Command index.
+        command: usize,
+        /// Binding index.
+        binding: usize,
     },
     /// Wrong number of inputs.
     InputCount {
@@ -304,6 +360,26 @@ impl fmt::Display for RuntimeError {
             E::Threads { threads, why } => write!(f, "cannot run on {threads} threads: {why}"),
             E::WorkerLost => f.write_str("a worker thread of this instance stopped unexpectedly; make a new instance"),
             E::NoSuchEntry { entry } => write!(f, "the module has no entry point {entry_}", entry_ = Name(entry)),
+            E::NoCudaDriver { what } => write!(f, "no CUDA driver: {what}"),
+            E::Cuda { call, error } => write!(f, "CUDA call {call} failed: {error}"),
+            E::CudaModuleLoad { executable, error, log } => {
+                write!(f, "the CUDA driver refused executable {executable}: {error}")?;
+                if !log.trim().is_empty() {
+                    write!(f, " ({})", OneLine(log))?;
+                }
+                Ok(())
+            }
+            E::NoCudaVariant { kernel, why } => {
+                write!(f, "kernel {kernel_} has no variant for this CUDA device: {why}", kernel_ = Name(kernel))
+            }
+            E::CudaPlan { entry, command, problem } => {
+                write!(f, "entry {entry_}, command {command}: {problem}", entry_ = Name(entry))
+            }
+            E::NoSuchBinding { entry, command, binding } => write!(
+                f,
+                "entry {entry_} has no binding {binding} at command {command}",
+                entry_ = Name(entry)
+            ),
             E::InputCount { entry, expected, got } => {
                 write!(f, "{entry_} takes {expected} inputs, {got} given", entry_ = Name(entry))
             }
@@ -340,6 +416,47 @@ impl fmt::Display for RuntimeError {
 
 #[cfg(feature = "std")]
 impl std::error::Error for RuntimeError {}
+
+/// What about a command the CUDA graph cannot express.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CudaPlanProblem {
+    /// A dispatch's grid is larger than a kernel launch takes (2³¹ − 1 blocks).
+    Grid {
+        /// Workgroups recorded.
+        workgroups: u64,
+    },
+    /// A dispatched kernel has no launch record.
+    NoLaunch {
+        /// Kernel index.
+        kernel: u32,
+    },
+}
+
+impl fmt::Display for CudaPlanProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CudaPlanProblem::Grid { workgroups } => {
+                write!(f, "a grid of {workgroups} blocks (a CUDA grid has at most {} blocks)", (1u64 << 31) - 1)
+            }
+            CudaPlanProblem::NoLaunch { kernel } => write!(f, "kernel {kernel} has no CUDA launch record"),
+        }
+    }
+}
+
+/// Text from outside (a JIT log) on one line: line breaks become `; `.
+struct OneLine<'a>(&'a str);
+
+impl fmt::Display for OneLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, line) in self.0.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}", Name(line))?;
+        }
+        Ok(())
+    }
+}
 
 /// An inconsistency found by the load-time verifier. Entry, kernel and tensor names
 /// come from the module.
@@ -420,6 +537,27 @@ pub enum VerifyError {
         /// Code length.
         code_len: u64,
     },
+    /// An executable has a different number of launch records than it should: one per
+    /// entry for CUDA, none for a CPU.
+    Launches {
+        /// Executable index.
+        executable: usize,
+        /// Launch records present.
+        launches: usize,
+        /// Launch records expected.
+        expected: usize,
+    },
+    /// A CUDA launch record is out of the device's limits.
+    Launch {
+        /// Executable index.
+        executable: usize,
+        /// Entry index.
+        entry: usize,
+        /// Threads per block recorded (must be a multiple of 32 from 32 to 1024).
+        block: u32,
+        /// Dynamic shared bytes recorded (at most [`crate::verify::MAX_CUDA_SHARED`]).
+        shared: u32,
+    },
     /// A relocation patches or targets bytes outside its executable's code.
     Reloc {
         /// Executable index.
@@ -452,12 +590,34 @@ pub enum CommandProblem {
         /// Devices in the module.
         count: usize,
     },
-    /// The device is not one this runtime drives.
+    /// The device is not one this runtime drives (the CPU runtime refuses a CUDA
+    /// device, the CUDA runtime a CPU one).
     UnsupportedDevice {
         /// Device index.
         device: u32,
         /// Its name.
         name: String,
+        /// The kind of device the runtime that refused it drives.
+        driver: DeviceKind,
+    },
+    /// The dispatched kernel has no variant for the kind of device it is dispatched on.
+    NoVariantForDevice {
+        /// Kernel index.
+        kernel: u32,
+        /// The device's kind.
+        kind: DeviceKind,
+    },
+    /// A CUDA variant's launch record takes a different number of parameters than the
+    /// dispatch has bindings.
+    LaunchParams {
+        /// Kernel index.
+        kernel: u32,
+        /// Variant index.
+        variant: usize,
+        /// Parameters of the launch record.
+        params: u32,
+        /// Bindings of the dispatch.
+        bindings: usize,
     },
     /// Push constants are reserved: kernel ABI 1.x has no way to pass them.
     PushConstants {
@@ -573,9 +733,17 @@ impl fmt::Display for CommandProblem {
             CommandProblem::DeviceIndex { device, count } => {
                 write!(f, "device {device} does not exist ({count} devices)")
             }
-            CommandProblem::UnsupportedDevice { device, name } => {
-                write!(f, "device {device} ({name_}) is not a CPU; this runtime drives CPUs only", name_ = Name(name))
+            CommandProblem::UnsupportedDevice { device, name, driver } => match driver {
+                DeviceKind::Cpu => write!(f, "device {device} ({name_}) is not a CPU; this runtime drives CPUs only", name_ = Name(name)),
+                DeviceKind::Cuda => write!(f, "device {device} ({name_}) is not a CUDA device; the CUDA runtime drives CUDA devices only", name_ = Name(name)),
+            },
+            CommandProblem::NoVariantForDevice { kernel, kind } => {
+                write!(f, "kernel {kernel} has no variant for a {} device", kind_name(*kind))
             }
+            CommandProblem::LaunchParams { kernel, variant, params, bindings } => write!(
+                f,
+                "kernel {kernel}, variant {variant}: its launch takes {params} parameters, the dispatch has {bindings} bindings"
+            ),
             CommandProblem::PushConstants { count } => {
                 write!(f, "{count} push constants, which kernel ABI 1.x cannot pass")
             }
@@ -610,6 +778,14 @@ impl fmt::Display for VerifyError {
             VerifyError::Symbol { executable, name, offset, code_len } => {
                 write!(f, "executable {executable}: symbol {name_} at {offset} lies outside its {code_len} bytes of code", name_ = Name(name))
             }
+            VerifyError::Launches { executable, launches, expected } => {
+                write!(f, "executable {executable}: {launches} launch records, {expected} expected (one per entry of a CUDA executable, none for a CPU)")
+            }
+            VerifyError::Launch { executable, entry, block, shared } => write!(
+                f,
+                "executable {executable}, entry {entry}: launch of {block} threads per block and {shared} bytes of shared memory (blocks are a multiple of 32 from 32 to 1024, shared memory at most {} bytes)",
+                crate::verify::MAX_CUDA_SHARED
+            ),
             VerifyError::Reloc { executable, index, offset, target, code_len } => write!(
                 f,
                 "executable {executable}, relocation {index}: patch at {offset} or target {target} lies outside its {code_len} bytes of code"

@@ -20,13 +20,16 @@
 //! features to [`Module::verify`]. The `loader-libc` feature brings the CPU loader and
 //! [`Module::load`] without std, on the C library alone (`mmap`, `mprotect`, `munmap`,
 //! `sysconf`; CPU features read with `cpuid`/`xgetbv`). The `local-task` feature (default; needs `std`) adds the
-//! multithreaded driver, `Instance::with_threads`.
+//! multithreaded driver, `Instance::with_threads`. The `cuda` feature (needs `std`) adds
+//! the `cuda` module: the plan of a CUDA artifact replayed on an NVIDIA GPU as one CUDA graph.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]
 
 extern crate alloc;
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 #[cfg(feature = "std")]

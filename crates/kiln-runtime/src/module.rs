@@ -72,29 +72,38 @@ impl<'a> VerifiedPlan<'a> {
     /// `host_features` (bits of [`kiln_module::program::CpuFeature`]).
     pub fn bind(self, weights: Option<&'a [u8]>, host_features: u64) -> Result<Verified<'a>, RuntimeError> {
         let VerifiedPlan { program, limits, .. } = self;
-        let pool = match (program.constants, weights) {
-            (ConstantsView::Embedded(_), Some(_)) => return Err(RuntimeError::WeightsNotExpected),
-            (ConstantsView::Embedded(b), None) => b,
-            (ConstantsView::External { file, size, .. }, None) => {
-                return Err(RuntimeError::WeightsMissing { file: file.to_string(), size })
-            }
-            (ConstantsView::External { file, size, hash }, Some(w)) => {
-                let got_hash = (w.len() as u64 == size).then(|| weights_hash(w));
-                if got_hash != Some(hash) {
-                    return Err(RuntimeError::WeightsMismatch {
-                        file: file.to_string(),
-                        expected_size: size,
-                        got_size: w.len() as u64,
-                        expected_hash: hash,
-                        got_hash,
-                    });
-                }
-                w
-            }
-        };
+        // This path loads CPU code: a plan for another device is refused here, before
+        // the weights and the variants (`verify_plan` accepts it, for listings).
+        crate::verify::require_device_kind(&program, kiln_module::program::DeviceKind::Cpu)?;
+        let pool = bind_weights(&program, weights)?;
         let variants = select_variants(&program, host_features)?;
         Ok(Verified { program, pool, variants, limits })
     }
+}
+
+/// The constant pool of `program`: its embedded constants, or `weights` when it keeps
+/// them outside and they are the file it was compiled with (size and hash).
+pub(crate) fn bind_weights<'a>(program: &ProgramView<'a>, weights: Option<&'a [u8]>) -> Result<&'a [u8], RuntimeError> {
+    Ok(match (program.constants, weights) {
+        (ConstantsView::Embedded(_), Some(_)) => return Err(RuntimeError::WeightsNotExpected),
+        (ConstantsView::Embedded(b), None) => b,
+        (ConstantsView::External { file, size, .. }, None) => {
+            return Err(RuntimeError::WeightsMissing { file: file.to_string(), size })
+        }
+        (ConstantsView::External { file, size, hash }, Some(w)) => {
+            let got_hash = (w.len() as u64 == size).then(|| weights_hash(w));
+            if got_hash != Some(hash) {
+                return Err(RuntimeError::WeightsMismatch {
+                    file: file.to_string(),
+                    expected_size: size,
+                    got_size: w.len() as u64,
+                    expected_hash: hash,
+                    got_hash,
+                });
+            }
+            w
+        }
+    })
 }
 
 /// An artifact that passed every check; [`Verified::load`] places its code.
@@ -257,6 +266,12 @@ pub struct EntrySignature<'m, 'a> {
 }
 
 impl<'m, 'a> Signature<'m, 'a> {
+    /// The signature of `entries`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn of(entries: &'m [EntryView<'a>]) -> Signature<'m, 'a> {
+        Signature { entries }
+    }
+
     fn at(&self, index: usize) -> Option<EntrySignature<'m, 'a>> {
         let e = self.entries.get(index)?;
         Some(EntrySignature { index, name: e.name, inputs: &e.inputs, outputs: &e.outputs })

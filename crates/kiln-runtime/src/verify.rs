@@ -1,11 +1,22 @@
 //! The load-time verifier: every index, range and length the driver will use is checked
 //! here once, so that `invoke` can walk the plan without checks.
+//!
+//! [`verify_program`] checks what holds for every device: a dispatch's kernel has a
+//! variant for its device's kind, and a CUDA executable has one launch record per entry
+//! within the device's limits whose parameter count equals the bindings of every
+//! dispatch that runs it. Which devices a runtime drives is checked by that runtime
+//! ([`require_device_kind`]): the CPU runtime refuses a CUDA artifact at bind, the
+//! CUDA runtime a CPU one, while [`crate::Module::verify_plan`] accepts both.
 
 use crate::error::{BindingProblem, BindingRole, CommandProblem, RuntimeError, VerifyError};
 use crate::MAX_ARENA_ALIGN;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use kiln_module::program::{Binding, Command, CpuFeature, DeviceKind, RelocKind, Slot};
+
+/// Most dynamic shared memory a CUDA block may ask for: 227 KiB, Hopper's per-block
+/// opt-in limit (`cudaDevAttrMaxSharedMemoryPerBlockOptin` on sm_90).
+pub const MAX_CUDA_SHARED: u32 = 227 * 1024;
 use kiln_module::sections::{EntryView, ProgramView};
 
 /// Sizes an instance needs, the largest over all entry points.
@@ -60,8 +71,34 @@ fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -
                 .devices
                 .get(*device as usize)
                 .ok_or(CommandProblem::DeviceIndex { device: *device, count: p.devices.len() })?;
-            if d.kind != DeviceKind::Cpu {
-                return Err(CommandProblem::UnsupportedDevice { device: *device, name: d.name.to_string() });
+            // The kernel exists (checked above); its variants' indices are checked with
+            // the kernel table, so look them up without trusting them.
+            let k = &p.kernels[*kernel as usize];
+            // A kernel without variants, or with one naming no executable, is reported by
+            // the kernel table's checks.
+            let mut any = k.variants.is_empty();
+            for (vi, v) in k.variants.iter().enumerate() {
+                let Some(x) = p.executables.get(v.executable as usize) else {
+                    any = true;
+                    continue;
+                };
+                if x.device != d.kind {
+                    continue;
+                }
+                any = true;
+                if let Some(l) = x.launches.get(v.entry as usize) {
+                    if x.device == DeviceKind::Cuda && l.params as usize != bindings.len() {
+                        return Err(CommandProblem::LaunchParams {
+                            kernel: *kernel,
+                            variant: vi,
+                            params: l.params,
+                            bindings: bindings.len(),
+                        });
+                    }
+                }
+            }
+            if !any {
+                return Err(CommandProblem::NoVariantForDevice { kernel: *kernel, kind: d.kind });
             }
             if !push_constants.is_empty() {
                 return Err(CommandProblem::PushConstants { count: push_constants.len() });
@@ -151,6 +188,18 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
         }
     }
     for (xi, x) in p.executables.iter().enumerate() {
+        let expected = match x.device {
+            DeviceKind::Cpu => 0,
+            DeviceKind::Cuda => x.entries.len(),
+        };
+        if x.launches.len() != expected {
+            return Err(VerifyError::Launches { executable: xi, launches: x.launches.len(), expected });
+        }
+        for (entry, l) in x.launches.iter().enumerate() {
+            if !(32..=1024).contains(&l.block) || !l.block.is_multiple_of(32) || l.shared > MAX_CUDA_SHARED {
+                return Err(VerifyError::Launch { executable: xi, entry, block: l.block, shared: l.shared });
+            }
+        }
         let code_len = x.code.len() as u64;
         for (name, offset) in &x.entries {
             if *offset >= code_len {
@@ -174,6 +223,32 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
         }
     }
     Ok(limits)
+}
+
+/// Checks that every dispatch of every entry point runs on a device of `kind`: a
+/// runtime drives one kind of device, and refuses a plan that names another with
+/// [`CommandProblem::UnsupportedDevice`] (before any code is loaded). `p` passed
+/// [`verify_program`].
+pub fn require_device_kind(p: &ProgramView<'_>, kind: DeviceKind) -> Result<(), VerifyError> {
+    for e in &p.entries {
+        for (i, c) in e.commands.iter().enumerate() {
+            let Command::Dispatch { device, .. } = c else { continue };
+            // Verified: the device index is in range.
+            let Some(d) = p.devices.get(*device as usize) else { continue };
+            if d.kind != kind {
+                return Err(VerifyError::Command {
+                    entry: e.name.to_string(),
+                    command: i,
+                    problem: CommandProblem::UnsupportedDevice {
+                        device: *device,
+                        name: d.name.to_string(),
+                        driver: kind,
+                    },
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Names of the features in a bit set (`"avx2"`, or `"feature bit 40"` for bits this

@@ -38,7 +38,9 @@ fn the_reader_of_manifests_sees_dependencies() {
 fn runtime_side_links_no_compiler_crate() {
     let allowed: &[(&str, &[&str])] = &[
         ("kiln-module", &["crc32fast"]),
-        ("kiln-runtime", &["kiln-module", "libm", "libc"]),
+        // cudarc: the CUDA driver's bindings, optional behind the `cuda` feature (libcuda is
+        // opened at run time; nothing of CUDA is linked).
+        ("kiln-runtime", &["kiln-module", "libm", "libc", "cudarc"]),
         ("kiln-npy", &["kiln-module"]),
         ("kiln-runner", &["kiln-module", "kiln-npy", "kiln-runtime"]),
         ("kiln-runner-nostd", &["kiln-module", "kiln-npy", "kiln-runtime", "libc"]),

@@ -32,6 +32,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
         ("misc_external.kiln", misc_program(true).0),
         ("relocs.kiln", reloc_program()),
         ("variants.kiln", variants),
+        ("cuda.kiln", cuda_add_program()),
     ]
 }
 
@@ -39,13 +40,29 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     seed_programs().into_iter().map(|(n, p)| (n, write_program(&p))).collect()
 }
 
-/// The property: decode and verify without panicking; messages are one line.
+/// The property: decode and verify without panicking; messages are one line. A plan
+/// for CUDA verifies with `verify_plan` (the CPU runtime refuses it at bind); one for
+/// the CPU binds too.
 fn check(data: &[u8]) -> Result<bool, String> {
     kiln_filetest::fuzz::catch(|| {
         if let Ok(m) = kiln_module::Module::parse(data) {
             if let Err(e) = read_program(&m) {
                 assert!(!e.to_string().contains('\n'));
             }
+        }
+        let plan = match Module::verify_plan(data) {
+            Ok(plan) => plan,
+            Err(e) => {
+                assert!(!e.to_string().contains('\n'));
+                return false;
+            }
+        };
+        assert_bindings_inside(&plan.program);
+        assert_launches_sound(&plan.program);
+        if kiln_runtime::verify::require_device_kind(&plan.program, DeviceKind::Cuda).is_ok()
+            && plan.program.entries.iter().any(|e| e.commands.iter().any(|c| matches!(c, Command::Dispatch { .. })))
+        {
+            return true;
         }
         match Module::verify(data, None, u64::MAX) {
             Ok(v) => {
@@ -59,6 +76,37 @@ fn check(data: &[u8]) -> Result<bool, String> {
             }
         }
     })
+}
+
+/// Independent of the verifier: every CUDA executable has one launch per entry within
+/// the device's limits, a CPU one none, and every CUDA dispatch's variants take as many
+/// parameters as it has bindings.
+fn assert_launches_sound(p: &ProgramView<'_>) {
+    for x in &p.executables {
+        match x.device {
+            DeviceKind::Cpu => assert!(x.launches.is_empty()),
+            DeviceKind::Cuda => {
+                assert_eq!(x.launches.len(), x.entries.len());
+                for l in &x.launches {
+                    assert!(l.block >= 32 && l.block <= 1024 && l.block % 32 == 0 && l.shared <= 227 * 1024, "{l:?}");
+                }
+            }
+        }
+    }
+    for e in &p.entries {
+        for c in &e.commands {
+            let Command::Dispatch { kernel, device, bindings, .. } = c else { continue };
+            if p.devices[*device as usize].kind != DeviceKind::Cuda {
+                continue;
+            }
+            for v in &p.kernels[*kernel as usize].variants {
+                let x = &p.executables[v.executable as usize];
+                if x.device == DeviceKind::Cuda {
+                    assert_eq!(x.launches[v.entry as usize].params as usize, bindings.len());
+                }
+            }
+        }
+    }
 }
 
 /// Independent of the verifier: every binding of every command lies inside its slot and
@@ -249,7 +297,7 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
     let arena = e.arena_size;
     let (ni, no) = (e.inputs.len() as u32, e.outputs.len() as u32);
     let nc = e.commands.len();
-    match r.next() % 12 {
+    match r.next() % 13 {
         0..=4 if nc > 0 => {
             let slot = |r: &mut Rng| match r.next() % 4 {
                 0 => Slot::Arena,
@@ -317,6 +365,22 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                     addend: 0,
                 }),
                 _ => x.code.truncate(r.below(x.code.len() + 1)),
+            }
+        }
+        12 => {
+            let nx = p.executables.len();
+            let x = &mut p.executables[r.below(nx)];
+            let nl = x.launches.len();
+            match r.next() % 5 {
+                0 if nl > 0 => x.launches[r.below(nl)].block = [0, 16, 32, 48, 1024, 1056, u32::MAX][r.below(7)],
+                1 if nl > 0 => {
+                    x.launches[r.below(nl)].shared = [0, 48 << 10, 227 << 10, (227 << 10) + 1, u32::MAX][r.below(5)]
+                }
+                2 if nl > 0 => x.launches[r.below(nl)].params = r.below(5) as u32,
+                3 => {
+                    x.launches.pop();
+                }
+                _ => x.launches.push(Launch { block: 32, shared: 0, params: 3 }),
             }
         }
         _ => {

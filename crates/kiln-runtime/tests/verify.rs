@@ -153,9 +153,10 @@ fn copy_fill_kernel_device_and_push_constants() {
         *device = 1;
     }
     assert_eq!(command_problem(&p).1, CommandProblem::DeviceIndex { device: 1, count: 1 });
+    // A CUDA device whose kernels have only CPU code.
     let mut p = add_program(4);
     p.devices[0] = Device { kind: DeviceKind::Cuda, name: "gpu0".into() };
-    assert_eq!(command_problem(&p).1, CommandProblem::UnsupportedDevice { device: 0, name: "gpu0".into() });
+    assert_eq!(command_problem(&p), (1, CommandProblem::NoVariantForDevice { kernel: 1, kind: DeviceKind::Cuda }));
     let mut p = add_program(4);
     if let Command::Dispatch { push_constants, .. } = &mut p.entries[0].commands[1] {
         push_constants.push(1);
@@ -242,11 +243,107 @@ fn variant_choice_and_missing_features() {
     p.executables[0].features = CpuFeature::Avx2.bit();
     let e = Module::verify(&write_program(&p), None, CpuFeature::Sse2.bit()).expect_err("exe features");
     assert!(matches!(e, RuntimeError::MissingCpuFeatures { ref names, .. } if names == &["avx2"]));
-    // A kernel whose only executable is for a GPU.
+    // A kernel that no command dispatches, whose only executable is for a GPU.
     let mut p = add_program(4);
-    p.executables[0].device = DeviceKind::Cuda;
+    p.executables.push(cuda_executable(1));
+    p.kernels[0].variants[0] = Variant { executable: 1, entry: 0, features: 0 };
     let e = Module::verify(&write_program(&p), None, u64::MAX).expect_err("no cpu variant");
-    assert!(matches!(e, RuntimeError::NoCpuVariant { ref kernel } if kernel == "copy4"));
+    assert!(matches!(e, RuntimeError::NoCpuVariant { ref kernel } if kernel == "copy4"), "{e:?}");
+}
+
+#[test]
+fn cuda_plans_verify_and_the_cpu_runtime_refuses_them() {
+    let p = cuda_add_program();
+    let file = write_program(&p);
+    let plan = Module::verify_plan(&file).expect("a CUDA plan verifies");
+    assert_eq!(plan.program.executables[0].launches.len(), 3);
+    let e = Module::verify(&file, None, u64::MAX).expect_err("the CPU runtime refuses it");
+    assert!(
+        matches!(
+            &e,
+            RuntimeError::Invalid(VerifyError::Command {
+                command: 1,
+                problem: CommandProblem::UnsupportedDevice { device: 0, driver: DeviceKind::Cpu, .. },
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "invalid module: entry main, command 1: device 0 (cuda) is not a CPU; this runtime drives CPUs only"
+    );
+    // The CUDA runtime's check refuses a CPU plan the same way.
+    let cpu = write_program(&add_program(4));
+    let plan = Module::verify_plan(&cpu).expect("verifies");
+    let e = kiln_runtime::verify::require_device_kind(&plan.program, DeviceKind::Cuda).expect_err("a CPU plan");
+    assert!(e.to_string().contains("device 0 (cpu) is not a CUDA device"), "{e}");
+}
+
+fn plan_error(p: &Program) -> VerifyError {
+    match Module::verify_plan(&write_program(p)) {
+        Err(RuntimeError::Invalid(e)) => e,
+        other => panic!("expected a verifier error, got {other:?}"),
+    }
+}
+
+#[test]
+fn cuda_launch_records() {
+    // One launch per entry of a CUDA executable, none for a CPU one.
+    let mut p = cuda_add_program();
+    p.executables[0].launches.pop();
+    assert_eq!(plan_error(&p), VerifyError::Launches { executable: 0, launches: 2, expected: 3 });
+    let mut p = add_program(4);
+    p.executables[0].launches.push(Launch { block: 32, shared: 0, params: 1 });
+    assert_eq!(plan_error(&p), VerifyError::Launches { executable: 0, launches: 1, expected: 0 });
+    // Blocks: multiples of 32 from 32 to 1024; shared memory up to 227 KiB.
+    for (block, shared, ok) in [
+        (32, 0, true),
+        (1024, 227 * 1024, true),
+        (0, 0, false),
+        (16, 0, false),
+        (48, 0, false),
+        (1056, 0, false),
+        (256, 227 * 1024 + 1, false),
+        (u32::MAX, u32::MAX, false),
+    ] {
+        let mut p = cuda_add_program();
+        p.executables[0].launches[2] = Launch { block, shared, params: 3 };
+        match Module::verify_plan(&write_program(&p)) {
+            Ok(_) => assert!(ok, "block {block}, shared {shared} verified"),
+            Err(RuntimeError::Invalid(e)) => {
+                assert!(!ok, "block {block}, shared {shared}: {e}");
+                assert_eq!(e, VerifyError::Launch { executable: 0, entry: 2, block, shared });
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    // Parameters: the bindings of the dispatch (3 for `add`, kernel 1).
+    let mut p = cuda_add_program();
+    p.executables[0].launches[1].params = 2;
+    assert_eq!(
+        plan_error(&p),
+        VerifyError::Command {
+            entry: "main".into(),
+            command: 1,
+            problem: CommandProblem::LaunchParams { kernel: 1, variant: 0, params: 2, bindings: 3 }
+        }
+    );
+    // A launch of a kernel nobody dispatches is not held to any binding count.
+    let mut p = cuda_add_program();
+    p.executables[0].launches[0].params = 9;
+    Module::verify_plan(&write_program(&p)).expect("kernel 0 is not dispatched");
+    // A cubin variant is checked like the PTX one.
+    let mut p = cuda_add_program();
+    let mut cubin = cuda_executable(3);
+    cubin.features = CUDA_CUBIN_SM90A;
+    cubin.launches[1].params = 4;
+    p.executables.push(cubin);
+    p.kernels[1].variants.insert(0, Variant { executable: 1, entry: 1, features: 0 });
+    assert!(matches!(
+        plan_error(&p),
+        VerifyError::Command { problem: CommandProblem::LaunchParams { variant: 0, params: 4, .. }, .. }
+    ));
 }
 
 fn set_abi(file: &mut [u8], major: u16, minor: u16) {

@@ -76,5 +76,5 @@ pub(crate) fn from_object(bytes: &[u8], names: &[&str], features: u64) -> Result
             relocs.push(Reloc { offset: base + offset, kind, target, addend: r.addend() });
         }
     }
-    Ok(Executable { device: DeviceKind::Cpu, features, code, entries, relocs })
+    Ok(Executable { device: DeviceKind::Cpu, features, code, entries, relocs, launches: Vec::new() })
 }

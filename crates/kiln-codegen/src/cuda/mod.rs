@@ -113,6 +113,8 @@ pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, Codegen
             code: code.into_bytes(),
             entries,
             relocs: Vec::new(),
+            // The launches are recorded by the compiler from `CudaModule::launches`.
+            launches: Vec::new(),
         },
         launches,
         notes,

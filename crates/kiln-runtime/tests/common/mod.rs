@@ -87,6 +87,7 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
         code,
         entries: vec![("copy4".into(), 0), ("add".into(), 16), ("exp".into(), 64)],
         relocs: vec![],
+        launches: vec![],
     };
     let k = |name: &str, entry| Kernel {
         name: name.into(),
@@ -254,6 +255,7 @@ pub fn reloc_program() -> Program {
             Reloc { offset: 7, kind: RelocKind::Pc32, target: 40, addend: -4 },
             Reloc { offset: 21, kind: RelocKind::Abs64, target: 44, addend: 0 },
         ],
+        launches: vec![],
     };
     let entry = |name: &str, kernel| EntryPoint {
         name: name.into(),
@@ -435,4 +437,134 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
         constants: Constants::Embedded(vec![]),
         debug: None,
     }
+}
+
+/// A CUDA executable of `entries` entries (PTX-like text; never run here), each launched
+/// with 256 threads, no shared memory and 3 parameters (the bindings of `add`).
+pub fn cuda_executable(entries: usize) -> Executable {
+    Executable {
+        device: DeviceKind::Cuda,
+        features: 0,
+        code: b"// ptx\n.visible .entry k0() {}\n".to_vec(),
+        entries: (0..entries).map(|i| (format!("k{i}"), 0)).collect(),
+        relocs: vec![],
+        launches: vec![Launch { block: 256, shared: 0, params: 3 }; entries],
+    }
+}
+
+/// `add_program(4)` for a CUDA device: every kernel's one variant is entry `i` of a CUDA
+/// executable.
+pub fn cuda_add_program() -> Program {
+    let mut p = add_program(4);
+    p.devices[0] = Device { kind: DeviceKind::Cuda, name: "cuda".into() };
+    p.executables = vec![cuda_executable(3)];
+    p
+}
+
+/// `y[i] = a[i] + b[i]` (f32) for i < 4, one thread each: the CUDA tests' kernel.
+pub const ADD_PTX: &str = "\
+.version 8.0
+.target sm_90a
+.address_size 64
+
+.visible .entry add(.param .u64 a, .param .u64 b, .param .u64 y)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<5>;
+	.reg .b64 %rd<8>;
+	.reg .f32 %f<4>;
+	ld.param.u64 %rd1, [a];
+	ld.param.u64 %rd2, [b];
+	ld.param.u64 %rd3, [y];
+	mov.u32 %r1, %tid.x;
+	mov.u32 %r2, %ctaid.x;
+	mov.u32 %r3, %ntid.x;
+	mad.lo.u32 %r4, %r2, %r3, %r1;
+	setp.ge.u32 %p1, %r4, 4;
+	@%p1 bra DONE;
+	mul.wide.u32 %rd4, %r4, 4;
+	add.s64 %rd5, %rd1, %rd4;
+	ld.global.f32 %f1, [%rd5];
+	add.s64 %rd6, %rd2, %rd4;
+	ld.global.f32 %f2, [%rd6];
+	add.f32 %f3, %f1, %f2;
+	add.s64 %rd7, %rd3, %rd4;
+	st.global.f32 [%rd7], %f3;
+DONE:
+	ret;
+}
+";
+
+/// `main(a: f32[4], b: f32[4]) -> (y: f32[4], z: u8[24])`: y = a + b + c (c a constant
+/// vector, added by a second dispatch of the same kernel), computed in the arena and
+/// copied out; z filled with an 8-byte pattern (bytes 0..16), a 2-byte pattern at an odd
+/// offset with a partial last repetition (17..24), and byte 16 left as the fill of a
+/// 4-byte zero pattern before them.
+pub fn cuda_graph_program() -> Program {
+    let ptx = ADD_PTX.as_bytes().to_vec();
+    let c: Vec<u8> = [0.5f32, -1.0, 2.0, 8.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    Program {
+        devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
+        entries: vec![EntryPoint {
+            name: "main".into(),
+            inputs: vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
+            outputs: vec![tensor("y", 1, &[4], 16), tensor("z", 2, &[24], 24)],
+            arena_size: 128,
+            arena_align: 64,
+            commands: vec![
+                Command::Fill { dst: b(Slot::Output(1), 0, 24), pattern: 0, pattern_len: 4 },
+                Command::Dispatch {
+                    kernel: 0,
+                    device: 0,
+                    workgroups: 1,
+                    bindings: vec![b(Slot::Input(0), 0, 16), b(Slot::Input(1), 0, 16), b(Slot::Arena, 0, 16)],
+                    push_constants: vec![],
+                    work_ns: 0,
+                },
+                Command::Barrier,
+                Command::Fill { dst: b(Slot::Output(1), 0, 16), pattern: 0x0102_0304_0506_0708, pattern_len: 8 },
+                Command::Fill { dst: b(Slot::Output(1), 17, 7), pattern: 0xabcd, pattern_len: 2 },
+                Command::Dispatch {
+                    kernel: 0,
+                    device: 0,
+                    workgroups: 1,
+                    bindings: vec![b(Slot::Arena, 0, 16), b(Slot::Constants, 0, 16), b(Slot::Arena, 64, 16)],
+                    push_constants: vec![],
+                    work_ns: 0,
+                },
+                Command::Barrier,
+                Command::Copy { src: b(Slot::Arena, 64, 16), dst: b(Slot::Output(0), 0, 16) },
+            ],
+            buffers: vec![],
+        }],
+        kernels: vec![Kernel {
+            name: "add".into(),
+            variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
+            class: Some(KernelClass::Elementwise),
+        }],
+        executables: vec![Executable {
+            device: DeviceKind::Cuda,
+            features: 0,
+            code: ptx,
+            entries: vec![("add".into(), 0)],
+            relocs: vec![],
+            launches: vec![Launch { block: 32, shared: 0, params: 3 }],
+        }],
+        constants: Constants::Embedded(c),
+        debug: None,
+    }
+}
+
+/// What [`cuda_graph_program`] computes, on the host.
+pub fn cuda_graph_expected(a: &[f32], bv: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let c = [0.5f32, -1.0, 2.0, 8.0];
+    let y: Vec<f32> = (0..4).map(|i| a[i] + bv[i] + c[i]).collect();
+    let mut z = vec![0u8; 24];
+    for (i, x) in z[..16].iter_mut().enumerate() {
+        *x = 0x0102_0304_0506_0708u64.to_le_bytes()[i % 8];
+    }
+    for (i, x) in z[17..].iter_mut().enumerate() {
+        *x = 0xabcdu16.to_le_bytes()[i % 2];
+    }
+    (f32s(&y), z)
 }

@@ -1,0 +1,468 @@
+//! `--device cuda` (`kiln run`, `kiln bench`, `kiln conformance`) and `kiln gpu-check`:
+//! the CUDA runtime ([`kiln_runtime::cuda`]) behind the command line.
+//!
+//! Every command checks first that a CUDA driver is there: without one it fails with
+//! the runtime's typed error (`--device cuda: no CUDA driver: libcuda.so.1 not found`,
+//! exit status 1), never a panic. A kiln built without the `cuda` feature says so.
+//!
+//! `kiln gpu-check MODEL` compiles the model for CUDA keeping its flow kernels, loads
+//! it, and runs the plan one command at a time on a stream (not the graph). Around each
+//! dispatch it downloads the kernel's input bindings (before) and its output (after),
+//! runs the kernel interpreter (`kiln_flow::interp`, the oracle) on the downloaded
+//! inputs, and compares; one line per dispatch, failures again at the end.
+//!
+//! Tolerance ([`within`]): integer, bool and every Movement kernel's outputs must be
+//! bit-identical (NaN matches NaN of any payload only for floats); a float element
+//! passes when it is within `--ulps N` (default 8) units in the last place of the
+//! oracle's value at the oracle's magnitude (`ulp(w) = 2^(⌊log2 max(|w|, min normal)⌋ −
+//! mantissa bits)`), or within `N · ε · max|oracle|` absolutely (cancellation near zero
+//! in a sum over a tensor of large values). Infinities must match exactly.
+
+use crate::artifact::Args;
+
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA: &str = "this kiln was built without CUDA support (cargo feature `cuda` of kiln-cli)";
+
+/// `kiln run --device cuda`.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn run_cmd(_: &Args) -> Result<(), String> {
+    Err(NO_CUDA.into())
+}
+
+/// `kiln bench --device cuda`.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn bench_cmd(_: &Args) -> Result<(), String> {
+    Err(NO_CUDA.into())
+}
+
+/// `kiln gpu-check`.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn check_cmd(_: &Args, _: Option<usize>, _: u32) -> Result<(), String> {
+    Err(NO_CUDA.into())
+}
+
+/// Whether `--device cuda` can run here.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn require_driver() -> Result<(), String> {
+    Err(NO_CUDA.into())
+}
+
+/// A graph compiled for CUDA and run on the GPU (the conformance engine `cuda`).
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn execute_graph(
+    _: &kiln_ir::Graph,
+    _: &[kiln_ir::Tensor],
+) -> Result<Vec<kiln_ir::Tensor>, crate::conformance::Outcome> {
+    Err(crate::conformance::Outcome::RuntimeError(NO_CUDA.into()))
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) use imp::*;
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::*;
+    use crate::artifact::{
+        feeds, json_ms, json_str, output_buffers, read_artifact, timings, verify_plan, weights_file, write_outputs,
+        Stats,
+    };
+    use crate::conformance::Outcome;
+    use crate::write_stdout;
+    use kiln_compiler::{Compilation, Input, Stage, TargetDevice};
+    use kiln_ir::{DType, Graph, Tensor};
+    use kiln_module::program::{Command, KernelClass};
+    use kiln_runtime::cuda::{CudaInstance, CudaModule};
+    use kiln_runtime::fs::AlignedBytes;
+    use std::time::{Duration, Instant};
+
+    /// `Ok` when a CUDA driver is there, else the typed error as the CLI prints it.
+    pub(crate) fn require_driver() -> Result<(), String> {
+        kiln_runtime::cuda::driver_present().map_err(|e| format!("--device cuda: {e}"))
+    }
+
+    /// Flags that mean something on the CPU only.
+    fn cpu_only(a: &Args) -> Result<(), String> {
+        let given = [
+            (a.threads.is_some(), "--threads"),
+            (a.floor, "--floor"),
+            (a.profile, "--profile"),
+            (a.target.is_some(), "--target-cpu"),
+        ];
+        match given.iter().find(|(set, _)| *set) {
+            Some((_, flag)) => Err(format!("{flag} applies to the CPU; leave it out with --device cuda")),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads the artifact of `a` (or compiles its model for CUDA), loads it on GPU 0 and
+    /// calls `then` with the module, its label and the wall time of verifying and
+    /// loading.
+    fn with_module<T>(
+        a: &Args,
+        then: impl FnOnce(&CudaModule<'_>, &str, Duration) -> Result<T, String>,
+    ) -> Result<T, String> {
+        require_driver()?;
+        cpu_only(a)?;
+        let loaded = read_artifact(a)?;
+        let t0 = Instant::now();
+        // The plan first, as on the CPU: the weights file it names is opened only then.
+        let plan = verify_plan(&loaded)?;
+        let weights = weights_file(a, &loaded, &plan)?;
+        drop(plan);
+        let w = weights.as_ref().or(loaded.compiled_weights.as_ref()).map(AlignedBytes::bytes);
+        let module = CudaModule::load(loaded.bytes.bytes(), w).map_err(|e| format!("{}: {e}", loaded.label))?;
+        then(&module, &loaded.label, t0.elapsed())
+    }
+
+    /// The index of entry point `main` (what `invoke` runs).
+    fn main_entry(module: &CudaModule<'_>, label: &str) -> Result<usize, String> {
+        module
+            .signature()
+            .find("main")
+            .map(|e| e.index)
+            .ok_or_else(|| format!("{label}: the module has no entry point main"))
+    }
+
+    /// How the module's code was loaded, for messages.
+    fn loaded_how(module: &CudaModule<'_>, instance: &CudaInstance<'_>) -> String {
+        let fallback = module.cubin_fallback().map(|w| format!(" (cubin not used: {w})")).unwrap_or_default();
+        format!(
+            "{} code loaded in {:.2} ms{fallback}, graph built in {:.2} ms",
+            module.form().name(),
+            module.load_time().as_secs_f64() * 1e3,
+            instance.graph_time().as_secs_f64() * 1e3
+        )
+    }
+
+    /// `kiln run ART --device cuda`: the same outputs as on the CPU.
+    pub(crate) fn run_cmd(a: &Args) -> Result<(), String> {
+        with_module(a, |module, label, t_load| {
+            let main = main_entry(module, label)?;
+            let sig = module.signature().entry(main).ok_or_else(|| format!("{label}: no entry point"))?;
+            let feeds = feeds(a, sig.inputs)?;
+            let t1 = Instant::now();
+            let mut instance = CudaInstance::new(module).map_err(|e| format!("{label}: {e}"))?;
+            let t_instance = t1.elapsed();
+            let mut outs = output_buffers(sig.outputs, label)?;
+            let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+            let t2 = Instant::now();
+            {
+                let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
+                instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+            }
+            let t_run = t2.elapsed();
+            write_outputs(a, sig.outputs, outs.iter().map(AlignedBytes::bytes))?;
+            eprintln!(
+                "{label}: loaded in {:.2} ms and instantiated in {:.2} ms ({}), ran in {:.3} ms on {} (compute capability {}.{})",
+                t_load.as_secs_f64() * 1e3,
+                t_instance.as_secs_f64() * 1e3,
+                loaded_how(module, &instance),
+                t_run.as_secs_f64() * 1e3,
+                module.device_name(),
+                module.capability().0,
+                module.capability().1
+            );
+            Ok(())
+        })
+    }
+
+    /// `kiln bench ART --device cuda [--resident]`: times `invoke` (copies in, one graph
+    /// launch, copies out, one synchronisation), or with `--resident` the graph alone on
+    /// inputs kept on the device (one launch, one synchronisation).
+    pub(crate) fn bench_cmd(a: &Args) -> Result<(), String> {
+        with_module(a, |module, label, _| {
+            let main = main_entry(module, label)?;
+            let sig = module.signature().entry(main).ok_or_else(|| format!("{label}: no entry point"))?;
+            let feeds = feeds(a, sig.inputs)?;
+            let mut instance = CudaInstance::new(module).map_err(|e| format!("{label}: {e}"))?;
+            let in_bufs: Vec<AlignedBytes> = feeds.iter().map(|t| AlignedBytes::copy_from(t.bytes())).collect();
+            let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
+            let mut outs = output_buffers(sig.outputs, label)?;
+            let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
+            if a.resident {
+                instance.write_inputs(main, &ins).map_err(|e| format!("{label}: {e}"))?;
+            }
+            let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
+            let mut call = || -> Result<f64, String> {
+                let t = Instant::now();
+                let r = if a.resident { instance.invoke_resident(main) } else { instance.invoke(&ins, &mut out_refs) };
+                r.map_err(|e| format!("{label}: {e}"))?;
+                Ok(t.elapsed().as_secs_f64() * 1e3)
+            };
+            for _ in 0..warmup {
+                call()?;
+            }
+            let mut ms = timings(iterations)?;
+            for _ in 0..iterations {
+                ms.push(call()?);
+            }
+            if let Some(path) = &a.samples {
+                let text: String = ms.iter().map(|t| format!("{}\n", json_ms(*t))).collect();
+                std::fs::write(path, text).map_err(|e| format!("--samples {}: {e}", path.display()))?;
+            }
+            let st = Stats::of(&mut ms);
+            let load_ms = module.load_time().as_secs_f64() * 1e3;
+            let graph_ms = instance.graph_time().as_secs_f64() * 1e3;
+            if a.json {
+                write_stdout(&format!(
+                    "{{\"model\":{},\"device\":\"cuda\",\"gpu\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"resident\":{},\"code\":\"{}\",\"cubin_fallback\":{},\"module_load_ms\":{},\"graph_build_ms\":{}}}\n",
+                    json_str(label),
+                    json_str(module.device_name()),
+                    json_ms(st.median),
+                    json_ms(st.p99),
+                    json_ms(st.stddev),
+                    json_ms(st.min),
+                    a.resident,
+                    module.form().name(),
+                    module.cubin_fallback().map_or("null".to_string(), json_str),
+                    json_ms(load_ms),
+                    json_ms(graph_ms)
+                ))
+            } else {
+                write_stdout(&format!(
+                    "{label}: {iterations} iterations after {warmup} warm-up on {}{}: median {:.4} ms, p99 {:.4} ms, stddev {:.4} ms, min {:.4} ms, p99/median {:.2}; {}\n",
+                    module.device_name(),
+                    if a.resident { ", graph alone (inputs on the device)" } else { "" },
+                    st.median,
+                    st.p99,
+                    st.stddev,
+                    st.min,
+                    st.p99 / st.median,
+                    loaded_how(module, &instance)
+                ))
+            }
+        })
+    }
+
+    /// A graph compiled for CUDA, written to a file and read back (as a user's artifact
+    /// travels), loaded and run on GPU 0: the conformance engine `cuda`.
+    pub(crate) fn execute_graph(g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, Outcome> {
+        require_driver().map_err(Outcome::RuntimeError)?;
+        let opts = kiln_compiler::Options { device: TargetDevice::Cuda, ..kiln_compiler::Options::default() };
+        let c = kiln_compiler::compile(g, &opts).map_err(|e| Outcome::CompileError(e.to_string()))?;
+        let path = std::env::temp_dir().join(format!("kiln-conformance-cuda-{}.kiln", std::process::id()));
+        let written = std::fs::write(&path, &c.artifact).and_then(|_| AlignedBytes::read(&path));
+        let _ = std::fs::remove_file(&path);
+        let bytes = written.map_err(|e| Outcome::RuntimeError(format!("artifact file: {e}")))?;
+        let module = CudaModule::load(bytes.bytes(), c.weights.as_deref())
+            .map_err(|e| Outcome::RuntimeError(format!("load: {e}")))?;
+        let mut inst = CudaInstance::new(&module).map_err(|e| Outcome::RuntimeError(format!("instantiate: {e}")))?;
+        let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+        let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
+        {
+            let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+            inst.invoke(&ins, &mut refs).map_err(|e| Outcome::RuntimeError(e.to_string()))?;
+        }
+        g.outputs
+            .iter()
+            .zip(outs)
+            .map(|(&v, b)| {
+                Tensor::new(g.values[v].ty.clone(), bytes::Bytes::from(b))
+                    .map_err(|e| Outcome::RuntimeError(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// One dispatch's result in `kiln gpu-check`.
+    struct Row {
+        line: String,
+        pass: bool,
+    }
+
+    /// `kiln gpu-check MODEL [--input-shape …] [--input-value …] [--input NAME=FILE.npy]
+    /// [--seed N] [--dispatch N] [--ulps N]` (see the module docs).
+    pub(crate) fn check_cmd(a: &Args, only: Option<usize>, ulps: u32) -> Result<(), String> {
+        require_driver()?;
+        let model = a.model.clone().ok_or("no model given (kiln gpu-check --help shows the usage)")?;
+        if model.extension().is_some_and(|e| e == "kiln") {
+            return Err(format!(
+                "{}: gpu-check needs the model (it keeps the flow kernels, the oracle's input); give the .onnx or .kir",
+                model.display()
+            ));
+        }
+        let label = model.display().to_string();
+        let mut opts = crate::artifact::options(a, &model)?;
+        opts.device = TargetDevice::Cuda;
+        let mut c = Compilation::new(Input::File(model.clone()), opts);
+        c.run_to(Stage::Artifact).map_err(|e| format!("{label}: {e}"))?;
+        let (Some(flow), Some(cuda), Some(artifact)) = (c.flow(), c.cuda(), c.artifact()) else {
+            return Err(format!("{label}: the compilation kept no flow program, CUDA module or artifact"));
+        };
+        if only.is_some_and(|d| d >= flow.dispatches.len()) {
+            return Err(format!(
+                "--dispatch {}: the model has {} dispatches",
+                only.unwrap_or(0),
+                flow.dispatches.len()
+            ));
+        }
+        let bytes = AlignedBytes::copy_from(artifact);
+        let module = CudaModule::load(bytes.bytes(), None).map_err(|e| format!("{label}: {e}"))?;
+        let main = main_entry(&module, &label)?;
+        let sig = module.signature().entry(main).ok_or_else(|| format!("{label}: no entry point"))?;
+        let feeds = feeds(a, sig.inputs)?;
+        let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+        let mut inst = CudaInstance::new(&module).map_err(|e| format!("{label}: {e}"))?;
+        inst.write_inputs(main, &ins).map_err(|e| format!("{label}: {e}"))?;
+        let commands = &module.program().entries[main].commands;
+        let mut rows = Vec::new();
+        for (ci, cmd) in commands.iter().enumerate() {
+            let Command::Dispatch { kernel, bindings, .. } = cmd else {
+                inst.run_command(main, ci).map_err(|e| format!("{label}: command {ci}: {e}"))?;
+                continue;
+            };
+            let k = *kernel as usize;
+            let checked = only.is_none_or(|d| d == k);
+            let mut inputs = Vec::new();
+            if checked {
+                for j in 0..bindings.len().saturating_sub(1) {
+                    inputs.push(inst.read_binding(main, ci, j).map_err(|e| format!("{label}: {e}"))?);
+                }
+            }
+            inst.run_command(main, ci).map_err(|e| format!("{label}: dispatch {k}: {e}"))?;
+            if !checked {
+                continue;
+            }
+            let got = inst.read_binding(main, ci, bindings.len() - 1).map_err(|e| format!("{label}: {e}"))?;
+            let note = cuda.notes.get(k).map_or("", String::as_str);
+            rows.push(check_dispatch(flow, k, &inputs, &got, note, ulps));
+            if only.is_some() {
+                break;
+            }
+        }
+        let failed: Vec<&Row> = rows.iter().filter(|r| !r.pass).collect();
+        let mut out: String = rows.iter().map(|r| format!("{}\n", r.line)).collect();
+        out.push_str(&format!(
+            "{label}: {} dispatches checked on {} ({} code), {} pass, {} fail (tolerance: exact for integer, bool and movement kernels; {ulps} ulps for floats)\n",
+            rows.len(),
+            module.device_name(),
+            module.form().name(),
+            rows.len() - failed.len(),
+            failed.len()
+        ));
+        for r in &failed {
+            out.push_str(&format!("  {}\n", r.line));
+        }
+        write_stdout(&out)?;
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{label}: {} of {} kernels differ from the kernel interpreter", failed.len(), rows.len()))
+        }
+    }
+
+    /// Compares dispatch `k`'s output `got`, computed on the GPU from `inputs`, with the
+    /// kernel interpreter's on the same inputs.
+    fn check_dispatch(
+        flow: &kiln_flow::program::FlowProgram,
+        k: usize,
+        inputs: &[Vec<u8>],
+        got: &[u8],
+        note: &str,
+        ulps: u32,
+    ) -> Row {
+        let Some(d) = flow.dispatches.get(k) else {
+            return Row { line: format!("FAIL d{k}: no flow dispatch {k}"), pass: false };
+        };
+        let head = format!("d{k:<4} {:<11} {}", d.class.name(), d.kernel.name);
+        let fail = |why: String| Row { line: format!("FAIL {head}  {why}  [{note}]"), pass: false };
+        let mut tensors = Vec::with_capacity(inputs.len());
+        for (i, (ty, b)) in d.kernel.inputs.iter().zip(inputs).enumerate() {
+            match Tensor::new(ty.clone(), bytes::Bytes::from(b.clone())) {
+                Ok(t) => tensors.push(t),
+                Err(e) => return fail(format!("input {i}: {e}")),
+            }
+        }
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let want = match kiln_flow::interp::run(&d.kernel, &refs) {
+            Ok(t) => t,
+            Err(e) => return fail(format!("interpreter: {e}")),
+        };
+        let got = match Tensor::new(d.kernel.output.clone(), bytes::Bytes::from(got.to_vec())) {
+            Ok(t) => t,
+            Err(e) => return fail(format!("output: {e}")),
+        };
+        let exact = !want.dtype().is_float() || d.class == KernelClass::Movement;
+        let e = within(&got, &want, exact, ulps);
+        let line = format!(
+            "{} {head}  max_abs {:.3e} max_rel {:.3e} bad {}/{}{}  [{note}]",
+            if e.bad == 0 { "pass" } else { "FAIL" },
+            e.max_abs,
+            e.max_rel,
+            e.bad,
+            e.count,
+            e.first.map(|(i, g, w)| format!(" first at {i}: {g} vs {w}")).unwrap_or_default()
+        );
+        Row { line, pass: e.bad == 0 }
+    }
+
+    /// How far an output is from the oracle's.
+    pub(crate) struct Error {
+        pub max_abs: f64,
+        pub max_rel: f64,
+        /// Elements out of tolerance.
+        pub bad: usize,
+        pub count: usize,
+        /// The first element out of tolerance: index, got, expected.
+        pub first: Option<(usize, f64, f64)>,
+    }
+
+    /// Mantissa bits and the smallest normal exponent of a float type.
+    fn float_format(d: DType) -> (i32, i32) {
+        match d {
+            DType::F64 => (52, -1022),
+            DType::F16 => (10, -14),
+            DType::BF16 => (7, -126),
+            DType::F8E4M3FN | DType::F8E4M3FNUZ => (3, -6),
+            DType::F8E5M2 | DType::F8E5M2FNUZ => (2, -14),
+            DType::F8E8M0FNU => (0, -127),
+            DType::F6E3M2FN => (2, -2),
+            DType::F4E2M1FN => (1, 0),
+            _ => (23, -126),
+        }
+    }
+
+    /// Compares `got` with `want` element by element (see the module docs).
+    pub(crate) fn within(got: &Tensor, want: &Tensor, exact: bool, ulps: u32) -> Error {
+        let mut e = Error { max_abs: 0.0, max_rel: 0.0, bad: 0, count: 0, first: None };
+        if got.ty() != want.ty() {
+            e.bad = 1;
+            return e;
+        }
+        if exact && got.bytes() == want.bytes() {
+            e.count = want.bytes().len();
+            return e;
+        }
+        let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+        e.count = w.len();
+        let float = want.dtype().is_float();
+        let (mantissa, min_exp) = float_format(want.dtype());
+        let eps = (2f64).powi(-mantissa);
+        let scale = w.iter().filter(|x| x.is_finite()).fold(0f64, |m, x| m.max(x.abs()));
+        for (i, (&x, &y)) in g.iter().zip(&w).enumerate() {
+            let same = x == y || (float && x.is_nan() && y.is_nan());
+            let diff = (x - y).abs();
+            if diff.is_finite() {
+                e.max_abs = e.max_abs.max(diff);
+                if y != 0.0 {
+                    e.max_rel = e.max_rel.max(diff / y.abs());
+                }
+            }
+            let ok = same
+                || (!exact && {
+                    let mag = y.abs().max((2f64).powi(min_exp));
+                    let ulp = (2f64).powi(mag.log2().floor() as i32 - mantissa);
+                    diff.is_finite() && (diff <= f64::from(ulps) * ulp || diff <= f64::from(ulps) * eps * scale)
+                });
+            if !ok {
+                e.bad += 1;
+                e.first.get_or_insert((i, x, y));
+            }
+        }
+        // A movement kernel's floats compared as bytes: a different NaN payload is a
+        // difference, which the values above cannot see.
+        if exact && e.bad == 0 && got.bytes() != want.bytes() {
+            e.bad = 1;
+        }
+        e
+    }
+}
