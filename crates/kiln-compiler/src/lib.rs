@@ -9,7 +9,8 @@
 //!   ──flow-form-dispatches (kiln-flow)──► flow program: dispatches on buffers
 //!   ──flow-pack-weights (kiln-flow::layout, widths from kiln-codegen)──► flow program
 //!   ──stream-schedule──► waves, lifetimes, arena plan, constant pool
-//!   ──cpu-codegen (kiln-codegen)──► one executable per target
+//!   ──cpu-codegen (kiln-codegen)──► one executable per target (CUDA: PTX, and a
+//!                                    cubin from ptxas when one is given, [`ptxas`])
 //!   ──hal-build-program──► static command list, kernel table, constants
 //!   ──artifact-write (kiln_module::sections)──► .kiln bytes (+ external weights)
 //! ```
@@ -26,6 +27,7 @@
 
 mod error;
 pub mod hal;
+pub mod ptxas;
 pub mod stream;
 
 use std::path::{Path, PathBuf};
@@ -73,6 +75,10 @@ pub struct Options {
     pub size: bool,
     /// How the [`Stage::Import`] stage binds an ONNX model's inputs.
     pub import: ImportOptions,
+    /// With [`TargetDevice::Cuda`]: assemble the PTX into a cubin for `sm_90a` with this
+    /// `ptxas` and ship it beside the PTX, preferred by every kernel ([`ptxas`];
+    /// [`ptxas::find`] looks one up). `None`: PTX only.
+    pub ptxas: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -86,6 +92,7 @@ impl Default for Options {
             source: String::new(),
             size: false,
             import: ImportOptions::default(),
+            ptxas: None,
         }
     }
 }
@@ -110,6 +117,9 @@ pub struct Compiled {
     /// Per dispatch, how its code runs along its contiguous axis (vector width, or
     /// scalar).
     pub codegen_paths: Vec<CodePath>,
+    /// The cubin of a CUDA compilation given a `ptxas` ([`Options::ptxas`]), with what
+    /// each kernel uses.
+    pub cubin: Option<ptxas::Cubin>,
 }
 
 /// One stage of the pipeline, in the order [`Stage::ALL`] runs them.
@@ -301,6 +311,7 @@ pub struct Compilation {
     plan: Option<stream::StreamPlan>,
     cpu: Option<CpuModule>,
     cuda: Option<CudaModule>,
+    cubin: Option<ptxas::Cubin>,
     program: Option<Program>,
     weights: Option<Vec<u8>>,
     artifact: Option<Vec<u8>>,
@@ -323,6 +334,7 @@ impl Compilation {
             plan: None,
             cpu: None,
             cuda: None,
+            cubin: None,
             program: None,
             weights: None,
             artifact: None,
@@ -363,6 +375,11 @@ impl Compilation {
     /// The compiled kernels of a CUDA compilation (after [`Stage::Codegen`]).
     pub fn cuda(&self) -> Option<&CudaModule> {
         self.cuda.as_ref()
+    }
+
+    /// The cubin of a CUDA compilation given a `ptxas` (after [`Stage::Codegen`]).
+    pub fn cubin(&self) -> Option<&ptxas::Cubin> {
+        self.cubin.as_ref()
     }
 
     /// The program (after [`Stage::Hal`]).
@@ -445,6 +462,7 @@ impl Compilation {
             flow: self.flow.ok_or_else(|| missing("flow program"))?,
             plan: self.plan.ok_or_else(|| missing("stream plan"))?,
             program: self.program.ok_or_else(|| missing("program"))?,
+            cubin: self.cubin,
             phases: self.phases,
         })
     }
@@ -501,8 +519,11 @@ impl Compilation {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
                 let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> =
                     flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
-                let cuda = kiln_codegen::cuda::compile(&kernels);
-                self.cuda = Some(cuda.map_err(|e| codegen_error(flow, e))?);
+                let cuda = kiln_codegen::cuda::compile(&kernels).map_err(|e| codegen_error(flow, e))?;
+                if let Some(path) = &self.options.ptxas {
+                    self.cubin = Some(ptxas::assemble(path, &cuda)?);
+                }
+                self.cuda = Some(cuda);
             }
             Stage::Codegen => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
@@ -517,12 +538,14 @@ impl Compilation {
                     (Some(cpu), _) => Code {
                         device: DeviceKind::Cpu,
                         executable: &cpu.executable,
+                        cubin: None,
                         workgroups: cpu.workgroups.clone(),
                         work_ns: cpu.work_ns.clone(),
                     },
                     (None, Some(cuda)) => Code {
                         device: DeviceKind::Cuda,
                         executable: &cuda.executable,
+                        cubin: self.cubin.as_ref().map(|c| &c.executable),
                         workgroups: cuda.launches.iter().map(|l| l.grid).collect(),
                         work_ns: Vec::new(),
                     },
@@ -566,6 +589,8 @@ fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
 struct Code<'a> {
     device: DeviceKind,
     executable: &'a kiln_module::program::Executable,
+    /// The same kernels as a cubin, preferred over `executable` (CUDA only).
+    cubin: Option<&'a kiln_module::program::Executable>,
     workgroups: Vec<u64>,
     work_ns: Vec<u64>,
 }
@@ -586,10 +611,16 @@ fn build_program(
         .dispatches
         .iter()
         .enumerate()
-        .map(|(i, d)| Kernel {
-            name: d.kernel.name.clone(),
-            variants: vec![Variant { executable: 0, entry: i as u32, features: 0 }],
-            class: Some(d.class),
+        .map(|(i, d)| {
+            // The cubin (executable 1) first where there is one, the PTX (or the CPU's
+            // code, executable 0) always.
+            let entry = i as u32;
+            let mut variants = Vec::with_capacity(2);
+            if code.cubin.is_some() {
+                variants.push(Variant { executable: 1, entry, features: 0 });
+            }
+            variants.push(Variant { executable: 0, entry, features: 0 });
+            Kernel { name: d.kernel.name.clone(), variants, class: Some(d.class) }
         })
         .collect();
     let (constants, weights) = match &opts.external_weights {
@@ -614,7 +645,7 @@ fn build_program(
         }],
         entries: vec![entry],
         kernels,
-        executables: vec![code.executable.clone()],
+        executables: std::iter::once(code.executable).chain(code.cubin).cloned().collect(),
         constants,
         debug,
     };

@@ -339,6 +339,12 @@ pub struct Reloc {
     pub addend: i64,
 }
 
+/// [`Executable::features`] bit of a CUDA executable whose code is a cubin for `sm_90a`
+/// (an ELF file from `ptxas`, loaded as it is by `cuModuleLoadData`); without it a CUDA
+/// executable's code is PTX text. Entry offsets of a cubin executable are 0: the driver
+/// finds a kernel by its name, not by an offset.
+pub const CUDA_CUBIN_SM90A: u64 = 1;
+
 /// Generated machine code for one target: a relocatable image loaded by the runtime.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Executable {

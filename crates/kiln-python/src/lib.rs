@@ -157,6 +157,7 @@ fn compile<'py>(
         passes: None,
         source: path.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         import: import_options(py, input_shapes, input_values)?,
+        ptxas: None,
     };
     let compiled = py
         .detach(|| Compilation::new(input, options).finish())

@@ -3,7 +3,7 @@
 
 use crate::error::RuntimeError;
 use crate::hal::{CodeLoader, KernelFn, LoadedImage};
-use crate::verify::{select_variants, verify_program, Limits};
+use crate::verify::{cpu_devices_only, select_variants, verify_program, Limits};
 use alloc::boxed::Box;
 use alloc::string::ToString;
 use alloc::vec::Vec;
@@ -72,6 +72,7 @@ impl<'a> VerifiedPlan<'a> {
     /// `host_features` (bits of [`kiln_module::program::CpuFeature`]).
     pub fn bind(self, weights: Option<&'a [u8]>, host_features: u64) -> Result<Verified<'a>, RuntimeError> {
         let VerifiedPlan { program, limits, .. } = self;
+        cpu_devices_only(&program)?;
         let pool = match (program.constants, weights) {
             (ConstantsView::Embedded(_), Some(_)) => return Err(RuntimeError::WeightsNotExpected),
             (ConstantsView::Embedded(b), None) => b,

@@ -56,12 +56,10 @@ fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -
             if *kernel as usize >= p.kernels.len() {
                 return Err(CommandProblem::KernelIndex { kernel: *kernel, count: p.kernels.len() });
             }
-            let d = p
-                .devices
-                .get(*device as usize)
-                .ok_or(CommandProblem::DeviceIndex { device: *device, count: p.devices.len() })?;
-            if d.kind != DeviceKind::Cpu {
-                return Err(CommandProblem::UnsupportedDevice { device: *device, name: d.name.to_string() });
+            // Which kinds of device this runtime drives is [`cpu_devices_only`]'s
+            // question, asked at bind: a listing reads a CUDA plan too.
+            if *device as usize >= p.devices.len() {
+                return Err(CommandProblem::DeviceIndex { device: *device, count: p.devices.len() });
             }
             if !push_constants.is_empty() {
                 return Err(CommandProblem::PushConstants { count: push_constants.len() });
@@ -84,6 +82,26 @@ fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -
                 return Err(CommandProblem::FillPatternLen { len: *pattern_len });
             }
             bind(BindingRole::FillDestination, dst, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every dispatch of `p` runs on a CPU, the only device this runtime
+/// drives (a machine question, so [`crate::VerifiedPlan::bind`] asks it, not
+/// [`verify_program`]: `kiln inspect` lists a CUDA artifact's verified plan).
+pub fn cpu_devices_only(p: &ProgramView<'_>) -> Result<(), VerifyError> {
+    for e in &p.entries {
+        for (i, c) in e.commands.iter().enumerate() {
+            let Command::Dispatch { device, .. } = c else { continue };
+            // The index was checked by verify_program.
+            if let Some(d) = p.devices.get(*device as usize).filter(|d| d.kind != DeviceKind::Cpu) {
+                return Err(VerifyError::Command {
+                    entry: e.name.to_string(),
+                    command: i,
+                    problem: CommandProblem::UnsupportedDevice { device: *device, name: d.name.to_string() },
+                });
+            }
         }
     }
     Ok(())
