@@ -285,10 +285,9 @@ fn cuda_timings(c: &kiln_compiler::Compiled) -> Vec<String> {
     let ptx = c.program.executables.first().map_or(0, |x| x.code.len());
     let mut lines = vec![match &c.cubin {
         Some(cb) => format!(
-            "ptxas -arch={} -v: {:.1} ms (part of {}); PTX {ptx} bytes, cubin {} bytes",
+            "ptxas -arch={} -v: {:.1} ms (part of the codegen stage); PTX {ptx} bytes, cubin {} bytes",
             ptxas::ARCH,
             cb.ptxas_time.as_secs_f64() * 1e3,
-            Stage::Codegen.name(),
             cb.executable.code.len()
         ),
         None => format!("no cubin (--cubin off, or no ptxas found): PTX only, {ptx} bytes"),
@@ -369,6 +368,7 @@ fn read_artifact(a: &Args) -> Result<Loaded, String> {
             (!a.import.input_values.is_empty(), "--input-value"),
             (a.target.is_some(), "--target-cpu"),
             (a.size, "--opt size"),
+            (a.cubin != CubinMode::Auto, "--cubin"),
         ];
         if let Some((_, flag)) = given.iter().find(|(set, _)| *set) {
             return Err(format!("{flag} applies when compiling a model; `{label}` is an artifact, compiled already"));
@@ -1173,8 +1173,8 @@ impl CudaListing {
         CudaListing { executables }
     }
 
-    /// What the cubin variant of kernel `k` uses: `(registers, static shared bytes,
-    /// stack frame bytes)`, each `None` where not recorded.
+    /// What the cubin says of kernel `k` (through its first variant whose executable
+    /// is a readable cubin).
     fn resources(&self, p: &Program, k: &kiln_module::program::Kernel) -> Option<ptxas::CubinKernel> {
         k.variants.iter().find_map(|v| {
             let (_, _, _, _, Some(Ok(info))) = self.executables.iter().find(|e| e.0 == v.executable as usize)? else {
