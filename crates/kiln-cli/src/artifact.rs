@@ -1153,9 +1153,22 @@ fn launch_record(_p: &Program, _v: &Variant) -> Option<(u32, u32)> {
 /// What `kiln inspect` lists of a CUDA artifact beyond the plan: its executables
 /// (PTX, cubin) and, per kernel, its launch and what its cubin says it uses.
 struct CudaListing {
-    /// Per CUDA executable: index, form, bytes, entries, and its cubin read back
-    /// (`None` for PTX; `Some(Err)` for a cubin that cannot be read).
-    executables: Vec<(usize, &'static str, usize, usize, Option<Result<ptxas::CubinInfo, ptxas::CubinError>>)>,
+    /// The CUDA executables.
+    executables: Vec<CudaExecutable>,
+}
+
+/// One CUDA executable of an artifact, for listings.
+struct CudaExecutable {
+    /// Its index in the program.
+    index: usize,
+    /// Its code form ([`cuda_form`]).
+    form: &'static str,
+    /// Bytes of code.
+    bytes: usize,
+    /// Number of entries.
+    entries: usize,
+    /// Its cubin read back (`None` for PTX; `Some(Err)` for a cubin that cannot be read).
+    cubin: Option<Result<ptxas::CubinInfo, ptxas::CubinError>>,
 }
 
 impl CudaListing {
@@ -1166,8 +1179,8 @@ impl CudaListing {
             .enumerate()
             .filter(|(_, x)| x.device == DeviceKind::Cuda)
             .map(|(i, x)| {
-                let info = (x.features & CUDA_CUBIN_SM90A != 0).then(|| ptxas::read_cubin(&x.code));
-                (i, cuda_form(x), x.code.len(), x.entries.len(), info)
+                let cubin = (x.features & CUDA_CUBIN_SM90A != 0).then(|| ptxas::read_cubin(&x.code));
+                CudaExecutable { index: i, form: cuda_form(x), bytes: x.code.len(), entries: x.entries.len(), cubin }
             })
             .collect();
         CudaListing { executables }
@@ -1177,7 +1190,7 @@ impl CudaListing {
     /// is a readable cubin).
     fn resources(&self, p: &Program, k: &kiln_module::program::Kernel) -> Option<ptxas::CubinKernel> {
         k.variants.iter().find_map(|v| {
-            let (_, _, _, _, Some(Ok(info))) = self.executables.iter().find(|e| e.0 == v.executable as usize)? else {
+            let Some(Ok(info)) = &self.executables.iter().find(|e| e.index == v.executable as usize)?.cubin else {
                 return None;
             };
             let (name, _) = p.executables.get(v.executable as usize)?.entries.get(v.entry as usize)?;
@@ -1208,8 +1221,8 @@ impl CudaListing {
     fn text(&self, p: &Program) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "code (cuda):");
-        for (i, form, bytes, entries, info) in &self.executables {
-            let read = match info {
+        for CudaExecutable { index: i, form, bytes, entries, cubin } in &self.executables {
+            let read = match cubin {
                 None => String::new(),
                 Some(Ok(c)) => format!(", sm_{} ELF with {} kernels", c.sm, c.kernels.len()),
                 Some(Err(e)) => format!(", unreadable: {e}"),
@@ -1256,8 +1269,8 @@ impl CudaListing {
         let xs: Vec<String> = self
             .executables
             .iter()
-            .map(|(i, form, bytes, entries, info)| {
-                let error = match info {
+            .map(|CudaExecutable { index: i, form, bytes, entries, cubin }| {
+                let error = match cubin {
                     Some(Err(e)) => format!(",\"error\":{}", json_str(&e.to_string())),
                     _ => String::new(),
                 };

@@ -146,7 +146,11 @@ fn kiln_env(args: &[&str], set: &[(&str, &OsStr)], unset: &[&str]) -> (bool, Str
         c.env_remove(k);
     }
     let out = c.output().expect("run kiln");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The number of executables `kiln inspect --json` lists for a CUDA artifact.

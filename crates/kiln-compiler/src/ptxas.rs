@@ -365,12 +365,17 @@ ptxas info    : Used 32 registers, used 0 barriers
         );
         // Then PATH in order, then CUDA_HOME, CUDA_PATH, /usr/local/cuda.
         let vars = env(&[("PATH", "/a:/b"), ("CUDA_HOME", "/cuda"), ("CUDA_PATH", "/cp")]);
-        assert_eq!(find_with(CubinMode::Auto, &vars, &exists(&["/b/ptxas", "/cuda/bin/ptxas"])), Ok(Some("/b/ptxas".into())));
+        assert_eq!(
+            find_with(CubinMode::Auto, &vars, &exists(&["/b/ptxas", "/cuda/bin/ptxas"])),
+            Ok(Some("/b/ptxas".into()))
+        );
         assert_eq!(find_with(CubinMode::Auto, &vars, &exists(&["/cp/bin/ptxas"])), Ok(Some("/cp/bin/ptxas".into())));
         assert_eq!(find_with(CubinMode::Auto, &vars, &exists(&[])), Ok(None));
         let e = find_with(CubinMode::Require, &vars, &exists(&[])).expect_err("require without ptxas");
         let want: Vec<PathBuf> =
-            ["/a/ptxas", "/b/ptxas", "/cuda/bin/ptxas", "/cp/bin/ptxas", "/usr/local/cuda/bin/ptxas"].map(PathBuf::from).into();
+            ["/a/ptxas", "/b/ptxas", "/cuda/bin/ptxas", "/cp/bin/ptxas", "/usr/local/cuda/bin/ptxas"]
+                .map(PathBuf::from)
+                .into();
         assert_eq!(e, PtxasError::NotFound { looked: want });
         assert!(e.to_string().contains("/a/ptxas, /b/ptxas, /cuda/bin/ptxas"), "{e}");
         assert!(!e.is_internal());
