@@ -95,6 +95,9 @@ fn is_artifact(path: &Path) -> bool {
 
 /// The compile options in `a` for `model` (ONNX or .kir).
 fn options(a: &Args, model: &Path) -> Result<Options, String> {
+    if a.cubin != CubinMode::Auto && device(a)? != TargetDevice::Cuda {
+        return Err("--cubin applies to the CUDA target: give --target cuda".into());
+    }
     options_with(a, model, a.cubin)
 }
 

@@ -172,6 +172,10 @@ fn cubin_modes_on_the_command_line() {
         assert!(done, "--cubin {mode}: {err}");
         assert_eq!(cuda_executables(&art), executables, "--cubin {mode}");
     }
+    // The CPU target has no use for it.
+    let (done, _, err) =
+        kiln_env(&["compile", LENET, "--cubin", "require", "-o", s(&dir.join("cpu.kiln"))], &named, &[]);
+    assert!(!done && err.contains("--cubin applies to the CUDA target"), "{err}");
     // A KILN_PTXAS that is not there is an error, in auto too: it was asked for.
     let missing = dir.join("no-such-ptxas");
     let x = dir.join("x.kiln");
@@ -346,5 +350,74 @@ fn a_damaged_cubin_is_an_error_not_a_panic() {
     assert!(text.contains("executable 1: cubin sm_90a") && text.contains("unreadable: not a cubin"), "{text}");
     for k in &p.kernels {
         assert!(text.lines().any(|l| l.split_whitespace().next() == Some(&k.name)), "{}: {text}", k.name);
+    }
+}
+
+/// A fake `ptxas` (a shell script) in a scratch folder.
+fn fake_ptxas(name: &str, script: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = scratch("cuda-ptxas", name).join("ptxas");
+    std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// A ptxas that refuses the PTX, or writes something that is not a cubin with the PTX's
+/// kernels, is a typed error saying so (kiln's bug, not the caller's); the scratch
+/// files are removed either way, and after a good run too.
+#[test]
+fn what_ptxas_refuses_or_garbles_is_a_typed_error() {
+    let compile = |ptxas: PathBuf| {
+        let opts = Options { device: TargetDevice::Cuda, ptxas: Some(ptxas), ..Options::default() };
+        Compilation::new(Input::File(LENET.into()), opts).finish()
+    };
+    let refuses = fake_ptxas("refuses", "echo \"ptxas fatal   : boom\" >&2; exit 255");
+    let e = compile(refuses).expect_err("refused");
+    assert!(
+        matches!(&e, kiln_compiler::CompileError::Ptxas(ptxas::PtxasError::Failed { status: Some(255), stderr })
+            if stderr.contains("boom")),
+        "{e:?}"
+    );
+    assert!(e.is_internal() && e.to_string().contains("boom"), "{e}");
+    // Arguments: -arch=sm_90a -v -o OUT IN.
+    let garbles = fake_ptxas("garbles", "echo junk > \"$4\"");
+    let e = compile(garbles).expect_err("not a cubin");
+    assert!(
+        matches!(&e, kiln_compiler::CompileError::Ptxas(ptxas::PtxasError::Cubin(m)) if m.contains("not a cubin")),
+        "{e:?}"
+    );
+    assert!(e.is_internal());
+    // A cubin of other kernels: the PTX's first entry only.
+    let dir = scratch("cuda-ptxas", "other-kernels");
+    let one = dir.join("one.ptx");
+    let ptx = ok(&["compile", LENET, "--to", "ptx"]);
+    let first = ptx.find("\n.visible .entry").expect("an entry");
+    let second = ptx[first + 1..].find("\n.visible .entry").map_or(ptx.len(), |i| first + 1 + i);
+    std::fs::write(&one, &ptx[..second]).expect("write");
+    let other = fake_ptxas("other", &format!("exec {} -arch=sm_90a -o \"$4\" {}", ptxas().display(), one.display()));
+    let e = compile(other).expect_err("other kernels");
+    assert!(
+        matches!(&e, kiln_compiler::CompileError::Ptxas(ptxas::PtxasError::Cubin(m)) if m.contains("entries")),
+        "{e:?}"
+    );
+    // The scratch files are gone after a run, good or not (checked in a kiln process
+    // of its own: the other tests of this one run ptxas meanwhile).
+    let out = dir.join("x.kiln");
+    for (p, succeeds) in [(ptxas(), true), (fake_ptxas("garbles-cli", "echo junk > \"$4\""), false)] {
+        let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["compile", LENET, "--target", "cuda", "--cubin", "require", "-o", s(&out)])
+            .env("KILN_PTXAS", &p)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kiln");
+        let prefix = format!("kiln-ptxas-{}-", child.id());
+        let done = child.wait_with_output().expect("kiln");
+        assert_eq!(done.status.success(), succeeds, "{}", String::from_utf8_lossy(&done.stderr));
+        let left: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+            .expect("temp dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        assert!(left.is_empty(), "scratch files left: {left:?}");
     }
 }

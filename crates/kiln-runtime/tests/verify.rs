@@ -156,6 +156,9 @@ fn copy_fill_kernel_device_and_push_constants() {
     let mut p = add_program(4);
     p.devices[0] = Device { kind: DeviceKind::Cuda, name: "gpu0".into() };
     assert_eq!(command_problem(&p).1, CommandProblem::UnsupportedDevice { device: 0, name: "gpu0".into() });
+    // Which devices this runtime drives is a question of binding, not of the plan: a
+    // listing verifies a CUDA plan.
+    Module::verify_plan(&write_program(&p)).expect("a CUDA plan verifies");
     let mut p = add_program(4);
     if let Command::Dispatch { push_constants, .. } = &mut p.entries[0].commands[1] {
         push_constants.push(1);
