@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use kiln_codegen::cuda::cubin;
 pub use kiln_codegen::cuda::cubin::{read as read_cubin, CubinError, CubinInfo, CubinKernel};
 use kiln_codegen::cuda::CudaModule;
-use kiln_module::program::{DeviceKind, Executable, CUDA_CUBIN_SM90A};
+use kiln_module::program::{Executable, CUDA_CUBIN_SM90A};
 
 /// The architecture the cubin is assembled for: Hopper with its architecture-specific
 /// features (wgmma, setmaxnreg), as the PTX's `.target` says.
@@ -274,12 +274,13 @@ pub fn assemble(ptxas: &Path, module: &CudaModule) -> Result<Cubin, PtxasError> 
     let resources =
         names.iter().map(|n| report.iter().find(|(r, _)| r == n).map(|(_, r)| *r)).collect::<Vec<Option<Resources>>>();
     Ok(Cubin {
+        // Everything else (device, no relocations, what each entry's launch is) as the
+        // PTX executable's: the same kernels in another form.
         executable: Executable {
-            device: DeviceKind::Cuda,
             features: CUDA_CUBIN_SM90A,
             code,
             entries: names.iter().map(|n| (n.to_string(), 0)).collect(),
-            relocs: Vec::new(),
+            ..module.executable.clone()
         },
         resources,
         ptxas_time,
