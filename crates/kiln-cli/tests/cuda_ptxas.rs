@@ -367,12 +367,13 @@ fn fake_ptxas(name: &str, script: &str) -> PathBuf {
 /// files are removed either way, and after a good run too.
 #[test]
 fn what_ptxas_refuses_or_garbles_is_a_typed_error() {
-    let compile = |ptxas: PathBuf| {
+    // The compile's error (it must fail).
+    let fails = |ptxas: PathBuf, why: &str| {
         let opts = Options { device: TargetDevice::Cuda, ptxas: Some(ptxas), ..Options::default() };
-        Compilation::new(Input::File(LENET.into()), opts).finish()
+        Compilation::new(Input::File(LENET.into()), opts).finish().map(|_| ()).expect_err(why)
     };
     let refuses = fake_ptxas("refuses", "echo \"ptxas fatal   : boom\" >&2; exit 255");
-    let e = compile(refuses).expect_err("refused");
+    let e = fails(refuses, "refused");
     assert!(
         matches!(&e, kiln_compiler::CompileError::Ptxas(ptxas::PtxasError::Failed { status: Some(255), stderr })
             if stderr.contains("boom")),
@@ -381,7 +382,7 @@ fn what_ptxas_refuses_or_garbles_is_a_typed_error() {
     assert!(e.is_internal() && e.to_string().contains("boom"), "{e}");
     // Arguments: -arch=sm_90a -v -o OUT IN.
     let garbles = fake_ptxas("garbles", "echo junk > \"$4\"");
-    let e = compile(garbles).expect_err("not a cubin");
+    let e = fails(garbles, "not a cubin");
     assert!(
         matches!(&e, kiln_compiler::CompileError::Ptxas(ptxas::PtxasError::Cubin(m)) if m.contains("not a cubin")),
         "{e:?}"
@@ -395,7 +396,7 @@ fn what_ptxas_refuses_or_garbles_is_a_typed_error() {
     let second = ptx[first + 1..].find("\n.visible .entry").map_or(ptx.len(), |i| first + 1 + i);
     std::fs::write(&one, &ptx[..second]).expect("write");
     let other = fake_ptxas("other", &format!("exec {} -arch=sm_90a -o \"$4\" {}", ptxas().display(), one.display()));
-    let e = compile(other).expect_err("other kernels");
+    let e = fails(other, "other kernels");
     assert!(
         matches!(&e, kiln_compiler::CompileError::Ptxas(ptxas::PtxasError::Cubin(m)) if m.contains("entries")),
         "{e:?}"
