@@ -143,6 +143,23 @@ pub(crate) struct ModelArgs {
     /// with f32 arithmetic (inputs and outputs stay f32)
     #[arg(long, value_name = "f32|f16|bf16")]
     pub precision: Option<String>,
+    /// With --target cuda, ship a cubin for sm_90a beside the PTX: auto (when a ptxas is
+    /// found: $KILN_PTXAS, else PATH, $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda/bin),
+    /// off, or require (no ptxas is an error)
+    #[arg(long, value_enum, value_name = "auto|off|require", default_value_t = Cubin::Auto)]
+    pub cubin: Cubin,
+}
+
+/// `--cubin`: whether a CUDA compilation ships a cubin.
+#[derive(ValueEnum, Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(crate) enum Cubin {
+    /// When a ptxas is found.
+    #[default]
+    Auto,
+    /// PTX only.
+    Off,
+    /// Always; no ptxas is an error.
+    Require,
 }
 
 /// `--input NAME=FILE.npy`, `--seed`.
@@ -184,7 +201,8 @@ pub(crate) struct CompileArgs {
     /// Drop debug information
     #[arg(long)]
     pub strip: bool,
-    /// Stop at a level and print its text form: tensor, flow, stream or hal; ptx prints the CUDA target's PTX
+    /// Stop at a level and print its text form: tensor, flow, stream or hal; ptx prints the
+    /// CUDA target's PTX; cubin writes its cubin to -o OUT (needs ptxas)
     #[arg(long, value_name = "LEVEL")]
     pub to: Option<String>,
     /// Print the IR after a pipeline stage or tensor pass (repeatable)

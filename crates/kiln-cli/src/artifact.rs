@@ -5,10 +5,13 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use kiln_compiler::ptxas::{self, CubinMode};
 use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
-use kiln_module::program::{Binding, Command, CpuFeature, KernelClass, Program, Slot};
+use kiln_module::program::{
+    Binding, Command, CpuFeature, DeviceKind, Executable, KernelClass, Program, Slot, Variant, CUDA_CUBIN_SM90A,
+};
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
 
@@ -47,6 +50,8 @@ pub(crate) struct Args {
     pub floor_passes: Option<usize>,
     pub emit: Emit,
     pub symbol: Option<String>,
+    /// `--cubin`: whether a CUDA compilation ships a cubin.
+    pub cubin: CubinMode,
     /// `run`/`bench --device`: where the artifact runs.
     pub run_on: RunDevice,
     /// `bench --resident`: time the graph alone, on data kept on the device.
@@ -105,9 +110,24 @@ fn is_artifact(path: &Path) -> bool {
 
 /// The compile options in `a` for `model` (ONNX or .kir).
 pub(crate) fn options(a: &Args, model: &Path) -> Result<Options, String> {
+    if a.cubin != CubinMode::Auto && device(a)? != TargetDevice::Cuda {
+        return Err("--cubin applies to the CUDA target: give --target cuda".into());
+    }
+    options_with(a, model, a.cubin)
+}
+
+/// [`options`] with `cubin` for `--cubin`: a CUDA compilation gets the `ptxas` it
+/// finds ([`ptxas::find`]).
+fn options_with(a: &Args, model: &Path, cubin: CubinMode) -> Result<Options, String> {
+    let device = device(a)?;
+    let ptxas = match device {
+        TargetDevice::Cuda => ptxas::find(cubin).map_err(|e| format!("--cubin: {e}"))?,
+        TargetDevice::Cpu => None,
+    };
     Ok(Options {
         target: target(a)?,
-        device: device(a)?,
+        device,
+        ptxas,
         external_weights: a
             .external_weights
             .as_ref()
@@ -158,17 +178,34 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
         if a.device.as_deref().is_some_and(|d| d != "cuda") {
             return Err("--to ptx is the CUDA target's code: leave out --target or give --target cuda".into());
         }
-        let mut opts = options(&a, &model)?;
+        let mut opts = options_with(&a, &model, CubinMode::Off)?;
         opts.device = TargetDevice::Cuda;
         let mut c = Compilation::new(Input::File(model.clone()), opts);
         c.run_to(Stage::Codegen).map_err(|e| compile_error(&model, &e))?;
         return write_stdout(c.cuda().map(|m| m.ptx()).unwrap_or_default());
     }
+    if a.to.as_deref() == Some("cubin") {
+        // The same module assembled by ptxas for sm_90a: binary, so to a file.
+        if a.device.as_deref().is_some_and(|d| d != "cuda") {
+            return Err("--to cubin is the CUDA target's code: leave out --target or give --target cuda".into());
+        }
+        if a.cubin == CubinMode::Off {
+            return Err("--to cubin makes a cubin: leave out --cubin off".into());
+        }
+        let out = a.output.clone().ok_or("--to cubin writes binary: give -o OUT.cubin")?;
+        let mut opts = options_with(&a, &model, CubinMode::Off)?;
+        opts.device = TargetDevice::Cuda;
+        opts.ptxas = ptxas::find(CubinMode::Require).map_err(|e| format!("--to cubin: {e}"))?;
+        let mut c = Compilation::new(Input::File(model.clone()), opts);
+        c.run_to(Stage::Codegen).map_err(|e| compile_error(&model, &e))?;
+        let code = &c.cubin().ok_or("no cubin was made")?.executable.code;
+        return std::fs::write(&out, code).map_err(|e| format!("cannot write `{}`: {e}", out.display()));
+    }
     let level = match a.to.as_deref() {
         None | Some("artifact") => None,
         Some(l) => Some(
             Level::from_name(l)
-                .ok_or_else(|| format!("--to `{l}`: expected tensor, flow, stream, hal, ptx or artifact"))?,
+                .ok_or_else(|| format!("--to `{l}`: expected tensor, flow, stream, hal, ptx, cubin or artifact"))?,
         ),
     };
     for pass in &a.dump_after {
@@ -250,8 +287,41 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
                 d.sources.join(" + ")
             );
         }
+        for line in cuda_timings(&c) {
+            eprintln!("  {line}");
+        }
     }
     Ok(())
+}
+
+/// `--timings` of a CUDA compilation: how long ptxas took and, per kernel, its emitter
+/// and what `ptxas -v` reported for it (registers, static shared memory, stack frame,
+/// spill stores/loads); nothing for a CPU compilation.
+fn cuda_timings(c: &kiln_compiler::Compiled) -> Vec<String> {
+    if !c.program.devices.iter().any(|d| d.kind == DeviceKind::Cuda) {
+        return Vec::new();
+    }
+    let ptx = c.program.executables.first().map_or(0, |x| x.code.len());
+    let mut lines = vec![match &c.cubin {
+        Some(cb) => format!(
+            "ptxas -arch={} -v: {:.1} ms (part of the codegen stage); PTX {ptx} bytes, cubin {} bytes",
+            ptxas::ARCH,
+            cb.ptxas_time.as_secs_f64() * 1e3,
+            cb.executable.code.len()
+        ),
+        None => format!("no cubin (--cubin off, or no ptxas found): PTX only, {ptx} bytes"),
+    }];
+    for (i, (d, note)) in c.flow.dispatches.iter().zip(&c.codegen_notes).enumerate() {
+        let used = match c.cubin.as_ref().and_then(|cb| cb.resources.get(i).copied().flatten()) {
+            Some(r) => format!(
+                "{:>3} regs {:>6} B smem {:>5} B stack {}/{} B spilled",
+                r.registers, r.shared, r.stack, r.spill_stores, r.spill_loads
+            ),
+            None => "(no ptxas report)".into(),
+        };
+        lines.push(format!("{:<10} {:<11} {used}  {note}  [{}]", d.kernel.name, d.class.name(), d.sources.join(" + ")));
+    }
+    lines
 }
 
 /// `classes: N contraction (M microkernel), …`: dispatches per kernel class, and how many
@@ -317,6 +387,7 @@ pub(crate) fn read_artifact(a: &Args) -> Result<Loaded, String> {
             (!a.import.input_values.is_empty(), "--input-value"),
             (a.target.is_some(), "--target-cpu"),
             (a.size, "--opt size"),
+            (a.cubin != CubinMode::Auto, "--cubin"),
         ];
         if let Some((_, flag)) = given.iter().find(|(set, _)| *set) {
             return Err(format!("{flag} applies when compiling a model; `{label}` is an artifact, compiled already"));
@@ -888,7 +959,9 @@ fn launch_of(p: &Program, kernel: u32) -> Option<kiln_module::program::Launch> {
 fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
     let mut s = String::new();
     let code: usize = p.executables.iter().map(|e| e.code.len()).sum();
-    let feats: u64 = p.executables.iter().fold(0, |f, e| f | e.features);
+    // A CUDA executable's features say what form its code is, not CPU features.
+    let feats: u64 = p.executables.iter().filter(|e| e.device == DeviceKind::Cpu).fold(0, |f, e| f | e.features);
+    let cuda = CudaListing::of(p);
     let constants = match &p.constants {
         kiln_module::program::Constants::Embedded(b) => format!("embedded, {} bytes", b.len()),
         kiln_module::program::Constants::External { file, size, hash } => {
@@ -914,6 +987,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             }
         };
         let _ = write!(s, "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{constants},", f.join(","));
+        let _ = write!(s, "{}", cuda.json(p));
         let mut entries = Vec::new();
         for e in &p.entries {
             let tensors = |ts: &[kiln_module::program::TensorDesc]| -> String {
@@ -992,7 +1066,11 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             let _ = writeln!(s, "  {k:<18} {n:>10} bytes");
         }
     }
-    let _ = writeln!(s, "code: {code} bytes; cpu features: {}", features(feats).join(" "));
+    if cuda.executables.is_empty() {
+        let _ = writeln!(s, "code: {code} bytes; cpu features: {}", features(feats).join(" "));
+    } else {
+        s.push_str(&cuda.text(p));
+    }
     let _ = writeln!(s, "constants: {constants}");
     for e in &p.entries {
         let _ = writeln!(s, "entry {}:", e.name);
@@ -1107,4 +1185,173 @@ fn dispatch_dot(p: &Program) -> String {
 fn overlaps(a: &Binding, b: &Binding) -> bool {
     let end = |x: &Binding| x.offset.saturating_add(x.length);
     a.slot == b.slot && a.offset < end(b) && b.offset < end(a)
+}
+
+/// The code form of a CUDA executable: `cubin sm_90a` or `ptx`.
+fn cuda_form(x: &Executable) -> &'static str {
+    if x.features & CUDA_CUBIN_SM90A != 0 {
+        "cubin sm_90a"
+    } else {
+        "ptx"
+    }
+}
+
+/// A kernel variant's launch record: threads per block and bytes of dynamic shared
+/// memory. The one place `kiln inspect` reads launch records; artifacts of format 1.2
+/// record none (their grid is the dispatch's workgroups, listed from the plan), so
+/// this gives `None` and the listing says `-`.
+fn launch_record(p: &Program, v: &Variant) -> Option<(u32, u32)> {
+    p.executables.get(v.executable as usize)?.launches.get(v.entry as usize).map(|l| (l.block, l.shared))
+}
+
+/// What `kiln inspect` lists of a CUDA artifact beyond the plan: its executables
+/// (PTX, cubin) and, per kernel, its launch and what its cubin says it uses.
+struct CudaListing {
+    /// The CUDA executables.
+    executables: Vec<CudaExecutable>,
+}
+
+/// One CUDA executable of an artifact, for listings.
+struct CudaExecutable {
+    /// Its index in the program.
+    index: usize,
+    /// Its code form ([`cuda_form`]).
+    form: &'static str,
+    /// Bytes of code.
+    bytes: usize,
+    /// Number of entries.
+    entries: usize,
+    /// Its cubin read back (`None` for PTX; `Some(Err)` for a cubin that cannot be read).
+    cubin: Option<Result<ptxas::CubinInfo, ptxas::CubinError>>,
+}
+
+impl CudaListing {
+    fn of(p: &Program) -> CudaListing {
+        let executables = p
+            .executables
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.device == DeviceKind::Cuda)
+            .map(|(i, x)| {
+                let cubin = (x.features & CUDA_CUBIN_SM90A != 0).then(|| ptxas::read_cubin(&x.code));
+                CudaExecutable { index: i, form: cuda_form(x), bytes: x.code.len(), entries: x.entries.len(), cubin }
+            })
+            .collect();
+        CudaListing { executables }
+    }
+
+    /// What the cubin says of kernel `k` (through its first variant whose executable
+    /// is a readable cubin).
+    fn resources(&self, p: &Program, k: &kiln_module::program::Kernel) -> Option<ptxas::CubinKernel> {
+        k.variants.iter().find_map(|v| {
+            let Some(Ok(info)) = &self.executables.iter().find(|e| e.index == v.executable as usize)?.cubin else {
+                return None;
+            };
+            let (name, _) = p.executables.get(v.executable as usize)?.entries.get(v.entry as usize)?;
+            info.kernel(name).cloned()
+        })
+    }
+
+    /// The forms of `k`'s variants in order of preference (`cubin sm_90a, ptx`).
+    fn variants(p: &Program, k: &kiln_module::program::Kernel) -> Vec<&'static str> {
+        k.variants.iter().map(|v| p.executables.get(v.executable as usize).map_or("?", cuda_form)).collect()
+    }
+
+    /// The distinct workgroup counts (grids) of `kernel`'s dispatches, in plan order.
+    fn grids(p: &Program, kernel: usize) -> Vec<u64> {
+        let mut grids = Vec::new();
+        for e in &p.entries {
+            for c in &e.commands {
+                if let Command::Dispatch { kernel: k, workgroups, .. } = c {
+                    if *k as usize == kernel && !grids.contains(workgroups) {
+                        grids.push(*workgroups);
+                    }
+                }
+            }
+        }
+        grids
+    }
+
+    fn text(&self, p: &Program) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "code (cuda):");
+        for CudaExecutable { index: i, form, bytes, entries, cubin } in &self.executables {
+            let read = match cubin {
+                None => String::new(),
+                Some(Ok(c)) => format!(", sm_{} ELF with {} kernels", c.sm, c.kernels.len()),
+                Some(Err(e)) => format!(", unreadable: {e}"),
+            };
+            let _ = writeln!(s, "  executable {i}: {form:<12} {bytes:>10} bytes, {entries} entries{read}");
+        }
+        let _ = writeln!(
+            s,
+            "kernels (grid = the dispatch's blocks; block, dynamic shared from the launch record; regs, smem, stack from the cubin):"
+        );
+        let _ = writeln!(
+            s,
+            "  {:<14} {:<11} {:>8} {:>6} {:>8} {:>5} {:>7} {:>6}  variants",
+            "kernel", "class", "grid", "block", "dynsmem", "regs", "smem", "stack"
+        );
+        let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        for (ki, k) in p.kernels.iter().enumerate() {
+            let grids: Vec<String> = Self::grids(p, ki).iter().map(u64::to_string).collect();
+            let launch = k.variants.first().and_then(|v| launch_record(p, v));
+            let r = self.resources(p, k);
+            let _ = writeln!(
+                s,
+                "  {:<14} {:<11} {:>8} {:>6} {:>8} {:>5} {:>7} {:>6}  {}",
+                k.name,
+                k.class.map_or("unknown", KernelClass::name),
+                if grids.is_empty() { "-".into() } else { grids.join(",") },
+                dash(launch.map(|l| l.0.to_string())),
+                dash(launch.map(|l| l.1.to_string())),
+                dash(r.as_ref().and_then(|r| r.registers).map(|n| n.to_string())),
+                dash(r.as_ref().map(|r| r.shared.to_string())),
+                dash(r.as_ref().and_then(|r| r.frame).map(|n| n.to_string())),
+                Self::variants(p, k).join(", ")
+            );
+        }
+        s
+    }
+
+    /// `"cuda":{"executables":[…],"kernels":[…]},` (nothing for a CPU artifact).
+    fn json(&self, p: &Program) -> String {
+        if self.executables.is_empty() {
+            return String::new();
+        }
+        let num = |v: Option<u64>| v.map_or("null".into(), |n| n.to_string());
+        let xs: Vec<String> = self
+            .executables
+            .iter()
+            .map(|CudaExecutable { index: i, form, bytes, entries, cubin }| {
+                let error = match cubin {
+                    Some(Err(e)) => format!(",\"error\":{}", json_str(&e.to_string())),
+                    _ => String::new(),
+                };
+                format!("{{\"index\":{i},\"form\":{},\"bytes\":{bytes},\"entries\":{entries}{error}}}", json_str(form))
+            })
+            .collect();
+        let ks: Vec<String> = p
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(ki, k)| {
+                let launch = k.variants.first().and_then(|v| launch_record(p, v));
+                let r = self.resources(p, k);
+                let variants: Vec<String> = Self::variants(p, k).iter().map(|f| json_str(f)).collect();
+                format!(
+                    "{{\"name\":{},\"grid\":{:?},\"block\":{},\"dynamic_shared\":{},\"registers\":{},\"shared\":{},\"stack\":{},\"variants\":[{}]}}",
+                    json_str(&k.name),
+                    Self::grids(p, ki),
+                    num(launch.map(|l| u64::from(l.0))),
+                    num(launch.map(|l| u64::from(l.1))),
+                    num(r.as_ref().and_then(|r| r.registers).map(u64::from)),
+                    num(r.as_ref().map(|r| r.shared)),
+                    num(r.as_ref().and_then(|r| r.frame).map(u64::from)),
+                    variants.join(",")
+                )
+            })
+            .collect();
+        format!("\"cuda\":{{\"executables\":[{}],\"kernels\":[{}]}},", xs.join(","), ks.join(","))
+    }
 }

@@ -94,6 +94,11 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
         import: import_options(m.bind),
         target: m.target_cpu,
         device: m.target,
+        cubin: match m.cubin {
+            args::Cubin::Auto => kiln_compiler::ptxas::CubinMode::Auto,
+            args::Cubin::Off => kiln_compiler::ptxas::CubinMode::Off,
+            args::Cubin::Require => kiln_compiler::ptxas::CubinMode::Require,
+        },
         size,
         precision,
         ..Default::default()

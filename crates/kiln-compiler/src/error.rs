@@ -78,6 +78,9 @@ pub enum CompileError {
         /// them), when the kernel is one of the program's.
         sources: Vec<String>,
     },
+    /// The CUDA target's cubin could not be made ([`crate::ptxas`]).
+    #[error("code generation: {0}")]
+    Ptxas(#[from] crate::ptxas::PtxasError),
     /// Building the command list failed (a compiler bug).
     #[error("command list: {0}")]
     Hal(#[from] HalError),
@@ -141,7 +144,7 @@ impl CompileError {
             CompileError::Passes(_) => Stage::TensorPasses,
             CompileError::Flow(_) => Stage::FormDispatches,
             CompileError::Stream(_) => Stage::Schedule,
-            CompileError::Codegen { .. } => Stage::Codegen,
+            CompileError::Codegen { .. } | CompileError::Ptxas(_) => Stage::Codegen,
             CompileError::Hal(_) => Stage::Hal,
             CompileError::Pipeline { stage, .. } => *stage,
         }
@@ -170,6 +173,9 @@ impl CompileError {
             CompileError::Stream(_) | CompileError::Hal(_) | CompileError::Pipeline { .. } => ErrorKind::Internal,
             CompileError::Codegen { source, .. } if source.is_internal() => ErrorKind::Internal,
             CompileError::Codegen { .. } => ErrorKind::Unsupported,
+            CompileError::Ptxas(e) if e.is_internal() => ErrorKind::Internal,
+            // No ptxas, or one that does not run: the caller's tool or option.
+            CompileError::Ptxas(_) => ErrorKind::InvalidInput,
         }
     }
 

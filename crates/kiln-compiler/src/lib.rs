@@ -10,7 +10,8 @@
 //!   ──flow-narrow-storage (kiln-flow::precision)──► flow program (f16/bf16 storage)
 //!   ──flow-pack-weights (kiln-flow::layout, widths from kiln-codegen)──► flow program
 //!   ──stream-schedule──► waves, lifetimes, arena plan, constant pool
-//!   ──cpu-codegen (kiln-codegen)──► one executable per target
+//!   ──cpu-codegen (kiln-codegen)──► one executable per target (CUDA: PTX, and a
+//!                                    cubin from ptxas when one is given, [`ptxas`])
 //!   ──hal-build-program──► static command list, kernel table, constants
 //!   ──artifact-write (kiln_module::sections)──► .kiln bytes (+ external weights)
 //! ```
@@ -27,6 +28,7 @@
 
 mod error;
 pub mod hal;
+pub mod ptxas;
 pub mod stream;
 
 use std::path::{Path, PathBuf};
@@ -78,6 +80,10 @@ pub struct Options {
     /// The storage type of f32 tensors (`kiln compile --precision`): f32, or f16/bf16
     /// storage with f32 arithmetic ([`Stage::NarrowStorage`]).
     pub precision: Precision,
+    /// With [`TargetDevice::Cuda`]: assemble the PTX into a cubin for `sm_90a` with this
+    /// `ptxas` and ship it beside the PTX, preferred by every kernel ([`ptxas`];
+    /// [`ptxas::find`] looks one up). `None`: PTX only.
+    pub ptxas: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -92,6 +98,7 @@ impl Default for Options {
             size: false,
             import: ImportOptions::default(),
             precision: Precision::F32,
+            ptxas: None,
         }
     }
 }
@@ -116,6 +123,9 @@ pub struct Compiled {
     /// Per dispatch, how its code runs along its contiguous axis (vector width, or
     /// scalar).
     pub codegen_paths: Vec<CodePath>,
+    /// The cubin of a CUDA compilation given a `ptxas` ([`Options::ptxas`]), with what
+    /// each kernel uses.
+    pub cubin: Option<ptxas::Cubin>,
 }
 
 /// One stage of the pipeline, in the order [`Stage::ALL`] runs them.
@@ -317,6 +327,7 @@ pub struct Compilation {
     plan: Option<stream::StreamPlan>,
     cpu: Option<CpuModule>,
     cuda: Option<CudaModule>,
+    cubin: Option<ptxas::Cubin>,
     program: Option<Program>,
     weights: Option<Vec<u8>>,
     artifact: Option<Vec<u8>>,
@@ -339,6 +350,7 @@ impl Compilation {
             plan: None,
             cpu: None,
             cuda: None,
+            cubin: None,
             program: None,
             weights: None,
             artifact: None,
@@ -379,6 +391,11 @@ impl Compilation {
     /// The compiled kernels of a CUDA compilation (after [`Stage::Codegen`]).
     pub fn cuda(&self) -> Option<&CudaModule> {
         self.cuda.as_ref()
+    }
+
+    /// The cubin of a CUDA compilation given a `ptxas` (after [`Stage::Codegen`]).
+    pub fn cubin(&self) -> Option<&ptxas::Cubin> {
+        self.cubin.as_ref()
     }
 
     /// The program (after [`Stage::Hal`]).
@@ -463,6 +480,7 @@ impl Compilation {
             flow: self.flow.ok_or_else(|| missing("flow program"))?,
             plan: self.plan.ok_or_else(|| missing("stream plan"))?,
             program: self.program.ok_or_else(|| missing("program"))?,
+            cubin: self.cubin,
             phases: self.phases,
         })
     }
@@ -523,8 +541,11 @@ impl Compilation {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
                 let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> =
                     flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
-                let cuda = kiln_codegen::cuda::compile(&kernels);
-                self.cuda = Some(cuda.map_err(|e| codegen_error(flow, e))?);
+                let cuda = kiln_codegen::cuda::compile(&kernels).map_err(|e| codegen_error(flow, e))?;
+                if let Some(path) = &self.options.ptxas {
+                    self.cubin = Some(ptxas::assemble(path, &cuda)?);
+                }
+                self.cuda = Some(cuda);
             }
             Stage::Codegen => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
@@ -539,6 +560,7 @@ impl Compilation {
                     (Some(cpu), _) => Code {
                         device: DeviceKind::Cpu,
                         executable: &cpu.executable,
+                        cubin: None,
                         workgroups: cpu.workgroups.clone(),
                         work_ns: cpu.work_ns.clone(),
                         launches: Vec::new(),
@@ -546,6 +568,7 @@ impl Compilation {
                     (None, Some(cuda)) => Code {
                         device: DeviceKind::Cuda,
                         executable: &cuda.executable,
+                        cubin: self.cubin.as_ref().map(|c| &c.executable),
                         workgroups: cuda.launches.iter().map(|l| l.grid).collect(),
                         work_ns: Vec::new(),
                         launches: cuda
@@ -599,6 +622,8 @@ fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
 struct Code<'a> {
     device: DeviceKind,
     executable: &'a kiln_module::program::Executable,
+    /// The same kernels as a cubin, preferred over `executable` (CUDA only).
+    cubin: Option<&'a kiln_module::program::Executable>,
     workgroups: Vec<u64>,
     work_ns: Vec<u64>,
     launches: Vec<kiln_module::program::Launch>,
@@ -620,10 +645,16 @@ fn build_program(
         .dispatches
         .iter()
         .enumerate()
-        .map(|(i, d)| Kernel {
-            name: d.kernel.name.clone(),
-            variants: vec![Variant { executable: 0, entry: i as u32, features: 0 }],
-            class: Some(d.class),
+        .map(|(i, d)| {
+            // The cubin (executable 1) first where there is one, the PTX (or the CPU's
+            // code, executable 0) always.
+            let entry = i as u32;
+            let mut variants = Vec::with_capacity(2);
+            if code.cubin.is_some() {
+                variants.push(Variant { executable: 1, entry, features: 0 });
+            }
+            variants.push(Variant { executable: 0, entry, features: 0 });
+            Kernel { name: d.kernel.name.clone(), variants, class: Some(d.class) }
         })
         .collect();
     let (constants, weights) = match &opts.external_weights {
@@ -648,10 +679,10 @@ fn build_program(
         }],
         entries: vec![entry],
         kernels,
-        executables: vec![kiln_module::program::Executable {
-            launches: code.launches.clone(),
-            ..code.executable.clone()
-        }],
+        executables: std::iter::once(code.executable)
+            .chain(code.cubin)
+            .map(|x| kiln_module::program::Executable { launches: code.launches.clone(), ..x.clone() })
+            .collect(),
         constants,
         debug,
     };

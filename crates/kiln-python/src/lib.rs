@@ -163,6 +163,7 @@ fn compile<'py>(
         precision: kiln_compiler::Precision::from_name(precision).ok_or_else(|| {
             Error::invalid(format!("precision `{precision}`: expected f32, f16 or bf16"))
         })?,
+        ptxas: None,
     };
     let compiled = py
         .detach(|| Compilation::new(input, options).finish())

@@ -25,6 +25,7 @@
 //! kernels are validated with `ptxas -arch=sm_90a` in the tests, and their lowering is
 //! the kernel interpreter's semantics (see `docs/cuda.md`).
 
+pub mod cubin;
 mod elementwise;
 pub mod expr;
 mod general;
