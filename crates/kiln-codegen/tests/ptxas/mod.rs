@@ -68,3 +68,21 @@ pub fn assemble_ptx_verbose(suite: &str, tag: &str, ptx: &str) -> Result<String,
         Err(text)
     }
 }
+
+/// From `ptxas -v`'s report, entry `name`'s "N bytes stack frame, N bytes spill
+/// stores, N bytes spill loads" line (trimmed), if the report has it.
+pub fn frame_of(info: &str, name: &str) -> Option<String> {
+    let head = format!("Function properties for {name}");
+    let mut lines = info.lines();
+    lines.find(|l| l.trim_end().ends_with(&head))?;
+    lines.next().map(|l| l.trim().to_string())
+}
+
+/// From `ptxas -v`'s report, the registers entry `name` uses.
+pub fn registers_of(info: &str, name: &str) -> Option<u32> {
+    let head = format!("Function properties for {name}");
+    let mut lines = info.lines();
+    lines.find(|l| l.trim_end().ends_with(&head))?;
+    let used = lines.find(|l| l.contains("Used "))?;
+    used.split("Used ").nth(1)?.split_whitespace().next()?.parse().ok()
+}
