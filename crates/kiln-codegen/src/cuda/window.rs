@@ -335,7 +335,7 @@ impl Emitter<'_> {
         hoist(&mut ev, k, k.root, self.d.reduce, &free, &set, &mut vec![false; k.nodes.len()])?;
         let interior = g.interior();
         let whole = interior.is_some_and(|i| {
-            i.rows == (0, g.out[0] - 1) && i.groups == (0, g.groups() - 1) && g.out[1] % g.per_thread == 0
+            i.rows == (0, g.out[0] - 1) && i.groups == (0, g.groups() - 1) && g.out[1].is_multiple_of(g.per_thread)
         });
         let done = ev.p.label();
         match interior {
@@ -464,7 +464,7 @@ impl Emitter<'_> {
         for (j, &acc) in accs.iter().enumerate() {
             let ow = ev.p.reg(RegClass::B64);
             ev.p.op("add.s64", &[ow.into(), it.ow0.into(), Imm::I(j as i64).into()]);
-            let skip = (border && g.out[1] % g.per_thread != 0 && j > 0).then(|| {
+            let skip = (border && !g.out[1].is_multiple_of(g.per_thread) && j > 0).then(|| {
                 let l = ev.p.label();
                 let past = ev.p.reg(RegClass::Pred);
                 ev.p.op("setp.ge.u64", &[past.into(), ow.into(), Imm::I(g.out[1] as i64).into()]);
