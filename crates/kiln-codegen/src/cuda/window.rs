@@ -701,25 +701,33 @@ mod tests {
     #[test]
     fn items_cover_every_output_once_and_the_interior_is_exact() {
         let mut cases = 0;
-        for w in [1i64, 2, 5, 7, 33, 113] {
-            for h in [1i64, 3, 8] {
+        // Rows: (H, KH, stride, dilation, top, bottom, ceil).
+        let rows = [
+            (1i64, 1i64, 1i64, 1i64, 0i64, 0i64, false),
+            (3, 3, 1, 1, 1, 1, false),
+            (8, 3, 2, 1, 1, 1, true),
+            (9, 5, 3, 2, 0, 4, true),
+            (13, 13, 1, 1, 6, 6, false),
+        ];
+        for (h, kh, sh, dh, top, bottom, ceil_h) in rows {
+            for w in [1i64, 2, 5, 7, 33, 113] {
                 for kw in [1i64, 2, 3, 5, 7, 13] {
                     for s in [1i64, 2, 3] {
                         for dl in [1i64, 2] {
                             for (lo, hi) in [(0, 0), (1, 1), (0, 2), (3, 1)] {
                                 for ceil in [false, true] {
                                     let ow = extent(w, kw, s, dl, lo, hi, ceil);
-                                    let oh = extent(h, 3.min(h + 2), 1, 1, 1, 1, false);
+                                    let oh = extent(h, kh, sh, dh, top, bottom, ceil_h);
                                     if ow < 1 || oh < 1 || dl * (kw - 1) >= w + lo + hi {
                                         continue;
                                     }
                                     let g = geo(
                                         [oh as u64, ow as u64],
                                         [h as u64, w as u64],
-                                        [3.min(h + 2) as u64, kw as u64],
-                                        [1, s],
-                                        [1, dl],
-                                        [-1, -lo],
+                                        [kh as u64, kw as u64],
+                                        [sh, s],
+                                        [dh, dl],
+                                        [-top, -lo],
                                     );
                                     check_geometry(&g);
                                     cases += 1;
@@ -730,7 +738,7 @@ mod tests {
                 }
             }
         }
-        assert!(cases > 1000, "{cases}");
+        assert!(cases > 5000, "{cases}");
     }
 
     fn check_geometry(g: &Geometry) {
