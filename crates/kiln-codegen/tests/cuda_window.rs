@@ -22,9 +22,9 @@ mod ptxas;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::{classify, KernelClass};
+use kiln_flow::interp;
 use kiln_flow::{BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
 use kiln_ir::infer::{infer, InferInput};
-use kiln_flow::interp;
 use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
 use kiln_lower::{lower_op, OpCx, OpInput};
 
@@ -266,20 +266,48 @@ fn depthwise_convolutions_of_every_geometry_assemble_without_spills() {
                 if (width as i64) + 2 * p < k {
                     continue;
                 }
-                push(&mut ks, &[1, 3, 9, width], Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil: false });
+                push(
+                    &mut ks,
+                    &[1, 3, 9, width],
+                    Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil: false },
+                );
             }
         }
-        push(&mut ks, &[2, 2, 11, width], Win { kernel: &[3, 3], strides: &[1, 1], dil: &[2, 2], pads: &[2, 2, 2, 2], ceil: false });
-        push(&mut ks, &[1, 2, 10, width], Win { kernel: &[3, 3], strides: &[2, 1], dil: &[1, 1], pads: &[0, 1, 2, 1], ceil: false });
-        push(&mut ks, &[1, 2, 10, width], Win { kernel: &[1, 1], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false });
+        push(
+            &mut ks,
+            &[2, 2, 11, width],
+            Win { kernel: &[3, 3], strides: &[1, 1], dil: &[2, 2], pads: &[2, 2, 2, 2], ceil: false },
+        );
+        push(
+            &mut ks,
+            &[1, 2, 10, width],
+            Win { kernel: &[3, 3], strides: &[2, 1], dil: &[1, 1], pads: &[0, 1, 2, 1], ceil: false },
+        );
+        push(
+            &mut ks,
+            &[1, 2, 10, width],
+            Win { kernel: &[1, 1], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false },
+        );
     }
     // Unpadded (in-bounds loads), 13×13, 1-D rows of 31 and 169 taps, a [K, 1] column.
-    push(&mut ks, &[1, 2, 12, 40], Win { kernel: &[5, 5], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false });
-    push(&mut ks, &[1, 2, 20, 33], Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false });
+    push(
+        &mut ks,
+        &[1, 2, 12, 40],
+        Win { kernel: &[5, 5], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 2, 20, 33],
+        Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false },
+    );
     push(&mut ks, &[1, 2, 200], Win { kernel: &[31], strides: &[1], dil: &[1], pads: &[15, 15], ceil: false });
     push(&mut ks, &[1, 2, 77], Win { kernel: &[7], strides: &[3], dil: &[2], pads: &[6, 6], ceil: false });
     push(&mut ks, &[1, 2, 400], Win { kernel: &[169], strides: &[1], dil: &[1], pads: &[84, 84], ceil: false });
-    push(&mut ks, &[1, 3, 40, 1], Win { kernel: &[9, 1], strides: &[1, 1], dil: &[1, 1], pads: &[4, 0, 4, 0], ceil: false });
+    push(
+        &mut ks,
+        &[1, 3, 40, 1],
+        Win { kernel: &[9, 1], strides: &[1, 1], dil: &[1, 1], pads: &[4, 0, 4, 0], ceil: false },
+    );
     let (m, _) = assemble_windows("depthwise", &ks);
     // The row loop where the window is large; unrolled rows elsewhere.
     let note = |name: &str| &m.notes[ks.iter().position(|k| k.name == name).unwrap()];
@@ -313,18 +341,45 @@ fn max_pools_of_every_form_assemble_without_spills() {
         n += 1;
     };
     for width in [1usize, 7, 33, 113] {
-        for (k, s, p, ceil) in [(2i64, 2i64, 0i64, false), (2, 2, 0, true), (3, 2, 1, true), (3, 1, 1, false), (3, 3, 0, true), (5, 1, 2, false)] {
+        for (k, s, p, ceil) in [
+            (2i64, 2i64, 0i64, false),
+            (2, 2, 0, true),
+            (3, 2, 1, true),
+            (3, 1, 1, false),
+            (3, 3, 0, true),
+            (5, 1, 2, false),
+        ] {
             if (width as i64) + 2 * p < k {
                 continue;
             }
-            push(&mut ks, &[1, 3, 13, width], Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil });
+            push(
+                &mut ks,
+                &[1, 3, 13, width],
+                Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil },
+            );
         }
     }
     // SPPF's 5×5, 9×9 and 13×13 at stride 1; dilation 2; asymmetric; 1-D.
-    push(&mut ks, &[1, 4, 20, 20], Win { kernel: &[9, 9], strides: &[1, 1], dil: &[1, 1], pads: &[4, 4, 4, 4], ceil: false });
-    push(&mut ks, &[1, 4, 20, 20], Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false });
-    push(&mut ks, &[1, 2, 15, 30], Win { kernel: &[3, 5], strides: &[2, 1], dil: &[2, 1], pads: &[2, 1, 2, 3], ceil: false });
-    push(&mut ks, &[1, 2, 15, 31], Win { kernel: &[3, 3], strides: &[1, 2], dil: &[2, 2], pads: &[0, 3, 1, 0], ceil: true });
+    push(
+        &mut ks,
+        &[1, 4, 20, 20],
+        Win { kernel: &[9, 9], strides: &[1, 1], dil: &[1, 1], pads: &[4, 4, 4, 4], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 4, 20, 20],
+        Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 2, 15, 30],
+        Win { kernel: &[3, 5], strides: &[2, 1], dil: &[2, 1], pads: &[2, 1, 2, 3], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 2, 15, 31],
+        Win { kernel: &[3, 3], strides: &[1, 2], dil: &[2, 2], pads: &[0, 3, 1, 0], ceil: true },
+    );
     push(&mut ks, &[1, 3, 50], Win { kernel: &[7], strides: &[2], dil: &[1], pads: &[3, 3], ceil: true });
     let (m, _) = assemble_windows("maxpool", &ks);
     assert!(m.notes.iter().all(|n| n.contains("max pool")), "{:?}", m.notes);
@@ -335,7 +390,9 @@ fn average_pools_both_ways_assemble_without_spills() {
     let mut ks = Vec::new();
     let mut n = 0;
     for width in [1usize, 7, 33, 113] {
-        for (k, s, p, ceil) in [(3i64, 1i64, 1i64, false), (3, 2, 1, true), (2, 2, 0, true), (5, 3, 2, false), (7, 1, 3, false)] {
+        for (k, s, p, ceil) in
+            [(3i64, 1i64, 1i64, false), (3, 2, 1, true), (2, 2, 0, true), (5, 3, 2, false), (7, 1, 3, false)]
+        {
             if (width as i64) + 2 * p < k {
                 continue;
             }

@@ -138,9 +138,7 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
         },
         KernelClass::General => None,
         // No GPU emitter for these classes yet: the general mapping is correct, not fast.
-        KernelClass::Contraction | KernelClass::Rows => {
-            Some(format!("no CUDA {} emitter yet", class.name()))
-        }
+        KernelClass::Contraction | KernelClass::Rows => Some(format!("no CUDA {} emitter yet", class.name())),
     };
     let mut e = general::emit(k)?;
     if let Some(why) = declined {

@@ -167,10 +167,7 @@ impl Geometry {
 
     /// First input row of output row `oh`, first input column of group `g`.
     pub fn origin(&self, oh: u64, g: u64) -> (i64, i64) {
-        (
-            self.stride[0] * oh as i64 + self.offset[0],
-            self.stride[1] * (self.per_thread * g) as i64 + self.offset[1],
-        )
+        (self.stride[0] * oh as i64 + self.offset[0], self.stride[1] * (self.per_thread * g) as i64 + self.offset[1])
     }
 
     /// The items whose taps are all inside the plane and whose `R` outputs all exist:
@@ -262,9 +259,8 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let row_bytes = g.dilation[0] * g.input[1] as i64 * 4;
     let span_bytes = g.span() as i64 * 4;
     let full_reach = row_bytes * (g.window[0] as i64 - 1) + span_bytes;
-    let filter_reach = filter.as_ref().map_or(0, |f| {
-        (f.row * (g.window[0] as i64 - 1) + f.col * (g.window[1] as i64 - 1) + 1) * 4
-    });
+    let filter_reach =
+        filter.as_ref().map_or(0, |f| (f.row * (g.window[0] as i64 - 1) + f.col * (g.window[1] as i64 - 1) + 1) * 4);
     let g = Geometry { unrolled: g.unrolled && full_reach < i32::MAX as i64, ..g };
     if span_bytes >= i32::MAX as i64 || filter_reach >= i32::MAX as i64 {
         return Ok(Err("window offsets past a 32-bit displacement".into()));
@@ -313,9 +309,19 @@ impl Emitter<'_> {
         let items = g.items();
         let mut p = Ptx::new(&k.name, nin + 1);
         let sk = Skeleton::open(&mut p, nin + 1, items);
-        let idx = decompose(&mut p, sk.group, &[g.planes as usize, g.out[0] as usize, g.groups() as usize]);
-        let (plane, oh, grp) = (idx[0], idx[1], idx[2]);
-        let nc = decompose(&mut p, plane, &[self.d.out_dims[0] as usize, self.d.out_dims[1] as usize]);
+        // (n, c, oh, g) of the item: in 32 bits where the items fit (a division by a
+        // constant is a multiply-high there, a long sequence in 64 bits).
+        let [n_, c_] = [self.d.out_dims[0], self.d.out_dims[1]];
+        let dims = [n_ as usize, c_ as usize, g.out[0] as usize, g.groups() as usize];
+        let idx = if items <= u64::from(u32::MAX) {
+            decompose32(&mut p, sk.group, &dims)
+        } else {
+            decompose(&mut p, sk.group, &dims)
+        };
+        let nc = [idx[0], idx[1]];
+        let (oh, grp) = (idx[2], idx[3]);
+        let plane = p.reg(RegClass::B64);
+        p.op("mad.lo.s64", &[plane.into(), nc[0].into(), Imm::I(c_ as i64).into(), nc[1].into()]);
         let item = self.item(&mut p, &sk.bases, plane, oh, grp, nc[1])?;
         let mut ev = Eval::new(k, &mut p, sk.bases[..nin].to_vec());
         ev.set_var(0, nc[0]);
@@ -613,6 +619,31 @@ struct RowTaps {
     w_kh: u64,
 }
 
+/// The index (one u64 register per dimension) of flat element `flat` (< 2^32) of
+/// `dims`, divided in 32 bits.
+fn decompose32(p: &mut Ptx, flat: Reg, dims: &[usize]) -> Vec<Reg> {
+    let mut rest = p.reg(RegClass::B32);
+    p.op("cvt.u32.u64", &[rest.into(), flat.into()]);
+    let mut out = vec![flat; dims.len()];
+    for d in (0..dims.len()).rev() {
+        let v = if d == 0 {
+            rest
+        } else {
+            let n = Imm::U(dims[d] as u64);
+            let v = p.reg(RegClass::B32);
+            p.op("rem.u32", &[v.into(), rest.into(), n.into()]);
+            let q = p.reg(RegClass::B32);
+            p.op("div.u32", &[q.into(), rest.into(), n.into()]);
+            rest = q;
+            v
+        };
+        let w = p.reg(RegClass::B64);
+        p.op("cvt.u64.u32", &[w.into(), v.into()]);
+        out[d] = w;
+    }
+    out
+}
+
 /// `0 ≤ i < n` for an s64 `i` (one unsigned comparison).
 fn below(p: &mut Ptx, i: Reg, n: u64) -> Reg {
     let ok = p.reg(RegClass::Pred);
@@ -665,7 +696,14 @@ fn hoist(
 mod tests {
     use super::*;
 
-    fn geo(out: [u64; 2], input: [u64; 2], window: [u64; 2], stride: [i64; 2], dil: [i64; 2], off: [i64; 2]) -> Geometry {
+    fn geo(
+        out: [u64; 2],
+        input: [u64; 2],
+        window: [u64; 2],
+        stride: [i64; 2],
+        dil: [i64; 2],
+        off: [i64; 2],
+    ) -> Geometry {
         let d = Depthwise {
             x: 0,
             op: WindowOp::Max,
@@ -768,9 +806,8 @@ mod tests {
                         }
                     }
                 }
-                let claimed = interior.is_some_and(|i| {
-                    (i.rows.0..=i.rows.1).contains(&oh) && (i.groups.0..=i.groups.1).contains(&grp)
-                });
+                let claimed = interior
+                    .is_some_and(|i| (i.rows.0..=i.rows.1).contains(&oh) && (i.groups.0..=i.groups.1).contains(&grp));
                 assert_eq!(claimed, inside, "{g:?} oh {oh} g {grp} interior {interior:?}");
             }
         }
