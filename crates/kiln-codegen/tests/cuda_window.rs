@@ -22,10 +22,9 @@ mod ptxas;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::{classify, KernelClass};
-use kiln_flow::interp;
 use kiln_flow::{BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
 use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
+use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, TensorType};
 use kiln_lower::{lower_op, OpCx, OpInput};
 
 fn tt(dims: &[usize]) -> TensorType {
@@ -175,65 +174,9 @@ fn assemble_windows(tag: &str, kernels: &[Kernel]) -> (cuda::CudaModule, String)
         .unwrap_or_else(|e| panic!("{tag}: ptxas refused the module:\n{e}"));
     check_no_spills(tag, &info, kernels.len());
     for (i, k) in kernels.iter().enumerate() {
-        emulate(k, m.ptx(), i as u64);
+        ptx_sim::check_against_interpreter(k, m.ptx(), i as u64).unwrap_or_else(|e| panic!("{e}"));
     }
     (m, info)
-}
-
-/// Random f32 values in [-2, 2), with every 13th a NaN, every 29th +∞ and every 31st
-/// −∞ where `specials`.
-fn random(dims: &[usize], seed: u64, specials: bool) -> Tensor {
-    let n: usize = dims.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v: Vec<f32> = (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            match i {
-                _ if specials && i % 13 == 5 => f32::NAN,
-                _ if specials && i % 29 == 3 => f32::INFINITY,
-                _ if specials && i % 31 == 7 => f32::NEG_INFINITY,
-                _ => ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0,
-            }
-        })
-        .collect();
-    Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
-
-/// Runs `k`'s entry of `module` in the emulator (a grid of 3 blocks of 32 threads) on
-/// random inputs, twice (plain values, then with NaN and infinities in the image), and
-/// compares every output with the kernel interpreter's, bit for bit.
-fn emulate(k: &Kernel, module: &str, seed: u64) {
-    let entry = ptx_sim::parse(module, &k.name).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    for specials in [false, true] {
-        let ins: Vec<Tensor> = k
-            .inputs
-            .iter()
-            .enumerate()
-            .map(|(i, t)| random(t.shape.dims(), seed * 7 + i as u64, specials && i == 0))
-            .collect();
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        let want = interp::run(k, &refs).unwrap().to_vec::<f32>().unwrap();
-        let mut buffers: Vec<Vec<u32>> =
-            ins.iter().map(|t| t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()).collect();
-        // The output starts as a signalling pattern, so an element never stored shows.
-        buffers.push(vec![0x7FA0_DEAD; want.len()]);
-        let mut mem = ptx_sim::Memory { buffers };
-        entry.run(&mut mem, 3, 32, 50_000_000).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-        let got = mem.buffers.pop().unwrap();
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            let g = f32::from_bits(g);
-            assert!(
-                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan() && g.to_bits() != 0x7FA0_DEAD),
-                "{} (specials {specials}): element {i} of {:?}: emulated {g} ({:#x}), interpreter {w} ({:#x})",
-                k.name,
-                k.output.shape.dims(),
-                g.to_bits(),
-                w.to_bits()
-            );
-        }
-    }
 }
 
 /// Every entry's "N bytes stack frame, N bytes spill stores, N bytes spill loads" line

@@ -16,6 +16,9 @@
 
 use std::collections::HashMap;
 
+use kiln_flow::{interp, Kernel};
+use kiln_ir::{Shape, Tensor};
+
 /// One operand, parsed.
 #[derive(Debug, Clone)]
 enum Op {
@@ -378,5 +381,63 @@ fn load(mem: &Memory, addr: u64) -> Result<u32, String> {
 fn store(mem: &mut Memory, addr: u64, v: u32) -> Result<(), String> {
     let (b, i) = locate(mem, addr)?;
     mem.buffers[b][i] = v;
+    Ok(())
+}
+
+/// Random f32 values in [-2, 2), with every 13th a NaN, every 29th +∞ and every 31st
+/// −∞ where `specials`.
+fn random(dims: &[usize], seed: u64, specials: bool) -> Tensor {
+    let n: usize = dims.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            match i {
+                _ if specials && i % 13 == 5 => f32::NAN,
+                _ if specials && i % 29 == 3 => f32::INFINITY,
+                _ if specials && i % 31 == 7 => f32::NEG_INFINITY,
+                _ => ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0,
+            }
+        })
+        .collect();
+    Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+}
+
+/// Runs `k`'s entry (f32 bindings) of `module` in the emulator (a grid of 3 blocks of 32 threads) on
+/// random inputs, twice (plain values, then with NaN and infinities in the image), and
+/// compares every output with the kernel interpreter's, bit for bit.
+pub fn check_against_interpreter(k: &Kernel, module: &str, seed: u64) -> Result<(), String> {
+    let entry = parse(module, &k.name).map_err(|e| format!("{}: {e}", k.name))?;
+    for specials in [false, true] {
+        let ins: Vec<Tensor> = k
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| random(t.shape.dims(), seed * 7 + i as u64, specials && i == 0))
+            .collect();
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        let want = interp::run(k, &refs).map_err(|e| e.to_string())?.to_vec::<f32>().map_err(|e| e.to_string())?;
+        let mut buffers: Vec<Vec<u32>> =
+            ins.iter().map(|t| t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()).collect();
+        // The output starts as a signalling pattern, so an element never stored shows.
+        buffers.push(vec![0x7FA0_DEAD; want.len()]);
+        let mut mem = Memory { buffers };
+        entry.run(&mut mem, 3, 32, 1 << 32).map_err(|e| format!("{}: {e}", k.name))?;
+        let got = mem.buffers.pop().unwrap_or_default();
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let g = f32::from_bits(g);
+            if !(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan() && g.to_bits() != 0x7FA0_DEAD)) {
+                return Err(format!(
+                    "{} (specials {specials}): element {i} of {:?}: emulated {g} ({:#x}), interpreter {w} ({:#x})",
+                    k.name,
+                    k.output.shape.dims(),
+                    g.to_bits(),
+                    w.to_bits()
+                ));
+            }
+        }
+    }
     Ok(())
 }
