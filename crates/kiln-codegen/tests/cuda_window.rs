@@ -407,3 +407,19 @@ fn max_pool_taps_ignore_nan() {
     assert!(m.ptx().contains("max.f32"));
     assert!(!m.ptx().contains("max.NaN"), "the window's taps must not propagate NaN");
 }
+
+/// Branches that threads of a warp may take differently are plain `bra`, never
+/// `bra.uni` (a promise to ptxas that the warp agrees): the grid-stride loop's exit, the
+/// interior/border choice and the skips of missing outputs (3 of a group of 4 here,
+/// OW = 38). Loops with the same trip count in every thread (the count of taps inside
+/// the plane, in the border code) keep `.uni`.
+#[test]
+fn divergent_branches_are_not_uniform() {
+    let w = Win { kernel: &[3, 3], strides: &[1, 1], dil: &[1, 1], pads: &[1, 1, 1, 1], ceil: false };
+    let k = average_pool("ap_div", &[1, 2, 9, 38], &w, false);
+    let (m, _) = assemble_windows("divergent", std::slice::from_ref(&k));
+    let plain = m.ptx().lines().filter(|l| l.trim_start().starts_with('@') && l.contains(" bra L")).count();
+    assert_eq!(plain, 5, "{}", m.ptx());
+    // The count's loops (border code) keep their uniform exits.
+    assert!(m.ptx().lines().filter(|l| l.contains("bra.uni") && l.trim_start().starts_with('@')).count() > 0);
+}

@@ -192,7 +192,8 @@ impl Skeleton {
         p.place(head);
         let done = p.reg(RegClass::Pred);
         p.op("setp.ge.u64", &[done.into(), group.into(), Imm::U(groups).into()]);
-        p.bra(Some((done, false)), end);
+        // Threads leave the loop after different numbers of turns: a divergent branch.
+        p.bra_divergent((done, false), end);
         Skeleton { bases, group, stride, head, end }
     }
 

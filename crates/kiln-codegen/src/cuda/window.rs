@@ -353,7 +353,8 @@ impl Emitter<'_> {
                 let ok_groups = in_range(ev.p, grp, i.groups);
                 let both = ev.p.reg(RegClass::Pred);
                 ev.p.op("and.pred", &[both.into(), ok_rows.into(), ok_groups.into()]);
-                ev.p.bra(Some((both, false)), inside);
+                // Threads of a warp may take either side: a divergent branch.
+                ev.p.bra_divergent((both, false), inside);
                 self.body(&mut ev, &item, true)?;
                 ev.p.bra(None, done);
                 ev.p.place(inside);
@@ -474,7 +475,7 @@ impl Emitter<'_> {
                 let l = ev.p.label();
                 let past = ev.p.reg(RegClass::Pred);
                 ev.p.op("setp.ge.u64", &[past.into(), ow.into(), Imm::I(g.out[1] as i64).into()]);
-                ev.p.bra(Some((past, false)), l);
+                ev.p.bra_divergent((past, false), l);
                 l
             });
             ev.push_scope();
@@ -489,7 +490,7 @@ impl Emitter<'_> {
             }
         }
         if !border {
-            ev.given.retain(|_, _| false);
+            ev.given.clear();
         }
         ev.pop_scope();
         Ok(())
