@@ -7,7 +7,8 @@
 //! `ow = R·g .. R·g + R − 1`; items are numbered row-major with `g` innermost, so the
 //! threads of a warp take consecutive groups of a row and their loads of each input row
 //! are coalesced along W. Threads walk the `P · OH · ⌈OW / R⌉` items in the usual
-//! grid-stride loop (blocks of 256, any grid is correct).
+//! grid-stride loop (blocks of 256, any grid is correct); an item's `(n, c, oh, g)` is
+//! divided out in 32 bits where the items fit.
 //!
 //! For one item a thread streams each window row's input columns from left to right:
 //! column `s` of the row's span (`s < sw·(R−1) + dw·(KW−1) + 1`, input column
@@ -32,11 +33,12 @@
 //!   and column being inside the plane (`ih <u H`, `iw <u W`) and otherwise yields the
 //!   kernel's padding value (0 for sums, −∞ for a maximum), and outputs past `OW` are
 //!   not stored. Where every item is interior (no padding, `R | OW`) or none is, only
-//!   one of the two is emitted.
+//!   one of the two is emitted. The choice between them and the skips of missing
+//!   outputs differ between the threads of a warp: plain (divergent) `bra`.
 //! - **Epilogue**: the kernel's own expression above the window's reduction, evaluated
 //!   by [`super::expr`] with the reduction given as the accumulator: bias, scale,
-//!   clamps (Relu, Relu6/Clip), HardSwish, SiLU, an average pool's divisor — whatever
-//!   the flow kernel says, with the interpreter's semantics. Values that do not read the
+//!   clamps (Relu, Relu6/Clip), HardSwish, an average pool's divisor — whatever
+//!   epilogue the flow's window form admits, with the interpreter's semantics. Values that do not read the
 //!   output column (per-channel bias and scale) are evaluated once per item. An
 //!   index-only value of the output position that is constant over the interior (an
 //!   average pool's count of taps inside the plane) is worked out by the kernel
