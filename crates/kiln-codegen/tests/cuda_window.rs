@@ -324,6 +324,9 @@ fn max_pools_of_every_form_assemble_without_spills() {
         Win { kernel: &[3, 3], strides: &[1, 2], dil: &[2, 2], pads: &[0, 3, 1, 0], ceil: true },
     );
     push(&mut ks, &[1, 3, 50], Win { kernel: &[7], strides: &[2], dil: &[1], pads: &[3, 3], ceil: true });
+    for (i, dims) in [[1usize, 4, 7, 7], [2, 3, 6, 5]].into_iter().enumerate() {
+        ks.push(lowered(&format!("gmp{i}"), OpKind::GlobalMaxPool, &Attrs::new(), &[tt(&dims)]));
+    }
     let (m, _) = assemble_windows("maxpool", &ks);
     assert!(m.notes.iter().all(|n| n.contains("max pool")), "{:?}", m.notes);
 }
@@ -348,6 +351,11 @@ fn average_pools_both_ways_assemble_without_spills() {
     }
     let w = Win { kernel: &[3, 3], strides: &[1, 1], dil: &[1, 1], pads: &[0, 1, 2, 0], ceil: false };
     ks.push(average_pool("ap_asym", &[1, 2, 11, 35], &w, false));
+    // Global pools over planes of at most 8 columns are windows too (wider ones are row
+    // reductions: kiln_flow::window).
+    for (i, dims) in [[1usize, 4, 7, 7], [2, 3, 5, 8], [1, 2, 1, 3]].into_iter().enumerate() {
+        ks.push(lowered(&format!("gap{i}"), OpKind::GlobalAveragePool, &Attrs::new(), &[tt(&dims)]));
+    }
     let (m, _) = assemble_windows("avgpool", &ks);
     assert!(m.notes.iter().all(|n| n.contains("sum pool")), "{:?}", m.notes);
 }
