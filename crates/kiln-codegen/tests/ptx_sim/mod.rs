@@ -326,7 +326,7 @@ impl Entry {
                         "s64" => cmp_i(c, x as i64, y as i64)?,
                         "u32" => cmp_i(c, x as u32, y as u32)?,
                         "s32" => cmp_i(c, x as u32 as i32, y as u32 as i32)?,
-                        _ => return Err(format!("{}", i.opcode)),
+                        _ => return Err(format!("the emulator has no `{}`", i.opcode)),
                     };
                     Some(v as u64)
                 }
@@ -363,7 +363,7 @@ impl Entry {
 fn locate(mem: &Memory, addr: u64) -> Result<(usize, usize), String> {
     let b = (addr >> 36) as usize;
     let off = addr & ((1 << 36) - 1);
-    if b == 0 || b > mem.buffers.len() || off % 4 != 0 {
+    if b == 0 || b > mem.buffers.len() || !off.is_multiple_of(4) {
         return Err(format!("access at {addr:#x}: no binding there (or misaligned)"));
     }
     let i = (off / 4) as usize;
