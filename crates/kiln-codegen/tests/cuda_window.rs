@@ -433,3 +433,85 @@ fn divergent_branches_are_not_uniform() {
     // The count's loops (border code) keep their uniform exits.
     assert!(m.ptx().lines().filter(|l| l.contains("bra.uni") && l.trim_start().starts_with('@')).count() > 0);
 }
+
+/// The one kernel `kind` lowers to, or `None` where the attributes are refused
+/// (inference or lowering) or the kernel is not a Window kernel.
+fn try_lowered(name: &str, kind: OpKind, a: &Attrs, ins: &[TensorType]) -> Option<Kernel> {
+    let op = Op::parse(kind, a).ok()?;
+    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
+    let out = infer(&op, &inf, 1).ok()?;
+    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
+    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
+    let mut l = lower_op(&cx).ok()?;
+    if l.steps.len() != 1 {
+        return None;
+    }
+    let mut k = l.steps.remove(0).kernel;
+    k.name = name.to_string();
+    (classify(&k) == KernelClass::Window).then_some(k)
+}
+
+/// Random geometries (seeded): depthwise convolutions, max pools and average pools
+/// (`count_include_pad` either way) of 1-D and 2-D windows of 1 to 7 taps a side,
+/// strides 1 to 3, dilations 1 and 2 (convolutions and max pools), any asymmetric
+/// padding below the window, ceil mode, extents 1 to 40, batches and channels 1 to 3;
+/// each assembled without spills and emulated against the interpreter (through
+/// [`assemble_windows`]), with every form and both kinds of code among them.
+#[test]
+fn random_geometries_match_the_interpreter() {
+    let mut s = 0x5EED_u64;
+    let mut next = |n: u64| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s % n
+    };
+    let mut ks = Vec::new();
+    let mut tries = 0;
+    while ks.len() < 150 && tries < 5000 {
+        tries += 1;
+        let two_d = next(4) != 0;
+        let axes = if two_d { 2 } else { 1 };
+        let kernel: Vec<i64> = (0..axes).map(|_| 1 + next(7) as i64).collect();
+        let strides: Vec<i64> = (0..axes).map(|_| 1 + next(3) as i64).collect();
+        let dil: Vec<i64> = (0..axes).map(|_| 1 + next(2) as i64).collect();
+        // Each pad below its axis's window (ONNX's rule).
+        let pads: Vec<i64> = (0..2 * axes).map(|i| next(kernel[i % axes] as u64) as i64).collect();
+        let kind = next(3);
+        let ceil = next(2) == 1;
+        let mut x = vec![1 + next(3) as usize, 1 + next(3) as usize];
+        x.extend((0..axes).map(|_| 1 + next(40) as usize));
+        let w = Win { kernel: &kernel, strides: &strides, dil: &dil, pads: &pads, ceil };
+        let name = format!("rnd{}", ks.len());
+        let k = match kind {
+            0 => {
+                let c = x[1];
+                let mut a = attrs(&w);
+                a.set("group", Attr::Int(c as i64));
+                a.set("dilations", Attr::Ints(w.dil.to_vec()));
+                let mut wd = vec![c, 1];
+                wd.extend(w.kernel.iter().map(|&k| k as usize));
+                try_lowered(&name, OpKind::Conv, &a, &[tt(&x), tt(&wd), tt(&[c])])
+            }
+            1 => {
+                let mut a = attrs(&w);
+                a.set("ceil_mode", Attr::Int(ceil as i64));
+                a.set("dilations", Attr::Ints(w.dil.to_vec()));
+                try_lowered(&name, OpKind::MaxPool, &a, &[tt(&x)])
+            }
+            _ => {
+                let mut a = attrs(&w);
+                a.set("ceil_mode", Attr::Int(ceil as i64));
+                a.set("count_include_pad", Attr::Int(next(2) as i64));
+                try_lowered(&name, OpKind::AveragePool, &a, &[tt(&x)])
+            }
+        };
+        ks.extend(k);
+    }
+    assert_eq!(ks.len(), 150, "only {} of {tries} random geometries lowered to Window kernels", ks.len());
+    let (m, _) = assemble_windows("random", &ks);
+    for what in ["depthwise", "max pool", "sum pool", "border", "interior"] {
+        let n = m.notes.iter().filter(|n| n.contains(what)).count();
+        assert!(n >= 20, "{n} random kernels are `{what}`: {:?}", m.notes);
+    }
+}
