@@ -277,13 +277,14 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
         for line in path_summary(&c.flow, &c.codegen_paths) {
             eprintln!("  {line}");
         }
-        for ((d, note), path) in c.flow.dispatches.iter().zip(&c.codegen_notes).zip(&c.codegen_paths) {
+        // CUDA kernels have no CPU code path ("-").
+        for (i, (d, note)) in c.flow.dispatches.iter().zip(&c.codegen_notes).enumerate() {
             let work = kiln_flow::fuse::work(&d.kernel);
             eprintln!(
                 "  {:<10} {work:>12.0} {:<11} {:<7} {note}  [{}]",
                 d.kernel.name,
                 d.class.name(),
-                path.name(),
+                c.codegen_paths.get(i).map_or("-", |p| p.name()),
                 d.sources.join(" + ")
             );
         }

@@ -15,10 +15,14 @@
 //!   `st.global.v4`/`.v2`; every load read at the output's innermost index of an input
 //!   whose rows keep the group aligned is one 128-bit vector load too. It declines
 //!   rows whose length is not a multiple of the group, and narrow outputs.
+//! - Window ([`window`]): depthwise convolutions and pools over channel planes, a few
+//!   adjacent outputs of a row per thread, taps unrolled at compile-time offsets,
+//!   interior items without bounds checks, the epilogue fused. It declines the Window
+//!   kernels that are not such planes (interpolating resamples).
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
-//!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions,
-//!   windows and rows, whose emitters are still to come.
+//!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions
+//!   and rows, whose emitters are still to come.
 //!
 //! Each kernel's note says which emitter wrote it, and why a class emitter declined it
 //! (`general (why)`), as on the CPU. Nothing here has run on a GPU yet: generated
@@ -30,6 +34,7 @@ mod elementwise;
 pub mod expr;
 mod general;
 pub mod ptx;
+pub mod window;
 
 use kiln_flow::class::KernelClass;
 use kiln_flow::Kernel;
@@ -130,11 +135,13 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
             Ok(e) => return Ok(e),
             Err(why) => Some(why),
         },
+        KernelClass::Window => match window::emit(k)? {
+            Ok(e) => return Ok(e),
+            Err(why) => Some(why),
+        },
         KernelClass::General => None,
         // No GPU emitter for these classes yet: the general mapping is correct, not fast.
-        KernelClass::Contraction | KernelClass::Window | KernelClass::Rows => {
-            Some(format!("no CUDA {} emitter yet", class.name()))
-        }
+        KernelClass::Contraction | KernelClass::Rows => Some(format!("no CUDA {} emitter yet", class.name())),
     };
     let mut e = general::emit(k)?;
     if let Some(why) = declined {
@@ -188,7 +195,8 @@ impl Skeleton {
         p.place(head);
         let done = p.reg(RegClass::Pred);
         p.op("setp.ge.u64", &[done.into(), group.into(), Imm::U(groups).into()]);
-        p.bra(Some((done, false)), end);
+        // Threads leave the loop after different numbers of turns: a divergent branch.
+        p.bra_divergent((done, false), end);
         Skeleton { bases, group, stride, head, end }
     }
 

@@ -224,6 +224,13 @@ impl Ptx {
         self.guarded(cond, "bra.uni", &[l.into()]);
     }
 
+    /// A conditional branch to `l` that threads of one warp may take differently
+    /// (`@p bra`, no `.uni`: [`Ptx::bra`]'s `.uni` promises ptxas that every active
+    /// thread of the warp agrees, which a data- or index-dependent condition breaks).
+    pub fn bra_divergent(&mut self, cond: (Reg, bool), l: Label) {
+        self.guarded(Some(cond), "bra", &[l.into()]);
+    }
+
     fn guarded(&mut self, g: Option<(Reg, bool)>, opcode: &str, operands: &[Opd]) {
         self.body.push('\t');
         if let Some((p, neg)) = g {

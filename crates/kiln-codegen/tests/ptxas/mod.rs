@@ -43,3 +43,46 @@ pub fn assemble_ptx(suite: &str, tag: &str, ptx: &str) -> Result<(), String> {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
+
+/// Assembles `ptx` for sm_90a with `-v`: ptxas's report (per entry, its registers and
+/// "N bytes stack frame, N bytes spill stores, N bytes spill loads"), or its error
+/// output when it refuses the module.
+pub fn assemble_ptx_verbose(suite: &str, tag: &str, ptx: &str) -> Result<String, String> {
+    let dir = std::env::temp_dir().join(format!("kiln-{suite}-{}-{tag}-v", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let src = dir.join("m.ptx");
+    std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
+    let out = Command::new(ptxas())
+        .arg("-arch=sm_90a")
+        .arg("-v")
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.join("m.cubin"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// From `ptxas -v`'s report, entry `name`'s "N bytes stack frame, N bytes spill
+/// stores, N bytes spill loads" line (trimmed), if the report has it.
+pub fn frame_of(info: &str, name: &str) -> Option<String> {
+    let head = format!("Function properties for {name}");
+    let mut lines = info.lines();
+    lines.find(|l| l.trim_end().ends_with(&head))?;
+    lines.next().map(|l| l.trim().to_string())
+}
+
+/// From `ptxas -v`'s report, the registers entry `name` uses.
+pub fn registers_of(info: &str, name: &str) -> Option<u32> {
+    let head = format!("Function properties for {name}");
+    let mut lines = info.lines();
+    lines.find(|l| l.trim_end().ends_with(&head))?;
+    let used = lines.find(|l| l.contains("Used "))?;
+    used.split("Used ").nth(1)?.split_whitespace().next()?.parse().ok()
+}

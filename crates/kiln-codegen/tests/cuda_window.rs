@@ -1,0 +1,517 @@
+//! The CUDA Window emitter (`cuda::window`): depthwise convolutions, max pools and
+//! average pools as `kiln_lower` writes them (and hand-built depthwise kernels with
+//! fused epilogues), over odd widths (W = 1, 7, 33, 113), windows 1..7 and 13, strides
+//! 1..3, dilation 2, asymmetric padding, ceil mode, `count_include_pad` both ways, 1-D
+//! windows and `[K, 1]` windows over one-column planes. Every kernel must be classed
+//! Window and taken by the window emitter (its note says so); each module is assembled
+//! by `ptxas -arch=sm_90a -v` and every entry must have no stack frame and no spills.
+//! The Window kernels that are not planes (interpolating resamples) are declined to
+//! the general mapping with the reason in their note.
+//!
+//! No GPU runs here. Every kernel is also run by a small host PTX emulator
+//! (`ptx_sim`: the instructions these kernels use, IEEE f32 arithmetic, PTX's NaN
+//! rules for `max`/`min`, every global access checked to lie inside its binding) over
+//! a grid much smaller than its items (so the grid-stride loop turns many times), on
+//! random inputs with NaN and infinities sprinkled in, and its output must be the
+//! kernel interpreter's bit for bit (NaN for NaN): the window's taps are the
+//! interpreter's operations in its order, and these epilogues have no transcendental.
+//! The lead runs the same kernels on the H200 (docs/cuda.md).
+
+mod ptx_sim;
+mod ptxas;
+
+use kiln_codegen::cuda;
+use kiln_flow::class::{classify, KernelClass};
+use kiln_flow::{BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
+use kiln_ir::infer::{infer, InferInput};
+use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, TensorType};
+use kiln_lower::{lower_op, OpCx, OpInput};
+
+fn tt(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
+}
+
+/// The one kernel `kind` (attributes `a`, inputs of types `ins`) lowers to, renamed.
+fn lowered(name: &str, kind: OpKind, a: &Attrs, ins: &[TensorType]) -> Kernel {
+    let op = Op::parse(kind, a).unwrap();
+    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
+    let out = infer(&op, &inf, 1).unwrap_or_else(|e| panic!("{name}: infer: {e}"));
+    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
+    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
+    let mut l = lower_op(&cx).unwrap_or_else(|e| panic!("{name}: lower: {e}"));
+    assert_eq!(l.steps.len(), 1, "{name}");
+    let mut k = l.steps.remove(0).kernel;
+    k.name = name.to_string();
+    k
+}
+
+/// One window's attributes: kernel, strides, dilations, pads (ONNX order: all begins,
+/// then all ends), ceil mode.
+struct Win<'a> {
+    kernel: &'a [i64],
+    strides: &'a [i64],
+    dil: &'a [i64],
+    pads: &'a [i64],
+    ceil: bool,
+}
+
+fn attrs(w: &Win) -> Attrs {
+    let mut a = Attrs::new();
+    a.set("kernel_shape", Attr::Ints(w.kernel.to_vec()));
+    a.set("strides", Attr::Ints(w.strides.to_vec()));
+    a.set("pads", Attr::Ints(w.pads.to_vec()));
+    a
+}
+
+/// A depthwise `Conv` (group = C, with bias) over `x`.
+fn conv(name: &str, x: &[usize], w: &Win) -> Kernel {
+    let c = x[1];
+    let mut a = attrs(w);
+    a.set("group", Attr::Int(c as i64));
+    a.set("dilations", Attr::Ints(w.dil.to_vec()));
+    let mut wd = vec![c, 1];
+    wd.extend(w.kernel.iter().map(|&k| k as usize));
+    lowered(name, OpKind::Conv, &a, &[tt(x), tt(&wd), tt(&[c])])
+}
+
+fn max_pool(name: &str, x: &[usize], w: &Win) -> Kernel {
+    let mut a = attrs(w);
+    a.set("ceil_mode", Attr::Int(w.ceil as i64));
+    a.set("dilations", Attr::Ints(w.dil.to_vec()));
+    lowered(name, OpKind::MaxPool, &a, &[tt(x)])
+}
+
+fn average_pool(name: &str, x: &[usize], w: &Win, include_pad: bool) -> Kernel {
+    let mut a = attrs(w);
+    a.set("ceil_mode", Attr::Int(w.ceil as i64));
+    a.set("count_include_pad", Attr::Int(include_pad as i64));
+    lowered(name, OpKind::AveragePool, &a, &[tt(x)])
+}
+
+/// A hand-built depthwise convolution with a fused epilogue: "bias_relu6", "relu"
+/// (`max(v, 0)`), "bias_hardswish", "scale_clip" (scale, bias, `max(−1, ·)`,
+/// `min(·, 2)`), "none".
+fn fused(name: &str, dims: [usize; 4], win: [usize; 2], stride: [i64; 2], pad: [i64; 2], epilogue: &str) -> Kernel {
+    let [n, c, h, w] = dims;
+    let oh = ((h as i64 + 2 * pad[0] - win[0] as i64) / stride[0] + 1) as usize;
+    let ow = ((w as i64 + 2 * pad[1] - win[1] as i64) / stride[1] + 1) as usize;
+    let ins = vec![tt(&dims), tt(&[c, 1, win[0], win[1]]), tt(&[c]), tt(&[c])];
+    let mut b = KernelBuilder::new(name, ins, tt(&[n, c, oh, ow]));
+    let o = b.out_index();
+    let grp = b.new_var(1);
+    let (y, x) = (b.new_var(win[0] as u64), b.new_var(win[1] as u64));
+    let (gv, yv, xv) = (b.var(grp), b.var(y), b.var(x));
+    let at = |b: &mut KernelBuilder, out: ExprId, t: ExprId, d: usize| {
+        let s = b.index(stride[d]);
+        let p = b.index(-pad[d]);
+        let os = b.mul(out, s);
+        let i = b.add(os, t);
+        b.add(i, p)
+    };
+    let ih = at(&mut b, o[2], yv, 0);
+    let iw = at(&mut b, o[3], xv, 1);
+    let chan = b.add(o[1], gv);
+    let bounds = if pad.iter().any(|&p| p > 0) { Bounds::Pad(0) } else { Bounds::InBounds };
+    let xin = b.load_with(0, vec![o[0], chan, ih, iw], bounds);
+    let wt = b.load(1, vec![o[1], gv, yv, xv]);
+    let prod = b.mul(xin, wt);
+    let s = b.reduce(ReduceOp::Sum, vec![grp, y, x], prod);
+    let f = ScalarType::F32;
+    let bias = b.load(2, vec![o[1]]);
+    let r = match epilogue {
+        "bias_relu6" => {
+            let v = b.add(s, bias);
+            let zero = b.float(f, 0.0);
+            let six = b.float(f, 6.0);
+            let lt = b.binary(BinaryOp::Lt, v, zero);
+            let v = b.select(lt, zero, v);
+            let gt = b.binary(BinaryOp::Gt, v, six);
+            b.select(gt, six, v)
+        }
+        "relu" => {
+            let zero = b.float(f, 0.0);
+            b.binary(BinaryOp::Max, s, zero)
+        }
+        "bias_hardswish" => {
+            let v = b.add(s, bias);
+            let six = b.float(f, 6.0);
+            let half = b.float(f, 0.5);
+            let zero = b.float(f, 0.0);
+            let one = b.float(f, 1.0);
+            let g = b.div(v, six);
+            let g = b.add(g, half);
+            let g = b.binary(BinaryOp::Max, g, zero);
+            let g = b.binary(BinaryOp::Min, g, one);
+            b.mul(v, g)
+        }
+        "scale_clip" => {
+            let scale = b.load(3, vec![o[1]]);
+            let v = b.mul(s, scale);
+            let v = b.add(bias, v);
+            let lo = b.float(f, -1.0);
+            let hi = b.float(f, 2.0);
+            let v = b.binary(BinaryOp::Max, v, lo);
+            b.binary(BinaryOp::Min, v, hi)
+        }
+        _ => s,
+    };
+    b.finish(r).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Compiles `kernels` into one module; each must be classed Window and taken by the
+/// window emitter; ptxas must accept the module with no stack frame or spill in any
+/// entry. Returns the module and ptxas's report.
+fn assemble_windows(tag: &str, kernels: &[Kernel]) -> (cuda::CudaModule, String) {
+    for k in kernels {
+        assert_eq!(classify(k), KernelClass::Window, "{}: not a Window kernel", k.name);
+    }
+    let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, KernelClass::Window)).collect();
+    let m = cuda::compile(&with_class).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    for (k, n) in kernels.iter().zip(&m.notes) {
+        assert!(n.starts_with("window ("), "{}: {n}", k.name);
+    }
+    let info = ptxas::assemble_ptx_verbose("cuda-window", tag, m.ptx())
+        .unwrap_or_else(|e| panic!("{tag}: ptxas refused the module:\n{e}"));
+    check_no_spills(tag, &info, kernels.len());
+    for (i, k) in kernels.iter().enumerate() {
+        ptx_sim::check_against_interpreter(k, m.ptx(), i as u64).unwrap_or_else(|e| panic!("{e}"));
+    }
+    (m, info)
+}
+
+/// Every entry's "N bytes stack frame, N bytes spill stores, N bytes spill loads" line
+/// says 0, and there is one such line per entry.
+fn check_no_spills(tag: &str, info: &str, entries: usize) {
+    let lines: Vec<&str> = info.lines().filter(|l| l.contains("bytes stack frame")).collect();
+    assert_eq!(lines.len(), entries, "{tag}: ptxas -v reported {} entries:\n{info}", lines.len());
+    for l in lines {
+        assert_eq!(
+            l.trim(),
+            "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+            "{tag}: an entry uses local memory:\n{info}"
+        );
+    }
+}
+
+#[test]
+fn depthwise_convolutions_of_every_geometry_assemble_without_spills() {
+    let mut ks = Vec::new();
+    let mut n = 0;
+    let mut push = |ks: &mut Vec<Kernel>, x: &[usize], w: Win| {
+        ks.push(conv(&format!("dw{n}"), x, &w));
+        n += 1;
+    };
+    // Widths 1, 7, 33, 113; windows 1..7; strides 1..3; dilation 2; asymmetric pads.
+    for width in [1usize, 7, 33, 113] {
+        for k in 1i64..=7 {
+            for s in 1i64..=3 {
+                let p = k / 2;
+                if (width as i64) + 2 * p < k {
+                    continue;
+                }
+                push(
+                    &mut ks,
+                    &[1, 3, 9, width],
+                    Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil: false },
+                );
+            }
+        }
+        push(
+            &mut ks,
+            &[2, 2, 11, width],
+            Win { kernel: &[3, 3], strides: &[1, 1], dil: &[2, 2], pads: &[2, 2, 2, 2], ceil: false },
+        );
+        push(
+            &mut ks,
+            &[1, 2, 10, width],
+            Win { kernel: &[3, 3], strides: &[2, 1], dil: &[1, 1], pads: &[0, 1, 2, 1], ceil: false },
+        );
+        push(
+            &mut ks,
+            &[1, 2, 10, width],
+            Win { kernel: &[1, 1], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false },
+        );
+    }
+    // Unpadded (in-bounds loads), 13×13, 1-D rows of 31 and 169 taps, a [K, 1] column.
+    push(
+        &mut ks,
+        &[1, 2, 12, 40],
+        Win { kernel: &[5, 5], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 2, 20, 33],
+        Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false },
+    );
+    push(&mut ks, &[1, 2, 200], Win { kernel: &[31], strides: &[1], dil: &[1], pads: &[15, 15], ceil: false });
+    push(&mut ks, &[1, 2, 77], Win { kernel: &[7], strides: &[3], dil: &[2], pads: &[6, 6], ceil: false });
+    push(&mut ks, &[1, 2, 400], Win { kernel: &[169], strides: &[1], dil: &[1], pads: &[84, 84], ceil: false });
+    push(
+        &mut ks,
+        &[1, 3, 40, 1],
+        Win { kernel: &[9, 1], strides: &[1, 1], dil: &[1, 1], pads: &[4, 0, 4, 0], ceil: false },
+    );
+    let (m, _) = assemble_windows("depthwise", &ks);
+    // The row loop where the window is large (13×13; 1×169, one output a thread);
+    // unrolled rows elsewhere (1×31: four outputs a thread).
+    let n = m.notes.len();
+    assert!(m.notes[n - 5].contains("13x13, 4 per thread, row loop"), "{}", m.notes[n - 5]);
+    assert!(m.notes[n - 2].contains("1x169, 1 per thread, row loop"), "{}", m.notes[n - 2]);
+    assert!(m.notes[n - 4].contains("1x31, 4 per thread, unrolled"), "{}", m.notes[n - 4]);
+    assert!(m.notes[0].contains("unrolled"), "{}", m.notes[0]);
+    // Products and sums are rounded one by one, as the interpreter does: no FMA.
+    assert!(!m.ptx().contains("fma."), "an FMA in a window without transcendentals");
+}
+
+#[test]
+fn fused_epilogues_assemble_without_spills() {
+    let mut ks = Vec::new();
+    for (i, epilogue) in ["bias_relu6", "relu", "bias_hardswish", "scale_clip", "none"].into_iter().enumerate() {
+        ks.push(fused(&format!("f{i}a"), [1, 4, 14, 14], [3, 3], [1, 1], [1, 1], epilogue));
+        ks.push(fused(&format!("f{i}b"), [2, 3, 15, 33], [3, 3], [2, 2], [1, 1], epilogue));
+        ks.push(fused(&format!("f{i}c"), [1, 2, 9, 113], [5, 5], [1, 1], [2, 2], epilogue));
+        ks.push(fused(&format!("f{i}d"), [1, 2, 8, 7], [3, 3], [1, 1], [0, 0], epilogue));
+    }
+    let (m, _) = assemble_windows("fused", &ks);
+    // Four outputs a thread (OW = 7 and 14 leave a partial group: border code).
+    assert!(m.notes.iter().all(|n| n.contains("4 per thread")), "{:?}", m.notes);
+}
+
+#[test]
+fn max_pools_of_every_form_assemble_without_spills() {
+    let mut ks = Vec::new();
+    let mut n = 0;
+    let mut push = |ks: &mut Vec<Kernel>, x: &[usize], w: Win| {
+        ks.push(max_pool(&format!("mp{n}"), x, &w));
+        n += 1;
+    };
+    for width in [1usize, 7, 33, 113] {
+        for (k, s, p, ceil) in [
+            (2i64, 2i64, 0i64, false),
+            (2, 2, 0, true),
+            (3, 2, 1, true),
+            (3, 1, 1, false),
+            (3, 3, 0, true),
+            (5, 1, 2, false),
+        ] {
+            if (width as i64) + 2 * p < k {
+                continue;
+            }
+            push(
+                &mut ks,
+                &[1, 3, 13, width],
+                Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil },
+            );
+        }
+    }
+    // SPPF's 5×5, 9×9 and 13×13 at stride 1; dilation 2; asymmetric; 1-D.
+    push(
+        &mut ks,
+        &[1, 4, 20, 20],
+        Win { kernel: &[9, 9], strides: &[1, 1], dil: &[1, 1], pads: &[4, 4, 4, 4], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 4, 20, 20],
+        Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 2, 15, 30],
+        Win { kernel: &[3, 5], strides: &[2, 1], dil: &[2, 1], pads: &[2, 1, 2, 3], ceil: false },
+    );
+    push(
+        &mut ks,
+        &[1, 2, 15, 31],
+        Win { kernel: &[3, 3], strides: &[1, 2], dil: &[2, 2], pads: &[0, 3, 1, 0], ceil: true },
+    );
+    push(&mut ks, &[1, 3, 50], Win { kernel: &[7], strides: &[2], dil: &[1], pads: &[3, 3], ceil: true });
+    for (i, dims) in [[1usize, 4, 7, 7], [2, 3, 6, 5]].into_iter().enumerate() {
+        ks.push(lowered(&format!("gmp{i}"), OpKind::GlobalMaxPool, &Attrs::new(), &[tt(&dims)]));
+    }
+    let (m, _) = assemble_windows("maxpool", &ks);
+    assert!(m.notes.iter().all(|n| n.contains("max pool")), "{:?}", m.notes);
+}
+
+#[test]
+fn average_pools_both_ways_assemble_without_spills() {
+    let mut ks = Vec::new();
+    let mut n = 0;
+    for width in [1usize, 7, 33, 113] {
+        for (k, s, p, ceil) in
+            [(3i64, 1i64, 1i64, false), (3, 2, 1, true), (2, 2, 0, true), (5, 3, 2, false), (7, 1, 3, false)]
+        {
+            if (width as i64) + 2 * p < k {
+                continue;
+            }
+            for include_pad in [false, true] {
+                let w = Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil };
+                ks.push(average_pool(&format!("ap{n}"), &[1, 2, 11, width], &w, include_pad));
+                n += 1;
+            }
+        }
+    }
+    let w = Win { kernel: &[3, 3], strides: &[1, 1], dil: &[1, 1], pads: &[0, 1, 2, 0], ceil: false };
+    ks.push(average_pool("ap_asym", &[1, 2, 11, 35], &w, false));
+    // Global pools over planes of at most 8 columns are windows too (wider ones are row
+    // reductions: kiln_flow::window).
+    for (i, dims) in [[1usize, 4, 7, 7], [2, 3, 5, 8], [1, 2, 1, 3]].into_iter().enumerate() {
+        ks.push(lowered(&format!("gap{i}"), OpKind::GlobalAveragePool, &Attrs::new(), &[tt(&dims)]));
+    }
+    let (m, _) = assemble_windows("avgpool", &ks);
+    assert!(m.notes.iter().all(|n| n.contains("sum pool")), "{:?}", m.notes);
+}
+
+/// An average pool without `count_include_pad` divides by the taps inside the plane,
+/// an index-only reduction: in the interior it is one constant (computed by the kernel
+/// interpreter at compile time), so the interior code has no loop; the border code
+/// keeps the count's loop.
+#[test]
+fn the_interior_divides_by_a_constant() {
+    let w = Win { kernel: &[3, 3], strides: &[1, 1], dil: &[1, 1], pads: &[1, 1, 1, 1], ceil: false };
+    let k = average_pool("ap_count", &[1, 2, 20, 40], &w, false);
+    let (m, _) = assemble_windows("count", std::slice::from_ref(&k));
+    assert!(m.notes[0].contains("interior/border"), "{}", m.notes[0]);
+    let ptx = m.ptx();
+    // Split at the interior label (the branch target after the border code): the
+    // divisor 9.0 appears as an immediate there.
+    assert!(ptx.contains("0f41100000"), "no constant 9.0 divisor:\n{ptx}");
+}
+
+/// The Window kernels that are not planes (an interpolating Resize) go to the general
+/// mapping, and the note says why.
+#[test]
+fn resamples_are_declined_with_the_reason() {
+    let mut a = Attrs::new();
+    a.set("mode", Attr::String("linear".into()));
+    let op = Op::parse(OpKind::Resize, &a).unwrap();
+    let x = tt(&[1, 2, 5, 7]);
+    let scales = kiln_ir::Tensor::from_f64(DType::F32, Shape::new(vec![4]).unwrap(), &[1.0, 1.0, 2.0, 2.0]).unwrap();
+    let ins = [Some(x.clone()), None, Some(scales.ty().clone())];
+    let inf: Vec<Option<InferInput>> = ins
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.as_ref().map(|t| InferInput { ty: t, value: (i == 2).then_some(&scales) }))
+        .collect();
+    let out = infer(&op, &inf, 1).unwrap();
+    let cins: Vec<Option<OpInput>> = ins
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.as_ref().map(|t| OpInput { ty: t, value: (i == 2).then_some(&scales) }))
+        .collect();
+    let cx = OpCx { op: &op, name: "resize", inputs: &cins, outputs: &out };
+    let k = lower_op(&cx).unwrap().steps.remove(0).kernel;
+    assert_eq!(classify(&k), KernelClass::Window);
+    let m = cuda::compile(&[(&k, KernelClass::Window)]).unwrap();
+    assert!(m.notes[0].starts_with("general (not a depthwise window or pool"), "{}", m.notes[0]);
+    ptxas::assemble_ptx("cuda-window", "resize", m.ptx()).unwrap();
+}
+
+/// A max pool with `isnan` in its body as lowered: the window's maximum is `max.f32`
+/// (a NaN operand ignored), never the NaN-propagating form.
+#[test]
+fn max_pool_taps_ignore_nan() {
+    let w = Win { kernel: &[3, 3], strides: &[2, 2], dil: &[1, 1], pads: &[1, 1, 1, 1], ceil: false };
+    let k = max_pool("mp_nan", &[1, 2, 9, 9], &w);
+    let (m, _) = assemble_windows("nan", std::slice::from_ref(&k));
+    assert!(m.ptx().contains("max.f32"));
+    assert!(!m.ptx().contains("max.NaN"), "the window's taps must not propagate NaN");
+}
+
+/// Branches that threads of a warp may take differently are plain `bra`, never
+/// `bra.uni` (a promise to ptxas that the warp agrees): the grid-stride loop's exit, the
+/// interior/border choice and the skips of missing outputs (3 of a group of 4 here,
+/// OW = 38). Loops with the same trip count in every thread (the count of taps inside
+/// the plane, in the border code) keep `.uni`.
+#[test]
+fn divergent_branches_are_not_uniform() {
+    let w = Win { kernel: &[3, 3], strides: &[1, 1], dil: &[1, 1], pads: &[1, 1, 1, 1], ceil: false };
+    let k = average_pool("ap_div", &[1, 2, 9, 38], &w, false);
+    let (m, _) = assemble_windows("divergent", std::slice::from_ref(&k));
+    let plain = m.ptx().lines().filter(|l| l.trim_start().starts_with('@') && l.contains(" bra L")).count();
+    assert_eq!(plain, 5, "{}", m.ptx());
+    // The count's loops (border code) keep their uniform exits.
+    assert!(m.ptx().lines().filter(|l| l.contains("bra.uni") && l.trim_start().starts_with('@')).count() > 0);
+}
+
+/// The one kernel `kind` lowers to, or `None` where the attributes are refused
+/// (inference or lowering) or the kernel is not a Window kernel.
+fn try_lowered(name: &str, kind: OpKind, a: &Attrs, ins: &[TensorType]) -> Option<Kernel> {
+    let op = Op::parse(kind, a).ok()?;
+    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
+    let out = infer(&op, &inf, 1).ok()?;
+    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
+    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
+    let mut l = lower_op(&cx).ok()?;
+    if l.steps.len() != 1 {
+        return None;
+    }
+    let mut k = l.steps.remove(0).kernel;
+    k.name = name.to_string();
+    (classify(&k) == KernelClass::Window).then_some(k)
+}
+
+/// Random geometries (seeded): depthwise convolutions, max pools and average pools
+/// (`count_include_pad` either way) of 1-D and 2-D windows of 1 to 7 taps a side,
+/// strides 1 to 3, dilations 1 and 2 (convolutions and max pools), any asymmetric
+/// padding below the window, ceil mode, extents 1 to 40, batches and channels 1 to 3;
+/// each assembled without spills and emulated against the interpreter (through
+/// [`assemble_windows`]), with every form and both kinds of code among them.
+#[test]
+fn random_geometries_match_the_interpreter() {
+    let mut s = 0x5EED_u64;
+    let mut next = |n: u64| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s % n
+    };
+    let mut ks = Vec::new();
+    let mut tries = 0;
+    while ks.len() < 150 && tries < 5000 {
+        tries += 1;
+        let two_d = next(4) != 0;
+        let axes = if two_d { 2 } else { 1 };
+        let kernel: Vec<i64> = (0..axes).map(|_| 1 + next(7) as i64).collect();
+        let strides: Vec<i64> = (0..axes).map(|_| 1 + next(3) as i64).collect();
+        let dil: Vec<i64> = (0..axes).map(|_| 1 + next(2) as i64).collect();
+        // Each pad below its axis's window (ONNX's rule).
+        let pads: Vec<i64> = (0..2 * axes).map(|i| next(kernel[i % axes] as u64) as i64).collect();
+        let kind = next(3);
+        let ceil = next(2) == 1;
+        let mut x = vec![1 + next(3) as usize, 1 + next(3) as usize];
+        x.extend((0..axes).map(|_| 1 + next(40) as usize));
+        let w = Win { kernel: &kernel, strides: &strides, dil: &dil, pads: &pads, ceil };
+        let name = format!("rnd{}", ks.len());
+        let k = match kind {
+            0 => {
+                let c = x[1];
+                let mut a = attrs(&w);
+                a.set("group", Attr::Int(c as i64));
+                a.set("dilations", Attr::Ints(w.dil.to_vec()));
+                let mut wd = vec![c, 1];
+                wd.extend(w.kernel.iter().map(|&k| k as usize));
+                try_lowered(&name, OpKind::Conv, &a, &[tt(&x), tt(&wd), tt(&[c])])
+            }
+            1 => {
+                let mut a = attrs(&w);
+                a.set("ceil_mode", Attr::Int(ceil as i64));
+                a.set("dilations", Attr::Ints(w.dil.to_vec()));
+                try_lowered(&name, OpKind::MaxPool, &a, &[tt(&x)])
+            }
+            _ => {
+                let mut a = attrs(&w);
+                a.set("ceil_mode", Attr::Int(ceil as i64));
+                a.set("count_include_pad", Attr::Int(next(2) as i64));
+                try_lowered(&name, OpKind::AveragePool, &a, &[tt(&x)])
+            }
+        };
+        ks.extend(k);
+    }
+    assert_eq!(ks.len(), 150, "only {} of {tries} random geometries lowered to Window kernels", ks.len());
+    let (m, _) = assemble_windows("random", &ks);
+    for what in ["depthwise", "max pool", "sum pool", "border", "interior"] {
+        let n = m.notes.iter().filter(|n| n.contains(what)).count();
+        assert!(n >= 20, "{n} random kernels are `{what}`: {:?}", m.notes);
+    }
+}
