@@ -9,7 +9,9 @@
 //! it, and runs the plan one command at a time on a stream (not the graph). Around each
 //! dispatch it downloads the kernel's input bindings (before) and its output (after),
 //! runs the kernel interpreter (`kiln_flow::interp`, the oracle) on the downloaded
-//! inputs, and compares; one line per dispatch, failures again at the end.
+//! inputs, and compares; one line per dispatch, failures again at the end. The
+//! interpreter, far slower than the GPU (one element at a time: minutes for a ResNet-50
+//! on one core), runs on every core meanwhile.
 //!
 //! Tolerance ([`within`]): integer, bool and every Movement kernel's outputs must be
 //! bit-identical (NaN matches NaN of any payload only for floats); a float element
@@ -263,6 +265,13 @@ mod imp {
             .collect()
     }
 
+    /// What the GPU computed for dispatch `k`: its inputs as it read them, its output.
+    struct Job {
+        k: usize,
+        inputs: Vec<Vec<u8>>,
+        got: Vec<u8>,
+    }
+
     /// One dispatch's result in `kiln gpu-check`.
     struct Row {
         line: String,
@@ -304,31 +313,56 @@ mod imp {
         let mut inst = CudaInstance::new(&module).map_err(|e| format!("{label}: {e}"))?;
         inst.write_inputs(main, &ins).map_err(|e| format!("{label}: {e}"))?;
         let commands = &module.program().entries[main].commands;
-        let mut rows = Vec::new();
-        for (ci, cmd) in commands.iter().enumerate() {
-            let Command::Dispatch { kernel, bindings, .. } = cmd else {
-                inst.run_command(main, ci).map_err(|e| format!("{label}: command {ci}: {e}"))?;
-                continue;
-            };
-            let k = *kernel as usize;
-            let checked = only.is_none_or(|d| d == k);
-            let mut inputs = Vec::new();
-            if checked {
-                for j in 0..bindings.len().saturating_sub(1) {
-                    inputs.push(inst.read_binding(main, ci, j).map_err(|e| format!("{label}: {e}"))?);
+        // The GPU runs the plan in order on this thread; the interpreter's checks, which
+        // take far longer (one element at a time), run meanwhile on the other cores,
+        // fed through a short queue (so that few dispatches' bytes are held at once).
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(2 * workers);
+        let rx = std::sync::Mutex::new(rx);
+        let done = std::sync::Mutex::new(Vec::new());
+        let gpu = std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let job = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+                    let Ok(j) = job else { break };
+                    let note = cuda.notes.get(j.k).map_or("", String::as_str);
+                    let row = check_dispatch(flow, j.k, &j.inputs, &j.got, note, ulps);
+                    done.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((j.k, row));
+                });
+            }
+            // `tx` moves in and is dropped at the end: the workers stop when the queue empties.
+            let tx = tx;
+            for (ci, cmd) in commands.iter().enumerate() {
+                let Command::Dispatch { kernel, bindings, .. } = cmd else {
+                    inst.run_command(main, ci).map_err(|e| format!("{label}: command {ci}: {e}"))?;
+                    continue;
+                };
+                let k = *kernel as usize;
+                let checked = only.is_none_or(|d| d == k);
+                let mut inputs = Vec::new();
+                if checked {
+                    for j in 0..bindings.len().saturating_sub(1) {
+                        inputs.push(inst.read_binding(main, ci, j).map_err(|e| format!("{label}: {e}"))?);
+                    }
+                }
+                inst.run_command(main, ci).map_err(|e| format!("{label}: dispatch {k}: {e}"))?;
+                if !checked {
+                    continue;
+                }
+                let got = inst.read_binding(main, ci, bindings.len() - 1).map_err(|e| format!("{label}: {e}"))?;
+                if tx.send(Job { k, inputs, got }).is_err() {
+                    return Err(format!("{label}: the checking threads stopped"));
+                }
+                if only.is_some() {
+                    break;
                 }
             }
-            inst.run_command(main, ci).map_err(|e| format!("{label}: dispatch {k}: {e}"))?;
-            if !checked {
-                continue;
-            }
-            let got = inst.read_binding(main, ci, bindings.len() - 1).map_err(|e| format!("{label}: {e}"))?;
-            let note = cuda.notes.get(k).map_or("", String::as_str);
-            rows.push(check_dispatch(flow, k, &inputs, &got, note, ulps));
-            if only.is_some() {
-                break;
-            }
-        }
+            Ok(())
+        });
+        gpu?;
+        let mut rows = done.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        rows.sort_by_key(|(k, _)| *k);
+        let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
         let failed: Vec<&Row> = rows.iter().filter(|r| !r.pass).collect();
         let mut out: String = rows.iter().map(|r| format!("{}\n", r.line)).collect();
         out.push_str(&format!(
