@@ -84,12 +84,7 @@ mod imp {
 
     /// Flags that mean something on the CPU only.
     fn cpu_only(a: &Args) -> Result<(), String> {
-        let given = [
-            (a.threads.is_some(), "--threads"),
-            (a.floor, "--floor"),
-            (a.profile, "--profile"),
-            (a.target.is_some(), "--target-cpu"),
-        ];
+        let given = [(a.threads.is_some(), "--threads"), (a.floor, "--floor"), (a.target.is_some(), "--target-cpu")];
         match given.iter().find(|(set, _)| *set) {
             Some((_, flag)) => Err(format!("{flag} applies to the CPU; leave it out with --device cuda")),
             None => Ok(()),
@@ -181,8 +176,11 @@ mod imp {
             let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
             let mut outs = output_buffers(sig.outputs, label)?;
             let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-            if a.resident {
+            if a.resident || a.profile {
                 instance.write_inputs(main, &ins).map_err(|e| format!("{label}: {e}"))?;
+            }
+            if a.profile {
+                return profile(a, label, module, &mut instance, main);
             }
             let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
             let mut call = || -> Result<f64, String> {
@@ -234,6 +232,89 @@ mod imp {
                 ))
             }
         })
+    }
+
+    /// `kiln bench --device cuda --profile`: every command of the plan run on its own on
+    /// the stream (not the graph) and waited for, `--iterations` times after
+    /// `--warmup` rounds; per command the median host time of launch and wait, its share
+    /// of the sum of medians, slowest first. Each time includes a launch and a
+    /// synchronisation (some µs), so small kernels read slower than in the graph; the
+    /// large ones, which this is for, read as they run.
+    fn profile(
+        a: &Args,
+        label: &str,
+        module: &CudaModule<'_>,
+        inst: &mut CudaInstance<'_>,
+        main: usize,
+    ) -> Result<(), String> {
+        let p = module.program();
+        let commands = &p.entries[main].commands;
+        let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
+        let n = commands.len();
+        let mut times = timings(n.checked_mul(iterations).ok_or("--iterations: too many to time")?)?;
+        times.resize(n * iterations, 0.0);
+        for round in 0..warmup + iterations {
+            for c in 0..n {
+                let t = Instant::now();
+                inst.run_command(main, c).map_err(|e| format!("{label}: command {c}: {e}"))?;
+                if round >= warmup {
+                    times[c * iterations + round - warmup] = t.elapsed().as_secs_f64() * 1e6;
+                }
+            }
+        }
+        let mut rows: Vec<(usize, String, f64, String)> = Vec::new();
+        for (c, cmd) in commands.iter().enumerate() {
+            let (what, kernel) = match cmd {
+                Command::Dispatch { kernel, workgroups, .. } => {
+                    let name = p.kernels.get(*kernel as usize).map_or("?", |k| k.name);
+                    let block = module.launches().get(*kernel as usize).copied().flatten().map_or(0, |l| l.block);
+                    (format!("{name} <<<{workgroups}, {block}>>>"), Some(*kernel))
+                }
+                Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None),
+                Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None),
+                Command::Barrier => continue,
+            };
+            let source = kernel
+                .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            let median = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
+            rows.push((c, what, median, source));
+        }
+        rows.sort_by(|x, y| y.2.total_cmp(&x.2));
+        let total: f64 = rows.iter().map(|r| r.2).sum();
+        if a.json {
+            let items: Vec<String> = rows
+                .iter()
+                .map(|(c, what, us, src)| {
+                    format!(
+                        "{{\"command\":{c},\"what\":{},\"median_us\":{},\"source\":{}}}",
+                        json_str(what),
+                        json_ms(*us),
+                        json_str(src)
+                    )
+                })
+                .collect();
+            return write_stdout(&format!(
+                "{{\"model\":{},\"device\":\"cuda\",\"gpu\":{},\"iterations\":{iterations},\"profile\":[{}]}}\n",
+                json_str(label),
+                json_str(module.device_name()),
+                items.join(",")
+            ));
+        }
+        let mut s = format!(
+            "{label}: profile of {iterations} rounds on {}, each command launched and waited for alone: sum of medians {:.4} ms\n  command  median us   share  what  // source\n",
+            module.device_name(),
+            total / 1e3
+        );
+        for (c, what, us, src) in &rows {
+            let src = if src.is_empty() { String::new() } else { format!("  // {src}") };
+            s.push_str(&format!(
+                "  {c:>7}  {us:>9.2}  {:>5.1}%  {what}{src}\n",
+                us / total.max(f64::MIN_POSITIVE) * 100.0
+            ));
+        }
+        write_stdout(&s)
     }
 
     /// A graph compiled for CUDA, written to a file and read back (as a user's artifact
