@@ -290,7 +290,8 @@ pub(crate) struct BenchArgs {
     /// Fix --floor's arithmetic at N passes (implies --floor)
     #[arg(long = "floor-passes", value_name = "N")]
     pub floor_passes: Option<usize>,
-    /// Time each command of the plan on one thread (median, share, the compiler's estimate)
+    /// Time each command of the plan on one thread (median, share, the compiler's estimate);
+    /// with --device cuda, each command launched and waited for alone
     #[arg(long)]
     pub profile: bool,
     /// The weights file of an artifact compiled with --external-weights

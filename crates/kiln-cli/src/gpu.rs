@@ -9,7 +9,9 @@
 //! it, and runs the plan one command at a time on a stream (not the graph). Around each
 //! dispatch it downloads the kernel's input bindings (before) and its output (after),
 //! runs the kernel interpreter (`kiln_flow::interp`, the oracle) on the downloaded
-//! inputs, and compares; one line per dispatch, failures again at the end.
+//! inputs, and compares; one line per dispatch, failures again at the end. The
+//! interpreter, far slower than the GPU (one element at a time: minutes for a ResNet-50
+//! on one core), runs on every core meanwhile.
 //!
 //! Tolerance ([`within`]): integer, bool and every Movement kernel's outputs must be
 //! bit-identical (NaN matches NaN of any payload only for floats); a float element
@@ -82,12 +84,7 @@ mod imp {
 
     /// Flags that mean something on the CPU only.
     fn cpu_only(a: &Args) -> Result<(), String> {
-        let given = [
-            (a.threads.is_some(), "--threads"),
-            (a.floor, "--floor"),
-            (a.profile, "--profile"),
-            (a.target.is_some(), "--target-cpu"),
-        ];
+        let given = [(a.threads.is_some(), "--threads"), (a.floor, "--floor"), (a.target.is_some(), "--target-cpu")];
         match given.iter().find(|(set, _)| *set) {
             Some((_, flag)) => Err(format!("{flag} applies to the CPU; leave it out with --device cuda")),
             None => Ok(()),
@@ -179,8 +176,11 @@ mod imp {
             let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
             let mut outs = output_buffers(sig.outputs, label)?;
             let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-            if a.resident {
+            if a.resident || a.profile {
                 instance.write_inputs(main, &ins).map_err(|e| format!("{label}: {e}"))?;
+            }
+            if a.profile {
+                return profile(a, label, module, &mut instance, main);
             }
             let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
             let mut call = || -> Result<f64, String> {
@@ -234,6 +234,89 @@ mod imp {
         })
     }
 
+    /// `kiln bench --device cuda --profile`: every command of the plan run on its own on
+    /// the stream (not the graph) and waited for, `--iterations` times after
+    /// `--warmup` rounds; per command the median host time of launch and wait, its share
+    /// of the sum of medians, slowest first. Each time includes a launch and a
+    /// synchronisation (some µs), so small kernels read slower than in the graph; the
+    /// large ones, which this is for, read as they run.
+    fn profile(
+        a: &Args,
+        label: &str,
+        module: &CudaModule<'_>,
+        inst: &mut CudaInstance<'_>,
+        main: usize,
+    ) -> Result<(), String> {
+        let p = module.program();
+        let commands = &p.entries[main].commands;
+        let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
+        let n = commands.len();
+        let mut times = timings(n.checked_mul(iterations).ok_or("--iterations: too many to time")?)?;
+        times.resize(n * iterations, 0.0);
+        for round in 0..warmup + iterations {
+            for c in 0..n {
+                let t = Instant::now();
+                inst.run_command(main, c).map_err(|e| format!("{label}: command {c}: {e}"))?;
+                if round >= warmup {
+                    times[c * iterations + round - warmup] = t.elapsed().as_secs_f64() * 1e6;
+                }
+            }
+        }
+        let mut rows: Vec<(usize, String, f64, String)> = Vec::new();
+        for (c, cmd) in commands.iter().enumerate() {
+            let (what, kernel) = match cmd {
+                Command::Dispatch { kernel, workgroups, .. } => {
+                    let name = p.kernels.get(*kernel as usize).map_or("?", |k| k.name);
+                    let block = module.launches().get(*kernel as usize).copied().flatten().map_or(0, |l| l.block);
+                    (format!("{name} <<<{workgroups}, {block}>>>"), Some(*kernel))
+                }
+                Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None),
+                Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None),
+                Command::Barrier => continue,
+            };
+            let source = kernel
+                .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            let median = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
+            rows.push((c, what, median, source));
+        }
+        rows.sort_by(|x, y| y.2.total_cmp(&x.2));
+        let total: f64 = rows.iter().map(|r| r.2).sum();
+        if a.json {
+            let items: Vec<String> = rows
+                .iter()
+                .map(|(c, what, us, src)| {
+                    format!(
+                        "{{\"command\":{c},\"what\":{},\"median_us\":{},\"source\":{}}}",
+                        json_str(what),
+                        json_ms(*us),
+                        json_str(src)
+                    )
+                })
+                .collect();
+            return write_stdout(&format!(
+                "{{\"model\":{},\"device\":\"cuda\",\"gpu\":{},\"iterations\":{iterations},\"profile\":[{}]}}\n",
+                json_str(label),
+                json_str(module.device_name()),
+                items.join(",")
+            ));
+        }
+        let mut s = format!(
+            "{label}: profile of {iterations} rounds on {}, each command launched and waited for alone: sum of medians {:.4} ms\n  command  median us   share  what  // source\n",
+            module.device_name(),
+            total / 1e3
+        );
+        for (c, what, us, src) in &rows {
+            let src = if src.is_empty() { String::new() } else { format!("  // {src}") };
+            s.push_str(&format!(
+                "  {c:>7}  {us:>9.2}  {:>5.1}%  {what}{src}\n",
+                us / total.max(f64::MIN_POSITIVE) * 100.0
+            ));
+        }
+        write_stdout(&s)
+    }
+
     /// A graph compiled for CUDA, written to a file and read back (as a user's artifact
     /// travels), loaded and run on GPU 0: the conformance engine `cuda`.
     pub(crate) fn execute_graph(g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, Outcome> {
@@ -261,6 +344,13 @@ mod imp {
                     .map_err(|e| Outcome::RuntimeError(e.to_string()))
             })
             .collect()
+    }
+
+    /// What the GPU computed for dispatch `k`: its inputs as it read them, its output.
+    struct Job {
+        k: usize,
+        inputs: Vec<Vec<u8>>,
+        got: Vec<u8>,
     }
 
     /// One dispatch's result in `kiln gpu-check`.
@@ -304,31 +394,56 @@ mod imp {
         let mut inst = CudaInstance::new(&module).map_err(|e| format!("{label}: {e}"))?;
         inst.write_inputs(main, &ins).map_err(|e| format!("{label}: {e}"))?;
         let commands = &module.program().entries[main].commands;
-        let mut rows = Vec::new();
-        for (ci, cmd) in commands.iter().enumerate() {
-            let Command::Dispatch { kernel, bindings, .. } = cmd else {
-                inst.run_command(main, ci).map_err(|e| format!("{label}: command {ci}: {e}"))?;
-                continue;
-            };
-            let k = *kernel as usize;
-            let checked = only.is_none_or(|d| d == k);
-            let mut inputs = Vec::new();
-            if checked {
-                for j in 0..bindings.len().saturating_sub(1) {
-                    inputs.push(inst.read_binding(main, ci, j).map_err(|e| format!("{label}: {e}"))?);
+        // The GPU runs the plan in order on this thread; the interpreter's checks, which
+        // take far longer (one element at a time), run meanwhile on the other cores,
+        // fed through a short queue (so that few dispatches' bytes are held at once).
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(2 * workers);
+        let rx = std::sync::Mutex::new(rx);
+        let done = std::sync::Mutex::new(Vec::new());
+        let gpu = std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let job = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+                    let Ok(j) = job else { break };
+                    let note = cuda.notes.get(j.k).map_or("", String::as_str);
+                    let row = check_dispatch(flow, j.k, &j.inputs, &j.got, note, ulps);
+                    done.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((j.k, row));
+                });
+            }
+            // `tx` moves in and is dropped at the end: the workers stop when the queue empties.
+            let tx = tx;
+            for (ci, cmd) in commands.iter().enumerate() {
+                let Command::Dispatch { kernel, bindings, .. } = cmd else {
+                    inst.run_command(main, ci).map_err(|e| format!("{label}: command {ci}: {e}"))?;
+                    continue;
+                };
+                let k = *kernel as usize;
+                let checked = only.is_none_or(|d| d == k);
+                let mut inputs = Vec::new();
+                if checked {
+                    for j in 0..bindings.len().saturating_sub(1) {
+                        inputs.push(inst.read_binding(main, ci, j).map_err(|e| format!("{label}: {e}"))?);
+                    }
+                }
+                inst.run_command(main, ci).map_err(|e| format!("{label}: dispatch {k}: {e}"))?;
+                if !checked {
+                    continue;
+                }
+                let got = inst.read_binding(main, ci, bindings.len() - 1).map_err(|e| format!("{label}: {e}"))?;
+                if tx.send(Job { k, inputs, got }).is_err() {
+                    return Err(format!("{label}: the checking threads stopped"));
+                }
+                if only.is_some() {
+                    break;
                 }
             }
-            inst.run_command(main, ci).map_err(|e| format!("{label}: dispatch {k}: {e}"))?;
-            if !checked {
-                continue;
-            }
-            let got = inst.read_binding(main, ci, bindings.len() - 1).map_err(|e| format!("{label}: {e}"))?;
-            let note = cuda.notes.get(k).map_or("", String::as_str);
-            rows.push(check_dispatch(flow, k, &inputs, &got, note, ulps));
-            if only.is_some() {
-                break;
-            }
-        }
+            Ok(())
+        });
+        gpu?;
+        let mut rows = done.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        rows.sort_by_key(|(k, _)| *k);
+        let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
         let failed: Vec<&Row> = rows.iter().filter(|r| !r.pass).collect();
         let mut out: String = rows.iter().map(|r| format!("{}\n", r.line)).collect();
         out.push_str(&format!(

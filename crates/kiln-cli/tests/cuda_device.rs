@@ -23,11 +23,12 @@ fn device_cuda_without_a_driver_is_a_typed_error() {
     ok(&["compile", LENET, "--target", "cuda", "-o", s(&art)]);
     let empty = dir.join("cases");
     std::fs::create_dir_all(&empty).expect("dir");
-    let commands: [&[&str]; 7] = [
+    let commands: [&[&str]; 8] = [
         &["run", s(&art), "--device", "cuda"],
         &["run", LENET, "--device", "cuda"],
         &["bench", s(&art), "--device", "cuda", "--iterations", "3"],
         &["bench", s(&art), "--device", "cuda", "--json", "--resident"],
+        &["bench", s(&art), "--device", "cuda", "--profile", "--iterations", "2", "--warmup", "1"],
         &["conformance", s(&empty), "--device", "cuda"],
         &["gpu-check", LENET],
         &["gpu-check", LENET, "--dispatch", "2"],

@@ -79,8 +79,16 @@ fn every_kernel_of_every_model_assembles_for_sm_90a() {
         let made: Vec<(u32, u32, u32)> = cuda.launches.iter().map(|l| (l.block, l.shared, l.params)).collect();
         assert_eq!(recorded, made, "{name}: launch records");
         let artifact = kiln_runtime::fs::AlignedBytes::copy_from(c.artifact().expect("artifact"));
-        if let Err(e) = kiln_runtime::Module::verify_plan(artifact.bytes()) {
-            failures.push(format!("{name}: the runtime's verifier refuses the CUDA plan: {e}"));
+        match kiln_runtime::Module::verify_plan(artifact.bytes()) {
+            Err(e) => failures.push(format!("{name}: the runtime's verifier refuses the CUDA plan: {e}")),
+            #[cfg(feature = "cuda")]
+            Ok(plan) => {
+                if let Err(e) = graph_is_sound(&plan.program) {
+                    failures.push(format!("{name}: CUDA graph: {e}"));
+                }
+            }
+            #[cfg(not(feature = "cuda"))]
+            Ok(_) => {}
         }
         kernels += cuda.launches.len();
 
@@ -125,6 +133,85 @@ fn every_kernel_of_every_model_assembles_for_sm_90a() {
     for (name, t, n) in times.iter().take(5) {
         eprintln!("  {name}: {:.0} ms for {n} kernels", t.as_secs_f64() * 1e3);
     }
+}
+
+/// The CUDA runtime's graph of a verified plan (`kiln_runtime::cuda::graph`, no driver
+/// needed): one kernel node per dispatch of any workgroups, with the launch's block and
+/// one parameter per binding, every address range inside the device allocation, every
+/// dependency on an earlier node, and every node after a barrier ordered after the
+/// nodes before it (reachability through the dependencies).
+#[cfg(feature = "cuda")]
+fn graph_is_sound(p: &kiln_module::sections::ProgramView<'_>) -> Result<(), String> {
+    use kiln_module::program::Command;
+    use kiln_runtime::cuda::graph::{nodes, Layout, NodeKind};
+    let e = &p.entries[0];
+    let launches: Vec<_> = p
+        .kernels
+        .iter()
+        .map(|k| {
+            k.variants
+                .first()
+                .and_then(|v| p.executables[v.executable as usize].launches.get(v.entry as usize).copied())
+        })
+        .collect();
+    let pool = match p.constants {
+        kiln_module::sections::ConstantsView::Embedded(b) => b.len() as u64,
+        kiln_module::sections::ConstantsView::External { size, .. } => size,
+    };
+    let sizes = vec![(e.inputs.iter().map(|t| t.bytes).collect(), e.outputs.iter().map(|t| t.bytes).collect())];
+    let layout = Layout::new(e.arena_size, e.arena_align, pool, &sizes).ok_or("layout overflows")?;
+    let n = nodes(e, 0, &layout, &launches).map_err(|err| err.to_string())?;
+    let dispatches: Vec<(usize, &Vec<kiln_module::program::Binding>)> = e
+        .commands
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match c {
+            Command::Dispatch { workgroups, bindings, .. } if *workgroups > 0 => Some((i, bindings)),
+            _ => None,
+        })
+        .collect();
+    let kernels: Vec<_> = n.iter().filter(|x| matches!(x.kind, NodeKind::Kernel { .. })).collect();
+    if kernels.len() != dispatches.len() {
+        return Err(format!("{} kernel nodes for {} dispatches", kernels.len(), dispatches.len()));
+    }
+    for (node, (ci, bindings)) in kernels.iter().zip(&dispatches) {
+        let NodeKind::Kernel { params, block, .. } = &node.kind else { unreachable!() };
+        if node.command != *ci || params.len() != bindings.len() || *block == 0 {
+            return Err(format!("command {ci}: node {node:?}"));
+        }
+        for (p, b) in params.iter().zip(bindings.iter()) {
+            if p + b.length > layout.size {
+                return Err(format!("command {ci}: a parameter's range ends past the allocation"));
+            }
+        }
+    }
+    // Reachability: before[i] = every node `i` waits for, directly or not.
+    let mut before: Vec<std::collections::BTreeSet<usize>> = Vec::new();
+    for (i, x) in n.iter().enumerate() {
+        let mut set = std::collections::BTreeSet::new();
+        for &d in &x.deps {
+            if d >= i {
+                return Err(format!("node {i} depends on a later node {d}"));
+            }
+            set.insert(d);
+            set.extend(before[d].iter().copied());
+        }
+        before.push(set);
+    }
+    let barriers: Vec<usize> =
+        e.commands.iter().enumerate().filter(|(_, c)| matches!(c, Command::Barrier)).map(|(i, _)| i).collect();
+    for (i, x) in n.iter().enumerate() {
+        for (j, y) in n.iter().enumerate().take(i) {
+            let barrier_between = barriers.iter().any(|&b| y.command < b && b < x.command);
+            if barrier_between && !before[i].contains(&j) {
+                return Err(format!(
+                    "node {i} (command {}) does not wait for node {j} (command {})",
+                    x.command, y.command
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The CPU runtime refuses a CUDA artifact, with or without a cubin, with a typed error

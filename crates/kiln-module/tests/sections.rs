@@ -252,10 +252,10 @@ fn slot_and_signed_encodings_by_hand() {
     p.executables[0].relocs = vec![Reloc { offset: 0, kind: RelocKind::Pc32, target: 0, addend: -4 }];
     p.kernels.clear();
     // 1 executable: device 0, features 0, 1 entry "k" at 0, 1 reloc: 0, pc32, 0,
-    // zig-zag(-4) = 7; code length 1, c3; 0 kernels.
+    // zig-zag(-4) = 7; 0 launches; code length 1, c3; 0 kernels.
     assert_eq!(
         section_bytes(&p, SectionKind::Executables).expect("executables"),
-        [1, 0, 0, 1, 1, b'k', 0, 1, 0, 0, 0, 7, 1, 0xc3, 0]
+        [1, 0, 0, 1, 1, b'k', 0, 1, 0, 0, 0, 7, 0, 1, 0xc3, 0]
     );
 }
 
@@ -263,8 +263,10 @@ fn slot_and_signed_encodings_by_hand() {
 fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
     let mut p = mlp(Constants::Embedded(vec![]), false);
     p.devices.clear();
-    // No kernels: the kernel table (whose records grew in 1.2) is the same in every format.
+    // No kernels and no executables: those tables (whose records grew in 1.2 and 1.3)
+    // are the same in every format.
     p.kernels.clear();
+    p.executables.clear();
     p.entries[0].commands = vec![Command::Dispatch {
         kernel: 1,
         device: 0,
@@ -553,10 +555,12 @@ fn launches_by_hand_and_from_format_1_2() {
     let read = exes(&file_of(old, 2)).expect("a 1.2 table");
     assert_eq!(read[0].launches, []);
     assert_eq!(read[0].code, p.executables[0].code);
-    // A 1.3 table under a 1.2 header takes the launch count (1) for the code length and
-    // then the block (256) for the kernel count, which the bytes left cannot hold.
+    // A 1.3 table under a 1.2 header takes the launch count (1) for the code length, the
+    // block's high byte (2) for the kernel count, and the shared size's first bytes for
+    // a kernel name of 65536 bytes, past the section's end.
     let e = exes(&file_of(exe.clone(), 2)).expect_err("launches are not part of a 1.2 table");
-    assert_eq!(e.section_offset, 10, "{e}");
+    assert_eq!(e.problem, SectionProblem::Truncated { field: "kernel name" }, "{e}");
+    assert_eq!(e.section_offset, 14, "{e}");
     // Each field must fit 32 bits.
     let mut bad = exe.clone();
     bad.splice(9..11, [0x80, 0x80, 0x80, 0x80, 0x10]);

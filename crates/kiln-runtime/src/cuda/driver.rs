@@ -552,8 +552,10 @@ impl Graph {
             srcDevice: src,
             srcArray: ptr::null_mut(),
             reserved0: ptr::null_mut(),
-            srcPitch: 0,
-            srcHeight: 0,
+            // One row of `bytes`: pitch and height as the runtime's 1-D memcpy node
+            // (`cudaGraphAddMemcpyNode1D`) sets them, so no pitch check can refuse it.
+            srcPitch: bytes,
+            srcHeight: 1,
             dstXInBytes: 0,
             dstY: 0,
             dstZ: 0,
@@ -563,15 +565,15 @@ impl Graph {
             dstDevice: dst,
             dstArray: ptr::null_mut(),
             reserved1: ptr::null_mut(),
-            dstPitch: 0,
-            dstHeight: 0,
+            dstPitch: bytes,
+            dstHeight: 1,
             WidthInBytes: bytes,
             Height: 1,
             Depth: 1,
         };
         let mut node: NodeHandle = ptr::null_mut();
-        // SAFETY: `p` describes a 1-D device-to-device copy of `bytes` bytes (pitches
-        // unused for one row); the caller vouches for the ranges and `deps`.
+        // SAFETY: `p` describes a 1-D device-to-device copy of `bytes` bytes; the caller
+        // vouches for the ranges and `deps`.
         check("cuGraphAddMemcpyNode", unsafe {
             sys::cuGraphAddMemcpyNode(&mut node, self.raw, deps.as_ptr(), deps.len(), &p, ctx.raw())
         })?;
