@@ -580,4 +580,54 @@ mod imp {
         }
         e
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use kiln_ir::Shape;
+
+        fn t(dtype: DType, v: &[f64]) -> Tensor {
+            Tensor::from_f64(dtype, Shape::new(vec![v.len()]).expect("shape"), v).expect("tensor")
+        }
+
+        fn bad(got: &[f64], want: &[f64], dtype: DType, exact: bool, ulps: u32) -> usize {
+            within(&t(dtype, got), &t(dtype, want), exact, ulps).bad
+        }
+
+        #[test]
+        fn floats_pass_within_the_ulps_and_fail_past_them() {
+            let one_ulp = f64::from(f32::EPSILON); // at 1.0
+            assert_eq!(bad(&[1.0 + 8.0 * one_ulp], &[1.0], DType::F32, false, 8), 0);
+            assert_eq!(bad(&[1.0 + 9.0 * one_ulp], &[1.0], DType::F32, false, 8), 1);
+            // Scaled to the value's magnitude: 1024 has ulps 1024 times wider.
+            assert_eq!(bad(&[1024.0 + 8.0 * 1024.0 * one_ulp], &[1024.0], DType::F32, false, 8), 0);
+            // Near zero in a tensor of large values: the absolute floor N·ε·max|oracle|.
+            // (8 · 2⁻²³ · 100 ≈ 9.5e-5)
+            assert_eq!(bad(&[9e-5, 100.0], &[0.0, 100.0], DType::F32, false, 8), 0);
+            assert_eq!(bad(&[1e-4, 100.0], &[0.0, 100.0], DType::F32, false, 8), 1);
+            // f16 ulps are its own.
+            assert_eq!(bad(&[1.0 + 2.0 / 1024.0], &[1.0], DType::F16, false, 2), 0);
+            assert_eq!(bad(&[1.0 + 4.0 / 1024.0], &[1.0], DType::F16, false, 2), 1);
+            // NaN matches NaN; an infinity only itself.
+            assert_eq!(bad(&[f64::NAN, f64::INFINITY], &[f64::NAN, f64::INFINITY], DType::F32, false, 8), 0);
+            assert_eq!(bad(&[f64::NAN], &[1.0], DType::F32, false, 8), 1);
+            assert_eq!(bad(&[f64::INFINITY], &[f64::MAX], DType::F64, false, 8), 1);
+        }
+
+        #[test]
+        fn exact_means_the_same_bits() {
+            assert_eq!(bad(&[3.0, -7.0], &[3.0, -7.0], DType::I32, true, 8), 0);
+            assert_eq!(bad(&[3.0, -6.0], &[3.0, -7.0], DType::I32, true, 8), 1);
+            // A movement kernel's floats: -0 is not +0, one ulp is a difference.
+            assert_eq!(bad(&[-0.0], &[0.0], DType::F32, true, 8), 1);
+            assert_eq!(bad(&[1.0 + f64::from(f32::EPSILON)], &[1.0], DType::F32, true, 8), 1);
+            // Large integers that f64 cannot tell apart still differ.
+            let (a, b) = ((1i64 << 60) + 1, 1i64 << 60);
+            let ty = kiln_ir::TensorType::new(DType::I64, Shape::new(vec![1]).expect("shape"));
+            let x = Tensor::new(ty.clone(), a.to_le_bytes().to_vec().into()).expect("tensor");
+            let y = Tensor::new(ty, b.to_le_bytes().to_vec().into()).expect("tensor");
+            assert_eq!(within(&x, &y, true, 8).bad, 1);
+            assert_eq!(within(&x, &x, true, 8).bad, 0);
+        }
+    }
 }
