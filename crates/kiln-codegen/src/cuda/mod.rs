@@ -15,6 +15,11 @@
 //!   `st.global.v4`/`.v2`; every load read at the output's innermost index of an input
 //!   whose rows keep the group aligned is one 128-bit vector load too. It declines
 //!   rows whose length is not a multiple of the group, and narrow outputs.
+//! - Contraction ([`contraction`]): register-tiled SIMT kernels in exact f32 FMA, a
+//!   block tile of up to 128×128 staged through double-buffered shared memory, an
+//!   8×8 (or 4×8, 4×4) accumulator tile per thread, convolutions as implicit GEMM
+//!   through the operands' affine maps, the epilogue evaluated per element in
+//!   registers. The grid is exactly one block per output tile.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
 //!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions,
@@ -25,6 +30,7 @@
 //! kernels are validated with `ptxas -arch=sm_90a` in the tests, and their lowering is
 //! the kernel interpreter's semantics (see `docs/cuda.md`).
 
+pub mod contraction;
 mod elementwise;
 pub mod expr;
 mod general;
@@ -127,9 +133,13 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
             Ok(e) => return Ok(e),
             Err(why) => Some(why),
         },
+        KernelClass::Contraction => match contraction::emit(k)? {
+            Ok(e) => return Ok(e),
+            Err(why) => Some(why),
+        },
         KernelClass::General => None,
         // No GPU emitter for these classes yet: the general mapping is correct, not fast.
-        KernelClass::Contraction | KernelClass::Window | KernelClass::Rows => {
+        KernelClass::Window | KernelClass::Rows => {
             Some(format!("no CUDA {} emitter yet", class.name()))
         }
     };

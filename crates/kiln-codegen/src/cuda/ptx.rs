@@ -124,6 +124,9 @@ pub enum Opd {
     Special(&'static str),
     /// A label.
     L(Label),
+    /// A variable's name (a `.shared` array declared by [`Ptx::shared`]), for
+    /// `mov.u32 %r, name` (its address in the shared window).
+    Sym(String),
 }
 
 impl From<Reg> for Opd {
@@ -154,6 +157,8 @@ pub struct Ptx {
     labels: u32,
     placed: Vec<bool>,
     used: Vec<bool>,
+    /// `.shared` arrays: name, alignment and bytes ([`Ptx::shared`]).
+    shared: Vec<(String, u32, u32)>,
 }
 
 /// Why an entry is malformed (a code generator bug).
@@ -171,7 +176,26 @@ impl Ptx {
             labels: 0,
             placed: Vec::new(),
             used: Vec::new(),
+            shared: Vec::new(),
         }
+    }
+
+    /// Declares a statically sized `.shared` byte array of the entry (`bytes` bytes
+    /// aligned to `align`) and returns its name: `mov.u32 %r, name` (with
+    /// [`Opd::Sym`]) puts its shared-window address in a 32-bit register, which
+    /// `ld.shared`/`st.shared` take as `[%r+off]`. Static arrays total at most 48 KiB
+    /// per block (ptxas refuses more).
+    pub fn shared(&mut self, tag: &str, bytes: u32, align: u32) -> String {
+        let name = format!("{}_{tag}", self.name);
+        self.shared.push((name.clone(), align, bytes));
+        name
+    }
+
+    /// Branch to `l` when `cond` holds (or always), where threads of a warp may
+    /// disagree on `cond`: a plain `bra` (not `bra.uni`, which asserts that they
+    /// agree; [`Ptx::bra`] emits that one).
+    pub fn branch(&mut self, cond: Option<(Reg, bool)>, l: Label) {
+        self.guarded(cond, "bra", &[l.into()]);
     }
 
     /// The name of parameter `i`.
@@ -253,6 +277,7 @@ impl Ptx {
                     let _ = write!(self.body, "[{n}]");
                 }
                 Opd::Special(s) => self.body.push_str(s),
+                Opd::Sym(s) => self.body.push_str(s),
                 Opd::L(l) => {
                     if let Some(u) = self.used.get_mut(l.0 as usize) {
                         *u = true;
@@ -279,6 +304,9 @@ impl Ptx {
             if n > 0 {
                 let _ = writeln!(s, "\t.reg {} %{}<{}>;", c.decl(), c.prefix(), n);
             }
+        }
+        for (name, align, bytes) in &self.shared {
+            let _ = writeln!(s, "\t.shared .align {align} .b8 {name}[{bytes}];");
         }
         s.push_str(&self.body);
         s.push_str("\tret;\n}\n");
