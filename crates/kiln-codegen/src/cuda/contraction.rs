@@ -29,12 +29,12 @@
 //! tile rows `(i / 4)·64 + 4·ty + i % 4` and tile columns `(j / 4)·64 + 4·tx + j % 4`
 //! ([`Tile::row`], [`Tile::col`]), all in registers with fixed names.
 //!
-//! The reduction walks `K` in steps of `BK = 8`. Shared memory holds two buffers per
+//! The reduction walks `K` in steps of `BK = 16`. Shared memory holds two buffers per
 //! operand, each `BK` rows of `BM + 4` (or `BN + 4`) f32 (`As[buf][k][m]`,
 //! `Bs[buf][k][n]`). Each thread loads `R·BK/256` elements of each operand per step
 //! ([`Slot`]), in one of two orders chosen per operand so that a warp reads memory
-//! along the operand's smaller stride ([`Order`]): along `k` (`k = tid % 8`,
-//! `r = tid / 8 + 32·e`) or along the rows (`r = tid % R`, `k = tid / R + (256/R)·e`).
+//! along the operand's smaller stride ([`Order`]): along `k` (8 consecutive `k` of 4
+//! rows per warp) or along the rows (`r = tid % R`, `k = tid / R + (256/R)·e`).
 //! Either way element `(k, r)` goes to shared slot `k·(R + 4) + r`: the 4 floats of
 //! padding put the 8 `k` rows a warp writes in the `k` order in distinct banks, and keep
 //! every row 16-byte aligned for the `ld.shared.v4` reads. A load is predicated on
@@ -93,7 +93,7 @@ pub const SMS: u64 = 132;
 pub const FILL: u64 = SMS * 7 / 8;
 
 /// The reduction step: `k` values per shared-memory buffer.
-pub const BK: u32 = 8;
+pub const BK: u32 = 16;
 
 /// f32 of padding per `k` row of a shared buffer.
 pub const PAD: u32 = 4;
@@ -354,7 +354,7 @@ fn out_strides(k: &Kernel) -> Vec<i64> {
 /// The order in which a block's threads load an operand tile (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Order {
-    /// Consecutive threads take consecutive `k`: `k = tid % 8`, `r = tid / 8 + 32·e`.
+    /// Consecutive threads take consecutive `k`: 8 of them, then the next row.
     AlongK,
     /// Consecutive threads take consecutive rows: `r = tid % R`, `k = tid / R + (256/R)·e`.
     AlongRows,
@@ -373,10 +373,13 @@ impl Order {
         }
     }
 
-    /// Slot `e` of thread `tid`: `(k, r)` within a tile of `rows` rows.
+    /// Slot `e` of thread `tid`: `(k, r)` within a tile of `rows` rows. Along `k`, a
+    /// warp takes 8 consecutive `k` of 4 rows (`k = tid % 8 + 8·(e % (BK/8))`, `r = tid
+    /// / 8 + 32·(e / (BK/8))`), so that its 32 shared stores fall in 32 banks.
     pub fn slot(self, rows: u32, tid: u32, e: u32) -> (u32, u32) {
+        let kg = BK / 8;
         match self {
-            Order::AlongK => (tid % BK, tid / BK + (BLOCK / BK) * e),
+            Order::AlongK => (tid % 8 + 8 * (e % kg), tid / 8 + (BLOCK / 8) * (e / kg)),
             Order::AlongRows => (tid / rows + (BLOCK / rows) * e, tid % rows),
         }
     }
@@ -466,8 +469,17 @@ struct Slot {
     off: Reg,
     /// Byte offset of the element's shared slot within a buffer.
     sts: Reg,
-    /// Global address of the element at the current step, where the reduction index is
-    /// one linear stride (the address then steps by a constant).
+    /// Where the reduction index is one linear stride: a global address that steps by
+    /// a constant per step (shared by the slots of one tile row) and this slot's byte
+    /// offset from it.
+    ptr: Option<(Reg, i64)>,
+}
+
+/// What the slots of one tile row share: the row's predicate, offset and pointer.
+#[derive(Clone, Copy)]
+struct Row {
+    in_range: Reg,
+    off: Reg,
     ptr: Option<Reg>,
 }
 
@@ -506,7 +518,8 @@ impl<'a> Emitter<'a> {
             }
         }
         let step = ks.last().map_or(0, |&(v, _)| map.at(v));
-        // The pointer steps `BK · step · size` bytes per step: keep it in i32.
+        // The pointer steps `BK · step · size` bytes per step, and a slot's offset from
+        // its row's pointer is less: keep them in i32 (an address's immediate).
         i32::try_from(step.checked_mul(i64::from(BK) * 8)?).ok().map(|_| step)
     }
 
@@ -530,40 +543,55 @@ impl<'a> Emitter<'a> {
         let linear = self.linear(map);
         let mut out = Vec::new();
         let shift = rows.trailing_zeros();
+        let kg = BK / 8;
+        // `k` of the first slot of each row (every row's pointer is at that `k`).
+        let k_first = match order {
+            Order::AlongK => u32_op(p, "and.b32", tid, Imm::U(7).into()),
+            Order::AlongRows => u32_op(p, "shr.u32", tid, Imm::U(shift.into()).into()),
+        };
+        let mut groups: Vec<Option<Row>> = vec![None; slots(rows) as usize];
         for e in 0..slots(rows) {
-            // (k, r) of this slot, as `Order::slot` computes them.
-            let (k_in, r_in) = match order {
+            // (k, r) of this slot, as `Order::slot` computes them; `g` its tile row's
+            // group of slots and `dk` its `k` past the group's first.
+            let (dk, g) = match order {
+                Order::AlongK => (8 * (e % kg), e / kg),
+                Order::AlongRows => ((BLOCK / rows) * e, 0),
+            };
+            let k_in = u32_op(p, "add.u32", k_first, Imm::U(dk.into()).into());
+            let r_in = match order {
                 Order::AlongK => {
-                    let k_in = u32_op(p, "and.b32", tid, Imm::U(u64::from(BK - 1)).into());
-                    let r = u32_op(p, "shr.u32", tid, Imm::U(BK.trailing_zeros().into()).into());
-                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((BLOCK / BK) * e)).into());
-                    (k_in, r)
+                    let r = u32_op(p, "shr.u32", tid, Imm::U(3).into());
+                    u32_op(p, "add.u32", r, Imm::U(u64::from((BLOCK / 8) * g)).into())
                 }
-                Order::AlongRows => {
-                    let k = u32_op(p, "shr.u32", tid, Imm::U(shift.into()).into());
-                    let k = u32_op(p, "add.u32", k, Imm::U(u64::from((BLOCK / rows) * e)).into());
-                    let r = u32_op(p, "and.b32", tid, Imm::U(u64::from(rows - 1)).into());
-                    (k, r)
+                Order::AlongRows => u32_op(p, "and.b32", tid, Imm::U(u64::from(rows - 1)).into()),
+            };
+            let row = match groups[g as usize] {
+                Some(row) => row,
+                None => {
+                    let r = u32_op(p, "add.u32", first, r_in.into());
+                    let in_range = pred(p, "setp.lt.u32", r, Imm::U(total).into());
+                    let xs = split_regs(p, r, vars);
+                    let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
+                    let ptr = linear.map(|step| {
+                        let t = p.reg(RegClass::B64);
+                        p.op("mul.wide.s32", &[t.into(), k_first.into(), Imm::I(step).into()]);
+                        let o = p.reg(RegClass::B64);
+                        p.op("add.s64", &[o.into(), off.into(), t.into()]);
+                        let a = p.reg(RegClass::B64);
+                        p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(size).into(), base.into()]);
+                        a
+                    });
+                    let row = Row { in_range, off, ptr };
+                    groups[g as usize] = Some(row);
+                    row
                 }
             };
-            let r = u32_op(p, "add.u32", first, r_in.into());
-            let in_range = pred(p, "setp.lt.u32", r, Imm::U(total).into());
-            let xs = split_regs(p, r, vars);
-            let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
             // Shared slot (k·(rows + PAD) + r)·4.
             let sts = p.reg(RegClass::B32);
             p.op("mad.lo.u32", &[sts.into(), k_in.into(), Imm::U(u64::from(rows + PAD)).into(), r_in.into()]);
             let sts = u32_op(p, "shl.b32", sts, Imm::U(2).into());
-            let ptr = linear.map(|step| {
-                let t = p.reg(RegClass::B64);
-                p.op("mul.wide.s32", &[t.into(), k_in.into(), Imm::I(step).into()]);
-                let o = p.reg(RegClass::B64);
-                p.op("add.s64", &[o.into(), off.into(), t.into()]);
-                let a = p.reg(RegClass::B64);
-                p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(size).into(), base.into()]);
-                a
-            });
-            out.push(Slot { k_in, in_range, off, sts, ptr });
+            let ptr = row.ptr.zip(linear).map(|(a, step)| (a, i64::from(dk) * step * size));
+            out.push(Slot { k_in, in_range: row.in_range, off: row.off, sts, ptr });
         }
         Loader { map: map.clone(), slots: out, size, linear, base }
     }
@@ -578,21 +606,21 @@ impl<'a> Emitter<'a> {
             let kin = pred(p, "setp.lt.u32", kabs, Imm::U(kk).into());
             let ok = p.reg(RegClass::Pred);
             p.op("and.pred", &[ok.into(), kin.into(), s.in_range.into()]);
-            let addr = match s.ptr {
+            let (addr, at) = match s.ptr {
                 Some(a) => a,
                 None => {
                     let xs = split_regs(p, kabs, &self.plan.ks);
                     let off = affine_regs(p, s.off, &|v| l.map.at(v), &self.plan.ks, &xs);
                     let a = p.reg(RegClass::B64);
                     p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(l.size).into(), l.base.into()]);
-                    a
+                    (a, 0)
                 }
             };
             let v = p.reg(RegClass::F32);
             match l.map.dtype {
                 DType::F32 => {
                     p.op("mov.f32", &[v.into(), Imm::F32(0).into()]);
-                    p.op_if(ok, false, "ld.global.f32", &[v.into(), Opd::Addr(addr, 0)]);
+                    p.op_if(ok, false, "ld.global.f32", &[v.into(), Opd::Addr(addr, at)]);
                 }
                 d => {
                     let ty = match d {
@@ -602,7 +630,7 @@ impl<'a> Emitter<'a> {
                     };
                     let raw = p.reg(RegClass::B32);
                     p.op("mov.b32", &[raw.into(), Imm::I(0).into()]);
-                    p.op_if(ok, false, &format!("ld.global.{ty}"), &[raw.into(), Opd::Addr(addr, 0)]);
+                    p.op_if(ok, false, &format!("ld.global.{ty}"), &[raw.into(), Opd::Addr(addr, at)]);
                     p.op("cvt.rn.f32.s32", &[v.into(), raw.into()]);
                 }
             }
@@ -614,9 +642,13 @@ impl<'a> Emitter<'a> {
     /// Steps the linear pointers of `l` by one reduction step.
     fn advance(p: &mut Ptx, l: &Loader) {
         if let Some(step) = l.linear {
+            let mut done: Vec<Reg> = Vec::new();
             for s in &l.slots {
-                if let Some(a) = s.ptr {
-                    p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(BK) * l.size).into()]);
+                if let Some((a, _)) = s.ptr {
+                    if !done.contains(&a) {
+                        p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(BK) * l.size).into()]);
+                        done.push(a);
+                    }
                 }
             }
         }
