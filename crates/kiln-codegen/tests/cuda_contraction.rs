@@ -424,3 +424,113 @@ fn panel_operands_decline_to_general() {
     assert_eq!(m.notes[0], "general (an operand laid out in CPU panels)");
     let _ = resources("panel", m.ptx());
 }
+
+/// The kernels of the real lowerings (`kiln_lower::lower_op`) of MatMul (batched,
+/// broadcast), Gemm (transposed operands, a bias), Conv (1×1, padded 3×3, strided,
+/// dilated, grouped): every Contraction kernel among them takes the emitter, reads
+/// where its index maps say, and assembles with no stack frame and no spills.
+#[test]
+fn lowered_contractions_take_the_emitter() {
+    use kiln_ir::infer::{infer, InferInput};
+    use kiln_ir::{Attr, Attrs, Op, OpKind, Tensor};
+    use kiln_lower::{lower_op, OpCx, OpInput};
+
+    let op = |kind: OpKind, attrs: &[(&str, Attr)]| {
+        let mut a = Attrs::new();
+        for (n, v) in attrs {
+            a.set(*n, v.clone());
+        }
+        Op::parse(kind, &a).expect("op")
+    };
+    let t = |dims: &[usize]| {
+        let shape = Shape::new(dims.to_vec()).expect("shape");
+        let v: Vec<f64> = (0..shape.numel()).map(|i| (i % 7) as f64 - 3.0).collect();
+        Tensor::from_f64(DType::F32, shape, &v).expect("tensor")
+    };
+    let ints = |v: &[i64]| Attr::Ints(v.to_vec());
+    // (op, inputs, index of the first constant input)
+    let cases: Vec<(Op, Vec<Tensor>, usize)> = vec![
+        (op(OpKind::MatMul, &[]), vec![t(&[2, 33, 7]), t(&[7, 127])], 1),
+        (op(OpKind::MatMul, &[]), vec![t(&[3, 1, 5, 9]), t(&[4, 9, 6])], 2),
+        (op(OpKind::MatMul, &[]), vec![t(&[127, 1000]), t(&[1000, 33])], 1),
+        (op(OpKind::Gemm, &[("transA", Attr::Int(1))]), vec![t(&[7, 33]), t(&[7, 127]), t(&[127])], 1),
+        (op(OpKind::Gemm, &[("alpha", Attr::Float(0.5))]), vec![t(&[33, 7]), t(&[7, 1000]), t(&[1000])], 1),
+        // A transposed right operand (`transB`) reads its columns K apart: kiln-flow's
+        // recogniser leaves that to the layout pass (which stores constant weights as
+        // `[K, N]` before classification), so the kernel lowered here is no Contraction.
+        (op(OpKind::Gemm, &[("transB", Attr::Int(1))]), vec![t(&[33, 7]), t(&[127, 7]), t(&[127])], 1),
+        (op(OpKind::Conv, &[]), vec![t(&[1, 16, 9, 7]), t(&[33, 16, 1, 1]), t(&[33])], 1),
+        (op(OpKind::Conv, &[("pads", ints(&[1, 1, 1, 1]))]), vec![t(&[2, 7, 13, 11]), t(&[33, 7, 3, 3]), t(&[33])], 1),
+        (
+            op(OpKind::Conv, &[("strides", ints(&[2, 2]))]),
+            vec![t(&[1, 3, 17, 15]), t(&[8, 3, 3, 3])],
+            1,
+        ),
+        (
+            op(OpKind::Conv, &[("dilations", ints(&[2, 2]))]),
+            vec![t(&[1, 5, 9, 9]), t(&[7, 5, 3, 3]), t(&[7])],
+            1,
+        ),
+        (
+            op(OpKind::Conv, &[("group", Attr::Int(2))]),
+            vec![t(&[1, 8, 10, 6]), t(&[12, 4, 3, 3]), t(&[12])],
+            1,
+        ),
+        (
+            op(OpKind::ConvTranspose, &[("strides", ints(&[2, 2])), ("pads", ints(&[1, 1, 1, 1]))]),
+            vec![t(&[1, 6, 5, 7]), t(&[6, 4, 3, 3]), t(&[4])],
+            1,
+        ),
+    ];
+    let mut kernels = Vec::new();
+    for (i, (op, inputs, const_from)) in cases.iter().enumerate() {
+        let ninfer: Vec<Option<InferInput>> =
+            inputs.iter().map(|t| Some(InferInput { ty: t.ty(), value: Some(t) })).collect();
+        let outs = infer(op, &ninfer, 1).unwrap_or_else(|e| panic!("{}: {e}", op.kind));
+        let opin: Vec<Option<OpInput>> = inputs
+            .iter()
+            .enumerate()
+            .map(|(j, t)| Some(OpInput { ty: t.ty(), value: (j >= *const_from).then_some(t) }))
+            .collect();
+        let name = format!("low{i}");
+        let cx = OpCx { op, name: &name, inputs: &opin, outputs: &outs };
+        let lowered = lower_op(&cx).unwrap_or_else(|e| panic!("{}: {e}", op.kind));
+        let before = kernels.len();
+        let classes: Vec<&str> = lowered.steps.iter().map(|s| classify(&s.kernel).name()).collect();
+        kernels.extend(lowered.steps.into_iter().map(|s| s.kernel).filter(|k| classify(k) == KernelClass::Contraction));
+        // Padded loads (case 7, and ConvTranspose's phases) keep a kernel out of the
+        // class until the compiler splits the padding into its own kernel (every model's
+        // convolutions reach the emitter that way: docs/cuda.md); a transposed B (case 5)
+        // until the layout pass stores it as [K, N].
+        let expected = !matches!(i, 5 | 7 | 11);
+        assert_eq!(kernels.len() > before, expected, "{} (case {i}): {classes:?}", op.kind);
+    }
+    let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, KernelClass::Contraction)).collect();
+    let m = cuda::compile(&with_class).expect("compile");
+    for (k, note) in kernels.iter().zip(&m.notes) {
+        assert!(note.starts_with("contraction ("), "{}: {note}", k.name);
+        // Every output element's operands, at a few reduction indices.
+        let plan = Plan::of(k).expect("a plan");
+        let [nb, mm, nn, kk] = plan.dims;
+        for bi in 0..nb {
+            for r in 0..mm {
+                for c in 0..nn {
+                    for q in [0, kk / 2, kk - 1] {
+                        let mut env = vec![0i64; k.vars.len()];
+                        for (v, x) in plan.out_index(bi, r, c).into_iter().enumerate() {
+                            env[v] = x as i64;
+                        }
+                        for (v, x) in plan.k_index(q) {
+                            env[v as usize] = x as i64;
+                        }
+                        assert_eq!(plan.a_offset(bi, r, q), operand_offset(k, plan.a.input, &env), "{}", k.name);
+                        assert_eq!(plan.b_offset(bi, c, q), operand_offset(k, plan.b.input, &env), "{}", k.name);
+                    }
+                }
+            }
+        }
+    }
+    for (name, regs, stack, st, ld) in resources("lowered", m.ptx()) {
+        assert_eq!((stack, st, ld), (0, 0, 0), "{name}: stack frame or spills ({regs} registers)");
+    }
+}
