@@ -77,7 +77,16 @@ fn epi_inputs(epi: Epi, rows: usize, cols: usize, out: &[usize]) -> Vec<TensorTy
 /// when `a_t`; each operand carries the batch dimensions when its flag says so (else it
 /// is broadcast over them); `w` stores `wdt` (an integer is converted in the load).
 #[allow(clippy::too_many_arguments)]
-fn matmul(batch: &[usize], (a_b, w_b): (bool, bool), m: usize, k: usize, n: usize, a_t: bool, wdt: DType, epi: Epi) -> Kernel {
+fn matmul(
+    batch: &[usize],
+    (a_b, w_b): (bool, bool),
+    m: usize,
+    k: usize,
+    n: usize,
+    a_t: bool,
+    wdt: DType,
+    epi: Epi,
+) -> Kernel {
     let with = |on: bool, d: &[usize]| if on { [batch, d].concat() } else { d.to_vec() };
     let out: Vec<usize> = [batch, &[m, n]].concat();
     let a_dims = if a_t { [k, m] } else { [m, k] };
@@ -106,7 +115,17 @@ fn matmul(batch: &[usize], (a_b, w_b): (bool, bool), m: usize, k: usize, n: usiz
 /// `g > 1` the output is `[n, g, co/g, h, w]` and the group an index of its own, as the
 /// lowering makes grouped convolutions with several input channels per group.
 #[allow(clippy::too_many_arguments)]
-fn conv(n: usize, ci: usize, co: usize, (h, w): (usize, usize), (kh, kw): (usize, usize), s: usize, d: usize, g: usize, epi: Epi) -> Kernel {
+fn conv(
+    n: usize,
+    ci: usize,
+    co: usize,
+    (h, w): (usize, usize),
+    (kh, kw): (usize, usize),
+    s: usize,
+    d: usize,
+    g: usize,
+    epi: Epi,
+) -> Kernel {
     let (hi, wi) = ((h - 1) * s + (kh - 1) * d + 1, (w - 1) * s + (kw - 1) * d + 1);
     let (cig, cog) = (ci / g, co / g);
     let out: Vec<usize> = if g > 1 { vec![n, g, cog, h, w] } else { vec![n, co, h, w] };
@@ -293,7 +312,8 @@ fn implicit_gemm_addresses_are_the_kernels_index_maps() {
                 env[v] = (rest % k.vars[v]) as i64;
                 rest /= k.vars[v];
             }
-            let (bi, m, n, kk) = (join(&plan.batch, &env), join(&plan.rows, &env), join(&plan.cols, &env), join(&plan.ks, &env));
+            let (bi, m, n, kk) =
+                (join(&plan.batch, &env), join(&plan.rows, &env), join(&plan.cols, &env), join(&plan.ks, &env));
             assert!(bi < plan.dims[0] && m < plan.dims[1] && n < plan.dims[2] && kk < plan.dims[3]);
             assert_eq!(plan.a_offset(bi, m, kk), operand_offset(&k, plan.a.input, &env), "{}: A at {env:?}", k.name);
             assert_eq!(plan.b_offset(bi, n, kk), operand_offset(&k, plan.b.input, &env), "{}: B at {env:?}", k.name);
@@ -461,21 +481,9 @@ fn lowered_contractions_take_the_emitter() {
         (op(OpKind::Gemm, &[("transB", Attr::Int(1))]), vec![t(&[33, 7]), t(&[127, 7]), t(&[127])], 1),
         (op(OpKind::Conv, &[]), vec![t(&[1, 16, 9, 7]), t(&[33, 16, 1, 1]), t(&[33])], 1),
         (op(OpKind::Conv, &[("pads", ints(&[1, 1, 1, 1]))]), vec![t(&[2, 7, 13, 11]), t(&[33, 7, 3, 3]), t(&[33])], 1),
-        (
-            op(OpKind::Conv, &[("strides", ints(&[2, 2]))]),
-            vec![t(&[1, 3, 17, 15]), t(&[8, 3, 3, 3])],
-            1,
-        ),
-        (
-            op(OpKind::Conv, &[("dilations", ints(&[2, 2]))]),
-            vec![t(&[1, 5, 9, 9]), t(&[7, 5, 3, 3]), t(&[7])],
-            1,
-        ),
-        (
-            op(OpKind::Conv, &[("group", Attr::Int(2))]),
-            vec![t(&[1, 8, 10, 6]), t(&[12, 4, 3, 3]), t(&[12])],
-            1,
-        ),
+        (op(OpKind::Conv, &[("strides", ints(&[2, 2]))]), vec![t(&[1, 3, 17, 15]), t(&[8, 3, 3, 3])], 1),
+        (op(OpKind::Conv, &[("dilations", ints(&[2, 2]))]), vec![t(&[1, 5, 9, 9]), t(&[7, 5, 3, 3]), t(&[7])], 1),
+        (op(OpKind::Conv, &[("group", Attr::Int(2))]), vec![t(&[1, 8, 10, 6]), t(&[12, 4, 3, 3]), t(&[12])], 1),
         (
             op(OpKind::ConvTranspose, &[("strides", ints(&[2, 2])), ("pads", ints(&[1, 1, 1, 1]))]),
             vec![t(&[1, 6, 5, 7]), t(&[6, 4, 3, 3]), t(&[4])],
