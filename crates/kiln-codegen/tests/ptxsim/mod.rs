@@ -1,0 +1,424 @@
+//! A small PTX simulator for the instruction subset the contraction emitter writes, so
+//! that its kernels run on the host against the kernel interpreter (no GPU here).
+//!
+//! Threads of a block run one after another up to each `bar.sync` (every thread must
+//! reach the same barrier or all must have returned, else the simulation fails: a
+//! barrier divergence). Registers hold raw bits; `.shared` is one byte array per block
+//! (the symbol's address is 0); global memory is the bindings, each at its own base,
+//! and every access is checked against its binding (an access outside every binding
+//! fails the simulation: an out-of-range read or write). Shared accesses are checked
+//! for range and for their natural alignment (16 bytes for `.v4`).
+//!
+//! Float arithmetic follows PTX: `.rn` operations round once (Rust's f32 operations),
+//! `fma.rn.f32` is fused (`f32::mul_add`). Unknown instructions fail the simulation
+//! with their text, so a kernel outside the subset is never half-simulated.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+#[derive(Debug, Clone)]
+enum Opnd {
+    Reg(usize),
+    Imm(u64),
+    /// `[reg+off]`
+    Addr(usize, i64),
+    Vec(Vec<usize>),
+    Label(String),
+    Param(usize),
+    Special(&'static str),
+    /// A `.shared` symbol (address 0 of the shared window).
+    Shared,
+}
+
+#[derive(Debug, Clone)]
+struct Inst {
+    guard: Option<(usize, bool)>,
+    op: String,
+    args: Vec<Opnd>,
+    text: String,
+}
+
+/// A parsed entry.
+pub struct Entry {
+    insts: Vec<Inst>,
+    labels: HashMap<String, usize>,
+    nregs: usize,
+    shared: usize,
+}
+
+fn parse_imm(s: &str) -> Option<u64> {
+    if let Some(h) = s.strip_prefix("0f") {
+        return u32::from_str_radix(h, 16).ok().map(u64::from);
+    }
+    if let Some(h) = s.strip_prefix("0d") {
+        return u64::from_str_radix(h, 16).ok();
+    }
+    if let Some(h) = s.strip_prefix("0x") {
+        return u64::from_str_radix(h, 16).ok();
+    }
+    s.parse::<i64>().ok().map(|x| x as u64)
+}
+
+/// Parses entry `name` of `ptx`.
+pub fn parse(ptx: &str, name: &str) -> Entry {
+    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry {name}"));
+    let body = &ptx[start..];
+    let body = &body[body.find('{').expect("body")..];
+    let end = body.find("\n}").expect("end of entry");
+    let body = &body[1..end];
+    let mut regs: HashMap<String, usize> = HashMap::new();
+    let mut params: Vec<String> = Vec::new();
+    let head = &ptx[start..start + ptx[start..].find(')').expect("params")];
+    for l in head.lines() {
+        if let Some(p) = l.trim().strip_prefix(".param .u64 ") {
+            params.push(p.trim_end_matches(',').to_string());
+        }
+    }
+    let reg = |s: &str, regs: &mut HashMap<String, usize>| -> usize {
+        let n = regs.len();
+        *regs.entry(s.to_string()).or_insert(n)
+    };
+    let mut insts = Vec::new();
+    let mut labels = HashMap::new();
+    let mut shared = 0;
+    let mut shared_name = String::new();
+    for line in body.lines() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with(".reg") {
+            continue;
+        }
+        if let Some(rest) = l.strip_prefix(".shared") {
+            let b = rest.rfind('[').expect("shared size");
+            shared = rest[b + 1..rest.len() - 2].parse().expect("shared bytes");
+            let nm = rest[..b].split_whitespace().last().expect("shared name");
+            shared_name = nm.to_string();
+            continue;
+        }
+        if let Some(lab) = l.strip_suffix(':') {
+            labels.insert(lab.to_string(), insts.len());
+            continue;
+        }
+        let l = l.strip_suffix(';').unwrap_or_else(|| panic!("no ';': {l}"));
+        let (guard, rest) = if let Some(g) = l.strip_prefix('@') {
+            let sp = g.find(' ').expect("guard");
+            let (neg, p) = match g[..sp].strip_prefix('!') {
+                Some(p) => (true, p),
+                None => (false, &g[..sp]),
+            };
+            (Some((reg(p, &mut regs), neg)), g[sp + 1..].trim())
+        } else {
+            (None, l)
+        };
+        let (op, ops) = match rest.find(' ') {
+            Some(i) => (&rest[..i], rest[i + 1..].trim()),
+            None => (rest, ""),
+        };
+        let mut args = Vec::new();
+        let mut cur = String::new();
+        let mut depth = 0;
+        let mut parts = Vec::new();
+        for ch in ops.chars() {
+            match ch {
+                '{' | '[' => {
+                    depth += 1;
+                    cur.push(ch)
+                }
+                '}' | ']' => {
+                    depth -= 1;
+                    cur.push(ch)
+                }
+                ',' if depth == 0 => parts.push(std::mem::take(&mut cur)),
+                _ => cur.push(ch),
+            }
+        }
+        if !cur.trim().is_empty() {
+            parts.push(cur);
+        }
+        for p in parts {
+            let p = p.trim();
+            let a = if let Some(v) = p.strip_prefix('{') {
+                Opnd::Vec(v.trim_end_matches('}').split(',').map(|r| reg(r.trim(), &mut regs)).collect())
+            } else if let Some(a) = p.strip_prefix('[') {
+                let a = a.trim_end_matches(']');
+                if let Some(i) = params.iter().position(|x| x == a) {
+                    Opnd::Param(i)
+                } else if let Some((r, off)) = a.split_once('+') {
+                    Opnd::Addr(reg(r, &mut regs), off.parse().expect("offset"))
+                } else {
+                    Opnd::Addr(reg(a, &mut regs), 0)
+                }
+            } else if p.starts_with('%') {
+                match p {
+                    "%tid.x" => Opnd::Special("tid"),
+                    "%ctaid.x" => Opnd::Special("ctaid"),
+                    "%ntid.x" => Opnd::Special("ntid"),
+                    "%nctaid.x" => Opnd::Special("nctaid"),
+                    _ => Opnd::Reg(reg(p, &mut regs)),
+                }
+            } else if p == shared_name {
+                Opnd::Shared
+            } else if p.starts_with('L') && op.starts_with("bra") {
+                Opnd::Label(p.to_string())
+            } else {
+                Opnd::Imm(parse_imm(p).unwrap_or_else(|| panic!("operand {p} in {l}")))
+            };
+            args.push(a);
+        }
+        insts.push(Inst { guard, op: op.to_string(), args, text: l.to_string() });
+    }
+    Entry { insts, labels, nregs: regs.len(), shared }
+}
+
+/// Global memory: the bindings, each at its own base address.
+pub struct Global {
+    /// `(base, bytes)` per binding.
+    pub bufs: Vec<(u64, Vec<u8>)>,
+}
+
+impl Global {
+    /// Bindings with the given contents.
+    pub fn new(data: Vec<Vec<u8>>) -> Global {
+        Global { bufs: data.into_iter().enumerate().map(|(i, d)| (((i as u64) + 1) << 32, d)).collect() }
+    }
+
+    fn at(&mut self, addr: u64, n: usize, what: &str) -> &mut [u8] {
+        for (base, d) in &mut self.bufs {
+            if addr >= *base && addr + n as u64 <= *base + d.len() as u64 {
+                let o = (addr - *base) as usize;
+                return &mut d[o..o + n];
+            }
+        }
+        panic!("{what}: global access of {n} bytes at {addr:#x} outside every binding");
+    }
+}
+
+struct Thread {
+    regs: Vec<u64>,
+    pc: usize,
+    done: bool,
+}
+
+fn f(x: u64) -> f32 {
+    f32::from_bits(x as u32)
+}
+
+fn fb(x: f32) -> u64 {
+    u64::from(x.to_bits())
+}
+
+/// Runs `grid` blocks of `block` threads of `e` over `g` (parameters: the bindings'
+/// bases in order).
+pub fn run(e: &Entry, grid: u32, block: u32, g: &mut Global) {
+    let params: Vec<u64> = g.bufs.iter().map(|b| b.0).collect();
+    for ctaid in 0..grid {
+        let mut shared = vec![0xA5u8; e.shared];
+        let mut threads: Vec<Thread> =
+            (0..block).map(|_| Thread { regs: vec![0; e.nregs], pc: 0, done: false }).collect();
+        loop {
+            // Each live thread runs to its next barrier (or returns).
+            let mut at_barrier = Vec::new();
+            for (tid, t) in threads.iter_mut().enumerate() {
+                if t.done {
+                    continue;
+                }
+                let hit = step_to_barrier(e, t, tid as u32, ctaid, block, grid, &params, &mut shared, g);
+                at_barrier.push(hit);
+            }
+            if at_barrier.is_empty() {
+                break;
+            }
+            let hits = at_barrier.iter().filter(|&&h| h).count();
+            assert!(
+                hits == 0 || hits == block as usize,
+                "block {ctaid}: {hits} of {block} threads at a barrier, the rest returned"
+            );
+            if hits == 0 {
+                break;
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn step_to_barrier(
+    e: &Entry,
+    t: &mut Thread,
+    tid: u32,
+    ctaid: u32,
+    block: u32,
+    grid: u32,
+    params: &[u64],
+    shared: &mut [u8],
+    g: &mut Global,
+) -> bool {
+    loop {
+        let Some(i) = e.insts.get(t.pc) else {
+            t.done = true;
+            return false;
+        };
+        t.pc += 1;
+        if let Some((p, neg)) = i.guard {
+            if (t.regs[p] != 0) == neg {
+                continue;
+            }
+        }
+        let r = |o: &Opnd, t: &Thread| -> u64 {
+            match o {
+                Opnd::Reg(x) => t.regs[*x],
+                Opnd::Imm(v) => *v,
+                Opnd::Special("tid") => u64::from(tid),
+                Opnd::Special("ctaid") => u64::from(ctaid),
+                Opnd::Special("ntid") => u64::from(block),
+                Opnd::Special("nctaid") => u64::from(grid),
+                Opnd::Shared => 0,
+                other => panic!("operand {other:?} in {}", i.text),
+            }
+        };
+        let dst = |o: &Opnd| match o {
+            Opnd::Reg(x) => *x,
+            other => panic!("destination {other:?} in {}", i.text),
+        };
+        let a = &i.args;
+        let op = i.op.as_str();
+        let u32s = |t: &Thread, k: usize| r(&a[k], t) as u32;
+        match op {
+            "ret" => {
+                t.done = true;
+                return false;
+            }
+            "bar.sync" => return true,
+            "bra" | "bra.uni" => {
+                let Opnd::Label(l) = &a[0] else { panic!("{}", i.text) };
+                t.pc = e.labels[l];
+            }
+            "ld.param.u64" => {
+                let Opnd::Param(p) = a[1] else { panic!("{}", i.text) };
+                t.regs[dst(&a[0])] = params[p];
+            }
+            "cvta.to.global.u64" | "mov.u32" | "mov.u64" | "mov.s64" | "mov.b32" | "mov.f32" | "mov.b64" => {
+                let v = r(&a[1], t);
+                t.regs[dst(&a[0])] = if op.ends_with("32") { v & 0xFFFF_FFFF } else { v };
+            }
+            "and.b32" | "shr.u32" | "shl.b32" | "add.u32" | "mul.lo.u32" | "rem.u32" | "div.u32" | "sub.u32" => {
+                let (x, y) = (u32s(t, 1), u32s(t, 2));
+                let v = match op {
+                    "and.b32" => x & y,
+                    "shr.u32" => x.checked_shr(y).unwrap_or(0),
+                    "shl.b32" => x.checked_shl(y).unwrap_or(0),
+                    "add.u32" => x.wrapping_add(y),
+                    "sub.u32" => x.wrapping_sub(y),
+                    "mul.lo.u32" => x.wrapping_mul(y),
+                    "rem.u32" => x % y,
+                    _ => x / y,
+                };
+                t.regs[dst(&a[0])] = u64::from(v);
+            }
+            "mad.lo.u32" => {
+                let v = u32s(t, 1).wrapping_mul(u32s(t, 2)).wrapping_add(u32s(t, 3));
+                t.regs[dst(&a[0])] = u64::from(v);
+            }
+            "setp.lt.u32" | "setp.ge.u32" | "setp.le.u32" | "setp.gt.u32" => {
+                let (x, y) = (u32s(t, 1), u32s(t, 2));
+                let v = match op {
+                    "setp.lt.u32" => x < y,
+                    "setp.ge.u32" => x >= y,
+                    "setp.le.u32" => x <= y,
+                    _ => x > y,
+                };
+                t.regs[dst(&a[0])] = u64::from(v);
+            }
+            "setp.lt.f32" | "setp.gt.f32" | "setp.le.f32" | "setp.ge.f32" | "setp.ne.f32" | "setp.eq.f32"
+            | "setp.nan.f32" => {
+                let (x, y) = (f(r(&a[1], t)), f(r(&a[2], t)));
+                let v = match op {
+                    "setp.lt.f32" => x < y,
+                    "setp.gt.f32" => x > y,
+                    "setp.le.f32" => x <= y,
+                    "setp.ge.f32" => x >= y,
+                    "setp.ne.f32" => x != y && !x.is_nan() && !y.is_nan(),
+                    "setp.eq.f32" => x == y,
+                    _ => x.is_nan() || y.is_nan(),
+                };
+                t.regs[dst(&a[0])] = u64::from(v);
+            }
+            "and.pred" | "or.pred" => {
+                let (x, y) = (r(&a[1], t) != 0, r(&a[2], t) != 0);
+                t.regs[dst(&a[0])] = u64::from(if op == "and.pred" { x && y } else { x || y });
+            }
+            "not.pred" => t.regs[dst(&a[0])] = u64::from(r(&a[1], t) == 0),
+            "mul.wide.s32" => {
+                let v = i64::from(r(&a[1], t) as u32 as i32).wrapping_mul(r(&a[2], t) as i64);
+                t.regs[dst(&a[0])] = v as u64;
+            }
+            "add.s64" => t.regs[dst(&a[0])] = r(&a[1], t).wrapping_add(r(&a[2], t)),
+            "mul.lo.s64" => t.regs[dst(&a[0])] = r(&a[1], t).wrapping_mul(r(&a[2], t)),
+            "mad.lo.s64" => t.regs[dst(&a[0])] = r(&a[1], t).wrapping_mul(r(&a[2], t)).wrapping_add(r(&a[3], t)),
+            "cvt.u64.u32" => t.regs[dst(&a[0])] = r(&a[1], t) & 0xFFFF_FFFF,
+            "cvt.rn.f32.s32" => t.regs[dst(&a[0])] = fb(r(&a[1], t) as u32 as i32 as f32),
+            "ld.global.f32" | "ld.global.s8" | "ld.global.u8" | "ld.global.s16" | "ld.global.b32" => {
+                let Opnd::Addr(base, off) = a[1] else { panic!("{}", i.text) };
+                let addr = t.regs[base].wrapping_add(off as u64);
+                let n = match op {
+                    "ld.global.s8" | "ld.global.u8" => 1,
+                    "ld.global.s16" => 2,
+                    _ => 4,
+                };
+                let b = g.at(addr, n, &i.text);
+                let v = match op {
+                    "ld.global.s8" => b[0] as i8 as i32 as u32,
+                    "ld.global.u8" => u32::from(b[0]),
+                    "ld.global.s16" => i16::from_le_bytes([b[0], b[1]]) as i32 as u32,
+                    _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                };
+                t.regs[dst(&a[0])] = u64::from(v);
+            }
+            "st.global.f32" | "st.global.b32" => {
+                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
+                let addr = t.regs[base].wrapping_add(off as u64);
+                let v = r(&a[1], t) as u32;
+                g.at(addr, 4, &i.text).copy_from_slice(&v.to_le_bytes());
+            }
+            "st.shared.f32" => {
+                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
+                let addr = (t.regs[base] as i64 + off) as usize;
+                assert!(addr % 4 == 0 && addr + 4 <= shared.len(), "{}: shared store at {addr}", i.text);
+                shared[addr..addr + 4].copy_from_slice(&(r(&a[1], t) as u32).to_le_bytes());
+            }
+            "ld.shared.v4.f32" => {
+                let Opnd::Addr(base, off) = a[1] else { panic!("{}", i.text) };
+                let Opnd::Vec(ds) = &a[0] else { panic!("{}", i.text) };
+                let addr = (t.regs[base] as i64 + off) as usize;
+                assert!(addr % 16 == 0 && addr + 16 <= shared.len(), "{}: shared load at {addr}", i.text);
+                for (j, &d) in ds.iter().enumerate() {
+                    let o = addr + 4 * j;
+                    t.regs[d] = u64::from(u32::from_le_bytes([shared[o], shared[o + 1], shared[o + 2], shared[o + 3]]));
+                }
+            }
+            "fma.rn.f32" => {
+                let v = f(r(&a[1], t)).mul_add(f(r(&a[2], t)), f(r(&a[3], t)));
+                t.regs[dst(&a[0])] = fb(v);
+            }
+            "add.rn.f32" | "sub.rn.f32" | "mul.rn.f32" | "div.rn.f32" | "max.f32" | "min.f32" | "max.NaN.f32"
+            | "min.NaN.f32" => {
+                let (x, y) = (f(r(&a[1], t)), f(r(&a[2], t)));
+                let v = match op {
+                    "add.rn.f32" => x + y,
+                    "sub.rn.f32" => x - y,
+                    "mul.rn.f32" => x * y,
+                    "div.rn.f32" => x / y,
+                    "max.f32" => x.max(y),
+                    "min.f32" => x.min(y),
+                    _ if x.is_nan() || y.is_nan() => f32::NAN,
+                    "max.NaN.f32" => x.max(y),
+                    _ => x.min(y),
+                };
+                t.regs[dst(&a[0])] = fb(v);
+            }
+            "selp.f32" | "selp.b32" | "selp.u32" => {
+                let v = if r(&a[3], t) != 0 { r(&a[1], t) } else { r(&a[2], t) };
+                t.regs[dst(&a[0])] = v & 0xFFFF_FFFF;
+            }
+            _ => panic!("the simulator has no `{}` ({})", op, i.text),
+        }
+    }
+}
