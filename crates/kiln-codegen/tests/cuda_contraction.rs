@@ -358,6 +358,22 @@ fn tiles_cover_every_output_exactly_once() {
             }
         }
         assert!(seen.iter().all(|&c| c == 1), "{}: an element computed {} times", k.name, seen.iter().max().unwrap());
+        // Vector stores: 4 columns from a multiple of 4 are 4 consecutive, aligned
+        // output elements, in range together.
+        if plan.vector_store() {
+            assert_eq!(n % 4, 0, "{}", k.name);
+            for bi in 0..nb {
+                for r in (0..m).step_by(7) {
+                    for c in (0..n).step_by(4) {
+                        let o = plan.out_offset(bi, r, c);
+                        assert_eq!(o % 4, 0, "{}", k.name);
+                        for l in 1..4 {
+                            assert_eq!(plan.out_offset(bi, r, c + l), o + l as i64, "{}", k.name);
+                        }
+                    }
+                }
+            }
+        }
     }
     // The thread rows of a tile are a permutation of its rows.
     for t in [Tile { tm: 8, tn: 8 }, Tile { tm: 4, tn: 8 }, Tile { tm: 8, tn: 4 }, Tile { tm: 4, tn: 4 }] {
@@ -586,6 +602,9 @@ fn simulated_kernels_match_the_interpreter() {
         matmul(&[2], (true, false), 20, 16, 3, false, DType::F32, Epi::None),
         matmul(&[], (false, false), 9, 40, 20, false, DType::I8, Epi::BiasRelu),
         matmul(&[], (false, false), 5, 9, 66, false, DType::U8, Epi::None),
+        matmul(&[], (false, false), 70, 19, 132, false, DType::F32, Epi::BiasTanhResidual),
+        matmul(&[2], (true, true), 9, 17, 8, false, DType::F32, Epi::BiasRelu),
+        conv(2, 5, 7, (3, 4), (1, 1), 1, 1, 1, Epi::BiasRelu),
         conv(1, 5, 7, (6, 5), (3, 3), 1, 1, 1, Epi::BiasRelu),
         conv(2, 3, 4, (4, 3), (3, 2), 2, 2, 1, Epi::None),
         conv(1, 6, 8, (5, 4), (3, 3), 1, 1, 2, Epi::BiasRelu),

@@ -59,8 +59,9 @@
 //! The epilogue: for each of the thread's rows in range (`m < M`) and each column in
 //! range (`n < N`), the kernel's root expression is evaluated by [`Eval`] with the
 //! reduction node given as that accumulator, and stored at the output's row-major
-//! offset. Nodes that read neither a column variable nor the reduction (a bias per
-//! output channel) are evaluated once per row. Elements out of range are branched over
+//! offset; 4 consecutive columns with one `st.global.v4.f32` where the output's layout
+//! allows ([`Plan::vector_store`]). Nodes that read neither a column variable nor the
+//! reduction (a bias per output channel) are evaluated once per row. Elements out of range are branched over
 //! (their epilogue loads would be out of range).
 //!
 //! # Tiles
@@ -274,6 +275,15 @@ impl Plan {
             return Err(format!("{} blocks", plan.grid()));
         }
         Ok(plan)
+    }
+
+    /// Whether the epilogue stores each thread's groups of 4 consecutive columns with one
+    /// `st.global.v4.f32`: the innermost column variable is the output's innermost axis
+    /// (stride 1) and its extent a multiple of 4, so that 4 columns from a multiple of 4
+    /// are 4 consecutive elements at a 16-byte aligned offset (every other stride is a
+    /// multiple of that extent), and in range together (`N` is a multiple of 4 too).
+    pub fn vector_store(&self) -> bool {
+        self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
     }
 
     /// Blocks in the grid: batches × row tiles × column tiles.
@@ -839,21 +849,31 @@ impl<'a> Emitter<'a> {
                 ev.set_var(v as usize, x);
             }
             hoist(&mut ev, k, (k.root, plan.reduce), &per_elem, &mut vec![false; k.nodes.len()])?;
-            for (j, (cok, cxs, coff)) in cols.iter().enumerate() {
+            // Groups of `lanes` columns: in range together, stored together.
+            let lanes = if plan.vector_store() { 4 } else { 1 };
+            for j0 in (0..t.tn as usize).step_by(lanes) {
+                let (cok, _, coff) = &cols[j0];
                 let skip = ev.p.label();
                 ev.p.branch(Some((*cok, true)), skip);
-                ev.push_scope();
-                for (&(v, _), &x) in plan.cols.iter().zip(cxs) {
-                    ev.set_var(v as usize, x);
+                let mut vals = Vec::with_capacity(lanes);
+                for (j, (_, cxs, _)) in cols.iter().enumerate().skip(j0).take(lanes) {
+                    ev.push_scope();
+                    for (&(v, _), &x) in plan.cols.iter().zip(cxs) {
+                        ev.set_var(v as usize, x);
+                    }
+                    ev.given.insert(plan.reduce, acc[(i * t.tn) as usize + j]);
+                    vals.push(ev.value(k.root)?);
+                    ev.given.clear();
+                    ev.pop_scope();
                 }
-                ev.given.insert(plan.reduce, acc[(i * t.tn) as usize + j]);
-                let v = ev.value(k.root)?;
                 let off = ev.p.reg(RegClass::B64);
                 ev.p.op("add.s64", &[off.into(), o_row.into(), (*coff).into()]);
                 let addr = ev.address(out_base, off, k.output.dtype)?;
-                ev.store_at(addr, k.output.dtype, root_ty, v)?;
-                ev.given.clear();
-                ev.pop_scope();
+                if lanes == 1 {
+                    ev.store_at(addr, k.output.dtype, root_ty, vals[0])?;
+                } else {
+                    ev.p.op("st.global.v4.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                }
                 ev.p.place(skip);
             }
             ev.pop_scope();

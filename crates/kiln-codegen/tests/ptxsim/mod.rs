@@ -378,6 +378,16 @@ fn step_to_barrier(
                 let v = r(&a[1], t) as u32;
                 g.at(addr, 4, &i.text).copy_from_slice(&v.to_le_bytes());
             }
+            "st.global.v4.f32" => {
+                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
+                let Opnd::Vec(vs) = &a[1] else { panic!("{}", i.text) };
+                let addr = t.regs[base].wrapping_add(off as u64);
+                assert!(addr % 16 == 0, "{}: unaligned vector store at {addr:#x}", i.text);
+                let b = g.at(addr, 16, &i.text);
+                for (j, &v) in vs.iter().enumerate() {
+                    b[4 * j..4 * j + 4].copy_from_slice(&(t.regs[v] as u32).to_le_bytes());
+                }
+            }
             "st.shared.f32" => {
                 let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
                 let addr = (t.regs[base] as i64 + off) as usize;
@@ -413,6 +423,39 @@ fn step_to_barrier(
                     _ => x.min(y),
                 };
                 t.regs[dst(&a[0])] = fb(v);
+            }
+            "abs.f32" | "neg.f32" | "ex2.approx.f32" | "lg2.approx.f32" => {
+                // The approximations as their exact values (the test's tolerance covers
+                // the hardware's few ulp).
+                let x = f(r(&a[1], t));
+                let v = match op {
+                    "abs.f32" => x.abs(),
+                    "neg.f32" => -x,
+                    "ex2.approx.f32" => x.exp2(),
+                    _ => x.log2(),
+                };
+                t.regs[dst(&a[0])] = fb(v);
+            }
+            "copysign.f32" => {
+                // copysign.f32 d, a, b: |b| with a's sign.
+                let (x, y) = (f(r(&a[1], t)), f(r(&a[2], t)));
+                t.regs[dst(&a[0])] = fb(y.copysign(x));
+            }
+            "cvt.rni.s32.f32" => {
+                let x = f(r(&a[1], t));
+                let v = if x.is_nan() { 0 } else { x.round_ties_even().clamp(i32::MIN as f32, i32::MAX as f32) as i32 };
+                t.regs[dst(&a[0])] = u64::from(v as u32);
+            }
+            "add.s32" | "sub.s32" | "max.s32" | "min.s32" | "shr.s32" => {
+                let (x, y) = (r(&a[1], t) as u32 as i32, r(&a[2], t) as u32 as i32);
+                let v = match op {
+                    "add.s32" => x.wrapping_add(y),
+                    "sub.s32" => x.wrapping_sub(y),
+                    "max.s32" => x.max(y),
+                    "min.s32" => x.min(y),
+                    _ => x >> (y.clamp(0, 31)),
+                };
+                t.regs[dst(&a[0])] = u64::from(v as u32);
             }
             "selp.f32" | "selp.b32" | "selp.u32" => {
                 let v = if r(&a[3], t) != 0 { r(&a[1], t) } else { r(&a[2], t) };
