@@ -425,7 +425,7 @@ fn operand_loads_cover_the_tile_without_bank_conflicts() {
     assert_eq!(Order::of(Some(1), None), Order::AlongRows);
 }
 
-/// The tile rule: the largest tile that gives at least `FILL` blocks, else 64×64.
+/// The tile rule: the least work on the busiest multiprocessor (`Tile::cost`).
 #[test]
 fn tile_choice() {
     let tile = |nb, m, n| {
@@ -438,6 +438,9 @@ fn tile_choice() {
     assert_eq!(tile(1, 320, 49), (64, 64));
     assert_eq!(tile(16, 1024, 1024), (128, 128));
     assert_eq!(tile(1, 1, 1), (64, 64));
+    // A thin product: no 128-row tile over 32 rows.
+    assert_eq!(tile(1, 32, 12544), (64, 128));
+    assert_eq!(tile(1, 1280, 49), (64, 64));
 }
 
 /// A contraction this emitter declines (a right operand in CPU panels) falls to the

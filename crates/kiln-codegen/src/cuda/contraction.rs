@@ -66,10 +66,11 @@
 //!
 //! # Tiles
 //!
-//! [`choose_tile`]: `128×128` (8×8 per thread) when that gives at least [`FILL`]
-//! blocks, else `128×64` / `64×128` (the short side along the smaller of `M`, `N`), else
-//! `64×64` (4×4 per thread): the largest tile that still gives about one block per
-//! multiprocessor of the H200 (132).
+//! [`choose_tile`]: of `128×128` (8×8 per thread), `128×64`, `64×128` and `64×64` (4×4
+//! per thread), the one whose busiest multiprocessor has the least work,
+//! `⌈blocks / 132⌉ · BM · BN` weighted by the thread tile's cost per element
+//! ([`Tile::cost`]): large tiles where the grid fills the H200's 132 multiprocessors
+//! anyway, smaller ones where it would not.
 //!
 //! # Declined (to the general mapping)
 //!
@@ -90,8 +91,6 @@ use crate::CodegenError;
 /// Multiprocessors of the H200 (and H100 SXM).
 pub const SMS: u64 = 132;
 
-/// The fewest blocks a tile must give to be taken over a smaller one: 7/8 of [`SMS`].
-pub const FILL: u64 = SMS * 7 / 8;
 
 /// The reduction step: `k` values per shared-memory buffer.
 pub const BK: u32 = 16;
@@ -148,12 +147,40 @@ impl Tile {
     }
 }
 
-/// The tile for `batches` products of `m × n` (see the module docs).
+impl Tile {
+    /// The relative time per tile element (×20) of a thread tile: more accumulators
+    /// per thread need fewer shared loads and less loop overhead per FMA (8×8: 2 + 2
+    /// `ld.shared.v4` per 64 FMAs; 8×4: 3 per 32; 4×4: 2 per 16).
+    pub fn weight(self) -> u64 {
+        match self.tm * self.tn {
+            64 => 20,
+            32 => 23,
+            _ => 28,
+        }
+    }
+
+    /// The model time of `batches` products of `m × n` under this tile: the work of the
+    /// busiest multiprocessor, `⌈blocks / SMS⌉ · BM · BN · weight`.
+    pub fn cost(self, batches: u64, m: u64, n: u64) -> u64 {
+        let waves = self.blocks(batches, m, n).div_ceil(SMS);
+        waves.saturating_mul(u64::from(self.bm() * self.bn()) * self.weight())
+    }
+}
+
+/// The tile for `batches` products of `m × n`: the least [`Tile::cost`] among 128×128,
+/// 128×64, 64×128 and 64×64 (on a tie the earlier: the larger tile, and of the two
+/// halves the one whose short side lies along the smaller of `m`, `n`).
 pub fn choose_tile(batches: u64, m: u64, n: u64) -> Tile {
     let (tall, wide) = (Tile { tm: 8, tn: 4 }, Tile { tm: 4, tn: 8 });
     let halves = if m >= n { [tall, wide] } else { [wide, tall] };
-    let small = Tile { tm: 4, tn: 4 };
-    [Tile { tm: 8, tn: 8 }, halves[0], halves[1]].into_iter().find(|t| t.blocks(batches, m, n) >= FILL).unwrap_or(small)
+    let all = [Tile { tm: 8, tn: 8 }, halves[0], halves[1], Tile { tm: 4, tn: 4 }];
+    let mut best = all[0];
+    for t in all {
+        if t.cost(batches, m, n) < best.cost(batches, m, n) {
+            best = t;
+        }
+    }
+    best
 }
 
 /// An operand's flat element offset: `c + Σ coef[v]·v` over the kernel's variables.
