@@ -91,7 +91,6 @@ use crate::CodegenError;
 /// Multiprocessors of the H200 (and H100 SXM).
 pub const SMS: u64 = 132;
 
-
 /// The reduction step: `k` values per shared-memory buffer.
 pub const BK: u32 = 16;
 
