@@ -195,7 +195,9 @@ impl Skeleton {
         p.place(head);
         let done = p.reg(RegClass::Pred);
         p.op("setp.ge.u64", &[done.into(), group.into(), Imm::U(groups).into()]);
-        p.bra(Some((done, false)), end);
+        // Threads of one warp leave the loop at different trips (the last group ends
+        // mid-warp): a divergent branch, so `bra`, not `bra.uni`.
+        p.branch(Some((done, false)), end);
         Skeleton { bases, group, stride, head, end }
     }
 
