@@ -19,7 +19,9 @@ mod ptxsim;
 use std::collections::HashMap;
 use std::process::Command;
 
-use kiln_codegen::cuda::contraction::{choose_tile, slots, Order, Plan, Tile, BK, PAD};
+use kiln_codegen::cuda::contraction::{
+    choose_split, choose_tile, reduce_groups, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
+};
 use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
@@ -342,9 +344,9 @@ fn tiles_cover_every_output_exactly_once() {
         }
         let t = plan.tile;
         let mut seen = vec![0u8; (nb * m * n) as usize];
-        for bid in 0..plan.grid() {
-            let (bi, m0, n0) = plan.block(bid);
-            assert!(bi < nb, "{}: block {bid} past the batches", k.name);
+        for tile in 0..plan.grid() / u64::from(plan.split) {
+            let (bi, m0, n0) = plan.block(tile);
+            assert!(bi < nb, "{}: tile {tile} past the batches", k.name);
             for tid in 0..BLOCK {
                 let (tx, ty) = (tid % 16, tid / 16);
                 for i in 0..t.tm {
@@ -608,6 +610,10 @@ fn simulated_kernels_match_the_interpreter() {
         matmul(&[], (false, false), 70, 19, 132, false, DType::F32, Epi::BiasTanhResidual),
         matmul(&[2], (true, true), 9, 17, 8, false, DType::F32, Epi::BiasRelu),
         conv(2, 5, 7, (3, 4), (1, 1), 1, 1, 1, Epi::BiasRelu),
+        // Split-K over clusters of 4 and of 8 (half the threads sum).
+        matmul(&[], (false, false), 40, 300, 50, false, DType::F32, Epi::BiasRelu),
+        matmul(&[], (false, false), 9, 600, 72, false, DType::F32, Epi::BiasTanhResidual),
+        conv(1, 256, 20, (7, 7), (1, 1), 1, 1, 1, Epi::BiasRelu),
         conv(1, 5, 7, (6, 5), (3, 3), 1, 1, 1, Epi::BiasRelu),
         conv(2, 3, 4, (4, 3), (3, 2), 2, 2, 1, Epi::None),
         conv(1, 6, 8, (5, 4), (3, 3), 1, 1, 2, Epi::BiasRelu),
@@ -619,6 +625,7 @@ fn simulated_kernels_match_the_interpreter() {
         let want = kiln_flow::interp::run(k, &refs).expect("interpreter").to_f64_vec();
         let m = cuda::compile(&[(k, classify(k))]).expect("compile");
         assert!(m.notes[0].starts_with("contraction ("), "{}: {}", k.name, m.notes[0]);
+        eprintln!("{}: {}", k.name, m.notes[0]);
         let entry = ptxsim::parse(m.ptx(), &k.name);
         let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
         // The output starts as NaN bit patterns: an element never written shows.
@@ -633,4 +640,39 @@ fn simulated_kernels_match_the_interpreter() {
             assert!((got - w).abs() <= tol, "{}: element {i}: {got} against {w}", k.name);
         }
     }
+}
+
+/// The split-K rule, and the reduction's slots: the ranks' threads sum every group of 4
+/// columns of a 64×64 tile exactly once.
+#[test]
+fn split_k_covers_the_tile_once() {
+    let small = Tile { tm: 4, tn: 4 };
+    assert_eq!(choose_split(Tile { tm: 8, tn: 8 }, 1, 4096), 1);
+    assert_eq!(choose_split(small, 100, 4096), 1);
+    assert_eq!(choose_split(small, 5, 960), 8);
+    assert_eq!(choose_split(small, 20, 320), 4);
+    assert_eq!(choose_split(small, 1, 100), 1);
+    assert_eq!(choose_split(small, 1, 300), 4);
+    for split in [2, 4, 8] {
+        assert!(split <= MAX_SPLIT);
+        let mut seen = vec![0u8; 64 * 16];
+        for rank in 0..split {
+            for tid in 0..BLOCK {
+                for q in 0..reduce_groups(split) {
+                    if let Some((r, c)) = reduce_slot(split, rank, tid, q) {
+                        assert_eq!(c % 4, 0);
+                        seen[(r * 16 + c / 4) as usize] += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1), "split {split}");
+    }
+    // The mobilenet tail's shapes split; a full grid does not.
+    let k = conv(1, 320, 1280, (7, 7), (1, 1), 1, 1, 1, Epi::None);
+    let plan = Plan::of(&k).expect("plan");
+    assert_eq!((plan.split, plan.grid()), (4, 80));
+    assert!(plan.k_chunk % u64::from(BK) == 0 && plan.k_chunk * u64::from(plan.split) >= plan.dims[3]);
+    let big = matmul(&[], (false, false), 1024, 1024, 1024, false, DType::F32, Epi::None);
+    assert_eq!(Plan::of(&big).expect("plan").split, 1);
 }

@@ -182,6 +182,42 @@ pub fn choose_tile(batches: u64, m: u64, n: u64) -> Tile {
     best
 }
 
+/// Most blocks of a split (a portable cluster holds 8).
+pub const MAX_SPLIT: u32 = 8;
+
+/// How many blocks share each output tile of a grid of `blocks` tiles, each summing
+/// `K / split` (a split-K within one thread-block cluster, summed through distributed
+/// shared memory): where the grid leaves at least half of the 132 multiprocessors idle
+/// and `K` is long, the largest power of two up to [`MAX_SPLIT`] that keeps the grid
+/// within one wave and each part at least 64 long. Only 64×64 tiles split (their
+/// partial sums, 16 KiB, fit the operand buffers).
+pub fn choose_split(tile: Tile, blocks: u64, k: u64) -> u32 {
+    if tile != (Tile { tm: 4, tn: 4 }) || blocks.saturating_mul(2) > SMS {
+        return 1;
+    }
+    let mut s = 1;
+    while s < MAX_SPLIT && blocks * u64::from(2 * s) <= SMS && k.div_ceil(u64::from(2 * s)) >= 64 {
+        s *= 2;
+    }
+    s
+}
+
+/// Where thread `tid` of rank `rank` of a split of `split` sums the partial tiles: the
+/// 64×64 tile's rows `rank·64/split ..` are that rank's, and each of its groups of 4
+/// columns goes to one thread (`q`-th group of the thread: row `rank·64/split + tid/16
+/// + 16·q`, columns `4·(tid % 16) ..+4`); `None` where the thread has no `q`-th group.
+pub fn reduce_slot(split: u32, rank: u32, tid: u32, q: u32) -> Option<(u32, u32)> {
+    let rows = 64 / split;
+    let r = tid / 16 + 16 * q;
+    (r < rows).then_some((rank * rows + r, 4 * (tid % 16)))
+}
+
+/// Groups a thread sums per rank of a split of `split` (at least one; with 8, half the
+/// threads have none).
+pub fn reduce_groups(split: u32) -> u32 {
+    (4 / split).max(1)
+}
+
 /// An operand's flat element offset: `c + Σ coef[v]·v` over the kernel's variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Map {
@@ -232,6 +268,11 @@ pub struct Plan {
     pub out: Vec<i64>,
     /// The block tile.
     pub tile: Tile,
+    /// Blocks (one cluster) sharing each output tile, each summing its own part of
+    /// `K` ([`choose_split`]); 1: none.
+    pub split: u32,
+    /// `K` per block of a split: a multiple of [`BK`].
+    pub k_chunk: u64,
     /// The reduction node (the accumulator in the epilogue).
     pub reduce: ExprId,
 }
@@ -296,7 +337,23 @@ impl Plan {
             return Err("an offset coefficient outside i32".into());
         }
         let tile = choose_tile(nb, m, n);
-        let plan = Plan { batch, rows, cols, ks, ones, dims: [nb, m, n, kk], a, b, out: dims, tile, reduce: c.reduce };
+        let split = choose_split(tile, tile.blocks(nb, m, n), kk);
+        let k_chunk = kk.div_ceil(u64::from(split)).div_ceil(u64::from(BK)) * u64::from(BK);
+        let plan = Plan {
+            batch,
+            rows,
+            cols,
+            ks,
+            ones,
+            dims: [nb, m, n, kk],
+            a,
+            b,
+            out: dims,
+            tile,
+            split,
+            k_chunk,
+            reduce: c.reduce,
+        };
         if plan.grid() > LIMIT {
             return Err(format!("{} blocks", plan.grid()));
         }
@@ -312,19 +369,20 @@ impl Plan {
         self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
     }
 
-    /// Blocks in the grid: batches × row tiles × column tiles.
+    /// Blocks in the grid: batches × row tiles × column tiles × split.
     pub fn grid(&self) -> u64 {
         let [nb, m, n, _] = self.dims;
-        self.tile.blocks(nb, m, n)
+        self.tile.blocks(nb, m, n).saturating_mul(u64::from(self.split))
     }
 
-    /// Block `bid`'s `(batch, first row, first column)`.
-    pub fn block(&self, bid: u64) -> (u64, u64, u64) {
+    /// Output tile `tile`'s `(batch, first row, first column)`; block `bid` computes
+    /// tile `bid / split`, reduction part `bid % split` (its rank in its cluster).
+    pub fn block(&self, tile: u64) -> (u64, u64, u64) {
         let [_, m, n, _] = self.dims;
         let nt = n.div_ceil(u64::from(self.tile.bn()));
         let mt = m.div_ceil(u64::from(self.tile.bm()));
-        let rest = bid / nt;
-        (rest / mt, (rest % mt) * u64::from(self.tile.bm()), (bid % nt) * u64::from(self.tile.bn()))
+        let rest = tile / nt;
+        (rest / mt, (rest % mt) * u64::from(self.tile.bm()), (tile % nt) * u64::from(self.tile.bn()))
     }
 
     fn sum(map_c: i64, coef: impl Fn(u32) -> i64, vars: &[Var], x: u64) -> i64 {
@@ -435,8 +493,9 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let text = Emitter::run(k, &plan)?;
     let t = plan.tile;
     let [nb, m, n, kk] = plan.dims;
+    let split = if plan.split > 1 { format!(", split-K over clusters of {}", plan.split) } else { String::new() };
     let note = format!(
-        "contraction ({}x{} tile, {}x{} per thread, {} blocks; batches {nb}, M {m}, N {n}, K {kk})",
+        "contraction ({}x{} tile, {}x{} per thread, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
         t.bm(),
         t.bn(),
         t.tm,
@@ -572,7 +631,7 @@ impl<'a> Emitter<'a> {
         vars: &[Var],
         bat: Reg,
         base: Reg,
-        tid: Reg,
+        (tid, k_start): (Reg, Option<Reg>),
     ) -> Loader {
         let order = Order::of(vars.last().map(|&(v, _)| map.at(v)), self.plan.ks.last().map(|&(v, _)| map.at(v)));
         let size = map.dtype.storage_bytes(1) as i64;
@@ -609,8 +668,13 @@ impl<'a> Emitter<'a> {
                     let xs = split_regs(p, r, vars);
                     let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
                     let ptr = linear.map(|step| {
+                        // The row's first slot at the block's first step.
+                        let k = match k_start {
+                            Some(k0) => u32_op(p, "add.u32", k_first, k0.into()),
+                            None => k_first,
+                        };
                         let t = p.reg(RegClass::B64);
-                        p.op("mul.wide.s32", &[t.into(), k_first.into(), Imm::I(step).into()]);
+                        p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
                         let o = p.reg(RegClass::B64);
                         p.op("add.s64", &[o.into(), off.into(), t.into()]);
                         let a = p.reg(RegClass::B64);
@@ -634,12 +698,11 @@ impl<'a> Emitter<'a> {
 
     /// Loads step `k0`'s elements of `l` into fresh f32 registers (0 where out of
     /// range); linear pointers are read as they are (the caller steps them).
-    fn load(&self, p: &mut Ptx, l: &Loader, k0: Reg) -> Vec<Reg> {
-        let kk = self.plan.dims[3];
+    fn load(&self, p: &mut Ptx, l: &Loader, k0: Reg, k_end: &Opd) -> Vec<Reg> {
         let mut vals = Vec::new();
         for s in &l.slots {
             let kabs = u32_op(p, "add.u32", k0, s.k_in.into());
-            let kin = pred(p, "setp.lt.u32", kabs, Imm::U(kk).into());
+            let kin = pred(p, "setp.lt.u32", kabs, k_end.clone());
             let ok = p.reg(RegClass::Pred);
             p.op("and.pred", &[ok.into(), kin.into(), s.in_range.into()]);
             let (addr, at) = match s.ptr {
@@ -716,7 +779,21 @@ impl<'a> Emitter<'a> {
         p.op("mov.u32", &[bid.into(), Opd::Special("%ctaid.x")]);
         let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
         let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
-        // Block bid = (batch, mtile, ntile), ntile fastest (Plan::block).
+        // A split: block bid computes tile bid / split over k in [k_start, k_end), its
+        // rank in its cluster (of `split` consecutive blocks) being bid % split.
+        let (bid, rank, k_start, k_end) = if plan.split > 1 {
+            p.directive(&format!(".reqnctapercluster {}, 1, 1", plan.split));
+            let rank = p.reg(RegClass::B32);
+            p.op("mov.u32", &[rank.into(), Opd::Special("%cluster_ctarank")]);
+            let tile = u32_op(p, "div.u32", bid, Imm::U(plan.split.into()).into());
+            let k_start = u32_op(p, "mul.lo.u32", rank, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "add.u32", k_start, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "min.u32", e, Imm::U(kk).into());
+            (tile, Some(rank), Some(k_start), Opd::R(e))
+        } else {
+            (bid, None, None, Opd::I(Imm::U(kk)))
+        };
+        // Tile = (batch, mtile, ntile), ntile fastest (Plan::block).
         let nt = Imm::U(n.div_ceil(u64::from(t.bn())));
         let mt = Imm::U(m.div_ceil(u64::from(t.bm())));
         let ntile = u32_op(p, "rem.u32", bid, nt.into());
@@ -737,7 +814,9 @@ impl<'a> Emitter<'a> {
 
         // Shared memory: [A buf 0 | A buf 1 | B buf 0 | B buf 1].
         let (abuf, bbuf) = (Tile::buffer(t.bm()), Tile::buffer(t.bn()));
-        let smem = p.shared("tiles", t.shared_bytes(), 16);
+        // (A split's partial sums reuse it: BM·BN f32.)
+        let bytes = if plan.split > 1 { t.shared_bytes().max(t.bm() * t.bn() * 4) } else { t.shared_bytes() };
+        let smem = p.shared("tiles", bytes, 16);
         let s0 = p.reg(RegClass::B32);
         p.op("mov.u32", &[s0.into(), Opd::Sym(smem)]);
         let a_rd = p.mov(RegClass::B32, "u32", s0.into());
@@ -745,8 +824,8 @@ impl<'a> Emitter<'a> {
         let b_rd = u32_op(p, "add.u32", s0, Imm::U((2 * abuf).into()).into());
         let b_wr = u32_op(p, "add.u32", s0, Imm::U((2 * abuf + bbuf).into()).into());
 
-        let la = self.loader(p, &plan.a, t.bm(), m0, m, &plan.rows, a_bat, bases[plan.a.input], tid);
-        let lb = self.loader(p, &plan.b, t.bn(), n0, n, &plan.cols, b_bat, bases[plan.b.input], tid);
+        let la = self.loader(p, &plan.a, t.bm(), m0, m, &plan.rows, a_bat, bases[plan.a.input], (tid, k_start));
+        let lb = self.loader(p, &plan.b, t.bn(), n0, n, &plan.cols, b_bat, bases[plan.b.input], (tid, k_start));
 
         // Accumulators, zero.
         let acc: Vec<Reg> = (0..t.tm * t.tn).map(|_| p.mov(RegClass::F32, "f32", Imm::F32(0).into())).collect();
@@ -755,14 +834,17 @@ impl<'a> Emitter<'a> {
         let tx16 = u32_op(p, "shl.b32", tx, Imm::U(4).into());
 
         // Prologue: step 0 into the first buffers, which are read first.
-        let k0 = p.mov(RegClass::B32, "u32", Imm::U(0).into());
-        let va = self.load(p, &la, k0);
-        let vb = self.load(p, &lb, k0);
+        let k0 = match k_start {
+            Some(k) => p.mov(RegClass::B32, "u32", k.into()),
+            None => p.mov(RegClass::B32, "u32", Imm::U(0).into()),
+        };
+        let va = self.load(p, &la, k0, &k_end);
+        let vb = self.load(p, &lb, k0, &k_end);
         Emitter::store(p, &la, &va, a_rd);
         Emitter::store(p, &lb, &vb, b_rd);
         p.op("bar.sync", &[Imm::I(0).into()]);
 
-        let steps = kk.div_ceil(u64::from(BK));
+        let steps = plan.k_chunk / u64::from(BK);
         let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
         let head = p.label();
         p.place(head);
@@ -770,8 +852,8 @@ impl<'a> Emitter<'a> {
         p.op("add.u32", &[k0.into(), k0.into(), Imm::U(BK.into()).into()]);
         Emitter::advance(p, &la);
         Emitter::advance(p, &lb);
-        let va = self.load(p, &la, k0);
-        let vb = self.load(p, &lb, k0);
+        let va = self.load(p, &la, k0, &k_end);
+        let vb = self.load(p, &lb, k0, &k_end);
         // Compute from the read buffers.
         let a_th = u32_op(p, "add.u32", a_rd, ty16.into());
         let b_th = u32_op(p, "add.u32", b_rd, tx16.into());
@@ -807,20 +889,118 @@ impl<'a> Emitter<'a> {
         let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
         p.bra(Some((more, false)), head);
 
-        self.epilogue(p, &bases, &acc, (tx, ty, m0, n0), &bvars)
+        match rank {
+            None => {
+                // The thread's own rows and columns.
+                let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
+                let ty4 = u32_op(p, "shl.b32", ty, Imm::U(2).into());
+                let c0 = u32_op(p, "add.u32", n0, tx4.into());
+                let r0 = u32_op(p, "add.u32", m0, ty4.into());
+                let rows: Vec<Reg> =
+                    (0..t.tm).map(|i| u32_op(p, "add.u32", r0, Imm::U(t.row(0, i).into()).into())).collect();
+                let cols: Vec<Reg> =
+                    (0..t.tn).map(|j| u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into())).collect();
+                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars)
+            }
+            Some(rank) => self.split_epilogue(p, &bases, (tid, tx, ty, rank), (m0, n0, s0), &acc, &bvars),
+        }
     }
 
-    /// Evaluates the kernel's root per accumulator in range and stores it.
+    /// A split's end: each block writes its partial tile to its shared memory
+    /// (`part[row][col]`, row-major `BM × BN`, over the operand buffers, which the last
+    /// step's barrier has freed); after a cluster barrier, rank `r` sums rows
+    /// `r·BM/split ..` of every block's partial tile in rank order (distributed shared
+    /// memory, `mapa` + `ld.shared::cluster`) and runs the epilogue on them
+    /// ([`reduce_slot`]); a last cluster barrier keeps every block's shared memory alive
+    /// until all have read it.
+    fn split_epilogue(
+        &self,
+        p: &mut Ptx,
+        bases: &[Reg],
+        (tid, tx, ty, rank): (Reg, Reg, Reg, Reg),
+        (m0, n0, s0): (Reg, Reg, Reg),
+        acc: &[Reg],
+        bvars: &[Reg],
+    ) -> Result<(), CodegenError> {
+        let plan = self.plan;
+        let t = plan.tile;
+        let split = plan.split;
+        let row_bytes = t.bn() * 4;
+        // Partials: thread rows Tile::row(ty, i), columns Tile::col(tx, 4c ..+4).
+        let ty_off = u32_op(p, "mul.lo.u32", ty, Imm::U((4 * row_bytes).into()).into());
+        let tx_off = u32_op(p, "shl.b32", tx, Imm::U(4).into());
+        let at = u32_op(p, "add.u32", s0, ty_off.into());
+        let at = u32_op(p, "add.u32", at, tx_off.into());
+        for i in 0..t.tm {
+            for c in 0..t.tn / 4 {
+                let off = i64::from(t.row(0, i) * row_bytes + t.col(0, 4 * c) * 4);
+                let v: Vec<Reg> = (0..4).map(|l| acc[(i * t.tn + 4 * c + l) as usize]).collect();
+                p.op("st.shared.v4.f32", &[Opd::Addr(at, off), Opd::Vec(v)]);
+            }
+        }
+        p.op("barrier.cluster.arrive", &[]);
+        p.op("barrier.cluster.wait", &[]);
+        let done = p.label();
+        if reduce_groups(split) * 256 * split > t.bm() * t.bn() / 4 {
+            // Fewer groups than threads: the rest skip to the last barrier.
+            let active = pred(p, "setp.lt.u32", tid, Imm::U(u64::from(t.bm() * t.bn() / 4 / split)).into());
+            p.branch(Some((active, true)), done);
+        }
+        // reduce_slot: row rank·rows + tid/16 + 16q, columns 4·(tid % 16) ..+4.
+        let rows_per = 64 / split;
+        let r_base = u32_op(p, "mul.lo.u32", rank, Imm::U(rows_per.into()).into());
+        let r_base = u32_op(p, "add.u32", r_base, ty.into());
+        let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
+        let mut rows = Vec::new();
+        let mut vals = Vec::new();
+        for q in 0..reduce_groups(split) {
+            let r_in = u32_op(p, "add.u32", r_base, Imm::U((16 * q).into()).into());
+            let local = p.reg(RegClass::B32);
+            p.op("mad.lo.u32", &[local.into(), r_in.into(), Imm::U(row_bytes.into()).into(), s0.into()]);
+            let c_off = u32_op(p, "shl.b32", tx4, Imm::U(2).into());
+            let local = u32_op(p, "add.u32", local, c_off.into());
+            let mut sum: Vec<Reg> = Vec::new();
+            for s in 0..split {
+                let remote = p.reg(RegClass::B32);
+                p.op("mapa.shared::cluster.u32", &[remote.into(), local.into(), Imm::U(s.into()).into()]);
+                let part: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::F32)).collect();
+                p.op("ld.shared::cluster.v4.f32", &[Opd::Vec(part.clone()), Opd::Addr(remote, 0)]);
+                sum = if sum.is_empty() {
+                    part
+                } else {
+                    sum.iter()
+                        .zip(&part)
+                        .map(|(&a, &b)| {
+                            let d = p.reg(RegClass::F32);
+                            p.op("add.rn.f32", &[d.into(), a.into(), b.into()]);
+                            d
+                        })
+                        .collect()
+                };
+            }
+            rows.push(u32_op(p, "add.u32", m0, r_in.into()));
+            vals.extend(sum);
+        }
+        let c0 = u32_op(p, "add.u32", n0, tx4.into());
+        let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
+        self.epilogue(p, bases, (&rows, &cols, &vals), bvars)?;
+        p.place(done);
+        p.op("barrier.cluster.arrive", &[]);
+        p.op("barrier.cluster.wait", &[]);
+        Ok(())
+    }
+
+    /// Evaluates the kernel's root at each (row, column) of `rows × cols` in range,
+    /// the reduction given as `vals[i · cols + j]`, and stores it. `cols` come in
+    /// groups of 4 consecutive columns from a multiple of 4.
     fn epilogue(
         &self,
         p: &mut Ptx,
         bases: &[Reg],
-        acc: &[Reg],
-        (tx, ty, m0, n0): (Reg, Reg, Reg, Reg),
+        (rows, colr, acc): (&[Reg], &[Reg], &[Reg]),
         bvars: &[Reg],
     ) -> Result<(), CodegenError> {
         let (k, plan) = (self.k, self.plan);
-        let t = plan.tile;
         let [_, m, n, _] = plan.dims;
         let ostride = |v: u32| plan.out.get(v as usize).copied().unwrap_or(0);
         let zero = p.mov(RegClass::B64, "u64", Imm::U(0).into());
@@ -832,13 +1012,8 @@ impl<'a> Emitter<'a> {
         };
         let bvars64: Vec<Reg> = bvars.iter().map(|&r| wide(p, r)).collect();
         // Columns: index, in-range predicate, variables, output offset.
-        let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
-        let ty4 = u32_op(p, "shl.b32", ty, Imm::U(2).into());
-        let c0 = u32_op(p, "add.u32", n0, tx4.into());
-        let r0 = u32_op(p, "add.u32", m0, ty4.into());
         let mut cols = Vec::new();
-        for j in 0..t.tn {
-            let c = u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into());
+        for &c in colr {
             let ok = pred(p, "setp.lt.u32", c, Imm::U(n).into());
             let xs = split_regs(p, c, &plan.cols);
             let off = affine_regs(p, zero, &ostride, &plan.cols, &xs);
@@ -862,8 +1037,7 @@ impl<'a> Emitter<'a> {
             ev.set_var(v as usize, r);
         }
         let root_ty = k.node(k.root).ty;
-        for i in 0..t.tm {
-            let r = u32_op(ev.p, "add.u32", r0, Imm::U(t.row(0, i).into()).into());
+        for (i, &r) in rows.iter().enumerate() {
             let ok = pred(ev.p, "setp.lt.u32", r, Imm::U(m).into());
             let row_end: Label = ev.p.label();
             ev.p.branch(Some((ok, true)), row_end);
@@ -877,7 +1051,7 @@ impl<'a> Emitter<'a> {
             hoist(&mut ev, k, (k.root, plan.reduce), &per_elem, &mut vec![false; k.nodes.len()])?;
             // Groups of `lanes` columns: in range together, stored together.
             let lanes = if plan.vector_store() { 4 } else { 1 };
-            for j0 in (0..t.tn as usize).step_by(lanes) {
+            for j0 in (0..cols.len()).step_by(lanes) {
                 let (cok, _, coff) = &cols[j0];
                 let skip = ev.p.label();
                 ev.p.branch(Some((*cok, true)), skip);
@@ -887,7 +1061,7 @@ impl<'a> Emitter<'a> {
                     for (&(v, _), &x) in plan.cols.iter().zip(cxs) {
                         ev.set_var(v as usize, x);
                     }
-                    ev.given.insert(plan.reduce, acc[(i * t.tn) as usize + j]);
+                    ev.given.insert(plan.reduce, acc[i * cols.len() + j]);
                     vals.push(ev.value(k.root)?);
                     ev.given.clear();
                     ev.pop_scope();

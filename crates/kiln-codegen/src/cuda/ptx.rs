@@ -159,6 +159,8 @@ pub struct Ptx {
     used: Vec<bool>,
     /// `.shared` arrays: name, alignment and bytes ([`Ptx::shared`]).
     shared: Vec<(String, u32, u32)>,
+    /// Entry directives ([`Ptx::directive`]).
+    directives: Vec<String>,
 }
 
 /// Why an entry is malformed (a code generator bug).
@@ -177,7 +179,14 @@ impl Ptx {
             placed: Vec::new(),
             used: Vec::new(),
             shared: Vec::new(),
+            directives: Vec::new(),
         }
+    }
+
+    /// Adds a performance-tuning directive of the entry, printed between its
+    /// parameter list and its body (`.reqnctapercluster 4, 1, 1`, `.maxntid 256, 1, 1`).
+    pub fn directive(&mut self, d: &str) {
+        self.directives.push(d.to_string());
     }
 
     /// Declares a statically sized `.shared` byte array of the entry (`bytes` bytes
@@ -298,7 +307,11 @@ impl Ptx {
         }
         let mut s = String::new();
         let params: Vec<String> = self.params.iter().map(|p| format!("\t.param .u64 {p}")).collect();
-        let _ = writeln!(s, ".visible .entry {}(\n{}\n)\n{{", self.name, params.join(",\n"));
+        let _ = writeln!(s, ".visible .entry {}(\n{}\n)", self.name, params.join(",\n"));
+        for d in &self.directives {
+            let _ = writeln!(s, "{d}");
+        }
+        s.push_str("{\n");
         for c in RegClass::ALL {
             let n = self.counts[c.index()];
             if n > 0 {

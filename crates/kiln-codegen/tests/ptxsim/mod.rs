@@ -44,6 +44,8 @@ pub struct Entry {
     labels: HashMap<String, usize>,
     nregs: usize,
     shared: usize,
+    /// Blocks per cluster (`.reqnctapercluster`; 1 without).
+    cluster: u32,
 }
 
 fn parse_imm(s: &str) -> Option<u64> {
@@ -69,6 +71,12 @@ pub fn parse(ptx: &str, name: &str) -> Entry {
     let mut regs: HashMap<String, usize> = HashMap::new();
     let mut params: Vec<String> = Vec::new();
     let head = &ptx[start..start + ptx[start..].find(')').expect("params")];
+    let directives = &ptx[start + head.len()..start + ptx[start..].find('{').expect("body")];
+    let cluster = directives
+        .split(".reqnctapercluster")
+        .nth(1)
+        .and_then(|d| d.split(',').next())
+        .map_or(1, |n| n.trim().parse().expect("cluster size"));
     for l in head.lines() {
         if let Some(p) = l.trim().strip_prefix(".param .u64 ") {
             params.push(p.trim_end_matches(',').to_string());
@@ -153,6 +161,7 @@ pub fn parse(ptx: &str, name: &str) -> Entry {
                     "%ctaid.x" => Opnd::Special("ctaid"),
                     "%ntid.x" => Opnd::Special("ntid"),
                     "%nctaid.x" => Opnd::Special("nctaid"),
+                    "%cluster_ctarank" => Opnd::Special("rank"),
                     _ => Opnd::Reg(reg(p, &mut regs)),
                 }
             } else if p == shared_name {
@@ -166,7 +175,7 @@ pub fn parse(ptx: &str, name: &str) -> Entry {
         }
         insts.push(Inst { guard, op: op.to_string(), args, text: l.to_string() });
     }
-    Entry { insts, labels, nregs: regs.len(), shared }
+    Entry { insts, labels, nregs: regs.len(), shared, cluster }
 }
 
 /// Global memory: the bindings, each at its own base address.
@@ -206,55 +215,98 @@ fn fb(x: f32) -> u64 {
     u64::from(x.to_bits())
 }
 
+/// Where a thread stopped.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Stop {
+    /// At `bar.sync` (its block's barrier).
+    Block,
+    /// At `barrier.cluster.wait` (its cluster's barrier).
+    Cluster,
+    /// Returned.
+    Exit,
+}
+
+/// Distributed shared memory addresses (`mapa`): the rank above this bit.
+const RANK_SHIFT: u32 = 24;
+
 /// Runs `grid` blocks of `block` threads of `e` over `g` (parameters: the bindings'
-/// bases in order).
+/// bases in order), a cluster at a time: every live thread of the cluster runs to its
+/// next barrier; a block whose live threads all wait at `bar.sync` goes on, a cluster
+/// whose live threads all wait at `barrier.cluster.wait` goes on; anything else (some
+/// threads of a block at a barrier that others never reach) fails.
 pub fn run(e: &Entry, grid: u32, block: u32, g: &mut Global) {
     let params: Vec<u64> = g.bufs.iter().map(|b| b.0).collect();
-    for ctaid in 0..grid {
-        let mut shared = vec![0xA5u8; e.shared];
-        let mut threads: Vec<Thread> =
-            (0..block).map(|_| Thread { regs: vec![0; e.nregs], pc: 0, done: false }).collect();
+    let cs = e.cluster;
+    assert_eq!(grid % cs, 0, "a grid of {grid} blocks in clusters of {cs}");
+    for cluster in 0..grid / cs {
+        let mut shared: Vec<Vec<u8>> = (0..cs).map(|_| vec![0xA5u8; e.shared]).collect();
+        let mut threads: Vec<Vec<Thread>> = (0..cs)
+            .map(|_| (0..block).map(|_| Thread { regs: vec![0; e.nregs], pc: 0, done: false }).collect())
+            .collect();
+        let mut stop: Vec<Vec<Option<Stop>>> = vec![vec![None; block as usize]; cs as usize];
         loop {
-            // Each live thread runs to its next barrier (or returns).
-            let mut at_barrier = Vec::new();
-            for (tid, t) in threads.iter_mut().enumerate() {
-                if t.done {
-                    continue;
+            for r in 0..cs as usize {
+                for tid in 0..block as usize {
+                    if stop[r][tid].is_none() {
+                        let cx = Cx { tid: tid as u32, ctaid: cluster * cs + r as u32, rank: r as u32, block, grid };
+                        let st = step_to_barrier(e, &mut threads[r][tid], &cx, &params, &mut shared, g);
+                        stop[r][tid] = Some(st);
+                    }
                 }
-                let hit = step_to_barrier(e, t, tid as u32, ctaid, block, grid, &params, &mut shared, g);
-                at_barrier.push(hit);
             }
-            if at_barrier.is_empty() {
+            let live = |s: &Option<Stop>| *s != Some(Stop::Exit);
+            if stop.iter().flatten().all(|s| !live(s)) {
                 break;
             }
-            let hits = at_barrier.iter().filter(|&&h| h).count();
-            assert!(
-                hits == 0 || hits == block as usize,
-                "block {ctaid}: {hits} of {block} threads at a barrier, the rest returned"
-            );
-            if hits == 0 {
-                break;
+            if stop.iter().flatten().filter(|s| live(s)).all(|s| *s == Some(Stop::Cluster)) {
+                for s in stop.iter_mut().flatten().filter(|s| live(s)) {
+                    *s = None;
+                }
+                continue;
             }
+            let mut moved = false;
+            for (r, b) in stop.iter_mut().enumerate() {
+                let at: Vec<Stop> = b.iter().flatten().copied().filter(|&s| s != Stop::Exit).collect();
+                if !at.is_empty() && at.iter().all(|&s| s == Stop::Block) {
+                    assert_eq!(
+                        at.len(),
+                        block as usize,
+                        "cluster {cluster} block {r}: bar.sync after some threads returned"
+                    );
+                    for s in b.iter_mut() {
+                        *s = None;
+                    }
+                    moved = true;
+                }
+            }
+            assert!(moved, "cluster {cluster}: threads wait at different barriers: {stop:?}");
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A thread's coordinates.
+struct Cx {
+    tid: u32,
+    ctaid: u32,
+    rank: u32,
+    block: u32,
+    grid: u32,
+}
+
 fn step_to_barrier(
     e: &Entry,
     t: &mut Thread,
-    tid: u32,
-    ctaid: u32,
-    block: u32,
-    grid: u32,
+    cx: &Cx,
     params: &[u64],
-    shared: &mut [u8],
+    shareds: &mut [Vec<u8>],
     g: &mut Global,
-) -> bool {
+) -> Stop {
+    let (tid, ctaid, block, grid) = (cx.tid, cx.ctaid, cx.block, cx.grid);
     loop {
+        let shared = &mut shareds[cx.rank as usize];
         let Some(i) = e.insts.get(t.pc) else {
             t.done = true;
-            return false;
+            return Stop::Exit;
         };
         t.pc += 1;
         if let Some((p, neg)) = i.guard {
@@ -270,6 +322,7 @@ fn step_to_barrier(
                 Opnd::Special("ctaid") => u64::from(ctaid),
                 Opnd::Special("ntid") => u64::from(block),
                 Opnd::Special("nctaid") => u64::from(grid),
+                Opnd::Special("rank") => u64::from(cx.rank),
                 Opnd::Shared => 0,
                 other => panic!("operand {other:?} in {}", i.text),
             }
@@ -284,9 +337,28 @@ fn step_to_barrier(
         match op {
             "ret" => {
                 t.done = true;
-                return false;
+                return Stop::Exit;
             }
-            "bar.sync" => return true,
+            "bar.sync" => return Stop::Block,
+            "barrier.cluster.arrive" => {}
+            "barrier.cluster.wait" => return Stop::Cluster,
+            "mapa.shared::cluster.u32" => {
+                let (x, rank) = (r(&a[1], t), r(&a[2], t));
+                assert!(x < 1 << RANK_SHIFT && rank < u64::from(e.cluster), "{}", i.text);
+                t.regs[dst(&a[0])] = x | rank << RANK_SHIFT;
+            }
+            "ld.shared::cluster.v4.f32" => {
+                let Opnd::Addr(base, off) = a[1] else { panic!("{}", i.text) };
+                let Opnd::Vec(ds) = &a[0] else { panic!("{}", i.text) };
+                let full = (t.regs[base] as i64 + off) as u64;
+                let (rank, addr) = ((full >> RANK_SHIFT) as usize, (full & ((1 << RANK_SHIFT) - 1)) as usize);
+                let sh = &shareds[rank];
+                assert!(addr % 16 == 0 && addr + 16 <= sh.len(), "{}: cluster load at {addr}", i.text);
+                for (j, &d) in ds.iter().enumerate() {
+                    let o = addr + 4 * j;
+                    t.regs[d] = u64::from(u32::from_le_bytes([sh[o], sh[o + 1], sh[o + 2], sh[o + 3]]));
+                }
+            }
             "bra" | "bra.uni" => {
                 let Opnd::Label(l) = &a[0] else { panic!("{}", i.text) };
                 t.pc = e.labels[l];
@@ -299,7 +371,8 @@ fn step_to_barrier(
                 let v = r(&a[1], t);
                 t.regs[dst(&a[0])] = if op.ends_with("32") { v & 0xFFFF_FFFF } else { v };
             }
-            "and.b32" | "shr.u32" | "shl.b32" | "add.u32" | "mul.lo.u32" | "rem.u32" | "div.u32" | "sub.u32" => {
+            "and.b32" | "shr.u32" | "shl.b32" | "add.u32" | "mul.lo.u32" | "rem.u32" | "div.u32" | "sub.u32"
+            | "min.u32" | "max.u32" => {
                 let (x, y) = (u32s(t, 1), u32s(t, 2));
                 let v = match op {
                     "and.b32" => x & y,
@@ -309,6 +382,8 @@ fn step_to_barrier(
                     "sub.u32" => x.wrapping_sub(y),
                     "mul.lo.u32" => x.wrapping_mul(y),
                     "rem.u32" => x % y,
+                    "min.u32" => x.min(y),
+                    "max.u32" => x.max(y),
                     _ => x / y,
                 };
                 t.regs[dst(&a[0])] = u64::from(v);
@@ -386,6 +461,15 @@ fn step_to_barrier(
                 let b = g.at(addr, 16, &i.text);
                 for (j, &v) in vs.iter().enumerate() {
                     b[4 * j..4 * j + 4].copy_from_slice(&(t.regs[v] as u32).to_le_bytes());
+                }
+            }
+            "st.shared.v4.f32" => {
+                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
+                let Opnd::Vec(vs) = &a[1] else { panic!("{}", i.text) };
+                let addr = (t.regs[base] as i64 + off) as usize;
+                assert!(addr % 16 == 0 && addr + 16 <= shared.len(), "{}: shared store at {addr}", i.text);
+                for (j, &v) in vs.iter().enumerate() {
+                    shared[addr + 4 * j..addr + 4 * j + 4].copy_from_slice(&(t.regs[v] as u32).to_le_bytes());
                 }
             }
             "st.shared.f32" => {
