@@ -64,6 +64,18 @@
 //! reduction (a bias per output channel) are evaluated once per row. Elements out of range are branched over
 //! (their epilogue loads would be out of range).
 //!
+//! # Split-K in a cluster
+//!
+//! Where the tiles leave most of the 132 multiprocessors idle and `K` is long (the
+//! 7×7 layers of a classifier: `M` a few hundred, `N = 49`, `K` up to 960), each tile
+//! is shared by a cluster of 2, 4 or 8 consecutive blocks ([`choose_split`],
+//! `.reqnctapercluster`): rank `r` sums `k` in `[r·Kc, min((r+1)·Kc, K))`, writes its
+//! partial tile to its own shared memory, and after a cluster barrier sums rows
+//! `r·64/split ..` of all the partial tiles in rank order through distributed shared
+//! memory (`mapa`, `ld.shared::cluster`) and runs the epilogue on them
+//! ([`reduce_slot`]); a last cluster barrier keeps every block's shared memory until
+//! all have read it. No workspace, no atomics, a fixed summation order.
+//!
 //! # Tiles
 //!
 //! [`choose_tile`]: of `128×128` (8×8 per thread), `128×64`, `64×128` and `64×64` (4×4
