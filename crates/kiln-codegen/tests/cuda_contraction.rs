@@ -672,7 +672,7 @@ fn split_k_covers_the_tile_once() {
     let k = conv(1, 320, 1280, (7, 7), (1, 1), 1, 1, 1, Epi::None);
     let plan = Plan::of(&k).expect("plan");
     assert_eq!((plan.split, plan.grid()), (4, 80));
-    assert!(plan.k_chunk % u64::from(BK) == 0 && plan.k_chunk * u64::from(plan.split) >= plan.dims[3]);
+    assert!(plan.k_chunk.is_multiple_of(u64::from(BK)) && plan.k_chunk * u64::from(plan.split) >= plan.dims[3]);
     let big = matmul(&[], (false, false), 1024, 1024, 1024, false, DType::F32, Epi::None);
     assert_eq!(Plan::of(&big).expect("plan").split, 1);
 }

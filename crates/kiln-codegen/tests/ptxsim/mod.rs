@@ -353,7 +353,7 @@ fn step_to_barrier(
                 let full = (t.regs[base] as i64 + off) as u64;
                 let (rank, addr) = ((full >> RANK_SHIFT) as usize, (full & ((1 << RANK_SHIFT) - 1)) as usize);
                 let sh = &shareds[rank];
-                assert!(addr % 16 == 0 && addr + 16 <= sh.len(), "{}: cluster load at {addr}", i.text);
+                assert!(addr.is_multiple_of(16) && addr + 16 <= sh.len(), "{}: cluster load at {addr}", i.text);
                 for (j, &d) in ds.iter().enumerate() {
                     let o = addr + 4 * j;
                     t.regs[d] = u64::from(u32::from_le_bytes([sh[o], sh[o + 1], sh[o + 2], sh[o + 3]]));
@@ -457,7 +457,7 @@ fn step_to_barrier(
                 let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
                 let Opnd::Vec(vs) = &a[1] else { panic!("{}", i.text) };
                 let addr = t.regs[base].wrapping_add(off as u64);
-                assert!(addr % 16 == 0, "{}: unaligned vector store at {addr:#x}", i.text);
+                assert!(addr.is_multiple_of(16), "{}: unaligned vector store at {addr:#x}", i.text);
                 let b = g.at(addr, 16, &i.text);
                 for (j, &v) in vs.iter().enumerate() {
                     b[4 * j..4 * j + 4].copy_from_slice(&(t.regs[v] as u32).to_le_bytes());
@@ -467,7 +467,7 @@ fn step_to_barrier(
                 let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
                 let Opnd::Vec(vs) = &a[1] else { panic!("{}", i.text) };
                 let addr = (t.regs[base] as i64 + off) as usize;
-                assert!(addr % 16 == 0 && addr + 16 <= shared.len(), "{}: shared store at {addr}", i.text);
+                assert!(addr.is_multiple_of(16) && addr + 16 <= shared.len(), "{}: shared store at {addr}", i.text);
                 for (j, &v) in vs.iter().enumerate() {
                     shared[addr + 4 * j..addr + 4 * j + 4].copy_from_slice(&(t.regs[v] as u32).to_le_bytes());
                 }
@@ -475,14 +475,14 @@ fn step_to_barrier(
             "st.shared.f32" => {
                 let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
                 let addr = (t.regs[base] as i64 + off) as usize;
-                assert!(addr % 4 == 0 && addr + 4 <= shared.len(), "{}: shared store at {addr}", i.text);
+                assert!(addr.is_multiple_of(4) && addr + 4 <= shared.len(), "{}: shared store at {addr}", i.text);
                 shared[addr..addr + 4].copy_from_slice(&(r(&a[1], t) as u32).to_le_bytes());
             }
             "ld.shared.v4.f32" => {
                 let Opnd::Addr(base, off) = a[1] else { panic!("{}", i.text) };
                 let Opnd::Vec(ds) = &a[0] else { panic!("{}", i.text) };
                 let addr = (t.regs[base] as i64 + off) as usize;
-                assert!(addr % 16 == 0 && addr + 16 <= shared.len(), "{}: shared load at {addr}", i.text);
+                assert!(addr.is_multiple_of(16) && addr + 16 <= shared.len(), "{}: shared load at {addr}", i.text);
                 for (j, &d) in ds.iter().enumerate() {
                     let o = addr + 4 * j;
                     t.regs[d] = u64::from(u32::from_le_bytes([shared[o], shared[o + 1], shared[o + 2], shared[o + 3]]));
