@@ -22,9 +22,10 @@
 //!
 //! # The kernel
 //!
-//! One block of 256 threads computes a `BM × BN` tile of one batch ([`Tile`]); block
-//! `bid` of the one-dimensional grid is `(batch, mtile, ntile)` with `ntile` fastest, and
-//! the grid is exactly `batches · ⌈M/BM⌉ · ⌈N/BN⌉` blocks ([`Plan::grid`]). Thread
+//! One block of 256 threads computes a `BM × BN` tile of one batch ([`Tile`]); tile
+//! `bid / split` of the one-dimensional grid is `(batch, mtile, ntile)` with `ntile`
+//! fastest ([`Plan::block`]; `split` is 1 but for split-K, below), and the grid is
+//! exactly `batches · ⌈M/BM⌉ · ⌈N/BN⌉ · split` blocks ([`Plan::grid`]). Thread
 //! `tid` is `(ty, tx) = (tid / 16, tid % 16)` and owns the `TM × TN` accumulators of
 //! tile rows `(i / 4)·64 + 4·ty + i % 4` and tile columns `(j / 4)·64 + 4·tx + j % 4`
 //! ([`Tile::row`], [`Tile::col`]), all in registers with fixed names.
@@ -61,8 +62,8 @@
 //! reduction node given as that accumulator, and stored at the output's row-major
 //! offset; 4 consecutive columns with one `st.global.v4.f32` where the output's layout
 //! allows ([`Plan::vector_store`]). Nodes that read neither a column variable nor the
-//! reduction (a bias per output channel) are evaluated once per row. Elements out of range are branched over
-//! (their epilogue loads would be out of range).
+//! reduction (a bias per output channel) are evaluated once per row. Elements out of
+//! range are branched over (their epilogue loads would be out of range).
 //!
 //! # Split-K in a cluster
 //!
@@ -86,10 +87,12 @@
 //!
 //! # Declined (to the general mapping)
 //!
-//! Operands laid out in CPU panels, extents or offsets beyond 32-bit tile arithmetic
+//! Operands laid out in CPU panels, operand storage other than f32 (and i8/u8/i16
+//! weights, converted in the load), extents or offsets beyond 32-bit tile arithmetic
 //! (`M`, `N`, `K`, batches ≥ 2³¹, coefficients outside i32, a grid over 2³¹ − 1
 //! blocks). The recogniser already keeps out every product that is not a plain
-//! multiply-accumulate of two loads.
+//! multiply-accumulate of two loads, operands in padded loads (the compiler splits the
+//! padding into its own kernel first) and a right operand read across its columns.
 
 use kiln_flow::contraction::{Contraction, Operand};
 use kiln_flow::{Expr, ExprId, Kernel};
