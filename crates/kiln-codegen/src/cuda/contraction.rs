@@ -788,6 +788,15 @@ impl<'a> Emitter<'a> {
             p.op("cvta.to.global.u64", &[g.into(), raw.into()]);
             bases.push(g);
         }
+        // 256 threads; and where both operands step linearly along `k` (no `k` taken
+        // apart per load), two blocks per multiprocessor: ptxas then keeps to 128
+        // registers (an 8×8 tile takes ~147 otherwise, one block per multiprocessor).
+        // An implicit-GEMM window keeps more addresses live and would spill there. The
+        // tests and every model check that nothing spills.
+        p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
+        if self.linear(&plan.a).is_some() && self.linear(&plan.b).is_some() {
+            p.directive(".minnctapersm 2");
+        }
         let tid = p.reg(RegClass::B32);
         p.op("mov.u32", &[tid.into(), Opd::Special("%tid.x")]);
         let bid = p.reg(RegClass::B32);
