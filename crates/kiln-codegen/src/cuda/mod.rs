@@ -15,6 +15,11 @@
 //!   `st.global.v4`/`.v2`; every load read at the output's innermost index of an input
 //!   whose rows keep the group aligned is one 128-bit vector load too. It declines
 //!   rows whose length is not a multiple of the group, and narrow outputs.
+//! - Contraction ([`contraction`]): register-tiled SIMT kernels in exact f32 FMA, a
+//!   block tile of up to 128×128 staged through double-buffered shared memory, an
+//!   8×8 (or 4×8, 4×4) accumulator tile per thread, convolutions as implicit GEMM
+//!   through the operands' affine maps, the epilogue evaluated per element in
+//!   registers. The grid is exactly one block per output tile.
 //! - Window ([`window`]): depthwise convolutions and pools over channel planes, a few
 //!   adjacent outputs of a row per thread, taps unrolled at compile-time offsets,
 //!   interior items without bounds checks, the epilogue fused. It declines the Window
@@ -29,6 +34,7 @@
 //! kernels are validated with `ptxas -arch=sm_90a` in the tests, and their lowering is
 //! the kernel interpreter's semantics (see `docs/cuda.md`).
 
+pub mod contraction;
 pub mod cubin;
 mod elementwise;
 pub mod expr;
@@ -139,9 +145,13 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
             Ok(e) => return Ok(e),
             Err(why) => Some(why),
         },
+        KernelClass::Contraction => match contraction::emit(k)? {
+            Ok(e) => return Ok(e),
+            Err(why) => Some(why),
+        },
         KernelClass::General => None,
         // No GPU emitter for these classes yet: the general mapping is correct, not fast.
-        KernelClass::Contraction | KernelClass::Rows => Some(format!("no CUDA {} emitter yet", class.name())),
+        KernelClass::Rows => Some(format!("no CUDA {} emitter yet", class.name())),
     };
     let mut e = general::emit(k)?;
     if let Some(why) = declined {
@@ -196,7 +206,7 @@ impl Skeleton {
         let done = p.reg(RegClass::Pred);
         p.op("setp.ge.u64", &[done.into(), group.into(), Imm::U(groups).into()]);
         // Threads leave the loop after different numbers of turns: a divergent branch.
-        p.bra_divergent((done, false), end);
+        p.branch(Some((done, false)), end);
         Skeleton { bases, group, stride, head, end }
     }
 

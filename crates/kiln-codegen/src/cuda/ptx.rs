@@ -124,6 +124,9 @@ pub enum Opd {
     Special(&'static str),
     /// A label.
     L(Label),
+    /// A variable's name (a `.shared` array declared by [`Ptx::shared`]), for
+    /// `mov.u32 %r, name` (its address in the shared window).
+    Sym(String),
 }
 
 impl From<Reg> for Opd {
@@ -154,6 +157,10 @@ pub struct Ptx {
     labels: u32,
     placed: Vec<bool>,
     used: Vec<bool>,
+    /// `.shared` arrays: name, alignment and bytes ([`Ptx::shared`]).
+    shared: Vec<(String, u32, u32)>,
+    /// Entry directives ([`Ptx::directive`]).
+    directives: Vec<String>,
 }
 
 /// Why an entry is malformed (a code generator bug).
@@ -171,7 +178,33 @@ impl Ptx {
             labels: 0,
             placed: Vec::new(),
             used: Vec::new(),
+            shared: Vec::new(),
+            directives: Vec::new(),
         }
+    }
+
+    /// Adds a performance-tuning directive of the entry, printed between its
+    /// parameter list and its body (`.reqnctapercluster 4, 1, 1`, `.maxntid 256, 1, 1`).
+    pub fn directive(&mut self, d: &str) {
+        self.directives.push(d.to_string());
+    }
+
+    /// Declares a statically sized `.shared` byte array of the entry (`bytes` bytes
+    /// aligned to `align`) and returns its name: `mov.u32 %r, name` (with
+    /// [`Opd::Sym`]) puts its shared-window address in a 32-bit register, which
+    /// `ld.shared`/`st.shared` take as `[%r+off]`. Static arrays total at most 48 KiB
+    /// per block (ptxas refuses more).
+    pub fn shared(&mut self, tag: &str, bytes: u32, align: u32) -> String {
+        let name = format!("{}_{tag}", self.name);
+        self.shared.push((name.clone(), align, bytes));
+        name
+    }
+
+    /// Branch to `l` when `cond` holds (or always), where threads of a warp may
+    /// disagree on `cond`: a plain `bra` (not `bra.uni`, which asserts that they
+    /// agree; [`Ptx::bra`] emits that one).
+    pub fn branch(&mut self, cond: Option<(Reg, bool)>, l: Label) {
+        self.guarded(cond, "bra", &[l.into()]);
     }
 
     /// The name of parameter `i`.
@@ -224,13 +257,6 @@ impl Ptx {
         self.guarded(cond, "bra.uni", &[l.into()]);
     }
 
-    /// A conditional branch to `l` that threads of one warp may take differently
-    /// (`@p bra`, no `.uni`: [`Ptx::bra`]'s `.uni` promises ptxas that every active
-    /// thread of the warp agrees, which a data- or index-dependent condition breaks).
-    pub fn bra_divergent(&mut self, cond: (Reg, bool), l: Label) {
-        self.guarded(Some(cond), "bra", &[l.into()]);
-    }
-
     fn guarded(&mut self, g: Option<(Reg, bool)>, opcode: &str, operands: &[Opd]) {
         self.body.push('\t');
         if let Some((p, neg)) = g {
@@ -260,6 +286,7 @@ impl Ptx {
                     let _ = write!(self.body, "[{n}]");
                 }
                 Opd::Special(s) => self.body.push_str(s),
+                Opd::Sym(s) => self.body.push_str(s),
                 Opd::L(l) => {
                     if let Some(u) = self.used.get_mut(l.0 as usize) {
                         *u = true;
@@ -280,12 +307,19 @@ impl Ptx {
         }
         let mut s = String::new();
         let params: Vec<String> = self.params.iter().map(|p| format!("\t.param .u64 {p}")).collect();
-        let _ = writeln!(s, ".visible .entry {}(\n{}\n)\n{{", self.name, params.join(",\n"));
+        let _ = writeln!(s, ".visible .entry {}(\n{}\n)", self.name, params.join(",\n"));
+        for d in &self.directives {
+            let _ = writeln!(s, "{d}");
+        }
+        s.push_str("{\n");
         for c in RegClass::ALL {
             let n = self.counts[c.index()];
             if n > 0 {
                 let _ = writeln!(s, "\t.reg {} %{}<{}>;", c.decl(), c.prefix(), n);
             }
+        }
+        for (name, align, bytes) in &self.shared {
+            let _ = writeln!(s, "\t.shared .align {align} .b8 {name}[{bytes}];");
         }
         s.push_str(&self.body);
         s.push_str("\tret;\n}\n");

@@ -356,7 +356,7 @@ impl Emitter<'_> {
                 let both = ev.p.reg(RegClass::Pred);
                 ev.p.op("and.pred", &[both.into(), ok_rows.into(), ok_groups.into()]);
                 // Threads of a warp may take either side: a divergent branch.
-                ev.p.bra_divergent((both, false), inside);
+                ev.p.branch(Some((both, false)), inside);
                 self.body(&mut ev, &item, true)?;
                 ev.p.bra(None, done);
                 ev.p.place(inside);
@@ -477,7 +477,7 @@ impl Emitter<'_> {
                 let l = ev.p.label();
                 let past = ev.p.reg(RegClass::Pred);
                 ev.p.op("setp.ge.u64", &[past.into(), ow.into(), Imm::I(g.out[1] as i64).into()]);
-                ev.p.bra_divergent((past, false), l);
+                ev.p.branch(Some((past, false)), l);
                 l
             });
             ev.push_scope();

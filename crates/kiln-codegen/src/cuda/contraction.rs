@@ -1,0 +1,1135 @@
+//! Contraction kernels (matrix products, batched products, convolutions as implicit
+//! GEMM) as register-tiled SIMT kernels in exact f32 FMA.
+//!
+//! # The mapping
+//!
+//! [`Plan::of`] takes [`Contraction::of`]'s operands (two loads `A`, `B` at affine flat
+//! offsets, their product summed over the reduction variables) and sorts every output
+//! variable of extent above 1 into one of three sets, by which operand reads it:
+//! - a *column* variable: `A` does not read it (the image positions of a convolution,
+//!   the columns of a product, a broadcast axis);
+//! - a *row* variable: `A` reads it and `B` does not (output channels, product rows);
+//! - a *batch* variable: both read it (a batched product, a convolution's group).
+//!
+//! `M`, `N` and the batch count are the products of each set's extents, `K` the
+//! product of the reduction variables' extents; a row, column, batch or `k` index is
+//! taken apart into its variables row-major (outermost first, [`split`]). The kernel
+//! computes `C[batch][m][n] = Σ_k A(batch, m, k) · B(batch, n, k)` where each operand
+//! element is read at `c + Σ coef(v)·v` of the kernel's own affine offset: a
+//! convolution's image is read through its window map as it is (implicit GEMM, no
+//! im2col buffer), and any transpose of either operand is only a different set of
+//! coefficients.
+//!
+//! # The kernel
+//!
+//! One block of 256 threads computes a `BM × BN` tile of one batch ([`Tile`]); tile
+//! `bid / split` of the one-dimensional grid is `(batch, mtile, ntile)` with `ntile`
+//! fastest ([`Plan::block`]; `split` is 1 but for split-K, below), and the grid is
+//! exactly `batches · ⌈M/BM⌉ · ⌈N/BN⌉ · split` blocks ([`Plan::grid`]). Thread
+//! `tid` is `(ty, tx) = (tid / 16, tid % 16)` and owns the `TM × TN` accumulators of
+//! tile rows `(i / 4)·64 + 4·ty + i % 4` and tile columns `(j / 4)·64 + 4·tx + j % 4`
+//! ([`Tile::row`], [`Tile::col`]), all in registers with fixed names.
+//!
+//! The reduction walks `K` in steps of `BK = 16`. Shared memory holds two buffers per
+//! operand, each `BK` rows of `BM + 4` (or `BN + 4`) f32 (`As[buf][k][m]`,
+//! `Bs[buf][k][n]`). Each thread loads `R·BK/256` elements of each operand per step
+//! ([`Slot`]), in one of two orders chosen per operand so that a warp reads memory
+//! along the operand's smaller stride ([`Order`]): along `k` (8 consecutive `k` of 4
+//! rows per warp) or along the rows (`r = tid % R`, `k = tid / R + (256/R)·e`).
+//! Either way element `(k, r)` goes to shared slot `k·(R + 4) + r`: the 4 floats of
+//! padding put the 8 `k` rows a warp writes in the `k` order in distinct banks, and keep
+//! every row 16-byte aligned for the `ld.shared.v4` reads. A load is predicated on
+//! `r < R_total && k < K` and writes 0 where it does not hold: nothing is read out of
+//! range, and the zeros add nothing.
+//!
+//! The pipeline (register prefetch, one barrier per step), with `T = ⌈K / BK⌉`:
+//! ```text
+//! load step 0 → regs; regs → buf 0; bar          (rd = buf 0, wr = buf 1)
+//! for t in 0..T:
+//!     load step t+1 → regs   (at t = T-1 every k ≥ K: all predicated off, zeros)
+//!     compute from rd        (BK × (TM/4 + TN/4) ld.shared.v4 and TM·TN fma.rn.f32)
+//!     regs → wr
+//!     bar
+//!     swap rd, wr
+//! ```
+//! Invariants: a thread writes `wr` in step `t` only after the barrier that ended step
+//! `t - 1`, by which every thread has finished reading `wr` (it was `rd` in step
+//! `t - 1`); a thread reads `rd` in step `t` only after the barrier that ended step
+//! `t - 1`, after every thread stored it. So one barrier per step suffices.
+//!
+//! The epilogue: for each of the thread's rows in range (`m < M`) and each column in
+//! range (`n < N`), the kernel's root expression is evaluated by [`Eval`] with the
+//! reduction node given as that accumulator, and stored at the output's row-major
+//! offset; 4 consecutive columns with one `st.global.v4.f32` where the output's layout
+//! allows ([`Plan::vector_store`]). Nodes that read neither a column variable nor the
+//! reduction (a bias per output channel) are evaluated once per row. Elements out of
+//! range are branched over (their epilogue loads would be out of range).
+//!
+//! # Split-K in a cluster
+//!
+//! Where the tiles leave most of the 132 multiprocessors idle and `K` is long (the
+//! 7×7 layers of a classifier: `M` a few hundred, `N = 49`, `K` up to 960), each tile
+//! is shared by a cluster of 2, 4 or 8 consecutive blocks ([`choose_split`],
+//! `.reqnctapercluster`): rank `r` sums `k` in `[r·Kc, min((r+1)·Kc, K))`, writes its
+//! partial tile to its own shared memory, and after a cluster barrier sums rows
+//! `r·64/split ..` of all the partial tiles in rank order through distributed shared
+//! memory (`mapa`, `ld.shared::cluster`) and runs the epilogue on them
+//! ([`reduce_slot`]); a last cluster barrier keeps every block's shared memory until
+//! all have read it. No workspace, no atomics, a fixed summation order.
+//!
+//! # Tiles
+//!
+//! [`choose_tile`]: of `128×128` (8×8 per thread), `128×64`, `64×128` and `64×64` (4×4
+//! per thread), the one whose busiest multiprocessor has the least work,
+//! `⌈blocks / 132⌉ · BM · BN` weighted by the thread tile's cost per element
+//! ([`Tile::cost`]): large tiles where the grid fills the H200's 132 multiprocessors
+//! anyway, smaller ones where it would not.
+//!
+//! # Declined (to the general mapping)
+//!
+//! Operands laid out in CPU panels, operand storage other than f32 (and i8/u8/i16
+//! weights, converted in the load), extents or offsets beyond 32-bit tile arithmetic
+//! (`M`, `N`, `K`, batches ≥ 2³¹, coefficients outside i32, a grid over 2³¹ − 1
+//! blocks). The recogniser already keeps out every product that is not a plain
+//! multiply-accumulate of two loads, operands in padded loads (the compiler splits the
+//! padding into its own kernel first) and a right operand read across its columns.
+
+use kiln_flow::contraction::{Contraction, Operand};
+use kiln_flow::{Expr, ExprId, Kernel};
+use kiln_ir::DType;
+
+use super::expr::Eval;
+use super::ptx::{Imm, Label, Opd, Ptx, Reg, RegClass};
+use super::{internal, Entry, Launch, BLOCK};
+use crate::CodegenError;
+
+/// Multiprocessors of the H200 (and H100 SXM).
+pub const SMS: u64 = 132;
+
+/// The reduction step: `k` values per shared-memory buffer.
+pub const BK: u32 = 16;
+
+/// f32 of padding per `k` row of a shared buffer.
+pub const PAD: u32 = 4;
+
+/// Largest extent, count or grid the 32-bit tile arithmetic takes.
+const LIMIT: u64 = (1 << 31) - 1;
+
+/// A block's tile: each of the 16 × 16 threads holds `tm × tn` accumulators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    /// Rows per thread (4 or 8).
+    pub tm: u32,
+    /// Columns per thread (4 or 8).
+    pub tn: u32,
+}
+
+impl Tile {
+    /// Rows per block.
+    pub fn bm(self) -> u32 {
+        16 * self.tm
+    }
+
+    /// Columns per block.
+    pub fn bn(self) -> u32 {
+        16 * self.tn
+    }
+
+    /// Blocks covering `batches` × `m` × `n`.
+    pub fn blocks(self, batches: u64, m: u64, n: u64) -> u64 {
+        batches.saturating_mul(m.div_ceil(u64::from(self.bm()))).saturating_mul(n.div_ceil(u64::from(self.bn())))
+    }
+
+    /// The tile row of thread row `ty`'s `i`-th accumulator row.
+    pub fn row(self, ty: u32, i: u32) -> u32 {
+        (i / 4) * 64 + 4 * ty + i % 4
+    }
+
+    /// The tile column of thread column `tx`'s `j`-th accumulator column.
+    pub fn col(self, tx: u32, j: u32) -> u32 {
+        (j / 4) * 64 + 4 * tx + j % 4
+    }
+
+    /// Bytes of one shared buffer of `rows` tile rows.
+    fn buffer(rows: u32) -> u32 {
+        BK * (rows + PAD) * 4
+    }
+
+    /// Bytes of shared memory a block uses: two buffers of each operand.
+    pub fn shared_bytes(self) -> u32 {
+        2 * Tile::buffer(self.bm()) + 2 * Tile::buffer(self.bn())
+    }
+}
+
+impl Tile {
+    /// The relative time per tile element (×20) of a thread tile: more accumulators
+    /// per thread need fewer shared loads and less loop overhead per FMA (8×8: 2 + 2
+    /// `ld.shared.v4` per 64 FMAs; 8×4: 3 per 32; 4×4: 2 per 16).
+    pub fn weight(self) -> u64 {
+        match self.tm * self.tn {
+            64 => 20,
+            32 => 23,
+            _ => 28,
+        }
+    }
+
+    /// The model time of `batches` products of `m × n` under this tile: the work of the
+    /// busiest multiprocessor, `⌈blocks / SMS⌉ · BM · BN · weight`.
+    pub fn cost(self, batches: u64, m: u64, n: u64) -> u64 {
+        let waves = self.blocks(batches, m, n).div_ceil(SMS);
+        waves.saturating_mul(u64::from(self.bm() * self.bn()) * self.weight())
+    }
+}
+
+/// The tile for `batches` products of `m × n`: the least [`Tile::cost`] among 128×128,
+/// 128×64, 64×128 and 64×64 (on a tie the earlier: the larger tile, and of the two
+/// halves the one whose short side lies along the smaller of `m`, `n`).
+pub fn choose_tile(batches: u64, m: u64, n: u64) -> Tile {
+    let (tall, wide) = (Tile { tm: 8, tn: 4 }, Tile { tm: 4, tn: 8 });
+    let halves = if m >= n { [tall, wide] } else { [wide, tall] };
+    let all = [Tile { tm: 8, tn: 8 }, halves[0], halves[1], Tile { tm: 4, tn: 4 }];
+    let mut best = all[0];
+    for t in all {
+        if t.cost(batches, m, n) < best.cost(batches, m, n) {
+            best = t;
+        }
+    }
+    best
+}
+
+/// Most blocks of a split (a portable cluster holds 8).
+pub const MAX_SPLIT: u32 = 8;
+
+/// How many blocks share each output tile of a grid of `blocks` tiles, each summing
+/// `K / split` (a split-K within one thread-block cluster, summed through distributed
+/// shared memory): where the grid leaves at least half of the 132 multiprocessors idle
+/// and `K` is long, the largest power of two up to [`MAX_SPLIT`] that keeps the grid
+/// within one wave and each part at least 64 long. Only 64×64 tiles split (their
+/// partial sums, 16 KiB, fit the operand buffers).
+pub fn choose_split(tile: Tile, blocks: u64, k: u64) -> u32 {
+    if tile != (Tile { tm: 4, tn: 4 }) || blocks.saturating_mul(2) > SMS {
+        return 1;
+    }
+    let mut s = 1;
+    while s < MAX_SPLIT && blocks * u64::from(2 * s) <= SMS && k.div_ceil(u64::from(2 * s)) >= 64 {
+        s *= 2;
+    }
+    s
+}
+
+/// Where thread `tid` of rank `rank` of a split of `split` sums the partial tiles: the
+/// 64×64 tile's rows `rank·64/split ..` are that rank's, and each of its groups of 4
+/// columns goes to one thread (`q`-th group of the thread: row `rank·64/split + tid/16
+/// + 16·q`, columns `4·(tid % 16) ..+4`); `None` where the thread has no `q`-th group.
+pub fn reduce_slot(split: u32, rank: u32, tid: u32, q: u32) -> Option<(u32, u32)> {
+    let rows = 64 / split;
+    let r = tid / 16 + 16 * q;
+    (r < rows).then_some((rank * rows + r, 4 * (tid % 16)))
+}
+
+/// Groups a thread sums per rank of a split of `split` (at least one; with 8, half the
+/// threads have none).
+pub fn reduce_groups(split: u32) -> u32 {
+    (4 / split).max(1)
+}
+
+/// An operand's flat element offset: `c + Σ coef[v]·v` over the kernel's variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Map {
+    /// The kernel input it reads.
+    pub input: usize,
+    /// The input's storage type (f32, or an integer converted to f32 in the load).
+    pub dtype: DType,
+    /// The constant term.
+    pub c: i64,
+    /// One coefficient per kernel variable.
+    pub coef: Vec<i64>,
+}
+
+impl Map {
+    fn of(o: &Operand) -> Map {
+        Map { input: o.input as usize, dtype: o.dtype, c: o.offset.c, coef: o.offset.coef.clone() }
+    }
+
+    /// The coefficient of variable `v`.
+    pub fn at(&self, v: u32) -> i64 {
+        self.coef.get(v as usize).copied().unwrap_or(0)
+    }
+}
+
+/// A variable and its extent.
+pub type Var = (u32, u64);
+
+/// How a kernel maps onto tiles (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Batch variables, outermost first.
+    pub batch: Vec<Var>,
+    /// Row variables.
+    pub rows: Vec<Var>,
+    /// Column variables.
+    pub cols: Vec<Var>,
+    /// Reduction variables of extent above 1.
+    pub ks: Vec<Var>,
+    /// Output variables of extent 1 (always 0).
+    pub ones: Vec<u32>,
+    /// Batch count, `M`, `N`, `K`.
+    pub dims: [u64; 4],
+    /// The row operand (reads no column variable).
+    pub a: Map,
+    /// The column operand.
+    pub b: Map,
+    /// The output's row-major element stride per output variable.
+    pub out: Vec<i64>,
+    /// The block tile.
+    pub tile: Tile,
+    /// Blocks (one cluster) sharing each output tile, each summing its own part of
+    /// `K` ([`choose_split`]); 1: none.
+    pub split: u32,
+    /// `K` per block of a split: a multiple of [`BK`].
+    pub k_chunk: u64,
+    /// The reduction node (the accumulator in the epilogue).
+    pub reduce: ExprId,
+}
+
+/// `x` taken apart into `vars` row-major (outermost first): the innermost is `x mod
+/// extent`, and so on outwards; the outermost takes what is left (equal to its value
+/// when `x` is below the product of the extents). What the PTX's [`split_regs`] computes.
+pub fn split(vars: &[Var], x: u64) -> Vec<u64> {
+    let mut out = vec![0; vars.len()];
+    let mut rest = x;
+    for d in (0..vars.len()).rev() {
+        if d == 0 {
+            out[0] = rest;
+        } else {
+            out[d] = rest % vars[d].1;
+            rest /= vars[d].1;
+        }
+    }
+    out
+}
+
+impl Plan {
+    /// The plan of `k`, or why this emitter declines it.
+    pub fn of(k: &Kernel) -> Result<Plan, String> {
+        let c = Contraction::of(k).ok_or("not a recognised contraction")?;
+        if c.a.panel.is_some() || c.b.panel.is_some() {
+            return Err("an operand laid out in CPU panels".into());
+        }
+        let (a, b) = (Map::of(&c.a), Map::of(&c.b));
+        if a.dtype != DType::F32 || !matches!(b.dtype, DType::F32 | DType::I8 | DType::U8 | DType::I16) {
+            return Err(format!("{} × {} operands", a.dtype.name(), b.dtype.name()));
+        }
+        let ext = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
+        let (mut batch, mut rows, mut cols, mut ones) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for v in 0..k.out_rank() as u32 {
+            let e = ext(v);
+            if e == 1 {
+                ones.push(v);
+            } else if a.at(v) == 0 {
+                cols.push((v, e));
+            } else if b.at(v) == 0 {
+                rows.push((v, e));
+            } else {
+                batch.push((v, e));
+            }
+        }
+        let Expr::Reduce { vars, .. } = &k.node(c.reduce).expr else {
+            return Err("no reduction".into());
+        };
+        let ks: Vec<Var> = vars.iter().map(|v| (v.0, ext(v.0))).filter(|&(_, e)| e != 1).collect();
+        let prod = |vs: &[Var]| vs.iter().try_fold(1u64, |acc, &(_, e)| acc.checked_mul(e));
+        let dims = [prod(&batch), prod(&rows), prod(&cols), prod(&ks)];
+        let [Some(nb), Some(m), Some(n), Some(kk)] = dims else {
+            return Err("extents overflow".into());
+        };
+        if [nb, m, n, kk].iter().any(|&d| d == 0 || d > LIMIT) {
+            return Err(format!("batches {nb}, M {m}, N {n}, K {kk} beyond 32-bit tile arithmetic"));
+        }
+        let dims = out_strides(k);
+        let fits = |x: i64| i32::try_from(x).is_ok();
+        if !a.coef.iter().chain(&b.coef).chain(&dims).all(|&x| fits(x)) {
+            return Err("an offset coefficient outside i32".into());
+        }
+        let tile = choose_tile(nb, m, n);
+        let split = choose_split(tile, tile.blocks(nb, m, n), kk);
+        let k_chunk = kk.div_ceil(u64::from(split)).div_ceil(u64::from(BK)) * u64::from(BK);
+        let plan = Plan {
+            batch,
+            rows,
+            cols,
+            ks,
+            ones,
+            dims: [nb, m, n, kk],
+            a,
+            b,
+            out: dims,
+            tile,
+            split,
+            k_chunk,
+            reduce: c.reduce,
+        };
+        if plan.grid() > LIMIT {
+            return Err(format!("{} blocks", plan.grid()));
+        }
+        Ok(plan)
+    }
+
+    /// Whether the epilogue stores each thread's groups of 4 consecutive columns with one
+    /// `st.global.v4.f32`: the innermost column variable is the output's innermost axis
+    /// (stride 1) and its extent a multiple of 4, so that 4 columns from a multiple of 4
+    /// are 4 consecutive elements at a 16-byte aligned offset (every other stride is a
+    /// multiple of that extent), and in range together (`N` is a multiple of 4 too).
+    pub fn vector_store(&self) -> bool {
+        self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
+    }
+
+    /// Blocks in the grid: batches × row tiles × column tiles × split.
+    pub fn grid(&self) -> u64 {
+        let [nb, m, n, _] = self.dims;
+        self.tile.blocks(nb, m, n).saturating_mul(u64::from(self.split))
+    }
+
+    /// Output tile `tile`'s `(batch, first row, first column)`; block `bid` computes
+    /// tile `bid / split`, reduction part `bid % split` (its rank in its cluster).
+    pub fn block(&self, tile: u64) -> (u64, u64, u64) {
+        let [_, m, n, _] = self.dims;
+        let nt = n.div_ceil(u64::from(self.tile.bn()));
+        let mt = m.div_ceil(u64::from(self.tile.bm()));
+        let rest = tile / nt;
+        (rest / mt, (rest % mt) * u64::from(self.tile.bm()), (tile % nt) * u64::from(self.tile.bn()))
+    }
+
+    fn sum(map_c: i64, coef: impl Fn(u32) -> i64, vars: &[Var], x: u64) -> i64 {
+        let vals = split(vars, x);
+        vars.iter().zip(vals).fold(map_c, |acc, (&(v, _), x)| acc.wrapping_add(coef(v).wrapping_mul(x as i64)))
+    }
+
+    /// The element offset the kernel reads `A` at for batch `bi`, row `m` and
+    /// reduction index `kk` (the PTX's arithmetic, on the host).
+    pub fn a_offset(&self, bi: u64, m: u64, kk: u64) -> i64 {
+        let f = |v| self.a.at(v);
+        let o = Plan::sum(self.a.c, f, &self.batch, bi);
+        let o = Plan::sum(o, f, &self.rows, m);
+        Plan::sum(o, f, &self.ks, kk)
+    }
+
+    /// The element offset the kernel reads `B` at for batch `bi`, column `n` and
+    /// reduction index `kk`.
+    pub fn b_offset(&self, bi: u64, n: u64, kk: u64) -> i64 {
+        let f = |v| self.b.at(v);
+        let o = Plan::sum(self.b.c, f, &self.batch, bi);
+        let o = Plan::sum(o, f, &self.cols, n);
+        Plan::sum(o, f, &self.ks, kk)
+    }
+
+    /// The output element offset of `(bi, m, n)`.
+    pub fn out_offset(&self, bi: u64, m: u64, n: u64) -> i64 {
+        let f = |v: u32| self.out.get(v as usize).copied().unwrap_or(0);
+        let o = Plan::sum(0, f, &self.batch, bi);
+        let o = Plan::sum(o, f, &self.rows, m);
+        Plan::sum(o, f, &self.cols, n)
+    }
+
+    /// The output variables' values at `(bi, m, n)` (what the epilogue sets).
+    pub fn out_index(&self, bi: u64, m: u64, n: u64) -> Vec<u64> {
+        let mut idx = vec![0; self.out.len()];
+        for (vars, x) in [(&self.batch, bi), (&self.rows, m), (&self.cols, n)] {
+            for (&(v, _), x) in vars.iter().zip(split(vars, x)) {
+                idx[v as usize] = x;
+            }
+        }
+        idx
+    }
+
+    /// The reduction variables' values at `kk`.
+    pub fn k_index(&self, kk: u64) -> Vec<(u32, u64)> {
+        self.ks.iter().map(|&(v, _)| v).zip(split(&self.ks, kk)).collect()
+    }
+}
+
+/// The row-major element strides of `k`'s output.
+fn out_strides(k: &Kernel) -> Vec<i64> {
+    let dims = k.output.shape.dims();
+    let mut s = vec![0i64; dims.len()];
+    let mut w = 1i64;
+    for d in (0..dims.len()).rev() {
+        s[d] = w;
+        w = w.saturating_mul(dims[d] as i64);
+    }
+    s
+}
+
+/// The order in which a block's threads load an operand tile (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Consecutive threads take consecutive `k`: 8 of them, then the next row.
+    AlongK,
+    /// Consecutive threads take consecutive rows: `r = tid % R`, `k = tid / R + (256/R)·e`.
+    AlongRows,
+}
+
+impl Order {
+    /// The order for an operand whose innermost tile variable steps `r_step` elements
+    /// and whose innermost reduction variable steps `k_step` (`None`: no such
+    /// variable): along the rows when their step is not the larger.
+    pub fn of(r_step: Option<i64>, k_step: Option<i64>) -> Order {
+        match (r_step, k_step) {
+            (None, _) => Order::AlongK,
+            (_, None) => Order::AlongRows,
+            (Some(r), Some(k)) if r.unsigned_abs() <= k.unsigned_abs() => Order::AlongRows,
+            _ => Order::AlongK,
+        }
+    }
+
+    /// Slot `e` of thread `tid`: `(k, r)` within a tile of `rows` rows. Along `k`, a
+    /// warp takes 8 consecutive `k` of 4 rows (`k = tid % 8 + 8·(e % (BK/8))`, `r = tid
+    /// / 8 + 32·(e / (BK/8))`), so that its 32 shared stores fall in 32 banks.
+    pub fn slot(self, rows: u32, tid: u32, e: u32) -> (u32, u32) {
+        let kg = BK / 8;
+        match self {
+            Order::AlongK => (tid % 8 + 8 * (e % kg), tid / 8 + (BLOCK / 8) * (e / kg)),
+            Order::AlongRows => (tid / rows + (BLOCK / rows) * e, tid % rows),
+        }
+    }
+}
+
+/// Elements of a `rows × BK` tile each thread loads.
+pub fn slots(rows: u32) -> u32 {
+    rows * BK / BLOCK
+}
+
+/// The entry of `k`, or why this emitter declines it.
+pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
+    let plan = match Plan::of(k) {
+        Ok(p) => p,
+        Err(why) => return Ok(Err(why)),
+    };
+    let text = Emitter::run(k, &plan)?;
+    let t = plan.tile;
+    let [nb, m, n, kk] = plan.dims;
+    let split = if plan.split > 1 { format!(", split-K over clusters of {}", plan.split) } else { String::new() };
+    let note = format!(
+        "contraction ({}x{} tile, {}x{} per thread, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
+        t.bm(),
+        t.bn(),
+        t.tm,
+        t.tn,
+        plan.grid()
+    );
+    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: 0, params: (k.inputs.len() + 1) as u32 };
+    Ok(Ok(Entry { text, launch, note }))
+}
+
+/// `x` (u32) taken apart into `vars` as [`split`] does: one u32 register per variable.
+fn split_regs(p: &mut Ptx, x: Reg, vars: &[Var]) -> Vec<Reg> {
+    let mut out = vec![x; vars.len()];
+    let mut rest = x;
+    for d in (1..vars.len()).rev() {
+        let e = Imm::U(vars[d].1);
+        let r = p.reg(RegClass::B32);
+        p.op("rem.u32", &[r.into(), rest.into(), e.into()]);
+        let q = p.reg(RegClass::B32);
+        p.op("div.u32", &[q.into(), rest.into(), e.into()]);
+        out[d] = r;
+        rest = q;
+    }
+    if let Some(o) = out.first_mut() {
+        *o = rest;
+    }
+    out
+}
+
+/// `acc + Σ coef(v)·x_v` (s64; each `x_v` a u32 below 2³¹, each coefficient in i32).
+fn affine_regs(p: &mut Ptx, acc: Reg, coef: &dyn Fn(u32) -> i64, vars: &[Var], xs: &[Reg]) -> Reg {
+    let mut acc = acc;
+    for (&(v, _), &x) in vars.iter().zip(xs) {
+        let c = coef(v);
+        if c == 0 {
+            continue;
+        }
+        let t = p.reg(RegClass::B64);
+        p.op("mul.wide.s32", &[t.into(), x.into(), Imm::I(c).into()]);
+        let s = p.reg(RegClass::B64);
+        p.op("add.s64", &[s.into(), acc.into(), t.into()]);
+        acc = s;
+    }
+    acc
+}
+
+fn u32_op(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
+    let d = p.reg(RegClass::B32);
+    p.op(op, &[d.into(), a.into(), b]);
+    d
+}
+
+fn pred(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
+    let d = p.reg(RegClass::Pred);
+    p.op(op, &[d.into(), a.into(), b]);
+    d
+}
+
+/// One element a thread loads per reduction step: shared slot, row predicate, offset.
+struct Slot {
+    /// `k` within the step.
+    k_in: Reg,
+    /// The tile row is in range.
+    in_range: Reg,
+    /// Element offset of `(row, k = 0)`, batch included.
+    off: Reg,
+    /// Byte offset of the element's shared slot within a buffer.
+    sts: Reg,
+    /// Where the reduction index is one linear stride: a global address that steps by
+    /// a constant per step (shared by the slots of one tile row) and this slot's byte
+    /// offset from it.
+    ptr: Option<(Reg, i64)>,
+}
+
+/// What the slots of one tile row share: the row's predicate, offset and pointer.
+#[derive(Clone, Copy)]
+struct Row {
+    in_range: Reg,
+    off: Reg,
+    ptr: Option<Reg>,
+}
+
+/// One operand's loads.
+struct Loader {
+    map: Map,
+    slots: Vec<Slot>,
+    /// Bytes per element.
+    size: i64,
+    /// The element offset per unit of `k`, when the reduction is one linear stride.
+    linear: Option<i64>,
+    base: Reg,
+}
+
+struct Emitter<'a> {
+    k: &'a Kernel,
+    plan: &'a Plan,
+}
+
+impl<'a> Emitter<'a> {
+    fn run(k: &'a Kernel, plan: &'a Plan) -> Result<String, CodegenError> {
+        let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
+        Emitter { k, plan }.body(&mut p)?;
+        p.finish().map_err(|e| internal(k, e))
+    }
+
+    /// The reduction's offset per unit of `k` for `map`, when the reduction variables
+    /// are one linear stride in it (each variable's coefficient the next one's times its
+    /// extent); 0 when there are none.
+    fn linear(&self, map: &Map) -> Option<i64> {
+        let ks = &self.plan.ks;
+        for w in ks.windows(2) {
+            let inner = map.at(w[1].0).checked_mul(i64::try_from(w[1].1).ok()?)?;
+            if map.at(w[0].0) != inner {
+                return None;
+            }
+        }
+        let step = ks.last().map_or(0, |&(v, _)| map.at(v));
+        // The pointer steps `BK · step · size` bytes per step, and a slot's offset from
+        // its row's pointer is less: keep them in i32 (an address's immediate).
+        i32::try_from(step.checked_mul(i64::from(BK) * 8)?).ok().map(|_| step)
+    }
+
+    /// The loader of `map` over tiles of `rows` rows starting at row `first` of
+    /// `total`, its tile variables `vars`, its batch offset `bat`.
+    #[allow(clippy::too_many_arguments)]
+    fn loader(
+        &self,
+        p: &mut Ptx,
+        map: &Map,
+        rows: u32,
+        first: Reg,
+        total: u64,
+        vars: &[Var],
+        bat: Reg,
+        base: Reg,
+        (tid, k_start): (Reg, Option<Reg>),
+    ) -> Loader {
+        let order = Order::of(vars.last().map(|&(v, _)| map.at(v)), self.plan.ks.last().map(|&(v, _)| map.at(v)));
+        let size = map.dtype.storage_bytes(1) as i64;
+        let linear = self.linear(map);
+        let mut out = Vec::new();
+        let shift = rows.trailing_zeros();
+        let kg = BK / 8;
+        // `k` of the first slot of each row (every row's pointer is at that `k`).
+        let k_first = match order {
+            Order::AlongK => u32_op(p, "and.b32", tid, Imm::U(7).into()),
+            Order::AlongRows => u32_op(p, "shr.u32", tid, Imm::U(shift.into()).into()),
+        };
+        let mut groups: Vec<Option<Row>> = vec![None; slots(rows) as usize];
+        for e in 0..slots(rows) {
+            // (k, r) of this slot, as `Order::slot` computes them; `g` its tile row's
+            // group of slots and `dk` its `k` past the group's first.
+            let (dk, g) = match order {
+                Order::AlongK => (8 * (e % kg), e / kg),
+                Order::AlongRows => ((BLOCK / rows) * e, 0),
+            };
+            let k_in = u32_op(p, "add.u32", k_first, Imm::U(dk.into()).into());
+            let r_in = match order {
+                Order::AlongK => {
+                    let r = u32_op(p, "shr.u32", tid, Imm::U(3).into());
+                    u32_op(p, "add.u32", r, Imm::U(u64::from((BLOCK / 8) * g)).into())
+                }
+                Order::AlongRows => u32_op(p, "and.b32", tid, Imm::U(u64::from(rows - 1)).into()),
+            };
+            let row = match groups[g as usize] {
+                Some(row) => row,
+                None => {
+                    let r = u32_op(p, "add.u32", first, r_in.into());
+                    let in_range = pred(p, "setp.lt.u32", r, Imm::U(total).into());
+                    let xs = split_regs(p, r, vars);
+                    let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
+                    let ptr = linear.map(|step| {
+                        // The row's first slot at the block's first step.
+                        let k = match k_start {
+                            Some(k0) => u32_op(p, "add.u32", k_first, k0.into()),
+                            None => k_first,
+                        };
+                        let t = p.reg(RegClass::B64);
+                        p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
+                        let o = p.reg(RegClass::B64);
+                        p.op("add.s64", &[o.into(), off.into(), t.into()]);
+                        let a = p.reg(RegClass::B64);
+                        p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(size).into(), base.into()]);
+                        a
+                    });
+                    let row = Row { in_range, off, ptr };
+                    groups[g as usize] = Some(row);
+                    row
+                }
+            };
+            // Shared slot (k·(rows + PAD) + r)·4.
+            let sts = p.reg(RegClass::B32);
+            p.op("mad.lo.u32", &[sts.into(), k_in.into(), Imm::U(u64::from(rows + PAD)).into(), r_in.into()]);
+            let sts = u32_op(p, "shl.b32", sts, Imm::U(2).into());
+            let ptr = row.ptr.zip(linear).map(|(a, step)| (a, i64::from(dk) * step * size));
+            out.push(Slot { k_in, in_range: row.in_range, off: row.off, sts, ptr });
+        }
+        Loader { map: map.clone(), slots: out, size, linear, base }
+    }
+
+    /// Loads step `k0`'s elements of `l` into fresh f32 registers (0 where out of
+    /// range); linear pointers are read as they are (the caller steps them).
+    fn load(&self, p: &mut Ptx, l: &Loader, k0: Reg, k_end: &Opd) -> Vec<Reg> {
+        let mut vals = Vec::new();
+        for s in &l.slots {
+            let kabs = u32_op(p, "add.u32", k0, s.k_in.into());
+            let kin = pred(p, "setp.lt.u32", kabs, k_end.clone());
+            let ok = p.reg(RegClass::Pred);
+            p.op("and.pred", &[ok.into(), kin.into(), s.in_range.into()]);
+            let (addr, at) = match s.ptr {
+                Some(a) => a,
+                None => {
+                    let xs = split_regs(p, kabs, &self.plan.ks);
+                    let off = affine_regs(p, s.off, &|v| l.map.at(v), &self.plan.ks, &xs);
+                    let a = p.reg(RegClass::B64);
+                    p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(l.size).into(), l.base.into()]);
+                    (a, 0)
+                }
+            };
+            let v = p.reg(RegClass::F32);
+            match l.map.dtype {
+                DType::F32 => {
+                    p.op("mov.f32", &[v.into(), Imm::F32(0).into()]);
+                    p.op_if(ok, false, "ld.global.f32", &[v.into(), Opd::Addr(addr, at)]);
+                }
+                d => {
+                    let ty = match d {
+                        DType::I8 => "s8",
+                        DType::U8 => "u8",
+                        _ => "s16",
+                    };
+                    let raw = p.reg(RegClass::B32);
+                    p.op("mov.b32", &[raw.into(), Imm::I(0).into()]);
+                    p.op_if(ok, false, &format!("ld.global.{ty}"), &[raw.into(), Opd::Addr(addr, at)]);
+                    p.op("cvt.rn.f32.s32", &[v.into(), raw.into()]);
+                }
+            }
+            vals.push(v);
+        }
+        vals
+    }
+
+    /// Steps the linear pointers of `l` by one reduction step.
+    fn advance(p: &mut Ptx, l: &Loader) {
+        if let Some(step) = l.linear {
+            let mut done: Vec<Reg> = Vec::new();
+            for s in &l.slots {
+                if let Some((a, _)) = s.ptr {
+                    if !done.contains(&a) {
+                        p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(BK) * l.size).into()]);
+                        done.push(a);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores `vals` into their shared slots of the buffer at `buf`.
+    fn store(p: &mut Ptx, l: &Loader, vals: &[Reg], buf: Reg) {
+        for (s, &v) in l.slots.iter().zip(vals) {
+            let a = u32_op(p, "add.u32", buf, s.sts.into());
+            p.op("st.shared.f32", &[Opd::Addr(a, 0), v.into()]);
+        }
+    }
+
+    fn body(&self, p: &mut Ptx) -> Result<(), CodegenError> {
+        let (k, plan) = (self.k, self.plan);
+        let t = plan.tile;
+        let [_, m, n, kk] = plan.dims;
+        let mut bases = Vec::new();
+        for i in 0..k.inputs.len() + 1 {
+            let raw = p.reg(RegClass::B64);
+            p.op("ld.param.u64", &[raw.into(), p.param(i)]);
+            let g = p.reg(RegClass::B64);
+            p.op("cvta.to.global.u64", &[g.into(), raw.into()]);
+            bases.push(g);
+        }
+        // 256 threads; and where both operands step linearly along `k` (no `k` taken
+        // apart per load), two blocks per multiprocessor: ptxas then keeps to 128
+        // registers (an 8×8 tile takes ~147 otherwise, one block per multiprocessor).
+        // An implicit-GEMM window keeps more addresses live and would spill there. The
+        // tests and every model check that nothing spills.
+        p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
+        if self.linear(&plan.a).is_some() && self.linear(&plan.b).is_some() {
+            p.directive(".minnctapersm 2");
+        }
+        let tid = p.reg(RegClass::B32);
+        p.op("mov.u32", &[tid.into(), Opd::Special("%tid.x")]);
+        let bid = p.reg(RegClass::B32);
+        p.op("mov.u32", &[bid.into(), Opd::Special("%ctaid.x")]);
+        let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
+        let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
+        // A split: block bid computes tile bid / split over k in [k_start, k_end), its
+        // rank in its cluster (of `split` consecutive blocks) being bid % split.
+        let (bid, rank, k_start, k_end) = if plan.split > 1 {
+            p.directive(&format!(".reqnctapercluster {}, 1, 1", plan.split));
+            let rank = p.reg(RegClass::B32);
+            p.op("mov.u32", &[rank.into(), Opd::Special("%cluster_ctarank")]);
+            let tile = u32_op(p, "div.u32", bid, Imm::U(plan.split.into()).into());
+            let k_start = u32_op(p, "mul.lo.u32", rank, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "add.u32", k_start, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "min.u32", e, Imm::U(kk).into());
+            (tile, Some(rank), Some(k_start), Opd::R(e))
+        } else {
+            (bid, None, None, Opd::I(Imm::U(kk)))
+        };
+        // Tile = (batch, mtile, ntile), ntile fastest (Plan::block).
+        let nt = Imm::U(n.div_ceil(u64::from(t.bn())));
+        let mt = Imm::U(m.div_ceil(u64::from(t.bm())));
+        let ntile = u32_op(p, "rem.u32", bid, nt.into());
+        let rest = u32_op(p, "div.u32", bid, nt.into());
+        let mtile = u32_op(p, "rem.u32", rest, mt.into());
+        let bi = u32_op(p, "div.u32", rest, mt.into());
+        let m0 = u32_op(p, "mul.lo.u32", mtile, Imm::U(t.bm().into()).into());
+        let n0 = u32_op(p, "mul.lo.u32", ntile, Imm::U(t.bn().into()).into());
+        let bvars = split_regs(p, bi, &plan.batch);
+        let constant = |p: &mut Ptx, c: i64| {
+            let r = p.reg(RegClass::B64);
+            p.op("mov.s64", &[r.into(), Imm::I(c).into()]);
+            r
+        };
+        let (ac, bc) = (constant(p, plan.a.c), constant(p, plan.b.c));
+        let a_bat = affine_regs(p, ac, &|v| plan.a.at(v), &plan.batch, &bvars);
+        let b_bat = affine_regs(p, bc, &|v| plan.b.at(v), &plan.batch, &bvars);
+
+        // Shared memory: [A buf 0 | A buf 1 | B buf 0 | B buf 1].
+        let (abuf, bbuf) = (Tile::buffer(t.bm()), Tile::buffer(t.bn()));
+        // (A split's partial sums reuse it: BM·BN f32.)
+        let bytes = if plan.split > 1 { t.shared_bytes().max(t.bm() * t.bn() * 4) } else { t.shared_bytes() };
+        let smem = p.shared("tiles", bytes, 16);
+        let s0 = p.reg(RegClass::B32);
+        p.op("mov.u32", &[s0.into(), Opd::Sym(smem)]);
+        let a_rd = p.mov(RegClass::B32, "u32", s0.into());
+        let a_wr = u32_op(p, "add.u32", s0, Imm::U(abuf.into()).into());
+        let b_rd = u32_op(p, "add.u32", s0, Imm::U((2 * abuf).into()).into());
+        let b_wr = u32_op(p, "add.u32", s0, Imm::U((2 * abuf + bbuf).into()).into());
+
+        let la = self.loader(p, &plan.a, t.bm(), m0, m, &plan.rows, a_bat, bases[plan.a.input], (tid, k_start));
+        let lb = self.loader(p, &plan.b, t.bn(), n0, n, &plan.cols, b_bat, bases[plan.b.input], (tid, k_start));
+
+        // Accumulators, zero.
+        let acc: Vec<Reg> = (0..t.tm * t.tn).map(|_| p.mov(RegClass::F32, "f32", Imm::F32(0).into())).collect();
+        // This thread's 16-byte column of each buffer: 4·ty rows of A, 4·tx columns of B.
+        let ty16 = u32_op(p, "shl.b32", ty, Imm::U(4).into());
+        let tx16 = u32_op(p, "shl.b32", tx, Imm::U(4).into());
+
+        // Prologue: step 0 into the first buffers, which are read first.
+        let k0 = match k_start {
+            Some(k) => p.mov(RegClass::B32, "u32", k.into()),
+            None => p.mov(RegClass::B32, "u32", Imm::U(0).into()),
+        };
+        let va = self.load(p, &la, k0, &k_end);
+        let vb = self.load(p, &lb, k0, &k_end);
+        Emitter::store(p, &la, &va, a_rd);
+        Emitter::store(p, &lb, &vb, b_rd);
+        p.op("bar.sync", &[Imm::I(0).into()]);
+
+        let steps = plan.k_chunk / u64::from(BK);
+        let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
+        let head = p.label();
+        p.place(head);
+        // Prefetch step t + 1 (all predicated off past K).
+        p.op("add.u32", &[k0.into(), k0.into(), Imm::U(BK.into()).into()]);
+        Emitter::advance(p, &la);
+        Emitter::advance(p, &lb);
+        let va = self.load(p, &la, k0, &k_end);
+        let vb = self.load(p, &lb, k0, &k_end);
+        // Compute from the read buffers.
+        let a_th = u32_op(p, "add.u32", a_rd, ty16.into());
+        let b_th = u32_op(p, "add.u32", b_rd, tx16.into());
+        for kq in 0..BK {
+            let frag = |p: &mut Ptx, at: Reg, rows: u32, per: u32| -> Vec<Reg> {
+                let mut f = Vec::new();
+                for c in 0..per / 4 {
+                    let regs: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::F32)).collect();
+                    let off = (kq * (rows + PAD) * 4 + c * 256) as i64;
+                    p.op("ld.shared.v4.f32", &[Opd::Vec(regs.clone()), Opd::Addr(at, off)]);
+                    f.extend(regs);
+                }
+                f
+            };
+            let fa = frag(p, a_th, t.bm(), t.tm);
+            let fb = frag(p, b_th, t.bn(), t.tn);
+            for (i, &x) in fa.iter().enumerate() {
+                for (j, &y) in fb.iter().enumerate() {
+                    let c = acc[i * t.tn as usize + j];
+                    p.op("fma.rn.f32", &[c.into(), x.into(), y.into(), c.into()]);
+                }
+            }
+        }
+        Emitter::store(p, &la, &va, a_wr);
+        Emitter::store(p, &lb, &vb, b_wr);
+        p.op("bar.sync", &[Imm::I(0).into()]);
+        for (x, y) in [(a_rd, a_wr), (b_rd, b_wr)] {
+            let tmp = p.mov(RegClass::B32, "u32", x.into());
+            p.op("mov.u32", &[x.into(), y.into()]);
+            p.op("mov.u32", &[y.into(), tmp.into()]);
+        }
+        p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
+        let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
+        p.bra(Some((more, false)), head);
+
+        match rank {
+            None => {
+                // The thread's own rows and columns.
+                let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
+                let ty4 = u32_op(p, "shl.b32", ty, Imm::U(2).into());
+                let c0 = u32_op(p, "add.u32", n0, tx4.into());
+                let r0 = u32_op(p, "add.u32", m0, ty4.into());
+                let rows: Vec<Reg> =
+                    (0..t.tm).map(|i| u32_op(p, "add.u32", r0, Imm::U(t.row(0, i).into()).into())).collect();
+                let cols: Vec<Reg> =
+                    (0..t.tn).map(|j| u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into())).collect();
+                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars)
+            }
+            Some(rank) => self.split_epilogue(p, &bases, (tid, tx, ty, rank), (m0, n0, s0), &acc, &bvars),
+        }
+    }
+
+    /// A split's end: each block writes its partial tile to its shared memory
+    /// (`part[row][col]`, row-major `BM × BN`, over the operand buffers, which the last
+    /// step's barrier has freed); after a cluster barrier, rank `r` sums rows
+    /// `r·BM/split ..` of every block's partial tile in rank order (distributed shared
+    /// memory, `mapa` + `ld.shared::cluster`) and runs the epilogue on them
+    /// ([`reduce_slot`]); a last cluster barrier keeps every block's shared memory alive
+    /// until all have read it.
+    fn split_epilogue(
+        &self,
+        p: &mut Ptx,
+        bases: &[Reg],
+        (tid, tx, ty, rank): (Reg, Reg, Reg, Reg),
+        (m0, n0, s0): (Reg, Reg, Reg),
+        acc: &[Reg],
+        bvars: &[Reg],
+    ) -> Result<(), CodegenError> {
+        let plan = self.plan;
+        let t = plan.tile;
+        let split = plan.split;
+        let row_bytes = t.bn() * 4;
+        // Partials: thread rows Tile::row(ty, i), columns Tile::col(tx, 4c ..+4).
+        let ty_off = u32_op(p, "mul.lo.u32", ty, Imm::U((4 * row_bytes).into()).into());
+        let tx_off = u32_op(p, "shl.b32", tx, Imm::U(4).into());
+        let at = u32_op(p, "add.u32", s0, ty_off.into());
+        let at = u32_op(p, "add.u32", at, tx_off.into());
+        for i in 0..t.tm {
+            for c in 0..t.tn / 4 {
+                let off = i64::from(t.row(0, i) * row_bytes + t.col(0, 4 * c) * 4);
+                let v: Vec<Reg> = (0..4).map(|l| acc[(i * t.tn + 4 * c + l) as usize]).collect();
+                p.op("st.shared.v4.f32", &[Opd::Addr(at, off), Opd::Vec(v)]);
+            }
+        }
+        p.op("barrier.cluster.arrive", &[]);
+        p.op("barrier.cluster.wait", &[]);
+        let done = p.label();
+        if reduce_groups(split) * 256 * split > t.bm() * t.bn() / 4 {
+            // Fewer groups than threads: the rest skip to the last barrier.
+            let active = pred(p, "setp.lt.u32", tid, Imm::U(u64::from(t.bm() * t.bn() / 4 / split)).into());
+            p.branch(Some((active, true)), done);
+        }
+        // reduce_slot: row rank·rows + tid/16 + 16q, columns 4·(tid % 16) ..+4.
+        let rows_per = 64 / split;
+        let r_base = u32_op(p, "mul.lo.u32", rank, Imm::U(rows_per.into()).into());
+        let r_base = u32_op(p, "add.u32", r_base, ty.into());
+        let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
+        let mut rows = Vec::new();
+        let mut vals = Vec::new();
+        for q in 0..reduce_groups(split) {
+            let r_in = u32_op(p, "add.u32", r_base, Imm::U((16 * q).into()).into());
+            let local = p.reg(RegClass::B32);
+            p.op("mad.lo.u32", &[local.into(), r_in.into(), Imm::U(row_bytes.into()).into(), s0.into()]);
+            let c_off = u32_op(p, "shl.b32", tx4, Imm::U(2).into());
+            let local = u32_op(p, "add.u32", local, c_off.into());
+            let mut sum: Vec<Reg> = Vec::new();
+            for s in 0..split {
+                let remote = p.reg(RegClass::B32);
+                p.op("mapa.shared::cluster.u32", &[remote.into(), local.into(), Imm::U(s.into()).into()]);
+                let part: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::F32)).collect();
+                p.op("ld.shared::cluster.v4.f32", &[Opd::Vec(part.clone()), Opd::Addr(remote, 0)]);
+                sum = if sum.is_empty() {
+                    part
+                } else {
+                    sum.iter()
+                        .zip(&part)
+                        .map(|(&a, &b)| {
+                            let d = p.reg(RegClass::F32);
+                            p.op("add.rn.f32", &[d.into(), a.into(), b.into()]);
+                            d
+                        })
+                        .collect()
+                };
+            }
+            rows.push(u32_op(p, "add.u32", m0, r_in.into()));
+            vals.extend(sum);
+        }
+        let c0 = u32_op(p, "add.u32", n0, tx4.into());
+        let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
+        self.epilogue(p, bases, (&rows, &cols, &vals), bvars)?;
+        p.place(done);
+        p.op("barrier.cluster.arrive", &[]);
+        p.op("barrier.cluster.wait", &[]);
+        Ok(())
+    }
+
+    /// Evaluates the kernel's root at each (row, column) of `rows × cols` in range,
+    /// the reduction given as `vals[i · cols + j]`, and stores it. `cols` come in
+    /// groups of 4 consecutive columns from a multiple of 4.
+    fn epilogue(
+        &self,
+        p: &mut Ptx,
+        bases: &[Reg],
+        (rows, colr, acc): (&[Reg], &[Reg], &[Reg]),
+        bvars: &[Reg],
+    ) -> Result<(), CodegenError> {
+        let (k, plan) = (self.k, self.plan);
+        let [_, m, n, _] = plan.dims;
+        let ostride = |v: u32| plan.out.get(v as usize).copied().unwrap_or(0);
+        let zero = p.mov(RegClass::B64, "u64", Imm::U(0).into());
+        let o_bat = affine_regs(p, zero, &ostride, &plan.batch, bvars);
+        let wide = |p: &mut Ptx, r: Reg| {
+            let d = p.reg(RegClass::B64);
+            p.op("cvt.u64.u32", &[d.into(), r.into()]);
+            d
+        };
+        let bvars64: Vec<Reg> = bvars.iter().map(|&r| wide(p, r)).collect();
+        // Columns: index, in-range predicate, variables, output offset.
+        let mut cols = Vec::new();
+        for &c in colr {
+            let ok = pred(p, "setp.lt.u32", c, Imm::U(n).into());
+            let xs = split_regs(p, c, &plan.cols);
+            let off = affine_regs(p, zero, &ostride, &plan.cols, &xs);
+            let xs: Vec<Reg> = xs.iter().map(|&r| wide(p, r)).collect();
+            cols.push((ok, xs, off));
+        }
+        // Which nodes read a column variable or the reduction: evaluated per element.
+        let free = k.free_vars();
+        let mut per_elem = vec![false; k.nodes.len()];
+        for (i, node) in k.nodes.iter().enumerate() {
+            let mut d = i == plan.reduce.index() || free[i].iter().any(|v| plan.cols.iter().any(|c| c.0 == *v));
+            node.expr.for_each_operand(|o| d |= per_elem.get(o.index()).copied().unwrap_or(true));
+            per_elem[i] = d;
+        }
+        let out_base = bases[k.inputs.len()];
+        let mut ev = Eval::new(k, p, bases[..k.inputs.len()].to_vec());
+        for &v in &plan.ones {
+            ev.set_var(v as usize, zero);
+        }
+        for (&(v, _), &r) in plan.batch.iter().zip(&bvars64) {
+            ev.set_var(v as usize, r);
+        }
+        let root_ty = k.node(k.root).ty;
+        for (i, &r) in rows.iter().enumerate() {
+            let ok = pred(ev.p, "setp.lt.u32", r, Imm::U(m).into());
+            let row_end: Label = ev.p.label();
+            ev.p.branch(Some((ok, true)), row_end);
+            let xs = split_regs(ev.p, r, &plan.rows);
+            let o_row = affine_regs(ev.p, o_bat, &ostride, &plan.rows, &xs);
+            ev.push_scope();
+            for (&(v, _), &x) in plan.rows.iter().zip(&xs) {
+                let x = wide(ev.p, x);
+                ev.set_var(v as usize, x);
+            }
+            hoist(&mut ev, k, (k.root, plan.reduce), &per_elem, &mut vec![false; k.nodes.len()])?;
+            // Groups of `lanes` columns: in range together, stored together.
+            let lanes = if plan.vector_store() { 4 } else { 1 };
+            for j0 in (0..cols.len()).step_by(lanes) {
+                let (cok, _, coff) = &cols[j0];
+                let skip = ev.p.label();
+                ev.p.branch(Some((*cok, true)), skip);
+                let mut vals = Vec::with_capacity(lanes);
+                for (j, (_, cxs, _)) in cols.iter().enumerate().skip(j0).take(lanes) {
+                    ev.push_scope();
+                    for (&(v, _), &x) in plan.cols.iter().zip(cxs) {
+                        ev.set_var(v as usize, x);
+                    }
+                    ev.given.insert(plan.reduce, acc[i * cols.len() + j]);
+                    vals.push(ev.value(k.root)?);
+                    ev.given.clear();
+                    ev.pop_scope();
+                }
+                let off = ev.p.reg(RegClass::B64);
+                ev.p.op("add.s64", &[off.into(), o_row.into(), (*coff).into()]);
+                let addr = ev.address(out_base, off, k.output.dtype)?;
+                if lanes == 1 {
+                    ev.store_at(addr, k.output.dtype, root_ty, vals[0])?;
+                } else {
+                    ev.p.op("st.global.v4.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                }
+                ev.p.place(skip);
+            }
+            ev.pop_scope();
+            ev.p.place(row_end);
+        }
+        Ok(())
+    }
+}
+
+/// Evaluates every node under `e` that is not per element (once per row), never
+/// entering the reduction (its body reads the reduction's variables, which have no
+/// registers here).
+fn hoist(
+    ev: &mut Eval<'_, '_>,
+    k: &Kernel,
+    (e, reduce): (ExprId, ExprId),
+    per_elem: &[bool],
+    seen: &mut [bool],
+) -> Result<(), CodegenError> {
+    if e == reduce || std::mem::replace(&mut seen[e.index()], true) {
+        return Ok(());
+    }
+    if !per_elem[e.index()] {
+        if !matches!(k.node(e).expr, Expr::Const(_) | Expr::Var(_)) {
+            ev.value(e)?;
+        }
+        return Ok(());
+    }
+    let mut ops = Vec::new();
+    k.node(e).expr.for_each_operand(|o| ops.push(o));
+    for o in ops {
+        hoist(ev, k, (o, reduce), per_elem, seen)?;
+    }
+    Ok(())
+}
