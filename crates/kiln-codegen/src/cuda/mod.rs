@@ -15,6 +15,11 @@
 //!   `st.global.v4`/`.v2`; every load read at the output's innermost index of an input
 //!   whose rows keep the group aligned is one 128-bit vector load too. It declines
 //!   rows whose length is not a multiple of the group, and narrow outputs.
+//! - Rows ([`rows`]): each reduction once per row, a group of threads per row (a
+//!   warp, part of one, or a block for long rows; a thread per row where the reduced
+//!   axis is not contiguous), combined with warp shuffles and shared memory; the
+//!   walks unrolled, and a row read by several walks kept in registers, where a thread
+//!   walks few positions. It declines arg reductions.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
 //!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions,
@@ -29,6 +34,7 @@ mod elementwise;
 pub mod expr;
 mod general;
 pub mod ptx;
+pub mod rows;
 
 use kiln_flow::class::KernelClass;
 use kiln_flow::Kernel;
@@ -127,9 +133,13 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
             Ok(e) => return Ok(e),
             Err(why) => Some(why),
         },
+        KernelClass::Rows => match rows::emit(k)? {
+            Ok(e) => return Ok(e),
+            Err(why) => Some(why),
+        },
         KernelClass::General => None,
         // No GPU emitter for these classes yet: the general mapping is correct, not fast.
-        KernelClass::Contraction | KernelClass::Window | KernelClass::Rows => {
+        KernelClass::Contraction | KernelClass::Window => {
             Some(format!("no CUDA {} emitter yet", class.name()))
         }
     };
