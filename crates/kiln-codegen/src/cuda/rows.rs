@@ -1,5 +1,5 @@
-//! Rows kernels (Softmax, LogSoftmax, LayerNorm, row sums, means, maxima, global pools
-//! and their fused prologues and epilogues): each reduction once per row, by a group
+//! Rows kernels (Softmax, LogSoftmax, LayerNorm, row sums, means, maxima and their
+//! fused prologues and epilogues; global pools over NCHW are Window kernels): each reduction once per row, by a group
 //! of threads that cooperate on the row.
 //!
 //! A Rows kernel (`kiln_flow::class`) has an output `[outer…, L]`; a *row* is one
@@ -15,7 +15,7 @@
 //! **Mapping** ([`mapping`]): `G` threads per row, walking the positions of a walk
 //! `p = lane, lane + G, …` (lane in `0..G`).
 //! - When every load that varies along a walk reads consecutive elements along it
-//!   (the reduced axis innermost in memory, a global pool's `H×W`), consecutive lanes
+//!   (the reduced axis innermost in memory), consecutive lanes
 //!   read consecutive elements: `G = min(32, next power of two ≥ n)` for rows of
 //!   `n ≤ 512` positions (the longest walk): a warp per row, or `32 / G` rows per warp
 //!   for short rows; one block of 256 threads per row beyond.
@@ -469,12 +469,7 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         g => format!("{g} lanes per row"),
     };
     let walks = if m.unrolled() { "unrolled" } else { "loops" };
-    let note = format!(
-        "rows ({form}, {} positions a thread, {walks}, {} of {} reductions' loads in registers)",
-        m.chunks,
-        plan.kept.len(),
-        plan.reds.len()
-    );
+    let note = format!("rows ({form}, {} positions a thread, {walks}, {} loads kept in registers)", m.chunks, plan.kept.len());
     let launch = Launch { grid: m.grid(rows), block: BLOCK, shared: 0, params: nb as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }

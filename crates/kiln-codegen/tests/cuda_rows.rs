@@ -1,0 +1,292 @@
+//! The CUDA Rows emitter (`cuda::rows`): which mapping each row length gets, that the
+//! threads' walk covers every element of every row exactly once for any grid (on the
+//! host, the same arithmetic as the PTX), and that Softmax, LogSoftmax, LayerNorm,
+//! every reduction on every type, reductions whose walk strides through memory and fused epilogues take the emitter over rows of 1, 31, 33, 1000 and 4097
+//! elements (warp, part of a warp, block, unrolled and looping walks), each module
+//! assembled by `ptxas -arch=sm_90a -v` with no spills and no stack frame.
+//!
+//! The emitted code is also checked for its structure: each reduction computed once
+//! per row (one butterfly of shuffles per reduction, two barriers per reduction in the
+//! block form) and the row read once where it is kept in registers. No GPU runs these
+//! tests (docs/cuda.md); float sums are reassociated, so on a GPU they are within
+//! `(n + log₂ G)·2⁻²⁴·Σ|xᵢ|` of the interpreter's, and max/min exactly equal.
+
+mod common;
+mod ptxas;
+
+use common::{layernorm, softmax};
+use kiln_codegen::cuda::{self, rows};
+use kiln_flow::class::{classify, KernelClass};
+use kiln_flow::{Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_ir::{DType, Shape, TensorType};
+use ptxas::assemble_ptx_verbose;
+
+fn ty(d: DType, dims: &[usize]) -> TensorType {
+    TensorType::new(d, Shape::new(dims.to_vec()).expect("shape"))
+}
+
+const LENGTHS: [usize; 5] = [1, 31, 33, 1000, 4097];
+
+/// Compiles `k` (a Rows kernel), checks that the Rows emitter took it and that ptxas
+/// assembles it with no spill and no stack; its PTX and note.
+fn rows_kernel(k: &Kernel) -> (String, String) {
+    assert_eq!(classify(k), KernelClass::Rows, "{}: class", k.name);
+    let m = cuda::compile(&[(k, KernelClass::Rows)]).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let note = m.notes[0].clone();
+    assert!(note.starts_with("rows ("), "{}: {note}", k.name);
+    let usage = assemble_ptx_verbose("cuda-rows", &k.name, m.ptx())
+        .unwrap_or_else(|e| panic!("{}: ptxas refused it:\n{e}\n{}", k.name, m.ptx()));
+    assert_eq!(usage.len(), 1, "{}: {usage:?}", k.name);
+    let u = usage[0].1;
+    assert!(u.stack == 0 && u.spill_stores == 0 && u.spill_loads == 0, "{}: {note}: {u:?}", k.name);
+    assert!(u.registers > 0, "{}: ptxas -v reported no registers: {u:?}", k.name);
+    let l = m.launches[0];
+    assert!(l.grid >= 1 && l.block == cuda::BLOCK && l.shared == 0, "{l:?}");
+    (m.ptx().to_string(), note)
+}
+
+fn count(ptx: &str, what: &str) -> usize {
+    ptx.matches(what).count()
+}
+
+#[test]
+fn the_mapping_follows_the_row_length_and_the_layout() {
+    let cases = [
+        (true, 1, 1),
+        (true, 2, 2),
+        (true, 4, 4),
+        (true, 31, 32),
+        (true, 33, 32),
+        (true, 512, 32),
+        (true, 513, 256),
+        (true, 4097, 256),
+        (false, 1000, 1),
+        (false, 7, 1),
+    ];
+    for (contiguous, n, group) in cases {
+        let m = rows::mapping(contiguous, n);
+        assert_eq!(m.group, group, "n = {n}, contiguous {contiguous}");
+        assert_eq!(m.chunks, n.div_ceil(group), "n = {n}");
+    }
+    assert!(rows::mapping(true, 4096).unrolled());
+    assert!(!rows::mapping(true, 4097).unrolled());
+}
+
+/// Every (row, position) visited exactly once with its store, by every thread
+/// mapping, for grids smaller and larger than the rows need; lanes past the last row
+/// visit only (clamped) rows that exist, and never store.
+#[test]
+fn the_walk_covers_every_element_once_for_any_grid() {
+    for (contiguous, n) in [(true, 1u64), (true, 3), (true, 31), (true, 33), (true, 600), (false, 5)] {
+        let m = rows::mapping(contiguous, n);
+        for rows_n in [1u64, 3, 7, 8, 33, 65] {
+            let need = m.grid(rows_n);
+            for grid in [1, 2, need, need + 3] {
+                let mut seen = vec![0u32; (rows_n * n) as usize];
+                let mut bad = None;
+                rows::walk(m, rows_n, n, grid, &mut |r, p, stores| {
+                    if r >= rows_n || p >= n {
+                        bad = Some((r, p));
+                    } else if stores {
+                        seen[(r * n + p) as usize] += 1;
+                    }
+                })
+                .unwrap_or_else(|e| panic!("{m:?} rows {rows_n} grid {grid}: {e}"));
+                assert_eq!(bad, None, "{m:?} rows {rows_n} grid {grid}: visited outside");
+                assert!(seen.iter().all(|&c| c == 1), "{m:?} rows {rows_n} grid {grid}: {seen:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_computes_each_reduction_once_and_reads_the_row_once() {
+    for len in LENGTHS {
+        for r in [1, 3, 7] {
+            let k = softmax(r, len);
+            let (ptx, note) = rows_kernel(&k);
+            let m = rows::mapping(true, len as u64);
+            let shuffles = 2 * m.group.min(32).trailing_zeros() as usize;
+            assert_eq!(count(&ptx, "shfl.sync.bfly.b32"), shuffles, "len {len}: {note}");
+            let barriers = if m.group > 32 { 4 } else { 0 };
+            assert_eq!(count(&ptx, "bar.sync"), barriers, "len {len}: {note}");
+            if m.unrolled() {
+                // The row read once, by the maximum; the sum and the output reuse it.
+                assert_eq!(count(&ptx, "ld.global"), m.chunks as usize, "len {len}: {note}");
+                assert!(note.contains("3 loads kept in registers"), "{note}");
+            } else {
+                assert!(note.contains("0 loads kept"), "{note}");
+            }
+        }
+    }
+}
+
+#[test]
+fn layernorm_takes_the_rows_emitter_at_every_length() {
+    for len in LENGTHS {
+        for r in [1, 3, 7] {
+            let (ptx, note) = rows_kernel(&layernorm(r, len));
+            let m = rows::mapping(true, len as u64);
+            assert_eq!(count(&ptx, "shfl.sync.bfly.b32"), 2 * m.group.min(32).trailing_zeros() as usize, "{note}");
+        }
+    }
+}
+
+/// `x − max − log Σ exp(x − max)`, over the last axis of `[rows, len]`.
+fn log_softmax(rows: usize, len: usize) -> Kernel {
+    let mut b = KernelBuilder::new("log_softmax", vec![ty(DType::F32, &[rows, len])], ty(DType::F32, &[rows, len]));
+    let o = b.out_index();
+    let mx = common::reduce_row(&mut b, 0, o[0], len, ReduceOp::Max, |_, x| x);
+    let s = common::reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
+        let d = b.sub(x, mx);
+        b.unary(UnaryOp::Exp, d)
+    });
+    let ls = b.unary(UnaryOp::Log, s);
+    let x = b.load(0, vec![o[0], o[1]]);
+    let d = b.sub(x, mx);
+    let y = b.sub(d, ls);
+    b.finish(y).unwrap()
+}
+
+/// LayerNorm with a fused epilogue: GELU (erf) of the normalised value plus a
+/// residual from another input.
+fn layernorm_gelu_residual(rows: usize, len: usize) -> Kernel {
+    let f = ScalarType::F32;
+    let mut b = KernelBuilder::new(
+        "ln_gelu",
+        vec![ty(DType::F32, &[rows, len]), ty(DType::F32, &[len]), ty(DType::F32, &[rows, len])],
+        ty(DType::F32, &[rows, len]),
+    );
+    let o = b.out_index();
+    let n = b.float(f, len as f64);
+    let s = common::reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |_, x| x);
+    let mean = b.div(s, n);
+    let ss = common::reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
+        let d = b.sub(x, mean);
+        b.mul(d, d)
+    });
+    let var = b.div(ss, n);
+    let eps = b.float(f, 1e-5);
+    let ve = b.add(var, eps);
+    let sd = b.unary(UnaryOp::Sqrt, ve);
+    let x = b.load(0, vec![o[0], o[1]]);
+    let d = b.sub(x, mean);
+    let y = b.div(d, sd);
+    let g = b.load(1, vec![o[1]]);
+    let y = b.mul(y, g);
+    let r2 = b.float(f, std::f64::consts::FRAC_1_SQRT_2);
+    let e = b.mul(y, r2);
+    let e = b.unary(UnaryOp::Erf, e);
+    let one = b.float(f, 1.0);
+    let e = b.add(e, one);
+    let h = b.float(f, 0.5);
+    let y = b.mul(y, e);
+    let y = b.mul(y, h);
+    let res = b.load(2, vec![o[0], o[1]]);
+    let y = b.add(y, res);
+    b.finish(y).unwrap()
+}
+
+#[test]
+fn log_softmax_and_fused_epilogues_take_the_rows_emitter() {
+    for len in LENGTHS {
+        rows_kernel(&log_softmax(5, len));
+        rows_kernel(&layernorm_gelu_residual(3, len));
+    }
+}
+
+/// Every reduction on every type (8/16-bit integers, 64-bit values as two shuffled
+/// halves, bool as a predicate), along rows of every length; arg reductions decline.
+#[test]
+fn every_reduction_on_every_type_takes_the_rows_emitter() {
+    for t in ScalarType::ALL {
+        for op in ReduceOp::ALL {
+            for len in [1, 33, 1000] {
+                let d = t.dtype();
+                let out = if op.is_arg() { DType::I64 } else { d };
+                if t == ScalarType::Bool && op.is_arg() {
+                    continue;
+                }
+                let name = format!("r_{}_{}_{len}", op.name().replace('.', "_"), t.name());
+                // (The kernel verifier refuses sums and products of bool.)
+                let Ok(k) = row_reduce(&name, d, 3, len, out, op) else {
+                    assert!(t == ScalarType::Bool, "{name} refused");
+                    continue;
+                };
+                if op.is_arg() {
+                    let m = cuda::compile(&[(&k, classify(&k))]).expect("compiles");
+                    assert!(m.notes[0].starts_with("general (an arg reduction"), "{name}: {}", m.notes[0]);
+                    continue;
+                }
+                let (ptx, _) = rows_kernel(&k);
+                let m = rows::mapping(true, len as u64);
+                let halves = if matches!(t, ScalarType::I64 | ScalarType::U64 | ScalarType::F64) { 2 } else { 1 };
+                assert_eq!(
+                    count(&ptx, "shfl.sync.bfly.b32"),
+                    halves * m.group.min(32).trailing_zeros() as usize,
+                    "{name}"
+                );
+            }
+        }
+    }
+}
+
+/// `y[i, 0] = op over j of x[i, j]` (keeping the reduced axis: the output's last axis
+/// is the row's, of one element; without it the output's last axis is the reduced
+/// rows' and the kernel is General).
+fn row_reduce(
+    name: &str,
+    d: DType,
+    rows_n: usize,
+    len: usize,
+    out: DType,
+    op: ReduceOp,
+) -> Result<Kernel, kiln_flow::KernelError> {
+    let mut b = KernelBuilder::new(name, vec![ty(d, &[rows_n, len])], ty(out, &[rows_n, 1]));
+    let o = b.out_index();
+    let r = common::reduce_row(&mut b, 0, o[0], len, op, |_, x| x);
+    b.finish(r)
+}
+
+/// `out[c, 0] = Σₙ x[n, c] / N`: the reduced axis is the outer one in memory, so a
+/// thread per row, consecutive threads on consecutive (contiguous) columns.
+fn column_mean(n: usize, c: usize) -> Kernel {
+    let mut b = KernelBuilder::new("colmean", vec![ty(DType::F32, &[n, c])], ty(DType::F32, &[c, 1]));
+    let o = b.out_index();
+    let v = b.new_var(n as u64);
+    let nv = b.var(v);
+    let ld = b.load(0, vec![nv, o[0]]);
+    let s = b.reduce(ReduceOp::Sum, vec![v], ld);
+    let cnt = b.float(ScalarType::F32, n as f64);
+    let r = b.div(s, cnt);
+    b.finish(r).unwrap()
+}
+
+#[test]
+fn reductions_along_a_strided_axis_take_a_thread_per_row() {
+    for (n, c) in [(1, 1), (31, 33), (4097, 5)] {
+        let (ptx, note) = rows_kernel(&column_mean(n, c));
+        assert!(note.contains("a thread per row"), "{n}x{c}: {note}");
+        assert_eq!(count(&ptx, "shfl.sync"), 0, "{note}");
+    }
+}
+
+/// A sum of another input's exponentials over a walk of another length: nothing is
+/// kept across walks of different lengths.
+#[test]
+fn walks_of_different_lengths_share_no_registers() {
+    let (rows_n, len, other) = (4, 33, 20);
+    let mut b = KernelBuilder::new(
+        "other",
+        vec![ty(DType::F32, &[rows_n, len]), ty(DType::F32, &[rows_n, other])],
+        ty(DType::F32, &[rows_n, len]),
+    );
+    let o = b.out_index();
+    let s = common::reduce_row(&mut b, 1, o[0], other, ReduceOp::Sum, |b, y| b.unary(UnaryOp::Exp, y));
+    let x = b.load(0, vec![o[0], o[1]]);
+    let e = b.unary(UnaryOp::Exp, x);
+    let y = b.div(e, s);
+    let k = b.finish(y).unwrap();
+    let (_, note) = rows_kernel(&k);
+    assert!(note.contains("0 loads kept"), "{note}");
+}
