@@ -179,18 +179,6 @@ struct Red {
     ty: ScalarType,
 }
 
-/// What identifies the elements a load reads at each position of its walk: input,
-/// constant offset, coefficients of the outer variables (of extent over 1), step
-/// along the walk and the walk's length.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Key {
-    input: u32,
-    c: i64,
-    outer: Vec<(u32, i64)>,
-    step: i64,
-    extent: u64,
-}
-
 struct Plan {
     /// Output variables before the last (the row's).
     u: usize,
@@ -198,8 +186,10 @@ struct Plan {
     rows: u64,
     reds: Vec<Red>,
     map: Mapping,
-    /// Loads whose values are kept between walks, with their key.
-    kept: HashMap<ExprId, Key>,
+    /// Values kept between walks: each node's form (see [`forms`]).
+    kept: HashMap<ExprId, usize>,
+    /// How many forms are kept.
+    kept_forms: usize,
 }
 
 type Declined<T> = Result<T, String>;
@@ -274,58 +264,119 @@ fn plan(k: &Kernel) -> Declined<Plan> {
     let longest = reds.iter().map(|r| extent(r.var)).chain([len]).max().unwrap_or(1);
     // Contiguous: every load along a walk steps by one element along it.
     let mut contiguous = true;
-    let mut keys: HashMap<ExprId, Key> = HashMap::new();
     for (i, n) in k.nodes.iter().enumerate() {
-        let Expr::Load { input, index, bounds } = &n.expr else { continue };
+        let Expr::Load { input, index, .. } = &n.expr else { continue };
         if !live[i] {
             continue;
         }
         let Some(axis) = walk_of(i)? else { continue };
-        let Some(off) = load_offset(k, *input, index) else {
-            contiguous = false;
-            continue;
-        };
-        let step = off.of(axis);
-        contiguous &= step == 1;
-        if *bounds == Bounds::InBounds {
-            let outer = (0..u as u32).filter(|&v| extent(v) > 1 && off.of(v) != 0).map(|v| (v, off.of(v))).collect();
-            keys.insert(ExprId(i as u32), Key { input: *input, c: off.c, outer, step, extent: extent(axis) });
-        }
+        contiguous &= load_offset(k, *input, index).is_some_and(|off| off.of(axis) == 1);
     }
-    for i in 0..k.nodes.len() {
-        if live[i] {
-            walk_of(i)?;
-        }
+    let mut axis = Vec::with_capacity(k.nodes.len());
+    for (i, &l) in live.iter().enumerate() {
+        axis.push(if l { walk_of(i)? } else { None });
     }
     let map = mapping(contiguous, longest);
-    // Loads to keep: unrolled walks, and a key that two walks read.
-    let mut kept = HashMap::new();
-    if map.unrolled() {
-        let mut walks: HashMap<&Key, HashSet<u32>> = HashMap::new();
-        for (e, key) in &keys {
-            if let Ok(Some(axis)) = walk_of(e.index()) {
-                walks.entry(key).or_default().insert(axis);
-            }
-        }
-        let mut shared: Vec<&Key> = walks.iter().filter(|(_, w)| w.len() > 1).map(|(k, _)| *k).collect();
-        shared.sort_by_key(|key| (key.input, key.c, key.extent));
-        let mut words = 0;
-        let mut chosen: HashSet<&Key> = HashSet::new();
-        for key in shared {
-            let size = k.inputs[key.input as usize].dtype.storage_bytes(1).div_ceil(4).max(1) as u64;
-            let w = key.extent.div_ceil(map.group) * size;
-            if words + w <= CACHE_WORDS {
-                words += w;
-                chosen.insert(key);
-            }
-        }
-        for (e, key) in &keys {
-            if chosen.contains(key) {
-                kept.insert(*e, key.clone());
-            }
+    let (kept, kept_forms) = if map.unrolled() { keep(k, u, &reds, &axis, map) } else { (HashMap::new(), 0) };
+    Ok(Plan { u, len, rows, reds, map, kept, kept_forms })
+}
+
+/// Each node's *form*, a number equal for nodes that compute the same value at the same
+/// position of walks of the same length: a walk's variable is the position (with the
+/// walk's length), an in-bounds load is its input and affine element offset (outer
+/// variables of extent 1 read as 0), a reduction is itself, anything else its
+/// operation, type and operands' forms.
+fn forms(k: &Kernel) -> Vec<usize> {
+    let u = k.out_rank().saturating_sub(1);
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    let mut out: Vec<usize> = Vec::with_capacity(k.nodes.len());
+    for (i, n) in k.nodes.iter().enumerate() {
+        let mut ops = Vec::new();
+        n.expr.for_each_operand(|o| ops.push(out.get(o.index()).copied().unwrap_or(usize::MAX)));
+        let text = match &n.expr {
+            Expr::Var(v) if v.0 as usize >= u => format!("pos {}", k.vars[v.0 as usize]),
+            Expr::Var(v) if k.vars[v.0 as usize] == 1 => format!("{:?} 0", n.ty),
+            Expr::Const(bits) => format!("{:?} {bits}", n.ty),
+            Expr::Reduce { .. } => format!("reduction {i}"),
+            Expr::Load { input, index, bounds: Bounds::InBounds } => match load_offset(k, *input, index) {
+                Some(off) => {
+                    let mut t = format!("load {input} {}", off.c);
+                    for (v, &c) in off.coef.iter().enumerate() {
+                        if c != 0 && (v >= u || k.vars[v] > 1) {
+                            let what = if v >= u { format!("pos {}", k.vars[v]) } else { format!("v{v}") };
+                            t.push_str(&format!(" {c}·{what}"));
+                        }
+                    }
+                    t
+                }
+                None => format!("load {input} {ops:?}"),
+            },
+            Expr::Var(v) => format!("v{}", v.0),
+            Expr::Unary(op, _) => format!("unary {op:?} {:?} {ops:?}", n.ty),
+            Expr::Binary(op, _, _) => format!("binary {op:?} {:?} {ops:?}", n.ty),
+            Expr::Select(..) => format!("select {:?} {ops:?}", n.ty),
+            Expr::Cast { to, saturate, .. } => format!("cast {to:?} {saturate} {ops:?}"),
+            Expr::Load { input, bounds, .. } => format!("load {input} {bounds:?} {ops:?}"),
+        };
+        let next = ids.len();
+        out.push(*ids.entry(text).or_insert(next));
+    }
+    out
+}
+
+/// The values to keep in registers between walks (their nodes, each with its form, and
+/// how many forms): walking the walks in order (reductions, then the output row), a
+/// walk stops at a value whose form an earlier walk computed, while the registers that
+/// holding it costs (one a position, two for 64-bit values) fit in [`CACHE_WORDS`];
+/// the forms it stopped at are kept.
+fn keep(k: &Kernel, u: usize, reds: &[Red], axis: &[Option<u32>], map: Mapping) -> (HashMap<ExprId, usize>, usize) {
+    let form = forms(k);
+    let mut walks: Vec<(u32, Vec<ExprId>)> = Vec::new();
+    for r in reds {
+        match walks.iter_mut().find(|(v, _)| *v == r.var) {
+            Some((_, roots)) => roots.push(r.body),
+            None => walks.push((r.var, vec![r.body])),
         }
     }
-    Ok(Plan { u, len, rows, reds, map, kept })
+    walks.push((u as u32, vec![k.root]));
+    let mut available: HashSet<usize> = HashSet::new();
+    let mut used: HashSet<usize> = HashSet::new();
+    let mut words = 0;
+    for (var, roots) in &walks {
+        let mut computed = Vec::new();
+        let mut stack: Vec<ExprId> = roots.clone();
+        let mut seen = HashSet::new();
+        while let Some(e) = stack.pop() {
+            if !seen.insert(e) || axis.get(e.index()).copied().flatten() != Some(*var) {
+                continue;
+            }
+            // A position costs nothing to have again.
+            if matches!(k.node(e).expr, Expr::Var(_) | Expr::Const(_)) {
+                continue;
+            }
+            let f = form[e.index()];
+            if available.contains(&f) {
+                let size = if matches!(super::expr::class(k.node(e).ty), RegClass::B64 | RegClass::F64) { 2 } else { 1 };
+                let w = k.vars[*var as usize].div_ceil(map.group) * size;
+                if used.contains(&f) {
+                    continue;
+                }
+                if words + w <= CACHE_WORDS {
+                    words += w;
+                    used.insert(f);
+                    continue;
+                }
+            }
+            computed.push(f);
+            k.node(e).expr.for_each_operand(|o| stack.push(o));
+        }
+        available.extend(computed);
+    }
+    let kept: HashMap<ExprId, usize> = (0..k.nodes.len())
+        .filter(|&i| used.contains(&form[i]) && axis.get(i).copied().flatten().is_some())
+        .map(|i| (ExprId(i as u32), form[i]))
+        .collect();
+    (kept, used.len())
 }
 
 /// The entry of Rows kernel `k`, or why this emitter declines it.
@@ -469,7 +520,8 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         g => format!("{g} lanes per row"),
     };
     let walks = if m.unrolled() { "unrolled" } else { "loops" };
-    let note = format!("rows ({form}, {} positions a thread, {walks}, {} loads kept in registers)", m.chunks, plan.kept.len());
+    let note =
+        format!("rows ({form}, {} positions a thread, {walks}, {} values kept in registers)", m.chunks, plan.kept_forms);
     let launch = Launch { grid: m.grid(rows), block: BLOCK, shared: 0, params: nb as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
@@ -490,8 +542,8 @@ struct Cx<'a> {
     plan: &'a Plan,
     /// The thread's lane in its group (i64).
     glane: Reg,
-    /// Kept loads' registers by key and unrolled position.
-    held: HashMap<(Key, u64), Reg>,
+    /// Kept values' registers by form and unrolled position.
+    held: HashMap<(usize, u64), Reg>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -534,8 +586,8 @@ impl Cx<'_> {
                 ev.value(e)?;
             }
         }
-        let kept: Vec<(ExprId, Key)> =
-            mine.iter().filter_map(|e| self.plan.kept.get(e).map(|key| (*e, key.clone()))).collect();
+        let kept: Vec<(ExprId, usize)> =
+            mine.iter().filter_map(|e| self.plan.kept.get(e).map(|f| (*e, *f))).collect();
         if self.plan.map.unrolled() {
             for c in 0..extent.div_ceil(g) {
                 let pos = if c == 0 {
@@ -575,14 +627,16 @@ impl Cx<'_> {
                 };
                 ev.push_scope();
                 ev.set_var(var as usize, pos);
-                for (e, key) in &kept {
-                    match self.held.get(&(key.clone(), c)) {
+                // Operands before users (`nodes_of` lists them so): a value held from
+                // an earlier walk is given; one computed here first is held.
+                for &(e, f) in &kept {
+                    match self.held.get(&(f, c)) {
                         Some(&r) => {
-                            ev.given.insert(*e, r);
+                            ev.given.insert(e, r);
                         }
                         None => {
-                            let r = ev.value(*e)?;
-                            self.held.insert((key.clone(), c), r);
+                            let r = ev.value(e)?;
+                            self.held.insert((f, c), r);
                         }
                     }
                 }
