@@ -32,6 +32,12 @@
 //! multiple of `32/G`) computes the last row again (its index clamped, so every load is
 //! in bounds) and stores nothing.
 //!
+//! Blocks are 256 threads in the block form (its shared array has a slot for each of
+//! the 8 warps, so the launch must keep that size); in the warp forms, 8 warps halved
+//! down to 2 while fewer than two blocks per multiprocessor would come of it
+//! ([`Mapping::block`]): 512 rows of a warp each run as 256 blocks of 2 warps, not 64
+//! of 8.
+//!
 //! **Combining**: each thread folds its positions serially, then the group combines:
 //! butterfly shuffles (`shfl.sync.bfly`, offsets `G/2 … 1`, full mask; every lane ends
 //! with the same value, the operations being commutative), and for a block, lane 0 of
@@ -79,8 +85,12 @@ pub const UNROLL: u64 = 16;
 /// Most 32-bit registers a thread spends on loads kept between walks.
 pub const CACHE_WORDS: u64 = 32;
 
-/// Warps of a block.
+/// Warps of a block of [`BLOCK`] threads (the block form's, and the most the warp
+/// forms take).
 const WARPS: u64 = BLOCK as u64 / WARP;
+
+/// Multiprocessors of the H200.
+const MULTIPROCESSORS: u64 = 132;
 
 /// The static shared array of the block form: one 8-byte slot per warp.
 const PARTIALS: &str = "rows_partials";
@@ -109,10 +119,25 @@ impl Mapping {
         self.chunks <= UNROLL
     }
 
-    /// Blocks of [`BLOCK`] threads for `rows` rows: one per row (a block's worth of
-    /// rows for groups within a warp), at most [`MAX_GRID`].
+    /// Threads per block for `rows` rows: [`BLOCK`] for the block form; for groups
+    /// within a warp, 8 warps, halved (down to 2) while that leaves fewer than two
+    /// blocks per multiprocessor of an H200 (132), so few rows still spread over the GPU.
+    pub fn block(self, rows: u64) -> u32 {
+        if self.group > WARP {
+            return BLOCK;
+        }
+        let warps = rows.div_ceil(self.rows_per_warp());
+        let mut per_block = WARPS;
+        while per_block > 2 && warps.div_ceil(per_block) < 2 * MULTIPROCESSORS {
+            per_block /= 2;
+        }
+        (per_block * WARP) as u32
+    }
+
+    /// Blocks of [`Mapping::block`] threads for `rows` rows: one per row (a block's
+    /// worth of rows for groups within a warp), at most [`MAX_GRID`].
     pub fn grid(self, rows: u64) -> u64 {
-        let per_block = if self.group <= WARP { WARPS * self.rows_per_warp() } else { 1 };
+        let per_block = if self.group <= WARP { u64::from(self.block(rows)) / WARP * self.rows_per_warp() } else { 1 };
         rows.div_ceil(per_block).clamp(1, MAX_GRID)
     }
 }
@@ -131,21 +156,29 @@ pub fn mapping(contiguous: bool, longest: u64) -> Mapping {
     Mapping { group, chunks: longest.div_ceil(group) }
 }
 
-/// The positions the threads of a `grid` of [`BLOCK`]-thread blocks visit under `m`,
-/// on the host: `visit(row, position, stores)` for each thread's each position along a
+/// The positions the threads of a `grid` of `block`-thread blocks visit under `m`, on
+/// the host: `visit(row, position, stores)` for each thread's each position along a
 /// walk of `len` over `rows` rows, in the order the PTX does (the same arithmetic as
 /// [`emit`]'s), with `stores` false for a lane whose row is past the end (it computes
 /// the clamped row). Also checks that every thread of a warp (block, for the block
 /// form) runs the row loop the same number of times: `Err` names one that does not.
-pub fn walk(m: Mapping, rows: u64, len: u64, grid: u64, visit: &mut dyn FnMut(u64, u64, bool)) -> Result<(), String> {
+pub fn walk(
+    m: Mapping,
+    rows: u64,
+    len: u64,
+    grid: u64,
+    block: u32,
+    visit: &mut dyn FnMut(u64, u64, bool),
+) -> Result<(), String> {
+    let block = u64::from(block);
     let g = m.group;
     let mut trips: HashMap<u64, u64> = HashMap::new();
     for b in 0..grid {
-        for t in 0..u64::from(BLOCK) {
+        for t in 0..block {
             let (mut base, stride, lane, unit) = if g <= WARP {
-                let gtid = b * u64::from(BLOCK) + t;
+                let gtid = b * block + t;
                 let rw = m.rows_per_warp();
-                ((gtid >> 5) * rw, ((grid * u64::from(BLOCK)) >> 5) * rw, (t & 31) % g, gtid >> 5)
+                ((gtid >> 5) * rw, ((grid * block) >> 5) * rw, (t & 31) % g, gtid >> 5)
             } else {
                 (b, grid, t, b)
             };
@@ -522,7 +555,7 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let walks = if m.unrolled() { "unrolled" } else { "loops" };
     let note =
         format!("rows ({form}, {} positions a thread, {walks}, {} values kept in registers)", m.chunks, plan.kept_forms);
-    let launch = Launch { grid: m.grid(rows), block: BLOCK, shared: 0, params: nb as u32 };
+    let launch = Launch { grid: m.grid(rows), block: m.block(rows), shared: 0, params: nb as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
 
