@@ -55,8 +55,13 @@
 //! **Numerics**: max and min are exact (`max.NaN`/`min.NaN`, the interpreter's NaN
 //! propagation, whatever the order); integer sums and products wrap as the
 //! interpreter's do, in any order. Float sums and products are reassociated — each
-//! thread's positions in order, then a tree — so they round differently from the
-//! interpreter's serial fold: within `(n + log₂ G)·2⁻²⁴` relative to `Σ|xᵢ|` for f32.
+//! thread's `⌈n/G⌉` positions in order, then a tree of `log₂ G` shuffles (and 8 warp
+//! values in order for a block) — so they round differently from the interpreter's
+//! serial fold: an f32 sum is within `(⌈n/G⌉ + log₂ G + 8)·2⁻²⁴·Σ|xᵢ|` of the exact
+//! one, the interpreter's within `n·2⁻²⁴·Σ|xᵢ|`, so the two within
+//! `(2n + 16)·2⁻²⁴·Σ|xᵢ|` of each other (the CPU row kernels reassociate too; their
+//! tests hold Softmax within `(L + 11)·2⁻²⁴` relative). The signed zero of a max or
+//! min over `+0` and `−0` follows `max.NaN`/`min.NaN`, as on the general path.
 //!
 //! Declined (to the general mapping, with the reason): arg reductions (whose tie and
 //! NaN rules depend on the order the positions are visited), a reduction over several
