@@ -47,7 +47,10 @@ fn every_rows_kernel_of_every_model_takes_the_rows_emitter() {
             let note = &cuda.notes[i];
             let u = usage.iter().find(|(n, _)| *n == d.kernel.name).map(|(_, u)| *u).unwrap_or_default();
             let shape = d.kernel.output.shape.dims().to_vec();
-            println!("{name}: {} {shape:?}: {note}: {} registers, {} spilled", d.kernel.name, u.registers, u.spill_stores);
+            println!(
+                "{name}: {} {shape:?}: {note}: {} registers, {} spilled",
+                d.kernel.name, u.registers, u.spill_stores
+            );
             let taken = note.starts_with("rows (");
             if !taken && !DEFENSIBLE.iter().any(|r| note.starts_with(r)) {
                 failures.push(format!("{name}: {}: {note}", d.kernel.name));

@@ -51,25 +51,30 @@ fn count(ptx: &str, what: &str) -> usize {
 
 #[test]
 fn the_mapping_follows_the_row_length_and_the_layout() {
+    use rows::Layout::{AcrossRows, AlongRows, Strided};
+    let many = rows::ROWS_FOR_THREADS;
     let cases = [
-        (true, 1, 1),
-        (true, 2, 2),
-        (true, 4, 4),
-        (true, 31, 32),
-        (true, 33, 32),
-        (true, 512, 32),
-        (true, 513, 256),
-        (true, 4097, 256),
-        (false, 1000, 1),
-        (false, 7, 1),
+        (AlongRows, 1, 1, 1),
+        (AlongRows, 2, 1, 2),
+        (AlongRows, 4, 9, 4),
+        (AlongRows, 31, 1, 32),
+        (AlongRows, 33, many, 32),
+        (AlongRows, 512, 1, 32),
+        (AlongRows, 513, 1, 256),
+        (AlongRows, 4097, many, 256),
+        (AcrossRows, 1000, many, 1),
+        (AcrossRows, 7, many, 1),
+        (AcrossRows, 1000, many - 1, 256),
+        (AcrossRows, 7, 5, 8),
+        (Strided, 1000, many, 256),
     ];
-    for (contiguous, n, group) in cases {
-        let m = rows::mapping(contiguous, n);
-        assert_eq!(m.group, group, "n = {n}, contiguous {contiguous}");
+    for (layout, n, rows_n, group) in cases {
+        let m = rows::mapping(layout, n, rows_n);
+        assert_eq!(m.group, group, "n = {n}, {layout:?}, {rows_n} rows");
         assert_eq!(m.chunks, n.div_ceil(group), "n = {n}");
     }
-    assert!(rows::mapping(true, 4096).unrolled());
-    assert!(!rows::mapping(true, 4097).unrolled());
+    assert!(rows::mapping(AlongRows, 4096, 1).unrolled());
+    assert!(!rows::mapping(AlongRows, 4097, 1).unrolled());
 }
 
 /// Every (row, position) visited exactly once with its store, by every thread
@@ -77,8 +82,11 @@ fn the_mapping_follows_the_row_length_and_the_layout() {
 /// visit only (clamped) rows that exist, and never store.
 #[test]
 fn the_walk_covers_every_element_once_for_any_grid() {
-    for (contiguous, n) in [(true, 1u64), (true, 3), (true, 31), (true, 33), (true, 600), (false, 5)] {
-        let m = rows::mapping(contiguous, n);
+    use rows::Layout::{AcrossRows, AlongRows};
+    for (layout, n) in
+        [(AlongRows, 1u64), (AlongRows, 3), (AlongRows, 31), (AlongRows, 33), (AlongRows, 600), (AcrossRows, 5)]
+    {
+        let m = rows::mapping(layout, n, rows::ROWS_FOR_THREADS);
         for rows_n in [1u64, 3, 7, 8, 33, 65] {
             let need = m.grid(rows_n);
             for (grid, block) in [(1, m.block(rows_n)), (2, 64), (need, m.block(rows_n)), (need + 3, cuda::BLOCK)] {
@@ -107,7 +115,7 @@ fn softmax_computes_each_reduction_once_and_each_exp_once() {
         for r in [1, 3, 7] {
             let k = softmax(r, len);
             let (ptx, note) = rows_kernel(&k);
-            let m = rows::mapping(true, len as u64);
+            let m = rows::mapping(rows::Layout::AlongRows, len as u64, 1);
             let shuffles = 2 * m.group.min(32).trailing_zeros() as usize;
             assert_eq!(count(&ptx, "shfl.sync.bfly.b32"), shuffles, "len {len}: {note}");
             let barriers = if m.group > 32 { 4 } else { 0 };
@@ -131,7 +139,7 @@ fn layernorm_takes_the_rows_emitter_at_every_length() {
     for len in LENGTHS {
         for r in [1, 3, 7] {
             let (ptx, note) = rows_kernel(&layernorm(r, len));
-            let m = rows::mapping(true, len as u64);
+            let m = rows::mapping(rows::Layout::AlongRows, len as u64, 1);
             assert_eq!(count(&ptx, "shfl.sync.bfly.b32"), 2 * m.group.min(32).trailing_zeros() as usize, "{note}");
         }
     }
@@ -224,7 +232,7 @@ fn every_reduction_on_every_type_takes_the_rows_emitter() {
                     continue;
                 }
                 let (ptx, _) = rows_kernel(&k);
-                let m = rows::mapping(true, len as u64);
+                let m = rows::mapping(rows::Layout::AlongRows, len as u64, 1);
                 let halves = if matches!(t, ScalarType::I64 | ScalarType::U64 | ScalarType::F64) { 2 } else { 1 };
                 assert_eq!(
                     count(&ptx, "shfl.sync.bfly.b32"),
@@ -253,8 +261,7 @@ fn row_reduce(
     b.finish(r)
 }
 
-/// `out[c, 0] = Σₙ x[n, c] / N`: the reduced axis is the outer one in memory, so a
-/// thread per row, consecutive threads on consecutive (contiguous) columns.
+/// `out[c, 0] = Σₙ x[n, c] / N`: the reduced axis is the outer one in memory.
 fn column_mean(n: usize, c: usize) -> Kernel {
     let mut b = KernelBuilder::new("colmean", vec![ty(DType::F32, &[n, c])], ty(DType::F32, &[c, 1]));
     let o = b.out_index();
@@ -267,12 +274,23 @@ fn column_mean(n: usize, c: usize) -> Kernel {
     b.finish(r).unwrap()
 }
 
+/// Many columns: a thread per column, consecutive threads on consecutive columns (the
+/// loads coalesce across rows). Few: the lanes of a warp or block share a column.
 #[test]
-fn reductions_along_a_strided_axis_take_a_thread_per_row() {
-    for (n, c) in [(1, 1), (31, 33), (4097, 5)] {
+fn reductions_along_a_strided_axis_coalesce_across_rows_when_rows_are_many() {
+    let many = rows::ROWS_FOR_THREADS as usize;
+    for (n, c, want) in [
+        (1, many, "a thread per row"),
+        (31, many + 3, "a thread per row"),
+        (4097, many, "a thread per row"),
+        (31, 33, "a warp per row"),
+        (4097, 5, "a block of 256 per row"),
+    ] {
         let (ptx, note) = rows_kernel(&column_mean(n, c));
-        assert!(note.contains("a thread per row"), "{n}x{c}: {note}");
-        assert_eq!(count(&ptx, "shfl.sync"), 0, "{note}");
+        assert!(note.contains(want), "{n}x{c}: {note}");
+        if want == "a thread per row" {
+            assert_eq!(count(&ptx, "shfl.sync"), 0, "{note}");
+        }
     }
 }
 

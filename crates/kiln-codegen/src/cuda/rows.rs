@@ -19,9 +19,14 @@
 //!   read consecutive elements: `G = min(32, next power of two ≥ n)` for rows of
 //!   `n ≤ 512` positions (the longest walk): a warp per row, or `32 / G` rows per warp
 //!   for short rows; one block of 256 threads per row beyond.
-//! - Otherwise (a walk that strides through memory) `G = 1`: a thread per row, the
-//!   reduction serial in the thread, consecutive threads on consecutive rows, so loads
-//!   coalesce across rows where the rows are the contiguous axis.
+//! - Where a load strides through memory along its walk but reads consecutive
+//!   elements from one row to the next (a reduction over an outer axis, the rows the
+//!   contiguous one), and there are rows enough for a thread each to give every
+//!   multiprocessor two warps ([`ROWS_FOR_THREADS`]): `G = 1`, a thread per row, the
+//!   reduction serial in the thread, consecutive threads on consecutive rows, so the
+//!   loads coalesce across rows.
+//! - Otherwise (few rows, or loads that stride both ways) as for contiguous rows: the
+//!   loads do not coalesce, but the row's positions are read in parallel.
 //!
 //! Warps (for `G ≤ 32`) or blocks (for `G = 256`) walk rows grid-stride, so any grid is
 //! correct: a warp takes rows `base .. base + 32/G` (its lanes `lane / G` apart) and
@@ -147,11 +152,26 @@ impl Mapping {
     }
 }
 
-/// The mapping of a kernel whose longest walk has `longest` positions; `contiguous`
-/// when every load varying along a walk reads consecutive elements along it.
-pub fn mapping(contiguous: bool, longest: u64) -> Mapping {
+/// Fewest rows for a thread per row: two warps on each of the H200's multiprocessors.
+pub const ROWS_FOR_THREADS: u64 = 2 * MULTIPROCESSORS * WARP;
+
+/// How the loads along the walks lie in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Every load along a walk reads consecutive elements along it.
+    AlongRows,
+    /// Some load strides along its walk, and every such load reads consecutive
+    /// elements from one row to the next.
+    AcrossRows,
+    /// Some load strides both along its walk and across rows (or is not affine).
+    Strided,
+}
+
+/// The mapping of a kernel of `rows` rows whose longest walk has `longest` positions
+/// and whose loads lie as `layout` says (see the module docs).
+pub fn mapping(layout: Layout, longest: u64, rows: u64) -> Mapping {
     let longest = longest.max(1);
-    let group = if !contiguous {
+    let group = if layout == Layout::AcrossRows && rows >= ROWS_FOR_THREADS {
         1
     } else if longest <= WARP_MAX {
         longest.next_power_of_two().min(WARP)
@@ -301,20 +321,28 @@ fn plan(k: &Kernel) -> Declined<Plan> {
     let extent = |v: u32| k.vars[v as usize];
     let longest = reds.iter().map(|r| extent(r.var)).chain([len]).max().unwrap_or(1);
     // Contiguous: every load along a walk steps by one element along it.
-    let mut contiguous = true;
+    // Across rows: consecutive rows differ by one in the last outer variable that has
+    // more than one value.
+    let last_outer = (0..u as u32).rev().find(|&v| extent(v) > 1);
+    let mut layout = Layout::AlongRows;
     for (i, n) in k.nodes.iter().enumerate() {
         let Expr::Load { input, index, .. } = &n.expr else { continue };
         if !live[i] {
             continue;
         }
         let Some(axis) = walk_of(i)? else { continue };
-        contiguous &= load_offset(k, *input, index).is_some_and(|off| off.of(axis) == 1);
+        let off = load_offset(k, *input, index);
+        if off.as_ref().is_some_and(|off| off.of(axis) == 1) {
+            continue;
+        }
+        let across = off.is_some_and(|off| last_outer.is_some_and(|v| off.of(v) == 1));
+        layout = if across && layout != Layout::Strided { Layout::AcrossRows } else { Layout::Strided };
     }
     let mut axis = Vec::with_capacity(k.nodes.len());
     for (i, &l) in live.iter().enumerate() {
         axis.push(if l { walk_of(i)? } else { None });
     }
-    let map = mapping(contiguous, longest);
+    let map = mapping(layout, longest, rows);
     let (kept, kept_forms) = if map.unrolled() { keep(k, u, &reds, &axis, map) } else { (HashMap::new(), 0) };
     Ok(Plan { u, len, rows, reds, map, kept, kept_forms })
 }
@@ -394,7 +422,8 @@ fn keep(k: &Kernel, u: usize, reds: &[Red], axis: &[Option<u32>], map: Mapping) 
             }
             let f = form[e.index()];
             if available.contains(&f) {
-                let size = if matches!(super::expr::class(k.node(e).ty), RegClass::B64 | RegClass::F64) { 2 } else { 1 };
+                let size =
+                    if matches!(super::expr::class(k.node(e).ty), RegClass::B64 | RegClass::F64) { 2 } else { 1 };
                 let w = k.vars[*var as usize].div_ceil(map.group) * size;
                 if used.contains(&f) {
                     continue;
@@ -558,8 +587,10 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         g => format!("{g} lanes per row"),
     };
     let walks = if m.unrolled() { "unrolled" } else { "loops" };
-    let note =
-        format!("rows ({form}, {} positions a thread, {walks}, {} values kept in registers)", m.chunks, plan.kept_forms);
+    let note = format!(
+        "rows ({form}, {} positions a thread, {walks}, {} values kept in registers)",
+        m.chunks, plan.kept_forms
+    );
     let launch = Launch { grid: m.grid(rows), block: m.block(rows), shared: 0, params: nb as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
@@ -617,15 +648,11 @@ impl Cx<'_> {
         }
         for &e in &mine {
             let row_value = free[e.index()].iter().all(|&v| (v as usize) < self.plan.u);
-            if row_value
-                && !matches!(k.node(e).expr, Expr::Const(_) | Expr::Var(_))
-                && !ev.given.contains_key(&e)
-            {
+            if row_value && !matches!(k.node(e).expr, Expr::Const(_) | Expr::Var(_)) && !ev.given.contains_key(&e) {
                 ev.value(e)?;
             }
         }
-        let kept: Vec<(ExprId, usize)> =
-            mine.iter().filter_map(|e| self.plan.kept.get(e).map(|f| (*e, *f))).collect();
+        let kept: Vec<(ExprId, usize)> = mine.iter().filter_map(|e| self.plan.kept.get(e).map(|f| (*e, *f))).collect();
         if self.plan.map.unrolled() {
             for c in 0..extent.div_ceil(g) {
                 let pos = if c == 0 {
