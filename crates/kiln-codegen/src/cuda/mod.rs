@@ -17,9 +17,9 @@
 //!   rows whose length is not a multiple of the group, and narrow outputs.
 //! - Rows ([`rows`]): each reduction once per row, a group of threads per row (a
 //!   warp, part of one, or a block for long rows; a thread per row where the reduced
-//!   axis is not contiguous), combined with warp shuffles and shared memory; the
-//!   walks unrolled, and a row read by several walks kept in registers, where a thread
-//!   walks few positions. It declines arg reductions.
+//!   axis strides and rows are many), combined with warp shuffles and shared memory;
+//!   the walks unrolled, and a value several walks compute kept in registers, where a
+//!   thread walks few positions. It declines arg reductions.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
 //!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions,
