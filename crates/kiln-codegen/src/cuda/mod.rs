@@ -22,8 +22,8 @@
 //!   thread walks few positions. It declines arg reductions.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
-//!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions,
-//!   windows and rows, whose emitters are still to come.
+//!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions
+//!   and windows, whose emitters are still to come.
 //!
 //! Each kernel's note says which emitter wrote it, and why a class emitter declined it
 //! (`general (why)`), as on the CPU. Nothing here has run on a GPU yet: generated
