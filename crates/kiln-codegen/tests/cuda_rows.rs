@@ -5,6 +5,9 @@
 //! elements (warp, part of a warp, block, unrolled and looping walks), each module
 //! assembled by `ptxas -arch=sm_90a -v` with no spills and no stack frame.
 //!
+//! The real lowerings (`kiln_lower::lower_op`) of every ONNX reduction, Softmax,
+//! LogSoftmax and LayerNormalization give Rows kernels that take it too.
+//!
 //! The emitted code is also checked for its structure: each reduction computed once
 //! per row (one butterfly of shuffles per reduction, two barriers per reduction in the
 //! block form) and the row read once where it is kept in registers. No GPU runs these
@@ -312,4 +315,97 @@ fn walks_of_different_lengths_share_no_registers() {
     let k = b.finish(y).unwrap();
     let (_, note) = rows_kernel(&k);
     assert!(note.contains("0 values kept"), "{note}");
+}
+
+fn ir_op(kind: kiln_ir::OpKind, attrs: &[(&str, kiln_ir::Attr)]) -> kiln_ir::Op {
+    let mut a = kiln_ir::Attrs::new();
+    for (n, v) in attrs {
+        a.set(*n, v.clone());
+    }
+    kiln_ir::Op::parse(kind, &a).expect("op")
+}
+
+/// The kernels `kiln_lower::lower_op` writes for `op` over inputs of types `inputs`
+/// (the `i64` ones, axes, given as values).
+fn lowered(op: &kiln_ir::Op, inputs: &[(TensorType, Option<kiln_ir::Tensor>)]) -> Vec<Kernel> {
+    use kiln_ir::infer::{infer, InferInput};
+    use kiln_lower::{lower_op, OpCx, OpInput};
+    let ninfer: Vec<Option<InferInput>> =
+        inputs.iter().map(|(t, v)| Some(InferInput { ty: t, value: v.as_ref() })).collect();
+    let outs = infer(op, &ninfer, 1).unwrap_or_else(|e| panic!("{}: {e}", op.kind));
+    let opin: Vec<Option<OpInput>> = inputs.iter().map(|(t, v)| Some(OpInput { ty: t, value: v.as_ref() })).collect();
+    let cx = OpCx { op, name: "k", inputs: &opin, outputs: &outs };
+    let l = lower_op(&cx).unwrap_or_else(|e| panic!("{}: {e}", op.kind));
+    l.steps.into_iter().map(|s| s.kernel).collect()
+}
+
+/// The real lowerings of every ONNX reduction (keeping the reduced axis, the last),
+/// Softmax, LogSoftmax and LayerNormalization over rows of each length: every Rows
+/// kernel among their steps takes the Rows emitter, with no spills.
+#[test]
+fn lowered_reductions_softmax_and_layernorm_take_the_rows_emitter() {
+    use kiln_ir::{Attr, OpKind as K};
+    let f = DType::F32;
+    let axes = |a: &[i64]| {
+        let t = kiln_ir::Tensor::from_i64(DType::I64, Shape::new(vec![a.len()]).unwrap(), a).unwrap();
+        (t.ty().clone(), Some(t))
+    };
+    let mut taken = Vec::new();
+    for len in LENGTHS {
+        let x = (ty(f, &[3, len]), None);
+        let x3 = (ty(f, &[2, 3, len]), None);
+        let mut ops: Vec<(kiln_ir::Op, Vec<(TensorType, Option<kiln_ir::Tensor>)>)> = Vec::new();
+        for kind in [
+            K::ReduceL1,
+            K::ReduceL2,
+            K::ReduceLogSum,
+            K::ReduceLogSumExp,
+            K::ReduceMax,
+            K::ReduceMean,
+            K::ReduceMin,
+            K::ReduceProd,
+            K::ReduceSum,
+            K::ReduceSumSquare,
+        ] {
+            ops.push((ir_op(kind, &[]), vec![x3.clone(), axes(&[-1])]));
+        }
+        ops.push((ir_op(K::Softmax, &[]), vec![x.clone()]));
+        ops.push((ir_op(K::LogSoftmax, &[]), vec![x3.clone()]));
+        ops.push((ir_op(K::LayerNormalization, &[]), vec![x.clone(), (ty(f, &[len]), None), (ty(f, &[len]), None)]));
+        ops.push((ir_op(K::Softmax, &[("axis", Attr::Int(1))]), vec![x3.clone()]));
+        for (op, inputs) in ops {
+            for k in lowered(&op, &inputs) {
+                if classify(&k) == KernelClass::Rows {
+                    let (_, note) = rows_kernel(&k);
+                    taken.push(format!("{} [{len}]: {note}", op.kind));
+                }
+            }
+        }
+    }
+    for t in &taken {
+        println!("{t}");
+    }
+    // Every op above has a Rows kernel at every length over one element (a sum or mean
+    // over one element is a copy), but the Softmax over a middle axis (its values vary
+    // along two axes: General, unless the last axis has one element).
+    for len in LENGTHS.iter().filter(|&&l| l > 1) {
+        for kind in [
+            "ReduceL1 ",
+            "ReduceL2 ",
+            "ReduceLogSum ",
+            "ReduceLogSumExp ",
+            "ReduceMax ",
+            "ReduceMean ",
+            "ReduceMin ",
+            "ReduceProd ",
+            "ReduceSum ",
+            "ReduceSumSquare ",
+            "Softmax ",
+            "LogSoftmax ",
+            "LayerNormalization ",
+        ] {
+            let want = format!("{kind}[{len}]");
+            assert!(taken.iter().any(|t| t.starts_with(&want)), "no Rows kernel for {want}:\n{}", taken.join("\n"));
+        }
+    }
 }
