@@ -2,7 +2,7 @@
 //! each takes the Rows emitter (`kiln_codegen::cuda::rows`), or declines with one of the
 //! reasons that emitter states (arg reductions, whose tie and NaN rules depend on the
 //! order the positions are visited), and the module assembles for sm_90a with no
-//! spills. The list of kernels and notes is printed (`--nocapture`) for the record.
+//! spills; General kernels it takes (a row per output element) have none either. The list of kernels and notes is printed (`--nocapture`) for the record.
 //! A missing model or `ptxas` is a failure, not a skip.
 
 use kiln_compiler::{Compilation, Input, Options, Stage, TargetDevice};
@@ -40,11 +40,19 @@ fn every_rows_kernel_of_every_model_takes_the_rows_emitter() {
             }
         };
         for (i, d) in flow.dispatches.iter().enumerate() {
+            let note = &cuda.notes[i];
+            // General kernels the Rows emitter took (reductions of no Rows kernel).
+            if d.class == KernelClass::General && note.starts_with("rows (") {
+                let u = usage.iter().find(|(n, _)| *n == d.kernel.name).map(|(_, u)| *u).unwrap_or_default();
+                println!("{name}: {} (general): {note}: {} registers", d.kernel.name, u.registers);
+                if u.spill_stores > 0 || u.spill_loads > 0 || u.stack > 0 {
+                    failures.push(format!("{name}: {}: {u:?}", d.kernel.name));
+                }
+            }
             if d.class != KernelClass::Rows {
                 continue;
             }
             rows += 1;
-            let note = &cuda.notes[i];
             let u = usage.iter().find(|(n, _)| *n == d.kernel.name).map(|(_, u)| *u).unwrap_or_default();
             let shape = d.kernel.output.shape.dims().to_vec();
             println!(

@@ -69,7 +69,8 @@ fn the_mapping_follows_the_row_length_and_the_layout() {
         (AcrossRows, 7, many, 1),
         (AcrossRows, 1000, many - 1, 256),
         (AcrossRows, 7, 5, 8),
-        (Strided, 1000, many, 256),
+        (Strided, 1000, many, 1),
+        (Strided, 1000, many - 1, 256),
     ];
     for (layout, n, rows_n, group) in cases {
         let m = rows::mapping(layout, n, rows_n);
@@ -408,4 +409,83 @@ fn lowered_reductions_softmax_and_layernorm_take_the_rows_emitter() {
             assert!(taken.iter().any(|t| t.starts_with(&want)), "no Rows kernel for {want}:\n{}", taken.join("\n"));
         }
     }
+}
+
+/// Compiles General kernel `k` and checks that the Rows emitter's whole-output form
+/// took it, assembled with no spill; its note.
+fn general_kernel(k: &Kernel) -> String {
+    assert_eq!(classify(k), KernelClass::General, "{}: class", k.name);
+    let m = cuda::compile(&[(k, KernelClass::General)]).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let note = m.notes[0].clone();
+    let usage = assemble_ptx_verbose("cuda-rows-general", &k.name, m.ptx())
+        .unwrap_or_else(|e| panic!("{}: ptxas refused it:\n{e}", k.name));
+    let u = usage[0].1;
+    assert!(u.stack == 0 && u.spill_stores == 0 && u.spill_loads == 0, "{}: {note}: {u:?}", k.name);
+    note
+}
+
+/// Reductions of General kernels (over a middle axis, over channels, dropping the
+/// reduced axis) take the Rows emitter with a row per output element: a thread per
+/// element where elements are many and the loads coalesce across them, a warp or block
+/// per element where they are few or the reduced axis is the contiguous one.
+#[test]
+fn reductions_of_general_kernels_take_a_group_per_output_element() {
+    use kiln_ir::{Attr, OpKind as K};
+    let f = DType::F32;
+    let axes = |a: &[i64]| {
+        let t = kiln_ir::Tensor::from_i64(DType::I64, Shape::new(vec![a.len()]).unwrap(), a).unwrap();
+        (t.ty().clone(), Some(t))
+    };
+    let many = rows::ROWS_FOR_THREADS as usize;
+    let cases: Vec<(kiln_ir::Op, Vec<(TensorType, Option<kiln_ir::Tensor>)>, &str)> = vec![
+        // A sum over the tokens of [1, T, C]: few columns, a warp each.
+        (
+            ir_op(K::ReduceSum, &[("keepdims", Attr::Int(0))]),
+            vec![(ty(f, &[1, 128, 256]), None), axes(&[1])],
+            "a warp per output element",
+        ),
+        // Many columns: a thread each.
+        (
+            ir_op(K::ReduceMean, &[("keepdims", Attr::Int(0))]),
+            vec![(ty(f, &[1, 33, many]), None), axes(&[1])],
+            "a thread per output element",
+        ),
+        // The mean over the channels of NCHW, keeping the axis.
+        (ir_op(K::ReduceMean, &[]), vec![(ty(f, &[2, 24, 112, 112]), None), axes(&[1])], "a thread per output element"),
+        (
+            ir_op(K::ReduceMax, &[]),
+            vec![(ty(f, &[1, 1000, 3, 5]), None), axes(&[1])],
+            "a block of 256 per output element",
+        ),
+        // The last axis dropped: contiguous, lanes along it.
+        (
+            ir_op(K::ReduceSum, &[("keepdims", Attr::Int(0))]),
+            vec![(ty(f, &[3, 1000]), None), axes(&[-1])],
+            "a block of 256 per output element",
+        ),
+        (
+            ir_op(K::ReduceL2, &[("keepdims", Attr::Int(0))]),
+            vec![(ty(f, &[many, 33]), None), axes(&[-1])],
+            "a warp per output element",
+        ),
+    ];
+    for (op, inputs, want) in cases {
+        let ks = lowered(&op, &inputs);
+        let general: Vec<&Kernel> = ks.iter().filter(|k| classify(k) == KernelClass::General).collect();
+        assert!(!general.is_empty(), "{}: no General kernel", op.kind);
+        for k in general {
+            let note = general_kernel(k);
+            assert!(note.contains(want), "{} {:?}: {note}", op.kind, inputs[0].0.shape.dims());
+        }
+    }
+    // A General kernel without a reduction keeps the general mapping and its note.
+    let mut b =
+        KernelBuilder::new("gather", vec![ty(DType::F32, &[16, 8]), ty(DType::I64, &[5])], ty(DType::F32, &[5, 8]));
+    let o = b.out_index();
+    let i = b.load(1, vec![o[0]]);
+    let x = b.load_with(0, vec![i, o[1]], kiln_flow::Bounds::Clamp);
+    let k = b.finish(x).unwrap();
+    assert_eq!(classify(&k), KernelClass::General);
+    let m = cuda::compile(&[(&k, KernelClass::General)]).expect("gather compiles");
+    assert_eq!(m.notes[0], "general");
 }

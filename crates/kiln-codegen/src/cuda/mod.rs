@@ -19,7 +19,8 @@
 //!   warp, part of one, or a block for long rows; a thread per row where the reduced
 //!   axis strides and rows are many), combined with warp shuffles and shared memory;
 //!   the walks unrolled, and a value several walks compute kept in registers, where a
-//!   thread walks few positions. It declines arg reductions.
+//!   thread walks few positions. It declines arg reductions. General kernels with
+//!   reductions take it too, each output element a row of one element.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
 //!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions
@@ -137,7 +138,12 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
             Ok(e) => return Ok(e),
             Err(why) => Some(why),
         },
-        KernelClass::General => None,
+        // Reductions of no Rows kernel: a group of threads per output element; the
+        // general mapping keeps its plain note where that declines.
+        KernelClass::General => match rows::emit_general(k)? {
+            Ok(e) => return Ok(e),
+            Err(_) => None,
+        },
         // No GPU emitter for these classes yet: the general mapping is correct, not fast.
         KernelClass::Contraction | KernelClass::Window => {
             Some(format!("no CUDA {} emitter yet", class.name()))

@@ -25,8 +25,15 @@
 //!   multiprocessor two warps ([`ROWS_FOR_THREADS`]): `G = 1`, a thread per row, the
 //!   reduction serial in the thread, consecutive threads on consecutive rows, so the
 //!   loads coalesce across rows.
-//! - Otherwise (few rows, or loads that stride both ways) as for contiguous rows: the
-//!   loads do not coalesce, but the row's positions are read in parallel.
+//!   Loads that stride both ways, with as many rows, take a thread per row too.
+//! - Otherwise (few rows) as for contiguous rows: the loads do not coalesce, but the
+//!   row's positions are read in parallel.
+//!
+//! General kernels with reductions ([`emit_general`]: a reduction over an axis other
+//! than the output's last, or one that drops its axis) take the same code with every
+//! output axis a row axis: each output element is a row of one element, and its
+//! reductions are folded by its group (a sum over the tokens of `[1, T, C]`: many
+//! columns, a thread each, the loads coalescing across them; few, a warp each).
 //!
 //! Warps (for `G ≤ 32`) or blocks (for `G = 256`) walk rows grid-stride, so any grid is
 //! correct: a warp takes rows `base .. base + 32/G` (its lanes `lane / G` apart) and
@@ -171,7 +178,7 @@ pub enum Layout {
 /// and whose loads lie as `layout` says (see the module docs).
 pub fn mapping(layout: Layout, longest: u64, rows: u64) -> Mapping {
     let longest = longest.max(1);
-    let group = if layout == Layout::AcrossRows && rows >= ROWS_FOR_THREADS {
+    let group = if layout != Layout::AlongRows && rows >= ROWS_FOR_THREADS {
         1
     } else if longest <= WARP_MAX {
         longest.next_power_of_two().min(WARP)
@@ -238,8 +245,10 @@ struct Red {
 }
 
 struct Plan {
-    /// Output variables before the last (the row's).
+    /// The row's output variables (`0..u`): all but the last, or all.
     u: usize,
+    /// The output row's variable (the last output variable), if it is not a row's.
+    out_walk: Option<u32>,
     len: u64,
     rows: u64,
     reds: Vec<Red>,
@@ -269,7 +278,10 @@ fn nodes_of(k: &Kernel, e: ExprId) -> Vec<ExprId> {
     out
 }
 
-fn plan(k: &Kernel) -> Declined<Plan> {
+/// The plan of `k`, its output rows split as the Rows class does (`whole` false: the
+/// last output axis is the row's), or with every output axis a row axis and rows of one
+/// element (`whole`: see [`emit_general`]).
+fn plan(k: &Kernel, whole: bool) -> Declined<Plan> {
     let rank = k.out_rank();
     if rank == 0 {
         return Err("rank-0 output".into());
@@ -280,8 +292,8 @@ fn plan(k: &Kernel) -> Declined<Plan> {
     if storage(k.output.dtype).is_none() {
         return Err(format!("{} output", k.output.dtype.name()));
     }
-    let u = rank - 1;
-    let len = k.vars[u];
+    let u = if whole { rank } else { rank - 1 };
+    let len = if whole { 1 } else { k.vars[u] };
     let rows: u64 = k.vars[..u].iter().product();
     // The nodes the root needs, reductions included.
     let mut live = vec![false; k.nodes.len()];
@@ -307,7 +319,10 @@ fn plan(k: &Kernel) -> Declined<Plan> {
         }
         reds.push(Red { node: ExprId(i as u32), op: *op, var: w.0, body: *body, ty: k.node(*body).ty });
     }
-    if free[k.root.index()].iter().any(|&v| v as usize > u) {
+    if whole && reds.is_empty() {
+        return Err("no reduction".into());
+    }
+    if free[k.root.index()].iter().any(|&v| v as usize > u || (whole && v as usize == u)) {
         return Err("an output reading a reduction's variable".into());
     }
     // The walk each live node varies along (at most one).
@@ -343,8 +358,10 @@ fn plan(k: &Kernel) -> Declined<Plan> {
         axis.push(if l { walk_of(i)? } else { None });
     }
     let map = mapping(layout, longest, rows);
-    let (kept, kept_forms) = if map.unrolled() { keep(k, u, &reds, &axis, map) } else { (HashMap::new(), 0) };
-    Ok(Plan { u, len, rows, reds, map, kept, kept_forms })
+    let out_walk = (!whole).then_some(u as u32);
+    let (kept, kept_forms) =
+        if map.unrolled() { keep(k, u, out_walk, &reds, &axis, map) } else { (HashMap::new(), 0) };
+    Ok(Plan { u, out_walk, len, rows, reds, map, kept, kept_forms })
 }
 
 /// Each node's *form*, a number equal for nodes that compute the same value at the same
@@ -352,8 +369,7 @@ fn plan(k: &Kernel) -> Declined<Plan> {
 /// walk's length), an in-bounds load is its input and affine element offset (outer
 /// variables of extent 1 read as 0), a reduction is itself, anything else its
 /// operation, type and operands' forms.
-fn forms(k: &Kernel) -> Vec<usize> {
-    let u = k.out_rank().saturating_sub(1);
+fn forms(k: &Kernel, u: usize) -> Vec<usize> {
     let mut ids: HashMap<String, usize> = HashMap::new();
     let mut out: Vec<usize> = Vec::with_capacity(k.nodes.len());
     for (i, n) in k.nodes.iter().enumerate() {
@@ -395,16 +411,20 @@ fn forms(k: &Kernel) -> Vec<usize> {
 /// walk stops at a value whose form an earlier walk computed, while the registers that
 /// holding it costs (one a position, two for 64-bit values) fit in [`CACHE_WORDS`];
 /// the forms it stopped at are kept.
-fn keep(k: &Kernel, u: usize, reds: &[Red], axis: &[Option<u32>], map: Mapping) -> (HashMap<ExprId, usize>, usize) {
-    let form = forms(k);
-    let mut walks: Vec<(u32, Vec<ExprId>)> = Vec::new();
-    for r in reds {
-        match walks.iter_mut().find(|(v, _)| *v == r.var) {
-            Some((_, roots)) => roots.push(r.body),
-            None => walks.push((r.var, vec![r.body])),
-        }
+fn keep(
+    k: &Kernel,
+    u: usize,
+    out_walk: Option<u32>,
+    reds: &[Red],
+    axis: &[Option<u32>],
+    map: Mapping,
+) -> (HashMap<ExprId, usize>, usize) {
+    let form = forms(k, u);
+    // The walks in the order they are emitted: each reduction's, then the output row's.
+    let mut walks: Vec<(u32, Vec<ExprId>)> = reds.iter().map(|r| (r.var, vec![r.body])).collect();
+    if let Some(v) = out_walk {
+        walks.push((v, vec![k.root]));
     }
-    walks.push((u as u32, vec![k.root]));
     let mut available: HashSet<usize> = HashSet::new();
     let mut used: HashSet<usize> = HashSet::new();
     let mut words = 0;
@@ -448,10 +468,30 @@ fn keep(k: &Kernel, u: usize, reds: &[Red], axis: &[Option<u32>], map: Mapping) 
 
 /// The entry of Rows kernel `k`, or why this emitter declines it.
 pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
-    let plan = match plan(k) {
-        Ok(p) => p,
-        Err(why) => return Ok(Err(why)),
-    };
+    match plan(k, false) {
+        Ok(p) => emit_plan(k, p),
+        Err(why) => Ok(Err(why)),
+    }
+}
+
+/// The entry of General kernel `k` with reductions, each output element a row of one
+/// element (every output axis a row axis), or why this emitter declines it: a
+/// reduction over an axis that is not the output's last (a sum over the channels of
+/// NCHW, over the tokens of `[1, T, C]`), or one that drops the reduced axis, is no
+/// Rows kernel (its values vary along the output's last axis and the reduction's), but
+/// as long as each reduction's operand varies along its own variable alone besides the
+/// output's, a group of threads can fold it for each output element: threads along the
+/// contiguous axis (a thread per element) where there are many, lanes sharing the
+/// reduction where there are few. Declines what [`emit`] declines, and kernels
+/// without a reduction.
+pub fn emit_general(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
+    match plan(k, true) {
+        Ok(p) => emit_plan(k, p),
+        Err(why) => Ok(Err(why)),
+    }
+}
+
+fn emit_plan(k: &Kernel, plan: Plan) -> Result<Result<Entry, String>, CodegenError> {
     let m = plan.map;
     let nb = k.inputs.len() + 1;
     let mut p = Ptx::new(&k.name, nb);
@@ -568,7 +608,7 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let out_ty = k.node(root).ty;
     let dtype = k.output.dtype;
     let len = plan.len;
-    cx.positions(&mut ev, plan.u as u32, len, valid, &mut |ev, pos| {
+    cx.positions(&mut ev, plan.out_walk, &[root], len, valid, &mut |ev, pos| {
         let v = ev.value(root)?;
         let flat = ev.p.reg(RegClass::B64);
         ev.p.op("mad.lo.s64", &[flat.into(), row.into(), Imm::I(len as i64).into(), pos.into()]);
@@ -580,11 +620,12 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     p.bra(None, head);
     p.place(end);
     let text = p.finish().map_err(|e| internal(k, e))?;
+    let unit = if plan.out_walk.is_some() { "row" } else { "output element" };
     let form = match m.group {
-        1 => "a thread per row".to_string(),
-        32 => "a warp per row".to_string(),
-        g if g > WARP => format!("a block of {g} per row"),
-        g => format!("{g} lanes per row"),
+        1 => format!("a thread per {unit}"),
+        32 => format!("a warp per {unit}"),
+        g if g > WARP => format!("a block of {g} per {unit}"),
+        g => format!("{g} lanes per {unit}"),
     };
     let walks = if m.unrolled() { "unrolled" } else { "loops" };
     let note = format!(
@@ -618,13 +659,15 @@ struct Cx<'a> {
 type R<T> = Result<T, CodegenError>;
 
 impl Cx<'_> {
-    /// Walks `var` over `0..extent` (this thread's positions), calling `each` with the
-    /// position in an i64 register, `var` set to it, in a scope of its own; skips
-    /// positions past the end, and all of them where `valid` (a predicate) is false.
+    /// Walks `var` over `0..extent` (this thread's positions) for the values `roots`,
+    /// calling `each` with the position in an i64 register, `var` (if any: a row of one
+    /// element has none) set to it, in a scope of its own; skips positions past the
+    /// end, and all of them where `valid` (a predicate) is false.
     fn positions(
         &mut self,
         ev: &mut Eval<'_, '_>,
-        var: u32,
+        var: Option<u32>,
+        roots: &[ExprId],
         extent: u64,
         valid: Option<Reg>,
         each: &mut dyn FnMut(&mut Eval<'_, '_>, Reg) -> R<()>,
@@ -632,14 +675,9 @@ impl Cx<'_> {
         let g = self.plan.map.group;
         let k = self.k;
         // Row values first, once per row, outside every branch.
-        let root_of_walk: Vec<ExprId> = if var as usize == self.plan.u {
-            vec![k.root]
-        } else {
-            self.plan.reds.iter().filter(|r| r.var == var).map(|r| r.body).collect()
-        };
         let free = k.free_vars();
         let mut mine: Vec<ExprId> = Vec::new();
-        for &r in &root_of_walk {
+        for &r in roots {
             for e in nodes_of(k, r) {
                 if !mine.contains(&e) {
                     mine.push(e);
@@ -691,7 +729,9 @@ impl Cx<'_> {
                     None
                 };
                 ev.push_scope();
-                ev.set_var(var as usize, pos);
+                if let Some(v) = var {
+                    ev.set_var(v as usize, pos);
+                }
                 // Operands before users (`nodes_of` lists them so): a value held from
                 // an earlier walk is given; one computed here first is held.
                 for &(e, f) in &kept {
@@ -726,7 +766,9 @@ impl Cx<'_> {
                 ev.p.op_if(v, true, "bra", &[next.into()]);
             }
             ev.push_scope();
-            ev.set_var(var as usize, pos);
+            if let Some(v) = var {
+                    ev.set_var(v as usize, pos);
+                }
             each(ev, pos)?;
             ev.pop_scope();
             ev.p.place(next);
@@ -747,7 +789,7 @@ impl Cx<'_> {
         let op = binary_of(red.op);
         let (ty, body) = (red.ty, red.body);
         let extent = self.k.vars[red.var as usize];
-        self.positions(ev, red.var, extent, None, &mut |ev, _| {
+        self.positions(ev, Some(red.var), &[body], extent, None, &mut |ev, _| {
             let x = ev.value(body)?;
             let n = ev.binary(op, ty, acc, x)?;
             mov(ev.p, acc, n);
