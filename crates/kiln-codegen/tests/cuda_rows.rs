@@ -44,7 +44,10 @@ fn rows_kernel(k: &Kernel) -> (String, String) {
     assert!(u.stack == 0 && u.spill_stores == 0 && u.spill_loads == 0, "{}: {note}: {u:?}", k.name);
     assert!(u.registers > 0, "{}: ptxas -v reported no registers: {u:?}", k.name);
     let l = m.launches[0];
-    assert!(l.grid >= 1 && l.block >= 64 && l.block <= cuda::BLOCK && l.block % 32 == 0 && l.shared == 0, "{l:?}");
+    assert!(
+        l.grid >= 1 && l.block >= 64 && l.block <= cuda::BLOCK && l.block.is_multiple_of(32) && l.shared == 0,
+        "{l:?}"
+    );
     (m.ptx().to_string(), note)
 }
 
@@ -318,6 +321,9 @@ fn walks_of_different_lengths_share_no_registers() {
     assert!(note.contains("0 values kept"), "{note}");
 }
 
+/// An op's inputs: each one's type, and its value where it is a constant.
+type Operands = Vec<(TensorType, Option<kiln_ir::Tensor>)>;
+
 fn ir_op(kind: kiln_ir::OpKind, attrs: &[(&str, kiln_ir::Attr)]) -> kiln_ir::Op {
     let mut a = kiln_ir::Attrs::new();
     for (n, v) in attrs {
@@ -355,7 +361,7 @@ fn lowered_reductions_softmax_and_layernorm_take_the_rows_emitter() {
     for len in LENGTHS {
         let x = (ty(f, &[3, len]), None);
         let x3 = (ty(f, &[2, 3, len]), None);
-        let mut ops: Vec<(kiln_ir::Op, Vec<(TensorType, Option<kiln_ir::Tensor>)>)> = Vec::new();
+        let mut ops: Vec<(kiln_ir::Op, Operands)> = Vec::new();
         for kind in [
             K::ReduceL1,
             K::ReduceL2,
@@ -437,7 +443,7 @@ fn reductions_of_general_kernels_take_a_group_per_output_element() {
         (t.ty().clone(), Some(t))
     };
     let many = rows::ROWS_FOR_THREADS as usize;
-    let cases: Vec<(kiln_ir::Op, Vec<(TensorType, Option<kiln_ir::Tensor>)>, &str)> = vec![
+    let cases: Vec<(kiln_ir::Op, Operands, &str)> = vec![
         // A sum over the tokens of [1, T, C]: few columns, a warp each.
         (
             ir_op(K::ReduceSum, &[("keepdims", Attr::Int(0))]),

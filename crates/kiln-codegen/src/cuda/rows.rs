@@ -359,8 +359,7 @@ fn plan(k: &Kernel, whole: bool) -> Declined<Plan> {
     }
     let map = mapping(layout, longest, rows);
     let out_walk = (!whole).then_some(u as u32);
-    let (kept, kept_forms) =
-        if map.unrolled() { keep(k, u, out_walk, &reds, &axis, map) } else { (HashMap::new(), 0) };
+    let (kept, kept_forms) = if map.unrolled() { keep(k, u, out_walk, &reds, &axis, map) } else { (HashMap::new(), 0) };
     Ok(Plan { u, out_walk, len, rows, reds, map, kept, kept_forms })
 }
 
@@ -579,7 +578,7 @@ fn emit_plan(k: &Kernel, plan: Plan) -> Result<Result<Entry, String>, CodegenErr
             let row = p.reg(RegClass::B64);
             p.op("min.u64", &[row.into(), raw.into(), Imm::U(rows - 1).into()]);
             // Lanes past the last row exist only where the rows do not fill the warps.
-            let valid = if rows % m.rows_per_warp() != 0 {
+            let valid = if !rows.is_multiple_of(m.rows_per_warp()) {
                 let v = p.reg(RegClass::Pred);
                 p.op("setp.lt.u64", &[v.into(), raw.into(), Imm::U(rows).into()]);
                 Some(v)
@@ -767,8 +766,8 @@ impl Cx<'_> {
             }
             ev.push_scope();
             if let Some(v) = var {
-                    ev.set_var(v as usize, pos);
-                }
+                ev.set_var(v as usize, pos);
+            }
             each(ev, pos)?;
             ev.pop_scope();
             ev.p.place(next);
