@@ -474,6 +474,12 @@ fn reductions_of_general_kernels_take_a_group_per_output_element() {
             vec![(ty(f, &[many, 33]), None), axes(&[-1])],
             "a warp per output element",
         ),
+        // Many elements, short reductions: a thread each, as the general mapping.
+        (
+            ir_op(K::ReduceSum, &[("keepdims", Attr::Int(0))]),
+            vec![(ty(f, &[many, 9]), None), axes(&[-1])],
+            "a thread per output element",
+        ),
     ];
     for (op, inputs, want) in cases {
         let ks = lowered(&op, &inputs);

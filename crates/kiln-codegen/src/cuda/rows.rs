@@ -33,7 +33,8 @@
 //! than the output's last, or one that drops its axis) take the same code with every
 //! output axis a row axis: each output element is a row of one element, and its
 //! reductions are folded by its group (a sum over the tokens of `[1, T, C]`: many
-//! columns, a thread each, the loads coalescing across them; few, a warp each).
+//! columns, a thread each, the loads coalescing across them; few, a warp each). Many
+//! elements whose walks are at most 32 long take a thread each whatever the layout.
 //!
 //! Warps (for `G ≤ 32`) or blocks (for `G = 256`) walk rows grid-stride, so any grid is
 //! correct: a warp takes rows `base .. base + 32/G` (its lanes `lane / G` apart) and
@@ -357,7 +358,14 @@ fn plan(k: &Kernel, whole: bool) -> Declined<Plan> {
     for (i, &l) in live.iter().enumerate() {
         axis.push(if l { walk_of(i)? } else { None });
     }
-    let map = mapping(layout, longest, rows);
+    // Many output elements of General kernels, each with short reductions (or strided
+    // ones): a thread each, as the general mapping has, so no lanes idle and no
+    // shuffles for a few positions each.
+    let map = if whole && rows >= ROWS_FOR_THREADS && (layout != Layout::AlongRows || longest <= WARP) {
+        Mapping { group: 1, chunks: longest.max(1) }
+    } else {
+        mapping(layout, longest, rows)
+    };
     let out_walk = (!whole).then_some(u as u32);
     let (kept, kept_forms) = if map.unrolled() { keep(k, u, out_walk, &reds, &axis, map) } else { (HashMap::new(), 0) };
     Ok(Plan { u, out_walk, len, rows, reds, map, kept, kept_forms })
