@@ -1,6 +1,6 @@
 //! Rows kernels (Softmax, LogSoftmax, LayerNorm, row sums, means, maxima and their
-//! fused prologues and epilogues; global pools over NCHW are Window kernels): each reduction once per row, by a group
-//! of threads that cooperate on the row.
+//! fused prologues and epilogues; global pools over NCHW are Window kernels): each
+//! reduction once per row, by a group of threads that cooperate on the row.
 //!
 //! A Rows kernel (`kiln_flow::class`) has an output `[outer…, L]`; a *row* is one
 //! position of the outer axes (`R` rows, the flat index of the outer axes), and every
@@ -59,11 +59,15 @@
 //! reuse the array).
 //!
 //! **The row in registers**: where each thread walks at most [`UNROLL`] positions
-//! (`⌈n / G⌉`), the walks are unrolled, and a load that two walks read at the same
-//! positions (Softmax's `x` in the maximum, the sum and the output; LayerNorm's in the
-//! mean, the variance and the output) is read once: the later walks use the registers
-//! of the first (at most [`CACHE_WORDS`] 32-bit words a thread). Longer walks are loops
-//! that read global memory again (the row stays in L1/L2).
+//! (`⌈n / G⌉`), the walks are unrolled, and a value that two walks compute at the same
+//! positions (the same *form*, `forms`: Softmax's `x` in the maximum and the sum, its
+//! `exp(x − max)` in the sum and the output; LayerNorm's `x` in the mean and the
+//! variance, `x − mean` in the variance and the output) is computed once: a later walk
+//! stops at it and uses the registers of the first (`keep`; at most [`CACHE_WORDS`]
+//! 32-bit words a thread). A held register is defined in its walk under the same
+//! guard (position within the walk's length, the same for walks of the same length)
+//! as every later use. Longer walks are loops that read global memory again (the row
+//! stays in L1/L2).
 //!
 //! **Numerics**: max and min are exact (`max.NaN`/`min.NaN`, the interpreter's NaN
 //! propagation, whatever the order); integer sums and products wrap as the
