@@ -161,7 +161,7 @@ fn fused(name: &str, dims: [usize; 4], win: [usize; 2], stride: [i64; 2], pad: [
 /// Compiles `kernels` into one module; each must be classed Window and taken by the
 /// window emitter; ptxas must accept the module with no stack frame or spill in any
 /// entry. Returns the module and ptxas's report.
-fn assemble_windows(tag: &str, kernels: &[Kernel]) -> (cuda::CudaModule, String) {
+fn assemble_windows(tag: &str, kernels: &[Kernel]) -> (cuda::CudaModule, Vec<(String, ptxas::Usage)>) {
     for k in kernels {
         assert_eq!(classify(k), KernelClass::Window, "{}: not a Window kernel", k.name);
     }
@@ -179,17 +179,11 @@ fn assemble_windows(tag: &str, kernels: &[Kernel]) -> (cuda::CudaModule, String)
     (m, info)
 }
 
-/// Every entry's "N bytes stack frame, N bytes spill stores, N bytes spill loads" line
-/// says 0, and there is one such line per entry.
-fn check_no_spills(tag: &str, info: &str, entries: usize) {
-    let lines: Vec<&str> = info.lines().filter(|l| l.contains("bytes stack frame")).collect();
-    assert_eq!(lines.len(), entries, "{tag}: ptxas -v reported {} entries:\n{info}", lines.len());
-    for l in lines {
-        assert_eq!(
-            l.trim(),
-            "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
-            "{tag}: an entry uses local memory:\n{info}"
-        );
+/// ptxas reported every entry, and none uses local memory (no stack frame, no spills).
+fn check_no_spills(tag: &str, usage: &[(String, ptxas::Usage)], entries: usize) {
+    assert_eq!(usage.len(), entries, "{tag}: ptxas -v reported {} entries: {usage:?}", usage.len());
+    for (name, u) in usage {
+        assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{tag}: {name} uses local memory: {u:?}");
     }
 }
 

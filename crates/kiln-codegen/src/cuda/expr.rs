@@ -876,12 +876,9 @@ impl<'k, 'p> Eval<'k, 'p> {
         let bt = self.ty(body);
         self.hoist(body, &mut HashSet::new())?;
         let c = class(bt);
-        let acc = match op {
-            ReduceOp::Sum => self.constant(bt, 0),
-            ReduceOp::Prod => self.constant(bt, bt.bits_of_i64(1)),
-            ReduceOp::Max => self.constant(bt, lowest(bt)),
-            ReduceOp::Min => self.constant(bt, highest(bt)),
-            ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. } => self.p.mov(RegClass::B64, "b64", Imm::I(0).into()),
+        let acc = match identity(op, bt) {
+            Some(bits) => self.constant(bt, bits),
+            None => self.p.mov(RegClass::B64, "b64", Imm::I(0).into()),
         };
         // Arg reductions: the best value so far and whether there is one.
         let (best, found) = if op.is_arg() {
@@ -973,6 +970,19 @@ impl<'k, 'p> Eval<'k, 'p> {
         };
         self.p.op(&format!("mov.{t}"), &[dst.into(), src.into()]);
     }
+}
+
+/// The bits of `op`'s identity on values of `t` (an accumulator's first value, the
+/// interpreter's): 0, 1, the lowest or the highest value (−∞/+∞ for floats); `None` for
+/// the arg reductions, whose accumulator is a position.
+pub fn identity(op: ReduceOp, t: ScalarType) -> Option<u64> {
+    Some(match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => t.bits_of_i64(1),
+        ReduceOp::Max => lowest(t),
+        ReduceOp::Min => highest(t),
+        ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. } => return None,
+    })
 }
 
 fn lowest(t: ScalarType) -> u64 {

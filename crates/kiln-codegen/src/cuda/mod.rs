@@ -24,10 +24,16 @@
 //!   adjacent outputs of a row per thread, taps unrolled at compile-time offsets,
 //!   interior items without bounds checks, the epilogue fused. It declines the Window
 //!   kernels that are not such planes (interpolating resamples).
+//! - Rows ([`rows`]): each reduction once per row, a group of threads per row (a
+//!   warp, part of one, or a block for long rows; a thread per row where the reduced
+//!   axis strides and rows are many), combined with warp shuffles and shared memory;
+//!   the walks unrolled, and a value several walks compute kept in registers, where a
+//!   thread walks few positions. It declines arg reductions. General kernels with
+//!   reductions take it too, each output element a row of one element.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
-//!   kernel the expression evaluator ([`expr`]) handles; not fast for contractions
-//!   and rows, whose emitters are still to come.
+//!   kernel the expression evaluator ([`expr`]) handles; the class
+//!   emitters above are the fast paths.
 //!
 //! Each kernel's note says which emitter wrote it, and why a class emitter declined it
 //! (`general (why)`), as on the CPU. Nothing here has run on a GPU yet: generated
@@ -41,6 +47,7 @@ pub mod expr;
 mod general;
 pub mod ptx;
 pub mod window;
+pub mod rows;
 
 use kiln_flow::class::KernelClass;
 use kiln_flow::Kernel;
@@ -149,9 +156,16 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
             Ok(e) => return Ok(e),
             Err(why) => Some(why),
         },
-        KernelClass::General => None,
-        // No GPU emitter for these classes yet: the general mapping is correct, not fast.
-        KernelClass::Rows => Some(format!("no CUDA {} emitter yet", class.name())),
+        KernelClass::Rows => match rows::emit(k)? {
+            Ok(e) => return Ok(e),
+            Err(why) => Some(why),
+        },
+        // Reductions of no Rows kernel: a group of threads per output element; the
+        // general mapping keeps its plain note where that declines.
+        KernelClass::General => match rows::emit_general(k)? {
+            Ok(e) => return Ok(e),
+            Err(_) => None,
+        },
     };
     let mut e = general::emit(k)?;
     if let Some(why) = declined {

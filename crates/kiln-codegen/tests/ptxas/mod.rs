@@ -44,45 +44,55 @@ pub fn assemble_ptx(suite: &str, tag: &str, ptx: &str) -> Result<(), String> {
     }
 }
 
-/// Assembles `ptx` for sm_90a with `-v`: ptxas's report (per entry, its registers and
-/// "N bytes stack frame, N bytes spill stores, N bytes spill loads"), or its error
-/// output when it refuses the module.
-pub fn assemble_ptx_verbose(suite: &str, tag: &str, ptx: &str) -> Result<String, String> {
+/// What `ptxas -v` reports for one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of stack frame.
+    pub stack: u32,
+    /// Bytes of spill stores.
+    pub spill_stores: u32,
+    /// Bytes of spill loads.
+    pub spill_loads: u32,
+}
+
+/// Assembles `ptx` like [`assemble_ptx`], with `-v`: each entry's [`Usage`], by name.
+pub fn assemble_ptx_verbose(suite: &str, tag: &str, ptx: &str) -> Result<Vec<(String, Usage)>, String> {
     let dir = std::env::temp_dir().join(format!("kiln-{suite}-{}-{tag}-v", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let src = dir.join("m.ptx");
     std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
     let out = Command::new(ptxas())
-        .arg("-arch=sm_90a")
-        .arg("-v")
+        .args(["-arch=sm_90a", "-v"])
         .arg(&src)
         .arg("-o")
         .arg(dir.join("m.cubin"))
         .output()
         .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(text)
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(text);
     }
-}
-
-/// From `ptxas -v`'s report, entry `name`'s "N bytes stack frame, N bytes spill
-/// stores, N bytes spill loads" line (trimmed), if the report has it.
-pub fn frame_of(info: &str, name: &str) -> Option<String> {
-    let head = format!("Function properties for {name}");
-    let mut lines = info.lines();
-    lines.find(|l| l.trim_end().ends_with(&head))?;
-    lines.next().map(|l| l.trim().to_string())
-}
-
-/// From `ptxas -v`'s report, the registers entry `name` uses.
-pub fn registers_of(info: &str, name: &str) -> Option<u32> {
-    let head = format!("Function properties for {name}");
-    let mut lines = info.lines();
-    lines.find(|l| l.trim_end().ends_with(&head))?;
-    let used = lines.find(|l| l.contains("Used "))?;
-    used.split("Used ").nth(1)?.split_whitespace().next()?.parse().ok()
+    // "Function properties for NAME", then "N bytes stack frame, N bytes spill stores,
+    // N bytes spill loads", then "Used N registers".
+    let num = |s: &str, before: &str| -> u32 {
+        s.split(before).next().and_then(|h| h.split_whitespace().last()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    let mut found: Vec<(String, Usage)> = Vec::new();
+    for line in text.lines() {
+        if let Some(name) = line.split("Function properties for ").nth(1) {
+            found.push((name.trim().to_string(), Usage::default()));
+        } else if let Some((_, u)) = found.last_mut() {
+            if line.contains("bytes stack frame") {
+                u.stack = num(line, " bytes stack frame");
+                u.spill_stores = num(line, " bytes spill stores");
+                u.spill_loads = num(line, " bytes spill loads");
+            } else if line.contains("Used ") && line.contains(" registers") {
+                u.registers = num(line, " registers");
+            }
+        }
+    }
+    Ok(found)
 }
