@@ -584,7 +584,7 @@ fn every_window_kernel_takes_the_window_emitter() {
                     declined += 1;
                 }
             }
-            match ptxas::assemble_ptx_verbose("ptxas-v", &name, cuda.ptx()) {
+            match ptxas_bin::assemble_ptx_verbose("ptxas-v", &name, cuda.ptx()) {
                 Err(e) => failures.push(format!("{name}: ptxas: {}", e.lines().take(8).collect::<Vec<_>>().join("\n"))),
                 Ok(usage) => {
                     for entry in entries {
