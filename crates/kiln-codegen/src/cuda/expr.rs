@@ -875,7 +875,6 @@ impl<'k, 'p> Eval<'k, 'p> {
     fn reduce(&mut self, op: ReduceOp, ty: ScalarType, vars: &[kiln_flow::VarId], body: ExprId) -> R<Reg> {
         let bt = self.ty(body);
         self.hoist(body, &mut HashSet::new())?;
-        let c = class(bt);
         let acc = match identity(op, bt) {
             Some(bits) => self.constant(bt, bits),
             None => self.p.mov(RegClass::B64, "b64", Imm::I(0).into()),
@@ -910,7 +909,7 @@ impl<'k, 'p> Eval<'k, 'p> {
                     _ => BinaryOp::Min,
                 };
                 let n = self.binary(b, bt, acc, x)?;
-                self.copy(c, acc, n);
+                self.copy(acc, n);
             }
             ReduceOp::ArgMax { last } | ReduceOp::ArgMin { last } => {
                 let (best, found) = (best.unwrap_or(acc), found.unwrap_or(acc));
@@ -925,7 +924,7 @@ impl<'k, 'p> Eval<'k, 'p> {
                 let nf = self.op1(RegClass::Pred, "not.pred", found);
                 let take = self.op2(RegClass::Pred, "or.pred", better, nf.into());
                 let nb = self.select(bt, take, x, best);
-                self.copy(c, best, nb);
+                self.copy(best, nb);
                 // The position: row-major over the reduction's variables.
                 let mut pos: Option<Reg> = None;
                 for (v, (r, _, _)) in vars.iter().zip(&loops) {
@@ -941,9 +940,9 @@ impl<'k, 'p> Eval<'k, 'p> {
                 }
                 let pos = pos.unwrap_or(acc);
                 let na = self.select(ScalarType::I64, take, pos, acc);
-                self.copy(RegClass::B64, acc, na);
+                self.copy(acc, na);
                 let t = self.constant(ScalarType::Bool, 1);
-                self.copy(RegClass::Pred, found, t);
+                self.copy(found, t);
             }
         }
         for (v, (r, head, end)) in vars.iter().zip(loops).rev() {
@@ -959,16 +958,8 @@ impl<'k, 'p> Eval<'k, 'p> {
         Ok(acc)
     }
 
-    fn copy(&mut self, c: RegClass, dst: Reg, src: Reg) {
-        let t = match c {
-            RegClass::Pred => "pred",
-            RegClass::B16 => "b16",
-            RegClass::B32 => "b32",
-            RegClass::B64 => "b64",
-            RegClass::F32 => "f32",
-            RegClass::F64 => "f64",
-        };
-        self.p.op(&format!("mov.{t}"), &[dst.into(), src.into()]);
+    fn copy(&mut self, dst: Reg, src: Reg) {
+        self.p.copy(dst, src);
     }
 }
 

@@ -53,7 +53,7 @@ use kiln_flow::class::KernelClass;
 use kiln_flow::Kernel;
 use kiln_module::program::{DeviceKind, Executable};
 
-use self::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use self::ptx::{Imm, Ptx, Reg, RegClass};
 use crate::CodegenError;
 
 /// Threads per block of every kernel.
@@ -192,23 +192,11 @@ struct Skeleton {
 impl Skeleton {
     /// Opens the grid-stride loop over `0..groups`.
     fn open(p: &mut Ptx, bindings: usize, groups: u64) -> Skeleton {
-        let mut bases = Vec::with_capacity(bindings);
-        for i in 0..bindings {
-            let raw = p.reg(RegClass::B64);
-            p.op("ld.param.u64", &[raw.into(), p.param(i)]);
-            let g = p.reg(RegClass::B64);
-            p.op("cvta.to.global.u64", &[g.into(), raw.into()]);
-            bases.push(g);
-        }
-        let special = |p: &mut Ptx, s: &'static str| {
-            let r = p.reg(RegClass::B32);
-            p.op("mov.u32", &[r.into(), Opd::Special(s)]);
-            r
-        };
-        let tid = special(p, "%tid.x");
-        let ntid = special(p, "%ntid.x");
-        let ctaid = special(p, "%ctaid.x");
-        let nctaid = special(p, "%nctaid.x");
+        let bases = p.binding_bases(bindings);
+        let tid = p.special("%tid.x");
+        let ntid = p.special("%ntid.x");
+        let ctaid = p.special("%ctaid.x");
+        let nctaid = p.special("%nctaid.x");
         let tid64 = p.reg(RegClass::B64);
         p.op("cvt.u64.u32", &[tid64.into(), tid.into()]);
         let group = p.reg(RegClass::B64);

@@ -252,6 +252,33 @@ impl Ptx {
         d
     }
 
+    /// `mov` of register `src` into `dst` (the same class).
+    pub fn copy(&mut self, dst: Reg, src: Reg) {
+        let ty = &dst.class.decl()[1..];
+        self.op(&format!("mov.{ty}"), &[dst.into(), src.into()]);
+    }
+
+    /// A new `.b32` register holding special register `s` (`%tid.x`, `%ctaid.x`, …).
+    pub fn special(&mut self, s: &'static str) -> Reg {
+        let r = self.reg(RegClass::B32);
+        self.op("mov.u32", &[r.into(), Opd::Special(s)]);
+        r
+    }
+
+    /// The global base address of each of the entry's first `n` parameters (the
+    /// bindings of the kernel ABI: one `.u64` address each), converted with `cvta`.
+    pub fn binding_bases(&mut self, n: usize) -> Vec<Reg> {
+        (0..n)
+            .map(|i| {
+                let raw = self.reg(RegClass::B64);
+                self.op("ld.param.u64", &[raw.into(), self.param(i)]);
+                let g = self.reg(RegClass::B64);
+                self.op("cvta.to.global.u64", &[g.into(), raw.into()]);
+                g
+            })
+            .collect()
+    }
+
     /// Branch to `l` (when `p`, or when not `p` if `negate`).
     pub fn bra(&mut self, cond: Option<(Reg, bool)>, l: Label) {
         self.guarded(cond, "bra.uni", &[l.into()]);

@@ -509,23 +509,11 @@ fn emit_plan(k: &Kernel, plan: Plan) -> Result<Result<Entry, String>, CodegenErr
     if m.group > WARP {
         p.op(&format!(".shared .align 8 .b8 {PARTIALS}[{}]", WARPS * 8), &[]);
     }
-    let mut bases = Vec::with_capacity(nb);
-    for i in 0..nb {
-        let raw = p.reg(RegClass::B64);
-        p.op("ld.param.u64", &[raw.into(), p.param(i)]);
-        let g = p.reg(RegClass::B64);
-        p.op("cvta.to.global.u64", &[g.into(), raw.into()]);
-        bases.push(g);
-    }
-    let special = |p: &mut Ptx, s: &'static str| {
-        let r = p.reg(RegClass::B32);
-        p.op("mov.u32", &[r.into(), Opd::Special(s)]);
-        r
-    };
-    let tid = special(&mut p, "%tid.x");
-    let ntid = special(&mut p, "%ntid.x");
-    let ctaid = special(&mut p, "%ctaid.x");
-    let nctaid = special(&mut p, "%nctaid.x");
+    let bases = p.binding_bases(nb);
+    let tid = p.special("%tid.x");
+    let ntid = p.special("%ntid.x");
+    let ctaid = p.special("%ctaid.x");
+    let nctaid = p.special("%nctaid.x");
     let lane = p.reg(RegClass::B32);
     p.op("and.b32", &[lane.into(), tid.into(), Imm::I(31).into()]);
     let rows = plan.rows;
@@ -803,7 +791,7 @@ impl Cx<'_> {
         self.positions(ev, Some(red.var), &[body], extent, None, &mut |ev, _| {
             let x = ev.value(body)?;
             let n = ev.binary(op, ty, acc, x)?;
-            mov(ev.p, acc, n);
+            ev.p.copy(acc, n);
             Ok(())
         })?;
         Ok(acc)
@@ -818,7 +806,7 @@ impl Cx<'_> {
         while off >= 1 {
             let other = shfl_bfly(ev.p, acc, off);
             let n = ev.binary(op, red.ty, acc, other)?;
-            mov(ev.p, acc, n);
+            ev.p.copy(acc, n);
             off /= 2;
         }
         let Some(b) = block else { return Ok(acc) };
@@ -838,7 +826,7 @@ impl Cx<'_> {
         // Every thread has read every slot before any is written again.
         ev.p.op("bar.sync", &[Imm::I(0).into()]);
         let all = all.unwrap_or(acc);
-        mov(ev.p, acc, all);
+        ev.p.copy(acc, all);
         Ok(acc)
     }
 }
@@ -853,17 +841,6 @@ fn binary_of(op: ReduceOp) -> BinaryOp {
     }
 }
 
-fn mov(p: &mut Ptx, dst: Reg, src: Reg) {
-    let t = match dst.class {
-        RegClass::Pred => "pred",
-        RegClass::B16 => "b16",
-        RegClass::B32 => "b32",
-        RegClass::B64 => "b64",
-        RegClass::F32 => "f32",
-        RegClass::F64 => "f64",
-    };
-    p.op(&format!("mov.{t}"), &[dst.into(), src.into()]);
-}
 
 /// `v` as a 32- or 64-bit word for a shuffle or a shared slot: its type suffix and
 /// register (a predicate becomes 0 or 1).
