@@ -189,32 +189,41 @@ fn execute(engine: Engine, g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, O
         Engine::Reference => kiln_ref::eval_graph(g, feeds).map_err(|e| Outcome::RuntimeError(e.to_string())),
         Engine::Cuda => crate::gpu::execute_graph(g, feeds),
         Engine::Compiled => {
-            let c = kiln_compiler::compile(g, &kiln_compiler::Options::default())
-                .map_err(|e| Outcome::CompileError(e.to_string()))?;
-            // Through a file, as a user's artifact travels: write, read back, load.
-            let path = std::env::temp_dir().join(format!("kiln-conformance-{}.kiln", std::process::id()));
-            let written = std::fs::write(&path, &c.artifact).and_then(|_| kiln_runtime::fs::AlignedBytes::read(&path));
-            let _ = std::fs::remove_file(&path);
-            let bytes = written.map_err(|e| Outcome::RuntimeError(format!("artifact file: {e}")))?;
-            let module = kiln_runtime::Module::load(bytes.bytes(), c.weights.as_deref())
-                .map_err(|e| Outcome::RuntimeError(format!("load: {e}")))?;
-            let mut inst =
-                kiln_runtime::Instance::new(&module).map_err(|e| Outcome::RuntimeError(format!("instantiate: {e}")))?;
-            let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-            let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-            {
-                let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-                inst.invoke(&ins, &mut refs).map_err(|e| Outcome::RuntimeError(e.to_string()))?;
-            }
-            g.outputs
-                .iter()
-                .zip(outs)
-                .map(|(&v, b)| {
-                    Tensor::new(g.values[v].ty.clone(), Bytes::from(b)).map_err(|e| Outcome::RuntimeError(e.to_string()))
-                })
-                .collect()
+            compile_and_run(g, feeds, &kiln_compiler::Options::default(), "conformance", |artifact, weights, ins, outs| {
+                let module = kiln_runtime::Module::load(artifact, weights).map_err(|e| format!("load: {e}"))?;
+                let mut inst = kiln_runtime::Instance::new(&module).map_err(|e| format!("instantiate: {e}"))?;
+                inst.invoke(ins, outs).map_err(|e| e.to_string())
+            })
         }
     }
+}
+
+/// Compiles `g` with `opts`, writes the artifact to a file and reads it back (as a
+/// user's artifact travels), then `run(artifact, weights, inputs, outputs)` loads and
+/// runs it on some device; the graph's outputs as tensors. `tag` names the scratch file.
+pub(crate) fn compile_and_run(
+    g: &Graph,
+    feeds: &[Tensor],
+    opts: &kiln_compiler::Options,
+    tag: &str,
+    run: impl FnOnce(&[u8], Option<&[u8]>, &[&[u8]], &mut [&mut [u8]]) -> Result<(), String>,
+) -> Result<Vec<Tensor>, Outcome> {
+    let c = kiln_compiler::compile(g, opts).map_err(|e| Outcome::CompileError(e.to_string()))?;
+    let path = std::env::temp_dir().join(format!("kiln-{tag}-{}.kiln", std::process::id()));
+    let written = std::fs::write(&path, &c.artifact).and_then(|_| kiln_runtime::fs::AlignedBytes::read(&path));
+    let _ = std::fs::remove_file(&path);
+    let bytes = written.map_err(|e| Outcome::RuntimeError(format!("artifact file: {e}")))?;
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
+    {
+        let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+        run(bytes.bytes(), c.weights.as_deref(), &ins, &mut refs).map_err(Outcome::RuntimeError)?;
+    }
+    g.outputs
+        .iter()
+        .zip(outs)
+        .map(|(&v, b)| Tensor::new(g.values[v].ty.clone(), Bytes::from(b)).map_err(|e| Outcome::RuntimeError(e.to_string())))
+        .collect()
 }
 
 /// Runs one case directory.

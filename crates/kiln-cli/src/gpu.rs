@@ -322,28 +322,11 @@ mod imp {
     pub(crate) fn execute_graph(g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, Outcome> {
         require_driver().map_err(Outcome::RuntimeError)?;
         let opts = kiln_compiler::Options { device: TargetDevice::Cuda, ..kiln_compiler::Options::default() };
-        let c = kiln_compiler::compile(g, &opts).map_err(|e| Outcome::CompileError(e.to_string()))?;
-        let path = std::env::temp_dir().join(format!("kiln-conformance-cuda-{}.kiln", std::process::id()));
-        let written = std::fs::write(&path, &c.artifact).and_then(|_| AlignedBytes::read(&path));
-        let _ = std::fs::remove_file(&path);
-        let bytes = written.map_err(|e| Outcome::RuntimeError(format!("artifact file: {e}")))?;
-        let module = CudaModule::load(bytes.bytes(), c.weights.as_deref())
-            .map_err(|e| Outcome::RuntimeError(format!("load: {e}")))?;
-        let mut inst = CudaInstance::new(&module).map_err(|e| Outcome::RuntimeError(format!("instantiate: {e}")))?;
-        let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-        let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-        {
-            let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-            inst.invoke(&ins, &mut refs).map_err(|e| Outcome::RuntimeError(e.to_string()))?;
-        }
-        g.outputs
-            .iter()
-            .zip(outs)
-            .map(|(&v, b)| {
-                Tensor::new(g.values[v].ty.clone(), bytes::Bytes::from(b))
-                    .map_err(|e| Outcome::RuntimeError(e.to_string()))
-            })
-            .collect()
+        crate::conformance::compile_and_run(g, feeds, &opts, "conformance-cuda", |artifact, weights, ins, outs| {
+            let module = CudaModule::load(artifact, weights).map_err(|e| format!("load: {e}"))?;
+            let mut inst = CudaInstance::new(&module).map_err(|e| format!("instantiate: {e}"))?;
+            inst.invoke(ins, outs).map_err(|e| e.to_string())
+        })
     }
 
     /// What the GPU computed for dispatch `k`: its inputs as it read them, its output.
