@@ -17,10 +17,10 @@ use kiln_import::ImportOptions;
 use kiln_module::program::{Command as PlanCommand, DeviceKind, CUDA_CUBIN_SM90A};
 
 mod common;
-#[path = "../../kiln-codegen/tests/ptx_sim/mod.rs"]
-mod ptx_sim;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas_bin;
+#[path = "../../kiln-codegen/tests/ptxsim/mod.rs"]
+mod ptxsim;
 
 use common::{import_options, listed_models, model_path, ok, s, scratch, LENET};
 use ptxas_bin::ptxas;
@@ -563,7 +563,7 @@ fn every_window_kernel_takes_the_window_emitter() {
             let cuda = c.cuda().expect("a CUDA compilation has a CUDA module");
             let flow = c.flow().expect("flow");
             let mut entries = Vec::new();
-            for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
+            for (index, (d, note)) in flow.dispatches.iter().zip(&cuda.notes).enumerate() {
                 if d.class != KernelClass::Window {
                     continue;
                 }
@@ -574,8 +574,14 @@ fn every_window_kernel_takes_the_window_emitter() {
                     let taps: u64 = plane_window_taps(&d.kernel);
                     if d.kernel.output.shape.numel() as u64 * taps <= EMULATED_WORK {
                         emulated += 1;
-                        if let Err(e) = ptx_sim::check_against_interpreter(&d.kernel, cuda.ptx(), windows as u64) {
-                            failures.push(format!("{name}: {e}"));
+                        let l = cuda.launches[index];
+                        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+                        for specials in [false, true] {
+                            let c =
+                                ptxsim::Check { specials, max_blocks: Some(3), ..ptxsim::Check::exact(windows as u64) };
+                            if let Err(e) = ptxsim::check_against_interpreter(&d.kernel, cuda.ptx(), index, launch, &c) {
+                                failures.push(format!("{name}: {e}"));
+                            }
                         }
                     }
                 } else if plane || !note.starts_with("general (not a depthwise window or pool") {
