@@ -39,7 +39,7 @@
 //! unordered comparisons; `selp`; predicate logic. `cvt`: integer widths with sign or
 //! zero extension and `.sat`; float → integer with `.rni/.rzi/.rmi/.rpi`, saturating to
 //! the destination's range, NaN → 0; integer → float and f64 → f32 with `.rn`;
-//! f32 → f16/bf16 with `.rn` (NaN → canonical NaN); f16/bf16 → f32 exactly; float →
+//! f32/f64 → f16/bf16 with `.rn`, rounded once (NaN → canonical NaN); f16/bf16 → f32 exactly; float →
 //! same float with `.rni/.rzi/.rmi/.rpi`.
 //!
 //! **Not modelled.** Approximate instructions (`ex2/lg2/sin/cos/tanh/rcp/sqrt.approx`)
@@ -506,7 +506,8 @@ fn shared_var(rest: &str) -> R<SharedVar> {
             w => {
                 let (name, n) = w.split_once('[').ok_or(SimError::Parse(format!(".shared {rest}")))?;
                 let n = n.trim_end_matches(';').trim_end_matches(']');
-                let bytes = if n.is_empty() { None } else { Some(n.parse().map_err(|_| SimError::Parse(rest.into()))?) };
+                let bytes =
+                    if n.is_empty() { None } else { Some(n.parse().map_err(|_| SimError::Parse(rest.into()))?) };
                 return Ok(SharedVar { name: name.to_string(), align, bytes });
             }
         }
@@ -526,7 +527,8 @@ pub fn entries(ptx: &str) -> Vec<String> {
 /// are visible to it).
 pub fn parse(ptx: &str, index: usize) -> R<Entry> {
     let names = entries(ptx);
-    let name = names.get(index).ok_or_else(|| SimError::Parse(format!("no entry {index} ({} entries)", names.len())))?;
+    let name =
+        names.get(index).ok_or_else(|| SimError::Parse(format!("no entry {index} ({} entries)", names.len())))?;
     parse_named(ptx, name)
 }
 
@@ -673,9 +675,10 @@ pub fn parse_named(ptx: &str, name: &str) -> R<Entry> {
                     Opnd::Param(i)
                 } else {
                     let (b, off) = match x.split_once('+') {
-                        Some((b, off)) => {
-                            (b.trim(), off.trim().parse::<i64>().map_err(|_| SimError::Parse(format!("offset in {l}")))?)
-                        }
+                        Some((b, off)) => (
+                            b.trim(),
+                            off.trim().parse::<i64>().map_err(|_| SimError::Parse(format!("offset in {l}")))?,
+                        ),
                         None => (x, 0),
                     };
                     let base = match sym(b) {
@@ -895,23 +898,49 @@ fn db(x: f64) -> u64 {
     x.to_bits()
 }
 
-/// f32 → f16 bits, round to nearest even; NaN → the canonical 0x7FFF.
-pub fn f32_to_f16(x: f32) -> u16 {
-    let sign = ((x.to_bits() >> 16) & 0x8000) as u16;
+/// `a ≥ 0` rounded to nearest even with `p` significand bits and exponents down to
+/// `emin` (subnormals below).
+fn round_to(a: f64, p: i32, emin: i32) -> f64 {
+    if a == 0.0 || !a.is_finite() {
+        return a;
+    }
+    let mut e = a.log2().floor() as i32;
+    if 2f64.powi(e) > a {
+        e -= 1;
+    } else if 2f64.powi(e + 1) <= a {
+        e += 1;
+    }
+    let ulp = 2f64.powi(e.max(emin) - p + 1);
+    (a / ulp).round_ties_even() * ulp
+}
+
+/// A float (f32 or f64 value) → f16 bits, rounded once to nearest even; NaN → the
+/// canonical 0x7FFF.
+pub fn to_f16(x: f64) -> u16 {
     if x.is_nan() {
         return 0x7FFF;
     }
-    let a = f64::from(x.abs());
-    if a >= 65520.0 {
+    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+    let r = round_to(x.abs(), 11, -14);
+    if r >= 65536.0 {
         return sign | 0x7C00;
     }
-    if a < 2f64.powi(-14) {
-        return sign | (a * 2f64.powi(24)).round_ties_even() as u16;
+    if r < 2f64.powi(-14) {
+        return sign | (r * 2f64.powi(24)) as u16;
     }
-    let e = a.log2().floor() as i32;
-    let e = if a < 2f64.powi(e) { e - 1 } else if a >= 2f64.powi(e + 1) { e + 1 } else { e };
-    let q = (a / 2f64.powi(e) * 1024.0).round_ties_even() as u32;
-    sign | ((((e + 15) as u32) << 10) + (q - 1024)) as u16
+    let e = r.log2().floor() as i32;
+    let e = if 2f64.powi(e) > r { e - 1 } else { e };
+    sign | ((((e + 15) as u32) << 10) + ((r / 2f64.powi(e) * 1024.0) as u32 - 1024)) as u16
+}
+
+/// A float → bf16 bits, rounded once to nearest even; NaN → the canonical 0x7FFF.
+pub fn to_bf16(x: f64) -> u16 {
+    if x.is_nan() {
+        return 0x7FFF;
+    }
+    let r = round_to(x.abs(), 8, -126);
+    let r = if x.is_sign_negative() { -r } else { r };
+    ((r as f32).to_bits() >> 16) as u16
 }
 
 pub fn f16_to_f32(h: u16) -> f32 {
@@ -925,15 +954,6 @@ pub fn f16_to_f32(h: u16) -> f32 {
         _ => (1.0 + m / 1024.0) * 2f64.powi(i32::from(e) - 15),
     };
     (s * v) as f32
-}
-
-/// f32 → bf16 bits, round to nearest even; NaN → the canonical 0x7FFF.
-pub fn f32_to_bf16(x: f32) -> u16 {
-    if x.is_nan() {
-        return 0x7FFF;
-    }
-    let b = x.to_bits();
-    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }
 
 fn round_int(x: f64, r: Rnd) -> R<f64> {
@@ -1011,8 +1031,8 @@ fn fput(t: Ty, x: f64) -> u64 {
     match t {
         Ty::F64 => db(x),
         Ty::F32 => fb(x as f32),
-        Ty::F16 => u64::from(f32_to_f16(x as f32)),
-        _ => u64::from(f32_to_bf16(x as f32)),
+        Ty::F16 => u64::from(to_f16(x)),
+        _ => u64::from(to_bf16(x)),
     }
 }
 
@@ -1377,7 +1397,7 @@ impl Entry {
                     (None, false) if to.bits() > from.bits() => fput(to, x),
                     (Some(Rnd::Rn), false) if to.bits() < from.bits() => match (to, from) {
                         (Ty::F32, Ty::F64) => fb(x as f32),
-                        (Ty::F16 | Ty::Bf16, Ty::F32) => fput(to, x),
+                        (Ty::F16 | Ty::Bf16, Ty::F32 | Ty::F64) => fput(to, x),
                         _ => return bad(),
                     },
                     _ => return bad(),
@@ -1758,18 +1778,21 @@ fn ulps32(a: f32, b: f32) -> u64 {
 /// (`c`) and compares every output element it wrote with the kernel interpreter's,
 /// within `c.tol`. The full launch must write every element; a reduced one (`c`'s
 /// `max_blocks` or `budget`) is checked on the elements it wrote (at least one).
-pub fn check_against_interpreter(k: &Kernel, ptx: &str, index: usize, launch: Grid, c: &Check) -> Result<Outcome, String> {
+pub fn check_against_interpreter(
+    k: &Kernel,
+    ptx: &str,
+    index: usize,
+    launch: Grid,
+    c: &Check,
+) -> Result<Outcome, String> {
     let e = parse(ptx, index).map_err(|e| format!("{}: {e}", k.name))?;
     if e.name != k.name {
         return Err(format!("entry {index} is {}, not {}", e.name, k.name));
     }
     let ins = random_inputs(&k.inputs, c.seed, c.specials, c.ints);
     let refs: Vec<&Tensor> = ins.iter().collect();
-    let want = if c.oracle {
-        Some(interp::run(k, &refs).map_err(|e| format!("{}: interpreter: {e}", k.name))?)
-    } else {
-        None
-    };
+    let want =
+        if c.oracle { Some(interp::run(k, &refs).map_err(|e| format!("{}: interpreter: {e}", k.name))?) } else { None };
     let mut bufs: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
     let out_bytes = k.output.storage_bytes();
     bufs.push(vec![0xFF; out_bytes]);
@@ -1796,13 +1819,23 @@ pub fn check_against_interpreter(k: &Kernel, ptx: &str, index: usize, launch: Gr
         if wrote == 0 {
             return Err(format!("{}: no element written by {grid} blocks in {} instructions", k.name, stats.steps));
         }
-        return Ok(Outcome { compared: 0, elements: k.output.shape.numel(), grid, steps: stats.steps, partial: stats.partial });
+        return Ok(Outcome {
+            compared: 0,
+            elements: k.output.shape.numel(),
+            grid,
+            steps: stats.steps,
+            partial: stats.partial,
+        });
     };
     let (gv, wv) = (got_t.to_f64_vec(), want.to_f64_vec());
     let n = wv.len();
     let mut compared = 0;
     for i in 0..n {
-        let wrote = if dt.is_packed() { written.iter().all(|&w| w) } else { written[i * esz..(i + 1) * esz].iter().all(|&w| w) };
+        let wrote = if dt.is_packed() {
+            written.iter().all(|&w| w)
+        } else {
+            written[i * esz..(i + 1) * esz].iter().all(|&w| w)
+        };
         if !wrote {
             if reduced {
                 continue;
