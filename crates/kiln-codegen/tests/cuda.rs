@@ -39,7 +39,7 @@ fn assemble(tag: &str, kernels: &[Kernel]) -> cuda::CudaModule {
 /// own range reductions and polynomials, and sums are reassociated).
 fn simulate(tag: &str, kernels: &[Kernel], m: &cuda::CudaModule) {
     for (i, k) in kernels.iter().enumerate() {
-        let l: u64 = k.vars[k.output.shape.rank()..].iter().product::<u64>().max(1);
+        let l = ptxsim::reduction_length(k);
         let launch = m.launches[i];
         let launch = ptxsim::Grid { grid: launch.grid as u32, block: launch.block, shared: launch.shared };
         for specials in [false, true] {

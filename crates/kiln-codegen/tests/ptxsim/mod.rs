@@ -1711,6 +1711,29 @@ impl Check {
     }
 }
 
+/// The longest reduction of `k`: the largest count of terms one `Reduce` folds (1
+/// without reductions). Tolerances of reassociated sums scale with it.
+pub fn reduction_length(k: &Kernel) -> u64 {
+    reductions(k).into_iter().max().unwrap_or(1)
+}
+
+/// About how many terms the interpreter evaluates for `k`: each output element
+/// recomputes every reduction.
+pub fn interpretation_cost(k: &Kernel) -> u64 {
+    let per: u64 = reductions(k).iter().sum::<u64>().max(1);
+    (k.output.shape.numel() as u64).saturating_mul(per)
+}
+
+fn reductions(k: &Kernel) -> Vec<u64> {
+    k.nodes
+        .iter()
+        .filter_map(|n| match &n.expr {
+            kiln_flow::Expr::Reduce { vars, .. } => Some(vars.iter().map(|v| k.vars[v.0 as usize]).product()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What a check compared.
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome {
