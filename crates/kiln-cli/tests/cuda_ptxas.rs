@@ -579,7 +579,8 @@ fn every_window_kernel_takes_the_window_emitter() {
                         for specials in [false, true] {
                             let c =
                                 ptxsim::Check { specials, max_blocks: Some(3), ..ptxsim::Check::exact(windows as u64) };
-                            if let Err(e) = ptxsim::check_against_interpreter(&d.kernel, cuda.ptx(), index, launch, &c) {
+                            if let Err(e) = ptxsim::check_against_interpreter(&d.kernel, cuda.ptx(), index, launch, &c)
+                            {
                                 failures.push(format!("{name}: {e}"));
                             }
                         }
@@ -590,11 +591,14 @@ fn every_window_kernel_takes_the_window_emitter() {
                     declined += 1;
                 }
             }
-            match ptxas::assemble_ptx_verbose("ptxas-v", &name, cuda.ptx()) {
+            match ptxas_bin::assemble_ptx_verbose("ptxas-v", &name, cuda.ptx()) {
                 Err(e) => failures.push(format!("{name}: ptxas: {}", e.lines().take(8).collect::<Vec<_>>().join("\n"))),
                 Ok(usage) => {
                     for entry in entries {
-                        let u = usage.iter().find(|(n, _)| *n == entry).map(|(_, u)| (u.stack, u.spill_stores, u.spill_loads));
+                        let u = usage
+                            .iter()
+                            .find(|(n, _)| *n == entry)
+                            .map(|(_, u)| (u.stack, u.spill_stores, u.spill_loads));
                         if u != Some((0, 0, 0)) {
                             failures.push(format!("{name}: {entry}: stack, spill stores, spill loads {u:?}"));
                         }
