@@ -1689,8 +1689,12 @@ pub enum Tol {
 #[derive(Debug, Clone, Copy)]
 pub struct Check {
     pub seed: u64,
-    /// Put NaN, ±∞ and −0 among the float inputs.
+    /// Put NaN and ±∞ among the float inputs.
     pub specials: bool,
+    /// Put −0 among the float inputs too (with `specials`). PTX `max/min.f32` order
+    /// −0 below +0 (IEEE 754-2019, as modelled here) where the interpreter's Max/Min
+    /// may keep either zero: a sign-of-zero divergence to check on a GPU.
+    pub neg_zero: bool,
     pub tol: Tol,
     /// Run at most this many blocks (rounded to whole clusters; at least 2 clusters
     /// where the launch has them): a grid-stride kernel then walks its tail.
@@ -1707,7 +1711,16 @@ pub struct Check {
 
 impl Check {
     pub fn exact(seed: u64) -> Check {
-        Check { seed, specials: false, tol: Tol::Exact, max_blocks: None, budget: None, ints: (-9, 9), oracle: true }
+        Check {
+            seed,
+            specials: false,
+            neg_zero: true,
+            tol: Tol::Exact,
+            max_blocks: None,
+            budget: None,
+            ints: (-9, 9),
+            oracle: true,
+        }
     }
 }
 
@@ -1753,8 +1766,8 @@ fn xorshift(s: &mut u64) -> u64 {
 
 /// Random inputs of the types `tys`: floats in [−2, 2) on a 2⁻¹⁰ grid (exact in every
 /// float type), with NaN, +∞, −∞ and −0 sprinkled where `specials`; integers in
-/// `ints`; bools 0/1.
-pub fn random_inputs(tys: &[TensorType], seed: u64, specials: bool, ints: (i64, i64)) -> Vec<Tensor> {
+/// `ints`; bools 0/1. (−0 only where `neg_zero` too.)
+pub fn random_inputs(tys: &[TensorType], seed: u64, specials: bool, neg_zero: bool, ints: (i64, i64)) -> Vec<Tensor> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     tys.iter()
         .map(|t| {
@@ -1767,7 +1780,7 @@ pub fn random_inputs(tys: &[TensorType], seed: u64, specials: bool, ints: (i64, 
                             _ if specials && i % 13 == 5 => f64::NAN,
                             _ if specials && i % 29 == 3 => f64::INFINITY,
                             _ if specials && i % 31 == 7 => f64::NEG_INFINITY,
-                            _ if specials && i % 37 == 11 => -0.0,
+                            _ if specials && neg_zero && i % 37 == 11 => -0.0,
                             _ => (x % 4096) as f64 / 1024.0 - 2.0,
                         }
                     })
@@ -1812,7 +1825,7 @@ pub fn check_against_interpreter(
     if e.name != k.name {
         return Err(format!("entry {index} is {}, not {}", e.name, k.name));
     }
-    let ins = random_inputs(&k.inputs, c.seed, c.specials, c.ints);
+    let ins = random_inputs(&k.inputs, c.seed, c.specials, c.neg_zero, c.ints);
     let refs: Vec<&Tensor> = ins.iter().collect();
     let want =
         if c.oracle { Some(interp::run(k, &refs).map_err(|e| format!("{}: interpreter: {e}", k.name))?) } else { None };
