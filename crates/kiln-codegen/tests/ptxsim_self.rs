@@ -2,7 +2,8 @@
 //! lanes (`.up/.down/.bfly/.idx`, clamps and segments), barriers order shared memory,
 //! and every defect it exists to catch is caught with its typed error: an access
 //! outside a binding, an uninitialised shared read, a shuffle or barrier some threads
-//! never reach, an instruction it does not model, a thread that never ends.
+//! never reach, a `bra.uni` that is not uniform, an instruction it does not model, a
+//! thread that never ends.
 
 mod ptxsim;
 
@@ -88,6 +89,12 @@ fn divergent_shuffles_and_barriers_fail() {
     let ok = ok.replace("bfly.b32 %r1, %r0, 16", "bfly.b32 %r1, %r0, 1");
     let out = run(&entry("", &ok), 32, 128, Limits::default()).expect("a shuffle among lanes 16..31");
     assert_eq!(out[16], 17);
+    // `bra.uni` taken by some lanes of a warp only.
+    let uni = "\tsetp.lt.u32 %p2, %r0, 5;\n\t@%p2 bra.uni L1;\nL1:\n\tst.global.u32 [%rd1], %r0;\n";
+    let e = run(&entry("", uni), 32, 128, Limits::default()).expect_err("a divergent bra.uni");
+    assert!(matches!(&e, SimError::Divergence(s) if s.contains("bra.uni")), "{e}");
+    let uni = uni.replace("%r0, 5", "%r0, 64");
+    run(&entry("", &uni), 32, 128, Limits::default()).expect("a uniform bra.uni");
     let bar = "\tbar.sync 0;\n\tst.global.u32 [%rd1], %r0;\n";
     let e = run(&entry("", &format!("{exit5}{bar}")), 64, 256, Limits::default()).expect_err("barrier divergence");
     assert!(matches!(e, SimError::Divergence(_)), "{e}");

@@ -49,8 +49,9 @@
 //! is for the caller's tolerance to absorb, so a kernel using them is checked within a
 //! tolerance, never bit for bit on a GPU. `.ftz` is refused, as are rounding modes
 //! other than the ones listed. Scheduling, caches, memory ordering across blocks
-//! (blocks of different clusters run one after another), `bra.uni`'s uniformity
-//! promise (taken as `bra`), and timing are not modelled: a GPU run stays the final
+//! (blocks of different clusters run one after another) and timing are not
+//! modelled; `bra.uni`'s promise is checked (the n-th execution of it by every lane of
+//! a warp must go the same way): a GPU run stays the final
 //! word (docs/cuda.md). Any instruction, modifier, operand or directive outside this
 //! list fails [`parse`] naming it: nothing is ever skipped.
 #![allow(dead_code)]
@@ -283,6 +284,7 @@ struct Mods {
     space: Option<Space>,
     vec: u8,
     shfl: Option<Shfl>,
+    uni: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,7 +430,7 @@ fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
             (Op::Ld | Op::St, "v4") => m.vec = 4,
             (Op::Cvta, "to") => {}
             (Op::Cvta, "global") => m.space = Some(Space::Global),
-            (Op::Bra, "uni") => {}
+            (Op::Bra, "uni") => m.uni = true,
             (Op::BarSync, "sync") => {}
             (Op::ClusterWait, "cluster") => {}
             (Op::ClusterWait, "arrive") => op = Op::ClusterArrive,
@@ -773,6 +775,9 @@ const RANK_SHIFT: u32 = 24;
 struct Shared {
     /// `(start, end)` of each variable.
     vars: Vec<(u64, u64)>,
+    /// Each `bra.uni` execution's direction per warp: `(rank, warp, pc, n)` →
+    /// `(taken, first thread)`.
+    uni: HashMap<(u32, u32, usize, u32), (bool, u32)>,
     bytes: Vec<Vec<u8>>,
     init: Vec<Vec<bool>>,
 }
@@ -794,6 +799,7 @@ impl Shared {
         let n = at as usize;
         Ok(Shared {
             vars,
+            uni: HashMap::new(),
             bytes: (0..e.cluster).map(|_| vec![0xA5; n]).collect(),
             init: (0..e.cluster).map(|_| vec![false; n]).collect(),
         })
@@ -862,6 +868,8 @@ struct Thread {
     pc: usize,
     st: St,
     steps: u64,
+    /// How often it executed each `bra.uni` (by instruction).
+    uni: HashMap<usize, u32>,
 }
 
 struct Cx {
@@ -1090,6 +1098,9 @@ impl Entry {
                     cx.tid, cx.ctaid, lim.per_thread, i.text
                 )));
             }
+            if i.m.uni {
+                self.uniform(t, cx, sh, i)?;
+            }
             if let Some((p, neg)) = i.guard {
                 if (t.regs[p] != 0) == neg {
                     t.pc += 1;
@@ -1125,6 +1136,30 @@ impl Entry {
             }
             self.exec(i, t, cx, g, sh)?;
             t.pc += 1;
+        }
+    }
+
+    /// `bra.uni` promises that every active lane of the warp branches the same way: the
+    /// n-th execution of it by each lane of a warp must agree with the first lane's.
+    fn uniform(&self, t: &mut Thread, cx: &Cx, sh: &mut Shared, i: &Inst) -> R<()> {
+        let taken = i.guard.is_none_or(|(p, neg)| (t.regs[p] != 0) != neg);
+        let n = t.uni.entry(t.pc).or_insert(0);
+        *n += 1;
+        let key = (cx.rank, cx.tid / 32, t.pc, *n);
+        match sh.uni.get(&key) {
+            Some(&(first, tid)) if first != taken => Err(SimError::Divergence(format!(
+                "block {}: `{}` (execution {}) is taken by thread {} and not by thread {}",
+                cx.ctaid,
+                i.text,
+                key.3,
+                if first { tid } else { cx.tid },
+                if first { cx.tid } else { tid }
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                sh.uni.insert(key, (taken, cx.tid));
+                Ok(())
+            }
         }
     }
 
@@ -1560,8 +1595,9 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
         }
         let mut sh = Shared::new(e, launch.shared)?;
         let n = cs as usize * block;
-        let mut th: Vec<Thread> =
-            (0..n).map(|_| Thread { regs: vec![0; e.widths.len()], pc: 0, st: St::Run, steps: 0 }).collect();
+        let mut th: Vec<Thread> = (0..n)
+            .map(|_| Thread { regs: vec![0; e.widths.len()], pc: 0, st: St::Run, steps: 0, uni: HashMap::new() })
+            .collect();
         let cx_of = |k: usize| {
             let rank = (k / block) as u32;
             Cx {
