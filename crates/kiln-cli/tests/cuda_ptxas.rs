@@ -17,10 +17,10 @@ use kiln_import::ImportOptions;
 use kiln_module::program::{Command as PlanCommand, DeviceKind, CUDA_CUBIN_SM90A};
 
 mod common;
-#[path = "../../kiln-codegen/tests/ptx_sim/mod.rs"]
-mod ptx_sim;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas_bin;
+#[path = "../../kiln-codegen/tests/ptxsim/mod.rs"]
+mod ptxsim;
 
 use common::{import_options, listed_models, model_path, ok, s, scratch, LENET};
 use ptxas_bin::ptxas;
@@ -563,7 +563,7 @@ fn every_window_kernel_takes_the_window_emitter() {
             let cuda = c.cuda().expect("a CUDA compilation has a CUDA module");
             let flow = c.flow().expect("flow");
             let mut entries = Vec::new();
-            for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
+            for (index, (d, note)) in flow.dispatches.iter().zip(&cuda.notes).enumerate() {
                 if d.class != KernelClass::Window {
                     continue;
                 }
@@ -574,8 +574,22 @@ fn every_window_kernel_takes_the_window_emitter() {
                     let taps: u64 = plane_window_taps(&d.kernel);
                     if d.kernel.output.shape.numel() as u64 * taps <= EMULATED_WORK {
                         emulated += 1;
-                        if let Err(e) = ptx_sim::check_against_interpreter(&d.kernel, cuda.ptx(), windows as u64) {
-                            failures.push(format!("{name}: {e}"));
+                        let l = cuda.launches[index];
+                        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+                        for specials in [false, true] {
+                            // No −0 inputs: PTX's max(−0, +0) is +0, the interpreter's
+                            // Max (a fused Relu) may keep −0 (docs/cuda.md; the lead checks
+                            // the sign of zero on the GPU).
+                            let c = ptxsim::Check {
+                                specials,
+                                neg_zero: false,
+                                max_blocks: Some(3),
+                                ..ptxsim::Check::exact(windows as u64)
+                            };
+                            if let Err(e) = ptxsim::check_against_interpreter(&d.kernel, cuda.ptx(), index, launch, &c)
+                            {
+                                failures.push(format!("{name}: {e}"));
+                            }
                         }
                     }
                 } else if plane || !note.starts_with("general (not a depthwise window or pool") {
@@ -588,7 +602,10 @@ fn every_window_kernel_takes_the_window_emitter() {
                 Err(e) => failures.push(format!("{name}: ptxas: {}", e.lines().take(8).collect::<Vec<_>>().join("\n"))),
                 Ok(usage) => {
                     for entry in entries {
-                        let u = usage.iter().find(|(n, _)| *n == entry).map(|(_, u)| (u.stack, u.spill_stores, u.spill_loads));
+                        let u = usage
+                            .iter()
+                            .find(|(n, _)| *n == entry)
+                            .map(|(_, u)| (u.stack, u.spill_stores, u.spill_loads));
                         if u != Some((0, 0, 0)) {
                             failures.push(format!("{name}: {entry}: stack, spill stores, spill loads {u:?}"));
                         }

@@ -10,6 +10,7 @@
 //! kernel; no GPU runs them (docs/cuda.md).
 
 mod ptxas;
+mod ptxsim;
 
 use ptxas::assemble_ptx;
 
@@ -27,7 +28,32 @@ fn assemble(tag: &str, kernels: &[Kernel]) -> cuda::CudaModule {
         panic!("{tag}: ptxas refused the module:\n{e}");
     }
     assert_eq!(m.launches.len(), kernels.len());
+    simulate(tag, kernels, &m);
     m
+}
+
+/// Runs every entry of `m` in the host PTX simulator against the kernel interpreter,
+/// on plain random inputs and on inputs with NaN, ±∞ and −0: integers exactly, floats
+/// within `2⁻¹⁸·|want| + (1 + L)·2⁻²⁰` (`L`: the kernel's reduction length; the
+/// transcendentals use `ex2/lg2/sin/cos.approx`, simulated exactly, and the emitters'
+/// own range reductions and polynomials, and sums are reassociated).
+fn simulate(tag: &str, kernels: &[Kernel], m: &cuda::CudaModule) {
+    for (i, k) in kernels.iter().enumerate() {
+        let l = ptxsim::reduction_length(k);
+        let launch = m.launches[i];
+        let launch = ptxsim::Grid { grid: launch.grid as u32, block: launch.block, shared: launch.shared };
+        for specials in [false, true] {
+            let c = ptxsim::Check {
+                specials,
+                tol: ptxsim::Tol::Rel { rel: 2f64.powi(-18), abs: (1 + l) as f64 * 2f64.powi(-20) },
+                max_blocks: Some(3),
+                ..ptxsim::Check::exact(i as u64 + 1)
+            };
+            if let Err(e) = ptxsim::check_against_interpreter(k, m.ptx(), i, launch, &c) {
+                panic!("{tag}: {e}");
+            }
+        }
+    }
 }
 
 fn ty(d: DType, dims: &[usize]) -> TensorType {
@@ -211,17 +237,35 @@ fn elementwise_kernels_take_the_vector_form_where_rows_allow() {
         let r = b.binary(BinaryOp::Mul, x, y);
         b.finish(r).expect("elementwise kernel")
     };
+    // A vector load beside a scalar load at the innermost index plus 4: each lane's
+    // scalar load reads its own element (the simulator in `assemble` compares them).
+    let shifted = {
+        let mut b = KernelBuilder::new(
+            "e_shifted",
+            vec![ty(DType::F32, &[3, 8]), ty(DType::F32, &[3, 12])],
+            ty(DType::F32, &[3, 8]),
+        );
+        let idx = b.out_index();
+        let four = b.index(4);
+        let j4 = b.add(idx[1], four);
+        let x = b.load(0, idx.clone());
+        let y = b.load(1, vec![idx[0], j4]);
+        let r = b.binary(BinaryOp::Add, x, y);
+        b.finish(r).expect("elementwise kernel")
+    };
     let kernels = vec![
         mk("e_f32_8", DType::F32, 8),
         mk("e_f32_7", DType::F32, 7),
         mk("e_f64_6", DType::F64, 6),
         mk("e_i8_8", DType::I8, 8),
+        shifted,
     ];
     let m = assemble("vector", &kernels);
     assert_eq!(m.notes[0], "elementwise (v4 store, 2 vector loads)");
     assert!(m.notes[1].starts_with("general (rows of 7 elements"), "{}", m.notes[1]);
     assert_eq!(m.notes[2], "elementwise (v2 store, 2 vector loads)");
     assert!(m.notes[3].starts_with("general (i8 output"), "{}", m.notes[3]);
+    assert_eq!(m.notes[4], "elementwise (v4 store, 1 vector loads)");
     assert!(m.ptx().contains("ld.global.v4.f32") && m.ptx().contains("st.global.v4.f32"));
     // Groups, not elements, are what the vector form's grid walks.
     assert_eq!(m.launches[0], cuda::Launch { grid: 1, block: cuda::BLOCK, shared: 0, params: 3 });

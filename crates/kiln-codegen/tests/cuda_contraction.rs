@@ -565,31 +565,6 @@ fn lowered_contractions_take_the_emitter() {
     }
 }
 
-/// Pseudo-random inputs of `k`: floats in [-2, 2), small integers.
-fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    k.inputs
-        .iter()
-        .map(|t| {
-            let n = t.shape.numel();
-            if t.dtype == DType::F32 {
-                let v: Vec<f64> = (0..n).map(|_| (next() % 4096) as f64 / 1024.0 - 2.0).collect();
-                kiln_ir::Tensor::from_f64(t.dtype, t.shape.clone(), &v).expect("tensor")
-            } else {
-                let v: Vec<i64> =
-                    (0..n).map(|_| (next() % 19) as i64 - if t.dtype == DType::U8 { 0 } else { 9 }).collect();
-                kiln_ir::Tensor::from_i64(t.dtype, t.shape.clone(), &v).expect("tensor")
-            }
-        })
-        .collect()
-}
-
 /// The emitted PTX, run by the host simulator (`ptxsim`: every global access checked
 /// against its binding, every barrier reached by all threads), against the kernel
 /// interpreter: every output element written, each within the difference between an
@@ -620,25 +595,18 @@ fn simulated_kernels_match_the_interpreter() {
         conv(1, 16, 9, (7, 7), (1, 1), 1, 1, 1, Epi::None),
     ];
     for (seed, k) in kernels.iter().enumerate() {
-        let ins = inputs_of(k, seed as u64 + 1);
-        let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
-        let want = kiln_flow::interp::run(k, &refs).expect("interpreter").to_f64_vec();
         let m = cuda::compile(&[(k, classify(k))]).expect("compile");
         assert!(m.notes[0].starts_with("contraction ("), "{}: {}", k.name, m.notes[0]);
         eprintln!("{}: {}", k.name, m.notes[0]);
-        let entry = ptxsim::parse(m.ptx(), &k.name);
-        let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
-        // The output starts as NaN bit patterns: an element never written shows.
-        data.push(vec![0xFF; k.output.shape.numel() * 4]);
-        let mut g = ptxsim::Global::new(data);
-        ptxsim::run(&entry, m.launches[0].grid as u32, m.launches[0].block, &mut g);
-        let out = &g.bufs[k.inputs.len()].1;
         let kk = Plan::of(k).expect("plan").dims[3] as f64;
-        for (i, w) in want.iter().enumerate() {
-            let got = f32::from_le_bytes([out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]]) as f64;
-            let tol = kk * 4.0 * 2f64.powi(-20) + w.abs() * 2f64.powi(-22);
-            assert!((got - w).abs() <= tol, "{}: element {i}: {got} against {w}", k.name);
-        }
+        let l = m.launches[0];
+        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+        let c = ptxsim::Check {
+            tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
+            ..ptxsim::Check::exact(seed as u64 + 1)
+        };
+        let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.compared, o.elements, "{}: every element", k.name);
     }
 }
 

@@ -16,6 +16,7 @@
 
 mod common;
 mod ptxas;
+mod ptxsim;
 
 use common::{layernorm, softmax};
 use kiln_codegen::cuda::{self, rows};
@@ -48,7 +49,37 @@ fn rows_kernel(k: &Kernel) -> (String, String) {
         l.grid >= 1 && l.block >= 64 && l.block <= cuda::BLOCK && l.block.is_multiple_of(32) && l.shared == 0,
         "{l:?}"
     );
+    simulate(k, &m);
     (m.ptx().to_string(), note)
+}
+
+/// Runs `m`'s one entry (kernel `k`) in the host PTX simulator (its warps' shuffles in
+/// lockstep, its barriers checked) against the kernel interpreter, on plain random
+/// inputs and on inputs with NaN, ±∞ and −0, over at most 3 blocks (the grid-stride
+/// walk over rows turns) and about 2¹⁹ instructions: integers and max/min exactly,
+/// float sums within `2⁻¹⁸·|want| + (1 + n)·2⁻¹⁸` for rows of `n` (reassociated sums,
+/// `ex2.approx`/`lg2.approx` simulated exactly). The interpreter recomputes a row's
+/// reductions for each element, so kernels of more than 2²⁶ elements × reduction lengths run
+/// without it (every access, shuffle and barrier still checked).
+fn simulate(k: &Kernel, m: &cuda::CudaModule) {
+    let n = ptxsim::reduction_length(k);
+    let oracle = ptxsim::interpretation_cost(k) <= 1 << 26;
+    let l = m.launches[0];
+    let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+    for specials in [false, true] {
+        let c = ptxsim::Check {
+            specials,
+            tol: ptxsim::Tol::Rel { rel: 2f64.powi(-18), abs: (1 + n) as f64 * 2f64.powi(-18) },
+            max_blocks: Some(3),
+            budget: Some(1 << 19),
+            oracle,
+            ..ptxsim::Check::exact(7)
+        };
+        let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
+        if !specials {
+            eprintln!("simulated {} ({}): {} of {} elements compared", k.name, m.notes[0], o.compared, o.elements);
+        }
+    }
 }
 
 fn count(ptx: &str, what: &str) -> usize {
@@ -427,6 +458,7 @@ fn general_kernel(k: &Kernel) -> String {
         .unwrap_or_else(|e| panic!("{}: ptxas refused it:\n{e}", k.name));
     let u = usage[0].1;
     assert!(u.stack == 0 && u.spill_stores == 0 && u.spill_loads == 0, "{}: {note}: {u:?}", k.name);
+    simulate(k, &m);
     note
 }
 

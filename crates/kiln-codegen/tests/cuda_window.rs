@@ -8,17 +8,17 @@
 //! The Window kernels that are not planes (interpolating resamples) are declined to
 //! the general mapping with the reason in their note.
 //!
-//! No GPU runs here. Every kernel is also run by a small host PTX emulator
-//! (`ptx_sim`: the instructions these kernels use, IEEE f32 arithmetic, PTX's NaN
-//! rules for `max`/`min`, every global access checked to lie inside its binding) over
-//! a grid much smaller than its items (so the grid-stride loop turns many times), on
+//! No GPU runs here. Every kernel is also run by the host PTX simulator (`ptxsim`:
+//! PTX's IEEE f32 arithmetic and NaN rules for `max`/`min`, every global access checked
+//! to lie inside its binding) over its launch's block and a grid of at most 3 blocks,
+//! much smaller than its items (so the grid-stride loop turns many times), on
 //! random inputs with NaN and infinities sprinkled in, and its output must be the
 //! kernel interpreter's bit for bit (NaN for NaN): the window's taps are the
 //! interpreter's operations in its order, and these epilogues have no transcendental.
 //! The lead runs the same kernels on the H200 (docs/cuda.md).
 
-mod ptx_sim;
 mod ptxas;
+mod ptxsim;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::{classify, KernelClass};
@@ -174,7 +174,12 @@ fn assemble_windows(tag: &str, kernels: &[Kernel]) -> (cuda::CudaModule, Vec<(St
         .unwrap_or_else(|e| panic!("{tag}: ptxas refused the module:\n{e}"));
     check_no_spills(tag, &info, kernels.len());
     for (i, k) in kernels.iter().enumerate() {
-        ptx_sim::check_against_interpreter(k, m.ptx(), i as u64).unwrap_or_else(|e| panic!("{e}"));
+        let l = m.launches[i];
+        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+        for specials in [false, true] {
+            let c = ptxsim::Check { specials, max_blocks: Some(3), ..ptxsim::Check::exact(i as u64) };
+            ptxsim::check_against_interpreter(k, m.ptx(), i, launch, &c).unwrap_or_else(|e| panic!("{e}"));
+        }
     }
     (m, info)
 }

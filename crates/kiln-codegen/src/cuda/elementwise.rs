@@ -69,6 +69,10 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
     hoist_outer(&mut ev, k, k.root, &reads_inner, &mut HashSet::new())?;
     ev.set_var(inner as usize, vars[inner as usize]);
     let mut vector_lanes: Vec<(ExprId, Vec<Reg>)> = Vec::new();
+    // The vector loads' addresses read the innermost variable at lane 0: their values
+    // (the variable's node among them) live in a scope of their own, so that no lane
+    // finds lane 0's value of a node reading the innermost variable.
+    ev.push_scope();
     for &e in &vector {
         let Expr::Load { input, index, .. } = &k.node(e).expr else { continue };
         let t = &k.inputs[*input as usize];
@@ -93,6 +97,7 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
         ev.p.op(&format!("ld.global.v{lanes}.{st}"), &[Opd::Vec(regs.clone()), Opd::Addr(addr, 0)]);
         vector_lanes.push((e, regs));
     }
+    ev.pop_scope();
     let mut values = Vec::with_capacity(lanes);
     for j in 0..lanes {
         let v = if j == 0 {

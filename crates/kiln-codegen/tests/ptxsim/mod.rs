@@ -1,51 +1,483 @@
-//! A small PTX simulator for the instruction subset the contraction emitter writes, so
-//! that its kernels run on the host against the kernel interpreter (no GPU here).
+//! The host PTX simulator of the CUDA test suites: runs one entry of a module kiln
+//! wrote, on the host, over bindings in host memory, so that every CUDA emitter's
+//! output (elementwise, general, rows, window, contraction) is checked against the
+//! kernel interpreter without a GPU. One simulator for all suites: parsing and decoding
+//! ([`parse`]), execution ([`run`]), and the comparison with the interpreter
+//! ([`check_against_interpreter`]).
 //!
-//! Threads of a block run one after another up to each `bar.sync` (every thread must
-//! reach the same barrier or all must have returned, else the simulation fails: a
-//! barrier divergence). Registers hold raw bits; `.shared` is one byte array per block
-//! (the symbol's address is 0); global memory is the bindings, each at its own base,
-//! and every access is checked against its binding (an access outside every binding
-//! fails the simulation: an out-of-range read or write). Shared accesses are checked
-//! for range and for their natural alignment (16 bytes for `.v4`).
+//! **Execution model.** A cluster of blocks (`.reqnctapercluster`, 1 without) runs at a
+//! time. Every thread runs on its own up to its next *synchronising* instruction
+//! (`shfl.sync`, `bar.sync`, `barrier.cluster.wait`) or its exit; then the scheduler
+//! completes what can complete: a shuffle whose member lanes (its mask) are all stopped
+//! at that same instruction runs for them together (the PTX ISA's `shfl.sync`
+//! semantics: `.up/.down/.bfly/.idx`, the `c` operand's clamp and segment mask, the
+//! optional predicate destination); a block whose threads all wait at `bar.sync` goes
+//! on; a cluster whose live threads all wait at `barrier.cluster.wait` goes on. Anything
+//! else is an error, never a hang: a shuffle lane that exited or waits elsewhere, a
+//! source lane that does not take part, `bar.sync` with some threads of the block
+//! exited (barrier divergence), threads at different barriers. Every thread and every
+//! run has an instruction budget ([`Limits`]).
 //!
-//! Float arithmetic follows PTX: `.rn` operations round once (Rust's f32 operations),
-//! `fma.rn.f32` is fused (`f32::mul_add`). Unknown instructions fail the simulation
-//! with their text, so a kernel outside the subset is never half-simulated.
+//! **Memory.** Registers hold raw bits, masked to their declared width on write.
+//! Global memory is the bindings, each at its own base far from the others; every
+//! access (scalar or `.v2/.v4`) must lie inside one binding and be naturally aligned,
+//! else the run fails (so predicated-off accesses are proven not made). Shared memory
+//! is one byte array per block holding every `.shared` variable (static ones, and
+//! `.extern .shared` sized by the launch's `shared`); an access must lie inside one
+//! variable, aligned, and a read of a byte never written in this block is an error
+//! (uninitialised shared read). `mapa.shared::cluster` tags a shared address with a
+//! rank; `ld.shared::cluster` reads that block's shared memory (an untagged address is
+//! the own block's).
+//!
+//! **Arithmetic** follows the PTX ISA: integer ops wrap at their type's width
+//! (`mul.lo/.hi/.wide`, `mad.lo/.wide`, `div/rem` signed and unsigned, division by zero
+//! is an error: PTX leaves its result unspecified), shifts clamp their amount; float
+//! `add/sub/mul/div/fma/sqrt/rcp` must say `.rn` (without it ptxas may contract, so the
+//! result would not be defined by the text) and round once (Rust's IEEE operations;
+//! `fma` fused). `min/max.f32/f64` return the non-NaN operand (both NaN: NaN) and
+//! order −0 below +0; `.NaN` returns NaN if either is. `setp` has all ordered and
+//! unordered comparisons; `selp`; predicate logic. `cvt`: integer widths with sign or
+//! zero extension and `.sat`; float → integer with `.rni/.rzi/.rmi/.rpi`, saturating to
+//! the destination's range, NaN → 0; integer → float and f64 → f32 with `.rn`;
+//! f32/f64 → f16/bf16 with `.rn`, rounded once (NaN → canonical NaN); f16/bf16 → f32 exactly; float →
+//! same float with `.rni/.rzi/.rmi/.rpi`.
+//!
+//! **Not modelled.** Approximate instructions (`ex2/lg2/sin/cos/tanh/rcp/sqrt.approx`)
+//! return the correctly rounded exact value (f64 libm, rounded to f32): the hardware's
+//! documented error (`ex2.approx.f32`: 2 ulp; `lg2.approx.f32`: 2⁻²²·⁶ absolute near 1;
+//! `sin/cos.approx.f32`: 2⁻²⁰·⁵ absolute in [−π, π]; `tanh.approx.f32`: 2⁻¹¹ relative)
+//! is for the caller's tolerance to absorb, so a kernel using them is checked within a
+//! tolerance, never bit for bit on a GPU. `.ftz` is refused, as are rounding modes
+//! other than the ones listed. Scheduling, caches, memory ordering across blocks
+//! (blocks of different clusters run one after another) and timing are not
+//! modelled; `bra.uni`'s promise is checked (the n-th execution of it by every lane of
+//! a warp must go the same way): a GPU run stays the final
+//! word (docs/cuda.md). Any instruction, modifier, operand or directive outside this
+//! list fails [`parse`] naming it: nothing is ever skipped.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::fmt;
+
+use kiln_flow::{interp, Kernel};
+use kiln_ir::{DType, Tensor, TensorType};
+
+// ------------------------------------------------------------------------------------
+// Errors
+
+/// Why a simulation failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SimError {
+    /// The text is not PTX the simulator reads (with the line).
+    Parse(String),
+    /// An instruction, modifier or operand the simulator does not model (named).
+    Unsupported(String),
+    /// A global or shared access outside every binding / variable, or misaligned.
+    OutOfBounds(String),
+    /// A shared-memory read of bytes no thread of the block wrote.
+    Uninitialised(String),
+    /// A barrier or shuffle not reached by every thread it needs.
+    Divergence(String),
+    /// A thread or the run went past its instruction budget.
+    Budget(String),
+    /// Integer division by zero and other undefined operations.
+    Undefined(String),
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::Parse(s) => write!(f, "parse: {s}"),
+            SimError::Unsupported(s) => write!(f, "unsupported by the simulator: {s}"),
+            SimError::OutOfBounds(s) => write!(f, "out of bounds: {s}"),
+            SimError::Uninitialised(s) => write!(f, "uninitialised shared read: {s}"),
+            SimError::Divergence(s) => write!(f, "divergence: {s}"),
+            SimError::Budget(s) => write!(f, "budget: {s}"),
+            SimError::Undefined(s) => write!(f, "undefined: {s}"),
+        }
+    }
+}
+
+type R<T> = Result<T, SimError>;
+
+fn parse_err<T>(s: impl Into<String>) -> R<T> {
+    Err(SimError::Parse(s.into()))
+}
+
+fn unsupported<T>(s: impl Into<String>) -> R<T> {
+    Err(SimError::Unsupported(s.into()))
+}
+
+// ------------------------------------------------------------------------------------
+// Decoded instructions
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ty {
+    Pred,
+    B(u32),
+    U(u32),
+    S(u32),
+    F16,
+    Bf16,
+    F32,
+    F64,
+}
+
+impl Ty {
+    fn of(s: &str) -> Option<Ty> {
+        Some(match s {
+            "pred" => Ty::Pred,
+            "b8" => Ty::B(8),
+            "b16" => Ty::B(16),
+            "b32" => Ty::B(32),
+            "b64" => Ty::B(64),
+            "u8" => Ty::U(8),
+            "u16" => Ty::U(16),
+            "u32" => Ty::U(32),
+            "u64" => Ty::U(64),
+            "s8" => Ty::S(8),
+            "s16" => Ty::S(16),
+            "s32" => Ty::S(32),
+            "s64" => Ty::S(64),
+            "f16" => Ty::F16,
+            "bf16" => Ty::Bf16,
+            "f32" => Ty::F32,
+            "f64" => Ty::F64,
+            _ => return None,
+        })
+    }
+
+    fn bits(self) -> u32 {
+        match self {
+            Ty::Pred => 1,
+            Ty::B(n) | Ty::U(n) | Ty::S(n) => n,
+            Ty::F16 | Ty::Bf16 => 16,
+            Ty::F32 => 32,
+            Ty::F64 => 64,
+        }
+    }
+
+    fn bytes(self) -> usize {
+        (self.bits() as usize).div_ceil(8)
+    }
+
+    fn is_float(self) -> bool {
+        matches!(self, Ty::F16 | Ty::Bf16 | Ty::F32 | Ty::F64)
+    }
+
+    fn is_signed(self) -> bool {
+        matches!(self, Ty::S(_))
+    }
+
+    fn is_int(self) -> bool {
+        matches!(self, Ty::B(_) | Ty::U(_) | Ty::S(_))
+    }
+}
+
+fn mask(bits: u32) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
+}
+
+/// `v`'s low `bits` as a signed or unsigned integer.
+fn ext(v: u64, bits: u32, signed: bool) -> i128 {
+    let m = v & mask(bits);
+    if signed && bits < 64 && m >> (bits - 1) & 1 == 1 {
+        m as i128 - (1i128 << bits)
+    } else if signed && bits == 64 {
+        m as i64 as i128
+    } else {
+        m as i128
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Add,
+    Sub,
+    Mul,
+    Mad,
+    Fma,
+    Div,
+    Rem,
+    Min,
+    Max,
+    Neg,
+    Abs,
+    Not,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    Setp,
+    Selp,
+    Mov,
+    Cvt,
+    Cvta,
+    Ld,
+    St,
+    Bra,
+    Ret,
+    BarSync,
+    ClusterArrive,
+    ClusterWait,
+    Shfl,
+    Mapa,
+    Sqrt,
+    Rcp,
+    Rsqrt,
+    Ex2,
+    Lg2,
+    Sin,
+    Cos,
+    Tanh,
+    Copysign,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rnd {
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+    Rni,
+    Rzi,
+    Rmi,
+    Rpi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Space {
+    Global,
+    Shared,
+    Cluster,
+    Param,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Width {
+    Lo,
+    Hi,
+    Wide,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shfl {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Mods {
+    rnd: Option<Rnd>,
+    width: Option<Width>,
+    approx: bool,
+    nan: bool,
+    sat: bool,
+    cmp: Option<String>,
+    space: Option<Space>,
+    vec: u8,
+    shfl: Option<Shfl>,
+    uni: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sp {
+    Tid,
+    Ntid,
+    Ctaid,
+    Nctaid,
+    Zero,
+    One,
+    Lane,
+    Rank,
+    Nrank,
+}
 
 #[derive(Debug, Clone)]
 enum Opnd {
     Reg(usize),
+    /// `d|p`: a value and a predicate destination.
+    Pair(usize, usize),
     Imm(u64),
-    /// `[reg+off]`
-    Addr(usize, i64),
+    /// `[base+off]`: a register or a shared variable's address, plus an offset.
+    Addr(Box<Opnd>, i64),
     Vec(Vec<usize>),
-    Label(String),
+    Label(usize),
     Param(usize),
-    Special(&'static str),
-    /// A `.shared` symbol (address 0 of the shared window).
-    Shared,
+    Special(Sp),
+    /// A shared variable's address.
+    Sym(usize),
 }
 
 #[derive(Debug, Clone)]
 struct Inst {
     guard: Option<(usize, bool)>,
-    op: String,
-    args: Vec<Opnd>,
+    op: Op,
+    tys: Vec<Ty>,
+    m: Mods,
+    a: Vec<Opnd>,
     text: String,
 }
 
-/// A parsed entry.
+/// A `.shared` variable: name, alignment, bytes (`None`: `.extern`, the launch's size).
+#[derive(Debug, Clone)]
+struct SharedVar {
+    name: String,
+    align: u64,
+    bytes: Option<u64>,
+}
+
+/// A parsed entry, ready to run.
 pub struct Entry {
+    pub name: String,
     insts: Vec<Inst>,
-    labels: HashMap<String, usize>,
-    nregs: usize,
-    shared: usize,
+    widths: Vec<u32>,
+    reg_names: Vec<String>,
+    shared: Vec<SharedVar>,
+    params: usize,
     /// Blocks per cluster (`.reqnctapercluster`; 1 without).
-    cluster: u32,
+    pub cluster: u32,
+}
+
+fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
+    let mut parts = opcode.split('.');
+    let head = parts.next().unwrap_or_default();
+    let op = match head {
+        "add" => Op::Add,
+        "sub" => Op::Sub,
+        "mul" => Op::Mul,
+        "mad" => Op::Mad,
+        "fma" => Op::Fma,
+        "div" => Op::Div,
+        "rem" => Op::Rem,
+        "min" => Op::Min,
+        "max" => Op::Max,
+        "neg" => Op::Neg,
+        "abs" => Op::Abs,
+        "not" => Op::Not,
+        "and" => Op::And,
+        "or" => Op::Or,
+        "xor" => Op::Xor,
+        "shl" => Op::Shl,
+        "shr" => Op::Shr,
+        "setp" => Op::Setp,
+        "selp" => Op::Selp,
+        "mov" => Op::Mov,
+        "cvt" => Op::Cvt,
+        "cvta" => Op::Cvta,
+        "ld" => Op::Ld,
+        "st" => Op::St,
+        "bra" => Op::Bra,
+        "ret" => Op::Ret,
+        "bar" => Op::BarSync,
+        "barrier" => Op::ClusterWait,
+        "shfl" => Op::Shfl,
+        "mapa" => Op::Mapa,
+        "sqrt" => Op::Sqrt,
+        "rcp" => Op::Rcp,
+        "rsqrt" => Op::Rsqrt,
+        "ex2" => Op::Ex2,
+        "lg2" => Op::Lg2,
+        "sin" => Op::Sin,
+        "cos" => Op::Cos,
+        "tanh" => Op::Tanh,
+        "copysign" => Op::Copysign,
+        _ => return unsupported(format!("instruction `{opcode}`")),
+    };
+    let mut op = op;
+    let mut tys = Vec::new();
+    let mut m = Mods::default();
+    let cmps = [
+        "eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu", "gtu", "geu", "num",
+        "nan",
+    ];
+    for p in parts {
+        if let Some(t) = Ty::of(p) {
+            tys.push(t);
+            continue;
+        }
+        match (op, p) {
+            (_, "rn") => m.rnd = Some(Rnd::Rn),
+            (_, "rz") => m.rnd = Some(Rnd::Rz),
+            (_, "rm") => m.rnd = Some(Rnd::Rm),
+            (_, "rp") => m.rnd = Some(Rnd::Rp),
+            (Op::Cvt, "rni") => m.rnd = Some(Rnd::Rni),
+            (Op::Cvt, "rzi") => m.rnd = Some(Rnd::Rzi),
+            (Op::Cvt, "rmi") => m.rnd = Some(Rnd::Rmi),
+            (Op::Cvt, "rpi") => m.rnd = Some(Rnd::Rpi),
+            (Op::Mul | Op::Mad, "lo") => m.width = Some(Width::Lo),
+            (Op::Mul | Op::Mad, "hi") => m.width = Some(Width::Hi),
+            (Op::Mul | Op::Mad, "wide") => m.width = Some(Width::Wide),
+            (Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos | Op::Tanh | Op::Rcp | Op::Sqrt | Op::Rsqrt | Op::Div, "approx") => {
+                m.approx = true
+            }
+            (Op::Min | Op::Max, "NaN") => m.nan = true,
+            (Op::Cvt, "sat") => m.sat = true,
+            (Op::Setp, c) if cmps.contains(&c) && m.cmp.is_none() => m.cmp = Some(c.to_string()),
+            (Op::Ld | Op::St, "global") => m.space = Some(Space::Global),
+            (Op::Ld | Op::St, "shared") => m.space = Some(Space::Shared),
+            (Op::Ld, "shared::cluster") => m.space = Some(Space::Cluster),
+            (Op::Mapa, "shared::cluster") => m.space = Some(Space::Cluster),
+            (Op::Ld, "param") => m.space = Some(Space::Param),
+            (Op::Ld | Op::St, "v2") => m.vec = 2,
+            (Op::Ld | Op::St, "v4") => m.vec = 4,
+            (Op::Cvta, "to") => {}
+            (Op::Cvta, "global") => m.space = Some(Space::Global),
+            (Op::Bra, "uni") => m.uni = true,
+            (Op::BarSync, "sync") => {}
+            (Op::ClusterWait, "cluster") => {}
+            (Op::ClusterWait, "arrive") => op = Op::ClusterArrive,
+            (Op::ClusterWait, "wait") => {}
+            (Op::Shfl, "sync") => {}
+            (Op::Shfl, "up") => m.shfl = Some(Shfl::Up),
+            (Op::Shfl, "down") => m.shfl = Some(Shfl::Down),
+            (Op::Shfl, "bfly") => m.shfl = Some(Shfl::Bfly),
+            (Op::Shfl, "idx") => m.shfl = Some(Shfl::Idx),
+            _ => return unsupported(format!("modifier `.{p}` in `{opcode}`")),
+        }
+    }
+    if m.vec == 0 {
+        m.vec = 1;
+    }
+    let float = tys.first().is_some_and(|t| t.is_float());
+    // Shapes the simulator models; anything else is refused here, by name.
+    let ok = match op {
+        Op::Add | Op::Sub | Op::Mul | Op::Div if float => {
+            tys.len() == 1 && (m.rnd == Some(Rnd::Rn) || (op == Op::Div && m.approx)) && tys[0] != Ty::F16
+        }
+        Op::Fma | Op::Sqrt | Op::Rcp => tys.len() == 1 && float && (m.rnd == Some(Rnd::Rn) || m.approx),
+        Op::Mad if float => false,
+        Op::Add | Op::Sub | Op::Div | Op::Rem => tys.len() == 1 && m.rnd.is_none() && tys[0].is_int(),
+        Op::Mul | Op::Mad => tys.len() == 1 && m.width.is_some() && tys[0].is_int(),
+        Op::Min | Op::Max | Op::Neg | Op::Abs => {
+            tys.len() == 1 && m.rnd.is_none() && (!m.nan || float) && tys[0] != Ty::Pred
+        }
+        Op::Not | Op::And | Op::Or | Op::Xor => tys.len() == 1 && matches!(tys[0], Ty::B(_) | Ty::Pred),
+        Op::Shl => tys.len() == 1 && matches!(tys[0], Ty::B(_)),
+        Op::Shr => tys.len() == 1 && tys[0].is_int(),
+        Op::Setp => tys.len() == 1 && m.cmp.is_some(),
+        Op::Selp | Op::Mov => tys.len() == 1,
+        Op::Cvt => tys.len() == 2 && !m.approx,
+        Op::Cvta => tys == [Ty::U(64)] && m.space == Some(Space::Global),
+        Op::Ld => tys.len() == 1 && m.space.is_some() && !(m.space == Some(Space::Param) && m.vec > 1),
+        Op::St => tys.len() == 1 && m.space.is_some(),
+        Op::Bra | Op::Ret | Op::BarSync | Op::ClusterArrive | Op::ClusterWait => tys.is_empty(),
+        Op::Shfl => tys == [Ty::B(32)] && m.shfl.is_some(),
+        Op::Mapa => tys == [Ty::U(32)] && m.space == Some(Space::Cluster),
+        Op::Rsqrt | Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos | Op::Tanh => tys == [Ty::F32] && m.approx,
+        Op::Copysign => tys.len() == 1 && matches!(tys[0], Ty::F32 | Ty::F64),
+    };
+    if !ok {
+        return unsupported(format!("instruction `{opcode}` (this form)"));
+    }
+    Ok((op, tys, m))
 }
 
 fn parse_imm(s: &str) -> Option<u64> {
@@ -55,76 +487,152 @@ fn parse_imm(s: &str) -> Option<u64> {
     if let Some(h) = s.strip_prefix("0d") {
         return u64::from_str_radix(h, 16).ok();
     }
-    if let Some(h) = s.strip_prefix("0x") {
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         return u64::from_str_radix(h, 16).ok();
     }
     s.parse::<i64>().ok().map(|x| x as u64)
 }
 
-/// Parses entry `name` of `ptx`.
-pub fn parse(ptx: &str, name: &str) -> Entry {
-    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry {name}"));
-    let body = &ptx[start..];
-    let body = &body[body.find('{').expect("body")..];
-    let end = body.find("\n}").expect("end of entry");
-    let body = &body[1..end];
-    let mut regs: HashMap<String, usize> = HashMap::new();
-    let mut params: Vec<String> = Vec::new();
-    let head = &ptx[start..start + ptx[start..].find(')').expect("params")];
-    let directives = &ptx[start + head.len()..start + ptx[start..].find('{').expect("body")];
-    let cluster = directives
-        .split(".reqnctapercluster")
-        .nth(1)
-        .and_then(|d| d.split(',').next())
-        .map_or(1, |n| n.trim().parse().expect("cluster size"));
-    for l in head.lines() {
-        if let Some(p) = l.trim().strip_prefix(".param .u64 ") {
-            params.push(p.trim_end_matches(',').to_string());
+/// `.shared .align A .b8 NAME[N]` (or `.extern .shared … NAME[]`), from after `.shared`.
+fn shared_var(rest: &str) -> R<SharedVar> {
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    let mut align = 1;
+    let mut i = 0;
+    while i < words.len() {
+        match words[i] {
+            ".align" => {
+                align = words.get(i + 1).and_then(|a| a.parse().ok()).ok_or(SimError::Parse(rest.into()))?;
+                i += 2;
+            }
+            ".b8" => i += 1,
+            w => {
+                let (name, n) = w.split_once('[').ok_or(SimError::Parse(format!(".shared {rest}")))?;
+                let n = n.trim_end_matches(';').trim_end_matches(']');
+                let bytes =
+                    if n.is_empty() { None } else { Some(n.parse().map_err(|_| SimError::Parse(rest.into()))?) };
+                return Ok(SharedVar { name: name.to_string(), align, bytes });
+            }
         }
     }
-    let reg = |s: &str, regs: &mut HashMap<String, usize>| -> usize {
-        let n = regs.len();
-        *regs.entry(s.to_string()).or_insert(n)
-    };
-    let mut insts = Vec::new();
-    let mut labels = HashMap::new();
-    let mut shared = 0;
-    let mut shared_name = String::new();
-    for line in body.lines() {
-        let l = line.trim();
-        if l.is_empty() || l.starts_with(".reg") {
+    parse_err(format!(".shared {rest}"))
+}
+
+/// The names of the `.entry`s of `ptx`, in order.
+pub fn entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|l| l.split('(').next().unwrap_or_default().trim().to_string())
+        .collect()
+}
+
+/// Parses entry number `index` of `ptx` (module-scope `.shared` variables before it
+/// are visible to it).
+pub fn parse(ptx: &str, index: usize) -> R<Entry> {
+    let names = entries(ptx);
+    let name =
+        names.get(index).ok_or_else(|| SimError::Parse(format!("no entry {index} ({} entries)", names.len())))?;
+    parse_named(ptx, name)
+}
+
+/// Parses entry `name` of `ptx`.
+pub fn parse_named(ptx: &str, name: &str) -> R<Entry> {
+    let head = format!(".entry {name}(");
+    let start = ptx.find(&head).ok_or_else(|| SimError::Parse(format!("no entry {name}")))?;
+    let mut shared = Vec::new();
+    for l in ptx[..start].lines() {
+        let l = l.trim();
+        if let Some(rest) = l.strip_prefix(".shared").or_else(|| l.strip_prefix(".extern .shared")) {
+            shared.push(shared_var(rest)?);
+        }
+    }
+    let text = &ptx[start..];
+    let close = text.find(')').ok_or(SimError::Parse("no `)`".into()))?;
+    let open = text.find('{').ok_or(SimError::Parse("no body".into()))?;
+    let end = text[open..].find("\n}").ok_or(SimError::Parse("no end of entry".into()))? + open;
+    let mut params = Vec::new();
+    for l in text[head.len()..close].lines() {
+        let l = l.trim().trim_end_matches(',');
+        if l.is_empty() {
             continue;
         }
-        if let Some(rest) = l.strip_prefix(".shared") {
-            let b = rest.rfind('[').expect("shared size");
-            shared = rest[b + 1..rest.len() - 2].parse().expect("shared bytes");
-            let nm = rest[..b].split_whitespace().last().expect("shared name");
-            shared_name = nm.to_string();
+        match l.strip_prefix(".param .u64 ") {
+            Some(p) => params.push(p.trim().to_string()),
+            None => return unsupported(format!("parameter `{l}`")),
+        }
+    }
+    let mut cluster = 1;
+    for d in text[close + 1..open].lines().map(str::trim).filter(|d| !d.is_empty()) {
+        if let Some(n) = d.strip_prefix(".reqnctapercluster") {
+            let dims: Vec<u32> = n.split(',').map(|x| x.trim().parse().unwrap_or(0)).collect();
+            if dims.is_empty() || dims[0] == 0 || dims[1..].iter().any(|&x| x != 1) {
+                return unsupported(format!("directive `{d}`"));
+            }
+            cluster = dims[0];
+        } else if d.starts_with(".maxntid") || d.starts_with(".minnctapersm") || d.starts_with(".reqntid") {
+            // Launch hints: no effect on what the code computes.
+        } else {
+            return unsupported(format!("directive `{d}`"));
+        }
+    }
+    let body = &text[open + 1..end];
+    // Register classes: prefix → width.
+    let mut classes: HashMap<String, u32> = HashMap::new();
+    for l in body.lines().map(str::trim) {
+        if let Some(r) = l.strip_prefix(".reg ") {
+            let (t, rest) = r.split_once(' ').ok_or(SimError::Parse(l.into()))?;
+            let ty = Ty::of(t.trim_start_matches('.')).ok_or(SimError::Parse(l.into()))?;
+            let prefix = rest.trim().trim_start_matches('%').split('<').next().unwrap_or_default();
+            classes.insert(prefix.to_string(), ty.bits());
+        }
+    }
+    let mut regs: HashMap<String, usize> = HashMap::new();
+    let mut widths = Vec::new();
+    let mut reg_names = Vec::new();
+    let mut reg = |s: &str| -> R<usize> {
+        if let Some(&i) = regs.get(s) {
+            return Ok(i);
+        }
+        let prefix: String = s.trim_start_matches('%').chars().take_while(|c| !c.is_ascii_digit()).collect();
+        let w = *classes.get(&prefix).ok_or_else(|| SimError::Parse(format!("undeclared register {s}")))?;
+        regs.insert(s.to_string(), widths.len());
+        widths.push(w);
+        reg_names.push(s.to_string());
+        Ok(widths.len() - 1)
+    };
+    let mut lines = Vec::new();
+    let mut labels: HashMap<String, usize> = HashMap::new();
+    for l in body.lines().map(str::trim) {
+        if l.is_empty() || l.starts_with(".reg ") || l.starts_with("//") {
+            continue;
+        }
+        if let Some(rest) = l.strip_prefix(".shared").or_else(|| l.strip_prefix(".extern .shared")) {
+            shared.push(shared_var(rest)?);
             continue;
         }
         if let Some(lab) = l.strip_suffix(':') {
-            labels.insert(lab.to_string(), insts.len());
+            labels.insert(lab.to_string(), lines.len());
             continue;
         }
-        let l = l.strip_suffix(';').unwrap_or_else(|| panic!("no ';': {l}"));
-        let (guard, rest) = if let Some(g) = l.strip_prefix('@') {
-            let sp = g.find(' ').expect("guard");
-            let (neg, p) = match g[..sp].strip_prefix('!') {
-                Some(p) => (true, p),
-                None => (false, &g[..sp]),
-            };
-            (Some((reg(p, &mut regs), neg)), g[sp + 1..].trim())
-        } else {
-            (None, l)
+        lines.push(l);
+    }
+    let mut insts = Vec::new();
+    for l in lines {
+        let l0 = l.strip_suffix(';').ok_or_else(|| SimError::Parse(format!("no `;`: {l}")))?;
+        let (guard, rest) = match l0.strip_prefix('@') {
+            Some(g) => {
+                let (p, rest) = g.split_once(' ').ok_or(SimError::Parse(l.into()))?;
+                let (neg, p) = match p.strip_prefix('!') {
+                    Some(p) => (true, p),
+                    None => (false, p),
+                };
+                (Some((reg(p)?, neg)), rest.trim())
+            }
+            None => (None, l0),
         };
-        let (op, ops) = match rest.find(' ') {
-            Some(i) => (&rest[..i], rest[i + 1..].trim()),
-            None => (rest, ""),
-        };
-        let mut args = Vec::new();
-        let mut cur = String::new();
-        let mut depth = 0;
+        let (opcode, ops) = rest.split_once(' ').unwrap_or((rest, ""));
+        let (op, tys, m) = decode(opcode)?;
         let mut parts = Vec::new();
+        let (mut cur, mut depth) = (String::new(), 0);
         for ch in ops.chars() {
             match ch {
                 '{' | '[' => {
@@ -142,410 +650,1302 @@ pub fn parse(ptx: &str, name: &str) -> Entry {
         if !cur.trim().is_empty() {
             parts.push(cur);
         }
+        let sym = |s: &str| shared.iter().position(|v| v.name == s);
+        let mut a = Vec::new();
         for p in parts {
             let p = p.trim();
-            let a = if let Some(v) = p.strip_prefix('{') {
-                Opnd::Vec(v.trim_end_matches('}').split(',').map(|r| reg(r.trim(), &mut regs)).collect())
-            } else if let Some(a) = p.strip_prefix('[') {
-                let a = a.trim_end_matches(']');
-                if let Some(i) = params.iter().position(|x| x == a) {
-                    Opnd::Param(i)
-                } else if let Some((r, off)) = a.split_once('+') {
-                    Opnd::Addr(reg(r, &mut regs), off.parse().expect("offset"))
-                } else {
-                    Opnd::Addr(reg(a, &mut regs), 0)
-                }
-            } else if p.starts_with('%') {
-                match p {
-                    "%tid.x" => Opnd::Special("tid"),
-                    "%ctaid.x" => Opnd::Special("ctaid"),
-                    "%ntid.x" => Opnd::Special("ntid"),
-                    "%nctaid.x" => Opnd::Special("nctaid"),
-                    "%cluster_ctarank" => Opnd::Special("rank"),
-                    _ => Opnd::Reg(reg(p, &mut regs)),
-                }
-            } else if p == shared_name {
-                Opnd::Shared
-            } else if p.starts_with('L') && op.starts_with("bra") {
-                Opnd::Label(p.to_string())
-            } else {
-                Opnd::Imm(parse_imm(p).unwrap_or_else(|| panic!("operand {p} in {l}")))
+            let special = |p: &str| {
+                Some(match p {
+                    "%tid.x" => Sp::Tid,
+                    "%ntid.x" => Sp::Ntid,
+                    "%ctaid.x" => Sp::Ctaid,
+                    "%nctaid.x" => Sp::Nctaid,
+                    "%tid.y" | "%tid.z" | "%ctaid.y" | "%ctaid.z" => Sp::Zero,
+                    "%ntid.y" | "%ntid.z" | "%nctaid.y" | "%nctaid.z" => Sp::One,
+                    "%laneid" => Sp::Lane,
+                    "%cluster_ctarank" => Sp::Rank,
+                    "%cluster_nctarank" => Sp::Nrank,
+                    _ => return None,
+                })
             };
-            args.push(a);
+            let o = if let Some(v) = p.strip_prefix('{') {
+                let rs: R<Vec<usize>> = v.trim_end_matches('}').split(',').map(|r| reg(r.trim())).collect();
+                Opnd::Vec(rs?)
+            } else if let Some(x) = p.strip_prefix('[') {
+                let x = x.trim_end_matches(']').trim();
+                if let Some(i) = params.iter().position(|q| q == x) {
+                    Opnd::Param(i)
+                } else {
+                    let (b, off) = match x.split_once('+') {
+                        Some((b, off)) => (
+                            b.trim(),
+                            off.trim().parse::<i64>().map_err(|_| SimError::Parse(format!("offset in {l}")))?,
+                        ),
+                        None => (x, 0),
+                    };
+                    let base = match sym(b) {
+                        Some(s) => Opnd::Sym(s),
+                        None if b.starts_with('%') => Opnd::Reg(reg(b)?),
+                        None => return unsupported(format!("address `{p}` in `{l}`")),
+                    };
+                    Opnd::Addr(Box::new(base), off)
+                }
+            } else if let Some(s) = special(p) {
+                Opnd::Special(s)
+            } else if let Some((d, q)) = p.split_once('|') {
+                Opnd::Pair(reg(d.trim())?, reg(q.trim())?)
+            } else if p.starts_with('%') {
+                Opnd::Reg(reg(p)?)
+            } else if op == Op::Bra {
+                Opnd::Label(*labels.get(p).ok_or_else(|| SimError::Parse(format!("label {p} never placed")))?)
+            } else if let Some(s) = sym(p) {
+                Opnd::Sym(s)
+            } else {
+                Opnd::Imm(parse_imm(p).ok_or_else(|| SimError::Parse(format!("operand `{p}` in `{l}`")))?)
+            };
+            a.push(o);
         }
-        insts.push(Inst { guard, op: op.to_string(), args, text: l.to_string() });
+        let want = match op {
+            Op::Ret | Op::ClusterArrive | Op::ClusterWait => 0,
+            Op::Bra | Op::BarSync => 1,
+            Op::Neg | Op::Abs | Op::Not | Op::Mov | Op::Cvt | Op::Cvta | Op::Ld | Op::St => 2,
+            Op::Sqrt | Op::Rcp | Op::Rsqrt | Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos | Op::Tanh => 2,
+            Op::Mad | Op::Fma | Op::Selp | Op::Mapa => {
+                if op == Op::Mapa {
+                    3
+                } else {
+                    4
+                }
+            }
+            Op::Shfl => 5,
+            _ => 3,
+        };
+        if a.len() != want {
+            return unsupported(format!("`{l}`: {} operands", a.len()));
+        }
+        if op == Op::BarSync && !matches!(a[0], Opnd::Imm(0)) {
+            return unsupported(format!("`{l}`: barriers other than 0"));
+        }
+        insts.push(Inst { guard, op, tys, m, a, text: l.to_string() });
     }
-    Entry { insts, labels, nregs: regs.len(), shared, cluster }
+    Ok(Entry { name: name.to_string(), insts, widths, reg_names, shared, params: params.len(), cluster })
 }
 
-/// Global memory: the bindings, each at its own base address.
+// ------------------------------------------------------------------------------------
+// Memory
+
+/// Base address of binding `i` (far apart: an access past one never lands in another).
+fn base(i: usize) -> u64 {
+    (i as u64 + 1) << 40
+}
+
+/// Global memory: the bindings (inputs, then the output), and which bytes were stored.
 pub struct Global {
-    /// `(base, bytes)` per binding.
-    pub bufs: Vec<(u64, Vec<u8>)>,
+    pub bufs: Vec<Vec<u8>>,
+    pub written: Vec<Vec<bool>>,
 }
 
 impl Global {
-    /// Bindings with the given contents.
-    pub fn new(data: Vec<Vec<u8>>) -> Global {
-        Global { bufs: data.into_iter().enumerate().map(|(i, d)| (((i as u64) + 1) << 32, d)).collect() }
+    pub fn new(bufs: Vec<Vec<u8>>) -> Global {
+        let written = bufs.iter().map(|b| vec![false; b.len()]).collect();
+        Global { bufs, written }
     }
 
-    fn at(&mut self, addr: u64, n: usize, what: &str) -> &mut [u8] {
-        for (base, d) in &mut self.bufs {
-            if addr >= *base && addr + n as u64 <= *base + d.len() as u64 {
-                let o = (addr - *base) as usize;
-                return &mut d[o..o + n];
-            }
+    fn locate(&self, addr: u64, n: usize, what: &dyn Fn() -> String) -> R<(usize, usize)> {
+        let b = (addr >> 40) as usize;
+        let off = (addr & ((1 << 40) - 1)) as usize;
+        if b == 0 || b > self.bufs.len() || off + n > self.bufs[b - 1].len() {
+            let detail = if b >= 1 && b <= self.bufs.len() {
+                format!("bytes {off}..{} of binding {} ({} bytes)", off + n, b - 1, self.bufs[b - 1].len())
+            } else {
+                format!("address {addr:#x}, in no binding")
+            };
+            return Err(SimError::OutOfBounds(format!("{}: {detail}", what())));
         }
-        panic!("{what}: global access of {n} bytes at {addr:#x} outside every binding");
+        if !(addr as usize).is_multiple_of(n) {
+            return Err(SimError::OutOfBounds(format!("{}: {n}-byte access at {addr:#x} misaligned", what())));
+        }
+        Ok((b - 1, off))
     }
+}
+
+/// Shared addresses: each variable at its offset; `mapa` tags a rank above bit 24.
+const RANK_SHIFT: u32 = 24;
+
+struct Shared {
+    /// `(start, end)` of each variable.
+    vars: Vec<(u64, u64)>,
+    /// Each `bra.uni` execution's direction per warp: `(rank, warp, pc, n)` →
+    /// `(taken, first thread)`.
+    uni: HashMap<(u32, u32, usize, u32), (bool, u32)>,
+    bytes: Vec<Vec<u8>>,
+    init: Vec<Vec<bool>>,
+}
+
+impl Shared {
+    fn new(e: &Entry, dynamic: u32) -> R<Shared> {
+        // Start at 16 (so a null shared pointer is no variable's).
+        let mut at = 16u64;
+        let mut vars = Vec::new();
+        for v in &e.shared {
+            at = at.next_multiple_of(v.align.max(1));
+            let n = v.bytes.unwrap_or(u64::from(dynamic));
+            vars.push((at, at + n));
+            at += n;
+        }
+        if at > 1 << RANK_SHIFT {
+            return unsupported(format!("{} bytes of shared memory", at));
+        }
+        let n = at as usize;
+        Ok(Shared {
+            vars,
+            uni: HashMap::new(),
+            bytes: (0..e.cluster).map(|_| vec![0xA5; n]).collect(),
+            init: (0..e.cluster).map(|_| vec![false; n]).collect(),
+        })
+    }
+
+    /// The rank and offset of a shared access of `n` bytes at `addr` (from block `own`).
+    fn locate(&self, addr: u64, n: usize, own: usize, cluster: bool, what: &dyn Fn() -> String) -> R<(usize, usize)> {
+        let tag = addr >> RANK_SHIFT;
+        let off = addr & mask(RANK_SHIFT);
+        let rank = match (tag, cluster) {
+            (0, _) => own,
+            (t, true) if (t as usize) <= self.bytes.len() => t as usize - 1,
+            _ => return Err(SimError::OutOfBounds(format!("{}: shared address {addr:#x} (rank tag {tag})", what()))),
+        };
+        if !self.vars.iter().any(|&(s, e)| off >= s && off + n as u64 <= e) {
+            return Err(SimError::OutOfBounds(format!("{}: {n} bytes at shared offset {off}, in no variable", what())));
+        }
+        if !off.is_multiple_of(n as u64) {
+            return Err(SimError::OutOfBounds(format!("{}: {n}-byte shared access at {off} misaligned", what())));
+        }
+        Ok((rank, off as usize))
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// Execution
+
+/// Instruction budgets.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most instructions one thread may run (a hang guard).
+    pub per_thread: u64,
+    /// Most instructions the whole run may take; past it the run stops after the
+    /// current cluster's threads reach a stop, `partial` in the [`Stats`] (when
+    /// `stop_early`) or fails.
+    pub total: u64,
+    pub stop_early: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { per_thread: 1 << 26, total: 1 << 31, stop_early: false }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    pub steps: u64,
+    pub clusters_run: u32,
+    /// Stopped at the total budget before every cluster ran.
+    pub partial: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    Run,
+    Shfl,
+    Bar,
+    Cluster,
+    Exit,
 }
 
 struct Thread {
     regs: Vec<u64>,
     pc: usize,
-    done: bool,
+    st: St,
+    steps: u64,
+    /// How often it executed each `bra.uni` (by instruction).
+    uni: HashMap<usize, u32>,
 }
 
-fn f(x: u64) -> f32 {
+struct Cx {
+    tid: u32,
+    block: u32,
+    ctaid: u32,
+    grid: u32,
+    rank: u32,
+    cluster: u32,
+}
+
+/// The geometry of a launch.
+#[derive(Debug, Clone, Copy)]
+pub struct Grid {
+    pub grid: u32,
+    pub block: u32,
+    /// Dynamic shared memory bytes (`.extern .shared`).
+    pub shared: u32,
+}
+
+fn f32v(x: u64) -> f32 {
     f32::from_bits(x as u32)
+}
+
+fn f64v(x: u64) -> f64 {
+    f64::from_bits(x)
 }
 
 fn fb(x: f32) -> u64 {
     u64::from(x.to_bits())
 }
 
-/// Where a thread stopped.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Stop {
-    /// At `bar.sync` (its block's barrier).
-    Block,
-    /// At `barrier.cluster.wait` (its cluster's barrier).
-    Cluster,
-    /// Returned.
-    Exit,
+fn db(x: f64) -> u64 {
+    x.to_bits()
 }
 
-/// Distributed shared memory addresses (`mapa`): the rank above this bit.
-const RANK_SHIFT: u32 = 24;
+/// `a ≥ 0` rounded to nearest even with `p` significand bits and exponents down to
+/// `emin` (subnormals below).
+fn round_to(a: f64, p: i32, emin: i32) -> f64 {
+    if a == 0.0 || !a.is_finite() {
+        return a;
+    }
+    let mut e = a.log2().floor() as i32;
+    if 2f64.powi(e) > a {
+        e -= 1;
+    } else if 2f64.powi(e + 1) <= a {
+        e += 1;
+    }
+    let ulp = 2f64.powi(e.max(emin) - p + 1);
+    (a / ulp).round_ties_even() * ulp
+}
 
-/// Runs `grid` blocks of `block` threads of `e` over `g` (parameters: the bindings'
-/// bases in order), a cluster at a time: every live thread of the cluster runs to its
-/// next barrier; a block whose live threads all wait at `bar.sync` goes on, a cluster
-/// whose live threads all wait at `barrier.cluster.wait` goes on; anything else (some
-/// threads of a block at a barrier that others never reach) fails.
-pub fn run(e: &Entry, grid: u32, block: u32, g: &mut Global) {
-    let params: Vec<u64> = g.bufs.iter().map(|b| b.0).collect();
-    let cs = e.cluster;
-    assert_eq!(grid % cs, 0, "a grid of {grid} blocks in clusters of {cs}");
-    for cluster in 0..grid / cs {
-        let mut shared: Vec<Vec<u8>> = (0..cs).map(|_| vec![0xA5u8; e.shared]).collect();
-        let mut threads: Vec<Vec<Thread>> = (0..cs)
-            .map(|_| (0..block).map(|_| Thread { regs: vec![0; e.nregs], pc: 0, done: false }).collect())
-            .collect();
-        let mut stop: Vec<Vec<Option<Stop>>> = vec![vec![None; block as usize]; cs as usize];
+/// A float (f32 or f64 value) → f16 bits, rounded once to nearest even; NaN → the
+/// canonical 0x7FFF.
+pub fn to_f16(x: f64) -> u16 {
+    if x.is_nan() {
+        return 0x7FFF;
+    }
+    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+    let r = round_to(x.abs(), 11, -14);
+    if r >= 65536.0 {
+        return sign | 0x7C00;
+    }
+    if r < 2f64.powi(-14) {
+        return sign | (r * 2f64.powi(24)) as u16;
+    }
+    let e = r.log2().floor() as i32;
+    let e = if 2f64.powi(e) > r { e - 1 } else { e };
+    sign | ((((e + 15) as u32) << 10) + ((r / 2f64.powi(e) * 1024.0) as u32 - 1024)) as u16
+}
+
+/// A float → bf16 bits, rounded once to nearest even; NaN → the canonical 0x7FFF.
+pub fn to_bf16(x: f64) -> u16 {
+    if x.is_nan() {
+        return 0x7FFF;
+    }
+    let r = round_to(x.abs(), 8, -126);
+    let r = if x.is_sign_negative() { -r } else { r };
+    ((r as f32).to_bits() >> 16) as u16
+}
+
+pub fn f16_to_f32(h: u16) -> f32 {
+    let s = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let e = (h >> 10) & 0x1F;
+    let m = f64::from(h & 0x3FF);
+    let v = match e {
+        0 => m * 2f64.powi(-24),
+        31 if m == 0.0 => f64::INFINITY,
+        31 => return f32::NAN,
+        _ => (1.0 + m / 1024.0) * 2f64.powi(i32::from(e) - 15),
+    };
+    (s * v) as f32
+}
+
+fn round_int(x: f64, r: Rnd) -> R<f64> {
+    Ok(match r {
+        Rnd::Rni => x.round_ties_even(),
+        Rnd::Rzi => x.trunc(),
+        Rnd::Rmi => x.floor(),
+        Rnd::Rpi => x.ceil(),
+        _ => return unsupported(format!("rounding {r:?} to an integer")),
+    })
+}
+
+/// PTX `min`/`max` on floats.
+fn fminmax(a: f64, b: f64, max: bool, nan: bool) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        if nan || (a.is_nan() && b.is_nan()) {
+            return f64::NAN;
+        }
+        return if a.is_nan() { b } else { a };
+    }
+    if a == b {
+        return if max == a.is_sign_positive() { a } else { b };
+    }
+    if (a > b) == max {
+        a
+    } else {
+        b
+    }
+}
+
+fn cmp_f(c: &str, a: f64, b: f64) -> bool {
+    let un = a.is_nan() || b.is_nan();
+    match c {
+        "eq" => !un && a == b,
+        "ne" => !un && a != b,
+        "lt" => !un && a < b,
+        "le" => !un && a <= b,
+        "gt" => !un && a > b,
+        "ge" => !un && a >= b,
+        "equ" => un || a == b,
+        "neu" => un || a != b,
+        "ltu" => un || a < b,
+        "leu" => un || a <= b,
+        "gtu" => un || a > b,
+        "geu" => un || a >= b,
+        "nan" => un,
+        _ => !un,
+    }
+}
+
+fn cmp_i(c: &str, a: i128, b: i128) -> R<bool> {
+    Ok(match c {
+        "eq" => a == b,
+        "ne" => a != b,
+        "lt" | "lo" => a < b,
+        "le" | "ls" => a <= b,
+        "gt" | "hi" => a > b,
+        "ge" | "hs" => a >= b,
+        _ => return unsupported(format!("integer comparison .{c}")),
+    })
+}
+
+/// A float operand of type `t` as f64 (f32 and f16 exactly).
+fn fget(t: Ty, v: u64) -> f64 {
+    match t {
+        Ty::F64 => f64v(v),
+        Ty::F32 => f64::from(f32v(v)),
+        Ty::F16 => f64::from(f16_to_f32(v as u16)),
+        _ => f64::from(f32::from_bits((v as u32) << 16)),
+    }
+}
+
+/// `x` (exact, or already rounded for f32 where the caller did so) as bits of `t`.
+fn fput(t: Ty, x: f64) -> u64 {
+    match t {
+        Ty::F64 => db(x),
+        Ty::F32 => fb(x as f32),
+        Ty::F16 => u64::from(to_f16(x)),
+        _ => u64::from(to_bf16(x)),
+    }
+}
+
+impl Entry {
+    fn val(&self, t: &Thread, o: &Opnd, cx: &Cx, sh: &Shared, inst: &Inst) -> R<u64> {
+        Ok(match o {
+            Opnd::Reg(r) => t.regs[*r],
+            Opnd::Imm(v) => *v,
+            Opnd::Special(s) => u64::from(match s {
+                Sp::Tid => cx.tid,
+                Sp::Ntid => cx.block,
+                Sp::Ctaid => cx.ctaid,
+                Sp::Nctaid => cx.grid,
+                Sp::Zero => 0,
+                Sp::One => 1,
+                Sp::Lane => cx.tid % 32,
+                Sp::Rank => cx.rank,
+                Sp::Nrank => cx.cluster,
+            }),
+            Opnd::Sym(s) => sh.vars[*s].0,
+            o => return unsupported(format!("operand {o:?} as a value in `{}`", inst.text)),
+        })
+    }
+
+    fn set(&self, t: &mut Thread, r: usize, v: u64) {
+        let w = self.widths[r];
+        t.regs[r] = if w == 1 { u64::from(v & 1 != 0) } else { v & mask(w) };
+    }
+
+    fn dst(&self, o: &Opnd, inst: &Inst) -> R<usize> {
+        match o {
+            Opnd::Reg(r) => Ok(*r),
+            o => unsupported(format!("destination {o:?} in `{}`", inst.text)),
+        }
+    }
+
+    fn addr(&self, t: &Thread, o: &Opnd, cx: &Cx, sh: &Shared, inst: &Inst) -> R<u64> {
+        match o {
+            Opnd::Addr(b, off) => Ok(self.val(t, b, cx, sh, inst)?.wrapping_add(*off as u64)),
+            o => unsupported(format!("address {o:?} in `{}`", inst.text)),
+        }
+    }
+
+    /// Runs thread `t` up to its next stop.
+    fn advance(&self, t: &mut Thread, cx: &Cx, g: &mut Global, sh: &mut Shared, lim: &Limits) -> R<()> {
         loop {
-            for r in 0..cs as usize {
-                for tid in 0..block as usize {
-                    if stop[r][tid].is_none() {
-                        let cx = Cx { tid: tid as u32, ctaid: cluster * cs + r as u32, rank: r as u32, block, grid };
-                        let st = step_to_barrier(e, &mut threads[r][tid], &cx, &params, &mut shared, g);
-                        stop[r][tid] = Some(st);
-                    }
+            let Some(i) = self.insts.get(t.pc) else {
+                t.st = St::Exit;
+                return Ok(());
+            };
+            t.steps += 1;
+            if t.steps > lim.per_thread {
+                return Err(SimError::Budget(format!(
+                    "thread {} of block {}: past {} instructions (at `{}`)",
+                    cx.tid, cx.ctaid, lim.per_thread, i.text
+                )));
+            }
+            if i.m.uni {
+                self.uniform(t, cx, sh, i)?;
+            }
+            if let Some((p, neg)) = i.guard {
+                if (t.regs[p] != 0) == neg {
+                    t.pc += 1;
+                    continue;
                 }
             }
-            let live = |s: &Option<Stop>| *s != Some(Stop::Exit);
-            if stop.iter().flatten().all(|s| !live(s)) {
+            match i.op {
+                Op::Ret => {
+                    t.st = St::Exit;
+                    return Ok(());
+                }
+                Op::Bra => {
+                    let Opnd::Label(l) = i.a[0] else { return unsupported(i.text.clone()) };
+                    t.pc = l;
+                    continue;
+                }
+                Op::BarSync => {
+                    t.st = St::Bar;
+                    t.pc += 1;
+                    return Ok(());
+                }
+                Op::ClusterWait => {
+                    t.st = St::Cluster;
+                    t.pc += 1;
+                    return Ok(());
+                }
+                Op::Shfl => {
+                    // Stays at the shuffle; the scheduler runs it for the warp.
+                    t.st = St::Shfl;
+                    return Ok(());
+                }
+                _ => {}
+            }
+            self.exec(i, t, cx, g, sh)?;
+            t.pc += 1;
+        }
+    }
+
+    /// `bra.uni` promises that every active lane of the warp branches the same way: the
+    /// n-th execution of it by each lane of a warp must agree with the first lane's.
+    fn uniform(&self, t: &mut Thread, cx: &Cx, sh: &mut Shared, i: &Inst) -> R<()> {
+        let taken = i.guard.is_none_or(|(p, neg)| (t.regs[p] != 0) != neg);
+        let n = t.uni.entry(t.pc).or_insert(0);
+        *n += 1;
+        let key = (cx.rank, cx.tid / 32, t.pc, *n);
+        match sh.uni.get(&key) {
+            Some(&(first, tid)) if first != taken => Err(SimError::Divergence(format!(
+                "block {}: `{}` (execution {}) is taken by thread {} and not by thread {}",
+                cx.ctaid,
+                i.text,
+                key.3,
+                if first { tid } else { cx.tid },
+                if first { cx.tid } else { tid }
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                sh.uni.insert(key, (taken, cx.tid));
+                Ok(())
+            }
+        }
+    }
+
+    fn exec(&self, i: &Inst, t: &mut Thread, cx: &Cx, g: &mut Global, sh: &mut Shared) -> R<()> {
+        let ty = i.tys.first().copied().unwrap_or(Ty::B(32));
+        let v = |k: usize, t: &Thread| self.val(t, &i.a[k], cx, sh, i);
+        let bits = ty.bits();
+        let out: u64 = match i.op {
+            Op::ClusterArrive => return Ok(()),
+            Op::Add | Op::Sub | Op::Mul | Op::Div if ty.is_float() => {
+                let (a, b) = (v(1, t)?, v(2, t)?);
+                match ty {
+                    Ty::F32 => {
+                        let (x, y) = (f32v(a), f32v(b));
+                        fb(match i.op {
+                            Op::Add => x + y,
+                            Op::Sub => x - y,
+                            Op::Mul => x * y,
+                            _ => x / y,
+                        })
+                    }
+                    Ty::F64 => {
+                        let (x, y) = (f64v(a), f64v(b));
+                        db(match i.op {
+                            Op::Add => x + y,
+                            Op::Sub => x - y,
+                            Op::Mul => x * y,
+                            _ => x / y,
+                        })
+                    }
+                    _ => return unsupported(i.text.clone()),
+                }
+            }
+            Op::Fma => {
+                let (a, b, c) = (v(1, t)?, v(2, t)?, v(3, t)?);
+                match ty {
+                    Ty::F32 => fb(f32v(a).mul_add(f32v(b), f32v(c))),
+                    Ty::F64 => db(f64v(a).mul_add(f64v(b), f64v(c))),
+                    _ => return unsupported(i.text.clone()),
+                }
+            }
+            Op::Sqrt | Op::Rcp | Op::Rsqrt | Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos | Op::Tanh => {
+                let a = v(1, t)?;
+                match ty {
+                    Ty::F32 if matches!(i.op, Op::Sqrt | Op::Rcp) && !i.m.approx => {
+                        let x = f32v(a);
+                        fb(if i.op == Op::Sqrt { x.sqrt() } else { 1.0 / x })
+                    }
+                    Ty::F64 if matches!(i.op, Op::Sqrt | Op::Rcp) && !i.m.approx => {
+                        let x = f64v(a);
+                        db(if i.op == Op::Sqrt { x.sqrt() } else { 1.0 / x })
+                    }
+                    Ty::F32 => {
+                        // Approximations: the exact value, rounded once (module docs).
+                        let x = f64::from(f32v(a));
+                        fb((match i.op {
+                            Op::Sqrt => x.sqrt(),
+                            Op::Rcp => 1.0 / x,
+                            Op::Rsqrt => 1.0 / x.sqrt(),
+                            Op::Ex2 => x.exp2(),
+                            Op::Lg2 => x.log2(),
+                            Op::Sin => x.sin(),
+                            Op::Cos => x.cos(),
+                            _ => x.tanh(),
+                        }) as f32)
+                    }
+                    _ => return unsupported(i.text.clone()),
+                }
+            }
+            Op::Copysign => {
+                let (a, b) = (v(1, t)?, v(2, t)?);
+                let sbit = 1u64 << (bits - 1);
+                (b & !sbit) | (a & sbit)
+            }
+            Op::Min | Op::Max if ty.is_float() => {
+                let (a, b) = (fget(ty, v(1, t)?), fget(ty, v(2, t)?));
+                let r = fminmax(a, b, i.op == Op::Max, i.m.nan);
+                if r.is_nan() {
+                    match ty {
+                        Ty::F64 => 0x7FF8_0000_0000_0000,
+                        Ty::F32 => 0x7FFF_FFFF,
+                        _ => 0x7FFF,
+                    }
+                } else {
+                    fput(ty, r)
+                }
+            }
+            Op::Neg | Op::Abs if ty.is_float() => {
+                let sbit = 1u64 << (bits - 1);
+                let a = v(1, t)?;
+                if i.op == Op::Neg {
+                    a ^ sbit
+                } else {
+                    a & !sbit
+                }
+            }
+            Op::Add | Op::Sub | Op::Min | Op::Max => {
+                let s = ty.is_signed();
+                let (a, b) = (ext(v(1, t)?, bits, s), ext(v(2, t)?, bits, s));
+                (match i.op {
+                    Op::Add => a + b,
+                    Op::Sub => a - b,
+                    Op::Min => a.min(b),
+                    _ => a.max(b),
+                }) as u64
+                    & mask(bits)
+            }
+            Op::Mul | Op::Mad => {
+                let s = ty.is_signed();
+                let p = ext(v(1, t)?, bits, s) * ext(v(2, t)?, bits, s);
+                let (r, w) = match i.m.width {
+                    Some(Width::Lo) => (p, bits),
+                    Some(Width::Hi) => (p >> bits, bits),
+                    _ => (p, bits * 2),
+                };
+                let r = if i.op == Op::Mad { r + ext(v(3, t)?, w, s) } else { r };
+                (r as u64) & mask(w)
+            }
+            Op::Div | Op::Rem => {
+                let s = ty.is_signed();
+                let (a, b) = (ext(v(1, t)?, bits, s), ext(v(2, t)?, bits, s));
+                if b == 0 {
+                    return Err(SimError::Undefined(format!("integer division by zero: `{}`", i.text)));
+                }
+                (if i.op == Op::Div { a / b } else { a % b }) as u64 & mask(bits)
+            }
+            Op::Neg | Op::Abs => {
+                let a = ext(v(1, t)?, bits, true);
+                (if i.op == Op::Neg { -a } else { a.abs() }) as u64 & mask(bits)
+            }
+            Op::Not => !v(1, t)? & mask(bits),
+            Op::And | Op::Or | Op::Xor => {
+                let (a, b) = (v(1, t)?, v(2, t)?);
+                (match i.op {
+                    Op::And => a & b,
+                    Op::Or => a | b,
+                    _ => a ^ b,
+                }) & mask(bits)
+            }
+            Op::Shl | Op::Shr => {
+                let (a, n) = (v(1, t)?, v(2, t)? as u32);
+                if i.op == Op::Shl {
+                    if n >= bits {
+                        0
+                    } else {
+                        (a << n) & mask(bits)
+                    }
+                } else {
+                    let x = ext(a, bits, ty.is_signed());
+                    (x >> n.min(bits - 1 + u32::from(!ty.is_signed())).min(127)) as u64 & mask(bits)
+                }
+            }
+            Op::Setp => {
+                let c = i.m.cmp.as_deref().unwrap_or_default();
+                let (a, b) = (v(1, t)?, v(2, t)?);
+                u64::from(if ty.is_float() {
+                    cmp_f(c, fget(ty, a), fget(ty, b))
+                } else {
+                    let s = ty.is_signed();
+                    if !s && !matches!(c, "eq" | "ne") && matches!(ty, Ty::B(_)) {
+                        return unsupported(i.text.clone());
+                    }
+                    cmp_i(c, ext(a, bits, s), ext(b, bits, s))?
+                })
+            }
+            Op::Selp => {
+                if v(3, t)? != 0 {
+                    v(1, t)?
+                } else {
+                    v(2, t)?
+                }
+            }
+            Op::Mov => match (&i.a[0], &i.a[1]) {
+                (Opnd::Vec(ds), src) => {
+                    let x = self.val(t, src, cx, sh, i)?;
+                    let w = bits / ds.len() as u32;
+                    for (k, &d) in ds.iter().enumerate() {
+                        self.set(t, d, (x >> (w * k as u32)) & mask(w));
+                    }
+                    return Ok(());
+                }
+                (_, Opnd::Vec(rs)) => {
+                    let w = bits / rs.len() as u32;
+                    let mut x = 0u64;
+                    for (k, &r) in rs.iter().enumerate() {
+                        x |= (t.regs[r] & mask(w)) << (w * k as u32);
+                    }
+                    x
+                }
+                _ => v(1, t)?,
+            },
+            Op::Cvta => v(1, t)?,
+            Op::Cvt => return self.cvt(i, t, cx, sh),
+            Op::Mapa => {
+                let (a, r) = (v(1, t)?, v(2, t)?);
+                if a >> RANK_SHIFT != 0 || r >= u64::from(cx.cluster) {
+                    return Err(SimError::OutOfBounds(format!("`{}`: address {a:#x}, rank {r}", i.text)));
+                }
+                a | (r + 1) << RANK_SHIFT
+            }
+            Op::Ld | Op::St => return self.mem(i, t, cx, g, sh),
+            _ => return unsupported(i.text.clone()),
+        };
+        let d = self.dst(&i.a[0], i)?;
+        self.set(t, d, out);
+        Ok(())
+    }
+
+    fn cvt(&self, i: &Inst, t: &mut Thread, cx: &Cx, sh: &Shared) -> R<()> {
+        let (to, from) = (i.tys[0], i.tys[1]);
+        let a = self.val(t, &i.a[1], cx, sh, i)?;
+        let r = i.m.rnd;
+        let bad = || unsupported(format!("`{}`", i.text));
+        let out = match (to.is_float(), from.is_float()) {
+            (false, false) => {
+                if r.is_some() {
+                    return bad();
+                }
+                let x = ext(a, from.bits(), from.is_signed());
+                let x = if i.m.sat {
+                    let (lo, hi) = if to.is_signed() {
+                        (-(1i128 << (to.bits() - 1)), (1i128 << (to.bits() - 1)) - 1)
+                    } else {
+                        (0, (1i128 << to.bits()) - 1)
+                    };
+                    x.clamp(lo, hi)
+                } else {
+                    x
+                };
+                // Into a wider register a narrow signed result is sign-extended.
+                let w = self.widths.get(match i.a[0] {
+                    Opnd::Reg(d) => d,
+                    _ => return bad(),
+                });
+                let x = ext(x as u64, to.bits(), to.is_signed());
+                x as u64 & mask(*w.unwrap_or(&64))
+            }
+            (false, true) => {
+                let Some(r) = r else { return bad() };
+                let x = fget(from, a);
+                if x.is_nan() {
+                    0
+                } else {
+                    let y = round_int(x, r)?;
+                    let (lo, hi) = if to.is_signed() {
+                        (-(2f64.powi(to.bits() as i32 - 1)), 2f64.powi(to.bits() as i32 - 1) - 1.0)
+                    } else {
+                        (0.0, 2f64.powi(to.bits() as i32) - 1.0)
+                    };
+                    let y = y.clamp(lo, hi);
+                    (if to.is_signed() { y as i64 as u64 } else { y as u64 }) & mask(to.bits())
+                }
+            }
+            (true, false) => {
+                if r != Some(Rnd::Rn) || i.m.sat {
+                    return bad();
+                }
+                let x = ext(a, from.bits(), from.is_signed());
+                match to {
+                    Ty::F64 => db(x as f64),
+                    // i128 → f32 rounds once, to nearest even.
+                    Ty::F32 => fb(x as f32),
+                    _ => return bad(),
+                }
+            }
+            (true, true) => {
+                let x = fget(from, a);
+                match (r, to == from) {
+                    (Some(r @ (Rnd::Rni | Rnd::Rzi | Rnd::Rmi | Rnd::Rpi)), true) => fput(to, round_int(x, r)?),
+                    (None, false) if to.bits() > from.bits() => fput(to, x),
+                    (Some(Rnd::Rn), false) if to.bits() < from.bits() => match (to, from) {
+                        (Ty::F32, Ty::F64) => fb(x as f32),
+                        (Ty::F16 | Ty::Bf16, Ty::F32 | Ty::F64) => fput(to, x),
+                        _ => return bad(),
+                    },
+                    _ => return bad(),
+                }
+            }
+        };
+        let d = self.dst(&i.a[0], i)?;
+        self.set(t, d, out);
+        Ok(())
+    }
+
+    fn mem(&self, i: &Inst, t: &mut Thread, cx: &Cx, g: &mut Global, sh: &mut Shared) -> R<()> {
+        let ty = i.tys[0];
+        let sz = ty.bytes();
+        let n = i.m.vec as usize;
+        let space = i.m.space.unwrap_or(Space::Global);
+        let what = || format!("block {} thread {}: `{}`", cx.ctaid, cx.tid, i.text);
+        let regs: &[usize] = match &i.a[usize::from(i.op == Op::St)] {
+            Opnd::Reg(r) if n == 1 => std::slice::from_ref(r),
+            Opnd::Vec(rs) if rs.len() == n => rs,
+            _ if i.op == Op::St && n == 1 => &[],
+            _ => return unsupported(format!("`{}`: operands", i.text)),
+        };
+        if i.op == Op::Ld {
+            if space == Space::Param {
+                let Opnd::Param(p) = i.a[1] else { return unsupported(i.text.clone()) };
+                if ty.bits() != 64 {
+                    return unsupported(i.text.clone());
+                }
+                self.set(t, regs[0], base(p));
+                return Ok(());
+            }
+            let addr = self.addr(t, &i.a[1], cx, sh, i)?;
+            let total = sz * n;
+            let mut bytes = [0u8; 32];
+            match space {
+                Space::Global => {
+                    let (b, o) = g.locate(addr, total, &what)?;
+                    bytes[..total].copy_from_slice(&g.bufs[b][o..o + total]);
+                }
+                _ => {
+                    let (r, o) = sh.locate(addr, total, cx.rank as usize, space == Space::Cluster, &what)?;
+                    if let Some(k) = sh.init[r][o..o + total].iter().position(|&x| !x) {
+                        return Err(SimError::Uninitialised(format!("{}: byte {} of rank {r}", what(), o + k)));
+                    }
+                    bytes[..total].copy_from_slice(&sh.bytes[r][o..o + total]);
+                }
+            }
+            for (k, &d) in regs.iter().enumerate() {
+                let mut w = [0u8; 8];
+                w[..sz].copy_from_slice(&bytes[k * sz..(k + 1) * sz]);
+                let x = u64::from_le_bytes(w);
+                // Sub-word signed loads sign-extend into the register.
+                let x = if ty.is_signed() { ext(x, ty.bits(), true) as u64 } else { x };
+                self.set(t, d, x);
+            }
+            return Ok(());
+        }
+        let total = sz * n;
+        let mut bytes = [0u8; 32];
+        if regs.is_empty() {
+            let x = self.val(t, &i.a[1], cx, sh, i)?;
+            bytes[..sz].copy_from_slice(&x.to_le_bytes()[..sz]);
+        }
+        for (k, &r) in regs.iter().enumerate() {
+            bytes[k * sz..(k + 1) * sz].copy_from_slice(&t.regs[r].to_le_bytes()[..sz]);
+        }
+        let addr = self.addr(t, &i.a[0], cx, sh, i)?;
+        match space {
+            Space::Global => {
+                let (b, o) = g.locate(addr, total, &what)?;
+                g.bufs[b][o..o + total].copy_from_slice(&bytes[..total]);
+                g.written[b][o..o + total].iter_mut().for_each(|w| *w = true);
+            }
+            Space::Shared => {
+                let (r, o) = sh.locate(addr, total, cx.rank as usize, false, &what)?;
+                sh.bytes[r][o..o + total].copy_from_slice(&bytes[..total]);
+                sh.init[r][o..o + total].iter_mut().for_each(|w| *w = true);
+            }
+            _ => return unsupported(i.text.clone()),
+        }
+        Ok(())
+    }
+
+    /// Runs the shuffle every lane of `lanes` (threads of one warp, all stopped at
+    /// instruction `pc`) executes together.
+    fn shuffle(&self, threads: &mut [Thread], lanes: &[usize], warp0: usize, cx: &Cx, sh: &Shared) -> R<()> {
+        let i = &self.insts[threads[lanes[0]].pc];
+        let mode = i.m.shfl.unwrap_or(Shfl::Idx);
+        let mut src = vec![0u64; 32];
+        let mut active = [false; 32];
+        for &l in lanes {
+            let lane = l - warp0;
+            src[lane] = self.val(&threads[l], &i.a[1], cx, sh, i)?;
+            active[lane] = true;
+        }
+        let mut results = Vec::new();
+        for &l in lanes {
+            let lane = (l - warp0) as i64;
+            let th = &threads[l];
+            let (b, c) = (self.val(th, &i.a[2], cx, sh, i)? as i64, self.val(th, &i.a[3], cx, sh, i)? as i64);
+            let (bval, cval, seg) = (b & 31, c & 31, (c >> 8) & 31);
+            let max_lane = (lane & seg) | (cval & !seg);
+            let min_lane = lane & seg;
+            let (j, p) = match mode {
+                Shfl::Up => (lane - bval, lane - bval >= max_lane),
+                Shfl::Down => (lane + bval, lane + bval <= max_lane),
+                Shfl::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
+                Shfl::Idx => {
+                    let j = min_lane | (bval & !seg);
+                    (j, j <= max_lane)
+                }
+            };
+            let j = if p { j } else { lane };
+            if !(0..32).contains(&j) || !active[j as usize] {
+                return Err(SimError::Divergence(format!(
+                    "block {}: lane {lane} of warp {} reads lane {j}, which does not execute `{}`",
+                    cx.ctaid,
+                    warp0 / 32,
+                    i.text
+                )));
+            }
+            results.push((l, src[j as usize], p));
+        }
+        for (l, x, p) in results {
+            let th = &mut threads[l];
+            match &i.a[0] {
+                Opnd::Reg(d) => self.set(th, *d, x),
+                Opnd::Pair(d, q) => {
+                    self.set(th, *d, x);
+                    self.set(th, *q, u64::from(p));
+                }
+                o => return unsupported(format!("destination {o:?} of `{}`", i.text)),
+            }
+            th.pc += 1;
+            th.st = St::Run;
+        }
+        Ok(())
+    }
+}
+
+/// Runs entry `e` over `launch` with `g` bound to its parameters in order.
+pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
+    if g.bufs.len() != e.params {
+        return Err(SimError::Parse(format!("{} bindings for {} parameters", g.bufs.len(), e.params)));
+    }
+    let cs = e.cluster;
+    if launch.grid == 0 || !launch.grid.is_multiple_of(cs) || launch.block == 0 || launch.block > 1024 {
+        return Err(SimError::Parse(format!("launch {launch:?} with clusters of {cs}")));
+    }
+    let mut stats = Stats::default();
+    let block = launch.block as usize;
+    for cluster in 0..launch.grid / cs {
+        if stats.steps > lim.total {
+            if lim.stop_early {
+                stats.partial = true;
+                return Ok(stats);
+            }
+            return Err(SimError::Budget(format!("past {} instructions in all", lim.total)));
+        }
+        let mut sh = Shared::new(e, launch.shared)?;
+        let n = cs as usize * block;
+        let mut th: Vec<Thread> = (0..n)
+            .map(|_| Thread { regs: vec![0; e.widths.len()], pc: 0, st: St::Run, steps: 0, uni: HashMap::new() })
+            .collect();
+        let cx_of = |k: usize| {
+            let rank = (k / block) as u32;
+            Cx {
+                tid: (k % block) as u32,
+                block: launch.block,
+                ctaid: cluster * cs + rank,
+                grid: launch.grid,
+                rank,
+                cluster: cs,
+            }
+        };
+        loop {
+            for (k, t) in th.iter_mut().enumerate() {
+                if t.st == St::Run {
+                    e.advance(t, &cx_of(k), g, &mut sh, &lim)?;
+                }
+            }
+            if th.iter().all(|t| t.st == St::Exit) {
                 break;
             }
-            if stop.iter().flatten().filter(|s| live(s)).all(|s| *s == Some(Stop::Cluster)) {
-                for s in stop.iter_mut().flatten().filter(|s| live(s)) {
-                    *s = None;
+            let mut moved = false;
+            // Shuffles: per warp, per instruction.
+            for w0 in (0..n).step_by(32) {
+                let w1 = (w0 + 32).min((w0 / block + 1) * block).min(n);
+                let warp0 = w0;
+                let mut pcs: Vec<usize> = (w0..w1).filter(|&k| th[k].st == St::Shfl).map(|k| th[k].pc).collect();
+                pcs.sort_unstable();
+                pcs.dedup();
+                for pc in pcs {
+                    let lanes: Vec<usize> = (w0..w1).filter(|&k| th[k].st == St::Shfl && th[k].pc == pc).collect();
+                    let i = &e.insts[pc];
+                    let cx = cx_of(lanes[0]);
+                    let m0 = e.val(&th[lanes[0]], &i.a[4], &cx, &sh, i)? as u32;
+                    let mut complete = true;
+                    for l in 0..32usize {
+                        let k = warp0 + l;
+                        let member = m0 >> l & 1 == 1;
+                        let here = lanes.contains(&k);
+                        if here {
+                            let m = e.val(&th[k], &i.a[4], &cx_of(k), &sh, i)? as u32;
+                            if m != m0 || !member {
+                                return Err(SimError::Divergence(format!(
+                                    "block {}: lanes of warp {} execute `{}` with masks {m0:#x} and {m:#x}",
+                                    cx.ctaid,
+                                    (w0 % block) / 32,
+                                    i.text
+                                )));
+                            }
+                        } else if member {
+                            if k >= w1 || th[k].st == St::Exit {
+                                return Err(SimError::Divergence(format!(
+                                    "block {}: lane {l} of warp {} is in the mask of `{}` but has exited",
+                                    cx.ctaid,
+                                    (w0 % block) / 32,
+                                    i.text
+                                )));
+                            }
+                            complete = false;
+                        }
+                    }
+                    if complete {
+                        e.shuffle(&mut th, &lanes, warp0, &cx, &sh)?;
+                        moved = true;
+                    }
                 }
+            }
+            if moved {
                 continue;
             }
-            let mut moved = false;
-            for (r, b) in stop.iter_mut().enumerate() {
-                let at: Vec<Stop> = b.iter().flatten().copied().filter(|&s| s != Stop::Exit).collect();
-                if !at.is_empty() && at.iter().all(|&s| s == Stop::Block) {
-                    assert_eq!(
-                        at.len(),
-                        block as usize,
-                        "cluster {cluster} block {r}: bar.sync after some threads returned"
-                    );
-                    for s in b.iter_mut() {
-                        *s = None;
+            // Block barriers.
+            for r in 0..cs as usize {
+                let b = &mut th[r * block..(r + 1) * block];
+                if b.iter().any(|t| t.st == St::Bar) && b.iter().all(|t| matches!(t.st, St::Bar | St::Exit)) {
+                    if let Some(x) = b.iter().position(|t| t.st == St::Exit) {
+                        return Err(SimError::Divergence(format!(
+                            "block {}: bar.sync reached by {} threads while thread {x} has exited",
+                            cluster * cs + r as u32,
+                            b.iter().filter(|t| t.st == St::Bar).count()
+                        )));
                     }
+                    b.iter_mut().for_each(|t| t.st = St::Run);
                     moved = true;
                 }
             }
-            assert!(moved, "cluster {cluster}: threads wait at different barriers: {stop:?}");
-        }
-    }
-}
-
-/// A thread's coordinates.
-struct Cx {
-    tid: u32,
-    ctaid: u32,
-    rank: u32,
-    block: u32,
-    grid: u32,
-}
-
-fn step_to_barrier(
-    e: &Entry,
-    t: &mut Thread,
-    cx: &Cx,
-    params: &[u64],
-    shareds: &mut [Vec<u8>],
-    g: &mut Global,
-) -> Stop {
-    let (tid, ctaid, block, grid) = (cx.tid, cx.ctaid, cx.block, cx.grid);
-    loop {
-        let shared = &mut shareds[cx.rank as usize];
-        let Some(i) = e.insts.get(t.pc) else {
-            t.done = true;
-            return Stop::Exit;
-        };
-        t.pc += 1;
-        if let Some((p, neg)) = i.guard {
-            if (t.regs[p] != 0) == neg {
+            if moved {
                 continue;
             }
+            // The cluster barrier.
+            if th.iter().all(|t| matches!(t.st, St::Cluster | St::Exit)) {
+                th.iter_mut().filter(|t| t.st == St::Cluster).for_each(|t| t.st = St::Run);
+                continue;
+            }
+            let mut counts: HashMap<String, usize> = HashMap::new();
+            for t in &th {
+                let at = e.insts.get(t.pc.saturating_sub(usize::from(matches!(t.st, St::Bar | St::Cluster))));
+                let key = format!("{:?} at `{}`", t.st, at.map_or("end", |i| i.text.as_str()));
+                *counts.entry(key).or_default() += 1;
+            }
+            let mut c: Vec<String> = counts.into_iter().map(|(k, n)| format!("{n} threads {k}")).collect();
+            c.sort();
+            return Err(SimError::Divergence(format!("cluster {cluster}: threads wait apart: {}", c.join("; "))));
         }
-        let r = |o: &Opnd, t: &Thread| -> u64 {
-            match o {
-                Opnd::Reg(x) => t.regs[*x],
-                Opnd::Imm(v) => *v,
-                Opnd::Special("tid") => u64::from(tid),
-                Opnd::Special("ctaid") => u64::from(ctaid),
-                Opnd::Special("ntid") => u64::from(block),
-                Opnd::Special("nctaid") => u64::from(grid),
-                Opnd::Special("rank") => u64::from(cx.rank),
-                Opnd::Shared => 0,
-                other => panic!("operand {other:?} in {}", i.text),
-            }
-        };
-        let dst = |o: &Opnd| match o {
-            Opnd::Reg(x) => *x,
-            other => panic!("destination {other:?} in {}", i.text),
-        };
-        let a = &i.args;
-        let op = i.op.as_str();
-        let u32s = |t: &Thread, k: usize| r(&a[k], t) as u32;
-        match op {
-            "ret" => {
-                t.done = true;
-                return Stop::Exit;
-            }
-            "bar.sync" => return Stop::Block,
-            "barrier.cluster.arrive" => {}
-            "barrier.cluster.wait" => return Stop::Cluster,
-            "mapa.shared::cluster.u32" => {
-                let (x, rank) = (r(&a[1], t), r(&a[2], t));
-                assert!(x < 1 << RANK_SHIFT && rank < u64::from(e.cluster), "{}", i.text);
-                t.regs[dst(&a[0])] = x | rank << RANK_SHIFT;
-            }
-            "ld.shared::cluster.v4.f32" => {
-                let Opnd::Addr(base, off) = a[1] else { panic!("{}", i.text) };
-                let Opnd::Vec(ds) = &a[0] else { panic!("{}", i.text) };
-                let full = (t.regs[base] as i64 + off) as u64;
-                let (rank, addr) = ((full >> RANK_SHIFT) as usize, (full & ((1 << RANK_SHIFT) - 1)) as usize);
-                let sh = &shareds[rank];
-                assert!(addr.is_multiple_of(16) && addr + 16 <= sh.len(), "{}: cluster load at {addr}", i.text);
-                for (j, &d) in ds.iter().enumerate() {
-                    let o = addr + 4 * j;
-                    t.regs[d] = u64::from(u32::from_le_bytes([sh[o], sh[o + 1], sh[o + 2], sh[o + 3]]));
-                }
-            }
-            "bra" | "bra.uni" => {
-                let Opnd::Label(l) = &a[0] else { panic!("{}", i.text) };
-                t.pc = e.labels[l];
-            }
-            "ld.param.u64" => {
-                let Opnd::Param(p) = a[1] else { panic!("{}", i.text) };
-                t.regs[dst(&a[0])] = params[p];
-            }
-            "cvta.to.global.u64" | "mov.u32" | "mov.u64" | "mov.s64" | "mov.b32" | "mov.f32" | "mov.b64" => {
-                let v = r(&a[1], t);
-                t.regs[dst(&a[0])] = if op.ends_with("32") { v & 0xFFFF_FFFF } else { v };
-            }
-            "and.b32" | "shr.u32" | "shl.b32" | "add.u32" | "mul.lo.u32" | "rem.u32" | "div.u32" | "sub.u32"
-            | "min.u32" | "max.u32" => {
-                let (x, y) = (u32s(t, 1), u32s(t, 2));
-                let v = match op {
-                    "and.b32" => x & y,
-                    "shr.u32" => x.checked_shr(y).unwrap_or(0),
-                    "shl.b32" => x.checked_shl(y).unwrap_or(0),
-                    "add.u32" => x.wrapping_add(y),
-                    "sub.u32" => x.wrapping_sub(y),
-                    "mul.lo.u32" => x.wrapping_mul(y),
-                    "rem.u32" => x % y,
-                    "min.u32" => x.min(y),
-                    "max.u32" => x.max(y),
-                    _ => x / y,
-                };
-                t.regs[dst(&a[0])] = u64::from(v);
-            }
-            "mad.lo.u32" => {
-                let v = u32s(t, 1).wrapping_mul(u32s(t, 2)).wrapping_add(u32s(t, 3));
-                t.regs[dst(&a[0])] = u64::from(v);
-            }
-            "setp.lt.u32" | "setp.ge.u32" | "setp.le.u32" | "setp.gt.u32" => {
-                let (x, y) = (u32s(t, 1), u32s(t, 2));
-                let v = match op {
-                    "setp.lt.u32" => x < y,
-                    "setp.ge.u32" => x >= y,
-                    "setp.le.u32" => x <= y,
-                    _ => x > y,
-                };
-                t.regs[dst(&a[0])] = u64::from(v);
-            }
-            "setp.lt.f32" | "setp.gt.f32" | "setp.le.f32" | "setp.ge.f32" | "setp.ne.f32" | "setp.eq.f32"
-            | "setp.nan.f32" => {
-                let (x, y) = (f(r(&a[1], t)), f(r(&a[2], t)));
-                let v = match op {
-                    "setp.lt.f32" => x < y,
-                    "setp.gt.f32" => x > y,
-                    "setp.le.f32" => x <= y,
-                    "setp.ge.f32" => x >= y,
-                    "setp.ne.f32" => x != y && !x.is_nan() && !y.is_nan(),
-                    "setp.eq.f32" => x == y,
-                    _ => x.is_nan() || y.is_nan(),
-                };
-                t.regs[dst(&a[0])] = u64::from(v);
-            }
-            "and.pred" | "or.pred" => {
-                let (x, y) = (r(&a[1], t) != 0, r(&a[2], t) != 0);
-                t.regs[dst(&a[0])] = u64::from(if op == "and.pred" { x && y } else { x || y });
-            }
-            "not.pred" => t.regs[dst(&a[0])] = u64::from(r(&a[1], t) == 0),
-            "mul.wide.s32" => {
-                let v = i64::from(r(&a[1], t) as u32 as i32).wrapping_mul(r(&a[2], t) as i64);
-                t.regs[dst(&a[0])] = v as u64;
-            }
-            "add.s64" => t.regs[dst(&a[0])] = r(&a[1], t).wrapping_add(r(&a[2], t)),
-            "mul.lo.s64" => t.regs[dst(&a[0])] = r(&a[1], t).wrapping_mul(r(&a[2], t)),
-            "mad.lo.s64" => t.regs[dst(&a[0])] = r(&a[1], t).wrapping_mul(r(&a[2], t)).wrapping_add(r(&a[3], t)),
-            "cvt.u64.u32" => t.regs[dst(&a[0])] = r(&a[1], t) & 0xFFFF_FFFF,
-            "cvt.rn.f32.s32" => t.regs[dst(&a[0])] = fb(r(&a[1], t) as u32 as i32 as f32),
-            "ld.global.f32" | "ld.global.s8" | "ld.global.u8" | "ld.global.s16" | "ld.global.b32" => {
-                let Opnd::Addr(base, off) = a[1] else { panic!("{}", i.text) };
-                let addr = t.regs[base].wrapping_add(off as u64);
-                let n = match op {
-                    "ld.global.s8" | "ld.global.u8" => 1,
-                    "ld.global.s16" => 2,
-                    _ => 4,
-                };
-                let b = g.at(addr, n, &i.text);
-                let v = match op {
-                    "ld.global.s8" => b[0] as i8 as i32 as u32,
-                    "ld.global.u8" => u32::from(b[0]),
-                    "ld.global.s16" => i16::from_le_bytes([b[0], b[1]]) as i32 as u32,
-                    _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-                };
-                t.regs[dst(&a[0])] = u64::from(v);
-            }
-            "st.global.f32" | "st.global.b32" => {
-                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
-                let addr = t.regs[base].wrapping_add(off as u64);
-                let v = r(&a[1], t) as u32;
-                g.at(addr, 4, &i.text).copy_from_slice(&v.to_le_bytes());
-            }
-            "st.global.v4.f32" => {
-                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
-                let Opnd::Vec(vs) = &a[1] else { panic!("{}", i.text) };
-                let addr = t.regs[base].wrapping_add(off as u64);
-                assert!(addr.is_multiple_of(16), "{}: unaligned vector store at {addr:#x}", i.text);
-                let b = g.at(addr, 16, &i.text);
-                for (j, &v) in vs.iter().enumerate() {
-                    b[4 * j..4 * j + 4].copy_from_slice(&(t.regs[v] as u32).to_le_bytes());
-                }
-            }
-            "st.shared.v4.f32" => {
-                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
-                let Opnd::Vec(vs) = &a[1] else { panic!("{}", i.text) };
-                let addr = (t.regs[base] as i64 + off) as usize;
-                assert!(addr.is_multiple_of(16) && addr + 16 <= shared.len(), "{}: shared store at {addr}", i.text);
-                for (j, &v) in vs.iter().enumerate() {
-                    shared[addr + 4 * j..addr + 4 * j + 4].copy_from_slice(&(t.regs[v] as u32).to_le_bytes());
-                }
-            }
-            "st.shared.f32" => {
-                let Opnd::Addr(base, off) = a[0] else { panic!("{}", i.text) };
-                let addr = (t.regs[base] as i64 + off) as usize;
-                assert!(addr.is_multiple_of(4) && addr + 4 <= shared.len(), "{}: shared store at {addr}", i.text);
-                shared[addr..addr + 4].copy_from_slice(&(r(&a[1], t) as u32).to_le_bytes());
-            }
-            "ld.shared.v4.f32" => {
-                let Opnd::Addr(base, off) = a[1] else { panic!("{}", i.text) };
-                let Opnd::Vec(ds) = &a[0] else { panic!("{}", i.text) };
-                let addr = (t.regs[base] as i64 + off) as usize;
-                assert!(addr.is_multiple_of(16) && addr + 16 <= shared.len(), "{}: shared load at {addr}", i.text);
-                for (j, &d) in ds.iter().enumerate() {
-                    let o = addr + 4 * j;
-                    t.regs[d] = u64::from(u32::from_le_bytes([shared[o], shared[o + 1], shared[o + 2], shared[o + 3]]));
-                }
-            }
-            "fma.rn.f32" => {
-                let v = f(r(&a[1], t)).mul_add(f(r(&a[2], t)), f(r(&a[3], t)));
-                t.regs[dst(&a[0])] = fb(v);
-            }
-            "add.rn.f32" | "sub.rn.f32" | "mul.rn.f32" | "div.rn.f32" | "max.f32" | "min.f32" | "max.NaN.f32"
-            | "min.NaN.f32" => {
-                let (x, y) = (f(r(&a[1], t)), f(r(&a[2], t)));
-                let v = match op {
-                    "add.rn.f32" => x + y,
-                    "sub.rn.f32" => x - y,
-                    "mul.rn.f32" => x * y,
-                    "div.rn.f32" => x / y,
-                    "max.f32" => x.max(y),
-                    "min.f32" => x.min(y),
-                    _ if x.is_nan() || y.is_nan() => f32::NAN,
-                    "max.NaN.f32" => x.max(y),
-                    _ => x.min(y),
-                };
-                t.regs[dst(&a[0])] = fb(v);
-            }
-            "abs.f32" | "neg.f32" | "ex2.approx.f32" | "lg2.approx.f32" => {
-                // The approximations as their exact values (the test's tolerance covers
-                // the hardware's few ulp).
-                let x = f(r(&a[1], t));
-                let v = match op {
-                    "abs.f32" => x.abs(),
-                    "neg.f32" => -x,
-                    "ex2.approx.f32" => x.exp2(),
-                    _ => x.log2(),
-                };
-                t.regs[dst(&a[0])] = fb(v);
-            }
-            "copysign.f32" => {
-                // copysign.f32 d, a, b: |b| with a's sign.
-                let (x, y) = (f(r(&a[1], t)), f(r(&a[2], t)));
-                t.regs[dst(&a[0])] = fb(y.copysign(x));
-            }
-            "cvt.rni.s32.f32" => {
-                let x = f(r(&a[1], t));
-                let v = if x.is_nan() { 0 } else { x.round_ties_even().clamp(i32::MIN as f32, i32::MAX as f32) as i32 };
-                t.regs[dst(&a[0])] = u64::from(v as u32);
-            }
-            "add.s32" | "sub.s32" | "max.s32" | "min.s32" | "shr.s32" => {
-                let (x, y) = (r(&a[1], t) as u32 as i32, r(&a[2], t) as u32 as i32);
-                let v = match op {
-                    "add.s32" => x.wrapping_add(y),
-                    "sub.s32" => x.wrapping_sub(y),
-                    "max.s32" => x.max(y),
-                    "min.s32" => x.min(y),
-                    _ => x >> (y.clamp(0, 31)),
-                };
-                t.regs[dst(&a[0])] = u64::from(v as u32);
-            }
-            "selp.f32" | "selp.b32" | "selp.u32" => {
-                let v = if r(&a[3], t) != 0 { r(&a[1], t) } else { r(&a[2], t) };
-                t.regs[dst(&a[0])] = v & 0xFFFF_FFFF;
-            }
-            _ => panic!("the simulator has no `{}` ({})", op, i.text),
+        stats.steps += th.iter().map(|t| t.steps).sum::<u64>();
+        stats.clusters_run += 1;
+    }
+    Ok(stats)
+}
+
+// ------------------------------------------------------------------------------------
+// Against the kernel interpreter
+
+/// How close the simulated output must be to the interpreter's.
+#[derive(Debug, Clone, Copy)]
+pub enum Tol {
+    /// Bit for bit (any NaN matches any NaN; −0 and +0 differ).
+    Exact,
+    /// Within this many units in the last place of the output type (f32 only; other
+    /// types exact).
+    Ulps(u32),
+    /// `|got − want| ≤ abs + rel·|want|` (NaN and infinities must match exactly).
+    Rel { rel: f64, abs: f64 },
+}
+
+/// A check's inputs and bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Check {
+    pub seed: u64,
+    /// Put NaN and ±∞ among the float inputs.
+    pub specials: bool,
+    /// Put −0 among the float inputs too (with `specials`). PTX `max/min.f32` order
+    /// −0 below +0 (IEEE 754-2019, as modelled here) where the interpreter's Max/Min
+    /// may keep either zero: a sign-of-zero divergence to check on a GPU.
+    pub neg_zero: bool,
+    pub tol: Tol,
+    /// Run at most this many blocks (rounded to whole clusters; at least 2 clusters
+    /// where the launch has them): a grid-stride kernel then walks its tail.
+    pub max_blocks: Option<u32>,
+    /// Stop after about this many simulated instructions (whole clusters), comparing
+    /// the elements written so far.
+    pub budget: Option<u64>,
+    /// Integer inputs are drawn from `lo..=hi`.
+    pub ints: (i64, i64),
+    /// Compare with the interpreter (else only run: memory, barrier and shuffle
+    /// checks, for kernels too large to interpret).
+    pub oracle: bool,
+}
+
+impl Check {
+    pub fn exact(seed: u64) -> Check {
+        Check {
+            seed,
+            specials: false,
+            neg_zero: true,
+            tol: Tol::Exact,
+            max_blocks: None,
+            budget: None,
+            ints: (-9, 9),
+            oracle: true,
         }
     }
+}
+
+/// The longest reduction of `k`: the largest count of terms one `Reduce` folds (1
+/// without reductions). Tolerances of reassociated sums scale with it.
+pub fn reduction_length(k: &Kernel) -> u64 {
+    reductions(k).into_iter().max().unwrap_or(1)
+}
+
+/// About how many terms the interpreter evaluates for `k`: each output element
+/// recomputes every reduction.
+pub fn interpretation_cost(k: &Kernel) -> u64 {
+    let per: u64 = reductions(k).iter().sum::<u64>().max(1);
+    (k.output.shape.numel() as u64).saturating_mul(per)
+}
+
+fn reductions(k: &Kernel) -> Vec<u64> {
+    k.nodes
+        .iter()
+        .filter_map(|n| match &n.expr {
+            kiln_flow::Expr::Reduce { vars, .. } => Some(vars.iter().map(|v| k.vars[v.0 as usize]).product()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a check compared.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    pub compared: usize,
+    pub elements: usize,
+    pub grid: u32,
+    pub steps: u64,
+    pub partial: bool,
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Random inputs of the types `tys`: floats in [−2, 2) on a 2⁻¹⁰ grid (exact in every
+/// float type), with NaN, +∞, −∞ and −0 sprinkled where `specials`; integers in
+/// `ints`; bools 0/1. (−0 only where `neg_zero` too.)
+pub fn random_inputs(tys: &[TensorType], seed: u64, specials: bool, neg_zero: bool, ints: (i64, i64)) -> Vec<Tensor> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    tys.iter()
+        .map(|t| {
+            let n = t.shape.numel();
+            if t.dtype.is_float() {
+                let v: Vec<f64> = (0..n)
+                    .map(|i| {
+                        let x = xorshift(&mut s);
+                        match i {
+                            _ if specials && i % 13 == 5 => f64::NAN,
+                            _ if specials && i % 29 == 3 => f64::INFINITY,
+                            _ if specials && i % 31 == 7 => f64::NEG_INFINITY,
+                            _ if specials && neg_zero && i % 37 == 11 => -0.0,
+                            _ => (x % 4096) as f64 / 1024.0 - 2.0,
+                        }
+                    })
+                    .collect();
+                Tensor::from_f64(t.dtype, t.shape.clone(), &v).expect("a float tensor")
+            } else {
+                let (lo, hi) = if t.dtype == DType::Bool {
+                    (0, 1)
+                } else if t.dtype.is_unsigned_int() {
+                    (ints.0.max(0), ints.1.max(0))
+                } else {
+                    ints
+                };
+                let span = (hi - lo + 1).max(1) as u64;
+                let v: Vec<i64> = (0..n).map(|_| lo + (xorshift(&mut s) % span) as i64).collect();
+                Tensor::from_i64(t.dtype, t.shape.clone(), &v).expect("an integer tensor")
+            }
+        })
+        .collect()
+}
+
+fn ulps32(a: f32, b: f32) -> u64 {
+    let ord = |x: f32| {
+        let b = x.to_bits() as i32;
+        i64::from(if b < 0 { i32::MIN - b } else { b })
+    };
+    (ord(a) - ord(b)).unsigned_abs()
+}
+
+/// Runs entry `index` of `ptx` (kernel `k`'s code) over `launch` on random inputs
+/// (`c`) and compares every output element it wrote with the kernel interpreter's,
+/// within `c.tol`. The full launch must write every element; a reduced one (`c`'s
+/// `max_blocks` or `budget`) is checked on the elements it wrote (at least one).
+pub fn check_against_interpreter(
+    k: &Kernel,
+    ptx: &str,
+    index: usize,
+    launch: Grid,
+    c: &Check,
+) -> Result<Outcome, String> {
+    let e = parse(ptx, index).map_err(|e| format!("{}: {e}", k.name))?;
+    if e.name != k.name {
+        return Err(format!("entry {index} is {}, not {}", e.name, k.name));
+    }
+    let ins = random_inputs(&k.inputs, c.seed, c.specials, c.neg_zero, c.ints);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let want =
+        if c.oracle { Some(interp::run(k, &refs).map_err(|e| format!("{}: interpreter: {e}", k.name))?) } else { None };
+    let mut bufs: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
+    let out_bytes = k.output.storage_bytes();
+    bufs.push(vec![0xFF; out_bytes]);
+    let mut g = Global::new(bufs);
+    let mut grid = launch.grid;
+    if let Some(m) = c.max_blocks {
+        let cs = e.cluster;
+        grid = grid.min(m.div_ceil(cs).max(2) * cs).min(launch.grid);
+    }
+    let lim = Limits {
+        total: c.budget.unwrap_or(Limits::default().total),
+        stop_early: c.budget.is_some(),
+        ..Limits::default()
+    };
+    let stats = run(&e, Grid { grid, ..launch }, &mut g, lim).map_err(|err| format!("{}: {err}", k.name))?;
+    let reduced = grid < launch.grid || stats.partial;
+    let dt = k.output.dtype;
+    let esz = dt.storage_bytes(1).max(1);
+    let got_t = Tensor::new(k.output.clone(), g.bufs.pop().unwrap_or_default().into())
+        .map_err(|e| format!("{}: output: {e}", k.name))?;
+    let written = g.written.pop().unwrap_or_default();
+    let Some(want) = want else {
+        let wrote = written.iter().filter(|&&w| w).count() / esz;
+        if wrote == 0 {
+            return Err(format!("{}: no element written by {grid} blocks in {} instructions", k.name, stats.steps));
+        }
+        return Ok(Outcome {
+            compared: 0,
+            elements: k.output.shape.numel(),
+            grid,
+            steps: stats.steps,
+            partial: stats.partial,
+        });
+    };
+    let (gv, wv) = (got_t.to_f64_vec(), want.to_f64_vec());
+    let n = wv.len();
+    let mut compared = 0;
+    for i in 0..n {
+        let wrote = if dt.is_packed() {
+            written.iter().all(|&w| w)
+        } else {
+            written[i * esz..(i + 1) * esz].iter().all(|&w| w)
+        };
+        if !wrote {
+            if reduced {
+                continue;
+            }
+            return Err(format!("{}: element {i} of {:?} never written", k.name, k.output.shape.dims()));
+        }
+        compared += 1;
+        let (g1, w1) = (gv[i], wv[i]);
+        let ok = if g1.is_nan() || w1.is_nan() {
+            g1.is_nan() && w1.is_nan()
+        } else if !dt.is_float() {
+            g1 == w1
+        } else {
+            match c.tol {
+                Tol::Exact => g1.to_bits() == w1.to_bits(),
+                Tol::Ulps(u) if dt == DType::F32 => ulps32(g1 as f32, w1 as f32) <= u64::from(u),
+                Tol::Ulps(_) => g1.to_bits() == w1.to_bits(),
+                Tol::Rel { rel, abs } => {
+                    if g1.is_infinite() || w1.is_infinite() {
+                        g1 == w1
+                    } else {
+                        (g1 - w1).abs() <= abs + rel * w1.abs()
+                    }
+                }
+            }
+        };
+        if !ok {
+            return Err(format!(
+                "{} (specials {}): element {i} of {:?}: simulated {g1:e}, interpreter {w1:e} (tolerance {:?})",
+                k.name,
+                c.specials,
+                k.output.shape.dims(),
+                c.tol
+            ));
+        }
+    }
+    if compared == 0 {
+        return Err(format!("{}: no element written by {grid} blocks in {} instructions", k.name, stats.steps));
+    }
+    Ok(Outcome { compared, elements: n, grid, steps: stats.steps, partial: stats.partial })
 }

@@ -1,0 +1,140 @@
+//! Every CUDA kernel of every test model (`ref/manifest.json`), run by the host PTX
+//! simulator (`ptxsim`) against the kernel interpreter: no GPU needed.
+//!
+//! Each model is compiled for the CUDA target; each dispatch's PTX entry runs on random
+//! inputs (floats in [−2, 2), integers in −9..=9) over its launch's block and a grid of
+//! at most [`MAX_BLOCKS`] blocks (whole clusters; a grid-stride kernel walks its tail),
+//! stopping after about [`BUDGET`] simulated instructions (at a cluster's end). Every
+//! element the reduced run wrote is compared with the interpreter's: integers and
+//! non-float outputs exactly; floats within `2⁻¹⁶·|want| + (1 + L)·2⁻¹⁸`, where `L` is
+//! the kernel's longest reduction (the emitters reassociate sums and use FMA and
+//! `ex2/lg2/sin/cos.approx`; an index or predicate bug is off by far more). A kernel
+//! whose interpretation costs more than [`INTERPRETED_WORK`] (output elements ×
+//! reduction terms) is run without the comparison: every global and shared
+//! access, barrier and shuffle is still checked. The counts are printed.
+//!
+//! Kernels the simulator finds wrong and whose fix is not landed are pinned in
+//! [`KNOWN`] with their exact failure text, so a fix flips the test.
+
+use kiln_compiler::{Compilation, Input, Options, Stage, TargetDevice};
+
+mod common;
+#[path = "../../kiln-codegen/tests/ptxsim/mod.rs"]
+mod ptxsim;
+
+use common::{import_options, listed_models, model_path};
+
+/// Most blocks a kernel runs in the simulator.
+const MAX_BLOCKS: u32 = 4;
+/// About the most instructions a kernel's simulation takes.
+const BUDGET: u64 = 1 << 20;
+/// Most interpreter work (output elements × reduction terms) a compared kernel may take.
+const INTERPRETED_WORK: u64 = 1 << 22;
+
+/// `(model, kernel, failure text)`: failures the simulator finds that are not fixed yet.
+const KNOWN: &[(&str, &str, &str)] = &[];
+
+struct Job {
+    model: String,
+    index: usize,
+    kernel: kiln_flow::Kernel,
+    launch: ptxsim::Grid,
+}
+
+#[test]
+fn every_cuda_kernel_of_every_model_matches_the_interpreter_in_the_simulator() {
+    let started = std::time::Instant::now();
+    let mut jobs = Vec::new();
+    let mut modules = Vec::new();
+    for e in listed_models("manifest.json") {
+        let name = e["name"].as_str().expect("name").to_string();
+        let opts = Options { device: TargetDevice::Cuda, import: import_options(&e), ..Options::default() };
+        let mut c = Compilation::new(Input::File(model_path(&e)), opts);
+        c.run_to(Stage::Artifact).unwrap_or_else(|err| panic!("{name}: compile for cuda: {err}"));
+        let cuda = c.cuda().expect("a CUDA module");
+        let flow = c.flow().expect("flow");
+        assert_eq!(cuda.launches.len(), flow.dispatches.len(), "{name}");
+        for (index, (d, l)) in flow.dispatches.iter().zip(&cuda.launches).enumerate() {
+            let grid = u32::try_from(l.grid).expect("a grid of u32 blocks");
+            jobs.push((
+                modules.len(),
+                Job {
+                    model: name.clone(),
+                    index,
+                    kernel: d.kernel.clone(),
+                    launch: ptxsim::Grid { grid, block: l.block, shared: l.shared },
+                },
+            ));
+        }
+        modules.push(cuda.ptx().to_string());
+    }
+    let compiled = started.elapsed();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<(usize, Result<ptxsim::Outcome, String>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((m, job)) = jobs.get(j) else { break };
+                        out.push((j, check(job, &modules[*m])));
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a worker")).collect()
+    });
+    let mut failures = Vec::new();
+    let mut known_seen = Vec::new();
+    let (mut compared, mut run_only, mut partial, mut elements) = (0, 0, 0, 0usize);
+    for (j, r) in results {
+        let job = &jobs[j].1;
+        match r {
+            Ok(o) => {
+                if o.compared > 0 {
+                    compared += 1;
+                    elements += o.compared;
+                } else {
+                    run_only += 1;
+                }
+                partial += usize::from(o.partial);
+            }
+            Err(e) => {
+                let known = KNOWN.iter().find(|(m, k, why)| *m == job.model && *k == job.kernel.name && e == *why);
+                match known {
+                    Some(k) => known_seen.push(*k),
+                    None => failures.push(format!("{}: {e}", job.model)),
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} kernels: {compared} compared ({elements} elements), {run_only} run without the interpreter, {partial} \
+         stopped at the budget, {} known failures; compile {:.1} s, all {:.1} s",
+        jobs.len(),
+        known_seen.len(),
+        compiled.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    for k in KNOWN {
+        assert!(known_seen.contains(k), "a KNOWN failure no longer fails (fixed? remove it): {k:?}");
+    }
+    failures.sort();
+    assert!(failures.is_empty(), "{} kernels fail in the simulator:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn check(job: &Job, ptx: &str) -> Result<ptxsim::Outcome, String> {
+    let k = &job.kernel;
+    let l = ptxsim::reduction_length(k);
+    let work = ptxsim::interpretation_cost(k);
+    let c = ptxsim::Check {
+        tol: ptxsim::Tol::Rel { rel: 2f64.powi(-16), abs: (1 + l) as f64 * 2f64.powi(-18) },
+        max_blocks: Some(MAX_BLOCKS),
+        budget: Some(BUDGET),
+        oracle: work <= INTERPRETED_WORK,
+        ..ptxsim::Check::exact(job.index as u64 + 1)
+    };
+    ptxsim::check_against_interpreter(k, ptx, job.index, job.launch, &c)
+}
