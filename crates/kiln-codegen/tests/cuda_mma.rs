@@ -300,6 +300,7 @@ fn suite(dt: DType) -> Vec<Kernel> {
     ks.push(matmul((dt, dt), &[4], (true, false), (127, 40, 64), false, true, dt));
     ks.push(matmul((dt, dt), &[5], (false, true), (7, 1000, 33), true, false, dt));
     ks.push(conv(dt, 1, (32, 64), (56, 56), 1, 1, 1));
+    ks.push(conv(dt, 2, (24, 40), (28, 28), 1, 1, 1));
     ks.push(conv(dt, 1, (320, 1280), (7, 7), 1, 1, 1));
     ks.push(conv(dt, 2, (3, 33), (17, 13), 3, 1, 1));
     ks.push(conv(dt, 1, (3, 32), (112, 112), 3, 2, 1));
@@ -325,6 +326,12 @@ fn feeds_follow_the_operand_strides() {
     // Odd K or N: register-staged.
     let k = matmul((h, h), &[], (false, false), (128, 33, 127), false, false, h);
     assert_eq!(feeds(&k), (Feed { layout: Layout::KMajor, cp: false }, Feed { layout: Layout::RMajor, cp: false }));
+    // A 1×1 convolution's image: rows and columns one run of 28·28 (a multiple of 8,
+    // though 28 is not), channels 784 apart; 14·14 is no multiple of 8.
+    let k = conv(h, 1, (16, 32), (28, 28), 1, 1, 1);
+    assert_eq!(feeds(&k), (Feed { layout: Layout::KMajor, cp: true }, Feed { layout: Layout::RMajor, cp: true }));
+    let k = conv(h, 1, (16, 32), (14, 14), 1, 1, 1);
+    assert_eq!(feeds(&k).1, Feed { layout: Layout::RMajor, cp: false });
     // A 3×3 window's image: k is no single stride.
     let k = conv(h, 1, (16, 32), (16, 16), 3, 1, 1);
     assert!(!feeds(&k).1.cp);
@@ -332,29 +339,48 @@ fn feeds_follow_the_operand_strides() {
 
 /// Every `cp.async` chunk of a tile at any block and step is wholly in or out of range
 /// (`M`/`N` along rows, `K` along `k`), so the zero-fill of a chunk out of range drops
-/// nothing in range.
+/// nothing in range; and a chunk in range is 8 consecutive elements from a multiple of
+/// 8 (16 bytes, aligned) at the operand offsets the plan gives.
 #[test]
-fn cp_chunks_are_wholly_in_or_out_of_range() {
+fn cp_chunks_are_aligned_runs_wholly_in_or_out_of_range() {
     let h = DType::BF16;
-    for (m, k, n) in [(128, 256, 512), (40, 24, 8), (8, 8, 1000)] {
-        let kern = matmul((h, h), &[], (false, false), (m, k, n), false, false, h);
-        let plan = Plan::of(&kern).expect("plan");
-        let (fa, fb) = feeds(&kern);
-        for (f, total) in [(fa, m as u32), (fb, n as u32)] {
-            assert!(f.cp, "{m} {k} {n}: {f:?}");
-            for rows in [64, 128] {
-                for first in (0..total).step_by(rows as usize) {
-                    for k0 in (0..k as u32).step_by(BK as usize) {
-                        for tid in 0..BLOCK {
-                            for e in 0..items(f, rows) {
-                                let (r, kk) = item(f, rows, tid, e);
-                                let ins: Vec<bool> = (0..8)
-                                    .map(|c| match f.layout {
-                                        Layout::KMajor => first + r < total && k0 + kk + c < plan.dims[3] as u32,
-                                        Layout::RMajor => first + r + c < total && k0 + kk < plan.dims[3] as u32,
-                                    })
-                                    .collect();
-                                assert!(ins.iter().all(|&x| x == ins[0]), "{m} {k} {n} {f:?}");
+    let kernels = [
+        matmul((h, h), &[], (false, false), (128, 256, 512), false, false, h),
+        matmul((h, h), &[], (false, false), (40, 24, 8), true, false, h),
+        matmul((h, h), &[3], (true, false), (8, 8, 1000), false, false, h),
+        conv(h, 2, (24, 40), (28, 28), 1, 1, 1),
+    ];
+    for kern in &kernels {
+        let plan = Plan::of(kern).expect("plan");
+        let [nb, m, n, kk] = plan.dims;
+        let (fa, fb) = feeds(kern);
+        for (f, total, side) in [(fa, m, Side::A), (fb, n, Side::B)] {
+            assert!(f.cp, "{}: {f:?}", kern.name);
+            let off = |bi: u64, r: u64, k: u64| match side {
+                Side::A => plan.a_offset(bi, r, k),
+                Side::B => plan.b_offset(bi, r, k),
+            };
+            for rows in [64u32, 128] {
+                for bi in 0..nb {
+                    for first in (0..total).step_by(rows as usize) {
+                        for k0 in (0..kk).step_by(BK as usize) {
+                            for tid in 0..BLOCK {
+                                for e in 0..items(f, rows) {
+                                    let (r, k) = item(f, rows, tid, e);
+                                    let at = |c: u64| match f.layout {
+                                        Layout::KMajor => (first + u64::from(r), k0 + u64::from(k) + c),
+                                        Layout::RMajor => (first + u64::from(r) + c, k0 + u64::from(k)),
+                                    };
+                                    let ins: Vec<bool> = (0..8).map(|c| at(c).0 < total && at(c).1 < kk).collect();
+                                    assert!(ins.iter().all(|&x| x == ins[0]), "{} {f:?}", kern.name);
+                                    if ins[0] {
+                                        let o0 = off(bi, at(0).0, at(0).1);
+                                        assert_eq!(o0 % 8, 0, "{} {f:?}", kern.name);
+                                        for c in 1..8 {
+                                            assert_eq!(off(bi, at(c).0, at(c).1), o0 + c as i64, "{} {f:?}", kern.name);
+                                        }
+                                    }
+                                }
                             }
                         }
                     }

@@ -50,7 +50,8 @@
 //! An operand is copied with `cp.async.cg.shared.global` 16-byte chunks ([`Feed::cp`])
 //! where each chunk is 8 consecutive elements of global memory, 16-byte aligned, and
 //! wholly in or out of range: KMajor with `k` one stride-1 run and `K` a multiple of 8,
-//! or RMajor with the innermost tile variable of stride 1 and extent a multiple of 8;
+//! or RMajor with the innermost tile variables one stride-1 run (an image's rows and
+//! columns) whose length is a multiple of 8;
 //! the constant, every other coefficient (and the `k` step) multiples of 8 (bindings
 //! are 64-byte aligned). A chunk out of range is zero-filled (`src-size` 0, from the
 //! operand's base address). Every other operand is register-staged, like the f32
@@ -184,8 +185,7 @@ pub struct Feed {
 
 /// The feed of operand `map` whose tile variables are `vars` (see the module docs).
 pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
-    let inner = vars.last().copied();
-    let r_step = inner.map(|(v, _)| map.at(v));
+    let r_step = vars.last().map(|&(v, _)| map.at(v));
     let k_step = plan.ks.last().map(|&(v, _)| map.at(v));
     let layout = match Order::of(r_step, k_step) {
         Order::AlongK => Layout::KMajor,
@@ -198,11 +198,21 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
             s == 1 && plan.dims[3] % 8 == 0 && batch_ok && vars.iter().all(|&(v, _)| a8(map.at(v)))
         }
         (Some(s), Layout::RMajor) => {
-            let outer = &vars[..vars.len().saturating_sub(1)];
-            inner.is_some_and(|(v, e)| map.at(v) == 1 && e % 8 == 0)
-                && a8(s)
-                && batch_ok
-                && outer.iter().all(|&(v, _)| a8(map.at(v)))
+            // The innermost variables that are one stride-1 run (each coefficient the
+            // next one's times its extent: an image's rows and columns), `run` long.
+            let mut first = vars.len();
+            let mut run = 1u64;
+            let mut next: Option<i64> = Some(1);
+            while first > 0 {
+                let (v, e) = vars[first - 1];
+                if Some(map.at(v)) != next {
+                    break;
+                }
+                run = run.saturating_mul(e);
+                next = map.at(v).checked_mul(i64::try_from(e).unwrap_or(i64::MAX));
+                first -= 1;
+            }
+            first < vars.len() && run % 8 == 0 && a8(s) && batch_ok && vars[..first].iter().all(|&(v, _)| a8(map.at(v)))
         }
         (None, _) => false,
     };
