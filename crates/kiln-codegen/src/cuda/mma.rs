@@ -75,10 +75,10 @@
 //!
 //! # The epilogue
 //!
-//! Each thread's accumulators are rows `m0 + (w/4)·BM/2 + 16i + g + 8h` and columns `n0
-//! + (w%4)·BN/4 + 8j + 2t + c`; the f32 kernel's epilogue evaluates the kernel's root at
-//! each in range (`m < M`, `n < N`) and stores it as the output's type (`cvt.rn` to a
-//! half output).
+//! Each thread's accumulators are rows `m0 + (w/4)·BM/2 + 16i + g + 8h` and
+//! columns `n0 + (w%4)·BN/4 + 8j + 2t + c`; the f32 kernel's epilogue evaluates the
+//! kernel's root at each in range (`m < M`, `n < N`) and stores it as the output's
+//! type (`cvt.rn` to a half output).
 //!
 //! # Declined (to the f32 kernel, which widens half operands in its loads)
 //!
@@ -195,7 +195,7 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
     let batch_ok = a8(map.c) && plan.batch.iter().all(|&(v, _)| a8(map.at(v)));
     let cp = match (linear(&plan.ks, map, BK), layout) {
         (Some(s), Layout::KMajor) => {
-            s == 1 && plan.dims[3] % 8 == 0 && batch_ok && vars.iter().all(|&(v, _)| a8(map.at(v)))
+            s == 1 && plan.dims[3].is_multiple_of(8) && batch_ok && vars.iter().all(|&(v, _)| a8(map.at(v)))
         }
         (Some(s), Layout::RMajor) => {
             // The innermost variables that are one stride-1 run (each coefficient the
@@ -212,7 +212,7 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
                 next = map.at(v).checked_mul(i64::try_from(e).unwrap_or(i64::MAX));
                 first -= 1;
             }
-            first < vars.len() && run % 8 == 0 && a8(s) && batch_ok && vars[..first].iter().all(|&(v, _)| a8(map.at(v)))
+            first < vars.len() && run.is_multiple_of(8) && a8(s) && batch_ok && vars[..first].iter().all(|&(v, _)| a8(map.at(v)))
         }
         (None, _) => false,
     };
