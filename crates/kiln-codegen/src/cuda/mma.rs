@@ -103,7 +103,7 @@ pub const STAGES: u32 = 3;
 pub const WARPS: (u32, u32) = (2, 4);
 
 /// How an operand tile is stored in a stage (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layout {
     /// Row `r` holds its 32 `k`.
     KMajor,
@@ -175,7 +175,7 @@ pub fn ldmatrix<T>(trans: bool, lane: u32, i: u32, h: u32, elem: impl Fn(u32, u3
 }
 
 /// How an operand gets into shared memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Feed {
     /// Its layout in a stage.
     pub layout: Layout,
