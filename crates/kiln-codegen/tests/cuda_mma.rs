@@ -20,7 +20,8 @@ mod ptxsim;
 
 use std::collections::HashSet;
 
-use kiln_codegen::cuda::contraction::{choose_tile, Plan};
+use kiln_codegen::cuda::contraction::Plan;
+use kiln_codegen::cuda::mma;
 use kiln_codegen::cuda::mma::{
     a_elem, b_elem, c_elem, feed, item, items, ldm_lane, ldmatrix, shared_bytes, smem_offset, Feed, Layout, Side, BK,
     WARPS,
@@ -231,7 +232,14 @@ fn matmul(
     if bias_relu {
         ins.push(ty(dt, &[m]));
     }
-    let name = format!("hmm_{}_{}_{}_{m}_{k}_{n}_{}{}", adt.name(), dt.name(), batch.len(), u8::from(a_t), u8::from(bias_relu));
+    let name = format!(
+        "hmm_{}_{}_{}_{m}_{k}_{n}_{}{}",
+        adt.name(),
+        dt.name(),
+        batch.len(),
+        u8::from(a_t),
+        u8::from(bias_relu)
+    );
     let mut kb = KernelBuilder::new(name, ins, ty(out_dt, &out));
     let o = kb.out_index();
     let kv = kb.new_var(k as u64);
@@ -255,7 +263,15 @@ fn matmul(
 /// A convolution over an already padded NCHW input stored as `dt`, `g` groups (output
 /// `[n, g, co/g, h, w]` when grouped), with a bias.
 #[allow(clippy::too_many_arguments)]
-fn conv(dt: DType, n: usize, (ci, co): (usize, usize), (h, w): (usize, usize), kh: usize, s: usize, g: usize) -> Kernel {
+fn conv(
+    dt: DType,
+    n: usize,
+    (ci, co): (usize, usize),
+    (h, w): (usize, usize),
+    kh: usize,
+    s: usize,
+    g: usize,
+) -> Kernel {
     let (hi, wi) = ((h - 1) * s + kh, (w - 1) * s + kh);
     let (cig, cog) = (ci / g, co / g);
     let out: Vec<usize> = if g > 1 { vec![n, g, cog, h, w] } else { vec![n, co, h, w] };
@@ -426,7 +442,12 @@ fn a_4096_cubed_bf16_product() {
     let k = matmul((h, h), &[], (false, false), (4096, 4096, 4096), false, false, h);
     let m = cuda::compile(&[(&k, KernelClass::Contraction)]).expect("compile");
     let note = &m.notes[0];
-    assert!(note.contains("mma.sync") && note.contains("128x128") && note.contains("A k-major cp.async, B row-major cp.async"), "{note}");
+    assert!(
+        note.contains("mma.sync")
+            && note.contains("128x128")
+            && note.contains("A k-major cp.async, B row-major cp.async"),
+        "{note}"
+    );
     assert_eq!(m.launches[0].grid, 32 * 32);
     let res = ptxas::assemble_ptx_verbose("cuda-mma", "4096", m.ptx()).unwrap_or_else(|e| panic!("ptxas: {e}"));
     let u = res[0].1;
@@ -439,8 +460,10 @@ fn a_4096_cubed_bf16_product() {
 #[test]
 fn mixed_operands_take_the_f32_kernel() {
     let cases = [(DType::F32, DType::F16), (DType::F16, DType::BF16), (DType::BF16, DType::F32)];
-    let kernels: Vec<Kernel> =
-        cases.iter().map(|&(a, b)| matmul((a, b), &[], (false, false), (33, 127, 7), false, true, DType::F32)).collect();
+    let kernels: Vec<Kernel> = cases
+        .iter()
+        .map(|&(a, b)| matmul((a, b), &[], (false, false), (33, 127, 7), false, true, DType::F32))
+        .collect();
     let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, KernelClass::Contraction)).collect();
     let m = cuda::compile(&with_class).expect("compile");
     for (k, note) in kernels.iter().zip(&m.notes) {
@@ -532,10 +555,8 @@ fn simulated_half_kernels_match_the_interpreter() {
 /// ([`c_elem`]); the store at the epilogue's row and column. Returns the output by
 /// flat offset (NaN where never written).
 fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
-    let mut plan = Plan::of(k).expect("plan");
+    let plan = mma::plan(&Plan::of(k).expect("plan"));
     let [nb, m, n, kk] = plan.dims;
-    plan.tile = choose_tile(nb, m, n);
-    plan.split = 1;
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
     let (wr, wc) = (bm / WARPS.0, bn / WARPS.1);
     let (mi, ni) = (wr / 16, wc / 8);
@@ -546,84 +567,91 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
     let mut out = vec![f64::NAN; k.output.shape.numel()];
     for tile in 0..plan.tile.blocks(nb, m, n) {
         let (bi, m0, n0) = plan.block(tile);
-        // acc[warp][lane][i][j][q]
+        // acc[warp][lane][i][j][q], summed over the ranks of a split in rank order.
         let mut acc = vec![0f64; (BLOCK * mi * ni * 4) as usize];
-        for k0 in (0..kk).step_by(BK as usize) {
-            let fill = |f: Feed, rows: u32, first: u64, total: u64, side: Side| {
-                let mut st = vec![f64::NAN; (rows * BK) as usize];
-                for tid in 0..BLOCK {
-                    for e in 0..items(f, rows) {
-                        let (r, q) = item(f, rows, tid, e);
-                        for c in 0..if f.cp { 8 } else { 1 } {
-                            let (r, q) = if f.layout == Layout::KMajor { (r, q + c) } else { (r + c, q) };
-                            let (gr, gk) = (first + u64::from(r), k0 + u64::from(q));
-                            let v = if gr < total && gk < kk {
-                                match side {
-                                    Side::A => av[plan.a_offset(bi, gr, gk) as usize],
-                                    Side::B => bv[plan.b_offset(bi, gr, gk) as usize],
-                                }
-                            } else {
-                                0.0
-                            };
-                            st[(smem_offset(f.layout, rows, r, q) / 2) as usize] = v;
-                        }
-                    }
-                }
-                st
-            };
-            let sa = fill(fa, bm, m0, m, Side::A);
-            let sb = fill(fb, bn, n0, n, Side::B);
-            // ldmatrix.x4 of a warp at fragment origin (r0, q0): regs[lane][i][h].
-            let ldm = |st: &[f64], f: Feed, rows: u32, side: Side, (r0, q0): (u32, u32)| {
-                let addr = |l: u32| {
-                    let (dr, dk) = ldm_lane(side, f.layout, l);
-                    smem_offset(f.layout, rows, r0 + dr, q0 + dk) / 2
-                };
-                let mut regs = vec![[[0f64; 2]; 4]; 32];
-                for (lane, reg) in regs.iter_mut().enumerate() {
-                    for (i, pair) in reg.iter_mut().enumerate() {
-                        for (h, x) in pair.iter_mut().enumerate() {
-                            let trans = f.layout == Layout::RMajor;
-                            *x = ldmatrix(trans, lane as u32, i as u32, h as u32, |row, c| st[(addr(row) + c) as usize]);
-                        }
-                    }
-                }
-                regs
-            };
-            for warp in 0..BLOCK / 32 {
-                let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
-                for q16 in [0, 16] {
-                    let af: Vec<_> = (0..mi).map(|i| ldm(&sa, fa, bm, Side::A, (wm * wr + 16 * i, q16))).collect();
-                    let bf: Vec<_> = (0..ni / 2).map(|j| ldm(&sb, fb, bn, Side::B, (wn * wc + 16 * j, q16))).collect();
-                    for i in 0..mi {
-                        let mut a = [[f64::NAN; 16]; 16];
-                        for lane in 0..32 {
-                            for r in 0..4 {
-                                for h in 0..2 {
-                                    let (x, y) = a_elem(lane, r, h);
-                                    assert!(a[x as usize][y as usize].is_nan(), "A element held twice");
-                                    a[x as usize][y as usize] = af[i as usize][lane as usize][r as usize][h as usize];
-                                }
+        for rank in 0..u64::from(plan.split) {
+            let k_end = ((rank + 1) * plan.k_chunk).min(kk);
+            for k0 in (rank * plan.k_chunk..(rank + 1) * plan.k_chunk).step_by(BK as usize) {
+                let fill = |f: Feed, rows: u32, first: u64, total: u64, side: Side| {
+                    let mut st = vec![f64::NAN; (rows * BK) as usize];
+                    for tid in 0..BLOCK {
+                        for e in 0..items(f, rows) {
+                            let (r, q) = item(f, rows, tid, e);
+                            for c in 0..if f.cp { 8 } else { 1 } {
+                                let (r, q) = if f.layout == Layout::KMajor { (r, q + c) } else { (r + c, q) };
+                                let (gr, gk) = (first + u64::from(r), k0 + u64::from(q));
+                                let v = if gr < total && gk < k_end {
+                                    match side {
+                                        Side::A => av[plan.a_offset(bi, gr, gk) as usize],
+                                        Side::B => bv[plan.b_offset(bi, gr, gk) as usize],
+                                    }
+                                } else {
+                                    0.0
+                                };
+                                st[(smem_offset(f.layout, rows, r, q) / 2) as usize] = v;
                             }
                         }
-                        for j in 0..ni {
-                            let mut b = [[f64::NAN; 8]; 16];
+                    }
+                    st
+                };
+                let sa = fill(fa, bm, m0, m, Side::A);
+                let sb = fill(fb, bn, n0, n, Side::B);
+                // ldmatrix.x4 of a warp at fragment origin (r0, q0): regs[lane][i][h].
+                let ldm = |st: &[f64], f: Feed, rows: u32, side: Side, (r0, q0): (u32, u32)| {
+                    let addr = |l: u32| {
+                        let (dr, dk) = ldm_lane(side, f.layout, l);
+                        smem_offset(f.layout, rows, r0 + dr, q0 + dk) / 2
+                    };
+                    let mut regs = vec![[[0f64; 2]; 4]; 32];
+                    for (lane, reg) in regs.iter_mut().enumerate() {
+                        for (i, pair) in reg.iter_mut().enumerate() {
+                            for (h, x) in pair.iter_mut().enumerate() {
+                                let trans = f.layout == Layout::RMajor;
+                                *x = ldmatrix(trans, lane as u32, i as u32, h as u32, |row, c| {
+                                    st[(addr(row) + c) as usize]
+                                });
+                            }
+                        }
+                    }
+                    regs
+                };
+                for warp in 0..BLOCK / 32 {
+                    let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
+                    for q16 in [0, 16] {
+                        let af: Vec<_> = (0..mi).map(|i| ldm(&sa, fa, bm, Side::A, (wm * wr + 16 * i, q16))).collect();
+                        let bf: Vec<_> =
+                            (0..ni / 2).map(|j| ldm(&sb, fb, bn, Side::B, (wn * wc + 16 * j, q16))).collect();
+                        for i in 0..mi {
+                            let mut a = [[f64::NAN; 16]; 16];
                             for lane in 0..32 {
-                                for q in 0..2 {
+                                for r in 0..4 {
                                     for h in 0..2 {
-                                        let (x, y) = b_elem(lane, q, h);
-                                        let reg = bf[(j / 2) as usize][lane as usize][(2 * (j % 2) + q) as usize];
-                                        assert!(b[x as usize][y as usize].is_nan(), "B element held twice");
-                                        b[x as usize][y as usize] = reg[h as usize];
+                                        let (x, y) = a_elem(lane, r, h);
+                                        assert!(a[x as usize][y as usize].is_nan(), "A element held twice");
+                                        a[x as usize][y as usize] =
+                                            af[i as usize][lane as usize][r as usize][h as usize];
                                     }
                                 }
                             }
-                            for lane in 0..32 {
-                                for q in 0..4 {
-                                    let (x, y) = c_elem(lane, q);
-                                    let d: f64 = (0..16).map(|z| a[x as usize][z] * b[z][y as usize]).sum();
-                                    let at = (((warp * 32 + lane) * mi + i) * ni + j) * 4 + q;
-                                    acc[at as usize] += d;
+                            for j in 0..ni {
+                                let mut b = [[f64::NAN; 8]; 16];
+                                for lane in 0..32 {
+                                    for q in 0..2 {
+                                        for h in 0..2 {
+                                            let (x, y) = b_elem(lane, q, h);
+                                            let reg = bf[(j / 2) as usize][lane as usize][(2 * (j % 2) + q) as usize];
+                                            assert!(b[x as usize][y as usize].is_nan(), "B element held twice");
+                                            b[x as usize][y as usize] = reg[h as usize];
+                                        }
+                                    }
+                                }
+                                for lane in 0..32 {
+                                    for q in 0..4 {
+                                        let (x, y) = c_elem(lane, q);
+                                        let d: f64 = (0..16).map(|z| a[x as usize][z] * b[z][y as usize]).sum();
+                                        let at = (((warp * 32 + lane) * mi + i) * ni + j) * 4 + q;
+                                        acc[at as usize] += d;
+                                    }
                                 }
                             }
                         }
@@ -674,10 +702,16 @@ fn modelled_kernels_match_the_interpreter() {
         conv(b, 1, (16, 24), (4, 4), 1, 1, 1),
         conv(h, 1, (5, 7), (6, 5), 3, 1, 1),
         conv(b, 1, (6, 8), (5, 4), 3, 1, 2),
+        // Split-K over clusters of 4 and 8.
+        matmul((h, h), &[], (false, false), (40, 300, 50), false, false, f),
+        matmul((b, b), &[], (false, false), (9, 600, 72), false, false, f),
+        conv(h, 1, (256, 20), (7, 7), 1, 1, 1),
     ];
     let mut seen = HashSet::new();
+    let mut splits = HashSet::new();
     for (seed, k) in kernels.iter().enumerate() {
-        let plan = Plan::of(k).expect("plan");
+        let plan = mma::plan(&Plan::of(k).expect("plan"));
+        splits.insert(plan.split);
         let (fa, fb) = feeds(k);
         seen.insert((fa, fb));
         let ins = inputs_of(k, seed as u64 + 1);
@@ -709,4 +743,5 @@ fn modelled_kernels_match_the_interpreter() {
         }
     }
     assert!(seen.len() >= 4, "feeds covered: {seen:?}");
+    assert!(splits.len() >= 3, "splits covered: {splits:?}");
 }

@@ -975,9 +975,7 @@ impl<'a> Emitter<'a> {
         acc: &[Reg],
         bvars: &[Reg],
     ) -> Result<(), CodegenError> {
-        let plan = self.plan;
-        let t = plan.tile;
-        let split = plan.split;
+        let t = self.plan.tile;
         let row_bytes = t.bn() * 4;
         // Partials: thread rows Tile::row(ty, i), columns Tile::col(tx, 4c ..+4).
         let ty_off = u32_op(p, "mul.lo.u32", ty, Imm::U((4 * row_bytes).into()).into());
@@ -991,6 +989,24 @@ impl<'a> Emitter<'a> {
                 p.op("st.shared.v4.f32", &[Opd::Addr(at, off), Opd::Vec(v)]);
             }
         }
+        self.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
+    }
+
+    /// The rest of a split's end, once each block's partial tile is in its shared
+    /// memory at `s0` (row-major `BM × BN` f32): the cluster barrier, the sums of
+    /// [`reduce_slot`] and their epilogue, the last cluster barrier.
+    fn split_reduce(
+        &self,
+        p: &mut Ptx,
+        bases: &[Reg],
+        (tid, tx, ty, rank): (Reg, Reg, Reg, Reg),
+        (m0, n0, s0): (Reg, Reg, Reg),
+        bvars: &[Reg],
+    ) -> Result<(), CodegenError> {
+        let plan = self.plan;
+        let t = plan.tile;
+        let split = plan.split;
+        let row_bytes = t.bn() * 4;
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
         let done = p.label();
@@ -1150,6 +1166,26 @@ pub(super) fn epilogue(
     bvars: &[Reg],
 ) -> Result<(), CodegenError> {
     Emitter { k, plan }.epilogue(p, bases, parts, bvars, false)
+}
+
+/// A split's end for another emitter (the tensor-core path), once each block of the
+/// cluster has written its partial `64 × 64` tile to its shared memory at `s0`
+/// (row-major f32) and may overwrite nothing there any more: the cluster barrier, rank
+/// `rank`'s sums of [`reduce_slot`] in rank order, their epilogue, and the last cluster
+/// barrier (see [`Plan::split`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn split_reduce(
+    k: &Kernel,
+    plan: &Plan,
+    p: &mut Ptx,
+    bases: &[Reg],
+    (tid, rank): (Reg, Reg),
+    (m0, n0, s0): (Reg, Reg, Reg),
+    bvars: &[Reg],
+) -> Result<(), CodegenError> {
+    let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
+    let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
+    Emitter { k, plan }.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
 }
 
 /// Evaluates every node under `e` that is not per element (once per row), never

@@ -80,6 +80,17 @@
 //! kernel's root at each in range (`m < M`, `n < N`) and stores it as the output's
 //! type (`cvt.rn` to a half output).
 //!
+//! # Split-K
+//!
+//! As the f32 kernel does ([`choose_split`]: 64×64 tiles where the grid leaves most
+//! multiprocessors idle and `K` is long), a cluster of 2–8 blocks shares each tile, rank
+//! `r` summing `k` in `[r·Kc, min((r+1)·Kc, K))` (`Kc` a multiple of [`BK`]; the copies
+//! are predicated on `k` below the part's end). After its last step each block writes
+//! its accumulators to its shared memory as a row-major 64×64 f32 tile (over the
+//! stages, after a barrier), and the f32 kernel's cluster reduction
+//! ([`super::contraction::split_reduce`]: ranks' partial tiles summed in rank order
+//! through distributed shared memory, then the epilogue) finishes the tile.
+//!
 //! # Declined (to the f32 kernel, which widens half operands in its loads)
 //!
 //! Operands of different types (f16 × bf16, f32 × half): rounding an f32 operand to
@@ -88,7 +99,9 @@
 use kiln_flow::Kernel;
 use kiln_ir::DType;
 
-use super::contraction::{self, affine_regs, choose_tile, linear, pred, split_regs, u32_op, Map, Order, Plan, Var};
+use super::contraction::{
+    self, affine_regs, choose_split, choose_tile, linear, pred, split_regs, u32_op, Map, Order, Plan, Var,
+};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch, BLOCK};
 use crate::CodegenError;
@@ -212,7 +225,11 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
                 next = map.at(v).checked_mul(i64::try_from(e).unwrap_or(i64::MAX));
                 first -= 1;
             }
-            first < vars.len() && run.is_multiple_of(8) && a8(s) && batch_ok && vars[..first].iter().all(|&(v, _)| a8(map.at(v)))
+            first < vars.len()
+                && run.is_multiple_of(8)
+                && a8(s)
+                && batch_ok
+                && vars[..first].iter().all(|&(v, _)| a8(map.at(v)))
         }
         (None, _) => false,
     };
@@ -251,17 +268,25 @@ pub fn shared_bytes(bm: u32, bn: u32) -> u32 {
     STAGES * (bm + bn) * BK * 2
 }
 
+/// `plan` as this path runs it: the tile of [`choose_tile`], the split of
+/// [`choose_split`] (64×64 tiles only), each block's part of `K` a multiple of [`BK`].
+pub fn plan(plan: &Plan) -> Plan {
+    let mut plan = plan.clone();
+    let [nb, m, n, kk] = plan.dims;
+    plan.tile = choose_tile(nb, m, n);
+    plan.split = choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk);
+    plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(u64::from(BK)) * u64::from(BK);
+    plan
+}
+
 /// The entry of `k` on the tensor cores, or why not.
 pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
     let dt = plan.a.dtype;
     if !matches!(dt, DType::F16 | DType::BF16) || plan.b.dtype != dt {
         return Ok(Err(format!("{} × {} operands", plan.a.dtype.name(), plan.b.dtype.name())));
     }
-    let mut plan = plan.clone();
+    let plan = self::plan(plan);
     let [nb, m, n, kk] = plan.dims;
-    plan.tile = choose_tile(nb, m, n);
-    plan.split = 1;
-    plan.k_chunk = kk.div_ceil(u64::from(BK)) * u64::from(BK);
     if plan.grid() > contraction::LIMIT {
         return Ok(Err(format!("{} blocks", plan.grid())));
     }
@@ -275,8 +300,9 @@ pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenErr
         format!("{l} {}", if f.cp { "cp.async" } else { "registers" })
     };
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
+    let split = if plan.split > 1 { format!(", split-K over clusters of {}", plan.split) } else { String::new() };
     let note = format!(
-        "contraction mma.sync m16n8k16 {} ({bm}x{bn} tile, {STAGES} stages, A {}, B {}, {} blocks; batches {nb}, M {m}, N {n}, K {kk})",
+        "contraction mma.sync m16n8k16 {} ({bm}x{bn} tile, {STAGES} stages, A {}, B {}, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
         dt.name(),
         how(fa),
         how(fb),
@@ -354,7 +380,7 @@ impl Emitter<'_> {
         vars: &[Var],
         bat: Reg,
         base: Reg,
-        tid: Reg,
+        (tid, k_start): (Reg, Option<Reg>),
     ) -> Src {
         let lin = linear(&self.plan.ks, map, BK);
         let mut out = Vec::new();
@@ -390,8 +416,13 @@ impl Emitter<'_> {
             let xs = split_regs(p, r, vars);
             let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
             let ptr = lin.map(|step| {
+                // At the block's first step.
+                let k = match k_start {
+                    Some(k0) => u32_op(p, "add.u32", k_in, k0.into()),
+                    None => k_in,
+                };
                 let t = p.reg(RegClass::B64);
-                p.op("mul.wide.s32", &[t.into(), k_in.into(), Imm::I(step).into()]);
+                p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
                 let o = p.reg(RegClass::B64);
                 p.op("add.s64", &[o.into(), off.into(), t.into()]);
                 let a = p.reg(RegClass::B64);
@@ -406,12 +437,11 @@ impl Emitter<'_> {
 
     /// Issues step `k0` of `s` into the stage at `stage`: `cp.async` chunks, or loads
     /// into fresh b16 registers (returned; the caller stores them). Steps the pointers.
-    fn issue(&self, p: &mut Ptx, s: &Src, k0: Reg, stage: Reg) -> Vec<Reg> {
-        let k_end = Imm::U(self.plan.dims[3]);
+    fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: Reg) -> Vec<Reg> {
         let mut vals = Vec::new();
         for it in &s.items {
             let kabs = u32_op(p, "add.u32", k0, it.k_in.into());
-            let kin = pred(p, "setp.lt.u32", kabs, k_end.into());
+            let kin = pred(p, "setp.lt.u32", kabs, k_end.clone());
             let ok = p.reg(RegClass::Pred);
             p.op("and.pred", &[ok.into(), kin.into(), it.in_range.into()]);
             let addr = match it.ptr {
@@ -501,7 +531,7 @@ impl Emitter<'_> {
         let (bm, bn) = (t.bm(), t.bn());
         let (wm_rows, wn_cols) = (bm / WARPS.0, bn / WARPS.1);
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
-        let [_, m, n, _] = plan.dims;
+        let [_, m, n, kk] = plan.dims;
         let mut bases = Vec::new();
         for i in 0..k.inputs.len() + 1 {
             let raw = p.reg(RegClass::B64);
@@ -521,6 +551,20 @@ impl Emitter<'_> {
         let wn = u32_op(p, "and.b32", warp, Imm::U(3).into());
         let g = u32_op(p, "shr.u32", lane, Imm::U(2).into());
         let t4 = u32_op(p, "and.b32", lane, Imm::U(3).into());
+        // A split: block bid computes tile bid / split over k in [k_start, k_end), its
+        // rank in its cluster (of `split` consecutive blocks) being bid % split.
+        let (bid, rank, k_start, k_end) = if plan.split > 1 {
+            p.directive(&format!(".reqnctapercluster {}, 1, 1", plan.split));
+            let rank = p.reg(RegClass::B32);
+            p.op("mov.u32", &[rank.into(), Opd::Special("%cluster_ctarank")]);
+            let tile = u32_op(p, "div.u32", bid, Imm::U(plan.split.into()).into());
+            let k_start = u32_op(p, "mul.lo.u32", rank, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "add.u32", k_start, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "min.u32", e, Imm::U(kk).into());
+            (tile, Some(rank), Some(k_start), Opd::R(e))
+        } else {
+            (bid, None, None, Opd::I(Imm::U(kk)))
+        };
 
         // Plan::block in PTX.
         let nt = n.div_ceil(u64::from(bn));
@@ -543,13 +587,15 @@ impl Emitter<'_> {
 
         // Shared memory: [A stage 0..3 | B stage 0..3].
         let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
-        let smem = p.shared("stages", shared_bytes(bm, bn), 128);
+        // (A split's partial tile reuses it: BM·BN f32.)
+        let bytes = if plan.split > 1 { shared_bytes(bm, bn).max(bm * bn * 4) } else { shared_bytes(bm, bn) };
+        let smem = p.shared("stages", bytes, 128);
         let a_first = p.reg(RegClass::B32);
         p.op("mov.u32", &[a_first.into(), Opd::Sym(smem)]);
         let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(STAGES * a_stage)).into());
 
-        let sa = self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_bat, bases[plan.a.input], tid);
-        let sb = self.src(p, self.fb, &plan.b, (bn, n0, n), &plan.cols, b_bat, bases[plan.b.input], tid);
+        let sa = self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_bat, bases[plan.a.input], (tid, k_start));
+        let sb = self.src(p, self.fb, &plan.b, (bn, n0, n), &plan.cols, b_bat, bases[plan.b.input], (tid, k_start));
 
         // Fragment offsets: the warp's rows of A from wm·BM/2, of B from wn·BN/4.
         let ra = u32_op(p, "mul.lo.u32", wm, Imm::U(wm_rows.into()).into());
@@ -560,12 +606,15 @@ impl Emitter<'_> {
         let acc: Vec<Reg> = (0..mi * ni * 4).map(|_| p.mov(RegClass::F32, "f32", Imm::F32(0).into())).collect();
 
         // Prologue: steps 0 .. STAGES-1 into stages 0 .. STAGES-1.
-        let kq = p.mov(RegClass::B32, "u32", Imm::U(0).into());
+        let kq = match k_start {
+            Some(k0) => p.mov(RegClass::B32, "u32", k0.into()),
+            None => p.mov(RegClass::B32, "u32", Imm::U(0).into()),
+        };
         let a_wr = p.mov(RegClass::B32, "u32", a_first.into());
         let b_wr = p.mov(RegClass::B32, "u32", b_first.into());
         for _ in 0..STAGES - 1 {
-            let va = self.issue(p, &sa, kq, a_wr);
-            let vb = self.issue(p, &sb, kq, b_wr);
+            let va = self.issue(p, &sa, (kq, &k_end), a_wr);
+            let vb = self.issue(p, &sb, (kq, &k_end), b_wr);
             Emitter::store(p, &sa, &va, a_wr);
             Emitter::store(p, &sb, &vb, b_wr);
             p.op("cp.async.commit_group", &[]);
@@ -582,13 +631,16 @@ impl Emitter<'_> {
         p.place(head);
         p.op("cp.async.wait_group", &[Imm::I(i64::from(STAGES) - 2).into()]);
         p.op("bar.sync", &[Imm::I(0).into()]);
-        let va = self.issue(p, &sa, kq, a_wr);
-        let vb = self.issue(p, &sb, kq, b_wr);
+        let va = self.issue(p, &sa, (kq, &k_end), a_wr);
+        let vb = self.issue(p, &sb, (kq, &k_end), b_wr);
         p.op("cp.async.commit_group", &[]);
         let ty = if plan.a.dtype == DType::F16 { "f16" } else { "bf16" };
         let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
         let ldm = |f: Feed| {
-            format!("ldmatrix.sync.aligned.m8n8.x4{}.shared.b16", if f.layout == Layout::RMajor { ".trans" } else { "" })
+            format!(
+                "ldmatrix.sync.aligned.m8n8.x4{}.shared.b16",
+                if f.layout == Layout::RMajor { ".trans" } else { "" }
+            )
         };
         for kk in 0..2 {
             let mut af = Vec::new();
@@ -624,6 +676,28 @@ impl Emitter<'_> {
         let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
         p.bra(Some((more, false)), head);
         p.op("cp.async.wait_all", &[]);
+        if let Some(rank) = rank {
+            // A split: the partial tile over the stages (every warp is done reading them
+            // after the barrier), row-major BM × BN f32, then the cluster's sums.
+            p.op("bar.sync", &[Imm::I(0).into()]);
+            let row = u32_op(p, "add.u32", ra, g.into());
+            let t2 = u32_op(p, "shl.b32", t4, Imm::U(1).into());
+            let col = u32_op(p, "add.u32", rb, t2.into());
+            let at = p.reg(RegClass::B32);
+            p.op("mad.lo.u32", &[at.into(), row.into(), Imm::U(u64::from(bn * 4)).into(), a_first.into()]);
+            let col4 = u32_op(p, "shl.b32", col, Imm::U(2).into());
+            let at = u32_op(p, "add.u32", at, col4.into());
+            for i in 0..mi {
+                for j in 0..ni {
+                    for h in 0..2 {
+                        let off = i64::from(((16 * i + 8 * h) * bn + 8 * j) * 4);
+                        let c = (i * ni + j) as usize * 4 + 2 * h as usize;
+                        p.op("st.shared.v2.f32", &[Opd::Addr(at, off), Opd::Vec(vec![acc[c], acc[c + 1]])]);
+                    }
+                }
+            }
+            return contraction::split_reduce(k, plan, p, &bases, (tid, rank), (m0, n0, a_first), &bvars);
+        }
 
         // The thread's rows and columns (c_elem), accumulators row-major over them.
         let r0 = u32_op(p, "add.u32", m0, ra.into());
@@ -634,9 +708,8 @@ impl Emitter<'_> {
         let rows: Vec<Reg> = (0..2 * mi)
             .map(|x| u32_op(p, "add.u32", r0, Imm::U(u64::from(16 * (x / 2) + 8 * (x % 2))).into()))
             .collect();
-        let cols: Vec<Reg> = (0..2 * ni)
-            .map(|y| u32_op(p, "add.u32", c0, Imm::U(u64::from(8 * (y / 2) + y % 2)).into()))
-            .collect();
+        let cols: Vec<Reg> =
+            (0..2 * ni).map(|y| u32_op(p, "add.u32", c0, Imm::U(u64::from(8 * (y / 2) + y % 2)).into())).collect();
         let vals: Vec<Reg> = (0..2 * mi)
             .flat_map(|x| (0..2 * ni).map(move |y| (x, y)))
             .map(|(x, y)| acc[(((x / 2) * ni + y / 2) * 4 + 2 * (x % 2) + y % 2) as usize])
