@@ -21,7 +21,7 @@ mod common;
 mod ptxas;
 
 use common::{data_dir, import_options, listed_models, model_path};
-use ptxas::{assemble_ptx, ptxas};
+use ptxas::{assemble_ptx_verbose, ptxas};
 use kiln_compiler::{Compilation, Input, Options, Precision, Stage, TargetDevice};
 use kiln_flow::class::KernelClass;
 use kiln_flow::precision::{narrow_storage, Kept};
@@ -351,8 +351,25 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                 }
             }
             assert!(mma > 0, "{name} {precision}: no contraction of two half operands");
-            if let Err(err) = assemble_ptx("ptxas", &format!("{name}-{precision}"), cuda.ptx()) {
-                failures.push(format!("{name} {precision}: ptxas: {}", err.lines().take(8).collect::<Vec<_>>().join("\n")));
+            match assemble_ptx_verbose("ptxas", &format!("{name}-{precision}"), cuda.ptx()) {
+                Err(err) => failures
+                    .push(format!("{name} {precision}: ptxas: {}", err.lines().take(8).collect::<Vec<_>>().join("\n"))),
+                // The tensor-core kernels keep their accumulators in registers.
+                Ok(usage) => {
+                    for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
+                        if !note.starts_with("contraction mma.sync") {
+                            continue;
+                        }
+                        let Some((_, u)) = usage.iter().find(|(n, _)| *n == d.kernel.name) else {
+                            failures.push(format!("{name} {precision} {}: no ptxas report", d.kernel.name));
+                            continue;
+                        };
+                        eprintln!("PTXAS {name} {precision} {}: {u:?}", d.kernel.name);
+                        if (u.stack, u.spill_stores, u.spill_loads) != (0, 0, 0) {
+                            failures.push(format!("{name} {precision} {}: stack or spills {u:?}", d.kernel.name));
+                        }
+                    }
+                }
             }
         }
     }
