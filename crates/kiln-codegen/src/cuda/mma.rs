@@ -8,7 +8,7 @@
 //! mapping is [`Plan`]'s, unchanged: row, column and batch variables, `M`, `N`, `K`,
 //! the operands' affine offsets (implicit GEMM for convolutions), the block of each
 //! output tile ([`Plan::block`]) and the epilogue through [`super::expr`]
-//! ([`super::contraction::epilogue`]). This module only replaces the main loop.
+//! (`contraction::epilogue`). This module only replaces the main loop.
 //!
 //! # The block
 //!
@@ -51,9 +51,8 @@
 //! where each chunk is 8 consecutive elements of global memory, 16-byte aligned, and
 //! wholly in or out of range: KMajor with `k` one stride-1 run and `K` a multiple of 8,
 //! or RMajor with the innermost tile variables one stride-1 run (an image's rows and
-//! columns) whose length is a multiple of 8;
-//! the constant, every other coefficient (and the `k` step) multiples of 8 (bindings
-//! are 64-byte aligned). A chunk out of range is zero-filled (`src-size` 0, from the
+//! columns) whose length is a multiple of 8; the constant, every other coefficient
+//! (and the `k` step) multiples of 8 (bindings are 64-byte aligned). A chunk out of range is zero-filled (`src-size` 0, from the
 //! operand's base address). Every other operand is register-staged, like the f32
 //! kernel: each thread loads its elements (`ld.global.b16`, predicated, 0 out of range)
 //! and stores them to shared memory after the step's math.
@@ -88,13 +87,22 @@
 //! are predicated on `k` below the part's end). After its last step each block writes
 //! its accumulators to its shared memory as a row-major 64×64 f32 tile (over the
 //! stages, after a barrier), and the f32 kernel's cluster reduction
-//! ([`super::contraction::split_reduce`]: ranks' partial tiles summed in rank order
+//! (`contraction::split_reduce`: ranks' partial tiles summed in rank order
 //! through distributed shared memory, then the epilogue) finishes the tile.
 //!
 //! # Declined (to the f32 kernel, which widens half operands in its loads)
 //!
 //! Operands of different types (f16 × bf16, f32 × half): rounding an f32 operand to
 //! half would change the result.
+//!
+//! # Checked, and not yet
+//!
+//! No GPU has run these kernels. `tests/cuda_mma.rs` checks the index functions above
+//! against the PTX ISA's tables, models the whole data flow on the host from them
+//! against the kernel interpreter, and assembles the kernels with `ptxas -v` (no
+//! stack, no spills). Not yet: Hopper's `wgmma` with TMA copies and thread-block
+//! clusters' multicast, larger `k` steps through dynamic shared memory, and `cp.async`
+//! for chunks that straddle `K`.
 
 use kiln_flow::Kernel;
 use kiln_ir::DType;
