@@ -441,6 +441,9 @@ fn a_4096_cubed_bf16_product() {
     let h = DType::BF16;
     let k = matmul((h, h), &[], (false, false), (4096, 4096, 4096), false, false, h);
     let m = cuda::compile(&[(&k, KernelClass::Contraction)]).expect("compile");
+    if let Ok(path) = std::env::var("KILN_DUMP_PTX") {
+        std::fs::write(path, m.ptx()).expect("write the PTX");
+    }
     let note = &m.notes[0];
     assert!(
         note.contains("mma.sync")

@@ -70,7 +70,9 @@
 //! ```
 //! Stage `(t+2) mod 3` was last read in step `t-1`, which every thread finished before
 //! the barrier of step `t`; it is read again in step `t+2`, after two more barriers. A
-//! step past `K` issues only zero-filled chunks and predicated-off loads.
+//! step past `K` issues only zero-filled chunks and predicated-off loads. The loop is
+//! unrolled over the 3 stages, so every stage address is a register fixed before the
+//! loop plus an immediate (no stage pointers to rotate).
 //!
 //! # The epilogue
 //!
@@ -377,7 +379,8 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    /// The copies of `map` (tile of `rows` rows from row `first` of `total`).
+    /// The copies of `map` (tile of `rows` rows from row `first` of `total`), into
+    /// stages from shared address `first_stage`.
     #[allow(clippy::too_many_arguments)]
     fn src(
         &self,
@@ -389,6 +392,7 @@ impl Emitter<'_> {
         bat: Reg,
         base: Reg,
         (tid, k_start): (Reg, Option<Reg>),
+        first_stage: Reg,
     ) -> Src {
         let lin = linear(&self.plan.ks, map, BK);
         let mut out = Vec::new();
@@ -438,14 +442,15 @@ impl Emitter<'_> {
                 a
             });
             let sts = smem_regs(p, f.layout, rows, r_in, k_in);
+            let sts = u32_op(p, "add.u32", sts, first_stage.into());
             out.push(Item { k_in, in_range, off, sts, ptr });
         }
         Src { feed: f, map: map.clone(), items: out, linear: lin, base }
     }
 
-    /// Issues step `k0` of `s` into the stage at `stage`: `cp.async` chunks, or loads
+    /// Issues step `k0` of `s` into the stage `stage` bytes past the first: `cp.async` chunks, or loads
     /// into fresh b16 registers (returned; the caller stores them). Steps the pointers.
-    fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: Reg) -> Vec<Reg> {
+    fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: u32) -> Vec<Reg> {
         let mut vals = Vec::new();
         for it in &s.items {
             let kabs = u32_op(p, "add.u32", k0, it.k_in.into());
@@ -468,8 +473,8 @@ impl Emitter<'_> {
                 p.op("selp.b64", &[src.into(), addr.into(), s.base.into(), ok.into()]);
                 let n = p.reg(RegClass::B32);
                 p.op("selp.u32", &[n.into(), Imm::U(16).into(), Imm::U(0).into(), ok.into()]);
-                let dst = u32_op(p, "add.u32", stage, it.sts.into());
-                p.op("cp.async.cg.shared.global", &[Opd::Addr(dst, 0), Opd::Addr(src, 0), Imm::U(16).into(), n.into()]);
+                let dst = Opd::Addr(it.sts, i64::from(stage));
+                p.op("cp.async.cg.shared.global", &[dst, Opd::Addr(src, 0), Imm::U(16).into(), n.into()]);
             } else {
                 let v = p.reg(RegClass::B16);
                 p.op("mov.b16", &[v.into(), Imm::I(0).into()]);
@@ -487,17 +492,26 @@ impl Emitter<'_> {
         vals
     }
 
-    /// Stores register-staged `vals` of `s` into the stage at `stage`.
-    fn store(p: &mut Ptx, s: &Src, vals: &[Reg], stage: Reg) {
+    /// Stores register-staged `vals` of `s` into the stage `stage` bytes past the first.
+    fn store(p: &mut Ptx, s: &Src, vals: &[Reg], stage: u32) {
         for (it, &v) in s.items.iter().zip(vals) {
-            let a = u32_op(p, "add.u32", stage, it.sts.into());
-            p.op("st.shared.b16", &[Opd::Addr(a, 0), v.into()]);
+            p.op("st.shared.b16", &[Opd::Addr(it.sts, i64::from(stage)), v.into()]);
         }
     }
 
-    /// Each fragment load's lane offset within a stage: `[idx][kk]` for `count`
-    /// fragment loads 16 rows apart from row `r0`, at `k = 16·kk`.
-    fn ldm_offsets(p: &mut Ptx, side: Side, f: Feed, rows: u32, r0: Reg, lane: Reg, count: u32) -> Vec<[Reg; 2]> {
+    /// Each fragment load's lane address in the first stage (from shared address
+    /// `first`): `[idx][kk]` for `count` fragment loads 16 rows apart from row `r0`, at
+    /// `k = 16·kk`.
+    #[allow(clippy::too_many_arguments)]
+    fn ldm_offsets(
+        p: &mut Ptx,
+        side: Side,
+        f: Feed,
+        (rows, first): (u32, Reg),
+        r0: Reg,
+        lane: Reg,
+        count: u32,
+    ) -> Vec<[Reg; 2]> {
         // ldm_lane in PTX.
         let i = u32_op(p, "shr.u32", lane, Imm::U(3).into());
         let j = u32_op(p, "and.b32", lane, Imm::U(7).into());
@@ -520,17 +534,9 @@ impl Emitter<'_> {
             let o0 = smem_regs(p, f.layout, rows, r, dk);
             let k1 = u32_op(p, "add.u32", dk, Imm::U(16).into());
             let o1 = smem_regs(p, f.layout, rows, r, k1);
-            out.push([o0, o1]);
+            out.push([u32_op(p, "add.u32", o0, first.into()), u32_op(p, "add.u32", o1, first.into())]);
         }
         out
-    }
-
-    /// Steps a stage address by one stage, back to `first` after the last.
-    fn rotate(p: &mut Ptx, at: Reg, first: Reg, stage: u32) {
-        p.op("add.u32", &[at.into(), at.into(), Imm::U(stage.into()).into()]);
-        let end = u32_op(p, "add.u32", first, Imm::U(u64::from(STAGES * stage)).into());
-        let wrap = pred(p, "setp.ge.u32", at, end.into());
-        p.op("selp.b32", &[at.into(), first.into(), at.into(), wrap.into()]);
     }
 
     fn body(&self, p: &mut Ptx) -> Result<(), CodegenError> {
@@ -602,14 +608,16 @@ impl Emitter<'_> {
         p.op("mov.u32", &[a_first.into(), Opd::Sym(smem)]);
         let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(STAGES * a_stage)).into());
 
-        let sa = self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_bat, bases[plan.a.input], (tid, k_start));
-        let sb = self.src(p, self.fb, &plan.b, (bn, n0, n), &plan.cols, b_bat, bases[plan.b.input], (tid, k_start));
+        let sa =
+            self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_bat, bases[plan.a.input], (tid, k_start), a_first);
+        let sb =
+            self.src(p, self.fb, &plan.b, (bn, n0, n), &plan.cols, b_bat, bases[plan.b.input], (tid, k_start), b_first);
 
         // Fragment offsets: the warp's rows of A from wm·BM/2, of B from wn·BN/4.
         let ra = u32_op(p, "mul.lo.u32", wm, Imm::U(wm_rows.into()).into());
         let rb = u32_op(p, "mul.lo.u32", wn, Imm::U(wn_cols.into()).into());
-        let oa = Emitter::ldm_offsets(p, Side::A, self.fa, bm, ra, lane, mi);
-        let ob = Emitter::ldm_offsets(p, Side::B, self.fb, bn, rb, lane, ni / 2);
+        let oa = Emitter::ldm_offsets(p, Side::A, self.fa, (bm, a_first), ra, lane, mi);
+        let ob = Emitter::ldm_offsets(p, Side::B, self.fb, (bn, b_first), rb, lane, ni / 2);
 
         let acc: Vec<Reg> = (0..mi * ni * 4).map(|_| p.mov(RegClass::F32, "f32", Imm::F32(0).into())).collect();
 
@@ -618,30 +626,20 @@ impl Emitter<'_> {
             Some(k0) => p.mov(RegClass::B32, "u32", k0.into()),
             None => p.mov(RegClass::B32, "u32", Imm::U(0).into()),
         };
-        let a_wr = p.mov(RegClass::B32, "u32", a_first.into());
-        let b_wr = p.mov(RegClass::B32, "u32", b_first.into());
-        for _ in 0..STAGES - 1 {
-            let va = self.issue(p, &sa, (kq, &k_end), a_wr);
-            let vb = self.issue(p, &sb, (kq, &k_end), b_wr);
-            Emitter::store(p, &sa, &va, a_wr);
-            Emitter::store(p, &sb, &vb, b_wr);
+        for st in 0..STAGES - 1 {
+            let va = self.issue(p, &sa, (kq, &k_end), st * a_stage);
+            let vb = self.issue(p, &sb, (kq, &k_end), st * b_stage);
+            Emitter::store(p, &sa, &va, st * a_stage);
+            Emitter::store(p, &sb, &vb, st * b_stage);
             p.op("cp.async.commit_group", &[]);
             p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
-            Emitter::rotate(p, a_wr, a_first, a_stage);
-            Emitter::rotate(p, b_wr, b_first, b_stage);
         }
-        let a_rd = p.mov(RegClass::B32, "u32", a_first.into());
-        let b_rd = p.mov(RegClass::B32, "u32", b_first.into());
 
+        // The loop, unrolled over the stages: copy `u` runs the steps `t ≡ u (mod
+        // STAGES)`, reading stage `u` and writing stage `(u + STAGES - 1) mod STAGES`
+        // (immediate offsets), leaving after the last step.
         let steps = plan.k_chunk / u64::from(BK);
         let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
-        let head = p.label();
-        p.place(head);
-        p.op("cp.async.wait_group", &[Imm::I(i64::from(STAGES) - 2).into()]);
-        p.op("bar.sync", &[Imm::I(0).into()]);
-        let va = self.issue(p, &sa, (kq, &k_end), a_wr);
-        let vb = self.issue(p, &sb, (kq, &k_end), b_wr);
-        p.op("cp.async.commit_group", &[]);
         let ty = if plan.a.dtype == DType::F16 { "f16" } else { "bf16" };
         let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
         let ldm = |f: Feed| {
@@ -650,39 +648,48 @@ impl Emitter<'_> {
                 if f.layout == Layout::RMajor { ".trans" } else { "" }
             )
         };
-        for kk in 0..2 {
-            let mut af = Vec::new();
-            for o in &oa {
-                let a = u32_op(p, "add.u32", a_rd, o[kk].into());
-                let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
-                p.op(&ldm(self.fa), &[Opd::Vec(r.clone()), Opd::Addr(a, 0)]);
-                af.push(r);
-            }
-            let mut bf = Vec::new();
-            for o in &ob {
-                let a = u32_op(p, "add.u32", b_rd, o[kk].into());
-                let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
-                p.op(&ldm(self.fb), &[Opd::Vec(r.clone()), Opd::Addr(a, 0)]);
-                bf.push(vec![r[0], r[1]]);
-                bf.push(vec![r[2], r[3]]);
-            }
-            for (i, a) in af.iter().enumerate() {
-                for (j, b) in bf.iter().enumerate() {
-                    let c: Vec<Reg> = (0..4).map(|q| acc[(i * ni as usize + j) * 4 + q]).collect();
-                    p.op(&mma, &[Opd::Vec(c.clone()), Opd::Vec(a.clone()), Opd::Vec(b.clone()), Opd::Vec(c)]);
+        let (head, exit) = (p.label(), p.label());
+        p.place(head);
+        for u in 0..STAGES {
+            let wr = (u + STAGES - 1) % STAGES;
+            p.op("cp.async.wait_group", &[Imm::I(i64::from(STAGES) - 2).into()]);
+            p.op("bar.sync", &[Imm::I(0).into()]);
+            let va = self.issue(p, &sa, (kq, &k_end), wr * a_stage);
+            let vb = self.issue(p, &sb, (kq, &k_end), wr * b_stage);
+            p.op("cp.async.commit_group", &[]);
+            for kk in 0..2 {
+                let mut af = Vec::new();
+                for o in &oa {
+                    let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+                    p.op(&ldm(self.fa), &[Opd::Vec(r.clone()), Opd::Addr(o[kk], i64::from(u * a_stage))]);
+                    af.push(r);
+                }
+                let mut bf = Vec::new();
+                for o in &ob {
+                    let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+                    p.op(&ldm(self.fb), &[Opd::Vec(r.clone()), Opd::Addr(o[kk], i64::from(u * b_stage))]);
+                    bf.push(vec![r[0], r[1]]);
+                    bf.push(vec![r[2], r[3]]);
+                }
+                for (i, a) in af.iter().enumerate() {
+                    for (j, b) in bf.iter().enumerate() {
+                        let c: Vec<Reg> = (0..4).map(|q| acc[(i * ni as usize + j) * 4 + q]).collect();
+                        p.op(&mma, &[Opd::Vec(c.clone()), Opd::Vec(a.clone()), Opd::Vec(b.clone()), Opd::Vec(c)]);
+                    }
                 }
             }
+            Emitter::store(p, &sa, &va, wr * a_stage);
+            Emitter::store(p, &sb, &vb, wr * b_stage);
+            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
+            p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
+            let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
+            if u + 1 < STAGES {
+                p.bra(Some((more, true)), exit);
+            } else {
+                p.bra(Some((more, false)), head);
+            }
         }
-        Emitter::store(p, &sa, &va, a_wr);
-        Emitter::store(p, &sb, &vb, b_wr);
-        p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
-        Emitter::rotate(p, a_wr, a_first, a_stage);
-        Emitter::rotate(p, b_wr, b_first, b_stage);
-        Emitter::rotate(p, a_rd, a_first, a_stage);
-        Emitter::rotate(p, b_rd, b_first, b_stage);
-        p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
-        let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
-        p.bra(Some((more, false)), head);
+        p.place(exit);
         p.op("cp.async.wait_all", &[]);
         if let Some(rank) = rank {
             // A split: the partial tile over the stages (every warp is done reading them
