@@ -117,7 +117,7 @@ fn swizzles_are_bijections_keeping_chunks_whole() {
             for r in 0..rows {
                 for k in 0..BK {
                     let o = smem_offset(layout, rows, r, k);
-                    assert!(o % 2 == 0 && o < rows * BK * 2, "{layout:?} {rows}: ({r}, {k}) at {o}");
+                    assert!(o.is_multiple_of(2) && o < rows * BK * 2, "{layout:?} {rows}: ({r}, {k}) at {o}");
                     assert!(seen.insert(o), "{layout:?} {rows}: ({r}, {k}) collides");
                     // Chunks stay contiguous: the element 8-aligned along the stored row,
                     // plus its place in the chunk.
