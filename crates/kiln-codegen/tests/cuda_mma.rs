@@ -502,7 +502,8 @@ fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
 /// bf16}.{f16,bf16}.f32`, `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`,
 /// `cp.async.cg.shared.global` (16 bytes, register src-size: zero-fill),
 /// `cp.async.commit_group`, `cp.async.wait_group`, `cp.async.wait_all`,
-/// `ld.global.b16`/`st.shared.b16`/`mov.b16`, `cvt.f32.{f16,bf16}`,
+/// `ld.global.b16`/`st.global.b16`/`st.shared.b16`/`mov.b16` (`.b16` registers `%h`),
+/// `cvt.f32.{f16,bf16}`,
 /// `cvt.rn.{f16,bf16}.f32`, `selp.b64`, `xor.b32`, `st.shared.v2.f32` yet (the mixed
 /// kernels at the end, on the f32 kernel, need the b16 load and the `cvt`s). Once it
 /// does (run with `--ignored`), this checks the tensor-core kernels end to end on the
