@@ -21,7 +21,7 @@ mod common;
 mod ptxas;
 
 use common::{data_dir, import_options, listed_models, model_path};
-use ptxas::{assemble_ptx, ptxas};
+use ptxas::{assemble_ptx_verbose, ptxas};
 use kiln_compiler::{Compilation, Input, Options, Precision, Stage, TargetDevice};
 use kiln_flow::class::KernelClass;
 use kiln_flow::precision::{narrow_storage, Kept};
@@ -311,7 +311,8 @@ fn an_overflowing_mask_keeps_f32_storage() {
 }
 
 /// With `--target cuda`, every kernel of the four models at f16 and bf16 assembles for
-/// sm_90a (`ptxas`, as `cuda_ptxas.rs` checks at f32).
+/// sm_90a (`ptxas`, as `cuda_ptxas.rs` checks at f32); every contraction of two half
+/// operands takes the tensor cores, and one of mixed operands says why it does not.
 #[test]
 fn half_precision_kernels_assemble_for_sm_90a() {
     let _ = ptxas();
@@ -326,10 +327,49 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                 continue;
             }
             let cuda = c.cuda().expect("a CUDA module");
-            let halves = c.flow().expect("flow").dispatches.iter().filter(|d| d.kernel.output.dtype != DType::F32).count();
+            let flow = c.flow().expect("flow");
+            let halves = flow.dispatches.iter().filter(|d| d.kernel.output.dtype != DType::F32).count();
             assert!(halves > 0, "{name} {precision}: no kernel writes half storage");
-            if let Err(err) = assemble_ptx("ptxas", &format!("{name}-{precision}"), cuda.ptx()) {
-                failures.push(format!("{name} {precision}: ptxas: {}", err.lines().take(8).collect::<Vec<_>>().join("\n")));
+            // Every contraction of two half operands takes the tensor cores
+            // (`cuda::mma`), every other contraction the f32 kernel, saying why not.
+            let mut mma = 0;
+            for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
+                if d.class != KernelClass::Contraction {
+                    continue;
+                }
+                eprintln!("CONTRACTION {name} {precision} {}: {note}", d.kernel.name);
+                let Some(op) = kiln_flow::contraction::Contraction::of(&d.kernel) else { continue };
+                let both_half = op.a.dtype == op.b.dtype && op.a.dtype != DType::F32;
+                let ok = if both_half {
+                    mma += 1;
+                    note.starts_with("contraction mma.sync m16n8k16")
+                } else {
+                    !note.starts_with("contraction (") || note.contains("tensor cores declined: ") || op.a.dtype == op.b.dtype
+                };
+                if !ok {
+                    failures.push(format!("{name} {precision} {}: {note}", d.kernel.name));
+                }
+            }
+            assert!(mma > 0, "{name} {precision}: no contraction of two half operands");
+            match assemble_ptx_verbose("ptxas", &format!("{name}-{precision}"), cuda.ptx()) {
+                Err(err) => failures
+                    .push(format!("{name} {precision}: ptxas: {}", err.lines().take(8).collect::<Vec<_>>().join("\n"))),
+                // The tensor-core kernels keep their accumulators in registers.
+                Ok(usage) => {
+                    for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
+                        if !note.starts_with("contraction mma.sync") {
+                            continue;
+                        }
+                        let Some((_, u)) = usage.iter().find(|(n, _)| *n == d.kernel.name) else {
+                            failures.push(format!("{name} {precision} {}: no ptxas report", d.kernel.name));
+                            continue;
+                        };
+                        eprintln!("PTXAS {name} {precision} {}: {u:?}", d.kernel.name);
+                        if (u.stack, u.spill_stores, u.spill_loads) != (0, 0, 0) {
+                            failures.push(format!("{name} {precision} {}: stack or spills {u:?}", d.kernel.name));
+                        }
+                    }
+                }
             }
         }
     }

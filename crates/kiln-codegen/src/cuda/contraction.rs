@@ -113,7 +113,7 @@ pub const BK: u32 = 16;
 pub const PAD: u32 = 4;
 
 /// Largest extent, count or grid the 32-bit tile arithmetic takes.
-const LIMIT: u64 = (1 << 31) - 1;
+pub const LIMIT: u64 = (1 << 31) - 1;
 
 /// A block's tile: each of the 16 × 16 threads holds `tm × tn` accumulators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,6 +290,8 @@ pub struct Plan {
     pub k_chunk: u64,
     /// The reduction node (the accumulator in the epilogue).
     pub reduce: ExprId,
+    /// The output's storage type.
+    pub out_dtype: DType,
 }
 
 /// `x` taken apart into `vars` row-major (outermost first): the innermost is `x mod
@@ -317,7 +319,8 @@ impl Plan {
             return Err("an operand laid out in CPU panels".into());
         }
         let (a, b) = (Map::of(&c.a), Map::of(&c.b));
-        if a.dtype != DType::F32 || !matches!(b.dtype, DType::F32 | DType::I8 | DType::U8 | DType::I16) {
+        let float = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+        if !float(a.dtype) || !(float(b.dtype) || matches!(b.dtype, DType::I8 | DType::U8 | DType::I16)) {
             return Err(format!("{} × {} operands", a.dtype.name(), b.dtype.name()));
         }
         let ext = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
@@ -368,6 +371,7 @@ impl Plan {
             split,
             k_chunk,
             reduce: c.reduce,
+            out_dtype: k.output.dtype,
         };
         if plan.grid() > LIMIT {
             return Err(format!("{} blocks", plan.grid()));
@@ -379,9 +383,11 @@ impl Plan {
     /// `st.global.v4.f32`: the innermost column variable is the output's innermost axis
     /// (stride 1) and its extent a multiple of 4, so that 4 columns from a multiple of 4
     /// are 4 consecutive elements at a 16-byte aligned offset (every other stride is a
-    /// multiple of that extent), and in range together (`N` is a multiple of 4 too).
+    /// multiple of that extent), and in range together (`N` is a multiple of 4 too); and
+    /// the output stores f32.
     pub fn vector_store(&self) -> bool {
-        self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
+        self.out_dtype == DType::F32
+            && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
     }
 
     /// Blocks in the grid: batches × row tiles × column tiles × split.
@@ -460,6 +466,23 @@ fn out_strides(k: &Kernel) -> Vec<i64> {
     s
 }
 
+/// The reduction's offset per unit of `k` for `map`, when the reduction variables `ks`
+/// are one linear stride in it (each variable's coefficient the next one's times its
+/// extent; 0 when there are none), and a pointer stepping `bk` of them (at up to 8
+/// bytes an element) stays within an i32 immediate.
+pub fn linear(ks: &[Var], map: &Map, bk: u32) -> Option<i64> {
+    for w in ks.windows(2) {
+        let inner = map.at(w[1].0).checked_mul(i64::try_from(w[1].1).ok()?)?;
+        if map.at(w[0].0) != inner {
+            return None;
+        }
+    }
+    let step = ks.last().map_or(0, |&(v, _)| map.at(v));
+    // The pointer steps `bk · step · size` bytes per step, and a slot's offset from
+    // its row's pointer is less: keep them in i32 (an address's immediate).
+    i32::try_from(step.checked_mul(i64::from(bk) * 8)?).ok().map(|_| step)
+}
+
 /// The order in which a block's threads load an operand tile (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Order {
@@ -505,12 +528,21 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),
     };
+    // Half operands: the tensor cores, or why not (then f32 FMA, widening in the loads).
+    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+    let mut declined = String::new();
+    if half(plan.a.dtype) || half(plan.b.dtype) {
+        match super::mma::emit(k, &plan)? {
+            Ok(e) => return Ok(Ok(e)),
+            Err(why) => declined = format!("; tensor cores declined: {why}"),
+        }
+    }
     let text = Emitter::run(k, &plan)?;
     let t = plan.tile;
     let [nb, m, n, kk] = plan.dims;
     let split = if plan.split > 1 { format!(", split-K over clusters of {}", plan.split) } else { String::new() };
     let note = format!(
-        "contraction ({}x{} tile, {}x{} per thread, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
+        "contraction ({}x{} tile, {}x{} per thread, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk}{declined})",
         t.bm(),
         t.bn(),
         t.tm,
@@ -522,7 +554,7 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
 }
 
 /// `x` (u32) taken apart into `vars` as [`split`] does: one u32 register per variable.
-fn split_regs(p: &mut Ptx, x: Reg, vars: &[Var]) -> Vec<Reg> {
+pub(super) fn split_regs(p: &mut Ptx, x: Reg, vars: &[Var]) -> Vec<Reg> {
     let mut out = vec![x; vars.len()];
     let mut rest = x;
     for d in (1..vars.len()).rev() {
@@ -541,7 +573,7 @@ fn split_regs(p: &mut Ptx, x: Reg, vars: &[Var]) -> Vec<Reg> {
 }
 
 /// `acc + Σ coef(v)·x_v` (s64; each `x_v` a u32 below 2³¹, each coefficient in i32).
-fn affine_regs(p: &mut Ptx, acc: Reg, coef: &dyn Fn(u32) -> i64, vars: &[Var], xs: &[Reg]) -> Reg {
+pub(super) fn affine_regs(p: &mut Ptx, acc: Reg, coef: &dyn Fn(u32) -> i64, vars: &[Var], xs: &[Reg]) -> Reg {
     let mut acc = acc;
     for (&(v, _), &x) in vars.iter().zip(xs) {
         let c = coef(v);
@@ -557,13 +589,13 @@ fn affine_regs(p: &mut Ptx, acc: Reg, coef: &dyn Fn(u32) -> i64, vars: &[Var], x
     acc
 }
 
-fn u32_op(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
+pub(super) fn u32_op(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
     let d = p.reg(RegClass::B32);
     p.op(op, &[d.into(), a.into(), b]);
     d
 }
 
-fn pred(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
+pub(super) fn pred(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
     let d = p.reg(RegClass::Pred);
     p.op(op, &[d.into(), a.into(), b]);
     d
@@ -620,17 +652,7 @@ impl<'a> Emitter<'a> {
     /// are one linear stride in it (each variable's coefficient the next one's times its
     /// extent); 0 when there are none.
     fn linear(&self, map: &Map) -> Option<i64> {
-        let ks = &self.plan.ks;
-        for w in ks.windows(2) {
-            let inner = map.at(w[1].0).checked_mul(i64::try_from(w[1].1).ok()?)?;
-            if map.at(w[0].0) != inner {
-                return None;
-            }
-        }
-        let step = ks.last().map_or(0, |&(v, _)| map.at(v));
-        // The pointer steps `BK · step · size` bytes per step, and a slot's offset from
-        // its row's pointer is less: keep them in i32 (an address's immediate).
-        i32::try_from(step.checked_mul(i64::from(BK) * 8)?).ok().map(|_| step)
+        linear(&self.plan.ks, map, BK)
     }
 
     /// The loader of `map` over tiles of `rows` rows starting at row `first` of
@@ -735,6 +757,13 @@ impl<'a> Emitter<'a> {
                 DType::F32 => {
                     p.op("mov.f32", &[v.into(), Imm::F32(0).into()]);
                     p.op_if(ok, false, "ld.global.f32", &[v.into(), Opd::Addr(addr, at)]);
+                }
+                DType::F16 | DType::BF16 => {
+                    let h = if l.map.dtype == DType::F16 { "f16" } else { "bf16" };
+                    let raw = p.reg(RegClass::B16);
+                    p.op("mov.b16", &[raw.into(), Imm::I(0).into()]);
+                    p.op_if(ok, false, "ld.global.b16", &[raw.into(), Opd::Addr(addr, at)]);
+                    p.op(&format!("cvt.f32.{h}"), &[v.into(), raw.into()]);
                 }
                 d => {
                     let ty = match d {
@@ -924,7 +953,7 @@ impl<'a> Emitter<'a> {
                     (0..t.tm).map(|i| u32_op(p, "add.u32", r0, Imm::U(t.row(0, i).into()).into())).collect();
                 let cols: Vec<Reg> =
                     (0..t.tn).map(|j| u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into())).collect();
-                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars)
+                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, plan.vector_store())
             }
             Some(rank) => self.split_epilogue(p, &bases, (tid, tx, ty, rank), (m0, n0, s0), &acc, &bvars),
         }
@@ -946,9 +975,7 @@ impl<'a> Emitter<'a> {
         acc: &[Reg],
         bvars: &[Reg],
     ) -> Result<(), CodegenError> {
-        let plan = self.plan;
-        let t = plan.tile;
-        let split = plan.split;
+        let t = self.plan.tile;
         let row_bytes = t.bn() * 4;
         // Partials: thread rows Tile::row(ty, i), columns Tile::col(tx, 4c ..+4).
         let ty_off = u32_op(p, "mul.lo.u32", ty, Imm::U((4 * row_bytes).into()).into());
@@ -962,6 +989,24 @@ impl<'a> Emitter<'a> {
                 p.op("st.shared.v4.f32", &[Opd::Addr(at, off), Opd::Vec(v)]);
             }
         }
+        self.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
+    }
+
+    /// The rest of a split's end, once each block's partial tile is in its shared
+    /// memory at `s0` (row-major `BM × BN` f32): the cluster barrier, the sums of
+    /// [`reduce_slot`] and their epilogue, the last cluster barrier.
+    fn split_reduce(
+        &self,
+        p: &mut Ptx,
+        bases: &[Reg],
+        (tid, tx, ty, rank): (Reg, Reg, Reg, Reg),
+        (m0, n0, s0): (Reg, Reg, Reg),
+        bvars: &[Reg],
+    ) -> Result<(), CodegenError> {
+        let plan = self.plan;
+        let t = plan.tile;
+        let split = plan.split;
+        let row_bytes = t.bn() * 4;
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
         let done = p.label();
@@ -1007,7 +1052,7 @@ impl<'a> Emitter<'a> {
         }
         let c0 = u32_op(p, "add.u32", n0, tx4.into());
         let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
-        self.epilogue(p, bases, (&rows, &cols, &vals), bvars)?;
+        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, plan.vector_store())?;
         p.place(done);
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
@@ -1023,6 +1068,7 @@ impl<'a> Emitter<'a> {
         bases: &[Reg],
         (rows, colr, acc): (&[Reg], &[Reg], &[Reg]),
         bvars: &[Reg],
+        vector: bool,
     ) -> Result<(), CodegenError> {
         let (k, plan) = (self.k, self.plan);
         let [_, m, n, _] = plan.dims;
@@ -1074,7 +1120,7 @@ impl<'a> Emitter<'a> {
             }
             hoist(&mut ev, k, (k.root, plan.reduce), &per_elem, &mut vec![false; k.nodes.len()])?;
             // Groups of `lanes` columns: in range together, stored together.
-            let lanes = if plan.vector_store() { 4 } else { 1 };
+            let lanes = if vector { 4 } else { 1 };
             for j0 in (0..cols.len()).step_by(lanes) {
                 let (cok, _, coff) = &cols[j0];
                 let skip = ev.p.label();
@@ -1105,6 +1151,41 @@ impl<'a> Emitter<'a> {
         }
         Ok(())
     }
+}
+
+/// The epilogue of `k` under `plan` for another emitter's accumulators (the tensor-core
+/// path): the root evaluated at each `(rows[i], cols[j])` in range with the reduction
+/// given as `acc[i · cols.len() + j]`, stored one element at a time; `bvars` are the
+/// batch variables' u32 registers.
+pub(super) fn epilogue(
+    k: &Kernel,
+    plan: &Plan,
+    p: &mut Ptx,
+    bases: &[Reg],
+    parts: (&[Reg], &[Reg], &[Reg]),
+    bvars: &[Reg],
+) -> Result<(), CodegenError> {
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, false)
+}
+
+/// A split's end for another emitter (the tensor-core path), once each block of the
+/// cluster has written its partial `64 × 64` tile to its shared memory at `s0`
+/// (row-major f32) and may overwrite nothing there any more: the cluster barrier, rank
+/// `rank`'s sums of [`reduce_slot`] in rank order, their epilogue, and the last cluster
+/// barrier (see [`Plan::split`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn split_reduce(
+    k: &Kernel,
+    plan: &Plan,
+    p: &mut Ptx,
+    bases: &[Reg],
+    (tid, rank): (Reg, Reg),
+    (m0, n0, s0): (Reg, Reg, Reg),
+    bvars: &[Reg],
+) -> Result<(), CodegenError> {
+    let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
+    let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
+    Emitter { k, plan }.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
 }
 
 /// Evaluates every node under `e` that is not per element (once per row), never

@@ -45,6 +45,7 @@ pub mod cubin;
 mod elementwise;
 pub mod expr;
 mod general;
+pub mod mma;
 pub mod ptx;
 pub mod window;
 pub mod rows;
