@@ -500,15 +500,7 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     let feeds = feeds(a, sig.inputs)?;
     let threads = threads(a);
     let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let mut outs = output_buffers(sig.outputs, label)?;
-    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-    let t1 = Instant::now();
-    {
-        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-        instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-    }
-    let t_run = t1.elapsed();
-    write_outputs(a, sig.outputs, outs.iter().map(AlignedBytes::bytes))?;
+    let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs))?;
     eprintln!(
         "{label}: loaded in {:.2} ms, ran in {:.3} ms on {threads} thread{}",
         t_load.as_secs_f64() * 1e3,
@@ -518,8 +510,30 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     Ok(())
 }
 
+/// The invoke of `kiln run`, on the CPU or the GPU (`invoke`, the instance's): runs it
+/// once on `feeds` into zeroed buffers for `outputs`, then prints and writes the
+/// outputs ([`write_outputs`]). Returns how long the invoke alone took.
+pub(crate) fn invoke_and_write<E: std::fmt::Display>(
+    a: &Args,
+    feeds: &[Tensor],
+    outputs: &[kiln_module::sections::TensorView<'_>],
+    label: &str,
+    invoke: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> Result<(), E>,
+) -> Result<Duration, String> {
+    let mut outs = output_buffers(outputs, label)?;
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let t0 = Instant::now();
+    {
+        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
+        invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+    }
+    let t_run = t0.elapsed();
+    write_outputs(a, outputs, outs.iter().map(AlignedBytes::bytes))?;
+    Ok(t_run)
+}
+
 /// Prints each output's summary, and with `--output-dir` writes it as `.npy`.
-pub(crate) fn write_outputs<'b>(
+fn write_outputs<'b>(
     a: &Args,
     outputs: &[kiln_module::sections::TensorView<'_>],
     data: impl Iterator<Item = &'b [u8]>,

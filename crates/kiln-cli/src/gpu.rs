@@ -65,7 +65,7 @@ pub(crate) use imp::*;
 mod imp {
     use super::*;
     use crate::artifact::{
-        feeds, json_ms, json_str, output_buffers, read_artifact, timings, verify_plan, weights_file, write_outputs,
+        feeds, invoke_and_write, json_ms, json_str, output_buffers, read_artifact, timings, verify_plan, weights_file,
         Stats,
     };
     use crate::conformance::Outcome;
@@ -140,15 +140,7 @@ mod imp {
             let t1 = Instant::now();
             let mut instance = CudaInstance::new(module).map_err(|e| format!("{label}: {e}"))?;
             let t_instance = t1.elapsed();
-            let mut outs = output_buffers(sig.outputs, label)?;
-            let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-            let t2 = Instant::now();
-            {
-                let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-                instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-            }
-            let t_run = t2.elapsed();
-            write_outputs(a, sig.outputs, outs.iter().map(AlignedBytes::bytes))?;
+            let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs))?;
             eprintln!(
                 "{label}: loaded in {:.2} ms and instantiated in {:.2} ms ({}), ran in {:.3} ms on {} (compute capability {}.{})",
                 t_load.as_secs_f64() * 1e3,
