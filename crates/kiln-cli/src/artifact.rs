@@ -725,33 +725,8 @@ fn profile(
         calls.push(start.elapsed().as_secs_f64() * 1e3);
     }
     let call = Stats::of(&mut calls);
-    struct Row {
-        command: usize,
-        what: String,
-        median_us: f64,
-        est_us: Option<f64>,
-        source: String,
-    }
-    let mut rows = Vec::new();
-    for (c, cmd) in main.commands.iter().enumerate() {
-        let (what, est, kernel) = match cmd {
-            Command::Dispatch { kernel, workgroups, work_ns, .. } => {
-                let name = p.kernels.get(*kernel as usize).map(|k| k.name).unwrap_or("?");
-                (format!("{name} x{workgroups}"), (*work_ns > 0).then(|| *work_ns as f64 / 1e3), Some(*kernel))
-            }
-            Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None, None),
-            Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None, None),
-            Command::Barrier => continue,
-        };
-        let source = kernel
-            .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
-            .map(|s| s.to_string())
-            .unwrap_or_default();
-        let median_us = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
-        rows.push(Row { command: c, what, median_us, est_us: est, source });
-    }
-    rows.sort_by(|x, y| y.median_us.total_cmp(&x.median_us));
-    let total: f64 = rows.iter().map(|r| r.median_us).sum();
+    let (rows, total) =
+        profile_rows(p, &main.commands, &mut times, iterations, |name, _, workgroups| format!("{name} x{workgroups}"));
     if a.json {
         let items: Vec<String> = rows
             .iter()
@@ -793,6 +768,51 @@ fn profile(
         );
     }
     write_stdout(&s)
+}
+
+/// A row of `kiln bench --profile` (CPU or CUDA): command `command` of the entry point,
+/// what it does, its median time, the compiler's estimate (`work_ns`; `None` when not
+/// made) and the source its kernel was lowered from (empty without a debug section).
+pub(crate) struct ProfileRow {
+    pub(crate) command: usize,
+    pub(crate) what: String,
+    pub(crate) median_us: f64,
+    pub(crate) est_us: Option<f64>,
+    pub(crate) source: String,
+}
+
+/// The profile rows of an entry point's `commands` in `p` (barriers left out), slowest
+/// first, and the sum of their medians. `times[c * iterations + k]` is command c's time
+/// in µs in round k; `dispatch(kernel name, kernel, workgroups)` says what a dispatch is.
+pub(crate) fn profile_rows(
+    p: &kiln_module::sections::ProgramView<'_>,
+    commands: &[Command],
+    times: &mut [f64],
+    iterations: usize,
+    dispatch: impl Fn(&str, u32, u64) -> String,
+) -> (Vec<ProfileRow>, f64) {
+    let mut rows = Vec::new();
+    for (c, cmd) in commands.iter().enumerate() {
+        let (what, est_us, kernel) = match cmd {
+            Command::Dispatch { kernel, workgroups, work_ns, .. } => {
+                let name = p.kernels.get(*kernel as usize).map_or("?", |k| k.name);
+                let est = (*work_ns > 0).then(|| *work_ns as f64 / 1e3);
+                (dispatch(name, *kernel, *workgroups), est, Some(*kernel))
+            }
+            Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None, None),
+            Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None, None),
+            Command::Barrier => continue,
+        };
+        let source = kernel
+            .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let median_us = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
+        rows.push(ProfileRow { command: c, what, median_us, est_us, source });
+    }
+    rows.sort_by(|x, y| y.median_us.total_cmp(&x.median_us));
+    let total = rows.iter().map(|r| r.median_us).sum();
+    (rows, total)
 }
 
 /// With `KILN_PERF_MAP` set, `kiln bench` writes `/tmp/perf-PID.map` (the format

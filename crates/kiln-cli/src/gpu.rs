@@ -65,8 +65,8 @@ pub(crate) use imp::*;
 mod imp {
     use super::*;
     use crate::artifact::{
-        feeds, invoke_and_write, json_ms, json_str, output_buffers, read_artifact, timings, verify_plan, weights_file,
-        Stats,
+        feeds, invoke_and_write, json_ms, json_str, output_buffers, profile_rows, read_artifact, timings, verify_plan,
+        weights_file, ProfileRow, Stats,
     };
     use crate::conformance::Outcome;
     use crate::write_stdout;
@@ -254,31 +254,14 @@ mod imp {
                 }
             }
         }
-        let mut rows: Vec<(usize, String, f64, String)> = Vec::new();
-        for (c, cmd) in commands.iter().enumerate() {
-            let (what, kernel) = match cmd {
-                Command::Dispatch { kernel, workgroups, .. } => {
-                    let name = p.kernels.get(*kernel as usize).map_or("?", |k| k.name);
-                    let block = module.launches().get(*kernel as usize).copied().flatten().map_or(0, |l| l.block);
-                    (format!("{name} <<<{workgroups}, {block}>>>"), Some(*kernel))
-                }
-                Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None),
-                Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None),
-                Command::Barrier => continue,
-            };
-            let source = kernel
-                .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            let median = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
-            rows.push((c, what, median, source));
-        }
-        rows.sort_by(|x, y| y.2.total_cmp(&x.2));
-        let total: f64 = rows.iter().map(|r| r.2).sum();
+        let (rows, total) = profile_rows(p, commands, &mut times, iterations, |name, kernel, workgroups| {
+            let block = module.launches().get(kernel as usize).copied().flatten().map_or(0, |l| l.block);
+            format!("{name} <<<{workgroups}, {block}>>>")
+        });
         if a.json {
             let items: Vec<String> = rows
                 .iter()
-                .map(|(c, what, us, src)| {
+                .map(|ProfileRow { command: c, what, median_us: us, source: src, .. }| {
                     format!(
                         "{{\"command\":{c},\"what\":{},\"median_us\":{},\"source\":{}}}",
                         json_str(what),
@@ -299,7 +282,7 @@ mod imp {
             module.device_name(),
             total / 1e3
         );
-        for (c, what, us, src) in &rows {
+        for ProfileRow { command: c, what, median_us: us, source: src, .. } in &rows {
             let src = if src.is_empty() { String::new() } else { format!("  // {src}") };
             s.push_str(&format!(
                 "  {c:>7}  {us:>9.2}  {:>5.1}%  {what}{src}\n",
