@@ -500,15 +500,7 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     let feeds = feeds(a, sig.inputs)?;
     let threads = threads(a);
     let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let mut outs = output_buffers(sig.outputs, label)?;
-    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-    let t1 = Instant::now();
-    {
-        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-        instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-    }
-    let t_run = t1.elapsed();
-    write_outputs(a, sig.outputs, outs.iter().map(AlignedBytes::bytes))?;
+    let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs))?;
     eprintln!(
         "{label}: loaded in {:.2} ms, ran in {:.3} ms on {threads} thread{}",
         t_load.as_secs_f64() * 1e3,
@@ -518,8 +510,30 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     Ok(())
 }
 
+/// The invoke of `kiln run`, on the CPU or the GPU (`invoke`, the instance's): runs it
+/// once on `feeds` into zeroed buffers for `outputs`, then prints and writes the
+/// outputs ([`write_outputs`]). Returns how long the invoke alone took.
+pub(crate) fn invoke_and_write<E: std::fmt::Display>(
+    a: &Args,
+    feeds: &[Tensor],
+    outputs: &[kiln_module::sections::TensorView<'_>],
+    label: &str,
+    invoke: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> Result<(), E>,
+) -> Result<Duration, String> {
+    let mut outs = output_buffers(outputs, label)?;
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let t0 = Instant::now();
+    {
+        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
+        invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+    }
+    let t_run = t0.elapsed();
+    write_outputs(a, outputs, outs.iter().map(AlignedBytes::bytes))?;
+    Ok(t_run)
+}
+
 /// Prints each output's summary, and with `--output-dir` writes it as `.npy`.
-pub(crate) fn write_outputs<'b>(
+fn write_outputs<'b>(
     a: &Args,
     outputs: &[kiln_module::sections::TensorView<'_>],
     data: impl Iterator<Item = &'b [u8]>,
@@ -711,33 +725,8 @@ fn profile(
         calls.push(start.elapsed().as_secs_f64() * 1e3);
     }
     let call = Stats::of(&mut calls);
-    struct Row {
-        command: usize,
-        what: String,
-        median_us: f64,
-        est_us: Option<f64>,
-        source: String,
-    }
-    let mut rows = Vec::new();
-    for (c, cmd) in main.commands.iter().enumerate() {
-        let (what, est, kernel) = match cmd {
-            Command::Dispatch { kernel, workgroups, work_ns, .. } => {
-                let name = p.kernels.get(*kernel as usize).map(|k| k.name).unwrap_or("?");
-                (format!("{name} x{workgroups}"), (*work_ns > 0).then(|| *work_ns as f64 / 1e3), Some(*kernel))
-            }
-            Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None, None),
-            Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None, None),
-            Command::Barrier => continue,
-        };
-        let source = kernel
-            .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
-            .map(|s| s.to_string())
-            .unwrap_or_default();
-        let median_us = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
-        rows.push(Row { command: c, what, median_us, est_us: est, source });
-    }
-    rows.sort_by(|x, y| y.median_us.total_cmp(&x.median_us));
-    let total: f64 = rows.iter().map(|r| r.median_us).sum();
+    let (rows, total) =
+        profile_rows(p, &main.commands, &mut times, iterations, |name, _, workgroups| format!("{name} x{workgroups}"));
     if a.json {
         let items: Vec<String> = rows
             .iter()
@@ -779,6 +768,51 @@ fn profile(
         );
     }
     write_stdout(&s)
+}
+
+/// A row of `kiln bench --profile` (CPU or CUDA): command `command` of the entry point,
+/// what it does, its median time, the compiler's estimate (`work_ns`; `None` when not
+/// made) and the source its kernel was lowered from (empty without a debug section).
+pub(crate) struct ProfileRow {
+    pub(crate) command: usize,
+    pub(crate) what: String,
+    pub(crate) median_us: f64,
+    pub(crate) est_us: Option<f64>,
+    pub(crate) source: String,
+}
+
+/// The profile rows of an entry point's `commands` in `p` (barriers left out), slowest
+/// first, and the sum of their medians. `times[c * iterations + k]` is command c's time
+/// in µs in round k; `dispatch(kernel name, kernel, workgroups)` says what a dispatch is.
+pub(crate) fn profile_rows(
+    p: &kiln_module::sections::ProgramView<'_>,
+    commands: &[Command],
+    times: &mut [f64],
+    iterations: usize,
+    dispatch: impl Fn(&str, u32, u64) -> String,
+) -> (Vec<ProfileRow>, f64) {
+    let mut rows = Vec::new();
+    for (c, cmd) in commands.iter().enumerate() {
+        let (what, est_us, kernel) = match cmd {
+            Command::Dispatch { kernel, workgroups, work_ns, .. } => {
+                let name = p.kernels.get(*kernel as usize).map_or("?", |k| k.name);
+                let est = (*work_ns > 0).then(|| *work_ns as f64 / 1e3);
+                (dispatch(name, *kernel, *workgroups), est, Some(*kernel))
+            }
+            Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None, None),
+            Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None, None),
+            Command::Barrier => continue,
+        };
+        let source = kernel
+            .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let median_us = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
+        rows.push(ProfileRow { command: c, what, median_us, est_us, source });
+    }
+    rows.sort_by(|x, y| y.median_us.total_cmp(&x.median_us));
+    let total = rows.iter().map(|r| r.median_us).sum();
+    (rows, total)
 }
 
 /// With `KILN_PERF_MAP` set, `kiln bench` writes `/tmp/perf-PID.map` (the format

@@ -65,8 +65,8 @@ pub(crate) use imp::*;
 mod imp {
     use super::*;
     use crate::artifact::{
-        feeds, json_ms, json_str, output_buffers, read_artifact, timings, verify_plan, weights_file, write_outputs,
-        Stats,
+        feeds, invoke_and_write, json_ms, json_str, output_buffers, profile_rows, read_artifact, timings, verify_plan,
+        weights_file, ProfileRow, Stats,
     };
     use crate::conformance::Outcome;
     use crate::write_stdout;
@@ -140,15 +140,7 @@ mod imp {
             let t1 = Instant::now();
             let mut instance = CudaInstance::new(module).map_err(|e| format!("{label}: {e}"))?;
             let t_instance = t1.elapsed();
-            let mut outs = output_buffers(sig.outputs, label)?;
-            let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-            let t2 = Instant::now();
-            {
-                let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-                instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-            }
-            let t_run = t2.elapsed();
-            write_outputs(a, sig.outputs, outs.iter().map(AlignedBytes::bytes))?;
+            let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs))?;
             eprintln!(
                 "{label}: loaded in {:.2} ms and instantiated in {:.2} ms ({}), ran in {:.3} ms on {} (compute capability {}.{})",
                 t_load.as_secs_f64() * 1e3,
@@ -262,31 +254,14 @@ mod imp {
                 }
             }
         }
-        let mut rows: Vec<(usize, String, f64, String)> = Vec::new();
-        for (c, cmd) in commands.iter().enumerate() {
-            let (what, kernel) = match cmd {
-                Command::Dispatch { kernel, workgroups, .. } => {
-                    let name = p.kernels.get(*kernel as usize).map_or("?", |k| k.name);
-                    let block = module.launches().get(*kernel as usize).copied().flatten().map_or(0, |l| l.block);
-                    (format!("{name} <<<{workgroups}, {block}>>>"), Some(*kernel))
-                }
-                Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None),
-                Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None),
-                Command::Barrier => continue,
-            };
-            let source = kernel
-                .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            let median = Stats::of(&mut times[c * iterations..(c + 1) * iterations]).median;
-            rows.push((c, what, median, source));
-        }
-        rows.sort_by(|x, y| y.2.total_cmp(&x.2));
-        let total: f64 = rows.iter().map(|r| r.2).sum();
+        let (rows, total) = profile_rows(p, commands, &mut times, iterations, |name, kernel, workgroups| {
+            let block = module.launches().get(kernel as usize).copied().flatten().map_or(0, |l| l.block);
+            format!("{name} <<<{workgroups}, {block}>>>")
+        });
         if a.json {
             let items: Vec<String> = rows
                 .iter()
-                .map(|(c, what, us, src)| {
+                .map(|ProfileRow { command: c, what, median_us: us, source: src, .. }| {
                     format!(
                         "{{\"command\":{c},\"what\":{},\"median_us\":{},\"source\":{}}}",
                         json_str(what),
@@ -307,7 +282,7 @@ mod imp {
             module.device_name(),
             total / 1e3
         );
-        for (c, what, us, src) in &rows {
+        for ProfileRow { command: c, what, median_us: us, source: src, .. } in &rows {
             let src = if src.is_empty() { String::new() } else { format!("  // {src}") };
             s.push_str(&format!(
                 "  {c:>7}  {us:>9.2}  {:>5.1}%  {what}{src}\n",

@@ -11,8 +11,8 @@
 
 mod common;
 
-use common::{data_dir, import_options, listed_models, model_path};
-use kiln_ir::{npy, Tensor};
+use common::{import_options, listed_models, model_path, read_npy};
+use kiln_ir::Tensor;
 use serde_json::Value;
 use std::time::Instant;
 
@@ -29,12 +29,6 @@ fn names(file: &str) -> Vec<String> {
         listed_models(file).iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
     names.sort();
     names
-}
-
-fn read_npy(rel: &str) -> Tensor {
-    let p = data_dir().join(rel);
-    let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    npy::read(&b).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 fn check_model(name: &str) {

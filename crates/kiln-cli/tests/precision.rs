@@ -20,13 +20,13 @@ mod common;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas;
 
-use common::{data_dir, import_options, listed_models, model_path};
+use common::{import_options, listed_models, model_path, read_npy};
 use ptxas::{assemble_ptx_verbose, ptxas};
 use kiln_compiler::{Compilation, Input, Options, Precision, Stage, TargetDevice};
 use kiln_flow::class::KernelClass;
 use kiln_flow::precision::{narrow_storage, Kept};
 use kiln_flow::program::FlowProgram;
-use kiln_ir::{npy, DType, Graph, Tensor};
+use kiln_ir::{DType, Graph, Tensor};
 use kiln_module::program::Constants;
 use serde_json::Value;
 
@@ -51,12 +51,6 @@ fn entry(name: &str) -> Value {
         .into_iter()
         .find(|e| e["name"] == name)
         .unwrap_or_else(|| panic!("model `{name}` is not in ref/manifest.json"))
-}
-
-fn read_npy(rel: &str) -> Tensor {
-    let p = data_dir().join(rel);
-    let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    npy::read(&b).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// Compiles `g` at `precision` (CPU), loads the artifact and runs it on `feeds`.
@@ -149,18 +143,12 @@ fn check_model(name: &str) {
     let g = kiln_import::onnx::import_file(&model_path(&e), &import_options(&e))
         .unwrap_or_else(|err| panic!("{name}: import failed: {err}"));
     check_f32_is_a_no_op(name, &g);
-    let feeds: Vec<Tensor> = e["inputs"]
-        .as_array()
-        .expect("inputs")
-        .iter()
-        .map(|i| read_npy(i["file"].as_str().expect("file")))
-        .collect();
-    let want: Vec<Tensor> = e["outputs"]
-        .as_array()
-        .expect("outputs")
-        .iter()
-        .map(|o| read_npy(o["file"].as_str().expect("file")))
-        .collect();
+    // The entry's reference inputs or outputs ("inputs", "outputs"), in order.
+    let tensors = |list: &str| -> Vec<Tensor> {
+        let files = e[list].as_array().unwrap_or_else(|| panic!("{name}: no {list} listed"));
+        files.iter().map(|t| read_npy(t["file"].as_str().expect("file"))).collect()
+    };
+    let (feeds, want) = (tensors("inputs"), tensors("outputs"));
     let (c32, outs32) = compile_and_run(&g, Precision::F32, &feeds);
     for (got, want) in outs32.iter().zip(&want) {
         let (l2, mx) = errors(got, want);

@@ -190,33 +190,38 @@ pub fn parse_report(text: &str) -> Vec<(String, Resources)> {
             props = Some(name.trim().to_string());
         } else if line.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()) && line.contains("stack frame") {
             let Some(i) = props.as_ref().and_then(|p| out.iter().position(|(n, _)| n == p)) else { continue };
-            for part in line.split(',') {
-                let n = number(part);
-                let r = &mut out[i].1;
-                if part.contains("stack frame") {
-                    r.stack = n;
-                } else if part.contains("spill stores") {
-                    r.spill_stores = n;
-                } else if part.contains("spill loads") {
-                    r.spill_loads = n;
-                }
-            }
+            read_fields(line, &mut out[i].1, &FRAME_FIELDS);
         } else if let Some(rest) = body.strip_prefix("Used ") {
             let Some(i) = entry else { continue };
-            for part in rest.split(',') {
-                let n = number(part);
-                let r = &mut out[i].1;
-                if part.contains("registers") {
-                    r.registers = n;
-                } else if part.contains("barriers") {
-                    r.barriers = n;
-                } else if part.contains("smem") {
-                    r.shared = n;
-                }
-            }
+            read_fields(rest, &mut out[i].1, &USED_FIELDS);
         }
     }
     out
+}
+
+/// A field of [`Resources`] and the words that name it in a report line's
+/// comma-separated parts (`0 bytes spill stores`, `used 1 barriers`).
+type Field = (&'static str, fn(&mut Resources) -> &mut u32);
+
+/// The fields of a `Function properties` line (the one after it).
+const FRAME_FIELDS: [Field; 3] = [
+    ("stack frame", |r| &mut r.stack),
+    ("spill stores", |r| &mut r.spill_stores),
+    ("spill loads", |r| &mut r.spill_loads),
+];
+
+/// The fields of a `Used …` line.
+const USED_FIELDS: [Field; 3] =
+    [("registers", |r| &mut r.registers), ("barriers", |r| &mut r.barriers), ("smem", |r| &mut r.shared)];
+
+/// Sets the fields of `r` that the parts of `list` name (the first field whose words a
+/// part contains) to the part's number; parts that name none are skipped.
+fn read_fields(list: &str, r: &mut Resources, fields: &[Field]) {
+    for part in list.split(',') {
+        if let Some((_, field)) = fields.iter().find(|(words, _)| part.contains(words)) {
+            *field(r) = number(part);
+        }
+    }
 }
 
 /// The first number in `s` (0 when there is none).

@@ -259,6 +259,23 @@ fn slot_and_signed_encodings_by_hand() {
     );
 }
 
+/// A file of `p`'s signature, plan and executables (no constants) with one of them
+/// replaced by hand-edited bytes, under a header that says format 1.`minor` (and whose
+/// checksum is fixed up to match): how the tests below read older formats.
+fn file_of_format(p: &Program, (kind, bytes): (SectionKind, Vec<u8>), minor: u16) -> Vec<u8> {
+    let section = |k: SectionKind| if k == kind { bytes.clone() } else { section_bytes(p, k).expect("section") };
+    let mut f = file_with(&[
+        (SectionKind::Signature, section(SectionKind::Signature)),
+        (SectionKind::Plan, section(SectionKind::Plan)),
+        (SectionKind::Executables, section(SectionKind::Executables)),
+        (SectionKind::Constants, vec![]),
+    ]);
+    f[10..12].copy_from_slice(&minor.to_le_bytes());
+    let crc = kiln_module::format::crc32(&f[..36]);
+    f[36..40].copy_from_slice(&crc.to_le_bytes());
+    f
+}
+
 #[test]
 fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
     let mut p = mlp(Constants::Embedded(vec![]), false);
@@ -281,18 +298,7 @@ fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
     // 3 workgroups, 1 binding (slot 0, offset 0, length 4), 0 push constants, work
     // 300 = 0b10_0101100 → ac 02; 0 buffers.
     assert_eq!(plan, [0, 1, 0x40, 0x40, 1, 0, 1, 0, 3, 1, 0, 0, 4, 0, 0xac, 0x02, 0]);
-    let file_of = |plan: Vec<u8>, minor: u16| {
-        let mut f = file_with(&[
-            (SectionKind::Signature, section_bytes(&p, SectionKind::Signature).expect("sig")),
-            (SectionKind::Plan, plan),
-            (SectionKind::Executables, section_bytes(&p, SectionKind::Executables).expect("exe")),
-            (SectionKind::Constants, vec![]),
-        ]);
-        f[10..12].copy_from_slice(&minor.to_le_bytes());
-        let crc = kiln_module::format::crc32(&f[..36]);
-        f[36..40].copy_from_slice(&crc.to_le_bytes());
-        f
-    };
+    let file_of = |plan: Vec<u8>, minor: u16| file_of_format(&p, (SectionKind::Plan, plan), minor);
     // A format 1.0 file has no estimate: the same plan without it reads as 0.
     let mut old_plan = plan.clone();
     old_plan.drain(14..16);
@@ -335,18 +341,7 @@ fn kernel_classes_by_hand_and_from_format_1_1() {
     let exe = section_bytes(&p, SectionKind::Executables).expect("exe");
     // 0 executables; 1 kernel: name "k", 1 variant (0, 0, 0), class 3 (rows).
     assert_eq!(exe, [0, 1, 1, b'k', 1, 0, 0, 0, 3]);
-    let file_of = |exe: Vec<u8>, minor: u16| {
-        let mut f = file_with(&[
-            (SectionKind::Signature, section_bytes(&p, SectionKind::Signature).expect("sig")),
-            (SectionKind::Plan, section_bytes(&p, SectionKind::Plan).expect("plan")),
-            (SectionKind::Executables, exe),
-            (SectionKind::Constants, vec![]),
-        ]);
-        f[10..12].copy_from_slice(&minor.to_le_bytes());
-        let crc = kiln_module::format::crc32(&f[..36]);
-        f[36..40].copy_from_slice(&crc.to_le_bytes());
-        f
-    };
+    let file_of = |exe: Vec<u8>, minor: u16| file_of_format(&p, (SectionKind::Executables, exe), minor);
     let kernels = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().kernels);
     assert_eq!(kernels(&file_of(exe.clone(), 2)).expect("a 1.2 table"), p.kernels);
     // Every class has its own code, and reads back; code 0 is "not recorded".
@@ -535,18 +530,7 @@ fn launches_by_hand_and_from_format_1_2() {
     // 1 executable: kind 1, features 1, 1 entry ("k", 1), 0 relocations, 1 launch
     // (256 = 0x80 0x02, 65536 = 0x80 0x80 0x04, 3), code length 2 and the code; 0 kernels.
     assert_eq!(exe, [1, 1, 1, 1, 1, b'k', 1, 0, 1, 0x80, 0x02, 0x80, 0x80, 0x04, 3, 2, 0xab, 0xcd, 0]);
-    let file_of = |exe: Vec<u8>, minor: u16| {
-        let mut f = file_with(&[
-            (SectionKind::Signature, section_bytes(&p, SectionKind::Signature).expect("sig")),
-            (SectionKind::Plan, section_bytes(&p, SectionKind::Plan).expect("plan")),
-            (SectionKind::Executables, exe),
-            (SectionKind::Constants, vec![]),
-        ]);
-        f[10..12].copy_from_slice(&minor.to_le_bytes());
-        let crc = kiln_module::format::crc32(&f[..36]);
-        f[36..40].copy_from_slice(&crc.to_le_bytes());
-        f
-    };
+    let file_of = |exe: Vec<u8>, minor: u16| file_of_format(&p, (SectionKind::Executables, exe), minor);
     let exes = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().executables);
     assert_eq!(exes(&file_of(exe.clone(), 3)).expect("a 1.3 table"), p.executables);
     // A 1.2 file has no launch records: the same table without them reads with none.

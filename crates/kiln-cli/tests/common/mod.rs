@@ -6,6 +6,7 @@
 
 use kiln_import::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto};
 use kiln_import::ImportOptions;
+use kiln_ir::{npy, Tensor};
 use prost::Message;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -106,6 +107,14 @@ pub fn listed_models(file: &str) -> Vec<Value> {
 /// The path of a listing entry's model.
 pub fn model_path(e: &Value) -> PathBuf {
     data_dir().join(e["model"].as_str().expect("model path"))
+}
+
+/// The tensor of a `.npy` file of the test data (`rel` to [`data_dir`], as the listings
+/// name them). A missing or malformed file fails the test.
+pub fn read_npy(rel: &str) -> Tensor {
+    let p = data_dir().join(rel);
+    let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    npy::read(&b).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// The import options a listing entry asks for: its input shapes and its input values.
