@@ -494,22 +494,16 @@ fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
         .collect()
 }
 
-/// The emitted PTX run by the host simulator (`tests/ptxsim`) against the kernel
-/// interpreter: every output element written, within the f32 summation-order bound
-/// (`K · 4 · 2⁻²⁰` for these inputs) plus one rounding of the output type.
-///
-/// Ignored: the simulator does not know `mma.sync.aligned.m16n8k16.row.col.f32.{f16,
-/// bf16}.{f16,bf16}.f32`, `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`,
-/// `cp.async.cg.shared.global` (16 bytes, register src-size: zero-fill),
-/// `cp.async.commit_group`, `cp.async.wait_group`, `cp.async.wait_all`,
-/// `ld.global.b16`/`st.global.b16`/`st.shared.b16`/`mov.b16` (`.b16` registers `%h`),
-/// `cvt.f32.{f16,bf16}`,
-/// `cvt.rn.{f16,bf16}.f32`, `selp.b64`, `xor.b32`, `st.shared.v2.f32` yet (the mixed
-/// kernels at the end, on the f32 kernel, need the b16 load and the `cvt`s). Once it
-/// does (run with `--ignored`), this checks the tensor-core kernels end to end on the
-/// host, split-K included.
+/// The emitted PTX run by the host simulator (`tests/ptxsim`, which models `mma.sync`,
+/// `ldmatrix` and `cp.async` from the PTX ISA independently of `cuda::mma`'s index
+/// functions) against the kernel interpreter: every output element written, within
+/// the f32 summation-order bound (`K · 4 · 2⁻²⁰` for these inputs: |products| ≤ 4,
+/// partial sums ≤ 4K, each f32 rounding ≤ 2⁻²⁴ of it, the simulator sums exactly and
+/// rounds once, the interpreter rounds each step) plus one rounding of the output type.
+/// The pipeline is checked too: a read of a stage before the copies into it were waited
+/// for and a barrier passed fails the run (a race), as does a copy out of range.
+/// Covers split-K and the mixed kernels at the end (on the f32 kernel).
 #[test]
-#[ignore = "tests/ptxsim lacks mma.sync, ldmatrix and cp.async"]
 fn simulated_half_kernels_match_the_interpreter() {
     let (h, b) = (DType::F16, DType::BF16);
     let kernels = vec![
@@ -534,13 +528,15 @@ fn simulated_half_kernels_match_the_interpreter() {
         let want = kiln_flow::interp::run(k, &refs).expect("interpreter");
         let m = cuda::compile(&[(k, classify(k))]).expect("compile");
         assert!(m.notes[0].starts_with("contraction "), "{}: {}", k.name, m.notes[0]);
-        let entry = ptxsim::parse(m.ptx(), &k.name);
+        let entry = ptxsim::parse_named(m.ptx(), &k.name).unwrap_or_else(|e| panic!("{}: {e}", k.name));
         let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
         // The output starts as NaN bit patterns: an element never written shows.
         data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
         let mut g = ptxsim::Global::new(data);
-        ptxsim::run(&entry, m.launches[0].grid as u32, m.launches[0].block, &mut g);
-        let out = &g.bufs[k.inputs.len()].1;
+        let l = &m.launches[0];
+        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+        ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+        let out = &g.bufs[k.inputs.len()];
         let got = kiln_ir::Tensor::new(k.output.clone(), out.clone().into()).expect("output").to_f64_vec();
         let kk = Plan::of(k).expect("plan").dims[3] as f64;
         let ulp = match k.output.dtype {

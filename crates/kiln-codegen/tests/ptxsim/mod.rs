@@ -42,6 +42,20 @@
 //! f32/f64 → f16/bf16 with `.rn`, rounded once (NaN → canonical NaN); f16/bf16 → f32 exactly; float →
 //! same float with `.rni/.rzi/.rmi/.rpi`.
 //!
+//! **Tensor cores and asynchronous copies** (PTX ISA, written from its tables, not
+//! from the emitter's index functions, so the simulator checks `cuda::mma`
+//! independently): `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`
+//! and `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16` are warp-collective
+//! like `shfl.sync` with every lane of the warp in the mask (`.aligned`); `mma` takes
+//! exact products, sums them with `c` in f64 and rounds once to f32 (the hardware's
+//! accumulation order and internal precision are unspecified: a tolerance's business).
+//! `cp.async.{ca,cg}.shared.global` (cp-size 16, optional src-size: the rest
+//! zero-filled, src-size 0 reads nothing) is a pending copy of the issuing thread,
+//! grouped by `cp.async.commit_group` and landed by its `cp.async.wait_group N` /
+//! `wait_all`; reading or writing a shared byte with a copy outstanding is an error (a
+//! race), and so is another thread reading a landed byte before a barrier follows the
+//! wait that landed it.
+//!
 //! **Not modelled.** Approximate instructions (`ex2/lg2/sin/cos/tanh/rcp/sqrt.approx`)
 //! return the correctly rounded exact value (f64 libm, rounded to f32): the hardware's
 //! documented error (`ex2.approx.f32`: 2 ulp; `lg2.approx.f32`: 2⁻²²·⁶ absolute near 1;
@@ -236,6 +250,18 @@ enum Op {
     Cos,
     Tanh,
     Copysign,
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32` (warp-collective).
+    Mma,
+    /// `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16` (warp-collective).
+    Ldmatrix,
+    /// `cp.async.{ca,cg}.shared.global [d], [s], 16[, src-size]`.
+    CpAsync,
+    /// `cp.async.commit_group`.
+    CpCommit,
+    /// `cp.async.wait_group N`.
+    CpWait,
+    /// `cp.async.wait_all`.
+    CpWaitAll,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,6 +311,8 @@ struct Mods {
     vec: u8,
     shfl: Option<Shfl>,
     uni: bool,
+    /// `ldmatrix … .trans`.
+    trans: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,6 +375,9 @@ pub struct Entry {
 }
 
 fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
+    if let Some(d) = decode_matrix(opcode)? {
+        return Ok(d);
+    }
     let mut parts = opcode.split('.');
     let head = parts.next().unwrap_or_default();
     let op = match head {
@@ -473,11 +504,62 @@ fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
         Op::Mapa => tys == [Ty::U(32)] && m.space == Some(Space::Cluster),
         Op::Rsqrt | Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos | Op::Tanh => tys == [Ty::F32] && m.approx,
         Op::Copysign => tys.len() == 1 && matches!(tys[0], Ty::F32 | Ty::F64),
+        // Decoded by `decode_matrix` only.
+        Op::Mma | Op::Ldmatrix | Op::CpAsync | Op::CpCommit | Op::CpWait | Op::CpWaitAll => false,
     };
     if !ok {
         return unsupported(format!("instruction `{opcode}` (this form)"));
     }
     Ok((op, tys, m))
+}
+
+/// The tensor-core and asynchronous-copy instructions, each in exactly the forms the
+/// simulator models (`None`: not one of them).
+fn decode_matrix(opcode: &str) -> R<Option<(Op, Vec<Ty>, Mods)>> {
+    let parts: Vec<&str> = opcode.split('.').collect();
+    let mut m = Mods { vec: 1, ..Mods::default() };
+    let refuse = || unsupported(format!("instruction `{opcode}` (this form)"));
+    match parts[0] {
+        "mma" => {
+            let (ab, ok) = match parts[..] {
+                ["mma", "sync", "aligned", "m16n8k16", "row", "col", "f32", a, b, "f32"] if a == b => {
+                    (Ty::of(a), matches!(a, "f16" | "bf16"))
+                }
+                _ => (None, false),
+            };
+            match (ab, ok) {
+                (Some(t), true) => Ok(Some((Op::Mma, vec![Ty::F32, t, t, Ty::F32], m))),
+                _ => refuse(),
+            }
+        }
+        "ldmatrix" => {
+            let (num, trans) = match parts[..] {
+                ["ldmatrix", "sync", "aligned", "m8n8", x, "shared", "b16"] => (x, false),
+                ["ldmatrix", "sync", "aligned", "m8n8", x, "trans", "shared", "b16"] => (x, true),
+                _ => return refuse(),
+            };
+            m.vec = match num {
+                "x1" => 1,
+                "x2" => 2,
+                "x4" => 4,
+                _ => return refuse(),
+            };
+            m.trans = trans;
+            m.space = Some(Space::Shared);
+            Ok(Some((Op::Ldmatrix, vec![Ty::B(16)], m)))
+        }
+        "cp" => match parts[..] {
+            ["cp", "async", "ca" | "cg", "shared", "global"] => {
+                m.space = Some(Space::Shared);
+                Ok(Some((Op::CpAsync, vec![], m)))
+            }
+            ["cp", "async", "commit_group"] => Ok(Some((Op::CpCommit, vec![], m))),
+            ["cp", "async", "wait_group"] => Ok(Some((Op::CpWait, vec![], m))),
+            ["cp", "async", "wait_all"] => Ok(Some((Op::CpWaitAll, vec![], m))),
+            _ => refuse(),
+        },
+        _ => Ok(None),
+    }
 }
 
 fn parse_imm(s: &str) -> Option<u64> {
@@ -706,6 +788,12 @@ pub fn parse_named(ptx: &str, name: &str) -> R<Entry> {
             a.push(o);
         }
         let want = match op {
+            Op::Mma => 4,
+            Op::Ldmatrix => 2,
+            Op::CpAsync if a.len() == 3 => 3,
+            Op::CpAsync => 4,
+            Op::CpCommit | Op::CpWaitAll => 0,
+            Op::CpWait => 1,
             Op::Ret | Op::ClusterArrive | Op::ClusterWait => 0,
             Op::Bra | Op::BarSync => 1,
             Op::Neg | Op::Abs | Op::Not | Op::Mov | Op::Cvt | Op::Cvta | Op::Ld | Op::St => 2,
@@ -780,6 +868,14 @@ struct Shared {
     uni: HashMap<(u32, u32, usize, u32), (bool, u32)>,
     bytes: Vec<Vec<u8>>,
     init: Vec<Vec<bool>>,
+    /// Per rank and byte: an issued `cp.async` not yet completed writes it.
+    pending: Vec<Vec<bool>>,
+    /// Per rank and byte: the thread (+1; 0: none) whose `cp.async` wrote it, and the
+    /// block's barrier epoch when that copy completed (at the thread's wait).
+    landed_by: Vec<Vec<u16>>,
+    landed_epoch: Vec<Vec<u32>>,
+    /// Per rank: how many block barriers (`bar.sync`, cluster barriers) completed.
+    epoch: Vec<u32>,
 }
 
 impl Shared {
@@ -802,6 +898,10 @@ impl Shared {
             uni: HashMap::new(),
             bytes: (0..e.cluster).map(|_| vec![0xA5; n]).collect(),
             init: (0..e.cluster).map(|_| vec![false; n]).collect(),
+            pending: (0..e.cluster).map(|_| vec![false; n]).collect(),
+            landed_by: (0..e.cluster).map(|_| vec![0; n]).collect(),
+            landed_epoch: (0..e.cluster).map(|_| vec![0; n]).collect(),
+            epoch: vec![0; e.cluster as usize],
         })
     }
 
@@ -822,6 +922,74 @@ impl Shared {
         }
         Ok((rank, off as usize))
     }
+
+    /// Checks that thread `tid` may read bytes `o..o + n` of rank `r`'s shared memory:
+    /// written, no `cp.async` outstanding on them, and where another thread's
+    /// `cp.async` put them there, a barrier since that thread's wait completed it.
+    fn readable(&self, r: usize, o: usize, n: usize, tid: u32, what: &dyn Fn() -> String) -> R<()> {
+        if let Some(k) = self.pending[r][o..o + n].iter().position(|&x| x) {
+            return Err(SimError::Divergence(format!(
+                "{}: reads byte {} of rank {r} while a cp.async to it is outstanding (a race)",
+                what(),
+                o + k
+            )));
+        }
+        if let Some(k) = self.init[r][o..o + n].iter().position(|&x| !x) {
+            return Err(SimError::Uninitialised(format!("{}: byte {} of rank {r}", what(), o + k)));
+        }
+        for k in o..o + n {
+            let by = self.landed_by[r][k];
+            if by != 0 && u32::from(by - 1) != tid && self.landed_epoch[r][k] == self.epoch[r] {
+                return Err(SimError::Divergence(format!(
+                    "{}: reads byte {k} of rank {r}, which thread {}'s cp.async completed with no barrier since \
+                     (a race)",
+                    what(),
+                    by - 1
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A plain store to bytes `o..o + n` of rank `r` (refused while a `cp.async` to them
+    /// is outstanding: the two writes race).
+    fn store(&mut self, r: usize, o: usize, data: &[u8], what: &dyn Fn() -> String) -> R<()> {
+        let n = data.len();
+        if let Some(k) = self.pending[r][o..o + n].iter().position(|&x| x) {
+            return Err(SimError::Divergence(format!(
+                "{}: writes byte {} of rank {r} while a cp.async to it is outstanding (a race)",
+                what(),
+                o + k
+            )));
+        }
+        self.bytes[r][o..o + n].copy_from_slice(data);
+        self.init[r][o..o + n].iter_mut().for_each(|w| *w = true);
+        self.landed_by[r][o..o + n].iter_mut().for_each(|w| *w = 0);
+        Ok(())
+    }
+}
+
+/// Completes the copies of `group` (issued by thread `tid`) into shared memory.
+fn land(sh: &mut Shared, group: &[AsyncCopy], tid: u32) {
+    for c in group {
+        let (r, o) = (c.rank, c.off);
+        sh.bytes[r][o..o + 16].copy_from_slice(&c.data);
+        sh.init[r][o..o + 16].iter_mut().for_each(|x| *x = true);
+        sh.pending[r][o..o + 16].iter_mut().for_each(|x| *x = false);
+        sh.landed_by[r][o..o + 16].iter_mut().for_each(|x| *x = tid as u16 + 1);
+        let e = sh.epoch[r];
+        sh.landed_epoch[r][o..o + 16].iter_mut().for_each(|x| *x = e);
+    }
+}
+
+/// An issued `cp.async`: its 16 bytes (source bytes then zeros, read at issue: the
+/// sources are kernel inputs, which no thread writes) land at `off` of rank `rank`
+/// when the issuing thread's wait completes its group.
+#[derive(Debug, Clone)]
+struct AsyncCopy {
+    rank: usize,
+    off: usize,
+    data: [u8; 16],
 }
 
 // ------------------------------------------------------------------------------------
@@ -870,6 +1038,12 @@ struct Thread {
     steps: u64,
     /// How often it executed each `bra.uni` (by instruction).
     uni: HashMap<usize, u32>,
+    /// `cp.async`s issued since the last `commit_group`.
+    open: Vec<AsyncCopy>,
+    /// Its thread index in the block.
+    tid: u32,
+    /// Committed `cp.async` groups not yet waited for, oldest first.
+    groups: std::collections::VecDeque<Vec<AsyncCopy>>,
 }
 
 struct Cx {
@@ -1089,6 +1263,7 @@ impl Entry {
         loop {
             let Some(i) = self.insts.get(t.pc) else {
                 t.st = St::Exit;
+                self.exit_copies(t, sh);
                 return Ok(());
             };
             t.steps += 1;
@@ -1110,6 +1285,7 @@ impl Entry {
             match i.op {
                 Op::Ret => {
                     t.st = St::Exit;
+                    self.exit_copies(t, sh);
                     return Ok(());
                 }
                 Op::Bra => {
@@ -1127,15 +1303,102 @@ impl Entry {
                     t.pc += 1;
                     return Ok(());
                 }
-                Op::Shfl => {
-                    // Stays at the shuffle; the scheduler runs it for the warp.
+                Op::Shfl | Op::Mma | Op::Ldmatrix => {
+                    // Stays at the warp-collective instruction; the scheduler runs it
+                    // for the warp.
                     t.st = St::Shfl;
                     return Ok(());
+                }
+                Op::CpAsync | Op::CpCommit | Op::CpWait | Op::CpWaitAll => {
+                    self.async_copy(i, t, cx, g, sh)?;
+                    t.pc += 1;
+                    continue;
                 }
                 _ => {}
             }
             self.exec(i, t, cx, g, sh)?;
             t.pc += 1;
+        }
+    }
+
+    /// `cp.async` and its groups (PTX ISA, "Data Movement and Conversion Instructions:
+    /// cp.async"): `cp.async` issues a copy of `cp-size` = 16 bytes, the first
+    /// `src-size` (≤ 16; 16 without the operand) from global `[s]`, the rest zeros
+    /// (src-size 0 reads nothing, so `[s]` need not lie in a binding); both addresses
+    /// aligned to 16. The copy is pending (its shared bytes unreadable and unwritable by
+    /// any thread: a race) until the issuing thread's `cp.async.wait_group N` completes
+    /// every committed group but the newest `N` (`wait_all`: commit, then wait 0).
+    /// Copies not yet committed are not waited for. A thread that exits lets its
+    /// outstanding copies land.
+    fn async_copy(&self, i: &Inst, t: &mut Thread, cx: &Cx, g: &Global, sh: &mut Shared) -> R<()> {
+        let what = || format!("block {} thread {}: `{}`", cx.ctaid, cx.tid, i.text);
+        match i.op {
+            Op::CpAsync => {
+                let size = match i.a.get(2) {
+                    Some(Opnd::Imm(16)) => 16,
+                    _ => return unsupported(format!("`{}`: cp-size other than 16", i.text)),
+                };
+                let src_size = match i.a.get(3) {
+                    None => size,
+                    Some(o) => self.val(t, o, cx, sh, i)?,
+                };
+                if src_size > size {
+                    return Err(SimError::Undefined(format!("{}: src-size {src_size} above cp-size {size}", what())));
+                }
+                let dst = self.addr(t, &i.a[0], cx, sh, i)?;
+                let (r, o) = sh.locate(dst, 16, cx.rank as usize, false, &what)?;
+                if let Some(k) = sh.pending[r][o..o + 16].iter().position(|&x| x) {
+                    return Err(SimError::Divergence(format!(
+                        "{}: byte {} of rank {r} already has a cp.async outstanding (a race)",
+                        what(),
+                        o + k
+                    )));
+                }
+                let mut data = [0u8; 16];
+                if src_size > 0 {
+                    let src = self.addr(t, &i.a[1], cx, sh, i)?;
+                    if !src.is_multiple_of(16) {
+                        return Err(SimError::OutOfBounds(format!("{}: source {src:#x} not 16-byte aligned", what())));
+                    }
+                    let n = src_size as usize;
+                    let (b, off) = g.locate(src, 1, &what)?;
+                    if off + n > g.bufs[b].len() {
+                        return Err(SimError::OutOfBounds(format!(
+                            "{}: bytes {off}..{} of binding {b} ({} bytes)",
+                            what(),
+                            off + n,
+                            g.bufs[b].len()
+                        )));
+                    }
+                    data[..n].copy_from_slice(&g.bufs[b][off..off + n]);
+                }
+                sh.pending[r][o..o + 16].iter_mut().for_each(|x| *x = true);
+                t.open.push(AsyncCopy { rank: r, off: o, data });
+            }
+            Op::CpCommit => t.groups.push_back(std::mem::take(&mut t.open)),
+            Op::CpWait | Op::CpWaitAll => {
+                let keep = if i.op == Op::CpWaitAll {
+                    t.groups.push_back(std::mem::take(&mut t.open));
+                    0
+                } else {
+                    self.val(t, &i.a[0], cx, sh, i)? as usize
+                };
+                while t.groups.len() > keep {
+                    let group = t.groups.pop_front().unwrap_or_default();
+                    land(sh, &group, cx.tid);
+                }
+            }
+            _ => return unsupported(i.text.clone()),
+        }
+        Ok(())
+    }
+
+    /// A thread's outstanding copies land when it exits.
+    fn exit_copies(&self, t: &mut Thread, sh: &mut Shared) {
+        let tid = t.tid;
+        t.groups.push_back(std::mem::take(&mut t.open));
+        while let Some(group) = t.groups.pop_front() {
+            land(sh, &group, tid);
         }
     }
 
@@ -1475,7 +1738,10 @@ impl Entry {
                 }
                 _ => {
                     let (r, o) = sh.locate(addr, total, cx.rank as usize, space == Space::Cluster, &what)?;
-                    if let Some(k) = sh.init[r][o..o + total].iter().position(|&x| !x) {
+                    // A remote rank's bytes are ordered by the cluster barrier, not tracked here.
+                    if r == cx.rank as usize {
+                        sh.readable(r, o, total, cx.tid, &what)?;
+                    } else if let Some(k) = sh.init[r][o..o + total].iter().position(|&x| !x) {
                         return Err(SimError::Uninitialised(format!("{}: byte {} of rank {r}", what(), o + k)));
                     }
                     bytes[..total].copy_from_slice(&sh.bytes[r][o..o + total]);
@@ -1509,10 +1775,134 @@ impl Entry {
             }
             Space::Shared => {
                 let (r, o) = sh.locate(addr, total, cx.rank as usize, false, &what)?;
-                sh.bytes[r][o..o + total].copy_from_slice(&bytes[..total]);
-                sh.init[r][o..o + total].iter_mut().for_each(|w| *w = true);
+                sh.store(r, o, &bytes[..total], &what)?;
             }
             _ => return unsupported(i.text.clone()),
+        }
+        Ok(())
+    }
+
+    /// The 32-bit registers of operand `k` of `i` (a `{…}` vector of `n`).
+    fn regs_of<'a>(&self, i: &'a Inst, k: usize, n: usize) -> R<&'a [usize]> {
+        match &i.a[k] {
+            Opnd::Vec(rs) if rs.len() == n && rs.iter().all(|&r| self.widths[r] == 32) => Ok(rs),
+            _ => unsupported(format!("`{}`: operand {k} is not {n} 32-bit registers", i.text)),
+        }
+    }
+
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.T.T.f32 d, a, b, c` for the whole warp
+    /// (`lanes`, all 32, in lane order), T = f16 or bf16: `D = A·B + C`, A 16×16, B
+    /// 16×8, C and D 16×8 f32. Fragments per the PTX ISA ("Matrix Fragments for
+    /// mma.m16n8k16 with floating point type"), with `group = lane >> 2`, `tig = lane
+    /// % 4`: A's four `.b32` registers hold `a0..a7` two to a register (the lower index
+    /// in the low half); `a_i` is at row `group` (i ∈ {0,1,4,5}) or `group + 8`, column
+    /// `2·tig + (i & 1)` (i < 4) or that `+ 8`. B's two registers hold `b0..b3`: `b_i` at
+    /// row (k) `2·tig + (i & 1)` (i < 2) or that `+ 8`, column (n) `group`. C and D's four
+    /// f32 registers: `c_i` at row `group` (i < 2) or `group + 8`, column `2·tig + (i & 1)`.
+    ///
+    /// Arithmetic: the ISA leaves the order and internal precision of the accumulation
+    /// unspecified. Modelled as the 16 products taken exactly (a half times a half is
+    /// exact in f64), summed with `c` in f64 and rounded once to f32; a GPU may differ
+    /// by f32 roundings of the partial sums, which callers' tolerances absorb.
+    fn mma(&self, threads: &mut [Thread], lanes: &[usize]) -> R<()> {
+        let i = &self.insts[threads[lanes[0]].pc];
+        if lanes.len() != 32 {
+            return Err(SimError::Divergence(format!("`{}` run by {} lanes, not 32", i.text, lanes.len())));
+        }
+        let half = |x: u64| -> f64 {
+            let h = (x & 0xFFFF) as u16;
+            if i.tys[1] == Ty::Bf16 {
+                f64::from(f32::from_bits(u32::from(h) << 16))
+            } else {
+                f64::from(f16_to_f32(h))
+            }
+        };
+        let (ra, rb, rc, rd) =
+            (self.regs_of(i, 1, 4)?, self.regs_of(i, 2, 2)?, self.regs_of(i, 3, 4)?, self.regs_of(i, 0, 4)?);
+        let mut a = [[0f64; 16]; 16];
+        let mut b = [[0f64; 8]; 16];
+        let mut c = [[0f64; 8]; 16];
+        for (lane, &l) in lanes.iter().enumerate() {
+            let t = &threads[l];
+            let (group, tig) = (lane / 4, lane % 4);
+            for idx in 0..8 {
+                let row = if matches!(idx, 0 | 1 | 4 | 5) { group } else { group + 8 };
+                let col = 2 * tig + (idx & 1) + if idx < 4 { 0 } else { 8 };
+                a[row][col] = half(t.regs[ra[idx / 2]] >> (16 * (idx % 2)));
+            }
+            for idx in 0..4 {
+                let k = 2 * tig + (idx & 1) + if idx < 2 { 0 } else { 8 };
+                b[k][group] = half(t.regs[rb[idx / 2]] >> (16 * (idx % 2)));
+            }
+            for (idx, &r) in rc.iter().enumerate() {
+                let row = if idx < 2 { group } else { group + 8 };
+                c[row][2 * tig + (idx & 1)] = f64::from(f32v(t.regs[r]));
+            }
+        }
+        for (lane, &l) in lanes.iter().enumerate() {
+            let (group, tig) = (lane / 4, lane % 4);
+            let mut out = [0u64; 4];
+            for (idx, o) in out.iter_mut().enumerate() {
+                let row = if idx < 2 { group } else { group + 8 };
+                let col = 2 * tig + (idx & 1);
+                let d: f64 = c[row][col] + (0..16).map(|k| a[row][k] * b[k][col]).sum::<f64>();
+                *o = fb(d as f32);
+            }
+            let t = &mut threads[l];
+            for (idx, &r) in rd.iter().enumerate() {
+                self.set(t, r, out[idx]);
+            }
+            t.pc += 1;
+            t.st = St::Run;
+        }
+        Ok(())
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.xN[.trans].shared.b16 {r0..}, [p]` for the whole warp
+    /// (PTX ISA, "ldmatrix"): N 8×8 matrices of 16-bit elements; lane `8·i + j` gives the
+    /// address of row `j` of matrix `i` (16 contiguous bytes, 16-byte aligned; the other
+    /// lanes' addresses are unused). Lane `l` receives in `r_i` the elements of matrix
+    /// `i` at row `l / 4`, columns `2·(l % 4)` and `2·(l % 4) + 1` (the first in the low
+    /// half); with `.trans`, the elements of the transposed matrix: rows `2·(l % 4)` and
+    /// `2·(l % 4) + 1` of column `l / 4`.
+    fn ldmatrix(
+        &self,
+        threads: &mut [Thread],
+        lanes: &[usize],
+        warp0: usize,
+        cx_of: &dyn Fn(usize) -> Cx,
+        sh: &Shared,
+    ) -> R<()> {
+        let i = &self.insts[threads[lanes[0]].pc];
+        if lanes.len() != 32 {
+            return Err(SimError::Divergence(format!("`{}` run by {} lanes, not 32", i.text, lanes.len())));
+        }
+        let n = i.m.vec as usize;
+        let rd = self.regs_of(i, 0, n)?;
+        // m[i][j][c]: element (j, c) of matrix i.
+        let mut m = vec![[[0u16; 8]; 8]; n];
+        for (mi, mat) in m.iter_mut().enumerate() {
+            for (j, row) in mat.iter_mut().enumerate() {
+                let l = warp0 + 8 * mi + j;
+                let cx = cx_of(l);
+                let what = || format!("block {} thread {}: `{}`", cx.ctaid, cx.tid, i.text);
+                let addr = self.addr(&threads[l], &i.a[1], &cx, sh, i)?;
+                let (r, o) = sh.locate(addr, 16, cx.rank as usize, false, &what)?;
+                sh.readable(r, o, 16, cx.tid, &what)?;
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = u16::from_le_bytes([sh.bytes[r][o + 2 * c], sh.bytes[r][o + 2 * c + 1]]);
+                }
+            }
+        }
+        for (lane, &l) in lanes.iter().enumerate() {
+            let t = &mut threads[l];
+            for (mi, &r) in rd.iter().enumerate() {
+                let (p, q) = (lane / 4, 2 * (lane % 4));
+                let (lo, hi) = if i.m.trans { (m[mi][q][p], m[mi][q + 1][p]) } else { (m[mi][p][q], m[mi][p][q + 1]) };
+                self.set(t, r, u64::from(lo) | u64::from(hi) << 16);
+            }
+            t.pc += 1;
+            t.st = St::Run;
         }
         Ok(())
     }
@@ -1596,7 +1986,16 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
         let mut sh = Shared::new(e, launch.shared)?;
         let n = cs as usize * block;
         let mut th: Vec<Thread> = (0..n)
-            .map(|_| Thread { regs: vec![0; e.widths.len()], pc: 0, st: St::Run, steps: 0, uni: HashMap::new() })
+            .map(|k| Thread {
+                regs: vec![0; e.widths.len()],
+                pc: 0,
+                st: St::Run,
+                steps: 0,
+                uni: HashMap::new(),
+                open: Vec::new(),
+                tid: (k % block) as u32,
+                groups: Default::default(),
+            })
             .collect();
         let cx_of = |k: usize| {
             let rank = (k / block) as u32;
@@ -1630,14 +2029,22 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
                     let lanes: Vec<usize> = (w0..w1).filter(|&k| th[k].st == St::Shfl && th[k].pc == pc).collect();
                     let i = &e.insts[pc];
                     let cx = cx_of(lanes[0]);
-                    let m0 = e.val(&th[lanes[0]], &i.a[4], &cx, &sh, i)? as u32;
+                    // `.aligned` matrix instructions: every lane of the warp.
+                    let mask_of = |t: &Thread, cx: &Cx| -> R<u32> {
+                        if i.op == Op::Shfl {
+                            Ok(e.val(t, &i.a[4], cx, &sh, i)? as u32)
+                        } else {
+                            Ok(u32::MAX)
+                        }
+                    };
+                    let m0 = mask_of(&th[lanes[0]], &cx)?;
                     let mut complete = true;
                     for l in 0..32usize {
                         let k = warp0 + l;
                         let member = m0 >> l & 1 == 1;
                         let here = lanes.contains(&k);
                         if here {
-                            let m = e.val(&th[k], &i.a[4], &cx_of(k), &sh, i)? as u32;
+                            let m = mask_of(&th[k], &cx_of(k))?;
                             if m != m0 || !member {
                                 return Err(SimError::Divergence(format!(
                                     "block {}: lanes of warp {} execute `{}` with masks {m0:#x} and {m:#x}",
@@ -1659,7 +2066,11 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
                         }
                     }
                     if complete {
-                        e.shuffle(&mut th, &lanes, warp0, &cx, &sh)?;
+                        match i.op {
+                            Op::Mma => e.mma(&mut th, &lanes)?,
+                            Op::Ldmatrix => e.ldmatrix(&mut th, &lanes, warp0, &cx_of, &sh)?,
+                            _ => e.shuffle(&mut th, &lanes, warp0, &cx, &sh)?,
+                        }
                         moved = true;
                     }
                 }
@@ -1679,6 +2090,7 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
                         )));
                     }
                     b.iter_mut().for_each(|t| t.st = St::Run);
+                    sh.epoch[r] += 1;
                     moved = true;
                 }
             }
@@ -1688,6 +2100,7 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
             // The cluster barrier.
             if th.iter().all(|t| matches!(t.st, St::Cluster | St::Exit)) {
                 th.iter_mut().filter(|t| t.st == St::Cluster).for_each(|t| t.st = St::Run);
+                sh.epoch.iter_mut().for_each(|e| *e += 1);
                 continue;
             }
             let mut counts: HashMap<String, usize> = HashMap::new();
