@@ -3,7 +3,9 @@
 //! and every defect it exists to catch is caught with its typed error: an access
 //! outside a binding, an uninitialised shared read, a shuffle or barrier some threads
 //! never reach, a `bra.uni` that is not uniform, an instruction it does not model, a
-//! thread that never ends.
+//! thread that never ends. The tensor-core instructions against the PTX ISA's tables
+//! written out here: `mma.m16n8k16` of small integers against a plain matrix product,
+//! `ldmatrix(.trans)` lane by lane, `cp.async`'s zero fill and groups, and its races.
 
 mod ptxsim;
 
@@ -139,4 +141,239 @@ fn half_conversions_round_once_to_nearest_even() {
     for h in [0x0001u16, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0xC000] {
         assert_eq!(to_f16(f64::from(f16_to_f32(h))), h);
     }
+}
+
+// ------------------------------------------------------------------------------------
+// Tensor cores and asynchronous copies
+
+/// An entry `t` of one binding (`%rd0`), with `.b16`, `.f32` registers too; `%r0`: the
+/// thread, `%rd1`: the binding plus `stride · %r0`.
+fn kernel(decls: &str, stride: u32, body: &str) -> String {
+    format!(
+        ".version 8.0\n.target sm_90a\n.address_size 64\n.visible .entry t(\n\t.param .u64 t_param_0\n)\n{{\n\
+         \t.reg .pred %p<8>;\n\t.reg .b16 %h<8>;\n\t.reg .b32 %r<64>;\n\t.reg .f32 %f<16>;\n\t.reg .b64 %rd<16>;\n\
+         {decls}\tld.param.u64 %rd0, [t_param_0];\n\tcvta.to.global.u64 %rd0, %rd0;\n\tmov.u32 %r0, %tid.x;\n\
+         \tmul.wide.u32 %rd2, %r0, {stride};\n\tadd.s64 %rd1, %rd0, %rd2;\n{body}\tret;\n}}\n"
+    )
+}
+
+/// Runs `ptx` on one block of `block` threads over the binding `bytes`; the binding after.
+fn run_on(ptx: &str, block: u32, bytes: Vec<u8>) -> Result<Vec<u8>, SimError> {
+    let e = ptxsim::parse(ptx, 0)?;
+    let mut g = Global::new(vec![bytes]);
+    ptxsim::run(&e, Grid { grid: 1, block, shared: 0 }, &mut g, Limits::default())?;
+    Ok(g.bufs.pop().unwrap_or_default())
+}
+
+fn word(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+/// PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", written out
+/// here: `group = lane >> 2`, `tig = lane % 4`.
+/// A (16×16): `a_i`, i in 0..8, two to a `.b32` register (lower i in the low half).
+fn table_a(lane: usize, i: usize) -> (usize, usize) {
+    let (group, tig) = (lane >> 2, lane % 4);
+    let row = if i < 2 || (4..6).contains(&i) { group } else { group + 8 };
+    let col = if i < 4 { tig * 2 + (i & 1) } else { tig * 2 + (i & 1) + 8 };
+    (row, col)
+}
+
+/// B (16×8, `(k, n)`): `b_i`, i in 0..4.
+fn table_b(lane: usize, i: usize) -> (usize, usize) {
+    let (group, tig) = (lane >> 2, lane % 4);
+    let row = if i < 2 { tig * 2 + (i & 1) } else { tig * 2 + (i & 1) + 8 };
+    (row, group)
+}
+
+/// C and D (16×8): `c_i`, i in 0..4.
+fn table_c(lane: usize, i: usize) -> (usize, usize) {
+    let (group, tig) = (lane >> 2, lane % 4);
+    let row = if i < 2 { group } else { group + 8 };
+    (row, tig * 2 + (i & 1))
+}
+
+/// One warp's `mma.m16n8k16` of small integers (exact in every type), fragments placed
+/// by the host from the tables above, against a plain matrix product.
+#[test]
+fn mma_m16n8k16_multiplies_the_fragments_the_isa_lays_out() {
+    for (ty, enc) in [("f16", ptxsim::to_f16 as fn(f64) -> u16), ("bf16", ptxsim::to_bf16)] {
+        let mut s = 7u64;
+        let mut next = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % 9) as f64 - 4.0
+        };
+        let a: Vec<Vec<f64>> = (0..16).map(|_| (0..16).map(|_| next()).collect()).collect();
+        let b: Vec<Vec<f64>> = (0..16).map(|_| (0..8).map(|_| next()).collect()).collect();
+        let c: Vec<Vec<f64>> = (0..16).map(|_| (0..8).map(|_| next() * 0.5).collect()).collect();
+        // Per lane 10 words in: a (4), b (2), c (4); then 4 words out per lane.
+        let mut bytes = vec![0u8; 32 * 40 + 32 * 16];
+        for lane in 0..32 {
+            let mut w = [0u32; 10];
+            for i in 0..8 {
+                let (r, k) = table_a(lane, i);
+                w[i / 2] |= u32::from(enc(a[r][k])) << (16 * (i % 2));
+            }
+            for i in 0..4 {
+                let (k, n) = table_b(lane, i);
+                w[4 + i / 2] |= u32::from(enc(b[k][n])) << (16 * (i % 2));
+            }
+            for i in 0..4 {
+                let (r, n) = table_c(lane, i);
+                w[6 + i] = (c[r][n] as f32).to_bits();
+            }
+            for (j, x) in w.iter().enumerate() {
+                bytes[lane * 40 + 4 * j..lane * 40 + 4 * j + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        let mut body = String::new();
+        for j in 0..6 {
+            body += &format!("\tld.global.b32 %r{}, [%rd1+{}];\n", j + 1, 4 * j);
+        }
+        for j in 0..4 {
+            body += &format!("\tld.global.f32 %f{j}, [%rd1+{}];\n", 24 + 4 * j);
+        }
+        body += &format!(
+            "\tmma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%f4, %f5, %f6, %f7}}, {{%r1, %r2, %r3, %r4}}, \
+             {{%r5, %r6}}, {{%f0, %f1, %f2, %f3}};\n\tmul.wide.u32 %rd3, %r0, 16;\n\tadd.s64 %rd3, %rd3, %rd0;\n"
+        );
+        for j in 0..4 {
+            body += &format!("\tst.global.f32 [%rd3+{}], %f{};\n", 1280 + 4 * j, 4 + j);
+        }
+        let out = run_on(&kernel("", 40, &body), 32, bytes).unwrap_or_else(|e| panic!("{ty}: {e}"));
+        for lane in 0..32 {
+            for i in 0..4 {
+                let (r, n) = table_c(lane, i);
+                let want = c[r][n] + (0..16).map(|k| a[r][k] * b[k][n]).sum::<f64>();
+                let got = f32::from_bits(word(&out, 320 + lane * 4 + i));
+                assert_eq!(f64::from(got), want, "{ty}: lane {lane} d{i} = D[{r}][{n}]");
+            }
+        }
+    }
+    // Other shapes are refused by name, not guessed.
+    let body = "\tmma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%f4, %f5, %f6, %f7}, {%r1, %r2}, {%r5}, \
+                {%f0, %f1, %f2, %f3};\n";
+    let e = run_on(&kernel("", 4, body), 32, vec![0; 128]).expect_err("m16n8k8");
+    assert!(matches!(&e, SimError::Unsupported(s) if s.contains("m16n8k8")), "{e}");
+}
+
+/// `ldmatrix.x4` and `.x4.trans` of a shared array of distinct values, each lane giving
+/// a permuted row address, against the ISA's distribution written out here: lane `l`
+/// gets, in register `i`, row `l / 4`, columns `2(l % 4)` and `+1` of matrix `i`
+/// (transposed: rows `2(l % 4)` and `+1` of column `l / 4`); matrix `i`'s row `j` is
+/// the row lane `8i + j` addressed.
+#[test]
+fn ldmatrix_gives_each_lane_the_isa_elements() {
+    let decls = "\t.shared .align 16 .b8 t_s[512];\n";
+    // Stored row `s` (0..32) holds the halves 8s + c; lane l addresses stored row
+    // `stored(l)`.
+    let stored = |l: usize| 8 * (3 - l / 8) + (3 * (l % 8)) % 8;
+    let mut bytes = vec![0u8; 128 + 2 * 512];
+    for l in 0..32 {
+        bytes[4 * l..4 * l + 4].copy_from_slice(&(16 * stored(l) as u32).to_le_bytes());
+    }
+    let mut body = String::from("\tmov.u32 %r1, t_s;\n\tmul.lo.u32 %r2, %r0, 16;\n\tadd.u32 %r3, %r1, %r2;\n");
+    for c in 0..8 {
+        body += &format!(
+            "\tmul.lo.u32 %r4, %r0, 8;\n\tadd.u32 %r4, %r4, {c};\n\tcvt.u16.u32 %h0, %r4;\n\
+             \tst.shared.b16 [%r3+{}], %h0;\n",
+            2 * c
+        );
+    }
+    body += "\tbar.sync 0;\n\tld.global.u32 %r5, [%rd1];\n\tadd.u32 %r6, %r1, %r5;\n\
+             \tldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r10, %r11, %r12, %r13}, [%r6];\n\
+             \tldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%r14, %r15, %r16, %r17}, [%r6];\n\
+             \tmul.wide.u32 %rd3, %r0, 16;\n\tadd.s64 %rd3, %rd3, %rd0;\n";
+    for j in 0..8 {
+        body += &format!("\tst.global.b32 [%rd3+{}], %r{};\n", 128 + 512 * (j / 4) + 4 * (j % 4), 10 + j);
+    }
+    let out = run_on(&kernel(decls, 4, &body), 32, bytes).unwrap_or_else(|e| panic!("{e}"));
+    let elem = |i: usize, row: usize, col: usize| (8 * stored(8 * i + row) + col) as u32;
+    for l in 0..32 {
+        for i in 0..4 {
+            let (r, c) = (l / 4, 2 * (l % 4));
+            let plain = elem(i, r, c) | elem(i, r, c + 1) << 16;
+            let trans = elem(i, c, r) | elem(i, c + 1, r) << 16;
+            assert_eq!(word(&out, 32 + l * 4 + i), plain, "lane {l} r{i}");
+            assert_eq!(word(&out, 32 + 128 + l * 4 + i), trans, "lane {l} r{i} .trans");
+        }
+    }
+}
+
+/// `mma` and `ldmatrix` need the whole warp (`.aligned`): a lane that exited first is
+/// divergence.
+#[test]
+fn warp_matrix_instructions_need_every_lane() {
+    let decls = "\t.shared .align 16 .b8 t_s[512];\n";
+    let body = "\tmov.u32 %r1, t_s;\n\tsetp.ge.u32 %p0, %r0, 16;\n\t@%p0 bra END;\n\
+                \tldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r10}, [%r1];\nEND:\n";
+    let e = run_on(&kernel(decls, 4, body), 32, vec![0; 128]).expect_err("half a warp");
+    assert!(matches!(e, SimError::Divergence(_)), "{e}");
+    let body = "\tsetp.ge.u32 %p0, %r0, 16;\n\t@%p0 bra END;\n\
+                \tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f4, %f5, %f6, %f7}, {%r1, %r2, %r3, %r4}, \
+                {%r5, %r6}, {%f0, %f1, %f2, %f3};\nEND:\n";
+    let e = run_on(&kernel("", 4, body), 32, vec![0; 128]).expect_err("half a warp");
+    assert!(matches!(e, SimError::Divergence(_)), "{e}");
+}
+
+/// `cp.async` with src-size 16, 1..15 and 0 (zero-filled; a src-size-0 copy reads
+/// nothing, so its null source is never dereferenced), landed by `wait_group`.
+#[test]
+fn cp_async_copies_zero_fills_and_lands_at_the_wait() {
+    let decls = "\t.shared .align 16 .b8 t_s[512];\n";
+    // Thread t copies input bytes 16t.. with src-size t % 17 (thread 0: 0, from null).
+    let body = "\tmov.u32 %r1, t_s;\n\tmul.lo.u32 %r2, %r0, 16;\n\tadd.u32 %r3, %r1, %r2;\n\
+                \trem.u32 %r4, %r0, 17;\n\tsetp.eq.u32 %p0, %r4, 0;\n\tmov.u64 %rd4, 0;\n\
+                \tselp.b64 %rd5, %rd4, %rd1, %p0;\n\
+                \tcp.async.cg.shared.global [%r3], [%rd5], 16, %r4;\n\tcp.async.commit_group;\n\
+                \tcp.async.wait_group 0;\n\tbar.sync 0;\n\
+                \tld.shared.v4.b32 {%r10, %r11, %r12, %r13}, [%r3];\n\
+                \tst.global.v4.b32 [%rd1+512], {%r10, %r11, %r12, %r13};\n";
+    let bytes: Vec<u8> = (0..1024).map(|i| (i % 251 + 1) as u8).collect();
+    let out = run_on(&kernel(decls, 16, body), 32, bytes.clone()).unwrap_or_else(|e| panic!("{e}"));
+    for t in 0..32 {
+        let n = t % 17;
+        for b in 0..16 {
+            let want = if b < n { bytes[16 * t + b] } else { 0 };
+            assert_eq!(out[512 + 16 * t + b], want, "thread {t} byte {b} (src-size {n})");
+        }
+    }
+    // src-size 16 from an address out of the binding is an error.
+    let body = "\tmov.u32 %r1, t_s;\n\tcp.async.cg.shared.global [%r1], [%rd1+4096], 16, 16;\n";
+    let e = run_on(&kernel(decls, 16, body), 1, vec![0; 1024]).expect_err("out of range");
+    assert!(matches!(e, SimError::OutOfBounds(_)), "{e}");
+}
+
+/// The races `cp.async` allows are caught: a read before the wait (the copy may not
+/// have landed), a read of another thread's landed copy with no barrier after its
+/// wait, and a read of a group `wait_group 1` leaves outstanding.
+#[test]
+fn cp_async_races_are_errors() {
+    let decls = "\t.shared .align 16 .b8 t_s[1024];\n";
+    let head = "\tmov.u32 %r1, t_s;\n\tmul.lo.u32 %r2, %r0, 16;\n\tadd.u32 %r3, %r1, %r2;\n\
+                \tcp.async.cg.shared.global [%r3], [%rd1], 16;\n\tcp.async.commit_group;\n";
+    let own = "\tld.shared.b32 %r10, [%r3];\n\tst.global.b32 [%rd1], %r10;\n";
+    let ok = |body: &str| run_on(&kernel(decls, 16, body), 32, vec![1; 1024]);
+    // Before the wait.
+    let e = ok(&format!("{head}{own}")).expect_err("no wait");
+    assert!(matches!(&e, SimError::Divergence(s) if s.contains("outstanding")), "{e}");
+    // Own bytes after the wait: fine.
+    ok(&format!("{head}\tcp.async.wait_all;\n{own}")).unwrap_or_else(|e| panic!("{e}"));
+    // The previous thread's bytes after the wait, without and with a barrier.
+    let other = "\tsetp.eq.u32 %p0, %r0, 0;\n\t@%p0 bra END;\n\tld.shared.b32 %r10, [%r3+-16];\n\
+                 \tst.global.b32 [%rd1], %r10;\nEND:\n";
+    let e = ok(&format!("{head}\tcp.async.wait_all;\n{other}")).expect_err("no barrier");
+    assert!(matches!(&e, SimError::Divergence(s) if s.contains("no barrier")), "{e}");
+    ok(&format!("{head}\tcp.async.wait_all;\n\tbar.sync 0;\n{other}")).unwrap_or_else(|e| panic!("{e}"));
+    // Two groups; `wait_group 1` lands the first only.
+    let two = format!(
+        "{head}\tcp.async.cg.shared.global [%r3+256], [%rd1], 16;\n\tcp.async.commit_group;\n\
+         \tcp.async.wait_group 1;\n\tld.shared.b32 %r10, [%r3];\n"
+    );
+    ok(&two).unwrap_or_else(|e| panic!("{e}"));
+    let e = ok(&format!("{two}\tld.shared.b32 %r11, [%r3+256];\n")).expect_err("second group outstanding");
+    assert!(matches!(&e, SimError::Divergence(s) if s.contains("outstanding")), "{e}");
+    // A store into bytes a copy still writes races too.
+    let e = ok(&format!("{head}\tst.shared.b32 [%r3], %r0;\n")).expect_err("store over a pending copy");
+    assert!(matches!(&e, SimError::Divergence(s) if s.contains("outstanding")), "{e}");
 }
