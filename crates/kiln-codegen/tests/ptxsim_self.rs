@@ -377,3 +377,19 @@ fn cp_async_races_are_errors() {
     let e = ok(&format!("{head}\tst.shared.b32 [%r3], %r0;\n")).expect_err("store over a pending copy");
     assert!(matches!(&e, SimError::Divergence(s) if s.contains("outstanding")), "{e}");
 }
+
+/// A `cp.async` into bytes another thread read since the last barrier races with that
+/// read (the copy may land first): an error, fine after a barrier.
+#[test]
+fn cp_async_over_bytes_others_still_read_is_an_error() {
+    let decls = "\t.shared .align 16 .b8 t_s[1024];\n";
+    let head = "\tmov.u32 %r1, t_s;\n\tmul.lo.u32 %r2, %r0, 16;\n\tadd.u32 %r3, %r1, %r2;\n\
+                \tst.shared.v4.b32 [%r3], {%r0, %r0, %r0, %r0};\n\tbar.sync 0;\n\
+                \tadd.u32 %r4, %r0, 1;\n\tand.b32 %r4, %r4, 31;\n\tmul.lo.u32 %r4, %r4, 16;\n\
+                \tadd.u32 %r5, %r1, %r4;\n\tld.shared.b32 %r10, [%r5];\n";
+    let copy = "\tcp.async.cg.shared.global [%r3], [%rd1], 16;\n\tcp.async.wait_all;\n";
+    let run = |body: &str| run_on(&kernel(decls, 16, body), 32, vec![1; 1024]);
+    let e = run(&format!("{head}{copy}")).expect_err("a copy over a chunk thread t − 1 read");
+    assert!(matches!(&e, SimError::Divergence(s) if s.contains("overwrites")), "{e}");
+    run(&format!("{head}\tbar.sync 0;\n{copy}")).unwrap_or_else(|e| panic!("{e}"));
+}

@@ -54,7 +54,8 @@
 //! grouped by `cp.async.commit_group` and landed by its `cp.async.wait_group N` /
 //! `wait_all`; reading or writing a shared byte with a copy outstanding is an error (a
 //! race), and so is another thread reading a landed byte before a barrier follows the
-//! wait that landed it.
+//! wait that landed it, or a `cp.async` into bytes another thread read with no barrier
+//! since (the copy may land before that read).
 //!
 //! **Not modelled.** Approximate instructions (`ex2/lg2/sin/cos/tanh/rcp/sqrt.approx`)
 //! return the correctly rounded exact value (f64 libm, rounded to f32): the hardware's
@@ -874,6 +875,11 @@ struct Shared {
     /// block's barrier epoch when that copy completed (at the thread's wait).
     landed_by: Vec<Vec<u16>>,
     landed_epoch: Vec<Vec<u32>>,
+    /// Per rank and byte: the block's barrier epoch of its last read, and the reader
+    /// (+1; `u16::MAX`: several threads), so that a `cp.async` into bytes another thread
+    /// read since the last barrier is caught (the copy may land before that read).
+    read_epoch: Vec<Vec<u32>>,
+    read_by: Vec<Vec<u16>>,
     /// Per rank: how many block barriers (`bar.sync`, cluster barriers) completed.
     epoch: Vec<u32>,
 }
@@ -902,6 +908,8 @@ impl Shared {
             landed_by: (0..e.cluster).map(|_| vec![0; n]).collect(),
             landed_epoch: (0..e.cluster).map(|_| vec![0; n]).collect(),
             epoch: vec![0; e.cluster as usize],
+            read_epoch: (0..e.cluster).map(|_| vec![u32::MAX; n]).collect(),
+            read_by: (0..e.cluster).map(|_| vec![0; n]).collect(),
         })
     }
 
@@ -926,7 +934,7 @@ impl Shared {
     /// Checks that thread `tid` may read bytes `o..o + n` of rank `r`'s shared memory:
     /// written, no `cp.async` outstanding on them, and where another thread's
     /// `cp.async` put them there, a barrier since that thread's wait completed it.
-    fn readable(&self, r: usize, o: usize, n: usize, tid: u32, what: &dyn Fn() -> String) -> R<()> {
+    fn readable(&mut self, r: usize, o: usize, n: usize, tid: u32, what: &dyn Fn() -> String) -> R<()> {
         if let Some(k) = self.pending[r][o..o + n].iter().position(|&x| x) {
             return Err(SimError::Divergence(format!(
                 "{}: reads byte {} of rank {r} while a cp.async to it is outstanding (a race)",
@@ -946,6 +954,16 @@ impl Shared {
                     what(),
                     by - 1
                 )));
+            }
+        }
+        let e = self.epoch[r];
+        for k in o..o + n {
+            let by = &mut self.read_by[r][k];
+            if self.read_epoch[r][k] != e {
+                self.read_epoch[r][k] = e;
+                *by = tid as u16 + 1;
+            } else if *by != tid as u16 + 1 {
+                *by = u16::MAX;
             }
         }
         Ok(())
@@ -1353,6 +1371,16 @@ impl Entry {
                         what(),
                         o + k
                     )));
+                }
+                for k in o..o + 16 {
+                    let by = sh.read_by[r][k];
+                    if sh.read_epoch[r][k] == sh.epoch[r] && by != cx.tid as u16 + 1 {
+                        return Err(SimError::Divergence(format!(
+                            "{}: overwrites byte {k} of rank {r}, which {} read with no barrier since (a race)",
+                            what(),
+                            if by == u16::MAX { "several threads".to_string() } else { format!("thread {}", by - 1) }
+                        )));
+                    }
                 }
                 let mut data = [0u8; 16];
                 if src_size > 0 {
@@ -1871,7 +1899,7 @@ impl Entry {
         lanes: &[usize],
         warp0: usize,
         cx_of: &dyn Fn(usize) -> Cx,
-        sh: &Shared,
+        sh: &mut Shared,
     ) -> R<()> {
         let i = &self.insts[threads[lanes[0]].pc];
         if lanes.len() != 32 {
@@ -2068,7 +2096,7 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
                     if complete {
                         match i.op {
                             Op::Mma => e.mma(&mut th, &lanes)?,
-                            Op::Ldmatrix => e.ldmatrix(&mut th, &lanes, warp0, &cx_of, &sh)?,
+                            Op::Ldmatrix => e.ldmatrix(&mut th, &lanes, warp0, &cx_of, &mut sh)?,
                             _ => e.shuffle(&mut th, &lanes, warp0, &cx, &sh)?,
                         }
                         moved = true;
