@@ -83,6 +83,8 @@ struct Job {
     index: usize,
     kernel: kiln_flow::Kernel,
     launch: ptxsim::Grid,
+    /// A tensor-core kernel (`cuda::mma`).
+    mma: bool,
 }
 
 #[test]
@@ -117,6 +119,7 @@ fn every_cuda_kernel_of_every_model_matches_the_interpreter_in_the_simulator() {
                     index,
                     kernel: d.kernel.clone(),
                     launch: ptxsim::Grid { grid, block: l.block, shared: l.shared },
+                    mma: cuda.notes[index].starts_with("contraction mma.sync"),
                 },
             ));
         }
@@ -143,15 +146,18 @@ fn every_cuda_kernel_of_every_model_matches_the_interpreter_in_the_simulator() {
     let mut failures = Vec::new();
     let mut known_seen = Vec::new();
     let (mut compared, mut run_only, mut partial, mut elements) = (0, 0, 0, 0usize);
+    let (mut mma_compared, mut mma_run) = (0, 0);
     for (j, r) in results {
         let job = &jobs[j].1;
         match r {
             Ok(o) => {
                 if o.compared > 0 {
                     compared += 1;
+                    mma_compared += usize::from(job.mma);
                     elements += o.compared;
                 } else {
                     run_only += 1;
+                    mma_run += usize::from(job.mma);
                 }
                 partial += usize::from(o.partial);
             }
@@ -166,12 +172,14 @@ fn every_cuda_kernel_of_every_model_matches_the_interpreter_in_the_simulator() {
     }
     eprintln!(
         "{} kernels: {compared} compared ({elements} elements), {run_only} run without the interpreter, {partial} \
-         stopped at the budget, {} known failures; compile {:.1} s, all {:.1} s",
+         stopped at the budget, {} known failures; tensor-core kernels: {mma_compared} compared, {mma_run} run \
+         without the interpreter; compile {:.1} s, all {:.1} s",
         jobs.len(),
         known_seen.len(),
         compiled.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
+    assert!(mma_compared > 0, "no tensor-core kernel of {HALF_MODELS:?} at half precision was compared");
     for k in KNOWN {
         assert!(known_seen.contains(k), "a KNOWN failure no longer fails (fixed? remove it): {k:?}");
     }
