@@ -65,6 +65,7 @@ use std::collections::HashMap;
 use kiln_flow::interp::NodeEval;
 use kiln_flow::window::{Depthwise, WindowOp, MAX_POSITIONS};
 use kiln_flow::{Expr, ExprId, Kernel};
+use kiln_ir::DType;
 
 use super::expr::Eval;
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
@@ -226,6 +227,20 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let Some(d) = Depthwise::of(k) else {
         return Ok(Err("not a depthwise window or pool (an interpolating resample)".into()));
     };
+    // The image, the filter and the output are read and written as f32 words; half
+    // storage (`--precision f16|bf16`) goes to the general mapping, which converts.
+    let filter_input = match &d.op {
+        WindowOp::Conv { w, .. } => Some(*w as usize),
+        _ => None,
+    };
+    let f32_words = [Some(d.x as usize), filter_input]
+        .into_iter()
+        .flatten()
+        .all(|i| k.inputs.get(i).is_some_and(|t| t.dtype == DType::F32))
+        && k.output.dtype == DType::F32;
+    if !f32_words {
+        return Ok(Err("image, filter or output not stored as f32".into()));
+    }
     let g = Geometry::of(&d);
     // The reduction's variables, outermost first: taps must fold row-major.
     let Expr::Reduce { vars: rvars, .. } = &k.node(d.reduce).expr else {
