@@ -774,6 +774,9 @@ def run_device(args) -> None:
         # A bench mode with inputs and outputs left on the device, under whichever name it lands.
         "resident": next((f for f in RESIDENT_FLAGS if helps["bench"] is not None and f in helps["bench"]), None),
         "gpu_check": helps["gpu-check"] is not None,
+        # `--cubin off`: PTX only, whatever ptxas kiln would find (it also looks in
+        # /usr/local/cuda/bin, so hiding ptxas from the environment is not enough).
+        "cubin_off": helps["compile"] is not None and "--cubin" in helps["compile"],
     }
     info["kiln_flags"] = dict(has)
     if info.get("kiln_broken"):
@@ -957,7 +960,8 @@ def compile_all(cases, models, work, kiln, env, run, log, has, on_gpu, device, l
         jobs.append((cid, "main", cmd, art, env))
         if on_gpu and env.get("KILN_PTXAS") and cid in LOAD_CASES:
             art2 = work / f"{cid.replace(':', '_')}-ptx.kiln"
-            jobs.append((cid, "ptx", [art2 if x == art else x for x in cmd], art2, no_ptxas_env(env)))
+            cmd2 = [art2 if x == art else x for x in cmd] + (["--cubin", "off"] if has.get("cubin_off") else [])
+            jobs.append((cid, "ptx", cmd2, art2, no_ptxas_env(env)))
 
     def one(job):
         cid, kind, cmd, art, e = job
