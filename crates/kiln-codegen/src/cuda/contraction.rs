@@ -589,6 +589,41 @@ pub(super) fn affine_regs(p: &mut Ptx, acc: Reg, coef: &dyn Fn(u32) -> i64, vars
     acc
 }
 
+/// Where operand row `r_in` of a block's tile (rows counted from `first`) reads: whether
+/// it is one of the operand's `total` rows, its element offset at k = 0 (`map` at the
+/// row's tile variables `vars`, from the batch offset `bat`), and, where the operand
+/// steps linearly along the reduction (`lin` elements per unit of k), the address of its
+/// element at `k` (+ `k_start`): `base` + `size` bytes per element. Both the f32 kernel's
+/// loaders and the tensor-core kernel's copies place their rows with it.
+pub(super) fn operand_row(
+    p: &mut Ptx,
+    (map, vars, bat): (&Map, &[Var], Reg),
+    (first, r_in, total): (Reg, Reg, u64),
+    lin: Option<i64>,
+    (k, k_start): (Reg, Option<Reg>),
+    (base, size): (Reg, i64),
+) -> (Reg, Reg, Option<Reg>) {
+    let r = u32_op(p, "add.u32", first, r_in.into());
+    let in_range = pred(p, "setp.lt.u32", r, Imm::U(total).into());
+    let xs = split_regs(p, r, vars);
+    let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
+    let ptr = lin.map(|step| {
+        // The row's element at the block's first step.
+        let k = match k_start {
+            Some(k0) => u32_op(p, "add.u32", k, k0.into()),
+            None => k,
+        };
+        let t = p.reg(RegClass::B64);
+        p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
+        let o = p.reg(RegClass::B64);
+        p.op("add.s64", &[o.into(), off.into(), t.into()]);
+        let a = p.reg(RegClass::B64);
+        p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(size).into(), base.into()]);
+        a
+    });
+    (in_range, off, ptr)
+}
+
 pub(super) fn u32_op(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
     let d = p.reg(RegClass::B32);
     p.op(op, &[d.into(), a.into(), b]);
@@ -700,24 +735,14 @@ impl<'a> Emitter<'a> {
             let row = match groups[g as usize] {
                 Some(row) => row,
                 None => {
-                    let r = u32_op(p, "add.u32", first, r_in.into());
-                    let in_range = pred(p, "setp.lt.u32", r, Imm::U(total).into());
-                    let xs = split_regs(p, r, vars);
-                    let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
-                    let ptr = linear.map(|step| {
-                        // The row's first slot at the block's first step.
-                        let k = match k_start {
-                            Some(k0) => u32_op(p, "add.u32", k_first, k0.into()),
-                            None => k_first,
-                        };
-                        let t = p.reg(RegClass::B64);
-                        p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
-                        let o = p.reg(RegClass::B64);
-                        p.op("add.s64", &[o.into(), off.into(), t.into()]);
-                        let a = p.reg(RegClass::B64);
-                        p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(size).into(), base.into()]);
-                        a
-                    });
+                    let (in_range, off, ptr) = operand_row(
+                        p,
+                        (map, vars, bat),
+                        (first, r_in, total),
+                        linear,
+                        (k_first, k_start),
+                        (base, size),
+                    );
                     let row = Row { in_range, off, ptr };
                     groups[g as usize] = Some(row);
                     row

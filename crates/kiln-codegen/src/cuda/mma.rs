@@ -110,7 +110,7 @@ use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::contraction::{
-    self, affine_regs, choose_split, choose_tile, linear, pred, split_regs, u32_op, Map, Order, Plan, Var,
+    self, affine_regs, choose_split, choose_tile, linear, operand_row, pred, split_regs, u32_op, Map, Order, Plan, Var,
 };
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch, BLOCK};
@@ -423,24 +423,8 @@ impl Emitter<'_> {
                     (r, u32_op(p, "add.u32", k, Imm::U(u64::from((BLOCK / rows) * e)).into()))
                 }
             };
-            let r = u32_op(p, "add.u32", first, r_in.into());
-            let in_range = pred(p, "setp.lt.u32", r, Imm::U(total).into());
-            let xs = split_regs(p, r, vars);
-            let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
-            let ptr = lin.map(|step| {
-                // At the block's first step.
-                let k = match k_start {
-                    Some(k0) => u32_op(p, "add.u32", k_in, k0.into()),
-                    None => k_in,
-                };
-                let t = p.reg(RegClass::B64);
-                p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
-                let o = p.reg(RegClass::B64);
-                p.op("add.s64", &[o.into(), off.into(), t.into()]);
-                let a = p.reg(RegClass::B64);
-                p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(2).into(), base.into()]);
-                a
-            });
+            let (in_range, off, ptr) =
+                operand_row(p, (map, vars, bat), (first, r_in, total), lin, (k_in, k_start), (base, 2));
             let sts = smem_regs(p, f.layout, rows, r_in, k_in);
             let sts = u32_op(p, "add.u32", sts, first_stage.into());
             out.push(Item { k_in, in_range, off, sts, ptr });
