@@ -209,20 +209,7 @@ fn layernorm_gelu_residual(rows: usize, len: usize) -> Kernel {
         ty(DType::F32, &[rows, len]),
     );
     let o = b.out_index();
-    let n = b.float(f, len as f64);
-    let s = common::reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |_, x| x);
-    let mean = b.div(s, n);
-    let ss = common::reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
-        let d = b.sub(x, mean);
-        b.mul(d, d)
-    });
-    let var = b.div(ss, n);
-    let eps = b.float(f, 1e-5);
-    let ve = b.add(var, eps);
-    let sd = b.unary(UnaryOp::Sqrt, ve);
-    let x = b.load(0, vec![o[0], o[1]]);
-    let d = b.sub(x, mean);
-    let y = b.div(d, sd);
+    let y = common::normalised(&mut b, &o, len);
     let g = b.load(1, vec![o[1]]);
     let y = b.mul(y, g);
     let r2 = b.float(f, std::f64::consts::FRAC_1_SQRT_2);

@@ -501,19 +501,14 @@ pub fn reduce_row(
     b.reduce(op, vec![k], v)
 }
 
-/// LayerNorm over the last axis of `[rows, len]` with per-column scale and shift.
-pub fn layernorm(rows: usize, len: usize) -> Kernel {
+/// LayerNorm's normalised value before its scale: `(x − mean) / sqrt(var + 1e-5)` of
+/// input 0 (`[rows, len]`, f32) at output position `o` (row `o[0]`, column `o[1]`).
+pub fn normalised(b: &mut KernelBuilder, o: &[ExprId], len: usize) -> ExprId {
     let f = ScalarType::F32;
-    let mut b = KernelBuilder::new(
-        "layernorm",
-        vec![f32_type(&[rows, len]), f32_type(&[len]), f32_type(&[len])],
-        f32_type(&[rows, len]),
-    );
-    let o = b.out_index();
     let n = b.float(f, len as f64);
-    let sum = reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |_, x| x);
+    let sum = reduce_row(b, 0, o[0], len, ReduceOp::Sum, |_, x| x);
     let mean = b.div(sum, n);
-    let ss = reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
+    let ss = reduce_row(b, 0, o[0], len, ReduceOp::Sum, |b, x| {
         let dq = b.sub(x, mean);
         b.mul(dq, dq)
     });
@@ -523,7 +518,18 @@ pub fn layernorm(rows: usize, len: usize) -> Kernel {
     let sd = b.unary(UnaryOp::Sqrt, ve);
     let x = b.load(0, vec![o[0], o[1]]);
     let d = b.sub(x, mean);
-    let nrm = b.div(d, sd);
+    b.div(d, sd)
+}
+
+/// LayerNorm over the last axis of `[rows, len]` with per-column scale and shift.
+pub fn layernorm(rows: usize, len: usize) -> Kernel {
+    let mut b = KernelBuilder::new(
+        "layernorm",
+        vec![f32_type(&[rows, len]), f32_type(&[len]), f32_type(&[len])],
+        f32_type(&[rows, len]),
+    );
+    let o = b.out_index();
+    let nrm = normalised(&mut b, &o, len);
     let g = b.load(1, vec![o[1]]);
     let bt = b.load(2, vec![o[1]]);
     let y = b.mul(nrm, g);
