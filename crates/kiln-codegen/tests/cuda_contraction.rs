@@ -22,6 +22,7 @@ use std::process::Command;
 use kiln_codegen::cuda::contraction::{
     choose_split, choose_tile, reduce_groups, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
 };
+use kiln_codegen::cuda::skinny::{Skinny, COLS, MAX_ROWS};
 use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
@@ -238,7 +239,15 @@ fn every_kernel_takes_the_emitter_and_assembles_without_spills() {
     for ((k, _), (note, launch)) in with_class.iter().zip(m.notes.iter().zip(&m.launches)) {
         assert!(note.starts_with("contraction ("), "{}: {note}", k.name);
         let plan = Plan::of(k).expect("a plan");
-        assert_eq!(launch.grid, plan.grid(), "{}", k.name);
+        // Few rows: the lane-per-column kernel and its grid.
+        let grid = match Skinny::of(&plan) {
+            Some(s) => {
+                assert!(note.starts_with("contraction (few rows"), "{}: {note}", k.name);
+                s.grid()
+            }
+            None => plan.grid(),
+        };
+        assert_eq!(launch.grid, grid, "{}", k.name);
         assert_eq!(launch.block, BLOCK);
     }
     let res = resources("suite", m.ptx());
@@ -643,4 +652,86 @@ fn split_k_covers_the_tile_once() {
     assert!(plan.k_chunk.is_multiple_of(u64::from(BK)) && plan.k_chunk * u64::from(plan.split) >= plan.dims[3]);
     let big = matmul(&[], (false, false), 1024, 1024, 1024, false, DType::F32, Epi::None);
     assert_eq!(Plan::of(&big).expect("plan").split, 1);
+}
+
+/// Products of at most [`MAX_ROWS`] rows take the lane-per-column kernel
+/// (`cuda::skinny`): its blocks cover every column of every batch once, the ranks of a
+/// split and the warps of a block take every `k` once, each lane's column is summed by
+/// exactly one rank, and the split rule spreads short grids over the multiprocessors.
+#[test]
+fn few_row_products_cover_columns_and_k_once() {
+    for (batch, m, k, n) in [(0usize, 1, 784, 512), (0, 1, 300, 50), (1, 7, 33, 1000), (2, 3, 600, 40), (0, 8, 20, 7)] {
+        let b: Vec<usize> = vec![3; batch];
+        let kern = matmul(&b, (batch > 0, batch > 0), m, k, n, false, DType::F32, Epi::None);
+        let plan = Plan::of(&kern).expect("plan");
+        let s = Skinny::of(&plan).expect("few rows");
+        let [nb, _, n, kk] = plan.dims;
+        assert!(s.split.is_power_of_two() && s.split <= MAX_SPLIT);
+        assert!(s.k_chunk * u64::from(s.split) >= kk && s.k_chunk * u64::from(s.split - 1) < kk);
+        let mut cols = vec![0u32; (nb * n) as usize];
+        let mut ks = vec![0u32; (nb * n.div_ceil(COLS) * kk) as usize];
+        for bid in 0..s.grid() {
+            let (bi, n0, rank) = s.block(n, bid);
+            assert!(bi < nb && n0 < n && rank < s.split);
+            if rank == 0 {
+                for c in n0..(n0 + COLS).min(n) {
+                    cols[(bi * n + c) as usize] += 1;
+                }
+            }
+            let tile = bid / u64::from(s.split);
+            for w in 0..BLOCK / 32 {
+                for kx in s.k_of(kk, rank, w) {
+                    ks[(tile * kk + kx) as usize] += 1;
+                }
+            }
+        }
+        assert!(cols.iter().all(|&c| c == 1), "{}: columns", kern.name);
+        assert!(ks.iter().all(|&c| c == 1), "{}: reduction indices", kern.name);
+        for lane in 0..32 {
+            assert_eq!((0..s.split).filter(|&r| s.owner(lane) == r).count(), 1);
+        }
+    }
+    // The split: a short grid over a long K splits 8 ways; a full grid does not.
+    let split = |m, k, n| {
+        let kern = matmul(&[], (false, false), m, k, n, false, DType::F32, Epi::None);
+        Skinny::of(&Plan::of(&kern).expect("plan")).map(|s| (s.split, s.grid()))
+    };
+    assert_eq!(split(1, 784, 512), Some((8, 128)));
+    assert_eq!(split(1, 256, 10), Some((8, 8)));
+    assert_eq!(split(1, 4096, 8192), Some((1, 256)));
+    assert_eq!(split(1, 40, 64), Some((1, 2)));
+    assert_eq!(split(9, 784, 512), None);
+}
+
+/// The lane-per-column kernel run by the host simulator against the kernel
+/// interpreter, with the summation-order bound of `simulated_kernels_match_the_interpreter`:
+/// splits of 2 to 8 (distributed shared memory), batches, integer weights, implicit
+/// GEMM with few output channels, columns that leave a tile part empty.
+#[test]
+fn simulated_few_row_kernels_match_the_interpreter() {
+    let kernels = vec![
+        matmul(&[], (false, false), 1, 300, 50, false, DType::F32, Epi::BiasRelu),
+        matmul(&[], (false, false), 3, 1000, 70, false, DType::F32, Epi::BiasTanhResidual),
+        matmul(&[2], (true, true), 1, 600, 40, false, DType::F32, Epi::BiasRelu),
+        matmul(&[], (false, false), 8, 130, 33, true, DType::F32, Epi::None),
+        matmul(&[], (false, false), 2, 400, 33, false, DType::I8, Epi::BiasRelu),
+        matmul(&[3], (false, true), 4, 90, 9, true, DType::U8, Epi::None),
+        conv(1, 24, 1, (9, 11), (3, 3), 1, 1, 1, Epi::BiasRelu),
+        conv(2, 16, 6, (5, 7), (3, 3), 2, 1, 1, Epi::BiasTanhResidual),
+    ];
+    for (seed, k) in kernels.iter().enumerate() {
+        let m = cuda::compile(&[(k, classify(k))]).expect("compile");
+        assert!(m.notes[0].starts_with("contraction (few rows"), "{}: {}", k.name, m.notes[0]);
+        eprintln!("{}: {}", k.name, m.notes[0]);
+        let kk = Plan::of(k).expect("plan").dims[3] as f64;
+        let l = m.launches[0];
+        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+        let c = ptxsim::Check {
+            tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
+            ..ptxsim::Check::exact(seed as u64 + 100)
+        };
+        let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.compared, o.elements, "{}: every element", k.name);
+    }
+    assert!(MAX_ROWS >= 8);
 }

@@ -528,6 +528,12 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),
     };
+    // Few rows: a lane per column (any operand types, widened in the loads).
+    if plan.dims[1] <= super::skinny::MAX_ROWS {
+        if let Ok(e) = super::skinny::emit(k, &plan)? {
+            return Ok(Ok(e));
+        }
+    }
     // Half operands: the tensor cores, or why not (then f32 FMA, widening in the loads).
     let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     let mut declined = String::new();
@@ -622,6 +628,38 @@ pub(super) fn operand_row(
         a
     });
     (in_range, off, ptr)
+}
+
+/// One operand element of storage type `dtype` at `addr`, widened to a fresh f32
+/// register (exactly: f16/bf16 widen exactly, integers convert exactly); 0 where `ok`
+/// does not hold, and then nothing is read.
+pub(super) fn load_f32(p: &mut Ptx, dtype: DType, ok: Reg, addr: Opd) -> Reg {
+    let v = p.reg(RegClass::F32);
+    match dtype {
+        DType::F32 => {
+            p.op("mov.f32", &[v.into(), Imm::F32(0).into()]);
+            p.op_if(ok, false, "ld.global.f32", &[v.into(), addr]);
+        }
+        DType::F16 | DType::BF16 => {
+            let h = if dtype == DType::F16 { "f16" } else { "bf16" };
+            let raw = p.reg(RegClass::B16);
+            p.op("mov.b16", &[raw.into(), Imm::I(0).into()]);
+            p.op_if(ok, false, "ld.global.b16", &[raw.into(), addr]);
+            p.op(&format!("cvt.f32.{h}"), &[v.into(), raw.into()]);
+        }
+        d => {
+            let ty = match d {
+                DType::I8 => "s8",
+                DType::U8 => "u8",
+                _ => "s16",
+            };
+            let raw = p.reg(RegClass::B32);
+            p.op("mov.b32", &[raw.into(), Imm::I(0).into()]);
+            p.op_if(ok, false, &format!("ld.global.{ty}"), &[raw.into(), addr]);
+            p.op("cvt.rn.f32.s32", &[v.into(), raw.into()]);
+        }
+    }
+    v
 }
 
 pub(super) fn u32_op(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
@@ -777,32 +815,7 @@ impl<'a> Emitter<'a> {
                     (a, 0)
                 }
             };
-            let v = p.reg(RegClass::F32);
-            match l.map.dtype {
-                DType::F32 => {
-                    p.op("mov.f32", &[v.into(), Imm::F32(0).into()]);
-                    p.op_if(ok, false, "ld.global.f32", &[v.into(), Opd::Addr(addr, at)]);
-                }
-                DType::F16 | DType::BF16 => {
-                    let h = if l.map.dtype == DType::F16 { "f16" } else { "bf16" };
-                    let raw = p.reg(RegClass::B16);
-                    p.op("mov.b16", &[raw.into(), Imm::I(0).into()]);
-                    p.op_if(ok, false, "ld.global.b16", &[raw.into(), Opd::Addr(addr, at)]);
-                    p.op(&format!("cvt.f32.{h}"), &[v.into(), raw.into()]);
-                }
-                d => {
-                    let ty = match d {
-                        DType::I8 => "s8",
-                        DType::U8 => "u8",
-                        _ => "s16",
-                    };
-                    let raw = p.reg(RegClass::B32);
-                    p.op("mov.b32", &[raw.into(), Imm::I(0).into()]);
-                    p.op_if(ok, false, &format!("ld.global.{ty}"), &[raw.into(), Opd::Addr(addr, at)]);
-                    p.op("cvt.rn.f32.s32", &[v.into(), raw.into()]);
-                }
-            }
-            vals.push(v);
+            vals.push(load_f32(p, l.map.dtype, ok, Opd::Addr(addr, at)));
         }
         vals
     }

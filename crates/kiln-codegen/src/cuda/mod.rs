@@ -19,7 +19,9 @@
 //!   block tile of up to 128×128 staged through double-buffered shared memory, an
 //!   8×8 (or 4×8, 4×4) accumulator tile per thread, convolutions as implicit GEMM
 //!   through the operands' affine maps, the epilogue evaluated per element in
-//!   registers. The grid is exactly one block per output tile.
+//!   registers. The grid is exactly one block per output tile. Products of at most 8
+//!   rows take [`skinny`] instead: a lane per output column, the warps of a block (and
+//!   the blocks of a cluster) splitting the reduction.
 //! - Window ([`window`]): depthwise convolutions and pools over channel planes, a few
 //!   adjacent outputs of a row per thread, taps unrolled at compile-time offsets,
 //!   interior items without bounds checks, the epilogue fused. It declines the Window
@@ -49,6 +51,7 @@ pub mod mma;
 pub mod ptx;
 pub mod window;
 pub mod rows;
+pub mod skinny;
 
 use kiln_flow::class::KernelClass;
 use kiln_flow::Kernel;
