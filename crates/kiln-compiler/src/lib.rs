@@ -516,7 +516,12 @@ impl Compilation {
             }
             Stage::FormDispatches => {
                 let g = self.graph.take().ok_or_else(|| missing("tensor graph"))?;
-                let flow = kiln_lower::form_with(&g, !self.options.size);
+                let formation = match self.options.device {
+                    _ if self.options.size => kiln_lower::Formation::General,
+                    TargetDevice::Cpu => kiln_lower::Formation::Microkernels,
+                    TargetDevice::Cuda => kiln_lower::Formation::ImplicitGemm,
+                };
+                let flow = kiln_lower::form_with(&g, formation);
                 self.graph = Some(g);
                 self.flow = Some(flow?);
             }

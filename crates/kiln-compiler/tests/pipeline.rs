@@ -251,3 +251,25 @@ fn error_kinds_have_stable_names() {
         [ErrorKind::InvalidInput, ErrorKind::Unsupported, ErrorKind::Internal].iter().map(|k| k.name()).collect();
     assert_eq!(names, ["invalid-input", "unsupported", "internal"]);
 }
+
+/// Dispatch formation follows the target's kernel forms ([`kiln_lower::Formation`]):
+/// the CPU's microkernels read a narrow convolution's image gathered into columns (a
+/// dispatch of its own in front of the product); the CUDA target's implicit GEMM reads
+/// the window as it is, so its program has no such dispatch and one fewer per narrow
+/// convolution. The model is the repository's LeNet (5×5 convolutions, 24 and 8
+/// output columns).
+#[test]
+fn the_cuda_target_reads_convolution_windows_in_place() {
+    let lenet = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/lenet.onnx");
+    let formed = |device| {
+        let mut c = Compilation::new(Input::File(lenet.clone()), Options { device, ..options() });
+        c.run_to(Stage::FormDispatches).unwrap_or_else(|e| panic!("{e}"));
+        c.text().expect("flow text")
+    };
+    let (cpu, cuda) = (formed(kiln_compiler::TargetDevice::Cpu), formed(kiln_compiler::TargetDevice::Cuda));
+    let gathers = |t: &str| t.matches("columns for Conv").count();
+    assert_eq!(gathers(&cpu), 2, "{cpu}");
+    assert_eq!(gathers(&cuda), 0, "{cuda}");
+    let dispatches = |t: &str| t.matches(" = dispatch(").count();
+    assert_eq!(dispatches(&cpu), dispatches(&cuda) + 2, "CPU:\n{cpu}\nCUDA:\n{cuda}");
+}

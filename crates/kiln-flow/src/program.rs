@@ -194,12 +194,39 @@ impl FlowProgram {
     }
 }
 
-/// Lowers every node of `graph` with `lower` and fuses the result (see the module docs).
-/// The contraction layout transforms (`crate::dequant`, `crate::layout`) and fusion's
-/// keep-contractions-addressable rule apply only when `contractions`: they shape the
-/// program for targets with contraction microkernels (a target that compiles every
-/// kernel the general way gains nothing from them and pays a dispatch each).
-pub fn form(graph: &Graph, contractions: bool, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
+/// What dispatch formation shapes a program for: the kernel forms of its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Formation {
+    /// Every kernel compiled the general way (`--opt size`): no contraction layout
+    /// transforms, and fusion free to fold anything into a product (a target that
+    /// compiles every kernel the general way gains nothing from them and pays a
+    /// dispatch each).
+    General,
+    /// Contraction microkernels that read their operands in place, in panels along
+    /// unit-stride columns (the CPU): padding written once in front of a convolution,
+    /// constant right operands laid out `[K, N]`, dequantisation in the load, and the
+    /// image of a narrow convolution gathered into columns
+    /// ([`crate::layout::materialize_columns`]).
+    Microkernels,
+    /// Contraction kernels that read any affine operand map (the CUDA target's implicit
+    /// GEMM, whose tiles take a convolution's window positions as columns as they
+    /// are): the same, but no column gathering, which would cost such a target a
+    /// dispatch and a pass over the image for nothing.
+    ImplicitGemm,
+}
+
+impl Formation {
+    /// Whether the contraction layout transforms and fusion's
+    /// keep-contractions-addressable rule apply.
+    pub fn contractions(self) -> bool {
+        self != Formation::General
+    }
+}
+
+/// Lowers every node of `graph` with `lower` and fuses the result (see the module docs),
+/// shaping the program for `formation`'s kernel forms.
+pub fn form(graph: &Graph, formation: Formation, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
+    let contractions = formation.contractions();
     let mut p = lower_graph(graph, lower)?;
     // Rearranged constants (ConvTranspose's phase filters) become constants before
     // anything reads their layout.
@@ -216,6 +243,8 @@ pub fn form(graph: &Graph, contractions: bool, lower: &Lowering<'_>) -> Result<F
     if contractions {
         crate::dequant::dequantize_in_load(&mut p);
         crate::layout::relayout_constants(&mut p);
+    }
+    if formation == Formation::Microkernels {
         crate::layout::materialize_columns(&mut p);
     }
     p.remove_dead();

@@ -20,6 +20,7 @@
 
 use kiln_flow::kernel::{ExprId, KernelBuilder, ScalarType};
 use kiln_flow::program::{FlowError, FlowProgram};
+pub use kiln_flow::program::Formation;
 use kiln_ir::{DType, Graph};
 
 pub use kiln_flow::lower::{
@@ -36,14 +37,12 @@ mod reduce;
 /// Lowers every node of `graph` and fuses the result, shaping the program for targets
 /// with contraction microkernels ([`kiln_flow::program::form`] with [`lower_op`]).
 pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
-    form_with(graph, true)
+    form_with(graph, Formation::Microkernels)
 }
 
-/// [`form`], with the contraction layout transforms and fusion's
-/// keep-contractions-addressable rule only when `contractions` (a target that compiles
-/// every kernel the general way gains nothing from them and pays a dispatch each).
-pub fn form_with(graph: &Graph, contractions: bool) -> Result<FlowProgram, FlowError> {
-    kiln_flow::program::form(graph, contractions, &lower_op)
+/// [`form`], shaping the program for `formation`'s kernel forms (see [`Formation`]).
+pub fn form_with(graph: &Graph, formation: Formation) -> Result<FlowProgram, FlowError> {
+    kiln_flow::program::form(graph, formation, &lower_op)
 }
 
 /// Lowers every node of `graph`, one dispatch per kernel, without fusing.
