@@ -5,7 +5,8 @@
 
 Models: mlp, lenet, mobilenet_v2, bert_tiny, matmul1024, eltwise (see the builders
 below). On request only (`--only`; scripts/gpu-test builds them on the GPU machine, and
-the CPU test suite leaves them out): gemm4096, one 4096x4096x4096 MatMul of two inputs.
+the CPU test suite leaves them out): gemm4096, one 4096x4096x4096 MatMul of two inputs, and
+gemm4096_bf16, the same product with both operands cast to bf16 in the graph.
 `--batch N` writes mobilenet_v2 and bert_tiny with a batch dimension of N instead of 1,
 as NAME_bN.onnx (the same weights; batch 1 is the file above, byte for byte).
 
@@ -274,6 +275,21 @@ def gemm4096() -> onnx.ModelProto:
                    "one 4096x4096x4096 MatMul of two inputs")
 
 
+def gemm4096_bf16() -> onnx.ModelProto:
+    # The bf16 GEMM of the GPU's target (>= 400 TFLOP/s): f32 at the API, both operands
+    # cast to bf16 in the graph, one bf16 MatMul (f32 accumulation on the tensor cores),
+    # its result cast back. The product is the one dispatch the rate is measured on.
+    n = 4096
+    b = Builder(seed=8)
+    b.names.update(["a", "b"])
+    a16 = b.node("Cast", ["a"], "a_bf16", to=TensorProto.BFLOAT16)
+    b16 = b.node("Cast", ["b"], "b_bf16", to=TensorProto.BFLOAT16)
+    y = b.node("MatMul", [a16, b16], "product")
+    b.node("Cast", [y], "output", to=TensorProto.FLOAT)
+    return b.model("gemm4096_bf16", [f32("a", [n, n]), f32("b", [n, n])], [f32("output", [n, n])],
+                   "one 4096x4096x4096 MatMul of two inputs cast to bf16")
+
+
 def eltwise() -> onnx.ModelProto:
     n = 4194304
     b = Builder(seed=6)
@@ -301,6 +317,7 @@ MODELS = {
 # Built only when named with --only (not part of the CPU test suite's model set).
 ON_REQUEST = {
     "gemm4096": gemm4096,
+    "gemm4096_bf16": gemm4096_bf16,
 }
 # The builders that take a batch size (--batch).
 BATCHED = {"mobilenet_v2", "bert_tiny"}
