@@ -110,7 +110,8 @@ use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::contraction::{
-    self, affine_regs, choose_split, choose_tile, linear, operand_row, pred, split_regs, u32_op, Map, Order, Plan, Var,
+    self, affine_regs, choose_split, choose_tile, linear, operand_row, pred, split_regs, u32_op, Map, Order, Plan, Tile,
+    Var, SMS,
 };
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch, BLOCK};
@@ -122,8 +123,25 @@ pub const BK: u32 = 32;
 /// Shared-memory stages.
 pub const STAGES: u32 = 3;
 
-/// Warps along the tile's rows and columns.
+/// Warps along the tile's rows and columns (of the tiles up to 128×128).
 pub const WARPS: (u32, u32) = (2, 4);
+
+/// The large tile: 256 × 128, for products whose grid fills the multiprocessors with it.
+pub const BIG: Tile = Tile { tm: 16, tn: 8 };
+
+/// Most static shared memory a block may declare (above it, dynamic shared memory).
+pub const STATIC_SHARED: u32 = 48 * 1024;
+
+/// Warps along the rows and columns of `tile`: [`WARPS`], or 4 × 2 for [`BIG`], whose
+/// warps then compute 64 × 64 each (32 `mma` per 4 + 4 `ldmatrix.x4`, against 16 per
+/// 4 + 2 at 64 × 32: a third less shared-memory traffic per product).
+pub fn warps(tile: Tile) -> (u32, u32) {
+    if tile == BIG {
+        (4, 2)
+    } else {
+        WARPS
+    }
+}
 
 /// How an operand tile is stored in a stage (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -278,12 +296,23 @@ pub fn shared_bytes(bm: u32, bn: u32) -> u32 {
     STAGES * (bm + bn) * BK * 2
 }
 
-/// `plan` as this path runs it: the tile of [`choose_tile`], the split of
-/// [`choose_split`] (64×64 tiles only), each block's part of `K` a multiple of [`BK`].
+/// `plan` as this path runs it: [`BIG`] where its grid has at least a block per
+/// multiprocessor and both operands are copied with `cp.async` (register-staged
+/// copies of a 256-row tile would not fit beside its 128 accumulators), else the tile
+/// of [`choose_tile`]; the split of [`choose_split`] (64×64 tiles only), each block's
+/// part of `K` a multiple of [`BK`].
 pub fn plan(plan: &Plan) -> Plan {
+    let [nb, m, n, _] = plan.dims;
+    let cp = feed(plan, &plan.a, &plan.rows).cp && feed(plan, &plan.b, &plan.cols).cp;
+    let tile = if cp && BIG.blocks(nb, m, n) >= SMS { BIG } else { choose_tile(nb, m, n) };
+    plan_tiled(plan, tile)
+}
+
+/// `plan` with block tile `tile` (the split as [`plan`] gives it).
+pub fn plan_tiled(plan: &Plan, tile: Tile) -> Plan {
     let mut plan = plan.clone();
     let [nb, m, n, kk] = plan.dims;
-    plan.tile = choose_tile(nb, m, n);
+    plan.tile = tile;
     plan.split = choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk);
     plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(u64::from(BK)) * u64::from(BK);
     plan
@@ -291,17 +320,30 @@ pub fn plan(plan: &Plan) -> Plan {
 
 /// The entry of `k` on the tensor cores, or why not.
 pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
+    emit_planned(k, &self::plan(plan))
+}
+
+/// The entry of `k` on the tensor cores with block tile `tile` (64×64, 64×128, 128×64,
+/// 128×128 or [`BIG`]), or why not.
+pub fn emit_tiled(k: &Kernel, plan: &Plan, tile: Tile) -> Result<Result<Entry, String>, CodegenError> {
+    emit_planned(k, &plan_tiled(plan, tile))
+}
+
+fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
     let dt = plan.a.dtype;
     if !matches!(dt, DType::F16 | DType::BF16) || plan.b.dtype != dt {
         return Ok(Err(format!("{} × {} operands", plan.a.dtype.name(), plan.b.dtype.name())));
     }
-    let plan = self::plan(plan);
+    let plan = plan.clone();
     let [nb, m, n, kk] = plan.dims;
     if plan.grid() > contraction::LIMIT {
         return Ok(Err(format!("{} blocks", plan.grid())));
     }
     let fa = feed(&plan, &plan.a, &plan.rows);
     let fb = feed(&plan, &plan.b, &plan.cols);
+    if plan.tile == BIG && !(fa.cp && fb.cp) {
+        return Ok(Err("the 256x128 tile takes operands copied by cp.async only".into()));
+    }
     let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
     Emitter { k, plan: &plan, fa, fb }.body(&mut p)?;
     let text = p.finish().map_err(|e| internal(k, e))?;
@@ -318,8 +360,21 @@ pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenErr
         how(fb),
         plan.grid()
     );
-    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: 0, params: (k.inputs.len() + 1) as u32 };
+    let shared = block_shared(&plan);
+    let dynamic = if shared > STATIC_SHARED { shared } else { 0 };
+    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: dynamic, params: (k.inputs.len() + 1) as u32 };
     Ok(Ok(Entry { text, launch, note }))
+}
+
+/// Shared memory of a block under `plan`: the stages (a split's partial tile, `BM·BN`
+/// f32, reuses them).
+pub fn block_shared(plan: &Plan) -> u32 {
+    let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
+    if plan.split > 1 {
+        shared_bytes(bm, bn).max(bm * bn * 4)
+    } else {
+        shared_bytes(bm, bn)
+    }
 }
 
 /// `smem_offset` in PTX (`r`, `k` u32 registers).
@@ -527,7 +582,8 @@ impl Emitter<'_> {
         let (k, plan) = (self.k, self.plan);
         let t = plan.tile;
         let (bm, bn) = (t.bm(), t.bn());
-        let (wm_rows, wn_cols) = (bm / WARPS.0, bn / WARPS.1);
+        let (wr, wc) = warps(t);
+        let (wm_rows, wn_cols) = (bm / wr, bn / wc);
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
         let [_, m, n, kk] = plan.dims;
         let mut bases = Vec::new();
@@ -545,8 +601,8 @@ impl Emitter<'_> {
         p.op("mov.u32", &[bid.into(), Opd::Special("%ctaid.x")]);
         let lane = u32_op(p, "and.b32", tid, Imm::U(31).into());
         let warp = u32_op(p, "shr.u32", tid, Imm::U(5).into());
-        let wm = u32_op(p, "shr.u32", warp, Imm::U(2).into());
-        let wn = u32_op(p, "and.b32", warp, Imm::U(3).into());
+        let wm = u32_op(p, "shr.u32", warp, Imm::U(wc.trailing_zeros().into()).into());
+        let wn = u32_op(p, "and.b32", warp, Imm::U((wc - 1).into()).into());
         let g = u32_op(p, "shr.u32", lane, Imm::U(2).into());
         let t4 = u32_op(p, "and.b32", lane, Imm::U(3).into());
         // A split: block bid computes tile bid / split over k in [k_start, k_end), its
@@ -585,9 +641,9 @@ impl Emitter<'_> {
 
         // Shared memory: [A stage 0..3 | B stage 0..3].
         let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
-        // (A split's partial tile reuses it: BM·BN f32.)
-        let bytes = if plan.split > 1 { shared_bytes(bm, bn).max(bm * bn * 4) } else { shared_bytes(bm, bn) };
-        let smem = p.shared("stages", bytes, 128);
+        // (A split's partial tile reuses it: BM·BN f32.) Over 48 KiB: dynamic.
+        let bytes = block_shared(plan);
+        let smem = if bytes > STATIC_SHARED { p.dynamic_shared("stages", 128) } else { p.shared("stages", bytes, 128) };
         let a_first = p.reg(RegClass::B32);
         p.op("mov.u32", &[a_first.into(), Opd::Sym(smem)]);
         let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(STAGES * a_stage)).into());
