@@ -462,7 +462,31 @@ fn try_lowered(name: &str, kind: OpKind, a: &Attrs, ins: &[TensorType]) -> Optio
 /// [`assemble_windows`]), with every form and both kinds of code among them.
 #[test]
 fn random_geometries_match_the_interpreter() {
-    let mut s = 0x5EED_u64;
+    let ks = random_windows(0x5EED, 150);
+    let (m, _) = assemble_windows("random", &ks);
+    for what in ["depthwise", "max pool", "sum pool", "border", "interior"] {
+        let n = m.notes.iter().filter(|n| n.contains(what)).count();
+        assert!(n >= 20, "{n} random kernels are `{what}`: {:?}", m.notes);
+    }
+}
+
+/// Random geometries as [`random_geometries_match_the_interpreter`]'s (other seeds),
+/// stored as f16 and as bf16: taken by the window emitter, assembled without spills,
+/// exact against the interpreter (its f32 root rounded once).
+#[test]
+fn random_geometries_in_half_storage_match_the_interpreter() {
+    for (seed, dt, tag) in [(0xF16_u64, DType::F16, "f16"), (0xBF16, DType::BF16, "bf16")] {
+        let ks: Vec<Kernel> = random_windows(seed, 60).into_iter().map(|k| stored(k, dt, dt, tag)).collect();
+        let (m, _) = assemble_windows(tag, &ks);
+        for what in ["depthwise", "max pool", "sum pool"] {
+            assert!(m.notes.iter().any(|n| n.contains(what)), "{tag}: no random `{what}`: {:?}", m.notes);
+        }
+    }
+}
+
+/// `count` random Window kernels (seeded) of the forms above.
+fn random_windows(seed: u64, count: usize) -> Vec<Kernel> {
+    let mut s = seed;
     let mut next = |n: u64| {
         s ^= s << 13;
         s ^= s >> 7;
@@ -471,7 +495,7 @@ fn random_geometries_match_the_interpreter() {
     };
     let mut ks = Vec::new();
     let mut tries = 0;
-    while ks.len() < 150 && tries < 5000 {
+    while ks.len() < count && tries < 5000 {
         tries += 1;
         let two_d = next(4) != 0;
         let axes = if two_d { 2 } else { 1 };
@@ -511,12 +535,8 @@ fn random_geometries_match_the_interpreter() {
         };
         ks.extend(k);
     }
-    assert_eq!(ks.len(), 150, "only {} of {tries} random geometries lowered to Window kernels", ks.len());
-    let (m, _) = assemble_windows("random", &ks);
-    for what in ["depthwise", "max pool", "sum pool", "border", "interior"] {
-        let n = m.notes.iter().filter(|n| n.contains(what)).count();
-        assert!(n >= 20, "{n} random kernels are `{what}`: {:?}", m.notes);
-    }
+    assert_eq!(ks.len(), count, "only {} of {tries} random geometries lowered to Window kernels", ks.len());
+    ks
 }
 
 /// `k` with its f32 image (input 0), filter (input 1, where `filter`) and other f32
