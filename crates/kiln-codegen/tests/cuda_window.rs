@@ -477,7 +477,8 @@ fn random_geometries_match_the_interpreter() {
 fn random_geometries_in_half_storage_match_the_interpreter() {
     for (seed, dt, tag) in [(0xF16_u64, DType::F16, "f16"), (0xBF16, DType::BF16, "bf16")] {
         let ks: Vec<Kernel> = random_windows(seed, 60).into_iter().map(|k| stored(k, dt, dt, tag)).collect();
-        let (m, _) = assemble_windows(tag, &ks);
+        // Tags name ptxas's scratch folders: unique among the tests that run at once.
+        let (m, _) = assemble_windows(&format!("random_{tag}"), &ks);
         for what in ["depthwise", "max pool", "sum pool"] {
             assert!(m.notes.iter().any(|n| n.contains(what)), "{tag}: no random `{what}`: {:?}", m.notes);
         }
