@@ -557,7 +557,8 @@ fn stored(mut k: Kernel, inputs: DType, output: DType, tag: &str) -> Kernel {
 /// Window kernels over odd and even shapes, each in f16 and bf16 storage: depthwise
 /// 3×3 and 5×5 at strides 1 and 2 with padding (lowered from `Conv`, and with fused
 /// epilogues: bias + Relu6, HardSwish, scale + clip), max and average pools with
-/// padding (`count_include_pad` both ways, ceil mode), a global pool, 1-D windows.
+/// padding (`count_include_pad` both ways, ceil mode), a global pool, 1-D windows,
+/// windows large enough for the row loop, a `[K, 1]` window.
 /// Widths: odd (7, 33: halves loaded one at a time) and even (14, 40, 112: two halves
 /// a word where `pw + s` is even; vector stores where 4 | OW).
 fn half_windows(dt: DType, tag: &str) -> Vec<Kernel> {
@@ -597,6 +598,15 @@ fn half_windows(dt: DType, tag: &str) -> Vec<Kernel> {
         &Win { kernel: &[4], strides: &[2], dil: &[1], pads: &[1, 1], ceil: false },
     ));
     ks.push(lowered(&name("gap"), OpKind::GlobalAveragePool, &Attrs::new(), &[tt(&[2, 3, 5, 8])]));
+    // The row loop (13×13, 1×169: pairs advance with the row address), and a [K, 1]
+    // window over a one-column plane.
+    let w = Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false };
+    ks.push(max_pool(&name("mp"), &[1, 2, 20, 20], &w));
+    ks.push(average_pool(&name("ap"), &[1, 2, 17, 34], &w, false));
+    let w = Win { kernel: &[169], strides: &[1], dil: &[1], pads: &[84, 84], ceil: false };
+    ks.push(conv(&name("dw"), &[1, 2, 400], &w));
+    let w = Win { kernel: &[9, 1], strides: &[1, 1], dil: &[1, 1], pads: &[4, 0, 4, 0], ceil: false };
+    ks.push(conv(&name("dw"), &[1, 3, 40, 1], &w));
     for (i, epilogue) in ["bias_relu6", "bias_hardswish", "scale_clip"].into_iter().enumerate() {
         ks.push(fused(&format!("f{i}a"), [2, 4, 14, 14], [3, 3], [1, 1], [1, 1], epilogue));
         ks.push(fused(&format!("f{i}b"), [1, 3, 15, 33], [3, 3], [2, 2], [1, 1], epilogue));
@@ -615,6 +625,7 @@ fn half_storage_matches_the_interpreter_exactly() {
     for (dt, tag) in [(DType::F16, "f16"), (DType::BF16, "bf16")] {
         let ks = half_windows(dt, tag);
         let (m, _) = assemble_windows(tag, &ks);
+        assert!(m.notes.iter().filter(|n| n.contains("row loop")).count() >= 3, "{tag}: {:?}", m.notes);
         let ptx = m.ptx();
         for op in ["ld.global.f32", "st.global.f32", "st.global.v4.f32"] {
             assert!(!ptx.contains(op), "{tag}: `{op}` in a kernel of {tag} storage");
