@@ -43,6 +43,30 @@
 //!   index-only value of the output position that is constant over the interior (an
 //!   average pool's count of taps inside the plane) is worked out by the kernel
 //!   interpreter at compile time and used as a constant in the interior code.
+//! - **Stores**: where all `R` outputs of an item exist and `R | OW` (so the item's
+//!   first output is a multiple of `R` elements into the output, and the binding is
+//!   64-byte aligned), `R ∈ {2, 4}` outputs go out in one vector store
+//!   (`st.global.v4.f32`, `st.global.v4.b16`); otherwise one store per output.
+//!
+//! **Half storage** (`--precision f16|bf16`: [`kiln_flow::precision`]). The image, the
+//! filter and the output are each stored as f32, f16 or bf16, in any mix (the
+//! narrowing pass keeps graph inputs and outputs f32). A half element is loaded as
+//! 16 bits (`ld.global.b16`) and widened exactly (`cvt.f32.f16` / `cvt.f32.bf16`);
+//! every tap and the epilogue then compute in f32 exactly as above, and a half output
+//! is rounded once, to nearest even (`cvt.rn.f16.f32` / `cvt.rn.bf16.f32`): the
+//! interpreter's *Types* (loads widen exactly, the store rounds the f32 root). The
+//! conversions are [`super::expr::storage`]'s, as in every other emitter; a padded
+//! tap's half register holds the padding value's half bits (0 or −∞, exact in both
+//! types). **Two halves a word**: where the image's rows have an even width `W` and
+//! `sw·R` is even, every item's first input column `sw·R·g + pw` has the parity of
+//! `pw` and every row starts at an even element, so span column `s` lies at an even
+//! element (4-byte aligned) exactly when `pw + s` is even; there, if column `s + 1` is
+//! used too, both come from one `ld.global.b32`, split by `mov.b32 {lo, hi}` (the
+//! lower address in the low half) and widened. In the border code such a pair needs
+//! one predicate: for an even `i = iw0 + s` and an even `W`, `0 ≤ i < W` holds exactly
+//! when `0 ≤ i + 1 < W` does, so both columns are inside the plane or neither is (the
+//! padding value then fills both halves). Filter values are loaded one at a time (a
+//! channel's filter row starts at `c·KH·KW`, of either parity).
 //!
 //! **Numerics.** Every output's taps are combined in the interpreter's order (window
 //! rows outer, columns inner: the order of the reduction's variables, checked) and
@@ -53,12 +77,14 @@
 //! the interpreter's `max(acc, isnan(x) ? −∞ : x)` — and is exact (up to the sign of a
 //! maximum that is a zero of both signs). Epilogues carry [`super::expr`]'s accuracy
 //! (exact for arithmetic and clamps; the stated bounds of its f32 transcendentals, e.g.
-//! SiLU's `exp`).
+//! SiLU's `exp`). With half storage the same holds of the widened values, and a half
+//! output is the interpreter's f32 root rounded once: bit-exact too.
 //!
 //! **Declined** (to the general mapping, with the reason): kernels of the Window class
-//! that are not a [`Depthwise`] (interpolating resamples), taps folded column-major,
-//! filters read at a decreasing offset, and windows whose offsets do not fit a 32-bit
-//! address displacement.
+//! that are not a [`Depthwise`] (interpolating resamples), an image, filter or output
+//! stored other than as f32, f16 or bf16 (which [`Depthwise::of`] does not admit
+//! either), taps folded column-major, filters read at a decreasing offset, and windows
+//! whose offsets do not fit a 32-bit address displacement.
 
 use std::collections::HashMap;
 
@@ -67,7 +93,7 @@ use kiln_flow::window::{Depthwise, WindowOp, MAX_POSITIONS};
 use kiln_flow::{Expr, ExprId, Kernel};
 use kiln_ir::DType;
 
-use super::expr::Eval;
+use super::expr::{storage, Eval};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{decompose, internal, launch, Entry, Skeleton};
 use crate::CodegenError;
@@ -227,20 +253,23 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let Some(d) = Depthwise::of(k) else {
         return Ok(Err("not a depthwise window or pool (an interpolating resample)".into()));
     };
-    // The image, the filter and the output are read and written as f32 words; half
-    // storage (`--precision f16|bf16`) goes to the general mapping, which converts.
+    // The image, the filter and the output: f32 words or f16/bf16 halves (widened in
+    // the load, rounded once in the store).
     let filter_input = match &d.op {
         WindowOp::Conv { w, .. } => Some(*w as usize),
         _ => None,
     };
-    let f32_words = [Some(d.x as usize), filter_input]
-        .into_iter()
-        .flatten()
-        .all(|i| k.inputs.get(i).is_some_and(|t| t.dtype == DType::F32))
-        && k.output.dtype == DType::F32;
-    if !f32_words {
-        return Ok(Err("image, filter or output not stored as f32".into()));
-    }
+    let elem = |t: Option<&kiln_ir::TensorType>| t.and_then(|t| Elem::of(t.dtype));
+    let (Some(x_elem), Some(out_elem)) = (elem(k.inputs.get(d.x as usize)), Elem::of(k.output.dtype)) else {
+        return Ok(Err("image or output not stored as f32, f16 or bf16".into()));
+    };
+    let w_elem = match filter_input {
+        Some(i) => match elem(k.inputs.get(i)) {
+            Some(e) => Some(e),
+            None => return Ok(Err("filter not stored as f32, f16 or bf16".into())),
+        },
+        None => None,
+    };
     let g = Geometry::of(&d);
     // The reduction's variables, outermost first: taps must fold row-major.
     let Expr::Reduce { vars: rvars, .. } = &k.node(d.reduce).expr else {
@@ -273,17 +302,134 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         _ => None,
     };
     // Byte displacements from an item's first address must fit 32 bits.
-    let row_bytes = g.dilation[0] * g.input[1] as i64 * 4;
-    let span_bytes = g.span() as i64 * 4;
+    let (xb, wb) = (x_elem.bytes, w_elem.map_or(4, |e| e.bytes));
+    let row_bytes = g.dilation[0] * g.input[1] as i64 * xb;
+    let span_bytes = g.span() as i64 * xb;
     let full_reach = row_bytes * (g.window[0] as i64 - 1) + span_bytes;
     let filter_reach =
-        filter.as_ref().map_or(0, |f| (f.row * (g.window[0] as i64 - 1) + f.col * (g.window[1] as i64 - 1) + 1) * 4);
+        filter.as_ref().map_or(0, |f| (f.row * (g.window[0] as i64 - 1) + f.col * (g.window[1] as i64 - 1) + 1) * wb);
     let g = Geometry { unrolled: g.unrolled && full_reach < i32::MAX as i64, ..g };
     if span_bytes >= i32::MAX as i64 || filter_reach >= i32::MAX as i64 {
         return Ok(Err("window offsets past a 32-bit displacement".into()));
     }
-    let e = Emitter { k, d: &d, g, vars, filter };
+    // Two halves of a row in one 32-bit word: where every row starts at an even element
+    // (W even) and every item's first column has the parity of the offset (`sw·R`
+    // even), span column `s` is at an even element exactly when `pw + s` is (module
+    // docs, *Half storage*).
+    let pairs = x_elem.half.is_some() && g.input[1].is_multiple_of(2) && (g.stride[1] * g.per_thread as i64) % 2 == 0;
+    let e = Emitter { k, d: &d, g, vars, filter, x: x_elem, w: w_elem.unwrap_or(x_elem), out: out_elem, pairs };
     e.emit().map(Ok)
+}
+
+/// How the image, the filter or the output is stored: f32 words, or 16-bit halves
+/// whose loads widen to f32 exactly and whose stores round the f32 value once, to
+/// nearest even (the kernel interpreter's *Types*).
+#[derive(Debug, Clone, Copy)]
+struct Elem {
+    /// Bytes of one element.
+    bytes: i64,
+    /// The half type's PTX name (`f16`, `bf16`), or `None` for f32.
+    half: Option<&'static str>,
+}
+
+impl Elem {
+    /// The storage of dtype `d`, where it is f32, f16 or bf16 ([`storage`] gives the
+    /// conversions, as for every other emitter).
+    fn of(d: DType) -> Option<Elem> {
+        let (_, half) = storage(d)?;
+        matches!(d, DType::F32 | DType::F16 | DType::BF16).then_some(Elem { bytes: d.storage_bytes(1) as i64, half })
+    }
+
+    /// A value `v` of this storage, as its bits: f32's, or the half type's (for the
+    /// padding values 0 and −∞, which every half type holds exactly).
+    fn bits(self, v: f32) -> u64 {
+        match self.half {
+            None => u64::from(v.to_bits()),
+            Some(_) if v == 0.0 => 0,
+            Some("bf16") => u64::from(v.to_bits() >> 16),
+            // f16 −∞ (the only other padding value).
+            Some(_) => 0xFC00,
+        }
+    }
+
+    /// Loads one element at `at` into a fresh f32 register, widened where half; in the
+    /// border code (`ok`) only where `ok` holds, the value `pad` otherwise.
+    fn load(self, p: &mut Ptx, at: Opd, ok: Option<Reg>, pad: f32) -> Reg {
+        let x = p.reg(RegClass::F32);
+        let Some(h) = self.half else {
+            match ok {
+                Some(ok) => {
+                    p.op("mov.f32", &[x.into(), Imm::F32(pad.to_bits()).into()]);
+                    p.op_if(ok, false, "ld.global.f32", &[x.into(), at]);
+                }
+                None => p.op("ld.global.f32", &[x.into(), at]),
+            }
+            return x;
+        };
+        let raw = p.reg(RegClass::B16);
+        match ok {
+            Some(ok) => {
+                p.op("mov.b16", &[raw.into(), Imm::U(self.bits(pad)).into()]);
+                p.op_if(ok, false, "ld.global.b16", &[raw.into(), at]);
+            }
+            None => p.op("ld.global.b16", &[raw.into(), at]),
+        }
+        p.op(&format!("cvt.f32.{h}"), &[x.into(), raw.into()]);
+        x
+    }
+
+    /// Loads the two halves at `at` (4-byte aligned) in one 32-bit word into two fresh
+    /// f32 registers (the lower address first), each widened; in the border code only
+    /// where `ok` holds, `pad` for both otherwise.
+    fn load_pair(self, p: &mut Ptx, at: Opd, ok: Option<Reg>, pad: f32) -> [Reg; 2] {
+        // Pairs are formed for half images only (`Emitter::pairs`).
+        let h = self.half.unwrap_or("f16");
+        let word = p.reg(RegClass::B32);
+        match ok {
+            Some(ok) => {
+                let b = self.bits(pad);
+                p.op("mov.b32", &[word.into(), Imm::U(b << 16 | b).into()]);
+                p.op_if(ok, false, "ld.global.b32", &[word.into(), at]);
+            }
+            None => p.op("ld.global.b32", &[word.into(), at]),
+        }
+        let (lo, hi) = (p.reg(RegClass::B16), p.reg(RegClass::B16));
+        p.op("mov.b32", &[Opd::Vec(vec![lo, hi]), word.into()]);
+        [lo, hi].map(|r| {
+            let x = p.reg(RegClass::F32);
+            p.op(&format!("cvt.f32.{h}"), &[x.into(), r.into()]);
+            x
+        })
+    }
+
+    /// Stores the f32 values `vs` at consecutive elements from element `first` after
+    /// `base`: one vector store
+    /// where `vector` (the caller checked the alignment: `vs.len()` elements), else one
+    /// store each; half storage rounds each value to nearest even first.
+    fn store(self, p: &mut Ptx, base: Reg, first: u64, vs: &[Reg], vector: bool) {
+        let (ty, vals): (&str, Vec<Reg>) = match self.half {
+            None => ("f32", vs.to_vec()),
+            Some(h) => (
+                "b16",
+                vs.iter()
+                    .map(|&v| {
+                        let r = p.reg(RegClass::B16);
+                        p.op(&format!("cvt.rn.{h}.f32"), &[r.into(), v.into()]);
+                        r
+                    })
+                    .collect(),
+            ),
+        };
+        if vector && vals.len() > 1 {
+            let at = Opd::Addr(base, self.bytes * first as i64);
+            p.op(&format!("st.global.v{}.{ty}", vals.len()), &[at, Opd::Vec(vals)]);
+        } else {
+            for (j, v) in vals.into_iter().enumerate() {
+                let at = Opd::Addr(base, self.bytes * (first + j as u64) as i64);
+                p.op(&format!("st.global.{ty}"), &[at, v.into()]);
+            }
+        }
+    }
 }
 
 /// A depthwise convolution's filter: input, and flat element offsets `base + channel·c
@@ -302,6 +448,12 @@ struct Emitter<'a> {
     g: Geometry,
     vars: Vars,
     filter: Option<Filter>,
+    /// Storage of the image, the filter (the image's where there is none) and the output.
+    x: Elem,
+    w: Elem,
+    out: Elem,
+    /// Whether the image's halves are loaded two to a 32-bit word where aligned.
+    pairs: bool,
 }
 
 /// Registers of one item, shared by its interior and border code.
@@ -414,18 +566,18 @@ impl Emitter<'_> {
         let ow0 = p.reg(RegClass::B64);
         p.op("mul.lo.s64", &[ow0.into(), grp.into(), Imm::I(g.per_thread as i64).into()]);
         let iw0 = mad(p, ow0, Imm::I(g.stride[1]), Imm::I(g.offset[1]).into());
-        // x0 = x + ((plane·H + ih0)·W + iw0)·4
+        // x0 = x + ((plane·H + ih0)·W + iw0)·size
         let r = mad(p, plane, Imm::I(g.input[0] as i64), ih0.into());
         let f = mad(p, r, Imm::I(g.input[1] as i64), iw0.into());
-        let x0 = mad(p, f, Imm::I(4), bases[self.d.x as usize].into());
-        // out0 = out + ((plane·OH + oh)·OW + ow0)·4
+        let x0 = mad(p, f, Imm::I(self.x.bytes), bases[self.d.x as usize].into());
+        // out0 = out + ((plane·OH + oh)·OW + ow0)·size
         let r = mad(p, plane, Imm::I(g.out[0] as i64), oh.into());
         let f = mad(p, r, Imm::I(g.out[1] as i64), ow0.into());
-        let out0 = mad(p, f, Imm::I(4), bases[nin].into());
+        let out0 = mad(p, f, Imm::I(self.out.bytes), bases[nin].into());
         let w0 = match &self.filter {
             Some(fl) => {
                 let e = mad(p, c, Imm::I(fl.channel), Imm::I(fl.base).into());
-                Some(mad(p, e, Imm::I(4), bases[fl.input].into()))
+                Some(mad(p, e, Imm::I(self.w.bytes), bases[fl.input].into()))
             }
             None => None,
         };
@@ -443,7 +595,7 @@ impl Emitter<'_> {
         };
         let accs: Vec<Reg> =
             (0..g.per_thread).map(|_| ev.p.mov(RegClass::F32, "f32", Imm::F32(init.to_bits()).into())).collect();
-        let row_bytes = self.g.dilation[0] * g.input[1] as i64 * 4;
+        let row_bytes = self.g.dilation[0] * g.input[1] as i64 * self.x.bytes;
         if g.unrolled {
             let mut weights = HashMap::new();
             for kh in 0..g.window[0] {
@@ -470,7 +622,7 @@ impl Emitter<'_> {
             self.row(ev.p, &taps, ok.map(|r| (r, it.iw0)), pad, &accs, &mut HashMap::new());
             ev.p.op("add.s64", &[xr.into(), xr.into(), Imm::I(row_bytes).into()]);
             if let (Some(wr), Some(f)) = (wr, &self.filter) {
-                ev.p.op("add.s64", &[wr.into(), wr.into(), Imm::I(f.row * 4).into()]);
+                ev.p.op("add.s64", &[wr.into(), wr.into(), Imm::I(f.row * self.w.bytes).into()]);
             }
             ev.p.op("add.s64", &[ih.into(), ih.into(), Imm::I(g.dilation[0]).into()]);
             ev.p.op("add.s64", &[kh.into(), kh.into(), Imm::I(1).into()]);
@@ -485,10 +637,15 @@ impl Emitter<'_> {
                 ev.given.insert(e, r);
             }
         }
+        // All R outputs exist (interior code, or R | OW) and their first is a multiple
+        // of R elements into the output (R | OW): one vector store of R ∈ {2, 4}.
+        let all = !border || g.out[1].is_multiple_of(g.per_thread);
+        let vector = all && matches!(g.per_thread, 2 | 4) && g.out[1].is_multiple_of(g.per_thread);
+        let mut vals = Vec::new();
         for (j, &acc) in accs.iter().enumerate() {
             let ow = ev.p.reg(RegClass::B64);
             ev.p.op("add.s64", &[ow.into(), it.ow0.into(), Imm::I(j as i64).into()]);
-            let skip = (border && !g.out[1].is_multiple_of(g.per_thread) && j > 0).then(|| {
+            let skip = (!all && j > 0).then(|| {
                 let l = ev.p.label();
                 let past = ev.p.reg(RegClass::Pred);
                 ev.p.op("setp.ge.u64", &[past.into(), ow.into(), Imm::I(g.out[1] as i64).into()]);
@@ -501,10 +658,17 @@ impl Emitter<'_> {
             let v = ev.value(self.k.root)?;
             ev.given.remove(&self.d.reduce);
             ev.pop_scope();
-            ev.p.op("st.global.f32", &[Opd::Addr(it.out0, 4 * j as i64), v.into()]);
+            if vector {
+                vals.push(v);
+            } else {
+                self.out.store(ev.p, it.out0, j as u64, &[v], false);
+            }
             if let Some(l) = skip {
                 ev.p.place(l);
             }
+        }
+        if vector {
+            self.out.store(ev.p, it.out0, 0, &vals, true);
         }
         if !border {
             ev.given.clear();
@@ -528,13 +692,14 @@ impl Emitter<'_> {
         accs: &[Reg],
         weights: &mut HashMap<(u64, u64), Reg>,
     ) {
-        for s in 0..self.g.span() {
-            let users = self.g.users(s);
-            if users.is_empty() {
+        let span = self.g.span();
+        let mut s = 0;
+        while s < span {
+            if self.g.users(s).is_empty() {
+                s += 1;
                 continue;
             }
-            let x = p.reg(RegClass::F32);
-            let at = Opd::Addr(t.x, t.x_off + 4 * s as i64);
+            let at = Opd::Addr(t.x, t.x_off + self.x.bytes * s as i64);
             let ok = border.map(|(row_ok, iw0)| {
                 let iw = p.reg(RegClass::B64);
                 p.op("add.s64", &[iw.into(), iw0.into(), Imm::I(s as i64).into()]);
@@ -543,29 +708,35 @@ impl Emitter<'_> {
                 p.op("and.pred", &[b.into(), row_ok.into(), col_ok.into()]);
                 b
             });
-            match ok {
-                Some(ok) => {
-                    p.op("mov.f32", &[x.into(), Imm::F32(pad.to_bits()).into()]);
-                    p.op_if(ok, false, "ld.global.f32", &[x.into(), at]);
-                }
-                None => p.op("ld.global.f32", &[x.into(), at]),
-            }
-            for (j, kw) in users {
-                let acc = accs[j as usize];
-                match (&self.d.op, &self.filter, t.w) {
-                    (WindowOp::Conv { .. }, Some(f), Some(w)) => {
-                        let wv = *weights.entry((t.w_kh, kw)).or_insert_with(|| {
-                            let r = p.reg(RegClass::F32);
-                            let off = 4 * (f.row * t.w_kh as i64 + f.col * kw as i64);
-                            p.op("ld.global.f32", &[r.into(), Opd::Addr(w, off)]);
-                            r
-                        });
-                        let prod = p.reg(RegClass::F32);
-                        p.op("mul.rn.f32", &[prod.into(), x.into(), wv.into()]);
-                        p.op("add.rn.f32", &[acc.into(), acc.into(), prod.into()]);
+            // Column s at an even element and column s + 1 used too: one word holds
+            // both, and both are inside the plane or neither is (module docs).
+            let paired = self.pairs
+                && (self.g.offset[1] + s as i64).rem_euclid(2) == 0
+                && s + 1 < span
+                && !self.g.users(s + 1).is_empty();
+            let cols = if paired {
+                let [a, b] = self.x.load_pair(p, at, ok, pad);
+                vec![(s, a), (s + 1, b)]
+            } else {
+                vec![(s, self.x.load(p, at, ok, pad))]
+            };
+            s += cols.len() as u64;
+            for (col, x) in cols {
+                for (j, kw) in self.g.users(col) {
+                    let acc = accs[j as usize];
+                    match (&self.d.op, &self.filter, t.w) {
+                        (WindowOp::Conv { .. }, Some(f), Some(w)) => {
+                            let wv = *weights.entry((t.w_kh, kw)).or_insert_with(|| {
+                                let off = self.w.bytes * (f.row * t.w_kh as i64 + f.col * kw as i64);
+                                self.w.load(p, Opd::Addr(w, off), None, 0.0)
+                            });
+                            let prod = p.reg(RegClass::F32);
+                            p.op("mul.rn.f32", &[prod.into(), x.into(), wv.into()]);
+                            p.op("add.rn.f32", &[acc.into(), acc.into(), prod.into()]);
+                        }
+                        (WindowOp::Max, _, _) => p.op("max.f32", &[acc.into(), acc.into(), x.into()]),
+                        _ => p.op("add.rn.f32", &[acc.into(), acc.into(), x.into()]),
                     }
-                    (WindowOp::Max, _, _) => p.op("max.f32", &[acc.into(), acc.into(), x.into()]),
-                    _ => p.op("add.rn.f32", &[acc.into(), acc.into(), x.into()]),
                 }
             }
         }
