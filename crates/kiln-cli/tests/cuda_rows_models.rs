@@ -12,7 +12,7 @@ mod common;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas;
 
-use common::{compile_for_cuda, listed_models};
+use common::{compile_for_cuda_or_record, listed_models};
 use ptxas::assemble_ptx_verbose;
 
 /// Why the Rows emitter may decline a kernel of a real model.
@@ -24,13 +24,7 @@ fn every_rows_kernel_of_every_model_takes_the_rows_emitter() {
     let mut failures = Vec::new();
     for e in listed_models("manifest.json") {
         let name = e["name"].as_str().expect("name").to_string();
-        let c = match compile_for_cuda(&e, Precision::F32) {
-            Ok(c) => c,
-            Err(err) => {
-                failures.push(format!("{name}: compile for cuda: {err}"));
-                continue;
-            }
-        };
+        let Some(c) = compile_for_cuda_or_record(&e, Precision::F32, &name, &mut failures) else { continue };
         let cuda = c.cuda().expect("a CUDA module");
         let flow = c.flow().expect("flow");
         let usage = match assemble_ptx_verbose("rows-models", &name, cuda.ptx()) {

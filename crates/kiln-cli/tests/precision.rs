@@ -20,7 +20,7 @@ mod common;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas;
 
-use common::{compile_for_cuda, import_options, listed_models, model_path, read_npy};
+use common::{compile_for_cuda_or_record, import_options, listed_models, model_path, read_npy};
 use ptxas::{assemble_ptx_verbose, ptxas};
 use kiln_compiler::{Compilation, Input, Options, Precision, Stage};
 use kiln_flow::class::KernelClass;
@@ -308,13 +308,8 @@ fn half_precision_kernels_assemble_for_sm_90a() {
     for name in ["mlp", "lenet", "mobilenet_v2", "bert_tiny"] {
         let e = entry(name);
         for precision in [Precision::F16, Precision::BF16] {
-            let c = match compile_for_cuda(&e, precision) {
-                Ok(c) => c,
-                Err(err) => {
-                    failures.push(format!("{name} {precision}: compile for cuda: {err}"));
-                    continue;
-                }
-            };
+            let label = format!("{name} {precision}");
+            let Some(c) = compile_for_cuda_or_record(&e, precision, &label, &mut failures) else { continue };
             let cuda = c.cuda().expect("a CUDA module");
             let flow = c.flow().expect("flow");
             let halves = flow.dispatches.iter().filter(|d| d.kernel.output.dtype != DType::F32).count();

@@ -47,7 +47,7 @@ fn simulate(tag: &str, kernels: &[Kernel], m: &cuda::CudaModule) {
             ..ptxsim::Check::exact(i as u64 + 1)
         };
         let launch = ptxsim::Grid::of(launch.grid, launch.block, launch.shared);
-        if let Err(e) = ptxsim::check_plain_and_specials(k, m.ptx(), i, launch, &c) {
+        if let Err(e) = c.plain_and_specials(k, m.ptx(), i, launch) {
             panic!("{tag}: {e}");
         }
     }

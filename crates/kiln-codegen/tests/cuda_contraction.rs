@@ -141,7 +141,8 @@ fn suite() -> Vec<Kernel> {
 
 /// `ptxas -v` over `ptx`: each entry's [`Usage`], by name; panics where ptxas refuses it.
 fn resources(tag: &str, ptx: &str) -> Vec<(String, Usage)> {
-    assemble_ptx_verbose("cuda-contraction", tag, ptx).unwrap_or_else(|e| panic!("{tag}: ptxas refused the module:\n{e}"))
+    assemble_ptx_verbose("cuda-contraction", tag, ptx)
+        .unwrap_or_else(|e| panic!("{tag}: ptxas refused the module:\n{e}"))
 }
 
 #[test]

@@ -34,7 +34,6 @@ use kiln_flow::{BinaryOp, Kernel, KernelBuilder, ScalarType};
 use kiln_ir::DType;
 use ptxsim::isa;
 
-
 #[test]
 fn fragment_maps_are_the_isa_tables() {
     for lane in 0..32 {

@@ -25,7 +25,6 @@ use kiln_flow::{Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, TensorType};
 use ptxas::assemble_ptx_verbose;
 
-
 const LENGTHS: [usize; 5] = [1, 31, 33, 1000, 4097];
 
 /// Compiles `k` (a Rows kernel), checks that the Rows emitter took it and that ptxas
@@ -70,7 +69,7 @@ fn simulate(k: &Kernel, m: &cuda::CudaModule) {
         ..ptxsim::Check::exact(7)
     };
     let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
-    let o = ptxsim::check_plain_and_specials(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
+    let o = c.plain_and_specials(k, m.ptx(), 0, launch).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("simulated {} ({}): {} of {} elements compared", k.name, m.notes[0], o.compared, o.elements);
 }
 

@@ -128,6 +128,24 @@ pub fn compile_for_cuda(e: &Value, precision: Precision) -> Result<Compilation, 
     Ok(c)
 }
 
+/// [`compile_for_cuda`] for a test that goes through every model and reports all
+/// failures at the end: a failure is recorded in `failures` as `LABEL: compile for cuda:
+/// ERROR`, and there is no compilation (the caller goes on to the next model).
+pub fn compile_for_cuda_or_record(
+    e: &Value,
+    precision: Precision,
+    label: &str,
+    failures: &mut Vec<String>,
+) -> Option<Compilation> {
+    match compile_for_cuda(e, precision) {
+        Ok(c) => Some(c),
+        Err(err) => {
+            failures.push(format!("{label}: compile for cuda: {err}"));
+            None
+        }
+    }
+}
+
 /// The import options a listing entry asks for: its input shapes and its input values.
 pub fn import_options(e: &Value) -> ImportOptions {
     let mut opts = ImportOptions::default();

@@ -584,7 +584,15 @@ pub struct Conv {
 impl Conv {
     /// `n` images, `(ci, co)` channels, an `(h, w)` output, a `(kh, kw)` window, stride
     /// `s`, dilation `d`, `g` groups.
-    pub fn new(n: usize, channels: (usize, usize), hw: (usize, usize), window: (usize, usize), s: usize, d: usize, g: usize) -> Conv {
+    pub fn new(
+        n: usize,
+        channels: (usize, usize),
+        hw: (usize, usize),
+        window: (usize, usize),
+        s: usize,
+        d: usize,
+        g: usize,
+    ) -> Conv {
         Conv { n, channels, hw, window, stride: s, dilation: d, groups: g }
     }
 

@@ -2195,6 +2195,15 @@ pub struct Check {
 }
 
 impl Check {
+    /// [`check_against_interpreter`] of entry `index` twice: on plain random inputs,
+    /// then with NaN and ±∞ (and −0 where `neg_zero`) among them; as `self` says
+    /// otherwise. The plain run's outcome.
+    pub fn plain_and_specials(&self, k: &Kernel, ptx: &str, index: usize, launch: Grid) -> Result<Outcome, String> {
+        let plain = check_against_interpreter(k, ptx, index, launch, &Check { specials: false, ..*self })?;
+        check_against_interpreter(k, ptx, index, launch, &Check { specials: true, ..*self })?;
+        Ok(plain)
+    }
+
     pub fn exact(seed: u64) -> Check {
         Check {
             seed,
@@ -2293,15 +2302,6 @@ fn ulps32(a: f32, b: f32) -> u64 {
         i64::from(if b < 0 { i32::MIN - b } else { b })
     };
     (ord(a) - ord(b)).unsigned_abs()
-}
-
-/// [`check_against_interpreter`] twice: on plain random inputs, then with NaN and ±∞
-/// (and −0 where `c.neg_zero`) among them; `c` as given otherwise. The plain run's
-/// outcome.
-pub fn check_plain_and_specials(k: &Kernel, ptx: &str, index: usize, launch: Grid, c: &Check) -> Result<Outcome, String> {
-    let plain = check_against_interpreter(k, ptx, index, launch, &Check { specials: false, ..*c })?;
-    check_against_interpreter(k, ptx, index, launch, &Check { specials: true, ..*c })?;
-    Ok(plain)
 }
 
 /// Runs entry `index` of `ptx` (kernel `k`'s code) over `launch` on random inputs
