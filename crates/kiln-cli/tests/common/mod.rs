@@ -121,10 +121,10 @@ pub fn read_npy(rel: &str) -> Tensor {
 /// Listing entry `e`'s model compiled for the CUDA target at `precision`, through to the
 /// artifact (the compilation keeps its flow program and CUDA module to inspect); the
 /// compiler's error where it fails.
-pub fn compile_for_cuda(e: &Value, precision: Precision) -> Result<Compilation, CompileError> {
+pub fn compile_for_cuda(e: &Value, precision: Precision) -> Result<Compilation, Box<CompileError>> {
     let opts = Options { device: TargetDevice::Cuda, import: import_options(e), precision, ..Options::default() };
     let mut c = Compilation::new(Input::File(model_path(e)), opts);
-    c.run_to(Stage::Artifact)?;
+    c.run_to(Stage::Artifact).map_err(Box::new)?;
     Ok(c)
 }
 
