@@ -623,13 +623,15 @@ pub(super) struct BlockStart {
     pub k_start: Option<Reg>,
     /// The end of its part of `K` (a register for a split, else `K`).
     pub k_end: Opd,
-    /// The tile's first row and column.
+    /// The tile's first row.
     pub m0: Reg,
+    /// The tile's first column.
     pub n0: Reg,
     /// The batch variables (u32), outermost first.
     pub bvars: Vec<Reg>,
-    /// `A`'s and `B`'s element offsets at the batch (s64).
+    /// `A`'s element offset at the batch (s64).
     pub a_bat: Reg,
+    /// `B`'s element offset at the batch (s64).
     pub b_bat: Reg,
 }
 
