@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kiln_compiler::{ptxas, Compilation, Input, Options, Stage, TargetDevice};
+use kiln_compiler::{ptxas, Compilation, Input, Options, Precision, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 use kiln_module::program::{Command as PlanCommand, DeviceKind, CUDA_CUBIN_SM90A};
 
@@ -22,7 +22,7 @@ mod ptxas_bin;
 #[path = "../../kiln-codegen/tests/ptxsim/mod.rs"]
 mod ptxsim;
 
-use common::{import_options, listed_models, model_path, ok, s, scratch, LENET};
+use common::{compile_for_cuda, import_options, listed_models, model_path, ok, s, scratch, LENET};
 use ptxas_bin::ptxas;
 
 fn models() -> Vec<(String, PathBuf, ImportOptions)> {
@@ -551,15 +551,16 @@ fn every_window_kernel_takes_the_window_emitter() {
     for file in ["manifest.json", "corpus.json"] {
         for e in listed_models(file) {
             let name = e["name"].as_str().expect("name").to_string();
-            let opts = Options { device: TargetDevice::Cuda, import: import_options(&e), ..Options::default() };
-            let mut c = Compilation::new(Input::File(model_path(&e)), opts);
-            if let Err(err) = c.run_to(Stage::Artifact) {
-                let known = IMPORT_GAPS.iter().any(|(n, why)| *n == name && err.to_string().contains(why));
-                if !known {
-                    failures.push(format!("{name}: compile for cuda: {err}"));
+            let c = match compile_for_cuda(&e, Precision::F32) {
+                Ok(c) => c,
+                Err(err) => {
+                    let known = IMPORT_GAPS.iter().any(|(n, why)| *n == name && err.to_string().contains(why));
+                    if !known {
+                        failures.push(format!("{name}: compile for cuda: {err}"));
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
             let cuda = c.cuda().expect("a CUDA compilation has a CUDA module");
             let flow = c.flow().expect("flow");
             let mut entries = Vec::new();

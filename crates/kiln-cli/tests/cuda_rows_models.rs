@@ -5,14 +5,14 @@
 //! spills; General kernels it takes (a row per output element) have none either. The list of kernels and notes is printed (`--nocapture`) for the record.
 //! A missing model or `ptxas` is a failure, not a skip.
 
-use kiln_compiler::{Compilation, Input, Options, Stage, TargetDevice};
+use kiln_compiler::Precision;
 use kiln_flow::class::KernelClass;
 
 mod common;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas;
 
-use common::{import_options, listed_models, model_path};
+use common::{compile_for_cuda_or_record, listed_models};
 use ptxas::assemble_ptx_verbose;
 
 /// Why the Rows emitter may decline a kernel of a real model.
@@ -24,12 +24,7 @@ fn every_rows_kernel_of_every_model_takes_the_rows_emitter() {
     let mut failures = Vec::new();
     for e in listed_models("manifest.json") {
         let name = e["name"].as_str().expect("name").to_string();
-        let opts = Options { device: TargetDevice::Cuda, import: import_options(&e), ..Options::default() };
-        let mut c = Compilation::new(Input::File(model_path(&e)), opts);
-        if let Err(err) = c.run_to(Stage::Artifact) {
-            failures.push(format!("{name}: compile for cuda: {err}"));
-            continue;
-        }
+        let Some(c) = compile_for_cuda_or_record(&e, Precision::F32, &name, &mut failures) else { continue };
         let cuda = c.cuda().expect("a CUDA module");
         let flow = c.flow().expect("flow");
         let usage = match assemble_ptx_verbose("rows-models", &name, cuda.ptx()) {

@@ -25,14 +25,14 @@
 //! Kernels the simulator finds wrong and whose fix is not landed are pinned in
 //! [`KNOWN`] with their exact failure text, so a fix flips the test.
 
-use kiln_compiler::{Compilation, Input, Options, Precision, Stage, TargetDevice};
+use kiln_compiler::Precision;
 use kiln_ir::DType;
 
 mod common;
 #[path = "../../kiln-codegen/tests/ptxsim/mod.rs"]
 mod ptxsim;
 
-use common::{import_options, listed_models, model_path};
+use common::{compile_for_cuda, listed_models};
 
 /// Most blocks a kernel runs in the simulator.
 const MAX_BLOCKS: u32 = 4;
@@ -80,9 +80,7 @@ fn every_cuda_kernel_of_every_model_matches_the_interpreter_in_the_simulator() {
     let halves = builds.iter().filter(|b| b.1 != Precision::F32).count();
     assert_eq!(halves, 2 * HALF_MODELS.len(), "a model of {HALF_MODELS:?} is missing from the listing");
     for (name, precision, e) in builds {
-        let opts = Options { device: TargetDevice::Cuda, import: import_options(&e), precision, ..Options::default() };
-        let mut c = Compilation::new(Input::File(model_path(&e)), opts);
-        c.run_to(Stage::Artifact).unwrap_or_else(|err| panic!("{name}: compile for cuda: {err}"));
+        let c = compile_for_cuda(&e, precision).unwrap_or_else(|err| panic!("{name}: compile for cuda: {err}"));
         let cuda = c.cuda().expect("a CUDA module");
         let flow = c.flow().expect("flow");
         assert_eq!(cuda.launches.len(), flow.dispatches.len(), "{name}");

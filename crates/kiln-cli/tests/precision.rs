@@ -20,9 +20,9 @@ mod common;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas;
 
-use common::{import_options, listed_models, model_path, read_npy};
+use common::{compile_for_cuda_or_record, import_options, listed_models, model_path, read_npy};
 use ptxas::{assemble_ptx_verbose, ptxas};
-use kiln_compiler::{Compilation, Input, Options, Precision, Stage, TargetDevice};
+use kiln_compiler::{Compilation, Input, Options, Precision, Stage};
 use kiln_flow::class::KernelClass;
 use kiln_flow::precision::{narrow_storage, Kept};
 use kiln_flow::program::FlowProgram;
@@ -308,19 +308,16 @@ fn half_precision_kernels_assemble_for_sm_90a() {
     for name in ["mlp", "lenet", "mobilenet_v2", "bert_tiny"] {
         let e = entry(name);
         for precision in [Precision::F16, Precision::BF16] {
-            let opts = Options { device: TargetDevice::Cuda, import: import_options(&e), precision, ..Default::default() };
-            let mut c = Compilation::new(Input::File(model_path(&e)), opts);
-            if let Err(err) = c.run_to(Stage::Artifact) {
-                failures.push(format!("{name} {precision}: compile for cuda: {err}"));
-                continue;
-            }
+            let label = format!("{name} {precision}");
+            let Some(c) = compile_for_cuda_or_record(&e, precision, &label, &mut failures) else { continue };
             let cuda = c.cuda().expect("a CUDA module");
             let flow = c.flow().expect("flow");
             let halves = flow.dispatches.iter().filter(|d| d.kernel.output.dtype != DType::F32).count();
             assert!(halves > 0, "{name} {precision}: no kernel writes half storage");
             // Every contraction of two half operands takes the tensor cores
-            // (`cuda::mma`), every other contraction the f32 kernel, saying why not.
-            let mut mma = 0;
+            // (`cuda::mma`), every other contraction the f32 kernel, saying why not;
+            // products of at most 8 rows take the few-row kernel (`cuda::skinny`).
+            let (mut mma, mut few) = (0, 0);
             for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
                 if d.class != KernelClass::Contraction {
                     continue;
@@ -328,7 +325,17 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                 eprintln!("CONTRACTION {name} {precision} {}: {note}", d.kernel.name);
                 let Some(op) = kiln_flow::contraction::Contraction::of(&d.kernel) else { continue };
                 let both_half = op.a.dtype == op.b.dtype && op.a.dtype != DType::F32;
-                let ok = if both_half {
+                // Products of at most 8 rows take the lane-per-column kernel whatever
+                // their operand types (`cuda::skinny`).
+                // (M: the extents of the output variables only A reads.)
+                let rows: u64 = (0..d.kernel.out_rank() as u32)
+                    .filter(|&v| op.a.offset.of(v) != 0 && op.b.offset.of(v) == 0)
+                    .map(|v| d.kernel.vars[v as usize])
+                    .product();
+                let ok = if rows <= 8 {
+                    few += 1;
+                    note.starts_with("contraction (few rows")
+                } else if both_half {
                     mma += 1;
                     note.starts_with("contraction mma.sync m16n8k16")
                 } else {
@@ -338,7 +345,7 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                     failures.push(format!("{name} {precision} {}: {note}", d.kernel.name));
                 }
             }
-            assert!(mma > 0, "{name} {precision}: no contraction of two half operands");
+            assert!(mma + few > 0, "{name} {precision}: no contraction on the tensor cores or the few-row kernel");
             match assemble_ptx_verbose("ptxas", &format!("{name}-{precision}"), cuda.ptx()) {
                 Err(err) => failures
                     .push(format!("{name} {precision}: ptxas: {}", err.lines().take(8).collect::<Vec<_>>().join("\n"))),

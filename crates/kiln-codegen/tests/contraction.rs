@@ -200,16 +200,9 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
             b.div(v, bias)
         }
         "gelu" => {
-            // As exported: 0.5·v·(1 + erf(v / √2)), v = s + bias.
+            // As exported, of v = s + bias.
             let v = b.add(s, bias);
-            let half = b.float(f, 0.5);
-            let h = b.mul(v, half);
-            let r2 = b.float(f, std::f64::consts::SQRT_2);
-            let d = b.div(v, r2);
-            let e = b.unary(UnaryOp::Erf, d);
-            let one = b.float(f, 1.0);
-            let e = b.add(e, one);
-            b.mul(h, e)
+            gelu(&mut b, v)
         }
         "swish_row_residual" => {
             // v·sigmoid(v) with v = s·row (a per-row broadcast), then max with the

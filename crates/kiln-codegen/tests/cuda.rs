@@ -41,17 +41,14 @@ fn simulate(tag: &str, kernels: &[Kernel], m: &cuda::CudaModule) {
     for (i, k) in kernels.iter().enumerate() {
         let l = ptxsim::reduction_length(k);
         let launch = m.launches[i];
-        let launch = ptxsim::Grid { grid: launch.grid as u32, block: launch.block, shared: launch.shared };
-        for specials in [false, true] {
-            let c = ptxsim::Check {
-                specials,
-                tol: ptxsim::Tol::Rel { rel: 2f64.powi(-18), abs: (1 + l) as f64 * 2f64.powi(-20) },
-                max_blocks: Some(3),
-                ..ptxsim::Check::exact(i as u64 + 1)
-            };
-            if let Err(e) = ptxsim::check_against_interpreter(k, m.ptx(), i, launch, &c) {
-                panic!("{tag}: {e}");
-            }
+        let c = ptxsim::Check {
+            tol: ptxsim::Tol::Rel { rel: 2f64.powi(-18), abs: (1 + l) as f64 * 2f64.powi(-20) },
+            max_blocks: Some(3),
+            ..ptxsim::Check::exact(i as u64 + 1)
+        };
+        let launch = ptxsim::Grid::of(launch.grid, launch.block, launch.shared);
+        if let Err(e) = c.plain_and_specials(k, m.ptx(), i, launch) {
+            panic!("{tag}: {e}");
         }
     }
 }

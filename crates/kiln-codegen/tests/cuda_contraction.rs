@@ -13,12 +13,13 @@
 //!   kernel's own load index gives (evaluated here from the index expressions, not from
 //!   the affine analysis), as does the output offset.
 
+mod common;
 mod ptxas;
 mod ptxsim;
 
 use std::collections::HashMap;
-use std::process::Command;
 
+use common::{compile_cuda, f32_type, Conv, MatMul};
 use kiln_codegen::cuda::contraction::{
     choose_split, choose_tile, reduce_groups, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
 };
@@ -27,14 +28,7 @@ use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, TensorType};
-
-fn ty(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).expect("shape"))
-}
-
-fn f32s(dims: &[usize]) -> TensorType {
-    ty(DType::F32, dims)
-}
+use ptxas::{assemble_ptx_verbose, Usage};
 
 /// The epilogues the kernels below fuse.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,8 +66,8 @@ fn epilogue(kb: &mut KernelBuilder, epi: Epi, s: ExprId, row: ExprId, col: ExprI
 fn epi_inputs(epi: Epi, rows: usize, cols: usize, out: &[usize]) -> Vec<TensorType> {
     match epi {
         Epi::None => vec![],
-        Epi::BiasRelu => vec![f32s(&[rows])],
-        Epi::BiasTanhResidual => vec![f32s(&[cols]), f32s(out)],
+        Epi::BiasRelu => vec![f32_type(&[rows])],
+        Epi::BiasTanhResidual => vec![f32_type(&[cols]), f32_type(out)],
     }
 }
 
@@ -83,7 +77,7 @@ fn epi_inputs(epi: Epi, rows: usize, cols: usize, out: &[usize]) -> Vec<TensorTy
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     batch: &[usize],
-    (a_b, w_b): (bool, bool),
+    batched: (bool, bool),
     m: usize,
     k: usize,
     n: usize,
@@ -91,73 +85,26 @@ fn matmul(
     wdt: DType,
     epi: Epi,
 ) -> Kernel {
-    let with = |on: bool, d: &[usize]| if on { [batch, d].concat() } else { d.to_vec() };
-    let out: Vec<usize> = [batch, &[m, n]].concat();
-    let a_dims = if a_t { [k, m] } else { [m, k] };
-    let mut ins = vec![f32s(&with(a_b, &a_dims)), ty(wdt, &with(w_b, &[k, n]))];
-    ins.extend(epi_inputs(epi, m, n, &out));
+    let mm = MatMul { batch, batched, mkn: (m, k, n), a_t, dtypes: (DType::F32, wdt) };
+    let mut ins = mm.inputs();
+    ins.extend(epi_inputs(epi, m, n, &mm.out()));
     let name = format!("mm_{}_{m}_{k}_{n}_{}{}_{}", batch.len(), u8::from(a_t), wdt.name(), epi as u8);
-    let mut kb = KernelBuilder::new(name, ins, f32s(&out));
-    let o = kb.out_index();
-    let kv = kb.new_var(k as u64);
-    let kk = kb.var(kv);
-    let r = batch.len();
-    let pre = |on: bool| if on { o[..r].to_vec() } else { vec![] };
-    let ai = if a_t { [pre(a_b), vec![kk, o[r]]].concat() } else { [pre(a_b), vec![o[r], kk]].concat() };
-    let x = kb.load(0, ai);
-    let w = kb.load(1, [pre(w_b), vec![kk, o[r + 1]]].concat());
-    let w = if wdt == DType::F32 { w } else { kb.cast(w, DType::F32, false) };
-    let p = kb.mul(x, w);
-    let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
-    let y = epilogue(&mut kb, epi, s, o[r], o[r + 1], 2);
+    let mut kb = KernelBuilder::new(name, ins, f32_type(&mm.out()));
+    let (s, row, col) = mm.sum(&mut kb);
+    let y = epilogue(&mut kb, epi, s, row, col, 2);
     kb.finish(y).expect("matmul kernel")
 }
 
-/// A convolution in NCHW over an input already padded (in-bounds loads, as the lowering
-/// makes them after its padding kernel): `n` images of `ci` channels to `co` channels
-/// of `h × w`, a `kh × kw` window with stride `s` and dilation `d`, `g` groups. With
-/// `g > 1` the output is `[n, g, co/g, h, w]` and the group an index of its own, as the
-/// lowering makes grouped convolutions with several input channels per group.
-#[allow(clippy::too_many_arguments)]
-fn conv(
-    n: usize,
-    ci: usize,
-    co: usize,
-    (h, w): (usize, usize),
-    (kh, kw): (usize, usize),
-    s: usize,
-    d: usize,
-    g: usize,
-    epi: Epi,
-) -> Kernel {
-    let (hi, wi) = ((h - 1) * s + (kh - 1) * d + 1, (w - 1) * s + (kw - 1) * d + 1);
-    let (cig, cog) = (ci / g, co / g);
-    let out: Vec<usize> = if g > 1 { vec![n, g, cog, h, w] } else { vec![n, co, h, w] };
-    let mut ins = vec![f32s(&[n, ci, hi, wi]), f32s(&[co, cig, kh, kw])];
+/// A convolution `c` with the epilogue `epi`.
+fn conv(c: Conv, epi: Epi) -> Kernel {
+    let Conv { n, channels: (ci, co), hw: (h, w), window: (kh, kw), stride: s, dilation: d, groups: g } = c;
+    let out = c.out();
+    let mut ins = c.inputs().map(|d| f32_type(&d)).to_vec();
     ins.extend(epi_inputs(epi, co, w, &out));
     let name = format!("conv_{n}_{ci}_{co}_{h}x{w}_{kh}x{kw}_s{s}_d{d}_g{g}_{}", epi as u8);
-    let mut kb = KernelBuilder::new(name, ins, f32s(&out));
-    let o = kb.out_index();
-    let (civ, khv, kwv) = (kb.new_var(cig as u64), kb.new_var(kh as u64), kb.new_var(kw as u64));
-    let (c, y, x) = (kb.var(civ), kb.var(khv), kb.var(kwv));
-    let (sc, dc) = (kb.index(s as i64), kb.index(d as i64));
-    let sp = if g > 1 { 3 } else { 2 };
-    let (oy, ox) = (kb.mul(o[sp], sc), kb.mul(o[sp + 1], sc));
-    let (dy, dx) = (kb.mul(y, dc), kb.mul(x, dc));
-    let (iy, ix) = (kb.add(oy, dy), kb.add(ox, dx));
-    let (chan, oc) = if g > 1 {
-        let (cgi, cgo) = (kb.index(cig as i64), kb.index(cog as i64));
-        let base_i = kb.mul(o[1], cgi);
-        let base_o = kb.mul(o[1], cgo);
-        (kb.add(base_i, c), kb.add(base_o, o[2]))
-    } else {
-        (c, o[1])
-    };
-    let img = kb.load(0, vec![o[0], chan, iy, ix]);
-    let f = kb.load(1, vec![oc, c, y, x]);
-    let p = kb.mul(img, f);
-    let sum = kb.reduce(ReduceOp::Sum, vec![civ, khv, kwv], p);
-    let yv = epilogue(&mut kb, epi, sum, oc, o[sp + 1], 2);
+    let mut kb = KernelBuilder::new(name, ins, f32_type(&out));
+    let (sum, oc, ox) = c.sum(&mut kb);
+    let yv = epilogue(&mut kb, epi, sum, oc, ox, 2);
     kb.finish(yv).expect("conv kernel")
 }
 
@@ -182,61 +129,28 @@ fn suite() -> Vec<Kernel> {
     ks.push(matmul(&[], (false, false), 7, 33, 127, false, DType::U8, Epi::None));
     ks.push(matmul(&[], (false, false), 127, 7, 33, false, DType::I16, Epi::None));
     // Convolutions.
-    ks.push(conv(1, 32, 64, (56, 56), (1, 1), 1, 1, 1, Epi::BiasRelu));
-    ks.push(conv(1, 320, 1280, (7, 7), (1, 1), 1, 1, 1, Epi::None));
-    ks.push(conv(2, 3, 33, (17, 13), (3, 3), 1, 1, 1, Epi::BiasRelu));
-    ks.push(conv(1, 3, 32, (112, 112), (3, 3), 2, 1, 1, Epi::BiasRelu));
-    ks.push(conv(1, 7, 5, (9, 11), (3, 3), 1, 2, 1, Epi::BiasTanhResidual));
-    ks.push(conv(1, 8, 12, (10, 10), (5, 3), 2, 2, 1, Epi::None));
-    ks.push(conv(2, 8, 12, (9, 7), (3, 3), 1, 1, 4, Epi::BiasRelu));
-    ks.push(conv(1, 64, 64, (14, 14), (3, 3), 1, 1, 2, Epi::BiasTanhResidual));
+    ks.push(conv(Conv::new(1, (32, 64), (56, 56), (1, 1), 1, 1, 1), Epi::BiasRelu));
+    ks.push(conv(Conv::new(1, (320, 1280), (7, 7), (1, 1), 1, 1, 1), Epi::None));
+    ks.push(conv(Conv::new(2, (3, 33), (17, 13), (3, 3), 1, 1, 1), Epi::BiasRelu));
+    ks.push(conv(Conv::new(1, (3, 32), (112, 112), (3, 3), 2, 1, 1), Epi::BiasRelu));
+    ks.push(conv(Conv::new(1, (7, 5), (9, 11), (3, 3), 1, 2, 1), Epi::BiasTanhResidual));
+    ks.push(conv(Conv::new(1, (8, 12), (10, 10), (5, 3), 2, 2, 1), Epi::None));
+    ks.push(conv(Conv::new(2, (8, 12), (9, 7), (3, 3), 1, 1, 4), Epi::BiasRelu));
+    ks.push(conv(Conv::new(1, (64, 64), (14, 14), (3, 3), 1, 1, 2), Epi::BiasTanhResidual));
     ks
 }
 
-/// `ptxas -v` over `ptx`: per entry `(name, registers, stack, spill stores, spill loads)`.
-fn resources(tag: &str, ptx: &str) -> Vec<(String, u32, u32, u32, u32)> {
-    let dir = std::env::temp_dir().join(format!("kiln-cuda-contraction-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let src = dir.join("m.ptx");
-    std::fs::write(&src, ptx).expect("write ptx");
-    let out = Command::new(ptxas::ptxas())
-        .args(["-arch=sm_90a", "-v"])
-        .arg(&src)
-        .arg("-o")
-        .arg(dir.join("m.cubin"))
-        .output()
-        .expect("run ptxas");
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{tag}: ptxas refused the module:\n{text}");
-    let num = |line: &str, before: &str| -> u32 {
-        let head = line.split(before).next().unwrap_or("");
-        head.split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or(u32::MAX)
-    };
-    let mut res = Vec::new();
-    let mut name = String::new();
-    let mut frame = (u32::MAX, u32::MAX, u32::MAX);
-    for line in text.lines() {
-        if let Some(rest) = line.split("Function properties for ").nth(1) {
-            name = rest.trim().to_string();
-        } else if line.contains("bytes stack frame") {
-            frame = (num(line, "bytes stack frame"), num(line, "bytes spill stores"), num(line, "bytes spill loads"));
-        } else if line.contains("Used") && line.contains("registers") {
-            res.push((name.clone(), num(line, "registers"), frame.0, frame.1, frame.2));
-        }
-    }
-    res
+/// `ptxas -v` over `ptx`: each entry's [`Usage`], by name; panics where ptxas refuses it.
+fn resources(tag: &str, ptx: &str) -> Vec<(String, Usage)> {
+    assemble_ptx_verbose("cuda-contraction", tag, ptx)
+        .unwrap_or_else(|e| panic!("{tag}: ptxas refused the module:\n{e}"))
 }
 
 #[test]
 fn every_kernel_takes_the_emitter_and_assembles_without_spills() {
     let kernels = suite();
-    let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, classify(k))).collect();
-    for (k, c) in &with_class {
-        assert_eq!(*c, KernelClass::Contraction, "{}", k.name);
-    }
-    let m = cuda::compile(&with_class).expect("compile");
-    for ((k, _), (note, launch)) in with_class.iter().zip(m.notes.iter().zip(&m.launches)) {
+    let m = compile_cuda(&kernels, KernelClass::Contraction);
+    for (k, (note, launch)) in kernels.iter().zip(m.notes.iter().zip(&m.launches)) {
         assert!(note.starts_with("contraction ("), "{}: {note}", k.name);
         let plan = Plan::of(k).expect("a plan");
         // Few rows: the lane-per-column kernel and its grid.
@@ -252,9 +166,9 @@ fn every_kernel_takes_the_emitter_and_assembles_without_spills() {
     }
     let res = resources("suite", m.ptx());
     assert_eq!(res.len(), kernels.len(), "one ptxas report per entry");
-    for (name, regs, stack, st, ld) in &res {
-        assert_eq!((*stack, *st, *ld), (0, 0, 0), "{name}: stack frame or spills ({regs} registers)");
-        assert!(*regs <= 255, "{name}: {regs} registers");
+    for (name, u) in &res {
+        assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{name}: stack frame or spills ({u:?})");
+        assert!(u.registers <= 255, "{name}: {} registers", u.registers);
     }
 }
 
@@ -458,7 +372,7 @@ fn tile_choice() {
 /// general mapping with the reason in its note, and still assembles.
 #[test]
 fn panel_operands_decline_to_general() {
-    let mut kb = KernelBuilder::new("panel", vec![f32s(&[3, 7]), f32s(&[2, 7, 4])], f32s(&[3, 5]));
+    let mut kb = KernelBuilder::new("panel", vec![f32_type(&[3, 7]), f32_type(&[2, 7, 4])], f32_type(&[3, 5]));
     let o = kb.out_index();
     let kv = kb.new_var(7);
     let kk = kb.var(kv);
@@ -569,8 +483,8 @@ fn lowered_contractions_take_the_emitter() {
             }
         }
     }
-    for (name, regs, stack, st, ld) in resources("lowered", m.ptx()) {
-        assert_eq!((stack, st, ld), (0, 0, 0), "{name}: stack frame or spills ({regs} registers)");
+    for (name, u) in resources("lowered", m.ptx()) {
+        assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{name}: stack frame or spills ({u:?})");
     }
 }
 
@@ -593,15 +507,15 @@ fn simulated_kernels_match_the_interpreter() {
         matmul(&[], (false, false), 5, 9, 66, false, DType::U8, Epi::None),
         matmul(&[], (false, false), 70, 19, 132, false, DType::F32, Epi::BiasTanhResidual),
         matmul(&[2], (true, true), 9, 17, 8, false, DType::F32, Epi::BiasRelu),
-        conv(2, 5, 7, (3, 4), (1, 1), 1, 1, 1, Epi::BiasRelu),
+        conv(Conv::new(2, (5, 7), (3, 4), (1, 1), 1, 1, 1), Epi::BiasRelu),
         // Split-K over clusters of 4 and of 8 (half the threads sum).
         matmul(&[], (false, false), 40, 300, 50, false, DType::F32, Epi::BiasRelu),
         matmul(&[], (false, false), 9, 600, 72, false, DType::F32, Epi::BiasTanhResidual),
-        conv(1, 256, 20, (7, 7), (1, 1), 1, 1, 1, Epi::BiasRelu),
-        conv(1, 5, 7, (6, 5), (3, 3), 1, 1, 1, Epi::BiasRelu),
-        conv(2, 3, 4, (4, 3), (3, 2), 2, 2, 1, Epi::None),
-        conv(1, 6, 8, (5, 4), (3, 3), 1, 1, 2, Epi::BiasRelu),
-        conv(1, 16, 9, (7, 7), (1, 1), 1, 1, 1, Epi::None),
+        conv(Conv::new(1, (256, 20), (7, 7), (1, 1), 1, 1, 1), Epi::BiasRelu),
+        conv(Conv::new(1, (5, 7), (6, 5), (3, 3), 1, 1, 1), Epi::BiasRelu),
+        conv(Conv::new(2, (3, 4), (4, 3), (3, 2), 2, 2, 1), Epi::None),
+        conv(Conv::new(1, (6, 8), (5, 4), (3, 3), 1, 1, 2), Epi::BiasRelu),
+        conv(Conv::new(1, (16, 9), (7, 7), (1, 1), 1, 1, 1), Epi::None),
     ];
     for (seed, k) in kernels.iter().enumerate() {
         let m = cuda::compile(&[(k, classify(k))]).expect("compile");
@@ -609,7 +523,7 @@ fn simulated_kernels_match_the_interpreter() {
         eprintln!("{}: {}", k.name, m.notes[0]);
         let kk = Plan::of(k).expect("plan").dims[3] as f64;
         let l = m.launches[0];
-        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+        let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
         let c = ptxsim::Check {
             tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
             ..ptxsim::Check::exact(seed as u64 + 1)
@@ -646,7 +560,7 @@ fn split_k_covers_the_tile_once() {
         assert!(seen.iter().all(|&c| c == 1), "split {split}");
     }
     // The mobilenet tail's shapes split; a full grid does not.
-    let k = conv(1, 320, 1280, (7, 7), (1, 1), 1, 1, 1, Epi::None);
+    let k = conv(Conv::new(1, (320, 1280), (7, 7), (1, 1), 1, 1, 1), Epi::None);
     let plan = Plan::of(&k).expect("plan");
     assert_eq!((plan.split, plan.grid()), (4, 80));
     assert!(plan.k_chunk.is_multiple_of(u64::from(BK)) && plan.k_chunk * u64::from(plan.split) >= plan.dims[3]);
@@ -716,8 +630,8 @@ fn simulated_few_row_kernels_match_the_interpreter() {
         matmul(&[], (false, false), 8, 130, 33, true, DType::F32, Epi::None),
         matmul(&[], (false, false), 2, 400, 33, false, DType::I8, Epi::BiasRelu),
         matmul(&[3], (false, true), 4, 90, 9, true, DType::U8, Epi::None),
-        conv(1, 24, 1, (9, 11), (3, 3), 1, 1, 1, Epi::BiasRelu),
-        conv(2, 16, 6, (5, 7), (3, 3), 2, 1, 1, Epi::BiasTanhResidual),
+        conv(Conv::new(1, (24, 1), (9, 11), (3, 3), 1, 1, 1), Epi::BiasRelu),
+        conv(Conv::new(2, (16, 6), (5, 7), (3, 3), 2, 1, 1), Epi::BiasTanhResidual),
     ];
     for (seed, k) in kernels.iter().enumerate() {
         let m = cuda::compile(&[(k, classify(k))]).expect("compile");

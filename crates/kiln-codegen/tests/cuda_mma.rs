@@ -3,7 +3,7 @@
 //!
 //! No GPU runs here. What is checked:
 //! - the index functions the PTX computes, on the host, against the PTX ISA's tables
-//!   (written out independently here as `isa_*`): every lane's `ldmatrix` row
+//!   (written out from the ISA in `ptxsim::isa`): every lane's `ldmatrix` row
 //!   addresses, through `ldmatrix`'s documented distribution, give each lane exactly
 //!   the A and B fragment elements `mma.m16n8k16` expects; the shared swizzles are
 //!   bijections that keep 16-byte chunks contiguous; each `ldmatrix` phase is free of
@@ -15,11 +15,13 @@
 //!   take the path, and `ptxas -arch=sm_90a -v` assembles them with no stack frame and
 //!   no spills; mixed operand types decline with a reason, to the f32 kernel.
 
+mod common;
 mod ptxas;
 mod ptxsim;
 
 use std::collections::HashSet;
 
+use common::{compile_cuda, ty, Conv, MatMul};
 use kiln_codegen::cuda::contraction::Plan;
 use kiln_codegen::cuda::mma;
 use kiln_codegen::cuda::mma::{
@@ -28,50 +30,22 @@ use kiln_codegen::cuda::mma::{
 };
 use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
-use kiln_flow::{BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
-use kiln_ir::{DType, Shape, TensorType};
-
-fn ty(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).expect("shape"))
-}
-
-/// PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", A (.f16x2
-/// registers a0..a7 in pairs): `(row, col)` of element `a_{2i+h}` of lane `lane`.
-fn isa_a(lane: u32, i: u32, h: u32) -> (u32, u32) {
-    let idx = 2 * i + h; // a0..a7
-    let (group, tig) = (lane >> 2, lane % 4);
-    let row = if matches!(idx, 0 | 1 | 4 | 5) { group } else { group + 8 };
-    let col = if idx < 4 { tig * 2 + (idx & 1) } else { tig * 2 + (idx & 1) + 8 };
-    (row, col)
-}
-
-/// The ISA's B table (b0..b3): `(row = k, col = n)` of `b_{2q+h}`.
-fn isa_b(lane: u32, q: u32, h: u32) -> (u32, u32) {
-    let idx = 2 * q + h;
-    let (group, tig) = (lane >> 2, lane % 4);
-    let row = if idx < 2 { tig * 2 + (idx & 1) } else { tig * 2 + (idx & 1) + 8 };
-    (row, group)
-}
-
-/// The ISA's C/D table (c0..c3).
-fn isa_c(lane: u32, i: u32) -> (u32, u32) {
-    let (group, tig) = (lane >> 2, lane % 4);
-    let row = if i < 2 { group } else { group + 8 };
-    (row, tig * 2 + (i & 1))
-}
+use kiln_flow::{BinaryOp, Kernel, KernelBuilder, ScalarType};
+use kiln_ir::DType;
+use ptxsim::isa;
 
 #[test]
 fn fragment_maps_are_the_isa_tables() {
     for lane in 0..32 {
         for i in 0..4 {
             for h in 0..2 {
-                assert_eq!(a_elem(lane, i, h), isa_a(lane, i, h));
+                assert_eq!(a_elem(lane, i, h), isa::a(lane, 2 * i + h));
             }
-            assert_eq!(c_elem(lane, i), isa_c(lane, i));
+            assert_eq!(c_elem(lane, i), isa::c(lane, i));
         }
         for q in 0..2 {
             for h in 0..2 {
-                assert_eq!(b_elem(lane, q, h), isa_b(lane, q, h));
+                assert_eq!(b_elem(lane, q, h), isa::b(lane, 2 * q + h));
             }
         }
     }
@@ -219,16 +193,14 @@ fn copies_cover_each_tile_once() {
 fn matmul(
     (adt, dt): (DType, DType),
     batch: &[usize],
-    (a_b, w_b): (bool, bool),
+    batched: (bool, bool),
     (m, k, n): (usize, usize, usize),
     a_t: bool,
     bias_relu: bool,
     out_dt: DType,
 ) -> Kernel {
-    let with = |on: bool, d: &[usize]| if on { [batch, d].concat() } else { d.to_vec() };
-    let out: Vec<usize> = [batch, &[m, n]].concat();
-    let a_dims = if a_t { [k, m] } else { [m, k] };
-    let mut ins = vec![ty(adt, &with(a_b, &a_dims)), ty(dt, &with(w_b, &[k, n]))];
+    let mm = MatMul { batch, batched, mkn: (m, k, n), a_t, dtypes: (adt, dt) };
+    let mut ins = mm.inputs();
     if bias_relu {
         ins.push(ty(dt, &[m]));
     }
@@ -240,19 +212,10 @@ fn matmul(
         u8::from(a_t),
         u8::from(bias_relu)
     );
-    let mut kb = KernelBuilder::new(name, ins, ty(out_dt, &out));
-    let o = kb.out_index();
-    let kv = kb.new_var(k as u64);
-    let kk = kb.var(kv);
-    let r = batch.len();
-    let pre = |on: bool| if on { o[..r].to_vec() } else { vec![] };
-    let ai = if a_t { [pre(a_b), vec![kk, o[r]]].concat() } else { [pre(a_b), vec![o[r], kk]].concat() };
-    let x = kb.load(0, ai);
-    let w = kb.load(1, [pre(w_b), vec![kk, o[r + 1]]].concat());
-    let p = kb.mul(x, w);
-    let mut y = kb.reduce(ReduceOp::Sum, vec![kv], p);
+    let mut kb = KernelBuilder::new(name, ins, ty(out_dt, &mm.out()));
+    let (mut y, row, _) = mm.sum(&mut kb);
     if bias_relu {
-        let b = kb.load(2, vec![o[r]]);
+        let b = kb.load(2, vec![row]);
         let s = kb.add(y, b);
         let z = kb.float(ScalarType::F32, 0.0);
         y = kb.binary(BinaryOp::Max, s, z);
@@ -260,43 +223,14 @@ fn matmul(
     kb.finish(y).expect("matmul kernel")
 }
 
-/// A convolution over an already padded NCHW input stored as `dt`, `g` groups (output
-/// `[n, g, co/g, h, w]` when grouped), with a bias.
-#[allow(clippy::too_many_arguments)]
-fn conv(
-    dt: DType,
-    n: usize,
-    (ci, co): (usize, usize),
-    (h, w): (usize, usize),
-    kh: usize,
-    s: usize,
-    g: usize,
-) -> Kernel {
-    let (hi, wi) = ((h - 1) * s + kh, (w - 1) * s + kh);
-    let (cig, cog) = (ci / g, co / g);
-    let out: Vec<usize> = if g > 1 { vec![n, g, cog, h, w] } else { vec![n, co, h, w] };
-    let ins = vec![ty(dt, &[n, ci, hi, wi]), ty(dt, &[co, cig, kh, kh]), ty(dt, &[co])];
+/// A convolution `c` over an already padded NCHW input stored as `dt`, with a bias.
+fn conv(dt: DType, c: Conv) -> Kernel {
+    let Conv { n, channels: (ci, co), hw: (h, w), window: (kh, _), stride: s, groups: g, .. } = c;
+    let mut ins = c.inputs().map(|d| ty(dt, &d)).to_vec();
+    ins.push(ty(dt, &[co]));
     let name = format!("hconv_{}_{n}_{ci}_{co}_{h}x{w}_{kh}_s{s}_g{g}", dt.name());
-    let mut kb = KernelBuilder::new(name, ins, ty(dt, &out));
-    let o = kb.out_index();
-    let (civ, khv, kwv) = (kb.new_var(cig as u64), kb.new_var(kh as u64), kb.new_var(kh as u64));
-    let (c, y, x) = (kb.var(civ), kb.var(khv), kb.var(kwv));
-    let sc = kb.index(s as i64);
-    let sp = if g > 1 { 3 } else { 2 };
-    let (oy, ox) = (kb.mul(o[sp], sc), kb.mul(o[sp + 1], sc));
-    let (iy, ix) = (kb.add(oy, y), kb.add(ox, x));
-    let (chan, oc): (ExprId, ExprId) = if g > 1 {
-        let (cgi, cgo) = (kb.index(cig as i64), kb.index(cog as i64));
-        let bi = kb.mul(o[1], cgi);
-        let bo = kb.mul(o[1], cgo);
-        (kb.add(bi, c), kb.add(bo, o[2]))
-    } else {
-        (c, o[1])
-    };
-    let img = kb.load(0, vec![o[0], chan, iy, ix]);
-    let f = kb.load(1, vec![oc, c, y, x]);
-    let p = kb.mul(img, f);
-    let sum = kb.reduce(ReduceOp::Sum, vec![civ, khv, kwv], p);
+    let mut kb = KernelBuilder::new(name, ins, ty(dt, &c.out()));
+    let (sum, oc, _) = c.sum(&mut kb);
     let b = kb.load(2, vec![oc]);
     let yv = kb.add(sum, b);
     kb.finish(yv).expect("conv kernel")
@@ -316,12 +250,12 @@ fn suite(dt: DType) -> Vec<Kernel> {
     ks.push(matmul((dt, dt), &[2, 3], (true, true), (33, 64, 127), false, false, DType::F32));
     ks.push(matmul((dt, dt), &[4], (true, false), (127, 40, 64), false, true, dt));
     ks.push(matmul((dt, dt), &[5], (false, true), (7, 1000, 33), true, false, dt));
-    ks.push(conv(dt, 1, (32, 64), (56, 56), 1, 1, 1));
-    ks.push(conv(dt, 2, (24, 40), (28, 28), 1, 1, 1));
-    ks.push(conv(dt, 1, (320, 1280), (7, 7), 1, 1, 1));
-    ks.push(conv(dt, 2, (3, 33), (17, 13), 3, 1, 1));
-    ks.push(conv(dt, 1, (3, 32), (112, 112), 3, 2, 1));
-    ks.push(conv(dt, 2, (8, 12), (9, 7), 3, 1, 4));
+    ks.push(conv(dt, Conv::new(1, (32, 64), (56, 56), (1, 1), 1, 1, 1)));
+    ks.push(conv(dt, Conv::new(2, (24, 40), (28, 28), (1, 1), 1, 1, 1)));
+    ks.push(conv(dt, Conv::new(1, (320, 1280), (7, 7), (1, 1), 1, 1, 1)));
+    ks.push(conv(dt, Conv::new(2, (3, 33), (17, 13), (3, 3), 1, 1, 1)));
+    ks.push(conv(dt, Conv::new(1, (3, 32), (112, 112), (3, 3), 2, 1, 1)));
+    ks.push(conv(dt, Conv::new(2, (8, 12), (9, 7), (3, 3), 1, 1, 4)));
     ks
 }
 
@@ -345,12 +279,12 @@ fn feeds_follow_the_operand_strides() {
     assert_eq!(feeds(&k), (Feed { layout: Layout::KMajor, cp: false }, Feed { layout: Layout::RMajor, cp: false }));
     // A 1×1 convolution's image: rows and columns one run of 28·28 (a multiple of 8,
     // though 28 is not), channels 784 apart; 14·14 is no multiple of 8.
-    let k = conv(h, 1, (16, 32), (28, 28), 1, 1, 1);
+    let k = conv(h, Conv::new(1, (16, 32), (28, 28), (1, 1), 1, 1, 1));
     assert_eq!(feeds(&k), (Feed { layout: Layout::KMajor, cp: true }, Feed { layout: Layout::RMajor, cp: true }));
-    let k = conv(h, 1, (16, 32), (14, 14), 1, 1, 1);
+    let k = conv(h, Conv::new(1, (16, 32), (14, 14), (1, 1), 1, 1, 1));
     assert_eq!(feeds(&k).1, Feed { layout: Layout::RMajor, cp: false });
     // A 3×3 window's image: k is no single stride.
-    let k = conv(h, 1, (16, 32), (16, 16), 3, 1, 1);
+    let k = conv(h, Conv::new(1, (16, 32), (16, 16), (3, 3), 1, 1, 1));
     assert!(!feeds(&k).1.cp);
 }
 
@@ -365,7 +299,7 @@ fn cp_chunks_are_aligned_runs_wholly_in_or_out_of_range() {
         matmul((h, h), &[], (false, false), (128, 256, 512), false, false, h),
         matmul((h, h), &[], (false, false), (40, 24, 8), true, false, h),
         matmul((h, h), &[3], (true, false), (8, 8, 1000), false, false, h),
-        conv(h, 2, (24, 40), (28, 28), 1, 1, 1),
+        conv(h, Conv::new(2, (24, 40), (28, 28), (1, 1), 1, 1, 1)),
     ];
     for kern in &kernels {
         let plan = Plan::of(kern).expect("plan");
@@ -412,12 +346,8 @@ fn half_kernels_take_the_tensor_cores_and_assemble_without_spills() {
     let _ = ptxas::ptxas();
     for dt in [DType::F16, DType::BF16] {
         let kernels = suite(dt);
-        let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, classify(k))).collect();
-        for (k, c) in &with_class {
-            assert_eq!(*c, KernelClass::Contraction, "{}", k.name);
-        }
-        let m = cuda::compile(&with_class).expect("compile");
-        for ((k, _), (note, launch)) in with_class.iter().zip(m.notes.iter().zip(&m.launches)) {
+        let m = compile_cuda(&kernels, KernelClass::Contraction);
+        for (k, (note, launch)) in kernels.iter().zip(m.notes.iter().zip(&m.launches)) {
             // Products of few rows take the lane-per-column kernel (`cuda::skinny`).
             let few = Plan::of(k).expect("plan").dims[1] <= kiln_codegen::cuda::skinny::MAX_ROWS;
             let want = if few { "contraction (few rows" } else { "contraction mma.sync m16n8k16" };
@@ -520,10 +450,10 @@ fn simulated_half_kernels_match_the_interpreter() {
         matmul((b, b), &[], (false, false), (64, 64, 136), false, false, DType::F32),
         matmul((h, h), &[2], (true, true), (9, 17, 8), false, true, h),
         matmul((b, b), &[3], (false, true), (5, 18, 9), true, false, b),
-        conv(h, 2, (5, 7), (3, 4), 1, 1, 1),
-        conv(b, 1, (16, 24), (4, 4), 1, 1, 1),
-        conv(h, 1, (5, 7), (6, 5), 3, 1, 1),
-        conv(b, 1, (6, 8), (5, 4), 3, 1, 2),
+        conv(h, Conv::new(2, (5, 7), (3, 4), (1, 1), 1, 1, 1)),
+        conv(b, Conv::new(1, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
+        conv(h, Conv::new(1, (5, 7), (6, 5), (3, 3), 1, 1, 1)),
+        conv(b, Conv::new(1, (6, 8), (5, 4), (3, 3), 1, 1, 2)),
         matmul((h, h), &[], (false, false), (40, 300, 50), false, false, h),
         // Mixed: the f32 kernel, widening the half operand in its load.
         matmul((DType::F32, h), &[], (false, false), (33, 20, 7), false, true, DType::F32),
@@ -541,7 +471,7 @@ fn simulated_half_kernels_match_the_interpreter() {
         data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
         let mut g = ptxsim::Global::new(data);
         let l = &m.launches[0];
-        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
+        let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
         ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
         let out = &g.bufs[k.inputs.len()];
         let got = kiln_ir::Tensor::new(k.output.clone(), out.clone().into()).expect("output").to_f64_vec();
@@ -714,14 +644,14 @@ fn modelled_kernels_match_the_interpreter() {
         matmul((h, h), &[2], (true, true), (9, 17, 8), false, false, f),
         matmul((b, b), &[3], (false, true), (5, 18, 9), true, false, f),
         matmul((h, h), &[2], (true, false), (40, 80, 16), false, false, f),
-        conv(h, 2, (5, 7), (3, 4), 1, 1, 1),
-        conv(b, 1, (16, 24), (4, 4), 1, 1, 1),
-        conv(h, 1, (5, 7), (6, 5), 3, 1, 1),
-        conv(b, 1, (6, 8), (5, 4), 3, 1, 2),
+        conv(h, Conv::new(2, (5, 7), (3, 4), (1, 1), 1, 1, 1)),
+        conv(b, Conv::new(1, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
+        conv(h, Conv::new(1, (5, 7), (6, 5), (3, 3), 1, 1, 1)),
+        conv(b, Conv::new(1, (6, 8), (5, 4), (3, 3), 1, 1, 2)),
         // Split-K over clusters of 4 and 8.
         matmul((h, h), &[], (false, false), (40, 300, 50), false, false, f),
         matmul((b, b), &[], (false, false), (9, 600, 72), false, false, f),
-        conv(h, 1, (256, 20), (7, 7), 1, 1, 1),
+        conv(h, Conv::new(1, (256, 20), (7, 7), (1, 1), 1, 1, 1)),
     ];
     let mut seen = HashSet::new();
     let mut splits = HashSet::new();

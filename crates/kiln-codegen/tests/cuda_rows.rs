@@ -18,16 +18,12 @@ mod common;
 mod ptxas;
 mod ptxsim;
 
-use common::{layernorm, softmax};
+use common::{layernorm, softmax, ty};
 use kiln_codegen::cuda::{self, rows};
 use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, TensorType};
 use ptxas::assemble_ptx_verbose;
-
-fn ty(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).expect("shape"))
-}
 
 const LENGTHS: [usize; 5] = [1, 31, 33, 1000, 4097];
 
@@ -65,21 +61,16 @@ fn simulate(k: &Kernel, m: &cuda::CudaModule) {
     let n = ptxsim::reduction_length(k);
     let oracle = ptxsim::interpretation_cost(k) <= 1 << 26;
     let l = m.launches[0];
-    let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
-    for specials in [false, true] {
-        let c = ptxsim::Check {
-            specials,
-            tol: ptxsim::Tol::Rel { rel: 2f64.powi(-18), abs: (1 + n) as f64 * 2f64.powi(-18) },
-            max_blocks: Some(3),
-            budget: Some(1 << 19),
-            oracle,
-            ..ptxsim::Check::exact(7)
-        };
-        let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
-        if !specials {
-            eprintln!("simulated {} ({}): {} of {} elements compared", k.name, m.notes[0], o.compared, o.elements);
-        }
-    }
+    let c = ptxsim::Check {
+        tol: ptxsim::Tol::Rel { rel: 2f64.powi(-18), abs: (1 + n) as f64 * 2f64.powi(-18) },
+        max_blocks: Some(3),
+        budget: Some(1 << 19),
+        oracle,
+        ..ptxsim::Check::exact(7)
+    };
+    let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
+    let o = c.plain_and_specials(k, m.ptx(), 0, launch).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("simulated {} ({}): {} of {} elements compared", k.name, m.notes[0], o.compared, o.elements);
 }
 
 fn count(ptx: &str, what: &str) -> usize {
@@ -202,7 +193,6 @@ fn log_softmax(rows: usize, len: usize) -> Kernel {
 /// LayerNorm with a fused epilogue: GELU (erf) of the normalised value plus a
 /// residual from another input.
 fn layernorm_gelu_residual(rows: usize, len: usize) -> Kernel {
-    let f = ScalarType::F32;
     let mut b = KernelBuilder::new(
         "ln_gelu",
         vec![ty(DType::F32, &[rows, len]), ty(DType::F32, &[len]), ty(DType::F32, &[rows, len])],
@@ -212,14 +202,7 @@ fn layernorm_gelu_residual(rows: usize, len: usize) -> Kernel {
     let y = common::normalised(&mut b, &o, len);
     let g = b.load(1, vec![o[1]]);
     let y = b.mul(y, g);
-    let r2 = b.float(f, std::f64::consts::FRAC_1_SQRT_2);
-    let e = b.mul(y, r2);
-    let e = b.unary(UnaryOp::Erf, e);
-    let one = b.float(f, 1.0);
-    let e = b.add(e, one);
-    let h = b.float(f, 0.5);
-    let y = b.mul(y, e);
-    let y = b.mul(y, h);
+    let y = common::gelu(&mut b, y);
     let res = b.load(2, vec![o[0], o[1]]);
     let y = b.add(y, res);
     b.finish(y).unwrap()
@@ -350,6 +333,12 @@ fn ir_op(kind: kiln_ir::OpKind, attrs: &[(&str, kiln_ir::Attr)]) -> kiln_ir::Op 
     kiln_ir::Op::parse(kind, &a).expect("op")
 }
 
+/// An axes operand: an i64 constant.
+fn axes(a: &[i64]) -> (TensorType, Option<kiln_ir::Tensor>) {
+    let t = kiln_ir::Tensor::from_i64(DType::I64, Shape::new(vec![a.len()]).unwrap(), a).unwrap();
+    (t.ty().clone(), Some(t))
+}
+
 /// The kernels `kiln_lower::lower_op` writes for `op` over inputs of types `inputs`
 /// (the `i64` ones, axes, given as values).
 fn lowered(op: &kiln_ir::Op, inputs: &[(TensorType, Option<kiln_ir::Tensor>)]) -> Vec<Kernel> {
@@ -371,10 +360,6 @@ fn lowered(op: &kiln_ir::Op, inputs: &[(TensorType, Option<kiln_ir::Tensor>)]) -
 fn lowered_reductions_softmax_and_layernorm_take_the_rows_emitter() {
     use kiln_ir::{Attr, OpKind as K};
     let f = DType::F32;
-    let axes = |a: &[i64]| {
-        let t = kiln_ir::Tensor::from_i64(DType::I64, Shape::new(vec![a.len()]).unwrap(), a).unwrap();
-        (t.ty().clone(), Some(t))
-    };
     let mut taken = Vec::new();
     for len in LENGTHS {
         let x = (ty(f, &[3, len]), None);
@@ -457,10 +442,6 @@ fn general_kernel(k: &Kernel) -> String {
 fn reductions_of_general_kernels_take_a_group_per_output_element() {
     use kiln_ir::{Attr, OpKind as K};
     let f = DType::F32;
-    let axes = |a: &[i64]| {
-        let t = kiln_ir::Tensor::from_i64(DType::I64, Shape::new(vec![a.len()]).unwrap(), a).unwrap();
-        (t.ty().clone(), Some(t))
-    };
     let many = rows::ROWS_FOR_THREADS as usize;
     let cases: Vec<(kiln_ir::Op, Operands, &str)> = vec![
         // A sum over the tokens of [1, T, C]: few columns, a warp each.

@@ -71,6 +71,11 @@ fn cases() -> Vec<Case> {
     use OpKind as K;
     let f = DType::F32;
     let x = |dims: &[usize], s| Some(data(f, dims, s));
+    // Resize of `input` in `mode` by `scales` (no roi).
+    let resize = |mode: &str, input, scales: &[f64]| {
+        let scales = Tensor::from_f64(f, Shape::new(vec![scales.len()]).unwrap(), scales).unwrap();
+        case(op(K::Resize, &[("mode", Attr::String(mode.into()))]), vec![input, None, Some(scales)], 1)
+    };
     let mut v = vec![
         case(op(K::Transpose, &[("perm", Attr::Ints(vec![0, 2, 1]))]), vec![x(&[2, 3, 5], 1)], 1),
         case(op(K::Transpose, &[("perm", Attr::Ints(vec![1, 0]))]), vec![Some(data(DType::I64, &[7, 3], 2))], 1),
@@ -155,24 +160,8 @@ fn cases() -> Vec<Case> {
             ],
             1,
         ),
-        case(
-            op(K::Resize, &[("mode", Attr::String("nearest".into()))]),
-            vec![
-                x(&[1, 1, 3, 4], 23),
-                None,
-                Some(Tensor::from_f64(f, Shape::new(vec![4]).unwrap(), &[1.0, 1.0, 2.0, 1.5]).unwrap()),
-            ],
-            1,
-        ),
-        case(
-            op(K::Resize, &[("mode", Attr::String("linear".into()))]),
-            vec![
-                x(&[1, 2, 3, 4], 24),
-                None,
-                Some(Tensor::from_f64(f, Shape::new(vec![4]).unwrap(), &[1.0, 1.0, 1.7, 0.6]).unwrap()),
-            ],
-            1,
-        ),
+        resize("nearest", x(&[1, 1, 3, 4], 23), &[1.0, 1.0, 2.0, 1.5]),
+        resize("linear", x(&[1, 2, 3, 4], 24), &[1.0, 1.0, 1.7, 0.6]),
         case(
             op(K::ScatterElements, &[("axis", Attr::Int(0))]),
             vec![

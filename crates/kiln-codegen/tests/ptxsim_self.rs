@@ -9,7 +9,7 @@
 
 mod ptxsim;
 
-use ptxsim::{Global, Grid, Limits, SimError};
+use ptxsim::{isa, Global, Grid, Limits, SimError};
 
 /// An entry `t` of one binding with `body` between the prologue (`%rd0`: the binding,
 /// `%r0`: the thread, `%rd1`: its 4-byte slot's address) and `ret`.
@@ -169,34 +169,11 @@ fn word(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
-/// PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", written out
-/// here: `group = lane >> 2`, `tig = lane % 4`.
-/// A (16×16): `a_i`, i in 0..8, two to a `.b32` register (lower i in the low half).
-fn table_a(lane: usize, i: usize) -> (usize, usize) {
-    let (group, tig) = (lane >> 2, lane % 4);
-    let row = if i < 2 || (4..6).contains(&i) { group } else { group + 8 };
-    let col = if i < 4 { tig * 2 + (i & 1) } else { tig * 2 + (i & 1) + 8 };
-    (row, col)
-}
-
-/// B (16×8, `(k, n)`): `b_i`, i in 0..4.
-fn table_b(lane: usize, i: usize) -> (usize, usize) {
-    let (group, tig) = (lane >> 2, lane % 4);
-    let row = if i < 2 { tig * 2 + (i & 1) } else { tig * 2 + (i & 1) + 8 };
-    (row, group)
-}
-
-/// C and D (16×8): `c_i`, i in 0..4.
-fn table_c(lane: usize, i: usize) -> (usize, usize) {
-    let (group, tig) = (lane >> 2, lane % 4);
-    let row = if i < 2 { group } else { group + 8 };
-    (row, tig * 2 + (i & 1))
-}
-
 /// One warp's `mma.m16n8k16` of small integers (exact in every type), fragments placed
-/// by the host from the tables above, against a plain matrix product.
+/// by the host from the ISA's tables ([`ptxsim::isa`]), against a plain matrix product.
 #[test]
 fn mma_m16n8k16_multiplies_the_fragments_the_isa_lays_out() {
+    let at = |(r, c): (u32, u32)| (r as usize, c as usize);
     for (ty, enc) in [("f16", ptxsim::to_f16 as fn(f64) -> u16), ("bf16", ptxsim::to_bf16)] {
         let mut s = 7u64;
         let mut next = || {
@@ -211,15 +188,15 @@ fn mma_m16n8k16_multiplies_the_fragments_the_isa_lays_out() {
         for lane in 0..32 {
             let mut w = [0u32; 10];
             for i in 0..8 {
-                let (r, k) = table_a(lane, i);
+                let (r, k) = at(isa::a(lane as u32, i as u32));
                 w[i / 2] |= u32::from(enc(a[r][k])) << (16 * (i % 2));
             }
             for i in 0..4 {
-                let (k, n) = table_b(lane, i);
+                let (k, n) = at(isa::b(lane as u32, i as u32));
                 w[4 + i / 2] |= u32::from(enc(b[k][n])) << (16 * (i % 2));
             }
             for i in 0..4 {
-                let (r, n) = table_c(lane, i);
+                let (r, n) = at(isa::c(lane as u32, i as u32));
                 w[6 + i] = (c[r][n] as f32).to_bits();
             }
             for (j, x) in w.iter().enumerate() {
@@ -243,7 +220,7 @@ fn mma_m16n8k16_multiplies_the_fragments_the_isa_lays_out() {
         let out = run_on(&kernel("", 40, &body), 32, bytes).unwrap_or_else(|e| panic!("{ty}: {e}"));
         for lane in 0..32 {
             for i in 0..4 {
-                let (r, n) = table_c(lane, i);
+                let (r, n) = at(isa::c(lane as u32, i as u32));
                 let want = c[r][n] + (0..16).map(|k| a[r][k] * b[k][n]).sum::<f64>();
                 let got = f32::from_bits(word(&out, 320 + lane * 4 + i));
                 assert_eq!(f64::from(got), want, "{ty}: lane {lane} d{i} = D[{r}][{n}]");

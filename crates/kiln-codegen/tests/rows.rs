@@ -76,15 +76,7 @@ fn elementwise(what: &str, rows: usize, len: usize) -> Kernel {
             let d = b.add(one, e);
             b.div(one, d)
         }
-        "gelu" => {
-            let r2 = b.float(f, std::f64::consts::SQRT_2);
-            let half = b.float(f, 0.5);
-            let q = b.div(x, r2);
-            let e = b.unary(UnaryOp::Erf, q);
-            let s = b.add(one, e);
-            let h = b.mul(x, half);
-            b.mul(h, s)
-        }
+        "gelu" => gelu(&mut b, x),
         _ => {
             let c = b.load(1, vec![o[1]]);
             let e = b.unary(UnaryOp::Exp, x);

@@ -41,6 +41,12 @@ fn cycled(d: DType, dims: &[usize], shift: usize) -> Tensor {
     tensor_bits(d, dims, &bits)
 }
 
+/// Per row length of [`LENGTHS`], two `[ROWS, len]` operands of `d`: `x` cycled from
+/// 0, `y` from `shift`.
+fn operands(d: DType, shift: usize) -> impl Iterator<Item = (usize, Tensor, Tensor)> {
+    LENGTHS.into_iter().map(move |len| (len, cycled(d, &[ROWS, len], 0), cycled(d, &[ROWS, len], shift)))
+}
+
 /// Checks `k` against the interpreter on every vector width this CPU runs, after
 /// asserting that it took the vector path of that width.
 fn check_vector(k: &Kernel, inputs: &[&Tensor], cmp: Cmp) {
@@ -78,8 +84,7 @@ fn as_f32(b: &mut KernelBuilder, c: ExprId) -> ExprId {
 fn f32_operations() {
     require_avx2_fma!();
     let f = DType::F32;
-    for len in LENGTHS {
-        let (x, y) = (cycled(f, &[ROWS, len], 0), cycled(f, &[ROWS, len], 5));
+    for (len, x, y) in operands(f, 5) {
         for op in [
             UnaryOp::Neg,
             UnaryOp::Abs,
@@ -122,8 +127,7 @@ fn f32_operations() {
 fn integer_operations() {
     require_avx2_fma!();
     for d in [DType::I32, DType::U32] {
-        for len in LENGTHS {
-            let (x, y) = (cycled(d, &[ROWS, len], 0), cycled(d, &[ROWS, len], 3));
+        for (len, x, y) in operands(d, 3) {
             for op in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Not] {
                 let k = binary_kernel(&format!("u_{}", op.name()), d, d, len, |b, x, _| b.unary(op, x));
                 check_vector(&k, &[&x, &y], EXACT);
@@ -156,8 +160,7 @@ fn integer_operations() {
 fn bool_masks_select_and_casts() {
     require_avx2_fma!();
     let f = DType::F32;
-    for len in LENGTHS {
-        let (x, y) = (cycled(f, &[ROWS, len], 0), cycled(f, &[ROWS, len], 4));
+    for (len, x, y) in operands(f, 4) {
         // Two masks combined every way a bool is, then selected on and cast.
         for op in [BinaryOp::And, BinaryOp::Or, BinaryOp::Xor, BinaryOp::Eq, BinaryOp::Ne] {
             let k = binary_kernel(&format!("m_{}", op.name()), f, f, len, |b, x, y| {

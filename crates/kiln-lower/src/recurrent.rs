@@ -487,7 +487,7 @@ impl Rnn {
 
     /// A step's recurrent product over `count` gates from `first` on: `S[d, b, q] =
     /// Σₖ A[d, b, k]·R[d, first·hidden + q, k] + Rb[d, first·hidden + q]`, `A` the state
-    /// `a` (H, or GRU's `r ⊙ H`).
+    /// `a` (H, or GRU's `r ⊙ H`). None for a zero state: the step then reads no product.
     fn product(
         &self,
         cx: &OpCx<'_>,
@@ -496,7 +496,10 @@ impl Rnn {
         a: State,
         first: usize,
         count: usize,
-    ) -> R<Product> {
+    ) -> R<Option<Product>> {
+        if matches!(a, State::Zero) {
+            return Ok(None);
+        }
         let cols = count * self.hidden;
         let ty = tensor_ty(cx, self.ct.dtype(), vec![self.nd, self.batch, cols])?;
         let mut binds = Binds::default();
@@ -524,7 +527,7 @@ impl Rnn {
                 None => s,
             })
         })?);
-        Ok(Product { step: steps.len() - 1, first, count })
+        Ok(Some(Product { step: steps.len() - 1, first, count }))
     }
 }
 
@@ -754,25 +757,9 @@ fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) 
     }
 }
 
-/// The recurrent product of a step over `count` gates from state `h` (none for a zero
-/// state).
-fn product_of(
-    cx: &OpCx<'_>,
-    rnn: &Rnn,
-    steps: &mut Vec<Step>,
-    name: String,
-    h: State,
-    count: usize,
-) -> R<Option<Product>> {
-    if matches!(h, State::Zero) {
-        return Ok(None);
-    }
-    Ok(Some(rnn.product(cx, steps, name, h, 0, count)?))
-}
-
 /// One RNN step: the product `H·Rᵀ + Rb`, then `H = f(clip(P + S))`.
 fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State) -> R<usize> {
-    let prod = product_of(cx, rnn, steps, format!("{}_hr{s}", cx.name), h, 1)?;
+    let prod = rnn.product(cx, steps, format!("{}_hr{s}", cx.name), h, 0, 1)?;
     gate_and_state(cx, rnn, steps, format!("{}_h{s}", cx.name), s, prod, h, 0, |b, sc, new, old| {
         keep(b, sc.valid, new, old)
     })
@@ -810,13 +797,13 @@ fn gate_and_state(
 /// `H' = (1 − z)·h̃ + z·H`.
 fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State) -> R<usize> {
     let ct = rnn.ct;
-    let prod = product_of(cx, rnn, steps, format!("{}_hr{s}", cx.name), h, if rnn.lbr { 3 } else { 2 })?;
+    let prod = rnn.product(cx, steps, format!("{}_hr{s}", cx.name), h, 0, if rnn.lbr { 3 } else { 2 })?;
     let mut h_prod: Option<Product> = None;
     if !rnn.lbr && prod.is_some() {
         // r ⊙ H.
         let rh =
             gate_and_state(cx, rnn, steps, format!("{}_rh{s}", cx.name), s, prod, h, 1, |b, _, r, hv| b.mul(r, hv))?;
-        h_prod = Some(rnn.product(cx, steps, format!("{}_rhr{s}", cx.name), State::Step(rh), 2, 1)?);
+        h_prod = rnn.product(cx, steps, format!("{}_rhr{s}", cx.name), State::Step(rh), 2, 1)?;
     }
     let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hrec = match h_prod {
@@ -869,7 +856,7 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
             b.mul(p, cv)
         })
     };
-    let prod = product_of(cx, rnn, steps, format!("{}_hr{s}", cx.name), h, 4)?;
+    let prod = rnn.product(cx, steps, format!("{}_hr{s}", cx.name), h, 0, 4)?;
     // The cell state.
     let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let cj = rnn.bind_state(cx, &mut binds, c)?;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use kiln_import::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto};
+use kiln_compiler::{Compilation, CompileError, Input, Options, Precision, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, Tensor};
 use prost::Message;
@@ -115,6 +116,34 @@ pub fn read_npy(rel: &str) -> Tensor {
     let p = data_dir().join(rel);
     let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     npy::read(&b).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Listing entry `e`'s model compiled for the CUDA target at `precision`, through to the
+/// artifact (the compilation keeps its flow program and CUDA module to inspect); the
+/// compiler's error where it fails.
+pub fn compile_for_cuda(e: &Value, precision: Precision) -> Result<Compilation, Box<CompileError>> {
+    let opts = Options { device: TargetDevice::Cuda, import: import_options(e), precision, ..Options::default() };
+    let mut c = Compilation::new(Input::File(model_path(e)), opts);
+    c.run_to(Stage::Artifact).map_err(Box::new)?;
+    Ok(c)
+}
+
+/// [`compile_for_cuda`] for a test that goes through every model and reports all
+/// failures at the end: a failure is recorded in `failures` as `LABEL: compile for cuda:
+/// ERROR`, and there is no compilation (the caller goes on to the next model).
+pub fn compile_for_cuda_or_record(
+    e: &Value,
+    precision: Precision,
+    label: &str,
+    failures: &mut Vec<String>,
+) -> Option<Compilation> {
+    match compile_for_cuda(e, precision) {
+        Ok(c) => Some(c),
+        Err(err) => {
+            failures.push(format!("{label}: compile for cuda: {err}"));
+            None
+        }
+    }
 }
 
 /// The import options a listing entry asks for: its input shapes and its input values.

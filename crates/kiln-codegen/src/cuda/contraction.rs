@@ -94,6 +94,8 @@
 //! multiply-accumulate of two loads, operands in padded loads (the compiler splits the
 //! padding into its own kernel first) and a right operand read across its columns.
 
+use std::collections::HashSet;
+
 use kiln_flow::contraction::{Contraction, Operand};
 use kiln_flow::{Expr, ExprId, Kernel};
 use kiln_ir::DType;
@@ -561,21 +563,8 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
 
 /// `x` (u32) taken apart into `vars` as [`split`] does: one u32 register per variable.
 pub(super) fn split_regs(p: &mut Ptx, x: Reg, vars: &[Var]) -> Vec<Reg> {
-    let mut out = vec![x; vars.len()];
-    let mut rest = x;
-    for d in (1..vars.len()).rev() {
-        let e = Imm::U(vars[d].1);
-        let r = p.reg(RegClass::B32);
-        p.op("rem.u32", &[r.into(), rest.into(), e.into()]);
-        let q = p.reg(RegClass::B32);
-        p.op("div.u32", &[q.into(), rest.into(), e.into()]);
-        out[d] = r;
-        rest = q;
-    }
-    if let Some(o) = out.first_mut() {
-        *o = rest;
-    }
-    out
+    let extents: Vec<u64> = vars.iter().map(|v| v.1).collect();
+    super::digits(p, x, &extents, (RegClass::B32, "u32"))
 }
 
 /// `acc + Σ coef(v)·x_v` (s64; each `x_v` a u32 below 2³¹, each coefficient in i32).
@@ -660,6 +649,98 @@ pub(super) fn load_f32(p: &mut Ptx, dtype: DType, ok: Reg, addr: Opd) -> Reg {
         }
     }
     v
+}
+
+/// What every block of a contraction kernel (the f32 one and the tensor-core one)
+/// computes first from its block index: its part of a split of `K`, the origin of its
+/// output tile, and its batch's variables and operand offsets.
+pub(super) struct BlockStart {
+    /// Its rank in its cluster (a split only).
+    pub rank: Option<Reg>,
+    /// The first `k` of its part (a split only; else 0).
+    pub k_start: Option<Reg>,
+    /// The end of its part of `K` (a register for a split, else `K`).
+    pub k_end: Opd,
+    /// The tile's first row.
+    pub m0: Reg,
+    /// The tile's first column.
+    pub n0: Reg,
+    /// The batch variables (u32), outermost first.
+    pub bvars: Vec<Reg>,
+    /// `A`'s element offset at the batch (s64).
+    pub a_bat: Reg,
+    /// `B`'s element offset at the batch (s64).
+    pub b_bat: Reg,
+}
+
+impl BlockStart {
+    /// The start of block `bid` (a u32 register) under `plan`.
+    pub(super) fn open(p: &mut Ptx, plan: &Plan, bid: Reg) -> BlockStart {
+        let t = plan.tile;
+        let [_, m, n, kk] = plan.dims;
+        // A split: block bid computes tile bid / split over k in [k_start, k_end), its
+        // rank in its cluster (of `split` consecutive blocks) being bid % split.
+        let (tile, rank, k_start, k_end) = if plan.split > 1 {
+            p.directive(&format!(".reqnctapercluster {}, 1, 1", plan.split));
+            let rank = p.special("%cluster_ctarank");
+            let tile = u32_op(p, "div.u32", bid, Imm::U(plan.split.into()).into());
+            let k_start = u32_op(p, "mul.lo.u32", rank, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "add.u32", k_start, Imm::U(plan.k_chunk).into());
+            let e = u32_op(p, "min.u32", e, Imm::U(kk).into());
+            (tile, Some(rank), Some(k_start), Opd::R(e))
+        } else {
+            (bid, None, None, Opd::I(Imm::U(kk)))
+        };
+        // Tile = (batch, mtile, ntile), ntile fastest (Plan::block).
+        let nt = Imm::U(n.div_ceil(u64::from(t.bn())));
+        let mt = Imm::U(m.div_ceil(u64::from(t.bm())));
+        let ntile = u32_op(p, "rem.u32", tile, nt.into());
+        let rest = u32_op(p, "div.u32", tile, nt.into());
+        let mtile = u32_op(p, "rem.u32", rest, mt.into());
+        let bi = u32_op(p, "div.u32", rest, mt.into());
+        let m0 = u32_op(p, "mul.lo.u32", mtile, Imm::U(t.bm().into()).into());
+        let n0 = u32_op(p, "mul.lo.u32", ntile, Imm::U(t.bn().into()).into());
+        let bvars = split_regs(p, bi, &plan.batch);
+        let constant = |p: &mut Ptx, c: i64| {
+            let r = p.reg(RegClass::B64);
+            p.op("mov.s64", &[r.into(), Imm::I(c).into()]);
+            r
+        };
+        let (ac, bc) = (constant(p, plan.a.c), constant(p, plan.b.c));
+        let a_bat = affine_regs(p, ac, &|v| plan.a.at(v), &plan.batch, &bvars);
+        let b_bat = affine_regs(p, bc, &|v| plan.b.at(v), &plan.batch, &bvars);
+        BlockStart { rank, k_start, k_end, m0, n0, bvars, a_bat, b_bat }
+    }
+}
+
+/// A thread's element of an operand row at step `k0`: the predicate that it is read
+/// (its row `in_range`, and its `k`, `k0 + k_in`, below `k_end`) and its address with an
+/// immediate offset: the row's own pointer `ptr` where the operand steps linearly along
+/// the reduction, else `base` + `size` bytes per element at the row's offset `off` plus
+/// the reduction variables' terms of `map`. The f32 kernel's loads and the tensor-core
+/// kernel's copies both read through it.
+pub(super) fn operand_element(
+    p: &mut Ptx,
+    (ks, map): (&[Var], &Map),
+    (k0, k_in, k_end): (Reg, Reg, &Opd),
+    (in_range, off, ptr): (Reg, Reg, Option<(Reg, i64)>),
+    (base, size): (Reg, i64),
+) -> (Reg, (Reg, i64)) {
+    let kabs = u32_op(p, "add.u32", k0, k_in.into());
+    let kin = pred(p, "setp.lt.u32", kabs, k_end.clone());
+    let ok = p.reg(RegClass::Pred);
+    p.op("and.pred", &[ok.into(), kin.into(), in_range.into()]);
+    let addr = match ptr {
+        Some(a) => a,
+        None => {
+            let xs = split_regs(p, kabs, ks);
+            let off = affine_regs(p, off, &|v| map.at(v), ks, &xs);
+            let a = p.reg(RegClass::B64);
+            p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(size).into(), base.into()]);
+            (a, 0)
+        }
+    };
+    (ok, addr)
 }
 
 pub(super) fn u32_op(p: &mut Ptx, op: &str, a: Reg, b: Opd) -> Reg {
@@ -801,20 +882,13 @@ impl<'a> Emitter<'a> {
     fn load(&self, p: &mut Ptx, l: &Loader, k0: Reg, k_end: &Opd) -> Vec<Reg> {
         let mut vals = Vec::new();
         for s in &l.slots {
-            let kabs = u32_op(p, "add.u32", k0, s.k_in.into());
-            let kin = pred(p, "setp.lt.u32", kabs, k_end.clone());
-            let ok = p.reg(RegClass::Pred);
-            p.op("and.pred", &[ok.into(), kin.into(), s.in_range.into()]);
-            let (addr, at) = match s.ptr {
-                Some(a) => a,
-                None => {
-                    let xs = split_regs(p, kabs, &self.plan.ks);
-                    let off = affine_regs(p, s.off, &|v| l.map.at(v), &self.plan.ks, &xs);
-                    let a = p.reg(RegClass::B64);
-                    p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(l.size).into(), l.base.into()]);
-                    (a, 0)
-                }
-            };
+            let (ok, (addr, at)) = operand_element(
+                p,
+                (&self.plan.ks, &l.map),
+                (k0, s.k_in, k_end),
+                (s.in_range, s.off, s.ptr),
+                (l.base, l.size),
+            );
             vals.push(load_f32(p, l.map.dtype, ok, Opd::Addr(addr, at)));
         }
         vals
@@ -846,15 +920,8 @@ impl<'a> Emitter<'a> {
     fn body(&self, p: &mut Ptx) -> Result<(), CodegenError> {
         let (k, plan) = (self.k, self.plan);
         let t = plan.tile;
-        let [_, m, n, kk] = plan.dims;
-        let mut bases = Vec::new();
-        for i in 0..k.inputs.len() + 1 {
-            let raw = p.reg(RegClass::B64);
-            p.op("ld.param.u64", &[raw.into(), p.param(i)]);
-            let g = p.reg(RegClass::B64);
-            p.op("cvta.to.global.u64", &[g.into(), raw.into()]);
-            bases.push(g);
-        }
+        let [_, m, n, _] = plan.dims;
+        let bases = p.binding_bases(k.inputs.len() + 1);
         // 256 threads; and where both operands step linearly along `k` (no `k` taken
         // apart per load), two blocks per multiprocessor: ptxas then keeps to 128
         // registers (an 8×8 tile takes ~147 otherwise, one block per multiprocessor).
@@ -864,44 +931,11 @@ impl<'a> Emitter<'a> {
         if self.linear(&plan.a).is_some() && self.linear(&plan.b).is_some() {
             p.directive(".minnctapersm 2");
         }
-        let tid = p.reg(RegClass::B32);
-        p.op("mov.u32", &[tid.into(), Opd::Special("%tid.x")]);
-        let bid = p.reg(RegClass::B32);
-        p.op("mov.u32", &[bid.into(), Opd::Special("%ctaid.x")]);
+        let tid = p.special("%tid.x");
+        let bid = p.special("%ctaid.x");
         let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
         let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
-        // A split: block bid computes tile bid / split over k in [k_start, k_end), its
-        // rank in its cluster (of `split` consecutive blocks) being bid % split.
-        let (bid, rank, k_start, k_end) = if plan.split > 1 {
-            p.directive(&format!(".reqnctapercluster {}, 1, 1", plan.split));
-            let rank = p.reg(RegClass::B32);
-            p.op("mov.u32", &[rank.into(), Opd::Special("%cluster_ctarank")]);
-            let tile = u32_op(p, "div.u32", bid, Imm::U(plan.split.into()).into());
-            let k_start = u32_op(p, "mul.lo.u32", rank, Imm::U(plan.k_chunk).into());
-            let e = u32_op(p, "add.u32", k_start, Imm::U(plan.k_chunk).into());
-            let e = u32_op(p, "min.u32", e, Imm::U(kk).into());
-            (tile, Some(rank), Some(k_start), Opd::R(e))
-        } else {
-            (bid, None, None, Opd::I(Imm::U(kk)))
-        };
-        // Tile = (batch, mtile, ntile), ntile fastest (Plan::block).
-        let nt = Imm::U(n.div_ceil(u64::from(t.bn())));
-        let mt = Imm::U(m.div_ceil(u64::from(t.bm())));
-        let ntile = u32_op(p, "rem.u32", bid, nt.into());
-        let rest = u32_op(p, "div.u32", bid, nt.into());
-        let mtile = u32_op(p, "rem.u32", rest, mt.into());
-        let bi = u32_op(p, "div.u32", rest, mt.into());
-        let m0 = u32_op(p, "mul.lo.u32", mtile, Imm::U(t.bm().into()).into());
-        let n0 = u32_op(p, "mul.lo.u32", ntile, Imm::U(t.bn().into()).into());
-        let bvars = split_regs(p, bi, &plan.batch);
-        let constant = |p: &mut Ptx, c: i64| {
-            let r = p.reg(RegClass::B64);
-            p.op("mov.s64", &[r.into(), Imm::I(c).into()]);
-            r
-        };
-        let (ac, bc) = (constant(p, plan.a.c), constant(p, plan.b.c));
-        let a_bat = affine_regs(p, ac, &|v| plan.a.at(v), &plan.batch, &bvars);
-        let b_bat = affine_regs(p, bc, &|v| plan.b.at(v), &plan.batch, &bvars);
+        let BlockStart { rank, k_start, k_end, m0, n0, bvars, a_bat, b_bat } = BlockStart::open(p, plan, bid);
 
         // Shared memory: [A buf 0 | A buf 1 | B buf 0 | B buf 1].
         let (abuf, bbuf) = (Tile::buffer(t.bm()), Tile::buffer(t.bn()));
@@ -925,10 +959,7 @@ impl<'a> Emitter<'a> {
         let tx16 = u32_op(p, "shl.b32", tx, Imm::U(4).into());
 
         // Prologue: step 0 into the first buffers, which are read first.
-        let k0 = match k_start {
-            Some(k) => p.mov(RegClass::B32, "u32", k.into()),
-            None => p.mov(RegClass::B32, "u32", Imm::U(0).into()),
-        };
+        let k0 = p.mov(RegClass::B32, "u32", k_start.map_or(Imm::U(0).into(), Opd::R));
         let va = self.load(p, &la, k0, &k_end);
         let vb = self.load(p, &lb, k0, &k_end);
         Emitter::store(p, &la, &va, a_rd);
@@ -993,27 +1024,21 @@ impl<'a> Emitter<'a> {
                     (0..t.tn).map(|j| u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into())).collect();
                 self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, plan.vector_store())
             }
-            Some(rank) => self.split_epilogue(p, &bases, (tid, tx, ty, rank), (m0, n0, s0), &acc, &bvars),
+            Some(rank) => {
+                Emitter::store_partials(p, t, (tx, ty), s0, &acc);
+                self.split_reduce(p, &bases, (tid, tx, ty, rank), (m0, n0, s0), &bvars)
+            }
         }
     }
 
-    /// A split's end: each block writes its partial tile to its shared memory
-    /// (`part[row][col]`, row-major `BM × BN`, over the operand buffers, which the last
-    /// step's barrier has freed); after a cluster barrier, rank `r` sums rows
-    /// `r·BM/split ..` of every block's partial tile in rank order (distributed shared
-    /// memory, `mapa` + `ld.shared::cluster`) and runs the epilogue on them
-    /// ([`reduce_slot`]); a last cluster barrier keeps every block's shared memory alive
-    /// until all have read it.
-    fn split_epilogue(
-        &self,
-        p: &mut Ptx,
-        bases: &[Reg],
-        (tid, tx, ty, rank): (Reg, Reg, Reg, Reg),
-        (m0, n0, s0): (Reg, Reg, Reg),
-        acc: &[Reg],
-        bvars: &[Reg],
-    ) -> Result<(), CodegenError> {
-        let t = self.plan.tile;
+    /// A split's end, first part: each block writes its partial tile `acc` to its shared
+    /// memory at `s0` (`part[row][col]`, row-major `BM × BN`, over the operand buffers,
+    /// which the last step's barrier has freed). Then [`Emitter::split_reduce`]: after a
+    /// cluster barrier, rank `r` sums rows `r·BM/split ..` of every block's partial tile
+    /// in rank order (distributed shared memory, `mapa` + `ld.shared::cluster`) and runs
+    /// the epilogue on them ([`reduce_slot`]); a last cluster barrier keeps every block's
+    /// shared memory alive until all have read it.
+    fn store_partials(p: &mut Ptx, t: Tile, (tx, ty): (Reg, Reg), s0: Reg, acc: &[Reg]) {
         let row_bytes = t.bn() * 4;
         // Partials: thread rows Tile::row(ty, i), columns Tile::col(tx, 4c ..+4).
         let ty_off = u32_op(p, "mul.lo.u32", ty, Imm::U((4 * row_bytes).into()).into());
@@ -1027,7 +1052,6 @@ impl<'a> Emitter<'a> {
                 p.op("st.shared.v4.f32", &[Opd::Addr(at, off), Opd::Vec(v)]);
             }
         }
-        self.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
     }
 
     /// The rest of a split's end, once each block's partial tile is in its shared
@@ -1156,7 +1180,10 @@ impl<'a> Emitter<'a> {
                 let x = wide(ev.p, x);
                 ev.set_var(v as usize, x);
             }
-            hoist(&mut ev, k, (k.root, plan.reduce), &per_elem, &mut vec![false; k.nodes.len()])?;
+            // Every node that is not per element, once per row, never entering the
+            // reduction (its body reads the reduction's variables, which have no
+            // registers here).
+            ev.hoist_where(k.root, &|_, e| !per_elem[e.index()], &mut HashSet::from([plan.reduce]))?;
             // Groups of `lanes` columns: in range together, stored together.
             let lanes = if vector { 4 } else { 1 };
             for j0 in (0..cols.len()).step_by(lanes) {
@@ -1224,31 +1251,4 @@ pub(super) fn split_reduce(
     let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
     let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
     Emitter { k, plan }.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
-}
-
-/// Evaluates every node under `e` that is not per element (once per row), never
-/// entering the reduction (its body reads the reduction's variables, which have no
-/// registers here).
-fn hoist(
-    ev: &mut Eval<'_, '_>,
-    k: &Kernel,
-    (e, reduce): (ExprId, ExprId),
-    per_elem: &[bool],
-    seen: &mut [bool],
-) -> Result<(), CodegenError> {
-    if e == reduce || std::mem::replace(&mut seen[e.index()], true) {
-        return Ok(());
-    }
-    if !per_elem[e.index()] {
-        if !matches!(k.node(e).expr, Expr::Const(_) | Expr::Var(_)) {
-            ev.value(e)?;
-        }
-        return Ok(());
-    }
-    let mut ops = Vec::new();
-    k.node(e).expr.for_each_operand(|o| ops.push(o));
-    for o in ops {
-        hoist(ev, k, (o, reduce), per_elem, seen)?;
-    }
-    Ok(())
 }

@@ -66,7 +66,7 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
         ev.set_var(d, r);
     }
     // Everything that does not read the innermost variable, once per group.
-    hoist_outer(&mut ev, k, k.root, &reads_inner, &mut HashSet::new())?;
+    ev.hoist_where(k.root, &|_, e| !reads_inner(e), &mut HashSet::new())?;
     ev.set_var(inner as usize, vars[inner as usize]);
     let mut vector_lanes: Vec<(ExprId, Vec<Reg>)> = Vec::new();
     // The vector loads' addresses read the innermost variable at lane 0: their values
@@ -120,29 +120,4 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
     let text = p.finish().map_err(|e| internal(k, e))?;
     let note = format!("{} (v{lanes} store, {} vector loads)", kclass.name(), vector.len());
     Ok(Ok(Entry { text, launch: launch(k, groups), note }))
-}
-
-/// Evaluates every node under `e` that does not read the innermost variable.
-fn hoist_outer(
-    ev: &mut Eval<'_, '_>,
-    k: &Kernel,
-    e: ExprId,
-    reads_inner: &dyn Fn(ExprId) -> bool,
-    seen: &mut HashSet<ExprId>,
-) -> Result<(), CodegenError> {
-    if !seen.insert(e) {
-        return Ok(());
-    }
-    if !reads_inner(e) {
-        if !matches!(k.node(e).expr, Expr::Const(_) | Expr::Var(_)) {
-            ev.value(e)?;
-        }
-        return Ok(());
-    }
-    let mut ops = Vec::new();
-    k.node(e).expr.for_each_operand(|o| ops.push(o));
-    for o in ops {
-        hoist_outer(ev, k, o, reads_inner, seen)?;
-    }
-    Ok(())
 }

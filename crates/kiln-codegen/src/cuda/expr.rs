@@ -852,12 +852,27 @@ impl<'k, 'p> Eval<'k, 'p> {
     /// Nodes under `e` that can be evaluated now (every variable they read defined):
     /// evaluated, so a loop opened next does not recompute them.
     fn hoist(&mut self, e: ExprId, seen: &mut HashSet<ExprId>) -> R<()> {
+        self.hoist_where(
+            e,
+            &|ev, e| ev.free[e.index()].iter().all(|&v| ev.vars.get(v as usize).is_some_and(Option::is_some)),
+            seen,
+        )
+    }
+
+    /// Evaluates the highest nodes under `e` that are `ready` (all of them, once each:
+    /// nodes in `seen` are skipped, and entered into it), so that code placed after
+    /// this, in a loop, finds them computed. Constants and variables stay where they
+    /// are used: they cost nothing there.
+    pub fn hoist_where(
+        &mut self,
+        e: ExprId,
+        ready: &dyn Fn(&Eval<'k, 'p>, ExprId) -> bool,
+        seen: &mut HashSet<ExprId>,
+    ) -> R<()> {
         if !seen.insert(e) {
             return Ok(());
         }
-        let ready = self.free[e.index()].iter().all(|&v| self.vars.get(v as usize).is_some_and(Option::is_some));
-        if ready {
-            // Constants and variables cost nothing to leave where they are used.
+        if ready(self, e) {
             if !matches!(self.k.node(e).expr, Expr::Const(_) | Expr::Var(_)) {
                 self.value(e)?;
             }
@@ -866,7 +881,7 @@ impl<'k, 'p> Eval<'k, 'p> {
         let mut ops = Vec::new();
         self.k.node(e).expr.for_each_operand(|o| ops.push(o));
         for o in ops {
-            self.hoist(o, seen)?;
+            self.hoist_where(o, ready, seen)?;
         }
         Ok(())
     }

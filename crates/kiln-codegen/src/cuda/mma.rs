@@ -110,8 +110,8 @@ use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::contraction::{
-    self, affine_regs, choose_split, choose_tile, linear, operand_row, pred, split_regs, u32_op, Map, Order, Plan, Tile,
-    Var, SMS,
+    self, choose_split, choose_tile, linear, operand_element, operand_row, pred, u32_op, BlockStart, Map, Order, Plan,
+    Tile, Var, SMS,
 };
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch, BLOCK};
@@ -492,20 +492,13 @@ impl Emitter<'_> {
     fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: u32) -> Vec<Reg> {
         let mut vals = Vec::new();
         for it in &s.items {
-            let kabs = u32_op(p, "add.u32", k0, it.k_in.into());
-            let kin = pred(p, "setp.lt.u32", kabs, k_end.clone());
-            let ok = p.reg(RegClass::Pred);
-            p.op("and.pred", &[ok.into(), kin.into(), it.in_range.into()]);
-            let addr = match it.ptr {
-                Some(a) => a,
-                None => {
-                    let xs = split_regs(p, kabs, &self.plan.ks);
-                    let off = affine_regs(p, it.off, &|v| s.map.at(v), &self.plan.ks, &xs);
-                    let a = p.reg(RegClass::B64);
-                    p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(2).into(), s.base.into()]);
-                    a
-                }
-            };
+            let (ok, (addr, _)) = operand_element(
+                p,
+                (&self.plan.ks, &s.map),
+                (k0, it.k_in, k_end),
+                (it.in_range, it.off, it.ptr.map(|a| (a, 0))),
+                (s.base, 2),
+            );
             if s.feed.cp {
                 // Out of range: nothing read (src-size 0, from the base), 16 zero bytes.
                 let src = p.reg(RegClass::B64);
@@ -585,59 +578,18 @@ impl Emitter<'_> {
         let (wr, wc) = warps(t);
         let (wm_rows, wn_cols) = (bm / wr, bn / wc);
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
-        let [_, m, n, kk] = plan.dims;
-        let mut bases = Vec::new();
-        for i in 0..k.inputs.len() + 1 {
-            let raw = p.reg(RegClass::B64);
-            p.op("ld.param.u64", &[raw.into(), p.param(i)]);
-            let g = p.reg(RegClass::B64);
-            p.op("cvta.to.global.u64", &[g.into(), raw.into()]);
-            bases.push(g);
-        }
+        let [_, m, n, _] = plan.dims;
+        let bases = p.binding_bases(k.inputs.len() + 1);
         p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
-        let tid = p.reg(RegClass::B32);
-        p.op("mov.u32", &[tid.into(), Opd::Special("%tid.x")]);
-        let bid = p.reg(RegClass::B32);
-        p.op("mov.u32", &[bid.into(), Opd::Special("%ctaid.x")]);
+        let tid = p.special("%tid.x");
+        let bid = p.special("%ctaid.x");
         let lane = u32_op(p, "and.b32", tid, Imm::U(31).into());
         let warp = u32_op(p, "shr.u32", tid, Imm::U(5).into());
         let wm = u32_op(p, "shr.u32", warp, Imm::U(wc.trailing_zeros().into()).into());
         let wn = u32_op(p, "and.b32", warp, Imm::U((wc - 1).into()).into());
         let g = u32_op(p, "shr.u32", lane, Imm::U(2).into());
         let t4 = u32_op(p, "and.b32", lane, Imm::U(3).into());
-        // A split: block bid computes tile bid / split over k in [k_start, k_end), its
-        // rank in its cluster (of `split` consecutive blocks) being bid % split.
-        let (bid, rank, k_start, k_end) = if plan.split > 1 {
-            p.directive(&format!(".reqnctapercluster {}, 1, 1", plan.split));
-            let rank = p.reg(RegClass::B32);
-            p.op("mov.u32", &[rank.into(), Opd::Special("%cluster_ctarank")]);
-            let tile = u32_op(p, "div.u32", bid, Imm::U(plan.split.into()).into());
-            let k_start = u32_op(p, "mul.lo.u32", rank, Imm::U(plan.k_chunk).into());
-            let e = u32_op(p, "add.u32", k_start, Imm::U(plan.k_chunk).into());
-            let e = u32_op(p, "min.u32", e, Imm::U(kk).into());
-            (tile, Some(rank), Some(k_start), Opd::R(e))
-        } else {
-            (bid, None, None, Opd::I(Imm::U(kk)))
-        };
-
-        // Plan::block in PTX.
-        let nt = n.div_ceil(u64::from(bn));
-        let mt = m.div_ceil(u64::from(bm));
-        let ntile = u32_op(p, "rem.u32", bid, Imm::U(nt).into());
-        let rest = u32_op(p, "div.u32", bid, Imm::U(nt).into());
-        let mtile = u32_op(p, "rem.u32", rest, Imm::U(mt).into());
-        let bi = u32_op(p, "div.u32", rest, Imm::U(mt).into());
-        let m0 = u32_op(p, "mul.lo.u32", mtile, Imm::U(bm.into()).into());
-        let n0 = u32_op(p, "mul.lo.u32", ntile, Imm::U(bn.into()).into());
-        let bvars = split_regs(p, bi, &plan.batch);
-        let constant = |p: &mut Ptx, c: i64| {
-            let r = p.reg(RegClass::B64);
-            p.op("mov.s64", &[r.into(), Imm::I(c).into()]);
-            r
-        };
-        let (ac, bc) = (constant(p, plan.a.c), constant(p, plan.b.c));
-        let a_bat = affine_regs(p, ac, &|v| plan.a.at(v), &plan.batch, &bvars);
-        let b_bat = affine_regs(p, bc, &|v| plan.b.at(v), &plan.batch, &bvars);
+        let BlockStart { rank, k_start, k_end, m0, n0, bvars, a_bat, b_bat } = BlockStart::open(p, plan, bid);
 
         // Shared memory: [A stage 0..3 | B stage 0..3].
         let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
@@ -662,10 +614,7 @@ impl Emitter<'_> {
         let acc: Vec<Reg> = (0..mi * ni * 4).map(|_| p.mov(RegClass::F32, "f32", Imm::F32(0).into())).collect();
 
         // Prologue: steps 0 .. STAGES-1 into stages 0 .. STAGES-1.
-        let kq = match k_start {
-            Some(k0) => p.mov(RegClass::B32, "u32", k0.into()),
-            None => p.mov(RegClass::B32, "u32", Imm::U(0).into()),
-        };
+        let kq = p.mov(RegClass::B32, "u32", k_start.map_or(Imm::U(0).into(), Opd::R));
         for st in 0..STAGES - 1 {
             let va = self.issue(p, &sa, (kq, &k_end), st * a_stage);
             let vb = self.issue(p, &sb, (kq, &k_end), st * b_stage);

@@ -149,32 +149,21 @@ pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, Codegen
 /// One kernel: its class's emitter, or the general mapping where there is none yet or
 /// it declines.
 pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenError> {
-    let declined = match class {
-        KernelClass::Elementwise | KernelClass::Movement => match elementwise::emit(k, class)? {
-            Ok(e) => return Ok(e),
-            Err(why) => Some(why),
-        },
-        KernelClass::Window => match window::emit(k)? {
-            Ok(e) => return Ok(e),
-            Err(why) => Some(why),
-        },
-        KernelClass::Contraction => match contraction::emit(k)? {
-            Ok(e) => return Ok(e),
-            Err(why) => Some(why),
-        },
-        KernelClass::Rows => match rows::emit(k)? {
-            Ok(e) => return Ok(e),
-            Err(why) => Some(why),
-        },
+    let tried = match class {
+        KernelClass::Elementwise | KernelClass::Movement => elementwise::emit(k, class)?,
+        KernelClass::Window => window::emit(k)?,
+        KernelClass::Contraction => contraction::emit(k)?,
+        KernelClass::Rows => rows::emit(k)?,
         // Reductions of no Rows kernel: a group of threads per output element; the
         // general mapping keeps its plain note where that declines.
-        KernelClass::General => match rows::emit_general(k)? {
-            Ok(e) => return Ok(e),
-            Err(_) => None,
-        },
+        KernelClass::General => rows::emit_general(k)?,
+    };
+    let why = match tried {
+        Ok(e) => return Ok(e),
+        Err(why) => why,
     };
     let mut e = general::emit(k)?;
-    if let Some(why) = declined {
+    if class != KernelClass::General {
         e.note = format!("general ({why})");
     }
     Ok(e)
@@ -182,6 +171,44 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
 
 fn internal(k: &Kernel, e: ptx::PtxError) -> CodegenError {
     CodegenError::Internal { kernel: k.name.clone(), what: e.0 }
+}
+
+/// The thread's place in the grid, as PTX's special registers give it (u32 each).
+struct Ids {
+    /// `%tid.x`: the thread within its block.
+    tid: Reg,
+    /// `%ntid.x`: threads per block.
+    ntid: Reg,
+    /// `%ctaid.x`: the block within the grid.
+    ctaid: Reg,
+    /// `%nctaid.x`: blocks in the grid.
+    nctaid: Reg,
+}
+
+impl Ids {
+    fn read(p: &mut Ptx) -> Ids {
+        let tid = p.special("%tid.x");
+        let ntid = p.special("%ntid.x");
+        let ctaid = p.special("%ctaid.x");
+        let nctaid = p.special("%nctaid.x");
+        Ids { tid, ntid, ctaid, nctaid }
+    }
+
+    /// The thread's index in the grid, `ctaid · ntid + tid` (u64).
+    fn global_thread(&self, p: &mut Ptx) -> Reg {
+        let tid64 = p.reg(RegClass::B64);
+        p.op("cvt.u64.u32", &[tid64.into(), self.tid.into()]);
+        let g = p.reg(RegClass::B64);
+        p.op("mad.wide.u32", &[g.into(), self.ctaid.into(), self.ntid.into(), tid64.into()]);
+        g
+    }
+
+    /// Threads in the grid, `nctaid · ntid` (u64).
+    fn grid_threads(&self, p: &mut Ptx) -> Reg {
+        let n = p.reg(RegClass::B64);
+        p.op("mul.wide.u32", &[n.into(), self.nctaid.into(), self.ntid.into()]);
+        n
+    }
 }
 
 /// The prologue every entry shares: global base addresses of the bindings, the
@@ -199,16 +226,9 @@ impl Skeleton {
     /// Opens the grid-stride loop over `0..groups`.
     fn open(p: &mut Ptx, bindings: usize, groups: u64) -> Skeleton {
         let bases = p.binding_bases(bindings);
-        let tid = p.special("%tid.x");
-        let ntid = p.special("%ntid.x");
-        let ctaid = p.special("%ctaid.x");
-        let nctaid = p.special("%nctaid.x");
-        let tid64 = p.reg(RegClass::B64);
-        p.op("cvt.u64.u32", &[tid64.into(), tid.into()]);
-        let group = p.reg(RegClass::B64);
-        p.op("mad.wide.u32", &[group.into(), ctaid.into(), ntid.into(), tid64.into()]);
-        let stride = p.reg(RegClass::B64);
-        p.op("mul.wide.u32", &[stride.into(), nctaid.into(), ntid.into()]);
+        let ids = Ids::read(p);
+        let group = ids.global_thread(p);
+        let stride = ids.grid_threads(p);
         let (head, end) = (p.label(), p.label());
         p.place(head);
         let done = p.reg(RegClass::Pred);
@@ -228,20 +248,27 @@ impl Skeleton {
 
 /// The output index (one i64 register per dimension) of flat element `flat`.
 fn decompose(p: &mut Ptx, flat: Reg, dims: &[usize]) -> Vec<Reg> {
-    let mut out = vec![flat; dims.len()];
-    let mut rest = flat;
-    for d in (0..dims.len()).rev() {
-        if d == 0 {
-            out[0] = rest;
-            break;
-        }
-        let n = Imm::U(dims[d] as u64);
-        let v = p.reg(RegClass::B64);
-        p.op("rem.u64", &[v.into(), rest.into(), n.into()]);
-        let q = p.reg(RegClass::B64);
-        p.op("div.u64", &[q.into(), rest.into(), n.into()]);
-        out[d] = v;
+    let extents: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    digits(p, flat, &extents, (RegClass::B64, "u64"))
+}
+
+/// `x` taken apart row-major into `extents` (outermost first), in registers of class
+/// `class` and arithmetic of type `ty`: the innermost is `x mod extent`, and so on
+/// outwards; the outermost takes what is left.
+fn digits(p: &mut Ptx, x: Reg, extents: &[u64], (class, ty): (RegClass, &str)) -> Vec<Reg> {
+    let mut out = vec![x; extents.len()];
+    let mut rest = x;
+    for d in (1..extents.len()).rev() {
+        let e = Imm::U(extents[d]);
+        let r = p.reg(class);
+        p.op(&format!("rem.{ty}"), &[r.into(), rest.into(), e.into()]);
+        let q = p.reg(class);
+        p.op(&format!("div.{ty}"), &[q.into(), rest.into(), e.into()]);
+        out[d] = r;
         rest = q;
+    }
+    if let Some(o) = out.first_mut() {
+        *o = rest;
     }
     out
 }

@@ -92,7 +92,7 @@ use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
 
 use super::expr::{identity, storage, Eval};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
-use super::{decompose, internal, Entry, Launch, BLOCK, MAX_GRID};
+use super::{decompose, internal, Entry, Ids, Launch, BLOCK, MAX_GRID};
 use crate::CodegenError;
 
 /// Threads of a warp.
@@ -510,27 +510,21 @@ fn emit_plan(k: &Kernel, plan: Plan) -> Result<Result<Entry, String>, CodegenErr
         p.op(&format!(".shared .align 8 .b8 {PARTIALS}[{}]", WARPS * 8), &[]);
     }
     let bases = p.binding_bases(nb);
-    let tid = p.special("%tid.x");
-    let ntid = p.special("%ntid.x");
-    let ctaid = p.special("%ctaid.x");
-    let nctaid = p.special("%nctaid.x");
+    let ids = Ids::read(&mut p);
+    let Ids { tid, ctaid, nctaid, .. } = ids;
     let lane = p.reg(RegClass::B32);
     p.op("and.b32", &[lane.into(), tid.into(), Imm::I(31).into()]);
     let rows = plan.rows;
     // The row loop's base and stride, the lane within the group, the row's offset from
     // the base (see the module docs and `walk`, which mirrors this arithmetic).
     let (base, stride, glane, sub) = if m.group <= WARP {
-        let tid64 = p.reg(RegClass::B64);
-        p.op("cvt.u64.u32", &[tid64.into(), tid.into()]);
-        let gtid = p.reg(RegClass::B64);
-        p.op("mad.wide.u32", &[gtid.into(), ctaid.into(), ntid.into(), tid64.into()]);
+        let gtid = ids.global_thread(&mut p);
         let warp = p.reg(RegClass::B64);
         p.op("shr.u64", &[warp.into(), gtid.into(), Imm::I(5).into()]);
         let rw = m.rows_per_warp();
         let base = p.reg(RegClass::B64);
         p.op("mul.lo.u64", &[base.into(), warp.into(), Imm::I(rw as i64).into()]);
-        let threads = p.reg(RegClass::B64);
-        p.op("mul.wide.u32", &[threads.into(), nctaid.into(), ntid.into()]);
+        let threads = ids.grid_threads(&mut p);
         let warps = p.reg(RegClass::B64);
         p.op("shr.u64", &[warps.into(), threads.into(), Imm::I(5).into()]);
         let stride = p.reg(RegClass::B64);
@@ -840,7 +834,6 @@ fn binary_of(op: ReduceOp) -> BinaryOp {
         _ => BinaryOp::Min,
     }
 }
-
 
 /// `v` as a 32- or 64-bit word for a shuffle or a shared slot: its type suffix and
 /// register (a predicate becomes 0 or 1).

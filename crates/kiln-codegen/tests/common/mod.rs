@@ -467,6 +467,19 @@ pub fn round_oracle(d: DType, x: f64) -> u16 {
     sign | pick
 }
 
+/// GELU of `v` (f32) as models export it: `0.5·v·(1 + erf(v / √2))`.
+pub fn gelu(b: &mut KernelBuilder, v: ExprId) -> ExprId {
+    let f = ScalarType::F32;
+    let half = b.float(f, 0.5);
+    let h = b.mul(v, half);
+    let r2 = b.float(f, std::f64::consts::SQRT_2);
+    let d = b.div(v, r2);
+    let e = b.unary(UnaryOp::Erf, d);
+    let one = b.float(f, 1.0);
+    let e = b.add(e, one);
+    b.mul(h, e)
+}
+
 /// `v` clipped to [0, 6] in f32 as the Relu6 epilogue is lowered (two selects:
 /// `v < 0 ? 0 : v`, then `v > 6 ? 6 : v`).
 pub fn relu6(b: &mut KernelBuilder, v: ExprId) -> ExprId {
@@ -479,9 +492,159 @@ pub fn relu6(b: &mut KernelBuilder, v: ExprId) -> ExprId {
     b.select(gt, six, v)
 }
 
+/// The tensor type of `d` and shape `dims`.
+pub fn ty(d: DType, dims: &[usize]) -> TensorType {
+    TensorType::new(d, Shape::new(dims.to_vec()).expect("shape"))
+}
+
 /// The f32 tensor type of shape `dims`.
-fn f32_type(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
+pub fn f32_type(dims: &[usize]) -> TensorType {
+    ty(DType::F32, dims)
+}
+
+/// `kernels` compiled for CUDA into one module, each asserted first to be of class
+/// `class`.
+pub fn compile_cuda(kernels: &[Kernel], class: kiln_flow::class::KernelClass) -> kiln_codegen::cuda::CudaModule {
+    let with_class: Vec<_> = kernels.iter().map(|k| (k, kiln_flow::class::classify(k))).collect();
+    for (k, c) in &with_class {
+        assert_eq!(*c, class, "{}", k.name);
+    }
+    kiln_codegen::cuda::compile(&with_class).expect("compile")
+}
+
+/// A batched matrix product `Σ_k a[.., m, k] · w[.., k, n]` as the reduction of a
+/// kernel being built (the CUDA Contraction suites build theirs with it): `a` is input
+/// 0, `w` input 1.
+#[derive(Debug, Clone, Copy)]
+pub struct MatMul<'a> {
+    /// The output's batch dimensions.
+    pub batch: &'a [usize],
+    /// Whether `a` and `w` carry the batch dimensions (else each is broadcast over them).
+    pub batched: (bool, bool),
+    /// `M`, `K`, `N`.
+    pub mkn: (usize, usize, usize),
+    /// `a` stored transposed (`[.., k, m]`).
+    pub a_t: bool,
+    /// The storage types of `a` and `w` (an integer is converted to f32 in the load).
+    pub dtypes: (DType, DType),
+}
+
+impl MatMul<'_> {
+    /// The output's dimensions, `[batch.., m, n]`.
+    pub fn out(&self) -> Vec<usize> {
+        let (m, _, n) = self.mkn;
+        [self.batch, &[m, n]].concat()
+    }
+
+    /// The types of `a` and `w`.
+    pub fn inputs(&self) -> Vec<TensorType> {
+        let (m, k, n) = self.mkn;
+        let with = |on: bool, d: &[usize]| if on { [self.batch, d].concat() } else { d.to_vec() };
+        let a_dims = if self.a_t { [k, m] } else { [m, k] };
+        vec![ty(self.dtypes.0, &with(self.batched.0, &a_dims)), ty(self.dtypes.1, &with(self.batched.1, &[k, n]))]
+    }
+
+    /// The sum over `k` in `kb`, and the output's row and column index.
+    pub fn sum(&self, kb: &mut KernelBuilder) -> (ExprId, ExprId, ExprId) {
+        let o = kb.out_index();
+        let kv = kb.new_var(self.mkn.1 as u64);
+        let kk = kb.var(kv);
+        let r = self.batch.len();
+        let pre = |on: bool| if on { o[..r].to_vec() } else { vec![] };
+        let (a_b, w_b) = self.batched;
+        let ai = if self.a_t { [pre(a_b), vec![kk, o[r]]].concat() } else { [pre(a_b), vec![o[r], kk]].concat() };
+        let x = kb.load(0, ai);
+        let w = kb.load(1, [pre(w_b), vec![kk, o[r + 1]]].concat());
+        let w = if self.dtypes.1.is_float() { w } else { kb.cast(w, DType::F32, false) };
+        let p = kb.mul(x, w);
+        (kb.reduce(ReduceOp::Sum, vec![kv], p), o[r], o[r + 1])
+    }
+}
+
+/// A convolution in NCHW over an input already padded (in-bounds loads, as the lowering
+/// makes them after its padding kernel) as the reduction of a kernel being built: `n`
+/// images of `ci` channels (input 0) to `co` channels (filter: input 1) of `h × w`, a
+/// `kh × kw` window with stride `s` and dilation `d`, `g` groups. With `g > 1` the
+/// output is `[n, g, co/g, h, w]` and the group an index of its own, as the lowering
+/// makes grouped convolutions with several input channels per group.
+#[derive(Debug, Clone, Copy)]
+pub struct Conv {
+    pub n: usize,
+    /// Input and output channels.
+    pub channels: (usize, usize),
+    /// The output's height and width.
+    pub hw: (usize, usize),
+    /// The window's height and width.
+    pub window: (usize, usize),
+    pub stride: usize,
+    pub dilation: usize,
+    pub groups: usize,
+}
+
+impl Conv {
+    /// `n` images, `(ci, co)` channels, an `(h, w)` output, a `(kh, kw)` window, stride
+    /// `s`, dilation `d`, `g` groups.
+    pub fn new(
+        n: usize,
+        channels: (usize, usize),
+        hw: (usize, usize),
+        window: (usize, usize),
+        s: usize,
+        d: usize,
+        g: usize,
+    ) -> Conv {
+        Conv { n, channels, hw, window, stride: s, dilation: d, groups: g }
+    }
+
+    /// The output's dimensions.
+    pub fn out(&self) -> Vec<usize> {
+        let ((_, co), (h, w), g) = (self.channels, self.hw, self.groups);
+        if g > 1 {
+            vec![self.n, g, co / g, h, w]
+        } else {
+            vec![self.n, co, h, w]
+        }
+    }
+
+    /// The (padded) image's and the filter's dimensions.
+    pub fn inputs(&self) -> [Vec<usize>; 2] {
+        let ((ci, co), (h, w), (kh, kw)) = (self.channels, self.hw, self.window);
+        let (s, d) = (self.stride, self.dilation);
+        let (hi, wi) = ((h - 1) * s + (kh - 1) * d + 1, (w - 1) * s + (kw - 1) * d + 1);
+        [vec![self.n, ci, hi, wi], vec![co, ci / self.groups, kh, kw]]
+    }
+
+    /// The sum over the window and the group's input channels in `kb`, the output
+    /// channel's index and the output column's.
+    pub fn sum(&self, kb: &mut KernelBuilder) -> (ExprId, ExprId, ExprId) {
+        let ((ci, co), (kh, kw), g) = (self.channels, self.window, self.groups);
+        let (cig, cog) = (ci / g, co / g);
+        let o = kb.out_index();
+        let (civ, khv, kwv) = (kb.new_var(cig as u64), kb.new_var(kh as u64), kb.new_var(kw as u64));
+        let (c, y, x) = (kb.var(civ), kb.var(khv), kb.var(kwv));
+        let sc = kb.index(self.stride as i64);
+        let sp = if g > 1 { 3 } else { 2 };
+        let (oy, ox) = (kb.mul(o[sp], sc), kb.mul(o[sp + 1], sc));
+        let (dy, dx) = if self.dilation > 1 {
+            let dc = kb.index(self.dilation as i64);
+            (kb.mul(y, dc), kb.mul(x, dc))
+        } else {
+            (y, x)
+        };
+        let (iy, ix) = (kb.add(oy, dy), kb.add(ox, dx));
+        let (chan, oc) = if g > 1 {
+            let (cgi, cgo) = (kb.index(cig as i64), kb.index(cog as i64));
+            let base_i = kb.mul(o[1], cgi);
+            let base_o = kb.mul(o[1], cgo);
+            (kb.add(base_i, c), kb.add(base_o, o[2]))
+        } else {
+            (c, o[1])
+        };
+        let img = kb.load(0, vec![o[0], chan, iy, ix]);
+        let f = kb.load(1, vec![oc, c, y, x]);
+        let p = kb.mul(img, f);
+        (kb.reduce(ReduceOp::Sum, vec![civ, khv, kwv], p), oc, o[sp + 1])
+    }
 }
 
 /// `op` over `k < len` of `f(x[row, k])`, `x` input `input`: a reduction along one row

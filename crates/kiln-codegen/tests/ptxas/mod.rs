@@ -25,22 +25,30 @@ pub fn ptxas() -> PathBuf {
 /// Assembles `ptx` for sm_90a in a scratch folder named after `suite` and `tag`; the
 /// error output when ptxas refuses it.
 pub fn assemble_ptx(suite: &str, tag: &str, ptx: &str) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("kiln-{suite}-{}-{tag}", std::process::id()));
+    run_ptxas(&format!("{suite}-{}-{tag}", std::process::id()), &[], ptx).map(|_| ())
+}
+
+/// Runs `ptxas -arch=sm_90a ARGS` on `ptx` in the scratch folder `kiln-SCRATCH` (removed
+/// after): ptxas's error output, as the error when it refuses the PTX, else as the value.
+fn run_ptxas(scratch: &str, args: &[&str], ptx: &str) -> Result<String, String> {
+    let dir = std::env::temp_dir().join(format!("kiln-{scratch}"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let src = dir.join("m.ptx");
     std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
     let out = Command::new(ptxas())
         .arg("-arch=sm_90a")
+        .args(args)
         .arg(&src)
         .arg("-o")
         .arg(dir.join("m.cubin"))
         .output()
         .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
     if out.status.success() {
-        Ok(())
+        Ok(text)
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        Err(text)
     }
 }
 
@@ -59,22 +67,7 @@ pub struct Usage {
 
 /// Assembles `ptx` like [`assemble_ptx`], with `-v`: each entry's [`Usage`], by name.
 pub fn assemble_ptx_verbose(suite: &str, tag: &str, ptx: &str) -> Result<Vec<(String, Usage)>, String> {
-    let dir = std::env::temp_dir().join(format!("kiln-{suite}-{}-{tag}-v", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let src = dir.join("m.ptx");
-    std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
-    let out = Command::new(ptxas())
-        .args(["-arch=sm_90a", "-v"])
-        .arg(&src)
-        .arg("-o")
-        .arg(dir.join("m.cubin"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    if !out.status.success() {
-        return Err(text);
-    }
+    let text = run_ptxas(&format!("{suite}-{}-{tag}-v", std::process::id()), &["-v"], ptx)?;
     // "Function properties for NAME", then "N bytes stack frame, N bytes spill stores,
     // N bytes spill loads", then "Used N registers".
     let num = |s: &str, before: &str| -> u32 {

@@ -71,6 +71,8 @@
 //! list fails [`parse`] naming it: nothing is ever skipped.
 #![allow(dead_code)]
 
+pub mod isa;
+
 use std::collections::HashMap;
 use std::fmt;
 
@@ -1082,6 +1084,28 @@ pub struct Grid {
     pub shared: u32,
 }
 
+impl Grid {
+    /// The geometry of a kernel's launch (`grid` blocks of `block` threads, `shared`
+    /// dynamic bytes), as the CUDA module records it.
+    pub fn of(grid: u64, block: u32, shared: u32) -> Grid {
+        Grid { grid: grid as u32, block, shared }
+    }
+}
+
+/// `x op y` for `add`, `sub`, `mul` and (any other op) `div`, rounded to nearest as the
+/// `.rn` forms are.
+fn arith<T>(op: Op, x: T, y: T) -> T
+where
+    T: std::ops::Add<Output = T> + std::ops::Sub<Output = T> + std::ops::Mul<Output = T> + std::ops::Div<Output = T>,
+{
+    match op {
+        Op::Add => x + y,
+        Op::Sub => x - y,
+        Op::Mul => x * y,
+        _ => x / y,
+    }
+}
+
 fn f32v(x: u64) -> f32 {
     f32::from_bits(x as u32)
 }
@@ -1463,24 +1487,8 @@ impl Entry {
             Op::Add | Op::Sub | Op::Mul | Op::Div if ty.is_float() => {
                 let (a, b) = (v(1, t)?, v(2, t)?);
                 match ty {
-                    Ty::F32 => {
-                        let (x, y) = (f32v(a), f32v(b));
-                        fb(match i.op {
-                            Op::Add => x + y,
-                            Op::Sub => x - y,
-                            Op::Mul => x * y,
-                            _ => x / y,
-                        })
-                    }
-                    Ty::F64 => {
-                        let (x, y) = (f64v(a), f64v(b));
-                        db(match i.op {
-                            Op::Add => x + y,
-                            Op::Sub => x - y,
-                            Op::Mul => x * y,
-                            _ => x / y,
-                        })
-                    }
+                    Ty::F32 => fb(arith(i.op, f32v(a), f32v(b))),
+                    Ty::F64 => db(arith(i.op, f64v(a), f64v(b))),
                     _ => return unsupported(i.text.clone()),
                 }
             }
@@ -2187,6 +2195,15 @@ pub struct Check {
 }
 
 impl Check {
+    /// [`check_against_interpreter`] of entry `index` twice: on plain random inputs,
+    /// then with NaN and ±∞ (and −0 where `neg_zero`) among them; as `self` says
+    /// otherwise. The plain run's outcome.
+    pub fn plain_and_specials(&self, k: &Kernel, ptx: &str, index: usize, launch: Grid) -> Result<Outcome, String> {
+        let plain = check_against_interpreter(k, ptx, index, launch, &Check { specials: false, ..*self })?;
+        check_against_interpreter(k, ptx, index, launch, &Check { specials: true, ..*self })?;
+        Ok(plain)
+    }
+
     pub fn exact(seed: u64) -> Check {
         Check {
             seed,
