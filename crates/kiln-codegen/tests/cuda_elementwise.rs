@@ -90,7 +90,7 @@ fn simulate_on(k: &Kernel, oracle: &Kernel, m: &cuda::CudaModule, i: usize, inpu
 /// The lanes the emitter should give a row of `row` elements of `size` bytes: the
 /// widest group of 16, 8 or 4 bytes that tiles it.
 fn lanes(size: usize, row: usize) -> Option<usize> {
-    [16, 8, 4].into_iter().map(|g| g / size).find(|&l| row % l == 0)
+    [16, 8, 4].into_iter().map(|g| g / size).find(|&l| row.is_multiple_of(l))
 }
 
 /// `out[i, j]` from `x[i, j]`, `y[0, j]` (broadcast over rows), `w[i, j + 3]` (a scalar
@@ -334,7 +334,7 @@ fn casts_from_f32_round_and_wrap_as_the_interpreter() {
     let m = build("cast_f32", &kernels);
     for (i, k) in kernels.iter().enumerate() {
         assert!(m.notes[i].starts_with("elementwise ("), "{}: {}", k.name, m.notes[i]);
-        simulate_on(k, k, &m, i, &[input.clone()]);
+        simulate_on(k, k, &m, i, std::slice::from_ref(&input));
     }
     // The store's own rounding (a root of f32 arithmetic, no Cast): x·1, stored.
     let (rounded, twins) = store_rounded(DType::F32, &[DType::F16, DType::BF16], &dims, |b, x| {
@@ -343,7 +343,7 @@ fn casts_from_f32_round_and_wrap_as_the_interpreter() {
     });
     let m = build("store_f32", &rounded);
     for (i, (k, twin)) in rounded.iter().zip(&twins).enumerate() {
-        simulate_on(k, twin, &m, i, &[input.clone()]);
+        simulate_on(k, twin, &m, i, std::slice::from_ref(&input));
     }
 }
 
@@ -408,7 +408,7 @@ fn every_half_bit_pattern_converts_as_the_interpreter() {
     for (i, (k, t)) in kernels.iter().zip(&inputs).enumerate() {
         assert!(m.notes[i].ends_with(", 1 vector loads)"), "{}: {}", k.name, m.notes[i]);
         let oracle = twins.iter().find(|w| w.name == k.name).unwrap_or(k);
-        simulate_on(k, oracle, &m, i, &[t.clone()]);
+        simulate_on(k, oracle, &m, i, std::slice::from_ref(t));
     }
 }
 
@@ -427,7 +427,7 @@ fn integer_casts_to_narrow_types_wrap_as_the_interpreter() {
         outs.iter().map(|&to| unary_cast(&format!("c_i32_{}", to.name()), DType::I32, to, &dims, |_, x| x)).collect();
     let m = build("cast_i32", &kernels);
     for (i, k) in kernels.iter().enumerate() {
-        simulate_on(k, k, &m, i, &[input.clone()]);
+        simulate_on(k, k, &m, i, std::slice::from_ref(&input));
     }
 }
 

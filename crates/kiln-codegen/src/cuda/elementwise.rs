@@ -158,7 +158,7 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
     let store = if narrow {
         let words = pack(&mut ev, &values, size, k.output.dtype);
         let op = vec_op("st.global", words.len(), "b32");
-        let data = if words.len() == 1 { words[0].into() } else { Opd::Vec(words.clone()) };
+        let data = if words.len() == 1 { words[0].into() } else { Opd::Vec(words) };
         ev.p.op(&op, &[Opd::Addr(addr, 0), data]);
         op.trim_start_matches("st.global.").to_string()
     } else {
