@@ -82,6 +82,7 @@ SYNTHETIC_CASES = [
     ("mobilenet_v2", "bf16"),
     ("bert_tiny", "bf16"),
     ("bert_tiny_b32", "f32"),
+    ("mobilenet_v2_b32", "f16"),
 ]
 # Run after the carried models (least important: long and covered by gemm4096_bf16).
 LATE_CASES = [("gemm4096", "f32")]

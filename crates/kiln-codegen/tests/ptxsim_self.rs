@@ -370,3 +370,29 @@ fn cp_async_over_bytes_others_still_read_is_an_error() {
     assert!(matches!(&e, SimError::Divergence(s) if s.contains("overwrites")), "{e}");
     run(&format!("{head}\tbar.sync 0;\n{copy}")).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn prmt_picks_the_bytes_the_isa_names() {
+    // a = 0x88112233 (bytes 33 22 11 88), b = 0x445566F7 (bytes F7 66 55 44); the eight
+    // bytes {b, a} are numbered 0..7 from a's lowest. Expected words written out by hand
+    // from the PTX ISA's `prmt` table (default mode).
+    let cases: [(u32, u32); 7] = [
+        (0x3210, 0x8811_2233),
+        (0x7654, 0x4455_66F7),
+        (0x0040, 0x3333_F733),
+        (0x5410, 0x66F7_2233),
+        // Selector msb: the picked byte's sign, replicated (88 → FF, F7 → FF, 33 → 00).
+        (0x8C3B, 0x00FF_88FF),
+        // Only the selector's low 16 bits count.
+        (0xFFFF_0123, 0x3322_1188),
+        (0x4567, 0xF766_5544),
+    ];
+    let mut body = String::from("\tmov.b32 %r1, 0x88112233;\n\tmov.b32 %r2, 0x445566F7;\n");
+    for (k, (sel, _)) in cases.iter().enumerate() {
+        body.push_str(&format!("\tprmt.b32 %r3, %r1, %r2, {sel:#X};\n\tst.global.u32 [%rd1+{}], %r3;\n", 4 * k));
+    }
+    let out = run(&entry("", &body), 1, 4 * cases.len(), Limits::default()).expect("runs");
+    for (k, (sel, want)) in cases.iter().enumerate() {
+        assert_eq!(out[k], *want, "prmt selector {sel:#06X}: got {:#010X}", out[k]);
+    }
+}

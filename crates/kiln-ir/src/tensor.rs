@@ -160,8 +160,14 @@ impl Tensor {
         match dtype {
             DType::F32 => v.iter().for_each(|&x| (x as f32).write_le(&mut out)),
             DType::F64 => v.iter().for_each(|&x| x.write_le(&mut out)),
-            DType::F16 => v.iter().for_each(|&x| f16::from_f64(x).write_le(&mut out)),
-            DType::BF16 => v.iter().for_each(|&x| bf16::from_f64(x).write_le(&mut out)),
+            // Rounded exactly first (`lowp::round_binary`): the `half` crate's
+            // `from_f64` looks at only the high 32 bits of the f64, so a value just past
+            // a tie (an f32 value with low significand bits set) would round as the tie.
+            // Of an exactly representable value it is exact.
+            DType::F16 => v.iter().for_each(|&x| f16::from_f64(lowp::round_binary(x, 11, -14, 65504.0)).write_le(&mut out)),
+            DType::BF16 => {
+                v.iter().for_each(|&x| bf16::from_f64(lowp::round_binary(x, 8, -126, lowp::BF16_MAX)).write_le(&mut out))
+            }
             DType::Bool => v.iter().for_each(|&x| (x != 0.0).write_le(&mut out)),
             DType::I8 => v.iter().for_each(|&x| (f64_to_i64(x) as i8).write_le(&mut out)),
             DType::I16 => v.iter().for_each(|&x| (f64_to_i64(x) as i16).write_le(&mut out)),
@@ -324,6 +330,46 @@ fn f64_to_u64(x: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// f32 values stored as f16/bf16 round to nearest even from the exact value, as
+    /// `half`'s `from_f32` (which reads every bit of an f32) does: values just past a
+    /// tie, ties, subnormals, overflow, and random bit patterns.
+    #[test]
+    fn half_storage_rounds_f32_values_exactly() {
+        let mut v: Vec<f32> = vec![
+            1.0 + 2f32.powi(-11) + 2f32.powi(-23), // just past an f16 tie: up
+            1.0 + 2f32.powi(-11),                  // the tie: to even (1.0)
+            1.0 + 3.0 * 2f32.powi(-11),            // a tie: to even (up)
+            1.0 + 2f32.powi(-8) + 2f32.powi(-23),  // just past a bf16 tie
+            65519.0,
+            65520.0,
+            -3.0e-8,
+            6.0e-8,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            -0.0,
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = f32::from_bits(x as u32);
+            if f.is_finite() {
+                v.push(f);
+            }
+        }
+        let shape = Shape::new(vec![v.len()]).unwrap();
+        let wide: Vec<f64> = v.iter().map(|&f| f64::from(f)).collect();
+        let h = Tensor::from_f64(DType::F16, shape.clone(), &wide).unwrap();
+        let b = Tensor::from_f64(DType::BF16, shape, &wide).unwrap();
+        for (i, &f) in v.iter().enumerate() {
+            let want_h = f16::from_f32(f).to_bits().to_le_bytes();
+            let want_b = bf16::from_f32(f).to_bits().to_le_bytes();
+            assert_eq!(h.bytes()[2 * i..2 * i + 2], want_h, "f16 of {f:e}");
+            assert_eq!(b.bytes()[2 * i..2 * i + 2], want_b, "bf16 of {f:e}");
+        }
+    }
 
     #[test]
     fn typed_round_trip() {

@@ -368,6 +368,17 @@ impl<'k, 'p> Eval<'k, 'p> {
             Some(s) => self.p.op_if(s, true, &ld, &[raw.into(), Opd::Addr(addr, 0)]),
             None => self.p.op(&ld, &[raw.into(), Opd::Addr(addr, 0)]),
         }
+        self.widen(raw, dtype, t)
+    }
+
+    /// The value of compute type `t` of `raw`, an element of storage `dtype` as its
+    /// `ld.global` leaves it: the 16 bits of an f16/bf16 in a `.b16` register (widened
+    /// exactly to f32), an integer sign- or zero-extended into 32 bits by its `ld` type
+    /// (kept as it is), a bool's byte (its predicate, `x != 0`), a 32- or 64-bit value.
+    pub fn widen(&mut self, raw: Reg, dtype: DType, t: ScalarType) -> R<Reg> {
+        let Some((_, half)) = storage(dtype) else {
+            return Err(self.unsupported(format!("{} loads", dtype.name())));
+        };
         Ok(match (half, t) {
             (Some(h), _) => self.op1(RegClass::F32, &format!("cvt.f32.{h}"), raw),
             (None, ScalarType::Bool) => self.setp("ne", "u32", raw, Imm::I(0).into()),
@@ -377,10 +388,23 @@ impl<'k, 'p> Eval<'k, 'p> {
 
     /// Stores `v` (compute type `t`) as `dtype` at `addr`.
     pub fn store_at(&mut self, addr: Reg, dtype: DType, t: ScalarType, v: Reg) -> R<()> {
-        let Some((st, half)) = storage(dtype) else {
+        let Some((st, _)) = storage(dtype) else {
             return Err(self.unsupported(format!("{} stores", dtype.name())));
         };
-        let v = match (half, t) {
+        let v = self.narrow(v, dtype, t)?;
+        self.p.op(&format!("st.global.{st}"), &[Opd::Addr(addr, 0), v.into()]);
+        Ok(())
+    }
+
+    /// What `st.global` of storage `dtype` stores for `v` (compute type `t`): an f32
+    /// rounded to nearest even into the 16 bits of an f16/bf16 (`.b16` register), a
+    /// bool as 1 or 0 (`.b32`), any other value as it is (8- and 16-bit integers are
+    /// normalised in 32 bits: their low bits are the element).
+    pub fn narrow(&mut self, v: Reg, dtype: DType, t: ScalarType) -> R<Reg> {
+        let Some((_, half)) = storage(dtype) else {
+            return Err(self.unsupported(format!("{} stores", dtype.name())));
+        };
+        Ok(match (half, t) {
             (Some(h), _) => self.op1(RegClass::B16, &format!("cvt.rn.{h}.f32"), v),
             (None, ScalarType::Bool) => {
                 let d = self.p.reg(RegClass::B32);
@@ -388,9 +412,7 @@ impl<'k, 'p> Eval<'k, 'p> {
                 d
             }
             _ => v,
-        };
-        self.p.op(&format!("st.global.{st}"), &[Opd::Addr(addr, 0), v.into()]);
-        Ok(())
+        })
     }
 
     fn unary(&mut self, op: UnaryOp, t: ScalarType, a: Reg) -> R<Reg> {

@@ -12,9 +12,10 @@
 //! The kernel's class picks its emitter, as on the CPU:
 //! - Elementwise and Movement ([`elementwise`]): each thread computes a group of
 //!   consecutive elements along the innermost axis and stores them with one 128-bit
-//!   `st.global.v4`/`.v2`; every load read at the output's innermost index of an input
-//!   whose rows keep the group aligned is one 128-bit vector load too. It declines
-//!   rows whose length is not a multiple of the group, and narrow outputs.
+//!   `st.global.v4`/`.v2` (1- and 2-byte outputs: lanes packed into 32-bit words, a
+//!   group of 16, 8 or 4 bytes); every load read at the output's innermost index of an
+//!   input whose rows keep the group aligned is one vector load too. It declines rows
+//!   that no group tiles.
 //! - Contraction ([`contraction`]): register-tiled SIMT kernels in exact f32 FMA, a
 //!   block tile of up to 128×128 staged through double-buffered shared memory, an
 //!   8×8 (or 4×8, 4×4) accumulator tile per thread, convolutions as implicit GEMM

@@ -36,8 +36,9 @@
 //! result would not be defined by the text) and round once (Rust's IEEE operations;
 //! `fma` fused). `min/max.f32/f64` return the non-NaN operand (both NaN: NaN) and
 //! order −0 below +0; `.NaN` returns NaN if either is. `setp` has all ordered and
-//! unordered comparisons; `selp`; predicate logic. `cvt`: integer widths with sign or
-//! zero extension and `.sat`; float → integer with `.rni/.rzi/.rmi/.rpi`, saturating to
+//! unordered comparisons; `selp`; predicate logic; `prmt.b32` (default mode: byte
+//! selection with sign replication). `cvt`: integer widths with sign or zero extension
+//! and `.sat`; float → integer with `.rni/.rzi/.rmi/.rpi`, saturating to
 //! the destination's range, NaN → 0; integer → float and f64 → f32 with `.rn`;
 //! f32/f64 → f16/bf16 with `.rn`, rounded once (NaN → canonical NaN); f16/bf16 → f32 exactly; float →
 //! same float with `.rni/.rzi/.rmi/.rpi`.
@@ -253,6 +254,9 @@ enum Op {
     Cos,
     Tanh,
     Copysign,
+    /// `prmt.b32 d, a, b, c` (default mode): byte `i` of `d` is byte `c[4i+2:4i]` of
+    /// `{b, a}`, or that byte's sign replicated where `c[4i+3]` is set.
+    Prmt,
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32` (warp-collective).
     Mma,
     /// `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16` (warp-collective).
@@ -423,6 +427,7 @@ fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
         "cos" => Op::Cos,
         "tanh" => Op::Tanh,
         "copysign" => Op::Copysign,
+        "prmt" => Op::Prmt,
         _ => return unsupported(format!("instruction `{opcode}`")),
     };
     let mut op = op;
@@ -507,6 +512,7 @@ fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
         Op::Mapa => tys == [Ty::U(32)] && m.space == Some(Space::Cluster),
         Op::Rsqrt | Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos | Op::Tanh => tys == [Ty::F32] && m.approx,
         Op::Copysign => tys.len() == 1 && matches!(tys[0], Ty::F32 | Ty::F64),
+        Op::Prmt => tys == [Ty::B(32)] && m.rnd.is_none(),
         // Decoded by `decode_matrix` only.
         Op::Mma | Op::Ldmatrix | Op::CpAsync | Op::CpCommit | Op::CpWait | Op::CpWaitAll => false,
     };
@@ -801,7 +807,7 @@ pub fn parse_named(ptx: &str, name: &str) -> R<Entry> {
             Op::Bra | Op::BarSync => 1,
             Op::Neg | Op::Abs | Op::Not | Op::Mov | Op::Cvt | Op::Cvta | Op::Ld | Op::St => 2,
             Op::Sqrt | Op::Rcp | Op::Rsqrt | Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos | Op::Tanh => 2,
-            Op::Mad | Op::Fma | Op::Selp | Op::Mapa => {
+            Op::Mad | Op::Fma | Op::Selp | Op::Prmt | Op::Mapa => {
                 if op == Op::Mapa {
                     3
                 } else {
@@ -1651,6 +1657,25 @@ impl Entry {
                 _ => v(1, t)?,
             },
             Op::Cvta => v(1, t)?,
+            Op::Prmt => {
+                // PTX ISA, `prmt`: the eight bytes {b, a} (a's bytes 0..3, b's 4..7);
+                // each result byte picks one by a selector nibble, whose msb replicates
+                // the picked byte's sign instead; only c's low 16 bits select.
+                let x = (v(1, t)? & 0xFFFF_FFFF) | (v(2, t)? & 0xFFFF_FFFF) << 32;
+                let c = v(3, t)?;
+                (0..4).fold(0u64, |d, k| {
+                    let sel = (c >> (4 * k)) & 0xF;
+                    let byte = (x >> (8 * (sel & 7))) & 0xFF;
+                    let byte = if sel & 8 == 0 {
+                        byte
+                    } else if byte & 0x80 != 0 {
+                        0xFF
+                    } else {
+                        0
+                    };
+                    d | byte << (8 * k)
+                })
+            }
             Op::Cvt => return self.cvt(i, t, cx, sh),
             Op::Mapa => {
                 let (a, r) = (v(1, t)?, v(2, t)?);
