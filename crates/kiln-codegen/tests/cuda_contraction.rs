@@ -23,7 +23,7 @@ use common::{compile_cuda, f32_type, Conv, MatMul};
 use kiln_codegen::cuda::contraction::{
     choose_split, choose_tile, reduce_groups, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
 };
-use kiln_codegen::cuda::skinny::{Skinny, COLS, MAX_ROWS};
+use kiln_codegen::cuda::skinny::{Skinny, COLS, MAX_ROWS, MOST_ROWS};
 use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
@@ -574,7 +574,9 @@ fn split_k_covers_the_tile_once() {
 /// exactly one rank, and the split rule spreads short grids over the multiprocessors.
 #[test]
 fn few_row_products_cover_columns_and_k_once() {
-    for (batch, m, k, n) in [(0usize, 1, 784, 512), (0, 1, 300, 50), (1, 7, 33, 1000), (2, 3, 600, 40), (0, 8, 20, 7)] {
+    for (batch, m, k, n) in
+        [(0usize, 1, 784, 512), (0, 1, 300, 50), (1, 7, 33, 1000), (2, 3, 600, 40), (0, 8, 20, 7), (0, 16, 150, 100)]
+    {
         let b: Vec<usize> = vec![3; batch];
         let kern = matmul(&b, (batch > 0, batch > 0), m, k, n, false, DType::F32, Epi::None);
         let plan = Plan::of(&kern).expect("plan");
@@ -614,7 +616,10 @@ fn few_row_products_cover_columns_and_k_once() {
     assert_eq!(split(1, 256, 10), Some((8, 8)));
     assert_eq!(split(1, 4096, 8192), Some((1, 256)));
     assert_eq!(split(1, 40, 64), Some((1, 2)));
-    assert_eq!(split(9, 784, 512), None);
+    assert_eq!(split(12, 784, 512), Some((8, 128)));
+    assert_eq!(split(17, 784, 512), None);
+    // 9 to 16 rows only where the tiled grid would not fill the multiprocessors.
+    assert_eq!(split(16, 64, 200_000), None);
 }
 
 /// The lane-per-column kernel run by the host simulator against the kernel
@@ -629,6 +634,9 @@ fn simulated_few_row_kernels_match_the_interpreter() {
         matmul(&[2], (true, true), 1, 600, 40, false, DType::F32, Epi::BiasRelu),
         matmul(&[], (false, false), 8, 130, 33, true, DType::F32, Epi::None),
         matmul(&[], (false, false), 2, 400, 33, false, DType::I8, Epi::BiasRelu),
+        matmul(&[], (false, false), 12, 300, 50, false, DType::F32, Epi::BiasTanhResidual),
+        matmul(&[2], (true, true), 16, 45, 40, true, DType::F32, Epi::BiasRelu),
+        conv(Conv::new(1, (6, 16), (10, 10), (5, 5), 1, 1, 1), Epi::BiasRelu),
         matmul(&[3], (false, true), 4, 90, 9, true, DType::U8, Epi::None),
         conv(Conv::new(1, (24, 1), (9, 11), (3, 3), 1, 1, 1), Epi::BiasRelu),
         conv(Conv::new(2, (16, 6), (5, 7), (3, 3), 2, 1, 1), Epi::BiasTanhResidual),
@@ -647,5 +655,5 @@ fn simulated_few_row_kernels_match_the_interpreter() {
         let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(o.compared, o.elements, "{}: every element", k.name);
     }
-    assert!(MAX_ROWS >= 8);
+    assert!(MAX_ROWS >= 8 && MOST_ROWS >= 16);
 }

@@ -531,7 +531,7 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         Err(why) => return Ok(Err(why)),
     };
     // Few rows: a lane per column (any operand types, widened in the loads).
-    if plan.dims[1] <= super::skinny::MAX_ROWS {
+    if plan.dims[1] <= super::skinny::MOST_ROWS {
         if let Ok(e) = super::skinny::emit(k, &plan)? {
             return Ok(Ok(e));
         }

@@ -1,5 +1,6 @@
-//! Contractions with few rows (`M ≤ 8`): a matrix–vector product, a classifier's
-//! fully connected layers at batch 1, a convolution with a handful of output channels.
+//! Contractions with few rows (`M ≤ 8`, and `M ≤ 16` where the tiled kernel's grid
+//! would leave multiprocessors idle): a matrix–vector product, a classifier's fully
+//! connected layers at batch 1, a convolution with a handful of output channels.
 //!
 //! The tiled kernel ([`super::contraction`]) gives each block a tile of at least 64
 //! rows: at `M = 1` it computes 64 times the work it keeps, and its blocks each walk a
@@ -13,7 +14,8 @@
 //! - every thread keeps the `M` sums of its column in registers; warp `w` takes `k = w,
 //!   w + 8, w + 16, …` of its block's part of `K`, [`UNROLL`] of them per loop trip,
 //!   their loads issued before their multiply-adds so that many reads are in flight;
-//! - the 8 warps' sums meet in shared memory and are added in warp order;
+//! - the 8 warps' sums meet in shared memory and are added in warp order (warp `w`
+//!   adds rows `w` and `w + 8`);
 //! - where the column tiles alone leave the multiprocessors idle and `K` is long, a
 //!   cluster of 2, 4 or 8 blocks shares each tile, rank `r` summing its own part of
 //!   `K` ([`Skinny::of`]); after a cluster barrier, lane `l` of rank `l mod split`
@@ -36,8 +38,13 @@ use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch, BLOCK};
 use crate::CodegenError;
 
-/// Most rows this kernel takes (one warp per row sums the warps' results).
+/// Rows this kernel always takes (one warp per row sums the warps' results).
 pub const MAX_ROWS: u64 = (BLOCK / 32) as u64;
+
+/// Most rows this kernel takes (each warp sums two rows): from `MAX_ROWS + 1` on, only
+/// where the tiled kernel's grid would not fill the multiprocessors (a latency-bound
+/// product, which a tile of 64 rows would compute at a quarter of its work or less).
+pub const MOST_ROWS: u64 = 2 * MAX_ROWS;
 
 /// Warps per block.
 const WARPS: u32 = BLOCK / 32;
@@ -63,12 +70,14 @@ pub struct Skinny {
 }
 
 impl Skinny {
-    /// The layout for `plan`, or `None` where it has more than [`MAX_ROWS`] rows. The
-    /// split is the largest power of two up to [`MAX_SPLIT`] that keeps the grid within
-    /// two blocks per multiprocessor and each block's part of `K` at least 32 long.
+    /// The layout for `plan`, or `None` where it has more than [`MAX_ROWS`] rows and
+    /// the tiled kernel's grid fills the multiprocessors, or more than [`MOST_ROWS`].
+    /// The split is the largest power of two up to [`MAX_SPLIT`] that keeps the grid
+    /// within two blocks per multiprocessor and each block's part of `K` at least 32
+    /// long.
     pub fn of(plan: &Plan) -> Option<Skinny> {
         let [nb, m, n, kk] = plan.dims;
-        if m > MAX_ROWS {
+        if m > MOST_ROWS || (m > MAX_ROWS && plan.tile.blocks(nb, m, n) >= SMS) {
             return None;
         }
         let tiles = nb.saturating_mul(n.div_ceil(COLS));
@@ -273,7 +282,8 @@ fn body(k: &Kernel, plan: &Plan, s: Skinny, p: &mut Ptx) -> Result<(), CodegenEr
     let more = pred(p, "setp.lt.u32", trip, Imm::U(trips).into());
     p.bra(Some((more, false)), head);
 
-    // The warps' sums: red[w][i][lane], then warp i < M adds row i's in warp order.
+    // The warps' sums: red[w][i][lane]; then warp `w` adds rows `w + 8q` (those below
+    // M) in warp order.
     let red_bytes = WARPS * rows * 32 * 4;
     let part_bytes = rows * 32 * 4;
     let smem = p.shared("sums", red_bytes + part_bytes, 16);
@@ -286,51 +296,65 @@ fn body(k: &Kernel, plan: &Plan, s: Skinny, p: &mut Ptx) -> Result<(), CodegenEr
         p.op("st.shared.f32", &[Opd::Addr(mine, i as i64 * 128), c.into()]);
     }
     p.op("bar.sync", &[Imm::I(0).into()]);
-    let row_warp = pred(p, "setp.lt.u32", warp, Imm::U(m).into());
-    let done = p.label();
-    // Row `warp`'s sums of lane `lane`: red + (w·M + warp)·128 + lane·4.
+    // Row `warp + 8q`'s sums of lane `lane`: red + (w·M + warp + 8q)·128 + lane·4, and
+    // its finished sum part[warp + 8q][lane] (a split).
     let at = p.reg(RegClass::B32);
     p.op("mad.lo.u32", &[at.into(), warp.into(), Imm::U(128).into(), lane4.into()]);
     let at = u32_op(p, "add.u32", at, s0.into());
+    let groups = rows.div_ceil(WARPS);
+    let row_of: Vec<(Reg, Reg, i64)> = (0..groups)
+        .map(|q| {
+            let r = u32_op(p, "add.u32", warp, Imm::U(u64::from(WARPS * q)).into());
+            let ok = pred(p, "setp.lt.u32", r, Imm::U(m).into());
+            (r, ok, i64::from(WARPS * q * 128))
+        })
+        .collect();
     match rank {
         None => {
-            p.branch(Some((row_warp, true)), done);
-            let sum = warp_sum(p, at, rows);
-            epilogue(k, plan, p, &bases, (&[warp], &[col], &[sum]), &bvars)?;
-            p.place(done);
+            for &(r, ok, off) in &row_of {
+                let skip = p.label();
+                p.branch(Some((ok, true)), skip);
+                let sum = warp_sum(p, (at, off), rows);
+                epilogue(k, plan, p, &bases, (&[r], &[col], &[sum]), &bvars)?;
+                p.place(skip);
+            }
         }
         Some(rank) => {
-            // This block's finished sums: part[warp][lane].
             let part = u32_op(p, "add.u32", at, Imm::U(u64::from(red_bytes)).into());
-            let skip = p.label();
-            p.branch(Some((row_warp, true)), skip);
-            let sum = warp_sum(p, at, rows);
-            p.op("st.shared.f32", &[Opd::Addr(part, 0), sum.into()]);
-            p.place(skip);
+            for &(_, ok, off) in &row_of {
+                let skip = p.label();
+                p.branch(Some((ok, true)), skip);
+                let sum = warp_sum(p, (at, off), rows);
+                p.op("st.shared.f32", &[Opd::Addr(part, off), sum.into()]);
+                p.place(skip);
+            }
             p.op("barrier.cluster.arrive", &[]);
             p.op("barrier.cluster.wait", &[]);
             // Lane l's column is summed by rank l mod split (Skinny::owner).
             let owner = u32_op(p, "rem.u32", lane, Imm::U(s.split.into()).into());
             let is_owner = pred(p, "setp.eq.u32", owner, rank.into());
-            let go = p.reg(RegClass::Pred);
-            p.op("and.pred", &[go.into(), is_owner.into(), row_warp.into()]);
-            p.branch(Some((go, true)), done);
-            let mut total = acc[0];
-            for r in 0..s.split {
-                let remote = p.reg(RegClass::B32);
-                p.op("mapa.shared::cluster.u32", &[remote.into(), part.into(), Imm::U(r.into()).into()]);
-                let v = p.reg(RegClass::F32);
-                p.op("ld.shared::cluster.f32", &[v.into(), Opd::Addr(remote, 0)]);
-                total = if r == 0 {
-                    v
-                } else {
-                    let d = p.reg(RegClass::F32);
-                    p.op("add.rn.f32", &[d.into(), total.into(), v.into()]);
-                    d
-                };
+            for &(r, ok, off) in &row_of {
+                let skip = p.label();
+                let go = p.reg(RegClass::Pred);
+                p.op("and.pred", &[go.into(), is_owner.into(), ok.into()]);
+                p.branch(Some((go, true)), skip);
+                let mut total = acc[0];
+                for x in 0..s.split {
+                    let remote = p.reg(RegClass::B32);
+                    p.op("mapa.shared::cluster.u32", &[remote.into(), part.into(), Imm::U(x.into()).into()]);
+                    let v = p.reg(RegClass::F32);
+                    p.op("ld.shared::cluster.f32", &[v.into(), Opd::Addr(remote, off)]);
+                    total = if x == 0 {
+                        v
+                    } else {
+                        let d = p.reg(RegClass::F32);
+                        p.op("add.rn.f32", &[d.into(), total.into(), v.into()]);
+                        d
+                    };
+                }
+                epilogue(k, plan, p, &bases, (&[r], &[col], &[total]), &bvars)?;
+                p.place(skip);
             }
-            epilogue(k, plan, p, &bases, (&[warp], &[col], &[total]), &bvars)?;
-            p.place(done);
             p.op("barrier.cluster.arrive", &[]);
             p.op("barrier.cluster.wait", &[]);
         }
@@ -338,14 +362,14 @@ fn body(k: &Kernel, plan: &Plan, s: Skinny, p: &mut Ptx) -> Result<(), CodegenEr
     Ok(())
 }
 
-/// The sum over the warps `w = 0 .. 8` of the shared f32 at `at + w·rows·128`, in warp
-/// order.
-fn warp_sum(p: &mut Ptx, at: Reg, rows: u32) -> Reg {
+/// The sum over the warps `w = 0 .. 8` of the shared f32 at `at + off + w·rows·128`, in
+/// warp order.
+fn warp_sum(p: &mut Ptx, (at, off): (Reg, i64), rows: u32) -> Reg {
     let mut sum = p.reg(RegClass::F32);
-    p.op("ld.shared.f32", &[sum.into(), Opd::Addr(at, 0)]);
+    p.op("ld.shared.f32", &[sum.into(), Opd::Addr(at, off)]);
     for w in 1..WARPS {
         let v = p.reg(RegClass::F32);
-        p.op("ld.shared.f32", &[v.into(), Opd::Addr(at, i64::from(w * rows * 128))]);
+        p.op("ld.shared.f32", &[v.into(), Opd::Addr(at, off + i64::from(w * rows * 128))]);
         let d = p.reg(RegClass::F32);
         p.op("add.rn.f32", &[d.into(), sum.into(), v.into()]);
         sum = d;
