@@ -582,29 +582,13 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
                         let bf: Vec<_> =
                             (0..ni / 2).map(|j| ldm(&sb, fb, bn, Side::B, (wn * wc + 16 * j, q16))).collect();
                         for i in 0..mi {
-                            let mut a = [[f64::NAN; 16]; 16];
-                            for lane in 0..32 {
-                                for r in 0..4 {
-                                    for h in 0..2 {
-                                        let (x, y) = a_elem(lane, r, h);
-                                        assert!(a[x as usize][y as usize].is_nan(), "A element held twice");
-                                        a[x as usize][y as usize] =
-                                            af[i as usize][lane as usize][r as usize][h as usize];
-                                    }
-                                }
-                            }
+                            let a: [[f64; 16]; 16] = fragment_tile(4, a_elem, |lane, r, h| {
+                                af[i as usize][lane as usize][r as usize][h as usize]
+                            });
                             for j in 0..ni {
-                                let mut b = [[f64::NAN; 8]; 16];
-                                for lane in 0..32 {
-                                    for q in 0..2 {
-                                        for h in 0..2 {
-                                            let (x, y) = b_elem(lane, q, h);
-                                            let reg = bf[(j / 2) as usize][lane as usize][(2 * (j % 2) + q) as usize];
-                                            assert!(b[x as usize][y as usize].is_nan(), "B element held twice");
-                                            b[x as usize][y as usize] = reg[h as usize];
-                                        }
-                                    }
-                                }
+                                let b: [[f64; 8]; 16] = fragment_tile(2, b_elem, |lane, q, h| {
+                                    bf[(j / 2) as usize][lane as usize][(2 * (j % 2) + q) as usize][h as usize]
+                                });
                                 for lane in 0..32 {
                                     for q in 0..4 {
                                         let (x, y) = c_elem(lane, q);
@@ -640,6 +624,27 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
         }
     }
     out
+}
+
+/// The `R × C` tile a warp's fragment registers hold: register `r` (of `regs`) of lane
+/// `lane` holds two halves, half `h` being element `elem(lane, r, h)` of the tile with
+/// the value `value(lane, r, h)`. Each element must be held exactly once.
+fn fragment_tile<const R: usize, const C: usize>(
+    regs: u32,
+    elem: impl Fn(u32, u32, u32) -> (u32, u32),
+    value: impl Fn(u32, u32, u32) -> f64,
+) -> [[f64; C]; R] {
+    let mut t = [[f64::NAN; C]; R];
+    for lane in 0..32 {
+        for r in 0..regs {
+            for h in 0..2 {
+                let (x, y) = elem(lane, r, h);
+                assert!(t[x as usize][y as usize].is_nan(), "element ({x}, {y}) held twice");
+                t[x as usize][y as usize] = value(lane, r, h);
+            }
+        }
+    }
+    t
 }
 
 /// The modelled data flow ([`model`]) computes every output element of products and
