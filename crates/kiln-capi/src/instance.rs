@@ -342,6 +342,53 @@ unsafe fn instance_mut<'a>(inst: *mut kiln_instance) -> Result<&'a mut kiln_inst
     Ok(unsafe { &mut *inst })
 }
 
+/// Input `index` of `inst`, about to take the caller's `len` bytes at `data`: what
+/// `kiln_instance_set_input` and `kiln_instance_bind_input` check first (`data` not
+/// null, a live instance, the index in range, `len` the input's byte size).
+///
+/// # Safety
+///
+/// `inst` is a live instance handle (or null).
+unsafe fn caller_input<'a>(
+    inst: *mut kiln_instance,
+    index: usize,
+    data: *const c_void,
+    len: usize,
+) -> Result<&'a mut Input, Error> {
+    non_null(data, "data")?;
+    // SAFETY: the caller's contract.
+    let inst = unsafe { instance_mut(inst)? };
+    let (input, t) = inst.input(index)?;
+    size_check("input", t, len)?;
+    Ok(input)
+}
+
+/// What `kiln_instance_input_buffer` and `kiln_instance_output` share: checks that
+/// `data` and `len` are not null, then writes to them the buffer `pick` chooses (a
+/// pointer and its byte size) in the instance.
+///
+/// # Safety
+///
+/// `inst` is a live instance handle (or null); `data` and `len` are writable (or null).
+unsafe fn hand_out<P>(
+    inst: *mut kiln_instance,
+    data: *mut P,
+    len: *mut usize,
+    pick: impl FnOnce(&mut kiln_instance) -> Result<(P, usize), Error>,
+) -> Result<(), Error> {
+    non_null(data, "data")?;
+    non_null(len, "len")?;
+    // SAFETY: the caller's contract.
+    let inst = unsafe { instance_mut(inst)? };
+    let (p, bytes) = pick(inst)?;
+    // SAFETY: both checked not null; writable per the contract.
+    unsafe {
+        *data = p;
+        *len = bytes;
+    }
+    Ok(())
+}
+
 /// The common body of the `kiln_instance_create*` functions.
 ///
 /// # Safety
@@ -499,11 +546,8 @@ pub unsafe extern "C" fn kiln_instance_set_input(
     len: usize,
 ) -> kiln_status {
     guard("kiln_instance_set_input", || {
-        non_null(data, "data")?;
         // SAFETY: the caller's contract.
-        let inst = unsafe { instance_mut(inst)? };
-        let (input, t) = inst.input(index)?;
-        size_check("input", t, len)?;
+        let input = unsafe { caller_input(inst, index, data, len)? };
         // SAFETY: `len` readable bytes (the contract) into our buffer of `len` bytes;
         // `copy` allows the caller to pass our own buffer back.
         unsafe { std::ptr::copy(data.cast::<u8>(), input.own.ptr.as_ptr(), len) };
@@ -530,11 +574,8 @@ pub unsafe extern "C" fn kiln_instance_bind_input(
     len: usize,
 ) -> kiln_status {
     guard("kiln_instance_bind_input", || {
-        non_null(data, "data")?;
         // SAFETY: the caller's contract.
-        let inst = unsafe { instance_mut(inst)? };
-        let (input, t) = inst.input(index)?;
-        size_check("input", t, len)?;
+        let input = unsafe { caller_input(inst, index, data, len)? };
         input.bound = NonNull::new(data.cast::<u8>().cast_mut());
         input.ready = true;
         Ok(())
@@ -557,19 +598,15 @@ pub unsafe extern "C" fn kiln_instance_input_buffer(
     len: *mut usize,
 ) -> kiln_status {
     guard("kiln_instance_input_buffer", || {
-        non_null(data, "data")?;
-        non_null(len, "len")?;
         // SAFETY: the caller's contract.
-        let inst = unsafe { instance_mut(inst)? };
-        let (input, t) = inst.input(index)?;
-        input.bound = None;
-        input.ready = true;
-        // SAFETY: both checked not null; writable per the contract.
         unsafe {
-            *data = input.own.ptr.as_ptr().cast();
-            *len = t.bytes;
+            hand_out(inst, data, len, |inst| {
+                let (input, t) = inst.input(index)?;
+                input.bound = None;
+                input.ready = true;
+                Ok((input.own.ptr.as_ptr().cast(), t.bytes))
+            })
         }
-        Ok(())
     })
 }
 
@@ -622,18 +659,14 @@ pub unsafe extern "C" fn kiln_instance_output(
     len: *mut usize,
 ) -> kiln_status {
     guard("kiln_instance_output", || {
-        non_null(data, "data")?;
-        non_null(len, "len")?;
         // SAFETY: the caller's contract.
-        let inst = unsafe { instance_mut(inst)? };
-        let (output, t) = inst.output(index)?;
-        let p = output.bound.unwrap_or(output.own.ptr);
-        // SAFETY: both checked not null; writable per the contract.
         unsafe {
-            *data = p.as_ptr().cast_const().cast();
-            *len = t.bytes;
+            hand_out(inst, data, len, |inst| {
+                let (output, t) = inst.output(index)?;
+                let p = output.bound.unwrap_or(output.own.ptr);
+                Ok((p.as_ptr().cast_const().cast(), t.bytes))
+            })
         }
-        Ok(())
     })
 }
 

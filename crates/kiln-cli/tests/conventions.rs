@@ -11,7 +11,7 @@ use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
     AttributeProto, NodeProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A dimension: fixed, or free under a name.
 enum D {
@@ -68,6 +68,16 @@ fn int_attr(name: &str, i: i64) -> AttributeProto {
 fn write_model(path: &Path, nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: &[&str]) {
     let outputs = outputs.iter().map(|o| value_info(o, 0, None)).collect();
     std::fs::write(path, onnx_model(nodes, inputs, outputs, Vec::new())).expect("write model");
+}
+
+/// `y = a + b` of f32 inputs with these names and dimensions, written in a scratch
+/// folder of its own (`tag`): the folder, and the model's path in it.
+fn add_model(tag: &str, (a, a_dims): (&str, &[D]), (b, b_dims): (&str, &[D])) -> (PathBuf, PathBuf) {
+    let dir = scratch("conventions", tag);
+    let m = dir.join(format!("{tag}.onnx"));
+    let inputs = vec![value_info(a, 1, Some(a_dims)), value_info(b, 1, Some(b_dims))];
+    write_model(&m, vec![node("Add", &[a, b], &["y"], vec![])], inputs, &["y"]);
+    (dir, m)
 }
 
 /// Every command of the CLI.
@@ -170,17 +180,7 @@ fn completions() {
 
 #[test]
 fn all_free_dimensions_in_one_error() {
-    let dir = scratch("conventions", "free");
-    let m = dir.join("free.onnx");
-    write_model(
-        &m,
-        vec![node("Add", &["a", "b"], &["y"], vec![])],
-        vec![
-            value_info("a", 1, Some(&[D::Free("N"), D::Fixed(4)])),
-            value_info("b", 1, Some(&[D::Free("N"), D::Free("width")])),
-        ],
-        &["y"],
-    );
+    let (dir, m) = add_model("free", ("a", &[D::Free("N"), D::Fixed(4)]), ("b", &[D::Free("N"), D::Free("width")]));
     fails_with(
         &["compile", s(&m), "-o", s(&dir.join("x.kiln"))],
         &["input `a` (Nx4)", "input `b` (Nxwidth)", "--input-shape a=1x4 --input-shape b=1x1"],
@@ -195,17 +195,7 @@ fn all_free_dimensions_in_one_error() {
 
 #[test]
 fn input_value_broadcasts_a_scalar() {
-    let dir = scratch("conventions", "broadcast");
-    let m = dir.join("add.onnx");
-    write_model(
-        &m,
-        vec![node("Add", &["x", "s"], &["y"], vec![])],
-        vec![
-            value_info("x", 1, Some(&[D::Fixed(2), D::Fixed(3)])),
-            value_info("s", 1, Some(&[D::Fixed(2), D::Fixed(3)])),
-        ],
-        &["y"],
-    );
+    let (_, m) = add_model("broadcast", ("x", &[D::Fixed(2), D::Fixed(3)]), ("s", &[D::Fixed(2), D::Fixed(3)]));
     let out = ok(&["eval", s(&m), "--input-value", "x=0.5,1,1.5,2,2.5,3", "--input-value", "s=10"]);
     assert_eq!(
         out,

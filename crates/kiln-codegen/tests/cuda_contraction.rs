@@ -517,16 +517,24 @@ fn simulated_kernels_match_the_interpreter() {
         conv(Conv::new(1, (6, 8), (5, 4), (3, 3), 1, 1, 2), Epi::BiasRelu),
         conv(Conv::new(1, (16, 9), (7, 7), (1, 1), 1, 1, 1), Epi::None),
     ];
-    for (seed, k) in kernels.iter().enumerate() {
+    simulate_each(&kernels, "contraction (", 1);
+}
+
+/// Each of `kernels` compiled alone (its note starting with `note`) and run by the host
+/// simulator against the kernel interpreter on the random inputs of seeds `seed0`,
+/// `seed0 + 1`, …: every output element written, each within the bound of
+/// [`simulated_kernels_match_the_interpreter`].
+fn simulate_each(kernels: &[Kernel], note: &str, seed0: u64) {
+    for (seed, k) in (seed0..).zip(kernels) {
         let m = cuda::compile(&[(k, classify(k))]).expect("compile");
-        assert!(m.notes[0].starts_with("contraction ("), "{}: {}", k.name, m.notes[0]);
+        assert!(m.notes[0].starts_with(note), "{}: {}", k.name, m.notes[0]);
         eprintln!("{}: {}", k.name, m.notes[0]);
         let kk = Plan::of(k).expect("plan").dims[3] as f64;
         let l = m.launches[0];
         let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
         let c = ptxsim::Check {
             tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
-            ..ptxsim::Check::exact(seed as u64 + 1)
+            ..ptxsim::Check::exact(seed)
         };
         let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(o.compared, o.elements, "{}: every element", k.name);
@@ -641,19 +649,6 @@ fn simulated_few_row_kernels_match_the_interpreter() {
         conv(Conv::new(1, (24, 1), (9, 11), (3, 3), 1, 1, 1), Epi::BiasRelu),
         conv(Conv::new(2, (16, 6), (5, 7), (3, 3), 2, 1, 1), Epi::BiasTanhResidual),
     ];
-    for (seed, k) in kernels.iter().enumerate() {
-        let m = cuda::compile(&[(k, classify(k))]).expect("compile");
-        assert!(m.notes[0].starts_with("contraction (few rows"), "{}: {}", k.name, m.notes[0]);
-        eprintln!("{}: {}", k.name, m.notes[0]);
-        let kk = Plan::of(k).expect("plan").dims[3] as f64;
-        let l = m.launches[0];
-        let launch = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
-        let c = ptxsim::Check {
-            tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
-            ..ptxsim::Check::exact(seed as u64 + 100)
-        };
-        let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(o.compared, o.elements, "{}: every element", k.name);
-    }
+    simulate_each(&kernels, "contraction (few rows", 100);
     assert!(MAX_ROWS >= 8 && MOST_ROWS >= 16);
 }

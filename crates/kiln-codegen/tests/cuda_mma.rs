@@ -443,52 +443,66 @@ fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
 #[test]
 fn simulated_half_kernels_match_the_interpreter() {
     let (h, b) = (DType::F16, DType::BF16);
-    let kernels = vec![
+    let mut kernels = vec![
         matmul((h, h), &[], (false, false), (7, 33, 1), false, false, DType::F32),
         matmul((b, b), &[], (false, false), (1, 7, 33), true, true, b),
         matmul((h, h), &[], (false, false), (130, 37, 70), false, true, h),
         matmul((b, b), &[], (false, false), (64, 64, 136), false, false, DType::F32),
         matmul((h, h), &[2], (true, true), (9, 17, 8), false, true, h),
         matmul((b, b), &[3], (false, true), (5, 18, 9), true, false, b),
-        conv(h, Conv::new(2, (5, 7), (3, 4), (1, 1), 1, 1, 1)),
-        conv(b, Conv::new(1, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
-        conv(h, Conv::new(1, (5, 7), (6, 5), (3, 3), 1, 1, 1)),
-        conv(b, Conv::new(1, (6, 8), (5, 4), (3, 3), 1, 1, 2)),
+    ];
+    kernels.extend(convolutions());
+    kernels.extend([
         matmul((h, h), &[], (false, false), (40, 300, 50), false, false, h),
         // Mixed: the f32 kernel, widening the half operand in its load.
         matmul((DType::F32, h), &[], (false, false), (33, 20, 7), false, true, DType::F32),
         matmul((b, DType::F32), &[], (false, false), (9, 40, 20), true, false, DType::F32),
-    ];
-    for (seed, k) in kernels.iter().enumerate() {
-        let ins = inputs_of(k, seed as u64 + 1);
-        let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
-        let want = kiln_flow::interp::run(k, &refs).expect("interpreter");
+    ]);
+    for (seed, k) in (1..).zip(&kernels) {
         let m = cuda::compile(&[(k, classify(k))]).expect("compile");
         assert!(m.notes[0].starts_with("contraction "), "{}: {}", k.name, m.notes[0]);
-        let entry = ptxsim::parse_named(m.ptx(), &k.name).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-        let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
-        // The output starts as NaN bit patterns: an element never written shows.
-        data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
-        let mut g = ptxsim::Global::new(data);
         let l = &m.launches[0];
-        let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
-        ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-        let out = &g.bufs[k.inputs.len()];
-        let got = kiln_ir::Tensor::new(k.output.clone(), out.clone().into()).expect("output").to_f64_vec();
-        let kk = Plan::of(k).expect("plan").dims[3] as f64;
-        let ulp = match k.output.dtype {
-            DType::F16 => 2f64.powi(-10),
-            DType::BF16 => 2f64.powi(-7),
-            _ => 2f64.powi(-22),
-        };
-        for (i, (g, w)) in got.iter().zip(want.to_f64_vec()).enumerate() {
-            let tol = kk * 4.0 * 2f64.powi(-20) + w.abs() * ulp;
-            assert!((g - w).abs() <= tol, "{}: element {i}: {g} against {w}", k.name);
-        }
+        simulate(k, m.ptx(), ptxsim::Grid::of(l.grid, l.block, l.shared), seed);
     }
-    let staged = matmul((h, h), &[], (false, false), (260, 40, 130), false, true, h);
-    let why = mma::emit_tiled(&staged, &Plan::of(&staged).expect("plan"), mma::BIG).expect("emit");
-    assert!(why.is_err_and(|w| w.contains("cp.async")));
+}
+
+/// The convolutions both the simulated and the modelled checks take: two images, a 4×4
+/// window, stride 3, two groups; f16 and bf16 by turns.
+fn convolutions() -> Vec<Kernel> {
+    let (h, b) = (DType::F16, DType::BF16);
+    vec![
+        conv(h, Conv::new(2, (5, 7), (3, 4), (1, 1), 1, 1, 1)),
+        conv(b, Conv::new(1, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
+        conv(h, Conv::new(1, (5, 7), (6, 5), (3, 3), 1, 1, 1)),
+        conv(b, Conv::new(1, (6, 8), (5, 4), (3, 3), 1, 1, 2)),
+    ]
+}
+
+/// Runs `k`'s entry of `ptx` in the host simulator over `launch` on the inputs of `seed`
+/// ([`inputs_of`]) and compares every output element with the kernel interpreter within
+/// the f32 summation-order bound plus one rounding of the output type (see
+/// [`simulated_half_kernels_match_the_interpreter`]). The output starts as NaN bit
+/// patterns: an element never written shows.
+fn simulate(k: &Kernel, ptx: &str, launch: ptxsim::Grid, seed: u64) {
+    let ins = inputs_of(k, seed);
+    let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
+    let want = kiln_flow::interp::run(k, &refs).expect("interpreter");
+    let entry = ptxsim::parse_named(ptx, &k.name).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
+    data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
+    let mut g = ptxsim::Global::new(data);
+    ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let got = kiln_ir::Tensor::new(k.output.clone(), g.bufs[k.inputs.len()].clone().into()).expect("output");
+    let kk = Plan::of(k).expect("plan").dims[3] as f64;
+    let ulp = match k.output.dtype {
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        _ => 2f64.powi(-22),
+    };
+    for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        let tol = kk * 4.0 * 2f64.powi(-20) + w.abs() * ulp;
+        assert!((g - w).abs() <= tol, "{}: element {i}: {g} against {w}", k.name);
+    }
 }
 
 /// The tensor-core kernel's data flow, modelled on the host from the same index
@@ -568,29 +582,13 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
                         let bf: Vec<_> =
                             (0..ni / 2).map(|j| ldm(&sb, fb, bn, Side::B, (wn * wc + 16 * j, q16))).collect();
                         for i in 0..mi {
-                            let mut a = [[f64::NAN; 16]; 16];
-                            for lane in 0..32 {
-                                for r in 0..4 {
-                                    for h in 0..2 {
-                                        let (x, y) = a_elem(lane, r, h);
-                                        assert!(a[x as usize][y as usize].is_nan(), "A element held twice");
-                                        a[x as usize][y as usize] =
-                                            af[i as usize][lane as usize][r as usize][h as usize];
-                                    }
-                                }
-                            }
+                            let a: [[f64; 16]; 16] = fragment_tile(4, a_elem, |lane, r, h| {
+                                af[i as usize][lane as usize][r as usize][h as usize]
+                            });
                             for j in 0..ni {
-                                let mut b = [[f64::NAN; 8]; 16];
-                                for lane in 0..32 {
-                                    for q in 0..2 {
-                                        for h in 0..2 {
-                                            let (x, y) = b_elem(lane, q, h);
-                                            let reg = bf[(j / 2) as usize][lane as usize][(2 * (j % 2) + q) as usize];
-                                            assert!(b[x as usize][y as usize].is_nan(), "B element held twice");
-                                            b[x as usize][y as usize] = reg[h as usize];
-                                        }
-                                    }
-                                }
+                                let b: [[f64; 8]; 16] = fragment_tile(2, b_elem, |lane, q, h| {
+                                    bf[(j / 2) as usize][lane as usize][(2 * (j % 2) + q) as usize][h as usize]
+                                });
                                 for lane in 0..32 {
                                     for q in 0..4 {
                                         let (x, y) = c_elem(lane, q);
@@ -628,6 +626,27 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
     out
 }
 
+/// The `R × C` tile a warp's fragment registers hold: register `r` (of `regs`) of lane
+/// `lane` holds two halves, half `h` being element `elem(lane, r, h)` of the tile with
+/// the value `value(lane, r, h)`. Each element must be held exactly once.
+fn fragment_tile<const R: usize, const C: usize>(
+    regs: u32,
+    elem: impl Fn(u32, u32, u32) -> (u32, u32),
+    value: impl Fn(u32, u32, u32) -> f64,
+) -> [[f64; C]; R] {
+    let mut t = [[f64::NAN; C]; R];
+    for lane in 0..32 {
+        for r in 0..regs {
+            for h in 0..2 {
+                let (x, y) = elem(lane, r, h);
+                assert!(t[x as usize][y as usize].is_nan(), "element ({x}, {y}) held twice");
+                t[x as usize][y as usize] = value(lane, r, h);
+            }
+        }
+    }
+    t
+}
+
 /// The modelled data flow ([`model`]) computes every output element of products and
 /// convolutions at odd sizes (register-staged and `cp.async` operands, both layouts,
 /// every tile shape) within the f32 summation-order bound of the interpreter's sums
@@ -635,7 +654,7 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
 #[test]
 fn modelled_kernels_match_the_interpreter() {
     let (h, b, f) = (DType::F16, DType::BF16, DType::F32);
-    let kernels = vec![
+    let mut kernels = vec![
         matmul((h, h), &[], (false, false), (7, 33, 1), false, false, f),
         matmul((b, b), &[], (false, false), (1, 7, 33), true, false, f),
         matmul((h, h), &[], (false, false), (130, 37, 70), false, false, f),
@@ -644,15 +663,14 @@ fn modelled_kernels_match_the_interpreter() {
         matmul((h, h), &[2], (true, true), (9, 17, 8), false, false, f),
         matmul((b, b), &[3], (false, true), (5, 18, 9), true, false, f),
         matmul((h, h), &[2], (true, false), (40, 80, 16), false, false, f),
-        conv(h, Conv::new(2, (5, 7), (3, 4), (1, 1), 1, 1, 1)),
-        conv(b, Conv::new(1, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
-        conv(h, Conv::new(1, (5, 7), (6, 5), (3, 3), 1, 1, 1)),
-        conv(b, Conv::new(1, (6, 8), (5, 4), (3, 3), 1, 1, 2)),
+    ];
+    kernels.extend(convolutions());
+    kernels.extend([
         // Split-K over clusters of 4 and 8.
         matmul((h, h), &[], (false, false), (40, 300, 50), false, false, f),
         matmul((b, b), &[], (false, false), (9, 600, 72), false, false, f),
         conv(h, Conv::new(1, (256, 20), (7, 7), (1, 1), 1, 1, 1)),
-    ];
+    ]);
     let mut seen = HashSet::new();
     let mut splits = HashSet::new();
     for (seed, k) in kernels.iter().enumerate() {
@@ -714,26 +732,7 @@ fn simulated_large_tile_matches_the_interpreter() {
         let ptx = format!("{}{}", kiln_codegen::cuda::ptx::HEADER, e.text);
         let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("big{seed}"), &ptx).unwrap_or_else(|x| panic!("{x}"));
         assert_eq!((res[0].1.stack, res[0].1.spill_stores, res[0].1.spill_loads), (0, 0, 0), "{:?}", res[0].1);
-        let ins = inputs_of(k, seed as u64 + 40);
-        let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
-        let want = kiln_flow::interp::run(k, &refs).expect("interpreter");
-        let entry = ptxsim::parse_named(&ptx, &k.name).unwrap_or_else(|x| panic!("{}: {x}", k.name));
-        let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
-        data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
-        let mut g = ptxsim::Global::new(data);
-        let launch = ptxsim::Grid { grid: e.launch.grid as u32, block: e.launch.block, shared: e.launch.shared };
-        ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|x| panic!("{}: {x}", k.name));
-        let got = kiln_ir::Tensor::new(k.output.clone(), g.bufs[k.inputs.len()].clone().into()).expect("output");
-        let kk = plan.dims[3] as f64;
-        let ulp = match k.output.dtype {
-            DType::F16 => 2f64.powi(-10),
-            DType::BF16 => 2f64.powi(-7),
-            _ => 2f64.powi(-22),
-        };
-        for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-            let tol = kk * 4.0 * 2f64.powi(-20) + w.abs() * ulp;
-            assert!((g - w).abs() <= tol, "{}: element {i}: {g} against {w}", k.name);
-        }
+        simulate(k, &ptx, ptxsim::Grid::of(e.launch.grid, e.launch.block, e.launch.shared), seed as u64 + 40);
     }
     let staged = matmul((h, h), &[], (false, false), (260, 40, 130), false, true, h);
     let why = mma::emit_tiled(&staged, &Plan::of(&staged).expect("plan"), mma::BIG).expect("emit");

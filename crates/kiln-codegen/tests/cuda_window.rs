@@ -17,145 +17,50 @@
 //! interpreter's operations in its order, and these epilogues have no transcendental.
 //! The lead runs the same kernels on the H200 (docs/cuda.md).
 
+mod common;
 mod ptxas;
 mod ptxsim;
 
+use common::{depthwise, f32_type, lower_one, Geo, Win};
 use kiln_codegen::cuda;
 use kiln_flow::class::{classify, KernelClass};
-use kiln_flow::{BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
+use kiln_flow::Kernel;
 use kiln_ir::infer::{infer, InferInput};
-use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, TensorType};
+use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape};
 use kiln_lower::{lower_op, OpCx, OpInput};
 
-fn tt(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
-}
-
-/// The one kernel `kind` (attributes `a`, inputs of types `ins`) lowers to, renamed.
-fn lowered(name: &str, kind: OpKind, a: &Attrs, ins: &[TensorType]) -> Kernel {
-    let op = Op::parse(kind, a).unwrap();
-    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
-    let out = infer(&op, &inf, 1).unwrap_or_else(|e| panic!("{name}: infer: {e}"));
-    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
-    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
-    let mut l = lower_op(&cx).unwrap_or_else(|e| panic!("{name}: lower: {e}"));
-    assert_eq!(l.steps.len(), 1, "{name}");
-    let mut k = l.steps.remove(0).kernel;
+/// `k`, lowered, renamed `name`.
+fn named(name: &str, k: Result<Kernel, String>) -> Kernel {
+    let mut k = k.unwrap_or_else(|e| panic!("{name}: {e}"));
     k.name = name.to_string();
     k
 }
 
-/// One window's attributes: kernel, strides, dilations, pads (ONNX order: all begins,
-/// then all ends), ceil mode.
-struct Win<'a> {
-    kernel: &'a [i64],
-    strides: &'a [i64],
-    dil: &'a [i64],
-    pads: &'a [i64],
-    ceil: bool,
-}
-
-fn attrs(w: &Win) -> Attrs {
-    let mut a = Attrs::new();
-    a.set("kernel_shape", Attr::Ints(w.kernel.to_vec()));
-    a.set("strides", Attr::Ints(w.strides.to_vec()));
-    a.set("pads", Attr::Ints(w.pads.to_vec()));
-    a
-}
-
 /// A depthwise `Conv` (group = C, with bias) over `x`.
 fn conv(name: &str, x: &[usize], w: &Win) -> Kernel {
-    let c = x[1];
-    let mut a = attrs(w);
-    a.set("group", Attr::Int(c as i64));
-    a.set("dilations", Attr::Ints(w.dil.to_vec()));
-    let mut wd = vec![c, 1];
-    wd.extend(w.kernel.iter().map(|&k| k as usize));
-    lowered(name, OpKind::Conv, &a, &[tt(x), tt(&wd), tt(&[c])])
+    named(name, w.conv(x))
 }
 
 fn max_pool(name: &str, x: &[usize], w: &Win) -> Kernel {
-    let mut a = attrs(w);
-    a.set("ceil_mode", Attr::Int(w.ceil as i64));
-    a.set("dilations", Attr::Ints(w.dil.to_vec()));
-    lowered(name, OpKind::MaxPool, &a, &[tt(x)])
+    named(name, w.max_pool(x))
 }
 
 fn average_pool(name: &str, x: &[usize], w: &Win, include_pad: bool) -> Kernel {
-    let mut a = attrs(w);
-    a.set("ceil_mode", Attr::Int(w.ceil as i64));
-    a.set("count_include_pad", Attr::Int(include_pad as i64));
-    lowered(name, OpKind::AveragePool, &a, &[tt(x)])
+    named(name, w.average_pool(x, include_pad))
 }
 
-/// A hand-built depthwise convolution with a fused epilogue: "bias_relu6", "relu"
-/// (`max(v, 0)`), "bias_hardswish", "scale_clip" (scale, bias, `max(−1, ·)`,
-/// `min(·, 2)`), "none".
-fn fused(name: &str, dims: [usize; 4], win: [usize; 2], stride: [i64; 2], pad: [i64; 2], epilogue: &str) -> Kernel {
+/// A global pool (`kind`) over `x`.
+fn global(name: &str, kind: OpKind, x: [usize; 4]) -> Kernel {
+    named(name, lower_one(kind, &Attrs::new(), &[f32_type(&x)]))
+}
+
+/// A hand-built depthwise convolution with a fused epilogue ([`common::epilogue_of`]:
+/// "bias_relu6", "relu", "bias_hardswish", "scale_clip", "none"), padded by `pad` on
+/// both sides of each axis.
+fn fused(name: &str, dims: [usize; 4], win: [usize; 2], stride: [usize; 2], pad: [usize; 2], epilogue: &str) -> Kernel {
     let [n, c, h, w] = dims;
-    let oh = ((h as i64 + 2 * pad[0] - win[0] as i64) / stride[0] + 1) as usize;
-    let ow = ((w as i64 + 2 * pad[1] - win[1] as i64) / stride[1] + 1) as usize;
-    let ins = vec![tt(&dims), tt(&[c, 1, win[0], win[1]]), tt(&[c]), tt(&[c])];
-    let mut b = KernelBuilder::new(name, ins, tt(&[n, c, oh, ow]));
-    let o = b.out_index();
-    let grp = b.new_var(1);
-    let (y, x) = (b.new_var(win[0] as u64), b.new_var(win[1] as u64));
-    let (gv, yv, xv) = (b.var(grp), b.var(y), b.var(x));
-    let at = |b: &mut KernelBuilder, out: ExprId, t: ExprId, d: usize| {
-        let s = b.index(stride[d]);
-        let p = b.index(-pad[d]);
-        let os = b.mul(out, s);
-        let i = b.add(os, t);
-        b.add(i, p)
-    };
-    let ih = at(&mut b, o[2], yv, 0);
-    let iw = at(&mut b, o[3], xv, 1);
-    let chan = b.add(o[1], gv);
-    let bounds = if pad.iter().any(|&p| p > 0) { Bounds::Pad(0) } else { Bounds::InBounds };
-    let xin = b.load_with(0, vec![o[0], chan, ih, iw], bounds);
-    let wt = b.load(1, vec![o[1], gv, yv, xv]);
-    let prod = b.mul(xin, wt);
-    let s = b.reduce(ReduceOp::Sum, vec![grp, y, x], prod);
-    let f = ScalarType::F32;
-    let bias = b.load(2, vec![o[1]]);
-    let r = match epilogue {
-        "bias_relu6" => {
-            let v = b.add(s, bias);
-            let zero = b.float(f, 0.0);
-            let six = b.float(f, 6.0);
-            let lt = b.binary(BinaryOp::Lt, v, zero);
-            let v = b.select(lt, zero, v);
-            let gt = b.binary(BinaryOp::Gt, v, six);
-            b.select(gt, six, v)
-        }
-        "relu" => {
-            let zero = b.float(f, 0.0);
-            b.binary(BinaryOp::Max, s, zero)
-        }
-        "bias_hardswish" => {
-            let v = b.add(s, bias);
-            let six = b.float(f, 6.0);
-            let half = b.float(f, 0.5);
-            let zero = b.float(f, 0.0);
-            let one = b.float(f, 1.0);
-            let g = b.div(v, six);
-            let g = b.add(g, half);
-            let g = b.binary(BinaryOp::Max, g, zero);
-            let g = b.binary(BinaryOp::Min, g, one);
-            b.mul(v, g)
-        }
-        "scale_clip" => {
-            let scale = b.load(3, vec![o[1]]);
-            let v = b.mul(s, scale);
-            let v = b.add(bias, v);
-            let lo = b.float(f, -1.0);
-            let hi = b.float(f, 2.0);
-            let v = b.binary(BinaryOp::Max, v, lo);
-            b.binary(BinaryOp::Min, v, hi)
-        }
-        _ => s,
-    };
-    b.finish(r).unwrap_or_else(|e| panic!("{name}: {e}"))
+    let pad = [pad[0], pad[0], pad[1], pad[1]];
+    depthwise(name, Geo { n, c, h, w, win, stride, dil: [1, 1], pad }, epilogue)
 }
 
 /// Compiles `kernels` into one module; each must be classed Window and taken by the
@@ -330,7 +235,7 @@ fn max_pools_of_every_form_assemble_without_spills() {
     );
     push(&mut ks, &[1, 3, 50], Win { kernel: &[7], strides: &[2], dil: &[1], pads: &[3, 3], ceil: true });
     for (i, dims) in [[1usize, 4, 7, 7], [2, 3, 6, 5]].into_iter().enumerate() {
-        ks.push(lowered(&format!("gmp{i}"), OpKind::GlobalMaxPool, &Attrs::new(), &[tt(&dims)]));
+        ks.push(global(&format!("gmp{i}"), OpKind::GlobalMaxPool, dims));
     }
     let (m, _) = assemble_windows("maxpool", &ks);
     assert!(m.notes.iter().all(|n| n.contains("max pool")), "{:?}", m.notes);
@@ -359,7 +264,7 @@ fn average_pools_both_ways_assemble_without_spills() {
     // Global pools over planes of at most 8 columns are windows too (wider ones are row
     // reductions: kiln_flow::window).
     for (i, dims) in [[1usize, 4, 7, 7], [2, 3, 5, 8], [1, 2, 1, 3]].into_iter().enumerate() {
-        ks.push(lowered(&format!("gap{i}"), OpKind::GlobalAveragePool, &Attrs::new(), &[tt(&dims)]));
+        ks.push(global(&format!("gap{i}"), OpKind::GlobalAveragePool, dims));
     }
     let (m, _) = assemble_windows("avgpool", &ks);
     assert!(m.notes.iter().all(|n| n.contains("sum pool")), "{:?}", m.notes);
@@ -388,7 +293,7 @@ fn resamples_are_declined_with_the_reason() {
     let mut a = Attrs::new();
     a.set("mode", Attr::String("linear".into()));
     let op = Op::parse(OpKind::Resize, &a).unwrap();
-    let x = tt(&[1, 2, 5, 7]);
+    let x = f32_type(&[1, 2, 5, 7]);
     let scales = kiln_ir::Tensor::from_f64(DType::F32, Shape::new(vec![4]).unwrap(), &[1.0, 1.0, 2.0, 2.0]).unwrap();
     let ins = [Some(x.clone()), None, Some(scales.ty().clone())];
     let inf: Vec<Option<InferInput>> = ins
@@ -435,23 +340,6 @@ fn divergent_branches_are_not_uniform() {
     assert_eq!(plain, 5, "{}", m.ptx());
     // The count's loops (border code) keep their uniform exits.
     assert!(m.ptx().lines().filter(|l| l.contains("bra.uni") && l.trim_start().starts_with('@')).count() > 0);
-}
-
-/// The one kernel `kind` lowers to, or `None` where the attributes are refused
-/// (inference or lowering) or the kernel is not a Window kernel.
-fn try_lowered(name: &str, kind: OpKind, a: &Attrs, ins: &[TensorType]) -> Option<Kernel> {
-    let op = Op::parse(kind, a).ok()?;
-    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
-    let out = infer(&op, &inf, 1).ok()?;
-    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
-    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
-    let mut l = lower_op(&cx).ok()?;
-    if l.steps.len() != 1 {
-        return None;
-    }
-    let mut k = l.steps.remove(0).kernel;
-    k.name = name.to_string();
-    (classify(&k) == KernelClass::Window).then_some(k)
 }
 
 /// Random geometries (seeded): depthwise convolutions, max pools and average pools
@@ -510,31 +398,19 @@ fn random_windows(seed: u64, count: usize) -> Vec<Kernel> {
         let mut x = vec![1 + next(3) as usize, 1 + next(3) as usize];
         x.extend((0..axes).map(|_| 1 + next(40) as usize));
         let w = Win { kernel: &kernel, strides: &strides, dil: &dil, pads: &pads, ceil };
-        let name = format!("rnd{}", ks.len());
         let k = match kind {
-            0 => {
-                let c = x[1];
-                let mut a = attrs(&w);
-                a.set("group", Attr::Int(c as i64));
-                a.set("dilations", Attr::Ints(w.dil.to_vec()));
-                let mut wd = vec![c, 1];
-                wd.extend(w.kernel.iter().map(|&k| k as usize));
-                try_lowered(&name, OpKind::Conv, &a, &[tt(&x), tt(&wd), tt(&[c])])
-            }
-            1 => {
-                let mut a = attrs(&w);
-                a.set("ceil_mode", Attr::Int(ceil as i64));
-                a.set("dilations", Attr::Ints(w.dil.to_vec()));
-                try_lowered(&name, OpKind::MaxPool, &a, &[tt(&x)])
-            }
-            _ => {
-                let mut a = attrs(&w);
-                a.set("ceil_mode", Attr::Int(ceil as i64));
-                a.set("count_include_pad", Attr::Int(next(2) as i64));
-                try_lowered(&name, OpKind::AveragePool, &a, &[tt(&x)])
-            }
+            0 => w.conv(&x),
+            1 => w.max_pool(&x),
+            _ => w.average_pool(&x, next(2) == 1),
         };
-        ks.extend(k);
+        // Geometries the attributes refuse (inference or lowering), and kernels that
+        // are not Window kernels, are drawn again.
+        if let Ok(mut k) = k {
+            if classify(&k) == KernelClass::Window {
+                k.name = format!("rnd{}", ks.len());
+                ks.push(k);
+            }
+        }
     }
     assert_eq!(ks.len(), count, "only {} of {tries} random geometries lowered to Window kernels", ks.len());
     ks
@@ -597,7 +473,7 @@ fn half_windows(dt: DType, tag: &str) -> Vec<Kernel> {
         &[1, 2, 64],
         &Win { kernel: &[4], strides: &[2], dil: &[1], pads: &[1, 1], ceil: false },
     ));
-    ks.push(lowered(&name("gap"), OpKind::GlobalAveragePool, &Attrs::new(), &[tt(&[2, 3, 5, 8])]));
+    ks.push(global(&name("gap"), OpKind::GlobalAveragePool, [2, 3, 5, 8]));
     // The row loop (13×13, 1×169: pairs advance with the row address), and a [K, 1]
     // window over a one-column plane.
     let w = Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false };

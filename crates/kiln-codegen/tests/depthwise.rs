@@ -19,113 +19,16 @@ mod common;
 
 use common::*;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
-use kiln_flow::{interp, BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
-
-fn tt(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
-}
-
-/// One depthwise convolution's geometry.
-#[derive(Clone, Copy, Debug)]
-struct Geo {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    win: [usize; 2],
-    stride: [usize; 2],
-    dil: [usize; 2],
-    /// Leading and trailing padding per axis: `[top, bottom, left, right]`.
-    pad: [usize; 4],
-}
-
-impl Geo {
-    fn out(&self) -> [usize; 2] {
-        let oh = (self.h + self.pad[0] + self.pad[1] - self.dil[0] * (self.win[0] - 1) - 1) / self.stride[0] + 1;
-        let ow = (self.w + self.pad[2] + self.pad[3] - self.dil[1] * (self.win[1] - 1) - 1) / self.stride[1] + 1;
-        [oh, ow]
-    }
-}
-
-/// A depthwise convolution over `g`; `epilogue` as in [`epilogue_of`] ("none" for none).
-fn depthwise(g: Geo, epilogue: &str) -> Kernel {
-    let [oh, ow] = g.out();
-    let ins = vec![tt(&[g.n, g.c, g.h, g.w]), tt(&[g.c, 1, g.win[0], g.win[1]]), tt(&[g.c]), tt(&[g.c])];
-    let mut b = KernelBuilder::new("dw", ins, tt(&[g.n, g.c, oh, ow]));
-    let o = b.out_index();
-    let grp = b.new_var(1);
-    let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
-    let (gv, yv, xv) = (b.var(grp), b.var(y), b.var(x));
-    let ih = window_index(&mut b, g, o[2], yv, 0);
-    let iw = window_index(&mut b, g, o[3], xv, 1);
-    let chan = b.add(o[1], gv);
-    let padded = g.pad.iter().any(|&p| p > 0);
-    let bounds = if padded { Bounds::Pad(0) } else { Bounds::InBounds };
-    let xin = b.load_with(0, vec![o[0], chan, ih, iw], bounds);
-    let wt = b.load(1, vec![o[1], gv, yv, xv]);
-    let p = b.mul(xin, wt);
-    let s = b.reduce(ReduceOp::Sum, vec![grp, y, x], p);
-    let r = epilogue_of(&mut b, s, o[1], 2, epilogue);
-    b.finish(r).unwrap()
-}
-
-/// Input row (`d` = 0) or column (`d` = 1) of output position `out`, window tap `t`.
-fn window_index(b: &mut KernelBuilder, g: Geo, out: ExprId, t: ExprId, d: usize) -> ExprId {
-    let s = b.index(g.stride[d] as i64);
-    let dl = b.index(g.dil[d] as i64);
-    let p = b.index(-(g.pad[2 * d] as i64));
-    let os = b.mul(out, s);
-    let td = b.mul(t, dl);
-    let i = b.add(os, td);
-    b.add(i, p)
-}
-
-/// `epilogue` applied to `s`, with per-channel bias (input `bias_at`) and scale (the
-/// next input): "bias_relu6" (bias add, then Relu6 as two compare-and-selects),
-/// "bias_hardswish" (bias add, then HardSwish: the value times a chain of itself),
-/// "scale_clip" (scale and bias, `max(−1, ·)`, `min(·, 2)`), anything else: `s`.
-fn epilogue_of(b: &mut KernelBuilder, s: ExprId, channel: ExprId, bias_at: usize, epilogue: &str) -> ExprId {
-    let f = ScalarType::F32;
-    let bias = b.load(bias_at, vec![channel]);
-    match epilogue {
-        "bias_relu6" => {
-            let v = b.add(s, bias);
-            relu6(b, v)
-        }
-        "bias_hardswish" => {
-            // As lowered: v · min(max(v / 6 + 0.5, 0), 1), v = s + bias.
-            let v = b.add(s, bias);
-            let six = b.float(f, 6.0);
-            let half = b.float(f, 0.5);
-            let zero = b.float(f, 0.0);
-            let one = b.float(f, 1.0);
-            let g = b.div(v, six);
-            let g = b.add(g, half);
-            let g = b.binary(BinaryOp::Max, g, zero);
-            let g = b.binary(BinaryOp::Min, g, one);
-            b.mul(v, g)
-        }
-        "scale_clip" => {
-            let scale = b.load(bias_at + 1, vec![channel]);
-            let v = b.mul(s, scale);
-            let v = b.add(bias, v);
-            let lo = b.float(f, -1.0);
-            let hi = b.float(f, 2.0);
-            let v = b.binary(BinaryOp::Max, v, lo);
-            b.binary(BinaryOp::Min, v, hi)
-        }
-        _ => s,
-    }
-}
+use kiln_flow::{interp, Bounds, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_ir::{Shape, Tensor};
 
 /// A max pool as the lowering writes it: `max over the window of select(isnan(x), −∞,
 /// x)`, −∞ outside the plane; `epilogue` as for [`depthwise`] ([`epilogue_of`]).
 fn max_pool(g: Geo, epilogue: &str) -> Kernel {
     let [oh, ow] = g.out();
     let f = ScalarType::F32;
-    let ins = vec![tt(&[g.n, g.c, g.h, g.w]), tt(&[g.c]), tt(&[g.c])];
-    let mut b = KernelBuilder::new("maxpool", ins, tt(&[g.n, g.c, oh, ow]));
+    let ins = vec![f32_type(&[g.n, g.c, g.h, g.w]), f32_type(&[g.c]), f32_type(&[g.c])];
+    let mut b = KernelBuilder::new("maxpool", ins, f32_type(&[g.n, g.c, oh, ow]));
     let o = b.out_index();
     let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
     let (yv, xv) = (b.var(y), b.var(x));
@@ -210,7 +113,7 @@ fn border_taps_under_opmasks() {
     }
     for (w, stride) in [(14, [1, 1]), (7, [1, 1]), (28, [2, 2]), (9, [1, 2])] {
         let g = Geo { n: 1, c: 3, h: 6, w, win: [3, 3], stride, dil: [1, 1], pad: [1, 1, 1, 1] };
-        let k = depthwise(g, "bias_relu6");
+        let k = depthwise("dw", g, "bias_relu6");
         let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V4, &Options::default()).unwrap();
         assert_eq!(m.notes[0], "depthwise window (avx2+fma, avx-512 border masks)", "{g:?}");
         let v3 = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
@@ -226,7 +129,7 @@ fn border_taps_under_opmasks() {
 /// `(taps + 2)` half-ulps; HardSwish: slope up to 1.5, the bound's input at most twice
 /// the bound (its gate is at least ½ for positive sums), and four more roundings.
 fn check_convolution(g: Geo, epilogue: &str, seed: u64) {
-    let k = depthwise(g, epilogue);
+    let k = depthwise("dw", g, epilogue);
     let taps = (g.win[0] * g.win[1]) as f32;
     let units = if epilogue == "bias_hardswish" { 3.0 * (taps + 2.0) + 4.0 } else { taps + 2.0 };
     check(&k, &inputs(g, seed), units);
@@ -328,7 +231,7 @@ fn nan_passes_the_clamps() {
     x[5] = f32::NAN; // channel 0, row 0, column 5
     ins[0] = Tensor::from_vec(Shape::new(vec![1, 2, 4, 10]).unwrap(), x).unwrap();
     for epilogue in ["bias_relu6", "scale_clip"] {
-        let k = depthwise(g, epilogue);
+        let k = depthwise("dw", g, epilogue);
         let refs: Vec<&Tensor> = ins.iter().collect();
         let want = interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
         for cfg in targets() {
@@ -358,7 +261,7 @@ fn other_forms_take_another_path() {
     let row_sum = Geo { n: 1, c: 3, h: 4, w: 20, win: [1, 20], stride: [1, 1], dil: [1, 1], pad: [0, 0, 0, 0] };
     assert_eq!(row_sum.out()[1], 1);
     for (i, g) in [too_many, row_sum].into_iter().enumerate() {
-        let k = depthwise(g, "bias_relu6");
+        let k = depthwise("dw", g, "bias_relu6");
         assert!(kiln_flow::window::Depthwise::of(&k).is_none(), "{g:?}");
         let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
         assert!(!m.notes[0].starts_with("depthwise"), "{}", m.notes[0]);
@@ -377,48 +280,8 @@ fn other_forms_take_another_path() {
 /// kernel's size (`count_include_pad`, or no padding) or by the taps inside the input
 /// (the per-position count the window path tabulates at compile time).
 fn average_pool(dims: [usize; 4], kernel: [i64; 2], strides: [i64; 2], pads: [i64; 4], include_pad: bool) -> Kernel {
-    let mut a = kiln_ir::Attrs::new();
-    a.set("count_include_pad", kiln_ir::Attr::Int(include_pad as i64));
-    pool_kernel(kiln_ir::OpKind::AveragePool, &dims, &kernel, &strides, &[1, 1], &pads, false, a)
-}
-
-/// A pool (`kind`, MaxPool or AveragePool) over `dims` as `kiln_lower` lowers it, with
-/// the given window attributes (`dilations` for MaxPool only) and `extra` attributes.
-#[allow(clippy::too_many_arguments)]
-fn pool_kernel(
-    kind: kiln_ir::OpKind,
-    dims: &[usize],
-    kernel: &[i64],
-    strides: &[i64],
-    dilations: &[i64],
-    pads: &[i64],
-    ceil: bool,
-    mut a: kiln_ir::Attrs,
-) -> Kernel {
-    use kiln_ir::Attr;
-    a.set("kernel_shape", Attr::Ints(kernel.to_vec()));
-    a.set("strides", Attr::Ints(strides.to_vec()));
-    a.set("pads", Attr::Ints(pads.to_vec()));
-    a.set("ceil_mode", Attr::Int(ceil as i64));
-    if kind == kiln_ir::OpKind::MaxPool {
-        a.set("dilations", Attr::Ints(dilations.to_vec()));
-    }
-    lowered(kind, a, &[tt(dims)])
-}
-
-/// The one kernel `kind` (with attributes `a`, over inputs of types `ins`) lowers to.
-fn lowered(kind: kiln_ir::OpKind, a: kiln_ir::Attrs, ins: &[TensorType]) -> Kernel {
-    use kiln_ir::infer::{infer, InferInput};
-    use kiln_ir::Op;
-    use kiln_lower::{lower_op, OpCx, OpInput};
-    let op = Op::parse(kind, &a).unwrap();
-    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
-    let out = infer(&op, &inf, 1).expect("infer");
-    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
-    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
-    let mut l = lower_op(&cx).expect("lower");
-    assert_eq!(l.steps.len(), 1);
-    l.steps.remove(0).kernel
+    let w = Win { kernel: &kernel, strides: &strides, dil: &[1, 1], pads: &pads, ceil: false };
+    w.average_pool(&dims, include_pad).expect("lower")
 }
 
 /// Average pools take the window path (a sum, then the divisor: a constant, or a table
@@ -528,7 +391,7 @@ fn one_dimensional_windows_are_rows() {
                 vec![1, c, l]
             };
             let wd = if two_d { vec![c, 1, k, 1] } else { vec![c, 1, k] };
-            let kern = lowered(OpKind::Conv, a, &[tt(&xd), tt(&wd), tt(&[c])]);
+            let kern = lower_one(OpKind::Conv, &a, &[f32_type(&xd), f32_type(&wd), f32_type(&[c])]).expect("lower");
             let d = kiln_flow::window::Depthwise::of(&kern).expect("a window");
             assert_eq!((d.in_dims[2], d.in_dims[3], d.window), (1, l as u64, [1, k as u64]), "{xd:?} {wd:?}");
             let ins = [random_f32(&xd, 2.0, 300 + n), random_f32(&wd, 1.0, 301 + n), random_f32(&[c], 1.0, 302 + n)];
@@ -546,7 +409,6 @@ fn one_dimensional_windows_are_rows() {
 #[test]
 fn max_pools_of_any_window() {
     require_avx2_fma!();
-    use kiln_ir::{Attrs, OpKind};
     for (n, (dims, kernel, strides, dil, pads, ceil)) in [
         (vec![1, 3, 13, 13], vec![5, 5], vec![1, 1], vec![1, 1], vec![2, 2, 2, 2], false),
         (vec![1, 3, 13, 13], vec![9, 9], vec![1, 1], vec![1, 1], vec![4, 4, 4, 4], false),
@@ -562,7 +424,8 @@ fn max_pools_of_any_window() {
     .into_iter()
     .enumerate()
     {
-        let k = pool_kernel(OpKind::MaxPool, &dims, &kernel, &strides, &dil, &pads, ceil, Attrs::new());
+        let w = Win { kernel: &kernel, strides: &strides, dil: &dil, pads: &pads, ceil };
+        let k = w.max_pool(&dims).expect("lower");
         let m = compile_with(&classify(&[&k]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
         assert_eq!(m.notes[0], "max pool window (avx2)", "{dims:?} {kernel:?}");
         let numel: usize = dims.iter().product();
@@ -594,9 +457,8 @@ fn average_pools_of_any_window() {
         ([1, 2, 9, 31], [2, 2], [2, 2], [0, 0, 0, 0], true),
     ] {
         for include_pad in [false, true] {
-            let mut a = kiln_ir::Attrs::new();
-            a.set("count_include_pad", kiln_ir::Attr::Int(include_pad as i64));
-            let k = pool_kernel(kiln_ir::OpKind::AveragePool, &dims, &kernel, &strides, &[1, 1], &pads, ceil, a);
+            let w = Win { kernel: &kernel, strides: &strides, dil: &[1, 1], pads: &pads, ceil };
+            let k = w.average_pool(&dims, include_pad).expect("lower");
             let x = random_f32(&dims, 2.0, 600 + n);
             n += 1;
             let what = format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad}");

@@ -412,32 +412,50 @@ fn naive_conv2d(
 ) -> Vec<f64> {
     let mg = m / group;
     let mut y = vec![0.0; n * m * oh * ow];
+    let window = Window { k: [kh, kw], stride: [sh, sw], dil: [dh, dw], pad: [pt, pl] };
     for ni in 0..n {
         for mi in 0..m {
-            let g = mi / mg;
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut s = 0.0;
-                    for ci in 0..cg {
-                        for ky in 0..kh {
-                            for kx in 0..kw {
-                                let iy = (oy * sh + ky * dh) as i64 - pt;
-                                let ix = (ox * sw + kx * dw) as i64 - pl;
-                                if iy < 0 || ix < 0 || iy >= h as i64 || ix >= w as i64 {
-                                    continue;
-                                }
-                                let xc = g * cg + ci;
-                                s += x[((ni * c + xc) * h + iy as usize) * w + ix as usize]
-                                    * wt[((mi * cg + ci) * kh + ky) * kw + kx];
-                            }
-                        }
-                    }
-                    y[((ni * m + mi) * oh + oy) * ow + ox] = s;
-                }
+            let xc0 = mi / mg * cg;
+            for ci in 0..cg {
+                window.each_tap([oh, ow], [h, w], |[oy, ox], [ky, kx], [iy, ix]| {
+                    y[((ni * m + mi) * oh + oy) * ow + ox] +=
+                        x[((ni * c + xc0 + ci) * h + iy) * w + ix] * wt[((mi * cg + ci) * kh + ky) * kw + kx];
+                });
             }
         }
     }
     y
+}
+
+/// A 2-D window's geometry: taps, strides, dilations, leading pads.
+struct Window {
+    k: [usize; 2],
+    stride: [usize; 2],
+    dil: [usize; 2],
+    pad: [i64; 2],
+}
+
+impl Window {
+    /// Calls `f(p, t, q)` for every position `p` below `from` and tap `t` below the
+    /// window whose `q = p · stride + t · dilation − pad` lies below `to` (in that order:
+    /// positions, then taps, row-major). Conv gathers input `q` into output `p`;
+    /// ConvTranspose scatters input `p` into output `q`.
+    fn each_tap(&self, from: [usize; 2], to: [usize; 2], mut f: impl FnMut([usize; 2], [usize; 2], [usize; 2])) {
+        let at = |p: usize, t: usize, d: usize| (p * self.stride[d] + t * self.dil[d]) as i64 - self.pad[d];
+        for py in 0..from[0] {
+            for px in 0..from[1] {
+                for ty in 0..self.k[0] {
+                    for tx in 0..self.k[1] {
+                        let (qy, qx) = (at(py, ty, 0), at(px, tx, 1));
+                        if qy < 0 || qx < 0 || qy >= to[0] as i64 || qx >= to[1] as i64 {
+                            continue;
+                        }
+                        f([py, px], [ty, tx], [qy as usize, qx as usize]);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -748,6 +766,7 @@ fn conv_transpose_matches_scatter_definition() {
     let wv = ints(c * mg * kh * kw, 22);
     let bv = ints(m, 23);
     // Scatter: each input element adds x · w into every output it reaches.
+    let window = Window { k: [kh, kw], stride: [sh, sw], dil: [dh, dw], pad: [pt, pl] };
     let mut want = vec![0.0; n * m * oh * ow];
     for ni in 0..n {
         for mi in 0..m {
@@ -756,25 +775,12 @@ fn conv_transpose_matches_scatter_definition() {
             }
         }
         for ci in 0..c {
-            let g = ci / cg;
-            for iy in 0..h {
-                for ix in 0..w {
-                    for mo in 0..mg {
-                        for ky in 0..kh {
-                            for kx in 0..kw {
-                                let oy = (iy * sh + ky * dh) as i64 - pt;
-                                let ox = (ix * sw + kx * dw) as i64 - pl;
-                                if oy < 0 || ox < 0 || oy >= oh as i64 || ox >= ow as i64 {
-                                    continue;
-                                }
-                                let mi = g * mg + mo;
-                                want[((ni * m + mi) * oh + oy as usize) * ow + ox as usize] += xv
-                                    [((ni * c + ci) * h + iy) * w + ix]
-                                    * wv[((ci * mg + mo) * kh + ky) * kw + kx];
-                            }
-                        }
-                    }
-                }
+            for mo in 0..mg {
+                let mi = ci / cg * mg + mo;
+                window.each_tap([h, w], [oh, ow], |[iy, ix], [ky, kx], [oy, ox]| {
+                    want[((ni * m + mi) * oh + oy) * ow + ox] +=
+                        xv[((ni * c + ci) * h + iy) * w + ix] * wv[((ci * mg + mo) * kh + ky) * kw + kx];
+                });
             }
         }
     }

@@ -600,23 +600,55 @@ pub(super) fn operand_row(
 ) -> (Reg, Reg, Option<Reg>) {
     let r = u32_op(p, "add.u32", first, r_in.into());
     let in_range = pred(p, "setp.lt.u32", r, Imm::U(total).into());
-    let xs = split_regs(p, r, vars);
-    let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
+    let off = map_offset(p, bat, map, vars, r);
     let ptr = lin.map(|step| {
         // The row's element at the block's first step.
         let k = match k_start {
             Some(k0) => u32_op(p, "add.u32", k, k0.into()),
             None => k,
         };
-        let t = p.reg(RegClass::B64);
-        p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
-        let o = p.reg(RegClass::B64);
-        p.op("add.s64", &[o.into(), off.into(), t.into()]);
-        let a = p.reg(RegClass::B64);
-        p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(size).into(), base.into()]);
-        a
+        stepped_address(p, off, (k, step), (base, size))
     });
     (in_range, off, ptr)
+}
+
+/// `acc` plus the terms of `map` at `x` taken apart into the variables `vars`
+/// ([`split_regs`], then [`affine_regs`]): an operand's element offset (s64) at a row,
+/// a column, a batch or a step of the reduction.
+pub(super) fn map_offset(p: &mut Ptx, acc: Reg, map: &Map, vars: &[Var], x: Reg) -> Reg {
+    let xs = split_regs(p, x, vars);
+    affine_regs(p, acc, &|v| map.at(v), vars, &xs)
+}
+
+/// `base + off · size`: the address of element offset `off` (s64) of an operand of
+/// `size`-byte elements at `base`.
+pub(super) fn element_address(p: &mut Ptx, off: Reg, (base, size): (Reg, i64)) -> Reg {
+    let a = p.reg(RegClass::B64);
+    p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(size).into(), base.into()]);
+    a
+}
+
+/// The address of the element `k` (u32) steps of `step` elements on from element offset
+/// `off`: `base + (off + k · step) · size`. Where an operand steps linearly along the
+/// reduction, a row's pointer starts there and is then advanced by immediates.
+pub(super) fn stepped_address(p: &mut Ptx, off: Reg, (k, step): (Reg, i64), base_size: (Reg, i64)) -> Reg {
+    let t = p.reg(RegClass::B64);
+    p.op("mul.wide.s32", &[t.into(), k.into(), Imm::I(step).into()]);
+    let o = p.reg(RegClass::B64);
+    p.op("add.s64", &[o.into(), off.into(), t.into()]);
+    element_address(p, o, base_size)
+}
+
+/// The batch variables of batch `bi` (u32, outermost first), and `A`'s and `B`'s element
+/// offsets there (s64, from their constant terms): what every kind of contraction block
+/// computes first.
+pub(super) fn batch_offsets(p: &mut Ptx, plan: &Plan, bi: Reg) -> (Vec<Reg>, Reg, Reg) {
+    let bvars = split_regs(p, bi, &plan.batch);
+    let constant = |p: &mut Ptx, c: i64| p.mov(RegClass::B64, "s64", Imm::I(c).into());
+    let (ac, bc) = (constant(p, plan.a.c), constant(p, plan.b.c));
+    let a_bat = affine_regs(p, ac, &|v| plan.a.at(v), &plan.batch, &bvars);
+    let b_bat = affine_regs(p, bc, &|v| plan.b.at(v), &plan.batch, &bvars);
+    (bvars, a_bat, b_bat)
 }
 
 /// One operand element of storage type `dtype` at `addr`, widened to a fresh f32
@@ -700,15 +732,7 @@ impl BlockStart {
         let bi = u32_op(p, "div.u32", rest, mt.into());
         let m0 = u32_op(p, "mul.lo.u32", mtile, Imm::U(t.bm().into()).into());
         let n0 = u32_op(p, "mul.lo.u32", ntile, Imm::U(t.bn().into()).into());
-        let bvars = split_regs(p, bi, &plan.batch);
-        let constant = |p: &mut Ptx, c: i64| {
-            let r = p.reg(RegClass::B64);
-            p.op("mov.s64", &[r.into(), Imm::I(c).into()]);
-            r
-        };
-        let (ac, bc) = (constant(p, plan.a.c), constant(p, plan.b.c));
-        let a_bat = affine_regs(p, ac, &|v| plan.a.at(v), &plan.batch, &bvars);
-        let b_bat = affine_regs(p, bc, &|v| plan.b.at(v), &plan.batch, &bvars);
+        let (bvars, a_bat, b_bat) = batch_offsets(p, plan, bi);
         BlockStart { rank, k_start, k_end, m0, n0, bvars, a_bat, b_bat }
     }
 }
@@ -733,11 +757,8 @@ pub(super) fn operand_element(
     let addr = match ptr {
         Some(a) => a,
         None => {
-            let xs = split_regs(p, kabs, ks);
-            let off = affine_regs(p, off, &|v| map.at(v), ks, &xs);
-            let a = p.reg(RegClass::B64);
-            p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(size).into(), base.into()]);
-            (a, 0)
+            let off = map_offset(p, off, map, ks, kabs);
+            (element_address(p, off, (base, size)), 0)
         }
     };
     (ok, addr)

@@ -32,7 +32,8 @@
 
 use kiln_flow::Kernel;
 
-use super::contraction::{affine_regs, epilogue, linear, load_f32, pred, split_regs, u32_op, Map, Plan, Var};
+use super::contraction::{batch_offsets, element_address, epilogue, linear, load_f32, map_offset, pred, stepped_address};
+use super::contraction::{u32_op, Map, Plan, Var};
 use super::contraction::{MAX_SPLIT, SMS};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch, BLOCK};
@@ -159,16 +160,9 @@ impl Operand {
         let mut offs = Vec::new();
         let mut ptrs = Vec::new();
         for &(r, vars) in rows {
-            let xs = split_regs(p, r, vars);
-            let off = affine_regs(p, bat, &|v| map.at(v), vars, &xs);
+            let off = map_offset(p, bat, map, vars, r);
             if let Some(st) = step {
-                let t = p.reg(RegClass::B64);
-                p.op("mul.wide.s32", &[t.into(), k0.into(), Imm::I(st).into()]);
-                let o = p.reg(RegClass::B64);
-                p.op("add.s64", &[o.into(), off.into(), t.into()]);
-                let a = p.reg(RegClass::B64);
-                p.op("mad.lo.s64", &[a.into(), o.into(), Imm::I(size).into(), base.into()]);
-                ptrs.push(a);
+                ptrs.push(stepped_address(p, off, (k0, st), (base, size)));
             }
             offs.push(off);
         }
@@ -182,11 +176,8 @@ impl Operand {
             Some(st) => Opd::Addr(self.ptrs[i], i64::from(u * WARPS) * st * self.size),
             None => {
                 let k = u32_op(p, "add.u32", k0, Imm::U(u64::from(u * WARPS)).into());
-                let xs = split_regs(p, k, &plan.ks);
-                let off = affine_regs(p, self.offs[i], &|v| self.map.at(v), &plan.ks, &xs);
-                let a = p.reg(RegClass::B64);
-                p.op("mad.lo.s64", &[a.into(), off.into(), Imm::I(self.size).into(), self.base.into()]);
-                Opd::Addr(a, 0)
+                let off = map_offset(p, self.offs[i], &self.map, &plan.ks, k);
+                Opd::Addr(element_address(p, off, (self.base, self.size)), 0)
             }
         };
         load_f32(p, self.map.dtype, ok, addr)
@@ -244,11 +235,7 @@ fn body(k: &Kernel, plan: &Plan, s: Skinny, p: &mut Ptx) -> Result<(), CodegenEr
         None => (p.mov(RegClass::B32, "u32", Imm::U(0).into()), p.mov(RegClass::B32, "u32", Imm::U(kk).into())),
     };
     let k0 = u32_op(p, "add.u32", k_start, warp.into());
-    let bvars = split_regs(p, bi, &plan.batch);
-    let constant = |p: &mut Ptx, c: i64| p.mov(RegClass::B64, "s64", Imm::I(c).into());
-    let (ac, bc) = (constant(p, plan.a.c), constant(p, plan.b.c));
-    let a_bat = affine_regs(p, ac, &|v| plan.a.at(v), &plan.batch, &bvars);
-    let b_bat = affine_regs(p, bc, &|v| plan.b.at(v), &plan.batch, &bvars);
+    let (bvars, a_bat, b_bat) = batch_offsets(p, plan, bi);
     let row_regs: Vec<Reg> = (0..rows).map(|i| p.mov(RegClass::B32, "u32", Imm::U(i.into()).into())).collect();
     let a_rows: Vec<(Reg, &[Var])> = row_regs.iter().map(|&r| (r, plan.rows.as_slice())).collect();
     let a = Operand::new(p, plan, &plan.a, bases[plan.a.input], a_bat, &a_rows, k0);

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options, Packing};
 use kiln_flow::layout::pack_constants;
 use kiln_flow::program::{BufferKind, FlowProgram};
-use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_flow::{interp, BinaryOp, Bounds, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor, TensorType};
 use kiln_runtime::cpu::helpers::HELPERS;
 use kiln_runtime::cpu::loader::LoadedCode;
 
@@ -758,4 +758,184 @@ pub fn first_dispatch(p: &FlowProgram, input: Option<&Tensor>) -> (Kernel, Vec<T
         })
         .collect();
     (d.kernel.clone(), tensors)
+}
+
+/// One depthwise window's geometry (the CPU depthwise suite's convolutions and pools,
+/// and the CUDA window suite's fused convolutions).
+#[derive(Clone, Copy, Debug)]
+pub struct Geo {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub win: [usize; 2],
+    pub stride: [usize; 2],
+    pub dil: [usize; 2],
+    /// Leading and trailing padding per axis: `[top, bottom, left, right]`.
+    pub pad: [usize; 4],
+}
+
+impl Geo {
+    /// The output's height and width.
+    pub fn out(&self) -> [usize; 2] {
+        let oh = (self.h + self.pad[0] + self.pad[1] - self.dil[0] * (self.win[0] - 1) - 1) / self.stride[0] + 1;
+        let ow = (self.w + self.pad[2] + self.pad[3] - self.dil[1] * (self.win[1] - 1) - 1) / self.stride[1] + 1;
+        [oh, ow]
+    }
+}
+
+/// A hand-built depthwise convolution over `g` (inputs: image, filter `[C, 1, kh, kw]`,
+/// bias, scale), summing `x · w` over the window; `epilogue` as in [`epilogue_of`]
+/// ("none" for none).
+pub fn depthwise(name: &str, g: Geo, epilogue: &str) -> Kernel {
+    let [oh, ow] = g.out();
+    let ins = vec![
+        f32_type(&[g.n, g.c, g.h, g.w]),
+        f32_type(&[g.c, 1, g.win[0], g.win[1]]),
+        f32_type(&[g.c]),
+        f32_type(&[g.c]),
+    ];
+    let mut b = KernelBuilder::new(name, ins, f32_type(&[g.n, g.c, oh, ow]));
+    let o = b.out_index();
+    let grp = b.new_var(1);
+    let (y, x) = (b.new_var(g.win[0] as u64), b.new_var(g.win[1] as u64));
+    let (gv, yv, xv) = (b.var(grp), b.var(y), b.var(x));
+    let ih = window_index(&mut b, g, o[2], yv, 0);
+    let iw = window_index(&mut b, g, o[3], xv, 1);
+    let chan = b.add(o[1], gv);
+    let padded = g.pad.iter().any(|&p| p > 0);
+    let bounds = if padded { Bounds::Pad(0) } else { Bounds::InBounds };
+    let xin = b.load_with(0, vec![o[0], chan, ih, iw], bounds);
+    let wt = b.load(1, vec![o[1], gv, yv, xv]);
+    let p = b.mul(xin, wt);
+    let s = b.reduce(ReduceOp::Sum, vec![grp, y, x], p);
+    let r = epilogue_of(&mut b, s, o[1], 2, epilogue);
+    b.finish(r).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Input row (`d` = 0) or column (`d` = 1) of output position `out`, window tap `t`:
+/// `out · stride + t · dilation − leading pad` (the tap multiplied only where the
+/// dilation is above 1).
+pub fn window_index(b: &mut KernelBuilder, g: Geo, out: ExprId, t: ExprId, d: usize) -> ExprId {
+    let s = b.index(g.stride[d] as i64);
+    let dl = (g.dil[d] > 1).then(|| b.index(g.dil[d] as i64));
+    let p = b.index(-(g.pad[2 * d] as i64));
+    let os = b.mul(out, s);
+    let td = match dl {
+        Some(dl) => b.mul(t, dl),
+        None => t,
+    };
+    let i = b.add(os, td);
+    b.add(i, p)
+}
+
+/// `epilogue` applied to `s`, with per-channel bias (input `bias_at`) and scale (the
+/// next input): "bias_relu6" (bias add, then Relu6 as two compare-and-selects),
+/// "relu" (`max(s, 0)`, no bias), "bias_hardswish" (bias add, then HardSwish: the
+/// value times a chain of itself), "scale_clip" (scale and bias, `max(−1, ·)`,
+/// `min(·, 2)`), anything else: `s`.
+pub fn epilogue_of(b: &mut KernelBuilder, s: ExprId, channel: ExprId, bias_at: usize, epilogue: &str) -> ExprId {
+    let f = ScalarType::F32;
+    let bias = b.load(bias_at, vec![channel]);
+    match epilogue {
+        "bias_relu6" => {
+            let v = b.add(s, bias);
+            relu6(b, v)
+        }
+        "relu" => {
+            let zero = b.float(f, 0.0);
+            b.binary(BinaryOp::Max, s, zero)
+        }
+        "bias_hardswish" => {
+            // As lowered: v · min(max(v / 6 + 0.5, 0), 1), v = s + bias.
+            let v = b.add(s, bias);
+            let six = b.float(f, 6.0);
+            let half = b.float(f, 0.5);
+            let zero = b.float(f, 0.0);
+            let one = b.float(f, 1.0);
+            let g = b.div(v, six);
+            let g = b.add(g, half);
+            let g = b.binary(BinaryOp::Max, g, zero);
+            let g = b.binary(BinaryOp::Min, g, one);
+            b.mul(v, g)
+        }
+        "scale_clip" => {
+            let scale = b.load(bias_at + 1, vec![channel]);
+            let v = b.mul(s, scale);
+            let v = b.add(bias, v);
+            let lo = b.float(f, -1.0);
+            let hi = b.float(f, 2.0);
+            let v = b.binary(BinaryOp::Max, v, lo);
+            b.binary(BinaryOp::Min, v, hi)
+        }
+        _ => s,
+    }
+}
+
+/// The one kernel `kind` (attributes `a`, inputs of types `ins`, none of them constant)
+/// lowers to through `kiln_lower`, or why there is none: parsing, inference or lowering
+/// refused the op, or it lowered to several kernels.
+pub fn lower_one(kind: OpKind, a: &Attrs, ins: &[TensorType]) -> Result<Kernel, String> {
+    use kiln_ir::infer::{infer, InferInput};
+    use kiln_lower::{lower_op, OpCx, OpInput};
+    let op = Op::parse(kind, a).map_err(|e| format!("parse: {e}"))?;
+    let inf: Vec<Option<InferInput>> = ins.iter().map(|t| Some(InferInput { ty: t, value: None })).collect();
+    let out = infer(&op, &inf, 1).map_err(|e| format!("infer: {e}"))?;
+    let cins: Vec<Option<OpInput>> = ins.iter().map(|t| Some(OpInput { ty: t, value: None })).collect();
+    let cx = OpCx { op: &op, name: "op", inputs: &cins, outputs: &out };
+    let mut l = lower_op(&cx).map_err(|e| format!("lower: {e}"))?;
+    match l.steps.len() {
+        1 => Ok(l.steps.remove(0).kernel),
+        n => Err(format!("lowered to {n} kernels")),
+    }
+}
+
+/// One window op's attributes as ONNX states them: kernel, strides, dilations, pads
+/// (all begins, then all ends), ceil mode. Its methods lower the depthwise `Conv`, the
+/// `MaxPool` and the `AveragePool` of these attributes over an f32 input of shape `x`
+/// (the CPU depthwise and CUDA window suites).
+pub struct Win<'a> {
+    pub kernel: &'a [i64],
+    pub strides: &'a [i64],
+    pub dil: &'a [i64],
+    pub pads: &'a [i64],
+    pub ceil: bool,
+}
+
+impl Win<'_> {
+    fn attrs(&self) -> Attrs {
+        let mut a = Attrs::new();
+        a.set("kernel_shape", Attr::Ints(self.kernel.to_vec()));
+        a.set("strides", Attr::Ints(self.strides.to_vec()));
+        a.set("pads", Attr::Ints(self.pads.to_vec()));
+        a
+    }
+
+    /// A depthwise `Conv` (group = C, with bias; `ceil` is not an attribute of Conv).
+    pub fn conv(&self, x: &[usize]) -> Result<Kernel, String> {
+        let c = x[1];
+        let mut a = self.attrs();
+        a.set("group", Attr::Int(c as i64));
+        a.set("dilations", Attr::Ints(self.dil.to_vec()));
+        let mut wd = vec![c, 1];
+        wd.extend(self.kernel.iter().map(|&k| k as usize));
+        lower_one(OpKind::Conv, &a, &[f32_type(x), f32_type(&wd), f32_type(&[c])])
+    }
+
+    /// A `MaxPool`.
+    pub fn max_pool(&self, x: &[usize]) -> Result<Kernel, String> {
+        let mut a = self.attrs();
+        a.set("ceil_mode", Attr::Int(self.ceil as i64));
+        a.set("dilations", Attr::Ints(self.dil.to_vec()));
+        lower_one(OpKind::MaxPool, &a, &[f32_type(x)])
+    }
+
+    /// An `AveragePool` (`dil` is not an attribute of AveragePool), counting the padding
+    /// in its divisor where `include_pad`.
+    pub fn average_pool(&self, x: &[usize], include_pad: bool) -> Result<Kernel, String> {
+        let mut a = self.attrs();
+        a.set("ceil_mode", Attr::Int(self.ceil as i64));
+        a.set("count_include_pad", Attr::Int(include_pad as i64));
+        lower_one(OpKind::AveragePool, &a, &[f32_type(x)])
+    }
 }
