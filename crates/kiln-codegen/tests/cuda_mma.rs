@@ -368,8 +368,10 @@ fn half_kernels_take_the_tensor_cores_and_assemble_without_spills() {
 }
 
 /// A 4096³ bf16 product: the kernel the ≥ 400 TFLOP/s target is measured on (the lead
-/// runs it on the GPU). Both operands `cp.async`, 256×128 tiles ([`mma::BIG`], warps
-/// of 64×64), 512 blocks, its stages in dynamic shared memory.
+/// runs it on the GPU). Both operands `cp.async`, 128×128 tiles, 1024 blocks. (A
+/// 256×128 tile with warps of 64×64 in dynamic shared memory was tried: one block of
+/// 234 registers a thread per multiprocessor, and 461 µs against this kernel's 410 µs
+/// on an H100.)
 #[test]
 fn a_4096_cubed_bf16_product() {
     let h = DType::BF16;
@@ -381,17 +383,14 @@ fn a_4096_cubed_bf16_product() {
     let note = &m.notes[0];
     assert!(
         note.contains("mma.sync")
-            && note.contains("256x128")
+            && note.contains("128x128")
             && note.contains("A k-major cp.async, B row-major cp.async"),
         "{note}"
     );
-    assert_eq!(m.launches[0].grid, 16 * 32);
-    // 3 stages of 256 + 128 rows of 32 halves: over the static 48 KiB, so dynamic.
-    assert_eq!(m.launches[0].shared, shared_bytes(256, 128));
-    assert!(m.launches[0].shared > mma::STATIC_SHARED);
+    assert_eq!(m.launches[0].grid, 32 * 32);
     let res = ptxas::assemble_ptx_verbose("cuda-mma", "4096", m.ptx()).unwrap_or_else(|e| panic!("ptxas: {e}"));
     let u = res[0].1;
-    eprintln!("4096³ bf16: {u:?}, {} bytes shared", shared_bytes(256, 128));
+    eprintln!("4096³ bf16: {u:?}, {} bytes shared", shared_bytes(128, 128));
     assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0));
 }
 
@@ -708,33 +707,4 @@ fn modelled_kernels_match_the_interpreter() {
     }
     assert!(seen.len() >= 4, "feeds covered: {seen:?}");
     assert!(splits.len() >= 3, "splits covered: {splits:?}");
-}
-
-/// The large tile ([`mma::BIG`]: 256 × 128, warps 4 × 2 of 64 × 64 each, stages in
-/// dynamic shared memory) in the simulator against the interpreter, on shapes small
-/// enough to simulate (the compiler takes it only where its grid fills the GPU):
-/// partial tiles at both edges, A k-major and row-major, both types, a bias epilogue
-/// (the tile takes `cp.async` feeds only: an operand that needs register staging is
-/// declined with a reason).
-#[test]
-fn simulated_large_tile_matches_the_interpreter() {
-    let (h, b) = (DType::F16, DType::BF16);
-    let kernels = vec![
-        matmul((h, h), &[], (false, false), (260, 40, 136), false, true, h),
-        matmul((b, b), &[], (false, false), (256, 64, 136), false, false, DType::F32),
-        matmul((b, b), &[], (false, false), (72, 48, 200), true, true, b),
-    ];
-    for (seed, k) in kernels.iter().enumerate() {
-        let plan = Plan::of(k).expect("plan");
-        let e = mma::emit_tiled(k, &plan, mma::BIG).expect("emit").unwrap_or_else(|why| panic!("{why}"));
-        assert!(e.note.contains("256x128"), "{}", e.note);
-        assert!(e.launch.shared > mma::STATIC_SHARED);
-        let ptx = format!("{}{}", kiln_codegen::cuda::ptx::HEADER, e.text);
-        let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("big{seed}"), &ptx).unwrap_or_else(|x| panic!("{x}"));
-        assert_eq!((res[0].1.stack, res[0].1.spill_stores, res[0].1.spill_loads), (0, 0, 0), "{:?}", res[0].1);
-        simulate(k, &ptx, ptxsim::Grid::of(e.launch.grid, e.launch.block, e.launch.shared), seed as u64 + 40);
-    }
-    let staged = matmul((h, h), &[], (false, false), (260, 40, 130), false, true, h);
-    let why = mma::emit_tiled(&staged, &Plan::of(&staged).expect("plan"), mma::BIG).expect("emit");
-    assert!(why.is_err_and(|w| w.contains("cp.async")));
 }

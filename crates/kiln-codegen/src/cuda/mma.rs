@@ -111,7 +111,7 @@ use kiln_ir::DType;
 
 use super::contraction::{
     self, choose_split, choose_tile, linear, operand_element, operand_row, pred, u32_op, BlockStart, Map, Order, Plan,
-    Tile, Var, SMS,
+    Var,
 };
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch, BLOCK};
@@ -123,25 +123,8 @@ pub const BK: u32 = 32;
 /// Shared-memory stages.
 pub const STAGES: u32 = 3;
 
-/// Warps along the tile's rows and columns (of the tiles up to 128×128).
+/// Warps along the tile's rows and columns.
 pub const WARPS: (u32, u32) = (2, 4);
-
-/// The large tile: 256 × 128, for products whose grid fills the multiprocessors with it.
-pub const BIG: Tile = Tile { tm: 16, tn: 8 };
-
-/// Most static shared memory a block may declare (above it, dynamic shared memory).
-pub const STATIC_SHARED: u32 = 48 * 1024;
-
-/// Warps along the rows and columns of `tile`: [`WARPS`], or 4 × 2 for [`BIG`], whose
-/// warps then compute 64 × 64 each (32 `mma` per 4 + 4 `ldmatrix.x4`, against 16 per
-/// 4 + 2 at 64 × 32: a third less shared-memory traffic per product).
-pub fn warps(tile: Tile) -> (u32, u32) {
-    if tile == BIG {
-        (4, 2)
-    } else {
-        WARPS
-    }
-}
 
 /// How an operand tile is stored in a stage (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -296,23 +279,12 @@ pub fn shared_bytes(bm: u32, bn: u32) -> u32 {
     STAGES * (bm + bn) * BK * 2
 }
 
-/// `plan` as this path runs it: [`BIG`] where its grid has at least a block per
-/// multiprocessor and both operands are copied with `cp.async` (register-staged
-/// copies of a 256-row tile would not fit beside its 128 accumulators), else the tile
-/// of [`choose_tile`]; the split of [`choose_split`] (64×64 tiles only), each block's
-/// part of `K` a multiple of [`BK`].
+/// `plan` as this path runs it: the tile of [`choose_tile`], the split of
+/// [`choose_split`] (64×64 tiles only), each block's part of `K` a multiple of [`BK`].
 pub fn plan(plan: &Plan) -> Plan {
-    let [nb, m, n, _] = plan.dims;
-    let cp = feed(plan, &plan.a, &plan.rows).cp && feed(plan, &plan.b, &plan.cols).cp;
-    let tile = if cp && BIG.blocks(nb, m, n) >= SMS { BIG } else { choose_tile(nb, m, n) };
-    plan_tiled(plan, tile)
-}
-
-/// `plan` with block tile `tile` (the split as [`plan`] gives it).
-pub fn plan_tiled(plan: &Plan, tile: Tile) -> Plan {
     let mut plan = plan.clone();
     let [nb, m, n, kk] = plan.dims;
-    plan.tile = tile;
+    plan.tile = choose_tile(nb, m, n);
     plan.split = choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk);
     plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(u64::from(BK)) * u64::from(BK);
     plan
@@ -321,12 +293,6 @@ pub fn plan_tiled(plan: &Plan, tile: Tile) -> Plan {
 /// The entry of `k` on the tensor cores, or why not.
 pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
     emit_planned(k, &self::plan(plan))
-}
-
-/// The entry of `k` on the tensor cores with block tile `tile` (64×64, 64×128, 128×64,
-/// 128×128 or [`BIG`]), or why not.
-pub fn emit_tiled(k: &Kernel, plan: &Plan, tile: Tile) -> Result<Result<Entry, String>, CodegenError> {
-    emit_planned(k, &plan_tiled(plan, tile))
 }
 
 fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
@@ -341,9 +307,6 @@ fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, Codege
     }
     let fa = feed(&plan, &plan.a, &plan.rows);
     let fb = feed(&plan, &plan.b, &plan.cols);
-    if plan.tile == BIG && !(fa.cp && fb.cp) {
-        return Ok(Err("the 256x128 tile takes operands copied by cp.async only".into()));
-    }
     let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
     Emitter { k, plan: &plan, fa, fb }.body(&mut p)?;
     let text = p.finish().map_err(|e| internal(k, e))?;
@@ -360,9 +323,7 @@ fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, Codege
         how(fb),
         plan.grid()
     );
-    let shared = block_shared(&plan);
-    let dynamic = if shared > STATIC_SHARED { shared } else { 0 };
-    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: dynamic, params: (k.inputs.len() + 1) as u32 };
+    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: 0, params: (k.inputs.len() + 1) as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
 
@@ -575,7 +536,7 @@ impl Emitter<'_> {
         let (k, plan) = (self.k, self.plan);
         let t = plan.tile;
         let (bm, bn) = (t.bm(), t.bn());
-        let (wr, wc) = warps(t);
+        let (wr, wc) = WARPS;
         let (wm_rows, wn_cols) = (bm / wr, bn / wc);
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
         let [_, m, n, _] = plan.dims;
@@ -593,9 +554,8 @@ impl Emitter<'_> {
 
         // Shared memory: [A stage 0..3 | B stage 0..3].
         let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
-        // (A split's partial tile reuses it: BM·BN f32.) Over 48 KiB: dynamic.
-        let bytes = block_shared(plan);
-        let smem = if bytes > STATIC_SHARED { p.dynamic_shared("stages", 128) } else { p.shared("stages", bytes, 128) };
+        // (A split's partial tile reuses it: BM·BN f32.)
+        let smem = p.shared("stages", block_shared(plan), 128);
         let a_first = p.reg(RegClass::B32);
         p.op("mov.u32", &[a_first.into(), Opd::Sym(smem)]);
         let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(STAGES * a_stage)).into());
