@@ -1,8 +1,10 @@
 //! The vector forms of general kernels (`cpu::vops`, run by `cpu::rows` on eight lanes
 //! and, where this CPU has AVX-512 F, sixteen) against the kernel interpreter: every
 //! operation of the shared vector table on each lane type it takes (f32, i32, u32,
-//! bool as a vector mask), i64 comparisons read from memory, rows shorter than a
-//! vector, trailing axes of one position, and a reduction over a comparison mask.
+//! i8 and u8 extended to 32 bits, bool as a vector mask), i64 comparisons read from
+//! memory, rows shorter than a vector, trailing axes of one position, a reduction over
+//! a comparison mask, and contraction epilogues that use the table (an i64 mask; the
+//! quantize–dequantize round trip of the int8 graphs).
 //!
 //! Every case runs over row lengths 1, 3, 7, 8, 9, 15, 16, 17, 33 and 257 (below,
 //! at and across both vector widths, with masked tails), on two rows, split into 1 and
@@ -190,6 +192,129 @@ fn bool_masks_select_and_casts() {
     }
 }
 
+/// i8 and u8 values as 32-bit lanes: f32 converted to them (truncated to an i64,
+/// saturating, NaN 0, then wrapped: the specials hold NaN, ±inf, ±2³¹, ±9.3e18 on either
+/// side of 2⁶³, 1e30, 300, −129, 255.5 and halves) and back, every operation that wraps
+/// (`+ − ×`, negation, absolute value, `not`) and those that keep the extended form
+/// (max/min, comparisons, bitwise, select), with results read out as f32 and as i32.
+#[test]
+fn byte_lanes_from_f32() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for len in LENGTHS {
+        let (x, y) = (cycled(f, &[ROWS, len], 0), cycled(f, &[ROWS, len], 5));
+        for d in [DType::I8, DType::U8] {
+            let k = binary_kernel(&format!("to_{}", d.name()), f, f, len, |b, x, _| {
+                let q = b.cast(x, d, true);
+                b.cast(q, DType::F32, false)
+            });
+            check_vector(&k, &[&x, &y], EXACT);
+            for op in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Not] {
+                let k = binary_kernel(&format!("{}_u_{}", d.name(), op.name()), f, DType::I32, len, |b, x, _| {
+                    let q = b.cast(x, d, false);
+                    let r = b.unary(op, q);
+                    b.cast(r, DType::I32, false)
+                });
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+            for op in BinaryOp::ALL {
+                let wraps = matches!(
+                    op,
+                    BinaryOp::Add
+                        | BinaryOp::Sub
+                        | BinaryOp::Mul
+                        | BinaryOp::Max
+                        | BinaryOp::Min
+                        | BinaryOp::And
+                        | BinaryOp::Or
+                        | BinaryOp::Xor
+                );
+                if !wraps && !op.is_comparison() {
+                    continue;
+                }
+                let k = binary_kernel(&format!("{}_b_{}", d.name(), op.name()), f, DType::I32, len, |b, x, y| {
+                    let (qx, qy) = (b.cast(x, d, false), b.cast(y, d, false));
+                    let r = b.binary(op, qx, qy);
+                    if op.is_comparison() {
+                        // The mask selects between the bytes, then casts to i32.
+                        let s = b.select(r, qx, qy);
+                        b.cast(s, DType::I32, false)
+                    } else {
+                        b.cast(r, DType::I32, false)
+                    }
+                });
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+        }
+    }
+}
+
+/// i8 and u8 tensors read as lanes (along the row with masked tails, and one byte per
+/// row broadcast), cast to and from every lane type: i32 and u32 wrap into bytes, a
+/// byte of the other signedness wraps, bool gives 0 or 1, and a byte gives f32 exactly.
+/// Row lengths add tails of 2, 4, 5, 6, 12, 13 and 14 bytes to [`LENGTHS`]' 1, 3, 7, 9
+/// and 15, so every combination of the 4-, 2- and 1-byte pieces of an eight-lane tail
+/// is read.
+#[test]
+fn byte_loads_and_casts() {
+    require_avx2_fma!();
+    for d in [DType::I8, DType::U8] {
+        let other = if d == DType::I8 { DType::U8 } else { DType::I8 };
+        for len in LENGTHS.into_iter().chain([2, 4, 5, 6, 12, 13, 14]) {
+            let (x, y) = (cycled(d, &[ROWS, len], 0), cycled(d, &[ROWS, len], 3));
+            // A DequantizeLinear: (x − zero point[row])·scale[row], the zero point a byte
+            // broadcast along the row.
+            let zp = cycled(d, &[ROWS, 1], 2);
+            let sc = cycled(DType::F32, &[ROWS, 1], 2);
+            let mut b = KernelBuilder::new(
+                "dequant",
+                vec![tt(d, &[ROWS, len]), tt(d, &[ROWS, 1]), tt(DType::F32, &[ROWS, 1])],
+                tt(DType::F32, &[ROWS, len]),
+            );
+            let o = b.out_index();
+            let lx = b.load(0, o.clone());
+            let z = b.index(0);
+            let lz = b.load(1, vec![o[0], z]);
+            let ls = b.load(2, vec![o[0], z]);
+            let (fx, fz) = (b.cast(lx, DType::F32, false), b.cast(lz, DType::F32, false));
+            let diff = b.sub(fx, fz);
+            let r = b.mul(diff, ls);
+            let k = b.finish(r).unwrap();
+            check_vector(&k, &[&x, &zp, &sc], EXACT);
+            // Byte arithmetic straight from memory, to i32 and u32.
+            for out in [DType::I32, DType::U32] {
+                let k = binary_kernel(&format!("{}_loads", d.name()), d, out, len, |b, x, y| {
+                    let s = b.add(x, y);
+                    let m = b.binary(BinaryOp::Mul, s, x);
+                    b.cast(m, out, false)
+                });
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+            // Casts into bytes from i32, u32, the other byte type and bool; out of
+            // bytes into bool and the other byte type.
+            for from in [DType::I32, DType::U32] {
+                let (xi, yi) = (cycled(from, &[ROWS, len], 0), cycled(from, &[ROWS, len], 4));
+                let k = binary_kernel(&format!("{}_to_{}", from.name(), d.name()), from, DType::F32, len, |b, x, y| {
+                    let q = b.cast(x, d, false);
+                    let c = b.binary(BinaryOp::Lt, x, y);
+                    let qc = b.cast(c, d, false);
+                    let s = b.add(q, qc);
+                    b.cast(s, DType::F32, false)
+                });
+                check_vector(&k, &[&xi, &yi], EXACT);
+            }
+            let k = binary_kernel(&format!("{}_to_{}", d.name(), other.name()), d, DType::I32, len, |b, x, y| {
+                let o = b.cast(x, other, false);
+                let c = b.cast(y, DType::Bool, false);
+                let yo = b.cast(y, other, false);
+                let s = b.select(c, o, yo);
+                b.cast(s, DType::I32, false)
+            });
+            check_vector(&k, &[&x, &y], EXACT);
+        }
+    }
+}
+
 /// i64 values around the dword boundaries (equal low halves, different high halves),
 /// and the extremes.
 fn i64_values(dims: &[usize], shift: usize) -> Tensor {
@@ -328,6 +453,83 @@ fn contraction_epilogue_with_an_i64_mask() {
                 let masked = i % n >= (n + 1) / 2;
                 let ok = if masked { *g == 0.0 } else { (g - w).abs() <= kk as f32 * 2.0 * f32::EPSILON * 16.0 };
                 assert!(ok, "n={n} [{i}]: got {g}, want {w}");
+            }
+        }
+    }
+}
+
+/// Integer-valued f32 in [−20, 20]: products and sums of at most 2²⁴ in magnitude are
+/// exact in any order, so a contraction over them matches the interpreter exactly.
+fn small_integers(dims: &[usize], seed: u64) -> Tensor {
+    let mut r = Rng(seed);
+    let n: usize = dims.iter().product();
+    let bits: Vec<u64> = (0..n).map(|_| (((r.next() % 41) as f32) - 20.0).to_bits() as u64).collect();
+    tensor_bits(DType::F32, dims, &bits)
+}
+
+/// Contraction epilogues of the static-int8 graphs: QuantizeLinear then
+/// DequantizeLinear (`x/s`, NaN to 0, rounded half to even, plus a zero point that is
+/// an i8/u8 constant cast to f32, clamped, cast to the byte and back, minus the zero
+/// point, times s), a raw f32 → byte → f32 cast (truncating and wrapping), and
+/// floor/ceil/trunc, all on the contraction microkernel of both widths (a select on
+/// `isnan` included). The matrices hold small integers, so the sums are exact in any
+/// order; the residual added before the epilogue cycles through the f32 specials
+/// (NaN, ±inf, halves, values past 2³¹ and 2⁶³), and the scale 0.5 turns odd sums into
+/// ties: the comparison with the interpreter is exact.
+#[test]
+fn contraction_epilogue_quantize_round_trip() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    for n in LENGTHS {
+        let f = DType::F32;
+        for d in [DType::I8, DType::U8] {
+            let st = if d == DType::I8 { ScalarType::I8 } else { ScalarType::U8 };
+            let (lo, hi, zp) = if d == DType::I8 { (-128.0, 127.0, 253u64) } else { (0.0, 255.0, 128) };
+            for variant in ["qdq", "cast", "floor", "ceil", "trunc"] {
+                let mut b =
+                    KernelBuilder::new(variant, vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(f, &[m, n])], tt(f, &[m, n]));
+                let (o, sum) = b.matmul_sum(kk);
+                let res = b.load(2, o);
+                let x = b.add(sum, res);
+                let r = match variant {
+                    "qdq" => {
+                        let s = b.float(ScalarType::F32, 0.5);
+                        let q = b.div(x, s);
+                        let zc = b.constant(st, zp);
+                        let z = b.cast(zc, DType::F32, false);
+                        let nan = b.unary(UnaryOp::IsNan, q);
+                        let rq = b.unary(UnaryOp::Round, q);
+                        let zero = b.float(ScalarType::F32, 0.0);
+                        let rq = b.select(nan, zero, rq);
+                        let rq = b.add(rq, z);
+                        let (l, h) = (b.float(ScalarType::F32, lo), b.float(ScalarType::F32, hi));
+                        let rq = b.binary(BinaryOp::Max, rq, l);
+                        let rq = b.binary(BinaryOp::Min, rq, h);
+                        let qb = b.cast(rq, d, true);
+                        let back = b.cast(qb, DType::F32, false);
+                        let back = b.sub(back, z);
+                        b.mul(back, s)
+                    }
+                    "cast" => {
+                        let qb = b.cast(x, d, false);
+                        b.cast(qb, DType::F32, false)
+                    }
+                    "floor" => b.unary(UnaryOp::Floor, x),
+                    "ceil" => b.unary(UnaryOp::Ceil, x),
+                    _ => b.unary(UnaryOp::Trunc, x),
+                };
+                let k = b.finish(r).unwrap();
+                let ins = [small_integers(&[m, kk], 3 + n as u64), small_integers(&[kk, n], 5), cycled(f, &[m, n], 1)];
+                let refs: Vec<&Tensor> = ins.iter().collect();
+                for cfg in microkernel_variants(false) {
+                    let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+                    assert!(
+                        module.notes[0].starts_with("contraction microkernel"),
+                        "{variant} {d} n={n}: {}",
+                        module.notes[0]
+                    );
+                }
+                check_with(&k, &refs, EXACT, &microkernel_variants(false));
             }
         }
     }

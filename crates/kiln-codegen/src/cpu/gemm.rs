@@ -101,11 +101,11 @@ use iced_x86::code_asm::*;
 use iced_x86::Register;
 use kiln_flow::contraction::Contraction;
 use kiln_flow::layout::PanelWidths;
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 
 use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
 use super::math::{has_vector_form, held_constants, vector_scratch};
-use super::vops::{const_word, float_pred, is_i64_compare, op_form, I64Src};
+use super::vops::{byte_type, const_word, float_pred, is_i64_compare, op_form, I64Src};
 use super::vector::{Mask, Op, Src, Vx, V};
 use kiln_ir::DType;
 
@@ -511,7 +511,10 @@ impl Emitter<'_> {
             return Ok(());
         }
         let f32_or_bool = matches!(node.ty, ScalarType::F32 | ScalarType::Bool);
-        if !f32_or_bool {
+        // i8/u8 values (32-bit lanes, `vops`) come from constants and casts, and go
+        // on only through casts (checked where they are read).
+        let byte_value = byte_type(node.ty) && matches!(node.expr, Expr::Const(_) | Expr::Cast { .. });
+        if !f32_or_bool && !byte_value {
             return no(format!("epilogue value of type {}", node.ty.name()));
         }
         match &node.expr {
@@ -543,14 +546,21 @@ impl Emitter<'_> {
                 self.check_epilogue(*x)?;
                 self.check_epilogue(*y)
             }
-            Expr::Unary(op, x) if node.ty == ScalarType::F32 && has_vector_form(*op) => {
+            Expr::Unary(op, x) if node.ty == ScalarType::F32 && (has_vector_form(*op) || rounding(*op)) => {
                 self.check_epilogue(*x)
             }
+            Expr::Unary(UnaryOp::IsNan, x) if self.k.node(*x).ty == ScalarType::F32 => self.check_epilogue(*x),
             Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
                 self.check_epilogue(*value)
             }
-            // Other casts between lane types: the shared vector table's.
-            Expr::Cast { value, .. } if op_form(self.k, e, false).is_ok() => self.check_epilogue(*value),
+            // Other casts between lane types: the shared vector table's (not of a
+            // bool to a byte, which the 16-lane form would hold in an opmask).
+            Expr::Cast { value, .. }
+                if op_form(self.k, e, false).is_ok()
+                    && !(byte_type(node.ty) && self.k.node(*value).ty == ScalarType::Bool) =>
+            {
+                self.check_epilogue(*value)
+            }
             _ => no("an epilogue operation without a vector form here"),
         }
     }
@@ -1568,8 +1578,8 @@ impl Emitter<'_> {
             let ok = match &node.expr {
                 // (Loads are f32, their index nodes evaluated at compile time.)
                 Expr::Load { .. } => continue,
-                Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32,
-                Expr::Unary(op, _) => has_vector_form(*op),
+                Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32 || byte_type(node.ty),
+                Expr::Unary(op, _) => has_vector_form(*op) || rounding(*op) || *op == UnaryOp::IsNan,
                 Expr::Binary(op, _, _) => {
                     matches!(
                         op,
@@ -1581,7 +1591,11 @@ impl Emitter<'_> {
                         stack.extend([k, v]);
                         continue;
                     }
-                    None => matches!(self.k.node(*c).expr, Expr::Binary(op, _, _) if op.is_comparison()),
+                    None => match self.k.node(*c).expr {
+                        Expr::Binary(op, _, _) => op.is_comparison(),
+                        Expr::Unary(op, _) => op == UnaryOp::IsNan,
+                        _ => false,
+                    },
                 },
                 _ => false,
             };
@@ -2111,6 +2125,44 @@ impl Emitter<'_> {
                 ev.pool.extend(t);
                 dst
             }
+            Expr::Unary(UnaryOp::IsNan, x) => {
+                // An unordered comparison of x with itself, written as comparisons
+                // are: an opmask on 16 lanes, a vector mask on 8.
+                let rx = self.eval(*x, slot, ev)?;
+                if self.epi_wide {
+                    let m = self.result_opmask(&[*x], ev)?;
+                    self.vx().cmp(m, rx, Src::R(rx), 3)?;
+                    V(m.0)
+                } else {
+                    let dst = self.result_reg(&[*x], ev)?;
+                    self.vx().cmp(Mask(dst.0), rx, Src::R(rx), 3)?;
+                    dst
+                }
+            }
+            Expr::Unary(op, x) if rounding(*op) => {
+                let rx = self.eval(*x, slot, ev)?;
+                let dst = self.result_reg(&[*x], ev)?;
+                let k = self.k;
+                self.vx().node_op(k, e, dst, &[rx], &[])?;
+                dst
+            }
+            Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::F32 && byte_type(node.ty) => {
+                let rx = self.eval(*value, slot, ev)?;
+                // Scratch: a vector register on 8 lanes, an opmask on 16.
+                let t = ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?;
+                let m = if self.epi_wide {
+                    Mask(ev.kpool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?)
+                } else {
+                    Mask(t.0)
+                };
+                let dst = self.result_reg(&[*value], ev)?;
+                self.vx().f32_to_8bit(node.ty, dst, rx, t, m)?;
+                ev.pool.push(t);
+                if self.epi_wide {
+                    ev.kpool.push(m.0);
+                }
+                dst
+            }
             Expr::Cast { value, .. } if self.k.node(*value).ty != ScalarType::F32 => {
                 let rx = self.eval(*value, slot, ev)?;
                 let dst = self.result_reg(&[*value], ev)?;
@@ -2135,6 +2187,11 @@ impl Emitter<'_> {
         ev.memo.insert(e.0, (r, true));
         Ok(r)
     }
+}
+
+/// Whether `op` is floor, ceil, round (half to even) or trunc (`vroundps`/`vrndscaleps`).
+fn rounding(op: UnaryOp) -> bool {
+    matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc)
 }
 
 /// Widens the integers of `dtype` at `at` to 32 bits into `r` (a `ymm` or `zmm`

@@ -6,7 +6,7 @@
 //! same code through [`super::vector`].
 //!
 //! Every elementwise, row and general kernel whose operations all have a vector form
-//! in the shared table ([`super::vops`]: f32, i32/u32 and bool-mask lanes, i64
+//! in the shared table ([`super::vops`]: f32, i32/u32, i8/u8 and bool-mask lanes, i64
 //! comparisons read from memory) takes this path; the rest stay Cranelift's, with the
 //! reason in their note. The vector axis is the output's innermost axis longer than one
 //! (for a kernel without a reduction; axes after it have one position: an SE block's
@@ -38,7 +38,9 @@
 //!
 //! Operations: those of [`super::vops`] (`+ − × ÷`, `max`/`min` with NaN, comparisons,
 //! selects, casts between lane types, rounding, `exp`/`erf`/`tanh`/`log` as the same
-//! inline code as everywhere else). Loads are f32, i32, u32 (or i64 under a comparison) and in bounds,
+//! inline code as everywhere else). Loads are f32, i32, u32, i8 or u8 (bytes extended to
+//! 32-bit lanes by `vpmovsxbd`/`vpmovzxbd`; an eight-lane tail read in pieces, never
+//! past the row) or i64 under a comparison, in bounds,
 //! at affine offsets that step 0 or 1 element along the row.
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
@@ -54,7 +56,7 @@ use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
 use super::math::held_constants;
 use super::vector::{Mask, Op, Src, Vx, V};
-use super::vops::{const_word, is_i64_compare, lane_type, op_form, op_scratch, I64Src};
+use super::vops::{byte_type, const_word, is_i64_compare, lane_type, op_form, op_scratch, I64Src};
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -175,7 +177,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             Expr::Const(_) | Expr::Reduce { .. } => {}
             Expr::Load { bounds: Bounds::InBounds, input, .. } => {
                 let d = k.inputs[*input as usize].dtype;
-                if !matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I64) {
+                if !matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I64 | DType::I8 | DType::U8) {
                     return no(format!("a load of {}", d.name()));
                 }
             }
@@ -360,6 +362,7 @@ pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
         recip_slots: HashMap::new(),
         wide,
         held,
+        tail_lanes: 0,
     };
     let workgroups = e.function()?;
     Ok(RowCode { code: e.a.assemble(0)?, workgroups, wide, stored, reciprocal })
@@ -406,6 +409,8 @@ struct Emit<'k> {
     wide: bool,
     /// Constants held in registers (16 lanes only).
     held: Vec<(u32, V)>,
+    /// Lanes of the tail vector being emitted (what its mask lets through).
+    tail_lanes: u64,
 }
 
 /// The state of one vector evaluation: node → register, remaining uses, free registers.
@@ -588,6 +593,7 @@ impl Emit<'_> {
         if n % lanes > 0 {
             let m = self.tail_mask();
             self.vx().first_lanes(m, n % lanes, eax)?;
+            self.tail_lanes = n % lanes;
             body(self, Some(m))?;
         }
         Ok(())
@@ -650,6 +656,7 @@ impl Emit<'_> {
         if n % lanes > 0 {
             let m = self.tail_mask();
             self.vx().first_lanes(m, n % lanes, eax)?;
+            self.tail_lanes = n % lanes;
             body_fn(self, Some(m))?;
         }
         // Fold: the two accumulators, then across lanes (every lane ends with the total).
@@ -799,10 +806,12 @@ impl Emit<'_> {
                 let (base, step) = (lp.base, lp.step);
                 let r = self.result_reg(&[], v)?;
                 self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
-                if step == 0 {
-                    self.vx().broadcast(r, dword_ptr(rax))?;
-                } else {
-                    self.vx().load(r, ptr(rax + r8 * 4), mask)?;
+                let tail = mask.map(|m| (m, self.tail_lanes));
+                match (node.ty, step) {
+                    (ty, 0) if byte_type(ty) => self.vx().broadcast_byte(ty, r, ptr(rax), rcx)?,
+                    (ty, _) if byte_type(ty) => self.vx().load_bytes(ty, r, ptr(rax + r8), tail, [rcx, rdx])?,
+                    (_, 0) => self.vx().broadcast(r, dword_ptr(rax))?,
+                    _ => self.vx().load(r, ptr(rax + r8 * 4), mask)?,
                 }
                 r
             }
@@ -886,10 +895,11 @@ impl Emit<'_> {
     }
 }
 
-/// Bytes of one element of input `binding` (4, or 8 for i64).
+/// Bytes of one element of input `binding` (4, 8 for i64, 1 for i8 and u8).
 fn elem_size(k: &Kernel, binding: u32) -> i64 {
     match k.inputs.get(binding as usize).map(|t| t.dtype) {
         Some(DType::I64) => 8,
+        Some(DType::I8 | DType::U8) => 1,
         _ => 4,
     }
 }

@@ -15,6 +15,16 @@
 //! selected on, negated (`xor` with all ones) and cast: to f32 as `and` with 1.0, to
 //! i32 as a shift right by 31.
 //!
+//! **i8 and u8 values** are 32-bit lanes too, holding the value sign-extended (i8) or
+//! zero-extended (u8) — the lanes `vpmovsxbd`/`vpmovzxbd` load. Comparisons, max/min,
+//! selects and the bitwise operations keep that form as they are (signed 32-bit
+//! comparisons order both: a u8 lane is at most 255); `+ − ×`, negation, absolute value
+//! and `not` compute on the 32-bit lanes and then wrap to eight bits again
+//! ([`Vx::wrap8`]: a shift left by 24 and an arithmetic one right for i8, `and 0xFF` for
+//! u8), as the interpreter wraps. A cast to f32 is `vcvtdq2ps` (exact), to i32/u32 the
+//! lane as it is (the interpreter sign-extends i8 and zero-extends u8 too); casts from
+//! f32 to i8/u8 are [`Vx::f32_to_8bit`].
+//!
 //! i64 values have no lanes here; an i64 **comparison** whose operands are i64 loads or
 //! constants (a sequence mask, `arange(n) < length`) reads its operands straight from
 //! memory into two registers of 64-bit lanes per vector (`vpcmpgtq`/`vpcmpeqq`, or
@@ -26,7 +36,8 @@
 //! give NaN when either operand is NaN; comparisons are ordered (false on NaN) except
 //! `ne` (true on NaN); a cast of f32 to bool is `x != 0` (NaN is true); integer
 //! arithmetic wraps; floor/ceil/round (half to even)/trunc are `vroundps`/
-//! `vrndscaleps`.
+//! `vrndscaleps`; f32 to i8/u8 truncates to an i64, saturating (NaN gives 0), then
+//! wraps to eight bits (so 300.0 gives 44 and +inf gives −1 as i8, 255 as u8).
 
 use iced_x86::code_asm::*;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType as S, UnaryOp};
@@ -49,9 +60,15 @@ macro_rules! at_width {
     };
 }
 
-/// Whether values of type `t` are lanes of a vector register (f32, i32, u32, bool).
+/// Whether values of type `t` are lanes of a vector register (f32, i32, u32, bool, and
+/// i8/u8 extended to 32 bits).
 pub(crate) fn lane_type(t: S) -> bool {
-    matches!(t, S::F32 | S::I32 | S::U32 | S::Bool)
+    matches!(t, S::F32 | S::I32 | S::U32 | S::Bool) || byte_type(t)
+}
+
+/// Whether `t` is i8 or u8: 32-bit lanes holding the value sign- or zero-extended.
+pub(crate) fn byte_type(t: S) -> bool {
+    matches!(t, S::I8 | S::U8)
 }
 
 /// An operand of an i64 comparison ([`Vx::cmp_i64`]).
@@ -90,13 +107,13 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
                 has_vector_form(*op)
                     || matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc | UnaryOp::IsNan)
             }
-            S::I32 | S::U32 => matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not),
+            S::I32 | S::U32 | S::I8 | S::U8 => matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not),
             S::Bool => *op == UnaryOp::Not,
             _ => false,
         },
         Expr::Binary(op, a, _) => match ty_of(*a) {
             S::F32 => !matches!(op, B::Rem | B::Pow | B::And | B::Or | B::Xor | B::Shl | B::Shr),
-            S::I32 | S::U32 => !matches!(op, B::Div | B::Rem | B::Pow | B::Shl | B::Shr),
+            S::I32 | S::U32 | S::I8 | S::U8 => !matches!(op, B::Div | B::Rem | B::Pow | B::Shl | B::Shr),
             S::Bool => matches!(op, B::And | B::Or | B::Xor | B::Eq | B::Ne),
             S::I64 => is_i64_compare(k, e),
             _ => false,
@@ -112,6 +129,8 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
                         | (S::Bool, S::F32 | S::I32 | S::U32 | S::Bool)
                         | (S::F32 | S::I32 | S::U32, S::Bool)
                         | (S::I32, S::F32)
+                        | (S::I8 | S::U8, S::F32 | S::I32 | S::U32 | S::I8 | S::U8 | S::Bool)
+                        | (S::F32 | S::I32 | S::U32 | S::Bool, S::I8 | S::U8)
                 )
                 || (wide && ty_of(*value) == S::U32 && to_ty == S::F32)
         }
@@ -143,6 +162,7 @@ pub(crate) fn op_scratch(k: &Kernel, e: ExprId) -> usize {
     match &node.expr {
         Expr::Unary(op, a) if k.node(*a).ty == S::F32 => vector_scratch(*op),
         Expr::Unary(UnaryOp::Neg, _) => 1,
+        Expr::Cast { value, to: DType::I8 | DType::U8, .. } if k.node(*value).ty == S::F32 => 1,
         Expr::Binary(op, a, _) => match (k.node(*a).ty, op) {
             (S::F32, BinaryOp::Max | BinaryOp::Min) => 2,
             (S::U32, op) if op.is_comparison() => 2,
@@ -170,6 +190,8 @@ pub(crate) fn float_pred(op: BinaryOp) -> i32 {
 pub(crate) fn const_word(ty: S, bits: u64) -> u32 {
     match ty {
         S::Bool if bits != 0 => u32::MAX,
+        // Sign-extended, as i8 lanes are.
+        S::I8 => bits as u8 as i8 as i32 as u32,
         _ => bits as u32,
     }
 }
@@ -381,6 +403,133 @@ impl Vx<'_> {
         Ok(())
     }
 
+    /// `d = x` wrapped to eight bits in the lane form of `ty` (i8: sign-extended, u8:
+    /// zero-extended); `x` holds any 32-bit integer.
+    pub fn wrap8(&mut self, ty: S, d: V, x: V) -> R<()> {
+        if ty == S::I8 {
+            at_width!(self, vpslld(d, x; 24));
+            at_width!(self, vpsrad(d, d; 24));
+            Ok(())
+        } else {
+            self.op(Op::And, d, x, Src::C(0xFF))
+        }
+    }
+
+    /// `d = x` (f32) converted to i8 or u8 (`ty`) as the interpreter does: truncated to
+    /// an i64, saturating (NaN gives 0), then wrapped to eight bits. `vcvttps2dq` gives
+    /// the truncation wherever it fits 32 bits, and 0x8000_0000 elsewhere (NaN, |x| ≥
+    /// 2³¹), which wraps to 0: right for NaN, for x ≤ −2⁶³ (i64::MIN wraps to 0) and for
+    /// 2³¹ ≤ |x| < 2⁶³ (such a float is a multiple of 2⁸, its low byte 0). Only x ≥ 2⁶³
+    /// (+inf included) differs: i64::MAX, whose low byte is 0xFF (−1 as i8, 255 as u8).
+    /// `t` is scratch on eight lanes, distinct from `d` and `x`, and `m` on sixteen;
+    /// `d` may be `x`.
+    pub fn f32_to_8bit(&mut self, ty: S, d: V, x: V, t: V, m: Mask) -> R<()> {
+        const TWO_63: u32 = 0x5F00_0000;
+        let ones = if ty == S::I8 { u32::MAX } else { 0xFF };
+        if self.wide {
+            self.cmp(m, x, Src::C(TWO_63), 0x1D)?; // GE_OQ: false on NaN
+            self.a.vcvttps2dq(z(d), z(x))?;
+            self.wrap8(ty, d, d)?;
+            let c = self.t.scalar(self.a, ones);
+            self.a.vpord(zk(d, m), z(d), dword_bcst(c))?;
+        } else {
+            self.cmp(Mask(t.0), x, Src::C(TWO_63), 0x1D)?;
+            self.a.vcvttps2dq(y(d), y(x))?;
+            self.wrap8(ty, d, d)?;
+            if ty == S::U8 {
+                self.op(Op::And, t, t, Src::C(0xFF))?;
+            }
+            self.op(Op::Or, d, d, Src::R(t))?;
+        }
+        Ok(())
+    }
+
+    /// `d` = the i8 or u8 (`ty`) bytes at `at`, one a lane, sign- or zero-extended; a
+    /// tail `(mask, n)` reads only the first `n` bytes (on sixteen lanes under the
+    /// opmask, which suppresses faults on the lanes it leaves out; on eight, as pieces
+    /// of 4, 2 and 1 bytes gathered in `g[0]` through `g[1]`), the other lanes 0.
+    pub fn load_bytes(
+        &mut self,
+        ty: S,
+        d: V,
+        at: AsmMemoryOperand,
+        tail: Option<(Mask, u64)>,
+        g: [AsmRegister64; 2],
+    ) -> R<()> {
+        let signed = ty == S::I8;
+        match (tail, self.wide) {
+            (None, true) => {
+                if signed {
+                    self.a.vpmovsxbd(z(d), at)?
+                } else {
+                    self.a.vpmovzxbd(z(d), at)?
+                }
+            }
+            (Some((m, _)), true) => {
+                if signed {
+                    self.a.vpmovsxbd(zk(d, m).z(), at)?
+                } else {
+                    self.a.vpmovzxbd(zk(d, m).z(), at)?
+                }
+            }
+            (None, false) => {
+                if signed {
+                    self.a.vpmovsxbd(y(d), at)?
+                } else {
+                    self.a.vpmovzxbd(y(d), at)?
+                }
+            }
+            (Some((_, n)), false) => {
+                let [acc, piece] = g;
+                let acc32 = gpr32_of(acc)?;
+                let piece32 = gpr32_of(piece)?;
+                self.a.xor(acc32, acc32)?;
+                let mut o = 0i32;
+                for size in [4u64, 2, 1] {
+                    if (n - o as u64) < size {
+                        continue;
+                    }
+                    match size {
+                        4 => self.a.mov(piece32, dword_ptr(at + o))?,
+                        2 => self.a.movzx(piece32, word_ptr(at + o))?,
+                        _ => self.a.movzx(piece32, byte_ptr(at + o))?,
+                    }
+                    if o > 0 {
+                        self.a.shl(piece, 8 * o)?;
+                    }
+                    self.a.or(acc, piece)?;
+                    o += size as i32;
+                }
+                let x = XMM[d.0 as usize];
+                self.a.vmovq(x, acc)?;
+                if signed {
+                    self.a.vpmovsxbd(y(d), x)?
+                } else {
+                    self.a.vpmovzxbd(y(d), x)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `d` = the i8 or u8 (`ty`) at `at` in every lane, extended; `g` is clobbered.
+    pub fn broadcast_byte(&mut self, ty: S, d: V, at: AsmMemoryOperand, g: AsmRegister64) -> R<()> {
+        let g32 = gpr32_of(g)?;
+        if ty == S::I8 {
+            self.a.movsx(g32, byte_ptr(at))?;
+        } else {
+            self.a.movzx(g32, byte_ptr(at))?;
+        }
+        let x = XMM[d.0 as usize];
+        self.a.vmovd(x, g32)?;
+        if self.wide {
+            self.a.vpbroadcastd(z(d), x)?;
+        } else {
+            self.a.vpbroadcastd(y(d), x)?;
+        }
+        Ok(())
+    }
+
     /// `d = round(x)` by `vroundps`/`vrndscaleps` mode `imm` (8 nearest even, 9 floor,
     /// 10 ceil, 11 trunc; exceptions suppressed).
     fn round(&mut self, d: V, x: V, imm: i32) -> R<()> {
@@ -400,6 +549,7 @@ impl Vx<'_> {
         use BinaryOp as B;
         let node = k.node(e);
         let arg = |i: usize| ops.get(i).copied().ok_or_else(|| NotHere("an operand without a register".into()));
+        let arg_t = |t: &[V]| t.first().copied().ok_or_else(|| NotHere("a cast without its scratch register".into()));
         match &node.expr {
             Expr::Unary(op, a) => {
                 let x = arg(0)?;
@@ -410,13 +560,27 @@ impl Vx<'_> {
                     (UnaryOp::Trunc, S::F32) => self.round(d, x, 11),
                     (UnaryOp::IsNan, S::F32) => self.cmp_vector(d, x, Src::R(x), 3),
                     (op, S::F32) => self.unary(*op, d, x, t),
-                    (UnaryOp::Not, _) => self.not(d, x),
-                    (UnaryOp::Neg, _) => {
-                        self.op(Op::Xor, t[0], t[0], Src::R(t[0]))?;
-                        self.int3(B::Sub, true, d, t[0], x)
+                    (UnaryOp::Not, ty) => {
+                        self.not(d, x)?;
+                        if ty == S::U8 {
+                            self.wrap8(ty, d, d)?;
+                        }
+                        Ok(())
                     }
-                    (UnaryOp::Abs, S::I32) => {
+                    (UnaryOp::Neg, ty) => {
+                        self.op(Op::Xor, t[0], t[0], Src::R(t[0]))?;
+                        self.int3(B::Sub, true, d, t[0], x)?;
+                        if byte_type(ty) {
+                            self.wrap8(ty, d, d)?;
+                        }
+                        Ok(())
+                    }
+                    (UnaryOp::Abs, ty @ (S::I32 | S::I8)) => {
                         at_width!(self, vpabsd(d, x));
+                        if ty == S::I8 {
+                            // |−128| = 128 wraps to −128.
+                            self.wrap8(ty, d, d)?;
+                        }
                         Ok(())
                     }
                     (UnaryOp::Abs, _) => self.mov(d, Src::R(x)),
@@ -453,6 +617,18 @@ impl Vx<'_> {
                             self.int3(*op, signed, d, x, yv)
                         }
                     }
+                    // Extended bytes order as signed 32-bit lanes, both i8 and u8.
+                    ty @ (S::I8 | S::U8) => {
+                        if op.is_comparison() {
+                            self.int_compare(*op, true, d, x, yv, t)
+                        } else {
+                            self.int3(*op, true, d, x, yv)?;
+                            if matches!(op, B::Add | B::Sub | B::Mul) {
+                                self.wrap8(ty, d, d)?;
+                            }
+                            Ok(())
+                        }
+                    }
                     ty => Err(NotHere(format!("vector {} of {ty}", op.name()))),
                 }
             }
@@ -466,7 +642,21 @@ impl Vx<'_> {
                         Ok(())
                     }
                     (S::F32, S::Bool) => self.cmp_vector(d, x, Src::C(0), 0x04),
-                    (S::I32 | S::U32, S::Bool) => {
+                    (S::F32, to @ (S::I8 | S::U8)) => {
+                        let t0 = arg_t(t)?;
+                        self.f32_to_8bit(to, d, x, t0, K_CMP)
+                    }
+                    (S::I8 | S::U8, S::F32) => {
+                        at_width!(self, vcvtdq2ps(d, x));
+                        Ok(())
+                    }
+                    // To a byte from a wider integer or the other byte type: wrapped.
+                    (from, to @ (S::I8 | S::U8)) if from != to && from != S::Bool => self.wrap8(to, d, x),
+                    (S::Bool, S::I8 | S::U8) => {
+                        at_width!(self, vpsrld(d, x; 31));
+                        Ok(())
+                    }
+                    (S::I32 | S::U32 | S::I8 | S::U8, S::Bool) => {
                         if self.wide {
                             self.a.vptestmd(kreg(K_CMP), z(x), z(x))?;
                             self.mask_to_vector(d, K_CMP)
@@ -494,4 +684,27 @@ impl Vx<'_> {
             _ => Err(NotHere("a vector operation that is not one".into())),
         }
     }
+}
+
+/// The 32-bit half of a general register.
+fn gpr32_of(r: AsmRegister64) -> R<AsmRegister32> {
+    const PAIRS: [(AsmRegister64, AsmRegister32); 16] = [
+        (rax, eax),
+        (rcx, ecx),
+        (rdx, edx),
+        (rbx, ebx),
+        (rsp, esp),
+        (rbp, ebp),
+        (rsi, esi),
+        (rdi, edi),
+        (r8, r8d),
+        (r9, r9d),
+        (r10, r10d),
+        (r11, r11d),
+        (r12, r12d),
+        (r13, r13d),
+        (r14, r14d),
+        (r15, r15d),
+    ];
+    PAIRS.iter().find(|p| p.0 == r).map(|p| p.1).ok_or_else(|| NotHere("a general register".into()))
 }
