@@ -458,6 +458,37 @@ fn contraction_epilogue_with_an_i64_mask() {
     }
 }
 
+/// Loads that stride along the row (a transposed operand, as gathers): `x[j, r]` of an
+/// `[len, 3]` (f32 and i32) or `[len, 5]` input read along `j` beside a contiguous
+/// `y[r, j]`, and a row maximum over a strided column (its tail masked to −∞), over
+/// every row length (masked tails on both widths).
+#[test]
+fn strided_loads() {
+    require_avx2_fma!();
+    for len in LENGTHS {
+        for (d, cols) in [(DType::F32, 3), (DType::I32, 3), (DType::F32, 5)] {
+            let mut b =
+                KernelBuilder::new("transposed", vec![tt(d, &[len, cols]), tt(d, &[cols, len])], tt(d, &[cols, len]));
+            let o = b.out_index();
+            let x = b.load(0, vec![o[1], o[0]]);
+            let y = b.load(1, o);
+            let r = b.binary(BinaryOp::Sub, x, y);
+            let k = b.finish(r).unwrap();
+            let ins = [cycled(d, &[len, cols], 0), cycled(d, &[cols, len], 3)];
+            check_vector(&k, &[&ins[0], &ins[1]], EXACT);
+        }
+        let x = cycled(DType::F32, &[len, 3], 1);
+        let mut b = KernelBuilder::new("column_max", vec![tt(DType::F32, &[len, 3])], tt(DType::F32, &[3, 1]));
+        let o = b.out_index();
+        let j = b.new_var(len as u64);
+        let jv = b.var(j);
+        let l = b.load(0, vec![jv, o[0]]);
+        let m = b.reduce(ReduceOp::Max, vec![j], l);
+        let k = b.finish(m).unwrap();
+        check_vector(&k, &[&x], EXACT);
+    }
+}
+
 /// Integer-valued f32 in [−20, 20]: products and sums of at most 2²⁴ in magnitude are
 /// exact in any order, so a contraction over them matches the interpreter exactly.
 fn small_integers(dims: &[usize], seed: u64) -> Tensor {

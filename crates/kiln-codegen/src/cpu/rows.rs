@@ -210,7 +210,10 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             _ => None,
         };
         let step = axis.map_or(0, |a| off.of(a));
-        if step != 0 && step != 1 {
+        // Other steps are gathers, of 32-bit elements (f32, i32, u32).
+        let gathers = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
+        let in_reach = step.checked_mul(4 * 16).is_some_and(|b| i32::try_from(b).is_ok());
+        if step != 0 && step != 1 && !(gathers && in_reach) {
             return no("a load that strides along the row");
         }
         let mut row = AffineIndex { c: off.c, coef: vec![0; k.vars.len()] };
@@ -811,7 +814,15 @@ impl Emit<'_> {
                     (ty, 0) if byte_type(ty) => self.vx().broadcast_byte(ty, r, ptr(rax), rcx)?,
                     (ty, _) if byte_type(ty) => self.vx().load_bytes(ty, r, ptr(rax + r8), tail, [rcx, rdx])?,
                     (_, 0) => self.vx().broadcast(r, dword_ptr(rax))?,
-                    _ => self.vx().load(r, ptr(rax + r8 * 4), mask)?,
+                    (_, 1) => self.vx().load(r, ptr(rax + r8 * 4), mask)?,
+                    (_, step) => {
+                        // Element r8 of the row is at rax + 4·step·r8.
+                        let t = self.scratch(2, v)?;
+                        self.a.imul_3(rcx, r8, (4 * step) as i32)?;
+                        self.a.add(rcx, rax)?;
+                        self.vx().gather(r, rcx, step, mask, [t[0], t[1]])?;
+                        v.pool.extend(t);
+                    }
                 }
                 r
             }

@@ -512,6 +512,39 @@ impl Vx<'_> {
         Ok(())
     }
 
+    /// `d` = the 32-bit elements at `base + 4·step·i` for lanes `i` (a load that strides
+    /// along the row: a transposed operand), by `vgatherdps`; a tail mask reads only its
+    /// lanes (a gather reads nothing under a clear mask lane), the others are 0. `t`:
+    /// two scratch registers distinct from `d` (the lane offsets, and on eight lanes the
+    /// gather's mask, which it clears); on sixteen lanes opmask `k7` is clobbered.
+    pub fn gather(&mut self, d: V, base: AsmRegister64, step: i64, tail: Option<Mask>, t: [V; 2]) -> R<()> {
+        let lanes = self.lanes() as i64;
+        let words: Vec<u32> = (0..lanes).map(|i| (i * step) as i32 as u32).collect();
+        if words.iter().zip(0..).any(|(&w, i)| w as i32 as i64 != i * step) {
+            return Err(NotHere("a gather stride past 32 bits".into()));
+        }
+        let l = self.t.words(self.a, &words);
+        let [idx, m] = t;
+        if self.wide {
+            self.a.vmovdqu32(z(idx), zmmword_ptr(l))?;
+            self.a.vpxord(z(d), z(d), z(d))?;
+            match tail {
+                None => self.a.kxnorw(k7, k0, k0)?,
+                Some(tm) => self.a.kmovw(k7, kreg(tm))?,
+            }
+            self.a.vgatherdps(z(d).k7(), ptr(base + z(idx) * 4))?;
+        } else {
+            self.a.vmovdqu(y(idx), ymmword_ptr(l))?;
+            self.a.vpxor(y(d), y(d), y(d))?;
+            match tail {
+                None => self.a.vpcmpeqd(y(m), y(m), y(m))?,
+                Some(tm) => self.a.vmovaps(y(m), y(V(tm.0)))?,
+            }
+            self.a.vgatherdps_3(y(d), ptr(base + y(idx) * 4), y(m))?;
+        }
+        Ok(())
+    }
+
     /// `d` = the i8 or u8 (`ty`) at `at` in every lane, extended; `g` is clobbered.
     pub fn broadcast_byte(&mut self, ty: S, d: V, at: AsmMemoryOperand, g: AsmRegister64) -> R<()> {
         let g32 = gpr32_of(g)?;
