@@ -453,20 +453,34 @@ fn emit_class(
         }
         // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
         // copy in bounds.
-        KernelClass::Movement => match &k.node(k.root).expr {
-            _ if Resample::is_table_copy(k) => vector(resample::emit(k)?, "table copy (avx2)"),
-            Expr::Load { bounds: Bounds::Pad(_), .. } => vector(pad::emit(k)?, "padding copy (avx)"),
-            // An affine copy where it is one; else a table gather where the index is
-            // separable (one term per output dimension).
-            Expr::Load { bounds: Bounds::InBounds, .. } => match copy::emit(k) {
-                Ok(c) => vector(c, "affine copy (avx)"),
-                Err(gemm::NotHere(why)) => match gather::emit(k) {
-                    Ok(g) => vector(g, "table gather (avx2)"),
-                    Err(gemm::NotHere(also)) => return gemm::no(format!("{why}; {also}")),
+        KernelClass::Movement => {
+            // A table copy (nearest Resize; a Slice is one too) where the resampling
+            // emitter takes it; else, like every in-bounds load, an affine copy where
+            // it is one (a Slice along an outer axis: the resampling emitter takes the
+            // last two axes only), or a table gather where the index is separable (one
+            // term per output dimension).
+            let table_copy = if Resample::is_table_copy(k) { Some(resample::emit(k)) } else { None };
+            match (table_copy, &k.node(k.root).expr) {
+                (Some(Ok(c)), _) => vector(c, "table copy (avx2)"),
+                (None, Expr::Load { bounds: Bounds::Pad(_), .. }) => vector(pad::emit(k)?, "padding copy (avx)"),
+                (declined, Expr::Load { bounds: Bounds::InBounds, .. }) => match copy::emit(k) {
+                    Ok(c) => vector(c, "affine copy (avx)"),
+                    Err(gemm::NotHere(why)) => match gather::emit(k) {
+                        Ok(g) => vector(g, "table gather (avx2)"),
+                        Err(gemm::NotHere(also)) => {
+                            // The table copy's reason first where it declined.
+                            let first = match declined {
+                                Some(Err(gemm::NotHere(t))) => format!("{t}; "),
+                                _ => String::new(),
+                            };
+                            return gemm::no(format!("{first}{why}; {also}"));
+                        }
+                    },
                 },
-            },
-            _ => return gemm::no("a movement other than one padded or in-bounds load"),
-        },
+                (Some(Err(e)), _) => return Err(e),
+                _ => return gemm::no("a movement other than one padded or in-bounds load"),
+            }
+        }
         // An elementwise kernel over one gathered load (an activation fused into
         // ConvTranspose's phase interleave), which the general loops would run a
         // scalar at a time with divisions, is a table gather with an epilogue.
