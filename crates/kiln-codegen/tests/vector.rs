@@ -566,6 +566,81 @@ fn contraction_epilogue_quantize_round_trip() {
     }
 }
 
+/// A contraction epilogue that reads bool tensors (an attention mask: a per-row and a
+/// per-column bool, and-ed, selecting 0 or the lowest f32 to add to the product), on
+/// the contraction microkernel over every column count (tails of 1..7 bytes read in
+/// pieces); the bool bytes alternate irregularly, and the sums are of small integers,
+/// so the comparison with the interpreter is exact.
+#[test]
+fn contraction_epilogue_with_bool_loads() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    let f = DType::F32;
+    for n in LENGTHS {
+        let mut b = KernelBuilder::new(
+            "attention_mask",
+            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(DType::Bool, &[m, 1]), tt(DType::Bool, &[1, n])],
+            tt(f, &[m, n]),
+        );
+        let (o, sum) = b.matmul_sum(kk);
+        let z = b.index(0);
+        let rm = b.load(2, vec![o[0], z]);
+        let cm = b.load(3, vec![z, o[1]]);
+        let both = b.binary(BinaryOp::And, rm, cm);
+        let (zero, low) = (b.float(ScalarType::F32, 0.0), b.float(ScalarType::F32, f32::MIN as f64));
+        let add = b.select(both, zero, low);
+        let r = b.add(sum, add);
+        let k = b.finish(r).unwrap();
+        let bools =
+            |len: usize, seed: u64| -> Vec<u64> { (0..len as u64).map(|i| ((i * 7 + seed) % 5 < 3) as u64).collect() };
+        let ins = [
+            small_integers(&[m, kk], 11),
+            small_integers(&[kk, n], 13),
+            tensor_bits(DType::Bool, &[m, 1], &bools(m, 1)),
+            tensor_bits(DType::Bool, &[1, n], &bools(n, 2)),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        for cfg in microkernel_variants(false) {
+            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert!(module.notes[0].starts_with("contraction microkernel"), "n={n}: {}", module.notes[0]);
+        }
+        check_with(&k, &refs, EXACT, &microkernel_variants(false));
+    }
+}
+
+/// Bool tensors read by a row kernel: along the row (masked tails of every length) and
+/// one per row broadcast, selecting between two f32 rows.
+#[test]
+fn bool_loads() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for len in LENGTHS.into_iter().chain([2, 4, 5, 6, 12, 13, 14]) {
+        let mut b = KernelBuilder::new(
+            "where",
+            vec![tt(DType::Bool, &[ROWS, len]), tt(DType::Bool, &[ROWS, 1]), tt(f, &[ROWS, len]), tt(f, &[ROWS, len])],
+            tt(f, &[ROWS, len]),
+        );
+        let o = b.out_index();
+        let z = b.index(0);
+        let c = b.load(0, o.clone());
+        let rc = b.load(1, vec![o[0], z]);
+        let x = b.load(2, o.clone());
+        let y = b.load(3, o);
+        let c = b.binary(BinaryOp::And, c, rc);
+        let r = b.select(c, x, y);
+        let k = b.finish(r).unwrap();
+        let bits: Vec<u64> = (0..(ROWS * len) as u64).map(|i| ((i * 5 + 1) % 3 == 0) as u64).collect();
+        let ins = [
+            tensor_bits(DType::Bool, &[ROWS, len], &bits),
+            tensor_bits(DType::Bool, &[ROWS, 1], &[1, 0]),
+            cycled(f, &[ROWS, len], 0),
+            cycled(f, &[ROWS, len], 3),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_vector(&k, &refs, EXACT);
+    }
+}
+
 /// Output axes joined into one vector axis where every load reads them contiguously:
 /// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
 /// along the run) and an input with its first two axes swapped (contiguous along `c`

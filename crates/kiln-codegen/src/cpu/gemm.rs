@@ -252,6 +252,9 @@ struct Emitter<'k> {
     held: Vec<(u32, V)>,
     /// A 16-lane epilogue was emitted.
     wide_epilogue_used: bool,
+    /// Lanes of the masked last vector of the tile being emitted (what its lane mask
+    /// lets through): byte loads read no further.
+    epi_tail: u64,
     /// Tiles may evaluate their epilogue in the registers the reduction leaves (512-bit
     /// tiles, and 256-bit tiles of one row); else every epilogue goes over the stack.
     in_registers: bool,
@@ -368,6 +371,7 @@ impl<'k> Emitter<'k> {
             avx512,
             zmm_used: false,
             epi_wide: false,
+            epi_tail: 0,
             held: Vec::new(),
             wide_epilogue_used: false,
             in_registers: true,
@@ -519,12 +523,12 @@ impl Emitter<'_> {
         }
         match &node.expr {
             Expr::Const(_) => Ok(()),
-            Expr::Load { input, index, bounds: Bounds::InBounds } => {
-                if self.k.inputs[*input as usize].dtype != DType::F32 {
-                    return no("epilogue load of a non-f32 tensor");
-                }
-                self.plan_eload(e, *input, index, 4)
-            }
+            Expr::Load { input, index, bounds: Bounds::InBounds } => match self.k.inputs[*input as usize].dtype {
+                DType::F32 => self.plan_eload(e, *input, index, 4),
+                // A bool (an attention mask) as a vector mask, bytes compared with 0.
+                DType::Bool => self.plan_eload(e, *input, index, 1),
+                _ => no("epilogue load of a non-f32 tensor"),
+            },
             Expr::Binary(op, x, y) => {
                 let float_operands = self.k.node(*x).ty == ScalarType::F32;
                 let ok = match op {
@@ -1409,8 +1413,10 @@ impl Emitter<'_> {
                     self.a.vmovups(ymmword_ptr(rsp + (Self::S_ACC + 32 * (i * nv_ + j) as i32)), acc(i, j))?;
                 }
             }
+            self.epi_tail = masked.unwrap_or(0);
             self.row_epilogue(mr, nv_, masked.map(|_| mreg))?;
         } else {
+            self.epi_tail = masked.unwrap_or(0);
             let mut pool: Vec<V> = pool.iter().map(|&r| yv(r)).collect();
             let last_mask = masked.map(|_| Mask(yv(mreg).0));
             self.epilogue_in_place(mr_, nv_, |i, j| yv(acc(i, j)), last_mask, &mut pool)?;
@@ -1576,8 +1582,10 @@ impl Emitter<'_> {
             }
             let node = self.k.node(e);
             let ok = match &node.expr {
-                // (Loads are f32, their index nodes evaluated at compile time.)
-                Expr::Load { .. } => continue,
+                // (Loads are f32 — bools are vector masks, read on 8 lanes — their
+                // index nodes evaluated at compile time.)
+                Expr::Load { input, .. } if self.k.inputs[*input as usize].dtype == DType::F32 => continue,
+                Expr::Load { .. } => false,
                 Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32 || byte_type(node.ty),
                 Expr::Unary(op, _) => has_vector_form(*op) || rounding(*op) || *op == UnaryOp::IsNan,
                 Expr::Binary(op, _, _) => {
@@ -1696,6 +1704,7 @@ impl Emitter<'_> {
             }
             _ => None,
         };
+        self.epi_tail = masked.unwrap_or(0);
         self.row_epilogue(rows, 1, mask)
     }
 
@@ -1985,7 +1994,16 @@ impl Emitter<'_> {
                 let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
                 let at = EPTR[el.base - 3] + disp as i32;
                 let r = self.result_reg(&[], ev)?;
-                if !el.vector {
+                if node.ty == ScalarType::Bool {
+                    // rax and rcx, saved around it, gather the bytes (no operand of the
+                    // epilogue is addressed through them or the stack meanwhile).
+                    let tail = slot.mask.map(|m| (m, self.epi_tail));
+                    self.a.push(rax)?;
+                    self.a.push(rcx)?;
+                    self.vx().load_bools(r, ptr(at), el.vector as i64, tail, [rax, rcx])?;
+                    self.a.pop(rcx)?;
+                    self.a.pop(rax)?;
+                } else if !el.vector {
                     self.vx().broadcast(r, dword_ptr(at))?;
                 } else {
                     self.vx().load(r, ptr(at), slot.mask)?;

@@ -38,9 +38,9 @@
 //!
 //! Operations: those of [`super::vops`] (`+ − × ÷`, `max`/`min` with NaN, comparisons,
 //! selects, casts between lane types, rounding, `exp`/`erf`/`tanh`/`log` as the same
-//! inline code as everywhere else). Loads are f32, i32, u32, i8 or u8 (bytes extended to
-//! 32-bit lanes by `vpmovsxbd`/`vpmovzxbd`; an eight-lane tail read in pieces, never
-//! past the row) or i64 under a comparison, in bounds,
+//! inline code as everywhere else). Loads are f32, i32, u32, i8, u8 or bool (bytes extended
+//! to 32-bit lanes by `vpmovsxbd`/`vpmovzxbd`, a bool then compared with 0; an eight-lane
+//! tail read in pieces, never past the row) or i64 under a comparison, in bounds,
 //! at affine offsets that step 0 or 1 element along the row.
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
@@ -177,7 +177,8 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             Expr::Const(_) | Expr::Reduce { .. } => {}
             Expr::Load { bounds: Bounds::InBounds, input, .. } => {
                 let d = k.inputs[*input as usize].dtype;
-                if !matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I64 | DType::I8 | DType::U8) {
+                let lanes = matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I8 | DType::U8 | DType::Bool);
+                if !lanes && d != DType::I64 {
                     return no(format!("a load of {}", d.name()));
                 }
             }
@@ -811,6 +812,10 @@ impl Emit<'_> {
                 self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
                 let tail = mask.map(|m| (m, self.tail_lanes));
                 match (node.ty, step) {
+                    (ScalarType::Bool, step) => {
+                        let at = if step == 0 { ptr(rax) } else { ptr(rax + r8) };
+                        self.vx().load_bools(r, at, step, tail, [rcx, rdx])?
+                    }
                     (ty, 0) if byte_type(ty) => self.vx().broadcast_byte(ty, r, ptr(rax), rcx)?,
                     (ty, _) if byte_type(ty) => self.vx().load_bytes(ty, r, ptr(rax + r8), tail, [rcx, rdx])?,
                     (_, 0) => self.vx().broadcast(r, dword_ptr(rax))?,
@@ -910,7 +915,7 @@ impl Emit<'_> {
 fn elem_size(k: &Kernel, binding: u32) -> i64 {
     match k.inputs.get(binding as usize).map(|t| t.dtype) {
         Some(DType::I64) => 8,
-        Some(DType::I8 | DType::U8) => 1,
+        Some(DType::I8 | DType::U8 | DType::Bool) => 1,
         _ => 4,
     }
 }

@@ -545,6 +545,32 @@ impl Vx<'_> {
         Ok(())
     }
 
+    /// `d` = the bools (bytes, true where not 0) at `at` as a vector mask, or with
+    /// `step` 0 the one at `at` in every lane; `tail` and `g` as for
+    /// [`Vx::load_bytes`].
+    pub fn load_bools(
+        &mut self,
+        d: V,
+        at: AsmMemoryOperand,
+        step: i64,
+        tail: Option<(Mask, u64)>,
+        g: [AsmRegister64; 2],
+    ) -> R<()> {
+        if step == 0 {
+            self.broadcast_byte(S::U8, d, at, g[0])?;
+        } else {
+            self.load_bytes(S::U8, d, at, tail, g)?;
+        }
+        if self.wide {
+            self.a.vptestmd(kreg(K_CMP), z(d), z(d))?;
+            self.mask_to_vector(d, K_CMP)
+        } else {
+            let zero = self.t.vector(self.a, 0);
+            self.a.vpcmpeqd(y(d), y(d), ymmword_ptr(zero))?;
+            self.not(d, d)
+        }
+    }
+
     /// `d` = the i8 or u8 (`ty`) at `at` in every lane, extended; `g` is clobbered.
     pub fn broadcast_byte(&mut self, ty: S, d: V, at: AsmMemoryOperand, g: AsmRegister64) -> R<()> {
         let g32 = gpr32_of(g)?;
