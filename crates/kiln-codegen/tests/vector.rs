@@ -641,6 +641,71 @@ fn bool_loads() {
     }
 }
 
+/// Embedding lookups: a table row picked by a token id read from memory once per row
+/// (`x[clamp(id < 0 ? id + V : id), :]`, a clamped load as Gather lowers it) plus a
+/// position row, over every row length, with ids that wrap (−1, −V), that fall outside
+/// on either side (clamped: V, V + 3, −V − 2), and i32 ids cast to i64; and an i8 table
+/// cast to f32 and scaled (a weight-only quantised embedding), its clamps written as
+/// `min(max(·))` on an in-bounds load. (Rows of one element
+/// are left out: the vector axis is then the tokens', along which the id varies — a
+/// gather, not a row-indexed load.)
+#[test]
+fn row_indexed_loads() {
+    require_avx2_fma!();
+    let (v, t) = (7usize, 9usize);
+    let ids: [i64; 9] = [0, 6, -1, -7, 7, 10, -9, 3, 5];
+    for len in LENGTHS.into_iter().filter(|&l| l > 1) {
+        for (table_ty, id_ty) in [(DType::F32, DType::I64), (DType::F32, DType::I32), (DType::I8, DType::I64)] {
+            let mut b = KernelBuilder::new(
+                "embedding",
+                vec![tt(table_ty, &[v, len]), tt(id_ty, &[1, t]), tt(DType::F32, &[t, len])],
+                tt(DType::F32, &[1, t, len]),
+            );
+            let o = b.out_index();
+            let z = b.index(0);
+            let id = b.load(1, vec![z, o[1]]);
+            let id = b.cast(id, DType::I64, false);
+            let neg = b.binary(BinaryOp::Lt, id, z);
+            let vv = b.index(v as i64);
+            let wrapped = b.add(id, vv);
+            let row = b.select(neg, wrapped, id);
+            let e = if table_ty == DType::F32 {
+                b.load_with(0, vec![row, o[2]], kiln_flow::Bounds::Clamp)
+            } else {
+                // Clamps written as index arithmetic (as the int8 graph's Gather has
+                // them) on an in-bounds load: the row's from data, the column's a no-op.
+                let clamp = |b: &mut KernelBuilder, x: ExprId, n: usize| {
+                    let (lo, hi) = (b.index(0), b.index(n as i64 - 1));
+                    let x = b.binary(BinaryOp::Max, x, lo);
+                    b.binary(BinaryOp::Min, x, hi)
+                };
+                let row = clamp(&mut b, row, v);
+                let col = clamp(&mut b, o[2], len);
+                let e = b.load(0, vec![row, col]);
+                let f = b.cast(e, DType::F32, false);
+                let s = b.float(ScalarType::F32, 0.25);
+                b.mul(f, s)
+            };
+            let p = b.load(2, vec![o[1], o[2]]);
+            let r = b.add(e, p);
+            let k = b.finish(r).unwrap();
+            let idt = tensor_bits(id_ty, &[1, t], &ids.iter().map(|&i| id_ty_bits(id_ty, i)).collect::<Vec<_>>());
+            let ins = [cycled(table_ty, &[v, len], 0), idt, cycled(DType::F32, &[t, len], 2)];
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            check_vector(&k, &refs, EXACT);
+        }
+    }
+}
+
+/// The stored bits of `x` as a `d` (i32 or i64).
+fn id_ty_bits(d: DType, x: i64) -> u64 {
+    if d == DType::I32 {
+        x as i32 as u32 as u64
+    } else {
+        x as u64
+    }
+}
+
 /// Output axes joined into one vector axis where every load reads them contiguously:
 /// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
 /// along the run) and an input with its first two axes swapped (contiguous along `c`

@@ -41,7 +41,12 @@
 //! inline code as everywhere else). Loads are f32, i32, u32, i8, u8 or bool (bytes extended
 //! to 32-bit lanes by `vpmovsxbd`/`vpmovzxbd`, a bool then compared with 0; an eight-lane
 //! tail read in pieces, never past the row) or i64 under a comparison, in bounds,
-//! at affine offsets that step 0 or 1 element along the row.
+//! at offsets that step 0 or 1 element along the row (any other step of 32-bit elements is
+//! a gather, `vgatherdps`). An offset is affine, or **row-indexed**: a dimension's index
+//! computed from data once per row (an embedding lookup's token id, with its wrap-around
+//! and clamp), by scalar code over the row coordinates when the row's base pointers are
+//! set ([`Emit::gpr_eval`]), then clamped into the dimension; such loads may clamp (the
+//! other dimensions of a clamped load must stay inside by their affine range).
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
 
@@ -71,6 +76,16 @@ enum Place {
     Along(u32),
 }
 
+/// A term of a load's offset computed from data once per row (an embedding lookup's
+/// token): index expression `expr` of a dimension of `extent` positions and `stride`
+/// elements, clamped into the dimension.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct RowIndexed {
+    expr: ExprId,
+    stride: i64,
+    extent: i64,
+}
+
 /// A load: its base (binding and row-dependent element offset) and its step along the row.
 struct LoadPlan {
     base: usize,
@@ -80,8 +95,9 @@ struct LoadPlan {
 struct Plan {
     place: Vec<Place>,
     loads: HashMap<u32, LoadPlan>,
-    /// Distinct (binding, row offset) pairs; the offset over the row variables only.
-    bases: Vec<(u32, AffineIndex)>,
+    /// Distinct (binding, row offset, row-indexed terms) triples; the offset over the
+    /// row variables only.
+    bases: Vec<(u32, AffineIndex, Vec<RowIndexed>)>,
     /// Row variables (all output variables but the last) and their extents.
     rows: Vec<u64>,
     /// Output row length.
@@ -158,6 +174,13 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             place.push(Place::Index);
             continue;
         }
+        // A comparison of indices (a negative token id's wrap-around) is an index too.
+        if let Expr::Binary(op, a, b) = n.expr {
+            if op.is_comparison() && place[a.index()] == Place::Index && place[b.index()] == Place::Index {
+                place.push(Place::Index);
+                continue;
+            }
+        }
         if n.ty != ScalarType::I64 && !lane_type(n.ty) {
             return no(format!("a {} value", n.ty.name()));
         }
@@ -175,7 +198,8 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         };
         match &n.expr {
             Expr::Const(_) | Expr::Reduce { .. } => {}
-            Expr::Load { bounds: Bounds::InBounds, input, .. } => {
+            // (A clamped load is checked with its index below.)
+            Expr::Load { bounds: Bounds::InBounds | Bounds::Clamp, input, .. } => {
                 let d = k.inputs[*input as usize].dtype;
                 let lanes = matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I8 | DType::U8 | DType::Bool);
                 if !lanes && d != DType::I64 {
@@ -189,7 +213,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     }
     // Index nodes feed loads only.
     for (i, n) in k.nodes.iter().enumerate() {
-        if !matches!(n.expr, Expr::Load { .. }) && !is_i64_compare(k, ExprId(i as u32)) {
+        if !matches!(n.expr, Expr::Load { .. }) && !is_i64_compare(k, ExprId(i as u32)) && place[i] != Place::Index {
             let mut bad = false;
             n.expr.for_each_operand(|o| bad |= place[o.index()] == Place::Index && n.ty != ScalarType::I64);
             if bad {
@@ -198,10 +222,14 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         }
     }
     let mut loads = HashMap::new();
-    let mut bases: Vec<(u32, AffineIndex)> = Vec::new();
+    let mut bases: Vec<(u32, AffineIndex, Vec<RowIndexed>)> = Vec::new();
     for (i, n) in k.nodes.iter().enumerate() {
-        let Expr::Load { input, index, .. } = &n.expr else { continue };
-        let off = load_offset(k, *input, index).ok_or_else(|| NotHere("a load at a non-affine offset".into()))?;
+        let Expr::Load { input, index, bounds } = &n.expr else { continue };
+        let row_var = |v: u32| v < lo || k.vars.get(v as usize) == Some(&1);
+        let (off, dynamic) = match (load_offset(k, *input, index), bounds) {
+            (Some(off), Bounds::InBounds) => (off, Vec::new()),
+            _ => row_indexed(k, *input, index, *bounds == Bounds::Clamp, &row_var)?,
+        };
         let axis = match place[i] {
             Place::Out => Some(u),
             Place::Along(r) => match &k.node(ExprId(r)).expr {
@@ -221,10 +249,10 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         for v in 0..lo as usize {
             row.coef[v] = off.of(v as u32);
         }
-        let b = match bases.iter().position(|(bi, o)| bi == input && *o == row) {
+        let b = match bases.iter().position(|(bi, o, d)| bi == input && *o == row && *d == dynamic) {
             Some(b) => b,
             None => {
-                bases.push((*input, row));
+                bases.push((*input, row, dynamic));
                 bases.len() - 1
             }
         };
@@ -548,10 +576,7 @@ impl Emit<'_> {
     /// the stack.
     fn bases(&mut self) -> R<()> {
         let nrows = self.p.rows.len();
-        // Coordinates on the stack after the bases would need room; keep them in
-        // registers r8, r9, r10, r11, r12, r14, r15, rbx (up to 8 row variables).
-        const COORD: [AsmRegister64; 8] = [r8, r9, r10, r11, r12, r14, r15, rbx];
-        if nrows > COORD.len() {
+        if nrows > ROW_COORD.len() {
             return no("more than 8 row variables");
         }
         self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
@@ -559,15 +584,15 @@ impl Emit<'_> {
             self.a.xor(edx, edx)?;
             self.a.mov(rcx, self.p.rows[d] as i64)?;
             self.a.div(rcx)?;
-            self.a.mov(COORD[d], rdx)?;
+            self.a.mov(ROW_COORD[d], rdx)?;
         }
         for b in 0..self.p.bases.len() {
-            let (binding, off) = self.p.bases[b].clone();
+            let (binding, off, dynamic) = self.p.bases[b].clone();
             let size = elem_size(self.k, binding);
             self.a.mov(rax, qword_ptr(rbp + 8 * binding as i32))?;
             let c = off.c.checked_mul(size).ok_or_else(|| NotHere("offset overflow".into()))?;
             add_imm(&mut self.a, rax, c, rcx)?;
-            for (d, &reg) in COORD.iter().enumerate().take(nrows) {
+            for (d, &reg) in ROW_COORD.iter().enumerate().take(nrows) {
                 let coef = off.of(d as u32) * size;
                 if coef != 0 {
                     let coef = i32::try_from(coef).map_err(|_| NotHere("row stride".into()))?;
@@ -575,7 +600,120 @@ impl Emit<'_> {
                     self.a.add(rax, rcx)?;
                 }
             }
-            self.a.mov(qword_ptr(rsp + (S_BASE + 8 * b as i32)), rax)?;
+            let slot = S_BASE + 8 * b as i32;
+            self.a.mov(qword_ptr(rsp + slot), rax)?;
+            // Row-indexed terms: evaluated from data, clamped into their dimension.
+            for t in &dynamic {
+                self.gpr_eval(t.expr, 0)?;
+                self.clamp_rax(t.extent)?;
+                let scale = t.stride.checked_mul(size).and_then(|b| i32::try_from(b).ok());
+                let scale = scale.ok_or_else(|| NotHere("row stride".into()))?;
+                self.a.imul_3(rax, rax, scale)?;
+                self.a.add(qword_ptr(rsp + slot), rax)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `rax = clamp(rax, 0, extent − 1)` (rcx clobbered).
+    fn clamp_rax(&mut self, extent: i64) -> R<()> {
+        self.a.xor(ecx, ecx)?;
+        self.a.cmp(rax, rcx)?;
+        self.a.cmovl(rax, rcx)?;
+        self.a.mov(rcx, extent - 1)?;
+        self.a.cmp(rax, rcx)?;
+        self.a.cmovg(rax, rcx)?;
+        Ok(())
+    }
+
+    /// Evaluates row-constant index expression `e` ([`gpr_form`]) into `rax` as the
+    /// interpreter does (i64 arithmetic wrapping, bools 0 or 1), from the row
+    /// coordinates in [`ROW_COORD`] and the kernel's inputs; `rcx` and `rdx` are clobbered
+    /// and operands wait on the stack (`depth` values pushed so far, at most
+    /// [`GPR_DEPTH`]).
+    fn gpr_eval(&mut self, e: ExprId, depth: usize) -> R<()> {
+        if depth > GPR_DEPTH {
+            return no("an index expression too deep");
+        }
+        let node = self.k.node(e).clone();
+        // Both operands: a into rax, b into rcx.
+        let pair = |s: &mut Self, a: ExprId, b: ExprId| -> R<()> {
+            s.gpr_eval(a, depth)?;
+            s.a.push(rax)?;
+            s.gpr_eval(b, depth + 1)?;
+            s.a.mov(rcx, rax)?;
+            s.a.pop(rax)?;
+            Ok(())
+        };
+        match &node.expr {
+            Expr::Const(bits) => self.a.mov(rax, *bits as i64)?,
+            // A row variable's coordinate; an output axis of one position is 0.
+            Expr::Var(v) if (v.0 as usize) < self.p.rows.len() => self.a.mov(rax, ROW_COORD[v.0 as usize])?,
+            Expr::Var(v) if self.k.vars.get(v.0 as usize) == Some(&1) => self.a.xor(eax, eax)?,
+            Expr::Cast { value, .. } => self.gpr_eval(*value, depth)?,
+            Expr::Load { input, index, bounds } => {
+                // Flat offset Σ index·stride, each index clamped (a no-op for the
+                // in-bounds loads the verifier proved), on the stack as it grows.
+                let dims: Vec<i64> = self.k.inputs[*input as usize].shape.dims().iter().map(|&d| d as i64).collect();
+                self.a.push(0)?;
+                let mut stride = 1i64;
+                for d in (0..index.len()).rev() {
+                    self.gpr_eval(index[d], depth + 1)?;
+                    if *bounds == Bounds::Clamp || *bounds == Bounds::InBounds {
+                        self.clamp_rax(dims[d])?;
+                    }
+                    let st = i32::try_from(stride).map_err(|_| NotHere("an index stride".into()))?;
+                    self.a.imul_3(rax, rax, st)?;
+                    self.a.add(qword_ptr(rsp), rax)?;
+                    stride *= dims[d];
+                }
+                self.a.pop(rax)?;
+                self.a.mov(rcx, qword_ptr(rbp + 8 * *input as i32))?;
+                match self.k.inputs[*input as usize].dtype {
+                    DType::I64 => self.a.mov(rax, qword_ptr(rcx + rax * 8))?,
+                    DType::I32 => self.a.movsxd(rax, dword_ptr(rcx + rax * 4))?,
+                    d => return no(format!("an index load of {}", d.name())),
+                }
+            }
+            Expr::Binary(op, a, b) => {
+                pair(self, *a, *b)?;
+                match op {
+                    BinaryOp::Add => self.a.add(rax, rcx)?,
+                    BinaryOp::Sub => self.a.sub(rax, rcx)?,
+                    BinaryOp::Mul => self.a.imul_2(rax, rcx)?,
+                    BinaryOp::Min => {
+                        self.a.cmp(rax, rcx)?;
+                        self.a.cmovg(rax, rcx)?;
+                    }
+                    BinaryOp::Max => {
+                        self.a.cmp(rax, rcx)?;
+                        self.a.cmovl(rax, rcx)?;
+                    }
+                    op if op.is_comparison() => {
+                        self.a.cmp(rax, rcx)?;
+                        match op {
+                            BinaryOp::Eq => self.a.sete(al)?,
+                            BinaryOp::Ne => self.a.setne(al)?,
+                            BinaryOp::Lt => self.a.setl(al)?,
+                            BinaryOp::Le => self.a.setle(al)?,
+                            BinaryOp::Gt => self.a.setg(al)?,
+                            _ => self.a.setge(al)?,
+                        }
+                        self.a.movzx(eax, al)?;
+                    }
+                    op => return no(format!("an index {}", op.name())),
+                }
+            }
+            Expr::Select(c, a, b) => {
+                self.gpr_eval(*c, depth)?;
+                self.a.push(rax)?;
+                pair(self, *a, *b)?;
+                self.a.pop(rdx)?;
+                self.a.test(rdx, rdx)?;
+                // c ? a : b — rax holds a, rcx b.
+                self.a.cmovz(rax, rcx)?;
+            }
+            _ => return no("an index expression without a scalar form here"),
         }
         Ok(())
     }
@@ -911,6 +1049,103 @@ impl Emit<'_> {
     }
 }
 
+/// The row coordinates while a row's bases are computed ([`Emit::bases`]): registers,
+/// since coordinates on the stack after the bases would need room (up to 8 row
+/// variables).
+const ROW_COORD: [AsmRegister64; 8] = [r8, r9, r10, r11, r12, r14, r15, rbx];
+
+/// Operands an index expression ([`Emit::gpr_eval`]) may hold on the stack at once.
+const GPR_DEPTH: usize = 16;
+
+/// Whether `e` is an index expression [`Emit::gpr_eval`] computes once per row: i64 (or
+/// bool, or i32 loads cast to i64) constants, row variables (`row(v)`), loads of i64/i32
+/// tensors, `+ − ×`, min/max, comparisons and selects, within [`GPR_DEPTH`].
+fn gpr_form(k: &Kernel, e: ExprId, row: &impl Fn(u32) -> bool, depth: usize) -> bool {
+    if depth > GPR_DEPTH {
+        return false;
+    }
+    let node = k.node(e);
+    let int = |x: ExprId| matches!(k.node(x).ty, ScalarType::I64 | ScalarType::Bool);
+    let sub = |x: ExprId| gpr_form(k, x, row, depth + 1);
+    match &node.expr {
+        Expr::Const(_) => int(e),
+        Expr::Var(v) => row(v.0),
+        Expr::Cast { value, to: DType::I64, .. } => {
+            matches!(k.node(*value).ty, ScalarType::I64 | ScalarType::I32) && sub(*value)
+        }
+        Expr::Load { input, index, bounds: Bounds::InBounds | Bounds::Clamp } => {
+            matches!(k.inputs[*input as usize].dtype, DType::I64 | DType::I32) && index.iter().all(|&x| sub(x))
+        }
+        Expr::Binary(op, a, b) => {
+            let ok = matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max)
+                || op.is_comparison();
+            ok && k.node(*a).ty == ScalarType::I64 && int(e) && sub(*a) && sub(*b)
+        }
+        Expr::Select(c, a, b) => int(e) && k.node(*c).ty == ScalarType::Bool && sub(*c) && sub(*a) && sub(*b),
+        _ => false,
+    }
+}
+
+/// The offset of a load whose index is not one affine form: each dimension's index is
+/// affine (within the dimension wherever the load clamps) or computed from data once
+/// per row ([`gpr_form`]; `row(v)`: whether variable `v` is a row's). Returns the affine
+/// part and the row-indexed terms.
+fn row_indexed(
+    k: &Kernel,
+    input: u32,
+    index: &[ExprId],
+    clamps: bool,
+    row: &impl Fn(u32) -> bool,
+) -> R<(AffineIndex, Vec<RowIndexed>)> {
+    let dims = k.inputs[input as usize].shape.dims();
+    let mut flat = AffineIndex { c: 0, coef: vec![0; k.vars.len()] };
+    let mut dynamic = Vec::new();
+    let mut stride = 1i64;
+    for (d, &e) in index.iter().enumerate().rev() {
+        let extent = dims[d] as i64;
+        match kiln_flow::affine::affine(k, e).or_else(|| clamped_affine(k, e)) {
+            Some(a) => {
+                let inside = a.range(k).is_some_and(|(lo, hi)| lo >= 0 && hi < extent);
+                if clamps && !inside {
+                    return no("a load that may fall outside its input");
+                }
+                flat.c = a.c.checked_mul(stride).and_then(|x| x.checked_add(flat.c)).ok_or_else(overflow)?;
+                for (f, c) in flat.coef.iter_mut().zip(&a.coef) {
+                    *f = c.checked_mul(stride).and_then(|x| x.checked_add(*f)).ok_or_else(overflow)?;
+                }
+            }
+            None if gpr_form(k, e, row, 0) => dynamic.push(RowIndexed { expr: e, stride, extent }),
+            None => return no("a load at a non-affine offset"),
+        }
+        stride = stride.checked_mul(extent).ok_or_else(overflow)?;
+    }
+    Ok((flat, dynamic))
+}
+
+/// `min(max(x, lo), hi)` (or `max(min(x, hi), lo)`) of an affine `x` whose range lies
+/// within the constants `lo..=hi` (a clamp lowering wrote along an axis that cannot
+/// leave its input): `x` itself.
+fn clamped_affine(k: &Kernel, e: ExprId) -> Option<AffineIndex> {
+    let konst = |x: ExprId| match k.node(x).expr {
+        Expr::Const(b) if k.node(x).ty == ScalarType::I64 => Some(b as i64),
+        _ => None,
+    };
+    let Expr::Binary(outer @ (BinaryOp::Min | BinaryOp::Max), y, c1) = k.node(e).expr else { return None };
+    let Expr::Binary(inner @ (BinaryOp::Min | BinaryOp::Max), x, c2) = k.node(y).expr else { return None };
+    if inner == outer {
+        return None;
+    }
+    let (b1, b2) = (konst(c1)?, konst(c2)?);
+    let (lo, hi) = if outer == BinaryOp::Min { (b2, b1) } else { (b1, b2) };
+    let a = kiln_flow::affine::affine(k, x)?;
+    let (l, h) = a.range(k)?;
+    (l >= lo && h <= hi).then_some(a)
+}
+
+fn overflow() -> NotHere {
+    NotHere("offset overflow".into())
+}
+
 /// Bytes of one element of input `binding` (4, 8 for i64, 1 for i8 and u8).
 fn elem_size(k: &Kernel, binding: u32) -> i64 {
     match k.inputs.get(binding as usize).map(|t| t.dtype) {
@@ -929,7 +1164,8 @@ fn needed(k: &Kernel) -> Vec<bool> {
     let mut need = vec![false; k.nodes.len()];
     need[k.root.index()] = true;
     for i in (0..k.nodes.len()).rev() {
-        if need[i] {
+        // (A load's index is its plan's, never a vector.)
+        if need[i] && !matches!(k.nodes[i].expr, Expr::Load { .. }) {
             k.nodes[i].expr.for_each_operand(|o| need[o.index()] = true);
         }
     }
