@@ -24,7 +24,6 @@ use common::{import_options, listed_models, model_path};
 const KNOWN_SCALAR: &[(&str, usize)] = &[
     ("general (a movement other than one padded or in-bounds load)", 6),
     ("general (a value along two axes)", 5),
-    ("general (an epilogue operation without a vector form here)", 3),
     ("general (a i64 output (f32, i32 or u32 lanes here))", 2),
     ("general (a bool output (f32, i32 or u32 lanes here))", 1),
     ("general (an epilogue value of type i64)", 1),

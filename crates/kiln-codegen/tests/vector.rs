@@ -706,6 +706,54 @@ fn id_ty_bits(d: DType, x: i64) -> u64 {
     }
 }
 
+/// i64 values converted to f32 in a contraction epilogue (an attention mask input cast
+/// to f32 and added): a per-element and a per-row operand over every column count,
+/// holding the i64 specials (the extremes, values across 2³² and 2⁵³) and double-rounding
+/// traps — `±(2⁶⁰ + 2³⁶ ± 1)`, whose f64 rounding lands on an f32 tie, the tie itself,
+/// `2²⁴ + 1` and `2⁵³ + 3` — so the result must round correctly, not through f64. The
+/// sums are of small integers and the comparison with the interpreter is exact.
+#[test]
+fn contraction_epilogue_i64_to_f32() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    let f = DType::F32;
+    let mut vals: Vec<i64> = specials(DType::I64).into_iter().map(|b| b as i64).collect();
+    for x in
+        [(1i64 << 60) + (1 << 36) + 1, (1 << 60) + (1 << 36) - 1, (1 << 60) + (1 << 36), (1 << 24) + 1, (1 << 53) + 3]
+    {
+        vals.extend([x, -x]);
+    }
+    for n in LENGTHS {
+        let mut b = KernelBuilder::new(
+            "i64_mask",
+            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(DType::I64, &[m, n]), tt(DType::I64, &[m])],
+            tt(f, &[m, n]),
+        );
+        let (o, sum) = b.matmul_sum(kk);
+        let x = b.load(2, o.clone());
+        let r = b.load(3, vec![o[0]]);
+        let (fx, fr) = (b.cast(x, f, false), b.cast(r, f, false));
+        let a = b.add(sum, fx);
+        let a = b.mul(a, fr);
+        let k = b.finish(a).unwrap();
+        let pick = |len: usize, shift: usize| -> Vec<u64> {
+            (0..len).map(|i| vals[(i * 5 + shift) % vals.len()] as u64).collect()
+        };
+        let ins = [
+            small_integers(&[m, kk], 17),
+            small_integers(&[kk, n], 19),
+            tensor_bits(DType::I64, &[m, n], &pick(m * n, 0)),
+            tensor_bits(DType::I64, &[m], &pick(m, 3)),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        for cfg in microkernel_variants(false) {
+            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert!(module.notes[0].starts_with("contraction microkernel"), "n={n}: {}", module.notes[0]);
+        }
+        check_with(&k, &refs, EXACT, &microkernel_variants(false));
+    }
+}
+
 /// Output axes joined into one vector axis where every load reads them contiguously:
 /// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
 /// along the run) and an input with its first two axes swapped (contiguous along `c`

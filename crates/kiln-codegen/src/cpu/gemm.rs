@@ -557,6 +557,19 @@ impl Emitter<'_> {
             Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
                 self.check_epilogue(*value)
             }
+            // An i64 (a mask input) to f32, its operand read from memory (eight lanes:
+            // `vops::Vx::i64_to_f32`).
+            Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::I64 => {
+                match &self.k.node(*value).expr {
+                    Expr::Const(_) => Ok(()),
+                    Expr::Load { input, index, bounds: Bounds::InBounds }
+                        if self.k.inputs[*input as usize].dtype == DType::I64 =>
+                    {
+                        self.plan_eload(*value, *input, index, 8)
+                    }
+                    _ => no("an i64 conversion of a computed value"),
+                }
+            }
             // Other casts between lane types: the shared vector table's (not of a
             // bool to a byte, which the 16-lane form would hold in an opmask).
             Expr::Cast { value, .. }
@@ -1586,6 +1599,7 @@ impl Emitter<'_> {
                 // index nodes evaluated at compile time.)
                 Expr::Load { input, .. } if self.k.inputs[*input as usize].dtype == DType::F32 => continue,
                 Expr::Load { .. } => false,
+                Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::I64 => false,
                 Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32 || byte_type(node.ty),
                 Expr::Unary(op, _) => has_vector_form(*op) || rounding(*op) || *op == UnaryOp::IsNan,
                 Expr::Binary(op, _, _) => {
@@ -2162,6 +2176,31 @@ impl Emitter<'_> {
                 let dst = self.result_reg(&[*x], ev)?;
                 let k = self.k;
                 self.vx().node_op(k, e, dst, &[rx], &[])?;
+                dst
+            }
+            Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::I64 => {
+                let lanes = self.vx().lanes() as i64;
+                let src = match self.k.node(*value).expr {
+                    Expr::Const(c) => I64Src::Const(c as i64),
+                    _ => {
+                        let el = self.eloads[&value.0];
+                        let b = &self.bases[el.base];
+                        let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
+                        let at = ptr(EPTR[el.base - 3] + disp as i32);
+                        if el.vector {
+                            I64Src::Vector(at)
+                        } else {
+                            I64Src::Broadcast(at)
+                        }
+                    }
+                };
+                let mut t = Vec::with_capacity(6);
+                for _ in 0..6 {
+                    t.push(ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?);
+                }
+                let dst = self.result_reg(&[*value], ev)?;
+                self.vx().i64_to_f32(dst, src, slot.mask, &t)?;
+                ev.pool.extend(t);
                 dst
             }
             Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::F32 && byte_type(node.ty) => {

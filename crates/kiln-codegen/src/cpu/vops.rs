@@ -29,7 +29,9 @@
 //! constants (a sequence mask, `arange(n) < length`) reads its operands straight from
 //! memory into two registers of 64-bit lanes per vector (`vpcmpgtq`/`vpcmpeqq`, or
 //! `vpcmpq` into opmasks), and writes the 32-bit lane mask of its result
-//! ([`Vx::cmp_i64`]): it is the only operation on i64 data with a vector form.
+//! ([`Vx::cmp_i64`]); an i64 **conversion to f32** of such an operand (a mask input) is
+//! the other operation on i64 data with a vector form (eight lanes, correctly rounded
+//! through f64 rounded to odd: [`Vx::i64_to_f32`]).
 //!
 //! ## Semantics
 //! Exactly the kernel interpreter's (`kiln_flow::interp`), lane by lane: f32 `max`/`min`
@@ -586,6 +588,60 @@ impl Vx<'_> {
         } else {
             self.a.vpbroadcastd(y(d), x)?;
         }
+        Ok(())
+    }
+
+    /// `d` = i64 operand `s` converted to f32, rounded to nearest even as the
+    /// interpreter's `as f32` (eight lanes: AVX2 has no i64 conversion). Per half of
+    /// four lanes: the high dwords (signed) and the low ones (unsigned) convert exactly
+    /// to f64 (`hi·2³²`, `lo`); their sum `s` rounds once, and Fast2Sum gives its error
+    /// `e` exactly (`|hi·2³²| ≥ lo` wherever `hi ≠ 0`). Rounding `s` to odd — where
+    /// `e ≠ 0` and `s`'s last bit is even, one ulp towards `e` — keeps the sticky
+    /// information, so the final `vcvtpd2ps` rounds correctly (53 ≥ 24 + 2 bits: no double
+    /// rounding; `2⁶⁰ + 2³⁶ + 1` rounds up, not to the tie's even `2⁶⁰`). `t`: six scratch
+    /// registers distinct from `d`.
+    pub fn i64_to_f32(&mut self, d: V, s: I64Src, tail: Option<Mask>, t: &[V]) -> R<()> {
+        if self.wide || t.len() < 6 {
+            return Err(NotHere("an i64 conversion on sixteen lanes".into()));
+        }
+        let [q, t1, t2, t3, t4, t5] = [t[0], t[1], t[2], t[3], t[4], t[5]];
+        let x = |v: V| XMM[v.0 as usize];
+        let two32 = self.t.words(self.a, &[0, 0x41F0_0000, 0, 0x41F0_0000, 0, 0x41F0_0000, 0, 0x41F0_0000]);
+        let one = self.t.words(self.a, &[1, 0, 1, 0, 1, 0, 1, 0]);
+        let odd_dwords = self.t.words(self.a, &[1, 3, 5, 7, 1, 3, 5, 7]);
+        let even_dwords = self.t.words(self.a, &[0, 2, 4, 6, 0, 2, 4, 6]);
+        for h in 0..2 {
+            self.load_i64_half(q, s, h, tail, t1)?;
+            // hi·2³² and lo as f64, exactly.
+            self.a.vmovdqu(y(t2), ymmword_ptr(odd_dwords))?;
+            self.a.vpermd(y(t1), y(t2), y(q))?;
+            self.a.vcvtdq2pd(y(t1), x(t1))?;
+            self.a.vmulpd(y(t1), y(t1), ymmword_ptr(two32))?;
+            self.a.vmovdqu(y(t2), ymmword_ptr(even_dwords))?;
+            self.a.vpermd(y(t2), y(t2), y(q))?;
+            self.a.vcvtdq2pd(y(t2), x(t2))?;
+            self.a.vxorpd(y(t5), y(t5), y(t5))?;
+            self.a.vcmppd(y(t3), y(t2), y(t5), 0x11)?; // lo read as negative: + 2³²
+            self.a.vandpd(y(t3), y(t3), ymmword_ptr(two32))?;
+            self.a.vaddpd(y(t2), y(t2), y(t3))?;
+            // s = hi + lo rounded; e = the exact remainder (Fast2Sum).
+            self.a.vaddpd(y(t3), y(t1), y(t2))?;
+            self.a.vsubpd(y(t4), y(t3), y(t1))?;
+            self.a.vsubpd(y(t4), y(t2), y(t4))?;
+            // Round to odd: where e ≠ 0 and s is even, s ± 1 ulp towards e.
+            self.a.vcmppd(y(t1), y(t4), y(t5), 0x0C)?; // NEQ_OQ
+            self.a.vpxor(y(t2), y(t4), y(t3))?;
+            self.a.vpcmpgtq(y(t2), y(t5), y(t2))?; // signs differ: −1
+            self.a.vpor(y(t2), y(t2), ymmword_ptr(one))?; // −1 or +1
+            self.a.vpand(y(t4), y(t3), ymmword_ptr(one))?;
+            self.a.vpcmpeqq(y(t4), y(t4), y(t5))?; // s even
+            self.a.vpand(y(t4), y(t4), y(t1))?;
+            self.a.vpand(y(t2), y(t2), y(t4))?;
+            self.a.vpaddq(y(t3), y(t3), y(t2))?;
+            let half = if h == 0 { d } else { t1 };
+            self.a.vcvtpd2ps(x(half), y(t3))?;
+        }
+        self.a.vinsertf128(y(d), y(d), x(t1), 1)?;
         Ok(())
     }
 
