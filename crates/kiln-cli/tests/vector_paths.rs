@@ -23,7 +23,8 @@ use common::{import_options, listed_models, model_path};
 /// count here).
 const KNOWN_SCALAR: &[(&str, usize)] = &[
     ("general (a movement other than one padded or in-bounds load)", 6),
-    ("general (a value along two axes)", 5),
+    ("general (a load that strides along the row)", 1),
+    ("general (an index used as a value)", 1),
     ("general (a i64 output (f32, i32 or u32 lanes here))", 2),
     ("general (a bool output (f32, i32 or u32 lanes here))", 1),
     ("general (an epilogue value of type i64)", 1),

@@ -754,6 +754,108 @@ fn contraction_epilogue_i64_to_f32() {
     }
 }
 
+/// Column reductions (a sum or max over an axis before the output row's, `Σ_j x[b, j, i]`,
+/// run inside the output loop): a plain column sum over the f32 specials (NaN and ±inf
+/// propagate as in the interpreter), a column max of a product with a value along the
+/// reduction only plus an output-row value, and a masked mean (two column sums, one
+/// divided by the clamped other), over two row counts (one, and three rows of bases)
+/// and every row length. Each lane adds in the kernel's order, so the comparison is
+/// exact.
+#[test]
+fn column_reductions() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let j = 5usize;
+    for len in LENGTHS {
+        for rows in [1usize, 3] {
+            let x = cycled(f, &[rows, j, len], 0);
+            let y = cycled(f, &[j], 4);
+            let m = cycled(f, &[rows, j, len], 6);
+            let z = cycled(f, &[rows, len], 2);
+            for variant in ["sum", "max", "mean"] {
+                let mut b = KernelBuilder::new(
+                    variant,
+                    vec![tt(f, &[rows, j, len]), tt(f, &[j]), tt(f, &[rows, j, len]), tt(f, &[rows, len])],
+                    tt(f, &[rows, len]),
+                );
+                let o = b.out_index();
+                let w = b.new_var(j as u64);
+                let wv = b.var(w);
+                let lx = b.load(0, vec![o[0], wv, o[1]]);
+                let r = match variant {
+                    "sum" => b.reduce(ReduceOp::Sum, vec![w], lx),
+                    "max" => {
+                        let ly = b.load(1, vec![wv]);
+                        let p = b.mul(lx, ly);
+                        let mx = b.reduce(ReduceOp::Max, vec![w], p);
+                        let lz = b.load(3, o.clone());
+                        b.add(mx, lz)
+                    }
+                    _ => {
+                        let lm = b.load(2, vec![o[0], wv, o[1]]);
+                        let p = b.mul(lx, lm);
+                        let s = b.reduce(ReduceOp::Sum, vec![w], p);
+                        let w2 = b.new_var(j as u64);
+                        let wv2 = b.var(w2);
+                        let lm2 = b.load(2, vec![o[0], wv2, o[1]]);
+                        let c = b.reduce(ReduceOp::Sum, vec![w2], lm2);
+                        let eps = b.float(ScalarType::F32, 1e-9);
+                        let c = b.binary(BinaryOp::Max, c, eps);
+                        b.div(s, c)
+                    }
+                };
+                let k = b.finish(r).unwrap();
+                let cmp = Cmp { zero_sign: variant != "sum", ..EXACT };
+                check_vector(&k, &[&x, &y, &m, &z], cmp);
+            }
+        }
+    }
+}
+
+/// A masked mean over tokens as sentence encoders pool (`Σ_t x[t, i]·m[t, i] /
+/// max(Σ_t m[t, i], 1e-9)` with `m` an i64 attention mask converted to f32 in both column
+/// reductions): eight lanes (the i64 conversion has no sixteen-lane form), so on an
+/// AVX-512 CPU the kernel takes the eight-lane row kernel too. The mask holds 0/1 and
+/// the i64 specials.
+#[test]
+fn column_reductions_of_an_i64_mask() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let t = 7usize;
+    let s = specials(DType::I64);
+    for len in LENGTHS {
+        let mut b = KernelBuilder::new(
+            "masked_mean",
+            vec![tt(f, &[1, t, len]), tt(DType::I64, &[1, t, len])],
+            tt(f, &[1, len]),
+        );
+        let o = b.out_index();
+        let z = b.index(0);
+        let (w, w2) = (b.new_var(t as u64), b.new_var(t as u64));
+        let (wv, wv2) = (b.var(w), b.var(w2));
+        let x = b.load(0, vec![z, wv, o[1]]);
+        let m = b.load(1, vec![z, wv, o[1]]);
+        let mf = b.cast(m, f, false);
+        let p = b.mul(x, mf);
+        let sum = b.reduce(ReduceOp::Sum, vec![w], p);
+        let m2 = b.load(1, vec![z, wv2, o[1]]);
+        let mf2 = b.cast(m2, f, false);
+        let cnt = b.reduce(ReduceOp::Sum, vec![w2], mf2);
+        let eps = b.float(ScalarType::F32, 1e-9);
+        let c = b.binary(BinaryOp::Max, cnt, eps);
+        let r = b.div(sum, c);
+        let k = b.finish(r).unwrap();
+        let bits: Vec<u64> =
+            (0..t * len).map(|i| if i % 3 == 0 { s[(i / 3) % s.len()] } else { (i % 2) as u64 }).collect();
+        let ins = [cycled(f, &[1, t, len], 1), tensor_bits(DType::I64, &[1, t, len], &bits)];
+        for cfg in microkernel_variants(false) {
+            let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert_eq!(m.paths[0], CodePath::Vector { bits: 256 }, "{}", m.notes[0]);
+        }
+        check_with(&k, &[&ins[0], &ins[1]], Cmp { zero_sign: true, ..EXACT }, &microkernel_variants(false));
+    }
+}
+
 /// Output axes joined into one vector axis where every load reads them contiguously:
 /// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
 /// along the run) and an input with its first two axes swapped (contiguous along `c`

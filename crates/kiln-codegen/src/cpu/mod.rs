@@ -490,7 +490,11 @@ fn emit_class(
         // Every other kernel with a vector form of each of its operations is a vector
         // kernel; what has none is left to Cranelift (the reason in its note).
         KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => {
-            let r = rows::emit(k, options.reassociate, avx512)?;
+            // Some forms have eight lanes only (an i64 conversion): then eight.
+            let r = match rows::emit(k, options.reassociate, avx512) {
+                Err(wide) if avx512 => rows::emit(k, options.reassociate, false).map_err(|_| wide)?,
+                r => r?,
+            };
             let note = r.note();
             let bits = if r.wide { 512 } else { 256 };
             Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits }

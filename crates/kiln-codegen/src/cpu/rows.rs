@@ -19,7 +19,13 @@
 //!   at a time, the last vector masked (masked lanes add 0 or compare as −∞), then
 //!   folded across lanes;
 //! - the output row is a loop that evaluates the kernel's root a vector at a time and
-//!   stores it (the last vector masked).
+//!   stores it (the last vector masked); a **column reduction** in it (a sum or max over
+//!   an axis before the output row's, `Σ_j x[j, i]`: a mean over tokens, a LayerNorm
+//!   over channels first) is a loop over its variable for each output vector, each lane
+//!   adding in the kernel's order ([`Emit::column_reduction`]).
+//!
+//! A kernel with a form that has eight lanes only (an i64 conversion to f32) takes eight
+//! lanes on an AVX-512 CPU too.
 //!
 //! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
 //! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
@@ -61,7 +67,7 @@ use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
 use super::math::held_constants;
 use super::vector::{Mask, Op, Src, Vx, V};
-use super::vops::{byte_type, const_word, is_i64_compare, lane_type, op_form, op_scratch, I64Src};
+use super::vops::{byte_type, const_word, is_i64_compare, is_i64_to_f32, lane_type, op_form, op_scratch, I64Src};
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -74,6 +80,9 @@ enum Place {
     Out,
     /// Varies along the row of reduction `r` (its node).
     Along(u32),
+    /// Varies along the output row and along reduction `r`'s variable: the operand of a
+    /// column reduction ([`Emit::column_reduction`]), which runs inside the output loop.
+    Col(u32),
 }
 
 /// A term of a load's offset computed from data once per row (an embedding lookup's
@@ -86,10 +95,12 @@ struct RowIndexed {
     extent: i64,
 }
 
-/// A load: its base (binding and row-dependent element offset) and its step along the row.
+/// A load: its base (binding and row-dependent element offset), its step along the row,
+/// and in a column reduction's operand its step per iteration of the reduction.
 struct LoadPlan {
     base: usize,
     step: i64,
+    jstride: i64,
 }
 
 struct Plan {
@@ -150,12 +161,12 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             owner.insert(vars[0].0, i as u32);
         }
     }
-    // i64 loads that only i64 comparisons read are data (read by the comparison);
-    // every other i64 value is index arithmetic.
+    // i64 loads that only i64 comparisons and conversions to f32 read are data (read
+    // from memory by them); every other i64 value is index arithmetic.
     let mut compared = vec![false; k.nodes.len()];
     let mut other_use = vec![false; k.nodes.len()];
     for (i, n) in k.nodes.iter().enumerate() {
-        let cmp = is_i64_compare(k, ExprId(i as u32));
+        let cmp = is_i64_compare(k, ExprId(i as u32)) || is_i64_to_f32(k, ExprId(i as u32));
         n.expr.for_each_operand(|o| {
             if cmp {
                 compared[o.index()] = true;
@@ -194,6 +205,9 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
                 Some(&r) => Place::Along(r),
                 None => return no("a variable that is neither a row nor a reduction"),
             },
+            // Along the output row and a reduction's variable: a column reduction's
+            // operand.
+            [a, b] if (a == u || b == u) && owner.contains_key(&(a + b - u)) => Place::Col(owner[&(a + b - u)]),
             _ => return no("a value along two axes"),
         };
         match &n.expr {
@@ -210,6 +224,32 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             _ => op_form(k, ExprId(i as u32), wide).map_err(NotHere)?,
         }
         place.push(p);
+    }
+    // Column reductions: those with an operand along the output row. Their operands may
+    // read no output value (no reduction nested in another's loop).
+    let columns: Vec<u32> = (0..k.nodes.len())
+        .filter_map(|i| match place[i] {
+            Place::Col(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    // Output values computed from a column reduction.
+    let mut from_column = vec![false; k.nodes.len()];
+    for (i, n) in k.nodes.iter().enumerate() {
+        let mut any = matches!(n.expr, Expr::Reduce { .. }) && columns.contains(&(i as u32));
+        n.expr.for_each_operand(|o| any |= from_column[o.index()]);
+        from_column[i] = any;
+        let inner = matches!(place[i], Place::Col(r) | Place::Along(r) if columns.contains(&r));
+        let mut nested = false;
+        n.expr.for_each_operand(|o| nested |= inner && from_column[o.index()]);
+        if nested {
+            return no("a reduction inside a column reduction");
+        }
+        if let Expr::Reduce { .. } = n.expr {
+            if columns.contains(&(i as u32)) && place[i] != Place::Out {
+                return no("a column reduction that is not along the output row");
+            }
+        }
     }
     // Index nodes feed loads only.
     for (i, n) in k.nodes.iter().enumerate() {
@@ -230,15 +270,22 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             (Some(off), Bounds::InBounds) => (off, Vec::new()),
             _ => row_indexed(k, *input, index, *bounds == Bounds::Clamp, &row_var)?,
         };
+        let reduction_var = |r: u32| match &k.node(ExprId(r)).expr {
+            Expr::Reduce { vars, .. } => Some(vars[0].0),
+            _ => None,
+        };
         let axis = match place[i] {
             Place::Out => Some(u),
-            Place::Along(r) => match &k.node(ExprId(r)).expr {
-                Expr::Reduce { vars, .. } => Some(vars[0].0),
-                _ => None,
-            },
+            Place::Along(r) if !columns.contains(&r) => reduction_var(r),
+            Place::Col(_) | Place::Along(_) => Some(u),
             _ => None,
         };
         let step = axis.map_or(0, |a| off.of(a));
+        // In a column reduction's operand, the step per iteration of its variable.
+        let jstride = match place[i] {
+            Place::Col(r) | Place::Along(r) if columns.contains(&r) => reduction_var(r).map_or(0, |w| off.of(w)),
+            _ => 0,
+        };
         // Other steps are gathers, of 32-bit elements (f32, i32, u32).
         let gathers = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
         let in_reach = step.checked_mul(4 * 16).is_some_and(|b| i32::try_from(b).is_ok());
@@ -256,7 +303,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
                 bases.len() - 1
             }
         };
-        loads.insert(i as u32, LoadPlan { base: b, step });
+        loads.insert(i as u32, LoadPlan { base: b, step, jstride });
     }
     let rows = k.vars[..lo as usize].to_vec();
     let stash = stash(k, &place, &free, u);
@@ -333,6 +380,10 @@ fn stash(k: &Kernel, place: &[Place], free: &[Vec<u32>], u: u32) -> Option<(u32,
     }
     for (r, n) in k.nodes.iter().enumerate() {
         let Expr::Reduce { vars, body, .. } = &n.expr else { continue };
+        // (A column reduction runs inside the output loop.)
+        if place[r] != Place::Row {
+            continue;
+        }
         let w = vars[0].0;
         // Only a computed operand is worth a store and a load.
         if k.vars[w as usize] != k.vars[u as usize] || matches!(k.node(*body).expr, Expr::Load { .. } | Expr::Const(_))
@@ -945,9 +996,16 @@ impl Emit<'_> {
             }
             Expr::Load { .. } => {
                 let lp = &self.p.loads[&e.0];
-                let (base, step) = (lp.base, lp.step);
+                let (base, step, jstride) = (lp.base, lp.step, lp.jstride);
                 let r = self.result_reg(&[], v)?;
                 self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+                if jstride != 0 {
+                    // Iteration r11 of the column reduction this operand is in.
+                    let b = jstride.checked_mul(elem_size(self.k, self.p.bases[base].0));
+                    let b = b.and_then(|b| i32::try_from(b).ok()).ok_or_else(|| NotHere("a column stride".into()))?;
+                    self.a.imul_3(rcx, r11, b)?;
+                    self.a.add(rax, rcx)?;
+                }
                 let tail = mask.map(|m| (m, self.tail_lanes));
                 match (node.ty, step) {
                     (ScalarType::Bool, step) => {
@@ -982,24 +1040,19 @@ impl Emit<'_> {
                 // Operands straight from memory (r9, r10 their base pointers).
                 let mut src = [I64Src::Const(0); 2];
                 for (j, (x, reg)) in [(*a, r9), (*b, r10)].into_iter().enumerate() {
-                    src[j] = match self.k.node(x).expr {
-                        Expr::Const(c) => I64Src::Const(c as i64),
-                        _ => {
-                            let lp =
-                                self.p.loads.get(&x.0).ok_or_else(|| NotHere("an i64 load without a plan".into()))?;
-                            let (base, step) = (lp.base, lp.step);
-                            self.a.mov(reg, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
-                            if step == 0 {
-                                I64Src::Broadcast(ptr(reg))
-                            } else {
-                                I64Src::Vector(ptr(reg + r8 * 8))
-                            }
-                        }
-                    };
+                    src[j] = self.i64_src(x, reg)?;
                 }
                 let t = self.scratch(3, v)?;
                 let dst = self.result_reg(&[*a, *b], v)?;
                 self.vx().cmp_i64(*op, dst, src[0], src[1], mask, &t)?;
+                v.pool.extend(t);
+                dst
+            }
+            Expr::Cast { value, .. } if is_i64_to_f32(self.k, e) => {
+                let src = self.i64_src(*value, r9)?;
+                let t = self.scratch(6, v)?;
+                let dst = self.result_reg(&[*value], v)?;
+                self.vx().i64_to_f32(dst, src, mask, &t)?;
                 v.pool.extend(t);
                 dst
             }
@@ -1038,9 +1091,70 @@ impl Emit<'_> {
                 }
                 dst
             }
+            Expr::Reduce { op, vars, body } if self.p.place[e.index()] == Place::Out => {
+                let n = self.k.vars[vars[0].0 as usize];
+                self.column_reduction(e.0, *op, *body, n, v, mask)?
+            }
             _ => return no("an operation without a row form here"),
         };
         Ok(r)
+    }
+
+    /// Column reduction `r` (`op` over `n` values of `body` for each lane of the output
+    /// vector: a sum over a non-innermost axis, `Σ_j x[j, i]`), evaluated inside the
+    /// output loop as a loop over its variable (`r11`) whose operand loads step by their
+    /// `jstride`. Each lane adds its values in the kernel's order (the interpreter's: no
+    /// reassociation); lanes outside the tail mask compute what their loads (0) give and
+    /// are not stored. The accumulator takes a register of `v`'s pool; the operand is
+    /// evaluated with the rest.
+    fn column_reduction(
+        &mut self,
+        r: u32,
+        op: ReduceOp,
+        body: ExprId,
+        n: u64,
+        v: &mut VecEval,
+        mask: Option<Mask>,
+    ) -> R<V> {
+        let acc = self.result_reg(&[], v)?;
+        let init = if op == ReduceOp::Sum { 0u32 } else { f32::NEG_INFINITY.to_bits() };
+        self.vx().mov(acc, Src::C(init))?;
+        // (Output values the operand reads, none from a column reduction, are computed
+        // in the loop too.)
+        let mut inner = self.fresh(&[body], |pl| pl == Place::Col(r) || pl == Place::Along(r) || pl == Place::Out);
+        inner.pool = v.pool.clone();
+        self.a.xor(r11d, r11d)?;
+        let mut top = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        let x = self.eval(body, &mut inner, mask)?;
+        if op == ReduceOp::Sum {
+            self.vx().op(Op::Add, acc, acc, Src::R(x))?;
+        } else {
+            let t = self.scratch(2, &mut inner)?;
+            self.nan_max_min(true, acc, acc, x, [t[0], t[1]])?;
+        }
+        self.a.inc(r11)?;
+        self.a.cmp(r11, i32::try_from(n).map_err(|_| NotHere("a column reduction over 2³¹".into()))?)?;
+        self.a.jb(top)?;
+        Ok(acc)
+    }
+
+    /// An i64 operand read from memory (an i64 comparison's, a conversion's): a
+    /// constant, or load `x` through `reg` (its base pointer, at the element of the
+    /// current vector and, in a column reduction, of iteration r11).
+    fn i64_src(&mut self, x: ExprId, reg: AsmRegister64) -> R<I64Src> {
+        if let Expr::Const(c) = self.k.node(x).expr {
+            return Ok(I64Src::Const(c as i64));
+        }
+        let lp = self.p.loads.get(&x.0).ok_or_else(|| NotHere("an i64 load without a plan".into()))?;
+        let (base, step, jstride) = (lp.base, lp.step, lp.jstride);
+        self.a.mov(reg, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+        if jstride != 0 {
+            let b = jstride.checked_mul(8).and_then(|b| i32::try_from(b).ok());
+            self.a.imul_3(rcx, r11, b.ok_or_else(|| NotHere("a column stride".into()))?)?;
+            self.a.add(reg, rcx)?;
+        }
+        Ok(if step == 0 { I64Src::Broadcast(ptr(reg)) } else { I64Src::Vector(ptr(reg + r8 * 8)) })
     }
 
     /// `n` scratch registers from the pool.

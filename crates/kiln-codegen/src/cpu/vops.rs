@@ -96,6 +96,18 @@ pub(crate) fn is_i64_compare(k: &Kernel, e: ExprId) -> bool {
     op.is_comparison() && k.node(a).ty == S::I64 && operand(a) && operand(b)
 }
 
+/// Whether `e` is a conversion of i64 data to f32 of the form [`Vx::i64_to_f32`] takes:
+/// its operand an in-bounds load of an i64 tensor, or a constant.
+pub(crate) fn is_i64_to_f32(k: &Kernel, e: ExprId) -> bool {
+    let Expr::Cast { value, to: DType::F32, .. } = k.node(e).expr else { return false };
+    k.node(value).ty == S::I64
+        && match &k.node(value).expr {
+            Expr::Const(_) => true,
+            Expr::Load { input, bounds: Bounds::InBounds, .. } => k.inputs[*input as usize].dtype == DType::I64,
+            _ => false,
+        }
+}
+
 /// Whether operation node `e` (a unary, binary, select or cast: loads, constants and
 /// reductions are each emitter's own) has a vector form on `wide` (16-lane) or 8-lane
 /// vectors; `Err` names what has none.
@@ -135,6 +147,7 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
                         | (S::F32 | S::I32 | S::U32 | S::Bool, S::I8 | S::U8)
                 )
                 || (wide && ty_of(*value) == S::U32 && to_ty == S::F32)
+                || (!wide && is_i64_to_f32(k, e))
         }
         _ => false,
     };
@@ -165,6 +178,7 @@ pub(crate) fn op_scratch(k: &Kernel, e: ExprId) -> usize {
         Expr::Unary(op, a) if k.node(*a).ty == S::F32 => vector_scratch(*op),
         Expr::Unary(UnaryOp::Neg, _) => 1,
         Expr::Cast { value, to: DType::I8 | DType::U8, .. } if k.node(*value).ty == S::F32 => 1,
+        Expr::Cast { value, .. } if k.node(*value).ty == S::I64 => 6,
         Expr::Binary(op, a, _) => match (k.node(*a).ty, op) {
             (S::F32, BinaryOp::Max | BinaryOp::Min) => 2,
             (S::U32, op) if op.is_comparison() => 2,
