@@ -856,6 +856,62 @@ fn column_reductions_of_an_i64_mask() {
     }
 }
 
+/// Index lanes: positions along the row as i32 lanes. A concatenation along the row
+/// (`p < A ? a[r, min(p, A − 1)] : b[max(p − A, 0), r]`, the second part transposed, as
+/// fused Concat kernels read their pieces: gathers at computed offsets, a select on a
+/// position mask) and a padding written as index arithmetic (`inside(p − 1) ?
+/// f(x[r, clamp(p − 1)]) : 0` with the row coordinate tested too), over every row
+/// length; the loads stay in bounds by their clamps, and the comparison is exact.
+#[test]
+fn index_lanes() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let rows = 3usize;
+    for len in LENGTHS.into_iter().filter(|&l| l > 1) {
+        let a_len = len / 2 + 1;
+        let b_len = len - a_len;
+        if b_len > 0 {
+            let mut b =
+                KernelBuilder::new("concat", vec![tt(f, &[rows, a_len]), tt(f, &[b_len, rows])], tt(f, &[rows, len]));
+            let o = b.out_index();
+            let p = o[1];
+            let (ca, ca1, zero) = (b.index(a_len as i64), b.index(a_len as i64 - 1), b.index(0));
+            let pa = b.binary(BinaryOp::Min, p, ca1);
+            let la = b.load(0, vec![o[0], pa]);
+            let pb = b.sub(p, ca);
+            let pb = b.binary(BinaryOp::Max, pb, zero);
+            let lb = b.load(1, vec![pb, o[0]]);
+            let c = b.binary(BinaryOp::Lt, p, ca);
+            let r = b.select(c, la, lb);
+            let k = b.finish(r).unwrap();
+            let ins = [cycled(f, &[rows, a_len], 0), cycled(f, &[b_len, rows], 3)];
+            check_vector(&k, &[&ins[0], &ins[1]], EXACT);
+        }
+        // A padding by one on each side of [rows, len − 2], as index arithmetic.
+        let n = len - 2;
+        if n > 0 {
+            let mut b = KernelBuilder::new("pad", vec![tt(f, &[rows, n])], tt(f, &[rows, len]));
+            let o = b.out_index();
+            let (zero, one, last, last_row) = (b.index(0), b.index(1), b.index(n as i64 - 1), b.index(rows as i64 - 1));
+            let q = b.sub(o[1], one);
+            let ge = b.binary(BinaryOp::Ge, q, zero);
+            let le = b.binary(BinaryOp::Le, q, last);
+            let inside = b.binary(BinaryOp::And, ge, le);
+            let row_ok = b.binary(BinaryOp::Le, o[0], last_row);
+            let inside = b.binary(BinaryOp::And, inside, row_ok);
+            let qc = b.binary(BinaryOp::Max, q, zero);
+            let qc = b.binary(BinaryOp::Min, qc, last);
+            let x = b.load(0, vec![o[0], qc]);
+            let two = b.float(ScalarType::F32, 2.0);
+            let v = b.mul(x, two);
+            let fz = b.float(ScalarType::F32, 0.0);
+            let r = b.select(inside, v, fz);
+            let k = b.finish(r).unwrap();
+            check_vector(&k, &[&cycled(f, &[rows, n], 1)], EXACT);
+        }
+    }
+}
+
 /// Output axes joined into one vector axis where every load reads them contiguously:
 /// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
 /// along the run) and an input with its first two axes swapped (contiguous along `c`

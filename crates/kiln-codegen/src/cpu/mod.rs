@@ -478,28 +478,35 @@ fn emit_class(
                     },
                 },
                 (Some(Err(e)), _) => return Err(e),
-                _ => return gemm::no("a movement other than one padded or in-bounds load"),
+                // A select of pieces (a concatenation along the row): a row kernel,
+                // its positions as index lanes.
+                _ => row_kernel(k, options, avx512)?,
             }
         }
         // An elementwise kernel over one gathered load (an activation fused into
         // ConvTranspose's phase interleave), which the general loops would run a
         // scalar at a time with divisions, is a table gather with an epilogue.
-        KernelClass::Elementwise if gather::takes_elementwise(k) => {
-            vector(gather::emit(k)?, "table gather with epilogue (avx2)")
-        }
+        // (An epilogue the gather has no form for: a row kernel, where it is one.)
+        KernelClass::Elementwise if gather::takes_elementwise(k) => match gather::emit(k) {
+            Ok(g) => vector(g, "table gather with epilogue (avx2)"),
+            Err(why) => row_kernel(k, options, avx512).map_err(|_| why)?,
+        },
         // Every other kernel with a vector form of each of its operations is a vector
         // kernel; what has none is left to Cranelift (the reason in its note).
-        KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => {
-            // Some forms have eight lanes only (an i64 conversion): then eight.
-            let r = match rows::emit(k, options.reassociate, avx512) {
-                Err(wide) if avx512 => rows::emit(k, options.reassociate, false).map_err(|_| wide)?,
-                r => r?,
-            };
-            let note = r.note();
-            let bits = if r.wide { 512 } else { 256 };
-            Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits }
-        }
+        KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => row_kernel(k, options, avx512)?,
     }))
+}
+
+/// `k` as a vector kernel of [`rows`]; a kernel with a form that has eight lanes only (an
+/// i64 conversion) takes eight lanes on an AVX-512 target too.
+fn row_kernel(k: &Kernel, options: &Options, avx512: bool) -> Result<Micro, gemm::NotHere> {
+    let r = match rows::emit(k, options.reassociate, avx512) {
+        Err(wide) if avx512 => rows::emit(k, options.reassociate, false).map_err(|_| wide)?,
+        r => r?,
+    };
+    let note = r.note();
+    let bits = if r.wide { 512 } else { 256 };
+    Ok(Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits })
 }
 
 /// Compiles `kernels`, each with its class (`kiln_flow::program::Dispatch::class`), for

@@ -27,6 +27,14 @@
 //! A kernel with a form that has eight lanes only (an i64 conversion to f32) takes eight
 //! lanes on an AVX-512 CPU too.
 //!
+//! **Index lanes.** Index arithmetic that varies along the row — a concatenation's
+//! `p < A ? a[min(p, A − 1)] : b[max(p − A, 0)]`, a padding's inside test — runs as i32
+//! lanes of positions (`r8 + i`, row coordinates from the stack, [`Emit::lane_eval`])
+//! wherever [`lane_form`] bounds every intermediate value within i32: a bool of them is
+//! a vector mask, and a load indexed by them a gather at the offsets they give (in
+//! bounds by the same ranges). Movement kernels that are not one load (a fused Concat)
+//! come here too.
+//!
 //! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
 //! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
 //! coefficients cost a load each, and on this machine's AMD EPYC those loads, not the
@@ -60,7 +68,7 @@ use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
 use kiln_flow::affine::{load_offset, AffineIndex};
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
 use super::asm::{add_imm, enter, leave, Tables};
@@ -101,6 +109,9 @@ struct LoadPlan {
     base: usize,
     step: i64,
     jstride: i64,
+    /// Index terms evaluated as i32 lanes along the row (a concatenation's clamped
+    /// positions): (expression, stride in elements); the load is then a gather.
+    lanes: Vec<(ExprId, i64)>,
 }
 
 struct Plan {
@@ -119,6 +130,9 @@ struct Plan {
     /// Row values that divide values along a row: their reciprocals get a slot, and the
     /// division becomes a multiplication (only where `fast`).
     recip: Vec<u32>,
+    /// Bools computed from indices as vector masks ([`Emit::lane_eval`]: a position
+    /// compared with a concatenation's boundary, a padding's inside test).
+    lane_bool: Vec<bool>,
 }
 
 fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
@@ -251,9 +265,41 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             }
         }
     }
+    // Bools of indices that are values (a select's condition) are lanes of positions
+    // ([`lane_form`]): vector masks.
+    let mut lane_bool = vec![false; k.nodes.len()];
+    for i in 0..k.nodes.len() {
+        let n = &k.nodes[i];
+        let data_use = is_i64_compare(k, ExprId(i as u32)) || is_i64_to_f32(k, ExprId(i as u32));
+        if matches!(n.expr, Expr::Load { .. }) || data_use || place[i] == Place::Index || lane_bool[i] {
+            continue;
+        }
+        let mut ops = Vec::new();
+        n.expr.for_each_operand(|o| ops.push(o));
+        for o in ops {
+            if place[o.index()] != Place::Index || k.node(o).ty != ScalarType::Bool {
+                continue;
+            }
+            if lane_form(k, o, u, lo, 0).is_none() {
+                return no("an index used as a value");
+            }
+            let mut axes: Vec<u32> = free[o.index()].iter().copied().filter(|&v| !is_row(v)).collect();
+            axes.dedup();
+            place[o.index()] = match axes[..] {
+                [] => Place::Row,
+                [v] if v == u => Place::Out,
+                _ => return no("an index used as a value"),
+            };
+            lane_bool[o.index()] = true;
+        }
+    }
     // Index nodes feed loads only.
     for (i, n) in k.nodes.iter().enumerate() {
-        if !matches!(n.expr, Expr::Load { .. }) && !is_i64_compare(k, ExprId(i as u32)) && place[i] != Place::Index {
+        if !matches!(n.expr, Expr::Load { .. })
+            && !is_i64_compare(k, ExprId(i as u32))
+            && place[i] != Place::Index
+            && !lane_bool[i]
+        {
             let mut bad = false;
             n.expr.for_each_operand(|o| bad |= place[o.index()] == Place::Index && n.ty != ScalarType::I64);
             if bad {
@@ -266,10 +312,15 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     for (i, n) in k.nodes.iter().enumerate() {
         let Expr::Load { input, index, bounds } = &n.expr else { continue };
         let row_var = |v: u32| v < lo || k.vars.get(v as usize) == Some(&1);
-        let (off, dynamic) = match (load_offset(k, *input, index), bounds) {
-            (Some(off), Bounds::InBounds) => (off, Vec::new()),
-            _ => row_indexed(k, *input, index, *bounds == Bounds::Clamp, &row_var)?,
+        let lane = |e: ExprId| lane_form(k, e, u, lo, 0);
+        let (off, dynamic, lanes) = match (load_offset(k, *input, index), bounds) {
+            (Some(off), Bounds::InBounds) => (off, Vec::new(), Vec::new()),
+            _ => row_indexed(k, *input, index, *bounds == Bounds::Clamp, &row_var, &lane)?,
         };
+        let gathers32 = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
+        if !lanes.is_empty() && !(gathers32 && place[i] == Place::Out) {
+            return no("a load at a non-affine offset");
+        }
         let reduction_var = |r: u32| match &k.node(ExprId(r)).expr {
             Expr::Reduce { vars, .. } => Some(vars[0].0),
             _ => None,
@@ -303,7 +354,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
                 bases.len() - 1
             }
         };
-        loads.insert(i as u32, LoadPlan { base: b, step, jstride });
+        loads.insert(i as u32, LoadPlan { base: b, step, jstride, lanes });
     }
     let rows = k.vars[..lo as usize].to_vec();
     let stash = stash(k, &place, &free, u);
@@ -319,7 +370,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             }
         }
     }
-    Ok(Plan { place, loads, bases, rows, len, stash, recip })
+    Ok(Plan { place, loads, bases, rows, len, stash, recip, lane_bool })
 }
 
 /// The first output axis of the run `lo..=u` that every load reads contiguously (its
@@ -544,7 +595,8 @@ impl Emit<'_> {
         let vb = self.vx().bytes();
         // Row values that the root needs, in node order.
         let needed = needed(k);
-        let mut off = S_BASE + 8 * self.p.bases.len() as i32;
+        // Bases, then the row coordinates (for index lanes), then row values.
+        let mut off = self.coord_slot(self.p.rows.len());
         off = (off + vb - 1) / vb * vb;
         for (i, &pl) in self.p.place.iter().enumerate() {
             if pl == Place::Row && needed[i] {
@@ -636,6 +688,8 @@ impl Emit<'_> {
             self.a.mov(rcx, self.p.rows[d] as i64)?;
             self.a.div(rcx)?;
             self.a.mov(ROW_COORD[d], rdx)?;
+            let slot = self.coord_slot(d);
+            self.a.mov(qword_ptr(rsp + slot), rdx)?;
         }
         for b in 0..self.p.bases.len() {
             let (binding, off, dynamic) = self.p.bases[b].clone();
@@ -664,6 +718,116 @@ impl Emit<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A load whose index has lane terms ([`LoadPlan::lanes`]): the element offsets
+    /// `step·(r8 + i) + Σ lane·stride` as i32 lanes, then a gather from the row's base.
+    fn lane_load(
+        &mut self,
+        base: usize,
+        step: i64,
+        lanes: &[(ExprId, i64)],
+        v: &mut VecEval,
+        mask: Option<Mask>,
+    ) -> R<V> {
+        let imm = |x: i64| i32::try_from(x).ok().map(|w| w as u32);
+        let idx = v.pool.pop().ok_or_else(|| NotHere("a gather needs more registers".into()))?;
+        let t = self.scratch(1, v)?[0];
+        self.vx().positions(idx)?;
+        let c = imm(step).ok_or_else(|| NotHere("a gather step".into()))?;
+        self.vx().mov(t, Src::C(c))?;
+        self.vx().int3(BinaryOp::Mul, true, idx, idx, t)?;
+        for &(e, stride) in lanes {
+            let x = self.lane_eval(e, v)?;
+            let c = imm(stride).ok_or_else(|| NotHere("a gather stride".into()))?;
+            self.vx().mov(t, Src::C(c))?;
+            let mut vx = self.vx();
+            vx.int3(BinaryOp::Mul, true, x, x, t)?;
+            vx.int3(BinaryOp::Add, true, idx, idx, x)?;
+            v.pool.push(x);
+        }
+        let r = self.result_reg(&[], v)?;
+        self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+        self.vx().gather_at(r, rax, idx, mask, t)?;
+        v.pool.extend([idx, t]);
+        Ok(r)
+    }
+
+    /// The stack slot of row coordinate `d` (after the base pointers).
+    fn coord_slot(&self, d: usize) -> i32 {
+        S_BASE + 8 * (self.p.bases.len() + d) as i32
+    }
+
+    /// Evaluates index expression `e` ([`lane_form`]) as i32 lanes along the row into a
+    /// register of `v`'s pool: the position `r8 + i` for the row's variable, a row
+    /// coordinate from its slot, a bool as a vector mask; operand registers go back to
+    /// the pool.
+    fn lane_eval(&mut self, e: ExprId, v: &mut VecEval) -> R<V> {
+        let node = self.k.node(e).clone();
+        let take = |v: &mut VecEval| v.pool.pop().ok_or_else(|| NotHere("index lanes need more registers".into()));
+        let nrows = self.p.rows.len();
+        let d = match &node.expr {
+            Expr::Const(bits) => {
+                let d = take(v)?;
+                self.vx().mov(d, Src::C(const_word(node.ty, *bits)))?;
+                d
+            }
+            Expr::Var(x) if (x.0 as usize) < nrows => {
+                let d = take(v)?;
+                let slot = self.coord_slot(x.0 as usize);
+                self.vx().broadcast_dword(d, ptr(rsp + slot))?;
+                d
+            }
+            Expr::Var(x) if self.k.vars.get(x.0 as usize) == Some(&1) => {
+                let d = take(v)?;
+                self.vx().mov(d, Src::C(0))?;
+                d
+            }
+            Expr::Var(_) => {
+                let d = take(v)?;
+                self.vx().positions(d)?;
+                d
+            }
+            Expr::Cast { value, .. } => return self.lane_eval(*value, v),
+            Expr::Unary(_, a) => {
+                let x = self.lane_eval(*a, v)?;
+                self.vx().not(x, x)?;
+                x
+            }
+            Expr::Binary(op, a, b) => {
+                let at = self.k.node(*a).ty;
+                let x = self.lane_eval(*a, v)?;
+                let y = self.lane_eval(*b, v)?;
+                let t = self.scratch(2, v)?;
+                let mut vx = self.vx();
+                match op {
+                    BinaryOp::And => vx.op(Op::And, x, x, Src::R(y))?,
+                    BinaryOp::Or => vx.op(Op::Or, x, x, Src::R(y))?,
+                    BinaryOp::Xor => vx.op(Op::Xor, x, x, Src::R(y))?,
+                    BinaryOp::Eq | BinaryOp::Ne if at == ScalarType::Bool => {
+                        vx.op(Op::Xor, x, x, Src::R(y))?;
+                        if *op == BinaryOp::Eq {
+                            vx.not(x, x)?;
+                        }
+                    }
+                    op if op.is_comparison() => vx.int_compare(*op, true, x, x, y, &t)?,
+                    op => vx.int3(*op, true, x, x, y)?,
+                }
+                v.pool.extend(t);
+                v.pool.push(y);
+                x
+            }
+            Expr::Select(c, a, b) => {
+                let rc = self.lane_eval(*c, v)?;
+                let x = self.lane_eval(*a, v)?;
+                let y = self.lane_eval(*b, v)?;
+                self.vx().select(x, rc, x, y)?;
+                v.pool.extend([rc, y]);
+                x
+            }
+            _ => return no("an index without a lane form"),
+        };
+        Ok(d)
     }
 
     /// `rax = clamp(rax, 0, extent − 1)` (rcx clobbered).
@@ -986,6 +1150,11 @@ impl Emit<'_> {
     /// Evaluates an operation node (not a row value from its slot, not the stashed value).
     fn eval_op(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<V> {
         let node = self.k.node(e).clone();
+        if self.p.lane_bool[e.index()] {
+            // (Its index operands are not counted as uses: their lanes are this
+            // evaluation's own.)
+            return self.lane_eval(e, v);
+        }
         let r = match &node.expr {
             Expr::Const(bits) => {
                 // A copy even of a held constant: the register may be reused as a result.
@@ -997,6 +1166,10 @@ impl Emit<'_> {
             Expr::Load { .. } => {
                 let lp = &self.p.loads[&e.0];
                 let (base, step, jstride) = (lp.base, lp.step, lp.jstride);
+                let lanes = lp.lanes.clone();
+                if !lanes.is_empty() {
+                    return self.lane_load(base, step, &lanes, v, mask);
+                }
                 let r = self.result_reg(&[], v)?;
                 self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
                 if jstride != 0 {
@@ -1210,10 +1383,12 @@ fn row_indexed(
     index: &[ExprId],
     clamps: bool,
     row: &impl Fn(u32) -> bool,
-) -> R<(AffineIndex, Vec<RowIndexed>)> {
+    lane: &impl Fn(ExprId) -> Option<(i64, i64)>,
+) -> R<(AffineIndex, Vec<RowIndexed>, Vec<(ExprId, i64)>)> {
     let dims = k.inputs[input as usize].shape.dims();
     let mut flat = AffineIndex { c: 0, coef: vec![0; k.vars.len()] };
     let mut dynamic = Vec::new();
+    let mut lanes = Vec::new();
     let mut stride = 1i64;
     for (d, &e) in index.iter().enumerate().rev() {
         let extent = dims[d] as i64;
@@ -1229,11 +1404,76 @@ fn row_indexed(
                 }
             }
             None if gpr_form(k, e, row, 0) => dynamic.push(RowIndexed { expr: e, stride, extent }),
-            None => return no("a load at a non-affine offset"),
+            // Along the row, as lanes: inside the dimension by its range (a clamped load
+            // too), the offset within 32 bits.
+            None => match lane(e) {
+                Some((lo, hi)) if lo >= 0 && hi < extent && hi.checked_mul(stride).is_some_and(|b| b < 1 << 28) => {
+                    lanes.push((e, stride))
+                }
+                _ => return no("a load at a non-affine offset"),
+            },
         }
         stride = stride.checked_mul(extent).ok_or_else(overflow)?;
     }
-    Ok((flat, dynamic))
+    Ok((flat, dynamic, lanes))
+}
+
+/// The range of index expression `e` evaluated as i32 lanes along the row
+/// ([`Emit::lane_eval`]), where it has that form: constants, the row's position (`u`,
+/// unless axes are joined into it, `lo < u`), row coordinates, axes of one position;
+/// `+ − ×`, min/max, comparisons, bool and/or/xor/not and selects, every intermediate
+/// value within i32 (so i32 lanes compute what the kernel's i64 arithmetic does).
+fn lane_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(i64, i64)> {
+    if depth > GPR_DEPTH {
+        return None;
+    }
+    let node = k.node(e);
+    let r = |x: ExprId| lane_form(k, x, u, lo, depth + 1);
+    let fits = |(a, b): (i64, i64)| (a >= i32::MIN as i64 && b <= i32::MAX as i64).then_some((a, b));
+    let (i64t, boolt) = (ScalarType::I64, ScalarType::Bool);
+    match &node.expr {
+        Expr::Const(b) if node.ty == i64t => fits((*b as i64, *b as i64)),
+        Expr::Const(_) if node.ty == boolt => Some((0, 1)),
+        Expr::Var(v) => {
+            let n = *k.vars.get(v.0 as usize)? as i64;
+            (n == 1 || v.0 < lo || (v.0 == u && lo == u)).then_some(())?;
+            fits((0, n - 1))
+        }
+        Expr::Cast { value, to: DType::I64, .. } if k.node(*value).ty == i64t => r(*value),
+        Expr::Unary(UnaryOp::Not, a) if node.ty == boolt => r(*a).map(|_| (0, 1)),
+        Expr::Binary(op, a, b) => {
+            let at = k.node(*a).ty;
+            let (x, y) = (r(*a)?, r(*b)?);
+            if (op.is_comparison() && at == i64t)
+                || (at == boolt
+                    && matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Eq | BinaryOp::Ne))
+            {
+                return Some((0, 1));
+            }
+            if at != i64t {
+                return None;
+            }
+            let v = match op {
+                BinaryOp::Add => (x.0.checked_add(y.0)?, x.1.checked_add(y.1)?),
+                BinaryOp::Sub => (x.0.checked_sub(y.1)?, x.1.checked_sub(y.0)?),
+                BinaryOp::Mul => {
+                    let c =
+                        [x.0.checked_mul(y.0)?, x.0.checked_mul(y.1)?, x.1.checked_mul(y.0)?, x.1.checked_mul(y.1)?];
+                    (*c.iter().min()?, *c.iter().max()?)
+                }
+                BinaryOp::Min => (x.0.min(y.0), x.1.min(y.1)),
+                BinaryOp::Max => (x.0.max(y.0), x.1.max(y.1)),
+                _ => return None,
+            };
+            fits(v)
+        }
+        Expr::Select(c, a, b) if node.ty == i64t || node.ty == boolt => {
+            r(*c)?;
+            let (x, y) = (r(*a)?, r(*b)?);
+            Some((x.0.min(y.0), x.1.max(y.1)))
+        }
+        _ => None,
+    }
 }
 
 /// `min(max(x, lo), hi)` (or `max(min(x, hi), lo)`) of an affine `x` whose range lies

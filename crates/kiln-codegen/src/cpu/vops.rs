@@ -275,7 +275,7 @@ impl Vx<'_> {
     }
 
     /// A three-operand integer instruction on registers of the width in use.
-    fn int3(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V) -> R<()> {
+    pub fn int3(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V) -> R<()> {
         use BinaryOp as B;
         macro_rules! both {
             ($ins:ident) => {
@@ -300,7 +300,7 @@ impl Vx<'_> {
 
     /// `d = x op y` as a vector mask, on i32 (`signed`) or u32 lanes; `t` is scratch
     /// (two registers for u32 on eight lanes).
-    fn int_compare(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V, t: &[V]) -> R<()> {
+    pub fn int_compare(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V, t: &[V]) -> R<()> {
         use BinaryOp as B;
         if self.wide {
             if signed {
@@ -525,6 +525,51 @@ impl Vx<'_> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// `d` = the 32-bit elements at `base + 4·idx[i]` for lanes `i` (`idx`: element
+    /// offsets in i32 lanes), by `vgatherdps`; a tail mask reads only its lanes, the
+    /// others are 0. `m`: scratch on eight lanes (the gather's mask); on sixteen, opmask
+    /// `k7` is clobbered.
+    pub fn gather_at(&mut self, d: V, base: AsmRegister64, idx: V, tail: Option<Mask>, m: V) -> R<()> {
+        if self.wide {
+            self.a.vpxord(z(d), z(d), z(d))?;
+            match tail {
+                None => self.a.kxnorw(k7, k0, k0)?,
+                Some(tm) => self.a.kmovw(k7, kreg(tm))?,
+            }
+            self.a.vgatherdps(z(d).k7(), ptr(base + z(idx) * 4))?;
+        } else {
+            self.a.vpxor(y(d), y(d), y(d))?;
+            match tail {
+                None => self.a.vpcmpeqd(y(m), y(m), y(m))?,
+                Some(tm) => self.a.vmovaps(y(m), y(V(tm.0)))?,
+            }
+            self.a.vgatherdps_3(y(d), ptr(base + y(idx) * 4), y(m))?;
+        }
+        Ok(())
+    }
+
+    /// `d` = `r8 + i` in lane `i` (a position along the row); `d` only.
+    pub fn positions(&mut self, d: V) -> R<()> {
+        let iota: Vec<u32> = (0..self.lanes() as u32).collect();
+        let l = self.t.words(self.a, &iota);
+        let x = XMM[d.0 as usize];
+        self.a.vmovd(x, r8d)?;
+        if self.wide {
+            self.a.vpbroadcastd(z(d), x)?;
+            self.a.vpaddd(z(d), z(d), zmmword_ptr(l))?;
+        } else {
+            self.a.vpbroadcastd(y(d), x)?;
+            self.a.vpaddd(y(d), y(d), ymmword_ptr(l))?;
+        }
+        Ok(())
+    }
+
+    /// `d` = the 32-bit integer at `at` in every lane.
+    pub fn broadcast_dword(&mut self, d: V, at: AsmMemoryOperand) -> R<()> {
+        at_width!(self, vpbroadcastd(d; dword_ptr(at)));
         Ok(())
     }
 
