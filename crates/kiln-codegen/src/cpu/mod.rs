@@ -465,6 +465,13 @@ fn emit_class(
                 (None, Expr::Load { bounds: Bounds::Pad(_), .. }) => vector(pad::emit(k)?, "padding copy (avx)"),
                 (declined, Expr::Load { bounds: Bounds::InBounds, .. }) => match copy::emit(k) {
                     Ok(c) => vector(c, "affine copy (avx)"),
+                    // A declined table copy with rows too short for a copy (a strided
+                    // Slice of a `[.., n, 1]` tensor): a row kernel along the innermost
+                    // axis longer than one, rather than a gather per short row (4.5×
+                    // slower on magika's slices).
+                    Err(gemm::NotHere(_)) if declined.is_some() && row_kernel(k, options, avx512).is_ok() => {
+                        row_kernel(k, options, avx512)?
+                    }
                     Err(gemm::NotHere(why)) => match gather::emit(k) {
                         Ok(g) => vector(g, "table gather (avx2)"),
                         Err(gemm::NotHere(also)) => {
