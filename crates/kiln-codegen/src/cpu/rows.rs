@@ -318,7 +318,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             _ => row_indexed(k, *input, index, *bounds == Bounds::Clamp, &row_var, &lane)?,
         };
         let gathers32 = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
-        if !lanes.is_empty() && !(gathers32 && place[i] == Place::Out) {
+        if !(lanes.is_empty() || gathers32 && place[i] == Place::Out) {
             return no("a load at a non-affine offset");
         }
         let reduction_var = |r: u32| match &k.node(ExprId(r)).expr {
@@ -1384,7 +1384,7 @@ fn row_indexed(
     clamps: bool,
     row: &impl Fn(u32) -> bool,
     lane: &impl Fn(ExprId) -> Option<(i64, i64)>,
-) -> R<(AffineIndex, Vec<RowIndexed>, Vec<(ExprId, i64)>)> {
+) -> R<SplitOffset> {
     let dims = k.inputs[input as usize].shape.dims();
     let mut flat = AffineIndex { c: 0, coef: vec![0; k.vars.len()] };
     let mut dynamic = Vec::new();
@@ -1495,6 +1495,10 @@ fn clamped_affine(k: &Kernel, e: ExprId) -> Option<AffineIndex> {
     let (l, h) = a.range(k)?;
     (l >= lo && h <= hi).then_some(a)
 }
+
+/// A load's offset taken apart ([`row_indexed`]): the affine part, the row-indexed terms
+/// and the lane terms (expression, stride).
+type SplitOffset = (AffineIndex, Vec<RowIndexed>, Vec<(ExprId, i64)>);
 
 fn overflow() -> NotHere {
     NotHere("offset overflow".into())
