@@ -23,7 +23,6 @@ use common::{import_options, listed_models, model_path};
 /// count here).
 const KNOWN_SCALAR: &[(&str, usize)] = &[
     ("general (a load that strides along the row)", 1),
-    ("general (a load that may fall outside its input)", 1),
     ("general (an index used as a value)", 1),
     ("general (a i64 output (f32, i32 or u32 lanes here))", 2),
     ("general (a bool output (f32, i32 or u32 lanes here))", 1),

@@ -912,6 +912,39 @@ fn index_lanes() {
     }
 }
 
+/// Padded loads in a row kernel (`Bounds::Pad`), checked per lane where the index may
+/// leave the input: a shift along the row past both ends (`x[r, j − 2]`, pad 7.5), a
+/// row shift that pads whole rows (`y[r − 1, j]`, pad 0), and an index that leaves a
+/// dimension of one position (`z[r, j, max(r − 1, 0)]`, as fused Pad chains read),
+/// over every row length; exact.
+#[test]
+fn padded_loads() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let rows = 3usize;
+    for len in LENGTHS.into_iter().filter(|&l| l > 3) {
+        let n = len - 3;
+        let mut b = KernelBuilder::new(
+            "padded",
+            vec![tt(f, &[rows, n]), tt(f, &[rows, len]), tt(f, &[rows, len, 1])],
+            tt(f, &[rows, len]),
+        );
+        let o = b.out_index();
+        let (one, two, zero) = (b.index(1), b.index(2), b.index(0));
+        let j2 = b.sub(o[1], two);
+        let x = b.load_with(0, vec![o[0], j2], kiln_flow::Bounds::Pad(7.5f32.to_bits() as u64));
+        let r1 = b.sub(o[0], one);
+        let y = b.load_with(1, vec![r1, o[1]], kiln_flow::Bounds::Pad(0));
+        let m = b.binary(BinaryOp::Max, r1, zero);
+        let z = b.load_with(2, vec![o[0], o[1], m], kiln_flow::Bounds::Pad(0));
+        let s = b.add(x, y);
+        let r = b.add(s, z);
+        let k = b.finish(r).unwrap();
+        let ins = [cycled(f, &[rows, n], 0), cycled(f, &[rows, len], 3), cycled(f, &[rows, len, 1], 5)];
+        check_vector(&k, &[&ins[0], &ins[1], &ins[2]], EXACT);
+    }
+}
+
 /// Output axes joined into one vector axis where every load reads them contiguously:
 /// an `[a, b, c]` elementwise kernel with a full input, a per-`a` input (untouched
 /// along the run) and an input with its first two axes swapped (contiguous along `c`

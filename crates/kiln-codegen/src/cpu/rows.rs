@@ -33,7 +33,9 @@
 //! wherever [`lane_form`] bounds every intermediate value within i32: a bool of them is
 //! a vector mask, and a load indexed by them a gather at the offsets they give (in
 //! bounds by the same ranges). Movement kernels that are not one load (a fused Concat)
-//! come here too.
+//! come here too. A padded load (`Bounds::Pad`) whose index may leave its input checks
+//! those dimensions' lanes the same way: lanes outside read nothing (the gather's mask)
+//! and take the pad value.
 //!
 //! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
 //! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
@@ -111,7 +113,20 @@ struct LoadPlan {
     jstride: i64,
     /// Index terms evaluated as i32 lanes along the row (a concatenation's clamped
     /// positions): (expression, stride in elements); the load is then a gather.
-    lanes: Vec<(ExprId, i64)>,
+    lanes: Vec<LaneTerm>,
+    /// The value of a `Pad` load outside its input (where a lane term is checked).
+    pad: u32,
+}
+
+/// A term of a load's offset evaluated as i32 lanes ([`Emit::lane_eval`]): index
+/// expression `expr` of a dimension of `stride` elements; `check`: the dimension's extent
+/// where the index may leave it (a `Pad` load: lanes outside read nothing and take the
+/// pad value).
+#[derive(Clone, Copy, Debug)]
+struct LaneTerm {
+    expr: ExprId,
+    stride: i64,
+    check: Option<i64>,
 }
 
 struct Plan {
@@ -234,6 +249,10 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
                     return no(format!("a load of {}", d.name()));
                 }
             }
+            // A padded load of 32-bit elements: checked per lane where it may leave its
+            // input (below).
+            Expr::Load { bounds: Bounds::Pad(_), input, .. }
+                if matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32) => {}
             Expr::Load { .. } => return no("a load that may fall outside its input"),
             _ => op_form(k, ExprId(i as u32), wide).map_err(NotHere)?,
         }
@@ -315,10 +334,10 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         let lane = |e: ExprId| lane_form(k, e, u, lo, 0);
         let (off, dynamic, lanes) = match (load_offset(k, *input, index), bounds) {
             (Some(off), Bounds::InBounds) => (off, Vec::new(), Vec::new()),
-            _ => row_indexed(k, *input, index, *bounds == Bounds::Clamp, &row_var, &lane)?,
+            _ => row_indexed(k, *input, index, *bounds, &row_var, &lane)?,
         };
         let gathers32 = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
-        if !(lanes.is_empty() || gathers32 && place[i] == Place::Out) {
+        if !(lanes.is_empty() || gathers32 && matches!(place[i], Place::Out | Place::Row)) {
             return no("a load at a non-affine offset");
         }
         let reduction_var = |r: u32| match &k.node(ExprId(r)).expr {
@@ -354,7 +373,11 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
                 bases.len() - 1
             }
         };
-        loads.insert(i as u32, LoadPlan { base: b, step, jstride, lanes });
+        let pad = match bounds {
+            Bounds::Pad(bits) => *bits as u32,
+            _ => 0,
+        };
+        loads.insert(i as u32, LoadPlan { base: b, step, jstride, lanes, pad });
     }
     let rows = k.vars[..lo as usize].to_vec();
     let stash = stash(k, &place, &free, u);
@@ -721,25 +744,47 @@ impl Emit<'_> {
     }
 
     /// A load whose index has lane terms ([`LoadPlan::lanes`]): the element offsets
-    /// `step·(r8 + i) + Σ lane·stride` as i32 lanes, then a gather from the row's base.
+    /// `step·(r8 + i) + Σ lane·stride` as i32 lanes, then a gather from the row's base;
+    /// where a term is checked (a `Pad` load), lanes whose index leaves its dimension
+    /// read nothing and take the pad value.
     fn lane_load(
         &mut self,
         base: usize,
         step: i64,
-        lanes: &[(ExprId, i64)],
+        lanes: &[LaneTerm],
+        pad: u32,
         v: &mut VecEval,
         mask: Option<Mask>,
     ) -> R<V> {
         let imm = |x: i64| i32::try_from(x).ok().map(|w| w as u32);
         let idx = v.pool.pop().ok_or_else(|| NotHere("a gather needs more registers".into()))?;
-        let t = self.scratch(1, v)?[0];
+        let t = self.scratch(2, v)?;
+        let (t, t2) = (t[0], t[1]);
+        // The lanes inside every checked dimension (all ones until one is checked).
+        let inside = if lanes.iter().any(|l| l.check.is_some()) { Some(self.scratch(1, v)?[0]) } else { None };
+        if let Some(m) = inside {
+            self.vx().mov(m, Src::C(u32::MAX))?;
+        }
         self.vx().positions(idx)?;
         let c = imm(step).ok_or_else(|| NotHere("a gather step".into()))?;
         self.vx().mov(t, Src::C(c))?;
         self.vx().int3(BinaryOp::Mul, true, idx, idx, t)?;
-        for &(e, stride) in lanes {
-            let x = self.lane_eval(e, v)?;
-            let c = imm(stride).ok_or_else(|| NotHere("a gather stride".into()))?;
+        for l in lanes {
+            let x = self.lane_eval(l.expr, v)?;
+            if let (Some(extent), Some(m)) = (l.check, inside) {
+                // 0 ≤ x < extent: x > −1 and extent > x.
+                let scratch = self.scratch(2, v)?;
+                let mut vx = self.vx();
+                vx.mov(t, Src::C(u32::MAX))?;
+                vx.int_compare(BinaryOp::Gt, true, t2, x, t, &scratch)?;
+                vx.op(Op::And, m, m, Src::R(t2))?;
+                let e = imm(extent).ok_or_else(|| NotHere("a padded extent".into()))?;
+                vx.mov(t, Src::C(e))?;
+                vx.int_compare(BinaryOp::Lt, true, t2, x, t, &scratch)?;
+                vx.op(Op::And, m, m, Src::R(t2))?;
+                v.pool.extend(scratch);
+            }
+            let c = imm(l.stride).ok_or_else(|| NotHere("a gather stride".into()))?;
             self.vx().mov(t, Src::C(c))?;
             let mut vx = self.vx();
             vx.int3(BinaryOp::Mul, true, x, x, t)?;
@@ -748,8 +793,32 @@ impl Emit<'_> {
         }
         let r = self.result_reg(&[], v)?;
         self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
-        self.vx().gather_at(r, rax, idx, mask, t)?;
-        v.pool.extend([idx, t]);
+        match inside {
+            None => self.vx().gather_at(r, rax, idx, mask, t)?,
+            Some(m) => {
+                // The gather's mask: inside, and within the tail.
+                let gm = if self.wide {
+                    self.a.vptestmd(k7, zmm_of(m), zmm_of(m))?;
+                    if let Some(tm) = mask {
+                        self.a.kandw(k7, k7, k_of(tm))?;
+                    }
+                    Mask(7)
+                } else {
+                    self.vx().mov(t2, Src::R(m))?;
+                    if let Some(tm) = mask {
+                        self.vx().op(Op::And, t2, t2, Src::R(V(tm.0)))?;
+                    }
+                    Mask(t2.0)
+                };
+                self.vx().gather_at(r, rax, idx, Some(gm), t)?;
+                if pad != 0 {
+                    self.vx().mov(t, Src::C(pad))?;
+                    self.vx().select(r, m, r, t)?;
+                }
+                v.pool.push(m);
+            }
+        }
+        v.pool.extend([idx, t, t2]);
         Ok(r)
     }
 
@@ -1166,9 +1235,9 @@ impl Emit<'_> {
             Expr::Load { .. } => {
                 let lp = &self.p.loads[&e.0];
                 let (base, step, jstride) = (lp.base, lp.step, lp.jstride);
-                let lanes = lp.lanes.clone();
+                let (lanes, pad) = (lp.lanes.clone(), lp.pad);
                 if !lanes.is_empty() {
-                    return self.lane_load(base, step, &lanes, v, mask);
+                    return self.lane_load(base, step, &lanes, pad, v, mask);
                 }
                 let r = self.result_reg(&[], v)?;
                 self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
@@ -1336,6 +1405,16 @@ impl Emit<'_> {
     }
 }
 
+/// The `zmm` register of `v`.
+fn zmm_of(v: V) -> AsmRegisterZmm {
+    super::vector::z(v)
+}
+
+/// The opmask register of `m`.
+fn k_of(m: Mask) -> AsmRegisterK {
+    super::vector::k(m)
+}
+
 /// The row coordinates while a row's bases are computed ([`Emit::bases`]): registers,
 /// since coordinates on the stack after the bases would need room (up to 8 row
 /// variables).
@@ -1381,10 +1460,21 @@ fn row_indexed(
     k: &Kernel,
     input: u32,
     index: &[ExprId],
-    clamps: bool,
+    bounds: Bounds,
     row: &impl Fn(u32) -> bool,
     lane: &impl Fn(ExprId) -> Option<(i64, i64)>,
 ) -> R<SplitOffset> {
+    let clamps = bounds == Bounds::Clamp;
+    let pads = matches!(bounds, Bounds::Pad(_));
+    // An index that may leave its dimension of a padded load: a checked lane term.
+    let checked = |e: ExprId, stride: i64, extent: i64| -> R<LaneTerm> {
+        match lane(e) {
+            Some((lo, hi)) if pads && lo.abs().max(hi.abs()).checked_mul(stride).is_some_and(|b| b < 1 << 28) => {
+                Ok(LaneTerm { expr: e, stride, check: Some(extent) })
+            }
+            _ => no("a load that may fall outside its input"),
+        }
+    };
     let dims = k.inputs[input as usize].shape.dims();
     let mut flat = AffineIndex { c: 0, coef: vec![0; k.vars.len()] };
     let mut dynamic = Vec::new();
@@ -1398,17 +1488,23 @@ fn row_indexed(
                 if clamps && !inside {
                     return no("a load that may fall outside its input");
                 }
+                if pads && !inside {
+                    lanes.push(checked(e, stride, extent)?);
+                    stride = stride.checked_mul(extent).ok_or_else(overflow)?;
+                    continue;
+                }
                 flat.c = a.c.checked_mul(stride).and_then(|x| x.checked_add(flat.c)).ok_or_else(overflow)?;
                 for (f, c) in flat.coef.iter_mut().zip(&a.coef) {
                     *f = c.checked_mul(stride).and_then(|x| x.checked_add(*f)).ok_or_else(overflow)?;
                 }
             }
+            None if pads => lanes.push(checked(e, stride, extent)?),
             None if gpr_form(k, e, row, 0) => dynamic.push(RowIndexed { expr: e, stride, extent }),
             // Along the row, as lanes: inside the dimension by its range (a clamped load
             // too), the offset within 32 bits.
             None => match lane(e) {
                 Some((lo, hi)) if lo >= 0 && hi < extent && hi.checked_mul(stride).is_some_and(|b| b < 1 << 28) => {
-                    lanes.push((e, stride))
+                    lanes.push(LaneTerm { expr: e, stride, check: None })
                 }
                 _ => return no("a load at a non-affine offset"),
             },
@@ -1498,7 +1594,7 @@ fn clamped_affine(k: &Kernel, e: ExprId) -> Option<AffineIndex> {
 
 /// A load's offset taken apart ([`row_indexed`]): the affine part, the row-indexed terms
 /// and the lane terms (expression, stride).
-type SplitOffset = (AffineIndex, Vec<RowIndexed>, Vec<(ExprId, i64)>);
+type SplitOffset = (AffineIndex, Vec<RowIndexed>, Vec<LaneTerm>);
 
 fn overflow() -> NotHere {
     NotHere("offset overflow".into())

@@ -350,10 +350,10 @@ impl Vx<'_> {
                     (Some(t), false) => {
                         // The 32-bit lane mask's half, widened to 64-bit lanes.
                         if h == 0 {
-                            self.a.vpmovsxdq(y(q), XMM[t.0 as usize])?;
+                            self.a.vpmovsxdq(y(q), xmm(V(t.0))?)?;
                         } else {
-                            self.a.vextracti128(XMM[q.0 as usize], y(V(t.0)), 1)?;
-                            self.a.vpmovsxdq(y(q), XMM[q.0 as usize])?;
+                            self.a.vextracti128(xmm(q)?, y(V(t.0)), 1)?;
+                            self.a.vpmovsxdq(y(q), xmm(q)?)?;
                         }
                         self.a.vpmaskmovq(y(d), y(q), m)?;
                     }
@@ -516,7 +516,7 @@ impl Vx<'_> {
                     self.a.or(acc, piece)?;
                     o += size as i32;
                 }
-                let x = XMM[d.0 as usize];
+                let x = xmm(d)?;
                 self.a.vmovq(x, acc)?;
                 if signed {
                     self.a.vpmovsxbd(y(d), x)?
@@ -555,12 +555,13 @@ impl Vx<'_> {
     pub fn positions(&mut self, d: V) -> R<()> {
         let iota: Vec<u32> = (0..self.lanes() as u32).collect();
         let l = self.t.words(self.a, &iota);
-        let x = XMM[d.0 as usize];
-        self.a.vmovd(x, r8d)?;
         if self.wide {
-            self.a.vpbroadcastd(z(d), x)?;
+            // (From the general register: zmm16–31 have no VEX-encodable xmm half.)
+            self.a.vpbroadcastd(z(d), r8d)?;
             self.a.vpaddd(z(d), z(d), zmmword_ptr(l))?;
         } else {
+            let x = xmm(d)?;
+            self.a.vmovd(x, r8d)?;
             self.a.vpbroadcastd(y(d), x)?;
             self.a.vpaddd(y(d), y(d), ymmword_ptr(l))?;
         }
@@ -640,11 +641,11 @@ impl Vx<'_> {
         } else {
             self.a.movzx(g32, byte_ptr(at))?;
         }
-        let x = XMM[d.0 as usize];
-        self.a.vmovd(x, g32)?;
         if self.wide {
-            self.a.vpbroadcastd(z(d), x)?;
+            self.a.vpbroadcastd(z(d), g32)?;
         } else {
+            let x = xmm(d)?;
+            self.a.vmovd(x, g32)?;
             self.a.vpbroadcastd(y(d), x)?;
         }
         Ok(())
@@ -664,6 +665,9 @@ impl Vx<'_> {
             return Err(NotHere("an i64 conversion on sixteen lanes".into()));
         }
         let [q, t1, t2, t3, t4, t5] = [t[0], t[1], t[2], t[3], t[4], t[5]];
+        if [d, q, t1, t2, t3, t4, t5].iter().any(|r| r.0 >= 16) {
+            return Err(NotHere("an i64 conversion in a register without an xmm half".into()));
+        }
         let x = |v: V| XMM[v.0 as usize];
         let two32 = self.t.words(self.a, &[0, 0x41F0_0000, 0, 0x41F0_0000, 0, 0x41F0_0000, 0, 0x41F0_0000]);
         let one = self.t.words(self.a, &[1, 0, 1, 0, 1, 0, 1, 0]);
@@ -881,4 +885,9 @@ fn gpr32_of(r: AsmRegister64) -> R<AsmRegister32> {
         (r15, r15d),
     ];
     PAIRS.iter().find(|p| p.0 == r).map(|p| p.1).ok_or_else(|| NotHere("a general register".into()))
+}
+
+/// The `xmm` half of vector register `v` (VEX-encodable: `v` below 16).
+fn xmm(v: V) -> R<AsmRegisterXmm> {
+    XMM.get(v.0 as usize).copied().ok_or_else(|| NotHere("a register without a VEX xmm half".into()))
 }
