@@ -61,7 +61,13 @@ fn paddings_match_the_interpreter() {
 /// `out[q] = x[Σ_d coef[d]·q_d + c]` over `x` flattened (in bounds), through a rank-1
 /// view: `x` is read at the flat offset, so any affine map is expressible.
 fn copy(in_len: usize, out_dims: &[usize], coef: &[i64], c: i64) -> Kernel {
-    let mut b = KernelBuilder::new("copy", vec![tt(&[in_len])], tt(out_dims));
+    copy_of(DType::F32, in_len, out_dims, coef, c)
+}
+
+/// [`copy`] of elements of dtype `d`.
+fn copy_of(d: DType, in_len: usize, out_dims: &[usize], coef: &[i64], c: i64) -> Kernel {
+    let t = |dims: &[usize]| TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
+    let mut b = KernelBuilder::new("copy", vec![t(&[in_len])], t(out_dims));
     let q = b.out_index();
     let mut at: ExprId = b.index(c);
     for (d, &k) in coef.iter().enumerate() {
@@ -111,5 +117,65 @@ fn affine_copies_match_the_interpreter() {
                 assert_eq!(got.bytes(), want.bytes(), "{dims:?} {coef:?} splits {splits} reversed {reversed}");
             }
         }
+    }
+}
+
+/// Affine copies of 8-byte elements (i64), moved as pairs of 4-byte units: strided row
+/// picks, broadcast rows and crops over row widths 2 to 35 (4 to 70 units: tails of
+/// every length), bit for bit, ranges run in order and last first. The values are i64
+/// specials (the extremes, values across the 32-bit boundary).
+#[test]
+fn i64_copies_match_the_interpreter() {
+    require_avx2_fma!(", so the copy kernel is not used");
+    let mut cases: Vec<(Vec<usize>, Vec<i64>, i64)> =
+        vec![(vec![7, 13], vec![2 * 20, 1], 5), (vec![3, 4, 9], vec![0, 0, 1], 2)];
+    for w in [2usize, 3, 4, 5, 8, 9, 17, 35] {
+        cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
+    }
+    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+    for (dims, coef, c) in cases {
+        let last: i64 = c + dims.iter().zip(&coef).map(|(&d, &k)| (d as i64 - 1) * k).sum::<i64>();
+        let in_len = last as usize + 1;
+        let k = copy_of(DType::I64, in_len, &dims, &coef, c);
+        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+        assert_eq!(m.notes[0], "affine copy (avx)", "{dims:?}");
+        let s = specials(DType::I64);
+        let bits: Vec<u64> = (0..in_len).map(|i| s[(i * 5) % s.len()]).collect();
+        let x = tensor_bits(DType::I64, &[in_len], &bits);
+        let want = kiln_flow::interp::run(&k, &[&x]).unwrap();
+        for splits in [1, 3, 7] {
+            for reversed in [false, true] {
+                let got = run_compiled_in(&k, &[&x], &cfg, splits, reversed);
+                assert_eq!(got.bytes(), want.bytes(), "{dims:?} {coef:?} splits {splits} reversed {reversed}");
+            }
+        }
+    }
+}
+
+/// A slice along an axis before the last two (`x[:, :, 100:119, :]` of a
+/// `[1, C, 119, 1]` map, and of `[2, C, 30, 6]`): a table copy the resampling emitter
+/// declines (it resamples the last two axes only), taken by a vector form instead: an
+/// affine copy (rows of 6 elements), or a row kernel along the sliced axis (rows of one
+/// element, shorter than a copy's 4).
+#[test]
+fn outer_axis_slices_are_affine_copies() {
+    require_avx2_fma!(", so the copy kernel is not used");
+    for (n, c, h, w, from, len) in [(1usize, 128usize, 119usize, 1usize, 100i64, 19usize), (2, 5, 30, 6, 7, 11)] {
+        let mut b = KernelBuilder::new("slice", vec![tt(&[n, c, h, w])], tt(&[n, c, len, w]));
+        let q = b.out_index();
+        let f = b.index(from);
+        let y = b.add(q[2], f);
+        // (Axes of one position read at index 0, as lowered slices read them.)
+        let (n0, w0) = if n == 1 { (b.index(0), b.index(0)) } else { (q[0], q[3]) };
+        let w0 = if w == 1 { w0 } else { q[3] };
+        let v = b.load(0, vec![n0, q[1], y, w0]);
+        let k = b.finish(v).unwrap();
+        let x = random_f32(&[n, c, h, w], 1.0, 9);
+        for cfg in microkernel_variants(false) {
+            let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            let want = if w == 1 { "row kernel" } else { "affine copy (avx)" };
+            assert!(m.notes[0].starts_with(want), "{n}x{c}x{h}x{w}: {}", m.notes[0]);
+        }
+        check_with(&k, &[&x], EXACT, &microkernel_variants(false));
     }
 }

@@ -3,8 +3,8 @@
 //! up- and downscales (integer and not), every mode, coordinate transformation and
 //! nearest rounding, antialiasing, exclude_outside, tf_crop_and_resize extrapolation, and
 //! several dtypes. Every case also states which path it must take: the resampling
-//! emitter, or (a form it declines) the general path, so a test cannot pass by quietly
-//! falling back.
+//! emitter, or (a form it declines) the table gather or the general path, so a test
+//! cannot pass by quietly falling back.
 //!
 //! Bounds. A table copy (nearest) moves bits: exact. An interpolation uses the kernel's
 //! own f32 weights (tabulated from its nodes by the interpreter) but combines the rows
@@ -115,9 +115,21 @@ fn axis_bound(a: &Axis) -> (f64, usize) {
     }
 }
 
+/// The path a case must take.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Want {
+    /// The resampling emitter (an interpolation or a table copy).
+    Resampling,
+    /// A table copy it declines, taken by the table gather (`cpu::gather`).
+    Gather,
+    /// An interpolation it declines: the general path.
+    General,
+}
+
 /// Runs `k` on `x` under the speed configurations and checks it against the interpreter
-/// (see the module docs for the bound); `fast`: it must take the resampling emitter.
-fn check_kernel(k: &Kernel, x: &Tensor, fast: bool) {
+/// (see the module docs for the bound) after checking that it took path `must`.
+fn check_kernel(k: &Kernel, x: &Tensor, must: Want) {
+    let fast = must == Want::Resampling;
     let want = interp::run(k, &[x]).unwrap_or_else(|e| panic!("interp: {e}"));
     let r = Resample::of(k);
     if fast {
@@ -137,11 +149,12 @@ fn check_kernel(k: &Kernel, x: &Tensor, fast: bool) {
     };
     for cfg in speed() {
         let path = note(k, &cfg);
-        if fast {
-            assert!(path.starts_with("resampling") || path.starts_with("table copy"), "path {path}\n{k}");
-        } else {
-            assert!(path.starts_with("general"), "path {path}\n{k}");
-        }
+        let took = match must {
+            Want::Resampling => path.starts_with("resampling") || path.starts_with("table copy"),
+            Want::Gather => path.starts_with("table gather"),
+            Want::General => path.starts_with("general"),
+        };
+        assert!(took, "path {path}, want {must:?}\n{k}");
         for splits in [1, 3, 7] {
             let got = run_compiled(k, &[x], &cfg, splits);
             if tol == 0.0 {
@@ -189,14 +202,14 @@ fn nearest_every_mode_and_transform() {
                 // An affine index map (2× asymmetric floor, a plain copy) is an affine
                 // copy or a general kernel, not a table.
                 if Resample::of(&k).is_some() {
-                    check_kernel(&k, &x, true);
+                    check_kernel(&k, &x, Want::Resampling);
                 }
             }
             let x = data(DType::F32, &[1, 2, 5, 4], 9);
             for sz in [[1, 2, 7, 3], [1, 2, 2, 9], [1, 2, 1, 1], [1, 2, 17, 13]] {
                 let k = lower(&o, &x, ctm, None, Some(&sz));
                 if Resample::of(&k).is_some() {
-                    check_kernel(&k, &x, true);
+                    check_kernel(&k, &x, Want::Resampling);
                 }
             }
         }
@@ -204,9 +217,9 @@ fn nearest_every_mode_and_transform() {
     // The common forms do take the table path.
     let x = data(DType::F32, &[1, 4, 7, 17], 3);
     let o = op(&[("coordinate_transformation_mode", s("half_pixel"))]);
-    check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 1.5, 0.6]), None), &x, true);
+    check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 1.5, 0.6]), None), &x, Want::Resampling);
     let o = op(&[("coordinate_transformation_mode", s("asymmetric")), ("nearest_mode", s("floor"))]);
-    check_kernel(&lower(&o, &x, "asymmetric", Some(&[1.0, 1.0, 2.0, 2.0]), None), &x, true);
+    check_kernel(&lower(&o, &x, "asymmetric", Some(&[1.0, 1.0, 2.0, 2.0]), None), &x, Want::Resampling);
 }
 
 #[test]
@@ -216,7 +229,7 @@ fn nearest_dtypes() {
     let o2 = op(&[("coordinate_transformation_mode", s("half_pixel"))]);
     for dt in [DType::F32, DType::I32, DType::U32, DType::I64, DType::F16, DType::U8, DType::F64] {
         let x = data(dt, &[2, 3, 7, 5], 4);
-        let fast = dt.storage_bytes(1) == 4;
+        let fast = if dt.storage_bytes(1) == 4 { Want::Resampling } else { Want::General };
         check_kernel(&lower(&o, &x, "tf_crop_and_resize", Some(&[1.0, 1.0, 1.5, 2.0]), None), &x, fast);
         check_kernel(&lower(&o2, &x, "half_pixel", Some(&[1.0, 1.0, 0.6, 3.0]), None), &x, fast);
     }
@@ -237,17 +250,17 @@ fn linear_and_cubic_every_transform() {
                 for (i, (hw, sc)) in shapes().into_iter().enumerate() {
                     let x = data(DType::F32, &[1, 3, hw[0], hw[1]], 10 + i as u64);
                     let k = lower(&o, &x, ctm, Some(&[1.0, 1.0, sc[0], sc[1]]), None);
-                    check_kernel(&k, &x, true);
+                    check_kernel(&k, &x, Want::Resampling);
                 }
                 let x = data(DType::F32, &[2, 2, 5, 6], 20);
                 for sz in [[2, 2, 3, 11], [2, 2, 17, 1], [2, 2, 1, 7]] {
-                    check_kernel(&lower(&o, &x, ctm, None, Some(&sz)), &x, true);
+                    check_kernel(&lower(&o, &x, ctm, None, Some(&sz)), &x, Want::Resampling);
                 }
             }
         }
         let o = op(&[("mode", s(mode)), ("cubic_coeff_a", Attr::Float(-0.5))]);
         let x = data(DType::F32, &[1, 2, 5, 6], 21);
-        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 1.4, 0.8]), None), &x, true);
+        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 1.4, 0.8]), None), &x, Want::Resampling);
     }
 }
 
@@ -265,7 +278,7 @@ fn antialias() {
                     ("exclude_outside", Attr::Int(exclude)),
                 ]);
                 for sc in [[0.5, 0.3], [0.75, 1.5], [2.0, 1.0], [0.2, 0.6]] {
-                    check_kernel(&lower(&o, &x, ctm, Some(&[1.0, 1.0, sc[0], sc[1]]), None), &x, true);
+                    check_kernel(&lower(&o, &x, ctm, Some(&[1.0, 1.0, sc[0], sc[1]]), None), &x, Want::Resampling);
                 }
             }
         }
@@ -282,25 +295,27 @@ fn ranks_axes_and_declined_forms() {
         for sc in [0.6, 1.5, 3.0] {
             let k = lower(&o, &x, "half_pixel", Some(&[sc]), None);
             if Resample::of(&k).is_some() {
-                check_kernel(&k, &x, true);
+                check_kernel(&k, &x, Want::Resampling);
             }
         }
         let x = data(DType::F32, &[7, 3], 41);
-        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.5, 2.0]), None), &x, true);
+        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.5, 2.0]), None), &x, Want::Resampling);
         let x = data(DType::F32, &[3, 7, 5], 42);
-        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 1.7]), None), &x, true);
+        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 1.7]), None), &x, Want::Resampling);
         // Only H resized: the vertical step writes the output rows itself.
         let x = data(DType::F32, &[2, 7, 13], 43);
-        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 2.5, 1.0]), None), &x, true);
-        // An NHWC image (axes 1 and 2 resized, channels last): declined, general path.
+        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 2.5, 1.0]), None), &x, Want::Resampling);
+        // An NHWC image (axes 1 and 2 resized, channels last): declined; the nearest
+        // table copy is then a table gather, the interpolations take the general path.
         let x = data(DType::F32, &[1, 5, 4, 3], 44);
-        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 2.0, 1.5, 1.0]), None), &x, false);
+        let declined = if mode == "nearest" { Want::Gather } else { Want::General };
+        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 2.0, 1.5, 1.0]), None), &x, declined);
     }
     // Interpolated integers and narrow floats stay general.
     for dt in [DType::U8, DType::I32, DType::F16, DType::F64] {
         let x = data(dt, &[1, 2, 5, 7], 45);
         let o = op(&[("mode", s("linear"))]);
-        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 2.0, 1.5]), None), &x, false);
+        check_kernel(&lower(&o, &x, "half_pixel", Some(&[1.0, 1.0, 2.0, 1.5]), None), &x, Want::General);
     }
 }
 
@@ -311,7 +326,7 @@ fn wide_rows_and_many_planes() {
     let x = data(DType::F32, &[2, 16, 10, 41], 50);
     for mode in ["nearest", "linear", "cubic"] {
         let o = op(&[("mode", s(mode)), ("coordinate_transformation_mode", s("pytorch_half_pixel"))]);
-        check_kernel(&lower(&o, &x, "pytorch_half_pixel", Some(&[1.0, 1.0, 2.0, 2.0]), None), &x, true);
-        check_kernel(&lower(&o, &x, "pytorch_half_pixel", Some(&[1.0, 1.0, 0.5, 0.5]), None), &x, true);
+        check_kernel(&lower(&o, &x, "pytorch_half_pixel", Some(&[1.0, 1.0, 2.0, 2.0]), None), &x, Want::Resampling);
+        check_kernel(&lower(&o, &x, "pytorch_half_pixel", Some(&[1.0, 1.0, 0.5, 0.5]), None), &x, Want::Resampling);
     }
 }

@@ -1,8 +1,10 @@
 //! The vector forms of general kernels (`cpu::vops`, run by `cpu::rows` on eight lanes
 //! and, where this CPU has AVX-512 F, sixteen) against the kernel interpreter: every
 //! operation of the shared vector table on each lane type it takes (f32, i32, u32,
-//! bool as a vector mask), i64 comparisons read from memory, rows shorter than a
-//! vector, trailing axes of one position, and a reduction over a comparison mask.
+//! i8 and u8 extended to 32 bits, bool as a vector mask), i64 comparisons read from
+//! memory, rows shorter than a vector, trailing axes of one position, a reduction over
+//! a comparison mask, and contraction epilogues that use the table (an i64 mask; the
+//! quantize–dequantize round trip of the int8 graphs).
 //!
 //! Every case runs over row lengths 1, 3, 7, 8, 9, 15, 16, 17, 33 and 257 (below,
 //! at and across both vector widths, with masked tails), on two rows, split into 1 and
@@ -193,6 +195,129 @@ fn bool_masks_select_and_casts() {
     }
 }
 
+/// i8 and u8 values as 32-bit lanes: f32 converted to them (truncated to an i64,
+/// saturating, NaN 0, then wrapped: the specials hold NaN, ±inf, ±2³¹, ±9.3e18 on either
+/// side of 2⁶³, 1e30, 300, −129, 255.5 and halves) and back, every operation that wraps
+/// (`+ − ×`, negation, absolute value, `not`) and those that keep the extended form
+/// (max/min, comparisons, bitwise, select), with results read out as f32 and as i32.
+#[test]
+fn byte_lanes_from_f32() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for len in LENGTHS {
+        let (x, y) = (cycled(f, &[ROWS, len], 0), cycled(f, &[ROWS, len], 5));
+        for d in [DType::I8, DType::U8] {
+            let k = binary_kernel(&format!("to_{}", d.name()), f, f, len, |b, x, _| {
+                let q = b.cast(x, d, true);
+                b.cast(q, DType::F32, false)
+            });
+            check_vector(&k, &[&x, &y], EXACT);
+            for op in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Not] {
+                let k = binary_kernel(&format!("{}_u_{}", d.name(), op.name()), f, DType::I32, len, |b, x, _| {
+                    let q = b.cast(x, d, false);
+                    let r = b.unary(op, q);
+                    b.cast(r, DType::I32, false)
+                });
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+            for op in BinaryOp::ALL {
+                let wraps = matches!(
+                    op,
+                    BinaryOp::Add
+                        | BinaryOp::Sub
+                        | BinaryOp::Mul
+                        | BinaryOp::Max
+                        | BinaryOp::Min
+                        | BinaryOp::And
+                        | BinaryOp::Or
+                        | BinaryOp::Xor
+                );
+                if !wraps && !op.is_comparison() {
+                    continue;
+                }
+                let k = binary_kernel(&format!("{}_b_{}", d.name(), op.name()), f, DType::I32, len, |b, x, y| {
+                    let (qx, qy) = (b.cast(x, d, false), b.cast(y, d, false));
+                    let r = b.binary(op, qx, qy);
+                    if op.is_comparison() {
+                        // The mask selects between the bytes, then casts to i32.
+                        let s = b.select(r, qx, qy);
+                        b.cast(s, DType::I32, false)
+                    } else {
+                        b.cast(r, DType::I32, false)
+                    }
+                });
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+        }
+    }
+}
+
+/// i8 and u8 tensors read as lanes (along the row with masked tails, and one byte per
+/// row broadcast), cast to and from every lane type: i32 and u32 wrap into bytes, a
+/// byte of the other signedness wraps, bool gives 0 or 1, and a byte gives f32 exactly.
+/// Row lengths add tails of 2, 4, 5, 6, 12, 13 and 14 bytes to [`LENGTHS`]' 1, 3, 7, 9
+/// and 15, so every combination of the 4-, 2- and 1-byte pieces of an eight-lane tail
+/// is read.
+#[test]
+fn byte_loads_and_casts() {
+    require_avx2_fma!();
+    for d in [DType::I8, DType::U8] {
+        let other = if d == DType::I8 { DType::U8 } else { DType::I8 };
+        for len in LENGTHS.into_iter().chain([2, 4, 5, 6, 12, 13, 14]) {
+            let (x, y) = (cycled(d, &[ROWS, len], 0), cycled(d, &[ROWS, len], 3));
+            // A DequantizeLinear: (x − zero point[row])·scale[row], the zero point a byte
+            // broadcast along the row.
+            let zp = cycled(d, &[ROWS, 1], 2);
+            let sc = cycled(DType::F32, &[ROWS, 1], 2);
+            let mut b = KernelBuilder::new(
+                "dequant",
+                vec![tt(d, &[ROWS, len]), tt(d, &[ROWS, 1]), tt(DType::F32, &[ROWS, 1])],
+                tt(DType::F32, &[ROWS, len]),
+            );
+            let o = b.out_index();
+            let lx = b.load(0, o.clone());
+            let z = b.index(0);
+            let lz = b.load(1, vec![o[0], z]);
+            let ls = b.load(2, vec![o[0], z]);
+            let (fx, fz) = (b.cast(lx, DType::F32, false), b.cast(lz, DType::F32, false));
+            let diff = b.sub(fx, fz);
+            let r = b.mul(diff, ls);
+            let k = b.finish(r).unwrap();
+            check_vector(&k, &[&x, &zp, &sc], EXACT);
+            // Byte arithmetic straight from memory, to i32 and u32.
+            for out in [DType::I32, DType::U32] {
+                let k = binary_kernel(&format!("{}_loads", d.name()), d, out, len, |b, x, y| {
+                    let s = b.add(x, y);
+                    let m = b.binary(BinaryOp::Mul, s, x);
+                    b.cast(m, out, false)
+                });
+                check_vector(&k, &[&x, &y], EXACT);
+            }
+            // Casts into bytes from i32, u32, the other byte type and bool; out of
+            // bytes into bool and the other byte type.
+            for from in [DType::I32, DType::U32] {
+                let (xi, yi) = (cycled(from, &[ROWS, len], 0), cycled(from, &[ROWS, len], 4));
+                let k = binary_kernel(&format!("{}_to_{}", from.name(), d.name()), from, DType::F32, len, |b, x, y| {
+                    let q = b.cast(x, d, false);
+                    let c = b.binary(BinaryOp::Lt, x, y);
+                    let qc = b.cast(c, d, false);
+                    let s = b.add(q, qc);
+                    b.cast(s, DType::F32, false)
+                });
+                check_vector(&k, &[&xi, &yi], EXACT);
+            }
+            let k = binary_kernel(&format!("{}_to_{}", d.name(), other.name()), d, DType::I32, len, |b, x, y| {
+                let o = b.cast(x, other, false);
+                let c = b.cast(y, DType::Bool, false);
+                let yo = b.cast(y, other, false);
+                let s = b.select(c, o, yo);
+                b.cast(s, DType::I32, false)
+            });
+            check_vector(&k, &[&x, &y], EXACT);
+        }
+    }
+}
+
 /// i64 values around the dword boundaries (equal low halves, different high halves),
 /// and the extremes.
 fn i64_values(dims: &[usize], shift: usize) -> Tensor {
@@ -333,6 +458,493 @@ fn contraction_epilogue_with_an_i64_mask() {
                 assert!(ok, "n={n} [{i}]: got {g}, want {w}");
             }
         }
+    }
+}
+
+/// Loads that stride along the row (a transposed operand, as gathers): `x[j, r]` of an
+/// `[len, 3]` (f32 and i32) or `[len, 5]` input read along `j` beside a contiguous
+/// `y[r, j]`, and a row maximum over a strided column (its tail masked to −∞), over
+/// every row length (masked tails on both widths).
+#[test]
+fn strided_loads() {
+    require_avx2_fma!();
+    for len in LENGTHS {
+        for (d, cols) in [(DType::F32, 3), (DType::I32, 3), (DType::F32, 5)] {
+            let mut b =
+                KernelBuilder::new("transposed", vec![tt(d, &[len, cols]), tt(d, &[cols, len])], tt(d, &[cols, len]));
+            let o = b.out_index();
+            let x = b.load(0, vec![o[1], o[0]]);
+            let y = b.load(1, o);
+            let r = b.binary(BinaryOp::Sub, x, y);
+            let k = b.finish(r).unwrap();
+            let ins = [cycled(d, &[len, cols], 0), cycled(d, &[cols, len], 3)];
+            check_vector(&k, &[&ins[0], &ins[1]], EXACT);
+        }
+        let x = cycled(DType::F32, &[len, 3], 1);
+        let mut b = KernelBuilder::new("column_max", vec![tt(DType::F32, &[len, 3])], tt(DType::F32, &[3, 1]));
+        let o = b.out_index();
+        let j = b.new_var(len as u64);
+        let jv = b.var(j);
+        let l = b.load(0, vec![jv, o[0]]);
+        let m = b.reduce(ReduceOp::Max, vec![j], l);
+        let k = b.finish(m).unwrap();
+        check_vector(&k, &[&x], EXACT);
+    }
+}
+
+/// Integer-valued f32 in [−20, 20]: products and sums of at most 2²⁴ in magnitude are
+/// exact in any order, so a contraction over them matches the interpreter exactly.
+fn small_integers(dims: &[usize], seed: u64) -> Tensor {
+    let mut r = Rng(seed);
+    let n: usize = dims.iter().product();
+    let bits: Vec<u64> = (0..n).map(|_| (((r.next() % 41) as f32) - 20.0).to_bits() as u64).collect();
+    tensor_bits(DType::F32, dims, &bits)
+}
+
+/// Contraction epilogues of the static-int8 graphs: QuantizeLinear then
+/// DequantizeLinear (`x/s`, NaN to 0, rounded half to even, plus a zero point that is
+/// an i8/u8 constant cast to f32, clamped, cast to the byte and back, minus the zero
+/// point, times s), a raw f32 → byte → f32 cast (truncating and wrapping), and
+/// floor/ceil/trunc, all on the contraction microkernel of both widths (a select on
+/// `isnan` included). The matrices hold small integers, so the sums are exact in any
+/// order; the residual added before the epilogue cycles through the f32 specials
+/// (NaN, ±inf, halves, values past 2³¹ and 2⁶³), and the scale 0.5 turns odd sums into
+/// ties: the comparison with the interpreter is exact.
+#[test]
+fn contraction_epilogue_quantize_round_trip() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    for n in LENGTHS {
+        let f = DType::F32;
+        for d in [DType::I8, DType::U8] {
+            let st = if d == DType::I8 { ScalarType::I8 } else { ScalarType::U8 };
+            let (lo, hi, zp) = if d == DType::I8 { (-128.0, 127.0, 253u64) } else { (0.0, 255.0, 128) };
+            for variant in ["qdq", "cast", "floor", "ceil", "trunc"] {
+                let mut b =
+                    KernelBuilder::new(variant, vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(f, &[m, n])], tt(f, &[m, n]));
+                let (o, sum) = b.matmul_sum(kk);
+                let res = b.load(2, o);
+                let x = b.add(sum, res);
+                let r = match variant {
+                    "qdq" => {
+                        let s = b.float(ScalarType::F32, 0.5);
+                        let q = b.div(x, s);
+                        let zc = b.constant(st, zp);
+                        let z = b.cast(zc, DType::F32, false);
+                        let nan = b.unary(UnaryOp::IsNan, q);
+                        let rq = b.unary(UnaryOp::Round, q);
+                        let zero = b.float(ScalarType::F32, 0.0);
+                        let rq = b.select(nan, zero, rq);
+                        let rq = b.add(rq, z);
+                        let (l, h) = (b.float(ScalarType::F32, lo), b.float(ScalarType::F32, hi));
+                        let rq = b.binary(BinaryOp::Max, rq, l);
+                        let rq = b.binary(BinaryOp::Min, rq, h);
+                        let qb = b.cast(rq, d, true);
+                        let back = b.cast(qb, DType::F32, false);
+                        let back = b.sub(back, z);
+                        b.mul(back, s)
+                    }
+                    "cast" => {
+                        let qb = b.cast(x, d, false);
+                        b.cast(qb, DType::F32, false)
+                    }
+                    "floor" => b.unary(UnaryOp::Floor, x),
+                    "ceil" => b.unary(UnaryOp::Ceil, x),
+                    _ => b.unary(UnaryOp::Trunc, x),
+                };
+                let k = b.finish(r).unwrap();
+                let ins = [small_integers(&[m, kk], 3 + n as u64), small_integers(&[kk, n], 5), cycled(f, &[m, n], 1)];
+                let refs: Vec<&Tensor> = ins.iter().collect();
+                for cfg in microkernel_variants(false) {
+                    let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+                    assert!(
+                        module.notes[0].starts_with("contraction microkernel"),
+                        "{variant} {d} n={n}: {}",
+                        module.notes[0]
+                    );
+                }
+                check_with(&k, &refs, EXACT, &microkernel_variants(false));
+            }
+        }
+    }
+}
+
+/// A contraction epilogue that reads bool tensors (an attention mask: a per-row and a
+/// per-column bool, and-ed, selecting 0 or the lowest f32 to add to the product), on
+/// the contraction microkernel over every column count (tails of 1..7 bytes read in
+/// pieces); the bool bytes alternate irregularly, and the sums are of small integers,
+/// so the comparison with the interpreter is exact.
+#[test]
+fn contraction_epilogue_with_bool_loads() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    let f = DType::F32;
+    for n in LENGTHS {
+        let mut b = KernelBuilder::new(
+            "attention_mask",
+            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(DType::Bool, &[m, 1]), tt(DType::Bool, &[1, n])],
+            tt(f, &[m, n]),
+        );
+        let (o, sum) = b.matmul_sum(kk);
+        let z = b.index(0);
+        let rm = b.load(2, vec![o[0], z]);
+        let cm = b.load(3, vec![z, o[1]]);
+        let both = b.binary(BinaryOp::And, rm, cm);
+        let (zero, low) = (b.float(ScalarType::F32, 0.0), b.float(ScalarType::F32, f32::MIN as f64));
+        let add = b.select(both, zero, low);
+        let r = b.add(sum, add);
+        let k = b.finish(r).unwrap();
+        let bools =
+            |len: usize, seed: u64| -> Vec<u64> { (0..len as u64).map(|i| ((i * 7 + seed) % 5 < 3) as u64).collect() };
+        let ins = [
+            small_integers(&[m, kk], 11),
+            small_integers(&[kk, n], 13),
+            tensor_bits(DType::Bool, &[m, 1], &bools(m, 1)),
+            tensor_bits(DType::Bool, &[1, n], &bools(n, 2)),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        for cfg in microkernel_variants(false) {
+            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert!(module.notes[0].starts_with("contraction microkernel"), "n={n}: {}", module.notes[0]);
+        }
+        check_with(&k, &refs, EXACT, &microkernel_variants(false));
+    }
+}
+
+/// Bool tensors read by a row kernel: along the row (masked tails of every length) and
+/// one per row broadcast, selecting between two f32 rows.
+#[test]
+fn bool_loads() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    for len in LENGTHS.into_iter().chain([2, 4, 5, 6, 12, 13, 14]) {
+        let mut b = KernelBuilder::new(
+            "where",
+            vec![tt(DType::Bool, &[ROWS, len]), tt(DType::Bool, &[ROWS, 1]), tt(f, &[ROWS, len]), tt(f, &[ROWS, len])],
+            tt(f, &[ROWS, len]),
+        );
+        let o = b.out_index();
+        let z = b.index(0);
+        let c = b.load(0, o.clone());
+        let rc = b.load(1, vec![o[0], z]);
+        let x = b.load(2, o.clone());
+        let y = b.load(3, o);
+        let c = b.binary(BinaryOp::And, c, rc);
+        let r = b.select(c, x, y);
+        let k = b.finish(r).unwrap();
+        let bits: Vec<u64> = (0..(ROWS * len) as u64).map(|i| ((i * 5 + 1) % 3 == 0) as u64).collect();
+        let ins = [
+            tensor_bits(DType::Bool, &[ROWS, len], &bits),
+            tensor_bits(DType::Bool, &[ROWS, 1], &[1, 0]),
+            cycled(f, &[ROWS, len], 0),
+            cycled(f, &[ROWS, len], 3),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_vector(&k, &refs, EXACT);
+    }
+}
+
+/// Embedding lookups: a table row picked by a token id read from memory once per row
+/// (`x[clamp(id < 0 ? id + V : id), :]`, a clamped load as Gather lowers it) plus a
+/// position row, over every row length, with ids that wrap (−1, −V), that fall outside
+/// on either side (clamped: V, V + 3, −V − 2), and i32 ids cast to i64; and an i8 table
+/// cast to f32 and scaled (a weight-only quantised embedding), its clamps written as
+/// `min(max(·))` on an in-bounds load. (Rows of one element
+/// are left out: the vector axis is then the tokens', along which the id varies — a
+/// gather, not a row-indexed load.)
+#[test]
+fn row_indexed_loads() {
+    require_avx2_fma!();
+    let (v, t) = (7usize, 9usize);
+    let ids: [i64; 9] = [0, 6, -1, -7, 7, 10, -9, 3, 5];
+    for len in LENGTHS.into_iter().filter(|&l| l > 1) {
+        for (table_ty, id_ty) in [(DType::F32, DType::I64), (DType::F32, DType::I32), (DType::I8, DType::I64)] {
+            let mut b = KernelBuilder::new(
+                "embedding",
+                vec![tt(table_ty, &[v, len]), tt(id_ty, &[1, t]), tt(DType::F32, &[t, len])],
+                tt(DType::F32, &[1, t, len]),
+            );
+            let o = b.out_index();
+            let z = b.index(0);
+            let id = b.load(1, vec![z, o[1]]);
+            let id = b.cast(id, DType::I64, false);
+            let neg = b.binary(BinaryOp::Lt, id, z);
+            let vv = b.index(v as i64);
+            let wrapped = b.add(id, vv);
+            let row = b.select(neg, wrapped, id);
+            let e = if table_ty == DType::F32 {
+                b.load_with(0, vec![row, o[2]], kiln_flow::Bounds::Clamp)
+            } else {
+                // Clamps written as index arithmetic (as the int8 graph's Gather has
+                // them) on an in-bounds load: the row's from data, the column's a no-op.
+                let clamp = |b: &mut KernelBuilder, x: ExprId, n: usize| {
+                    let (lo, hi) = (b.index(0), b.index(n as i64 - 1));
+                    let x = b.binary(BinaryOp::Max, x, lo);
+                    b.binary(BinaryOp::Min, x, hi)
+                };
+                let row = clamp(&mut b, row, v);
+                let col = clamp(&mut b, o[2], len);
+                let e = b.load(0, vec![row, col]);
+                let f = b.cast(e, DType::F32, false);
+                let s = b.float(ScalarType::F32, 0.25);
+                b.mul(f, s)
+            };
+            let p = b.load(2, vec![o[1], o[2]]);
+            let r = b.add(e, p);
+            let k = b.finish(r).unwrap();
+            let idt = tensor_bits(id_ty, &[1, t], &ids.iter().map(|&i| id_ty_bits(id_ty, i)).collect::<Vec<_>>());
+            let ins = [cycled(table_ty, &[v, len], 0), idt, cycled(DType::F32, &[t, len], 2)];
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            check_vector(&k, &refs, EXACT);
+        }
+    }
+}
+
+/// The stored bits of `x` as a `d` (i32 or i64).
+fn id_ty_bits(d: DType, x: i64) -> u64 {
+    if d == DType::I32 {
+        x as i32 as u32 as u64
+    } else {
+        x as u64
+    }
+}
+
+/// i64 values converted to f32 in a contraction epilogue (an attention mask input cast
+/// to f32 and added): a per-element and a per-row operand over every column count,
+/// holding the i64 specials (the extremes, values across 2³² and 2⁵³) and double-rounding
+/// traps — `±(2⁶⁰ + 2³⁶ ± 1)`, whose f64 rounding lands on an f32 tie, the tie itself,
+/// `2²⁴ + 1` and `2⁵³ + 3` — so the result must round correctly, not through f64. The
+/// sums are of small integers and the comparison with the interpreter is exact.
+#[test]
+fn contraction_epilogue_i64_to_f32() {
+    require_avx2_fma!();
+    let (m, kk) = (5, 12);
+    let f = DType::F32;
+    let mut vals: Vec<i64> = specials(DType::I64).into_iter().map(|b| b as i64).collect();
+    for x in
+        [(1i64 << 60) + (1 << 36) + 1, (1 << 60) + (1 << 36) - 1, (1 << 60) + (1 << 36), (1 << 24) + 1, (1 << 53) + 3]
+    {
+        vals.extend([x, -x]);
+    }
+    for n in LENGTHS {
+        let mut b = KernelBuilder::new(
+            "i64_mask",
+            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(DType::I64, &[m, n]), tt(DType::I64, &[m])],
+            tt(f, &[m, n]),
+        );
+        let (o, sum) = b.matmul_sum(kk);
+        let x = b.load(2, o.clone());
+        let r = b.load(3, vec![o[0]]);
+        let (fx, fr) = (b.cast(x, f, false), b.cast(r, f, false));
+        let a = b.add(sum, fx);
+        let a = b.mul(a, fr);
+        let k = b.finish(a).unwrap();
+        let pick = |len: usize, shift: usize| -> Vec<u64> {
+            (0..len).map(|i| vals[(i * 5 + shift) % vals.len()] as u64).collect()
+        };
+        let ins = [
+            small_integers(&[m, kk], 17),
+            small_integers(&[kk, n], 19),
+            tensor_bits(DType::I64, &[m, n], &pick(m * n, 0)),
+            tensor_bits(DType::I64, &[m], &pick(m, 3)),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        for cfg in microkernel_variants(false) {
+            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert!(module.notes[0].starts_with("contraction microkernel"), "n={n}: {}", module.notes[0]);
+        }
+        check_with(&k, &refs, EXACT, &microkernel_variants(false));
+    }
+}
+
+/// Column reductions (a sum or max over an axis before the output row's, `Σ_j x[b, j, i]`,
+/// run inside the output loop): a plain column sum over the f32 specials (NaN and ±inf
+/// propagate as in the interpreter), a column max of a product with a value along the
+/// reduction only plus an output-row value, and a masked mean (two column sums, one
+/// divided by the clamped other), over two row counts (one, and three rows of bases)
+/// and every row length. Each lane adds in the kernel's order, so the comparison is
+/// exact.
+#[test]
+fn column_reductions() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let j = 5usize;
+    for len in LENGTHS {
+        for rows in [1usize, 3] {
+            let x = cycled(f, &[rows, j, len], 0);
+            let y = cycled(f, &[j], 4);
+            let m = cycled(f, &[rows, j, len], 6);
+            let z = cycled(f, &[rows, len], 2);
+            for variant in ["sum", "max", "mean"] {
+                let mut b = KernelBuilder::new(
+                    variant,
+                    vec![tt(f, &[rows, j, len]), tt(f, &[j]), tt(f, &[rows, j, len]), tt(f, &[rows, len])],
+                    tt(f, &[rows, len]),
+                );
+                let o = b.out_index();
+                let w = b.new_var(j as u64);
+                let wv = b.var(w);
+                let lx = b.load(0, vec![o[0], wv, o[1]]);
+                let r = match variant {
+                    "sum" => b.reduce(ReduceOp::Sum, vec![w], lx),
+                    "max" => {
+                        let ly = b.load(1, vec![wv]);
+                        let p = b.mul(lx, ly);
+                        let mx = b.reduce(ReduceOp::Max, vec![w], p);
+                        let lz = b.load(3, o.clone());
+                        b.add(mx, lz)
+                    }
+                    _ => {
+                        let lm = b.load(2, vec![o[0], wv, o[1]]);
+                        let p = b.mul(lx, lm);
+                        let s = b.reduce(ReduceOp::Sum, vec![w], p);
+                        let w2 = b.new_var(j as u64);
+                        let wv2 = b.var(w2);
+                        let lm2 = b.load(2, vec![o[0], wv2, o[1]]);
+                        let c = b.reduce(ReduceOp::Sum, vec![w2], lm2);
+                        let eps = b.float(ScalarType::F32, 1e-9);
+                        let c = b.binary(BinaryOp::Max, c, eps);
+                        b.div(s, c)
+                    }
+                };
+                let k = b.finish(r).unwrap();
+                let cmp = Cmp { zero_sign: variant != "sum", ..EXACT };
+                check_vector(&k, &[&x, &y, &m, &z], cmp);
+            }
+        }
+    }
+}
+
+/// A masked mean over tokens as sentence encoders pool (`Σ_t x[t, i]·m[t, i] /
+/// max(Σ_t m[t, i], 1e-9)` with `m` an i64 attention mask converted to f32 in both column
+/// reductions): eight lanes (the i64 conversion has no sixteen-lane form), so on an
+/// AVX-512 CPU the kernel takes the eight-lane row kernel too. The mask holds 0/1 and
+/// the i64 specials.
+#[test]
+fn column_reductions_of_an_i64_mask() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let t = 7usize;
+    let s = specials(DType::I64);
+    for len in LENGTHS {
+        let mut b = KernelBuilder::new(
+            "masked_mean",
+            vec![tt(f, &[1, t, len]), tt(DType::I64, &[1, t, len])],
+            tt(f, &[1, len]),
+        );
+        let o = b.out_index();
+        let z = b.index(0);
+        let (w, w2) = (b.new_var(t as u64), b.new_var(t as u64));
+        let (wv, wv2) = (b.var(w), b.var(w2));
+        let x = b.load(0, vec![z, wv, o[1]]);
+        let m = b.load(1, vec![z, wv, o[1]]);
+        let mf = b.cast(m, f, false);
+        let p = b.mul(x, mf);
+        let sum = b.reduce(ReduceOp::Sum, vec![w], p);
+        let m2 = b.load(1, vec![z, wv2, o[1]]);
+        let mf2 = b.cast(m2, f, false);
+        let cnt = b.reduce(ReduceOp::Sum, vec![w2], mf2);
+        let eps = b.float(ScalarType::F32, 1e-9);
+        let c = b.binary(BinaryOp::Max, cnt, eps);
+        let r = b.div(sum, c);
+        let k = b.finish(r).unwrap();
+        let bits: Vec<u64> =
+            (0..t * len).map(|i| if i % 3 == 0 { s[(i / 3) % s.len()] } else { (i % 2) as u64 }).collect();
+        let ins = [cycled(f, &[1, t, len], 1), tensor_bits(DType::I64, &[1, t, len], &bits)];
+        for cfg in microkernel_variants(false) {
+            let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            assert_eq!(m.paths[0], CodePath::Vector { bits: 256 }, "{}", m.notes[0]);
+        }
+        check_with(&k, &[&ins[0], &ins[1]], Cmp { zero_sign: true, ..EXACT }, &microkernel_variants(false));
+    }
+}
+
+/// Index lanes: positions along the row as i32 lanes. A concatenation along the row
+/// (`p < A ? a[r, min(p, A − 1)] : b[max(p − A, 0), r]`, the second part transposed, as
+/// fused Concat kernels read their pieces: gathers at computed offsets, a select on a
+/// position mask) and a padding written as index arithmetic (`inside(p − 1) ?
+/// f(x[r, clamp(p − 1)]) : 0` with the row coordinate tested too), over every row
+/// length; the loads stay in bounds by their clamps, and the comparison is exact.
+#[test]
+fn index_lanes() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let rows = 3usize;
+    for len in LENGTHS.into_iter().filter(|&l| l > 1) {
+        let a_len = len / 2 + 1;
+        let b_len = len - a_len;
+        if b_len > 0 {
+            let mut b =
+                KernelBuilder::new("concat", vec![tt(f, &[rows, a_len]), tt(f, &[b_len, rows])], tt(f, &[rows, len]));
+            let o = b.out_index();
+            let p = o[1];
+            let (ca, ca1, zero) = (b.index(a_len as i64), b.index(a_len as i64 - 1), b.index(0));
+            let pa = b.binary(BinaryOp::Min, p, ca1);
+            let la = b.load(0, vec![o[0], pa]);
+            let pb = b.sub(p, ca);
+            let pb = b.binary(BinaryOp::Max, pb, zero);
+            let lb = b.load(1, vec![pb, o[0]]);
+            let c = b.binary(BinaryOp::Lt, p, ca);
+            let r = b.select(c, la, lb);
+            let k = b.finish(r).unwrap();
+            let ins = [cycled(f, &[rows, a_len], 0), cycled(f, &[b_len, rows], 3)];
+            check_vector(&k, &[&ins[0], &ins[1]], EXACT);
+        }
+        // A padding by one on each side of [rows, len − 2], as index arithmetic.
+        let n = len - 2;
+        if n > 0 {
+            let mut b = KernelBuilder::new("pad", vec![tt(f, &[rows, n])], tt(f, &[rows, len]));
+            let o = b.out_index();
+            let (zero, one, last, last_row) = (b.index(0), b.index(1), b.index(n as i64 - 1), b.index(rows as i64 - 1));
+            let q = b.sub(o[1], one);
+            let ge = b.binary(BinaryOp::Ge, q, zero);
+            let le = b.binary(BinaryOp::Le, q, last);
+            let inside = b.binary(BinaryOp::And, ge, le);
+            let row_ok = b.binary(BinaryOp::Le, o[0], last_row);
+            let inside = b.binary(BinaryOp::And, inside, row_ok);
+            let qc = b.binary(BinaryOp::Max, q, zero);
+            let qc = b.binary(BinaryOp::Min, qc, last);
+            let x = b.load(0, vec![o[0], qc]);
+            let two = b.float(ScalarType::F32, 2.0);
+            let v = b.mul(x, two);
+            let fz = b.float(ScalarType::F32, 0.0);
+            let r = b.select(inside, v, fz);
+            let k = b.finish(r).unwrap();
+            check_vector(&k, &[&cycled(f, &[rows, n], 1)], EXACT);
+        }
+    }
+}
+
+/// Padded loads in a row kernel (`Bounds::Pad`), checked per lane where the index may
+/// leave the input: a shift along the row past both ends (`x[r, j − 2]`, pad 7.5), a
+/// row shift that pads whole rows (`y[r − 1, j]`, pad 0), and an index that leaves a
+/// dimension of one position (`z[r, j, max(r − 1, 0)]`, as fused Pad chains read),
+/// over every row length; exact.
+#[test]
+fn padded_loads() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let rows = 3usize;
+    for len in LENGTHS.into_iter().filter(|&l| l > 3) {
+        let n = len - 3;
+        let mut b = KernelBuilder::new(
+            "padded",
+            vec![tt(f, &[rows, n]), tt(f, &[rows, len]), tt(f, &[rows, len, 1])],
+            tt(f, &[rows, len]),
+        );
+        let o = b.out_index();
+        let (one, two, zero) = (b.index(1), b.index(2), b.index(0));
+        let j2 = b.sub(o[1], two);
+        let x = b.load_with(0, vec![o[0], j2], kiln_flow::Bounds::Pad(7.5f32.to_bits() as u64));
+        let r1 = b.sub(o[0], one);
+        let y = b.load_with(1, vec![r1, o[1]], kiln_flow::Bounds::Pad(0));
+        let m = b.binary(BinaryOp::Max, r1, zero);
+        let z = b.load_with(2, vec![o[0], o[1], m], kiln_flow::Bounds::Pad(0));
+        let s = b.add(x, y);
+        let r = b.add(s, z);
+        let k = b.finish(r).unwrap();
+        let ins = [cycled(f, &[rows, n], 0), cycled(f, &[rows, len], 3), cycled(f, &[rows, len, 1], 5)];
+        check_vector(&k, &[&ins[0], &ins[1], &ins[2]], EXACT);
     }
 }
 

@@ -1,6 +1,6 @@
 //! Affine copies as machine code (`iced-x86`): `out[q] = x[off(q)]` with in-bounds
 //! loads, `off` affine in the output index and stepping one element along the output's
-//! innermost axis, 4-byte elements — the column gathers a convolution with narrow
+//! innermost axis, 4-byte elements (8-byte ones, i64, as pairs of them) — the column gathers a convolution with narrow
 //! windows reads (`kiln_flow::layout`'s im2col: `cols[c, kh, kw, oh, ow] = x[n, c, oh +
 //! kh, ow + kw]`), slices, concatenation pieces and broadcasts of rows.
 //!
@@ -38,8 +38,14 @@ fn recognise(k: &Kernel) -> R<Copy> {
         return no("not a copy");
     };
     let (x, o) = (&k.inputs[0], &k.output);
-    if k.inputs.len() != 1 || x.dtype != o.dtype || x.dtype.storage_bytes(1) != 4 {
-        return no("not a 4-byte copy of one input");
+    // 8-byte elements (i64 index tensors) move as pairs of 4-byte units.
+    let units = match x.dtype.storage_bytes(1) {
+        4 => 1,
+        8 => 2,
+        _ => 0,
+    };
+    if k.inputs.len() != 1 || x.dtype != o.dtype || units == 0 {
+        return no("not a 4- or 8-byte copy of one input");
     }
     let rank = o.shape.rank();
     if rank < 2 || rank - 1 > COORD.len() || o.shape.numel() == 0 {
@@ -49,7 +55,8 @@ fn recognise(k: &Kernel) -> R<Copy> {
     if x.storage_bytes() > limit || o.storage_bytes() > limit {
         return no("an operand over 2 GiB");
     }
-    let dims: Vec<i64> = o.shape.dims().iter().map(|&d| d as i64).collect();
+    let mut dims: Vec<i64> = o.shape.dims().iter().map(|&d| d as i64).collect();
+    dims[rank - 1] *= units;
     if dims[rank - 1] < MIN_ROW {
         return no("rows shorter than 4 elements");
     }
@@ -58,13 +65,14 @@ fn recognise(k: &Kernel) -> R<Copy> {
     if off.coef.iter().enumerate().any(|(v, &c)| v >= rank && c != 0 && k.vars[v] > 1) || off.of((rank - 1) as u32) != 1 {
         return no("a copy that does not run along the output's rows");
     }
-    let coef: Vec<i64> = (0..rank - 1).map(|d| if dims[d] > 1 { off.of(d as u32) } else { 0 }).collect();
-    for &c in coef.iter().chain([&off.c]) {
-        if (c * 4).unsigned_abs() > limit as u64 {
+    let coef: Vec<i64> = (0..rank - 1).map(|d| if dims[d] > 1 { off.of(d as u32) * units } else { 0 }).collect();
+    let c = off.c * units;
+    for &c in coef.iter().chain([&c]) {
+        if c.checked_mul(4).is_none_or(|b| b.unsigned_abs() > limit as u64) {
             return no("a copy stride over 2 GiB");
         }
     }
-    Ok(Copy { dims, c: off.c, coef })
+    Ok(Copy { dims, c, coef })
 }
 
 /// Emits `k` as an affine copy (code and workgroup count), or says why not.

@@ -101,11 +101,11 @@ use iced_x86::code_asm::*;
 use iced_x86::Register;
 use kiln_flow::contraction::Contraction;
 use kiln_flow::layout::PanelWidths;
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 
 use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
 use super::math::{has_vector_form, held_constants, vector_scratch};
-use super::vops::{const_word, float_pred, is_i64_compare, op_form, I64Src};
+use super::vops::{byte_type, const_word, float_pred, is_i64_compare, op_form, I64Src};
 use super::vector::{Mask, Op, Src, Vx, V};
 use kiln_ir::DType;
 
@@ -252,6 +252,9 @@ struct Emitter<'k> {
     held: Vec<(u32, V)>,
     /// A 16-lane epilogue was emitted.
     wide_epilogue_used: bool,
+    /// Lanes of the masked last vector of the tile being emitted (what its lane mask
+    /// lets through): byte loads read no further.
+    epi_tail: u64,
     /// Tiles may evaluate their epilogue in the registers the reduction leaves (512-bit
     /// tiles, and 256-bit tiles of one row); else every epilogue goes over the stack.
     in_registers: bool,
@@ -368,6 +371,7 @@ impl<'k> Emitter<'k> {
             avx512,
             zmm_used: false,
             epi_wide: false,
+            epi_tail: 0,
             held: Vec::new(),
             wide_epilogue_used: false,
             in_registers: true,
@@ -511,17 +515,20 @@ impl Emitter<'_> {
             return Ok(());
         }
         let f32_or_bool = matches!(node.ty, ScalarType::F32 | ScalarType::Bool);
-        if !f32_or_bool {
+        // i8/u8 values (32-bit lanes, `vops`) come from constants and casts, and go
+        // on only through casts (checked where they are read).
+        let byte_value = byte_type(node.ty) && matches!(node.expr, Expr::Const(_) | Expr::Cast { .. });
+        if !f32_or_bool && !byte_value {
             return no(format!("epilogue value of type {}", node.ty.name()));
         }
         match &node.expr {
             Expr::Const(_) => Ok(()),
-            Expr::Load { input, index, bounds: Bounds::InBounds } => {
-                if self.k.inputs[*input as usize].dtype != DType::F32 {
-                    return no("epilogue load of a non-f32 tensor");
-                }
-                self.plan_eload(e, *input, index, 4)
-            }
+            Expr::Load { input, index, bounds: Bounds::InBounds } => match self.k.inputs[*input as usize].dtype {
+                DType::F32 => self.plan_eload(e, *input, index, 4),
+                // A bool (an attention mask) as a vector mask, bytes compared with 0.
+                DType::Bool => self.plan_eload(e, *input, index, 1),
+                _ => no("epilogue load of a non-f32 tensor"),
+            },
             Expr::Binary(op, x, y) => {
                 let float_operands = self.k.node(*x).ty == ScalarType::F32;
                 let ok = match op {
@@ -543,14 +550,34 @@ impl Emitter<'_> {
                 self.check_epilogue(*x)?;
                 self.check_epilogue(*y)
             }
-            Expr::Unary(op, x) if node.ty == ScalarType::F32 && has_vector_form(*op) => {
+            Expr::Unary(op, x) if node.ty == ScalarType::F32 && (has_vector_form(*op) || rounding(*op)) => {
                 self.check_epilogue(*x)
             }
+            Expr::Unary(UnaryOp::IsNan, x) if self.k.node(*x).ty == ScalarType::F32 => self.check_epilogue(*x),
             Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::F32 => {
                 self.check_epilogue(*value)
             }
-            // Other casts between lane types: the shared vector table's.
-            Expr::Cast { value, .. } if op_form(self.k, e, false).is_ok() => self.check_epilogue(*value),
+            // An i64 (a mask input) to f32, its operand read from memory (eight lanes:
+            // `vops::Vx::i64_to_f32`).
+            Expr::Cast { value, to: DType::F32, .. } if self.k.node(*value).ty == ScalarType::I64 => {
+                match &self.k.node(*value).expr {
+                    Expr::Const(_) => Ok(()),
+                    Expr::Load { input, index, bounds: Bounds::InBounds }
+                        if self.k.inputs[*input as usize].dtype == DType::I64 =>
+                    {
+                        self.plan_eload(*value, *input, index, 8)
+                    }
+                    _ => no("an i64 conversion of a computed value"),
+                }
+            }
+            // Other casts between lane types: the shared vector table's (not of a
+            // bool to a byte, which the 16-lane form would hold in an opmask).
+            Expr::Cast { value, .. }
+                if op_form(self.k, e, false).is_ok()
+                    && !(byte_type(node.ty) && self.k.node(*value).ty == ScalarType::Bool) =>
+            {
+                self.check_epilogue(*value)
+            }
             _ => no("an epilogue operation without a vector form here"),
         }
     }
@@ -1399,8 +1426,10 @@ impl Emitter<'_> {
                     self.a.vmovups(ymmword_ptr(rsp + (Self::S_ACC + 32 * (i * nv_ + j) as i32)), acc(i, j))?;
                 }
             }
+            self.epi_tail = masked.unwrap_or(0);
             self.row_epilogue(mr, nv_, masked.map(|_| mreg))?;
         } else {
+            self.epi_tail = masked.unwrap_or(0);
             let mut pool: Vec<V> = pool.iter().map(|&r| yv(r)).collect();
             let last_mask = masked.map(|_| Mask(yv(mreg).0));
             self.epilogue_in_place(mr_, nv_, |i, j| yv(acc(i, j)), last_mask, &mut pool)?;
@@ -1566,10 +1595,13 @@ impl Emitter<'_> {
             }
             let node = self.k.node(e);
             let ok = match &node.expr {
-                // (Loads are f32, their index nodes evaluated at compile time.)
-                Expr::Load { .. } => continue,
-                Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32,
-                Expr::Unary(op, _) => has_vector_form(*op),
+                // (Loads are f32 — bools are vector masks, read on 8 lanes — their
+                // index nodes evaluated at compile time.)
+                Expr::Load { input, .. } if self.k.inputs[*input as usize].dtype == DType::F32 => continue,
+                Expr::Load { .. } => false,
+                Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::I64 => false,
+                Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32 || byte_type(node.ty),
+                Expr::Unary(op, _) => has_vector_form(*op) || rounding(*op) || *op == UnaryOp::IsNan,
                 Expr::Binary(op, _, _) => {
                     matches!(
                         op,
@@ -1581,7 +1613,11 @@ impl Emitter<'_> {
                         stack.extend([k, v]);
                         continue;
                     }
-                    None => matches!(self.k.node(*c).expr, Expr::Binary(op, _, _) if op.is_comparison()),
+                    None => match self.k.node(*c).expr {
+                        Expr::Binary(op, _, _) => op.is_comparison(),
+                        Expr::Unary(op, _) => op == UnaryOp::IsNan,
+                        _ => false,
+                    },
                 },
                 _ => false,
             };
@@ -1682,6 +1718,7 @@ impl Emitter<'_> {
             }
             _ => None,
         };
+        self.epi_tail = masked.unwrap_or(0);
         self.row_epilogue(rows, 1, mask)
     }
 
@@ -1971,7 +2008,16 @@ impl Emitter<'_> {
                 let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
                 let at = EPTR[el.base - 3] + disp as i32;
                 let r = self.result_reg(&[], ev)?;
-                if !el.vector {
+                if node.ty == ScalarType::Bool {
+                    // rax and rcx, saved around it, gather the bytes (no operand of the
+                    // epilogue is addressed through them or the stack meanwhile).
+                    let tail = slot.mask.map(|m| (m, self.epi_tail));
+                    self.a.push(rax)?;
+                    self.a.push(rcx)?;
+                    self.vx().load_bools(r, ptr(at), el.vector as i64, tail, [rax, rcx])?;
+                    self.a.pop(rcx)?;
+                    self.a.pop(rax)?;
+                } else if !el.vector {
                     self.vx().broadcast(r, dword_ptr(at))?;
                 } else {
                     self.vx().load(r, ptr(at), slot.mask)?;
@@ -2111,6 +2157,69 @@ impl Emitter<'_> {
                 ev.pool.extend(t);
                 dst
             }
+            Expr::Unary(UnaryOp::IsNan, x) => {
+                // An unordered comparison of x with itself, written as comparisons
+                // are: an opmask on 16 lanes, a vector mask on 8.
+                let rx = self.eval(*x, slot, ev)?;
+                if self.epi_wide {
+                    let m = self.result_opmask(&[*x], ev)?;
+                    self.vx().cmp(m, rx, Src::R(rx), 3)?;
+                    V(m.0)
+                } else {
+                    let dst = self.result_reg(&[*x], ev)?;
+                    self.vx().cmp(Mask(dst.0), rx, Src::R(rx), 3)?;
+                    dst
+                }
+            }
+            Expr::Unary(op, x) if rounding(*op) => {
+                let rx = self.eval(*x, slot, ev)?;
+                let dst = self.result_reg(&[*x], ev)?;
+                let k = self.k;
+                self.vx().node_op(k, e, dst, &[rx], &[])?;
+                dst
+            }
+            Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::I64 => {
+                let lanes = self.vx().lanes() as i64;
+                let src = match self.k.node(*value).expr {
+                    Expr::Const(c) => I64Src::Const(c as i64),
+                    _ => {
+                        let el = self.eloads[&value.0];
+                        let b = &self.bases[el.base];
+                        let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
+                        let at = ptr(EPTR[el.base - 3] + disp as i32);
+                        if el.vector {
+                            I64Src::Vector(at)
+                        } else {
+                            I64Src::Broadcast(at)
+                        }
+                    }
+                };
+                let mut t = Vec::with_capacity(6);
+                for _ in 0..6 {
+                    t.push(ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?);
+                }
+                let dst = self.result_reg(&[*value], ev)?;
+                self.vx().i64_to_f32(dst, src, slot.mask, &t)?;
+                ev.pool.extend(t);
+                dst
+            }
+            Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::F32 && byte_type(node.ty) => {
+                let rx = self.eval(*value, slot, ev)?;
+                // Scratch: a vector register on 8 lanes, an opmask on 16.
+                let t = ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?;
+                let m = if self.epi_wide {
+                    Mask(ev.kpool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?)
+                } else {
+                    Mask(t.0)
+                };
+                let dst = self.result_reg(&[*value], ev)?;
+                self.vx().f32_to_8bit(node.ty, dst, rx, t, m)?;
+                ev.pool.push(t);
+                if self.epi_wide {
+                    ev.kpool.push(m.0);
+                }
+                dst
+            }
             Expr::Cast { value, .. } if self.k.node(*value).ty != ScalarType::F32 => {
                 let rx = self.eval(*value, slot, ev)?;
                 let dst = self.result_reg(&[*value], ev)?;
@@ -2135,6 +2244,11 @@ impl Emitter<'_> {
         ev.memo.insert(e.0, (r, true));
         Ok(r)
     }
+}
+
+/// Whether `op` is floor, ceil, round (half to even) or trunc (`vroundps`/`vrndscaleps`).
+fn rounding(op: UnaryOp) -> bool {
+    matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc)
 }
 
 /// Widens the integers of `dtype` at `at` to 32 bits into `r` (a `ymm` or `zmm`

@@ -453,35 +453,67 @@ fn emit_class(
         }
         // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
         // copy in bounds.
-        KernelClass::Movement => match &k.node(k.root).expr {
-            _ if Resample::is_table_copy(k) => vector(resample::emit(k)?, "table copy (avx2)"),
-            Expr::Load { bounds: Bounds::Pad(_), .. } => vector(pad::emit(k)?, "padding copy (avx)"),
-            // An affine copy where it is one; else a table gather where the index is
-            // separable (one term per output dimension).
-            Expr::Load { bounds: Bounds::InBounds, .. } => match copy::emit(k) {
-                Ok(c) => vector(c, "affine copy (avx)"),
-                Err(gemm::NotHere(why)) => match gather::emit(k) {
-                    Ok(g) => vector(g, "table gather (avx2)"),
-                    Err(gemm::NotHere(also)) => return gemm::no(format!("{why}; {also}")),
+        KernelClass::Movement => {
+            // A table copy (nearest Resize; a Slice is one too) where the resampling
+            // emitter takes it; else, like every in-bounds load, an affine copy where
+            // it is one (a Slice along an outer axis: the resampling emitter takes the
+            // last two axes only), or a table gather where the index is separable (one
+            // term per output dimension).
+            let table_copy = if Resample::is_table_copy(k) { Some(resample::emit(k)) } else { None };
+            match (table_copy, &k.node(k.root).expr) {
+                (Some(Ok(c)), _) => vector(c, "table copy (avx2)"),
+                (None, Expr::Load { bounds: Bounds::Pad(_), .. }) => vector(pad::emit(k)?, "padding copy (avx)"),
+                (declined, Expr::Load { bounds: Bounds::InBounds, .. }) => match copy::emit(k) {
+                    Ok(c) => vector(c, "affine copy (avx)"),
+                    // A declined table copy with rows too short for a copy (a strided
+                    // Slice of a `[.., n, 1]` tensor): a row kernel along the innermost
+                    // axis longer than one, rather than a gather per short row (4.5×
+                    // slower on magika's slices).
+                    Err(gemm::NotHere(_)) if declined.is_some() && row_kernel(k, options, avx512).is_ok() => {
+                        row_kernel(k, options, avx512)?
+                    }
+                    Err(gemm::NotHere(why)) => match gather::emit(k) {
+                        Ok(g) => vector(g, "table gather (avx2)"),
+                        Err(gemm::NotHere(also)) => {
+                            // The table copy's reason first where it declined.
+                            let first = match declined {
+                                Some(Err(gemm::NotHere(t))) => format!("{t}; "),
+                                _ => String::new(),
+                            };
+                            return gemm::no(format!("{first}{why}; {also}"));
+                        }
+                    },
                 },
-            },
-            _ => return gemm::no("a movement other than one padded or in-bounds load"),
-        },
+                (Some(Err(e)), _) => return Err(e),
+                // A select of pieces (a concatenation along the row): a row kernel,
+                // its positions as index lanes.
+                _ => row_kernel(k, options, avx512)?,
+            }
+        }
         // An elementwise kernel over one gathered load (an activation fused into
         // ConvTranspose's phase interleave), which the general loops would run a
         // scalar at a time with divisions, is a table gather with an epilogue.
-        KernelClass::Elementwise if gather::takes_elementwise(k) => {
-            vector(gather::emit(k)?, "table gather with epilogue (avx2)")
-        }
+        // (An epilogue the gather has no form for: a row kernel, where it is one.)
+        KernelClass::Elementwise if gather::takes_elementwise(k) => match gather::emit(k) {
+            Ok(g) => vector(g, "table gather with epilogue (avx2)"),
+            Err(why) => row_kernel(k, options, avx512).map_err(|_| why)?,
+        },
         // Every other kernel with a vector form of each of its operations is a vector
         // kernel; what has none is left to Cranelift (the reason in its note).
-        KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => {
-            let r = rows::emit(k, options.reassociate, avx512)?;
-            let note = r.note();
-            let bits = if r.wide { 512 } else { 256 };
-            Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits }
-        }
+        KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => row_kernel(k, options, avx512)?,
     }))
+}
+
+/// `k` as a vector kernel of [`rows`]; a kernel with a form that has eight lanes only (an
+/// i64 conversion) takes eight lanes on an AVX-512 target too.
+fn row_kernel(k: &Kernel, options: &Options, avx512: bool) -> Result<Micro, gemm::NotHere> {
+    let r = match rows::emit(k, options.reassociate, avx512) {
+        Err(wide) if avx512 => rows::emit(k, options.reassociate, false).map_err(|_| wide)?,
+        r => r?,
+    };
+    let note = r.note();
+    let bits = if r.wide { 512 } else { 256 };
+    Ok(Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits })
 }
 
 /// Compiles `kernels`, each with its class (`kiln_flow::program::Dispatch::class`), for

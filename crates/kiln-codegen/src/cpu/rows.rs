@@ -6,7 +6,7 @@
 //! same code through [`super::vector`].
 //!
 //! Every elementwise, row and general kernel whose operations all have a vector form
-//! in the shared table ([`super::vops`]: f32, i32/u32 and bool-mask lanes, i64
+//! in the shared table ([`super::vops`]: f32, i32/u32, i8/u8 and bool-mask lanes, i64
 //! comparisons read from memory) takes this path; the rest stay Cranelift's, with the
 //! reason in their note. The vector axis is the output's innermost axis longer than one
 //! (for a kernel without a reduction; axes after it have one position: an SE block's
@@ -19,7 +19,23 @@
 //!   at a time, the last vector masked (masked lanes add 0 or compare as −∞), then
 //!   folded across lanes;
 //! - the output row is a loop that evaluates the kernel's root a vector at a time and
-//!   stores it (the last vector masked).
+//!   stores it (the last vector masked); a **column reduction** in it (a sum or max over
+//!   an axis before the output row's, `Σ_j x[j, i]`: a mean over tokens, a LayerNorm
+//!   over channels first) is a loop over its variable for each output vector, each lane
+//!   adding in the kernel's order ([`Emit::column_reduction`]).
+//!
+//! A kernel with a form that has eight lanes only (an i64 conversion to f32) takes eight
+//! lanes on an AVX-512 CPU too.
+//!
+//! **Index lanes.** Index arithmetic that varies along the row — a concatenation's
+//! `p < A ? a[min(p, A − 1)] : b[max(p − A, 0)]`, a padding's inside test — runs as i32
+//! lanes of positions (`r8 + i`, row coordinates from the stack, [`Emit::lane_eval`])
+//! wherever [`lane_form`] bounds every intermediate value within i32: a bool of them is
+//! a vector mask, and a load indexed by them a gather at the offsets they give (in
+//! bounds by the same ranges). Movement kernels that are not one load (a fused Concat)
+//! come here too. A padded load (`Bounds::Pad`) whose index may leave its input checks
+//! those dimensions' lanes the same way: lanes outside read nothing (the gather's mask)
+//! and take the pad value.
 //!
 //! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
 //! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
@@ -38,8 +54,15 @@
 //!
 //! Operations: those of [`super::vops`] (`+ − × ÷`, `max`/`min` with NaN, comparisons,
 //! selects, casts between lane types, rounding, `exp`/`erf`/`tanh`/`log` as the same
-//! inline code as everywhere else). Loads are f32, i32, u32 (or i64 under a comparison) and in bounds,
-//! at affine offsets that step 0 or 1 element along the row.
+//! inline code as everywhere else). Loads are f32, i32, u32, i8, u8 or bool (bytes extended
+//! to 32-bit lanes by `vpmovsxbd`/`vpmovzxbd`, a bool then compared with 0; an eight-lane
+//! tail read in pieces, never past the row) or i64 under a comparison, in bounds,
+//! at offsets that step 0 or 1 element along the row (any other step of 32-bit elements is
+//! a gather, `vgatherdps`). An offset is affine, or **row-indexed**: a dimension's index
+//! computed from data once per row (an embedding lookup's token id, with its wrap-around
+//! and clamp), by scalar code over the row coordinates when the row's base pointers are
+//! set ([`Emit::gpr_eval`]), then clamped into the dimension; such loads may clamp (the
+//! other dimensions of a clamped load must stay inside by their affine range).
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
 
@@ -47,14 +70,14 @@ use std::collections::HashMap;
 
 use iced_x86::code_asm::*;
 use kiln_flow::affine::{load_offset, AffineIndex};
-use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
 use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
 use super::math::held_constants;
 use super::vector::{Mask, Op, Src, Vx, V};
-use super::vops::{const_word, is_i64_compare, lane_type, op_form, op_scratch, I64Src};
+use super::vops::{byte_type, const_word, is_i64_compare, is_i64_to_f32, lane_type, op_form, op_scratch, I64Src};
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -67,19 +90,51 @@ enum Place {
     Out,
     /// Varies along the row of reduction `r` (its node).
     Along(u32),
+    /// Varies along the output row and along reduction `r`'s variable: the operand of a
+    /// column reduction ([`Emit::column_reduction`]), which runs inside the output loop.
+    Col(u32),
 }
 
-/// A load: its base (binding and row-dependent element offset) and its step along the row.
+/// A term of a load's offset computed from data once per row (an embedding lookup's
+/// token): index expression `expr` of a dimension of `extent` positions and `stride`
+/// elements, clamped into the dimension.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct RowIndexed {
+    expr: ExprId,
+    stride: i64,
+    extent: i64,
+}
+
+/// A load: its base (binding and row-dependent element offset), its step along the row,
+/// and in a column reduction's operand its step per iteration of the reduction.
 struct LoadPlan {
     base: usize,
     step: i64,
+    jstride: i64,
+    /// Index terms evaluated as i32 lanes along the row (a concatenation's clamped
+    /// positions): (expression, stride in elements); the load is then a gather.
+    lanes: Vec<LaneTerm>,
+    /// The value of a `Pad` load outside its input (where a lane term is checked).
+    pad: u32,
+}
+
+/// A term of a load's offset evaluated as i32 lanes ([`Emit::lane_eval`]): index
+/// expression `expr` of a dimension of `stride` elements; `check`: the dimension's extent
+/// where the index may leave it (a `Pad` load: lanes outside read nothing and take the
+/// pad value).
+#[derive(Clone, Copy, Debug)]
+struct LaneTerm {
+    expr: ExprId,
+    stride: i64,
+    check: Option<i64>,
 }
 
 struct Plan {
     place: Vec<Place>,
     loads: HashMap<u32, LoadPlan>,
-    /// Distinct (binding, row offset) pairs; the offset over the row variables only.
-    bases: Vec<(u32, AffineIndex)>,
+    /// Distinct (binding, row offset, row-indexed terms) triples; the offset over the
+    /// row variables only.
+    bases: Vec<(u32, AffineIndex, Vec<RowIndexed>)>,
     /// Row variables (all output variables but the last) and their extents.
     rows: Vec<u64>,
     /// Output row length.
@@ -90,6 +145,9 @@ struct Plan {
     /// Row values that divide values along a row: their reciprocals get a slot, and the
     /// division becomes a multiplication (only where `fast`).
     recip: Vec<u32>,
+    /// Bools computed from indices as vector masks ([`Emit::lane_eval`]: a position
+    /// compared with a concatenation's boundary, a padding's inside test).
+    lane_bool: Vec<bool>,
 }
 
 fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
@@ -132,12 +190,12 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             owner.insert(vars[0].0, i as u32);
         }
     }
-    // i64 loads that only i64 comparisons read are data (read by the comparison);
-    // every other i64 value is index arithmetic.
+    // i64 loads that only i64 comparisons and conversions to f32 read are data (read
+    // from memory by them); every other i64 value is index arithmetic.
     let mut compared = vec![false; k.nodes.len()];
     let mut other_use = vec![false; k.nodes.len()];
     for (i, n) in k.nodes.iter().enumerate() {
-        let cmp = is_i64_compare(k, ExprId(i as u32));
+        let cmp = is_i64_compare(k, ExprId(i as u32)) || is_i64_to_f32(k, ExprId(i as u32));
         n.expr.for_each_operand(|o| {
             if cmp {
                 compared[o.index()] = true;
@@ -156,6 +214,13 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             place.push(Place::Index);
             continue;
         }
+        // A comparison of indices (a negative token id's wrap-around) is an index too.
+        if let Expr::Binary(op, a, b) = n.expr {
+            if op.is_comparison() && place[a.index()] == Place::Index && place[b.index()] == Place::Index {
+                place.push(Place::Index);
+                continue;
+            }
+        }
         if n.ty != ScalarType::I64 && !lane_type(n.ty) {
             return no(format!("a {} value", n.ty.name()));
         }
@@ -169,24 +234,91 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
                 Some(&r) => Place::Along(r),
                 None => return no("a variable that is neither a row nor a reduction"),
             },
+            // Along the output row and a reduction's variable: a column reduction's
+            // operand.
+            [a, b] if (a == u || b == u) && owner.contains_key(&(a + b - u)) => Place::Col(owner[&(a + b - u)]),
             _ => return no("a value along two axes"),
         };
         match &n.expr {
             Expr::Const(_) | Expr::Reduce { .. } => {}
-            Expr::Load { bounds: Bounds::InBounds, input, .. } => {
+            // (A clamped load is checked with its index below.)
+            Expr::Load { bounds: Bounds::InBounds | Bounds::Clamp, input, .. } => {
                 let d = k.inputs[*input as usize].dtype;
-                if !matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I64) {
+                let lanes = matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::I8 | DType::U8 | DType::Bool);
+                if !lanes && d != DType::I64 {
                     return no(format!("a load of {}", d.name()));
                 }
             }
+            // A padded load of 32-bit elements: checked per lane where it may leave its
+            // input (below).
+            Expr::Load { bounds: Bounds::Pad(_), input, .. }
+                if matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32) => {}
             Expr::Load { .. } => return no("a load that may fall outside its input"),
             _ => op_form(k, ExprId(i as u32), wide).map_err(NotHere)?,
         }
         place.push(p);
     }
+    // Column reductions: those with an operand along the output row. Their operands may
+    // read no output value (no reduction nested in another's loop).
+    let columns: Vec<u32> = (0..k.nodes.len())
+        .filter_map(|i| match place[i] {
+            Place::Col(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    // Output values computed from a column reduction.
+    let mut from_column = vec![false; k.nodes.len()];
+    for (i, n) in k.nodes.iter().enumerate() {
+        let mut any = matches!(n.expr, Expr::Reduce { .. }) && columns.contains(&(i as u32));
+        n.expr.for_each_operand(|o| any |= from_column[o.index()]);
+        from_column[i] = any;
+        let inner = matches!(place[i], Place::Col(r) | Place::Along(r) if columns.contains(&r));
+        let mut nested = false;
+        n.expr.for_each_operand(|o| nested |= inner && from_column[o.index()]);
+        if nested {
+            return no("a reduction inside a column reduction");
+        }
+        if let Expr::Reduce { .. } = n.expr {
+            if columns.contains(&(i as u32)) && place[i] != Place::Out {
+                return no("a column reduction that is not along the output row");
+            }
+        }
+    }
+    // Bools of indices that are values (a select's condition) are lanes of positions
+    // ([`lane_form`]): vector masks.
+    let mut lane_bool = vec![false; k.nodes.len()];
+    for i in 0..k.nodes.len() {
+        let n = &k.nodes[i];
+        let data_use = is_i64_compare(k, ExprId(i as u32)) || is_i64_to_f32(k, ExprId(i as u32));
+        if matches!(n.expr, Expr::Load { .. }) || data_use || place[i] == Place::Index || lane_bool[i] {
+            continue;
+        }
+        let mut ops = Vec::new();
+        n.expr.for_each_operand(|o| ops.push(o));
+        for o in ops {
+            if place[o.index()] != Place::Index || k.node(o).ty != ScalarType::Bool {
+                continue;
+            }
+            if lane_form(k, o, u, lo, 0).is_none() {
+                return no("an index used as a value");
+            }
+            let mut axes: Vec<u32> = free[o.index()].iter().copied().filter(|&v| !is_row(v)).collect();
+            axes.dedup();
+            place[o.index()] = match axes[..] {
+                [] => Place::Row,
+                [v] if v == u => Place::Out,
+                _ => return no("an index used as a value"),
+            };
+            lane_bool[o.index()] = true;
+        }
+    }
     // Index nodes feed loads only.
     for (i, n) in k.nodes.iter().enumerate() {
-        if !matches!(n.expr, Expr::Load { .. }) && !is_i64_compare(k, ExprId(i as u32)) {
+        if !matches!(n.expr, Expr::Load { .. })
+            && !is_i64_compare(k, ExprId(i as u32))
+            && place[i] != Place::Index
+            && !lane_bool[i]
+        {
             let mut bad = false;
             n.expr.for_each_operand(|o| bad |= place[o.index()] == Place::Index && n.ty != ScalarType::I64);
             if bad {
@@ -195,34 +327,57 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         }
     }
     let mut loads = HashMap::new();
-    let mut bases: Vec<(u32, AffineIndex)> = Vec::new();
+    let mut bases: Vec<(u32, AffineIndex, Vec<RowIndexed>)> = Vec::new();
     for (i, n) in k.nodes.iter().enumerate() {
-        let Expr::Load { input, index, .. } = &n.expr else { continue };
-        let off = load_offset(k, *input, index).ok_or_else(|| NotHere("a load at a non-affine offset".into()))?;
+        let Expr::Load { input, index, bounds } = &n.expr else { continue };
+        let row_var = |v: u32| v < lo || k.vars.get(v as usize) == Some(&1);
+        let lane = |e: ExprId| lane_form(k, e, u, lo, 0);
+        let (off, dynamic, lanes) = match (load_offset(k, *input, index), bounds) {
+            (Some(off), Bounds::InBounds) => (off, Vec::new(), Vec::new()),
+            _ => row_indexed(k, *input, index, *bounds, &row_var, &lane)?,
+        };
+        let gathers32 = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
+        if !(lanes.is_empty() || gathers32 && matches!(place[i], Place::Out | Place::Row)) {
+            return no("a load at a non-affine offset");
+        }
+        let reduction_var = |r: u32| match &k.node(ExprId(r)).expr {
+            Expr::Reduce { vars, .. } => Some(vars[0].0),
+            _ => None,
+        };
         let axis = match place[i] {
             Place::Out => Some(u),
-            Place::Along(r) => match &k.node(ExprId(r)).expr {
-                Expr::Reduce { vars, .. } => Some(vars[0].0),
-                _ => None,
-            },
+            Place::Along(r) if !columns.contains(&r) => reduction_var(r),
+            Place::Col(_) | Place::Along(_) => Some(u),
             _ => None,
         };
         let step = axis.map_or(0, |a| off.of(a));
-        if step != 0 && step != 1 {
+        // In a column reduction's operand, the step per iteration of its variable.
+        let jstride = match place[i] {
+            Place::Col(r) | Place::Along(r) if columns.contains(&r) => reduction_var(r).map_or(0, |w| off.of(w)),
+            _ => 0,
+        };
+        // Other steps are gathers, of 32-bit elements (f32, i32, u32).
+        let gathers = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
+        let in_reach = step.checked_mul(4 * 16).is_some_and(|b| i32::try_from(b).is_ok());
+        if step != 0 && step != 1 && !(gathers && in_reach) {
             return no("a load that strides along the row");
         }
         let mut row = AffineIndex { c: off.c, coef: vec![0; k.vars.len()] };
         for v in 0..lo as usize {
             row.coef[v] = off.of(v as u32);
         }
-        let b = match bases.iter().position(|(bi, o)| bi == input && *o == row) {
+        let b = match bases.iter().position(|(bi, o, d)| bi == input && *o == row && *d == dynamic) {
             Some(b) => b,
             None => {
-                bases.push((*input, row));
+                bases.push((*input, row, dynamic));
                 bases.len() - 1
             }
         };
-        loads.insert(i as u32, LoadPlan { base: b, step });
+        let pad = match bounds {
+            Bounds::Pad(bits) => *bits as u32,
+            _ => 0,
+        };
+        loads.insert(i as u32, LoadPlan { base: b, step, jstride, lanes, pad });
     }
     let rows = k.vars[..lo as usize].to_vec();
     let stash = stash(k, &place, &free, u);
@@ -238,7 +393,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             }
         }
     }
-    Ok(Plan { place, loads, bases, rows, len, stash, recip })
+    Ok(Plan { place, loads, bases, rows, len, stash, recip, lane_bool })
 }
 
 /// The first output axis of the run `lo..=u` that every load reads contiguously (its
@@ -299,6 +454,10 @@ fn stash(k: &Kernel, place: &[Place], free: &[Vec<u32>], u: u32) -> Option<(u32,
     }
     for (r, n) in k.nodes.iter().enumerate() {
         let Expr::Reduce { vars, body, .. } = &n.expr else { continue };
+        // (A column reduction runs inside the output loop.)
+        if place[r] != Place::Row {
+            continue;
+        }
         let w = vars[0].0;
         // Only a computed operand is worth a store and a load.
         if k.vars[w as usize] != k.vars[u as usize] || matches!(k.node(*body).expr, Expr::Load { .. } | Expr::Const(_))
@@ -360,6 +519,7 @@ pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
         recip_slots: HashMap::new(),
         wide,
         held,
+        tail_lanes: 0,
     };
     let workgroups = e.function()?;
     Ok(RowCode { code: e.a.assemble(0)?, workgroups, wide, stored, reciprocal })
@@ -406,6 +566,8 @@ struct Emit<'k> {
     wide: bool,
     /// Constants held in registers (16 lanes only).
     held: Vec<(u32, V)>,
+    /// Lanes of the tail vector being emitted (what its mask lets through).
+    tail_lanes: u64,
 }
 
 /// The state of one vector evaluation: node → register, remaining uses, free registers.
@@ -456,7 +618,8 @@ impl Emit<'_> {
         let vb = self.vx().bytes();
         // Row values that the root needs, in node order.
         let needed = needed(k);
-        let mut off = S_BASE + 8 * self.p.bases.len() as i32;
+        // Bases, then the row coordinates (for index lanes), then row values.
+        let mut off = self.coord_slot(self.p.rows.len());
         off = (off + vb - 1) / vb * vb;
         for (i, &pl) in self.p.place.iter().enumerate() {
             if pl == Place::Row && needed[i] {
@@ -539,10 +702,7 @@ impl Emit<'_> {
     /// the stack.
     fn bases(&mut self) -> R<()> {
         let nrows = self.p.rows.len();
-        // Coordinates on the stack after the bases would need room; keep them in
-        // registers r8, r9, r10, r11, r12, r14, r15, rbx (up to 8 row variables).
-        const COORD: [AsmRegister64; 8] = [r8, r9, r10, r11, r12, r14, r15, rbx];
-        if nrows > COORD.len() {
+        if nrows > ROW_COORD.len() {
             return no("more than 8 row variables");
         }
         self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
@@ -550,15 +710,17 @@ impl Emit<'_> {
             self.a.xor(edx, edx)?;
             self.a.mov(rcx, self.p.rows[d] as i64)?;
             self.a.div(rcx)?;
-            self.a.mov(COORD[d], rdx)?;
+            self.a.mov(ROW_COORD[d], rdx)?;
+            let slot = self.coord_slot(d);
+            self.a.mov(qword_ptr(rsp + slot), rdx)?;
         }
         for b in 0..self.p.bases.len() {
-            let (binding, off) = self.p.bases[b].clone();
+            let (binding, off, dynamic) = self.p.bases[b].clone();
             let size = elem_size(self.k, binding);
             self.a.mov(rax, qword_ptr(rbp + 8 * binding as i32))?;
             let c = off.c.checked_mul(size).ok_or_else(|| NotHere("offset overflow".into()))?;
             add_imm(&mut self.a, rax, c, rcx)?;
-            for (d, &reg) in COORD.iter().enumerate().take(nrows) {
+            for (d, &reg) in ROW_COORD.iter().enumerate().take(nrows) {
                 let coef = off.of(d as u32) * size;
                 if coef != 0 {
                     let coef = i32::try_from(coef).map_err(|_| NotHere("row stride".into()))?;
@@ -566,7 +728,276 @@ impl Emit<'_> {
                     self.a.add(rax, rcx)?;
                 }
             }
-            self.a.mov(qword_ptr(rsp + (S_BASE + 8 * b as i32)), rax)?;
+            let slot = S_BASE + 8 * b as i32;
+            self.a.mov(qword_ptr(rsp + slot), rax)?;
+            // Row-indexed terms: evaluated from data, clamped into their dimension.
+            for t in &dynamic {
+                self.gpr_eval(t.expr, 0)?;
+                self.clamp_rax(t.extent)?;
+                let scale = t.stride.checked_mul(size).and_then(|b| i32::try_from(b).ok());
+                let scale = scale.ok_or_else(|| NotHere("row stride".into()))?;
+                self.a.imul_3(rax, rax, scale)?;
+                self.a.add(qword_ptr(rsp + slot), rax)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A load whose index has lane terms ([`LoadPlan::lanes`]): the element offsets
+    /// `step·(r8 + i) + Σ lane·stride` as i32 lanes, then a gather from the row's base;
+    /// where a term is checked (a `Pad` load), lanes whose index leaves its dimension
+    /// read nothing and take the pad value.
+    fn lane_load(
+        &mut self,
+        base: usize,
+        step: i64,
+        lanes: &[LaneTerm],
+        pad: u32,
+        v: &mut VecEval,
+        mask: Option<Mask>,
+    ) -> R<V> {
+        let imm = |x: i64| i32::try_from(x).ok().map(|w| w as u32);
+        let idx = v.pool.pop().ok_or_else(|| NotHere("a gather needs more registers".into()))?;
+        let t = self.scratch(2, v)?;
+        let (t, t2) = (t[0], t[1]);
+        // The lanes inside every checked dimension (all ones until one is checked).
+        let inside = if lanes.iter().any(|l| l.check.is_some()) { Some(self.scratch(1, v)?[0]) } else { None };
+        if let Some(m) = inside {
+            self.vx().mov(m, Src::C(u32::MAX))?;
+        }
+        self.vx().positions(idx)?;
+        let c = imm(step).ok_or_else(|| NotHere("a gather step".into()))?;
+        self.vx().mov(t, Src::C(c))?;
+        self.vx().int3(BinaryOp::Mul, true, idx, idx, t)?;
+        for l in lanes {
+            let x = self.lane_eval(l.expr, v)?;
+            if let (Some(extent), Some(m)) = (l.check, inside) {
+                // 0 ≤ x < extent: x > −1 and extent > x.
+                let scratch = self.scratch(2, v)?;
+                let mut vx = self.vx();
+                vx.mov(t, Src::C(u32::MAX))?;
+                vx.int_compare(BinaryOp::Gt, true, t2, x, t, &scratch)?;
+                vx.op(Op::And, m, m, Src::R(t2))?;
+                let e = imm(extent).ok_or_else(|| NotHere("a padded extent".into()))?;
+                vx.mov(t, Src::C(e))?;
+                vx.int_compare(BinaryOp::Lt, true, t2, x, t, &scratch)?;
+                vx.op(Op::And, m, m, Src::R(t2))?;
+                v.pool.extend(scratch);
+            }
+            let c = imm(l.stride).ok_or_else(|| NotHere("a gather stride".into()))?;
+            self.vx().mov(t, Src::C(c))?;
+            let mut vx = self.vx();
+            vx.int3(BinaryOp::Mul, true, x, x, t)?;
+            vx.int3(BinaryOp::Add, true, idx, idx, x)?;
+            v.pool.push(x);
+        }
+        let r = self.result_reg(&[], v)?;
+        self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+        match inside {
+            None => self.vx().gather_at(r, rax, idx, mask, t)?,
+            Some(m) => {
+                // The gather's mask: inside, and within the tail.
+                let gm = if self.wide {
+                    self.a.vptestmd(k7, zmm_of(m), zmm_of(m))?;
+                    if let Some(tm) = mask {
+                        self.a.kandw(k7, k7, k_of(tm))?;
+                    }
+                    Mask(7)
+                } else {
+                    self.vx().mov(t2, Src::R(m))?;
+                    if let Some(tm) = mask {
+                        self.vx().op(Op::And, t2, t2, Src::R(V(tm.0)))?;
+                    }
+                    Mask(t2.0)
+                };
+                self.vx().gather_at(r, rax, idx, Some(gm), t)?;
+                if pad != 0 {
+                    self.vx().mov(t, Src::C(pad))?;
+                    self.vx().select(r, m, r, t)?;
+                }
+                v.pool.push(m);
+            }
+        }
+        v.pool.extend([idx, t, t2]);
+        Ok(r)
+    }
+
+    /// The stack slot of row coordinate `d` (after the base pointers).
+    fn coord_slot(&self, d: usize) -> i32 {
+        S_BASE + 8 * (self.p.bases.len() + d) as i32
+    }
+
+    /// Evaluates index expression `e` ([`lane_form`]) as i32 lanes along the row into a
+    /// register of `v`'s pool: the position `r8 + i` for the row's variable, a row
+    /// coordinate from its slot, a bool as a vector mask; operand registers go back to
+    /// the pool.
+    fn lane_eval(&mut self, e: ExprId, v: &mut VecEval) -> R<V> {
+        let node = self.k.node(e).clone();
+        let take = |v: &mut VecEval| v.pool.pop().ok_or_else(|| NotHere("index lanes need more registers".into()));
+        let nrows = self.p.rows.len();
+        let d = match &node.expr {
+            Expr::Const(bits) => {
+                let d = take(v)?;
+                self.vx().mov(d, Src::C(const_word(node.ty, *bits)))?;
+                d
+            }
+            Expr::Var(x) if (x.0 as usize) < nrows => {
+                let d = take(v)?;
+                let slot = self.coord_slot(x.0 as usize);
+                self.vx().broadcast_dword(d, ptr(rsp + slot))?;
+                d
+            }
+            Expr::Var(x) if self.k.vars.get(x.0 as usize) == Some(&1) => {
+                let d = take(v)?;
+                self.vx().mov(d, Src::C(0))?;
+                d
+            }
+            Expr::Var(_) => {
+                let d = take(v)?;
+                self.vx().positions(d)?;
+                d
+            }
+            Expr::Cast { value, .. } => return self.lane_eval(*value, v),
+            Expr::Unary(_, a) => {
+                let x = self.lane_eval(*a, v)?;
+                self.vx().not(x, x)?;
+                x
+            }
+            Expr::Binary(op, a, b) => {
+                let at = self.k.node(*a).ty;
+                let x = self.lane_eval(*a, v)?;
+                let y = self.lane_eval(*b, v)?;
+                let t = self.scratch(2, v)?;
+                let mut vx = self.vx();
+                match op {
+                    BinaryOp::And => vx.op(Op::And, x, x, Src::R(y))?,
+                    BinaryOp::Or => vx.op(Op::Or, x, x, Src::R(y))?,
+                    BinaryOp::Xor => vx.op(Op::Xor, x, x, Src::R(y))?,
+                    BinaryOp::Eq | BinaryOp::Ne if at == ScalarType::Bool => {
+                        vx.op(Op::Xor, x, x, Src::R(y))?;
+                        if *op == BinaryOp::Eq {
+                            vx.not(x, x)?;
+                        }
+                    }
+                    op if op.is_comparison() => vx.int_compare(*op, true, x, x, y, &t)?,
+                    op => vx.int3(*op, true, x, x, y)?,
+                }
+                v.pool.extend(t);
+                v.pool.push(y);
+                x
+            }
+            Expr::Select(c, a, b) => {
+                let rc = self.lane_eval(*c, v)?;
+                let x = self.lane_eval(*a, v)?;
+                let y = self.lane_eval(*b, v)?;
+                self.vx().select(x, rc, x, y)?;
+                v.pool.extend([rc, y]);
+                x
+            }
+            _ => return no("an index without a lane form"),
+        };
+        Ok(d)
+    }
+
+    /// `rax = clamp(rax, 0, extent − 1)` (rcx clobbered).
+    fn clamp_rax(&mut self, extent: i64) -> R<()> {
+        self.a.xor(ecx, ecx)?;
+        self.a.cmp(rax, rcx)?;
+        self.a.cmovl(rax, rcx)?;
+        self.a.mov(rcx, extent - 1)?;
+        self.a.cmp(rax, rcx)?;
+        self.a.cmovg(rax, rcx)?;
+        Ok(())
+    }
+
+    /// Evaluates row-constant index expression `e` ([`gpr_form`]) into `rax` as the
+    /// interpreter does (i64 arithmetic wrapping, bools 0 or 1), from the row
+    /// coordinates in [`ROW_COORD`] and the kernel's inputs; `rcx` and `rdx` are clobbered
+    /// and operands wait on the stack (`depth` values pushed so far, at most
+    /// [`GPR_DEPTH`]).
+    fn gpr_eval(&mut self, e: ExprId, depth: usize) -> R<()> {
+        if depth > GPR_DEPTH {
+            return no("an index expression too deep");
+        }
+        let node = self.k.node(e).clone();
+        // Both operands: a into rax, b into rcx.
+        let pair = |s: &mut Self, a: ExprId, b: ExprId| -> R<()> {
+            s.gpr_eval(a, depth)?;
+            s.a.push(rax)?;
+            s.gpr_eval(b, depth + 1)?;
+            s.a.mov(rcx, rax)?;
+            s.a.pop(rax)?;
+            Ok(())
+        };
+        match &node.expr {
+            Expr::Const(bits) => self.a.mov(rax, *bits as i64)?,
+            // A row variable's coordinate; an output axis of one position is 0.
+            Expr::Var(v) if (v.0 as usize) < self.p.rows.len() => self.a.mov(rax, ROW_COORD[v.0 as usize])?,
+            Expr::Var(v) if self.k.vars.get(v.0 as usize) == Some(&1) => self.a.xor(eax, eax)?,
+            Expr::Cast { value, .. } => self.gpr_eval(*value, depth)?,
+            Expr::Load { input, index, bounds } => {
+                // Flat offset Σ index·stride, each index clamped (a no-op for the
+                // in-bounds loads the verifier proved), on the stack as it grows.
+                let dims: Vec<i64> = self.k.inputs[*input as usize].shape.dims().iter().map(|&d| d as i64).collect();
+                self.a.push(0)?;
+                let mut stride = 1i64;
+                for d in (0..index.len()).rev() {
+                    self.gpr_eval(index[d], depth + 1)?;
+                    if *bounds == Bounds::Clamp || *bounds == Bounds::InBounds {
+                        self.clamp_rax(dims[d])?;
+                    }
+                    let st = i32::try_from(stride).map_err(|_| NotHere("an index stride".into()))?;
+                    self.a.imul_3(rax, rax, st)?;
+                    self.a.add(qword_ptr(rsp), rax)?;
+                    stride *= dims[d];
+                }
+                self.a.pop(rax)?;
+                self.a.mov(rcx, qword_ptr(rbp + 8 * *input as i32))?;
+                match self.k.inputs[*input as usize].dtype {
+                    DType::I64 => self.a.mov(rax, qword_ptr(rcx + rax * 8))?,
+                    DType::I32 => self.a.movsxd(rax, dword_ptr(rcx + rax * 4))?,
+                    d => return no(format!("an index load of {}", d.name())),
+                }
+            }
+            Expr::Binary(op, a, b) => {
+                pair(self, *a, *b)?;
+                match op {
+                    BinaryOp::Add => self.a.add(rax, rcx)?,
+                    BinaryOp::Sub => self.a.sub(rax, rcx)?,
+                    BinaryOp::Mul => self.a.imul_2(rax, rcx)?,
+                    BinaryOp::Min => {
+                        self.a.cmp(rax, rcx)?;
+                        self.a.cmovg(rax, rcx)?;
+                    }
+                    BinaryOp::Max => {
+                        self.a.cmp(rax, rcx)?;
+                        self.a.cmovl(rax, rcx)?;
+                    }
+                    op if op.is_comparison() => {
+                        self.a.cmp(rax, rcx)?;
+                        match op {
+                            BinaryOp::Eq => self.a.sete(al)?,
+                            BinaryOp::Ne => self.a.setne(al)?,
+                            BinaryOp::Lt => self.a.setl(al)?,
+                            BinaryOp::Le => self.a.setle(al)?,
+                            BinaryOp::Gt => self.a.setg(al)?,
+                            _ => self.a.setge(al)?,
+                        }
+                        self.a.movzx(eax, al)?;
+                    }
+                    op => return no(format!("an index {}", op.name())),
+                }
+            }
+            Expr::Select(c, a, b) => {
+                self.gpr_eval(*c, depth)?;
+                self.a.push(rax)?;
+                pair(self, *a, *b)?;
+                self.a.pop(rdx)?;
+                self.a.test(rdx, rdx)?;
+                // c ? a : b — rax holds a, rcx b.
+                self.a.cmovz(rax, rcx)?;
+            }
+            _ => return no("an index expression without a scalar form here"),
         }
         Ok(())
     }
@@ -588,6 +1019,7 @@ impl Emit<'_> {
         if n % lanes > 0 {
             let m = self.tail_mask();
             self.vx().first_lanes(m, n % lanes, eax)?;
+            self.tail_lanes = n % lanes;
             body(self, Some(m))?;
         }
         Ok(())
@@ -650,6 +1082,7 @@ impl Emit<'_> {
         if n % lanes > 0 {
             let m = self.tail_mask();
             self.vx().first_lanes(m, n % lanes, eax)?;
+            self.tail_lanes = n % lanes;
             body_fn(self, Some(m))?;
         }
         // Fold: the two accumulators, then across lanes (every lane ends with the total).
@@ -786,6 +1219,11 @@ impl Emit<'_> {
     /// Evaluates an operation node (not a row value from its slot, not the stashed value).
     fn eval_op(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<V> {
         let node = self.k.node(e).clone();
+        if self.p.lane_bool[e.index()] {
+            // (Its index operands are not counted as uses: their lanes are this
+            // evaluation's own.)
+            return self.lane_eval(e, v);
+        }
         let r = match &node.expr {
             Expr::Const(bits) => {
                 // A copy even of a held constant: the register may be reused as a result.
@@ -796,13 +1234,38 @@ impl Emit<'_> {
             }
             Expr::Load { .. } => {
                 let lp = &self.p.loads[&e.0];
-                let (base, step) = (lp.base, lp.step);
+                let (base, step, jstride) = (lp.base, lp.step, lp.jstride);
+                let (lanes, pad) = (lp.lanes.clone(), lp.pad);
+                if !lanes.is_empty() {
+                    return self.lane_load(base, step, &lanes, pad, v, mask);
+                }
                 let r = self.result_reg(&[], v)?;
                 self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
-                if step == 0 {
-                    self.vx().broadcast(r, dword_ptr(rax))?;
-                } else {
-                    self.vx().load(r, ptr(rax + r8 * 4), mask)?;
+                if jstride != 0 {
+                    // Iteration r11 of the column reduction this operand is in.
+                    let b = jstride.checked_mul(elem_size(self.k, self.p.bases[base].0));
+                    let b = b.and_then(|b| i32::try_from(b).ok()).ok_or_else(|| NotHere("a column stride".into()))?;
+                    self.a.imul_3(rcx, r11, b)?;
+                    self.a.add(rax, rcx)?;
+                }
+                let tail = mask.map(|m| (m, self.tail_lanes));
+                match (node.ty, step) {
+                    (ScalarType::Bool, step) => {
+                        let at = if step == 0 { ptr(rax) } else { ptr(rax + r8) };
+                        self.vx().load_bools(r, at, step, tail, [rcx, rdx])?
+                    }
+                    (ty, 0) if byte_type(ty) => self.vx().broadcast_byte(ty, r, ptr(rax), rcx)?,
+                    (ty, _) if byte_type(ty) => self.vx().load_bytes(ty, r, ptr(rax + r8), tail, [rcx, rdx])?,
+                    (_, 0) => self.vx().broadcast(r, dword_ptr(rax))?,
+                    (_, 1) => self.vx().load(r, ptr(rax + r8 * 4), mask)?,
+                    (_, step) => {
+                        // Element r8 of the row is at rax + 4·step·r8.
+                        let t = self.scratch(2, v)?;
+                        self.a.imul_3(rcx, r8, (4 * step) as i32)?;
+                        self.a.add(rcx, rax)?;
+                        self.vx().gather(r, rcx, step, mask, [t[0], t[1]])?;
+                        v.pool.extend(t);
+                    }
                 }
                 r
             }
@@ -819,24 +1282,19 @@ impl Emit<'_> {
                 // Operands straight from memory (r9, r10 their base pointers).
                 let mut src = [I64Src::Const(0); 2];
                 for (j, (x, reg)) in [(*a, r9), (*b, r10)].into_iter().enumerate() {
-                    src[j] = match self.k.node(x).expr {
-                        Expr::Const(c) => I64Src::Const(c as i64),
-                        _ => {
-                            let lp =
-                                self.p.loads.get(&x.0).ok_or_else(|| NotHere("an i64 load without a plan".into()))?;
-                            let (base, step) = (lp.base, lp.step);
-                            self.a.mov(reg, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
-                            if step == 0 {
-                                I64Src::Broadcast(ptr(reg))
-                            } else {
-                                I64Src::Vector(ptr(reg + r8 * 8))
-                            }
-                        }
-                    };
+                    src[j] = self.i64_src(x, reg)?;
                 }
                 let t = self.scratch(3, v)?;
                 let dst = self.result_reg(&[*a, *b], v)?;
                 self.vx().cmp_i64(*op, dst, src[0], src[1], mask, &t)?;
+                v.pool.extend(t);
+                dst
+            }
+            Expr::Cast { value, .. } if is_i64_to_f32(self.k, e) => {
+                let src = self.i64_src(*value, r9)?;
+                let t = self.scratch(6, v)?;
+                let dst = self.result_reg(&[*value], v)?;
+                self.vx().i64_to_f32(dst, src, mask, &t)?;
                 v.pool.extend(t);
                 dst
             }
@@ -875,9 +1333,70 @@ impl Emit<'_> {
                 }
                 dst
             }
+            Expr::Reduce { op, vars, body } if self.p.place[e.index()] == Place::Out => {
+                let n = self.k.vars[vars[0].0 as usize];
+                self.column_reduction(e.0, *op, *body, n, v, mask)?
+            }
             _ => return no("an operation without a row form here"),
         };
         Ok(r)
+    }
+
+    /// Column reduction `r` (`op` over `n` values of `body` for each lane of the output
+    /// vector: a sum over a non-innermost axis, `Σ_j x[j, i]`), evaluated inside the
+    /// output loop as a loop over its variable (`r11`) whose operand loads step by their
+    /// `jstride`. Each lane adds its values in the kernel's order (the interpreter's: no
+    /// reassociation); lanes outside the tail mask compute what their loads (0) give and
+    /// are not stored. The accumulator takes a register of `v`'s pool; the operand is
+    /// evaluated with the rest.
+    fn column_reduction(
+        &mut self,
+        r: u32,
+        op: ReduceOp,
+        body: ExprId,
+        n: u64,
+        v: &mut VecEval,
+        mask: Option<Mask>,
+    ) -> R<V> {
+        let acc = self.result_reg(&[], v)?;
+        let init = if op == ReduceOp::Sum { 0u32 } else { f32::NEG_INFINITY.to_bits() };
+        self.vx().mov(acc, Src::C(init))?;
+        // (Output values the operand reads, none from a column reduction, are computed
+        // in the loop too.)
+        let mut inner = self.fresh(&[body], |pl| pl == Place::Col(r) || pl == Place::Along(r) || pl == Place::Out);
+        inner.pool = v.pool.clone();
+        self.a.xor(r11d, r11d)?;
+        let mut top = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        let x = self.eval(body, &mut inner, mask)?;
+        if op == ReduceOp::Sum {
+            self.vx().op(Op::Add, acc, acc, Src::R(x))?;
+        } else {
+            let t = self.scratch(2, &mut inner)?;
+            self.nan_max_min(true, acc, acc, x, [t[0], t[1]])?;
+        }
+        self.a.inc(r11)?;
+        self.a.cmp(r11, i32::try_from(n).map_err(|_| NotHere("a column reduction over 2³¹".into()))?)?;
+        self.a.jb(top)?;
+        Ok(acc)
+    }
+
+    /// An i64 operand read from memory (an i64 comparison's, a conversion's): a
+    /// constant, or load `x` through `reg` (its base pointer, at the element of the
+    /// current vector and, in a column reduction, of iteration r11).
+    fn i64_src(&mut self, x: ExprId, reg: AsmRegister64) -> R<I64Src> {
+        if let Expr::Const(c) = self.k.node(x).expr {
+            return Ok(I64Src::Const(c as i64));
+        }
+        let lp = self.p.loads.get(&x.0).ok_or_else(|| NotHere("an i64 load without a plan".into()))?;
+        let (base, step, jstride) = (lp.base, lp.step, lp.jstride);
+        self.a.mov(reg, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+        if jstride != 0 {
+            let b = jstride.checked_mul(8).and_then(|b| i32::try_from(b).ok());
+            self.a.imul_3(rcx, r11, b.ok_or_else(|| NotHere("a column stride".into()))?)?;
+            self.a.add(reg, rcx)?;
+        }
+        Ok(if step == 0 { I64Src::Broadcast(ptr(reg)) } else { I64Src::Vector(ptr(reg + r8 * 8)) })
     }
 
     /// `n` scratch registers from the pool.
@@ -886,10 +1405,206 @@ impl Emit<'_> {
     }
 }
 
-/// Bytes of one element of input `binding` (4, or 8 for i64).
+/// The `zmm` register of `v`.
+fn zmm_of(v: V) -> AsmRegisterZmm {
+    super::vector::z(v)
+}
+
+/// The opmask register of `m`.
+fn k_of(m: Mask) -> AsmRegisterK {
+    super::vector::k(m)
+}
+
+/// The row coordinates while a row's bases are computed ([`Emit::bases`]): registers,
+/// since coordinates on the stack after the bases would need room (up to 8 row
+/// variables).
+const ROW_COORD: [AsmRegister64; 8] = [r8, r9, r10, r11, r12, r14, r15, rbx];
+
+/// Operands an index expression ([`Emit::gpr_eval`]) may hold on the stack at once.
+const GPR_DEPTH: usize = 16;
+
+/// Whether `e` is an index expression [`Emit::gpr_eval`] computes once per row: i64 (or
+/// bool, or i32 loads cast to i64) constants, row variables (`row(v)`), loads of i64/i32
+/// tensors, `+ − ×`, min/max, comparisons and selects, within [`GPR_DEPTH`].
+fn gpr_form(k: &Kernel, e: ExprId, row: &impl Fn(u32) -> bool, depth: usize) -> bool {
+    if depth > GPR_DEPTH {
+        return false;
+    }
+    let node = k.node(e);
+    let int = |x: ExprId| matches!(k.node(x).ty, ScalarType::I64 | ScalarType::Bool);
+    let sub = |x: ExprId| gpr_form(k, x, row, depth + 1);
+    match &node.expr {
+        Expr::Const(_) => int(e),
+        Expr::Var(v) => row(v.0),
+        Expr::Cast { value, to: DType::I64, .. } => {
+            matches!(k.node(*value).ty, ScalarType::I64 | ScalarType::I32) && sub(*value)
+        }
+        Expr::Load { input, index, bounds: Bounds::InBounds | Bounds::Clamp } => {
+            matches!(k.inputs[*input as usize].dtype, DType::I64 | DType::I32) && index.iter().all(|&x| sub(x))
+        }
+        Expr::Binary(op, a, b) => {
+            let ok = matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max)
+                || op.is_comparison();
+            ok && k.node(*a).ty == ScalarType::I64 && int(e) && sub(*a) && sub(*b)
+        }
+        Expr::Select(c, a, b) => int(e) && k.node(*c).ty == ScalarType::Bool && sub(*c) && sub(*a) && sub(*b),
+        _ => false,
+    }
+}
+
+/// The offset of a load whose index is not one affine form: each dimension's index is
+/// affine (within the dimension wherever the load clamps) or computed from data once
+/// per row ([`gpr_form`]; `row(v)`: whether variable `v` is a row's). Returns the affine
+/// part and the row-indexed terms.
+fn row_indexed(
+    k: &Kernel,
+    input: u32,
+    index: &[ExprId],
+    bounds: Bounds,
+    row: &impl Fn(u32) -> bool,
+    lane: &impl Fn(ExprId) -> Option<(i64, i64)>,
+) -> R<SplitOffset> {
+    let clamps = bounds == Bounds::Clamp;
+    let pads = matches!(bounds, Bounds::Pad(_));
+    // An index that may leave its dimension of a padded load: a checked lane term.
+    let checked = |e: ExprId, stride: i64, extent: i64| -> R<LaneTerm> {
+        match lane(e) {
+            Some((lo, hi)) if pads && lo.abs().max(hi.abs()).checked_mul(stride).is_some_and(|b| b < 1 << 28) => {
+                Ok(LaneTerm { expr: e, stride, check: Some(extent) })
+            }
+            _ => no("a load that may fall outside its input"),
+        }
+    };
+    let dims = k.inputs[input as usize].shape.dims();
+    let mut flat = AffineIndex { c: 0, coef: vec![0; k.vars.len()] };
+    let mut dynamic = Vec::new();
+    let mut lanes = Vec::new();
+    let mut stride = 1i64;
+    for (d, &e) in index.iter().enumerate().rev() {
+        let extent = dims[d] as i64;
+        match kiln_flow::affine::affine(k, e).or_else(|| clamped_affine(k, e)) {
+            Some(a) => {
+                let inside = a.range(k).is_some_and(|(lo, hi)| lo >= 0 && hi < extent);
+                if clamps && !inside {
+                    return no("a load that may fall outside its input");
+                }
+                if pads && !inside {
+                    lanes.push(checked(e, stride, extent)?);
+                    stride = stride.checked_mul(extent).ok_or_else(overflow)?;
+                    continue;
+                }
+                flat.c = a.c.checked_mul(stride).and_then(|x| x.checked_add(flat.c)).ok_or_else(overflow)?;
+                for (f, c) in flat.coef.iter_mut().zip(&a.coef) {
+                    *f = c.checked_mul(stride).and_then(|x| x.checked_add(*f)).ok_or_else(overflow)?;
+                }
+            }
+            None if pads => lanes.push(checked(e, stride, extent)?),
+            None if gpr_form(k, e, row, 0) => dynamic.push(RowIndexed { expr: e, stride, extent }),
+            // Along the row, as lanes: inside the dimension by its range (a clamped load
+            // too), the offset within 32 bits.
+            None => match lane(e) {
+                Some((lo, hi)) if lo >= 0 && hi < extent && hi.checked_mul(stride).is_some_and(|b| b < 1 << 28) => {
+                    lanes.push(LaneTerm { expr: e, stride, check: None })
+                }
+                _ => return no("a load at a non-affine offset"),
+            },
+        }
+        stride = stride.checked_mul(extent).ok_or_else(overflow)?;
+    }
+    Ok((flat, dynamic, lanes))
+}
+
+/// The range of index expression `e` evaluated as i32 lanes along the row
+/// ([`Emit::lane_eval`]), where it has that form: constants, the row's position (`u`,
+/// unless axes are joined into it, `lo < u`), row coordinates, axes of one position;
+/// `+ − ×`, min/max, comparisons, bool and/or/xor/not and selects, every intermediate
+/// value within i32 (so i32 lanes compute what the kernel's i64 arithmetic does).
+fn lane_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(i64, i64)> {
+    if depth > GPR_DEPTH {
+        return None;
+    }
+    let node = k.node(e);
+    let r = |x: ExprId| lane_form(k, x, u, lo, depth + 1);
+    let fits = |(a, b): (i64, i64)| (a >= i32::MIN as i64 && b <= i32::MAX as i64).then_some((a, b));
+    let (i64t, boolt) = (ScalarType::I64, ScalarType::Bool);
+    match &node.expr {
+        Expr::Const(b) if node.ty == i64t => fits((*b as i64, *b as i64)),
+        Expr::Const(_) if node.ty == boolt => Some((0, 1)),
+        Expr::Var(v) => {
+            let n = *k.vars.get(v.0 as usize)? as i64;
+            (n == 1 || v.0 < lo || (v.0 == u && lo == u)).then_some(())?;
+            fits((0, n - 1))
+        }
+        Expr::Cast { value, to: DType::I64, .. } if k.node(*value).ty == i64t => r(*value),
+        Expr::Unary(UnaryOp::Not, a) if node.ty == boolt => r(*a).map(|_| (0, 1)),
+        Expr::Binary(op, a, b) => {
+            let at = k.node(*a).ty;
+            let (x, y) = (r(*a)?, r(*b)?);
+            if (op.is_comparison() && at == i64t)
+                || (at == boolt
+                    && matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Eq | BinaryOp::Ne))
+            {
+                return Some((0, 1));
+            }
+            if at != i64t {
+                return None;
+            }
+            let v = match op {
+                BinaryOp::Add => (x.0.checked_add(y.0)?, x.1.checked_add(y.1)?),
+                BinaryOp::Sub => (x.0.checked_sub(y.1)?, x.1.checked_sub(y.0)?),
+                BinaryOp::Mul => {
+                    let c =
+                        [x.0.checked_mul(y.0)?, x.0.checked_mul(y.1)?, x.1.checked_mul(y.0)?, x.1.checked_mul(y.1)?];
+                    (*c.iter().min()?, *c.iter().max()?)
+                }
+                BinaryOp::Min => (x.0.min(y.0), x.1.min(y.1)),
+                BinaryOp::Max => (x.0.max(y.0), x.1.max(y.1)),
+                _ => return None,
+            };
+            fits(v)
+        }
+        Expr::Select(c, a, b) if node.ty == i64t || node.ty == boolt => {
+            r(*c)?;
+            let (x, y) = (r(*a)?, r(*b)?);
+            Some((x.0.min(y.0), x.1.max(y.1)))
+        }
+        _ => None,
+    }
+}
+
+/// `min(max(x, lo), hi)` (or `max(min(x, hi), lo)`) of an affine `x` whose range lies
+/// within the constants `lo..=hi` (a clamp lowering wrote along an axis that cannot
+/// leave its input): `x` itself.
+fn clamped_affine(k: &Kernel, e: ExprId) -> Option<AffineIndex> {
+    let konst = |x: ExprId| match k.node(x).expr {
+        Expr::Const(b) if k.node(x).ty == ScalarType::I64 => Some(b as i64),
+        _ => None,
+    };
+    let Expr::Binary(outer @ (BinaryOp::Min | BinaryOp::Max), y, c1) = k.node(e).expr else { return None };
+    let Expr::Binary(inner @ (BinaryOp::Min | BinaryOp::Max), x, c2) = k.node(y).expr else { return None };
+    if inner == outer {
+        return None;
+    }
+    let (b1, b2) = (konst(c1)?, konst(c2)?);
+    let (lo, hi) = if outer == BinaryOp::Min { (b2, b1) } else { (b1, b2) };
+    let a = kiln_flow::affine::affine(k, x)?;
+    let (l, h) = a.range(k)?;
+    (l >= lo && h <= hi).then_some(a)
+}
+
+/// A load's offset taken apart ([`row_indexed`]): the affine part, the row-indexed terms
+/// and the lane terms (expression, stride).
+type SplitOffset = (AffineIndex, Vec<RowIndexed>, Vec<LaneTerm>);
+
+fn overflow() -> NotHere {
+    NotHere("offset overflow".into())
+}
+
+/// Bytes of one element of input `binding` (4, 8 for i64, 1 for i8 and u8).
 fn elem_size(k: &Kernel, binding: u32) -> i64 {
     match k.inputs.get(binding as usize).map(|t| t.dtype) {
         Some(DType::I64) => 8,
+        Some(DType::I8 | DType::U8 | DType::Bool) => 1,
         _ => 4,
     }
 }
@@ -903,7 +1618,8 @@ fn needed(k: &Kernel) -> Vec<bool> {
     let mut need = vec![false; k.nodes.len()];
     need[k.root.index()] = true;
     for i in (0..k.nodes.len()).rev() {
-        if need[i] {
+        // (A load's index is its plan's, never a vector.)
+        if need[i] && !matches!(k.nodes[i].expr, Expr::Load { .. }) {
             k.nodes[i].expr.for_each_operand(|o| need[o.index()] = true);
         }
     }

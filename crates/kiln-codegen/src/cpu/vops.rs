@@ -15,18 +15,31 @@
 //! selected on, negated (`xor` with all ones) and cast: to f32 as `and` with 1.0, to
 //! i32 as a shift right by 31.
 //!
+//! **i8 and u8 values** are 32-bit lanes too, holding the value sign-extended (i8) or
+//! zero-extended (u8) — the lanes `vpmovsxbd`/`vpmovzxbd` load. Comparisons, max/min,
+//! selects and the bitwise operations keep that form as they are (signed 32-bit
+//! comparisons order both: a u8 lane is at most 255); `+ − ×`, negation, absolute value
+//! and `not` compute on the 32-bit lanes and then wrap to eight bits again
+//! ([`Vx::wrap8`]: a shift left by 24 and an arithmetic one right for i8, `and 0xFF` for
+//! u8), as the interpreter wraps. A cast to f32 is `vcvtdq2ps` (exact), to i32/u32 the
+//! lane as it is (the interpreter sign-extends i8 and zero-extends u8 too); casts from
+//! f32 to i8/u8 are [`Vx::f32_to_8bit`].
+//!
 //! i64 values have no lanes here; an i64 **comparison** whose operands are i64 loads or
 //! constants (a sequence mask, `arange(n) < length`) reads its operands straight from
 //! memory into two registers of 64-bit lanes per vector (`vpcmpgtq`/`vpcmpeqq`, or
 //! `vpcmpq` into opmasks), and writes the 32-bit lane mask of its result
-//! ([`Vx::cmp_i64`]): it is the only operation on i64 data with a vector form.
+//! ([`Vx::cmp_i64`]); an i64 **conversion to f32** of such an operand (a mask input) is
+//! the other operation on i64 data with a vector form (eight lanes, correctly rounded
+//! through f64 rounded to odd: [`Vx::i64_to_f32`]).
 //!
 //! ## Semantics
 //! Exactly the kernel interpreter's (`kiln_flow::interp`), lane by lane: f32 `max`/`min`
 //! give NaN when either operand is NaN; comparisons are ordered (false on NaN) except
 //! `ne` (true on NaN); a cast of f32 to bool is `x != 0` (NaN is true); integer
 //! arithmetic wraps; floor/ceil/round (half to even)/trunc are `vroundps`/
-//! `vrndscaleps`.
+//! `vrndscaleps`; f32 to i8/u8 truncates to an i64, saturating (NaN gives 0), then
+//! wraps to eight bits (so 300.0 gives 44 and +inf gives −1 as i8, 255 as u8).
 
 use iced_x86::code_asm::*;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType as S, UnaryOp};
@@ -49,9 +62,15 @@ macro_rules! at_width {
     };
 }
 
-/// Whether values of type `t` are lanes of a vector register (f32, i32, u32, bool).
+/// Whether values of type `t` are lanes of a vector register (f32, i32, u32, bool, and
+/// i8/u8 extended to 32 bits).
 pub(crate) fn lane_type(t: S) -> bool {
-    matches!(t, S::F32 | S::I32 | S::U32 | S::Bool)
+    matches!(t, S::F32 | S::I32 | S::U32 | S::Bool) || byte_type(t)
+}
+
+/// Whether `t` is i8 or u8: 32-bit lanes holding the value sign- or zero-extended.
+pub(crate) fn byte_type(t: S) -> bool {
+    matches!(t, S::I8 | S::U8)
 }
 
 /// An operand of an i64 comparison ([`Vx::cmp_i64`]).
@@ -77,6 +96,18 @@ pub(crate) fn is_i64_compare(k: &Kernel, e: ExprId) -> bool {
     op.is_comparison() && k.node(a).ty == S::I64 && operand(a) && operand(b)
 }
 
+/// Whether `e` is a conversion of i64 data to f32 of the form [`Vx::i64_to_f32`] takes:
+/// its operand an in-bounds load of an i64 tensor, or a constant.
+pub(crate) fn is_i64_to_f32(k: &Kernel, e: ExprId) -> bool {
+    let Expr::Cast { value, to: DType::F32, .. } = k.node(e).expr else { return false };
+    k.node(value).ty == S::I64
+        && match &k.node(value).expr {
+            Expr::Const(_) => true,
+            Expr::Load { input, bounds: Bounds::InBounds, .. } => k.inputs[*input as usize].dtype == DType::I64,
+            _ => false,
+        }
+}
+
 /// Whether operation node `e` (a unary, binary, select or cast: loads, constants and
 /// reductions are each emitter's own) has a vector form on `wide` (16-lane) or 8-lane
 /// vectors; `Err` names what has none.
@@ -90,13 +121,13 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
                 has_vector_form(*op)
                     || matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc | UnaryOp::IsNan)
             }
-            S::I32 | S::U32 => matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not),
+            S::I32 | S::U32 | S::I8 | S::U8 => matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not),
             S::Bool => *op == UnaryOp::Not,
             _ => false,
         },
         Expr::Binary(op, a, _) => match ty_of(*a) {
             S::F32 => !matches!(op, B::Rem | B::Pow | B::And | B::Or | B::Xor | B::Shl | B::Shr),
-            S::I32 | S::U32 => !matches!(op, B::Div | B::Rem | B::Pow | B::Shl | B::Shr),
+            S::I32 | S::U32 | S::I8 | S::U8 => !matches!(op, B::Div | B::Rem | B::Pow | B::Shl | B::Shr),
             S::Bool => matches!(op, B::And | B::Or | B::Xor | B::Eq | B::Ne),
             S::I64 => is_i64_compare(k, e),
             _ => false,
@@ -112,8 +143,11 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
                         | (S::Bool, S::F32 | S::I32 | S::U32 | S::Bool)
                         | (S::F32 | S::I32 | S::U32, S::Bool)
                         | (S::I32, S::F32)
+                        | (S::I8 | S::U8, S::F32 | S::I32 | S::U32 | S::I8 | S::U8 | S::Bool)
+                        | (S::F32 | S::I32 | S::U32 | S::Bool, S::I8 | S::U8)
                 )
                 || (wide && ty_of(*value) == S::U32 && to_ty == S::F32)
+                || (!wide && is_i64_to_f32(k, e))
         }
         _ => false,
     };
@@ -143,6 +177,8 @@ pub(crate) fn op_scratch(k: &Kernel, e: ExprId) -> usize {
     match &node.expr {
         Expr::Unary(op, a) if k.node(*a).ty == S::F32 => vector_scratch(*op),
         Expr::Unary(UnaryOp::Neg, _) => 1,
+        Expr::Cast { value, to: DType::I8 | DType::U8, .. } if k.node(*value).ty == S::F32 => 1,
+        Expr::Cast { value, .. } if k.node(*value).ty == S::I64 => 6,
         Expr::Binary(op, a, _) => match (k.node(*a).ty, op) {
             (S::F32, BinaryOp::Max | BinaryOp::Min) => 2,
             (S::U32, op) if op.is_comparison() => 2,
@@ -170,6 +206,8 @@ pub(crate) fn float_pred(op: BinaryOp) -> i32 {
 pub(crate) fn const_word(ty: S, bits: u64) -> u32 {
     match ty {
         S::Bool if bits != 0 => u32::MAX,
+        // Sign-extended, as i8 lanes are.
+        S::I8 => bits as u8 as i8 as i32 as u32,
         _ => bits as u32,
     }
 }
@@ -237,7 +275,7 @@ impl Vx<'_> {
     }
 
     /// A three-operand integer instruction on registers of the width in use.
-    fn int3(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V) -> R<()> {
+    pub fn int3(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V) -> R<()> {
         use BinaryOp as B;
         macro_rules! both {
             ($ins:ident) => {
@@ -262,7 +300,7 @@ impl Vx<'_> {
 
     /// `d = x op y` as a vector mask, on i32 (`signed`) or u32 lanes; `t` is scratch
     /// (two registers for u32 on eight lanes).
-    fn int_compare(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V, t: &[V]) -> R<()> {
+    pub fn int_compare(&mut self, op: BinaryOp, signed: bool, d: V, x: V, yv: V, t: &[V]) -> R<()> {
         use BinaryOp as B;
         if self.wide {
             if signed {
@@ -312,10 +350,10 @@ impl Vx<'_> {
                     (Some(t), false) => {
                         // The 32-bit lane mask's half, widened to 64-bit lanes.
                         if h == 0 {
-                            self.a.vpmovsxdq(y(q), XMM[t.0 as usize])?;
+                            self.a.vpmovsxdq(y(q), xmm(V(t.0))?)?;
                         } else {
-                            self.a.vextracti128(XMM[q.0 as usize], y(V(t.0)), 1)?;
-                            self.a.vpmovsxdq(y(q), XMM[q.0 as usize])?;
+                            self.a.vextracti128(xmm(q)?, y(V(t.0)), 1)?;
+                            self.a.vpmovsxdq(y(q), xmm(q)?)?;
                         }
                         self.a.vpmaskmovq(y(d), y(q), m)?;
                     }
@@ -381,6 +419,295 @@ impl Vx<'_> {
         Ok(())
     }
 
+    /// `d = x` wrapped to eight bits in the lane form of `ty` (i8: sign-extended, u8:
+    /// zero-extended); `x` holds any 32-bit integer.
+    pub fn wrap8(&mut self, ty: S, d: V, x: V) -> R<()> {
+        if ty == S::I8 {
+            at_width!(self, vpslld(d, x; 24));
+            at_width!(self, vpsrad(d, d; 24));
+            Ok(())
+        } else {
+            self.op(Op::And, d, x, Src::C(0xFF))
+        }
+    }
+
+    /// `d = x` (f32) converted to i8 or u8 (`ty`) as the interpreter does: truncated to
+    /// an i64, saturating (NaN gives 0), then wrapped to eight bits. `vcvttps2dq` gives
+    /// the truncation wherever it fits 32 bits, and 0x8000_0000 elsewhere (NaN, |x| ≥
+    /// 2³¹), which wraps to 0: right for NaN, for x ≤ −2⁶³ (i64::MIN wraps to 0) and for
+    /// 2³¹ ≤ |x| < 2⁶³ (such a float is a multiple of 2⁸, its low byte 0). Only x ≥ 2⁶³
+    /// (+inf included) differs: i64::MAX, whose low byte is 0xFF (−1 as i8, 255 as u8).
+    /// `t` is scratch on eight lanes, distinct from `d` and `x`, and `m` on sixteen;
+    /// `d` may be `x`.
+    pub fn f32_to_8bit(&mut self, ty: S, d: V, x: V, t: V, m: Mask) -> R<()> {
+        const TWO_63: u32 = 0x5F00_0000;
+        let ones = if ty == S::I8 { u32::MAX } else { 0xFF };
+        if self.wide {
+            self.cmp(m, x, Src::C(TWO_63), 0x1D)?; // GE_OQ: false on NaN
+            self.a.vcvttps2dq(z(d), z(x))?;
+            self.wrap8(ty, d, d)?;
+            let c = self.t.scalar(self.a, ones);
+            self.a.vpord(zk(d, m), z(d), dword_bcst(c))?;
+        } else {
+            self.cmp(Mask(t.0), x, Src::C(TWO_63), 0x1D)?;
+            self.a.vcvttps2dq(y(d), y(x))?;
+            self.wrap8(ty, d, d)?;
+            if ty == S::U8 {
+                self.op(Op::And, t, t, Src::C(0xFF))?;
+            }
+            self.op(Op::Or, d, d, Src::R(t))?;
+        }
+        Ok(())
+    }
+
+    /// `d` = the i8 or u8 (`ty`) bytes at `at`, one a lane, sign- or zero-extended; a
+    /// tail `(mask, n)` reads only the first `n` bytes (on sixteen lanes under the
+    /// opmask, which suppresses faults on the lanes it leaves out; on eight, as pieces
+    /// of 4, 2 and 1 bytes gathered in `g[0]` through `g[1]`), the other lanes 0.
+    pub fn load_bytes(
+        &mut self,
+        ty: S,
+        d: V,
+        at: AsmMemoryOperand,
+        tail: Option<(Mask, u64)>,
+        g: [AsmRegister64; 2],
+    ) -> R<()> {
+        let signed = ty == S::I8;
+        match (tail, self.wide) {
+            (None, true) => {
+                if signed {
+                    self.a.vpmovsxbd(z(d), at)?
+                } else {
+                    self.a.vpmovzxbd(z(d), at)?
+                }
+            }
+            (Some((m, _)), true) => {
+                if signed {
+                    self.a.vpmovsxbd(zk(d, m).z(), at)?
+                } else {
+                    self.a.vpmovzxbd(zk(d, m).z(), at)?
+                }
+            }
+            (None, false) => {
+                if signed {
+                    self.a.vpmovsxbd(y(d), at)?
+                } else {
+                    self.a.vpmovzxbd(y(d), at)?
+                }
+            }
+            (Some((_, n)), false) => {
+                let [acc, piece] = g;
+                let acc32 = gpr32_of(acc)?;
+                let piece32 = gpr32_of(piece)?;
+                self.a.xor(acc32, acc32)?;
+                let mut o = 0i32;
+                for size in [4u64, 2, 1] {
+                    if (n - o as u64) < size {
+                        continue;
+                    }
+                    match size {
+                        4 => self.a.mov(piece32, dword_ptr(at + o))?,
+                        2 => self.a.movzx(piece32, word_ptr(at + o))?,
+                        _ => self.a.movzx(piece32, byte_ptr(at + o))?,
+                    }
+                    if o > 0 {
+                        self.a.shl(piece, 8 * o)?;
+                    }
+                    self.a.or(acc, piece)?;
+                    o += size as i32;
+                }
+                let x = xmm(d)?;
+                self.a.vmovq(x, acc)?;
+                if signed {
+                    self.a.vpmovsxbd(y(d), x)?
+                } else {
+                    self.a.vpmovzxbd(y(d), x)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `d` = the 32-bit elements at `base + 4·idx[i]` for lanes `i` (`idx`: element
+    /// offsets in i32 lanes), by `vgatherdps`; a tail mask reads only its lanes, the
+    /// others are 0. `m`: scratch on eight lanes (the gather's mask); on sixteen, opmask
+    /// `k7` is clobbered.
+    pub fn gather_at(&mut self, d: V, base: AsmRegister64, idx: V, tail: Option<Mask>, m: V) -> R<()> {
+        if self.wide {
+            self.a.vpxord(z(d), z(d), z(d))?;
+            match tail {
+                None => self.a.kxnorw(k7, k0, k0)?,
+                Some(tm) => self.a.kmovw(k7, kreg(tm))?,
+            }
+            self.a.vgatherdps(z(d).k7(), ptr(base + z(idx) * 4))?;
+        } else {
+            self.a.vpxor(y(d), y(d), y(d))?;
+            match tail {
+                None => self.a.vpcmpeqd(y(m), y(m), y(m))?,
+                Some(tm) => self.a.vmovaps(y(m), y(V(tm.0)))?,
+            }
+            self.a.vgatherdps_3(y(d), ptr(base + y(idx) * 4), y(m))?;
+        }
+        Ok(())
+    }
+
+    /// `d` = `r8 + i` in lane `i` (a position along the row); `d` only.
+    pub fn positions(&mut self, d: V) -> R<()> {
+        let iota: Vec<u32> = (0..self.lanes() as u32).collect();
+        let l = self.t.words(self.a, &iota);
+        if self.wide {
+            // (From the general register: zmm16–31 have no VEX-encodable xmm half.)
+            self.a.vpbroadcastd(z(d), r8d)?;
+            self.a.vpaddd(z(d), z(d), zmmword_ptr(l))?;
+        } else {
+            let x = xmm(d)?;
+            self.a.vmovd(x, r8d)?;
+            self.a.vpbroadcastd(y(d), x)?;
+            self.a.vpaddd(y(d), y(d), ymmword_ptr(l))?;
+        }
+        Ok(())
+    }
+
+    /// `d` = the 32-bit integer at `at` in every lane.
+    pub fn broadcast_dword(&mut self, d: V, at: AsmMemoryOperand) -> R<()> {
+        at_width!(self, vpbroadcastd(d; dword_ptr(at)));
+        Ok(())
+    }
+
+    /// `d` = the 32-bit elements at `base + 4·step·i` for lanes `i` (a load that strides
+    /// along the row: a transposed operand), by `vgatherdps`; a tail mask reads only its
+    /// lanes (a gather reads nothing under a clear mask lane), the others are 0. `t`:
+    /// two scratch registers distinct from `d` (the lane offsets, and on eight lanes the
+    /// gather's mask, which it clears); on sixteen lanes opmask `k7` is clobbered.
+    pub fn gather(&mut self, d: V, base: AsmRegister64, step: i64, tail: Option<Mask>, t: [V; 2]) -> R<()> {
+        let lanes = self.lanes() as i64;
+        let words: Vec<u32> = (0..lanes).map(|i| (i * step) as i32 as u32).collect();
+        if words.iter().zip(0..).any(|(&w, i)| w as i32 as i64 != i * step) {
+            return Err(NotHere("a gather stride past 32 bits".into()));
+        }
+        let l = self.t.words(self.a, &words);
+        let [idx, m] = t;
+        if self.wide {
+            self.a.vmovdqu32(z(idx), zmmword_ptr(l))?;
+            self.a.vpxord(z(d), z(d), z(d))?;
+            match tail {
+                None => self.a.kxnorw(k7, k0, k0)?,
+                Some(tm) => self.a.kmovw(k7, kreg(tm))?,
+            }
+            self.a.vgatherdps(z(d).k7(), ptr(base + z(idx) * 4))?;
+        } else {
+            self.a.vmovdqu(y(idx), ymmword_ptr(l))?;
+            self.a.vpxor(y(d), y(d), y(d))?;
+            match tail {
+                None => self.a.vpcmpeqd(y(m), y(m), y(m))?,
+                Some(tm) => self.a.vmovaps(y(m), y(V(tm.0)))?,
+            }
+            self.a.vgatherdps_3(y(d), ptr(base + y(idx) * 4), y(m))?;
+        }
+        Ok(())
+    }
+
+    /// `d` = the bools (bytes, true where not 0) at `at` as a vector mask, or with
+    /// `step` 0 the one at `at` in every lane; `tail` and `g` as for
+    /// [`Vx::load_bytes`].
+    pub fn load_bools(
+        &mut self,
+        d: V,
+        at: AsmMemoryOperand,
+        step: i64,
+        tail: Option<(Mask, u64)>,
+        g: [AsmRegister64; 2],
+    ) -> R<()> {
+        if step == 0 {
+            self.broadcast_byte(S::U8, d, at, g[0])?;
+        } else {
+            self.load_bytes(S::U8, d, at, tail, g)?;
+        }
+        if self.wide {
+            self.a.vptestmd(kreg(K_CMP), z(d), z(d))?;
+            self.mask_to_vector(d, K_CMP)
+        } else {
+            let zero = self.t.vector(self.a, 0);
+            self.a.vpcmpeqd(y(d), y(d), ymmword_ptr(zero))?;
+            self.not(d, d)
+        }
+    }
+
+    /// `d` = the i8 or u8 (`ty`) at `at` in every lane, extended; `g` is clobbered.
+    pub fn broadcast_byte(&mut self, ty: S, d: V, at: AsmMemoryOperand, g: AsmRegister64) -> R<()> {
+        let g32 = gpr32_of(g)?;
+        if ty == S::I8 {
+            self.a.movsx(g32, byte_ptr(at))?;
+        } else {
+            self.a.movzx(g32, byte_ptr(at))?;
+        }
+        if self.wide {
+            self.a.vpbroadcastd(z(d), g32)?;
+        } else {
+            let x = xmm(d)?;
+            self.a.vmovd(x, g32)?;
+            self.a.vpbroadcastd(y(d), x)?;
+        }
+        Ok(())
+    }
+
+    /// `d` = i64 operand `s` converted to f32, rounded to nearest even as the
+    /// interpreter's `as f32` (eight lanes: AVX2 has no i64 conversion). Per half of
+    /// four lanes: the high dwords (signed) and the low ones (unsigned) convert exactly
+    /// to f64 (`hi·2³²`, `lo`); their sum `s` rounds once, and Fast2Sum gives its error
+    /// `e` exactly (`|hi·2³²| ≥ lo` wherever `hi ≠ 0`). Rounding `s` to odd — where
+    /// `e ≠ 0` and `s`'s last bit is even, one ulp towards `e` — keeps the sticky
+    /// information, so the final `vcvtpd2ps` rounds correctly (53 ≥ 24 + 2 bits: no double
+    /// rounding; `2⁶⁰ + 2³⁶ + 1` rounds up, not to the tie's even `2⁶⁰`). `t`: six scratch
+    /// registers distinct from `d`.
+    pub fn i64_to_f32(&mut self, d: V, s: I64Src, tail: Option<Mask>, t: &[V]) -> R<()> {
+        if self.wide || t.len() < 6 {
+            return Err(NotHere("an i64 conversion on sixteen lanes".into()));
+        }
+        let [q, t1, t2, t3, t4, t5] = [t[0], t[1], t[2], t[3], t[4], t[5]];
+        if [d, q, t1, t2, t3, t4, t5].iter().any(|r| r.0 >= 16) {
+            return Err(NotHere("an i64 conversion in a register without an xmm half".into()));
+        }
+        let x = |v: V| XMM[v.0 as usize];
+        let two32 = self.t.words(self.a, &[0, 0x41F0_0000, 0, 0x41F0_0000, 0, 0x41F0_0000, 0, 0x41F0_0000]);
+        let one = self.t.words(self.a, &[1, 0, 1, 0, 1, 0, 1, 0]);
+        let odd_dwords = self.t.words(self.a, &[1, 3, 5, 7, 1, 3, 5, 7]);
+        let even_dwords = self.t.words(self.a, &[0, 2, 4, 6, 0, 2, 4, 6]);
+        for h in 0..2 {
+            self.load_i64_half(q, s, h, tail, t1)?;
+            // hi·2³² and lo as f64, exactly.
+            self.a.vmovdqu(y(t2), ymmword_ptr(odd_dwords))?;
+            self.a.vpermd(y(t1), y(t2), y(q))?;
+            self.a.vcvtdq2pd(y(t1), x(t1))?;
+            self.a.vmulpd(y(t1), y(t1), ymmword_ptr(two32))?;
+            self.a.vmovdqu(y(t2), ymmword_ptr(even_dwords))?;
+            self.a.vpermd(y(t2), y(t2), y(q))?;
+            self.a.vcvtdq2pd(y(t2), x(t2))?;
+            self.a.vxorpd(y(t5), y(t5), y(t5))?;
+            self.a.vcmppd(y(t3), y(t2), y(t5), 0x11)?; // lo read as negative: + 2³²
+            self.a.vandpd(y(t3), y(t3), ymmword_ptr(two32))?;
+            self.a.vaddpd(y(t2), y(t2), y(t3))?;
+            // s = hi + lo rounded; e = the exact remainder (Fast2Sum).
+            self.a.vaddpd(y(t3), y(t1), y(t2))?;
+            self.a.vsubpd(y(t4), y(t3), y(t1))?;
+            self.a.vsubpd(y(t4), y(t2), y(t4))?;
+            // Round to odd: where e ≠ 0 and s is even, s ± 1 ulp towards e.
+            self.a.vcmppd(y(t1), y(t4), y(t5), 0x0C)?; // NEQ_OQ
+            self.a.vpxor(y(t2), y(t4), y(t3))?;
+            self.a.vpcmpgtq(y(t2), y(t5), y(t2))?; // signs differ: −1
+            self.a.vpor(y(t2), y(t2), ymmword_ptr(one))?; // −1 or +1
+            self.a.vpand(y(t4), y(t3), ymmword_ptr(one))?;
+            self.a.vpcmpeqq(y(t4), y(t4), y(t5))?; // s even
+            self.a.vpand(y(t4), y(t4), y(t1))?;
+            self.a.vpand(y(t2), y(t2), y(t4))?;
+            self.a.vpaddq(y(t3), y(t3), y(t2))?;
+            let half = if h == 0 { d } else { t1 };
+            self.a.vcvtpd2ps(x(half), y(t3))?;
+        }
+        self.a.vinsertf128(y(d), y(d), x(t1), 1)?;
+        Ok(())
+    }
+
     /// `d = round(x)` by `vroundps`/`vrndscaleps` mode `imm` (8 nearest even, 9 floor,
     /// 10 ceil, 11 trunc; exceptions suppressed).
     fn round(&mut self, d: V, x: V, imm: i32) -> R<()> {
@@ -400,6 +727,7 @@ impl Vx<'_> {
         use BinaryOp as B;
         let node = k.node(e);
         let arg = |i: usize| ops.get(i).copied().ok_or_else(|| NotHere("an operand without a register".into()));
+        let arg_t = |t: &[V]| t.first().copied().ok_or_else(|| NotHere("a cast without its scratch register".into()));
         match &node.expr {
             Expr::Unary(op, a) => {
                 let x = arg(0)?;
@@ -410,13 +738,27 @@ impl Vx<'_> {
                     (UnaryOp::Trunc, S::F32) => self.round(d, x, 11),
                     (UnaryOp::IsNan, S::F32) => self.cmp_vector(d, x, Src::R(x), 3),
                     (op, S::F32) => self.unary(*op, d, x, t),
-                    (UnaryOp::Not, _) => self.not(d, x),
-                    (UnaryOp::Neg, _) => {
-                        self.op(Op::Xor, t[0], t[0], Src::R(t[0]))?;
-                        self.int3(B::Sub, true, d, t[0], x)
+                    (UnaryOp::Not, ty) => {
+                        self.not(d, x)?;
+                        if ty == S::U8 {
+                            self.wrap8(ty, d, d)?;
+                        }
+                        Ok(())
                     }
-                    (UnaryOp::Abs, S::I32) => {
+                    (UnaryOp::Neg, ty) => {
+                        self.op(Op::Xor, t[0], t[0], Src::R(t[0]))?;
+                        self.int3(B::Sub, true, d, t[0], x)?;
+                        if byte_type(ty) {
+                            self.wrap8(ty, d, d)?;
+                        }
+                        Ok(())
+                    }
+                    (UnaryOp::Abs, ty @ (S::I32 | S::I8)) => {
                         at_width!(self, vpabsd(d, x));
+                        if ty == S::I8 {
+                            // |−128| = 128 wraps to −128.
+                            self.wrap8(ty, d, d)?;
+                        }
                         Ok(())
                     }
                     (UnaryOp::Abs, _) => self.mov(d, Src::R(x)),
@@ -453,6 +795,18 @@ impl Vx<'_> {
                             self.int3(*op, signed, d, x, yv)
                         }
                     }
+                    // Extended bytes order as signed 32-bit lanes, both i8 and u8.
+                    ty @ (S::I8 | S::U8) => {
+                        if op.is_comparison() {
+                            self.int_compare(*op, true, d, x, yv, t)
+                        } else {
+                            self.int3(*op, true, d, x, yv)?;
+                            if matches!(op, B::Add | B::Sub | B::Mul) {
+                                self.wrap8(ty, d, d)?;
+                            }
+                            Ok(())
+                        }
+                    }
                     ty => Err(NotHere(format!("vector {} of {ty}", op.name()))),
                 }
             }
@@ -466,7 +820,21 @@ impl Vx<'_> {
                         Ok(())
                     }
                     (S::F32, S::Bool) => self.cmp_vector(d, x, Src::C(0), 0x04),
-                    (S::I32 | S::U32, S::Bool) => {
+                    (S::F32, to @ (S::I8 | S::U8)) => {
+                        let t0 = arg_t(t)?;
+                        self.f32_to_8bit(to, d, x, t0, K_CMP)
+                    }
+                    (S::I8 | S::U8, S::F32) => {
+                        at_width!(self, vcvtdq2ps(d, x));
+                        Ok(())
+                    }
+                    // To a byte from a wider integer or the other byte type: wrapped.
+                    (from, to @ (S::I8 | S::U8)) if from != to && from != S::Bool => self.wrap8(to, d, x),
+                    (S::Bool, S::I8 | S::U8) => {
+                        at_width!(self, vpsrld(d, x; 31));
+                        Ok(())
+                    }
+                    (S::I32 | S::U32 | S::I8 | S::U8, S::Bool) => {
                         if self.wide {
                             self.a.vptestmd(kreg(K_CMP), z(x), z(x))?;
                             self.mask_to_vector(d, K_CMP)
@@ -494,4 +862,32 @@ impl Vx<'_> {
             _ => Err(NotHere("a vector operation that is not one".into())),
         }
     }
+}
+
+/// The 32-bit half of a general register.
+fn gpr32_of(r: AsmRegister64) -> R<AsmRegister32> {
+    const PAIRS: [(AsmRegister64, AsmRegister32); 16] = [
+        (rax, eax),
+        (rcx, ecx),
+        (rdx, edx),
+        (rbx, ebx),
+        (rsp, esp),
+        (rbp, ebp),
+        (rsi, esi),
+        (rdi, edi),
+        (r8, r8d),
+        (r9, r9d),
+        (r10, r10d),
+        (r11, r11d),
+        (r12, r12d),
+        (r13, r13d),
+        (r14, r14d),
+        (r15, r15d),
+    ];
+    PAIRS.iter().find(|p| p.0 == r).map(|p| p.1).ok_or_else(|| NotHere("a general register".into()))
+}
+
+/// The `xmm` half of vector register `v` (VEX-encodable: `v` below 16).
+fn xmm(v: V) -> R<AsmRegisterXmm> {
+    XMM.get(v.0 as usize).copied().ok_or_else(|| NotHere("a register without a VEX xmm half".into()))
 }
