@@ -21,7 +21,7 @@
 //!   8×8 (or 4×8, 4×4) accumulator tile per thread, convolutions as implicit GEMM
 //!   through the operands' affine maps, the epilogue evaluated per element in
 //!   registers. The grid is exactly one block per output tile. Products of at most 8
-//!   rows take [`skinny`] instead: a lane per output column, the warps of a block (and
+//!   rows (16 where the tiles would leave the GPU idle) take [`skinny`] instead: a lane per output column, the warps of a block (and
 //!   the blocks of a cluster) splitting the reduction.
 //! - Window ([`window`]): depthwise convolutions and pools over channel planes, a few
 //!   adjacent outputs of a row per thread, taps unrolled at compile-time offsets,
