@@ -474,27 +474,9 @@ impl Vx<'_> {
     ) -> R<()> {
         let signed = ty == S::I8;
         match (tail, self.wide) {
-            (None, true) => {
-                if signed {
-                    self.a.vpmovsxbd(z(d), at)?
-                } else {
-                    self.a.vpmovzxbd(z(d), at)?
-                }
-            }
-            (Some((m, _)), true) => {
-                if signed {
-                    self.a.vpmovsxbd(zk(d, m).z(), at)?
-                } else {
-                    self.a.vpmovzxbd(zk(d, m).z(), at)?
-                }
-            }
-            (None, false) => {
-                if signed {
-                    self.a.vpmovsxbd(y(d), at)?
-                } else {
-                    self.a.vpmovzxbd(y(d), at)?
-                }
-            }
+            (None, true) => extend_bytes(&mut self.a, signed, z(d), at)?,
+            (Some((m, _)), true) => extend_bytes(&mut self.a, signed, zk(d, m).z(), at)?,
+            (None, false) => extend_bytes(&mut self.a, signed, y(d), at)?,
             (Some((_, n)), false) => {
                 let [acc, piece] = g;
                 let acc32 = gpr32_of(acc)?;
@@ -518,11 +500,7 @@ impl Vx<'_> {
                 }
                 let x = xmm(d)?;
                 self.a.vmovq(x, acc)?;
-                if signed {
-                    self.a.vpmovsxbd(y(d), x)?
-                } else {
-                    self.a.vpmovzxbd(y(d), x)?
-                }
+                extend_bytes(&mut self.a, signed, y(d), x)?
             }
         }
         Ok(())
@@ -587,24 +565,13 @@ impl Vx<'_> {
         }
         let l = self.t.words(self.a, &words);
         let [idx, m] = t;
+        // The lane offsets from the table, then the gather at them.
         if self.wide {
             self.a.vmovdqu32(z(idx), zmmword_ptr(l))?;
-            self.a.vpxord(z(d), z(d), z(d))?;
-            match tail {
-                None => self.a.kxnorw(k7, k0, k0)?,
-                Some(tm) => self.a.kmovw(k7, kreg(tm))?,
-            }
-            self.a.vgatherdps(z(d).k7(), ptr(base + z(idx) * 4))?;
         } else {
             self.a.vmovdqu(y(idx), ymmword_ptr(l))?;
-            self.a.vpxor(y(d), y(d), y(d))?;
-            match tail {
-                None => self.a.vpcmpeqd(y(m), y(m), y(m))?,
-                Some(tm) => self.a.vmovaps(y(m), y(V(tm.0)))?,
-            }
-            self.a.vgatherdps_3(y(d), ptr(base + y(idx) * 4), y(m))?;
         }
-        Ok(())
+        self.gather_at(d, base, idx, tail, m)
     }
 
     /// `d` = the bools (bytes, true where not 0) at `at` as a vector mask, or with
@@ -890,4 +857,17 @@ fn gpr32_of(r: AsmRegister64) -> R<AsmRegister32> {
 /// The `xmm` half of vector register `v` (VEX-encodable: `v` below 16).
 fn xmm(v: V) -> R<AsmRegisterXmm> {
     XMM.get(v.0 as usize).copied().ok_or_else(|| NotHere("a register without a VEX xmm half".into()))
+}
+
+/// `vpmovsxbd` (signed) or `vpmovzxbd` of `src` into `dst`, at whatever width and
+/// masking `dst` has: each byte of `src` extended to a 32-bit lane.
+fn extend_bytes<D, F>(a: &mut CodeAssembler, signed: bool, dst: D, src: F) -> Result<(), IcedError>
+where
+    CodeAssembler: asm_traits::CodeAsmVpmovsxbd<D, F> + asm_traits::CodeAsmVpmovzxbd<D, F>,
+{
+    if signed {
+        a.vpmovsxbd(dst, src)
+    } else {
+        a.vpmovzxbd(dst, src)
+    }
 }
