@@ -1980,6 +1980,29 @@ impl Emitter<'_> {
 
     /// Evaluates epilogue node `e` for one accumulator into a register; a node is
     /// evaluated once per accumulator and its register reused after its last use.
+    /// Where an i64 operand `x` of the epilogue comes from at `slot`: a constant, or its
+    /// epilogue load (a vector along the row, or one element broadcast).
+    fn i64_src(&mut self, x: ExprId, slot: &TileSlot) -> I64Src {
+        if let Expr::Const(c) = self.k.node(x).expr {
+            return I64Src::Const(c as i64);
+        }
+        let lanes = self.vx().lanes() as i64;
+        let el = self.eloads[&x.0];
+        let b = &self.bases[el.base];
+        let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
+        let at = ptr(EPTR[el.base - 3] + disp as i32);
+        if el.vector {
+            I64Src::Vector(at)
+        } else {
+            I64Src::Broadcast(at)
+        }
+    }
+
+    /// `n` scratch registers from the pool (the caller returns them).
+    fn scratch(ev: &mut Eval<'_>, n: usize) -> R<Vec<V>> {
+        (0..n).map(|_| ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))).collect()
+    }
+
     fn eval(&mut self, e: ExprId, slot: &TileSlot, ev: &mut Eval<'_>) -> R<V> {
         if e == self.c.reduce {
             return Ok(slot.acc);
@@ -2057,28 +2080,8 @@ impl Emitter<'_> {
                 }
             }
             Expr::Binary(op, a, b) if is_i64_compare(self.k, e) => {
-                let lanes = self.vx().lanes() as i64;
-                let mut src = [I64Src::Const(0); 2];
-                for (j, x) in [*a, *b].into_iter().enumerate() {
-                    src[j] = match self.k.node(x).expr {
-                        Expr::Const(c) => I64Src::Const(c as i64),
-                        _ => {
-                            let el = self.eloads[&x.0];
-                            let b = &self.bases[el.base];
-                            let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
-                            let at = ptr(EPTR[el.base - 3] + disp as i32);
-                            if el.vector {
-                                I64Src::Vector(at)
-                            } else {
-                                I64Src::Broadcast(at)
-                            }
-                        }
-                    };
-                }
-                let mut t = Vec::with_capacity(3);
-                for _ in 0..3 {
-                    t.push(ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?);
-                }
+                let src = [self.i64_src(*a, slot), self.i64_src(*b, slot)];
+                let t = Self::scratch(ev, 3)?;
                 let dst = self.result_reg(&[*a, *b], ev)?;
                 self.vx().cmp_i64(*op, dst, src[0], src[1], slot.mask, &t)?;
                 ev.pool.extend(t);
@@ -2179,25 +2182,8 @@ impl Emitter<'_> {
                 dst
             }
             Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::I64 => {
-                let lanes = self.vx().lanes() as i64;
-                let src = match self.k.node(*value).expr {
-                    Expr::Const(c) => I64Src::Const(c as i64),
-                    _ => {
-                        let el = self.eloads[&value.0];
-                        let b = &self.bases[el.base];
-                        let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
-                        let at = ptr(EPTR[el.base - 3] + disp as i32);
-                        if el.vector {
-                            I64Src::Vector(at)
-                        } else {
-                            I64Src::Broadcast(at)
-                        }
-                    }
-                };
-                let mut t = Vec::with_capacity(6);
-                for _ in 0..6 {
-                    t.push(ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?);
-                }
+                let src = self.i64_src(*value, slot);
+                let t = Self::scratch(ev, 6)?;
                 let dst = self.result_reg(&[*value], ev)?;
                 self.vx().i64_to_f32(dst, src, slot.mask, &t)?;
                 ev.pool.extend(t);
