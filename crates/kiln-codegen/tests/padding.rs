@@ -13,7 +13,7 @@ mod common;
 use common::*;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{Bounds, ExprId, Kernel, KernelBuilder};
-use kiln_ir::{DType, Shape, TensorType};
+use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 fn tt(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, Shape::new(dims.to_vec()).unwrap())
@@ -58,13 +58,9 @@ fn paddings_match_the_interpreter() {
     }
 }
 
-/// `out[q] = x[Σ_d coef[d]·q_d + c]` over `x` flattened (in bounds), through a rank-1
-/// view: `x` is read at the flat offset, so any affine map is expressible.
-fn copy(in_len: usize, out_dims: &[usize], coef: &[i64], c: i64) -> Kernel {
-    copy_of(DType::F32, in_len, out_dims, coef, c)
-}
-
-/// [`copy`] of elements of dtype `d`.
+/// `out[q] = x[Σ_d coef[d]·q_d + c]` over `x` flattened (in bounds), elements of dtype
+/// `d`, through a rank-1 view: `x` is read at the flat offset, so any affine map is
+/// expressible.
 fn copy_of(d: DType, in_len: usize, out_dims: &[usize], coef: &[i64], c: i64) -> Kernel {
     let t = |dims: &[usize]| TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
     let mut b = KernelBuilder::new("copy", vec![t(&[in_len])], t(out_dims));
@@ -102,14 +98,22 @@ fn affine_copies_match_the_interpreter() {
     for w in [4usize, 5, 7, 8, 9, 15, 16, 17, 33, 70] {
         cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
     }
+    check_affine_copies(DType::F32, cases, |in_len| random_f32(&[in_len], 1.0, in_len as u64));
+}
+
+/// Each case `(out dims, coefficients, constant)` as an affine copy of `dtype` from an
+/// input just long enough for the last element it reads (`input(len)`), compiled for
+/// AVX2: the copy kernel takes it, and its result equals the interpreter's bit for bit,
+/// its ranges run in 1, 3 and 7 parts, in order and last first.
+fn check_affine_copies(dtype: DType, cases: Vec<(Vec<usize>, Vec<i64>, i64)>, input: impl Fn(usize) -> Tensor) {
     let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
     for (dims, coef, c) in cases {
         let last: i64 = c + dims.iter().zip(&coef).map(|(&d, &k)| (d as i64 - 1) * k).sum::<i64>();
         let in_len = last as usize + 1;
-        let k = copy(in_len, &dims, &coef, c);
+        let k = copy_of(dtype, in_len, &dims, &coef, c);
         let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
         assert_eq!(m.notes[0], "affine copy (avx)", "{dims:?}");
-        let x = random_f32(&[in_len], 1.0, in_len as u64);
+        let x = input(in_len);
         let want = kiln_flow::interp::run(&k, &[&x]).unwrap();
         for splits in [1, 3, 7] {
             for reversed in [false, true] {
@@ -132,24 +136,11 @@ fn i64_copies_match_the_interpreter() {
     for w in [2usize, 3, 4, 5, 8, 9, 17, 35] {
         cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
     }
-    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
-    for (dims, coef, c) in cases {
-        let last: i64 = c + dims.iter().zip(&coef).map(|(&d, &k)| (d as i64 - 1) * k).sum::<i64>();
-        let in_len = last as usize + 1;
-        let k = copy_of(DType::I64, in_len, &dims, &coef, c);
-        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
-        assert_eq!(m.notes[0], "affine copy (avx)", "{dims:?}");
-        let s = specials(DType::I64);
+    let s = specials(DType::I64);
+    check_affine_copies(DType::I64, cases, |in_len| {
         let bits: Vec<u64> = (0..in_len).map(|i| s[(i * 5) % s.len()]).collect();
-        let x = tensor_bits(DType::I64, &[in_len], &bits);
-        let want = kiln_flow::interp::run(&k, &[&x]).unwrap();
-        for splits in [1, 3, 7] {
-            for reversed in [false, true] {
-                let got = run_compiled_in(&k, &[&x], &cfg, splits, reversed);
-                assert_eq!(got.bytes(), want.bytes(), "{dims:?} {coef:?} splits {splits} reversed {reversed}");
-            }
-        }
-    }
+        tensor_bits(DType::I64, &[in_len], &bits)
+    });
 }
 
 /// A slice along an axis before the last two (`x[:, :, 100:119, :]` of a
