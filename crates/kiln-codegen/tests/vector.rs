@@ -61,6 +61,18 @@ fn check_vector(k: &Kernel, inputs: &[&Tensor], cmp: Cmp) {
     check_with(k, inputs, cmp, &variants);
 }
 
+/// Checks the contraction `k` against the interpreter, exactly, on every vector width this
+/// CPU runs, after asserting that each width compiled it as a contraction microkernel
+/// (`what` names the case in a failure).
+fn check_microkernel(k: &Kernel, inputs: &[&Tensor], what: &str) {
+    let variants = microkernel_variants(false);
+    for cfg in &variants {
+        let m = compile_with(&classify(&[k]), &cfg.target, &cfg.options).unwrap();
+        assert!(m.notes[0].starts_with("contraction microkernel"), "{what}: {}", m.notes[0]);
+    }
+    check_with(k, inputs, EXACT, &variants);
+}
+
 /// `out[r, j] = f(x[r, j], y[r, j])` for inputs of dtype `d` and an output of `out`.
 fn binary_kernel(
     name: &str,
@@ -555,15 +567,7 @@ fn contraction_epilogue_quantize_round_trip() {
                 let k = b.finish(r).unwrap();
                 let ins = [small_integers(&[m, kk], 3 + n as u64), small_integers(&[kk, n], 5), cycled(f, &[m, n], 1)];
                 let refs: Vec<&Tensor> = ins.iter().collect();
-                for cfg in microkernel_variants(false) {
-                    let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
-                    assert!(
-                        module.notes[0].starts_with("contraction microkernel"),
-                        "{variant} {d} n={n}: {}",
-                        module.notes[0]
-                    );
-                }
-                check_with(&k, &refs, EXACT, &microkernel_variants(false));
+                check_microkernel(&k, &refs, &format!("{variant} {d} n={n}"));
             }
         }
     }
@@ -603,11 +607,7 @@ fn contraction_epilogue_with_bool_loads() {
             tensor_bits(DType::Bool, &[1, n], &bools(n, 2)),
         ];
         let refs: Vec<&Tensor> = ins.iter().collect();
-        for cfg in microkernel_variants(false) {
-            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
-            assert!(module.notes[0].starts_with("contraction microkernel"), "n={n}: {}", module.notes[0]);
-        }
-        check_with(&k, &refs, EXACT, &microkernel_variants(false));
+        check_microkernel(&k, &refs, &format!("n={n}"));
     }
 }
 
@@ -749,11 +749,7 @@ fn contraction_epilogue_i64_to_f32() {
             tensor_bits(DType::I64, &[m], &pick(m, 3)),
         ];
         let refs: Vec<&Tensor> = ins.iter().collect();
-        for cfg in microkernel_variants(false) {
-            let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
-            assert!(module.notes[0].starts_with("contraction microkernel"), "n={n}: {}", module.notes[0]);
-        }
-        check_with(&k, &refs, EXACT, &microkernel_variants(false));
+        check_microkernel(&k, &refs, &format!("n={n}"));
     }
 }
 
