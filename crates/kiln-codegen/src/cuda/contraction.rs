@@ -530,11 +530,10 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),
     };
-    // Few rows: a lane per column (any operand types, widened in the loads).
-    if plan.dims[1] <= super::skinny::MOST_ROWS {
-        if let Ok(e) = super::skinny::emit(k, &plan)? {
-            return Ok(Ok(e));
-        }
+    // Few rows (`skinny::Skinny::of` says which): a lane per column (any operand types,
+    // widened in the loads).
+    if let Ok(e) = super::skinny::emit(k, &plan)? {
+        return Ok(Ok(e));
     }
     // Half operands: the tensor cores, or why not (then f32 FMA, widening in the loads).
     let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
