@@ -265,7 +265,8 @@ fn conformance_cmd(c: args::ConformanceArgs) -> Result<(), String> {
         .into_iter()
         .filter(|c| c.file_name().is_some_and(|n| n.to_string_lossy().contains(&filter)))
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (next, done) = (std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0));
+    let start = std::time::Instant::now();
     let results: Vec<std::sync::Mutex<Option<conformance::Outcome>>> =
         cases.iter().map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|s| {
@@ -276,6 +277,11 @@ fn conformance_cmd(c: args::ConformanceArgs) -> Result<(), String> {
                 let o = conformance::run_case_isolated(&exe, case, engine, std::time::Duration::from_secs(60));
                 if let Ok(mut slot) = results[i].lock() {
                     *slot = Some(o);
+                }
+                // Progress on stderr (the results go to stdout at the end, in order).
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if n % 100 == 0 {
+                    eprintln!("{n} of {} cases done after {:.0} s", cases.len(), start.elapsed().as_secs_f64());
                 }
             });
         }
