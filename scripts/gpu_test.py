@@ -1260,10 +1260,18 @@ def verdict(r) -> tuple:
             return (f"{rate:.1f} TFLOP/s (data on the device)", f"≥ {lo} (mma.sync) / ≥ {hi} (wgmma)", rate >= lo)
         rate = t["flop"] / (k["median_ms"] * 1e-3) / 1e12
         return (f"{rate:.1f} TFLOP/s (copies included)", f"≥ {lo} (mma.sync) / ≥ {hi} (wgmma)", rate >= lo)
+    # The issue's latency figures are PyTorch's CUDA graph replayed on the device: kiln's
+    # like figure is its graph with the data on the device (`--resident`); host to host
+    # is given beside it.
+    kr = r.get("kiln_resident") or {}
+    if "median_ms" in kr:
+        ok = kr["median_ms"] <= t["ms"] and r.get("correct", {}).get("ok", False)
+        host = f"; host to host {k['median_ms']:.4f}" if k else ""
+        return (f"{kr['median_ms']:.4f} ms (data on the device{host})", f"≤ {t['ms']} ms", ok)
     if not k:
         return ("not measured", f"≤ {t['ms']} ms", None)
     ok = k["median_ms"] <= t["ms"] and r.get("correct", {}).get("ok", False)
-    return (f"{k['median_ms']:.4f} ms", f"≤ {t['ms']} ms", ok)
+    return (f"{k['median_ms']:.4f} ms (host to host)", f"≤ {t['ms']} ms", ok)
 
 
 def print_summary(results) -> None:
@@ -1367,7 +1375,9 @@ def report(args) -> None:
             if r["torch"].get("graph_device_ms"):
                 gt += f" ({t['flop'] / (r['torch']['graph_device_ms'] * 1e-3) / 1e12:.1f} on device)"
         elif g:
-            gt = f"{g['median_ms']:.4f} ms"
+            gd = r["torch"].get("graph_device_ms")
+            gt = (f"{gd:.4f} ms (on the device; host to host {g['median_ms']:.4f})" if gd
+                  else f"{g['median_ms']:.4f} ms (host to host)")
         elif m.get("torch_why"):
             gt = "not available"
         else:
@@ -1375,7 +1385,10 @@ def report(args) -> None:
         met = "yes" if v[2] else ("no" if v[2] is False else "not measured")
         w(f"| {tgt} | {cid} | {meas} | {gt} | {t.get('torch', '—')} | {met} |")
     w("")
-    w("Latency targets count as met only when the outputs also match. gemm4096_bf16's rate is 2·4096³ over the "
+    w("Latency targets compare kiln's graph with the data on the device (`kiln bench --device cuda --resident`: "
+      "one graph launch and one synchronisation per call) with the issue's figure, which is PyTorch's CUDA graph "
+      "replayed on the device; the host-to-host figures (inputs copied in, outputs copied out) are beside them. "
+      "Latency targets count as met only when the outputs also match. gemm4096_bf16's rate is 2·4096³ over the "
       "median time of its product's kernel (`kiln bench --profile`: launched and waited for alone, so a launch "
       "and a synchronisation are included; the two casts to bf16 in front of it are not), with the whole call's "
       "rate with the data on the device beside it; PyTorch's over its host-to-host call and (in brackets) its "
@@ -1403,6 +1416,20 @@ def report(args) -> None:
           f"{k.get('iterations', '—')} | {fmt(e)} | {fmt(g)} | {fmt(t.get('graph_device_ms'))} | {ratio} | "
           f"{sci(tc.get('rel_l2')) if tc else '—'} |")
     w("")
+    resident = [r for r in cases if (r.get("kiln_resident") or {}).get("median_ms")]
+    if resident:
+        w("## With the data on the device\n")
+        w("kiln's graph with inputs and outputs left on the device (`kiln bench --device cuda --resident`: one "
+          "graph launch and one synchronisation per call) beside PyTorch's CUDA graph replayed back to back on "
+          "the device (CUDA events). ms per call.\n")
+        w("| case | kiln median | p99 | stddev | PyTorch graph, device | ratio |")
+        w("|---|---:|---:|---:|---:|---:|")
+        for r in resident:
+            kr, gd = r["kiln_resident"], (r.get("torch") or {}).get("graph_device_ms")
+            ratio = f"{kr['median_ms'] / gd:.2f}" if gd else "—"
+            w(f"| {r['id']} | {fmt(kr['median_ms'])} | {fmt(kr.get('p99_ms'))} | {fmt(kr.get('stddev_ms'))} | "
+              f"{fmt(gd)} | {ratio} |")
+        w("")
     loads = [r for r in cases if r.get("load")]
     w("## Load time: cubin against PTX\n")
     if loads:
