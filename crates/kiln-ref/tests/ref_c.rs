@@ -5,6 +5,7 @@
 use kiln_ir::{Attr, DType, OpKind, Tensor, TensorType};
 mod common;
 use common::{run, sh, t, ti, ty};
+use kiln_ir::tensor::Element;
 use kiln_ref::EvalError;
 
 // ---------------------------------------------------------------------------
@@ -33,6 +34,12 @@ fn fails(kind: OpKind, attrs: &[(&str, Attr)], ins: &[Option<&Tensor>], outs: &[
         Err(EvalError::Invalid { .. }) => {}
         r => panic!("{kind}: expected an Invalid error, got {r:?}"),
     }
+}
+
+/// The op, without attributes, on `x` and the i64 operand `v` (a shape, axes or
+/// repeats) fails.
+fn fails_ints(kind: OpKind, x: &Tensor, v: &[i64], outs: &[TensorType]) {
+    fails(kind, &[], &[Some(x), Some(&i64s(v))], outs);
 }
 
 fn int(v: i64) -> Attr {
@@ -108,36 +115,11 @@ fn reshape_forms() {
     );
     assert_eq!(r.shape().dims(), &[0, 3]);
     let rt = [ty(DType::F32, &[2, 12])];
-    fails(
-        OpKind::Reshape,
-        &[],
-        &[Some(&x), Some(&i64s(&[-1, -1]))],
-        &rt,
-    );
-    fails(
-        OpKind::Reshape,
-        &[],
-        &[Some(&x), Some(&i64s(&[5, -1]))],
-        &rt,
-    );
-    fails(
-        OpKind::Reshape,
-        &[],
-        &[Some(&x), Some(&i64s(&[2, 13]))],
-        &rt,
-    );
-    fails(
-        OpKind::Reshape,
-        &[],
-        &[Some(&x), Some(&i64s(&[-2, 12]))],
-        &rt,
-    );
-    fails(
-        OpKind::Reshape,
-        &[],
-        &[Some(&x), Some(&i64s(&[0, 0, 0, 0]))],
-        &rt,
-    );
+    fails_ints(OpKind::Reshape, &x, &[-1, -1], &rt);
+    fails_ints(OpKind::Reshape, &x, &[5, -1], &rt);
+    fails_ints(OpKind::Reshape, &x, &[2, 13], &rt);
+    fails_ints(OpKind::Reshape, &x, &[-2, 12], &rt);
+    fails_ints(OpKind::Reshape, &x, &[0, 0, 0, 0], &rt);
     // -1 with a 0 under allowzero cannot be inferred.
     fails(
         OpKind::Reshape,
@@ -146,7 +128,7 @@ fn reshape_forms() {
         &[ty(DType::F32, &[0, 3])],
     );
     // A result type that disagrees is an error.
-    fails(OpKind::Reshape, &[], &[Some(&x), Some(&i64s(&[4, 6]))], &rt);
+    fails_ints(OpKind::Reshape, &x, &[4, 6], &rt);
 }
 
 #[test]
@@ -190,18 +172,8 @@ fn flatten_squeeze_unsqueeze() {
         ty(DType::F32, &[1, 3]),
     );
     assert_eq!(r.shape().dims(), &[1, 3]);
-    fails(
-        OpKind::Squeeze,
-        &[],
-        &[Some(&y), Some(&i64s(&[1]))],
-        &[ty(DType::F32, &[1, 1])],
-    );
-    fails(
-        OpKind::Squeeze,
-        &[],
-        &[Some(&y), Some(&i64s(&[0, -3]))],
-        &[ty(DType::F32, &[3, 1])],
-    );
+    fails_ints(OpKind::Squeeze, &y, &[1], &[ty(DType::F32, &[1, 1])]);
+    fails_ints(OpKind::Squeeze, &y, &[0, -3], &[ty(DType::F32, &[3, 1])]);
 
     let z = t(&[3, 4], &seq(12));
     let r = run1(
@@ -226,18 +198,8 @@ fn flatten_squeeze_unsqueeze() {
         ty(DType::I32, &[1]),
     );
     assert_eq!(iv(&r), vec![5]);
-    fails(
-        OpKind::Unsqueeze,
-        &[],
-        &[Some(&z), Some(&i64s(&[1, 1]))],
-        &[ty(DType::F32, &[3, 1, 1, 4])],
-    );
-    fails(
-        OpKind::Unsqueeze,
-        &[],
-        &[Some(&z), Some(&i64s(&[4]))],
-        &[ty(DType::F32, &[3, 4, 1])],
-    );
+    fails_ints(OpKind::Unsqueeze, &z, &[1, 1], &[ty(DType::F32, &[3, 1, 1, 4])]);
+    fails_ints(OpKind::Unsqueeze, &z, &[4], &[ty(DType::F32, &[3, 4, 1])]);
 }
 
 #[test]
@@ -321,12 +283,7 @@ fn expand_both_ways() {
         ty(DType::F32, &[2, 2, 3]),
     );
     assert_eq!(f32v(&r), [seq(6), seq(6)].concat());
-    fails(
-        OpKind::Expand,
-        &[],
-        &[Some(&y), Some(&i64s(&[4]))],
-        &[ty(DType::F32, &[2, 4])],
-    );
+    fails_ints(OpKind::Expand, &y, &[4], &[ty(DType::F32, &[2, 4])]);
     // Packed dtype.
     let f = Tensor::from_codes(DType::F4E2M1FN, sh(&[2, 1]), &[0x3, 0xC]).unwrap();
     let r = run1(
@@ -359,18 +316,8 @@ fn tile_repeats() {
         let r = run1(OpKind::Tile, &[], &[&x, &i64s(&reps)], ty(DType::I32, &dims));
         assert_eq!(iv(&r), want, "repeats {reps:?}");
     }
-    fails(
-        OpKind::Tile,
-        &[],
-        &[Some(&x), Some(&i64s(&[2]))],
-        &[ty(DType::I32, &[4, 2])],
-    );
-    fails(
-        OpKind::Tile,
-        &[],
-        &[Some(&x), Some(&i64s(&[-1, 1]))],
-        &[ty(DType::I32, &[2, 2])],
-    );
+    fails_ints(OpKind::Tile, &x, &[2], &[ty(DType::I32, &[4, 2])]);
+    fails_ints(OpKind::Tile, &x, &[-1, 1], &[ty(DType::I32, &[2, 2])]);
     // Packed dtype: u4 codes tile bit-exactly.
     let u = ti(DType::U4, &[3], &[1, 15, 7]);
     let r = run1(OpKind::Tile, &[], &[&u, &i64s(&[3])], ty(DType::U4, &[9]));
@@ -659,12 +606,7 @@ fn pad_modes() {
         pad1(&y, &[-2, -2], "constant", None, None, &[0]),
         Vec::<f32>::new()
     );
-    fails(
-        OpKind::Pad,
-        &[],
-        &[Some(&y), Some(&i64s(&[-3, -2]))],
-        &[ty(DType::F32, &[0])],
-    );
+    fails_ints(OpKind::Pad, &y, &[-3, -2], &[ty(DType::F32, &[0])]);
 
     let m = t(&[2, 2], &[1f32, 2., 3., 4.]);
     // axes operand: pad only the last axis (negative axis).
@@ -689,12 +631,7 @@ fn pad_modes() {
         &[Some(&e), Some(&i64s(&[1, 1]))],
         &[ty(DType::F32, &[2])],
     );
-    fails(
-        OpKind::Pad,
-        &[],
-        &[Some(&x), Some(&i64s(&[1]))],
-        &[ty(DType::F32, &[4])],
-    );
+    fails_ints(OpKind::Pad, &x, &[1], &[ty(DType::F32, &[4])]);
     // Integer and packed dtypes.
     let i = ti(DType::I4, &[2], &[-3, 5]);
     let v = ti(DType::I4, &[], &[-8]);
@@ -979,18 +916,8 @@ fn reverse_sequence_axes() {
         ty(DType::I32, &[3, 1, 2]),
     );
     assert_eq!(iv(&r), vec![5, 6, 3, 4, 1, 2]);
-    fails(
-        OpKind::ReverseSequence,
-        &[],
-        &[Some(&x), Some(&i64s(&[5, 1, 1, 1]))],
-        &[ty(DType::I32, &[4, 4])],
-    );
-    fails(
-        OpKind::ReverseSequence,
-        &[],
-        &[Some(&x), Some(&i64s(&[1, 1]))],
-        &[ty(DType::I32, &[4, 4])],
-    );
+    fails_ints(OpKind::ReverseSequence, &x, &[5, 1, 1, 1], &[ty(DType::I32, &[4, 4])]);
+    fails_ints(OpKind::ReverseSequence, &x, &[1, 1], &[ty(DType::I32, &[4, 4])]);
 }
 
 #[test]
@@ -1031,6 +958,12 @@ fn trilu_k() {
 // ---------------------------------------------------------------------------
 // Generators.
 // ---------------------------------------------------------------------------
+
+/// Range over the scalars `[start, limit, delta]`, its result typed `dtype[n]`.
+fn range<T: Element>(v: [T; 3], dtype: DType, n: usize) -> Tensor {
+    let [s, l, d] = v.map(|x| t(&[], &[x]));
+    run1(OpKind::Range, &[], &[&s, &l, &d], ty(dtype, &[n]))
+}
 
 #[test]
 fn eye_like_constant_of_shape_range() {
@@ -1102,55 +1035,17 @@ fn eye_like_constant_of_shape_range() {
         &[ty(DType::F32, &[0])],
     );
 
-    let sc = |v: i32| t(&[], &[v]);
-    let r = run1(
-        OpKind::Range,
-        &[],
-        &[&sc(1), &sc(10), &sc(3)],
-        ty(DType::I32, &[3]),
-    );
-    assert_eq!(iv(&r), vec![1, 4, 7]);
-    let r = run1(
-        OpKind::Range,
-        &[],
-        &[&sc(10), &sc(1), &sc(-3)],
-        ty(DType::I32, &[3]),
-    );
-    assert_eq!(iv(&r), vec![10, 7, 4]);
-    let r = run1(
-        OpKind::Range,
-        &[],
-        &[&sc(5), &sc(1), &sc(1)],
-        ty(DType::I32, &[0]),
-    );
-    assert_eq!(r.numel(), 0);
-    fails(
-        OpKind::Range,
-        &[],
-        &[Some(&sc(1)), Some(&sc(10)), Some(&sc(3))],
-        &[ty(DType::I32, &[4])],
-    );
-    fails(
-        OpKind::Range,
-        &[],
-        &[Some(&sc(1)), Some(&sc(10)), Some(&sc(0))],
-        &[ty(DType::I32, &[4])],
-    );
-    let f = |v: f32| t(&[], &[v]);
-    let r = run1(
-        OpKind::Range,
-        &[],
-        &[&f(0.), &f(1.), &f(0.25)],
-        ty(DType::F32, &[4]),
-    );
-    assert_eq!(f32v(&r), vec![0., 0.25, 0.5, 0.75]);
+    assert_eq!(iv(&range([1, 10, 3], DType::I32, 3)), vec![1, 4, 7]);
+    assert_eq!(iv(&range([10, 1, -3], DType::I32, 3)), vec![10, 7, 4]);
+    assert_eq!(range([5, 1, 1], DType::I32, 0).numel(), 0);
+    // A result of the wrong length, and a zero delta.
+    for delta in [3, 0] {
+        let [s, l, d] = [1, 10, delta].map(|v: i32| t(&[], &[v]));
+        fails(OpKind::Range, &[], &[Some(&s), Some(&l), Some(&d)], &[ty(DType::I32, &[4])]);
+    }
+    assert_eq!(f32v(&range([0f32, 1., 0.25], DType::F32, 4)), vec![0., 0.25, 0.5, 0.75]);
     // start + i*delta, rounded once: 0.1 + 2*0.1 in f64 then to f32.
-    let r = run1(
-        OpKind::Range,
-        &[],
-        &[&f(0.1), &f(0.35), &f(0.1)],
-        ty(DType::F32, &[3]),
-    );
+    let r = range([0.1f32, 0.35, 0.1], DType::F32, 3);
     let (a, d) = (0.1f32 as f64, 0.1f32 as f64);
     assert_eq!(
         f32v(&r),
@@ -1241,92 +1136,35 @@ fn gather_elements_axes() {
     );
 }
 
+/// GatherND of `x` at `idx`, its i32 result of `dims`.
+fn gather_nd(attrs: &[(&str, Attr)], x: &Tensor, idx: &Tensor, dims: &[usize]) -> Vec<i64> {
+    iv(&run1(OpKind::GatherND, attrs, &[x, idx], ty(DType::I32, dims)))
+}
+
 #[test]
 fn gather_nd_batch_dims() {
     let x = ti(DType::I32, &[2, 2], &[0, 1, 2, 3]);
     let idx = ti(DType::I64, &[2, 2], &[0, 0, 1, 1]);
-    assert_eq!(
-        iv(&run1(
-            OpKind::GatherND,
-            &[],
-            &[&x, &idx],
-            ty(DType::I32, &[2])
-        )),
-        vec![0, 3]
-    );
+    assert_eq!(gather_nd(&[], &x, &idx, &[2]), vec![0, 3]);
     let idx = ti(DType::I64, &[2, 1], &[1, 0]);
-    assert_eq!(
-        iv(&run1(
-            OpKind::GatherND,
-            &[],
-            &[&x, &idx],
-            ty(DType::I32, &[2, 2])
-        )),
-        vec![2, 3, 0, 1]
-    );
+    assert_eq!(gather_nd(&[], &x, &idx, &[2, 2]), vec![2, 3, 0, 1]);
     let y = ti(DType::I32, &[2, 2, 2], &[0, 1, 2, 3, 4, 5, 6, 7]);
     let idx = ti(DType::I64, &[2, 2], &[0, 1, 1, 0]);
-    assert_eq!(
-        iv(&run1(
-            OpKind::GatherND,
-            &[],
-            &[&y, &idx],
-            ty(DType::I32, &[2, 2])
-        )),
-        vec![2, 3, 4, 5]
-    );
+    assert_eq!(gather_nd(&[], &y, &idx, &[2, 2]), vec![2, 3, 4, 5]);
     let idx = ti(DType::I64, &[2, 1, 2], &[0, 1, 1, 0]);
-    assert_eq!(
-        iv(&run1(
-            OpKind::GatherND,
-            &[],
-            &[&y, &idx],
-            ty(DType::I32, &[2, 1, 2])
-        )),
-        vec![2, 3, 4, 5]
-    );
+    assert_eq!(gather_nd(&[], &y, &idx, &[2, 1, 2]), vec![2, 3, 4, 5]);
     // batch_dims = 1: each batch indexes its own slab.
     let idx = ti(DType::I64, &[2, 1], &[1, 0]);
-    let r = run1(
-        OpKind::GatherND,
-        &[("batch_dims", int(1))],
-        &[&y, &idx],
-        ty(DType::I32, &[2, 2]),
-    );
-    assert_eq!(iv(&r), vec![2, 3, 4, 5]);
+    assert_eq!(gather_nd(&[("batch_dims", int(1))], &y, &idx, &[2, 2]), vec![2, 3, 4, 5]);
     let idx = ti(DType::I64, &[2, 2], &[-1, 0, 0, -1]);
-    let r = run1(
-        OpKind::GatherND,
-        &[("batch_dims", int(1))],
-        &[&y, &idx],
-        ty(DType::I32, &[2]),
-    );
-    assert_eq!(iv(&r), vec![2, 5]);
+    assert_eq!(gather_nd(&[("batch_dims", int(1))], &y, &idx, &[2]), vec![2, 5]);
     // Full-rank tuples select scalars.
     let idx = ti(DType::I64, &[1, 3], &[1, 1, 0]);
-    assert_eq!(
-        iv(&run1(
-            OpKind::GatherND,
-            &[],
-            &[&y, &idx],
-            ty(DType::I32, &[1])
-        )),
-        vec![6]
-    );
+    assert_eq!(gather_nd(&[], &y, &idx, &[1]), vec![6]);
     let idx = ti(DType::I64, &[1, 1], &[2]);
-    fails(
-        OpKind::GatherND,
-        &[],
-        &[Some(&y), Some(&idx)],
-        &[ty(DType::I32, &[1, 2, 2])],
-    );
+    fails(OpKind::GatherND, &[], &[Some(&y), Some(&idx)], &[ty(DType::I32, &[1, 2, 2])]);
     let idx = ti(DType::I64, &[1, 4], &[0, 0, 0, 0]);
-    fails(
-        OpKind::GatherND,
-        &[],
-        &[Some(&y), Some(&idx)],
-        &[ty(DType::I32, &[1])],
-    );
+    fails(OpKind::GatherND, &[], &[Some(&y), Some(&idx)], &[ty(DType::I32, &[1])]);
 }
 
 // ---------------------------------------------------------------------------
@@ -1565,20 +1403,16 @@ fn rf(
 #[test]
 fn resize_nearest() {
     let x = t(&[3], &[1f32, 2., 3.]);
-    let asym = [
-        ("coordinate_transformation_mode", s("asymmetric")),
-        ("nearest_mode", s("floor")),
-    ];
+    let asymmetric =
+        |nearest: &str| [("coordinate_transformation_mode", s("asymmetric")), ("nearest_mode", s(nearest))];
+    let asym = asymmetric("floor");
     // x_original = j / 2, floored.
     assert_eq!(
         rf(&x, &asym, Some(&[2.]), None, &[6]),
         vec![1., 1., 2., 2., 3., 3.]
     );
     // round_prefer_ceil: 0.5 → 1, 1.5 → 2, 2.5 → 3 clamps to 2.
-    let ceil = [
-        ("coordinate_transformation_mode", s("asymmetric")),
-        ("nearest_mode", s("round_prefer_ceil")),
-    ];
+    let ceil = asymmetric("round_prefer_ceil");
     assert_eq!(
         rf(&x, &ceil, Some(&[2.]), None, &[6]),
         vec![1., 2., 2., 3., 3., 3.]
@@ -1612,21 +1446,11 @@ fn resize_nearest() {
     assert_eq!(iv(&r), vec![-8, -8, 7, 7, -1, -1]);
     // Sizes with keep_aspect_ratio_policy.
     let z = t(&[2, 4], &seq(8));
-    let r = rf(
-        &z,
-        &[("keep_aspect_ratio_policy", s("not_larger"))],
-        None,
-        Some(&[4, 4]),
-        &[2, 4],
-    );
+    let sized =
+        |policy: &str, out: &[usize]| rf(&z, &[("keep_aspect_ratio_policy", s(policy))], None, Some(&[4, 4]), out);
+    let r = sized("not_larger", &[2, 4]);
     assert_eq!(r, seq(8).iter().map(|&v| v as f64).collect::<Vec<_>>());
-    let r = rf(
-        &z,
-        &[("keep_aspect_ratio_policy", s("not_smaller"))],
-        None,
-        Some(&[4, 4]),
-        &[4, 8],
-    );
+    let r = sized("not_smaller", &[4, 8]);
     let want: Vec<f64> = (0..32)
         .map(|i| ((i / 8 / 2) * 4 + (i % 8) / 2) as f64)
         .collect();

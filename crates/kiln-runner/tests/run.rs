@@ -1,25 +1,19 @@
 //! `kiln-run` end to end on a hand-built artifact whose one kernel is hand-assembled
-//! x86-64: y = a + b (f32), computed into the arena and copied out.
+//! x86-64: y = a + b (f32), computed into the arena and copied out. The kernel and the
+//! plan's pieces are kiln-runtime's test ones.
 
 use kiln_module::program::*;
 use kiln_module::sections::write_program;
 use std::path::{Path, PathBuf};
 use std::process::Command as Cmd;
 
-/// `y[i] = a[i] + b[i]` for workgroups i in `begin..end` (see kiln-runtime's tests).
-const ADD_F32: &[u8] = &[
-    0x4c, 0x8b, 0x07, 0x4c, 0x8b, 0x4f, 0x08, 0x4c, 0x8b, 0x57, 0x10, // r8, r9, r10 = bindings 0, 1, 2
-    0x48, 0x39, 0xca, 0x73, 0x17, //                                  loop: cmp rdx, rcx; jae done
-    0xf3, 0x41, 0x0f, 0x10, 0x04, 0x90, //                            movss xmm0, [r8+rdx*4]
-    0xf3, 0x41, 0x0f, 0x58, 0x04, 0x91, //                            addss xmm0, [r9+rdx*4]
-    0xf3, 0x41, 0x0f, 0x11, 0x04, 0x92, //                            movss [r10+rdx*4], xmm0
-    0x48, 0xff, 0xc2, 0xeb, 0xe4, //                                  inc rdx; jmp loop
-    0xc3, //                                                          done: ret
-];
+#[path = "../../kiln-runtime/tests/common/pieces.rs"]
+mod pieces;
+use pieces::{add_kernel, b, dispatch, tensor, ADD_F32};
 
 fn program(external: Option<&[u8]>) -> Program {
-    let t = |name: &str| TensorDesc { name: name.into(), dtype: 1, dims: vec![3], bytes: 12 };
-    let b = |slot, offset, length| Binding { slot, offset, length };
+    let t = |name: &str| tensor(name, 1, &[3], 12);
+    let (kernels, executables) = add_kernel(DeviceKind::Cpu, ADD_F32.to_vec(), vec![]);
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
@@ -29,31 +23,13 @@ fn program(external: Option<&[u8]>) -> Program {
             arena_size: 12,
             arena_align: 16,
             commands: vec![
-                Command::Dispatch {
-                    kernel: 0,
-                    device: 0,
-                    workgroups: 3,
-                    bindings: vec![b(Slot::Input(0), 0, 12), b(Slot::Input(1), 0, 12), b(Slot::Arena, 0, 12)],
-                    push_constants: vec![],
-                    work_ns: 0,
-                },
+                dispatch(0, 3, vec![b(Slot::Input(0), 0, 12), b(Slot::Input(1), 0, 12), b(Slot::Arena, 0, 12)]),
                 Command::Copy { src: b(Slot::Arena, 0, 12), dst: b(Slot::Output(0), 0, 12) },
             ],
             buffers: vec![],
         }],
-        kernels: vec![Kernel {
-            name: "add".into(),
-            variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
-            class: Some(KernelClass::Elementwise),
-        }],
-        executables: vec![Executable {
-            device: DeviceKind::Cpu,
-            features: 0,
-            code: ADD_F32.to_vec(),
-            entries: vec![("add".into(), 0)],
-            relocs: vec![],
-            launches: vec![],
-        }],
+        kernels,
+        executables,
         constants: match external {
             Some(w) => Constants::External {
                 file: "w.bin".into(),

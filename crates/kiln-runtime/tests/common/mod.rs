@@ -6,6 +6,9 @@ use kiln_module::abi::{Helper, HelperFn, HELPER_COUNT};
 use kiln_module::program::*;
 use kiln_runtime::{CodeLoader, KernelFn, LoadError, LoadedImage};
 
+mod pieces;
+pub use pieces::*;
+
 /// `y[0..4] = x[0..4]`: binding 0 → binding 1, four bytes.
 pub const COPY4: &[u8] = &[
     0x48, 0x8b, 0x07, //       mov rax, [rdi]       ; binding 0
@@ -13,21 +16,6 @@ pub const COPY4: &[u8] = &[
     0x8b, 0x00, //             mov eax, [rax]
     0x89, 0x01, //             mov [rcx], eax
     0xc3, //                   ret
-];
-
-/// `y[i] = a[i] + b[i]` (f32) for workgroups i in `begin..end` (rdx..rcx).
-pub const ADD_F32: &[u8] = &[
-    0x4c, 0x8b, 0x07, //                   0: mov r8,  [rdi]       ; a
-    0x4c, 0x8b, 0x4f, 0x08, //             3: mov r9,  [rdi+8]     ; b
-    0x4c, 0x8b, 0x57, 0x10, //             7: mov r10, [rdi+16]    ; y
-    0x48, 0x39, 0xca, //                  11: cmp rdx, rcx
-    0x73, 0x17, //                        14: jae 39
-    0xf3, 0x41, 0x0f, 0x10, 0x04, 0x90, // 16: movss xmm0, [r8+rdx*4]
-    0xf3, 0x41, 0x0f, 0x58, 0x04, 0x91, // 22: addss xmm0, [r9+rdx*4]
-    0xf3, 0x41, 0x0f, 0x11, 0x04, 0x92, // 28: movss [r10+rdx*4], xmm0
-    0x48, 0xff, 0xc2, //                  34: inc rdx
-    0xeb, 0xe4, //                        37: jmp 11
-    0xc3, //                              39: ret
 ];
 
 /// `y[0] = exp(x[0])` (f32) through the helper table.
@@ -57,20 +45,12 @@ pub fn exp_f32() -> Vec<u8> {
     ]
 }
 
-pub fn b(slot: Slot, offset: u64, length: u64) -> Binding {
-    Binding { slot, offset, length }
-}
-
 pub fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 pub fn to_f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
-
-pub fn tensor(name: &str, dtype: u32, dims: &[u64], bytes: u64) -> TensorDesc {
-    TensorDesc { name: name.into(), dtype, dims: dims.to_vec(), bytes }
 }
 
 /// One executable holding COPY4 at 0, ADD_F32 at 16 and exp at 64; kernels `copy4`,
@@ -112,14 +92,11 @@ pub fn add_program(n: u64) -> Program {
             arena_align: 64,
             commands: vec![
                 Command::Fill { dst: b(Slot::Arena, 64, bytes), pattern: 0x7fc0_0000, pattern_len: 4 },
-                Command::Dispatch {
-                    kernel: 1,
-                    device: 0,
-                    workgroups: n,
-                    bindings: vec![b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes), b(Slot::Arena, 64, bytes)],
-                    push_constants: vec![],
-                    work_ns: 0,
-                },
+                dispatch(
+                    1,
+                    n,
+                    vec![b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes), b(Slot::Arena, 64, bytes)],
+                ),
                 Command::Barrier,
                 Command::Copy { src: b(Slot::Arena, 64, bytes), dst: b(Slot::Output(0), 0, bytes) },
             ],
@@ -161,14 +138,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                 arena_size: 8,
                 arena_align: 8,
                 commands: vec![
-                    Command::Dispatch {
-                        kernel: 0,
-                        device: 0,
-                        workgroups: 1,
-                        bindings: vec![b(Slot::Constants, 0, 4), b(Slot::Arena, 4, 4)],
-                        push_constants: vec![],
-                        work_ns: 0,
-                    },
+                    dispatch(0, 1, vec![b(Slot::Constants, 0, 4), b(Slot::Arena, 4, 4)]),
                     Command::Fill { dst: b(Slot::Output(0), 4, 3), pattern: 0xaa, pattern_len: 1 },
                     Command::Fill { dst: b(Slot::Output(0), 7, 5), pattern: 0x1122, pattern_len: 2 },
                     Command::Fill { dst: b(Slot::Output(0), 12, 4), pattern: 0x0102_0304_0506_0708, pattern_len: 8 },
@@ -183,14 +153,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                 outputs: vec![tensor("y", 1, &[1], 4)],
                 arena_size: 0,
                 arena_align: 1,
-                commands: vec![Command::Dispatch {
-                    kernel: 2,
-                    device: 0,
-                    workgroups: 1,
-                    bindings: vec![b(Slot::Input(0), 0, 4), b(Slot::Output(0), 0, 4)],
-                    push_constants: vec![],
-                    work_ns: 0,
-                }],
+                commands: vec![dispatch(2, 1, vec![b(Slot::Input(0), 0, 4), b(Slot::Output(0), 0, 4)])],
                 buffers: vec![],
             },
         ],
@@ -263,14 +226,7 @@ pub fn reloc_program() -> Program {
         outputs: vec![tensor("y", 1, &[1], 4)],
         arena_size: 0,
         arena_align: 1,
-        commands: vec![Command::Dispatch {
-            kernel,
-            device: 0,
-            workgroups: 1,
-            bindings: vec![b(Slot::Output(0), 0, 4)],
-            push_constants: vec![],
-            work_ns: 0,
-        }],
+        commands: vec![dispatch(kernel, 1, vec![b(Slot::Output(0), 0, 4)])],
         buffers: vec![],
     };
     let k = |name: &str, entry| Kernel {
@@ -394,28 +350,10 @@ pub fn load<'a>(
 pub fn waves_program(n: u64, barrier: bool) -> Program {
     let (x, kernels) = executable();
     let bytes = 4 * n;
-    let add = |a: Binding, b: Binding, y: Binding| Command::Dispatch {
-        kernel: 1,
-        device: 0,
-        workgroups: n,
-        bindings: vec![a, b, y],
-        push_constants: vec![],
-        work_ns: 0,
-    };
+    let add = |a: Binding, b: Binding, y: Binding| dispatch(1, n, vec![a, b, y]);
     let (a, bb) = (b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes));
     let (s, t, w) = (b(Slot::Arena, 0, bytes), b(Slot::Arena, bytes, bytes), b(Slot::Arena, 2 * bytes, 4));
-    let mut commands = vec![
-        add(a, bb, s),
-        add(a, a, t),
-        Command::Dispatch {
-            kernel: 0,
-            device: 0,
-            workgroups: 1,
-            bindings: vec![b(Slot::Input(0), 0, 4), w],
-            push_constants: vec![],
-            work_ns: 0,
-        },
-    ];
+    let mut commands = vec![add(a, bb, s), add(a, a, t), dispatch(0, 1, vec![b(Slot::Input(0), 0, 4), w])];
     if barrier {
         commands.push(Command::Barrier);
     }
@@ -501,7 +439,8 @@ DONE:
 /// offset with a partial last repetition (17..24), and byte 16 left as the fill of a
 /// 4-byte zero pattern before them.
 pub fn cuda_graph_program() -> Program {
-    let ptx = ADD_PTX.as_bytes().to_vec();
+    let launch = Launch { block: 32, shared: 0, params: 3 };
+    let (kernels, executables) = add_kernel(DeviceKind::Cuda, ADD_PTX.as_bytes().to_vec(), vec![launch]);
     let c: Vec<u8> = [0.5f32, -1.0, 2.0, 8.0].iter().flat_map(|x| x.to_le_bytes()).collect();
     Program {
         devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
@@ -513,43 +452,18 @@ pub fn cuda_graph_program() -> Program {
             arena_align: 64,
             commands: vec![
                 Command::Fill { dst: b(Slot::Output(1), 0, 24), pattern: 0, pattern_len: 4 },
-                Command::Dispatch {
-                    kernel: 0,
-                    device: 0,
-                    workgroups: 1,
-                    bindings: vec![b(Slot::Input(0), 0, 16), b(Slot::Input(1), 0, 16), b(Slot::Arena, 0, 16)],
-                    push_constants: vec![],
-                    work_ns: 0,
-                },
+                dispatch(0, 1, vec![b(Slot::Input(0), 0, 16), b(Slot::Input(1), 0, 16), b(Slot::Arena, 0, 16)]),
                 Command::Barrier,
                 Command::Fill { dst: b(Slot::Output(1), 0, 16), pattern: 0x0102_0304_0506_0708, pattern_len: 8 },
                 Command::Fill { dst: b(Slot::Output(1), 17, 7), pattern: 0xabcd, pattern_len: 2 },
-                Command::Dispatch {
-                    kernel: 0,
-                    device: 0,
-                    workgroups: 1,
-                    bindings: vec![b(Slot::Arena, 0, 16), b(Slot::Constants, 0, 16), b(Slot::Arena, 64, 16)],
-                    push_constants: vec![],
-                    work_ns: 0,
-                },
+                dispatch(0, 1, vec![b(Slot::Arena, 0, 16), b(Slot::Constants, 0, 16), b(Slot::Arena, 64, 16)]),
                 Command::Barrier,
                 Command::Copy { src: b(Slot::Arena, 64, 16), dst: b(Slot::Output(0), 0, 16) },
             ],
             buffers: vec![],
         }],
-        kernels: vec![Kernel {
-            name: "add".into(),
-            variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
-            class: Some(KernelClass::Elementwise),
-        }],
-        executables: vec![Executable {
-            device: DeviceKind::Cuda,
-            features: 0,
-            code: ptx,
-            entries: vec![("add".into(), 0)],
-            relocs: vec![],
-            launches: vec![Launch { block: 32, shared: 0, params: 3 }],
-        }],
+        kernels,
+        executables,
         constants: Constants::Embedded(c),
         debug: None,
     }
