@@ -1455,6 +1455,8 @@ impl Em<'_, '_> {
 
     // ---- vector mode ----------------------------------------------------------------
 
+    /// Varying node `i` four lanes at a time: a load, select or cast (`node` evaluates
+    /// the unary and binary ones in either mode).
     fn vector_node(&mut self, i: u32) -> R<Value> {
         let k = self.k;
         let node = &k.nodes[i as usize];
