@@ -101,64 +101,49 @@ fn check_no_spills(tag: &str, usage: &[(String, ptxas::Usage)], entries: usize) 
     }
 }
 
+/// The plane widths of the geometry tests: one column, odd widths below and above a
+/// group of four outputs, and a wide one.
+const WIDTHS: [usize; 4] = [1, 7, 33, 113];
+
+/// Calls `f(width, window)` for each width of [`WIDTHS`] and each square window `(k, s,
+/// p, ceil)` of `forms` (k×k taps, stride s, padding p on every side, no dilation) that
+/// the padded width holds.
+fn square_windows(forms: &[(i64, i64, i64, bool)], mut f: impl FnMut(usize, Win)) {
+    for width in WIDTHS {
+        for &(k, s, p, ceil) in forms {
+            if (width as i64) + 2 * p < k {
+                continue;
+            }
+            f(width, Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil });
+        }
+    }
+}
+
 #[test]
 fn depthwise_convolutions_of_every_geometry_assemble_without_spills() {
     let mut ks = Vec::new();
-    let mut n = 0;
-    let mut push = |ks: &mut Vec<Kernel>, x: &[usize], w: Win| {
-        ks.push(conv(&format!("dw{n}"), x, &w));
-        n += 1;
-    };
-    // Widths 1, 7, 33, 113; windows 1..7; strides 1..3; dilation 2; asymmetric pads.
-    for width in [1usize, 7, 33, 113] {
-        for k in 1i64..=7 {
-            for s in 1i64..=3 {
-                let p = k / 2;
-                if (width as i64) + 2 * p < k {
-                    continue;
-                }
-                push(
-                    &mut ks,
-                    &[1, 3, 9, width],
-                    Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil: false },
-                );
-            }
+    let mut push = |x: &[usize], w: &Win| ks.push(conv(&format!("dw{}", ks.len()), x, w));
+    // Windows 1..7, strides 1..3, half-window pads; then dilation 2, asymmetric pads
+    // and a 1×1 window over each width.
+    let forms: Vec<(i64, i64, i64, bool)> = (1..=7).flat_map(|k| (1..=3).map(move |s| (k, s, k / 2, false))).collect();
+    square_windows(&forms, |width, w| push(&[1, 3, 9, width], &w));
+    let per_width = [
+        ([2, 2, 11], Win { kernel: &[3, 3], strides: &[1, 1], dil: &[2, 2], pads: &[2, 2, 2, 2], ceil: false }),
+        ([1, 2, 10], Win { kernel: &[3, 3], strides: &[2, 1], dil: &[1, 1], pads: &[0, 1, 2, 1], ceil: false }),
+        ([1, 2, 10], Win { kernel: &[1, 1], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false }),
+    ];
+    for width in WIDTHS {
+        for ([n, c, h], w) in &per_width {
+            push(&[*n, *c, *h, width], w);
         }
-        push(
-            &mut ks,
-            &[2, 2, 11, width],
-            Win { kernel: &[3, 3], strides: &[1, 1], dil: &[2, 2], pads: &[2, 2, 2, 2], ceil: false },
-        );
-        push(
-            &mut ks,
-            &[1, 2, 10, width],
-            Win { kernel: &[3, 3], strides: &[2, 1], dil: &[1, 1], pads: &[0, 1, 2, 1], ceil: false },
-        );
-        push(
-            &mut ks,
-            &[1, 2, 10, width],
-            Win { kernel: &[1, 1], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false },
-        );
     }
     // Unpadded (in-bounds loads), 13×13, 1-D rows of 31 and 169 taps, a [K, 1] column.
-    push(
-        &mut ks,
-        &[1, 2, 12, 40],
-        Win { kernel: &[5, 5], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false },
-    );
-    push(
-        &mut ks,
-        &[1, 2, 20, 33],
-        Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false },
-    );
-    push(&mut ks, &[1, 2, 200], Win { kernel: &[31], strides: &[1], dil: &[1], pads: &[15, 15], ceil: false });
-    push(&mut ks, &[1, 2, 77], Win { kernel: &[7], strides: &[3], dil: &[2], pads: &[6, 6], ceil: false });
-    push(&mut ks, &[1, 2, 400], Win { kernel: &[169], strides: &[1], dil: &[1], pads: &[84, 84], ceil: false });
-    push(
-        &mut ks,
-        &[1, 3, 40, 1],
-        Win { kernel: &[9, 1], strides: &[1, 1], dil: &[1, 1], pads: &[4, 0, 4, 0], ceil: false },
-    );
+    push(&[1, 2, 12, 40], &Win { kernel: &[5, 5], strides: &[1, 1], dil: &[1, 1], pads: &[0, 0, 0, 0], ceil: false });
+    push(&[1, 2, 20, 33], &Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false });
+    push(&[1, 2, 200], &Win { kernel: &[31], strides: &[1], dil: &[1], pads: &[15, 15], ceil: false });
+    push(&[1, 2, 77], &Win { kernel: &[7], strides: &[3], dil: &[2], pads: &[6, 6], ceil: false });
+    push(&[1, 2, 400], &Win { kernel: &[169], strides: &[1], dil: &[1], pads: &[84, 84], ceil: false });
+    push(&[1, 3, 40, 1], &Win { kernel: &[9, 1], strides: &[1, 1], dil: &[1, 1], pads: &[4, 0, 4, 0], ceil: false });
     let (m, _) = assemble_windows("depthwise", &ks);
     // The row loop where the window is large (13×13; 1×169, one output a thread);
     // unrolled rows elsewhere (1×31: four outputs a thread).
@@ -188,52 +173,16 @@ fn fused_epilogues_assemble_without_spills() {
 #[test]
 fn max_pools_of_every_form_assemble_without_spills() {
     let mut ks = Vec::new();
-    let mut n = 0;
-    let mut push = |ks: &mut Vec<Kernel>, x: &[usize], w: Win| {
-        ks.push(max_pool(&format!("mp{n}"), x, &w));
-        n += 1;
-    };
-    for width in [1usize, 7, 33, 113] {
-        for (k, s, p, ceil) in [
-            (2i64, 2i64, 0i64, false),
-            (2, 2, 0, true),
-            (3, 2, 1, true),
-            (3, 1, 1, false),
-            (3, 3, 0, true),
-            (5, 1, 2, false),
-        ] {
-            if (width as i64) + 2 * p < k {
-                continue;
-            }
-            push(
-                &mut ks,
-                &[1, 3, 13, width],
-                Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil },
-            );
-        }
-    }
+    let mut push = |x: &[usize], w: &Win| ks.push(max_pool(&format!("mp{}", ks.len()), x, w));
+    let forms =
+        [(2, 2, 0, false), (2, 2, 0, true), (3, 2, 1, true), (3, 1, 1, false), (3, 3, 0, true), (5, 1, 2, false)];
+    square_windows(&forms, |width, w| push(&[1, 3, 13, width], &w));
     // SPPF's 5×5, 9×9 and 13×13 at stride 1; dilation 2; asymmetric; 1-D.
-    push(
-        &mut ks,
-        &[1, 4, 20, 20],
-        Win { kernel: &[9, 9], strides: &[1, 1], dil: &[1, 1], pads: &[4, 4, 4, 4], ceil: false },
-    );
-    push(
-        &mut ks,
-        &[1, 4, 20, 20],
-        Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false },
-    );
-    push(
-        &mut ks,
-        &[1, 2, 15, 30],
-        Win { kernel: &[3, 5], strides: &[2, 1], dil: &[2, 1], pads: &[2, 1, 2, 3], ceil: false },
-    );
-    push(
-        &mut ks,
-        &[1, 2, 15, 31],
-        Win { kernel: &[3, 3], strides: &[1, 2], dil: &[2, 2], pads: &[0, 3, 1, 0], ceil: true },
-    );
-    push(&mut ks, &[1, 3, 50], Win { kernel: &[7], strides: &[2], dil: &[1], pads: &[3, 3], ceil: true });
+    push(&[1, 4, 20, 20], &Win { kernel: &[9, 9], strides: &[1, 1], dil: &[1, 1], pads: &[4, 4, 4, 4], ceil: false });
+    push(&[1, 4, 20, 20], &Win { kernel: &[13, 13], strides: &[1, 1], dil: &[1, 1], pads: &[6, 6, 6, 6], ceil: false });
+    push(&[1, 2, 15, 30], &Win { kernel: &[3, 5], strides: &[2, 1], dil: &[2, 1], pads: &[2, 1, 2, 3], ceil: false });
+    push(&[1, 2, 15, 31], &Win { kernel: &[3, 3], strides: &[1, 2], dil: &[2, 2], pads: &[0, 3, 1, 0], ceil: true });
+    push(&[1, 3, 50], &Win { kernel: &[7], strides: &[2], dil: &[1], pads: &[3, 3], ceil: true });
     for (i, dims) in [[1usize, 4, 7, 7], [2, 3, 6, 5]].into_iter().enumerate() {
         ks.push(global(&format!("gmp{i}"), OpKind::GlobalMaxPool, dims));
     }
@@ -244,21 +193,12 @@ fn max_pools_of_every_form_assemble_without_spills() {
 #[test]
 fn average_pools_both_ways_assemble_without_spills() {
     let mut ks = Vec::new();
-    let mut n = 0;
-    for width in [1usize, 7, 33, 113] {
-        for (k, s, p, ceil) in
-            [(3i64, 1i64, 1i64, false), (3, 2, 1, true), (2, 2, 0, true), (5, 3, 2, false), (7, 1, 3, false)]
-        {
-            if (width as i64) + 2 * p < k {
-                continue;
-            }
-            for include_pad in [false, true] {
-                let w = Win { kernel: &[k, k], strides: &[s, s], dil: &[1, 1], pads: &[p, p, p, p], ceil };
-                ks.push(average_pool(&format!("ap{n}"), &[1, 2, 11, width], &w, include_pad));
-                n += 1;
-            }
+    let forms = [(3, 1, 1, false), (3, 2, 1, true), (2, 2, 0, true), (5, 3, 2, false), (7, 1, 3, false)];
+    square_windows(&forms, |width, w| {
+        for include_pad in [false, true] {
+            ks.push(average_pool(&format!("ap{}", ks.len()), &[1, 2, 11, width], &w, include_pad));
         }
-    }
+    });
     let w = Win { kernel: &[3, 3], strides: &[1, 1], dil: &[1, 1], pads: &[0, 1, 2, 0], ceil: false };
     ks.push(average_pool("ap_asym", &[1, 2, 11, 35], &w, false));
     // Global pools over planes of at most 8 columns are windows too (wider ones are row

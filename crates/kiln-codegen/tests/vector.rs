@@ -73,6 +73,35 @@ fn check_microkernel(k: &Kernel, inputs: &[&Tensor], what: &str) {
     check_with(k, inputs, EXACT, &variants);
 }
 
+/// Rows and depth of the contraction-epilogue tests' products, `[EPI_M, EPI_K] ×
+/// [EPI_K, n]`.
+const EPI_M: usize = 5;
+const EPI_K: usize = 12;
+
+/// A contraction epilogue on the microkernel: the product of two matrices of small
+/// integers (`small_integers` with `seeds`, so the sum is exact in any order) and `n`
+/// columns, then `epilogue(b, o, sum)` over the output index `o`, reading the inputs
+/// `extra` (inputs 2 on), checked exactly against the interpreter by
+/// [`check_microkernel`].
+fn check_epilogue(
+    name: &str,
+    n: usize,
+    seeds: [u64; 2],
+    extra: &[Tensor],
+    epilogue: impl FnOnce(&mut KernelBuilder, Vec<ExprId>, ExprId) -> ExprId,
+) {
+    let f = DType::F32;
+    let mut types = vec![tt(f, &[EPI_M, EPI_K]), tt(f, &[EPI_K, n])];
+    types.extend(extra.iter().map(|t| t.ty().clone()));
+    let mut b = KernelBuilder::new(name, types, tt(f, &[EPI_M, n]));
+    let (o, sum) = b.matmul_sum(EPI_K);
+    let r = epilogue(&mut b, o, sum);
+    let k = b.finish(r).unwrap();
+    let ab = [small_integers(&[EPI_M, EPI_K], seeds[0]), small_integers(&[EPI_K, n], seeds[1])];
+    let refs: Vec<&Tensor> = ab.iter().chain(extra).collect();
+    check_microkernel(&k, &refs, &format!("{name} n={n}"));
+}
+
 /// `out[r, j] = f(x[r, j], y[r, j])` for inputs of dtype `d` and an output of `out`.
 fn binary_kernel(
     name: &str,
@@ -137,6 +166,22 @@ fn f32_operations() {
     }
 }
 
+/// The integer operations a vector lane computes by itself, besides the comparisons:
+/// arithmetic that wraps (`+ − ×`), max and min, and the bitwise ones.
+fn lane_arithmetic(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor
+    )
+}
+
 #[test]
 fn integer_operations() {
     require_avx2_fma!();
@@ -148,14 +193,7 @@ fn integer_operations() {
             }
             for op in BinaryOp::ALL {
                 let k = match op {
-                    BinaryOp::Add
-                    | BinaryOp::Sub
-                    | BinaryOp::Mul
-                    | BinaryOp::Max
-                    | BinaryOp::Min
-                    | BinaryOp::And
-                    | BinaryOp::Or
-                    | BinaryOp::Xor => {
+                    op if lane_arithmetic(op) => {
                         binary_kernel(&format!("b_{}", op.name()), d, d, len, |b, x, y| b.binary(op, x, y))
                     }
                     op if op.is_comparison() => binary_kernel(&format!("c_{}", op.name()), d, d, len, |b, x, y| {
@@ -233,18 +271,7 @@ fn byte_lanes_from_f32() {
                 check_vector(&k, &[&x, &y], EXACT);
             }
             for op in BinaryOp::ALL {
-                let wraps = matches!(
-                    op,
-                    BinaryOp::Add
-                        | BinaryOp::Sub
-                        | BinaryOp::Mul
-                        | BinaryOp::Max
-                        | BinaryOp::Min
-                        | BinaryOp::And
-                        | BinaryOp::Or
-                        | BinaryOp::Xor
-                );
-                if !wraps && !op.is_comparison() {
+                if !lane_arithmetic(op) && !op.is_comparison() {
                     continue;
                 }
                 let k = binary_kernel(&format!("{}_b_{}", d.name(), op.name()), f, DType::I32, len, |b, x, y| {
@@ -433,7 +460,7 @@ fn short_rows_and_unit_axes() {
 #[test]
 fn contraction_epilogue_with_an_i64_mask() {
     require_avx2_fma!();
-    let (m, kk) = (5, 12);
+    let (m, kk) = (EPI_M, EPI_K);
     for n in LENGTHS {
         let f = DType::F32;
         let mut b = KernelBuilder::new(
@@ -525,49 +552,44 @@ fn small_integers(dims: &[usize], seed: u64) -> Tensor {
 #[test]
 fn contraction_epilogue_quantize_round_trip() {
     require_avx2_fma!();
-    let (m, kk) = (5, 12);
     for n in LENGTHS {
         let f = DType::F32;
+        let residual = [cycled(f, &[EPI_M, n], 1)];
         for d in [DType::I8, DType::U8] {
             let st = if d == DType::I8 { ScalarType::I8 } else { ScalarType::U8 };
             let (lo, hi, zp) = if d == DType::I8 { (-128.0, 127.0, 253u64) } else { (0.0, 255.0, 128) };
             for variant in ["qdq", "cast", "floor", "ceil", "trunc"] {
-                let mut b =
-                    KernelBuilder::new(variant, vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(f, &[m, n])], tt(f, &[m, n]));
-                let (o, sum) = b.matmul_sum(kk);
-                let res = b.load(2, o);
-                let x = b.add(sum, res);
-                let r = match variant {
-                    "qdq" => {
-                        let s = b.float(ScalarType::F32, 0.5);
-                        let q = b.div(x, s);
-                        let zc = b.constant(st, zp);
-                        let z = b.cast(zc, DType::F32, false);
-                        let nan = b.unary(UnaryOp::IsNan, q);
-                        let rq = b.unary(UnaryOp::Round, q);
-                        let zero = b.float(ScalarType::F32, 0.0);
-                        let rq = b.select(nan, zero, rq);
-                        let rq = b.add(rq, z);
-                        let (l, h) = (b.float(ScalarType::F32, lo), b.float(ScalarType::F32, hi));
-                        let rq = b.binary(BinaryOp::Max, rq, l);
-                        let rq = b.binary(BinaryOp::Min, rq, h);
-                        let qb = b.cast(rq, d, true);
-                        let back = b.cast(qb, DType::F32, false);
-                        let back = b.sub(back, z);
-                        b.mul(back, s)
+                check_epilogue(&format!("{variant}_{d}"), n, [3 + n as u64, 5], &residual, |b, o, sum| {
+                    let res = b.load(2, o);
+                    let x = b.add(sum, res);
+                    match variant {
+                        "qdq" => {
+                            let s = b.float(ScalarType::F32, 0.5);
+                            let q = b.div(x, s);
+                            let zc = b.constant(st, zp);
+                            let z = b.cast(zc, DType::F32, false);
+                            let nan = b.unary(UnaryOp::IsNan, q);
+                            let rq = b.unary(UnaryOp::Round, q);
+                            let zero = b.float(ScalarType::F32, 0.0);
+                            let rq = b.select(nan, zero, rq);
+                            let rq = b.add(rq, z);
+                            let (l, h) = (b.float(ScalarType::F32, lo), b.float(ScalarType::F32, hi));
+                            let rq = b.binary(BinaryOp::Max, rq, l);
+                            let rq = b.binary(BinaryOp::Min, rq, h);
+                            let qb = b.cast(rq, d, true);
+                            let back = b.cast(qb, DType::F32, false);
+                            let back = b.sub(back, z);
+                            b.mul(back, s)
+                        }
+                        "cast" => {
+                            let qb = b.cast(x, d, false);
+                            b.cast(qb, DType::F32, false)
+                        }
+                        "floor" => b.unary(UnaryOp::Floor, x),
+                        "ceil" => b.unary(UnaryOp::Ceil, x),
+                        _ => b.unary(UnaryOp::Trunc, x),
                     }
-                    "cast" => {
-                        let qb = b.cast(x, d, false);
-                        b.cast(qb, DType::F32, false)
-                    }
-                    "floor" => b.unary(UnaryOp::Floor, x),
-                    "ceil" => b.unary(UnaryOp::Ceil, x),
-                    _ => b.unary(UnaryOp::Trunc, x),
-                };
-                let k = b.finish(r).unwrap();
-                let ins = [small_integers(&[m, kk], 3 + n as u64), small_integers(&[kk, n], 5), cycled(f, &[m, n], 1)];
-                let refs: Vec<&Tensor> = ins.iter().collect();
-                check_microkernel(&k, &refs, &format!("{variant} {d} n={n}"));
+                });
             }
         }
     }
@@ -581,33 +603,20 @@ fn contraction_epilogue_quantize_round_trip() {
 #[test]
 fn contraction_epilogue_with_bool_loads() {
     require_avx2_fma!();
-    let (m, kk) = (5, 12);
-    let f = DType::F32;
+    let m = EPI_M;
     for n in LENGTHS {
-        let mut b = KernelBuilder::new(
-            "attention_mask",
-            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(DType::Bool, &[m, 1]), tt(DType::Bool, &[1, n])],
-            tt(f, &[m, n]),
-        );
-        let (o, sum) = b.matmul_sum(kk);
-        let z = b.index(0);
-        let rm = b.load(2, vec![o[0], z]);
-        let cm = b.load(3, vec![z, o[1]]);
-        let both = b.binary(BinaryOp::And, rm, cm);
-        let (zero, low) = (b.float(ScalarType::F32, 0.0), b.float(ScalarType::F32, f32::MIN as f64));
-        let add = b.select(both, zero, low);
-        let r = b.add(sum, add);
-        let k = b.finish(r).unwrap();
         let bools =
             |len: usize, seed: u64| -> Vec<u64> { (0..len as u64).map(|i| ((i * 7 + seed) % 5 < 3) as u64).collect() };
-        let ins = [
-            small_integers(&[m, kk], 11),
-            small_integers(&[kk, n], 13),
-            tensor_bits(DType::Bool, &[m, 1], &bools(m, 1)),
-            tensor_bits(DType::Bool, &[1, n], &bools(n, 2)),
-        ];
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        check_microkernel(&k, &refs, &format!("n={n}"));
+        let masks = [tensor_bits(DType::Bool, &[m, 1], &bools(m, 1)), tensor_bits(DType::Bool, &[1, n], &bools(n, 2))];
+        check_epilogue("attention_mask", n, [11, 13], &masks, |b, o, sum| {
+            let z = b.index(0);
+            let rm = b.load(2, vec![o[0], z]);
+            let cm = b.load(3, vec![z, o[1]]);
+            let both = b.binary(BinaryOp::And, rm, cm);
+            let (zero, low) = (b.float(ScalarType::F32, 0.0), b.float(ScalarType::F32, f32::MIN as f64));
+            let add = b.select(both, zero, low);
+            b.add(sum, add)
+        });
     }
 }
 
@@ -718,38 +727,25 @@ fn id_ty_bits(d: DType, x: i64) -> u64 {
 #[test]
 fn contraction_epilogue_i64_to_f32() {
     require_avx2_fma!();
-    let (m, kk) = (5, 12);
-    let f = DType::F32;
+    let (m, f) = (EPI_M, DType::F32);
     let mut vals: Vec<i64> = specials(DType::I64).into_iter().map(|b| b as i64).collect();
     for x in
         [(1i64 << 60) + (1 << 36) + 1, (1 << 60) + (1 << 36) - 1, (1 << 60) + (1 << 36), (1 << 24) + 1, (1 << 53) + 3]
     {
         vals.extend([x, -x]);
     }
+    let pick = |len: usize, shift: usize| -> Vec<u64> {
+        (0..len).map(|i| vals[(i * 5 + shift) % vals.len()] as u64).collect()
+    };
     for n in LENGTHS {
-        let mut b = KernelBuilder::new(
-            "i64_mask",
-            vec![tt(f, &[m, kk]), tt(f, &[kk, n]), tt(DType::I64, &[m, n]), tt(DType::I64, &[m])],
-            tt(f, &[m, n]),
-        );
-        let (o, sum) = b.matmul_sum(kk);
-        let x = b.load(2, o.clone());
-        let r = b.load(3, vec![o[0]]);
-        let (fx, fr) = (b.cast(x, f, false), b.cast(r, f, false));
-        let a = b.add(sum, fx);
-        let a = b.mul(a, fr);
-        let k = b.finish(a).unwrap();
-        let pick = |len: usize, shift: usize| -> Vec<u64> {
-            (0..len).map(|i| vals[(i * 5 + shift) % vals.len()] as u64).collect()
-        };
-        let ins = [
-            small_integers(&[m, kk], 17),
-            small_integers(&[kk, n], 19),
-            tensor_bits(DType::I64, &[m, n], &pick(m * n, 0)),
-            tensor_bits(DType::I64, &[m], &pick(m, 3)),
-        ];
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        check_microkernel(&k, &refs, &format!("n={n}"));
+        let masks = [tensor_bits(DType::I64, &[m, n], &pick(m * n, 0)), tensor_bits(DType::I64, &[m], &pick(m, 3))];
+        check_epilogue("i64_mask", n, [17, 19], &masks, |b, o, sum| {
+            let x = b.load(2, o.clone());
+            let r = b.load(3, vec![o[0]]);
+            let (fx, fr) = (b.cast(x, f, false), b.cast(r, f, false));
+            let a = b.add(sum, fx);
+            b.mul(a, fr)
+        });
     }
 }
 

@@ -429,6 +429,15 @@ impl Em<'_, '_> {
         Ok(self.splat(self.ty(e), v))
     }
 
+    /// The value of node `e` as a vector (`vector`) or a scalar.
+    fn operand(&mut self, e: ExprId, vector: bool) -> R<Value> {
+        if vector {
+            self.vget(e)
+        } else {
+            self.get(e)
+        }
+    }
+
     /// Before a loop over `u` runs four lanes at a time: splats of the scalar operands
     /// its vector nodes use that are already evaluated (or constant), so the loop body
     /// does not splat them again every iteration.
@@ -551,27 +560,36 @@ impl Em<'_, '_> {
         if let Expr::Reduce { op, vars, body } = &node.expr {
             return self.reduce(i, *op, vars, *body);
         }
-        if self.varying(i) {
-            return self.vector_node(i);
-        }
+        // A varying node is evaluated four lanes at a time. Unary and binary nodes read
+        // the same in both modes: only the operands' form and the instructions differ.
+        let vector = self.varying(i);
         let ty = node.ty;
         match &node.expr {
+            Expr::Unary(op, a) => {
+                let at = self.ty(*a);
+                let x = self.operand(*a, vector)?;
+                if vector {
+                    self.vunary(*op, at, x)
+                } else {
+                    self.unary(*op, at, x)
+                }
+            }
+            Expr::Binary(op, a, b) => {
+                let at = self.ty(*a);
+                let (x, y) = (self.operand(*a, vector)?, self.operand(*b, vector)?);
+                if vector {
+                    self.vbinary(*op, at, x, y)
+                } else {
+                    self.binary(*op, at, x, y, Some((*a, *b)))
+                }
+            }
+            _ if vector => self.vector_node(i),
             Expr::Var(v) => {
                 let c = self.counter(v.0);
                 Ok(self.b.use_var(c))
             }
             Expr::Const(bits) => Ok(self.constant(ty, *bits)),
             Expr::Load { input, index, bounds } => self.load(i, *input, index, *bounds, ty),
-            Expr::Unary(op, a) => {
-                let at = self.ty(*a);
-                let x = self.get(*a)?;
-                self.unary(*op, at, x)
-            }
-            Expr::Binary(op, a, b) => {
-                let at = self.ty(*a);
-                let (x, y) = (self.get(*a)?, self.get(*b)?);
-                self.binary(*op, at, x, y, Some((*a, *b)))
-            }
             Expr::Select(c, a, b) => {
                 let (c, x, y) = (self.get(*c)?, self.get(*a)?, self.get(*b)?);
                 Ok(self.b.ins().select(c, x, y))
@@ -828,16 +846,26 @@ impl Em<'_, '_> {
                     self.round_fallback(op, t, x)
                 }
             }
-            (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x, self.caps.fma),
-            (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x, self.caps.fma),
-            (UnaryOp::Tanh, S::F32) if self.caps.inline_math => super::math::tanh(&mut self.b, x, self.caps.fma),
-            (UnaryOp::Log, S::F32) if self.caps.inline_math => super::math::log(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Exp | UnaryOp::Erf | UnaryOp::Tanh | UnaryOp::Log, S::F32) if self.caps.inline_math => {
+                self.inline_math(op, x)
+            }
             (op, S::F32 | S::F64) => {
                 let h = unary_helper(op, t == S::F64).ok_or_else(|| format!("{} of {t}", op.name()))?;
                 self.call(h, &[x], clif(t))
             }
             _ => return Err(format!("{} of {t}", op.name())),
         })
+    }
+
+    /// exp, erf, tanh or log (`op`) of f32 `x`, a scalar or a vector, as inline code.
+    fn inline_math(&mut self, op: UnaryOp, x: Value) -> Value {
+        let fma = self.caps.fma;
+        match op {
+            UnaryOp::Exp => super::math::exp(&mut self.b, x, fma),
+            UnaryOp::Erf => super::math::erf(&mut self.b, x, fma),
+            UnaryOp::Tanh => super::math::tanh(&mut self.b, x, fma),
+            _ => super::math::log(&mut self.b, x, fma),
+        }
     }
 
     /// floor/ceil/round-half-even/trunc without SSE4.1: values of magnitude 2^mantissa
@@ -904,36 +932,59 @@ impl Em<'_, '_> {
         }
     }
 
+    /// `op(x, y)` where it is one instruction, the same on scalars and on vectors (each
+    /// lane): float (`float`) or integer arithmetic, min and max and comparisons (of
+    /// signed integers where `signed`), and integer bitwise operations; `None` for any
+    /// other operation.
+    fn lane_binary(&mut self, op: BinaryOp, float: bool, signed: bool, x: Value, y: Value) -> Option<Value> {
+        use BinaryOp as B;
+        let ins = self.b.ins();
+        Some(match (op, float) {
+            (B::Add, true) => ins.fadd(x, y),
+            (B::Sub, true) => ins.fsub(x, y),
+            (B::Mul, true) => ins.fmul(x, y),
+            (B::Div, true) => ins.fdiv(x, y),
+            (B::Min, true) => ins.fmin(x, y),
+            (B::Max, true) => ins.fmax(x, y),
+            (op, true) if op.is_comparison() => ins.fcmp(Self::float_cc(op), x, y),
+            (B::Add, false) => ins.iadd(x, y),
+            (B::Sub, false) => ins.isub(x, y),
+            (B::Mul, false) => ins.imul(x, y),
+            (B::Min, false) if signed => ins.smin(x, y),
+            (B::Max, false) if signed => ins.smax(x, y),
+            (B::Min, false) => ins.umin(x, y),
+            (B::Max, false) => ins.umax(x, y),
+            (op, false) if op.is_comparison() => ins.icmp(Self::int_cc(op, signed), x, y),
+            (B::And, false) => ins.band(x, y),
+            (B::Or, false) => ins.bor(x, y),
+            (B::Xor, false) => ins.bxor(x, y),
+            _ => return None,
+        })
+    }
+
     /// `op(x, y)` on scalars of type `t`; `nodes` names the operands' nodes, so a
     /// constant divisor or shift amount skips its guards.
     fn binary(&mut self, op: BinaryOp, t: S, x: Value, y: Value, nodes: Option<(ExprId, ExprId)>) -> R<Value> {
         let rhs = nodes.map(|n| n.1);
         use BinaryOp as B;
+        let signed = t.is_signed();
+        if let Some(v) = self.lane_binary(op, t.is_float(), signed, x, y) {
+            return Ok(v);
+        }
         if t.is_float() {
             let double = t == S::F64;
             return Ok(match op {
-                B::Add => self.b.ins().fadd(x, y),
-                B::Sub => self.b.ins().fsub(x, y),
-                B::Mul => self.b.ins().fmul(x, y),
-                B::Div => self.b.ins().fdiv(x, y),
-                B::Min => self.b.ins().fmin(x, y),
-                B::Max => self.b.ins().fmax(x, y),
                 B::Rem => self.call(if double { Helper::FmodF64 } else { Helper::FmodF32 }, &[x, y], clif(t)),
                 B::Pow => self.call(if double { Helper::PowF64 } else { Helper::PowF32 }, &[x, y], clif(t)),
-                op if op.is_comparison() => self.b.ins().fcmp(Self::float_cc(op), x, y),
                 _ => return Err(format!("{} of {t}", op.name())),
             });
         }
-        let signed = t.is_signed();
         let ct = clif(t);
         let const_rhs = rhs.and_then(|e| match self.k.node(e).expr {
             Expr::Const(b) => Some(t.to_i128(b)),
             _ => None,
         });
         Ok(match op {
-            B::Add => self.b.ins().iadd(x, y),
-            B::Sub => self.b.ins().isub(x, y),
-            B::Mul => self.b.ins().imul(x, y),
             B::Div | B::Rem => {
                 let nonneg = !signed || nodes.is_some_and(|(a, _)| self.ranges[a.index()].0 >= 0);
                 match const_rhs {
@@ -941,14 +992,6 @@ impl Em<'_, '_> {
                     _ => self.int_div(op, t, x, y, const_rhs),
                 }
             }
-            B::Min if signed => self.b.ins().smin(x, y),
-            B::Max if signed => self.b.ins().smax(x, y),
-            B::Min => self.b.ins().umin(x, y),
-            B::Max => self.b.ins().umax(x, y),
-            op if op.is_comparison() => self.b.ins().icmp(Self::int_cc(op, signed), x, y),
-            B::And => self.b.ins().band(x, y),
-            B::Or => self.b.ins().bor(x, y),
-            B::Xor => self.b.ins().bxor(x, y),
             B::Shl | B::Shr => {
                 let bits = t.bits() as i128;
                 if let Some(c) = const_rhs {
@@ -1412,6 +1455,8 @@ impl Em<'_, '_> {
 
     // ---- vector mode ----------------------------------------------------------------
 
+    /// Varying node `i` four lanes at a time: a load, select or cast (`node` evaluates
+    /// the unary and binary ones in either mode).
     fn vector_node(&mut self, i: u32) -> R<Value> {
         let k = self.k;
         let node = &k.nodes[i as usize];
@@ -1421,16 +1466,6 @@ impl Em<'_, '_> {
                 let a = self.an.access[i as usize].ok_or("vector load without an address")?;
                 let (base, off) = self.place(a)?;
                 Ok(self.b.ins().load(vclif(ty), mem(), base, off))
-            }
-            Expr::Unary(op, a) => {
-                let at = self.ty(*a);
-                let x = self.vget(*a)?;
-                self.vunary(*op, at, x)
-            }
-            Expr::Binary(op, a, b) => {
-                let at = self.ty(*a);
-                let (x, y) = (self.vget(*a)?, self.vget(*b)?);
-                self.vbinary(*op, at, x, y)
             }
             Expr::Select(c, a, b) => {
                 let mut m = self.vget(*c)?;
@@ -1486,10 +1521,9 @@ impl Em<'_, '_> {
             (UnaryOp::Round, _) => self.b.ins().nearest(x),
             (UnaryOp::Trunc, _) => self.b.ins().trunc(x),
             (UnaryOp::IsNan, _) => self.b.ins().fcmp(FloatCC::Unordered, x, x),
-            (UnaryOp::Exp, S::F32) if self.caps.inline_math => super::math::exp(&mut self.b, x, self.caps.fma),
-            (UnaryOp::Erf, S::F32) if self.caps.inline_math => super::math::erf(&mut self.b, x, self.caps.fma),
-            (UnaryOp::Tanh, S::F32) if self.caps.inline_math => super::math::tanh(&mut self.b, x, self.caps.fma),
-            (UnaryOp::Log, S::F32) if self.caps.inline_math => super::math::log(&mut self.b, x, self.caps.fma),
+            (UnaryOp::Exp | UnaryOp::Erf | UnaryOp::Tanh | UnaryOp::Log, S::F32) if self.caps.inline_math => {
+                self.inline_math(op, x)
+            }
             (op, S::F32) => {
                 let h = unary_helper(op, false).ok_or_else(|| format!("vector {}", op.name()))?;
                 self.call_lanes(h, &[x])
@@ -1500,46 +1534,23 @@ impl Em<'_, '_> {
 
     fn vbinary(&mut self, op: BinaryOp, t: S, x: Value, y: Value) -> R<Value> {
         use BinaryOp as B;
-        Ok(match t {
-            S::F32 => match op {
-                B::Add => self.b.ins().fadd(x, y),
-                B::Sub => self.b.ins().fsub(x, y),
-                B::Mul => self.b.ins().fmul(x, y),
-                B::Div => self.b.ins().fdiv(x, y),
-                B::Min => self.b.ins().fmin(x, y),
-                B::Max => self.b.ins().fmax(x, y),
-                B::Rem => self.call_lanes(Helper::FmodF32, &[x, y]),
-                B::Pow => self.call_lanes(Helper::PowF32, &[x, y]),
-                op if op.is_comparison() => self.b.ins().fcmp(Self::float_cc(op), x, y),
-                _ => return Err(format!("vector {} of f32", op.name())),
-            },
-            S::Bool => match op {
-                B::And => self.b.ins().band(x, y),
-                B::Or => self.b.ins().bor(x, y),
-                B::Xor | B::Ne => self.b.ins().bxor(x, y),
-                B::Eq => {
-                    let d = self.b.ins().bxor(x, y);
-                    self.b.ins().bnot(d)
-                }
-                _ => return Err(format!("vector {} of bool", op.name())),
-            },
-            _ => {
-                let signed = t == S::I32;
-                match op {
-                    B::Add => self.b.ins().iadd(x, y),
-                    B::Sub => self.b.ins().isub(x, y),
-                    B::Mul => self.b.ins().imul(x, y),
-                    B::And => self.b.ins().band(x, y),
-                    B::Or => self.b.ins().bor(x, y),
-                    B::Xor => self.b.ins().bxor(x, y),
-                    B::Min if signed => self.b.ins().smin(x, y),
-                    B::Max if signed => self.b.ins().smax(x, y),
-                    B::Min => self.b.ins().umin(x, y),
-                    B::Max => self.b.ins().umax(x, y),
-                    op if op.is_comparison() => self.b.ins().icmp(Self::int_cc(op, signed), x, y),
-                    _ => return Err(format!("vector {} of {t}", op.name())),
-                }
+        // Bool lanes are masks (all ones or zero): their comparisons are bitwise.
+        if t != S::Bool {
+            if let Some(v) = self.lane_binary(op, t == S::F32, t == S::I32, x, y) {
+                return Ok(v);
             }
+        }
+        Ok(match (t, op) {
+            (S::F32, B::Rem) => self.call_lanes(Helper::FmodF32, &[x, y]),
+            (S::F32, B::Pow) => self.call_lanes(Helper::PowF32, &[x, y]),
+            (S::Bool, B::And) => self.b.ins().band(x, y),
+            (S::Bool, B::Or) => self.b.ins().bor(x, y),
+            (S::Bool, B::Xor | B::Ne) => self.b.ins().bxor(x, y),
+            (S::Bool, B::Eq) => {
+                let d = self.b.ins().bxor(x, y);
+                self.b.ins().bnot(d)
+            }
+            _ => return Err(format!("vector {} of {t}", op.name())),
         })
     }
 

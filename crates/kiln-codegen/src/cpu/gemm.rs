@@ -2037,7 +2037,7 @@ impl Emitter<'_> {
                     let tail = slot.mask.map(|m| (m, self.epi_tail));
                     self.a.push(rax)?;
                     self.a.push(rcx)?;
-                    self.vx().load_bools(r, ptr(at), el.vector as i64, tail, [rax, rcx])?;
+                    self.vx().load_bytes(ScalarType::Bool, r, ptr(at), el.vector as i64, tail, [rax, rcx])?;
                     self.a.pop(rcx)?;
                     self.a.pop(rax)?;
                 } else if !el.vector {

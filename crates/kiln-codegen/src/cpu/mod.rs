@@ -171,67 +171,53 @@ pub fn workgroups(k: &Kernel) -> u64 {
     dims[..dims.len().saturating_sub(1)].iter().map(|&d| d as u64).product()
 }
 
-/// Cranelift flag names and the features they make the code use.
-const V2: [(&str, CpuFeature); 5] = [
-    ("has_sse3", CpuFeature::Sse3),
-    ("has_ssse3", CpuFeature::Ssse3),
-    ("has_sse41", CpuFeature::Sse41),
-    ("has_sse42", CpuFeature::Sse42),
-    ("has_popcnt", CpuFeature::Popcnt),
-];
-const V3: [(&str, CpuFeature); 6] = [
-    ("has_avx", CpuFeature::Avx),
-    ("has_avx2", CpuFeature::Avx2),
-    ("has_fma", CpuFeature::Fma),
-    ("has_bmi1", CpuFeature::Bmi1),
-    ("has_bmi2", CpuFeature::Bmi2),
-    ("has_lzcnt", CpuFeature::Lzcnt),
-];
+/// The x86-64 features the code generator can use, one table for the named targets
+/// and the host: `FEATURES`, each with the x86-64 level that brings it (2, 3 or 4), its
+/// Cranelift flag and the feature the code then uses; and `host_flags`, those this CPU
+/// has (`is_x86_feature_detected!` wants each feature's name as a literal).
+macro_rules! features {
+    ($($level:literal $feat:tt => $flag:literal, $f:ident;)*) => {
+        const FEATURES: &[(u8, &str, CpuFeature)] = &[$(($level, $flag, CpuFeature::$f)),*];
 
-const V4: [(&str, CpuFeature); 3] = [
-    ("has_avx512f", CpuFeature::Avx512f),
-    ("has_avx512dq", CpuFeature::Avx512dq),
-    ("has_avx512vl", CpuFeature::Avx512vl),
-];
+        #[cfg(target_arch = "x86_64")]
+        fn host_flags() -> Result<Vec<(&'static str, CpuFeature)>, CodegenError> {
+            let mut v = Vec::new();
+            $(
+                if std::is_x86_feature_detected!($feat) {
+                    v.push(($flag, CpuFeature::$f));
+                }
+            )*
+            Ok(v)
+        }
+    };
+}
+features! {
+    2 "sse3" => "has_sse3", Sse3;
+    2 "ssse3" => "has_ssse3", Ssse3;
+    2 "sse4.1" => "has_sse41", Sse41;
+    2 "sse4.2" => "has_sse42", Sse42;
+    2 "popcnt" => "has_popcnt", Popcnt;
+    3 "avx" => "has_avx", Avx;
+    3 "avx2" => "has_avx2", Avx2;
+    3 "fma" => "has_fma", Fma;
+    3 "bmi1" => "has_bmi1", Bmi1;
+    3 "bmi2" => "has_bmi2", Bmi2;
+    3 "lzcnt" => "has_lzcnt", Lzcnt;
+    4 "avx512f" => "has_avx512f", Avx512f;
+    4 "avx512dq" => "has_avx512dq", Avx512dq;
+    4 "avx512vl" => "has_avx512vl", Avx512vl;
+}
 
 /// The ISA flags to enable for `target`.
 fn target_flags(target: CpuTarget) -> Result<Vec<(&'static str, CpuFeature)>, CodegenError> {
-    Ok(match target {
-        CpuTarget::X86_64 => Vec::new(),
-        CpuTarget::X86_64V2 => V2.to_vec(),
-        CpuTarget::X86_64V3 => V2.iter().chain(&V3).copied().collect(),
-        CpuTarget::X86_64V4 => V2.iter().chain(&V3).chain(&V4).copied().collect(),
-        CpuTarget::Host => host_flags()?,
-    })
-}
-
-#[cfg(target_arch = "x86_64")]
-fn host_flags() -> Result<Vec<(&'static str, CpuFeature)>, CodegenError> {
-    let mut v = Vec::new();
-    macro_rules! detect {
-        ($($feat:tt => $flag:expr, $f:expr;)*) => {$(
-            if std::is_x86_feature_detected!($feat) {
-                v.push(($flag, $f));
-            }
-        )*};
-    }
-    detect! {
-        "sse3" => "has_sse3", CpuFeature::Sse3;
-        "ssse3" => "has_ssse3", CpuFeature::Ssse3;
-        "sse4.1" => "has_sse41", CpuFeature::Sse41;
-        "sse4.2" => "has_sse42", CpuFeature::Sse42;
-        "popcnt" => "has_popcnt", CpuFeature::Popcnt;
-        "avx" => "has_avx", CpuFeature::Avx;
-        "avx2" => "has_avx2", CpuFeature::Avx2;
-        "fma" => "has_fma", CpuFeature::Fma;
-        "bmi1" => "has_bmi1", CpuFeature::Bmi1;
-        "bmi2" => "has_bmi2", CpuFeature::Bmi2;
-        "lzcnt" => "has_lzcnt", CpuFeature::Lzcnt;
-        "avx512f" => "has_avx512f", CpuFeature::Avx512f;
-        "avx512vl" => "has_avx512vl", CpuFeature::Avx512vl;
-        "avx512dq" => "has_avx512dq", CpuFeature::Avx512dq;
-    }
-    Ok(v)
+    let level = match target {
+        CpuTarget::X86_64 => 1,
+        CpuTarget::X86_64V2 => 2,
+        CpuTarget::X86_64V3 => 3,
+        CpuTarget::X86_64V4 => 4,
+        CpuTarget::Host => return host_flags(),
+    };
+    Ok(FEATURES.iter().filter(|f| f.0 <= level).map(|&(_, flag, f)| (flag, f)).collect())
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -1250,12 +1250,10 @@ impl Emit<'_> {
                 }
                 let tail = mask.map(|m| (m, self.tail_lanes));
                 match (node.ty, step) {
-                    (ScalarType::Bool, step) => {
+                    (ty, step) if ty == ScalarType::Bool || byte_type(ty) => {
                         let at = if step == 0 { ptr(rax) } else { ptr(rax + r8) };
-                        self.vx().load_bools(r, at, step, tail, [rcx, rdx])?
+                        self.vx().load_bytes(ty, r, at, step, tail, [rcx, rdx])?
                     }
-                    (ty, 0) if byte_type(ty) => self.vx().broadcast_byte(ty, r, ptr(rax), rcx)?,
-                    (ty, _) if byte_type(ty) => self.vx().load_bytes(ty, r, ptr(rax + r8), tail, [rcx, rdx])?,
                     (_, 0) => self.vx().broadcast(r, dword_ptr(rax))?,
                     (_, 1) => self.vx().load(r, ptr(rax + r8 * 4), mask)?,
                     (_, step) => {

@@ -237,6 +237,18 @@ impl Vx<'_> {
         Ok(())
     }
 
+    /// `d` = the vector mask of the lanes where `x` is not 0; `d` may be `x`.
+    fn nonzero(&mut self, d: V, x: V) -> R<()> {
+        if self.wide {
+            self.a.vptestmd(kreg(K_CMP), z(x), z(x))?;
+            self.mask_to_vector(d, K_CMP)
+        } else {
+            let zero = self.t.vector(self.a, 0);
+            self.a.vpcmpeqd(y(d), y(x), ymmword_ptr(zero))?;
+            self.not(d, d)
+        }
+    }
+
     /// `d = !x` for a vector mask.
     pub fn not(&mut self, d: V, x: V) -> R<()> {
         self.op(Op::Xor, d, x, Src::C(u32::MAX))
@@ -460,20 +472,25 @@ impl Vx<'_> {
         Ok(())
     }
 
-    /// `d` = the i8 or u8 (`ty`) bytes at `at`, one a lane, sign- or zero-extended; a
-    /// tail `(mask, n)` reads only the first `n` bytes (on sixteen lanes under the
-    /// opmask, which suppresses faults on the lanes it leaves out; on eight, as pieces
-    /// of 4, 2 and 1 bytes gathered in `g[0]` through `g[1]`), the other lanes 0.
+    /// `d` = the i8, u8 or bool (`ty`) bytes at `at`, one a lane: i8 sign-extended, u8
+    /// zero-extended, bool as a vector mask (true where the byte is not 0). With `step`
+    /// 0 the one byte at `at` in every lane (`g[0]` is clobbered); with `step` 1 the
+    /// consecutive bytes, where a tail `(mask, n)` reads only the first `n` (on sixteen
+    /// lanes under the opmask, which suppresses faults on the lanes it leaves out; on
+    /// eight, as pieces of 4, 2 and 1 bytes gathered in `g[0]` through `g[1]`), the
+    /// other lanes 0.
     pub fn load_bytes(
         &mut self,
         ty: S,
         d: V,
         at: AsmMemoryOperand,
+        step: i64,
         tail: Option<(Mask, u64)>,
         g: [AsmRegister64; 2],
     ) -> R<()> {
         let signed = ty == S::I8;
         match (tail, self.wide) {
+            _ if step == 0 => self.broadcast_byte(ty, d, at, g[0])?,
             (None, true) => extend_bytes(&mut self.a, signed, z(d), at)?,
             (Some((m, _)), true) => extend_bytes(&mut self.a, signed, zk(d, m).z(), at)?,
             (None, false) => extend_bytes(&mut self.a, signed, y(d), at)?,
@@ -502,6 +519,9 @@ impl Vx<'_> {
                 self.a.vmovq(x, acc)?;
                 extend_bytes(&mut self.a, signed, y(d), x)?
             }
+        }
+        if ty == S::Bool {
+            self.nonzero(d, d)?;
         }
         Ok(())
     }
@@ -574,34 +594,9 @@ impl Vx<'_> {
         self.gather_at(d, base, idx, tail, m)
     }
 
-    /// `d` = the bools (bytes, true where not 0) at `at` as a vector mask, or with
-    /// `step` 0 the one at `at` in every lane; `tail` and `g` as for
-    /// [`Vx::load_bytes`].
-    pub fn load_bools(
-        &mut self,
-        d: V,
-        at: AsmMemoryOperand,
-        step: i64,
-        tail: Option<(Mask, u64)>,
-        g: [AsmRegister64; 2],
-    ) -> R<()> {
-        if step == 0 {
-            self.broadcast_byte(S::U8, d, at, g[0])?;
-        } else {
-            self.load_bytes(S::U8, d, at, tail, g)?;
-        }
-        if self.wide {
-            self.a.vptestmd(kreg(K_CMP), z(d), z(d))?;
-            self.mask_to_vector(d, K_CMP)
-        } else {
-            let zero = self.t.vector(self.a, 0);
-            self.a.vpcmpeqd(y(d), y(d), ymmword_ptr(zero))?;
-            self.not(d, d)
-        }
-    }
-
-    /// `d` = the i8 or u8 (`ty`) at `at` in every lane, extended; `g` is clobbered.
-    pub fn broadcast_byte(&mut self, ty: S, d: V, at: AsmMemoryOperand, g: AsmRegister64) -> R<()> {
+    /// `d` = the i8, u8 or bool (`ty`) at `at` in every lane, extended (bool as u8);
+    /// `g` is clobbered.
+    fn broadcast_byte(&mut self, ty: S, d: V, at: AsmMemoryOperand, g: AsmRegister64) -> R<()> {
         let g32 = gpr32_of(g)?;
         if ty == S::I8 {
             self.a.movsx(g32, byte_ptr(at))?;
@@ -801,16 +796,7 @@ impl Vx<'_> {
                         at_width!(self, vpsrld(d, x; 31));
                         Ok(())
                     }
-                    (S::I32 | S::U32 | S::I8 | S::U8, S::Bool) => {
-                        if self.wide {
-                            self.a.vptestmd(kreg(K_CMP), z(x), z(x))?;
-                            self.mask_to_vector(d, K_CMP)
-                        } else {
-                            let zero = self.t.vector(self.a, 0);
-                            self.a.vpcmpeqd(y(d), y(x), ymmword_ptr(zero))?;
-                            self.not(d, d)
-                        }
-                    }
+                    (S::I32 | S::U32 | S::I8 | S::U8, S::Bool) => self.nonzero(d, x),
                     (S::I32, S::F32) => {
                         at_width!(self, vcvtdq2ps(d, x));
                         Ok(())

@@ -346,13 +346,7 @@ impl<'k, 'p> Eval<'k, 'p> {
         };
         let raw = self.p.reg(raw_class);
         // Defined on the skipped path too, so no read of an unwritten register.
-        let zero = if raw_class == RegClass::F32 {
-            Imm::F32(0)
-        } else if raw_class == RegClass::F64 {
-            Imm::F64(0)
-        } else {
-            Imm::I(0)
-        };
+        let zero = Imm::zero(raw_class);
         let mov = match raw_class {
             RegClass::B16 => "mov.b16",
             RegClass::B32 => "mov.b32",
@@ -827,14 +821,7 @@ impl<'k, 'p> Eval<'k, 'p> {
         match to {
             DType::Bool => {
                 let cmp = if from.is_float() { "neu" } else { "ne" };
-                let zero = if from == ScalarType::F32 {
-                    Imm::F32(0)
-                } else if from == ScalarType::F64 {
-                    Imm::F64(0)
-                } else {
-                    Imm::I(0)
-                };
-                Ok(self.setp(cmp, sfx(from), v, zero.into()))
+                Ok(self.setp(cmp, sfx(from), v, Imm::zero(class(from)).into()))
             }
             DType::F16 | DType::BF16 => {
                 let h = if to == DType::F16 { "f16" } else { "bf16" };

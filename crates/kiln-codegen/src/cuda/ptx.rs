@@ -92,6 +92,18 @@ pub enum Imm {
     F64(u64),
 }
 
+impl Imm {
+    /// Zero as an operand of a register of class `c` (a float literal for the float
+    /// classes, which PTX wants there).
+    pub fn zero(c: RegClass) -> Imm {
+        match c {
+            RegClass::F32 => Imm::F32(0),
+            RegClass::F64 => Imm::F64(0),
+            _ => Imm::I(0),
+        }
+    }
+}
+
 impl std::fmt::Display for Imm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
