@@ -23,6 +23,9 @@
 //! order (tiles, tensor cores, split-K), and such a sum's rounding error grows like
 //! `√K · ε` of its magnitude (random-walk growth of reassociated rounding errors): the
 //! absolute floor is then `N · ε · √K · max|oracle|`. The relative criterion stays.
+//! Where the kernel casts a value to a float type narrower than its output (a product
+//! rounded to bf16, then widened to f32 by a fused Cast), ulps and `ε` are that type's:
+//! a sum that lands next to one of its rounding boundaries may round either way.
 
 use crate::artifact::Args;
 
@@ -459,7 +462,7 @@ mod imp {
             Err(e) => return fail(format!("output: {e}")),
         };
         let exact = !want.dtype().is_float() || d.class == KernelClass::Movement;
-        let e = within(&got, &want, exact, ulps, longest_sum(&d.kernel));
+        let e = within(&got, &want, exact, ulps, longest_sum(&d.kernel), narrowest_cast(&d.kernel));
         let line = format!(
             "{} {head}  max_abs {:.3e} max_rel {:.3e} bad {}/{}{}  [{note}]",
             if e.bad == 0 { "pass" } else { "FAIL" },
@@ -513,9 +516,21 @@ mod imp {
             .max(1)
     }
 
+    /// The float type with the fewest mantissa bits the kernel casts a value to, if any.
+    fn narrowest_cast(k: &kiln_flow::kernel::Kernel) -> Option<DType> {
+        k.nodes
+            .iter()
+            .filter_map(|n| match &n.expr {
+                kiln_flow::kernel::Expr::Cast { to, .. } if to.is_float() => Some(*to),
+                _ => None,
+            })
+            .min_by_key(|&d| float_format(d).0)
+    }
+
     /// Compares `got` with `want` element by element (see the module docs); `terms` is
-    /// the length of the longest sum behind each element (1: none).
-    pub(crate) fn within(got: &Tensor, want: &Tensor, exact: bool, ulps: u32, terms: u64) -> Error {
+    /// the length of the longest sum behind each element (1: none), `narrow` a float
+    /// type the values went through on the way (its precision counts where coarser).
+    pub(crate) fn within(got: &Tensor, want: &Tensor, exact: bool, ulps: u32, terms: u64, narrow: Option<DType>) -> Error {
         let mut e = Error { max_abs: 0.0, max_rel: 0.0, bad: 0, count: 0, first: None };
         if got.ty() != want.ty() {
             e.bad = 1;
@@ -528,7 +543,10 @@ mod imp {
         let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
         e.count = w.len();
         let float = want.dtype().is_float();
-        let (mantissa, min_exp) = float_format(want.dtype());
+        let (mantissa, min_exp) = match narrow.map(float_format) {
+            Some(n) if n.0 < float_format(want.dtype()).0 => n,
+            _ => float_format(want.dtype()),
+        };
         let eps = (2f64).powi(-mantissa);
         let floor = f64::from(ulps) * eps * (terms as f64).sqrt();
         let scale = w.iter().filter(|x| x.is_finite()).fold(0f64, |m, x| m.max(x.abs()));
@@ -570,18 +588,31 @@ mod imp {
         }
 
         fn bad(got: &[f64], want: &[f64], dtype: DType, exact: bool, ulps: u32) -> usize {
-            within(&t(dtype, got), &t(dtype, want), exact, ulps, 1).bad
+            within(&t(dtype, got), &t(dtype, want), exact, ulps, 1, None).bad
         }
 
         #[test]
         fn the_absolute_floor_grows_with_the_square_root_of_the_sum_length() {
             // 8 · 2⁻²³ · 100 ≈ 9.5e-5 for one term; 16 times that for a sum of 256.
             let (got, want) = (t(DType::F32, &[1e-3, 100.0]), t(DType::F32, &[0.0, 100.0]));
-            assert_eq!(within(&got, &want, false, 8, 1).bad, 1);
-            assert_eq!(within(&got, &want, false, 8, 64).bad, 1);
-            assert_eq!(within(&got, &want, false, 8, 256).bad, 0);
+            assert_eq!(within(&got, &want, false, 8, 1, None).bad, 1);
+            assert_eq!(within(&got, &want, false, 8, 64, None).bad, 1);
+            assert_eq!(within(&got, &want, false, 8, 256, None).bad, 0);
             // Exact kernels ignore it.
-            assert_eq!(within(&got, &want, true, 8, 256).bad, 1);
+            assert_eq!(within(&got, &want, true, 8, 256, None).bad, 1);
+        }
+
+        #[test]
+        fn a_narrow_cast_on_the_way_sets_the_ulps() {
+            // f32 values that went through bf16: one bf16 step at 3.5 (2⁻⁶) is 2¹⁷ f32 ulps.
+            let (got, want) = (t(DType::F32, &[3.53125, 1.0]), t(DType::F32, &[3.546875, 1.0]));
+            assert_eq!(within(&got, &want, false, 8, 1, None).bad, 1);
+            assert_eq!(within(&got, &want, false, 8, 1, Some(DType::BF16)).bad, 0);
+            // Past both bounds in bf16 (8 steps; the floor 8 · 2⁻⁷ · 3.55 ≈ 14 steps) it
+            // fails; a type wider than the output changes nothing.
+            let far = t(DType::F32, &[3.546875 + 16.0 / 64.0, 1.0]);
+            assert_eq!(within(&far, &want, false, 8, 1, Some(DType::BF16)).bad, 1);
+            assert_eq!(within(&got, &want, false, 8, 1, Some(DType::F64)).bad, 1);
         }
 
         #[test]
@@ -616,8 +647,8 @@ mod imp {
             let ty = kiln_ir::TensorType::new(DType::I64, Shape::new(vec![1]).expect("shape"));
             let x = Tensor::new(ty.clone(), a.to_le_bytes().to_vec().into()).expect("tensor");
             let y = Tensor::new(ty, b.to_le_bytes().to_vec().into()).expect("tensor");
-            assert_eq!(within(&x, &y, true, 8, 1).bad, 1);
-            assert_eq!(within(&x, &x, true, 8, 1).bad, 0);
+            assert_eq!(within(&x, &y, true, 8, 1, None).bad, 1);
+            assert_eq!(within(&x, &x, true, 8, 1, None).bad, 0);
         }
     }
 }
