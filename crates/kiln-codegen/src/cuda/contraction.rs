@@ -102,6 +102,7 @@ use kiln_ir::DType;
 
 use super::expr::Eval;
 use super::ptx::{Imm, Label, Opd, Ptx, Reg, RegClass};
+use super::tune::Tune;
 use super::{internal, Entry, Launch, BLOCK};
 use crate::CodegenError;
 
@@ -219,20 +220,21 @@ pub fn choose_split(tile: Tile, blocks: u64, k: u64) -> u32 {
     s
 }
 
-/// Where thread `tid` of rank `rank` of a split of `split` sums the partial tiles: the
-/// 64×64 tile's rows `rank·64/split ..` are that rank's, and each of its groups of 4
-/// columns goes to one thread (`q`-th group of the thread: row `rank·64/split + tid/16
-/// + 16·q`, columns `4·(tid % 16) ..+4`); `None` where the thread has no `q`-th group.
-pub fn reduce_slot(split: u32, rank: u32, tid: u32, q: u32) -> Option<(u32, u32)> {
-    let rows = 64 / split;
-    let r = tid / 16 + 16 * q;
-    (r < rows).then_some((rank * rows + r, 4 * (tid % 16)))
+/// Where thread `tid` of rank `rank` of a split of `split` sums the partial tiles of a
+/// `BM × BN` tile: rows `rank·BM/split ..` are that rank's, and each of their groups of
+/// 4 columns goes to one thread, `G = BN/4` threads along a row (`q`-th group of the
+/// thread: row `rank·BM/split + tid/G + (256/G)·q`, columns `4·(tid % G) ..+4`); `None`
+/// where the thread has no `q`-th group.
+pub fn reduce_slot(tile: Tile, split: u32, rank: u32, tid: u32, q: u32) -> Option<(u32, u32)> {
+    let (rows, g) = (tile.bm() / split, tile.bn() / 4);
+    let r = tid / g + (BLOCK / g) * q;
+    (r < rows).then_some((rank * rows + r, 4 * (tid % g)))
 }
 
-/// Groups a thread sums per rank of a split of `split` (at least one; with 8, half the
-/// threads have none).
-pub fn reduce_groups(split: u32) -> u32 {
-    (4 / split).max(1)
+/// Groups a thread sums per rank of a split of `split` of a `BM × BN` tile: `BM·BN /
+/// (4·split·256)`, at least one (64×64 split over 8: half the threads have none).
+pub fn reduce_groups(tile: Tile, split: u32) -> u32 {
+    (tile.bm() * tile.bn() / 4 / split / BLOCK).max(1)
 }
 
 /// An operand's flat element offset: `c + Σ coef[v]·v` over the kernel's variables.
@@ -381,6 +383,31 @@ impl Plan {
         Ok(plan)
     }
 
+    /// This plan with tile `tile` and a split of `split` (each block's part of `K` a
+    /// multiple of [`BK`]), or why not (a grid beyond 32-bit arithmetic).
+    pub fn retiled(&self, tile: Tile, split: u32) -> Result<Plan, String> {
+        let kk = self.dims[3];
+        let mut p = self.clone();
+        p.tile = tile;
+        p.split = split;
+        p.k_chunk = kk.div_ceil(u64::from(split)).div_ceil(u64::from(BK)) * u64::from(BK);
+        if p.grid() > LIMIT {
+            return Err(format!("{} blocks", p.grid()));
+        }
+        Ok(p)
+    }
+
+    /// Bytes of shared memory a block of the f32 kernel uses: the operand buffers, and
+    /// for a split its partial tile (`BM·BN` f32) over them.
+    pub fn shared_bytes(&self) -> u32 {
+        let t = self.tile;
+        if self.split > 1 {
+            t.shared_bytes().max(t.bm() * t.bn() * 4)
+        } else {
+            t.shared_bytes()
+        }
+    }
+
     /// Whether the epilogue stores each thread's groups of 4 consecutive columns with one
     /// `st.global.v4.f32`: the innermost column variable is the output's innermost axis
     /// (stride 1) and its extent a multiple of 4, so that 4 columns from a multiple of 4
@@ -525,7 +552,7 @@ pub fn slots(rows: u32) -> u32 {
 }
 
 /// The entry of `k`, or why this emitter declines it.
-pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
+pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenError> {
     let plan = match Plan::of(k) {
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),
@@ -539,11 +566,19 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     let mut declined = String::new();
     if half(plan.a.dtype) || half(plan.b.dtype) {
-        match super::mma::emit(k, &plan)? {
+        match super::mma::emit(k, &plan, &tune.mma)? {
             Ok(e) => return Ok(Ok(e)),
             Err(why) => declined = format!("; tensor cores declined: {why}"),
         }
     }
+    // The measurement knob's tile and split (`tune`), where it names one.
+    let plan = match tune.f32 {
+        Some(f) => match plan.retiled(f.tile, f.split) {
+            Ok(p) => p,
+            Err(why) => return Ok(Err(why)),
+        },
+        None => plan,
+    };
     let text = Emitter::run(k, &plan)?;
     let t = plan.tile;
     let [nb, m, n, kk] = plan.dims;
@@ -556,7 +591,8 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         t.tn,
         plan.grid()
     );
-    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: 0, params: (k.inputs.len() + 1) as u32 };
+    let shared = super::dynamic_bytes(plan.shared_bytes());
+    let launch = Launch { grid: plan.grid(), block: BLOCK, shared, params: (k.inputs.len() + 1) as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
 
@@ -960,8 +996,7 @@ impl<'a> Emitter<'a> {
         // Shared memory: [A buf 0 | A buf 1 | B buf 0 | B buf 1].
         let (abuf, bbuf) = (Tile::buffer(t.bm()), Tile::buffer(t.bn()));
         // (A split's partial sums reuse it: BM·BN f32.)
-        let bytes = if plan.split > 1 { t.shared_bytes().max(t.bm() * t.bn() * 4) } else { t.shared_bytes() };
-        let smem = p.shared("tiles", bytes, 16);
+        let smem = super::declare_shared(p, "tiles", plan.shared_bytes(), 16);
         let s0 = p.reg(RegClass::B32);
         p.op("mov.u32", &[s0.into(), Opd::Sym(smem)]);
         let a_rd = p.mov(RegClass::B32, "u32", s0.into());
@@ -1046,7 +1081,7 @@ impl<'a> Emitter<'a> {
             }
             Some(rank) => {
                 Emitter::store_partials(p, t, (tx, ty), s0, &acc);
-                self.split_reduce(p, &bases, (tid, tx, ty, rank), (m0, n0, s0), &bvars)
+                self.split_reduce(p, &bases, (tid, rank), (m0, n0, s0), &bvars)
             }
         }
     }
@@ -1081,7 +1116,7 @@ impl<'a> Emitter<'a> {
         &self,
         p: &mut Ptx,
         bases: &[Reg],
-        (tid, tx, ty, rank): (Reg, Reg, Reg, Reg),
+        (tid, rank): (Reg, Reg),
         (m0, n0, s0): (Reg, Reg, Reg),
         bvars: &[Reg],
     ) -> Result<(), CodegenError> {
@@ -1092,20 +1127,24 @@ impl<'a> Emitter<'a> {
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
         let done = p.label();
-        if reduce_groups(split) * 256 * split > t.bm() * t.bn() / 4 {
+        if reduce_groups(t, split) * BLOCK * split > t.bm() * t.bn() / 4 {
             // Fewer groups than threads: the rest skip to the last barrier.
             let active = pred(p, "setp.lt.u32", tid, Imm::U(u64::from(t.bm() * t.bn() / 4 / split)).into());
             p.branch(Some((active, true)), done);
         }
-        // reduce_slot: row rank·rows + tid/16 + 16q, columns 4·(tid % 16) ..+4.
-        let rows_per = 64 / split;
+        // reduce_slot: row rank·rows + tid/G + (256/G)·q, columns 4·(tid % G) ..+4,
+        // G = BN/4 (a power of two).
+        let g = t.bn() / 4;
+        let tx = u32_op(p, "and.b32", tid, Imm::U(u64::from(g - 1)).into());
+        let ty = u32_op(p, "shr.u32", tid, Imm::U(u64::from(g.trailing_zeros())).into());
+        let rows_per = t.bm() / split;
         let r_base = u32_op(p, "mul.lo.u32", rank, Imm::U(rows_per.into()).into());
         let r_base = u32_op(p, "add.u32", r_base, ty.into());
         let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
         let mut rows = Vec::new();
         let mut vals = Vec::new();
-        for q in 0..reduce_groups(split) {
-            let r_in = u32_op(p, "add.u32", r_base, Imm::U((16 * q).into()).into());
+        for q in 0..reduce_groups(t, split) {
+            let r_in = u32_op(p, "add.u32", r_base, Imm::U(u64::from((BLOCK / g) * q)).into());
             let local = p.reg(RegClass::B32);
             p.op("mad.lo.u32", &[local.into(), r_in.into(), Imm::U(row_bytes.into()).into(), s0.into()]);
             let c_off = u32_op(p, "shl.b32", tx4, Imm::U(2).into());
@@ -1254,7 +1293,7 @@ pub(super) fn epilogue(
 }
 
 /// A split's end for another emitter (the tensor-core path), once each block of the
-/// cluster has written its partial `64 × 64` tile to its shared memory at `s0`
+/// cluster has written its partial `BM × BN` tile to its shared memory at `s0`
 /// (row-major f32) and may overwrite nothing there any more: the cluster barrier, rank
 /// `rank`'s sums of [`reduce_slot`] in rank order, their epilogue, and the last cluster
 /// barrier (see [`Plan::split`]).
@@ -1268,7 +1307,5 @@ pub(super) fn split_reduce(
     (m0, n0, s0): (Reg, Reg, Reg),
     bvars: &[Reg],
 ) -> Result<(), CodegenError> {
-    let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
-    let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
-    Emitter { k, plan }.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
+    Emitter { k, plan }.split_reduce(p, bases, (tid, rank), (m0, n0, s0), bvars)
 }

@@ -114,14 +114,32 @@ use super::contraction::{
     Var,
 };
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
-use super::{internal, Entry, Launch, BLOCK};
+use super::{internal, tune, Entry, Launch, BLOCK};
 use crate::CodegenError;
 
-/// `k` per stage.
+/// `k` per stage, by default ([`Shape`]).
 pub const BK: u32 = 32;
 
-/// Shared-memory stages.
+/// Shared-memory stages, by default ([`Shape`]).
 pub const STAGES: u32 = 3;
+
+/// A kernel's pipeline: `k` per stage, stages, resident blocks asked of ptxas. The
+/// default is [`BK`], [`STAGES`], 1; the measurement knob ([`tune::Mma`]) names others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// `k` per stage (32 or 64).
+    pub bk: u32,
+    /// Shared-memory stages (2–4).
+    pub stages: u32,
+    /// `.minnctapersm` (1: no directive).
+    pub min_blocks: u32,
+}
+
+impl Default for Shape {
+    fn default() -> Shape {
+        Shape { bk: BK, stages: STAGES, min_blocks: 1 }
+    }
+}
 
 /// Warps along the tile's rows and columns.
 pub const WARPS: (u32, u32) = (2, 4);
@@ -135,10 +153,16 @@ pub enum Layout {
     RMajor,
 }
 
-/// The byte offset of element `(r, k)` in a stage's tile of `rows` rows.
-pub fn smem_offset(layout: Layout, rows: u32, r: u32, k: u32) -> u32 {
+/// The byte offset of element `(r, k)` in a stage's tile of `rows` rows and `bk` `k`
+/// (32 or 64).
+pub fn smem_offset(layout: Layout, rows: u32, bk: u32, r: u32, k: u32) -> u32 {
     match layout {
-        Layout::KMajor => r * 64 + (((k / 8) ^ ((r / 2) % 4)) * 16) + (k % 8) * 2,
+        Layout::KMajor => {
+            // `C = bk/8` chunks a row, `8/C` rows a 128-byte line: chunk c of row r at
+            // c ⊕ ((r / (8/C)) mod C).
+            let c = bk / 8;
+            r * bk * 2 + (((k / 8) ^ ((r / (8 / c)) % c)) * 16) + (k % 8) * 2
+        }
         Layout::RMajor => k * rows * 2 + (((r / 8) ^ (k % 8)) * 16) + (r % 8) * 2,
     }
 }
@@ -247,55 +271,69 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
     Feed { layout, cp }
 }
 
-/// Items (chunks or elements) of a `rows × BK` tile each thread copies.
-pub fn items(f: Feed, rows: u32) -> u32 {
+/// Items (chunks or elements) of a `rows × bk` tile each thread copies.
+pub fn items(f: Feed, rows: u32, bk: u32) -> u32 {
     if f.cp {
-        rows * BK / 8 / BLOCK
+        rows * bk / 8 / BLOCK
     } else {
-        rows * BK / BLOCK
+        rows * bk / BLOCK
     }
 }
 
-/// Item `e` of thread `tid`: `(r, k)` within a tile of `rows` rows, its first element
-/// (a chunk holds 8 elements along `k` (KMajor) or `r` (RMajor)). Consecutive threads
-/// take consecutive chunks or elements along the stored rows.
-pub fn item(f: Feed, rows: u32, tid: u32, e: u32) -> (u32, u32) {
+/// Item `e` of thread `tid`: `(r, k)` within a tile of `rows` rows and `bk` `k`, its
+/// first element (a chunk holds 8 elements along `k` (KMajor) or `r` (RMajor)).
+/// Consecutive threads take consecutive chunks or elements along the stored rows.
+pub fn item(f: Feed, rows: u32, bk: u32, tid: u32, e: u32) -> (u32, u32) {
     match (f.cp, f.layout) {
         (true, Layout::KMajor) => {
-            let q = tid + BLOCK * e;
-            (q / 4, 8 * (q % 4))
+            let (q, per) = (tid + BLOCK * e, bk / 8);
+            (q / per, 8 * (q % per))
         }
         (true, Layout::RMajor) => {
             let (q, per) = (tid + BLOCK * e, rows / 8);
             (8 * (q % per), q / per)
         }
-        (false, Layout::KMajor) => (tid / BK + (BLOCK / BK) * e, tid % BK),
+        (false, Layout::KMajor) => (tid / bk + (BLOCK / bk) * e, tid % bk),
         (false, Layout::RMajor) => (tid % rows, tid / rows + (BLOCK / rows) * e),
     }
 }
 
-/// Bytes of shared memory of a block of `bm × bn`.
-pub fn shared_bytes(bm: u32, bn: u32) -> u32 {
-    STAGES * (bm + bn) * BK * 2
+/// Bytes of the stages of a block of `bm × bn` under `shape`.
+pub fn shared_bytes(bm: u32, bn: u32, shape: Shape) -> u32 {
+    shape.stages * (bm + bn) * shape.bk * 2
 }
 
-/// `plan` as this path runs it: the tile of [`choose_tile`], the split of
-/// [`choose_split`] (64×64 tiles only), each block's part of `K` a multiple of [`BK`].
-pub fn plan(plan: &Plan) -> Plan {
+/// The pipeline of `plan` under the knob `tune`: its stages and blocks per
+/// multiprocessor, and its `k` step where both operands are copied by `cp.async` (a
+/// register-staged operand keeps [`BK`]: 64 would stage twice the registers).
+pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
+    let fa = feed(plan, &plan.a, &plan.rows);
+    let fb = feed(plan, &plan.b, &plan.cols);
+    let wide = |m: &Map| linear(&plan.ks, m, tune.bk).is_some();
+    let bk = if fa.cp && fb.cp && wide(&plan.a) && wide(&plan.b) { tune.bk } else { BK };
+    Shape { bk, stages: tune.stages, min_blocks: tune.min_blocks }
+}
+
+/// `plan` as this path runs it under `shape`: the tile of [`choose_tile`], the split of
+/// [`choose_split`] (64×64 tiles only), each block's part of `K` a multiple of the `k`
+/// step.
+pub fn plan(plan: &Plan, shape: Shape) -> Plan {
     let mut plan = plan.clone();
     let [nb, m, n, kk] = plan.dims;
     plan.tile = choose_tile(nb, m, n);
     plan.split = choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk);
-    plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(u64::from(BK)) * u64::from(BK);
+    let bk = u64::from(shape.bk);
+    plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(bk) * bk;
     plan
 }
 
-/// The entry of `k` on the tensor cores, or why not.
-pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
-    emit_planned(k, &self::plan(plan))
+/// The entry of `k` on the tensor cores under the knob `tune`, or why not.
+pub fn emit(k: &Kernel, plan: &Plan, tune: &tune::Mma) -> Result<Result<Entry, String>, CodegenError> {
+    let sh = shape(plan, tune);
+    emit_planned(k, &self::plan(plan, sh), sh)
 }
 
-fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
+fn emit_planned(k: &Kernel, plan: &Plan, sh: Shape) -> Result<Result<Entry, String>, CodegenError> {
     let dt = plan.a.dtype;
     if !matches!(dt, DType::F16 | DType::BF16) || plan.b.dtype != dt {
         return Ok(Err(format!("{} × {} operands", plan.a.dtype.name(), plan.b.dtype.name())));
@@ -308,7 +346,7 @@ fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, Codege
     let fa = feed(&plan, &plan.a, &plan.rows);
     let fb = feed(&plan, &plan.b, &plan.cols);
     let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
-    Emitter { k, plan: &plan, fa, fb }.body(&mut p)?;
+    Emitter { k, plan: &plan, fa, fb, sh }.body(&mut p)?;
     let text = p.finish().map_err(|e| internal(k, e))?;
     let how = |f: Feed| {
         let l = if f.layout == Layout::KMajor { "k-major" } else { "row-major" };
@@ -317,35 +355,40 @@ fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, Codege
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
     let split = if plan.split > 1 { format!(", split-K over clusters of {}", plan.split) } else { String::new() };
     let note = format!(
-        "contraction mma.sync m16n8k16 {} ({bm}x{bn} tile, {STAGES} stages, A {}, B {}, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
+        "contraction mma.sync m16n8k16 {} ({bm}x{bn} tile, {} stages of {} k{}, A {}, B {}, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
         dt.name(),
+        sh.stages,
+        sh.bk,
+        if sh.min_blocks > 1 { format!(", {} blocks per multiprocessor", sh.min_blocks) } else { String::new() },
         how(fa),
         how(fb),
         plan.grid()
     );
-    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: 0, params: (k.inputs.len() + 1) as u32 };
+    let shared = super::dynamic_bytes(block_shared(&plan, sh));
+    let launch = Launch { grid: plan.grid(), block: BLOCK, shared, params: (k.inputs.len() + 1) as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
 
-/// Shared memory of a block under `plan`: the stages (a split's partial tile, `BM·BN`
-/// f32, reuses them).
-pub fn block_shared(plan: &Plan) -> u32 {
+/// Shared memory of a block under `plan` and `shape`: the stages (a split's partial
+/// tile, `BM·BN` f32, reuses them).
+pub fn block_shared(plan: &Plan, shape: Shape) -> u32 {
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
     if plan.split > 1 {
-        shared_bytes(bm, bn).max(bm * bn * 4)
+        shared_bytes(bm, bn, shape).max(bm * bn * 4)
     } else {
-        shared_bytes(bm, bn)
+        shared_bytes(bm, bn, shape)
     }
 }
 
 /// `smem_offset` in PTX (`r`, `k` u32 registers).
-fn smem_regs(p: &mut Ptx, layout: Layout, rows: u32, r: Reg, k: Reg) -> Reg {
+fn smem_regs(p: &mut Ptx, layout: Layout, (rows, bk): (u32, u32), r: Reg, k: Reg) -> Reg {
     let (hi, lo, sw) = match layout {
         Layout::KMajor => {
+            let chunks = bk / 8;
             let c = u32_op(p, "shr.u32", k, Imm::U(3).into());
-            let s = u32_op(p, "shr.u32", r, Imm::U(1).into());
-            let s = u32_op(p, "and.b32", s, Imm::U(3).into());
-            let hi = u32_op(p, "shl.b32", r, Imm::U(6).into());
+            let s = u32_op(p, "shr.u32", r, Imm::U(u64::from((8 / chunks).trailing_zeros())).into());
+            let s = u32_op(p, "and.b32", s, Imm::U(u64::from(chunks - 1)).into());
+            let hi = u32_op(p, "shl.b32", r, Imm::U(u64::from((bk * 2).trailing_zeros())).into());
             let lo = u32_op(p, "and.b32", k, Imm::U(7).into());
             (hi, lo, u32_op(p, "xor.b32", c, s.into()))
         }
@@ -392,6 +435,7 @@ struct Emitter<'a> {
     plan: &'a Plan,
     fa: Feed,
     fb: Feed,
+    sh: Shape,
 }
 
 impl Emitter<'_> {
@@ -410,15 +454,17 @@ impl Emitter<'_> {
         (tid, k_start): (Reg, Option<Reg>),
         first_stage: Reg,
     ) -> Src {
-        let lin = linear(&self.plan.ks, map, BK);
+        let bk = self.sh.bk;
+        let lin = linear(&self.plan.ks, map, bk);
         let mut out = Vec::new();
-        for e in 0..items(f, rows) {
+        for e in 0..items(f, rows, bk) {
             // `item` in PTX.
             let (r_in, k_in) = match (f.cp, f.layout) {
                 (true, Layout::KMajor) => {
+                    let per = bk / 8;
                     let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(BLOCK * e)).into());
-                    let r = u32_op(p, "shr.u32", q, Imm::U(2).into());
-                    let c = u32_op(p, "and.b32", q, Imm::U(3).into());
+                    let r = u32_op(p, "shr.u32", q, Imm::U(u64::from(per.trailing_zeros())).into());
+                    let c = u32_op(p, "and.b32", q, Imm::U(u64::from(per - 1)).into());
                     (r, u32_op(p, "shl.b32", c, Imm::U(3).into()))
                 }
                 (true, Layout::RMajor) => {
@@ -429,9 +475,9 @@ impl Emitter<'_> {
                     (r, u32_op(p, "div.u32", q, Imm::U(per.into()).into()))
                 }
                 (false, Layout::KMajor) => {
-                    let r = u32_op(p, "shr.u32", tid, Imm::U(5).into());
-                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((BLOCK / BK) * e)).into());
-                    (r, u32_op(p, "and.b32", tid, Imm::U(u64::from(BK - 1)).into()))
+                    let r = u32_op(p, "shr.u32", tid, Imm::U(u64::from(bk.trailing_zeros())).into());
+                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((BLOCK / bk) * e)).into());
+                    (r, u32_op(p, "and.b32", tid, Imm::U(u64::from(bk - 1)).into()))
                 }
                 (false, Layout::RMajor) => {
                     let r = u32_op(p, "rem.u32", tid, Imm::U(rows.into()).into());
@@ -441,7 +487,7 @@ impl Emitter<'_> {
             };
             let (in_range, off, ptr) =
                 operand_row(p, (map, vars, bat), (first, r_in, total), lin, (k_in, k_start), (base, 2));
-            let sts = smem_regs(p, f.layout, rows, r_in, k_in);
+            let sts = smem_regs(p, f.layout, (rows, bk), r_in, k_in);
             let sts = u32_op(p, "add.u32", sts, first_stage.into());
             out.push(Item { k_in, in_range, off, sts, ptr });
         }
@@ -478,7 +524,7 @@ impl Emitter<'_> {
         if let Some(step) = s.linear {
             for it in &s.items {
                 if let Some(a) = it.ptr {
-                    p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(BK) * 2).into()]);
+                    p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(self.sh.bk) * 2).into()]);
                 }
             }
         }
@@ -494,17 +540,17 @@ impl Emitter<'_> {
 
     /// Each fragment load's lane address in the first stage (from shared address
     /// `first`): `[idx][kk]` for `count` fragment loads 16 rows apart from row `r0`, at
-    /// `k = 16·kk`.
+    /// `k = 16·kk` (`kk < bk/16`).
     #[allow(clippy::too_many_arguments)]
     fn ldm_offsets(
         p: &mut Ptx,
         side: Side,
         f: Feed,
-        (rows, first): (u32, Reg),
+        (rows, bk, first): (u32, u32, Reg),
         r0: Reg,
         lane: Reg,
         count: u32,
-    ) -> Vec<[Reg; 2]> {
+    ) -> Vec<Vec<Reg>> {
         // ldm_lane in PTX.
         let i = u32_op(p, "shr.u32", lane, Imm::U(3).into());
         let j = u32_op(p, "and.b32", lane, Imm::U(7).into());
@@ -524,10 +570,14 @@ impl Emitter<'_> {
         let mut out = Vec::new();
         for idx in 0..count {
             let r = u32_op(p, "add.u32", rbase, Imm::U(u64::from(16 * idx)).into());
-            let o0 = smem_regs(p, f.layout, rows, r, dk);
-            let k1 = u32_op(p, "add.u32", dk, Imm::U(16).into());
-            let o1 = smem_regs(p, f.layout, rows, r, k1);
-            out.push([u32_op(p, "add.u32", o0, first.into()), u32_op(p, "add.u32", o1, first.into())]);
+            let per_k: Vec<Reg> = (0..bk / 16)
+                .map(|kk| {
+                    let k = u32_op(p, "add.u32", dk, Imm::U(u64::from(16 * kk)).into());
+                    let o = smem_regs(p, f.layout, (rows, bk), r, k);
+                    u32_op(p, "add.u32", o, first.into())
+                })
+                .collect();
+            out.push(per_k);
         }
         out
     }
@@ -541,7 +591,11 @@ impl Emitter<'_> {
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
         let [_, m, n, _] = plan.dims;
         let bases = p.binding_bases(k.inputs.len() + 1);
+        let Shape { bk, stages, min_blocks } = self.sh;
         p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
+        if min_blocks > 1 {
+            p.directive(&format!(".minnctapersm {min_blocks}"));
+        }
         let tid = p.special("%tid.x");
         let bid = p.special("%ctaid.x");
         let lane = u32_op(p, "and.b32", tid, Imm::U(31).into());
@@ -553,12 +607,12 @@ impl Emitter<'_> {
         let BlockStart { rank, k_start, k_end, m0, n0, bvars, a_bat, b_bat } = BlockStart::open(p, plan, bid);
 
         // Shared memory: [A stage 0..3 | B stage 0..3].
-        let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
+        let (a_stage, b_stage) = (bm * bk * 2, bn * bk * 2);
         // (A split's partial tile reuses it: BM·BN f32.)
-        let smem = p.shared("stages", block_shared(plan), 128);
+        let smem = super::declare_shared(p, "stages", block_shared(plan, self.sh), 128);
         let a_first = p.reg(RegClass::B32);
         p.op("mov.u32", &[a_first.into(), Opd::Sym(smem)]);
-        let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(STAGES * a_stage)).into());
+        let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(stages * a_stage)).into());
 
         let sa =
             self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_bat, bases[plan.a.input], (tid, k_start), a_first);
@@ -568,26 +622,26 @@ impl Emitter<'_> {
         // Fragment offsets: the warp's rows of A from wm·BM/2, of B from wn·BN/4.
         let ra = u32_op(p, "mul.lo.u32", wm, Imm::U(wm_rows.into()).into());
         let rb = u32_op(p, "mul.lo.u32", wn, Imm::U(wn_cols.into()).into());
-        let oa = Emitter::ldm_offsets(p, Side::A, self.fa, (bm, a_first), ra, lane, mi);
-        let ob = Emitter::ldm_offsets(p, Side::B, self.fb, (bn, b_first), rb, lane, ni / 2);
+        let oa = Emitter::ldm_offsets(p, Side::A, self.fa, (bm, bk, a_first), ra, lane, mi);
+        let ob = Emitter::ldm_offsets(p, Side::B, self.fb, (bn, bk, b_first), rb, lane, ni / 2);
 
         let acc: Vec<Reg> = (0..mi * ni * 4).map(|_| p.mov(RegClass::F32, "f32", Imm::F32(0).into())).collect();
 
-        // Prologue: steps 0 .. STAGES-1 into stages 0 .. STAGES-1.
+        // Prologue: steps 0 .. stages-1 into stages 0 .. stages-1.
         let kq = p.mov(RegClass::B32, "u32", k_start.map_or(Imm::U(0).into(), Opd::R));
-        for st in 0..STAGES - 1 {
+        for st in 0..stages - 1 {
             let va = self.issue(p, &sa, (kq, &k_end), st * a_stage);
             let vb = self.issue(p, &sb, (kq, &k_end), st * b_stage);
             Emitter::store(p, &sa, &va, st * a_stage);
             Emitter::store(p, &sb, &vb, st * b_stage);
             p.op("cp.async.commit_group", &[]);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
+            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
         }
 
         // The loop, unrolled over the stages: copy `u` runs the steps `t ≡ u (mod
-        // STAGES)`, reading stage `u` and writing stage `(u + STAGES - 1) mod STAGES`
+        // stages)`, reading stage `u` and writing stage `(u + stages - 1) mod stages`
         // (immediate offsets), leaving after the last step.
-        let steps = plan.k_chunk / u64::from(BK);
+        let steps = plan.k_chunk / u64::from(bk);
         let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
         let ty = if plan.a.dtype == DType::F16 { "f16" } else { "bf16" };
         let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
@@ -599,14 +653,14 @@ impl Emitter<'_> {
         };
         let (head, exit) = (p.label(), p.label());
         p.place(head);
-        for u in 0..STAGES {
-            let wr = (u + STAGES - 1) % STAGES;
-            p.op("cp.async.wait_group", &[Imm::I(i64::from(STAGES) - 2).into()]);
+        for u in 0..stages {
+            let wr = (u + stages - 1) % stages;
+            p.op("cp.async.wait_group", &[Imm::I(i64::from(stages) - 2).into()]);
             p.op("bar.sync", &[Imm::I(0).into()]);
             let va = self.issue(p, &sa, (kq, &k_end), wr * a_stage);
             let vb = self.issue(p, &sb, (kq, &k_end), wr * b_stage);
             p.op("cp.async.commit_group", &[]);
-            for kk in 0..2 {
+            for kk in 0..(bk / 16) as usize {
                 let mut af = Vec::new();
                 for o in &oa {
                     let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
@@ -629,10 +683,10 @@ impl Emitter<'_> {
             }
             Emitter::store(p, &sa, &va, wr * a_stage);
             Emitter::store(p, &sb, &vb, wr * b_stage);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
+            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
             p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
             let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
-            if u + 1 < STAGES {
+            if u + 1 < stages {
                 p.bra(Some((more, true)), exit);
             } else {
                 p.bra(Some((more, false)), head);
