@@ -303,15 +303,20 @@ pub fn shared_bytes(bm: u32, bn: u32, shape: Shape) -> u32 {
     shape.stages * (bm + bn) * shape.bk * 2
 }
 
-/// The pipeline of `plan` under the knob `tune`: its stages and blocks per
-/// multiprocessor, and its `k` step where both operands are copied by `cp.async` (a
-/// register-staged operand keeps [`BK`]: 64 would stage twice the registers).
+/// The pipeline of `plan` under the knob `tune`: its stages, and its `k` step and
+/// blocks per multiprocessor where both operands are copied by `cp.async` (a
+/// register-staged operand keeps [`BK`], 64 would stage twice the registers, and one
+/// block: its addresses need more than 128 registers).
 pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
     let fa = feed(plan, &plan.a, &plan.rows);
     let fb = feed(plan, &plan.b, &plan.cols);
     let wide = |m: &Map| linear(&plan.ks, m, tune.bk).is_some();
-    let bk = if fa.cp && fb.cp && wide(&plan.a) && wide(&plan.b) { tune.bk } else { BK };
-    Shape { bk, stages: tune.stages, min_blocks: tune.min_blocks }
+    let cp = fa.cp && fb.cp;
+    let bk = if cp && wide(&plan.a) && wide(&plan.b) { tune.bk } else { BK };
+    // Two blocks a multiprocessor hold ptxas to 128 registers, which the copies of a
+    // register-staged operand (a 3×3 window's addresses) would spill.
+    let min_blocks = if cp { tune.min_blocks } else { 1 };
+    Shape { bk, stages: tune.stages, min_blocks }
 }
 
 /// `plan` as this path runs it under `shape`: the tile of [`choose_tile`], the split of

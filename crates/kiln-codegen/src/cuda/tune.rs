@@ -17,9 +17,11 @@
 //! - `mma=bkKsS` or `mma=bkKsSbB`: the tensor-core kernel ([`super::mma`]) steps `K`
 //!   by `K ∈ {32, 64}` per stage with `S ∈ {2, 3, 4}` stages (dynamic shared memory
 //!   above 48 KiB), and asks ptxas for `B ∈ {1, 2}` resident blocks per
-//!   multiprocessor (`.minnctapersm`; `b1`: no directive, today's). `bk64` applies
-//!   where both operands are copied by `cp.async` (a register-staged operand keeps
-//!   32, where 64 would stage twice the registers); the note says what ran.
+//!   multiprocessor (`.minnctapersm`; `b1`: no directive, today's; `b2` with `bk32`
+//!   only: at a step of 64 ptxas takes ~170 registers and spills when held to 128).
+//!   `bk64` and `b2` apply where both operands are copied by `cp.async` (a
+//!   register-staged operand keeps 32, where 64 would stage twice the registers, and
+//!   one block, its addresses needing more than 128 registers); the note says what ran.
 //!
 //! Every variant computes the same values by the same code paths as the default (the
 //! suites run them in the simulator against the kernel interpreter); only the speed
@@ -104,6 +106,10 @@ impl Tune {
                         stages: num(stages, "stages", &[2, 3, 4])?,
                         min_blocks: blocks,
                     };
+                    if t.mma.bk == 64 && blocks > 1 {
+                        // ptxas needs ~170 registers at a step of 64: held to 128, it spills.
+                        return Err(format!("mma {v:?}: two blocks per multiprocessor only with bk32"));
+                    }
                 }
                 other => return Err(format!("unknown key {other:?} (f32, mma)")),
             }
@@ -128,11 +134,12 @@ mod tests {
     #[test]
     fn parses_variants_and_refuses_the_rest() {
         assert_eq!(Tune::parse("").unwrap(), Tune::default());
-        let t = Tune::parse("f32=128x64s2, mma=bk64s4b2").unwrap();
+        let t = Tune::parse("f32=128x64s2, mma=bk32s4b2").unwrap();
         assert_eq!(t.f32, Some(F32 { tile: Tile { tm: 8, tn: 4 }, split: 2 }));
-        assert_eq!(t.mma, Mma { bk: 64, stages: 4, min_blocks: 2 });
+        assert_eq!(t.mma, Mma { bk: 32, stages: 4, min_blocks: 2 });
+        assert_eq!(Tune::parse("mma=bk64s3").unwrap().mma, Mma { bk: 64, stages: 3, min_blocks: 1 });
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
-        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "x=1", "f32"] {
+        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "x=1", "f32"] {
             assert!(Tune::parse(bad).is_err(), "{bad}");
         }
     }
