@@ -571,8 +571,14 @@ pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenErr
             Err(why) => declined = format!("; tensor cores declined: {why}"),
         }
     }
-    // The measurement knob's tile and split (`tune`), where it names one.
-    let plan = match tune.f32 {
+    // The measurement knob's tile and split (`tune`), where it names one, for products
+    // whose row operand is read along `k` (the plain `[M, K] × [K, N]` layout it is
+    // measured on; an 8×8 tile of a transposed row operand spills a few bytes under the
+    // 128 registers of `.minnctapersm 2`). Others keep their own choice.
+    let along_k = |m: &Map, vars: &[Var]| {
+        Order::of(vars.last().map(|&(v, _)| m.at(v)), plan.ks.last().map(|&(v, _)| m.at(v))) == Order::AlongK
+    };
+    let plan = match tune.f32.filter(|_| along_k(&plan.a, &plan.rows)) {
         Some(f) => match plan.retiled(f.tile, f.split) {
             Ok(p) => p,
             Err(why) => return Ok(Err(why)),

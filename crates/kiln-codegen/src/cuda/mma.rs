@@ -577,7 +577,7 @@ impl Emitter<'_> {
             let r = u32_op(p, "add.u32", rbase, Imm::U(u64::from(16 * idx)).into());
             let per_k: Vec<Reg> = (0..bk / 16)
                 .map(|kk| {
-                    let k = u32_op(p, "add.u32", dk, Imm::U(u64::from(16 * kk)).into());
+                    let k = if kk == 0 { dk } else { u32_op(p, "add.u32", dk, Imm::U(u64::from(16 * kk)).into()) };
                     let o = smem_regs(p, f.layout, (rows, bk), r, k);
                     u32_op(p, "add.u32", o, first.into())
                 })
