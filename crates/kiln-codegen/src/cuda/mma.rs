@@ -578,11 +578,10 @@ impl Emitter<'_> {
             let per_k: Vec<Reg> = (0..bk / 16)
                 .map(|kk| {
                     let k = if kk == 0 { dk } else { u32_op(p, "add.u32", dk, Imm::U(u64::from(16 * kk)).into()) };
-                    let o = smem_regs(p, f.layout, (rows, bk), r, k);
-                    u32_op(p, "add.u32", o, first.into())
+                    smem_regs(p, f.layout, (rows, bk), r, k)
                 })
                 .collect();
-            out.push(per_k);
+            out.push(per_k.into_iter().map(|o| u32_op(p, "add.u32", o, first.into())).collect());
         }
         out
     }
