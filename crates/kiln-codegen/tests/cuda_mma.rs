@@ -22,11 +22,11 @@ mod ptxsim;
 use std::collections::HashSet;
 
 use common::{compile_cuda, ty, Conv, MatMul};
-use kiln_codegen::cuda::contraction::Plan;
+use kiln_codegen::cuda::contraction::{Plan, Tile};
 use kiln_codegen::cuda::mma;
 use kiln_codegen::cuda::mma::{
     a_elem, b_elem, c_elem, feed, item, items, ldm_lane, ldmatrix, shared_bytes, smem_offset, Feed, Layout, Shape, Side,
-    WARPS,
+    warps, WARPS,
 };
 use kiln_codegen::cuda::tune::Tune;
 use kiln_codegen::cuda::{self, BLOCK};
@@ -87,7 +87,7 @@ fn ldmatrix_gives_each_lane_its_fragment() {
 #[test]
 fn swizzles_are_bijections_keeping_chunks_whole() {
     for layout in [Layout::KMajor, Layout::RMajor] {
-        for (rows, bk) in [(64, 32), (128, 32), (64, 64), (128, 64)] {
+        for (rows, bk) in [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
             let mut seen = HashSet::new();
             for r in 0..rows {
                 for k in 0..bk {
@@ -113,7 +113,7 @@ fn swizzles_are_bijections_keeping_chunks_whole() {
 #[test]
 fn ldmatrix_is_free_of_bank_conflicts() {
     for layout in [Layout::KMajor, Layout::RMajor] {
-        for (rows, bk) in [(64, 32), (128, 32), (64, 64), (128, 64)] {
+        for (rows, bk) in [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
             for side in [Side::A, Side::B] {
                 for r0 in (0..rows).step_by(16) {
                     for k0 in (0..bk).step_by(16) {
@@ -137,11 +137,18 @@ fn ldmatrix_is_free_of_bank_conflicts() {
 /// c_elem.col`, as the emitter's epilogue computes them) cover the tile exactly once.
 #[test]
 fn accumulators_cover_the_tile_once() {
-    for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
-        let (wr, wc) = (bm / WARPS.0, bn / WARPS.1);
+    for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64), (128, 256), (256, 128)] {
+        let ws = warps(Tile { tm: bm / 16, tn: bn / 16 });
+        assert_eq!(ws.0 * ws.1, BLOCK / 32);
+        if bm.max(bn) == 256 {
+            assert_eq!((bm / ws.0, bn / ws.1), (64, 64));
+        } else {
+            assert_eq!(ws, WARPS);
+        }
+        let (wr, wc) = (bm / ws.0, bn / ws.1);
         let mut seen = vec![0u32; (bm * bn) as usize];
         for warp in 0..BLOCK / 32 {
-            let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
+            let (wm, wn) = (warp / ws.1, warp % ws.1);
             for lane in 0..32 {
                 for i in 0..wr / 16 {
                     for j in 0..wc / 8 {
@@ -155,7 +162,7 @@ fn accumulators_cover_the_tile_once() {
             }
         }
         assert!(seen.iter().all(|&x| x == 1), "{bm}x{bn}");
-        assert!(shared_bytes(bm, bn, Shape::default()) <= 48 * 1024);
+        assert!(bm.max(bn) > 128 || shared_bytes(bm, bn, Shape::default()) <= 48 * 1024);
     }
 }
 
@@ -165,7 +172,7 @@ fn accumulators_cover_the_tile_once() {
 fn copies_cover_each_tile_once() {
     for layout in [Layout::KMajor, Layout::RMajor] {
         for cp in [false, true] {
-            for (rows, bk) in [(64, 32), (128, 32), (64, 64), (128, 64)] {
+            for (rows, bk) in [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
                 let f = Feed { layout, cp };
                 let mut seen = vec![0u32; (rows * bk) as usize];
                 for tid in 0..BLOCK {
@@ -312,7 +319,7 @@ fn cp_chunks_are_aligned_runs_wholly_in_or_out_of_range() {
                 Side::A => plan.a_offset(bi, r, k),
                 Side::B => plan.b_offset(bi, r, k),
             };
-            for (rows, bk) in [(64u32, 32u32), (128, 32), (64, 64), (128, 64)] {
+            for (rows, bk) in [(64u32, 32u32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
                 for bi in 0..nb {
                     for first in (0..total).step_by(rows as usize) {
                         for k0 in (0..kk).step_by(bk as usize) {
@@ -490,7 +497,19 @@ fn simulated_half_kernels_match_the_interpreter() {
 
 /// The pipelines the measurement knob names (`KILN_CUDA_TUNE=mma=…`, what
 /// `scripts/cuda-tune-sweep.sh` times), and the default.
-const TUNES: [&str; 7] = ["", "mma=bk64s3", "mma=bk64s4", "mma=bk64s2", "mma=bk32s4", "mma=bk32s4b2", "mma=bk32s3b2"];
+const TUNES: [&str; 11] = [
+    "",
+    "mma=bk64s3",
+    "mma=bk64s4",
+    "mma=bk64s2",
+    "mma=bk32s4",
+    "mma=bk32s4b2",
+    "mma=bk32s3b2",
+    "mma=bk32s3t128x256",
+    "mma=bk32s4t256x128",
+    "mma=bk64s3t128x256",
+    "mma=bk64s3t256x128",
+];
 
 /// Every pipeline of [`TUNES`] run by the simulator against the interpreter, as
 /// [`simulated_half_kernels_match_the_interpreter`] does: `cp.async` operands with `K`
@@ -579,7 +598,8 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
     let plan = mma::plan(&plan0, sh);
     let [nb, m, n, kk] = plan.dims;
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
-    let (wr, wc) = (bm / WARPS.0, bn / WARPS.1);
+    let ws = warps(plan.tile);
+    let (wr, wc) = (bm / ws.0, bn / ws.1);
     let (mi, ni) = (wr / 16, wc / 8);
     let fa = feed(&plan, &plan.a, &plan.rows);
     let fb = feed(&plan, &plan.b, &plan.cols);
@@ -637,7 +657,7 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
                     regs
                 };
                 for warp in 0..BLOCK / 32 {
-                    let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
+                    let (wm, wn) = (warp / ws.1, warp % ws.1);
                     for q16 in (0..bk).step_by(16) {
                         let af: Vec<_> = (0..mi).map(|i| ldm(&sa, fa, bm, Side::A, (wm * wr + 16 * i, q16))).collect();
                         let bf: Vec<_> =
@@ -665,7 +685,7 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
             }
         }
         for warp in 0..BLOCK / 32 {
-            let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
+            let (wm, wn) = (warp / ws.1, warp % ws.1);
             for lane in 0..32 {
                 for i in 0..mi {
                     for j in 0..ni {

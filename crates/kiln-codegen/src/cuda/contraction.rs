@@ -119,7 +119,7 @@ pub const PAD: u32 = 4;
 pub const LIMIT: u64 = (1 << 31) - 1;
 
 /// A block's tile: each of the 16 × 16 threads holds `tm × tn` accumulators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tile {
     /// Rows per thread (4 or 8).
     pub tm: u32,

@@ -111,7 +111,7 @@ use kiln_ir::DType;
 
 use super::contraction::{
     self, choose_split, choose_tile, linear, operand_element, operand_row, pred, u32_op, BlockStart, Map, Order, Plan,
-    Var,
+    Tile, Var,
 };
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, tune, Entry, Launch, BLOCK};
@@ -123,8 +123,9 @@ pub const BK: u32 = 32;
 /// Shared-memory stages, by default ([`Shape`]).
 pub const STAGES: u32 = 3;
 
-/// A kernel's pipeline: `k` per stage, stages, resident blocks asked of ptxas. The
-/// default is [`BK`], [`STAGES`], 1; the measurement knob ([`tune::Mma`]) names others.
+/// A kernel's pipeline: `k` per stage, stages, resident blocks asked of ptxas, and a
+/// block tile other than [`choose_tile`]'s. The default is [`BK`], [`STAGES`], 1,
+/// none; the measurement knob ([`tune::Mma`]) names others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shape {
     /// `k` per stage (32 or 64).
@@ -133,11 +134,25 @@ pub struct Shape {
     pub stages: u32,
     /// `.minnctapersm` (1: no directive).
     pub min_blocks: u32,
+    /// The block tile, where not [`choose_tile`]'s: 128×256 or 256×128 ([`warps`]).
+    pub tile: Option<Tile>,
 }
 
 impl Default for Shape {
     fn default() -> Shape {
-        Shape { bk: BK, stages: STAGES, min_blocks: 1 }
+        Shape { bk: BK, stages: STAGES, min_blocks: 1, tile: None }
+    }
+}
+
+/// Warps along the rows and columns of `tile`: [`WARPS`] (warps of `BM/2 × BN/4`:
+/// 64×32 at 128×128), or 4 × 2 for a tile of 256 rows, so that 128×256 and 256×128
+/// tiles both have warps of 64×64 (32 `mma` per 4 + 4 `ldmatrix.x4` a `k16`, against
+/// 16 per 4 + 2 at 64×32: a third less shared-memory traffic per product).
+pub fn warps(tile: Tile) -> (u32, u32) {
+    if tile.bm() == 256 {
+        (4, 2)
+    } else {
+        WARPS
     }
 }
 
@@ -314,9 +329,11 @@ pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
     let cp = fa.cp && fb.cp;
     let bk = if cp && wide(&plan.a) && wide(&plan.b) { tune.bk } else { BK };
     // Two blocks a multiprocessor hold ptxas to 128 registers, which the copies of a
-    // register-staged operand (a 3×3 window's addresses) would spill.
+    // register-staged operand (a 3×3 window's addresses) would spill; a large tile
+    // stages twice the elements beside 128 accumulators a thread.
     let min_blocks = if cp { tune.min_blocks } else { 1 };
-    Shape { bk, stages: tune.stages, min_blocks }
+    let tile = tune.tile.filter(|_| cp).map(|(bm, bn)| Tile { tm: bm / 16, tn: bn / 16 });
+    Shape { bk, stages: tune.stages, min_blocks, tile }
 }
 
 /// `plan` as this path runs it under `shape`: the tile of [`choose_tile`], the split of
@@ -325,7 +342,7 @@ pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
 pub fn plan(plan: &Plan, shape: Shape) -> Plan {
     let mut plan = plan.clone();
     let [nb, m, n, kk] = plan.dims;
-    plan.tile = choose_tile(nb, m, n);
+    plan.tile = shape.tile.unwrap_or_else(|| choose_tile(nb, m, n));
     plan.split = choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk);
     let bk = u64::from(shape.bk);
     plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(bk) * bk;
@@ -590,12 +607,12 @@ impl Emitter<'_> {
         let (k, plan) = (self.k, self.plan);
         let t = plan.tile;
         let (bm, bn) = (t.bm(), t.bn());
-        let (wr, wc) = WARPS;
+        let (wr, wc) = warps(t);
         let (wm_rows, wn_cols) = (bm / wr, bn / wc);
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
         let [_, m, n, _] = plan.dims;
         let bases = p.binding_bases(k.inputs.len() + 1);
-        let Shape { bk, stages, min_blocks } = self.sh;
+        let Shape { bk, stages, min_blocks, .. } = self.sh;
         p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
         if min_blocks > 1 {
             p.directive(&format!(".minnctapersm {min_blocks}"));

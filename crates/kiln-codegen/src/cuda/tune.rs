@@ -19,7 +19,10 @@
 //!   above 48 KiB), and asks ptxas for `B ∈ {1, 2}` resident blocks per
 //!   multiprocessor (`.minnctapersm`; `b1`: no directive, today's; `b2` with `bk32`
 //!   only: at a step of 64 ptxas takes ~170 registers and spills when held to 128).
-//!   `bk64` and `b2` apply where both operands are copied by `cp.async` (a
+//!   A suffix `tBMxBN` (`t128x256`, `t256x128`) takes that block tile, with 8 warps
+//!   of 64×64 ([`super::mma::warps`]) instead of 64×32 (one block a multiprocessor:
+//!   128 accumulators a thread).
+//!   `bk64`, `b2` and `t` apply where both operands are copied by `cp.async` (a
 //!   register-staged operand keeps 32, where 64 would stage twice the registers, and
 //!   one block, its addresses needing more than 128 registers); the note says what ran.
 //!
@@ -50,12 +53,14 @@ pub struct Mma {
     pub stages: u32,
     /// Resident blocks per multiprocessor asked of ptxas (1: no directive).
     pub min_blocks: u32,
+    /// A block tile `(BM, BN)`: 128×256 or 256×128 (warps of 64×64), else the default.
+    pub tile: Option<(u32, u32)>,
 }
 
 impl Default for Mma {
     /// Today's kernel: 32 `k` per stage, 3 stages (48 KiB static at 128×128).
     fn default() -> Mma {
-        Mma { bk: 32, stages: 3, min_blocks: 1 }
+        Mma { bk: 32, stages: 3, min_blocks: 1, tile: None }
     }
 }
 
@@ -95,8 +100,20 @@ impl Tune {
                     t.f32 = Some(F32 { tile: Tile { tm: bm / 16, tn: bn / 16 }, split });
                 }
                 "mma" => {
-                    let rest = v.strip_prefix("bk").ok_or_else(|| format!("mma {v:?}: expected bkKsS[bB]"))?;
-                    let (bk, rest) = rest.split_once('s').ok_or_else(|| format!("mma {v:?}: expected bkKsS[bB]"))?;
+                    let form = || format!("mma {v:?}: expected bkKsS[bB][tBMxBN]");
+                    let rest = v.strip_prefix("bk").ok_or_else(form)?;
+                    let (rest, tile) = match rest.split_once('t') {
+                        Some((r, t)) => {
+                            let (bm, bn) = t.split_once('x').ok_or_else(form)?;
+                            let tile = (num(bm, "tile rows", &[128, 256])?, num(bn, "tile columns", &[128, 256])?);
+                            if !matches!(tile, (128, 256) | (256, 128)) {
+                                return Err(format!("mma tile {t:?}: 128x256 or 256x128"));
+                            }
+                            (r, Some(tile))
+                        }
+                        None => (rest, None),
+                    };
+                    let (bk, rest) = rest.split_once('s').ok_or_else(form)?;
                     let (stages, blocks) = match rest.split_once('b') {
                         Some((s, b)) => (s, num(b, "blocks per multiprocessor", &[1, 2])?),
                         None => (rest, 1),
@@ -105,10 +122,12 @@ impl Tune {
                         bk: num(bk, "k step", &[32, 64])?,
                         stages: num(stages, "stages", &[2, 3, 4])?,
                         min_blocks: blocks,
+                        tile,
                     };
-                    if t.mma.bk == 64 && blocks > 1 {
-                        // ptxas needs ~170 registers at a step of 64: held to 128, it spills.
-                        return Err(format!("mma {v:?}: two blocks per multiprocessor only with bk32"));
+                    if blocks > 1 && (t.mma.bk == 64 || tile.is_some()) {
+                        // ptxas needs ~170 registers at a step of 64 (over 200 with a large
+                        // tile's 128 accumulators): held to 128, it spills.
+                        return Err(format!("mma {v:?}: two blocks per multiprocessor only with bk32 and 128x128"));
                     }
                 }
                 other => return Err(format!("unknown key {other:?} (f32, mma)")),
@@ -136,10 +155,12 @@ mod tests {
         assert_eq!(Tune::parse("").unwrap(), Tune::default());
         let t = Tune::parse("f32=128x64s2, mma=bk32s4b2").unwrap();
         assert_eq!(t.f32, Some(F32 { tile: Tile { tm: 8, tn: 4 }, split: 2 }));
-        assert_eq!(t.mma, Mma { bk: 32, stages: 4, min_blocks: 2 });
-        assert_eq!(Tune::parse("mma=bk64s3").unwrap().mma, Mma { bk: 64, stages: 3, min_blocks: 1 });
+        assert_eq!(t.mma, Mma { bk: 32, stages: 4, min_blocks: 2, tile: None });
+        assert_eq!(Tune::parse("mma=bk64s3").unwrap().mma, Mma { bk: 64, stages: 3, min_blocks: 1, tile: None });
+        let big = Tune::parse("mma=bk64s3t128x256").unwrap().mma;
+        assert_eq!(big, Mma { bk: 64, stages: 3, min_blocks: 1, tile: Some((128, 256)) });
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
-        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "x=1", "f32"] {
+        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "mma=bk32s3t128x128", "mma=bk32s3b2t256x128", "x=1", "f32"] {
             assert!(Tune::parse(bad).is_err(), "{bad}");
         }
     }
