@@ -430,16 +430,37 @@ fn smem_regs(p: &mut Ptx, layout: Layout, (rows, bk): (u32, u32), r: Reg, k: Reg
 
 /// One item a thread copies per step.
 struct Item {
-    /// `k` within the step.
-    k_in: Reg,
+    /// The tile row of item 0 of its thread (what [`item`] gives).
+    r_in: Reg,
+    /// `k` within the step: a register plus a constant.
+    k_in: (Reg, u32),
     /// The tile row (chunk) is in range.
     in_range: Reg,
     /// Element offset of `(row, k = 0)`, batch included.
     off: Reg,
-    /// Byte offset of its shared slot within a stage.
-    sts: Reg,
-    /// Where `k` is linear: the global address at the next step to issue.
-    ptr: Option<Reg>,
+    /// Byte offset of its shared slot within a stage: a register plus a constant.
+    sts: (Reg, i64),
+    /// Where `k` is linear: the global address at the next step to issue, a register
+    /// plus a constant, and whether this item steps the register (its owner).
+    ptr: Option<(Reg, i64, bool)>,
+}
+
+/// Where item `e` of every thread lies at a constant distance from the thread's item 0
+/// (see [`Emitter::src`]): `(dr, dk, shared bytes)`, or `None`.
+pub fn item_delta(f: Feed, rows: u32, bk: u32, e: u32) -> Option<(u32, u32, i64)> {
+    let mut out = None;
+    for tid in 0..BLOCK {
+        let (r0, k0) = item(f, rows, bk, tid, 0);
+        let (r, k) = item(f, rows, bk, tid, e);
+        let (dr, dk) = (r.checked_sub(r0)?, k.checked_sub(k0)?);
+        let ds = i64::from(smem_offset(f.layout, rows, bk, r, k)) - i64::from(smem_offset(f.layout, rows, bk, r0, k0));
+        match out {
+            None => out = Some((dr, dk, ds)),
+            Some(o) if o != (dr, dk, ds) => return None,
+            Some(_) => {}
+        }
+    }
+    out
 }
 
 /// One operand's copies.
@@ -478,8 +499,46 @@ impl Emitter<'_> {
     ) -> Src {
         let bk = self.sh.bk;
         let lin = linear(&self.plan.ks, map, bk);
-        let mut out = Vec::new();
+        let mut out: Vec<Item> = Vec::new();
         for e in 0..items(f, rows, bk) {
+            // Compact addressing (`cp.async` operands under the knob's pipelines; the
+            // default keeps a pointer and a shared offset per item): item e at a
+            // constant distance from item 0 in rows, k and shared bytes, its global
+            // address item 0's plus a constant where k is linear and the rows one
+            // variable (or the same rows). 40 fewer registers live through the loop at
+            // a step of 64 (168 → 128: two blocks a multiprocessor). Register-staged
+            // operands keep theirs (a 3×3 window's weights would spill).
+            let compact = (f.cp && self.sh != Shape::default()).then(|| item_delta(f, rows, bk, e)).flatten();
+            if let (Some((dr, dk, ds)), Some(step), Some(i0)) = (compact, lin, out.first()) {
+                let row_coef = match vars {
+                    _ if dr == 0 => Some(0),
+                    [(v, _)] => Some(map.at(*v)),
+                    _ => None,
+                };
+                let bytes = row_coef
+                    .and_then(|c| c.checked_mul(i64::from(dr)))
+                    .and_then(|x| x.checked_add(step.checked_mul(i64::from(dk))?))
+                    .and_then(|x| x.checked_mul(2))
+                    .filter(|&x| i32::try_from(x).is_ok());
+                if let (Some(bytes), Some((a, _, _))) = (bytes, i0.ptr) {
+                    let in_range = if dr == 0 {
+                        i0.in_range
+                    } else {
+                        // first + r_in0 + dr < total.
+                        let r = u32_op(p, "add.u32", first, i0.r_in.into());
+                        pred(p, "setp.lt.u32", r, Imm::U(total.saturating_sub(u64::from(dr))).into())
+                    };
+                    out.push(Item {
+                        r_in: i0.r_in,
+                        k_in: (i0.k_in.0, dk),
+                        in_range,
+                        off: i0.off,
+                        sts: (i0.sts.0, ds),
+                        ptr: Some((a, bytes, false)),
+                    });
+                    continue;
+                }
+            }
             // `item` in PTX.
             let (r_in, k_in) = match (f.cp, f.layout) {
                 (true, Layout::KMajor) => {
@@ -511,7 +570,7 @@ impl Emitter<'_> {
                 operand_row(p, (map, vars, bat), (first, r_in, total), lin, (k_in, k_start), (base, 2));
             let sts = smem_regs(p, f.layout, (rows, bk), r_in, k_in);
             let sts = u32_op(p, "add.u32", sts, first_stage.into());
-            out.push(Item { k_in, in_range, off, sts, ptr });
+            out.push(Item { r_in, k_in: (k_in, 0), in_range, off, sts: (sts, 0), ptr: ptr.map(|a| (a, 0, true)) });
         }
         Src { feed: f, map: map.clone(), items: out, linear: lin, base }
     }
@@ -521,20 +580,31 @@ impl Emitter<'_> {
     fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: u32) -> Vec<Reg> {
         let mut vals = Vec::new();
         for it in &s.items {
-            let (ok, (addr, _)) = operand_element(
+            let k_in = match it.k_in {
+                (r, 0) => r,
+                (r, dk) => u32_op(p, "add.u32", r, Imm::U(dk.into()).into()),
+            };
+            let (ok, (addr, imm)) = operand_element(
                 p,
                 (&self.plan.ks, &s.map),
-                (k0, it.k_in, k_end),
-                (it.in_range, it.off, it.ptr.map(|a| (a, 0))),
+                (k0, k_in, k_end),
+                (it.in_range, it.off, it.ptr.map(|(a, off, _)| (a, off))),
                 (s.base, 2),
             );
+            let addr = if imm == 0 {
+                addr
+            } else {
+                let a = p.reg(RegClass::B64);
+                p.op("add.s64", &[a.into(), addr.into(), Imm::I(imm).into()]);
+                a
+            };
             if s.feed.cp {
                 // Out of range: nothing read (src-size 0, from the base), 16 zero bytes.
                 let src = p.reg(RegClass::B64);
                 p.op("selp.b64", &[src.into(), addr.into(), s.base.into(), ok.into()]);
                 let n = p.reg(RegClass::B32);
                 p.op("selp.u32", &[n.into(), Imm::U(16).into(), Imm::U(0).into(), ok.into()]);
-                let dst = Opd::Addr(it.sts, i64::from(stage));
+                let dst = Opd::Addr(it.sts.0, it.sts.1 + i64::from(stage));
                 p.op("cp.async.cg.shared.global", &[dst, Opd::Addr(src, 0), Imm::U(16).into(), n.into()]);
             } else {
                 let v = p.reg(RegClass::B16);
@@ -545,7 +615,7 @@ impl Emitter<'_> {
         }
         if let Some(step) = s.linear {
             for it in &s.items {
-                if let Some(a) = it.ptr {
+                if let Some((a, _, true)) = it.ptr {
                     p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(self.sh.bk) * 2).into()]);
                 }
             }
@@ -556,7 +626,7 @@ impl Emitter<'_> {
     /// Stores register-staged `vals` of `s` into the stage `stage` bytes past the first.
     fn store(p: &mut Ptx, s: &Src, vals: &[Reg], stage: u32) {
         for (it, &v) in s.items.iter().zip(vals) {
-            p.op("st.shared.b16", &[Opd::Addr(it.sts, i64::from(stage)), v.into()]);
+            p.op("st.shared.b16", &[Opd::Addr(it.sts.0, it.sts.1 + i64::from(stage)), v.into()]);
         }
     }
 
