@@ -497,7 +497,7 @@ fn simulated_half_kernels_match_the_interpreter() {
 
 /// The pipelines the measurement knob names (`KILN_CUDA_TUNE=mma=…`, what
 /// `scripts/cuda-tune-sweep.sh` times), and the default.
-const TUNES: [&str; 11] = [
+const TUNES: [&str; 13] = [
     "",
     "mma=bk64s3",
     "mma=bk64s4",
@@ -505,6 +505,8 @@ const TUNES: [&str; 11] = [
     "mma=bk32s4",
     "mma=bk32s4b2",
     "mma=bk32s3b2",
+    "mma=bk32s3t128x128",
+    "mma=bk64s3t128x128",
     "mma=bk32s3t128x256",
     "mma=bk32s4t256x128",
     "mma=bk64s3t128x256",

@@ -134,7 +134,8 @@ pub struct Shape {
     pub stages: u32,
     /// `.minnctapersm` (1: no directive).
     pub min_blocks: u32,
-    /// The block tile, where not [`choose_tile`]'s: 128×256 or 256×128 ([`warps`]).
+    /// The block tile, where not [`choose_tile`]'s: 128×128, 128×256 or 256×128
+    /// ([`warps`]).
     pub tile: Option<Tile>,
 }
 

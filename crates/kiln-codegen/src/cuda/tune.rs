@@ -19,9 +19,12 @@
 //!   above 48 KiB), and asks ptxas for `B ∈ {1, 2}` resident blocks per
 //!   multiprocessor (`.minnctapersm`; `b1`: no directive, today's; `b2` with `bk32`
 //!   only: at a step of 64 ptxas takes ~170 registers and spills when held to 128).
-//!   A suffix `tBMxBN` (`t128x256`, `t256x128`) takes that block tile, with 8 warps
-//!   of 64×64 ([`super::mma::warps`]) instead of 64×32 (one block a multiprocessor:
-//!   128 accumulators a thread).
+//!   A suffix `tBMxBN` takes that block tile for every product instead of
+//!   [`choose_tile`](super::contraction::choose_tile)'s (no split-K): `t128x128`
+//!   (what large products take anyway: the sweep's check model takes it so that it
+//!   checks the kernel the large product runs), or `t128x256` / `t256x128`, with 8
+//!   warps of 64×64 ([`super::mma::warps`]) instead of 64×32 (one block a
+//!   multiprocessor: 128 accumulators a thread).
 //!   `bk64`, `b2` and `t` apply where both operands are copied by `cp.async` (a
 //!   register-staged operand keeps 32, where 64 would stage twice the registers, and
 //!   one block, its addresses needing more than 128 registers); the note says what ran.
@@ -53,7 +56,8 @@ pub struct Mma {
     pub stages: u32,
     /// Resident blocks per multiprocessor asked of ptxas (1: no directive).
     pub min_blocks: u32,
-    /// A block tile `(BM, BN)`: 128×256 or 256×128 (warps of 64×64), else the default.
+    /// A block tile `(BM, BN)`: 128×128 (warps of 64×32, as the default's), 128×256 or
+    /// 256×128 (warps of 64×64), else [`choose_tile`](super::contraction::choose_tile)'s.
     pub tile: Option<(u32, u32)>,
 }
 
@@ -106,8 +110,8 @@ impl Tune {
                         Some((r, t)) => {
                             let (bm, bn) = t.split_once('x').ok_or_else(form)?;
                             let tile = (num(bm, "tile rows", &[128, 256])?, num(bn, "tile columns", &[128, 256])?);
-                            if !matches!(tile, (128, 256) | (256, 128)) {
-                                return Err(format!("mma tile {t:?}: 128x256 or 256x128"));
+                            if tile == (256, 256) {
+                                return Err(format!("mma tile {t:?}: 128x128, 128x256 or 256x128"));
                             }
                             (r, Some(tile))
                         }
@@ -124,7 +128,7 @@ impl Tune {
                         min_blocks: blocks,
                         tile,
                     };
-                    if blocks > 1 && (t.mma.bk == 64 || tile.is_some()) {
+                    if blocks > 1 && (t.mma.bk == 64 || tile.is_some_and(|(m, n)| m.max(n) > 128)) {
                         // ptxas needs ~170 registers at a step of 64 (over 200 with a large
                         // tile's 128 accumulators): held to 128, it spills.
                         return Err(format!("mma {v:?}: two blocks per multiprocessor only with bk32 and 128x128"));
@@ -160,7 +164,7 @@ mod tests {
         let big = Tune::parse("mma=bk64s3t128x256").unwrap().mma;
         assert_eq!(big, Mma { bk: 64, stages: 3, min_blocks: 1, tile: Some((128, 256)) });
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
-        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "mma=bk32s3t128x128", "mma=bk32s3b2t256x128", "x=1", "f32"] {
+        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "mma=bk32s3t256x256", "mma=bk32s3b2t256x128", "x=1", "f32"] {
             assert!(Tune::parse(bad).is_err(), "{bad}");
         }
     }
