@@ -27,8 +27,18 @@ mkdir -p "$DIR"
 
 # The variants (docs/cuda.md, "Kernel variants"): "" is today's default.
 F32_VARIANTS=("" "f32=128x64s2" "f32=64x128s2" "f32=128x128s4" "f32=128x128s2" "f32=64x64" "f32=128x64s4")
-MMA_VARIANTS=("" "mma=bk32s4" "mma=bk64s3" "mma=bk64s4" "mma=bk64s2" "mma=bk32s3t128x256"
-  "mma=bk32s4t256x128" "mma=bk64s3t128x256" "mma=bk64s3t256x128")
+MMA_VARIANTS=("" "mma=bk32s3t128x128" "mma=bk32s4" "mma=bk64s3" "mma=bk64s4" "mma=bk64s2"
+  "mma=bk32s3t128x256" "mma=bk32s4t256x128" "mma=bk64s3t128x256" "mma=bk64s3t256x128")
+
+# ptxas for the cubin (and its register report), as scripts/gpu_test.py looks for it;
+# without one the artifacts carry PTX only and the driver compiles it at load.
+if [ -z "${KILN_PTXAS:-}" ]; then
+  for c in "$(command -v ptxas 2>/dev/null)" /usr/local/cuda/bin/ptxas /usr/local/cuda*/bin/ptxas \
+    "$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null)"/lib/python3*/site-packages/nvidia/*/bin/ptxas; do
+    if [ -n "$c" ] && [ -x "$c" ]; then export KILN_PTXAS="$c"; break; fi
+  done
+fi
+echo "cuda-tune-sweep: ptxas: ${KILN_PTXAS:-none found (PTX only: the driver JIT-compiles each variant)}"
 
 python3 "$HERE/gen_models.py" --only matmul1024,gemm4096_bf16,tune_check_f32,tune_check_bf16 --out "$DIR" \
   || { echo "cuda-tune-sweep: gen_models.py failed"; exit 1; }
@@ -45,21 +55,26 @@ sweep() {
     local art="$DIR/${model}.${label//[=,]/_}.kiln"
     echo
     echo "================ ${model} :: KILN_CUDA_TUNE=${label} ================"
-    export KILN_CUDA_TUNE="$v"
-    echo "--- gpu-check ${check} (every dispatch against the interpreter)"
+    # The check model is small: a tensor-core variant names the 128x128 tile there
+    # (t128x128, what gemm4096_bf16 takes anyway) so that it checks the same kernel code.
+    local cv=$v
+    case "$v" in mma=*t*) ;; mma=*) cv="${v}t128x128" ;; esac
+    echo "--- gpu-check ${check} with KILN_CUDA_TUNE=${cv:-default} (every dispatch against the interpreter)"
     local check_out
-    check_out=$(timeout 90 "$KILN" gpu-check "$DIR/${check}.onnx" 2>&1)
+    check_out=$(KILN_CUDA_TUNE="$cv" timeout 90 "$KILN" gpu-check "$DIR/${check}.onnx" 2>&1)
     local check_rc=$?
     echo "$check_out" | tail -6
     local verdict=pass
     [ $check_rc -eq 0 ] || verdict="FAIL(rc=$check_rc)"
     echo "--- compile ${model}"
+    export KILN_CUDA_TUNE="$v"
     if ! timeout 60 "$KILN" compile "$DIR/${model}.onnx" --target cuda --timings -o "$art" >"$art.log" 2>&1; then
       tail -5 "$art.log"
       SUMMARY+=("$(printf '%-15s %-26s %-14s %s' "$model" "$label" "$verdict" "compile failed")")
       continue
     fi
-    grep -E "ptxas|contraction" "$art.log" | head -4
+    grep -E "ptxas|contraction" "$art.log" | head -5
+    "$KILN" inspect "$art" 2>/dev/null | grep -E "^  kernel |^  k[0-9].* contraction "
     echo "--- bench --resident (300 calls)"
     local bench_out
     bench_out=$(timeout 60 "$KILN" bench "$art" --device cuda --resident --warmup 50 --iterations 300 2>&1)
