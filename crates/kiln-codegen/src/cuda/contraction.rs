@@ -75,7 +75,11 @@
 //! `r·64/split ..` of all the partial tiles in rank order through distributed shared
 //! memory (`mapa`, `ld.shared::cluster`) and runs the epilogue on them
 //! ([`reduce_slot`]); a last cluster barrier keeps every block's shared memory until
-//! all have read it. No workspace, no atomics, a fixed summation order.
+//! all have read it. No workspace, no atomics, a fixed summation order. The default
+//! splits only 64×64 tiles; the reduction takes any tile and split (rank `r` owns rows
+//! `r·BM/split ..`, `BN/4` threads along a row), which the measurement knob
+//! (`KILN_CUDA_TUNE=f32=BMxBNsS`, [`super::tune`]) uses: a partial tile over 48 KiB
+//! (128×128) is dynamic shared memory.
 //!
 //! # Tiles
 //!

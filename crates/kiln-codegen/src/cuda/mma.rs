@@ -97,6 +97,21 @@
 //! Operands of different types (f16 × bf16, f32 × half): rounding an f32 operand to
 //! half would change the result.
 //!
+//! # Variants ([`Shape`], the measurement knob `KILN_CUDA_TUNE`, [`super::tune`])
+//!
+//! The pipeline above is the default: [`BK`] = 32, [`STAGES`] = 3. A [`Shape`] may
+//! name a `k` step of 64 (KMajor rows of 128 bytes, 8 chunks, swizzled by `r mod 8`:
+//! [`smem_offset`]), 2–4 stages (over 48 KiB: dynamic shared memory, the launch's
+//! `shared`), `.minnctapersm 2`, and a tile of 128×128, 128×256 or 256×128 (the last
+//! two with warps of 64×64, [`warps`]). The loop is the same, unrolled over the
+//! stages, `bk/16` `k16` sub-steps a stage, `cp.async.wait_group stages-2`. A
+//! non-default shape also copies compactly: a thread's chunk `e` of an operand lies a
+//! constant `(rows, k, shared bytes)` from its chunk 0 ([`item_delta`], checked over
+//! every thread at compile time), so where `k` is linear and the rows one variable
+//! its global address is chunk 0's pointer plus an immediate, and its shared slot
+//! chunk 0's plus an immediate: one pointer and one offset per thread and operand
+//! (a predicate per row where rows differ) instead of one per chunk.
+//!
 //! # Checked, and not yet
 //!
 //! No GPU has run these kernels. `tests/cuda_mma.rs` checks the index functions above
