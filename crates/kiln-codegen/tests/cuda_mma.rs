@@ -137,17 +137,18 @@ fn ldmatrix_is_free_of_bank_conflicts() {
 /// c_elem.col`, as the emitter's epilogue computes them) cover the tile exactly once.
 #[test]
 fn accumulators_cover_the_tile_once() {
-    for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64), (128, 256), (256, 128)] {
-        let ws = warps(Tile { tm: bm / 16, tn: bn / 16 });
-        assert_eq!(ws.0 * ws.1, BLOCK / 32);
-        if bm.max(bn) == 256 {
+    let shapes = [(128, 128, BLOCK), (128, 64, BLOCK), (64, 128, BLOCK), (64, 64, BLOCK), (128, 256, BLOCK)];
+    for (bm, bn, threads) in shapes.into_iter().chain([(256, 128, BLOCK), (128, 128, 128)]) {
+        let ws = warps(Tile { tm: bm / 16, tn: bn / 16 }, threads);
+        assert_eq!(ws.0 * ws.1, threads / 32);
+        if bm.max(bn) == 256 || threads == 128 {
             assert_eq!((bm / ws.0, bn / ws.1), (64, 64));
         } else {
             assert_eq!(ws, WARPS);
         }
         let (wr, wc) = (bm / ws.0, bn / ws.1);
         let mut seen = vec![0u32; (bm * bn) as usize];
-        for warp in 0..BLOCK / 32 {
+        for warp in 0..threads / 32 {
             let (wm, wn) = (warp / ws.1, warp % ws.1);
             for lane in 0..32 {
                 for i in 0..wr / 16 {
@@ -172,12 +173,15 @@ fn accumulators_cover_the_tile_once() {
 fn copies_cover_each_tile_once() {
     for layout in [Layout::KMajor, Layout::RMajor] {
         for cp in [false, true] {
-            for (rows, bk) in [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
+            let cases = [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)];
+            // Four warps copy chunks only (the kernel takes them with cp.async only).
+            let threads: &[u32] = if cp { &[BLOCK, 128] } else { &[BLOCK] };
+            for ((rows, bk), &nt) in cases.into_iter().flat_map(|c| threads.iter().map(move |t| (c, t))) {
                 let f = Feed { layout, cp };
                 let mut seen = vec![0u32; (rows * bk) as usize];
-                for tid in 0..BLOCK {
-                    for e in 0..items(f, rows, bk) {
-                        let (r, k) = item(f, rows, bk, tid, e);
+                for tid in 0..nt {
+                    for e in 0..items(f, rows, (bk, nt)) {
+                        let (r, k) = item(f, rows, (bk, nt), tid, e);
                         let n = if cp { 8 } else { 1 };
                         for c in 0..n {
                             let (r, k) = match layout {
@@ -319,13 +323,14 @@ fn cp_chunks_are_aligned_runs_wholly_in_or_out_of_range() {
                 Side::A => plan.a_offset(bi, r, k),
                 Side::B => plan.b_offset(bi, r, k),
             };
-            for (rows, bk) in [(64u32, 32u32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
+            let cases = [(64u32, 32u32, BLOCK), (128, 32, BLOCK), (256, 32, BLOCK), (64, 64, BLOCK), (128, 64, BLOCK)];
+            for (rows, bk, nt) in cases.into_iter().chain([(256, 64, BLOCK), (128, 32, 128), (128, 64, 128)]) {
                 for bi in 0..nb {
                     for first in (0..total).step_by(rows as usize) {
                         for k0 in (0..kk).step_by(bk as usize) {
-                            for tid in 0..BLOCK {
-                                for e in 0..items(f, rows, bk) {
-                                    let (r, k) = item(f, rows, bk, tid, e);
+                            for tid in 0..nt {
+                                for e in 0..items(f, rows, (bk, nt)) {
+                                    let (r, k) = item(f, rows, (bk, nt), tid, e);
                                     let at = |c: u64| match f.layout {
                                         Layout::KMajor => (first + u64::from(r), k0 + u64::from(k) + c),
                                         Layout::RMajor => (first + u64::from(r) + c, k0 + u64::from(k)),
@@ -361,6 +366,7 @@ fn half_kernels_take_the_tensor_cores_and_assemble_without_spills() {
             let want = if few { "contraction (few rows" } else { "contraction mma.sync m16n8k16" };
             assert!(note.starts_with(want), "{}: {note}", k.name);
             assert_eq!(launch.block, BLOCK);
+            assert!(note.contains("3 stages of 32 k") || few, "{}: {note}", k.name);
         }
         let ptx = m.ptx();
         for v in TUNES {
@@ -497,7 +503,7 @@ fn simulated_half_kernels_match_the_interpreter() {
 
 /// The pipelines the measurement knob names (`KILN_CUDA_TUNE=mma=…`, what
 /// `scripts/cuda-tune-sweep.sh` times), and the default.
-const TUNES: [&str; 13] = [
+const TUNES: [&str; 15] = [
     "",
     "mma=bk64s3",
     "mma=bk64s4",
@@ -507,6 +513,8 @@ const TUNES: [&str; 13] = [
     "mma=bk32s3b2",
     "mma=bk32s3t128x128",
     "mma=bk64s3t128x128",
+    "mma=bk32s3t128x128w4",
+    "mma=bk64s3t128x128w4",
     "mma=bk32s3t128x256",
     "mma=bk32s4t256x128",
     "mma=bk64s3t128x256",
@@ -539,6 +547,7 @@ fn simulated_pipelines_match_the_interpreter() {
             let sh = mma::shape(&plan, &tune.mma);
             let l = &m.launches[0];
             assert_eq!(l.shared, cuda::dynamic_bytes(mma::block_shared(&mma::plan(&plan, sh), sh)), "{v}");
+            assert_eq!(l.block, sh.threads, "{v}");
             eprintln!("{v} {}: {}", k.name, m.notes[0]);
             simulate(k, m.ptx(), ptxsim::Grid::of(l.grid, l.block, l.shared), seed);
         }
@@ -600,7 +609,8 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
     let plan = mma::plan(&plan0, sh);
     let [nb, m, n, kk] = plan.dims;
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
-    let ws = warps(plan.tile);
+    let nt = sh.threads;
+    let ws = warps(plan.tile, nt);
     let (wr, wc) = (bm / ws.0, bn / ws.1);
     let (mi, ni) = (wr / 16, wc / 8);
     let fa = feed(&plan, &plan.a, &plan.rows);
@@ -611,15 +621,15 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
     for tile in 0..plan.tile.blocks(nb, m, n) {
         let (bi, m0, n0) = plan.block(tile);
         // acc[warp][lane][i][j][q], summed over the ranks of a split in rank order.
-        let mut acc = vec![0f64; (BLOCK * mi * ni * 4) as usize];
+        let mut acc = vec![0f64; (nt * mi * ni * 4) as usize];
         for rank in 0..u64::from(plan.split) {
             let k_end = ((rank + 1) * plan.k_chunk).min(kk);
             for k0 in (rank * plan.k_chunk..(rank + 1) * plan.k_chunk).step_by(bk as usize) {
                 let fill = |f: Feed, rows: u32, first: u64, total: u64, side: Side| {
                     let mut st = vec![f64::NAN; (rows * bk) as usize];
-                    for tid in 0..BLOCK {
-                        for e in 0..items(f, rows, bk) {
-                            let (r, q) = item(f, rows, bk, tid, e);
+                    for tid in 0..nt {
+                        for e in 0..items(f, rows, (bk, nt)) {
+                            let (r, q) = item(f, rows, (bk, nt), tid, e);
                             for c in 0..if f.cp { 8 } else { 1 } {
                                 let (r, q) = if f.layout == Layout::KMajor { (r, q + c) } else { (r + c, q) };
                                 let (gr, gk) = (first + u64::from(r), k0 + u64::from(q));
@@ -658,7 +668,7 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
                     }
                     regs
                 };
-                for warp in 0..BLOCK / 32 {
+                for warp in 0..nt / 32 {
                     let (wm, wn) = (warp / ws.1, warp % ws.1);
                     for q16 in (0..bk).step_by(16) {
                         let af: Vec<_> = (0..mi).map(|i| ldm(&sa, fa, bm, Side::A, (wm * wr + 16 * i, q16))).collect();
@@ -686,7 +696,7 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
                 }
             }
         }
-        for warp in 0..BLOCK / 32 {
+        for warp in 0..nt / 32 {
             let (wm, wn) = (warp / ws.1, warp % ws.1);
             for lane in 0..32 {
                 for i in 0..mi {

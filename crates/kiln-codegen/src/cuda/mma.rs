@@ -152,20 +152,25 @@ pub struct Shape {
     /// The block tile, where not [`choose_tile`]'s: 128×128, 128×256 or 256×128
     /// ([`warps`]).
     pub tile: Option<Tile>,
+    /// Threads a block: [`BLOCK`], or 128 (4 warps of 64×64 on a 128×128 tile).
+    pub threads: u32,
 }
 
 impl Default for Shape {
     fn default() -> Shape {
-        Shape { bk: BK, stages: STAGES, min_blocks: 1, tile: None }
+        Shape { bk: BK, stages: STAGES, min_blocks: 1, tile: None, threads: BLOCK }
     }
 }
 
-/// Warps along the rows and columns of `tile`: [`WARPS`] (warps of `BM/2 × BN/4`:
-/// 64×32 at 128×128), or 4 × 2 for a tile of 256 rows, so that 128×256 and 256×128
-/// tiles both have warps of 64×64 (32 `mma` per 4 + 4 `ldmatrix.x4` a `k16`, against
-/// 16 per 4 + 2 at 64×32: a third less shared-memory traffic per product).
-pub fn warps(tile: Tile) -> (u32, u32) {
-    if tile.bm() == 256 {
+/// Warps along the rows and columns of `tile` for blocks of `threads`: [`WARPS`]
+/// (warps of `BM/2 × BN/4`: 64×32 at 128×128); 4 × 2 for a tile of 256 rows, so that
+/// 128×256 and 256×128 tiles both have warps of 64×64 (32 `mma` per 4 + 4
+/// `ldmatrix.x4` a `k16`, against 16 per 4 + 2 at 64×32: a third less shared-memory
+/// traffic per product); 2 × 2 for 4 warps (128 threads: 64×64 at 128×128).
+pub fn warps(tile: Tile, threads: u32) -> (u32, u32) {
+    if threads == 128 {
+        (2, 2)
+    } else if tile.bm() == 256 {
         (4, 2)
     } else {
         WARPS
@@ -302,30 +307,31 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
     Feed { layout, cp }
 }
 
-/// Items (chunks or elements) of a `rows × bk` tile each thread copies.
-pub fn items(f: Feed, rows: u32, bk: u32) -> u32 {
+/// Items (chunks or elements) of a `rows × bk` tile each of `threads` copies.
+pub fn items(f: Feed, rows: u32, (bk, threads): (u32, u32)) -> u32 {
     if f.cp {
-        rows * bk / 8 / BLOCK
+        rows * bk / 8 / threads
     } else {
-        rows * bk / BLOCK
+        rows * bk / threads
     }
 }
 
-/// Item `e` of thread `tid`: `(r, k)` within a tile of `rows` rows and `bk` `k`, its
-/// first element (a chunk holds 8 elements along `k` (KMajor) or `r` (RMajor)).
-/// Consecutive threads take consecutive chunks or elements along the stored rows.
-pub fn item(f: Feed, rows: u32, bk: u32, tid: u32, e: u32) -> (u32, u32) {
+/// Item `e` of thread `tid` of `threads`: `(r, k)` within a tile of `rows` rows and
+/// `bk` `k`, its first element (a chunk holds 8 elements along `k` (KMajor) or `r`
+/// (RMajor)). Consecutive threads take consecutive chunks or elements along the stored
+/// rows. (Register-staged items need `threads` ≥ `bk` and ≥ `rows`: 256 threads.)
+pub fn item(f: Feed, rows: u32, (bk, threads): (u32, u32), tid: u32, e: u32) -> (u32, u32) {
     match (f.cp, f.layout) {
         (true, Layout::KMajor) => {
-            let (q, per) = (tid + BLOCK * e, bk / 8);
+            let (q, per) = (tid + threads * e, bk / 8);
             (q / per, 8 * (q % per))
         }
         (true, Layout::RMajor) => {
-            let (q, per) = (tid + BLOCK * e, rows / 8);
+            let (q, per) = (tid + threads * e, rows / 8);
             (8 * (q % per), q / per)
         }
-        (false, Layout::KMajor) => (tid / bk + (BLOCK / bk) * e, tid % bk),
-        (false, Layout::RMajor) => (tid % rows, tid / rows + (BLOCK / rows) * e),
+        (false, Layout::KMajor) => (tid / bk + (threads / bk) * e, tid % bk),
+        (false, Layout::RMajor) => (tid % rows, tid / rows + (threads / rows) * e),
     }
 }
 
@@ -349,7 +355,12 @@ pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
     // stages twice the elements beside 128 accumulators a thread.
     let min_blocks = if cp { tune.min_blocks } else { 1 };
     let tile = tune.tile.filter(|_| cp).map(|(bm, bn)| Tile { tm: bm / 16, tn: bn / 16 });
-    Shape { bk, stages: tune.stages, min_blocks, tile }
+    // Four warps only on a 128×128 tile (never split: the cluster reduction takes 256
+    // threads).
+    let [nb, m, n, _] = plan.dims;
+    let big = Tile { tm: 8, tn: 8 };
+    let threads = if cp && tune.warps4 && tile.unwrap_or_else(|| choose_tile(nb, m, n)) == big { 128 } else { BLOCK };
+    Shape { bk, stages: tune.stages, min_blocks, tile, threads }
 }
 
 /// `plan` as this path runs it under `shape`: the tile of [`choose_tile`], the split of
@@ -368,7 +379,11 @@ pub fn plan(plan: &Plan, shape: Shape) -> Plan {
 /// The entry of `k` on the tensor cores under the knob `tune`, or why not.
 pub fn emit(k: &Kernel, plan: &Plan, tune: &tune::Mma) -> Result<Result<Entry, String>, CodegenError> {
     let sh = shape(plan, tune);
-    emit_planned(k, &self::plan(plan, sh), sh)
+    let planned = self::plan(plan, sh);
+    if sh.threads != BLOCK && planned.split > 1 {
+        return Err(internal(k, super::ptx::PtxError("four warps and a split".into())));
+    }
+    emit_planned(k, &planned, sh)
 }
 
 fn emit_planned(k: &Kernel, plan: &Plan, sh: Shape) -> Result<Result<Entry, String>, CodegenError> {
@@ -397,13 +412,14 @@ fn emit_planned(k: &Kernel, plan: &Plan, sh: Shape) -> Result<Result<Entry, Stri
         dt.name(),
         sh.stages,
         sh.bk,
-        if sh.min_blocks > 1 { format!(", {} blocks per multiprocessor", sh.min_blocks) } else { String::new() },
+        if sh.min_blocks > 1 { format!(", {} blocks per multiprocessor", sh.min_blocks) } else { String::new() }
+            + &if sh.threads != BLOCK { format!(", {} warps", sh.threads / 32) } else { String::new() },
         how(fa),
         how(fb),
         plan.grid()
     );
     let shared = super::dynamic_bytes(block_shared(&plan, sh));
-    let launch = Launch { grid: plan.grid(), block: BLOCK, shared, params: (k.inputs.len() + 1) as u32 };
+    let launch = Launch { grid: plan.grid(), block: sh.threads, shared, params: (k.inputs.len() + 1) as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
 
@@ -463,11 +479,11 @@ struct Item {
 
 /// Where item `e` of every thread lies at a constant distance from the thread's item 0
 /// (see [`Emitter::src`]): `(dr, dk, shared bytes)`, or `None`.
-pub fn item_delta(f: Feed, rows: u32, bk: u32, e: u32) -> Option<(u32, u32, i64)> {
+pub fn item_delta(f: Feed, rows: u32, (bk, threads): (u32, u32), e: u32) -> Option<(u32, u32, i64)> {
     let mut out = None;
-    for tid in 0..BLOCK {
-        let (r0, k0) = item(f, rows, bk, tid, 0);
-        let (r, k) = item(f, rows, bk, tid, e);
+    for tid in 0..threads {
+        let (r0, k0) = item(f, rows, (bk, threads), tid, 0);
+        let (r, k) = item(f, rows, (bk, threads), tid, e);
         let (dr, dk) = (r.checked_sub(r0)?, k.checked_sub(k0)?);
         let ds = i64::from(smem_offset(f.layout, rows, bk, r, k)) - i64::from(smem_offset(f.layout, rows, bk, r0, k0));
         match out {
@@ -513,10 +529,10 @@ impl Emitter<'_> {
         (tid, k_start): (Reg, Option<Reg>),
         first_stage: Reg,
     ) -> Src {
-        let bk = self.sh.bk;
+        let (bk, nt) = (self.sh.bk, self.sh.threads);
         let lin = linear(&self.plan.ks, map, bk);
         let mut out: Vec<Item> = Vec::new();
-        for e in 0..items(f, rows, bk) {
+        for e in 0..items(f, rows, (bk, nt)) {
             // Compact addressing (`cp.async` operands under the knob's pipelines; the
             // default keeps a pointer and a shared offset per item): item e at a
             // constant distance from item 0 in rows, k and shared bytes, its global
@@ -524,7 +540,7 @@ impl Emitter<'_> {
             // variable (or the same rows). 40 fewer registers live through the loop at
             // a step of 64 (168 → 128: two blocks a multiprocessor). Register-staged
             // operands keep theirs (a 3×3 window's weights would spill).
-            let compact = (f.cp && self.sh != Shape::default()).then(|| item_delta(f, rows, bk, e)).flatten();
+            let compact = (f.cp && self.sh != Shape::default()).then(|| item_delta(f, rows, (bk, nt), e)).flatten();
             if let (Some((dr, dk, ds)), Some(step), Some(i0)) = (compact, lin, out.first()) {
                 let row_coef = match vars {
                     _ if dr == 0 => Some(0),
@@ -559,13 +575,13 @@ impl Emitter<'_> {
             let (r_in, k_in) = match (f.cp, f.layout) {
                 (true, Layout::KMajor) => {
                     let per = bk / 8;
-                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(BLOCK * e)).into());
+                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(nt * e)).into());
                     let r = u32_op(p, "shr.u32", q, Imm::U(u64::from(per.trailing_zeros())).into());
                     let c = u32_op(p, "and.b32", q, Imm::U(u64::from(per - 1)).into());
                     (r, u32_op(p, "shl.b32", c, Imm::U(3).into()))
                 }
                 (true, Layout::RMajor) => {
-                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(BLOCK * e)).into());
+                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(nt * e)).into());
                     let per = rows / 8;
                     let c = u32_op(p, "rem.u32", q, Imm::U(per.into()).into());
                     let r = u32_op(p, "shl.b32", c, Imm::U(3).into());
@@ -573,13 +589,13 @@ impl Emitter<'_> {
                 }
                 (false, Layout::KMajor) => {
                     let r = u32_op(p, "shr.u32", tid, Imm::U(u64::from(bk.trailing_zeros())).into());
-                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((BLOCK / bk) * e)).into());
+                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((nt / bk) * e)).into());
                     (r, u32_op(p, "and.b32", tid, Imm::U(u64::from(bk - 1)).into()))
                 }
                 (false, Layout::RMajor) => {
                     let r = u32_op(p, "rem.u32", tid, Imm::U(rows.into()).into());
                     let k = u32_op(p, "div.u32", tid, Imm::U(rows.into()).into());
-                    (r, u32_op(p, "add.u32", k, Imm::U(u64::from((BLOCK / rows) * e)).into()))
+                    (r, u32_op(p, "add.u32", k, Imm::U(u64::from((nt / rows) * e)).into()))
                 }
             };
             let (in_range, off, ptr) =
@@ -693,13 +709,13 @@ impl Emitter<'_> {
         let (k, plan) = (self.k, self.plan);
         let t = plan.tile;
         let (bm, bn) = (t.bm(), t.bn());
-        let (wr, wc) = warps(t);
+        let (wr, wc) = warps(t, self.sh.threads);
         let (wm_rows, wn_cols) = (bm / wr, bn / wc);
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
         let [_, m, n, _] = plan.dims;
         let bases = p.binding_bases(k.inputs.len() + 1);
         let Shape { bk, stages, min_blocks, .. } = self.sh;
-        p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
+        p.directive(&format!(".maxntid {}, 1, 1", self.sh.threads));
         if min_blocks > 1 {
             p.directive(&format!(".minnctapersm {min_blocks}"));
         }

@@ -24,7 +24,8 @@
 //!   (what large products take anyway: the sweep's check model takes it so that it
 //!   checks the kernel the large product runs), or `t128x256` / `t256x128`, with 8
 //!   warps of 64×64 ([`super::mma::warps`]) instead of 64×32 (one block a
-//!   multiprocessor: 128 accumulators a thread).
+//!   multiprocessor: 128 accumulators a thread). A suffix `w4` runs a 128×128 tile
+//!   with 4 warps of 64×64 (128 threads, ~220 registers: two blocks a multiprocessor).
 //!   `bk64`, `b2` and `t` apply where both operands are copied by `cp.async` (a
 //!   register-staged operand keeps 32, where 64 would stage twice the registers, and
 //!   one block, its addresses needing more than 128 registers); the note says what ran.
@@ -56,6 +57,8 @@ pub struct Mma {
     pub stages: u32,
     /// Resident blocks per multiprocessor asked of ptxas (1: no directive).
     pub min_blocks: u32,
+    /// Four warps of 64×64 (128 threads) where the tile is 128×128.
+    pub warps4: bool,
     /// A block tile `(BM, BN)`: 128×128 (warps of 64×32, as the default's), 128×256 or
     /// 256×128 (warps of 64×64), else [`choose_tile`](super::contraction::choose_tile)'s.
     pub tile: Option<(u32, u32)>,
@@ -64,7 +67,7 @@ pub struct Mma {
 impl Default for Mma {
     /// Today's kernel: 32 `k` per stage, 3 stages (48 KiB static at 128×128).
     fn default() -> Mma {
-        Mma { bk: 32, stages: 3, min_blocks: 1, tile: None }
+        Mma { bk: 32, stages: 3, min_blocks: 1, warps4: false, tile: None }
     }
 }
 
@@ -104,8 +107,12 @@ impl Tune {
                     t.f32 = Some(F32 { tile: Tile { tm: bm / 16, tn: bn / 16 }, split });
                 }
                 "mma" => {
-                    let form = || format!("mma {v:?}: expected bkKsS[bB][tBMxBN]");
+                    let form = || format!("mma {v:?}: expected bkKsS[bB][tBMxBN][w4]");
                     let rest = v.strip_prefix("bk").ok_or_else(form)?;
+                    let (rest, warps4) = match rest.strip_suffix("w4") {
+                        Some(r) => (r, true),
+                        None => (rest, false),
+                    };
                     let (rest, tile) = match rest.split_once('t') {
                         Some((r, t)) => {
                             let (bm, bn) = t.split_once('x').ok_or_else(form)?;
@@ -126,8 +133,12 @@ impl Tune {
                         bk: num(bk, "k step", &[32, 64])?,
                         stages: num(stages, "stages", &[2, 3, 4])?,
                         min_blocks: blocks,
+                        warps4,
                         tile,
                     };
+                    if warps4 && (blocks > 1 || tile.is_some_and(|t| t != (128, 128))) {
+                        return Err(format!("mma {v:?}: four warps take a 128x128 tile and one block directive"));
+                    }
                     if blocks > 1 && (t.mma.bk == 64 || tile.is_some_and(|(m, n)| m.max(n) > 128)) {
                         // ptxas needs ~170 registers at a step of 64 (over 200 with a large
                         // tile's 128 accumulators): held to 128, it spills.
@@ -159,12 +170,13 @@ mod tests {
         assert_eq!(Tune::parse("").unwrap(), Tune::default());
         let t = Tune::parse("f32=128x64s2, mma=bk32s4b2").unwrap();
         assert_eq!(t.f32, Some(F32 { tile: Tile { tm: 8, tn: 4 }, split: 2 }));
-        assert_eq!(t.mma, Mma { bk: 32, stages: 4, min_blocks: 2, tile: None });
-        assert_eq!(Tune::parse("mma=bk64s3").unwrap().mma, Mma { bk: 64, stages: 3, min_blocks: 1, tile: None });
-        let big = Tune::parse("mma=bk64s3t128x256").unwrap().mma;
-        assert_eq!(big, Mma { bk: 64, stages: 3, min_blocks: 1, tile: Some((128, 256)) });
+        let m = |bk, stages, min_blocks, warps4, tile| Mma { bk, stages, min_blocks, warps4, tile };
+        assert_eq!(t.mma, m(32, 4, 2, false, None));
+        assert_eq!(Tune::parse("mma=bk64s3").unwrap().mma, m(64, 3, 1, false, None));
+        assert_eq!(Tune::parse("mma=bk64s3t128x256").unwrap().mma, m(64, 3, 1, false, Some((128, 256))));
+        assert_eq!(Tune::parse("mma=bk32s4t128x128w4").unwrap().mma, m(32, 4, 1, true, Some((128, 128))));
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
-        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "mma=bk32s3t256x256", "mma=bk32s3b2t256x128", "x=1", "f32"] {
+        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "mma=bk32s3t256x256", "mma=bk32s3b2t256x128", "mma=bk32s3t128x256w4", "x=1", "f32"] {
             assert!(Tune::parse(bad).is_err(), "{bad}");
         }
     }
