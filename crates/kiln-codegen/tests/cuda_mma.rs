@@ -503,7 +503,7 @@ fn simulated_half_kernels_match_the_interpreter() {
 
 /// The pipelines the measurement knob names (`KILN_CUDA_TUNE=mma=…`, what
 /// `scripts/cuda-tune-sweep.sh` times), and the default.
-const TUNES: [&str; 15] = [
+const TUNES: [&str; 17] = [
     "",
     "mma=bk64s3",
     "mma=bk64s4",
@@ -515,6 +515,8 @@ const TUNES: [&str; 15] = [
     "mma=bk64s3t128x128",
     "mma=bk32s3t128x128w4",
     "mma=bk64s3t128x128w4",
+    "mma=bk32s3t128x128v2",
+    "mma=bk64s3t128x128w4v2",
     "mma=bk32s3t128x256",
     "mma=bk32s4t256x128",
     "mma=bk64s3t128x256",

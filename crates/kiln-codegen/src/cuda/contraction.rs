@@ -423,6 +423,14 @@ impl Plan {
             && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
     }
 
+    /// Whether 2 consecutive columns from an even one may go out with one
+    /// `st.global.v2.f32`: as [`Plan::vector_store`], the innermost column extent even
+    /// (8-byte aligned, and in range together as `N` is even).
+    pub fn pair_store(&self) -> bool {
+        self.out_dtype == DType::F32
+            && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 2 == 0)
+    }
+
     /// Blocks in the grid: batches × row tiles × column tiles × split.
     pub fn grid(&self) -> u64 {
         let [nb, m, n, _] = self.dims;
@@ -1087,7 +1095,7 @@ impl<'a> Emitter<'a> {
                     (0..t.tm).map(|i| u32_op(p, "add.u32", r0, Imm::U(t.row(0, i).into()).into())).collect();
                 let cols: Vec<Reg> =
                     (0..t.tn).map(|j| u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into())).collect();
-                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, plan.vector_store())
+                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, if plan.vector_store() { 4 } else { 1 })
             }
             Some(rank) => {
                 Emitter::store_partials(p, t, (tx, ty), s0, &acc);
@@ -1183,7 +1191,7 @@ impl<'a> Emitter<'a> {
         }
         let c0 = u32_op(p, "add.u32", n0, tx4.into());
         let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
-        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, plan.vector_store())?;
+        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, if plan.vector_store() { 4 } else { 1 })?;
         p.place(done);
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
@@ -1191,15 +1199,17 @@ impl<'a> Emitter<'a> {
     }
 
     /// Evaluates the kernel's root at each (row, column) of `rows × cols` in range,
-    /// the reduction given as `vals[i · cols + j]`, and stores it. `cols` come in
-    /// groups of 4 consecutive columns from a multiple of 4.
+    /// the reduction given as `vals[i · cols + j]`, and stores it: `lanes` (1, 2 or 4)
+    /// consecutive columns at a time, from a multiple of `lanes`, with one
+    /// `st.global.v{lanes}.f32` where `lanes` > 1 ([`Plan::vector_store`],
+    /// [`Plan::pair_store`]).
     fn epilogue(
         &self,
         p: &mut Ptx,
         bases: &[Reg],
         (rows, colr, acc): (&[Reg], &[Reg], &[Reg]),
         bvars: &[Reg],
-        vector: bool,
+        lanes: usize,
     ) -> Result<(), CodegenError> {
         let (k, plan) = (self.k, self.plan);
         let [_, m, n, _] = plan.dims;
@@ -1254,7 +1264,6 @@ impl<'a> Emitter<'a> {
             // registers here).
             ev.hoist_where(k.root, &|_, e| !per_elem[e.index()], &mut HashSet::from([plan.reduce]))?;
             // Groups of `lanes` columns: in range together, stored together.
-            let lanes = if vector { 4 } else { 1 };
             for j0 in (0..cols.len()).step_by(lanes) {
                 let (cok, _, coff) = &cols[j0];
                 let skip = ev.p.label();
@@ -1276,7 +1285,7 @@ impl<'a> Emitter<'a> {
                 if lanes == 1 {
                     ev.store_at(addr, k.output.dtype, root_ty, vals[0])?;
                 } else {
-                    ev.p.op("st.global.v4.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                    ev.p.op(&format!("st.global.v{lanes}.f32"), &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
                 }
                 ev.p.place(skip);
             }
@@ -1299,7 +1308,20 @@ pub(super) fn epilogue(
     parts: (&[Reg], &[Reg], &[Reg]),
     bvars: &[Reg],
 ) -> Result<(), CodegenError> {
-    Emitter { k, plan }.epilogue(p, bases, parts, bvars, false)
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, 1)
+}
+
+/// [`epilogue`] storing pairs of consecutive columns (from an even one) with one
+/// `st.global.v2.f32` where [`Plan::pair_store`] allows, else one element at a time.
+pub(super) fn epilogue_pairs(
+    k: &Kernel,
+    plan: &Plan,
+    p: &mut Ptx,
+    bases: &[Reg],
+    parts: (&[Reg], &[Reg], &[Reg]),
+    bvars: &[Reg],
+) -> Result<(), CodegenError> {
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, if plan.pair_store() { 2 } else { 1 })
 }
 
 /// A split's end for another emitter (the tensor-core path), once each block of the

@@ -154,11 +154,15 @@ pub struct Shape {
     pub tile: Option<Tile>,
     /// Threads a block: [`BLOCK`], or 128 (4 warps of 64×64 on a 128×128 tile).
     pub threads: u32,
+    /// The epilogue stores a thread's two consecutive columns (`2t`, `2t + 1` of a
+    /// fragment) with one `st.global.v2.f32` where the output allows
+    /// ([`Plan::pair_store`]).
+    pub pairs: bool,
 }
 
 impl Default for Shape {
     fn default() -> Shape {
-        Shape { bk: BK, stages: STAGES, min_blocks: 1, tile: None, threads: BLOCK }
+        Shape { bk: BK, stages: STAGES, min_blocks: 1, tile: None, threads: BLOCK, pairs: false }
     }
 }
 
@@ -360,7 +364,7 @@ pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
     let [nb, m, n, _] = plan.dims;
     let big = Tile { tm: 8, tn: 8 };
     let threads = if cp && tune.warps4 && tile.unwrap_or_else(|| choose_tile(nb, m, n)) == big { 128 } else { BLOCK };
-    Shape { bk, stages: tune.stages, min_blocks, tile, threads }
+    Shape { bk, stages: tune.stages, min_blocks, tile, threads, pairs: tune.pairs }
 }
 
 /// `plan` as this path runs it under `shape`: the tile of [`choose_tile`], the split of
@@ -413,7 +417,8 @@ fn emit_planned(k: &Kernel, plan: &Plan, sh: Shape) -> Result<Result<Entry, Stri
         sh.stages,
         sh.bk,
         if sh.min_blocks > 1 { format!(", {} blocks per multiprocessor", sh.min_blocks) } else { String::new() }
-            + &if sh.threads != BLOCK { format!(", {} warps", sh.threads / 32) } else { String::new() },
+            + &if sh.threads != BLOCK { format!(", {} warps", sh.threads / 32) } else { String::new() }
+            + if sh.pairs && plan.pair_store() { ", v2 stores" } else { "" },
         how(fa),
         how(fb),
         plan.grid()
@@ -855,6 +860,10 @@ impl Emitter<'_> {
             .flat_map(|x| (0..2 * ni).map(move |y| (x, y)))
             .map(|(x, y)| acc[(((x / 2) * ni + y / 2) * 4 + 2 * (x % 2) + y % 2) as usize])
             .collect();
-        contraction::epilogue(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
+        if self.sh.pairs {
+            contraction::epilogue_pairs(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
+        } else {
+            contraction::epilogue(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
+        }
     }
 }

@@ -26,6 +26,9 @@
 //!   warps of 64×64 ([`super::mma::warps`]) instead of 64×32 (one block a
 //!   multiprocessor: 128 accumulators a thread). A suffix `w4` runs a 128×128 tile
 //!   with 4 warps of 64×64 (128 threads, ~220 registers: two blocks a multiprocessor).
+//!   A suffix `v2` stores the epilogue's pairs of consecutive columns with one
+//!   `st.global.v2.f32` (an f32 output with an even innermost extent; else one
+//!   element at a time, as the default).
 //!   `bk64`, `b2` and `t` apply where both operands are copied by `cp.async` (a
 //!   register-staged operand keeps 32, where 64 would stage twice the registers, and
 //!   one block, its addresses needing more than 128 registers); the note says what ran.
@@ -59,6 +62,8 @@ pub struct Mma {
     pub min_blocks: u32,
     /// Four warps of 64×64 (128 threads) where the tile is 128×128.
     pub warps4: bool,
+    /// The epilogue stores pairs of columns (`st.global.v2.f32`, an f32 output).
+    pub pairs: bool,
     /// A block tile `(BM, BN)`: 128×128 (warps of 64×32, as the default's), 128×256 or
     /// 256×128 (warps of 64×64), else [`choose_tile`](super::contraction::choose_tile)'s.
     pub tile: Option<(u32, u32)>,
@@ -67,7 +72,7 @@ pub struct Mma {
 impl Default for Mma {
     /// Today's kernel: 32 `k` per stage, 3 stages (48 KiB static at 128×128).
     fn default() -> Mma {
-        Mma { bk: 32, stages: 3, min_blocks: 1, warps4: false, tile: None }
+        Mma { bk: 32, stages: 3, min_blocks: 1, warps4: false, pairs: false, tile: None }
     }
 }
 
@@ -107,8 +112,12 @@ impl Tune {
                     t.f32 = Some(F32 { tile: Tile { tm: bm / 16, tn: bn / 16 }, split });
                 }
                 "mma" => {
-                    let form = || format!("mma {v:?}: expected bkKsS[bB][tBMxBN][w4]");
+                    let form = || format!("mma {v:?}: expected bkKsS[bB][tBMxBN][w4][v2]");
                     let rest = v.strip_prefix("bk").ok_or_else(form)?;
+                    let (rest, pairs) = match rest.strip_suffix("v2") {
+                        Some(r) => (r, true),
+                        None => (rest, false),
+                    };
                     let (rest, warps4) = match rest.strip_suffix("w4") {
                         Some(r) => (r, true),
                         None => (rest, false),
@@ -134,6 +143,7 @@ impl Tune {
                         stages: num(stages, "stages", &[2, 3, 4])?,
                         min_blocks: blocks,
                         warps4,
+                        pairs,
                         tile,
                     };
                     if warps4 && (blocks > 1 || tile.is_some_and(|t| t != (128, 128))) {
@@ -170,11 +180,13 @@ mod tests {
         assert_eq!(Tune::parse("").unwrap(), Tune::default());
         let t = Tune::parse("f32=128x64s2, mma=bk32s4b2").unwrap();
         assert_eq!(t.f32, Some(F32 { tile: Tile { tm: 8, tn: 4 }, split: 2 }));
-        let m = |bk, stages, min_blocks, warps4, tile| Mma { bk, stages, min_blocks, warps4, tile };
+        let m = |bk, stages, min_blocks, warps4, tile| Mma { bk, stages, min_blocks, warps4, pairs: false, tile };
         assert_eq!(t.mma, m(32, 4, 2, false, None));
         assert_eq!(Tune::parse("mma=bk64s3").unwrap().mma, m(64, 3, 1, false, None));
         assert_eq!(Tune::parse("mma=bk64s3t128x256").unwrap().mma, m(64, 3, 1, false, Some((128, 256))));
         assert_eq!(Tune::parse("mma=bk32s4t128x128w4").unwrap().mma, m(32, 4, 1, true, Some((128, 128))));
+        let v2 = Tune::parse("mma=bk32s4t128x128w4v2").unwrap().mma;
+        assert_eq!(v2, Mma { pairs: true, ..m(32, 4, 1, true, Some((128, 128))) });
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
         for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "mma=bk32s3t256x256", "mma=bk32s3b2t256x128", "mma=bk32s3t128x256w4", "x=1", "f32"] {
             assert!(Tune::parse(bad).is_err(), "{bad}");
