@@ -29,6 +29,7 @@ mkdir -p "$DIR"
 F32_VARIANTS=("" "f32=128x64s2" "f32=64x128s2" "f32=128x128s4" "f32=128x128s2" "f32=64x64" "f32=128x64s4")
 MMA_VARIANTS=("" "mma=bk32s3t128x128" "mma=bk32s4" "mma=bk64s3" "mma=bk64s4" "mma=bk64s2"
   "mma=bk32s3t128x128w4" "mma=bk32s4t128x128w4" "mma=bk64s3t128x128w4"
+  "mma=bk64s3v2" "mma=bk32s4t128x128w4v2"
   "mma=bk32s3t128x256" "mma=bk32s4t256x128" "mma=bk64s3t128x256")
 
 # ptxas for the cubin (and its register report), as scripts/gpu_test.py looks for it;
