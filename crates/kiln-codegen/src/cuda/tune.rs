@@ -9,8 +9,10 @@
 //!
 //! The value is a comma-separated list of `key=variant`:
 //! - `f32=BMxBN` or `f32=BMxBNsS`: every f32 SIMT contraction ([`super::contraction`])
-//!   takes the tile `BM × BN` (`BM, BN ∈ {64, 128}`) and a split-K over clusters of
-//!   `S ∈ {1, 2, 4, 8}` blocks (default 1) instead of
+//!   whose row operand is read along `k` (the plain `[M, K] × [K, N]` layout; a
+//!   transposed one keeps its choice: an 8×8 thread tile of it spills a few bytes under
+//!   `.minnctapersm 2`) takes the tile `BM × BN` (`BM, BN ∈ {64, 128}`) and a split-K
+//!   over clusters of `S ∈ {1, 2, 4, 8}` blocks (default 1) instead of
 //!   [`choose_tile`](super::contraction::choose_tile) /
 //!   [`choose_split`](super::contraction::choose_split). Few-row products (`skinny`)
 //!   and tensor-core products are unaffected.
