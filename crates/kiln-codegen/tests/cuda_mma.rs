@@ -25,8 +25,8 @@ use common::{compile_cuda, ty, Conv, MatMul};
 use kiln_codegen::cuda::contraction::{Plan, Tile};
 use kiln_codegen::cuda::mma;
 use kiln_codegen::cuda::mma::{
-    a_elem, b_elem, c_elem, feed, item, items, ldm_lane, ldmatrix, shared_bytes, smem_offset, Feed, Layout, Shape, Side,
-    warps, WARPS,
+    a_elem, b_elem, c_elem, feed, item, items, ldm_lane, ldmatrix, shared_bytes, smem_offset, warps, Feed, Layout,
+    Shape, Side, WARPS,
 };
 use kiln_codegen::cuda::tune::Tune;
 use kiln_codegen::cuda::{self, BLOCK};

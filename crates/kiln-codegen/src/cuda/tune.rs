@@ -190,7 +190,19 @@ mod tests {
         let v2 = Tune::parse("mma=bk32s4t128x128w4v2").unwrap().mma;
         assert_eq!(v2, Mma { pairs: true, ..m(32, 4, 1, true, Some((128, 128))) });
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
-        for bad in ["f32=128x96", "f32=128x64s3", "mma=bk48s3", "mma=bk64s5", "mma=bk32s3b3", "mma=bk64s3b2", "mma=bk32s3t256x256", "mma=bk32s3b2t256x128", "mma=bk32s3t128x256w4", "x=1", "f32"] {
+        for bad in [
+            "f32=128x96",
+            "f32=128x64s3",
+            "mma=bk48s3",
+            "mma=bk64s5",
+            "mma=bk32s3b3",
+            "mma=bk64s3b2",
+            "mma=bk32s3t256x256",
+            "mma=bk32s3b2t256x128",
+            "mma=bk32s3t128x256w4",
+            "x=1",
+            "f32",
+        ] {
             assert!(Tune::parse(bad).is_err(), "{bad}");
         }
     }
