@@ -5,8 +5,10 @@
 
 Models: mlp, lenet, mobilenet_v2, bert_tiny, matmul1024, eltwise (see the builders
 below). On request only (`--only`; scripts/gpu-test builds them on the GPU machine, and
-the CPU test suite leaves them out): gemm4096, one 4096x4096x4096 MatMul of two inputs, and
-gemm4096_bf16, the same product with both operands cast to bf16 in the graph.
+the CPU test suite leaves them out): gemm4096, one 4096x4096x4096 MatMul of two inputs,
+gemm4096_bf16, the same product with both operands cast to bf16 in the graph, and
+tune_check_f32 / tune_check_bf16, smaller products of the same graphs that
+scripts/cuda-tune-sweep.sh checks each kernel variant on with `kiln gpu-check`.
 `--batch N` writes mobilenet_v2 and bert_tiny with a batch dimension of N instead of 1,
 as NAME_bN.onnx (the same weights; batch 1 is the file above, byte for byte).
 
@@ -290,6 +292,31 @@ def gemm4096_bf16() -> onnx.ModelProto:
                    "one 4096x4096x4096 MatMul of two inputs cast to bf16")
 
 
+def tune_check_f32() -> onnx.ModelProto:
+    # A check of the f32 contraction's variants (scripts/cuda-tune-sweep.sh runs
+    # `kiln gpu-check` on it, whose interpreter could not check matmul1024 per variant
+    # in time): partial tiles in both directions, K not a multiple of any split's part.
+    b = Builder(seed=9)
+    b.names.update(["a", "b"])
+    b.node("MatMul", ["a", "b"], "output")
+    return b.model("tune_check_f32", [f32("a", [520, 1000]), f32("b", [1000, 264])],
+                   [f32("output", [520, 264])], "one 520x1000x264 MatMul of two inputs")
+
+
+def tune_check_bf16() -> onnx.ModelProto:
+    # gemm4096_bf16's graph at a size the interpreter checks in seconds: K and N multiples
+    # of 8 (both operands cp.async, as at 4096), K = 1032 not a multiple of 64 and M, N
+    # leaving partial tiles of every tile size.
+    b = Builder(seed=10)
+    b.names.update(["a", "b"])
+    a16 = b.node("Cast", ["a"], "a_bf16", to=TensorProto.BFLOAT16)
+    b16 = b.node("Cast", ["b"], "b_bf16", to=TensorProto.BFLOAT16)
+    y = b.node("MatMul", [a16, b16], "product")
+    b.node("Cast", [y], "output", to=TensorProto.FLOAT)
+    return b.model("tune_check_bf16", [f32("a", [520, 1032]), f32("b", [1032, 392])],
+                   [f32("output", [520, 392])], "one 520x1032x392 MatMul of two inputs cast to bf16")
+
+
 def eltwise() -> onnx.ModelProto:
     n = 4194304
     b = Builder(seed=6)
@@ -318,6 +345,8 @@ MODELS = {
 ON_REQUEST = {
     "gemm4096": gemm4096,
     "gemm4096_bf16": gemm4096_bf16,
+    "tune_check_f32": tune_check_f32,
+    "tune_check_bf16": tune_check_bf16,
 }
 # The builders that take a batch size (--batch).
 BATCHED = {"mobilenet_v2", "bert_tiny"}

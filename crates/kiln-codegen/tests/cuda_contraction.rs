@@ -24,6 +24,7 @@ use kiln_codegen::cuda::contraction::{
     choose_split, choose_tile, reduce_groups, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
 };
 use kiln_codegen::cuda::skinny::{Skinny, COLS, MAX_ROWS, MOST_ROWS};
+use kiln_codegen::cuda::tune::Tune;
 use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
@@ -542,7 +543,8 @@ fn simulate_each(kernels: &[Kernel], note: &str, seed0: u64) {
 }
 
 /// The split-K rule, and the reduction's slots: the ranks' threads sum every group of 4
-/// columns of a 64×64 tile exactly once.
+/// columns of a tile exactly once, for every tile and split (the default splits 64×64
+/// tiles only; the measurement knob `KILN_CUDA_TUNE` any).
 #[test]
 fn split_k_covers_the_tile_once() {
     let small = Tile { tm: 4, tn: 4 };
@@ -552,20 +554,24 @@ fn split_k_covers_the_tile_once() {
     assert_eq!(choose_split(small, 20, 320), 4);
     assert_eq!(choose_split(small, 1, 100), 1);
     assert_eq!(choose_split(small, 1, 300), 4);
-    for split in [2, 4, 8] {
-        assert!(split <= MAX_SPLIT);
-        let mut seen = vec![0u8; 64 * 16];
-        for rank in 0..split {
-            for tid in 0..BLOCK {
-                for q in 0..reduce_groups(split) {
-                    if let Some((r, c)) = reduce_slot(split, rank, tid, q) {
-                        assert_eq!(c % 4, 0);
-                        seen[(r * 16 + c / 4) as usize] += 1;
+    for tile in TILES {
+        for split in [2, 4, 8] {
+            assert!(split <= MAX_SPLIT);
+            let g = tile.bn() / 4;
+            let mut seen = vec![0u8; (tile.bm() * g) as usize];
+            for rank in 0..split {
+                for tid in 0..BLOCK {
+                    for q in 0..reduce_groups(tile, split) {
+                        if let Some((r, c)) = reduce_slot(tile, split, rank, tid, q) {
+                            assert_eq!(c % 4, 0);
+                            assert!(r < tile.bm() && c < tile.bn());
+                            seen[(r * g + c / 4) as usize] += 1;
+                        }
                     }
                 }
             }
+            assert!(seen.iter().all(|&c| c == 1), "{tile:?} split {split}");
         }
-        assert!(seen.iter().all(|&c| c == 1), "split {split}");
     }
     // The mobilenet tail's shapes split; a full grid does not.
     let k = conv(Conv::new(1, (320, 1280), (7, 7), (1, 1), 1, 1, 1), Epi::None);
@@ -574,6 +580,61 @@ fn split_k_covers_the_tile_once() {
     assert!(plan.k_chunk.is_multiple_of(u64::from(BK)) && plan.k_chunk * u64::from(plan.split) >= plan.dims[3]);
     let big = matmul(&[], (false, false), 1024, 1024, 1024, false, DType::F32, Epi::None);
     assert_eq!(Plan::of(&big).expect("plan").split, 1);
+}
+
+/// Every tile of the f32 kernel.
+const TILES: [Tile; 4] = [Tile { tm: 8, tn: 8 }, Tile { tm: 8, tn: 4 }, Tile { tm: 4, tn: 8 }, Tile { tm: 4, tn: 4 }];
+
+/// The f32 variants the measurement knob names (`KILN_CUDA_TUNE=f32=…`, what
+/// `scripts/cuda-tune-sweep.sh` times): every tile with and without a split, the split
+/// over 2 to 8 blocks, run by the simulator against the interpreter on odd shapes
+/// (partial tiles, a part of `K` that is empty or short, batches, transposes, integer
+/// weights, implicit GEMM, each epilogue) and assembled over the whole suite by ptxas
+/// with no spills (a transposed row operand keeps its own tile). Partial tiles of 64 KiB (128×128 split) take dynamic shared memory.
+#[test]
+fn tuned_f32_variants_match_the_interpreter_and_do_not_spill() {
+    let kernels = vec![
+        matmul(&[], (false, false), 130, 37, 70, false, DType::F32, Epi::BiasRelu),
+        matmul(&[], (false, false), 33, 127, 20, false, DType::F32, Epi::BiasTanhResidual),
+        matmul(&[2], (true, false), 20, 70, 9, false, DType::I8, Epi::None),
+        matmul(&[], (false, false), 17, 300, 132, false, DType::F32, Epi::None),
+        conv(Conv::new(1, (5, 20), (6, 5), (3, 3), 1, 1, 1), Epi::BiasRelu),
+    ];
+    let suite = suite();
+    for v in ["128x128s4", "128x128s2", "128x64s2", "128x64s4", "64x128s2", "64x64s8", "128x128", "64x64"] {
+        let tune = Tune::parse(&format!("f32={v}")).expect("variant");
+        let f = tune.f32.expect("f32 variant");
+        // A transposed row operand keeps its own tile.
+        let t = matmul(&[], (false, false), 70, 40, 30, true, DType::F32, Epi::None);
+        let m = cuda::compile_tuned(&[(&t, classify(&t))], &tune).expect("compile");
+        assert_eq!(m.notes, cuda::compile(&[(&t, classify(&t))]).expect("compile").notes);
+        for (seed, k) in (7..).zip(&kernels) {
+            let m = cuda::compile_tuned(&[(k, classify(k))], &tune).expect("compile");
+            let want = format!("contraction ({}x{} tile", f.tile.bm(), f.tile.bn());
+            assert!(m.notes[0].starts_with(&want), "{v} {}: {}", k.name, m.notes[0]);
+            let plan = Plan::of(k).expect("plan").retiled(f.tile, f.split).expect("plan");
+            let l = m.launches[0];
+            assert_eq!(l.grid, plan.grid());
+            assert_eq!(l.shared, cuda::dynamic_bytes(plan.shared_bytes()));
+            let kk = plan.dims[3] as f64;
+            let c = ptxsim::Check {
+                tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
+                ..ptxsim::Check::exact(seed)
+            };
+            let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
+            let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c)
+                .unwrap_or_else(|e| panic!("{v} {}: {e}", k.name));
+            assert_eq!(o.compared, o.elements, "{v} {}: every element", k.name);
+        }
+        let with_class: Vec<_> = suite.iter().map(|k| (k, classify(k))).collect();
+        let m = cuda::compile_tuned(&with_class, &tune).expect("compile");
+        for (name, u) in resources(&format!("tune-{v}"), m.ptx()) {
+            if name.starts_with("mm_0_1024_1024_1024") {
+                eprintln!("f32={v} {name}: {u:?}");
+            }
+            assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{v} {name}: spills ({u:?})");
+        }
+    }
 }
 
 /// Products of at most [`MAX_ROWS`] rows take the lane-per-column kernel

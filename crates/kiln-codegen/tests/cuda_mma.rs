@@ -22,12 +22,13 @@ mod ptxsim;
 use std::collections::HashSet;
 
 use common::{compile_cuda, ty, Conv, MatMul};
-use kiln_codegen::cuda::contraction::Plan;
+use kiln_codegen::cuda::contraction::{Plan, Tile};
 use kiln_codegen::cuda::mma;
 use kiln_codegen::cuda::mma::{
-    a_elem, b_elem, c_elem, feed, item, items, ldm_lane, ldmatrix, shared_bytes, smem_offset, Feed, Layout, Side, BK,
-    WARPS,
+    a_elem, b_elem, c_elem, feed, item, items, ldm_lane, ldmatrix, shared_bytes, smem_offset, warps, Feed, Layout,
+    Shape, Side, WARPS,
 };
+use kiln_codegen::cuda::tune::Tune;
 use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
 use kiln_flow::{BinaryOp, Kernel, KernelBuilder, ScalarType};
@@ -86,18 +87,18 @@ fn ldmatrix_gives_each_lane_its_fragment() {
 #[test]
 fn swizzles_are_bijections_keeping_chunks_whole() {
     for layout in [Layout::KMajor, Layout::RMajor] {
-        for rows in [64, 128] {
+        for (rows, bk) in [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
             let mut seen = HashSet::new();
             for r in 0..rows {
-                for k in 0..BK {
-                    let o = smem_offset(layout, rows, r, k);
-                    assert!(o.is_multiple_of(2) && o < rows * BK * 2, "{layout:?} {rows}: ({r}, {k}) at {o}");
+                for k in 0..bk {
+                    let o = smem_offset(layout, rows, bk, r, k);
+                    assert!(o.is_multiple_of(2) && o < rows * bk * 2, "{layout:?} {rows}: ({r}, {k}) at {o}");
                     assert!(seen.insert(o), "{layout:?} {rows}: ({r}, {k}) collides");
                     // Chunks stay contiguous: the element 8-aligned along the stored row,
                     // plus its place in the chunk.
                     let (first, c) = match layout {
-                        Layout::KMajor => (smem_offset(layout, rows, r, k - k % 8), k % 8),
-                        Layout::RMajor => (smem_offset(layout, rows, r - r % 8, k), r % 8),
+                        Layout::KMajor => (smem_offset(layout, rows, bk, r, k - k % 8), k % 8),
+                        Layout::RMajor => (smem_offset(layout, rows, bk, r - r % 8, k), r % 8),
                     };
                     assert_eq!(o, first + 2 * c);
                     assert_eq!(first % 16, 0);
@@ -112,15 +113,15 @@ fn swizzles_are_bijections_keeping_chunks_whole() {
 #[test]
 fn ldmatrix_is_free_of_bank_conflicts() {
     for layout in [Layout::KMajor, Layout::RMajor] {
-        for rows in [64, 128] {
+        for (rows, bk) in [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)] {
             for side in [Side::A, Side::B] {
                 for r0 in (0..rows).step_by(16) {
-                    for k0 in [0, 16] {
+                    for k0 in (0..bk).step_by(16) {
                         for i in 0..4 {
                             let groups: HashSet<u32> = (8 * i..8 * i + 8)
                                 .map(|l| {
                                     let (r, k) = row_elem(side, layout, (r0, k0), l, 0);
-                                    (smem_offset(layout, rows, r, k) / 16) % 8
+                                    (smem_offset(layout, rows, bk, r, k) / 16) % 8
                                 })
                                 .collect();
                             assert_eq!(groups.len(), 8, "{layout:?} {rows} {side:?} ({r0}, {k0}) matrix {i}");
@@ -136,11 +137,19 @@ fn ldmatrix_is_free_of_bank_conflicts() {
 /// c_elem.col`, as the emitter's epilogue computes them) cover the tile exactly once.
 #[test]
 fn accumulators_cover_the_tile_once() {
-    for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
-        let (wr, wc) = (bm / WARPS.0, bn / WARPS.1);
+    let shapes = [(128, 128, BLOCK), (128, 64, BLOCK), (64, 128, BLOCK), (64, 64, BLOCK), (128, 256, BLOCK)];
+    for (bm, bn, threads) in shapes.into_iter().chain([(256, 128, BLOCK), (128, 128, 128)]) {
+        let ws = warps(Tile { tm: bm / 16, tn: bn / 16 }, threads);
+        assert_eq!(ws.0 * ws.1, threads / 32);
+        if bm.max(bn) == 256 || threads == 128 {
+            assert_eq!((bm / ws.0, bn / ws.1), (64, 64));
+        } else {
+            assert_eq!(ws, WARPS);
+        }
+        let (wr, wc) = (bm / ws.0, bn / ws.1);
         let mut seen = vec![0u32; (bm * bn) as usize];
-        for warp in 0..BLOCK / 32 {
-            let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
+        for warp in 0..threads / 32 {
+            let (wm, wn) = (warp / ws.1, warp % ws.1);
             for lane in 0..32 {
                 for i in 0..wr / 16 {
                     for j in 0..wc / 8 {
@@ -154,7 +163,7 @@ fn accumulators_cover_the_tile_once() {
             }
         }
         assert!(seen.iter().all(|&x| x == 1), "{bm}x{bn}");
-        assert!(shared_bytes(bm, bn) <= 48 * 1024);
+        assert!(bm.max(bn) > 128 || shared_bytes(bm, bn, Shape::default()) <= 48 * 1024);
     }
 }
 
@@ -164,20 +173,23 @@ fn accumulators_cover_the_tile_once() {
 fn copies_cover_each_tile_once() {
     for layout in [Layout::KMajor, Layout::RMajor] {
         for cp in [false, true] {
-            for rows in [64, 128] {
+            let cases = [(64, 32), (128, 32), (256, 32), (64, 64), (128, 64), (256, 64)];
+            // Four warps copy chunks only (the kernel takes them with cp.async only).
+            let threads: &[u32] = if cp { &[BLOCK, 128] } else { &[BLOCK] };
+            for ((rows, bk), &nt) in cases.into_iter().flat_map(|c| threads.iter().map(move |t| (c, t))) {
                 let f = Feed { layout, cp };
-                let mut seen = vec![0u32; (rows * BK) as usize];
-                for tid in 0..BLOCK {
-                    for e in 0..items(f, rows) {
-                        let (r, k) = item(f, rows, tid, e);
+                let mut seen = vec![0u32; (rows * bk) as usize];
+                for tid in 0..nt {
+                    for e in 0..items(f, rows, (bk, nt)) {
+                        let (r, k) = item(f, rows, (bk, nt), tid, e);
                         let n = if cp { 8 } else { 1 };
                         for c in 0..n {
                             let (r, k) = match layout {
                                 Layout::KMajor => (r, k + c),
                                 Layout::RMajor => (r + c, k),
                             };
-                            assert!(r < rows && k < BK, "{f:?} {rows}: ({r}, {k})");
-                            seen[(r * BK + k) as usize] += 1;
+                            assert!(r < rows && k < bk, "{f:?} {rows}: ({r}, {k})");
+                            seen[(r * bk + k) as usize] += 1;
                         }
                     }
                 }
@@ -311,13 +323,14 @@ fn cp_chunks_are_aligned_runs_wholly_in_or_out_of_range() {
                 Side::A => plan.a_offset(bi, r, k),
                 Side::B => plan.b_offset(bi, r, k),
             };
-            for rows in [64u32, 128] {
+            let cases = [(64u32, 32u32, BLOCK), (128, 32, BLOCK), (256, 32, BLOCK), (64, 64, BLOCK), (128, 64, BLOCK)];
+            for (rows, bk, nt) in cases.into_iter().chain([(256, 64, BLOCK), (128, 32, 128), (128, 64, 128)]) {
                 for bi in 0..nb {
                     for first in (0..total).step_by(rows as usize) {
-                        for k0 in (0..kk).step_by(BK as usize) {
-                            for tid in 0..BLOCK {
-                                for e in 0..items(f, rows) {
-                                    let (r, k) = item(f, rows, tid, e);
+                        for k0 in (0..kk).step_by(bk as usize) {
+                            for tid in 0..nt {
+                                for e in 0..items(f, rows, (bk, nt)) {
+                                    let (r, k) = item(f, rows, (bk, nt), tid, e);
                                     let at = |c: u64| match f.layout {
                                         Layout::KMajor => (first + u64::from(r), k0 + u64::from(k) + c),
                                         Layout::RMajor => (first + u64::from(r) + c, k0 + u64::from(k)),
@@ -353,8 +366,19 @@ fn half_kernels_take_the_tensor_cores_and_assemble_without_spills() {
             let want = if few { "contraction (few rows" } else { "contraction mma.sync m16n8k16" };
             assert!(note.starts_with(want), "{}: {note}", k.name);
             assert_eq!(launch.block, BLOCK);
+            assert!(note.contains("3 stages of 32 k") || few, "{}: {note}", k.name);
         }
         let ptx = m.ptx();
+        for v in TUNES {
+            let tune = Tune::parse(v).expect("variant");
+            let with_class: Vec<_> = kernels.iter().map(|k| (k, classify(k))).collect();
+            let tuned = cuda::compile_tuned(&with_class, &tune).expect("compile");
+            let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("{}-{v}", dt.name()), tuned.ptx())
+                .unwrap_or_else(|e| panic!("ptxas {v}: {e}"));
+            for (name, u) in &res {
+                assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{v} {name}: stack or spills: {u:?}");
+            }
+        }
         assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
         assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
         assert!(ptx.contains("cp.async.cg.shared.global"));
@@ -390,8 +414,20 @@ fn a_4096_cubed_bf16_product() {
     assert_eq!(m.launches[0].grid, 32 * 32);
     let res = ptxas::assemble_ptx_verbose("cuda-mma", "4096", m.ptx()).unwrap_or_else(|e| panic!("ptxas: {e}"));
     let u = res[0].1;
-    eprintln!("4096³ bf16: {u:?}, {} bytes shared", shared_bytes(128, 128));
+    eprintln!("4096³ bf16: {u:?}, {} bytes shared", shared_bytes(128, 128, Shape::default()));
     assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0));
+    // Each variant of the knob: k step 64 (both operands cp.async), its resources.
+    for v in TUNES {
+        let tune = Tune::parse(v).expect("variant");
+        let m = cuda::compile_tuned(&[(&k, KernelClass::Contraction)], &tune).expect("compile");
+        let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("4096-{v}"), m.ptx())
+            .unwrap_or_else(|e| panic!("ptxas {v}: {e}"));
+        let u = res[0].1;
+        let sh = mma::shape(&Plan::of(&k).expect("plan"), &tune.mma);
+        assert_eq!(sh.bk, tune.mma.bk, "{v}");
+        eprintln!("4096³ bf16 {v:12}: {u:?}, {} bytes shared, {}", shared_bytes(128, 128, sh), m.notes[0]);
+        assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{v}");
+    }
 }
 
 /// Mixed operand types decline the tensor cores with a reason and take the f32 kernel,
@@ -465,6 +501,61 @@ fn simulated_half_kernels_match_the_interpreter() {
     }
 }
 
+/// The pipelines the measurement knob names (`KILN_CUDA_TUNE=mma=…`, what
+/// `scripts/cuda-tune-sweep.sh` times), and the default.
+const TUNES: [&str; 17] = [
+    "",
+    "mma=bk64s3",
+    "mma=bk64s4",
+    "mma=bk64s2",
+    "mma=bk32s4",
+    "mma=bk32s4b2",
+    "mma=bk32s3b2",
+    "mma=bk32s3t128x128",
+    "mma=bk64s3t128x128",
+    "mma=bk32s3t128x128w4",
+    "mma=bk64s3t128x128w4",
+    "mma=bk32s3t128x128v2",
+    "mma=bk64s3t128x128w4v2",
+    "mma=bk32s3t128x256",
+    "mma=bk32s4t256x128",
+    "mma=bk64s3t128x256",
+    "mma=bk64s3t256x128",
+];
+
+/// Every pipeline of [`TUNES`] run by the simulator against the interpreter, as
+/// [`simulated_half_kernels_match_the_interpreter`] does: `cp.async` operands with `K`
+/// not a multiple of the step (a last step partly zero-filled), partial tiles,
+/// batches, a 1×1 convolution, a split-K whose last ranks have nothing to sum, and a
+/// register-staged product (which keeps 32 `k` a step); dynamic shared memory above
+/// 48 KiB. The simulator fails a read of a stage before its copies were waited for.
+#[test]
+fn simulated_pipelines_match_the_interpreter() {
+    let (h, b) = (DType::F16, DType::BF16);
+    let kernels = [
+        matmul((h, h), &[], (false, false), (130, 200, 72), false, true, h),
+        matmul((b, b), &[2], (true, true), (24, 72, 40), false, false, DType::F32),
+        matmul((h, h), &[], (false, false), (72, 96, 136), true, false, DType::F32),
+        matmul((b, b), &[], (false, false), (40, 600, 48), false, false, b),
+        matmul((h, h), &[], (false, false), (33, 70, 20), false, true, DType::F32),
+        conv(b, Conv::new(1, (24, 40), (8, 8), (1, 1), 1, 1, 1)),
+    ];
+    for v in TUNES {
+        let tune = Tune::parse(v).expect("variant");
+        for (seed, k) in (40..).zip(&kernels) {
+            let m = cuda::compile_tuned(&[(k, classify(k))], &tune).expect("compile");
+            assert!(m.notes[0].starts_with("contraction mma.sync"), "{v} {}: {}", k.name, m.notes[0]);
+            let plan = Plan::of(k).expect("plan");
+            let sh = mma::shape(&plan, &tune.mma);
+            let l = &m.launches[0];
+            assert_eq!(l.shared, cuda::dynamic_bytes(mma::block_shared(&mma::plan(&plan, sh), sh)), "{v}");
+            assert_eq!(l.block, sh.threads, "{v}");
+            eprintln!("{v} {}: {}", k.name, m.notes[0]);
+            simulate(k, m.ptx(), ptxsim::Grid::of(l.grid, l.block, l.shared), seed);
+        }
+    }
+}
+
 /// The convolutions both the simulated and the modelled checks take: two images, a 4×4
 /// window, stride 3, two groups; f16 and bf16 by turns.
 fn convolutions() -> Vec<Kernel> {
@@ -513,11 +604,16 @@ fn simulate(k: &Kernel, ptx: &str, launch: ptxsim::Grid, seed: u64) {
 /// tables, each element held exactly once), added to the accumulator each lane holds
 /// ([`c_elem`]); the store at the epilogue's row and column. Returns the output by
 /// flat offset (NaN where never written).
-fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
-    let plan = mma::plan(&Plan::of(k).expect("plan"));
+fn model(k: &Kernel, ins: &[kiln_ir::Tensor], tune: &Tune) -> Vec<f64> {
+    let plan0 = Plan::of(k).expect("plan");
+    let sh = mma::shape(&plan0, &tune.mma);
+    let bk = sh.bk;
+    let plan = mma::plan(&plan0, sh);
     let [nb, m, n, kk] = plan.dims;
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
-    let (wr, wc) = (bm / WARPS.0, bn / WARPS.1);
+    let nt = sh.threads;
+    let ws = warps(plan.tile, nt);
+    let (wr, wc) = (bm / ws.0, bn / ws.1);
     let (mi, ni) = (wr / 16, wc / 8);
     let fa = feed(&plan, &plan.a, &plan.rows);
     let fb = feed(&plan, &plan.b, &plan.cols);
@@ -527,15 +623,15 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
     for tile in 0..plan.tile.blocks(nb, m, n) {
         let (bi, m0, n0) = plan.block(tile);
         // acc[warp][lane][i][j][q], summed over the ranks of a split in rank order.
-        let mut acc = vec![0f64; (BLOCK * mi * ni * 4) as usize];
+        let mut acc = vec![0f64; (nt * mi * ni * 4) as usize];
         for rank in 0..u64::from(plan.split) {
             let k_end = ((rank + 1) * plan.k_chunk).min(kk);
-            for k0 in (rank * plan.k_chunk..(rank + 1) * plan.k_chunk).step_by(BK as usize) {
+            for k0 in (rank * plan.k_chunk..(rank + 1) * plan.k_chunk).step_by(bk as usize) {
                 let fill = |f: Feed, rows: u32, first: u64, total: u64, side: Side| {
-                    let mut st = vec![f64::NAN; (rows * BK) as usize];
-                    for tid in 0..BLOCK {
-                        for e in 0..items(f, rows) {
-                            let (r, q) = item(f, rows, tid, e);
+                    let mut st = vec![f64::NAN; (rows * bk) as usize];
+                    for tid in 0..nt {
+                        for e in 0..items(f, rows, (bk, nt)) {
+                            let (r, q) = item(f, rows, (bk, nt), tid, e);
                             for c in 0..if f.cp { 8 } else { 1 } {
                                 let (r, q) = if f.layout == Layout::KMajor { (r, q + c) } else { (r + c, q) };
                                 let (gr, gk) = (first + u64::from(r), k0 + u64::from(q));
@@ -547,7 +643,7 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
                                 } else {
                                     0.0
                                 };
-                                st[(smem_offset(f.layout, rows, r, q) / 2) as usize] = v;
+                                st[(smem_offset(f.layout, rows, bk, r, q) / 2) as usize] = v;
                             }
                         }
                     }
@@ -559,7 +655,7 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
                 let ldm = |st: &[f64], f: Feed, rows: u32, side: Side, (r0, q0): (u32, u32)| {
                     let addr = |l: u32| {
                         let (dr, dk) = ldm_lane(side, f.layout, l);
-                        smem_offset(f.layout, rows, r0 + dr, q0 + dk) / 2
+                        smem_offset(f.layout, rows, bk, r0 + dr, q0 + dk) / 2
                     };
                     let mut regs = vec![[[0f64; 2]; 4]; 32];
                     for (lane, reg) in regs.iter_mut().enumerate() {
@@ -574,9 +670,9 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
                     }
                     regs
                 };
-                for warp in 0..BLOCK / 32 {
-                    let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
-                    for q16 in [0, 16] {
+                for warp in 0..nt / 32 {
+                    let (wm, wn) = (warp / ws.1, warp % ws.1);
+                    for q16 in (0..bk).step_by(16) {
                         let af: Vec<_> = (0..mi).map(|i| ldm(&sa, fa, bm, Side::A, (wm * wr + 16 * i, q16))).collect();
                         let bf: Vec<_> =
                             (0..ni / 2).map(|j| ldm(&sb, fb, bn, Side::B, (wn * wc + 16 * j, q16))).collect();
@@ -602,8 +698,8 @@ fn model(k: &Kernel, ins: &[kiln_ir::Tensor]) -> Vec<f64> {
                 }
             }
         }
-        for warp in 0..BLOCK / 32 {
-            let (wm, wn) = (warp / WARPS.1, warp % WARPS.1);
+        for warp in 0..nt / 32 {
+            let (wm, wn) = (warp / ws.1, warp % ws.1);
             for lane in 0..32 {
                 for i in 0..mi {
                     for j in 0..ni {
@@ -672,15 +768,19 @@ fn modelled_kernels_match_the_interpreter() {
     ]);
     let mut seen = HashSet::new();
     let mut splits = HashSet::new();
-    for (seed, k) in kernels.iter().enumerate() {
-        let plan = mma::plan(&Plan::of(k).expect("plan"));
+    let mut shapes = HashSet::new();
+    let tunes: Vec<Tune> = TUNES.iter().map(|v| Tune::parse(v).expect("variant")).collect();
+    for ((seed, k), tune) in kernels.iter().enumerate().flat_map(|sk| tunes.iter().map(move |t| (sk, t))) {
+        let plan0 = Plan::of(k).expect("plan");
+        let plan = mma::plan(&plan0, mma::shape(&plan0, &tune.mma));
         splits.insert(plan.split);
+        shapes.insert(mma::shape(&plan0, &tune.mma));
         let (fa, fb) = feeds(k);
         seen.insert((fa, fb));
         let ins = inputs_of(k, seed as u64 + 1);
         let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
         let want = kiln_flow::interp::run(k, &refs).expect("interpreter").to_f64_vec();
-        let got = model(k, &ins);
+        let got = model(k, &ins, tune);
         // The convolutions add a bias the model leaves out: compare sums only.
         let bias: Vec<f64> = if k.inputs.len() > 2 { ins[2].to_f64_vec() } else { vec![] };
         let kk = plan.dims[3] as f64;
@@ -706,5 +806,6 @@ fn modelled_kernels_match_the_interpreter() {
         }
     }
     assert!(seen.len() >= 4, "feeds covered: {seen:?}");
+    assert!(shapes.iter().any(|s| s.bk == 64), "a k step of 64 modelled: {shapes:?}");
     assert!(splits.len() >= 3, "splits covered: {splits:?}");
 }

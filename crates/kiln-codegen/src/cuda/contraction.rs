@@ -75,7 +75,11 @@
 //! `r·64/split ..` of all the partial tiles in rank order through distributed shared
 //! memory (`mapa`, `ld.shared::cluster`) and runs the epilogue on them
 //! ([`reduce_slot`]); a last cluster barrier keeps every block's shared memory until
-//! all have read it. No workspace, no atomics, a fixed summation order.
+//! all have read it. No workspace, no atomics, a fixed summation order. The default
+//! splits only 64×64 tiles; the reduction takes any tile and split (rank `r` owns rows
+//! `r·BM/split ..`, `BN/4` threads along a row), which the measurement knob
+//! (`KILN_CUDA_TUNE=f32=BMxBNsS`, [`super::tune`]) uses: a partial tile over 48 KiB
+//! (128×128) is dynamic shared memory.
 //!
 //! # Tiles
 //!
@@ -102,6 +106,7 @@ use kiln_ir::DType;
 
 use super::expr::Eval;
 use super::ptx::{Imm, Label, Opd, Ptx, Reg, RegClass};
+use super::tune::Tune;
 use super::{internal, Entry, Launch, BLOCK};
 use crate::CodegenError;
 
@@ -118,7 +123,7 @@ pub const PAD: u32 = 4;
 pub const LIMIT: u64 = (1 << 31) - 1;
 
 /// A block's tile: each of the 16 × 16 threads holds `tm × tn` accumulators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tile {
     /// Rows per thread (4 or 8).
     pub tm: u32,
@@ -219,20 +224,21 @@ pub fn choose_split(tile: Tile, blocks: u64, k: u64) -> u32 {
     s
 }
 
-/// Where thread `tid` of rank `rank` of a split of `split` sums the partial tiles: the
-/// 64×64 tile's rows `rank·64/split ..` are that rank's, and each of its groups of 4
-/// columns goes to one thread (`q`-th group of the thread: row `rank·64/split + tid/16
-/// + 16·q`, columns `4·(tid % 16) ..+4`); `None` where the thread has no `q`-th group.
-pub fn reduce_slot(split: u32, rank: u32, tid: u32, q: u32) -> Option<(u32, u32)> {
-    let rows = 64 / split;
-    let r = tid / 16 + 16 * q;
-    (r < rows).then_some((rank * rows + r, 4 * (tid % 16)))
+/// Where thread `tid` of rank `rank` of a split of `split` sums the partial tiles of a
+/// `BM × BN` tile: rows `rank·BM/split ..` are that rank's, and each of their groups of
+/// 4 columns goes to one thread, `G = BN/4` threads along a row (`q`-th group of the
+/// thread: row `rank·BM/split + tid/G + (256/G)·q`, columns `4·(tid % G) ..+4`); `None`
+/// where the thread has no `q`-th group.
+pub fn reduce_slot(tile: Tile, split: u32, rank: u32, tid: u32, q: u32) -> Option<(u32, u32)> {
+    let (rows, g) = (tile.bm() / split, tile.bn() / 4);
+    let r = tid / g + (BLOCK / g) * q;
+    (r < rows).then_some((rank * rows + r, 4 * (tid % g)))
 }
 
-/// Groups a thread sums per rank of a split of `split` (at least one; with 8, half the
-/// threads have none).
-pub fn reduce_groups(split: u32) -> u32 {
-    (4 / split).max(1)
+/// Groups a thread sums per rank of a split of `split` of a `BM × BN` tile: `BM·BN /
+/// (4·split·256)`, at least one (64×64 split over 8: half the threads have none).
+pub fn reduce_groups(tile: Tile, split: u32) -> u32 {
+    (tile.bm() * tile.bn() / 4 / split / BLOCK).max(1)
 }
 
 /// An operand's flat element offset: `c + Σ coef[v]·v` over the kernel's variables.
@@ -381,6 +387,31 @@ impl Plan {
         Ok(plan)
     }
 
+    /// This plan with tile `tile` and a split of `split` (each block's part of `K` a
+    /// multiple of [`BK`]), or why not (a grid beyond 32-bit arithmetic).
+    pub fn retiled(&self, tile: Tile, split: u32) -> Result<Plan, String> {
+        let kk = self.dims[3];
+        let mut p = self.clone();
+        p.tile = tile;
+        p.split = split;
+        p.k_chunk = kk.div_ceil(u64::from(split)).div_ceil(u64::from(BK)) * u64::from(BK);
+        if p.grid() > LIMIT {
+            return Err(format!("{} blocks", p.grid()));
+        }
+        Ok(p)
+    }
+
+    /// Bytes of shared memory a block of the f32 kernel uses: the operand buffers, and
+    /// for a split its partial tile (`BM·BN` f32) over them.
+    pub fn shared_bytes(&self) -> u32 {
+        let t = self.tile;
+        if self.split > 1 {
+            t.shared_bytes().max(t.bm() * t.bn() * 4)
+        } else {
+            t.shared_bytes()
+        }
+    }
+
     /// Whether the epilogue stores each thread's groups of 4 consecutive columns with one
     /// `st.global.v4.f32`: the innermost column variable is the output's innermost axis
     /// (stride 1) and its extent a multiple of 4, so that 4 columns from a multiple of 4
@@ -390,6 +421,14 @@ impl Plan {
     pub fn vector_store(&self) -> bool {
         self.out_dtype == DType::F32
             && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
+    }
+
+    /// Whether 2 consecutive columns from an even one may go out with one
+    /// `st.global.v2.f32`: as [`Plan::vector_store`], the innermost column extent even
+    /// (8-byte aligned, and in range together as `N` is even).
+    pub fn pair_store(&self) -> bool {
+        self.out_dtype == DType::F32
+            && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 2 == 0)
     }
 
     /// Blocks in the grid: batches × row tiles × column tiles × split.
@@ -525,7 +564,7 @@ pub fn slots(rows: u32) -> u32 {
 }
 
 /// The entry of `k`, or why this emitter declines it.
-pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
+pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenError> {
     let plan = match Plan::of(k) {
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),
@@ -539,11 +578,25 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     let mut declined = String::new();
     if half(plan.a.dtype) || half(plan.b.dtype) {
-        match super::mma::emit(k, &plan)? {
+        match super::mma::emit(k, &plan, &tune.mma)? {
             Ok(e) => return Ok(Ok(e)),
             Err(why) => declined = format!("; tensor cores declined: {why}"),
         }
     }
+    // The measurement knob's tile and split (`tune`), where it names one, for products
+    // whose row operand is read along `k` (the plain `[M, K] × [K, N]` layout it is
+    // measured on; an 8×8 tile of a transposed row operand spills a few bytes under the
+    // 128 registers of `.minnctapersm 2`). Others keep their own choice.
+    let along_k = |m: &Map, vars: &[Var]| {
+        Order::of(vars.last().map(|&(v, _)| m.at(v)), plan.ks.last().map(|&(v, _)| m.at(v))) == Order::AlongK
+    };
+    let plan = match tune.f32.filter(|_| along_k(&plan.a, &plan.rows)) {
+        Some(f) => match plan.retiled(f.tile, f.split) {
+            Ok(p) => p,
+            Err(why) => return Ok(Err(why)),
+        },
+        None => plan,
+    };
     let text = Emitter::run(k, &plan)?;
     let t = plan.tile;
     let [nb, m, n, kk] = plan.dims;
@@ -556,7 +609,8 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         t.tn,
         plan.grid()
     );
-    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: 0, params: (k.inputs.len() + 1) as u32 };
+    let shared = super::dynamic_bytes(plan.shared_bytes());
+    let launch = Launch { grid: plan.grid(), block: BLOCK, shared, params: (k.inputs.len() + 1) as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
 
@@ -960,8 +1014,7 @@ impl<'a> Emitter<'a> {
         // Shared memory: [A buf 0 | A buf 1 | B buf 0 | B buf 1].
         let (abuf, bbuf) = (Tile::buffer(t.bm()), Tile::buffer(t.bn()));
         // (A split's partial sums reuse it: BM·BN f32.)
-        let bytes = if plan.split > 1 { t.shared_bytes().max(t.bm() * t.bn() * 4) } else { t.shared_bytes() };
-        let smem = p.shared("tiles", bytes, 16);
+        let smem = super::declare_shared(p, "tiles", plan.shared_bytes(), 16);
         let s0 = p.reg(RegClass::B32);
         p.op("mov.u32", &[s0.into(), Opd::Sym(smem)]);
         let a_rd = p.mov(RegClass::B32, "u32", s0.into());
@@ -1042,11 +1095,11 @@ impl<'a> Emitter<'a> {
                     (0..t.tm).map(|i| u32_op(p, "add.u32", r0, Imm::U(t.row(0, i).into()).into())).collect();
                 let cols: Vec<Reg> =
                     (0..t.tn).map(|j| u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into())).collect();
-                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, plan.vector_store())
+                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, if plan.vector_store() { 4 } else { 1 })
             }
             Some(rank) => {
                 Emitter::store_partials(p, t, (tx, ty), s0, &acc);
-                self.split_reduce(p, &bases, (tid, tx, ty, rank), (m0, n0, s0), &bvars)
+                self.split_reduce(p, &bases, (tid, rank), (m0, n0, s0), &bvars)
             }
         }
     }
@@ -1081,7 +1134,7 @@ impl<'a> Emitter<'a> {
         &self,
         p: &mut Ptx,
         bases: &[Reg],
-        (tid, tx, ty, rank): (Reg, Reg, Reg, Reg),
+        (tid, rank): (Reg, Reg),
         (m0, n0, s0): (Reg, Reg, Reg),
         bvars: &[Reg],
     ) -> Result<(), CodegenError> {
@@ -1092,20 +1145,24 @@ impl<'a> Emitter<'a> {
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
         let done = p.label();
-        if reduce_groups(split) * 256 * split > t.bm() * t.bn() / 4 {
+        if reduce_groups(t, split) * BLOCK * split > t.bm() * t.bn() / 4 {
             // Fewer groups than threads: the rest skip to the last barrier.
             let active = pred(p, "setp.lt.u32", tid, Imm::U(u64::from(t.bm() * t.bn() / 4 / split)).into());
             p.branch(Some((active, true)), done);
         }
-        // reduce_slot: row rank·rows + tid/16 + 16q, columns 4·(tid % 16) ..+4.
-        let rows_per = 64 / split;
+        // reduce_slot: row rank·rows + tid/G + (256/G)·q, columns 4·(tid % G) ..+4,
+        // G = BN/4 (a power of two).
+        let g = t.bn() / 4;
+        let tx = u32_op(p, "and.b32", tid, Imm::U(u64::from(g - 1)).into());
+        let ty = u32_op(p, "shr.u32", tid, Imm::U(u64::from(g.trailing_zeros())).into());
+        let rows_per = t.bm() / split;
         let r_base = u32_op(p, "mul.lo.u32", rank, Imm::U(rows_per.into()).into());
         let r_base = u32_op(p, "add.u32", r_base, ty.into());
         let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
         let mut rows = Vec::new();
         let mut vals = Vec::new();
-        for q in 0..reduce_groups(split) {
-            let r_in = u32_op(p, "add.u32", r_base, Imm::U((16 * q).into()).into());
+        for q in 0..reduce_groups(t, split) {
+            let r_in = u32_op(p, "add.u32", r_base, Imm::U(u64::from((BLOCK / g) * q)).into());
             let local = p.reg(RegClass::B32);
             p.op("mad.lo.u32", &[local.into(), r_in.into(), Imm::U(row_bytes.into()).into(), s0.into()]);
             let c_off = u32_op(p, "shl.b32", tx4, Imm::U(2).into());
@@ -1134,7 +1191,7 @@ impl<'a> Emitter<'a> {
         }
         let c0 = u32_op(p, "add.u32", n0, tx4.into());
         let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
-        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, plan.vector_store())?;
+        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, if plan.vector_store() { 4 } else { 1 })?;
         p.place(done);
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
@@ -1142,15 +1199,17 @@ impl<'a> Emitter<'a> {
     }
 
     /// Evaluates the kernel's root at each (row, column) of `rows × cols` in range,
-    /// the reduction given as `vals[i · cols + j]`, and stores it. `cols` come in
-    /// groups of 4 consecutive columns from a multiple of 4.
+    /// the reduction given as `vals[i · cols + j]`, and stores it: `lanes` (1, 2 or 4)
+    /// consecutive columns at a time, from a multiple of `lanes`, with one
+    /// `st.global.v{lanes}.f32` where `lanes` > 1 ([`Plan::vector_store`],
+    /// [`Plan::pair_store`]).
     fn epilogue(
         &self,
         p: &mut Ptx,
         bases: &[Reg],
         (rows, colr, acc): (&[Reg], &[Reg], &[Reg]),
         bvars: &[Reg],
-        vector: bool,
+        lanes: usize,
     ) -> Result<(), CodegenError> {
         let (k, plan) = (self.k, self.plan);
         let [_, m, n, _] = plan.dims;
@@ -1205,7 +1264,6 @@ impl<'a> Emitter<'a> {
             // registers here).
             ev.hoist_where(k.root, &|_, e| !per_elem[e.index()], &mut HashSet::from([plan.reduce]))?;
             // Groups of `lanes` columns: in range together, stored together.
-            let lanes = if vector { 4 } else { 1 };
             for j0 in (0..cols.len()).step_by(lanes) {
                 let (cok, _, coff) = &cols[j0];
                 let skip = ev.p.label();
@@ -1227,7 +1285,7 @@ impl<'a> Emitter<'a> {
                 if lanes == 1 {
                     ev.store_at(addr, k.output.dtype, root_ty, vals[0])?;
                 } else {
-                    ev.p.op("st.global.v4.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                    ev.p.op(&format!("st.global.v{lanes}.f32"), &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
                 }
                 ev.p.place(skip);
             }
@@ -1250,11 +1308,24 @@ pub(super) fn epilogue(
     parts: (&[Reg], &[Reg], &[Reg]),
     bvars: &[Reg],
 ) -> Result<(), CodegenError> {
-    Emitter { k, plan }.epilogue(p, bases, parts, bvars, false)
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, 1)
+}
+
+/// [`epilogue`] storing pairs of consecutive columns (from an even one) with one
+/// `st.global.v2.f32` where [`Plan::pair_store`] allows, else one element at a time.
+pub(super) fn epilogue_pairs(
+    k: &Kernel,
+    plan: &Plan,
+    p: &mut Ptx,
+    bases: &[Reg],
+    parts: (&[Reg], &[Reg], &[Reg]),
+    bvars: &[Reg],
+) -> Result<(), CodegenError> {
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, if plan.pair_store() { 2 } else { 1 })
 }
 
 /// A split's end for another emitter (the tensor-core path), once each block of the
-/// cluster has written its partial `64 × 64` tile to its shared memory at `s0`
+/// cluster has written its partial `BM × BN` tile to its shared memory at `s0`
 /// (row-major f32) and may overwrite nothing there any more: the cluster barrier, rank
 /// `rank`'s sums of [`reduce_slot`] in rank order, their epilogue, and the last cluster
 /// barrier (see [`Plan::split`]).
@@ -1268,7 +1339,5 @@ pub(super) fn split_reduce(
     (m0, n0, s0): (Reg, Reg, Reg),
     bvars: &[Reg],
 ) -> Result<(), CodegenError> {
-    let tx = u32_op(p, "and.b32", tid, Imm::U(15).into());
-    let ty = u32_op(p, "shr.u32", tid, Imm::U(4).into());
-    Emitter { k, plan }.split_reduce(p, bases, (tid, tx, ty, rank), (m0, n0, s0), bvars)
+    Emitter { k, plan }.split_reduce(p, bases, (tid, rank), (m0, n0, s0), bvars)
 }

@@ -97,31 +97,90 @@
 //! Operands of different types (f16 × bf16, f32 × half): rounding an f32 operand to
 //! half would change the result.
 //!
+//! # Variants ([`Shape`], the measurement knob `KILN_CUDA_TUNE`, [`super::tune`])
+//!
+//! The pipeline above is the default: [`BK`] = 32, [`STAGES`] = 3. A [`Shape`] may
+//! name a `k` step of 64 (KMajor rows of 128 bytes, 8 chunks, swizzled by `r mod 8`:
+//! [`smem_offset`]), 2–4 stages (over 48 KiB: dynamic shared memory, the launch's
+//! `shared`), `.minnctapersm 2`, and a tile of 128×128, 128×256 or 256×128 (the last
+//! two with warps of 64×64, [`warps`]). The loop is the same, unrolled over the
+//! stages, `bk/16` `k16` sub-steps a stage, `cp.async.wait_group stages-2`. A
+//! non-default shape also copies compactly: a thread's chunk `e` of an operand lies a
+//! constant `(rows, k, shared bytes)` from its chunk 0 ([`item_delta`], checked over
+//! every thread at compile time), so where `k` is linear and the rows one variable
+//! its global address is chunk 0's pointer plus an immediate, and its shared slot
+//! chunk 0's plus an immediate: one pointer and one offset per thread and operand
+//! (a predicate per row where rows differ) instead of one per chunk.
+//!
 //! # Checked, and not yet
 //!
-//! No GPU has run these kernels. `tests/cuda_mma.rs` checks the index functions above
-//! against the PTX ISA's tables, models the whole data flow on the host from them
-//! against the kernel interpreter, and assembles the kernels with `ptxas -v` (no
-//! stack, no spills). Not yet: Hopper's `wgmma` with TMA copies and thread-block
-//! clusters' multicast, larger `k` steps through dynamic shared memory, and `cp.async`
-//! for chunks that straddle `K`.
+//! The default kernel has run on an H100 (docs/cuda.md); the variants have not.
+//! `tests/cuda_mma.rs` checks the index functions above against the PTX ISA's tables
+//! (at both `k` steps, 128 and 256 threads), models the whole data flow on the host
+//! from them against the kernel interpreter, runs the emitted PTX of every variant in
+//! the host simulator against the interpreter, and assembles the kernels with `ptxas
+//! -v` (no stack, no spills). Not yet: Hopper's `wgmma` with TMA copies and
+//! thread-block clusters' multicast, and `cp.async` for chunks that straddle `K`.
 
 use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::contraction::{
     self, choose_split, choose_tile, linear, operand_element, operand_row, pred, u32_op, BlockStart, Map, Order, Plan,
-    Var,
+    Tile, Var,
 };
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
-use super::{internal, Entry, Launch, BLOCK};
+use super::{internal, tune, Entry, Launch, BLOCK};
 use crate::CodegenError;
 
-/// `k` per stage.
+/// `k` per stage, by default ([`Shape`]).
 pub const BK: u32 = 32;
 
-/// Shared-memory stages.
+/// Shared-memory stages, by default ([`Shape`]).
 pub const STAGES: u32 = 3;
+
+/// A kernel's pipeline: `k` per stage, stages, resident blocks asked of ptxas, and a
+/// block tile other than [`choose_tile`]'s. The default is [`BK`], [`STAGES`], 1,
+/// none; the measurement knob ([`tune::Mma`]) names others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// `k` per stage (32 or 64).
+    pub bk: u32,
+    /// Shared-memory stages (2–4).
+    pub stages: u32,
+    /// `.minnctapersm` (1: no directive).
+    pub min_blocks: u32,
+    /// The block tile, where not [`choose_tile`]'s: 128×128, 128×256 or 256×128
+    /// ([`warps`]).
+    pub tile: Option<Tile>,
+    /// Threads a block: [`BLOCK`], or 128 (4 warps of 64×64 on a 128×128 tile).
+    pub threads: u32,
+    /// The epilogue stores a thread's two consecutive columns (`2t`, `2t + 1` of a
+    /// fragment) with one `st.global.v2.f32` where the output allows
+    /// ([`Plan::pair_store`]).
+    pub pairs: bool,
+}
+
+impl Default for Shape {
+    fn default() -> Shape {
+        Shape { bk: BK, stages: STAGES, min_blocks: 1, tile: None, threads: BLOCK, pairs: false }
+    }
+}
+
+/// Warps along the rows and columns of `tile` for blocks of `threads`: [`WARPS`]
+/// (warps of `BM/2 × BN/4`: 64×32 at 128×128); 4 × 2 for a tile of 256 rows, so that
+/// 128×256 and 256×128 tiles both have warps of 64×64 (32 `mma` per 4 + 4
+/// `ldmatrix.x4` a `k16`, against 16 per 4 + 2 at 64×32: a third less shared-memory
+/// traffic per product); 2 × 2 for 4 warps (128 threads: 64×64 at 128×128).
+pub fn warps(tile: Tile, threads: u32) -> (u32, u32) {
+    if threads == 128 {
+        (2, 2)
+    } else if tile.bm() == 256 {
+        (4, 2)
+    } else {
+        WARPS
+    }
+}
 
 /// Warps along the tile's rows and columns.
 pub const WARPS: (u32, u32) = (2, 4);
@@ -135,10 +194,16 @@ pub enum Layout {
     RMajor,
 }
 
-/// The byte offset of element `(r, k)` in a stage's tile of `rows` rows.
-pub fn smem_offset(layout: Layout, rows: u32, r: u32, k: u32) -> u32 {
+/// The byte offset of element `(r, k)` in a stage's tile of `rows` rows and `bk` `k`
+/// (32 or 64).
+pub fn smem_offset(layout: Layout, rows: u32, bk: u32, r: u32, k: u32) -> u32 {
     match layout {
-        Layout::KMajor => r * 64 + (((k / 8) ^ ((r / 2) % 4)) * 16) + (k % 8) * 2,
+        Layout::KMajor => {
+            // `C = bk/8` chunks a row, `8/C` rows a 128-byte line: chunk c of row r at
+            // c ⊕ ((r / (8/C)) mod C).
+            let c = bk / 8;
+            r * bk * 2 + (((k / 8) ^ ((r / (8 / c)) % c)) * 16) + (k % 8) * 2
+        }
         Layout::RMajor => k * rows * 2 + (((r / 8) ^ (k % 8)) * 16) + (r % 8) * 2,
     }
 }
@@ -247,55 +312,86 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
     Feed { layout, cp }
 }
 
-/// Items (chunks or elements) of a `rows × BK` tile each thread copies.
-pub fn items(f: Feed, rows: u32) -> u32 {
+/// Items (chunks or elements) of a `rows × bk` tile each of `threads` copies.
+pub fn items(f: Feed, rows: u32, (bk, threads): (u32, u32)) -> u32 {
     if f.cp {
-        rows * BK / 8 / BLOCK
+        rows * bk / 8 / threads
     } else {
-        rows * BK / BLOCK
+        rows * bk / threads
     }
 }
 
-/// Item `e` of thread `tid`: `(r, k)` within a tile of `rows` rows, its first element
-/// (a chunk holds 8 elements along `k` (KMajor) or `r` (RMajor)). Consecutive threads
-/// take consecutive chunks or elements along the stored rows.
-pub fn item(f: Feed, rows: u32, tid: u32, e: u32) -> (u32, u32) {
+/// Item `e` of thread `tid` of `threads`: `(r, k)` within a tile of `rows` rows and
+/// `bk` `k`, its first element (a chunk holds 8 elements along `k` (KMajor) or `r`
+/// (RMajor)). Consecutive threads take consecutive chunks or elements along the stored
+/// rows. (Register-staged items need `threads` ≥ `bk` and ≥ `rows`: 256 threads.)
+pub fn item(f: Feed, rows: u32, (bk, threads): (u32, u32), tid: u32, e: u32) -> (u32, u32) {
     match (f.cp, f.layout) {
         (true, Layout::KMajor) => {
-            let q = tid + BLOCK * e;
-            (q / 4, 8 * (q % 4))
+            let (q, per) = (tid + threads * e, bk / 8);
+            (q / per, 8 * (q % per))
         }
         (true, Layout::RMajor) => {
-            let (q, per) = (tid + BLOCK * e, rows / 8);
+            let (q, per) = (tid + threads * e, rows / 8);
             (8 * (q % per), q / per)
         }
-        (false, Layout::KMajor) => (tid / BK + (BLOCK / BK) * e, tid % BK),
-        (false, Layout::RMajor) => (tid % rows, tid / rows + (BLOCK / rows) * e),
+        (false, Layout::KMajor) => (tid / bk + (threads / bk) * e, tid % bk),
+        (false, Layout::RMajor) => (tid % rows, tid / rows + (threads / rows) * e),
     }
 }
 
-/// Bytes of shared memory of a block of `bm × bn`.
-pub fn shared_bytes(bm: u32, bn: u32) -> u32 {
-    STAGES * (bm + bn) * BK * 2
+/// Bytes of the stages of a block of `bm × bn` under `shape`.
+pub fn shared_bytes(bm: u32, bn: u32, shape: Shape) -> u32 {
+    shape.stages * (bm + bn) * shape.bk * 2
 }
 
-/// `plan` as this path runs it: the tile of [`choose_tile`], the split of
-/// [`choose_split`] (64×64 tiles only), each block's part of `K` a multiple of [`BK`].
-pub fn plan(plan: &Plan) -> Plan {
+/// The pipeline of `plan` under the knob `tune`: its stages, and its `k` step and
+/// blocks per multiprocessor where both operands are copied by `cp.async` (a
+/// register-staged operand keeps [`BK`], 64 would stage twice the registers, and one
+/// block: its addresses need more than 128 registers).
+pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
+    let fa = feed(plan, &plan.a, &plan.rows);
+    let fb = feed(plan, &plan.b, &plan.cols);
+    let wide = |m: &Map| linear(&plan.ks, m, tune.bk).is_some();
+    let cp = fa.cp && fb.cp;
+    let bk = if cp && wide(&plan.a) && wide(&plan.b) { tune.bk } else { BK };
+    // Two blocks a multiprocessor hold ptxas to 128 registers, which the copies of a
+    // register-staged operand (a 3×3 window's addresses) would spill; a large tile
+    // stages twice the elements beside 128 accumulators a thread.
+    let min_blocks = if cp { tune.min_blocks } else { 1 };
+    let tile = tune.tile.filter(|_| cp).map(|(bm, bn)| Tile { tm: bm / 16, tn: bn / 16 });
+    // Four warps only on a 128×128 tile (never split: the cluster reduction takes 256
+    // threads).
+    let [nb, m, n, _] = plan.dims;
+    let big = Tile { tm: 8, tn: 8 };
+    let threads = if cp && tune.warps4 && tile.unwrap_or_else(|| choose_tile(nb, m, n)) == big { 128 } else { BLOCK };
+    Shape { bk, stages: tune.stages, min_blocks, tile, threads, pairs: tune.pairs }
+}
+
+/// `plan` as this path runs it under `shape`: the tile of [`choose_tile`], the split of
+/// [`choose_split`] (64×64 tiles only), each block's part of `K` a multiple of the `k`
+/// step.
+pub fn plan(plan: &Plan, shape: Shape) -> Plan {
     let mut plan = plan.clone();
     let [nb, m, n, kk] = plan.dims;
-    plan.tile = choose_tile(nb, m, n);
+    plan.tile = shape.tile.unwrap_or_else(|| choose_tile(nb, m, n));
     plan.split = choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk);
-    plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(u64::from(BK)) * u64::from(BK);
+    let bk = u64::from(shape.bk);
+    plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(bk) * bk;
     plan
 }
 
-/// The entry of `k` on the tensor cores, or why not.
-pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
-    emit_planned(k, &self::plan(plan))
+/// The entry of `k` on the tensor cores under the knob `tune`, or why not.
+pub fn emit(k: &Kernel, plan: &Plan, tune: &tune::Mma) -> Result<Result<Entry, String>, CodegenError> {
+    let sh = shape(plan, tune);
+    let planned = self::plan(plan, sh);
+    if sh.threads != BLOCK && planned.split > 1 {
+        return Err(internal(k, super::ptx::PtxError("four warps and a split".into())));
+    }
+    emit_planned(k, &planned, sh)
 }
 
-fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
+fn emit_planned(k: &Kernel, plan: &Plan, sh: Shape) -> Result<Result<Entry, String>, CodegenError> {
     let dt = plan.a.dtype;
     if !matches!(dt, DType::F16 | DType::BF16) || plan.b.dtype != dt {
         return Ok(Err(format!("{} × {} operands", plan.a.dtype.name(), plan.b.dtype.name())));
@@ -308,7 +404,7 @@ fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, Codege
     let fa = feed(&plan, &plan.a, &plan.rows);
     let fb = feed(&plan, &plan.b, &plan.cols);
     let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
-    Emitter { k, plan: &plan, fa, fb }.body(&mut p)?;
+    Emitter { k, plan: &plan, fa, fb, sh }.body(&mut p)?;
     let text = p.finish().map_err(|e| internal(k, e))?;
     let how = |f: Feed| {
         let l = if f.layout == Layout::KMajor { "k-major" } else { "row-major" };
@@ -317,35 +413,42 @@ fn emit_planned(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, Codege
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
     let split = if plan.split > 1 { format!(", split-K over clusters of {}", plan.split) } else { String::new() };
     let note = format!(
-        "contraction mma.sync m16n8k16 {} ({bm}x{bn} tile, {STAGES} stages, A {}, B {}, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
+        "contraction mma.sync m16n8k16 {} ({bm}x{bn} tile, {} stages of {} k{}, A {}, B {}, {} blocks{split}; batches {nb}, M {m}, N {n}, K {kk})",
         dt.name(),
+        sh.stages,
+        sh.bk,
+        if sh.min_blocks > 1 { format!(", {} blocks per multiprocessor", sh.min_blocks) } else { String::new() }
+            + &if sh.threads != BLOCK { format!(", {} warps", sh.threads / 32) } else { String::new() }
+            + if sh.pairs && plan.pair_store() { ", v2 stores" } else { "" },
         how(fa),
         how(fb),
         plan.grid()
     );
-    let launch = Launch { grid: plan.grid(), block: BLOCK, shared: 0, params: (k.inputs.len() + 1) as u32 };
+    let shared = super::dynamic_bytes(block_shared(&plan, sh));
+    let launch = Launch { grid: plan.grid(), block: sh.threads, shared, params: (k.inputs.len() + 1) as u32 };
     Ok(Ok(Entry { text, launch, note }))
 }
 
-/// Shared memory of a block under `plan`: the stages (a split's partial tile, `BM·BN`
-/// f32, reuses them).
-pub fn block_shared(plan: &Plan) -> u32 {
+/// Shared memory of a block under `plan` and `shape`: the stages (a split's partial
+/// tile, `BM·BN` f32, reuses them).
+pub fn block_shared(plan: &Plan, shape: Shape) -> u32 {
     let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
     if plan.split > 1 {
-        shared_bytes(bm, bn).max(bm * bn * 4)
+        shared_bytes(bm, bn, shape).max(bm * bn * 4)
     } else {
-        shared_bytes(bm, bn)
+        shared_bytes(bm, bn, shape)
     }
 }
 
 /// `smem_offset` in PTX (`r`, `k` u32 registers).
-fn smem_regs(p: &mut Ptx, layout: Layout, rows: u32, r: Reg, k: Reg) -> Reg {
+fn smem_regs(p: &mut Ptx, layout: Layout, (rows, bk): (u32, u32), r: Reg, k: Reg) -> Reg {
     let (hi, lo, sw) = match layout {
         Layout::KMajor => {
+            let chunks = bk / 8;
             let c = u32_op(p, "shr.u32", k, Imm::U(3).into());
-            let s = u32_op(p, "shr.u32", r, Imm::U(1).into());
-            let s = u32_op(p, "and.b32", s, Imm::U(3).into());
-            let hi = u32_op(p, "shl.b32", r, Imm::U(6).into());
+            let s = u32_op(p, "shr.u32", r, Imm::U(u64::from((8 / chunks).trailing_zeros())).into());
+            let s = u32_op(p, "and.b32", s, Imm::U(u64::from(chunks - 1)).into());
+            let hi = u32_op(p, "shl.b32", r, Imm::U(u64::from((bk * 2).trailing_zeros())).into());
             let lo = u32_op(p, "and.b32", k, Imm::U(7).into());
             (hi, lo, u32_op(p, "xor.b32", c, s.into()))
         }
@@ -365,16 +468,37 @@ fn smem_regs(p: &mut Ptx, layout: Layout, rows: u32, r: Reg, k: Reg) -> Reg {
 
 /// One item a thread copies per step.
 struct Item {
-    /// `k` within the step.
-    k_in: Reg,
+    /// The tile row of item 0 of its thread (what [`item`] gives).
+    r_in: Reg,
+    /// `k` within the step: a register plus a constant.
+    k_in: (Reg, u32),
     /// The tile row (chunk) is in range.
     in_range: Reg,
     /// Element offset of `(row, k = 0)`, batch included.
     off: Reg,
-    /// Byte offset of its shared slot within a stage.
-    sts: Reg,
-    /// Where `k` is linear: the global address at the next step to issue.
-    ptr: Option<Reg>,
+    /// Byte offset of its shared slot within a stage: a register plus a constant.
+    sts: (Reg, i64),
+    /// Where `k` is linear: the global address at the next step to issue, a register
+    /// plus a constant, and whether this item steps the register (its owner).
+    ptr: Option<(Reg, i64, bool)>,
+}
+
+/// Where item `e` of every thread lies at a constant distance from the thread's item 0
+/// (see [`Emitter::src`]): `(dr, dk, shared bytes)`, or `None`.
+pub fn item_delta(f: Feed, rows: u32, (bk, threads): (u32, u32), e: u32) -> Option<(u32, u32, i64)> {
+    let mut out = None;
+    for tid in 0..threads {
+        let (r0, k0) = item(f, rows, (bk, threads), tid, 0);
+        let (r, k) = item(f, rows, (bk, threads), tid, e);
+        let (dr, dk) = (r.checked_sub(r0)?, k.checked_sub(k0)?);
+        let ds = i64::from(smem_offset(f.layout, rows, bk, r, k)) - i64::from(smem_offset(f.layout, rows, bk, r0, k0));
+        match out {
+            None => out = Some((dr, dk, ds)),
+            Some(o) if o != (dr, dk, ds) => return None,
+            Some(_) => {}
+        }
+    }
+    out
 }
 
 /// One operand's copies.
@@ -392,6 +516,7 @@ struct Emitter<'a> {
     plan: &'a Plan,
     fa: Feed,
     fb: Feed,
+    sh: Shape,
 }
 
 impl Emitter<'_> {
@@ -410,40 +535,80 @@ impl Emitter<'_> {
         (tid, k_start): (Reg, Option<Reg>),
         first_stage: Reg,
     ) -> Src {
-        let lin = linear(&self.plan.ks, map, BK);
-        let mut out = Vec::new();
-        for e in 0..items(f, rows) {
+        let (bk, nt) = (self.sh.bk, self.sh.threads);
+        let lin = linear(&self.plan.ks, map, bk);
+        let mut out: Vec<Item> = Vec::new();
+        for e in 0..items(f, rows, (bk, nt)) {
+            // Compact addressing (`cp.async` operands under the knob's pipelines; the
+            // default keeps a pointer and a shared offset per item): item e at a
+            // constant distance from item 0 in rows, k and shared bytes, its global
+            // address item 0's plus a constant where k is linear and the rows one
+            // variable (or the same rows). 40 fewer registers live through the loop at
+            // a step of 64 (168 → 128: two blocks a multiprocessor). Register-staged
+            // operands keep theirs (a 3×3 window's weights would spill).
+            let compact = (f.cp && self.sh != Shape::default()).then(|| item_delta(f, rows, (bk, nt), e)).flatten();
+            if let (Some((dr, dk, ds)), Some(step), Some(i0)) = (compact, lin, out.first()) {
+                let row_coef = match vars {
+                    _ if dr == 0 => Some(0),
+                    [(v, _)] => Some(map.at(*v)),
+                    _ => None,
+                };
+                let bytes = row_coef
+                    .and_then(|c| c.checked_mul(i64::from(dr)))
+                    .and_then(|x| x.checked_add(step.checked_mul(i64::from(dk))?))
+                    .and_then(|x| x.checked_mul(2))
+                    .filter(|&x| i32::try_from(x).is_ok());
+                if let (Some(bytes), Some((a, _, _))) = (bytes, i0.ptr) {
+                    let in_range = if dr == 0 {
+                        i0.in_range
+                    } else {
+                        // first + r_in0 + dr < total.
+                        let r = u32_op(p, "add.u32", first, i0.r_in.into());
+                        pred(p, "setp.lt.u32", r, Imm::U(total.saturating_sub(u64::from(dr))).into())
+                    };
+                    out.push(Item {
+                        r_in: i0.r_in,
+                        k_in: (i0.k_in.0, dk),
+                        in_range,
+                        off: i0.off,
+                        sts: (i0.sts.0, ds),
+                        ptr: Some((a, bytes, false)),
+                    });
+                    continue;
+                }
+            }
             // `item` in PTX.
             let (r_in, k_in) = match (f.cp, f.layout) {
                 (true, Layout::KMajor) => {
-                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(BLOCK * e)).into());
-                    let r = u32_op(p, "shr.u32", q, Imm::U(2).into());
-                    let c = u32_op(p, "and.b32", q, Imm::U(3).into());
+                    let per = bk / 8;
+                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(nt * e)).into());
+                    let r = u32_op(p, "shr.u32", q, Imm::U(u64::from(per.trailing_zeros())).into());
+                    let c = u32_op(p, "and.b32", q, Imm::U(u64::from(per - 1)).into());
                     (r, u32_op(p, "shl.b32", c, Imm::U(3).into()))
                 }
                 (true, Layout::RMajor) => {
-                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(BLOCK * e)).into());
+                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(nt * e)).into());
                     let per = rows / 8;
                     let c = u32_op(p, "rem.u32", q, Imm::U(per.into()).into());
                     let r = u32_op(p, "shl.b32", c, Imm::U(3).into());
                     (r, u32_op(p, "div.u32", q, Imm::U(per.into()).into()))
                 }
                 (false, Layout::KMajor) => {
-                    let r = u32_op(p, "shr.u32", tid, Imm::U(5).into());
-                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((BLOCK / BK) * e)).into());
-                    (r, u32_op(p, "and.b32", tid, Imm::U(u64::from(BK - 1)).into()))
+                    let r = u32_op(p, "shr.u32", tid, Imm::U(u64::from(bk.trailing_zeros())).into());
+                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((nt / bk) * e)).into());
+                    (r, u32_op(p, "and.b32", tid, Imm::U(u64::from(bk - 1)).into()))
                 }
                 (false, Layout::RMajor) => {
                     let r = u32_op(p, "rem.u32", tid, Imm::U(rows.into()).into());
                     let k = u32_op(p, "div.u32", tid, Imm::U(rows.into()).into());
-                    (r, u32_op(p, "add.u32", k, Imm::U(u64::from((BLOCK / rows) * e)).into()))
+                    (r, u32_op(p, "add.u32", k, Imm::U(u64::from((nt / rows) * e)).into()))
                 }
             };
             let (in_range, off, ptr) =
                 operand_row(p, (map, vars, bat), (first, r_in, total), lin, (k_in, k_start), (base, 2));
-            let sts = smem_regs(p, f.layout, rows, r_in, k_in);
+            let sts = smem_regs(p, f.layout, (rows, bk), r_in, k_in);
             let sts = u32_op(p, "add.u32", sts, first_stage.into());
-            out.push(Item { k_in, in_range, off, sts, ptr });
+            out.push(Item { r_in, k_in: (k_in, 0), in_range, off, sts: (sts, 0), ptr: ptr.map(|a| (a, 0, true)) });
         }
         Src { feed: f, map: map.clone(), items: out, linear: lin, base }
     }
@@ -453,20 +618,31 @@ impl Emitter<'_> {
     fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: u32) -> Vec<Reg> {
         let mut vals = Vec::new();
         for it in &s.items {
-            let (ok, (addr, _)) = operand_element(
+            let k_in = match it.k_in {
+                (r, 0) => r,
+                (r, dk) => u32_op(p, "add.u32", r, Imm::U(dk.into()).into()),
+            };
+            let (ok, (addr, imm)) = operand_element(
                 p,
                 (&self.plan.ks, &s.map),
-                (k0, it.k_in, k_end),
-                (it.in_range, it.off, it.ptr.map(|a| (a, 0))),
+                (k0, k_in, k_end),
+                (it.in_range, it.off, it.ptr.map(|(a, off, _)| (a, off))),
                 (s.base, 2),
             );
+            let addr = if imm == 0 {
+                addr
+            } else {
+                let a = p.reg(RegClass::B64);
+                p.op("add.s64", &[a.into(), addr.into(), Imm::I(imm).into()]);
+                a
+            };
             if s.feed.cp {
                 // Out of range: nothing read (src-size 0, from the base), 16 zero bytes.
                 let src = p.reg(RegClass::B64);
                 p.op("selp.b64", &[src.into(), addr.into(), s.base.into(), ok.into()]);
                 let n = p.reg(RegClass::B32);
                 p.op("selp.u32", &[n.into(), Imm::U(16).into(), Imm::U(0).into(), ok.into()]);
-                let dst = Opd::Addr(it.sts, i64::from(stage));
+                let dst = Opd::Addr(it.sts.0, it.sts.1 + i64::from(stage));
                 p.op("cp.async.cg.shared.global", &[dst, Opd::Addr(src, 0), Imm::U(16).into(), n.into()]);
             } else {
                 let v = p.reg(RegClass::B16);
@@ -477,8 +653,8 @@ impl Emitter<'_> {
         }
         if let Some(step) = s.linear {
             for it in &s.items {
-                if let Some(a) = it.ptr {
-                    p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(BK) * 2).into()]);
+                if let Some((a, _, true)) = it.ptr {
+                    p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(self.sh.bk) * 2).into()]);
                 }
             }
         }
@@ -488,23 +664,23 @@ impl Emitter<'_> {
     /// Stores register-staged `vals` of `s` into the stage `stage` bytes past the first.
     fn store(p: &mut Ptx, s: &Src, vals: &[Reg], stage: u32) {
         for (it, &v) in s.items.iter().zip(vals) {
-            p.op("st.shared.b16", &[Opd::Addr(it.sts, i64::from(stage)), v.into()]);
+            p.op("st.shared.b16", &[Opd::Addr(it.sts.0, it.sts.1 + i64::from(stage)), v.into()]);
         }
     }
 
     /// Each fragment load's lane address in the first stage (from shared address
     /// `first`): `[idx][kk]` for `count` fragment loads 16 rows apart from row `r0`, at
-    /// `k = 16·kk`.
+    /// `k = 16·kk` (`kk < bk/16`).
     #[allow(clippy::too_many_arguments)]
     fn ldm_offsets(
         p: &mut Ptx,
         side: Side,
         f: Feed,
-        (rows, first): (u32, Reg),
+        (rows, bk, first): (u32, u32, Reg),
         r0: Reg,
         lane: Reg,
         count: u32,
-    ) -> Vec<[Reg; 2]> {
+    ) -> Vec<Vec<Reg>> {
         // ldm_lane in PTX.
         let i = u32_op(p, "shr.u32", lane, Imm::U(3).into());
         let j = u32_op(p, "and.b32", lane, Imm::U(7).into());
@@ -524,10 +700,13 @@ impl Emitter<'_> {
         let mut out = Vec::new();
         for idx in 0..count {
             let r = u32_op(p, "add.u32", rbase, Imm::U(u64::from(16 * idx)).into());
-            let o0 = smem_regs(p, f.layout, rows, r, dk);
-            let k1 = u32_op(p, "add.u32", dk, Imm::U(16).into());
-            let o1 = smem_regs(p, f.layout, rows, r, k1);
-            out.push([u32_op(p, "add.u32", o0, first.into()), u32_op(p, "add.u32", o1, first.into())]);
+            let per_k: Vec<Reg> = (0..bk / 16)
+                .map(|kk| {
+                    let k = if kk == 0 { dk } else { u32_op(p, "add.u32", dk, Imm::U(u64::from(16 * kk)).into()) };
+                    smem_regs(p, f.layout, (rows, bk), r, k)
+                })
+                .collect();
+            out.push(per_k.into_iter().map(|o| u32_op(p, "add.u32", o, first.into())).collect());
         }
         out
     }
@@ -536,12 +715,16 @@ impl Emitter<'_> {
         let (k, plan) = (self.k, self.plan);
         let t = plan.tile;
         let (bm, bn) = (t.bm(), t.bn());
-        let (wr, wc) = WARPS;
+        let (wr, wc) = warps(t, self.sh.threads);
         let (wm_rows, wn_cols) = (bm / wr, bn / wc);
         let (mi, ni) = (wm_rows / 16, wn_cols / 8);
         let [_, m, n, _] = plan.dims;
         let bases = p.binding_bases(k.inputs.len() + 1);
-        p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
+        let Shape { bk, stages, min_blocks, .. } = self.sh;
+        p.directive(&format!(".maxntid {}, 1, 1", self.sh.threads));
+        if min_blocks > 1 {
+            p.directive(&format!(".minnctapersm {min_blocks}"));
+        }
         let tid = p.special("%tid.x");
         let bid = p.special("%ctaid.x");
         let lane = u32_op(p, "and.b32", tid, Imm::U(31).into());
@@ -553,12 +736,12 @@ impl Emitter<'_> {
         let BlockStart { rank, k_start, k_end, m0, n0, bvars, a_bat, b_bat } = BlockStart::open(p, plan, bid);
 
         // Shared memory: [A stage 0..3 | B stage 0..3].
-        let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
+        let (a_stage, b_stage) = (bm * bk * 2, bn * bk * 2);
         // (A split's partial tile reuses it: BM·BN f32.)
-        let smem = p.shared("stages", block_shared(plan), 128);
+        let smem = super::declare_shared(p, "stages", block_shared(plan, self.sh), 128);
         let a_first = p.reg(RegClass::B32);
         p.op("mov.u32", &[a_first.into(), Opd::Sym(smem)]);
-        let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(STAGES * a_stage)).into());
+        let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(stages * a_stage)).into());
 
         let sa =
             self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_bat, bases[plan.a.input], (tid, k_start), a_first);
@@ -568,26 +751,26 @@ impl Emitter<'_> {
         // Fragment offsets: the warp's rows of A from wm·BM/2, of B from wn·BN/4.
         let ra = u32_op(p, "mul.lo.u32", wm, Imm::U(wm_rows.into()).into());
         let rb = u32_op(p, "mul.lo.u32", wn, Imm::U(wn_cols.into()).into());
-        let oa = Emitter::ldm_offsets(p, Side::A, self.fa, (bm, a_first), ra, lane, mi);
-        let ob = Emitter::ldm_offsets(p, Side::B, self.fb, (bn, b_first), rb, lane, ni / 2);
+        let oa = Emitter::ldm_offsets(p, Side::A, self.fa, (bm, bk, a_first), ra, lane, mi);
+        let ob = Emitter::ldm_offsets(p, Side::B, self.fb, (bn, bk, b_first), rb, lane, ni / 2);
 
         let acc: Vec<Reg> = (0..mi * ni * 4).map(|_| p.mov(RegClass::F32, "f32", Imm::F32(0).into())).collect();
 
-        // Prologue: steps 0 .. STAGES-1 into stages 0 .. STAGES-1.
+        // Prologue: steps 0 .. stages-1 into stages 0 .. stages-1.
         let kq = p.mov(RegClass::B32, "u32", k_start.map_or(Imm::U(0).into(), Opd::R));
-        for st in 0..STAGES - 1 {
+        for st in 0..stages - 1 {
             let va = self.issue(p, &sa, (kq, &k_end), st * a_stage);
             let vb = self.issue(p, &sb, (kq, &k_end), st * b_stage);
             Emitter::store(p, &sa, &va, st * a_stage);
             Emitter::store(p, &sb, &vb, st * b_stage);
             p.op("cp.async.commit_group", &[]);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
+            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
         }
 
         // The loop, unrolled over the stages: copy `u` runs the steps `t ≡ u (mod
-        // STAGES)`, reading stage `u` and writing stage `(u + STAGES - 1) mod STAGES`
+        // stages)`, reading stage `u` and writing stage `(u + stages - 1) mod stages`
         // (immediate offsets), leaving after the last step.
-        let steps = plan.k_chunk / u64::from(BK);
+        let steps = plan.k_chunk / u64::from(bk);
         let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
         let ty = if plan.a.dtype == DType::F16 { "f16" } else { "bf16" };
         let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
@@ -599,14 +782,14 @@ impl Emitter<'_> {
         };
         let (head, exit) = (p.label(), p.label());
         p.place(head);
-        for u in 0..STAGES {
-            let wr = (u + STAGES - 1) % STAGES;
-            p.op("cp.async.wait_group", &[Imm::I(i64::from(STAGES) - 2).into()]);
+        for u in 0..stages {
+            let wr = (u + stages - 1) % stages;
+            p.op("cp.async.wait_group", &[Imm::I(i64::from(stages) - 2).into()]);
             p.op("bar.sync", &[Imm::I(0).into()]);
             let va = self.issue(p, &sa, (kq, &k_end), wr * a_stage);
             let vb = self.issue(p, &sb, (kq, &k_end), wr * b_stage);
             p.op("cp.async.commit_group", &[]);
-            for kk in 0..2 {
+            for kk in 0..(bk / 16) as usize {
                 let mut af = Vec::new();
                 for o in &oa {
                     let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
@@ -629,10 +812,10 @@ impl Emitter<'_> {
             }
             Emitter::store(p, &sa, &va, wr * a_stage);
             Emitter::store(p, &sb, &vb, wr * b_stage);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
+            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
             p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
             let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
-            if u + 1 < STAGES {
+            if u + 1 < stages {
                 p.bra(Some((more, true)), exit);
             } else {
                 p.bra(Some((more, false)), head);
@@ -678,6 +861,10 @@ impl Emitter<'_> {
             .flat_map(|x| (0..2 * ni).map(move |y| (x, y)))
             .map(|(x, y)| acc[(((x / 2) * ni + y / 2) * 4 + 2 * (x % 2) + y % 2) as usize])
             .collect();
-        contraction::epilogue(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
+        if self.sh.pairs {
+            contraction::epilogue_pairs(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
+        } else {
+            contraction::epilogue(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
+        }
     }
 }

@@ -53,6 +53,7 @@ pub mod ptx;
 pub mod window;
 pub mod rows;
 pub mod skinny;
+pub mod tune;
 
 use kiln_flow::class::KernelClass;
 use kiln_flow::Kernel;
@@ -115,17 +116,27 @@ pub struct Entry {
     pub note: String,
 }
 
-/// Compiles `kernels` (each with its class) into one PTX module.
+/// Compiles `kernels` (each with its class) into one PTX module, with the kernel
+/// variants the measurement knob [`tune::VAR`] asks for (the defaults where it is unset;
+/// a malformed value is an `Unsupported` error).
 pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, CodegenError> {
+    let tune = tune::Tune::from_env().map_err(|what| CodegenError::Unsupported { kernel: String::new(), what })?;
+    compile_tuned(kernels, &tune)
+}
+
+/// [`compile`] with the variants `tune` (see [`tune`]).
+pub fn compile_tuned(kernels: &[(&Kernel, KernelClass)], tune: &tune::Tune) -> Result<CudaModule, CodegenError> {
     let mut code = String::from(ptx::HEADER);
     let mut entries = Vec::new();
     let mut launches = Vec::new();
     let mut notes = Vec::new();
     for &(k, class) in kernels {
         k.verify().map_err(|error| CodegenError::Invalid { kernel: k.name.clone(), error })?;
-        let e = compile_kernel(k, class)?;
+        let e = compile_kernel_tuned(k, class, tune)?;
         code.push('\n');
-        entries.push((k.name.clone(), code.len() as u64));
+        // The `.entry` itself (a dynamic shared-memory declaration may precede it).
+        let at = e.text.find(".visible .entry").unwrap_or(0);
+        entries.push((k.name.clone(), (code.len() + at) as u64));
         code.push_str(&e.text);
         launches.push(e.launch);
         notes.push(e.note);
@@ -148,10 +159,15 @@ pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, Codegen
 /// One kernel: its class's emitter, or the general mapping where there is none yet or
 /// it declines.
 pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenError> {
+    compile_kernel_tuned(k, class, &tune::Tune::default())
+}
+
+/// [`compile_kernel`] with the variants `tune`.
+pub fn compile_kernel_tuned(k: &Kernel, class: KernelClass, tune: &tune::Tune) -> Result<Entry, CodegenError> {
     let tried = match class {
         KernelClass::Elementwise | KernelClass::Movement => elementwise::emit(k, class)?,
         KernelClass::Window => window::emit(k)?,
-        KernelClass::Contraction => contraction::emit(k)?,
+        KernelClass::Contraction => contraction::emit(k, tune)?,
         KernelClass::Rows => rows::emit(k)?,
         // Reductions of no Rows kernel: a group of threads per output element; the
         // general mapping keeps its plain note where that declines.
@@ -166,6 +182,30 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
         e.note = format!("general ({why})");
     }
     Ok(e)
+}
+
+/// Most bytes of static shared memory a block may declare (ptxas refuses more).
+pub const STATIC_SHARED: u32 = 48 * 1024;
+
+/// The dynamic shared memory a block of `bytes` asks at launch ([`Launch::shared`]):
+/// none up to [`STATIC_SHARED`] (a static array), else all of it.
+pub fn dynamic_bytes(bytes: u32) -> u32 {
+    if bytes > STATIC_SHARED {
+        bytes
+    } else {
+        0
+    }
+}
+
+/// Declares a block's `bytes` of shared memory aligned to `align` and returns its name:
+/// a static array up to [`STATIC_SHARED`], else the entry's dynamic shared memory
+/// (sized by the launch, [`dynamic_bytes`]).
+fn declare_shared(p: &mut Ptx, tag: &str, bytes: u32, align: u32) -> String {
+    if dynamic_bytes(bytes) > 0 {
+        p.dynamic_shared(tag, align)
+    } else {
+        p.shared(tag, bytes, align)
+    }
 }
 
 fn internal(k: &Kernel, e: ptx::PtxError) -> CodegenError {

@@ -1,0 +1,209 @@
+//! A measurement knob: kernel variants of the contraction emitters chosen at compile
+//! time by the environment variable [`VAR`] (`KILN_CUDA_TUNE`), so that one GPU session
+//! can time several variants of the same model (`scripts/cuda-tune-sweep.sh`).
+//!
+//! Only the CUDA code generator reads it ([`compile`](super::compile), once per
+//! module), never the runtime: the variant is in the artifact's PTX and launch records
+//! like any other kernel. Unset or empty, every kernel is today's default choice; the
+//! defaults change only after a variant measured faster.
+//!
+//! The value is a comma-separated list of `key=variant`:
+//! - `f32=BMxBN` or `f32=BMxBNsS`: every f32 SIMT contraction ([`super::contraction`])
+//!   whose row operand is read along `k` (the plain `[M, K] × [K, N]` layout; a
+//!   transposed one keeps its choice: an 8×8 thread tile of it spills a few bytes under
+//!   `.minnctapersm 2`) takes the tile `BM × BN` (`BM, BN ∈ {64, 128}`) and a split-K
+//!   over clusters of `S ∈ {1, 2, 4, 8}` blocks (default 1) instead of
+//!   [`choose_tile`](super::contraction::choose_tile) /
+//!   [`choose_split`](super::contraction::choose_split). Few-row products (`skinny`)
+//!   and tensor-core products are unaffected.
+//! - `mma=bkKsS` or `mma=bkKsSbB`: the tensor-core kernel ([`super::mma`]) steps `K`
+//!   by `K ∈ {32, 64}` per stage with `S ∈ {2, 3, 4}` stages (dynamic shared memory
+//!   above 48 KiB), and asks ptxas for `B ∈ {1, 2}` resident blocks per
+//!   multiprocessor (`.minnctapersm`; `b1`: no directive, today's; `b2` with `bk32`
+//!   only: at a step of 64 ptxas takes ~170 registers and spills when held to 128).
+//!   A suffix `tBMxBN` takes that block tile for every product instead of
+//!   [`choose_tile`](super::contraction::choose_tile)'s (no split-K): `t128x128`
+//!   (what large products take anyway: the sweep's check model takes it so that it
+//!   checks the kernel the large product runs), or `t128x256` / `t256x128`, with 8
+//!   warps of 64×64 ([`super::mma::warps`]) instead of 64×32 (one block a
+//!   multiprocessor: 128 accumulators a thread). A suffix `w4` runs a 128×128 tile
+//!   with 4 warps of 64×64 (128 threads, ~220 registers: two blocks a multiprocessor).
+//!   A suffix `v2` stores the epilogue's pairs of consecutive columns with one
+//!   `st.global.v2.f32` (an f32 output with an even innermost extent; else one
+//!   element at a time, as the default).
+//!   `bk64`, `b2` and `t` apply where both operands are copied by `cp.async` (a
+//!   register-staged operand keeps 32, where 64 would stage twice the registers, and
+//!   one block, its addresses needing more than 128 registers); the note says what ran.
+//!
+//! Every variant computes the same values by the same code paths as the default (the
+//! suites run them in the simulator against the kernel interpreter); only the speed
+//! differs. A malformed value is a typed error, never ignored.
+
+use super::contraction::Tile;
+
+/// The environment variable.
+pub const VAR: &str = "KILN_CUDA_TUNE";
+
+/// The f32 SIMT kernel's forced tile and split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct F32 {
+    /// The block tile.
+    pub tile: Tile,
+    /// Blocks of a split-K cluster (1: none).
+    pub split: u32,
+}
+
+/// The tensor-core kernel's pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mma {
+    /// `k` per stage (32 or 64).
+    pub bk: u32,
+    /// Shared-memory stages (2–4).
+    pub stages: u32,
+    /// Resident blocks per multiprocessor asked of ptxas (1: no directive).
+    pub min_blocks: u32,
+    /// Four warps of 64×64 (128 threads) where the tile is 128×128.
+    pub warps4: bool,
+    /// The epilogue stores pairs of columns (`st.global.v2.f32`, an f32 output).
+    pub pairs: bool,
+    /// A block tile `(BM, BN)`: 128×128 (warps of 64×32, as the default's), 128×256 or
+    /// 256×128 (warps of 64×64), else [`choose_tile`](super::contraction::choose_tile)'s.
+    pub tile: Option<(u32, u32)>,
+}
+
+impl Default for Mma {
+    /// Today's kernel: 32 `k` per stage, 3 stages (48 KiB static at 128×128).
+    fn default() -> Mma {
+        Mma { bk: 32, stages: 3, min_blocks: 1, warps4: false, pairs: false, tile: None }
+    }
+}
+
+/// The variants of one compilation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tune {
+    /// The f32 kernel's tile and split (`None`: chosen per kernel).
+    pub f32: Option<F32>,
+    /// The tensor-core kernel's pipeline.
+    pub mma: Mma,
+}
+
+fn num(s: &str, what: &str, allowed: &[u32]) -> Result<u32, String> {
+    let v: u32 = s.parse().map_err(|_| format!("{what} {s:?} is not a number"))?;
+    if allowed.contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{what} {v} is not one of {allowed:?}"))
+    }
+}
+
+impl Tune {
+    /// Parses a value of [`VAR`] (see the module docs).
+    pub fn parse(s: &str) -> Result<Tune, String> {
+        let mut t = Tune::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, v) = item.split_once('=').ok_or_else(|| format!("{item:?}: expected key=variant"))?;
+            match key.trim() {
+                "f32" => {
+                    let (tile, split) = match v.split_once('s') {
+                        Some((tile, s)) => (tile, num(s, "split", &[1, 2, 4, 8])?),
+                        None => (v, 1),
+                    };
+                    let (bm, bn) = tile.split_once('x').ok_or_else(|| format!("f32 tile {tile:?}: expected BMxBN"))?;
+                    let bm = num(bm, "tile rows", &[64, 128])?;
+                    let bn = num(bn, "tile columns", &[64, 128])?;
+                    t.f32 = Some(F32 { tile: Tile { tm: bm / 16, tn: bn / 16 }, split });
+                }
+                "mma" => {
+                    let form = || format!("mma {v:?}: expected bkKsS[bB][tBMxBN][w4][v2]");
+                    let rest = v.strip_prefix("bk").ok_or_else(form)?;
+                    let (rest, pairs) = match rest.strip_suffix("v2") {
+                        Some(r) => (r, true),
+                        None => (rest, false),
+                    };
+                    let (rest, warps4) = match rest.strip_suffix("w4") {
+                        Some(r) => (r, true),
+                        None => (rest, false),
+                    };
+                    let (rest, tile) = match rest.split_once('t') {
+                        Some((r, t)) => {
+                            let (bm, bn) = t.split_once('x').ok_or_else(form)?;
+                            let tile = (num(bm, "tile rows", &[128, 256])?, num(bn, "tile columns", &[128, 256])?);
+                            if tile == (256, 256) {
+                                return Err(format!("mma tile {t:?}: 128x128, 128x256 or 256x128"));
+                            }
+                            (r, Some(tile))
+                        }
+                        None => (rest, None),
+                    };
+                    let (bk, rest) = rest.split_once('s').ok_or_else(form)?;
+                    let (stages, blocks) = match rest.split_once('b') {
+                        Some((s, b)) => (s, num(b, "blocks per multiprocessor", &[1, 2])?),
+                        None => (rest, 1),
+                    };
+                    t.mma = Mma {
+                        bk: num(bk, "k step", &[32, 64])?,
+                        stages: num(stages, "stages", &[2, 3, 4])?,
+                        min_blocks: blocks,
+                        warps4,
+                        pairs,
+                        tile,
+                    };
+                    if warps4 && (blocks > 1 || tile.is_some_and(|t| t != (128, 128))) {
+                        return Err(format!("mma {v:?}: four warps take a 128x128 tile and one block directive"));
+                    }
+                    if blocks > 1 && (t.mma.bk == 64 || tile.is_some_and(|(m, n)| m.max(n) > 128)) {
+                        // ptxas needs ~170 registers at a step of 64 (over 200 with a large
+                        // tile's 128 accumulators): held to 128, it spills.
+                        return Err(format!("mma {v:?}: two blocks per multiprocessor only with bk32 and 128x128"));
+                    }
+                }
+                other => return Err(format!("unknown key {other:?} (f32, mma)")),
+            }
+        }
+        Ok(t)
+    }
+
+    /// The variants [`VAR`] asks for (the default where it is unset).
+    pub fn from_env() -> Result<Tune, String> {
+        match std::env::var(VAR) {
+            Ok(v) => Tune::parse(&v).map_err(|e| format!("{VAR}={v}: {e}")),
+            Err(std::env::VarError::NotPresent) => Ok(Tune::default()),
+            Err(e) => Err(format!("{VAR}: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_variants_and_refuses_the_rest() {
+        assert_eq!(Tune::parse("").unwrap(), Tune::default());
+        let t = Tune::parse("f32=128x64s2, mma=bk32s4b2").unwrap();
+        assert_eq!(t.f32, Some(F32 { tile: Tile { tm: 8, tn: 4 }, split: 2 }));
+        let m = |bk, stages, min_blocks, warps4, tile| Mma { bk, stages, min_blocks, warps4, pairs: false, tile };
+        assert_eq!(t.mma, m(32, 4, 2, false, None));
+        assert_eq!(Tune::parse("mma=bk64s3").unwrap().mma, m(64, 3, 1, false, None));
+        assert_eq!(Tune::parse("mma=bk64s3t128x256").unwrap().mma, m(64, 3, 1, false, Some((128, 256))));
+        assert_eq!(Tune::parse("mma=bk32s4t128x128w4").unwrap().mma, m(32, 4, 1, true, Some((128, 128))));
+        let v2 = Tune::parse("mma=bk32s4t128x128w4v2").unwrap().mma;
+        assert_eq!(v2, Mma { pairs: true, ..m(32, 4, 1, true, Some((128, 128))) });
+        assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
+        for bad in [
+            "f32=128x96",
+            "f32=128x64s3",
+            "mma=bk48s3",
+            "mma=bk64s5",
+            "mma=bk32s3b3",
+            "mma=bk64s3b2",
+            "mma=bk32s3t256x256",
+            "mma=bk32s3b2t256x128",
+            "mma=bk32s3t128x256w4",
+            "x=1",
+            "f32",
+        ] {
+            assert!(Tune::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
