@@ -21,7 +21,7 @@ use std::collections::HashMap;
 
 use common::{compile_cuda, f32_type, Conv, MatMul};
 use kiln_codegen::cuda::contraction::{
-    choose_split, choose_tile, reduce_groups, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
+    choose_split, choose_tile, reduce_groups, split_large_tile, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
 };
 use kiln_codegen::cuda::skinny::{Skinny, COLS, MAX_ROWS, MOST_ROWS};
 use kiln_codegen::cuda::tune::Tune;
@@ -540,6 +540,29 @@ fn simulate_each(kernels: &[Kernel], note: &str, seed0: u64) {
         let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(o.compared, o.elements, "{}: every element", k.name);
     }
+}
+
+/// The default's 128×128 tile split over `K` (`split_large_tile`): where 128×128 tiles
+/// leave at least half of the 132 multiprocessors idle, a chosen tile that does not split
+/// gives way when the split tile's modelled time is lower, with parts of at least 256;
+/// a 1024³ product (128 blocks of 128×64 before) compiles to 64 tiles split in two, the
+/// kernel the knob's `f32=128x128s2` simulates above.
+#[test]
+fn large_tiles_split_where_the_grid_is_small() {
+    let (big, tall) = (Tile { tm: 8, tn: 8 }, Tile { tm: 8, tn: 4 });
+    assert_eq!(choose_tile(1, 1024, 1024), tall);
+    assert_eq!(split_large_tile(1, 1024, 1024, 1024, tall), Some((big, 2)));
+    // Parts shorter than 256, a grid of 128×128 tiles over half the machine, or the
+    // large tile chosen already: no change.
+    assert_eq!(split_large_tile(1, 1024, 1024, 500, tall), None);
+    assert_eq!(split_large_tile(1, 2048, 1024, 4096, tall), None);
+    assert_eq!(split_large_tile(1, 512, 512, 4096, big), None);
+    // A small grid splits further, up to one wave.
+    assert_eq!(split_large_tile(1, 256, 512, 8192, Tile { tm: 4, tn: 4 }).map(|(_, s)| s), Some(8));
+    let k = matmul(&[], (false, false), 1024, 1024, 1024, false, DType::F32, Epi::None);
+    let m = cuda::compile(&[(&k, classify(&k))]).expect("compile");
+    assert!(m.notes[0].starts_with("contraction (128x128 tile"), "{}", m.notes[0]);
+    assert!(m.notes[0].contains("128 blocks, split-K over clusters of 2"), "{}", m.notes[0]);
 }
 
 /// The split-K rule, and the reduction's slots: the ranks' threads sum every group of 4

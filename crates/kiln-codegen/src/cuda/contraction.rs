@@ -224,6 +224,27 @@ pub fn choose_split(tile: Tile, blocks: u64, k: u64) -> u32 {
     s
 }
 
+/// A 128×128 tile split over `K` in place of `chosen` (a tile that does not split): where
+/// a grid of 128×128 tiles leaves at least half of the multiprocessors idle, the largest
+/// power of two `s` up to [`MAX_SPLIT`] that keeps the grid within one wave with parts
+/// of `K / s ≥ 256`, taken where its modelled time, [`Tile::cost`] over `s`, is below
+/// `chosen`'s. An 8×8 thread tile needs the fewest shared loads per FMA, and the split
+/// gives back the blocks the larger tile takes away. Measured on an H100 (`KILN_CUDA_TUNE`
+/// sweep, docs/cuda.md): a 1024³ product 73.7 µs as 128 blocks of 128×64, 68.3 µs as
+/// 64 tiles of 128×128 split in two.
+pub fn split_large_tile(batches: u64, m: u64, n: u64, k: u64, chosen: Tile) -> Option<(Tile, u32)> {
+    let big = Tile { tm: 8, tn: 8 };
+    let blocks = big.blocks(batches, m, n);
+    if chosen == big || blocks.saturating_mul(2) > SMS {
+        return None;
+    }
+    let mut s = 1u32;
+    while s < MAX_SPLIT && blocks * u64::from(2 * s) <= SMS && k.div_ceil(u64::from(2 * s)) >= 256 {
+        s *= 2;
+    }
+    (s > 1 && big.cost(batches, m, n) / u64::from(s) < chosen.cost(batches, m, n)).then_some((big, s))
+}
+
 /// Where thread `tid` of rank `rank` of a split of `split` sums the partial tiles of a
 /// `BM × BN` tile: rows `rank·BM/split ..` are that rank's, and each of their groups of
 /// 4 columns goes to one thread, `G = BN/4` threads along a row (`q`-th group of the
@@ -590,7 +611,15 @@ pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenErr
     let along_k = |m: &Map, vars: &[Var]| {
         Order::of(vars.last().map(|&(v, _)| m.at(v)), plan.ks.last().map(|&(v, _)| m.at(v))) == Order::AlongK
     };
-    let plan = match tune.f32.filter(|_| along_k(&plan.a, &plan.rows)) {
+    // By default, a 128×128 tile split over K where the grid would leave the GPU half
+    // idle ([`split_large_tile`]), for the same products (a transposed row operand keeps
+    // its tile for the same reason).
+    let [nb, m, n, kk] = plan.dims;
+    let wide = (plan.split == 1)
+        .then(|| split_large_tile(nb, m, n, kk, plan.tile))
+        .flatten()
+        .map(|(tile, split)| super::tune::F32 { tile, split });
+    let plan = match tune.f32.or(wide).filter(|_| along_k(&plan.a, &plan.rows)) {
         Some(f) => match plan.retiled(f.tile, f.split) {
             Ok(p) => p,
             Err(why) => return Ok(Err(why)),
