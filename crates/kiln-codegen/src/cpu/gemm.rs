@@ -134,6 +134,9 @@ const T_ROWS: u64 = 16;
 /// Columns of a channel-vector tile: 2 × 6 accumulators, two of A and one broadcast of B
 /// take 15 of the 16 registers.
 const T_COLS: u64 = 6;
+/// The most columns of a 512-bit channel-vector tile ([`Emitter::tile_tz`]): one
+/// accumulator of 16 rows each, so that a transposed row is one vector of 16 lanes.
+const TZ_COLS: u64 = 16;
 /// The largest stack copy of B channel-vector tiles read from (`Emitter::pack_b_t`).
 const PACK_T_MOST: u64 = 512 * 1024;
 
@@ -996,27 +999,68 @@ impl Emitter<'_> {
 
     /// Bytes of the tile-by-tile copy of B.
     fn pack_t_bytes(&self) -> u64 {
-        self.c.dims[1].div_ceil(T_COLS) * self.c.dims[2] * T_COLS * 4
+        let groups: u64 = self.t_groups().iter().map(|g| g.0).sum();
+        groups * self.c.dims[2] * self.t_width() * 4
     }
 
-    /// Copies B into the stack buffer tile by tile: for each group of [`T_COLS`]
-    /// columns, its `K` rows of 6 (the last group's columns past N are left as they
-    /// are: its tile masks them).
+    /// Columns between one channel-vector tile's B and the next's in the stack copy
+    /// ([`Self::pack_b_t`]): the widest tile's.
+    fn t_width(&self) -> u64 {
+        self.t_groups().first().map_or(T_COLS, |g| g.1)
+    }
+
+    /// The channel-vector tiles of a row, in order: (how many, columns each). The 256-bit
+    /// tiles take [`T_COLS`] columns, then the rest; the 512-bit ones
+    /// ([`Self::tile_tz`]) as few tiles of at most [`TZ_COLS`] as N needs, their widths
+    /// differing by at most one (49 columns: 13, 12, 12, 12), so that no tile is a
+    /// handful of columns, each of them one chain of FMAs waiting on the last.
+    fn t_groups(&self) -> Vec<(u64, u64)> {
+        let n = self.c.dims[1];
+        let mut g = Vec::new();
+        if self.avx512 {
+            let tiles = n.div_ceil(TZ_COLS);
+            let w = n.div_ceil(tiles);
+            let narrower = tiles * w - n;
+            g.push((tiles - narrower, w));
+            if narrower > 0 {
+                g.push((narrower, w - 1));
+            }
+        } else {
+            g.push((n / T_COLS, T_COLS));
+            if n % T_COLS != 0 {
+                g.push((1, n % T_COLS));
+            }
+        }
+        g.retain(|&(count, _)| count > 0);
+        g
+    }
+
+    /// Copies B into the stack buffer tile by tile: for each tile's columns
+    /// ([`Self::t_groups`]), its `K` rows, [`Self::t_width`] apart (a narrower tile's
+    /// columns past its own are left as they are: it never reads them). The 512-bit form
+    /// copies a row with one masked load and store.
     fn pack_b_t(&mut self) -> R<()> {
-        let (n, k) = (self.c.dims[1], self.c.dims[2]);
+        let k = self.c.dims[2];
         let b = &self.bases[1];
         let (binding, c) = (b.binding, b.c);
         let per_k = self.c.b.offset.of(self.c.k[0]) * 4;
+        let width = self.t_width();
         self.a.mov(rsi, qword_ptr(r15 + 8 * binding as i32))?;
         self.add_imm(rsi, c)?;
         let slot = self.s_buf();
         self.a.mov(rdi, qword_ptr(rsp + slot))?;
-        let full = n / T_COLS;
+        let wide = self.avx512;
         let copy_rows = |e: &mut Self, cols: u64| -> R<()> {
             let mut rows = e.a.create_label();
             e.a.mov(rdx, k as i64)?;
             e.a.set_label(&mut rows)?;
-            if cols == T_COLS {
+            if wide && cols == TZ_COLS {
+                e.a.vmovups(zmm0, zmmword_ptr(rsi))?;
+                e.a.vmovups(zmmword_ptr(rdi), zmm0)?;
+            } else if wide {
+                e.a.vmovups(zmm0.k1().z(), zmmword_ptr(rsi))?;
+                e.a.vmovups(zmmword_ptr(rdi).k1(), zmm0)?;
+            } else if cols == T_COLS {
                 e.a.vmovups(xmm0, xmmword_ptr(rsi))?;
                 e.a.vmovsd(xmm1, qword_ptr(rsi + 16))?;
                 e.a.vmovups(xmmword_ptr(rdi), xmm0)?;
@@ -1028,15 +1072,18 @@ impl Emitter<'_> {
                 }
             }
             e.add_imm(rsi, per_k)?;
-            e.a.add(rdi, (T_COLS * 4) as i32)?;
+            e.a.add(rdi, (width * 4) as i32)?;
             e.a.dec(rdx)?;
             e.a.jnz(rows)?;
-            // Back to row 0, on to the next group's columns.
-            e.add_imm(rsi, (T_COLS * 4) as i64 - per_k * k as i64)
+            // Back to row 0, on to the next tile's columns.
+            e.add_imm(rsi, (cols * 4) as i64 - per_k * k as i64)
         };
-        self.repeat(rcx, full, |e| copy_rows(e, T_COLS))?;
-        if n % T_COLS != 0 {
-            copy_rows(self, n % T_COLS)?;
+        for (count, cols) in self.t_groups() {
+            if wide && cols < TZ_COLS {
+                self.a.mov(eax, ((1u32 << cols) - 1) as i32)?;
+                self.a.kmovw(k1, eax)?;
+            }
+            self.repeat(rcx, count, |e| copy_rows(e, cols))?;
         }
         Ok(())
     }
@@ -1297,7 +1344,7 @@ impl Emitter<'_> {
     fn advance(&mut self, cols: u64) -> R<()> {
         // A whole panel of B: on to the next panel.
         let b_step = match self.c.b.panel {
-            _ if self.packed_t => (self.c.dims[2] * T_COLS * 4) as i64,
+            _ if self.packed_t => (self.c.dims[2] * self.t_width() * 4) as i64,
             Some(p) if p.width == cols => p.stride * self.b_bytes(),
             _ => cols as i64 * self.bases[1].per_n,
         };
@@ -1477,7 +1524,7 @@ impl Emitter<'_> {
         let sb: Vec<i64> = if self.packed {
             vec![(self.pack_width() * 4) as i64]
         } else if self.packed_t {
-            vec![(T_COLS * 4) as i64]
+            vec![(self.t_width() * 4) as i64]
         } else {
             sb_unpacked
         };
@@ -1532,8 +1579,9 @@ impl Emitter<'_> {
     }
 
     /// [`Self::row_epilogue`] sixteen lanes at a time over a 512-bit tile's accumulators
-    /// (`nv` vectors of 16 a row), the kernel's exp constants held in registers.
-    fn row_epilogue_zmm(&mut self, mr: u64, nv: usize) -> R<()> {
+    /// (`nv` vectors of 16 a row), the kernel's exp constants held in registers; `mask`:
+    /// the opmask of the last vector's lanes, when it is partial.
+    fn row_epilogue_zmm(&mut self, mr: u64, nv: usize, mask: Option<Mask>) -> R<()> {
         self.epi_wide = true;
         self.wide_epilogue_used = true;
         let k = self.k;
@@ -1543,7 +1591,7 @@ impl Emitter<'_> {
             self.vx().broadcast(v, dword_ptr(l))?;
         }
         let mut pool: Vec<V> = (0..16).chain(16 + self.held.len() as u8..32).map(V).collect();
-        let r = self.epilogue_rows(mr, nv, None, &mut pool);
+        let r = self.epilogue_rows(mr, nv, mask, &mut pool);
         self.epi_wide = false;
         self.held.clear();
         r
@@ -1634,6 +1682,15 @@ impl Emitter<'_> {
     /// next tile of this workgroup writes those columns again, so only the last tiles of
     /// a row need a masked store.
     fn panel_t(&mut self, rows: u64, n: u64) -> R<()> {
+        if self.avx512 {
+            for (count, cols) in self.t_groups() {
+                self.repeat(rbp, count, |e| {
+                    e.tile_tz(rows, cols)?;
+                    e.advance(cols)
+                })?;
+            }
+            return Ok(());
+        }
         // Tiles at n0 = T_COLS·t store whole while n0 + 8 ≤ n.
         let whole = if n >= 8 { ((n - 8) / T_COLS + 1).min(n / T_COLS) } else { 0 };
         self.repeat(rbp, whole, |e| {
@@ -1720,6 +1777,111 @@ impl Emitter<'_> {
         };
         self.epi_tail = masked.unwrap_or(0);
         self.row_epilogue(rows, 1, mask)
+    }
+
+    /// One channel-vector tile in 512-bit registers: [`T_ROWS`] rows (one vector of A's
+    /// packed panel) × `cols` columns (at most [`TZ_COLS`]), one accumulator a column,
+    /// each FMA broadcasting its element of B from memory (`{1to16}`): per reduction
+    /// step one load of A and `cols` FMAs, `cols` independent chains. After the
+    /// reduction the 16 × 16 block (columns past `cols` repeat the last) is transposed
+    /// in registers — `vunpck{l,h}ps` and `vshufps` make 4 × 4 blocks within each
+    /// 128-bit lane, two rounds of `vshuff32x4` move the lanes — so that `zmm_i` holds
+    /// row `i`'s `cols` columns; the epilogue then runs on each row sixteen lanes at a
+    /// time, its stores (and vector loads) masked to `cols` lanes by `k1`: in the
+    /// registers the transpose leaves (`zmm16`–`zmm31`) where it is short and has that
+    /// form, else over the rows put on the stack (16 lanes, or 8 for an epilogue
+    /// without a 16-lane form), as the other tiles do.
+    fn tile_tz(&mut self, rows: u64, cols: u64) -> R<()> {
+        debug_assert!((1..=TZ_COLS).contains(&cols));
+        self.zmm_used = true;
+        let nc = cols as usize;
+        let areg = ZMM[31];
+        for j in 0..nc {
+            self.a.vpxord(ZMM[j], ZMM[j], ZMM[j])?;
+        }
+        let per_n = self.bases[1].per_n;
+        let lp = self.k_loops_open()?;
+        self.a.vmovups(areg, zmmword_ptr(rdi))?;
+        for j in 0..nc {
+            self.a.vfmadd231ps(ZMM[j], areg, dword_bcst(rsi + (per_n * j as i64) as i32))?;
+        }
+        self.k_loops_close(lp)?;
+        // The transpose. c_j: column j (16 rows); groups of 4 columns past the last
+        // one holding a column are not formed.
+        let groups = nc.div_ceil(4);
+        let col = |j: usize| ZMM[j.min(nc - 1)];
+        let t = |i: usize| ZMM[16 + i];
+        for q in 0..2 * groups {
+            self.a.vunpcklps(t(2 * q), col(2 * q), col(2 * q + 1))?;
+            self.a.vunpckhps(t(2 * q + 1), col(2 * q), col(2 * q + 1))?;
+        }
+        // s_{4g+e}, in 128-bit lane L: columns 4g..4g+3 of row 4L + e.
+        for g in 0..groups {
+            let (lo, hi) = (4 * g, 4 * g + 2);
+            self.a.vshufps(ZMM[4 * g], t(lo), t(hi), 0x44)?;
+            self.a.vshufps(ZMM[4 * g + 1], t(lo), t(hi), 0xEE)?;
+            self.a.vshufps(ZMM[4 * g + 2], t(lo + 1), t(hi + 1), 0x44)?;
+            self.a.vshufps(ZMM[4 * g + 3], t(lo + 1), t(hi + 1), 0xEE)?;
+        }
+        // Row 4L + e is lane L of s_e, s_{4+e}, s_{8+e}, s_{12+e}: a 4 × 4 transpose of
+        // 128-bit lanes (a group not formed stands in as s_e: those lanes are not stored).
+        let s_at = |g: usize, e: usize| if g < groups { ZMM[4 * g + e] } else { ZMM[e] };
+        for e in 0..4 {
+            let u = |i: usize| ZMM[16 + i];
+            self.a.vshuff32x4(u(0), s_at(0, e), s_at(1, e), 0x88)?;
+            self.a.vshuff32x4(u(1), s_at(0, e), s_at(1, e), 0xDD)?;
+            self.a.vshuff32x4(u(2), s_at(2, e), s_at(3, e), 0x88)?;
+            self.a.vshuff32x4(u(3), s_at(2, e), s_at(3, e), 0xDD)?;
+            self.a.vshuff32x4(ZMM[e], u(0), u(2), 0x88)?;
+            self.a.vshuff32x4(ZMM[8 + e], u(0), u(2), 0xDD)?;
+            self.a.vshuff32x4(ZMM[4 + e], u(1), u(3), 0x88)?;
+            self.a.vshuff32x4(ZMM[12 + e], u(1), u(3), 0xDD)?;
+        }
+        let mask = if cols < TZ_COLS {
+            self.a.mov(eax, ((1u32 << cols) - 1) as i32)?;
+            self.a.kmovw(k1, eax)?;
+            Some(Mask(1))
+        } else {
+            None
+        };
+        let rows_ = rows as usize;
+        self.epi_tail = 0;
+        if self.k.root == self.c.reduce || (self.epilogue_in_registers() && self.zmm_epilogue()) {
+            self.epi_wide = true;
+            self.wide_epilogue_used |= self.k.root != self.c.reduce;
+            let mut pool: Vec<V> = (16..32).rev().map(V).collect();
+            self.epilogue_in_place(rows_, 1, |i, _| V(i as u8), mask, &mut pool)?;
+            self.epi_wide = false;
+        } else if self.zmm_epilogue() {
+            for i in 0..rows_ {
+                self.a.vmovups(zmmword_ptr(rsp + (Self::S_ACC + 64 * i as i32)), ZMM[i])?;
+            }
+            self.row_epilogue_zmm(rows, 1, mask)?;
+        } else {
+            // Eight lanes: each row as one or two vectors of 8 (stored in order, a
+            // row's second half is overwritten by the next row where one vector holds
+            // them all).
+            let nv = nc.div_ceil(8);
+            for i in 0..rows_ {
+                let at = Self::S_ACC + 32 * (nv * i) as i32;
+                if nv == 1 {
+                    self.a.vmovups(ymmword_ptr(rsp + at), YMM[i])?;
+                } else {
+                    self.a.vmovups(zmmword_ptr(rsp + at), ZMM[i])?;
+                }
+            }
+            let last = cols - 8 * (nv as u64 - 1);
+            let mask = if last < 8 {
+                let l = self.mask_label(last);
+                self.a.vmovups(YMM[15], ymmword_ptr(l))?;
+                self.epi_tail = last;
+                Some(YMM[15])
+            } else {
+                None
+            };
+            self.row_epilogue(rows, nv, mask)?;
+        }
+        Ok(())
     }
 
     /// One `mr × 16·nz` tile in 512-bit registers at the current column pointers (a
@@ -1819,7 +1981,7 @@ impl Emitter<'_> {
             // Sixteen lanes where the epilogue has that form (twice the width, its
             // constants in registers).
             if self.zmm_epilogue() {
-                self.row_epilogue_zmm(mr, nz)?;
+                self.row_epilogue_zmm(mr, nz, None)?;
             } else {
                 self.row_epilogue(mr, 2 * nz, None)?;
             }
