@@ -694,3 +694,42 @@ fn check_bounded(k: &Kernel, inputs: &[&Tensor], m: usize, kk: usize, n: usize, 
         }
     }
 }
+
+/// Narrow products (N under 64 and not a multiple of 8) by a constant A of at least 64
+/// rows, a multiple of 16, take channel-vector tiles once A is packed (A's rows in the
+/// lanes, the tile transposed before its epilogue): whole and masked stores, every kind
+/// of epilogue load, tail columns of 1 to 6, 1×1 convolutions on 7×7 maps (B copied tile
+/// by tile, or read in place for a batch of 2), a 3×3 convolution.
+#[test]
+fn channel_vector_tiles() {
+    require_avx2_fma!();
+    for &(m, kk, n) in &[(64, 7, 49), (64, 1, 1), (96, 17, 9), (80, 64, 13), (64, 5, 63), (128, 33, 7), (64, 300, 50)] {
+        for which in ["bias_relu", "clip_row_scale", "residual_max"] {
+            let seed = (m * 31 + kk * 7 + n) as u64;
+            let a = random_f32(&[m, kk], 1.0, seed);
+            let b = random_f32(&[kk, n], 1.0, seed + 1);
+            let bias = random_f32(&[n], 1.0, seed + 2);
+            let row = random_f32(&[m, 1], 1.0, seed + 3);
+            let res = random_f32(&[m, n], 1.0, seed + 4);
+            let k = with_epilogue(m, kk, n, which);
+            let inputs = [&a, &b, &bias, &row, &res];
+            assert_channel_vectors(&k, &inputs);
+            check_micro(&k, &inputs, kk);
+        }
+    }
+    for (n, ci, co, h, w) in [(1, 32, 64, 7, 7), (2, 24, 96, 7, 7), (1, 16, 64, 3, 5)] {
+        let x = random_f32(&[n, ci, h, w], 4.0, 11);
+        let wt = random_f32(&[co, ci, 1, 1], 2.0, 12);
+        let bias = random_f32(&[co], 2.0, 13);
+        let k = pointwise(n, ci, co, h, w);
+        assert_channel_vectors(&k, &[&x, &wt, &bias]);
+        check_micro(&k, &[&x, &wt, &bias], ci);
+    }
+    // A 3×3 convolution: three reduction variables, B read per output row (not copied).
+    let x = random_f32(&[1, 4, 7, 9], 1.0, 21);
+    let wt = random_f32(&[64, 4, 3, 3], 1.0, 22);
+    let bias = random_f32(&[64], 1.0, 23);
+    let k = conv(1, 4, 64, 7, 9, 3, 3, false, 1);
+    assert_channel_vectors(&k, &[&x, &wt, &bias]);
+    check_micro(&k, &[&x, &wt, &bias], 36);
+}

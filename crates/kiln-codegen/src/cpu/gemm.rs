@@ -134,9 +134,10 @@ const T_ROWS: u64 = 16;
 /// Columns of a channel-vector tile: 2 × 6 accumulators, two of A and one broadcast of B
 /// take 15 of the 16 registers.
 const T_COLS: u64 = 6;
-/// The most columns of a 512-bit channel-vector tile ([`Emitter::tile_tz`]): one
-/// accumulator of 16 rows each, so that a transposed row is one vector of 16 lanes.
-const TZ_COLS: u64 = 16;
+/// The most columns of a 512-bit channel-vector tile ([`Emitter::tile_tz`]): two
+/// accumulators of 16 rows each, two vectors of A and one broadcast of B take 31 of the
+/// 32 registers.
+const TZ_COLS: u64 = 14;
 /// The largest stack copy of B channel-vector tiles read from (`Emitter::pack_b_t`).
 const PACK_T_MOST: u64 = 512 * 1024;
 
@@ -379,7 +380,13 @@ impl<'k> Emitter<'k> {
             wide_epilogue_used: false,
             in_registers: true,
         };
-        e.mr = if e.transposed() { T_ROWS } else { panel_rows(e.c.dims[0]) };
+        e.mr = match (e.transposed(), avx512) {
+            // (Two panels of A a workgroup, the last one alone where M is an odd number
+            // of panels.)
+            (true, true) => 2 * T_ROWS,
+            (true, false) => T_ROWS,
+            (false, _) => panel_rows(e.c.dims[0]),
+        };
         e.plan_bases()?;
         if e.b_int() {
             // An integer B is converted in the load, one element a column (in panels, or
@@ -474,8 +481,9 @@ impl Emitter<'_> {
         // at `m0 · L` elements (m0 a multiple of the width), a column block of B at
         // `n0 · L`.
         if let Some(p) = c.a.panel {
-            if p.width != self.mr {
-                return no(format!("A in panels of {} rows for {}-row tiles", p.width, self.mr));
+            let rows = if self.transposed() { T_ROWS } else { self.mr };
+            if p.width != rows {
+                return no(format!("A in panels of {} rows for {}-row tiles", p.width, rows));
             }
             *a.coef.last_mut().expect("m") = byte(p.stride / p.width as i64)?;
         }
@@ -674,7 +682,11 @@ impl Emitter<'_> {
     /// Accumulators on their way through a row-looped epilogue (up to 48 vectors of
     /// 8 lanes: a 512-bit tile's 6 rows × 64 columns).
     const S_ACC: i32 = 48;
-    const S_COORD: i32 = 48 + 48 * 32; // 8 per batch variable
+    /// A 512-bit channel-vector tile's columns on their way to the transpose (two blocks
+    /// of 16 rows × 16 columns), past the 16 rows of 16 lanes its epilogue may put on
+    /// the stack.
+    const S_COLS: i32 = Self::S_ACC + 16 * 64;
+    const S_COORD: i32 = Self::S_COLS + 2 * 16 * 64; // 8 per batch variable
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
@@ -1779,37 +1791,104 @@ impl Emitter<'_> {
         self.row_epilogue(rows, 1, mask)
     }
 
-    /// One channel-vector tile in 512-bit registers: [`T_ROWS`] rows (one vector of A's
-    /// packed panel) × `cols` columns (at most [`TZ_COLS`]), one accumulator a column,
-    /// each FMA broadcasting its element of B from memory (`{1to16}`): per reduction
-    /// step one load of A and `cols` FMAs, `cols` independent chains. After the
-    /// reduction the 16 × 16 block (columns past `cols` repeat the last) is transposed
-    /// in registers — `vunpck{l,h}ps` and `vshufps` make 4 × 4 blocks within each
-    /// 128-bit lane, two rounds of `vshuff32x4` move the lanes — so that `zmm_i` holds
-    /// row `i`'s `cols` columns; the epilogue then runs on each row sixteen lanes at a
-    /// time, its stores (and vector loads) masked to `cols` lanes by `k1`: in the
-    /// registers the transpose leaves (`zmm16`–`zmm31`) where it is short and has that
-    /// form, else over the rows put on the stack (16 lanes, or 8 for an epilogue
-    /// without a 16-lane form), as the other tiles do.
+    /// One channel-vector tile in 512-bit registers: `rows` rows (one or two vectors of
+    /// 16, each a panel of A) × `cols` columns (at most [`TZ_COLS`]) broadcast from B, one
+    /// accumulator a vector and column: per reduction step one load of A a vector, one
+    /// broadcast of B a column and `vectors × cols` FMAs, as many independent chains.
+    /// After the reduction each block of 16 rows (its columns put back in registers
+    /// from the stack where there are two) is transposed in registers
+    /// ([`Self::transpose_16`]) and its epilogue runs on each row sixteen lanes at a
+    /// time, stores (and vector loads) masked to `cols` lanes by `k1`: in the registers
+    /// the transpose leaves (`zmm16`–`zmm31`) where it is short and has that form, else
+    /// over the rows put on the stack (16 lanes, or 8 for an epilogue without a 16-lane
+    /// form), as the other tiles do. The second block's epilogue is the same code run
+    /// again, the output and epilogue pointers 16 rows on.
     fn tile_tz(&mut self, rows: u64, cols: u64) -> R<()> {
-        debug_assert!((1..=TZ_COLS).contains(&cols));
+        debug_assert!((1..=TZ_COLS).contains(&cols) && (rows == T_ROWS || rows == 2 * T_ROWS));
         self.zmm_used = true;
-        let nc = cols as usize;
-        let areg = ZMM[31];
-        for j in 0..nc {
-            self.a.vpxord(ZMM[j], ZMM[j], ZMM[j])?;
+        let (nc, vecs) = (cols as usize, (rows / T_ROWS) as usize);
+        let acc = |v: usize, j: usize| ZMM[16 * v + j];
+        let (areg, breg) = ([ZMM[14], ZMM[15]], ZMM[30]);
+        for v in 0..vecs {
+            for j in 0..nc {
+                self.a.vpxord(acc(v, j), acc(v, j), acc(v, j))?;
+            }
         }
         let per_n = self.bases[1].per_n;
+        let panel = match self.c.a.panel {
+            Some(p) => i32::try_from(p.stride * 4).map_err(|_| NotHere("a panel of A over 2 GiB".into()))?,
+            None => return no("channel-vector tiles need A in panels"),
+        };
         let lp = self.k_loops_open()?;
-        self.a.vmovups(areg, zmmword_ptr(rdi))?;
+        for v in 0..vecs {
+            self.a.vmovups(areg[v], zmmword_ptr(rdi + panel * v as i32))?;
+        }
         for j in 0..nc {
-            self.a.vfmadd231ps(ZMM[j], areg, dword_bcst(rsi + (per_n * j as i64) as i32))?;
+            let b = rsi + (per_n * j as i64) as i32;
+            if vecs == 1 {
+                self.a.vfmadd231ps(acc(0, j), areg[0], dword_bcst(b))?;
+            } else {
+                self.a.vbroadcastss(breg, dword_ptr(b))?;
+                for v in 0..vecs {
+                    self.a.vfmadd231ps(acc(v, j), areg[v], breg)?;
+                }
+            }
         }
         self.k_loops_close(lp)?;
-        // The transpose. c_j: column j (16 rows); groups of 4 columns past the last
-        // one holding a column are not formed.
-        let groups = nc.div_ceil(4);
-        let col = |j: usize| ZMM[j.min(nc - 1)];
+        let mask = if cols < 16 {
+            self.a.mov(eax, ((1u32 << cols) - 1) as i32)?;
+            self.a.kmovw(k1, eax)?;
+            Some(Mask(1))
+        } else {
+            None
+        };
+        if vecs == 1 {
+            self.transpose_16(nc)?;
+            return self.tz_epilogue(nc, mask);
+        }
+        // Two blocks: their columns to the stack, then the same code for each, `rsi`
+        // stepping from one block's columns to the next's, `rdi` counting.
+        for v in 0..vecs {
+            for j in 0..nc {
+                self.a.vmovups(zmmword_ptr(rsp + (Self::S_COLS + 64 * (16 * v + j) as i32)), acc(v, j))?;
+            }
+        }
+        self.a.lea(rsi, qword_ptr(rsp + Self::S_COLS))?;
+        self.a.mov(edi, vecs as i32)?;
+        let mut block = self.a.create_label();
+        self.a.set_label(&mut block)?;
+        for j in 0..nc {
+            self.a.vmovups(ZMM[j], zmmword_ptr(rsi + 64 * j as i32))?;
+        }
+        self.transpose_16(nc)?;
+        self.tz_epilogue(nc, mask)?;
+        self.a.add(rsi, 16 * 64)?;
+        self.shift_rows(T_ROWS as i64)?;
+        self.a.dec(edi)?;
+        self.a.jnz(block)?;
+        self.shift_rows(-(rows as i64))
+    }
+
+    /// Moves the output and epilogue pointers `rows` rows on (back, when negative).
+    fn shift_rows(&mut self, rows: i64) -> R<()> {
+        self.add_imm(r8, self.bases[2].per_m * rows)?;
+        for b in 3..self.bases.len() {
+            let step = self.bases[b].per_m * rows;
+            if step != 0 {
+                self.add_imm(EPTR[b - 3], step)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Transposes the 16 × 16 block whose column `j` is in `zmm_j` (for `j < cols`;
+    /// columns past them repeat the last, their lanes never stored) so that `zmm_i`
+    /// holds row `i`: `vunpck{l,h}ps` and `vshufps` make 4 × 4 blocks within each
+    /// 128-bit lane, two rounds of `vshuff32x4` move the lanes; `zmm16`–`zmm31` are
+    /// scratch. Groups of 4 columns past the last one holding a column are not formed.
+    fn transpose_16(&mut self, cols: usize) -> R<()> {
+        let groups = cols.div_ceil(4);
+        let col = |j: usize| ZMM[j.min(cols - 1)];
         let t = |i: usize| ZMM[16 + i];
         for q in 0..2 * groups {
             self.a.vunpcklps(t(2 * q), col(2 * q), col(2 * q + 1))?;
@@ -1837,32 +1916,32 @@ impl Emitter<'_> {
             self.a.vshuff32x4(ZMM[4 + e], u(1), u(3), 0x88)?;
             self.a.vshuff32x4(ZMM[12 + e], u(1), u(3), 0xDD)?;
         }
-        let mask = if cols < TZ_COLS {
-            self.a.mov(eax, ((1u32 << cols) - 1) as i32)?;
-            self.a.kmovw(k1, eax)?;
-            Some(Mask(1))
-        } else {
-            None
-        };
-        let rows_ = rows as usize;
+        Ok(())
+    }
+
+    /// The epilogue of 16 transposed rows of `cols` columns (row `i` in `zmm_i`) at the
+    /// output and epilogue pointers: see [`Self::tile_tz`]. `mask`: `k1`, the first
+    /// `cols` lanes, when they are fewer than 16.
+    fn tz_epilogue(&mut self, cols: usize, mask: Option<Mask>) -> R<()> {
+        let rows = T_ROWS as usize;
         self.epi_tail = 0;
         if self.k.root == self.c.reduce || (self.epilogue_in_registers() && self.zmm_epilogue()) {
             self.epi_wide = true;
             self.wide_epilogue_used |= self.k.root != self.c.reduce;
             let mut pool: Vec<V> = (16..32).rev().map(V).collect();
-            self.epilogue_in_place(rows_, 1, |i, _| V(i as u8), mask, &mut pool)?;
+            self.epilogue_in_place(rows, 1, |i, _| V(i as u8), mask, &mut pool)?;
             self.epi_wide = false;
         } else if self.zmm_epilogue() {
-            for i in 0..rows_ {
+            for i in 0..rows {
                 self.a.vmovups(zmmword_ptr(rsp + (Self::S_ACC + 64 * i as i32)), ZMM[i])?;
             }
-            self.row_epilogue_zmm(rows, 1, mask)?;
+            self.row_epilogue_zmm(T_ROWS, 1, mask)?;
         } else {
             // Eight lanes: each row as one or two vectors of 8 (stored in order, a
             // row's second half is overwritten by the next row where one vector holds
             // them all).
-            let nv = nc.div_ceil(8);
-            for i in 0..rows_ {
+            let nv = cols.div_ceil(8);
+            for i in 0..rows {
                 let at = Self::S_ACC + 32 * (nv * i) as i32;
                 if nv == 1 {
                     self.a.vmovups(ymmword_ptr(rsp + at), YMM[i])?;
@@ -1870,7 +1949,7 @@ impl Emitter<'_> {
                     self.a.vmovups(zmmword_ptr(rsp + at), ZMM[i])?;
                 }
             }
-            let last = cols - 8 * (nv as u64 - 1);
+            let last = cols as u64 - 8 * (nv as u64 - 1);
             let mask = if last < 8 {
                 let l = self.mask_label(last);
                 self.a.vmovups(YMM[15], ymmword_ptr(l))?;
@@ -1879,7 +1958,7 @@ impl Emitter<'_> {
             } else {
                 None
             };
-            self.row_epilogue(rows, nv, mask)?;
+            self.row_epilogue(T_ROWS, nv, mask)?;
         }
         Ok(())
     }
