@@ -1844,8 +1844,8 @@ impl Emitter<'_> {
             None => return no("channel-vector tiles need A in panels"),
         };
         let lp = self.k_loops_open()?;
-        for v in 0..vecs {
-            self.a.vmovups(areg[v], zmmword_ptr(rdi + panel * v as i32))?;
+        for (v, &a) in areg.iter().enumerate().take(vecs) {
+            self.a.vmovups(a, zmmword_ptr(rdi + panel * v as i32))?;
         }
         // The next workgroup's panels of A, a line a step: A is read from memory once a
         // call (a 960 × 160 filter is 600 KB), by the first tile of each workgroup; the
@@ -1859,8 +1859,8 @@ impl Emitter<'_> {
                 self.a.vfmadd231ps(acc(0, j), areg[0], dword_bcst(b))?;
             } else {
                 self.a.vbroadcastss(breg, dword_ptr(b))?;
-                for v in 0..vecs {
-                    self.a.vfmadd231ps(acc(v, j), areg[v], breg)?;
+                for (v, &a) in areg.iter().enumerate().take(vecs) {
+                    self.a.vfmadd231ps(acc(v, j), a, breg)?;
                 }
             }
         }
@@ -1887,8 +1887,8 @@ impl Emitter<'_> {
         self.a.mov(edi, vecs as i32)?;
         let mut block = self.a.create_label();
         self.a.set_label(&mut block)?;
-        for j in 0..nc {
-            self.a.vmovups(ZMM[j], zmmword_ptr(rsi + 64 * j as i32))?;
+        for (j, &c) in ZMM.iter().enumerate().take(nc) {
+            self.a.vmovups(c, zmmword_ptr(rsi + 64 * j as i32))?;
         }
         self.transpose_16(nc)?;
         self.tz_epilogue(nc, mask)?;
@@ -1962,8 +1962,8 @@ impl Emitter<'_> {
             self.epilogue_in_place(rows, 1, |i, _| V(i as u8), mask, &mut pool)?;
             self.epi_wide = false;
         } else if self.zmm_epilogue() {
-            for i in 0..rows {
-                self.a.vmovups(zmmword_ptr(rsp + (Self::S_ACC + 64 * i as i32)), ZMM[i])?;
+            for (i, &r) in ZMM.iter().enumerate().take(rows) {
+                self.a.vmovups(zmmword_ptr(rsp + (Self::S_ACC + 64 * i as i32)), r)?;
             }
             self.row_epilogue_zmm(T_ROWS, 1, mask)?;
         } else {
