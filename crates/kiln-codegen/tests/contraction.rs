@@ -600,11 +600,12 @@ fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
     }
 }
 
-/// The 512-bit channel-vector tiles (x86-64-v4: one vector of A's 16 rows × up to 16
-/// columns broadcast from B, balanced widths, transposed 16 × 16 in registers, stores
-/// masked by an opmask) over every N from 1 to 63: those not a multiple of 8 take them
-/// (one to four tiles of 1 to 16 columns), the multiples of 8 keep the plain tiles; M
-/// from 64 to 1280 in steps of 16, odd K (one step, up to 321 with B's copy on the
+/// The 512-bit channel-vector tiles (x86-64-v4: a vector of A's 16 rows from each of
+/// two panels × up to 14 columns broadcast from B, balanced widths, transposed 16 × 16
+/// in registers, stores masked by an opmask) over every N from 1 to 63: those not a
+/// multiple of 8 take them (one to five tiles of 1 to 14 columns), the multiples of 8
+/// keep the plain tiles; M from 64 to 1280 in steps of 16 (an odd number of panels
+/// leaves the last one alone: a tile of one vector), odd K (one step, up to 321 with B's copy on the
 /// stack), every kind of epilogue: in registers (bias and Relu, clamps with a per-row
 /// scale, a residual), over the stack on 16 lanes (ten values live; a sigmoid), and on 8
 /// lanes (an And of Bools), with and without a batch. Where the CPU lacks AVX-512 F only

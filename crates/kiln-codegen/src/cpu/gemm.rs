@@ -54,7 +54,7 @@
 //! [`Emitter::pack_b_t`]), which every tile then streams.
 //!
 //! For AVX2 ([`Emitter::tile_t`]) a tile is two `ymm` vectors of A's rows × 6 columns
-//! (12 accumulators of 16), transposed in 8×8 blocks; a row's extra lanes are stored
+//! (12 accumulators of 8 lanes), transposed in 8×8 blocks; a row's extra lanes are stored
 //! whole where the next tile of the same workgroup writes those columns again.
 //!
 //! Where the target has AVX-512 F ([`Emitter::tile_tz`]) a workgroup is two panels
@@ -71,12 +71,16 @@
 //! form (the second block's by the same code, the pointers 16 rows on), else over the
 //! stack. A is read from memory once a call (mobilenet_v2's head filter, 1280 × 320, is
 //! 1.6 MB) by each workgroup's first tile, the others find it in L1: every tile
-//! prefetches the next workgroup's panels a line a step, which took a third off. On
-//! mobilenet_v2 (one thread, medians of 3 interleaved runs on a shared machine), its
-//! eight channel-vector kernels went from 1.50 ms to 0.68 ms (the head 383 → 164 µs,
-//! 105 → 245 GFLOP/s of a 269 peak; one `zmm` × 16 columns without the prefetch had
-//! made 0.91 ms, two without it 0.86); ddddocr-det-yolox's four (3×3 convolutions,
-//! B read in place) from 31 ms to 7.3 ms.
+//! prefetches the next workgroup's panels a line a step. On mobilenet_v2 (one thread,
+//! `kiln bench --profile`, old and new binaries alternated), its eight channel-vector
+//! kernels went from 1.33–1.35 ms to 0.62 ms: the head (320 → 1280 on 7×7) 342 → 156 µs,
+//! 117 → 257 GFLOP/s of a 269 peak; the expansions 160 → 960 134 → 61 µs (250 GFLOP/s);
+//! in steps on a busier machine, one `zmm` × 16 columns made 1.50 → 0.91 ms, two `zmm`
+//! × 14 0.86, the prefetch 0.68. The whole model went from 3.97–4.00 to 3.27–3.29 ms
+//! (ONNX Runtime 3.34–3.45 ms, same runs), its code from 128 to 141 KB (two tile widths
+//! a kernel, each with its transpose and 16-row epilogue). ddddocr-det-yolox's four 3×3
+//! convolutions 96 → 96 on 52×52 (N = 52 a row, B read in place) went from 3.7 to
+//! 1.87 ms each (the old ones up to twice as slow again on a loaded machine).
 //!
 //! ## Integer B (weights dequantised in the load)
 //! A right operand `Cast(Load(W))` of i8, u8 or i16 (`kiln_flow::dequant` makes these
