@@ -232,6 +232,17 @@ fn with_epilogue(m: usize, kk: usize, n: usize, which: &str) -> Kernel {
             let lo = t[1..].iter().fold(t[0], |m, &x| b.binary(BinaryOp::Min, m, x));
             b.sub(hi, lo)
         }
+        "in_band" => {
+            // s·row where it lies strictly between −0.5 and 0.75, else 0: an And of two
+            // Bools, which has no 16-lane form (the epilogue runs 8 lanes at a time).
+            let v = b.mul(s, row);
+            let lo = b.float(f, -0.5);
+            let hi = b.float(f, 0.75);
+            let above = b.binary(BinaryOp::Gt, v, lo);
+            let below = b.binary(BinaryOp::Lt, v, hi);
+            let both = b.binary(BinaryOp::And, above, below);
+            b.select(both, v, zero)
+        }
         "five_live" => {
             // Eight values, five registers live at once (three scalings of the sum by
             // powers of two, exact, and the NaN-propagating max's two temporaries):
@@ -576,13 +587,112 @@ fn column_chunks() {
     }
 }
 
-/// Asserts that `k`, its operands packed as constants, takes channel-vector tiles on
-/// every variant.
+/// Asserts that `k`, its operands packed as constants, takes channel-vector tiles: the
+/// 256-bit form for x86-64-v3, the 512-bit one for x86-64-v4 (compiled whether or not
+/// this CPU could run it: `check_micro` runs what it can).
 fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
-    for cfg in variants() {
+    let targets = [(CpuTarget::X86_64V3, "(avx2+fma, channel vectors)"), (CpuTarget::X86_64V4, "(avx-512, channel vectors")];
+    for (target, form) in targets {
+        let cfg = Config { target, options: Options::default() };
         let (pk, _) = packed(k, inputs, &cfg).expect("operands packed");
         let m = compile_with(&classify(&[&pk]), &cfg.target, &cfg.options).unwrap();
-        assert!(m.notes[0].contains("channel vectors"), "{} {:?}: {}", k.name, cfg.target, m.notes[0]);
+        assert!(m.notes[0].contains(form), "{} {:?}: {}", k.name, cfg.target, m.notes[0]);
+    }
+}
+
+/// The 512-bit channel-vector tiles (x86-64-v4: a vector of A's 16 rows from each of
+/// two panels × up to 14 columns broadcast from B, balanced widths, transposed 16 × 16
+/// in registers, stores masked by an opmask) over every N from 1 to 63: those not a
+/// multiple of 8 take them (one to five tiles of 1 to 14 columns), the multiples of 8
+/// keep the plain tiles; M from 64 to 1280 in steps of 16 (an odd number of panels
+/// leaves the last one alone: a tile of one vector), odd K (one step, up to 321 with B's copy on the
+/// stack), every kind of epilogue: in registers (bias and Relu, clamps with a per-row
+/// scale, a residual), over the stack on 16 lanes (ten values live; a sigmoid), and on 8
+/// lanes (an And of Bools), with and without a batch. Where the CPU lacks AVX-512 F only
+/// the x86-64-v3 form runs (`variants`); the paths are asserted either way.
+#[test]
+fn wide_channel_vector_tiles() {
+    require_avx2_fma!();
+    let epilogues = ["bias_relu", "clip_row_scale", "residual_max", "many_live", "sigmoid", "in_band"];
+    let shapes = (1..64).map(|n| (64 + 16 * (n % 5), [1, 3, 17, 33, 61][n % 5], n, epilogues[n % 6]));
+    let more = [(1280, 7, 49, "bias_relu"), (144, 321, 13, "residual_max"), (80, 63, 63, "in_band"), (112, 5, 15, "sigmoid")];
+    for (m, kk, n, which) in shapes.chain(more) {
+        let seed = (m * 31 + kk * 7 + n) as u64;
+        let scale = if which == "sigmoid" { 4.0 } else { 1.0 };
+        let a = random_f32(&[m, kk], scale, seed);
+        let b = random_f32(&[kk, n], 1.0, seed + 1);
+        let bias = random_f32(&[n], 1.0, seed + 2);
+        let row = random_f32(&[m, 1], 1.0, seed + 3);
+        let res = random_f32(&[m, n], 1.0, seed + 4);
+        let k = with_epilogue(m, kk, n, which);
+        let inputs = [&a, &b, &bias, &row, &res];
+        if n % 8 == 0 {
+            // Whole column vectors: plain tiles (512-bit from 16 columns on).
+            let cfg = Config { target: CpuTarget::X86_64V4, options: Options::default() };
+            let (pk, _) = packed(&k, &inputs, &cfg).expect("operands packed");
+            let note = &compile_with(&classify(&[&pk]), &cfg.target, &cfg.options).unwrap().notes[0];
+            let form = if n >= 16 { "contraction microkernel (avx-512" } else { "contraction microkernel (avx2+fma)" };
+            assert!(note.starts_with(form) && !note.contains("channel"), "{n}: {note}");
+        } else {
+            assert_channel_vectors(&k, &inputs);
+        }
+        if ["sigmoid", "in_band", "residual_max"].contains(&which) {
+            check_bounded(&k, &inputs, m, kk, n, which);
+        } else {
+            check_micro(&k, &inputs, kk);
+        }
+    }
+    // A batch of 1×1 convolutions on maps of 5×5 and 3×3 (B differs per image, read in
+    // place) and of one image on a 7×7 map (B copied to the stack).
+    for (n, ci, co, h, w) in [(3, 17, 80, 5, 5), (2, 9, 64, 3, 3), (1, 33, 96, 7, 7)] {
+        let x = random_f32(&[n, ci, h, w], 4.0, 31);
+        let wt = random_f32(&[co, ci, 1, 1], 2.0, 32);
+        let bias = random_f32(&[co], 2.0, 33);
+        let k = pointwise(n, ci, co, h, w);
+        assert_channel_vectors(&k, &[&x, &wt, &bias]);
+        check_micro(&k, &[&x, &wt, &bias], ci);
+    }
+}
+
+/// [`with_epilogue`]'s sigmoid and in-band selection against the interpreter, on every
+/// variant, packed. Sigmoid: within `0.25·(K + 2)·2⁻²⁴·(Σ|a·b| + |bias|) + 8 ulp` (its
+/// Lipschitz constant, and exp's approximation as `transcendental_epilogues` bounds
+/// it). In band: within `(K + 2)·2⁻²⁴·Σ|a·b|·|row|` of the interpreter, or, where the
+/// exact `s·row` lies that close to an edge of the band (either side may be taken),
+/// 0 or that close to it. Residual: within `(K + 2)·2⁻²⁴·(Σ|a·b| + |bias| + |res|)`
+/// (`check_micro`'s bound, the kernel on absolute values, subtracts the residual).
+fn check_bounded(k: &Kernel, inputs: &[&Tensor], m: usize, kk: usize, n: usize, which: &str) {
+    let want = interp::run(k, inputs).unwrap().to_vec::<f32>().unwrap();
+    let v = |i: usize| inputs[i].to_vec::<f32>().unwrap();
+    let (a, bm, bias, row, res) = (v(0), v(1), v(2), v(3), v(4));
+    let eps = f32::EPSILON as f64 / 2.0;
+    for cfg in variants() {
+        let (pk, pin) = packed(k, inputs, &cfg).expect("operands packed");
+        let refs: Vec<&Tensor> = pin.iter().collect();
+        for splits in [1, 3] {
+            let got = run_compiled(&pk, &refs, &cfg, splits).to_vec::<f32>().unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let terms = (0..kk).map(|q| a[i * kk + q] as f64 * bm[q * n + j] as f64);
+                    let (sum, sabs) = terms.fold((0.0, 0.0), |(s, t), x| (s + x, t + x.abs()));
+                    let (g, w) = (got[i * n + j] as f64, want[i * n + j] as f64);
+                    let ok = if which == "sigmoid" {
+                        let tol = 0.25 * (kk as f64 + 2.0) * eps * (sabs + (bias[j] as f64).abs()) + 16.0 * eps * w.abs();
+                        (g - w).abs() <= tol + 1e-30
+                    } else if which == "residual_max" {
+                        let mag = sabs + (bias[j] as f64).abs() + (res[i * n + j] as f64).abs();
+                        (g - w).abs() <= (kk as f64 + 2.0) * eps * mag + 1e-30
+                    } else {
+                        let r = row[i] as f64;
+                        let tol = (kk as f64 + 2.0) * eps * sabs * r.abs() + 1e-30;
+                        let exact = sum * r;
+                        let edge = (exact + 0.5).abs() <= tol || (exact - 0.75).abs() <= tol;
+                        (g - w).abs() <= tol || edge && (g == 0.0 || (g - exact).abs() <= tol)
+                    };
+                    assert!(ok, "{which} {m}x{kk}x{n} {:?} splits {splits}: [{i},{j}] got {g}, want {w}", cfg.target);
+                }
+            }
+        }
     }
 }
 

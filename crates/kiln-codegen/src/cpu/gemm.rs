@@ -45,15 +45,44 @@
 //! A narrow product (N under 64 and not a multiple of 8: a 1×1 convolution on a 7×7
 //! map has N = 49) wastes most lanes of its last column vector, and that masked tile is
 //! FMA-latency-bound. Where A is a constant of at least 64 rows (a multiple of 16), the
-//! compiler packs it in panels of 16 rows ([`panel_widths`]) and the tiles turn around
-//! ([`Emitter::tile_t`]): two vectors of A's rows × 6 columns, each column a broadcast of
-//! B, so every lane does work; the tile is transposed in registers (8×8 blocks) onto the
-//! stack and the epilogue runs over its rows as usual. A row's extra lanes are stored
-//! whole where the next tile of the same workgroup writes those columns again. B's rows
-//! are short (196 bytes for a 7×7 map), so a tile broadcasting 6 of their columns per
-//! step would fetch a new line of B from L2 each step, for every row panel: each call
-//! first copies B to the stack tile by tile (`[⌈N/6⌉, K, 6]`, [`Emitter::pack_b_t`]),
-//! which every tile then streams.
+//! compiler packs it in panels of 16 rows ([`panel_widths`]) and the tiles turn around:
+//! A's rows in the lanes, each column a broadcast of B, so every lane does work; the
+//! tile is transposed in registers onto rows and the epilogue runs over them as usual.
+//! B's rows are short (196 bytes for a 7×7 map), so a tile broadcasting a few of their
+//! columns per step would fetch a new line of B from L2 each step, for every row panel:
+//! each call first copies B to the stack tile by tile (`[tiles, K, width]`,
+//! [`Emitter::pack_b_t`]), which every tile then streams.
+//!
+//! For AVX2 ([`Emitter::tile_t`]) a tile is two `ymm` vectors of A's rows × 6 columns
+//! (12 accumulators of 8 lanes), transposed in 8×8 blocks; a row's extra lanes are stored
+//! whole where the next tile of the same workgroup writes those columns again. It
+//! prefetches the next workgroup's panel of A as the 512-bit tiles do (below): mobilenet_v2
+//! for x86-64-v3, its eight channel-vector kernels 1.32–1.46 → 1.29–1.30 ms.
+//!
+//! Where the target has AVX-512 F ([`Emitter::tile_tz`]) a workgroup is two panels
+//! (32 rows; the last one alone where M is an odd number of panels) and a tile is one
+//! `zmm` vector of each panel × up to 14 columns ([`TZ_COLS`]): per reduction step two
+//! loads of A, one broadcast of B a column and two FMAs, 28 independent accumulators
+//! for the two FMA pipes of 4 cycles' latency (two loads and one broadcast take the
+//! other registers). A row's columns are cut into as few tiles as that allows, their
+//! widths differing by at most one (49: 13, 12, 12, 12), so that no tile is a handful
+//! of FMA chains. Each block of 16 rows is transposed 16 × 16 in registers
+//! (`vunpck{l,h}ps`, `vshufps`, two rounds of `vshuff32x4`; column groups past the
+//! tile's not formed), and its epilogue runs a row (one vector of 16) at a time, stores
+//! masked to the tile's columns by `k1`: in place where it is short and has a 16-lane
+//! form (the second block's by the same code, the pointers 16 rows on), else over the
+//! stack. A is read from memory once a call (mobilenet_v2's head filter, 1280 × 320, is
+//! 1.6 MB) by each workgroup's first tile, the others find it in L1: every tile
+//! prefetches the next workgroup's panels a line a step. On mobilenet_v2 (one thread,
+//! `kiln bench --profile`, old and new binaries alternated), its eight channel-vector
+//! kernels went from 1.33–1.35 ms to 0.62 ms: the head (320 → 1280 on 7×7) 342 → 156 µs,
+//! 117 → 257 GFLOP/s of a 269 peak; the expansions 160 → 960 134 → 61 µs (250 GFLOP/s);
+//! in steps on a busier machine, one `zmm` × 16 columns made 1.50 → 0.91 ms, two `zmm`
+//! × 14 0.86, the prefetch 0.68. The whole model went from 3.97–4.00 to 3.27–3.29 ms
+//! (ONNX Runtime 3.34–3.45 ms, same runs), its code from 128 to 141 KB (two tile widths
+//! a kernel, each with its transpose and 16-row epilogue). ddddocr-det-yolox's four 3×3
+//! convolutions 96 → 96 on 52×52 (N = 52 a row, B read in place) went from 3.7 to
+//! 1.87 ms each (the old ones up to twice as slow again on a loaded machine).
 //!
 //! ## Integer B (weights dequantised in the load)
 //! A right operand `Cast(Load(W))` of i8, u8 or i16 (`kiln_flow::dequant` makes these
@@ -134,6 +163,10 @@ const T_ROWS: u64 = 16;
 /// Columns of a channel-vector tile: 2 × 6 accumulators, two of A and one broadcast of B
 /// take 15 of the 16 registers.
 const T_COLS: u64 = 6;
+/// The most columns of a 512-bit channel-vector tile ([`Emitter::tile_tz`]): two
+/// accumulators of 16 rows each, two vectors of A and one broadcast of B take 31 of the
+/// 32 registers.
+const TZ_COLS: u64 = 14;
 /// The largest stack copy of B channel-vector tiles read from (`Emitter::pack_b_t`).
 const PACK_T_MOST: u64 = 512 * 1024;
 
@@ -376,7 +409,13 @@ impl<'k> Emitter<'k> {
             wide_epilogue_used: false,
             in_registers: true,
         };
-        e.mr = if e.transposed() { T_ROWS } else { panel_rows(e.c.dims[0]) };
+        e.mr = match (e.transposed(), avx512) {
+            // (Two panels of A a workgroup, the last one alone where M is an odd number
+            // of panels.)
+            (true, true) => 2 * T_ROWS,
+            (true, false) => T_ROWS,
+            (false, _) => panel_rows(e.c.dims[0]),
+        };
         e.plan_bases()?;
         if e.b_int() {
             // An integer B is converted in the load, one element a column (in panels, or
@@ -471,8 +510,9 @@ impl Emitter<'_> {
         // at `m0 · L` elements (m0 a multiple of the width), a column block of B at
         // `n0 · L`.
         if let Some(p) = c.a.panel {
-            if p.width != self.mr {
-                return no(format!("A in panels of {} rows for {}-row tiles", p.width, self.mr));
+            let rows = if self.transposed() { T_ROWS } else { self.mr };
+            if p.width != rows {
+                return no(format!("A in panels of {} rows for {}-row tiles", p.width, rows));
             }
             *a.coef.last_mut().expect("m") = byte(p.stride / p.width as i64)?;
         }
@@ -671,7 +711,11 @@ impl Emitter<'_> {
     /// Accumulators on their way through a row-looped epilogue (up to 48 vectors of
     /// 8 lanes: a 512-bit tile's 6 rows × 64 columns).
     const S_ACC: i32 = 48;
-    const S_COORD: i32 = 48 + 48 * 32; // 8 per batch variable
+    /// A 512-bit channel-vector tile's columns on their way to the transpose (two blocks
+    /// of 16 rows × 16 columns), past the 16 rows of 16 lanes its epilogue may put on
+    /// the stack.
+    const S_COLS: i32 = Self::S_ACC + 16 * 64;
+    const S_COORD: i32 = Self::S_COLS + 2 * 16 * 64; // 8 per batch variable
     fn s_ptr(&self, base: usize) -> i32 {
         Self::S_COORD + 8 * self.c.batch.len() as i32 + 8 * base as i32
     }
@@ -996,27 +1040,68 @@ impl Emitter<'_> {
 
     /// Bytes of the tile-by-tile copy of B.
     fn pack_t_bytes(&self) -> u64 {
-        self.c.dims[1].div_ceil(T_COLS) * self.c.dims[2] * T_COLS * 4
+        let groups: u64 = self.t_groups().iter().map(|g| g.0).sum();
+        groups * self.c.dims[2] * self.t_width() * 4
     }
 
-    /// Copies B into the stack buffer tile by tile: for each group of [`T_COLS`]
-    /// columns, its `K` rows of 6 (the last group's columns past N are left as they
-    /// are: its tile masks them).
+    /// Columns between one channel-vector tile's B and the next's in the stack copy
+    /// ([`Self::pack_b_t`]): the widest tile's.
+    fn t_width(&self) -> u64 {
+        self.t_groups().first().map_or(T_COLS, |g| g.1)
+    }
+
+    /// The channel-vector tiles of a row, in order: (how many, columns each). The 256-bit
+    /// tiles take [`T_COLS`] columns, then the rest; the 512-bit ones
+    /// ([`Self::tile_tz`]) as few tiles of at most [`TZ_COLS`] as N needs, their widths
+    /// differing by at most one (49 columns: 13, 12, 12, 12), so that no tile is a
+    /// handful of columns, each of them one chain of FMAs waiting on the last.
+    fn t_groups(&self) -> Vec<(u64, u64)> {
+        let n = self.c.dims[1];
+        let mut g = Vec::new();
+        if self.avx512 {
+            let tiles = n.div_ceil(TZ_COLS);
+            let w = n.div_ceil(tiles);
+            let narrower = tiles * w - n;
+            g.push((tiles - narrower, w));
+            if narrower > 0 {
+                g.push((narrower, w - 1));
+            }
+        } else {
+            g.push((n / T_COLS, T_COLS));
+            if n % T_COLS != 0 {
+                g.push((1, n % T_COLS));
+            }
+        }
+        g.retain(|&(count, _)| count > 0);
+        g
+    }
+
+    /// Copies B into the stack buffer tile by tile: for each tile's columns
+    /// ([`Self::t_groups`]), its `K` rows, [`Self::t_width`] apart (a narrower tile's
+    /// columns past its own are left as they are: it never reads them). The 512-bit form
+    /// copies a row with one masked load and store.
     fn pack_b_t(&mut self) -> R<()> {
-        let (n, k) = (self.c.dims[1], self.c.dims[2]);
+        let k = self.c.dims[2];
         let b = &self.bases[1];
         let (binding, c) = (b.binding, b.c);
         let per_k = self.c.b.offset.of(self.c.k[0]) * 4;
+        let width = self.t_width();
         self.a.mov(rsi, qword_ptr(r15 + 8 * binding as i32))?;
         self.add_imm(rsi, c)?;
         let slot = self.s_buf();
         self.a.mov(rdi, qword_ptr(rsp + slot))?;
-        let full = n / T_COLS;
+        let wide = self.avx512;
         let copy_rows = |e: &mut Self, cols: u64| -> R<()> {
             let mut rows = e.a.create_label();
             e.a.mov(rdx, k as i64)?;
             e.a.set_label(&mut rows)?;
-            if cols == T_COLS {
+            if wide && cols == TZ_COLS {
+                e.a.vmovups(zmm0, zmmword_ptr(rsi))?;
+                e.a.vmovups(zmmword_ptr(rdi), zmm0)?;
+            } else if wide {
+                e.a.vmovups(zmm0.k1().z(), zmmword_ptr(rsi))?;
+                e.a.vmovups(zmmword_ptr(rdi).k1(), zmm0)?;
+            } else if cols == T_COLS {
                 e.a.vmovups(xmm0, xmmword_ptr(rsi))?;
                 e.a.vmovsd(xmm1, qword_ptr(rsi + 16))?;
                 e.a.vmovups(xmmword_ptr(rdi), xmm0)?;
@@ -1028,15 +1113,18 @@ impl Emitter<'_> {
                 }
             }
             e.add_imm(rsi, per_k)?;
-            e.a.add(rdi, (T_COLS * 4) as i32)?;
+            e.a.add(rdi, (width * 4) as i32)?;
             e.a.dec(rdx)?;
             e.a.jnz(rows)?;
-            // Back to row 0, on to the next group's columns.
-            e.add_imm(rsi, (T_COLS * 4) as i64 - per_k * k as i64)
+            // Back to row 0, on to the next tile's columns.
+            e.add_imm(rsi, (cols * 4) as i64 - per_k * k as i64)
         };
-        self.repeat(rcx, full, |e| copy_rows(e, T_COLS))?;
-        if n % T_COLS != 0 {
-            copy_rows(self, n % T_COLS)?;
+        for (count, cols) in self.t_groups() {
+            if wide && cols < TZ_COLS {
+                self.a.mov(eax, ((1u32 << cols) - 1) as i32)?;
+                self.a.kmovw(k1, eax)?;
+            }
+            self.repeat(rcx, count, |e| copy_rows(e, cols))?;
         }
         Ok(())
     }
@@ -1297,7 +1385,7 @@ impl Emitter<'_> {
     fn advance(&mut self, cols: u64) -> R<()> {
         // A whole panel of B: on to the next panel.
         let b_step = match self.c.b.panel {
-            _ if self.packed_t => (self.c.dims[2] * T_COLS * 4) as i64,
+            _ if self.packed_t => (self.c.dims[2] * self.t_width() * 4) as i64,
             Some(p) if p.width == cols => p.stride * self.b_bytes(),
             _ => cols as i64 * self.bases[1].per_n,
         };
@@ -1477,7 +1565,7 @@ impl Emitter<'_> {
         let sb: Vec<i64> = if self.packed {
             vec![(self.pack_width() * 4) as i64]
         } else if self.packed_t {
-            vec![(T_COLS * 4) as i64]
+            vec![(self.t_width() * 4) as i64]
         } else {
             sb_unpacked
         };
@@ -1532,8 +1620,9 @@ impl Emitter<'_> {
     }
 
     /// [`Self::row_epilogue`] sixteen lanes at a time over a 512-bit tile's accumulators
-    /// (`nv` vectors of 16 a row), the kernel's exp constants held in registers.
-    fn row_epilogue_zmm(&mut self, mr: u64, nv: usize) -> R<()> {
+    /// (`nv` vectors of 16 a row), the kernel's exp constants held in registers; `mask`:
+    /// the opmask of the last vector's lanes, when it is partial.
+    fn row_epilogue_zmm(&mut self, mr: u64, nv: usize, mask: Option<Mask>) -> R<()> {
         self.epi_wide = true;
         self.wide_epilogue_used = true;
         let k = self.k;
@@ -1543,7 +1632,7 @@ impl Emitter<'_> {
             self.vx().broadcast(v, dword_ptr(l))?;
         }
         let mut pool: Vec<V> = (0..16).chain(16 + self.held.len() as u8..32).map(V).collect();
-        let r = self.epilogue_rows(mr, nv, None, &mut pool);
+        let r = self.epilogue_rows(mr, nv, mask, &mut pool);
         self.epi_wide = false;
         self.held.clear();
         r
@@ -1629,11 +1718,21 @@ impl Emitter<'_> {
         true
     }
 
-    /// A row panel in channel-vector tiles of [`T_COLS`] columns. A tile's last vector
-    /// of a row is stored whole where its extra lanes stay inside the output row: the
-    /// next tile of this workgroup writes those columns again, so only the last tiles of
-    /// a row need a masked store.
+    /// A row panel in channel-vector tiles: 512-bit ones ([`Self::tile_tz`]) of the
+    /// widths [`Self::t_groups`] gives, where the target has AVX-512 F; else 256-bit ones
+    /// of [`T_COLS`] columns, a tile's last vector of a row stored whole where its extra
+    /// lanes stay inside the output row: the next tile of this workgroup writes those
+    /// columns again, so only the last tiles of a row need a masked store.
     fn panel_t(&mut self, rows: u64, n: u64) -> R<()> {
+        if self.avx512 {
+            for (count, cols) in self.t_groups() {
+                self.repeat(rbp, count, |e| {
+                    e.tile_tz(rows, cols)?;
+                    e.advance(cols)
+                })?;
+            }
+            return Ok(());
+        }
         // Tiles at n0 = T_COLS·t store whole while n0 + 8 ≤ n.
         let whole = if n >= 8 { ((n - 8) / T_COLS + 1).min(n / T_COLS) } else { 0 };
         self.repeat(rbp, whole, |e| {
@@ -1650,7 +1749,7 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// One channel-vector tile: [`T_ROWS`] rows (two vectors of A's packed rows) ×
+    /// One 256-bit channel-vector tile: [`T_ROWS`] rows (two vectors of A's packed rows) ×
     /// `cols` columns (a broadcast of B each), `2·cols` accumulators, each holding one
     /// column of the tile. After the reduction the tile is transposed (8×8 blocks:
     /// `vunpck{l,h}ps`, `vshufps`, `vperm2f128`) into rows on the stack, and the
@@ -1669,6 +1768,11 @@ impl Emitter<'_> {
         let lp = self.k_loops_open()?;
         self.a.vmovups(a0, ymmword_ptr(rdi))?;
         self.a.vmovups(a1, ymmword_ptr(rdi + 32))?;
+        // The next workgroup's panel of A, a line a step (as in `tile_tz`).
+        if let Some(p) = self.c.a.panel {
+            let panel = i32::try_from(p.stride * 4).map_err(|_| NotHere("a panel of A over 2 GiB".into()))?;
+            self.a.prefetcht0(byte_ptr(rdi + panel))?;
+        }
         for j in 0..nc {
             self.a.vbroadcastss(breg, dword_ptr(rsi + (per_n * j as i64) as i32))?;
             self.a.vfmadd231ps(acc(0, j), a0, breg)?;
@@ -1720,6 +1824,184 @@ impl Emitter<'_> {
         };
         self.epi_tail = masked.unwrap_or(0);
         self.row_epilogue(rows, 1, mask)
+    }
+
+    /// One channel-vector tile in 512-bit registers: `rows` rows (one or two vectors of
+    /// 16, each a panel of A) × `cols` columns (at most [`TZ_COLS`]) broadcast from B, one
+    /// accumulator a vector and column: per reduction step one load of A a vector, one
+    /// broadcast of B a column and `vectors × cols` FMAs, as many independent chains.
+    /// After the reduction each block of 16 rows (its columns put back in registers
+    /// from the stack where there are two) is transposed in registers
+    /// ([`Self::transpose_16`]) and its epilogue runs on each row sixteen lanes at a
+    /// time, stores (and vector loads) masked to `cols` lanes by `k1`: in the registers
+    /// the transpose leaves (`zmm16`–`zmm31`) where it is short and has that form, else
+    /// over the rows put on the stack (16 lanes, or 8 for an epilogue without a 16-lane
+    /// form), as the other tiles do. The second block's epilogue is the same code run
+    /// again, the output and epilogue pointers 16 rows on.
+    fn tile_tz(&mut self, rows: u64, cols: u64) -> R<()> {
+        debug_assert!((1..=TZ_COLS).contains(&cols) && (rows == T_ROWS || rows == 2 * T_ROWS));
+        self.zmm_used = true;
+        let (nc, vecs) = (cols as usize, (rows / T_ROWS) as usize);
+        let acc = |v: usize, j: usize| ZMM[16 * v + j];
+        let (areg, breg) = ([ZMM[14], ZMM[15]], ZMM[30]);
+        for v in 0..vecs {
+            for j in 0..nc {
+                self.a.vpxord(acc(v, j), acc(v, j), acc(v, j))?;
+            }
+        }
+        let per_n = self.bases[1].per_n;
+        let panel = match self.c.a.panel {
+            Some(p) => i32::try_from(p.stride * 4).map_err(|_| NotHere("a panel of A over 2 GiB".into()))?,
+            None => return no("channel-vector tiles need A in panels"),
+        };
+        let lp = self.k_loops_open()?;
+        for (v, &a) in areg.iter().enumerate().take(vecs) {
+            self.a.vmovups(a, zmmword_ptr(rdi + panel * v as i32))?;
+        }
+        // The next workgroup's panels of A, a line a step: A is read from memory once a
+        // call (a 960 × 160 filter is 600 KB), by the first tile of each workgroup; the
+        // tiles before it fetch it into L1 meanwhile.
+        for v in 0..vecs {
+            self.a.prefetcht0(byte_ptr(rdi + panel * (vecs + v) as i32))?;
+        }
+        for j in 0..nc {
+            let b = rsi + (per_n * j as i64) as i32;
+            if vecs == 1 {
+                self.a.vfmadd231ps(acc(0, j), areg[0], dword_bcst(b))?;
+            } else {
+                self.a.vbroadcastss(breg, dword_ptr(b))?;
+                for (v, &a) in areg.iter().enumerate().take(vecs) {
+                    self.a.vfmadd231ps(acc(v, j), a, breg)?;
+                }
+            }
+        }
+        self.k_loops_close(lp)?;
+        let mask = if cols < 16 {
+            self.a.mov(eax, ((1u32 << cols) - 1) as i32)?;
+            self.a.kmovw(k1, eax)?;
+            Some(Mask(1))
+        } else {
+            None
+        };
+        if vecs == 1 {
+            self.transpose_16(nc)?;
+            return self.tz_epilogue(nc, mask);
+        }
+        // Two blocks: their columns to the stack, then the same code for each, `rsi`
+        // stepping from one block's columns to the next's, `rdi` counting.
+        for v in 0..vecs {
+            for j in 0..nc {
+                self.a.vmovups(zmmword_ptr(rsp + (Self::S_COLS + 64 * (16 * v + j) as i32)), acc(v, j))?;
+            }
+        }
+        self.a.lea(rsi, qword_ptr(rsp + Self::S_COLS))?;
+        self.a.mov(edi, vecs as i32)?;
+        let mut block = self.a.create_label();
+        self.a.set_label(&mut block)?;
+        for (j, &c) in ZMM.iter().enumerate().take(nc) {
+            self.a.vmovups(c, zmmword_ptr(rsi + 64 * j as i32))?;
+        }
+        self.transpose_16(nc)?;
+        self.tz_epilogue(nc, mask)?;
+        self.a.add(rsi, 16 * 64)?;
+        self.shift_rows(T_ROWS as i64)?;
+        self.a.dec(edi)?;
+        self.a.jnz(block)?;
+        self.shift_rows(-(rows as i64))
+    }
+
+    /// Moves the output and epilogue pointers `rows` rows on (back, when negative).
+    fn shift_rows(&mut self, rows: i64) -> R<()> {
+        self.add_imm(r8, self.bases[2].per_m * rows)?;
+        for b in 3..self.bases.len() {
+            let step = self.bases[b].per_m * rows;
+            if step != 0 {
+                self.add_imm(EPTR[b - 3], step)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Transposes the 16 × 16 block whose column `j` is in `zmm_j` (for `j < cols`;
+    /// columns past them repeat the last, their lanes never stored) so that `zmm_i`
+    /// holds row `i`: `vunpck{l,h}ps` and `vshufps` make 4 × 4 blocks within each
+    /// 128-bit lane, two rounds of `vshuff32x4` move the lanes; `zmm16`–`zmm31` are
+    /// scratch. Groups of 4 columns past the last one holding a column are not formed.
+    fn transpose_16(&mut self, cols: usize) -> R<()> {
+        let groups = cols.div_ceil(4);
+        let col = |j: usize| ZMM[j.min(cols - 1)];
+        let t = |i: usize| ZMM[16 + i];
+        for q in 0..2 * groups {
+            self.a.vunpcklps(t(2 * q), col(2 * q), col(2 * q + 1))?;
+            self.a.vunpckhps(t(2 * q + 1), col(2 * q), col(2 * q + 1))?;
+        }
+        // s_{4g+e}, in 128-bit lane L: columns 4g..4g+3 of row 4L + e.
+        for g in 0..groups {
+            let (lo, hi) = (4 * g, 4 * g + 2);
+            self.a.vshufps(ZMM[4 * g], t(lo), t(hi), 0x44)?;
+            self.a.vshufps(ZMM[4 * g + 1], t(lo), t(hi), 0xEE)?;
+            self.a.vshufps(ZMM[4 * g + 2], t(lo + 1), t(hi + 1), 0x44)?;
+            self.a.vshufps(ZMM[4 * g + 3], t(lo + 1), t(hi + 1), 0xEE)?;
+        }
+        // Row 4L + e is lane L of s_e, s_{4+e}, s_{8+e}, s_{12+e}: a 4 × 4 transpose of
+        // 128-bit lanes (a group not formed stands in as s_e: those lanes are not stored).
+        let s_at = |g: usize, e: usize| if g < groups { ZMM[4 * g + e] } else { ZMM[e] };
+        for e in 0..4 {
+            let u = |i: usize| ZMM[16 + i];
+            self.a.vshuff32x4(u(0), s_at(0, e), s_at(1, e), 0x88)?;
+            self.a.vshuff32x4(u(1), s_at(0, e), s_at(1, e), 0xDD)?;
+            self.a.vshuff32x4(u(2), s_at(2, e), s_at(3, e), 0x88)?;
+            self.a.vshuff32x4(u(3), s_at(2, e), s_at(3, e), 0xDD)?;
+            self.a.vshuff32x4(ZMM[e], u(0), u(2), 0x88)?;
+            self.a.vshuff32x4(ZMM[8 + e], u(0), u(2), 0xDD)?;
+            self.a.vshuff32x4(ZMM[4 + e], u(1), u(3), 0x88)?;
+            self.a.vshuff32x4(ZMM[12 + e], u(1), u(3), 0xDD)?;
+        }
+        Ok(())
+    }
+
+    /// The epilogue of 16 transposed rows of `cols` columns (row `i` in `zmm_i`) at the
+    /// output and epilogue pointers: see [`Self::tile_tz`]. `mask`: `k1`, the first
+    /// `cols` lanes, when they are fewer than 16.
+    fn tz_epilogue(&mut self, cols: usize, mask: Option<Mask>) -> R<()> {
+        let rows = T_ROWS as usize;
+        self.epi_tail = 0;
+        if self.k.root == self.c.reduce || (self.epilogue_in_registers() && self.zmm_epilogue()) {
+            self.epi_wide = true;
+            self.wide_epilogue_used |= self.k.root != self.c.reduce;
+            let mut pool: Vec<V> = (16..32).rev().map(V).collect();
+            self.epilogue_in_place(rows, 1, |i, _| V(i as u8), mask, &mut pool)?;
+            self.epi_wide = false;
+        } else if self.zmm_epilogue() {
+            for (i, &r) in ZMM.iter().enumerate().take(rows) {
+                self.a.vmovups(zmmword_ptr(rsp + (Self::S_ACC + 64 * i as i32)), r)?;
+            }
+            self.row_epilogue_zmm(T_ROWS, 1, mask)?;
+        } else {
+            // Eight lanes: each row as one or two vectors of 8 (stored in order, a
+            // row's second half is overwritten by the next row where one vector holds
+            // them all).
+            let nv = cols.div_ceil(8);
+            for i in 0..rows {
+                let at = Self::S_ACC + 32 * (nv * i) as i32;
+                if nv == 1 {
+                    self.a.vmovups(ymmword_ptr(rsp + at), YMM[i])?;
+                } else {
+                    self.a.vmovups(zmmword_ptr(rsp + at), ZMM[i])?;
+                }
+            }
+            let last = cols as u64 - 8 * (nv as u64 - 1);
+            let mask = if last < 8 {
+                let l = self.mask_label(last);
+                self.a.vmovups(YMM[15], ymmword_ptr(l))?;
+                self.epi_tail = last;
+                Some(YMM[15])
+            } else {
+                None
+            };
+            self.row_epilogue(T_ROWS, nv, mask)?;
+        }
+        Ok(())
     }
 
     /// One `mr × 16·nz` tile in 512-bit registers at the current column pointers (a
@@ -1819,7 +2101,7 @@ impl Emitter<'_> {
             // Sixteen lanes where the epilogue has that form (twice the width, its
             // constants in registers).
             if self.zmm_epilogue() {
-                self.row_epilogue_zmm(mr, nz)?;
+                self.row_epilogue_zmm(mr, nz, None)?;
             } else {
                 self.row_epilogue(mr, 2 * nz, None)?;
             }

@@ -423,6 +423,8 @@ fn emit_class(
         KernelClass::Contraction => {
             let g = gemm::emit(k, avx512)?;
             let note = match (g.avx512, g.channel_vectors) {
+                (true, true) if g.wide_epilogue => "contraction microkernel (avx-512, channel vectors; epilogue on 16 lanes)",
+                (true, true) => "contraction microkernel (avx-512, channel vectors)",
                 (true, _) if g.wide_epilogue => "contraction microkernel (avx-512; epilogue on 16 lanes)",
                 (true, _) => "contraction microkernel (avx-512)",
                 (false, true) => "contraction microkernel (avx2+fma, channel vectors)",
