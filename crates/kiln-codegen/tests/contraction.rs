@@ -600,6 +600,20 @@ fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
     }
 }
 
+/// 1×1 convolutions with a bias, `(images, in channels, out channels, h, w)`, on random
+/// data from `seed`: each takes channel-vector tiles ([`assert_channel_vectors`]) and
+/// matches the interpreter ([`check_micro`]).
+fn pointwise_channel_vectors(cases: &[(usize, usize, usize, usize, usize)], seed: u64) {
+    for &(n, ci, co, h, w) in cases {
+        let x = random_f32(&[n, ci, h, w], 4.0, seed);
+        let wt = random_f32(&[co, ci, 1, 1], 2.0, seed + 1);
+        let bias = random_f32(&[co], 2.0, seed + 2);
+        let k = pointwise(n, ci, co, h, w);
+        assert_channel_vectors(&k, &[&x, &wt, &bias]);
+        check_micro(&k, &[&x, &wt, &bias], ci);
+    }
+}
+
 /// The 512-bit channel-vector tiles (x86-64-v4: a vector of A's 16 rows from each of
 /// two panels × up to 14 columns broadcast from B, balanced widths, transposed 16 × 16
 /// in registers, stores masked by an opmask) over every N from 1 to 63: those not a
@@ -644,14 +658,7 @@ fn wide_channel_vector_tiles() {
     }
     // A batch of 1×1 convolutions on maps of 5×5 and 3×3 (B differs per image, read in
     // place) and of one image on a 7×7 map (B copied to the stack).
-    for (n, ci, co, h, w) in [(3, 17, 80, 5, 5), (2, 9, 64, 3, 3), (1, 33, 96, 7, 7)] {
-        let x = random_f32(&[n, ci, h, w], 4.0, 31);
-        let wt = random_f32(&[co, ci, 1, 1], 2.0, 32);
-        let bias = random_f32(&[co], 2.0, 33);
-        let k = pointwise(n, ci, co, h, w);
-        assert_channel_vectors(&k, &[&x, &wt, &bias]);
-        check_micro(&k, &[&x, &wt, &bias], ci);
-    }
+    pointwise_channel_vectors(&[(3, 17, 80, 5, 5), (2, 9, 64, 3, 3), (1, 33, 96, 7, 7)], 31);
 }
 
 /// [`with_epilogue`]'s sigmoid and in-band selection against the interpreter, on every
@@ -718,14 +725,7 @@ fn channel_vector_tiles() {
             check_micro(&k, &inputs, kk);
         }
     }
-    for (n, ci, co, h, w) in [(1, 32, 64, 7, 7), (2, 24, 96, 7, 7), (1, 16, 64, 3, 5)] {
-        let x = random_f32(&[n, ci, h, w], 4.0, 11);
-        let wt = random_f32(&[co, ci, 1, 1], 2.0, 12);
-        let bias = random_f32(&[co], 2.0, 13);
-        let k = pointwise(n, ci, co, h, w);
-        assert_channel_vectors(&k, &[&x, &wt, &bias]);
-        check_micro(&k, &[&x, &wt, &bias], ci);
-    }
+    pointwise_channel_vectors(&[(1, 32, 64, 7, 7), (2, 24, 96, 7, 7), (1, 16, 64, 3, 5)], 11);
     // A 3×3 convolution: three reduction variables, B read per output row (not copied).
     let x = random_f32(&[1, 4, 7, 9], 1.0, 21);
     let wt = random_f32(&[64, 4, 3, 3], 1.0, 22);
