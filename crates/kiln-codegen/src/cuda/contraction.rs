@@ -1326,9 +1326,10 @@ impl<'a> Emitter<'a> {
 }
 
 /// The epilogue of `k` under `plan` for another emitter's accumulators (the tensor-core
-/// path): the root evaluated at each `(rows[i], cols[j])` in range with the reduction
-/// given as `acc[i · cols.len() + j]`, stored one element at a time; `bvars` are the
-/// batch variables' u32 registers.
+/// paths): the root evaluated at each `(rows[i], cols[j])` in range with the reduction
+/// given as `acc[i · cols.len() + j]`; `bvars` are the batch variables' u32 registers.
+/// With `pairs`, two consecutive columns (from an even one) are stored with one
+/// `st.global.v2.f32` where [`Plan::pair_store`] allows; else one element at a time.
 pub(super) fn epilogue(
     k: &Kernel,
     plan: &Plan,
@@ -1336,21 +1337,9 @@ pub(super) fn epilogue(
     bases: &[Reg],
     parts: (&[Reg], &[Reg], &[Reg]),
     bvars: &[Reg],
+    pairs: bool,
 ) -> Result<(), CodegenError> {
-    Emitter { k, plan }.epilogue(p, bases, parts, bvars, 1)
-}
-
-/// [`epilogue`] storing pairs of consecutive columns (from an even one) with one
-/// `st.global.v2.f32` where [`Plan::pair_store`] allows, else one element at a time.
-pub(super) fn epilogue_pairs(
-    k: &Kernel,
-    plan: &Plan,
-    p: &mut Ptx,
-    bases: &[Reg],
-    parts: (&[Reg], &[Reg], &[Reg]),
-    bvars: &[Reg],
-) -> Result<(), CodegenError> {
-    Emitter { k, plan }.epilogue(p, bases, parts, bvars, if plan.pair_store() { 2 } else { 1 })
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, if pairs && plan.pair_store() { 2 } else { 1 })
 }
 
 /// A split's end for another emitter (the tensor-core path), once each block of the

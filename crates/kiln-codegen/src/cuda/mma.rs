@@ -861,10 +861,6 @@ impl Emitter<'_> {
             .flat_map(|x| (0..2 * ni).map(move |y| (x, y)))
             .map(|(x, y)| acc[(((x / 2) * ni + y / 2) * 4 + 2 * (x % 2) + y % 2) as usize])
             .collect();
-        if self.sh.pairs {
-            contraction::epilogue_pairs(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
-        } else {
-            contraction::epilogue(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)
-        }
+        contraction::epilogue(k, plan, p, &bases, (&rows, &cols, &vals), &bvars, self.sh.pairs)
     }
 }

@@ -302,7 +302,7 @@ fn body(k: &Kernel, plan: &Plan, s: Skinny, p: &mut Ptx) -> Result<(), CodegenEr
                 let skip = p.label();
                 p.branch(Some((ok, true)), skip);
                 let sum = warp_sum(p, (at, off), rows);
-                epilogue(k, plan, p, &bases, (&[r], &[col], &[sum]), &bvars)?;
+                epilogue(k, plan, p, &bases, (&[r], &[col], &[sum]), &bvars, false)?;
                 p.place(skip);
             }
         }
@@ -339,7 +339,7 @@ fn body(k: &Kernel, plan: &Plan, s: Skinny, p: &mut Ptx) -> Result<(), CodegenEr
                         d
                     };
                 }
-                epilogue(k, plan, p, &bases, (&[r], &[col], &[total]), &bvars)?;
+                epilogue(k, plan, p, &bases, (&[r], &[col], &[total]), &bvars, false)?;
                 p.place(skip);
             }
             p.op("barrier.cluster.arrive", &[]);
