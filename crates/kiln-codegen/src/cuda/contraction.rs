@@ -539,8 +539,17 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
     let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     let mut declined = String::new();
     if half(plan.a.dtype) || half(plan.b.dtype) {
-        match super::mma::emit(k, &plan)? {
+        // Hopper's warpgroup MMA where both operands stream in 16-byte chunks, else
+        // `mma.sync` (which register-stages what cp.async cannot copy, and splits K).
+        let wg_why = match super::wgmma::emit(k, &plan)? {
             Ok(e) => return Ok(Ok(e)),
+            Err(why) => why,
+        };
+        match super::mma::emit(k, &plan)? {
+            Ok(mut e) => {
+                e.note = format!("{} (wgmma declined: {wg_why})", e.note);
+                return Ok(Ok(e));
+            }
             Err(why) => declined = format!("; tensor cores declined: {why}"),
         }
     }

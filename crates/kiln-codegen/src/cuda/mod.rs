@@ -49,6 +49,7 @@ mod elementwise;
 pub mod expr;
 mod general;
 pub mod mma;
+pub mod wgmma;
 pub mod ptx;
 pub mod window;
 pub mod rows;
@@ -125,7 +126,9 @@ pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, Codegen
         k.verify().map_err(|error| CodegenError::Invalid { kernel: k.name.clone(), error })?;
         let e = compile_kernel(k, class)?;
         code.push('\n');
-        entries.push((k.name.clone(), code.len() as u64));
+        // The `.entry` itself (a dynamic shared-memory declaration may precede it).
+        let at = e.text.find(".visible .entry").unwrap_or(0);
+        entries.push((k.name.clone(), (code.len() + at) as u64));
         code.push_str(&e.text);
         launches.push(e.launch);
         notes.push(e.note);

@@ -159,6 +159,8 @@ pub struct Ptx {
     used: Vec<bool>,
     /// `.shared` arrays: name, alignment and bytes ([`Ptx::shared`]).
     shared: Vec<(String, u32, u32)>,
+    /// The dynamic shared-memory array, name and alignment ([`Ptx::dynamic_shared`]).
+    dynamic: Option<(String, u32)>,
     /// Entry directives ([`Ptx::directive`]).
     directives: Vec<String>,
 }
@@ -179,6 +181,7 @@ impl Ptx {
             placed: Vec::new(),
             used: Vec::new(),
             shared: Vec::new(),
+            dynamic: None,
             directives: Vec::new(),
         }
     }
@@ -197,6 +200,17 @@ impl Ptx {
     pub fn shared(&mut self, tag: &str, bytes: u32, align: u32) -> String {
         let name = format!("{}_{tag}", self.name);
         self.shared.push((name.clone(), align, bytes));
+        name
+    }
+
+    /// Declares the entry's dynamic shared memory (`.extern .shared`, sized at launch by
+    /// [`super::Launch::shared`]; the runtime raises the entry's limit above 48 KiB) and
+    /// returns its name, used as [`Ptx::shared`]'s. PTX takes `.extern .shared` at
+    /// module scope only, so [`Ptx::finish`] writes the declaration just before the
+    /// `.entry` (every such array of a module starts at the same address).
+    pub fn dynamic_shared(&mut self, tag: &str, align: u32) -> String {
+        let name = format!("{}_{tag}", self.name);
+        self.dynamic = Some((name.clone(), align));
         name
     }
 
@@ -333,6 +347,9 @@ impl Ptx {
             }
         }
         let mut s = String::new();
+        if let Some((name, align)) = &self.dynamic {
+            let _ = writeln!(s, ".extern .shared .align {align} .b8 {name}[];");
+        }
         let params: Vec<String> = self.params.iter().map(|p| format!("\t.param .u64 {p}")).collect();
         let _ = writeln!(s, ".visible .entry {}(\n{}\n)", self.name, params.join(",\n"));
         for d in &self.directives {
