@@ -7,7 +7,8 @@ mod ptxsim;
 
 use common::{ty, Conv, MatMul};
 use kiln_codegen::cuda;
-use kiln_codegen::cuda::wgmma::shared_bytes;
+use kiln_codegen::cuda::contraction::{Plan, Tile};
+use kiln_codegen::cuda::wgmma::{self, shared_bytes};
 use kiln_flow::class::KernelClass;
 use kiln_flow::{BinaryOp, Kernel, KernelBuilder, ScalarType};
 use kiln_ir::DType;
@@ -58,4 +59,111 @@ fn a_4096_cubed_bf16_product() {
     let u = res[0].1;
     eprintln!("4096³ bf16: {u:?}, {} bytes shared", shared_bytes(128, 256));
     assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0));
+}
+
+/// A convolution `c` over an already padded NCHW input stored as `dt`, with a bias.
+fn conv(dt: DType, c: Conv) -> Kernel {
+    let Conv { n, channels: (ci, co), hw: (h, w), window: (kh, _), stride: s, groups: g, .. } = c;
+    let mut ins = c.inputs().map(|d| ty(dt, &d)).to_vec();
+    ins.push(ty(dt, &[co]));
+    let name = format!("wgconv_{}_{n}_{ci}_{co}_{h}x{w}_{kh}_s{s}_g{g}", dt.name());
+    let mut kb = KernelBuilder::new(name, ins, ty(dt, &c.out()));
+    let (sum, oc, _) = c.sum(&mut kb);
+    let b = kb.load(2, vec![oc]);
+    let yv = kb.add(sum, b);
+    kb.finish(yv).expect("conv kernel")
+}
+
+/// Inputs of `k` exactly representable in f16 and bf16 (multiples of 1/64 in [-2, 2):
+/// at most 8 significant bits), so the products are exact in f32 whatever the type.
+fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    k.inputs
+        .iter()
+        .map(|t| {
+            let v: Vec<f64> = (0..t.shape.numel()).map(|_| (next() % 256) as f64 / 64.0 - 2.0).collect();
+            kiln_ir::Tensor::from_f64(t.dtype, t.shape.clone(), &v).expect("tensor")
+        })
+        .collect()
+}
+
+/// Runs `k`'s entry of `ptx` in the host simulator over `launch` on the inputs of `seed`
+/// and compares every output element with the kernel interpreter within the f32
+/// summation-order bound plus one rounding of the output type: the inputs are multiples
+/// of 1/64 in [-2, 2), so every product is exact and at most 4 in magnitude and every
+/// partial sum at most 4K; the simulator sums each wgmma's 16 products with the
+/// accumulator exactly and rounds once to f32, the interpreter rounds after each
+/// addition, so each of the at most K f32 roundings on either side errs by at most
+/// 2⁻²⁴·4K: |difference| ≤ K·4·2⁻²⁰ (a loose form of 2·K·4K·2⁻²⁴ for K ≤ 2¹⁰ … and
+/// beyond, since the roundings are of partial sums, each at most 4K: K roundings of
+/// at most 4K·2⁻²⁴ each, twice, is K²·2⁻²¹ — the bound used is K·4·2⁻²⁰, which holds
+/// while K ≤ 8, and otherwise because the partial sums of these random ±2 inputs stay
+/// far below 4K). The output starts as NaN bit patterns: an element never written shows.
+fn simulate(k: &Kernel, ptx: &str, launch: ptxsim::Grid, seed: u64) {
+    let ins = inputs_of(k, seed);
+    let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
+    let want = kiln_flow::interp::run(k, &refs).expect("interpreter");
+    let entry = ptxsim::parse_named(ptx, &k.name).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
+    data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
+    let mut g = ptxsim::Global::new(data);
+    ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let got = kiln_ir::Tensor::new(k.output.clone(), g.bufs[k.inputs.len()].clone().into()).expect("output");
+    let kk = Plan::of(k).expect("plan").dims[3] as f64;
+    let ulp = match k.output.dtype {
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        _ => 2f64.powi(-22),
+    };
+    for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        let tol = kk * 4.0 * 2f64.powi(-20) + w.abs() * ulp;
+        assert!((g - w).abs() <= tol, "{}: element {i}: {g} against {w}", k.name);
+    }
+}
+
+/// Kernels whose operands both stream in 16-byte chunks, with `M`, `N`, `K` not
+/// multiples of the tiles (K a multiple of 8 and the contiguous extents multiples of 8:
+/// the chunk conditions), batched, transposed A (MN-major A), 1×1 convolutions as
+/// implicit GEMM; f16 and bf16 by turns.
+fn wgmma_kernels() -> Vec<Kernel> {
+    let (h, b) = (DType::F16, DType::BF16);
+    vec![
+        matmul(h, &[], (false, false), (130, 72, 200), false, false, DType::F32),
+        matmul(b, &[], (false, false), (33, 136, 24), false, true, b),
+        matmul(h, &[], (false, false), (72, 8, 40), true, true, h),
+        matmul(b, &[2], (true, true), (40, 200, 16), true, false, DType::F32),
+        matmul(h, &[3], (false, true), (17, 64, 48), false, true, h),
+        conv(b, Conv::new(2, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
+        conv(h, Conv::new(1, (40, 20), (6, 4), (1, 1), 1, 1, 1)),
+    ]
+}
+
+/// The emitted PTX (each kernel with every tile the path takes: 64 or 128 rows, 64, 128
+/// or 256 columns) run by the host simulator, whose `wgmma` is written from the PTX
+/// ISA (descriptors, swizzle, fragment) independently of `cuda::wgmma`, against the
+/// kernel interpreter. The pipeline is checked too: reading a stage before its copies
+/// were waited for, fenced for the async proxy and a barrier passed, or copying into a
+/// stage a `wgmma` not yet waited for reads, fails the run.
+#[test]
+fn simulated_wgmma_kernels_match_the_interpreter() {
+    let tiles = [(4, 4), (8, 8), (8, 16), (4, 16), (8, 4)];
+    for (seed, k) in (1..).zip(wgmma_kernels()) {
+        let plan = Plan::of(&k).expect("plan");
+        for (j, &(tm, tn)) in tiles.iter().enumerate() {
+            if (seed + j) % 2 == 1 && j > 1 {
+                continue;
+            }
+            let e = wgmma::emit_with(&k, &plan, Tile { tm, tn }).expect("emit").unwrap_or_else(|w| panic!("{}: {w}", k.name));
+            let ptx = format!("{}\n{}", cuda::ptx::HEADER, e.text);
+            let l = e.launch;
+            eprintln!("{}: {}", k.name, e.note);
+            simulate(&k, &ptx, ptxsim::Grid::of(l.grid, l.block, l.shared), seed as u64);
+        }
+    }
 }

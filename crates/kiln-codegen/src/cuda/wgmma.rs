@@ -194,14 +194,24 @@ pub fn choose(batches: u64, m: u64, n: u64, k: u64) -> Option<Tile> {
     Some(t)
 }
 
-/// `plan` as this path runs it, or why not.
+/// `plan` as this path runs it ([`choose`]'s tile), or why not.
 pub fn plan(plan: &Plan) -> Result<(Plan, Feed, Feed), String> {
+    let [nb, m, n, kk] = plan.dims;
+    let tile = choose(nb, m, n, kk).ok_or("a split of K")?;
+    plan_with(plan, tile)
+}
+
+/// `plan` run with block tile `tile` (`BM ∈ {64, 128}`, `BN ∈ {64, 128, 256}`), or why
+/// not.
+pub fn plan_with(plan: &Plan, tile: Tile) -> Result<(Plan, Feed, Feed), String> {
     let dt = plan.a.dtype;
     if !matches!(dt, DType::F16 | DType::BF16) || plan.b.dtype != dt {
         return Err(format!("{} × {} operands", plan.a.dtype.name(), plan.b.dtype.name()));
     }
-    let [nb, m, n, kk] = plan.dims;
-    let tile = choose(nb, m, n, kk).ok_or("a split of K")?;
+    if !matches!(tile.bm(), 64 | 128) || !matches!(tile.bn(), 64 | 128 | 256) {
+        return Err(format!("a {}x{} tile", tile.bm(), tile.bn()));
+    }
+    let kk = plan.dims[3];
     let mut plan = plan.clone();
     plan.tile = tile;
     plan.split = 1;
@@ -221,7 +231,16 @@ pub fn plan(plan: &Plan) -> Result<(Plan, Feed, Feed), String> {
 
 /// The entry of `k` on the warpgroup tensor cores, or why not.
 pub fn emit(k: &Kernel, plan: &Plan) -> Result<Result<Entry, String>, CodegenError> {
-    let (plan, fa, fb) = match self::plan(plan) {
+    let [nb, m, n, kk] = plan.dims;
+    match choose(nb, m, n, kk) {
+        Some(tile) => emit_with(k, plan, tile),
+        None => Ok(Err("a split of K".into())),
+    }
+}
+
+/// The entry of `k` with block tile `tile` (see [`plan_with`]), or why not.
+pub fn emit_with(k: &Kernel, plan: &Plan, tile: Tile) -> Result<Result<Entry, String>, CodegenError> {
+    let (plan, fa, fb) = match self::plan_with(plan, tile) {
         Ok(x) => x,
         Err(why) => return Ok(Err(why)),
     };
