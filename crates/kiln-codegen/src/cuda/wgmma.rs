@@ -14,7 +14,7 @@
 //! # The block
 //!
 //! A block of `BM / 64` warpgroups (128 threads each) computes a `BM × BN` tile
-//! ([`choose`]: `BM ∈ {64, 128}`, `BN ∈ {64, 128, 256}`): warpgroup `w` owns rows
+//! ([`choose`]: `BM, BN ∈ {64, 128}` or 128 × 256): warpgroup `w` owns rows
 //! `64w .. 64w + 64` and issues one `wgmma … m64n{BN}k16` per 16 `k`. Its accumulator
 //! fragment (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts", D of
 //! `m64nNk16`, f32) is `BN / 2` f32 registers per thread ([`acc_elem`]): warp `v` of
@@ -201,14 +201,15 @@ pub fn plan(plan: &Plan) -> Result<(Plan, Feed, Feed), String> {
     plan_with(plan, tile)
 }
 
-/// `plan` run with block tile `tile` (`BM ∈ {64, 128}`, `BN ∈ {64, 128, 256}`), or why
-/// not.
+/// `plan` run with block tile `tile` (`BM, BN ∈ {64, 128}`, or 128 × 256), or why not.
 pub fn plan_with(plan: &Plan, tile: Tile) -> Result<(Plan, Feed, Feed), String> {
     let dt = plan.a.dtype;
     if !matches!(dt, DType::F16 | DType::BF16) || plan.b.dtype != dt {
         return Err(format!("{} × {} operands", plan.a.dtype.name(), plan.b.dtype.name()));
     }
-    if !matches!(tile.bm(), 64 | 128) || !matches!(tile.bn(), 64 | 128 | 256) {
+    // 64 × 256 would leave one warpgroup 128 accumulators and 20 chunks to copy a
+    // step: past 255 registers.
+    if !matches!((tile.bm(), tile.bn()), (64 | 128, 64 | 128) | (128, 256)) {
         return Err(format!("a {}x{} tile", tile.bm(), tile.bn()));
     }
     let kk = plan.dims[3];
