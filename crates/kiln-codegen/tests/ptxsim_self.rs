@@ -397,18 +397,18 @@ fn prmt_picks_the_bytes_the_isa_names() {
     }
 }
 
-/// The shared image, descriptors and PTX of one warpgroup's `wgmma … m64n128k16` (see
-/// [`wgmma_multiplies_the_operands_the_descriptors_lay_out`]): A at offset 0 of a
-/// 1024-aligned array, B at 8192, each placed by the ISA's canonical 128-byte swizzle
-/// layouts ([`isa::sw128_k_major`], [`isa::sw128_mn_major`], [`isa::swizzle128`]), a
-/// K-major operand's 16 `k` in the second 32 bytes of its rows (a start inside the
-/// swizzle atom). Returns the binding (image, descriptor high bits and start offsets,
-/// room for D) and the body between `prologue` and the stores.
+/// Bytes of the shared image: A's 8 KiB, then B's 16 KiB.
 const IMG: usize = 8192 + 16384;
 
-fn wgmma_case(ty: &str, ta: bool, tb: bool, a: &[Vec<f64>], b: &[Vec<f64>], enc: fn(f64) -> u16) -> Vec<u8> {
+/// The binding of one warpgroup's `wgmma … m64n128k16` (see
+/// [`wgmma_multiplies_the_operands_the_descriptors_lay_out`]): the shared image (A at
+/// offset 0 of a 1024-aligned array, B at 8192, each placed by the ISA's canonical
+/// 128-byte swizzle layouts, [`isa::sw128_k_major`], [`isa::sw128_mn_major`],
+/// [`isa::swizzle128`]; a K-major operand's 16 `k` in the second 32 bytes of its rows:
+/// a start inside the swizzle atom), the descriptors' high bits and start offsets, and
+/// room for D.
+fn wgmma_case(ta: bool, tb: bool, a: &[Vec<f64>], b: &[Vec<f64>], enc: fn(f64) -> u16) -> Vec<u8> {
     let mut bytes = vec![0u8; IMG + 24 + 128 * 256];
-    let _ = ty;
     let mut put = |off: u32, v: f64| {
         let at = isa::swizzle128(off) as usize;
         bytes[at..at + 2].copy_from_slice(&enc(v).to_le_bytes());
@@ -434,7 +434,7 @@ fn wgmma_case(ty: &str, ta: bool, tb: bool, a: &[Vec<f64>], b: &[Vec<f64>], enc:
     bytes[IMG..IMG + 8].copy_from_slice(&hi(a_lbo.into(), a_sbo.into()).to_le_bytes());
     bytes[IMG + 8..IMG + 16].copy_from_slice(&hi(b_lbo.into(), b_sbo.into()).to_le_bytes());
     bytes[IMG + 16..IMG + 20].copy_from_slice(&a_start.to_le_bytes());
-    bytes[IMG + 20..IMG + 24].copy_from_slice(&(b_start as u32).to_le_bytes());
+    bytes[IMG + 20..IMG + 24].copy_from_slice(&b_start.to_le_bytes());
     bytes
 }
 
@@ -494,7 +494,7 @@ fn wgmma_multiplies_the_operands_the_descriptors_lay_out() {
             };
             let a: Vec<Vec<f64>> = (0..64).map(|_| (0..16).map(|_| next()).collect()).collect();
             let b: Vec<Vec<f64>> = (0..16).map(|_| (0..128).map(|_| next()).collect()).collect();
-            let bytes = wgmma_case(ty, ta, tb, &a, &b, enc);
+            let bytes = wgmma_case(ta, tb, &a, &b, enc);
             let ptx = wgmma_kernel(ty, ta, tb, &|b| b);
             let out = run_on(&ptx, 128, bytes).unwrap_or_else(|e| panic!("{ty} {ta} {tb}: {e}"));
             for x in 0..128u32 {
@@ -533,7 +533,7 @@ fn wgmma_synchronisation_is_checked() {
     for (what, edit) in cases {
         let ptx = wgmma_kernel("bf16", false, true, edit);
         assert!(ptx != wgmma_kernel("bf16", false, true, &|b| b), "{what}: the edit applies");
-        let e = run_on(&ptx, 128, wgmma_case("bf16", false, true, &a, &b, ptxsim::to_bf16)).expect_err(what);
+        let e = run_on(&ptx, 128, wgmma_case(false, true, &a, &b, ptxsim::to_bf16)).expect_err(what);
         assert!(matches!(e, SimError::Divergence(_)), "{what}: {e}");
     }
 }

@@ -57,6 +57,16 @@
 //! race), and so is another thread reading a landed byte before a barrier follows the
 //! wait that landed it, or a `cp.async` into bytes another thread read with no barrier
 //! since (the copy may land before that read).
+//! `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}` (both operands from shared
+//! memory through matrix descriptors: start address, leading and stride byte offsets,
+//! no swizzle or the 128-byte one) is warpgroup-collective (128 consecutive threads of
+//! the block, every operand the same); its result is computed at issue, its shared
+//! reads stay outstanding (a write to those bytes is a race) and its accumulators hold
+//! a NaN poison until the thread's `wgmma.wait_group` retires its group
+//! (`wgmma.commit_group`); it needs a `wgmma.fence` after any other write of its
+//! accumulators, and shared bytes written through the generic proxy (stores, landed
+//! `cp.async`) need their writer's `fence.proxy.async.shared::cta` since (and, like
+//! any read of another thread's bytes, a barrier).
 //!
 //! **Not modelled.** Approximate instructions (`ex2/lg2/sin/cos/tanh/rcp/sqrt.approx`)
 //! return the correctly rounded exact value (f64 libm, rounded to f32): the hardware's
@@ -577,7 +587,7 @@ fn decode_matrix(opcode: &str) -> R<Option<(Op, Vec<Ty>, Mods)>> {
                     .strip_prefix("m64n")
                     .and_then(|x| x.strip_suffix("k16"))
                     .and_then(|x| x.parse::<u32>().ok())
-                    .filter(|&n| n >= 8 && n <= 256 && n % 8 == 0);
+                    .filter(|&n| (8..=256).contains(&n) && n % 8 == 0);
                 let (Some(n), Some(t)) = (n, Ty::of(a)) else { return refuse() };
                 m.n = n;
                 Ok(Some((Op::Wgmma, vec![Ty::F32, t, t], m)))
