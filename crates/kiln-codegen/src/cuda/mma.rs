@@ -102,8 +102,9 @@
 //! No GPU has run these kernels. `tests/cuda_mma.rs` checks the index functions above
 //! against the PTX ISA's tables, models the whole data flow on the host from them
 //! against the kernel interpreter, and assembles the kernels with `ptxas -v` (no
-//! stack, no spills). Not yet: Hopper's `wgmma` with TMA copies and thread-block
-//! clusters' multicast, larger `k` steps through dynamic shared memory, and `cp.async`
+//! stack, no spills). Contractions whose operands both take `cp.async` and whose `K`
+//! is not split run on Hopper's `wgmma` instead ([`super::wgmma`]); this kernel is their
+//! fallback. Not yet: TMA copies and thread-block clusters' multicast, and `cp.async`
 //! for chunks that straddle `K`.
 
 use kiln_flow::Kernel;
