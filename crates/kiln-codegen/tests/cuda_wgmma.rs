@@ -270,3 +270,17 @@ fn wgmma_kernels_take_the_path_and_assemble_without_spills() {
         }
     }
 }
+
+/// One module of several `wgmma` kernels (each declaring its dynamic shared memory at
+/// module scope, where PTX makes them alias): each entry simulated from the whole
+/// module's text against the interpreter, as the model suites run them.
+#[test]
+fn a_module_of_wgmma_kernels_simulates_entry_by_entry() {
+    let kernels = wgmma_kernels();
+    let with_class: Vec<(&Kernel, KernelClass)> = kernels.iter().map(|k| (k, KernelClass::Contraction)).collect();
+    let m = cuda::compile(&with_class).expect("compile");
+    assert!(m.ptx().matches(".extern .shared").count() >= 2, "several dynamic arrays");
+    for (seed, (k, l)) in (1..).zip(kernels.iter().zip(&m.launches)) {
+        simulate(k, m.ptx(), ptxsim::Grid::of(l.grid, l.block, l.shared), seed);
+    }
+}

@@ -22,9 +22,10 @@
 //! Global memory is the bindings, each at its own base far from the others; every
 //! access (scalar or `.v2/.v4`) must lie inside one binding and be naturally aligned,
 //! else the run fails (so predicated-off accesses are proven not made). Shared memory
-//! is one byte array per block holding every `.shared` variable (static ones, and
-//! `.extern .shared` sized by the launch's `shared`); an access must lie inside one
-//! variable, aligned, and a read of a byte never written in this block is an error
+//! is one byte array per block holding the entry's `.shared` variables (its own and
+//! the module-scope ones, not other entries'): the static ones, then the dynamic region
+//! (the launch's `shared` bytes) where every `.extern .shared` array of the module
+//! starts, as PTX aliases them; an access must lie inside one variable, aligned, and a read of a byte never written in this block is an error
 //! (uninitialised shared read). `mapa.shared::cluster` tags a shared address with a
 //! rank; `ld.shared::cluster` reads that block's shared memory (an untagged address is
 //! the own block's).
@@ -673,12 +674,17 @@ pub fn parse(ptx: &str, index: usize) -> R<Entry> {
 pub fn parse_named(ptx: &str, name: &str) -> R<Entry> {
     let head = format!(".entry {name}(");
     let start = ptx.find(&head).ok_or_else(|| SimError::Parse(format!("no entry {name}")))?;
+    // Module-scope declarations only: another entry's body declares its own.
     let mut shared = Vec::new();
+    let mut depth = 0i64;
     for l in ptx[..start].lines() {
         let l = l.trim();
-        if let Some(rest) = l.strip_prefix(".shared").or_else(|| l.strip_prefix(".extern .shared")) {
-            shared.push(shared_var(rest)?);
+        if depth == 0 {
+            if let Some(rest) = l.strip_prefix(".shared").or_else(|| l.strip_prefix(".extern .shared")) {
+                shared.push(shared_var(rest)?);
+            }
         }
+        depth += l.matches('{').count() as i64 - l.matches('}').count() as i64;
     }
     let text = &ptx[start..];
     let close = text.find(')').ok_or(SimError::Parse("no `)`".into()))?;
@@ -952,14 +958,27 @@ struct Shared {
 
 impl Shared {
     fn new(e: &Entry, dynamic: u32) -> R<Shared> {
-        // Start at 16 (so a null shared pointer is no variable's).
+        // Start at 16 (so a null shared pointer is no variable's): the static variables,
+        // then the dynamic region (the launch's bytes) where every `.extern` array of the
+        // module starts (they alias, as in PTX).
         let mut at = 16u64;
-        let mut vars = Vec::new();
-        for v in &e.shared {
-            at = at.next_multiple_of(v.align.max(1));
-            let n = v.bytes.unwrap_or(u64::from(dynamic));
-            vars.push((at, at + n));
-            at += n;
+        let mut vars = vec![(0, 0); e.shared.len()];
+        for (v, slot) in e.shared.iter().zip(vars.iter_mut()) {
+            if let Some(n) = v.bytes {
+                at = at.next_multiple_of(v.align.max(1));
+                *slot = (at, at + n);
+                at += n;
+            }
+        }
+        let align = e.shared.iter().filter(|v| v.bytes.is_none()).map(|v| v.align.max(1)).max().unwrap_or(1);
+        at = at.next_multiple_of(align);
+        for (v, slot) in e.shared.iter().zip(vars.iter_mut()) {
+            if v.bytes.is_none() {
+                *slot = (at, at + u64::from(dynamic));
+            }
+        }
+        if e.shared.iter().any(|v| v.bytes.is_none()) {
+            at += u64::from(dynamic);
         }
         if at > 1 << RANK_SHIFT {
             return unsupported(format!("{} bytes of shared memory", at));
