@@ -254,6 +254,9 @@ fn wgmma_kernels_take_the_path_and_assemble_without_spills() {
             }
         }
     }
+    // Each thread's two consecutive columns stored together (every output here has an
+    // even innermost extent).
+    assert!(m.ptx().contains("st.global.v2.f32") && m.ptx().contains("st.global.b32"));
     for (tm, tn) in [(4, 4), (4, 8), (8, 4), (8, 8), (8, 16)] {
         let mut ptx = cuda::ptx::HEADER.to_string();
         for k in &kernels {

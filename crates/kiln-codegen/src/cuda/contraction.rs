@@ -97,7 +97,7 @@
 use std::collections::HashSet;
 
 use kiln_flow::contraction::{Contraction, Operand};
-use kiln_flow::{Expr, ExprId, Kernel};
+use kiln_flow::{Expr, ExprId, Kernel, ScalarType};
 use kiln_ir::DType;
 
 use super::expr::Eval;
@@ -390,6 +390,17 @@ impl Plan {
     pub fn vector_store(&self) -> bool {
         self.out_dtype == DType::F32
             && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
+    }
+
+    /// Whether an epilogue whose threads hold pairs of consecutive columns from an even
+    /// one stores each pair with one `st.global.v2.f32` / `st.global.b32` (two halves):
+    /// the innermost column variable is the output's innermost axis (stride 1) and its
+    /// extent even, so that such a pair is two consecutive elements at an even offset
+    /// (every other stride is a multiple of that extent) in range together (`N` even);
+    /// the output stores f32, f16 or bf16.
+    pub fn pair_store(&self) -> bool {
+        matches!(self.out_dtype, DType::F32 | DType::F16 | DType::BF16)
+            && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 2 == 0)
     }
 
     /// Blocks in the grid: batches × row tiles × column tiles × split.
@@ -1051,7 +1062,7 @@ impl<'a> Emitter<'a> {
                     (0..t.tm).map(|i| u32_op(p, "add.u32", r0, Imm::U(t.row(0, i).into()).into())).collect();
                 let cols: Vec<Reg> =
                     (0..t.tn).map(|j| u32_op(p, "add.u32", c0, Imm::U(t.col(0, j).into()).into())).collect();
-                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, plan.vector_store())
+                self.epilogue(p, &bases, (&rows, &cols, &acc), &bvars, if plan.vector_store() { 4 } else { 1 })
             }
             Some(rank) => {
                 Emitter::store_partials(p, t, (tx, ty), s0, &acc);
@@ -1143,7 +1154,7 @@ impl<'a> Emitter<'a> {
         }
         let c0 = u32_op(p, "add.u32", n0, tx4.into());
         let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
-        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, plan.vector_store())?;
+        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, if plan.vector_store() { 4 } else { 1 })?;
         p.place(done);
         p.op("barrier.cluster.arrive", &[]);
         p.op("barrier.cluster.wait", &[]);
@@ -1159,7 +1170,7 @@ impl<'a> Emitter<'a> {
         bases: &[Reg],
         (rows, colr, acc): (&[Reg], &[Reg], &[Reg]),
         bvars: &[Reg],
-        vector: bool,
+        lanes: usize,
     ) -> Result<(), CodegenError> {
         let (k, plan) = (self.k, self.plan);
         let [_, m, n, _] = plan.dims;
@@ -1198,6 +1209,8 @@ impl<'a> Emitter<'a> {
             ev.set_var(v as usize, r);
         }
         let root_ty = k.node(k.root).ty;
+        // Pairs store the root's f32 values (narrowed to half where the output is).
+        let lanes = if lanes == 2 && root_ty != ScalarType::F32 { 1 } else { lanes };
         for (i, &r) in rows.iter().enumerate() {
             let ok = pred(ev.p, "setp.lt.u32", r, Imm::U(m).into());
             let row_end: Label = ev.p.label();
@@ -1214,7 +1227,6 @@ impl<'a> Emitter<'a> {
             // registers here).
             ev.hoist_where(k.root, &|_, e| !per_elem[e.index()], &mut HashSet::from([plan.reduce]))?;
             // Groups of `lanes` columns: in range together, stored together.
-            let lanes = if vector { 4 } else { 1 };
             for j0 in (0..cols.len()).step_by(lanes) {
                 let (cok, _, coff) = &cols[j0];
                 let skip = ev.p.label();
@@ -1233,10 +1245,19 @@ impl<'a> Emitter<'a> {
                 let off = ev.p.reg(RegClass::B64);
                 ev.p.op("add.s64", &[off.into(), o_row.into(), (*coff).into()]);
                 let addr = ev.address(out_base, off, k.output.dtype)?;
-                if lanes == 1 {
-                    ev.store_at(addr, k.output.dtype, root_ty, vals[0])?;
-                } else {
-                    ev.p.op("st.global.v4.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                match lanes {
+                    1 => ev.store_at(addr, k.output.dtype, root_ty, vals[0])?,
+                    2 if k.output.dtype == DType::F32 => {
+                        ev.p.op("st.global.v2.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                    }
+                    2 => {
+                        let h0 = ev.narrow(vals[0], k.output.dtype, root_ty)?;
+                        let h1 = ev.narrow(vals[1], k.output.dtype, root_ty)?;
+                        let w = ev.p.reg(RegClass::B32);
+                        ev.p.op("mov.b32", &[w.into(), Opd::Vec(vec![h0, h1])]);
+                        ev.p.op("st.global.b32", &[Opd::Addr(addr, 0), w.into()]);
+                    }
+                    _ => ev.p.op("st.global.v4.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]),
                 }
                 ev.p.place(skip);
             }
@@ -1259,7 +1280,21 @@ pub(super) fn epilogue(
     parts: (&[Reg], &[Reg], &[Reg]),
     bvars: &[Reg],
 ) -> Result<(), CodegenError> {
-    Emitter { k, plan }.epilogue(p, bases, parts, bvars, false)
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, 1)
+}
+
+/// [`epilogue`] where the columns come in pairs of consecutive columns from an even one
+/// (`cols[2i]`, `cols[2i] + 1`; the values likewise): each pair stored with one
+/// instruction where [`Plan::pair_store`] allows it.
+pub(super) fn epilogue_pairs(
+    k: &Kernel,
+    plan: &Plan,
+    p: &mut Ptx,
+    bases: &[Reg],
+    parts: (&[Reg], &[Reg], &[Reg]),
+    bvars: &[Reg],
+) -> Result<(), CodegenError> {
+    Emitter { k, plan }.epilogue(p, bases, parts, bvars, if plan.pair_store() { 2 } else { 1 })
 }
 
 /// A split's end for another emitter (the tensor-core path), once each block of the

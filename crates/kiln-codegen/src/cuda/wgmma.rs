@@ -75,7 +75,9 @@
 //! Thread `x` of warpgroup `w` holds rows `m0 + 64w + 16(x/32) + (x mod 32)/4 + 8h` and
 //! columns `n0 + 8j + 2(x mod 4) + c`; `contraction::epilogue` evaluates the kernel's
 //! root at each in range, in groups of [`EPILOGUE_COLS`] columns (so that the column
-//! offsets of a 256-wide tile are not all live with the accumulators).
+//! offsets of a 256-wide tile are not all live with the accumulators), each thread's
+//! two consecutive columns stored together (`st.global.v2.f32`, or two halves in one
+//! `st.global.b32`) where [`Plan::pair_store`] allows.
 //!
 //! # Declined (to [`super::mma`])
 //!
@@ -516,7 +518,7 @@ impl Emitter<'_> {
                 .flat_map(|h| ys.iter().map(move |&y| (h, y)))
                 .map(|(h, y)| acc[(4 * (y / 2) + 2 * h + y % 2) as usize])
                 .collect();
-            contraction::epilogue(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)?;
+            contraction::epilogue_pairs(k, plan, p, &bases, (&rows, &cols, &vals), &bvars)?;
         }
         Ok(())
     }
