@@ -135,7 +135,7 @@ fn simulate(k: &Kernel, ptx: &str, launch: ptxsim::Grid, seed: u64) {
 }
 
 /// Kernels whose operands both stream in 16-byte chunks, with `M`, `N`, `K` not
-/// multiples of the tiles (K a multiple of 8 and the contiguous extents multiples of 8:
+/// multiples of the tiles (`K` from 8 to 1000: one step to 16) (K a multiple of 8 and the contiguous extents multiples of 8:
 /// the chunk conditions), batched, transposed A (MN-major A), 1×1 convolutions as
 /// implicit GEMM; f16 and bf16 by turns.
 fn wgmma_kernels() -> Vec<Kernel> {
@@ -146,6 +146,9 @@ fn wgmma_kernels() -> Vec<Kernel> {
         matmul(h, &[], (false, false), (72, 8, 40), true, true, h),
         matmul(b, &[2], (true, true), (40, 200, 16), true, false, DType::F32),
         matmul(h, &[3], (false, true), (17, 64, 48), false, true, h),
+        // K over 4 steps of 64: the unrolled loop's back edge, the stage ring wrapping.
+        matmul(b, &[], (false, false), (70, 520, 72), false, true, b),
+        matmul(h, &[], (false, false), (72, 1000, 136), true, false, DType::F32),
         conv(b, Conv::new(2, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
         conv(h, Conv::new(1, (40, 20), (6, 4), (1, 1), 1, 1, 1)),
     ]
