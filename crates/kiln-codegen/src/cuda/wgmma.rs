@@ -116,6 +116,9 @@ pub const AHEAD: u32 = STAGES - 2;
 /// Columns per call of the epilogue.
 pub const EPILOGUE_COLS: usize = 16;
 
+/// Most dynamic shared memory a Hopper block may have (227 KiB).
+pub const MAX_SHARED: u32 = 227 * 1024;
+
 /// Threads of a warpgroup.
 pub const WARPGROUP: u32 = 128;
 
@@ -213,6 +216,11 @@ pub fn plan_with(plan: &Plan, tile: Tile) -> Result<(Plan, Feed, Feed), String> 
     // step: past 255 registers.
     if !matches!((tile.bm(), tile.bn()), (64 | 128, 64 | 128) | (128, 256)) {
         return Err(format!("a {}x{} tile", tile.bm(), tile.bn()));
+    }
+    // Hopper's 227 KiB of shared memory a block; the descriptors' 14-bit start field
+    // (address / 16) reaches 256 KiB.
+    if shared_bytes(tile.bm(), tile.bn()) > MAX_SHARED {
+        return Err(format!("{} bytes of shared memory", shared_bytes(tile.bm(), tile.bn())));
     }
     let kk = plan.dims[3];
     let mut plan = plan.clone();
