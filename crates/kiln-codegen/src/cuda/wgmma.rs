@@ -82,7 +82,7 @@
 //! # Declined (to [`super::mma`])
 //!
 //! Operands that are not both `cp.async`-fed, splits of `K` ([`choose_split`]), mixed
-//! operand types.
+//! operand types, a block past [`MAX_SHARED`].
 //!
 //! # Checked, and not yet
 //!
