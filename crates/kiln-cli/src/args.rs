@@ -87,7 +87,8 @@ pub(crate) enum Cmd {
         line per dispatch, failures again at the end; exit status 1 when any differs.\n\n\
         Examples:\n  \
         kiln gpu-check mobilenet_v2.onnx --input-shape input=1x3x224x224\n  \
-        kiln gpu-check lenet.onnx --dispatch 3"
+        kiln gpu-check lenet.onnx --dispatch 3\n  \
+        kiln gpu-check bert_tiny.onnx --precision bf16"
     )]
     GpuCheck(GpuCheckArgs),
     /// List the tensor-level passes (the names --passes takes)
@@ -322,6 +323,10 @@ pub(crate) struct GpuCheckArgs {
     /// Check only dispatch N (the plan still runs up to it)
     #[arg(long, value_name = "N")]
     pub dispatch: Option<usize>,
+    /// Storage of f32 tensors, as `kiln compile --precision`: f32 (default), or f16/bf16
+    /// weights and intermediates (the tensor-core kernels)
+    #[arg(long, value_name = "f32|f16|bf16")]
+    pub precision: Option<String>,
     /// Float tolerance in units in the last place of the interpreter's value
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub ulps: u32,

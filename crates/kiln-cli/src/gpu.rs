@@ -325,7 +325,7 @@ mod imp {
     }
 
     /// `kiln gpu-check MODEL [--input-shape …] [--input-value …] [--input NAME=FILE.npy]
-    /// [--seed N] [--dispatch N] [--ulps N]` (see the module docs).
+    /// [--seed N] [--dispatch N] [--ulps N] [--precision f16|bf16]` (see the module docs).
     pub(crate) fn check_cmd(a: &Args, only: Option<usize>, ulps: u32) -> Result<(), String> {
         require_driver()?;
         let model = a.model.clone().ok_or("no model given (kiln gpu-check --help shows the usage)")?;

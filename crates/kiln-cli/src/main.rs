@@ -85,11 +85,7 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
         Some("size") => true,
         Some(other) => return Err(format!("--opt `{other}`: expected speed or size")),
     };
-    let precision = match m.precision.as_deref() {
-        None => kiln_compiler::Precision::F32,
-        Some(p) => kiln_compiler::Precision::from_name(p)
-            .ok_or_else(|| format!("--precision `{p}`: expected f32, f16 or bf16"))?,
-    };
+    let precision = precision_of(m.precision.as_deref())?;
     Ok(artifact::Args {
         import: import_options(m.bind),
         target: m.target_cpu,
@@ -103,6 +99,15 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
         precision,
         ..Default::default()
     })
+}
+
+/// `--precision` (f32 when absent).
+fn precision_of(p: Option<&str>) -> Result<kiln_compiler::Precision, String> {
+    match p {
+        None => Ok(kiln_compiler::Precision::F32),
+        Some(p) => kiln_compiler::Precision::from_name(p)
+            .ok_or_else(|| format!("--precision `{p}`: expected f32, f16 or bf16")),
+    }
 }
 
 /// `--device` of `run` and `bench`, and what it means for a model compiled in memory:
@@ -217,6 +222,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 import: import_options(g.bind),
                 inputs: g.feed.input,
                 seed: g.feed.seed,
+                precision: precision_of(g.precision.as_deref())?,
                 ..Default::default()
             },
             g.dispatch,

@@ -23,7 +23,7 @@ fn device_cuda_without_a_driver_is_a_typed_error() {
     ok(&["compile", LENET, "--target", "cuda", "-o", s(&art)]);
     let empty = dir.join("cases");
     std::fs::create_dir_all(&empty).expect("dir");
-    let commands: [&[&str]; 8] = [
+    let commands: [&[&str]; 9] = [
         &["run", s(&art), "--device", "cuda"],
         &["run", LENET, "--device", "cuda"],
         &["bench", s(&art), "--device", "cuda", "--iterations", "3"],
@@ -32,6 +32,7 @@ fn device_cuda_without_a_driver_is_a_typed_error() {
         &["conformance", s(&empty), "--device", "cuda"],
         &["gpu-check", LENET],
         &["gpu-check", LENET, "--dispatch", "2"],
+        &["gpu-check", LENET, "--precision", "bf16"],
     ];
     match kiln_runtime::cuda::driver_present() {
         Err(_) => {

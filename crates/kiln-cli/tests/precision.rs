@@ -300,7 +300,8 @@ fn an_overflowing_mask_keeps_f32_storage() {
 
 /// With `--target cuda`, every kernel of the four models at f16 and bf16 assembles for
 /// sm_90a (`ptxas`, as `cuda_ptxas.rs` checks at f32); every contraction of two half
-/// operands takes the tensor cores, and one of mixed operands says why it does not.
+/// operands takes the tensor cores (`mma.sync` or `wgmma`, without spills), and one of
+/// mixed operands says why it does not.
 #[test]
 fn half_precision_kernels_assemble_for_sm_90a() {
     let _ = ptxas();
@@ -338,7 +339,8 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                     note.starts_with("contraction (few rows")
                 } else if both_half {
                     mma += 1;
-                    note.starts_with("contraction mma.sync m16n8k16")
+                    // Hopper's wgmma where both operands stream in 16-byte chunks.
+                    note.starts_with("contraction mma.sync m16n8k16") || note.starts_with("contraction wgmma m64n")
                 } else {
                     !note.starts_with("contraction (") || note.contains("tensor cores declined: ") || op.a.dtype == op.b.dtype
                 };
@@ -353,7 +355,7 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                 // The tensor-core kernels keep their accumulators in registers.
                 Ok(usage) => {
                     for (d, note) in flow.dispatches.iter().zip(&cuda.notes) {
-                        if !note.starts_with("contraction mma.sync") {
+                        if !note.starts_with("contraction mma.sync") && !note.starts_with("contraction wgmma") {
                             continue;
                         }
                         let Some((_, u)) = usage.iter().find(|(n, _)| *n == d.kernel.name) else {

@@ -396,3 +396,144 @@ fn prmt_picks_the_bytes_the_isa_names() {
         assert_eq!(out[k], *want, "prmt selector {sel:#06X}: got {:#010X}", out[k]);
     }
 }
+
+/// Bytes of the shared image: A's 8 KiB, then B's 16 KiB.
+const IMG: usize = 8192 + 16384;
+
+/// The binding of one warpgroup's `wgmma … m64n128k16` (see
+/// [`wgmma_multiplies_the_operands_the_descriptors_lay_out`]): the shared image (A at
+/// offset 0 of a 1024-aligned array, B at 8192, each placed by the ISA's canonical
+/// 128-byte swizzle layouts, [`isa::sw128_k_major`], [`isa::sw128_mn_major`],
+/// [`isa::swizzle128`]; a K-major operand's 16 `k` in the second 32 bytes of its rows:
+/// a start inside the swizzle atom), the descriptors' high bits and start offsets, and
+/// room for D.
+fn wgmma_case(ta: bool, tb: bool, a: &[Vec<f64>], b: &[Vec<f64>], enc: fn(f64) -> u16) -> Vec<u8> {
+    let mut bytes = vec![0u8; IMG + 24 + 128 * 256];
+    let mut put = |off: u32, v: f64| {
+        let at = isa::swizzle128(off) as usize;
+        bytes[at..at + 2].copy_from_slice(&enc(v).to_le_bytes());
+    };
+    // (start offset, leading, stride) per operand.
+    let (a_start, a_lbo, a_sbo) = if ta { (0, 8192, 1024) } else { (32, 16, 1024) };
+    let (b_start, b_lbo, b_sbo) = if tb { (8192, 2048, 1024) } else { (8192 + 32, 16, 1024) };
+    for (m, row) in a.iter().enumerate() {
+        for (k, &v) in row.iter().enumerate() {
+            let (m, k) = (m as u32, k as u32);
+            let o = if ta { isa::sw128_mn_major(m, k, a_lbo, a_sbo) } else { isa::sw128_k_major(m, k, a_sbo) };
+            put(a_start + o, v);
+        }
+    }
+    for (k, row) in b.iter().enumerate() {
+        for (n, &v) in row.iter().enumerate() {
+            let (n, k) = (n as u32, k as u32);
+            let o = if tb { isa::sw128_mn_major(n, k, b_lbo, b_sbo) } else { isa::sw128_k_major(n, k, b_sbo) };
+            put(b_start + o, v);
+        }
+    }
+    let hi = |lbo: u64, sbo: u64| ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1u64 << 62);
+    bytes[IMG..IMG + 8].copy_from_slice(&hi(a_lbo.into(), a_sbo.into()).to_le_bytes());
+    bytes[IMG + 8..IMG + 16].copy_from_slice(&hi(b_lbo.into(), b_sbo.into()).to_le_bytes());
+    bytes[IMG + 16..IMG + 20].copy_from_slice(&a_start.to_le_bytes());
+    bytes[IMG + 20..IMG + 24].copy_from_slice(&b_start.to_le_bytes());
+    bytes
+}
+
+/// The kernel of [`wgmma_case`]: copies the image into shared memory, fences it for the
+/// async proxy, builds the descriptors, runs one `wgmma` from zero accumulators and
+/// stores thread `x`'s 64 registers at `IMG + 24 + 256x`. `edit` rewrites the body (to
+/// take a synchronisation step out).
+fn wgmma_kernel(ty: &str, ta: bool, tb: bool, edit: &dyn Fn(String) -> String) -> String {
+    let decls = format!("\t.reg .f32 %g<64>;\n\t.shared .align 1024 .b8 t_s[{IMG}];\n");
+    let mut body = format!(
+        "\tmov.u32 %r1, t_s;\n\tmov.u32 %r2, 0;\nCOPY:\n\tmad.lo.u32 %r3, %r2, 128, %r0;\n\
+         \tmul.wide.u32 %rd3, %r3, 4;\n\tadd.s64 %rd4, %rd0, %rd3;\n\tld.global.b32 %r4, [%rd4];\n\
+         \tshl.b32 %r5, %r3, 2;\n\tadd.u32 %r5, %r5, %r1;\n\tst.shared.b32 [%r5], %r4;\n\
+         \tadd.u32 %r2, %r2, 1;\n\tsetp.lt.u32 %p0, %r2, {};\n\t@%p0 bra COPY;\n\
+         \tfence.proxy.async.shared::cta;\n\tbar.sync 0;\n\
+         \tld.global.u64 %rd5, [%rd0+{IMG}];\n\tld.global.u64 %rd6, [%rd0+{}];\n\
+         \tld.global.u32 %r6, [%rd0+{}];\n\tld.global.u32 %r7, [%rd0+{}];\n\
+         \tadd.u32 %r6, %r6, %r1;\n\tshr.u32 %r6, %r6, 4;\n\tcvt.u64.u32 %rd7, %r6;\n\tor.b64 %rd7, %rd7, %rd5;\n\
+         \tadd.u32 %r7, %r7, %r1;\n\tshr.u32 %r7, %r7, 4;\n\tcvt.u64.u32 %rd8, %r7;\n\tor.b64 %rd8, %rd8, %rd6;\n",
+        IMG / 4 / 128,
+        IMG + 8,
+        IMG + 16,
+        IMG + 20
+    );
+    for j in 0..64 {
+        body += &format!("\tmov.f32 %g{j}, 0f00000000;\n");
+    }
+    let regs: Vec<String> = (0..64).map(|j| format!("%g{j}")).collect();
+    body += &format!(
+        "\twgmma.fence.sync.aligned;\n\tsetp.ne.u32 %p1, %r0, 4096;\n\
+         \twgmma.mma_async.sync.aligned.m64n128k16.f32.{ty}.{ty} {{{}}}, %rd7, %rd8, %p1, 1, 1, {}, {};\n\
+         \twgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;\n\
+         \tmul.wide.u32 %rd9, %r0, 256;\n\tadd.s64 %rd9, %rd9, %rd0;\n",
+        regs.join(", "),
+        u8::from(ta),
+        u8::from(tb)
+    );
+    for j in 0..64 {
+        body += &format!("\tst.global.f32 [%rd9+{}], %g{j};\n", IMG + 24 + 4 * j);
+    }
+    kernel(&decls, 4, &edit(body))
+}
+
+/// One warpgroup's `wgmma.mma_async … m64n128k16` of small integers (exact in every
+/// type), A and B placed in shared memory by the ISA's canonical 128-byte swizzle
+/// layouts (K-major and MN-major each, the MN-major B over two 64-column groups apart
+/// by the leading byte offset), D read back through the ISA's fragment
+/// ([`isa::wgmma_d`]), against a plain matrix product.
+#[test]
+fn wgmma_multiplies_the_operands_the_descriptors_lay_out() {
+    for (ty, enc) in [("f16", ptxsim::to_f16 as fn(f64) -> u16), ("bf16", ptxsim::to_bf16)] {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let mut s = 11u64 + u64::from(ta) + 2 * u64::from(tb);
+            let mut next = || {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 33) % 9) as f64 - 4.0
+            };
+            let a: Vec<Vec<f64>> = (0..64).map(|_| (0..16).map(|_| next()).collect()).collect();
+            let b: Vec<Vec<f64>> = (0..16).map(|_| (0..128).map(|_| next()).collect()).collect();
+            let bytes = wgmma_case(ta, tb, &a, &b, enc);
+            let ptx = wgmma_kernel(ty, ta, tb, &|b| b);
+            let out = run_on(&ptx, 128, bytes).unwrap_or_else(|e| panic!("{ty} {ta} {tb}: {e}"));
+            for x in 0..128u32 {
+                for i in 0..64u32 {
+                    let (r, n) = isa::wgmma_d(x, i);
+                    let (r, n) = (r as usize, n as usize);
+                    let want: f64 = (0..16).map(|k| a[r][k] * b[k][n]).sum();
+                    let got = f32::from_bits(word(&out, IMG / 4 + 6 + 64 * x as usize + i as usize));
+                    assert_eq!(f64::from(got), want, "{ty} trans {ta} {tb}: thread {x} d{i} = D[{r}][{n}]");
+                }
+            }
+        }
+    }
+}
+
+/// The `wgmma` synchronisation the ISA requires, each taken out in turn, is an error:
+/// no `fence.proxy.async` between the shared stores and the `wgmma` (generic-proxy
+/// writes unordered with the async proxy's reads), no `wgmma.fence` before it, and a
+/// shared store over its operands before `wgmma.wait_group` (a race with its
+/// asynchronous reads); a warpgroup missing a thread is divergence.
+#[test]
+fn wgmma_synchronisation_is_checked() {
+    let a = vec![vec![1.0; 16]; 64];
+    let b = vec![vec![1.0; 128]; 16];
+    let cases: [(&str, &dyn Fn(String) -> String); 4] = [
+        ("no proxy fence", &|s: String| s.replace("\tfence.proxy.async.shared::cta;\n", "")),
+        ("no wgmma.fence", &|s: String| s.replace("\twgmma.fence.sync.aligned;\n", "")),
+        ("a store before the wait", &|s: String| {
+            s.replace("\twgmma.commit_group.sync.aligned;\n", "\twgmma.commit_group.sync.aligned;\n\tst.shared.b32 [%r1+32], %r4;\n")
+        }),
+        ("a thread missing", &|s: String| {
+            s.replace("\twgmma.fence.sync.aligned;\n", "\tsetp.eq.u32 %p2, %r0, 77;\n\t@%p2 bra END;\n\twgmma.fence.sync.aligned;\n")
+                + "END:\n"
+        }),
+    ];
+    for (what, edit) in cases {
+        let ptx = wgmma_kernel("bf16", false, true, edit);
+        assert!(ptx != wgmma_kernel("bf16", false, true, &|b| b), "{what}: the edit applies");
+        let e = run_on(&ptx, 128, wgmma_case(false, true, &a, &b, ptxsim::to_bf16)).expect_err(what);
+        assert!(matches!(e, SimError::Divergence(_)), "{what}: {e}");
+    }
+}

@@ -101,7 +101,7 @@
 use std::collections::HashSet;
 
 use kiln_flow::contraction::{Contraction, Operand};
-use kiln_flow::{Expr, ExprId, Kernel};
+use kiln_flow::{Expr, ExprId, Kernel, ScalarType};
 use kiln_ir::DType;
 
 use super::expr::Eval;
@@ -444,11 +444,14 @@ impl Plan {
             && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 4 == 0)
     }
 
-    /// Whether 2 consecutive columns from an even one may go out with one
-    /// `st.global.v2.f32`: as [`Plan::vector_store`], the innermost column extent even
-    /// (8-byte aligned, and in range together as `N` is even).
+    /// Whether an epilogue whose threads hold pairs of consecutive columns from an even
+    /// one stores each pair with one `st.global.v2.f32` / `st.global.b32` (two halves):
+    /// the innermost column variable is the output's innermost axis (stride 1) and its
+    /// extent even, so that such a pair is two consecutive elements at an even offset
+    /// (every other stride is a multiple of that extent) in range together (`N` even);
+    /// the output stores f32, f16 or bf16.
     pub fn pair_store(&self) -> bool {
-        self.out_dtype == DType::F32
+        matches!(self.out_dtype, DType::F32 | DType::F16 | DType::BF16)
             && self.cols.last().is_some_and(|&(v, e)| self.out.get(v as usize) == Some(&1) && e % 2 == 0)
     }
 
@@ -599,8 +602,22 @@ pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenErr
     let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     let mut declined = String::new();
     if half(plan.a.dtype) || half(plan.b.dtype) {
+        // Hopper's warpgroup MMA where both operands stream in 16-byte chunks, else
+        // `mma.sync` (which register-stages what cp.async cannot copy, and splits K);
+        // `KILN_CUDA_TUNE=wgmma=off` times `mma.sync` on the products wgmma takes.
+        let wg_why = if !tune.wgmma {
+            format!("{}=wgmma=off", super::tune::VAR)
+        } else {
+            match super::wgmma::emit(k, &plan)? {
+                Ok(e) => return Ok(Ok(e)),
+                Err(why) => why,
+            }
+        };
         match super::mma::emit(k, &plan, &tune.mma)? {
-            Ok(e) => return Ok(Ok(e)),
+            Ok(mut e) => {
+                e.note = format!("{} (wgmma declined: {wg_why})", e.note);
+                return Ok(Ok(e));
+            }
             Err(why) => declined = format!("; tensor cores declined: {why}"),
         }
     }
@@ -1277,6 +1294,8 @@ impl<'a> Emitter<'a> {
             ev.set_var(v as usize, r);
         }
         let root_ty = k.node(k.root).ty;
+        // Pairs store the root's f32 values (narrowed to half where the output is).
+        let lanes = if lanes == 2 && root_ty != ScalarType::F32 { 1 } else { lanes };
         for (i, &r) in rows.iter().enumerate() {
             let ok = pred(ev.p, "setp.lt.u32", r, Imm::U(m).into());
             let row_end: Label = ev.p.label();
@@ -1311,10 +1330,19 @@ impl<'a> Emitter<'a> {
                 let off = ev.p.reg(RegClass::B64);
                 ev.p.op("add.s64", &[off.into(), o_row.into(), (*coff).into()]);
                 let addr = ev.address(out_base, off, k.output.dtype)?;
-                if lanes == 1 {
-                    ev.store_at(addr, k.output.dtype, root_ty, vals[0])?;
-                } else {
-                    ev.p.op(&format!("st.global.v{lanes}.f32"), &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                match lanes {
+                    1 => ev.store_at(addr, k.output.dtype, root_ty, vals[0])?,
+                    2 if k.output.dtype == DType::F32 => {
+                        ev.p.op("st.global.v2.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]);
+                    }
+                    2 => {
+                        let h0 = ev.narrow(vals[0], k.output.dtype, root_ty)?;
+                        let h1 = ev.narrow(vals[1], k.output.dtype, root_ty)?;
+                        let w = ev.p.reg(RegClass::B32);
+                        ev.p.op("mov.b32", &[w.into(), Opd::Vec(vec![h0, h1])]);
+                        ev.p.op("st.global.b32", &[Opd::Addr(addr, 0), w.into()]);
+                    }
+                    _ => ev.p.op("st.global.v4.f32", &[Opd::Addr(addr, 0), Opd::Vec(vals)]),
                 }
                 ev.p.place(skip);
             }

@@ -114,12 +114,14 @@
 //!
 //! # Checked, and not yet
 //!
-//! The default kernel has run on an H100 (docs/cuda.md); the variants have not.
-//! `tests/cuda_mma.rs` checks the index functions above against the PTX ISA's tables
-//! (at both `k` steps, 128 and 256 threads), models the whole data flow on the host
-//! from them against the kernel interpreter, runs the emitted PTX of every variant in
-//! the host simulator against the interpreter, and assembles the kernels with `ptxas
-//! -v` (no stack, no spills). Not yet: Hopper's `wgmma` with TMA copies and
+//! The default kernel has run on an H100 (docs/cuda.md); the `KILN_CUDA_TUNE` variants
+//! only in the sweep there. `tests/cuda_mma.rs` checks the index functions above
+//! against the PTX ISA's tables (at both `k` steps, 128 and 256 threads), models the
+//! whole data flow on the host from them against the kernel interpreter, runs the
+//! emitted PTX of every variant in the host simulator against the interpreter, and
+//! assembles the kernels with `ptxas -v` (no stack, no spills). Contractions whose
+//! operands both take `cp.async` and whose `K` is not split run on Hopper's `wgmma`
+//! instead ([`super::wgmma`]); this kernel is their fallback. Not yet: TMA copies and
 //! thread-block clusters' multicast, and `cp.async` for chunks that straddle `K`.
 
 use kiln_flow::Kernel;

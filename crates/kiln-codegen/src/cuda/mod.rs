@@ -49,6 +49,7 @@ mod elementwise;
 pub mod expr;
 mod general;
 pub mod mma;
+pub mod wgmma;
 pub mod ptx;
 pub mod window;
 pub mod rows;

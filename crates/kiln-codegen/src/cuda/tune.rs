@@ -35,6 +35,9 @@
 //!   register-staged operand keeps 32, where 64 would stage twice the registers, and
 //!   one block, its addresses needing more than 128 registers); the note says what ran.
 //!
+//! - `wgmma=off`: half contractions skip the warpgroup kernel ([`super::wgmma`]) and
+//!   take `mma.sync` with the `mma` variant (`on`, the default: wgmma where it applies).
+//!
 //! Every variant computes the same values by the same code paths as the default (the
 //! suites run them in the simulator against the kernel interpreter); only the speed
 //! differs. A malformed value is a typed error, never ignored.
@@ -79,12 +82,21 @@ impl Default for Mma {
 }
 
 /// The variants of one compilation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tune {
     /// The f32 kernel's tile and split (`None`: chosen per kernel).
     pub f32: Option<F32>,
     /// The tensor-core kernel's pipeline.
     pub mma: Mma,
+    /// Whether half contractions may take the warpgroup kernel ([`super::wgmma`]);
+    /// `wgmma=off` times `mma.sync` on the products wgmma would take.
+    pub wgmma: bool,
+}
+
+impl Default for Tune {
+    fn default() -> Tune {
+        Tune { f32: None, mma: Mma::default(), wgmma: true }
+    }
 }
 
 fn num(s: &str, what: &str, allowed: &[u32]) -> Result<u32, String> {
@@ -157,7 +169,14 @@ impl Tune {
                         return Err(format!("mma {v:?}: two blocks per multiprocessor only with bk32 and 128x128"));
                     }
                 }
-                other => return Err(format!("unknown key {other:?} (f32, mma)")),
+                "wgmma" => {
+                    t.wgmma = match v.trim() {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(format!("wgmma {v:?}: on or off")),
+                    }
+                }
+                other => return Err(format!("unknown key {other:?} (f32, mma, wgmma)")),
             }
         }
         Ok(t)
@@ -179,6 +198,8 @@ mod tests {
 
     #[test]
     fn parses_variants_and_refuses_the_rest() {
+        assert!(!Tune::parse("wgmma=off").unwrap().wgmma);
+        assert!(Tune::parse("").unwrap().wgmma);
         assert_eq!(Tune::parse("").unwrap(), Tune::default());
         let t = Tune::parse("f32=128x64s2, mma=bk32s4b2").unwrap();
         assert_eq!(t.f32, Some(F32 { tile: Tile { tm: 8, tn: 4 }, split: 2 }));
@@ -202,6 +223,7 @@ mod tests {
             "mma=bk32s3t128x256w4",
             "x=1",
             "f32",
+            "wgmma=no",
         ] {
             assert!(Tune::parse(bad).is_err(), "{bad}");
         }

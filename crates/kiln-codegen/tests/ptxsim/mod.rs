@@ -22,9 +22,10 @@
 //! Global memory is the bindings, each at its own base far from the others; every
 //! access (scalar or `.v2/.v4`) must lie inside one binding and be naturally aligned,
 //! else the run fails (so predicated-off accesses are proven not made). Shared memory
-//! is one byte array per block holding every `.shared` variable (static ones, and
-//! `.extern .shared` sized by the launch's `shared`); an access must lie inside one
-//! variable, aligned, and a read of a byte never written in this block is an error
+//! is one byte array per block holding the entry's `.shared` variables (its own and
+//! the module-scope ones, not other entries'): the static ones, then the dynamic region
+//! (the launch's `shared` bytes) where every `.extern .shared` array of the module
+//! starts, as PTX aliases them; an access must lie inside one variable, aligned, and a read of a byte never written in this block is an error
 //! (uninitialised shared read). `mapa.shared::cluster` tags a shared address with a
 //! rank; `ld.shared::cluster` reads that block's shared memory (an untagged address is
 //! the own block's).
@@ -57,6 +58,16 @@
 //! race), and so is another thread reading a landed byte before a barrier follows the
 //! wait that landed it, or a `cp.async` into bytes another thread read with no barrier
 //! since (the copy may land before that read).
+//! `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}` (both operands from shared
+//! memory through matrix descriptors: start address, leading and stride byte offsets,
+//! no swizzle or the 128-byte one) is warpgroup-collective (128 consecutive threads of
+//! the block, every operand the same); its result is computed at issue, its shared
+//! reads stay outstanding (a write to those bytes is a race) and its accumulators hold
+//! a NaN poison until the thread's `wgmma.wait_group` retires its group
+//! (`wgmma.commit_group`); it needs a `wgmma.fence` after any other write of its
+//! accumulators, and shared bytes written through the generic proxy (stores, landed
+//! `cp.async`) need their writer's `fence.proxy.async.shared::cta` since (and, like
+//! any read of another thread's bytes, a barrier).
 //!
 //! **Not modelled.** Approximate instructions (`ex2/lg2/sin/cos/tanh/rcp/sqrt.approx`)
 //! return the correctly rounded exact value (f64 libm, rounded to f32): the hardware's
@@ -269,6 +280,17 @@ enum Op {
     CpWait,
     /// `cp.async.wait_all`.
     CpWaitAll,
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T d, a-desc, b-desc, scale-d,
+    /// imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b` (warpgroup-collective).
+    Wgmma,
+    /// `wgmma.fence.sync.aligned`.
+    WgFence,
+    /// `wgmma.commit_group.sync.aligned`.
+    WgCommit,
+    /// `wgmma.wait_group.sync.aligned N`.
+    WgWait,
+    /// `fence.proxy.async.shared::cta`.
+    ProxyFence,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,6 +342,8 @@ struct Mods {
     uni: bool,
     /// `ldmatrix … .trans`.
     trans: bool,
+    /// `wgmma`'s N (of m64nNk16).
+    n: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -515,6 +539,7 @@ fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
         Op::Prmt => tys == [Ty::B(32)] && m.rnd.is_none(),
         // Decoded by `decode_matrix` only.
         Op::Mma | Op::Ldmatrix | Op::CpAsync | Op::CpCommit | Op::CpWait | Op::CpWaitAll => false,
+        Op::Wgmma | Op::WgFence | Op::WgCommit | Op::WgWait | Op::ProxyFence => false,
     };
     if !ok {
         return unsupported(format!("instruction `{opcode}` (this form)"));
@@ -557,6 +582,26 @@ fn decode_matrix(opcode: &str) -> R<Option<(Op, Vec<Ty>, Mods)>> {
             m.space = Some(Space::Shared);
             Ok(Some((Op::Ldmatrix, vec![Ty::B(16)], m)))
         }
+        "wgmma" => match parts[..] {
+            ["wgmma", "mma_async", "sync", "aligned", shape, "f32", a, b] if a == b && matches!(a, "f16" | "bf16") => {
+                let n = shape
+                    .strip_prefix("m64n")
+                    .and_then(|x| x.strip_suffix("k16"))
+                    .and_then(|x| x.parse::<u32>().ok())
+                    .filter(|&n| (8..=256).contains(&n) && n % 8 == 0);
+                let (Some(n), Some(t)) = (n, Ty::of(a)) else { return refuse() };
+                m.n = n;
+                Ok(Some((Op::Wgmma, vec![Ty::F32, t, t], m)))
+            }
+            ["wgmma", "fence", "sync", "aligned"] => Ok(Some((Op::WgFence, vec![], m))),
+            ["wgmma", "commit_group", "sync", "aligned"] => Ok(Some((Op::WgCommit, vec![], m))),
+            ["wgmma", "wait_group", "sync", "aligned"] => Ok(Some((Op::WgWait, vec![], m))),
+            _ => refuse(),
+        },
+        "fence" => match parts[..] {
+            ["fence", "proxy", "async", "shared::cta"] => Ok(Some((Op::ProxyFence, vec![], m))),
+            _ => refuse(),
+        },
         "cp" => match parts[..] {
             ["cp", "async", "ca" | "cg", "shared", "global"] => {
                 m.space = Some(Space::Shared);
@@ -629,12 +674,17 @@ pub fn parse(ptx: &str, index: usize) -> R<Entry> {
 pub fn parse_named(ptx: &str, name: &str) -> R<Entry> {
     let head = format!(".entry {name}(");
     let start = ptx.find(&head).ok_or_else(|| SimError::Parse(format!("no entry {name}")))?;
+    // Module-scope declarations only: another entry's body declares its own.
     let mut shared = Vec::new();
+    let mut depth = 0i64;
     for l in ptx[..start].lines() {
         let l = l.trim();
-        if let Some(rest) = l.strip_prefix(".shared").or_else(|| l.strip_prefix(".extern .shared")) {
-            shared.push(shared_var(rest)?);
+        if depth == 0 {
+            if let Some(rest) = l.strip_prefix(".shared").or_else(|| l.strip_prefix(".extern .shared")) {
+                shared.push(shared_var(rest)?);
+            }
         }
+        depth += l.matches('{').count() as i64 - l.matches('}').count() as i64;
     }
     let text = &ptx[start..];
     let close = text.find(')').ok_or(SimError::Parse("no `)`".into()))?;
@@ -802,6 +852,9 @@ pub fn parse_named(ptx: &str, name: &str) -> R<Entry> {
             Op::CpAsync if a.len() == 3 => 3,
             Op::CpAsync => 4,
             Op::CpCommit | Op::CpWaitAll => 0,
+            Op::Wgmma => 8,
+            Op::WgFence | Op::WgCommit | Op::ProxyFence => 0,
+            Op::WgWait => 1,
             Op::CpWait => 1,
             Op::Ret | Op::ClusterArrive | Op::ClusterWait => 0,
             Op::Bra | Op::BarSync => 1,
@@ -890,18 +943,42 @@ struct Shared {
     read_by: Vec<Vec<u16>>,
     /// Per rank: how many block barriers (`bar.sync`, cluster barriers) completed.
     epoch: Vec<u32>,
+    /// Per rank and byte: outstanding `wgmma` reads of it (a write is a race).
+    wg_reads: Vec<Vec<u16>>,
+    /// Every `wgmma` issued: the `(rank, offset)` of each 2-byte element it read, and
+    /// how many of its warpgroup's threads have not yet waited for it.
+    wg_ops: Vec<(Vec<(usize, usize)>, u32)>,
+    /// Per rank and byte: the thread (+1; 0: none) whose store or `cp.async` (generic
+    /// proxy) last wrote it, and that thread's count of `fence.proxy.async` then.
+    gen_writer: Vec<Vec<u16>>,
+    gen_fence: Vec<Vec<u32>>,
+    /// `fence.proxy.async` executed, per `(rank, thread)`.
+    proxy_fences: HashMap<(usize, u32), u32>,
 }
 
 impl Shared {
     fn new(e: &Entry, dynamic: u32) -> R<Shared> {
-        // Start at 16 (so a null shared pointer is no variable's).
+        // Start at 16 (so a null shared pointer is no variable's): the static variables,
+        // then the dynamic region (the launch's bytes) where every `.extern` array of the
+        // module starts (they alias, as in PTX).
         let mut at = 16u64;
-        let mut vars = Vec::new();
-        for v in &e.shared {
-            at = at.next_multiple_of(v.align.max(1));
-            let n = v.bytes.unwrap_or(u64::from(dynamic));
-            vars.push((at, at + n));
-            at += n;
+        let mut vars = vec![(0, 0); e.shared.len()];
+        for (v, slot) in e.shared.iter().zip(vars.iter_mut()) {
+            if let Some(n) = v.bytes {
+                at = at.next_multiple_of(v.align.max(1));
+                *slot = (at, at + n);
+                at += n;
+            }
+        }
+        let align = e.shared.iter().filter(|v| v.bytes.is_none()).map(|v| v.align.max(1)).max().unwrap_or(1);
+        at = at.next_multiple_of(align);
+        for (v, slot) in e.shared.iter().zip(vars.iter_mut()) {
+            if v.bytes.is_none() {
+                *slot = (at, at + u64::from(dynamic));
+            }
+        }
+        if e.shared.iter().any(|v| v.bytes.is_none()) {
+            at += u64::from(dynamic);
         }
         if at > 1 << RANK_SHIFT {
             return unsupported(format!("{} bytes of shared memory", at));
@@ -918,6 +995,11 @@ impl Shared {
             epoch: vec![0; e.cluster as usize],
             read_epoch: (0..e.cluster).map(|_| vec![u32::MAX; n]).collect(),
             read_by: (0..e.cluster).map(|_| vec![0; n]).collect(),
+            wg_reads: (0..e.cluster).map(|_| vec![0; n]).collect(),
+            wg_ops: Vec::new(),
+            gen_writer: (0..e.cluster).map(|_| vec![0; n]).collect(),
+            gen_fence: (0..e.cluster).map(|_| vec![0; n]).collect(),
+            proxy_fences: HashMap::new(),
         })
     }
 
@@ -979,7 +1061,7 @@ impl Shared {
 
     /// A plain store to bytes `o..o + n` of rank `r` (refused while a `cp.async` to them
     /// is outstanding: the two writes race).
-    fn store(&mut self, r: usize, o: usize, data: &[u8], what: &dyn Fn() -> String) -> R<()> {
+    fn store(&mut self, r: usize, o: usize, data: &[u8], tid: u32, what: &dyn Fn() -> String) -> R<()> {
         let n = data.len();
         if let Some(k) = self.pending[r][o..o + n].iter().position(|&x| x) {
             return Err(SimError::Divergence(format!(
@@ -988,6 +1070,8 @@ impl Shared {
                 o + k
             )));
         }
+        self.no_wgmma_reads(r, o, n, what)?;
+        self.generic_write(r, o, n, tid);
         self.bytes[r][o..o + n].copy_from_slice(data);
         self.init[r][o..o + n].iter_mut().for_each(|w| *w = true);
         self.landed_by[r][o..o + n].iter_mut().for_each(|w| *w = 0);
@@ -995,10 +1079,33 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Refuses a write to bytes `o..o + n` of rank `r` that an outstanding `wgmma`
+    /// reads (the asynchronous read may see either value: a race).
+    fn no_wgmma_reads(&self, r: usize, o: usize, n: usize, what: &dyn Fn() -> String) -> R<()> {
+        match self.wg_reads[r][o..o + n].iter().position(|&x| x > 0) {
+            Some(k) => Err(SimError::Divergence(format!(
+                "{}: writes byte {} of rank {r}, which a wgmma not yet waited for reads (a race)",
+                what(),
+                o + k
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a generic-proxy write of bytes `o..o + n` of rank `r` by thread `tid`.
+    fn generic_write(&mut self, r: usize, o: usize, n: usize, tid: u32) {
+        let f = self.proxy_fences.get(&(r, tid)).copied().unwrap_or(0);
+        self.gen_writer[r][o..o + n].iter_mut().for_each(|w| *w = tid as u16 + 1);
+        self.gen_fence[r][o..o + n].iter_mut().for_each(|w| *w = f);
+    }
+}
+
 /// Completes the copies of `group` (issued by thread `tid`) into shared memory.
 fn land(sh: &mut Shared, group: &[AsyncCopy], tid: u32) {
     for c in group {
         let (r, o) = (c.rank, c.off);
+        sh.generic_write(r, o, 16, tid);
         sh.bytes[r][o..o + 16].copy_from_slice(&c.data);
         sh.init[r][o..o + 16].iter_mut().for_each(|x| *x = true);
         sh.pending[r][o..o + 16].iter_mut().for_each(|x| *x = false);
@@ -1006,6 +1113,79 @@ fn land(sh: &mut Shared, group: &[AsyncCopy], tid: u32) {
         let e = sh.epoch[r];
         sh.landed_epoch[r][o..o + 16].iter_mut().for_each(|x| *x = e);
     }
+}
+
+/// The reader a `wgmma`'s shared-memory reads are checked as: no thread of the block,
+/// so that bytes a `cp.async` landed need a barrier since (whoever issued it).
+const WG_READER: u32 = 0xFFFE;
+
+/// The bit pattern of accumulator registers while a `wgmma` writing them is not yet
+/// waited for (a quiet NaN: a read shows in the output).
+const WG_POISON: u64 = 0x7FC0_0BAD;
+
+/// Thread `t` waited for `wgmma` `op`: its accumulators that no newer pending `wgmma`
+/// writes get their values; the shared bytes it read are released once every thread of
+/// its warpgroup waited for it.
+fn retire(t: &mut Thread, sh: &mut Shared, op: usize) {
+    let done: Vec<usize> = t.wg_pending.iter().filter(|(_, &(o, _))| o == op).map(|(&r, _)| r).collect();
+    for r in done {
+        if let Some((_, v)) = t.wg_pending.remove(&r) {
+            t.regs[r] = v;
+            t.written[r] = 0;
+        }
+    }
+    let entry = &mut sh.wg_ops[op];
+    entry.1 -= 1;
+    if entry.1 == 0 {
+        for &(r, o) in &entry.0 {
+            sh.wg_reads[r][o] -= 1;
+            sh.wg_reads[r][o + 1] -= 1;
+        }
+    }
+}
+
+/// The 128-byte swizzle (PTX ISA, "Shared Memory Matrix Layout", 128B swizzling mode):
+/// within each 1024-byte block of 8 rows of 128 bytes, 16-byte chunk `c` of row `r`
+/// is stored at chunk `c ⊕ r`: address bits 4–6 XOR bits 7–9.
+fn swizzle128(addr: u64) -> u64 {
+    addr ^ (((addr >> 7) & 7) << 4)
+}
+
+/// The shared address of element `(mn, k)` of a `wgmma` operand described by `desc`
+/// (PTX ISA, "Matrix Descriptor Format" and the canonical layouts of "Shared Memory
+/// Matrix Layout", 16-bit elements: a core matrix is 8 rows of 16 bytes): bits 0–13 the
+/// start address >> 4, 16–29 the leading dimension byte offset >> 4, 32–45 the stride
+/// dimension byte offset >> 4, 49–51 the base offset, 62–63 the swizzle mode (0 none,
+/// 1 128-byte; 64- and 32-byte refused), every other bit 0. `mn` is A's row or B's
+/// column, `k` in 0..16; `trans` the operand's imm-trans (0: K-major).
+/// - K-major, no swizzle: core matrices of 8 `mn` × 8 `k` (16 bytes a row); the next
+///   8 `mn` at the stride byte offset, the next 8 `k` at the leading byte offset.
+/// - K-major, 128-byte swizzle: rows of 128 bytes (`k` along the row), 8 `mn` rows
+///   consecutive, the next 8 at the stride byte offset (the leading byte offset unused);
+///   then the swizzle.
+/// - MN-major, no swizzle: core matrices of 8 `k` rows × 8 `mn` (16 bytes); the next 8
+///   `mn` at the stride byte offset, the next 8 `k` at the leading byte offset.
+/// - MN-major, 128-byte swizzle: rows of 128 bytes (64 `mn` along the row), 8 `k` rows
+///   consecutive, the next 8 `k` at the stride byte offset, the next 64 `mn` at the
+///   leading byte offset; then the swizzle.
+fn wgmma_addr(desc: u64, trans: bool, mn: u64, k: u64) -> R<u64> {
+    let used = 0x3FFF | (0x3FFF << 16) | (0x3FFF << 32) | (7 << 49) | (3 << 62);
+    if desc & !used != 0 {
+        return Err(SimError::Undefined(format!("descriptor {desc:#x}: reserved bits set")));
+    }
+    let start = (desc & 0x3FFF) << 4;
+    let lbo = ((desc >> 16) & 0x3FFF) << 4;
+    let sbo = ((desc >> 32) & 0x3FFF) << 4;
+    if (desc >> 49) & 7 != 0 {
+        return unsupported(format!("descriptor {desc:#x}: a base offset"));
+    }
+    Ok(match (desc >> 62, trans) {
+        (0, false) => start + (mn / 8) * sbo + (mn % 8) * 16 + (k / 8) * lbo + (k % 8) * 2,
+        (0, true) => start + (mn / 8) * sbo + (mn % 8) * 2 + (k / 8) * lbo + (k % 8) * 16,
+        (1, false) => swizzle128(start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2),
+        (1, true) => swizzle128(start + (mn / 64) * lbo + (mn % 64) * 2 + (k / 8) * sbo + (k % 8) * 128),
+        (m, _) => return unsupported(format!("descriptor {desc:#x}: swizzle mode {m}")),
+    })
 }
 
 /// An issued `cp.async`: its 16 bytes (source bytes then zeros, read at issue: the
@@ -1054,6 +1234,8 @@ enum St {
     Shfl,
     Bar,
     Cluster,
+    /// At a warpgroup-collective `wgmma.mma_async`.
+    Wg,
     Exit,
 }
 
@@ -1070,6 +1252,17 @@ struct Thread {
     tid: u32,
     /// Committed `cp.async` groups not yet waited for, oldest first.
     groups: std::collections::VecDeque<Vec<AsyncCopy>>,
+    /// Per register: the step of its last write by an instruction other than `wgmma`.
+    written: Vec<u64>,
+    /// The step of its last `wgmma.fence`.
+    wg_fence: Option<u64>,
+    /// `wgmma`s (by id) issued since the last `wgmma.commit_group`.
+    wg_open: Vec<usize>,
+    /// Committed `wgmma` groups not yet waited for, oldest first.
+    wg_groups: std::collections::VecDeque<Vec<usize>>,
+    /// Accumulator registers of `wgmma`s not yet waited for: the newest such `wgmma`
+    /// writing each, and the value it writes.
+    wg_pending: HashMap<usize, (usize, u64)>,
 }
 
 struct Cx {
@@ -1288,6 +1481,7 @@ impl Entry {
     }
 
     fn set(&self, t: &mut Thread, r: usize, v: u64) {
+        t.written[r] = t.steps;
         let w = self.widths[r];
         t.regs[r] = if w == 1 { u64::from(v & 1 != 0) } else { v & mask(w) };
     }
@@ -1362,6 +1556,15 @@ impl Entry {
                     t.pc += 1;
                     continue;
                 }
+                Op::Wgmma => {
+                    t.st = St::Wg;
+                    return Ok(());
+                }
+                Op::WgFence | Op::WgCommit | Op::WgWait | Op::ProxyFence => {
+                    self.wg_local(i, t, cx, sh)?;
+                    t.pc += 1;
+                    continue;
+                }
                 _ => {}
             }
             self.exec(i, t, cx, g, sh)?;
@@ -1402,6 +1605,7 @@ impl Entry {
                         o + k
                     )));
                 }
+                sh.no_wgmma_reads(r, o, 16, &what)?;
                 for k in o..o + 16 {
                     let by = sh.read_by[r][k];
                     if sh.read_epoch[r][k] == sh.epoch[r] && by != cx.tid as u16 + 1 {
@@ -1451,13 +1655,184 @@ impl Entry {
         Ok(())
     }
 
-    /// A thread's outstanding copies land when it exits.
+    /// A thread's outstanding copies land when it exits (and its `wgmma`s complete).
     fn exit_copies(&self, t: &mut Thread, sh: &mut Shared) {
+        t.wg_groups.push_back(std::mem::take(&mut t.wg_open));
+        while let Some(group) = t.wg_groups.pop_front() {
+            for op in group {
+                retire(t, sh, op);
+            }
+        }
         let tid = t.tid;
         t.groups.push_back(std::mem::take(&mut t.open));
         while let Some(group) = t.groups.pop_front() {
             land(sh, &group, tid);
         }
+    }
+
+    /// The per-thread `wgmma` bookkeeping (PTX ISA, "Asynchronous Warpgroup Level Matrix
+    /// Multiply-Accumulate"): `wgmma.fence` marks the point after which the thread's
+    /// register writes are ordered before its next `wgmma`s; `commit_group` closes the
+    /// `wgmma`s issued since the last into a group; `wait_group N` waits until at most
+    /// the newest `N` groups are pending (their accumulators land then); a
+    /// `fence.proxy.async` orders the thread's earlier generic-proxy shared writes
+    /// (stores, landed `cp.async`) before later async-proxy reads (`wgmma`).
+    fn wg_local(&self, i: &Inst, t: &mut Thread, cx: &Cx, sh: &mut Shared) -> R<()> {
+        match i.op {
+            Op::WgFence => t.wg_fence = Some(t.steps),
+            Op::WgCommit => t.wg_groups.push_back(std::mem::take(&mut t.wg_open)),
+            Op::WgWait => {
+                let keep = self.val(t, &i.a[0], cx, sh, i)? as usize;
+                while t.wg_groups.len() > keep {
+                    for op in t.wg_groups.pop_front().unwrap_or_default() {
+                        retire(t, sh, op);
+                    }
+                }
+            }
+            Op::ProxyFence => *sh.proxy_fences.entry((cx.rank as usize, cx.tid)).or_insert(0) += 1,
+            _ => return unsupported(i.text.clone()),
+        }
+        Ok(())
+    }
+
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T d, a-desc, b-desc, scale-d,
+    /// imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b` for the 128 threads of a
+    /// warpgroup (`members`, in thread order; every operand the same in all of them):
+    /// `D = A·B + (scale-d ? D : 0)`, A 64×16 and B 16×N from shared memory through
+    /// their descriptors ([`wgmma_addr`]; B's `mn` is its column `n`), each negated
+    /// where its imm-scale is -1. D's fragment (PTX ISA, "Register Fragments", D of
+    /// m64nNk16, f32): thread `x`'s register `i` holds row `16·(x / 32) + (x % 32) / 4
+    /// + 8·((i / 2) % 2)`, column `8·(i / 4) + 2·(x % 4) + i % 2`.
+    ///
+    /// Asynchrony: the result is computed here from the shared bytes as they are now,
+    /// which must be readable (written, no `cp.async` pending, landed copies followed by
+    /// a barrier) and, where a thread wrote them through the generic proxy, fenced by
+    /// that thread's `fence.proxy.async` since; the bytes stay marked as read until
+    /// every member waited for this `wgmma` (a write before is a race). Each member's
+    /// accumulators hold a NaN poison until its `wait_group` lands them; a `wgmma`
+    /// chained on pending accumulators (the same registers) reads their pending values,
+    /// which the ISA allows; any other register write to them since the thread's last
+    /// `wgmma.fence`, or no fence at all, is an error. Arithmetic as `mma`: exact
+    /// products summed with `c` in f64, one rounding to f32.
+    fn wgmma(&self, threads: &mut [Thread], members: &[usize], rank: usize, sh: &mut Shared) -> R<()> {
+        let i = &self.insts[threads[members[0]].pc];
+        let n = i.m.n as usize;
+        let rd = self.regs_of(i, 0, n / 2)?;
+        let what = || format!("rank {rank} thread {}: `{}`", threads[members[0]].tid, i.text);
+        let scalar = |t: &Thread, k: usize| -> R<u64> {
+            match &i.a[k] {
+                Opnd::Reg(r) => Ok(t.regs[*r]),
+                Opnd::Imm(v) if k >= 4 => Ok(*v),
+                o => unsupported(format!("`{}`: operand {k} {o:?}", i.text)),
+            }
+        };
+        let ops: Vec<u64> = (1..8).map(|k| scalar(&threads[members[0]], k)).collect::<R<_>>()?;
+        for &l in members {
+            let o: Vec<u64> = (1..8).map(|k| scalar(&threads[l], k)).collect::<R<_>>()?;
+            if o != ops {
+                return Err(SimError::Divergence(format!("{}: operands differ across the warpgroup", what())));
+            }
+        }
+        let (da, db, scale_d) = (ops[0], ops[1], ops[2] != 0);
+        let sign = |v: u64| -> R<f64> {
+            match v as i64 {
+                1 => Ok(1.0),
+                -1 => Ok(-1.0),
+                _ => unsupported(format!("`{}`: imm-scale {v}", i.text)),
+            }
+        };
+        let (sa, sb) = (sign(ops[3])?, sign(ops[4])?);
+        let trans = |v: u64| -> R<bool> {
+            match v {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => unsupported(format!("`{}`: imm-trans {v}", i.text)),
+            }
+        };
+        let (ta, tb) = (trans(ops[5])?, trans(ops[6])?);
+        let half = |h: u16| -> f64 {
+            if i.tys[1] == Ty::Bf16 {
+                f64::from(f32::from_bits(u32::from(h) << 16))
+            } else {
+                f64::from(f16_to_f32(h))
+            }
+        };
+        let mut reads = Vec::new();
+        let mut read = |sh: &mut Shared, desc: u64, tr: bool, mn: usize, k: usize| -> R<f64> {
+            let addr = wgmma_addr(desc, tr, mn as u64, k as u64)?;
+            let (r, o) = sh.locate(addr, 2, rank, false, &what)?;
+            sh.readable(r, o, 2, WG_READER, &what)?;
+            for b in o..o + 2 {
+                let w = sh.gen_writer[r][b];
+                if w != 0 {
+                    let f = sh.proxy_fences.get(&(r, u32::from(w - 1))).copied().unwrap_or(0);
+                    if f <= sh.gen_fence[r][b] {
+                        return Err(SimError::Divergence(format!(
+                            "{}: reads byte {b} of rank {r}, which thread {} wrote with no fence.proxy.async since",
+                            what(),
+                            w - 1
+                        )));
+                    }
+                }
+            }
+            reads.push((r, o));
+            Ok(half(u16::from_le_bytes([sh.bytes[r][o], sh.bytes[r][o + 1]])))
+        };
+        let mut a = vec![[0f64; 16]; 64];
+        let mut b = vec![[0f64; 16]; n];
+        for (m, row) in a.iter_mut().enumerate() {
+            for (k, x) in row.iter_mut().enumerate() {
+                *x = sa * read(sh, da, ta, m, k)?;
+            }
+        }
+        for (col, row) in b.iter_mut().enumerate() {
+            for (k, x) in row.iter_mut().enumerate() {
+                *x = sb * read(sh, db, tb, col, k)?;
+            }
+        }
+        let op = sh.wg_ops.len();
+        for &(r, o) in &reads {
+            sh.wg_reads[r][o] += 1;
+            sh.wg_reads[r][o + 1] += 1;
+        }
+        sh.wg_ops.push((reads, members.len() as u32));
+        // C, gathered from the members' fragments.
+        let mut c = vec![vec![0f64; n]; 64];
+        for (x, &l) in members.iter().enumerate() {
+            let t = &threads[l];
+            let Some(fence) = t.wg_fence else {
+                return Err(SimError::Divergence(format!("{}: no wgmma.fence before it", what())));
+            };
+            for (idx, &r) in rd.iter().enumerate() {
+                let v = match t.wg_pending.get(&r) {
+                    Some(&(_, v)) => v,
+                    None if t.written[r] < fence => t.regs[r],
+                    None => {
+                        return Err(SimError::Divergence(format!(
+                            "{}: accumulator {} written since the thread's last wgmma.fence",
+                            what(),
+                            self.reg_names[r]
+                        )))
+                    }
+                };
+                let (row, col) = (16 * (x / 32) + (x % 32) / 4 + 8 * ((idx / 2) % 2), 8 * (idx / 4) + 2 * (x % 4) + idx % 2);
+                c[row][col] = f64::from(f32v(v));
+            }
+        }
+        for (x, &l) in members.iter().enumerate() {
+            let t = &mut threads[l];
+            for (idx, &r) in rd.iter().enumerate() {
+                let (row, col) = (16 * (x / 32) + (x % 32) / 4 + 8 * ((idx / 2) % 2), 8 * (idx / 4) + 2 * (x % 4) + idx % 2);
+                let acc = if scale_d { c[row][col] } else { 0.0 };
+                let d: f64 = acc + (0..16).map(|k| a[row][k] * b[col][k]).sum::<f64>();
+                t.wg_pending.insert(r, (op, fb(d as f32)));
+                t.regs[r] = WG_POISON;
+            }
+            t.wg_open.push(op);
+            t.pc += 1;
+            t.st = St::Run;
+        }
+        Ok(())
     }
 
     /// `bra.uni` promises that every active lane of the warp branches the same way: the
@@ -1836,7 +2211,7 @@ impl Entry {
             }
             Space::Shared => {
                 let (r, o) = sh.locate(addr, total, cx.rank as usize, false, &what)?;
-                sh.store(r, o, &bytes[..total], &what)?;
+                sh.store(r, o, &bytes[..total], cx.tid, &what)?;
             }
             _ => return unsupported(i.text.clone()),
         }
@@ -2056,6 +2431,11 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
                 open: Vec::new(),
                 tid: (k % block) as u32,
                 groups: Default::default(),
+                written: vec![0; e.widths.len()],
+                wg_fence: None,
+                wg_open: Vec::new(),
+                wg_groups: Default::default(),
+                wg_pending: HashMap::new(),
             })
             .collect();
         let cx_of = |k: usize| {
@@ -2132,6 +2512,38 @@ pub fn run(e: &Entry, launch: Grid, g: &mut Global, lim: Limits) -> R<Stats> {
                             Op::Ldmatrix => e.ldmatrix(&mut th, &lanes, warp0, &cx_of, &mut sh)?,
                             _ => e.shuffle(&mut th, &lanes, warp0, &cx, &sh)?,
                         }
+                        moved = true;
+                    }
+                }
+            }
+            // Warpgroups (128 consecutive threads of a block) at `wgmma.mma_async`.
+            for r in 0..cs as usize {
+                for g0 in (r * block..(r + 1) * block).step_by(128) {
+                    let g1 = (g0 + 128).min((r + 1) * block);
+                    let at: Vec<usize> = (g0..g1).filter(|&k| th[k].st == St::Wg).collect();
+                    if at.is_empty() {
+                        continue;
+                    }
+                    let i = &e.insts[th[at[0]].pc];
+                    if g1 - g0 != 128 {
+                        return Err(SimError::Divergence(format!("`{}` in a block of {block} threads", i.text)));
+                    }
+                    if let Some(x) = (g0..g1).find(|&k| th[k].st == St::Exit) {
+                        return Err(SimError::Divergence(format!(
+                            "block {}: `{}` while thread {} of its warpgroup has exited",
+                            cluster * cs + r as u32,
+                            i.text,
+                            x - r * block
+                        )));
+                    }
+                    if at.len() == 128 {
+                        if at.iter().any(|&k| th[k].pc != th[at[0]].pc) {
+                            return Err(SimError::Divergence(format!(
+                                "block {}: a warpgroup at different wgmma instructions",
+                                cluster * cs + r as u32
+                            )));
+                        }
+                        e.wgmma(&mut th, &at, r, &mut sh)?;
                         moved = true;
                     }
                 }
