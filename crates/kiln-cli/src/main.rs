@@ -271,35 +271,41 @@ fn conformance_cmd(c: args::ConformanceArgs) -> Result<(), String> {
         .into_iter()
         .filter(|c| c.file_name().is_some_and(|n| n.to_string_lossy().contains(&filter)))
         .collect();
-    let (next, done) = (std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0));
+    // Each case's line goes to stdout as soon as it finishes (in the order they finish),
+    // so a run cut short still says what it found; the summary comes last. Progress on
+    // stderr every 100 cases.
+    let next = std::sync::atomic::AtomicUsize::new(0);
     let start = std::time::Instant::now();
-    let results: Vec<std::sync::Mutex<Option<conformance::Outcome>>> =
-        cases.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let tally: std::sync::Mutex<(usize, std::collections::BTreeMap<&'static str, usize>, Option<String>)> =
+        std::sync::Mutex::new((0, Default::default(), None));
     std::thread::scope(|s| {
         for _ in 0..jobs {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
-                let o = conformance::run_case_isolated(&exe, case, engine, std::time::Duration::from_secs(60));
-                if let Ok(mut slot) = results[i].lock() {
-                    *slot = Some(o);
+                let outcome = conformance::run_case_isolated(&exe, case, engine, std::time::Duration::from_secs(60));
+                let name = case.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let Ok(mut t) = tally.lock() else { break };
+                let (done, counts, failed) = &mut *t;
+                *done += 1;
+                *counts.entry(outcome.category()).or_default() += 1;
+                if verbose || !matches!(outcome, conformance::Outcome::Pass | conformance::Outcome::PassSpecialised) {
+                    if let Err(e) = write_stdout(&format!("{name}: {outcome}\n")) {
+                        failed.get_or_insert(e);
+                    }
                 }
-                // Progress on stderr (the results go to stdout at the end, in order).
-                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                if n % 100 == 0 {
-                    eprintln!("{n} of {} cases done after {:.0} s", cases.len(), start.elapsed().as_secs_f64());
+                if *done % 100 == 0 {
+                    eprintln!("{done} of {} cases done after {:.0} s", cases.len(), start.elapsed().as_secs_f64());
                 }
             });
         }
     });
-    let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-    for (case, r) in cases.iter().zip(results) {
-        let name = case.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let outcome = r.into_inner().ok().flatten().unwrap_or(conformance::Outcome::Crash("no result".into()));
-        *counts.entry(outcome.category()).or_default() += 1;
-        if verbose || !matches!(outcome, conformance::Outcome::Pass | conformance::Outcome::PassSpecialised) {
-            write_stdout(&format!("{name}: {outcome}\n"))?;
-        }
+    let (done, counts, failed) = tally.into_inner().map_err(|_| "a conformance worker panicked".to_string())?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if done != cases.len() {
+        return Err(format!("{done} of {} cases reported a result", cases.len()));
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
     write_stdout(&format!("{} cases (engine: {}): {}\n", cases.len(), engine.name(), summary.join(", ")))?;
