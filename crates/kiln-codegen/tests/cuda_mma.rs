@@ -381,7 +381,7 @@ fn half_kernels_take_the_tensor_cores_and_assemble_without_spills() {
         }
         let ptx = m.ptx();
         for v in TUNES {
-            let tune = Tune::parse(v).expect("variant");
+            let tune = mma_tune(v);
             let with_class: Vec<_> = kernels.iter().map(|k| (k, classify(k))).collect();
             let tuned = cuda::compile_tuned(&with_class, &tune).expect("compile");
             let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("{}-{v}", dt.name()), tuned.ptx())
@@ -431,7 +431,7 @@ fn a_4096_cubed_bf16_product() {
     assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0));
     // Each variant of the knob: k step 64 (both operands cp.async), its resources.
     for v in TUNES {
-        let tune = Tune::parse(v).expect("variant");
+        let tune = mma_tune(v);
         let m = cuda::compile_tuned(&[(&k, KernelClass::Contraction)], &tune).expect("compile");
         let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("4096-{v}"), m.ptx())
             .unwrap_or_else(|e| panic!("ptxas {v}: {e}"));
@@ -536,6 +536,12 @@ const TUNES: [&str; 17] = [
     "mma=bk64s3t256x128",
 ];
 
+/// Variant `v` of [`TUNES`] on `mma.sync` itself: with `wgmma=off`, so that the products
+/// the warpgroup kernel would take (tests/cuda_wgmma.rs) run this kernel's pipeline.
+fn mma_tune(v: &str) -> Tune {
+    Tune::parse(&format!("{v},wgmma=off")).expect("variant")
+}
+
 /// Every pipeline of [`TUNES`] run by the simulator against the interpreter, as
 /// [`simulated_half_kernels_match_the_interpreter`] does: `cp.async` operands with `K`
 /// not a multiple of the step (a last step partly zero-filled), partial tiles,
@@ -554,7 +560,7 @@ fn simulated_pipelines_match_the_interpreter() {
         conv(b, Conv::new(1, (24, 40), (8, 8), (1, 1), 1, 1, 1)),
     ];
     for v in TUNES {
-        let tune = Tune::parse(v).expect("variant");
+        let tune = mma_tune(v);
         for (seed, k) in (40..).zip(&kernels) {
             let m = cuda::compile_tuned(&[(k, classify(k))], &tune).expect("compile");
             assert!(m.notes[0].starts_with("contraction mma.sync"), "{v} {}: {}", k.name, m.notes[0]);
@@ -782,7 +788,7 @@ fn modelled_kernels_match_the_interpreter() {
     let mut seen = HashSet::new();
     let mut splits = HashSet::new();
     let mut shapes = HashSet::new();
-    let tunes: Vec<Tune> = TUNES.iter().map(|v| Tune::parse(v).expect("variant")).collect();
+    let tunes: Vec<Tune> = TUNES.iter().map(|v| mma_tune(v)).collect();
     for ((seed, k), tune) in kernels.iter().enumerate().flat_map(|sk| tunes.iter().map(move |t| (sk, t))) {
         let plan0 = Plan::of(k).expect("plan");
         let plan = mma::plan(&plan0, mma::shape(&plan0, &tune.mma));
