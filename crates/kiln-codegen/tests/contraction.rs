@@ -587,6 +587,21 @@ fn column_chunks() {
     }
 }
 
+/// [`with_epilogue`]'s kernel `which` for an `m × kk` by `kk × n` product and its five
+/// operands (A scaled by `scale`, B, the bias, a per-row scale, a residual), random
+/// from a seed of the shape.
+fn epilogue_case(m: usize, kk: usize, n: usize, which: &str, scale: f64) -> (Kernel, [Tensor; 5]) {
+    let seed = (m * 31 + kk * 7 + n) as u64;
+    let ops = [
+        random_f32(&[m, kk], scale, seed),
+        random_f32(&[kk, n], 1.0, seed + 1),
+        random_f32(&[n], 1.0, seed + 2),
+        random_f32(&[m, 1], 1.0, seed + 3),
+        random_f32(&[m, n], 1.0, seed + 4),
+    ];
+    (with_epilogue(m, kk, n, which), ops)
+}
+
 /// Asserts that `k`, its operands packed as constants, takes channel-vector tiles: the
 /// 256-bit form for x86-64-v3, the 512-bit one for x86-64-v4 (compiled whether or not
 /// this CPU could run it: `check_micro` runs what it can).
@@ -631,15 +646,8 @@ fn wide_channel_vector_tiles() {
     let shapes = (1..64).map(|n| (64 + 16 * (n % 5), [1, 3, 17, 33, 61][n % 5], n, epilogues[n % 6]));
     let more = [(1280, 7, 49, "bias_relu"), (144, 321, 13, "residual_max"), (80, 63, 63, "in_band"), (112, 5, 15, "sigmoid")];
     for (m, kk, n, which) in shapes.chain(more) {
-        let seed = (m * 31 + kk * 7 + n) as u64;
-        let scale = if which == "sigmoid" { 4.0 } else { 1.0 };
-        let a = random_f32(&[m, kk], scale, seed);
-        let b = random_f32(&[kk, n], 1.0, seed + 1);
-        let bias = random_f32(&[n], 1.0, seed + 2);
-        let row = random_f32(&[m, 1], 1.0, seed + 3);
-        let res = random_f32(&[m, n], 1.0, seed + 4);
-        let k = with_epilogue(m, kk, n, which);
-        let inputs = [&a, &b, &bias, &row, &res];
+        let (k, ops) = epilogue_case(m, kk, n, which, if which == "sigmoid" { 4.0 } else { 1.0 });
+        let inputs: Vec<&Tensor> = ops.iter().collect();
         if n % 8 == 0 {
             // Whole column vectors: plain tiles (512-bit from 16 columns on).
             let cfg = Config { target: CpuTarget::X86_64V4, options: Options::default() };
@@ -713,14 +721,8 @@ fn channel_vector_tiles() {
     require_avx2_fma!();
     for &(m, kk, n) in &[(64, 7, 49), (64, 1, 1), (96, 17, 9), (80, 64, 13), (64, 5, 63), (128, 33, 7), (64, 300, 50)] {
         for which in ["bias_relu", "clip_row_scale", "residual_max"] {
-            let seed = (m * 31 + kk * 7 + n) as u64;
-            let a = random_f32(&[m, kk], 1.0, seed);
-            let b = random_f32(&[kk, n], 1.0, seed + 1);
-            let bias = random_f32(&[n], 1.0, seed + 2);
-            let row = random_f32(&[m, 1], 1.0, seed + 3);
-            let res = random_f32(&[m, n], 1.0, seed + 4);
-            let k = with_epilogue(m, kk, n, which);
-            let inputs = [&a, &b, &bias, &row, &res];
+            let (k, ops) = epilogue_case(m, kk, n, which, 1.0);
+            let inputs: Vec<&Tensor> = ops.iter().collect();
             assert_channel_vectors(&k, &inputs);
             check_micro(&k, &inputs, kk);
         }

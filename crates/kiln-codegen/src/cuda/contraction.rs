@@ -1145,7 +1145,7 @@ impl<'a> Emitter<'a> {
             }
             Some(rank) => {
                 Emitter::store_partials(p, t, (tx, ty), s0, &acc);
-                self.split_reduce(p, &bases, (tid, rank), (m0, n0, s0), &bvars)
+                split_reduce(self.k, self.plan, p, &bases, (tid, rank), (m0, n0, s0), &bvars)
             }
         }
     }
@@ -1173,76 +1173,6 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// The rest of a split's end, once each block's partial tile is in its shared
-    /// memory at `s0` (row-major `BM × BN` f32): the cluster barrier, the sums of
-    /// [`reduce_slot`] and their epilogue, the last cluster barrier.
-    fn split_reduce(
-        &self,
-        p: &mut Ptx,
-        bases: &[Reg],
-        (tid, rank): (Reg, Reg),
-        (m0, n0, s0): (Reg, Reg, Reg),
-        bvars: &[Reg],
-    ) -> Result<(), CodegenError> {
-        let plan = self.plan;
-        let t = plan.tile;
-        let split = plan.split;
-        let row_bytes = t.bn() * 4;
-        p.op("barrier.cluster.arrive", &[]);
-        p.op("barrier.cluster.wait", &[]);
-        let done = p.label();
-        if reduce_groups(t, split) * BLOCK * split > t.bm() * t.bn() / 4 {
-            // Fewer groups than threads: the rest skip to the last barrier.
-            let active = pred(p, "setp.lt.u32", tid, Imm::U(u64::from(t.bm() * t.bn() / 4 / split)).into());
-            p.branch(Some((active, true)), done);
-        }
-        // reduce_slot: row rank·rows + tid/G + (256/G)·q, columns 4·(tid % G) ..+4,
-        // G = BN/4 (a power of two).
-        let g = t.bn() / 4;
-        let tx = u32_op(p, "and.b32", tid, Imm::U(u64::from(g - 1)).into());
-        let ty = u32_op(p, "shr.u32", tid, Imm::U(u64::from(g.trailing_zeros())).into());
-        let rows_per = t.bm() / split;
-        let r_base = u32_op(p, "mul.lo.u32", rank, Imm::U(rows_per.into()).into());
-        let r_base = u32_op(p, "add.u32", r_base, ty.into());
-        let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
-        let mut rows = Vec::new();
-        let mut vals = Vec::new();
-        for q in 0..reduce_groups(t, split) {
-            let r_in = u32_op(p, "add.u32", r_base, Imm::U(u64::from((BLOCK / g) * q)).into());
-            let local = p.reg(RegClass::B32);
-            p.op("mad.lo.u32", &[local.into(), r_in.into(), Imm::U(row_bytes.into()).into(), s0.into()]);
-            let c_off = u32_op(p, "shl.b32", tx4, Imm::U(2).into());
-            let local = u32_op(p, "add.u32", local, c_off.into());
-            let mut sum: Vec<Reg> = Vec::new();
-            for s in 0..split {
-                let remote = p.reg(RegClass::B32);
-                p.op("mapa.shared::cluster.u32", &[remote.into(), local.into(), Imm::U(s.into()).into()]);
-                let part: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::F32)).collect();
-                p.op("ld.shared::cluster.v4.f32", &[Opd::Vec(part.clone()), Opd::Addr(remote, 0)]);
-                sum = if sum.is_empty() {
-                    part
-                } else {
-                    sum.iter()
-                        .zip(&part)
-                        .map(|(&a, &b)| {
-                            let d = p.reg(RegClass::F32);
-                            p.op("add.rn.f32", &[d.into(), a.into(), b.into()]);
-                            d
-                        })
-                        .collect()
-                };
-            }
-            rows.push(u32_op(p, "add.u32", m0, r_in.into()));
-            vals.extend(sum);
-        }
-        let c0 = u32_op(p, "add.u32", n0, tx4.into());
-        let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
-        self.epilogue(p, bases, (&rows, &cols, &vals), bvars, if plan.vector_store() { 4 } else { 1 })?;
-        p.place(done);
-        p.op("barrier.cluster.arrive", &[]);
-        p.op("barrier.cluster.wait", &[]);
-        Ok(())
-    }
 
     /// Evaluates the kernel's root at each (row, column) of `rows × cols` in range,
     /// the reduction given as `vals[i · cols + j]`, and stores it: `lanes` (1, 2 or 4)
@@ -1353,6 +1283,81 @@ impl<'a> Emitter<'a> {
     }
 }
 
+/// A split's end, once each block of the cluster has written its partial `BM × BN` tile
+/// (row-major f32) to its shared memory at `s0` and may overwrite nothing there any
+/// more: the cluster barrier, rank `rank`'s sums of [`reduce_slot`] in rank order,
+/// their epilogue, and the last cluster barrier (see [`Plan::split`]). The f32 kernel's
+/// and the tensor-core path's.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn split_reduce(
+    k: &Kernel,
+    plan: &Plan,
+    p: &mut Ptx,
+    bases: &[Reg],
+    (tid, rank): (Reg, Reg),
+    (m0, n0, s0): (Reg, Reg, Reg),
+    bvars: &[Reg],
+) -> Result<(), CodegenError> {
+    let this = Emitter { k, plan };
+    let t = plan.tile;
+    let split = plan.split;
+    let row_bytes = t.bn() * 4;
+    p.op("barrier.cluster.arrive", &[]);
+    p.op("barrier.cluster.wait", &[]);
+    let done = p.label();
+    if reduce_groups(t, split) * BLOCK * split > t.bm() * t.bn() / 4 {
+        // Fewer groups than threads: the rest skip to the last barrier.
+        let active = pred(p, "setp.lt.u32", tid, Imm::U(u64::from(t.bm() * t.bn() / 4 / split)).into());
+        p.branch(Some((active, true)), done);
+    }
+    // reduce_slot: row rank·rows + tid/G + (256/G)·q, columns 4·(tid % G) ..+4,
+    // G = BN/4 (a power of two).
+    let g = t.bn() / 4;
+    let tx = u32_op(p, "and.b32", tid, Imm::U(u64::from(g - 1)).into());
+    let ty = u32_op(p, "shr.u32", tid, Imm::U(u64::from(g.trailing_zeros())).into());
+    let rows_per = t.bm() / split;
+    let r_base = u32_op(p, "mul.lo.u32", rank, Imm::U(rows_per.into()).into());
+    let r_base = u32_op(p, "add.u32", r_base, ty.into());
+    let tx4 = u32_op(p, "shl.b32", tx, Imm::U(2).into());
+    let mut rows = Vec::new();
+    let mut vals = Vec::new();
+    for q in 0..reduce_groups(t, split) {
+        let r_in = u32_op(p, "add.u32", r_base, Imm::U(u64::from((BLOCK / g) * q)).into());
+        let local = p.reg(RegClass::B32);
+        p.op("mad.lo.u32", &[local.into(), r_in.into(), Imm::U(row_bytes.into()).into(), s0.into()]);
+        let c_off = u32_op(p, "shl.b32", tx4, Imm::U(2).into());
+        let local = u32_op(p, "add.u32", local, c_off.into());
+        let mut sum: Vec<Reg> = Vec::new();
+        for s in 0..split {
+            let remote = p.reg(RegClass::B32);
+            p.op("mapa.shared::cluster.u32", &[remote.into(), local.into(), Imm::U(s.into()).into()]);
+            let part: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::F32)).collect();
+            p.op("ld.shared::cluster.v4.f32", &[Opd::Vec(part.clone()), Opd::Addr(remote, 0)]);
+            sum = if sum.is_empty() {
+                part
+            } else {
+                sum.iter()
+                    .zip(&part)
+                    .map(|(&a, &b)| {
+                        let d = p.reg(RegClass::F32);
+                        p.op("add.rn.f32", &[d.into(), a.into(), b.into()]);
+                        d
+                    })
+                    .collect()
+            };
+        }
+        rows.push(u32_op(p, "add.u32", m0, r_in.into()));
+        vals.extend(sum);
+    }
+    let c0 = u32_op(p, "add.u32", n0, tx4.into());
+    let cols: Vec<Reg> = (0..4).map(|l| u32_op(p, "add.u32", c0, Imm::U(l).into())).collect();
+    this.epilogue(p, bases, (&rows, &cols, &vals), bvars, if plan.vector_store() { 4 } else { 1 })?;
+    p.place(done);
+    p.op("barrier.cluster.arrive", &[]);
+    p.op("barrier.cluster.wait", &[]);
+    Ok(())
+}
+
 /// The epilogue of `k` under `plan` for another emitter's accumulators (the tensor-core
 /// paths): the root evaluated at each `(rows[i], cols[j])` in range with the reduction
 /// given as `acc[i · cols.len() + j]`; `bvars` are the batch variables' u32 registers.
@@ -1370,20 +1375,3 @@ pub(super) fn epilogue(
     Emitter { k, plan }.epilogue(p, bases, parts, bvars, if pairs && plan.pair_store() { 2 } else { 1 })
 }
 
-/// A split's end for another emitter (the tensor-core path), once each block of the
-/// cluster has written its partial `BM × BN` tile to its shared memory at `s0`
-/// (row-major f32) and may overwrite nothing there any more: the cluster barrier, rank
-/// `rank`'s sums of [`reduce_slot`] in rank order, their epilogue, and the last cluster
-/// barrier (see [`Plan::split`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn split_reduce(
-    k: &Kernel,
-    plan: &Plan,
-    p: &mut Ptx,
-    bases: &[Reg],
-    (tid, rank): (Reg, Reg),
-    (m0, n0, s0): (Reg, Reg, Reg),
-    bvars: &[Reg],
-) -> Result<(), CodegenError> {
-    Emitter { k, plan }.split_reduce(p, bases, (tid, rank), (m0, n0, s0), bvars)
-}
