@@ -6,10 +6,14 @@ the test venv's python, .venv/bin/python; ml_dtypes is pinned in scripts/require
                                  DIR/X.npy, its values as float64 in DIR/X.f64.npy
     npy_ml_dtypes.py check DIR   for every X, np.load DIR/kiln_X.npy (kiln's file of the
                                  array kiln read from DIR/X.npy) and .view(X): the shape
-                                 and every element's bits must be those saved as DIR/X.npy
+                                 and every element's bits must be those saved as DIR/X.npy,
+                                 the file byte for byte what numpy.save writes (with '<V1'
+                                 for float8_e5m2, for which numpy.save writes '<f1', a descr
+                                 numpy.load refuses)
 
 Exits non-zero naming the first difference; prints one line per type checked.
 """
+import io
 import os
 import sys
 
@@ -61,11 +65,23 @@ def check(d):
         raw = np.load(path)
         got = raw.view(t)
         uint = np.uint16 if want.itemsize == 2 else np.uint8
+        # Byte for byte what numpy.save writes for the ml_dtypes array, but for float8_e5m2,
+        # whose '<f1' numpy.load refuses: kiln writes '<V1' there.
+        saved = io.BytesIO()
+        np.save(saved, want)
+        saved = saved.getvalue()
+        if t is ml_dtypes.float8_e5m2:
+            saved = saved.replace(b"'descr': '<f1'", b"'descr': '<V1'", 1)
+        with open(path, "rb") as f:
+            same_file = f.read() == saved
         if raw.dtype.kind != "V" or got.shape != want.shape or not np.array_equal(got.view(uint), want.view(uint)):
             print(f"{path}: {raw.dtype} {got.shape}, want {want.shape}; bits differ", file=sys.stderr)
             bad += 1
+        elif not same_file:
+            print(f"{path}: not the bytes numpy.save writes for the ml_dtypes array", file=sys.stderr)
+            bad += 1
         else:
-            print(f"checked {name}: {got.shape} {raw.dtype} -> {got.dtype}")
+            print(f"checked {name}: {got.shape} {raw.dtype} -> {got.dtype}, the file numpy.save writes")
     sys.exit(1 if bad else 0)
 
 

@@ -7,7 +7,9 @@
 //! float64; kiln reads each file as the dtype a caller would expect and must get those
 //! values (decoded by kiln's own conversions, `Tensor::to_f64_vec`). kiln then writes what
 //! it read, and `npy_ml_dtypes.py check` loads kiln's files with `np.load(..).view(X)` and
-//! compares every element's bits with numpy's originals.
+//! compares every element's bits with numpy's originals, and each file byte for byte with
+//! what `numpy.save` writes for the `ml_dtypes` array (`'<V1'` for float8_e5m2, whose
+//! `'<f1'` from `numpy.save` `numpy.load` refuses).
 //!
 //! The venv is `<repo>/.venv` (scripts/setup-test-data makes it from
 //! scripts/requirements.txt, which pins ml_dtypes); without it the test fails, as tests
