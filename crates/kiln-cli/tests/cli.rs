@@ -413,6 +413,9 @@ fn ml_dtypes_inputs_and_outputs() {
         let f32_file = dir.join("x32.npy");
         std::fs::write(&f32_file, npy::write(&Tensor::from_f64(DType::F32, x.shape().clone(), &xv).unwrap()).unwrap())
             .unwrap();
-        fails_with(&[cmd, s(model), "--input", &format!("x={}", s(&f32_file)), "--input", &inputs[1]], &["f32", "bf16"]);
+        fails_with(
+            &[cmd, s(model), "--input", &format!("x={}", s(&f32_file)), "--input", &inputs[1]],
+            &["f32", "bf16"],
+        );
     }
 }

@@ -8,8 +8,8 @@
 //! one needs the dtype the caller expects ([`read_typed`]).
 
 use crate::shape::{Shape, ShapeError, TensorType};
-use crate::DType;
 use crate::tensor::{Tensor, TensorError};
+use crate::DType;
 use bytes::Bytes;
 
 /// Why an `.npy` file could not be read or written.

@@ -42,7 +42,10 @@ fn python(mode: &str, dir: &Path) -> String {
     let py = repo().join(".venv/bin/python");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/npy_ml_dtypes.py");
     let out = Command::new(&py).arg(&script).arg(mode).arg(dir).output().unwrap_or_else(|e| {
-        panic!("cannot run {}: {e}; run scripts/setup-test-data (it makes the venv with numpy and ml_dtypes)", py.display())
+        panic!(
+            "cannot run {}: {e}; run scripts/setup-test-data (it makes the venv with numpy and ml_dtypes)",
+            py.display()
+        )
     });
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "npy_ml_dtypes.py {mode} failed:\n{text}");

@@ -352,7 +352,10 @@ mod tests {
         assert_eq!(DType::BF16.ml_dtypes_name(), Some("bfloat16"));
         assert_eq!((DType::I4.numpy_itemsize(), DType::BF16.numpy_itemsize(), DType::F64.numpy_itemsize()), (1, 2, 8));
         for d in DType::ALL {
-            assert!(d.npy_descr().is_some() != d.ml_dtypes_name().is_some(), "{d}: NumPy's or ml_dtypes' type, not both");
+            assert!(
+                d.npy_descr().is_some() != d.ml_dtypes_name().is_some(),
+                "{d}: NumPy's or ml_dtypes' type, not both"
+            );
         }
         for d in DType::ALL {
             if let Some(s) = d.npy_descr() {

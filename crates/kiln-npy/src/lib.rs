@@ -370,7 +370,10 @@ mod tests {
         let hlen = u16::from_le_bytes([f[8], f[9]]) as usize;
         assert_eq!((10 + hlen) % 64, 0);
         assert_eq!(f[10 + hlen - 1], b'\n');
-        assert_eq!(read(&f).expect("read"), Array { dtype: DType::F32, dims: vec![2, 3], data: Cow::Borrowed(&data), trailing: 0 });
+        assert_eq!(
+            read(&f).expect("read"),
+            Array { dtype: DType::F32, dims: vec![2, 3], data: Cow::Borrowed(&data), trailing: 0 }
+        );
         for (dims, text) in [(&[][..], "()"), (&[7][..], "(7,)"), (&[1, 2, 3][..], "(1, 2, 3)")] {
             let f = write(DType::I64, dims, &vec![0; 8 * dims.iter().product::<u64>() as usize]).expect("write");
             assert!(String::from_utf8_lossy(&f).contains(&format!("'shape': {text}")), "{dims:?}");
