@@ -29,8 +29,14 @@
 //! - [`read_typed`] given the dtype the caller expects (a model input's) reads a void of
 //!   that dtype's element size (any byte-order mark), or `'<f1'` for f8E5M2, as that dtype,
 //!   packing int4/uint4/f4E2M1FN again; a byte with bits set above the type's width is an
-//!   error, not silently cut ([`NpyError::SubByteValue`]). [`read`], with no expected
-//!   dtype, refuses such a file ([`NpyError::Untyped`]): it cannot tell bf16 from two int8s.
+//!   error, not silently cut ([`NpyError::SubByteValue`]: `ml_dtypes` never writes one;
+//!   reading, it drops the high nibble of int4/uint4/float4 bytes but not float6's two
+//!   high bits, so such a byte means the file holds something else). [`read`], with no
+//!   expected dtype, refuses such a file ([`NpyError::Untyped`]): it cannot tell bf16 from
+//!   f16 bits or two int8s.
+//!
+//! What numpy 2.2 and ml_dtypes 0.5 write and read is checked, not assumed, by
+//! `kiln-ir/tests/npy_ml_dtypes.rs` against the pinned packages of the test venv.
 #![no_std]
 #![deny(missing_docs)]
 
