@@ -875,7 +875,7 @@ pub(crate) fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) 
         let tensor = match a.inputs.iter().find(|(n, _)| *n == t.name) {
             Some((_, file)) => {
                 let b = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
-                let x = npy::read(&b).map_err(|e| format!("{}: {e}", file.display()))?;
+                let x = npy::read_typed(&b, Some(ty.dtype)).map_err(|e| format!("{}: {e}", file.display()))?;
                 if x.ty() != &ty {
                     return Err(format!(
                         "input `{}`: {} holds {}, the model expects {}",

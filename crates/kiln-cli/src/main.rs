@@ -361,7 +361,7 @@ fn eval(cli: Eval) -> Result<(), String> {
         let t = match cli.inputs.iter().find(|(n, _)| *n == val.name) {
             Some((_, file)) => {
                 let bytes = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
-                let t = npy::read(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+                let t = npy::read_typed(&bytes, Some(val.ty.dtype)).map_err(|e| format!("{}: {e}", file.display()))?;
                 if t.ty() != &val.ty {
                     return Err(format!(
                         "input `{}`: {} holds {}, the model expects {}",

@@ -366,3 +366,56 @@ fn kernel_classes_in_timings_and_inspect() {
         assert!(text.contains(&format!("dispatch {kernel} ({class}) x")), "{kernel} ({class}) not in: {text}");
     }
 }
+
+/// bf16 and int4 inputs and outputs through `.npy` files in the `ml_dtypes` convention
+/// (untyped `'<V2'`/`'<V1'`, int4 one element a byte; checked against numpy + ml_dtypes
+/// in kiln-ir's `npy_ml_dtypes` test): `kiln eval` and `kiln run` read them as the inputs'
+/// dtypes, write them as numpy saves them, and refuse a file of the wrong element size.
+#[test]
+fn ml_dtypes_inputs_and_outputs() {
+    use kiln_ir::{DType, Shape, Tensor};
+    let dir = scratch("cli", "ml-dtypes");
+    let kir = dir.join("g.kir");
+    std::fs::write(
+        &kir,
+        "graph @g(%0: bf16[2,3] \"x\", %1: i4[5] \"q\") -> (%2, %3, %4, %5) {\n\
+         \x20 %2 = Cast(%0) {to = 1} : f32[2,3] \"xf\"\n\
+         \x20 %3 = Cast(%1) {to = 1} : f32[5] \"qf\"\n\
+         \x20 %4 = Cast(%2) {to = 16} : bf16[2,3] \"xb\"\n\
+         \x20 %5 = Cast(%3) {to = 22} : i4[5] \"qb\"\n\
+         }\n",
+    )
+    .unwrap();
+    let xv = [1.5, -2.0, 0.0078125, 3.0e38, -0.0, 96.0];
+    let x = Tensor::from_f64(DType::BF16, Shape::new(&[2, 3]).unwrap(), &xv).unwrap();
+    let qv = [-8, 7, -1, 0, 3];
+    let q = Tensor::from_i64(DType::I4, Shape::new(&[5]).unwrap(), &qv).unwrap();
+    let (xf, qf) = (dir.join("x.npy"), dir.join("q.npy"));
+    std::fs::write(&xf, npy::write(&x).unwrap()).unwrap();
+    std::fs::write(&qf, npy::write(&q).unwrap()).unwrap();
+    let q_file = std::fs::read(&qf).unwrap();
+    assert!(String::from_utf8_lossy(&q_file).contains("'<V1'") && q_file.ends_with(&[8, 7, 15, 0, 3]));
+    let art = dir.join("g.kiln");
+    ok(&["compile", s(&kir), "-o", s(&art)]);
+    let inputs = [format!("x={}", s(&xf)), format!("q={}", s(&qf))];
+    let read = |p: &Path, dtype| npy::read_typed(&std::fs::read(p).unwrap(), Some(dtype)).expect("output npy");
+    for (cmd, model, out) in [("eval", &kir, dir.join("eval")), ("run", &art, dir.join("run"))] {
+        ok(&[cmd, s(model), "--input", &inputs[0], "--input", &inputs[1], "--output-dir", s(&out)]);
+        assert_eq!(read(&out.join("xf.npy"), DType::F32).to_f64_vec(), x.to_f64_vec(), "{cmd}");
+        assert_eq!(read(&out.join("qf.npy"), DType::F32).to_f64_vec(), q.to_f64_vec(), "{cmd}");
+        assert_eq!(read(&out.join("xb.npy"), DType::BF16), x, "{cmd}");
+        assert_eq!(read(&out.join("qb.npy"), DType::I4), q, "{cmd}");
+    }
+    // A one-byte untyped file for the bf16 input, an f32 file for it.
+    for (cmd, model) in [("eval", &kir), ("run", &art)] {
+        let wrong = format!("x={}", s(&qf));
+        fails_with(&[cmd, s(model), "--input", &wrong, "--input", &inputs[1]], &["'<V1'", "bf16", "'<V2'"]);
+        let f32_file = dir.join("x32.npy");
+        std::fs::write(&f32_file, npy::write(&Tensor::from_f64(DType::F32, x.shape().clone(), &xv).unwrap()).unwrap())
+            .unwrap();
+        fails_with(
+            &[cmd, s(model), "--input", &format!("x={}", s(&f32_file)), "--input", &inputs[1]],
+            &["f32", "bf16"],
+        );
+    }
+}

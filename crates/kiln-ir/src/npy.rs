@@ -2,10 +2,14 @@
 //! outputs and by tests for reference data.
 //!
 //! The codec itself is [`kiln_npy`] (shared with the minimal runner); this layer only turns
-//! its arrays into tensors and back. Bytes after the data are ignored on reading.
+//! its arrays into tensors and back. Bytes after the data are ignored on reading. The
+//! dtypes NumPy lacks (bf16, the 8-, 6- and 4-bit floats, int4/uint4) follow the
+//! `ml_dtypes` convention described in [`kiln_npy`]: NumPy saves them untyped, so reading
+//! one needs the dtype the caller expects ([`read_typed`]).
 
 use crate::shape::{Shape, ShapeError, TensorType};
 use crate::tensor::{Tensor, TensorError};
+use crate::DType;
 use bytes::Bytes;
 
 /// Why an `.npy` file could not be read or written.
@@ -23,16 +27,23 @@ pub enum NpyError {
     Tensor(#[from] TensorError),
 }
 
-/// Reads an `.npy` image.
+/// Reads an `.npy` image of a type NumPy has (an untyped one is an error: see
+/// [`read_typed`]).
 pub fn read(bytes: &[u8]) -> Result<Tensor, NpyError> {
-    let a = kiln_npy::read(bytes)?;
+    read_typed(bytes, None)
+}
+
+/// Reads an `.npy` image, taking an untyped one (NumPy's file for an `ml_dtypes` array) as
+/// `expected`; a typed image keeps its own dtype, for the caller to compare.
+pub fn read_typed(bytes: &[u8], expected: Option<DType>) -> Result<Tensor, NpyError> {
+    let a = kiln_npy::read_typed(bytes, expected)?;
     let dims = a
         .dims
         .iter()
         .map(|&d| usize::try_from(d).map_err(|_| kiln_npy::NpyError::ShapeOverflow))
         .collect::<Result<Vec<_>, _>>()?;
     let ty = TensorType::new(a.dtype, Shape::new(dims)?);
-    Ok(Tensor::new(ty, Bytes::copy_from_slice(a.data))?)
+    Ok(Tensor::new(ty, Bytes::copy_from_slice(&a.data))?)
 }
 
 /// Writes a tensor as an `.npy` (version 1.0) image.
@@ -55,6 +66,13 @@ mod tests {
         assert_eq!(read(&write(&s).unwrap()).unwrap(), s);
         let v = Tensor::from_vec(Shape::new(vec![3]).unwrap(), vec![true, false, true]).unwrap();
         assert_eq!(read(&write(&v).unwrap()).unwrap(), v);
+        // int4 [-8, 7, -1]: packed in the tensor, one a byte in the file.
+        let ty = TensorType::new(DType::I4, Shape::new(vec![3]).unwrap());
+        let i4 = Tensor::new(ty, Bytes::from_static(&[0x78, 0x0f])).unwrap();
+        let f = write(&i4).unwrap();
+        assert!(f.ends_with(&[0x08, 0x07, 0x0f]));
+        assert_eq!(read_typed(&f, Some(DType::I4)).unwrap(), i4);
+        assert!(matches!(read(&f), Err(NpyError::Codec(kiln_npy::NpyError::Untyped(_)))));
     }
 
     #[test]

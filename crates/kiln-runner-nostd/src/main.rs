@@ -143,7 +143,7 @@ fn run(args: &Args) -> Result<(), String> {
             .find(|(n, _)| *n == t.name)
             .ok_or_else(|| format!("input {} not given (--input {}=FILE.npy)", t.name, t.name))?;
         let bytes = sys::read_file(path)?;
-        arrays.push(read_npy(bytes.bytes()).map_err(|e| format!("{}: {e}", sys::show(path)))?);
+        arrays.push(read_npy(bytes.bytes(), t.dtype).map_err(|e| format!("{}: {e}", sys::show(path)))?);
     }
     let inputs: Vec<TensorRef<'_>> =
         arrays.iter().map(|a| TensorRef { dtype: a.dtype, dims: &a.dims, data: &a.data }).collect();
@@ -169,11 +169,8 @@ fn run(args: &Args) -> Result<(), String> {
         let path = CString::new(path).map_err(|_| format!("{}: the directory name holds a NUL", sys::show(dir)))?;
         match dtype.map(|dt| kiln_npy::write(dt, &t.dims, d)) {
             Some(Ok(bytes)) => sys::write_file(&path, &bytes)?,
-            _ => report_err(&format!(
-                "{}: not written, NumPy has no {} dtype",
-                sys::show(&path),
-                dtype.map_or("such", DType::name)
-            )),
+            Some(Err(e)) => report_err(&format!("{}: not written: {e}", sys::show(&path))),
+            None => report_err(&format!("{}: not written: unknown dtype code {}", sys::show(&path), t.dtype)),
         }
     }
     sys::write_all(1, report.as_bytes()).map_err(|e| format!("cannot write to stdout (os error {e})"))

@@ -6,7 +6,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use kiln_module::sections::TensorView;
-use kiln_npy::NpyError;
+use kiln_npy::{DType, NpyError};
 use kiln_runtime::TensorMut;
 
 /// `name` with every character outside `[A-Za-z0-9._-]` replaced by `_`, and `.npy`.
@@ -34,11 +34,13 @@ pub struct Input {
     pub data: Vec<u8>,
 }
 
-/// Reads an input `.npy`, refusing bytes after the data (a sign of a shape mismatch).
-pub fn read_npy(bytes: &[u8]) -> Result<Input, NpyError> {
-    let a = kiln_npy::read_exact(bytes)?;
+/// Reads an input `.npy` for a signature input of dtype code `expected` (which an untyped
+/// file, NumPy's for an `ml_dtypes` array, is read as), refusing bytes after the data (a
+/// sign of a shape mismatch).
+pub fn read_npy(bytes: &[u8], expected: u32) -> Result<Input, NpyError> {
+    let a = kiln_npy::read_exact(bytes, DType::from_code(expected))?;
     let dtype = a.dtype.onnx_code().map_or(0, |c| c as u32);
-    Ok(Input { dtype, dims: a.dims, data: a.data.to_vec() })
+    Ok(Input { dtype, dims: a.dims, data: a.data.into_owned() })
 }
 
 /// The outputs `descs` over their buffers `data` (one each, as [`zeroed`] made them),

@@ -221,7 +221,7 @@ fn run(args: Args) -> Result<(), String> {
         let a = match args.inputs.iter().find(|(n, _)| n == t.name) {
             Some((_, path)) => {
                 let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                read_npy(&bytes).map_err(|e| format!("{}: {e}", path.display()))?
+                read_npy(&bytes, t.dtype).map_err(|e| format!("{}: {e}", path.display()))?
             }
             None => Input { dtype: t.dtype, dims: t.dims.clone(), data: random_input(t, &mut rng)? },
         };
@@ -264,11 +264,8 @@ fn run(args: Args) -> Result<(), String> {
             let path = dir.join(file_name(t.name));
             match DType::from_code(t.dtype).map(|dt| kiln_npy::write(dt, &t.dims, d)) {
                 Some(Ok(bytes)) => std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?,
-                _ => eprintln!(
-                    "{}: not written, NumPy has no {} dtype",
-                    path.display(),
-                    DType::from_code(t.dtype).map_or("such", DType::name)
-                ),
+                Some(Err(e)) => eprintln!("{}: not written: {e}", path.display()),
+                None => eprintln!("{}: not written: unknown dtype code {}", path.display(), t.dtype),
             }
         }
     }

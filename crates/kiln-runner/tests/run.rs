@@ -43,8 +43,17 @@ fn program(external: Option<&[u8]>) -> Program {
 }
 
 fn npy_f32(dims: &[u64], v: &[f32]) -> Vec<u8> {
-    let shape = dims.iter().map(|d| format!("{d},")).collect::<String>();
-    let mut h = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({shape}), }}");
+    npy("<f4", dims, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+}
+
+/// An `.npy` image as NumPy writes it (header padded to 64 bytes; `shape` with a trailing
+/// comma for one dimension, comma-separated otherwise).
+fn npy(descr: &str, dims: &[u64], body: &[u8]) -> Vec<u8> {
+    let shape = match dims {
+        [one] => format!("{one},"),
+        _ => dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+    };
+    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({shape}), }}");
     while (10 + h.len() + 1) % 64 != 0 {
         h.push(' ');
     }
@@ -52,7 +61,7 @@ fn npy_f32(dims: &[u64], v: &[f32]) -> Vec<u8> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend((h.len() as u16).to_le_bytes());
     out.extend(h.as_bytes());
-    out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+    out.extend(body);
     out
 }
 
@@ -183,4 +192,65 @@ fn crafted_artifacts_are_refused_in_one_line() {
     std::fs::write(d.join("m.kiln"), write_program(&program(None))).expect("write");
     let (ok, _, err) = kiln_run(&[&d.join("m.kiln"), Path::new("--iterations"), Path::new("18446744073709551615")]);
     assert!(!ok && err.lines().count() == 1 && err.contains("cannot hold that many timings"), "{err}");
+}
+
+/// bf16 and int4 through `.npy` files as numpy + `ml_dtypes` save them (untyped `'<V2'` and
+/// `'<V1'`, int4 one element a byte): read as the signature's dtypes, copied to the
+/// outputs, written back as the same files.
+#[test]
+fn ml_dtypes_files_in_and_out() {
+    let d = tmp("ml-dtypes");
+    let program = Program {
+        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
+        entries: vec![EntryPoint {
+            name: "main".into(),
+            // bf16 (ONNX code 16) [2, 3]; int4 (code 22) [5], packed in 3 bytes.
+            inputs: vec![tensor("x", 16, &[2, 3], 12), tensor("q", 22, &[5], 3)],
+            outputs: vec![tensor("y", 16, &[2, 3], 12), tensor("r", 22, &[5], 3)],
+            arena_size: 0,
+            arena_align: 16,
+            commands: vec![
+                Command::Copy { src: b(Slot::Input(0), 0, 12), dst: b(Slot::Output(0), 0, 12) },
+                Command::Copy { src: b(Slot::Input(1), 0, 3), dst: b(Slot::Output(1), 0, 3) },
+            ],
+            buffers: vec![],
+        }],
+        kernels: vec![],
+        executables: vec![],
+        constants: Constants::Embedded(vec![]),
+        debug: None,
+    };
+    std::fs::write(d.join("m.kiln"), write_program(&program)).expect("write");
+    // np.save(f, np.array([[1, -2, 0.5], [3, 0, -0.25]], ml_dtypes.bfloat16)) and
+    // np.save(g, np.array([-8, 7, -1, 0, 3], ml_dtypes.int4)).
+    let bf16: Vec<u8> = [0x3f80u16, 0xc000, 0x3f00, 0x4040, 0, 0xbe80].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let x = npy("<V2", &[2, 3], &bf16);
+    let q = npy("<V1", &[5], &[0x08, 0x07, 0x0f, 0x00, 0x03]);
+    std::fs::write(d.join("x.npy"), &x).expect("write");
+    std::fs::write(d.join("q.npy"), &q).expect("write");
+    let arg = |n: &str| format!("{n}={}", d.join(format!("{n}.npy")).display());
+    let (ok, stdout, stderr) = kiln_run(&[
+        &d.join("m.kiln"),
+        Path::new("--input"),
+        Path::new(&arg("x")),
+        Path::new("--input"),
+        Path::new(&arg("q")),
+        Path::new("--output-dir"),
+        &d.join("out"),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("y: bf16[2,3]") && stdout.contains("r: i4[5]"), "{stdout}");
+    assert_eq!(std::fs::read(d.join("out/y.npy")).expect("y"), x);
+    assert_eq!(std::fs::read(d.join("out/r.npy")).expect("r"), q);
+    // The int4 file for the bf16 input: one line naming both.
+    let (ok, _, err) =
+        kiln_run(&[&d.join("m.kiln"), Path::new("--input"), Path::new(&format!("x={}", d.join("q.npy").display()))]);
+    assert!(!ok);
+    assert_eq!(
+        err,
+        format!(
+            "kiln-run: {}: dtype '<V1' cannot hold bf16: ml_dtypes.bfloat16 is saved as '<V2'\n",
+            d.join("q.npy").display()
+        )
+    );
 }
