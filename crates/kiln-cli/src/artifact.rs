@@ -565,7 +565,7 @@ fn write_outputs<'b>(
 /// thread (one; see [`crate::floor`]) and prints its median and p99 beside; with
 /// `--samples`, each line then holds both times. `--floor-passes N` gives its
 /// arithmetic instead of tuning it. `--profile` times each command of the plan instead
-/// (one thread; see [`profile`]).
+/// (one thread, or each wave with `--threads N`; see [`profile`]).
 pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
     if a.run_on == RunDevice::Cuda {
         return crate::gpu::bench_cmd(&a);
