@@ -170,6 +170,10 @@ const TZ_COLS: u64 = 14;
 /// The largest stack copy of B channel-vector tiles read from (`Emitter::pack_b_t`).
 const PACK_T_MOST: u64 = 512 * 1024;
 
+/// Row panels (of all batch positions) from which a run-time copy of B pays on any
+/// pitch ([`Emitter::should_pack`]): on two threads, a dispatch runs as up to five
+/// calls, each then still over six panels or more.
+const PACK_PANELS: u64 = 32;
 /// Sets of the smallest L1 data cache this code targets (32 KiB of 8 ways, or 48 KiB
 /// of 12: 64 sets of 64-byte lines either way).
 const L1_SETS: u64 = 64;
@@ -1255,21 +1259,24 @@ impl Emitter<'_> {
 
     /// Whether to pack B: a matrix product (one reduction variable, B shared by the
     /// rows and the batch, unit column step) whose B is large (over 64 KiB), used by at
-    /// least two full panels, and whose rows, read in place at their own pitch, would
-    /// crowd a few L1 sets ([`crowds_l1`]: a power-of-two pitch puts every row of a
-    /// tile in the same sets). Packing copies each `KC_PACKED × 16` block of B into a
-    /// contiguous stack buffer that every panel then streams from L1.
+    /// least two full panels, and either read by many row panels ([`PACK_PANELS`]) or
+    /// with rows that, read in place at their own pitch, would crowd a few L1 sets
+    /// ([`crowds_l1`]: a power-of-two pitch puts every row of a tile in the same sets).
+    /// Packing copies each `KC_PACKED × 16` block of B into a contiguous stack buffer
+    /// that every panel then streams.
     ///
-    /// Only then: the copy is a pass over all of B on *every call*, whatever range of
-    /// row panels the call runs, so it is paid again by each thread and by each part of
-    /// a share a driver hands out (the local-task driver cuts a worker's share into
-    /// four), and a product of few panels amortises it over few reads. Where B's rows
-    /// spread over the sets, the tiles read them in place as fast as from the copy
-    /// (mobilenet_v2 on AVX-512, one thread, `kiln bench --profile`: its block-2
+    /// The copy is a pass over all of B on *every call*, whatever range of row panels
+    /// the call runs, so it is paid again by each thread and by each part of a share a
+    /// driver hands out (the local-task driver cuts a worker's share into four), and a
+    /// product of few panels amortises it over few reads of B. Where B's rows spread
+    /// over the sets and few panels read them, the tiles read them in place at least as
+    /// fast (mobilenet_v2 on AVX-512, one thread, `kiln bench --profile`: its block-2
     /// projection, 144 → 24 on 56×56 over 4 panels, 112 → 87 µs unpacked; the
-    /// 16-panel expansion 16 → 96 on 112×112, 185 → 175 µs; the 96-panel ones even),
-    /// and on two threads the residual projections, packing up to five times a call,
-    /// scaled 1.1–1.4× instead of 1.6–2×.
+    /// 16-panel expansion 16 → 96 on 112×112, 185 → 175 µs; the 24-panel ones 98 →
+    /// 93 µs), and on two threads the residual projections, copying B up to five times
+    /// a call, took 0.84–0.94× their one-thread time where the others took about half.
+    /// With many panels the copy pays (resnet50's convolutions of 64 to 512 panels ran
+    /// 10–30% slower unpacked; mobilenet_v2's 96-panel expansions the same either way).
     fn should_pack(&self) -> bool {
         let b = &self.bases[1];
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
@@ -1283,13 +1290,13 @@ impl Emitter<'_> {
             && m >= 2 * self.mr
             && n >= 16
             && n * k * 4 > 64 * 1024
-            && {
+            && (self.batch_extents().iter().product::<u64>() * self.panels() >= PACK_PANELS || {
                 // The rows one unpacked tile walks per reduction block (as
                 // `reduction_block` would block them) and the lines of each.
                 let rows = if n * k * 4 > L2_BLOCK && k > KC { KC } else { k };
                 let pitch = self.c.b.offset.of(self.c.k[0]).unsigned_abs() * 4;
                 crowds_l1(pitch, rows, self.pack_width() * 4)
-            }
+            })
     }
 
     /// Reduction steps per block: all of them unless B is larger than [`L2_BLOCK`] and
