@@ -439,9 +439,10 @@ fn pointwise_convolutions() {
 
 /// B larger than one L2 column block: the columns run in blocks (the last one
 /// narrower), every panel of the range per block; the reduction in blocks whose partial
-/// sums go through the output; with twelve rows or more and rows of B a power of two
-/// apart (2048 and 4096 bytes: every row in the same few L1 sets), B packed on the
-/// stack, a short last reduction block (130 = 128 + 2) and a tail panel among them.
+/// sums go through the output; B packed on the stack where 32 row panels or more read
+/// it (192 rows), or with twelve rows or more where its rows are a power of two apart
+/// (2048 and 4096 bytes: every row in the same few L1 sets), a short last reduction
+/// block (130 = 128 + 2) and a tail panel among them.
 #[test]
 fn column_blocks() {
     require_avx2_fma!();
@@ -454,6 +455,7 @@ fn column_blocks() {
         (20, 300, 72),
         (12, 256, 1024),
         (13, 130, 512),
+        (192, 200, 100),
     ] {
         let a = random_f32(&[m, k], 1.0, 21);
         let b = random_f32(&[k, n], 1.0, 22);
