@@ -1274,7 +1274,7 @@ impl Emitter<'_> {
     /// projection, 144 → 24 on 56×56 over 4 panels, 112 → 87 µs unpacked; the
     /// 16-panel expansion 16 → 96 on 112×112, 185 → 175 µs; the 24-panel ones 98 →
     /// 93 µs), and on two threads the residual projections, copying B up to five times
-    /// a call, took 0.84–0.94× their one-thread time where the others took about half.
+    /// a call, took 0.7–0.9× their one-thread time where the others took about half.
     /// With many panels the copy pays (resnet50's convolutions of 64 to 512 panels ran
     /// 10–30% slower unpacked; mobilenet_v2's 96-panel expansions the same either way).
     fn should_pack(&self) -> bool {
