@@ -292,7 +292,9 @@ pub(crate) struct BenchArgs {
     #[arg(long = "floor-passes", value_name = "N")]
     pub floor_passes: Option<usize>,
     /// Time each command of the plan on one thread (median, share, the compiler's estimate);
-    /// with --device cuda, each command launched and waited for alone
+    /// with --threads N (N > 1), each wave of the local-task driver on N threads (its
+    /// time on its last dispatch's row); with --device cuda, each command launched and
+    /// waited for alone
     #[arg(long)]
     pub profile: bool,
     /// The weights file of an artifact compiled with --external-weights

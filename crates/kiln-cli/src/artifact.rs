@@ -565,16 +565,13 @@ fn write_outputs<'b>(
 /// thread (one; see [`crate::floor`]) and prints its median and p99 beside; with
 /// `--samples`, each line then holds both times. `--floor-passes N` gives its
 /// arithmetic instead of tuning it. `--profile` times each command of the plan instead
-/// (one thread; see [`profile`]).
+/// (one thread, or each wave with `--threads N`; see [`profile`]).
 pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
     if a.run_on == RunDevice::Cuda {
         return crate::gpu::bench_cmd(&a);
     }
     if a.resident {
         return Err("--resident times the CUDA graph alone: it needs --device cuda".into());
-    }
-    if a.profile && a.threads.is_some_and(|t| t > 1) {
-        return Err("--profile times each command on one thread: leave out --threads (or give 1)".into());
     }
     if a.profile && (a.samples.is_some() || a.floor) {
         let flag = if a.floor { "--floor" } else { "--samples" };
@@ -583,7 +580,8 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
     if a.floor && a.threads.is_some_and(|t| t > 1) {
         return Err("--floor's fixed work is one thread's: leave out --threads (or give 1)".into());
     }
-    let threads = if a.profile || a.floor { 1 } else { threads(&a) };
+    // --profile on one thread unless --threads asks for more (then per wave).
+    let threads = if a.floor || (a.profile && a.threads.is_none()) { 1 } else { threads(&a) };
     with_module(&a, |module, label, _| bench_module(&a, module, label, threads))
 }
 
@@ -606,7 +604,7 @@ fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, 
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
     }
     if a.profile {
-        return profile(a, label, module, &mut instance, &ins, &mut out_refs, iterations);
+        return profile(a, label, module, &mut instance, &ins, &mut out_refs, iterations, threads);
     }
     // With --floor: fixed work reading as many bytes as a call walks, as long as a call
     // (tuned against interleaved calls, as many as the warm-up's, 5 to 200) or with the
@@ -695,7 +693,12 @@ fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, 
 /// clock read after every command; per dispatch, copy and fill the median time, its
 /// share of the sum of medians and the compiler's estimate (`work_ns`), slowest first.
 /// The clock costs some 20–40 ns a command, so a model of many tiny commands reads a
-/// little slower here than in a plain `kiln bench`.
+/// little slower here than in a plain `kiln bench`. With `--threads N` (N > 1) the calls
+/// run on the instance's threads through `Instance::invoke_observed_waves`: the clock
+/// is read after every wave of the local-task driver, and a wave's time (its slowest
+/// thread's, the hand-off included) is its last dispatch's row; the other dispatches
+/// of a wave of several read 0.
+#[allow(clippy::too_many_arguments)]
 fn profile(
     a: &Args,
     label: &str,
@@ -704,6 +707,7 @@ fn profile(
     ins: &[&[u8]],
     outs: &mut [&mut [u8]],
     iterations: usize,
+    threads: usize,
 ) -> Result<(), String> {
     let p = module.verified().program();
     let main = p.entries.first().ok_or_else(|| format!("{label}: no entry point"))?;
@@ -715,13 +719,17 @@ fn profile(
     for k in 0..iterations {
         let start = Instant::now();
         let mut last = start;
-        instance
-            .invoke_observed(ins, outs, &mut |c| {
-                let now = Instant::now();
-                times[c * iterations + k] = (now - last).as_secs_f64() * 1e6;
-                last = now;
-            })
-            .map_err(|e| format!("{label}: {e}"))?;
+        let mut after = |c: usize| {
+            let now = Instant::now();
+            times[c * iterations + k] = (now - last).as_secs_f64() * 1e6;
+            last = now;
+        };
+        if threads > 1 {
+            instance.invoke_observed_waves(ins, outs, &mut after)
+        } else {
+            instance.invoke_observed(ins, outs, &mut after)
+        }
+        .map_err(|e| format!("{label}: {e}"))?;
         calls.push(start.elapsed().as_secs_f64() * 1e3);
     }
     let call = Stats::of(&mut calls);
@@ -742,14 +750,15 @@ fn profile(
             })
             .collect();
         return write_stdout(&format!(
-            "{{\"model\":{},\"median_ms\":{},\"iterations\":{iterations},\"threads\":1,\"profile\":[{}]}}\n",
+            "{{\"model\":{},\"median_ms\":{},\"iterations\":{iterations},\"threads\":{threads},\"profile\":[{}]}}\n",
             json_str(label),
             call.median,
             items.join(",")
         ));
     }
     let mut s = format!(
-        "{label}: profile of {iterations} calls on one thread: median call {:.4} ms, sum of command medians {:.4} ms\n",
+        "{label}: profile of {iterations} calls on {}: median call {:.4} ms, sum of command medians {:.4} ms\n",
+        if threads > 1 { format!("{threads} threads, per wave") } else { "one thread".to_string() },
         call.median,
         total / 1e3
     );

@@ -284,7 +284,21 @@ fn bench_profile_times_every_command_of_the_plan() {
     assert!(sum > 0.0 && sum <= json["median_ms"].as_f64().unwrap() * 1e3 * 1.5, "{sum} µs: {json}");
     let text = ok(&["bench", s(&art), "--profile", "--warmup", "0", "--iterations", "3"]);
     assert!(text.contains("profile of 3 calls on one thread") && text.contains("// Conv conv1"), "{text}");
-    fails_with(&["bench", s(&art), "--profile", "--threads", "2"], &["--profile", "one thread"]);
+    // On two threads: per wave of the local-task driver, on its last dispatch's row (the
+    // other dispatches of a wave read 0); the same rows, the waves' sum within the call.
+    let out = ok(&["bench", s(&art), "--profile", "--threads", "2", "--warmup", "2", "--iterations", "30", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --profile --threads 2 --json");
+    assert_eq!(json["threads"].as_u64(), Some(2), "{json}");
+    let rows = json["profile"].as_array().expect("profile rows");
+    let mut seen: Vec<u64> = rows.iter().map(|r| r["command"].as_u64().expect("command")).collect();
+    seen.sort();
+    assert_eq!(seen, expected);
+    let medians: Vec<f64> = rows.iter().map(|r| r["median_us"].as_f64().expect("median")).collect();
+    assert!(medians.iter().all(|&m| m >= 0.0 && m.is_finite()), "{json}");
+    let sum: f64 = medians.iter().sum();
+    assert!(sum > 0.0 && sum <= json["median_ms"].as_f64().unwrap() * 1e3 * 1.5, "{sum} µs: {json}");
+    let text = ok(&["bench", s(&art), "--profile", "--threads", "2", "--warmup", "0", "--iterations", "3"]);
+    assert!(text.contains("profile of 3 calls on 2 threads, per wave"), "{text}");
 }
 
 #[test]

@@ -439,11 +439,24 @@ fn pointwise_convolutions() {
 
 /// B larger than one L2 column block: the columns run in blocks (the last one
 /// narrower), every panel of the range per block; the reduction in blocks whose partial
-/// sums go through the output; with twelve rows or more, B packed on the stack.
+/// sums go through the output; B packed on the stack where 32 row panels or more read
+/// it (192 rows), or with twelve rows or more where its rows are a power of two apart
+/// (2048 and 4096 bytes: every row in the same few L1 sets), a short last reduction
+/// block (130 = 128 + 2) and a tail panel among them.
 #[test]
 fn column_blocks() {
     require_avx2_fma!();
-    for (m, k, n) in [(6, 700, 200), (1, 1100, 97), (13, 300, 500), (24, 1024, 64), (16, 400, 100), (20, 300, 72)] {
+    for (m, k, n) in [
+        (6, 700, 200),
+        (1, 1100, 97),
+        (13, 300, 500),
+        (24, 1024, 64),
+        (16, 400, 100),
+        (20, 300, 72),
+        (12, 256, 1024),
+        (13, 130, 512),
+        (192, 200, 100),
+    ] {
         let a = random_f32(&[m, k], 1.0, 21);
         let b = random_f32(&[k, n], 1.0, 22);
         check_micro(&matmul(&[], m, k, n, false, false), &[&a, &b], k);

@@ -323,7 +323,7 @@ impl<'m> Instance<'m> {
     /// the instance's workers run their shares and wait for the next call.
     pub fn invoke(&mut self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), RuntimeError> {
         let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
-        self.run(main, inputs, outputs, None)
+        self.run(main, inputs, outputs, None, false)
     }
 
     /// Runs entry point `main` as [`Instance::invoke`] does, but on the calling thread
@@ -337,7 +337,23 @@ impl<'m> Instance<'m> {
         after: &mut dyn FnMut(usize),
     ) -> Result<(), RuntimeError> {
         let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
-        self.run(main, inputs, outputs, Some(after))
+        self.run(main, inputs, outputs, Some(after), true)
+    }
+
+    /// Runs entry point `main` as [`Instance::invoke`] does, on the instance's threads,
+    /// calling `after(i)` on the calling thread as soon as a step of the schedule has
+    /// completed: a wave (with `i` the plan index of its last dispatch), a copy or a
+    /// fill. With one thread every command is a step. A profiler of several threads
+    /// reads its clock there: the time between two calls is one wave's, the wait for
+    /// the slowest thread included. Allocates nothing itself.
+    pub fn invoke_observed_waves(
+        &mut self,
+        inputs: &[&[u8]],
+        outputs: &mut [&mut [u8]],
+        after: &mut dyn FnMut(usize),
+    ) -> Result<(), RuntimeError> {
+        let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
+        self.run(main, inputs, outputs, Some(after), false)
     }
 
     /// Runs entry point `entry` (an index into [`LoadedModule::signature`]).
@@ -347,7 +363,7 @@ impl<'m> Instance<'m> {
         inputs: &[&[u8]],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), RuntimeError> {
-        self.run(entry, inputs, outputs, None)
+        self.run(entry, inputs, outputs, None, false)
     }
 
     /// Runs entry point `entry` with typed tensors: dtypes and shapes are checked too.
@@ -357,17 +373,19 @@ impl<'m> Instance<'m> {
         inputs: &[TensorRef<'_>],
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), RuntimeError> {
-        self.run(entry, inputs, outputs, None)
+        self.run(entry, inputs, outputs, None, false)
     }
 
-    /// `observe`: run on this thread and call it after each command (see
-    /// [`Instance::invoke_observed`]).
+    /// `observe`: call it after each command (see [`Instance::invoke_observed`]), or,
+    /// unless `on_this_thread`, after each step of the local-task driver where the
+    /// instance has one ([`Instance::invoke_observed_waves`]).
     fn run<I: InputArg, O: OutputArg>(
         &mut self,
         index: usize,
         inputs: &[I],
         outputs: &mut [O],
         mut observe: Option<&mut dyn FnMut(usize)>,
+        on_this_thread: bool,
     ) -> Result<(), RuntimeError> {
         let m = self.module;
         let entries = &m.verified.program.entries;
@@ -403,11 +421,15 @@ impl<'m> Instance<'m> {
         // Kernels and commands never write the constants (the verifier rejects it).
         let constants = m.pool.bytes().as_ptr().cast_mut();
         let bases = Bases { arena, constants, inputs: &self.inputs, outputs: &self.outputs };
+        #[cfg(not(feature = "local-task"))]
+        let _ = on_this_thread;
         #[cfg(feature = "local-task")]
-        if let (Some(task), None) = (&mut self.task, &observe) {
-            // SAFETY: `bases` are this checked invocation's, the arena is exclusively
-            // ours, and the caller's buffers stay borrowed until we return.
-            return unsafe { task.run(index, &bases, m.helpers.as_ptr()) };
+        if let Some(task) = &mut self.task {
+            if !on_this_thread {
+                // SAFETY: `bases` are this checked invocation's, the arena is exclusively
+                // ours, and the caller's buffers stay borrowed until we return.
+                return unsafe { task.run(index, &bases, m.helpers.as_ptr(), observe) };
+            }
         }
         for (i, c) in entry.commands.iter().enumerate() {
             match c {

@@ -159,9 +159,10 @@ enum Step<'m> {
     /// of one workgroup), or when the compiler's estimate of the wave's work says that
     /// splitting it would not pay for the hand-off ([`worth_splitting`]): then the
     /// calling thread runs it alone and wakes nobody.
-    Wave { jobs: Range<usize>, parallel: bool },
-    /// A copy or fill, run on the calling thread.
-    Serial(&'m Command),
+    /// `last`: the index in the entry's plan of the wave's last dispatch.
+    Wave { jobs: Range<usize>, parallel: bool, last: usize },
+    /// A copy or fill, run on the calling thread; `at`: its index in the plan.
+    Serial(&'m Command, usize),
 }
 
 /// An entry point's commands as the local-task driver runs them.
@@ -193,7 +194,9 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
     let mut s = Schedule { steps: Vec::new(), jobs: Vec::new() };
     let mut open = 0;
     let mut table = 0;
-    let close = |s: &mut Schedule<'m>, open: &mut usize| {
+    // The plan index of the last dispatch seen: the open wave's last when it closes.
+    let mut last = 0;
+    let close = |s: &mut Schedule<'m>, open: &mut usize, last: usize| {
         let jobs = *open..s.jobs.len();
         if !jobs.is_empty() {
             let wave = &s.jobs[jobs.clone()];
@@ -203,19 +206,20 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                     b < e
                 })
             }) && worth_splitting(wave.iter().map(|p| p.work_ns), threads);
-            s.steps.push(Step::Wave { jobs, parallel });
+            s.steps.push(Step::Wave { jobs, parallel, last });
         }
         *open = s.jobs.len();
     };
-    for c in &e.commands {
+    for (i, c) in e.commands.iter().enumerate() {
         match c {
             Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
                 if *workgroups == 0 {
                     continue;
                 }
                 if s.jobs[open..].iter().any(|p| conflict(p.bindings, bindings)) {
-                    close(&mut s, &mut open);
+                    close(&mut s, &mut open, last);
                 }
+                last = i;
                 // Verified: the kernel index is in range.
                 s.jobs.push(Planned {
                     kernel: m.kernels[*kernel as usize],
@@ -226,14 +230,14 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                 });
                 table += bindings.len();
             }
-            Command::Barrier => close(&mut s, &mut open),
+            Command::Barrier => close(&mut s, &mut open, last),
             Command::Copy { .. } | Command::Fill { .. } => {
-                close(&mut s, &mut open);
-                s.steps.push(Step::Serial(c));
+                close(&mut s, &mut open, last);
+                s.steps.push(Step::Serial(c, i));
             }
         }
     }
-    close(&mut s, &mut open);
+    close(&mut s, &mut open, last);
     s
 }
 
@@ -562,7 +566,7 @@ impl<'m> LocalTask<'m> {
             .flat_map(|s| &s.steps)
             .map(|st| match st {
                 Step::Wave { jobs, .. } => jobs.len(),
-                Step::Serial(_) => 0,
+                Step::Serial(..) => 0,
             })
             .max()
             .unwrap_or(0);
@@ -586,18 +590,23 @@ impl<'m> LocalTask<'m> {
     /// `bases` are those of a checked invocation of entry `index` of the module this
     /// driver was made for (as in `Instance::run`), live and not otherwise referenced
     /// until this returns.
+    ///
+    /// `observe`, when given, is called on the calling thread after each wave (with
+    /// the plan index of its last dispatch) and
+    /// after each copy or fill: a profiler of several threads reads its clock there.
     pub(crate) unsafe fn run(
         &mut self,
         index: usize,
         bases: &Bases<'_>,
         helpers: *const HelperFn,
+        mut observe: Option<&mut dyn FnMut(usize)>,
     ) -> Result<(), RuntimeError> {
         let Some(s) = self.schedules.get(index) else {
             return Err(RuntimeError::NoSuchEntry { entry: alloc::format!("#{index}") });
         };
         for step in &s.steps {
             match step {
-                Step::Wave { jobs, parallel } => {
+                Step::Wave { jobs, parallel, last } => {
                     let wave = &s.jobs[jobs.clone()];
                     for p in wave {
                         for (slot, b) in self.tables[p.table..p.table + p.bindings.len()].iter_mut().zip(p.bindings) {
@@ -624,9 +633,17 @@ impl<'m> LocalTask<'m> {
                             unsafe { (job.kernel)(job.table, helpers, 0, job.workgroups) };
                         }
                     }
+                    if let Some(after) = observe.as_mut() {
+                        after(*last);
+                    }
                 }
-                // SAFETY: the caller's contract; no wave is running.
-                Step::Serial(c) => unsafe { crate::instance::transfer(c, bases) },
+                Step::Serial(c, at) => {
+                    // SAFETY: the caller's contract; no wave is running.
+                    unsafe { crate::instance::transfer(c, bases) };
+                    if let Some(after) = observe.as_mut() {
+                        after(*at);
+                    }
+                }
             }
         }
         Ok(())

@@ -170,6 +170,37 @@ const TZ_COLS: u64 = 14;
 /// The largest stack copy of B channel-vector tiles read from (`Emitter::pack_b_t`).
 const PACK_T_MOST: u64 = 512 * 1024;
 
+/// Row panels (of all batch positions) from which a run-time copy of B pays on any
+/// pitch ([`Emitter::should_pack`]): on two threads, a dispatch runs as up to five
+/// calls, each then still over six panels or more.
+const PACK_PANELS: u64 = 32;
+/// Sets of the smallest L1 data cache this code targets (32 KiB of 8 ways, or 48 KiB
+/// of 12: 64 sets of 64-byte lines either way).
+const L1_SETS: u64 = 64;
+/// Lines one L1 set may take of a tile's rows before they evict each other: the ways
+/// of the smaller L1, less a margin for A, the output and the stack.
+const L1_SET_LINES: u64 = 6;
+
+/// Whether `rows` rows of `bytes` bytes each, `pitch` bytes apart (any alignment),
+/// crowd some L1 set: put more than [`L1_SET_LINES`] lines into it, and more than
+/// twice the lines per set that the same bytes copied contiguously would. Then a tile
+/// that walks them down a reduction evicts its own rows (a pitch of 4096 bytes puts
+/// all of them in the same few sets), where a copy would stay in L1; rows spread over
+/// the sets do as well read in place as copied (too many for L1 either way, both
+/// stream from L2).
+fn crowds_l1(pitch: u64, rows: u64, bytes: u64) -> bool {
+    let lines = bytes.div_ceil(64) + 1; // an unaligned row touches one line more
+    let mut per_set = [0u64; L1_SETS as usize];
+    for r in 0..rows {
+        let first = r * pitch / 64;
+        for l in 0..lines {
+            per_set[((first + l) % L1_SETS) as usize] += 1;
+        }
+    }
+    let even = (rows * lines).div_ceil(L1_SETS);
+    per_set.iter().any(|&c| c > L1_SET_LINES && c > 2 * even)
+}
+
 /// A compiled contraction kernel: position-independent code and its workgroup count.
 pub(crate) struct GemmCode {
     /// The function (code, then its constant table).
@@ -1227,11 +1258,25 @@ impl Emitter<'_> {
     }
 
     /// Whether to pack B: a matrix product (one reduction variable, B shared by the
-    /// rows and the batch, unit column step) whose B is large (over 64 KiB) and used
-    /// by at least two full panels. Packing copies each `KC_PACKED × 16` block of B
-    /// into a contiguous stack buffer that every panel then streams from L1, instead
-    /// of walking B's rows at its own pitch (a power-of-two pitch puts every row of a
-    /// tile in the same L1 set).
+    /// rows and the batch, unit column step) whose B is large (over 64 KiB), used by at
+    /// least two full panels, and either read by many row panels ([`PACK_PANELS`]) or
+    /// with rows that, read in place at their own pitch, would crowd a few L1 sets
+    /// ([`crowds_l1`]: a power-of-two pitch puts every row of a tile in the same sets).
+    /// Packing copies each `KC_PACKED × 16` block of B into a contiguous stack buffer
+    /// that every panel then streams.
+    ///
+    /// The copy is a pass over all of B on *every call*, whatever range of row panels
+    /// the call runs, so it is paid again by each thread and by each part of a share a
+    /// driver hands out (the local-task driver cuts a worker's share into four), and a
+    /// product of few panels amortises it over few reads of B. Where B's rows spread
+    /// over the sets and few panels read them, the tiles read them in place at least as
+    /// fast (mobilenet_v2 on AVX-512, one thread, `kiln bench --profile`: its block-2
+    /// projection, 144 → 24 on 56×56 over 4 panels, 112 → 87 µs unpacked; the
+    /// 16-panel expansion 16 → 96 on 112×112, 185 → 175 µs; the 24-panel ones 98 →
+    /// 93 µs), and on two threads the residual projections, copying B up to five times
+    /// a call, took 0.7–0.9× their one-thread time where the others took about half.
+    /// With many panels the copy pays (resnet50's convolutions of 64 to 512 panels ran
+    /// 10–30% slower unpacked; mobilenet_v2's 96-panel expansions the same either way).
     fn should_pack(&self) -> bool {
         let b = &self.bases[1];
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
@@ -1245,6 +1290,13 @@ impl Emitter<'_> {
             && m >= 2 * self.mr
             && n >= 16
             && n * k * 4 > 64 * 1024
+            && (self.batch_extents().iter().product::<u64>() * self.panels() >= PACK_PANELS || {
+                // The rows one unpacked tile walks per reduction block (as
+                // `reduction_block` would block them) and the lines of each.
+                let rows = if n * k * 4 > L2_BLOCK && k > KC { KC } else { k };
+                let pitch = self.c.b.offset.of(self.c.k[0]).unsigned_abs() * 4;
+                crowds_l1(pitch, rows, self.pack_width() * 4)
+            })
     }
 
     /// Reduction steps per block: all of them unless B is larger than [`L2_BLOCK`] and
@@ -2562,4 +2614,26 @@ struct TileSlot {
     row: i64,
     vec: i64,
     mask: Option<Mask>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_of_two_pitches_crowd_l1_and_spread_ones_do_not() {
+        // 128 rows of a 64-column tile (256 bytes) at 4096 bytes apart: every row
+        // starts in the same set, 128 lines there against 10 copied.
+        assert!(crowds_l1(4096, 128, 256));
+        assert!(crowds_l1(2048, 64, 256));
+        // Rows 12544 bytes apart (3136 floats: 196 lines, 4 sets on each row) spread
+        // over all 64 sets, as many per set as a copy: too many for L1 either way.
+        assert!(!crowds_l1(12544, 144, 256));
+        // Few rows fit whatever the pitch (at most one line a row per set).
+        assert!(!crowds_l1(4096, 6, 256));
+        // A contiguous walk (pitch = row bytes) is a copy already.
+        for rows in [1u64, 7, 64, 300] {
+            assert!(!crowds_l1(256, rows, 256), "contiguous, {rows} rows");
+        }
+    }
 }
