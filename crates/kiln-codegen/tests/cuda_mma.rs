@@ -16,12 +16,15 @@
 //!   no spills; mixed operand types decline with a reason, to the f32 kernel.
 
 mod common;
+#[path = "common/half.rs"]
+mod half;
 mod ptxas;
 mod ptxsim;
 
 use std::collections::HashSet;
 
-use common::{compile_cuda, ty, Conv, MatMul};
+use common::{compile_cuda, Conv};
+use half::{conv, inputs_of, matmul};
 use kiln_codegen::cuda::contraction::{Plan, Tile};
 use kiln_codegen::cuda::mma;
 use kiln_codegen::cuda::mma::{
@@ -31,7 +34,7 @@ use kiln_codegen::cuda::mma::{
 use kiln_codegen::cuda::tune::Tune;
 use kiln_codegen::cuda::{self, BLOCK};
 use kiln_flow::class::{classify, KernelClass};
-use kiln_flow::{BinaryOp, Kernel, KernelBuilder, ScalarType};
+use kiln_flow::Kernel;
 use kiln_ir::DType;
 use ptxsim::isa;
 
@@ -199,55 +202,6 @@ fn copies_cover_each_tile_once() {
     }
 }
 
-/// `out[.., m, n] = epi(Σ_k a[.., m, k] · w[.., k, n])` with both operands stored as
-/// `dt` (`adt` for `a`): `a` transposed when `a_t`; batch dims on either operand.
-#[allow(clippy::too_many_arguments)]
-fn matmul(
-    (adt, dt): (DType, DType),
-    batch: &[usize],
-    batched: (bool, bool),
-    (m, k, n): (usize, usize, usize),
-    a_t: bool,
-    bias_relu: bool,
-    out_dt: DType,
-) -> Kernel {
-    let mm = MatMul { batch, batched, mkn: (m, k, n), a_t, dtypes: (adt, dt) };
-    let mut ins = mm.inputs();
-    if bias_relu {
-        ins.push(ty(dt, &[m]));
-    }
-    let name = format!(
-        "hmm_{}_{}_{}_{m}_{k}_{n}_{}{}",
-        adt.name(),
-        dt.name(),
-        batch.len(),
-        u8::from(a_t),
-        u8::from(bias_relu)
-    );
-    let mut kb = KernelBuilder::new(name, ins, ty(out_dt, &mm.out()));
-    let (mut y, row, _) = mm.sum(&mut kb);
-    if bias_relu {
-        let b = kb.load(2, vec![row]);
-        let s = kb.add(y, b);
-        let z = kb.float(ScalarType::F32, 0.0);
-        y = kb.binary(BinaryOp::Max, s, z);
-    }
-    kb.finish(y).expect("matmul kernel")
-}
-
-/// A convolution `c` over an already padded NCHW input stored as `dt`, with a bias.
-fn conv(dt: DType, c: Conv) -> Kernel {
-    let Conv { n, channels: (ci, co), hw: (h, w), window: (kh, _), stride: s, groups: g, .. } = c;
-    let mut ins = c.inputs().map(|d| ty(dt, &d)).to_vec();
-    ins.push(ty(dt, &[co]));
-    let name = format!("hconv_{}_{n}_{ci}_{co}_{h}x{w}_{kh}_s{s}_g{g}", dt.name());
-    let mut kb = KernelBuilder::new(name, ins, ty(dt, &c.out()));
-    let (sum, oc, _) = c.sum(&mut kb);
-    let b = kb.load(2, vec![oc]);
-    let yv = kb.add(sum, b);
-    kb.finish(yv).expect("conv kernel")
-}
-
 fn suite(dt: DType) -> Vec<Kernel> {
     let mut ks = Vec::new();
     let odd = [1, 7, 33, 127, 1000];
@@ -384,21 +338,13 @@ fn half_kernels_take_the_tensor_cores_and_assemble_without_spills() {
             let tune = mma_tune(v);
             let with_class: Vec<_> = kernels.iter().map(|k| (k, classify(k))).collect();
             let tuned = cuda::compile_tuned(&with_class, &tune).expect("compile");
-            let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("{}-{v}", dt.name()), tuned.ptx())
-                .unwrap_or_else(|e| panic!("ptxas {v}: {e}"));
-            for (name, u) in &res {
-                assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{v} {name}: stack or spills: {u:?}");
-            }
+            half::assemble_without_spills("cuda-mma", &format!("{}-{v}", dt.name()), tuned.ptx());
         }
         assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
         assert!(ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
         assert!(ptx.contains("cp.async.cg.shared.global"));
-        let res = ptxas::assemble_ptx_verbose("cuda-mma", dt.name(), ptx).unwrap_or_else(|e| panic!("ptxas: {e}"));
+        let res = half::assemble_without_spills("cuda-mma", dt.name(), ptx);
         assert_eq!(res.len(), kernels.len(), "one ptxas report per entry");
-        for (name, u) in &res {
-            eprintln!("{name}: {} registers", u.registers);
-            assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{name}: stack or spills: {u:?}");
-        }
     }
 }
 
@@ -425,21 +371,17 @@ fn a_4096_cubed_bf16_product() {
         "{note}"
     );
     assert_eq!(e.launch.grid, 32 * 32);
-    let res = ptxas::assemble_ptx_verbose("cuda-mma", "4096", &ptx).unwrap_or_else(|e| panic!("ptxas: {e}"));
-    let u = res[0].1;
-    eprintln!("4096³ bf16: {u:?}, {} bytes shared", shared_bytes(128, 128, Shape::default()));
-    assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0));
+    let res = half::assemble_without_spills("cuda-mma", "4096", &ptx);
+    eprintln!("4096³ bf16: {:?}, {} bytes shared", res[0].1, shared_bytes(128, 128, Shape::default()));
     // Each variant of the knob: k step 64 (both operands cp.async), its resources.
     for v in TUNES {
         let tune = mma_tune(v);
         let m = cuda::compile_tuned(&[(&k, KernelClass::Contraction)], &tune).expect("compile");
-        let res = ptxas::assemble_ptx_verbose("cuda-mma", &format!("4096-{v}"), m.ptx())
-            .unwrap_or_else(|e| panic!("ptxas {v}: {e}"));
+        let res = half::assemble_without_spills("cuda-mma", &format!("4096-{v}"), m.ptx());
         let u = res[0].1;
         let sh = mma::shape(&Plan::of(&k).expect("plan"), &tune.mma);
         assert_eq!(sh.bk, tune.mma.bk, "{v}");
         eprintln!("4096³ bf16 {v:12}: {u:?}, {} bytes shared, {}", shared_bytes(128, 128, sh), m.notes[0]);
-        assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{v}");
     }
 }
 
@@ -458,25 +400,6 @@ fn mixed_operands_take_the_f32_kernel() {
         assert!(note.starts_with("contraction (") && note.contains("tensor cores declined:"), "{}: {note}", k.name);
     }
     ptxas::assemble_ptx("cuda-mma", "mixed", m.ptx()).unwrap_or_else(|e| panic!("ptxas: {e}"));
-}
-
-/// Inputs of `k` exactly representable in f16 and bf16 (multiples of 1/64 in [-2, 2):
-/// at most 8 significant bits), so the products are exact in f32 whatever the type.
-fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    k.inputs
-        .iter()
-        .map(|t| {
-            let v: Vec<f64> = (0..t.shape.numel()).map(|_| (next() % 256) as f64 / 64.0 - 2.0).collect();
-            kiln_ir::Tensor::from_f64(t.dtype, t.shape.clone(), &v).expect("tensor")
-        })
-        .collect()
 }
 
 /// The emitted PTX run by the host simulator (`tests/ptxsim`, which models `mma.sync`,
@@ -588,27 +511,19 @@ fn convolutions() -> Vec<Kernel> {
 }
 
 /// Runs `k`'s entry of `ptx` in the host simulator over `launch` on the inputs of `seed`
-/// ([`inputs_of`]) and compares every output element with the kernel interpreter within
+/// (`half::inputs_of`) and compares every output element with the kernel interpreter within
 /// the f32 summation-order bound plus one rounding of the output type (see
 /// [`simulated_half_kernels_match_the_interpreter`]). The output starts as NaN bit
 /// patterns: an element never written shows.
 fn simulate(k: &Kernel, ptx: &str, launch: ptxsim::Grid, seed: u64) {
-    let ins = inputs_of(k, seed);
-    let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
-    let want = kiln_flow::interp::run(k, &refs).expect("interpreter");
-    let entry = ptxsim::parse_named(ptx, &k.name).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
-    data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
-    let mut g = ptxsim::Global::new(data);
-    ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let got = kiln_ir::Tensor::new(k.output.clone(), g.bufs[k.inputs.len()].clone().into()).expect("output");
+    let (got, want) = half::simulated(k, ptx, launch, seed);
     let kk = Plan::of(k).expect("plan").dims[3] as f64;
     let ulp = match k.output.dtype {
         DType::F16 => 2f64.powi(-10),
         DType::BF16 => 2f64.powi(-7),
         _ => 2f64.powi(-22),
     };
-    for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let tol = kk * 4.0 * 2f64.powi(-20) + w.abs() * ulp;
         assert!((g - w).abs() <= tol, "{}: element {i}: {g} against {w}", k.name);
     }

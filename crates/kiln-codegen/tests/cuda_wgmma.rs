@@ -15,50 +15,26 @@
 //!   with no stack and no spills, the 4096³ bf16 product included.
 
 mod common;
+#[path = "common/half.rs"]
+mod half;
 mod ptxas;
 mod ptxsim;
 
-use common::{ty, Conv, MatMul};
+use common::Conv;
+use half::{conv, matmul};
 use kiln_codegen::cuda;
 use kiln_codegen::cuda::contraction::{Plan, Tile};
 use kiln_codegen::cuda::wgmma::{self, shared_bytes};
 use kiln_flow::class::KernelClass;
-use kiln_flow::{BinaryOp, Kernel, KernelBuilder, ScalarType};
+use kiln_flow::Kernel;
 use kiln_ir::DType;
-
-/// `out[.., m, n] = epi(Σ_k a[.., m, k] · w[.., k, n])`, both operands `dt`.
-fn matmul(
-    dt: DType,
-    batch: &[usize],
-    batched: (bool, bool),
-    (m, k, n): (usize, usize, usize),
-    a_t: bool,
-    bias_relu: bool,
-    out_dt: DType,
-) -> Kernel {
-    let mm = MatMul { batch, batched, mkn: (m, k, n), a_t, dtypes: (dt, dt) };
-    let mut ins = mm.inputs();
-    if bias_relu {
-        ins.push(ty(dt, &[m]));
-    }
-    let name = format!("wg_{}_{}_{m}_{k}_{n}_{}{}", dt.name(), batch.len(), u8::from(a_t), u8::from(bias_relu));
-    let mut kb = KernelBuilder::new(name, ins, ty(out_dt, &mm.out()));
-    let (mut y, row, _) = mm.sum(&mut kb);
-    if bias_relu {
-        let b = kb.load(2, vec![row]);
-        let s = kb.add(y, b);
-        let z = kb.float(ScalarType::F32, 0.0);
-        y = kb.binary(BinaryOp::Max, s, z);
-    }
-    kb.finish(y).expect("matmul kernel")
-}
 
 /// A 4096³ bf16 product: the kernel the ≥ 600 TFLOP/s target is measured on (the lead
 /// runs it on the GPU): 128×256 tiles, 512 blocks, both operands cp.async.
 #[test]
 fn a_4096_cubed_bf16_product() {
     let h = DType::BF16;
-    let k = matmul(h, &[], (false, false), (4096, 4096, 4096), false, false, h);
+    let k = matmul((h, h), &[], (false, false), (4096, 4096, 4096), false, false, h);
     let m = cuda::compile(&[(&k, KernelClass::Contraction)]).expect("compile");
     if let Ok(path) = std::env::var("KILN_DUMP_PTX") {
         std::fs::write(path, m.ptx()).expect("write the PTX");
@@ -68,46 +44,12 @@ fn a_4096_cubed_bf16_product() {
     assert!(note.contains("A k-major, B mn-major"), "{note}");
     assert_eq!(m.launches[0].grid, 32 * 16);
     assert_eq!((m.launches[0].block, m.launches[0].shared), (256, shared_bytes(128, 256)));
-    let res = ptxas::assemble_ptx_verbose("cuda-wgmma", "4096", m.ptx()).unwrap_or_else(|e| panic!("ptxas: {e}"));
-    let u = res[0].1;
-    eprintln!("4096³ bf16: {u:?}, {} bytes shared", shared_bytes(128, 256));
-    assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0));
-}
-
-/// A convolution `c` over an already padded NCHW input stored as `dt`, with a bias.
-fn conv(dt: DType, c: Conv) -> Kernel {
-    let Conv { n, channels: (ci, co), hw: (h, w), window: (kh, _), stride: s, groups: g, .. } = c;
-    let mut ins = c.inputs().map(|d| ty(dt, &d)).to_vec();
-    ins.push(ty(dt, &[co]));
-    let name = format!("wgconv_{}_{n}_{ci}_{co}_{h}x{w}_{kh}_s{s}_g{g}", dt.name());
-    let mut kb = KernelBuilder::new(name, ins, ty(dt, &c.out()));
-    let (sum, oc, _) = c.sum(&mut kb);
-    let b = kb.load(2, vec![oc]);
-    let yv = kb.add(sum, b);
-    kb.finish(yv).expect("conv kernel")
-}
-
-/// Inputs of `k` exactly representable in f16 and bf16 (multiples of 1/64 in [-2, 2):
-/// at most 8 significant bits), so the products are exact in f32 whatever the type.
-fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    k.inputs
-        .iter()
-        .map(|t| {
-            let v: Vec<f64> = (0..t.shape.numel()).map(|_| (next() % 256) as f64 / 64.0 - 2.0).collect();
-            kiln_ir::Tensor::from_f64(t.dtype, t.shape.clone(), &v).expect("tensor")
-        })
-        .collect()
+    let res = half::assemble_without_spills("cuda-wgmma", "4096", m.ptx());
+    eprintln!("4096³ bf16: {:?}, {} bytes shared", res[0].1, shared_bytes(128, 256));
 }
 
 /// Runs `k`'s entry of `ptx` in the host simulator over `launch` on the inputs of `seed`
-/// ([`inputs_of`]) and compares every output element with the kernel interpreter's,
+/// (`half::inputs_of`) and compares every output element with the kernel interpreter's,
 /// bit for bit. The inputs make that the right check: each is a multiple of 2⁻⁶ in
 /// [-2, 2), so each product is an exact multiple of 2⁻¹² of magnitude at most 4, and
 /// every partial sum of at most `K` = 1024 of them is a multiple of 2⁻¹² below 2¹², which
@@ -119,17 +61,9 @@ fn inputs_of(k: &Kernel, seed: u64) -> Vec<kiln_ir::Tensor> {
 /// half an ulp of a partial sum bounded by `Σ|aᵢ·bᵢ|`.) The output starts as NaN bit
 /// patterns: an element never written shows.
 fn simulate(k: &Kernel, ptx: &str, launch: ptxsim::Grid, seed: u64) {
-    let ins = inputs_of(k, seed);
-    let refs: Vec<&kiln_ir::Tensor> = ins.iter().collect();
-    let want = kiln_flow::interp::run(k, &refs).expect("interpreter");
-    let entry = ptxsim::parse_named(ptx, &k.name).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let mut data: Vec<Vec<u8>> = ins.iter().map(|t| t.bytes().to_vec()).collect();
-    data.push(vec![0xFF; k.output.dtype.storage_bytes(k.output.shape.numel())]);
-    let mut g = ptxsim::Global::new(data);
-    ptxsim::run(&entry, launch, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let got = kiln_ir::Tensor::new(k.output.clone(), g.bufs[k.inputs.len()].clone().into()).expect("output");
+    let (got, want) = half::simulated(k, ptx, launch, seed);
     assert!(Plan::of(k).expect("plan").dims[3] <= 1024, "{}: K beyond the exact range of the inputs", k.name);
-    for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(g.to_bits() == w.to_bits(), "{}: element {i}: {g} against {w}", k.name);
     }
 }
@@ -141,14 +75,14 @@ fn simulate(k: &Kernel, ptx: &str, launch: ptxsim::Grid, seed: u64) {
 fn wgmma_kernels() -> Vec<Kernel> {
     let (h, b) = (DType::F16, DType::BF16);
     vec![
-        matmul(h, &[], (false, false), (130, 72, 200), false, false, DType::F32),
-        matmul(b, &[], (false, false), (33, 136, 24), false, true, b),
-        matmul(h, &[], (false, false), (72, 8, 40), true, true, h),
-        matmul(b, &[2], (true, true), (40, 200, 16), true, false, DType::F32),
-        matmul(h, &[3], (false, true), (17, 64, 48), false, true, h),
+        matmul((h, h), &[], (false, false), (130, 72, 200), false, false, DType::F32),
+        matmul((b, b), &[], (false, false), (33, 136, 24), false, true, b),
+        matmul((h, h), &[], (false, false), (72, 8, 40), true, true, h),
+        matmul((b, b), &[2], (true, true), (40, 200, 16), true, false, DType::F32),
+        matmul((h, h), &[3], (false, true), (17, 64, 48), false, true, h),
         // K over 4 steps of 64: the unrolled loop's back edge, the stage ring wrapping.
-        matmul(b, &[], (false, false), (70, 520, 72), false, true, b),
-        matmul(h, &[], (false, false), (72, 1000, 136), true, false, DType::F32),
+        matmul((b, b), &[], (false, false), (70, 520, 72), false, true, b),
+        matmul((h, h), &[], (false, false), (72, 1000, 136), true, false, DType::F32),
         conv(b, Conv::new(2, (16, 24), (4, 4), (1, 1), 1, 1, 1)),
         conv(h, Conv::new(1, (40, 20), (6, 4), (1, 1), 1, 1, 1)),
     ]
@@ -220,8 +154,9 @@ fn index_functions_are_the_isa_tables() {
             for threads in [128, 256] {
                 let mut chunks = std::collections::HashSet::new();
                 for tid in 0..threads {
-                    for e in 0..wgmma::items(rows, threads) {
-                        let (r, k) = wgmma::item(layout, rows, threads, tid, e);
+                    let f = cuda::mma::Feed { layout, cp: true };
+                    for e in 0..cuda::feed::items(f, rows, (wgmma::BK, threads)) {
+                        let (r, k) = cuda::feed::item(f, rows, (wgmma::BK, threads), tid, e);
                         assert!(r < rows && k < wgmma::BK && chunks.insert((r, k)), "{layout:?} {rows}: ({r}, {k})");
                         for c in 0..8 {
                             let (rr, kk) = if layout == Layout::KMajor { (r, k + c) } else { (r + c, k) };
@@ -268,12 +203,8 @@ fn wgmma_kernels_take_the_path_and_assemble_without_spills() {
             ptx = format!("{ptx}\n{}", e.text);
         }
         let tag = format!("{tm}x{tn}");
-        let res = ptxas::assemble_ptx_verbose("cuda-wgmma", &tag, &ptx).unwrap_or_else(|e| panic!("ptxas: {e}"));
+        let res = half::assemble_without_spills("cuda-wgmma", &tag, &ptx);
         assert_eq!(res.len(), kernels.len(), "one ptxas report per entry");
-        for (name, u) in &res {
-            eprintln!("{tag} {name}: {} registers", u.registers);
-            assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{tag} {name}: stack or spills: {u:?}");
-        }
     }
 }
 

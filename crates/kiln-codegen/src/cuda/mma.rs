@@ -47,6 +47,8 @@
 //!
 //! # Filling the stages
 //!
+//! (The copies are [`super::feed`]'s, which [`super::wgmma`] shares; this module gives
+//! it the layout, the `k` step, the threads and where compact addressing applies.)
 //! An operand is copied with `cp.async.cg.shared.global` 16-byte chunks ([`Feed::cp`])
 //! where each chunk is 8 consecutive elements of global memory, 16-byte aligned, and
 //! wholly in or out of range: KMajor with `k` one stride-1 run and `K` a multiple of 8,
@@ -128,9 +130,9 @@ use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::contraction::{
-    self, choose_split, choose_tile, linear, operand_element, operand_row, pred, u32_op, BlockStart, Map, Order, Plan,
-    Tile, Var,
+    self, choose_split, choose_tile, linear, pred, u32_op, BlockStart, Map, Order, Plan, Tile, Var,
 };
+use super::feed::{self, Ring};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, tune, Entry, Launch, BLOCK};
 use crate::CodegenError;
@@ -314,33 +316,7 @@ pub fn feed(plan: &Plan, map: &Map, vars: &[Var]) -> Feed {
     Feed { layout, cp }
 }
 
-/// Items (chunks or elements) of a `rows × bk` tile each of `threads` copies.
-pub fn items(f: Feed, rows: u32, (bk, threads): (u32, u32)) -> u32 {
-    if f.cp {
-        rows * bk / 8 / threads
-    } else {
-        rows * bk / threads
-    }
-}
-
-/// Item `e` of thread `tid` of `threads`: `(r, k)` within a tile of `rows` rows and
-/// `bk` `k`, its first element (a chunk holds 8 elements along `k` (KMajor) or `r`
-/// (RMajor)). Consecutive threads take consecutive chunks or elements along the stored
-/// rows. (Register-staged items need `threads` ≥ `bk` and ≥ `rows`: 256 threads.)
-pub fn item(f: Feed, rows: u32, (bk, threads): (u32, u32), tid: u32, e: u32) -> (u32, u32) {
-    match (f.cp, f.layout) {
-        (true, Layout::KMajor) => {
-            let (q, per) = (tid + threads * e, bk / 8);
-            (q / per, 8 * (q % per))
-        }
-        (true, Layout::RMajor) => {
-            let (q, per) = (tid + threads * e, rows / 8);
-            (8 * (q % per), q / per)
-        }
-        (false, Layout::KMajor) => (tid / bk + (threads / bk) * e, tid % bk),
-        (false, Layout::RMajor) => (tid % rows, tid / rows + (threads / rows) * e),
-    }
-}
+pub use super::feed::{item, items};
 
 /// Bytes of the stages of a block of `bm × bn` under `shape`.
 pub fn shared_bytes(bm: u32, bn: u32, shape: Shape) -> u32 {
@@ -468,25 +444,8 @@ fn smem_regs(p: &mut Ptx, layout: Layout, (rows, bk): (u32, u32), r: Reg, k: Reg
     u32_op(p, "add.u32", o, lo.into())
 }
 
-/// One item a thread copies per step.
-struct Item {
-    /// The tile row of item 0 of its thread (what [`item`] gives).
-    r_in: Reg,
-    /// `k` within the step: a register plus a constant.
-    k_in: (Reg, u32),
-    /// The tile row (chunk) is in range.
-    in_range: Reg,
-    /// Element offset of `(row, k = 0)`, batch included.
-    off: Reg,
-    /// Byte offset of its shared slot within a stage: a register plus a constant.
-    sts: (Reg, i64),
-    /// Where `k` is linear: the global address at the next step to issue, a register
-    /// plus a constant, and whether this item steps the register (its owner).
-    ptr: Option<(Reg, i64, bool)>,
-}
-
 /// Where item `e` of every thread lies at a constant distance from the thread's item 0
-/// (see [`Emitter::src`]): `(dr, dk, shared bytes)`, or `None`.
+/// (see [`feed::src`], `Ring::compact`): `(dr, dk, shared bytes)`, or `None`.
 pub fn item_delta(f: Feed, rows: u32, (bk, threads): (u32, u32), e: u32) -> Option<(u32, u32, i64)> {
     let mut out = None;
     for tid in 0..threads {
@@ -503,16 +462,6 @@ pub fn item_delta(f: Feed, rows: u32, (bk, threads): (u32, u32), e: u32) -> Opti
     out
 }
 
-/// One operand's copies.
-struct Src {
-    feed: Feed,
-    map: Map,
-    items: Vec<Item>,
-    /// Element offset per unit of `k` where linear.
-    linear: Option<i64>,
-    base: Reg,
-}
-
 struct Emitter<'a> {
     k: &'a Kernel,
     plan: &'a Plan,
@@ -522,154 +471,6 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    /// The copies of `map` (tile of `rows` rows from row `first` of `total`), into
-    /// stages from shared address `first_stage`.
-    #[allow(clippy::too_many_arguments)]
-    fn src(
-        &self,
-        p: &mut Ptx,
-        f: Feed,
-        map: &Map,
-        (rows, first, total): (u32, Reg, u64),
-        vars: &[Var],
-        bat: Reg,
-        base: Reg,
-        (tid, k_start): (Reg, Option<Reg>),
-        first_stage: Reg,
-    ) -> Src {
-        let (bk, nt) = (self.sh.bk, self.sh.threads);
-        let lin = linear(&self.plan.ks, map, bk);
-        let mut out: Vec<Item> = Vec::new();
-        for e in 0..items(f, rows, (bk, nt)) {
-            // Compact addressing (`cp.async` operands under the knob's pipelines; the
-            // default keeps a pointer and a shared offset per item): item e at a
-            // constant distance from item 0 in rows, k and shared bytes, its global
-            // address item 0's plus a constant where k is linear and the rows one
-            // variable (or the same rows). 40 fewer registers live through the loop at
-            // a step of 64 (168 → 128: two blocks a multiprocessor). Register-staged
-            // operands keep theirs (a 3×3 window's weights would spill).
-            let compact = (f.cp && self.sh != Shape::default()).then(|| item_delta(f, rows, (bk, nt), e)).flatten();
-            if let (Some((dr, dk, ds)), Some(step), Some(i0)) = (compact, lin, out.first()) {
-                let row_coef = match vars {
-                    _ if dr == 0 => Some(0),
-                    [(v, _)] => Some(map.at(*v)),
-                    _ => None,
-                };
-                let bytes = row_coef
-                    .and_then(|c| c.checked_mul(i64::from(dr)))
-                    .and_then(|x| x.checked_add(step.checked_mul(i64::from(dk))?))
-                    .and_then(|x| x.checked_mul(2))
-                    .filter(|&x| i32::try_from(x).is_ok());
-                if let (Some(bytes), Some((a, _, _))) = (bytes, i0.ptr) {
-                    let in_range = if dr == 0 {
-                        i0.in_range
-                    } else {
-                        // first + r_in0 + dr < total.
-                        let r = u32_op(p, "add.u32", first, i0.r_in.into());
-                        pred(p, "setp.lt.u32", r, Imm::U(total.saturating_sub(u64::from(dr))).into())
-                    };
-                    out.push(Item {
-                        r_in: i0.r_in,
-                        k_in: (i0.k_in.0, dk),
-                        in_range,
-                        off: i0.off,
-                        sts: (i0.sts.0, ds),
-                        ptr: Some((a, bytes, false)),
-                    });
-                    continue;
-                }
-            }
-            // `item` in PTX.
-            let (r_in, k_in) = match (f.cp, f.layout) {
-                (true, Layout::KMajor) => {
-                    let per = bk / 8;
-                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(nt * e)).into());
-                    let r = u32_op(p, "shr.u32", q, Imm::U(u64::from(per.trailing_zeros())).into());
-                    let c = u32_op(p, "and.b32", q, Imm::U(u64::from(per - 1)).into());
-                    (r, u32_op(p, "shl.b32", c, Imm::U(3).into()))
-                }
-                (true, Layout::RMajor) => {
-                    let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(nt * e)).into());
-                    let per = rows / 8;
-                    let c = u32_op(p, "rem.u32", q, Imm::U(per.into()).into());
-                    let r = u32_op(p, "shl.b32", c, Imm::U(3).into());
-                    (r, u32_op(p, "div.u32", q, Imm::U(per.into()).into()))
-                }
-                (false, Layout::KMajor) => {
-                    let r = u32_op(p, "shr.u32", tid, Imm::U(u64::from(bk.trailing_zeros())).into());
-                    let r = u32_op(p, "add.u32", r, Imm::U(u64::from((nt / bk) * e)).into());
-                    (r, u32_op(p, "and.b32", tid, Imm::U(u64::from(bk - 1)).into()))
-                }
-                (false, Layout::RMajor) => {
-                    let r = u32_op(p, "rem.u32", tid, Imm::U(rows.into()).into());
-                    let k = u32_op(p, "div.u32", tid, Imm::U(rows.into()).into());
-                    (r, u32_op(p, "add.u32", k, Imm::U(u64::from((nt / rows) * e)).into()))
-                }
-            };
-            let (in_range, off, ptr) =
-                operand_row(p, (map, vars, bat), (first, r_in, total), lin, (k_in, k_start), (base, 2));
-            let sts = smem_regs(p, f.layout, (rows, bk), r_in, k_in);
-            let sts = u32_op(p, "add.u32", sts, first_stage.into());
-            out.push(Item { r_in, k_in: (k_in, 0), in_range, off, sts: (sts, 0), ptr: ptr.map(|a| (a, 0, true)) });
-        }
-        Src { feed: f, map: map.clone(), items: out, linear: lin, base }
-    }
-
-    /// Issues step `k0` of `s` into the stage `stage` bytes past the first: `cp.async` chunks, or loads
-    /// into fresh b16 registers (returned; the caller stores them). Steps the pointers.
-    fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: u32) -> Vec<Reg> {
-        let mut vals = Vec::new();
-        for it in &s.items {
-            let k_in = match it.k_in {
-                (r, 0) => r,
-                (r, dk) => u32_op(p, "add.u32", r, Imm::U(dk.into()).into()),
-            };
-            let (ok, (addr, imm)) = operand_element(
-                p,
-                (&self.plan.ks, &s.map),
-                (k0, k_in, k_end),
-                (it.in_range, it.off, it.ptr.map(|(a, off, _)| (a, off))),
-                (s.base, 2),
-            );
-            let addr = if imm == 0 {
-                addr
-            } else {
-                let a = p.reg(RegClass::B64);
-                p.op("add.s64", &[a.into(), addr.into(), Imm::I(imm).into()]);
-                a
-            };
-            if s.feed.cp {
-                // Out of range: nothing read (src-size 0, from the base), 16 zero bytes.
-                let src = p.reg(RegClass::B64);
-                p.op("selp.b64", &[src.into(), addr.into(), s.base.into(), ok.into()]);
-                let n = p.reg(RegClass::B32);
-                p.op("selp.u32", &[n.into(), Imm::U(16).into(), Imm::U(0).into(), ok.into()]);
-                let dst = Opd::Addr(it.sts.0, it.sts.1 + i64::from(stage));
-                p.op("cp.async.cg.shared.global", &[dst, Opd::Addr(src, 0), Imm::U(16).into(), n.into()]);
-            } else {
-                let v = p.reg(RegClass::B16);
-                p.op("mov.b16", &[v.into(), Imm::I(0).into()]);
-                p.op_if(ok, false, "ld.global.b16", &[v.into(), Opd::Addr(addr, 0)]);
-                vals.push(v);
-            }
-        }
-        if let Some(step) = s.linear {
-            for it in &s.items {
-                if let Some((a, _, true)) = it.ptr {
-                    p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(self.sh.bk) * 2).into()]);
-                }
-            }
-        }
-        vals
-    }
-
-    /// Stores register-staged `vals` of `s` into the stage `stage` bytes past the first.
-    fn store(p: &mut Ptx, s: &Src, vals: &[Reg], stage: u32) {
-        for (it, &v) in s.items.iter().zip(vals) {
-            p.op("st.shared.b16", &[Opd::Addr(it.sts.0, it.sts.1 + i64::from(stage)), v.into()]);
-        }
-    }
-
     /// Each fragment load's lane address in the first stage (from shared address
     /// `first`): `[idx][kk]` for `count` fragment loads 16 rows apart from row `r0`, at
     /// `k = 16·kk` (`kk < bk/16`).
@@ -745,10 +546,18 @@ impl Emitter<'_> {
         p.op("mov.u32", &[a_first.into(), Opd::Sym(smem)]);
         let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(stages * a_stage)).into());
 
-        let sa =
-            self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_bat, bases[plan.a.input], (tid, k_start), a_first);
-        let sb =
-            self.src(p, self.fb, &plan.b, (bn, n0, n), &plan.cols, b_bat, bases[plan.b.input], (tid, k_start), b_first);
+        let (sh, nt) = (self.sh, self.sh.threads);
+        let ring = Ring {
+            ks: &plan.ks,
+            bk,
+            threads: nt,
+            smem: &|p, layout, rows, r, k| smem_regs(p, layout, (rows, bk), r, k),
+            compact: &|f, rows, e| (f.cp && sh != Shape::default()).then(|| item_delta(f, rows, (bk, nt), e)).flatten(),
+        };
+        let a_in = (a_bat, bases[plan.a.input]);
+        let sa = feed::src(&ring, p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_in, (tid, k_start), a_first);
+        let b_in = (b_bat, bases[plan.b.input]);
+        let sb = feed::src(&ring, p, self.fb, &plan.b, (bn, n0, n), &plan.cols, b_in, (tid, k_start), b_first);
 
         // Fragment offsets: the warp's rows of A from wm·BM/2, of B from wn·BN/4.
         let ra = u32_op(p, "mul.lo.u32", wm, Imm::U(wm_rows.into()).into());
@@ -761,10 +570,10 @@ impl Emitter<'_> {
         // Prologue: steps 0 .. stages-1 into stages 0 .. stages-1.
         let kq = p.mov(RegClass::B32, "u32", k_start.map_or(Imm::U(0).into(), Opd::R));
         for st in 0..stages - 1 {
-            let va = self.issue(p, &sa, (kq, &k_end), st * a_stage);
-            let vb = self.issue(p, &sb, (kq, &k_end), st * b_stage);
-            Emitter::store(p, &sa, &va, st * a_stage);
-            Emitter::store(p, &sb, &vb, st * b_stage);
+            let va = feed::issue(&ring, p, &sa, (kq, &k_end), st * a_stage);
+            let vb = feed::issue(&ring, p, &sb, (kq, &k_end), st * b_stage);
+            feed::store(p, &sa, &va, st * a_stage);
+            feed::store(p, &sb, &vb, st * b_stage);
             p.op("cp.async.commit_group", &[]);
             p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
         }
@@ -788,8 +597,8 @@ impl Emitter<'_> {
             let wr = (u + stages - 1) % stages;
             p.op("cp.async.wait_group", &[Imm::I(i64::from(stages) - 2).into()]);
             p.op("bar.sync", &[Imm::I(0).into()]);
-            let va = self.issue(p, &sa, (kq, &k_end), wr * a_stage);
-            let vb = self.issue(p, &sb, (kq, &k_end), wr * b_stage);
+            let va = feed::issue(&ring, p, &sa, (kq, &k_end), wr * a_stage);
+            let vb = feed::issue(&ring, p, &sb, (kq, &k_end), wr * b_stage);
             p.op("cp.async.commit_group", &[]);
             for kk in 0..(bk / 16) as usize {
                 let mut af = Vec::new();
@@ -812,8 +621,8 @@ impl Emitter<'_> {
                     }
                 }
             }
-            Emitter::store(p, &sa, &va, wr * a_stage);
-            Emitter::store(p, &sb, &vb, wr * b_stage);
+            feed::store(p, &sa, &va, wr * a_stage);
+            feed::store(p, &sb, &vb, wr * b_stage);
             p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
             p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
             let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());

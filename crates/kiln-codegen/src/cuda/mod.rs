@@ -47,6 +47,7 @@ pub mod contraction;
 pub mod cubin;
 mod elementwise;
 pub mod expr;
+pub mod feed;
 mod general;
 pub mod mma;
 pub mod wgmma;

@@ -50,10 +50,12 @@
 //!
 //! # Filling the stages
 //!
+//! (The copies are [`super::feed`]'s, shared with [`super::mma`]: every item with its
+//! own pointer and shared slot, [`smem_offset`]'s layout.)
 //! Only operands [`mma::feed`] copies with `cp.async` take this path (16-byte chunks of
 //! 8 consecutive elements, 16-byte aligned, wholly in or out of range, zero-filled out
 //! of range); every other contraction goes to [`super::mma`]. Both swizzles permute
-//! whole chunks, so each chunk lands contiguous ([`item`]). The pipeline, `T = ⌈K /
+//! whole chunks, so each chunk lands contiguous ([`feed::item`]). The pipeline, `T = ⌈K /
 //! 64⌉`, stage `s mod 4` holding step `s`, [`AHEAD`] = 2 steps in flight:
 //! ```text
 //! issue steps 0, 1 → stages 0, 1 (each its own cp.async group)
@@ -95,10 +97,8 @@
 use kiln_flow::Kernel;
 use kiln_ir::DType;
 
-use super::contraction::{
-    self, choose_split, choose_tile, linear, operand_element, operand_row, pred, u32_op, BlockStart, Map, Plan, Tile,
-    Var, SMS,
-};
+use super::contraction::{self, choose_split, choose_tile, linear, pred, u32_op, BlockStart, Plan, Tile, SMS};
+use super::feed::{self, Ring};
 use super::mma::{self, Feed, Layout};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch};
@@ -160,22 +160,6 @@ fn desc_high(layout: Layout) -> u64 {
 pub fn acc_elem(x: u32, i: u32) -> (u32, u32) {
     let lane = x % 32;
     (16 * (x / 32) + lane / 4 + 8 * ((i / 2) % 2), 8 * (i / 4) + 2 * (lane % 4) + i % 2)
-}
-
-/// Chunks of a `rows × BK` tile each of `threads` threads copies.
-pub fn items(rows: u32, threads: u32) -> u32 {
-    rows * BK / 8 / threads
-}
-
-/// Chunk `e` of thread `tid` of `threads`: `(r, k)` of its first element within a tile
-/// of `rows` rows (8 elements along `k` for KMajor, along `r` for RMajor). Consecutive
-/// threads take consecutive chunks of a stored row.
-pub fn item(layout: Layout, rows: u32, threads: u32, tid: u32, e: u32) -> (u32, u32) {
-    let q = tid + threads * e;
-    match layout {
-        Layout::KMajor => (q / 8, 8 * (q % 8)),
-        Layout::RMajor => (8 * (q % (rows / 8)), q / (rows / 8)),
-    }
 }
 
 /// Bytes of dynamic shared memory of a `bm × bn` block: the stages and 1024 bytes to
@@ -301,29 +285,6 @@ fn smem_regs(p: &mut Ptx, layout: Layout, r: Reg, k: Reg) -> Reg {
     u32_op(p, "add.u32", o, lo.into())
 }
 
-/// One chunk a thread copies per step.
-struct Item {
-    /// `k` within the step.
-    k_in: Reg,
-    /// The chunk's rows are in range.
-    in_range: Reg,
-    /// Element offset of `(row, k = 0)`, batch included.
-    off: Reg,
-    /// Shared address of its slot in the first stage.
-    sts: Reg,
-    /// The global address at the next step to issue.
-    ptr: Option<Reg>,
-}
-
-/// One operand's copies.
-struct Src {
-    map: Map,
-    items: Vec<Item>,
-    /// Element offset per unit of `k`.
-    linear: Option<i64>,
-    base: Reg,
-}
-
 struct Emitter<'a> {
     k: &'a Kernel,
     plan: &'a Plan,
@@ -332,73 +293,6 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    /// The copies of `map` (tile of `rows` rows from row `first` of `total`) into stages
-    /// from shared address `first_stage`.
-    #[allow(clippy::too_many_arguments)]
-    fn src(
-        &self,
-        p: &mut Ptx,
-        f: Feed,
-        map: &Map,
-        (rows, first, total): (u32, Reg, u64),
-        vars: &[Var],
-        (bat, base): (Reg, Reg),
-        tid: Reg,
-        first_stage: Reg,
-    ) -> Src {
-        let threads = 2 * self.plan.tile.bm();
-        let lin = linear(&self.plan.ks, map, BK);
-        let mut out = Vec::new();
-        for e in 0..items(rows, threads) {
-            let q = u32_op(p, "add.u32", tid, Imm::U(u64::from(threads * e)).into());
-            let (r_in, k_in) = match f.layout {
-                Layout::KMajor => {
-                    let r = u32_op(p, "shr.u32", q, Imm::U(3).into());
-                    let c = u32_op(p, "and.b32", q, Imm::U(7).into());
-                    (r, u32_op(p, "shl.b32", c, Imm::U(3).into()))
-                }
-                Layout::RMajor => {
-                    let per = u64::from(rows / 8);
-                    let c = u32_op(p, "rem.u32", q, Imm::U(per).into());
-                    let r = u32_op(p, "shl.b32", c, Imm::U(3).into());
-                    (r, u32_op(p, "div.u32", q, Imm::U(per).into()))
-                }
-            };
-            let (in_range, off, ptr) = operand_row(p, (map, vars, bat), (first, r_in, total), lin, (k_in, None), (base, 2));
-            let sts = smem_regs(p, f.layout, r_in, k_in);
-            let sts = u32_op(p, "add.u32", sts, first_stage.into());
-            out.push(Item { k_in, in_range, off, sts, ptr });
-        }
-        Src { map: map.clone(), items: out, linear: lin, base }
-    }
-
-    /// Issues step `k0`'s chunks of `s` into the stage `stage` bytes past the first
-    /// (zero-filled out of range, reading nothing); steps the pointers.
-    fn issue(&self, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd), stage: u32) {
-        for it in &s.items {
-            let (ok, (addr, _)) = operand_element(
-                p,
-                (&self.plan.ks, &s.map),
-                (k0, it.k_in, k_end),
-                (it.in_range, it.off, it.ptr.map(|a| (a, 0))),
-                (s.base, 2),
-            );
-            let src = p.reg(RegClass::B64);
-            p.op("selp.b64", &[src.into(), addr.into(), s.base.into(), ok.into()]);
-            let n = p.reg(RegClass::B32);
-            p.op("selp.u32", &[n.into(), Imm::U(16).into(), Imm::U(0).into(), ok.into()]);
-            let dst = Opd::Addr(it.sts, i64::from(stage));
-            p.op("cp.async.cg.shared.global", &[dst, Opd::Addr(src, 0), Imm::U(16).into(), n.into()]);
-        }
-        if let Some(step) = s.linear {
-            for it in &s.items {
-                if let Some(a) = it.ptr {
-                    p.op("add.s64", &[a.into(), a.into(), Imm::I(step * i64::from(BK) * 2).into()]);
-                }
-            }
-        }
-    }
-
     fn body(&self, p: &mut Ptx) -> Result<(), CodegenError> {
         let (k, plan) = (self.k, self.plan);
         let (bm, bn) = (plan.tile.bm(), plan.tile.bn());
@@ -421,8 +315,18 @@ impl Emitter<'_> {
         let a_first = u32_op(p, "and.b32", a_first, Imm::U(!1023u64 & 0xFFFF_FFFF).into());
         let b_first = u32_op(p, "add.u32", a_first, Imm::U(u64::from(STAGES * a_stage)).into());
 
-        let sa = self.src(p, self.fa, &plan.a, (bm, m0, m), &plan.rows, (a_bat, bases[plan.a.input]), tid, a_first);
-        let sb = self.src(p, self.fb, &plan.b, (bn, n0, n), &plan.cols, (b_bat, bases[plan.b.input]), tid, b_first);
+        // Every item its own pointer and slot (no compact addressing: 128 accumulators).
+        let ring = Ring {
+            ks: &plan.ks,
+            bk: BK,
+            threads,
+            smem: &|p, layout, _, r, k| smem_regs(p, layout, r, k),
+            compact: &|_, _, _| None,
+        };
+        let a_in = (a_bat, bases[plan.a.input]);
+        let sa = feed::src(&ring, p, self.fa, &plan.a, (bm, m0, m), &plan.rows, a_in, (tid, None), a_first);
+        let b_in = (b_bat, bases[plan.b.input]);
+        let sb = feed::src(&ring, p, self.fb, &plan.b, (bn, n0, n), &plan.cols, b_in, (tid, None), b_first);
 
         // Descriptors of stage 0, sub-step 0: A at the warpgroup's 64 rows, B whole.
         let desc = |p: &mut Ptx, layout: Layout, at: Reg| {
@@ -446,8 +350,8 @@ impl Emitter<'_> {
         // Prologue: steps 0 .. AHEAD into stages 0 .. AHEAD.
         let kq = p.mov(RegClass::B32, "u32", Imm::U(0).into());
         for st in 0..AHEAD {
-            self.issue(p, &sa, (kq, &k_end), st * a_stage);
-            self.issue(p, &sb, (kq, &k_end), st * b_stage);
+            feed::issue(&ring, p, &sa, (kq, &k_end), st * a_stage);
+            feed::issue(&ring, p, &sb, (kq, &k_end), st * b_stage);
             p.op("cp.async.commit_group", &[]);
             p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
         }
@@ -464,8 +368,8 @@ impl Emitter<'_> {
             p.op("cp.async.wait_group", &[Imm::I(i64::from(AHEAD) - 1).into()]);
             p.op("fence.proxy.async.shared::cta", &[]);
             p.op("bar.sync", &[Imm::I(0).into()]);
-            self.issue(p, &sa, (kq, &k_end), ws * a_stage);
-            self.issue(p, &sb, (kq, &k_end), ws * b_stage);
+            feed::issue(&ring, p, &sa, (kq, &k_end), ws * a_stage);
+            feed::issue(&ring, p, &sb, (kq, &k_end), ws * b_stage);
             p.op("cp.async.commit_group", &[]);
             p.op("wgmma.fence.sync.aligned", &[]);
             for j in 0..BK / 16 {
