@@ -694,7 +694,7 @@ fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, 
 /// share of the sum of medians and the compiler's estimate (`work_ns`), slowest first.
 /// The clock costs some 20–40 ns a command, so a model of many tiny commands reads a
 /// little slower here than in a plain `kiln bench`. With `--threads N` (N > 1) the calls
-/// run on the instance's threads through `Instance::invoke_observed_waves`: the clock
+/// run on the instance's threads through `Instance::invoke_observed` by waves: the clock
 /// is read after every wave of the local-task driver, and a wave's time (its slowest
 /// thread's, the hand-off included) is its last dispatch's row; the other dispatches
 /// of a wave of several read 0.
@@ -724,12 +724,10 @@ fn profile(
             times[c * iterations + k] = (now - last).as_secs_f64() * 1e6;
             last = now;
         };
-        if threads > 1 {
-            instance.invoke_observed_waves(ins, outs, &mut after)
-        } else {
-            instance.invoke_observed(ins, outs, &mut after)
-        }
-        .map_err(|e| format!("{label}: {e}"))?;
+        let steps = if threads > 1 { kiln_runtime::Observe::Waves } else { kiln_runtime::Observe::Commands };
+        instance
+            .invoke_observed(ins, outs, steps, &mut after)
+            .map_err(|e| format!("{label}: {e}"))?;
         calls.push(start.elapsed().as_secs_f64() * 1e3);
     }
     let call = Stats::of(&mut calls);

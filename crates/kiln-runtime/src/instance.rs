@@ -326,34 +326,23 @@ impl<'m> Instance<'m> {
         self.run(main, inputs, outputs, None, false)
     }
 
-    /// Runs entry point `main` as [`Instance::invoke`] does, but on the calling thread
-    /// alone whatever the instance's thread count, calling `after(i)` as soon as
-    /// command `i` of the entry's plan has completed: a profiler reads its clock there,
-    /// and the time between two calls is one command's. Allocates nothing itself.
+    /// Runs entry point `main` as [`Instance::invoke`] does, calling `after(i)` on the
+    /// calling thread as soon as a step has completed; a profiler reads its clock there,
+    /// and the time between two calls is one step's. Allocates nothing itself.
+    /// - [`Observe::Commands`]: on the calling thread alone whatever the instance's
+    ///   thread count; a step is command `i` of the entry's plan.
+    /// - [`Observe::Waves`]: on the instance's threads; a step is a wave (with `i` the
+    ///   plan index of its last dispatch), a copy or a fill, the wait for the slowest
+    ///   thread included. With one thread every command is a step.
     pub fn invoke_observed(
         &mut self,
         inputs: &[&[u8]],
         outputs: &mut [&mut [u8]],
+        steps: Observe,
         after: &mut dyn FnMut(usize),
     ) -> Result<(), RuntimeError> {
         let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
-        self.run(main, inputs, outputs, Some(after), true)
-    }
-
-    /// Runs entry point `main` as [`Instance::invoke`] does, on the instance's threads,
-    /// calling `after(i)` on the calling thread as soon as a step of the schedule has
-    /// completed: a wave (with `i` the plan index of its last dispatch), a copy or a
-    /// fill. With one thread every command is a step. A profiler of several threads
-    /// reads its clock there: the time between two calls is one wave's, the wait for
-    /// the slowest thread included. Allocates nothing itself.
-    pub fn invoke_observed_waves(
-        &mut self,
-        inputs: &[&[u8]],
-        outputs: &mut [&mut [u8]],
-        after: &mut dyn FnMut(usize),
-    ) -> Result<(), RuntimeError> {
-        let main = self.module.main.ok_or_else(|| RuntimeError::NoSuchEntry { entry: "main".to_string() })?;
-        self.run(main, inputs, outputs, Some(after), false)
+        self.run(main, inputs, outputs, Some(after), steps == Observe::Commands)
     }
 
     /// Runs entry point `entry` (an index into [`LoadedModule::signature`]).
@@ -378,7 +367,7 @@ impl<'m> Instance<'m> {
 
     /// `observe`: call it after each command (see [`Instance::invoke_observed`]), or,
     /// unless `on_this_thread`, after each step of the local-task driver where the
-    /// instance has one ([`Instance::invoke_observed_waves`]).
+    /// instance has one ([`Instance::invoke_observed`] with [`Observe::Waves`]).
     fn run<I: InputArg, O: OutputArg>(
         &mut self,
         index: usize,
@@ -460,4 +449,13 @@ impl<'m> Instance<'m> {
         }
         Ok(())
     }
+}
+
+/// The steps [`Instance::invoke_observed`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observe {
+    /// Every command of the plan, run one at a time on the calling thread.
+    Commands,
+    /// Every wave, copy and fill, run on the instance's threads.
+    Waves,
 }

@@ -47,7 +47,7 @@ pub mod verify;
 
 pub use error::{RuntimeError, VerifyError};
 pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
-pub use instance::{Instance, TensorMut, TensorRef};
+pub use instance::{Instance, Observe, TensorMut, TensorRef};
 pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, VerifiedPlan, RUNTIME_ABI};
 #[cfg(feature = "std")]
 pub use owned::OwnedModule;

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use kiln_module::sections::write_program;
-use kiln_runtime::{Instance, RuntimeError};
+use kiln_runtime::{Instance, Observe, RuntimeError};
 
 fn ramp(n: u64, scale: f32) -> Vec<u8> {
     f32s(&(0..n).map(|i| i as f32 * scale - 3.0).collect::<Vec<_>>())
@@ -123,7 +123,7 @@ fn observed_invocations_call_back_after_every_command() {
             let (mut y2, mut z2) = (vec![0u8; 4 * n as usize], vec![0u8; 4]);
             let mut seen = Vec::new();
             let caller = std::thread::current().id();
-            inst.invoke_observed(&[&a, &b], &mut [&mut y2, &mut z2], &mut |c| {
+            inst.invoke_observed(&[&a, &b], &mut [&mut y2, &mut z2], Observe::Commands, &mut |c| {
                 assert_eq!(std::thread::current().id(), caller);
                 seen.push(c)
             })
