@@ -258,63 +258,51 @@ def bert_tiny(batch: int = 1) -> onnx.ModelProto:
     )
 
 
-def matmul1024() -> onnx.ModelProto:
-    b = Builder(seed=5)
+def product(name: str, seed: int, m: int, k: int, n: int, bf16: bool = False) -> onnx.ModelProto:
+    """One [m, k] x [k, n] MatMul of the two inputs `a` and `b`; with `bf16`, both cast to
+    bf16 in the graph and the product cast back to f32 (f32 at the API)."""
+    b = Builder(seed=seed)
     b.names.update(["a", "b"])
-    b.node("MatMul", ["a", "b"], "output")
-    return b.model("matmul1024", [f32("a", [1024, 1024]), f32("b", [1024, 1024])],
-                   [f32("output", [1024, 1024])], "one 1024x1024x1024 MatMul of two inputs")
+    if bf16:
+        a16 = b.node("Cast", ["a"], "a_bf16", to=TensorProto.BFLOAT16)
+        b16 = b.node("Cast", ["b"], "b_bf16", to=TensorProto.BFLOAT16)
+        y = b.node("MatMul", [a16, b16], "product")
+        b.node("Cast", [y], "output", to=TensorProto.FLOAT)
+    else:
+        b.node("MatMul", ["a", "b"], "output")
+    what = f"one {m}x{k}x{n} MatMul of two inputs" + (" cast to bf16" if bf16 else "")
+    return b.model(name, [f32("a", [m, k]), f32("b", [k, n])], [f32("output", [m, n])], what)
+
+
+def matmul1024() -> onnx.ModelProto:
+    return product("matmul1024", 5, 1024, 1024, 1024)
 
 
 def gemm4096() -> onnx.ModelProto:
     # The GPU's matrix-unit benchmark (scripts/gpu-test compiles it with --precision bf16
     # too); too large for the CPU test suite's reference evaluator, so built on request.
-    n = 4096
-    b = Builder(seed=7)
-    b.names.update(["a", "b"])
-    b.node("MatMul", ["a", "b"], "output")
-    return b.model("gemm4096", [f32("a", [n, n]), f32("b", [n, n])], [f32("output", [n, n])],
-                   "one 4096x4096x4096 MatMul of two inputs")
+    return product("gemm4096", 7, 4096, 4096, 4096)
 
 
 def gemm4096_bf16() -> onnx.ModelProto:
     # The bf16 GEMM of the GPU's target (>= 400 TFLOP/s): f32 at the API, both operands
     # cast to bf16 in the graph, one bf16 MatMul (f32 accumulation on the tensor cores),
     # its result cast back. The product is the one dispatch the rate is measured on.
-    n = 4096
-    b = Builder(seed=8)
-    b.names.update(["a", "b"])
-    a16 = b.node("Cast", ["a"], "a_bf16", to=TensorProto.BFLOAT16)
-    b16 = b.node("Cast", ["b"], "b_bf16", to=TensorProto.BFLOAT16)
-    y = b.node("MatMul", [a16, b16], "product")
-    b.node("Cast", [y], "output", to=TensorProto.FLOAT)
-    return b.model("gemm4096_bf16", [f32("a", [n, n]), f32("b", [n, n])], [f32("output", [n, n])],
-                   "one 4096x4096x4096 MatMul of two inputs cast to bf16")
+    return product("gemm4096_bf16", 8, 4096, 4096, 4096, bf16=True)
 
 
 def tune_check_f32() -> onnx.ModelProto:
     # A check of the f32 contraction's variants (scripts/cuda-tune-sweep.sh runs
     # `kiln gpu-check` on it, whose interpreter could not check matmul1024 per variant
     # in time): partial tiles in both directions, K not a multiple of any split's part.
-    b = Builder(seed=9)
-    b.names.update(["a", "b"])
-    b.node("MatMul", ["a", "b"], "output")
-    return b.model("tune_check_f32", [f32("a", [520, 1000]), f32("b", [1000, 264])],
-                   [f32("output", [520, 264])], "one 520x1000x264 MatMul of two inputs")
+    return product("tune_check_f32", 9, 520, 1000, 264)
 
 
 def tune_check_bf16() -> onnx.ModelProto:
     # gemm4096_bf16's graph at a size the interpreter checks in seconds: K and N multiples
     # of 8 (both operands cp.async, as at 4096), K = 1032 not a multiple of 64 and M, N
     # leaving partial tiles of every tile size.
-    b = Builder(seed=10)
-    b.names.update(["a", "b"])
-    a16 = b.node("Cast", ["a"], "a_bf16", to=TensorProto.BFLOAT16)
-    b16 = b.node("Cast", ["b"], "b_bf16", to=TensorProto.BFLOAT16)
-    y = b.node("MatMul", [a16, b16], "product")
-    b.node("Cast", [y], "output", to=TensorProto.FLOAT)
-    return b.model("tune_check_bf16", [f32("a", [520, 1032]), f32("b", [1032, 392])],
-                   [f32("output", [520, 392])], "one 520x1032x392 MatMul of two inputs cast to bf16")
+    return product("tune_check_bf16", 10, 520, 1032, 392, bf16=True)
 
 
 def eltwise() -> onnx.ModelProto:
