@@ -29,10 +29,19 @@ mkdir -p "$DIR"
 F32_VARIANTS=("" "f32=128x64s2" "f32=64x128s2" "f32=128x128s4" "f32=128x128s2" "f32=64x64" "f32=128x64s4")
 # On gemm4096_bf16 "" is the default (the warpgroup kernel, cuda/wgmma.rs, where it
 # applies); every other variant adds wgmma=off so that it times mma.sync.
-MMA_VARIANTS=("" "mma=bk32s3" "mma=bk32s3t128x128" "mma=bk32s4" "mma=bk64s3" "mma=bk64s4" "mma=bk64s2"
+MMA_VARIANTS=("" "mma=bk32s3" "mma=bk32s4t128x128w4v2" "mma=bk32s3t128x128" "mma=bk32s4" "mma=bk64s3" "mma=bk64s4" "mma=bk64s2"
   "mma=bk32s3t128x128w4" "mma=bk32s4t128x128w4" "mma=bk64s3t128x128w4"
   "mma=bk64s3v2" "mma=bk32s4t128x128w4v2"
   "mma=bk32s3t128x256" "mma=bk32s4t256x128" "mma=bk64s3t128x256")
+
+# KILN_TUNE_VARIANTS="a b …" replaces the chosen sweep's list (the word `default` for
+# today's default): one call can time only the variants in question.
+if [ -n "${KILN_TUNE_VARIANTS:-}" ]; then
+  read -r -a picked <<<"$KILN_TUNE_VARIANTS"
+  for i in "${!picked[@]}"; do [ "${picked[$i]}" = default ] && picked[$i]=""; done
+  F32_VARIANTS=("${picked[@]}")
+  MMA_VARIANTS=("${picked[@]}")
+fi
 
 # ptxas for the cubin (and its register report), as scripts/gpu_test.py looks for it;
 # without one the artifacts carry PTX only and the driver compiles it at load.
@@ -67,7 +76,8 @@ sweep() {
     # The check model is small: a tensor-core variant names the 128x128 tile there
     # (t128x128, what gemm4096_bf16 takes anyway) so that it checks the same kernel code.
     local cv=$v
-    case "$v" in mma=*t*) ;; mma=*) cv="${v}t128x128" ;; esac
+    # (the tile goes before the w4/v2 suffixes: bkKsS[bB][tBMxBN][w4][v2]).
+    case "$v" in mma=*t*) ;; mma=*) cv=$(sed -E 's/^(mma=bk[0-9]+s[0-9]+(b[0-9])?)/\1t128x128/' <<<"$v") ;; esac
     if [ "$model" = gemm4096_bf16 ] && [ -n "$v" ]; then v="$v,wgmma=off"; cv="$cv,wgmma=off"; fi
     echo "--- gpu-check ${check} --ulps ${ulps} with KILN_CUDA_TUNE=${cv:-default} (every dispatch against the interpreter)"
     local check_out

@@ -202,10 +202,11 @@ def prepare(args) -> None:
     (bundle / "run.sh").write_text(
         "#!/usr/bin/env bash\n"
         "# Written by scripts/gpu-test prepare: the GPU machine's half, from the repository root.\n"
-        "#   bash .gpu/run.sh [--only CASE,...] [--budget-s S]\n"
-        "cd \"$(dirname \"${BASH_SOURCE[0]}\")/..\" || exit 1\n"
+        f"#   bash {args.bundle}/run.sh [--only CASE,...] [--budget-s S]\n"
+        "here=\"$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)\"\n"
+        "cd \"$here/..\" || exit 1\n"
         "export PYTHONUNBUFFERED=1\n"
-        "exec python3 .gpu/gpu_test.py run \"$@\"\n")
+        "exec python3 \"$here/gpu_test.py\" run \"$@\"\n")
     (bundle / "run.sh").chmod(0o755)
 
     # What is left for models: the limit, less the tree, the fixed part and a margin

@@ -12,8 +12,9 @@ pub use cpu::{classify, compile, compile_with, CpuModule, CpuTarget, Options, Pa
 /// Why kernels could not be compiled.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CodegenError {
-    /// The kernel uses something this code generator does not handle (yet).
-    #[error("kernel {kernel}: {what} is not supported by the CPU code generator")]
+    /// The kernel uses something this code generator does not handle (yet). (The
+    /// CUDA target's `what` ends in "(CUDA target)"; the CPU's is the default target.)
+    #[error("kernel {kernel}: {what} is not supported by the code generator")]
     Unsupported {
         /// Kernel name.
         kernel: String,
@@ -28,8 +29,11 @@ pub enum CodegenError {
         /// What the verifier found.
         error: kiln_flow::KernelError,
     },
+    /// A compile-time setting is malformed (the measurement knob `KILN_CUDA_TUNE`).
+    #[error("{0}")]
+    Setting(String),
     /// A bug in the code generator.
-    #[error("internal error in the CPU code generator (kernel {kernel:?}): {what}")]
+    #[error("internal error in the code generator (kernel {kernel:?}): {what}")]
     Internal {
         /// Kernel name (empty when not about one kernel).
         kernel: String,
@@ -42,7 +46,7 @@ impl CodegenError {
     /// Whether this is a bug (in the code generator or in whatever built the kernel)
     /// rather than a kernel this code generator does not handle.
     pub fn is_internal(&self) -> bool {
-        !matches!(self, CodegenError::Unsupported { .. })
+        !matches!(self, CodegenError::Unsupported { .. } | CodegenError::Setting(_))
     }
 
     /// The kernel the error is about (empty when it is not about one).
@@ -51,6 +55,7 @@ impl CodegenError {
             CodegenError::Unsupported { kernel, .. }
             | CodegenError::Invalid { kernel, .. }
             | CodegenError::Internal { kernel, .. } => kernel,
+            CodegenError::Setting(_) => "",
         }
     }
 }

@@ -717,7 +717,7 @@ mod tests {
         );
         assert_eq!(
             e.to_string(),
-            "code generation: kernel k1_0: f8 loads is not supported by the CPU code generator \
+            "code generation: kernel k1_0: f8 loads is not supported by the code generator \
              (the kernel of MatMul fc1 + Relu relu)"
         );
         assert_eq!((e.stage(), e.kind()), (Stage::Codegen, ErrorKind::Unsupported));

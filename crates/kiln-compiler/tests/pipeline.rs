@@ -237,7 +237,7 @@ fn a_stage_fed_what_it_cannot_use_is_an_internal_error() {
     assert_eq!(unsupported.kind(), ErrorKind::Unsupported);
     assert_eq!(
         unsupported.to_string(),
-        "code generation: kernel k3: f8 loads is not supported by the CPU code generator"
+        "code generation: kernel k3: f8 loads is not supported by the code generator"
     );
 
     // A graph that breaks an invariant after a pass is that pass's bug.

@@ -101,8 +101,12 @@
 //!
 //! # Variants ([`Shape`], the measurement knob `KILN_CUDA_TUNE`, [`super::tune`])
 //!
-//! The pipeline above is the default: [`BK`] = 32, [`STAGES`] = 3. A [`Shape`] may
-//! name a `k` step of 64 (KMajor rows of 128 bytes, 8 chunks, swizzled by `r mod 8`:
+//! The pipeline above, [`BK`] = 32 and [`STAGES`] = 3 with 8 warps, is [`Shape::default`]
+//! and what a register-staged operand runs. Where both operands take `cp.async`, the
+//! default ([`tune::Mma::default`], measured fastest on an H100: docs/cuda.md) is 4
+//! stages of 32 and, on a 128×128 tile, 4 warps of 64×64 (128 threads, two blocks a
+//! multiprocessor); every kernel stores pairs of columns (`v2`, below) where the output
+//! allows. A [`Shape`] may name a `k` step of 64 (KMajor rows of 128 bytes, 8 chunks, swizzled by `r mod 8`:
 //! [`smem_offset`]), 2–4 stages (over 48 KiB: dynamic shared memory, the launch's
 //! `shared`), `.minnctapersm 2`, and a tile of 128×128, 128×256 or 256×128 (the last
 //! two with warps of 64×64, [`warps`]). The loop is the same, unrolled over the
@@ -337,13 +341,15 @@ pub fn shape(plan: &Plan, tune: &tune::Mma) -> Shape {
     // register-staged operand (a 3×3 window's addresses) would spill; a large tile
     // stages twice the elements beside 128 accumulators a thread.
     let min_blocks = if cp { tune.min_blocks } else { 1 };
+    // A register-staged operand keeps at most the 3 stages it was measured with.
+    let stages = if cp { tune.stages } else { tune.stages.min(STAGES) };
     let tile = tune.tile.filter(|_| cp).map(|(bm, bn)| Tile { tm: bm / 16, tn: bn / 16 });
     // Four warps only on a 128×128 tile (never split: the cluster reduction takes 256
     // threads).
     let [nb, m, n, _] = plan.dims;
     let big = Tile { tm: 8, tn: 8 };
     let threads = if cp && tune.warps4 && tile.unwrap_or_else(|| choose_tile(nb, m, n)) == big { 128 } else { BLOCK };
-    Shape { bk, stages: tune.stages, min_blocks, tile, threads, pairs: tune.pairs }
+    Shape { bk, stages, min_blocks, tile, threads, pairs: tune.pairs }
 }
 
 /// `plan` as this path runs it under `shape`: the tile of [`choose_tile`], the split of

@@ -120,9 +120,9 @@ pub struct Entry {
 
 /// Compiles `kernels` (each with its class) into one PTX module, with the kernel
 /// variants the measurement knob [`tune::VAR`] asks for (the defaults where it is unset;
-/// a malformed value is an `Unsupported` error).
+/// a malformed value is a [`CodegenError::Setting`]).
 pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, CodegenError> {
-    let tune = tune::Tune::from_env().map_err(|what| CodegenError::Unsupported { kernel: String::new(), what })?;
+    let tune = tune::Tune::from_env().map_err(CodegenError::Setting)?;
     compile_tuned(kernels, &tune)
 }
 

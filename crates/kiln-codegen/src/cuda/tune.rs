@@ -30,7 +30,9 @@
 //!   with 4 warps of 64×64 (128 threads, ~220 registers: two blocks a multiprocessor).
 //!   A suffix `v2` stores the epilogue's pairs of consecutive columns with one
 //!   `st.global.v2.f32` (an f32 output with an even innermost extent; else one
-//!   element at a time, as the default).
+//!   element at a time). A value names the whole pipeline: what it leaves out is off
+//!   (`mma=bk32s3` is eight warps, single stores), whereas the default, no `mma=`
+//!   key, is `bk32s4` with `w4` where it applies and `v2` ([`Mma::default`]).
 //!   `bk64`, `b2` and `t` apply where both operands are copied by `cp.async` (a
 //!   register-staged operand keeps 32, where 64 would stage twice the registers, and
 //!   one block, its addresses needing more than 128 registers); the note says what ran.
@@ -75,9 +77,13 @@ pub struct Mma {
 }
 
 impl Default for Mma {
-    /// Today's kernel: 32 `k` per stage, 3 stages (48 KiB static at 128×128).
+    /// The default pipeline, the fastest of the sweep (docs/cuda.md, "Kernel variants"):
+    /// 32 `k` per stage, 4 stages (3 where an operand is register-staged, which was
+    /// not measured at 4), four warps of 64×64 where the tile is 128×128 and both
+    /// operands take `cp.async`, and pairs of columns stored together. `mma=bk32s3` is
+    /// the kernel before that sweep (eight warps, 3 stages, single stores).
     fn default() -> Mma {
-        Mma { bk: 32, stages: 3, min_blocks: 1, warps4: false, pairs: false, tile: None }
+        Mma { bk: 32, stages: 4, min_blocks: 1, warps4: true, pairs: true, tile: None }
     }
 }
 
