@@ -273,7 +273,10 @@ def prepare(args) -> None:
         "set": "models" if args.models else args.set,
         "part": args.part if args.set == "corpus" and not args.models else None,
         "prepared": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git(root, "rev-parse", "--short", "HEAD"),
+        # "+changes": the binary may hold code the commit does not (crates or
+        # Cargo files changed and not committed when the bundle was gathered).
+        "commit": git(root, "rev-parse", "--short", "HEAD")
+        + ("+changes" if git(root, "status", "--porcelain", "--", "crates", "Cargo.toml", "Cargo.lock") else ""),
         "kiln_version": subprocess.run([str(kiln), "--version"], capture_output=True, text=True).stdout.strip(),
         "glibc_needed": glibc_needed(kiln),
         "known_gaps": known_gaps(root),
@@ -1316,19 +1319,57 @@ def print_summary(results) -> None:
 # --- report (here) ------------------------------------------------------------------
 
 
+def run_line(m) -> str:
+    """One run's machine, versions and bundle, as the page's header says them."""
+    return (f"{m.get('date', '?')}: {m.get('gpu', '?')}, driver {m.get('driver', '?')}, {m.get('cpus', '?')} host "
+            f"cores; {m['bundle'].get('kiln_version', 'kiln ?')} (commit {m['bundle'].get('commit', '?')}), "
+            f"PyTorch {m.get('torch', 'not available')}, ONNX Runtime {m.get('onnxruntime', '?')}, "
+            f"ptxas: {m.get('ptxas', '?')}. Bundle set `{m['bundle'].get('set')}`"
+            + (f" part {m['bundle']['part']}" if m["bundle"].get("part") else ""))
+
+
+def merge_results(paths) -> dict:
+    """The results of one or more runs (one device call each: the device tool carries
+    64 MiB a call, so the corpus takes several) as one: the cases of every run, each
+    marked with its run's number; a case in several runs is the last run's. What some
+    run left out but another ran is not reported as left out."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    if len(runs) == 1:
+        return runs[0]
+    res = {"meta": dict(runs[0]["meta"]), "cases": [], "left_out": {}, "not_run": {}, "runs": []}
+    gaps = {}
+    by_id = {}
+    for i, r in enumerate(runs, 1):
+        res["runs"].append({"meta": r["meta"], "ids": [c["id"] for c in r["cases"]]})
+        gaps.update(r["meta"].get("known_gaps") or {})
+        for c in r["cases"]:
+            by_id[c["id"]] = {**c, "run": i}
+        res["left_out"].update(r.get("left_out") or {})
+        res["not_run"].update(r.get("not_run") or {})
+    res["cases"] = list(by_id.values())
+    ran = {c["model"] for c in res["cases"]} | set(by_id)
+    res["left_out"] = {n: why for n, why in res["left_out"].items() if n not in ran}
+    res["not_run"] = {n: why for n, why in res["not_run"].items() if n not in ran}
+    res["meta"]["known_gaps"] = gaps
+    return res
+
+
 def report(args) -> None:
-    res = json.loads(Path(args.results).read_text())
+    res = merge_results(args.results)
     m = res["meta"]
     cases = res["cases"]
+    label = lambda r: f"{r['id']} ({r['run']})" if r.get("run") else r["id"]
     L = []
     w = L.append
     w("# Benchmarks on a GPU: kiln beside PyTorch\n")
-    w(f"Written by `scripts/gpu-test report` from a run of `scripts/gpu-test` on {m.get('date', '?')}: "
-      f"{m.get('gpu', '?')}, driver {m.get('driver', '?')}, {m.get('cpus', '?')} host cores; "
-      f"{m['bundle'].get('kiln_version', 'kiln ?')} (commit {m['bundle'].get('commit', '?')}), "
-      f"PyTorch {m.get('torch', 'not available')}, ONNX Runtime {m.get('onnxruntime', '?')}, "
-      f"ptxas: {m.get('ptxas', '?')}. Bundle set `{m['bundle'].get('set')}`"
-      + (f" part {m['bundle']['part']}" if m["bundle"].get("part") else "") + ".\n")
+    if res.get("runs"):
+        w(f"Written by `scripts/gpu-test report` from {len(res['runs'])} runs of `scripts/gpu-test` (one device "
+          "call each; a case's run is the number after its name in the tables):\n")
+        for i, r in enumerate(res["runs"], 1):
+            w(f"{i}. {run_line(r['meta'])}; cases: {', '.join(r['ids'])}.")
+        w("")
+    else:
+        w(f"Written by `scripts/gpu-test report` from a run of `scripts/gpu-test` on {run_line(m)}.\n")
     if m.get("device") == "cpu":
         w("**This is a dry run on the CPU (`KILN_GPU_TEST_DEVICE=cpu`), not a GPU measurement.**\n")
     w("**What is timed.** Per call, host memory to host memory, for both engines: kiln's `kiln bench` times "
@@ -1384,7 +1425,7 @@ def report(args) -> None:
         else:
             gt = "not measured: " + (r.get("torch_why") or (r.get("torch") or {}).get("graph_why", "—"))
         met = "yes" if v[2] else ("no" if v[2] is False else "not measured")
-        w(f"| {tgt} | {cid} | {meas} | {gt} | {t.get('torch', '—')} | {met} |")
+        w(f"| {tgt} | {label(r)} | {meas} | {gt} | {t.get('torch', '—')} | {met} |")
     w("")
     w("Latency targets compare kiln's graph with the data on the device (`kiln bench --device cuda --resident`: "
       "one graph launch and one synchronisation per call) with the issue's figure, which is PyTorch's CUDA graph "
@@ -1405,14 +1446,14 @@ def report(args) -> None:
     w("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in cases:
         if r.get("not_reached"):
-            w(f"| {r['id']} | {r.get('batch', 1)} | not run: {r['not_reached']} | | | | | | | | | | | |")
+            w(f"| {label(r)} | {r.get('batch', 1)} | not run: {r['not_reached']} | | | | | | | | | | | |")
             continue
         c, k, t = r.get("correct", {}), r.get("kiln", {}), r.get("torch", {})
         corr = ("yes" if c.get("ok") else "**no**") if c else ("not checked: " + ("; ".join(r.get("errors", [])) or "—"))
         e, g = (t.get("eager") or {}).get("median_ms"), (t.get("graph") or {}).get("median_ms")
         ratio = f"{k['median_ms'] / g:.2f}" if k and g else "—"
         tc = t.get("correct", {})
-        w(f"| {r['id']}{' †' if r['model'] in gaps else ''} | {r.get('batch', 1)} | {corr} | {sci(c.get('rel_l2'))} | {sci(c.get('max_abs'))} | "
+        w(f"| {label(r)}{' †' if r['model'] in gaps else ''} | {r.get('batch', 1)} | {corr} | {sci(c.get('rel_l2'))} | {sci(c.get('max_abs'))} | "
           f"{fmt(k.get('median_ms'))} | {fmt(k.get('p99_ms'))} | {fmt(k.get('stddev_ms'))} | "
           f"{k.get('iterations', '—')} | {fmt(e)} | {fmt(g)} | {fmt(t.get('graph_device_ms'))} | {ratio} | "
           f"{sci(tc.get('rel_l2')) if tc else '—'} |")
@@ -1428,7 +1469,7 @@ def report(args) -> None:
         for r in resident:
             kr, gd = r["kiln_resident"], (r.get("torch") or {}).get("graph_device_ms")
             ratio = f"{kr['median_ms'] / gd:.2f}" if gd else "—"
-            w(f"| {r['id']} | {fmt(kr['median_ms'])} | {fmt(kr.get('p99_ms'))} | {fmt(kr.get('stddev_ms'))} | "
+            w(f"| {label(r)} | {fmt(kr['median_ms'])} | {fmt(kr.get('p99_ms'))} | {fmt(kr.get('stddev_ms'))} | "
               f"{fmt(gd)} | {ratio} |")
         w("")
     loads = [r for r in cases if r.get("load")]
@@ -1515,7 +1556,7 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("GPU_TEST_BUDGET_S", 480)))
     p.add_argument("--iterations", type=int, default=ITERATIONS)
     p = sub.add_parser("report", help="write the page from a results JSON (here)")
-    p.add_argument("results")
+    p.add_argument("results", nargs="+", help="gpu-results.json of one or more runs (merged: see merge_results)")
     p.add_argument("--out", default=str(HERE.parent / "docs" / "benchmarks-gpu.md"))
     args = ap.parse_args()
     {"prepare": prepare, "run": run_device, "report": report}[args.cmd](args)
