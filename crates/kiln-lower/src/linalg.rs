@@ -485,7 +485,29 @@ fn gemm(cx: &OpCx<'_>) -> R<Lowered> {
     }
     let c = cx.input(2);
     let ops: Vec<usize> = if c.is_some() { vec![0, 1, 2] } else { vec![0, 1] };
-    let mut b = cx.builder(0, types(cx, &ops)?);
+    let mut inputs = types(cx, &ops)?;
+    let mut operands: Vec<Operand> = ops.iter().map(|&i| Operand::Input(i)).collect();
+    let mut steps = Vec::new();
+    // A transposed B computed at run time is copied to `[K, N]` by a step of its own
+    // (a movement dispatch), so that the product reads its columns in order and stays
+    // a contraction: read transposed, the product steps K per column, which no
+    // contraction path takes, and falls to the general one. A constant B is laid out
+    // in panels at compile time whatever its order, so it is read in place.
+    let tb = if tb && cx.input(1).is_some_and(|x| x.value.is_none()) {
+        let bty = cx.input_ty(1)?;
+        let tty = TensorType::new(bty.dtype, Shape::new(vec![k, n]).map_err(|e| cx.unsupported(e.to_string()))?);
+        let mut t = KernelBuilder::new(format!("{}_bt", cx.name), vec![bty.clone()], tty.clone());
+        let o = t.out_index();
+        let v = t.load(0, vec![o[1], o[0]]);
+        let root = store(&mut t, v);
+        steps.push(Step { kernel: t.finish(root)?, operands: vec![Operand::Input(1)] });
+        inputs[1] = tty;
+        operands[1] = Operand::Step(0);
+        false
+    } else {
+        tb
+    };
+    let mut b = cx.builder(0, inputs);
     let out = b.out_index();
     let (i, j) = (out[0], out[1]);
     let mut acc = contract(&mut b, k, ct, |b, kv| {
@@ -516,7 +538,9 @@ fn gemm(cx: &OpCx<'_>) -> R<Lowered> {
         acc = b.add(acc, cv);
     }
     let v = float_to(&mut b, acc, d);
-    Ok(one(finish(b, v, &ops)?))
+    let root = store(&mut b, v);
+    steps.push(Step { kernel: b.finish(root)?, operands });
+    Ok(Lowered { outputs: vec![Output::Step(steps.len() - 1)], steps })
 }
 
 /// Index of a zero point of shape `zd` for an operand element at `index` (operand dims

@@ -182,6 +182,32 @@ fn gemm_attributes_and_c_broadcast() {
     check(&op(OpKind::Gemm, &[("beta", fl(0.5))]), &[Some(a), Some(b), Some(c)], Bind::Runtime, EXACT);
 }
 
+/// A transposed B computed at run time is copied to `[K, N]` first, so that the
+/// product is a contraction (read transposed, it would step K per column and fall to
+/// the general path); a constant transposed B is read in place (packed at compile
+/// time). Both against the reference evaluator.
+#[test]
+fn gemm_runtime_transposed_b_stays_a_contraction() {
+    use kiln_flow::contraction::Contraction;
+    let (m, k, n) = (5, 7, 6);
+    for d in [DType::F32, DType::F16] {
+        let a = rand(d, &[m, k], 11);
+        let b = rand(d, &[n, k], 12);
+        let c = rand(d, &[n], 13);
+        let o = op(OpKind::Gemm, &[("transB", int(1)), ("alpha", fl(0.5)), ("beta", fl(2.0))]);
+        let inputs = [Some(a), Some(b), Some(c)];
+        for bind in [Bind::Runtime, Bind::ConstFrom(1)] {
+            check(&o, &inputs, bind, tol_for(d));
+        }
+        let (run_time, _) = lower_from(&o, &inputs, usize::MAX);
+        assert_eq!(run_time.steps.len(), 2, "{d:?}: a transpose step, then the product");
+        assert!(Contraction::of(&run_time.steps[0].kernel).is_none(), "{d:?}: the copy");
+        assert!(Contraction::of(&run_time.steps[1].kernel).is_some(), "{d:?}: the product is a contraction");
+        let (constant, _) = lower_from(&o, &inputs, 1);
+        assert_eq!(constant.steps.len(), 1, "{d:?}: a constant B is read in place");
+    }
+}
+
 #[test]
 fn gemm_hand_computed() {
     // 2·(A·Bᵀ) + 3·C with A = [[1,2]], B = [[3,4],[5,6]], C = [1, -1].
