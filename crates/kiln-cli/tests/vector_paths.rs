@@ -53,6 +53,9 @@ fn scalar_dispatches_are_exactly_the_known_ones() {
         }
     }
     assert!(compiled >= 25, "only {compiled} models compiled");
+    if std::env::var_os("KILN_LIST_SCALAR").is_some() {
+        eprintln!("{found:#?}");
+    }
     let mut wrong = Vec::new();
     for (note, at) in &found {
         let want = KNOWN_SCALAR.iter().find(|(n, _)| n == note).map_or(0, |k| k.1);
