@@ -22,7 +22,6 @@ use common::{import_options, listed_models, model_path};
 /// so a new scalar dispatch fails the test, and so does one vectorised (then lower its
 /// count here).
 const KNOWN_SCALAR: &[(&str, usize)] = &[
-    ("general (a load that strides along the row)", 1),
     ("general (an index used as a value)", 1),
     ("general (a i64 output (f32, i32 or u32 lanes here))", 2),
     ("general (a bool output (f32, i32 or u32 lanes here))", 1),
