@@ -1441,12 +1441,15 @@ def report(args) -> None:
     if gaps:
         w("Marked †: a known gap of the CPU suite too (crates/kiln-cli/tests/models.rs `KNOWN_GAPS`: "
           + ", ".join(sorted(gaps)) + "), so a failure there is not the GPU's.\n")
+    w("'load ms' is kiln's module load and graph build (`kiln bench --json`: `module_load_ms` + "
+      "`graph_build_ms`) of the artifact as compiled, its code form beside it (cubin where ptxas was found at "
+      "compile time); the cubin/PTX comparison is the load-time section below.\n")
     w("| case | batch | correct | rel L2 | max abs | kiln median ms | p99 | stddev | calls | PyTorch eager | "
-      "PyTorch graph | graph, device | ratio | PyTorch rel L2 |")
-    w("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "PyTorch graph | graph, device | ratio | PyTorch rel L2 | load ms |")
+    w("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in cases:
         if r.get("not_reached"):
-            w(f"| {label(r)} | {r.get('batch', 1)} | not run: {r['not_reached']} | | | | | | | | | | | |")
+            w(f"| {label(r)} | {r.get('batch', 1)} | not run: {r['not_reached']} | | | | | | | | | | | | |")
             continue
         c, k, t = r.get("correct", {}), r.get("kiln", {}), r.get("torch", {})
         corr = ("yes" if c.get("ok") else "**no**") if c else ("not checked: " + ("; ".join(r.get("errors", [])) or "—"))
@@ -1456,7 +1459,7 @@ def report(args) -> None:
         w(f"| {label(r)}{' †' if r['model'] in gaps else ''} | {r.get('batch', 1)} | {corr} | {sci(c.get('rel_l2'))} | {sci(c.get('max_abs'))} | "
           f"{fmt(k.get('median_ms'))} | {fmt(k.get('p99_ms'))} | {fmt(k.get('stddev_ms'))} | "
           f"{k.get('iterations', '—')} | {fmt(e)} | {fmt(g)} | {fmt(t.get('graph_device_ms'))} | {ratio} | "
-          f"{sci(tc.get('rel_l2')) if tc else '—'} |")
+          f"{sci(tc.get('rel_l2')) if tc else '—'} | {load_cell(k)} |")
     w("")
     resident = [r for r in cases if (r.get("kiln_resident") or {}).get("median_ms")]
     if resident:
@@ -1534,6 +1537,15 @@ def report(args) -> None:
     text = "\n".join(L).rstrip() + "\n"
     Path(args.out).write_text(text)
     print(f"{args.out} written", file=sys.stderr)
+
+
+def load_cell(k) -> str:
+    """A case's module load + graph build in ms and the code form loaded, from `kiln bench --json`."""
+    ml, gb = k.get("module_load_ms"), k.get("graph_build_ms")
+    if ml is None or gb is None:
+        return "—"
+    form = f" ({k['code']})" if k.get("code") else ""
+    return f"{ml:.2f} + {gb:.2f}{form}"
 
 
 def sci(x):
