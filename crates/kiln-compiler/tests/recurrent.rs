@@ -154,7 +154,8 @@ impl Case {
             let m = gr.add_const("m", data(&[h, 3], 8, 1.0));
             let mut zd = yd.clone();
             zd[3] = 3;
-            let (_, z) = gr.add_node("z", Op::new(OpKind::MatMul), vec![Some(results[0]), Some(m)], vec![("z".into(), ty(&zd))]);
+            let (_, z) =
+                gr.add_node("z", Op::new(OpKind::MatMul), vec![Some(results[0]), Some(m)], vec![("z".into(), ty(&zd))]);
             results[0] = z[0];
         }
         gr.outputs = results;

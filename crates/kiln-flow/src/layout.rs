@@ -416,35 +416,32 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass)
     // Left operands first, then right ones (a kernel is recognised again after its left
     // operand is packed: its nodes are renumbered).
     for left in [true, false] {
-        // Per constant: its packed copy (that of its first reader), the readers whose
-        // packing gives the same bytes (dispatch, new kernel, operand slot), and whether
-        // every reader so far did.
-        let mut plans: HashMap<BufferId, (Tensor, Vec<(usize, Kernel, u32)>, bool)> = HashMap::new();
-        for d in 0..p.dispatches.len() {
-            let w = ws[d];
+        let mut plans: HashMap<BufferId, SharedPack> = HashMap::new();
+        for (d, &w) in ws.iter().enumerate() {
             let Some(c) = Contraction::of(&p.dispatches[d].kernel) else { continue };
             let (operand, width, var) =
                 if left { (&c.a, w.a, Some(c.m)) } else { (&c.b, w.b, (c.n.len() == 1).then(|| c.n[0])) };
             let (Some(width), Some(var), None) = (width, var, operand.panel) else { continue };
             let source = p.storage(p.dispatches[d].operands[operand.input as usize]);
-            if plans.get(&source).is_some_and(|x| !x.2) {
+            if plans.get(&source).is_some_and(|x| !x.same) {
                 continue;
             }
             let k = &p.dispatches[d].kernel;
             let Some((kernel, tensor)) = packed_one(p, d, k, &c, operand, var, width) else { continue };
+            let reader = (d, kernel, operand.input);
             match plans.get_mut(&source) {
                 None => {
-                    plans.insert(source, (tensor, vec![(d, kernel, operand.input)], true));
+                    plans.insert(source, SharedPack { tensor, readers: vec![reader], same: true });
                 }
-                Some((first, readers, same)) => {
-                    *same = *first == tensor;
-                    readers.push((d, kernel, operand.input));
+                Some(plan) => {
+                    plan.same = plan.tensor == tensor;
+                    plan.readers.push(reader);
                 }
             }
         }
-        let mut plans: Vec<(BufferId, (Tensor, Vec<(usize, Kernel, u32)>, bool))> = plans.into_iter().collect();
+        let mut plans: Vec<(BufferId, SharedPack)> = plans.into_iter().collect();
         plans.sort_by_key(|x| x.0);
-        for (source, (tensor, packed, same)) in plans {
+        for (source, SharedPack { tensor, readers: packed, same }) in plans {
             if !same || packed.len() != readers[source.index()] {
                 continue;
             }
@@ -460,6 +457,15 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass)
         }
     }
     done
+}
+
+/// One constant's packing in [`pack_constants`]: the packed copy of its first reader,
+/// the readers whose packing gives the same bytes (dispatch, new kernel, operand slot),
+/// and whether every reader so far did.
+struct SharedPack {
+    tensor: Tensor,
+    readers: Vec<(usize, Kernel, u32)>,
+    same: bool,
 }
 
 /// Dispatch `d`'s kernel reading `operand` (a constant) in panels of `width` along
@@ -877,10 +883,8 @@ mod tests {
         let xs: Vec<Tensor> = (0..3).map(|i| data(&[m, kk], 10.0 + i as f32)).collect();
         // Three products of the same weight and bias, each of its own input.
         let build = |readers: usize| {
-            let mut buffers = vec![
-                buf(t(&[kk, n]), BufferKind::Const(wt.clone())),
-                buf(t(&[n]), BufferKind::Const(bt.clone())),
-            ];
+            let mut buffers =
+                vec![buf(t(&[kk, n]), BufferKind::Const(wt.clone())), buf(t(&[n]), BufferKind::Const(bt.clone()))];
             let mut dispatches = Vec::new();
             for i in 0..readers {
                 let x = BufferId(buffers.len() as u32);

@@ -702,8 +702,7 @@ fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
             }
             _ => {
                 let mut binds = Binds::default();
-                let js: Vec<Option<usize>> =
-                    st.iter().map(|&x| rnn.bind_state(cx, &mut binds, x)).collect::<R<_>>()?;
+                let js: Vec<Option<usize>> = st.iter().map(|&x| rnn.bind_state(cx, &mut binds, x)).collect::<R<_>>()?;
                 steps.push(build(result_name(cx, r), out_ty(cx, r)?.clone(), &binds.list, |b, idx| {
                     let (d, bb, k) = if batch_major { (idx[1], idx[0], idx[2]) } else { (idx[0], idx[1], idx[2]) };
                     Ok(per_direction(b, &rnn, d, |b, dir| {
@@ -727,7 +726,12 @@ struct At {
 
 /// `value(dir)` of the direction at index `d` (a select on `d = 1` for two directions:
 /// an equality, so a kernel of this form is never taken for a concatenation).
-fn per_direction(b: &mut KernelBuilder, rnn: &Rnn, d: ExprId, mut value: impl FnMut(&mut KernelBuilder, usize) -> ExprId) -> ExprId {
+fn per_direction(
+    b: &mut KernelBuilder,
+    rnn: &Rnn,
+    d: ExprId,
+    mut value: impl FnMut(&mut KernelBuilder, usize) -> ExprId,
+) -> ExprId {
     let v0 = value(b, 0);
     if rnn.nd == 1 {
         return v0;
