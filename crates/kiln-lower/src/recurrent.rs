@@ -801,7 +801,7 @@ fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) 
 
 /// One RNN step: the product `H·Rᵀ + Rb`, then `H = f(clip(P + S))`.
 fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, at: At, h: State) -> R<usize> {
-    let n = step_name(cx, at);
+    let n = step_name(rnn, at);
     let prod = rnn.product(cx, steps, format!("{}_hr{n}", cx.name), h, at.dir, 0, 1)?;
     gate_and_state(cx, rnn, steps, format!("{}_h{n}", cx.name), at, prod, h, 0, |b, sc, new, old| {
         keep(b, sc.valid, new, old)
@@ -810,10 +810,11 @@ fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, at: At, h: State) -
 
 /// The kernel name suffix of a step: `s`, or `s_d` for a direction of a bidirectional
 /// layer.
-fn step_name(cx: &OpCx<'_>, at: At) -> String {
-    match cx.attrs::<ka::RnnAttrs>().map(|a| a.direction) {
-        Ok(ka::RnnDirection::Bidirectional) => format!("{}_{}", at.s, at.dir),
-        _ => at.s.to_string(),
+fn step_name(rnn: &Rnn, at: At) -> String {
+    if rnn.nd == 2 {
+        format!("{}_{}", at.s, at.dir)
+    } else {
+        at.s.to_string()
     }
 }
 
@@ -849,7 +850,7 @@ fn gate_and_state(
 /// `H' = (1 − z)·h̃ + z·H`.
 fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, at: At, h: State) -> R<usize> {
     let ct = rnn.ct;
-    let n = step_name(cx, at);
+    let n = step_name(rnn, at);
     let prod = rnn.product(cx, steps, format!("{}_hr{n}", cx.name), h, at.dir, 0, if rnn.lbr { 3 } else { 2 })?;
     let mut h_prod: Option<Product> = None;
     if !rnn.lbr && prod.is_some() {
@@ -909,7 +910,7 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, at: At, h: State, 
             b.mul(p, cv)
         })
     };
-    let n = step_name(cx, at);
+    let n = step_name(rnn, at);
     let prod = rnn.product(cx, steps, format!("{}_hr{n}", cx.name), h, at.dir, 0, 4)?;
     // The cell state.
     let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
