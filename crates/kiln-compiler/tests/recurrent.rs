@@ -57,6 +57,9 @@ struct Case {
     lbr: bool,
     clip: Option<f32>,
     peep: bool,
+    /// Y feeds a MatMul (whose result is the graph output instead of Y): Y is then no
+    /// graph output, and where its blocks are contiguous the states are written in place.
+    y_consumed: bool,
 }
 
 impl Case {
@@ -75,6 +78,7 @@ impl Case {
             lbr: false,
             clip: None,
             peep: false,
+            y_consumed: false,
         }
     }
 
@@ -145,7 +149,15 @@ impl Case {
         if self.kind == OpKind::LSTM {
             outs.push(("yc".to_string(), ty(&sd)));
         }
-        let (_, results) = gr.add_node("rec", op, inputs, outs);
+        let (_, mut results) = gr.add_node("rec", op, inputs, outs);
+        if self.y_consumed {
+            let m = gr.add_const("m", data(&[h, 3], 8, 1.0));
+            let mut zd = yd.clone();
+            zd[3] = 3;
+            let (_, z) =
+                gr.add_node("z", Op::new(OpKind::MatMul), vec![Some(results[0]), Some(m)], vec![("z".into(), ty(&zd))]);
+            results[0] = z[0];
+        }
         gr.outputs = results;
         (gr, feeds)
     }
@@ -186,6 +198,14 @@ fn check(c: Case) {
     let steps_with_state = if c.init { c.seq } else { c.seq - 1 };
     let least = if c.hidden > 1 { 1 + per_step * steps_with_state } else { 1 };
     assert!(products >= least, "{c:?}: {products} contractions, {least} expected");
+    if c.y_consumed {
+        // Y's blocks are contiguous (time-major, or batch 1) and every step writes its
+        // own: no Y kernel runs.
+        comp.run_to(Stage::Schedule).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+        let elided = comp.plan().expect("a stream plan").elided.len();
+        let in_place = c.lens.is_none() && (c.layout == 0 || c.batch == 1);
+        assert_eq!(elided, in_place as usize, "{c:?}: {elided} concatenations elided");
+    }
     let compiled = comp.finish().unwrap_or_else(|e| panic!("{c:?}: {e}"));
     let got = run_compiled(&g, &compiled.artifact, &feeds);
     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -214,6 +234,23 @@ fn shapes_directions_and_layouts() {
             }
             check(Case { init: true, dir, ..Case::new(kind) });
             check(Case { init: true, dir, layout: 1, batch: 1, hidden: 17, ..Case::new(kind) });
+        }
+    }
+}
+
+/// Y read by another op: where its `(time, direction)` blocks are contiguous, the
+/// states are placed inside Y and no Y kernel runs; the results do not change.
+#[test]
+fn y_written_in_place() {
+    for kind in KINDS {
+        for dir in DIRS {
+            for (layout, batch) in [(0, 3), (1, 1), (1, 3)] {
+                for init in [false, true] {
+                    check(Case { dir, layout, batch, init, y_consumed: true, hidden: 17, ..Case::new(kind) });
+                }
+            }
+            let lens: &'static [i64] = &[7, 3, 0];
+            check(Case { dir, lens: Some(lens), y_consumed: true, ..Case::new(kind) });
         }
     }
 }

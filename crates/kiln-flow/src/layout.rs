@@ -390,14 +390,17 @@ pub struct PanelWidths {
 /// time; the kernel reads the packed constant at `[v div W, l, v rem W]`, which every
 /// target can evaluate and the contraction recognises as a panel operand. Operands that
 /// other loads read too, or that read variables besides the panel variable and the
-/// reduction, are left alone: a constant is packed only where it has no other reader, so
-/// the constants stay the same size but for the zeros that pad the last panel. Returns
-/// how many operands were packed. The target answers `widths` from a kernel and its
-/// class (only contractions are packed); a packed dispatch is classified again.
+/// reduction, are left alone. A constant is packed only where every reader of it is an
+/// operand packed into the same bytes (one reader, or the recurrent products of every
+/// time step, which read one weight the same way): they then share one packed copy, so
+/// no constant is carried twice and the constants stay the same size but for the zeros
+/// that pad the last panel. Returns how many operands were packed. The target answers
+/// `widths` from a kernel and its class (only contractions are packed); a packed
+/// dispatch is classified again.
 pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass) -> PanelWidths) -> usize {
     let mut done = 0;
-    // Readers of each buffer's storage: a constant is packed only where its one reader
-    // is the operand being packed, so no constant is carried twice.
+    // Readers of each buffer's storage: a constant is packed only where each of its
+    // readers is an operand being packed the same way, so no constant is carried twice.
     let mut readers = vec![0usize; p.buffers.len()];
     for d in &p.dispatches {
         for &o in &d.operands {
@@ -407,30 +410,62 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass)
     for &o in &p.outputs {
         readers[p.storage(o).index()] += 1;
     }
-    for d in 0..p.dispatches.len() {
-        let w = widths(&p.dispatches[d].kernel, p.dispatches[d].class);
-        for left in [true, false] {
-            // (Found again after packing A: the kernel's nodes are renumbered.)
-            let Some(c) = Contraction::of(&p.dispatches[d].kernel) else { break };
+    // The widths of every dispatch as it is before packing (the answer for the right
+    // operand is the one for the kernel whose left operand is not packed yet).
+    let ws: Vec<PanelWidths> = p.dispatches.iter().map(|d| widths(&d.kernel, d.class)).collect();
+    // Left operands first, then right ones (a kernel is recognised again after its left
+    // operand is packed: its nodes are renumbered).
+    for left in [true, false] {
+        let mut plans: HashMap<BufferId, SharedPack> = HashMap::new();
+        for (d, &w) in ws.iter().enumerate() {
+            let Some(c) = Contraction::of(&p.dispatches[d].kernel) else { continue };
             let (operand, width, var) =
                 if left { (&c.a, w.a, Some(c.m)) } else { (&c.b, w.b, (c.n.len() == 1).then(|| c.n[0])) };
             let (Some(width), Some(var), None) = (width, var, operand.panel) else { continue };
             let source = p.storage(p.dispatches[d].operands[operand.input as usize]);
-            if readers[source.index()] != 1 {
+            if plans.get(&source).is_some_and(|x| !x.same) {
                 continue;
             }
             let k = &p.dispatches[d].kernel;
             let Some((kernel, tensor)) = packed_one(p, d, k, &c, operand, var, width) else { continue };
-            let name = format!("{}.panels{width}", p.buffer(source).name);
+            let reader = (d, kernel, operand.input);
+            match plans.get_mut(&source) {
+                None => {
+                    plans.insert(source, SharedPack { tensor, readers: vec![reader], same: true });
+                }
+                Some(plan) => {
+                    plan.same = plan.tensor == tensor;
+                    plan.readers.push(reader);
+                }
+            }
+        }
+        let mut plans: Vec<(BufferId, SharedPack)> = plans.into_iter().collect();
+        plans.sort_by_key(|x| x.0);
+        for (source, SharedPack { tensor, readers: packed, same }) in plans {
+            if !same || packed.len() != readers[source.index()] {
+                continue;
+            }
+            let name = format!("{}.panels{}", p.buffer(source).name, tensor.ty().shape.dims()[2]);
             let buffer = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
-            readers.push(1);
-            p.dispatches[d].kernel = kernel;
-            p.dispatches[d].operands[operand.input as usize] = buffer;
-            p.dispatches[d].class = classify(&p.dispatches[d].kernel);
-            done += 1;
+            readers.push(packed.len());
+            for (d, kernel, input) in packed {
+                p.dispatches[d].kernel = kernel;
+                p.dispatches[d].operands[input as usize] = buffer;
+                p.dispatches[d].class = classify(&p.dispatches[d].kernel);
+                done += 1;
+            }
         }
     }
     done
+}
+
+/// One constant's packing in [`pack_constants`]: the packed copy of its first reader,
+/// the readers whose packing gives the same bytes (dispatch, new kernel, operand slot),
+/// and whether every reader so far did.
+struct SharedPack {
+    tensor: Tensor,
+    readers: Vec<(usize, Kernel, u32)>,
+    same: bool,
 }
 
 /// Dispatch `d`'s kernel reading `operand` (a constant) in panels of `width` along
@@ -828,6 +863,72 @@ mod tests {
         assert_eq!(crate::interp::run(&d.kernel, &[&it, &packed]).unwrap(), want_pw);
         // Packed once: nothing more to do.
         assert_eq!(pack_constants(&mut prog, &widths), 0);
+    }
+
+    /// A constant read the same way by several products (a recurrent weight, read by the
+    /// product of every time step) is packed once, and every reader reads that copy; if
+    /// one reader would read it in another layout (or not packed at all), no reader's
+    /// copy is made, so the constant is never carried twice.
+    #[test]
+    fn constants_shared_by_products_packed_once() {
+        use crate::program::{Buffer, BufferId, Dispatch};
+        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+        let data = |dims: &[usize], seed: f32| {
+            let n: usize = dims.iter().product();
+            let v: Vec<f32> = (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+            Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
+        };
+        let (m, kk, n) = (1usize, 9usize, 37usize);
+        let (wt, bt) = (data(&[kk, n], 2.0), data(&[n], 3.0));
+        let xs: Vec<Tensor> = (0..3).map(|i| data(&[m, kk], 10.0 + i as f32)).collect();
+        // Three products of the same weight and bias, each of its own input.
+        let build = |readers: usize| {
+            let mut buffers =
+                vec![buf(t(&[kk, n]), BufferKind::Const(wt.clone())), buf(t(&[n]), BufferKind::Const(bt.clone()))];
+            let mut dispatches = Vec::new();
+            for i in 0..readers {
+                let x = BufferId(buffers.len() as u32);
+                buffers.push(buf(t(&[m, kk]), BufferKind::Input(i)));
+                buffers.push(buf(t(&[m, n]), BufferKind::Result));
+                let out = BufferId(x.0 + 1);
+                dispatches.push(Dispatch::new(matmul_bias(m, kk, n), vec![x, BufferId(0), BufferId(1)], out, vec![]));
+            }
+            let inputs = (0..readers).map(|i| BufferId(2 + 2 * i as u32)).collect();
+            let outputs = (0..readers).map(|i| BufferId(3 + 2 * i as u32)).collect();
+            FlowProgram { name: "g".into(), buffers, dispatches, inputs, outputs }
+        };
+        let widths = |_: &Kernel, _: KernelClass| PanelWidths { a: None, b: Some(16) };
+        let mut prog = build(3);
+        let before = prog.buffers.len();
+        assert_eq!(pack_constants(&mut prog, &widths), 3);
+        assert_eq!(prog.buffers.len(), before + 1, "one packed copy");
+        let packed = prog.dispatches[0].operands[1];
+        for (i, d) in prog.dispatches.iter().enumerate() {
+            assert_eq!(d.operands[1], packed, "reader {i}");
+            let BufferKind::Const(pt) = &prog.buffer(packed).kind else { panic!("not a constant") };
+            let want = crate::interp::run(&matmul_bias(m, kk, n), &[&xs[i], &wt, &bt]).unwrap();
+            assert_eq!(crate::interp::run(&d.kernel, &[&xs[i], pt, &bt]).unwrap(), want, "reader {i}");
+        }
+        // One reader asks for another panel width: the readers would need two copies.
+        // (The widths are asked once per dispatch, in order.)
+        let mut prog = build(3);
+        let counted = std::cell::Cell::new(0usize);
+        let uneven = |_: &Kernel, _: KernelClass| {
+            counted.set(counted.get() + 1);
+            PanelWidths { a: None, b: Some(if counted.get() == 2 { 8 } else { 16 }) }
+        };
+        assert_eq!(pack_constants(&mut prog, &uneven), 0);
+        assert_eq!(counted.get(), 3);
+        assert!(prog.dispatches.iter().all(|d| d.operands[1] == BufferId(0)));
+        // One reader does not take packing: the others keep the original too.
+        let mut prog = build(3);
+        let counted = std::cell::Cell::new(0usize);
+        let partial = |_: &Kernel, _: KernelClass| {
+            counted.set(counted.get() + 1);
+            PanelWidths { a: None, b: (counted.get() != 3).then_some(16) }
+        };
+        assert_eq!(pack_constants(&mut prog, &partial), 0);
+        assert!(prog.dispatches.iter().all(|d| d.operands[1] == BufferId(0)));
     }
 
     /// A 3×3 convolution with padding 1: after materialisation it is a contraction, a

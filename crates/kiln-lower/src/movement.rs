@@ -1,7 +1,8 @@
 //! Lowering of the data-movement and index-generating ops.
 //!
-//! - **Views** (Identity, Dropout's output, Reshape, Flatten, Squeeze, Unsqueeze) are
-//!   [`Output::Alias`] of their operand and cost nothing.
+//! - **Views** (Identity, Dropout's output, Reshape, Flatten, Squeeze, Unsqueeze, a
+//!   Transpose that moves only axes of extent 1) are [`Output::Alias`] of their operand
+//!   and cost nothing.
 //! - **Re-indexing** (Transpose, Slice, Pad, Concat, Split, Expand, Tile, DepthToSpace,
 //!   SpaceToDepth, Trilu) is one load per output element at an index that is affine in the
 //!   output index (plus `div`/`rem` by constants, and `min`/`max` where Pad folds an index
@@ -341,6 +342,12 @@ fn transpose(cx: &OpCx<'_>) -> R<Lowered> {
     };
     let want: Vec<usize> = perm.iter().map(|&p| xd[p]).collect();
     expect_out(cx, &want)?;
+    // Only axes of extent 1 move (the others keep their order): the bytes are the
+    // operand's, a view.
+    let moved: Vec<usize> = perm.iter().copied().filter(|&p| xd[p] != 1).collect();
+    if moved.windows(2).all(|w| w[0] < w[1]) {
+        return view(cx);
+    }
     single(cx, &[0], |b, out| {
         let mut idx = out.to_vec();
         for (k, &p) in perm.iter().enumerate() {

@@ -18,28 +18,41 @@
 //!    packing lays it out in the target's panels, so the product runs on the matrix
 //!    microkernel. An embedding Gather in front of `X` stays its own dispatch: fusion
 //!    keeps a contraction's operands plain loads.
-//! 2. **The recurrent product of each step** (a [`Contraction`]): `S[d, b, q] =
-//!    Σₖ H[d, b, k]·R[d, g₀·hidden + q, k] + Rb[d, g₀·hidden + q]` over the gates `g₀..`
-//!    the step needs from the previous state (all of them, but for GRU without
-//!    `linear_before_reset`: z and r here, h from `r ⊙ H` in a second product). `R` is
-//!    relaid to `[d, k, q]` once at compile time and shared by every step's product.
-//!    Skipped where the state is zero (the first step without an initial state).
+//! 2. **The recurrent product of each step and direction** (a [`Contraction`]):
+//!    `S[0, b, q] = Σₖ H[0, b, k]·R[d, g₀·hidden + q, k] + Rb[d, g₀·hidden + q]` over
+//!    the gates `g₀..` the step needs from the previous state (all of them, but for GRU
+//!    without `linear_before_reset`: z and r here, h from `r ⊙ H` in a second product).
+//!    `R[d]` is relaid to `[k, q]` once at compile time and shared by every step's
+//!    product of that direction. Skipped where the state is zero (the first step
+//!    without an initial state).
 //! 3. **The gates** (Elementwise; General only where `sequence_lens` is run-time data,
 //!    whose time index of a reverse pass is read from data): `act(clip(P + S))` per
 //!    gate, and the state update — RNN 1 kernel (H), GRU 1 with `linear_before_reset`
 //!    (`h̃ = g(P_h + r·S_h)`) and 2 without (`r ⊙ H`, then H), LSTM 2 (C, then H from
-//!    the new C). Both directions advance together; the reverse one walks time
-//!    backwards. A row past its length keeps its state.
-//! 4. **Y** gathers the per-step states (a select over the step that wrote each time
-//!    position, like a concatenation: a Movement kernel, whose inputs grow with the
-//!    sequence); Y_h and Y_c are the last states (a kernel only where the layout or the
-//!    dtype differs from the state's). A row's Y past its length is zero.
+//!    the new C). The reverse direction walks time backwards. A row past its length
+//!    keeps its state.
+//!
+//!    Each direction is a chain of its own, its states `[1, batch, hidden]`: the two
+//!    chains of a bidirectional layer share nothing after the projection, so a step's
+//!    two directions are dispatches of one wave (two threads run them at once), and a
+//!    state is one contiguous block of Y.
+//! 4. **Y** is the per-step states side by side. Where each `(time, direction)` block of
+//!    Y is one contiguous range (time-major Y, or batch 1) and no `sequence_lens` is
+//!    read, Y is a concatenation of the states along its flattened `[seq·num_dir]`
+//!    axis ([`kiln_flow::concat::Concat`]'s form), viewed as Y's shape: the stream level
+//!    then places every state inside Y's bytes, each step's gate kernel writes its
+//!    block of Y directly, and no Y kernel runs (unless Y is a graph output, when it
+//!    is one copy). Otherwise Y gathers the states (a select over the step that wrote
+//!    each time position: a Movement kernel whose inputs grow with the sequence), zero
+//!    past a row's length. Y_h and Y_c are the last states (a kernel only where the
+//!    directions, the layout or the dtype differ from a last state's, and for Y_h where
+//!    the last state is a block of Y: a state inside Y cannot also be a graph output).
 //!
 //! So a step costs one small matrix product (a matrix-vector product at batch 1) whose
 //! weights stream from cache, plus one or two vectorised elementwise kernels; the plan
-//! grows by about 2–4 dispatches per time step. The alternative — a new kernel class
-//! whose code is a time loop around the product and the gates, keeping the state in
-//! registers and the weights resident — saves those dispatches and the Y gather but
+//! grows by about 2–4 dispatches per time step and direction. The alternative — a new
+//! kernel class whose code is a time loop around the product and the gates, keeping the
+//! state in registers and the weights resident — saves those dispatches but
 //! needs a loop-carrying kernel form at the flow level, an interpreter for it and an
 //! emitter per target; it is the next step if the per-dispatch cost shows up on long
 //! sequences (it does not on the corpus: see `docs/architecture.md`).
@@ -225,14 +238,14 @@ enum Cell {
     Rnn,
 }
 
-/// Where a state `[num_dir, batch, hidden]` comes from.
+/// Where one direction's state comes from.
 #[derive(Clone, Copy, Debug)]
 enum State {
     /// Zero (no initial state).
     Zero,
-    /// An initial-state operand, in the layout's order.
+    /// An initial-state operand (every direction's, in the layout's order).
     Init(usize),
-    /// The result of a step, `[num_dir, batch, hidden]` in the compute type.
+    /// The result of a step of this direction, `[1, batch, hidden]` in the compute type.
     Step(usize),
 }
 
@@ -257,7 +270,7 @@ struct Rnn {
     /// `sequence_lens` is bound (not absent, not all `seq`).
     has_lens: bool,
     has_p: bool,
-    /// The type of the state tensors.
+    /// The type of one direction's state tensors, `[1, batch, hidden]`.
     sty: TensorType,
     /// The type of the projection `[num_dir, seq, batch, gates·hidden]`.
     pty: TensorType,
@@ -327,14 +340,18 @@ impl Rnn {
         })
     }
 
-    /// The state value at `(d, b, k)` (compute type), from its kernel input `j`.
+    /// The state value of direction `d` (an index expression) at `(b, k)` (compute
+    /// type), from its kernel input `j`.
     fn state_at(&self, b: &mut KernelBuilder, s: State, j: Option<usize>, d: ExprId, bb: ExprId, k: ExprId) -> ExprId {
         match (s, j) {
             (State::Init(_), Some(j)) => {
                 let ix = if self.batch_major { vec![bb, d, k] } else { vec![d, bb, k] };
                 ld(b, j, ix, self.ct)
             }
-            (State::Step(_), Some(j)) => b.load(j, vec![d, bb, k]),
+            (State::Step(_), Some(j)) => {
+                let zero = b.index(0);
+                b.load(j, vec![zero, bb, k])
+            }
             _ => lit(b, self.ct, 0.0),
         }
     }
@@ -360,7 +377,7 @@ impl Rnn {
     fn bind_rec(&self, cx: &OpCx<'_>, binds: &mut Binds, product: Option<Product>) -> R<Rec> {
         Ok(match product {
             Some(Product { step: k, first, count }) => {
-                let ty = tensor_ty(cx, self.ct.dtype(), vec![self.nd, self.batch, count * self.hidden])?;
+                let ty = tensor_ty(cx, self.ct.dtype(), vec![1, self.batch, count * self.hidden])?;
                 Rec::Product { input: binds.add(Operand::Step(k), ty), first }
             }
             None => {
@@ -369,13 +386,12 @@ impl Rnn {
         })
     }
 
-    /// Whether direction `d` runs backwards in time (a Bool).
-    fn reversed(&self, b: &mut KernelBuilder, d: ExprId) -> ExprId {
+    /// Whether direction `dir` runs backwards in time.
+    fn reversed(&self, dir: usize) -> bool {
         if self.nd == 2 {
-            let one = b.index(1);
-            b.binary(B::Eq, d, one)
+            dir == 1
         } else {
-            b.constant(S::Bool, self.reverse_only as u64)
+            self.reverse_only
         }
     }
 
@@ -387,31 +403,23 @@ impl Rnn {
         })
     }
 
-    /// The time index of step `s` of direction `d` for row `bb`, and whether the row is
-    /// still running (`None`: always; the time index may then be out of range).
-    fn time(&self, b: &mut KernelBuilder, s: usize, d: ExprId, len: Option<ExprId>) -> (ExprId, Option<ExprId>) {
-        let se = b.index(s as i64);
+    /// The time index of step `s` of direction `dir` for row `bb`, and whether the row
+    /// is still running (`None`: always; the time index may then be out of range).
+    fn time(&self, b: &mut KernelBuilder, s: usize, dir: usize, len: Option<ExprId>) -> (ExprId, Option<ExprId>) {
+        let rev = self.reversed(dir);
         match len {
-            None => {
-                // Affine in d (no select), so the load of the projection stays affine:
-                // `s + d·(seq − 1 − 2s)` is s forwards (d = 0) and seq − 1 − s backwards.
-                let back = (self.seq - 1 - s) as i64;
-                let t = if self.nd == 1 {
-                    b.index(if self.reverse_only { back } else { s as i64 })
-                } else {
-                    let span = b.index(back - s as i64);
-                    let dt = b.mul(d, span);
-                    b.add(se, dt)
-                };
-                (t, None)
-            }
+            None => (b.index(if rev { (self.seq - 1 - s) as i64 } else { s as i64 }), None),
             Some(l) => {
-                let rev = self.reversed(b, d);
-                let one = b.index(1);
-                let last = b.sub(l, one);
-                let back = b.sub(last, se);
+                let se = b.index(s as i64);
                 let valid = b.binary(B::Lt, se, l);
-                (sel(b, rev, back, se), Some(valid))
+                let t = if rev {
+                    let one = b.index(1);
+                    let last = b.sub(l, one);
+                    b.sub(last, se)
+                } else {
+                    se
+                };
+                (t, Some(valid))
             }
         }
     }
@@ -435,7 +443,8 @@ impl Rnn {
             Rec::Product { input, first } => {
                 let off = b.index(((g - first) * self.hidden) as i64);
                 let q = b.add(off, sc.j);
-                Some(b.load(input, vec![sc.d, sc.bb, q]))
+                let zero = b.index(0);
+                Some(b.load(input, vec![zero, sc.bb, q]))
             }
             Rec::Bias(Some(bi)) => {
                 let o = b.index((self.gh() + g * self.hidden) as i64);
@@ -464,36 +473,30 @@ impl Rnn {
         }
     }
 
-    /// Activation `i` of direction `d` applied to `x` (a select between the
-    /// directions' functions when they differ).
-    fn act(&self, b: &mut KernelBuilder, i: usize, d: ExprId, x: ExprId) -> ExprId {
+    /// Activation `i` of direction `dir` applied to `x`.
+    fn act(&self, b: &mut KernelBuilder, i: usize, dir: usize, x: ExprId) -> ExprId {
         let per = self.acts.len() / self.nd;
-        let f0 = self.acts[i];
-        let v0 = f0.apply(b, x);
-        if self.nd == 2 && self.acts[per + i] != f0 {
-            let v1 = self.acts[per + i].apply(b, x);
-            let rev = self.reversed(b, d);
-            sel(b, rev, v1, v0)
-        } else {
-            v0
-        }
+        self.acts[dir * per + i].apply(b, x)
     }
 
-    /// `act_i(bound(pre))`.
-    fn gate(&self, b: &mut KernelBuilder, i: usize, d: ExprId, pre: ExprId) -> ExprId {
+    /// `act_i(bound(pre))` of direction `dir`.
+    fn gate(&self, b: &mut KernelBuilder, i: usize, dir: usize, pre: ExprId) -> ExprId {
         let c = self.bound(b, pre);
-        self.act(b, i, d, c)
+        self.act(b, i, dir, c)
     }
 
-    /// A step's recurrent product over `count` gates from `first` on: `S[d, b, q] =
-    /// Σₖ A[d, b, k]·R[d, first·hidden + q, k] + Rb[d, first·hidden + q]`, `A` the state
-    /// `a` (H, or GRU's `r ⊙ H`). None for a zero state: the step then reads no product.
+    /// A step's recurrent product of direction `dir` over `count` gates from `first`
+    /// on: `S[0, b, q] = Σₖ A[b, k]·R[dir, first·hidden + q, k] + Rb[dir, first·hidden +
+    /// q]`, `A` the state `a` (H, or GRU's `r ⊙ H`). None for a zero state: the step then
+    /// reads no product.
+    #[allow(clippy::too_many_arguments)]
     fn product(
         &self,
         cx: &OpCx<'_>,
         steps: &mut Vec<Step>,
         name: String,
         a: State,
+        dir: usize,
         first: usize,
         count: usize,
     ) -> R<Option<Product>> {
@@ -501,14 +504,14 @@ impl Rnn {
             return Ok(None);
         }
         let cols = count * self.hidden;
-        let ty = tensor_ty(cx, self.ct.dtype(), vec![self.nd, self.batch, cols])?;
+        let ty = tensor_ty(cx, self.ct.dtype(), vec![1, self.batch, cols])?;
         let mut binds = Binds::default();
         let aj = self.bind_state(cx, &mut binds, a)?;
         let rj = binds.add(Operand::Input(2), cx.input_ty(2)?.clone());
         let bj = if self.has_b { Some(binds.add(Operand::Input(3), cx.input_ty(3)?.clone())) } else { None };
         let (ct, hidden, gh) = (self.ct, self.hidden, self.gh());
         steps.push(build(name, ty, &binds.list, |b, idx| {
-            let (d, bb, q) = (idx[0], idx[1], idx[2]);
+            let (d, bb, q) = (b.index(dir as i64), idx[1], idx[2]);
             let k = b.new_var(hidden as u64);
             let ke = b.var(k);
             let hv = self.state_at(b, a, aj, d, bb, ke);
@@ -648,60 +651,95 @@ fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
         has_b: cx.input(3).is_some(),
         has_lens,
         has_p: lstm && cx.input(7).is_some(),
-        sty: tensor_ty(cx, ct.dtype(), vec![nd, batch, hidden])?,
+        sty: tensor_ty(cx, ct.dtype(), vec![1, batch, hidden])?,
         pty: tensor_ty(cx, ct.dtype(), vec![nd, seq, batch, gh])?,
     };
     let mut steps: Vec<Step> = Vec::new();
     let init_h = if cx.input(5).is_some() { State::Init(5) } else { State::Zero };
     let init_c = if lstm && cx.input(6).is_some() { State::Init(6) } else { State::Zero };
-    let (mut h, mut c) = (init_h, init_c);
-    let mut hs: Vec<usize> = Vec::with_capacity(seq);
+    // Per direction: the current states, and the steps that wrote H, in step order.
+    let (mut h, mut c) = (vec![init_h; nd], vec![init_c; nd]);
+    let mut hs: Vec<Vec<usize>> = vec![Vec::with_capacity(seq); nd];
     if rnn.seq > 0 && rnn.sty.shape.numel() > 0 {
         steps.push(projection(cx, &rnn)?);
         for s in 0..seq {
-            match cell {
-                Cell::Rnn => {
-                    let k = rnn_step(cx, &rnn, &mut steps, s, h)?;
-                    h = State::Step(k);
+            for dir in 0..nd {
+                let at = At { s, dir };
+                match cell {
+                    Cell::Rnn => {
+                        let k = rnn_step(cx, &rnn, &mut steps, at, h[dir])?;
+                        h[dir] = State::Step(k);
+                    }
+                    Cell::Gru => {
+                        let k = gru_step(cx, &rnn, &mut steps, at, h[dir])?;
+                        h[dir] = State::Step(k);
+                    }
+                    Cell::Lstm => {
+                        let (kc, kh) = lstm_step(cx, &rnn, &mut steps, at, h[dir], c[dir])?;
+                        c[dir] = State::Step(kc);
+                        h[dir] = State::Step(kh);
+                    }
                 }
-                Cell::Gru => {
-                    let k = gru_step(cx, &rnn, &mut steps, s, h)?;
-                    h = State::Step(k);
+                if let State::Step(k) = h[dir] {
+                    hs[dir].push(k);
                 }
-                Cell::Lstm => {
-                    let (kc, kh) = lstm_step(cx, &rnn, &mut steps, s, h, c)?;
-                    c = State::Step(kc);
-                    h = State::Step(kh);
-                }
-            }
-            if let State::Step(k) = h {
-                hs.push(k);
             }
         }
     }
-    // Y: a gather over the per-step states.
     let mut outputs = Vec::with_capacity(nres);
-    let y = y_kernel(cx, &rnn, &hs)?;
+    let in_place = xdt == ct.dtype() && !rnn.has_lens && (!batch_major || batch == 1);
+    let y = if in_place { y_in_place(cx, &rnn, &hs)? } else { y_gather(cx, &rnn, &hs)? };
     steps.push(y);
     outputs.push(Output::Step(steps.len() - 1));
-    for (r, st) in [(1, h), (2, c)] {
+    for (r, st) in [(1, &h), (2, &c)] {
         if r >= nres {
             break;
         }
-        match st {
-            State::Step(k) if !batch_major && xdt == ct.dtype() => outputs.push(Output::Step(k)),
-            st => {
+        match st.as_slice() {
+            // (A state inside Y is not also a graph output: Y_h is then a copy.)
+            &[State::Step(k)] if !batch_major && xdt == ct.dtype() && !(in_place && r == 1) => {
+                outputs.push(Output::Step(k))
+            }
+            _ => {
                 let mut binds = Binds::default();
-                let j = rnn.bind_state(cx, &mut binds, st)?;
+                let js: Vec<Option<usize>> = st.iter().map(|&x| rnn.bind_state(cx, &mut binds, x)).collect::<R<_>>()?;
                 steps.push(build(result_name(cx, r), out_ty(cx, r)?.clone(), &binds.list, |b, idx| {
                     let (d, bb, k) = if batch_major { (idx[1], idx[0], idx[2]) } else { (idx[0], idx[1], idx[2]) };
-                    Ok(rnn.state_at(b, st, j, d, bb, k))
+                    Ok(per_direction(b, &rnn, d, |b, dir| {
+                        let de = b.index(dir as i64);
+                        rnn.state_at(b, st[dir], js[dir], de, bb, k)
+                    }))
                 })?);
                 outputs.push(Output::Step(steps.len() - 1));
             }
         }
     }
     Ok(Lowered { steps, outputs })
+}
+
+/// Where a step kernel sits: its step and its direction.
+#[derive(Clone, Copy)]
+struct At {
+    s: usize,
+    dir: usize,
+}
+
+/// `value(dir)` of the direction at index `d` (a select on `d = 1` for two directions:
+/// an equality, so a kernel of this form is never taken for a concatenation).
+fn per_direction(
+    b: &mut KernelBuilder,
+    rnn: &Rnn,
+    d: ExprId,
+    mut value: impl FnMut(&mut KernelBuilder, usize) -> ExprId,
+) -> ExprId {
+    let v0 = value(b, 0);
+    if rnn.nd == 1 {
+        return v0;
+    }
+    let v1 = value(b, 1);
+    let one = b.index(1);
+    let rev = b.binary(B::Eq, d, one);
+    sel(b, rev, v1, v0)
 }
 
 /// Step 0, the input projection of every time step and direction:
@@ -732,9 +770,12 @@ fn projection(cx: &OpCx<'_>, rnn: &Rnn) -> R<Step> {
     })
 }
 
-/// The common prologue of a gate kernel: `(d, bb, j)`, the time index and the running
-/// condition (whose presence also says the time index may be out of range).
+/// The common prologue of a gate kernel (output `[1, batch, hidden]`): the direction
+/// (`dir`, and `d` its index into the operands of every direction), `(bb, j)`, the time
+/// index and the running condition (whose presence also says the time index may be out
+/// of range).
 struct StepCx {
+    dir: usize,
     d: ExprId,
     bb: ExprId,
     j: ExprId,
@@ -742,11 +783,12 @@ struct StepCx {
     valid: Option<ExprId>,
 }
 
-fn step_cx(rnn: &Rnn, b: &mut KernelBuilder, gi: &GateIn, idx: &[ExprId], s: usize) -> StepCx {
-    let (d, bb, j) = (idx[0], idx[1], idx[2]);
+fn step_cx(rnn: &Rnn, b: &mut KernelBuilder, gi: &GateIn, idx: &[ExprId], at: At) -> StepCx {
+    let (bb, j) = (idx[1], idx[2]);
+    let d = b.index(at.dir as i64);
     let len = rnn.len_of(b, gi.lens, bb);
-    let (t, valid) = rnn.time(b, s, d, len);
-    StepCx { d, bb, j, t, valid }
+    let (t, valid) = rnn.time(b, at.s, at.dir, len);
+    StepCx { dir: at.dir, d, bb, j, t, valid }
 }
 
 /// `valid ? new : old`.
@@ -758,11 +800,22 @@ fn keep(b: &mut KernelBuilder, valid: Option<ExprId>, new: ExprId, old: ExprId) 
 }
 
 /// One RNN step: the product `H·Rᵀ + Rb`, then `H = f(clip(P + S))`.
-fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State) -> R<usize> {
-    let prod = rnn.product(cx, steps, format!("{}_hr{s}", cx.name), h, 0, 1)?;
-    gate_and_state(cx, rnn, steps, format!("{}_h{s}", cx.name), s, prod, h, 0, |b, sc, new, old| {
+fn rnn_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, at: At, h: State) -> R<usize> {
+    let n = step_name(rnn, at);
+    let prod = rnn.product(cx, steps, format!("{}_hr{n}", cx.name), h, at.dir, 0, 1)?;
+    gate_and_state(cx, rnn, steps, format!("{}_h{n}", cx.name), at, prod, h, 0, |b, sc, new, old| {
         keep(b, sc.valid, new, old)
     })
+}
+
+/// The kernel name suffix of a step: `s`, or `s_d` for a direction of a bidirectional
+/// layer.
+fn step_name(rnn: &Rnn, at: At) -> String {
+    if rnn.nd == 2 {
+        format!("{}_{}", at.s, at.dir)
+    } else {
+        at.s.to_string()
+    }
 }
 
 /// A step kernel `name` of one gate (block `k` of the product, the first activation)
@@ -773,7 +826,7 @@ fn gate_and_state(
     rnn: &Rnn,
     steps: &mut Vec<Step>,
     name: String,
-    s: usize,
+    at: At,
     prod: Option<Product>,
     h: State,
     k: usize,
@@ -782,9 +835,9 @@ fn gate_and_state(
     let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hj = rnn.bind_state(cx, &mut binds, h)?;
     steps.push(build(name, rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &gi, idx, s);
+        let sc = step_cx(rnn, b, &gi, idx, at);
         let pre = rnn.pre(b, &gi, rec, &sc, k);
-        let gate = rnn.gate(b, 0, sc.d, pre);
+        let gate = rnn.gate(b, 0, sc.dir, pre);
         let state = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
         Ok(combine(b, &sc, gate, state))
     })?);
@@ -795,15 +848,16 @@ fn gate_and_state(
 /// three gates, then `h̃ = g(clip(P_h + r·S_h))`. Without: the product over z and r,
 /// `r ⊙ H`, its product with `R_h`, then `h̃ = g(clip(P_h + S'_h))`.
 /// `H' = (1 − z)·h̃ + z·H`.
-fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State) -> R<usize> {
+fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, at: At, h: State) -> R<usize> {
     let ct = rnn.ct;
-    let prod = rnn.product(cx, steps, format!("{}_hr{s}", cx.name), h, 0, if rnn.lbr { 3 } else { 2 })?;
+    let n = step_name(rnn, at);
+    let prod = rnn.product(cx, steps, format!("{}_hr{n}", cx.name), h, at.dir, 0, if rnn.lbr { 3 } else { 2 })?;
     let mut h_prod: Option<Product> = None;
     if !rnn.lbr && prod.is_some() {
         // r ⊙ H.
         let rh =
-            gate_and_state(cx, rnn, steps, format!("{}_rh{s}", cx.name), s, prod, h, 1, |b, _, r, hv| b.mul(r, hv))?;
-        h_prod = rnn.product(cx, steps, format!("{}_rhr{s}", cx.name), State::Step(rh), 2, 1)?;
+            gate_and_state(cx, rnn, steps, format!("{}_rh{n}", cx.name), at, prod, h, 1, |b, _, r, hv| b.mul(r, hv))?;
+        h_prod = rnn.product(cx, steps, format!("{}_rhr{n}", cx.name), State::Step(rh), at.dir, 2, 1)?;
     }
     let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hrec = match h_prod {
@@ -811,14 +865,14 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State)
         None => None,
     };
     let hj = rnn.bind_state(cx, &mut binds, h)?;
-    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &gi, idx, s);
+    steps.push(build(format!("{}_h{n}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+        let sc = step_cx(rnn, b, &gi, idx, at);
         let pz = rnn.pre(b, &gi, rec, &sc, 0);
-        let z = rnn.gate(b, 0, sc.d, pz);
+        let z = rnn.gate(b, 0, sc.dir, pz);
         let xh = rnn.xpart(b, &gi, &sc, 2);
         let pre = if rnn.lbr {
             let pr = rnn.pre(b, &gi, rec, &sc, 1);
-            let r = rnn.gate(b, 0, sc.d, pr);
+            let r = rnn.gate(b, 0, sc.dir, pr);
             // xw_h (with Wb) + r·(H·R_hᵀ + Rb_h).
             match rnn.rec(b, rec, &sc, 2) {
                 Some(hp) => {
@@ -832,7 +886,7 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State)
             let hp = rnn.rec(b, hrec.unwrap_or(rec), &sc, 2);
             add_opt(b, xh, hp)
         };
-        let ht = rnn.gate(b, 1, sc.d, pre);
+        let ht = rnn.gate(b, 1, sc.dir, pre);
         let hv = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
         let one = lit(b, ct, 1.0);
         let omz = b.sub(one, z);
@@ -846,7 +900,7 @@ fn gru_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State)
 
 /// One LSTM step (gates i, o, f, c; peepholes i, o, f): the product over all four
 /// gates, then C' = f·C + i·c̃ and H' = o·h(C') (o's peephole on C'), each a kernel.
-fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State, c: State) -> R<(usize, usize)> {
+fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, at: At, h: State, c: State) -> R<(usize, usize)> {
     let ct = rnn.ct;
     let peep = |b: &mut KernelBuilder, gi: &GateIn, d: ExprId, j: ExprId, which: usize, cv: ExprId| -> Option<ExprId> {
         gi.p.map(|pj| {
@@ -856,17 +910,18 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
             b.mul(p, cv)
         })
     };
-    let prod = rnn.product(cx, steps, format!("{}_hr{s}", cx.name), h, 0, 4)?;
+    let n = step_name(rnn, at);
+    let prod = rnn.product(cx, steps, format!("{}_hr{n}", cx.name), h, at.dir, 0, 4)?;
     // The cell state.
     let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let cj = rnn.bind_state(cx, &mut binds, c)?;
-    steps.push(build(format!("{}_c{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &gi, idx, s);
+    steps.push(build(format!("{}_c{n}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+        let sc = step_cx(rnn, b, &gi, idx, at);
         let cp = rnn.state_at(b, c, cj, sc.d, sc.bb, sc.j);
         let pi = rnn.pre(b, &gi, rec, &sc, 0);
         let pih = peep(b, &gi, sc.d, sc.j, 0, cp);
         let pi = add_opt(b, pi, pih);
-        let i = rnn.gate(b, 0, sc.d, pi);
+        let i = rnn.gate(b, 0, sc.dir, pi);
         let f = if rnn.input_forget {
             let one = lit(b, ct, 1.0);
             b.sub(one, i)
@@ -874,10 +929,10 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
             let pf = rnn.pre(b, &gi, rec, &sc, 2);
             let pfh = peep(b, &gi, sc.d, sc.j, 2, cp);
             let pf = add_opt(b, pf, pfh);
-            rnn.gate(b, 0, sc.d, pf)
+            rnn.gate(b, 0, sc.dir, pf)
         };
         let pc = rnn.pre(b, &gi, rec, &sc, 3);
-        let cand = rnn.gate(b, 1, sc.d, pc);
+        let cand = rnn.gate(b, 1, sc.dir, pc);
         let fc = b.mul(f, cp);
         let ic = b.mul(i, cand);
         let new = b.add(fc, ic);
@@ -888,14 +943,15 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
     let (mut binds, gi, rec) = rnn.step_binds(cx, prod)?;
     let hj = rnn.bind_state(cx, &mut binds, h)?;
     let cn = binds.add(Operand::Step(kc), rnn.sty.clone());
-    steps.push(build(format!("{}_h{s}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
-        let sc = step_cx(rnn, b, &gi, idx, s);
-        let cv = b.load(cn, vec![sc.d, sc.bb, sc.j]);
+    steps.push(build(format!("{}_h{n}", cx.name), rnn.sty.clone(), &binds.list, |b, idx| {
+        let sc = step_cx(rnn, b, &gi, idx, at);
+        let zero = b.index(0);
+        let cv = b.load(cn, vec![zero, sc.bb, sc.j]);
         let po = rnn.pre(b, &gi, rec, &sc, 1);
         let poh = peep(b, &gi, sc.d, sc.j, 1, cv);
         let po = add_opt(b, po, poh);
-        let o = rnn.gate(b, 0, sc.d, po);
-        let hc = rnn.act(b, 2, sc.d, cv);
+        let o = rnn.gate(b, 0, sc.dir, po);
+        let hc = rnn.act(b, 2, sc.dir, cv);
         let new = b.mul(o, hc);
         let old = rnn.state_at(b, h, hj, sc.d, sc.bb, sc.j);
         Ok(keep(b, sc.valid, new, old))
@@ -903,35 +959,88 @@ fn lstm_step(cx: &OpCx<'_>, rnn: &Rnn, steps: &mut Vec<Step>, s: usize, h: State
     Ok((kc, steps.len() - 1))
 }
 
-/// Y: for each time position, the state of the step that wrote it (a select over the
-/// steps, like a concatenation), zero past a row's length.
-fn y_kernel(cx: &OpCx<'_>, rnn: &Rnn, hs: &[usize]) -> R<Step> {
+/// Y as a concatenation of the states in place (see the module docs): a kernel over
+/// `[seq·num_dir, batch, hidden]` whose block `t·num_dir + d` is the state direction `d`
+/// wrote at time `t` (a select chain on `v₀ < end`, each branch a whole state, whose
+/// one position along `v₀` is `v₀ − start` = 0), which the op's result Y views with its
+/// own shape (time-major, or `[1, seq, num_dir, hidden]`: the same bytes). Needs every
+/// step (no `sequence_lens`).
+fn y_in_place(cx: &OpCx<'_>, rnn: &Rnn, hs: &[Vec<usize>]) -> R<Step> {
+    let (seq, nd) = (rnn.seq, rnn.nd);
+    if hs.iter().any(|h| h.len() != seq) {
+        return y_gather(cx, rnn, hs);
+    }
+    let ty = tensor_ty(cx, out_ty(cx, 0)?.dtype, vec![seq * nd, rnn.batch, rnn.hidden])?;
+    let mut binds = Binds::default();
+    // Block t·nd + d: the step of direction d at time t.
+    let mut blocks: Vec<usize> = Vec::with_capacity(seq * nd);
+    for t in 0..seq {
+        for (dir, h) in hs.iter().enumerate() {
+            let s = if rnn.reversed(dir) { seq - 1 - t } else { t };
+            blocks.push(binds.add(Operand::Step(h[s]), rnn.sty.clone()));
+        }
+    }
+    build(result_name(cx, 0), ty, &binds.list, |b, idx| {
+        let (v, bb, j) = (idx[0], idx[1], idx[2]);
+        let Some((&last, rest)) = blocks.split_last() else {
+            return Err(cx.unsupported("no time steps for a non-empty Y"));
+        };
+        // (A block's one position along v₀ is 0 = v₀ − start wherever it is read.)
+        let zero = b.index(0);
+        let mut y = b.load(last, vec![zero, bb, j]);
+        for (start, &input) in rest.iter().enumerate().rev() {
+            let x = b.load(input, vec![zero, bb, j]);
+            let end = b.index(start as i64 + 1);
+            let here = b.binary(B::Lt, v, end);
+            y = sel(b, here, x, y);
+        }
+        Ok(y)
+    })
+}
+
+/// Y: for each time position and direction, the state of the step that wrote it (a
+/// select over the steps), zero past a row's length.
+fn y_gather(cx: &OpCx<'_>, rnn: &Rnn, hs: &[Vec<usize>]) -> R<Step> {
     let out = out_ty(cx, 0)?.clone();
     let mut binds = Binds::default();
-    let inputs: Vec<usize> = hs.iter().map(|&k| binds.add(Operand::Step(k), rnn.sty.clone())).collect();
+    let inputs: Vec<Vec<usize>> =
+        hs.iter().map(|h| h.iter().map(|&k| binds.add(Operand::Step(k), rnn.sty.clone())).collect()).collect();
     let lens = if rnn.has_lens { Some(binds.add(Operand::Input(4), cx.input_ty(4)?.clone())) } else { None };
     build(result_name(cx, 0), out, &binds.list, |b, idx| {
         let (t, d, bb, j) =
             if rnn.batch_major { (idx[1], idx[2], idx[0], idx[3]) } else { (idx[0], idx[1], idx[2], idx[3]) };
-        let rev = rnn.reversed(b, d);
         let len = rnn.len_of(b, lens, bb);
-        let one = b.index(1);
-        // The step that wrote time t: t forwards, len − 1 − t backwards.
-        let last = match len {
-            Some(l) => b.sub(l, one),
-            None => b.index(rnn.seq as i64 - 1),
-        };
-        let back = b.sub(last, t);
-        let step = sel(b, rev, back, t);
-        let Some((&base, rest)) = inputs.split_last() else {
-            return Err(cx.unsupported("no time steps for a non-empty Y"));
-        };
-        let mut v = b.load(base, vec![d, bb, j]);
-        for (s, &k) in rest.iter().enumerate().rev() {
-            let x = b.load(k, vec![d, bb, j]);
-            let se = b.index(s as i64);
-            let hit = b.binary(B::Eq, step, se);
-            v = sel(b, hit, x, v);
+        let zero = b.index(0);
+        let mut err = None;
+        let v = per_direction(b, rnn, d, |b, dir| {
+            // The step that wrote time t: t forwards, len − 1 − t backwards.
+            let step = if rnn.reversed(dir) {
+                let last = match len {
+                    Some(l) => {
+                        let one = b.index(1);
+                        b.sub(l, one)
+                    }
+                    None => b.index(rnn.seq as i64 - 1),
+                };
+                b.sub(last, t)
+            } else {
+                t
+            };
+            let Some((&base, rest)) = inputs[dir].split_last() else {
+                err = Some(cx.unsupported("no time steps for a non-empty Y"));
+                return zero;
+            };
+            let mut v = b.load(base, vec![zero, bb, j]);
+            for (s, &k) in rest.iter().enumerate().rev() {
+                let x = b.load(k, vec![zero, bb, j]);
+                let se = b.index(s as i64);
+                let hit = b.binary(B::Eq, step, se);
+                v = sel(b, hit, x, v);
+            }
+            v
+        });
+        if let Some(e) = err {
+            return Err(e);
         }
         Ok(match len {
             Some(l) => {

@@ -157,9 +157,25 @@ fn transpose() {
         }
     }
     let x = rand(DType::F32, &[2, 1, 3, 4], 3);
-    let o = op(OpKind::Transpose, &[("perm", ints_attr(&[0, 2, 3, 1]))]);
+    let o = op(OpKind::Transpose, &[("perm", ints_attr(&[0, 3, 2, 1]))]);
     check(&o, &[Some(x.clone())], Bind::Runtime, EXACT);
     assert!(no_clamp(&lower_from(&o, &[Some(x)], 1)));
+}
+
+/// A Transpose that moves only axes of extent 1 (the others keep their order) is a view
+/// of its operand: no kernel, the same values; any other permutation is a kernel.
+#[test]
+fn transpose_of_unit_axes_is_a_view() {
+    let x = rand(DType::F32, &[3, 1, 4, 1], 5);
+    for p in [[1, 0, 2, 3], [0, 2, 1, 3], [3, 0, 1, 2], [1, 3, 0, 2], [2, 1, 0, 3], [0, 3, 2, 1], [2, 3, 1, 0]] {
+        let o = op(OpKind::Transpose, &[("perm", ints_attr(&p))]);
+        check(&o, &[Some(x.clone())], Bind::Runtime, EXACT);
+        let kept: Vec<i64> = p.iter().copied().filter(|&a| a == 0 || a == 2).collect();
+        let view = kept == [0, 2];
+        let l = lower_from(&o, &[Some(x.clone())], 1);
+        assert_eq!(l.outputs == [Output::Alias(0)], view, "perm {p:?}");
+        assert_eq!(l.steps.is_empty(), view, "perm {p:?}");
+    }
     check(&Op::new(OpKind::Transpose), &[Some(rand(DType::I32, &[7], 1))], Bind::Runtime, EXACT);
     check(&Op::new(OpKind::Transpose), &[Some(rand(DType::I32, &[], 1))], Bind::Runtime, EXACT);
     check(&Op::new(OpKind::Transpose), &[Some(rand(DType::F32, &[0, 3], 1))], Bind::Runtime, EXACT);

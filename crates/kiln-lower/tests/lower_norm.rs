@@ -741,20 +741,23 @@ fn gru_linear_before_reset_and_lstm_options() {
 
 #[test]
 fn recurrent_kernel_counts() {
-    // Projection + per-step kernels (the recurrent product, then the gates) + Y
-    // (+ Y_h / Y_c where the layout differs).
+    // Projection + per-step kernels of each direction (the recurrent product, then the
+    // gates) + Y + Y_h (a copy of the last state: a time-major Y holds the states in
+    // place) (+ Y_c where the layout differs).
     let count = |r: Rec, extra: &[(&str, Attr)]| {
         let n = if r.kind == OpKind::LSTM { 3 } else { 2 };
         lowered(&r.op(extra), &r.inputs(), 1, n).0.steps.len()
     };
     let seq = 4;
-    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::RNN) }, &[]), 1 + 2 * seq + 1);
-    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[("linear_before_reset", int(1))]), 1 + 2 * seq + 1);
+    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::RNN) }, &[]), 1 + 2 * seq + 2);
+    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[("linear_before_reset", int(1))]), 1 + 2 * seq + 2);
     // Without linear_before_reset: z and r's product, r ⊙ H, its product, H.
-    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[]), 1 + 4 * seq + 1);
+    assert_eq!(count(Rec { init: true, ..Rec::new(OpKind::GRU) }, &[]), 1 + 4 * seq + 2);
     // Without an initial state, the first step has no product (and GRU no r ⊙ H).
-    assert_eq!(count(Rec::new(OpKind::GRU), &[]), 1 + 1 + 4 * (seq - 1) + 1);
-    assert_eq!(count(Rec::new(OpKind::LSTM), &[]), 1 + 2 + 3 * (seq - 1) + 1);
+    assert_eq!(count(Rec::new(OpKind::GRU), &[]), 1 + 1 + 4 * (seq - 1) + 2);
+    assert_eq!(count(Rec::new(OpKind::LSTM), &[]), 1 + 2 + 3 * (seq - 1) + 2);
+    // Each direction of a bidirectional layer is a chain of its own.
+    assert_eq!(count(Rec { nd: 2, init: true, ..Rec::new(OpKind::RNN) }, &[]), 1 + 2 * 2 * seq + 2);
     // Batch-major results need their own Y_h and Y_c kernels.
     assert_eq!(count(Rec { layout: 1, ..Rec::new(OpKind::LSTM) }, &[]), 1 + 2 + 3 * (seq - 1) + 3);
 }
