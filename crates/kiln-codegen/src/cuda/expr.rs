@@ -13,12 +13,14 @@
 //! once outside it (hoisting); a node evaluated inside a loop is cached only for that
 //! iteration's scope.
 //!
-//! Transcendentals (f32 only; f64 ones are declined with a typed error) are inline
-//! sequences with the error bounds stated at each: `exp` by Cody–Waite reduction and
-//! `ex2.approx` (a few ulp), `log` through `lg2.approx` (absolute error about 2^-22),
-//! `tanh` and `sinh` by a short series near 0 and `exp` past it, `erf` by a series
-//! near 0 and Abramowitz–Stegun 7.1.26 past it (absolute error 1.5e-7), `sin`/`cos`
-//! by reduction modulo 2π and `sin.approx`/`cos.approx` (absolute error about 2^-20).
+//! Transcendentals are inline sequences with the error bounds stated at each: f32
+//! `exp` by Cody–Waite reduction and `ex2.approx` (a few ulp), `tanh` and `sinh` by a
+//! short series near 0 and `exp` past it, `erf` by a series near 0 and
+//! Abramowitz–Stegun 7.1.26 past it (absolute error 1.5e-7), `sin`/`cos` by reduction
+//! modulo 2π and `sin.approx`/`cos.approx` (absolute error about 2^-20). `log` (f32,
+//! f64), f64 `exp` and `pow` (f32 computed in f64, and f64) use no `.approx`
+//! instruction and are within about an ulp over their whole range ([`math`]); the
+//! other f64 transcendentals are declined with a typed error.
 
 use std::collections::{HashMap, HashSet};
 
@@ -27,6 +29,8 @@ use kiln_ir::DType;
 
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use crate::CodegenError;
+
+mod math;
 
 /// The register class of values of type `t`.
 pub fn class(t: ScalarType) -> RegClass {
@@ -455,7 +459,11 @@ impl<'k, 'p> Eval<'k, 'p> {
             return Ok(d);
         }
         if t == ScalarType::F64 {
-            return Err(self.unsupported(format!("f64 {}", op.name())));
+            return match op {
+                UnaryOp::Exp => Ok(self.exp64(a)),
+                UnaryOp::Log => Ok(self.log_of(RegClass::F64, a)),
+                _ => Err(self.unsupported(format!("f64 {}", op.name()))),
+            };
         }
         match op {
             UnaryOp::Exp => Ok(self.exp(a)),
@@ -558,11 +566,9 @@ impl<'k, 'p> Eval<'k, 'p> {
         acc
     }
 
-    /// f32 natural log: `lg2.approx(x) · ln 2` (absolute error about 2^-22).
+    /// f32 natural log, about 1 ulp relative over the whole range ([`math`]).
     fn log(&mut self, x: Reg) -> Reg {
-        let l = self.op1(RegClass::F32, "lg2.approx.f32", x);
-        let ln2 = self.f32c(std::f32::consts::LN_2);
-        self.op2(RegClass::F32, "mul.rn.f32", l, ln2.into())
+        self.log_of(RegClass::F32, x)
     }
 
     /// f32 tanh: an odd series below |x| = 0.125, else `sign(x)·(1 - 2/(e^{2|x|}+1))`.
@@ -671,7 +677,7 @@ impl<'k, 'p> Eval<'k, 'p> {
                     let q = self.p.mov(c, "f64", Imm::F64(f64::NAN.to_bits()).into());
                     self.select(t, nan, q, m)
                 }
-                B::Pow if t == ScalarType::F32 => self.pow(a, b),
+                B::Pow if t == ScalarType::F32 => self.pow_of(RegClass::F32, a, b),
                 B::Rem if t == ScalarType::F32 => self.fmod(a, b),
                 _ => return Err(self.unsupported(format!("{t} {}", op.name()))),
             });
@@ -727,41 +733,6 @@ impl<'k, 'p> Eval<'k, 'p> {
             _ => return Err(self.unsupported(format!("{t} {}", op.name()))),
         };
         Ok(self.norm(t, r))
-    }
-
-    /// f32 `x^y`: exact for y = 1, 2 and 0 (and x^0 = 1 for every x); `√x` for y = 0.5;
-    /// otherwise `2^(y·log2|x|)` with the sign of x for odd integer y, NaN for a
-    /// negative x and non-integer y (relative error about |y·log2 x|·2^-22).
-    fn pow(&mut self, x: Reg, y: Reg) -> Reg {
-        let f = RegClass::F32;
-        let ax = self.op1(f, "abs.f32", x);
-        let l = self.op1(f, "lg2.approx.f32", ax);
-        let m = self.op2(f, "mul.rn.f32", l, y.into());
-        let g = self.op1(f, "ex2.approx.f32", m);
-        // Sign: negative x with an odd integer y; NaN for a negative x and non-integer y.
-        let yi = self.op1(f, "cvt.rzi.f32.f32", y);
-        let int = self.setp("eq", "f32", yi, y.into());
-        let half = self.f32c(0.5);
-        let yh = self.op2(f, "mul.rn.f32", y, half.into());
-        let yhi = self.op1(f, "cvt.rzi.f32.f32", yh);
-        let even = self.setp("eq", "f32", yhi, yh.into());
-        let neg = self.setp("lt", "f32", x, Imm::F32(0).into());
-        let ng = self.op1(f, "neg.f32", g);
-        let odd = self.op1(RegClass::Pred, "not.pred", even);
-        let flip = self.op2(RegClass::Pred, "and.pred", neg, odd.into());
-        let signed = self.select(ScalarType::F32, flip, ng, g);
-        let nint = self.op1(RegClass::Pred, "not.pred", int);
-        let bad = self.op2(RegClass::Pred, "and.pred", neg, nint.into());
-        let nan = self.f32c(f32::NAN);
-        let mut r = self.select(ScalarType::F32, bad, nan, signed);
-        let sq = self.op2(f, "mul.rn.f32", x, x.into());
-        let rt = self.op1(f, "sqrt.rn.f32", x);
-        let one = self.f32c(1.0);
-        for (k, v) in [(0.5f32, rt), (1.0, x), (2.0, sq), (0.0, one)] {
-            let is = self.setp("eq", "f32", y, Imm::F32(k.to_bits()).into());
-            r = self.select(ScalarType::F32, is, v, r);
-        }
-        r
     }
 
     /// f32 `fmod(x, y)`, computed in f64: exact while |x / y| < 2^29.

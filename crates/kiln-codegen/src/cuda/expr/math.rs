@@ -1,0 +1,246 @@
+//! Accurate transcendental sequences of the expression evaluator: f32 and f64 `log`,
+//! f64 `exp`, f32 and f64 `pow`, f32 `asin`, `acos`, `atan`.
+//!
+//! Every sequence here is built from IEEE operations that round once (`add/sub/mul/
+//! div/sqrt.rn`, `fma.rn`, exact conversions and bit manipulation), never from the
+//! `.approx` instructions: what the host PTX simulator computes for them is what the
+//! GPU computes, bit for bit, so the error bounds below are measured by
+//! `tests/cuda_math.rs` on the simulator, not assumed. Polynomials are truncated
+//! Taylor series of arguments reduced far enough that the first dropped term is
+//! below the format's rounding (each states where); no fitted coefficients.
+//!
+//! - `log` (f32 and f64): `x = 2^e · m` with `m ∈ [√½, √2)` (subnormals scaled by
+//!   `2^23`/`2^54` first), `f = m − 1` exact, and, as in fdlibm/musl,
+//!   `log x = e·ln2_hi + (f − f²/2 + s·(f²/2 + R(s²)) + e·ln2_lo)` with
+//!   `s = f/(2 + f)` and `R(z) = 2z/3 + 2z²/5 + …`, the series of `2·atanh(s) − 2s`
+//!   divided by `s` (`z ≤ 0.0295`: 5 terms for f32, 10 for f64). `ln2_hi` has
+//!   trailing zeros so `e·ln2_hi` is exact. Relative error about 1 ulp over the
+//!   whole range (`log(1 + tiny)` included, which `lg2.approx`'s absolute error of
+//!   2⁻²² loses); 0 → −∞, negative and NaN → NaN, +∞ → +∞.
+//! - `exp` (f64): `n = round(x·log2 e)`, `r = x − n·ln2` in two parts by FMA
+//!   (Cody–Waite), `e^r` by its Taylor series to `r¹³/13!` (`|r| ≤ 0.35`: the next
+//!   term is below 2⁻⁵⁸), times `2^⌊n/2⌋·2^⌈n/2⌉` (two normal factors; underflow
+//!   rounds once, in the second product); a few ulp.
+//! - `pow`: `e^(y·log|x|)` computed in f64 with the two sequences above, then the
+//!   sign of an odd integer power of a negative `x`, NaN for a negative finite `x`
+//!   and non-integer `y`, and the special cases of C's `pow` (`x^0 = 1` and
+//!   `1^y = 1` even for NaN, `(−1)^±∞ = 1`, `x^1 = x`, `x^2 = x·x`). f32: the f64
+//!   exponent's error is below 2⁻⁴³ absolute where the result is a finite f32, so the
+//!   one rounding to f32 gives the correctly rounded result but within 2⁻¹⁹ ulp of a
+//!   tie. f64: relative error about `(|y·log x| + 4)·2⁻⁵²` (the product `y·log x`
+//!   rounds once in f64).
+//! - `atan` (f32): `|x| > tan(3π/8)`: `π/2 − atan(1/|x|)`; `|x| > tan(π/8)`:
+//!   `π/4 + atan((|x| − 1)/(|x| + 1))`; the reduced argument `u` has `u² ≤ 0.1716`,
+//!   where the odd Taylor series to `u¹⁹/19` is complete to 2⁻²⁷; the sign of `x`.
+//! - `asin`/`acos` (f32): `|x| ≤ ½`: the series of `asin` (`x²` ≤ ¼, 12 terms, complete
+//!   to 2⁻²⁸); past ½ through `asin |x| = π/2 − 2·asin(√((1 − |x|)/2))` (the square
+//!   root's argument is exact), `acos x = π/2 − asin x` near 0, `2·asin(√((1−x)/2))`
+//!   for `x > ½` and `π − 2·asin(√((1+x)/2))` for `x < −½`. |x| > 1 → NaN.
+
+use super::super::ptx::{Imm, Reg, RegClass};
+use super::Eval;
+
+const F: RegClass = RegClass::F32;
+const D: RegClass = RegClass::F64;
+
+/// The terms `2/3, 2/5, …` of `R(z)` in `log`, `n` of them.
+fn log_series(n: usize) -> Vec<f64> {
+    (0..n).map(|k| 2.0 / (2 * k + 3) as f64).collect()
+}
+
+impl Eval<'_, '_> {
+    pub(super) fn f64c(&mut self, x: f64) -> Reg {
+        self.p.mov(D, "f64", Imm::F64(x.to_bits()).into())
+    }
+
+    /// A float constant of class `c` (f32 or f64).
+    fn fc(&mut self, c: RegClass, x: f64) -> Reg {
+        if c == F {
+            self.f32c(x as f32)
+        } else {
+            self.f64c(x)
+        }
+    }
+
+    /// `c0 + z·(c1 + z·(c2 + …))` by FMA in class `c`.
+    fn horner(&mut self, c: RegClass, z: Reg, coef: &[f64]) -> Reg {
+        let t = if c == F { "f32" } else { "f64" };
+        let mut acc = self.fc(c, coef[coef.len() - 1]);
+        for &k in coef[..coef.len() - 1].iter().rev() {
+            let kc = self.fc(c, k);
+            acc = self.op3(c, &format!("fma.rn.{t}"), acc, z, kc);
+        }
+        acc
+    }
+
+    /// Natural log of `x` (class `c`: f32 or f64), module docs.
+    pub(super) fn log_of(&mut self, c: RegClass, x: Reg) -> Reg {
+        let wide = c == D;
+        let (t, b, bc, s, u) =
+            if wide { ("f64", "b64", RegClass::B64, "s64", "u64") } else { ("f32", "b32", RegClass::B32, "s32", "u32") };
+        let (min_normal, scale, scale_bits, sqrt_half, man): (u64, f64, i64, u64, u64) = if wide {
+            (1 << 52, 2f64.powi(54), 54, 0x3FE6_A09E_667F_3BCD, 52)
+        } else {
+            (1 << 23, 2f64.powi(23), 23, 0x3F35_04F3, 23)
+        };
+        // Subnormals (and +0, replaced below) scaled into the normal range.
+        let bits = self.op1(bc, &format!("mov.{b}"), x);
+        let sub = self.setp("lt", u, bits, Imm::U(min_normal).into());
+        let k = self.fc(c, scale);
+        let xs = self.op2(c, &format!("mul.rn.{t}"), x, k.into());
+        let sbits = self.op1(bc, &format!("mov.{b}"), xs);
+        let bits = self.select_bits(bc, sub, sbits, bits);
+        let adj = self.p.reg(bc);
+        self.p.op(&format!("selp.{b}"), &[adj.into(), Imm::I(-scale_bits).into(), Imm::I(0).into(), sub.into()]);
+        // x = 2^e · m, m ∈ [√½, √2).
+        let ix = self.op2(bc, &format!("sub.{s}"), bits, Imm::U(sqrt_half).into());
+        let e = self.op2(bc, &format!("shr.{s}"), ix, Imm::I(man as i64).into());
+        let eb = self.op2(bc, &format!("shl.{b}"), e, Imm::I(man as i64).into());
+        let mb = self.op2(bc, &format!("sub.{s}"), bits, eb.into());
+        let m = self.op1(c, &format!("mov.{b}"), mb);
+        let e = self.op2(bc, &format!("add.{s}"), e, adj.into());
+        let ef = self.op1(c, &format!("cvt.rn.{t}.{s}"), e);
+        let one = self.fc(c, 1.0);
+        let two = self.fc(c, 2.0);
+        let half = self.fc(c, 0.5);
+        let f = self.op2(c, &format!("sub.rn.{t}"), m, one.into());
+        let d = self.op2(c, &format!("add.rn.{t}"), f, two.into());
+        let sq = self.op2(c, &format!("div.rn.{t}"), f, d.into());
+        let z = self.op2(c, &format!("mul.rn.{t}"), sq, sq.into());
+        let r = self.horner(c, z, &log_series(if wide { 10 } else { 5 }));
+        let r = self.op2(c, &format!("mul.rn.{t}"), r, z.into());
+        let ff = self.op2(c, &format!("mul.rn.{t}"), f, f.into());
+        let hfsq = self.op2(c, &format!("mul.rn.{t}"), ff, half.into());
+        let (ln2_hi, ln2_lo) = if wide {
+            (f64::from_bits(0x3FE6_2E42_FEE0_0000), f64::from_bits(0x3DEA_39EF_3579_3C76))
+        } else {
+            (f64::from(f32::from_bits(0x3F31_7180)), f64::from(f32::from_bits(0x3717_F7D1)))
+        };
+        let hi = self.fc(c, ln2_hi);
+        let lo = self.fc(c, ln2_lo);
+        let elo = self.op2(c, &format!("mul.rn.{t}"), ef, lo.into());
+        let w = self.op2(c, &format!("add.rn.{t}"), hfsq, r.into());
+        let w = self.op3(c, &format!("fma.rn.{t}"), sq, w, elo);
+        let w = self.op2(c, &format!("sub.rn.{t}"), w, hfsq.into());
+        let w = self.op2(c, &format!("add.rn.{t}"), w, f.into());
+        let res = self.op3(c, &format!("fma.rn.{t}"), ef, hi, w);
+        // Positive finite x takes the sequence; +∞ → +∞, ±0 → −∞, the rest NaN.
+        let inf = self.fc(c, f64::INFINITY);
+        let pos = self.setp("gt", t, x, Imm::zero(c).into());
+        let fin = self.setp("lt", t, x, inf.into());
+        let ok = self.op2(RegClass::Pred, "and.pred", pos, fin.into());
+        let nan = self.fc(c, f64::NAN);
+        let ninf = self.fc(c, f64::NEG_INFINITY);
+        let zero = self.setp("eq", t, x, Imm::zero(c).into());
+        let special = self.select_bits(c, zero, ninf, nan);
+        let is_inf = self.setp("eq", t, x, inf.into());
+        let special = self.select_bits(c, is_inf, inf, special);
+        self.select_bits(c, ok, res, special)
+    }
+
+    /// `c ? a : b` on registers of class `c` (not predicates).
+    fn select_bits(&mut self, class: RegClass, c: Reg, a: Reg, b: Reg) -> Reg {
+        let ty = match class {
+            RegClass::F32 => "f32",
+            RegClass::F64 => "f64",
+            RegClass::B64 => "b64",
+            _ => "b32",
+        };
+        let d = self.p.reg(class);
+        self.p.op(&format!("selp.{ty}"), &[d.into(), a.into(), b.into(), c.into()]);
+        d
+    }
+
+    /// f64 `e^x` (module docs).
+    pub(super) fn exp64(&mut self, x: Reg) -> Reg {
+        let log2e = self.f64c(std::f64::consts::LOG2_E);
+        let t = self.op2(D, "mul.rn.f64", x, log2e.into());
+        let n = self.op1(RegClass::B32, "cvt.rni.s32.f64", t);
+        let n = self.op2(RegClass::B32, "max.s32", n, Imm::I(-1080).into());
+        let n = self.op2(RegClass::B32, "min.s32", n, Imm::I(1080).into());
+        let nf = self.op1(D, "cvt.rn.f64.s32", n);
+        let nneg = self.op1(D, "neg.f64", nf);
+        let hi = self.f64c(f64::from_bits(0x3FE6_2E42_FEE0_0000));
+        let lo = self.f64c(f64::from_bits(0x3DEA_39EF_3579_3C76));
+        let r = self.op3(D, "fma.rn.f64", nneg, hi, x);
+        let r = self.op3(D, "fma.rn.f64", nneg, lo, r);
+        let mut coef = vec![1.0f64];
+        for k in 1..=13 {
+            let prev = coef[k - 1];
+            coef.push(prev / k as f64);
+        }
+        let mut acc = self.horner(D, r, &coef);
+        let n1 = self.op2(RegClass::B32, "shr.s32", n, Imm::I(1).into());
+        let n2 = self.op2(RegClass::B32, "sub.s32", n, n1.into());
+        for h in [n1, n2] {
+            let b = self.op1(RegClass::B64, "cvt.s64.s32", h);
+            let b = self.op2(RegClass::B64, "add.s64", b, Imm::I(1023).into());
+            let b = self.op2(RegClass::B64, "shl.b64", b, Imm::I(52).into());
+            let sc = self.op1(D, "mov.b64", b);
+            acc = self.op2(D, "mul.rn.f64", acc, sc.into());
+        }
+        // Far below the range (−∞ included), where the series of a huge negative r
+        // would not give 0: 0.
+        let tiny = self.setp("lt", "f64", x, Imm::F64((-746.0f64).to_bits()).into());
+        let zero = self.f64c(0.0);
+        self.select_bits(D, tiny, zero, acc)
+    }
+
+    /// `x^y` on f32 (computed in f64) or f64 (module docs).
+    pub(super) fn pow_of(&mut self, c: RegClass, x: Reg, y: Reg) -> Reg {
+        let wide = c == D;
+        let t = if wide { "f64" } else { "f32" };
+        let (xd, yd) = if wide {
+            (x, y)
+        } else {
+            (self.op1(D, "cvt.f64.f32", x), self.op1(D, "cvt.f64.f32", y))
+        };
+        let ax = self.op1(D, "abs.f64", xd);
+        let l = self.log_of(D, ax);
+        let m = self.op2(D, "mul.rn.f64", yd, l.into());
+        let g = self.exp64(m);
+        let g = if wide { g } else { self.op1(F, "cvt.rn.f32.f64", g) };
+        // The sign of a negative x (−0 and −∞ included) to an odd integer power.
+        let yi = self.op1(c, &format!("cvt.rzi.{t}.{t}"), y);
+        let int = self.setp("eq", t, yi, y.into());
+        let half = self.fc(c, 0.5);
+        let yh = self.op2(c, &format!("mul.rn.{t}"), y, half.into());
+        let yhi = self.op1(c, &format!("cvt.rzi.{t}.{t}"), yh);
+        let even = self.setp("eq", t, yhi, yh.into());
+        let odd_half = self.op1(RegClass::Pred, "not.pred", even);
+        let odd = self.op2(RegClass::Pred, "and.pred", int, odd_half.into());
+        let (bc, b, s) = if wide { (RegClass::B64, "b64", "s64") } else { (RegClass::B32, "b32", "s32") };
+        let xb = self.op1(bc, &format!("mov.{b}"), x);
+        let neg = self.setp("lt", s, xb, Imm::I(0).into());
+        let flip = self.op2(RegClass::Pred, "and.pred", neg, odd.into());
+        let ng = self.op1(c, &format!("neg.{t}"), g);
+        let r = self.select_bits(c, flip, ng, g);
+        // A negative finite x to a non-integer power: NaN.
+        let below = self.setp("lt", t, x, Imm::zero(c).into());
+        let ninf = self.fc(c, f64::NEG_INFINITY);
+        let finite = self.setp("ne", t, x, ninf.into());
+        let nint = self.op1(RegClass::Pred, "not.pred", int);
+        let bad = self.op2(RegClass::Pred, "and.pred", below, finite.into());
+        let bad = self.op2(RegClass::Pred, "and.pred", bad, nint.into());
+        let nan = self.fc(c, f64::NAN);
+        let mut r = self.select_bits(c, bad, nan, r);
+        // 1^y = 1 (NaN y too) and (−1)^±∞ = 1.
+        let one = self.fc(c, 1.0);
+        let is_one = self.setp("eq", t, x, one.into());
+        let axc = self.op1(c, &format!("abs.{t}"), x);
+        let unit = self.setp("eq", t, axc, one.into());
+        let ayc = self.op1(c, &format!("abs.{t}"), y);
+        let inf = self.fc(c, f64::INFINITY);
+        let yinf = self.setp("eq", t, ayc, inf.into());
+        let unit_inf = self.op2(RegClass::Pred, "and.pred", unit, yinf.into());
+        let ones = self.op2(RegClass::Pred, "or.pred", is_one, unit_inf.into());
+        r = self.select_bits(c, ones, one, r);
+        let sq = self.op2(c, &format!("mul.rn.{t}"), x, x.into());
+        for (k, v) in [(1.0f64, x), (2.0, sq), (0.0, one)] {
+            let kc = if wide { Imm::F64(k.to_bits()) } else { Imm::F32((k as f32).to_bits()) };
+            let is = self.setp("eq", t, y, kc.into());
+            r = self.select_bits(c, is, v, r);
+        }
+        r
+    }
+}
