@@ -15,7 +15,7 @@ mod ptxas;
 mod ptxsim;
 
 use kiln_codegen::cuda;
-use kiln_flow::class::{classify, KernelClass};
+use kiln_flow::class::classify;
 use kiln_flow::{interp, BinaryOp, Kernel, KernelBuilder, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
@@ -47,7 +47,6 @@ fn build(k: &Kernel) -> cuda::CudaModule {
     for (name, u) in &usage {
         assert_eq!((u.stack, u.spill_stores, u.spill_loads), (0, 0, 0), "{name} uses local memory: {u:?}");
     }
-    let _ = KernelClass::Elementwise;
     m
 }
 
@@ -275,5 +274,44 @@ fn f64_exp_and_log_are_within_a_few_ulp() {
     for op in [UnaryOp::Exp, UnaryOp::Log] {
         let k = kernel(&format!("{}_f64_specials", op.name()), DType::F64, sp.len(), Ok(op));
         exact_against_interpreter(&k, &build(&k), &[f64s(&sp)]);
+    }
+}
+
+/// Inputs of `[-lim, lim]`: dense strides over `[2⁻¹³, lim]` (both signs), random
+/// bit patterns below, and, past `lim` where given, random values of every exponent.
+fn trig_inputs(lim: f32, beyond: bool) -> Vec<f32> {
+    let lo = 0x3900_0000u32; // 2⁻¹³
+    let hi = lim.to_bits();
+    let step = ((hi - lo) / 1_000_000).max(1) as usize;
+    let mut v: Vec<f32> = (lo..=hi).step_by(step).flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)]).collect();
+    let mut s = 0x5555_AAAA_1234_4321u64;
+    for _ in 0..100_000 {
+        let b = (xorshift(&mut s) as u32) % lo;
+        v.push(f32::from_bits(b | ((xorshift(&mut s) as u32) & 0x8000_0000)));
+    }
+    if beyond {
+        for _ in 0..200_000 {
+            v.push(f32::from_bits(xorshift(&mut s) as u32 & 0xFF7F_FFFF));
+        }
+    }
+    v.extend(f32_specials());
+    v
+}
+
+#[test]
+fn f32_inverse_trigonometric_functions_are_within_one_ulp() {
+    let cases: [(UnaryOp, f32, bool, fn(f64) -> f64); 3] =
+        [(UnaryOp::Asin, 1.0, true, f64::asin), (UnaryOp::Acos, 1.0, true, f64::acos), (UnaryOp::Atan, 1e4, true, f64::atan)];
+    for (op, lim, beyond, exact) in cases {
+        let xs = trig_inputs(lim, beyond);
+        let k = kernel(&format!("{}_f32", op.name()), DType::F32, xs.len(), Ok(op));
+        let m = build(&k);
+        assert!(!m.ptx().contains("approx"), "{} uses an approximate instruction", op.name());
+        let got = as_f32(&simulate(&k, &m, &[f32s(&xs)]));
+        let worst = worst32(op.name(), &xs, &got, |i| exact(f64::from(xs[i])) as f32);
+        assert!(worst <= 1, "{}: {worst} ulp", op.name());
+        let sp = f32_specials();
+        let k = kernel(&format!("{}_specials", op.name()), DType::F32, sp.len(), Ok(op));
+        exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
     }
 }

@@ -512,6 +512,9 @@ impl<'k, 'p> Eval<'k, 'p> {
                 }
                 Ok(self.op2(RegClass::F32, "copysign.f32", a, l.into()))
             }
+            UnaryOp::Atan => Ok(self.atan(a)),
+            UnaryOp::Asin => Ok(self.asin_acos(a, false)),
+            UnaryOp::Acos => Ok(self.asin_acos(a, true)),
             UnaryOp::Atanh => {
                 // 0.5 * log((1 + x) / (1 - x)).
                 let one = self.f32c(1.0);

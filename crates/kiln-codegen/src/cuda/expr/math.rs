@@ -29,13 +29,24 @@
 //!   one rounding to f32 gives the correctly rounded result but within 2⁻¹⁹ ulp of a
 //!   tie. f64: relative error about `(|y·log x| + 4)·2⁻⁵²` (the product `y·log x`
 //!   rounds once in f64).
-//! - `atan` (f32): `|x| > tan(3π/8)`: `π/2 − atan(1/|x|)`; `|x| > tan(π/8)`:
-//!   `π/4 + atan((|x| − 1)/(|x| + 1))`; the reduced argument `u` has `u² ≤ 0.1716`,
-//!   where the odd Taylor series to `u¹⁹/19` is complete to 2⁻²⁷; the sign of `x`.
-//! - `asin`/`acos` (f32): `|x| ≤ ½`: the series of `asin` (`x²` ≤ ¼, 12 terms, complete
-//!   to 2⁻²⁸); past ½ through `asin |x| = π/2 − 2·asin(√((1 − |x|)/2))` (the square
-//!   root's argument is exact), `acos x = π/2 − asin x` near 0, `2·asin(√((1−x)/2))`
-//!   for `x > ½` and `π − 2·asin(√((1+x)/2))` for `x < −½`. |x| > 1 → NaN.
+//! - `atan` (f32), fdlibm's reduction: `|x|` below 7/16 as it is, below 11/16
+//!   `atan ½ + atan((2|x| − 1)/(2 + |x|))`, below 19/16 `π/4 + atan((|x| − 1)/(|x| +
+//!   1))`, below 39/16 `atan 1.5 + atan((|x| − 1.5)/(1 + 1.5|x|))`, past it
+//!   `π/2 + atan(−1/|x|)` (numerators exact, the bases in two parts); the reduced `u`
+//!   has `|u| ≤ 7/16`, where the odd Taylor series to `u²¹/21` is complete to 2⁻²⁸; the
+//!   sign of `x`.
+//! - `asin`/`acos` (f32): `|x| ≤ ½`: the series of `asin` (`x²` ≤ ¼, to `x²⁵`, complete
+//!   to 2⁻³³); past ½ through `asin |x| = π/2 − 2·asin(√((1 − |x|)/2))` (the square
+//!   root's argument is exact, and its
+//!   rounding is put back: `√w = s + (w − s²)/2s` with the residual from an FMA), `acos x = π/2 − asin x` near 0, `2·asin(√((1−x)/2))`
+//!   for `x > ½` and `π − 2·asin(√((1+x)/2))` for `x < −½`, each difference ordered so
+//!   that only its last operation rounds at the result's scale. |x| > 1 → NaN.
+//!
+//! Measured (`tests/cuda_math.rs`, against the correctly rounded value): f32 `log`,
+//! `asin`, `acos`, `atan` within 1 ulp; f32 `pow` within 1 ulp (0.5 but near ties);
+//! f64 `log` and `exp` within 1 ulp.
+
+use kiln_flow::ScalarType;
 
 use super::super::ptx::{Imm, Reg, RegClass};
 use super::Eval;
@@ -242,5 +253,127 @@ impl Eval<'_, '_> {
             r = self.select_bits(c, is, v, r);
         }
         r
+    }
+
+    /// f32 `atan x` (module docs).
+    pub(super) fn atan(&mut self, x: Reg) -> Reg {
+        let ax = self.op1(F, "abs.f32", x);
+        let one = self.f32c(1.0);
+        // Intervals of |x| (fdlibm's): below 7/16, 11/16, 19/16, 39/16, and past.
+        let bounds = [7.0f32 / 16.0, 11.0 / 16.0, 19.0 / 16.0, 39.0 / 16.0];
+        let past: Vec<Reg> =
+            bounds.iter().map(|b| self.setp("ge", "f32", ax, Imm::F32(b.to_bits()).into())).collect();
+        // u = num / den exactly as the interval says; each numerator is exact
+        // (Sterbenz), each denominator rounds once.
+        let two = self.f32c(2.0);
+        let ax2 = self.op2(F, "mul.rn.f32", ax, two.into());
+        let n1 = self.op2(F, "sub.rn.f32", ax2, one.into());
+        let d1 = self.op2(F, "add.rn.f32", ax, two.into());
+        let n2 = self.op2(F, "sub.rn.f32", ax, one.into());
+        let d2 = self.op2(F, "add.rn.f32", ax, one.into());
+        let c15 = self.f32c(1.5);
+        let n3 = self.op2(F, "sub.rn.f32", ax, c15.into());
+        let d3 = self.op3(F, "fma.rn.f32", c15, ax, one);
+        let n4 = self.f32c(-1.0);
+        let (mut num, mut den) = (ax, one);
+        for (p, (n, d)) in past.iter().zip([(n1, d1), (n2, d2), (n3, d3), (n4, ax)]) {
+            num = self.select(ScalarType::F32, *p, n, num);
+            den = self.select(ScalarType::F32, *p, d, den);
+        }
+        let u = self.op2(F, "div.rn.f32", num, den.into());
+        let z = self.op2(F, "mul.rn.f32", u, u.into());
+        // atan u = u + u·z·P(z), P = −1/3 + z/5 − …: |u| ≤ 7/16.
+        let coef: Vec<f64> = (1..11).map(|k| if k % 2 == 0 { 1.0 } else { -1.0 } / (2 * k + 1) as f64).collect();
+        let p = self.horner(F, z, &coef);
+        let uz = self.op2(F, "mul.rn.f32", u, z.into());
+        // The interval's base atan(0), atan(½), π/4, atan(1.5), π/2 in two parts.
+        let (mut hi, mut lo) = (self.f32c(0.0), self.f32c(0.0));
+        for (p, b) in past.iter().zip([0.5f64.atan(), 1f64.atan(), 1.5f64.atan(), std::f64::consts::FRAC_PI_2]) {
+            let bh = b as f32;
+            let bhr = self.f32c(bh);
+            let blr = self.f32c((b - f64::from(bh)) as f32);
+            hi = self.select(ScalarType::F32, *p, bhr, hi);
+            lo = self.select(ScalarType::F32, *p, blr, lo);
+        }
+        let tail = self.op3(F, "fma.rn.f32", uz, p, lo);
+        let a = self.op2(F, "add.rn.f32", u, tail.into());
+        let r = self.op2(F, "add.rn.f32", hi, a.into());
+        self.op2(F, "copysign.f32", x, r.into())
+    }
+
+    /// The tail `v·z·P(z) + c` of `asin v = v + v·z·P(z)` (plus a small `c`), where
+    /// `z` is `v²` (for `v = √w`, `z = w` exactly).
+    fn asin_tail(&mut self, v: Reg, z: Reg, c: Reg) -> Reg {
+        // (2k)! / (4^k (k!)^2 (2k+1)) for k ≥ 1.
+        let mut coef = Vec::new();
+        let mut ratio = 1.0f64;
+        for k in 1..=12 {
+            ratio *= (2 * k - 1) as f64 / (2 * k) as f64;
+            coef.push(ratio / (2 * k + 1) as f64);
+        }
+        let p = self.horner(F, z, &coef);
+        let vz = self.op2(F, "mul.rn.f32", v, z.into());
+        self.op3(F, "fma.rn.f32", vz, p, c)
+    }
+
+    /// f32 `asin x` or `acos x` (module docs).
+    pub(super) fn asin_acos(&mut self, x: Reg, acos: bool) -> Reg {
+        let ax = self.op1(F, "abs.f32", x);
+        let one = self.f32c(1.0);
+        let half = self.f32c(0.5);
+        let two = self.f32c(2.0);
+        let zero = self.f32c(0.0);
+        let small = self.op2(F, "mul.rn.f32", x, x.into());
+        let tail = self.asin_tail(x, small, zero);
+        let near = self.op2(F, "add.rn.f32", x, tail.into());
+        // Past ½: w = (1 − |x|)/2 exactly, s = √w.
+        let big = self.setp("gt", "f32", ax, half.into());
+        let om = self.op2(F, "sub.rn.f32", one, ax.into());
+        let w = self.op2(F, "mul.rn.f32", om, half.into());
+        let s = self.op1(F, "sqrt.rn.f32", w);
+        // √w = s + c to about 2⁻⁴⁸ (c = (w − s²)/2s, the FMA's exact residual), and
+        // asin(s + c) = asin s + c to 0.16·|c|.
+        let res = self.op1(F, "neg.f32", s);
+        let res = self.op3(F, "fma.rn.f32", res, s, w);
+        let s2 = self.op2(F, "add.rn.f32", s, s.into());
+        let c = self.op2(F, "div.rn.f32", res, s2.into());
+        let pos = self.setp("gt", "f32", s, Imm::F32(0).into());
+        let c = self.select(ScalarType::F32, pos, c, zero);
+        // 2·asin(√w) = 2s + 2t, both doublings exact.
+        let t2 = self.asin_tail(s, w, c);
+        let t2 = self.op2(F, "mul.rn.f32", t2, two.into());
+        // base − 2·asin(√w) = (base_hi − 2s) − (2t − base_lo) where the first difference
+        // is exact (Sterbenz: 2s ≥ base_hi/2), else base_hi − (2s + (2t − base_lo)):
+        // either way only the last operation rounds at the result's scale.
+        let from = |ev: &mut Self, base: f64| {
+            let hi = base as f32;
+            let hr = ev.f32c(hi);
+            let lr = ev.f32c((base - f64::from(hi)) as f32);
+            let l = ev.op2(F, "sub.rn.f32", t2, lr.into());
+            let h = ev.op2(F, "sub.rn.f32", hr, s2.into());
+            let a = ev.op2(F, "sub.rn.f32", h, l.into());
+            let sum = ev.op2(F, "add.rn.f32", s2, l.into());
+            let b = ev.op2(F, "sub.rn.f32", hr, sum.into());
+            let exact = ev.setp("ge", "f32", s2, Imm::F32((hi / 2.0).to_bits()).into());
+            ev.select(ScalarType::F32, exact, a, b)
+        };
+        let halfpi = std::f64::consts::FRAC_PI_2;
+        if !acos {
+            let far = from(self, halfpi);
+            let r = self.select(ScalarType::F32, big, far, near);
+            return self.op2(F, "copysign.f32", x, r.into());
+        }
+        // Near 0: π/2 − asin x, as (π/2_hi − x) − (tail − π/2_lo).
+        let hr = self.f32c(halfpi as f32);
+        let lr = self.f32c((halfpi - f64::from(halfpi as f32)) as f32);
+        let h = self.op2(F, "sub.rn.f32", hr, x.into());
+        let l = self.op2(F, "sub.rn.f32", tail, lr.into());
+        let mid = self.op2(F, "sub.rn.f32", h, l.into());
+        // x > ½: 2·asin(√w); x < −½: π − 2·asin(√w).
+        let pos_far = self.op2(F, "add.rn.f32", s2, t2.into());
+        let neg_far = from(self, std::f64::consts::PI);
+        let neg = self.setp("lt", "f32", x, Imm::F32(0).into());
+        let far = self.select(ScalarType::F32, neg, neg_far, pos_far);
+        self.select(ScalarType::F32, big, far, mid)
     }
 }
