@@ -30,7 +30,11 @@ use kiln_ir::DType;
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use crate::CodegenError;
 
+mod lowp;
 mod math;
+
+pub use lowp::is_nibble;
+use lowp::F8;
 
 /// The register class of values of type `t`.
 pub fn class(t: ScalarType) -> RegClass {
@@ -318,6 +322,16 @@ impl<'k, 'p> Eval<'k, 'p> {
             Some(f) => f,
             None => self.p.mov(RegClass::B64, "b64", Imm::I(0).into()),
         };
+        if is_nibble(dtype) {
+            let v = self.load_nibble(self.inputs[input], flat, dtype, outside);
+            return Ok(match (bounds, outside) {
+                (Bounds::Pad(bits), Some(o)) => {
+                    let pad = self.constant(t, bits);
+                    self.select(t, o, pad, v)
+                }
+                _ => v,
+            });
+        }
         let addr = self.address(self.inputs[input], flat, dtype)?;
         match (bounds, outside) {
             (Bounds::Pad(bits), Some(o)) => {
@@ -330,7 +344,14 @@ impl<'k, 'p> Eval<'k, 'p> {
     }
 
     /// `base + flat * size(dtype)`.
+    /// 4-bit elements have no address of their own ([`is_nibble`]): an internal error.
     pub fn address(&mut self, base: Reg, flat: Reg, dtype: DType) -> R<Reg> {
+        if is_nibble(dtype) {
+            return Err(CodegenError::Internal {
+                kernel: self.k.name.clone(),
+                what: format!("an element address of packed {}", dtype.name()),
+            });
+        }
         let size = dtype.storage_bytes(1) as i64;
         let d = self.p.reg(RegClass::B64);
         self.p.op("mad.lo.s64", &[d.into(), flat.into(), Imm::I(size).into(), base.into()]);
@@ -340,6 +361,9 @@ impl<'k, 'p> Eval<'k, 'p> {
     /// A value of compute type `t` loaded from storage `dtype` at `addr` (skipped,
     /// leaving an unspecified value, where `skip` holds).
     pub fn load_at(&mut self, addr: Reg, dtype: DType, t: ScalarType, skip: Option<Reg>) -> R<Reg> {
+        if let Some(f) = F8::of(dtype) {
+            return Ok(self.load_f8(f, addr, skip));
+        }
         let Some((st, half)) = storage(dtype) else {
             return Err(self.unsupported(format!("{} loads", dtype.name())));
         };
@@ -386,6 +410,9 @@ impl<'k, 'p> Eval<'k, 'p> {
 
     /// Stores `v` (compute type `t`) as `dtype` at `addr`.
     pub fn store_at(&mut self, addr: Reg, dtype: DType, t: ScalarType, v: Reg) -> R<()> {
+        if let Some(f) = F8::of(dtype) {
+            return self.store_f8(f, addr, v);
+        }
         let Some((st, _)) = storage(dtype) else {
             return Err(self.unsupported(format!("{} stores", dtype.name())));
         };
@@ -785,12 +812,18 @@ impl<'k, 'p> Eval<'k, 'p> {
     }
 
     /// ONNX `Cast` of `v` (type `from`) to the values of `to`.
-    fn cast(&mut self, from: ScalarType, v: Reg, to: DType, _saturate: bool) -> R<Reg> {
+    fn cast(&mut self, from: ScalarType, v: Reg, to: DType, saturate: bool) -> R<Reg> {
         let ct = ScalarType::of_storage(to);
         if from == ScalarType::Bool {
             let one = self.constant(ct, ct.bits_of_i64(1));
             let zero = self.constant(ct, 0);
             return Ok(self.select(ct, v, one, zero));
+        }
+        if let Some(f) = F8::of(to) {
+            return Ok(self.cast_f8(from, v, f, saturate));
+        }
+        if is_nibble(to) {
+            return Ok(self.cast_nibble(from, v, to));
         }
         match to {
             DType::Bool => {
