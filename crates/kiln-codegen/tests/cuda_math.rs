@@ -158,6 +158,11 @@ fn f32_specials() -> Vec<f32> {
 
 /// Every input compared with the kernel interpreter (libm): special results exactly.
 fn exact_against_interpreter(k: &Kernel, m: &cuda::CudaModule, inputs: &[Tensor]) {
+    near_interpreter(k, m, inputs, 1);
+}
+
+/// [`exact_against_interpreter`] with other values within `ulps` of libm's.
+fn near_interpreter(k: &Kernel, m: &cuda::CudaModule, inputs: &[Tensor], ulps: u64) {
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let want = interp::run(k, &refs).unwrap_or_else(|e| panic!("{}: {e}", k.name));
     let got = simulate(k, m, inputs);
@@ -166,12 +171,12 @@ fn exact_against_interpreter(k: &Kernel, m: &cuda::CudaModule, inputs: &[Tensor]
     let xs: Vec<Vec<f64>> = inputs.iter().map(Tensor::to_f64_vec).collect();
     for i in 0..w.len() {
         let args: Vec<f64> = xs.iter().map(|x| x[i]).collect();
-        // Zeros (with their sign), infinities and NaN exactly; other values within an
-        // ulp of libm's (itself within an ulp of the exact value).
+        // Zeros (with their sign), infinities and NaN exactly; other values within
+        // `ulps` of libm's (itself within an ulp of the exact value).
         let ordinary = w[i].is_finite() && w[i] != 0.0 && g[i].is_finite() && g[i] != 0.0;
         let ok = if ordinary {
             let u = if k.output.dtype == DType::F32 { ulps32(g[i] as f32, w[i] as f32) } else { ulps64(g[i], w[i]) };
-            u <= 1
+            u <= ulps
         } else {
             (w[i].is_nan() && g[i].is_nan()) || w[i].to_bits() == g[i].to_bits()
         };
@@ -314,4 +319,56 @@ fn f32_inverse_trigonometric_functions_are_within_one_ulp() {
         let k = kernel(&format!("{}_specials", op.name()), DType::F32, sp.len(), Ok(op));
         exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
     }
+}
+
+#[test]
+fn f64_pow_is_within_its_stated_bound() {
+    let mut s = 0x7777_1111_2222_3333u64;
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for i in 0..200_000 {
+        let r = xorshift(&mut s);
+        let u = (xorshift(&mut s) >> 11) as f64 / 2f64.powi(53);
+        let (x, y) = match i % 3 {
+            0 => (1.0 + (u - 0.5) * 1e-6, ((r % 2_000_001) as f64 - 1e6) * 0.37),
+            1 => {
+                let x = f64::from_bits((r & 0x3FFF_FFFF_FFFF_FFFF) + 0x0010_0000_0000_0000);
+                (x, (u * 2.0 - 1.0) * 700.0 / x.ln().abs().max(1.0))
+            }
+            _ => (-(u * 100.0 + 0.01), ((r >> 40) % 61) as f64 - 30.0),
+        };
+        xs.push(x);
+        ys.push(y);
+    }
+    let k = kernel("pow_f64", DType::F64, xs.len(), Err(BinaryOp::Pow));
+    let m = build(&k);
+    let got = as_f64(&simulate(&k, &m, &[f64s(&xs), f64s(&ys)]));
+    let mut worst = 0.0f64;
+    for i in 0..xs.len() {
+        let want = xs[i].powf(ys[i]);
+        let t = (ys[i] * xs[i].abs().ln()).abs();
+        let u = ulps64(got[i], want) as f64;
+        // e^(y·ln|x|): 2·|y·ln x| + 4 ulp; binary powering (integer |y| ≤ 64): |y| + 1.
+        let powered = if ys[i].fract() == 0.0 && ys[i].abs() <= 64.0 { ys[i].abs() + 1.0 } else { 0.0 };
+        let bound = (2.0 * t + 4.0).max(powered);
+        assert!(u <= bound, "pow f64({:e}, {:e}): got {:e}, want {want:e}: {u} ulp (bound {bound})", xs[i], ys[i], got[i]);
+        worst = worst.max(u / bound);
+    }
+    eprintln!("pow f64: worst {worst:.3} of the bound");
+    // Integer powers of integers are exact where the result is (ONNX's Pow of mixed
+    // types computes in f64 and may truncate to an integer).
+    let (xs, ys): (Vec<f64>, Vec<f64>) =
+        (-20..=20).flat_map(|x| (-12..=40).map(move |y| (f64::from(x), f64::from(y)))).unzip();
+    let k = kernel("pow_f64_ints", DType::F64, xs.len(), Err(BinaryOp::Pow));
+    let got = as_f64(&simulate(&k, &build(&k), &[f64s(&xs), f64s(&ys)]));
+    for i in 0..xs.len() {
+        let want = xs[i].powf(ys[i]);
+        if want.abs() < 2f64.powi(53) && want.fract() == 0.0 {
+            assert_eq!(got[i].to_bits(), want.to_bits(), "pow f64({}, {})", xs[i], ys[i]);
+        }
+    }
+    let sp: Vec<f64> = f32_specials().into_iter().map(f64::from).collect();
+    let (xs, ys): (Vec<f64>, Vec<f64>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    // Non-integer powers of these bases have |y·ln x| ≤ 78: within the bound's 160 ulp.
+    let k = kernel("pow_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Pow));
+    near_interpreter(&k, &build(&k), &[f64s(&xs), f64s(&ys)], 160);
 }

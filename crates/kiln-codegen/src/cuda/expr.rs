@@ -707,7 +707,7 @@ impl<'k, 'p> Eval<'k, 'p> {
                     let q = self.p.mov(c, "f64", Imm::F64(f64::NAN.to_bits()).into());
                     self.select(t, nan, q, m)
                 }
-                B::Pow if t == ScalarType::F32 => self.pow_of(RegClass::F32, a, b),
+                B::Pow => self.pow_of(c, a, b),
                 B::Rem if t == ScalarType::F32 => self.fmod(a, b),
                 _ => return Err(self.unsupported(format!("{t} {}", op.name()))),
             });

@@ -21,14 +21,20 @@
 //!   (Cody–Waite), `e^r` by its Taylor series to `r¹³/13!` (`|r| ≤ 0.35`: the next
 //!   term is below 2⁻⁵⁸), times `2^⌊n/2⌋·2^⌈n/2⌉` (two normal factors; underflow
 //!   rounds once, in the second product); a few ulp.
-//! - `pow`: `e^(y·log|x|)` computed in f64 with the two sequences above, then the
-//!   sign of an odd integer power of a negative `x`, NaN for a negative finite `x`
-//!   and non-integer `y`, and the special cases of C's `pow` (`x^0 = 1` and
-//!   `1^y = 1` even for NaN, `(−1)^±∞ = 1`, `x^1 = x`, `x^2 = x·x`). f32: the f64
-//!   exponent's error is below 2⁻⁴³ absolute where the result is a finite f32, so the
-//!   one rounding to f32 gives the correctly rounded result but within 2⁻¹⁹ ulp of a
-//!   tie. f64: relative error about `(|y·log x| + 4)·2⁻⁵²` (the product `y·log x`
-//!   rounds once in f64).
+//! - `pow`, in f64 (an f32 pow converts its operands exactly and rounds once at the
+//!   end): an integer `|y| ≤ 64` by binary powering of `x` (exact wherever the
+//!   powers are, so integer results such as `3⁶` are exact; relative error at most
+//!   `(|y| − 1)·2⁻⁵³`), `1/x^|y|` for a negative `y`; otherwise, and where `x^|y|` is
+//!   not a normal f64, `e^(y·ln|x|)` with the two sequences above, the sign of an odd
+//!   integer power of a negative `x`; NaN for a negative finite `x` and non-integer
+//!   `y`, and the special cases of C's `pow` (`x^0 = 1` and `1^y = 1` even for NaN,
+//!   `(−1)^±∞ = 1`, `x^1 = x`, `x^2 = x·x`, `x^½ = √(x + 0)` but for −∞). f32: the
+//!   f64 value's error is below 2⁻⁴³ relative where the result is a finite f32, so
+//!   the one rounding to f32 is correct but within 2⁻¹⁹ ulp of a tie (an exact result of 25 significant bits, such as
+//!   `7.5625^3.5`, may round to the wrong neighbour). f64: within `|y| + 1` ulp by
+//!   powering, else within `2·|y·ln x| + 4` ulp (the product `y·ln x` and `ln x` each
+//!   carry a relative error of about 2⁻⁵³, which the exponential turns into that many
+//!   ulp of the result).
 //! - `atan` (f32), fdlibm's reduction: `|x|` below 7/16 as it is, below 11/16
 //!   `atan ½ + atan((2|x| − 1)/(2 + |x|))`, below 19/16 `π/4 + atan((|x| − 1)/(|x| +
 //!   1))`, below 39/16 `atan 1.5 + atan((|x| − 1.5)/(1 + 1.5|x|))`, past it
@@ -200,59 +206,97 @@ impl Eval<'_, '_> {
     /// `x^y` on f32 (computed in f64) or f64 (module docs).
     pub(super) fn pow_of(&mut self, c: RegClass, x: Reg, y: Reg) -> Reg {
         let wide = c == D;
-        let t = if wide { "f64" } else { "f32" };
         let (xd, yd) = if wide {
             (x, y)
         } else {
             (self.op1(D, "cvt.f64.f32", x), self.op1(D, "cvt.f64.f32", y))
         };
+        let pred = RegClass::Pred;
+        // e^(y·ln|x|).
         let ax = self.op1(D, "abs.f64", xd);
         let l = self.log_of(D, ax);
         let m = self.op2(D, "mul.rn.f64", yd, l.into());
         let g = self.exp64(m);
-        let g = if wide { g } else { self.op1(F, "cvt.rn.f32.f64", g) };
+        // Whether y is an integer, an odd one.
+        let yi = self.op1(D, "cvt.rzi.f64.f64", yd);
+        let int = self.setp("eq", "f64", yi, yd.into());
+        let half = self.f64c(0.5);
+        let yh = self.op2(D, "mul.rn.f64", yd, half.into());
+        let yhi = self.op1(D, "cvt.rzi.f64.f64", yh);
+        let even = self.setp("eq", "f64", yhi, yh.into());
+        let odd_half = self.op1(pred, "not.pred", even);
+        let odd = self.op2(pred, "and.pred", int, odd_half.into());
         // The sign of a negative x (−0 and −∞ included) to an odd integer power.
-        let yi = self.op1(c, &format!("cvt.rzi.{t}.{t}"), y);
-        let int = self.setp("eq", t, yi, y.into());
-        let half = self.fc(c, 0.5);
-        let yh = self.op2(c, &format!("mul.rn.{t}"), y, half.into());
-        let yhi = self.op1(c, &format!("cvt.rzi.{t}.{t}"), yh);
-        let even = self.setp("eq", t, yhi, yh.into());
-        let odd_half = self.op1(RegClass::Pred, "not.pred", even);
-        let odd = self.op2(RegClass::Pred, "and.pred", int, odd_half.into());
-        let (bc, b, s) = if wide { (RegClass::B64, "b64", "s64") } else { (RegClass::B32, "b32", "s32") };
-        let xb = self.op1(bc, &format!("mov.{b}"), x);
-        let neg = self.setp("lt", s, xb, Imm::I(0).into());
-        let flip = self.op2(RegClass::Pred, "and.pred", neg, odd.into());
-        let ng = self.op1(c, &format!("neg.{t}"), g);
-        let r = self.select_bits(c, flip, ng, g);
-        // A negative finite x to a non-integer power: NaN.
-        let below = self.setp("lt", t, x, Imm::zero(c).into());
-        let ninf = self.fc(c, f64::NEG_INFINITY);
-        let finite = self.setp("ne", t, x, ninf.into());
-        let nint = self.op1(RegClass::Pred, "not.pred", int);
-        let bad = self.op2(RegClass::Pred, "and.pred", below, finite.into());
-        let bad = self.op2(RegClass::Pred, "and.pred", bad, nint.into());
-        let nan = self.fc(c, f64::NAN);
-        let mut r = self.select_bits(c, bad, nan, r);
-        // 1^y = 1 (NaN y too) and (−1)^±∞ = 1.
-        let one = self.fc(c, 1.0);
-        let is_one = self.setp("eq", t, x, one.into());
-        let axc = self.op1(c, &format!("abs.{t}"), x);
-        let unit = self.setp("eq", t, axc, one.into());
-        let ayc = self.op1(c, &format!("abs.{t}"), y);
-        let inf = self.fc(c, f64::INFINITY);
-        let yinf = self.setp("eq", t, ayc, inf.into());
-        let unit_inf = self.op2(RegClass::Pred, "and.pred", unit, yinf.into());
-        let ones = self.op2(RegClass::Pred, "or.pred", is_one, unit_inf.into());
-        r = self.select_bits(c, ones, one, r);
-        let sq = self.op2(c, &format!("mul.rn.{t}"), x, x.into());
-        for (k, v) in [(1.0f64, x), (2.0, sq), (0.0, one)] {
-            let kc = if wide { Imm::F64(k.to_bits()) } else { Imm::F32((k as f32).to_bits()) };
-            let is = self.setp("eq", t, y, kc.into());
-            r = self.select_bits(c, is, v, r);
+        let xb = self.op1(RegClass::B64, "mov.b64", xd);
+        let neg = self.setp("lt", "s64", xb, Imm::I(0).into());
+        let flip = self.op2(pred, "and.pred", neg, odd.into());
+        let ng = self.op1(D, "neg.f64", g);
+        let g = self.select_bits(D, flip, ng, g);
+        // An integer |y| ≤ 64 by binary powering of x itself (sign included): exact
+        // where every power is, else a relative error of at most (|y| − 1)·2⁻⁵³ (each
+        // rounding raised to the number of times its product is used), and 1/x^|y|
+        // for a negative y. Taken where x^|y| is a normal f64 (else, as for 0, ±∞,
+        // NaN and overflowing powers, e^(y·ln|x|) above).
+        let ay = self.op1(D, "abs.f64", yd);
+        let n = self.op1(RegClass::B32, "cvt.rzi.u32.f64", ay);
+        let mut acc = self.f64c(1.0);
+        let mut base = xd;
+        for bit in 0..7 {
+            let b = self.op2(RegClass::B32, "shr.u32", n, Imm::I(bit).into());
+            let b = self.op2(RegClass::B32, "and.b32", b, Imm::I(1).into());
+            let on = self.setp("ne", "u32", b, Imm::I(0).into());
+            let mm = self.op2(D, "mul.rn.f64", acc, base.into());
+            acc = self.select_bits(D, on, mm, acc);
+            if bit < 6 {
+                base = self.op2(D, "mul.rn.f64", base, base.into());
+            }
         }
-        r
+        let aacc = self.op1(D, "abs.f64", acc);
+        let normal = self.setp("ge", "f64", aacc, Imm::F64(f64::MIN_POSITIVE.to_bits()).into());
+        let finite = self.setp("lt", "f64", aacc, Imm::F64(f64::INFINITY.to_bits()).into());
+        let small = self.setp("le", "f64", ay, Imm::F64(64f64.to_bits()).into());
+        let usable = self.op2(pred, "and.pred", normal, finite.into());
+        let usable = self.op2(pred, "and.pred", usable, small.into());
+        let usable = self.op2(pred, "and.pred", usable, int.into());
+        let one = self.f64c(1.0);
+        let inv = self.op2(D, "div.rn.f64", one, acc.into());
+        let yneg = self.setp("lt", "f64", yd, Imm::F64(0).into());
+        let powered = self.select_bits(D, yneg, inv, acc);
+        let r = self.select_bits(D, usable, powered, g);
+        // A negative finite x to a non-integer power: NaN.
+        let below = self.setp("lt", "f64", xd, Imm::F64(0).into());
+        let finite_x = self.setp("ne", "f64", xd, Imm::F64(f64::NEG_INFINITY.to_bits()).into());
+        let nint = self.op1(pred, "not.pred", int);
+        let bad = self.op2(pred, "and.pred", below, finite_x.into());
+        let bad = self.op2(pred, "and.pred", bad, nint.into());
+        let nan = self.f64c(f64::NAN);
+        let mut r = self.select_bits(D, bad, nan, r);
+        // 1^y = 1 (NaN y too) and (−1)^±∞ = 1.
+        let is_one = self.setp("eq", "f64", xd, one.into());
+        let unit = self.setp("eq", "f64", ax, one.into());
+        let yinf = self.setp("eq", "f64", ay, Imm::F64(f64::INFINITY.to_bits()).into());
+        let unit_inf = self.op2(pred, "and.pred", unit, yinf.into());
+        let ones = self.op2(pred, "or.pred", is_one, unit_inf.into());
+        r = self.select_bits(D, ones, one, r);
+        let sq = self.op2(D, "mul.rn.f64", xd, xd.into());
+        // x^½ = √(x + 0) (+0 for −0), but (−∞)^½ = +∞ from above.
+        let z = self.f64c(0.0);
+        let xp = self.op2(D, "add.rn.f64", xd, z.into());
+        let rt = self.op1(D, "sqrt.rn.f64", xp);
+        let is_half = self.setp("eq", "f64", yd, half.into());
+        let take = self.op2(pred, "and.pred", is_half, finite_x.into());
+        let rt = self.select_bits(D, take, rt, r);
+        r = rt;
+        for (k, v) in [(1.0f64, xd), (2.0, sq), (0.0, one)] {
+            let is = self.setp("eq", "f64", yd, Imm::F64(k.to_bits()).into());
+            r = self.select_bits(D, is, v, r);
+        }
+        if wide {
+            r
+        } else {
+            // One rounding to f32 (x² and x are exact in f64).
+            self.op1(F, "cvt.rn.f32.f64", r)
+        }
     }
 
     /// f32 `atan x` (module docs).
