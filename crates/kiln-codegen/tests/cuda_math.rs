@@ -372,3 +372,47 @@ fn f64_pow_is_within_its_stated_bound() {
     let k = kernel("pow_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Pow));
     near_interpreter(&k, &build(&k), &[f64s(&xs), f64s(&ys)], 160);
 }
+
+#[test]
+fn fmod_is_exact_at_every_quotient() {
+    // Quotients from below 1 to the whole exponent range (the reduction loop), both
+    // signs, subnormal divisors, and the special values.
+    let mut s = 0x2468_ACE0_1357_9BDFu64;
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for i in 0..100_000 {
+        let a = f64::from_bits(xorshift(&mut s) & 0xFFEF_FFFF_FFFF_FFFF);
+        let b = match i % 4 {
+            0 => f64::from_bits(xorshift(&mut s) & 0x800F_FFFF_FFFF_FFFF),
+            1 => a * ((xorshift(&mut s) % 1000) as f64 / 999.0 + 1e-3),
+            _ => f64::from_bits(xorshift(&mut s) & 0xFFEF_FFFF_FFFF_FFFF),
+        };
+        xs.push(a);
+        ys.push(b);
+    }
+    let k = kernel("fmod_f64", DType::F64, xs.len(), Err(BinaryOp::Rem));
+    let m = build(&k);
+    let got = as_f64(&simulate(&k, &m, &[f64s(&xs), f64s(&ys)]));
+    for i in 0..xs.len() {
+        let want = libm::fmod(xs[i], ys[i]);
+        assert!(
+            got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()),
+            "fmod f64({:e}, {:e}): got {:e}, want {want:e}",
+            xs[i],
+            ys[i],
+            got[i]
+        );
+    }
+    let sp: Vec<f64> = f32_specials().into_iter().map(f64::from).chain([f64::MAX, 5e-324, 1e300, -1e-300]).collect();
+    let (xs, ys): (Vec<f64>, Vec<f64>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    let k = kernel("fmod_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Rem));
+    near_interpreter(&k, &build(&k), &[f64s(&xs), f64s(&ys)], 0);
+    // f32 through f64: exact too, at every quotient.
+    let xs: Vec<f32> = (0..50_000).map(|_| f32::from_bits(xorshift(&mut s) as u32 & 0xFF7F_FFFF)).collect();
+    let ys: Vec<f32> = (0..50_000).map(|_| f32::from_bits(xorshift(&mut s) as u32 & 0xFF7F_FFFF)).collect();
+    let k = kernel("fmod_f32", DType::F32, xs.len(), Err(BinaryOp::Rem));
+    near_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)], 0);
+    let sp = f32_specials();
+    let (xs, ys): (Vec<f32>, Vec<f32>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    let k = kernel("fmod_f32_specials", DType::F32, xs.len(), Err(BinaryOp::Rem));
+    near_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)], 0);
+}

@@ -18,9 +18,10 @@
 //! short series near 0 and `exp` past it, `erf` by a series near 0 and
 //! Abramowitz–Stegun 7.1.26 past it (absolute error 1.5e-7), `sin`/`cos` by reduction
 //! modulo 2π and `sin.approx`/`cos.approx` (absolute error about 2^-20). `log` (f32,
-//! f64), f64 `exp` and `pow` (f32 computed in f64, and f64) use no `.approx`
-//! instruction and are within about an ulp over their whole range ([`math`]); the
-//! other f64 transcendentals are declined with a typed error.
+//! f64), f64 `exp`, `pow` (f32 computed in f64, and f64), f32 `asin`/`acos`/`atan`
+//! use no `.approx` instruction and are within about an ulp over their whole range;
+//! `fmod` (f32, f64) is exact ([`math`]). The other f64 transcendentals are declined
+//! with a typed error. 8-bit floats and 4-bit integers: [`lowp`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -709,6 +710,7 @@ impl<'k, 'p> Eval<'k, 'p> {
                 }
                 B::Pow => self.pow_of(c, a, b),
                 B::Rem if t == ScalarType::F32 => self.fmod(a, b),
+                B::Rem => self.fmod64(a, b),
                 _ => return Err(self.unsupported(format!("{t} {}", op.name()))),
             });
         }
@@ -765,32 +767,13 @@ impl<'k, 'p> Eval<'k, 'p> {
         Ok(self.norm(t, r))
     }
 
-    /// f32 `fmod(x, y)`, computed in f64: exact while |x / y| < 2^29.
+    /// f32 `fmod(x, y)`: the f64 one of the exact f64 operands ([`math`]), whose
+    /// exact result is an f32.
     fn fmod(&mut self, x: Reg, y: Reg) -> Reg {
-        let d = RegClass::F64;
-        let xd = self.op1(d, "cvt.f64.f32", x);
-        let yd = self.op1(d, "cvt.f64.f32", y);
-        let q = self.op2(d, "div.rn.f64", xd, yd.into());
-        let q = self.op1(d, "cvt.rzi.f64.f64", q);
-        let nq = self.op1(d, "neg.f64", q);
-        let r = self.op3(d, "fma.rn.f64", nq, yd, xd);
-        // A quotient rounded up past an integer leaves r with the wrong sign: one |y| back.
-        let ay = self.op1(d, "abs.f64", yd);
-        let sx = self.op2(d, "copysign.f64", xd, ay.into());
-        let fixed = self.op2(d, "add.rn.f64", r, sx.into());
-        let prod = self.op2(d, "mul.rn.f64", r, xd.into());
-        let wrong = self.setp("lt", "f64", prod, Imm::F64(0).into());
-        let r = self.select(ScalarType::F64, wrong, fixed, r);
-        let r = self.op1(RegClass::F32, "cvt.rn.f32.f64", r);
-        // Keep the sign of x for a zero result, and NaN for y = 0 or x infinite.
-        let r = self.op2(RegClass::F32, "copysign.f32", x, r.into());
-        let z = self.setp("eq", "f32", y, Imm::F32(0).into());
-        let inf = self.setp("equ", "f32", x, Imm::F32(f32::INFINITY.to_bits()).into());
-        let ninf = self.setp("equ", "f32", x, Imm::F32(f32::NEG_INFINITY.to_bits()).into());
-        let bad = self.op2(RegClass::Pred, "or.pred", z, inf.into());
-        let bad = self.op2(RegClass::Pred, "or.pred", bad, ninf.into());
-        let nan = self.f32c(f32::NAN);
-        self.select(ScalarType::F32, bad, nan, r)
+        let xd = self.op1(RegClass::F64, "cvt.f64.f32", x);
+        let yd = self.op1(RegClass::F64, "cvt.f64.f32", y);
+        let r = self.fmod64(xd, yd);
+        self.op1(RegClass::F32, "cvt.rn.f32.f64", r)
     }
 
     /// Integer conversion between integer compute types (wrapping).

@@ -1,5 +1,6 @@
 //! Accurate transcendental sequences of the expression evaluator: f32 and f64 `log`,
-//! f64 `exp`, f32 and f64 `pow`, f32 `asin`, `acos`, `atan`.
+//! f64 `exp`, f32 and f64 `pow`, f32 `asin`, `acos`, `atan`, and exact f32 and f64
+//! `fmod`.
 //!
 //! Every sequence here is built from IEEE operations that round once (`add/sub/mul/
 //! div/sqrt.rn`, `fma.rn`, exact conversions and bit manipulation), never from the
@@ -47,10 +48,17 @@
 //!   rounding is put back: `√w = s + (w − s²)/2s` with the residual from an FMA), `acos x = π/2 − asin x` near 0, `2·asin(√((1−x)/2))`
 //!   for `x > ½` and `π − 2·asin(√((1+x)/2))` for `x < −½`, each difference ordered so
 //!   that only its last operation rounds at the result's scale. |x| > 1 → NaN.
+//! - `fmod` (f64; f32 through it, exactly): `r = |x|` reduced modulo `|y|·2^k` while
+//!   `r ≥ |y|·2⁵²` (`k` the exponent gap less 51: a multiple of `|y|`, so the
+//!   remainder is unchanged), then modulo `|y|`; each step with the quotient below 2⁵²
+//!   is exact (`fma` forms the remainder, representable; a quotient rounded up past
+//!   an integer is fixed by adding the divisor back). Exact at every quotient; C's
+//!   special cases (NaN for `y = 0` and infinite or NaN `x`, `x` for infinite `y`,
+//!   the sign of `x`).
 //!
 //! Measured (`tests/cuda_math.rs`, against the correctly rounded value): f32 `log`,
 //! `asin`, `acos`, `atan` within 1 ulp; f32 `pow` within 1 ulp (0.5 but near ties);
-//! f64 `log` and `exp` within 1 ulp.
+//! f64 `log` and `exp` within 1 ulp; `fmod` exact.
 
 use kiln_flow::ScalarType;
 
@@ -419,5 +427,84 @@ impl Eval<'_, '_> {
         let neg = self.setp("lt", "f32", x, Imm::F32(0).into());
         let far = self.select(ScalarType::F32, neg, neg_far, pos_far);
         self.select(ScalarType::F32, big, far, mid)
+    }
+
+    /// `r − trunc(r/d)·d` for `0 ≤ r/d < 2⁵²` (or NaN), exactly: the rounded
+    /// quotient's integer part is the true one or one more, `fma` forms the remainder
+    /// exactly (it is representable either way), and one `d` added back fixes the
+    /// second case.
+    fn fmod_step(&mut self, r: Reg, d: Reg) -> Reg {
+        let q = self.op2(D, "div.rn.f64", r, d.into());
+        let q = self.op1(D, "cvt.rzi.f64.f64", q);
+        let nq = self.op1(D, "neg.f64", q);
+        let m = self.op3(D, "fma.rn.f64", nq, d, r);
+        let fixed = self.op2(D, "add.rn.f64", m, d.into());
+        let under = self.setp("lt", "f64", m, Imm::F64(0).into());
+        self.select_bits(D, under, fixed, m)
+    }
+
+    /// f64 `fmod(x, y)`, exact (C's `fmod`: the sign of x; NaN for y = 0, x infinite
+    /// or NaN; x for infinite y). While `|r| ≥ |y|·2⁵²` a loop takes `r` modulo
+    /// `|y|·2^k` with `k` the exponent gap less 51 (a multiple of `|y|`, so the
+    /// remainder modulo `|y|` is unchanged; at most 41 turns, each exact by
+    /// [`Eval::fmod_step`]); a last step modulo `|y|` finishes. Threads leave the loop
+    /// after different numbers of turns (a divergent branch).
+    pub(super) fn fmod64(&mut self, x: Reg, y: Reg) -> Reg {
+        let pred = RegClass::Pred;
+        let ay = self.op1(D, "abs.f64", y);
+        let ax = self.op1(D, "abs.f64", x);
+        let zero = self.setp("eq", "f64", y, Imm::F64(0).into());
+        let inf = self.setp("eq", "f64", ax, Imm::F64(f64::INFINITY.to_bits()).into());
+        let nan = self.setp("nan", "f64", x, y.into());
+        let bad = self.op2(pred, "or.pred", zero, inf.into());
+        let bad = self.op2(pred, "or.pred", bad, nan.into());
+        let qnan = self.f64c(f64::NAN);
+        let r0 = self.select_bits(D, bad, qnan, ax);
+        let r = self.p.reg(D);
+        self.p.copy(r, r0);
+        // |y|·2⁵² (∞ past the range: the loop is then not entered).
+        let k52 = self.f64c(2f64.powi(52));
+        let big = self.op2(D, "mul.rn.f64", ay, k52.into());
+        // The exponent of |y|, subnormals included (through |y|·2⁵⁴).
+        let k54 = self.f64c(2f64.powi(54));
+        let ays = self.op2(D, "mul.rn.f64", ay, k54.into());
+        let sub = self.setp("lt", "f64", ay, Imm::F64(f64::MIN_POSITIVE.to_bits()).into());
+        let eb = self.select_bits(D, sub, ays, ay);
+        let eb = self.op1(RegClass::B64, "mov.b64", eb);
+        let eb = self.op2(RegClass::B64, "shr.u64", eb, Imm::I(52).into());
+        let eb = self.op1(RegClass::B32, "cvt.u32.u64", eb);
+        let adj = self.p.reg(RegClass::B32);
+        self.p.op("selp.b32", &[adj.into(), Imm::I(54).into(), Imm::I(0).into(), sub.into()]);
+        let ey = self.op2(RegClass::B32, "sub.s32", eb, adj.into());
+        let (head, done) = (self.p.label(), self.p.label());
+        self.p.place(head);
+        let more = self.setp("ge", "f64", r, big.into());
+        self.p.branch(Some((more, true)), done);
+        // k = exponent gap − 51 ≥ 1 (both biased exponents; r is normal here).
+        let rb = self.op1(RegClass::B64, "mov.b64", r);
+        let rb = self.op2(RegClass::B64, "shr.u64", rb, Imm::I(52).into());
+        let er = self.op1(RegClass::B32, "cvt.u32.u64", rb);
+        let k = self.op2(RegClass::B32, "sub.s32", er, ey.into());
+        let k = self.op2(RegClass::B32, "sub.s32", k, Imm::I(51).into());
+        let k1 = self.op2(RegClass::B32, "shr.s32", k, Imm::I(1).into());
+        let k2 = self.op2(RegClass::B32, "sub.s32", k, k1.into());
+        let mut d = ay;
+        for h in [k1, k2] {
+            let b = self.op1(RegClass::B64, "cvt.s64.s32", h);
+            let b = self.op2(RegClass::B64, "add.s64", b, Imm::I(1023).into());
+            let b = self.op2(RegClass::B64, "shl.b64", b, Imm::I(52).into());
+            let sc = self.op1(D, "mov.b64", b);
+            d = self.op2(D, "mul.rn.f64", d, sc.into());
+        }
+        let next = self.fmod_step(r, d);
+        self.p.copy(r, next);
+        self.p.branch(None, head);
+        self.p.place(done);
+        let last = self.fmod_step(r, ay);
+        // |x| < |y| leaves r = |x|: the step's quotient is 0 there; y = ±∞ gives x.
+        let res = self.op2(D, "copysign.f64", x, last.into());
+        let yinf = self.setp("eq", "f64", ay, Imm::F64(f64::INFINITY.to_bits()).into());
+        let res = self.select_bits(D, yinf, x, res);
+        self.select_bits(D, bad, qnan, res)
     }
 }
