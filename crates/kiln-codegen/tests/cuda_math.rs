@@ -416,3 +416,51 @@ fn fmod_is_exact_at_every_quotient() {
     let k = kernel("fmod_f32_specials", DType::F32, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)], 0);
 }
+
+#[test]
+fn constant_exponents_give_the_general_sequences_values() {
+    // out = pow(x, c) with c a constant node (specialised at compile time) against the
+    // same kernel with c an input (the general sequence), bit for bit, on every kind of
+    // base; f32 also within 1 ulp of the correctly rounded value.
+    let mut s = 0x1111_2222_3333_4444u64;
+    let mut xs: Vec<f32> = (0..20_000).map(|_| f32::from_bits(xorshift(&mut s) as u32)).collect();
+    xs.extend((0..20_000).map(|_| ((xorshift(&mut s) % 20_000) as f32 - 10_000.0) / 1000.0));
+    xs.extend(f32_specials());
+    let exps = [0.0f64, -0.0, 1.0, 2.0, 0.5, 3.0, -1.0, -2.0, 5.0, 7.0, 64.0, -64.0, 65.0, 0.25, -0.5, 1.5, 63.0, -3.0];
+    for d in [DType::F32, DType::F64] {
+        let mut kernels = Vec::new();
+        for (i, &c) in exps.iter().enumerate() {
+            let name = format!("pow_const_{}_{i}", d.name());
+            let mut b = KernelBuilder::new(&name, vec![ty(d, xs.len())], ty(d, xs.len()));
+            let idx = b.out_index();
+            let x = b.load(0, idx);
+            let t = kiln_flow::ScalarType::of_storage(d);
+            let y = b.float(t, c);
+            let r = b.binary(BinaryOp::Pow, x, y);
+            kernels.push(b.finish(r).unwrap_or_else(|e| panic!("{name}: {e}")));
+        }
+        let general = kernel(&format!("pow_var_{}", d.name()), d, xs.len(), Err(BinaryOp::Pow));
+        let gm = build(&general);
+        let xt = if d == DType::F32 { f32s(&xs) } else { f64s(&xs.iter().map(|&x| f64::from(x)).collect::<Vec<_>>()) };
+        for (k, &c) in kernels.iter().zip(&exps) {
+            let m = build(k);
+            if d == DType::F32 && [0.0, 1.0, 2.0, 0.5].contains(&c) {
+                assert!(!m.ptx().contains("f64"), "{}: pow(x, {c}) leaves f32", k.name);
+            }
+            let yt = if d == DType::F32 { f32s(&vec![c as f32; xs.len()]) } else { f64s(&vec![c; xs.len()]) };
+            let want = simulate(&general, &gm, &[xt.clone(), yt]);
+            let got = simulate(k, &m, std::slice::from_ref(&xt));
+            let w = d.storage_bytes(1);
+            for i in 0..xs.len() {
+                let (g, v) = (&got[i * w..(i + 1) * w], &want[i * w..(i + 1) * w]);
+                let nan = |b: &[u8]| if w == 4 { f32::from_le_bytes(b.try_into().expect("4")).is_nan() } else { f64::from_le_bytes(b.try_into().expect("8")).is_nan() };
+                assert!(g == v || (nan(g) && nan(v)), "{}: pow({:e}, {c}): {g:02X?} vs {v:02X?}", k.name, xs[i]);
+            }
+            if d == DType::F32 {
+                let got = as_f32(&got);
+                let worst = worst32(&k.name, &xs, &got, |i| f64::from(xs[i]).powf(c) as f32);
+                assert!(worst <= 1, "{}: {worst} ulp", k.name);
+            }
+        }
+    }
+}

@@ -193,6 +193,13 @@ impl<'k, 'p> Eval<'k, 'p> {
                 let a = self.value(*a)?;
                 self.unary(*op, at, a)
             }
+            Expr::Binary(BinaryOp::Pow, a, b) if self.ty(*a).is_float() && self.constant_of(*b).is_some() => {
+                let at = self.ty(*a);
+                let y = self.constant_of(*b).unwrap_or(0);
+                let y = if at == ScalarType::F32 { f64::from(f32::from_bits(y as u32)) } else { f64::from_bits(y) };
+                let x = self.value(*a)?;
+                Ok(self.pow_const(class(at), x, y))
+            }
             Expr::Binary(op, a, b) => {
                 let at = self.ty(*a);
                 let (a, b) = (self.value(*a)?, self.value(*b)?);
@@ -208,6 +215,14 @@ impl<'k, 'p> Eval<'k, 'p> {
                 self.cast(from, v, *to, *saturate)
             }
             Expr::Reduce { op, vars, body } => self.reduce(*op, t, vars, *body),
+        }
+    }
+
+    /// The bits of node `e` where it is a constant.
+    fn constant_of(&self, e: ExprId) -> Option<u64> {
+        match self.k.node(e).expr {
+            Expr::Const(bits) => Some(bits),
+            _ => None,
         }
     }
 

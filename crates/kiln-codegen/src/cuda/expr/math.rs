@@ -36,6 +36,10 @@
 //!   powering, else within `2·|y·ln x| + 4` ulp (the product `y·ln x` and `ln x` each
 //!   carry a relative error of about 2⁻⁵³, which the exponential turns into that many
 //!   ulp of the result).
+//!   A constant exponent is decided at compile time (`pow_const`): 0, 1, 2 and ½ in
+//!   the type itself, other integers up to 64 by unrolled powering with the general
+//!   sequence behind a branch taken only where the power is not a normal f64: the
+//!   same values, without the f64 logarithm and exponential on every element.
 //! - `atan` (f32), fdlibm's reduction: `|x|` below 7/16 as it is, below 11/16
 //!   `atan ½ + atan((2|x| − 1)/(2 + |x|))`, below 19/16 `π/4 + atan((|x| − 1)/(|x| +
 //!   1))`, below 39/16 `atan 1.5 + atan((|x| − 1.5)/(1 + 1.5|x|))`, past it
@@ -213,12 +217,87 @@ impl Eval<'_, '_> {
 
     /// `x^y` on f32 (computed in f64) or f64 (module docs).
     pub(super) fn pow_of(&mut self, c: RegClass, x: Reg, y: Reg) -> Reg {
+        if c == D {
+            return self.pow64(x, y);
+        }
+        let xd = self.op1(D, "cvt.f64.f32", x);
+        let yd = self.op1(D, "cvt.f64.f32", y);
+        let r = self.pow64(xd, yd);
+        // One rounding to f32 (x² and x are exact in f64).
+        self.op1(F, "cvt.rn.f32.f64", r)
+    }
+
+    /// `x^y` for a constant `y` (of class `c`'s type): `x^0 = 1`, `x^1 = x`,
+    /// `x^2 = x·x`, `x^½ = √(x + 0)` (but `(−∞)^½ = +∞`) in the type itself; other
+    /// integers `|y| ≤ 64` by the binary powering of [`Eval::pow_of`] in f64, unrolled
+    /// over `y`'s bits, with that general sequence only where the power is not a normal
+    /// f64 (a branch the other threads skip); any other `y` by the general sequence.
+    /// The values are [`Eval::pow_of`]'s: the same sequences, decided at compile time.
+    pub(super) fn pow_const(&mut self, c: RegClass, x: Reg, y: f64) -> Reg {
         let wide = c == D;
-        let (xd, yd) = if wide {
-            (x, y)
+        let t = if wide { "f64" } else { "f32" };
+        match y {
+            0.0 => return self.fc(c, 1.0),
+            1.0 => return x,
+            2.0 => return self.op2(c, &format!("mul.rn.{t}"), x, x.into()),
+            0.5 => {
+                let z = self.fc(c, 0.0);
+                let xp = self.op2(c, &format!("add.rn.{t}"), x, z.into());
+                let rt = self.op1(c, &format!("sqrt.rn.{t}"), xp);
+                let ninf = self.fc(c, f64::NEG_INFINITY);
+                let is = self.setp("eq", t, x, ninf.into());
+                let inf = self.fc(c, f64::INFINITY);
+                return self.select_bits(c, is, inf, rt);
+            }
+            _ => {}
+        }
+        let yc = self.fc(c, y);
+        if y.fract() != 0.0 || y.abs() > 64.0 {
+            return self.pow_of(c, x, yc);
+        }
+        let xd = if wide { x } else { self.op1(D, "cvt.f64.f32", x) };
+        let n = y.abs() as u32;
+        let mut acc: Option<Reg> = None;
+        let mut base = xd;
+        for bit in 0..(32 - n.leading_zeros()) {
+            if n >> bit & 1 == 1 {
+                acc = Some(match acc {
+                    None => base,
+                    Some(a) => self.op2(D, "mul.rn.f64", a, base.into()),
+                });
+            }
+            if n >> (bit + 1) != 0 {
+                base = self.op2(D, "mul.rn.f64", base, base.into());
+            }
+        }
+        let acc = acc.unwrap_or(xd);
+        let aacc = self.op1(D, "abs.f64", acc);
+        let normal = self.setp("ge", "f64", aacc, Imm::F64(f64::MIN_POSITIVE.to_bits()).into());
+        let finite = self.setp("lt", "f64", aacc, Imm::F64(f64::INFINITY.to_bits()).into());
+        let usable = self.op2(RegClass::Pred, "and.pred", normal, finite.into());
+        let powered = if y < 0.0 {
+            let one = self.f64c(1.0);
+            self.op2(D, "div.rn.f64", one, acc.into())
         } else {
-            (self.op1(D, "cvt.f64.f32", x), self.op1(D, "cvt.f64.f32", y))
+            acc
         };
+        let r = self.p.reg(D);
+        self.p.copy(r, powered);
+        let done = self.p.label();
+        self.p.branch(Some((usable, false)), done);
+        let yd = self.f64c(y);
+        let g = self.pow64(xd, yd);
+        self.p.copy(r, g);
+        self.p.place(done);
+        if wide {
+            r
+        } else {
+            self.op1(F, "cvt.rn.f32.f64", r)
+        }
+    }
+
+    /// `x^y` in f64 ([`Eval::pow_of`]).
+    fn pow64(&mut self, xd: Reg, yd: Reg) -> Reg {
         let pred = RegClass::Pred;
         // e^(y·ln|x|).
         let ax = self.op1(D, "abs.f64", xd);
@@ -299,12 +378,7 @@ impl Eval<'_, '_> {
             let is = self.setp("eq", "f64", yd, Imm::F64(k.to_bits()).into());
             r = self.select_bits(D, is, v, r);
         }
-        if wide {
-            r
-        } else {
-            // One rounding to f32 (x² and x are exact in f64).
-            self.op1(F, "cvt.rn.f32.f64", r)
-        }
+        r
     }
 
     /// f32 `atan x` (module docs).
