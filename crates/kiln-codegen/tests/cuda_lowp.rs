@@ -115,7 +115,19 @@ fn rounding_inputs(d: DType) -> Vec<f32> {
             v.push(-x);
         }
     }
-    v.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, 1e-30, -1e-30, f32::from_bits(1), f32::MAX, f32::MIN]);
+    v.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        1e-30,
+        -1e-30,
+        f32::from_bits(1),
+        f32::MAX,
+        f32::MIN,
+    ]);
     let mut s = 0x0123_4567_89AB_CDEFu64;
     for _ in 0..20_000 {
         v.push(f32::from_bits(xorshift(&mut s) as u32));
@@ -152,11 +164,30 @@ fn every_f8_code_loads_exactly_and_every_rounding_case_stores_exactly() {
             inputs.push(f64s(&ds));
         }
         // Integers past every range, and f16 (through f32), to the type.
-        let ints: Vec<i64> =
-            [0, 1, -1, 7, 17, 255, 449, 465, 479, 481, 57343, 57344, 61439, 61440, 61441, 1 << 24, (1 << 24) + 1, i64::MAX, i64::MIN]
-                .into_iter()
-                .flat_map(|x: i64| [x, x.wrapping_neg()])
-                .collect();
+        let ints: Vec<i64> = [
+            0,
+            1,
+            -1,
+            7,
+            17,
+            255,
+            449,
+            465,
+            479,
+            481,
+            57343,
+            57344,
+            61439,
+            61440,
+            61441,
+            1 << 24,
+            (1 << 24) + 1,
+            i64::MAX,
+            i64::MIN,
+        ]
+        .into_iter()
+        .flat_map(|x: i64| [x, x.wrapping_neg()])
+        .collect();
         for it in [DType::I32, DType::I64, DType::U64, DType::U8, DType::I16] {
             let t = Tensor::from_i64(it, Shape::new(vec![ints.len()]).expect("shape"), &ints).expect("ints");
             for sat in [true, false] {
@@ -190,7 +221,21 @@ fn nibbles_load_store_and_cast_two_to_a_byte() {
         }
         // Floats: ties, out of range, NaN, ±∞, −0; odd counts.
         let mut xs: Vec<f32> = (-40..=40).map(|i| i as f32 * 0.25).collect();
-        xs.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 1e30, -1e30, 7.5, 8.5, 15.5, 16.5, -8.5, -7.5, 0.49999997]);
+        xs.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            1e30,
+            -1e30,
+            7.5,
+            8.5,
+            15.5,
+            16.5,
+            -8.5,
+            -7.5,
+            0.49999997,
+        ]);
         kernels.push(cast_kernel(DType::F32, d, xs.len(), true));
         inputs.push(f32s(&xs));
         let ds: Vec<f64> = xs.iter().map(|&x| f64::from(x)).chain([0.5 + 1e-12, 2.5 - 1e-12, 7.5 + 1e-13]).collect();

@@ -206,7 +206,7 @@ impl Eval<'_, '_> {
     /// significand bits rounds correctly: itself from f32, rounded to odd from f64,
     /// integers clamped to ±2²⁴ (beyond every 8-bit float's range) and converted
     /// exactly.
-    fn to_f32_once(&mut self, from: ScalarType, x: Reg) -> Reg {
+    fn f32_once(&mut self, from: ScalarType, x: Reg) -> Reg {
         match from {
             ScalarType::F32 => x,
             ScalarType::F64 => {
@@ -251,7 +251,7 @@ impl Eval<'_, '_> {
 
     /// ONNX `Cast` of `v` (type `from`, not bool) to 8-bit float `to`: the f32 value.
     pub(super) fn cast_f8(&mut self, from: ScalarType, v: Reg, f: F8, saturate: bool) -> Reg {
-        let y = self.to_f32_once(from, v);
+        let y = self.f32_once(from, v);
         self.f8_round(f, y, saturate)
     }
 
@@ -266,7 +266,7 @@ impl Eval<'_, '_> {
                 _ => c,
             };
         }
-        let y = self.to_f32_once(from, v);
+        let y = self.f32_once(from, v);
         let l = self.f32c(lo as f32);
         let h = self.f32c(hi as f32);
         let c = self.op2(F, "max.f32", y, l.into());

@@ -105,8 +105,11 @@ impl Eval<'_, '_> {
     /// Natural log of `x` (class `c`: f32 or f64), module docs.
     pub(super) fn log_of(&mut self, c: RegClass, x: Reg) -> Reg {
         let wide = c == D;
-        let (t, b, bc, s, u) =
-            if wide { ("f64", "b64", RegClass::B64, "s64", "u64") } else { ("f32", "b32", RegClass::B32, "s32", "u32") };
+        let (t, b, bc, s, u) = if wide {
+            ("f64", "b64", RegClass::B64, "s64", "u64")
+        } else {
+            ("f32", "b32", RegClass::B32, "s32", "u32")
+        };
         let (min_normal, scale, scale_bits, sqrt_half, man): (u64, f64, i64, u64, u64) = if wide {
             (1 << 52, 2f64.powi(54), 54, 0x3FE6_A09E_667F_3BCD, 52)
         } else {
@@ -387,8 +390,7 @@ impl Eval<'_, '_> {
         let one = self.f32c(1.0);
         // Intervals of |x| (fdlibm's): below 7/16, 11/16, 19/16, 39/16, and past.
         let bounds = [7.0f32 / 16.0, 11.0 / 16.0, 19.0 / 16.0, 39.0 / 16.0];
-        let past: Vec<Reg> =
-            bounds.iter().map(|b| self.setp("ge", "f32", ax, Imm::F32(b.to_bits()).into())).collect();
+        let past: Vec<Reg> = bounds.iter().map(|b| self.setp("ge", "f32", ax, Imm::F32(b.to_bits()).into())).collect();
         // u = num / den exactly as the interval says; each numerator is exact
         // (Sterbenz), each denominator rounds once.
         let two = self.f32c(2.0);
