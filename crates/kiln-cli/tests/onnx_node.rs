@@ -3,13 +3,22 @@
 //! both engines: the compiled path (import → compile → artifact file → load → run)
 //! and the reference evaluator.
 //!
-//! `tests/data/onnx-node.expected` (compiled) and `tests/data/onnx-node-ref.expected`
-//! (reference) list every case that does not pass, with its category and the
-//! harness's reason. A test fails when an unlisted case fails, when a listed case
+//! `tests/data/onnx-node.expected` (compiled), `tests/data/onnx-node-ref.expected`
+//! (reference) and `tests/data/onnx-node-cuda.expected` (compiled for CUDA, run on
+//! GPU 0) list every case that does not pass, with its category and the harness's
+//! reason (and, after ` — `, a note: why ONNX's data is wrong, or that a change is
+//! expected to make the case pass, to be confirmed on a GPU and then removed). A test fails when an unlisted case fails, when a listed case
 //! passes (so the list only shrinks), or when a case changes category; a panic or a
 //! crash always fails. Cases that pass with small inputs bound to their test values
-//! count as passing. Regenerate a list with `scripts/bless-onnx-node [compiled|reference]`
-//! after checking every change by hand.
+//! count as passing. Regenerate a list with
+//! `scripts/bless-onnx-node [compiled|reference|cuda]` after checking every change by
+//! hand.
+//!
+//! The CUDA run needs a CUDA driver: like the GPU tests of `tests/cuda_device.rs` it is
+//! `#[ignore = "needs a CUDA driver (scripts/gpu-test)"]`, so cargo reports it as
+//! ignored (never as passed) where there is none, and
+//! `cargo test -p kiln-cli --test onnx_node -- --ignored` runs it on the GPU machine;
+//! run without a driver it fails, saying it did not run.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,6 +39,16 @@ fn onnx_node_suite_compiled() {
 #[test]
 fn onnx_node_suite_through_the_reference_evaluator() {
     suite("reference", include_str!("data/onnx-node-ref.expected"));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA driver (scripts/gpu-test)"]
+fn onnx_node_suite_on_the_gpu() {
+    if let Err(e) = kiln_runtime::cuda::driver_present() {
+        panic!("ONNX node suite (cuda engine) NOT RUN: {e}: it needs a CUDA driver");
+    }
+    suite("cuda", include_str!("data/onnx-node-cuda.expected"));
 }
 
 fn suite(engine: &str, expected_text: &str) {

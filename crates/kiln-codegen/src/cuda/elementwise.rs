@@ -38,7 +38,8 @@
 //!
 //! Declined (to the general mapping): rows of a length that is not a multiple of the
 //! narrowest group (4 lanes of 4 bytes, 2 of 8, 2 of 2 bytes, 4 of 1 byte), storage
-//! types without a scalar store (8/6/4-bit floats, 4-bit integers), rank-0 outputs.
+//! types outside [`storage`] (8-bit floats and 4-bit integers, which the general
+//! mapping stores; 6/4-bit floats), rank-0 outputs.
 
 use std::collections::HashSet;
 

@@ -13,12 +13,15 @@
 //! once outside it (hoisting); a node evaluated inside a loop is cached only for that
 //! iteration's scope.
 //!
-//! Transcendentals (f32 only; f64 ones are declined with a typed error) are inline
-//! sequences with the error bounds stated at each: `exp` by Cody–Waite reduction and
-//! `ex2.approx` (a few ulp), `log` through `lg2.approx` (absolute error about 2^-22),
-//! `tanh` and `sinh` by a short series near 0 and `exp` past it, `erf` by a series
-//! near 0 and Abramowitz–Stegun 7.1.26 past it (absolute error 1.5e-7), `sin`/`cos`
-//! by reduction modulo 2π and `sin.approx`/`cos.approx` (absolute error about 2^-20).
+//! Transcendentals are inline sequences with the error bounds stated at each: f32
+//! `exp` by Cody–Waite reduction and `ex2.approx` (a few ulp), `tanh` and `sinh` by a
+//! short series near 0 and `exp` past it, `erf` by a series near 0 and
+//! Abramowitz–Stegun 7.1.26 past it (absolute error 1.5e-7), `sin`/`cos` by reduction
+//! modulo 2π and `sin.approx`/`cos.approx` (absolute error about 2^-20). `log` (f32,
+//! f64), f64 `exp`, `pow` (f32 computed in f64, and f64), f32 `asin`/`acos`/`atan`
+//! use no `.approx` instruction and are within about an ulp over their whole range;
+//! `fmod` (f32, f64) is exact ([`math`]). The other f64 transcendentals are declined
+//! with a typed error. 8-bit floats and 4-bit integers: [`lowp`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -27,6 +30,12 @@ use kiln_ir::DType;
 
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use crate::CodegenError;
+
+mod lowp;
+mod math;
+
+pub use lowp::is_nibble;
+use lowp::F8;
 
 /// The register class of values of type `t`.
 pub fn class(t: ScalarType) -> RegClass {
@@ -184,6 +193,13 @@ impl<'k, 'p> Eval<'k, 'p> {
                 let a = self.value(*a)?;
                 self.unary(*op, at, a)
             }
+            Expr::Binary(BinaryOp::Pow, a, b) if self.ty(*a).is_float() && self.constant_of(*b).is_some() => {
+                let at = self.ty(*a);
+                let y = self.constant_of(*b).unwrap_or(0);
+                let y = if at == ScalarType::F32 { f64::from(f32::from_bits(y as u32)) } else { f64::from_bits(y) };
+                let x = self.value(*a)?;
+                Ok(self.pow_const(class(at), x, y))
+            }
             Expr::Binary(op, a, b) => {
                 let at = self.ty(*a);
                 let (a, b) = (self.value(*a)?, self.value(*b)?);
@@ -199,6 +215,14 @@ impl<'k, 'p> Eval<'k, 'p> {
                 self.cast(from, v, *to, *saturate)
             }
             Expr::Reduce { op, vars, body } => self.reduce(*op, t, vars, *body),
+        }
+    }
+
+    /// The bits of node `e` where it is a constant.
+    fn constant_of(&self, e: ExprId) -> Option<u64> {
+        match self.k.node(e).expr {
+            Expr::Const(bits) => Some(bits),
+            _ => None,
         }
     }
 
@@ -314,6 +338,16 @@ impl<'k, 'p> Eval<'k, 'p> {
             Some(f) => f,
             None => self.p.mov(RegClass::B64, "b64", Imm::I(0).into()),
         };
+        if is_nibble(dtype) {
+            let v = self.load_nibble(self.inputs[input], flat, dtype, outside);
+            return Ok(match (bounds, outside) {
+                (Bounds::Pad(bits), Some(o)) => {
+                    let pad = self.constant(t, bits);
+                    self.select(t, o, pad, v)
+                }
+                _ => v,
+            });
+        }
         let addr = self.address(self.inputs[input], flat, dtype)?;
         match (bounds, outside) {
             (Bounds::Pad(bits), Some(o)) => {
@@ -326,7 +360,14 @@ impl<'k, 'p> Eval<'k, 'p> {
     }
 
     /// `base + flat * size(dtype)`.
+    /// 4-bit elements have no address of their own ([`is_nibble`]): an internal error.
     pub fn address(&mut self, base: Reg, flat: Reg, dtype: DType) -> R<Reg> {
+        if is_nibble(dtype) {
+            return Err(CodegenError::Internal {
+                kernel: self.k.name.clone(),
+                what: format!("an element address of packed {}", dtype.name()),
+            });
+        }
         let size = dtype.storage_bytes(1) as i64;
         let d = self.p.reg(RegClass::B64);
         self.p.op("mad.lo.s64", &[d.into(), flat.into(), Imm::I(size).into(), base.into()]);
@@ -336,6 +377,9 @@ impl<'k, 'p> Eval<'k, 'p> {
     /// A value of compute type `t` loaded from storage `dtype` at `addr` (skipped,
     /// leaving an unspecified value, where `skip` holds).
     pub fn load_at(&mut self, addr: Reg, dtype: DType, t: ScalarType, skip: Option<Reg>) -> R<Reg> {
+        if let Some(f) = F8::of(dtype) {
+            return Ok(self.load_f8(f, addr, skip));
+        }
         let Some((st, half)) = storage(dtype) else {
             return Err(self.unsupported(format!("{} loads", dtype.name())));
         };
@@ -382,6 +426,9 @@ impl<'k, 'p> Eval<'k, 'p> {
 
     /// Stores `v` (compute type `t`) as `dtype` at `addr`.
     pub fn store_at(&mut self, addr: Reg, dtype: DType, t: ScalarType, v: Reg) -> R<()> {
+        if let Some(f) = F8::of(dtype) {
+            return self.store_f8(f, addr, v);
+        }
         let Some((st, _)) = storage(dtype) else {
             return Err(self.unsupported(format!("{} stores", dtype.name())));
         };
@@ -455,7 +502,11 @@ impl<'k, 'p> Eval<'k, 'p> {
             return Ok(d);
         }
         if t == ScalarType::F64 {
-            return Err(self.unsupported(format!("f64 {}", op.name())));
+            return match op {
+                UnaryOp::Exp => Ok(self.exp64(a)),
+                UnaryOp::Log => Ok(self.log_of(RegClass::F64, a)),
+                _ => Err(self.unsupported(format!("f64 {}", op.name()))),
+            };
         }
         match op {
             UnaryOp::Exp => Ok(self.exp(a)),
@@ -504,6 +555,9 @@ impl<'k, 'p> Eval<'k, 'p> {
                 }
                 Ok(self.op2(RegClass::F32, "copysign.f32", a, l.into()))
             }
+            UnaryOp::Atan => Ok(self.atan(a)),
+            UnaryOp::Asin => Ok(self.asin_acos(a, false)),
+            UnaryOp::Acos => Ok(self.asin_acos(a, true)),
             UnaryOp::Atanh => {
                 // 0.5 * log((1 + x) / (1 - x)).
                 let one = self.f32c(1.0);
@@ -558,11 +612,9 @@ impl<'k, 'p> Eval<'k, 'p> {
         acc
     }
 
-    /// f32 natural log: `lg2.approx(x) · ln 2` (absolute error about 2^-22).
+    /// f32 natural log, about 1 ulp relative over the whole range ([`math`]).
     fn log(&mut self, x: Reg) -> Reg {
-        let l = self.op1(RegClass::F32, "lg2.approx.f32", x);
-        let ln2 = self.f32c(std::f32::consts::LN_2);
-        self.op2(RegClass::F32, "mul.rn.f32", l, ln2.into())
+        self.log_of(RegClass::F32, x)
     }
 
     /// f32 tanh: an odd series below |x| = 0.125, else `sign(x)·(1 - 2/(e^{2|x|}+1))`.
@@ -671,8 +723,9 @@ impl<'k, 'p> Eval<'k, 'p> {
                     let q = self.p.mov(c, "f64", Imm::F64(f64::NAN.to_bits()).into());
                     self.select(t, nan, q, m)
                 }
-                B::Pow if t == ScalarType::F32 => self.pow(a, b),
+                B::Pow => self.pow_of(c, a, b),
                 B::Rem if t == ScalarType::F32 => self.fmod(a, b),
+                B::Rem => self.fmod64(a, b),
                 _ => return Err(self.unsupported(format!("{t} {}", op.name()))),
             });
         }
@@ -729,67 +782,13 @@ impl<'k, 'p> Eval<'k, 'p> {
         Ok(self.norm(t, r))
     }
 
-    /// f32 `x^y`: exact for y = 1, 2 and 0 (and x^0 = 1 for every x); `√x` for y = 0.5;
-    /// otherwise `2^(y·log2|x|)` with the sign of x for odd integer y, NaN for a
-    /// negative x and non-integer y (relative error about |y·log2 x|·2^-22).
-    fn pow(&mut self, x: Reg, y: Reg) -> Reg {
-        let f = RegClass::F32;
-        let ax = self.op1(f, "abs.f32", x);
-        let l = self.op1(f, "lg2.approx.f32", ax);
-        let m = self.op2(f, "mul.rn.f32", l, y.into());
-        let g = self.op1(f, "ex2.approx.f32", m);
-        // Sign: negative x with an odd integer y; NaN for a negative x and non-integer y.
-        let yi = self.op1(f, "cvt.rzi.f32.f32", y);
-        let int = self.setp("eq", "f32", yi, y.into());
-        let half = self.f32c(0.5);
-        let yh = self.op2(f, "mul.rn.f32", y, half.into());
-        let yhi = self.op1(f, "cvt.rzi.f32.f32", yh);
-        let even = self.setp("eq", "f32", yhi, yh.into());
-        let neg = self.setp("lt", "f32", x, Imm::F32(0).into());
-        let ng = self.op1(f, "neg.f32", g);
-        let odd = self.op1(RegClass::Pred, "not.pred", even);
-        let flip = self.op2(RegClass::Pred, "and.pred", neg, odd.into());
-        let signed = self.select(ScalarType::F32, flip, ng, g);
-        let nint = self.op1(RegClass::Pred, "not.pred", int);
-        let bad = self.op2(RegClass::Pred, "and.pred", neg, nint.into());
-        let nan = self.f32c(f32::NAN);
-        let mut r = self.select(ScalarType::F32, bad, nan, signed);
-        let sq = self.op2(f, "mul.rn.f32", x, x.into());
-        let rt = self.op1(f, "sqrt.rn.f32", x);
-        let one = self.f32c(1.0);
-        for (k, v) in [(0.5f32, rt), (1.0, x), (2.0, sq), (0.0, one)] {
-            let is = self.setp("eq", "f32", y, Imm::F32(k.to_bits()).into());
-            r = self.select(ScalarType::F32, is, v, r);
-        }
-        r
-    }
-
-    /// f32 `fmod(x, y)`, computed in f64: exact while |x / y| < 2^29.
+    /// f32 `fmod(x, y)`: the f64 one of the exact f64 operands ([`math`]), whose
+    /// exact result is an f32.
     fn fmod(&mut self, x: Reg, y: Reg) -> Reg {
-        let d = RegClass::F64;
-        let xd = self.op1(d, "cvt.f64.f32", x);
-        let yd = self.op1(d, "cvt.f64.f32", y);
-        let q = self.op2(d, "div.rn.f64", xd, yd.into());
-        let q = self.op1(d, "cvt.rzi.f64.f64", q);
-        let nq = self.op1(d, "neg.f64", q);
-        let r = self.op3(d, "fma.rn.f64", nq, yd, xd);
-        // A quotient rounded up past an integer leaves r with the wrong sign: one |y| back.
-        let ay = self.op1(d, "abs.f64", yd);
-        let sx = self.op2(d, "copysign.f64", xd, ay.into());
-        let fixed = self.op2(d, "add.rn.f64", r, sx.into());
-        let prod = self.op2(d, "mul.rn.f64", r, xd.into());
-        let wrong = self.setp("lt", "f64", prod, Imm::F64(0).into());
-        let r = self.select(ScalarType::F64, wrong, fixed, r);
-        let r = self.op1(RegClass::F32, "cvt.rn.f32.f64", r);
-        // Keep the sign of x for a zero result, and NaN for y = 0 or x infinite.
-        let r = self.op2(RegClass::F32, "copysign.f32", x, r.into());
-        let z = self.setp("eq", "f32", y, Imm::F32(0).into());
-        let inf = self.setp("equ", "f32", x, Imm::F32(f32::INFINITY.to_bits()).into());
-        let ninf = self.setp("equ", "f32", x, Imm::F32(f32::NEG_INFINITY.to_bits()).into());
-        let bad = self.op2(RegClass::Pred, "or.pred", z, inf.into());
-        let bad = self.op2(RegClass::Pred, "or.pred", bad, ninf.into());
-        let nan = self.f32c(f32::NAN);
-        self.select(ScalarType::F32, bad, nan, r)
+        let xd = self.op1(RegClass::F64, "cvt.f64.f32", x);
+        let yd = self.op1(RegClass::F64, "cvt.f64.f32", y);
+        let r = self.fmod64(xd, yd);
+        self.op1(RegClass::F32, "cvt.rn.f32.f64", r)
     }
 
     /// Integer conversion between integer compute types (wrapping).
@@ -811,12 +810,18 @@ impl<'k, 'p> Eval<'k, 'p> {
     }
 
     /// ONNX `Cast` of `v` (type `from`) to the values of `to`.
-    fn cast(&mut self, from: ScalarType, v: Reg, to: DType, _saturate: bool) -> R<Reg> {
+    fn cast(&mut self, from: ScalarType, v: Reg, to: DType, saturate: bool) -> R<Reg> {
         let ct = ScalarType::of_storage(to);
         if from == ScalarType::Bool {
             let one = self.constant(ct, ct.bits_of_i64(1));
             let zero = self.constant(ct, 0);
             return Ok(self.select(ct, v, one, zero));
+        }
+        if let Some(f) = F8::of(to) {
+            return Ok(self.cast_f8(from, v, f, saturate));
+        }
+        if is_nibble(to) {
+            return Ok(self.cast_nibble(from, v, to));
         }
         match to {
             DType::Bool => {

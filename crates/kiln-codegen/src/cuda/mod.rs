@@ -166,6 +166,10 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
 
 /// [`compile_kernel`] with the variants `tune`.
 pub fn compile_kernel_tuned(k: &Kernel, class: KernelClass, tune: &tune::Tune) -> Result<Entry, CodegenError> {
+    // Two 4-bit elements share a byte: only the general mapping writes whole bytes.
+    if expr::is_nibble(k.output.dtype) {
+        return general::emit(k);
+    }
     let tried = match class {
         KernelClass::Elementwise | KernelClass::Movement => elementwise::emit(k, class)?,
         KernelClass::Window => window::emit(k)?,
