@@ -102,6 +102,39 @@ pub struct IntContraction {
     pub zb: Option<ExprId>,
 }
 
+impl IntContraction {
+    /// Whether an integer microkernel reads this contraction where it lies: `B` steps 1
+    /// or 2 elements a column, and every load outside the reduction (the epilogue's and
+    /// the zero points') is an `InBounds` load at an affine offset that steps 0 or 1
+    /// element a column (`kiln-codegen`'s `cpu::qgemm` keeps their pointers on the
+    /// stack, so their number is not bounded as a float tile's are).
+    pub fn in_place(&self, k: &Kernel) -> bool {
+        if !matches!(self.c.column_step(&self.c.b.offset), Some(1 | 2)) {
+            return false;
+        }
+        let mut seen = vec![false; k.nodes.len()];
+        let mut stack = vec![k.root];
+        stack.extend(self.za);
+        stack.extend(self.zb);
+        while let Some(e) = stack.pop() {
+            if e == self.c.reduce || std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match &k.node(e).expr {
+                Expr::Load { input, index, bounds: Bounds::InBounds } => {
+                    let step = load_offset(k, *input, index).and_then(|o| self.c.column_step(&o));
+                    if !matches!(step, Some(0 | 1)) {
+                        return false;
+                    }
+                }
+                Expr::Load { .. } => return false,
+                other => other.for_each_operand(|o| stack.push(o)),
+            }
+        }
+        true
+    }
+}
+
 /// Whether `e` reads any of `vars`.
 fn reads_vars(k: &Kernel, e: ExprId, vars: &[u32]) -> bool {
     let mut stack = vec![e];

@@ -8,7 +8,8 @@
 //!   input once; the convolution then reads that in bounds, at indices shifted by the
 //!   padding, which makes it a contraction (one extra pass over the input, instead of
 //!   a bounds check per multiply-add). A depthwise convolution ([`crate::window`]) is
-//!   left as it is: its kernel handles the border itself.
+//!   left as it is: its kernel handles the border itself. An integer convolution
+//!   ([`crate::contraction::IntContraction`]) is padded with its input's zero point.
 //! - [`relayout_constants`]: a constant right operand that is not column-contiguous
 //!   (`Gemm` with `transB = 1`, a recurrent layer's weights) is copied at compile time
 //!   into a `[batch.., K, N]` constant, one copy however many dispatches read it so.
@@ -212,10 +213,24 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         _ => None,
     })?;
     let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
-    for load in [x, y] {
+    // An integer contraction's operand is `i32(load) − zero point` (padded with the
+    // zero point, so the padding contributes nothing either way).
+    let int = k.node(body).ty == crate::kernel::ScalarType::I32;
+    let operand_load = |e: ExprId| {
+        let e = match k.node(e).expr {
+            Expr::Binary(BinaryOp::Sub, v, _) if int => v,
+            _ => e,
+        };
+        match k.node(e).expr {
+            Expr::Cast { value, .. } if int => value,
+            _ => e,
+        }
+    };
+    for load in [operand_load(x), operand_load(y)] {
         let Expr::Load { input, index, bounds: Bounds::Pad(bits) } = &k.node(load).expr else { continue };
         let ty = k.inputs.get(*input as usize)?;
-        if ty.dtype != DType::F32 {
+        let dtype_ok = if int { matches!(ty.dtype, DType::U8 | DType::I8) } else { ty.dtype == DType::F32 };
+        if !dtype_ok {
             continue;
         }
         // Range of every index; the padded tensor covers it.
@@ -231,7 +246,7 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         if shift.iter().all(|&s| s == 0) && pdims.iter().zip(dims).all(|(p, d)| p == d) {
             continue;
         }
-        let padded_ty = TensorType::new(DType::F32, Shape::new(pdims).ok()?);
+        let padded_ty = TensorType::new(ty.dtype, Shape::new(pdims).ok()?);
         // The padded copy takes the operand's place unless another load reads it too.
         let new_input = if loads_of(k, *input) == 1 { *input } else { k.inputs.len() as u32 };
         let kernel = rebuild_load(k, load, new_input, &padded_ty, &mut |b, idx| {
@@ -243,7 +258,12 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
                 })
                 .collect()
         })?;
-        if !Contraction::of(&kernel).is_some_and(|c| c.epilogue_is_affine(&kernel)) {
+        let taken = if int {
+            Contraction::of_int(&kernel).is_some_and(|c| c.c.epilogue_is_affine(&kernel))
+        } else {
+            Contraction::of(&kernel).is_some_and(|c| c.epilogue_is_affine(&kernel))
+        };
+        if !taken {
             continue;
         }
         // The padding kernel: padded[q] = x[q − shift] (the pad value outside x).
