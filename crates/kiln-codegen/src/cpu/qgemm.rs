@@ -375,7 +375,7 @@ impl<'k> Emitter<'k> {
             let node = k.node(e);
             let ty = node.ty;
             let ok = match &node.expr {
-                Expr::Const(_) => matches!(ty, ScalarType::F32 | ScalarType::I32),
+                Expr::Const(_) => ty == ScalarType::F32 || is_int32(ty),
                 Expr::Load { input, index, bounds } => {
                     if *bounds != Bounds::InBounds {
                         return no("an epilogue load that is not in bounds");
@@ -432,8 +432,20 @@ impl<'k> Emitter<'k> {
                             _ => false,
                         }
                 }
-                Expr::Unary(op, _) => {
-                    ty == ScalarType::F32 && matches!(op, UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Trunc)
+                Expr::Unary(op, x) => {
+                    let f = k.node(*x).ty == ScalarType::F32;
+                    match op {
+                        UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Trunc => ty == ScalarType::F32,
+                        // (Bools are lanes of all ones or zeros.)
+                        UnaryOp::IsNan => f,
+                        _ => false,
+                    }
+                }
+                Expr::Select(c, x, y) => {
+                    k.node(*c).ty == ScalarType::Bool
+                        && k.node(*x).ty == ty
+                        && k.node(*y).ty == ty
+                        && (ty == ScalarType::F32 || ty == ScalarType::I32)
                 }
                 _ => false,
             };
@@ -1045,7 +1057,15 @@ impl<'k> Emitter<'k> {
         let node = self.k.node(e).clone();
         let r = match node.expr {
             Expr::Const(bits) => {
-                let l = self.t.scalar(&mut self.a, bits as u32);
+                // (Integers as i32 lanes: the narrow types' bits are zero-extended.)
+                let word = match node.ty {
+                    ScalarType::I8 => bits as u8 as i8 as i32 as u32,
+                    ScalarType::I16 => bits as u16 as i16 as i32 as u32,
+                    ScalarType::U8 => bits as u8 as u32,
+                    ScalarType::U16 => bits as u16 as u32,
+                    _ => bits as u32,
+                };
+                let l = self.t.scalar(&mut self.a, word);
                 let r = take(pool)?;
                 self.a.vpbroadcastd(ZMM[r], dword_ptr(l))?;
                 r
@@ -1122,6 +1142,27 @@ impl<'k> Emitter<'k> {
                         r
                     }
                 }
+            }
+            Expr::Unary(UnaryOp::IsNan, x) => {
+                let v = self.eval(x, ev, pool)?;
+                self.release(x, v, ev, pool);
+                let r = take(pool)?;
+                self.a.vcmpps(k5, ZMM[v], ZMM[v], 3)?;
+                self.a.vpmovm2d(ZMM[r], k5)?;
+                r
+            }
+            Expr::Select(c, x, y) => {
+                let vc = self.eval(c, ev, pool)?;
+                let vx = self.eval(x, ev, pool)?;
+                let vy = self.eval(y, ev, pool)?;
+                self.a.vpmovd2m(k5, ZMM[vc])?;
+                self.release(c, vc, ev, pool);
+                self.release(x, vx, ev, pool);
+                self.release(y, vy, ev, pool);
+                let r = take(pool)?;
+                // r = c ? x : y
+                self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?;
+                r
             }
             Expr::Unary(op, x) => {
                 let v = self.eval(x, ev, pool)?;
