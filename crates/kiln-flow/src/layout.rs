@@ -109,7 +109,12 @@ pub fn contraction_in_place(k: &Kernel) -> bool {
 /// `k` reading gathered columns, the gathering kernel and the input slot it replaces;
 /// `None` unless the result is a contraction over the wider column group.
 fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
-    let c = Contraction::of(k)?;
+    // (An integer convolution's 8-bit image is gathered the same way.)
+    let int = Contraction::of(k).is_none();
+    let c = match Contraction::of(k) {
+        Some(c) => c,
+        None => Contraction::of_int(k)?.c,
+    };
     let r = k.out_rank();
     let [n0] = c.n[..] else { return None };
     // Narrow rows, or a column step above 2 (which no microkernel reads in place). A
@@ -129,7 +134,7 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         return None;
     }
     // (A weight converted in its load is no image to gather.)
-    if c.b.dtype != DType::F32 {
+    if c.b.dtype != DType::F32 && !int {
         return None;
     }
     let load = product_load(k, &c, c.b.input)?;
@@ -142,7 +147,7 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     if dims.iter().map(|&d| d as u64).product::<u64>() > GATHER_MOST {
         return None;
     }
-    let ty = TensorType::new(DType::F32, Shape::new(dims).ok()?);
+    let ty = TensorType::new(if int { c.b.dtype } else { DType::F32 }, Shape::new(dims).ok()?);
     // The gathering kernel: its output index takes the place of `axes`; any other
     // variable B's index mentions has coefficient 0 there (extent 1), so it reads 0.
     let xty = k.inputs[c.b.input as usize].clone();
@@ -158,7 +163,7 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     // The kernel reads the columns at its own variables.
     let new_input = if loads_of(k, c.b.input) == 1 { c.b.input } else { k.inputs.len() as u32 };
     let kernel = rebuild_load(k, load, new_input, &ty, &mut |b, _| axes.iter().map(|&v| b.var(VarId(v))).collect())?;
-    let wide = Contraction::of(&kernel)?;
+    let wide = if int { Contraction::of_int(&kernel)?.c } else { Contraction::of(&kernel)? };
     if wide.n != [x, n0] || !wide.epilogue_is_affine(&kernel) {
         return None;
     }
@@ -294,9 +299,16 @@ fn loads_of(k: &Kernel, input: u32) -> usize {
 fn product_load(k: &Kernel, c: &Contraction, input: u32) -> Option<ExprId> {
     let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
     let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
-    let through = |e: ExprId| match k.node(e).expr {
-        Expr::Cast { value, .. } => value,
-        _ => e,
+    // (An integer operand is `i32(load) − zero point`.)
+    let through = |e: ExprId| {
+        let e = match k.node(e).expr {
+            Expr::Binary(BinaryOp::Sub, v, _) => v,
+            _ => e,
+        };
+        match k.node(e).expr {
+            Expr::Cast { value, .. } => value,
+            _ => e,
+        }
     };
     [x, y].into_iter().map(through).find(|&e| matches!(k.node(e).expr, Expr::Load { input: i, .. } if i == input))
 }

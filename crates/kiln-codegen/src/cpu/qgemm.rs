@@ -50,7 +50,7 @@
 //! (`vrndscaleps`), clamps with a constant bound (NaN passes through as in the
 //! interpreter), loads of f32, i32, u8 and i8 operands per row, per column or per tensor
 //! (a QLinear op's scales, zero points and bias), and a store of f32, i32 or a value
-//! clamped into u8/i8 (`vpmovdb`). QLinear's requantisation is `round_half_even(f32(acc)
+//! cast to u8/i8 (`vpmovdb`). QLinear's requantisation is `round_half_even(f32(acc)
 //! · (s_a·s_b / s_y)) + z_y`, saturated: ONNX Runtime's order of operations. Anything else
 //! declines the kernel (it then runs on the general path, as on a CPU without AVX-512 BW).
 
@@ -63,14 +63,19 @@ use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
 use super::asm::{add_imm, enter, leave, Tables, ZMM};
+use super::math;
+use super::vector::{Mask, Vx, V};
 use super::gemm::{no, NotHere, R};
 
 /// Columns per workgroup block (two vectors of 16 lanes).
 const NB: u64 = 32;
 /// Vectors of a block.
 const NV: usize = 2;
-/// Rows of a full tile.
+/// Rows of a full tile (24 accumulators, 8 registers for the epilogue).
 const MR: u64 = 12;
+/// Rows of a full tile whose epilogue computes a transcendental (16 accumulators: erf
+/// and tanh need 8 scratch registers besides their operand and result).
+const MR_TRANSCENDENTAL: u64 = 8;
 /// The most reduction steps (the copy of a block, `⌈K/4⌉·128` bytes, is on the stack).
 const MOST_K: u64 = 8192;
 /// Workgroups below which rows are cut into groups.
@@ -145,6 +150,10 @@ struct Emitter<'k> {
     b_step: i64,
     /// Epilogue nodes, and how often each is an operand there.
     uses: HashMap<u32, u32>,
+    /// Rows of a full tile ([`MR`], or [`MR_TRANSCENDENTAL`]).
+    mr: u64,
+    /// The epilogue computes exp, erf, tanh or log.
+    transcendental: bool,
     /// Workgroup split.
     blocks: u64,
     groups: u64,
@@ -223,6 +232,8 @@ impl<'k> Emitter<'k> {
             a_pitch: 0,
             b_step: 1,
             uses: HashMap::new(),
+            mr: MR,
+            transcendental: false,
             blocks: n.div_ceil(NB),
             groups: 1,
             rows_per_group: m,
@@ -240,10 +251,13 @@ impl<'k> Emitter<'k> {
         e.plan_epilogue()?;
         // Rows cut into groups where blocks are too few to share among threads.
         let batch: u64 = e.batch_ext.iter().product();
-        let tiles = m.div_ceil(MR);
+        if e.transcendental {
+            e.mr = MR_TRANSCENDENTAL;
+        }
+        let tiles = m.div_ceil(e.mr);
         if batch * e.blocks < SPREAD {
             let g = tiles.min(SPREAD.div_ceil(batch * e.blocks)).max(1);
-            e.rows_per_group = tiles.div_ceil(g) * MR;
+            e.rows_per_group = tiles.div_ceil(g) * e.mr;
             e.groups = m.div_ceil(e.rows_per_group);
         }
         Ok(e)
@@ -438,6 +452,10 @@ impl<'k> Emitter<'k> {
                         UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Trunc => ty == ScalarType::F32,
                         // (Bools are lanes of all ones or zeros.)
                         UnaryOp::IsNan => f,
+                        &op if math::has_vector_form(op) && f && ty == ScalarType::F32 => {
+                            self.transcendental |= math::vector_scratch(op) > 0;
+                            true
+                        }
                         _ => false,
                     }
                 }
@@ -767,14 +785,15 @@ impl<'k> Emitter<'k> {
         self.a.mov(rax, qword_ptr(rsp + S_GROUP))?;
         self.imul(rax, self.rows_per_group as i64)?;
         self.a.mov(qword_ptr(rsp + S_MT), rax)?;
-        let full = rows / MR;
-        let tail = rows % MR;
+        let mr = self.mr;
+        let full = rows / mr;
+        let tail = rows % mr;
         if full > 0 {
             self.a.mov(qword_ptr(rsp + S_TCOUNT), full as i32)?;
             let mut l = self.a.create_label();
             self.a.set_label(&mut l)?;
-            self.tile(MR, cols)?;
-            self.a.add(qword_ptr(rsp + S_MT), MR as i32)?;
+            self.tile(mr, cols)?;
+            self.a.add(qword_ptr(rsp + S_MT), mr as i32)?;
             self.a.dec(qword_ptr(rsp + S_TCOUNT))?;
             self.a.jnz(l)?;
         }
@@ -913,7 +932,8 @@ impl<'k> Emitter<'k> {
             self.a.mov(eax, ((1u32 << part) - 1) as i32)?;
             self.a.kmovw(k2, eax)?;
         }
-        let mut pool: Vec<usize> = (24..32).rev().collect();
+        // (The registers of the reduction, and accumulators a short tile leaves unused.)
+        let mut pool: Vec<usize> = (rows_ * NV..32).rev().collect();
         for i in 0..rows_ {
             for j in 0..nv {
                 let masked = part != 0 && j == nv - 1;
@@ -1124,20 +1144,14 @@ impl<'k> Emitter<'k> {
                         r
                     }
                     (true, _) => {
-                        // f32 → u8/i8: clamped to the range, truncated, NaN to 0.
-                        let (lo, hi) = if to == DType::U8 { (0f32, 255f32) } else { (-128f32, 127f32) };
+                        // f32 → u8/i8 as the interpreter converts: truncated (saturating
+                        // to i64, NaN to 0), then wrapped to eight bits (`super::vops`).
                         let t = take(pool)?;
                         self.release(value, v, ev, pool);
                         let r = take(pool)?;
-                        let l = self.t.scalar(&mut self.a, lo.to_bits());
-                        self.a.vbroadcastss(ZMM[t], dword_ptr(l))?;
-                        self.a.vmaxps(ZMM[r], ZMM[t], ZMM[v])?;
-                        let h = self.t.scalar(&mut self.a, hi.to_bits());
-                        self.a.vbroadcastss(ZMM[t], dword_ptr(h))?;
-                        self.a.vminps(ZMM[r], ZMM[t], ZMM[r])?;
-                        self.a.vcmpps(k4, ZMM[r], ZMM[r], 3)?;
-                        self.a.vcvttps2dq(ZMM[r], ZMM[r])?;
-                        self.a.vpxord(ZMM[r].k4(), ZMM[r], ZMM[r])?;
+                        let ty = if to == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
+                        let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
+                        vx.f32_to_8bit(ty, V(r as u8), V(v as u8), V(t as u8), Mask(4))?;
                         pool.push(t);
                         r
                     }
@@ -1162,6 +1176,22 @@ impl<'k> Emitter<'k> {
                 let r = take(pool)?;
                 // r = c ? x : y
                 self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?;
+                r
+            }
+            Expr::Unary(op, x) if math::has_vector_form(op) => {
+                // exp, erf, tanh, log, sqrt, neg, abs: the general path's inline code
+                // (`super::math`), its coefficients read as broadcasts.
+                let v = self.eval(x, ev, pool)?;
+                let n = math::vector_scratch(op);
+                let mut t = Vec::with_capacity(n);
+                for _ in 0..n {
+                    t.push(V(take(pool)? as u8));
+                }
+                self.release(x, v, ev, pool);
+                let r = take(pool)?;
+                let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
+                vx.unary(op, V(r as u8), V(v as u8), &t)?;
+                pool.extend(t.iter().map(|v| v.0 as usize));
                 r
             }
             Expr::Unary(op, x) => {
