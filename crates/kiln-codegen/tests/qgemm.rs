@@ -243,3 +243,138 @@ fn qlinear_conv() {
         }
     }
 }
+
+/// `out[m, n] = epi(Σ_k (i32(a[m, k]) − za)·i32(b[k, n]))`, `epi` per `what`:
+/// `"erf"`: `erf(f32(acc)·s[m]) + r[m, n]` (f32 out: a transcendental epilogue, 8-row
+/// tiles, a per-row and a per-column load); `"wrap"`: `u8(f32(acc)·s[m] + 0.5)` with no
+/// clamp (f32 → u8 wraps like the interpreter: truncate, saturate to i64, low byte);
+/// `"select"`: `isnan(x) ? 0 : round(x)` then `i32`-exact `i8` output after clamping.
+fn epilogue_kernel(what: &str, m: usize, k: usize, n: usize) -> kiln_flow::Kernel {
+    use kiln_flow::{BinaryOp, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+    let t = |d: DType, dims: &[usize]| kiln_ir::TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
+    let out = match what {
+        "erf" => DType::F32,
+        "wrap" => DType::U8,
+        _ => DType::I8,
+    };
+    let ins = vec![t(DType::U8, &[m, k]), t(DType::I8, &[k, n]), t(DType::F32, &[m]), t(DType::F32, &[m, n])];
+    let mut b = KernelBuilder::new(format!("epi_{what}"), ins, t(out, &[m, n]));
+    let o = b.out_index();
+    let kv = b.new_var(k as u64);
+    let kk = b.var(kv);
+    let x = b.load(0, vec![o[0], kk]);
+    let x = b.convert(x, ScalarType::I32);
+    let za = b.int(ScalarType::I32, 100);
+    let x = b.sub(x, za);
+    let w = b.load(1, vec![kk, o[1]]);
+    let w = b.convert(w, ScalarType::I32);
+    let p = b.mul(x, w);
+    let acc = b.reduce(ReduceOp::Sum, vec![kv], p);
+    let f = b.convert(acc, ScalarType::F32);
+    let s = b.load(2, vec![o[0]]);
+    let v = b.mul(f, s);
+    let root = match what {
+        "erf" => {
+            let e = b.unary(UnaryOp::Erf, v);
+            let r = b.load(3, vec![o[0], o[1]]);
+            b.add(e, r)
+        }
+        "wrap" => {
+            let h = b.float(ScalarType::F32, 0.5);
+            let v = b.add(v, h);
+            b.cast(v, DType::U8, true)
+        }
+        _ => {
+            let nan = b.unary(UnaryOp::IsNan, v);
+            let r = b.unary(UnaryOp::Round, v);
+            let zero = b.float(ScalarType::F32, 0.0);
+            let v = b.select(nan, zero, r);
+            let (lo, hi) = (b.float(ScalarType::F32, -128.0), b.float(ScalarType::F32, 127.0));
+            let v = b.binary(BinaryOp::Max, v, lo);
+            let v = b.binary(BinaryOp::Min, v, hi);
+            b.cast(v, DType::I8, true)
+        }
+    };
+    b.finish(root).unwrap()
+}
+
+#[test]
+fn epilogues() {
+    let cfgs = int8_configs();
+    if cfgs.is_empty() {
+        return;
+    }
+    for what in ["erf", "wrap", "select"] {
+        for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33)] {
+            let kernel = epilogue_kernel(what, m, k, n);
+            let a = ints(DType::U8, &[m, k], 1);
+            let b = ints(DType::I8, &[k, n], 2);
+            // Scales that send some values far out of u8's range (wrapping), and a NaN.
+            let mut sv: Vec<f64> = (0..m).map(|i| [0.001, 0.02, 3.0, -0.7][i % 4]).collect();
+            if m > 5 {
+                sv[5] = f64::NAN;
+            }
+            let s = Tensor::from_f64(DType::F32, Shape::new(vec![m]).unwrap(), &sv).unwrap();
+            let r = Tensor::from_f64(DType::F32, Shape::new(vec![m, n]).unwrap(), &vec![0.25; m * n]).unwrap();
+            let inputs = [&a, &b, &s, &r];
+            let want = kiln_flow::interp::run(&kernel, &inputs).unwrap();
+            for cfg in &cfgs {
+                let note = compile_with(&classify(&[&kernel]), &cfg.target, &cfg.options).unwrap().notes[0].clone();
+                assert!(note.starts_with("integer contraction microkernel"), "{what}: {note}");
+                for splits in [1, 3] {
+                    let got = run_compiled(&kernel, &inputs, cfg, splits);
+                    // erf is the general path's inline code: within a few ulp of libm.
+                    let cmp = if what == "erf" { Cmp { zero_sign: false, rtol: 1e-5 } } else { EXACT };
+                    if let Err(e) = compare(&got, &want, cmp) {
+                        panic!("{what} {m}x{k}x{n} under {:?}: {e}", cfg.target);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A row kernel with a u8 result (a QuantizeLinear after a Softmax: `round(softmax(x) /
+/// s) + z`, clamped, cast) is a 16-lane row kernel storing bytes, and matches the
+/// interpreter; rows of every length mod 16 (the masked tail).
+#[test]
+fn row_kernels_store_bytes() {
+    use kiln_flow::{BinaryOp, KernelBuilder, ScalarType, UnaryOp};
+    let cfgs = int8_configs();
+    if cfgs.is_empty() {
+        return;
+    }
+    for len in [1usize, 15, 16, 17, 40] {
+        let rows = 3;
+        let sm = softmax(rows, len);
+        // q = u8(min(max(round(y / s) + 3, 0), 255)) over the softmax `y`.
+        let t = |d: DType, dims: &[usize]| kiln_ir::TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
+        let mut b = KernelBuilder::new("q", vec![t(DType::F32, &[rows, len])], t(DType::U8, &[rows, len]));
+        let o = b.out_index();
+        let y = b.load(0, o.clone());
+        let s = b.float(ScalarType::F32, 1.0 / 255.0);
+        let v = b.binary(BinaryOp::Div, y, s);
+        let v = b.unary(UnaryOp::Round, v);
+        let z = b.float(ScalarType::F32, 3.0);
+        let v = b.add(v, z);
+        let (lo, hi) = (b.float(ScalarType::F32, 0.0), b.float(ScalarType::F32, 255.0));
+        let v = b.binary(BinaryOp::Max, v, lo);
+        let v = b.binary(BinaryOp::Min, v, hi);
+        let v = b.cast(v, DType::U8, true);
+        let q = b.finish(v).unwrap();
+        let x = Tensor::from_f64(
+            DType::F32,
+            Shape::new(vec![rows, len]).unwrap(),
+            &(0..rows * len).map(|i| ((i * 37) % 11) as f64 * 0.3 - 1.0).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let y = kiln_flow::interp::run(&sm, &[&x]).unwrap();
+        let want = kiln_flow::interp::run(&q, &[&y]).unwrap();
+        for cfg in &cfgs {
+            let note = compile_with(&classify(&[&q]), &cfg.target, &cfg.options).unwrap().notes[0].clone();
+            assert!(note.contains("row kernel (avx-512)"), "{len}: {note}");
+            let got = run_compiled(&q, &[&y], cfg, 2);
+            compare(&got, &want, EXACT).unwrap_or_else(|e| panic!("{len}: {e}"));
+        }
+    }
+}

@@ -926,11 +926,13 @@ impl<'k> Emitter<'k> {
             self.a.kmovw(k1, eax)?;
             step(self, true)?;
         }
-        // Epilogue, accumulator by accumulator.
+        // Epilogue, accumulator by accumulator. Opmasks: `k1` the columns' tail (the
+        // reduction's tail is done with it), `k2` erf's, `k4`/`k5` conversions' and
+        // selects' (the conventions of `super::vops`).
         let part = cols % 16;
         if part != 0 {
             self.a.mov(eax, ((1u32 << part) - 1) as i32)?;
-            self.a.kmovw(k2, eax)?;
+            self.a.kmovw(k1, eax)?;
         }
         // (The registers of the reduction, and accumulators a short tile leaves unused.)
         let mut pool: Vec<usize> = (rows_ * NV..32).rev().collect();
@@ -998,7 +1000,7 @@ impl<'k> Emitter<'k> {
             DType::U8 | DType::I8 => {
                 let at = xmmword_ptr(rax + disp);
                 if masked {
-                    self.a.vpmovdb(at.k2(), z)?;
+                    self.a.vpmovdb(at.k1(), z)?;
                 } else {
                     self.a.vpmovdb(at, z)?;
                 }
@@ -1006,7 +1008,7 @@ impl<'k> Emitter<'k> {
             _ => {
                 let at = zmmword_ptr(rax + disp);
                 if masked {
-                    self.a.vmovdqu32(at.k2(), z)?;
+                    self.a.vmovdqu32(at.k1(), z)?;
                 } else {
                     self.a.vmovdqu32(at, z)?;
                 }
@@ -1113,16 +1115,16 @@ impl<'k> Emitter<'k> {
                     (DType::U8 | DType::I8, true) => {
                         let at = xmmword_ptr(rax + disp);
                         match (el.dtype == DType::U8, ev.masked) {
-                            (true, true) => self.a.vpmovzxbd(z.k2().z(), at)?,
+                            (true, true) => self.a.vpmovzxbd(z.k1().z(), at)?,
                             (true, false) => self.a.vpmovzxbd(z, at)?,
-                            (false, true) => self.a.vpmovsxbd(z.k2().z(), at)?,
+                            (false, true) => self.a.vpmovsxbd(z.k1().z(), at)?,
                             (false, false) => self.a.vpmovsxbd(z, at)?,
                         }
                     }
                     (_, true) => {
                         let at = zmmword_ptr(rax + disp);
                         if ev.masked {
-                            self.a.vmovdqu32(z.k2().z(), at)?;
+                            self.a.vmovdqu32(z.k1().z(), at)?;
                         } else {
                             self.a.vmovdqu32(z, at)?;
                         }
