@@ -159,8 +159,7 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     // lanes by `vpmovdb`, which has a 16-lane form only.)
     let bytes = matches!(k.output.dtype, DType::I8 | DType::U8);
     if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) && !(wide && bytes) {
-        let lanes = if wide { "f32, i32, u32, i8 or u8 lanes here" } else { "f32, i32 or u32 lanes here" };
-        return no(format!("a {} output ({lanes})", k.output.dtype.name()));
+        return no(format!("a {} output (f32, i32 or u32 lanes here)", k.output.dtype.name()));
     }
     // The vector axis: the innermost output axis longer than 1 (axes after it have one
     // position, so the output stays dense row by row); a row shorter than a vector is
