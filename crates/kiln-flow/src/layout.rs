@@ -133,8 +133,10 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     if !c.batch.contains(&x) || c.a.offset.of(x) != 0 || c.b.offset.of(x) == 0 {
         return None;
     }
-    // (A weight converted in its load is no image to gather.)
-    if c.b.dtype != DType::F32 && !int {
+    // (A weight converted in its load is no image to gather. An integer image is
+    // gathered at stride 1 only: its code generator reads stride-2 columns in place,
+    // and copies bytes a run at a time, not one by one.)
+    if (c.b.dtype != DType::F32 && !int) || (int && step != 1) {
         return None;
     }
     let load = product_load(k, &c, c.b.input)?;
