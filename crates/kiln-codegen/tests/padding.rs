@@ -58,6 +58,45 @@ fn paddings_match_the_interpreter() {
     }
 }
 
+/// 1-byte paddings (an 8-bit image padded with its zero point, in front of an integer
+/// convolution): the same shapes, i8 and u8, pad values at both ends of the range.
+#[test]
+fn byte_paddings_match_the_interpreter() {
+    require_avx2_fma!(", so the padding kernel is not used");
+    let cases: Vec<(Vec<usize>, Vec<usize>, Vec<i64>)> = vec![
+        (vec![1, 3, 5, 6], vec![1, 3, 7, 8], vec![0, 0, -1, -1]),
+        (vec![2, 4, 9, 70], vec![2, 4, 13, 74], vec![0, 0, -2, -2]),
+        (vec![3, 20], vec![5, 30], vec![-1, -3]),
+        (vec![37], vec![41], vec![-2]),
+        (vec![2, 3, 16], vec![2, 3, 8], vec![0, 0, 4]),
+        (vec![2, 9, 9], vec![4, 5, 12], vec![1, 2, -1]),
+        (vec![1, 2, 7, 100], vec![1, 2, 9, 230], vec![0, 0, -1, -100]),
+    ];
+    for (i, (inp, out, shift)) in cases.into_iter().enumerate() {
+        for (dtype, pad) in [(DType::U8, 0u64), (DType::U8, 255), (DType::I8, 0x80), (DType::I8, 0x7F)] {
+            let t = |d: &[usize]| TensorType::new(dtype, Shape::new(d.to_vec()).unwrap());
+            let mut b = KernelBuilder::new("pad8", vec![t(&inp)], t(&out));
+            let q = b.out_index();
+            let idx = q
+                .iter()
+                .zip(&shift)
+                .map(|(&qd, &s)| {
+                    let c = b.index(s);
+                    b.add(qd, c)
+                })
+                .collect();
+            let v = b.load_with(0, idx, Bounds::Pad(pad));
+            let k = b.finish(v).unwrap();
+            let m = compile_with(&classify(&[&k]), &CpuTarget::Host, &Options::default()).unwrap();
+            assert!(m.notes[0].starts_with("padding copy"), "case {i}: {}", m.notes[0]);
+            let n: usize = inp.iter().product();
+            let bits: Vec<u64> = (0..n as u64).map(|j| (j * 37 + i as u64) % 256).collect();
+            let x = tensor_bits(dtype, &inp, &bits);
+            check_with(&k, &[&x], EXACT, &[Config { target: CpuTarget::Host, options: Options::default() }]);
+        }
+    }
+}
+
 /// `out[q] = x[Σ_d coef[d]·q_d + c]` over `x` flattened (in bounds), elements of dtype
 /// `d`, through a rank-1 view: `x` is read at the flat offset, so any affine map is
 /// expressible.
@@ -121,6 +160,28 @@ fn check_affine_copies(dtype: DType, cases: Vec<(Vec<usize>, Vec<i64>, i64)>, in
                 assert_eq!(got.bytes(), want.bytes(), "{dims:?} {coef:?} splits {splits} reversed {reversed}");
             }
         }
+    }
+}
+
+/// Affine copies of 1-byte elements (i8, u8: an integer convolution's image gathered
+/// into columns), a `rep movsb` a row: the im2col shapes above, rows of 1 to 70 bytes.
+#[test]
+fn byte_copies_match_the_interpreter() {
+    require_avx2_fma!(", so the copy kernel is not used");
+    let mut cases: Vec<(Vec<usize>, Vec<i64>, i64)> = vec![
+        (vec![6, 5, 5, 10, 10], vec![196, 14, 1, 14, 1], 0),
+        (vec![5, 5, 28, 28], vec![32, 1, 32, 1], 0),
+        (vec![7, 13], vec![2 * 20, 1], 5),
+        (vec![3, 4, 9], vec![0, 0, 1], 2),
+    ];
+    for w in [1usize, 2, 3, 5, 16, 17, 70] {
+        cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
+    }
+    for dtype in [DType::U8, DType::I8] {
+        check_affine_copies(dtype, cases.clone(), |in_len| {
+            let bits: Vec<u64> = (0..in_len as u64).map(|j| (j * 73 + 11) % 256).collect();
+            tensor_bits(dtype, &[in_len], &bits)
+        });
     }
 }
 

@@ -508,9 +508,19 @@ impl Compilation {
                         names.iter().map(|n| kiln_opt::find(n).map(|p| p.name())).collect::<Result<_, _>>()?
                     }
                 };
+                // A QDQ graph's contractions become integer ops only where integer
+                // microkernels run them (the CPU at the speed level, with AVX-512 BW/VL);
+                // elsewhere (the CUDA target, `--opt size`, AVX2) they stay float
+                // products with their fast paths, and the pass is passed over.
+                let int8 = self.options.device == TargetDevice::Cpu
+                    && !self.options.size
+                    && kiln_codegen::cpu::int8_kernels(&self.options.target, &self.codegen_options())?;
+                let quant = kiln_opt::Pass::name(&kiln_opt::quant::FoldQuantizedContractions);
                 for name in names {
                     let g = self.graph.as_mut().ok_or_else(|| missing("tensor graph"))?;
-                    kiln_opt::run_passes(g, &[name])?;
+                    if name != quant || int8 {
+                        kiln_opt::run_passes(g, &[name])?;
+                    }
                     hook(name, self);
                 }
             }

@@ -78,6 +78,79 @@ pub struct Operand {
 /// value is exact in f32, and so is each product with an f32 inside an FMA.
 pub const INT_OPERANDS: [DType; 3] = [DType::I8, DType::U8, DType::I16];
 
+/// The 8-bit integer dtypes of an integer contraction's operands ([`IntContraction`]).
+pub const INT8_OPERANDS: [DType; 2] = [DType::I8, DType::U8];
+
+/// An integer contraction: a kernel whose value is an epilogue over
+/// `Σ_k (i32(A[.., m, k]) − za)·(i32(B[.., k, n]) − zb)` with `A` and `B` 8-bit integer
+/// (`u8` or `i8`) loads at affine offsets, accumulated in `i32` (exact below 2^15
+/// reduction steps); each zero point, where there is one, an `i32` value that no
+/// reduction variable moves (a literal, or a load of a zero point per tensor, per row of
+/// `A` or per column of `B`). The lowering of MatMulInteger, ConvInteger, QLinearMatMul
+/// and QLinearConv writes this form. The operands' roles (rows, columns, batch) are
+/// those of a float [`Contraction`]; the code generator decides how it multiplies the
+/// bytes (x86-64: `vpdpbusd`, `kiln-codegen`'s `cpu::qgemm`) and applies the zero
+/// points as corrections by row and column sums.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntContraction {
+    /// The operands and variables, as for a float contraction (the operands' dtypes are
+    /// `u8` or `i8`, read as they are).
+    pub c: Contraction,
+    /// `A`'s zero point: the `i32` node subtracted from each of its elements.
+    pub za: Option<ExprId>,
+    /// `B`'s zero point.
+    pub zb: Option<ExprId>,
+}
+
+impl IntContraction {
+    /// Whether an integer microkernel reads this contraction where it lies: `B` steps 1
+    /// or 2 elements a column, and every load outside the reduction (the epilogue's and
+    /// the zero points') is an `InBounds` load at an affine offset that steps 0 or 1
+    /// element a column (`kiln-codegen`'s `cpu::qgemm` keeps their pointers on the
+    /// stack, so their number is not bounded as a float tile's are).
+    pub fn in_place(&self, k: &Kernel) -> bool {
+        if !matches!(self.c.column_step(&self.c.b.offset), Some(1 | 2)) {
+            return false;
+        }
+        let mut seen = vec![false; k.nodes.len()];
+        let mut stack = vec![k.root];
+        stack.extend(self.za);
+        stack.extend(self.zb);
+        while let Some(e) = stack.pop() {
+            if e == self.c.reduce || std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match &k.node(e).expr {
+                Expr::Load { input, index, bounds: Bounds::InBounds } => {
+                    let step = load_offset(k, *input, index).and_then(|o| self.c.column_step(&o));
+                    if !matches!(step, Some(0 | 1)) {
+                        return false;
+                    }
+                }
+                Expr::Load { .. } => return false,
+                other => other.for_each_operand(|o| stack.push(o)),
+            }
+        }
+        true
+    }
+}
+
+/// Whether `e` reads any of `vars`.
+fn reads_vars(k: &Kernel, e: ExprId, vars: &[u32]) -> bool {
+    let mut stack = vec![e];
+    let mut seen = vec![false; k.nodes.len()];
+    while let Some(e) = stack.pop() {
+        if std::mem::replace(&mut seen[e.index()], true) {
+            continue;
+        }
+        match &k.node(e).expr {
+            Expr::Var(v) if vars.contains(&v.0) => return true,
+            other => other.for_each_operand(|o| stack.push(o)),
+        }
+    }
+    false
+}
+
 /// The offset of a load at `[v div W, l, v rem W]` of a `[P, L, W]` input (a [`Panel`]
 /// layout), `l` affine over the kernel's variables and within `0..L`.
 pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineIndex, Panel)> {
@@ -259,12 +332,71 @@ impl Contraction {
         Contraction::with(k, reduce, &kv, x.clone(), y.clone()).or_else(|| Contraction::with(k, reduce, &kv, y, x))
     }
 
+    /// Recognises `k` as an integer contraction ([`IntContraction`]), or `None`.
+    pub fn of_int(k: &Kernel) -> Option<IntContraction> {
+        if k.out_rank() < 2 || k.output.shape.numel() == 0 {
+            return None;
+        }
+        let mut found = None;
+        for (i, node) in k.nodes.iter().enumerate() {
+            if let Expr::Reduce { op, vars, body } = &node.expr {
+                if found.is_some() || *op != ReduceOp::Sum || node.ty != ScalarType::I32 {
+                    return None;
+                }
+                let mut wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
+                if wide.is_empty() {
+                    wide.push(vars.first()?.0);
+                }
+                found = Some((ExprId(i as u32), wide, vars.iter().map(|v| v.0).collect::<Vec<u32>>(), *body));
+            }
+        }
+        let (reduce, kv, all_kv, body) = found?;
+        let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
+        // `i32(load)` or `i32(load) − z`, `z` an i32 value that no reduction variable
+        // moves (a literal, or a zero point's load).
+        let side = |e: ExprId| -> Option<(Operand, Option<ExprId>)> {
+            let (cast, zero) = match k.node(e).expr {
+                Expr::Binary(BinaryOp::Sub, v, z) => (v, Some(z)),
+                _ => (e, None),
+            };
+            if let Some(z) = zero {
+                if k.node(z).ty != ScalarType::I32 || reads_vars(k, z, &all_kv) {
+                    return None;
+                }
+            }
+            let Expr::Cast { value, to: DType::I32, .. } = k.node(cast).expr else { return None };
+            let Expr::Load { input, index, bounds: Bounds::InBounds } = &k.node(value).expr else { return None };
+            let dtype = k.inputs.get(*input as usize)?.dtype;
+            if !INT8_OPERANDS.contains(&dtype) {
+                return None;
+            }
+            let offset = load_offset(k, *input, index)?;
+            Some((Operand { input: *input, offset, panel: None, dtype }, zero))
+        };
+        let (x, y) = (side(x)?, side(y)?);
+        let build = |(a, za): (Operand, Option<ExprId>), (b, zb): (Operand, Option<ExprId>)| {
+            let c = Contraction::with_int(k, reduce, &kv, a, b)?;
+            Some(IntContraction { c, za, zb })
+        };
+        build(x.clone(), y.clone()).or_else(|| build(y, x))
+    }
+
+    /// [`Contraction::with`] for 8-bit integer operands.
+    fn with_int(k: &Kernel, reduce: ExprId, kv: &[u32], a: Operand, b: Operand) -> Option<Contraction> {
+        Contraction::with_checked(k, reduce, kv, a, b)
+    }
+
     /// The contraction with `a` as the left operand, if the operands fit that way.
     fn with(k: &Kernel, reduce: ExprId, kv: &[u32], a: Operand, b: Operand) -> Option<Contraction> {
         // An operand converted in its load is the right one (the weights a tile streams).
         if !loads_as_f32(a.dtype) {
             return None;
         }
+        Contraction::with_checked(k, reduce, kv, a, b)
+    }
+
+    /// [`Contraction::with`] past its operand dtype check.
+    fn with_checked(k: &Kernel, reduce: ExprId, kv: &[u32], a: Operand, b: Operand) -> Option<Contraction> {
         let rank = k.out_rank() as u32;
         let ext = |v: u32| k.vars[v as usize];
         // The column group: trailing variables `a` does not read, `b` reads, laid out

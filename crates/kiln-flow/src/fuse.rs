@@ -36,6 +36,7 @@
 use std::collections::HashMap;
 
 use crate::class::{classify, KernelClass, Rank};
+use crate::contraction::Contraction;
 use crate::layout::contraction_in_place;
 use crate::resample::Resample;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
@@ -238,6 +239,11 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
 /// layout op that makes it read across its rows (a DepthToSpace before a Softplus), it
 /// would compute every exp and log one lane at a time.
 fn rank(k: &Kernel) -> u8 {
+    // An integer contraction an integer microkernel reads in place runs as fast as a
+    // float one (whatever class its epilogue gives it).
+    if Contraction::of_int(k).is_some_and(|c| c.in_place(k)) {
+        return KernelClass::Contraction.rank();
+    }
     match classify(k) {
         KernelClass::Contraction if !contraction_in_place(k) => KernelClass::General.rank(),
         KernelClass::Elementwise if transcendental(k) && reads_along_rows(k) => KernelClass::Rows.rank(),

@@ -8,7 +8,8 @@
 //!   input once; the convolution then reads that in bounds, at indices shifted by the
 //!   padding, which makes it a contraction (one extra pass over the input, instead of
 //!   a bounds check per multiply-add). A depthwise convolution ([`crate::window`]) is
-//!   left as it is: its kernel handles the border itself.
+//!   left as it is: its kernel handles the border itself. An integer convolution
+//!   ([`crate::contraction::IntContraction`]) is padded with its input's zero point.
 //! - [`relayout_constants`]: a constant right operand that is not column-contiguous
 //!   (`Gemm` with `transB = 1`, a recurrent layer's weights) is copied at compile time
 //!   into a `[batch.., K, N]` constant, one copy however many dispatches read it so.
@@ -108,7 +109,12 @@ pub fn contraction_in_place(k: &Kernel) -> bool {
 /// `k` reading gathered columns, the gathering kernel and the input slot it replaces;
 /// `None` unless the result is a contraction over the wider column group.
 fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
-    let c = Contraction::of(k)?;
+    // (An integer convolution's 8-bit image is gathered the same way.)
+    let int = Contraction::of(k).is_none();
+    let c = match Contraction::of(k) {
+        Some(c) => c,
+        None => Contraction::of_int(k)?.c,
+    };
     let r = k.out_rank();
     let [n0] = c.n[..] else { return None };
     // Narrow rows, or a column step above 2 (which no microkernel reads in place). A
@@ -127,8 +133,10 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     if !c.batch.contains(&x) || c.a.offset.of(x) != 0 || c.b.offset.of(x) == 0 {
         return None;
     }
-    // (A weight converted in its load is no image to gather.)
-    if c.b.dtype != DType::F32 {
+    // (A weight converted in its load is no image to gather. An integer image is
+    // gathered at stride 1 only: its code generator reads stride-2 columns in place,
+    // and copies bytes a run at a time, not one by one.)
+    if (c.b.dtype != DType::F32 && !int) || (int && step != 1) {
         return None;
     }
     let load = product_load(k, &c, c.b.input)?;
@@ -141,7 +149,7 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     if dims.iter().map(|&d| d as u64).product::<u64>() > GATHER_MOST {
         return None;
     }
-    let ty = TensorType::new(DType::F32, Shape::new(dims).ok()?);
+    let ty = TensorType::new(if int { c.b.dtype } else { DType::F32 }, Shape::new(dims).ok()?);
     // The gathering kernel: its output index takes the place of `axes`; any other
     // variable B's index mentions has coefficient 0 there (extent 1), so it reads 0.
     let xty = k.inputs[c.b.input as usize].clone();
@@ -157,7 +165,7 @@ fn gathered(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
     // The kernel reads the columns at its own variables.
     let new_input = if loads_of(k, c.b.input) == 1 { c.b.input } else { k.inputs.len() as u32 };
     let kernel = rebuild_load(k, load, new_input, &ty, &mut |b, _| axes.iter().map(|&v| b.var(VarId(v))).collect())?;
-    let wide = Contraction::of(&kernel)?;
+    let wide = if int { Contraction::of_int(&kernel)?.c } else { Contraction::of(&kernel)? };
     if wide.n != [x, n0] || !wide.epilogue_is_affine(&kernel) {
         return None;
     }
@@ -212,10 +220,24 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         _ => None,
     })?;
     let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
-    for load in [x, y] {
+    // An integer contraction's operand is `i32(load) − zero point` (padded with the
+    // zero point, so the padding contributes nothing either way).
+    let int = k.node(body).ty == crate::kernel::ScalarType::I32;
+    let operand_load = |e: ExprId| {
+        let e = match k.node(e).expr {
+            Expr::Binary(BinaryOp::Sub, v, _) if int => v,
+            _ => e,
+        };
+        match k.node(e).expr {
+            Expr::Cast { value, .. } if int => value,
+            _ => e,
+        }
+    };
+    for load in [operand_load(x), operand_load(y)] {
         let Expr::Load { input, index, bounds: Bounds::Pad(bits) } = &k.node(load).expr else { continue };
         let ty = k.inputs.get(*input as usize)?;
-        if ty.dtype != DType::F32 {
+        let dtype_ok = if int { matches!(ty.dtype, DType::U8 | DType::I8) } else { ty.dtype == DType::F32 };
+        if !dtype_ok {
             continue;
         }
         // Range of every index; the padded tensor covers it.
@@ -231,7 +253,7 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
         if shift.iter().all(|&s| s == 0) && pdims.iter().zip(dims).all(|(p, d)| p == d) {
             continue;
         }
-        let padded_ty = TensorType::new(DType::F32, Shape::new(pdims).ok()?);
+        let padded_ty = TensorType::new(ty.dtype, Shape::new(pdims).ok()?);
         // The padded copy takes the operand's place unless another load reads it too.
         let new_input = if loads_of(k, *input) == 1 { *input } else { k.inputs.len() as u32 };
         let kernel = rebuild_load(k, load, new_input, &padded_ty, &mut |b, idx| {
@@ -243,7 +265,12 @@ fn padded(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
                 })
                 .collect()
         })?;
-        if !Contraction::of(&kernel).is_some_and(|c| c.epilogue_is_affine(&kernel)) {
+        let taken = if int {
+            Contraction::of_int(&kernel).is_some_and(|c| c.c.epilogue_is_affine(&kernel))
+        } else {
+            Contraction::of(&kernel).is_some_and(|c| c.epilogue_is_affine(&kernel))
+        };
+        if !taken {
             continue;
         }
         // The padding kernel: padded[q] = x[q − shift] (the pad value outside x).
@@ -274,9 +301,16 @@ fn loads_of(k: &Kernel, input: u32) -> usize {
 fn product_load(k: &Kernel, c: &Contraction, input: u32) -> Option<ExprId> {
     let Expr::Reduce { body, .. } = k.node(c.reduce).expr else { return None };
     let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
-    let through = |e: ExprId| match k.node(e).expr {
-        Expr::Cast { value, .. } => value,
-        _ => e,
+    // (An integer operand is `i32(load) − zero point`.)
+    let through = |e: ExprId| {
+        let e = match k.node(e).expr {
+            Expr::Binary(BinaryOp::Sub, v, _) => v,
+            _ => e,
+        };
+        match k.node(e).expr {
+            Expr::Cast { value, .. } => value,
+            _ => e,
+        }
     };
     [x, y].into_iter().map(through).find(|&e| matches!(k.node(e).expr, Expr::Load { input: i, .. } if i == input))
 }

@@ -34,9 +34,10 @@
 //!   At stride 1 the phases are one and the product is the result: a Conv with the
 //!   filter flipped, a contraction or (depthwise) a window.
 //! - **Integer forms** subtract the zero points in i32 and accumulate in i32 (exact for the
-//!   8-bit operands below 2^15 taps). QLinear forms then rescale in f64 with the
-//!   reference's operations in its order (`acc · (s_a·s_b / s_y)`, round half to even, add
-//!   the output zero point, saturate), so their results match it bit for bit.
+//!   8-bit operands below 2^15 taps). QLinear forms then rescale as ONNX Runtime does,
+//!   in f32 with the reference's operations in its order (`f32(acc) · (s_a·s_b / s_y)`,
+//!   round half to even, add the output zero point, saturate), so their results match
+//!   both bit for bit. (8-bit float operands rescale in f64.)
 //! - **Einsum** parses the equation; output letters are output variables, the other
 //!   letters one reduction; a letter repeated within an operand reads a diagonal, an axis
 //!   of extent 1 against a larger extent broadcasts.
@@ -617,23 +618,34 @@ fn matmul_integer(cx: &OpCx<'_>) -> R<Lowered> {
     Ok(one(finish(b, acc, &ops)?))
 }
 
-/// The f64 value of a per-tensor (one element) or per-`n` parameter (operand `op`,
+/// The value (in `ft`) of a per-tensor (one element) or per-`n` parameter (operand `op`,
 /// kernel input `input`) at position `at`.
-fn qparam(cx: &OpCx<'_>, b: &mut KernelBuilder, op: usize, input: usize, n: usize, at: ExprId) -> R<ExprId> {
+fn qparam(
+    cx: &OpCx<'_>,
+    b: &mut KernelBuilder,
+    (op, input): (usize, usize),
+    n: usize,
+    at: ExprId,
+    ft: ScalarType,
+) -> R<ExprId> {
     let pd = dims(cx, op)?;
     let numel: usize = pd.iter().product();
     if numel != 1 && numel != n {
         return Err(cx.unsupported(format!("operand {op} has {numel} elements, 1 or {n} expected")));
     }
     let v = load_flat(b, input, &pd, at);
-    Ok(b.convert(v, ScalarType::F64))
+    Ok(b.convert(v, ft))
 }
 
 /// The end of a quantized operator: `acc` (an exact integer, i32 or f64) times `mult`
-/// (f64), rounded half to even for an integer result, plus the zero point `zp` (f64),
-/// written into `d` (saturating).
+/// (f32 for an i32 `acc`, else f64), rounded half to even for an integer result, plus
+/// the zero point `zp`, written into `d` (saturating). For integer operands this is ONNX
+/// Runtime's requantisation (`float(acc) · scale`, `scale = s_a·s_b / s_y` in f32,
+/// rounded to nearest even), so that an integer result matches it, not only the ONNX
+/// reference's exact arithmetic.
 fn requantize(b: &mut KernelBuilder, acc: ExprId, mult: ExprId, zp: ExprId, d: DType) -> ExprId {
-    let a = b.convert(acc, ScalarType::F64);
+    let ft = b.ty(mult);
+    let a = b.convert(acc, ft);
     let mut v = b.mul(a, mult);
     if d.is_int() {
         v = b.unary(UnaryOp::Round, v);
@@ -670,10 +682,11 @@ fn qlinear_matmul(cx: &OpCx<'_>) -> R<Lowered> {
         let y = centred(cx, b, (3, bi), (5, g.n, col), ct)?;
         Ok(b.mul(x, y))
     })?;
-    let sa = qparam(cx, &mut b, 1, 1, g.m, row)?;
-    let sb = qparam(cx, &mut b, 4, 4, g.n, col)?;
-    let sy = qparam(cx, &mut b, 6, 6, g.m, row)?;
-    let zy = qparam(cx, &mut b, 7, 7, g.m, row)?;
+    let ft = if ct == ScalarType::I32 { ScalarType::F32 } else { ScalarType::F64 };
+    let sa = qparam(cx, &mut b, (1, 1), g.m, row, ft)?;
+    let sb = qparam(cx, &mut b, (4, 4), g.n, col, ft)?;
+    let sy = qparam(cx, &mut b, (6, 6), g.m, row, ft)?;
+    let zy = qparam(cx, &mut b, (7, 7), g.m, row, ft)?;
     let ab = b.mul(sa, sb);
     let mult = b.div(ab, sy);
     let v = requantize(&mut b, acc, mult, zy, d);
@@ -908,10 +921,11 @@ fn conv(cx: &OpCx<'_>, kind: ConvKind) -> R<Lowered> {
     };
     let v = if kind == ConvKind::QLinear {
         let zero = b.index(0);
-        let sx = qparam(cx, &mut b, 1, 1, 1, zero)?;
-        let sw = qparam(cx, &mut b, 4, 4, m, mv)?;
-        let sy = qparam(cx, &mut b, 6, 6, 1, zero)?;
-        let zy = qparam(cx, &mut b, 7, 7, 1, zero)?;
+        let f = ScalarType::F32;
+        let sx = qparam(cx, &mut b, (1, 1), 1, zero, f)?;
+        let sw = qparam(cx, &mut b, (4, 4), m, mv, f)?;
+        let sy = qparam(cx, &mut b, (6, 6), 1, zero, f)?;
+        let zy = qparam(cx, &mut b, (7, 7), 1, zero, f)?;
         let xw = b.mul(sx, sw);
         let mult = b.div(xw, sy);
         requantize(&mut b, acc, mult, zy, d)

@@ -264,11 +264,13 @@ pub enum CpuFeature {
     Avx512dq = 15,
     /// AVX-512 VL.
     Avx512vl = 16,
+    /// AVX-512 VNNI (`vpdpbusd`: byte products summed into i32 lanes).
+    Avx512vnni = 17,
 }
 
 impl CpuFeature {
     /// Every feature, by bit.
-    pub const ALL: [CpuFeature; 17] = [
+    pub const ALL: [CpuFeature; 18] = [
         CpuFeature::Sse2,
         CpuFeature::Sse3,
         CpuFeature::Ssse3,
@@ -286,6 +288,7 @@ impl CpuFeature {
         CpuFeature::Avx512bw,
         CpuFeature::Avx512dq,
         CpuFeature::Avx512vl,
+        CpuFeature::Avx512vnni,
     ];
 
     /// Its bit in a feature set.
@@ -313,6 +316,7 @@ impl CpuFeature {
             CpuFeature::Avx512bw => "avx512bw",
             CpuFeature::Avx512dq => "avx512dq",
             CpuFeature::Avx512vl => "avx512vl",
+            CpuFeature::Avx512vnni => "avx512vnni",
         }
     }
 }

@@ -50,6 +50,15 @@ pub fn work_estimate(op: &Op, inputs: &[Option<&Tensor>], outs: &[TensorType]) -
     }
 }
 
+/// Whether the importer folds `op` when its operands are constants: everything but a
+/// DequantizeLinear of integers (a quantised weight or bias), which the tensor passes
+/// see first (`tensor-fold-quantized-contractions` reads its integers and scale) and
+/// `tensor-fold-constants` then folds where it is left, as the importer would have.
+pub fn folds_at_import(op: &Op, inputs: &[Option<&Tensor>]) -> bool {
+    let int = inputs.first().copied().flatten().is_some_and(|t| t.dtype().is_int());
+    !(op.kind == kiln_ir::OpKind::DequantizeLinear && int)
+}
+
 /// Evaluates `op` on constant operands if the policy allows; `Ok(None)` when it
 /// does not, an error when the op is invalid on these operands.
 pub fn try_fold(op: &Op, inputs: &[Option<&Tensor>], outs: &[TensorType]) -> Result<Option<Vec<Tensor>>, String> {

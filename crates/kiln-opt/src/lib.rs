@@ -8,10 +8,12 @@
 //!
 //! - [`fold`]: the constant-folding policy, shared with the importer;
 //! - [`rewrite`]: rebuilding a graph with nodes replaced or dropped;
-//! - [`tensor`]: the tensor-level passes.
+//! - [`tensor`]: the tensor-level passes;
+//! - [`quant`]: a QDQ graph's contractions as integer ops.
 #![deny(missing_docs)]
 
 pub mod fold;
+pub mod quant;
 pub mod rewrite;
 pub mod tensor;
 
@@ -55,6 +57,8 @@ pub trait Pass: Sync {
 pub fn registry() -> &'static [&'static dyn Pass] {
     &[
         &tensor::ElideIdentities,
+        // Before folding: folding turns a constant weight's DequantizeLinear into f32.
+        &quant::FoldQuantizedContractions,
         &tensor::FoldConstants,
         &tensor::FoldBatchNorm,
         &tensor::FoldChannelAffine,

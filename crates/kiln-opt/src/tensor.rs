@@ -16,7 +16,7 @@ use kiln_ir::{Graph, Node, OpKind, ValueDef, ValueId};
 use std::collections::HashMap;
 
 /// How many node operands and graph outputs read each value.
-fn readers(g: &Graph) -> HashMap<ValueId, usize> {
+pub(crate) fn readers(g: &Graph) -> HashMap<ValueId, usize> {
     let mut readers: HashMap<ValueId, usize> = HashMap::new();
     for (_, n) in g.nodes.iter() {
         for v in n.inputs.iter().flatten() {

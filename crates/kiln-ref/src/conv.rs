@@ -10,7 +10,8 @@
 //!
 //! ConvInteger and QLinearConv subtract the zero points first (so padding counts as
 //! the zero point, i.e. contributes nothing) and multiply the differences in `f64`,
-//! exact for kernels below 2^37 taps. QLinearConv then rounds
+//! exact for kernels below 2^37 taps. QLinearConv then rounds (in f32, as ONNX Runtime
+//! computes `f32(acc) · (x_scale·w_scale / y_scale)`)
 //! `acc · (x_scale · w_scale[m] / y_scale)` half to even, adds `y_zero_point` and
 //! saturates.
 //!
@@ -496,10 +497,12 @@ fn qlinear_conv(cx: &Cx) -> Result<Tensor, EvalError> {
     let b = bias(cx, 8, cd.m)?;
     let mut y = conv_f64(&xv, &wv, b.as_deref(), &cd, &win);
     let plane: usize = win.output.iter().product();
+    // ONNX Runtime's requantisation: the scale `x_scale·w_scale / y_scale` and the
+    // product with the (exact) accumulator in f32, rounded half to even.
     for (i, v) in y.iter_mut().enumerate() {
         let m = (i / plane.max(1)) % cd.m;
-        let mult = xs * ws[if ws.len() == 1 { 0 } else { m }] / ys;
-        *v = (*v * mult).round_ties_even() + yz;
+        let mult = (xs as f32 * ws[if ws.len() == 1 { 0 } else { m }] as f32) / ys as f32;
+        *v = ((*v as f32 * mult).round_ties_even() + yz as f32) as f64;
     }
     requantize(cx, ty, &mut y)
 }

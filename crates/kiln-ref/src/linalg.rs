@@ -12,7 +12,8 @@
 //! - QLinearMatMul scales and zero points may be per tensor (one element) or per
 //!   row of `a` / `y` (M elements) and per column of `b` (N elements); the result is
 //!   `round_half_even(acc · (a_scale·b_scale / y_scale)) + y_zero_point`,
-//!   saturated (a float result dtype skips the integer rounding).
+//!   saturated (a float result dtype skips the integer rounding), computed for integer
+//!   operands in f32 as ONNX Runtime does (`f32(acc)`, the scale in f32).
 //! - Einsum lets any dimension of size 1 broadcast against the same label's size
 //!   elsewhere; ellipsis dimensions left out of an explicit output are summed.
 //! - Det of a singular matrix is exactly 0 (a zero pivot stops the elimination).
@@ -387,14 +388,26 @@ fn qlinear_matmul(cx: &Cx) -> Result<Tensor, EvalError> {
     let bv: Vec<f64> =
         read_f64(cx, b)?.iter().enumerate().map(|(j, &x)| x - pick(&b_z, j % n.max(1))).collect();
     let mut out = matmul_f64(&g, &av, &bv);
+    // Integer operands: ONNX Runtime's requantisation, the scale and the product with
+    // the (exact) accumulator in f32; 8-bit float operands in f64.
+    let int = a.dtype().is_int() && b.dtype().is_int();
     for (j, v) in out.iter_mut().enumerate() {
         let (row, col) = ((j / n.max(1)) % m.max(1), j % n.max(1));
-        let mult = pick(&a_s, row) * pick(&b_s, col) / pick(&y_s, row);
-        *v *= mult;
-        if ty.dtype.is_int() {
-            *v = v.round_ties_even();
+        if int {
+            let mult = (pick(&a_s, row) as f32 * pick(&b_s, col) as f32) / pick(&y_s, row) as f32;
+            let mut x = *v as f32 * mult;
+            if ty.dtype.is_int() {
+                x = x.round_ties_even();
+            }
+            *v = (x + pick(&y_z, row) as f32) as f64;
+        } else {
+            let mult = pick(&a_s, row) * pick(&b_s, col) / pick(&y_s, row);
+            *v *= mult;
+            if ty.dtype.is_int() {
+                *v = v.round_ties_even();
+            }
+            *v += pick(&y_z, row);
         }
-        *v += pick(&y_z, row);
     }
     write_f64(cx, ty, &out)
 }

@@ -1,6 +1,7 @@
 //! Affine copies as machine code (`iced-x86`): `out[q] = x[off(q)]` with in-bounds
 //! loads, `off` affine in the output index and stepping one element along the output's
-//! innermost axis, 4-byte elements (8-byte ones, i64, as pairs of them) — the column gathers a convolution with narrow
+//! innermost axis, 4-byte elements (8-byte ones, i64, as pairs of them; 1-byte ones, an
+//! integer convolution's 8-bit image, a `rep movsb` a row) — the column gathers a convolution with narrow
 //! windows reads (`kiln_flow::layout`'s im2col: `cols[c, kh, kw, oh, ow] = x[n, c, oh +
 //! kh, ow + kw]`), slices, concatenation pieces and broadcasts of rows.
 //!
@@ -77,6 +78,9 @@ fn recognise(k: &Kernel) -> R<Copy> {
 
 /// Emits `k` as an affine copy (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
+    if let Some(p) = recognise_bytes(k) {
+        return emit_bytes(&p);
+    }
     let p = recognise(k)?;
     let RowKernel { mut a, t, done, outer, w, full, tail, rows } = RowKernel::begin(&p.dims)?;
     // Source: x + (c + Σ coef·q)·4.
@@ -138,4 +142,72 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.set_label(&mut last)?;
     row(&mut a, true)?;
     end_rows(a, &t, done, rows)
+}
+
+/// A copy of 1-byte elements (i8, u8, bool) whose rows are contiguous runs of the input,
+/// as [`recognise`] takes 4-byte ones (offsets in bytes); `None` for anything else.
+fn recognise_bytes(k: &Kernel) -> Option<Copy> {
+    let Expr::Load { input: 0, index, bounds: Bounds::InBounds } = &k.node(k.root).expr else { return None };
+    let (x, o) = (k.inputs.first()?, &k.output);
+    if k.inputs.len() != 1 || x.dtype != o.dtype || x.dtype.storage_bytes(1) != 1 || x.dtype.is_packed() {
+        return None;
+    }
+    let rank = o.shape.rank();
+    let limit = i32::MAX as usize;
+    if rank < 2 || o.shape.numel() == 0 || x.storage_bytes() > limit || o.storage_bytes() > limit {
+        return None;
+    }
+    let dims: Vec<i64> = o.shape.dims().iter().map(|&d| d as i64).collect();
+    let off = load_offset(k, 0, index)?;
+    if off.coef.iter().enumerate().any(|(v, &c)| v >= rank && c != 0 && k.vars[v] > 1) || off.of((rank - 1) as u32) != 1 {
+        return None;
+    }
+    let coef: Vec<i64> = (0..rank - 1).map(|d| if dims[d] > 1 { off.of(d as u32) } else { 0 }).collect();
+    if coef.iter().chain([&off.c]).any(|c| c.unsigned_abs() > limit as u64) {
+        return None;
+    }
+    Some(Copy { dims, c: off.c, coef })
+}
+
+/// Emits a 1-byte copy ([`recognise_bytes`]): per row, its source decoded (one division
+/// per outer dimension) and the run moved by `rep movsb`.
+fn emit_bytes(p: &Copy) -> R<(Vec<u8>, u64)> {
+    let rank = p.dims.len();
+    let w = p.dims[rank - 1];
+    let rows: i64 = p.dims[..rank - 1].iter().product();
+    let mut a = CodeAssembler::new(64)?;
+    // rdi bindings, rdx begin, rcx end (clamped to the row count).
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r8, qword_ptr(rdi))?; // x
+    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    a.mov(r10, rdx)?; // row
+    a.mov(r11, rcx)?; // end
+    let mut done = a.create_label();
+    let mut top = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.set_label(&mut top)?;
+    a.imul_3(rdi, r10, w as i32)?;
+    a.add(rdi, r9)?;
+    a.lea(rsi, qword_ptr(r8 + p.c as i32))?;
+    a.mov(rax, r10)?;
+    for d in (0..rank - 1).rev() {
+        a.xor(edx, edx)?;
+        a.mov(rcx, p.dims[d])?;
+        a.div(rcx)?;
+        if p.coef[d] != 0 {
+            a.imul_3(rdx, rdx, p.coef[d] as i32)?;
+            a.add(rsi, rdx)?;
+        }
+    }
+    a.mov(ecx, w as i32)?;
+    a.rep().movsb()?;
+    a.inc(r10)?;
+    a.cmp(r10, r11)?;
+    a.jb(top)?;
+    a.set_label(&mut done)?;
+    a.ret()?;
+    Ok((a.assemble(0)?, rows as u64))
 }

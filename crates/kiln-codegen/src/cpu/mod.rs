@@ -44,6 +44,7 @@ mod gemm;
 mod image;
 mod math;
 mod pad;
+mod qgemm;
 mod resample;
 mod rows;
 mod vector;
@@ -388,11 +389,98 @@ struct Micro {
     path: cost::Path,
     /// Its vectors' width in bits.
     bits: u16,
+    /// CPU features it needs beyond AVX2, FMA and (where `avx512`) AVX-512 F.
+    needs: u64,
 }
 
 /// Emits `k` with the microkernel emitter of `class` (`Ok(None)` would be a class
 /// without one; every class has one now), `Err` with the reason when it declines.
 fn emit_class(
+    k: &Kernel,
+    class: KernelClass,
+    options: &Options,
+    avx512: bool,
+    avx512vl: bool,
+    int8: Int8,
+) -> Result<Option<Micro>, gemm::NotHere> {
+    // An integer contraction (whatever its class: its epilogue may make it general)
+    // takes the integer microkernel where the target has one and it takes the kernel.
+    let mut declined = None;
+    if kiln_flow::contraction::Contraction::of_int(k).is_some() {
+        if !int8.bw_vl {
+            declined = Some("an integer contraction (microkernel needs AVX-512 BW and VL)".to_string());
+        } else {
+            match qgemm::emit(k, int8.vnni) {
+                Ok(q) => {
+                    let note = if q.vnni {
+                        "integer contraction microkernel (avx-512 vnni)"
+                    } else {
+                        "integer contraction microkernel (avx-512 bw)"
+                    };
+                    let mut needs = CpuFeature::Avx512bw.bit() | CpuFeature::Avx512vl.bit();
+                    if q.vnni {
+                        needs |= CpuFeature::Avx512vnni.bit();
+                    }
+                    return Ok(Some(Micro {
+                        code: q.code,
+                        workgroups: q.workgroups,
+                        note: note.to_string(),
+                        avx512: true,
+                        path: cost::Path::Contraction,
+                        bits: 512,
+                        needs,
+                    }));
+                }
+                Err(gemm::NotHere(why)) => declined = Some(format!("integer contraction: {why}")),
+            }
+        }
+    }
+    match emit_by_class(k, class, options, avx512, avx512vl) {
+        Err(gemm::NotHere(why)) if declined.is_some() => {
+            Err(gemm::NotHere(format!("{}; {why}", declined.unwrap_or_default())))
+        }
+        other => other,
+    }
+}
+
+/// Whether `target` runs integer contractions (QLinearConv, QLinearMatMul,
+/// MatMulInteger, ConvInteger) as microkernels (`qgemm`: AVX-512 BW and VL, with or
+/// without VNNI) at the speed level `options`. Where it does not they run on the
+/// general path, far slower than a float product's microkernel: the compiler then
+/// keeps a QDQ graph's contractions in float (`kiln_opt`'s
+/// `tensor-fold-quantized-contractions` is left out).
+pub fn int8_kernels(target: &CpuTarget, options: &Options) -> Result<bool, CodegenError> {
+    let features = make_isa(*target)?.features;
+    let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
+    let avx512 = avx2_fma && features & CpuFeature::Avx512f.bit() != 0;
+    Ok(options.contraction_kernels && avx2_fma && Int8::of(*target, avx512).bw_vl)
+}
+
+/// What the target offers the integer contraction microkernel ([`qgemm`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Int8 {
+    /// AVX-512 BW and VL (the microkernel at all).
+    bw_vl: bool,
+    /// AVX-512 VNNI (`vpdpbusd`).
+    vnni: bool,
+}
+
+impl Int8 {
+    fn of(target: CpuTarget, avx512: bool) -> Int8 {
+        match target {
+            CpuTarget::X86_64V4 => Int8 { bw_vl: avx512, vnni: false },
+            #[cfg(target_arch = "x86_64")]
+            CpuTarget::Host => {
+                let bw_vl = avx512 && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl");
+                Int8 { bw_vl, vnni: bw_vl && std::is_x86_feature_detected!("avx512vnni") }
+            }
+            _ => Int8::default(),
+        }
+    }
+}
+
+/// Emits `k` with the microkernel emitter of `class`.
+fn emit_by_class(
     k: &Kernel,
     class: KernelClass,
     options: &Options,
@@ -406,6 +494,7 @@ fn emit_class(
         avx512: false,
         path: cost::Path::Vector,
         bits: 256,
+        needs: 0,
     };
     Ok(Some(match class {
         KernelClass::Window if Resample::is_interpolation(k) => vector(resample::emit(k)?, "resampling (avx2)"),
@@ -418,6 +507,7 @@ fn emit_class(
                 avx512: w.avx512,
                 path: cost::Path::Window,
                 bits: if w.avx512 { 512 } else { 256 },
+                needs: 0,
             }
         }
         KernelClass::Contraction => {
@@ -437,6 +527,7 @@ fn emit_class(
                 avx512: g.avx512,
                 path: cost::Path::Contraction,
                 bits: if g.avx512 { 512 } else { 256 },
+                needs: 0,
             }
         }
         // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
@@ -501,7 +592,7 @@ fn row_kernel(k: &Kernel, options: &Options, avx512: bool) -> Result<Micro, gemm
     };
     let note = r.note();
     let bits = if r.wide { 512 } else { 256 };
-    Ok(Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits })
+    Ok(Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits, needs: 0 })
 }
 
 /// Compiles `kernels`, each with its class (`kiln_flow::program::Dispatch::class`), for
@@ -516,6 +607,8 @@ pub fn compile_with(
     let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
     let avx512 = avx2_fma && features & CpuFeature::Avx512f.bit() != 0;
     let avx512vl = avx512 && features & CpuFeature::Avx512vl.bit() != 0;
+    let int8 = Int8::of(*target, avx512);
+    let mut needs = 0u64;
     let mut used_avx512 = false;
     let builder = ObjectBuilder::new(isa.isa.clone(), "kiln", default_libcall_names()).map_err(|e| internal("", e))?;
     let mut module = ObjectModule::new(builder);
@@ -537,8 +630,9 @@ pub fn compile_with(
         }
         if avx2_fma && options.contraction_kernels {
             k.verify().map_err(|e| CodegenError::Invalid { kernel: k.name.clone(), error: e })?;
-            match emit_class(k, class, options, avx512, avx512vl) {
+            match emit_class(k, class, options, avx512, avx512vl, int8) {
                 Ok(Some(m)) => {
+                    needs |= m.needs;
                     workgroup_counts.push(m.workgroups);
                     work_ns.push(cost::estimate_ns(k, m.path));
                     micro.push((idx, m.code));
@@ -571,6 +665,7 @@ pub fn compile_with(
         if used_avx512 {
             features |= CpuFeature::Avx512f.bit();
         }
+        features |= needs;
         executable.features = features;
         // Microkernels go after the object's sections (position-independent, no
         // relocations); entries are put back in kernel order.

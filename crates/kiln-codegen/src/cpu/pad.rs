@@ -1,6 +1,7 @@
 //! Padding kernels as machine code (`iced-x86`): `out[q] = x[q + c]` with `Pad` bounds
 //! (what `kiln_flow::layout::materialize_padding` puts in front of a convolution, and
-//! what `Pad` with a constant lowers to), 4-byte elements.
+//! what `Pad` with a constant lowers to), 4-byte elements, and 1-byte ones (an integer
+//! convolution's input, padded with its zero point).
 //!
 //! A workgroup is one output row (every output dimension but the innermost), as for
 //! general kernels. All offsets are constants, so per row the code only decides
@@ -32,8 +33,10 @@ fn recognise(k: &Kernel) -> R<Padding> {
         return no("not a padding");
     };
     let (x, o) = (&k.inputs[0], &k.output);
-    if k.inputs.len() != 1 || x.dtype != o.dtype || x.dtype.storage_bytes(1) != 4 || index.len() != o.shape.rank() {
-        return no("not a 4-byte padding of one input");
+    let bytes = x.dtype.storage_bytes(1);
+    let packed = x.dtype.is_packed();
+    if k.inputs.len() != 1 || x.dtype != o.dtype || !(bytes == 4 || bytes == 1 && !packed) || index.len() != o.shape.rank() {
+        return no("not a 1- or 4-byte padding of one input");
     }
     let rank = o.shape.rank();
     if rank == 0 || o.shape.numel() == 0 || x.shape.numel() == 0 {
@@ -58,6 +61,9 @@ fn recognise(k: &Kernel) -> R<Padding> {
 /// Emits `k` as a padding kernel (code and workgroup count), or says why not.
 pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let p = recognise(k)?;
+    if k.inputs[0].dtype.storage_bytes(1) == 1 {
+        return emit_bytes(&p);
+    }
     let rank = p.out_dims.len();
     let w_out = p.out_dims[rank - 1];
     let (w_in, c) = (p.in_dims[rank - 1], p.shift[rank - 1]);
@@ -171,5 +177,89 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.pop(rbx)?;
     a.ret()?;
     t.emit(&mut a)?;
+    Ok((a.assemble(0)?, rows as u64))
+}
+
+/// A padding of 1-byte elements (an 8-bit image padded with its zero point, in front of
+/// an integer convolution): the same three runs a row, each one string instruction
+/// (`rep stosb` of the pad value, `rep movsb` of the copy), which move whole lines at a
+/// time on CPUs with fast string operations.
+fn emit_bytes(p: &Padding) -> R<(Vec<u8>, u64)> {
+    let rank = p.out_dims.len();
+    let w_out = p.out_dims[rank - 1];
+    let (w_in, c) = (p.in_dims[rank - 1], p.shift[rank - 1]);
+    let lo = (-c).clamp(0, w_out);
+    let hi = (w_in - c).clamp(lo, w_out);
+    let rows: i64 = p.out_dims[..rank - 1].iter().product();
+    let mut in_stride = vec![1i64; rank];
+    for d in (0..rank - 1).rev() {
+        in_stride[d] = in_stride[d + 1] * p.in_dims[d + 1];
+    }
+    let value = (p.value & 0xFF) as i32;
+    let mut a = CodeAssembler::new(64)?;
+    a.push(rbx)?;
+    a.push(r12)?;
+    // rdi bindings, rdx begin, rcx end (clamped to the row count).
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r8, qword_ptr(rdi))?; // x
+    a.mov(r9, qword_ptr(rdi + 8))?; // out
+    a.mov(r10, rdx)?; // row
+    a.mov(r11, rcx)?; // end
+    let mut done = a.create_label();
+    let mut top = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.set_label(&mut top)?;
+    // rbx: out + row·w_out.
+    a.imul_3(rbx, r10, w_out as i32)?;
+    a.add(rbx, r9)?;
+    let mut fill = a.create_label();
+    a.mov(rax, r10)?;
+    a.mov(r12, r8)?;
+    for d in (0..rank - 1).rev() {
+        a.xor(edx, edx)?;
+        a.mov(rcx, p.out_dims[d])?;
+        a.div(rcx)?;
+        if p.shift[d] != 0 {
+            a.add(rdx, p.shift[d] as i32)?;
+        }
+        a.cmp(rdx, p.in_dims[d] as i32)?;
+        a.jae(fill)?; // (unsigned: a negative index is above every extent)
+        a.imul_3(rdx, rdx, in_stride[d] as i32)?;
+        a.add(r12, rdx)?;
+    }
+    // r12: x's row. Pad run, copy run, pad run.
+    let fill_run = |a: &mut CodeAssembler, from: i64, to: i64| -> R<()> {
+        if to > from {
+            a.lea(rdi, qword_ptr(rbx + from as i32))?;
+            a.mov(ecx, (to - from) as i32)?;
+            a.mov(eax, value)?;
+            a.rep().stosb()?;
+        }
+        Ok(())
+    };
+    fill_run(&mut a, 0, lo)?;
+    if hi > lo {
+        a.lea(rsi, qword_ptr(r12 + (lo + c) as i32))?;
+        a.lea(rdi, qword_ptr(rbx + lo as i32))?;
+        a.mov(ecx, (hi - lo) as i32)?;
+        a.rep().movsb()?;
+    }
+    fill_run(&mut a, hi, w_out)?;
+    let mut next = a.create_label();
+    a.jmp(next)?;
+    a.set_label(&mut fill)?;
+    a.nop()?;
+    fill_run(&mut a, 0, w_out)?;
+    a.set_label(&mut next)?;
+    a.inc(r10)?;
+    a.cmp(r10, r11)?;
+    a.jb(top)?;
+    a.set_label(&mut done)?;
+    a.pop(r12)?;
+    a.pop(rbx)?;
+    a.ret()?;
     Ok((a.assemble(0)?, rows as u64))
 }

@@ -76,7 +76,7 @@ use kiln_ir::DType;
 use super::asm::{add_imm, enter, leave, Tables};
 use super::gemm::{no, NotHere, R};
 use super::math::held_constants;
-use super::vector::{Mask, Op, Src, Vx, V};
+use super::vector::{z, Mask, Op, Src, Vx, V};
 use super::vops::{byte_type, const_word, is_i64_compare, is_i64_to_f32, lane_type, op_form, op_scratch, I64Src};
 
 /// Where a value lives along the row.
@@ -155,7 +155,10 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     if rank == 0 || k.output.shape.numel() == 0 {
         return no("no output axis");
     }
-    if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) {
+    // (An i8/u8 output, a quantised activation, is stored narrowed from its 32-bit
+    // lanes by `vpmovdb`, which has a 16-lane form only.)
+    let bytes = matches!(k.output.dtype, DType::I8 | DType::U8);
+    if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) && !(wide && bytes) {
         return no(format!("a {} output (f32, i32 or u32 lanes here)", k.output.dtype.name()));
     }
     // The vector axis: the innermost output axis longer than 1 (axes after it have one
@@ -380,7 +383,8 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         loads.insert(i as u32, LoadPlan { base: b, step, jstride, lanes, pad });
     }
     let rows = k.vars[..lo as usize].to_vec();
-    let stash = stash(k, &place, &free, u);
+    // (An operand stashed in the output row needs 32-bit elements there.)
+    let stash = if bytes { None } else { stash(k, &place, &free, u) };
     // Divisors that are row values, where the quotient is not: one reciprocal per row.
     let mut recip = Vec::new();
     if fast {
@@ -655,7 +659,8 @@ impl Emit<'_> {
         let out = self.k.inputs.len() as i32;
         self.a.mov(r13, qword_ptr(rbp + 8 * out))?;
         self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
-        self.a.imul_3(rax, rax, (self.p.len * 4) as i32)?;
+        let out_bytes = self.k.output.dtype.storage_bytes(1) as i64;
+        self.a.imul_3(rax, rax, (self.p.len as i64 * out_bytes) as i32)?;
         self.a.add(r13, rax)?;
         // Row values and reductions in node order.
         for i in 0..k.nodes.len() {
@@ -685,7 +690,16 @@ impl Emit<'_> {
         self.row_loop(len, &mut |e: &mut Self, mask: Option<Mask>| {
             let mut v = e.fresh(&[root], |pl| pl == Place::Out);
             let r = e.eval(root, &mut v, mask)?;
-            e.vx().store(ptr(r13 + r8 * 4), r, mask)
+            if out_bytes == 1 {
+                // An i8/u8 value's lanes hold it extended: their low bytes.
+                match mask {
+                    Some(m) => e.a.vpmovdb(under_mask(xmmword_ptr(r13 + r8), m), z(r))?,
+                    None => e.a.vpmovdb(xmmword_ptr(r13 + r8), z(r))?,
+                }
+                Ok(())
+            } else {
+                e.vx().store(ptr(r13 + r8 * 4), r, mask)
+            }
         })?;
         self.a.mov(rax, qword_ptr(rsp + S_ROW))?;
         self.a.inc(rax)?;
@@ -1622,4 +1636,17 @@ fn needed(k: &Kernel) -> Vec<bool> {
         }
     }
     need
+}
+
+/// Memory operand `m` written under opmask `k` (a 16-lane tail).
+fn under_mask(m: AsmMemoryOperand, k: Mask) -> AsmMemoryOperand {
+    match k.0 {
+        1 => m.k1(),
+        2 => m.k2(),
+        3 => m.k3(),
+        4 => m.k4(),
+        5 => m.k5(),
+        6 => m.k6(),
+        _ => m.k7(),
+    }
 }

@@ -776,7 +776,9 @@ impl Importer {
             }
         }
         // Nodes with constant operands fold (within kiln-opt's folding policy).
-        if let Some(args) = kiln_opt::fold::constant_operands(&self.g, &inputs) {
+        if let Some(args) =
+            kiln_opt::fold::constant_operands(&self.g, &inputs).filter(|a| kiln_opt::fold::folds_at_import(&op, a))
+        {
             let folded = kiln_opt::fold::try_fold(&op, &args, &tys)
                 .map_err(|e| at.err(format!("constant folding failed: {e}")))?;
             if let Some(outs) = folded {

@@ -123,6 +123,7 @@ pub fn cpuid_features() -> u64 {
                 set(bit(l7.ebx, 30), F::Avx512bw);
                 set(bit(l7.ebx, 17), F::Avx512dq);
                 set(bit(l7.ebx, 31), F::Avx512vl);
+                set(bit(l7.ecx, 11), F::Avx512vnni);
             }
         }
     }
@@ -143,7 +144,8 @@ fn std_features() -> u64 {
         detect!(
             Sse2 "sse2", Sse3 "sse3", Ssse3 "ssse3", Sse41 "sse4.1", Sse42 "sse4.2", Popcnt "popcnt",
             Avx "avx", Avx2 "avx2", Fma "fma", Bmi1 "bmi1", Bmi2 "bmi2", Lzcnt "lzcnt", F16c "f16c",
-            Avx512f "avx512f", Avx512bw "avx512bw", Avx512dq "avx512dq", Avx512vl "avx512vl"
+            Avx512f "avx512f", Avx512bw "avx512bw", Avx512dq "avx512dq", Avx512vl "avx512vl",
+            Avx512vnni "avx512vnni"
         );
         bits
     }

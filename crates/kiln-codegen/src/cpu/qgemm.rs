@@ -1,0 +1,1293 @@
+//! Integer contraction microkernels: 8-bit operands, i32 accumulators, AVX-512 machine
+//! code written with `iced-x86`.
+//!
+//! A kernel that [`Contraction::of_int`] recognises — an epilogue over
+//! `Σ_k (i32(A[m, k]) − za)·(i32(B[k, n]) − zb)`, `A` and `B` each `u8` or `i8` (the
+//! lowering of MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv) — is emitted
+//! here with the same kernel ABI as every other kernel (`kiln_module::abi`).
+//!
+//! ## Products of bytes
+//! `vpdpbusd` (AVX-512 VNNI) multiplies the four unsigned bytes of each 32-bit lane of
+//! one operand by the four signed bytes of the same lane of the other and adds the four
+//! products to an i32 lane: 64 multiply-adds an instruction. Both operands must hold
+//! four consecutive reduction steps per lane. `A`'s row is contiguous along the
+//! reduction (a weight `[M, C·KH·KW]`, an activation `[M, K]`), so four steps of one row
+//! are one 32-bit word, broadcast to every lane; `B` (`[K, N]`, its columns 1 or 2 bytes
+//! apart — a strided convolution's even bytes taken with `vpmovwb` — each reduction
+//! step's row anywhere: a convolution's `ci, kh, kw` through a table of row offsets)
+//! is copied at the start of each workgroup into a stack buffer `[⌈K/4⌉, 32, 4]` (four
+//! rows interleaved byte by byte with `vpunpck{l,h}{bw,wd}`; rows past `K` are zero), one
+//! block of 32 columns, which every row tile of the workgroup then streams. Without VNNI
+//! (AVX-512 BW only: `--target-cpu x86-64-v4`) each `vpdpbusd` is computed exactly from
+//! the even and odd bytes widened to 16 bits and two `vpmaddwd` (no `vpmaddubsw`, whose
+//! 16-bit sums saturate).
+//!
+//! ## Signedness and zero points
+//! The unsigned operand of `vpdpbusd` is `A` where `A` is `u8`, else `B`. Where both have
+//! the same signedness, `B` is flipped while it is copied (`b' = b ⊕ 0x80`, which is
+//! `b + δ` with `δ = 128` for `i8` and `−128` for `u8`). Then, exactly in i32,
+//!
+//! ```text
+//! Σ_k (a − za)(b − zb) = Σ_k a·b' − (zb + δ)·Σ_k a − za·Σ_k b' + K·za·(zb + δ)
+//! ```
+//!
+//! so the tile computes `Σ a·b'` and the epilogue subtracts the row sums of `A`
+//! (computed per tile, only where `zb + δ` can be non-zero) and the column sums of `b'`
+//! (computed after the copy, only where `za` can be non-zero). Padded reduction steps
+//! (`K` rounded up to 4) are zero in the copy, so they add nothing to either sum.
+//!
+//! ## Work split and tiles
+//! A workgroup is one batch position, one block of 32 columns and one group of rows (all
+//! `M` rows unless there are too few blocks to give threads work; then the rows are cut
+//! into groups, each copying the same block). A tile is 12 rows × 32 columns: 24
+//! accumulators, two vectors of `b'`, one broadcast of `A`, per four reduction steps.
+//! The last `K mod 4` steps read `A` with a byte mask (nothing past a row's end); the
+//! last columns of a partial block are stored under an opmask.
+//!
+//! ## Epilogue
+//! After the corrections the epilogue is evaluated on each accumulator, 16 lanes at a
+//! time, from the kernel's own expression: i32 and f32 arithmetic, conversions, rounding
+//! (`vrndscaleps`), clamps with a constant bound (NaN passes through as in the
+//! interpreter), loads of f32, i32, u8 and i8 operands per row, per column or per tensor
+//! (a QLinear op's scales, zero points and bias), and a store of f32, i32 or a value
+//! cast to u8/i8 (`vpmovdb`). QLinear's requantisation is `round_half_even(f32(acc)
+//! · (s_a·s_b / s_y)) + z_y`, saturated: ONNX Runtime's order of operations. Anything else
+//! declines the kernel (it then runs on the general path, as on a CPU without AVX-512 BW).
+
+use std::collections::HashMap;
+
+use iced_x86::code_asm::*;
+use kiln_flow::affine::load_offset;
+use kiln_flow::contraction::{Contraction, IntContraction};
+use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
+use kiln_ir::DType;
+
+use super::asm::{add_imm, enter, leave, Tables, ZMM};
+use super::math;
+use super::vector::{Mask, Vx, V};
+use super::gemm::{no, NotHere, R};
+
+/// Columns per workgroup block (two vectors of 16 lanes).
+const NB: u64 = 32;
+/// Vectors of a block.
+const NV: usize = 2;
+/// Rows of a full tile (24 accumulators, 8 registers for the epilogue).
+const MR: u64 = 12;
+/// Rows of a full tile whose epilogue computes a transcendental (16 accumulators: erf
+/// and tanh need 8 scratch registers besides their operand and result).
+const MR_TRANSCENDENTAL: u64 = 8;
+/// The most reduction steps (the copy of a block, `⌈K/4⌉·128` bytes, is on the stack).
+const MOST_K: u64 = 8192;
+/// Workgroups below which rows are cut into groups.
+const SPREAD: u64 = 8;
+
+/// A compiled integer contraction.
+pub(crate) struct QGemmCode {
+    pub code: Vec<u8>,
+    pub workgroups: u64,
+    /// It uses `vpdpbusd` (AVX-512 VNNI).
+    pub vnni: bool,
+}
+
+/// A pointer a workgroup needs: a binding and its element offset.
+#[derive(Clone)]
+struct Base {
+    binding: u32,
+    /// Bytes per element.
+    elem: i64,
+    /// Constant element offset.
+    c: i64,
+    /// Element coefficients of the batch variables.
+    batch: Vec<i64>,
+    /// Elements per row.
+    per_m: i64,
+    /// Elements per column (0 or 1).
+    per_n: i64,
+}
+
+/// An epilogue load: its base and the dtype it reads.
+#[derive(Clone, Copy)]
+struct ELoad {
+    base: usize,
+    dtype: DType,
+}
+
+/// Emits `k` as an integer contraction microkernel, or says why not. `vnni`: the target
+/// has AVX-512 VNNI (else the byte products are widened to 16 bits).
+pub(crate) fn emit(k: &Kernel, vnni: bool) -> R<QGemmCode> {
+    let Some(ic) = Contraction::of_int(k) else { return no("not an integer contraction") };
+    let mut e = Emitter::new(k, ic, vnni)?;
+    e.function()?;
+    let code = e.a.assemble(0)?;
+    Ok(QGemmCode { code, workgroups: e.workgroups(), vnni })
+}
+
+struct Emitter<'k> {
+    a: CodeAssembler,
+    k: &'k Kernel,
+    c: Contraction,
+    za: Option<ExprId>,
+    zb: Option<ExprId>,
+    t: Tables,
+    vnni: bool,
+    /// A is the unsigned operand of `vpdpbusd`.
+    a_unsigned: bool,
+    /// `δ` of the flip of `B` (0: none).
+    delta: i32,
+    /// Row sums of A and column sums of `b'` are needed.
+    need_ra: bool,
+    need_cb: bool,
+    /// A, B, the output, then the epilogue loads.
+    bases: Vec<Base>,
+    eloads: HashMap<u32, ELoad>,
+    /// Byte offsets of B's reduction steps, when they are not `k · stride`.
+    b_table: Option<Vec<i32>>,
+    /// Byte stride of B's reduction steps where they are.
+    b_stride: i64,
+    /// Byte pitch of A's rows.
+    a_pitch: i64,
+    /// Elements from one column of B to the next (1 or 2: a strided convolution).
+    b_step: i64,
+    /// Epilogue nodes, and how often each is an operand there.
+    uses: HashMap<u32, u32>,
+    /// Rows of a full tile ([`MR`], or [`MR_TRANSCENDENTAL`]).
+    mr: u64,
+    /// The epilogue computes exp, erf, tanh or log.
+    transcendental: bool,
+    /// Workgroup split.
+    blocks: u64,
+    groups: u64,
+    rows_per_group: u64,
+    batch_ext: Vec<u64>,
+}
+
+// Stack frame.
+const S_END: i32 = 0;
+const S_N0: i32 = 8;
+const S_MT: i32 = 16;
+const S_TCOUNT: i32 = 24;
+const S_PBP: i32 = 32;
+const S_GROUP: i32 = 40;
+const S_COORD: i32 = 64;
+
+/// `vpdpbusd`, or its exact widened form, from registers.
+#[derive(Clone, Copy)]
+struct Dot {
+    vnni: bool,
+    /// `0x00FF00FF` in every lane (the widened form's even bytes).
+    lo: AsmRegisterZmm,
+    t0: AsmRegisterZmm,
+    t1: AsmRegisterZmm,
+}
+
+impl Dot {
+    /// `acc += Σ u·s` by lane, `u` the unsigned and `s` the signed bytes.
+    fn emit(&self, a: &mut CodeAssembler, acc: AsmRegisterZmm, u: AsmRegisterZmm, s: AsmRegisterZmm) -> R<()> {
+        if self.vnni {
+            a.vpdpbusd(acc, u, s)?;
+            return Ok(());
+        }
+        let (t0, t1) = (self.t0, self.t1);
+        a.vpandd(t0, u, self.lo)?;
+        a.vpsllw(t1, s, 8)?;
+        a.vpsraw(t1, t1, 8)?;
+        a.vpmaddwd(t0, t0, t1)?;
+        a.vpaddd(acc, acc, t0)?;
+        a.vpsrlw(t0, u, 8)?;
+        a.vpsraw(t1, s, 8)?;
+        a.vpmaddwd(t0, t0, t1)?;
+        a.vpaddd(acc, acc, t0)?;
+        Ok(())
+    }
+}
+
+impl<'k> Emitter<'k> {
+    fn new(k: &'k Kernel, ic: IntContraction, vnni: bool) -> R<Emitter<'k>> {
+        let IntContraction { c, za, zb } = ic;
+        let [m, n, kk] = c.dims;
+        if kk == 0 || kk > MOST_K {
+            return no(format!("{kk} reduction steps (1 to {MOST_K} here)"));
+        }
+        for t in k.inputs.iter().chain([&k.output]) {
+            if t.storage_bytes() as u64 > i32::MAX as u64 {
+                return no("an operand over 2 GiB");
+            }
+        }
+        let mut e = Emitter {
+            a: CodeAssembler::new(64)?,
+            k,
+            c,
+            za,
+            zb,
+            t: Tables::default(),
+            vnni,
+            a_unsigned: false,
+            delta: 0,
+            need_ra: false,
+            need_cb: false,
+            bases: Vec::new(),
+            eloads: HashMap::new(),
+            b_table: None,
+            b_stride: 0,
+            a_pitch: 0,
+            b_step: 1,
+            uses: HashMap::new(),
+            mr: MR,
+            transcendental: false,
+            blocks: n.div_ceil(NB),
+            groups: 1,
+            rows_per_group: m,
+            batch_ext: Vec::new(),
+        };
+        e.batch_ext = e.c.batch.iter().map(|&v| k.vars[v as usize]).collect();
+        let (ad, bd) = (e.c.a.dtype, e.c.b.dtype);
+        e.a_unsigned = ad == DType::U8;
+        if ad == bd {
+            e.delta = if bd == DType::U8 { -128 } else { 128 };
+        }
+        e.need_cb = za.is_some();
+        e.need_ra = zb.is_some() || e.delta != 0;
+        e.plan_operands()?;
+        e.plan_epilogue()?;
+        // Rows cut into groups where blocks are too few to share among threads.
+        let batch: u64 = e.batch_ext.iter().product();
+        if e.transcendental {
+            e.mr = MR_TRANSCENDENTAL;
+        }
+        let tiles = m.div_ceil(e.mr);
+        if batch * e.blocks < SPREAD {
+            let g = tiles.min(SPREAD.div_ceil(batch * e.blocks)).max(1);
+            e.rows_per_group = tiles.div_ceil(g) * e.mr;
+            e.groups = m.div_ceil(e.rows_per_group);
+        }
+        Ok(e)
+    }
+
+    fn workgroups(&self) -> u64 {
+        self.batch_ext.iter().product::<u64>() * self.blocks * self.groups
+    }
+
+    /// Flat reduction index → each reduction variable's digit.
+    fn k_digits(&self, mut flat: u64) -> Vec<(u32, i64)> {
+        let mut out = Vec::new();
+        for &v in self.c.k.iter().rev() {
+            let ext = self.k.vars[v as usize];
+            out.push((v, (flat % ext) as i64));
+            flat /= ext;
+        }
+        out
+    }
+
+    fn plan_operands(&mut self) -> R<()> {
+        let c = &self.c;
+        let k = self.k;
+        let [_, _, kk] = c.dims;
+        let fits = |x: i64| i32::try_from(x).is_ok();
+        // A: contiguous along the flattened reduction; not moved by the columns.
+        for f in 0..kk {
+            let off: i64 = self.k_digits(f).iter().map(|&(v, d)| c.a.offset.of(v) * d).sum();
+            if off != f as i64 {
+                return no("A is not contiguous along the reduction");
+            }
+        }
+        let a_pitch = c.a.offset.of(c.m);
+        if !fits(a_pitch * MR as i64) || c.column_step(&c.a.offset) != Some(0) {
+            return no("A's rows are too far apart");
+        }
+        self.a_pitch = a_pitch;
+        // B: one row per reduction step, its columns contiguous, shared by the rows.
+        let Some(b_step) = c.column_step(&c.b.offset).filter(|s| (1..=2).contains(s)) else {
+            return no("B's columns are not 1 or 2 elements apart");
+        };
+        if c.b.offset.of(c.m) != 0 {
+            return no("B moves with the rows");
+        }
+        self.b_step = b_step;
+        let offs: Vec<i64> =
+            (0..kk).map(|f| self.k_digits(f).iter().map(|&(v, d)| c.b.offset.of(v) * d).sum()).collect();
+        let stride = if kk > 1 { offs[1] } else { 0 };
+        if offs.iter().enumerate().all(|(f, &o)| o == f as i64 * stride) && fits(stride * 4) {
+            self.b_stride = stride;
+        } else {
+            let t: Option<Vec<i32>> = offs.iter().map(|&o| i32::try_from(o).ok()).collect();
+            let Some(t) = t else { return no("B's rows are too far apart") };
+            self.b_table = Some(t);
+        }
+        let batch_coefs = |off: &kiln_flow::affine::AffineIndex| c.batch.iter().map(|&v| off.of(v)).collect();
+        self.bases.push(Base {
+            binding: c.a.input,
+            elem: 1,
+            c: c.a.offset.c,
+            batch: batch_coefs(&c.a.offset),
+            per_m: a_pitch,
+            per_n: 0,
+        });
+        self.bases.push(Base {
+            binding: c.b.input,
+            elem: 1,
+            c: c.b.offset.c,
+            batch: batch_coefs(&c.b.offset),
+            per_m: 0,
+            per_n: b_step,
+        });
+        // The output, row-major.
+        let dims = k.output.shape.dims();
+        let mut strides = vec![0i64; dims.len()];
+        let mut s = 1i64;
+        for d in (0..dims.len()).rev() {
+            strides[d] = s;
+            s = s.saturating_mul(dims[d] as i64);
+        }
+        let Some(elem) = out_elem(k.output.dtype) else {
+            return no(format!("an output of dtype {}", k.output.dtype.name()));
+        };
+        self.bases.push(Base {
+            binding: k.inputs.len() as u32,
+            elem,
+            c: 0,
+            batch: c.batch.iter().map(|&v| strides[v as usize]).collect(),
+            per_m: strides[c.m as usize],
+            per_n: 1,
+        });
+        Ok(())
+    }
+
+    /// The epilogue's nodes (above the reduction, and the zero points): each supported,
+    /// each load planned.
+    fn plan_epilogue(&mut self) -> R<()> {
+        let k = self.k;
+        let mut roots = vec![k.root];
+        roots.extend(self.za);
+        roots.extend(self.zb);
+        let mut seen = vec![false; k.nodes.len()];
+        let mut stack = roots.clone();
+        let mut order = Vec::new();
+        while let Some(e) = stack.pop() {
+            if std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            order.push(e);
+            // (A load's index is addressing, planned with the load.)
+            if e == self.c.reduce || matches!(k.node(e).expr, Expr::Load { .. }) {
+                continue;
+            }
+            k.node(e).expr.for_each_operand(|o| stack.push(o));
+        }
+        for &e in &order {
+            if e != self.c.reduce && !matches!(k.node(e).expr, Expr::Load { .. }) {
+                k.node(e).expr.for_each_operand(|o| *self.uses.entry(o.0).or_insert(0) += 1);
+            }
+        }
+        // The corrections use each zero point once more; the root is stored.
+        for r in roots {
+            *self.uses.entry(r.0).or_insert(0) += 1;
+        }
+        for &e in &order {
+            if e == self.c.reduce {
+                continue;
+            }
+            let node = k.node(e);
+            let ty = node.ty;
+            let ok = match &node.expr {
+                Expr::Const(_) => ty == ScalarType::F32 || is_int32(ty),
+                Expr::Load { input, index, bounds } => {
+                    if *bounds != Bounds::InBounds {
+                        return no("an epilogue load that is not in bounds");
+                    }
+                    let dtype = k.inputs.get(*input as usize).map(|t| t.dtype);
+                    let Some(dtype) = dtype.filter(|d| matches!(d, DType::F32 | DType::I32 | DType::U8 | DType::I8))
+                    else {
+                        return no("an epilogue load of a dtype other than f32, i32, u8 or i8");
+                    };
+                    let Some(off) = load_offset(k, *input, index) else { return no("an epilogue load not affine") };
+                    let Some(per_n) = self.c.column_step(&off).filter(|s| (0..=1).contains(s)) else {
+                        return no("an epilogue load across the columns");
+                    };
+                    let outer = |v: u32| v == self.c.m || self.c.n.contains(&v) || self.c.batch.contains(&v);
+                    if (0..k.vars.len() as u32).any(|v| !outer(v) && off.of(v) != 0) {
+                        return no("an epilogue load moved by the reduction");
+                    }
+                    let elem = if matches!(dtype, DType::U8 | DType::I8) { 1 } else { 4 };
+                    self.eloads.insert(e.0, ELoad { base: self.bases.len(), dtype });
+                    self.bases.push(Base {
+                        binding: *input,
+                        elem,
+                        c: off.c,
+                        batch: self.c.batch.iter().map(|&v| off.of(v)).collect(),
+                        per_m: off.of(self.c.m),
+                        per_n,
+                    });
+                    true
+                }
+                Expr::Cast { value, to, .. } => {
+                    let from = k.node(*value).ty;
+                    let from_int = is_int32(from);
+                    match to {
+                        DType::I32 => from_int,
+                        DType::F32 => from_int || from == ScalarType::F32,
+                        DType::U8 | DType::I8 => from == ScalarType::F32,
+                        _ => false,
+                    }
+                }
+                Expr::Binary(op, x, y) => {
+                    let (tx, ty2) = (k.node(*x).ty, k.node(*y).ty);
+                    let const_side = matches!(k.node(*x).expr, Expr::Const(_)) || matches!(k.node(*y).expr, Expr::Const(_));
+                    (tx == ty && ty2 == ty)
+                        && match ty {
+                            ScalarType::F32 => match op {
+                                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => true,
+                                // (Against a constant bound, so that a NaN passes.)
+                                BinaryOp::Max | BinaryOp::Min => const_side,
+                                _ => false,
+                            },
+                            ScalarType::I32 => {
+                                matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min)
+                            }
+                            _ => false,
+                        }
+                }
+                Expr::Unary(op, x) => {
+                    let f = k.node(*x).ty == ScalarType::F32;
+                    match op {
+                        UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Trunc => ty == ScalarType::F32,
+                        // (Bools are lanes of all ones or zeros.)
+                        UnaryOp::IsNan => f,
+                        &op if math::has_vector_form(op) && f && ty == ScalarType::F32 => {
+                            self.transcendental |= math::vector_scratch(op) > 0;
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+                Expr::Select(c, x, y) => {
+                    k.node(*c).ty == ScalarType::Bool
+                        && k.node(*x).ty == ty
+                        && k.node(*y).ty == ty
+                        && (ty == ScalarType::F32 || ty == ScalarType::I32)
+                }
+                _ => false,
+            };
+            if !ok {
+                return no(format!("an epilogue node e{} without a 16-lane form here", e.0));
+            }
+        }
+        // What the root stores.
+        let root_ty = k.node(k.root).ty;
+        let store_ok = match k.output.dtype {
+            DType::F32 => root_ty == ScalarType::F32,
+            DType::I32 => root_ty == ScalarType::I32,
+            DType::U8 | DType::I8 => {
+                matches!(k.node(k.root).expr, Expr::Cast { to, .. } if to == k.output.dtype)
+            }
+            _ => false,
+        };
+        if !store_ok {
+            return no("a result other than f32, i32, or a value cast to u8/i8");
+        }
+        Ok(())
+    }
+
+    fn s_base(&self, b: usize) -> i32 {
+        S_COORD + 8 * (self.batch_ext.len() + b) as i32
+    }
+    fn s_tile(&self, b: usize) -> i32 {
+        self.s_base(self.bases.len() + b)
+    }
+    /// A's row sums of a tile (12 words).
+    fn s_rs(&self) -> i32 {
+        (self.s_tile(self.bases.len()) + 63) / 64 * 64
+    }
+    /// The column sums of a block (two vectors).
+    fn s_cb(&self) -> i32 {
+        self.s_rs() + 64
+    }
+    /// The copy of a block of B (aligned to 64 bytes at run time).
+    fn s_buf(&self) -> i32 {
+        self.s_cb() + 64 * NV as i32
+    }
+    fn frame_size(&self) -> i32 {
+        let buf = self.c.dims[2].div_ceil(4) as i32 * (NB as i32 * 4) + 64;
+        (self.s_buf() + buf + 15) / 16 * 16
+    }
+
+    fn function(&mut self) -> R<()> {
+        enter(&mut self.a)?;
+        let frame = self.frame_size();
+        let mut left = frame;
+        while left > 0 {
+            let step = left.min(4096);
+            self.a.sub(rsp, step)?;
+            self.a.or(qword_ptr(rsp), 0)?;
+            left -= step;
+        }
+        // rdi bindings, rdx begin, rcx end (clamped).
+        self.a.mov(rax, self.workgroups() as i64)?;
+        self.a.cmp(rcx, rax)?;
+        self.a.cmova(rcx, rax)?;
+        self.a.mov(qword_ptr(rsp + S_END), rcx)?;
+        self.a.mov(r15, rdi)?;
+        self.a.mov(r14, rdx)?;
+        let mut done = self.a.create_label();
+        self.a.cmp(r14, rcx)?;
+        self.a.jae(done)?;
+        let at = self.s_buf() + 63;
+        self.a.lea(rax, qword_ptr(rsp + at))?;
+        self.a.and(rax, -64)?;
+        self.a.mov(qword_ptr(rsp + S_PBP), rax)?;
+        let mut top = self.a.create_label();
+        let mut next = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        // Decode: group, block, then batch coordinates innermost first.
+        self.a.mov(rax, r14)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, self.groups as i64)?;
+        self.a.div(rcx)?;
+        self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, self.blocks as i64)?;
+        self.a.div(rcx)?;
+        self.a.imul_3(rdx, rdx, NB as i32)?;
+        self.a.mov(qword_ptr(rsp + S_N0), rdx)?;
+        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, d as i64)?;
+            self.a.div(rcx)?;
+            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
+        }
+        // Base pointers (row 0 of this batch position, column n0).
+        for bi in 0..self.bases.len() {
+            let b = self.bases[bi].clone();
+            self.a.mov(rax, qword_ptr(r15 + 8 * b.binding as i32))?;
+            add_imm(&mut self.a, rax, b.c * b.elem, rcx)?;
+            for (i, &coef) in b.batch.iter().enumerate() {
+                if coef != 0 {
+                    self.a.mov(rcx, qword_ptr(rsp + (S_COORD + 8 * i as i32)))?;
+                    self.imul(rcx, coef * b.elem)?;
+                    self.a.add(rax, rcx)?;
+                }
+            }
+            if b.per_n != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + S_N0))?;
+                self.imul(rcx, b.per_n * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+            let s = self.s_base(bi);
+            self.a.mov(qword_ptr(rsp + s), rax)?;
+        }
+        // Variants: the last block may be partial, the last group may have fewer rows.
+        let n = self.c.dims[1];
+        let m = self.c.dims[0];
+        let last_cols = n - (self.blocks - 1) * NB;
+        let last_rows = m - (self.groups - 1) * self.rows_per_group;
+        let col_variants: Vec<(u64, bool)> =
+            if last_cols != NB { vec![(last_cols, true), (NB, false)] } else { vec![(NB, false)] };
+        let row_variants: Vec<(u64, bool)> = if last_rows != self.rows_per_group {
+            vec![(last_rows, true), (self.rows_per_group, false)]
+        } else {
+            vec![(self.rows_per_group, false)]
+        };
+        for &(cols, last_block) in &col_variants {
+            let mut other_cols = None;
+            if last_block {
+                let l = self.a.create_label();
+                self.a.cmp(qword_ptr(rsp + S_N0), ((self.blocks - 1) * NB) as i32)?;
+                self.a.jb(l)?;
+                other_cols = Some(l);
+            }
+            self.pack(cols)?;
+            for &(rows, last_group) in &row_variants {
+                let mut other_rows = None;
+                if last_group {
+                    let l = self.a.create_label();
+                    self.a.cmp(qword_ptr(rsp + S_GROUP), (self.groups - 1) as i32)?;
+                    self.a.jb(l)?;
+                    other_rows = Some(l);
+                }
+                self.rows(rows, cols)?;
+                self.a.jmp(next)?;
+                if let Some(mut l) = other_rows {
+                    self.a.set_label(&mut l)?;
+                }
+            }
+            if let Some(mut l) = other_cols {
+                self.a.set_label(&mut l)?;
+            }
+        }
+        self.a.set_label(&mut next)?;
+        self.a.inc(r14)?;
+        self.a.cmp(r14, qword_ptr(rsp + S_END))?;
+        self.a.jb(top)?;
+        self.a.set_label(&mut done)?;
+        leave(&mut self.a, frame)?;
+        self.t.emit(&mut self.a)
+    }
+
+    /// `r *= imm`.
+    fn imul(&mut self, r: AsmRegister64, imm: i64) -> R<()> {
+        match i32::try_from(imm) {
+            Ok(i) => self.a.imul_3(r, r, i)?,
+            Err(_) => {
+                self.a.mov(rdx, imm)?;
+                self.a.imul_2(r, rdx)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn dot(&self) -> Dot {
+        Dot { vnni: self.vnni, lo: zmm31, t0: zmm29, t1: zmm30 }
+    }
+
+    /// `lo` of [`Dot`] into `zmm31` (the widened form only).
+    fn load_lo(&mut self) -> R<()> {
+        if !self.vnni {
+            let l = self.t.scalar(&mut self.a, 0x00FF_00FF);
+            self.a.vpbroadcastd(zmm31, dword_ptr(l))?;
+        }
+        Ok(())
+    }
+
+    /// Copies the block of `cols` columns of B at its base into the stack buffer,
+    /// `[⌈K/4⌉, 32, 4]` (flipped where [`Self::delta`] says), and its column sums into
+    /// the stack where they are needed.
+    fn pack(&mut self, cols: u64) -> R<()> {
+        let kk = self.c.dims[2];
+        let chunks = cols.div_ceil(16) as usize;
+        let part = cols % 16;
+        let stride2 = self.b_step == 2;
+        if stride2 {
+            // Even bytes of 32 (the last not read), or of the partial chunk's columns.
+            self.a.mov(eax, 0x7FFF_FFFF)?;
+            self.a.kmovd(k5, eax)?;
+            if part != 0 {
+                self.a.mov(eax, ((1u64 << (2 * part - 1)) - 1) as i32)?;
+                self.a.kmovd(k3, eax)?;
+            }
+        } else if part != 0 {
+            self.a.mov(eax, ((1u32 << part) - 1) as i32)?;
+            self.a.kmovw(k3, eax)?;
+        }
+        let flip = if self.delta != 0 { Some(self.t.vector(&mut self.a, 0x8080_8080)) } else { None };
+        let sb = self.s_base(1);
+        self.a.mov(rsi, qword_ptr(rsp + sb))?;
+        self.a.mov(r10, qword_ptr(rsp + S_PBP))?;
+        let table = self.b_table.clone().map(|t| {
+            let words: Vec<u32> = t.iter().map(|&x| x as u32).collect();
+            self.t.words(&mut self.a, &words)
+        });
+        if let Some(l) = table {
+            self.a.lea(r11, qword_ptr(l))?;
+        }
+        let quads = kk / 4;
+        let rest = kk % 4;
+        // One quad of rows (`rows` of them real): into xmm0..3 per chunk, interleaved,
+        // stored.
+        let quad = |e: &mut Self, rows: u64| -> R<()> {
+            for c8 in 0..chunks {
+                for t in 0..4u64 {
+                    let r = XMMS[t as usize];
+                    if t >= rows {
+                        e.a.vpxor(r, r, r)?;
+                        continue;
+                    }
+                    let disp = 16 * c8 as i32 * e.b_step as i32;
+                    let at = match table {
+                        Some(_) => {
+                            e.a.movsxd(rax, dword_ptr(r11 + 4 * t as i32))?;
+                            ptr(rsi + rax + disp)
+                        }
+                        None => ptr(rsi + (e.b_stride * t as i64 + disp as i64) as i32),
+                    };
+                    let last = c8 == chunks - 1 && part != 0;
+                    if stride2 {
+                        let y = YMMS[t as usize];
+                        if last {
+                            e.a.vmovdqu8(y.k3().z(), ymmword_ptr(at))?;
+                        } else {
+                            e.a.vmovdqu8(y.k5().z(), ymmword_ptr(at))?;
+                        }
+                        e.a.vpmovwb(r, y)?;
+                    } else if last {
+                        e.a.vmovdqu8(r.k3().z(), xmmword_ptr(at))?;
+                    } else {
+                        e.a.vmovdqu8(r, xmmword_ptr(at))?;
+                    }
+                    if let Some(f) = flip {
+                        e.a.vpxor(r, r, xmmword_ptr(f))?;
+                    }
+                }
+                e.a.vpunpcklbw(xmm4, xmm0, xmm1)?;
+                e.a.vpunpckhbw(xmm5, xmm0, xmm1)?;
+                e.a.vpunpcklbw(xmm6, xmm2, xmm3)?;
+                e.a.vpunpckhbw(xmm7, xmm2, xmm3)?;
+                e.a.vpunpcklwd(xmm0, xmm4, xmm6)?;
+                e.a.vpunpckhwd(xmm1, xmm4, xmm6)?;
+                e.a.vpunpcklwd(xmm2, xmm5, xmm7)?;
+                e.a.vpunpckhwd(xmm3, xmm5, xmm7)?;
+                for q in 0..4 {
+                    e.a.vmovdqu(xmmword_ptr(r10 + (64 * c8 as i32 + 16 * q)), XMMS[q as usize])?;
+                }
+            }
+            // (Chunks past the columns are never read into a stored column.)
+            e.a.add(r10, (NB * 4) as i32)?;
+            match table {
+                Some(_) => e.a.add(r11, 16)?,
+                None => add_imm(&mut e.a, rsi, 4 * e.b_stride, rax)?,
+            }
+            Ok(())
+        };
+        if quads > 0 {
+            self.a.mov(rbx, quads as i64)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            quad(self, 4)?;
+            self.a.dec(rbx)?;
+            self.a.jnz(l)?;
+        }
+        if rest > 0 {
+            quad(self, rest)?;
+        }
+        if self.need_cb {
+            // Column sums of b' over the copy (padded rows are zero).
+            self.load_lo()?;
+            let ones = self.t.scalar(&mut self.a, 0x0101_0101);
+            self.a.vpbroadcastd(zmm28, dword_ptr(ones))?;
+            for j in 0..NV {
+                self.a.vpxord(ZMM[j], ZMM[j], ZMM[j])?;
+            }
+            self.a.mov(r10, qword_ptr(rsp + S_PBP))?;
+            self.a.mov(rbx, kk.div_ceil(4) as i64)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            let d = self.dot();
+            for j in 0..chunks {
+                self.a.vmovdqu32(zmm27, zmmword_ptr(r10 + 64 * j as i32))?;
+                if self.a_unsigned {
+                    d.emit(&mut self.a, ZMM[j], zmm28, zmm27)?;
+                } else {
+                    d.emit(&mut self.a, ZMM[j], zmm27, zmm28)?;
+                }
+            }
+            self.a.add(r10, (NB * 4) as i32)?;
+            self.a.dec(rbx)?;
+            self.a.jnz(l)?;
+            for j in 0..NV {
+                let at = self.s_cb() + 64 * j as i32;
+                self.a.vmovdqu32(zmmword_ptr(rsp + at), ZMM[j])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tiles of a group of `rows` rows (from row `group · rows_per_group`) over a
+    /// block of `cols` columns.
+    fn rows(&mut self, rows: u64, cols: u64) -> R<()> {
+        self.a.mov(rax, qword_ptr(rsp + S_GROUP))?;
+        self.imul(rax, self.rows_per_group as i64)?;
+        self.a.mov(qword_ptr(rsp + S_MT), rax)?;
+        let mr = self.mr;
+        let full = rows / mr;
+        let tail = rows % mr;
+        if full > 0 {
+            self.a.mov(qword_ptr(rsp + S_TCOUNT), full as i32)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            self.tile(mr, cols)?;
+            self.a.add(qword_ptr(rsp + S_MT), mr as i32)?;
+            self.a.dec(qword_ptr(rsp + S_TCOUNT))?;
+            self.a.jnz(l)?;
+        }
+        if tail > 0 {
+            self.tile(tail, cols)?;
+        }
+        Ok(())
+    }
+
+    /// One tile: `rows` rows from row `S_MT`, the block's `cols` columns.
+    fn tile(&mut self, rows: u64, cols: u64) -> R<()> {
+        let rows_ = rows as usize;
+        let nv = cols.div_ceil(16) as usize;
+        let kk = self.c.dims[2];
+        // Tile pointers.
+        for bi in 0..self.bases.len() {
+            let b = self.bases[bi].clone();
+            let sb = self.s_base(bi);
+            self.a.mov(rax, qword_ptr(rsp + sb))?;
+            if b.per_m != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + S_MT))?;
+                self.imul(rcx, b.per_m * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+            let st = self.s_tile(bi);
+            self.a.mov(qword_ptr(rsp + st), rax)?;
+        }
+        self.load_lo()?;
+        let d = self.dot();
+        let pitch = self.a_pitch;
+        if self.need_ra {
+            // Row sums of A, each over its K bytes (the last chunk under a byte mask).
+            let ones = self.t.scalar(&mut self.a, 0x0101_0101);
+            self.a.vpbroadcastd(zmm28, dword_ptr(ones))?;
+            let chunks = kk / 64;
+            let part = kk % 64;
+            if part != 0 {
+                self.a.mov(rax, ((1u64 << part) - 1) as i64)?;
+                self.a.kmovq(k3, rax)?;
+            }
+            let st = self.s_tile(0);
+            for i in 0..rows_ {
+                self.a.mov(rax, qword_ptr(rsp + st))?;
+                add_imm(&mut self.a, rax, pitch * i as i64, rcx)?;
+                self.a.vpxord(zmm1, zmm1, zmm1)?;
+                let acc = |e: &mut Self, at: AsmMemoryOperand, masked: bool| -> R<()> {
+                    if masked {
+                        e.a.vmovdqu8(zmm27.k3().z(), at)?;
+                    } else {
+                        e.a.vmovdqu8(zmm27, at)?;
+                    }
+                    if e.a_unsigned {
+                        d.emit(&mut e.a, zmm1, zmm27, zmm28)
+                    } else {
+                        d.emit(&mut e.a, zmm1, zmm28, zmm27)
+                    }
+                };
+                if chunks > 0 {
+                    self.a.mov(rcx, chunks as i64)?;
+                    let mut l = self.a.create_label();
+                    self.a.set_label(&mut l)?;
+                    acc(self, zmmword_ptr(rax), false)?;
+                    self.a.add(rax, 64)?;
+                    self.a.dec(rcx)?;
+                    self.a.jnz(l)?;
+                }
+                if part != 0 {
+                    acc(self, zmmword_ptr(rax), true)?;
+                }
+                // Horizontal sum into lane 0.
+                self.a.vextracti64x4(ymm2, zmm1, 1)?;
+                self.a.vpaddd(ymm1, ymm1, ymm2)?;
+                self.a.vextracti128(xmm2, ymm1, 1)?;
+                self.a.vpaddd(xmm1, xmm1, xmm2)?;
+                self.a.vpshufd(xmm2, xmm1, 0x4E)?;
+                self.a.vpaddd(xmm1, xmm1, xmm2)?;
+                self.a.vpshufd(xmm2, xmm1, 0xB1)?;
+                self.a.vpaddd(xmm1, xmm1, xmm2)?;
+                let at = self.s_rs() + 4 * i as i32;
+                self.a.vmovd(dword_ptr(rsp + at), xmm1)?;
+            }
+        }
+        let acc = |i: usize, j: usize| ZMM[i * NV + j];
+        let breg = |j: usize| ZMM[24 + j];
+        let areg = zmm26;
+        for i in 0..rows_ {
+            for j in 0..nv {
+                self.a.vpxord(acc(i, j), acc(i, j), acc(i, j))?;
+            }
+        }
+        let st = self.s_tile(0);
+        self.a.mov(r9, qword_ptr(rsp + st))?;
+        self.a.mov(r10, qword_ptr(rsp + S_PBP))?;
+        let quads = kk / 4;
+        let rest = kk % 4;
+        let step = |e: &mut Self, tail: bool| -> R<()> {
+            for j in 0..nv {
+                e.a.vmovdqu32(breg(j), zmmword_ptr(r10 + 64 * j as i32))?;
+            }
+            for i in 0..rows_ {
+                let at = dword_ptr(r9 + (pitch * i as i64) as i32);
+                if tail {
+                    e.a.vmovdqu8(xmm26.k1().z(), xmmword_ptr(r9 + (pitch * i as i64) as i32))?;
+                    e.a.vpbroadcastd(areg, xmm26)?;
+                } else {
+                    e.a.vpbroadcastd(areg, at)?;
+                }
+                for j in 0..nv {
+                    if e.a_unsigned {
+                        d.emit(&mut e.a, acc(i, j), areg, breg(j))?;
+                    } else {
+                        d.emit(&mut e.a, acc(i, j), breg(j), areg)?;
+                    }
+                }
+            }
+            Ok(())
+        };
+        if quads > 0 {
+            self.a.mov(rbx, quads as i64)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            step(self, false)?;
+            self.a.add(r9, 4)?;
+            self.a.add(r10, (NB * 4) as i32)?;
+            self.a.dec(rbx)?;
+            self.a.jnz(l)?;
+        }
+        if rest > 0 {
+            self.a.mov(eax, ((1u32 << rest) - 1) as i32)?;
+            self.a.kmovw(k1, eax)?;
+            step(self, true)?;
+        }
+        // Epilogue, accumulator by accumulator. Opmasks: `k1` the columns' tail (the
+        // reduction's tail is done with it), `k2` erf's, `k4`/`k5` conversions' and
+        // selects' (the conventions of `super::vops`).
+        let part = cols % 16;
+        if part != 0 {
+            self.a.mov(eax, ((1u32 << part) - 1) as i32)?;
+            self.a.kmovw(k1, eax)?;
+        }
+        // (The registers of the reduction, and accumulators a short tile leaves unused.)
+        let mut pool: Vec<usize> = (rows_ * NV..32).rev().collect();
+        for i in 0..rows_ {
+            for j in 0..nv {
+                let masked = part != 0 && j == nv - 1;
+                self.slot(i, j, acc(i, j), masked, &mut pool)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The epilogue of accumulator `(i, j)` (row `i` of the tile, vector `j`), stored;
+    /// its register returns to `pool` with those the evaluation used.
+    fn slot(&mut self, i: usize, j: usize, acc: AsmRegisterZmm, masked: bool, pool: &mut Vec<usize>) -> R<()> {
+        let mut ev = Eval { memo: HashMap::new(), left: self.uses.clone(), i, j, masked };
+        let accn = ZMM.iter().position(|&z| z == acc).unwrap_or(0);
+        // Corrections (see the module docs).
+        let kk = self.c.dims[2] as i32;
+        if self.need_cb {
+            let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
+            let z = self.eval(za, &mut ev, pool)?;
+            let t = take(pool)?;
+            let at = self.s_cb() + 64 * j as i32;
+            self.a.vpmulld(ZMM[t], ZMM[z], zmmword_ptr(rsp + at))?;
+            self.a.vpsubd(acc, acc, ZMM[t])?;
+            pool.push(t);
+            if self.need_ra {
+                let z2 = self.zb_delta(&mut ev, pool)?;
+                // + K·za·(zb + δ)
+                let t = take(pool)?;
+                self.a.vpmulld(ZMM[t], ZMM[z], ZMM[z2])?;
+                let kl = self.t.scalar(&mut self.a, kk as u32);
+                let u = take(pool)?;
+                self.a.vpbroadcastd(ZMM[u], dword_ptr(kl))?;
+                self.a.vpmulld(ZMM[t], ZMM[t], ZMM[u])?;
+                self.a.vpaddd(acc, acc, ZMM[t])?;
+                self.ra_term(i, acc, z2, pool)?;
+                pool.push(t);
+                pool.push(u);
+                pool.push(z2);
+            }
+            self.release(za, z, &mut ev, pool);
+        } else if self.need_ra {
+            let z2 = self.zb_delta(&mut ev, pool)?;
+            self.ra_term(i, acc, z2, pool)?;
+            pool.push(z2);
+        }
+        if let Some(zb) = self.zb {
+            if let Some(&r) = ev.memo.get(&zb.0) {
+                self.release(zb, r, &mut ev, pool);
+            }
+        }
+        ev.memo.insert(self.c.reduce.0, accn);
+        let root = self.k.root;
+        let r = self.eval(root, &mut ev, pool)?;
+        // Store.
+        let ob = self.s_tile(2);
+        self.a.mov(rax, qword_ptr(rsp + ob))?;
+        let b = &self.bases[2];
+        let disp = (b.per_m * i as i64 + 16 * j as i64) * b.elem;
+        let disp = i32::try_from(disp).map_err(|_| NotHere("an output row too far".into()))?;
+        let z = ZMM[r];
+        match self.k.output.dtype {
+            DType::U8 | DType::I8 => {
+                let at = xmmword_ptr(rax + disp);
+                if masked {
+                    self.a.vpmovdb(at.k1(), z)?;
+                } else {
+                    self.a.vpmovdb(at, z)?;
+                }
+            }
+            _ => {
+                let at = zmmword_ptr(rax + disp);
+                if masked {
+                    self.a.vmovdqu32(at.k1(), z)?;
+                } else {
+                    self.a.vmovdqu32(at, z)?;
+                }
+            }
+        }
+        self.release(root, r, &mut ev, pool);
+        // Whatever is still held (an accumulator the epilogue never read) goes back.
+        for (_, r) in ev.memo.drain() {
+            if !pool.contains(&r) {
+                pool.push(r);
+            }
+        }
+        if !pool.contains(&accn) {
+            pool.push(accn);
+        }
+        Ok(())
+    }
+
+    /// `zb + δ` in a fresh register.
+    fn zb_delta(&mut self, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+        let t = take(pool)?;
+        match self.zb {
+            Some(zb) => {
+                let z = self.eval(zb, ev, pool)?;
+                self.a.vmovdqa32(ZMM[t], ZMM[z])?;
+            }
+            None => self.a.vpxord(ZMM[t], ZMM[t], ZMM[t])?,
+        }
+        if self.delta != 0 {
+            let l = self.t.scalar(&mut self.a, self.delta as u32);
+            let u = take(pool)?;
+            self.a.vpbroadcastd(ZMM[u], dword_ptr(l))?;
+            self.a.vpaddd(ZMM[t], ZMM[t], ZMM[u])?;
+            pool.push(u);
+        }
+        Ok(t)
+    }
+
+    /// `acc −= z2 · (row sum of A's row i)`.
+    fn ra_term(&mut self, i: usize, acc: AsmRegisterZmm, z2: usize, pool: &mut Vec<usize>) -> R<()> {
+        let t = take(pool)?;
+        let at = self.s_rs() + 4 * i as i32;
+        self.a.vpbroadcastd(ZMM[t], dword_ptr(rsp + at))?;
+        self.a.vpmulld(ZMM[t], ZMM[t], ZMM[z2])?;
+        self.a.vpsubd(acc, acc, ZMM[t])?;
+        pool.push(t);
+        Ok(())
+    }
+
+    /// One use of `e` (held in `r`) done: its register returns when none is left.
+    fn release(&self, e: ExprId, r: usize, ev: &mut Eval, pool: &mut Vec<usize>) {
+        let left = ev.left.entry(e.0).or_insert(0);
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            ev.memo.remove(&e.0);
+            if !pool.contains(&r) {
+                pool.push(r);
+            }
+        }
+    }
+
+    /// Evaluates `e` for the accumulator of `ev` (16 lanes), into a register of `pool`
+    /// (or the one it already holds).
+    fn eval(&mut self, e: ExprId, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+        if let Some(&r) = ev.memo.get(&e.0) {
+            return Ok(r);
+        }
+        let node = self.k.node(e).clone();
+        let r = match node.expr {
+            Expr::Const(bits) => {
+                // (Integers as i32 lanes: the narrow types' bits are zero-extended.)
+                let word = match node.ty {
+                    ScalarType::I8 => bits as u8 as i8 as i32 as u32,
+                    ScalarType::I16 => bits as u16 as i16 as i32 as u32,
+                    ScalarType::U8 => bits as u8 as u32,
+                    ScalarType::U16 => bits as u16 as u32,
+                    _ => bits as u32,
+                };
+                let l = self.t.scalar(&mut self.a, word);
+                let r = take(pool)?;
+                self.a.vpbroadcastd(ZMM[r], dword_ptr(l))?;
+                r
+            }
+            Expr::Load { .. } => {
+                let el = self.eloads[&e.0];
+                let b = self.bases[el.base].clone();
+                let st = self.s_tile(el.base);
+                self.a.mov(rax, qword_ptr(rsp + st))?;
+                let disp = (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem;
+                let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
+                let r = take(pool)?;
+                let z = ZMM[r];
+                let vector = b.per_n != 0;
+                match (el.dtype, vector) {
+                    (DType::U8 | DType::I8, false) => {
+                        if el.dtype == DType::U8 {
+                            self.a.movzx(ecx, byte_ptr(rax + disp))?;
+                        } else {
+                            self.a.movsx(ecx, byte_ptr(rax + disp))?;
+                        }
+                        self.a.vpbroadcastd(z, ecx)?;
+                    }
+                    (_, false) => self.a.vpbroadcastd(z, dword_ptr(rax + disp))?,
+                    (DType::U8 | DType::I8, true) => {
+                        let at = xmmword_ptr(rax + disp);
+                        match (el.dtype == DType::U8, ev.masked) {
+                            (true, true) => self.a.vpmovzxbd(z.k1().z(), at)?,
+                            (true, false) => self.a.vpmovzxbd(z, at)?,
+                            (false, true) => self.a.vpmovsxbd(z.k1().z(), at)?,
+                            (false, false) => self.a.vpmovsxbd(z, at)?,
+                        }
+                    }
+                    (_, true) => {
+                        let at = zmmword_ptr(rax + disp);
+                        if ev.masked {
+                            self.a.vmovdqu32(z.k1().z(), at)?;
+                        } else {
+                            self.a.vmovdqu32(z, at)?;
+                        }
+                    }
+                }
+                r
+            }
+            Expr::Cast { value, to, .. } => {
+                let from = self.k.node(value).ty;
+                let v = self.eval(value, ev, pool)?;
+                match (from == ScalarType::F32, to) {
+                    // No change of lanes: the value's register, copied where it is read again.
+                    (false, DType::I32) | (true, DType::F32) => self.reuse(value, v, ev, pool)?,
+                    (false, _) => {
+                        // Integer → f32.
+                        self.release(value, v, ev, pool);
+                        let r = take(pool)?;
+                        self.a.vcvtdq2ps(ZMM[r], ZMM[v])?;
+                        r
+                    }
+                    (true, _) => {
+                        // f32 → u8/i8 as the interpreter converts: truncated (saturating
+                        // to i64, NaN to 0), then wrapped to eight bits (`super::vops`).
+                        let t = take(pool)?;
+                        self.release(value, v, ev, pool);
+                        let r = take(pool)?;
+                        let ty = if to == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
+                        let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
+                        vx.f32_to_8bit(ty, V(r as u8), V(v as u8), V(t as u8), Mask(4))?;
+                        pool.push(t);
+                        r
+                    }
+                }
+            }
+            Expr::Unary(UnaryOp::IsNan, x) => {
+                let v = self.eval(x, ev, pool)?;
+                self.release(x, v, ev, pool);
+                let r = take(pool)?;
+                self.a.vcmpps(k5, ZMM[v], ZMM[v], 3)?;
+                self.a.vpmovm2d(ZMM[r], k5)?;
+                r
+            }
+            Expr::Select(c, x, y) => {
+                let vc = self.eval(c, ev, pool)?;
+                let vx = self.eval(x, ev, pool)?;
+                let vy = self.eval(y, ev, pool)?;
+                self.a.vpmovd2m(k5, ZMM[vc])?;
+                self.release(c, vc, ev, pool);
+                self.release(x, vx, ev, pool);
+                self.release(y, vy, ev, pool);
+                let r = take(pool)?;
+                // r = c ? x : y
+                self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?;
+                r
+            }
+            Expr::Unary(op, x) if math::has_vector_form(op) => {
+                // exp, erf, tanh, log, sqrt, neg, abs: the general path's inline code
+                // (`super::math`), its coefficients read as broadcasts.
+                let v = self.eval(x, ev, pool)?;
+                let n = math::vector_scratch(op);
+                let mut t = Vec::with_capacity(n);
+                for _ in 0..n {
+                    t.push(V(take(pool)? as u8));
+                }
+                self.release(x, v, ev, pool);
+                let r = take(pool)?;
+                let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
+                vx.unary(op, V(r as u8), V(v as u8), &t)?;
+                pool.extend(t.iter().map(|v| v.0 as usize));
+                r
+            }
+            Expr::Unary(op, x) => {
+                let v = self.eval(x, ev, pool)?;
+                self.release(x, v, ev, pool);
+                let r = take(pool)?;
+                let imm = match op {
+                    UnaryOp::Round => 8,
+                    UnaryOp::Floor => 9,
+                    UnaryOp::Ceil => 10,
+                    _ => 11,
+                };
+                self.a.vrndscaleps(ZMM[r], ZMM[v], imm)?;
+                r
+            }
+            Expr::Binary(op, x, y) => {
+                let f = node.ty == ScalarType::F32;
+                // A clamp takes the constant first, so that a NaN of the other passes.
+                let (x, y) = match op {
+                    BinaryOp::Max | BinaryOp::Min if f && matches!(self.k.node(x).expr, Expr::Const(_)) => (y, x),
+                    _ => (x, y),
+                };
+                let vx = self.eval(x, ev, pool)?;
+                let vy = self.eval(y, ev, pool)?;
+                self.release(x, vx, ev, pool);
+                self.release(y, vy, ev, pool);
+                let r = take(pool)?;
+                let (d, a, b) = (ZMM[r], ZMM[vx], ZMM[vy]);
+                match (f, op) {
+                    (true, BinaryOp::Add) => self.a.vaddps(d, a, b)?,
+                    (true, BinaryOp::Sub) => self.a.vsubps(d, a, b)?,
+                    (true, BinaryOp::Mul) => self.a.vmulps(d, a, b)?,
+                    (true, BinaryOp::Div) => self.a.vdivps(d, a, b)?,
+                    // vmaxps/vminps return the second operand where either is NaN.
+                    (true, BinaryOp::Max) => self.a.vmaxps(d, b, a)?,
+                    (true, BinaryOp::Min) => self.a.vminps(d, b, a)?,
+                    (false, BinaryOp::Add) => self.a.vpaddd(d, a, b)?,
+                    (false, BinaryOp::Sub) => self.a.vpsubd(d, a, b)?,
+                    (false, BinaryOp::Mul) => self.a.vpmulld(d, a, b)?,
+                    (false, BinaryOp::Max) => self.a.vpmaxsd(d, a, b)?,
+                    (false, BinaryOp::Min) => self.a.vpminsd(d, a, b)?,
+                    _ => return no("an epilogue operation without a 16-lane form"),
+                }
+                r
+            }
+            _ => return no("an epilogue node without a 16-lane form"),
+        };
+        ev.memo.insert(e.0, r);
+        Ok(r)
+    }
+
+    /// The register of `value` (held in `v`) for a node of the same lanes: `v` itself
+    /// where this is its last use, else a copy.
+    fn reuse(&mut self, value: ExprId, v: usize, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+        let left = ev.left.get(&value.0).copied().unwrap_or(0);
+        if left <= 1 {
+            ev.left.insert(value.0, 0);
+            ev.memo.remove(&value.0);
+            Ok(v)
+        } else {
+            ev.left.insert(value.0, left - 1);
+            let r = take(pool)?;
+            self.a.vmovdqa32(ZMM[r], ZMM[v])?;
+            Ok(r)
+        }
+    }
+}
+
+/// Per accumulator: values computed, uses left, where it is.
+struct Eval {
+    memo: HashMap<u32, usize>,
+    left: HashMap<u32, u32>,
+    i: usize,
+    j: usize,
+    masked: bool,
+}
+
+fn take(pool: &mut Vec<usize>) -> R<usize> {
+    pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()))
+}
+
+const XMMS: [AsmRegisterXmm; 4] = [xmm0, xmm1, xmm2, xmm3];
+const YMMS: [AsmRegisterYmm; 4] = [ymm0, ymm1, ymm2, ymm3];
+
+/// Integers held as i32 lanes.
+fn is_int32(t: ScalarType) -> bool {
+    matches!(t, ScalarType::I8 | ScalarType::U8 | ScalarType::I16 | ScalarType::U16 | ScalarType::I32)
+}
+
+/// Bytes of an output element this emitter stores.
+fn out_elem(d: DType) -> Option<i64> {
+    match d {
+        DType::F32 | DType::I32 => Some(4),
+        DType::U8 | DType::I8 => Some(1),
+        _ => None,
+    }
+}
