@@ -58,6 +58,7 @@ pub fn registry() -> &'static [&'static dyn Pass] {
         &tensor::FoldConstants,
         &tensor::FoldBatchNorm,
         &tensor::FoldChannelAffine,
+        &tensor::RewriteOneHotProducts,
         &tensor::DeduplicateConstants,
         &tensor::EliminateCommonSubexpressions,
         &tensor::EliminateDeadCode,

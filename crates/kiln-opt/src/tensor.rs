@@ -2,7 +2,8 @@
 //! [`crate::registry`]'s: elide no-op nodes first (so folding and CSE see through
 //! them), fold, fold batch normalisations into the convolutions before them, merge
 //! the per-channel scales and shifts left (other batch normalisations, Mul/Add by
-//! per-channel constants) into one of each, then merge equal constants (which makes more nodes look alike), merge equal nodes, and
+//! per-channel constants) into one of each, rewrite products of one-hot encodings as
+//! the row lookups they are, then merge equal constants (which makes more nodes look alike), merge equal nodes, and
 //! drop what nothing uses last.
 //!
 //! No pass removes or renames a graph output: an output defined by a node that
@@ -525,6 +526,132 @@ impl Pass for FoldChannelAffine {
             }
             forms.insert(v, (f, single));
             Action::Replace(vec![v])
+        });
+        *g = new;
+        Ok(changed)
+    }
+}
+
+/// `tensor-rewrite-one-hot-products`: a one-hot encoding multiplied by a constant
+/// matrix, `MatMul(Cast(Equal(x, [0, 1, …, K − 1])), W)` with `x` of shape `[.., 1]`
+/// (how JAX and tf2onnx write an embedding lookup: `jax.nn.one_hot`, then a dense
+/// layer), becomes the lookup it is: `Gather([W; 0], Clip(x, −1, K))`, row `x` of `W`
+/// where `0 ≤ x < K` and the appended zero row where not (Gather reads index `−1` as
+/// the last row), as the one-hot of an index out of range is all zeros. The indices
+/// are clipped as i64 (an i32 `x` is cast first): the lookup's index is then computed
+/// once per row of the result by the vector kernels' scalar code, which works in i64. Exact for a
+/// finite `W`: each sum is one product by 1 and the rest by 0. The one-hot tensor (`K`
+/// values per index) is then neither written nor read by a product `K` times the
+/// lookup's work (magika: a `[2048, 257] × [257, 64]` product and the 2 MB encoding
+/// in front of it).
+pub struct RewriteOneHotProducts;
+
+impl RewriteOneHotProducts {
+    /// `(x, W)` where MatMul node `n` (its operands in `g`) is such a product.
+    fn matched(g: &Graph, n: &Node, inputs: &[Option<ValueId>]) -> Option<(ValueId, kiln_ir::Tensor)> {
+        use kiln_ir::DType;
+        if n.op.kind != OpKind::MatMul {
+            return None;
+        }
+        let (a, w) = (inputs.first().copied().flatten()?, inputs.get(1).copied().flatten()?);
+        let wt = g.constant(w)?;
+        let &[k, _] = wt.shape().dims() else { return None };
+        if wt.dtype() != DType::F32 || !wt.to_vec::<f32>().ok()?.iter().all(|v| v.is_finite()) {
+            return None;
+        }
+        let def = |v: ValueId| match g.values[v].def {
+            ValueDef::Node { node, .. } => Some(&g.nodes[node]),
+            _ => None,
+        };
+        let cast = def(a)?;
+        let ad = g.ty(a).shape.dims();
+        if cast.op.kind != OpKind::Cast || g.ty(a).dtype != DType::F32 || ad.len() < 2 || ad.last() != Some(&k) {
+            return None;
+        }
+        let eq = def(cast.inputs.first().copied().flatten()?)?;
+        if eq.op.kind != OpKind::Equal {
+            return None;
+        }
+        let (p, q) = (eq.inputs.first().copied().flatten()?, eq.inputs.get(1).copied().flatten()?);
+        let lead = &ad[..ad.len() - 1];
+        [(p, q), (q, p)].into_iter().find_map(|(x, t)| {
+            // The table: 0, 1, …, K − 1 along the last axis, extent 1 on the others.
+            let tab = g.constant(t)?;
+            let td = tab.shape().dims();
+            let iota = tab.to_i64_vec().ok()?.iter().enumerate().all(|(i, &v)| v == i as i64);
+            let flat = td.last() == Some(&k) && td.len() <= ad.len() && td[..td.len() - 1].iter().all(|&d| d == 1);
+            // The indices: `[.., 1]` over the product's rows, of a type Gather takes.
+            let xt = g.ty(x);
+            let xd = xt.shape.dims();
+            let rows = xd.len() == ad.len() && xd[..xd.len() - 1] == *lead && xd.last() == Some(&1);
+            (iota && flat && rows && matches!(xt.dtype, DType::I32 | DType::I64)).then(|| (x, wt.clone()))
+        })
+    }
+}
+
+impl Pass for RewriteOneHotProducts {
+    fn name(&self) -> &'static str {
+        "tensor-rewrite-one-hot-products"
+    }
+    fn summary(&self) -> &'static str {
+        "rewrite a one-hot encoding times a constant matrix (MatMul(Cast(Equal(x, 0..K)), W)) as a row lookup Gather([W; 0], Clip(x, -1, K))"
+    }
+    fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
+        use kiln_ir::{DType, Op, Shape, Tensor, TensorType};
+        let old: &Graph = g;
+        let (new, changed) = rebuild_tracked(old, |new, n, inputs| {
+            let Some((x, w)) = Self::matched(new, n, inputs) else { return Action::Keep };
+            let (out_name, out_ty) = (old.values[n.outputs[0]].name.clone(), old.ty(n.outputs[0]).clone());
+            let xt = new.ty(x).clone();
+            let lead = xt.shape.dims()[..xt.shape.rank() - 1].to_vec();
+            let base = if n.name.is_empty() { out_name.clone() } else { n.name.clone() };
+            let x = match xt.dtype {
+                DType::I64 => x,
+                _ => {
+                    let Some(code) = DType::I64.onnx_code() else { return Action::Keep };
+                    let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(code.into()));
+                    let Ok(op) = Op::parse(OpKind::Cast, &to) else { return Action::Keep };
+                    let ty = TensorType::new(DType::I64, xt.shape.clone());
+                    new.add_node(format!("{base}.wide"), op, vec![Some(x)], vec![(format!("{out_name}.wide"), ty)]).1[0]
+                }
+            };
+            let &[k, cols] = w.shape().dims() else { return Action::Keep };
+            let mut rows = w.to_vec::<f32>().unwrap_or_default();
+            rows.resize((k + 1) * cols, 0.0);
+            let dims: Vec<i64> = lead.iter().map(|&d| d as i64).collect();
+            let consts = || -> Option<_> {
+                Some((
+                    Tensor::from_vec(Shape::new(vec![k + 1, cols]).ok()?, rows).ok()?,
+                    Tensor::from_i64(DType::I64, Shape::new(vec![dims.len()]).ok()?, &dims).ok()?,
+                    Tensor::from_i64(DType::I64, Shape::scalar(), &[-1]).ok()?,
+                    Tensor::from_i64(DType::I64, Shape::scalar(), &[k as i64]).ok()?,
+                    Shape::new(lead.clone()).ok()?,
+                ))
+            };
+            let Some((table, shape, lo, hi, index_shape)) = consts() else { return Action::Keep };
+            let index_ty = TensorType::new(DType::I64, index_shape);
+            let shape = new.add_const(format!("{out_name}.index.shape"), shape);
+            let index = new.add_node(
+                format!("{base}.index"),
+                Op::new(OpKind::Reshape),
+                vec![Some(x), Some(shape)],
+                vec![(format!("{out_name}.index"), index_ty.clone())],
+            );
+            let (lo, hi) = (new.add_const(format!("{out_name}.lo"), lo), new.add_const(format!("{out_name}.hi"), hi));
+            let clipped = new.add_node(
+                format!("{base}.clip"),
+                Op::new(OpKind::Clip),
+                vec![Some(index.1[0]), Some(lo), Some(hi)],
+                vec![(format!("{out_name}.clipped"), index_ty)],
+            );
+            let table = new.add_const(format!("{out_name}.rows"), table);
+            let gather = new.add_node(
+                n.name.clone(),
+                Op::new(OpKind::Gather),
+                vec![Some(table), Some(clipped.1[0])],
+                vec![(out_name, out_ty)],
+            );
+            Action::Replace(gather.1)
         });
         *g = new;
         Ok(changed)
