@@ -64,6 +64,12 @@ impl ElideIdentities {
                 Ok(None) => tx.shape.rank() <= 1,
                 Err(_) => false,
             },
+            // The same shape taken with positive steps: along every axis longer than one,
+            // every element from the first (as tf2onnx writes a strided_slice of `:`).
+            OpKind::Slice => match n.inputs.get(4).copied().flatten() {
+                None => true,
+                Some(s) => g.constant(s).and_then(|t| t.to_i64_vec().ok()).is_some_and(|v| v.iter().all(|&s| s > 0)),
+            },
             _ => false,
         }
     }
@@ -74,7 +80,7 @@ impl Pass for ElideIdentities {
         "tensor-elide-identities"
     }
     fn summary(&self) -> &'static str {
-        "remove Identity, inference Dropout, and Cast/Reshape/Expand/Tile/Transpose nodes that change nothing"
+        "remove Identity, inference Dropout, and Cast/Reshape/Expand/Tile/Transpose/Slice nodes that change nothing"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let (new, changed) = rebuild_tracked(g, |_, n, inputs| {
