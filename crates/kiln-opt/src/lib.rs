@@ -59,6 +59,7 @@ pub fn registry() -> &'static [&'static dyn Pass] {
         &tensor::FoldBatchNorm,
         &tensor::FoldChannelAffine,
         &tensor::RewriteOneHotProducts,
+        &tensor::FoldLookupTables,
         &tensor::DeduplicateConstants,
         &tensor::EliminateCommonSubexpressions,
         &tensor::EliminateDeadCode,

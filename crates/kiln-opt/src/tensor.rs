@@ -3,7 +3,8 @@
 //! them), fold, fold batch normalisations into the convolutions before them, merge
 //! the per-channel scales and shifts left (other batch normalisations, Mul/Add by
 //! per-channel constants) into one of each, rewrite products of one-hot encodings as
-//! the row lookups they are, then merge equal constants (which makes more nodes look alike), merge equal nodes, and
+//! the row lookups they are and fold the elementwise ops after a lookup into its
+//! table, then merge equal constants (which makes more nodes look alike), merge equal nodes, and
 //! drop what nothing uses last.
 //!
 //! No pass removes or renames a graph output: an output defined by a node that
@@ -658,6 +659,137 @@ impl Pass for RewriteOneHotProducts {
                 vec![(out_name, out_ty)],
             );
             Action::Replace(gather.1)
+        });
+        *g = new;
+        Ok(changed)
+    }
+}
+
+/// `tensor-fold-lookup-tables`: an elementwise op over rows looked up in a constant
+/// table, `f(Gather(T, i), c…)` with every other operand a constant that does not vary
+/// along the indices, is the lookup of `f` applied to the table, `Gather(f(T, c…), i)`:
+/// evaluated once per table row at compile time rather than once per index at run
+/// time. Chains fold op by op (magika's GELU after its byte embedding: a bias, the
+/// cubic, tanh, two scales and products of the chain's own values become one table of
+/// 258 rows, looked up for its 2048 bytes). Taken where the table has no more elements
+/// than the lookup's result (a small vocabulary looked up many times), so no constant
+/// grows past the tensor it replaces; the intermediate tables nothing reads any more
+/// are left to `tensor-eliminate-dead-code`. Exact: the same operation on the same
+/// operands, per element.
+pub struct FoldLookupTables;
+
+/// A value that is `Gather(table, index)` along axis 0.
+#[derive(Clone)]
+struct Lookup {
+    table: kiln_ir::Tensor,
+    index: ValueId,
+}
+
+impl FoldLookupTables {
+    /// Whether `kind` computes each result element from the operands' elements at its
+    /// own (broadcast) index alone.
+    fn elementwise(kind: OpKind) -> bool {
+        use OpKind::*;
+        matches!(
+            kind,
+            Add | Sub | Mul | Div | Max | Min | Pow | Neg | Abs | Relu | Tanh | Sigmoid | Erf | Exp | Log | Sqrt
+                | Reciprocal | LeakyRelu | Elu | Selu | Celu | Softplus | Softsign | HardSigmoid | HardSwish | Gelu
+                | Mish | Clip
+        )
+    }
+
+    /// Constant `c`, an operand of a result of rank `r` whose first `q` axes are the
+    /// indices', as an operand of the table (`[1, data axes…]`): `None` unless it is the
+    /// same at every index (of extent 1 there, or equal slices).
+    fn table_operand(c: &kiln_ir::Tensor, r: usize, q: usize) -> Option<kiln_ir::Tensor> {
+        let cd = c.shape().dims();
+        if cd.len() > r {
+            return None;
+        }
+        let mut pd = vec![1usize; r - cd.len()];
+        pd.extend_from_slice(cd);
+        let inner: usize = pd[q..].iter().product();
+        let mut dims = vec![1usize];
+        dims.extend_from_slice(&pd[q..]);
+        let shape = kiln_ir::Shape::new(dims).ok()?;
+        if pd[..q].iter().all(|&d| d == 1) {
+            return c.reshaped(shape).ok();
+        }
+        // Equal slices along the index axes: the first one.
+        let bytes = c.bytes();
+        let width = c.dtype().storage_bytes(inner);
+        if width == 0 || bytes.len() % width != 0 || !bytes.chunks(width).all(|s| s == &bytes[..width]) {
+            return None;
+        }
+        kiln_ir::Tensor::new(kiln_ir::TensorType::new(c.dtype(), shape), bytes.slice(..width)).ok()
+    }
+}
+
+impl Pass for FoldLookupTables {
+    fn name(&self) -> &'static str {
+        "tensor-fold-lookup-tables"
+    }
+    fn summary(&self) -> &'static str {
+        "fold elementwise ops over a Gather of a constant table (other operands constants the same at every index) into the table"
+    }
+    fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
+        use kiln_ir::{Op, TensorType};
+        let old: &Graph = g;
+        let mut forms: HashMap<ValueId, Lookup> = HashMap::new();
+        let mut changed = false;
+        let new = rebuild(old, |new, n, inputs| {
+            let [out] = n.outputs.as_slice() else { return Action::Keep };
+            let (out_name, out_ty) = (old.values[*out].name.clone(), old.ty(*out).clone());
+            // A lookup in a constant table along axis 0: kept, and remembered.
+            if n.op.kind == OpKind::Gather {
+                let axis0 = n.op.attrs_of::<kiln_ir::attrs::GatherAttrs>().is_ok_and(|a| a.axis == 0);
+                let (Some(Some(t)), Some(Some(i))) = (inputs.first(), inputs.get(1)) else { return Action::Keep };
+                let Some(table) = new.constant(*t).cloned() else { return Action::Keep };
+                if !axis0 || new.constant(*i).is_some() || table.shape().rank() == 0 {
+                    return Action::Keep;
+                }
+                let (_, outs) = new.add_node(n.name.clone(), n.op.clone(), inputs.to_vec(), vec![(out_name, out_ty)]);
+                forms.insert(outs[0], Lookup { table, index: *i });
+                return Action::Replace(outs);
+            }
+            if !Self::elementwise(n.op.kind) {
+                return Action::Keep;
+            }
+            // The lookup the op reads (one index for all), its operands over the table.
+            let Some(lookup) = inputs.iter().flatten().find_map(|v| forms.get(v)).cloned() else { return Action::Keep };
+            let q = new.ty(lookup.index).shape.rank();
+            let r = out_ty.shape.rank();
+            let looked_up: Vec<usize> =
+                [new.ty(lookup.index).shape.dims(), &lookup.table.shape().dims()[1..]].concat();
+            if out_ty.shape.dims() != looked_up.as_slice() || lookup.table.numel() > out_ty.shape.numel() {
+                return Action::Keep;
+            }
+            let mut operands: Vec<Option<kiln_ir::Tensor>> = Vec::with_capacity(inputs.len());
+            for v in inputs {
+                let Some(v) = v else {
+                    operands.push(None);
+                    continue;
+                };
+                let t = match (forms.get(v), new.constant(*v)) {
+                    (Some(l), _) if l.index == lookup.index && l.table.shape() == lookup.table.shape() => l.table.clone(),
+                    (None, Some(c)) => match Self::table_operand(c, r, q) {
+                        Some(t) => t,
+                        None => return Action::Keep,
+                    },
+                    _ => return Action::Keep,
+                };
+                operands.push(Some(t));
+            }
+            let refs: Vec<Option<&kiln_ir::Tensor>> = operands.iter().map(|o| o.as_ref()).collect();
+            let ty = TensorType::new(out_ty.dtype, lookup.table.shape().clone());
+            let Ok(Some(mut folded)) = try_fold(&n.op, &refs, std::slice::from_ref(&ty)) else { return Action::Keep };
+            let Some(table) = folded.pop() else { return Action::Keep };
+            changed = true;
+            let t = new.add_const(format!("{out_name}.table"), table.clone());
+            let (_, outs) =
+                new.add_node(n.name.clone(), Op::new(OpKind::Gather), vec![Some(t), Some(lookup.index)], vec![(out_name, out_ty)]);
+            forms.insert(outs[0], Lookup { table, index: lookup.index });
+            Action::Replace(outs)
         });
         *g = new;
         Ok(changed)
