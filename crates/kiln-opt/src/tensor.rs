@@ -542,7 +542,7 @@ impl Pass for FoldChannelAffine {
 /// `tensor-rewrite-one-hot-products`: a one-hot encoding multiplied by a constant
 /// matrix, `MatMul(Cast(Equal(x, [0, 1, …, K − 1])), W)` with `x` of shape `[.., 1]`
 /// (how JAX and tf2onnx write an embedding lookup: `jax.nn.one_hot`, then a dense
-/// layer), becomes the lookup it is: `Gather([W; 0], Clip(x, −1, K))`, row `x` of `W`
+/// layer), becomes the lookup it is: `Gather([W; 0], Min(Max(x, −1), K))`, row `x` of `W`
 /// where `0 ≤ x < K` and the appended zero row where not (Gather reads index `−1` as
 /// the last row), as the one-hot of an index out of range is all zeros. The indices
 /// are clipped as i64 (an i32 `x` is cast first): the lookup's index is then computed
@@ -601,7 +601,7 @@ impl Pass for RewriteOneHotProducts {
         "tensor-rewrite-one-hot-products"
     }
     fn summary(&self) -> &'static str {
-        "rewrite a one-hot encoding times a constant matrix (MatMul(Cast(Equal(x, 0..K)), W)) as a row lookup Gather([W; 0], Clip(x, -1, K))"
+        "rewrite a one-hot encoding times a constant matrix (MatMul(Cast(Equal(x, 0..K)), W)) as a row lookup Gather([W; 0], Min(Max(x, -1), K))"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         use kiln_ir::{DType, Op, Shape, Tensor, TensorType};
@@ -645,10 +645,18 @@ impl Pass for RewriteOneHotProducts {
                 vec![(format!("{out_name}.index"), index_ty.clone())],
             );
             let (lo, hi) = (new.add_const(format!("{out_name}.lo"), lo), new.add_const(format!("{out_name}.hi"), hi));
+            // Max then Min rather than Clip: each reads its operand once, so the lookup's
+            // index, computed once per row by scalar code, loads `x` once per use.
+            let above = new.add_node(
+                format!("{base}.above"),
+                Op::new(OpKind::Max),
+                vec![Some(index.1[0]), Some(lo)],
+                vec![(format!("{out_name}.above"), index_ty.clone())],
+            );
             let clipped = new.add_node(
                 format!("{base}.clip"),
-                Op::new(OpKind::Clip),
-                vec![Some(index.1[0]), Some(lo), Some(hi)],
+                Op::new(OpKind::Min),
+                vec![Some(above.1[0]), Some(hi)],
                 vec![(format!("{out_name}.clipped"), index_ty)],
             );
             let table = new.add_const(format!("{out_name}.rows"), table);
