@@ -726,7 +726,7 @@ impl FoldLookupTables {
         // Equal slices along the index axes: the first one.
         let bytes = c.bytes();
         let width = c.dtype().storage_bytes(inner);
-        if width == 0 || bytes.len() % width != 0 || !bytes.chunks(width).all(|s| s == &bytes[..width]) {
+        if width == 0 || !bytes.len().is_multiple_of(width) || !bytes.chunks(width).all(|s| s == &bytes[..width]) {
             return None;
         }
         kiln_ir::Tensor::new(kiln_ir::TensorType::new(c.dtype(), shape), bytes.slice(..width)).ok()

@@ -151,15 +151,15 @@ fn block(
         if let Some(m) = row_mask {
             a.vmovups(ymm15, ymmword_ptr(m))?;
         }
-        for b in 0..B as usize {
+        for (b, &reg) in YMM.iter().enumerate().take(B as usize) {
             if (b as i64) < cols {
                 let at = ymmword_ptr(rdx + s4 * b as i32);
                 match row_mask {
-                    Some(_) => a.vmaskmovps(YMM[b], ymm15, at)?,
-                    None => a.vmovups(YMM[b], at)?,
+                    Some(_) => a.vmaskmovps(reg, ymm15, at)?,
+                    None => a.vmovups(reg, at)?,
                 }
             } else {
-                a.vxorps(YMM[b], YMM[b], YMM[b])?;
+                a.vxorps(reg, reg, reg)?;
             }
         }
         transpose8(a)?;
