@@ -105,7 +105,8 @@ fn other_separable_copies_match_the_interpreter() {
     let ch = b.add(base, o[1]);
     let v = b.load(0, vec![o[0], ch, hi, wi]);
     check_gather(&b.finish(v).unwrap(), "depth-to-space");
-    let mut b = KernelBuilder::new("tr", vec![tt(&[13, 11])], tt(&[11, 13]));
+    // (Of fewer than 8 rows: `cpu::transpose` takes 8 and more.)
+    let mut b = KernelBuilder::new("tr", vec![tt(&[13, 5])], tt(&[5, 13]));
     let o = b.out_index();
     let v = b.load(0, vec![o[1], o[0]]);
     check_gather(&b.finish(v).unwrap(), "transpose");
@@ -122,6 +123,28 @@ fn other_separable_copies_match_the_interpreter() {
     let col = b.select(even, half, back);
     let v = b.load(0, vec![o[0], col]);
     check_gather(&b.finish(v).unwrap(), "folded rows");
+}
+
+/// A transpose whose output ends in axes of extent 1 (an `[N, L, C, 1]` image copied
+/// to `[C, N, L, 1]` with its axes in a convolution's order, `kiln_flow::layout`): a
+/// row is the innermost axis longer than one, so a workgroup gathers a whole row of `L`
+/// (not `C·N·L` rows of one element), and each row matches the interpreter.
+#[test]
+fn trailing_unit_axes_fold_into_rows() {
+    require_avx2_fma!(", so the gather kernel is not used");
+    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+    for (n, l, c) in [(1usize, 40usize, 5usize), (2, 9, 3), (1, 1, 7), (3, 17, 1)] {
+        let mut b = KernelBuilder::new("image", vec![tt(&[n, l, c, 1])], tt(&[c, n, l, 1]));
+        let o = b.out_index();
+        let v = b.load(0, vec![o[1], o[2], o[0], o[3]]);
+        let k = b.finish(v).unwrap();
+        check_gather(&k, &format!("[{n}, {l}, {c}, 1] to [{c}, {n}, {l}, 1]"));
+        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+        assert_eq!(m.notes[0], "table gather (avx2)");
+        // Rows of the innermost axis longer than one (L, else N, else C).
+        let rows = c * n * l / [l, n, c].into_iter().find(|&d| d > 1).unwrap_or(1);
+        assert_eq!(m.workgroups, [rows as u64], "[{n}, {l}, {c}, 1]");
+    }
 }
 
 /// An index that reads two output variables (`x[(i + j) rem 7]`) is not separable: the

@@ -658,7 +658,9 @@ fn bool_loads() {
 /// position row, over every row length, with ids that wrap (−1, −V), that fall outside
 /// on either side (clamped: V, V + 3, −V − 2), and i32 ids cast to i64; and an i8 table
 /// cast to f32 and scaled (a weight-only quantised embedding), its clamps written as
-/// `min(max(·))` on an in-bounds load. (Rows of one element
+/// `min(max(·))` on an in-bounds load; and i32 ids read through a reshape's flat index
+/// (`ids[0, t rem T]`, affine once the remainder is taken apart), as a one-hot product
+/// rewritten into a lookup reads them. (Rows of one element
 /// are left out: the vector axis is then the tokens', along which the id varies — a
 /// gather, not a row-indexed load.)
 #[test]
@@ -667,7 +669,12 @@ fn row_indexed_loads() {
     let (v, t) = (7usize, 9usize);
     let ids: [i64; 9] = [0, 6, -1, -7, 7, 10, -9, 3, 5];
     for len in LENGTHS.into_iter().filter(|&l| l > 1) {
-        for (table_ty, id_ty) in [(DType::F32, DType::I64), (DType::F32, DType::I32), (DType::I8, DType::I64)] {
+        for (table_ty, id_ty, reshaped) in [
+            (DType::F32, DType::I64, false),
+            (DType::F32, DType::I32, false),
+            (DType::I8, DType::I64, false),
+            (DType::F32, DType::I32, true),
+        ] {
             let mut b = KernelBuilder::new(
                 "embedding",
                 vec![tt(table_ty, &[v, len]), tt(id_ty, &[1, t]), tt(DType::F32, &[t, len])],
@@ -675,7 +682,13 @@ fn row_indexed_loads() {
             );
             let o = b.out_index();
             let z = b.index(0);
-            let id = b.load(1, vec![z, o[1]]);
+            let at = if reshaped {
+                let tv = b.index(t as i64);
+                b.binary(BinaryOp::Rem, o[1], tv)
+            } else {
+                o[1]
+            };
+            let id = b.load(1, vec![z, at]);
             let id = b.cast(id, DType::I64, false);
             let neg = b.binary(BinaryOp::Lt, id, z);
             let vv = b.index(v as i64);

@@ -15,7 +15,10 @@
 //!   into a `[batch.., K, N]` constant, one copy however many dispatches read it so.
 //!
 //! - [`materialize_columns`]: a convolution with few output columns reads its image
-//!   through a gathered copy laid out as the rows of one wide product (`im2col`).
+//!   through a gathered copy laid out as the rows of one wide product (`im2col`); one
+//!   that reads its image across a transpose reads a copy with the axes put back in
+//!   the output's order instead, where that makes it a product over wide columns read
+//!   in place (the image copied once rather than once per filter tap).
 //! - [`pack_constants`]: the constant operands of contractions are copied into the
 //!   panels of the target's tiles (weight pre-packing); the widths are the target's
 //!   answer ([`PanelWidths`]), so this one runs when the target is known.
@@ -91,10 +94,11 @@ const GATHER_MOST: u64 = 1 << 22;
 /// convolution) has no microkernel that reads them in place. A dispatch in front of it writes `B'[.., ci, kh, kw, oh,
 /// ow] = x[.., ci, s·oh + kh, s·ow + kw]` and the kernel reads that instead, which
 /// makes its columns `oh·OW + ow` (one product of `OH·OW` columns and `CI·KH·KW` rows
-/// of B). Runs after fusion, so the gather is not fused back. Returns how many were
-/// added.
+/// of B). A convolution whose image a reordered copy makes such a product
+/// (`relaid`) reads that copy instead of gathered columns. Runs after fusion, so the
+/// gather is not fused back. Returns how many were added.
 pub fn materialize_columns(p: &mut FlowProgram) -> usize {
-    put_in_front(p, "columns", "columns", gathered)
+    put_in_front(p, "image", "image", relaid) + put_in_front(p, "columns", "columns", gathered)
 }
 
 /// Whether `k` is a contraction that a matrix microkernel reads in place
@@ -103,7 +107,70 @@ pub fn materialize_columns(p: &mut FlowProgram) -> usize {
 /// (`crate::fuse`).
 pub fn contraction_in_place(k: &Kernel) -> bool {
     let direct = |k: &Kernel| Contraction::of(k).is_some_and(|c| c.in_place(k));
-    direct(k) || gathered(k).is_some_and(|(g, _, _)| direct(&g))
+    direct(k) || relaid(k).is_some() || gathered(k).is_some_and(|(g, _, _)| direct(&g))
+}
+
+/// `k` reading its image through a copy with the image's axes reordered to follow the
+/// output's, the copy and the input slot it replaces; `None` unless the result is a
+/// contraction that a microkernel reads in place over at least
+/// [`GATHER_BELOW_COLUMNS`] columns, from a copy no larger than gathered columns would
+/// be.
+///
+/// A convolution that took in a Transpose of its image (a 1-D convolution over an
+/// `[N, L, C]` sequence, written as Transpose to `[N, C, L, 1]` and a `k×1` Conv)
+/// reads its columns `C` elements apart and its rows are one column wide. Gathering
+/// its columns would copy the image `KH·KW` times, one element per row; undoing the
+/// transpose instead copies it once, along whole rows, and the product then reads the
+/// copy in place (`B[ci·kh][l] = x'[ci, l + kh]`: columns 1 element apart). The same
+/// holds of a right operand computed at run time and read across (a dequantised
+/// weight `[CO, CI, K]` of a convolution whose output took in a Transpose to `[L, CO]`
+/// is copied to `[CI, K, CO]`).
+///
+/// The order: each axis of the image is keyed by the innermost output variable its
+/// index reads (an axis that reads none, an input channel, goes first), and the axes
+/// are stably sorted by it, so the output's column variables read the innermost axes in
+/// their own order.
+fn relaid(k: &Kernel) -> Option<(Kernel, Kernel, u32)> {
+    let c = Contraction::of(k)?;
+    if c.b.dtype != DType::F32 || c.b.panel.is_some() || (c.in_place(k) && c.dims[1] >= GATHER_BELOW_COLUMNS) {
+        return None;
+    }
+    let load = product_load(k, &c, c.b.input)?;
+    let Expr::Load { index, .. } = &k.node(load).expr else { return None };
+    let rank = k.out_rank();
+    let keys: Vec<i64> = index
+        .iter()
+        .map(|&e| {
+            let f = crate::affine::affine(k, e)?;
+            Some((0..rank).rev().find(|&v| f.of(v as u32) != 0).map_or(-1, |v| v as i64))
+        })
+        .collect::<Option<_>>()?;
+    let xty = k.inputs[c.b.input as usize].clone();
+    let xd = xty.shape.dims();
+    let mut perm: Vec<usize> = (0..index.len()).collect();
+    perm.sort_by_key(|&a| keys[a]);
+    // Only axes of extent 1 moved: the same bytes in the same order.
+    let moved: Vec<usize> = perm.iter().copied().filter(|&a| xd[a] > 1).collect();
+    if moved.windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
+    let ty = TensorType::new(DType::F32, Shape::new(perm.iter().map(|&a| xd[a]).collect::<Vec<_>>()).ok()?);
+    let new_input = if loads_of(k, c.b.input) == 1 { c.b.input } else { k.inputs.len() as u32 };
+    let kernel = rebuild_load(k, load, new_input, &ty, &mut |_, old| perm.iter().map(|&a| old[a]).collect())?;
+    let wide = Contraction::of(&kernel)?;
+    let cols = wide.dims[1].checked_mul(wide.dims[2])?;
+    if !wide.in_place(&kernel) || wide.dims[1] < GATHER_BELOW_COLUMNS || xty.shape.numel() as u64 > cols {
+        return None;
+    }
+    // The copy: image'[q] = image[q at the axes' old places].
+    let mut b = KernelBuilder::new(format!("{}_image", k.name), vec![xty], ty);
+    let q = b.out_index();
+    let mut idx = vec![q[0]; q.len()];
+    for (i, &a) in perm.iter().enumerate() {
+        idx[a] = q[i];
+    }
+    let v = b.load(0, idx);
+    Some((kernel, b.finish(v).ok()?, c.b.input))
 }
 
 /// `k` reading gathered columns, the gathering kernel and the input slot it replaces;
@@ -963,6 +1030,89 @@ mod tests {
         };
         assert_eq!(pack_constants(&mut prog, &partial), 0);
         assert!(prog.dispatches.iter().all(|d| d.operands[1] == BufferId(0)));
+    }
+
+    /// A 1-D convolution over a `[N, L, C]` sequence that took in the Transpose to
+    /// `[N, C, L, 1]` (a `KH×1` Conv, as tf2onnx writes `Conv1D`), with a bias:
+    /// `out[n, co, l, 0] = Σ x[n, l + kh, ci] · w[co, ci, kh] + b[co]`, reading the
+    /// sequence at its own `[N, L, C, 1]` shape.
+    fn conv1d_across(n: usize, l: usize, c: usize, co: usize, kh: usize) -> Kernel {
+        let ol = l - kh + 1;
+        let mut b = KernelBuilder::new("conv", vec![t(&[n, l, c, 1]), t(&[co, c, kh, 1]), t(&[co])], t(&[n, co, ol, 1]));
+        let o = b.out_index();
+        let (ci, y, x) = (b.new_var(c as u64), b.new_var(kh as u64), b.new_var(1));
+        let (cv, yv, xv) = (b.var(ci), b.var(y), b.var(x));
+        let pos = b.add(o[2], yv);
+        let col = b.add(o[3], xv);
+        let xin = b.load(0, vec![o[0], pos, cv, col]);
+        let wt = b.load(1, vec![o[1], cv, yv, xv]);
+        let p = b.mul(xin, wt);
+        let r = b.reduce(ReduceOp::Sum, vec![ci, y, x], p);
+        let bias = b.load(2, vec![o[1]]);
+        let y = b.add(r, bias);
+        b.finish(y).unwrap()
+    }
+
+    fn filled(dims: &[usize], f: f32) -> Tensor {
+        let n: usize = dims.iter().product();
+        Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), (0..n).map(|i| (i as f32 * f).sin()).collect()).unwrap()
+    }
+
+    /// A convolution reading its image across a transpose: with wide output rows, the
+    /// image is copied once with its axes in the output's order (`[C, N, L, 1]`: the
+    /// input channel first, then the axes that follow the output's) and the product
+    /// reads that copy in place over all `L − KH + 1` positions; with narrow rows, the
+    /// copy would not make wide columns, and the columns are gathered as before. Both
+    /// programs compute what the kernel did.
+    #[test]
+    fn image_read_across_a_transpose_relaid() {
+        use crate::program::{Buffer, BufferId};
+        for (n, l, c, co, kh, relaid) in [(1, 40, 5, 3, 3, true), (2, 45, 7, 4, 5, true), (1, 12, 6, 4, 3, false)] {
+            let kernel = conv1d_across(n, l, c, co, kh);
+            let ol = l - kh + 1;
+            let before = Contraction::of(&kernel).expect("a contraction");
+            // Rows of one column (`ow`): the positions read C elements apart are batch.
+            assert_eq!(before.dims, [co as u64, 1, (c * kh) as u64]);
+            assert!(contraction_in_place(&kernel));
+            let (xs, ws, bs) = (filled(&[n, l, c, 1], 0.7), filled(&[co, c, kh, 1], 0.3), filled(&[co], 1.1));
+            let want = crate::interp::run(&kernel, &[&xs, &ws, &bs]).unwrap();
+            let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+            let mut prog = FlowProgram {
+                name: "g".into(),
+                buffers: vec![
+                    buf(t(&[n, l, c, 1]), BufferKind::Input(0)),
+                    buf(t(&[co, c, kh, 1]), BufferKind::Const(ws.clone())),
+                    buf(t(&[co]), BufferKind::Const(bs.clone())),
+                    buf(t(&[n, co, ol, 1]), BufferKind::Result),
+                ],
+                dispatches: vec![Dispatch::new(
+                    kernel,
+                    vec![BufferId(0), BufferId(1), BufferId(2)],
+                    BufferId(3),
+                    vec!["Transpose + Conv".into()],
+                )],
+                inputs: vec![BufferId(0)],
+                outputs: vec![BufferId(3)],
+            };
+            assert_eq!(materialize_columns(&mut prog), 1);
+            let (copy, conv) = (&prog.dispatches[0], &prog.dispatches[1]);
+            assert_eq!(copy.sources, [if relaid { "image for Transpose + Conv" } else { "columns for Transpose + Conv" }]);
+            let copied = crate::interp::run(&copy.kernel, &[&xs]).unwrap();
+            let wide = Contraction::of(&conv.kernel).expect("still a contraction");
+            assert!(wide.in_place(&conv.kernel));
+            if relaid {
+                // The image once, channels first; the product over every position.
+                assert_eq!(prog.buffer(copy.result).ty.shape.dims(), &[c, n, l, 1]);
+                assert_eq!((wide.dims, wide.column_step(&wide.b.offset)), ([co as u64, ol as u64, (c * kh) as u64], Some(1)));
+            } else {
+                // Gathered columns: the image once per filter tap.
+                assert_eq!(prog.buffer(copy.result).ty.shape.numel(), c * kh * ol * n);
+            }
+            assert_eq!(conv.operands, vec![copy.result, BufferId(1), BufferId(2)]);
+            let got = crate::interp::run(&conv.kernel, &[&copied, &ws, &bs]).unwrap();
+            assert_eq!(got, want, "{n}×{l}×{c} → {co}, {kh} taps");
+            assert_eq!(materialize_columns(&mut prog), 0);
+        }
     }
 
     /// A 3×3 convolution with padding 1: after materialisation it is a contraction, a

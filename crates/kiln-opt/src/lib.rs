@@ -62,6 +62,8 @@ pub fn registry() -> &'static [&'static dyn Pass] {
         &tensor::FoldConstants,
         &tensor::FoldBatchNorm,
         &tensor::FoldChannelAffine,
+        &tensor::RewriteOneHotProducts,
+        &tensor::FoldLookupTables,
         &tensor::DeduplicateConstants,
         &tensor::EliminateCommonSubexpressions,
         &tensor::EliminateDeadCode,

@@ -2,7 +2,9 @@
 //! [`crate::registry`]'s: elide no-op nodes first (so folding and CSE see through
 //! them), fold, fold batch normalisations into the convolutions before them, merge
 //! the per-channel scales and shifts left (other batch normalisations, Mul/Add by
-//! per-channel constants) into one of each, then merge equal constants (which makes more nodes look alike), merge equal nodes, and
+//! per-channel constants) into one of each, rewrite products of one-hot encodings as
+//! the row lookups they are and fold the elementwise ops after a lookup into its
+//! table, then merge equal constants (which makes more nodes look alike), merge equal nodes, and
 //! drop what nothing uses last.
 //!
 //! No pass removes or renames a graph output: an output defined by a node that
@@ -63,6 +65,12 @@ impl ElideIdentities {
                 Ok(None) => tx.shape.rank() <= 1,
                 Err(_) => false,
             },
+            // The same shape taken with positive steps: along every axis longer than one,
+            // every element from the first (as tf2onnx writes a strided_slice of `:`).
+            OpKind::Slice => match n.inputs.get(4).copied().flatten() {
+                None => true,
+                Some(s) => g.constant(s).and_then(|t| t.to_i64_vec().ok()).is_some_and(|v| v.iter().all(|&s| s > 0)),
+            },
             _ => false,
         }
     }
@@ -73,7 +81,7 @@ impl Pass for ElideIdentities {
         "tensor-elide-identities"
     }
     fn summary(&self) -> &'static str {
-        "remove Identity, inference Dropout, and Cast/Reshape/Expand/Tile/Transpose nodes that change nothing"
+        "remove Identity, inference Dropout, and Cast/Reshape/Expand/Tile/Transpose/Slice nodes that change nothing"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let (new, changed) = rebuild_tracked(g, |_, n, inputs| {
@@ -525,6 +533,271 @@ impl Pass for FoldChannelAffine {
             }
             forms.insert(v, (f, single));
             Action::Replace(vec![v])
+        });
+        *g = new;
+        Ok(changed)
+    }
+}
+
+/// `tensor-rewrite-one-hot-products`: a one-hot encoding multiplied by a constant
+/// matrix, `MatMul(Cast(Equal(x, [0, 1, …, K − 1])), W)` with `x` of shape `[.., 1]`
+/// (how JAX and tf2onnx write an embedding lookup: `jax.nn.one_hot`, then a dense
+/// layer), becomes the lookup it is: `Gather([W; 0], Min(Max(x, −1), K))`, row `x` of `W`
+/// where `0 ≤ x < K` and the appended zero row where not (Gather reads index `−1` as
+/// the last row), as the one-hot of an index out of range is all zeros. The indices
+/// are clipped as i64 (an i32 `x` is cast first): the lookup's index is then computed
+/// once per row of the result by the vector kernels' scalar code, which works in i64. Exact for a
+/// finite `W`: each sum is one product by 1 and the rest by 0. The one-hot tensor (`K`
+/// values per index) is then neither written nor read by a product `K` times the
+/// lookup's work (magika: a `[2048, 257] × [257, 64]` product and the 2 MB encoding
+/// in front of it).
+pub struct RewriteOneHotProducts;
+
+impl RewriteOneHotProducts {
+    /// `(x, W)` where MatMul node `n` (its operands in `g`) is such a product.
+    fn matched(g: &Graph, n: &Node, inputs: &[Option<ValueId>]) -> Option<(ValueId, kiln_ir::Tensor)> {
+        use kiln_ir::DType;
+        if n.op.kind != OpKind::MatMul {
+            return None;
+        }
+        let (a, w) = (inputs.first().copied().flatten()?, inputs.get(1).copied().flatten()?);
+        let wt = g.constant(w)?;
+        let &[k, _] = wt.shape().dims() else { return None };
+        if wt.dtype() != DType::F32 || !wt.to_vec::<f32>().ok()?.iter().all(|v| v.is_finite()) {
+            return None;
+        }
+        let def = |v: ValueId| match g.values[v].def {
+            ValueDef::Node { node, .. } => Some(&g.nodes[node]),
+            _ => None,
+        };
+        let cast = def(a)?;
+        let ad = g.ty(a).shape.dims();
+        if cast.op.kind != OpKind::Cast || g.ty(a).dtype != DType::F32 || ad.len() < 2 || ad.last() != Some(&k) {
+            return None;
+        }
+        let eq = def(cast.inputs.first().copied().flatten()?)?;
+        if eq.op.kind != OpKind::Equal {
+            return None;
+        }
+        let (p, q) = (eq.inputs.first().copied().flatten()?, eq.inputs.get(1).copied().flatten()?);
+        let lead = &ad[..ad.len() - 1];
+        [(p, q), (q, p)].into_iter().find_map(|(x, t)| {
+            // The table: 0, 1, …, K − 1 along the last axis, extent 1 on the others.
+            let tab = g.constant(t)?;
+            let td = tab.shape().dims();
+            let iota = tab.to_i64_vec().ok()?.iter().enumerate().all(|(i, &v)| v == i as i64);
+            let flat = td.last() == Some(&k) && td.len() <= ad.len() && td[..td.len() - 1].iter().all(|&d| d == 1);
+            // The indices: `[.., 1]` over the product's rows, of a type Gather takes.
+            let xt = g.ty(x);
+            let xd = xt.shape.dims();
+            let rows = xd.len() == ad.len() && xd[..xd.len() - 1] == *lead && xd.last() == Some(&1);
+            (iota && flat && rows && matches!(xt.dtype, DType::I32 | DType::I64)).then(|| (x, wt.clone()))
+        })
+    }
+}
+
+impl Pass for RewriteOneHotProducts {
+    fn name(&self) -> &'static str {
+        "tensor-rewrite-one-hot-products"
+    }
+    fn summary(&self) -> &'static str {
+        "rewrite a one-hot encoding times a constant matrix (MatMul(Cast(Equal(x, 0..K)), W)) as a row lookup Gather([W; 0], Min(Max(x, -1), K))"
+    }
+    fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
+        use kiln_ir::{DType, Op, Shape, Tensor, TensorType};
+        let old: &Graph = g;
+        let (new, changed) = rebuild_tracked(old, |new, n, inputs| {
+            let Some((x, w)) = Self::matched(new, n, inputs) else { return Action::Keep };
+            let (out_name, out_ty) = (old.values[n.outputs[0]].name.clone(), old.ty(n.outputs[0]).clone());
+            let xt = new.ty(x).clone();
+            let lead = xt.shape.dims()[..xt.shape.rank() - 1].to_vec();
+            let base = if n.name.is_empty() { out_name.clone() } else { n.name.clone() };
+            let x = match xt.dtype {
+                DType::I64 => x,
+                _ => {
+                    let Some(code) = DType::I64.onnx_code() else { return Action::Keep };
+                    let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(code.into()));
+                    let Ok(op) = Op::parse(OpKind::Cast, &to) else { return Action::Keep };
+                    let ty = TensorType::new(DType::I64, xt.shape.clone());
+                    new.add_node(format!("{base}.wide"), op, vec![Some(x)], vec![(format!("{out_name}.wide"), ty)]).1[0]
+                }
+            };
+            let &[k, cols] = w.shape().dims() else { return Action::Keep };
+            let mut rows = w.to_vec::<f32>().unwrap_or_default();
+            rows.resize((k + 1) * cols, 0.0);
+            let dims: Vec<i64> = lead.iter().map(|&d| d as i64).collect();
+            let consts = || -> Option<_> {
+                Some((
+                    Tensor::from_vec(Shape::new(vec![k + 1, cols]).ok()?, rows).ok()?,
+                    Tensor::from_i64(DType::I64, Shape::new(vec![dims.len()]).ok()?, &dims).ok()?,
+                    Tensor::from_i64(DType::I64, Shape::scalar(), &[-1]).ok()?,
+                    Tensor::from_i64(DType::I64, Shape::scalar(), &[k as i64]).ok()?,
+                    Shape::new(lead.clone()).ok()?,
+                ))
+            };
+            let Some((table, shape, lo, hi, index_shape)) = consts() else { return Action::Keep };
+            let index_ty = TensorType::new(DType::I64, index_shape);
+            let shape = new.add_const(format!("{out_name}.index.shape"), shape);
+            let index = new.add_node(
+                format!("{base}.index"),
+                Op::new(OpKind::Reshape),
+                vec![Some(x), Some(shape)],
+                vec![(format!("{out_name}.index"), index_ty.clone())],
+            );
+            let (lo, hi) = (new.add_const(format!("{out_name}.lo"), lo), new.add_const(format!("{out_name}.hi"), hi));
+            // Max then Min rather than Clip: each reads its operand once, so the lookup's
+            // index, computed once per row by scalar code, loads `x` once per use.
+            let above = new.add_node(
+                format!("{base}.above"),
+                Op::new(OpKind::Max),
+                vec![Some(index.1[0]), Some(lo)],
+                vec![(format!("{out_name}.above"), index_ty.clone())],
+            );
+            let clipped = new.add_node(
+                format!("{base}.clip"),
+                Op::new(OpKind::Min),
+                vec![Some(above.1[0]), Some(hi)],
+                vec![(format!("{out_name}.clipped"), index_ty)],
+            );
+            let table = new.add_const(format!("{out_name}.rows"), table);
+            let gather = new.add_node(
+                n.name.clone(),
+                Op::new(OpKind::Gather),
+                vec![Some(table), Some(clipped.1[0])],
+                vec![(out_name, out_ty)],
+            );
+            Action::Replace(gather.1)
+        });
+        *g = new;
+        Ok(changed)
+    }
+}
+
+/// `tensor-fold-lookup-tables`: an elementwise op over rows looked up in a constant
+/// table, `f(Gather(T, i), c…)` with every other operand a constant that does not vary
+/// along the indices, is the lookup of `f` applied to the table, `Gather(f(T, c…), i)`:
+/// evaluated once per table row at compile time rather than once per index at run
+/// time. Chains fold op by op (magika's GELU after its byte embedding: a bias, the
+/// cubic, tanh, two scales and products of the chain's own values become one table of
+/// 258 rows, looked up for its 2048 bytes). Taken where the table has no more elements
+/// than the lookup's result (a small vocabulary looked up many times), so no constant
+/// grows past the tensor it replaces; the intermediate tables nothing reads any more
+/// are left to `tensor-eliminate-dead-code`. Exact: the same operation on the same
+/// operands, per element.
+pub struct FoldLookupTables;
+
+/// A value that is `Gather(table, index)` along axis 0.
+#[derive(Clone)]
+struct Lookup {
+    table: kiln_ir::Tensor,
+    index: ValueId,
+}
+
+impl FoldLookupTables {
+    /// Whether `kind` computes each result element from the operands' elements at its
+    /// own (broadcast) index alone.
+    fn elementwise(kind: OpKind) -> bool {
+        use OpKind::*;
+        matches!(
+            kind,
+            Add | Sub | Mul | Div | Max | Min | Pow | Neg | Abs | Relu | Tanh | Sigmoid | Erf | Exp | Log | Sqrt
+                | Reciprocal | LeakyRelu | Elu | Selu | Celu | Softplus | Softsign | HardSigmoid | HardSwish | Gelu
+                | Mish | Clip
+        )
+    }
+
+    /// Constant `c`, an operand of a result of rank `r` whose first `q` axes are the
+    /// indices', as an operand of the table (`[1, data axes…]`): `None` unless it is the
+    /// same at every index (of extent 1 there, or equal slices).
+    fn table_operand(c: &kiln_ir::Tensor, r: usize, q: usize) -> Option<kiln_ir::Tensor> {
+        let cd = c.shape().dims();
+        if cd.len() > r {
+            return None;
+        }
+        let mut pd = vec![1usize; r - cd.len()];
+        pd.extend_from_slice(cd);
+        let inner: usize = pd[q..].iter().product();
+        let mut dims = vec![1usize];
+        dims.extend_from_slice(&pd[q..]);
+        let shape = kiln_ir::Shape::new(dims).ok()?;
+        if pd[..q].iter().all(|&d| d == 1) {
+            return c.reshaped(shape).ok();
+        }
+        // Equal slices along the index axes: the first one.
+        let bytes = c.bytes();
+        let width = c.dtype().storage_bytes(inner);
+        if width == 0 || !bytes.len().is_multiple_of(width) || !bytes.chunks(width).all(|s| s == &bytes[..width]) {
+            return None;
+        }
+        kiln_ir::Tensor::new(kiln_ir::TensorType::new(c.dtype(), shape), bytes.slice(..width)).ok()
+    }
+}
+
+impl Pass for FoldLookupTables {
+    fn name(&self) -> &'static str {
+        "tensor-fold-lookup-tables"
+    }
+    fn summary(&self) -> &'static str {
+        "fold elementwise ops over a Gather of a constant table (other operands constants the same at every index) into the table"
+    }
+    fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
+        use kiln_ir::{Op, TensorType};
+        let old: &Graph = g;
+        let mut forms: HashMap<ValueId, Lookup> = HashMap::new();
+        let mut changed = false;
+        let new = rebuild(old, |new, n, inputs| {
+            let [out] = n.outputs.as_slice() else { return Action::Keep };
+            let (out_name, out_ty) = (old.values[*out].name.clone(), old.ty(*out).clone());
+            // A lookup in a constant table along axis 0: kept, and remembered.
+            if n.op.kind == OpKind::Gather {
+                let axis0 = n.op.attrs_of::<kiln_ir::attrs::GatherAttrs>().is_ok_and(|a| a.axis == 0);
+                let (Some(Some(t)), Some(Some(i))) = (inputs.first(), inputs.get(1)) else { return Action::Keep };
+                let Some(table) = new.constant(*t).cloned() else { return Action::Keep };
+                if !axis0 || new.constant(*i).is_some() || table.shape().rank() == 0 {
+                    return Action::Keep;
+                }
+                let (_, outs) = new.add_node(n.name.clone(), n.op.clone(), inputs.to_vec(), vec![(out_name, out_ty)]);
+                forms.insert(outs[0], Lookup { table, index: *i });
+                return Action::Replace(outs);
+            }
+            if !Self::elementwise(n.op.kind) {
+                return Action::Keep;
+            }
+            // The lookup the op reads (one index for all), its operands over the table.
+            let Some(lookup) = inputs.iter().flatten().find_map(|v| forms.get(v)).cloned() else { return Action::Keep };
+            let q = new.ty(lookup.index).shape.rank();
+            let r = out_ty.shape.rank();
+            let looked_up: Vec<usize> =
+                [new.ty(lookup.index).shape.dims(), &lookup.table.shape().dims()[1..]].concat();
+            if out_ty.shape.dims() != looked_up.as_slice() || lookup.table.numel() > out_ty.shape.numel() {
+                return Action::Keep;
+            }
+            let mut operands: Vec<Option<kiln_ir::Tensor>> = Vec::with_capacity(inputs.len());
+            for v in inputs {
+                let Some(v) = v else {
+                    operands.push(None);
+                    continue;
+                };
+                let t = match (forms.get(v), new.constant(*v)) {
+                    (Some(l), _) if l.index == lookup.index && l.table.shape() == lookup.table.shape() => l.table.clone(),
+                    (None, Some(c)) => match Self::table_operand(c, r, q) {
+                        Some(t) => t,
+                        None => return Action::Keep,
+                    },
+                    _ => return Action::Keep,
+                };
+                operands.push(Some(t));
+            }
+            let refs: Vec<Option<&kiln_ir::Tensor>> = operands.iter().map(|o| o.as_ref()).collect();
+            let ty = TensorType::new(out_ty.dtype, lookup.table.shape().clone());
+            let Ok(Some(mut folded)) = try_fold(&n.op, &refs, std::slice::from_ref(&ty)) else { return Action::Keep };
+            let Some(table) = folded.pop() else { return Action::Keep };
+            changed = true;
+            let t = new.add_const(format!("{out_name}.table"), table.clone());
+            let (_, outs) =
+                new.add_node(n.name.clone(), Op::new(OpKind::Gather), vec![Some(t), Some(lookup.index)], vec![(out_name, out_ty)]);
+            forms.insert(outs[0], Lookup { table, index: lookup.index });
+            Action::Replace(outs)
         });
         *g = new;
         Ok(changed)

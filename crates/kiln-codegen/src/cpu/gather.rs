@@ -12,8 +12,9 @@
 //! Every `G_d` is tabulated at compile time from the index expressions (evaluated with
 //! the interpreter's integer semantics, so the tables are what the kernel means) and
 //! carried after the code: one 32-bit offset per position of each outer dimension and of
-//! the innermost one. A workgroup is one output row (every dimension but the innermost),
-//! as for the other copies; the first row of a range is decoded with divisions and the
+//! the innermost one. A workgroup is one output row (every dimension but the innermost
+//! longer than one: trailing axes of extent 1 fold into the offset), as for the other
+//! copies; the first row of a range is decoded with divisions and the
 //! rest step like an odometer. A row's source base is `x + (c + Σ G_d(q_d))·4`; its
 //! elements are gathered 8 at a time with the innermost table as the index vector, the
 //! last 1..7 under a lane mask (masked lanes are neither read nor written).
@@ -190,6 +191,14 @@ fn recognise(k: &Kernel) -> R<Gather> {
     // Outer dimensions of extent 1 fold into `c`; while there are more than the
     // odometer holds, the adjacent pair with the fewest positions becomes one dimension
     // (its table the sums), which keeps the rows in order.
+    // Innermost dimensions of extent 1 fold into `c` too, so that a row is the
+    // innermost dimension longer than one (an image copied to `[C, L, 1]` runs rows of
+    // `L`, not `C·L` rows of one).
+    let mut rank = rank;
+    while rank > 1 && dims[rank - 1] == 1 {
+        c += g.pop().map_or(0, |t| t[0]);
+        rank -= 1;
+    }
     let inner = g.pop().unwrap_or_default();
     let mut outer: Vec<(i64, Vec<i64>)> = Vec::new();
     for (d, t) in g.into_iter().enumerate() {

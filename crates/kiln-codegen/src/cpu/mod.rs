@@ -47,6 +47,7 @@ mod pad;
 mod qgemm;
 mod resample;
 mod rows;
+mod transpose;
 mod vector;
 mod vops;
 
@@ -551,6 +552,8 @@ fn emit_by_class(
                     Err(gemm::NotHere(_)) if declined.is_some() && row_kernel(k, options, avx512).is_ok() => {
                         row_kernel(k, options, avx512)?
                     }
+                    // A transpose of the last two axes: 8 × 8 blocks in registers.
+                    Err(gemm::NotHere(_)) if transpose::emit(k).is_ok() => vector(transpose::emit(k)?, "transpose (avx)"),
                     Err(gemm::NotHere(why)) => match gather::emit(k) {
                         Ok(g) => vector(g, "table gather (avx2)"),
                         Err(gemm::NotHere(also)) => {

@@ -60,8 +60,9 @@
 //! at offsets that step 0 or 1 element along the row (any other step of 32-bit elements is
 //! a gather, `vgatherdps`). An offset is affine, or **row-indexed**: a dimension's index
 //! computed from data once per row (an embedding lookup's token id, with its wrap-around
-//! and clamp), by scalar code over the row coordinates when the row's base pointers are
-//! set ([`Emit::gpr_eval`]), then clamped into the dimension; such loads may clamp (the
+//! and clamp, read at an index affine in the row coordinates once a reshape's `div` and
+//! `rem` are taken apart), by scalar code over the row coordinates when the row's base
+//! pointers are set ([`Emit::gpr_eval`]), then clamped into the dimension; such loads may clamp (the
 //! other dimensions of a clamped load must stay inside by their affine range).
 //! Anything else leaves the kernel to the general code generator. Sums are reassociated
 //! (one partial sum per lane), as the general generator's vectorised reductions are.
@@ -934,6 +935,20 @@ impl Emit<'_> {
             return no("an index expression too deep");
         }
         let node = self.k.node(e).clone();
+        let rows = self.p.rows.len();
+        let row = |v: u32| (v as usize) < rows || self.k.vars.get(v as usize) == Some(&1);
+        if let Some(a) = row_affine(self.k, e, &row) {
+            // c + Σ coef·coordinate (an axis of one position is 0).
+            self.a.mov(rax, a.c)?;
+            for (v, &c) in a.coef.iter().enumerate() {
+                if c != 0 && v < rows {
+                    let c = i32::try_from(c).map_err(|_| NotHere("an index coefficient".into()))?;
+                    self.a.imul_3(rcx, ROW_COORD[v], c)?;
+                    self.a.add(rax, rcx)?;
+                }
+            }
+            return Ok(());
+        }
         // Both operands: a into rax, b into rcx.
         let pair = |s: &mut Self, a: ExprId, b: ExprId| -> R<()> {
             s.gpr_eval(a, depth)?;
@@ -1445,6 +1460,9 @@ fn gpr_form(k: &Kernel, e: ExprId, row: &impl Fn(u32) -> bool, depth: usize) -> 
     let node = k.node(e);
     let int = |x: ExprId| matches!(k.node(x).ty, ScalarType::I64 | ScalarType::Bool);
     let sub = |x: ExprId| gpr_form(k, x, row, depth + 1);
+    if row_affine(k, e, row).is_some() {
+        return true;
+    }
     match &node.expr {
         Expr::Const(_) => int(e),
         Expr::Var(v) => row(v.0),
@@ -1462,6 +1480,19 @@ fn gpr_form(k: &Kernel, e: ExprId, row: &impl Fn(u32) -> bool, depth: usize) -> 
         Expr::Select(c, a, b) => int(e) && k.node(*c).ty == ScalarType::Bool && sub(*c) && sub(*a) && sub(*b),
         _ => false,
     }
+}
+
+/// An i64 index expression other than a variable or a constant that is affine in the
+/// row's coordinates alone (`row(v)`; a reshape's flat index taken apart where exact:
+/// `v rem 2048` of a `v < 2048` is `v`), as that form: [`Emit::gpr_eval`] computes it
+/// from the coordinates directly.
+fn row_affine(k: &Kernel, e: ExprId, row: &impl Fn(u32) -> bool) -> Option<AffineIndex> {
+    let node = k.node(e);
+    if node.ty != ScalarType::I64 || matches!(node.expr, Expr::Var(_) | Expr::Const(_)) {
+        return None;
+    }
+    let a = kiln_flow::affine::affine(k, e)?;
+    a.coef.iter().enumerate().all(|(v, &c)| c == 0 || row(v as u32)).then_some(a)
 }
 
 /// The offset of a load whose index is not one affine form: each dimension's index is
