@@ -609,7 +609,7 @@ impl<'m> CudaInstance<'m> {
             Command::Copy { src, dst } => [src, dst].get(binding).copied(),
             Command::Fill { dst, .. } => (binding == 0).then_some(dst),
             Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
-                parts.get(binding / 2).map(|p| if binding % 2 == 0 { &p.src } else { &p.dst })
+                parts.get(binding / 2).map(|p| if binding.is_multiple_of(2) { &p.src } else { &p.dst })
             }
             Command::Barrier => None,
         }
