@@ -880,8 +880,9 @@ pub fn shard(g: &Graph, devices: u32) -> Result<Sharded, ShardError> {
     })
 }
 
-/// The text form of a sharded graph: per stage, each device's segment (kiln-ir text),
-/// then the collectives after it (`kiln compile --devices N --to tensor`).
+/// The text form of a sharded graph: per stage, each device's segment (kiln-ir text
+/// without the constants' bytes), then the collectives after it (`kiln compile
+/// --devices N --to tensor`).
 pub fn print(s: &Sharded) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -889,7 +890,11 @@ pub fn print(s: &Sharded) -> String {
     for stage in 0..s.stages() {
         for seg in s.segments.iter().filter(|x| x.stage == stage) {
             let _ = writeln!(out, "stage {stage} device {}:", seg.device);
-            out.push_str(&kiln_ir::text::print(&seg.graph));
+            // The graph without its constants' bytes (the `blobs` section: the sliced
+            // weights, megabytes of text for a real model).
+            let text = kiln_ir::text::print(&seg.graph);
+            let body = text.find("\nblobs {").map_or(&text[..], |i| &text[..=i]);
+            out.push_str(body);
         }
         for c in s.collectives.iter().filter(|c| c.after_stage == stage) {
             let what = match c.kind {
