@@ -707,9 +707,13 @@ impl Builder<'_> {
 
     /// Constant `v` as segment (`stage`, `d`) reads it under `u`.
     fn constant(&mut self, stage: usize, d: u32, v: ValueId, u: Use, local_shape: Option<&TensorType>) -> ValueId {
+        // A local shape is the reading Reshape's own (two Reshapes may share a shape
+        // constant and still split different axes): never shared.
         let key = (v, u);
-        if let Some(&x) = self.seg(stage, d).consts.get(&key) {
-            return x;
+        if u != Use::LocalShape {
+            if let Some(&x) = self.seg(stage, d).consts.get(&key) {
+                return x;
+            }
         }
         let t = self.g.constant(v).cloned().unwrap_or_else(|| Tensor::zeros(self.g.ty(v).clone()));
         let t = match (u, local_shape) {
