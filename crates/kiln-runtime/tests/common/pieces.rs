@@ -51,8 +51,10 @@ pub fn add_kernel(device: DeviceKind, code: Vec<u8>, launches: Vec<Launch>) -> (
 /// each input into its device's buffer, all-reduces the three (every device receives
 /// `(a + b) + c`) and all-gathers them in two blocks (each device receives
 /// `[a₀ b₀ c₀ a₁ b₁ c₁]`, where `x₀`, `x₁` are the halves of `x`); it returns device 1's
-/// sum, device 2's gather and device 0's sum. `n` is even.
+/// sum, device 2's gather and device 0's sum. `n` is even. The kernels are
+/// `add_program`'s, never dispatched.
 pub fn collectives_program(n: u64) -> Program {
+    let (x, kernels) = super::executable();
     let by = 4 * n;
     let a = |k: u64, len: u64| b(Slot::Arena, k * by, len);
     let part = |device: u32, src: Binding, dst: Binding| CollectivePart { device, src, dst };
@@ -88,8 +90,10 @@ pub fn collectives_program(n: u64) -> Program {
             ],
             buffers: vec![],
         }],
-        kernels: vec![],
-        executables: vec![],
+        // The kernel table of `add_program` (no dispatch runs them): the fuzz harness
+        // mutates a program's first executable.
+        kernels,
+        executables: vec![x],
         constants: Constants::Embedded(vec![]),
         debug: None,
     }
