@@ -727,7 +727,8 @@ impl Builder<'_> {
         };
         let name = match u {
             Use::Slice(_) => format!("{}.shard{d}", vname(self.g, v)),
-            Use::LocalShape => format!("{}.local", vname(self.g, v)),
+            // One per reading Reshape (see above): numbered to stay unique.
+            Use::LocalShape => format!("{}.local{}", vname(self.g, v), self.seg(stage, d).graph.values.len()),
             _ => vname(self.g, v),
         };
         let seg = self.seg(stage, d);
