@@ -871,6 +871,17 @@ pub fn shard(g: &Graph, devices: u32) -> Result<Sharded, ShardError> {
         kiln_ir::verify::verify(&s.graph)
             .map_err(|e| ShardError::Internal { graph: s.graph.name.clone(), why: e.to_string() })?;
     }
+    // Every exchange has a writer: a segment's output or a collective's destination.
+    let mut written = vec![false; b.exchanges.len()];
+    for e in segments.iter().flat_map(|s| &s.outputs).chain(b.collectives.iter().flat_map(|c| &c.dst)) {
+        written[*e] = true;
+    }
+    if let Some(e) = written.iter().position(|w| !w) {
+        return Err(ShardError::Internal {
+            graph: g.name.clone(),
+            why: format!("exchange {:?} has no writer", b.exchanges[e].name),
+        });
+    }
     let mut collectives = b.collectives;
     collectives.sort_by_key(|c| c.after_stage);
     Ok(Sharded {
