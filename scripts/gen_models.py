@@ -8,7 +8,9 @@ below). On request only (`--only`; scripts/gpu-test builds them on the GPU machi
 the CPU test suite leaves them out): gemm4096, one 4096x4096x4096 MatMul of two inputs,
 gemm4096_bf16, the same product with both operands cast to bf16 in the graph, and
 tune_check_f32 / tune_check_bf16, smaller products of the same graphs that
-scripts/cuda-tune-sweep.sh checks each kernel variant on with `kiln gpu-check`.
+scripts/cuda-tune-sweep.sh checks each kernel variant on with `kiln gpu-check`, and
+bert_large_layer, one encoder layer of hidden 1024 (16 heads, FFN 4096, 16 positions)
+that the sharding tests split over simulated devices (scripts/test builds it).
 `--batch N` writes mobilenet_v2 and bert_tiny with a batch dimension of N instead of 1,
 as NAME_bN.onnx (the same weights; batch 1 is the file above, byte for byte).
 
@@ -193,12 +195,25 @@ def mobilenet_v2(batch: int = 1) -> onnx.ModelProto:
 
 
 BERT = dict(vocab=8192, seq=128, hidden=256, heads=4, ffn=1024, layers=2)
+# One encoder layer at BERT-large's width (hidden 1024, 16 heads, FFN 4096) over 16
+# positions and a small vocabulary: the larger transformer the sharding tests split over
+# 2 and 4 simulated devices (crates/kiln-cli/tests/shard.rs). On request only.
+BERT_LARGE_LAYER = dict(vocab=512, seq=16, hidden=1024, heads=16, ffn=4096, layers=1)
 
 
 def bert_tiny(batch: int = 1) -> onnx.ModelProto:
-    vocab, seq, hid, heads, ffn = (BERT[k] for k in ("vocab", "seq", "hidden", "heads", "ffn"))
+    return encoder("bert_tiny", BERT, 4, batch)
+
+
+def bert_large_layer() -> onnx.ModelProto:
+    return encoder("bert_large_layer", BERT_LARGE_LAYER, 5, 1)
+
+
+def encoder(name: str, cfg: dict, seed: int, batch: int) -> onnx.ModelProto:
+    """A BERT-style encoder of `cfg`'s sizes (bert_tiny's graph, node for node)."""
+    vocab, seq, hid, heads, ffn = (cfg[k] for k in ("vocab", "seq", "hidden", "heads", "ffn"))
     dh = hid // heads
-    b = Builder(seed=4)
+    b = Builder(seed=seed)
     b.names.add("input_ids")
     # Word and position embeddings each with variance 1/2, so their sum has variance 1.
     emb = b.init("embeddings.word", b.normal([vocab, hid], math.sqrt(0.5)))
@@ -221,7 +236,7 @@ def bert_tiny(batch: int = 1) -> onnx.ModelProto:
         return b.node("LayerNormalization", [x, g, b.bias(f"{name}.bias", hid)], out or name,
                       axis=-1, epsilon=1e-5)
 
-    for l in range(BERT["layers"]):
+    for l in range(cfg["layers"]):
         p = f"layer{l}"
         q = linear(x, f"{p}.query", hid, hid)
         k = linear(x, f"{p}.key", hid, hid)
@@ -247,13 +262,15 @@ def bert_tiny(batch: int = 1) -> onnx.ModelProto:
         e = b.node("Add", [e, one], f"{p}.gelu.add")
         g = b.node("Mul", [b.node("Mul", [f, half], f"{p}.gelu.half"), e], f"{p}.gelu")
         f = linear(g, f"{p}.ffn_out", ffn, hid)
-        last = l == BERT["layers"] - 1
+        last = l == cfg["layers"] - 1
         x = layer_norm(b.node("Add", [x, f], f"{p}.ffn_residual"), f"{p}.ffn_norm", "output" if last else None)
+    layers = cfg["layers"]
     return b.model(
-        "bert_tiny",
+        name,
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, seq])],
         [f32("output", [batch, seq, hid])],
-        "BERT-style encoder: vocab 8192, 128 positions, hidden 256, 4 heads, FFN 1024, 2 layers"
+        f"BERT-style encoder: vocab {vocab}, {seq} positions, hidden {hid}, {heads} heads, FFN {ffn}, "
+        f"{layers} layer{'s' if layers != 1 else ''}"
         + batch_note(batch),
     )
 
@@ -335,6 +352,7 @@ ON_REQUEST = {
     "gemm4096_bf16": gemm4096_bf16,
     "tune_check_f32": tune_check_f32,
     "tune_check_bf16": tune_check_bf16,
+    "bert_large_layer": bert_large_layer,
 }
 # The builders that take a batch size (--batch).
 BATCHED = {"mobilenet_v2", "bert_tiny"}

@@ -221,6 +221,11 @@ pub(crate) struct CompileArgs {
     /// The symbol of --emit c-array/object (default: the output's file stem); NAME_len holds the length
     #[arg(long, value_name = "NAME")]
     pub symbol: Option<String>,
+    /// Shard the plan over N devices of the target (tensor parallel: columns, rows and
+    /// attention heads split, all-reduces between; on the CPU target the devices are
+    /// simulated in one process). `--to tensor` prints the per-device graphs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32))]
+    pub devices: Option<u32>,
 }
 
 /// `kiln run`.

@@ -56,6 +56,8 @@ pub(crate) struct Args {
     pub run_on: RunDevice,
     /// `bench --resident`: time the graph alone, on data kept on the device.
     pub resident: bool,
+    /// `compile --devices N`: shard the plan over N devices.
+    pub devices: Option<u32>,
 }
 
 /// Where `run` and `bench` run an artifact (`--device`).
@@ -200,6 +202,9 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
         c.run_to(Stage::Codegen).map_err(|e| compile_error(&model, &e))?;
         let code = &c.cubin().ok_or("no cubin was made")?.executable.code;
         return std::fs::write(&out, code).map_err(|e| format!("cannot write `{}`: {e}", out.display()));
+    }
+    if let Some(n) = a.devices.filter(|&n| n != 1) {
+        return compile_sharded(&a, &model, n);
     }
     let level = match a.to.as_deref() {
         None | Some("artifact") => None,
@@ -777,6 +782,48 @@ fn profile(
     write_stdout(&s)
 }
 
+/// `kiln compile --devices N` (N ≠ 1): the plan sharded over N devices
+/// ([`kiln_compiler::shard`]); `--to tensor` prints the per-device graphs, `--to hal`
+/// the linked program's listing.
+fn compile_sharded(a: &Args, model: &Path, n: u32) -> Result<(), String> {
+    if a.emit != Emit::Kiln || !a.dump_after.is_empty() {
+        return Err("--devices writes a .kiln artifact: leave out --emit and --dump-after".into());
+    }
+    let opts = options(a, model)?;
+    let t = std::time::Instant::now();
+    let c = kiln_compiler::shard::compile(Input::File(model.to_path_buf()), &opts, n)
+        .map_err(|e| compile_error(model, &e))?;
+    match a.to.as_deref() {
+        None | Some("artifact") => {}
+        Some("tensor") => return write_stdout(&kiln_compiler::shard::print_sharded(&c.sharded)),
+        Some("hal") => return write_stdout(&listing(&c.program, &LayoutInfo::default(), false)),
+        Some(l) => return Err(format!("--to `{l}` with --devices: expected tensor, hal or artifact")),
+    }
+    let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
+    std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
+    if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
+        std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
+    }
+    let e = &c.program.entries[0];
+    let count = |f: fn(&Command) -> bool| e.commands.iter().filter(|c| f(c)).count();
+    eprintln!(
+        "{}: {} bytes ({} devices, {} stages; {} dispatches, {} all-reduces, {} all-gathers; \
+         {} products split by columns, {} by rows; arena {} bytes); {:.1} ms",
+        out.display(),
+        c.artifact.len(),
+        n,
+        c.sharded.stages(),
+        count(|c| matches!(c, Command::Dispatch { .. })),
+        count(|c| matches!(c, Command::AllReduce { .. })),
+        count(|c| matches!(c, Command::AllGather { .. })),
+        c.sharded.column_split.len(),
+        c.sharded.row_split.len(),
+        e.arena_size,
+        t.elapsed().as_secs_f64() * 1e3,
+    );
+    Ok(())
+}
+
 /// A row of `kiln bench --profile` (CPU or CUDA): command `command` of the entry point,
 /// what it does, its median time, the compiler's estimate (`work_ns`; `None` when not
 /// made) and the source its kernel was lowered from (empty without a debug section).
@@ -808,6 +855,16 @@ pub(crate) fn profile_rows(
             }
             Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None, None),
             Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None, None),
+            Command::AllReduce { parts, .. } => (
+                format!("all-reduce {} bytes over {} devices", parts.first().map_or(0, |x| x.src.length), parts.len()),
+                None,
+                None,
+            ),
+            Command::AllGather { parts, .. } => (
+                format!("all-gather {} bytes over {} devices", parts.first().map_or(0, |x| x.dst.length), parts.len()),
+                None,
+                None,
+            ),
             Command::Barrier => continue,
         };
         let source = kernel
@@ -1071,6 +1128,25 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         json_binding(dst),
                         dst.length
                     ),
+                    Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => format!(
+                        "{{\"op\":\"{}\",{}\"parts\":[{}]}}",
+                        if matches!(c, Command::AllReduce { .. }) { "all-reduce" } else { "all-gather" },
+                        match c {
+                            Command::AllReduce { dtype, .. } => format!("\"dtype\":{},", json_str(&dtype_name(*dtype))),
+                            Command::AllGather { outer, .. } => format!("\"outer\":{outer},"),
+                            _ => String::new(),
+                        },
+                        parts
+                            .iter()
+                            .map(|x| format!(
+                                "{{\"device\":{},\"src\":{},\"dst\":{}}}",
+                                x.device,
+                                json_binding(&x.src),
+                                json_binding(&x.dst)
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
                 })
                 .collect();
             let bufs: Vec<String> = e
@@ -1114,6 +1190,10 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
         s.push_str(&cuda.text(p));
     }
     let _ = writeln!(s, "constants: {constants}");
+    if p.devices.len() > 1 {
+        let names: Vec<&str> = p.devices.iter().map(|d| d.name.as_str()).collect();
+        let _ = writeln!(s, "devices: {} ({})", p.devices.len(), names.join(", "));
+    }
     for e in &p.entries {
         let _ = writeln!(s, "entry {}:", e.name);
         for (what, ts) in [("input", &e.inputs), ("output", &e.outputs)] {
@@ -1133,7 +1213,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
         let mut wave = 0;
         for (i, c) in e.commands.iter().enumerate() {
             match c {
-                Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
+                Command::Dispatch { kernel, device, workgroups, bindings, work_ns, .. } => {
                     let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
                     let class =
                         p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name);
@@ -1152,9 +1232,14 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                             sh => format!(" block {} shared {sh} B", l.block),
                         })
                         .unwrap_or_default();
+                    // On a plan over several devices, the device each dispatch runs on.
+                    let on = match p.devices.get(*device as usize) {
+                        Some(d) if p.devices.len() > 1 => format!(" on {}", d.name),
+                        _ => String::new(),
+                    };
                     let _ = writeln!(
                         s,
-                        "  {i:>4} w{wave:<3} dispatch {name} ({class}) x{workgroups}{launch}{est} [{}]{src}",
+                        "  {i:>4} w{wave:<3} dispatch {name} ({class}){on} x{workgroups}{launch}{est} [{}]{src}",
                         b.join(", ")
                     );
                 }
@@ -1178,6 +1263,19 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         slot_name(dst),
                         dst.length
                     );
+                }
+                Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
+                    let what = match c {
+                        Command::AllReduce { dtype, .. } => format!("all-reduce sum {}", dtype_name(*dtype)),
+                        Command::AllGather { outer, .. } => format!("all-gather in {outer} blocks"),
+                        _ => String::new(),
+                    };
+                    let bytes = parts.first().map_or(0, |x| x.src.length);
+                    let _ = writeln!(s, "  {i:>4}      {what} over {} devices ({bytes} bytes each)", parts.len());
+                    for x in parts {
+                        let dev = p.devices.get(x.device as usize).map_or("?", |d| d.name.as_str());
+                        let _ = writeln!(s, "              {dev}: {} -> {}", slot_name(&x.src), slot_name(&x.dst));
+                    }
                 }
             }
         }

@@ -172,6 +172,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
             timings: c.timings,
             emit: c.emit,
             symbol: c.symbol,
+            devices: c.devices,
             ..model_options(c.model_args)?
         }),
         Cmd::Run(r) => {

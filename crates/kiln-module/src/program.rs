@@ -102,6 +102,41 @@ pub enum Command {
         /// Its width in bytes.
         pattern_len: u8,
     },
+    /// A collective over several devices of the device table (format 1.4 on): every
+    /// part's `dst` receives the elementwise sum of every part's `src`, added in part
+    /// order (`((src₀ + src₁) + src₂) + …`, so that every device gets the same bits).
+    /// All ranges have one length, a multiple of the element size; no destination
+    /// overlaps any source or another destination.
+    AllReduce {
+        /// The element type (ONNX dtype code; the CPU runtime sums f32).
+        dtype: u32,
+        /// One per participating device.
+        parts: Vec<CollectivePart>,
+    },
+    /// A collective over several devices (format 1.4 on): every part's `dst` receives
+    /// the concatenation of every part's `src` along one axis. Each `src` is `outer`
+    /// blocks of `src.length / outer` bytes; `dst` is `outer` blocks each holding the
+    /// parts' blocks in part order (a gather along the axis after the first `outer`
+    /// elements' worth of leading axes). No destination overlaps any source or another
+    /// destination.
+    AllGather {
+        /// Number of blocks (the product of the extents before the gathered axis).
+        outer: u64,
+        /// One per participating device.
+        parts: Vec<CollectivePart>,
+    },
+}
+
+/// One device's share of a collective command: what it contributes and where it
+/// receives the result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollectivePart {
+    /// Device index (into [`Program::devices`]).
+    pub device: u32,
+    /// What this device contributes (memory that device owns).
+    pub src: Binding,
+    /// Where this device receives the result.
+    pub dst: Binding,
 }
 
 /// A buffer of the memory plan, for inspection (the commands carry the real ranges).

@@ -30,6 +30,9 @@
 //!     1 barrier
 //!     2 copy:     binding src, binding dst
 //!     3 fill:     binding dst, uv pattern_len (≤ 255), uv pattern
+//!     4 all-reduce (format 1.4 on): u32 dtype, list<part>
+//!     5 all-gather (format 1.4 on): uv outer, list<part>
+//!   part    = u32 device, binding src, binding dst
 //!   binding = uv slot, uv offset, uv length
 //!     slot: 0 arena, 1 constants, 2 + 4·i input i, 3 + 4·i output i  (i ≤ u32::MAX)
 //!   buffer  = str name, binding, u32 first, u32 last
@@ -58,7 +61,7 @@
 use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
-    Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel,
+    Binding, BufferDesc, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel,
     KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc, Variant,
 };
 use crate::reader::Module;
@@ -506,6 +509,11 @@ impl Enc {
         self.uv(b.offset);
         self.uv(b.length);
     }
+    fn part(&mut self, p: &CollectivePart) {
+        self.uv(p.device.into());
+        self.binding(&p.src);
+        self.binding(&p.dst);
+    }
     fn device_kind(&mut self, k: DeviceKind) {
         self.uv(match k {
             DeviceKind::Cpu => 0,
@@ -555,6 +563,16 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.binding(dst);
                 e.uv((*pattern_len).into());
                 e.uv(*pattern);
+            }
+            Command::AllReduce { dtype, parts } => {
+                e.uv(4);
+                e.uv((*dtype).into());
+                e.list(parts, Enc::part);
+            }
+            Command::AllGather { outer, parts } => {
+                e.uv(5);
+                e.uv(*outer);
+                e.list(parts, Enc::part);
             }
         });
         e.list(&ep.buffers, |e, b| {
@@ -810,8 +828,17 @@ impl<'a> Dec<'a> {
         Ok(Binding { slot, offset, length })
     }
 
+    fn part(&mut self) -> R<CollectivePart> {
+        let device = self.u32("collective device")?;
+        let src = self.binding()?;
+        let dst = self.binding()?;
+        Ok(CollectivePart { device, src, dst })
+    }
+
     fn command(&mut self) -> R<Command> {
-        Ok(match self.tag("command tag", 3)? {
+        // Collectives (tags 4 and 5) exist from format 1.4 on.
+        let last = if self.format.minor >= 4 { 5 } else { 3 };
+        Ok(match self.tag("command tag", last)? {
             0 => {
                 let kernel = self.u32("dispatch kernel")?;
                 let device = self.u32("dispatch device")?;
@@ -826,6 +853,17 @@ impl<'a> Dec<'a> {
                 let src = self.binding()?;
                 let dst = self.binding()?;
                 Command::Copy { src, dst }
+            }
+            4 => {
+                let dtype = self.u32("all-reduce dtype")?;
+                // device, two bindings of three varints: at least 7 bytes each.
+                let parts = self.list("collective parts", 7, Dec::part)?;
+                Command::AllReduce { dtype, parts }
+            }
+            5 => {
+                let outer = self.uv("all-gather outer")?;
+                let parts = self.list("collective parts", 7, Dec::part)?;
+                Command::AllGather { outer, parts }
             }
             _ => {
                 let dst = self.binding()?;

@@ -566,10 +566,11 @@ fn bad_values_tags_and_strings() {
     let (e, _) = decode_with(SectionKind::Signature, vec![1, 2, 0xc3, 0x28, 0, 0]);
     assert_eq!(e.problem, SectionProblem::BadUtf8 { field: "entry name" });
     assert_eq!(e.section_offset, 2);
-    // Plan: one cpu device, one entry, arena 0/1, one command with tag 4.
-    let plan = vec![1, 0, 3, b'c', b'p', b'u', 1, 0, 1, 1, 4, 0];
+    // Plan: one cpu device, one entry, arena 0/1, one command with tag 6 (the last
+    // known tag is 5, an all-gather, from format 1.4 on).
+    let plan = vec![1, 0, 3, b'c', b'p', b'u', 1, 0, 1, 1, 6, 0];
     let (e, _) = decode_with(SectionKind::Plan, plan);
-    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 4 });
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 6 });
     assert_eq!(e.section_offset, 10);
     // Device kind 2.
     let (e, _) = decode_with(SectionKind::Plan, vec![1, 2, 0, 1, 0, 1, 0, 0]);
@@ -646,4 +647,62 @@ fn reseal_lets_deliberate_edits_through() {
     let mut s = file[..20].to_vec();
     kiln_module::reseal::reseal(&mut s);
     assert_eq!(s, file[..20]);
+}
+
+#[test]
+fn collectives_by_hand_and_refused_under_format_1_3() {
+    let mut p = mlp(Constants::Embedded(vec![]), false);
+    p.devices.clear();
+    p.kernels.clear();
+    p.executables.clear();
+    p.entries[0].buffers.clear();
+    let part = |device: u32, s: u64, d: u64, len: u64| CollectivePart {
+        device,
+        src: b(Slot::Arena, s, len),
+        dst: b(Slot::Arena, d, len * 2),
+    };
+    p.entries[0].commands = vec![
+        Command::AllReduce {
+            dtype: 1,
+            parts: vec![
+                CollectivePart { device: 0, src: b(Slot::Arena, 0, 4), dst: b(Slot::Arena, 8, 4) },
+                CollectivePart { device: 1, src: b(Slot::Arena, 4, 4), dst: b(Slot::Arena, 12, 4) },
+            ],
+        },
+        Command::AllGather { outer: 2, parts: vec![part(0, 0, 16, 4), part(1, 4, 24, 4)] },
+    ];
+    let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
+    // devices 0; entries 1; arena 64, align 64; 2 commands:
+    //   tag 4, dtype 1, 2 parts: (device 0, arena 0+4, arena 8+4), (1, arena 4+4, arena 12+4);
+    //   tag 5, outer 2, 2 parts: (0, arena 0+4, arena 16+8), (1, arena 4+4, arena 24+8);
+    // 0 buffers.
+    assert_eq!(
+        plan,
+        [
+            0, 1, 0x40, 0x40, 2, //
+            4, 1, 2, 0, 0, 0, 4, 0, 8, 4, 1, 0, 4, 4, 0, 12, 4, //
+            5, 2, 2, 0, 0, 0, 4, 0, 16, 8, 1, 0, 4, 4, 0, 24, 8, //
+            0
+        ]
+    );
+    let file_of = |minor: u16| file_of_format(&p, (SectionKind::Plan, plan.clone()), minor);
+    let current = file_of(kiln_module::FORMAT_VERSION.minor);
+    let m = Module::parse(&current).expect("parses");
+    assert_eq!(read_program(&m).expect("decodes").to_program().entries[0].commands, p.entries[0].commands);
+    // A 1.3 file has no collectives: tag 4 is unknown there.
+    let old = file_of(3);
+    let m = Module::parse(&old).expect("a 1.3 file parses");
+    let e = read_program(&m).expect_err("no collectives before 1.4");
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 4 }, "{e}");
+    // And a reader of an older minor refuses a newer file by its version alone, naming
+    // both (how a 1.3 runtime meets a 1.4 artifact).
+    let reader = kiln_module::Version { major: 1, minor: 3 };
+    assert!(!reader.can_read(kiln_module::FORMAT_VERSION));
+    let newer = file_of(kiln_module::FORMAT_VERSION.minor + 1);
+    match Module::parse(&newer) {
+        Err(kiln_module::ReadError::UnsupportedVersion { file, reader }) => {
+            assert_eq!((file.minor, reader), (kiln_module::FORMAT_VERSION.minor + 1, kiln_module::FORMAT_VERSION));
+        }
+        other => panic!("expected an unsupported version, got {other:?}"),
+    }
 }

@@ -430,6 +430,9 @@ pub enum CudaPlanProblem {
         /// Kernel index.
         kernel: u32,
     },
+    /// A collective command: the CUDA driver has no collectives yet (NCCL over the GPUs
+    /// of one host is the planned driver; `docs/scale-out.md`).
+    Collective,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -439,6 +442,9 @@ impl fmt::Display for CudaPlanProblem {
                 write!(f, "a grid of {workgroups} blocks (a CUDA grid has at most {} blocks)", (1u64 << 31) - 1)
             }
             CudaPlanProblem::NoLaunch { kernel } => write!(f, "kernel {kernel} has no CUDA launch record"),
+            CudaPlanProblem::Collective => {
+                f.write_str("a collective command (multi-GPU collectives through NCCL are not built yet)")
+            }
         }
     }
 }
@@ -643,6 +649,16 @@ pub enum CommandProblem {
         /// Width recorded.
         len: u8,
     },
+    /// A collective command (all-reduce, all-gather) is malformed: fewer than two
+    /// parts, a part's device repeated or not a device of the table, ranges of the
+    /// wrong lengths, an element type the runtime cannot reduce, or a destination that
+    /// overlaps another part's range.
+    Collective {
+        /// What is wrong.
+        why: String,
+    },
+    /// The runtime cannot execute collectives (the CUDA driver: NCCL is not built).
+    CollectiveUnsupported,
 }
 
 /// Which binding of a command.
@@ -656,6 +672,10 @@ pub enum BindingRole {
     CopyDestination,
     /// A fill's destination.
     FillDestination,
+    /// Part `i`'s source of a collective.
+    CollectiveSource(usize),
+    /// Part `i`'s destination of a collective.
+    CollectiveDestination(usize),
 }
 
 /// What is wrong with a binding.
@@ -706,6 +726,8 @@ impl fmt::Display for BindingRole {
             BindingRole::CopySource => f.write_str("copy source"),
             BindingRole::CopyDestination => f.write_str("copy destination"),
             BindingRole::FillDestination => f.write_str("fill destination"),
+            BindingRole::CollectiveSource(i) => write!(f, "collective part {i} source"),
+            BindingRole::CollectiveDestination(i) => write!(f, "collective part {i} destination"),
         }
     }
 }
@@ -750,6 +772,10 @@ impl fmt::Display for CommandProblem {
             CommandProblem::Binding { role, problem } => write!(f, "{role} {problem}"),
             CommandProblem::CopyLengths { src, dst } => write!(f, "copies {src} bytes into {dst}"),
             CommandProblem::FillPatternLen { len } => write!(f, "fill pattern of {len} bytes (1, 2, 4 or 8 allowed)"),
+            CommandProblem::Collective { why } => write!(f, "collective: {why}"),
+            CommandProblem::CollectiveUnsupported => {
+                f.write_str("collective commands are not supported by this driver (multi-GPU NCCL is not built yet)")
+            }
         }
     }
 }

@@ -139,7 +139,7 @@ fn repeat(dst: &mut [u8], pat: &[u8]) {
     }
 }
 
-/// Runs a copy or a fill on the calling thread (dispatches and barriers are the
+/// Runs a copy, a fill or a collective on the calling thread (dispatches and barriers are the
 /// driver's; they are ignored here).
 ///
 /// # Safety
@@ -179,6 +179,16 @@ pub(crate) unsafe fn transfer(c: &Command, bases: &Bases<'_>) {
                     repeat(out, pat);
                 }
             }
+        }
+        Command::AllReduce { parts, .. } => {
+            // SAFETY: verified: every range lies inside its slot, all have one length
+            // (whole f32 elements), destinations are writable and overlap no source
+            // and no other destination.
+            unsafe { crate::collective::all_reduce_f32(parts, bases) };
+        }
+        Command::AllGather { outer, parts } => {
+            // SAFETY: as for the all-reduce, with the all-gather's lengths verified.
+            unsafe { crate::collective::all_gather(*outer, parts, bases) };
         }
         Command::Dispatch { .. } | Command::Barrier => {}
     }
@@ -441,7 +451,10 @@ impl<'m> Instance<'m> {
                 }
                 Command::Barrier => {}
                 // SAFETY: `bases` are this checked invocation's; commands run one by one.
-                Command::Copy { .. } | Command::Fill { .. } => unsafe { transfer(c, &bases) },
+                Command::Copy { .. }
+                | Command::Fill { .. }
+                | Command::AllReduce { .. }
+                | Command::AllGather { .. } => unsafe { transfer(c, &bases) },
             }
             if let Some(after) = observe.as_mut() {
                 after(i);

@@ -27,6 +27,7 @@
 
 extern crate alloc;
 
+mod collective;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

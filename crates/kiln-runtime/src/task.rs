@@ -231,7 +231,9 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                 table += bindings.len();
             }
             Command::Barrier => close(&mut s, &mut open, last),
-            Command::Copy { .. } | Command::Fill { .. } => {
+            // Collectives, like copies, run on the calling thread between waves: they
+            // are the points where the simulated devices meet.
+            Command::Copy { .. } | Command::Fill { .. } | Command::AllReduce { .. } | Command::AllGather { .. } => {
                 close(&mut s, &mut open, last);
                 s.steps.push(Step::Serial(c, i));
             }

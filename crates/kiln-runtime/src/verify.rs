@@ -59,7 +59,7 @@ fn binding(e: &EntryView<'_>, pool_len: u64, b: &Binding, writes: bool) -> Resul
 }
 
 fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -> Result<(), CommandProblem> {
-    let bind = |role, b: &Binding, writes| {
+    let bind = |role: BindingRole, b: &Binding, writes: bool| -> Result<(), CommandProblem> {
         binding(e, pool_len, b, writes).map_err(|problem| CommandProblem::Binding { role, problem })
     };
     match c {
@@ -121,6 +121,74 @@ fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -
                 return Err(CommandProblem::FillPatternLen { len: *pattern_len });
             }
             bind(BindingRole::FillDestination, dst, true)?;
+        }
+        Command::AllReduce { dtype, parts } => {
+            if *dtype != F32 {
+                return Err(collective(alloc::format!("all-reduce of dtype {dtype} (only f32, 1, is reduced)")));
+            }
+            collective_parts(p, parts, &bind)?;
+            let len = parts[0].src.length;
+            if !len.is_multiple_of(4) || parts.iter().any(|x| x.src.length != len || x.dst.length != len) {
+                return Err(collective("all-reduce ranges of different lengths or not whole f32 elements".into()));
+            }
+        }
+        Command::AllGather { outer, parts } => {
+            collective_parts(p, parts, &bind)?;
+            let src = parts[0].src.length;
+            let n = parts.len() as u64;
+            let ok = *outer > 0
+                && src.is_multiple_of(*outer)
+                && parts.iter().all(|x| x.src.length == src && Some(x.dst.length) == src.checked_mul(n));
+            if !ok {
+                return Err(collective(alloc::format!(
+                    "all-gather of {n} parts in {outer} blocks: every source must be {src} bytes, a whole number \
+                     of blocks, and every destination {n} times that"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// ONNX's code of f32, the one element type an all-reduce sums.
+const F32: u32 = 1;
+
+fn collective(why: String) -> CommandProblem {
+    CommandProblem::Collective { why }
+}
+
+/// Whether two ranges of one slot share a byte.
+fn overlap(a: &Binding, b: &Binding) -> bool {
+    a.slot == b.slot && a.length > 0 && b.length > 0 && a.offset < b.offset + b.length && b.offset < a.offset + a.length
+}
+
+/// The checks every collective shares: at least two parts, each on a distinct device of
+/// the table, every range inside its slot (destinations writable), and no destination
+/// overlapping any source or another destination (so a driver may write results while
+/// it still reads sources, in any order).
+fn collective_parts(
+    p: &ProgramView<'_>,
+    parts: &[kiln_module::program::CollectivePart],
+    bind: &dyn Fn(BindingRole, &Binding, bool) -> Result<(), CommandProblem>,
+) -> Result<(), CommandProblem> {
+    if parts.len() < 2 {
+        return Err(collective(alloc::format!("{} parts (at least two devices take part)", parts.len())));
+    }
+    for (i, x) in parts.iter().enumerate() {
+        if x.device as usize >= p.devices.len() {
+            return Err(CommandProblem::DeviceIndex { device: x.device, count: p.devices.len() });
+        }
+        if parts[..i].iter().any(|y| y.device == x.device) {
+            return Err(collective(alloc::format!("device {} takes part twice", x.device)));
+        }
+        bind(BindingRole::CollectiveSource(i), &x.src, false)?;
+        bind(BindingRole::CollectiveDestination(i), &x.dst, true)?;
+    }
+    for (i, x) in parts.iter().enumerate() {
+        for (j, y) in parts.iter().enumerate() {
+            if overlap(&x.dst, &y.src) || (i != j && overlap(&x.dst, &y.dst)) {
+                return Err(collective(alloc::format!("part {i}'s destination overlaps part {j}'s ranges")));
+            }
         }
     }
     Ok(())
@@ -232,6 +300,15 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
 pub fn require_device_kind(p: &ProgramView<'_>, kind: DeviceKind) -> Result<(), VerifyError> {
     for e in &p.entries {
         for (i, c) in e.commands.iter().enumerate() {
+            if kind == DeviceKind::Cuda && matches!(c, Command::AllReduce { .. } | Command::AllGather { .. }) {
+                // The CPU driver runs collectives in host memory; a GPU driver needs
+                // NCCL, which is not built yet.
+                return Err(VerifyError::Command {
+                    entry: e.name.to_string(),
+                    command: i,
+                    problem: CommandProblem::CollectiveUnsupported,
+                });
+            }
             let Command::Dispatch { device, .. } = c else { continue };
             // Verified: the device index is in range.
             let Some(d) = p.devices.get(*device as usize) else { continue };

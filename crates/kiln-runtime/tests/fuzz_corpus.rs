@@ -33,6 +33,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
         ("relocs.kiln", reloc_program()),
         ("variants.kiln", variants),
         ("cuda.kiln", cuda_add_program()),
+        ("collectives.kiln", collectives_program(4)),
     ]
 }
 
@@ -149,6 +150,15 @@ fn assert_bindings_inside(p: &ProgramView<'_>) {
                     inside(dst);
                     writable(dst);
                     assert!([1, 2, 4, 8].contains(pattern_len));
+                }
+                Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
+                    assert!(parts.len() >= 2);
+                    for x in parts {
+                        assert!((x.device as usize) < p.devices.len());
+                        inside(&x.src);
+                        inside(&x.dst);
+                        writable(&x.dst);
+                    }
                 }
             }
         }
@@ -310,6 +320,9 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                 Command::Dispatch { bindings, .. } => bindings.iter_mut().collect(),
                 Command::Copy { src, dst } => vec![src, dst],
                 Command::Fill { dst, .. } => vec![dst],
+                Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
+                    parts.iter_mut().flat_map(|x| [&mut x.src, &mut x.dst]).collect()
+                }
                 Command::Barrier => vec![],
             };
             let n = bs.len();
@@ -330,6 +343,24 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
             },
             Command::Fill { pattern_len, .. } => *pattern_len = r.next() as u8,
             Command::Copy { dst, .. } => dst.length = dst.length.wrapping_add(1),
+            Command::AllReduce { dtype, parts } => match r.next() % 3 {
+                0 => *dtype = r.below(20) as u32,
+                1 => parts.truncate(r.below(parts.len() + 1)),
+                _ => {
+                    if let Some(x) = parts.last_mut() {
+                        x.device = r.below(5) as u32;
+                    }
+                }
+            },
+            Command::AllGather { outer, parts } => match r.next() % 3 {
+                0 => *outer = edge(r, *outer),
+                1 => parts.truncate(r.below(parts.len() + 1)),
+                _ => {
+                    if let Some(x) = parts.first_mut() {
+                        x.device = r.below(5) as u32;
+                    }
+                }
+            },
             Command::Barrier => {}
         },
         6 => e.arena_size = edge(r, arena),

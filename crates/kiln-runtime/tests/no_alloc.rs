@@ -51,6 +51,18 @@ fn invoke_allocates_nothing() {
         }
     });
     assert_eq!(n, 0, "invoke allocated {n} times in 400 calls");
+    // Collectives (all-reduce, all-gather over three devices) allocate nothing either.
+    let coll = write_program(&collectives_program(16));
+    let m_coll = load(&coll, None).expect("load");
+    let mut i_coll = Instance::new(&m_coll).expect("instance");
+    let (ca, mut s1, mut g2, mut s0) = (f32s(&[1.5; 16]), vec![0u8; 64], vec![0u8; 192], vec![0u8; 64]);
+    let ((), n) = ALLOC.counted(|| {
+        for _ in 0..100 {
+            i_coll.invoke(&[&ca, &ca, &ca], &mut [&mut s1, &mut g2, &mut s0]).expect("collectives");
+        }
+    });
+    assert_eq!(n, 0, "collectives allocated {n} times in 100 calls");
+    assert_eq!(to_f32s(&s0)[15], 4.5);
     assert_eq!(to_f32s(&y)[63], 63.5);
     assert_eq!(bytes16, MISC_EXPECTED);
     assert!((f32::from_le_bytes(e) - std::f32::consts::E).abs() < 1e-6);

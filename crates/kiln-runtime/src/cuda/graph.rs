@@ -166,7 +166,8 @@ fn access(c: &Command) -> (&[Binding], Option<&Binding>) {
         },
         Command::Copy { src, dst } => (core::slice::from_ref(src), Some(dst)),
         Command::Fill { dst, .. } => (&[], Some(dst)),
-        Command::Barrier => (&[], None),
+        // Refused before a graph is built (`build` below); no access to order.
+        Command::Barrier | Command::AllReduce { .. } | Command::AllGather { .. } => (&[], None),
     }
 }
 
@@ -311,6 +312,9 @@ pub fn nodes(
                     dst: layout.offset(index, dst),
                     bytes: src.length,
                 }]
+            }
+            Command::AllReduce { .. } | Command::AllGather { .. } => {
+                return Err(fail(ci, GraphProblem::Collective));
             }
             Command::Fill { dst, pattern, pattern_len } => {
                 fill_memsets(layout.offset(index, dst), dst.length, *pattern, *pattern_len)

@@ -608,6 +608,9 @@ impl<'m> CudaInstance<'m> {
             Command::Dispatch { bindings, .. } => bindings.get(binding),
             Command::Copy { src, dst } => [src, dst].get(binding).copied(),
             Command::Fill { dst, .. } => (binding == 0).then_some(dst),
+            Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
+                parts.get(binding / 2).map(|p| if binding.is_multiple_of(2) { &p.src } else { &p.dst })
+            }
             Command::Barrier => None,
         }
         .ok_or_else(none)?;

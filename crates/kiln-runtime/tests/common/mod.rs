@@ -482,3 +482,55 @@ pub fn cuda_graph_expected(a: &[f32], bv: &[f32]) -> (Vec<u8>, Vec<u8>) {
     }
     (f32s(&y), z)
 }
+
+/// Three CPU devices meeting in collectives, no kernels: `main(a, b, c: f32[n])` copies
+/// each input into its device's buffer, all-reduces the three (every device receives
+/// `(a + b) + c`) and all-gathers them in two blocks (each device receives
+/// `[a₀ b₀ c₀ a₁ b₁ c₁]`, where `x₀`, `x₁` are the halves of `x`); it returns device 1's
+/// sum, device 2's gather and device 0's sum. `n` is even. The kernels are
+/// `add_program`'s, never dispatched.
+pub fn collectives_program(n: u64) -> Program {
+    let (x, kernels) = executable();
+    let by = 4 * n;
+    let a = |k: u64, len: u64| b(Slot::Arena, k * by, len);
+    let part = |device: u32, src: Binding, dst: Binding| CollectivePart { device, src, dst };
+    Program {
+        devices: (0..3).map(|d| Device { kind: DeviceKind::Cpu, name: format!("cpu:{d}") }).collect(),
+        entries: vec![EntryPoint {
+            name: "main".into(),
+            inputs: ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
+            outputs: vec![tensor("sum1", 1, &[n], by), tensor("gather2", 1, &[3 * n], 3 * by), tensor("sum0", 1, &[n], by)],
+            arena_size: 15 * by,
+            arena_align: 64,
+            commands: vec![
+                Command::Copy { src: b(Slot::Input(0), 0, by), dst: a(0, by) },
+                Command::Copy { src: b(Slot::Input(1), 0, by), dst: a(1, by) },
+                Command::Copy { src: b(Slot::Input(2), 0, by), dst: a(2, by) },
+                Command::Barrier,
+                Command::AllReduce {
+                    dtype: 1,
+                    parts: vec![part(0, a(0, by), a(3, by)), part(1, a(1, by), a(4, by)), part(2, a(2, by), a(5, by))],
+                },
+                Command::AllGather {
+                    outer: 2,
+                    parts: vec![
+                        part(0, a(0, by), a(6, 3 * by)),
+                        part(1, a(1, by), a(9, 3 * by)),
+                        part(2, a(2, by), a(12, 3 * by)),
+                    ],
+                },
+                Command::Barrier,
+                Command::Copy { src: a(4, by), dst: b(Slot::Output(0), 0, by) },
+                Command::Copy { src: a(12, 3 * by), dst: b(Slot::Output(1), 0, 3 * by) },
+                Command::Copy { src: a(3, by), dst: b(Slot::Output(2), 0, by) },
+            ],
+            buffers: vec![],
+        }],
+        // The kernel table of `add_program` (no dispatch runs them): the fuzz harness
+        // mutates a program's first executable.
+        kernels,
+        executables: vec![x],
+        constants: Constants::Embedded(vec![]),
+        debug: None,
+    }
+}
