@@ -537,37 +537,12 @@ impl<'k, 'p> Eval<'k, 'p> {
                 let small = self.setp("lt", "f32", ax, Imm::F32(0.5f32.to_bits()).into());
                 Ok(self.select(ScalarType::F32, small, near, far))
             }
-            UnaryOp::Asinh | UnaryOp::Acosh => {
-                // log(x + sqrt(x^2 ± 1)); asinh of a negative x is -asinh(-x).
-                let x = if op == UnaryOp::Asinh { self.op1(RegClass::F32, "abs.f32", a) } else { a };
-                let sq = self.op2(RegClass::F32, "mul.rn.f32", x, x.into());
-                let one = self.f32c(1.0);
-                let s = if op == UnaryOp::Asinh {
-                    self.op2(RegClass::F32, "add.rn.f32", sq, one.into())
-                } else {
-                    self.op2(RegClass::F32, "sub.rn.f32", sq, one.into())
-                };
-                let r = self.op1(RegClass::F32, "sqrt.rn.f32", s);
-                let y = self.op2(RegClass::F32, "add.rn.f32", x, r.into());
-                let l = self.log(y);
-                if op == UnaryOp::Acosh {
-                    return Ok(l);
-                }
-                Ok(self.op2(RegClass::F32, "copysign.f32", a, l.into()))
-            }
+            UnaryOp::Asinh => Ok(self.asinh(a)),
+            UnaryOp::Acosh => Ok(self.acosh(a)),
             UnaryOp::Atan => Ok(self.atan(a)),
             UnaryOp::Asin => Ok(self.asin_acos(a, false)),
             UnaryOp::Acos => Ok(self.asin_acos(a, true)),
-            UnaryOp::Atanh => {
-                // 0.5 * log((1 + x) / (1 - x)).
-                let one = self.f32c(1.0);
-                let n = self.op2(RegClass::F32, "add.rn.f32", one, a.into());
-                let d = self.op2(RegClass::F32, "sub.rn.f32", one, a.into());
-                let q = self.op2(RegClass::F32, "div.rn.f32", n, d.into());
-                let l = self.log(q);
-                let half = self.f32c(0.5);
-                Ok(self.op2(RegClass::F32, "mul.rn.f32", l, half.into()))
-            }
+            UnaryOp::Atanh => Ok(self.atanh(a)),
             _ => Err(self.unsupported(format!("f32 {}", op.name()))),
         }
     }

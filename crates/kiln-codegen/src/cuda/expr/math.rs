@@ -52,6 +52,12 @@
 //!   rounding is put back: `√w = s + (w − s²)/2s` with the residual from an FMA), `acos x = π/2 − asin x` near 0, `2·asin(√((1−x)/2))`
 //!   for `x > ½` and `π − 2·asin(√((1+x)/2))` for `x < −½`, each difference ordered so
 //!   that only its last operation rounds at the result's scale. |x| > 1 → NaN.
+//! - `asinh`, `acosh`, `atanh` (f32), fdlibm's forms through `log1p u = log w +
+//!   (u − (w − 1))/w` (`w = 1 + u` rounded): `asinh` below 2 as
+//!   `log1p(|x| + x²/(1 + √(1 + x²)))`, `acosh` below 2 as `log1p(t + √(2t + t²))`
+//!   with `t = x − 1` exact, `atanh` as `½·log1p(2|x|/(1 − |x|))`, and
+//!   `log(x + √(x² ± 1))` up to 2²⁸, `log x + ln 2` past it: relative precision near
+//!   0 (and near 1 for `acosh`), where `log(x + √(x² ± 1))` loses it.
 //! - `fmod` (f64; f32 through it, exactly): `r = |x|` reduced modulo `|y|·2^k` while
 //!   `r ≥ |y|·2⁵²` (`k` the exponent gap less 51: a multiple of `|y|`, so the
 //!   remainder is unchanged), then modulo `|y|`; each step with the quotient below 2⁵²
@@ -62,7 +68,8 @@
 //!
 //! Measured (`tests/cuda_math.rs`, against the correctly rounded value): f32 `log`,
 //! `asin`, `acos`, `atan` within 1 ulp; f32 `pow` within 1 ulp (0.5 but near ties);
-//! f64 `log` and `exp` within 1 ulp; `fmod` exact.
+//! f64 `log` and `exp` within 1 ulp; `fmod` exact; f32 `asinh`, `acosh`, `atanh`
+//! within 2 ulp.
 
 use kiln_flow::ScalarType;
 
@@ -582,5 +589,95 @@ impl Eval<'_, '_> {
         let yinf = self.setp("eq", "f64", ay, Imm::F64(f64::INFINITY.to_bits()).into());
         let res = self.select_bits(D, yinf, x, res);
         self.select_bits(D, bad, qnan, res)
+    }
+
+    /// `log(w) + c` with `w = 1 + u` rounded and `c = (u − (w − 1))/w` its rounding
+    /// error carried to first order: `log1p u` to about an ulp (`w − 1` is exact for
+    /// `w ∈ [½, 2]`, beyond it `c` is negligible); `c = 0` where `w` is 0 or not finite.
+    fn log1p_parts(&mut self, u: Reg) -> (Reg, Reg) {
+        let one = self.f32c(1.0);
+        let w = self.op2(F, "add.rn.f32", u, one.into());
+        let wm = self.op2(F, "sub.rn.f32", w, one.into());
+        let e = self.op2(F, "sub.rn.f32", u, wm.into());
+        let c = self.op2(F, "div.rn.f32", e, w.into());
+        let aw = self.op1(F, "abs.f32", w);
+        let fin = self.setp("lt", "f32", aw, Imm::F32(f32::INFINITY.to_bits()).into());
+        let nz = self.setp("ne", "f32", w, Imm::F32(0).into());
+        let ok = self.op2(RegClass::Pred, "and.pred", fin, nz.into());
+        let zero = self.f32c(0.0);
+        let c = self.select_bits(F, ok, c, zero);
+        (w, c)
+    }
+
+    /// f32 `asinh x` (fdlibm's forms): `|x| < 2`: `log1p(|x| + x²/(1 + √(1 + x²)))`;
+    /// up to 2²⁸: `log(|x| + √(x² + 1))`; past it `log|x| + ln 2`; the sign of `x`.
+    pub(super) fn asinh(&mut self, x: Reg) -> Reg {
+        let a = self.op1(F, "abs.f32", x);
+        let one = self.f32c(1.0);
+        let sq = self.op2(F, "mul.rn.f32", a, a.into());
+        let s1 = self.op2(F, "add.rn.f32", sq, one.into());
+        let r = self.op1(F, "sqrt.rn.f32", s1);
+        let d = self.op2(F, "add.rn.f32", r, one.into());
+        let q = self.op2(F, "div.rn.f32", sq, d.into());
+        let t = self.op2(F, "add.rn.f32", a, q.into());
+        let (w, c) = self.log1p_parts(t);
+        let mid = self.op2(F, "add.rn.f32", a, r.into());
+        self.log_by_range(a, (w, c), mid, x)
+    }
+
+    /// The log of `small.0` plus `small.1` where `a < 2`, of `mid` up to 2²⁸, `log a +
+    /// ln 2` past it; with the sign of `sign`.
+    fn log_by_range(&mut self, a: Reg, small: (Reg, Reg), mid: Reg, sign: Reg) -> Reg {
+        let is_small = self.setp("lt", "f32", a, Imm::F32(2f32.to_bits()).into());
+        let huge = self.setp("gt", "f32", a, Imm::F32(2f32.powi(28).to_bits()).into());
+        let arg = self.select_bits(F, huge, a, mid);
+        let arg = self.select_bits(F, is_small, small.0, arg);
+        let l = self.log(arg);
+        let zero = self.f32c(0.0);
+        let ln2 = self.f32c(std::f32::consts::LN_2);
+        let add = self.select_bits(F, huge, ln2, zero);
+        let add = self.select_bits(F, is_small, small.1, add);
+        let r = self.op2(F, "add.rn.f32", l, add.into());
+        self.op2(F, "copysign.f32", sign, r.into())
+    }
+
+    /// f32 `acosh x` (fdlibm's forms): `x < 2`: `log1p(t + √(2t + t²))` with `t = x − 1`
+    /// exact; up to 2²⁸: `log(x + √(x² − 1))`; past it `log x + ln 2`; NaN below 1.
+    pub(super) fn acosh(&mut self, x: Reg) -> Reg {
+        let one = self.f32c(1.0);
+        let t = self.op2(F, "sub.rn.f32", x, one.into());
+        let two = self.f32c(2.0);
+        let tt = self.op2(F, "mul.rn.f32", t, t.into());
+        let u = self.op3(F, "fma.rn.f32", two, t, tt);
+        let r = self.op1(F, "sqrt.rn.f32", u);
+        let v = self.op2(F, "add.rn.f32", t, r.into());
+        let (w, c) = self.log1p_parts(v);
+        let sq = self.op2(F, "mul.rn.f32", x, x.into());
+        let s1 = self.op2(F, "sub.rn.f32", sq, one.into());
+        let rr = self.op1(F, "sqrt.rn.f32", s1);
+        let mid = self.op2(F, "add.rn.f32", x, rr.into());
+        let pos = self.f32c(1.0);
+        let r = self.log_by_range(x, (w, c), mid, pos);
+        let below = self.setp("lt", "f32", x, one.into());
+        let nan = self.f32c(f32::NAN);
+        let nan_in = self.setp("nan", "f32", x, x.into());
+        let bad = self.op2(RegClass::Pred, "or.pred", below, nan_in.into());
+        self.select_bits(F, bad, nan, r)
+    }
+
+    /// f32 `atanh x`: `½·log1p(2|x|/(1 − |x|))` with the sign of `x` (±∞ at ±1, NaN
+    /// past).
+    pub(super) fn atanh(&mut self, x: Reg) -> Reg {
+        let a = self.op1(F, "abs.f32", x);
+        let one = self.f32c(1.0);
+        let a2 = self.op2(F, "add.rn.f32", a, a.into());
+        let d = self.op2(F, "sub.rn.f32", one, a.into());
+        let u = self.op2(F, "div.rn.f32", a2, d.into());
+        let (w, c) = self.log1p_parts(u);
+        let l = self.log(w);
+        let l = self.op2(F, "add.rn.f32", l, c.into());
+        let half = self.f32c(0.5);
+        let r = self.op2(F, "mul.rn.f32", l, half.into());
+        self.op2(F, "copysign.f32", x, r.into())
     }
 }
