@@ -808,6 +808,7 @@ pub(crate) fn profile_rows(
             }
             Command::Copy { src, .. } => (format!("copy {} bytes", src.length), None, None),
             Command::Fill { dst, .. } => (format!("fill {} bytes", dst.length), None, None),
+            Command::SkipIf { count, .. } => (format!("skip {count} if"), None, None),
             Command::Barrier => continue,
         };
         let source = kernel
@@ -1071,6 +1072,10 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         json_binding(dst),
                         dst.length
                     ),
+                    Command::SkipIf { cond, value, count } => format!(
+                        "{{\"op\":\"skip_if\",\"cond\":{},\"value\":{value},\"count\":{count}}}",
+                        json_binding(cond)
+                    ),
                 })
                 .collect();
             let bufs: Vec<String> = e
@@ -1177,6 +1182,14 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         "  {i:>4}      fill {} ({} bytes) with {pattern:#x}/{pattern_len}",
                         slot_name(dst),
                         dst.length
+                    );
+                }
+                Command::SkipIf { cond, value, count } => {
+                    let _ = writeln!(
+                        s,
+                        "  {i:>4}      skip {count} (to {}) if {} is {value}",
+                        i + 1 + *count as usize,
+                        slot_name(cond)
                     );
                 }
             }

@@ -43,7 +43,12 @@ impl fmt::Display for Version {
 /// as `None`).
 /// 1.3 added each executable's launch records (a CUDA entry's block, dynamic shared
 /// memory and parameter count; an older executable reads with none).
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 3 };
+/// 1.4 added the conditional command `SkipIf` (command tag 4; run-time `If`). An older
+/// plan has none; a 1.3 reader refuses a 1.4 file by its version.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 4 };
+
+/// The first minor version of major 1 whose plans may hold `SkipIf` commands.
+pub const SKIP_IF_MINOR: u16 = 4;
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

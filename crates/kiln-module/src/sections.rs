@@ -556,6 +556,12 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv((*pattern_len).into());
                 e.uv(*pattern);
             }
+            Command::SkipIf { cond, value, count } => {
+                e.uv(4);
+                e.binding(cond);
+                e.uv(u64::from(*value));
+                e.uv((*count).into());
+            }
         });
         e.list(&ep.buffers, |e, b| {
             e.str(&b.name);
@@ -811,7 +817,9 @@ impl<'a> Dec<'a> {
     }
 
     fn command(&mut self) -> R<Command> {
-        Ok(match self.tag("command tag", 3)? {
+        // `SkipIf` (tag 4) exists from format 1.4 on.
+        let last = if self.format.minor >= crate::format::SKIP_IF_MINOR { 4 } else { 3 };
+        Ok(match self.tag("command tag", last)? {
             0 => {
                 let kernel = self.u32("dispatch kernel")?;
                 let device = self.u32("dispatch device")?;
@@ -827,11 +835,17 @@ impl<'a> Dec<'a> {
                 let dst = self.binding()?;
                 Command::Copy { src, dst }
             }
-            _ => {
+            3 => {
                 let dst = self.binding()?;
                 let pattern_len = self.bounded("fill pattern length", u8::MAX.into())? as u8;
                 let pattern = self.uv("fill pattern")?;
                 Command::Fill { dst, pattern, pattern_len }
+            }
+            _ => {
+                let cond = self.binding()?;
+                let value = self.bounded("skip value", 1)? == 1;
+                let count = self.u32("skip count")?;
+                Command::SkipIf { cond, value, count }
             }
         })
     }

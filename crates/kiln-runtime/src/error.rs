@@ -430,6 +430,10 @@ pub enum CudaPlanProblem {
         /// Kernel index.
         kernel: u32,
     },
+    /// A conditional command (`SkipIf`, a run-time `If`): the plan runs as one CUDA
+    /// graph, which has no run-time branches here yet (CUDA 12.3's conditional graph
+    /// nodes are the way to add them).
+    Conditional,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -439,6 +443,9 @@ impl fmt::Display for CudaPlanProblem {
                 write!(f, "a grid of {workgroups} blocks (a CUDA grid has at most {} blocks)", (1u64 << 31) - 1)
             }
             CudaPlanProblem::NoLaunch { kernel } => write!(f, "kernel {kernel} has no CUDA launch record"),
+            CudaPlanProblem::Conditional => f.write_str(
+                "a conditional command (run-time control flow), which the CUDA runtime does not run yet; run the artifact on the CPU runtime",
+            ),
         }
     }
 }
@@ -643,6 +650,19 @@ pub enum CommandProblem {
         /// Width recorded.
         len: u8,
     },
+    /// A `SkipIf` condition of no bytes, or of more than
+    /// [`kiln_module::program::MAX_CONDITION_BYTES`].
+    ConditionBytes {
+        /// Its length.
+        length: u64,
+    },
+    /// A `SkipIf` skips past the end of the plan.
+    SkipPastEnd {
+        /// Commands it skips.
+        count: u32,
+        /// Commands after it.
+        remaining: usize,
+    },
 }
 
 /// Which binding of a command.
@@ -656,6 +676,8 @@ pub enum BindingRole {
     CopyDestination,
     /// A fill's destination.
     FillDestination,
+    /// A `SkipIf`'s condition.
+    Condition,
 }
 
 /// What is wrong with a binding.
@@ -706,6 +728,7 @@ impl fmt::Display for BindingRole {
             BindingRole::CopySource => f.write_str("copy source"),
             BindingRole::CopyDestination => f.write_str("copy destination"),
             BindingRole::FillDestination => f.write_str("fill destination"),
+            BindingRole::Condition => f.write_str("skip condition"),
         }
     }
 }
@@ -750,6 +773,14 @@ impl fmt::Display for CommandProblem {
             CommandProblem::Binding { role, problem } => write!(f, "{role} {problem}"),
             CommandProblem::CopyLengths { src, dst } => write!(f, "copies {src} bytes into {dst}"),
             CommandProblem::FillPatternLen { len } => write!(f, "fill pattern of {len} bytes (1, 2, 4 or 8 allowed)"),
+            CommandProblem::ConditionBytes { length } => write!(
+                f,
+                "skip condition of {length} bytes (1 to {} allowed)",
+                kiln_module::program::MAX_CONDITION_BYTES
+            ),
+            CommandProblem::SkipPastEnd { count, remaining } => {
+                write!(f, "skips {count} commands, {remaining} follow it")
+            }
         }
     }
 }

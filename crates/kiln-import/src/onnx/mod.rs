@@ -6,6 +6,14 @@
 //!   (opset-22) form;
 //! - this module: the driver — inputs, initializers, nodes in order (with `If`
 //!   inlining and constant folding), outputs.
+//!
+//! **`If`.** A condition known at compile time inlines the branch it selects. A
+//! condition computed at run time becomes an [`OpKind::If`] node whose branches are
+//! closed graphs ([`kiln_ir::attrs::IfAttrs`]): each branch is imported into a graph of
+//! its own (a [`Frame`] per enclosing graph), and a name it reads from an enclosing
+//! scope is *captured*: a constant is copied into the branch (so folding works inside
+//! it), any other value becomes a branch input, and the node passes it as an operand
+//! after the condition. Nested branches capture through every level between.
 
 mod canon;
 mod expand;
@@ -111,6 +119,8 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         next_suffix: HashMap::new(),
         reserved: graph.output.iter().filter_map(|o| o.name.clone()).collect(),
         ext: ExternalFiles::new(base_dir.map(Path::to_path_buf)),
+        parents: Vec::new(),
+        captures: Vec::new(),
     };
     imp.import_signature(graph, opts)?;
     imp.import_body(graph)?;
@@ -302,6 +312,17 @@ struct Importer {
     /// Graph output names: values of inlined subgraphs do not take them.
     reserved: HashSet<String>,
     ext: ExternalFiles,
+    /// The enclosing graphs while an `If` branch is imported (`g` is the branch), outermost first.
+    parents: Vec<Frame>,
+    /// Outer values the graph being built (a branch) reads, in the order of its inputs.
+    captures: Vec<ValueId>,
+}
+
+/// An enclosing graph, set aside while one of its `If` branches is imported.
+struct Frame {
+    g: Graph,
+    scopes: Vec<HashMap<String, ValueId>>,
+    captures: Vec<ValueId>,
 }
 
 /// Where a node being imported is, for error messages.
@@ -327,6 +348,42 @@ impl Importer {
         self.scopes.iter().rev().find_map(|s| s.get(name).copied())
     }
 
+    /// [`Importer::lookup`], and inside a branch also the enclosing graphs' names, each
+    /// captured into every graph between (see the module docs).
+    fn resolve(&mut self, name: &str) -> Option<ValueId> {
+        self.resolve_at(self.parents.len(), name)
+    }
+
+    fn resolve_at(&mut self, level: usize, name: &str) -> Option<ValueId> {
+        let depth = self.parents.len();
+        let scopes = if level == depth { &self.scopes } else { &self.parents.get(level)?.scopes };
+        if let Some(v) = scopes.iter().rev().find_map(|s| s.get(name).copied()) {
+            return Some(v);
+        }
+        if level == 0 {
+            return None;
+        }
+        let outer = self.resolve_at(level - 1, name)?;
+        let og = &self.parents.get(level - 1)?.g;
+        let (ty, constant) = (og.ty(outer).clone(), og.constant(outer).cloned());
+        let fresh = self.fresh_name(name);
+        let (g, scopes, captures) = if level == depth {
+            (&mut self.g, &mut self.scopes, &mut self.captures)
+        } else {
+            let f = self.parents.get_mut(level)?;
+            (&mut f.g, &mut f.scopes, &mut f.captures)
+        };
+        let v = match constant {
+            Some(t) => g.add_const(fresh, t),
+            None => {
+                captures.push(outer);
+                g.add_input(fresh, ty)
+            }
+        };
+        scopes.first_mut()?.insert(name.to_string(), v);
+        Some(v)
+    }
+
     fn bind(&mut self, name: &str, v: ValueId) {
         if let Some(s) = self.scopes.last_mut() {
             s.insert(name.to_string(), v);
@@ -339,7 +396,7 @@ impl Importer {
         if name.is_empty() {
             return String::new();
         }
-        if self.reserved.contains(name) && self.scopes.len() > 1 {
+        if self.reserved.contains(name) && (self.scopes.len() > 1 || !self.parents.is_empty()) {
             // Inside an inlined subgraph: graph output names are kept for the outputs.
         } else if self.names.insert(name.to_string()) {
             return name.to_string();
@@ -578,7 +635,7 @@ impl Importer {
             if name.is_empty() {
                 inputs.push(None);
             } else {
-                let v = self.lookup(name).ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
+                let v = self.resolve(name).ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
                 inputs.push(Some(v));
             }
         }
@@ -615,7 +672,7 @@ impl Importer {
                 self.bind(&out, v);
                 Ok(())
             }
-            "If" => self.inline_if(&inputs, &outputs, &subgraphs, &at),
+            "If" => self.import_if(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
             t if expand::is_expanded(t) => expand::expand(self, t, &attrs, &inputs, &outputs, &at),
             _ => {
                 if let Some(k) = subgraphs.keys().next() {
@@ -633,6 +690,102 @@ impl Importer {
         }
     }
 
+    /// An `If`: inlined when its condition is a constant, else an [`OpKind::If`] node
+    /// with both branches imported (see the module docs).
+    fn import_if(
+        &mut self,
+        label: &str,
+        inputs: &[Option<ValueId>],
+        outputs: &[String],
+        declared_outputs: usize,
+        subgraphs: &HashMap<String, &GraphProto>,
+        at: &At,
+    ) -> Result<(), ImportError> {
+        let cond = inputs.first().copied().flatten().ok_or_else(|| at.err("If needs a condition"))?;
+        if self.g.constant(cond).is_some() {
+            return self.inline_if(inputs, outputs, subgraphs, at);
+        }
+        let mut branches: Vec<(Graph, Vec<ValueId>)> = Vec::with_capacity(2);
+        for key in ["then_branch", "else_branch"] {
+            let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
+            check_supported(branch, &self.opsets)?;
+            if branch.output.len() != declared_outputs {
+                return Err(at.err(format!(
+                    "{key} has {} outputs, the If node has {declared_outputs}",
+                    branch.output.len()
+                )));
+            }
+            if !branch.input.is_empty() {
+                return Err(at.err(format!("{key} declares {} inputs; an If branch takes none", branch.input.len())));
+            }
+            let frame = Frame {
+                g: std::mem::replace(&mut self.g, Graph::new(format!("{label}.{key}"))),
+                scopes: std::mem::replace(&mut self.scopes, vec![HashMap::new()]),
+                captures: std::mem::take(&mut self.captures),
+            };
+            self.parents.push(frame);
+            let r = (|| {
+                self.import_initializers(branch)?;
+                for i in topological_order(branch)? {
+                    self.import_node(&branch.node[i], i)?;
+                }
+                branch.output[..outputs.len()]
+                    .iter()
+                    .map(|o| {
+                        let name = o.name.clone().unwrap_or_default();
+                        self.resolve(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })();
+            let Some(frame) = self.parents.pop() else {
+                return Err(at.err("internal: the enclosing graph was lost"));
+            };
+            let mut g = std::mem::replace(&mut self.g, frame.g);
+            self.scopes = frame.scopes;
+            let captures = std::mem::replace(&mut self.captures, frame.captures);
+            g.outputs = r?;
+            branches.push((g, captures));
+        }
+        // Both branches take every captured value, in one order.
+        let mut union: Vec<ValueId> = Vec::new();
+        for (_, caps) in &branches {
+            for &c in caps {
+                if !union.contains(&c) {
+                    union.push(c);
+                }
+            }
+        }
+        let mut graphs = Vec::with_capacity(2);
+        for (mut g, caps) in branches {
+            let own = g.inputs.clone();
+            g.inputs.clear();
+            for &u in &union {
+                let v = match caps.iter().position(|&c| c == u) {
+                    Some(k) => own[k],
+                    None => {
+                        let ty = self.g.ty(u).clone();
+                        g.values.push(kiln_ir::Value { ty, name: String::new(), def: ValueDef::Input })
+                    }
+                };
+                g.inputs.push(v);
+            }
+            graphs.push(Box::new(g.without_dead_code()));
+        }
+        let (Some(else_branch), Some(then_branch)) = (graphs.pop(), graphs.pop()) else {
+            return Err(at.err("internal: a branch was lost"));
+        };
+        let attrs = Attrs::new().with("then_branch", Attr::Graph(then_branch)).with("else_branch", Attr::Graph(else_branch));
+        let mut operands = vec![Some(cond)];
+        operands.extend(union.into_iter().map(Some));
+        let vals = self.emit(label, OpKind::If, attrs, operands, outputs, at)?;
+        for (name, v) in outputs.iter().zip(vals) {
+            if !name.is_empty() {
+                self.bind(name, v);
+            }
+        }
+        Ok(())
+    }
+
     /// Replaces `If` by the branch its (constant) condition selects.
     fn inline_if(
         &mut self,
@@ -643,10 +796,7 @@ impl Importer {
     ) -> Result<(), ImportError> {
         let cond = inputs.first().copied().flatten().ok_or_else(|| at.err("If needs a condition"))?;
         let Some(c) = self.g.constant(cond) else {
-            return Err(at.err(format!(
-                "the condition `{}` depends on run-time data; kiln needs it constant (bind the inputs it depends on with --input-value NAME=VALUE)",
-                self.g.values[cond].name
-            )));
+            return Err(at.err("internal: inlining an If whose condition is not constant"));
         };
         let taken = match c.to_f64_vec().as_slice() {
             [x] => *x != 0.0,
@@ -669,7 +819,7 @@ impl Importer {
                 .iter()
                 .map(|o| {
                     let name = o.name.clone().unwrap_or_default();
-                    self.lookup(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
+                    self.resolve(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
                 })
                 .collect::<Result<Vec<_>, _>>()
         })();

@@ -203,6 +203,15 @@ impl Printer<'_> {
                 self.out.push(']');
             }
             Attr::Tensor(t) => self.tensor(t),
+            // A subgraph (an `If` branch), printed whole and indented: for reading; the
+            // parser does not take it back (control flow comes from the ONNX importer).
+            Attr::Graph(g) => {
+                self.out.push_str("graph {\n");
+                for line in print(g).lines() {
+                    let _ = writeln!(self.out, "    {line}");
+                }
+                self.out.push('}');
+            }
         }
     }
 

@@ -166,6 +166,7 @@ fn access(c: &Command) -> (&[Binding], Option<&Binding>) {
         },
         Command::Copy { src, dst } => (core::slice::from_ref(src), Some(dst)),
         Command::Fill { dst, .. } => (&[], Some(dst)),
+        Command::SkipIf { cond, .. } => (core::slice::from_ref(cond), None),
         Command::Barrier => (&[], None),
     }
 }
@@ -312,6 +313,7 @@ pub fn nodes(
                     bytes: src.length,
                 }]
             }
+            Command::SkipIf { .. } => return Err(fail(ci, GraphProblem::Conditional)),
             Command::Fill { dst, pattern, pattern_len } => {
                 fill_memsets(layout.offset(index, dst), dst.length, *pattern, *pattern_len)
                     .into_iter()

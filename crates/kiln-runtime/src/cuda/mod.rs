@@ -169,6 +169,16 @@ impl<'a> CudaModule<'a> {
         let program = plan.program;
         let limits = plan.limits;
         require_device_kind(&program, DeviceKind::Cuda)?;
+        // One CUDA graph per plan: no run-time branches yet (see `CudaPlanProblem::Conditional`).
+        for e in &program.entries {
+            if let Some(command) = e.commands.iter().position(|c| matches!(c, Command::SkipIf { .. })) {
+                return Err(RuntimeError::CudaPlan {
+                    entry: e.name.to_string(),
+                    command,
+                    problem: crate::error::CudaPlanProblem::Conditional,
+                });
+            }
+        }
         let pool = bind_weights(&program, weights)?;
         let ctx = driver::Context::new(ordinal)?;
         let mut dispatched = alloc::vec![false; program.kernels.len()];
@@ -608,6 +618,7 @@ impl<'m> CudaInstance<'m> {
             Command::Dispatch { bindings, .. } => bindings.get(binding),
             Command::Copy { src, dst } => [src, dst].get(binding).copied(),
             Command::Fill { dst, .. } => (binding == 0).then_some(dst),
+            Command::SkipIf { cond, .. } => (binding == 0).then_some(cond),
             Command::Barrier => None,
         }
         .ok_or_else(none)?;
