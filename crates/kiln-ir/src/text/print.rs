@@ -203,14 +203,10 @@ impl Printer<'_> {
                 self.out.push(']');
             }
             Attr::Tensor(t) => self.tensor(t),
-            // A subgraph (an `If` branch), printed whole and indented: for reading; the
-            // parser does not take it back (control flow comes from the ONNX importer).
+            // A subgraph (an `If` branch): `graph "TEXT"`, its own text form quoted.
             Attr::Graph(g) => {
-                self.out.push_str("graph {\n");
-                for line in print(g).lines() {
-                    let _ = writeln!(self.out, "    {line}");
-                }
-                self.out.push('}');
+                self.out.push_str("graph ");
+                quote(&print(g), &mut self.out);
             }
         }
     }

@@ -470,6 +470,20 @@ mod tests {
     }
 
     #[test]
+    fn a_conditional_command_is_refused_with_a_typed_error() {
+        // One CUDA graph per plan: a run-time If's `SkipIf` has no node yet.
+        let e = entry(vec![
+            dispatch(0, vec![b(Slot::Arena, 0, 4)]),
+            Command::Barrier,
+            Command::SkipIf { cond: b(Slot::Arena, 0, 1), value: false, count: 1 },
+            dispatch(0, vec![b(Slot::Arena, 8, 4)]),
+        ]);
+        let err = nodes(&e, 0, &layout(), &[Some(L)]).expect_err("conditional");
+        assert!(matches!(err, RuntimeError::CudaPlan { command: 2, problem: GraphProblem::Conditional, .. }), "{err:?}");
+        assert!(err.to_string().contains("conditional command"), "{err}");
+    }
+
+    #[test]
     fn kernel_copy_and_fill_nodes_carry_their_parameters() {
         let l = layout();
         let e = entry(vec![
