@@ -14,6 +14,18 @@
 //! scope is *captured*: a constant is copied into the branch (so folding works inside
 //! it), any other value becomes a branch input, and the node passes it as an operand
 //! after the condition. Nested branches capture through every level between.
+//!
+//! **`Loop`** is unrolled, one trip at a time, each trip an `If` on the loop's
+//! condition whose then-branch is the body (its inputs bound to the trip number, the
+//! condition and the loop-carried values) and whose else-branch passes the values
+//! through: where the condition is known at compile time (a constant trip count, a
+//! condition that folds), the trip is inlined or the loop ends there; where it is
+//! computed at run time (an early exit on data, a trip count `M` from the data) the
+//! trip becomes a run-time `If` — the plan holds every trip up to the bound and skips
+//! the rest. The bound is `M` when constant, capped by `--max-trips`
+//! ([`ImportOptions::max_trips`]), which a loop without a constant `M` needs. Scan
+//! outputs (one slice per trip, concatenated) need every trip decided at compile time:
+//! with run-time trips their length would depend on the data.
 
 mod canon;
 mod expand;
@@ -40,7 +52,11 @@ use tensor::{tensor_from_proto, ExternalFiles};
 pub const MAX_OPSET: i64 = 22;
 
 /// Ops handled by the importer itself rather than mapped to an [`OpKind`].
-const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Identity", "Upsample", "Scatter"];
+const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Loop", "Identity", "Upsample", "Scatter"];
+
+/// Most trips a `Loop` is unrolled to without `--max-trips` (each trip is a copy of
+/// the body in the plan).
+pub const MAX_UNROLLED_TRIPS: u64 = 4096;
 
 /// Imports an ONNX model file (external data is read relative to its directory).
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
@@ -121,6 +137,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         ext: ExternalFiles::new(base_dir.map(Path::to_path_buf)),
         parents: Vec::new(),
         captures: Vec::new(),
+        max_trips: opts.max_trips,
     };
     imp.import_signature(graph, opts)?;
     imp.import_body(graph)?;
@@ -316,6 +333,8 @@ struct Importer {
     parents: Vec<Frame>,
     /// Outer values the graph being built (a branch) reads, in the order of its inputs.
     captures: Vec<ValueId>,
+    /// `--max-trips`: the bound of loops whose trip count is not a constant.
+    max_trips: Option<usize>,
 }
 
 /// An enclosing graph, set aside while one of its `If` branches is imported.
@@ -673,6 +692,7 @@ impl Importer {
                 Ok(())
             }
             "If" => self.import_if(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
+            "Loop" => self.import_loop(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
             t if expand::is_expanded(t) => expand::expand(self, t, &attrs, &inputs, &outputs, &at),
             _ => {
                 if let Some(k) = subgraphs.keys().next() {
@@ -782,6 +802,174 @@ impl Importer {
             if !name.is_empty() {
                 self.bind(name, v);
             }
+        }
+        Ok(())
+    }
+
+    /// A `Loop`, unrolled (see the module docs).
+    fn import_loop(
+        &mut self,
+        label: &str,
+        inputs: &[Option<ValueId>],
+        outputs: &[String],
+        declared_outputs: usize,
+        subgraphs: &HashMap<String, &GraphProto>,
+        at: &At,
+    ) -> Result<(), ImportError> {
+        let body = *subgraphs.get("body").ok_or_else(|| at.err("attribute `body` is missing"))?;
+        let n_carried = inputs.len().saturating_sub(2);
+        if body.input.len() != n_carried + 2 {
+            return Err(at.err(format!(
+                "the body takes {} inputs; the Loop passes {n_carried} loop-carried values, so it needs {}",
+                body.input.len(),
+                n_carried + 2
+            )));
+        }
+        if body.output.len() < n_carried + 1 {
+            return Err(at.err(format!(
+                "the body gives {} outputs; it needs the condition and {n_carried} loop-carried values",
+                body.output.len()
+            )));
+        }
+        let n_scan = body.output.len() - 1 - n_carried;
+        if declared_outputs != n_carried + n_scan {
+            return Err(at.err(format!(
+                "the Loop has {declared_outputs} outputs, its body gives {n_carried} loop-carried values and {n_scan} scan outputs"
+            )));
+        }
+        let m = inputs.first().copied().flatten();
+        let m_const: Option<i64> = match m {
+            Some(v) => match self.g.constant(v) {
+                Some(t) => match t.to_f64_vec().as_slice() {
+                    [x] => Some(*x as i64),
+                    _ => return Err(at.err(format!("the trip count must hold one element, it is {}", t.ty()))),
+                },
+                None => None,
+            },
+            None => None,
+        };
+        let m_runtime = m.filter(|_| m_const.is_none());
+        let bound = match (m_const, self.max_trips) {
+            (Some(c), None) if c.max(0) as u64 > MAX_UNROLLED_TRIPS => {
+                return Err(at.err(format!(
+                    "the trip count is {c}, more than the {MAX_UNROLLED_TRIPS} trips kiln unrolls unasked; declare a bound with --max-trips N"
+                )))
+            }
+            (Some(c), None) => c.max(0) as usize,
+            (Some(c), Some(t)) => (c.max(0) as usize).min(t),
+            (None, Some(t)) => t,
+            (None, None) => {
+                let why = if m.is_some() { "depends on run-time data" } else { "is not given (a while loop)" };
+                return Err(at.err(format!(
+                    "the trip count {why}: a static plan needs a bound; declare one with --max-trips N"
+                )));
+            }
+        };
+        let mut cond: Option<ValueId> = inputs.get(1).copied().flatten();
+        let mut carried: Vec<ValueId> = Vec::with_capacity(n_carried);
+        for v in inputs.iter().skip(2) {
+            carried.push(v.ok_or_else(|| at.err("a loop-carried value is absent"))?);
+        }
+        let mut scans: Vec<Vec<ValueId>> = vec![Vec::new(); n_scan];
+        let ident = |from: &str, to: &str| NodeProto {
+            op_type: Some("Identity".into()),
+            input: vec![from.to_string()],
+            output: vec![to.to_string()],
+            ..Default::default()
+        };
+        let named = |n: &str| proto::ValueInfoProto { name: Some(n.to_string()), ..Default::default() };
+        for i in 0..bound {
+            let tag = format!("{label}#{i}");
+            // The trip runs when the condition holds and, with a run-time count, i < M.
+            let mut c = cond;
+            if let Some(mv) = m_runtime {
+                let iv = self.add_const("", Tensor::scalar(i as i64));
+                let lt = self.emit(&tag, OpKind::Less, Attrs::new(), vec![Some(iv), Some(mv)], &[String::new()], at)?;
+                let lt = lt.first().copied().ok_or_else(|| at.err("internal: Less gave no result"))?;
+                c = Some(match c {
+                    None => lt,
+                    Some(cv) => {
+                        let a = self.emit(&tag, OpKind::And, Attrs::new(), vec![Some(cv), Some(lt)], &[String::new()], at)?;
+                        a.first().copied().ok_or_else(|| at.err("internal: And gave no result"))?
+                    }
+                });
+            }
+            let known = match c {
+                None => Some(true),
+                Some(v) => self.g.constant(v).map(|t| t.to_f64_vec().iter().any(|&x| x != 0.0)),
+            };
+            if known == Some(false) {
+                break;
+            }
+            if known.is_none() && n_scan > 0 {
+                return Err(at.err(
+                    "unsupported: scan outputs of a Loop whose trips depend on run-time data (their length would vary); bind what the condition reads with --input-value",
+                ));
+            }
+            // The trip's inputs under names of their own, read by the then-branch.
+            let nm = |k: &str| format!("\u{1}loop {label} {i} {k}");
+            let cond_v = match c {
+                Some(v) => v,
+                None => self.add_const("", Tensor::scalar(true)),
+            };
+            let iter_v = self.add_const("", Tensor::scalar(i as i64));
+            self.bind(&nm("iter"), iter_v);
+            self.bind(&nm("cond"), cond_v);
+            let mut then = GraphProto {
+                name: Some(format!("{label}.body")),
+                initializer: body.initializer.clone(),
+                ..Default::default()
+            };
+            let names_in: Vec<String> = body.input.iter().map(|x| x.name.clone().unwrap_or_default()).collect();
+            then.node.push(ident(&nm("iter"), &names_in[0]));
+            then.node.push(ident(&nm("cond"), &names_in[1]));
+            for (k, &v) in carried.iter().enumerate() {
+                self.bind(&nm(&format!("v{k}")), v);
+                then.node.push(ident(&nm(&format!("v{k}")), &names_in[2 + k]));
+            }
+            then.node.extend(body.node.iter().cloned());
+            let taken = if known.is_some() { body.output.len() } else { 1 + n_carried };
+            then.output = body.output[..taken].to_vec();
+            let mut els = GraphProto { name: Some(format!("{label}.pass")), ..Default::default() };
+            els.output.push(named(&nm("cond")));
+            for k in 0..n_carried {
+                els.output.push(named(&nm(&format!("v{k}"))));
+            }
+            let out_names: Vec<String> = (0..taken).map(|k| nm(&format!("out{k}"))).collect();
+            let subs: HashMap<String, &GraphProto> =
+                [("then_branch".to_string(), &then), ("else_branch".to_string(), &els)].into_iter().collect();
+            self.import_if(&tag, &[Some(cond_v)], &out_names, taken, &subs, at)?;
+            let outs: Vec<ValueId> = out_names
+                .iter()
+                .map(|n| self.lookup(n).ok_or_else(|| at.err(format!("internal: trip {i} lost a result"))))
+                .collect::<Result<_, _>>()?;
+            cond = Some(outs[0]);
+            carried = outs[1..1 + n_carried].to_vec();
+            for (k, s) in scans.iter_mut().enumerate() {
+                s.push(outs[1 + n_carried + k]);
+            }
+        }
+        for (k, name) in outputs.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            let v = if k < n_carried {
+                carried[k]
+            } else {
+                let parts = &scans[k - n_carried];
+                if parts.is_empty() {
+                    return Err(at.err("unsupported: a scan output of a Loop that runs no trip (an empty tensor of unknown shape)"));
+                }
+                let axes = self.add_const("", Tensor::from_vec(Shape::new([1]).map_err(|e| at.err(e.to_string()))?, vec![0i64]).map_err(|e| at.err(e.to_string()))?);
+                let mut rows = Vec::with_capacity(parts.len());
+                for &p in parts {
+                    let u = self.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?;
+                    rows.push(u.first().copied().map(Some).ok_or_else(|| at.err("internal: Unsqueeze gave no result"))?);
+                }
+                let cat = self.emit(label, OpKind::Concat, Attrs::new().with("axis", Attr::Int(0)), rows, &[name.clone()], at)?;
+                cat.first().copied().ok_or_else(|| at.err("internal: Concat gave no result"))?
+            };
+            self.bind(name, v);
         }
         Ok(())
     }
