@@ -199,7 +199,100 @@ def if_mixed():
     return m, cases
 
 
-MODELS = {"if_score": if_score, "if_nested": if_nested, "if_mixed": if_mixed}
+def loop_early_exit():
+    """A Loop with a constant bound (6 trips) that exits early on data: `v` grows by
+    1.5x per trip while its max stays under 10; the initial condition is data too (zero
+    trips when max(x) >= 10). `n` counts the trips (the probe)."""
+    i64 = TensorProto.INT64
+    b = TensorProto.BOOL
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["v_in", "growth"], ["v_out"]),
+            helper.make_node("ReduceMax", ["v_out"], ["mx"], keepdims=0),
+            helper.make_node("Less", ["mx", "ten"], ["cond_out"]),
+            helper.make_node("Add", ["n_in", "one"], ["n_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("iter", i64, []),
+            helper.make_tensor_value_info("cond_in", b, []),
+            f32("v_in", [4]),
+            helper.make_tensor_value_info("n_in", i64, []),
+        ],
+        [helper.make_tensor_value_info("cond_out", b, []), f32("v_out", [4]), helper.make_tensor_value_info("n_out", i64, [])],
+    )
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["mx0"], keepdims=0),
+        helper.make_node("Less", ["mx0", "ten"], ["cond0"]),
+        helper.make_node("Loop", ["trips", "cond0", "x", "zero_n"], ["v", "probe"], body=body, name="grow"),
+    ]
+    m = model(
+        nodes,
+        [f32("x", [4])],
+        [f32("v", [4]), helper.make_tensor_value_info("probe", i64, [])],
+        [
+            const("trips", np.int64(6)),
+            const("ten", np.float32(10.0)),
+            const("growth", np.float32(1.5)),
+            const("one", np.int64(1)),
+            const("zero_n", np.int64(0)),
+        ],
+        "loop_early_exit",
+    )
+    base = np.array([0.25, 0.5, 0.75, 1.0], dtype=np.float32)
+    cases = [
+        ("zero-trips", "0 trips", [base * 11.0], 0),
+        ("one-trip", "1 trip", [base * 9.0], 1),
+        ("four-trips", "4 trips", [base * 2.0], 4),
+        ("bound", "6 trips (the bound)", [base * 0.1], 6),
+    ]
+    return m, cases
+
+
+def loop_count():
+    """A Loop whose trip count `M` is a graph input (compiled with --max-trips 5): `v`
+    adds the trip number each trip; `n` counts the trips (the probe)."""
+    i64 = TensorProto.INT64
+    b = TensorProto.BOOL
+    body = helper.make_graph(
+        [
+            helper.make_node("Cast", ["iter"], ["fi"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["v_in", "fi"], ["v_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["n_in", "one"], ["n_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("iter", i64, []),
+            helper.make_tensor_value_info("cond_in", b, []),
+            f32("v_in", [3]),
+            helper.make_tensor_value_info("n_in", i64, []),
+        ],
+        [helper.make_tensor_value_info("cond_out", b, []), f32("v_out", [3]), helper.make_tensor_value_info("n_out", i64, [])],
+    )
+    nodes = [helper.make_node("Loop", ["m", "", "x", "zero_n"], ["v", "probe"], body=body, name="count")]
+    m = model(
+        nodes,
+        [f32("x", [3]), helper.make_tensor_value_info("m", i64, [])],
+        [f32("v", [3]), helper.make_tensor_value_info("probe", i64, [])],
+        [const("one", np.int64(1)), const("zero_n", np.int64(0))],
+        "loop_count",
+    )
+    x = np.array([0.5, -1.0, 2.0], dtype=np.float32)
+    cases = [(f"m{k}", f"{k} trips", [x, np.array(k, dtype=np.int64)], k) for k in (0, 2, 5)]
+    return m, cases
+
+
+MODELS = {
+    "if_score": if_score,
+    "if_nested": if_nested,
+    "if_mixed": if_mixed,
+    "loop_early_exit": loop_early_exit,
+    "loop_count": loop_count,
+}
+
+# Import options a model needs (recorded in the manifest).
+MAX_TRIPS = {"loop_count": 5}
 
 
 def save_npy(path: Path, a: np.ndarray) -> None:
@@ -226,6 +319,8 @@ def main() -> None:
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         (out / name).mkdir(exist_ok=True)
         entry = {"name": name, "file": f"control-flow/{name}.onnx", "cases": []}
+        if name in MAX_TRIPS:
+            entry["max_trips"] = MAX_TRIPS[name]
         for label, path_taken, feeds, probe in cases:
             names = [i.name for i in sess.get_inputs()]
             res = sess.run(None, dict(zip(names, feeds)))

@@ -1,11 +1,14 @@
-//! Run-time control flow (`If` whose condition is computed at run time) through the whole
-//! pipeline, compared with ONNX Runtime on inputs that take every path.
+//! Run-time control flow (`If` whose condition is computed at run time, and `Loop`
+//! unrolled into such `If`s) through the whole pipeline, compared with ONNX Runtime on
+//! inputs that take every path and trip count.
 //!
 //! The models and ONNX Runtime's outputs come from `scripts/ref_control_flow.py`
 //! (`$KILN_TEST_DATA/control-flow/manifest.json`; a missing manifest is a failure): a
 //! two-stage classifier whose second stage runs only when the first fires, a nested
-//! `If` with three paths, and an `If` whose branches have different op mixes and return
-//! a captured value and a constant. Every case runs through the reference evaluator,
+//! `If` with three paths, an `If` whose branches have different op mixes and return
+//! a captured value and a constant, a `Loop` with a constant bound and a data-dependent
+//! early exit (0, 1, 4 and 6 trips), and a `Loop` whose trip count is an input
+//! (`--max-trips 5`; 0, 2 and 5 trips). Every case runs through the reference evaluator,
 //! the flow interpreter, and the compiled artifact on the local-sync driver and on
 //! the local-task driver with 1 and 3 threads; the compiled plan must hold `SkipIf`
 //! commands (the branches really are conditional) and must run only one branch's
@@ -77,7 +80,11 @@ fn run_compiled(
 fn check(name: &str) -> Vec<usize> {
     let m = model(name);
     let path = data_dir().join(m["file"].as_str().expect("file"));
-    let g = kiln_import::onnx::import_file(&path, &Default::default()).unwrap_or_else(|e| panic!("{name}: import: {e}"));
+    let opts = kiln_import::ImportOptions {
+        max_trips: m["max_trips"].as_u64().map(|t| t as usize),
+        ..Default::default()
+    };
+    let g = kiln_import::onnx::import_file(&path, &opts).unwrap_or_else(|e| panic!("{name}: import: {e}"));
     assert!(
         g.nodes.iter().any(|(_, n)| n.op.kind == kiln_ir::OpKind::If),
         "{name}: the If should stay a run-time If"
@@ -152,6 +159,35 @@ fn if_nested_takes_each_of_three_paths() {
 fn if_mixed_branches_of_different_op_mixes() {
     let ran = check("if_mixed");
     assert_eq!(ran.len(), 2);
+}
+
+#[test]
+fn loop_with_a_bound_exits_early_on_data() {
+    // 0, 1, 4 trips and the bound (6): each trip is a run-time If (the initial
+    // condition is data), whose else-branch passes the loop-carried values through, so
+    // every call runs one branch per trip (the same number of dispatches) and a trip
+    // not taken costs its copies.
+    let ran = check("loop_early_exit");
+    assert_eq!(ran.len(), 4);
+}
+
+#[test]
+fn loop_with_a_run_time_trip_count_under_max_trips() {
+    let ran = check("loop_count");
+    assert_eq!(ran.len(), 3);
+}
+
+#[test]
+fn an_unbounded_loop_without_max_trips_is_a_typed_error_naming_the_node() {
+    let path = data_dir().join(model("loop_count")["file"].as_str().expect("file"));
+    let err = kiln_import::onnx::import_file(&path, &Default::default()).expect_err("no bound");
+    match &err {
+        kiln_import::ImportError::Node { node, op_type, message, .. } => {
+            assert_eq!((node.as_str(), op_type.as_str()), ("count", "Loop"), "{err}");
+            assert!(message.contains("--max-trips"), "{err}");
+        }
+        e => panic!("expected a node error, got {e:?}"),
+    }
 }
 
 // ---- Malformed models: typed errors naming the node. ----
