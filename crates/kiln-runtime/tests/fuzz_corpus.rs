@@ -33,6 +33,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
         ("relocs.kiln", reloc_program()),
         ("variants.kiln", variants),
         ("cuda.kiln", cuda_add_program()),
+        ("skip.kiln", skip_program(4)),
     ]
 }
 
@@ -129,8 +130,13 @@ fn assert_bindings_inside(p: &ProgramView<'_>) {
             |b: &Binding| assert!(b.offset as u128 + b.length as u128 <= size(b.slot), "{b:?} escapes its slot");
         let writable =
             |b: &Binding| assert!(matches!(b.slot, Slot::Arena | Slot::Output(_)), "{b:?} writes a read-only slot");
-        for c in &e.commands {
+        for (i, c) in e.commands.iter().enumerate() {
             match c {
+                Command::SkipIf { cond, count, .. } => {
+                    inside(cond);
+                    assert!((1..=MAX_CONDITION_BYTES).contains(&cond.length), "{cond:?}: condition bytes");
+                    assert!(i + 1 + *count as usize <= e.commands.len(), "skip {count} past the end");
+                }
                 Command::Dispatch { kernel, bindings, .. } => {
                     assert!((*kernel as usize) < p.kernels.len());
                     bindings.iter().for_each(inside);
@@ -310,6 +316,7 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                 Command::Dispatch { bindings, .. } => bindings.iter_mut().collect(),
                 Command::Copy { src, dst } => vec![src, dst],
                 Command::Fill { dst, .. } => vec![dst],
+                Command::SkipIf { cond, .. } => vec![cond],
                 Command::Barrier => vec![],
             };
             let n = bs.len();
@@ -330,6 +337,11 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
             },
             Command::Fill { pattern_len, .. } => *pattern_len = r.next() as u8,
             Command::Copy { dst, .. } => dst.length = dst.length.wrapping_add(1),
+            Command::SkipIf { count, value, .. } => match r.next() % 3 {
+                0 => *count = count.wrapping_add(1),
+                1 => *count = u32::MAX,
+                _ => *value = !*value,
+            },
             Command::Barrier => {}
         },
         6 => e.arena_size = edge(r, arena),
