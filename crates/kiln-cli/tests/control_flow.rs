@@ -94,6 +94,11 @@ fn check(name: &str) -> Vec<usize> {
     let g2 = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{name}: parse of printed IR: {e}"));
     assert!(g == g2, "{name}: print → parse changed the graph");
     let c = kiln_compiler::compile(&g, &Default::default()).unwrap_or_else(|e| panic!("{name}: compile: {e}"));
+    // The flow text form keeps the guards (`when %c` / `unless %c`).
+    let flow_text = format!("{}", c.flow);
+    assert!(flow_text.contains(" when %") && flow_text.contains(" unless %"), "{name}: guards in the flow text");
+    let reparsed = kiln_flow::text::parse_program(&flow_text).unwrap_or_else(|e| panic!("{name}: flow text: {e}"));
+    assert!(reparsed == c.flow, "{name}: flow print → parse changed the program");
     let skips = c.program.entries[0].commands.iter().filter(|c| matches!(c, Command::SkipIf { .. })).count();
     assert!(skips >= 2, "{name}: {skips} conditional commands in the plan");
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
