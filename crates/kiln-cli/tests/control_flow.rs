@@ -213,7 +213,6 @@ fn vi(name: &str, dims: &[i64]) -> ValueInfoProto {
                         })
                         .collect(),
                 }),
-                ..Default::default()
             })),
             ..Default::default()
         }),

@@ -966,7 +966,7 @@ impl Importer {
                     let u = self.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?;
                     rows.push(u.first().copied().map(Some).ok_or_else(|| at.err("internal: Unsqueeze gave no result"))?);
                 }
-                let cat = self.emit(label, OpKind::Concat, Attrs::new().with("axis", Attr::Int(0)), rows, &[name.clone()], at)?;
+                let cat = self.emit(label, OpKind::Concat, Attrs::new().with("axis", Attr::Int(0)), rows, std::slice::from_ref(name), at)?;
                 cat.first().copied().ok_or_else(|| at.err("internal: Concat gave no result"))?
             };
             self.bind(name, v);
