@@ -123,6 +123,10 @@ pub(crate) struct BindArgs {
     /// e.g. sr=16000 (repeatable)
     #[arg(long = "input-value", value_name = "NAME=V[,V...]", value_parser = parse_input_value)]
     pub input_value: Vec<(String, Vec<f64>)>,
+    /// Bound the trips of every Loop whose trip count is decided at run time (and cap
+    /// constant ones): the loop is planned for at most N trips
+    #[arg(long = "max-trips", value_name = "N")]
+    pub max_trips: Option<usize>,
 }
 
 /// Options for compiling a model: `compile`'s, and `run`/`inspect`/`bench`'s when given a model.

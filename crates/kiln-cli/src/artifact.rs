@@ -865,6 +865,7 @@ pub(crate) fn profile_rows(
                 None,
                 None,
             ),
+            Command::SkipIf { count, .. } => (format!("skip {count} if"), None, None),
             Command::Barrier => continue,
         };
         let source = kernel
@@ -1147,6 +1148,10 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                             .collect::<Vec<_>>()
                             .join(",")
                     ),
+                    Command::SkipIf { cond, value, count } => format!(
+                        "{{\"op\":\"skip_if\",\"cond\":{},\"value\":{value},\"count\":{count}}}",
+                        json_binding(cond)
+                    ),
                 })
                 .collect();
             let bufs: Vec<String> = e
@@ -1276,6 +1281,14 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         let dev = p.devices.get(x.device as usize).map_or("?", |d| d.name.as_str());
                         let _ = writeln!(s, "              {dev}: {} -> {}", slot_name(&x.src), slot_name(&x.dst));
                     }
+                }
+                Command::SkipIf { cond, value, count } => {
+                    let _ = writeln!(
+                        s,
+                        "  {i:>4}      skip {count} (to {}) if {} is {value}",
+                        i + 1 + *count as usize,
+                        slot_name(cond)
+                    );
                 }
             }
         }

@@ -25,6 +25,10 @@ const KNOWN_SCALAR: &[(&str, usize)] = &[
     ("general (an index used as a value)", 1),
     ("general (a i64 output (f32, i32 or u32 lanes here))", 2),
     ("general (a bool output (f32, i32 or u32 lanes here))", 1),
+    // chars2vec-en-300 (compiled since its Loops are unrolled): the second LSTM's scan
+    // output, a Concat of its 20 trips' states, with the trips' last gate products fused
+    // into it (one piece per trip: a select over the concatenation axis).
+    ("general (a load at a non-affine offset)", 1),
     (
         "general (elements other than 4 bytes; a copy that does not run along the output's rows; \
          not a 4-byte copy of one input)",

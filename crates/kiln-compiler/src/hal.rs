@@ -6,6 +6,12 @@
 //! `Barrier` separates waves, and outputs that are not written in place (a graph
 //! input or constant returned as an output, or one buffer returned twice) are `Copy`
 //! commands at the end. Only the executables differ per target.
+//!
+//! **Conditional commands.** Within a wave, dispatches of one guard (a run-time `If`
+//! branch, `kiln_flow::program`) are emitted together, after one `SkipIf` per
+//! condition of the guard: "skip the next N commands when this one-byte condition in
+//! the arena (or an input) is `value`". The runtime still executes only plan commands:
+//! a skip moves its command index forward, never backward, so every plan terminates.
 
 use kiln_flow::program::{BufferId, FlowProgram};
 use kiln_module::program::{Binding, BufferDesc, Command, EntryPoint, Slot, TensorDesc};
@@ -122,44 +128,79 @@ pub fn entry_point(
             commands.push(Command::Barrier);
         }
         for &d in wave {
-            let disp =
-                p.dispatches.get(d).ok_or(HalError::NoSuchDispatch { dispatch: d, count: p.dispatches.len() })?;
-            let at = commands.len() as u32;
-            let mut bindings = Vec::with_capacity(disp.operands.len() + 1);
-            for &o in disp.operands.iter().chain(std::iter::once(&disp.result)) {
-                let b = binding(p, plan, o).ok_or_else(|| HalError::NoStorage {
+            if d >= p.dispatches.len() {
+                return Err(HalError::NoSuchDispatch { dispatch: d, count: p.dispatches.len() });
+            }
+        }
+        // The wave's dispatches grouped by guard (unguarded first): each group is one
+        // run of commands behind its conditions.
+        let mut order = wave.clone();
+        order.sort_by(|&a, &b| p.dispatches[a].guard.cmp(&p.dispatches[b].guard));
+        let mut i = 0;
+        while i < order.len() {
+            let guard = &p.dispatches[order[i]].guard;
+            let mut j = i;
+            while j < order.len() && p.dispatches[order[j]].guard == *guard {
+                j += 1;
+            }
+            let base = commands.len() + guard.len();
+            let mut group: Vec<Command> = Vec::new();
+            for &d in &order[i..j] {
+                let disp = &p.dispatches[d];
+                let at = (base + group.len()) as u32;
+                let mut bindings = Vec::with_capacity(disp.operands.len() + 1);
+                for &o in disp.operands.iter().chain(std::iter::once(&disp.result)) {
+                    let b = binding(p, plan, o).ok_or_else(|| HalError::NoStorage {
+                        dispatch: d,
+                        kernel: disp.kernel.name.clone(),
+                        buffer: o.0,
+                    })?;
+                    let s = p.storage(o).index();
+                    first_cmd[s] = first_cmd[s].min(at);
+                    last_cmd[s] = last_cmd[s].max(at);
+                    bindings.push(b);
+                }
+                let wg = workgroups.get(d).copied().ok_or_else(|| HalError::MissingWorkgroups {
                     dispatch: d,
                     kernel: disp.kernel.name.clone(),
-                    buffer: o.0,
+                    count: workgroups.len(),
                 })?;
-                let s = p.storage(o).index();
-                first_cmd[s] = first_cmd[s].min(at);
-                last_cmd[s] = last_cmd[s].max(at);
-                bindings.push(b);
+                if p.buffer(disp.result).ty.shape.numel() == 0 {
+                    continue;
+                }
+                if let (Some((pattern, pattern_len)), Some(&dst)) = (constant_fill(&disp.kernel), bindings.last()) {
+                    // Every element the same constant (a ConstantOfShape too large to fold):
+                    // a fill, not a kernel. (Its output binding is the dispatch's last,
+                    // always present: the loop above pushed it.)
+                    group.push(Command::Fill { dst, pattern, pattern_len });
+                    continue;
+                }
+                group.push(Command::Dispatch {
+                    kernel: d as u32,
+                    device: 0,
+                    workgroups: wg,
+                    bindings,
+                    push_constants: Vec::new(),
+                    work_ns: work_ns.get(d).copied().unwrap_or(0),
+                });
             }
-            let wg = workgroups.get(d).copied().ok_or_else(|| HalError::MissingWorkgroups {
-                dispatch: d,
-                kernel: disp.kernel.name.clone(),
-                count: workgroups.len(),
-            })?;
-            if p.buffer(disp.result).ty.shape.numel() == 0 {
-                continue;
+            if !group.is_empty() {
+                for (k, &(c, truth)) in guard.iter().enumerate() {
+                    let cond = binding(p, plan, c).ok_or(HalError::NoStorage {
+                        dispatch: order[i],
+                        kernel: p.dispatches[order[i]].kernel.name.clone(),
+                        buffer: c.0,
+                    })?;
+                    let at = commands.len() as u32;
+                    let s = p.storage(c).index();
+                    first_cmd[s] = first_cmd[s].min(at);
+                    last_cmd[s] = last_cmd[s].max(at);
+                    let count = (guard.len() - k - 1 + group.len()) as u32;
+                    commands.push(Command::SkipIf { cond, value: !truth, count });
+                }
+                commands.extend(group);
             }
-            if let (Some((pattern, pattern_len)), Some(&dst)) = (constant_fill(&disp.kernel), bindings.last()) {
-                // Every element the same constant (a ConstantOfShape too large to fold):
-                // a fill, not a kernel. (Its output binding is the dispatch's last,
-                // always present: the loop above pushed it.)
-                commands.push(Command::Fill { dst, pattern, pattern_len });
-                continue;
-            }
-            commands.push(Command::Dispatch {
-                kernel: d as u32,
-                device: 0,
-                workgroups: wg,
-                bindings,
-                push_constants: Vec::new(),
-                work_ns: work_ns.get(d).copied().unwrap_or(0),
-            });
+            i = j;
         }
     }
     if !plan.output_copies.is_empty() && !commands.is_empty() {

@@ -20,6 +20,15 @@
 //! ([`StreamPlan::elided`]): readers of the result wait for the pieces' producers
 //! instead, and the result lives from the first piece written to its last reader (or
 //! the last reader of a piece).
+//!
+//! **Guarded dispatches** (a run-time `If`, see `kiln_flow::program`) are scheduled like
+//! any other: a guard's condition counts as one more operand (the dispatch waits for
+//! its producer, and the condition lives until the dispatch's wave), and an `If`
+//! result, written by one dispatch per branch, lives from the first write to its last
+//! reader, who waits for both writers. Lifetimes are therefore those of the plan with
+//! every branch run, so whichever branch runs, no buffer it touches shares bytes with
+//! one live at the same time; the two branches' buffers share the arena like any
+//! buffers whose waves do not overlap.
 
 use kiln_flow::concat::Concat;
 use kiln_flow::program::{BufferId, BufferKind, FlowProgram};
@@ -95,6 +104,11 @@ fn in_place_concats(p: &FlowProgram, producers: &[Option<usize>]) -> (Vec<Option
     let mut elided: Vec<usize> = Vec::new();
     let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
     for (d, disp) in p.dispatches.iter().enumerate() {
+        // (Not under a guard: a piece written in place must be written whenever the
+        // concatenation would run.)
+        if !disp.guard.is_empty() {
+            continue;
+        }
         let Some(c) = Concat::of(&disp.kernel) else { continue };
         let cs = p.storage(disp.result);
         let ty = &p.buffer(cs).ty;
@@ -111,7 +125,8 @@ fn in_place_concats(p: &FlowProgram, producers: &[Option<usize>]) -> (Vec<Option
             let Some(&o) = disp.operands.get(j as usize) else { return false };
             let s = p.storage(o);
             let ok = matches!(p.buffer(s).kind, BufferKind::Result)
-                && producers[s.index()].is_some_and(|pi| pi < d && !elided.contains(&pi))
+                && producers[s.index()]
+                    .is_some_and(|pi| pi < d && !elided.contains(&pi) && p.dispatches[pi].guard.is_empty())
                 && !outputs.contains(&s)
                 && within[s.index()].is_none()
                 && !pieces.iter().any(|&(x, _)| x == s);
@@ -140,25 +155,25 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
     };
     // The dispatches a reader of buffer `b` waits for: its producer, or the producers
     // of an elided concatenation's pieces.
-    let mut writers: Vec<Vec<usize>> = vec![Vec::new(); p.buffers.len()];
-    for (i, pr) in producers.iter().enumerate() {
-        if let Some(d) = *pr {
-            if !elided.contains(&d) {
-                writers[i].push(d);
-            }
-        }
-    }
+    // (Every writer: an `If` result has one per branch.)
+    let all_writers = p.writers();
+    let mut writers: Vec<Vec<usize>> =
+        all_writers.iter().map(|w| w.iter().copied().filter(|d| !elided.contains(d)).collect()).collect();
     for (i, w) in within.iter().enumerate() {
         if let (Some((c, _)), Some(d)) = (w, producers[i]) {
             writers[c.index()].push(d);
         }
     }
+    // What a dispatch reads: its operands and its guard's conditions.
+    let reads = |d: &kiln_flow::program::Dispatch| -> Vec<BufferId> {
+        d.operands.iter().copied().chain(d.guard.iter().map(|&(c, _)| c)).collect()
+    };
     let n = p.dispatches.len();
     let deps: Vec<Vec<usize>> = p
         .dispatches
         .iter()
         .map(|d| {
-            let mut v: Vec<usize> = d.operands.iter().flat_map(|&o| writers[p.storage(o).index()].iter().copied()).collect();
+            let mut v: Vec<usize> = reads(d).iter().flat_map(|&o| writers[p.storage(o).index()].iter().copied()).collect();
             v.sort_unstable();
             v.dedup();
             v
@@ -191,7 +206,7 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
             None => (wave, wave),
             Some((a, b)) => (a.min(wave), b.max(wave)),
         });
-        for &o in &d.operands {
+        for o in reads(d) {
             let s = home(o).index();
             if let Some((a, b)) = lifetimes[s] {
                 lifetimes[s] = Some((a, b.max(wave)));
@@ -215,7 +230,7 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
     let mut output_copies = Vec::new();
     for (k, &o) in p.outputs.iter().enumerate() {
         let s = p.storage(o);
-        let is_result = matches!(p.buffer(s).kind, BufferKind::Result) && producers[s.index()].is_some();
+        let is_result = matches!(p.buffer(s).kind, BufferKind::Result) && !all_writers[s.index()].is_empty();
         if is_result && placement[s.index()] == Placement::None {
             placement[s.index()] = Placement::Output(k as u32);
         } else {
@@ -226,7 +241,7 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
     let mut constants: Vec<u8> = Vec::new();
     let mut needed = vec![false; nb];
     for d in &p.dispatches {
-        for &o in &d.operands {
+        for o in reads(d) {
             needed[p.storage(o).index()] = true;
         }
     }
@@ -307,9 +322,14 @@ pub fn print(p: &FlowProgram, plan: &StreamPlan) -> String {
             let disp = &p.dispatches[d];
             let ops: Vec<String> = disp.operands.iter().map(|o| format!("%{}", o.0)).collect();
             let src: Vec<String> = disp.sources.iter().map(|x| format!("{x:?}")).collect();
+            let guard: String = disp
+                .guard
+                .iter()
+                .map(|&(c, t)| format!(" {} %{}", if t { "when" } else { "unless" }, c.0))
+                .collect();
             let _ = writeln!(
                 s,
-                "    %{} = dispatch @{}({}) [{}]",
+                "    %{} = dispatch @{}({}){guard} [{}]",
                 disp.result.0,
                 disp.kernel.name,
                 ops.join(", "),

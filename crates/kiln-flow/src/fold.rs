@@ -45,7 +45,9 @@ pub fn fold_constants(p: &mut FlowProgram) -> usize {
 
 /// The result of `d`, when it is a movement over constants that may be folded.
 fn fold_one(p: &FlowProgram, d: &crate::program::Dispatch, outputs: &[crate::program::BufferId]) -> Option<Tensor> {
+    // A guarded dispatch stays: its result may be an `If` result another branch writes.
     if d.class != KernelClass::Movement
+        || !d.guard.is_empty()
         || d.kernel.output.shape.numel() > FOLD_MOST
         || outputs.contains(&d.result)
         || p.buffer(d.result).kind != BufferKind::Result

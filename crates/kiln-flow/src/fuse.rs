@@ -110,7 +110,8 @@ pub(crate) fn reader_counts(p: &FlowProgram) -> Vec<usize> {
         if !live[p.storage(d.result).index()] {
             continue;
         }
-        for &o in &d.operands {
+        // A guard's condition is read too (by the plan, not the kernel).
+        for &o in d.operands.iter().chain(d.guard.iter().map(|(c, _)| c)) {
             let s = p.storage(o).index();
             n[s] += 1;
             live[s] = true;
@@ -167,6 +168,12 @@ fn inline_scalar_constants(p: &mut FlowProgram, d: usize) {
 
 /// Tries to fuse dispatch `pi` (producer of operand `k` of dispatch `d`) into `d`.
 fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, contractions: bool) -> bool {
+    // The producer's work moves into the consumer: only where the producer runs
+    // whenever the consumer does (an `If` branch may take in work from outside it,
+    // never the other way).
+    if !crate::program::guard_within(&p.dispatches[pi].guard, &p.dispatches[d].guard) {
+        return false;
+    }
     let (dk, pk) = (&p.dispatches[d].kernel, &p.dispatches[pi].kernel);
     let has_reduce = pk.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
     if shared && (has_reduce || pk.nodes.len() > MAX_DUPLICATED_NODES) {

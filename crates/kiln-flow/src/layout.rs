@@ -60,12 +60,15 @@ fn put_in_front(
             let source = d.operands[input as usize];
             let ty = producer.output.clone();
             let buf = p.add(ty, format!("{}.{suffix}", p.buffer(source).name), BufferKind::Result);
-            out.push(Dispatch::new(
-                producer,
-                vec![source],
-                buf,
-                vec![format!("{what} for {}", d.sources.first().map_or("?", |s| s.as_str()))],
-            ));
+            out.push(
+                Dispatch::new(
+                    producer,
+                    vec![source],
+                    buf,
+                    vec![format!("{what} for {}", d.sources.first().map_or("?", |s| s.as_str()))],
+                )
+                .guarded(d.guard.clone()),
+            );
             if kernel.inputs.len() > d.operands.len() {
                 d.operands.push(buf);
             } else {

@@ -4,9 +4,24 @@
 //! lowering ([`crate::lower::Lowering`]; kiln's are crate `kiln-lower`'s), then fuses producers into their consumers ([`crate::fuse`]) and drops
 //! dispatches nobody reads. A buffer is a graph input, a constant, a dispatch result,
 //! or an alias (the same bytes under another shape, for reshape-like ops).
+//!
+//! **Guards: run-time `If` in a flat program.** A dispatch may carry a [`Guard`]: it
+//! runs only when each listed buffer (a one-element bool) holds the listed truth
+//! value. Lowering an `If` node lowers both branches into the same program, each
+//! branch's dispatches guarded by the condition (true for `then`, false for `else`;
+//! a nested `If` appends its own condition), and ends each branch with a guarded copy
+//! of its outputs into the node's result buffers: a result buffer is written by one
+//! dispatch per branch, and only one of them runs, whichever branch the condition
+//! picks, so the result's bytes are the same slots either way. Everything downstream
+//! keeps working on one program: fusion takes a producer into a consumer only when
+//! the producer runs whenever the consumer does (its guard is a prefix of the
+//! consumer's), scheduling orders a guarded dispatch after its condition's producer,
+//! and the HAL level turns each run of equally guarded dispatches into a conditional
+//! skip over their commands. A buffer with several writers has no single producer
+//! ([`FlowProgram::producers`] says `None`), so no pass fuses it away or folds it.
 
 use kiln_ir::entity::EntityId;
-use kiln_ir::{Graph, Tensor, TensorType, ValueDef, ValueId};
+use kiln_ir::{Graph, OpKind, Tensor, TensorType, ValueDef, ValueId};
 
 use crate::class::{classify, KernelClass};
 use crate::kernel::Kernel;
@@ -61,14 +76,32 @@ pub struct Dispatch {
     /// The kernel's class ([`crate::class::classify`]), which code generators match on. Every
     /// pass of this crate that changes kernels sets it again ([`FlowProgram::classify`]).
     pub class: KernelClass,
+    /// When it runs (see the module docs); empty: always.
+    pub guard: Guard,
 }
 
+/// The conditions a dispatch runs under: every `(buffer, truth)` must hold, the buffer
+/// being a one-element bool (any nonzero byte is true). Outermost condition first.
+pub type Guard = Vec<(BufferId, bool)>;
+
 impl Dispatch {
-    /// A dispatch of `kernel`, of the kernel's class.
+    /// A dispatch of `kernel`, of the kernel's class, unguarded.
     pub fn new(kernel: Kernel, operands: Vec<BufferId>, result: BufferId, sources: Vec<String>) -> Dispatch {
         let class = classify(&kernel);
-        Dispatch { kernel, operands, result, sources, class }
+        Dispatch { kernel, operands, result, sources, class, guard: Guard::new() }
     }
+
+    /// The same dispatch under `guard`.
+    pub fn guarded(mut self, guard: Guard) -> Dispatch {
+        self.guard = guard;
+        self
+    }
+}
+
+/// Whether a dispatch guarded by `inner` runs only when one guarded by `outer` does
+/// (`outer` is a prefix of `inner`): then `outer`'s work may move into `inner`'s kernel.
+pub fn guard_within(outer: &[(BufferId, bool)], inner: &[(BufferId, bool)]) -> bool {
+    inner.starts_with(outer)
 }
 
 /// A program at the flow level.
@@ -131,13 +164,37 @@ impl FlowProgram {
         }
     }
 
-    /// Which dispatch writes each buffer.
+    /// Which dispatch writes each buffer: `None` for a buffer no dispatch writes, and
+    /// for the result of a run-time `If`, which one dispatch per branch writes (see the
+    /// module docs; [`FlowProgram::writers`] lists them).
     pub fn producers(&self) -> Vec<Option<usize>> {
         let mut p = vec![None; self.buffers.len()];
+        let mut many = vec![false; self.buffers.len()];
         for (i, d) in self.dispatches.iter().enumerate() {
-            p[d.result.index()] = Some(i);
+            let r = d.result.index();
+            many[r] |= p[r].is_some();
+            p[r] = Some(i);
+        }
+        for (x, m) in p.iter_mut().zip(many) {
+            if m {
+                *x = None;
+            }
         }
         p
+    }
+
+    /// Every dispatch that writes each buffer, in program order.
+    pub fn writers(&self) -> Vec<Vec<usize>> {
+        let mut w = vec![Vec::new(); self.buffers.len()];
+        for (i, d) in self.dispatches.iter().enumerate() {
+            w[d.result.index()].push(i);
+        }
+        w
+    }
+
+    /// Whether any dispatch is guarded (the program has run-time control flow).
+    pub fn has_guards(&self) -> bool {
+        self.dispatches.iter().any(|d| !d.guard.is_empty())
     }
 
     pub(crate) fn add(&mut self, ty: TensorType, name: String, kind: BufferKind) -> BufferId {
@@ -164,7 +221,7 @@ impl FlowProgram {
         }
         for d in self.dispatches.iter().rev() {
             if live[d.result.index()] {
-                for &o in &d.operands {
+                for &o in d.operands.iter().chain(d.guard.iter().map(|(c, _)| c)) {
                     mark(&mut live, self, o);
                 }
             }
@@ -187,6 +244,7 @@ impl FlowProgram {
         for d in &mut self.dispatches {
             d.result = m(d.result);
             d.operands.iter_mut().for_each(|o| *o = m(*o));
+            d.guard.iter_mut().for_each(|(c, _)| *c = m(*c));
         }
         self.inputs.iter_mut().for_each(|o| *o = m(*o));
         self.outputs.iter_mut().for_each(|o| *o = m(*o));
@@ -261,24 +319,53 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
         outputs: Vec::new(),
     };
     let mut of_value: Vec<Option<BufferId>> = vec![None; graph.values.len()];
-    let value_buffer = |p: &mut FlowProgram, of_value: &mut Vec<Option<BufferId>>, v: ValueId| -> BufferId {
-        if let Some(b) = of_value[v.index()] {
-            return b;
-        }
-        let val = &graph.values[v];
-        let kind = match &val.def {
-            ValueDef::Const(t) => BufferKind::Const(t.clone()),
-            ValueDef::Input => BufferKind::Input(graph.inputs.iter().position(|&i| i == v).unwrap_or(0)),
-            ValueDef::Node { .. } => BufferKind::Result,
-        };
-        let b = p.add(val.ty.clone(), val.name.clone(), kind);
-        of_value[v.index()] = Some(b);
-        b
-    };
     for &i in &graph.inputs {
-        let b = value_buffer(&mut p, &mut of_value, i);
+        let b = value_buffer(&mut p, graph, &mut of_value, i);
         p.inputs.push(b);
     }
+    lower_nodes(&mut p, graph, &mut of_value, &Guard::new(), "k", lower)?;
+    for &o in &graph.outputs {
+        let b = value_buffer(&mut p, graph, &mut of_value, o);
+        p.outputs.push(b);
+    }
+    Ok(p)
+}
+
+/// The buffer of value `v` of `graph`, made on first use.
+fn value_buffer(p: &mut FlowProgram, graph: &Graph, of_value: &mut [Option<BufferId>], v: ValueId) -> BufferId {
+    if let Some(b) = of_value[v.index()] {
+        return b;
+    }
+    let val = &graph.values[v];
+    let kind = match &val.def {
+        ValueDef::Const(t) => BufferKind::Const(t.clone()),
+        ValueDef::Input => BufferKind::Input(graph.inputs.iter().position(|&i| i == v).unwrap_or(0)),
+        ValueDef::Node { .. } => BufferKind::Result,
+    };
+    let b = p.add(val.ty.clone(), val.name.clone(), kind);
+    of_value[v.index()] = Some(b);
+    b
+}
+
+/// A kernel copying a tensor of type `ty` (the end of an `If` branch).
+fn copy_kernel(name: String, ty: &TensorType) -> Result<Kernel, FlowError> {
+    let mut b = crate::kernel::KernelBuilder::new(name, vec![ty.clone()], ty.clone());
+    let idx = b.out_index();
+    let x = b.load(0, idx);
+    b.finish(x).map_err(|e| FlowError::Graph(format!("copy kernel: {e}")))
+}
+
+/// Lowers the nodes of `graph` (the whole graph, or an `If` branch whose inputs
+/// `of_value` already maps) into `p`, every dispatch under `guard`; kernels are named
+/// `{prefix}{node}_{step}`.
+fn lower_nodes(
+    p: &mut FlowProgram,
+    graph: &Graph,
+    of_value: &mut [Option<BufferId>],
+    guard: &Guard,
+    prefix: &str,
+    lower: &Lowering<'_>,
+) -> Result<(), FlowError> {
     let mut used = vec![false; graph.values.len()];
     for n in graph.nodes.values() {
         n.inputs.iter().flatten().for_each(|v| used[v.index()] = true);
@@ -289,13 +376,17 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
             continue;
         }
         let label = if node.name.is_empty() { node.op.kind.name().to_string() } else { node.name.clone() };
+        let name = format!("{prefix}{}", nid.index());
+        if node.op.kind == OpKind::If {
+            lower_if(p, graph, of_value, guard, &name, &label, node, lower)?;
+            continue;
+        }
         let inputs: Vec<Option<OpInput>> = node
             .inputs
             .iter()
             .map(|v| v.map(|v| OpInput { ty: &graph.values[v].ty, value: graph.values[v].constant() }))
             .collect();
         let outputs: Vec<TensorType> = node.outputs.iter().map(|&v| graph.values[v].ty.clone()).collect();
-        let name = format!("k{}", nid.index());
         let cx = OpCx { op: &node.op, name: &name, inputs: &inputs, outputs: &outputs };
         let lowered = lower(&cx).map_err(|source| FlowError::Lower { node: label.clone(), source })?;
         let source = format!("{} {}", node.op.kind.name(), label);
@@ -316,7 +407,7 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
             for &o in &step.operands {
                 let b = match o {
                     Operand::Input(i) => match node.inputs.get(i).copied().flatten() {
-                        Some(v) => value_buffer(&mut p, &mut of_value, v),
+                        Some(v) => value_buffer(p, graph, of_value, v),
                         None => return Err(FlowError::Graph(format!("{label}: kernel reads absent operand {i}"))),
                     },
                     Operand::Step(k) if k < s => step_buffers[k],
@@ -327,12 +418,12 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
                 operands.push(b);
             }
             let result = match step_value[s] {
-                Some(v) => value_buffer(&mut p, &mut of_value, v),
+                Some(v) => value_buffer(p, graph, of_value, v),
                 None => p.add(step.kernel.output.clone(), format!("{label}.{s}"), BufferKind::Result),
             };
             let mut kernel = step.kernel.clone();
             kernel.name = format!("{name}_{s}");
-            p.dispatches.push(Dispatch::new(kernel, operands, result, vec![source.clone()]));
+            p.dispatches.push(Dispatch::new(kernel, operands, result, vec![source.clone()]).guarded(guard.clone()));
             step_buffers.push(result);
         }
         for (k, o) in lowered.outputs.iter().enumerate() {
@@ -354,18 +445,61 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
                     let Some(src) = node.inputs.get(i).copied().flatten() else {
                         return Err(FlowError::Graph(format!("{label}: result aliases absent operand {i}")));
                     };
-                    let sb = value_buffer(&mut p, &mut of_value, src);
+                    let sb = value_buffer(p, graph, of_value, src);
                     let a = p.add(graph.values[v].ty.clone(), graph.values[v].name.clone(), BufferKind::Alias(sb));
                     of_value[v.index()] = Some(a);
                 }
             }
         }
     }
-    for &o in &graph.outputs {
-        let b = value_buffer(&mut p, &mut of_value, o);
-        p.outputs.push(b);
+    Ok(())
+}
+
+/// Lowers a run-time `If` (see the module docs): each branch's nodes under the guard
+/// plus its condition, then a guarded copy of each branch output into the node's
+/// result buffer. Kernels are named `{name}t…` (then) and `{name}e…` (else).
+#[allow(clippy::too_many_arguments)]
+fn lower_if(
+    p: &mut FlowProgram,
+    graph: &Graph,
+    of_value: &mut [Option<BufferId>],
+    guard: &Guard,
+    name: &str,
+    label: &str,
+    node: &kiln_ir::Node,
+    lower: &Lowering<'_>,
+) -> Result<(), FlowError> {
+    let bad = |m: &str| FlowError::Graph(format!("{label}: {m}"));
+    let a = node.op.attrs_of::<kiln_ir::attrs::IfAttrs>().map_err(|e| bad(&e.to_string()))?;
+    let cond = node.inputs.first().copied().flatten().ok_or_else(|| bad("If without a condition"))?;
+    let cond = value_buffer(p, graph, of_value, cond);
+    let mut captured = Vec::with_capacity(node.inputs.len().saturating_sub(1));
+    for v in node.inputs.iter().skip(1) {
+        let v = v.ok_or_else(|| bad("an absent captured value"))?;
+        captured.push(value_buffer(p, graph, of_value, v));
     }
-    Ok(p)
+    let results: Vec<BufferId> = node.outputs.iter().map(|&v| value_buffer(p, graph, of_value, v)).collect();
+    for (branch, truth, tag) in [(&a.then_branch, true, "t"), (&a.else_branch, false, "e")] {
+        let mut inner = guard.clone();
+        inner.push((cond, truth));
+        if branch.inputs.len() != captured.len() || branch.outputs.len() < results.len() {
+            return Err(bad("a branch's signature does not fit the node"));
+        }
+        let mut sub: Vec<Option<BufferId>> = vec![None; branch.values.len()];
+        for (&i, &b) in branch.inputs.iter().zip(&captured) {
+            sub[i.index()] = Some(b);
+        }
+        let prefix = format!("{name}{tag}");
+        lower_nodes(p, branch, &mut sub, &inner, &prefix, lower)?;
+        let which = if truth { "then" } else { "else" };
+        for (k, (&o, &r)) in branch.outputs.iter().zip(&results).enumerate() {
+            let src = value_buffer(p, branch, &mut sub, o);
+            let kernel = copy_kernel(format!("{prefix}_out{k}"), &p.buffer(r).ty.clone())?;
+            let sources = vec![format!("If {label} ({which} result {k})")];
+            p.dispatches.push(Dispatch::new(kernel, vec![src], r, sources).guarded(inner.clone()));
+        }
+    }
+    Ok(())
 }
 
 /// Runs a flow program with the kernel interpreter (tests and debugging): `inputs` in
@@ -385,6 +519,12 @@ pub fn interpret(p: &FlowProgram, inputs: &[Tensor]) -> Result<Vec<Tensor>, crat
         t.reshaped(p.buffer(b).ty.shape.clone()).ok()
     };
     for d in &p.dispatches {
+        let runs = d.guard.iter().all(|&(c, truth)| {
+            read(&values, c).is_some_and(|t| t.to_f64_vec().iter().any(|&x| x != 0.0) == truth)
+        });
+        if !runs {
+            continue;
+        }
         let mut args = Vec::with_capacity(d.operands.len());
         for (j, &o) in d.operands.iter().enumerate() {
             match read(&values, o) {

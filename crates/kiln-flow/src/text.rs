@@ -192,6 +192,9 @@ impl fmt::Display for FlowProgram {
             write_refs(&mut out, &d.operands);
             out.push(')');
             let _ = write!(out, " class {}", d.class);
+            for &(c, truth) in &d.guard {
+                let _ = write!(out, " {} %{}", if truth { "when" } else { "unless" }, c.0);
+            }
             if !d.sources.is_empty() {
                 out.push_str(" sources [");
                 for (k, s) in d.sources.iter().enumerate() {
@@ -388,6 +391,8 @@ struct PDispatch {
     sources: Vec<String>,
     /// The class written, and where.
     class: Option<(KernelClass, usize)>,
+    /// `when %N` / `unless %N`, in order.
+    guard: Vec<((u32, usize), bool)>,
     kernel: Kernel,
 }
 
@@ -799,6 +804,12 @@ impl Parser<'_> {
                         (t, p) => return fail(p, format!("expected a kernel class after `class`, found {t}")),
                     });
                 }
+                let mut guard = Vec::new();
+                while self.is_kw("when") || self.is_kw("unless") {
+                    let truth = self.is_kw("when");
+                    self.bump();
+                    guard.push((self.reference("a condition")?, truth));
+                }
                 let mut sources = Vec::new();
                 if self.is_kw("sources") {
                     self.bump();
@@ -815,7 +826,7 @@ impl Parser<'_> {
                     }
                 }
                 let kernel = self.kernel()?;
-                dispatches.push(PDispatch { pos, result: (id, pos), operands, sources, class, kernel });
+                dispatches.push(PDispatch { pos, result: (id, pos), operands, sources, class, guard, kernel });
             } else {
                 return fail(
                     self.pos(),
@@ -894,6 +905,7 @@ impl Parser<'_> {
         }
         // Dispatches.
         let mut written = vec![false; buffers.len()];
+        let mut guarded_write = vec![false; buffers.len()];
         let mut out = Vec::new();
         for d in dispatches {
             let result = exists(d.result)?;
@@ -901,9 +913,20 @@ impl Parser<'_> {
             if rb.kind != BufferKind::Result {
                 return fail(d.pos, format!("%{} is written by a dispatch but is not a `result` buffer", result.0));
             }
-            if written[result.index()] {
+            // An `If` result is written once per branch, each write guarded.
+            if written[result.index()] && (d.guard.is_empty() || !guarded_write[result.index()]) {
                 return fail(d.pos, format!("%{} is written by two dispatches", result.0));
             }
+            let mut guard = Vec::with_capacity(d.guard.len());
+            for &(r, truth) in &d.guard {
+                let b = exists(r)?;
+                let s = storage(b);
+                if buffers[s.index()].0.kind == BufferKind::Result && !written[s.index()] {
+                    return fail(r.1, format!("%{} is read before a dispatch writes it", r.0));
+                }
+                guard.push((b, truth));
+            }
+            guarded_write[result.index()] = !d.guard.is_empty();
             if rb.ty != d.kernel.output {
                 return fail(d.pos, format!("%{} is {} but the kernel writes {}", result.0, rb.ty, d.kernel.output));
             }
@@ -927,7 +950,7 @@ impl Parser<'_> {
                 operands.push(b);
             }
             written[result.index()] = true;
-            let dispatch = Dispatch::new(d.kernel, operands, result, d.sources);
+            let dispatch = Dispatch::new(d.kernel, operands, result, d.sources).guarded(guard);
             if let Some((written_class, p)) = d.class {
                 if written_class != dispatch.class {
                     return fail(p, format!("class {written_class}, but the kernel is of class {}", dispatch.class));

@@ -32,6 +32,9 @@ pub struct ImportOptions {
     /// order, converted to the input's dtype). The input disappears from the graph's
     /// signature; everything it feeds may fold (e.g. silero-vad's `sr`).
     pub input_values: Vec<(String, Vec<f64>)>,
+    /// A declared bound on the trips of every `Loop` whose trip count is not a
+    /// compile-time constant (`--max-trips`); it also caps a constant one.
+    pub max_trips: Option<usize>,
 }
 
 /// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).

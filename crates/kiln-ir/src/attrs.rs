@@ -61,6 +61,19 @@ plain_values! {
     Tensor, Tensor, "tensor";
 }
 
+/// A subgraph attribute (the branches of `If`).
+impl AttrValue for Box<crate::graph::Graph> {
+    fn from_attr(name: &str, a: &Attr) -> Result<Self, AttrError> {
+        match a {
+            Attr::Graph(g) => Ok(g.clone()),
+            a => Err(wrong_kind(name, "graph", a)),
+        }
+    }
+    fn to_attr(&self) -> Option<Attr> {
+        Some(Attr::Graph(self.clone()))
+    }
+}
+
 /// A flag: an int attribute that must be 0 or 1.
 impl AttrValue for bool {
     fn from_attr(name: &str, a: &Attr) -> Result<Self, AttrError> {
@@ -471,6 +484,16 @@ attr_structs! {
         exclusive: bool = false,
         /// Sum from the end.
         reverse: bool = false,
+    }
+
+    /// If: the two branches. Each is a closed graph: its inputs are the node's operands
+    /// after the condition (the values the branches read from outside, in order), its
+    /// outputs the node's results; both branches have the same signature.
+    required IfAttrs {
+        /// The branch run when the condition is true.
+        then_branch: Box<crate::graph::Graph>,
+        /// The branch run when it is false.
+        else_branch: Box<crate::graph::Graph>,
     }
 
     /// TopK.
@@ -913,6 +936,7 @@ op_attrs! {
     ArgReduce(ArgReduceAttrs): ArgMax | ArgMin;
     CumSum(CumSumAttrs): CumSum;
     TopK(TopKAttrs): TopK;
+    If(IfAttrs): If;
     Softmax(SoftmaxAttrs): Softmax | LogSoftmax | Hardmax;
     AlphaOne(AlphaOneAttrs): Elu | Celu | ThresholdedRelu;
     LeakyRelu(LeakyReluAttrs): LeakyRelu;

@@ -182,5 +182,57 @@ fn results(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
         QuantizeLinear => quant::quantize_linear(cx),
         DequantizeLinear => quant::dequantize_linear(cx),
         DynamicQuantizeLinear => quant::dynamic_quantize_linear(cx),
+
+        // Control flow.
+        If => if_(cx),
     }
+}
+
+/// `If`: a one-element bool condition, then the values both branches read; the results
+/// are the branches' outputs, which must have the same types in both (the plan is
+/// static: a result's slot has one size whichever branch runs).
+fn if_(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
+    let a = cx.op.attrs_of::<crate::attrs::IfAttrs>().map_err(|e| InferError::attr(cx.op.kind, e))?;
+    let c = cx.req(0, "cond")?;
+    if c.dtype != crate::DType::Bool || c.shape.numel() != 1 {
+        return Err(cx.invalid(format_args!("the condition must be one bool, it is {c}")));
+    }
+    let captured = cx.num_inputs() - 1;
+    for (name, g) in [("then_branch", &a.then_branch), ("else_branch", &a.else_branch)] {
+        if g.inputs.len() != captured {
+            return Err(cx.invalid(format_args!(
+                "{name} takes {} values, the node passes {captured}",
+                g.inputs.len()
+            )));
+        }
+        for (i, &v) in g.inputs.iter().enumerate() {
+            let t = cx.req(i + 1, "captured value")?;
+            let want = g.values.get(v).map(|x| &x.ty);
+            if want != Some(t) {
+                return Err(cx.invalid(format_args!("{name} input {i} does not have the type {t} the node passes")));
+            }
+        }
+        if g.outputs.iter().any(|&o| g.values.get(o).is_none()) {
+            return Err(cx.invalid(format_args!("{name} has a dangling output")));
+        }
+    }
+    let (t, e) = (&a.then_branch, &a.else_branch);
+    if t.outputs.len() != e.outputs.len() {
+        return Err(cx.invalid(format_args!(
+            "then_branch has {} outputs, else_branch {}",
+            t.outputs.len(),
+            e.outputs.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(t.outputs.len());
+    for (k, (&x, &y)) in t.outputs.iter().zip(&e.outputs).enumerate() {
+        let (tx, ty) = (&t.values[x].ty, &e.values[y].ty);
+        if tx != ty {
+            return Err(cx.unsupported(format_args!(
+                "output {k} is {tx} in then_branch and {ty} in else_branch; kiln needs both branches to give the same type"
+            )));
+        }
+        out.push(tx.clone());
+    }
+    Ok(out)
 }

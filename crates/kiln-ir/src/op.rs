@@ -44,7 +44,7 @@ op_kinds! {
     Cos, Cosh, CumSum, DepthToSpace, DequantizeLinear, Det, Div, Dropout, DynamicQuantizeLinear,
     Einsum, Elu, Equal, Erf, Exp, Expand, EyeLike, Flatten, Floor, Gather, GatherElements,
     GatherND, Gelu, Gemm, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, Greater, GreaterOrEqual,
-    GroupNormalization, GRU, HardSigmoid, HardSwish, Hardmax, Identity, InstanceNormalization,
+    GroupNormalization, GRU, HardSigmoid, HardSwish, Hardmax, Identity, If, InstanceNormalization,
     IsInf, IsNaN, LayerNormalization, LeakyRelu, Less, LessOrEqual, Log, LogSoftmax, LpNormalization,
     LpPool, LRN, LSTM, MatMul, MatMulInteger, Max, MaxPool, Mean, MeanVarianceNormalization, Min,
     Mish, Mod, Mul, Neg, Not, OneHot, Or, Pad, Pow, PRelu, QLinearConv, QLinearMatMul,
@@ -90,6 +90,9 @@ pub enum Attr {
     Strings(Vec<String>),
     /// A tensor.
     Tensor(Tensor),
+    /// A subgraph (the branches of `If`): a closed graph whose inputs are the values the
+    /// node passes it and whose outputs are the node's results.
+    Graph(Box<crate::graph::Graph>),
 }
 
 impl Attr {
@@ -103,6 +106,7 @@ impl Attr {
             Attr::Floats(_) => "floats",
             Attr::Strings(_) => "strings",
             Attr::Tensor(_) => "tensor",
+            Attr::Graph(_) => "graph",
         }
     }
 }
@@ -264,6 +268,24 @@ impl Op {
     /// The attributes in string-keyed form (for printing and writing out).
     pub fn to_attrs(&self) -> Attrs {
         self.attrs.to_attrs()
+    }
+
+    /// The subgraphs the op carries (an `If`'s branches, then before else); empty for
+    /// every other op.
+    pub fn subgraphs(&self) -> Vec<&crate::graph::Graph> {
+        match &self.attrs {
+            OpAttrs::If(a) => vec![&*a.then_branch, &*a.else_branch],
+            _ => Vec::new(),
+        }
+    }
+
+    /// [`Op::subgraphs`], to change in place (a pass run inside the branches). A pass
+    /// must keep each subgraph's inputs and output types: they are the node's contract.
+    pub fn subgraphs_mut(&mut self) -> Vec<&mut crate::graph::Graph> {
+        match &mut self.attrs {
+            OpAttrs::If(a) => vec![&mut *a.then_branch, &mut *a.else_branch],
+            _ => Vec::new(),
+        }
     }
 }
 

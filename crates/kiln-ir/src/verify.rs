@@ -72,6 +72,16 @@ impl fmt::Display for ValueRef {
 /// A broken invariant of a graph. `Display` is one line that says where.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum VerifyError {
+    /// A subgraph of a node (an `If` branch: 0 then, 1 else) breaks an invariant.
+    #[error("{node}, subgraph {branch}: {error}")]
+    Subgraph {
+        /// The node carrying the subgraph.
+        node: NodeRef,
+        /// Which of its subgraphs.
+        branch: usize,
+        /// What is wrong there.
+        error: Box<VerifyError>,
+    },
     /// A value claims to be output `index` of a node that does not list it there (or that
     /// does not exist).
     #[error("value {value} claims to be output {index} of node {node}, which {actual}")]
@@ -252,7 +262,18 @@ pub enum VerifyError {
 /// Checks every invariant of the tensor level: [`verify_structure`], then [`verify_types`].
 pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
     verify_structure(graph)?;
-    verify_types(graph)
+    verify_types(graph)?;
+    // The subgraphs of control-flow nodes, each on its own (they are closed graphs).
+    for (nid, node) in graph.nodes.iter() {
+        for (branch, g) in node.op.subgraphs().into_iter().enumerate() {
+            verify(g).map_err(|error| VerifyError::Subgraph {
+                node: node_ref(graph, nid),
+                branch,
+                error: Box::new(error),
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn node_ref(graph: &Graph, id: NodeId) -> NodeRef {

@@ -1367,6 +1367,16 @@ fn sample(kind: OpKind) -> Case {
     let c = case(kind);
     let f = "f32[1,2,4,4]";
     match kind {
+        If => {
+            // Branches that return the one captured value.
+            let mut g = kiln_ir::Graph::new("branch");
+            let x = g.add_input("x", ty("f32[2]"));
+            g.outputs.push(x);
+            c.attr("then_branch", Attr::Graph(Box::new(g.clone())))
+                .attr("else_branch", Attr::Graph(Box::new(g)))
+                .x("bool[]")
+                .x("f32[2]")
+        }
         Not => c.x("bool[2]"),
         And | Or | Xor => c.x("bool[2]").x("bool[2]"),
         BitwiseNot => c.x("i32[2]"),

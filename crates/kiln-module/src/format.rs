@@ -43,11 +43,17 @@ impl fmt::Display for Version {
 /// as `None`).
 /// 1.3 added each executable's launch records (a CUDA entry's block, dynamic shared
 /// memory and parameter count; an older executable reads with none).
-/// 1.4 added the collective commands (all-reduce, all-gather over the devices of the
-/// device table) of a plan sharded across devices (`kiln compile --devices N`); a 1.3
-/// reader refuses a 1.4 file with [`crate::ReadError::UnsupportedVersion`], a 1.4
-/// reader reads every older file as before.
+/// 1.4 added two kinds of plan command: the collective commands (all-reduce, all-gather
+/// over the devices of the device table; command tags 4 and 5) of a plan sharded across
+/// devices (`kiln compile --devices N`), and the conditional command `SkipIf` (command
+/// tag 6; run-time `If`). A 1.3 reader refuses a 1.4 file with
+/// [`crate::ReadError::UnsupportedVersion`]; a 1.4 reader reads every older file as
+/// before (an older plan has neither kind).
 pub const FORMAT_VERSION: Version = Version { major: 1, minor: 4 };
+
+/// The first minor version of major 1 whose plans may hold `SkipIf` commands (and
+/// collective commands: both came with 1.4).
+pub const SKIP_IF_MINOR: u16 = 4;
 
 /// What a section holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

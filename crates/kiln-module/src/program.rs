@@ -125,6 +125,19 @@ pub enum Command {
         /// One per participating device.
         parts: Vec<CollectivePart>,
     },
+    /// Skips the next `count` commands when the condition equals `value`: the
+    /// condition is the bytes of `cond` (a one-element bool written by an earlier
+    /// command, or an input), true when any of them is nonzero. Forward only, so a plan
+    /// always ends; a run-time `If` puts its branches' commands behind one each
+    /// (format 1.4, command tag 6).
+    SkipIf {
+        /// The condition's bytes (1 to [`MAX_CONDITION_BYTES`]).
+        cond: Binding,
+        /// The truth value that skips.
+        value: bool,
+        /// How many of the following commands to skip.
+        count: u32,
+    },
 }
 
 /// One device's share of a collective command: what it contributes and where it
@@ -138,6 +151,9 @@ pub struct CollectivePart {
     /// Where this device receives the result.
     pub dst: Binding,
 }
+
+/// Most bytes a [`Command::SkipIf`] condition may span.
+pub const MAX_CONDITION_BYTES: u64 = 8;
 
 /// A buffer of the memory plan, for inspection (the commands carry the real ranges).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -574,6 +574,12 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv(*outer);
                 e.list(parts, Enc::part);
             }
+            Command::SkipIf { cond, value, count } => {
+                e.uv(6);
+                e.binding(cond);
+                e.uv(u64::from(*value));
+                e.uv((*count).into());
+            }
         });
         e.list(&ep.buffers, |e, b| {
             e.str(&b.name);
@@ -836,8 +842,8 @@ impl<'a> Dec<'a> {
     }
 
     fn command(&mut self) -> R<Command> {
-        // Collectives (tags 4 and 5) exist from format 1.4 on.
-        let last = if self.format.minor >= 4 { 5 } else { 3 };
+        // Collectives (tags 4 and 5) and `SkipIf` (tag 6) exist from format 1.4 on.
+        let last = if self.format.minor >= crate::format::SKIP_IF_MINOR { 6 } else { 3 };
         Ok(match self.tag("command tag", last)? {
             0 => {
                 let kernel = self.u32("dispatch kernel")?;
@@ -854,6 +860,12 @@ impl<'a> Dec<'a> {
                 let dst = self.binding()?;
                 Command::Copy { src, dst }
             }
+            3 => {
+                let dst = self.binding()?;
+                let pattern_len = self.bounded("fill pattern length", u8::MAX.into())? as u8;
+                let pattern = self.uv("fill pattern")?;
+                Command::Fill { dst, pattern, pattern_len }
+            }
             4 => {
                 let dtype = self.u32("all-reduce dtype")?;
                 // device, two bindings of three varints: at least 7 bytes each.
@@ -866,10 +878,10 @@ impl<'a> Dec<'a> {
                 Command::AllGather { outer, parts }
             }
             _ => {
-                let dst = self.binding()?;
-                let pattern_len = self.bounded("fill pattern length", u8::MAX.into())? as u8;
-                let pattern = self.uv("fill pattern")?;
-                Command::Fill { dst, pattern, pattern_len }
+                let cond = self.binding()?;
+                let value = self.bounded("skip value", 1)? == 1;
+                let count = self.u32("skip count")?;
+                Command::SkipIf { cond, value, count }
             }
         })
     }

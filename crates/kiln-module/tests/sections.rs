@@ -566,11 +566,11 @@ fn bad_values_tags_and_strings() {
     let (e, _) = decode_with(SectionKind::Signature, vec![1, 2, 0xc3, 0x28, 0, 0]);
     assert_eq!(e.problem, SectionProblem::BadUtf8 { field: "entry name" });
     assert_eq!(e.section_offset, 2);
-    // Plan: one cpu device, one entry, arena 0/1, one command with tag 6 (the last
-    // known tag is 5, an all-gather, from format 1.4 on).
-    let plan = vec![1, 0, 3, b'c', b'p', b'u', 1, 0, 1, 1, 6, 0];
+    // Plan: one cpu device, one entry, arena 0/1, one command with tag 7 (the last
+    // known tag is 6, `SkipIf`, after the collectives 4 and 5, from format 1.4 on).
+    let plan = vec![1, 0, 3, b'c', b'p', b'u', 1, 0, 1, 1, 7, 0];
     let (e, _) = decode_with(SectionKind::Plan, plan);
-    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 6 });
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 7 });
     assert_eq!(e.section_offset, 10);
     // Device kind 2.
     let (e, _) = decode_with(SectionKind::Plan, vec![1, 2, 0, 1, 0, 1, 0, 0]);

@@ -79,8 +79,20 @@ pub fn find(name: &str) -> Result<&'static dyn Pass, PassError> {
 pub fn run_passes(graph: &mut Graph, names: &[&str]) -> Result<(), PassError> {
     for name in names {
         let pass = find(name)?;
-        pass.run(graph)?;
+        run_nested(pass, graph)?;
         kiln_ir::verify::verify(graph).map_err(|e| PassError::Verify { pass: pass.name(), message: e.to_string() })?;
+    }
+    Ok(())
+}
+
+/// Runs `pass` on `graph`, then inside every subgraph (an `If`'s branches, which are
+/// closed graphs: a pass keeps their inputs and output types, the node's contract).
+fn run_nested(pass: &dyn Pass, graph: &mut Graph) -> Result<(), PassError> {
+    pass.run(graph)?;
+    for node in graph.nodes.values_mut() {
+        for g in node.op.subgraphs_mut() {
+            run_nested(pass, g)?;
+        }
     }
     Ok(())
 }

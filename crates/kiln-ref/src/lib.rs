@@ -97,6 +97,8 @@ pub fn eval_op(
         | Tile | Transpose | Trilu | Unsqueeze => movement::eval(&cx),
         // recurrent.rs: recurrent layers.
         LSTM | GRU | RNN => recurrent::eval(&cx),
+        // Control flow: the branch the condition selects, run as a graph of its own.
+        If => eval_if(&cx),
     }?;
     if r.len() < out_types.len() {
         return Err(cx.invalid(format!(
@@ -111,6 +113,24 @@ pub fn eval_op(
         }
     }
     Ok(r)
+}
+
+/// `If`: evaluates the branch its condition selects on the captured operands.
+fn eval_if(cx: &util::Cx<'_>) -> Result<Vec<Tensor>, EvalError> {
+    let a = cx.op.attrs_of::<kiln_ir::attrs::IfAttrs>().map_err(|e| cx.invalid(e.to_string()))?;
+    let cond = cx.inputs.first().copied().flatten().ok_or_else(|| cx.invalid("the condition is missing"))?;
+    let taken = match cond.to_f64_vec().as_slice() {
+        [x] => *x != 0.0,
+        _ => return Err(cx.invalid(format!("the condition must hold one element, it is {}", cond.ty()))),
+    };
+    let branch = if taken { &a.then_branch } else { &a.else_branch };
+    let captured: Vec<Tensor> = cx.inputs[1..]
+        .iter()
+        .map(|t| t.cloned().ok_or_else(|| cx.invalid("a captured operand is absent")))
+        .collect::<Result<_, _>>()?;
+    let mut outs = eval_graph(branch, &captured)?;
+    outs.truncate(cx.out_types.len());
+    Ok(outs)
 }
 
 /// Largest total size of one node's results [`eval_graph`] computes (4 GiB): larger

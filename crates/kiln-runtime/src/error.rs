@@ -433,6 +433,10 @@ pub enum CudaPlanProblem {
     /// A collective command: the CUDA driver has no collectives yet (NCCL over the GPUs
     /// of one host is the planned driver; `docs/scale-out.md`).
     Collective,
+    /// A conditional command (`SkipIf`, a run-time `If`): the plan runs as one CUDA
+    /// graph, which has no run-time branches here yet (CUDA 12.3's conditional graph
+    /// nodes are the way to add them).
+    Conditional,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -445,6 +449,9 @@ impl fmt::Display for CudaPlanProblem {
             CudaPlanProblem::Collective => {
                 f.write_str("a collective command (multi-GPU collectives through NCCL are not built yet)")
             }
+            CudaPlanProblem::Conditional => f.write_str(
+                "a conditional command (run-time control flow), which the CUDA runtime does not run yet; run the artifact on the CPU runtime",
+            ),
         }
     }
 }
@@ -659,6 +666,19 @@ pub enum CommandProblem {
     },
     /// The runtime cannot execute collectives (the CUDA driver: NCCL is not built).
     CollectiveUnsupported,
+    /// A `SkipIf` condition of no bytes, or of more than
+    /// [`kiln_module::program::MAX_CONDITION_BYTES`].
+    ConditionBytes {
+        /// Its length.
+        length: u64,
+    },
+    /// A `SkipIf` skips past the end of the plan.
+    SkipPastEnd {
+        /// Commands it skips.
+        count: u32,
+        /// Commands after it.
+        remaining: usize,
+    },
 }
 
 /// Which binding of a command.
@@ -676,6 +696,8 @@ pub enum BindingRole {
     CollectiveSource(usize),
     /// Part `i`'s destination of a collective.
     CollectiveDestination(usize),
+    /// A `SkipIf`'s condition.
+    Condition,
 }
 
 /// What is wrong with a binding.
@@ -728,6 +750,7 @@ impl fmt::Display for BindingRole {
             BindingRole::FillDestination => f.write_str("fill destination"),
             BindingRole::CollectiveSource(i) => write!(f, "collective part {i} source"),
             BindingRole::CollectiveDestination(i) => write!(f, "collective part {i} destination"),
+            BindingRole::Condition => f.write_str("skip condition"),
         }
     }
 }
@@ -775,6 +798,14 @@ impl fmt::Display for CommandProblem {
             CommandProblem::Collective { why } => write!(f, "collective: {why}"),
             CommandProblem::CollectiveUnsupported => {
                 f.write_str("collective commands are not supported by this driver (multi-GPU NCCL is not built yet)")
+            }
+            CommandProblem::ConditionBytes { length } => write!(
+                f,
+                "skip condition of {length} bytes (1 to {} allowed)",
+                kiln_module::program::MAX_CONDITION_BYTES
+            ),
+            CommandProblem::SkipPastEnd { count, remaining } => {
+                write!(f, "skips {count} commands, {remaining} follow it")
             }
         }
     }

@@ -190,8 +190,21 @@ pub(crate) unsafe fn transfer(c: &Command, bases: &Bases<'_>) {
             // SAFETY: as for the all-reduce, with the all-gather's lengths verified.
             unsafe { crate::collective::all_gather(*outer, parts, bases) };
         }
-        Command::Dispatch { .. } | Command::Barrier => {}
+        Command::Dispatch { .. } | Command::Barrier | Command::SkipIf { .. } => {}
     }
+}
+
+/// Whether a `SkipIf` condition holds: any byte of `cond` nonzero.
+///
+/// # Safety
+///
+/// As [`transfer`]: `bases` are a checked invocation's, and `cond` (verified: 1 to 8
+/// bytes inside its slot) was written by earlier commands that have completed.
+pub(crate) unsafe fn condition(cond: &Binding, bases: &Bases<'_>) -> bool {
+    // SAFETY: the range lies inside a live slot (verified) that no command writes while
+    // the plan evaluates the condition (commands before it have completed).
+    let bytes = unsafe { core::slice::from_raw_parts(bases.at(cond).cast_const(), cond.length as usize) };
+    bytes.iter().any(|&b| b != 0)
 }
 
 enum Arena<'m> {
@@ -430,7 +443,9 @@ impl<'m> Instance<'m> {
                 return unsafe { task.run(index, &bases, m.helpers.as_ptr(), observe) };
             }
         }
-        for (i, c) in entry.commands.iter().enumerate() {
+        let mut i = 0;
+        while let Some(c) = entry.commands.get(i) {
+            let mut next = i + 1;
             match c {
                 Command::Dispatch { kernel, workgroups, bindings, .. } => {
                     for (slot, b) in self.table.iter_mut().zip(bindings) {
@@ -455,10 +470,18 @@ impl<'m> Instance<'m> {
                 | Command::Fill { .. }
                 | Command::AllReduce { .. }
                 | Command::AllGather { .. } => unsafe { transfer(c, &bases) },
+                Command::SkipIf { cond, value, count } => {
+                    // SAFETY: as above; every earlier command has completed.
+                    if unsafe { condition(cond, &bases) } == *value {
+                        // (Verified: the skip ends inside the plan.)
+                        next += *count as usize;
+                    }
+                }
             }
             if let Some(after) = observe.as_mut() {
                 after(i);
             }
+            i = next;
         }
         Ok(())
     }

@@ -163,6 +163,10 @@ enum Step<'m> {
     Wave { jobs: Range<usize>, parallel: bool, last: usize },
     /// A copy or fill, run on the calling thread; `at`: its index in the plan.
     Serial(&'m Command, usize),
+    /// A `SkipIf`, evaluated on the calling thread between waves: when the condition
+    /// equals `value`, execution goes on at step `to` (a later step: the first of the
+    /// commands after the skipped ones).
+    Skip { cond: &'m Binding, value: bool, to: usize },
 }
 
 /// An entry point's commands as the local-task driver runs them.
@@ -190,8 +194,22 @@ fn conflict(a: &[Binding], b: &[Binding]) -> bool {
 /// also before a dispatch that touches bytes another dispatch of the open wave writes:
 /// the compiler never puts such a pair between two barriers, but a plan that did would
 /// still run as written, never as a data race. Dispatches of no workgroups are left out.
+/// A `SkipIf` ends the open wave too, and so does the command it skips to, so that a
+/// skip always lands at the start of a step.
 fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> Schedule<'m> {
     let mut s = Schedule { steps: Vec::new(), jobs: Vec::new() };
+    let n = e.commands.len();
+    // Commands a skip lands on, and per command the step at which it starts.
+    let mut target = alloc::vec![false; n + 1];
+    for (i, c) in e.commands.iter().enumerate() {
+        if let Command::SkipIf { count, .. } = c {
+            // (Verified: i + 1 + count <= n.)
+            if let Some(t) = target.get_mut((i + 1).saturating_add(*count as usize)) {
+                *t = true;
+            }
+        }
+    }
+    let mut step_at = alloc::vec![0usize; n + 1];
     let mut open = 0;
     let mut table = 0;
     // The plan index of the last dispatch seen: the open wave's last when it closes.
@@ -211,6 +229,10 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
         *open = s.jobs.len();
     };
     for (i, c) in e.commands.iter().enumerate() {
+        if target[i] {
+            close(&mut s, &mut open, last);
+        }
+        step_at[i] = s.steps.len();
         match c {
             Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
                 if *workgroups == 0 {
@@ -237,9 +259,21 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                 close(&mut s, &mut open, last);
                 s.steps.push(Step::Serial(c, i));
             }
+            Command::SkipIf { cond, value, count } => {
+                close(&mut s, &mut open, last);
+                // `to` is a command index here, a step index below.
+                let to = (i + 1).saturating_add(*count as usize).min(n);
+                s.steps.push(Step::Skip { cond, value: *value, to });
+            }
         }
     }
     close(&mut s, &mut open, last);
+    step_at[n] = s.steps.len();
+    for step in &mut s.steps {
+        if let Step::Skip { to, .. } = step {
+            *to = step_at[*to];
+        }
+    }
     s
 }
 
@@ -568,7 +602,7 @@ impl<'m> LocalTask<'m> {
             .flat_map(|s| &s.steps)
             .map(|st| match st {
                 Step::Wave { jobs, .. } => jobs.len(),
-                Step::Serial(..) => 0,
+                Step::Serial(..) | Step::Skip { .. } => 0,
             })
             .max()
             .unwrap_or(0);
@@ -606,8 +640,17 @@ impl<'m> LocalTask<'m> {
         let Some(s) = self.schedules.get(index) else {
             return Err(RuntimeError::NoSuchEntry { entry: alloc::format!("#{index}") });
         };
-        for step in &s.steps {
+        let mut k = 0;
+        while let Some(step) = s.steps.get(k) {
+            k += 1;
             match step {
+                Step::Skip { cond, value, to } => {
+                    // SAFETY: the caller's contract; no wave is running, so every command
+                    // before this one has completed.
+                    if unsafe { crate::instance::condition(cond, bases) } == *value {
+                        k = *to;
+                    }
+                }
                 Step::Wave { jobs, parallel, last } => {
                     let wave = &s.jobs[jobs.clone()];
                     for p in wave {

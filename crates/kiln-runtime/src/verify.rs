@@ -146,6 +146,12 @@ fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -
                 )));
             }
         }
+        Command::SkipIf { cond, value: _, count: _ } => {
+            if cond.length == 0 || cond.length > kiln_module::program::MAX_CONDITION_BYTES {
+                return Err(CommandProblem::ConditionBytes { length: cond.length });
+            }
+            bind(BindingRole::Condition, cond, false)?;
+        }
     }
     Ok(())
 }
@@ -223,6 +229,16 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 command: i,
                 problem,
             })?;
+            if let Command::SkipIf { count, .. } = c {
+                let remaining = e.commands.len() - i - 1;
+                if *count as usize > remaining {
+                    return Err(VerifyError::Command {
+                        entry: entry(),
+                        command: i,
+                        problem: CommandProblem::SkipPastEnd { count: *count, remaining },
+                    });
+                }
+            }
             if let Command::Dispatch { bindings, .. } = c {
                 limits.max_bindings = limits.max_bindings.max(bindings.len());
             }

@@ -34,6 +34,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
         ("variants.kiln", variants),
         ("cuda.kiln", cuda_add_program()),
         ("collectives.kiln", collectives_program(4)),
+        ("skip.kiln", skip_program(4)),
     ]
 }
 
@@ -130,8 +131,13 @@ fn assert_bindings_inside(p: &ProgramView<'_>) {
             |b: &Binding| assert!(b.offset as u128 + b.length as u128 <= size(b.slot), "{b:?} escapes its slot");
         let writable =
             |b: &Binding| assert!(matches!(b.slot, Slot::Arena | Slot::Output(_)), "{b:?} writes a read-only slot");
-        for c in &e.commands {
+        for (i, c) in e.commands.iter().enumerate() {
             match c {
+                Command::SkipIf { cond, count, .. } => {
+                    inside(cond);
+                    assert!((1..=MAX_CONDITION_BYTES).contains(&cond.length), "{cond:?}: condition bytes");
+                    assert!(i + 1 + *count as usize <= e.commands.len(), "skip {count} past the end");
+                }
                 Command::Dispatch { kernel, bindings, .. } => {
                     assert!((*kernel as usize) < p.kernels.len());
                     bindings.iter().for_each(inside);
@@ -323,6 +329,7 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                 Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
                     parts.iter_mut().flat_map(|x| [&mut x.src, &mut x.dst]).collect()
                 }
+                Command::SkipIf { cond, .. } => vec![cond],
                 Command::Barrier => vec![],
             };
             let n = bs.len();
@@ -360,6 +367,11 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                         x.device = r.below(5) as u32;
                     }
                 }
+            },
+            Command::SkipIf { count, value, .. } => match r.next() % 3 {
+                0 => *count = count.wrapping_add(1),
+                1 => *count = u32::MAX,
+                _ => *value = !*value,
             },
             Command::Barrier => {}
         },

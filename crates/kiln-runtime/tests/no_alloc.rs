@@ -27,6 +27,10 @@ fn invoke_allocates_nothing() {
     assert!(n >= 1, "the counting allocator sees allocations");
 
     let add = write_program(&add_program(64));
+    let skip = write_program(&skip_program(64));
+    let m_skip = load(&skip, None).expect("load");
+    let mut i_skip = Instance::new(&m_skip).expect("instance");
+    let mut i_skip_task = Instance::with_threads(&m_skip, 2).expect("instance");
     let (misc, _) = misc_program(false);
     let misc = write_program(&misc);
     let m_add = load(&add, None).expect("load");
@@ -43,6 +47,11 @@ fn invoke_allocates_nothing() {
     let ((), n) = ALLOC.counted(|| {
         for _ in 0..100 {
             i_add.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+            // A conditional plan, the skip taken and not taken, on both drivers.
+            i_skip.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+            i_skip.invoke(&[&b, &a], &mut [&mut y]).expect("invoke");
+            i_skip_task.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+            i_skip_task.invoke(&[&b, &a], &mut [&mut y]).expect("invoke");
             let ins = [TensorRef { dtype: 1, dims: &dims, data: &a }, TensorRef { dtype: 1, dims: &dims, data: &b }];
             let mut outs = [TensorMut { dtype: 1, dims: &dims, data: &mut y }];
             i_add.invoke_tensors(0, &ins, &mut outs).expect("typed invoke");

@@ -35,6 +35,28 @@ fn workgroups_split_over_threads() {
 }
 
 #[test]
+fn skips_on_every_driver() {
+    for n in [1u64, 3, 64] {
+        let file = write_program(&skip_program(n));
+        let m = load(&file, None).expect("load");
+        let b = ramp(n, 0.5);
+        for threads in [1, 2, 3] {
+            let mut inst = Instance::with_threads(&m, threads).expect("instance");
+            let mut y = vec![0u8; 4 * n as usize];
+            // `a` starting with 0.0: the add runs.
+            let a = f32s(&(0..n).map(|i| i as f32).collect::<Vec<_>>());
+            inst.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+            let want: Vec<f32> = to_f32s(&a).iter().zip(to_f32s(&b)).map(|(x, y)| x + y).collect();
+            assert_eq!(to_f32s(&y), want, "n = {n}, {threads} threads, not skipped");
+            // `a` starting with 1.0: the add is skipped, `y` is the fill.
+            let a = f32s(&(0..n).map(|i| i as f32 + 1.0).collect::<Vec<_>>());
+            inst.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+            assert!(to_f32s(&y).iter().all(|v| v.is_nan()), "n = {n}, {threads} threads, skipped: {:?}", to_f32s(&y));
+        }
+    }
+}
+
+#[test]
 fn waves_of_several_dispatches() {
     for barrier in [true, false] {
         for n in [1u64, 2, 3, 17, 256] {

@@ -165,6 +165,50 @@ fn copy_fill_kernel_device_and_push_constants() {
 }
 
 #[test]
+fn skip_commands() {
+    verify(&skip_program(4)).expect("valid");
+    fn skip(p: &mut Program) -> &mut Command {
+        &mut p.entries[0].commands[1]
+    }
+    for length in [0u64, 9] {
+        let mut p = skip_program(4);
+        *skip(&mut p) = Command::SkipIf { cond: b(Slot::Input(0), 0, length), value: true, count: 1 };
+        assert_eq!(command_problem(&p), (1, CommandProblem::ConditionBytes { length }));
+    }
+    // Input 0 is 16 bytes.
+    let mut p = skip_program(4);
+    *skip(&mut p) = Command::SkipIf { cond: b(Slot::Input(0), 14, 4), value: false, count: 1 };
+    assert_eq!(
+        command_problem(&p),
+        (
+            1,
+            CommandProblem::Binding {
+                role: BindingRole::Condition,
+                problem: BindingProblem::OutOfRange { slot: Slot::Input(0), offset: 14, length: 4, size: 16 }
+            }
+        )
+    );
+    // Three commands follow it: skipping them all is fine, one more is not.
+    let mut p = skip_program(4);
+    *skip(&mut p) = Command::SkipIf { cond: b(Slot::Input(0), 0, 4), value: true, count: 3 };
+    verify(&p).expect("a skip to the end");
+    *skip(&mut p) = Command::SkipIf { cond: b(Slot::Input(0), 0, 4), value: true, count: 4 };
+    assert_eq!(command_problem(&p), (1, CommandProblem::SkipPastEnd { count: 4, remaining: 3 }));
+}
+
+#[test]
+fn a_skip_in_an_older_format_is_an_unknown_command() {
+    // Format 1.4 added `SkipIf` (tag 6): a file that says 1.3 may not hold one.
+    let mut file = write_program(&skip_program(4));
+    file[10..12].copy_from_slice(&3u16.to_le_bytes());
+    kiln_module::reseal::reseal(&mut file);
+    match Module::verify(&file, None, u64::MAX) {
+        Err(e) => assert!(e.to_string().contains("command tag"), "{e}"),
+        Ok(_) => panic!("a 1.3 file with a SkipIf verified"),
+    }
+}
+
+#[test]
 fn tensors_and_arena() {
     let mut p = add_program(4);
     p.entries[0].inputs[1].bytes = 15;

@@ -6,6 +6,26 @@
 //!   (opset-22) form;
 //! - this module: the driver — inputs, initializers, nodes in order (with `If`
 //!   inlining and constant folding), outputs.
+//!
+//! **`If`.** A condition known at compile time inlines the branch it selects. A
+//! condition computed at run time becomes an [`OpKind::If`] node whose branches are
+//! closed graphs ([`kiln_ir::attrs::IfAttrs`]): each branch is imported into a graph of
+//! its own (a [`Frame`] per enclosing graph), and a name it reads from an enclosing
+//! scope is *captured*: a constant is copied into the branch (so folding works inside
+//! it), any other value becomes a branch input, and the node passes it as an operand
+//! after the condition. Nested branches capture through every level between.
+//!
+//! **`Loop`** is unrolled, one trip at a time, each trip an `If` on the loop's
+//! condition whose then-branch is the body (its inputs bound to the trip number, the
+//! condition and the loop-carried values) and whose else-branch passes the values
+//! through: where the condition is known at compile time (a constant trip count, a
+//! condition that folds), the trip is inlined or the loop ends there; where it is
+//! computed at run time (an early exit on data, a trip count `M` from the data) the
+//! trip becomes a run-time `If` — the plan holds every trip up to the bound and skips
+//! the rest. The bound is `M` when constant, capped by `--max-trips`
+//! ([`ImportOptions::max_trips`]), which a loop without a constant `M` needs. Scan
+//! outputs (one slice per trip, concatenated) need every trip decided at compile time:
+//! with run-time trips their length would depend on the data.
 
 mod canon;
 mod expand;
@@ -32,7 +52,11 @@ use tensor::{tensor_from_proto, ExternalFiles};
 pub const MAX_OPSET: i64 = 22;
 
 /// Ops handled by the importer itself rather than mapped to an [`OpKind`].
-const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Identity", "Upsample", "Scatter"];
+const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Loop", "Identity", "Upsample", "Scatter"];
+
+/// Most trips a `Loop` is unrolled to without `--max-trips` (each trip is a copy of
+/// the body in the plan).
+pub const MAX_UNROLLED_TRIPS: u64 = 4096;
 
 /// Imports an ONNX model file (external data is read relative to its directory).
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
@@ -111,6 +135,9 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         next_suffix: HashMap::new(),
         reserved: graph.output.iter().filter_map(|o| o.name.clone()).collect(),
         ext: ExternalFiles::new(base_dir.map(Path::to_path_buf)),
+        parents: Vec::new(),
+        captures: Vec::new(),
+        max_trips: opts.max_trips,
     };
     imp.import_signature(graph, opts)?;
     imp.import_body(graph)?;
@@ -302,6 +329,19 @@ struct Importer {
     /// Graph output names: values of inlined subgraphs do not take them.
     reserved: HashSet<String>,
     ext: ExternalFiles,
+    /// The enclosing graphs while an `If` branch is imported (`g` is the branch), outermost first.
+    parents: Vec<Frame>,
+    /// Outer values the graph being built (a branch) reads, in the order of its inputs.
+    captures: Vec<ValueId>,
+    /// `--max-trips`: the bound of loops whose trip count is not a constant.
+    max_trips: Option<usize>,
+}
+
+/// An enclosing graph, set aside while one of its `If` branches is imported.
+struct Frame {
+    g: Graph,
+    scopes: Vec<HashMap<String, ValueId>>,
+    captures: Vec<ValueId>,
 }
 
 /// Where a node being imported is, for error messages.
@@ -327,6 +367,42 @@ impl Importer {
         self.scopes.iter().rev().find_map(|s| s.get(name).copied())
     }
 
+    /// [`Importer::lookup`], and inside a branch also the enclosing graphs' names, each
+    /// captured into every graph between (see the module docs).
+    fn resolve(&mut self, name: &str) -> Option<ValueId> {
+        self.resolve_at(self.parents.len(), name)
+    }
+
+    fn resolve_at(&mut self, level: usize, name: &str) -> Option<ValueId> {
+        let depth = self.parents.len();
+        let scopes = if level == depth { &self.scopes } else { &self.parents.get(level)?.scopes };
+        if let Some(v) = scopes.iter().rev().find_map(|s| s.get(name).copied()) {
+            return Some(v);
+        }
+        if level == 0 {
+            return None;
+        }
+        let outer = self.resolve_at(level - 1, name)?;
+        let og = &self.parents.get(level - 1)?.g;
+        let (ty, constant) = (og.ty(outer).clone(), og.constant(outer).cloned());
+        let fresh = self.fresh_name(name);
+        let (g, scopes, captures) = if level == depth {
+            (&mut self.g, &mut self.scopes, &mut self.captures)
+        } else {
+            let f = self.parents.get_mut(level)?;
+            (&mut f.g, &mut f.scopes, &mut f.captures)
+        };
+        let v = match constant {
+            Some(t) => g.add_const(fresh, t),
+            None => {
+                captures.push(outer);
+                g.add_input(fresh, ty)
+            }
+        };
+        scopes.first_mut()?.insert(name.to_string(), v);
+        Some(v)
+    }
+
     fn bind(&mut self, name: &str, v: ValueId) {
         if let Some(s) = self.scopes.last_mut() {
             s.insert(name.to_string(), v);
@@ -339,7 +415,7 @@ impl Importer {
         if name.is_empty() {
             return String::new();
         }
-        if self.reserved.contains(name) && self.scopes.len() > 1 {
+        if self.reserved.contains(name) && (self.scopes.len() > 1 || !self.parents.is_empty()) {
             // Inside an inlined subgraph: graph output names are kept for the outputs.
         } else if self.names.insert(name.to_string()) {
             return name.to_string();
@@ -578,7 +654,7 @@ impl Importer {
             if name.is_empty() {
                 inputs.push(None);
             } else {
-                let v = self.lookup(name).ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
+                let v = self.resolve(name).ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
                 inputs.push(Some(v));
             }
         }
@@ -615,7 +691,8 @@ impl Importer {
                 self.bind(&out, v);
                 Ok(())
             }
-            "If" => self.inline_if(&inputs, &outputs, &subgraphs, &at),
+            "If" => self.import_if(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
+            "Loop" => self.import_loop(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
             t if expand::is_expanded(t) => expand::expand(self, t, &attrs, &inputs, &outputs, &at),
             _ => {
                 if let Some(k) = subgraphs.keys().next() {
@@ -633,6 +710,270 @@ impl Importer {
         }
     }
 
+    /// An `If`: inlined when its condition is a constant, else an [`OpKind::If`] node
+    /// with both branches imported (see the module docs).
+    fn import_if(
+        &mut self,
+        label: &str,
+        inputs: &[Option<ValueId>],
+        outputs: &[String],
+        declared_outputs: usize,
+        subgraphs: &HashMap<String, &GraphProto>,
+        at: &At,
+    ) -> Result<(), ImportError> {
+        let cond = inputs.first().copied().flatten().ok_or_else(|| at.err("If needs a condition"))?;
+        if self.g.constant(cond).is_some() {
+            return self.inline_if(inputs, outputs, subgraphs, at);
+        }
+        let mut branches: Vec<(Graph, Vec<ValueId>)> = Vec::with_capacity(2);
+        for key in ["then_branch", "else_branch"] {
+            let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
+            check_supported(branch, &self.opsets)?;
+            if branch.output.len() != declared_outputs {
+                return Err(at.err(format!(
+                    "{key} has {} outputs, the If node has {declared_outputs}",
+                    branch.output.len()
+                )));
+            }
+            if !branch.input.is_empty() {
+                return Err(at.err(format!("{key} declares {} inputs; an If branch takes none", branch.input.len())));
+            }
+            let frame = Frame {
+                g: std::mem::replace(&mut self.g, Graph::new(format!("{label}.{key}"))),
+                scopes: std::mem::replace(&mut self.scopes, vec![HashMap::new()]),
+                captures: std::mem::take(&mut self.captures),
+            };
+            self.parents.push(frame);
+            let r = (|| {
+                self.import_initializers(branch)?;
+                for i in topological_order(branch)? {
+                    self.import_node(&branch.node[i], i)?;
+                }
+                branch.output[..outputs.len()]
+                    .iter()
+                    .map(|o| {
+                        let name = o.name.clone().unwrap_or_default();
+                        self.resolve(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })();
+            let Some(frame) = self.parents.pop() else {
+                return Err(at.err("internal: the enclosing graph was lost"));
+            };
+            let mut g = std::mem::replace(&mut self.g, frame.g);
+            self.scopes = frame.scopes;
+            let captures = std::mem::replace(&mut self.captures, frame.captures);
+            g.outputs = r?;
+            branches.push((g, captures));
+        }
+        // Both branches take every captured value, in one order.
+        let mut union: Vec<ValueId> = Vec::new();
+        for (_, caps) in &branches {
+            for &c in caps {
+                if !union.contains(&c) {
+                    union.push(c);
+                }
+            }
+        }
+        let mut graphs = Vec::with_capacity(2);
+        for (mut g, caps) in branches {
+            let own = g.inputs.clone();
+            g.inputs.clear();
+            for &u in &union {
+                let v = match caps.iter().position(|&c| c == u) {
+                    Some(k) => own[k],
+                    None => {
+                        let ty = self.g.ty(u).clone();
+                        g.values.push(kiln_ir::Value { ty, name: String::new(), def: ValueDef::Input })
+                    }
+                };
+                g.inputs.push(v);
+            }
+            graphs.push(Box::new(g.without_dead_code()));
+        }
+        let (Some(else_branch), Some(then_branch)) = (graphs.pop(), graphs.pop()) else {
+            return Err(at.err("internal: a branch was lost"));
+        };
+        let attrs = Attrs::new().with("then_branch", Attr::Graph(then_branch)).with("else_branch", Attr::Graph(else_branch));
+        let mut operands = vec![Some(cond)];
+        operands.extend(union.into_iter().map(Some));
+        let vals = self.emit(label, OpKind::If, attrs, operands, outputs, at)?;
+        for (name, v) in outputs.iter().zip(vals) {
+            if !name.is_empty() {
+                self.bind(name, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// A `Loop`, unrolled (see the module docs).
+    fn import_loop(
+        &mut self,
+        label: &str,
+        inputs: &[Option<ValueId>],
+        outputs: &[String],
+        declared_outputs: usize,
+        subgraphs: &HashMap<String, &GraphProto>,
+        at: &At,
+    ) -> Result<(), ImportError> {
+        let body = *subgraphs.get("body").ok_or_else(|| at.err("attribute `body` is missing"))?;
+        let n_carried = inputs.len().saturating_sub(2);
+        if body.input.len() != n_carried + 2 {
+            return Err(at.err(format!(
+                "the body takes {} inputs; the Loop passes {n_carried} loop-carried values, so it needs {}",
+                body.input.len(),
+                n_carried + 2
+            )));
+        }
+        if body.output.len() < n_carried + 1 {
+            return Err(at.err(format!(
+                "the body gives {} outputs; it needs the condition and {n_carried} loop-carried values",
+                body.output.len()
+            )));
+        }
+        let n_scan = body.output.len() - 1 - n_carried;
+        if declared_outputs != n_carried + n_scan {
+            return Err(at.err(format!(
+                "the Loop has {declared_outputs} outputs, its body gives {n_carried} loop-carried values and {n_scan} scan outputs"
+            )));
+        }
+        let m = inputs.first().copied().flatten();
+        let m_const: Option<i64> = match m {
+            Some(v) => match self.g.constant(v) {
+                Some(t) => match t.to_f64_vec().as_slice() {
+                    [x] => Some(*x as i64),
+                    _ => return Err(at.err(format!("the trip count must hold one element, it is {}", t.ty()))),
+                },
+                None => None,
+            },
+            None => None,
+        };
+        let m_runtime = m.filter(|_| m_const.is_none());
+        let bound = match (m_const, self.max_trips) {
+            (Some(c), None) if c.max(0) as u64 > MAX_UNROLLED_TRIPS => {
+                return Err(at.err(format!(
+                    "the trip count is {c}, more than the {MAX_UNROLLED_TRIPS} trips kiln unrolls unasked; declare a bound with --max-trips N"
+                )))
+            }
+            (Some(c), None) => c.max(0) as usize,
+            (Some(c), Some(t)) => (c.max(0) as usize).min(t),
+            (None, Some(t)) => t,
+            (None, None) => {
+                let why = if m.is_some() { "depends on run-time data" } else { "is not given (a while loop)" };
+                return Err(at.err(format!(
+                    "the trip count {why}: a static plan needs a bound; declare one with --max-trips N"
+                )));
+            }
+        };
+        let mut cond: Option<ValueId> = inputs.get(1).copied().flatten();
+        let mut carried: Vec<ValueId> = Vec::with_capacity(n_carried);
+        for v in inputs.iter().skip(2) {
+            carried.push(v.ok_or_else(|| at.err("a loop-carried value is absent"))?);
+        }
+        let mut scans: Vec<Vec<ValueId>> = vec![Vec::new(); n_scan];
+        let ident = |from: &str, to: &str| NodeProto {
+            op_type: Some("Identity".into()),
+            input: vec![from.to_string()],
+            output: vec![to.to_string()],
+            ..Default::default()
+        };
+        let named = |n: &str| proto::ValueInfoProto { name: Some(n.to_string()), ..Default::default() };
+        for i in 0..bound {
+            let tag = format!("{label}#{i}");
+            // The trip runs when the condition holds and, with a run-time count, i < M.
+            let mut c = cond;
+            if let Some(mv) = m_runtime {
+                let iv = self.add_const("", Tensor::scalar(i as i64));
+                let lt = self.emit(&tag, OpKind::Less, Attrs::new(), vec![Some(iv), Some(mv)], &[String::new()], at)?;
+                let lt = lt.first().copied().ok_or_else(|| at.err("internal: Less gave no result"))?;
+                c = Some(match c {
+                    None => lt,
+                    Some(cv) => {
+                        let a = self.emit(&tag, OpKind::And, Attrs::new(), vec![Some(cv), Some(lt)], &[String::new()], at)?;
+                        a.first().copied().ok_or_else(|| at.err("internal: And gave no result"))?
+                    }
+                });
+            }
+            let known = match c {
+                None => Some(true),
+                Some(v) => self.g.constant(v).map(|t| t.to_f64_vec().iter().any(|&x| x != 0.0)),
+            };
+            if known == Some(false) {
+                break;
+            }
+            if known.is_none() && n_scan > 0 {
+                return Err(at.err(
+                    "unsupported: scan outputs of a Loop whose trips depend on run-time data (their length would vary); bind what the condition reads with --input-value",
+                ));
+            }
+            // The trip's inputs under names of their own, read by the then-branch.
+            let nm = |k: &str| format!("\u{1}loop {label} {i} {k}");
+            let cond_v = match c {
+                Some(v) => v,
+                None => self.add_const("", Tensor::scalar(true)),
+            };
+            let iter_v = self.add_const("", Tensor::scalar(i as i64));
+            self.bind(&nm("iter"), iter_v);
+            self.bind(&nm("cond"), cond_v);
+            let mut then = GraphProto {
+                name: Some(format!("{label}.body")),
+                initializer: body.initializer.clone(),
+                ..Default::default()
+            };
+            let names_in: Vec<String> = body.input.iter().map(|x| x.name.clone().unwrap_or_default()).collect();
+            then.node.push(ident(&nm("iter"), &names_in[0]));
+            then.node.push(ident(&nm("cond"), &names_in[1]));
+            for (k, &v) in carried.iter().enumerate() {
+                self.bind(&nm(&format!("v{k}")), v);
+                then.node.push(ident(&nm(&format!("v{k}")), &names_in[2 + k]));
+            }
+            then.node.extend(body.node.iter().cloned());
+            let taken = if known.is_some() { body.output.len() } else { 1 + n_carried };
+            then.output = body.output[..taken].to_vec();
+            let mut els = GraphProto { name: Some(format!("{label}.pass")), ..Default::default() };
+            els.output.push(named(&nm("cond")));
+            for k in 0..n_carried {
+                els.output.push(named(&nm(&format!("v{k}"))));
+            }
+            let out_names: Vec<String> = (0..taken).map(|k| nm(&format!("out{k}"))).collect();
+            let subs: HashMap<String, &GraphProto> =
+                [("then_branch".to_string(), &then), ("else_branch".to_string(), &els)].into_iter().collect();
+            self.import_if(&tag, &[Some(cond_v)], &out_names, taken, &subs, at)?;
+            let outs: Vec<ValueId> = out_names
+                .iter()
+                .map(|n| self.lookup(n).ok_or_else(|| at.err(format!("internal: trip {i} lost a result"))))
+                .collect::<Result<_, _>>()?;
+            cond = Some(outs[0]);
+            carried = outs[1..1 + n_carried].to_vec();
+            for (k, s) in scans.iter_mut().enumerate() {
+                s.push(outs[1 + n_carried + k]);
+            }
+        }
+        for (k, name) in outputs.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            let v = if k < n_carried {
+                carried[k]
+            } else {
+                let parts = &scans[k - n_carried];
+                if parts.is_empty() {
+                    return Err(at.err("unsupported: a scan output of a Loop that runs no trip (an empty tensor of unknown shape)"));
+                }
+                let axes = self.add_const("", Tensor::from_vec(Shape::new([1]).map_err(|e| at.err(e.to_string()))?, vec![0i64]).map_err(|e| at.err(e.to_string()))?);
+                let mut rows = Vec::with_capacity(parts.len());
+                for &p in parts {
+                    let u = self.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?;
+                    rows.push(u.first().copied().map(Some).ok_or_else(|| at.err("internal: Unsqueeze gave no result"))?);
+                }
+                let cat = self.emit(label, OpKind::Concat, Attrs::new().with("axis", Attr::Int(0)), rows, std::slice::from_ref(name), at)?;
+                cat.first().copied().ok_or_else(|| at.err("internal: Concat gave no result"))?
+            };
+            self.bind(name, v);
+        }
+        Ok(())
+    }
+
     /// Replaces `If` by the branch its (constant) condition selects.
     fn inline_if(
         &mut self,
@@ -643,10 +984,7 @@ impl Importer {
     ) -> Result<(), ImportError> {
         let cond = inputs.first().copied().flatten().ok_or_else(|| at.err("If needs a condition"))?;
         let Some(c) = self.g.constant(cond) else {
-            return Err(at.err(format!(
-                "the condition `{}` depends on run-time data; kiln needs it constant (bind the inputs it depends on with --input-value NAME=VALUE)",
-                self.g.values[cond].name
-            )));
+            return Err(at.err("internal: inlining an If whose condition is not constant"));
         };
         let taken = match c.to_f64_vec().as_slice() {
             [x] => *x != 0.0,
@@ -669,7 +1007,7 @@ impl Importer {
                 .iter()
                 .map(|o| {
                     let name = o.name.clone().unwrap_or_default();
-                    self.lookup(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
+                    self.resolve(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
                 })
                 .collect::<Result<Vec<_>, _>>()
         })();

@@ -402,6 +402,16 @@ impl Parser {
                     _ => Attr::Strings(Vec::new()),
                 }));
             }
+            if s == "graph" {
+                // A subgraph (an `If` branch): `graph "TEXT"`, the branch's own text form.
+                self.bump();
+                let (l, p) = self.lit()?;
+                let Lit::Str(text) = l else {
+                    return fail(p, "expected the subgraph's text (a string) after `graph`");
+                };
+                let g = parse(&text).map_err(|e| PErr { pos: p, message: format!("in this subgraph: {e}") })?;
+                return Ok(PAttr::Ready(Attr::Graph(Box::new(g))));
+            }
             if s.parse::<DType>().is_ok() {
                 return match self.tensor_lit()? {
                     TLit::Ready(t) => Ok(PAttr::Ready(Attr::Tensor(t))),

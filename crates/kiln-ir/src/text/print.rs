@@ -203,6 +203,11 @@ impl Printer<'_> {
                 self.out.push(']');
             }
             Attr::Tensor(t) => self.tensor(t),
+            // A subgraph (an `If` branch): `graph "TEXT"`, its own text form quoted.
+            Attr::Graph(g) => {
+                self.out.push_str("graph ");
+                quote(&print(g), &mut self.out);
+            }
         }
     }
 

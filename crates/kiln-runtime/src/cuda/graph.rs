@@ -166,6 +166,7 @@ fn access(c: &Command) -> (&[Binding], Option<&Binding>) {
         },
         Command::Copy { src, dst } => (core::slice::from_ref(src), Some(dst)),
         Command::Fill { dst, .. } => (&[], Some(dst)),
+        Command::SkipIf { cond, .. } => (core::slice::from_ref(cond), None),
         // Refused before a graph is built (`build` below); no access to order.
         Command::Barrier | Command::AllReduce { .. } | Command::AllGather { .. } => (&[], None),
     }
@@ -316,6 +317,7 @@ pub fn nodes(
             Command::AllReduce { .. } | Command::AllGather { .. } => {
                 return Err(fail(ci, GraphProblem::Collective));
             }
+            Command::SkipIf { .. } => return Err(fail(ci, GraphProblem::Conditional)),
             Command::Fill { dst, pattern, pattern_len } => {
                 fill_memsets(layout.offset(index, dst), dst.length, *pattern, *pattern_len)
                     .into_iter()
@@ -469,6 +471,20 @@ mod tests {
         let e = entry(vec![dispatch(3, vec![b(Slot::Arena, 0, 4)])]);
         let err = nodes(&e, 0, &layout(), &[Some(L)]).expect_err("no launch");
         assert!(matches!(err, RuntimeError::CudaPlan { problem: GraphProblem::NoLaunch { kernel: 3 }, .. }));
+    }
+
+    #[test]
+    fn a_conditional_command_is_refused_with_a_typed_error() {
+        // One CUDA graph per plan: a run-time If's `SkipIf` has no node yet.
+        let e = entry(vec![
+            dispatch(0, vec![b(Slot::Arena, 0, 4)]),
+            Command::Barrier,
+            Command::SkipIf { cond: b(Slot::Arena, 0, 1), value: false, count: 1 },
+            dispatch(0, vec![b(Slot::Arena, 8, 4)]),
+        ]);
+        let err = nodes(&e, 0, &layout(), &[Some(L)]).expect_err("conditional");
+        assert!(matches!(err, RuntimeError::CudaPlan { command: 2, problem: GraphProblem::Conditional, .. }), "{err:?}");
+        assert!(err.to_string().contains("conditional command"), "{err}");
     }
 
     #[test]

@@ -169,6 +169,16 @@ impl<'a> CudaModule<'a> {
         let program = plan.program;
         let limits = plan.limits;
         require_device_kind(&program, DeviceKind::Cuda)?;
+        // One CUDA graph per plan: no run-time branches yet (see `CudaPlanProblem::Conditional`).
+        for e in &program.entries {
+            if let Some(command) = e.commands.iter().position(|c| matches!(c, Command::SkipIf { .. })) {
+                return Err(RuntimeError::CudaPlan {
+                    entry: e.name.to_string(),
+                    command,
+                    problem: crate::error::CudaPlanProblem::Conditional,
+                });
+            }
+        }
         let pool = bind_weights(&program, weights)?;
         let ctx = driver::Context::new(ordinal)?;
         let mut dispatched = alloc::vec![false; program.kernels.len()];
@@ -611,6 +621,7 @@ impl<'m> CudaInstance<'m> {
             Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
                 parts.get(binding / 2).map(|p| if binding.is_multiple_of(2) { &p.src } else { &p.dst })
             }
+            Command::SkipIf { cond, .. } => (binding == 0).then_some(cond),
             Command::Barrier => None,
         }
         .ok_or_else(none)?;

@@ -112,6 +112,16 @@ pub fn add_program(n: u64) -> Program {
     }
 }
 
+/// [`add_program`] with its dispatch behind a `SkipIf` on the first 4 bytes of input
+/// `a`: when any is nonzero the add is skipped and `y` is the fill (f32 NaN); when `a`
+/// starts with `0.0`, `y = a + b`.
+pub fn skip_program(n: u64) -> Program {
+    let mut p = add_program(n);
+    let cond = b(Slot::Input(0), 0, 4);
+    p.entries[0].commands.insert(1, Command::SkipIf { cond, value: true, count: 1 });
+    p
+}
+
 /// `main() -> (y: u8[16])`: copies the constant word 0xdeadbeef into the arena with
 /// COPY4, fills y[4..16] with patterns, copies the word to y[0..4]; and a second entry
 /// `exp(x: f32[1]) -> (y: f32[1])` through the helper table. Constants are `constants`
