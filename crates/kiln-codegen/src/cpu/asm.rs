@@ -86,6 +86,40 @@ pub(crate) fn enter_rows(a: &mut CodeAssembler, frame: i32, rows: i64) -> R<Code
 /// Outer dimensions a row odometer keeps in registers (`copy`, `gather`).
 pub(crate) const COORD: [AsmRegister64; 5] = [r12, r13, r14, r15, rbx];
 
+/// The registers of a leaf row kernel (no frame: the padding and the 1-byte copy): from
+/// the System V arguments (rdi bindings, rdx begin, rcx end), `r8` the first binding
+/// (the input), `r9` the second (the output), `r10` the row and `r11` the end, clamped
+/// to `rows`.
+pub(crate) fn leaf_row_registers(a: &mut CodeAssembler, rows: i64) -> R<()> {
+    a.mov(rax, rows)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r8, qword_ptr(rdi))?;
+    a.mov(r9, qword_ptr(rdi + 8))?;
+    a.mov(r10, rdx)?;
+    a.mov(r11, rcx)?;
+    Ok(())
+}
+
+/// Opens the row loop over `r10 .. r11` ([`leaf_row_registers`]): the label of its top
+/// (placed here) and of its end (for the caller to place after [`leaf_row_next`]).
+pub(crate) fn leaf_row_loop(a: &mut CodeAssembler) -> R<(CodeLabel, CodeLabel)> {
+    let done = a.create_label();
+    let mut top = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    a.set_label(&mut top)?;
+    Ok((top, done))
+}
+
+/// Closes the row loop [`leaf_row_loop`] opened: the next row, back to `top` until `r11`.
+pub(crate) fn leaf_row_next(a: &mut CodeAssembler, top: CodeLabel) -> R<()> {
+    a.inc(r10)?;
+    a.cmp(r10, r11)?;
+    a.jb(top)?;
+    Ok(())
+}
+
 /// Decodes row `r10` into the coordinates `COORD[d]` of the outer dims `dims`
 /// (innermost last); clobbers `rax`, `rcx`, `rdx`.
 pub(crate) fn decode_row(a: &mut CodeAssembler, dims: &[i64]) -> R<()> {

@@ -19,7 +19,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::affine::load_offset;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::asm::{end_rows, RowKernel, COORD};
+use super::asm::{end_rows, leaf_row_loop, leaf_row_next, leaf_row_registers, RowKernel, COORD};
 use super::gemm::{no, NotHere, R};
 
 /// Shortest row worth a row of its own (shorter ones stay general).
@@ -176,19 +176,8 @@ fn emit_bytes(p: &Copy) -> R<(Vec<u8>, u64)> {
     let w = p.dims[rank - 1];
     let rows: i64 = p.dims[..rank - 1].iter().product();
     let mut a = CodeAssembler::new(64)?;
-    // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    let mut top = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.set_label(&mut top)?;
+    leaf_row_registers(&mut a, rows)?;
+    let (top, mut done) = leaf_row_loop(&mut a)?;
     a.imul_3(rdi, r10, w as i32)?;
     a.add(rdi, r9)?;
     a.lea(rsi, qword_ptr(r8 + p.c as i32))?;
@@ -204,9 +193,7 @@ fn emit_bytes(p: &Copy) -> R<(Vec<u8>, u64)> {
     }
     a.mov(ecx, w as i32)?;
     a.rep().movsb()?;
-    a.inc(r10)?;
-    a.cmp(r10, r11)?;
-    a.jb(top)?;
+    leaf_row_next(&mut a, top)?;
     a.set_label(&mut done)?;
     a.ret()?;
     Ok((a.assemble(0)?, rows as u64))

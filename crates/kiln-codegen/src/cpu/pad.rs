@@ -13,7 +13,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::affine::affine;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::asm::Tables;
+use super::asm::{leaf_row_loop, leaf_row_next, leaf_row_registers, Tables};
 use super::gemm::{no, NotHere, R};
 
 /// A recognised padding kernel.
@@ -26,6 +26,35 @@ struct Padding {
     out_dims: Vec<i64>,
     /// The pad value's bits.
     value: u32,
+}
+
+/// What both emitters derive from a [`Padding`] for its rows: the innermost extents, the
+/// columns `lo..hi` whose input column `x + c` lies in `0..w_in`, the row count and the
+/// input's strides in elements.
+struct Rows {
+    w_out: i64,
+    c: i64,
+    lo: i64,
+    hi: i64,
+    rows: i64,
+    in_stride: Vec<i64>,
+}
+
+impl Padding {
+    fn rows(&self) -> Rows {
+        let rank = self.out_dims.len();
+        let w_out = self.out_dims[rank - 1];
+        let (w_in, c) = (self.in_dims[rank - 1], self.shift[rank - 1]);
+        // Columns x with 0 ≤ x + c < w_in: lo..hi.
+        let lo = (-c).clamp(0, w_out);
+        let hi = (w_in - c).clamp(lo, w_out);
+        let rows: i64 = self.out_dims[..rank - 1].iter().product();
+        let mut in_stride = vec![1i64; rank];
+        for d in (0..rank - 1).rev() {
+            in_stride[d] = in_stride[d + 1] * self.in_dims[d + 1];
+        }
+        Rows { w_out, c, lo, hi, rows, in_stride }
+    }
 }
 
 fn recognise(k: &Kernel) -> R<Padding> {
@@ -65,35 +94,15 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         return emit_bytes(&p);
     }
     let rank = p.out_dims.len();
-    let w_out = p.out_dims[rank - 1];
-    let (w_in, c) = (p.in_dims[rank - 1], p.shift[rank - 1]);
-    // Columns x with 0 ≤ x + c < w_in: lo..hi.
-    let lo = (-c).clamp(0, w_out);
-    let hi = (w_in - c).clamp(lo, w_out);
-    let rows: i64 = p.out_dims[..rank - 1].iter().product();
-    let mut in_stride = vec![1i64; rank];
-    for d in (0..rank - 1).rev() {
-        in_stride[d] = in_stride[d + 1] * p.in_dims[d + 1];
-    }
+    let Rows { w_out, c, lo, hi, rows, in_stride } = p.rows();
     let mut a = CodeAssembler::new(64)?;
     let mut t = Tables::default();
     let value = t.scalar(&mut a, p.value);
     let mut mask = |a: &mut CodeAssembler, lanes: u64| -> CodeLabel { t.lanes(a, lanes) };
     a.push(rbx)?;
-    // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
+    leaf_row_registers(&mut a, rows)?;
     a.vbroadcastss(ymm0, dword_ptr(value))?;
-    let mut done = a.create_label();
-    let mut top = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.set_label(&mut top)?;
+    let (top, mut done) = leaf_row_loop(&mut a)?;
     // out row pointer: out + row·w_out·4.
     a.imul_3(rsi, r10, (w_out * 4) as i32)?;
     a.add(rsi, r9)?;
@@ -169,9 +178,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.nop()?;
     store_run(&mut a, &mut mask, 0, w_out)?;
     a.set_label(&mut next)?;
-    a.inc(r10)?;
-    a.cmp(r10, r11)?;
-    a.jb(top)?;
+    leaf_row_next(&mut a, top)?;
     a.set_label(&mut done)?;
     a.vzeroupper()?;
     a.pop(rbx)?;
@@ -186,32 +193,13 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
 /// time on CPUs with fast string operations.
 fn emit_bytes(p: &Padding) -> R<(Vec<u8>, u64)> {
     let rank = p.out_dims.len();
-    let w_out = p.out_dims[rank - 1];
-    let (w_in, c) = (p.in_dims[rank - 1], p.shift[rank - 1]);
-    let lo = (-c).clamp(0, w_out);
-    let hi = (w_in - c).clamp(lo, w_out);
-    let rows: i64 = p.out_dims[..rank - 1].iter().product();
-    let mut in_stride = vec![1i64; rank];
-    for d in (0..rank - 1).rev() {
-        in_stride[d] = in_stride[d + 1] * p.in_dims[d + 1];
-    }
+    let Rows { w_out, c, lo, hi, rows, in_stride } = p.rows();
     let value = (p.value & 0xFF) as i32;
     let mut a = CodeAssembler::new(64)?;
     a.push(rbx)?;
     a.push(r12)?;
-    // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r8, qword_ptr(rdi))?; // x
-    a.mov(r9, qword_ptr(rdi + 8))?; // out
-    a.mov(r10, rdx)?; // row
-    a.mov(r11, rcx)?; // end
-    let mut done = a.create_label();
-    let mut top = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    a.set_label(&mut top)?;
+    leaf_row_registers(&mut a, rows)?;
+    let (top, mut done) = leaf_row_loop(&mut a)?;
     // rbx: out + row·w_out.
     a.imul_3(rbx, r10, w_out as i32)?;
     a.add(rbx, r9)?;
@@ -254,9 +242,7 @@ fn emit_bytes(p: &Padding) -> R<(Vec<u8>, u64)> {
     a.nop()?;
     fill_run(&mut a, 0, w_out)?;
     a.set_label(&mut next)?;
-    a.inc(r10)?;
-    a.cmp(r10, r11)?;
-    a.jb(top)?;
+    leaf_row_next(&mut a, top)?;
     a.set_label(&mut done)?;
     a.pop(r12)?;
     a.pop(rbx)?;
