@@ -409,6 +409,15 @@ impl Importer {
         }
     }
 
+    /// Binds a node's results to its output names (an empty name: an output left out).
+    fn bind_outputs(&mut self, outputs: &[String], vals: impl IntoIterator<Item = ValueId>) {
+        for (name, v) in outputs.iter().zip(vals) {
+            if !name.is_empty() {
+                self.bind(name, v);
+            }
+        }
+    }
+
     /// A value name not used yet in the IR (ONNX names are unique per graph, but
     /// inlined subgraphs may repeat them).
     fn fresh_name(&mut self, name: &str) -> String {
@@ -700,11 +709,7 @@ impl Importer {
                 }
                 let c = canon::canonicalize(self, &op_type, attrs, inputs, outputs.len(), n.output.len(), &at)?;
                 let vals = self.emit(&label, c.kind, c.attrs, c.inputs, &outputs, &at)?;
-                for (name, v) in outputs.iter().zip(vals) {
-                    if !name.is_empty() {
-                        self.bind(name, v);
-                    }
-                }
+                self.bind_outputs(&outputs, vals);
                 Ok(())
             }
         }
@@ -798,11 +803,7 @@ impl Importer {
         let mut operands = vec![Some(cond)];
         operands.extend(union.into_iter().map(Some));
         let vals = self.emit(label, OpKind::If, attrs, operands, outputs, at)?;
-        for (name, v) in outputs.iter().zip(vals) {
-            if !name.is_empty() {
-                self.bind(name, v);
-            }
-        }
+        self.bind_outputs(outputs, vals);
         Ok(())
     }
 
@@ -1012,12 +1013,7 @@ impl Importer {
                 .collect::<Result<Vec<_>, _>>()
         })();
         self.scopes.pop();
-        let results = r?;
-        for (name, v) in outputs.iter().zip(results) {
-            if !name.is_empty() {
-                self.bind(name, v);
-            }
-        }
+        self.bind_outputs(outputs, r?);
         Ok(())
     }
 
