@@ -107,19 +107,8 @@ fn rounding_inputs(d: DType) -> Vec<f32> {
             v.push(-x);
         }
     }
-    v.extend([
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        1e-30,
-        -1e-30,
-        f32::from_bits(1),
-        f32::MAX,
-        f32::MIN,
-    ]);
+    v.extend(ptxsim::f32_specials());
+    v.extend([1e-30, -1e-30]);
     let mut s = 0x0123_4567_89AB_CDEFu64;
     for _ in 0..20_000 {
         v.push(f32::from_bits(xorshift(&mut s) as u32));

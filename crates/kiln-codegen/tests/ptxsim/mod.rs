@@ -2869,3 +2869,34 @@ pub fn check_against_interpreter(
     }
     Ok(Outcome { compared, elements: n, grid, steps: stats.steps, partial: stats.partial })
 }
+
+/// Special-valued inputs of f32.
+pub fn f32_specials() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x8000_0001),
+        f32::from_bits(0x007F_FFFF),
+        f32::MAX,
+        f32::MIN,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        1.0 + f32::EPSILON,
+        1.0 - f32::EPSILON / 2.0,
+        3.0,
+        -3.0,
+    ];
+    v.extend((-3..=3).map(|k| k as f32 * 0.25));
+    v
+}
