@@ -3,43 +3,15 @@
 
 mod common;
 
-use common::{fails_with, kiln, onnx_model};
+use common::{fails_with, kiln, onnx_model, value_info};
 
-use kiln_import::onnx::proto::{
-    attribute_proto::AttributeType, tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
-    AttributeProto, NodeProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
-};
+use kiln_import::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto, TensorProto, ValueInfoProto};
 use std::path::PathBuf;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-bad-input-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir.join(name)
-}
-
-fn value_info(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|d| Dimension {
-                            value: Some(match d {
-                                Some(v) => dimension::Value::DimValue(*v),
-                                None => dimension::Value::DimParam("batch".into()),
-                            }),
-                            denotation: None,
-                        })
-                        .collect(),
-                }),
-            })),
-            denotation: None,
-        }),
-        doc_string: None,
-    }
 }
 
 fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {

@@ -198,26 +198,7 @@ fn an_unbounded_loop_without_max_trips_is_a_typed_error_naming_the_node() {
 // ---- Malformed models: typed errors naming the node. ----
 
 fn vi(name: &str, dims: &[i64]) -> ValueInfoProto {
-    use kiln_import::onnx::proto::{tensor_shape_proto::Dimension, type_proto, TensorShapeProto, TypeProto};
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            value: Some(kiln_import::onnx::proto::tensor_shape_proto::dimension::Value::DimValue(d)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    common::value_info(name, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>())
 }
 
 fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {

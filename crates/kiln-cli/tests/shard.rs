@@ -105,6 +105,18 @@ fn encoder_structure(c: &shard::ShardedCompiled, n: u32) {
 }
 
 /// Seeded token ids below `g`'s vocabulary (its embedding table's rows).
+/// The repository's test model `name` (`scripts/gen_models.py` makes it under the
+/// test data; `scripts/test` runs it), imported.
+fn test_model(name: &str) -> Graph {
+    let path = data_dir().join(format!("models/{name}.onnx"));
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/gen_models.py --out .cache/models --only {name} (scripts/test does)",
+        path.display()
+    );
+    kiln_compiler::import(Input::File(path), &Default::default()).expect("import")
+}
+
 fn token_ids(g: &Graph) -> Tensor {
     let ty = g.ty(g.inputs[0]).clone();
     let vocab = g
@@ -119,9 +131,7 @@ fn token_ids(g: &Graph) -> Tensor {
 
 #[test]
 fn bert_tiny_sharded_over_2_and_4_cpu_devices_matches_the_unsharded_compile() {
-    let path = data_dir().join("models/bert_tiny.onnx");
-    assert!(path.exists(), "{} is missing: run scripts/gen_models.py (scripts/test does)", path.display());
-    let g = kiln_compiler::import(Input::File(path), &Default::default()).expect("import");
+    let g = test_model("bert_tiny");
     let input = token_ids(&g);
     check_sharding("bert_tiny", &g, &[input], &[2, 4], &encoder_structure);
 }
@@ -132,22 +142,14 @@ fn a_hidden_1024_encoder_layer_sharded_over_2_and_4_cpu_devices_matches_the_unsh
     // 1024, 16 heads, FFN 4096, 16 positions, one layer. K is at most 4096 here, so the
     // worst-case bound of the module docs is four times bert_tiny's; the differences
     // measured (under 1e-6 relative) sit two orders below the tolerance.
-    let path = data_dir().join("models/bert_large_layer.onnx");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/gen_models.py --out .cache/models --only bert_large_layer (scripts/test does)",
-        path.display()
-    );
-    let g = kiln_compiler::import(Input::File(path), &Default::default()).expect("import");
+    let g = test_model("bert_large_layer");
     let input = token_ids(&g);
     check_sharding("bert_large_layer", &g, &[input], &[2, 4], &encoder_structure);
 }
 
 #[test]
 fn malformed_sharding_requests_are_typed_errors() {
-    let path = data_dir().join("models/bert_tiny.onnx");
-    assert!(path.exists(), "{} is missing: run scripts/gen_models.py (scripts/test does)", path.display());
-    let g = kiln_compiler::import(Input::File(path), &Default::default()).expect("import");
+    let g = test_model("bert_tiny");
     let opts = Options::default();
     let err = shard::compile(Input::Graph(g.clone()), &opts, 0).expect_err("zero devices");
     assert!(matches!(err, CompileError::Shard(shard::ShardError::NoDevices)), "{err:?}");

@@ -17,7 +17,7 @@ mod ptxsim;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::{classify, KernelClass};
-use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ScalarType, UnaryOp};
+use kiln_flow::{BinaryOp, ExprId, Kernel, KernelBuilder, ScalarType, UnaryOp};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 fn ty(d: DType, dims: &[usize]) -> TensorType {
@@ -62,16 +62,8 @@ fn simulate(tag: &str, kernels: &[Kernel], m: &cuda::CudaModule, ints: (i64, i64
 /// every output element's bytes with the interpreter's run of `oracle` (`k` itself, or
 /// a twin defined to store the same values) on them (a NaN with any NaN).
 fn simulate_on(k: &Kernel, oracle: &Kernel, m: &cuda::CudaModule, i: usize, inputs: &[Tensor]) {
-    let refs: Vec<&Tensor> = inputs.iter().collect();
-    let want = interp::run(oracle, &refs).unwrap_or_else(|e| panic!("{}: interpreter: {e}", k.name));
-    let e = ptxsim::parse(m.ptx(), i).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|t| t.bytes().to_vec()).collect();
-    bufs.push(vec![0xA5; k.output.storage_bytes()]);
-    let mut g = ptxsim::Global::new(bufs);
-    ptxsim::run(&e, grid(m, i), &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let got = g.bufs.pop().expect("the output");
-    assert!(g.written.pop().expect("the output").iter().all(|&w| w), "{}: a byte never written", k.name);
-    let got_t = Tensor::new(k.output.clone(), got.clone().into()).expect("output tensor");
+    let (got_t, want) = ptxsim::run_beside_interpreter(k, oracle, m.ptx(), i, grid(m, i), inputs);
+    let got = got_t.bytes();
     let (gv, wv) = (got_t.to_f64_vec(), want.to_f64_vec());
     let esz = k.output.dtype.storage_bytes(1);
     let wb = want.bytes();

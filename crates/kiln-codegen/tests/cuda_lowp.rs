@@ -17,7 +17,7 @@ mod ptxsim;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::classify;
-use kiln_flow::{interp, Bounds, Kernel, KernelBuilder, ScalarType};
+use kiln_flow::{Bounds, Kernel, KernelBuilder, ScalarType};
 use kiln_ir::{lowp, DType, Shape, Tensor, TensorType};
 
 const F8S: [DType; 4] = [DType::F8E4M3FN, DType::F8E4M3FNUZ, DType::F8E5M2, DType::F8E5M2FNUZ];
@@ -52,17 +52,9 @@ fn build(tag: &str, kernels: &[Kernel]) -> cuda::CudaModule {
 /// Runs entry `i` of `m` on `inputs` and compares its output bytes with the
 /// interpreter's (NaN codes as NaN).
 fn check(k: &Kernel, m: &cuda::CudaModule, i: usize, inputs: &[Tensor]) {
-    let refs: Vec<&Tensor> = inputs.iter().collect();
-    let want = interp::run(k, &refs).unwrap_or_else(|e| panic!("{}: interpreter: {e}", k.name));
-    let e = ptxsim::parse(m.ptx(), i).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|t| t.bytes().to_vec()).collect();
-    bufs.push(vec![0xA5; k.output.storage_bytes()]);
-    let mut g = ptxsim::Global::new(bufs);
     let l = m.launches[i];
     let grid = ptxsim::Grid { grid: l.grid as u32, block: l.block, shared: l.shared };
-    ptxsim::run(&e, grid, &mut g, ptxsim::Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-    assert!(g.written.pop().expect("output").iter().all(|&w| w), "{}: a byte never written", k.name);
-    let got = Tensor::new(k.output.clone(), g.bufs.pop().expect("output").into()).expect("output");
+    let (got, want) = ptxsim::run_beside_interpreter(k, k, m.ptx(), i, grid, inputs);
     let (gv, wv) = (got.to_f64_vec(), want.to_f64_vec());
     let xs = inputs[0].to_f64_vec();
     let d = k.output.dtype;
@@ -115,19 +107,8 @@ fn rounding_inputs(d: DType) -> Vec<f32> {
             v.push(-x);
         }
     }
-    v.extend([
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        1e-30,
-        -1e-30,
-        f32::from_bits(1),
-        f32::MAX,
-        f32::MIN,
-    ]);
+    v.extend(ptxsim::f32_specials());
+    v.extend([1e-30, -1e-30]);
     let mut s = 0x0123_4567_89AB_CDEFu64;
     for _ in 0..20_000 {
         v.push(f32::from_bits(xorshift(&mut s) as u32));

@@ -133,36 +133,6 @@ fn worst32(what: &str, inputs: &[f32], got: &[f32], want: impl Fn(usize) -> f32)
     worst.0
 }
 
-/// Special-valued inputs of f32.
-fn f32_specials() -> Vec<f32> {
-    let mut v = vec![
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        f32::MIN_POSITIVE,
-        -f32::MIN_POSITIVE,
-        f32::from_bits(1),
-        f32::from_bits(0x8000_0001),
-        f32::from_bits(0x007F_FFFF),
-        f32::MAX,
-        f32::MIN,
-        1.0,
-        -1.0,
-        0.5,
-        -0.5,
-        2.0,
-        -2.0,
-        1.0 + f32::EPSILON,
-        1.0 - f32::EPSILON / 2.0,
-        3.0,
-        -3.0,
-    ];
-    v.extend((-3..=3).map(|k| k as f32 * 0.25));
-    v
-}
 
 /// Every input compared with the kernel interpreter (libm): special results exactly.
 fn exact_against_interpreter(k: &Kernel, m: &cuda::CudaModule, inputs: &[Tensor]) {
@@ -223,7 +193,7 @@ fn f32_log_is_within_one_ulp_over_its_whole_range() {
     let got = as_f32(&simulate(&k, &m, &[f32s(&near)]));
     let worst = worst32("log f32 near 1", &near, &got, |i| (f64::from(near[i])).ln() as f32);
     assert!(worst <= 1, "log f32 near 1: {worst} ulp");
-    let sp = f32_specials();
+    let sp = ptxsim::f32_specials();
     let k = kernel("log_specials", DType::F32, sp.len(), Ok(UnaryOp::Log));
     exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
 }
@@ -258,7 +228,7 @@ fn f32_pow_is_correctly_rounded_on_sweeps_and_exact_on_special_values() {
     let worst = worst32("pow f32", &xs, &got, |i| f64::from(xs[i]).powf(f64::from(ys[i])) as f32);
     assert!(worst <= 1, "pow f32: {worst} ulp");
     // Every pair of special values against libm's powf.
-    let sp = f32_specials();
+    let sp = ptxsim::f32_specials();
     let (xs, ys): (Vec<f32>, Vec<f32>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
     let k = kernel("pow_specials", DType::F32, xs.len(), Err(BinaryOp::Pow));
     exact_against_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)]);
@@ -284,7 +254,7 @@ fn f64_exp_and_log_are_within_a_few_ulp() {
     let worst = (0..ls.len()).map(|i| ulps64(got[i], ls[i].ln())).max().unwrap_or(0);
     eprintln!("log f64: worst {worst} ulp");
     assert!(worst <= 2, "log f64: {worst} ulp");
-    let sp: Vec<f64> = f32_specials()
+    let sp: Vec<f64> = ptxsim::f32_specials()
         .into_iter()
         .map(f64::from)
         .chain([f64::MAX, f64::MIN_POSITIVE, 5e-324, 709.7, 709.8, -745.0, -746.0, -800.0])
@@ -310,7 +280,7 @@ fn trig_inputs(lim: f32) -> Vec<f32> {
     for _ in 0..200_000 {
         v.push(f32::from_bits(xorshift(&mut s) as u32 & 0xFF7F_FFFF));
     }
-    v.extend(f32_specials());
+    v.extend(ptxsim::f32_specials());
     v
 }
 
@@ -328,7 +298,7 @@ fn f32_inverse_trigonometric_functions_are_within_one_ulp() {
         let got = as_f32(&simulate(&k, &m, &[f32s(&xs)]));
         let worst = worst32(op.name(), &xs, &got, |i| exact(f64::from(xs[i])) as f32);
         assert!(worst <= 1, "{}: {worst} ulp", op.name());
-        let sp = f32_specials();
+        let sp = ptxsim::f32_specials();
         let k = kernel(&format!("{}_specials", op.name()), DType::F32, sp.len(), Ok(op));
         exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
     }
@@ -385,7 +355,7 @@ fn f64_pow_is_within_its_stated_bound() {
             assert_eq!(got[i].to_bits(), want.to_bits(), "pow f64({}, {})", xs[i], ys[i]);
         }
     }
-    let sp: Vec<f64> = f32_specials().into_iter().map(f64::from).collect();
+    let sp: Vec<f64> = ptxsim::f32_specials().into_iter().map(f64::from).collect();
     let (xs, ys): (Vec<f64>, Vec<f64>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
     // Non-integer powers of these bases have |y·ln x| ≤ 78: within the bound's 160 ulp.
     let k = kernel("pow_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Pow));
@@ -421,7 +391,7 @@ fn fmod_is_exact_at_every_quotient() {
             got[i]
         );
     }
-    let sp: Vec<f64> = f32_specials().into_iter().map(f64::from).chain([f64::MAX, 5e-324, 1e300, -1e-300]).collect();
+    let sp: Vec<f64> = ptxsim::f32_specials().into_iter().map(f64::from).chain([f64::MAX, 5e-324, 1e300, -1e-300]).collect();
     let (xs, ys): (Vec<f64>, Vec<f64>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
     let k = kernel("fmod_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f64s(&xs), f64s(&ys)], 0);
@@ -430,7 +400,7 @@ fn fmod_is_exact_at_every_quotient() {
     let ys: Vec<f32> = (0..50_000).map(|_| f32::from_bits(xorshift(&mut s) as u32 & 0xFF7F_FFFF)).collect();
     let k = kernel("fmod_f32", DType::F32, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)], 0);
-    let sp = f32_specials();
+    let sp = ptxsim::f32_specials();
     let (xs, ys): (Vec<f32>, Vec<f32>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
     let k = kernel("fmod_f32_specials", DType::F32, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)], 0);
@@ -444,7 +414,7 @@ fn constant_exponents_give_the_general_sequences_values() {
     let mut s = 0x1111_2222_3333_4444u64;
     let mut xs: Vec<f32> = (0..20_000).map(|_| f32::from_bits(xorshift(&mut s) as u32)).collect();
     xs.extend((0..20_000).map(|_| ((xorshift(&mut s) % 20_000) as f32 - 10_000.0) / 1000.0));
-    xs.extend(f32_specials());
+    xs.extend(ptxsim::f32_specials());
     let exps = [0.0f64, -0.0, 1.0, 2.0, 0.5, 3.0, -1.0, -2.0, 5.0, 7.0, 64.0, -64.0, 65.0, 0.25, -0.5, 1.5, 63.0, -3.0];
     for d in [DType::F32, DType::F64] {
         let mut kernels = Vec::new();
@@ -497,7 +467,7 @@ fn f32_inverse_hyperbolic_functions_keep_their_relative_precision() {
     let mut xs: Vec<f32> = (0..300_000).map(|_| f32::from_bits(xorshift(&mut s) as u32 & 0xFF7F_FFFF)).collect();
     xs.extend((1..50_000u32).map(|j| f32::from_bits(0x3F80_0000 + j * 3)));
     xs.extend((1..50_000u32).map(|j| f32::from_bits(0x3F80_0000 - j * 3)));
-    xs.extend(f32_specials());
+    xs.extend(ptxsim::f32_specials());
     type Case = (UnaryOp, fn(f64) -> f64);
     let cases: [Case; 3] = [(UnaryOp::Asinh, f64::asinh), (UnaryOp::Acosh, f64::acosh), (UnaryOp::Atanh, f64::atanh)];
     for (op, exact) in cases {
@@ -513,7 +483,7 @@ fn f32_inverse_hyperbolic_functions_keep_their_relative_precision() {
             }
         });
         assert!(worst <= 2, "{}: {worst} ulp", op.name());
-        let sp = f32_specials();
+        let sp = ptxsim::f32_specials();
         let k = kernel(&format!("{}_specials", op.name()), DType::F32, sp.len(), Ok(op));
         exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
     }

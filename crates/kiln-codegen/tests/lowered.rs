@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use kiln_ir::infer::{infer, InferInput};
 use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor};
-use kiln_lower::{lower_op, OpCx, OpInput, Operand};
+use kiln_lower::{lower_op, OpCx, OpInput};
 
 fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
     let mut a = Attrs::new();
@@ -295,14 +295,7 @@ fn lowered_ops_compile_and_match() {
         // op's results with the reference evaluator.
         let mut results: Vec<Tensor> = Vec::new();
         for step in &lowered.steps {
-            let args: Vec<&Tensor> = step
-                .operands
-                .iter()
-                .map(|&o| match o {
-                    Operand::Input(i) => c.inputs[i].as_ref().expect("operand"),
-                    Operand::Step(s) => &results[s],
-                })
-                .collect();
+            let args = step_operands(&step.operands, &c.inputs, &results);
             let cfgs = quick_configs();
             let got = run_compiled(&step.kernel, &args, &cfgs[0], 2);
             let want = std::panic::catch_unwind(|| kiln_flow::interp::run(&step.kernel, &args).unwrap());

@@ -10,21 +10,10 @@ use kiln_ir::{DType, Shape, Tensor, TensorType};
 const TYPES: [ScalarType; 11] = ScalarType::ALL;
 
 /// Every storage dtype the CPU backend handles.
-const STORAGE: [DType; 13] = [
-    DType::Bool,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-];
+const STORAGE: [DType; 13] = {
+    use DType::*;
+    [Bool, I8, I16, I32, I64, U8, U16, U32, U64, F32, F64, F16, BF16]
+};
 
 fn tt(d: DType, dims: &[usize]) -> TensorType {
     TensorType::new(d, Shape::new(dims.to_vec()).unwrap())

@@ -116,12 +116,10 @@ fn copy_of(d: DType, in_len: usize, out_dims: &[usize], coef: &[i64], c: i64) ->
     b.finish(v).unwrap()
 }
 
-#[test]
-fn affine_copies_match_the_interpreter() {
-    require_avx2_fma!(", so the copy kernel is not used");
-    // (output dims, coefficients per output dim, constant); the input is sized to the
-    // largest offset read.
-    let mut cases: Vec<(Vec<usize>, Vec<i64>, i64)> = vec![
+/// Affine copies `(output dims, coefficients per output dim, constant)` that both
+/// element sizes are tested on; the input is sized to the largest offset read.
+fn copy_cases() -> Vec<(Vec<usize>, Vec<i64>, i64)> {
+    vec![
         // im2col of a [1, 6, 14, 14] map for a 5×5 window: cols[c, kh, kw, oh, ow].
         (vec![6, 5, 5, 10, 10], vec![196, 14, 1, 14, 1], 0),
         // of a [1, 1, 32, 32] map, 28 columns (3 vectors and a tail of 4).
@@ -130,10 +128,18 @@ fn affine_copies_match_the_interpreter() {
         (vec![7, 13], vec![2 * 20, 1], 5),
         // one row broadcast over two outer dims.
         (vec![3, 4, 9], vec![0, 0, 1], 2),
+    ]
+}
+
+#[test]
+fn affine_copies_match_the_interpreter() {
+    require_avx2_fma!(", so the copy kernel is not used");
+    let mut cases = copy_cases();
+    cases.extend([
         // rank 6, widths 4 and 8.
         (vec![2, 1, 3, 2, 2, 4], vec![200, 0, 50, 16, 5, 1], 3),
         (vec![2, 2, 2, 2, 2, 8], vec![300, 100, 40, 16, 8, 1], 0),
-    ];
+    ]);
     for w in [4usize, 5, 7, 8, 9, 15, 16, 17, 33, 70] {
         cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
     }
@@ -168,12 +174,7 @@ fn check_affine_copies(dtype: DType, cases: Vec<(Vec<usize>, Vec<i64>, i64)>, in
 #[test]
 fn byte_copies_match_the_interpreter() {
     require_avx2_fma!(", so the copy kernel is not used");
-    let mut cases: Vec<(Vec<usize>, Vec<i64>, i64)> = vec![
-        (vec![6, 5, 5, 10, 10], vec![196, 14, 1, 14, 1], 0),
-        (vec![5, 5, 28, 28], vec![32, 1, 32, 1], 0),
-        (vec![7, 13], vec![2 * 20, 1], 5),
-        (vec![3, 4, 9], vec![0, 0, 1], 2),
-    ];
+    let mut cases = copy_cases();
     for w in [1usize, 2, 3, 5, 16, 17, 70] {
         cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
     }

@@ -20,7 +20,7 @@ use common::*;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_ir::infer::{infer, InferInput};
 use kiln_ir::{Attr, Attrs, DType, Op, OpKind, Shape, Tensor};
-use kiln_lower::{lower_op, OpCx, OpInput, Operand};
+use kiln_lower::{lower_op, OpCx, OpInput};
 
 fn op(kind: OpKind, attrs: &[(&str, Attr)]) -> Op {
     let mut a = Attrs::new();
@@ -94,14 +94,7 @@ fn check_op(op: &Op, inputs: &[Option<Tensor>], expect_micro: bool) {
     let lowered = lower_op(&cx).unwrap_or_else(|e| panic!("{}: lower: {e}", op.kind));
     let mut results: Vec<Tensor> = Vec::new();
     for step in &lowered.steps {
-        let args: Vec<&Tensor> = step
-            .operands
-            .iter()
-            .map(|&o| match o {
-                Operand::Input(i) => inputs[i].as_ref().expect("operand"),
-                Operand::Step(s) => &results[s],
-            })
-            .collect();
+        let args = step_operands(&step.operands, &inputs, &results);
         let want = kiln_flow::interp::run(&step.kernel, &args).unwrap();
         for cfg in int8_configs() {
             let m = compile_with(&classify(&[&step.kernel]), &cfg.target, &cfg.options).unwrap();

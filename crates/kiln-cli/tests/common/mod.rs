@@ -69,6 +69,29 @@ pub fn lenet_artifact(suite: &str, name: &str) -> (PathBuf, PathBuf) {
     (dir, art)
 }
 
+/// An f32 graph input or output named `name` of these dimensions, `None` a free one
+/// (named `batch`).
+pub fn value_info(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
+    use kiln_import::onnx::proto::tensor_shape_proto::{dimension::Value, Dimension};
+    use kiln_import::onnx::proto::{type_proto, TensorShapeProto, TypeProto};
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Some(v) => Value::DimValue(*v),
+                None => Value::DimParam("batch".into()),
+            }),
+            denotation: None,
+        })
+        .collect();
+    let tensor = type_proto::Tensor { elem_type: Some(1), shape: Some(TensorShapeProto { dim }) };
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto { value: Some(type_proto::Value::TensorType(tensor)), denotation: None }),
+        doc_string: None,
+    }
+}
+
 /// An ONNX model (IR version 8, opset 17) of the graph `g` with these nodes, inputs,
 /// outputs and initializers, encoded.
 pub fn onnx_model(

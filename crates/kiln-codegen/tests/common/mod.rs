@@ -939,3 +939,19 @@ impl Win<'_> {
         lower_one(OpKind::AveragePool, &a, &[f32_type(x)])
     }
 }
+
+/// The tensors one lowered step reads: the op's inputs by position and the results of
+/// the steps before it.
+pub fn step_operands<'a>(
+    operands: &[kiln_lower::Operand],
+    inputs: &'a [Option<Tensor>],
+    results: &'a [Tensor],
+) -> Vec<&'a Tensor> {
+    operands
+        .iter()
+        .map(|&o| match o {
+            kiln_lower::Operand::Input(i) => inputs[i].as_ref().expect("operand"),
+            kiln_lower::Operand::Step(s) => &results[s],
+        })
+        .collect()
+}

@@ -2741,6 +2741,31 @@ fn ulps32(a: f32, b: f32) -> u64 {
     (ord(a) - ord(b)).unsigned_abs()
 }
 
+/// Runs entry `index` of `ptx` (kernel `k`) over its whole `launch` on `inputs`, the
+/// output buffer filled with `0xA5` first, and returns its output beside the kernel
+/// interpreter's run of `oracle` (`k` itself, or a twin defined to store the same
+/// values) on the same inputs. Panics, naming the kernel, where either fails or an
+/// output byte is never written.
+pub fn run_beside_interpreter(
+    k: &Kernel,
+    oracle: &Kernel,
+    ptx: &str,
+    index: usize,
+    launch: Grid,
+    inputs: &[Tensor],
+) -> (Tensor, Tensor) {
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let want = interp::run(oracle, &refs).unwrap_or_else(|e| panic!("{}: interpreter: {e}", k.name));
+    let e = parse(ptx, index).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|t| t.bytes().to_vec()).collect();
+    bufs.push(vec![0xA5; k.output.storage_bytes()]);
+    let mut g = Global::new(bufs);
+    run(&e, launch, &mut g, Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    assert!(g.written.pop().expect("the output").iter().all(|&w| w), "{}: a byte never written", k.name);
+    let got = Tensor::new(k.output.clone(), g.bufs.pop().expect("the output").into()).expect("output tensor");
+    (got, want)
+}
+
 /// Runs entry `index` of `ptx` (kernel `k`'s code) over `launch` on random inputs
 /// (`c`) and compares every output element it wrote with the kernel interpreter's,
 /// within `c.tol`. The full launch must write every element; a reduced one (`c`'s
@@ -2843,4 +2868,35 @@ pub fn check_against_interpreter(
         return Err(format!("{}: no element written by {grid} blocks in {} instructions", k.name, stats.steps));
     }
     Ok(Outcome { compared, elements: n, grid, steps: stats.steps, partial: stats.partial })
+}
+
+/// Special-valued inputs of f32.
+pub fn f32_specials() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x8000_0001),
+        f32::from_bits(0x007F_FFFF),
+        f32::MAX,
+        f32::MIN,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        1.0 + f32::EPSILON,
+        1.0 - f32::EPSILON / 2.0,
+        3.0,
+        -3.0,
+    ];
+    v.extend((-3..=3).map(|k| k as f32 * 0.25));
+    v
 }

@@ -277,6 +277,20 @@ impl Eval<'_, '_> {
         self.op1(B, "cvt.rni.s32.f32", c)
     }
 
+    /// The byte at `addr` in a 32-bit register, zero-extended (0 where `skip` holds,
+    /// without a load).
+    fn load_byte(&mut self, addr: Reg, skip: Option<Reg>) -> Reg {
+        let raw = self.p.reg(B);
+        match skip {
+            Some(s) => {
+                self.p.op("mov.b32", &[raw.into(), Imm::I(0).into()]);
+                self.p.op_if(s, true, "ld.global.u8", &[raw.into(), Opd::Addr(addr, 0)]);
+            }
+            None => self.p.op("ld.global.u8", &[raw.into(), Opd::Addr(addr, 0)]),
+        }
+        raw
+    }
+
     /// The element of 4-bit `dtype` at flat index `flat` (i64) of the binding at `base`,
     /// in its compute type's register (skipped where `skip` holds: 0).
     pub(super) fn load_nibble(&mut self, base: Reg, flat: Reg, dtype: DType, skip: Option<Reg>) -> Reg {
@@ -285,14 +299,7 @@ impl Eval<'_, '_> {
         let lo = self.op1(B, "cvt.u32.u64", flat);
         let odd = self.b32("and.b32", lo, Imm::I(1).into());
         let shift = self.b32("shl.b32", odd, Imm::I(2).into());
-        let raw = self.p.reg(B);
-        match skip {
-            Some(s) => {
-                self.p.op("mov.b32", &[raw.into(), Imm::I(0).into()]);
-                self.p.op_if(s, true, "ld.global.u8", &[raw.into(), Opd::Addr(addr, 0)]);
-            }
-            None => self.p.op("ld.global.u8", &[raw.into(), Opd::Addr(addr, 0)]),
-        }
+        let raw = self.load_byte(addr, skip);
         let n = self.b32("shr.u32", raw, shift.into());
         let n = self.b32("shl.b32", n, Imm::I(28).into());
         let op = if dtype == DType::I4 { "shr.s32" } else { "shr.u32" };
@@ -301,14 +308,7 @@ impl Eval<'_, '_> {
 
     /// An 8-bit float element at `addr` (skipped where `skip` holds), as f32.
     pub(super) fn load_f8(&mut self, f: F8, addr: Reg, skip: Option<Reg>) -> Reg {
-        let raw = self.p.reg(B);
-        match skip {
-            Some(s) => {
-                self.p.op("mov.b32", &[raw.into(), Imm::I(0).into()]);
-                self.p.op_if(s, true, "ld.global.u8", &[raw.into(), Opd::Addr(addr, 0)]);
-            }
-            None => self.p.op("ld.global.u8", &[raw.into(), Opd::Addr(addr, 0)]),
-        }
+        let raw = self.load_byte(addr, skip);
         self.f8_decode(f, raw)
     }
 

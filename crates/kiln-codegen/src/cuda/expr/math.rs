@@ -98,6 +98,24 @@ impl Eval<'_, '_> {
         }
     }
 
+    /// `x · 2^n` (f64 `x`, s32 `n`) as two exact multiplications by `2^⌊n/2⌋` and
+    /// `2^(n − ⌊n/2⌋)`, each a power of two built in the exponent field, so an `n` past
+    /// the exponent range of one factor still gives the right (over- or underflowed)
+    /// result.
+    fn ldexp_f64(&mut self, x: Reg, n: Reg) -> Reg {
+        let n1 = self.op2(RegClass::B32, "shr.s32", n, Imm::I(1).into());
+        let n2 = self.op2(RegClass::B32, "sub.s32", n, n1.into());
+        let mut acc = x;
+        for h in [n1, n2] {
+            let b = self.op1(RegClass::B64, "cvt.s64.s32", h);
+            let b = self.op2(RegClass::B64, "add.s64", b, Imm::I(1023).into());
+            let b = self.op2(RegClass::B64, "shl.b64", b, Imm::I(52).into());
+            let sc = self.op1(D, "mov.b64", b);
+            acc = self.op2(D, "mul.rn.f64", acc, sc.into());
+        }
+        acc
+    }
+
     /// `c0 + z·(c1 + z·(c2 + …))` by FMA in class `c`.
     fn horner(&mut self, c: RegClass, z: Reg, coef: &[f64]) -> Reg {
         let t = if c == F { "f32" } else { "f64" };
@@ -208,16 +226,8 @@ impl Eval<'_, '_> {
             let prev = coef[k - 1];
             coef.push(prev / k as f64);
         }
-        let mut acc = self.horner(D, r, &coef);
-        let n1 = self.op2(RegClass::B32, "shr.s32", n, Imm::I(1).into());
-        let n2 = self.op2(RegClass::B32, "sub.s32", n, n1.into());
-        for h in [n1, n2] {
-            let b = self.op1(RegClass::B64, "cvt.s64.s32", h);
-            let b = self.op2(RegClass::B64, "add.s64", b, Imm::I(1023).into());
-            let b = self.op2(RegClass::B64, "shl.b64", b, Imm::I(52).into());
-            let sc = self.op1(D, "mov.b64", b);
-            acc = self.op2(D, "mul.rn.f64", acc, sc.into());
-        }
+        let acc = self.horner(D, r, &coef);
+        let acc = self.ldexp_f64(acc, n);
         // Far below the range (−∞ included), where the series of a huge negative r
         // would not give 0: 0.
         let tiny = self.setp("lt", "f64", x, Imm::F64((-746.0f64).to_bits()).into());
@@ -569,16 +579,7 @@ impl Eval<'_, '_> {
         let er = self.op1(RegClass::B32, "cvt.u32.u64", rb);
         let k = self.op2(RegClass::B32, "sub.s32", er, ey.into());
         let k = self.op2(RegClass::B32, "sub.s32", k, Imm::I(51).into());
-        let k1 = self.op2(RegClass::B32, "shr.s32", k, Imm::I(1).into());
-        let k2 = self.op2(RegClass::B32, "sub.s32", k, k1.into());
-        let mut d = ay;
-        for h in [k1, k2] {
-            let b = self.op1(RegClass::B64, "cvt.s64.s32", h);
-            let b = self.op2(RegClass::B64, "add.s64", b, Imm::I(1023).into());
-            let b = self.op2(RegClass::B64, "shl.b64", b, Imm::I(52).into());
-            let sc = self.op1(D, "mov.b64", b);
-            d = self.op2(D, "mul.rn.f64", d, sc.into());
-        }
+        let d = self.ldexp_f64(ay, k);
         let next = self.fmod_step(r, d);
         self.p.copy(r, next);
         self.p.branch(None, head);
