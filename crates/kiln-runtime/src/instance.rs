@@ -452,7 +452,8 @@ impl<'m> Instance<'m> {
                         *slot = bases.at(b);
                     }
                     let f = m.kernels[*kernel as usize];
-                    if *workgroups > 0 {
+                    let workgroups = m.workgroups(*kernel, *workgroups);
+                    if workgroups > 0 {
                         // SAFETY: `f` is the entry point of the variant chosen for this
                         // host, in code the loader placed and keeps mapped while `m`
                         // lives. `table` holds one pointer per binding, each to a range
@@ -461,7 +462,7 @@ impl<'m> Instance<'m> {
                         // caller's inputs and outputs. Per the kernel ABI the kernel
                         // touches only those ranges and writes only its last binding,
                         // which is never an input or the constants.
-                        unsafe { f(self.table.as_ptr(), m.helpers.as_ptr(), 0, *workgroups) };
+                        unsafe { f(self.table.as_ptr(), m.helpers.as_ptr(), 0, workgroups) };
                     }
                 }
                 Command::Barrier => {}

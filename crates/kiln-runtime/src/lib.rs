@@ -46,7 +46,7 @@ mod pages;
 mod task;
 pub mod verify;
 
-pub use error::{RuntimeError, VerifyError};
+pub use error::{ConditionProblem, RuntimeError, VerifyError};
 pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
 pub use instance::{Instance, Observe, TensorMut, TensorRef};
 pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, VerifiedPlan, RUNTIME_ABI};

@@ -235,7 +235,8 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
         step_at[i] = s.steps.len();
         match c {
             Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
-                if *workgroups == 0 {
+                let workgroups = m.workgroups(*kernel, *workgroups);
+                if workgroups == 0 {
                     continue;
                 }
                 if s.jobs[open..].iter().any(|p| conflict(p.bindings, bindings)) {
@@ -245,7 +246,7 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                 // Verified: the kernel index is in range.
                 s.jobs.push(Planned {
                     kernel: m.kernels[*kernel as usize],
-                    workgroups: *workgroups,
+                    workgroups,
                     work_ns: *work_ns,
                     bindings,
                     table,
