@@ -4,7 +4,9 @@
 //! [`verify_program`] checks what holds for every device: a dispatch's kernel has a
 //! variant for its device's kind, and a CUDA executable has one launch record per entry
 //! within the device's limits whose parameter count equals the bindings of every
-//! dispatch that runs it. Which devices a runtime drives is checked by that runtime
+//! dispatch that runs it; and every variant's condition (format 1.5) is well formed for
+//! its executable (`condition`: known CPU feature bits on CPU code, a real compute
+//! capability on CUDA code). Which devices a runtime drives is checked by that runtime
 //! ([`require_device_kind`]): the CPU runtime refuses a CUDA artifact at bind, the
 //! CUDA runtime a CPU one, while [`crate::Module::verify_plan`] accepts both.
 
