@@ -61,6 +61,10 @@ pub enum RuntimeError {
         /// The kernel.
         kernel: String,
     },
+    /// An embedder's allocator was given (`Module::load_in`, `Instance::new_in`) but
+    /// the process's global allocator is not `memory::Routed`, so the runtime's
+    /// allocations could not reach it.
+    AllocatorNotRouted,
     /// The module keeps its weights in a separate file and none was given.
     WeightsMissing {
         /// The file name the compiler recorded.
@@ -333,6 +337,10 @@ impl fmt::Display for RuntimeError {
                 }
                 f.write_str(" (compile for this CPU)")
             }
+            E::AllocatorNotRouted => f.write_str(
+                "an allocator was given but the global allocator is not kiln_runtime::memory::Routed \
+                 (install it with #[global_allocator] to route the runtime's allocations)",
+            ),
             E::NoCpuVariant { kernel } => {
                 write!(f, "kernel {kernel_} has no variant for a CPU", kernel_ = Name(kernel))
             }

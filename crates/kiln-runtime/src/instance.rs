@@ -300,6 +300,28 @@ impl<'m> Instance<'m> {
         Instance::new(module)?.threaded(threads)
     }
 
+    /// [`Instance::new`] with every allocation it makes (the arena, the binding table)
+    /// from `allocator` ([`crate::memory`]).
+    #[cfg(feature = "std")]
+    pub fn new_in(
+        module: &'m LoadedModule<'m>,
+        allocator: &'static dyn crate::memory::Allocator,
+    ) -> Result<Instance<'m>, RuntimeError> {
+        crate::memory::within(allocator, || Instance::new(module))
+    }
+
+    /// [`Instance::with_threads`] with every allocation it makes (the arena, the tables,
+    /// the schedules, the worker threads' bookkeeping, and whatever the workers
+    /// allocate while they live) from `allocator` ([`crate::memory`]).
+    #[cfg(feature = "local-task")]
+    pub fn with_threads_in(
+        module: &'m LoadedModule<'m>,
+        threads: usize,
+        allocator: &'static dyn crate::memory::Allocator,
+    ) -> Result<Instance<'m>, RuntimeError> {
+        crate::memory::within(allocator, || Instance::with_threads(module, threads))
+    }
+
     /// [`Instance::with_arena`] on `threads` threads (see [`Instance::with_threads`]).
     #[cfg(feature = "local-task")]
     pub fn with_arena_and_threads(

@@ -81,3 +81,25 @@ fn loaded_modules_are_shared_across_threads() {
         }
     });
 }
+
+/// Without `memory::Routed` as the global allocator (this binary keeps the default), an
+/// embedder's allocator cannot be reached: the `_in` forms refuse instead of allocating
+/// elsewhere unnoticed.
+#[test]
+fn an_allocator_without_the_route_is_refused() {
+    struct Never;
+    unsafe impl kiln_runtime::memory::Allocator for Never {
+        fn allocate(&self, _: std::alloc::Layout) -> *mut u8 {
+            std::ptr::null_mut()
+        }
+        unsafe fn deallocate(&self, _: *mut u8, _: std::alloc::Layout) {}
+    }
+    static NEVER: Never = Never;
+    assert!(!kiln_runtime::memory::routed());
+    let file = write_program(&add_program(4));
+    let e = Module::load_in(&file, None, &NEVER).expect_err("not routed");
+    assert!(matches!(e, RuntimeError::AllocatorNotRouted), "{e:?}");
+    assert!(e.to_string().contains("#[global_allocator]"), "{e}");
+    let m = Module::load(&file, None).expect("load");
+    assert!(matches!(Instance::new_in(&m, &NEVER), Err(RuntimeError::AllocatorNotRouted)));
+}
