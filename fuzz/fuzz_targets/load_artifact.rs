@@ -2,6 +2,8 @@
 //! runtime's load-time verification (everything up to, not including, placing code).
 //! Each input is tried as given and resealed (checksums and length rewritten), so that
 //! mutations reach the section decoders and the verifier rather than dying at a CRC.
+//! Variant conditions (format 1.5) are evaluated for a host of every feature and for an
+//! x86-64-v3 host, which must never be given a variant needing more than it has.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -17,5 +19,14 @@ fuzz_target!(|data: &[u8]| {
         // to the end; `None`: external-weights modules stop at the weights check, after
         // the plan was verified.
         let _ = kiln_runtime::Module::verify(bytes, None, u64::MAX);
+        // An x86-64-v3 host: the variant conditions (format 1.5) are evaluated against
+        // features it lacks, and no variant that needs one of them is taken.
+        let v3 = kiln_module::program::CpuFeature::LEVELS[2];
+        if let Ok(v) = kiln_runtime::Module::verify(bytes, None, v3) {
+            for (k, &i) in v.program().kernels.iter().zip(v.variants()) {
+                let needs = kiln_runtime::verify::cpu_needs(v.program(), &k.variants[i]);
+                assert_eq!(needs.map(|n| n & !v3), Some(0), "a variant needing more than the host was taken");
+            }
+        }
     }
 });

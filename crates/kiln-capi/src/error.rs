@@ -44,6 +44,7 @@ pub(crate) fn status_of(e: &RuntimeError) -> kiln_status {
         E::BadMagic | E::Checksum { .. } | E::Container(_) | E::Malformed(_) | E::Invalid(_) => S::InvalidArtifact,
         E::NoSuchEntry { .. } => S::InvalidArtifact,
         E::UnsupportedFormat { .. } | E::UnsupportedVersion { .. } => S::Unsupported,
+        E::AllocatorNotRouted => S::InvalidArgument,
         E::MissingCpuFeatures { .. } | E::NoCpuVariant { .. } => S::Unsupported,
         E::WeightsMissing { .. } | E::WeightsMismatch { .. } | E::WeightsNotExpected => S::Weights,
         E::ArenaAlloc { .. } => S::OutOfMemory,

@@ -134,7 +134,9 @@ pub(crate) struct BindArgs {
 pub(crate) struct ModelArgs {
     #[command(flatten)]
     pub bind: BindArgs,
-    /// The CPU features the code may use: host, x86-64-v2, x86-64-v3 or x86-64-v4 (adds AVX-512 tiles)
+    /// The CPU features the code may use: host, x86-64, x86-64-v2, x86-64-v3 or x86-64-v4
+    /// (adds AVX-512 tiles); or several levels, comma-separated (x86-64-v3,x86-64-v4): the
+    /// artifact carries each level's code and runs the best one the host has
     #[arg(long = "target-cpu", value_name = "CPU")]
     pub target_cpu: Option<String>,
     /// The device the kernels are compiled for: cpu (default) or cuda (PTX for sm_90a;

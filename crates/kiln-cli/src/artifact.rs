@@ -10,7 +10,8 @@ use kiln_compiler::{Compilation, CpuTarget, Input, Level, Options, Stage, Target
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, DType, Shape, Tensor, TensorType};
 use kiln_module::program::{
-    Binding, Command, CpuFeature, DeviceKind, Executable, KernelClass, Program, Slot, Variant, CUDA_CUBIN_SM90A,
+    Binding, Command, Condition, CpuFeature, DeviceKind, Executable, KernelClass, Program, Slot, Variant,
+    CUDA_CUBIN_SM90A,
 };
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
@@ -87,14 +88,30 @@ fn threads(a: &Args) -> usize {
     }
 }
 
-fn target(a: &Args) -> Result<CpuTarget, String> {
-    match a.target.as_deref() {
-        None | Some("host") => Ok(CpuTarget::Host),
-        Some("x86-64-v2") => Ok(CpuTarget::X86_64V2),
-        Some("x86-64-v3") => Ok(CpuTarget::X86_64V3),
-        Some("x86-64-v4") => Ok(CpuTarget::X86_64V4),
-        Some(t) => Err(format!("--target-cpu `{t}`: expected host, x86-64-v2, x86-64-v3 or x86-64-v4")),
+/// `--target-cpu`: one CPU, or a comma-separated list of x86-64 levels whose code the
+/// artifact carries as variants (the lowest is the baseline every kernel has; the
+/// runtime takes the best the host has). Returns the lowest level and the higher ones,
+/// ascending.
+fn target(a: &Args) -> Result<(CpuTarget, Vec<CpuTarget>), String> {
+    let one = |t: &str| match t {
+        "host" => Ok(CpuTarget::Host),
+        "x86-64" => Ok(CpuTarget::X86_64),
+        "x86-64-v2" => Ok(CpuTarget::X86_64V2),
+        "x86-64-v3" => Ok(CpuTarget::X86_64V3),
+        "x86-64-v4" => Ok(CpuTarget::X86_64V4),
+        t => Err(format!("--target-cpu `{t}`: expected host, x86-64, x86-64-v2, x86-64-v3 or x86-64-v4, or a comma-separated list of levels")),
+    };
+    let Some(list) = a.target.as_deref() else { return Ok((CpuTarget::Host, Vec::new())) };
+    let mut levels = list.split(',').map(|t| one(t.trim())).collect::<Result<Vec<_>, _>>()?;
+    if levels.len() > 1 && levels.contains(&CpuTarget::Host) {
+        return Err(format!(
+            "--target-cpu `{list}`: `host` cannot be one of several variants (name the levels, e.g. x86-64-v3,x86-64-v4)"
+        ));
     }
+    levels.sort_by_key(|&t| kiln_compiler::variants::level(t));
+    levels.dedup();
+    let base = levels.remove(0);
+    Ok((base, levels))
 }
 
 /// `--target`: the device the kernels run on.
@@ -126,8 +143,10 @@ fn options_with(a: &Args, model: &Path, cubin: CubinMode) -> Result<Options, Str
         TargetDevice::Cuda => ptxas::find(cubin).map_err(|e| format!("--cubin: {e}"))?,
         TargetDevice::Cpu => None,
     };
+    let (target, cpu_variants) = target(a)?;
     Ok(Options {
-        target: target(a)?,
+        target,
+        cpu_variants,
         device,
         ptxas,
         external_weights: a
@@ -972,6 +991,58 @@ struct LayoutInfo {
     sections: Vec<(String, u64)>,
     format: String,
     abi: String,
+    /// For an artifact with CPU code: what this host would run.
+    host: Option<HostChoice>,
+}
+
+/// Which variant of each kernel this machine would run, and why: the runtime's own
+/// choice ([`kiln_runtime::verify::select_variants`] on the host's features, the
+/// features `cpuid` reports), with what each variant needs.
+struct HostChoice {
+    /// The host's CPU features.
+    features: u64,
+    /// Per kernel, per variant: the CPU features it needs (`None`: not CPU code).
+    needs: Vec<Vec<Option<u64>>>,
+    /// The variant each kernel takes, or why the artifact does not load here.
+    taken: Result<Vec<usize>, String>,
+}
+
+impl HostChoice {
+    fn of(p: &kiln_module::sections::ProgramView<'_>) -> Option<HostChoice> {
+        if !p.executables.iter().any(|x| x.device == DeviceKind::Cpu) {
+            return None;
+        }
+        let features = kiln_runtime::cpu::host_features();
+        let needs =
+            p.kernels.iter().map(|k| k.variants.iter().map(|v| kiln_runtime::verify::cpu_needs(p, v)).collect()).collect();
+        let taken = kiln_runtime::verify::select_variants(p, features).map_err(|e| e.to_string());
+        Some(HostChoice { features, needs, taken })
+    }
+
+    fn taken(&self, kernel: usize) -> Option<usize> {
+        self.taken.as_ref().ok()?.get(kernel).copied()
+    }
+}
+
+/// A CPU feature set named by its x86-64 level and what it has beyond it
+/// (`x86-64-v4 +avx512bw`).
+fn level_name(bits: u64) -> String {
+    let (level, extra) = CpuFeature::level_of(bits);
+    let mut s = level.unwrap_or("x86-64 without sse2").to_string();
+    for f in features(extra) {
+        s.push_str(" +");
+        s.push_str(f);
+    }
+    s
+}
+
+/// A variant's condition as listings name it.
+fn condition_name(c: &Condition) -> String {
+    match c {
+        Condition::Always => "always".into(),
+        Condition::CpuFeatures(bits) => level_name(*bits),
+        Condition::Cuda(arch) => arch.to_string(),
+    }
 }
 
 /// `kiln inspect OUT.kiln [--json] [--dispatch-graph]`.
@@ -988,6 +1059,7 @@ pub(crate) fn inspect_cmd(a: Args) -> Result<(), String> {
         sections: m.sections().map(|s| (s.kind.to_string(), s.bytes.len() as u64)).collect(),
         format: m.format().to_string(),
         abi: m.abi().to_string(),
+        host: HostChoice::of(&plan.program),
     };
     if a.dispatch_graph {
         return write_stdout(&dispatch_dot(&program));
@@ -1055,6 +1127,97 @@ fn launch_of(p: &Program, kernel: u32) -> Option<kiln_module::program::Launch> {
     p.executables.get(v.executable as usize)?.launches.get(v.entry as usize).copied()
 }
 
+/// A kernel's variants for a dispatch line, where it has several: each condition, its
+/// own workgroup count where it has one, `*` on the one this host takes
+/// (` variants: x86-64-v4*(x25) | x86-64-v3`).
+fn variants_text(p: &Program, info: &LayoutInfo, kernel: u32) -> String {
+    let Some(k) = p.kernels.get(kernel as usize) else { return String::new() };
+    if k.variants.len() < 2 {
+        return String::new();
+    }
+    let taken = info.host.as_ref().and_then(|h| h.taken(kernel as usize));
+    let each: Vec<String> = k
+        .variants
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let star = if taken == Some(i) { "*" } else { "" };
+            let wg = if v.workgroups != 0 { format!("(x{})", v.workgroups) } else { String::new() };
+            format!("{}{star}{wg}", condition_name(&v.condition))
+        })
+        .collect();
+    format!(" variants: {}", each.join(" | "))
+}
+
+/// The summary of a CPU artifact's variants: per executable, its level and how many
+/// kernels this host runs from it, and for those it passes over, what the host lacks.
+fn variants_summary(p: &Program, info: &LayoutInfo) -> String {
+    let mut s = String::new();
+    if !p.kernels.iter().any(|k| k.variants.len() > 1) {
+        return s;
+    }
+    let Some(h) = &info.host else { return s };
+    let _ = writeln!(s, "variants: this host has {}", level_name(h.features));
+    for (xi, x) in p.executables.iter().enumerate() {
+        if x.device != DeviceKind::Cpu {
+            continue;
+        }
+        let has = p.kernels.iter().filter(|k| k.variants.iter().any(|v| v.executable as usize == xi)).count();
+        let runs = p
+            .kernels
+            .iter()
+            .enumerate()
+            .filter(|(ki, k)| h.taken(*ki).and_then(|v| k.variants.get(v)).is_some_and(|v| v.executable as usize == xi))
+            .count();
+        let missing = x.features & !h.features;
+        let why = if missing == 0 {
+            format!("this host runs {runs} of them")
+        } else {
+            format!("passed over: this host lacks {}", features(missing).join(" "))
+        };
+        let _ = writeln!(
+            s,
+            "  executable {xi}: {}, {} bytes, {has} kernels; {why}",
+            level_name(x.features),
+            x.code.len()
+        );
+    }
+    if let Err(e) = &h.taken {
+        let _ = writeln!(s, "  this host cannot load it: {e}");
+    }
+    s
+}
+
+/// A kernel's variants as JSON: condition, what it needs and this host lacks, its own
+/// workgroups, and whether this host takes it.
+fn variants_json(p: &Program, info: &LayoutInfo, kernel: u32) -> String {
+    let Some(k) = p.kernels.get(kernel as usize) else { return String::new() };
+    let h = info.host.as_ref();
+    let taken = h.and_then(|h| h.taken(kernel as usize));
+    let each: Vec<String> = k
+        .variants
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let needs = h.and_then(|h| h.needs.get(kernel as usize)?.get(i).copied().flatten());
+            let list = |bits: u64| features(bits).iter().map(|f| json_str(f)).collect::<Vec<_>>().join(",");
+            let cpu = match (needs, h) {
+                (Some(n), Some(h)) => format!(",\"needs\":[{}],\"missing\":[{}]", list(n), list(n & !h.features)),
+                _ => String::new(),
+            };
+            format!(
+                "{{\"executable\":{},\"entry\":{},\"condition\":{},\"workgroups\":{}{cpu},\"taken\":{}}}",
+                v.executable,
+                v.entry,
+                json_str(&condition_name(&v.condition)),
+                v.workgroups,
+                taken == Some(i)
+            )
+        })
+        .collect();
+    format!("\"variants\":[{}],", each.join(","))
+}
+
 /// The human (or JSON) listing of an artifact.
 fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
     let mut s = String::new();
@@ -1087,6 +1250,14 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             }
         };
         let _ = write!(s, "\"cpu_features\":[{}],\"code_bytes\":{code},\"constants\":{constants},", f.join(","));
+        if let Some(h) = &info.host {
+            let hf: Vec<String> = features(h.features).iter().map(|f| json_str(f)).collect();
+            let error = match &h.taken {
+                Ok(_) => "null".to_string(),
+                Err(e) => json_str(e),
+            };
+            let _ = write!(s, "\"host\":{{\"cpu_features\":[{}],\"loads\":{},\"error\":{error}}},", hf.join(","), h.taken.is_ok());
+        }
         let _ = write!(s, "{}", cuda.json(p));
         let mut entries = Vec::new();
         for e in &p.entries {
@@ -1109,12 +1280,13 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 .iter()
                 .map(|c| match c {
                     Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
-                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},{}\"bindings\":[{}]}}",
+                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},{}{}\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
                         json_str(p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name)),
                         launch_of(p, *kernel)
                             .map(|l| format!("\"block\":{},\"shared\":{},", l.block, l.shared))
                             .unwrap_or_default(),
+                        variants_json(p, info, *kernel),
                         bindings.iter().map(json_binding).collect::<Vec<_>>().join(",")
                     ),
                     Command::Barrier => "{\"op\":\"barrier\"}".into(),
@@ -1191,6 +1363,7 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
     }
     if cuda.executables.is_empty() {
         let _ = writeln!(s, "code: {code} bytes; cpu features: {}", features(feats).join(" "));
+        s.push_str(&variants_summary(p, info));
     } else {
         s.push_str(&cuda.text(p));
     }
@@ -1244,7 +1417,8 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                     };
                     let _ = writeln!(
                         s,
-                        "  {i:>4} w{wave:<3} dispatch {name} ({class}){on} x{workgroups}{launch}{est} [{}]{src}",
+                        "  {i:>4} w{wave:<3} dispatch {name} ({class}){on} x{workgroups}{launch}{est}{} [{}]{src}",
+                        variants_text(p, info, *kernel),
                         b.join(", ")
                     );
                 }

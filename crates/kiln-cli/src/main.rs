@@ -17,6 +17,12 @@ mod embed;
 mod floor;
 mod gpu;
 
+/// With the `mimalloc` feature, every allocation of the process (import, compile, the
+/// runtime's load) goes to mimalloc instead of the C library's allocator.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use args::Cmd;
 use clap::{CommandFactory, Parser};
 use kiln_import::ImportOptions;

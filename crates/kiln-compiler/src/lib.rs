@@ -31,6 +31,7 @@ pub mod hal;
 pub mod ptxas;
 pub mod shard;
 pub mod stream;
+pub mod variants;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -38,7 +39,7 @@ use std::time::{Duration, Instant};
 use kiln_flow::class::KernelClass;
 use kiln_flow::program::FlowProgram;
 use kiln_ir::Graph;
-use kiln_module::program::{Constants, DebugInfo, Device, DeviceKind, Kernel, Program, Variant};
+use kiln_module::program::{Condition, Constants, CudaArch, DebugInfo, Device, DeviceKind, Kernel, Program, Variant};
 
 pub use error::{CompileError, ErrorKind, TextError};
 pub use kiln_codegen::cpu::{CodePath, CpuTarget};
@@ -60,8 +61,14 @@ pub use kiln_import::ImportOptions;
 /// Options of a [`Compilation`] (and of [`compile`]).
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// CPU the code is generated for (with [`TargetDevice::Cpu`]).
+    /// CPU the code is generated for (with [`TargetDevice::Cpu`]); with
+    /// [`Options::cpu_variants`], the lowest level, whose code every kernel has.
     pub target: CpuTarget,
+    /// Higher x86-64 levels than [`Options::target`], in ascending order, whose code the
+    /// artifact carries too as preferred variants of the kernels it differs for; the
+    /// runtime takes the best the host has, once at load ([`variants`]). Empty: one
+    /// level.
+    pub cpu_variants: Vec<CpuTarget>,
     /// The device the kernels run on.
     pub device: TargetDevice,
     /// Keep the constants in a separate file with this name (the caller writes
@@ -91,6 +98,7 @@ impl Default for Options {
     fn default() -> Options {
         Options {
             target: CpuTarget::Host,
+            cpu_variants: Vec::new(),
             device: TargetDevice::Cpu,
             external_weights: None,
             strip: false,
@@ -327,6 +335,8 @@ pub struct Compilation {
     flow: Option<FlowProgram>,
     plan: Option<stream::StreamPlan>,
     cpu: Option<CpuModule>,
+    /// The higher levels' code ([`Options::cpu_variants`]), after [`Stage::Codegen`].
+    tiers: Vec<variants::Tier>,
     cuda: Option<CudaModule>,
     cubin: Option<ptxas::Cubin>,
     program: Option<Program>,
@@ -350,6 +360,7 @@ impl Compilation {
             flow: None,
             plan: None,
             cpu: None,
+            tiers: Vec::new(),
             cuda: None,
             cubin: None,
             program: None,
@@ -387,6 +398,12 @@ impl Compilation {
     /// The compiled kernels (after [`Stage::Codegen`]).
     pub fn cpu(&self) -> Option<&CpuModule> {
         self.cpu.as_ref()
+    }
+
+    /// The higher CPU levels' kernels ([`Options::cpu_variants`], after [`Stage::Codegen`]):
+    /// per level, the kernels whose code differs from the level below's.
+    pub fn cpu_tiers(&self) -> &[variants::Tier] {
+        &self.tiers
     }
 
     /// The compiled kernels of a CUDA compilation (after [`Stage::Codegen`]).
@@ -486,6 +503,12 @@ impl Compilation {
         })
     }
 
+    /// Every CPU level the code is generated for: [`Options::target`], then
+    /// [`Options::cpu_variants`].
+    fn cpu_targets(&self) -> impl Iterator<Item = CpuTarget> + '_ {
+        std::iter::once(self.options.target).chain(self.options.cpu_variants.iter().copied())
+    }
+
     /// The code generator's options for [`Options::size`].
     fn codegen_options(&self) -> kiln_codegen::cpu::Options {
         if self.options.size {
@@ -513,9 +536,11 @@ impl Compilation {
                 // microkernels run them (the CPU at the speed level, with AVX-512 BW/VL);
                 // elsewhere (the CUDA target, `--opt size`, AVX2) they stay float
                 // products with their fast paths, and the pass is passed over.
-                let int8 = self.options.device == TargetDevice::Cpu
-                    && !self.options.size
-                    && kiln_codegen::cpu::int8_kernels(&self.options.target, &self.codegen_options())?;
+                // (With several CPU levels: only where every level has them.)
+                let mut int8 = self.options.device == TargetDevice::Cpu && !self.options.size;
+                for t in self.cpu_targets() {
+                    int8 = int8 && kiln_codegen::cpu::int8_kernels(&t, &self.codegen_options())?;
+                }
                 let quant = kiln_opt::Pass::name(&kiln_opt::quant::FoldQuantizedContractions);
                 for name in names {
                     let g = self.graph.as_mut().ok_or_else(|| missing("tensor graph"))?;
@@ -543,9 +568,14 @@ impl Compilation {
             // A GPU's kernels read constants as they are (no CPU panels).
             Stage::PackWeights if self.options.device == TargetDevice::Cuda => {}
             Stage::PackWeights => {
-                let packing = kiln_codegen::Packing::new(&self.options.target, &self.codegen_options())?;
+                // One constant pool for every CPU level: a panel width they all read.
+                let packings = self
+                    .cpu_targets()
+                    .map(|t| kiln_codegen::Packing::new(&t, &self.codegen_options()))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;
-                if kiln_flow::layout::pack_constants(flow, &|k, class| packing.widths(k, class)) > 0 {
+                let widths = |k: &kiln_flow::Kernel, class| variants::agreed_widths(&packings, k, class);
+                if kiln_flow::layout::pack_constants(flow, &widths) > 0 {
                     flow.remove_dead();
                 }
             }
@@ -566,7 +596,15 @@ impl Compilation {
             Stage::Codegen => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
                 let cpu = generate_code(flow, &self.options.target, &self.codegen_options());
-                self.cpu = Some(cpu.map_err(|e| codegen_error(flow, e))?);
+                let cpu = cpu.map_err(|e| codegen_error(flow, e))?;
+                if !self.options.cpu_variants.is_empty() {
+                    let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> =
+                        flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
+                    let tiers =
+                        variants::compile_tiers(&kernels, &cpu, &self.options.cpu_variants, &self.codegen_options());
+                    self.tiers = tiers.map_err(|e| codegen_error(flow, e))?;
+                }
+                self.cpu = Some(cpu);
             }
             Stage::Hal => {
                 let (Some(flow), Some(plan)) = (&self.flow, &self.plan) else {
@@ -576,6 +614,7 @@ impl Compilation {
                     (Some(cpu), _) => Code {
                         device: DeviceKind::Cpu,
                         executable: &cpu.executable,
+                        cpu: Some((cpu, &self.tiers)),
                         cubin: None,
                         workgroups: cpu.workgroups.clone(),
                         work_ns: cpu.work_ns.clone(),
@@ -584,6 +623,7 @@ impl Compilation {
                     (None, Some(cuda)) => Code {
                         device: DeviceKind::Cuda,
                         executable: &cuda.executable,
+                        cpu: None,
                         cubin: self.cubin.as_ref().map(|c| &c.executable),
                         workgroups: cuda.launches.iter().map(|l| l.grid).collect(),
                         work_ns: Vec::new(),
@@ -638,6 +678,8 @@ fn codegen_error(flow: &FlowProgram, source: CodegenError) -> CompileError {
 struct Code<'a> {
     device: DeviceKind,
     executable: &'a kiln_module::program::Executable,
+    /// For a CPU: the baseline's module and the higher levels' code.
+    cpu: Option<(&'a CpuModule, &'a [variants::Tier])>,
     /// The same kernels as a cubin, preferred over `executable` (CUDA only).
     cubin: Option<&'a kiln_module::program::Executable>,
     workgroups: Vec<u64>,
@@ -662,14 +704,22 @@ fn build_program(
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            // The cubin (executable 1) first where there is one, the PTX (or the CPU's
-            // code, executable 0) always.
             let entry = i as u32;
-            let mut variants = Vec::with_capacity(2);
-            if code.cubin.is_some() {
-                variants.push(Variant { executable: 1, entry, features: 0 });
-            }
-            variants.push(Variant { executable: 0, entry, features: 0 });
+            let variants = match code.cpu {
+                // The best CPU level's code first, the baseline's last.
+                Some((base, tiers)) => variants::variants_of(i, base, tiers),
+                // The cubin (executable 1) first where there is one, the PTX always; both
+                // are for sm_90a (the PTX's `.target`), so only a 9.0 device runs them.
+                None => {
+                    let sm90a = |executable| Variant {
+                        executable,
+                        entry,
+                        condition: Condition::Cuda(CudaArch::SM90A),
+                        workgroups: 0,
+                    };
+                    code.cubin.iter().map(|_| sm90a(1)).chain([sm90a(0)]).collect()
+                }
+            };
             Kernel { name: d.kernel.name.clone(), variants, class: Some(d.class) }
         })
         .collect();
@@ -698,6 +748,7 @@ fn build_program(
         executables: std::iter::once(code.executable)
             .chain(code.cubin)
             .map(|x| kiln_module::program::Executable { launches: code.launches.clone(), ..x.clone() })
+            .chain(code.cpu.into_iter().flat_map(|(_, tiers)| tiers.iter().map(|t| t.module.executable.clone())))
             .collect(),
         constants,
         debug,

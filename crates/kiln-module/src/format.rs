@@ -49,7 +49,18 @@ impl fmt::Display for Version {
 /// tag 6; run-time `If`). A 1.3 reader refuses a 1.4 file with
 /// [`crate::ReadError::UnsupportedVersion`]; a 1.4 reader reads every older file as
 /// before (an older plan has neither kind).
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 4 };
+/// 1.5 gave each kernel variant a condition and a workgroup count in place of its
+/// feature bits (`condition, uv workgroups`; [`crate::program::Condition`]: always, a
+/// CPU feature set, a CUDA compute capability), so that one artifact carries code for
+/// several CPU levels or GPU generations and the runtime picks per kernel at load. A
+/// 1.4 reader refuses a 1.5 file by its version; a 1.5 reader reads an older variant's
+/// feature bits as a CPU-features condition (none: always) with the dispatch's
+/// workgroups.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 5 };
+
+/// The first minor version of major 1 whose variants carry a condition and a workgroup
+/// count ([`crate::program::Condition`]).
+pub const VARIANT_CONDITION_MINOR: u16 = 5;
 
 /// The first minor version of major 1 whose plans may hold `SkipIf` commands (and
 /// collective commands: both came with 1.4).

@@ -266,15 +266,101 @@ impl core::fmt::Display for KernelClass {
     }
 }
 
-/// One implementation of a kernel.
+/// One implementation of a kernel: code, and the condition under which it may run.
+///
+/// A kernel lists its variants in order of preference; the runtime evaluates each
+/// variant's [`Condition`] once, at load, against the device (a CPU's features from
+/// `cpuid`, a GPU's compute capability) and takes the first that holds. A variant whose
+/// condition does not hold is never run; where none holds, loading fails with an error
+/// that names what is missing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Variant {
     /// Index into [`Program::executables`].
     pub executable: u32,
     /// Index into that executable's [`Executable::entries`].
     pub entry: u32,
-    /// CPU features this variant needs beyond its executable's (bit set of [`CpuFeature`]).
-    pub features: u64,
+    /// When it may run (format 1.5 on; an older file's variant reads as
+    /// [`Condition::CpuFeatures`] of its feature bits, or [`Condition::Always`] for none).
+    pub condition: Condition,
+    /// How many workgroups every dispatch of the kernel runs when this variant is
+    /// taken; 0: the dispatch's own count. Variants of one kernel may split its work
+    /// differently (a 512-bit contraction tile covers twice the rows of a 256-bit one);
+    /// each variant's code takes `0..workgroups` of its own split (format 1.5 on; 0 in
+    /// older files).
+    pub workgroups: u64,
+}
+
+impl Variant {
+    /// A variant that always runs on its executable's device, with the dispatch's
+    /// workgroups.
+    pub fn always(executable: u32, entry: u32) -> Variant {
+        Variant { executable, entry, condition: Condition::Always, workgroups: 0 }
+    }
+
+    /// A CPU variant that needs the features `bits` (bits of [`CpuFeature`]; none:
+    /// [`Condition::Always`]), with the dispatch's workgroups.
+    pub fn cpu(executable: u32, entry: u32, bits: u64) -> Variant {
+        let condition = if bits == 0 { Condition::Always } else { Condition::CpuFeatures(bits) };
+        Variant { executable, entry, condition, workgroups: 0 }
+    }
+}
+
+/// When a [`Variant`] may run, evaluated once at load. On disk (format 1.5 on): a tag,
+/// then its fields (see [`crate::sections`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    /// On every device of its executable's kind (tag 0).
+    Always,
+    /// On a CPU that has every feature of the set, bits of [`CpuFeature`] (tag 1: `uv`
+    /// bits; nonzero, and only bits of [`CpuFeature::ALL`]). Its executable is a CPU's.
+    CpuFeatures(u64),
+    /// On an NVIDIA GPU of at least a compute capability, or of exactly it where the
+    /// code uses architecture-specific features (tag 2). Its executable is a CUDA one.
+    Cuda(CudaArch),
+}
+
+/// The compute capability a CUDA variant needs: `sm_80` is `{ major: 8, minor: 0,
+/// specific: false }` (PTX for 8.0 runs on 8.0 and every later device, compiled by the
+/// driver); `sm_90a` is `{ 9, 0, specific: true }` (`wgmma`, `setmaxnreg`: only on 9.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CudaArch {
+    /// Major version (1 to [`CudaArch::MAX_MAJOR`]).
+    pub major: u8,
+    /// Minor version (0 to 9).
+    pub minor: u8,
+    /// Architecture-specific features (the `a` of `sm_90a`): the device must be exactly
+    /// `major.minor`, not merely at least it.
+    pub specific: bool,
+}
+
+impl CudaArch {
+    /// The largest major version a condition may name.
+    pub const MAX_MAJOR: u8 = 99;
+    /// `sm_80`: Ampere's `mma.sync`, and every later device.
+    pub const SM80: CudaArch = CudaArch { major: 8, minor: 0, specific: false };
+    /// `sm_90a`: Hopper's `wgmma` and its other architecture-specific instructions.
+    pub const SM90A: CudaArch = CudaArch { major: 9, minor: 0, specific: true };
+
+    /// Whether a device of compute capability `major.minor` meets it.
+    pub fn admits(self, major: u32, minor: u32) -> bool {
+        let (m, n) = (u32::from(self.major), u32::from(self.minor));
+        if self.specific {
+            (major, minor) == (m, n)
+        } else {
+            (major, minor) >= (m, n)
+        }
+    }
+
+    /// Its encoding: `major·10 + minor`, then whether it is architecture-specific.
+    pub fn sm(self) -> u32 {
+        u32::from(self.major) * 10 + u32::from(self.minor)
+    }
+}
+
+impl core::fmt::Display for CudaArch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "sm_{}{}{}", self.major, self.minor, if self.specific { "a" } else { "" })
+    }
 }
 
 /// CPU features a module may need, as bits of a `u64`.
@@ -341,6 +427,40 @@ impl CpuFeature {
         CpuFeature::Avx512vl,
         CpuFeature::Avx512vnni,
     ];
+
+    /// Every feature's bit: a condition naming any other bit is malformed.
+    pub const KNOWN: u64 = (1 << CpuFeature::ALL.len() as u32) - 1;
+
+    /// The x86-64 micro-architecture levels as feature sets (of the features this table
+    /// has): index 0 is x86-64 (SSE2), 1 is v2, 2 is v3, 3 is v4.
+    pub const LEVELS: [u64; 4] = {
+        let v1 = 1 << CpuFeature::Sse2 as u8;
+        let v2 = v1
+            | 1 << CpuFeature::Sse3 as u8
+            | 1 << CpuFeature::Ssse3 as u8
+            | 1 << CpuFeature::Sse41 as u8
+            | 1 << CpuFeature::Sse42 as u8
+            | 1 << CpuFeature::Popcnt as u8;
+        let v3 = v2
+            | 1 << CpuFeature::Avx as u8
+            | 1 << CpuFeature::Avx2 as u8
+            | 1 << CpuFeature::Fma as u8
+            | 1 << CpuFeature::Bmi1 as u8
+            | 1 << CpuFeature::Bmi2 as u8
+            | 1 << CpuFeature::Lzcnt as u8;
+        let v4 = v3 | 1 << CpuFeature::Avx512f as u8 | 1 << CpuFeature::Avx512dq as u8 | 1 << CpuFeature::Avx512vl as u8;
+        [v1, v2, v3, v4]
+    };
+
+    /// The highest x86-64 level whose every feature `bits` has (`"x86-64"`,
+    /// `"x86-64-v2"`, …; `None` without SSE2) and the features of `bits` beyond it.
+    pub fn level_of(bits: u64) -> (Option<&'static str>, u64) {
+        const NAMES: [&str; 4] = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"];
+        match (0..4).rev().find(|&l| bits & CpuFeature::LEVELS[l] == CpuFeature::LEVELS[l]) {
+            Some(l) => (Some(NAMES[l]), bits & !CpuFeature::LEVELS[l]),
+            None => (None, bits),
+        }
+    }
 
     /// Its bit in a feature set.
     pub fn bit(self) -> u64 {

@@ -47,7 +47,17 @@
 //!                               uv class (format 1.2 on: 0 unknown, 1 contraction, 2 window,
 //!                               3 rows, 4 movement, 5 elementwise, 6 general; absent from
 //!                               1.0 and 1.1 files; 0 and absent read as `None`; the runtime ignores it)
-//!                      variant = u32 executable, u32 entry, uv features
+//!                      variant = u32 executable, u32 entry, condition, uv workgroups
+//!                                (format 1.5 on; before it: u32 executable, u32 entry,
+//!                                uv features, read as a CPU-features condition, or
+//!                                always where 0, and workgroups 0)
+//!                      condition = uv tag, then
+//!                        0 always
+//!                        1 cpu features: uv bits (of `CpuFeature`)
+//!                        2 cuda: uv sm (major·10 + minor), uv specific (0 or 1: the `a`
+//!                          of sm_90a, exactly this compute capability)
+//!                      workgroups: 0 for the dispatch's own count, else the count every
+//!                                  dispatch of the kernel runs with this variant
 //! constants (kind 4, align 64): the constant pool's bytes, nothing else
 //! external-weights (kind 5, align 8): str file, uv size, hash as 8 bytes little-endian
 //! debug (kind 6, align 8, optional): list<str> kernel_sources, str source
@@ -62,7 +72,7 @@ use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
     Binding, BufferDesc, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel,
-    KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc, Variant,
+    KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc, Variant, Condition, CudaArch,
 };
 use crate::reader::Module;
 use crate::writer::ModuleWriter;
@@ -622,7 +632,19 @@ fn executables_bytes(p: &Program) -> Vec<u8> {
         e.list(&k.variants, |e, v| {
             e.uv(v.executable.into());
             e.uv(v.entry.into());
-            e.uv(v.features);
+            match v.condition {
+                Condition::Always => e.uv(0),
+                Condition::CpuFeatures(bits) => {
+                    e.uv(1);
+                    e.uv(bits);
+                }
+                Condition::Cuda(arch) => {
+                    e.uv(2);
+                    e.uv(arch.sm().into());
+                    e.uv(arch.specific.into());
+                }
+            }
+            e.uv(v.workgroups);
         });
         e.uv(k.class.map_or(0, KernelClass::code).into());
     });
@@ -886,6 +908,21 @@ impl<'a> Dec<'a> {
         })
     }
 
+    /// A variant's condition (format 1.5 on). The encoding is checked here (tag, field
+    /// widths); what a condition may say (known feature bits, the device kind of its
+    /// executable) is the verifier's.
+    fn condition(&mut self) -> R<Condition> {
+        Ok(match self.tag("variant condition", 2)? {
+            0 => Condition::Always,
+            1 => Condition::CpuFeatures(self.uv("variant cpu features")?),
+            _ => {
+                let sm = self.bounded("variant cuda sm", u64::from(CudaArch::MAX_MAJOR) * 10 + 9)?;
+                let specific = self.bounded("variant cuda arch-specific", 1)? == 1;
+                Condition::Cuda(CudaArch { major: (sm / 10) as u8, minor: (sm % 10) as u8, specific })
+            }
+        })
+    }
+
     fn finish(&self) -> R<()> {
         if self.remaining() > 0 {
             return Err(self.err(SectionProblem::TrailingBytes { count: self.remaining() as u64 }));
@@ -1005,8 +1042,13 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
         let variants = d.list("kernel variants", 3, |d| {
             let executable = d.u32("variant executable")?;
             let entry = d.u32("variant entry")?;
-            let features = d.uv("variant features")?;
-            Ok(Variant { executable, entry, features })
+            if d.format.minor < crate::format::VARIANT_CONDITION_MINOR {
+                let features = d.uv("variant features")?;
+                return Ok(Variant::cpu(executable, entry, features));
+            }
+            let condition = d.condition()?;
+            let workgroups = d.uv("variant workgroups")?;
+            Ok(Variant { executable, entry, condition, workgroups })
         })?;
         let class = if d.format.minor >= 2 {
             // Codes run from 0 (not recorded) to the last class's.

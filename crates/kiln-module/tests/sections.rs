@@ -62,14 +62,14 @@ fn mlp(constants: Constants, debug: bool) -> Program {
             Kernel {
                 name: "fc1".into(),
                 variants: vec![
-                    Variant { executable: 0, entry: 0, features: CpuFeature::Avx2.bit() | CpuFeature::Fma.bit() },
-                    Variant { executable: 0, entry: 1, features: 0 },
+                    Variant::cpu(0, 0, CpuFeature::Avx2.bit() | CpuFeature::Fma.bit()),
+                    Variant::cpu(0, 1, 0),
                 ],
                 class: Some(KernelClass::Contraction),
             },
             Kernel {
                 name: "fc2".into(),
-                variants: vec![Variant { executable: 0, entry: 2, features: 0 }],
+                variants: vec![Variant::cpu(0, 2, 0)],
                 class: Some(KernelClass::Elementwise),
             },
         ],
@@ -335,14 +335,19 @@ fn kernel_classes_by_hand_and_from_format_1_1() {
     p.executables.clear();
     p.kernels = vec![Kernel {
         name: "k".into(),
-        variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
+        variants: vec![Variant::cpu(0, 0, 0)],
         class: Some(KernelClass::Rows),
     }];
     let exe = section_bytes(&p, SectionKind::Executables).expect("exe");
-    // 0 executables; 1 kernel: name "k", 1 variant (0, 0, 0), class 3 (rows).
-    assert_eq!(exe, [0, 1, 1, b'k', 1, 0, 0, 0, 3]);
+    // 0 executables; 1 kernel: name "k", 1 variant (executable 0, entry 0, condition
+    // tag 0, workgroups 0), class 3 (rows).
+    assert_eq!(exe, [0, 1, 1, b'k', 1, 0, 0, 0, 0, 3]);
     let file_of = |exe: Vec<u8>, minor: u16| file_of_format(&p, (SectionKind::Executables, exe), minor);
     let kernels = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().kernels);
+    assert_eq!(kernels(&file_of(exe.clone(), 5)).expect("a 1.5 table"), p.kernels);
+    // The same table as format 1.2 to 1.4 wrote it: a variant's features (0) in place of
+    // its condition and workgroups.
+    let exe = vec![0, 1, 1, b'k', 1, 0, 0, 0, 3];
     assert_eq!(kernels(&file_of(exe.clone(), 2)).expect("a 1.2 table"), p.kernels);
     // Every class has its own code, and reads back; code 0 is "not recorded".
     for c in KernelClass::ALL.map(Some).into_iter().chain([None]) {
@@ -361,6 +366,71 @@ fn kernel_classes_by_hand_and_from_format_1_1() {
     bad[8] = 7;
     let e = kernels(&file_of(bad, 2)).expect_err("class 7");
     assert_eq!(e.problem, SectionProblem::UnknownTag { field: "kernel class", tag: 7 });
+}
+
+#[test]
+fn variant_conditions_by_hand_and_from_format_1_4() {
+    let mut p = mlp(Constants::Embedded(vec![]), false);
+    p.executables.clear();
+    let v = |condition, workgroups| Variant { executable: 0, entry: 1, condition, workgroups };
+    p.kernels = vec![Kernel {
+        name: "k".into(),
+        variants: vec![
+            v(Condition::CpuFeatures(CpuFeature::Avx512f.bit() | CpuFeature::Avx2.bit()), 300),
+            v(Condition::Cuda(CudaArch::SM90A), 0),
+            v(Condition::Cuda(CudaArch::SM80), 0),
+            v(Condition::Always, 0),
+        ],
+        class: None,
+    }];
+    let exe = section_bytes(&p, SectionKind::Executables).expect("exe");
+    // 0 executables; 1 kernel "k", 4 variants, each (executable 0, entry 1):
+    //   tag 1, bits 2^13 + 2^7 = 0x2080 → 80 41, workgroups 300 → ac 02;
+    //   tag 2, sm 90 (0x5a), specific 1, workgroups 0;
+    //   tag 2, sm 80 (0x50), specific 0, workgroups 0;
+    //   tag 0, workgroups 0; class 0.
+    assert_eq!(
+        exe,
+        [
+            0, 1, 1, b'k', 4, 0, 1, 1, 0x80, 0x41, 0xac, 0x02, 0, 1, 2, 0x5a, 1, 0, 0, 1, 2, 0x50, 0, 0, 0, 1, 0, 0, 0
+        ]
+    );
+    let file_of = |exe: Vec<u8>, minor: u16| file_of_format(&p, (SectionKind::Executables, exe), minor);
+    let kernels = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().kernels);
+    assert_eq!(kernels(&file_of(exe.clone(), 5)).expect("a 1.5 table"), p.kernels);
+    // A 1.4 variant's features read as a CPU-features condition (none: always), with the
+    // dispatch's workgroups.
+    let old = vec![0, 1, 1, b'k', 2, 0, 1, 0x80, 0x41, 0, 1, 0, 0];
+    let read = kernels(&file_of(old, 4)).expect("a 1.4 table");
+    assert_eq!(
+        read[0].variants,
+        [v(Condition::CpuFeatures(CpuFeature::Avx512f.bit() | CpuFeature::Avx2.bit()), 0), v(Condition::Always, 0)]
+    );
+    // Unknown condition tags, a compute capability past sm_999, and an arch-specific
+    // flag other than 0 or 1 are refused by the decoder.
+    let mut bad = exe.clone();
+    bad[7] = 3;
+    let e = kernels(&file_of(bad, 5)).expect_err("tag 3");
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "variant condition", tag: 3 });
+    assert_eq!(e.section_offset, 7);
+    let mut bad = exe.clone();
+    bad.splice(15..16, [0xe8, 0x07]); // sm 1000
+    let e = kernels(&file_of(bad, 5)).expect_err("sm 1000");
+    assert_eq!(e.problem, SectionProblem::TooLarge { field: "variant cuda sm", value: 1000, max: 999 });
+    let mut bad = exe.clone();
+    bad[16] = 2;
+    let e = kernels(&file_of(bad, 5)).expect_err("specific 2");
+    assert_eq!(e.problem, SectionProblem::TooLarge { field: "variant cuda arch-specific", value: 2, max: 1 });
+    // The 1.5 table under a 1.4 header does not decode (its condition tag reads as
+    // features, and the rest is left over or misread).
+    assert!(kernels(&file_of(exe, 4)).is_err());
+    // Conditions print as listings name them.
+    assert_eq!(CudaArch::SM90A.to_string(), "sm_90a");
+    assert_eq!(CudaArch::SM80.to_string(), "sm_80");
+    assert!(CudaArch::SM80.admits(9, 0) && CudaArch::SM80.admits(8, 6) && !CudaArch::SM80.admits(7, 5));
+    assert!(CudaArch::SM90A.admits(9, 0) && !CudaArch::SM90A.admits(10, 0) && !CudaArch::SM90A.admits(8, 9));
+    assert_eq!(CpuFeature::level_of(CpuFeature::LEVELS[3] | CpuFeature::Avx512bw.bit()), (Some("x86-64-v4"), CpuFeature::Avx512bw.bit()));
+    assert_eq!(CpuFeature::level_of(CpuFeature::LEVELS[2]), (Some("x86-64-v3"), 0));
 }
 
 #[test]

@@ -115,6 +115,7 @@ pub(crate) fn runtime_class(e: &RuntimeError) -> Class {
         E::BadMagic | E::Checksum { .. } | E::Container(_) | E::Malformed(_) | E::Invalid(_) => Class::Invalid,
         E::NoSuchEntry { .. } => Class::Invalid,
         E::UnsupportedFormat { .. } | E::UnsupportedVersion { .. } => Class::Unsupported,
+        E::AllocatorNotRouted => Class::Invalid,
         E::MissingCpuFeatures { .. } | E::NoCpuVariant { .. } => Class::Unsupported,
         E::WeightsMissing { .. } | E::WeightsMismatch { .. } | E::WeightsNotExpected => Class::Invalid,
         E::ArenaTooSmall { .. } | E::ArenaMisaligned { .. } => Class::Invalid,

@@ -151,6 +151,7 @@ fn compile<'py>(
     let weights_path = external_weights.map(|w| path_of(w, "external_weights")).transpose()?;
     let options = Options {
         target: self::target(target)?,
+        cpu_variants: Vec::new(),
         device: Default::default(),
         external_weights: weights_path
             .as_ref()

@@ -15,6 +15,12 @@ extern crate alloc;
 #[path = "../../kiln-runner-nostd/src/shared.rs"]
 mod shared;
 
+/// With the `mimalloc` feature, the runner's allocations (the artifact's buffers, the
+/// runtime's tables at load, the arena) go to mimalloc instead of the C library's.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use kiln_module::sections::TensorView;
 use kiln_npy::DType;
 use kiln_runtime::fs::AlignedBytes;

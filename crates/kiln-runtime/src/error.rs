@@ -61,6 +61,10 @@ pub enum RuntimeError {
         /// The kernel.
         kernel: String,
     },
+    /// An embedder's allocator was given (`Module::load_in`, `Instance::new_in`) but
+    /// the process's global allocator is not `memory::Routed`, so the runtime's
+    /// allocations could not reach it.
+    AllocatorNotRouted,
     /// The module keeps its weights in a separate file and none was given.
     WeightsMissing {
         /// The file name the compiler recorded.
@@ -333,6 +337,10 @@ impl fmt::Display for RuntimeError {
                 }
                 f.write_str(" (compile for this CPU)")
             }
+            E::AllocatorNotRouted => f.write_str(
+                "an allocator was given but the global allocator is not kiln_runtime::memory::Routed \
+                 (install it with #[global_allocator] to route the runtime's allocations)",
+            ),
             E::NoCpuVariant { kernel } => {
                 write!(f, "kernel {kernel_} has no variant for a CPU", kernel_ = Name(kernel))
             }
@@ -538,6 +546,18 @@ pub enum VerifyError {
         executable: u32,
         /// Entry index recorded.
         entry: u32,
+    },
+    /// A variant's condition is malformed: it names CPU features this format does not
+    /// define or none at all, a kind of device its executable is not for, or a compute
+    /// capability that does not exist; or it asks a CUDA executable for its own
+    /// workgroup count (the CUDA driver launches the dispatch's grid).
+    Condition {
+        /// Kernel name.
+        kernel: String,
+        /// Variant index.
+        variant: usize,
+        /// What is wrong.
+        problem: ConditionProblem,
     },
     /// An entry symbol lies outside its executable's code.
     Symbol {
@@ -811,6 +831,56 @@ impl fmt::Display for CommandProblem {
     }
 }
 
+/// What is wrong with a variant's condition ([`VerifyError::Condition`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConditionProblem {
+    /// CPU feature bits that [`kiln_module::program::CpuFeature`] does not define.
+    UnknownCpuFeatures {
+        /// The unknown bits.
+        bits: u64,
+    },
+    /// A CPU-features condition with no feature (write "always" instead).
+    NoCpuFeatures,
+    /// A condition for one kind of device on an executable for another.
+    WrongDevice {
+        /// The kind the condition is about.
+        condition: DeviceKind,
+        /// The kind the executable is for.
+        executable: DeviceKind,
+    },
+    /// A compute capability of major version 0.
+    CudaArch {
+        /// The `sm` number recorded (major·10 + minor).
+        sm: u32,
+    },
+    /// A CUDA variant with a workgroup count of its own.
+    CudaWorkgroups {
+        /// The count recorded.
+        workgroups: u64,
+    },
+}
+
+impl fmt::Display for ConditionProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConditionProblem::UnknownCpuFeatures { bits } => {
+                write!(f, "CPU feature bits {bits:#x} are not defined by artifact format {}", kiln_module::FORMAT_VERSION)
+            }
+            ConditionProblem::NoCpuFeatures => f.write_str("a CPU-features condition names no feature"),
+            ConditionProblem::WrongDevice { condition, executable } => write!(
+                f,
+                "a {} condition on a {} executable",
+                kind_name(*condition),
+                kind_name(*executable)
+            ),
+            ConditionProblem::CudaArch { sm } => write!(f, "compute capability sm_{sm} does not exist"),
+            ConditionProblem::CudaWorkgroups { workgroups } => {
+                write!(f, "a CUDA variant with its own workgroup count ({workgroups}); CUDA launches the dispatch's grid")
+            }
+        }
+    }
+}
+
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -831,6 +901,9 @@ impl fmt::Display for VerifyError {
             VerifyError::NoVariants { kernel } => write!(f, "kernel {kernel_} has no variants", kernel_ = Name(kernel)),
             VerifyError::Variant { kernel, variant, executable, entry } => {
                 write!(f, "kernel {kernel_}, variant {variant}: executable {executable} entry {entry} does not exist", kernel_ = Name(kernel))
+            }
+            VerifyError::Condition { kernel, variant, problem } => {
+                write!(f, "kernel {kernel_}, variant {variant}: {problem}", kernel_ = Name(kernel))
             }
             VerifyError::Symbol { executable, name, offset, code_len } => {
                 write!(f, "executable {executable}: symbol {name_} at {offset} lies outside its {code_len} bytes of code", name_ = Name(name))

@@ -300,6 +300,28 @@ impl<'m> Instance<'m> {
         Instance::new(module)?.threaded(threads)
     }
 
+    /// [`Instance::new`] with every allocation it makes (the arena, the binding table)
+    /// from `allocator` ([`crate::memory`]).
+    #[cfg(feature = "std")]
+    pub fn new_in(
+        module: &'m LoadedModule<'m>,
+        allocator: &'static dyn crate::memory::Allocator,
+    ) -> Result<Instance<'m>, RuntimeError> {
+        crate::memory::within(allocator, || Instance::new(module))
+    }
+
+    /// [`Instance::with_threads`] with every allocation it makes (the arena, the tables,
+    /// the schedules, the worker threads' bookkeeping, and whatever the workers
+    /// allocate while they live) from `allocator` ([`crate::memory`]).
+    #[cfg(feature = "local-task")]
+    pub fn with_threads_in(
+        module: &'m LoadedModule<'m>,
+        threads: usize,
+        allocator: &'static dyn crate::memory::Allocator,
+    ) -> Result<Instance<'m>, RuntimeError> {
+        crate::memory::within(allocator, || Instance::with_threads(module, threads))
+    }
+
     /// [`Instance::with_arena`] on `threads` threads (see [`Instance::with_threads`]).
     #[cfg(feature = "local-task")]
     pub fn with_arena_and_threads(
@@ -452,7 +474,8 @@ impl<'m> Instance<'m> {
                         *slot = bases.at(b);
                     }
                     let f = m.kernels[*kernel as usize];
-                    if *workgroups > 0 {
+                    let workgroups = m.workgroups(*kernel, *workgroups);
+                    if workgroups > 0 {
                         // SAFETY: `f` is the entry point of the variant chosen for this
                         // host, in code the loader placed and keeps mapped while `m`
                         // lives. `table` holds one pointer per binding, each to a range
@@ -461,7 +484,7 @@ impl<'m> Instance<'m> {
                         // caller's inputs and outputs. Per the kernel ABI the kernel
                         // touches only those ranges and writes only its last binding,
                         // which is never an input or the constants.
-                        unsafe { f(self.table.as_ptr(), m.helpers.as_ptr(), 0, *workgroups) };
+                        unsafe { f(self.table.as_ptr(), m.helpers.as_ptr(), 0, workgroups) };
                     }
                 }
                 Command::Barrier => {}

@@ -22,6 +22,8 @@
 //! `sysconf`; CPU features read with `cpuid`/`xgetbv`). The `local-task` feature (default; needs `std`) adds the
 //! multithreaded driver, `Instance::with_threads`. The `cuda` feature (needs `std`) adds
 //! the `cuda` module: the plan of a CUDA artifact replayed on an NVIDIA GPU as one CUDA graph.
+//! With `std`, [`memory`] routes every allocation of a load or an instance to an allocator
+//! the embedder supplies (`Module::load_in`, `Instance::new_in`, `Instance::with_threads_in`).
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]
 
@@ -37,6 +39,8 @@ pub mod error;
 pub mod fs;
 pub mod hal;
 mod instance;
+#[cfg(feature = "std")]
+pub mod memory;
 mod module;
 #[cfg(feature = "std")]
 mod owned;
@@ -46,7 +50,7 @@ mod pages;
 mod task;
 pub mod verify;
 
-pub use error::{RuntimeError, VerifyError};
+pub use error::{ConditionProblem, RuntimeError, VerifyError};
 pub use hal::{CodeLoader, KernelFn, LoadError, LoadedImage};
 pub use instance::{Instance, Observe, TensorMut, TensorRef};
 pub use module::{EntrySignature, LoadedModule, Module, Signature, Verified, VerifiedPlan, RUNTIME_ABI};

@@ -139,6 +139,7 @@ impl<'a> Verified<'a> {
         let mut images: Vec<Option<Box<dyn LoadedImage>>> = Vec::new();
         images.resize_with(p.executables.len(), || None);
         let mut kernels = Vec::with_capacity(p.kernels.len());
+        let mut workgroups = Vec::with_capacity(p.kernels.len());
         for (k, &vi) in p.kernels.iter().zip(&self.variants) {
             // Verified: the variant, its executable and its entry symbol exist.
             let v = &k.variants[vi];
@@ -153,12 +154,14 @@ impl<'a> Verified<'a> {
             let (_, offset) = x.entries[v.entry as usize];
             let f = img.entry(offset).map_err(|error| RuntimeError::Load { executable: xi, error })?;
             kernels.push(f);
+            workgroups.push(v.workgroups);
         }
         let main = p.entries.iter().position(|e| e.name == "main");
         Ok(LoadedModule {
             pool: Pool::new(self.pool),
             verified: self,
             kernels,
+            workgroups,
             _images: images.into_iter().flatten().collect(),
             helpers: loader.helpers(),
             main,
@@ -201,6 +204,8 @@ pub struct LoadedModule<'a> {
     pub(crate) verified: Verified<'a>,
     pub(crate) pool: Pool<'a>,
     pub(crate) kernels: Vec<KernelFn>,
+    /// Per kernel, the workgroup count of its chosen variant (0: each dispatch's own).
+    workgroups: Vec<u64>,
     // Keeps the code that `kernels` point into mapped; dropped last.
     _images: Vec<Box<dyn LoadedImage>>,
     pub(crate) helpers: &'static [HelperFn; HELPER_COUNT],
@@ -238,6 +243,17 @@ impl<'a> LoadedModule<'a> {
     /// runs, and the limits an instance needs.
     pub fn verified(&self) -> &Verified<'a> {
         &self.verified
+    }
+
+    /// The workgroups a dispatch of `kernel` that records `recorded` runs: the chosen
+    /// variant's own count where it has one (variants may split a kernel's work
+    /// differently), else the dispatch's. `kernel` was verified to be in range.
+    #[inline]
+    pub(crate) fn workgroups(&self, kernel: u32, recorded: u64) -> u64 {
+        match self.workgroups.get(kernel as usize) {
+            Some(&w) if w != 0 => w,
+            _ => recorded,
+        }
     }
 
     /// The constant pool the kernels read.

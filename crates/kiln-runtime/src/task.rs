@@ -235,7 +235,8 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
         step_at[i] = s.steps.len();
         match c {
             Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
-                if *workgroups == 0 {
+                let workgroups = m.workgroups(*kernel, *workgroups);
+                if workgroups == 0 {
                     continue;
                 }
                 if s.jobs[open..].iter().any(|p| conflict(p.bindings, bindings)) {
@@ -245,7 +246,7 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                 // Verified: the kernel index is in range.
                 s.jobs.push(Planned {
                     kernel: m.kernels[*kernel as usize],
-                    workgroups: *workgroups,
+                    workgroups,
                     work_ns: *work_ns,
                     bindings,
                     table,
@@ -517,12 +518,18 @@ impl Pool {
         shared.pending.store(threads as u32 - 1, Relaxed);
         // Dropped on an error part way: the workers started so far are stopped and joined.
         let mut pool = Pool { shared, handles: Vec::with_capacity(threads - 1) };
+        // Workers allocate through the embedder's allocator where the instance does
+        // (`crate::memory`).
+        let allocator = crate::memory::current();
         for me in 1..threads {
             let s = Arc::clone(&pool.shared);
             let h = std::thread::Builder::new()
                 .name(alloc::format!("kiln-worker-{me}"))
                 .stack_size(WORKER_STACK)
-                .spawn(move || worker(&s, me as u64))
+                .spawn(move || {
+                    let _scope = crate::memory::enter(allocator);
+                    worker(&s, me as u64)
+                })
                 .map_err(|e| RuntimeError::Threads { threads, why: e.to_string() })?;
             pool.handles.push(h);
         }

@@ -4,15 +4,17 @@
 //! [`verify_program`] checks what holds for every device: a dispatch's kernel has a
 //! variant for its device's kind, and a CUDA executable has one launch record per entry
 //! within the device's limits whose parameter count equals the bindings of every
-//! dispatch that runs it. Which devices a runtime drives is checked by that runtime
+//! dispatch that runs it; and every variant's condition (format 1.5) is well formed for
+//! its executable (`condition`: known CPU feature bits on CPU code, a real compute
+//! capability on CUDA code). Which devices a runtime drives is checked by that runtime
 //! ([`require_device_kind`]): the CPU runtime refuses a CUDA artifact at bind, the
 //! CUDA runtime a CPU one, while [`crate::Module::verify_plan`] accepts both.
 
-use crate::error::{BindingProblem, BindingRole, CommandProblem, RuntimeError, VerifyError};
+use crate::error::{BindingProblem, BindingRole, CommandProblem, ConditionProblem, RuntimeError, VerifyError};
 use crate::MAX_ARENA_ALIGN;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
-use kiln_module::program::{Binding, Command, CpuFeature, DeviceKind, RelocKind, Slot};
+use kiln_module::program::{Binding, Command, Condition, CpuFeature, DeviceKind, RelocKind, Slot, Variant};
 
 /// Most dynamic shared memory a CUDA block may ask for: 227 KiB, Hopper's per-block
 /// opt-in limit (`cudaDevAttrMaxSharedMemoryPerBlockOptin` on sm_90).
@@ -200,6 +202,30 @@ fn collective_parts(
     Ok(())
 }
 
+/// Checks what a variant's condition says against what its executable is: a CPU
+/// condition names known features and at least one, on a CPU executable; a CUDA one
+/// names a compute capability of major 1 or more, on a CUDA executable, whose variant
+/// takes the dispatch's grid.
+fn condition(v: &Variant, device: DeviceKind) -> Result<(), ConditionProblem> {
+    let wrong = |condition| Err(ConditionProblem::WrongDevice { condition, executable: device });
+    match v.condition {
+        Condition::Always => {}
+        Condition::CpuFeatures(_) if device != DeviceKind::Cpu => return wrong(DeviceKind::Cpu),
+        Condition::CpuFeatures(0) => return Err(ConditionProblem::NoCpuFeatures),
+        Condition::CpuFeatures(bits) if bits & !CpuFeature::KNOWN != 0 => {
+            return Err(ConditionProblem::UnknownCpuFeatures { bits: bits & !CpuFeature::KNOWN })
+        }
+        Condition::CpuFeatures(_) => {}
+        Condition::Cuda(_) if device != DeviceKind::Cuda => return wrong(DeviceKind::Cuda),
+        Condition::Cuda(a) if a.major == 0 => return Err(ConditionProblem::CudaArch { sm: a.sm() }),
+        Condition::Cuda(_) => {}
+    }
+    if device == DeviceKind::Cuda && v.workgroups != 0 {
+        return Err(ConditionProblem::CudaWorkgroups { workgroups: v.workgroups });
+    }
+    Ok(())
+}
+
 /// Checks the plan and code tables of `p` whose constant pool holds `pool_len` bytes.
 pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, VerifyError> {
     let mut limits = Limits { arena_align: 1, ..Limits::default() };
@@ -260,15 +286,20 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
             return Err(VerifyError::NoVariants { kernel: k.name.to_string() });
         }
         for (i, v) in k.variants.iter().enumerate() {
-            let ok = p.executables.get(v.executable as usize).is_some_and(|x| (v.entry as usize) < x.entries.len());
-            if !ok {
+            let x = p.executables.get(v.executable as usize).filter(|x| (v.entry as usize) < x.entries.len());
+            let Some(x) = x else {
                 return Err(VerifyError::Variant {
                     kernel: k.name.to_string(),
                     variant: i,
                     executable: v.executable,
                     entry: v.entry,
                 });
-            }
+            };
+            condition(v, x.device).map_err(|problem| VerifyError::Condition {
+                kernel: k.name.to_string(),
+                variant: i,
+                problem,
+            })?;
         }
     }
     for (xi, x) in p.executables.iter().enumerate() {
@@ -356,8 +387,25 @@ pub fn feature_names(bits: u64) -> Vec<String> {
         .collect()
 }
 
-/// Picks, per kernel, the first CPU variant whose features (its own and its
-/// executable's) the host has.
+/// The CPU features variant `v` of `p` needs: its condition's and its executable's
+/// (an executable's features are what all of its code uses; a variant may not run code
+/// that needs more than the host has). `None` for a variant that is not for a CPU.
+pub fn cpu_needs(p: &ProgramView<'_>, v: &Variant) -> Option<u64> {
+    let x = p.executables.get(v.executable as usize)?;
+    if x.device != DeviceKind::Cpu {
+        return None;
+    }
+    let own = match v.condition {
+        Condition::CpuFeatures(bits) => bits,
+        Condition::Always | Condition::Cuda(_) => 0,
+    };
+    Some(own | x.features)
+}
+
+/// Picks, per kernel, the first CPU variant whose condition the host meets: every
+/// feature it needs ([`cpu_needs`]) is in `host`. A variant that needs a feature the
+/// host lacks is never taken; where no variant fits, the error names what the most
+/// modest one lacks.
 pub fn select_variants(p: &ProgramView<'_>, host: u64) -> Result<Vec<usize>, RuntimeError> {
     let mut out = Vec::with_capacity(p.kernels.len());
     for k in &p.kernels {
@@ -365,11 +413,8 @@ pub fn select_variants(p: &ProgramView<'_>, host: u64) -> Result<Vec<usize>, Run
         let mut pick = None;
         for (i, v) in k.variants.iter().enumerate() {
             // Indices were verified.
-            let Some(x) = p.executables.get(v.executable as usize) else { continue };
-            if x.device != DeviceKind::Cpu {
-                continue;
-            }
-            let missing = (v.features | x.features) & !host;
+            let Some(needs) = cpu_needs(p, v) else { continue };
+            let missing = needs & !host;
             if missing == 0 {
                 pick = Some(i);
                 break;

@@ -85,7 +85,7 @@ fn a_cubin_that_does_not_load_falls_back_to_ptx() {
     cubin.features = CUDA_CUBIN_SM90A;
     cubin.code = b"\x7fELF not really a cubin".to_vec();
     p.executables.push(cubin);
-    p.kernels[0].variants.insert(0, Variant { executable: 1, entry: 0, features: 0 });
+    p.kernels[0].variants.insert(0, Variant::cpu(1, 0, 0));
     let file = write_program(&p);
     let m = CudaModule::load(&file, None).expect("load");
     assert_eq!(m.form(), LoadedForm::Ptx);

@@ -23,9 +23,28 @@ fn dir() -> PathBuf {
 
 fn seed_programs() -> Vec<(&'static str, Program)> {
     let mut variants = add_program(4);
-    variants.kernels[1]
-        .variants
-        .insert(0, Variant { executable: 0, entry: 1, features: CpuFeature::Avx512f.bit() | (1 << 40) });
+    // Format 1.5's conditions: a CPU level with its own workgroup count, and on CUDA
+    // an sm_90a cubin before an sm_80 PTX.
+    variants.kernels[1].variants.insert(
+        0,
+        Variant {
+            executable: 0,
+            entry: 1,
+            condition: Condition::CpuFeatures(CpuFeature::LEVELS[3]),
+            workgroups: 2,
+        },
+    );
+    let mut cuda_variants = cuda_add_program();
+    let mut cubin = cuda_executable(3);
+    cubin.features = CUDA_CUBIN_SM90A;
+    cuda_variants.executables.push(cubin);
+    for k in &mut cuda_variants.kernels {
+        let entry = k.variants[0].entry;
+        k.variants = vec![
+            Variant { executable: 1, entry, condition: Condition::Cuda(CudaArch::SM90A), workgroups: 0 },
+            Variant { executable: 0, entry, condition: Condition::Cuda(CudaArch::SM80), workgroups: 0 },
+        ];
+    }
     vec![
         ("add.kiln", add_program(4)),
         ("misc_embedded.kiln", misc_program(false).0),
@@ -33,6 +52,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
         ("relocs.kiln", reloc_program()),
         ("variants.kiln", variants),
         ("cuda.kiln", cuda_add_program()),
+        ("cuda_variants.kiln", cuda_variants),
         ("collectives.kiln", collectives_program(4)),
         ("skip.kiln", skip_program(4)),
     ]
@@ -65,6 +85,14 @@ fn check(data: &[u8]) -> Result<bool, String> {
             && plan.program.entries.iter().any(|e| e.commands.iter().any(|c| matches!(c, Command::Dispatch { .. })))
         {
             return true;
+        }
+        // And for an x86-64-v3 host: every variant taken needs no more than it has.
+        let v3 = CpuFeature::LEVELS[2];
+        if let Ok(v) = Module::verify(data, None, v3) {
+            for (k, &i) in v.program().kernels.iter().zip(v.variants()) {
+                let needs = kiln_runtime::verify::cpu_needs(v.program(), &k.variants[i]).expect("a CPU variant");
+                assert_eq!(needs & !v3, 0, "a variant that needs more than the host has was taken");
+            }
         }
         match Module::verify(data, None, u64::MAX) {
             Ok(v) => {

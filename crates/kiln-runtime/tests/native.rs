@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use kiln_module::program::*;
 use kiln_module::sections::write_program;
-use kiln_runtime::{Instance, Module, RuntimeError};
+use kiln_runtime::{ConditionProblem, Instance, Module, RuntimeError, VerifyError};
 
 #[test]
 fn relocations_are_applied() {
@@ -39,12 +39,22 @@ fn host_features_are_detected_and_checked() {
     #[cfg(target_arch = "x86_64")]
     assert!(host & CpuFeature::Sse2.bit() != 0, "every x86-64 has SSE2");
     let mut p = reloc_program();
-    p.kernels[0].variants[0].features = 1 << 50;
+    // A feature bit the format does not define is a malformed condition, not a lack.
+    p.kernels[0].variants[0].condition = Condition::CpuFeatures(1 << 50);
     let e = Module::load(&write_program(&p), None).expect_err("unknown feature");
-    assert!(matches!(&e, RuntimeError::MissingCpuFeatures { names, .. } if names == &["feature bit 50"]));
+    assert!(
+        matches!(
+            &e,
+            RuntimeError::Invalid(VerifyError::Condition {
+                problem: ConditionProblem::UnknownCpuFeatures { bits: 0x4_0000_0000_0000 },
+                ..
+            })
+        ),
+        "{e:?}"
+    );
     // A feature the host lacks, if it lacks one kiln knows.
     if let Some(f) = CpuFeature::ALL.iter().find(|f| host & f.bit() == 0) {
-        p.kernels[0].variants[0].features = f.bit();
+        p.kernels[0].variants[0].condition = Condition::CpuFeatures(f.bit());
         let e = Module::load(&write_program(&p), None).expect_err("missing feature");
         assert!(e.to_string().contains(f.name()), "{e}");
     }
@@ -70,4 +80,26 @@ fn loaded_modules_are_shared_across_threads() {
             });
         }
     });
+}
+
+/// Without `memory::Routed` as the global allocator (this binary keeps the default), an
+/// embedder's allocator cannot be reached: the `_in` forms refuse instead of allocating
+/// elsewhere unnoticed.
+#[test]
+fn an_allocator_without_the_route_is_refused() {
+    struct Never;
+    unsafe impl kiln_runtime::memory::Allocator for Never {
+        fn allocate(&self, _: std::alloc::Layout) -> *mut u8 {
+            std::ptr::null_mut()
+        }
+        unsafe fn deallocate(&self, _: *mut u8, _: std::alloc::Layout) {}
+    }
+    static NEVER: Never = Never;
+    assert!(!kiln_runtime::memory::routed());
+    let file = write_program(&add_program(4));
+    let e = Module::load_in(&file, None, &NEVER).expect_err("not routed");
+    assert!(matches!(e, RuntimeError::AllocatorNotRouted), "{e:?}");
+    assert!(e.to_string().contains("#[global_allocator]"), "{e}");
+    let m = Module::load(&file, None).expect("load");
+    assert!(matches!(Instance::new_in(&m, &NEVER), Err(RuntimeError::AllocatorNotRouted)));
 }

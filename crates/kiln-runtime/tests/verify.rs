@@ -9,7 +9,7 @@ use kiln_module::abi::ABI_VERSION;
 use kiln_module::program::*;
 use kiln_module::sections::write_program;
 use kiln_runtime::error::{BindingProblem, BindingRole, CommandProblem};
-use kiln_runtime::{Module, RuntimeError, VerifyError};
+use kiln_runtime::{ConditionProblem, Module, RuntimeError, VerifyError};
 
 fn verify(p: &Program) -> Result<(), RuntimeError> {
     let file = write_program(p);
@@ -258,7 +258,7 @@ fn kernels_and_executables() {
 fn variant_choice_and_missing_features() {
     let mut p = add_program(4);
     let avx512 = CpuFeature::Avx512f.bit() | CpuFeature::Avx512bw.bit();
-    p.kernels[1].variants.insert(0, Variant { executable: 0, entry: 1, features: avx512 });
+    p.kernels[1].variants.insert(0, Variant::cpu(0, 1, avx512));
     let file = write_program(&p);
     // A host with only SSE2 skips the AVX-512 variant.
     let v = Module::verify(&file, None, CpuFeature::Sse2.bit()).expect("verify");
@@ -266,10 +266,11 @@ fn variant_choice_and_missing_features() {
     let v = Module::verify(&file, None, CpuFeature::Sse2.bit() | avx512).expect("verify");
     assert_eq!(v.variants(), [0, 0, 0]);
     // Only variants that need more than the host has.
-    p.kernels[1].variants[1].features = CpuFeature::Avx2.bit() | CpuFeature::Fma.bit() | (1 << 40);
+    p.kernels[1].variants[1].condition =
+        Condition::CpuFeatures(CpuFeature::Avx2.bit() | CpuFeature::Fma.bit() | CpuFeature::Avx512vnni.bit());
     let file = write_program(&p);
     let e = Module::verify(&file, None, CpuFeature::Sse2.bit() | CpuFeature::Avx2.bit()).expect_err("missing");
-    // Both variants miss two features (avx512f+avx512bw; fma+bit 40): on a tie the first
+    // Both variants miss two features (avx512f+avx512bw; fma+avx512vnni): on a tie the first
     // is named.
     match &e {
         RuntimeError::MissingCpuFeatures { kernel, names } => {
@@ -290,7 +291,7 @@ fn variant_choice_and_missing_features() {
     // A kernel that no command dispatches, whose only executable is for a GPU.
     let mut p = add_program(4);
     p.executables.push(cuda_executable(1));
-    p.kernels[0].variants[0] = Variant { executable: 1, entry: 0, features: 0 };
+    p.kernels[0].variants[0] = Variant::cpu(1, 0, 0);
     let e = Module::verify(&write_program(&p), None, u64::MAX).expect_err("no cpu variant");
     assert!(matches!(e, RuntimeError::NoCpuVariant { ref kernel } if kernel == "copy4"), "{e:?}");
 }
@@ -383,7 +384,7 @@ fn cuda_launch_records() {
     cubin.features = CUDA_CUBIN_SM90A;
     cubin.launches[1].params = 4;
     p.executables.push(cubin);
-    p.kernels[1].variants.insert(0, Variant { executable: 1, entry: 1, features: 0 });
+    p.kernels[1].variants.insert(0, Variant::cpu(1, 1, 0));
     assert!(matches!(
         plan_error(&p),
         VerifyError::Command { problem: CommandProblem::LaunchParams { variant: 0, params: 4, .. }, .. }
@@ -499,7 +500,7 @@ fn verify_plan_needs_no_weights_or_host() {
     assert_eq!(plan.container.abi(), ABI_VERSION);
     // A kernel whose only variant needs a feature no host has: the plan is still valid.
     let mut p = add_program(4);
-    p.kernels[1].variants[0].features = 1 << 63;
+    p.kernels[1].variants[0].condition = Condition::CpuFeatures(CpuFeature::Avx512vnni.bit());
     let file = write_program(&p);
     assert!(matches!(Module::verify(&file, None, 0), Err(RuntimeError::MissingCpuFeatures { .. })));
     Module::verify_plan(&file).expect("features are the host's business");
@@ -521,4 +522,93 @@ fn verify_plan_needs_no_weights_or_host() {
     let mut d = write_program(&add_program(4));
     d[100] ^= 1;
     assert!(matches!(Module::verify_plan(&d), Err(RuntimeError::Checksum { .. } | RuntimeError::Container(_))));
+}
+
+/// Format 1.5's variant conditions: each malformed form is refused by the verifier,
+/// with the kernel, the variant and what is wrong; the plan-only check refuses them
+/// too (a condition is part of the code tables, not of the host).
+#[test]
+fn malformed_conditions_are_refused() {
+    let cases: [(Condition, u64, ConditionProblem); 4] = [
+        (Condition::CpuFeatures(1 << 40), 0, ConditionProblem::UnknownCpuFeatures { bits: 1 << 40 }),
+        (Condition::CpuFeatures(0), 0, ConditionProblem::NoCpuFeatures),
+        (
+            Condition::Cuda(CudaArch::SM90A),
+            0,
+            ConditionProblem::WrongDevice { condition: DeviceKind::Cuda, executable: DeviceKind::Cpu },
+        ),
+        (
+            Condition::Cuda(CudaArch { major: 0, minor: 7, specific: false }),
+            0,
+            ConditionProblem::WrongDevice { condition: DeviceKind::Cuda, executable: DeviceKind::Cpu },
+        ),
+    ];
+    for (condition, workgroups, problem) in cases {
+        let mut p = add_program(4);
+        p.kernels[1].variants.insert(0, Variant { executable: 0, entry: 1, condition, workgroups });
+        let want = VerifyError::Condition { kernel: "add".into(), variant: 0, problem };
+        assert_eq!(invalid(&p), want, "{condition:?}");
+        assert_eq!(plan_error(&p), want, "{condition:?}");
+    }
+    // On a CUDA executable: a CPU condition, a compute capability 0.x, a workgroup count.
+    let cuda_cases: [(Condition, u64, ConditionProblem); 3] = [
+        (
+            Condition::CpuFeatures(CpuFeature::Avx2.bit()),
+            0,
+            ConditionProblem::WrongDevice { condition: DeviceKind::Cpu, executable: DeviceKind::Cuda },
+        ),
+        (Condition::Cuda(CudaArch { major: 0, minor: 7, specific: false }), 0, ConditionProblem::CudaArch { sm: 7 }),
+        (Condition::Cuda(CudaArch::SM80), 5, ConditionProblem::CudaWorkgroups { workgroups: 5 }),
+    ];
+    for (condition, workgroups, problem) in cuda_cases {
+        let mut p = cuda_add_program();
+        p.kernels[1].variants.insert(0, Variant { executable: 0, entry: 1, condition, workgroups });
+        let e = plan_error(&p);
+        assert_eq!(e, VerifyError::Condition { kernel: "add".into(), variant: 0, problem }, "{condition:?}");
+        assert!(!e.to_string().contains('\n'));
+    }
+    // The well-formed ones verify.
+    let mut p = cuda_add_program();
+    p.kernels[1].variants.insert(0, Variant { executable: 0, entry: 1, condition: Condition::Cuda(CudaArch::SM80), workgroups: 0 });
+    Module::verify_plan(&write_program(&p)).expect("an sm_80 condition on PTX");
+    let e = VerifyError::Condition {
+        kernel: "add".into(),
+        variant: 0,
+        problem: ConditionProblem::UnknownCpuFeatures { bits: 1 << 40 },
+    };
+    assert_eq!(e.to_string(), "kernel add, variant 0: CPU feature bits 0x10000000000 are not defined by artifact format 1.5");
+}
+
+/// A variant with its own workgroup count runs that many, whichever driver runs it;
+/// the dispatch's count is used where the chosen variant has none.
+#[test]
+fn a_variant_runs_its_own_workgroups() {
+    // add_program's `add` kernel runs one element per workgroup: with 2 of 4 workgroups
+    // only the first two sums are written.
+    let mut p = add_program(4);
+    // (The code is SSE2's: it runs on any x86-64, whatever features the test says the
+    // host has.)
+    let vnni = CpuFeature::Avx512vnni.bit();
+    p.kernels[1].variants.insert(
+        0,
+        Variant { executable: 0, entry: 1, condition: Condition::CpuFeatures(vnni), workgroups: 2 },
+    );
+    let file = write_program(&p);
+    // (What the kernel does not write keeps the fill before it: NaN.)
+    let nan = f32::NAN;
+    let sse2 = CpuFeature::Sse2.bit();
+    for (features, want) in [(sse2 | vnni, [2.0f32, 4.0, nan, nan]), (sse2, [2.0, 4.0, 6.0, 8.0])] {
+        // Without VNNI the first variant is passed over for the unconditioned one.
+        let Ok(v) = Module::verify(&file, None, features) else { panic!("verify") };
+        let m = v.load(&kiln_runtime::cpu::CpuLoader).expect("load");
+        for threads in [1, 3] {
+            let mut inst = kiln_runtime::Instance::with_threads(&m, threads).expect("instance");
+            let a: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+            let mut y = vec![0u8; 16];
+            inst.invoke(&[&a, &a], &mut [&mut y]).expect("invoke");
+            let got = to_f32s(&y);
+            let same = got.iter().zip(&want).all(|(g, w)| g == w || (g.is_nan() && w.is_nan()));
+            assert!(same, "host {features:#x}, {threads} threads: {got:?}, want {want:?}");
+        }
+    }
 }

@@ -45,6 +45,21 @@ mod native {
         }
     }
 
+    #[cfg(feature = "std")]
+    impl Module {
+        /// [`Module::load`] with every allocation it makes (the decoded plan, the
+        /// kernel table, the code's bookkeeping, an aligned copy of the constants) from
+        /// `allocator`, which the module's memory also returns to when it is dropped
+        /// ([`crate::memory`]: needs [`crate::memory::Routed`] as the global allocator).
+        pub fn load_in<'a>(
+            artifact: &'a [u8],
+            weights: Option<&'a [u8]>,
+            allocator: &'static dyn crate::memory::Allocator,
+        ) -> Result<LoadedModule<'a>, RuntimeError> {
+            crate::memory::within(allocator, || Module::load(artifact, weights))
+        }
+    }
+
     impl<'a> VerifiedPlan<'a> {
         /// [`Module::load`] after [`Module::verify_plan`], for a caller that verified the
         /// plan already (to read it: the weights file it names) and should not pay for

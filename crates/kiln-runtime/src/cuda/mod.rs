@@ -50,7 +50,7 @@ use alloc::vec::Vec;
 use cudarc::driver::sys::CUfunction;
 use driver::{CUdeviceptr, CodeForm};
 use graph::{Layout, Node, NodeKind};
-use kiln_module::program::{Command, DeviceKind, Launch, CUDA_CUBIN_SM90A};
+use kiln_module::program::{Command, Condition, DeviceKind, Launch, CUDA_CUBIN_SM90A};
 use kiln_module::sections::ProgramView;
 use std::time::{Duration, Instant};
 
@@ -133,20 +133,32 @@ impl Drop for CudaModule<'_> {
     }
 }
 
-/// How a kernel's variants split: the first cubin one and the first PTX one (variants
-/// whose executable is for CUDA and asks for no other feature bit).
-fn cuda_variants(p: &ProgramView<'_>, kernel: usize) -> (Option<usize>, Option<usize>) {
-    let (mut cubin, mut ptx) = (None, None);
+/// How a kernel's variants split on a device of compute capability `cc`: the first
+/// cubin one and the first PTX one whose condition the device meets (variants whose
+/// executable is for CUDA and asks for no other feature bit), and the conditions of
+/// those it does not meet (for the error when nothing is left).
+fn cuda_variants(p: &ProgramView<'_>, kernel: usize, cc: (u32, u32)) -> (Option<usize>, Option<usize>, Vec<String>) {
+    let (mut cubin, mut ptx, mut unmet) = (None, None, Vec::new());
     for (i, v) in p.kernels[kernel].variants.iter().enumerate() {
         // Verified: the executable exists.
         let Some(x) = p.executables.get(v.executable as usize) else { continue };
-        if x.device != DeviceKind::Cuda || v.features != 0 || x.features & !CUDA_CUBIN_SM90A != 0 {
+        if x.device != DeviceKind::Cuda || x.features & !CUDA_CUBIN_SM90A != 0 {
             continue;
+        }
+        match v.condition {
+            Condition::Always => {}
+            Condition::Cuda(arch) if arch.admits(cc.0, cc.1) => {}
+            Condition::Cuda(arch) => {
+                unmet.push(format!("variant {i} needs {arch}"));
+                continue;
+            }
+            // Refused by the verifier on a CUDA executable.
+            Condition::CpuFeatures(_) => continue,
         }
         let slot = if x.features & CUDA_CUBIN_SM90A != 0 { &mut cubin } else { &mut ptx };
         slot.get_or_insert(i);
     }
-    (cubin, ptx)
+    (cubin, ptx, unmet)
 }
 
 impl<'a> CudaModule<'a> {
@@ -199,7 +211,8 @@ impl<'a> CudaModule<'a> {
         let mut cubin_fallback = None;
         let mut kernels = Vec::with_capacity(program.kernels.len());
         for (ki, &is_dispatched) in dispatched.iter().enumerate() {
-            let (cubin, ptx) = cuda_variants(&program, ki);
+            let cc = (ctx.capability.0.max(0) as u32, ctx.capability.1.max(0) as u32);
+            let (cubin, ptx, unmet) = cuda_variants(&program, ki, cc);
             let mut try_variant = |vi: usize, form: CodeForm| -> Result<LoadedKernel, RuntimeError> {
                 let v = &program.kernels[ki].variants[vi];
                 let xi = v.executable as usize;
@@ -251,6 +264,7 @@ impl<'a> CudaModule<'a> {
                     pick = Some(try_variant(vi, CodeForm::Ptx)?);
                 } else if is_dispatched {
                     why.push("no PTX variant".to_string());
+                    why.extend(unmet);
                     return Err(RuntimeError::NoCudaVariant {
                         kernel: program.kernels[ki].name.to_string(),
                         why: why.join("; "),

@@ -71,7 +71,7 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
     };
     let k = |name: &str, entry| Kernel {
         name: name.into(),
-        variants: vec![Variant { executable: 0, entry, features: 0 }],
+        variants: vec![Variant::cpu(0, entry, 0)],
         class: None,
     };
     (x, vec![k("copy4", 0), k("add", 1), k("exp", 2)])
@@ -241,7 +241,7 @@ pub fn reloc_program() -> Program {
     };
     let k = |name: &str, entry| Kernel {
         name: name.into(),
-        variants: vec![Variant { executable: 0, entry, features: 0 }],
+        variants: vec![Variant::cpu(0, entry, 0)],
         class: None,
     };
     Program {

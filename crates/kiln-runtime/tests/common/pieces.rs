@@ -39,7 +39,7 @@ pub fn dispatch(kernel: u32, workgroups: u64, bindings: Vec<Binding>) -> Command
 pub fn add_kernel(device: DeviceKind, code: Vec<u8>, launches: Vec<Launch>) -> (Vec<Kernel>, Vec<Executable>) {
     let kernel = Kernel {
         name: "add".into(),
-        variants: vec![Variant { executable: 0, entry: 0, features: 0 }],
+        variants: vec![Variant::cpu(0, 0, 0)],
         class: Some(KernelClass::Elementwise),
     };
     let executable =
