@@ -556,10 +556,28 @@ def activations():
     return n
 
 
+def fc():
+    """One FULLY_CONNECTED, 64 -> 48 over 16 rows: the single-op model the requantisation
+    reference is checked on (crates/kiln-ref/tests/tflite_requant.rs)."""
+    n = Net("fc", 8)
+    n.output(dense(n, n.input("input", [16, 64]), "output", 48))
+    return n
+
+
+def conv1():
+    """One CONV_2D, 3x3 SAME, 16 -> 32 channels on 16x16, and one 3x3 VALID stride-2 beside
+    it: the single-op models of the requantisation reference."""
+    n = Net("conv1", 9)
+    x = n.input("input", [1, 16, 16, 16])
+    n.output(conv(n, x, "output", 32, 3))
+    n.output(conv(n, x, "output_s2", 8, 3, stride=2, padding="VALID"))
+    return n
+
+
 ARCHS = {"mlp": mlp, "lenet": lenet, "mobilenet_block": mobilenet_block, "decoder": decoder,
-         "encoder": encoder, "shapes": shapes, "activations": activations}
+         "encoder": encoder, "shapes": shapes, "activations": activations, "fc": fc, "conv1": conv1}
 VARIANTS = ["f32", "f16", "int8"]
-INT8IO = ["lenet", "mobilenet_block"]
+INT8IO = ["lenet", "mobilenet_block", "fc", "conv1"]
 
 
 def model_names():

@@ -1,11 +1,11 @@
 //! kiln's TFLite front end on the synthetic TFLite models, against LiteRT.
 //!
 //! The models (`$KILN_TEST_DATA/tflite/synthetic/NAME.tflite`) come from
-//! `scripts/gen_tflite.py`: seven architectures (an MLP, LeNet, a MobileNet-style block, a
-//! transpose-conv decoder, a transformer encoder, a data-movement graph, every activation)
-//! each as float32, float16 weights (FLOAT16 constants + DEQUANTIZE) and int8 (per-channel
-//! int8 weights, int32 biases, int8 activations; float interface), two of them also with an
-//! int8 interface. LiteRT's outputs for deterministic inputs come from
+//! `scripts/gen_tflite.py`: nine architectures (an MLP, LeNet, a MobileNet-style block, a
+//! transpose-conv decoder, a transformer encoder, a data-movement graph, every activation,
+//! a single FULLY_CONNECTED, single CONV_2Ds) each as float32, float16 weights (FLOAT16
+//! constants + DEQUANTIZE) and int8 (per-channel int8 weights, int32 biases, int8
+//! activations; float interface), four of them also with an int8 interface. LiteRT's outputs for deterministic inputs come from
 //! `scripts/tflite_reference.py` (builtin kernels, no delegate, one thread), listed in
 //! `ref/tflite/manifest.json`; `scripts/setup-test-data` makes both. A missing manifest is
 //! a failure, not a skip. `docs/tflite-testing.md` says how the models and references are made.
@@ -124,12 +124,7 @@ fn check_model(name: &str) {
     let (ok, _, err) = kiln(&["compile", s(&model), "-o", s(&art)]);
     // Read as ONNX: this kiln has no TFLite front end (picked by the `TFL3` file magic).
     let hint = if err.contains("ONNX") { " (kiln took the file for ONNX: no TFLite front end)" } else { "" };
-    assert!(
-        ok,
-        "{name}: `kiln compile {}` failed{hint} (the model holds {ops}): {}",
-        model.display(),
-        err.trim()
-    );
+    assert!(ok, "{name}: `kiln compile {}` failed{hint} (the model holds {ops}): {}", model.display(), err.trim());
     let bytes = std::fs::read(&art).expect("read the artifact back");
     let _ = std::fs::remove_dir_all(&dir);
     let module = kiln_runtime::Module::load(&bytes, None)
@@ -177,13 +172,9 @@ fn check_model(name: &str) {
         let what = format!("{name}/{}", t.name);
         match want_e["quant"]["scale"].as_f64() {
             Some(scale) => compare_steps(&what, &got, &want, scale),
-            None => compare_float(
-                &what,
-                &got,
-                &want,
-                e["rtol"].as_f64().expect("rtol"),
-                e["atol"].as_f64().expect("atol"),
-            ),
+            None => {
+                compare_float(&what, &got, &want, e["rtol"].as_f64().expect("rtol"), e["atol"].as_f64().expect("atol"))
+            }
         }
     }
 }
@@ -299,6 +290,14 @@ tflite_tests! {
     activations_f32 => "activations_f32",
     activations_f16 => "activations_f16",
     activations_int8 => "activations_int8",
+    fc_f32 => "fc_f32",
+    fc_f16 => "fc_f16",
+    fc_int8 => "fc_int8",
+    fc_int8io => "fc_int8io",
+    conv1_f32 => "conv1_f32",
+    conv1_f16 => "conv1_f16",
+    conv1_int8 => "conv1_int8",
+    conv1_int8io => "conv1_int8io",
 }
 
 /// Together the models hold every op of the list and every fused activation;
