@@ -5,9 +5,10 @@ this with a release kiln; see there for the usage).
     bench_tflite.py --kiln KILN --cache CACHE [MODEL ...]
 
 MODEL: a synthetic model's name (CACHE/tflite/synthetic/NAME.tflite, fed the inputs of
-CACHE/ref/tflite/NAME) or any .tflite path (fed scripts/tflite_reference.py's
-deterministic inputs for it). Default: every synthetic model of the int8 and f32
-variants. Per model and thread count (THREADS, default "1 2"): ROUNDS rounds of (kiln
+CACHE/ref/tflite/NAME, or CACHE/tflite/bench/NAME.tflite, the benchmark's larger models
+that scripts/bench-tflite generates) or any .tflite path (fed scripts/tflite_reference.py's
+deterministic inputs for it). Default: every synthetic and benchmark model of the int8
+and f32 variants. Per model and thread count (THREADS, default "1 2"): ROUNDS rounds of (kiln
 bench on the compiled artifact, then LiteRT's interpreter with its default XNNPACK
 delegate and the same thread count), each at least ITER timed calls and about ROUND_S
 seconds of the slower engine, after a fifth as many warm-up calls; the same counts for
@@ -55,6 +56,8 @@ class Model:
             self.path, self.name = p, p.stem
         else:
             self.path, self.name = cache / "tflite" / "synthetic" / f"{spec}.tflite", spec
+            if not self.path.is_file():
+                self.path = cache / "tflite" / "bench" / f"{spec}.tflite"
         if not self.path.is_file():
             sys.exit(f"{spec}: no such model ({self.path}); run scripts/setup-test-data, or give a .tflite path")
         self.tmp = tmp
@@ -153,7 +156,8 @@ def main() -> None:
             specs.append(s)
     if not specs:
         synth = sorted(p.stem for p in (args.cache / "tflite" / "synthetic").glob("*.tflite"))
-        specs = [n for n in synth if n.endswith(("_int8", "_f32"))]
+        bench = sorted(p.stem for p in (args.cache / "tflite" / "bench").glob("*.tflite"))
+        specs = [n for n in synth + bench if n.endswith(("_int8", "_f32"))]
         if not specs:
             sys.exit("no synthetic TFLite models; run scripts/setup-test-data")
     names = {Path(s).stem if s.endswith(".tflite") else s for s in specs}

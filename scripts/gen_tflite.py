@@ -3,6 +3,7 @@
 
     gen_tflite.py --out DIR [--only NAME[,NAME...]]     write DIR/NAME.tflite and DIR/NAME.json
     gen_tflite.py --out DIR --check                      ... and check every model against LiteRT
+    gen_tflite.py --out DIR --only mobilenet_v2_int8     a model of ON_REQUEST (the benchmark's)
 
 A model is an architecture (ARCHS below: the synthetic networks kiln's ONNX tests use,
 rebuilt in TFLite's NHWC layout, plus small graphs for the ops those leave out) in one of
@@ -574,15 +575,54 @@ def conv1():
     return n
 
 
+# gen_models.py's MobileNetV2 stages: expansion t, output channels c, repeats n, stride s.
+MOBILENET_V2_STAGES = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                       (6, 320, 1, 1)]
+
+
+def mobilenet_v2():
+    """gen_models.py's mobilenet_v2 (width 1.0, 224x224, batch norm folded) in NHWC, as the
+    converter writes it: CONV_2D and DEPTHWISE_CONV_2D with fused RELU6, residual ADDs, a
+    global MEAN and a 1000-way FULLY_CONNECTED. The benchmark's model of realistic size."""
+    n = Net("mobilenet_v2", 10)
+    x = conv(n, n.input("input", [1, 224, 224, 3]), "stem", 32, 3, stride=2, act_="relu6")
+    cin, block = 32, 0
+    for t, c, reps, s in MOBILENET_V2_STAGES:
+        for i in range(reps):
+            stride = s if i == 0 else 1
+            name = f"block{block}"
+            h = conv(n, x, f"{name}.expand", cin * t, 1, act_="relu6") if t != 1 else x
+            h = depthwise(n, h, f"{name}.depthwise", 3, stride=stride, act_="relu6")
+            h = conv(n, h, f"{name}.project", c, 1)
+            if stride == 1 and cin == c:
+                h = n.op("ADD", [x, h], f"{name}.residual")
+            x, cin = h, c
+            block += 1
+    x = conv(n, x, "head", 1280, 1, act_="relu6")
+    x = n.op("MEAN", [x, i32(n, "pool.axes", [1, 2])], "pool", keep_dims=False)
+    n.output(dense(n, x, "output", 1000))
+    return n
+
+
 ARCHS = {"mlp": mlp, "lenet": lenet, "mobilenet_block": mobilenet_block, "decoder": decoder,
-         "encoder": encoder, "shapes": shapes, "activations": activations, "fc": fc, "conv1": conv1}
+         "encoder": encoder, "shapes": shapes, "activations": activations, "fc": fc, "conv1": conv1,
+         "mobilenet_v2": mobilenet_v2}
 VARIANTS = ["f32", "f16", "int8"]
 INT8IO = ["lenet", "mobilenet_block", "fc", "conv1"]
+# Written only when named with --only: the benchmark's models of realistic size
+# (scripts/bench-tflite makes them into .cache/tflite/bench; not in the test set, whose
+# int8 bound of one step a 50-layer int8 network cannot be held to: LiteRT's own XNNPACK
+# and reference kernels land up to 7 steps from its builtin kernels on mobilenet_v2_int8).
+ON_REQUEST = {"mobilenet_v2"}
+# --check's int8 bound where CHECK_STEPS is too tight: mobilenet_v2_int8 measured 7 steps
+# from the simulation (and from the float network), as far as LiteRT's kernels from each other.
+CHECK_STEPS_OF = {"mobilenet_v2": 8}
 
 
-def model_names():
-    names = [f"{a}_{v}" for a in ARCHS for v in VARIANTS]
-    return names + [f"{a}_int8io" for a in INT8IO]
+def model_names(on_request=False):
+    archs = [a for a in ARCHS if (a in ON_REQUEST) == on_request]
+    names = [f"{a}_{v}" for a in archs for v in VARIANTS]
+    return names + [f"{a}_int8io" for a in INT8IO if a in archs]
 
 
 # --- quantisation ----------------------------------------------------------------------
@@ -1173,9 +1213,10 @@ def check(name, net, quant, data, side) -> list:
               f"vs the float network max {fsteps.max():.1f} steps; vs LiteRT's XNNPACK max "
               f"{int(np.abs(qx - qgot).max())} steps ({int((qx != qgot).sum())} differ), vs its reference kernels "
               f"max {int(np.abs(qr - qgot).max())} ({int((qr != qgot).sum())} differ)", file=sys.stderr)
-        if steps.max() > CHECK_STEPS:
+        bound = CHECK_STEPS_OF.get(net.name, CHECK_STEPS)
+        if steps.max() > bound:
             problems.append(f"{d['name']}: LiteRT's int8 output is {int(steps.max())} steps from the simulation "
-                            f"(bound {CHECK_STEPS})")
+                            f"(bound {bound})")
     return problems
 
 
@@ -1185,8 +1226,8 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], help="model name(s), comma separated")
     ap.add_argument("--check", action="store_true", help="run every model in LiteRT and compare with numpy")
     args = ap.parse_args()
-    known = model_names()
-    names = [n for arg in args.only for n in arg.split(",") if n] or known
+    known = model_names() + model_names(on_request=True)
+    names = [n for arg in args.only for n in arg.split(",") if n] or model_names()
     unknown = [n for n in names if n not in known]
     if unknown:
         sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
