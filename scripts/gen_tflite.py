@@ -523,7 +523,7 @@ def shapes():
     p = n.op("PACK", [u[0], u[2], u[1]], "pack", axis=3, count=3)
     g = n.op("GATHER", [x, i32(n, "gather.index", [5, 0, 3])], "gather", axis=3)
     y = n.op("ADD", [n.op("MUL", [d, p], "mul"), g], "sum")
-    y = n.op("PADV2", [y, i32(n, "pad.pads", [[0, 0], [1, 2], [2, 1], [0, 0]]), n.const("pad.value", [0.5])], "pad")
+    y = n.op("PADV2", [y, i32(n, "pad.pads", [[0, 0], [1, 2], [2, 1], [0, 0]]), n.const("pad.value", 0.5)], "pad")
     y = n.op("STRIDED_SLICE", [y, i32(n, "ss.begin", [0, 1, 0, 0]), i32(n, "ss.end", [1, 11, 11, 3]),
                                i32(n, "ss.strides", [1, 2, 2, 1])], "strided", begin_mask=0b0001, end_mask=0b1000)
     y = n.op("SLICE", [y, i32(n, "slice.begin", [0, 0, 1, 0]), i32(n, "slice.size", [1, 4, 4, 3])], "slice")

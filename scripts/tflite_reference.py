@@ -19,7 +19,9 @@ An entry gives the model's path (relative to CACHE), its architecture, variant a
 TFLite ops it holds (`ops`, `fused`), and per input and output the tensor name, the
 SignatureDef name, dtype, shape, file, and for a quantised value its `quant` (scale, zero
 point): an int8 tensor's own, or for a float output made by a DEQUANTIZE, the int8 input
-of that DEQUANTIZE (one step of that output is then `scale`). `rtol`/`atol` are the
+of that DEQUANTIZE (one step of that output is then `scale`), and `litert_spread`: how
+many steps LiteRT's XNNPACK delegate and its reference kernels land from this reference
+at most (how far two of LiteRT's own kernel sets disagree). `rtol`/`atol` are the
 float tolerance (as in ref/manifest.json); `kind` is `float` or `int8`.
 
 A model is skipped when its results are newer than the model file, its NAME.json and this
@@ -162,6 +164,18 @@ def reference(cache: Path, model: Path) -> dict:
 
     ins = [describe("in", k, d, a, quant_of(d) if a.dtype.kind != "f" else None) for k, (d, a) in enumerate(inputs)]
     outs = [describe("out", k, d, a, output_quant(it, d["index"])) for k, (d, a) in enumerate(outputs)]
+    # How far LiteRT's other kernels land from this reference, per quantised output, in
+    # steps: its XNNPACK delegate (the default) and its reference kernels. The test
+    # prints it beside kiln's distance.
+    others = {"xnnpack": run(interpreter(model, OpResolverType.AUTO), inputs),
+              "reference_kernels": run(interpreter(model, OpResolverType.BUILTIN_REF), inputs)}
+    for k, o in enumerate(outs):
+        if "quant" not in o:
+            continue
+        want = outputs[k][1].astype(np.float64)
+        unit = o["quant"]["scale"] if outputs[k][1].dtype.kind == "f" else 1.0
+        o["litert_spread"] = {n: float(np.round(np.abs(r[k][1].astype(np.float64) - want).max() / unit))
+                              for n, r in others.items()}
     return {
         "name": name,
         "model": model.relative_to(cache).as_posix(),
