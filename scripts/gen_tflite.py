@@ -4,6 +4,7 @@
     gen_tflite.py --out DIR [--only NAME[,NAME...]]     write DIR/NAME.tflite and DIR/NAME.json
     gen_tflite.py --out DIR --check                      ... and check every model against LiteRT
     gen_tflite.py --out DIR --only mobilenet_v2_int8     a model of ON_REQUEST (the benchmark's)
+    gen_tflite.py --out DIR --only NAME --trace [CACHE]  per int8 tensor: LiteRT vs the numpy simulation
 
 A model is an architecture (ARCHS below: the synthetic networks kiln's ONNX tests use,
 rebuilt in TFLite's NHWC layout, plus small graphs for the ops those leave out) in one of
@@ -1220,11 +1221,51 @@ def check(name, net, quant, data, side) -> list:
     return problems
 
 
+def trace(name, net, quant, data, side, inputs_dir=None) -> None:
+    """Prints, per int8 tensor in op order, how many steps LiteRT's builtin kernels are from
+    the numpy int8 simulation (the op where a difference starts, and how it grows), on the
+    reference inputs of INPUTS_DIR (CACHE/ref/tflite/NAME) or --check's."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    rng = np.random.default_rng(7)
+    feeds_l, feeds_f = {}, {}
+    for k, ((t, dtype, shape, feed), d) in enumerate(zip(net.inputs, side["inputs"])):
+        v = np.load(inputs_dir / f"in_{k}.npy") if inputs_dir else feed_value(dtype, shape, feed, rng)
+        feeds_l[d["name"]] = v
+        if t in quant.params:
+            s, z = quant.params[t]
+            q = v.astype(np.float64) if v.dtype == np.int8 else quantize(v, s, z)
+            feeds_f[t] = (q - z) * s
+        else:
+            feeds_f[t] = v
+    hook, consts = quant.fake(net)
+    net.consts.update({t: v for t, v in consts.items() if v is not None})
+    want = net.run(feeds_f, hook)
+    it = Interpreter(model_content=data, experimental_preserve_all_tensors=True,
+                     experimental_op_resolver_type=getattr(OpResolverType, REFERENCE_RESOLVER))
+    it.allocate_tensors()
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], feeds_l[d["name"]])
+    it.invoke()
+    by = {d["name"]: d for d in it.get_tensor_details()}
+    for op, ins, outs, attrs in net.ops:
+        for o in outs:
+            d = by.get(net.tensors[o] + ".quantized") or by.get(net.tensors[o])
+            if d is None or d["dtype"] != np.int8:
+                continue
+            s, z = quant.params[o]
+            steps = np.abs(it.get_tensor(d["index"]).astype(np.float64) - quantize(want[o], s, z))
+            print(f"{name}: {op:24s} {net.tensors[o]:22s} max {int(steps.max())} steps, "
+                  f"{int((steps == 1).sum())} of {steps.size} one step, {int((steps > 1).sum())} more")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--only", action="append", default=[], help="model name(s), comma separated")
     ap.add_argument("--check", action="store_true", help="run every model in LiteRT and compare with numpy")
+    ap.add_argument("--trace", type=Path, metavar="CACHE", nargs="?", const=False,
+                    help="int8 models: per tensor, LiteRT against the numpy simulation (on CACHE/ref/tflite/NAME's "
+                         "inputs when CACHE is given)")
     args = ap.parse_args()
     known = model_names() + model_names(on_request=True)
     names = [n for arg in args.only for n in arg.split(",") if n] or model_names()
@@ -1239,6 +1280,8 @@ def main() -> None:
         write_if_changed(args.out / f"{name}.json", (json.dumps(side, indent=1) + "\n").encode())
         print(f"{args.out / name}.tflite: {len(data)} bytes{'' if changed else ' (unchanged)'}; "
               f"ops {' '.join(side['ops'])}", file=sys.stderr)
+        if args.trace is not None and quant is not None:
+            trace(name, net, quant, data, side, args.trace / "ref" / "tflite" / name if args.trace else None)
         if args.check:
             for p in check(name, net, quant, data, side):
                 failed.append(f"{name}: {p}")
