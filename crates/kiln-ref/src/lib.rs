@@ -23,6 +23,7 @@ mod conv;
 mod pool;
 mod movement;
 mod recurrent;
+pub mod tflite_quant;
 
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Op, OpKind, Tensor, TensorType, ValueDef, ValueId};
