@@ -1378,6 +1378,11 @@ impl Importer<'_> {
             return Err(self.err("expected two FFT lengths and an input of rank 2 or more"));
         }
         let (m, n) = (len[0] as usize, len[1] as usize);
+        // The bases are constants of the artifact: n·(n/2+1) and m² elements.
+        const MOST: usize = 1 << 24;
+        if n.saturating_mul(n / 2 + 1) > MOST || m.saturating_mul(m) > MOST {
+            return Err(self.err(format!("FFT lengths {m}x{n}: the DFT bases would exceed {MOST} elements")));
+        }
         let mut a = self.real(x, &identity(r))?;
         if self.g.ty(a).dtype != DType::F32 {
             return Err(self.err("RFFT2D of a non-float32 input"));

@@ -466,3 +466,65 @@ fn strided_slice_masks_and_shrink() {
     let xv: Vec<f32> = (0..12).map(|v| v as f32).collect();
     assert_eq!(eval(&g, xv), vec![7.0, 6.0, 5.0, 4.0]);
 }
+
+/// The seeds of the `import_tflite` fuzz target: small models that reach the reader,
+/// the layout handling, quantisation, complex tensors and the signature.
+fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let (conv, ..) = conv_net();
+    let mut m = M::new();
+    let x = m.f32("serving_x:0", &[2, 8]);
+    let len = m.ints("len", &[1, 8]);
+    let c = m.tensor("c", &[2, 5], fb::TensorType::Complex64, None);
+    m.op(B::Rfft2d, &[x, len], &[c], None);
+    let y = m.f32("y", &[2, 5]);
+    m.op(B::ComplexAbs, &[c], &[y], None);
+    let z = m.f32("z", &[2, 5]);
+    m.op(B::Softmax, &[y], &[z], Some(fb::BuiltinOptions::SoftmaxOptions(Box::new(fb::SoftmaxOptions { beta: 1.0 }))));
+    m.signature = Some((vec![("audio".into(), x as u32)], vec![("scores".into(), z as u32)]));
+    let rfft = m.finish(&[x], &[z]);
+    let mut m = M::new();
+    let x = m.tensor("x", &[1, 4, 4, 2], fb::TensorType::Int8, None);
+    let q = |s: f32, z: i64| {
+        Some(Box::new(fb::QuantizationParameters { scale: Some(vec![s]), zero_point: Some(vec![z]), ..Default::default() }))
+    };
+    m.tensors[x as usize].quantization = q(0.05, 1);
+    let w = m.tensor("w", &[2, 1, 1, 2], fb::TensorType::Int8, Some(vec![1, 2, 3, 4]));
+    m.tensors[w as usize].quantization = q(0.01, 0);
+    let y = m.tensor("y", &[1, 4, 4, 2], fb::TensorType::Int8, None);
+    m.tensors[y as usize].quantization = q(0.02, -3);
+    m.op(
+        B::Conv2d,
+        &[x, w, -1],
+        &[y],
+        Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
+            padding: fb::Padding::Valid,
+            stride_w: 1,
+            stride_h: 1,
+            ..Default::default()
+        }))),
+    );
+    let r = m.tensor("r", &[1, 32], fb::TensorType::Int8, None);
+    m.tensors[r as usize].quantization = q(0.02, -3);
+    let shape = m.ints("shape", &[1, 32]);
+    m.op(B::Reshape, &[y, shape], &[r], None);
+    let qconv = m.finish(&[x], &[r]);
+    vec![("conv_net.tflite", conv), ("rfft_signature.tflite", rfft), ("int8_conv.tflite", qconv)]
+}
+
+/// The committed seeds are what [`fuzz_seeds`] builds (`KILN_BLESS=1` rewrites them),
+/// and each imports.
+#[test]
+fn fuzz_seeds_are_current() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/import_tflite");
+    let bless = std::env::var_os("KILN_BLESS").is_some();
+    for (name, bytes) in fuzz_seeds() {
+        import(bytes.clone()).unwrap_or_else(|e| panic!("seed {name}: {e}"));
+        let path = dir.join(name);
+        if bless {
+            std::fs::create_dir_all(&dir).expect("corpus dir");
+            std::fs::write(&path, &bytes).expect("write seed");
+        }
+        let committed = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (KILN_BLESS=1 writes it)", path.display()));
+        assert!(committed == bytes, "{} differs from what the test builds (KILN_BLESS=1 rewrites it)", path.display());
+    }
+}
