@@ -24,7 +24,7 @@ pub(crate) fn version() -> String {
     name = "kiln",
     version = version(),
     about = "kiln: an ahead-of-time compiler and runtime for ML inference",
-    after_help = "MODEL is an .onnx file or a .kir file (kiln IR text form); ARTIFACT is a .kiln file.\n\
+    after_help = "MODEL is an .onnx file, a .tflite file or a .kir file (kiln IR text form); ARTIFACT is a .kiln file.\n\
                   Errors are one line on stderr and exit status 1.",
     disable_help_subcommand = true
 )]
@@ -193,7 +193,7 @@ pub(crate) enum Emit {
 /// `kiln compile`.
 #[derive(Args)]
 pub(crate) struct CompileArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: Option<PathBuf>,
     /// The file to write
     #[arg(short = 'o', long = "output", value_name = "OUT")]
@@ -235,7 +235,7 @@ pub(crate) struct CompileArgs {
 /// `kiln run`.
 #[derive(Args)]
 pub(crate) struct RunArgs {
-    /// The artifact (.kiln) or model (.onnx, .kir)
+    /// The artifact (.kiln) or model (.onnx, .tflite, .kir)
     #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// The weights file of an artifact compiled with --external-weights (default: the one beside it)
@@ -260,7 +260,7 @@ pub(crate) struct RunArgs {
 /// `kiln inspect`.
 #[derive(Args)]
 pub(crate) struct InspectArgs {
-    /// The artifact (.kiln) or model (.onnx, .kir)
+    /// The artifact (.kiln) or model (.onnx, .tflite, .kir)
     #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// Print one JSON object
@@ -276,7 +276,7 @@ pub(crate) struct InspectArgs {
 /// `kiln bench`.
 #[derive(Args)]
 pub(crate) struct BenchArgs {
-    /// The artifact (.kiln) or model (.onnx, .kir)
+    /// The artifact (.kiln) or model (.onnx, .tflite, .kir)
     #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// Threads of the local-task driver (default: one per core)
@@ -325,7 +325,7 @@ pub(crate) struct BenchArgs {
 /// `kiln gpu-check`.
 #[derive(Args)]
 pub(crate) struct GpuCheckArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: PathBuf,
     #[command(flatten)]
     pub bind: BindArgs,
@@ -346,7 +346,7 @@ pub(crate) struct GpuCheckArgs {
 /// `kiln import`.
 #[derive(Args)]
 pub(crate) struct ImportArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: PathBuf,
     #[command(flatten)]
     pub bind: BindArgs,
@@ -358,7 +358,7 @@ pub(crate) struct ImportArgs {
 /// `kiln eval`.
 #[derive(Args)]
 pub(crate) struct EvalArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: PathBuf,
     #[command(flatten)]
     pub bind: BindArgs,

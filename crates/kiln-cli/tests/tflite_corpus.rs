@@ -126,3 +126,18 @@ corpus_tests! {
     star_trek_kws => "star-trek-activation-kws",
     efficientword_base => "efficientword-siamese-base",
 }
+
+/// `kiln compile` picks the TFLite front end by the file identifier, whatever the
+/// file's name, and `kiln run` runs the model compiled in memory.
+#[test]
+fn cli_picks_the_front_end_by_magic() {
+    let e = listing().into_iter().find(|e| e["name"] == "basic-pitch-nmp-tflite").expect("basic-pitch in the listing");
+    let model = data_dir().join(e["model"].as_str().expect("model"));
+    let dir = common::scratch("tflite-corpus", "magic");
+    let renamed = dir.join("nmp.model");
+    std::fs::copy(&model, &renamed).expect("copy the model");
+    let out = dir.join("nmp.kiln");
+    let (ok, _, err) = common::kiln(&["compile", common::s(&renamed), "-o", common::s(&out)]);
+    assert!(ok, "kiln compile of a TFLite file without its extension: {err}");
+    assert!(std::fs::metadata(&out).expect("artifact").len() > 0);
+}
