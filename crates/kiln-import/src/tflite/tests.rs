@@ -483,32 +483,56 @@ fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
     m.signature = Some((vec![("audio".into(), x as u32)], vec![("scores".into(), z as u32)]));
     let rfft = m.finish(&[x], &[z]);
     let mut m = M::new();
-    let x = m.tensor("x", &[1, 4, 4, 2], fb::TensorType::Int8, None);
-    let q = |s: f32, z: i64| {
-        Some(Box::new(fb::QuantizationParameters { scale: Some(vec![s]), zero_point: Some(vec![z]), ..Default::default() }))
+    let q = |s: Vec<f32>, z: i64| {
+        let zero_point = Some(vec![z; s.len()]);
+        Some(Box::new(fb::QuantizationParameters { scale: Some(s), zero_point, ..Default::default() }))
     };
-    m.tensors[x as usize].quantization = q(0.05, 1);
-    let w = m.tensor("w", &[2, 1, 1, 2], fb::TensorType::Int8, Some(vec![1, 2, 3, 4]));
-    m.tensors[w as usize].quantization = q(0.01, 0);
-    let y = m.tensor("y", &[1, 4, 4, 2], fb::TensorType::Int8, None);
-    m.tensors[y as usize].quantization = q(0.02, -3);
+    let x = m.tensor("x", &[1, 6, 6, 2], fb::TensorType::Int8, None);
+    m.tensors[x as usize].quantization = q(vec![0.05], 1);
+    // A 3x3 convolution, per-channel weights, int32 bias at s_x·s_w, fused ReLU.
+    let wq: Vec<u8> = values(4 * 3 * 3 * 2, 21).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
+    let w = m.tensor("w", &[4, 3, 3, 2], fb::TensorType::Int8, Some(wq));
+    let sw = vec![0.01, 0.02, 0.015, 0.03];
+    m.tensors[w as usize].quantization = q(sw.clone(), 0);
+    let bq: Vec<u8> = [40i32, -30, 25, -10].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let b = m.tensor("b", &[4], fb::TensorType::Int32, Some(bq));
+    m.tensors[b as usize].quantization = q(sw.iter().map(|s| s * 0.05).collect(), 0);
+    let y = m.tensor("y", &[1, 6, 6, 4], fb::TensorType::Int8, None);
+    m.tensors[y as usize].quantization = q(vec![0.04], -20);
     m.op(
         B::Conv2d,
-        &[x, w, -1],
+        &[x, w, b],
         &[y],
         Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
-            padding: fb::Padding::Valid,
+            padding: fb::Padding::Same,
             stride_w: 1,
             stride_h: 1,
+            fused_activation_function: fb::ActivationFunctionType::Relu,
             ..Default::default()
         }))),
     );
-    let r = m.tensor("r", &[1, 32], fb::TensorType::Int8, None);
-    m.tensors[r as usize].quantization = q(0.02, -3);
-    let shape = m.ints("shape", &[1, 32]);
-    m.op(B::Reshape, &[y, shape], &[r], None);
+    // Average pooling keeps the quantisation.
+    let p = m.tensor("p", &[1, 3, 3, 4], fb::TensorType::Int8, None);
+    m.tensors[p as usize].quantization = q(vec![0.04], -20);
+    let pool = fb::Pool2DOptions { padding: fb::Padding::Valid, stride_w: 2, stride_h: 2, filter_width: 2, filter_height: 2, ..Default::default() };
+    m.op(B::AveragePool2d, &[y], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
+    let r = m.tensor("r", &[1, 36], fb::TensorType::Int8, None);
+    m.tensors[r as usize].quantization = q(vec![0.04], -20);
+    let shape = m.ints("shape", &[1, 36]);
+    m.op(B::Reshape, &[p, shape], &[r], None);
+    // A dense layer: int8 weights per tensor, int32 bias.
+    let fq: Vec<u8> = values(5 * 36, 22).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
+    let f = m.tensor("f", &[5, 36], fb::TensorType::Int8, Some(fq));
+    m.tensors[f as usize].quantization = q(vec![0.02], 0);
+    let fbq: Vec<u8> = [100i32, -200, 50, 0, 300].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let fbias = m.tensor("fb", &[5], fb::TensorType::Int32, Some(fbq));
+    m.tensors[fbias as usize].quantization = q(vec![0.04 * 0.02], 0);
+    let o = m.tensor("o", &[1, 5], fb::TensorType::Int8, None);
+    m.tensors[o as usize].quantization = q(vec![0.1], 3);
+    m.op(B::FullyConnected, &[r, f, fbias], &[o], Some(fb::BuiltinOptions::FullyConnectedOptions(Box::default())));
+    let r = o;
     let qconv = m.finish(&[x], &[r]);
-    vec![("conv_net.tflite", conv), ("rfft_signature.tflite", rfft), ("int8_conv.tflite", qconv)]
+    vec![("conv_net.tflite", conv), ("rfft_signature.tflite", rfft), ("int8_net.tflite", qconv)]
 }
 
 /// The committed seeds are what [`fuzz_seeds`] builds (`KILN_BLESS=1` rewrites them),
