@@ -6,6 +6,9 @@ use super::schema::tflite as fb;
 use super::*;
 use fb::BuiltinOperator as B;
 
+/// A signature's `(name, tensor)` inputs and outputs.
+type Names = Vec<(String, u32)>;
+
 /// A TFLite model under construction.
 #[derive(Default)]
 struct M {
@@ -13,7 +16,7 @@ struct M {
     buffers: Vec<fb::Buffer>,
     ops: Vec<fb::Operator>,
     codes: Vec<B>,
-    signature: Option<(Vec<(String, u32)>, Vec<(String, u32)>)>,
+    signature: Option<(Names, Names)>,
 }
 
 impl M {
@@ -82,7 +85,7 @@ impl M {
             })
             .collect();
         let signature_defs = self.signature.map(|(i, o)| {
-            let map = |l: Vec<(String, u32)>| {
+            let map = |l: Names| {
                 Some(l.into_iter().map(|(n, t)| fb::TensorMap { name: Some(n), tensor_index: t }).collect())
             };
             vec![fb::SignatureDef {
@@ -205,7 +208,17 @@ fn assert_close(got: &[f32], want: &[f32]) {
 
 /// CONV_2D (SAME, stride 2, fused ReLU) → DEPTHWISE_CONV_2D (VALID) → ADD of a
 /// per-channel constant → MAX_POOL_2D: one transpose in, one out, and the NHWC result.
-fn conv_net() -> (Vec<u8>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+/// The model, its constants (w1, b1, w2, shift) and an input.
+struct ConvNet {
+    bytes: Vec<u8>,
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    shift: Vec<f32>,
+    x: Vec<f32>,
+}
+
+fn conv_net() -> ConvNet {
     let mut m = M::new();
     let x = m.f32("x", &[1, 7, 6, 3]);
     let (w1, b1, w2, shift) = (values(4 * 3 * 3 * 3, 1), values(4, 2), values(3 * 3 * 4, 3), values(4, 4));
@@ -255,12 +268,12 @@ fn conv_net() -> (Vec<u8>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
             ..Default::default()
         }))),
     );
-    (m.finish(&[x], &[y]), w1, b1, w2, shift, values(7 * 6 * 3, 9))
+    ConvNet { bytes: m.finish(&[x], &[y]), w1, b1, w2, shift, x: values(7 * 6 * 3, 9) }
 }
 
 #[test]
 fn conv_net_matches_nhwc_loops_with_one_transpose_each_way() {
-    let (bytes, w1, b1, w2, shift, x) = conv_net();
+    let ConvNet { bytes, w1, b1, w2, shift, x } = conv_net();
     let g = import(bytes).expect("import");
     assert_eq!(count(&g, OpKind::Conv), 2);
     // NHWC → NCHW at the input, NCHW → NHWC at the output; filters stored permuted.
@@ -329,7 +342,7 @@ fn malformed_files_are_typed_errors() {
     assert!(decode(b"\x08\0\0\0ONNX\0\0\0\0").contains("TFL3"));
     // A root offset past the end.
     assert!(!decode(b"\xff\xff\0\0TFL3\0\0\0\0").is_empty());
-    let (good, ..) = conv_net();
+    let good = conv_net().bytes;
     // Every truncation is refused with a typed error (the buffers sit at the end, so
     // no prefix is a complete model).
     for n in 0..good.len() {
@@ -344,7 +357,7 @@ fn malformed_files_are_typed_errors() {
 
 #[test]
 fn corrupted_bytes_never_panic() {
-    let (good, ..) = conv_net();
+    let good = conv_net().bytes;
     for i in 0..good.len() {
         for v in [0x00u8, 0xff, 0x7f, 0x80] {
             let mut b = good.clone();
@@ -470,7 +483,7 @@ fn strided_slice_masks_and_shrink() {
 /// The seeds of the `import_tflite` fuzz target: small models that reach the reader,
 /// the layout handling, quantisation, complex tensors and the signature.
 fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    let (conv, ..) = conv_net();
+    let conv = conv_net().bytes;
     let mut m = M::new();
     let x = m.f32("serving_x:0", &[2, 8]);
     let len = m.ints("len", &[1, 8]);
