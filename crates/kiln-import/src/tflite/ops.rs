@@ -223,13 +223,15 @@ impl Importer<'_> {
     /// A fused activation applied to real-valued `v` before it becomes tensor `out`.
     /// A quantised result is clamped as integers (LiteRT's way), so a contraction
     /// keeps its QuantizeLinear as its only reader.
-    fn finish(
-        &mut self,
-        out: usize,
-        lay: &[usize],
-        v: ValueId,
-        act: fb::ActivationFunctionType,
-    ) -> Result<(), ImportError> {
+    fn finish(&mut self, out: usize, lay: &[usize], v: ValueId, act: fb::ActivationFunctionType) -> Result<(), ImportError> {
+        let stored = self.activated(out, lay, v, act)?;
+        self.set_raw(out, lay, stored);
+        Ok(())
+    }
+
+    /// Real-valued `v` through fused activation `act`, stored as tensor `out` stores
+    /// its values (in layout `lay`).
+    fn activated(&mut self, out: usize, lay: &[usize], v: ValueId, act: fb::ActivationFunctionType) -> Result<ValueId, ImportError> {
         use fb::ActivationFunctionType as A;
         let range = match act {
             A::None => None,
@@ -238,11 +240,11 @@ impl Importer<'_> {
             A::ReluN1To1 => Some((-1.0, 1.0)),
             A::Tanh => {
                 let v = self.emit1(OpKind::Tanh, Attrs::new(), vec![Some(v)])?;
-                return self.set_real(out, lay, v);
+                return self.quantize_to(out, lay, v);
             }
             A::SignBit => return Err(self.err("fused activation SIGN_BIT is not supported")),
         };
-        let Some((lo, hi)) = range else { return self.set_real(out, lay, v) };
+        let Some((lo, hi)) = range else { return self.quantize_to(out, lay, v) };
         if let Some(q) = self.quant(out).filter(|q| q.scale.len() == 1) {
             let (s, z) = (q.scale[0] as f64, q.zero_point[0] as f64);
             let qv = self.quantize_to(out, lay, v)?;
@@ -255,13 +257,15 @@ impl Importer<'_> {
             };
             let qlo = (z + (lo / s).round()).max(tmin);
             let qhi = if hi.is_finite() { (z + (hi / s).round()).min(tmax) } else { tmax };
+            if qlo <= tmin && qhi >= tmax {
+                // The type's range already clamps.
+                return Ok(qv);
+            }
             let (a, b) = (self.scalar(dtype, qlo)?, self.scalar(dtype, qhi)?);
-            let c = self.emit1(OpKind::Clip, Attrs::new(), vec![Some(qv), Some(a), Some(b)])?;
-            self.set_raw(out, lay, c);
-            return Ok(());
+            return self.emit1(OpKind::Clip, Attrs::new(), vec![Some(qv), Some(a), Some(b)]);
         }
         let v = self.clip(v, lo, hi)?;
-        self.set_real(out, lay, v)
+        self.quantize_to(out, lay, v)
     }
 
     fn clip(&mut self, v: ValueId, lo: f64, hi: f64) -> Result<ValueId, ImportError> {
@@ -1122,6 +1126,10 @@ impl Importer<'_> {
         if rx == 0 || self.rank(w)? != 2 {
             return Err(self.err("expected a non-scalar input and a rank-2 filter"));
         }
+        let out = self.output(op, 0)?;
+        if self.quant(x).is_some() && self.quant(w).is_some() && self.quant(out).is_some() && !keep {
+            return self.quantized_dense(op, x, w, out, act);
+        }
         let a = self.real(x, &identity(rx))?;
         // [O, K] read as [K, O]: the product's right operand.
         let f = self.real(w, &[1, 0])?;
@@ -1144,9 +1152,42 @@ impl Importer<'_> {
             let shape = self.i64s(&dims);
             v = self.emit1(OpKind::Reshape, Attrs::new(), vec![Some(v), Some(shape)])?;
         }
-        let out = self.output(op, 0)?;
         let r = self.g.ty(v).shape.rank();
         self.finish(out, &identity(r), v, act)
+    }
+
+    /// A quantised FULLY_CONNECTED as a 1x1 convolution over `[N, K, 1, 1]`: the QDQ
+    /// form of a product with a bias (`QLinearMatMul` has none), which
+    /// `tensor-fold-quantized-contractions` makes a `QLinearConv`; the reshapes run on
+    /// the integers.
+    fn quantized_dense(&mut self, op: &super::reader::Operator, x: usize, w: usize, out: usize, act: fb::ActivationFunctionType) -> Result<(), ImportError> {
+        let rx = self.rank(x)?;
+        let xr = self.raw(x, &identity(rx))?;
+        let wr = self.raw(w, &[0, 1])?;
+        let (o, k) = (self.dims(wr)[0] as i64, self.dims(wr)[1] as i64);
+        let s4 = self.i64s(&[-1, k, 1, 1]);
+        let x4 = self.emit1(OpKind::Reshape, Attrs::new(), vec![Some(xr), Some(s4)])?;
+        let w4s = self.i64s(&[o, k, 1, 1]);
+        let w4 = self.emit1(OpKind::Reshape, Attrs::new(), vec![Some(wr), Some(w4s)])?;
+        let deq = |imp: &mut Self, t: usize, v: ValueId, rank: usize| -> Result<ValueId, ImportError> {
+            let q = imp.quant(t).ok_or_else(|| imp.err("not quantised"))?;
+            let dtype = imp.g.ty(v).dtype;
+            let (s, z, axis) = imp.qparams(q, dtype, &identity(rank))?;
+            imp.emit1(OpKind::DequantizeLinear, Attrs::new().with("axis", Attr::Int(axis)), vec![Some(v), Some(s), Some(z)])
+        };
+        let xf = deq(self, x, x4, 4)?;
+        let wf = deq(self, w, w4, 4)?;
+        let bias = match self.opt_input(op, 2) {
+            Some(bt) => Some(self.real(bt, &[0])?),
+            None => None,
+        };
+        let attrs = Attrs::new().with("kernel_shape", ints(&[1, 1]));
+        let y = self.emit1(OpKind::Conv, attrs, vec![Some(xf), Some(wf), bias])?;
+        let yq = self.activated(out, &identity(4), y, act)?;
+        let s2 = self.i64s(&[-1, o]);
+        let y2 = self.emit1(OpKind::Reshape, Attrs::new(), vec![Some(yq), Some(s2)])?;
+        self.set_raw(out, &[0, 1], y2);
+        Ok(())
     }
 
     fn concat(&mut self, op: &super::reader::Operator) -> Result<(), ImportError> {

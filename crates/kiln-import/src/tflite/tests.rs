@@ -565,3 +565,16 @@ fn fuzz_seeds_are_current() {
         assert!(committed == bytes, "{} differs from what the test builds (KILN_BLESS=1 rewrites it)", path.display());
     }
 }
+
+/// The int8 seed's convolution and dense layer (a bias: a 1x1 convolution) both become
+/// integer convolutions; its data movement stays on the integers.
+#[test]
+fn int8_net_contractions_are_integer() {
+    let (_, bytes) = fuzz_seeds().into_iter().find(|(n, _)| *n == "int8_net.tflite").expect("int8 seed");
+    let g = import(bytes).expect("import");
+    let mut opt = g.clone();
+    kiln_opt::run_tensor_pipeline(&mut opt).expect("passes");
+    assert_eq!(count(&opt, OpKind::QLinearConv), 2, "{opt}");
+    assert_eq!(count(&opt, OpKind::Conv) + count(&opt, OpKind::MatMul), 0, "{opt}");
+    assert_eq!(opt.ty(opt.outputs[0]).dtype, DType::I8);
+}
