@@ -104,9 +104,9 @@ pub enum ImportError {
     #[error("TFLite operator {index} ({op}, subgraph {subgraph}, output `{output}`): {message}")]
     TfliteOp {
         /// The subgraph.
-        subgraph: usize,
+        subgraph: u32,
         /// The operator's index in it.
-        index: usize,
+        index: u32,
         /// The op's name.
         op: String,
         /// The name of its first output tensor.

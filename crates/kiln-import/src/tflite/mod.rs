@@ -210,8 +210,8 @@ impl<'m> Importer<'m> {
         };
         let output = op.outputs.first().and_then(|&t| self.sg.tensors.get(t as usize)).map_or("", |t| t.name.as_str());
         ImportError::TfliteOp {
-            subgraph: self.sgi,
-            index: self.at,
+            subgraph: self.sgi as u32,
+            index: self.at as u32,
             op: op_name(self.m, op.opcode),
             output: output.to_string(),
             message: message.into(),
