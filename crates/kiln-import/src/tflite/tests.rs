@@ -545,7 +545,7 @@ fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
     m.op(B::FullyConnected, &[r, f, fbias], &[o], Some(fb::BuiltinOptions::FullyConnectedOptions(Box::default())));
     let r = o;
     let qconv = m.finish(&[x], &[r]);
-    vec![("conv_net.tflite", conv), ("rfft_signature.tflite", rfft), ("int8_net.tflite", qconv)]
+    vec![("conv_net.tflite", conv), ("rfft_signature.tflite", rfft), ("int8_net.tflite", qconv), ("decoder.tflite", decoder())]
 }
 
 /// The committed seeds are what [`fuzz_seeds`] builds (`KILN_BLESS=1` rewrites them),
@@ -577,4 +577,33 @@ fn int8_net_contractions_are_integer() {
     assert_eq!(count(&opt, OpKind::QLinearConv), 2, "{opt}");
     assert_eq!(count(&opt, OpKind::Conv) + count(&opt, OpKind::MatMul), 0, "{opt}");
     assert_eq!(opt.ty(opt.outputs[0]).dtype, DType::I8);
+}
+
+/// TRANSPOSE_CONV (SAME, stride 2) → RESIZE_BILINEAR (half-pixel) → RESIZE_NEAREST_NEIGHBOR
+/// (half-pixel) → AVERAGE_POOL_2D (SAME, the border averaging fewer taps) → MEAN over the
+/// spatial axes: the windowed ops whose padding and coordinate rules differ from ONNX's.
+fn decoder() -> Vec<u8> {
+    let mut m = M::new();
+    let x = m.f32("x", &[1, 3, 4, 2]);
+    let shape = m.ints("out_shape", &[1, 6, 8, 3]);
+    let w = m.konst("w", &[3, 3, 3, 2], &values(3 * 3 * 3 * 2, 31));
+    let b = m.konst("b", &[3], &values(3, 32));
+    let t = m.f32("t", &[1, 6, 8, 3]);
+    let tc = fb::TransposeConvOptions { padding: fb::Padding::Same, stride_w: 2, stride_h: 2, ..Default::default() };
+    m.op(B::TransposeConv, &[shape, w, x, b], &[t], Some(fb::BuiltinOptions::TransposeConvOptions(Box::new(tc))));
+    let size = m.ints("size", &[9, 11]);
+    let r = m.f32("r", &[1, 9, 11, 3]);
+    let rb = fb::ResizeBilinearOptions { half_pixel_centers: true, ..Default::default() };
+    m.op(B::ResizeBilinear, &[t, size], &[r], Some(fb::BuiltinOptions::ResizeBilinearOptions(Box::new(rb))));
+    let size2 = m.ints("size2", &[5, 7]);
+    let n = m.f32("n", &[1, 5, 7, 3]);
+    let rn = fb::ResizeNearestNeighborOptions { half_pixel_centers: true, ..Default::default() };
+    m.op(B::ResizeNearestNeighbor, &[r, size2], &[n], Some(fb::BuiltinOptions::ResizeNearestNeighborOptions(Box::new(rn))));
+    let p = m.f32("p", &[1, 3, 4, 3]);
+    let pool = fb::Pool2DOptions { padding: fb::Padding::Same, stride_w: 2, stride_h: 2, filter_width: 3, filter_height: 3, ..Default::default() };
+    m.op(B::AveragePool2d, &[n], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
+    let axes = m.ints("axes", &[1, 2]);
+    let y = m.f32("y", &[1, 3]);
+    m.op(B::Mean, &[p, axes], &[y], Some(fb::BuiltinOptions::ReducerOptions(Box::default())));
+    m.finish(&[x], &[y, p])
 }
