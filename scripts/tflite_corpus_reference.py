@@ -5,7 +5,9 @@ crates/kiln-cli/tests/tflite_corpus.rs checks kiln against.
     tflite_corpus_reference.py --cache .cache             # reference data
     tflite_corpus_reference.py --cache .cache --bench 30  # also LiteRT's invoke latency
 
-For each `format: tflite` entry of corpus/models.json present under CACHE/corpus: draws
+For each `format: tflite` entry of corpus/models.json present under CACHE/corpus, and
+each of the small models of fuzz/corpus/import_tflite that LiteRT runs (SEEDS: built by
+kiln-import's unit tests; they reach int8, TRANSPOSE_CONV, resizes, RFFT2D): draws
 deterministic inputs (numpy default_rng seeded from the model name; standard normal,
 or the entry's `data` rule, or a rule below), runs LiteRT's interpreter with one thread
 and writes
@@ -60,7 +62,15 @@ def make_input(name, spec, detail, rng):
         return rng.integers(data["range"][0], data["range"][1], size=shape).astype(dtype)
     if np.issubdtype(dtype, np.floating):
         return (rng.standard_normal(shape) * SCALE.get(name, 1.0)).astype(dtype)
+    if dtype in (np.int8, np.uint8):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
     return rng.integers(-5, 5, size=shape).astype(dtype)
+
+
+# The fuzz seeds LiteRT can run (conv_net.tflite has a depthwise convolution without a
+# bias, which LiteRT refuses).
+SEEDS = ["decoder", "int8_net", "rfft_signature"]
 
 
 def main():
@@ -80,10 +90,16 @@ def main():
     version = ai_edge_litert.__version__ if hasattr(ai_edge_litert, "__version__") else "?"
     script_mtime = Path(__file__).stat().st_mtime
     entries = []
+    todo = []
     for m in listing["models"]:
-        if m["format"] != "tflite" or (args.only and m["name"] != args.only):
+        if m["format"] == "tflite":
+            todo.append((m, args.cache / "corpus" / m["dest"], {"model": f"corpus/{m['dest']}"}))
+    for seed in SEEDS:
+        rel = f"fuzz/corpus/import_tflite/{seed}.tflite"
+        todo.append(({"name": f"seed-{seed}", "inputs": []}, root / rel, {"repo_model": rel}))
+    for m, path, where in todo:
+        if args.only and m["name"] != args.only:
             continue
-        path = args.cache / "corpus" / m["dest"]
         if not path.exists():
             print(f"{m['name']}: {path} missing (run scripts/setup-test-data)")
             continue
@@ -110,7 +126,7 @@ def main():
                 interp.resize_tensor_input(det["index"], spec["bind_shape"])
         interp.allocate_tensors()
         rng = np.random.default_rng(zlib.crc32(name.encode()))
-        entry = {"name": name, "model": f"corpus/{m['dest']}", "litert": version, "inputs": [], "outputs": []}
+        entry = {"name": name, **where, "litert": version, "inputs": [], "outputs": []}
         for k, det in enumerate(in_details):
             x = make_input(name, specs.get(det["name"], {}), det, rng)
             interp.set_tensor(det["index"], x)
