@@ -1336,11 +1336,11 @@ impl Importer<'_> {
         }
     }
 
+    /// STRIDED_SLICE: the sparse spec (with an ellipsis and new axes) made dense over the
+    /// input's axes, one `Slice`, then a `Reshape` that drops the shrunk axes and inserts
+    /// the new ones.
     fn strided_slice(&mut self, op: &super::reader::Operator) -> Result<(), ImportError> {
         let o = options!(self, op, StridedSliceOptions).cloned().unwrap_or_default();
-        if o.ellipsis_mask != 0 || o.new_axis_mask != 0 {
-            return Err(self.err("ellipsis_mask and new_axis_mask are not supported"));
-        }
         let x = self.input(op, 0)?;
         let out = self.output(op, 0)?;
         let begin = self.ints_of(self.input(op, 1)?, "the begin")?;
@@ -1356,55 +1356,94 @@ impl Importer<'_> {
             self.dims(n)
         };
         let n = begin.len();
-        if end.len() != n || strides.len() != n || n > r {
+        let bit = |m: i32, i: usize| i < 32 && (m >> i) & 1 == 1;
+        let explicit = (0..n).filter(|&i| !bit(o.ellipsis_mask, i) && !bit(o.new_axis_mask, i)).count();
+        if end.len() != n || strides.len() != n || explicit > r || (0..n).filter(|&i| bit(o.ellipsis_mask, i)).count() > 1 {
             return Err(self.err(format!(
-                "begin/end/strides of {}/{}/{} entries for rank {r}",
+                "begin/end/strides of {}/{}/{} entries (ellipsis mask {:#x}) for rank {r}",
                 n,
                 end.len(),
-                strides.len()
+                strides.len(),
+                o.ellipsis_mask
             )));
         }
-        let (mut s, mut e, mut st, mut axes, mut shrink) = (vec![], vec![], vec![], vec![], vec![]);
+        /// Where an output axis comes from.
+        enum Out {
+            /// Input axes `a..b`, taken whole or sliced.
+            Axes(usize, usize),
+            /// A new axis of extent 1.
+            New,
+        }
+        let mut layout = Vec::new();
+        let (mut s, mut e, mut st, mut axes) = (vec![], vec![], vec![], vec![]);
+        let mut reshape = false;
+        let mut cur = 0usize;
         for i in 0..n {
+            if bit(o.ellipsis_mask, i) {
+                let k = r - explicit;
+                layout.push(Out::Axes(cur, cur + k));
+                cur += k;
+                continue;
+            }
+            if bit(o.new_axis_mask, i) {
+                layout.push(Out::New);
+                reshape = true;
+                continue;
+            }
             let step = strides[i];
             if step == 0 {
                 return Err(self.err("a stride of 0"));
             }
-            let bit = |m: i32| (m >> i) & 1 == 1;
-            let d = dims[i] as i64;
+            let d = dims[cur] as i64;
             let mut b = begin[i];
             let mut en = if o.offset { begin[i].saturating_add(end[i]) } else { end[i] };
-            if bit(o.shrink_axis_mask) {
+            if bit(o.shrink_axis_mask, i) {
                 if b < 0 {
                     b = b.saturating_add(d);
                 }
                 en = b.saturating_add(1);
-                shrink.push(i as i64);
                 s.push(b);
                 e.push(en);
                 st.push(1);
-                axes.push(i as i64);
+                axes.push(cur as i64);
+                reshape = true;
+                cur += 1;
                 continue;
             }
-            if bit(o.begin_mask) {
+            if bit(o.begin_mask, i) {
                 b = if step > 0 { 0 } else { i64::MAX };
             }
-            if bit(o.end_mask) {
+            if bit(o.end_mask, i) {
                 en = if step > 0 { i64::MAX } else { i64::MIN };
             }
             s.push(b);
             e.push(en);
             st.push(step);
-            axes.push(i as i64);
+            axes.push(cur as i64);
+            layout.push(Out::Axes(cur, cur + 1));
+            cur += 1;
         }
+        layout.push(Out::Axes(cur, r));
         self.movement(op, x, out, |imp, v| {
-            let (sv, ev, av, tv) = (imp.i64s(&s), imp.i64s(&e), imp.i64s(&axes), imp.i64s(&st));
-            let y = imp.emit1(OpKind::Slice, Attrs::new(), vec![Some(v), Some(sv), Some(ev), Some(av), Some(tv)])?;
-            if shrink.is_empty() {
+            let y = if axes.is_empty() {
+                v
+            } else {
+                let (sv, ev, av, tv) = (imp.i64s(&s), imp.i64s(&e), imp.i64s(&axes), imp.i64s(&st));
+                imp.emit1(OpKind::Slice, Attrs::new(), vec![Some(v), Some(sv), Some(ev), Some(av), Some(tv)])?
+            };
+            if !reshape {
                 return Ok(y);
             }
-            let a = imp.i64s(&shrink);
-            imp.emit1(OpKind::Squeeze, Attrs::new(), vec![Some(y), Some(a)])
+            let yd = imp.dims(y);
+            let mut shape = Vec::new();
+            for l in &layout {
+                match *l {
+                    Out::Axes(a, b) => shape.extend(yd[a..b].iter().map(|&d| d as i64)),
+                    Out::New => shape.push(1),
+                }
+            }
+            let sv = imp.i64s(&shape);
+            imp.emit1(OpKind::Reshape, Attrs::new(), vec![Some(y), Some(sv)])
         })
     }
 

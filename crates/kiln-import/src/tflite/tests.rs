@@ -607,3 +607,19 @@ fn decoder() -> Vec<u8> {
     m.op(B::Mean, &[p, axes], &[y], Some(fb::BuiltinOptions::ReducerOptions(Box::default())));
     m.finish(&[x], &[y, p])
 }
+
+#[test]
+fn strided_slice_ellipsis_and_new_axis() {
+    let mut m = M::new();
+    let x = m.f32("x", &[2, 3, 4]);
+    // x[..., 1, None]: an ellipsis over the first two axes, the last shrunk to index 1,
+    // then a new axis.
+    let (b, e, s) = (m.ints("b", &[0, 1, 0]), m.ints("e", &[0, 2, 0]), m.ints("s", &[1, 1, 1]));
+    let y = m.f32("y", &[2, 3, 1]);
+    let o = fb::StridedSliceOptions { ellipsis_mask: 1, shrink_axis_mask: 2, new_axis_mask: 4, ..Default::default() };
+    m.op(B::StridedSlice, &[x, b, e, s], &[y], Some(fb::BuiltinOptions::StridedSliceOptions(Box::new(o))));
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    assert_eq!(g.ty(g.outputs[0]).shape.dims(), &[2, 3, 1]);
+    let xv: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    assert_eq!(eval(&g, xv), vec![1.0, 5.0, 9.0, 13.0, 17.0, 21.0]);
+}
