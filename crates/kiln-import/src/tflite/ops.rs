@@ -1485,25 +1485,17 @@ impl Importer<'_> {
             a = self.emit1(OpKind::Pad, Attrs::new(), vec![Some(a), Some(pv)])?;
         }
         let bins = n / 2 + 1;
-        let basis = |f: fn(f64) -> f64, rows: usize, cols: usize, len: usize, sign: f64| -> Vec<f32> {
-            let mut v = Vec::with_capacity(rows * cols);
-            for i in 0..rows {
-                for k in 0..cols {
-                    let ang = 2.0 * std::f64::consts::PI * ((i * k) % len) as f64 / len as f64;
-                    v.push((sign * f(ang)) as f32);
-                }
+        let mk = |imp: &mut Self, v: Vec<f32>, rows: usize, cols: usize| imp.matrix(v, rows, cols);
+        let (mut re, mut im) = match four_step_split(n) {
+            Some((n1, n2)) => self.four_step_rdft(a, n, n1, n2)?,
+            None => {
+                let cos = mk(self, basis(f64::cos, n, bins, n, 1.0), n, bins)?;
+                let sin = mk(self, basis(f64::sin, n, bins, n, -1.0), n, bins)?;
+                let re = self.emit1(OpKind::MatMul, Attrs::new(), vec![Some(a), Some(cos)])?;
+                let im = self.emit1(OpKind::MatMul, Attrs::new(), vec![Some(a), Some(sin)])?;
+                (re, im)
             }
-            v
         };
-        let mk = |imp: &mut Self, v: Vec<f32>, rows: usize, cols: usize| -> Result<ValueId, ImportError> {
-            let t = Tensor::from_vec(Shape::new(vec![rows, cols]).map_err(|e| imp.err(e.to_string()))?, v)
-                .map_err(|e| imp.err(e.to_string()))?;
-            Ok(imp.konst(t))
-        };
-        let cos = mk(self, basis(f64::cos, n, bins, n, 1.0), n, bins)?;
-        let sin = mk(self, basis(f64::sin, n, bins, n, -1.0), n, bins)?;
-        let mut re = self.emit1(OpKind::MatMul, Attrs::new(), vec![Some(a), Some(cos)])?;
-        let mut im = self.emit1(OpKind::MatMul, Attrs::new(), vec![Some(a), Some(sin)])?;
         if m > 1 {
             // (C − iS)(Xr + iXi) = C·Xr + S·Xi + i(C·Xi − S·Xr), S = sin (positive).
             let c = mk(self, basis(f64::cos, m, m, m, 1.0), m, m)?;
@@ -1519,5 +1511,84 @@ impl Importer<'_> {
         let out = self.output(op, 0)?;
         self.set_complex(out, re, im);
         Ok(())
+    }
+}
+
+/// `sign · f(2π·(i·k mod len)/len)` for `i < rows`, `k < cols`, row-major.
+fn basis(f: fn(f64) -> f64, rows: usize, cols: usize, len: usize, sign: f64) -> Vec<f32> {
+    let mut v = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        for k in 0..cols {
+            let ang = 2.0 * std::f64::consts::PI * ((i * k) % len) as f64 / len as f64;
+            v.push((sign * f(ang)) as f32);
+        }
+    }
+    v
+}
+
+/// `N = N1·N2` for the four-step DFT, `N1` the largest divisor not above √N, when
+/// that is at least 8 (below, the direct product is as cheap).
+fn four_step_split(n: usize) -> Option<(usize, usize)> {
+    if n < 64 {
+        return None;
+    }
+    let n1 = (8..=n.isqrt()).rev().find(|d| n % d == 0)?;
+    Some((n1, n / n1))
+}
+
+impl Importer<'_> {
+    /// A `[rows, cols]` f32 constant.
+    fn matrix(&mut self, v: Vec<f32>, rows: usize, cols: usize) -> Result<ValueId, ImportError> {
+        let shape = Shape::new(vec![rows, cols]).map_err(|e| self.err(e.to_string()))?;
+        let t = Tensor::from_vec(shape, v).map_err(|e| self.err(e.to_string()))?;
+        Ok(self.konst(t))
+    }
+
+    /// The first `N/2+1` bins of the DFT of real `a` over its last axis (of length
+    /// `n = n1·n2`), as the four-step (Cooley–Tukey) factorisation in products: with
+    /// `n = n2·j1 + j2` and `k = k1 + n1·k2`,
+    /// `X[k] = Σ_j2 W_n2^(j2·k2) · W_n^(j2·k1) · Σ_j1 x[n2·j1 + j2] · W_n1^(j1·k1)`:
+    /// an `[n1, n1]` product from the left, a twiddle, an `[n2, K2]` product from the
+    /// right (only the `K2 = ⌈(n/2+1)/n1⌉` columns the bins need), then the `[k1, k2]`
+    /// result reordered to `k`. About `(n1 + 2·K2)/(n/2)` of the direct product's work.
+    fn four_step_rdft(&mut self, a: ValueId, n: usize, n1: usize, n2: usize) -> Result<(ValueId, ValueId), ImportError> {
+        let bins = n / 2 + 1;
+        let k2n = bins.div_ceil(n1).min(n2);
+        let dims = self.dims(a);
+        let prefix: Vec<i64> = dims[..dims.len() - 1].iter().map(|&d| d as i64).collect();
+        let mm = |imp: &mut Self, l: ValueId, r: ValueId| imp.emit1(OpKind::MatMul, Attrs::new(), vec![Some(l), Some(r)]);
+        let bin = |imp: &mut Self, k: OpKind, l: ValueId, r: ValueId| imp.emit1(k, Attrs::new(), vec![Some(l), Some(r)]);
+        let shape = self.i64s(&[prefix.as_slice(), &[n1 as i64, n2 as i64]].concat());
+        let x = self.emit1(OpKind::Reshape, Attrs::new(), vec![Some(a), Some(shape)])?;
+        // A = F1·X over j1 (rows): F1 = C1 − i·S1.
+        let c1 = self.matrix(basis(f64::cos, n1, n1, n1, 1.0), n1, n1)?;
+        let s1 = self.matrix(basis(f64::sin, n1, n1, n1, -1.0), n1, n1)?;
+        let (ar, ai) = (mm(self, c1, x)?, mm(self, s1, x)?);
+        // B = A ⊙ W_n^(j2·k1).
+        let tr = self.matrix(basis(f64::cos, n1, n2, n, 1.0), n1, n2)?;
+        let ti = self.matrix(basis(f64::sin, n1, n2, n, -1.0), n1, n2)?;
+        let (p, q) = (bin(self, OpKind::Mul, ar, tr)?, bin(self, OpKind::Mul, ai, ti)?);
+        let br = bin(self, OpKind::Sub, p, q)?;
+        let (p, q) = (bin(self, OpKind::Mul, ar, ti)?, bin(self, OpKind::Mul, ai, tr)?);
+        let bi = bin(self, OpKind::Add, p, q)?;
+        // Y = B·F2 over j2 (columns): (Br + i·Bi)(C2 − i·S2).
+        let c2 = self.matrix(basis(f64::cos, n2, k2n, n2, 1.0), n2, k2n)?;
+        let s2 = self.matrix(basis(f64::sin, n2, k2n, n2, 1.0), n2, k2n)?;
+        let (p, q) = (mm(self, br, c2)?, mm(self, bi, s2)?);
+        let yr = bin(self, OpKind::Add, p, q)?;
+        let (p, q) = (mm(self, bi, c2)?, mm(self, br, s2)?);
+        let yi = bin(self, OpKind::Sub, p, q)?;
+        // [k1, k2] → k = k1 + n1·k2: transpose, flatten, keep the first n/2+1 bins.
+        let r = dims.len() + 1;
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 1, r - 2);
+        let part = |imp: &mut Self, y: ValueId| -> Result<ValueId, ImportError> {
+            let t = imp.transpose(y, &perm)?;
+            let shape = imp.i64s(&[prefix.as_slice(), &[(k2n * n1) as i64]].concat());
+            let f = imp.emit1(OpKind::Reshape, Attrs::new(), vec![Some(t), Some(shape)])?;
+            let (st, en, ax) = (imp.i64s(&[0]), imp.i64s(&[bins as i64]), imp.i64s(&[-1]));
+            imp.emit1(OpKind::Slice, Attrs::new(), vec![Some(f), Some(st), Some(en), Some(ax)])
+        };
+        Ok((part(self, yr)?, part(self, yi)?))
     }
 }

@@ -623,3 +623,39 @@ fn strided_slice_ellipsis_and_new_axis() {
     let xv: Vec<f32> = (0..24).map(|v| v as f32).collect();
     assert_eq!(eval(&g, xv), vec![1.0, 5.0, 9.0, 13.0, 17.0, 21.0]);
 }
+
+/// A length the four-step factorisation takes (256 = 16·16), against a direct DFT.
+#[test]
+fn rfft2d_four_step_matches_a_direct_dft() {
+    for n in [256usize, 96] {
+        let mut m = M::new();
+        let x = m.f32("x", &[3, 1, n as i32]);
+        let len = m.ints("len", &[1, n as i32]);
+        let c = m.tensor("c", &[3, 1, n as i32 / 2 + 1], fb::TensorType::Complex64, None);
+        m.op(B::Rfft2d, &[x, len], &[c], None);
+        let re = m.f32("re", &[3, 1, n as i32 / 2 + 1]);
+        m.op(B::Real, &[c], &[re], None);
+        let im = m.f32("im", &[3, 1, n as i32 / 2 + 1]);
+        m.op(B::Imag, &[c], &[im], None);
+        let g = import(m.finish(&[x], &[re, im])).expect("import");
+        assert!(count(&g, OpKind::MatMul) >= 6, "n = {n}: the four-step form");
+        let xv = values(3 * n, 17);
+        let t = Tensor::from_vec(g.ty(g.inputs[0]).shape.clone(), xv.clone()).expect("input");
+        let out = kiln_ref::eval_graph(&g, &[t]).expect("evaluation");
+        let (gr, gi) = (out[0].to_vec::<f32>().expect("re"), out[1].to_vec::<f32>().expect("im"));
+        let mut i = 0;
+        for row in xv.chunks(n) {
+            for k in 0..=n / 2 {
+                let (mut r, mut q) = (0f64, 0f64);
+                for (t, v) in row.iter().enumerate() {
+                    let a = -2.0 * std::f64::consts::PI * ((k * t) % n) as f64 / n as f64;
+                    r += *v as f64 * a.cos();
+                    q += *v as f64 * a.sin();
+                }
+                assert!((gr[i] as f64 - r).abs() < 1e-4 * (1.0 + r.abs()), "n {n} bin {k}: re {} vs {r}", gr[i]);
+                assert!((gi[i] as f64 - q).abs() < 1e-4 * (1.0 + q.abs()), "n {n} bin {k}: im {} vs {q}", gi[i]);
+                i += 1;
+            }
+        }
+    }
+}
