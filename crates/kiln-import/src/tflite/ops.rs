@@ -1532,7 +1532,7 @@ fn four_step_split(n: usize) -> Option<(usize, usize)> {
     if n < 64 {
         return None;
     }
-    let n1 = (8..=n.isqrt()).rev().find(|d| n % d == 0)?;
+    let n1 = (8..=n.isqrt()).rev().find(|&d| n.is_multiple_of(d))?;
     Some((n1, n / n1))
 }
 
