@@ -99,6 +99,8 @@ def main():
         todo.append(({"name": f"seed-{seed}", "inputs": []}, root / rel, {"repo_model": rel}))
     for m, path, where in todo:
         if args.only and m["name"] != args.only:
+            if m["name"] in old:
+                entries.append(old[m["name"]])
             continue
         if not path.exists():
             print(f"{m['name']}: {path} missing (run scripts/setup-test-data)")
