@@ -1296,7 +1296,7 @@ impl Importer<'_> {
         let mode = if b == B::MirrorPad {
             let symmetric = matches!(&op.options, Some(fb::BuiltinOptions::MirrorPadOptions(o)) if o.mode == fb::MirrorPadMode::Symmetric);
             if symmetric {
-                return Err(self.err("MIRROR_PAD mode SYMMETRIC is not supported (REFLECT is)"));
+                return self.symmetric_pad(op, x, out, &p);
             }
             "reflect"
         } else {
@@ -1334,6 +1334,51 @@ impl Importer<'_> {
         } else {
             self.set_real(out, &lay, y)
         }
+    }
+
+    /// MIRROR_PAD SYMMETRIC (the edge repeated; ONNX's `reflect` leaves it out): per
+    /// axis, the first `b` and last `e` elements reversed (slices of step −1) and
+    /// concatenated on either side.
+    fn symmetric_pad(&mut self, op: &super::reader::Operator, x: usize, out: usize, p: &[i64]) -> Result<(), ImportError> {
+        let v0 = self.any_value(x)?;
+        let r = self.g.ty(v0).shape.rank();
+        let dims = {
+            let n = if self.held[x].imag.is_some() { v0 } else { self.native_of(x, r)? };
+            self.dims(n)
+        };
+        for (axis, &d) in dims.iter().enumerate() {
+            let (b, e) = (p[2 * axis], p[2 * axis + 1]);
+            if b < 0 || e < 0 || b > d as i64 || e > d as i64 {
+                return Err(self.err(format!("SYMMETRIC padding ({b}, {e}) of an axis of {d}")));
+            }
+        }
+        let pads = p.to_vec();
+        self.movement(op, x, out, |imp, v| {
+            let mut y = v;
+            for (axis, &d) in dims.iter().enumerate() {
+                let (b, e) = (pads[2 * axis], pads[2 * axis + 1]);
+                if b == 0 && e == 0 {
+                    continue;
+                }
+                let d = d as i64;
+                let rev = |imp: &mut Self, from: i64, count: i64, y: ValueId| -> Result<ValueId, ImportError> {
+                    // Elements from-count+1 ..= from, last first.
+                    let end = if from - count < 0 { i64::MIN } else { from - count };
+                    let (s, en, a, st) = (imp.i64s(&[from]), imp.i64s(&[end]), imp.i64s(&[axis as i64]), imp.i64s(&[-1]));
+                    imp.emit1(OpKind::Slice, Attrs::new(), vec![Some(y), Some(s), Some(en), Some(a), Some(st)])
+                };
+                let mut parts = Vec::new();
+                if b > 0 {
+                    parts.push(Some(rev(imp, b - 1, b, y)?));
+                }
+                parts.push(Some(y));
+                if e > 0 {
+                    parts.push(Some(rev(imp, d - 1, e, y)?));
+                }
+                y = imp.emit1(OpKind::Concat, Attrs::new().with("axis", Attr::Int(axis as i64)), parts)?;
+            }
+            Ok(y)
+        })
     }
 
     /// STRIDED_SLICE: the sparse spec (with an ellipsis and new axes) made dense over the

@@ -659,3 +659,21 @@ fn rfft2d_four_step_matches_a_direct_dft() {
         }
     }
 }
+
+#[test]
+fn mirror_pad_symmetric_repeats_the_edge() {
+    let mut m = M::new();
+    let x = m.f32("x", &[2, 3]);
+    let p = m.ints("p", &[1, 0, 2, 3]);
+    let y = m.f32("y", &[3, 8]);
+    let o = fb::MirrorPadOptions { mode: fb::MirrorPadMode::Symmetric };
+    m.op(B::MirrorPad, &[x, p], &[y], Some(fb::BuiltinOptions::MirrorPadOptions(Box::new(o))));
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    // numpy.pad([[1, 2, 3], [4, 5, 6]], ((1, 0), (2, 3)), mode="symmetric"):
+    let want = [
+        2.0, 1.0, 1.0, 2.0, 3.0, 3.0, 2.0, 1.0, //
+        2.0, 1.0, 1.0, 2.0, 3.0, 3.0, 2.0, 1.0, //
+        5.0, 4.0, 4.0, 5.0, 6.0, 6.0, 5.0, 4.0,
+    ];
+    assert_eq!(eval(&g, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), want);
+}
