@@ -524,13 +524,37 @@ fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
             ..Default::default()
         }))),
     );
+    // A depthwise 3x3 convolution, per-channel (dimension 3 of `1HWO`), ReLU6.
+    let dq: Vec<u8> = values(3 * 3 * 4, 23).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
+    let dw = m.tensor("dw", &[1, 3, 3, 4], fb::TensorType::Int8, Some(dq));
+    let sd = vec![0.02, 0.01, 0.03, 0.025];
+    m.tensors[dw as usize].quantization = q(sd.clone(), 0);
+    m.tensors[dw as usize].quantization.as_mut().expect("set").quantized_dimension = 3;
+    let dbq: Vec<u8> = [5i32, -7, 9, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let db = m.tensor("db", &[4], fb::TensorType::Int32, Some(dbq));
+    m.tensors[db as usize].quantization = q(sd.iter().map(|s| s * 0.04).collect(), 0);
+    let dy = m.tensor("dy", &[1, 6, 6, 4], fb::TensorType::Int8, None);
+    m.tensors[dy as usize].quantization = q(vec![0.03], -50);
+    m.op(
+        B::DepthwiseConv2d,
+        &[y, dw, db],
+        &[dy],
+        Some(fb::BuiltinOptions::DepthwiseConv2DOptions(Box::new(fb::DepthwiseConv2DOptions {
+            padding: fb::Padding::Same,
+            stride_w: 1,
+            stride_h: 1,
+            depth_multiplier: 1,
+            fused_activation_function: fb::ActivationFunctionType::Relu6,
+            ..Default::default()
+        }))),
+    );
     // Average pooling keeps the quantisation.
     let p = m.tensor("p", &[1, 3, 3, 4], fb::TensorType::Int8, None);
-    m.tensors[p as usize].quantization = q(vec![0.04], -20);
+    m.tensors[p as usize].quantization = q(vec![0.03], -50);
     let pool = fb::Pool2DOptions { padding: fb::Padding::Valid, stride_w: 2, stride_h: 2, filter_width: 2, filter_height: 2, ..Default::default() };
-    m.op(B::AveragePool2d, &[y], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
+    m.op(B::AveragePool2d, &[dy], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
     let r = m.tensor("r", &[1, 36], fb::TensorType::Int8, None);
-    m.tensors[r as usize].quantization = q(vec![0.04], -20);
+    m.tensors[r as usize].quantization = q(vec![0.03], -50);
     let shape = m.ints("shape", &[1, 36]);
     m.op(B::Reshape, &[p, shape], &[r], None);
     // A dense layer: int8 weights per tensor, int32 bias.
@@ -539,7 +563,7 @@ fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
     m.tensors[f as usize].quantization = q(vec![0.02], 0);
     let fbq: Vec<u8> = [100i32, -200, 50, 0, 300].iter().flat_map(|v| v.to_le_bytes()).collect();
     let fbias = m.tensor("fb", &[5], fb::TensorType::Int32, Some(fbq));
-    m.tensors[fbias as usize].quantization = q(vec![0.04 * 0.02], 0);
+    m.tensors[fbias as usize].quantization = q(vec![0.03 * 0.02], 0);
     let o = m.tensor("o", &[1, 5], fb::TensorType::Int8, None);
     m.tensors[o as usize].quantization = q(vec![0.1], 3);
     m.op(B::FullyConnected, &[r, f, fbias], &[o], Some(fb::BuiltinOptions::FullyConnectedOptions(Box::default())));
@@ -566,15 +590,15 @@ fn fuzz_seeds_are_current() {
     }
 }
 
-/// The int8 seed's convolution and dense layer (a bias: a 1x1 convolution) both become
-/// integer convolutions; its data movement stays on the integers.
+/// The int8 seed's convolution, depthwise convolution and dense layer (a bias: a 1x1
+/// convolution) all become integer convolutions; its data movement stays on the integers.
 #[test]
 fn int8_net_contractions_are_integer() {
     let (_, bytes) = fuzz_seeds().into_iter().find(|(n, _)| *n == "int8_net.tflite").expect("int8 seed");
     let g = import(bytes).expect("import");
     let mut opt = g.clone();
     kiln_opt::run_tensor_pipeline(&mut opt).expect("passes");
-    assert_eq!(count(&opt, OpKind::QLinearConv), 2, "{opt}");
+    assert_eq!(count(&opt, OpKind::QLinearConv), 3, "{opt}");
     assert_eq!(count(&opt, OpKind::Conv) + count(&opt, OpKind::MatMul), 0, "{opt}");
     assert_eq!(opt.ty(opt.outputs[0]).dtype, DType::I8);
 }
