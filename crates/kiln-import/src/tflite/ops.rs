@@ -284,6 +284,17 @@ impl Importer<'_> {
             return Err(self.err("custom operators are not supported"));
         };
         let b = fb::BuiltinOperator::try_from(code).map_err(|_| self.err("unknown builtin operator"))?;
+        // Complex tensors are two real ones: only these ops know to read both parts.
+        const COMPLEX_OK: &[B] = &[
+            B::Reshape, B::Squeeze, B::ExpandDims, B::Transpose, B::Slice, B::StridedSlice, B::Gather, B::GatherNd,
+            B::ReverseV2, B::Tile, B::BroadcastTo, B::Concatenation, B::Split, B::SplitV, B::Cast, B::ComplexAbs,
+            B::Real, B::Imag, B::Shape,
+        ];
+        if !COMPLEX_OK.contains(&b) {
+            if let Some(&t) = op.inputs.iter().find(|&&t| t >= 0 && self.held.get(t as usize).is_some_and(|h| h.imag.is_some())) {
+                return Err(self.err(format!("complex operand (tensor {t}); kiln reads complex tensors only through data movement, COMPLEX_ABS, REAL, IMAG and CAST")));
+            }
+        }
         use fb::ActivationFunctionType as A;
         match b {
             B::Add | B::Sub | B::Mul | B::Div => {

@@ -701,3 +701,23 @@ fn mirror_pad_symmetric_repeats_the_edge() {
     ];
     assert_eq!(eval(&g, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), want);
 }
+
+#[test]
+fn complex_operands_of_real_ops_are_refused() {
+    let mut m = M::new();
+    let x = m.f32("x", &[1, 8]);
+    let len = m.ints("len", &[1, 8]);
+    let c = m.tensor("c", &[1, 5], fb::TensorType::Complex64, None);
+    m.op(B::Rfft2d, &[x, len], &[c], None);
+    let d = m.tensor("d", &[1, 5], fb::TensorType::Complex64, None);
+    m.op(B::Mul, &[c, c], &[d], Some(fb::BuiltinOptions::MulOptions(Box::default())));
+    let y = m.f32("y", &[1, 5]);
+    m.op(B::ComplexAbs, &[d], &[y], None);
+    match import(m.finish(&[x], &[y])) {
+        Err(ImportError::TfliteOp { index: 1, op, message, .. }) => {
+            assert_eq!(op, "MUL");
+            assert!(message.contains("complex operand"), "{message}");
+        }
+        r => panic!("expected a TfliteOp error at operator 1, got {r:?}"),
+    }
+}
