@@ -207,6 +207,14 @@ attr_enum! {
     RnnDirection { Forward = "forward", Reverse = "reverse", Bidirectional = "bidirectional" }
 }
 attr_enum! {
+    /// `mode` of GridSample (opset 16's `bilinear`/`bicubic` are canonicalised at import).
+    GridSampleMode { Linear = "linear", Nearest = "nearest", Cubic = "cubic" }
+}
+attr_enum! {
+    /// `padding_mode` of GridSample.
+    GridSamplePadding { Zeros = "zeros", Border = "border", Reflection = "reflection" }
+}
+attr_enum! {
     /// `reduction` of ScatterElements and ScatterND.
     ScatterReduction { None = "none", Add = "add", Mul = "mul", Max = "max", Min = "min" }
 }
@@ -820,6 +828,26 @@ attr_structs! {
         seed: Option<i64> = None,
     }
 
+    /// GridSample.
+    defaults GridSampleAttrs {
+        /// Whether −1 and 1 name the centres of the corner pixels (else their outer edges).
+        align_corners: bool = false,
+        /// Interpolation.
+        mode: GridSampleMode = GridSampleMode::Linear,
+        /// What a sample outside the input reads.
+        padding_mode: GridSamplePadding = GridSamplePadding::Zeros,
+    }
+
+    /// Col2Im.
+    defaults Col2ImAttrs {
+        /// Dilation per spatial axis (default 1).
+        dilations: Option<Vec<i64>> = None,
+        /// Begin pads for each spatial axis, then end pads (default 0).
+        pads: Option<Vec<i64>> = None,
+        /// Stride per spatial axis (default 1).
+        strides: Option<Vec<i64>> = None,
+    }
+
     /// Resize.
     defaults ResizeAttrs {
         /// Antialiasing filter when downscaling.
@@ -979,6 +1007,8 @@ op_attrs! {
     ReverseSequence(ReverseSequenceAttrs): ReverseSequence;
     Dropout(DropoutAttrs): Dropout;
     Resize(ResizeAttrs): Resize;
+    GridSample(GridSampleAttrs): GridSample;
+    Col2Im(Col2ImAttrs): Col2Im;
 }
 
 /// The sliding-window attributes that convolutions and pools share, borrowed from

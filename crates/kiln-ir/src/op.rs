@@ -40,10 +40,10 @@ macro_rules! op_kinds {
 op_kinds! {
     Abs, Acos, Acosh, Add, And, ArgMax, ArgMin, Asin, Asinh, Atan, Atanh, AveragePool,
     BatchNormalization, BitShift, BitwiseAnd, BitwiseNot, BitwiseOr, BitwiseXor,
-    Cast, CastLike, Ceil, Celu, Clip, Concat, ConstantOfShape, Conv, ConvInteger, ConvTranspose,
+    Cast, CastLike, Ceil, Celu, Clip, Col2Im, Concat, ConstantOfShape, Conv, ConvInteger, ConvTranspose,
     Cos, Cosh, CumSum, DepthToSpace, DequantizeLinear, Det, Div, Dropout, DynamicQuantizeLinear,
     Einsum, Elu, Equal, Erf, Exp, Expand, EyeLike, Flatten, Floor, Gather, GatherElements,
-    GatherND, Gelu, Gemm, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, Greater, GreaterOrEqual,
+    GatherND, Gelu, Gemm, GridSample, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, Greater, GreaterOrEqual,
     GroupNormalization, GRU, HardSigmoid, HardSwish, Hardmax, Identity, If, InstanceNormalization,
     IsInf, IsNaN, LayerNormalization, LeakyRelu, Less, LessOrEqual, Log, LogSoftmax, LpNormalization,
     LpPool, LRN, LSTM, MatMul, MatMulInteger, Max, MaxPool, Mean, MeanVarianceNormalization, Min,

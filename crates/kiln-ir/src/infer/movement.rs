@@ -777,3 +777,106 @@ fn to_extent(cx: &Ctx, v: f32) -> R<usize> {
         Err(cx.invalid(format_args!("result extent {v} is out of range")))
     }
 }
+
+/// GridSample(X [N, C, D1..Dr], grid [N, O1..Or, r]): `[N, C, O1..Or]`, r = 2 or 3.
+pub(super) fn grid_sample(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let g = cx.req_class(1, "grid", Class::Float)?;
+    let (xd, gd) = (x.shape.dims(), g.shape.dims());
+    if !matches!(xd.len(), 4 | 5) {
+        return Err(cx.unsupported(format_args!("X has rank {}; kiln samples 2-D and 3-D inputs (rank 4 or 5)", xd.len())));
+    }
+    let r = xd.len() - 2;
+    if gd.len() != xd.len() || gd[0] != xd[0] || gd[r + 1] != r {
+        return Err(cx.invalid(format_args!("grid of dims {gd:?} does not fit X of dims {xd:?}: expected [N, out.., {r}]")));
+    }
+    let mut dims = vec![xd[0], xd[1]];
+    dims.extend_from_slice(&gd[1..=r]);
+    Ok(vec![cx.tt(x.dtype, dims)?])
+}
+
+/// Col2Im(input [N, C·∏block, L], image_shape, block_shape): `[N, C, image..]`, where L
+/// is the number of block positions the strides, pads and dilations give.
+pub(super) fn col2im(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req(0, "input")?;
+    cx.rank(x, 0, "input", 3)?;
+    let image = req_int_list(cx, 1, "image_shape")?;
+    let block = req_int_list(cx, 2, "block_shape")?;
+    let a = cx.attrs::<crate::attrs::Col2ImAttrs>()?;
+    let geo = col2im_geometry(&image, &block, a).map_err(|m| cx.invalid(m))?;
+    let xd = x.shape.dims();
+    let kprod: usize = geo.block.iter().product();
+    if kprod == 0 || xd[1] % kprod != 0 || xd[2] != geo.blocks.iter().product::<usize>() {
+        return Err(cx.invalid(format_args!(
+            "input of dims {xd:?} does not fit blocks {:?} at {:?} positions",
+            geo.block, geo.blocks
+        )));
+    }
+    let mut dims = vec![xd[0], xd[1] / kprod];
+    dims.extend_from_slice(&geo.image);
+    Ok(vec![cx.tt(x.dtype, dims)?])
+}
+
+/// Col2Im's geometry: per spatial axis the image extent, block extent, dilation,
+/// stride, begin pad and the number of block positions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Col2ImGeometry {
+    /// Image extent per axis.
+    pub image: Vec<usize>,
+    /// Block extent per axis.
+    pub block: Vec<usize>,
+    /// Dilation per axis.
+    pub dilations: Vec<usize>,
+    /// Stride per axis.
+    pub strides: Vec<usize>,
+    /// Begin pad per axis.
+    pub pads_begin: Vec<usize>,
+    /// Block positions per axis.
+    pub blocks: Vec<usize>,
+}
+
+/// Checks Col2Im's operands and attributes and gives its geometry.
+pub fn col2im_geometry(image: &[i64], block: &[i64], a: &crate::attrs::Col2ImAttrs) -> Result<Col2ImGeometry, String> {
+    let s = image.len();
+    if s == 0 || block.len() != s {
+        return Err(format!("image_shape {image:?} and block_shape {block:?} must have the same non-zero length"));
+    }
+    let ones = vec![1i64; s];
+    let zeros = vec![0i64; 2 * s];
+    let dil = a.dilations.as_deref().unwrap_or(&ones);
+    let st = a.strides.as_deref().unwrap_or(&ones);
+    let pads = a.pads.as_deref().unwrap_or(&zeros);
+    if dil.len() != s || st.len() != s || pads.len() != 2 * s {
+        return Err(format!("dilations, strides and pads must cover the {s} spatial axes"));
+    }
+    let pos = |v: i64, what: &str| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"));
+    let mut g = Col2ImGeometry {
+        image: Vec::new(),
+        block: Vec::new(),
+        dilations: Vec::new(),
+        strides: Vec::new(),
+        pads_begin: Vec::new(),
+        blocks: Vec::new(),
+    };
+    for d in 0..s {
+        let (im, k, di, sd) = (pos(image[d], "image extent")?, pos(block[d], "block extent")?, pos(dil[d], "dilation")?, pos(st[d], "stride")?);
+        let (pb, pe) = (pads[d], pads[d + s]);
+        if pb < 0 || pe < 0 {
+            return Err(format!("pads {pads:?} must not be negative"));
+        }
+        let span = di.checked_mul(k - 1).and_then(|v| v.checked_add(1)).ok_or("block span overflows")?;
+        let padded = im as i64 + pb + pe;
+        if padded < span as i64 {
+            return Err(format!("block of span {span} does not fit the padded image extent {padded} on axis {d}"));
+        }
+        g.blocks.push(((padded - span as i64) / sd as i64 + 1) as usize);
+        g.image.push(im);
+        g.block.push(k);
+        g.dilations.push(di);
+        g.strides.push(sd);
+        g.pads_begin.push(pb as usize);
+    }
+    Ok(g)
+}

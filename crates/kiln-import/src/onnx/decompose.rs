@@ -1,0 +1,682 @@
+//! Operators without an ONNX function body that have a closed form in canonical ops,
+//! imported as that form (every later stage, the reference evaluator included, sees
+//! only canonical ops, and fusion treats them as usual):
+//!
+//! - `DFT(input [.., n, 1|2], dft_length?, axis?)` and `STFT(signal, frame_step,
+//!   window?, frame_length?)`: a **product with a constant basis**. With the signal
+//!   length static the transform is a matrix: rows are the input's (sample, re/im)
+//!   pairs, columns the output's (frequency, re/im) pairs, entries `±cos`, `±sin` of
+//!   `2π·j·k/L` computed in f64 (from `j·k mod L`) and rounded once (×1/L for the
+//!   inverse; rows past `dft_length` zero, which truncates; a longer `dft_length` pads
+//!   with zeros, which the missing rows give). The op becomes Transpose (the signal
+//!   axis next to the complex axis) · Reshape · **MatMul** (a Contraction on the fast
+//!   path) · Reshape · Transpose. STFT first takes its frames with one Gather of
+//!   constant indices and multiplies them by the window (a run-time operand), then
+//!   uses the same basis; `onesided` keeps the first `L/2 + 1` columns.
+//! - `MelWeightMatrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz,
+//!   upper_edge_hertz)`: the counts are constants (they fix the shape); the band edges
+//!   may be run-time values, so the triangular filters are computed by elementwise ops
+//!   over a constant grid of (bin, band), in the operations and order of ONNX's
+//!   reference (mel = 2595·log10(1 + f/700), edges floored to bins).
+//! - `MaxUnpool(X, I, output_shape?)`: ScatterElements of X's elements at the flat
+//!   indices I into zeros of the inferred shape, then a zero Pad up to `output_shape`.
+//! - Training-mode `BatchNormalization`: the batch statistics (ReduceMean over every
+//!   axis but 1, population variance), the normalisation with them, and the running
+//!   statistics `input·momentum + batch·(1 − momentum)`.
+//! - `ai.onnx.preview.training` `Adagrad`, `Adam`, `Momentum` (one or several tensors
+//!   per node): their update rules as elementwise ops; `T` is an operand (`T > 0`
+//!   selects the bias correction), so a run-time step count works too.
+//! - `ai.onnx.ml` `Binarizer` (Where(X > threshold, 1, 0)) and `ArrayFeatureExtractor`
+//!   (Gather along the last axis; a 1-D input gives `[1, k]`).
+
+use super::{At, Importer};
+use crate::ImportError;
+use kiln_ir::{Attr, Attrs, DType, OpKind, Shape, Tensor, ValueId};
+
+/// The most elements of a constant basis or index table built here.
+const MAX_CONST_ELEMENTS: usize = 1 << 24;
+
+/// The domain an op of this module belongs to, `None` for ops not decomposed here.
+pub(crate) fn domain_of(op_type: &str) -> Option<&'static str> {
+    match op_type {
+        "DFT" | "STFT" | "MelWeightMatrix" | "MaxUnpool" => Some(""),
+        "Adagrad" | "Adam" | "Momentum" => Some("ai.onnx.preview.training"),
+        "Binarizer" | "ArrayFeatureExtractor" => Some("ai.onnx.ml"),
+        _ => None,
+    }
+}
+
+/// Whether a BatchNormalization node asks for training mode (decomposed here).
+pub(crate) fn is_training_batch_norm(attrs: &Attrs, declared_outputs: usize) -> bool {
+    matches!(attrs.get("training_mode"), Some(Attr::Int(v)) if *v != 0) || declared_outputs > 1
+}
+
+type R<T> = Result<T, ImportError>;
+
+struct Cx<'i, 'a, 'b> {
+    imp: &'i mut Importer,
+    at: &'a At<'b>,
+}
+
+impl Cx<'_, '_, '_> {
+    fn op(&mut self, kind: OpKind, attrs: Attrs, inputs: Vec<Option<ValueId>>) -> R<ValueId> {
+        let v = self.imp.emit("", kind, attrs, inputs, &[String::new()], self.at)?;
+        v.first().copied().ok_or_else(|| self.at.err("no result"))
+    }
+    fn bin(&mut self, kind: OpKind, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.op(kind, Attrs::default(), vec![Some(a), Some(b)])
+    }
+    fn un(&mut self, kind: OpKind, a: ValueId) -> R<ValueId> {
+        self.op(kind, Attrs::default(), vec![Some(a)])
+    }
+    fn add(&mut self, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.bin(OpKind::Add, a, b)
+    }
+    fn sub(&mut self, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.bin(OpKind::Sub, a, b)
+    }
+    fn mul(&mut self, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.bin(OpKind::Mul, a, b)
+    }
+    fn div(&mut self, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.bin(OpKind::Div, a, b)
+    }
+    /// A scalar constant of dtype `d`.
+    fn scalar(&mut self, d: DType, x: f64) -> R<ValueId> {
+        let t = Tensor::from_f64(d, Shape::scalar(), &[x]).map_err(|e| self.at.err(e.to_string()))?;
+        Ok(self.imp.add_const("", t))
+    }
+    fn tensor(&mut self, d: DType, dims: &[usize], v: &[f64]) -> R<ValueId> {
+        let shape = Shape::new(dims.to_vec()).map_err(|e| self.at.err(e.to_string()))?;
+        let t = Tensor::from_f64(d, shape, v).map_err(|e| self.at.err(e.to_string()))?;
+        Ok(self.imp.add_const("", t))
+    }
+    fn ints(&mut self, v: &[i64]) -> R<ValueId> {
+        let t = Tensor::from_vec(Shape::new([v.len()]).map_err(|e| self.at.err(e.to_string()))?, v.to_vec())
+            .map_err(|e| self.at.err(e.to_string()))?;
+        Ok(self.imp.add_const("", t))
+    }
+    fn reshape(&mut self, x: ValueId, dims: &[i64]) -> R<ValueId> {
+        let s = self.ints(dims)?;
+        self.bin(OpKind::Reshape, x, s)
+    }
+    fn transpose(&mut self, x: ValueId, perm: &[usize]) -> R<ValueId> {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(x);
+        }
+        let a = Attrs::default().with("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()));
+        self.op(OpKind::Transpose, a, vec![Some(x)])
+    }
+    fn dims(&self, v: ValueId) -> Vec<usize> {
+        self.imp.g.ty(v).shape.dims().to_vec()
+    }
+    fn dtype(&self, v: ValueId) -> DType {
+        self.imp.g.ty(v).dtype
+    }
+    /// The integers of a constant operand.
+    fn const_ints(&self, v: ValueId, what: &str) -> R<Vec<i64>> {
+        let Some(t) = self.imp.g.constant(v) else {
+            return Err(self.at.err(format!(
+                "{what} must be a constant: `{}` depends on run-time data (bind it with --input-value)",
+                self.imp.g.values[v].name
+            )));
+        };
+        t.to_i64_vec().map_err(|e| self.at.err(e.to_string()))
+    }
+    fn const_int(&self, v: ValueId, what: &str) -> R<i64> {
+        match self.const_ints(v, what)?.as_slice() {
+            [x] => Ok(*x),
+            other => Err(self.at.err(format!("{what} has {} elements; expected one", other.len()))),
+        }
+    }
+}
+
+fn int_attr(attrs: &Attrs, name: &str, default: i64, at: &At) -> R<i64> {
+    match attrs.get(name) {
+        None => Ok(default),
+        Some(Attr::Int(v)) => Ok(*v),
+        Some(o) => Err(at.err(format!("attribute `{name}` is {}, expected an int", o.kind_name()))),
+    }
+}
+
+fn float_attr(attrs: &Attrs, name: &str, default: Option<f32>, at: &At) -> R<f64> {
+    match (attrs.get(name), default) {
+        (None, Some(d)) => Ok(f64::from(d)),
+        (None, None) => Err(at.err(format!("required attribute `{name}` is missing"))),
+        (Some(Attr::Float(v)), _) => Ok(f64::from(*v)),
+        (Some(o), _) => Err(at.err(format!("attribute `{name}` is {}, expected a float", o.kind_name()))),
+    }
+}
+
+fn ints_attr(attrs: &Attrs, name: &str, at: &At) -> R<Option<Vec<i64>>> {
+    match attrs.get(name) {
+        None => Ok(None),
+        Some(Attr::Ints(v)) => Ok(Some(v.clone())),
+        Some(o) => Err(at.err(format!("attribute `{name}` is {}, expected ints", o.kind_name()))),
+    }
+}
+
+/// Imports one node of a decomposed op and binds its outputs.
+pub(crate) fn decompose(
+    imp: &mut Importer,
+    op_type: &str,
+    attrs: &Attrs,
+    inputs: &[Option<ValueId>],
+    outputs: &[String],
+    at: &At,
+) -> Result<(), ImportError> {
+    let mut cx = Cx { imp, at };
+    let operand = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
+    let results: Vec<ValueId> = match op_type {
+        "DFT" => vec![dft(&mut cx, attrs, inputs)?],
+        "STFT" => vec![stft(&mut cx, attrs, inputs)?],
+        "MelWeightMatrix" => vec![mel_weight_matrix(&mut cx, attrs, inputs)?],
+        "MaxUnpool" => vec![max_unpool(&mut cx, attrs, operand(0, "X")?, operand(1, "I")?, inputs.get(2).copied().flatten())?],
+        "BatchNormalization" => batch_norm_training(&mut cx, attrs, inputs, outputs.len())?,
+        "Adagrad" | "Adam" | "Momentum" => optimizer(&mut cx, op_type, attrs, inputs)?,
+        "Binarizer" => {
+            let x = operand(0, "X")?;
+            let d = cx.dtype(x);
+            let t = float_attr(attrs, "threshold", Some(0.0), at)?;
+            let (tv, one, zero) = (cx.scalar(d, t)?, cx.scalar(d, 1.0)?, cx.scalar(d, 0.0)?);
+            let gt = cx.bin(OpKind::Greater, x, tv)?;
+            vec![cx.op(OpKind::Where, Attrs::default(), vec![Some(gt), Some(one), Some(zero)])?]
+        }
+        "ArrayFeatureExtractor" => {
+            let (x, y) = (operand(0, "X")?, operand(1, "Y")?);
+            let rank = cx.dims(x).len();
+            if rank == 0 {
+                return Err(at.err("X is a scalar; expected at least one axis"));
+            }
+            let idx = cx.reshape(y, &[-1])?;
+            let a = Attrs::default().with("axis", Attr::Int(rank as i64 - 1));
+            let z = cx.op(OpKind::Gather, a, vec![Some(x), Some(idx)])?;
+            if rank == 1 {
+                vec![cx.reshape(z, &[1, -1])?]
+            } else {
+                vec![z]
+            }
+        }
+        other => return Err(at.err(format!("{other} is not decomposed"))),
+    };
+    for (name, v) in outputs.iter().zip(results) {
+        if !name.is_empty() {
+            imp_bind(cx.imp, name, v);
+        }
+    }
+    Ok(())
+}
+
+fn imp_bind(imp: &mut Importer, name: &str, v: ValueId) {
+    imp.bind(name, v);
+}
+
+/// The DFT basis: rows (sample j < n, re/im of the input when `complex`), columns
+/// (frequency k < kept, re/im); see the module docs.
+fn dft_basis(n: usize, complex: bool, len: usize, kept: usize, inverse: bool) -> Vec<f64> {
+    let c = if complex { 2 } else { 1 };
+    let sigma = if inverse { -1.0 } else { 1.0 };
+    let scale = if inverse { 1.0 / len as f64 } else { 1.0 };
+    let mut w = vec![0.0; n * c * kept * 2];
+    let cols = kept * 2;
+    for j in 0..n.min(len) {
+        for k in 0..kept {
+            let theta = 2.0 * std::f64::consts::PI * ((j * k) % len) as f64 / len as f64;
+            let (s, co) = theta.sin_cos();
+            let re_row = j * c * cols;
+            w[re_row + 2 * k] = co * scale;
+            w[re_row + 2 * k + 1] = -sigma * s * scale;
+            if complex {
+                let im_row = (j * c + 1) * cols;
+                w[im_row + 2 * k] = sigma * s * scale;
+                w[im_row + 2 * k + 1] = co * scale;
+            }
+        }
+    }
+    w
+}
+
+/// `x [lead.., n·c]` times the basis, reshaped to `[lead.., kept, 2]`.
+fn times_basis(cx: &mut Cx, x: ValueId, lead: &[usize], n: usize, complex: bool, len: usize, kept: usize, inverse: bool) -> R<ValueId> {
+    let c = if complex { 2 } else { 1 };
+    if n.saturating_mul(c).saturating_mul(kept).saturating_mul(2) > MAX_CONST_ELEMENTS {
+        return Err(cx.at.err(format!("a transform of {n} samples to {kept} frequencies is larger than kiln's constant basis limit")));
+    }
+    let d = cx.dtype(x);
+    let w = dft_basis(n, complex, len, kept, inverse);
+    let basis = cx.tensor(d, &[n * c, kept * 2], &w)?;
+    let y = cx.bin(OpKind::MatMul, x, basis)?;
+    let mut shape: Vec<i64> = lead.iter().map(|&v| v as i64).collect();
+    shape.extend([kept as i64, 2]);
+    cx.reshape(y, &shape)
+}
+
+fn dft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
+    let at = cx.at;
+    let x = inputs.first().copied().flatten().ok_or_else(|| at.err("input (operand 0) is missing"))?;
+    let xd = cx.dims(x);
+    let rank = xd.len();
+    if rank < 3 || !matches!(xd[rank - 1], 1 | 2) {
+        return Err(at.err(format!("input of dims {xd:?}: expected [batch, .., signal, 1 or 2]")));
+    }
+    if !cx.dtype(x).is_float() {
+        return Err(at.err(format!("input is {}; expected a float type", cx.dtype(x))));
+    }
+    let axis = if at.opset >= 20 {
+        match inputs.get(2).copied().flatten() {
+            Some(a) => cx.const_int(a, "axis (operand 2)")?,
+            None => -2,
+        }
+    } else {
+        int_attr(attrs, "axis", 1, at)?
+    };
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 1 || a > r - 2 {
+        return Err(at.err(format!("axis {axis} out of range for input of rank {rank} (the batch and complex axes cannot be transformed)")));
+    }
+    let a = a as usize;
+    let n = xd[a];
+    let len = match inputs.get(1).copied().flatten() {
+        Some(v) => {
+            let l = cx.const_int(v, "dft_length (operand 1)")?;
+            usize::try_from(l).ok().filter(|&l| l > 0).ok_or_else(|| at.err(format!("dft_length {l} must be positive")))?
+        }
+        None => n,
+    };
+    let onesided = int_attr(attrs, "onesided", 0, at)? != 0;
+    let inverse = int_attr(attrs, "inverse", 0, at)? != 0;
+    if onesided && inverse {
+        return Err(at.err("onesided with inverse is not defined for DFT"));
+    }
+    let complex = xd[rank - 1] == 2;
+    if onesided && complex {
+        return Err(at.err("onesided needs a real input (last axis 1)"));
+    }
+    let kept = if onesided { len / 2 + 1 } else { len };
+    // Bring the signal axis next to the complex axis: [others.., n, c].
+    let mut perm: Vec<usize> = (0..rank - 1).filter(|&i| i != a).collect();
+    perm.push(a);
+    perm.push(rank - 1);
+    let t = cx.transpose(x, &perm)?;
+    let lead: Vec<usize> = perm[..rank - 2].iter().map(|&i| xd[i]).collect();
+    let mut flat: Vec<i64> = lead.iter().map(|&v| v as i64).collect();
+    flat.push((n * xd[rank - 1]) as i64);
+    let t = cx.reshape(t, &flat)?;
+    let y = times_basis(cx, t, &lead, n, complex, len, kept, inverse)?;
+    // y is [others.., kept, 2]; put `kept` back at axis a.
+    let mut back = vec![0usize; rank];
+    // y's axis i holds: i < rank-2 → original axis perm[i]; rank-2 → a; rank-1 → complex.
+    for (i, &p) in perm.iter().enumerate() {
+        back[p] = i;
+    }
+    cx.transpose(y, &back)
+}
+
+fn stft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
+    let at = cx.at;
+    let x = inputs.first().copied().flatten().ok_or_else(|| at.err("signal (operand 0) is missing"))?;
+    let xd = cx.dims(x);
+    if xd.len() != 3 || !matches!(xd[2], 1 | 2) {
+        return Err(at.err(format!("signal of dims {xd:?}: expected [batch, length, 1 or 2]")));
+    }
+    let step_v = inputs.get(1).copied().flatten().ok_or_else(|| at.err("frame_step (operand 1) is missing"))?;
+    let step = cx.const_int(step_v, "frame_step (operand 1)")?;
+    let window = inputs.get(2).copied().flatten();
+    let wlen = match window {
+        Some(w) => match cx.dims(w).as_slice() {
+            [l] => Some(*l),
+            other => return Err(at.err(format!("window of dims {other:?}: expected one axis"))),
+        },
+        None => None,
+    };
+    let flen = match inputs.get(3).copied().flatten() {
+        Some(v) => Some(cx.const_int(v, "frame_length (operand 3)")?),
+        None => None,
+    };
+    let fl = match (flen, wlen) {
+        (Some(f), Some(w)) if f != w as i64 => {
+            return Err(at.err(format!("frame_length {f} differs from the window's length {w}")))
+        }
+        (Some(f), _) => usize::try_from(f).ok().filter(|&f| f > 0).ok_or_else(|| at.err(format!("frame_length {f} must be positive")))?,
+        (None, Some(w)) => w,
+        (None, None) => return Err(at.err("neither window nor frame_length is given")),
+    };
+    if step < 1 || fl > xd[1] || fl == 0 {
+        return Err(at.err(format!("frame_step {step} / frame length {fl} do not fit a signal of {}", xd[1])));
+    }
+    let step = step as usize;
+    let frames = (xd[1] - fl) / step + 1;
+    let onesided = int_attr(attrs, "onesided", 1, at)? != 0;
+    let complex = xd[2] == 2;
+    if onesided && complex {
+        return Err(at.err("onesided needs a real signal (last axis 1)"));
+    }
+    if frames.saturating_mul(fl) > MAX_CONST_ELEMENTS {
+        return Err(at.err("too many frames"));
+    }
+    let idx: Vec<i64> = (0..frames).flat_map(|f| (0..fl).map(move |j| (f * step + j) as i64)).collect();
+    let idx_t = Tensor::from_vec(Shape::new([frames, fl]).map_err(|e| at.err(e.to_string()))?, idx).map_err(|e| at.err(e.to_string()))?;
+    let idx_v = cx.imp.add_const("", idx_t);
+    let g = cx.op(OpKind::Gather, Attrs::default().with("axis", Attr::Int(1)), vec![Some(x), Some(idx_v)])?;
+    // g: [batch, frames, fl, c]
+    let g = match window {
+        Some(w) => {
+            let w2 = cx.reshape(w, &[fl as i64, 1])?;
+            let w2 = if cx.dtype(w2) != cx.dtype(x) {
+                let to = cx.dtype(x).onnx_code().map(i64::from).unwrap_or(1);
+                cx.op(OpKind::Cast, Attrs::default().with("to", Attr::Int(to)), vec![Some(w2)])?
+            } else {
+                w2
+            };
+            cx.mul(g, w2)?
+        }
+        None => g,
+    };
+    let c = xd[2];
+    let g = cx.reshape(g, &[xd[0] as i64, frames as i64, (fl * c) as i64])?;
+    let kept = if onesided { fl / 2 + 1 } else { fl };
+    times_basis(cx, g, &[xd[0], frames], fl, complex, fl, kept, false)
+}
+
+fn mel_weight_matrix(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
+    let at = cx.at;
+    let op = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
+    let m = cx.const_int(op(0, "num_mel_bins")?, "num_mel_bins (operand 0)")?;
+    let l = cx.const_int(op(1, "dft_length")?, "dft_length (operand 1)")?;
+    let sr = cx.const_int(op(2, "sample_rate")?, "sample_rate (operand 2)")?;
+    let (lo, hi) = (op(3, "lower_edge_hertz")?, op(4, "upper_edge_hertz")?);
+    if m < 1 || l < 1 || sr < 1 || (m as u64).saturating_mul(l as u64) > MAX_CONST_ELEMENTS as u64 {
+        return Err(at.err(format!("num_mel_bins {m}, dft_length {l}, sample_rate {sr}: expected positive counts")));
+    }
+    let (m, l) = (m as usize, l as usize);
+    let bins = l / 2 + 1;
+    let out_dt = DType::from_onnx_code(int_attr(attrs, "output_datatype", 1, at)?)
+        .ok_or_else(|| at.err("output_datatype is not a known type"))?;
+    // Compute in f64 like the reference (NumPy promotes the f32 edges with Python floats).
+    let f = DType::F64;
+    let to = |d: DType| Attrs::default().with("to", Attr::Int(d.onnx_code().map(i64::from).unwrap_or(11)));
+    let lo = cx.op(OpKind::Cast, to(f), vec![Some(lo)])?;
+    let hi = cx.op(OpKind::Cast, to(f), vec![Some(hi)])?;
+    let mel = |cx: &mut Cx, hz: ValueId| -> R<ValueId> {
+        let c700 = cx.scalar(f, 700.0)?;
+        let one = cx.scalar(f, 1.0)?;
+        let q = cx.div(hz, c700)?;
+        let q = cx.add(one, q)?;
+        let ln = cx.un(OpKind::Log, q)?;
+        let k = cx.scalar(f, 2595.0 / std::f64::consts::LN_10)?;
+        cx.mul(ln, k)
+    };
+    let (lm, hm) = (mel(cx, lo)?, mel(cx, hi)?);
+    let count = cx.scalar(f, (m + 2) as f64)?;
+    let span = cx.sub(hm, lm)?;
+    let step = cx.div(span, count)?;
+    let ar: Vec<f64> = (0..m + 2).map(|i| i as f64).collect();
+    let ar = cx.tensor(f, &[m + 2], &ar)?;
+    let pts = cx.mul(ar, step)?;
+    let pts = cx.add(pts, lm)?;
+    let c2595 = cx.scalar(f, 2595.0)?;
+    let e = cx.div(pts, c2595)?;
+    let ten = cx.scalar(f, 10.0)?;
+    let p = cx.bin(OpKind::Pow, ten, e)?;
+    let one = cx.scalar(f, 1.0)?;
+    let p = cx.sub(p, one)?;
+    let c700 = cx.scalar(f, 700.0)?;
+    let hz = cx.mul(c700, p)?;
+    let lp1 = cx.scalar(f, (l + 1) as f64)?;
+    let srv = cx.scalar(f, sr as f64)?;
+    let fb = cx.mul(lp1, hz)?;
+    let fb = cx.div(fb, srv)?;
+    let fb = cx.un(OpKind::Floor, fb)?; // [m + 2] bin edges
+    let slice = |cx: &mut Cx, s: i64| -> R<ValueId> {
+        let (st, en, ax) = (cx.ints(&[s])?, cx.ints(&[s + m as i64])?, cx.ints(&[0])?);
+        cx.op(OpKind::Slice, Attrs::default(), vec![Some(fb), Some(st), Some(en), Some(ax)])
+    };
+    let (low, center, high) = (slice(cx, 0)?, slice(cx, 1)?, slice(cx, 2)?); // [m]
+    let jv: Vec<f64> = (0..bins).map(|j| j as f64).collect();
+    let j = cx.tensor(f, &[bins, 1], &jv)?; // [bins, 1]
+    let zero = cx.scalar(f, 0.0)?;
+    // Rising edge: (j − low)/(center − low) on low ≤ j ≤ center; 1 at j == center when
+    // center == low.
+    let ltc = cx.sub(center, low)?;
+    let jl = cx.sub(j, low)?;
+    let rise = cx.div(jl, ltc)?;
+    let ge_low = cx.bin(OpKind::GreaterOrEqual, j, low)?;
+    let le_c = cx.bin(OpKind::LessOrEqual, j, center)?;
+    let in_rise = cx.bin(OpKind::And, ge_low, le_c)?;
+    let ltc0 = cx.bin(OpKind::Equal, ltc, zero)?;
+    let at_c = cx.bin(OpKind::Equal, j, center)?;
+    let one_at_c = cx.op(OpKind::Where, Attrs::default(), vec![Some(at_c), Some(one), Some(zero)])?;
+    let rise = cx.op(OpKind::Where, Attrs::default(), vec![Some(in_rise), Some(rise), Some(zero)])?;
+    let rise = cx.op(OpKind::Where, Attrs::default(), vec![Some(ltc0), Some(one_at_c), Some(rise)])?;
+    // Falling edge (written after, so it wins): (high − j)/(high − center) on center ≤ j < high.
+    let cth = cx.sub(high, center)?;
+    let hj = cx.sub(high, j)?;
+    let fall = cx.div(hj, cth)?;
+    let ge_c = cx.bin(OpKind::GreaterOrEqual, j, center)?;
+    let lt_h = cx.bin(OpKind::Less, j, high)?;
+    let in_fall = cx.bin(OpKind::And, ge_c, lt_h)?;
+    let pos = cx.bin(OpKind::Greater, cth, zero)?;
+    let in_fall = cx.bin(OpKind::And, in_fall, pos)?;
+    let w = cx.op(OpKind::Where, Attrs::default(), vec![Some(in_fall), Some(fall), Some(rise)])?;
+    let code = out_dt.onnx_code().map(i64::from).unwrap_or(1);
+    cx.op(OpKind::Cast, Attrs::default().with("to", Attr::Int(code)), vec![Some(w)])
+}
+
+fn max_unpool(cx: &mut Cx, attrs: &Attrs, x: ValueId, i: ValueId, out_shape: Option<ValueId>) -> R<ValueId> {
+    let at = cx.at;
+    let xd = cx.dims(x);
+    if xd.len() < 3 || cx.dims(i) != xd {
+        return Err(at.err(format!("X of dims {xd:?} and I of dims {:?}: expected the same dims, rank ≥ 3", cx.dims(i))));
+    }
+    let s = xd.len() - 2;
+    let kernel = ints_attr(attrs, "kernel_shape", at)?.ok_or_else(|| at.err("required attribute `kernel_shape` is missing"))?;
+    let strides = ints_attr(attrs, "strides", at)?.unwrap_or_else(|| vec![1; s]);
+    let pads = ints_attr(attrs, "pads", at)?.unwrap_or_else(|| vec![0; 2 * s]);
+    if kernel.len() != s || strides.len() != s || pads.len() != 2 * s {
+        return Err(at.err(format!("kernel_shape, strides and pads must cover the {s} spatial axes")));
+    }
+    let mut inferred: Vec<i64> = xd[..2].iter().map(|&v| v as i64).collect();
+    for d in 0..s {
+        inferred.push((xd[d + 2] as i64 - 1) * strides[d] - pads[d] - pads[d + s] + kernel[d]);
+    }
+    if inferred.iter().any(|&v| v < 1) {
+        return Err(at.err(format!("the unpooled dims {inferred:?} are not positive")));
+    }
+    let target = match out_shape {
+        Some(v) => cx.const_ints(v, "output_shape (operand 2)")?,
+        None => inferred.clone(),
+    };
+    if target.len() != inferred.len() || target.iter().zip(&inferred).any(|(t, i)| t < i) {
+        return Err(at.err(format!("output_shape {target:?} is smaller than the unpooled dims {inferred:?}")));
+    }
+    let total: i64 = inferred.iter().product();
+    if total as u64 > MAX_CONST_ELEMENTS as u64 {
+        return Err(at.err("the unpooled tensor is too large"));
+    }
+    let zeros = cx.tensor(cx.dtype(x), &[total as usize], &vec![0.0; total as usize])?;
+    let fi = cx.reshape(i, &[-1])?;
+    let fx = cx.reshape(x, &[-1])?;
+    let a = Attrs::default().with("axis", Attr::Int(0));
+    let y = cx.op(OpKind::ScatterElements, a, vec![Some(zeros), Some(fi), Some(fx)])?;
+    let y = cx.reshape(y, &inferred)?;
+    if target == inferred {
+        return Ok(y);
+    }
+    let mut p = vec![0i64; inferred.len()];
+    p.extend(target.iter().zip(&inferred).map(|(t, i)| t - i));
+    let pv = cx.ints(&p)?;
+    cx.bin(OpKind::Pad, y, pv)
+}
+
+fn batch_norm_training(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>], num_outputs: usize) -> R<Vec<ValueId>> {
+    let at = cx.at;
+    let op = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
+    let (x, s, b, mean, var) = (op(0, "X")?, op(1, "scale")?, op(2, "B")?, op(3, "input_mean")?, op(4, "input_var")?);
+    let xd = cx.dims(x);
+    if xd.len() < 2 {
+        return Err(at.err(format!("X of dims {xd:?}: expected [N, C, ..]")));
+    }
+    if at.opset < 14 && num_outputs > 3 {
+        return Err(at.err("the saved mean and variance outputs (opset < 14) are not supported"));
+    }
+    let eps = float_attr(attrs, "epsilon", Some(1e-5), at)?;
+    let momentum = float_attr(attrs, "momentum", Some(0.9), at)?;
+    let d = cx.dtype(x);
+    let axes: Vec<i64> = (0..xd.len() as i64).filter(|&a| a != 1).collect();
+    let axv = cx.ints(&axes)?;
+    let keep = Attrs::default().with("keepdims", Attr::Int(1));
+    let m = cx.op(OpKind::ReduceMean, keep.clone(), vec![Some(x), Some(axv)])?;
+    let xc = cx.sub(x, m)?;
+    let sq = cx.mul(xc, xc)?;
+    let axv = cx.ints(&axes)?;
+    let v = cx.op(OpKind::ReduceMean, keep, vec![Some(sq), Some(axv)])?;
+    let e = cx.scalar(d, eps)?;
+    let ve = cx.add(v, e)?;
+    let sd = cx.un(OpKind::Sqrt, ve)?;
+    let norm = cx.div(xc, sd)?;
+    // scale and B are [C]: reshape to [C, 1, ..].
+    let mut cshape = vec![-1i64];
+    cshape.extend(std::iter::repeat(1).take(xd.len() - 2));
+    let s2 = cx.reshape(s, &cshape)?;
+    let b2 = cx.reshape(b, &cshape)?;
+    let y = cx.mul(norm, s2)?;
+    let y = cx.add(y, b2)?;
+    let mut outs = vec![y];
+    if num_outputs > 1 {
+        let flat_m = cx.reshape(m, &[-1])?;
+        let flat_v = cx.reshape(v, &[-1])?;
+        let (k, k1) = (cx.scalar(d, momentum)?, cx.scalar(d, 1.0 - momentum)?);
+        let rm = cx.mul(mean, k)?;
+        let bm = cx.mul(flat_m, k1)?;
+        outs.push(cx.add(rm, bm)?);
+        let rv = cx.mul(var, k)?;
+        let bv = cx.mul(flat_v, k1)?;
+        outs.push(cx.add(rv, bv)?);
+    }
+    Ok(outs)
+}
+
+/// `Adagrad`, `Adam` and `Momentum` (see the module docs).
+fn optimizer(cx: &mut Cx, op_type: &str, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<Vec<ValueId>> {
+    let at = cx.at;
+    let all: Vec<ValueId> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v.ok_or_else(|| at.err(format!("operand {i} is missing"))))
+        .collect::<R<_>>()?;
+    let per = match op_type {
+        "Adam" => 4,
+        _ => 3,
+    };
+    if all.len() < 2 + per || (all.len() - 2) % per != 0 {
+        return Err(at.err(format!("{} operands: expected R, T and {per} tensors per optimised tensor", all.len())));
+    }
+    let n = (all.len() - 2) / per;
+    let (r, t) = (all[0], all[1]);
+    let mut outs = vec![Vec::new(); per - 1];
+    for i in 0..n {
+        let x = all[2 + i];
+        let g = all[2 + n + i];
+        let d = cx.dtype(x);
+        let rd = if cx.dtype(r) != d { cast(cx, r, d)? } else { r };
+        let tf = cast(cx, t, d)?;
+        let zero_i = cx.scalar(cx.dtype(t), 0.0)?;
+        let t_pos = cx.bin(OpKind::Greater, t, zero_i)?;
+        let nc = float_attr(attrs, "norm_coefficient", if op_type == "Momentum" { None } else { Some(0.0) }, at)?;
+        let ncv = cx.scalar(d, nc)?;
+        let nx = cx.mul(ncv, x)?;
+        let greg = cx.add(nx, g)?;
+        match op_type {
+            "Adagrad" => {
+                let h = all[2 + 2 * n + i];
+                let decay = cx.scalar(d, float_attr(attrs, "decay_factor", Some(0.0), at)?)?;
+                let eps = cx.scalar(d, float_attr(attrs, "epsilon", Some(0.0), at)?)?;
+                let one = cx.scalar(d, 1.0)?;
+                let td = cx.mul(tf, decay)?;
+                let den = cx.add(one, td)?;
+                let r_ = cx.div(rd, den)?;
+                let g2 = cx.mul(greg, greg)?;
+                let h_new = cx.add(h, g2)?;
+                let hs = cx.un(OpKind::Sqrt, h_new)?;
+                let hs = cx.add(hs, eps)?;
+                let rg = cx.mul(r_, greg)?;
+                let q = cx.div(rg, hs)?;
+                let x_new = cx.sub(x, q)?;
+                outs[0].push(x_new);
+                outs[1].push(h_new);
+            }
+            "Momentum" => {
+                let v = all[2 + 2 * n + i];
+                let alpha = cx.scalar(d, float_attr(attrs, "alpha", None, at)?)?;
+                let beta = cx.scalar(d, float_attr(attrs, "beta", None, at)?)?;
+                let mode = match attrs.get("mode") {
+                    Some(Attr::String(s)) if s == "standard" || s == "nesterov" => s.clone(),
+                    other => return Err(at.err(format!("mode {other:?}: expected \"standard\" or \"nesterov\""))),
+                };
+                let one = cx.scalar(d, 1.0)?;
+                let beta_adj = cx.op(OpKind::Where, Attrs::default(), vec![Some(t_pos), Some(beta), Some(one)])?;
+                let av = cx.mul(alpha, v)?;
+                let bg = cx.mul(beta_adj, greg)?;
+                let v_new = cx.add(av, bg)?;
+                let step = if mode == "standard" {
+                    v_new
+                } else {
+                    let av2 = cx.mul(alpha, v_new)?;
+                    cx.add(greg, av2)?
+                };
+                let rs = cx.mul(rd, step)?;
+                let x_new = cx.sub(x, rs)?;
+                outs[0].push(x_new);
+                outs[1].push(v_new);
+            }
+            _ => {
+                let v = all[2 + 2 * n + i];
+                let h = all[2 + 3 * n + i];
+                let a = float_attr(attrs, "alpha", Some(0.9), at)?;
+                let b = float_attr(attrs, "beta", Some(0.999), at)?;
+                let eps = cx.scalar(d, float_attr(attrs, "epsilon", Some(0.0), at)?)?;
+                let post = float_attr(attrs, "norm_coefficient_post", Some(0.0), at)?;
+                let (av, a1) = (cx.scalar(d, a)?, cx.scalar(d, 1.0 - a)?);
+                let (bv, b1) = (cx.scalar(d, b)?, cx.scalar(d, 1.0 - b)?);
+                let t1 = cx.mul(av, v)?;
+                let t2 = cx.mul(a1, greg)?;
+                let v_new = cx.add(t1, t2)?;
+                let g2 = cx.mul(greg, greg)?;
+                let t3 = cx.mul(bv, h)?;
+                let t4 = cx.mul(b1, g2)?;
+                let h_new = cx.add(t3, t4)?;
+                let hs = cx.un(OpKind::Sqrt, h_new)?;
+                let hs = cx.add(hs, eps)?;
+                // r·sqrt(1 − β^t)/(1 − α^t) when t > 0, else r.
+                let one = cx.scalar(d, 1.0)?;
+                let bt = cx.bin(OpKind::Pow, bv, tf)?;
+                let at_ = cx.bin(OpKind::Pow, av, tf)?;
+                let nb = cx.sub(one, bt)?;
+                let nb = cx.un(OpKind::Sqrt, nb)?;
+                let na = cx.sub(one, at_)?;
+                let rn = cx.mul(rd, nb)?;
+                let radj = cx.div(rn, na)?;
+                let radj = cx.op(OpKind::Where, Attrs::default(), vec![Some(t_pos), Some(radj), Some(rd)])?;
+                let q = cx.div(v_new, hs)?;
+                let rq = cx.mul(radj, q)?;
+                let x_new = cx.sub(x, rq)?;
+                let x_fin = if post != 0.0 {
+                    let k = cx.scalar(d, 1.0 - post)?;
+                    cx.mul(k, x_new)?
+                } else {
+                    x_new
+                };
+                outs[0].push(x_fin);
+                outs[1].push(v_new);
+                outs[2].push(h_new);
+            }
+        }
+    }
+    Ok(outs.into_iter().flatten().collect())
+}
+
+fn cast(cx: &mut Cx, v: ValueId, d: DType) -> R<ValueId> {
+    let code = d.onnx_code().map(i64::from).ok_or_else(|| cx.at.err(format!("{d} has no ONNX code")))?;
+    cx.op(OpKind::Cast, Attrs::default().with("to", Attr::Int(code)), vec![Some(v)])
+}
