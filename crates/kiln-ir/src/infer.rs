@@ -28,7 +28,7 @@ mod ctx;
 mod elementwise;
 mod linalg;
 mod movement;
-pub use movement::{col2im_geometry, Col2ImGeometry};
+pub use movement::{col2im_geometry, deform_conv_geometry, Col2ImGeometry, DeformConvGeometry};
 mod nn;
 mod quant;
 mod reduce;
@@ -149,6 +149,8 @@ fn results(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
         Resize => movement::resize(cx),
         GridSample => movement::grid_sample(cx),
         Col2Im => movement::col2im(cx),
+        RoiAlign => movement::roi_align(cx),
+        DeformConv => movement::deform_conv(cx),
 
         // Reductions and friends.
         ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMean | ReduceProd | ReduceSum

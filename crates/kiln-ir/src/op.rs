@@ -41,7 +41,7 @@ op_kinds! {
     Abs, Acos, Acosh, Add, And, ArgMax, ArgMin, Asin, Asinh, Atan, Atanh, AveragePool,
     BatchNormalization, BitShift, BitwiseAnd, BitwiseNot, BitwiseOr, BitwiseXor,
     Cast, CastLike, Ceil, Celu, Clip, Col2Im, Concat, ConstantOfShape, Conv, ConvInteger, ConvTranspose,
-    Cos, Cosh, CumSum, DepthToSpace, DequantizeLinear, Det, Div, Dropout, DynamicQuantizeLinear,
+    Cos, Cosh, CumSum, DeformConv, DepthToSpace, DequantizeLinear, Det, Div, Dropout, DynamicQuantizeLinear,
     Einsum, Elu, Equal, Erf, Exp, Expand, EyeLike, Flatten, Floor, Gather, GatherElements,
     GatherND, Gelu, Gemm, GridSample, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, Greater, GreaterOrEqual,
     GroupNormalization, GRU, HardSigmoid, HardSwish, Hardmax, Identity, If, InstanceNormalization,
@@ -50,7 +50,7 @@ op_kinds! {
     Mish, Mod, Mul, Neg, Not, OneHot, Or, Pad, Pow, PRelu, QLinearConv, QLinearMatMul,
     QuantizeLinear, Range, Reciprocal, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp,
     ReduceMax, ReduceMean, ReduceMin, ReduceProd, ReduceSum, ReduceSumSquare, Relu, Reshape,
-    Resize, ReverseSequence, RNN, Round, ScatterElements, ScatterND, Selu, Shape, Shrink, Sigmoid,
+    Resize, ReverseSequence, RNN, RoiAlign, Round, ScatterElements, ScatterND, Selu, Shape, Shrink, Sigmoid,
     Sign, Sin, Sinh, Size, Slice, Softmax, Softplus, Softsign, SpaceToDepth, Split, Sqrt, Squeeze,
     Sub, Sum, Tan, Tanh, ThresholdedRelu, Tile, TopK, Transpose, Trilu, Unsqueeze, Where, Xor,
 }

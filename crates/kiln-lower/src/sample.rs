@@ -1,4 +1,5 @@
-//! Lowering of the sampling and folding ops: GridSample and Col2Im.
+//! Lowering of the sampling and folding ops: GridSample, Col2Im, RoiAlign and DeformConv
+//! (RoiAlign and DeformConv are documented at their functions).
 //!
 //! - **GridSample** is one kernel over the output `[N, C, O..]`: it loads the output
 //!   point's normalised coordinates from the grid (its last axis reversed against the
@@ -29,6 +30,8 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
     let r = match cx.op.kind {
         OpKind::GridSample => grid_sample(cx),
         OpKind::Col2Im => col2im(cx),
+        OpKind::RoiAlign => roi_align(cx),
+        OpKind::DeformConv => deform_conv(cx),
         _ => return None,
     };
     Some(r)
@@ -358,5 +361,259 @@ fn col2im(cx: &OpCx<'_>) -> R<Lowered> {
         let ok = ok.ok_or_else(|| cx.unsupported("no spatial axis"))?;
         let v = b.select(ok, x, z);
         Ok(b.reduce(ReduceOp::Sum, vars, v))
+    })
+}
+
+/// `e` (i64) as compute type `t`.
+fn to_float(b: &mut KernelBuilder, e: ExprId, t: ScalarType) -> ExprId {
+    b.convert(e, t)
+}
+
+/// RoiAlign with a fixed `sampling_ratio`: one kernel over `[R, C, oh, ow]`, a
+/// reduction over the sampling grid (two variables) of the reference's bilinear
+/// sample (clamped corners, 0 for a sample more than a pixel outside), summed and
+/// divided by the count (`avg`) or the largest weighted corner (`max`). The adaptive
+/// grid (`sampling_ratio = 0`) depends on each box's run-time size and is refused.
+fn roi_align(cx: &OpCx<'_>) -> R<Lowered> {
+    use kiln_ir::attrs::{RoiAlignAttrs, RoiAlignCoordinates, RoiAlignMode};
+    let a = cx.attrs::<RoiAlignAttrs>()?;
+    if a.sampling_ratio < 1 {
+        return Err(cx.unsupported(
+            "sampling_ratio 0 (a sampling grid sized by each box at run time) is not supported; give a positive sampling_ratio",
+        ));
+    }
+    let xt = cx.input_ty(0)?;
+    let xd = xt.shape.dims().to_vec();
+    if xd.len() != 4 {
+        return Err(cx.unsupported(format!("X of dims {xd:?}: expected rank 4")));
+    }
+    let (n, h, w) = (xd[0], xd[2], xd[3]);
+    let ct = compute(xt.dtype);
+    let grid = a.sampling_ratio as usize;
+    let (oh, ow) = (a.output_height as f64, a.output_width as f64);
+    let half = a.coordinate_transformation_mode == RoiAlignCoordinates::HalfPixel;
+    let scale = f64::from(a.spatial_scale);
+    let mode = a.mode;
+    single(cx, &[0, 1, 2], |b, out| {
+        let bi = b.load(2, vec![out[0]]);
+        let bi = b.convert(bi, ScalarType::I64);
+        let bi = clamp_into(b, bi, n);
+        let corner = |b: &mut KernelBuilder, k: i64| {
+            let kk = b.index(k);
+            let v = b.load(1, vec![out[0], kk]);
+            let v = b.convert(v, ct);
+            let s = b.float(ct, scale);
+            let v = b.mul(v, s);
+            let o = b.float(ct, if half { 0.5 } else { 0.0 });
+            b.sub(v, o)
+        };
+        let (sw, sh, ew, eh) = (corner(b, 0), corner(b, 1), corner(b, 2), corner(b, 3));
+        let mut rw = b.sub(ew, sw);
+        let mut rh = b.sub(eh, sh);
+        if !half {
+            let one = b.float(ct, 1.0);
+            rw = b.binary(BinaryOp::Max, rw, one);
+            rh = b.binary(BinaryOp::Max, rh, one);
+        }
+        let (ohv, owv) = (b.float(ct, oh), b.float(ct, ow));
+        let bh = b.div(rh, ohv);
+        let bw = b.div(rw, owv);
+        let (vy, vx) = (b.new_var(grid as u64), b.new_var(grid as u64));
+        let gv = b.float(ct, grid as f64);
+        let halfv = b.float(ct, 0.5);
+        // yy = start + p·bin + (i + 0.5)·bin / grid, per axis.
+        let coord = |b: &mut KernelBuilder, start: ExprId, p: ExprId, bin: ExprId, var| {
+            let pf = to_float(b, p, ct);
+            let pb = b.mul(pf, bin);
+            let s = b.add(start, pb);
+            let iv = b.var(var);
+            let i = to_float(b, iv, ct);
+            let i = b.add(i, halfv);
+            let ib = b.mul(i, bin);
+            let ib = b.div(ib, gv);
+            b.add(s, ib)
+        };
+        let yy = coord(b, sh, out[2], bh, vy);
+        let xx = coord(b, sw, out[3], bw, vx);
+        let m1 = b.float(ct, -1.0);
+        let (hf, wf) = (b.float(ct, h as f64), b.float(ct, w as f64));
+        let c1 = b.binary(BinaryOp::Lt, yy, m1);
+        let c2 = b.binary(BinaryOp::Gt, yy, hf);
+        let c3 = b.binary(BinaryOp::Lt, xx, m1);
+        let c4 = b.binary(BinaryOp::Gt, xx, wf);
+        let s1 = b.binary(BinaryOp::Or, c1, c2);
+        let s2 = b.binary(BinaryOp::Or, c3, c4);
+        let skip = b.binary(BinaryOp::Or, s1, s2);
+        // Per axis: (low index, high index, fraction).
+        let axis = |b: &mut KernelBuilder, v: ExprId, len: usize| {
+            let z = b.float(ct, 0.0);
+            let v = b.binary(BinaryOp::Max, v, z);
+            let t = b.unary(UnaryOp::Trunc, v);
+            let lo = b.convert(t, ScalarType::I64);
+            let last = b.index(len as i64 - 1);
+            let at_end = b.binary(BinaryOp::Ge, lo, last);
+            let lo = b.select(at_end, last, lo);
+            let lo1 = idx_c(b, lo, 1);
+            let hi = b.select(at_end, last, lo1);
+            let lastf = b.float(ct, len as f64 - 1.0);
+            let v = b.select(at_end, lastf, v);
+            let lof = to_float(b, lo, ct);
+            let frac = b.sub(v, lof);
+            (clamp_into(b, lo, len), clamp_into(b, hi, len), frac)
+        };
+        let (yl, yh, ly) = axis(b, yy, h);
+        let (xl, xh, lx) = axis(b, xx, w);
+        let one = b.float(ct, 1.0);
+        let hy = b.sub(one, ly);
+        let hx = b.sub(one, lx);
+        let mut terms = Vec::with_capacity(4);
+        for (yi, wy) in [(yl, hy), (yh, ly)] {
+            for (xi, wx) in [(xl, hx), (xh, lx)] {
+                let v = b.load_with(0, vec![bi, out[1], yi, xi], Bounds::Clamp);
+                let v = b.convert(v, ct);
+                let wt = b.mul(wy, wx);
+                terms.push(b.mul(wt, v));
+            }
+        }
+        let zero = b.float(ct, 0.0);
+        match mode {
+            RoiAlignMode::Avg => {
+                let s = b.add(terms[0], terms[1]);
+                let s = b.add(s, terms[2]);
+                let s = b.add(s, terms[3]);
+                let s = b.select(skip, zero, s);
+                let total = b.reduce(ReduceOp::Sum, vec![vy, vx], s);
+                let cnt = b.float(ct, (grid * grid) as f64);
+                Ok(b.div(total, cnt))
+            }
+            RoiAlignMode::Max => {
+                let m = b.binary(BinaryOp::Max, terms[0], terms[1]);
+                let m = b.binary(BinaryOp::Max, m, terms[2]);
+                let m = b.binary(BinaryOp::Max, m, terms[3]);
+                let m = b.select(skip, zero, m);
+                Ok(b.reduce(ReduceOp::Max, vec![vy, vx], m))
+            }
+        }
+    })
+}
+
+/// DeformConv (2-D): one kernel over `[N, oc, oh, ow]` reducing over the group's
+/// input channels and the kernel taps; each tap reads X bilinearly (0 outside) at its
+/// regular position plus the offset loaded for it, times W and the optional mask.
+fn deform_conv(cx: &OpCx<'_>) -> R<Lowered> {
+    let a = cx.attrs::<kiln_ir::attrs::DeformConvAttrs>()?;
+    let (xt, wt, ot) = (cx.input_ty(0)?, cx.input_ty(1)?, cx.input_ty(2)?);
+    let (xd, wd, od) = (xt.shape.dims().to_vec(), wt.shape.dims().to_vec(), ot.shape.dims().to_vec());
+    let g = kiln_ir::infer::deform_conv_geometry(&xd, &wd, &od, a).map_err(|m| cx.unsupported(m))?;
+    let (ic, ih, iw) = (xd[1], xd[2], xd[3]);
+    let (oc, icg, kh, kw) = (wd[0], wd[1], wd[2], wd[3]);
+    let ocg = oc / g.group;
+    let icpo = ic / g.offset_group;
+    let ct = compute(xt.dtype);
+    let has_b = cx.input(3).is_some();
+    let has_m = cx.input(4).is_some();
+    let mut operands = vec![0, 1, 2];
+    let bi = has_b.then(|| {
+        operands.push(3);
+        operands.len() - 1
+    });
+    let mi = has_m.then(|| {
+        operands.push(4);
+        operands.len() - 1
+    });
+    single(cx, &operands, |b, out| {
+        let (vc, vy, vx) = (b.new_var(icg as u64), b.new_var(kh as u64), b.new_var(kw as u64));
+        let (cg, ky, kx) = (b.var(vc), b.var(vy), b.var(vx));
+        let ocgv = b.index(ocg as i64);
+        let grp = b.div(out[1], ocgv);
+        let icgv = b.index(icg as i64);
+        let c = b.mul(grp, icgv);
+        let c = b.add(c, cg);
+        let icpov = b.index(icpo as i64);
+        let og = b.div(c, icpov);
+        let kwv = b.index(kw as i64);
+        let k = b.mul(ky, kwv);
+        let k = b.add(k, kx);
+        let kk = b.index((kh * kw) as i64);
+        let two = b.index(2);
+        let och = b.mul(og, kk);
+        let och = b.mul(och, two);
+        let k2 = b.mul(k, two);
+        let och = b.add(och, k2);
+        let och1 = idx_c(b, och, 1);
+        let oy = b.load_with(2, vec![out[0], och, out[2], out[3]], Bounds::Clamp);
+        let ox = b.load_with(2, vec![out[0], och1, out[2], out[3]], Bounds::Clamp);
+        let oy = b.convert(oy, ct);
+        let ox = b.convert(ox, ct);
+        // Regular position: p·stride + k·dilation − pad, per axis.
+        let base = |b: &mut KernelBuilder, p: ExprId, kv: ExprId, d: usize| {
+            let s = b.index(g.strides[d] as i64);
+            let ps = b.mul(p, s);
+            let dl = b.index(g.dilations[d] as i64);
+            let kd = b.mul(kv, dl);
+            let v = b.add(ps, kd);
+            let v = idx_c(b, v, -(g.pads_begin[d] as i64));
+            b.convert(v, ct)
+        };
+        let by = base(b, out[2], ky, 0);
+        let bx = base(b, out[3], kx, 1);
+        let y = b.add(by, oy);
+        let x = b.add(bx, ox);
+        let axis = |b: &mut KernelBuilder, v: ExprId, len: usize| {
+            let f = b.unary(UnaryOp::Floor, v);
+            let t = b.sub(v, f);
+            let one = b.float(ct, 1.0);
+            let omt = b.sub(one, t);
+            let i0 = b.convert(f, ScalarType::I64);
+            let i1 = idx_c(b, i0, 1);
+            let mut taps = Vec::new();
+            for (i, wgt) in [(i0, omt), (i1, t)] {
+                let z = b.index(0);
+                let n = b.index(len as i64);
+                let ge = b.binary(BinaryOp::Ge, i, z);
+                let lt = b.binary(BinaryOp::Lt, i, n);
+                let ok = b.binary(BinaryOp::And, ge, lt);
+                taps.push((clamp_into(b, i, len), ok, wgt));
+            }
+            taps
+        };
+        let ty_ = axis(b, y, ih);
+        let tx_ = axis(b, x, iw);
+        let zero = b.float(ct, 0.0);
+        let mut s: Option<ExprId> = None;
+        for &(yi, yok, wy) in &ty_ {
+            for &(xi, xok, wx) in &tx_ {
+                let v = b.load_with(0, vec![out[0], c, yi, xi], Bounds::Clamp);
+                let v = b.convert(v, ct);
+                let ok = b.binary(BinaryOp::And, yok, xok);
+                let v = b.select(ok, v, zero);
+                let wgt = b.mul(wy, wx);
+                let term = b.mul(wgt, v);
+                s = Some(match s {
+                    None => term,
+                    Some(p) => b.add(p, term),
+                });
+            }
+        }
+        let s = s.ok_or_else(|| cx.unsupported("no taps"))?;
+        let wv = b.load(1, vec![out[1], cg, ky, kx]);
+        let wv = b.convert(wv, ct);
+        let mut term = b.mul(wv, s);
+        if let Some(mi) = mi {
+            let mch = b.mul(og, kk);
+            let mch = b.add(mch, k);
+            let m = b.load_with(mi, vec![out[0], mch, out[2], out[3]], Bounds::Clamp);
+            let m = b.convert(m, ct);
+            term = b.mul(term, m);
+        }
+        let acc = b.reduce(ReduceOp::Sum, vec![vc, vy, vx], term);
+        Ok(match bi {
+            Some(bi) => {
+                let bv = b.load(bi, vec![out[1]]);
+                let bv = b.convert(bv, ct);
+                b.add(acc, bv)
+            }
+            None => acc,
+        })
     })
 }

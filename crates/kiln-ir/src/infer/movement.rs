@@ -880,3 +880,127 @@ pub fn col2im_geometry(image: &[i64], block: &[i64], a: &crate::attrs::Col2ImAtt
     }
     Ok(g)
 }
+
+/// RoiAlign(X [N, C, H, W], rois [R, 4], batch_indices [R]): `[R, C, oh, ow]`.
+pub(super) fn roi_align(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let rois = cx.req_class(1, "rois", Class::Float)?;
+    let bi = cx.req_class(2, "batch_indices", Class::Index)?;
+    cx.rank(x, 0, "X", 4)?;
+    cx.rank(rois, 1, "rois", 2)?;
+    let r = rois.shape.dims()[0];
+    cx.expect_dims(rois, 1, "rois", &[r, 4])?;
+    cx.expect_dims(bi, 2, "batch_indices", &[r])?;
+    let a = cx.attrs::<crate::attrs::RoiAlignAttrs>()?;
+    let oh = cx.count_attr(a.output_height, "output_height")?;
+    let ow = cx.count_attr(a.output_width, "output_width")?;
+    if a.sampling_ratio < 0 {
+        return Err(cx.invalid(format_args!("sampling_ratio {} must not be negative", a.sampling_ratio)));
+    }
+    Ok(vec![cx.tt(x.dtype, vec![r, x.shape.dims()[1], oh, ow])?])
+}
+
+/// DeformConv's 2-D geometry: kernel, strides, dilations, begin pads, output extent,
+/// groups and offset groups.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeformConvGeometry {
+    /// Kernel extent (rows, columns).
+    pub kernel: [usize; 2],
+    /// Strides.
+    pub strides: [usize; 2],
+    /// Dilations.
+    pub dilations: [usize; 2],
+    /// Begin pads.
+    pub pads_begin: [usize; 2],
+    /// Output extent.
+    pub out: [usize; 2],
+    /// Convolution groups.
+    pub group: usize,
+    /// Offset groups.
+    pub offset_group: usize,
+}
+
+/// Checks DeformConv's operand dims (X, W, offset) and attributes; gives its geometry.
+pub fn deform_conv_geometry(
+    xd: &[usize],
+    wd: &[usize],
+    od: &[usize],
+    a: &crate::attrs::DeformConvAttrs,
+) -> Result<DeformConvGeometry, String> {
+    if xd.len() != 4 || wd.len() != 4 || od.len() != 4 {
+        return Err(format!("X {xd:?}, W {wd:?} and offset {od:?} must have rank 4 (2-D deformable convolution)"));
+    }
+    let pos = |v: i64, what: &str| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"));
+    let two = |v: &Option<Vec<i64>>, n: usize, d: i64, what: &str| -> Result<Vec<i64>, String> {
+        let v = v.clone().unwrap_or_else(|| vec![d; n]);
+        if v.len() != n {
+            return Err(format!("{what} {v:?} must have {n} entries"));
+        }
+        Ok(v)
+    };
+    let ks = two(&a.kernel_shape, 2, 0, "kernel_shape")?;
+    let kernel = if a.kernel_shape.is_some() { [pos(ks[0], "kernel extent")?, pos(ks[1], "kernel extent")?] } else { [wd[2], wd[3]] };
+    if kernel != [wd[2], wd[3]] {
+        return Err(format!("kernel_shape {kernel:?} differs from W's {:?}", &wd[2..]));
+    }
+    let st = two(&a.strides, 2, 1, "strides")?;
+    let dl = two(&a.dilations, 2, 1, "dilations")?;
+    let pd = two(&a.pads, 4, 0, "pads")?;
+    if pd.iter().any(|&p| p < 0) {
+        return Err(format!("pads {pd:?} must not be negative"));
+    }
+    let group = pos(a.group, "group")?;
+    let og = pos(a.offset_group, "offset_group")?;
+    let (n, c, oc) = (xd[0], xd[1], wd[0]);
+    if c != wd[1] * group || oc % group != 0 || c % og != 0 {
+        return Err(format!("X has {c} channels, W {wd:?}, group {group}, offset_group {og}: the channels do not divide"));
+    }
+    let strides = [pos(st[0], "stride")?, pos(st[1], "stride")?];
+    let dilations = [pos(dl[0], "dilation")?, pos(dl[1], "dilation")?];
+    let mut out = [0usize; 2];
+    for d in 0..2 {
+        let span = (kernel[d] - 1) * dilations[d] + 1;
+        let padded = xd[2 + d] as i64 + pd[d] + pd[d + 2];
+        if padded < span as i64 {
+            return Err(format!("the kernel of span {span} does not fit the padded extent {padded}"));
+        }
+        out[d] = ((padded - span as i64) / strides[d] as i64 + 1) as usize;
+    }
+    let want = [n, og * 2 * kernel[0] * kernel[1], out[0], out[1]];
+    if od != want {
+        return Err(format!("offset of dims {od:?}; expected {want:?}"));
+    }
+    Ok(DeformConvGeometry {
+        kernel,
+        strides,
+        dilations,
+        pads_begin: [pd[0] as usize, pd[1] as usize],
+        out,
+        group,
+        offset_group: og,
+    })
+}
+
+/// DeformConv(X, W, offset, B?, mask?): `[N, oc, oh, ow]` (2-D only).
+pub(super) fn deform_conv(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(5)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let w = cx.req_same(1, "W", x)?;
+    let off = cx.req_same(2, "offset", x)?;
+    let a = cx.attrs::<crate::attrs::DeformConvAttrs>()?;
+    let (xd, wd, od) = (x.shape.dims(), w.shape.dims(), off.shape.dims());
+    if xd.len() != 4 {
+        return Err(cx.unsupported(format_args!("X has rank {}; kiln supports 2-D deformable convolutions (rank 4)", xd.len())));
+    }
+    let g = deform_conv_geometry(xd, wd, od, a).map_err(|m| cx.invalid(m))?;
+    if let Some(b) = cx.opt_ty(3) {
+        cx.same_dtype(b, 3, "B", x)?;
+        cx.expect_dims(b, 3, "B", &[wd[0]])?;
+    }
+    if let Some(m) = cx.opt_ty(4) {
+        cx.same_dtype(m, 4, "mask", x)?;
+        cx.expect_dims(m, 4, "mask", &[xd[0], g.offset_group * g.kernel[0] * g.kernel[1], g.out[0], g.out[1]])?;
+    }
+    Ok(vec![cx.tt(x.dtype, vec![xd[0], wd[0], g.out[0], g.out[1]])?])
+}

@@ -55,6 +55,8 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         Resize => resize::resize(cx)?,
         GridSample => sample::grid_sample(cx)?,
         Col2Im => sample::col2im(cx)?,
+        RoiAlign => sample::roi_align(cx)?,
+        DeformConv => sample::deform_conv(cx)?,
         _ => return Err(cx.unsupported("not a data movement operator")),
     };
     Ok(vec![t])

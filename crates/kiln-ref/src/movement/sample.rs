@@ -1,4 +1,4 @@
-//! Sampling and folding: GridSample and Col2Im.
+//! Sampling and folding: GridSample, Col2Im, RoiAlign and DeformConv.
 //!
 //! GridSample follows ONNX's reference implementation step by step: each output
 //! point's normalised coordinates (the grid's last axis, x first, so reversed against
@@ -219,6 +219,169 @@ pub(super) fn col2im(cx: &Cx) -> Result<Tensor, EvalError> {
                         let src = ((b * xd[1]) + ch * kprod + ke) * npos + p;
                         out[(b * c + ch) * plane + off] += xv[src];
                     }
+                }
+            }
+        }
+    }
+    cx.from_f64(ty, &out)
+}
+
+/// RoiAlign: ONNX's reference (a port of ONNX Runtime's), sample by sample: each
+/// output bin averages (or takes the largest weighted corner of) a grid of bilinear
+/// samples; a sample more than a pixel outside the input counts as 0.
+pub(super) fn roi_align(cx: &Cx) -> Result<Tensor, EvalError> {
+    use kiln_ir::attrs::{RoiAlignAttrs, RoiAlignCoordinates, RoiAlignMode};
+    let x = cx.float_input(0)?;
+    let rois = cx.float_input(1)?.to_f64_vec();
+    let bi = cx.ints(2)?;
+    let a = cx.attrs::<RoiAlignAttrs>()?;
+    let xd = x.shape().dims().to_vec();
+    if xd.len() != 4 || rois.len() != 4 * bi.len() {
+        return Err(cx.invalid(format!("X of dims {xd:?}, {} box values for {} boxes", rois.len(), bi.len())));
+    }
+    let (n, c, h, w) = (xd[0], xd[1], xd[2], xd[3]);
+    let (ph_n, pw_n) = (a.output_height as usize, a.output_width as usize);
+    let ty = out_checked(cx, 0, x.dtype(), &[bi.len(), c, ph_n, pw_n])?;
+    let xv = x.to_f64_vec();
+    let half = a.coordinate_transformation_mode == RoiAlignCoordinates::HalfPixel;
+    let scale = f64::from(a.spatial_scale);
+    let offset = if half { 0.5 } else { 0.0 };
+    let mut out = Vec::with_capacity(bi.len() * c * ph_n * pw_n);
+    for (r, &b) in bi.iter().enumerate() {
+        let b = usize::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| cx.invalid(format!("batch index {b} outside 0..{n}")))?;
+        let bx = &rois[4 * r..4 * r + 4];
+        let (sw, sh) = (bx[0] * scale - offset, bx[1] * scale - offset);
+        let (ew, eh) = (bx[2] * scale - offset, bx[3] * scale - offset);
+        let (mut rw, mut rh) = (ew - sw, eh - sh);
+        if !half {
+            rw = rw.max(1.0);
+            rh = rh.max(1.0);
+        }
+        let (bh, bw) = (rh / ph_n as f64, rw / pw_n as f64);
+        let gh = if a.sampling_ratio > 0 { a.sampling_ratio as usize } else { (rh / ph_n as f64).ceil().max(0.0) as usize };
+        let gw = if a.sampling_ratio > 0 { a.sampling_ratio as usize } else { (rw / pw_n as f64).ceil().max(0.0) as usize };
+        let count = (gh * gw).max(1) as f64;
+        for ch in 0..c {
+            let plane = &xv[(b * c + ch) * h * w..(b * c + ch + 1) * h * w];
+            for ph in 0..ph_n {
+                for pw in 0..pw_n {
+                    let mut acc = 0.0;
+                    let mut best: Option<f64> = None;
+                    for iy in 0..gh {
+                        let yy = sh + ph as f64 * bh + (iy as f64 + 0.5) * bh / gh as f64;
+                        for ix in 0..gw {
+                            let xx = sw + pw as f64 * bw + (ix as f64 + 0.5) * bw / gw as f64;
+                            let corners = if yy < -1.0 || yy > h as f64 || xx < -1.0 || xx > w as f64 {
+                                [(0usize, 0.0); 4]
+                            } else {
+                                let (mut y, mut xq) = (yy.max(0.0), xx.max(0.0));
+                                let (mut yl, mut xl) = (y as usize, xq as usize);
+                                let (yh, xh);
+                                if yl >= h - 1 {
+                                    yl = h - 1;
+                                    yh = h - 1;
+                                    y = yl as f64;
+                                } else {
+                                    yh = yl + 1;
+                                }
+                                if xl >= w - 1 {
+                                    xl = w - 1;
+                                    xh = w - 1;
+                                    xq = xl as f64;
+                                } else {
+                                    xh = xl + 1;
+                                }
+                                let (ly, lx) = (y - yl as f64, xq - xl as f64);
+                                let (hy, hx) = (1.0 - ly, 1.0 - lx);
+                                [(yl * w + xl, hy * hx), (yl * w + xh, hy * lx), (yh * w + xl, ly * hx), (yh * w + xh, ly * lx)]
+                            };
+                            let terms = corners.map(|(p, wt)| wt * plane[p]);
+                            match a.mode {
+                                RoiAlignMode::Avg => acc += terms.iter().sum::<f64>(),
+                                RoiAlignMode::Max => {
+                                    let m = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                                    best = Some(best.map_or(m, |b| b.max(m)));
+                                }
+                            }
+                        }
+                    }
+                    out.push(match a.mode {
+                        RoiAlignMode::Avg => acc / count,
+                        RoiAlignMode::Max => best.unwrap_or(0.0),
+                    });
+                }
+            }
+        }
+    }
+    cx.from_f64(ty, &out)
+}
+
+/// DeformConv (2-D): a convolution whose every tap reads X at its regular position
+/// plus a learned offset, bilinearly (0 outside the input), times the optional mask.
+pub(super) fn deform_conv(cx: &Cx) -> Result<Tensor, EvalError> {
+    use kiln_ir::attrs::DeformConvAttrs;
+    let x = cx.float_input(0)?;
+    let wt = cx.float_input(1)?;
+    let off = cx.float_input(2)?;
+    let bias = cx.opt_input(3).map(|t| t.to_f64_vec());
+    let mask = cx.opt_input(4).map(|t| t.to_f64_vec());
+    let a = cx.attrs::<DeformConvAttrs>()?;
+    let (xd, wd, od) = (x.shape().dims().to_vec(), wt.shape().dims().to_vec(), off.shape().dims().to_vec());
+    if xd.len() != 4 || wd.len() != 4 || od.len() != 4 {
+        return Err(cx.unsupported("only 2-D deformable convolutions (rank 4)"));
+    }
+    let (n, ic, ih, iw) = (xd[0], xd[1], xd[2], xd[3]);
+    let (oc, icg, kh, kw) = (wd[0], wd[1], wd[2], wd[3]);
+    let (oh, ow) = (od[2], od[3]);
+    let group = a.group.max(1) as usize;
+    let og = a.offset_group.max(1) as usize;
+    if ic != icg * group || oc % group != 0 || ic % og != 0 || od[1] != og * 2 * kh * kw || od[0] != n {
+        return Err(cx.invalid(format!("X {xd:?}, W {wd:?}, offset {od:?} do not fit group {group}, offset_group {og}")));
+    }
+    let get = |v: &Option<Vec<i64>>, k: usize, d: i64| v.as_ref().and_then(|v| v.get(k).copied()).unwrap_or(d);
+    let (sh, sw) = (get(&a.strides, 0, 1) as f64, get(&a.strides, 1, 1) as f64);
+    let (dh, dw) = (get(&a.dilations, 0, 1) as f64, get(&a.dilations, 1, 1) as f64);
+    let (pt, pl) = (get(&a.pads, 0, 0) as f64, get(&a.pads, 1, 0) as f64);
+    let ty = out_checked(cx, 0, x.dtype(), &[n, oc, oh, ow])?;
+    let (xv, wv, ov) = (x.to_f64_vec(), wt.to_f64_vec(), off.to_f64_vec());
+    let ocg = oc / group;
+    let icpo = ic / og;
+    let sample = |plane: &[f64], y: f64, xq: f64| -> f64 {
+        let (y0, x0) = (y.floor(), xq.floor());
+        let (ty_, tx) = (y - y0, xq - x0);
+        let mut s = 0.0;
+        for (dy, wy) in [(0.0, 1.0 - ty_), (1.0, ty_)] {
+            for (dx, wx) in [(0.0, 1.0 - tx), (1.0, tx)] {
+                let (yy, xx) = (y0 + dy, x0 + dx);
+                if yy >= 0.0 && yy < ih as f64 && xx >= 0.0 && xx < iw as f64 {
+                    s += wy * wx * plane[yy as usize * iw + xx as usize];
+                }
+            }
+        }
+        s
+    };
+    let mut out = vec![0.0; n * oc * oh * ow];
+    for b in 0..n {
+        for o in 0..oc {
+            for i in 0..oh {
+                for j in 0..ow {
+                    let mut acc = bias.as_ref().map_or(0.0, |v| v[o]);
+                    for cg in 0..icg {
+                        let c = (o / ocg) * icg + cg;
+                        let g = c / icpo;
+                        let plane = &xv[(b * ic + c) * ih * iw..(b * ic + c + 1) * ih * iw];
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let k = ky * kw + kx;
+                                let oidx = |d: usize| ((b * od[1] + g * 2 * kh * kw + 2 * k + d) * oh + i) * ow + j;
+                                let y = -pt + sh * i as f64 + dh * ky as f64 + ov[oidx(0)];
+                                let xq = -pl + sw * j as f64 + dw * kx as f64 + ov[oidx(1)];
+                                let m = mask.as_ref().map_or(1.0, |mv| mv[((b * og * kh * kw + g * kh * kw + k) * oh + i) * ow + j]);
+                                acc += wv[((o * icg + cg) * kh + ky) * kw + kx] * m * sample(plane, y, xq);
+                            }
+                        }
+                    }
+                    out[((b * oc + o) * oh + i) * ow + j] = acc;
                 }
             }
         }
