@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Odd-shape models of the ops kiln imports as compositions of canonical ops (DFT, STFT,
 MelWeightMatrix, MaxUnpool, training-mode BatchNormalization, Adagrad/Adam/Momentum,
-Binarizer, ArrayFeatureExtractor), with expected outputs from an independent source.
+Binarizer, ArrayFeatureExtractor, TreeEnsemble), with expected outputs from an independent source.
 
     ref_decomposed_ops.py --cache .cache
 
@@ -145,6 +145,24 @@ def cases():
                 {"x": f32(2, 3, 7)}, {"i": np.array([6, 0, 3, 3], np.int64)}, ["y"], [(ml, 1)]))
     out.append(("array_feature_extractor_1d", helper.make_node("ArrayFeatureExtractor", ["x", "i"], ["y"], domain=ml),
                 {"x": f32(9)}, {"i": np.array([2, 8], np.int64)}, ["y"], [(ml, 1)]))
+    # TreeEnsemble: two trees (LEQ, GT, NEQ, GTE; LT with NaN tracking true), each
+    # aggregate but SUM (the node suite has SUM).
+    x = f32(6, 3)
+    x[1, 2] = np.nan
+    x[2, 2] = 0.0
+    x[3, 1] = 1.0
+    tens = lambda n, t, v: helper.make_tensor(n, t, [len(v)], v)
+    for agg, agg_name in [(0, "average"), (2, "min"), (3, "max")]:
+        node = helper.make_node(
+            "TreeEnsemble", ["x"], ["y"], domain=ml, aggregate_function=agg, n_targets=2, post_transform=0,
+            nodes_featureids=[1, 0, 2, 1, 2], nodes_modes=tens("nodes_modes", TensorProto.UINT8, [0, 3, 5, 2, 1]),
+            nodes_splits=tens("nodes_splits", TensorProto.FLOAT, [0.2, -0.5, 0.0, 1.0, 0.3]),
+            nodes_truenodeids=[1, 0, 2, 3, 5], nodes_trueleafs=[0, 1, 1, 1, 1],
+            nodes_falsenodeids=[2, 1, 3, 4, 6], nodes_falseleafs=[0, 1, 0, 1, 1],
+            nodes_missing_value_tracks_true=[0, 0, 0, 0, 1], tree_roots=[0, 4],
+            leaf_targetids=[0, 1, 0, 1, 0, 1, 0],
+            leaf_weights=tens("leaf_weights", TensorProto.FLOAT, [1.5, -2.0, 0.25, 3.0, -1.0, 0.5, 2.0]))
+        out.append((f"tree_ensemble_{agg_name}", node, {"x": x}, {}, ["y"], [(ml, 5)]))
     return out
 
 

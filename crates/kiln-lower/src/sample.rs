@@ -146,6 +146,10 @@ fn cubic_coeffs(b: &mut KernelBuilder, t: ScalarType, x: ExprId) -> [ExprId; 4] 
     [outer(b, xp1), inner(b, x), inner(b, omx), outer(b, tmx)]
 }
 
+/// One tap of an axis: its index (i64), whether it lies inside (`zeros` padding) and
+/// its weight (`None`: 1).
+type Tap = (ExprId, Option<ExprId>, Option<ExprId>);
+
 fn grid_sample(cx: &OpCx<'_>) -> R<Lowered> {
     let a = cx.attrs::<GridSampleAttrs>()?;
     let xt = cx.input_ty(0)?;
@@ -162,9 +166,8 @@ fn grid_sample(cx: &OpCx<'_>) -> R<Lowered> {
     let (mode, pad) = (a.mode, a.padding_mode);
     single(cx, &[0, 1], |b, out| {
         // Per input axis: the taps (index i64, validity, weight).
-        let mut taps: Vec<Vec<(ExprId, Option<ExprId>, Option<ExprId>)>> = Vec::with_capacity(r);
-        for ax in 0..r {
-            let len = sp[ax];
+        let mut taps: Vec<Vec<Tap>> = Vec::with_capacity(r);
+        for (ax, &len) in sp.iter().enumerate() {
             let (lo, hi) = if align { (0.0, len as f64 - 1.0) } else { (-0.5, len as f64 - 0.5) };
             let mut gi = vec![out[0]];
             gi.extend_from_slice(&out[2..]);

@@ -49,7 +49,8 @@ fn grid_sample_f64_and_mixed_grid_dtype() {
 #[test]
 fn col2im_strides_dilations_pads() {
     // (image, block, dilations, pads, strides)
-    let cases: [(&[i64], &[i64], &[i64], &[i64], &[i64]); 5] = [
+    type Case<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], &'a [i64]);
+    let cases: [Case; 5] = [
         (&[5, 5], &[1, 5], &[1, 1], &[0, 0, 0, 0], &[1, 1]),
         (&[6, 7], &[2, 3], &[1, 2], &[1, 0, 2, 1], &[2, 1]),
         (&[4, 9], &[3, 2], &[2, 3], &[2, 1, 1, 2], &[3, 2]),

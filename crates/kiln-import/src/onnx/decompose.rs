@@ -28,6 +28,15 @@
 //!   selects the bias correction), so a run-time step count works too.
 //! - `ai.onnx.ml` `Binarizer` (Where(X > threshold, 1, 0)) and `ArrayFeatureExtractor`
 //!   (Gather along the last axis; a 1-D input gives `[1, k]`).
+//! - `ai.onnx.ml` `TreeEnsemble` (opset 5): the trees are constants, so every leaf's path
+//!   is known at import. The node conditions of a batch are one elementwise block over
+//!   the gathered features (`[N, nodes]`, each node's comparison selected by a constant
+//!   mask; set membership as an Equal against the node's padded member list), a leaf is
+//!   reached where the count of its path's conditions met (two **MatMuls** with constant
+//!   0/1 path matrices) equals its path length, and the aggregate is a MatMul with the
+//!   leaf weights per target (SUM, AVERAGE) or a masked ReduceMin/ReduceMax (MIN, MAX;
+//!   a target no reached leaf scores is 0, as in ONNX Runtime).
+//!   Only `post_transform` NONE is accepted (ONNX's reference ignores the others).
 
 use super::{At, Importer};
 use crate::ImportError;
@@ -41,7 +50,7 @@ pub(crate) fn domain_of(op_type: &str) -> Option<&'static str> {
     match op_type {
         "DFT" | "STFT" | "MelWeightMatrix" | "MaxUnpool" => Some(""),
         "Adagrad" | "Adam" | "Momentum" => Some("ai.onnx.preview.training"),
-        "Binarizer" | "ArrayFeatureExtractor" => Some("ai.onnx.ml"),
+        "Binarizer" | "ArrayFeatureExtractor" | "TreeEnsemble" => Some("ai.onnx.ml"),
         _ => None,
     }
 }
@@ -174,6 +183,7 @@ pub(crate) fn decompose(
         "MaxUnpool" => vec![max_unpool(&mut cx, attrs, operand(0, "X")?, operand(1, "I")?, inputs.get(2).copied().flatten())?],
         "BatchNormalization" => batch_norm_training(&mut cx, attrs, inputs, outputs.len())?,
         "Adagrad" | "Adam" | "Momentum" => optimizer(&mut cx, op_type, attrs, inputs)?,
+        "TreeEnsemble" => vec![tree_ensemble(&mut cx, attrs, operand(0, "X")?)?],
         "Binarizer" => {
             let x = operand(0, "X")?;
             let d = cx.dtype(x);
@@ -236,8 +246,18 @@ fn dft_basis(n: usize, complex: bool, len: usize, kept: usize, inverse: bool) ->
     w
 }
 
+/// A transform: `n` samples (complex or real) to `kept` of the `len` frequencies.
+struct Transform {
+    n: usize,
+    complex: bool,
+    len: usize,
+    kept: usize,
+    inverse: bool,
+}
+
 /// `x [lead.., n·c]` times the basis, reshaped to `[lead.., kept, 2]`.
-fn times_basis(cx: &mut Cx, x: ValueId, lead: &[usize], n: usize, complex: bool, len: usize, kept: usize, inverse: bool) -> R<ValueId> {
+fn times_basis(cx: &mut Cx, x: ValueId, lead: &[usize], tr: Transform) -> R<ValueId> {
+    let Transform { n, complex, len, kept, inverse } = tr;
     let c = if complex { 2 } else { 1 };
     if n.saturating_mul(c).saturating_mul(kept).saturating_mul(2) > MAX_CONST_ELEMENTS {
         return Err(cx.at.err(format!("a transform of {n} samples to {kept} frequencies is larger than kiln's constant basis limit")));
@@ -303,7 +323,7 @@ fn dft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
     let mut flat: Vec<i64> = lead.iter().map(|&v| v as i64).collect();
     flat.push((n * xd[rank - 1]) as i64);
     let t = cx.reshape(t, &flat)?;
-    let y = times_basis(cx, t, &lead, n, complex, len, kept, inverse)?;
+    let y = times_basis(cx, t, &lead, Transform { n, complex, len, kept, inverse })?;
     // y is [others.., kept, 2]; put `kept` back at axis a.
     let mut back = vec![0usize; rank];
     // y's axis i holds: i < rank-2 → original axis perm[i]; rank-2 → a; rank-1 → complex.
@@ -376,7 +396,7 @@ fn stft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
     let c = xd[2];
     let g = cx.reshape(g, &[xd[0] as i64, frames as i64, (fl * c) as i64])?;
     let kept = if onesided { fl / 2 + 1 } else { fl };
-    times_basis(cx, g, &[xd[0], frames], fl, complex, fl, kept, false)
+    times_basis(cx, g, &[xd[0], frames], Transform { n: fl, complex, len: fl, kept, inverse: false })
 }
 
 fn mel_weight_matrix(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
@@ -537,7 +557,7 @@ fn batch_norm_training(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>], n
     let norm = cx.div(xc, sd)?;
     // scale and B are [C]: reshape to [C, 1, ..].
     let mut cshape = vec![-1i64];
-    cshape.extend(std::iter::repeat(1).take(xd.len() - 2));
+    cshape.extend(std::iter::repeat_n(1, xd.len() - 2));
     let s2 = cx.reshape(s, &cshape)?;
     let b2 = cx.reshape(b, &cshape)?;
     let y = cx.mul(norm, s2)?;
@@ -569,7 +589,7 @@ fn optimizer(cx: &mut Cx, op_type: &str, attrs: &Attrs, inputs: &[Option<ValueId
         "Adam" => 4,
         _ => 3,
     };
-    if all.len() < 2 + per || (all.len() - 2) % per != 0 {
+    if all.len() < 2 + per || !(all.len() - 2).is_multiple_of(per) {
         return Err(at.err(format!("{} operands: expected R, T and {per} tensors per optimised tensor", all.len())));
     }
     let n = (all.len() - 2) / per;
@@ -679,4 +699,255 @@ fn optimizer(cx: &mut Cx, op_type: &str, attrs: &Attrs, inputs: &[Option<ValueId
 fn cast(cx: &mut Cx, v: ValueId, d: DType) -> R<ValueId> {
     let code = d.onnx_code().map(i64::from).ok_or_else(|| cx.at.err(format!("{d} has no ONNX code")))?;
     cx.op(OpKind::Cast, Attrs::default().with("to", Attr::Int(code)), vec![Some(v)])
+}
+
+/// A float tensor attribute's values.
+fn tensor_attr(attrs: &Attrs, name: &str, at: &At) -> R<Option<Vec<f64>>> {
+    match attrs.get(name) {
+        None => Ok(None),
+        Some(Attr::Tensor(t)) => Ok(Some(t.to_f64_vec())),
+        Some(Attr::Floats(v)) => Ok(Some(v.iter().map(|&x| f64::from(x)).collect())),
+        Some(o) => Err(at.err(format!("attribute `{name}` is {}, expected a tensor", o.kind_name()))),
+    }
+}
+
+/// A leaf's path: (node, outcome) pairs from the root.
+type Path = Vec<(usize, bool)>;
+
+/// `TreeEnsemble` (see the module docs).
+fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
+    let at = cx.at;
+    let xd = cx.dims(x);
+    let d = cx.dtype(x);
+    if xd.len() != 2 || !d.is_float() {
+        return Err(at.err(format!("X is {} of dims {xd:?}; expected a float [N, features]", d)));
+    }
+    let req_ints = |name: &str| ints_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")));
+    let req_tensor = |name: &str| tensor_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")));
+    let splits = req_tensor("nodes_splits")?;
+    let features = req_ints("nodes_featureids")?;
+    let modes: Vec<i64> = match attrs.get("nodes_modes") {
+        Some(Attr::Tensor(t)) => t.to_i64_vec().map_err(|e| at.err(e.to_string()))?,
+        Some(Attr::Ints(v)) => v.clone(),
+        _ => return Err(at.err("required attribute `nodes_modes` is missing")),
+    };
+    let (tn, fnid) = (req_ints("nodes_truenodeids")?, req_ints("nodes_falsenodeids")?);
+    let (tl, fl) = (req_ints("nodes_trueleafs")?, req_ints("nodes_falseleafs")?);
+    let targets = req_ints("leaf_targetids")?;
+    let weights = req_tensor("leaf_weights")?;
+    let roots = req_ints("tree_roots")?;
+    let n_targets = int_attr(attrs, "n_targets", 1, at)?;
+    let agg = int_attr(attrs, "aggregate_function", 1, at)?;
+    let post = int_attr(attrs, "post_transform", 0, at)?;
+    let tracks = ints_attr(attrs, "nodes_missing_value_tracks_true", at)?;
+    let members = tensor_attr(attrs, "membership_values", at)?;
+    let nn = splits.len();
+    if [features.len(), modes.len(), tn.len(), fnid.len(), tl.len(), fl.len()].iter().any(|&l| l != nn)
+        || targets.len() != weights.len()
+        || tracks.as_ref().is_some_and(|t| t.len() != nn)
+    {
+        return Err(at.err("the nodes_* (and leaf_*) attributes must have one entry per node (leaf)"));
+    }
+    if post != 0 {
+        return Err(at.err(format!("post_transform {post} is not supported (only NONE, 0)")));
+    }
+    if !(0..=3).contains(&agg) || n_targets < 1 || targets.iter().any(|&t| !(0..n_targets).contains(&t)) {
+        return Err(at.err(format!("aggregate_function {agg}, n_targets {n_targets}, leaf_targetids {targets:?}")));
+    }
+    if features.iter().any(|&f| !(0..xd[1] as i64).contains(&f)) || modes.iter().any(|&m| !(0..=6).contains(&m)) {
+        return Err(at.err("a node reads a feature X does not have, or has an unknown mode"));
+    }
+    // Walk every tree (true branch first, as ONNX's reference builds them, which is also
+    // the order the member lists are read in): each leaf's path of (node, outcome).
+    let mut member_iter = members.unwrap_or_default().into_iter();
+    let mut member_sets: Vec<Option<Vec<f64>>> = vec![None; nn];
+    let mut leaves: Vec<(usize, Path)> = Vec::new();
+    let nl = weights.len();
+    let idx = |v: i64, n: usize, what: &str| usize::try_from(v).ok().filter(|&v| v < n).ok_or_else(|| at.err(format!("{what} {v} out of range")));
+    for &root in &roots {
+        let r = idx(root, nn.max(nl), "tree root")?;
+        let root_is_leaf = r < nn && tl[r] != 0 && fl[r] != 0 && tn[r] == fnid[r];
+        if root_is_leaf || r >= nn {
+            leaves.push((idx(root, nl, "leaf")?, Vec::new()));
+            continue;
+        }
+        // (node or leaf index, whether a leaf, the path to it)
+        let mut stack: Vec<(usize, bool, Path)> = vec![(r, false, Vec::new())];
+        let mut steps = 0usize;
+        while let Some((node, is_leaf, path)) = stack.pop() {
+            steps += 1;
+            if steps > 4 * (nn + nl) + 4 || path.len() > nn {
+                return Err(at.err("the trees have a cycle"));
+            }
+            if is_leaf {
+                leaves.push((idx(node as i64, nl, "leaf")?, path));
+                continue;
+            }
+            if modes[node] == 6 && member_sets[node].is_none() {
+                let mut set = Vec::new();
+                for v in member_iter.by_ref() {
+                    if v.is_nan() {
+                        break;
+                    }
+                    set.push(v);
+                }
+                member_sets[node] = Some(set);
+            }
+            let mut fp = path.clone();
+            fp.push((node, false));
+            let mut tp = path;
+            tp.push((node, true));
+            // Pushed false first so the true branch is walked first.
+            stack.push((idx(fnid[node], if fl[node] != 0 { nl } else { nn }, "false branch")?, fl[node] != 0, fp));
+            stack.push((idx(tn[node], if tl[node] != 0 { nl } else { nn }, "true branch")?, tl[node] != 0, tp));
+        }
+    }
+    let nleaves = leaves.len();
+    if nleaves == 0 || nn.saturating_mul(nleaves) > MAX_CONST_ELEMENTS {
+        return Err(at.err("the ensemble has no leaves, or too many"));
+    }
+    let k = nn.max(1);
+    // Conditions [N, nodes] as bools.
+    let fidx = Tensor::from_vec(Shape::new([k]).map_err(|e| at.err(e.to_string()))?, {
+        let mut f = features.clone();
+        f.resize(k, 0);
+        f
+    })
+    .map_err(|e| at.err(e.to_string()))?;
+    let fidx = cx.imp.add_const("", fidx);
+    let xg = cx.op(OpKind::Gather, Attrs::default().with("axis", Attr::Int(1)), vec![Some(x), Some(fidx)])?;
+    let mut split_v = splits.clone();
+    split_v.resize(k, 0.0);
+    let sv = cx.tensor(d, &[k], &split_v)?;
+    let mut cond: Option<ValueId> = None;
+    let mask = |cx: &mut Cx, pick: &dyn Fn(usize) -> bool| -> R<ValueId> {
+        let v: Vec<i64> = (0..k).map(|i| i64::from(i < nn && pick(i))).collect();
+        let t = Tensor::from_vec(Shape::new([k]).map_err(|e| cx.at.err(e.to_string()))?, v).map_err(|e| cx.at.err(e.to_string()))?;
+        let c = cx.imp.add_const("", t);
+        cast(cx, c, DType::Bool)
+    };
+    for (mode, kind) in [(0, OpKind::LessOrEqual), (1, OpKind::Less), (2, OpKind::GreaterOrEqual), (3, OpKind::Greater), (4, OpKind::Equal), (5, OpKind::Equal)] {
+        if !modes.contains(&mode) {
+            continue;
+        }
+        let mut c = cx.bin(kind, xg, sv)?;
+        if mode == 5 {
+            c = cx.un(OpKind::Not, c)?;
+        }
+        let m = mask(cx, &|i| modes[i] == mode)?;
+        let c = cx.bin(OpKind::And, c, m)?;
+        cond = Some(match cond {
+            None => c,
+            Some(p) => cx.bin(OpKind::Or, p, c)?,
+        });
+    }
+    if modes.contains(&6) {
+        let width = member_sets.iter().flatten().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut table = vec![f64::NAN; k * width];
+        for (i, s) in member_sets.iter().enumerate() {
+            for (j, &v) in s.iter().flatten().enumerate() {
+                table[i * width + j] = v;
+            }
+        }
+        let tv = cx.tensor(d, &[k, width], &table)?;
+        let ax = cx.ints(&[2])?;
+        let xu = cx.bin(OpKind::Unsqueeze, xg, ax)?;
+        let eq = cx.bin(OpKind::Equal, xu, tv)?;
+        let eqf = cast(cx, eq, d)?;
+        let ax = cx.ints(&[2])?;
+        let any = cx.op(OpKind::ReduceMax, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(eqf), Some(ax)])?;
+        let zero = cx.scalar(d, 0.0)?;
+        let hit = cx.bin(OpKind::Greater, any, zero)?;
+        let m = mask(cx, &|i| modes[i] == 6)?;
+        let c = cx.bin(OpKind::And, hit, m)?;
+        cond = Some(match cond {
+            None => c,
+            Some(p) => cx.bin(OpKind::Or, p, c)?,
+        });
+    }
+    if let Some(t) = &tracks {
+        if t.iter().any(|&v| v != 0) {
+            let nan = cx.un(OpKind::IsNaN, xg)?;
+            let m = mask(cx, &|i| t[i] != 0)?;
+            let c = cx.bin(OpKind::And, nan, m)?;
+            cond = Some(match cond {
+                None => c,
+                Some(p) => cx.bin(OpKind::Or, p, c)?,
+            });
+        }
+    }
+    let cond = match cond {
+        Some(c) => c,
+        None => {
+            let z = cx.scalar(d, 0.0)?;
+            cx.bin(OpKind::Greater, xg, z)? // no node: never read (every path is empty)
+        }
+    };
+    let cf = cast(cx, cond, d)?;
+    // Leaves reached: Σ conditions met along the path == its length.
+    let mut pt = vec![0.0; k * nleaves];
+    let mut pf = vec![0.0; k * nleaves];
+    let mut plen = vec![0.0; nleaves];
+    for (l, (_, path)) in leaves.iter().enumerate() {
+        plen[l] = path.len() as f64;
+        for &(node, outcome) in path {
+            if outcome {
+                pt[node * nleaves + l] += 1.0;
+            } else {
+                pf[node * nleaves + l] += 1.0;
+            }
+        }
+    }
+    let ptv = cx.tensor(d, &[k, nleaves], &pt)?;
+    let pfv = cx.tensor(d, &[k, nleaves], &pf)?;
+    let one = cx.scalar(d, 1.0)?;
+    let ncf = cx.sub(one, cf)?;
+    let a = cx.bin(OpKind::MatMul, cf, ptv)?;
+    let b = cx.bin(OpKind::MatMul, ncf, pfv)?;
+    let met = cx.add(a, b)?;
+    let lens = cx.tensor(d, &[nleaves], &plen)?;
+    let reached = cx.bin(OpKind::Equal, met, lens)?; // [N, leaves]
+    let t = n_targets as usize;
+    let ntrees = roots.len() as f64;
+    match agg {
+        0 | 1 => {
+            let mut w = vec![0.0; nleaves * t];
+            for (l, &(leaf, _)) in leaves.iter().enumerate() {
+                w[l * t + targets[leaf] as usize] = if agg == 0 { weights[leaf] / ntrees } else { weights[leaf] };
+            }
+            let wv = cx.tensor(d, &[nleaves, t], &w)?;
+            let rf = cast(cx, reached, d)?;
+            cx.bin(OpKind::MatMul, rf, wv)
+        }
+        _ => {
+            let big = if d == DType::F64 { f64::MAX } else { f64::from(f32::MAX) };
+            let fill = if agg == 2 { big } else { -big };
+            let mut w = vec![fill; nleaves * t];
+            let mut own = vec![0i64; nleaves * t];
+            for (l, &(leaf, _)) in leaves.iter().enumerate() {
+                w[l * t + targets[leaf] as usize] = weights[leaf];
+                own[l * t + targets[leaf] as usize] = 1;
+            }
+            let wv = cx.tensor(d, &[nleaves, t], &w)?;
+            let ov = Tensor::from_vec(Shape::new([nleaves, t]).map_err(|e| at.err(e.to_string()))?, own).map_err(|e| at.err(e.to_string()))?;
+            let ov = cx.imp.add_const("", ov);
+            let ov = cast(cx, ov, DType::Bool)?;
+            let ax = cx.ints(&[2])?;
+            let r3 = cx.bin(OpKind::Unsqueeze, reached, ax)?; // [N, leaves, 1]
+            let sel = cx.bin(OpKind::And, r3, ov)?;
+            let fv = cx.scalar(d, fill)?;
+            let vals = cx.op(OpKind::Where, Attrs::default(), vec![Some(sel), Some(wv), Some(fv)])?;
+            let ax = cx.ints(&[1])?;
+            let kind = if agg == 2 { OpKind::ReduceMin } else { OpKind::ReduceMax };
+            let best = cx.op(kind, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(vals), Some(ax)])?;
+            // A target no reached leaf scores is 0, as in ONNX Runtime (ONNX's reference
+            // leaves the float type's extreme there).
+            let self_ = cast(cx, sel, d)?;
+            let ax = cx.ints(&[1])?;
+            let any = cx.op(OpKind::ReduceMax, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(self_), Some(ax)])?;
+            let zero = cx.scalar(d, 0.0)?;
+            let scored = cx.bin(OpKind::Greater, any, zero)?;
+            cx.op(OpKind::Where, Attrs::default(), vec![Some(scored), Some(best), Some(zero)])
+        }
+    }
 }

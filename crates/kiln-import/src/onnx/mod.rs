@@ -4,6 +4,13 @@
 //! - `tensor`: `TensorProto` decoding (raw, typed, external data);
 //! - `canon`: translation of each op from the model's opset into kiln's canonical
 //!   (opset-22) form;
+//! - `expand`: ops ONNX defines as functions (the losses, the window functions,
+//!   CenterCropPad, AffineGrid), imported as their bodies;
+//! - `decompose`: ops without a function body that have a closed form in canonical ops
+//!   (DFT and STFT as a product with a constant basis, MelWeightMatrix, MaxUnpool,
+//!   training-mode BatchNormalization, the `ai.onnx.preview.training` optimisers, the
+//!   `ai.onnx.ml` Binarizer, ArrayFeatureExtractor and TreeEnsemble), the only nodes of other domains
+//!   kiln accepts;
 //! - this module: the driver — inputs, initializers, nodes in order (with `If`
 //!   inlining and constant folding), outputs.
 //!

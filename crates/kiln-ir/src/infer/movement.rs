@@ -456,7 +456,7 @@ pub(super) fn transpose(cx: &Ctx) -> R<Vec<TensorType>> {
             if !ok {
                 return Err(cx.invalid(format_args!(
                     "`perm` {} is not a permutation of the {} axes of {x}",
-                    Ints(&p),
+                    Ints(p),
                     d.len()
                 )));
             }
@@ -694,7 +694,7 @@ pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
     let policy = ra.keep_aspect_ratio_policy;
     let rank = x.shape.rank();
     let axes = match &ra.axes {
-        Some(a) => cx.axes(&a, rank, "axis")?,
+        Some(a) => cx.axes(a, rank, "axis")?,
         None => (0..rank).collect(),
     };
     // An empty operand counts as absent (exporters pass empty `scales` next to `sizes`).
