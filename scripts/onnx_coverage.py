@@ -100,8 +100,6 @@ def main():
                "beyond atol 1e-7",
         "Adam": "adam_multiple: ONNX's data was made with epsilon 1e-2, the node has none (default 0)",
         "QLinearMatMul": "int8 cases: ONNX's data wraps to int8, the spec saturates",
-        "TfIdfVectorizer": "not implemented (n-gram counting)",
-        "TreeEnsemble": "not implemented",
         "NonZero": "data-dependent output size (work in progress elsewhere)",
         "Unique": "data-dependent output size (work in progress elsewhere)",
         "Compress": "data-dependent output size (work in progress elsewhere)",

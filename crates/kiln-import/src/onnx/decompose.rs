@@ -37,6 +37,13 @@
 //!   leaf weights per target (SUM, AVERAGE) or a masked ReduceMin/ReduceMax (MIN, MAX;
 //!   a target no reached leaf scores is 0, as in ONNX Runtime).
 //!   Only `post_transform` NONE is accepted (ONNX's reference ignores the others).
+//! - `TfIdfVectorizer` over integers: the pool is constant, so for every n-gram length
+//!   and skip distance the matches of all pool n-grams of that length are one Equal of
+//!   the shifted slices of X against the pool's columns, ANDed over the n items and
+//!   summed over the start positions; the counts go to their output slots through a
+//!   MatMul with a constant 0/1 matrix, then TF, IDF or TFIDF weighting (weight `i` on
+//!   output slot `i`, as ONNX Runtime and ONNX's reference apply them). Unigrams count at
+//!   skip distance 1 only, as ONNX's reference counts them. String pools are refused.
 
 use super::{At, Importer};
 use crate::ImportError;
@@ -48,7 +55,7 @@ const MAX_CONST_ELEMENTS: usize = 1 << 24;
 /// The domain an op of this module belongs to, `None` for ops not decomposed here.
 pub(crate) fn domain_of(op_type: &str) -> Option<&'static str> {
     match op_type {
-        "DFT" | "STFT" | "MelWeightMatrix" | "MaxUnpool" => Some(""),
+        "DFT" | "STFT" | "MelWeightMatrix" | "MaxUnpool" | "TfIdfVectorizer" => Some(""),
         "Adagrad" | "Adam" | "Momentum" => Some("ai.onnx.preview.training"),
         "Binarizer" | "ArrayFeatureExtractor" | "TreeEnsemble" => Some("ai.onnx.ml"),
         _ => None,
@@ -184,6 +191,7 @@ pub(crate) fn decompose(
         "BatchNormalization" => batch_norm_training(&mut cx, attrs, inputs, outputs.len())?,
         "Adagrad" | "Adam" | "Momentum" => optimizer(&mut cx, op_type, attrs, inputs)?,
         "TreeEnsemble" => vec![tree_ensemble(&mut cx, attrs, operand(0, "X")?)?],
+        "TfIdfVectorizer" => vec![tfidf(&mut cx, attrs, operand(0, "X")?)?],
         "Binarizer" => {
             let x = operand(0, "X")?;
             let d = cx.dtype(x);
@@ -950,4 +958,139 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
             cx.op(OpKind::Where, Attrs::default(), vec![Some(scored), Some(best), Some(zero)])
         }
     }
+}
+
+/// `TfIdfVectorizer` over an integer pool (see the module docs).
+fn tfidf(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
+    let at = cx.at;
+    let xd = cx.dims(x);
+    let d = cx.dtype(x);
+    if !matches!(d, DType::I32 | DType::I64) || !matches!(xd.len(), 1 | 2) || xd.contains(&0) {
+        return Err(at.err(format!("X is {d} of dims {xd:?}; kiln supports int32/int64 [C] or [B, C] (no strings)")));
+    }
+    if attrs.get("pool_strings").is_some() {
+        return Err(at.err("pool_strings: string tensors are not supported"));
+    }
+    let need = |name: &str| ints_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")));
+    let (minn, maxn, skip) = (int_attr(attrs, "min_gram_length", 0, at)?, int_attr(attrs, "max_gram_length", 0, at)?, int_attr(attrs, "max_skip_count", 0, at)?);
+    let counts = need("ngram_counts")?;
+    let indexes = need("ngram_indexes")?;
+    let pool = need("pool_int64s")?;
+    let weights = tensor_attr(attrs, "weights", at)?;
+    let mode = match attrs.get("mode") {
+        Some(Attr::String(m)) if ["TF", "IDF", "TFIDF"].contains(&m.as_str()) => m.clone(),
+        other => return Err(at.err(format!("mode {other:?}: expected TF, IDF or TFIDF"))),
+    };
+    if minn < 1 || maxn < minn || skip < 0 || indexes.iter().any(|&i| i < 0) || indexes.is_empty() {
+        return Err(at.err(format!("min_gram_length {minn}, max_gram_length {maxn}, max_skip_count {skip}, ngram_indexes {indexes:?}")));
+    }
+    let out_size = *indexes.iter().max().unwrap_or(&0) as usize + 1;
+    // Weights apply per output slot (as ONNX Runtime and ONNX's reference read them);
+    // a slot past the list weighs 0.
+    let weights: Option<Vec<f64>> = weights.map(|mut w| {
+        w.resize(out_size, 0.0);
+        w
+    });
+    let (b, l) = if xd.len() == 1 { (1, xd[0]) } else { (xd[0], xd[1]) };
+    let x2 = cx.reshape(x, &[b as i64, l as i64])?;
+    // Pool n-grams per length, each with its global number (for ngram_indexes).
+    let mut per_len: Vec<(usize, usize, Vec<i64>)> = Vec::new(); // (n, first global id, items)
+    let mut gid = 0usize;
+    for (i, &start) in counts.iter().enumerate() {
+        let n = i + 1;
+        let end = counts.get(i + 1).copied().unwrap_or(pool.len() as i64);
+        let (st, en) = (usize::try_from(start).ok(), usize::try_from(end).ok());
+        let (Some(st), Some(en)) = (st, en) else { return Err(at.err("ngram_counts out of range")) };
+        if st > en || en > pool.len() || (en - st) % n != 0 {
+            return Err(at.err(format!("ngram_counts {counts:?} does not split a pool of {}", pool.len())));
+        }
+        let g = (en - st) / n;
+        if g > 0 && (minn as usize..=maxn as usize).contains(&n) {
+            per_len.push((n, gid, pool[st..en].to_vec()));
+        }
+        gid += g;
+    }
+    if indexes.len() < gid {
+        return Err(at.err(format!("{} ngram_indexes for {gid} pool n-grams", indexes.len())));
+    }
+    let f = DType::F32;
+    let mut parts: Vec<(ValueId, usize, usize)> = Vec::new(); // (counts [B, g], first id, g)
+    for (n, first, items) in &per_len {
+        let (n, g) = (*n, items.len() / *n);
+        let dists: Vec<usize> = if n == 1 { vec![1] } else { (1..=skip as usize + 1).collect() };
+        let mut total: Option<ValueId> = None;
+        for dist in dists {
+            let span = dist * (n - 1);
+            if span >= l {
+                continue;
+            }
+            let p = l - span;
+            let mut all: Option<ValueId> = None;
+            for j in 0..n {
+                let (st, en, ax) = (cx.ints(&[(j * dist) as i64])?, cx.ints(&[(j * dist + p) as i64])?, cx.ints(&[1])?);
+                let sl = cx.op(OpKind::Slice, Attrs::default(), vec![Some(x2), Some(st), Some(en), Some(ax)])?;
+                let ax = cx.ints(&[2])?;
+                let su = cx.bin(OpKind::Unsqueeze, sl, ax)?; // [B, P, 1]
+                let col: Vec<i64> = (0..g).map(|k| items[k * n + j]).collect();
+                let ct = Tensor::from_i64(d, Shape::new([g]).map_err(|e| at.err(e.to_string()))?, &col).map_err(|e| at.err(e.to_string()))?;
+                let cv = cx.imp.add_const("", ct);
+                let eq = cx.bin(OpKind::Equal, su, cv)?; // [B, P, g]
+                all = Some(match all {
+                    None => eq,
+                    Some(a) => cx.bin(OpKind::And, a, eq)?,
+                });
+            }
+            let Some(all) = all else { continue };
+            let fl = cast(cx, all, f)?;
+            let ax = cx.ints(&[1])?;
+            let c = cx.op(OpKind::ReduceSum, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(fl), Some(ax)])?;
+            total = Some(match total {
+                None => c,
+                Some(t) => cx.add(t, c)?,
+            });
+        }
+        if let Some(t) = total {
+            parts.push((t, *first, g));
+        }
+    }
+    let out_dims: Vec<i64> = if xd.len() == 1 { vec![out_size as i64] } else { vec![b as i64, out_size as i64] };
+    if parts.is_empty() {
+        let zeros = cx.tensor(f, &[b, out_size], &vec![0.0; b * out_size])?;
+        return cx.reshape(zeros, &out_dims);
+    }
+    let width: usize = parts.iter().map(|p| p.2).sum();
+    let mut m = vec![0.0; width * out_size];
+    let mut row = 0;
+    for &(_, first, g) in &parts {
+        for k in 0..g {
+            m[row * out_size + indexes[first + k] as usize] = 1.0;
+            row += 1;
+        }
+    }
+    let cat = if parts.len() == 1 {
+        parts[0].0
+    } else {
+        let ins = parts.iter().map(|p| Some(p.0)).collect();
+        cx.op(OpKind::Concat, Attrs::default().with("axis", Attr::Int(1)), ins)?
+    };
+    let mv = cx.tensor(f, &[width, out_size], &m)?;
+    let freq = cx.bin(OpKind::MatMul, cat, mv)?; // [B, out]
+    let y = match (mode.as_str(), &weights) {
+        ("TF", _) => freq,
+        ("IDF", w) => {
+            let zero = cx.scalar(f, 0.0)?;
+            let seen = cx.bin(OpKind::Greater, freq, zero)?;
+            let w = match w {
+                Some(w) => cx.tensor(f, &[out_size], &w[..out_size])?,
+                None => cx.scalar(f, 1.0)?,
+            };
+            cx.op(OpKind::Where, Attrs::default(), vec![Some(seen), Some(w), Some(zero)])?
+        }
+        (_, Some(w)) => {
+            let wv = cx.tensor(f, &[out_size], &w[..out_size])?;
+            cx.mul(freq, wv)?
+        }
+        (_, None) => freq,
+    };
+    cx.reshape(y, &out_dims)
 }

@@ -8,6 +8,7 @@
 //!   CenterCropPad, AffineGrid), imported as their bodies;
 //! - `decompose`: ops without a function body that have a closed form in canonical ops
 //!   (DFT and STFT as a product with a constant basis, MelWeightMatrix, MaxUnpool,
+//!   TfIdfVectorizer over integers,
 //!   training-mode BatchNormalization, the `ai.onnx.preview.training` optimisers, the
 //!   `ai.onnx.ml` Binarizer, ArrayFeatureExtractor and TreeEnsemble), the only nodes of other domains
 //!   kiln accepts;
