@@ -807,8 +807,8 @@ pub(super) fn col2im(cx: &Ctx) -> R<Vec<TensorType>> {
     let a = cx.attrs::<crate::attrs::Col2ImAttrs>()?;
     let geo = col2im_geometry(&image, &block, a).map_err(|m| cx.invalid(m))?;
     let xd = x.shape.dims();
-    let kprod: usize = geo.block.iter().product();
-    if kprod == 0 || xd[1] % kprod != 0 || xd[2] != geo.blocks.iter().product::<usize>() {
+    let kprod = product(&geo.block).unwrap_or(0);
+    if kprod == 0 || xd[1] % kprod != 0 || Some(xd[2]) != product(&geo.blocks) {
         return Err(cx.invalid(format_args!(
             "input of dims {xd:?} does not fit blocks {:?} at {:?} positions",
             geo.block, geo.blocks
@@ -866,12 +866,16 @@ pub fn col2im_geometry(image: &[i64], block: &[i64], a: &crate::attrs::Col2ImAtt
         if pb < 0 || pe < 0 {
             return Err(format!("pads {pads:?} must not be negative"));
         }
-        let span = di.checked_mul(k - 1).and_then(|v| v.checked_add(1)).ok_or("block span overflows")?;
-        let padded = im as i64 + pb + pe;
-        if padded < span as i64 {
+        let span = di
+            .checked_mul(k - 1)
+            .and_then(|v| v.checked_add(1))
+            .and_then(|v| i64::try_from(v).ok())
+            .ok_or("block span overflows")?;
+        let padded = (im as i64).checked_add(pb).and_then(|v| v.checked_add(pe)).ok_or("pads overflow")?;
+        if padded < span {
             return Err(format!("block of span {span} does not fit the padded image extent {padded} on axis {d}"));
         }
-        g.blocks.push(((padded - span as i64) / sd as i64 + 1) as usize);
+        g.blocks.push(((padded - span) / sd as i64 + 1) as usize);
         g.image.push(im);
         g.block.push(k);
         g.dilations.push(di);
@@ -953,21 +957,26 @@ pub fn deform_conv_geometry(
     let group = pos(a.group, "group")?;
     let og = pos(a.offset_group, "offset_group")?;
     let (n, c, oc) = (xd[0], xd[1], wd[0]);
-    if c != wd[1] * group || oc % group != 0 || c % og != 0 {
+    if Some(c) != wd[1].checked_mul(group) || oc % group != 0 || c % og != 0 {
         return Err(format!("X has {c} channels, W {wd:?}, group {group}, offset_group {og}: the channels do not divide"));
     }
     let strides = [pos(st[0], "stride")?, pos(st[1], "stride")?];
     let dilations = [pos(dl[0], "dilation")?, pos(dl[1], "dilation")?];
     let mut out = [0usize; 2];
     for d in 0..2 {
-        let span = (kernel[d] - 1) * dilations[d] + 1;
-        let padded = xd[2 + d] as i64 + pd[d] + pd[d + 2];
-        if padded < span as i64 {
+        let span = (kernel[d] - 1)
+            .checked_mul(dilations[d])
+            .and_then(|v| v.checked_add(1))
+            .and_then(|v| i64::try_from(v).ok())
+            .ok_or("the kernel span overflows")?;
+        let padded = (xd[2 + d] as i64).checked_add(pd[d]).and_then(|v| v.checked_add(pd[d + 2])).ok_or("pads overflow")?;
+        if padded < span {
             return Err(format!("the kernel of span {span} does not fit the padded extent {padded}"));
         }
-        out[d] = ((padded - span as i64) / strides[d] as i64 + 1) as usize;
+        out[d] = ((padded - span) / strides[d] as i64 + 1) as usize;
     }
-    let want = [n, og * 2 * kernel[0] * kernel[1], out[0], out[1]];
+    let offsets = product(&[og, 2, kernel[0], kernel[1]]).ok_or("the offset channel count overflows")?;
+    let want = [n, offsets, out[0], out[1]];
     if od != want {
         return Err(format!("offset of dims {od:?}; expected {want:?}"));
     }
@@ -1000,7 +1009,8 @@ pub(super) fn deform_conv(cx: &Ctx) -> R<Vec<TensorType>> {
     }
     if let Some(m) = cx.opt_ty(4) {
         cx.same_dtype(m, 4, "mask", x)?;
-        cx.expect_dims(m, 4, "mask", &[xd[0], g.offset_group * g.kernel[0] * g.kernel[1], g.out[0], g.out[1]])?;
+        let taps = g.offset_group * g.kernel[0] * g.kernel[1]; // no overflow: twice it is offset's extent
+        cx.expect_dims(m, 4, "mask", &[xd[0], taps, g.out[0], g.out[1]])?;
     }
     Ok(vec![cx.tt(x.dtype, vec![xd[0], wd[0], g.out[0], g.out[1]])?])
 }
