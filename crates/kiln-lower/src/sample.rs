@@ -205,48 +205,49 @@ fn grid_sample(cx: &OpCx<'_>) -> R<Lowered> {
                 };
                 u = b.select(outside, fixed, u);
             }
-            // The integer taps and their weights.
+            // The taps (integral float positions) and their weights.
             let mut raw: Vec<(ExprId, Option<ExprId>)> = Vec::new();
             match mode {
-                GridSampleMode::Nearest => {
-                    let i = b.convert(u, ScalarType::I64);
-                    raw.push((i, None));
-                }
+                GridSampleMode::Nearest => raw.push((u, None)),
                 GridSampleMode::Linear => {
                     let f = b.unary(UnaryOp::Floor, u);
                     let t = b.sub(u, f);
                     let omt = b.sub(one, t);
-                    let i = b.convert(f, ScalarType::I64);
-                    let i1 = idx_c(b, i, 1);
-                    raw.push((i, Some(omt)));
-                    raw.push((i1, Some(t)));
+                    let f1 = b.add(f, one);
+                    raw.push((f, Some(omt)));
+                    raw.push((f1, Some(t)));
                 }
                 GridSampleMode::Cubic => {
                     let f = b.unary(UnaryOp::Floor, u);
                     let t = b.sub(u, f);
                     let w = cubic_coeffs(b, ct, t);
-                    let i = b.convert(f, ScalarType::I64);
                     for (k, wk) in w.into_iter().enumerate() {
-                        let ik = idx_c(b, i, k as i64 - 1);
-                        raw.push((ik, Some(wk)));
+                        let off = b.float(ct, k as f64 - 1.0);
+                        let fk = b.add(f, off);
+                        raw.push((fk, Some(wk)));
                     }
                 }
             }
+            // Validity is decided on the float position, so the integer index only
+            // addresses the load (a code generator's gather).
             let mut axis_taps = Vec::with_capacity(raw.len());
-            for (i, w) in raw {
+            for (fpos, w) in raw {
                 let (idx, valid) = match pad {
                     GridSamplePadding::Zeros => {
-                        let z = b.index(0);
-                        let n = b.index(len as i64);
-                        let ge = b.binary(BinaryOp::Ge, i, z);
-                        let lt = b.binary(BinaryOp::Lt, i, n);
-                        let ok = b.binary(BinaryOp::And, ge, lt);
+                        let z = b.float(ct, 0.0);
+                        let last = b.float(ct, len as f64 - 1.0);
+                        let ge = b.binary(BinaryOp::Ge, fpos, z);
+                        let le = b.binary(BinaryOp::Le, fpos, last);
+                        let ok = b.binary(BinaryOp::And, ge, le);
+                        let i = b.convert(fpos, ScalarType::I64);
                         (clamp_into(b, i, len), Some(ok))
                     }
-                    GridSamplePadding::Border => (clamp_into(b, i, len), None),
+                    GridSamplePadding::Border => {
+                        let i = b.convert(fpos, ScalarType::I64);
+                        (clamp_into(b, i, len), None)
+                    }
                     GridSamplePadding::Reflection => {
-                        let f = b.convert(i, ct);
-                        let rf = reflect(b, ct, f, lo, hi);
+                        let rf = reflect(b, ct, fpos, lo, hi);
                         let rt = b.unary(UnaryOp::Trunc, rf);
                         let ri = b.convert(rt, ScalarType::I64);
                         (clamp_into(b, ri, len), None)
