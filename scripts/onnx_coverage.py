@@ -82,6 +82,42 @@ def main():
         p, t = per_op[op]
         mark = "" if p == t else " ⚠" if p else " ✗"
         out.append(f"| {op}{mark} | {p} | {t} |")
+    # Why the operators that do not pass every case stay so (operators not named here are
+    # other engineers' work in progress or not implemented yet).
+    reasons = {
+        "Bernoulli": "random: ONNX's data comes from NumPy's generator, which a kernel cannot reproduce",
+        "Dropout": "training mode with a non-zero ratio draws a random mask (NumPy's generator made the data); "
+                   "ratio 0 and inference pass",
+        "Cast": "string dtypes (kiln has no string tensors); FLOAT to BFLOAT16: ONNX's data truncates, "
+                "the spec rounds to nearest even",
+        "CastLike": "as Cast",
+        "Equal": "string inputs",
+        "StringConcat": "string tensors", "StringSplit": "string tensors",
+        "StringNormalizer": "string tensors", "RegexFullMatch": "string tensors",
+        "LabelEncoder": "string keys or values",
+        "ImageDecoder": "decodes encoded image bytes (a codec, not tensor math)",
+        "DFT": "inverse cases: ONNX's data holds f32 FFT noise (1.9e-7) where the exact value is 0, "
+               "beyond atol 1e-7",
+        "Adam": "adam_multiple: ONNX's data was made with epsilon 1e-2, the node has none (default 0)",
+        "QLinearMatMul": "int8 cases: ONNX's data wraps to int8, the spec saturates",
+        "NonZero": "data-dependent output size (work in progress elsewhere)",
+        "Unique": "data-dependent output size (work in progress elsewhere)",
+        "Compress": "data-dependent output size (work in progress elsewhere)",
+        "NonMaxSuppression": "data-dependent output size (work in progress elsewhere)",
+        "Scan": "sequences and loops (work in progress elsewhere)",
+        "Loop": "sequences and optionals (work in progress elsewhere)",
+        "If": "sequences and optionals (work in progress elsewhere)",
+        "Identity": "sequence and optional inputs (work in progress elsewhere)",
+    }
+    short = [op for op in sorted(per_op, key=str.lower) if per_op[op][0] < per_op[op][1]]
+    out.append("\n## Not passing, and why\n")
+    out.append("| operator | failing | why |\n|---|---:|---|")
+    for op in short:
+        p, t = per_op[op]
+        why = reasons.get(op) or ("sequences and optionals (work in progress elsewhere)"
+                                  if op.startswith(("Sequence", "Optional", "SplitToSequence", "ConcatFromSequence"))
+                                  else "not implemented yet")
+        out.append(f"| {op} | {t - p} | {why} |")
     with open(a.out, "w") as f:
         f.write("\n".join(out) + "\n")
     print(f"{a.out}: {passed} of {total} pass", file=sys.stderr)

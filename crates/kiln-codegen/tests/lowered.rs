@@ -251,6 +251,52 @@ fn cases() -> Vec<Case> {
     if let Some(c) = v.last_mut() {
         c.inputs[4] = Some(Tensor::from_f64(f, Shape::new(vec![3]).unwrap(), &[0.5, 1.25, 2.0]).unwrap());
     }
+    v.extend(sample_cases());
+    v
+}
+
+/// GridSample, Col2Im, RoiAlign and DeformConv (General kernels with computed
+/// indices, selects to zero and reductions over taps).
+fn sample_cases() -> Vec<Case> {
+    use OpKind as K;
+    let f = DType::F32;
+    let x = |dims: &[usize], s| Some(data(f, dims, s));
+    let st = |v: &str| Attr::String(v.into());
+    let mut v = Vec::new();
+    for (k, (mode, pad, align)) in
+        [("linear", "zeros", 0), ("nearest", "border", 1), ("cubic", "reflection", 0), ("cubic", "zeros", 1)]
+            .into_iter()
+            .enumerate()
+    {
+        let o = op(K::GridSample, &[("mode", st(mode)), ("padding_mode", st(pad)), ("align_corners", Attr::Int(align))]);
+        v.push(case(o, vec![x(&[2, 3, 5, 7], 80 + k as u64), x(&[2, 4, 3, 2], 90 + k as u64)], 2));
+    }
+    v.push(case(
+        op(K::GridSample, &[("padding_mode", st("reflection")), ("align_corners", Attr::Int(1))]),
+        vec![x(&[1, 2, 3, 4, 5], 94), x(&[1, 2, 3, 2, 3], 95)],
+        2,
+    ));
+    v.push(case(
+        op(K::Col2Im, &[("dilations", Attr::Ints(vec![1, 2])), ("pads", Attr::Ints(vec![1, 0, 2, 1])), ("strides", Attr::Ints(vec![2, 1]))]),
+        vec![x(&[2, 12, 16], 96), Some(i64s(&[6, 7])), Some(i64s(&[2, 3]))],
+        1,
+    ));
+    let rois = Tensor::from_f64(f, Shape::new(vec![3, 4]).unwrap(), &[0.3, 1.7, 6.2, 4.9, -2.5, -1.0, 3.0, 12.0, 1.25, 0.5, 9.75, 7.5]).unwrap();
+    for mode in ["avg", "max"] {
+        v.push(case(
+            op(K::RoiAlign, &[("mode", st(mode)), ("output_height", Attr::Int(3)), ("output_width", Attr::Int(4)), ("sampling_ratio", Attr::Int(2))]),
+            vec![x(&[2, 3, 7, 9], 97), Some(rois.clone()), Some(i64s(&[1, 0, 1]))],
+            3,
+        ));
+    }
+    v.push(case(
+        op(
+            K::DeformConv,
+            &[("group", Attr::Int(2)), ("offset_group", Attr::Int(2)), ("strides", Attr::Ints(vec![2, 1])), ("pads", Attr::Ints(vec![1, 0, 2, 1]))],
+        ),
+        vec![x(&[1, 4, 5, 6], 98), x(&[6, 2, 3, 2], 99), x(&[1, 24, 3, 6], 100), x(&[6], 101), x(&[1, 12, 3, 6], 102)],
+        5,
+    ));
     v
 }
 

@@ -207,6 +207,22 @@ attr_enum! {
     RnnDirection { Forward = "forward", Reverse = "reverse", Bidirectional = "bidirectional" }
 }
 attr_enum! {
+    /// `mode` of GridSample (opset 16's `bilinear`/`bicubic` are canonicalised at import).
+    GridSampleMode { Linear = "linear", Nearest = "nearest", Cubic = "cubic" }
+}
+attr_enum! {
+    /// `padding_mode` of GridSample.
+    GridSamplePadding { Zeros = "zeros", Border = "border", Reflection = "reflection" }
+}
+attr_enum! {
+    /// `coordinate_transformation_mode` of RoiAlign.
+    RoiAlignCoordinates { HalfPixel = "half_pixel", OutputHalfPixel = "output_half_pixel" }
+}
+attr_enum! {
+    /// `mode` of RoiAlign.
+    RoiAlignMode { Avg = "avg", Max = "max" }
+}
+attr_enum! {
     /// `reduction` of ScatterElements and ScatterND.
     ScatterReduction { None = "none", Add = "add", Mul = "mul", Max = "max", Min = "min" }
 }
@@ -820,6 +836,58 @@ attr_structs! {
         seed: Option<i64> = None,
     }
 
+    /// GridSample.
+    defaults GridSampleAttrs {
+        /// Whether −1 and 1 name the centres of the corner pixels (else their outer edges).
+        align_corners: bool = false,
+        /// Interpolation.
+        mode: GridSampleMode = GridSampleMode::Linear,
+        /// What a sample outside the input reads.
+        padding_mode: GridSamplePadding = GridSamplePadding::Zeros,
+    }
+
+    /// Col2Im.
+    defaults Col2ImAttrs {
+        /// Dilation per spatial axis (default 1).
+        dilations: Option<Vec<i64>> = None,
+        /// Begin pads for each spatial axis, then end pads (default 0).
+        pads: Option<Vec<i64>> = None,
+        /// Stride per spatial axis (default 1).
+        strides: Option<Vec<i64>> = None,
+    }
+
+    /// RoiAlign.
+    defaults RoiAlignAttrs {
+        /// Whether the box corners are shifted by half a pixel (`half_pixel`) or not.
+        coordinate_transformation_mode: RoiAlignCoordinates = RoiAlignCoordinates::HalfPixel,
+        /// How the samples of a bin combine.
+        mode: RoiAlignMode = RoiAlignMode::Avg,
+        /// Output rows per box.
+        output_height: i64 = 1,
+        /// Output columns per box.
+        output_width: i64 = 1,
+        /// Samples per bin and axis (0: adaptive, `ceil(box extent / output extent)`).
+        sampling_ratio: i64 = 0,
+        /// Factor from box coordinates to input pixels.
+        spatial_scale: f32 = 1.0,
+    }
+
+    /// DeformConv.
+    defaults DeformConvAttrs {
+        /// Dilation per spatial axis (default 1).
+        dilations: Option<Vec<i64>> = None,
+        /// Channel groups of the convolution.
+        group: i64 = 1,
+        /// Kernel extent per spatial axis (default: from W).
+        kernel_shape: Option<Vec<i64>> = None,
+        /// Channel groups sharing one set of offsets.
+        offset_group: i64 = 1,
+        /// Begin pads for each spatial axis, then end pads (default 0).
+        pads: Option<Vec<i64>> = None,
+        /// Stride per spatial axis (default 1).
+        strides: Option<Vec<i64>> = None,
+    }
+
     /// Resize.
     defaults ResizeAttrs {
         /// Antialiasing filter when downscaling.
@@ -979,6 +1047,10 @@ op_attrs! {
     ReverseSequence(ReverseSequenceAttrs): ReverseSequence;
     Dropout(DropoutAttrs): Dropout;
     Resize(ResizeAttrs): Resize;
+    GridSample(GridSampleAttrs): GridSample;
+    Col2Im(Col2ImAttrs): Col2Im;
+    RoiAlign(RoiAlignAttrs): RoiAlign;
+    DeformConv(DeformConvAttrs): DeformConv;
 }
 
 /// The sliding-window attributes that convolutions and pools share, borrowed from

@@ -28,6 +28,7 @@ mod ctx;
 mod elementwise;
 mod linalg;
 mod movement;
+pub use movement::{col2im_geometry, deform_conv_geometry, Col2ImGeometry, DeformConvGeometry};
 mod nn;
 mod quant;
 mod reduce;
@@ -146,6 +147,10 @@ fn results(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
         Trilu => movement::trilu(cx),
         ReverseSequence => movement::reverse_sequence(cx),
         Resize => movement::resize(cx),
+        GridSample => movement::grid_sample(cx),
+        Col2Im => movement::col2im(cx),
+        RoiAlign => movement::roi_align(cx),
+        DeformConv => movement::deform_conv(cx),
 
         // Reductions and friends.
         ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMean | ReduceProd | ReduceSum

@@ -718,6 +718,55 @@ fn trilu_reverse_sequence() {
 }
 
 #[test]
+fn sampling_ops() {
+    // GridSample: [N, C, out..] from X [N, C, in..] and grid [N, out.., r].
+    assert_eq!(case(GridSample).x("f32[2,3,5,7]").x("f32[2,4,6,2]").ok(), ty("f32[2,3,4,6]"));
+    assert_eq!(case(GridSample).x("f32[1,2,3,4,5]").x("f32[1,2,3,2,3]").ok(), ty("f32[1,2,2,3,2]"));
+    case(GridSample).x("f32[2,3,5,7]").x("f32[1,4,6,2]").invalid();
+    case(GridSample).x("f32[2,3,5,7]").x("f32[2,4,6,3]").invalid();
+    case(GridSample).x("f32[2,3,5]").x("f32[2,4,1]").unsupported();
+    // Col2Im: blocks of 2x3 with strides (2, 1), dilations (1, 2), pads (1, 0, 2, 1) on 6x7.
+    let c2 = |x: &str| {
+        case(Col2Im)
+            .is("strides", &[2, 1])
+            .is("dilations", &[1, 2])
+            .is("pads", &[1, 0, 2, 1])
+            .x(x)
+            .c(ci64(&[6, 7]))
+            .c(ci64(&[2, 3]))
+    };
+    assert_eq!(c2("f32[2,12,16]").ok(), ty("f32[2,2,6,7]"));
+    c2("f32[2,12,15]").invalid();
+    c2("f32[2,11,16]").invalid();
+    case(Col2Im).x("f32[1,4,9]").c(ci64(&[4, 4])).c(ci64(&[5, 2])).invalid();
+    // RoiAlign: [R, C, oh, ow].
+    assert_eq!(
+        case(RoiAlign).i("output_height", 3).i("output_width", 2).x("f32[2,5,7,9]").x("f32[4,4]").x("i64[4]").ok(),
+        ty("f32[4,5,3,2]")
+    );
+    case(RoiAlign).x("f32[2,5,7,9]").x("f32[4,5]").x("i64[4]").invalid();
+    case(RoiAlign).x("f32[2,5,7,9]").x("f32[4,4]").x("i64[3]").invalid();
+    case(RoiAlign).i("output_height", 0).x("f32[2,5,7,9]").x("f32[4,4]").x("i64[4]").invalid();
+    // DeformConv: offsets must be [N, og·2·kh·kw, oh, ow].
+    assert_eq!(case(DeformConv).x("f32[1,2,4,4]").x("f32[3,2,2,2]").x("f32[1,8,3,3]").ok(), ty("f32[1,3,3,3]"));
+    assert_eq!(
+        case(DeformConv)
+            .i("group", 2)
+            .i("offset_group", 2)
+            .is("strides", &[2, 1])
+            .is("pads", &[1, 0, 2, 1])
+            .x("f32[1,4,5,6]")
+            .x("f32[6,2,3,2]")
+            .x("f32[1,24,3,6]")
+            .ok(),
+        ty("f32[1,6,3,6]")
+    );
+    case(DeformConv).x("f32[1,2,4,4]").x("f32[3,2,2,2]").x("f32[1,8,3,2]").invalid();
+    case(DeformConv).i("group", 2).x("f32[1,2,4,4]").x("f32[3,1,2,2]").x("f32[1,8,3,3]").invalid();
+    case(DeformConv).x("f32[1,2,4,4]").x("f32[3,2,2,2]").x("f32[1,8,3,3]").x("f32[2]").invalid();
+}
+
+#[test]
 fn resize() {
     let sc = |x: &str, s: &[f32]| case(Resize).x(x).none().c(cf32(s)).ok();
     assert_eq!(sc("f32[1,1,2,4]", &[1.0, 1.0, 0.6, 0.6]), ty("f32[1,1,1,2]"));
@@ -1436,6 +1485,10 @@ fn sample(kind: OpKind) -> Case {
         Det => c.x("f32[2,2]"),
         QuantizeLinear => c.x(f).x("f32[]"),
         DequantizeLinear => c.x("u8[2]").x("f32[]"),
+        GridSample => c.x(f).x("f32[1,3,5,2]"),
+        Col2Im => c.x("f32[1,4,9]").c(ci64(&[4, 4])).c(ci64(&[2, 2])),
+        RoiAlign => c.x(f).x("f32[3,4]").x("i64[3]"),
+        DeformConv => c.x(f).x("f32[3,2,2,2]").x("f32[1,8,3,3]"),
         _ => c.x(f),
     }
 }

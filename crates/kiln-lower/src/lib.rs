@@ -10,7 +10,7 @@
 //! the operands its kernels read.
 //!
 //! Each op family has a module (elementwise, movement, reductions, linear algebra,
-//! normalisations, recurrent layers); [`lower_op`] asks them in turn. Helpers shared by
+//! normalisations, recurrent layers, sampling); [`lower_op`] asks them in turn. Helpers shared by
 //! the families (dtype handling, axes, powers) live here; the interface types and the
 //! index helpers are kiln-flow's ([`kiln_flow::lower`]), re-exported here.
 //!
@@ -33,6 +33,7 @@ mod movement;
 mod norm;
 mod recurrent;
 mod reduce;
+mod sample;
 
 /// Lowers every node of `graph` and fuses the result, shaping the program for targets
 /// with contraction microkernels ([`kiln_flow::program::form`] with [`lower_op`]).
@@ -52,8 +53,15 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
 
 /// Lowers one op (see the module docs).
 pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
-    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 6] =
-        [elementwise::lower, movement::lower, reduce::lower, linalg::lower, norm::lower, recurrent::lower];
+    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 7] = [
+        elementwise::lower,
+        movement::lower,
+        reduce::lower,
+        linalg::lower,
+        norm::lower,
+        recurrent::lower,
+        sample::lower,
+    ];
     for f in families {
         if let Some(r) = f(cx) {
             return r;

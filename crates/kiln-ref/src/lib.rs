@@ -95,7 +95,8 @@ pub fn eval_op(
         Concat | ConstantOfShape | DepthToSpace | Expand | EyeLike | Flatten | Gather
         | GatherElements | GatherND | OneHot | Pad | Range | Reshape | Resize | ReverseSequence
         | ScatterElements | ScatterND | Shape | Size | Slice | SpaceToDepth | Split | Squeeze
-        | Tile | Transpose | Trilu | Unsqueeze => movement::eval(&cx),
+        | Tile | Transpose | Trilu | Unsqueeze | GridSample | Col2Im | RoiAlign
+        | DeformConv => movement::eval(&cx),
         // recurrent.rs: recurrent layers.
         LSTM | GRU | RNN => recurrent::eval(&cx),
         // Control flow: the branch the condition selects, run as a graph of its own.

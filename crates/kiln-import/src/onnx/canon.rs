@@ -127,6 +127,17 @@ pub(crate) fn canonicalize(
             }
         }
         "Scatter" => kind_name = "ScatterElements",
+        "GridSample" => {
+            // Opset 16 spelled the modes `bilinear` and `bicubic`.
+            let renamed = match attrs.get("mode") {
+                Some(Attr::String(m)) if m == "bilinear" => Some("linear"),
+                Some(Attr::String(m)) if m == "bicubic" => Some("cubic"),
+                _ => None,
+            };
+            if let Some(m) = renamed {
+                attrs.set("mode", Attr::String(m.to_string()));
+            }
+        }
         "Dropout" => {
             for a in ["ratio", "is_test", "consumed_inputs", "seed"] {
                 attrs.remove(a);

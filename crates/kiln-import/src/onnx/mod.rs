@@ -4,6 +4,14 @@
 //! - `tensor`: `TensorProto` decoding (raw, typed, external data);
 //! - `canon`: translation of each op from the model's opset into kiln's canonical
 //!   (opset-22) form;
+//! - `expand`: ops ONNX defines as functions (the losses, the window functions,
+//!   CenterCropPad, AffineGrid), imported as their bodies;
+//! - `decompose`: ops without a function body that have a closed form in canonical ops
+//!   (DFT and STFT as a product with a constant basis, MelWeightMatrix, MaxUnpool,
+//!   TfIdfVectorizer over integers,
+//!   training-mode BatchNormalization, the `ai.onnx.preview.training` optimisers, the
+//!   `ai.onnx.ml` Binarizer, ArrayFeatureExtractor and TreeEnsemble), the only nodes of other domains
+//!   kiln accepts;
 //! - this module: the driver — inputs, initializers, nodes in order (with `If`
 //!   inlining and constant folding), outputs.
 //!
@@ -28,6 +36,7 @@
 //! with run-time trips their length would depend on the data.
 
 mod canon;
+mod decompose;
 mod expand;
 mod tensor;
 
@@ -156,10 +165,11 @@ fn check_supported(graph: &GraphProto, opsets: &HashMap<String, i64>) -> Result<
             let op = n.op_type.clone().unwrap_or_default();
             let domain = n.domain.clone().unwrap_or_default();
             let domain = if domain == "ai.onnx" { String::new() } else { domain };
-            let known = domain.is_empty()
+            let known = (domain.is_empty()
                 && (IMPORT_ONLY_OPS.contains(&op.as_str())
                     || expand::is_expanded(&op)
-                    || op.parse::<OpKind>().is_ok());
+                    || op.parse::<OpKind>().is_ok()))
+                || decompose::domain_of(&op) == Some(domain.as_str());
             if !known {
                 if let Some(u) = found.iter_mut().find(|u| u.op_type == op && u.domain == domain) {
                     u.count += 1;
@@ -703,6 +713,10 @@ impl Importer {
             "If" => self.import_if(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
             "Loop" => self.import_loop(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
             t if expand::is_expanded(t) => expand::expand(self, t, &attrs, &inputs, &outputs, &at),
+            t if decompose::domain_of(t).is_some() => decompose::decompose(self, t, &attrs, &inputs, &outputs, &at),
+            "BatchNormalization" if decompose::is_training_batch_norm(&attrs, n.output.len()) => {
+                decompose::decompose(self, "BatchNormalization", &attrs, &inputs, &outputs, &at)
+            }
             _ => {
                 if let Some(k) = subgraphs.keys().next() {
                     return Err(at.err(format!("graph attribute `{k}` is not supported on this op")));

@@ -456,7 +456,7 @@ pub(super) fn transpose(cx: &Ctx) -> R<Vec<TensorType>> {
             if !ok {
                 return Err(cx.invalid(format_args!(
                     "`perm` {} is not a permutation of the {} axes of {x}",
-                    Ints(&p),
+                    Ints(p),
                     d.len()
                 )));
             }
@@ -694,7 +694,7 @@ pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
     let policy = ra.keep_aspect_ratio_policy;
     let rank = x.shape.rank();
     let axes = match &ra.axes {
-        Some(a) => cx.axes(&a, rank, "axis")?,
+        Some(a) => cx.axes(a, rank, "axis")?,
         None => (0..rank).collect(),
     };
     // An empty operand counts as absent (exporters pass empty `scales` next to `sizes`).
@@ -776,4 +776,241 @@ fn to_extent(cx: &Ctx, v: f32) -> R<usize> {
     } else {
         Err(cx.invalid(format_args!("result extent {v} is out of range")))
     }
+}
+
+/// GridSample(X [N, C, D1..Dr], grid [N, O1..Or, r]): `[N, C, O1..Or]`, r = 2 or 3.
+pub(super) fn grid_sample(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let g = cx.req_class(1, "grid", Class::Float)?;
+    let (xd, gd) = (x.shape.dims(), g.shape.dims());
+    if !matches!(xd.len(), 4 | 5) {
+        return Err(cx.unsupported(format_args!("X has rank {}; kiln samples 2-D and 3-D inputs (rank 4 or 5)", xd.len())));
+    }
+    let r = xd.len() - 2;
+    if gd.len() != xd.len() || gd[0] != xd[0] || gd[r + 1] != r {
+        return Err(cx.invalid(format_args!("grid of dims {gd:?} does not fit X of dims {xd:?}: expected [N, out.., {r}]")));
+    }
+    let mut dims = vec![xd[0], xd[1]];
+    dims.extend_from_slice(&gd[1..=r]);
+    Ok(vec![cx.tt(x.dtype, dims)?])
+}
+
+/// Col2Im(input [N, C·∏block, L], image_shape, block_shape): `[N, C, image..]`, where L
+/// is the number of block positions the strides, pads and dilations give.
+pub(super) fn col2im(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req(0, "input")?;
+    cx.rank(x, 0, "input", 3)?;
+    let image = req_int_list(cx, 1, "image_shape")?;
+    let block = req_int_list(cx, 2, "block_shape")?;
+    let a = cx.attrs::<crate::attrs::Col2ImAttrs>()?;
+    let geo = col2im_geometry(&image, &block, a).map_err(|m| cx.invalid(m))?;
+    let xd = x.shape.dims();
+    let kprod = product(&geo.block).unwrap_or(0);
+    if kprod == 0 || xd[1] % kprod != 0 || Some(xd[2]) != product(&geo.blocks) {
+        return Err(cx.invalid(format_args!(
+            "input of dims {xd:?} does not fit blocks {:?} at {:?} positions",
+            geo.block, geo.blocks
+        )));
+    }
+    let mut dims = vec![xd[0], xd[1] / kprod];
+    dims.extend_from_slice(&geo.image);
+    Ok(vec![cx.tt(x.dtype, dims)?])
+}
+
+/// Col2Im's geometry: per spatial axis the image extent, block extent, dilation,
+/// stride, begin pad and the number of block positions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Col2ImGeometry {
+    /// Image extent per axis.
+    pub image: Vec<usize>,
+    /// Block extent per axis.
+    pub block: Vec<usize>,
+    /// Dilation per axis.
+    pub dilations: Vec<usize>,
+    /// Stride per axis.
+    pub strides: Vec<usize>,
+    /// Begin pad per axis.
+    pub pads_begin: Vec<usize>,
+    /// Block positions per axis.
+    pub blocks: Vec<usize>,
+}
+
+/// Checks Col2Im's operands and attributes and gives its geometry.
+pub fn col2im_geometry(image: &[i64], block: &[i64], a: &crate::attrs::Col2ImAttrs) -> Result<Col2ImGeometry, String> {
+    let s = image.len();
+    if s == 0 || block.len() != s {
+        return Err(format!("image_shape {image:?} and block_shape {block:?} must have the same non-zero length"));
+    }
+    let ones = vec![1i64; s];
+    let zeros = vec![0i64; 2 * s];
+    let dil = a.dilations.as_deref().unwrap_or(&ones);
+    let st = a.strides.as_deref().unwrap_or(&ones);
+    let pads = a.pads.as_deref().unwrap_or(&zeros);
+    if dil.len() != s || st.len() != s || pads.len() != 2 * s {
+        return Err(format!("dilations, strides and pads must cover the {s} spatial axes"));
+    }
+    let pos = |v: i64, what: &str| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"));
+    let mut g = Col2ImGeometry {
+        image: Vec::new(),
+        block: Vec::new(),
+        dilations: Vec::new(),
+        strides: Vec::new(),
+        pads_begin: Vec::new(),
+        blocks: Vec::new(),
+    };
+    for d in 0..s {
+        let (im, k, di, sd) = (pos(image[d], "image extent")?, pos(block[d], "block extent")?, pos(dil[d], "dilation")?, pos(st[d], "stride")?);
+        let (pb, pe) = (pads[d], pads[d + s]);
+        if pb < 0 || pe < 0 {
+            return Err(format!("pads {pads:?} must not be negative"));
+        }
+        let span = di
+            .checked_mul(k - 1)
+            .and_then(|v| v.checked_add(1))
+            .and_then(|v| i64::try_from(v).ok())
+            .ok_or("block span overflows")?;
+        let padded = (im as i64).checked_add(pb).and_then(|v| v.checked_add(pe)).ok_or("pads overflow")?;
+        if padded < span {
+            return Err(format!("block of span {span} does not fit the padded image extent {padded} on axis {d}"));
+        }
+        g.blocks.push(((padded - span) / sd as i64 + 1) as usize);
+        g.image.push(im);
+        g.block.push(k);
+        g.dilations.push(di);
+        g.strides.push(sd);
+        g.pads_begin.push(pb as usize);
+    }
+    Ok(g)
+}
+
+/// RoiAlign(X [N, C, H, W], rois [R, 4], batch_indices [R]): `[R, C, oh, ow]`.
+pub(super) fn roi_align(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(3)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let rois = cx.req_class(1, "rois", Class::Float)?;
+    let bi = cx.req_class(2, "batch_indices", Class::Index)?;
+    cx.rank(x, 0, "X", 4)?;
+    cx.rank(rois, 1, "rois", 2)?;
+    let r = rois.shape.dims()[0];
+    cx.expect_dims(rois, 1, "rois", &[r, 4])?;
+    cx.expect_dims(bi, 2, "batch_indices", &[r])?;
+    let a = cx.attrs::<crate::attrs::RoiAlignAttrs>()?;
+    let oh = cx.count_attr(a.output_height, "output_height")?;
+    let ow = cx.count_attr(a.output_width, "output_width")?;
+    if a.sampling_ratio < 0 {
+        return Err(cx.invalid(format_args!("sampling_ratio {} must not be negative", a.sampling_ratio)));
+    }
+    Ok(vec![cx.tt(x.dtype, vec![r, x.shape.dims()[1], oh, ow])?])
+}
+
+/// DeformConv's 2-D geometry: kernel, strides, dilations, begin pads, output extent,
+/// groups and offset groups.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeformConvGeometry {
+    /// Kernel extent (rows, columns).
+    pub kernel: [usize; 2],
+    /// Strides.
+    pub strides: [usize; 2],
+    /// Dilations.
+    pub dilations: [usize; 2],
+    /// Begin pads.
+    pub pads_begin: [usize; 2],
+    /// Output extent.
+    pub out: [usize; 2],
+    /// Convolution groups.
+    pub group: usize,
+    /// Offset groups.
+    pub offset_group: usize,
+}
+
+/// Checks DeformConv's operand dims (X, W, offset) and attributes; gives its geometry.
+pub fn deform_conv_geometry(
+    xd: &[usize],
+    wd: &[usize],
+    od: &[usize],
+    a: &crate::attrs::DeformConvAttrs,
+) -> Result<DeformConvGeometry, String> {
+    if xd.len() != 4 || wd.len() != 4 || od.len() != 4 {
+        return Err(format!("X {xd:?}, W {wd:?} and offset {od:?} must have rank 4 (2-D deformable convolution)"));
+    }
+    let pos = |v: i64, what: &str| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"));
+    let two = |v: &Option<Vec<i64>>, n: usize, d: i64, what: &str| -> Result<Vec<i64>, String> {
+        let v = v.clone().unwrap_or_else(|| vec![d; n]);
+        if v.len() != n {
+            return Err(format!("{what} {v:?} must have {n} entries"));
+        }
+        Ok(v)
+    };
+    let ks = two(&a.kernel_shape, 2, 0, "kernel_shape")?;
+    let kernel = if a.kernel_shape.is_some() { [pos(ks[0], "kernel extent")?, pos(ks[1], "kernel extent")?] } else { [wd[2], wd[3]] };
+    if kernel != [wd[2], wd[3]] {
+        return Err(format!("kernel_shape {kernel:?} differs from W's {:?}", &wd[2..]));
+    }
+    let st = two(&a.strides, 2, 1, "strides")?;
+    let dl = two(&a.dilations, 2, 1, "dilations")?;
+    let pd = two(&a.pads, 4, 0, "pads")?;
+    if pd.iter().any(|&p| p < 0) {
+        return Err(format!("pads {pd:?} must not be negative"));
+    }
+    let group = pos(a.group, "group")?;
+    let og = pos(a.offset_group, "offset_group")?;
+    let (n, c, oc) = (xd[0], xd[1], wd[0]);
+    if Some(c) != wd[1].checked_mul(group) || oc % group != 0 || c % og != 0 {
+        return Err(format!("X has {c} channels, W {wd:?}, group {group}, offset_group {og}: the channels do not divide"));
+    }
+    let strides = [pos(st[0], "stride")?, pos(st[1], "stride")?];
+    let dilations = [pos(dl[0], "dilation")?, pos(dl[1], "dilation")?];
+    let mut out = [0usize; 2];
+    for d in 0..2 {
+        let span = (kernel[d] - 1)
+            .checked_mul(dilations[d])
+            .and_then(|v| v.checked_add(1))
+            .and_then(|v| i64::try_from(v).ok())
+            .ok_or("the kernel span overflows")?;
+        let padded = (xd[2 + d] as i64).checked_add(pd[d]).and_then(|v| v.checked_add(pd[d + 2])).ok_or("pads overflow")?;
+        if padded < span {
+            return Err(format!("the kernel of span {span} does not fit the padded extent {padded}"));
+        }
+        out[d] = ((padded - span) / strides[d] as i64 + 1) as usize;
+    }
+    let offsets = product(&[og, 2, kernel[0], kernel[1]]).ok_or("the offset channel count overflows")?;
+    let want = [n, offsets, out[0], out[1]];
+    if od != want {
+        return Err(format!("offset of dims {od:?}; expected {want:?}"));
+    }
+    Ok(DeformConvGeometry {
+        kernel,
+        strides,
+        dilations,
+        pads_begin: [pd[0] as usize, pd[1] as usize],
+        out,
+        group,
+        offset_group: og,
+    })
+}
+
+/// DeformConv(X, W, offset, B?, mask?): `[N, oc, oh, ow]` (2-D only).
+pub(super) fn deform_conv(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(5)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let w = cx.req_same(1, "W", x)?;
+    let off = cx.req_same(2, "offset", x)?;
+    let a = cx.attrs::<crate::attrs::DeformConvAttrs>()?;
+    let (xd, wd, od) = (x.shape.dims(), w.shape.dims(), off.shape.dims());
+    if xd.len() != 4 {
+        return Err(cx.unsupported(format_args!("X has rank {}; kiln supports 2-D deformable convolutions (rank 4)", xd.len())));
+    }
+    let g = deform_conv_geometry(xd, wd, od, a).map_err(|m| cx.invalid(m))?;
+    if let Some(b) = cx.opt_ty(3) {
+        cx.same_dtype(b, 3, "B", x)?;
+        cx.expect_dims(b, 3, "B", &[wd[0]])?;
+    }
+    if let Some(m) = cx.opt_ty(4) {
+        cx.same_dtype(m, 4, "mask", x)?;
+        let taps = g.offset_group * g.kernel[0] * g.kernel[1]; // no overflow: twice it is offset's extent
+        cx.expect_dims(m, 4, "mask", &[xd[0], taps, g.out[0], g.out[1]])?;
+    }
+    Ok(vec![cx.tt(x.dtype, vec![xd[0], wd[0], g.out[0], g.out[1]])?])
 }

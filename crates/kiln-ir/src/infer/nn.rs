@@ -24,12 +24,12 @@ fn ints_n(cx: &Ctx, name: &str, v: Option<&[i64]>, n: usize, min: i64, default: 
         None => Ok(vec![default; n]),
         Some(v) => {
             if v.len() != n {
-                return Err(cx.invalid(format_args!("attribute `{name}` {} must have {n} entries", Ints(&v))));
+                return Err(cx.invalid(format_args!("attribute `{name}` {} must have {n} entries", Ints(v))));
             }
             v.iter()
                 .map(|&x| {
                     usize::try_from(x).ok().filter(|_| x >= min).ok_or_else(|| {
-                        cx.invalid(format_args!("attribute `{name}` {} must have entries ≥ {min}", Ints(&v)))
+                        cx.invalid(format_args!("attribute `{name}` {} must have entries ≥ {min}", Ints(v)))
                     })
                 })
                 .collect()

@@ -16,6 +16,7 @@ mod generate;
 mod index;
 mod layout;
 mod resize;
+mod sample;
 
 use crate::util::Cx;
 use crate::EvalError;
@@ -52,6 +53,10 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         ConstantOfShape => generate::constant_of_shape(cx)?,
         EyeLike => generate::eye_like(cx)?,
         Resize => resize::resize(cx)?,
+        GridSample => sample::grid_sample(cx)?,
+        Col2Im => sample::col2im(cx)?,
+        RoiAlign => sample::roi_align(cx)?,
+        DeformConv => sample::deform_conv(cx)?,
         _ => return Err(cx.unsupported("not a data movement operator")),
     };
     Ok(vec![t])
