@@ -4,6 +4,11 @@
 //! - `tensor`: `TensorProto` decoding (raw, typed, external data);
 //! - `canon`: translation of each op from the model's opset into kiln's canonical
 //!   (opset-22) form;
+//! - `seq`: sequences and optionals of compile-time size (a name is bound to a
+//!   [`seq::Val`]: a tensor, a list of tensors, an optional of known presence),
+//!   `SequenceMap`;
+//! - `scan`: `Scan`, unrolled;
+//! - `data`: sequence and optional test data, flattened as the graph takes them;
 //! - this module: the driver — inputs, initializers, nodes in order (with `If`
 //!   inlining and constant folding), outputs.
 //!
@@ -701,12 +706,12 @@ impl Importer {
             v
         } else if matches!(val.def, ValueDef::Node { .. }) && !taken.contains(&v) && !self.g.outputs.contains(&v) {
             self.names.remove(&val.name);
-            let fresh = self.fresh_name(&name);
+            let fresh = self.fresh_name(name);
             self.g.values[v].name = fresh;
             v
         } else {
             let ty = self.g.ty(v).clone();
-            let fresh = self.fresh_name(&name);
+            let fresh = self.fresh_name(name);
             let (_, outs) = self.g.add_node(String::new(), Op::new(OpKind::Identity), vec![Some(v)], vec![(fresh, ty)]);
             outs[0]
         };
