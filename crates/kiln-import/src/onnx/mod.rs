@@ -5,7 +5,7 @@
 //! - `canon`: translation of each op from the model's opset into kiln's canonical
 //!   (opset-22) form;
 //! - `seq`: sequences and optionals of compile-time size (a name is bound to a
-//!   [`seq::Val`]: a tensor, a list of tensors, an optional of known presence),
+//!   `seq::Val`: a tensor, a list of tensors, an optional of known presence),
 //!   `SequenceMap`;
 //! - `scan`: `Scan`, unrolled;
 //! - `data`: sequence and optional test data, flattened as the graph takes them;
