@@ -10,9 +10,11 @@
 //! reference evaluator and the compiled artifact (1 and 3 threads); a sequence is fed
 //! and read as its elements (`name[i]`).
 //!
-//! Refusals are typed errors naming the node or the input: a position computed at
-//! run time, a sequence input without its shapes, run-time `If` branches giving
-//! sequences of different lengths, an empty optional's element.
+//! `SequenceAt` at a run-time position selects among the elements (checked against
+//! the fed element it names). Refusals are typed errors naming the node or the
+//! input: an insertion at a run-time position, a run-time `SequenceAt` over elements
+//! of different types, a sequence input without its shapes, run-time `If` branches
+//! giving sequences of different lengths, an empty optional's element.
 
 mod common;
 
@@ -204,18 +206,74 @@ fn import(bytes: Vec<u8>, opts: &ImportOptions) -> Result<kiln_ir::Graph, Import
 }
 
 #[test]
-fn a_sequence_position_computed_at_run_time_is_refused_naming_the_node() {
+fn a_sequence_insert_at_a_position_computed_at_run_time_is_refused_naming_the_node() {
+    let mut cat = node("ConcatFromSequence", &["s2"], &["y"], "cat");
+    cat.attribute = vec![AttributeProto {
+        name: Some("axis".into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(0),
+        ..Default::default()
+    }];
+    let m = onnx_model(
+        vec![
+            node("SequenceConstruct", &["a", "b"], &["s"], "make"),
+            node("SequenceInsert", &["s", "a", "p"], &["s2"], "put"),
+            cat,
+        ],
+        vec![tensor_vi("a", &[2]), tensor_vi("b", &[2]), i64_vi("p")],
+        vec![tensor_vi("y", &[6])],
+        vec![],
+    );
+    node_error(import(m.clone(), &ImportOptions::default()), "put", "SequenceInsert", "depends on run-time data");
+    // Bound to a value, the position is known and the list is edited at import.
+    let opts = ImportOptions { input_values: vec![("p".into(), vec![1.0])], ..Default::default() };
+    let g = import(m, &opts).expect("a constant position imports");
+    assert_eq!(g.inputs.len(), 2);
+}
+
+/// `SequenceAt` at a run-time position selects among the (same-typed) elements: the
+/// result is the fed element the position names, negative positions from the end.
+#[test]
+fn sequence_at_a_run_time_position_selects_the_element() {
+    let m = onnx_model(
+        vec![
+            node("SequenceConstruct", &["a", "b", "c"], &["s"], "make"),
+            node("SequenceAt", &["s", "p"], &["y"], "pick"),
+        ],
+        vec![tensor_vi("a", &[2, 3]), tensor_vi("b", &[2, 3]), tensor_vi("c", &[2, 3]), i64_vi("p")],
+        vec![tensor_vi("y", &[2, 3])],
+        vec![],
+    );
+    let g = import(m, &ImportOptions::default()).expect("a run-time position over same-typed elements imports");
+    let c = kiln_compiler::compile(&g, &Default::default()).expect("compile");
+    let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
+    let shape = kiln_ir::Shape::new([2, 3]).expect("shape");
+    let elems: Vec<Tensor> = (0..3)
+        .map(|k| Tensor::from_vec(shape.clone(), (0..6).map(|i| (10 * k + i) as f32).collect::<Vec<f32>>()).expect("t"))
+        .collect();
+    for (p, want) in [(0i64, 0usize), (1, 1), (2, 2), (-1, 2), (-3, 0)] {
+        let pt = Tensor::scalar(p);
+        let feeds = [elems[0].clone(), elems[1].clone(), elems[2].clone(), pt];
+        let refs = kiln_ref::eval_graph(&g, &feeds).expect("reference");
+        compare(&format!("position {p} (reference)"), &refs[0], &elems[want]);
+        let mut inst = kiln_runtime::Instance::new(&module).expect("instance");
+        let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+        let mut out = vec![0u8; 24];
+        inst.invoke(&ins, &mut [&mut out[..]]).expect("invoke");
+        let got = Tensor::new(g.values[g.outputs[0]].ty.clone(), out.into()).expect("tensor");
+        compare(&format!("position {p} (compiled)"), &got, &elems[want]);
+    }
+}
+
+#[test]
+fn sequence_at_a_run_time_position_over_elements_of_different_types_is_refused_naming_the_node() {
     let m = onnx_model(
         vec![node("SequenceConstruct", &["a", "b"], &["s"], "make"), node("SequenceAt", &["s", "p"], &["y"], "pick")],
-        vec![tensor_vi("a", &[2]), tensor_vi("b", &[2]), i64_vi("p")],
+        vec![tensor_vi("a", &[2]), tensor_vi("b", &[3]), i64_vi("p")],
         vec![tensor_vi("y", &[2])],
         vec![],
     );
-    node_error(import(m.clone(), &ImportOptions::default()), "pick", "SequenceAt", "depends on run-time data");
-    // Bound to a value, the position is known and the element is picked at import.
-    let opts = ImportOptions { input_values: vec![("p".into(), vec![-1.0])], ..Default::default() };
-    let g = import(m, &opts).expect("a constant position imports");
-    assert_eq!(g.inputs.len(), 2);
+    node_error(import(m, &ImportOptions::default()), "pick", "SequenceAt", "elements differ in type");
 }
 
 #[test]

@@ -192,8 +192,13 @@ pub(crate) fn import(
         }
         "SequenceAt" => {
             let items = seq_arg(0)?;
-            let p = position(imp, arg(1), items.len(), false, at)?.ok_or_else(|| at.err("the position is missing"))?;
-            vec![Val::T(items[p])]
+            match arg(1) {
+                Some(Val::T(p)) if imp.g.constant(p).is_none() => vec![Val::T(select(imp, label, &items, p, &out0, at)?)],
+                p => {
+                    let p = position(imp, p, items.len(), false, at)?.ok_or_else(|| at.err("the position is missing"))?;
+                    vec![Val::T(items[p])]
+                }
+            }
         }
         "SequenceInsert" => {
             let mut items = seq_arg(0)?;
@@ -272,6 +277,43 @@ fn position(imp: &Importer, p: Option<Val>, len: usize, end_ok: bool, at: &At) -
         return Err(at.err(format!("position {p} is outside [-{n}, {hi}] for a sequence of {len} elements")));
     }
     Ok(Some(if p < 0 { p + n } else { p } as usize))
+}
+
+/// `SequenceAt` with a position computed at run time: a select over the bounded
+/// candidates, i.e. the elements stacked on a new axis 0 and a `Gather` of the
+/// position (negative counts from the end). Every element must have one type. A
+/// position outside the sequence reads the nearest element (a static plan has no
+/// run-time error path; ONNX makes it an error).
+fn select(imp: &mut Importer, label: &str, items: &[ValueId], p: ValueId, out: &str, at: &At) -> Result<ValueId, ImportError> {
+    let Some(&first) = items.first() else {
+        return Err(at.err("the sequence is empty: there is no element to take"));
+    };
+    let ty = imp.g.ty(first).clone();
+    if let Some(&v) = items.iter().find(|&&v| *imp.g.ty(v) != ty) {
+        return Err(at.err(format!(
+            "unsupported: the position depends on run-time data and the elements differ in type ({ty} and {}), so no one tensor can hold the one picked; bind the inputs the position reads with --input-value",
+            imp.g.ty(v)
+        )));
+    }
+    let pt = imp.g.ty(p).clone();
+    if pt.shape.numel() != 1 || !matches!(pt.dtype, DType::I32 | DType::I64) {
+        return Err(at.err(format!("the position must be one int32 or int64, it is {pt}")));
+    }
+    let axes = imp.add_const("", i64_tensor(&[0], at)?);
+    let mut rows = Vec::with_capacity(items.len());
+    for &e in items {
+        let u = imp.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(e), Some(axes)], &[String::new()], at)?;
+        rows.push(Some(u.first().copied().ok_or_else(|| at.err("internal: Unsqueeze gave no result"))?));
+    }
+    let a0 = Attrs::new().with("axis", Attr::Int(0));
+    let stacked = imp.emit(label, OpKind::Concat, a0.clone(), rows, &[String::new()], at)?;
+    let stacked = stacked.first().copied().ok_or_else(|| at.err("internal: Concat gave no result"))?;
+    // A scalar index drops the stacking axis.
+    let shape0 = imp.add_const("", Tensor::from_vec(Shape::new([0]).map_err(|e| at.err(e.to_string()))?, Vec::<i64>::new()).map_err(|e| at.err(e.to_string()))?);
+    let idx = imp.emit(label, OpKind::Reshape, Attrs::new(), vec![Some(p), Some(shape0)], &[String::new()], at)?;
+    let idx = idx.first().copied().ok_or_else(|| at.err("internal: Reshape gave no result"))?;
+    let r = imp.emit(label, OpKind::Gather, a0, vec![Some(stacked), Some(idx)], &[out.to_string()], at)?;
+    r.first().copied().ok_or_else(|| at.err("internal: Gather gave no result"))
 }
 
 /// `SplitToSequence`: one `Split` (and a `Squeeze` per piece for `keepdims = 0`
