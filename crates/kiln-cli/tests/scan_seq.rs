@@ -351,3 +351,55 @@ fn the_element_of_an_empty_optional_is_refused_naming_the_node() {
     );
     node_error(import(m, &ImportOptions::default()), "get", "OptionalGetElement", "the optional is empty");
 }
+
+#[test]
+fn a_loop_growing_a_sequence_on_run_time_trips_is_refused_naming_the_node() {
+    // Trip count 3, initial condition from data: each trip is a run-time If, and the
+    // body appends to the carried sequence, so its length would depend on the data.
+    let body = GraphProto {
+        name: Some("body".into()),
+        node: vec![node("Identity", &["c_in"], &["c_out"], "keep"), node("SequenceInsert", &["s_in", "x"], &["s_out"], "append")],
+        input: vec![i64_vi("i"), i64_vi("c_in"), seq_vi("s_in")],
+        output: vec![i64_vi("c_out"), seq_vi("s_out")],
+        ..Default::default()
+    };
+    let mut lp = node("Loop", &["m", "c", "s0"], &["s"], "grow");
+    lp.attribute = vec![AttributeProto {
+        name: Some("body".into()),
+        r#type: Some(AttributeType::Graph as i32),
+        g: Some(body),
+        ..Default::default()
+    }];
+    let mut rs = node("ReduceSum", &["x"], &["sum"], "sum");
+    rs.attribute = vec![AttributeProto {
+        name: Some("keepdims".into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(0),
+        ..Default::default()
+    }];
+    let init = |name: &str, t: i32, f: Vec<f32>, i: Vec<i64>| kiln_import::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        data_type: Some(t),
+        float_data: f,
+        int64_data: i,
+        ..Default::default()
+    };
+    let m = onnx_model(
+        vec![
+            rs,
+            node("Greater", &["sum", "zero"], &["c"], "gt"),
+            node("SequenceEmpty", &[], &["s0"], "empty"),
+            lp,
+            node("SequenceLength", &["s"], &["n"], "len"),
+        ],
+        vec![tensor_vi("x", &[2])],
+        vec![i64_vi("n")],
+        vec![init("zero", 1, vec![0.0], vec![]), init("m", 7, vec![], vec![3])],
+    );
+    node_error(
+        import(m, &ImportOptions::default()),
+        "grow",
+        "Loop",
+        "loop-carried value 0 is a sequence of 1 tensors after trip 0 and a sequence of 0 tensors before it",
+    );
+}

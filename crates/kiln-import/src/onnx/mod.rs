@@ -856,10 +856,24 @@ impl Importer {
         };
         for ((name, t), e) in outputs.iter().zip(then_forms).zip(else_forms) {
             if !t.same_form(e) {
+                // A trip of an unrolled Loop (`import_loop`'s internal names): then_branch
+                // is the body, else_branch passes the values through.
+                let what = match name.strip_prefix('\u{1}').map(|n| n.rsplit(' ').collect::<Vec<_>>()) {
+                    Some(parts) if parts.len() >= 2 => format!(
+                        "loop-carried value {} is {} after trip {} and {} before it; whether the trip runs",
+                        parts[0].trim_start_matches("out").parse::<usize>().unwrap_or(1).saturating_sub(1),
+                        t.describe(),
+                        parts[1],
+                        e.describe()
+                    ),
+                    _ => format!(
+                        "output `{name}` is {} in then_branch and {} in else_branch, so its form",
+                        t.describe(),
+                        e.describe()
+                    ),
+                };
                 return Err(at.err(format!(
-                    "unsupported: output `{name}` is {} in then_branch and {} in else_branch, so its form depends on run-time data (the condition); bind the inputs the condition reads with --input-value",
-                    t.describe(),
-                    e.describe()
+                    "unsupported: {what} depends on run-time data (the condition); bind the inputs the condition reads with --input-value"
                 )));
             }
         }
