@@ -176,7 +176,49 @@ def seq_ops():
     return m, cases
 
 
-MODELS = {"scan_rnn": scan_rnn, "seq_ops": seq_ops}
+def loop_seq():
+    """A Loop whose trip count is an input (compiled with --max-trips 4) carrying a
+    sequence of two tensors whose length stays the same: each trip is a run-time If
+    whose branches give the sequence's elements (the pass-through branch captures the
+    carried sequence). Cases run 0, 1, 3 and 4 trips."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("SequenceAt", ["s_in", "zero"], ["a"]),
+            helper.make_node("SequenceAt", ["s_in", "one"], ["b"]),
+            helper.make_node("Cast", ["iter"], ["fi"], to=F),
+            helper.make_node("Add", ["a", "fi"], ["a2"]),
+            helper.make_node("Mul", ["b", "half"], ["b2"]),
+            helper.make_node("Add", ["b2", "a2"], ["b3"]),
+            helper.make_node("SequenceConstruct", ["a2", "b3"], ["s_out"]),
+        ],
+        "body",
+        [vi("iter", [], I64), vi("cond_in", [], B), helper.make_tensor_sequence_value_info("s_in", F, [3])],
+        [vi("cond_out", [], B), helper.make_tensor_sequence_value_info("s_out", F, [3])],
+    )
+    nodes = [
+        helper.make_node("SequenceConstruct", ["x", "y"], ["s0"]),
+        helper.make_node("Loop", ["m", "", "s0"], ["s"], body=body, name="steps"),
+        helper.make_node("ConcatFromSequence", ["s"], ["out"], axis=0, new_axis=1),
+    ]
+    m = model(
+        nodes,
+        [vi("x", [3]), vi("y", [3]), vi("m", [], I64)],
+        [vi("out", [2, 3])],
+        [const("zero", np.int64(0)), const("one", np.int64(1)), const("half", np.float32(0.5))],
+        "loop_seq",
+        17,
+    )
+    r = np.random.default_rng(5)
+    x, y = r.standard_normal(3).astype(np.float32), r.standard_normal(3).astype(np.float32)
+    cases = [(f"m{k}", [x, y, np.array(k, dtype=np.int64)]) for k in (0, 1, 3, 4)]
+    return m, cases
+
+
+MODELS = {"scan_rnn": scan_rnn, "seq_ops": seq_ops, "loop_seq": loop_seq}
+
+# Import options a model needs (recorded in the manifest).
+MAX_TRIPS = {"loop_seq": 4}
 
 
 def save_npy(path: Path, a: np.ndarray) -> None:
@@ -217,6 +259,8 @@ def main() -> None:
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         (out / name).mkdir(exist_ok=True)
         entry = {"name": name, "file": f"scan-seq/{name}.onnx", "cases": []}
+        if name in MAX_TRIPS:
+            entry["max_trips"] = MAX_TRIPS[name]
         for label, feeds in cases:
             names = [i.name for i in sess.get_inputs()]
             res = sess.run(None, dict(zip(names, feeds)))

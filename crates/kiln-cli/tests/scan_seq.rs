@@ -6,7 +6,9 @@
 //! `scan_rnn`, an opset-16 `Scan` with two states, scan inputs and outputs on other
 //! axes and backwards, a run-time `If` and a nested `Scan` in its body; `seq_ops`,
 //! every sequence op at constant positions, a sequence input and a sequence output,
-//! and an `Optional` whose presence folds an `If`. Each case runs through the
+//! and an `Optional` whose presence folds an `If`; `loop_seq`, a `Loop` of run-time
+//! trips (`--max-trips 4`) carrying a sequence, each trip a run-time `If` over the
+//! sequence's elements (0, 1, 3 and 4 trips). Each case runs through the
 //! reference evaluator and the compiled artifact (1 and 3 threads); a sequence is fed
 //! and read as its elements (`name[i]`).
 //!
@@ -62,7 +64,8 @@ fn check(name: &str) {
     for case in m["cases"].as_array().expect("cases") {
         let label = format!("{name}/{}", case["label"].as_str().expect("label"));
         // The sequence inputs' shapes bind the compile, like `--input-sequence`.
-        let mut opts = ImportOptions::default();
+        let mut opts =
+            ImportOptions { max_trips: m["max_trips"].as_u64().map(|t| t as usize), ..ImportOptions::default() };
         let mut feeds_by_name: Vec<(String, Tensor)> = Vec::new();
         for ((n, _), v) in ins.iter().zip(case["inputs"].as_array().expect("inputs")) {
             let ts = files(v);
@@ -87,8 +90,14 @@ fn check(name: &str) {
         let g = kiln_import::onnx::import_file(&path, &opts).unwrap_or_else(|e| panic!("{label}: import: {e}"));
         assert!(
             !g.nodes.iter().any(|(_, n)| matches!(n.op.kind.to_string().as_str(), "Scan" | "Loop")),
-            "{label}: Scan is unrolled at import"
+            "{label}: Scan and Loop are unrolled at import"
         );
+        if opts.max_trips.is_some() {
+            assert!(
+                g.nodes.iter().any(|(_, n)| n.op.kind == kiln_ir::OpKind::If),
+                "{label}: trips of a run-time count stay run-time Ifs"
+            );
+        }
         let feeds: Vec<Tensor> = g
             .inputs
             .iter()
@@ -130,6 +139,11 @@ fn scan_with_axes_directions_a_run_time_if_and_a_nested_scan_matches_onnx_runtim
 #[test]
 fn sequence_ops_of_compile_time_length_match_onnx_runtime() {
     check("seq_ops");
+}
+
+#[test]
+fn a_loop_of_run_time_trips_carrying_a_sequence_matches_onnx_runtime() {
+    check("loop_seq");
 }
 
 // ---- Refusals: typed errors naming the node or the input. ----
