@@ -417,3 +417,23 @@ fn a_loop_growing_a_sequence_on_run_time_trips_is_refused_naming_the_node() {
         "loop-carried value 0 is a sequence of 1 tensors after trip 0 and a sequence of 0 tensors before it",
     );
 }
+
+/// `kiln compile` with `--input-sequence`: the sequence input becomes one input per
+/// element (`s[i]`), a sequence output one output per element; without it, the one-line
+/// error names the input and the flag.
+#[test]
+fn the_cli_compiles_a_sequence_input_given_its_shapes() {
+    let model = data_dir().join("scan-seq/seq_ops.onnx");
+    let model = model.to_str().expect("utf-8 path");
+    let dir = common::scratch("scan_seq", "cli");
+    let art = dir.join("seq_ops.kiln");
+    let art = art.to_str().expect("utf-8 path");
+    common::fails_with(&["compile", model, "-o", art], &["input `s`", "--input-sequence"]);
+    common::ok(&["compile", model, "--input-sequence", "s=2x3;1x3;3x3", "-o", art]);
+    let text = common::ok(&["inspect", art]);
+    for want in ["input s[0] f32[2, 3]", "input s[1] f32[1, 3]", "input s[2] f32[3, 3]", "output s_cat f32[6, 3]", "output parts[2] f32[3, 3]"] {
+        assert!(text.contains(want), "`{want}` not in:\n{text}");
+    }
+    // An element shape the model's declaration rules out.
+    common::fails_with(&["compile", model, "--input-sequence", "s=2x4", "-o", art], &["input `s`", "element 0"]);
+}
