@@ -679,6 +679,14 @@ impl Importer {
             let val = self
                 .lookup_val(&name)
                 .ok_or_else(|| ImportError::Model(format!("graph output `{name}` is never defined")))?;
+            let declared_tensor =
+                matches!(o.r#type.as_ref().and_then(|t| t.value.as_ref()), Some(type_proto::Value::TensorType(_)));
+            if declared_tensor && val.tensor().is_none() {
+                return Err(ImportError::Model(format!(
+                    "graph output `{name}` is declared a tensor, but computes {}",
+                    val.describe()
+                )));
+            }
             // A sequence or an optional is one output per tensor it holds (see `seq`).
             for (name, v) in val.flatten(&name) {
                 self.output_tensor(&name, v, &mut taken);
