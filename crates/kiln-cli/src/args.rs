@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kiln_import::{parse_input_shape, parse_input_value};
+use kiln_import::{parse_input_sequence, parse_input_shape, parse_input_value};
 
 /// `kiln --version`: the compiler, the artifact format it writes and the kernel ABI.
 pub(crate) fn version() -> String {
@@ -123,6 +123,13 @@ pub(crate) struct BindArgs {
     /// e.g. sr=16000 (repeatable)
     #[arg(long = "input-value", value_name = "NAME=V[,V...]", value_parser = parse_input_value)]
     pub input_value: Vec<(String, Vec<f64>)>,
+    /// Give a sequence input's length and element shapes, e.g. frames=3x4;3x4; it
+    /// is fed as one tensor per element, `frames[0]`, `frames[1]`, … (repeatable)
+    #[arg(long = "input-sequence", value_name = "NAME=DIMS;DIMS;...", value_parser = parse_input_sequence)]
+    pub input_sequence: Vec<(String, Vec<Vec<usize>>)>,
+    /// Compile for an optional input given as empty (it then takes no tensor; repeatable)
+    #[arg(long = "input-absent", value_name = "NAME")]
+    pub input_absent: Vec<String>,
     /// Bound the trips of every Loop whose trip count is decided at run time (and cap
     /// constant ones): the loop is planned for at most N trips
     #[arg(long = "max-trips", value_name = "N")]

@@ -410,6 +410,8 @@ pub(crate) fn read_artifact(a: &Args) -> Result<Loaded, String> {
         let given = [
             (!a.import.input_shapes.is_empty(), "--input-shape"),
             (!a.import.input_values.is_empty(), "--input-value"),
+            (!a.import.input_sequences.is_empty(), "--input-sequence"),
+            (!a.import.absent_inputs.is_empty(), "--input-absent"),
             (a.target.is_some(), "--target-cpu"),
             (a.size, "--opt size"),
             (a.cubin != CubinMode::Auto, "--cubin"),

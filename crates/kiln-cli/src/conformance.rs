@@ -10,6 +10,7 @@
 //! with rtol 1e-3, atol 1e-7; NaN equals NaN; integer and bool outputs exact.
 
 use bytes::Bytes;
+use kiln_import::onnx::{Value, ValueKind};
 use kiln_import::ImportOptions;
 use kiln_ir::{DType, Graph, Tensor};
 use std::fmt;
@@ -115,11 +116,6 @@ impl fmt::Display for Outcome {
     }
 }
 
-fn read_pb(p: &Path) -> Result<Tensor, String> {
-    let b = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
-    kiln_import::onnx::decode_tensor(Bytes::from(b)).map_err(|e| format!("{}: {e}", p.display()))
-}
-
 /// ONNX's older test data stores bfloat16 tensors with data type UINT16: read them
 /// back as bf16 where the model expects bf16 (same bits).
 fn as_expected(t: Tensor, want: &kiln_ir::TensorType) -> Tensor {
@@ -155,9 +151,14 @@ fn import_failure(e: &kiln_import::ImportError) -> Outcome {
 /// kiln compiles for static shapes, so where plain import asks for constants the
 /// harness binds every small input (≤ 64 elements) to its value in the test data
 /// set — the `--input-value` a user would give — and reports the case as specialised.
-fn import_specialised(model: &Path, inputs: &[(String, Tensor)]) -> Option<Result<Graph, kiln_import::ImportError>> {
-    let mut opts = ImportOptions::default();
-    for (name, t) in inputs {
+fn import_specialised(
+    model: &Path,
+    inputs: &[(String, Value)],
+    base: &ImportOptions,
+) -> Option<Result<Graph, kiln_import::ImportError>> {
+    let mut opts = base.clone();
+    for (name, v) in inputs {
+        let Value::Tensor(t) = v else { continue };
         if t.numel() <= 64 && t.dtype() != DType::Bool || t.numel() == 1 {
             opts.input_values.push((name.clone(), t.to_f64_vec()));
         }
@@ -165,10 +166,58 @@ fn import_specialised(model: &Path, inputs: &[(String, Tensor)]) -> Option<Resul
     (!opts.input_values.is_empty()).then(|| kiln_import::onnx::import_file(model, &opts))
 }
 
-/// Graph input names of an ONNX model, in order (for binding test data by position).
-fn input_names(model: &Path) -> Result<Vec<String>, String> {
+/// Graph inputs and outputs of an ONNX model with their kinds, in order (for
+/// binding test data by position).
+#[allow(clippy::type_complexity)]
+fn signature(model: &Path) -> Result<(Vec<(String, ValueKind)>, Vec<(String, ValueKind)>), String> {
     let b = std::fs::read(model).map_err(|e| e.to_string())?;
-    kiln_import::onnx::graph_input_names(Bytes::from(b)).map_err(|e| e.to_string())
+    kiln_import::onnx::signature(Bytes::from(b)).map_err(|e| e.to_string())
+}
+
+/// Reads the numbered `prefix_*.pb` files of a data set as values of `kinds`.
+fn read_values(set: &Path, prefix: &str, kinds: &[(String, ValueKind)]) -> Result<Vec<(String, Value)>, String> {
+    let files = numbered(set, prefix);
+    if files.len() != kinds.len() {
+        return Err(format!("{}: {} {prefix} files for {} {prefix}s of the model", set.display(), files.len(), kinds.len()));
+    }
+    files
+        .iter()
+        .zip(kinds)
+        .map(|(p, (name, kind))| {
+            let b = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let v = kiln_import::onnx::decode_value(Bytes::from(b), kind).map_err(|e| format!("{}: {e}", p.display()))?;
+            Ok((name.clone(), v))
+        })
+        .collect()
+}
+
+/// A case's model imported (and for compiled engines compiled once) for the input
+/// forms of one data set.
+struct Prepared {
+    plain: Result<Graph, kiln_import::ImportError>,
+    specialise: bool,
+    compile_error: Option<Outcome>,
+}
+
+fn prepare(model: &Path, base: &ImportOptions, engine: Engine) -> Result<Prepared, Outcome> {
+    let plain = kiln_import::onnx::import_file(model, base);
+    let mut specialise = match &plain {
+        Ok(_) => false,
+        Err(e) if wants_values(e) => true,
+        Err(e) => return Err(import_failure(e)),
+    };
+    // The compiler needs some operands constant that the evaluator takes at run time
+    // (axes, k, …): those cases are specialised the same way.
+    let mut compile_error = None;
+    if let (Engine::Compiled | Engine::Cuda, Ok(g)) = (engine, &plain) {
+        if let Err(e) = kiln_compiler::compile(g, &engine.options()) {
+            if e.needs_constant_operand() {
+                specialise = true;
+                compile_error = Some(Outcome::CompileError(e.to_string()));
+            }
+        }
+    }
+    Ok(Prepared { plain, specialise, compile_error })
 }
 
 fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
@@ -226,11 +275,14 @@ pub(crate) fn compile_and_run(
         .collect()
 }
 
-/// Runs one case directory.
+/// Runs one case directory. Every data set's inputs fix the shapes the model is
+/// compiled for (`--input-shape`, and `--input-sequence` / `--input-absent` for
+/// sequence and optional inputs); sequences and optionals are fed and compared as
+/// the tensors they hold (`name[i]` per element, see kiln-import's `seq`).
 pub fn run_case(case: &Path, engine: Engine) -> Outcome {
     let model = case.join("model.onnx");
-    let names = match input_names(&model) {
-        Ok(n) => n,
+    let (in_kinds, out_kinds) = match signature(&model) {
+        Ok(s) => s,
         Err(e) => return Outcome::ImportError(e),
     };
     let mut sets: Vec<PathBuf> = match std::fs::read_dir(case) {
@@ -244,57 +296,64 @@ pub fn run_case(case: &Path, engine: Engine) -> Outcome {
     if sets.is_empty() {
         return Outcome::ImportError("no test_data_set_* directory".into());
     }
-    // Imported once; per data set only where inputs must be bound to values.
-    let plain = kiln_import::onnx::import_file(&model, &ImportOptions::default());
-    let mut specialise = match &plain {
-        Ok(_) => false,
-        Err(e) if wants_values(e) => true,
-        Err(e) => return import_failure(e),
-    };
-    // The compiler needs some operands constant that the evaluator takes at run time
-    // (axes, k, …): those cases are specialised the same way.
-    let mut compile_error = None;
-    if let (Engine::Compiled | Engine::Cuda, Ok(g)) = (engine, &plain) {
-        if let Err(e) = kiln_compiler::compile(g, &engine.options()) {
-            if e.needs_constant_operand() {
-                specialise = true;
-                compile_error = Some(Outcome::CompileError(e.to_string()));
+    // Imported once per distinct set of input shapes; per data set only where
+    // inputs must be bound to values.
+    let mut prepared: Option<(String, Prepared)> = None;
+    let mut specialised = false;
+    for set in sets {
+        let named = match read_values(&set, "input", &in_kinds) {
+            Ok(i) => i,
+            // Data kiln cannot read (strings, …): the model's own failure first.
+            Err(e) => {
+                return match kiln_import::onnx::import_file(&model, &ImportOptions::default()) {
+                    Err(ie) if !wants_values(&ie) => import_failure(&ie),
+                    _ => Outcome::ImportUnsupported(format!("test data: {e}")),
+                }
+            }
+        };
+        let mut base = ImportOptions::default();
+        for (name, v) in &named {
+            match v {
+                Value::Tensor(t) => base.input_shapes.push((name.clone(), t.shape().dims().to_vec())),
+                v => v.describe_input(name, &mut base),
             }
         }
-    }
-    for set in sets {
-        let inputs: Result<Vec<Tensor>, String> = numbered(&set, "input").iter().map(|p| read_pb(p)).collect();
-        let inputs = match inputs {
-            Ok(i) => i,
-            Err(e) => return Outcome::ImportUnsupported(format!("test data: {e}")),
-        };
-        let named: Vec<(String, Tensor)> = names.iter().cloned().zip(inputs).collect();
+        let key = format!("{:?} {:?} {:?}", base.input_shapes, base.input_sequences, base.absent_inputs);
+        if prepared.as_ref().is_none_or(|(k, _)| *k != key) {
+            match prepare(&model, &base, engine) {
+                Ok(p) => prepared = Some((key, p)),
+                Err(o) => return o,
+            }
+        }
+        let Some((_, p)) = &prepared else { return Outcome::ImportError("internal: nothing imported".into()) };
+        specialised |= p.specialise;
         let bound;
-        let g = match (&plain, specialise) {
+        let g = match (&p.plain, p.specialise) {
             (Ok(g), false) => g,
-            _ => match import_specialised(&model, &named) {
+            _ => match import_specialised(&model, &named, &base) {
                 Some(Ok(g)) => {
                     bound = g;
                     &bound
                 }
                 Some(Err(e)) => return import_failure(&e),
-                None => match (&plain, compile_error) {
+                None => match (&p.plain, &p.compile_error) {
                     (Err(e), _) => return import_failure(e),
-                    (Ok(_), Some(o)) => return o,
+                    (Ok(_), Some(o)) => return o.clone(),
                     (Ok(_), None) => return Outcome::CompileError("no input to bind".into()),
                 },
             },
         };
-        let expected: Result<Vec<Tensor>, String> = numbered(&set, "output").iter().map(|p| read_pb(p)).collect();
-        let expected = match expected {
+        let expected = match read_values(&set, "output", &out_kinds) {
             Ok(i) => i,
             Err(e) => return Outcome::ImportUnsupported(format!("test data: {e}")),
         };
+        let expected: Vec<(String, Tensor)> = expected.iter().flat_map(|(n, v)| v.flatten(n)).collect();
+        let flat: Vec<(String, Tensor)> = named.iter().flat_map(|(n, v)| v.flatten(n)).collect();
         // Feed the inputs that are still graph inputs, by name.
         let mut feeds = Vec::with_capacity(g.inputs.len());
         for &v in &g.inputs {
             let val = &g.values[v];
-            match named.iter().find(|(n, _)| *n == val.name) {
+            match flat.iter().find(|(n, _)| *n == val.name) {
                 Some((_, t)) => feeds.push(as_expected(t.clone(), &val.ty)),
                 None => return Outcome::RuntimeError(format!("no test data for input `{}`", val.name)),
             }
@@ -306,14 +365,18 @@ pub fn run_case(case: &Path, engine: Engine) -> Outcome {
         if got.len() != expected.len() {
             return Outcome::Mismatch(format!("{} outputs, {} expected", got.len(), expected.len()));
         }
-        for (k, (a, b)) in got.iter().zip(expected).enumerate() {
+        for (k, (a, (name, b))) in got.iter().zip(expected).enumerate() {
+            let have = &g.values[g.outputs[k]].name;
+            if *have != name {
+                return Outcome::Mismatch(format!("output {k} is `{have}`, expected `{name}`"));
+            }
             let b = as_expected(b, a.ty());
             if let Err(m) = compare(a, &b) {
                 return Outcome::Mismatch(format!("output {k}: {m}"));
             }
         }
     }
-    if specialise {
+    if specialised {
         Outcome::PassSpecialised
     } else {
         Outcome::Pass

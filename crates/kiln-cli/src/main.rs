@@ -80,7 +80,13 @@ fn passes(p: Option<String>) -> Vec<String> {
 }
 
 fn import_options(b: args::BindArgs) -> ImportOptions {
-    ImportOptions { input_shapes: b.input_shape, input_values: b.input_value, max_trips: b.max_trips }
+    ImportOptions {
+        input_shapes: b.input_shape,
+        input_values: b.input_value,
+        max_trips: b.max_trips,
+        input_sequences: b.input_sequence,
+        absent_inputs: b.input_absent,
+    }
 }
 
 /// The shared options of compile, run, inspect and bench, from one command's arguments:

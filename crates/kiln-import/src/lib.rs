@@ -68,6 +68,14 @@ pub struct ImportOptions {
     /// A declared bound on the trips of every `Loop` whose trip count is not a
     /// compile-time constant (`--max-trips`); it also caps a constant one.
     pub max_trips: Option<usize>,
+    /// Element shapes of sequence inputs (`name`, one dims list per element): a
+    /// sequence of known length is fed as one tensor input per element, named
+    /// `name[i]` (see `docs/control-flow.md`). A sequence input needs one
+    /// (`--input-sequence`).
+    pub input_sequences: Vec<(String, Vec<Vec<usize>>)>,
+    /// Optional inputs given as empty (`--input-absent NAME`): they take no
+    /// tensor, and everything that asks whether they hold an element folds.
+    pub absent_inputs: Vec<String>,
 }
 
 /// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).
@@ -101,6 +109,17 @@ pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
     Ok((name.to_string(), parse_dims(dims).map_err(|e| format!("`{s}`: {e}"))?))
 }
 
+/// Parses `NAME=DIMS;DIMS;...` (for `--input-sequence`): one shape per element of a
+/// sequence input, in order; nothing after `=` is the empty sequence.
+pub fn parse_input_sequence(s: &str) -> Result<(String, Vec<Vec<usize>>), String> {
+    let (name, rest) = split_named(s, "NAME=DIMS;DIMS;..., e.g. frames=3x4;3x4")?;
+    if rest.trim().is_empty() {
+        return Ok((name.to_string(), Vec::new()));
+    }
+    let shapes = rest.split(';').map(|d| parse_dims(d).map_err(|e| format!("`{s}`: {e}"))).collect::<Result<_, _>>()?;
+    Ok((name.to_string(), shapes))
+}
+
 /// Parses `NAME=V[,V...]` (for `--input-value`).
 pub fn parse_input_value(s: &str) -> Result<(String, Vec<f64>), String> {
     let (name, vals) = split_named(s, "NAME=VALUE[,VALUE...], e.g. sr=16000")?;
@@ -125,5 +144,8 @@ mod tests {
         assert!(parse_input_shape("=1").is_err());
         assert_eq!(parse_input_value("sr=16000").unwrap(), ("sr".into(), vec![16000.0]));
         assert!(parse_input_value("sr=abc").is_err());
+        assert_eq!(parse_input_sequence("s=2x3;4").unwrap(), ("s".into(), vec![vec![2, 3], vec![4]]));
+        assert_eq!(parse_input_sequence("s=").unwrap(), ("s".into(), vec![]));
+        assert!(parse_input_sequence("s=2;q").is_err());
     }
 }

@@ -12,6 +12,11 @@
 //!   training-mode BatchNormalization, the `ai.onnx.preview.training` optimisers, the
 //!   `ai.onnx.ml` Binarizer, ArrayFeatureExtractor and TreeEnsemble), the only nodes of other domains
 //!   kiln accepts;
+//! - `seq`: sequences and optionals of compile-time size (a name is bound to a
+//!   `seq::Val`: a tensor, a list of tensors, an optional of known presence),
+//!   `SequenceMap`;
+//! - `scan`: `Scan`, unrolled;
+//! - `data`: sequence and optional test data, flattened as the graph takes them;
 //! - this module: the driver — inputs, initializers, nodes in order (with `If`
 //!   inlining and constant folding), outputs.
 //!
@@ -37,8 +42,15 @@
 
 mod canon;
 mod decompose;
+mod data;
 mod expand;
+mod scan;
+mod seq;
 mod tensor;
+
+pub use data::{decode_value, signature, Value, ValueKind};
+pub use seq::element_name;
+use seq::Val;
 
 /// Types generated from `proto/onnx.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -167,6 +179,7 @@ fn check_supported(graph: &GraphProto, opsets: &HashMap<String, i64>) -> Result<
             let domain = if domain == "ai.onnx" { String::new() } else { domain };
             let known = (domain.is_empty()
                 && (IMPORT_ONLY_OPS.contains(&op.as_str())
+                    || seq::handles(&op)
                     || expand::is_expanded(&op)
                     || op.parse::<OpKind>().is_ok()))
                 || decompose::domain_of(&op) == Some(domain.as_str());
@@ -329,7 +342,7 @@ fn node_label(n: &NodeProto, index: usize) -> String {
 struct Importer {
     opset: i64,
     g: Graph,
-    scopes: Vec<HashMap<String, ValueId>>,
+    scopes: Vec<HashMap<String, Val>>,
     used: HashSet<String>,
     /// Opset version per domain (for checking inlined branches).
     opsets: HashMap<String, i64>,
@@ -350,7 +363,7 @@ struct Importer {
 /// An enclosing graph, set aside while one of its `If` branches is imported.
 struct Frame {
     g: Graph,
-    scopes: Vec<HashMap<String, ValueId>>,
+    scopes: Vec<HashMap<String, Val>>,
     captures: Vec<ValueId>,
 }
 
@@ -373,47 +386,82 @@ impl At<'_> {
 }
 
 impl Importer {
+    /// The tensor bound to `name` in the graph being built (`None` also for a
+    /// sequence or an optional).
     fn lookup(&self, name: &str) -> Option<ValueId> {
-        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
+        self.lookup_val(name).and_then(|v| v.tensor())
     }
 
-    /// [`Importer::lookup`], and inside a branch also the enclosing graphs' names, each
-    /// captured into every graph between (see the module docs).
-    fn resolve(&mut self, name: &str) -> Option<ValueId> {
+    fn lookup_val(&self, name: &str) -> Option<Val> {
+        self.scopes.iter().rev().find_map(|s| s.get(name).cloned())
+    }
+
+    /// [`Importer::lookup_val`], and inside a branch also the enclosing graphs' names,
+    /// each captured into every graph between (see the module docs): every tensor of
+    /// a sequence or an optional is captured on its own.
+    fn resolve(&mut self, name: &str) -> Option<Val> {
         self.resolve_at(self.parents.len(), name)
     }
 
-    fn resolve_at(&mut self, level: usize, name: &str) -> Option<ValueId> {
+    fn resolve_at(&mut self, level: usize, name: &str) -> Option<Val> {
         let depth = self.parents.len();
         let scopes = if level == depth { &self.scopes } else { &self.parents.get(level)?.scopes };
-        if let Some(v) = scopes.iter().rev().find_map(|s| s.get(name).copied()) {
+        if let Some(v) = scopes.iter().rev().find_map(|s| s.get(name).cloned()) {
             return Some(v);
         }
         if level == 0 {
             return None;
         }
         let outer = self.resolve_at(level - 1, name)?;
+        let inner = self.capture_val(level, name, &outer)?;
+        let scopes = if level == depth { &mut self.scopes } else { &mut self.parents.get_mut(level)?.scopes };
+        scopes.first_mut()?.insert(name.to_string(), inner.clone());
+        Some(inner)
+    }
+
+    /// `outer` (a value of the graph at `level - 1`) as seen from the graph at `level`.
+    fn capture_val(&mut self, level: usize, name: &str, outer: &Val) -> Option<Val> {
+        Some(match outer {
+            Val::T(v) => Val::T(self.capture(level, name, *v)?),
+            Val::Seq(items) => {
+                let mut inner = Vec::with_capacity(items.len());
+                for (i, &v) in items.iter().enumerate() {
+                    inner.push(self.capture(level, &format!("{name}[{i}]"), v)?);
+                }
+                Val::Seq(inner)
+            }
+            Val::Opt(None) => Val::Opt(None),
+            Val::Opt(Some(x)) => Val::Opt(Some(Box::new(self.capture_val(level, name, x)?))),
+        })
+    }
+
+    /// One tensor of the graph at `level - 1` captured into the graph at `level`: a
+    /// constant is copied, anything else becomes an input of the inner graph.
+    fn capture(&mut self, level: usize, name: &str, outer: ValueId) -> Option<ValueId> {
+        let depth = self.parents.len();
         let og = &self.parents.get(level - 1)?.g;
         let (ty, constant) = (og.ty(outer).clone(), og.constant(outer).cloned());
         let fresh = self.fresh_name(name);
-        let (g, scopes, captures) = if level == depth {
-            (&mut self.g, &mut self.scopes, &mut self.captures)
+        let (g, captures) = if level == depth {
+            (&mut self.g, &mut self.captures)
         } else {
             let f = self.parents.get_mut(level)?;
-            (&mut f.g, &mut f.scopes, &mut f.captures)
+            (&mut f.g, &mut f.captures)
         };
-        let v = match constant {
+        Some(match constant {
             Some(t) => g.add_const(fresh, t),
             None => {
                 captures.push(outer);
                 g.add_input(fresh, ty)
             }
-        };
-        scopes.first_mut()?.insert(name.to_string(), v);
-        Some(v)
+        })
     }
 
     fn bind(&mut self, name: &str, v: ValueId) {
+        self.bind_val(name, Val::T(v));
+    }
+
+    fn bind_val(&mut self, name: &str, v: Val) {
         if let Some(s) = self.scopes.last_mut() {
             s.insert(name.to_string(), v);
         }
@@ -421,9 +469,14 @@ impl Importer {
 
     /// Binds a node's results to its output names (an empty name: an output left out).
     fn bind_outputs(&mut self, outputs: &[String], vals: impl IntoIterator<Item = ValueId>) {
+        self.bind_vals(outputs, vals.into_iter().map(Val::T));
+    }
+
+    /// [`Importer::bind_outputs`] for results that may be sequences or optionals.
+    fn bind_vals(&mut self, outputs: &[String], vals: impl IntoIterator<Item = Val>) {
         for (name, v) in outputs.iter().zip(vals) {
             if !name.is_empty() {
-                self.bind(name, v);
+                self.bind_val(name, v);
             }
         }
     }
@@ -518,105 +571,108 @@ impl Importer {
                 // An initializer listed as an input (IR < 4 style): a constant.
                 continue;
             }
-            let ierr = |message: String| ImportError::Input { name: name.clone(), message };
-            let tt = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-                Some(type_proto::Value::TensorType(t)) => t,
-                Some(_) => return Err(ierr("sequence, map and optional inputs are not supported (only tensors)".into())),
-                None => return Err(ierr("the input has no type".into())),
-            };
-            let code = tt.elem_type.unwrap_or(0);
-            let dtype = DType::from_onnx_code(code as i64)
-                .ok_or_else(|| ierr(format!("element type code {code} is not supported")))?;
-            let given = opts.input_shapes.iter().find(|(n, _)| *n == name).map(|(_, d)| d.clone());
-            let value = opts.input_values.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
-            let dims = match (&tt.shape, given) {
-                (None, Some(d)) => d,
-                (None, None) => match &value {
-                    Some(v) if v.len() == 1 => Vec::new(),
-                    _ => return Err(ierr("the input's rank is unknown; give its shape with --input-shape".into())),
-                },
-                (Some(s), given) => {
-                    use proto::tensor_shape_proto::dimension::Value as D;
-                    let declared: Vec<Option<i64>> = s
-                        .dim
-                        .iter()
-                        .map(|d| match d.value {
-                            Some(D::DimValue(v)) if v >= 0 => Some(v),
-                            _ => None,
-                        })
-                        .collect();
-                    let show = || {
-                        s.dim
-                            .iter()
-                            .map(|d| match &d.value {
-                                Some(D::DimValue(v)) => v.to_string(),
-                                Some(D::DimParam(p)) if !p.is_empty() => p.clone(),
-                                _ => "?".into(),
-                            })
-                            .collect::<Vec<_>>()
-                            .join("x")
-                    };
-                    match given {
-                        Some(g) => {
-                            if g.len() != declared.len() {
-                                return Err(ierr(format!(
-                                    "--input-shape gives rank {} ({}), but the model declares rank {} ({})",
-                                    g.len(),
-                                    dims_str(&g),
-                                    declared.len(),
-                                    show()
-                                )));
-                            }
-                            for (i, (&gd, d)) in g.iter().zip(&declared).enumerate() {
-                                if let Some(d) = d {
-                                    if *d as u64 != gd as u64 {
-                                        return Err(ierr(format!(
-                                            "dimension {i} is fixed at {d} by the model ({}), --input-shape gives {gd}",
-                                            show()
-                                        )));
-                                    }
-                                }
-                            }
-                            g
-                        }
-                        None => {
-                            if declared.iter().any(|d| d.is_none()) {
-                                return Err(ierr(format!(
-                                    "the input has free dimensions ({}); bind them with --input-shape {name}=DIMS",
-                                    show()
-                                )));
-                            }
-                            declared.iter().map(|d| d.unwrap_or(0) as usize).collect()
-                        }
-                    }
-                }
-            };
-            let shape = Shape::new(dims).map_err(|e| ierr(e.to_string()))?;
-            let ty = TensorType::new(dtype, shape);
-            let v = match value {
-                Some(mut vals) => {
-                    // One value fills the whole input.
-                    if vals.len() == 1 {
-                        vals = vec![vals[0]; ty.shape.numel()];
-                    }
-                    if vals.len() != ty.shape.numel() {
-                        return Err(ierr(format!(
-                            "--input-value gives {} values, type {ty} holds {}",
-                            vals.len(),
-                            ty.shape.numel()
-                        )));
-                    }
-                    let t = Tensor::from_f64(dtype, ty.shape.clone(), &vals).map_err(|e| ierr(e.to_string()))?;
-                    self.add_const(&name, t)
-                }
-                None => {
-                    let n = self.fresh_name(&name);
-                    self.g.add_input(n, ty)
-                }
-            };
-            self.bind(&name, v);
+            let v = self.signature_input(&name, vi.r#type.as_ref(), opts)?;
+            self.bind_val(&name, v);
         }
         Ok(())
+    }
+
+    /// One tensor input of the graph's signature: its shape as declared, bound by
+    /// `--input-shape`, or its value bound by `--input-value`.
+    fn tensor_input(&mut self, name: &str, tt: &type_proto::Tensor, opts: &ImportOptions) -> Result<ValueId, ImportError> {
+        let name = name.to_string();
+        let ierr = |message: String| ImportError::Input { name: name.clone(), message };
+        let code = tt.elem_type.unwrap_or(0);
+        let dtype = DType::from_onnx_code(code as i64)
+            .ok_or_else(|| ierr(format!("element type code {code} is not supported")))?;
+        let given = opts.input_shapes.iter().find(|(n, _)| *n == name).map(|(_, d)| d.clone());
+        let value = opts.input_values.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
+        let dims = match (&tt.shape, given) {
+            (None, Some(d)) => d,
+            (None, None) => match &value {
+                Some(v) if v.len() == 1 => Vec::new(),
+                _ => return Err(ierr("the input's rank is unknown; give its shape with --input-shape".into())),
+            },
+            (Some(s), given) => {
+                use proto::tensor_shape_proto::dimension::Value as D;
+                let declared: Vec<Option<i64>> = s
+                    .dim
+                    .iter()
+                    .map(|d| match d.value {
+                        Some(D::DimValue(v)) if v >= 0 => Some(v),
+                        _ => None,
+                    })
+                    .collect();
+                let show = || {
+                    s.dim
+                        .iter()
+                        .map(|d| match &d.value {
+                            Some(D::DimValue(v)) => v.to_string(),
+                            Some(D::DimParam(p)) if !p.is_empty() => p.clone(),
+                            _ => "?".into(),
+                        })
+                        .collect::<Vec<_>>()
+                        .join("x")
+                };
+                match given {
+                    Some(g) => {
+                        if g.len() != declared.len() {
+                            return Err(ierr(format!(
+                                "--input-shape gives rank {} ({}), but the model declares rank {} ({})",
+                                g.len(),
+                                dims_str(&g),
+                                declared.len(),
+                                show()
+                            )));
+                        }
+                        for (i, (&gd, d)) in g.iter().zip(&declared).enumerate() {
+                            if let Some(d) = d {
+                                if *d as u64 != gd as u64 {
+                                    return Err(ierr(format!(
+                                        "dimension {i} is fixed at {d} by the model ({}), --input-shape gives {gd}",
+                                        show()
+                                    )));
+                                }
+                            }
+                        }
+                        g
+                    }
+                    None => {
+                        if declared.iter().any(|d| d.is_none()) {
+                            return Err(ierr(format!(
+                                "the input has free dimensions ({}); bind them with --input-shape {name}=DIMS",
+                                show()
+                            )));
+                        }
+                        declared.iter().map(|d| d.unwrap_or(0) as usize).collect()
+                    }
+                }
+            }
+        };
+        let shape = Shape::new(dims).map_err(|e| ierr(e.to_string()))?;
+        let ty = TensorType::new(dtype, shape);
+        let v = match value {
+            Some(mut vals) => {
+                // One value fills the whole input.
+                if vals.len() == 1 {
+                    vals = vec![vals[0]; ty.shape.numel()];
+                }
+                if vals.len() != ty.shape.numel() {
+                    return Err(ierr(format!(
+                        "--input-value gives {} values, type {ty} holds {}",
+                        vals.len(),
+                        ty.shape.numel()
+                    )));
+                }
+                let t = Tensor::from_f64(dtype, ty.shape.clone(), &vals).map_err(|e| ierr(e.to_string()))?;
+                self.add_const(&name, t)
+            }
+            None => {
+                let n = self.fresh_name(&name);
+                self.g.add_input(n, ty)
+            }
+        };
+        Ok(v)
     }
 
     fn import_body(&mut self, graph: &GraphProto) -> Result<(), ImportError> {
@@ -630,9 +686,22 @@ impl Importer {
         let mut taken: HashSet<ValueId> = HashSet::new();
         for o in &graph.output {
             let name = o.name.clone().unwrap_or_default();
-            let v = self
-                .lookup(&name)
+            let val = self
+                .lookup_val(&name)
                 .ok_or_else(|| ImportError::Model(format!("graph output `{name}` is never defined")))?;
+            let declared_tensor =
+                matches!(o.r#type.as_ref().and_then(|t| t.value.as_ref()), Some(type_proto::Value::TensorType(_)));
+            if declared_tensor && val.tensor().is_none() {
+                return Err(ImportError::Model(format!(
+                    "graph output `{name}` is declared a tensor, but computes {}",
+                    val.describe()
+                )));
+            }
+            // A sequence or an optional is one output per tensor it holds (see `seq`).
+            for (name, v) in val.flatten(&name) {
+                self.output_tensor(&name, v, &mut taken);
+            }
+            let Val::T(v) = val else { continue };
             if let Some(type_proto::Value::TensorType(tt)) = o.r#type.as_ref().and_then(|t| t.value.as_ref()) {
                 let code = tt.elem_type.unwrap_or(0);
                 if code != 0 && DType::from_onnx_code(code as i64) != Some(self.g.ty(v).dtype) {
@@ -642,39 +711,43 @@ impl Importer {
                     )));
                 }
             }
-            // Graph outputs carry their ONNX names. A value reached through
-            // Identity (or also an input, or another output) gets an Identity node.
-            let val = &self.g.values[v];
-            let v = if val.name == name {
-                v
-            } else if matches!(val.def, ValueDef::Node { .. }) && !taken.contains(&v) && !self.g.outputs.contains(&v) {
-                self.names.remove(&val.name);
-                let fresh = self.fresh_name(&name);
-                self.g.values[v].name = fresh;
-                v
-            } else {
-                let ty = self.g.ty(v).clone();
-                let fresh = self.fresh_name(&name);
-                let (_, outs) = self.g.add_node(String::new(), Op::new(OpKind::Identity), vec![Some(v)], vec![(fresh, ty)]);
-                outs[0]
-            };
-            taken.insert(v);
-            self.g.outputs.push(v);
         }
         Ok(())
+    }
+
+    /// Makes `v` a graph output named `name`.
+    fn output_tensor(&mut self, name: &str, v: ValueId, taken: &mut HashSet<ValueId>) {
+        // Graph outputs carry their ONNX names. A value reached through
+        // Identity (or also an input, or another output) gets an Identity node.
+        let val = &self.g.values[v];
+        let v = if val.name == name {
+            v
+        } else if matches!(val.def, ValueDef::Node { .. }) && !taken.contains(&v) && !self.g.outputs.contains(&v) {
+            self.names.remove(&val.name);
+            let fresh = self.fresh_name(name);
+            self.g.values[v].name = fresh;
+            v
+        } else {
+            let ty = self.g.ty(v).clone();
+            let fresh = self.fresh_name(name);
+            let (_, outs) = self.g.add_node(String::new(), Op::new(OpKind::Identity), vec![Some(v)], vec![(fresh, ty)]);
+            outs[0]
+        };
+        taken.insert(v);
+        self.g.outputs.push(v);
     }
 
     fn import_node(&mut self, n: &NodeProto, index: usize) -> Result<(), ImportError> {
         let label = node_label(n, index);
         let op_type = n.op_type.clone().unwrap_or_default();
         let at = At { node: &label, op_type: &op_type, opset: self.opset };
-        let mut inputs = Vec::with_capacity(n.input.len());
+        let mut operands: Vec<Option<Val>> = Vec::with_capacity(n.input.len());
         for name in &n.input {
             if name.is_empty() {
-                inputs.push(None);
+                operands.push(None);
             } else {
                 let v = self.resolve(name).ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
-                inputs.push(Some(v));
+                operands.push(Some(v));
             }
         }
         // Results nobody reads are dropped from the end of the list.
@@ -693,9 +766,25 @@ impl Importer {
             if a.ref_attr_name.is_some() {
                 return Err(at.err(format!("attribute `{name}` refers to a function attribute")));
             }
+            if a.r#type == Some(AttributeType::TypeProto as i32) {
+                // A type (`Optional`'s): values carry their own types here.
+                continue;
+            }
             let v = self.attr_value(a, &at)?;
             attrs.set(name, v);
         }
+        if seq::handles(&op_type) {
+            return seq::import(self, &label, &op_type, &attrs, &operands, &outputs, &subgraphs, &at);
+        }
+        if op_type == "Identity" {
+            let v = operands.into_iter().next().flatten().ok_or_else(|| at.err("Identity needs one operand"))?;
+            self.bind_vals(&outputs, [v]);
+            return Ok(());
+        }
+        if op_type == "Loop" {
+            return self.import_loop(&label, &operands, &outputs, n.output.len(), &subgraphs, &at);
+        }
+        let inputs = seq::tensors(&operands, &n.input, &at)?;
         match op_type.as_str() {
             "Constant" => {
                 let t = self.constant_value(&attrs, &at)?;
@@ -704,14 +793,7 @@ impl Importer {
                 self.bind(&out, v);
                 Ok(())
             }
-            "Identity" => {
-                let v = inputs.first().copied().flatten().ok_or_else(|| at.err("Identity needs one operand"))?;
-                let out = outputs.first().cloned().unwrap_or_default();
-                self.bind(&out, v);
-                Ok(())
-            }
             "If" => self.import_if(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
-            "Loop" => self.import_loop(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
             t if expand::is_expanded(t) => expand::expand(self, t, &attrs, &inputs, &outputs, &at),
             t if decompose::domain_of(t).is_some() => decompose::decompose(self, t, &attrs, &inputs, &outputs, &at),
             "BatchNormalization" if decompose::is_training_batch_norm(&attrs, n.output.len()) => {
@@ -745,6 +827,8 @@ impl Importer {
             return self.inline_if(inputs, outputs, subgraphs, at);
         }
         let mut branches: Vec<(Graph, Vec<ValueId>)> = Vec::with_capacity(2);
+        // What each branch gives per output (a tensor, a sequence, an optional).
+        let mut forms: Vec<Vec<Val>> = Vec::with_capacity(2);
         for key in ["then_branch", "else_branch"] {
             let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
             check_supported(branch, &self.opsets)?;
@@ -782,9 +866,41 @@ impl Importer {
             let mut g = std::mem::replace(&mut self.g, frame.g);
             self.scopes = frame.scopes;
             let captures = std::mem::replace(&mut self.captures, frame.captures);
-            g.outputs = r?;
+            let vals = r?;
+            g.outputs = vals.iter().flat_map(|v| v.flatten("")).map(|(_, v)| v).collect();
             branches.push((g, captures));
+            forms.push(vals);
         }
+        // Sequences and optionals are their tensors: both branches must give the same
+        // number of them (a sequence's length, an optional's presence).
+        let (Some(then_forms), Some(else_forms)) = (forms.first(), forms.get(1)) else {
+            return Err(at.err("internal: a branch was lost"));
+        };
+        for ((name, t), e) in outputs.iter().zip(then_forms).zip(else_forms) {
+            if !t.same_form(e) {
+                // A trip of an unrolled Loop (`import_loop`'s internal names): then_branch
+                // is the body, else_branch passes the values through.
+                let what = match name.strip_prefix('\u{1}').map(|n| n.rsplit(' ').collect::<Vec<_>>()) {
+                    Some(parts) if parts.len() >= 2 => format!(
+                        "loop-carried value {} is {} after trip {} and {} before it; whether the trip runs",
+                        parts[0].trim_start_matches("out").parse::<usize>().unwrap_or(1).saturating_sub(1),
+                        t.describe(),
+                        parts[1],
+                        e.describe()
+                    ),
+                    _ => format!(
+                        "output `{name}` is {} in then_branch and {} in else_branch, so its form",
+                        t.describe(),
+                        e.describe()
+                    ),
+                };
+                return Err(at.err(format!(
+                    "unsupported: {what} depends on run-time data (the condition); bind the inputs the condition reads with --input-value"
+                )));
+            }
+        }
+        let flat_names: Vec<String> = outputs.iter().zip(then_forms).flat_map(|(n, f)| f.flatten(n)).map(|(n, _)| n).collect();
+        let shapes: Vec<Val> = then_forms.clone();
         // Both branches take every captured value, in one order.
         let mut union: Vec<ValueId> = Vec::new();
         for (_, caps) in &branches {
@@ -816,8 +932,14 @@ impl Importer {
         let attrs = Attrs::new().with("then_branch", Attr::Graph(then_branch)).with("else_branch", Attr::Graph(else_branch));
         let mut operands = vec![Some(cond)];
         operands.extend(union.into_iter().map(Some));
-        let vals = self.emit(label, OpKind::If, attrs, operands, outputs, at)?;
-        self.bind_outputs(outputs, vals);
+        let vals = if flat_names.is_empty() {
+            Vec::new()
+        } else {
+            self.emit(label, OpKind::If, attrs, operands, &flat_names, at)?
+        };
+        let mut it = vals.into_iter();
+        let rebuilt: Vec<Val> = shapes.iter().map(|f| f.rebuild(&mut it)).collect::<Option<_>>().ok_or_else(|| at.err("internal: the If lost a result"))?;
+        self.bind_vals(outputs, rebuilt);
         Ok(())
     }
 
@@ -825,7 +947,7 @@ impl Importer {
     fn import_loop(
         &mut self,
         label: &str,
-        inputs: &[Option<ValueId>],
+        inputs: &[Option<Val>],
         outputs: &[String],
         declared_outputs: usize,
         subgraphs: &HashMap<String, &GraphProto>,
@@ -852,7 +974,12 @@ impl Importer {
                 "the Loop has {declared_outputs} outputs, its body gives {n_carried} loop-carried values and {n_scan} scan outputs"
             )));
         }
-        let m = inputs.first().copied().flatten();
+        let tensor_at = |k: usize| match inputs.get(k).cloned().flatten() {
+            None => Ok(None),
+            Some(Val::T(v)) => Ok(Some(v)),
+            Some(other) => Err(at.err(format!("operand {k} must be a tensor, it is {}", other.describe()))),
+        };
+        let m = tensor_at(0)?;
         let m_const: Option<i64> = match m {
             Some(v) => match self.g.constant(v) {
                 Some(t) => match t.to_f64_vec().as_slice() {
@@ -880,10 +1007,10 @@ impl Importer {
                 )));
             }
         };
-        let mut cond: Option<ValueId> = inputs.get(1).copied().flatten();
-        let mut carried: Vec<ValueId> = Vec::with_capacity(n_carried);
+        let mut cond: Option<ValueId> = tensor_at(1)?;
+        let mut carried: Vec<Val> = Vec::with_capacity(n_carried);
         for v in inputs.iter().skip(2) {
-            carried.push(v.ok_or_else(|| at.err("a loop-carried value is absent"))?);
+            carried.push(v.clone().ok_or_else(|| at.err("a loop-carried value is absent"))?);
         }
         let mut scans: Vec<Vec<ValueId>> = vec![Vec::new(); n_scan];
         let ident = |from: &str, to: &str| NodeProto {
@@ -938,8 +1065,8 @@ impl Importer {
             let names_in: Vec<String> = body.input.iter().map(|x| x.name.clone().unwrap_or_default()).collect();
             then.node.push(ident(&nm("iter"), &names_in[0]));
             then.node.push(ident(&nm("cond"), &names_in[1]));
-            for (k, &v) in carried.iter().enumerate() {
-                self.bind(&nm(&format!("v{k}")), v);
+            for (k, v) in carried.iter().enumerate() {
+                self.bind_val(&nm(&format!("v{k}")), v.clone());
                 then.node.push(ident(&nm(&format!("v{k}")), &names_in[2 + k]));
             }
             then.node.extend(body.node.iter().cloned());
@@ -954,23 +1081,28 @@ impl Importer {
             let subs: HashMap<String, &GraphProto> =
                 [("then_branch".to_string(), &then), ("else_branch".to_string(), &els)].into_iter().collect();
             self.import_if(&tag, &[Some(cond_v)], &out_names, taken, &subs, at)?;
-            let outs: Vec<ValueId> = out_names
+            let outs: Vec<Val> = out_names
                 .iter()
-                .map(|n| self.lookup(n).ok_or_else(|| at.err(format!("internal: trip {i} lost a result"))))
+                .map(|n| self.lookup_val(n).ok_or_else(|| at.err(format!("internal: trip {i} lost a result"))))
                 .collect::<Result<_, _>>()?;
-            cond = Some(outs[0]);
+            let tensor = |v: &Val, what: &str| {
+                v.tensor().ok_or_else(|| at.err(format!("the body's {what} must be a tensor, it is {}", v.describe())))
+            };
+            cond = Some(tensor(&outs[0], "condition")?);
             carried = outs[1..1 + n_carried].to_vec();
             for (k, s) in scans.iter_mut().enumerate() {
-                s.push(outs[1 + n_carried + k]);
+                s.push(tensor(&outs[1 + n_carried + k], "scan output")?);
             }
         }
         for (k, name) in outputs.iter().enumerate() {
             if name.is_empty() {
                 continue;
             }
-            let v = if k < n_carried {
-                carried[k]
-            } else {
+            if k < n_carried {
+                self.bind_val(name, carried[k].clone());
+                continue;
+            }
+            let v = {
                 let parts = &scans[k - n_carried];
                 if parts.is_empty() {
                     return Err(at.err("unsupported: a scan output of a Loop that runs no trip (an empty tensor of unknown shape)"));
@@ -1027,7 +1159,7 @@ impl Importer {
                 .collect::<Result<Vec<_>, _>>()
         })();
         self.scopes.pop();
-        self.bind_outputs(outputs, r?);
+        self.bind_vals(outputs, r?);
         Ok(())
     }
 
