@@ -210,9 +210,9 @@ fn emit_bytes(p: &Copy) -> R<(Vec<u8>, u64)> {
     a.add(rdi, r9)?;
     // Source: x + c + Σ coef·q.
     a.lea(rsi, qword_ptr(r8 + p.c as i32))?;
-    for d in 0..outer {
-        if p.coef[d] != 0 {
-            a.imul_3(rdx, COORD[d], p.coef[d] as i32)?;
+    for (&q, &coef) in COORD.iter().zip(&p.coef[..outer]) {
+        if coef != 0 {
+            a.imul_3(rdx, q, coef as i32)?;
             a.add(rsi, rdx)?;
         }
     }
