@@ -29,11 +29,6 @@ const KNOWN_SCALAR: &[(&str, usize)] = &[
     // output, a Concat of its 20 trips' states, with the trips' last gate products fused
     // into it (one piece per trip: a select over the concatenation axis).
     ("general (a load at a non-affine offset)", 1),
-    (
-        "general (elements other than 4 bytes; a copy that does not run along the output's rows; \
-         not a 4-byte copy of one input)",
-        1,
-    ),
 ];
 
 #[test]

@@ -600,6 +600,28 @@ fn column_chunks() {
     }
 }
 
+/// Products whose B is over 4 MiB (streamed from memory each call) under an A that fits
+/// L2, with four row panels or more (a classifier head over a sequence): the columns
+/// are cut into chunks too, each chunk × panel a workgroup, the chunk outermost, so that
+/// threads split B. Tail rows and a tail of columns, with and without an epilogue,
+/// plain and packed, against the interpreter.
+#[test]
+fn streamed_b_column_chunks() {
+    require_avx2_fma!();
+    for (m, k, n) in [(20, 1024, 1100), (19, 700, 1601)] {
+        let a = random_f32(&[m, k], 1.0, 51);
+        let b = random_f32(&[k, n], 1.0, 52);
+        let kern = matmul(&[], m, k, n, false, false);
+        let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        let panels = m.div_ceil(6) as u64;
+        assert!(compiled.workgroups[0] >= 4 * panels, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
+        check_micro(&kern, &[&a, &b], k);
+        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
+    }
+}
+
 /// [`with_epilogue`]'s kernel `which` for an `m × kk` by `kk × n` product and its five
 /// operands (A scaled by `scale`, B, the bias, a per-row scale, a residual), random
 /// from a seed of the shape.

@@ -212,3 +212,50 @@ fn epilogues_over_a_gather_match_the_interpreter() {
         }
     }
 }
+
+/// Copies of 8-byte elements (i64) as gathers of 4-byte pairs: a broadcast along the
+/// innermost axis (`y[n, t, h] = x[n, t, 0]`, an attention mask expanded over the
+/// hidden size) at every row width 1 to 19 (tails of every length in units), a
+/// transpose of fewer than 8 rows and rows reversed under an outer broadcast, over random 64-bit
+/// values (both halves of every element set, so a swapped or shifted unit shows), bit
+/// for bit against the interpreter over several workgroup splits.
+#[test]
+fn eight_byte_copies_are_gathers_of_pairs() {
+    require_avx2_fma!(", so the gather kernel is not used");
+    let cfg = Config { target: CpuTarget::X86_64V3, options: Options::default() };
+    let ti = |dims: &[usize]| TensorType::new(DType::I64, Shape::new(dims.to_vec()).unwrap());
+    let check = |k: &Kernel, what: &str| {
+        let m = compile_with(&classify(&[k]), &cfg.target, &cfg.options).unwrap();
+        assert_eq!(m.notes[0], "table gather (avx2)", "{what}");
+        let mut r = Rng(7 + k.output.shape.numel() as u64);
+        let bits: Vec<u64> = (0..k.inputs[0].shape.numel()).map(|_| r.next()).collect();
+        let x = tensor_bits(DType::I64, k.inputs[0].shape.dims(), &bits);
+        let want = kiln_flow::interp::run(k, &[&x]).unwrap();
+        for splits in [1, 3, 7] {
+            for reversed in [false, true] {
+                let got = run_compiled_in(k, &[&x], &cfg, splits, reversed);
+                assert_eq!(got.bytes(), want.bytes(), "{what}: splits {splits} reversed {reversed}");
+            }
+        }
+    };
+    for w in 1usize..20 {
+        for t in [1usize, 5] {
+            let mut b = KernelBuilder::new("expand", vec![ti(&[2, t, 1])], ti(&[2, t, w]));
+            let o = b.out_index();
+            let zero = b.index(0);
+            let v = b.load(0, vec![o[0], o[1], zero]);
+            check(&b.finish(v).unwrap(), &format!("[2, {t}, 1] to [2, {t}, {w}]"));
+        }
+    }
+    let mut b = KernelBuilder::new("tr", vec![ti(&[13, 5])], ti(&[5, 13]));
+    let o = b.out_index();
+    let v = b.load(0, vec![o[1], o[0]]);
+    check(&b.finish(v).unwrap(), "transpose");
+    // Rows reversed and broadcast over an outer axis (`y[i, j, c] = x[j, 8 − c]`).
+    let mut b = KernelBuilder::new("reversed", vec![ti(&[4, 9])], ti(&[3, 4, 9]));
+    let o = b.out_index();
+    let eight = b.index(8);
+    let c = b.sub(eight, o[2]);
+    let v = b.load(0, vec![o[1], c]);
+    check(&b.finish(v).unwrap(), "reversed rows");
+}

@@ -170,13 +170,22 @@ fn check_affine_copies(dtype: DType, cases: Vec<(Vec<usize>, Vec<i64>, i64)>, in
 }
 
 /// Affine copies of 1-byte elements (i8, u8: an integer convolution's image gathered
-/// into columns), a `rep movsb` a row: the im2col shapes above, rows of 1 to 70 bytes.
+/// into columns): the im2col shapes above, rows of 1 to 300 bytes (every piece of the
+/// unrolled moves: 32, 16, 8, 4, 2 and 1 bytes, and `rep movsb` from 256), one of six
+/// outer dimensions (more than the odometer holds: each row decoded), and rows of up to
+/// 32 bytes read at a step of 0, 2 or 3 (moved a byte at a time).
 #[test]
 fn byte_copies_match_the_interpreter() {
     require_avx2_fma!(", so the copy kernel is not used");
     let mut cases = copy_cases();
-    for w in [1usize, 2, 3, 5, 16, 17, 70] {
+    for w in [1usize, 2, 3, 5, 7, 15, 16, 17, 31, 32, 33, 63, 70, 255, 256, 300] {
         cases.push((vec![3, 5, w], vec![(w as i64 + 3) * 6, w as i64 + 3, 1], 1));
+    }
+    cases.push((vec![2, 2, 2, 2, 2, 2, 5], vec![224, 112, 56, 28, 14, 7, 1], 1));
+    // Rows at a step of 2 or 3 (a strided convolution's columns) or 0, of 1 to 32 bytes:
+    // a byte at a time.
+    for (w, s) in [(1usize, 2i64), (2, 2), (5, 2), (16, 3), (31, 2), (32, 2), (7, 0)] {
+        cases.push((vec![3, 3, 2, w], vec![7 * 2 * s.max(1) * w as i64, 2 * s.max(1) * w as i64, 3, s], 1));
     }
     for dtype in [DType::U8, DType::I8] {
         check_affine_copies(dtype, cases.clone(), |in_len| {

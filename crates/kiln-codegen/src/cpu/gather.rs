@@ -18,6 +18,10 @@
 //! rest step like an odometer. A row's source base is `x + (c + Σ G_d(q_d))·4`; its
 //! elements are gathered 8 at a time with the innermost table as the index vector, the
 //! last 1..7 under a lane mask (masked lanes are neither read nor written).
+//!
+//! A copy of 8-byte elements (an i64 index tensor broadcast or transposed) is the same
+//! gather over pairs of 4-byte units: offsets doubled, the innermost dimension twice as
+//! long with its table `2·G(q) + h` for unit `h` of position `q`.
 
 use iced_x86::code_asm::*;
 use kiln_flow::interp;
@@ -136,8 +140,10 @@ fn recognise(k: &Kernel) -> R<Gather> {
     let Expr::Load { index, .. } = &k.node(load).expr else { return no("not a load") };
     let (x, o) = (&k.inputs[0], &k.output);
     let four = |d: kiln_ir::DType| d.storage_bytes(1) == 4;
-    if k.inputs.len() != 1 || !four(x.dtype) || !four(o.dtype) || (copy && x.dtype != o.dtype) {
-        return no("not a 4-byte copy of one input");
+    // 8-byte elements (i64 index tensors) move as pairs of 4-byte units: a copy only.
+    let eight = copy && x.dtype == o.dtype && x.dtype.storage_bytes(1) == 8;
+    if k.inputs.len() != 1 || !(eight || four(x.dtype) && four(o.dtype) && !(copy && x.dtype != o.dtype)) {
+        return no("not a 4- or 8-byte copy of one input");
     }
     if !copy && (x.dtype != kiln_ir::DType::F32 || o.dtype != kiln_ir::DType::F32) {
         return no("an epilogue over a load that is not f32");
@@ -187,6 +193,23 @@ fn recognise(k: &Kernel) -> R<Gather> {
     let hi = c + g.iter().map(|t| t.iter().copied().max().unwrap_or(0)).sum::<i64>();
     if lo < 0 || hi >= x.shape.numel() as i64 || g.iter().flatten().any(|&v| i32::try_from(v).is_err()) {
         return no("an offset outside the input");
+    }
+    // 8-byte elements: every offset in 4-byte units (doubled), the innermost dimension
+    // twice as long, its position `2q + h` reading unit `h` of element `q`'s pair.
+    let mut dims = dims;
+    if eight {
+        c *= 2;
+        let last = g.len() - 1;
+        for (d, t) in g.iter_mut().enumerate() {
+            *t = if d == last { t.iter().flat_map(|&v| [2 * v, 2 * v + 1]).collect() } else { t.iter().map(|&v| 2 * v).collect() };
+        }
+        dims[last] *= 2;
+        if dims.iter().map(|&d| d as u64).sum::<u64>() > MOST_ENTRIES {
+            return no("offset tables too large");
+        }
+        if g.iter().flatten().any(|&v| i32::try_from(v).is_err()) {
+            return no("an offset over 2 GiB");
+        }
     }
     // Outer dimensions of extent 1 fold into `c`; while there are more than the
     // odometer holds, the adjacent pair with the fewest positions becomes one dimension

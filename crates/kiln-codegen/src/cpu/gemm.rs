@@ -9,7 +9,10 @@
 //! A workgroup is one *row panel* (up to 6 or 4 rows, [`panel_rows`], of one batch
 //! position, every column; or, where there are fewer than four panels, a chunk of its
 //! columns), so the count is `batch × ⌈M / rows⌉ (× chunks)` and a driver may split them across
-//! threads. Inside a panel the columns are walked in register tiles.
+//! threads. Inside a panel the columns are walked in register tiles. A B too large for
+//! the caches under a small A (a classifier head over a sequence) is cut into column
+//! chunks too, the chunk outermost, so that threads split B's bytes rather than each
+//! streaming all of it ([`Emitter::streams_b`]).
 //!
 //! ## Register tile
 //! A tile is `mr` rows × `nv` vectors of 8 columns: `mr·nv` accumulators, `nv` registers
@@ -150,6 +153,9 @@ fn panel_rows(m: u64) -> u64 {
 /// Bytes of B one column block may take (the block stays in L2 while every panel of
 /// the workgroup range runs over it).
 const L2_BLOCK: u64 = 256 * 1024;
+/// Bytes of B above which it is streamed from memory each call rather than found in
+/// the caches ([`Emitter::streams_b`]).
+const STREAMED_B: u64 = 4 << 20;
 /// Reduction steps per block when the reduction is blocked.
 const KC: u64 = 128;
 /// Reduction steps per block of a packed B (the stack buffer holds `KC_PACKED × 16`).
@@ -490,7 +496,9 @@ impl Emitter<'_> {
     /// With fewer than four row panels in all, a driver would have nothing to share
     /// among its threads (a single-row `Gemm`, a classifier): the columns are cut into
     /// up to eight chunks of at least two tiles, each chunk a workgroup. Not with
-    /// blocked or packed B, whose column loop is the block loop.
+    /// blocked or packed B, whose column loop is the block loop. A B streamed from
+    /// memory ([`Self::streams_b`]) is cut into chunks that fit L2, each chunk × panel
+    /// a workgroup.
     fn column_chunk(&self) -> u64 {
         let rows = self.batch_extents().iter().product::<u64>() * self.panels();
         let n = self.c.dims[1];
@@ -498,6 +506,11 @@ impl Emitter<'_> {
             Some(p) => p.width,
             None => self.tile_width(self.c.dims[0].min(self.mr)),
         };
+        if self.streams_b() {
+            // Chunks of whole tiles whose part of B fits L2 while every panel runs over it.
+            let per_col = self.c.dims[2] * self.b_bytes() as u64;
+            return ((L2_BLOCK / per_col) / width * width).max(width);
+        }
         if rows >= 4 || self.packed || self.transposed() || self.kc < self.c.dims[2] || self.block_columns() < n {
             return 0;
         }
@@ -508,6 +521,31 @@ impl Emitter<'_> {
         // Whole tiles per chunk: a narrow tile over a long reduction is one FMA chain
         // per accumulator, as slow as a full one, so only the last chunk has a tail.
         n.div_ceil(chunks).div_ceil(width) * width
+    }
+
+    /// B too large for the caches ([`STREAMED_B`]) under an A that fits L2 (a classifier
+    /// head over a sequence: crnn's 20 × 1024 × 8210 `Gemm`, 34 MB of B): as column
+    /// blocks, each thread would stream all of B from memory for its own panels, so two
+    /// threads moved twice the bytes of one and the product did not scale. The columns
+    /// are cut into chunks instead ([`Self::column_chunk`]), the chunk outermost in a
+    /// workgroup's decode, so that a thread's range reads its own part of B once (from
+    /// memory) and every panel reuses it from L2. Not with B packed on the stack or
+    /// differing by batch position, nor with channel-vector tiles.
+    fn streams_b(&self) -> bool {
+        let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
+        let batch = self.batch_extents().iter().product::<u64>();
+        let b_bytes = n * k * self.b_bytes() as u64;
+        let width = match self.c.b.panel {
+            Some(p) => p.width,
+            None => self.tile_width(m.min(self.mr)),
+        };
+        !self.few_rows()
+            && !self.packed
+            && !self.transposed()
+            && self.bases[1].coef.iter().all(|&c| c == 0)
+            && b_bytes > STREAMED_B
+            && batch * m * k * 4 <= L2_BLOCK
+            && n >= 4 * width
     }
 
     /// Fewer than four row panels in all (a single-row `Gemm`, a classifier): B is
@@ -943,17 +981,10 @@ impl Emitter<'_> {
         let mut top = self.a.create_label();
         let mut next = self.a.create_label();
         self.a.set_label(&mut top)?;
-        // Decode the workgroup: column chunk (when split), panel, then batch
-        // coordinates innermost first.
+        // Decode the workgroup: panel, batch coordinates innermost first, then the
+        // column chunk (when split).
         let panels = self.panels();
         self.a.mov(rax, r14)?;
-        if self.chunk > 0 {
-            self.a.xor(edx, edx)?;
-            self.a.mov(rcx, self.chunks() as i64)?;
-            self.a.div(rcx)?;
-            self.a.imul_3(rdx, rdx, self.chunk as i32)?;
-            self.a.mov(qword_ptr(rsp + Self::S_N0), rdx)?;
-        }
         self.a.xor(edx, edx)?;
         self.a.mov(rcx, panels as i64)?;
         self.a.div(rcx)?;
@@ -965,6 +996,13 @@ impl Emitter<'_> {
             self.a.mov(rcx, d as i64)?;
             self.a.div(rcx)?;
             self.a.mov(qword_ptr(rsp + (Self::S_COORD + 8 * i as i32)), rdx)?;
+        }
+        // The column chunk is outermost: a thread's range of workgroups runs every
+        // panel (and batch position) of a chunk before the next chunk, so each reads
+        // its own part of B, once.
+        if self.chunk > 0 {
+            self.a.imul_3(rax, rax, self.chunk as i32)?;
+            self.a.mov(qword_ptr(rsp + Self::S_N0), rax)?;
         }
         // Base pointers of this panel and column block.
         for bi in 0..self.bases.len() {
@@ -1311,7 +1349,7 @@ impl Emitter<'_> {
         if self.transposed() {
             return k;
         }
-        if self.few_rows() {
+        if self.few_rows() || self.streams_b() {
             // B is read once whatever the blocking: nothing to keep in cache.
             return k;
         }
