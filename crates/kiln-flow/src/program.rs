@@ -298,6 +298,11 @@ pub fn form(graph: &Graph, formation: Formation, lower: &Lowering<'_>) -> Result
         crate::layout::relayout_constants(&mut p);
     }
     crate::fuse::fuse_with(&mut p, contractions);
+    // After fusion, which keeps a product apart from the softmax before and after it:
+    // the whole attention chain becomes one kernel where the target has its emitter.
+    if formation == Formation::Microkernels {
+        crate::attention::form_attention(&mut p);
+    }
     if contractions {
         crate::dequant::dequantize_in_load(&mut p);
         crate::layout::relayout_constants(&mut p);
