@@ -79,6 +79,8 @@ pub struct Attention {
     pub depth: u32,
     /// The innermost output variable (V's column).
     pub column: u32,
+    /// The number of keys.
+    pub keys: u64,
     /// The probabilities pass through `isnan(p) ? 0 : p` (PyTorch's exporters guard a
     /// fully masked row so): a row whose probabilities are NaN gives zeros.
     pub nan_to_zero: bool,
@@ -131,16 +133,18 @@ impl Attention {
             && outer(&main.k.offset, &[main.dot, j.0])
             && outer(&v.offset, &[j.0, d])
             && main.mask.as_ref().is_none_or(|(m, _)| outer(&m.offset, &[j.0]))
-            && v.offset.of(j.0) != 0;
-        ok.then_some(Attention { q: main.q, k: main.k, v, mask: main.mask, scale: main.scale, key: j.0, depth: main.dot, column: d, nan_to_zero })
+            && (v.offset.of(j.0) != 0 || extent(j.0) == Some(1));
+        ok.then_some(Attention { q: main.q, k: main.k, v, mask: main.mask, scale: main.scale, key: j.0, depth: main.dot, column: d, keys: extent(j.0)?, nan_to_zero })
     }
 
     /// Whether the CPU emitter reads every operand in place: K's keys, V's columns
     /// and the mask's keys (if it varies along them) at unit stride.
     pub fn in_place(&self) -> bool {
-        self.k.offset.of(self.key) == 1
+        // With one key nothing steps along the keys.
+        let one = self.keys == 1;
+        (self.k.offset.of(self.key) == 1 || one)
             && self.v.offset.of(self.column) == 1
-            && self.mask.as_ref().is_none_or(|(m, _)| matches!(m.offset.of(self.key), 0 | 1))
+            && self.mask.as_ref().is_none_or(|(m, _)| matches!(m.offset.of(self.key), 0 | 1) || one)
     }
 }
 
@@ -242,9 +246,13 @@ fn score(k: &Kernel, e: ExprId, key: u32) -> Option<Score> {
             let [dot] = vars[..] else { return None };
             let Expr::Binary(BinaryOp::Mul, a, b) = k.node(body).expr else { return None };
             let (a, b) = (load(k, a)?, load(k, b)?);
+            // With one key neither need read it: the product is symmetric in Q and K
+            // then (K's index has no key to step), so either is K.
+            let one_key = k.vars.get(key as usize) == Some(&1);
             let (q, kk) = match (a.offset.of(key) != 0, b.offset.of(key) != 0) {
                 (false, true) => (a, b),
                 (true, false) => (b, a),
+                (false, false) if one_key => (a, b),
                 _ => return None,
             };
             Some(Score { q, k: kk, dot: dot.0, scale: 1.0, mask: None })
@@ -428,7 +436,9 @@ pub fn form_attention(p: &mut FlowProgram) {
     let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
     let mut d = 0;
     while d < p.dispatches.len() {
-        if p.dispatches[d].class == KernelClass::Contraction {
+        // A product (a one-key product may be classed a window: the recogniser of
+        // the fused kernel decides).
+        if matches!(p.dispatches[d].class, KernelClass::Contraction | KernelClass::Window) {
             for slot in 0..p.dispatches[d].operands.len() {
                 if let Some(inserted) = try_form(p, d, slot, &outputs) {
                     // A mask dispatch went in before the chain: `d` moved one on.
@@ -457,7 +467,7 @@ fn try_form(p: &mut FlowProgram, d: usize, slot: usize, outputs: &[BufferId]) ->
     for rs in 0..p.dispatches[r].operands.len() {
         let scores = p.storage(p.dispatches[r].operands[rs]);
         let Some(c) = producers[scores.index()] else { continue };
-        if p.dispatches[c].class != KernelClass::Contraction
+        if !matches!(p.dispatches[c].class, KernelClass::Contraction | KernelClass::Window)
             || !private(scores)
             || !within(&p.dispatches[c].guard, &p.dispatches[r].guard)
             || !within(&p.dispatches[r].guard, &p.dispatches[d].guard)
