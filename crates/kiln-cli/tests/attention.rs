@@ -83,7 +83,21 @@ fn graph(b: usize, h: usize, s: usize, d: usize, mask: Mask, scale_q: bool) -> S
     };
     body.push_str(&format!("  %probs = Softmax({masked}) {{axis = -1}} : f32[{sc}] \"probs\" node \"probs\"\n"));
     body.push_str(&format!("  %ctx = MatMul(%probs, %v) : f32[{q}] \"context\" node \"context\"\n"));
-    dense(&format!("graph @attention({inputs}) -> (%ctx) {{\n{body}}}\n"))
+    format!("graph @attention({inputs}) -> (%ctx) {{\n{body}}}\n")
+}
+
+/// [`graph`]'s text in the form the text parser takes ([`dense`]), with PyTorch's guard
+/// `isnan(p) ? 0 : p` on the probabilities where `guard`.
+fn graph_text(b: usize, h: usize, s: usize, d: usize, mask: Mask, scale_q: bool, guard: bool) -> String {
+    let text = graph(b, h, s, d, mask, scale_q);
+    if !guard {
+        return dense(&text);
+    }
+    let sc = dims(&[b, h, s, s]);
+    let lines = format!(
+        "  %nan = IsNaN(%probs) : bool[{sc}] \"nan\" node \"nan\"\n  %pzero = const f32[] [0.0] \"pzero\"\n  %guarded = Where(%nan, %pzero, %probs) : f32[{sc}] \"guarded\" node \"guarded\"\n  %ctx = MatMul(%guarded,"
+    );
+    dense(&text.replace("  %ctx = MatMul(%probs,", &lines))
 }
 
 /// `text` with its symbolic value names (`%q`, `%scores`) renumbered densely in the
@@ -165,7 +179,7 @@ fn run(g: &Graph, target: kiln_compiler::CpuTarget, feeds: &[Tensor], name: &str
 }
 
 fn check(b: usize, h: usize, s: usize, d: usize, mask: Mask, scale_q: bool) {
-    let text = graph(b, h, s, d, mask, scale_q);
+    let text = graph_text(b, h, s, d, mask, scale_q, false);
     let g = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let feeds = inputs(&g);
     let want = kiln_ref::eval_graph(&g, &feeds).expect("reference")[0].to_f64_vec();
@@ -206,20 +220,29 @@ fn scale_on_q() {
     check(2, 2, 65, 16, Mask::None, true);
 }
 
-/// Every key masked with −∞: the softmax of the row is NaN (0/0) in the reference, and
-/// the fused kernel gives NaN too (no silent zeros).
+/// Every key of batch 0 masked with −∞ (batch 1 with 0): in the reference the softmax
+/// of batch 0's rows is NaN (0/0), and with PyTorch's guard `isnan(p) ? 0 : p` its
+/// output is 0; the fused kernel gives the same (no silent zeros without the guard, no
+/// NaN with it), and batch 1 as usual.
 #[test]
-fn fully_masked_rows_are_nan_as_in_the_reference() {
-    let text = graph(1, 1, 7, 5, Mask::Keys, false);
-    let g = kiln_ir::text::parse(&text).expect("parse");
-    let mut feeds = inputs(&g);
-    let ty = feeds[3].ty().clone();
-    feeds[3] = Tensor::new(ty, [f32::NEG_INFINITY; 7].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into())
-        .expect("mask");
-    let want = kiln_ref::eval_graph(&g, &feeds).expect("reference")[0].to_f64_vec();
-    assert!(want.iter().all(|x| x.is_nan()), "the reference's rows are NaN");
-    for target in [kiln_compiler::CpuTarget::X86_64V3, kiln_compiler::CpuTarget::Host] {
-        let got = run(&g, target, &feeds, "fully masked");
-        assert!(got.iter().all(|x| x.is_nan()), "{target:?}: {got:?}");
+fn fully_masked_rows_as_in_the_reference() {
+    for guard in [false, true] {
+        let text = graph_text(2, 1, 7, 5, Mask::Keys, false, guard);
+        let g = kiln_ir::text::parse(&text).expect("parse");
+        let mut feeds = inputs(&g);
+        let ty = feeds[3].ty().clone();
+        let mask: Vec<u8> = (0..14).flat_map(|i| if i < 7 { f32::NEG_INFINITY } else { 0.0 }.to_le_bytes()).collect();
+        feeds[3] = Tensor::new(ty, mask.into()).expect("mask");
+        let want = kiln_ref::eval_graph(&g, &feeds).expect("reference")[0].to_f64_vec();
+        let (masked, open) = want.split_at(want.len() / 2);
+        assert!(masked.iter().all(|x| if guard { *x == 0.0 } else { x.is_nan() }), "the reference: {masked:?}");
+        assert!(open.iter().all(|x| x.is_finite()) && open.iter().any(|&x| x != 0.0), "the reference: {open:?}");
+        for target in [kiln_compiler::CpuTarget::X86_64V3, kiln_compiler::CpuTarget::Host] {
+            let got = run(&g, target, &feeds, &format!("fully masked (guard {guard})"));
+            for (i, (&a, &w)) in got.iter().zip(&want).enumerate() {
+                let same = (a.is_nan() && w.is_nan()) || (a as f64 - w).abs() <= 1e-5 + 1e-4 * w.abs();
+                assert!(same, "{target:?}, guard {guard}: element {i}: {a} but the reference gives {w}");
+            }
+        }
     }
 }
