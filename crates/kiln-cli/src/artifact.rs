@@ -337,7 +337,9 @@ fn class_summary(flow: &kiln_flow::program::FlowProgram, notes: &[String]) -> St
     let general = |i: usize| notes.get(i).is_none_or(|n| n.starts_with("general"));
     let mut parts = Vec::new();
     let mut fallbacks = 0;
-    for class in KernelClass::ALL {
+    // General last: the class without a microkernel of its own.
+    let order = KernelClass::ALL.into_iter().filter(|&c| c != KernelClass::General).chain([KernelClass::General]);
+    for class in order {
         let of: Vec<usize> = (0..flow.dispatches.len()).filter(|&i| flow.dispatches[i].class == class).collect();
         let micro = of.iter().filter(|&&i| !general(i)).count();
         if class == KernelClass::General {

@@ -476,22 +476,38 @@ fn try_form(p: &mut FlowProgram, d: usize, slot: usize, outputs: &[BufferId]) ->
         }
         // A computed mask is read from a buffer of its own (`split_mask`), tried on a
         // copy of the score dispatch.
+        // Every layer of a model computes the same mask: one written before an earlier
+        // chain (the same kernel on the same operands under the same guard) is read
+        // again rather than written once more.
         let original = p.dispatches[c].clone();
         let split = split_mask(&original.kernel);
-        let mask = split.map(|(scores_kernel, mask_kernel, inputs)| {
-            let buffer = BufferId(p.buffers.len() as u32);
-            p.buffers.push(crate::program::Buffer {
-                ty: mask_kernel.output.clone(),
-                name: format!("{}.mask", p.buffers[scores.index()].name),
-                kind: crate::program::BufferKind::Result,
-            });
-            let operands = inputs.iter().map(|&i| original.operands[i as usize]).collect();
-            let dispatch = crate::program::Dispatch::new(mask_kernel, operands, buffer, original.sources.clone())
-                .guarded(original.guard.clone());
+        let mut mask = None;
+        if let Some((scores_kernel, mask_kernel, inputs)) = split {
+            let operands: Vec<BufferId> = inputs.iter().map(|&i| original.operands[i as usize]).collect();
+            let same = |x: &crate::program::Dispatch| {
+                x.operands == operands
+                    && x.guard == original.guard
+                    && x.kernel.name.ends_with("_mask")
+                    && Kernel { name: mask_kernel.name.clone(), ..x.kernel.clone() } == mask_kernel
+            };
+            let buffer = match p.dispatches[..c].iter().find(|x| same(x)) {
+                Some(x) => x.result,
+                None => {
+                    let buffer = BufferId(p.buffers.len() as u32);
+                    p.buffers.push(crate::program::Buffer {
+                        ty: mask_kernel.output.clone(),
+                        name: format!("{}.mask", p.buffers[scores.index()].name),
+                        kind: crate::program::BufferKind::Result,
+                    });
+                    let dispatch = crate::program::Dispatch::new(mask_kernel, operands, buffer, original.sources.clone())
+                        .guarded(original.guard.clone());
+                    mask = Some(dispatch);
+                    buffer
+                }
+            };
             p.dispatches[c].kernel = scores_kernel;
             p.dispatches[c].operands.push(buffer);
-            dispatch
-        });
+        }
         let formed = fused_kernel(p, r, rs, c).and_then(|(softmax, operands)| {
             let saved = std::mem::replace(&mut p.dispatches[r].kernel, softmax);
             let saved_ops = std::mem::replace(&mut p.dispatches[r].operands, operands);
