@@ -35,8 +35,9 @@ use super::vector::{Mask, Op, Src, Vx, V};
 
 /// Vectors of keys per block (held in registers `V(0..4)`).
 const BLOCK_VECTORS: u64 = 4;
-/// Vectors of the accumulator loaded into registers at once in the `P·V` step.
-const CHUNK: u64 = 8;
+/// Vectors of the accumulator loaded into registers at once in the `P·V` step (two
+/// sets of them: `V(0..4)` and `V(4..8)`).
+const CHUNK: u64 = 4;
 /// Largest row of V (columns) the stack accumulator holds.
 const MAX_WIDTH: u64 = 4096;
 
@@ -115,7 +116,8 @@ pub(crate) fn emit(k: &Kernel, wide: bool) -> R<AttentionCode> {
     let frame = ((block + acc_vectors * w) * 4).next_multiple_of(16) as i32 + 8;
     // Every byte offset the code adds must fit an immediate.
     let fits = |x: i64| x.checked_mul(4).is_some_and(|b| i32::try_from(b).is_ok());
-    if ![g.qe, g.ke, g.vj, (width * 4) as i64].iter().all(|&x| fits(x)) {
+    // (Two depths and two keys a step; a block's vectors lie within 256 bytes past them.)
+    if ![2 * g.qe + 64, 2 * g.ke + 64, 2 * g.vj + 64, (width * 4) as i64].iter().all(|&x| fits(x.abs() + 64)) {
         return no("attention strides beyond 32-bit offsets");
     }
     let rows: u64 = dims[..rank - 1].iter().product();
@@ -248,30 +250,57 @@ fn key_block(a: &mut CodeAssembler, t: &mut Tables, wide: bool, g: &Geometry, nk
             vx.op(Op::Xor, r, r, Src::R(r))?;
         }
     }
-    // Scores: Σ_e Q[e]·K[e, j0 + lanes].
-    a.mov(rsi, rbx)?;
-    a.lea(r9, ptr(r12 + rbp * 4))?;
-    a.mov(rcx, g.depth as i64)?;
-    let mut top = a.create_label();
-    a.set_label(&mut top)?;
+    // Scores: Σ_e Q[e]·K[e, j0 + lanes], two depths a step into two sets of sums (the
+    // second in the exp scratch, free here) so that twice as many FMA chains overlap.
+    let s2: Vec<V> = (0..nv as u8).map(|u| V(EXP_T[0].0 + u)).collect();
     {
         let mut vx = Vx { a: &mut *a, t: &mut *t, wide, held: &[] };
-        vx.broadcast(Q_BCAST, dword_ptr(rsi))?;
-        for (u, &r) in s.iter().enumerate() {
-            let at = ptr(r9 + (u as u64 * w * 4) as i32);
-            match key_mask(u as u64) {
-                Some(m) => {
-                    vx.load(T0, at, Some(m))?;
-                    vx.op(Op::Fma231, r, Q_BCAST, Src::R(T0))?;
-                }
-                None => vx.op(Op::Fma231, r, Q_BCAST, Src::M(at))?,
-            }
+        for &r in &s2 {
+            vx.op(Op::Xor, r, r, Src::R(r))?;
         }
     }
-    add_imm(a, rsi, g.qe * 4, rax)?;
-    add_imm(a, r9, g.ke * 4, rax)?;
-    a.dec(rcx)?;
-    a.jnz(top)?;
+    a.mov(rsi, rbx)?;
+    a.lea(r9, ptr(r12 + rbp * 4))?;
+    // One depth per set: (sums, broadcast register, Q's and K's offsets in elements).
+    let step = |a: &mut CodeAssembler, t: &mut Tables, sets: &[(&[V], V, i64, i64)]| -> R<()> {
+        let mut vx = Vx { a, t, wide, held: &[] };
+        for &(_, b, q_off, _) in sets {
+            vx.broadcast(b, dword_ptr(rsi + (q_off * 4) as i32))?;
+        }
+        for &(acc, b, _, k_off) in sets {
+            for (u, &r) in acc.iter().enumerate() {
+                let at = ptr(r9 + (k_off * 4 + (u as u64 * w * 4) as i64) as i32);
+                match key_mask(u as u64) {
+                    Some(m) => {
+                        vx.load(T0, at, Some(m))?;
+                        vx.op(Op::Fma231, r, b, Src::R(T0))?;
+                    }
+                    None => vx.op(Op::Fma231, r, b, Src::M(at))?,
+                }
+            }
+        }
+        Ok(())
+    };
+    let pairs = g.depth / 2;
+    if pairs > 0 {
+        a.mov(rcx, pairs as i64)?;
+        let mut top = a.create_label();
+        a.set_label(&mut top)?;
+        step(a, t, &[(&s, Q_BCAST, 0, 0), (&s2, T1, g.qe, g.ke)])?;
+        add_imm(a, rsi, 2 * g.qe * 4, rax)?;
+        add_imm(a, r9, 2 * g.ke * 4, rax)?;
+        a.dec(rcx)?;
+        a.jnz(top)?;
+    }
+    if g.depth % 2 == 1 {
+        step(a, t, &[(&s, Q_BCAST, 0, 0)])?;
+    }
+    {
+        let mut vx = Vx { a: &mut *a, t: &mut *t, wide, held: &[] };
+        for (&r, &r2) in s.iter().zip(&s2) {
+            vx.op(Op::Add, r, r, Src::R(r2))?;
+        }
+    }
     // Scale and mask.
     if let Some((mj, _)) = g.mask {
         if mj == 0 {
@@ -335,44 +364,59 @@ fn key_block(a: &mut CodeAssembler, t: &mut Tables, wide: bool, g: &Geometry, nk
     }
     horizontal(&mut vx, Op::Add, T0)?;
     vx.op(Op::Add, RUN_SUM, RUN_SUM, Src::R(T0))?;
-    // acc += Σ_j p[j]·V[j0 + j, ..], CHUNK vectors of the accumulator at a time.
+    // acc += Σ_j p[j]·V[j0 + j, ..], CHUNK vectors of the accumulator at a time, two
+    // keys a step into two sets of sums (V(0..4) and V(4..8)).
     let mut c0 = 0;
     while c0 < g.acc_vectors {
         let nc = CHUNK.min(g.acc_vectors - c0);
         let acc: Vec<V> = (0..nc as u8).map(V).collect();
+        let acc2: Vec<V> = (0..nc as u8).map(|c| V(CHUNK as u8 + c)).collect();
         {
             let mut vx = Vx { a: &mut *a, t: &mut *t, wide, held: &[] };
-            for (c, &r) in acc.iter().enumerate() {
+            for (c, (&r, &r2)) in acc.iter().zip(&acc2).enumerate() {
                 vx.load(r, ptr(rsp + g.acc_at + ((c0 + c as u64) * w * 4) as i32), None)?;
+                vx.op(Op::Xor, r2, r2, Src::R(r2))?;
             }
         }
         a.imul_3(r8, rbp, (g.vj * 4) as i32)?;
         a.add(r8, r13)?;
         a.mov(rsi, rsp)?;
-        a.mov(rcx, nk as i64)?;
-        let mut top = a.create_label();
-        a.set_label(&mut top)?;
-        {
-            let mut vx = Vx { a: &mut *a, t: &mut *t, wide, held: &[] };
-            vx.broadcast(P_BCAST, dword_ptr(rsi))?;
-            for (c, &r) in acc.iter().enumerate() {
-                let col = c0 + c as u64;
-                let at = ptr(r8 + (col * w * 4) as i32);
-                if col + 1 == g.acc_vectors && g.width % w != 0 {
-                    vx.load(T0, at, Some(col_tail))?;
-                    vx.op(Op::Fma231, r, P_BCAST, Src::R(T0))?;
-                } else {
-                    vx.op(Op::Fma231, r, P_BCAST, Src::M(at))?;
+        let step = |a: &mut CodeAssembler, t: &mut Tables, sets: &[(&[V], V, i64)]| -> R<()> {
+            let mut vx = Vx { a, t, wide, held: &[] };
+            for &(_, b, key) in sets {
+                vx.broadcast(b, dword_ptr(rsi + (key * 4) as i32))?;
+            }
+            for &(regs, b, key) in sets {
+                for (c, &r) in regs.iter().enumerate() {
+                    let col = c0 + c as u64;
+                    let at = ptr(r8 + (key * g.vj * 4 + (col * w * 4) as i64) as i32);
+                    if col + 1 == g.acc_vectors && g.width % w != 0 {
+                        vx.load(T0, at, Some(col_tail))?;
+                        vx.op(Op::Fma231, r, b, Src::R(T0))?;
+                    } else {
+                        vx.op(Op::Fma231, r, b, Src::M(at))?;
+                    }
                 }
             }
+            Ok(())
+        };
+        if nk / 2 > 0 {
+            a.mov(rcx, (nk / 2) as i64)?;
+            let mut top = a.create_label();
+            a.set_label(&mut top)?;
+            step(a, t, &[(&acc, P_BCAST, 0), (&acc2, T1, 1)])?;
+            a.add(rsi, 8)?;
+            add_imm(a, r8, 2 * g.vj * 4, rax)?;
+            a.dec(rcx)?;
+            a.jnz(top)?;
         }
-        a.add(rsi, 4)?;
-        add_imm(a, r8, g.vj * 4, rax)?;
-        a.dec(rcx)?;
-        a.jnz(top)?;
+        if nk % 2 == 1 {
+            step(a, t, &[(&acc, P_BCAST, 0)])?;
+        }
         {
             let mut vx = Vx { a: &mut *a, t: &mut *t, wide, held: &[] };
-            for (c, &r) in acc.iter().enumerate() {
+            for (c, (&r, &r2)) in acc.iter().zip(&acc2).enumerate() {
+                vx.op(Op::Add, r, r, Src::R(r2))?;
                 vx.store(ptr(rsp + g.acc_at + ((c0 + c as u64) * w * 4) as i32), r, None)?;
             }
         }
