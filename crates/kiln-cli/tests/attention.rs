@@ -72,7 +72,10 @@ fn graph(b: usize, h: usize, s: usize, d: usize, mask: Mask, scale_q: bool) -> S
         (Mask::None, _) | (_, None) => "%scores".to_string(),
         (Mask::Boolean, Some(m)) => {
             body.push_str(&format!("  %zero = const f32[] [0.0] \"zero\"\n  %big = const f32[] [-10000.0] \"big\"\n"));
-            body.push_str(&format!("  %addmask = Where(%mask, %zero, %big) : f32[{}] \"addmask\" node \"addmask\"\n", dims(m)));
+            body.push_str(&format!(
+                "  %addmask = Where(%mask, %zero, %big) : f32[{}] \"addmask\" node \"addmask\"\n",
+                dims(m)
+            ));
             body.push_str(&format!("  %masked = Add(%scores, %addmask) : f32[{sc}] \"masked\" node \"masked\"\n"));
             "%masked".to_string()
         }
@@ -104,7 +107,8 @@ fn graph_text(b: usize, h: usize, s: usize, d: usize, mask: Mask, scale_q: bool,
 /// order they are defined (the inputs, then each line's result), as the text form wants.
 fn dense(text: &str) -> String {
     let mut order: Vec<String> = Vec::new();
-    let name = |t: &str| t.trim_start_matches('%').chars().take_while(|c| c.is_ascii_alphanumeric()).collect::<String>();
+    let name =
+        |t: &str| t.trim_start_matches('%').chars().take_while(|c| c.is_ascii_alphanumeric()).collect::<String>();
     for (n, line) in text.lines().enumerate() {
         if n == 0 {
             let header = line.split("->").next().unwrap_or("");
@@ -149,7 +153,11 @@ fn inputs(g: &Graph) -> Vec<Tensor> {
                 _ => (0..n)
                     .flat_map(|_| {
                         let x = if mask {
-                            if next() % 3 == 0 { -3.0f32 } else { 0.0 }
+                            if next() % 3 == 0 {
+                                -3.0f32
+                            } else {
+                                0.0
+                            }
                         } else {
                             (next() % 4000) as f32 / 1000.0 - 2.0
                         };
@@ -184,7 +192,8 @@ fn check(b: usize, h: usize, s: usize, d: usize, mask: Mask, scale_q: bool) {
     let feeds = inputs(&g);
     let want = kiln_ref::eval_graph(&g, &feeds).expect("reference")[0].to_f64_vec();
     let max = want.iter().fold(0f64, |m, x| m.max(x.abs()));
-    for (target, tname) in [(kiln_compiler::CpuTarget::X86_64V3, "x86-64-v3"), (kiln_compiler::CpuTarget::Host, "host")] {
+    for (target, tname) in [(kiln_compiler::CpuTarget::X86_64V3, "x86-64-v3"), (kiln_compiler::CpuTarget::Host, "host")]
+    {
         let name = format!("b{b} h{h} s{s} d{d} {mask:?}{} on {tname}", if scale_q { " (scale on Q)" } else { "" });
         let got = run(&g, target, &feeds, &name);
         assert_eq!(got.len(), want.len(), "{name}");

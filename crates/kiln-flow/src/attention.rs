@@ -134,7 +134,18 @@ impl Attention {
             && outer(&v.offset, &[j.0, d])
             && main.mask.as_ref().is_none_or(|(m, _)| outer(&m.offset, &[j.0]))
             && (v.offset.of(j.0) != 0 || extent(j.0) == Some(1));
-        ok.then_some(Attention { q: main.q, k: main.k, v, mask: main.mask, scale: main.scale, key: j.0, depth: main.dot, column: d, keys: extent(j.0)?, nan_to_zero })
+        ok.then_some(Attention {
+            q: main.q,
+            k: main.k,
+            v,
+            mask: main.mask,
+            scale: main.scale,
+            key: j.0,
+            depth: main.dot,
+            column: d,
+            keys: extent(j.0)?,
+            nan_to_zero,
+        })
     }
 
     /// Whether the CPU emitter reads every operand in place: K's keys, V's columns
@@ -414,7 +425,9 @@ fn copy(
             Expr::Unary(op, a) => b.raw(n.ty, Expr::Unary(*op, m(a)?)),
             Expr::Binary(op, x, y) => b.raw(n.ty, Expr::Binary(*op, m(x)?, m(y)?)),
             Expr::Select(c, x, y) => b.raw(n.ty, Expr::Select(m(c)?, m(x)?, m(y)?)),
-            Expr::Cast { value, to, saturate } => b.raw(n.ty, Expr::Cast { value: m(value)?, to: *to, saturate: *saturate }),
+            Expr::Cast { value, to, saturate } => {
+                b.raw(n.ty, Expr::Cast { value: m(value)?, to: *to, saturate: *saturate })
+            }
         };
         map[i] = Some(e);
     }
@@ -499,8 +512,9 @@ fn try_form(p: &mut FlowProgram, d: usize, slot: usize, outputs: &[BufferId]) ->
                         name: format!("{}.mask", p.buffers[scores.index()].name),
                         kind: crate::program::BufferKind::Result,
                     });
-                    let dispatch = crate::program::Dispatch::new(mask_kernel, operands, buffer, original.sources.clone())
-                        .guarded(original.guard.clone());
+                    let dispatch =
+                        crate::program::Dispatch::new(mask_kernel, operands, buffer, original.sources.clone())
+                            .guarded(original.guard.clone());
                     mask = Some(dispatch);
                     buffer
                 }

@@ -150,15 +150,11 @@ pub(crate) fn emit(k: &Kernel, wide: bool) -> R<AttentionCode> {
     let mut row_top = a.create_label();
     a.set_label(&mut row_top)?;
     // Base addresses: rbx Q, r12 K, r13 V, r14 the mask, r15 the output row.
-    let bases: Vec<(AsmRegister64, &kiln_flow::attention::Operand)> = [
-        Some((rbx, &at.q)),
-        Some((r12, &at.k)),
-        Some((r13, &at.v)),
-        at.mask.as_ref().map(|(m, _)| (r14, m)),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let bases: Vec<(AsmRegister64, &kiln_flow::attention::Operand)> =
+        [Some((rbx, &at.q)), Some((r12, &at.k)), Some((r13, &at.v)), at.mask.as_ref().map(|(m, _)| (r14, m))]
+            .into_iter()
+            .flatten()
+            .collect();
     for &(r, op) in &bases {
         a.mov(r, qword_ptr(rdi + 8 * op.input as i32))?;
         add_imm(&mut a, r, op.offset.c.wrapping_mul(4), rax)?;
@@ -238,7 +234,15 @@ pub(crate) fn emit(k: &Kernel, wide: bool) -> R<AttentionCode> {
 /// One block of `nk` keys starting at key `rbp`: scores, the online softmax's update
 /// and the accumulation of `P·V` (see the module docs). Keeps `RUN_MAX`, `RUN_SUM` and
 /// the masks; clobbers every other vector register, rax, rcx, rsi, r8 and r9.
-fn key_block(a: &mut CodeAssembler, t: &mut Tables, wide: bool, g: &Geometry, nk: u64, key_tail: Mask, col_tail: Mask) -> R<()> {
+fn key_block(
+    a: &mut CodeAssembler,
+    t: &mut Tables,
+    wide: bool,
+    g: &Geometry,
+    nk: u64,
+    key_tail: Mask,
+    col_tail: Mask,
+) -> R<()> {
     let w = g.w;
     let nv = nk.div_ceil(w);
     let tail = nk % w != 0;
