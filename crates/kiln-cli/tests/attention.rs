@@ -71,7 +71,7 @@ fn graph(b: usize, h: usize, s: usize, d: usize, mask: Mask, scale_q: bool) -> S
     let masked = match (mask, &md) {
         (Mask::None, _) | (_, None) => "%scores".to_string(),
         (Mask::Boolean, Some(m)) => {
-            body.push_str(&format!("  %zero = const f32[] [0.0] \"zero\"\n  %big = const f32[] [-10000.0] \"big\"\n"));
+            body.push_str("  %zero = const f32[] [0.0] \"zero\"\n  %big = const f32[] [-10000.0] \"big\"\n");
             body.push_str(&format!(
                 "  %addmask = Where(%mask, %zero, %big) : f32[{}] \"addmask\" node \"addmask\"\n",
                 dims(m)

@@ -139,10 +139,10 @@ pub(crate) fn emit(k: &Kernel, wide: bool) -> R<AttentionCode> {
     let (key_tail, col_tail) = if wide { (KEY_TAIL_K, COL_TAIL_K) } else { (KEY_TAIL, COL_TAIL) };
     {
         let mut vx = Vx { a: &mut a, t: &mut t, wide, held: &[] };
-        if keys % w != 0 {
+        if !keys.is_multiple_of(w) {
             vx.first_lanes(key_tail, keys % w, eax)?;
         }
-        if width % w != 0 {
+        if !width.is_multiple_of(w) {
             vx.first_lanes(col_tail, width % w, eax)?;
         }
     }
@@ -199,7 +199,7 @@ pub(crate) fn emit(k: &Kernel, wide: bool) -> R<AttentionCode> {
         a.cmp(rbp, (full * block) as i32)?;
         a.jb(top)?;
     }
-    if keys % block != 0 {
+    if !keys.is_multiple_of(block) {
         key_block(&mut a, &mut t, wide, &g, keys % block, key_tail, col_tail)?;
     }
     // out = acc / l; with `nan_to_zero`, 0 where l is NaN (the row's probabilities
@@ -218,7 +218,7 @@ pub(crate) fn emit(k: &Kernel, wide: bool) -> R<AttentionCode> {
             if at.nan_to_zero {
                 vx.blend(V(0), nan, V(0), V(1))?;
             }
-            let mask = (c + 1 == acc_vectors && width % w != 0).then_some(col_tail);
+            let mask = (c + 1 == acc_vectors && !width.is_multiple_of(w)).then_some(col_tail);
             vx.store(ptr(r15 + off), V(0), mask)?;
         }
     }
@@ -245,7 +245,7 @@ fn key_block(
 ) -> R<()> {
     let w = g.w;
     let nv = nk.div_ceil(w);
-    let tail = nk % w != 0;
+    let tail = !nk.is_multiple_of(w);
     let s: Vec<V> = (0..nv as u8).map(V).collect();
     let key_mask = |u: u64| (tail && u + 1 == nv).then_some(key_tail);
     {
@@ -394,7 +394,7 @@ fn key_block(
                 for (c, &r) in regs.iter().enumerate() {
                     let col = c0 + c as u64;
                     let at = ptr(r8 + (key * g.vj * 4 + (col * w * 4) as i64) as i32);
-                    if col + 1 == g.acc_vectors && g.width % w != 0 {
+                    if col + 1 == g.acc_vectors && !g.width.is_multiple_of(w) {
                         vx.load(T0, at, Some(col_tail))?;
                         vx.op(Op::Fma231, r, b, Src::R(T0))?;
                     } else {
