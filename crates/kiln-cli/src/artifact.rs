@@ -44,6 +44,7 @@ pub(crate) struct Args {
     pub iterations: Option<usize>,
     pub size: bool,
     pub precision: kiln_compiler::Precision,
+    pub fused_attention: bool,
     pub profile: bool,
     pub samples: Option<PathBuf>,
     pub floor: bool,
@@ -140,6 +141,7 @@ fn options_with(a: &Args, model: &Path, cubin: CubinMode) -> Result<Options, Str
         source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         import: a.import.clone(),
         precision: a.precision,
+        fused_attention: a.fused_attention,
     })
 }
 

@@ -171,7 +171,7 @@ fn inputs(g: &Graph) -> Vec<Tensor> {
 }
 
 fn run(g: &Graph, target: kiln_compiler::CpuTarget, feeds: &[Tensor], name: &str) -> Vec<f32> {
-    let opts = kiln_compiler::Options { target, ..Default::default() };
+    let opts = kiln_compiler::Options { target, fused_attention: true, ..Default::default() };
     let c = kiln_compiler::compile(g, &opts).unwrap_or_else(|e| panic!("{name}: compile: {e}"));
     let classes: Vec<&str> = c.flow.dispatches.iter().map(|d| d.class.name()).collect();
     assert_eq!(classes.iter().filter(|&&c| c == "attention").count(), 1, "{name}: one attention dispatch: {classes:?}");

@@ -55,7 +55,7 @@ fn entry(name: &str) -> Value {
 
 /// Compiles `g` at `precision` (CPU), loads the artifact and runs it on `feeds`.
 fn compile_and_run(g: &Graph, precision: Precision, feeds: &[Tensor]) -> (kiln_compiler::Compiled, Vec<Tensor>) {
-    let opts = Options { precision, ..Default::default() };
+    let opts = Options { precision, fused_attention: true, ..Default::default() };
     let c = kiln_compiler::compile(g, &opts).unwrap_or_else(|e| panic!("compile at {precision}: {e}"));
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
     let mut inst = kiln_runtime::Instance::new(&module).expect("instantiate");
@@ -102,7 +102,8 @@ fn constant_pool(c: &kiln_compiler::Compiled) -> usize {
 /// artifact is the one a pipeline without the stage writes; an explicit f32 and the
 /// default write the same bytes.
 fn check_f32_is_a_no_op(name: &str, g: &Graph) {
-    let mut c = Compilation::new(Input::Graph(g.clone()), Options::default());
+    // Attention chains fused (opt-in), so both forms of the masked step are checked.
+    let mut c = Compilation::new(Input::Graph(g.clone()), Options { fused_attention: true, ..Options::default() });
     c.run_to(Stage::FormDispatches).expect("form dispatches");
     let formed = c.flow().expect("flow").clone();
     c.run_to(Stage::NarrowStorage).expect("narrow storage");
@@ -253,7 +254,8 @@ fn masked_attention(masked: f32, relu: bool) -> String {
 fn formed(src: &str) -> (Graph, FlowProgram) {
     let g = kiln_ir::text::parse(src).expect("parse");
     kiln_ir::verify::verify(&g).expect("verify");
-    let mut c = Compilation::new(Input::Graph(g.clone()), Options::default());
+    // Attention chains fused (opt-in), so both forms of the masked step are checked.
+    let mut c = Compilation::new(Input::Graph(g.clone()), Options { fused_attention: true, ..Options::default() });
     c.run_to(Stage::FormDispatches).expect("form dispatches");
     (g, c.flow().expect("flow").clone())
 }
