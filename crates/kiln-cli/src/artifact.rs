@@ -45,6 +45,7 @@ pub(crate) struct Args {
     pub iterations: Option<usize>,
     pub size: bool,
     pub precision: kiln_compiler::Precision,
+    pub fused_attention: bool,
     pub profile: bool,
     pub samples: Option<PathBuf>,
     pub floor: bool,
@@ -159,6 +160,7 @@ fn options_with(a: &Args, model: &Path, cubin: CubinMode) -> Result<Options, Str
         source: model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         import: a.import.clone(),
         precision: a.precision,
+        fused_attention: a.fused_attention,
     })
 }
 
@@ -356,7 +358,9 @@ fn class_summary(flow: &kiln_flow::program::FlowProgram, notes: &[String]) -> St
     let general = |i: usize| notes.get(i).is_none_or(|n| n.starts_with("general"));
     let mut parts = Vec::new();
     let mut fallbacks = 0;
-    for class in KernelClass::ALL {
+    // General last: the class without a microkernel of its own.
+    let order = KernelClass::ALL.into_iter().filter(|&c| c != KernelClass::General).chain([KernelClass::General]);
+    for class in order {
         let of: Vec<usize> = (0..flow.dispatches.len()).filter(|&i| flow.dispatches[i].class == class).collect();
         let micro = of.iter().filter(|&&i| !general(i)).count();
         if class == KernelClass::General {

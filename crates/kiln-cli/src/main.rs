@@ -109,6 +109,7 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
         },
         size,
         precision,
+        fused_attention: m.fuse_attention,
         ..Default::default()
     })
 }

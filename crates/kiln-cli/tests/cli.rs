@@ -324,12 +324,38 @@ fn wrong_inputs_are_refused_with_names() {
     assert!(!ok && !err.contains("panicked") && err.starts_with("error: "), "{err}");
 }
 
+/// An attention chain (`crates/kiln-lower/tests/filetests/class-attention.kir`) compiles
+/// to one dispatch of class `attention`: `--timings` lists it with its emitter's note and
+/// counts it in the summary, and `inspect` (text and JSON) reads the class back from the
+/// artifact.
+#[test]
+fn attention_class_in_timings_and_inspect() {
+    let dir = scratch("cli", "attention");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../kiln-lower/tests/filetests/class-attention.kir");
+    let art = dir.join("attention.kiln");
+    let (done, _, err) = kiln(&["compile", model, "-o", s(&art), "--target-cpu", "x86-64-v3", "--timings", "--fuse-attention"]);
+    assert!(done, "compile failed: {err}");
+    let line = err.lines().find(|l| l.split_whitespace().nth(2) == Some("attention")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("256-bit attention, online softmax (avx2+fma)"), "{line}");
+    assert!(err.contains("1 attention (1 microkernel), 0 general; 0 fell back"), "{err}");
+    let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
+    let classes: Vec<&str> = json["entries"][0]["commands"]
+        .as_array()
+        .expect("commands")
+        .iter()
+        .filter(|c| c["op"] == "dispatch")
+        .map(|c| c["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["movement", "attention"]);
+    assert!(ok(&["inspect", s(&art)]).contains("(attention) x"));
+}
+
 /// `compile --timings` names each dispatch's kernel class with its codegen note and sums
 /// them up by class and path; `inspect` (text and JSON) reads the same class back from
 /// the artifact's kernel table.
 #[test]
 fn kernel_classes_in_timings_and_inspect() {
-    const CLASSES: [&str; 6] = ["contraction", "window", "rows", "movement", "elementwise", "general"];
+    const CLASSES: [&str; 7] = ["contraction", "window", "rows", "movement", "elementwise", "general", "attention"];
     let dir = scratch("cli", "classes");
     let art = dir.join("lenet.kiln");
     let (done, _, err) = kiln(&["compile", LENET, "-o", s(&art), "--target-cpu", "x86-64-v4", "--timings"]);

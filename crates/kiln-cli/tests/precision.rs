@@ -55,7 +55,7 @@ fn entry(name: &str) -> Value {
 
 /// Compiles `g` at `precision` (CPU), loads the artifact and runs it on `feeds`.
 fn compile_and_run(g: &Graph, precision: Precision, feeds: &[Tensor]) -> (kiln_compiler::Compiled, Vec<Tensor>) {
-    let opts = Options { precision, ..Default::default() };
+    let opts = Options { precision, fused_attention: true, ..Default::default() };
     let c = kiln_compiler::compile(g, &opts).unwrap_or_else(|e| panic!("compile at {precision}: {e}"));
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
     let mut inst = kiln_runtime::Instance::new(&module).expect("instantiate");
@@ -102,7 +102,8 @@ fn constant_pool(c: &kiln_compiler::Compiled) -> usize {
 /// artifact is the one a pipeline without the stage writes; an explicit f32 and the
 /// default write the same bytes.
 fn check_f32_is_a_no_op(name: &str, g: &Graph) {
-    let mut c = Compilation::new(Input::Graph(g.clone()), Options::default());
+    // Attention chains fused (opt-in), so both forms of the masked step are checked.
+    let mut c = Compilation::new(Input::Graph(g.clone()), Options { fused_attention: true, ..Options::default() });
     c.run_to(Stage::FormDispatches).expect("form dispatches");
     let formed = c.flow().expect("flow").clone();
     c.run_to(Stage::NarrowStorage).expect("narrow storage");
@@ -206,7 +207,7 @@ fn bert_tiny_in_half_precision_matches_onnx_runtime() {
 /// A masked attention step: `softmax(x·Wq + mask)·V`, the mask a constant whose
 /// masked entries are `masked` (row 0 unmasked, row 1 half masked, row 2 all but one
 /// column, row 3 every column).
-fn masked_attention(masked: f32) -> String {
+fn masked_attention(masked: f32, relu: bool) -> String {
     let weights = |seed: usize| -> String {
         (0..64).map(|i| format!("{:.4}", (((i * 37 + seed * 11) % 17) as f32 - 8.0) / 16.0)).collect::<Vec<_>>().join(", ")
     };
@@ -226,7 +227,7 @@ fn masked_attention(masked: f32) -> String {
             }
         })
         .collect();
-    format!(
+    let text = format!(
         "graph @masked(%0: f32[4,8] \"x\") -> (%7) {{\n\
          %1 = const f32[8,8] [{}] \"wq\"\n\
          %2 = MatMul(%0, %1) : f32[4,8] \"scores\"\n\
@@ -238,14 +239,23 @@ fn masked_attention(masked: f32) -> String {
         weights(1),
         mask.join(", "),
         weights(2)
-    )
+    );
+    // A Relu of the probabilities (the identity on them) keeps the chain from being
+    // one attention kernel: the Softmax is a row kernel whose result is stored.
+    if relu {
+        text.replace("%7 = MatMul(%5, %6)", "%7 = Relu(%5) : f32[4,8] \"r\"\n%8 = MatMul(%7, %6)")
+            .replace("-> (%7)", "-> (%8)")
+    } else {
+        text
+    }
 }
 
 /// The flow program of `src` as dispatch formation leaves it (f32).
 fn formed(src: &str) -> (Graph, FlowProgram) {
     let g = kiln_ir::text::parse(src).expect("parse");
     kiln_ir::verify::verify(&g).expect("verify");
-    let mut c = Compilation::new(Input::Graph(g.clone()), Options::default());
+    // Attention chains fused (opt-in), so both forms of the masked step are checked.
+    let mut c = Compilation::new(Input::Graph(g.clone()), Options { fused_attention: true, ..Options::default() });
     c.run_to(Stage::FormDispatches).expect("form dispatches");
     (g, c.flow().expect("flow").clone())
 }
@@ -253,7 +263,9 @@ fn formed(src: &str) -> (Graph, FlowProgram) {
 /// A mask constant whose entries overflow the half type keeps f32 storage, and so does
 /// every value that carries it (the masked scores); the Softmax after it narrows. A
 /// fully masked row is then uniform, as in f32, where an infinite mask would make it
-/// NaN. A mask that fits (−1e4 in f16) narrows.
+/// NaN. A mask that fits (−1e4 in f16) narrows. Each case twice: with the Softmax a
+/// row kernel of its own (a Relu after it), and as the one attention kernel the chain
+/// becomes on the CPU, which reads and writes f32 (`Kept::Attention`).
 #[test]
 fn an_overflowing_mask_keeps_f32_storage() {
     for (precision, masked, kept) in [
@@ -263,38 +275,54 @@ fn an_overflowing_mask_keeps_f32_storage() {
         (Precision::BF16, -1e9, false),
     ] {
         let what = format!("{precision}, mask {masked:e}");
-        let (g, mut flow) = formed(&masked_attention(masked));
-        let report = narrow_storage(&mut flow, precision);
-        let mask = flow.buffers.iter().position(|b| b.name == "mask").expect("the mask constant");
-        let storage = precision.storage().expect("half");
-        if kept {
-            assert_eq!(flow.buffers[mask].ty.dtype, DType::F32, "{what}: the mask narrowed");
-            assert!(report.kept.contains(&(kiln_flow::program::BufferId(mask as u32), Kept::Range)), "{what}");
-            // The value the Softmax reads carries the mask: f32 too.
-            let softmax = flow.dispatches.iter().find(|d| d.class == KernelClass::Rows).expect("the softmax");
-            for &o in &softmax.operands {
-                assert_eq!(flow.buffer(o).ty.dtype, DType::F32, "{what}: the softmax reads a narrowed value");
+        for relu in [true, false] {
+            let what = format!("{what}{}", if relu { ", softmax apart" } else { ", one attention kernel" });
+            let (g, mut flow) = formed(&masked_attention(masked, relu));
+            let report = narrow_storage(&mut flow, precision);
+            let mask = flow.buffers.iter().position(|b| b.name == "mask").expect("the mask constant");
+            let storage = precision.storage().expect("half");
+            if kept {
+                assert_eq!(flow.buffers[mask].ty.dtype, DType::F32, "{what}: the mask narrowed");
+                assert!(report.kept.contains(&(kiln_flow::program::BufferId(mask as u32), Kept::Range)), "{what}");
+                if relu {
+                    // The value the Softmax reads carries the mask: f32 too.
+                    let softmax = flow.dispatches.iter().find(|d| d.class == KernelClass::Rows).expect("the softmax");
+                    for &o in &softmax.operands {
+                        assert_eq!(flow.buffer(o).ty.dtype, DType::F32, "{what}: the softmax reads a narrowed value");
+                    }
+                    assert_eq!(
+                        flow.buffer(softmax.result).ty.dtype,
+                        storage,
+                        "{what}: the softmax's result did not narrow"
+                    );
+                } else {
+                    // No score matrix is stored; the attention kernel reads and writes f32.
+                    let at = flow.dispatches.iter().find(|d| d.class == KernelClass::Attention).expect("attention");
+                    for &o in at.operands.iter().chain([&at.result]) {
+                        assert_eq!(flow.buffer(o).ty.dtype, DType::F32, "{what}: the attention kernel reads half");
+                    }
+                }
+            } else if relu {
+                assert_eq!(flow.buffers[mask].ty.dtype, storage, "{what}: the mask did not narrow");
             }
-            assert_eq!(flow.buffer(softmax.result).ty.dtype, storage, "{what}: the softmax's result did not narrow");
-        } else {
-            assert_eq!(flow.buffers[mask].ty.dtype, storage, "{what}: the mask did not narrow");
+            let vals: Vec<f64> = (0..32).map(|i| (((i * 29) % 23) as f64 - 11.0) / 8.0).collect();
+            let x =
+                vec![Tensor::from_f64(DType::F32, kiln_ir::Shape::new(vec![4, 8]).expect("shape"), &vals).expect("x")];
+            let want = kiln_ref::eval_graph(&g, &x).expect("reference");
+            let (_, got) = compile_and_run(&g, precision, &x);
+            assert!(got[0].to_f64_vec().iter().all(|v| v.is_finite()), "{what}: {:?}", got[0].to_f64_vec());
+            // A fully masked row under a mask that fits the half type is the softmax of
+            // `s + mask` stored half: the scores are gone in its rounding (f16's step at
+            // 1e4 is 8), so that row is compared only where the mask is kept f32.
+            let rows = if kept { 4 } else { 3 };
+            let part = |t: &Tensor| {
+                let v: Vec<f64> = t.to_f64_vec()[..rows * 8].to_vec();
+                Tensor::from_f64(DType::F32, kiln_ir::Shape::new(vec![rows, 8]).expect("shape"), &v).expect("rows")
+            };
+            let (l2, mx) = errors(&part(&got[0]), &part(&want[0]));
+            let bounds = if precision == Precision::F16 { F16 } else { BF16 };
+            assert!(l2 <= bounds.rel_l2 && mx <= bounds.max_rel, "{what}: errors {l2:.2e} / {mx:.2e}");
         }
-        let vals: Vec<f64> = (0..32).map(|i| (((i * 29) % 23) as f64 - 11.0) / 8.0).collect();
-        let x = vec![Tensor::from_f64(DType::F32, kiln_ir::Shape::new(vec![4, 8]).expect("shape"), &vals).expect("x")];
-        let want = kiln_ref::eval_graph(&g, &x).expect("reference");
-        let (_, got) = compile_and_run(&g, precision, &x);
-        assert!(got[0].to_f64_vec().iter().all(|v| v.is_finite()), "{what}: {:?}", got[0].to_f64_vec());
-        // A fully masked row under a mask that fits the half type is the softmax of
-        // `s + mask` stored half: the scores are gone in its rounding (f16's step at
-        // 1e4 is 8), so that row is compared only where the mask is kept f32.
-        let rows = if kept { 4 } else { 3 };
-        let part = |t: &Tensor| {
-            let v: Vec<f64> = t.to_f64_vec()[..rows * 8].to_vec();
-            Tensor::from_f64(DType::F32, kiln_ir::Shape::new(vec![rows, 8]).expect("shape"), &v).expect("rows")
-        };
-        let (l2, mx) = errors(&part(&got[0]), &part(&want[0]));
-        let bounds = if precision == Precision::F16 { F16 } else { BF16 };
-        assert!(l2 <= bounds.rel_l2 && mx <= bounds.max_rel, "{what}: errors {l2:.2e} / {mx:.2e}");
     }
 }
 
@@ -342,7 +370,9 @@ fn half_precision_kernels_assemble_for_sm_90a() {
                     // Hopper's wgmma where both operands stream in 16-byte chunks.
                     note.starts_with("contraction mma.sync m16n8k16") || note.starts_with("contraction wgmma m64n")
                 } else {
-                    !note.starts_with("contraction (") || note.contains("tensor cores declined: ") || op.a.dtype == op.b.dtype
+                    !note.starts_with("contraction (")
+                        || note.contains("tensor cores declined: ")
+                        || op.a.dtype == op.b.dtype
                 };
                 if !ok {
                     failures.push(format!("{name} {precision} {}: {note}", d.kernel.name));

@@ -92,6 +92,12 @@ pub struct Options {
     /// `ptxas` and ship it beside the PTX, preferred by every kernel ([`ptxas`];
     /// [`ptxas::find`] looks one up). `None`: PTX only.
     pub ptxas: Option<PathBuf>,
+    /// Fuse each attention chain (product, softmax, product) into one kernel with an
+    /// online softmax, the score matrix never stored (`kiln compile --fuse-attention`;
+    /// CPU microkernel targets). Off by default: it saves the score matrix's arena at
+    /// long sequences but is slower than the separate kernels at the lengths measured
+    /// (docs/benchmarks.md).
+    pub fused_attention: bool,
 }
 
 impl Default for Options {
@@ -108,6 +114,7 @@ impl Default for Options {
             import: ImportOptions::default(),
             precision: Precision::F32,
             ptxas: None,
+            fused_attention: false,
         }
     }
 }
@@ -559,7 +566,7 @@ impl Compilation {
                     TargetDevice::Cpu => kiln_lower::Formation::Microkernels,
                     TargetDevice::Cuda => kiln_lower::Formation::ImplicitGemm,
                 };
-                let flow = kiln_lower::form_with(&g, formation);
+                let flow = kiln_lower::form_with(&g, formation, self.options.fused_attention);
                 self.graph = Some(g);
                 self.flow = Some(flow?);
             }

@@ -9,6 +9,9 @@
 //! prints it.
 //!
 //! The classes, decided in this order (the first that fits):
+//! 0. [`KernelClass::Attention`]: `softmax(s·Q·Kᵀ + mask)·V` as one kernel, the form
+//!    [`crate::attention::Attention::of`] recognises (formed only by
+//!    [`crate::attention::form_attention`], after fusion).
 //! 1. [`KernelClass::Window`]: a depthwise convolution or a pool over an NCHW image,
 //!    each output channel a small window of its own input channel
 //!    ([`crate::window::Depthwise::of`]); or an interpolating resample (Resize), each
@@ -40,6 +43,7 @@
 //! expressions read no input; a kernel with a load whose index does read one (a
 //! data-dependent index) is General, whatever else it computes.
 
+use crate::attention::Attention;
 use crate::contraction::Contraction;
 use crate::kernel::{Expr, Kernel, ScalarType};
 use crate::resample::Resample;
@@ -52,7 +56,8 @@ pub use kiln_module::program::KernelClass;
 
 /// How fast a kernel of a class runs compared with the others, as a rank (lower is
 /// faster): 0 for the classes with register-tiled microkernels (Contraction, Window), 1
-/// for Rows (vectorised reductions along a row), 2 for Movement and Elementwise
+/// for Rows (vectorised reductions along a row; Attention, whose emitter tiles its
+/// products like a contraction's, is 0 too), 2 for Movement and Elementwise
 /// (vectorised copies and pointwise loops), 3 for General (what no class emitter takes).
 /// Fusion never puts the work of a kernel of rank 0 or 1 into a kernel of a slower rank
 /// (`crate::fuse`). A compiler policy, so it lives here, not on the artifact's enum.
@@ -64,7 +69,7 @@ pub trait Rank {
 impl Rank for KernelClass {
     fn rank(self) -> u8 {
         match self {
-            KernelClass::Contraction | KernelClass::Window => 0,
+            KernelClass::Contraction | KernelClass::Window | KernelClass::Attention => 0,
             KernelClass::Rows => 1,
             KernelClass::Movement | KernelClass::Elementwise => 2,
             KernelClass::General => 3,
@@ -74,6 +79,9 @@ impl Rank for KernelClass {
 
 /// Classifies `k` (the first class of the module docs' list that fits).
 pub fn classify(k: &Kernel) -> KernelClass {
+    if Attention::of(k).is_some() {
+        return KernelClass::Attention;
+    }
     if Depthwise::of(k).is_some() || Resample::is_interpolation(k) {
         return KernelClass::Window;
     }

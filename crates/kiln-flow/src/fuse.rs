@@ -182,6 +182,34 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
     if pk.output.shape.numel() == 0 || dk.nodes.len() + pk.nodes.len() > MAX_NODES {
         return false;
     }
+    let Some((fused, operands)) = fused_kernel(p, d, k, pi) else { return false };
+    let (dk, pk) = (&p.dispatches[d].kernel, &p.dispatches[pi].kernel);
+    let resamples = |k: &Kernel| Resample::is_interpolation(k) || Resample::is_table_copy(k);
+    if contractions && (demotes(dk, pk, &fused) || resamples(dk) || resamples(pk)) {
+        return false;
+    }
+    let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;
+    let w = work(&fused);
+    let own = if shared { work(dk) + work(pk) } else { unfused };
+    if w > 1.1 * own + 64.0 {
+        return false;
+    }
+    let mut sources = p.dispatches[pi].sources.clone();
+    sources.extend(p.dispatches[d].sources.iter().cloned());
+    let disp = &mut p.dispatches[d];
+    disp.kernel = fused;
+    disp.operands = operands;
+    disp.sources = sources;
+    true
+}
+
+/// The kernel of dispatch `d` with dispatch `pi`, the producer of its operand `k`,
+/// substituted for every load of that operand's storage, and the fused kernel's
+/// operands: `d`'s other operands, then `pi`'s not already present. `None` where the
+/// fused kernel is not a valid kernel. Decides nothing: the callers weigh it
+/// (`try_fuse`; `crate::attention`).
+pub(crate) fn fused_kernel(p: &FlowProgram, d: usize, k: usize, pi: usize) -> Option<(Kernel, Vec<BufferId>)> {
+    let (dk, pk) = (&p.dispatches[d].kernel, &p.dispatches[pi].kernel);
     let x = p.dispatches[d].operands[k];
     // The operand list of the fused kernel: d's without `x` (every operand slot
     // reading x's storage), then p's operands not already present.
@@ -216,24 +244,8 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
         let _ = via;
         LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
     }, pk, &p_map);
-    let Ok(fused) = b.finish(root) else { return false };
-    let resamples = |k: &Kernel| Resample::is_interpolation(k) || Resample::is_table_copy(k);
-    if contractions && (demotes(dk, pk, &fused) || resamples(dk) || resamples(pk)) {
-        return false;
-    }
-    let unfused = work(dk) + work(pk) + 2.0 * pk.output.shape.numel() as f64;
-    let w = work(&fused);
-    let own = if shared { work(dk) + work(pk) } else { unfused };
-    if w > 1.1 * own + 64.0 {
-        return false;
-    }
-    let mut sources = p.dispatches[pi].sources.clone();
-    sources.extend(p.dispatches[d].sources.iter().cloned());
-    let disp = &mut p.dispatches[d];
-    disp.kernel = fused;
-    disp.operands = operands;
-    disp.sources = sources;
-    true
+    let fused = b.finish(root).ok()?;
+    Some((fused, operands))
 }
 
 /// How fast `k` runs, as its class's [`KernelClass::rank`], except that a contraction a
@@ -498,8 +510,13 @@ fn substitute(
 
 /// Estimated evaluations of a kernel: every node counted as often as it runs when it
 /// is placed at the loop depth of its innermost free variable (transcendentals and
-/// divisions weigh more, except integer division by a constant).
+/// divisions weigh more, except integer division by a constant). An attention kernel
+/// ([`crate::attention`]) counts what its emitter does instead.
 pub fn work(k: &Kernel) -> f64 {
+    // An attention kernel runs flash-style, not as its nested reductions read.
+    if let Some(a) = crate::attention::Attention::of(k) {
+        return crate::attention::work(k, &a);
+    }
     let rank = k.out_rank();
     // Owner reduce of each reduction variable.
     let mut owner: HashMap<u32, usize> = HashMap::new();

@@ -10,13 +10,14 @@
 //! consumer is substituting the producer's expression for the consumer's load of it
 //! ([`fuse`]). Every dispatch
 //! carries its kernel's class ([`class`]: contraction, window, rows, movement,
-//! elementwise or general), decided here once from the kernel's shape ([`affine`] is the
+//! elementwise, general or attention), decided here once from the kernel's shape ([`affine`] is the
 //! one index analysis behind it); code generators (`kiln-codegen`) consume kernels and
 //! match on their class; [`interp`] is their executable specification. [`precision`]
 //! narrows what a program stores to f16 or bf16, its kernels still computing in f32.
 #![deny(missing_docs)]
 
 pub mod affine;
+pub mod attention;
 pub mod class;
 pub mod concat;
 pub mod contraction;

@@ -46,7 +46,9 @@
 //!   ([`Kept::Tiny`]; a tiny per-tensor scale, not a weight tensor with some small
 //!   elements, whose absolute error stays small);
 //! - some kernel uses a value loaded from it to compute an index (a gather at
-//!   float-computed positions), where rounding would move the read ([`Kept::Index`]).
+//!   float-computed positions), where rounding would move the read ([`Kept::Index`]);
+//! - an attention kernel reads or writes it ([`Kept::Attention`]: Q, Kᵀ, V, the mask
+//!   and the result, which the attention emitter reads and writes as f32).
 //!
 //! Values that overflow only at run time (a logit above 65504 in f16) become ±∞ as
 //! f16 arithmetic would make them; bf16 keeps f32's range. The stated tolerances of
@@ -122,6 +124,9 @@ pub enum Kept {
     Tiny,
     /// A kernel computes an index from its values.
     Index,
+    /// An attention kernel reads or writes it (`crate::attention`: its CPU emitter
+    /// reads and writes f32; narrowed, the kernel would no longer have the form).
+    Attention,
 }
 
 /// What [`narrow_storage`] did.
@@ -201,6 +206,11 @@ pub fn narrow_storage(p: &mut FlowProgram, precision: Precision) -> Narrowed {
             if let Some(&o) = d.operands.get(input as usize) {
                 keep(&mut kept, p.storage(o), Kept::Index);
             }
+        }
+    }
+    for d in p.dispatches.iter().filter(|d| d.class == crate::class::KernelClass::Attention) {
+        for &o in d.operands.iter().chain([&d.result]) {
+            keep(&mut kept, p.storage(o), Kept::Attention);
         }
     }
     let narrow: Vec<bool> = (0..n).map(|i| candidate[i] && kept[i].is_none()).collect();

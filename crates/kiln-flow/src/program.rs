@@ -282,8 +282,16 @@ impl Formation {
 }
 
 /// Lowers every node of `graph` with `lower` and fuses the result (see the module docs),
-/// shaping the program for `formation`'s kernel forms.
-pub fn form(graph: &Graph, formation: Formation, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
+/// shaping the program for `formation`'s kernel forms; with `fused_attention` (and
+/// [`Formation::Microkernels`]) each attention chain the CPU emitter reads in place
+/// becomes one [`KernelClass::Attention`](crate::class::KernelClass::Attention)
+/// kernel ([`crate::attention::form_attention`]).
+pub fn form(
+    graph: &Graph,
+    formation: Formation,
+    fused_attention: bool,
+    lower: &Lowering<'_>,
+) -> Result<FlowProgram, FlowError> {
     let contractions = formation.contractions();
     let mut p = lower_graph(graph, lower)?;
     // Rearranged constants (ConvTranspose's phase filters) become constants before
@@ -298,6 +306,11 @@ pub fn form(graph: &Graph, formation: Formation, lower: &Lowering<'_>) -> Result
         crate::layout::relayout_constants(&mut p);
     }
     crate::fuse::fuse_with(&mut p, contractions);
+    // After fusion, which keeps a product apart from the softmax before and after it:
+    // the whole attention chain becomes one kernel where the target has its emitter.
+    if formation == Formation::Microkernels && fused_attention {
+        crate::attention::form_attention(&mut p);
+    }
     if contractions {
         crate::dequant::dequantize_in_load(&mut p);
         crate::layout::relayout_constants(&mut p);

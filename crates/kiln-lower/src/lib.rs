@@ -36,14 +36,16 @@ mod reduce;
 mod sample;
 
 /// Lowers every node of `graph` and fuses the result, shaping the program for targets
-/// with contraction microkernels ([`kiln_flow::program::form`] with [`lower_op`]).
+/// with contraction microkernels, attention chains fused ([`kiln_flow::program::form`]
+/// with [`lower_op`]): every recogniser on, as the formation filetests pin them.
 pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
-    form_with(graph, Formation::Microkernels)
+    form_with(graph, Formation::Microkernels, true)
 }
 
-/// [`form`], shaping the program for `formation`'s kernel forms (see [`Formation`]).
-pub fn form_with(graph: &Graph, formation: Formation) -> Result<FlowProgram, FlowError> {
-    kiln_flow::program::form(graph, formation, &lower_op)
+/// [`form`], shaping the program for `formation`'s kernel forms (see [`Formation`]),
+/// attention chains fused where `fused_attention` holds.
+pub fn form_with(graph: &Graph, formation: Formation, fused_attention: bool) -> Result<FlowProgram, FlowError> {
+    kiln_flow::program::form(graph, formation, fused_attention, &lower_op)
 }
 
 /// Lowers every node of `graph`, one dispatch per kernel, without fusing.

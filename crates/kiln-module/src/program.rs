@@ -219,17 +219,22 @@ pub enum KernelClass {
     Elementwise,
     /// Anything else.
     General,
+    /// Scaled dot-product attention, `softmax(Q·Kᵀ·s + mask)·V`, as one kernel (an
+    /// online softmax over blocks of keys; the score matrix is never stored).
+    /// Last, so the codes of the classes before it are those of format 1.2.
+    Attention,
 }
 
 impl KernelClass {
     /// Every class, in listing order (the order of the enum and of the codes).
-    pub const ALL: [KernelClass; 6] = [
+    pub const ALL: [KernelClass; 7] = [
         KernelClass::Contraction,
         KernelClass::Window,
         KernelClass::Rows,
         KernelClass::Movement,
         KernelClass::Elementwise,
         KernelClass::General,
+        KernelClass::Attention,
     ];
 
     /// The on-disk code: 1 + its position in [`KernelClass::ALL`] (0 is "not recorded").
@@ -251,6 +256,7 @@ impl KernelClass {
             KernelClass::Movement => "movement",
             KernelClass::Elementwise => "elementwise",
             KernelClass::General => "general",
+            KernelClass::Attention => "attention",
         }
     }
 

@@ -45,7 +45,7 @@
 //!                               in entry order; a CPU executable has none)
 //!   list<kernel>       kernel = str name, list<variant>,
 //!                               uv class (format 1.2 on: 0 unknown, 1 contraction, 2 window,
-//!                               3 rows, 4 movement, 5 elementwise, 6 general; absent from
+//!                               3 rows, 4 movement, 5 elementwise, 6 general, 7 attention; absent from
 //!                               1.0 and 1.1 files; 0 and absent read as `None`; the runtime ignores it)
 //!                      variant = u32 executable, u32 entry, condition, uv workgroups
 //!                                (format 1.5 on; before it: u32 executable, u32 entry,

@@ -362,10 +362,11 @@ fn kernel_classes_by_hand_and_from_format_1_1() {
     // A 1.2 table under a 1.1 header leaves the class over; a code past the last is refused.
     let e = kernels(&file_of(exe.clone(), 1)).expect_err("trailing class byte");
     assert_eq!(e.section_offset, 8, "{e}");
+    let past = KernelClass::ALL.len() as u8 + 1;
     let mut bad = exe.clone();
-    bad[8] = 7;
-    let e = kernels(&file_of(bad, 2)).expect_err("class 7");
-    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "kernel class", tag: 7 });
+    bad[8] = past;
+    let e = kernels(&file_of(bad, 2)).expect_err("a class past the last");
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "kernel class", tag: past.into() });
 }
 
 #[test]

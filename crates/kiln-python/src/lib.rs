@@ -165,6 +165,7 @@ fn compile<'py>(
             Error::invalid(format!("precision `{precision}`: expected f32, f16 or bf16"))
         })?,
         ptxas: None,
+        fused_attention: false,
     };
     let compiled = py
         .detach(|| Compilation::new(input, options).finish())

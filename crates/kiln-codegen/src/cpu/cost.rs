@@ -25,6 +25,9 @@ pub(crate) enum Path {
     Vector,
     /// Cranelift's loops (`emit`).
     General,
+    /// An attention kernel (`attention`): its two products at half a contraction
+    /// microkernel's rate (the online softmax's exp and rescaling between them).
+    Attention,
 }
 
 /// Multiply-adds a contraction microkernel does per nanosecond (two 256-bit FMA pipes
@@ -56,6 +59,16 @@ pub(crate) fn estimate_ns(k: &Kernel, path: Path) -> u64 {
         Path::Window => kiln_flow::fuse::work(k) / EVALS_PER_NS[0],
         Path::Vector => kiln_flow::fuse::work(k) / EVALS_PER_NS[1],
         Path::General => kiln_flow::fuse::work(k) / EVALS_PER_NS[2],
+        Path::Attention => match kiln_flow::attention::Attention::of(k) {
+            Some(a) => {
+                let rows: f64 = k.output.shape.dims().iter().map(|&d| d as f64).product();
+                let var = |v: u32| k.vars.get(v as usize).map_or(0.0, |&e| e as f64);
+                // Per output element: its share of the scores (depth per key) and of P·V.
+                let width = k.output.shape.dims().last().map_or(1.0, |&d| d as f64);
+                rows * var(a.key) * (1.0 + var(a.depth) / width) / (MACS_PER_NS / 2.0)
+            }
+            None => kiln_flow::fuse::work(k) / EVALS_PER_NS[1],
+        },
     };
     (FIXED_NS + arithmetic.max(memory)).min(u64::MAX as f64) as u64
 }

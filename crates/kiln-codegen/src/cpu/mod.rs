@@ -35,6 +35,7 @@
 
 mod analysis;
 mod asm;
+mod attention;
 mod copy;
 mod cost;
 mod depthwise;
@@ -580,6 +581,19 @@ fn emit_by_class(
             Ok(g) => vector(g, "table gather with epilogue (avx2)"),
             Err(why) => row_kernel(k, options, avx512).map_err(|_| why)?,
         },
+        KernelClass::Attention => {
+            let c = attention::emit(k, avx512)?;
+            let note = if c.wide { "attention, online softmax (avx-512)" } else { "attention, online softmax (avx2+fma)" };
+            Micro {
+                code: c.code,
+                workgroups: c.workgroups,
+                note: note.to_string(),
+                avx512: c.wide,
+                path: cost::Path::Attention,
+                bits: if c.wide { 512 } else { 256 },
+                needs: 0,
+            }
+        }
         // Every other kernel with a vector form of each of its operations is a vector
         // kernel; what has none is left to Cranelift (the reason in its note).
         KernelClass::Rows | KernelClass::Elementwise | KernelClass::General => row_kernel(k, options, avx512)?,

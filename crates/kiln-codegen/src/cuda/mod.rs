@@ -178,6 +178,9 @@ pub fn compile_kernel_tuned(k: &Kernel, class: KernelClass, tune: &tune::Tune) -
         // Reductions of no Rows kernel: a group of threads per output element; the
         // general mapping keeps its plain note where that declines.
         KernelClass::General => rows::emit_general(k)?,
+        // No attention emitter yet: formation forms the class only for the CPU
+        // (`Formation::Microkernels`), and a kernel of it runs the general mapping.
+        KernelClass::Attention => rows::emit_general(k)?,
     };
     let why = match tried {
         Ok(e) => return Ok(e),
