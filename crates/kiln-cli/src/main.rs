@@ -74,7 +74,12 @@ fn passes(p: Option<String>) -> Vec<String> {
 }
 
 fn import_options(b: args::BindArgs) -> ImportOptions {
-    ImportOptions { input_shapes: b.input_shape, input_values: b.input_value, max_trips: b.max_trips }
+    ImportOptions {
+        input_shapes: b.input_shape,
+        input_values: b.input_value,
+        max_trips: b.max_trips,
+        max_dims: b.max_dim,
+    }
 }
 
 /// The shared options of compile, run, inspect and bench, from one command's arguments:

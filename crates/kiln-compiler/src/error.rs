@@ -186,6 +186,7 @@ impl CompileError {
                     source: LowerError::Unsupported { .. } | LowerError::NotConstant { .. }, ..
                 } => ErrorKind::Unsupported,
                 FlowError::Lower { source: LowerError::Kernel(_), .. } | FlowError::Graph(_) => ErrorKind::Internal,
+                FlowError::Dynamic(_) => ErrorKind::Unsupported,
             },
             CompileError::Stream(_) | CompileError::Hal(_) | CompileError::Pipeline { .. } => ErrorKind::Internal,
             CompileError::Codegen { source, .. } if source.is_internal() => ErrorKind::Internal,

@@ -804,7 +804,7 @@ mod tests {
         );
         let want = crate::interp::run(&kernel, &[&xt, &wt]).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let mut prog = FlowProgram {
+        let mut prog = FlowProgram { extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
@@ -861,7 +861,7 @@ mod tests {
             buffers.push(buf(k.output.clone(), BufferKind::Result));
             dispatches.push(Dispatch::new(k.clone(), vec![BufferId(0), BufferId(1)], BufferId(2 + i as u32), vec![]));
         }
-        let mut prog = FlowProgram {
+        let mut prog = FlowProgram { extents: Vec::new(),
             name: "g".into(),
             buffers,
             dispatches,
@@ -914,7 +914,7 @@ mod tests {
         let (it, ft) = (data(&[ci, hw, hw], 4.0), data(&[co, ci, 1, 1], 5.0));
         let want_mm = crate::interp::run(&mm, &[&xt, &wt, &bt]).unwrap();
         let want_pw = crate::interp::run(&pw, &[&it, &ft]).unwrap();
-        let mut prog = FlowProgram {
+        let mut prog = FlowProgram { extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
@@ -999,7 +999,7 @@ mod tests {
             }
             let inputs = (0..readers).map(|i| BufferId(2 + 2 * i as u32)).collect();
             let outputs = (0..readers).map(|i| BufferId(3 + 2 * i as u32)).collect();
-            FlowProgram { name: "g".into(), buffers, dispatches, inputs, outputs }
+            FlowProgram { name: "g".into(), buffers, dispatches, inputs, outputs, extents: Vec::new() }
         };
         let widths = |_: &Kernel, _: KernelClass| PanelWidths { a: None, b: Some(16) };
         let mut prog = build(3);
@@ -1080,7 +1080,7 @@ mod tests {
             let (xs, ws, bs) = (filled(&[n, l, c, 1], 0.7), filled(&[co, c, kh, 1], 0.3), filled(&[co], 1.1));
             let want = crate::interp::run(&kernel, &[&xs, &ws, &bs]).unwrap();
             let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-            let mut prog = FlowProgram {
+            let mut prog = FlowProgram { extents: Vec::new(),
                 name: "g".into(),
                 buffers: vec![
                     buf(t(&[n, l, c, 1]), BufferKind::Input(0)),
@@ -1151,7 +1151,7 @@ mod tests {
         .unwrap();
         let want = crate::interp::run(&kernel, &[&xs, &ws]).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let mut prog = FlowProgram {
+        let mut prog = FlowProgram { extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[1, c, h, w]), BufferKind::Input(0)),

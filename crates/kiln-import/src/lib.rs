@@ -35,6 +35,10 @@ pub struct ImportOptions {
     /// A declared bound on the trips of every `Loop` whose trip count is not a
     /// compile-time constant (`--max-trips`); it also caps a constant one.
     pub max_trips: Option<usize>,
+    /// Declared bounds on data-dependent extents (`--max-dim NAME=N`): `NAME` is a
+    /// result of a NonZero, Compress, Unique, NonMaxSuppression or run-time-K TopK
+    /// node; its extent may not exceed `N` at run time (see `kiln_ir::dynamic`).
+    pub max_dims: Vec<(String, usize)>,
 }
 
 /// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).

@@ -31,6 +31,7 @@ mod elementwise;
 mod linalg;
 mod movement;
 mod norm;
+mod dynamic;
 mod recurrent;
 mod reduce;
 
@@ -52,8 +53,15 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
 
 /// Lowers one op (see the module docs).
 pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
-    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 6] =
-        [elementwise::lower, movement::lower, reduce::lower, linalg::lower, norm::lower, recurrent::lower];
+    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 7] = [
+        elementwise::lower,
+        movement::lower,
+        reduce::lower,
+        linalg::lower,
+        norm::lower,
+        recurrent::lower,
+        dynamic::lower,
+    ];
     for f in families {
         if let Some(r) = f(cx) {
             return r;

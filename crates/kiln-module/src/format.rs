@@ -49,7 +49,13 @@ impl fmt::Display for Version {
 /// tag 6; run-time `If`). A 1.3 reader refuses a 1.4 file with
 /// [`crate::ReadError::UnsupportedVersion`]; a 1.4 reader reads every older file as
 /// before (an older plan has neither kind).
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 4 };
+/// 1.5 added each entry's data-dependent extents (`ExtentDesc`: binding, bound, the
+/// outputs they size) at the end of its plan entry; a 1.4 reader refuses a 1.5 file,
+/// which it would otherwise run with bound-sized outputs.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 5 };
+
+/// The first minor version of major 1 whose plan entries list data-dependent extents.
+pub const EXTENTS_MINOR: u16 = 5;
 
 /// The first minor version of major 1 whose plans may hold `SkipIf` commands (and
 /// collective commands: both came with 1.4).

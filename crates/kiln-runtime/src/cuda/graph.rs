@@ -357,7 +357,7 @@ mod tests {
     }
 
     fn entry(commands: Vec<Command>) -> EntryView<'static> {
-        EntryView {
+        EntryView { extents: Vec::new(),
             name: "main",
             inputs: vec![],
             outputs: vec![],
