@@ -840,10 +840,13 @@ fn topk(cx: &OpCx<'_>) -> R<Lowered> {
     // The three-result form (a run-time K, kiln_ir::dynamic) sorts up to its bound and
     // copies K out as the extent.
     let dynamic = cx.outputs.len() == 3;
-    let k = match cx.const_ints(1, "K")?.as_deref() {
-        _ if dynamic => out_ty(cx, 0)?.shape.dims().get(axis).copied().unwrap_or(0) as i64,
-        Some([k]) => *k,
-        _ => return Err(cx.unsupported("K must be a constant of one element")),
+    let k = if dynamic {
+        out_ty(cx, 0)?.shape.dims().get(axis).copied().unwrap_or(0) as i64
+    } else {
+        match cx.const_ints(1, "K")?.as_deref() {
+            Some([k]) => *k,
+            _ => return Err(cx.unsupported("K must be a constant of one element")),
+        }
     };
     let n = xd[axis];
     let k = usize::try_from(k)

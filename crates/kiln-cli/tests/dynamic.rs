@@ -1,0 +1,163 @@
+//! Data-dependent output sizes (NonZero, Compress, NonMaxSuppression, TopK with a
+//! run-time K; `kiln_ir::dynamic`) through the whole pipeline, compared with ONNX
+//! Runtime and the reference evaluator.
+//!
+//! The models and ONNX Runtime's outputs come from `scripts/ref_dynamic.py`
+//! (`$KILN_TEST_DATA/dynamic/manifest.json`; a missing manifest is a failure): an
+//! SSD-style detector ending in NonMaxSuppression and a Gather of the selected boxes,
+//! compiled with `--max-dim selected=12`, on inputs selecting 0, 1, several and exactly
+//! 12 boxes, and one needing 14 (a typed run-time error, not a truncation); NonZero,
+//! Compress and TopK on odd shapes with ops after them, at empty, partial and full
+//! extents. Each case runs on the local-sync driver and on the local-task driver with
+//! 3 threads; the runtime reports the actual shape and compacts the outputs.
+
+mod common;
+
+use common::{data_dir, read_npy};
+use kiln_ir::Tensor;
+use serde_json::Value;
+
+fn manifest() -> Value {
+    let p = data_dir().join("dynamic/manifest.json");
+    let text = std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/ref_dynamic.py --cache $KILN_TEST_DATA)", p.display()));
+    serde_json::from_str(&text).expect("manifest json")
+}
+
+/// |kiln − ORT| ≤ 1e-5·max|ORT| + 1e-4·|ORT| per element (float), exact otherwise.
+fn compare(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.ty(), want.ty(), "{what}: type");
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    for i in 0..a.len() {
+        let tol = if want.dtype().is_float() { 1e-5 * scale + 1e-4 * b[i].abs() } else { 0.0 };
+        assert!((a[i] - b[i]).abs() <= tol, "{what}: element {i} is {}, ONNX Runtime gives {}", a[i], b[i]);
+    }
+}
+
+/// Runs the module; the outputs at the shapes the runtime reports.
+fn run(
+    module: &kiln_runtime::LoadedModule<'_>,
+    threads: Option<usize>,
+    feeds: &[Tensor],
+    g: &kiln_ir::Graph,
+) -> Result<Vec<Tensor>, kiln_runtime::RuntimeError> {
+    let mut inst = match threads {
+        None => kiln_runtime::Instance::new(module).expect("instance"),
+        Some(t) => kiln_runtime::Instance::with_threads(module, t).expect("threaded instance"),
+    };
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
+    {
+        let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+        inst.invoke(&ins, &mut refs)?;
+    }
+    Ok(outs
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut b)| {
+            let dims: Vec<usize> = inst.output_dims(k).expect("dims").iter().map(|&d| d as usize).collect();
+            let ty = kiln_ir::TensorType::new(g.values[g.outputs[k]].ty.dtype, kiln_ir::Shape::new(dims).expect("shape"));
+            b.truncate(ty.storage_bytes());
+            Tensor::new(ty, b.into()).expect("tensor")
+        })
+        .collect())
+}
+
+fn check(name: &str) {
+    let man = manifest();
+    let m = man["models"].as_array().expect("models").iter().find(|m| m["name"] == name).expect("model").clone();
+    let mut opts = kiln_import::ImportOptions::default();
+    for (k, v) in m["max_dims"].as_object().expect("max_dims") {
+        opts.max_dims.push((k.clone(), v.as_u64().expect("bound") as usize));
+    }
+    let path = data_dir().join(m["file"].as_str().expect("file"));
+    let g = kiln_import::onnx::import_file(&path, &opts).unwrap_or_else(|e| panic!("{name}: import: {e}"));
+    let c = kiln_compiler::compile(&g, &kiln_compiler::Options::default()).unwrap_or_else(|e| panic!("{name}: compile: {e}"));
+    let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
+    // The plan carries the extents: the artifact lists them, and the arena is planned once.
+    let program = kiln_module::sections::read_program(&kiln_module::Module::parse(&c.artifact).expect("parse"))
+        .expect("program");
+    assert!(!program.entries[0].extents.is_empty(), "{name}: the artifact lists no extent");
+    for case in m["cases"].as_array().expect("cases") {
+        let cn = case["name"].as_str().expect("case name");
+        let what = format!("{name}/{cn}");
+        let n_in = case["inputs"].as_u64().expect("inputs") as usize;
+        let feeds: Vec<Tensor> = (0..n_in).map(|k| read_npy(&format!("dynamic/{name}/{cn}.in_{k}.npy"))).collect();
+        for threads in [None, Some(3)] {
+            let got = run(&module, threads, &feeds, &g);
+            if case["error"] == "bound" {
+                match got {
+                    Err(kiln_runtime::RuntimeError::ExtentOutOfBound { extent, bound, .. }) => {
+                        assert!(extent > bound as i64, "{what}: extent {extent} within its bound {bound}")
+                    }
+                    other => panic!("{what}: the data needs more than the bound: expected a typed error, got {other:?}"),
+                }
+                continue;
+            }
+            let got = got.unwrap_or_else(|e| panic!("{what}: invoke: {e}"));
+            let n_out = case["outputs"].as_u64().expect("outputs") as usize;
+            assert_eq!(got.len(), n_out, "{what}: output count");
+            for (k, t) in got.iter().enumerate() {
+                let want = read_npy(&format!("dynamic/{name}/{cn}.out_{k}.npy"));
+                compare(&format!("{what} output {k} ({threads:?} threads)"), t, &want);
+            }
+        }
+        // The reference evaluator agrees (an independent implementation).
+        if case["error"] != "bound" {
+            let r = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|e| panic!("{what}: reference: {e}"));
+            for (k, t) in r.iter().enumerate() {
+                let want = read_npy(&format!("dynamic/{name}/{cn}.out_{k}.npy"));
+                compare(&format!("{what} reference output {k}"), t, &want);
+            }
+        } else {
+            assert!(kiln_ref::eval_graph(&g, &feeds).is_err(), "{what}: the reference accepts an extent above its bound");
+        }
+    }
+}
+
+#[test]
+fn nms_detector_matches_onnx_runtime_at_0_1_several_and_the_bound() {
+    check("detector");
+}
+
+#[test]
+fn nonzero_on_an_odd_shape() {
+    check("nonzero_odd");
+}
+
+#[test]
+fn compress_along_a_middle_axis() {
+    check("compress_odd");
+}
+
+#[test]
+fn topk_with_a_run_time_k() {
+    check("topk_runtime_k");
+}
+
+#[test]
+fn an_op_mixing_along_the_data_dependent_axis_is_refused_naming_it() {
+    use kiln_ir::infer::{infer, InferInput};
+    use kiln_ir::{DType, Graph, Op, OpKind, Shape, TensorType};
+    let mut g = Graph::new("g");
+    let x = g.add_input("x", TensorType::new(DType::F32, Shape::new(vec![4, 3]).expect("shape")));
+    let op = Op::new(OpKind::NonZero);
+    let tys = infer(&op, &[Some(InferInput { ty: g.ty(x), value: None })], 2).expect("infer NonZero");
+    let (_, nz) = g.add_node("nz", op, vec![Some(x)], vec![("nz".into(), tys[0].clone()), ("nz.extent".into(), tys[1].clone())]);
+    let op = Op::new(OpKind::Flatten);
+    let tys = infer(&op, &[Some(InferInput { ty: g.ty(nz[0]), value: None })], 1).expect("infer Flatten");
+    let (_, f) = g.add_node("flat", op, vec![Some(nz[0])], vec![("f".into(), tys[0].clone())]);
+    g.outputs.push(f[0]);
+    let e = kiln_compiler::compile(&g, &kiln_compiler::Options::default()).expect_err("must be refused");
+    let msg = e.to_string();
+    assert!(msg.contains("flat") && msg.contains("Flatten") && msg.contains("data-dependent"), "{msg}");
+}
+
+#[test]
+fn an_unknown_max_dim_name_is_an_error() {
+    let path = data_dir().join("dynamic/nonzero_odd.onnx");
+    let opts = kiln_import::ImportOptions { max_dims: vec![("nope".into(), 3)], ..Default::default() };
+    let e = kiln_import::onnx::import_file(&path, &opts).expect_err("unknown name");
+    assert!(e.to_string().contains("--max-dim nope"), "{e}");
+}
