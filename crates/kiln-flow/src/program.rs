@@ -152,7 +152,7 @@ pub enum FlowError {
     Graph(String),
     /// An op cannot run on an operand of data-dependent extent (see `kiln_ir::dynamic`).
     #[error("{0}")]
-    Dynamic(kiln_ir::dynamic::DynamicError),
+    Dynamic(Box<kiln_ir::dynamic::DynamicError>),
 }
 
 impl FlowError {
@@ -356,7 +356,7 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
         // Data-dependent extents (kiln_ir::dynamic): every op's extent, checked at run
         // time, and the outputs each sizes; an op that cannot run on a bounded operand
         // is refused here, naming it.
-        let dynamic = kiln_ir::dynamic::analyse(graph).map_err(FlowError::Dynamic)?;
+        let dynamic = kiln_ir::dynamic::analyse(graph).map_err(|e| FlowError::Dynamic(Box::new(e)))?;
         for node in graph.nodes.values() {
             let Some((results, extent)) = kiln_ir::dynamic::source(node, graph) else { continue };
             let (Some(&e), Some(&(r, axis))) = (node.outputs.get(extent), results.first()) else { continue };

@@ -134,11 +134,11 @@ fn unique(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let same = |i: usize, j: usize| cmp_slices(&keys[i], &keys[j]) == Ordering::Equal;
     let mut firsts: Vec<usize> = Vec::new();
     let mut inverse_first = vec![0usize; n];
-    for k in 0..n {
+    for (k, inv) in inverse_first.iter_mut().enumerate() {
         match firsts.iter().position(|&f| same(f, k)) {
-            Some(p) => inverse_first[k] = p,
+            Some(p) => *inv = p,
             None => {
-                inverse_first[k] = firsts.len();
+                *inv = firsts.len();
                 firsts.push(k);
             }
         }
