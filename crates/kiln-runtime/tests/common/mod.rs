@@ -112,6 +112,17 @@ pub fn add_program(n: u64) -> Program {
     }
 }
 
+/// [`add_program`] whose output `y` is sized by a data-dependent extent (format 1.5):
+/// a fill writes `extent` as an `i64` at arena bytes 0..8, and the plan lists it with
+/// bound `n` for axis 0 of output 0.
+pub fn extent_program(n: u64, extent: i64) -> Program {
+    let mut p = add_program(n);
+    let e = &mut p.entries[0];
+    e.commands.insert(0, Command::Fill { dst: b(Slot::Arena, 0, 8), pattern: extent as u64, pattern_len: 8 });
+    e.extents = vec![ExtentDesc { name: "y".into(), binding: b(Slot::Arena, 0, 8), bound: n, outputs: vec![(0, 0)] }];
+    p
+}
+
 /// [`add_program`] with its dispatch behind a `SkipIf` on the first 4 bytes of input
 /// `a`: when any is nonzero the add is skipped and `y` is the fill (f32 NaN); when `a`
 /// starts with `0.0`, `y = a + b`.
