@@ -14,7 +14,8 @@ box and score heads, NonMaxSuppression, a Gather of the selected boxes) whose
 max_output_boxes_per_class, IoU and score thresholds are run-time inputs; its cases
 select 0, 1, several and exactly the declared bound of boxes, and one case needs more
 than the bound (`"error": "bound"`: kiln must refuse it at run time). The other models
-put NonZero, Compress and a run-time-K TopK on odd shapes with ops after them.
+put NonZero, Compress, a run-time-K TopK and Unique (with and without an axis, sorted
+and in order of first occurrence, all four results) on odd shapes with ops after them.
 ONNX Runtime runs on the CPU with graph optimisations disabled and one thread. Needs
 the .venv of setup-test-data. `crates/kiln-cli/tests/dynamic.rs` reads the manifest.
 """
@@ -182,7 +183,67 @@ def topk_runtime_k():
     return m, {}, [("k0", [x, k(0)], 0), ("k3", [x, k(3)], 3), ("k9", [x, k(9)], 9), ("k10", [x, k(10)], "bound")]
 
 
-MODELS = [detector, nonzero_odd, compress_odd, topk_runtime_k]
+def unique_axis():
+    """Unique along axis 1 of [2,6,2] in order of first occurrence (all four results),
+    and Unique of the flattened input sorted, then a Neg of its values."""
+    nodes = [
+        helper.make_node("Unique", ["x"], ["y", "idx", "inv", "cnt"], axis=1, sorted=0),
+        helper.make_node("Unique", ["x"], ["fy", "fidx", "finv", "fcnt"], sorted=1),
+        helper.make_node("Neg", ["fy"], ["nfy"]),
+    ]
+    i64 = TensorProto.INT64
+    m = model(
+        nodes,
+        [vi("x", TensorProto.FLOAT, [2, 6, 2])],
+        [
+            vi("y", TensorProto.FLOAT, [2, "u", 2]),
+            vi("idx", i64, ["u"]),
+            vi("inv", i64, [6]),
+            vi("cnt", i64, ["u"]),
+            vi("nfy", TensorProto.FLOAT, ["v"]),
+            vi("fidx", i64, ["v"]),
+            vi("finv", i64, [24]),
+            vi("fcnt", i64, ["v"]),
+        ],
+        [],
+        "unique_axis",
+    )
+    rng = np.random.default_rng(6)
+    base = rng.integers(-2, 3, (2, 3, 2)).astype(np.float32)
+    x = base[:, [0, 1, 0, 2, 1, 0], :]
+    distinct = rng.standard_normal((2, 6, 2)).astype(np.float32)
+    same = np.ones((2, 6, 2), np.float32)
+    return m, {}, [("repeats", [x], 3), ("distinct", [distinct], 6), ("same", [same], 1)]
+
+
+def reduce_along():
+    """Reductions along the data-dependent axis of a Compress (sum, mean, max, min,
+    product, L2): kiln masks the padding with each reduction's identity and divides the
+    mean by the extent."""
+    red = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"]
+    nodes = [helper.make_node("Compress", ["x", "c"], ["y"], axis=1)]
+    # (Opset 17: ReduceSum takes its axes as an input, the others as an attribute.)
+    nodes += [
+        helper.make_node(r, ["y", "ax"], [f"r{i}"], keepdims=0)
+        if r == "ReduceSum"
+        else helper.make_node(r, ["y"], [f"r{i}"], keepdims=0, axes=[1])
+        for i, r in enumerate(red)
+    ]
+    nodes.append(helper.make_node("ReduceMean", ["y"], ["whole"], keepdims=1, axes=[0, 1, 2]))
+    m = model(
+        nodes,
+        [vi("x", TensorProto.FLOAT, [2, 7, 3]), vi("c", TensorProto.BOOL, [7])],
+        [vi(f"r{i}", TensorProto.FLOAT, [2, 3]) for i in range(len(red))] + [vi("whole", TensorProto.FLOAT, [1, 1, 1])],
+        [const("ax", np.array([1], np.int64))],
+        "reduce_along",
+    )
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((2, 7, 3)) + 0.2).astype(np.float32)
+    pick = lambda *k: np.array([i in k for i in range(7)])
+    return m, {}, [("one", [x, pick(4)], None), ("some", [x, pick(0, 2, 5)], None), ("all", [x, pick(*range(7))], None)]
+
+
+MODELS = [detector, nonzero_odd, compress_odd, topk_runtime_k, unique_axis, reduce_along]
 
 
 def main():
@@ -215,7 +276,7 @@ def main():
                     outs = sess.run(None, dict(zip(names, ins)))
                 except Exception as e:  # noqa: BLE001
                     raise SystemExit(f"{name}/{case}: ONNX Runtime failed: {e}")
-                count = {"nonzero_odd": outs[0].shape[1], "compress_odd": outs[0].shape[1]}.get(name, None)
+                count = {"nonzero_odd": outs[0].shape[1], "compress_odd": outs[0].shape[1], "unique_axis": outs[0].shape[1]}.get(name, None)
                 count = outs[1].shape[0] if name == "topk_runtime_k" else outs[0].shape[0] if count is None else count
                 if expect is not None:
                     assert count == expect, f"{name}/{case}: {count} entries, {expect} meant"

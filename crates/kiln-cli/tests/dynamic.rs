@@ -7,8 +7,8 @@
 //! SSD-style detector ending in NonMaxSuppression and a Gather of the selected boxes,
 //! compiled with `--max-dim selected=12`, on inputs selecting 0, 1, several and exactly
 //! 12 boxes, and one needing 14 (a typed run-time error, not a truncation); NonZero,
-//! Compress and TopK on odd shapes with ops after them, at empty, partial and full
-//! extents. Each case runs on the local-sync driver and on the local-task driver with
+//! Compress, TopK and Unique (all four results, with and without an axis, sorted and
+//! not) on odd shapes with ops after them, at empty, partial and full extents. Each case runs on the local-sync driver and on the local-task driver with
 //! 3 threads; the runtime reports the actual shape and compacts the outputs.
 
 mod common;
@@ -134,6 +134,16 @@ fn compress_along_a_middle_axis() {
 #[test]
 fn topk_with_a_run_time_k() {
     check("topk_runtime_k");
+}
+
+#[test]
+fn unique_with_and_without_axis_sorted_and_not() {
+    check("unique_axis");
+}
+
+#[test]
+fn reductions_along_the_data_dependent_axis_read_the_extent() {
+    check("reduce_along");
 }
 
 #[test]

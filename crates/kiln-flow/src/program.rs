@@ -335,6 +335,14 @@ pub fn form(graph: &Graph, formation: Formation, lower: &Lowering<'_>) -> Result
 
 /// Lowers every node of `graph` with `lower`, one dispatch per kernel, without fusing.
 pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
+    // Reductions along a data-dependent axis read its extent (kiln_ir::dynamic).
+    let masked;
+    let graph = if kiln_ir::dynamic::has_sources(graph) {
+        masked = kiln_ir::dynamic::mask_reductions(graph);
+        &masked
+    } else {
+        graph
+    };
     let mut p = FlowProgram { extents: Vec::new(),
         name: graph.name.clone(),
         buffers: Vec::new(),

@@ -109,6 +109,13 @@ pub fn has_sources(g: &Graph) -> bool {
 /// The data-dependent axis of every value of `g` (indexed by value), or the first node
 /// that cannot run on a bounded operand (see the module docs).
 pub fn analyse(g: &Graph) -> Result<Vec<Option<DynAxis>>, DynamicError> {
+    analyse_with(g, true)
+}
+
+/// [`analyse`], or with `strict` off, a node it would refuse gives results of static
+/// extent instead of an error (the reference evaluator computes such a node at the
+/// actual shapes, where a reduction along the data-dependent axis is just a reduction).
+pub fn analyse_with(g: &Graph, strict: bool) -> Result<Vec<Option<DynAxis>>, DynamicError> {
     let mut dyn_of: Vec<Option<DynAxis>> = vec![None; g.values.len()];
     for node in g.nodes.values() {
         let label = if node.name.is_empty() { node.op.kind.name().to_string() } else { node.name.clone() };
@@ -141,7 +148,11 @@ pub fn analyse(g: &Graph) -> Result<Vec<Option<DynAxis>>, DynamicError> {
         if operands.is_empty() {
             continue;
         }
-        let out = propagate(g, node, &operands).map_err(err)?;
+        let out = match propagate(g, node, &operands) {
+            Ok(out) => out,
+            Err(e) if strict => return Err(err(e)),
+            Err(_) => continue,
+        };
         for (r, axis) in out {
             let v = node.outputs[r];
             let bound = g.ty(v).shape.dims()[axis];
@@ -187,7 +198,7 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
             let shaped = if matches!(k, CastLike) { 1 } else { node.inputs.len() };
             for (i, v) in node.inputs.iter().enumerate().take(shaped) {
                 let Some(v) = v else { continue };
-                if is_operand(i) {
+                if is_operand(i) || is_extent_mask(g, *v, d0.extent) {
                     continue;
                 }
                 let dims = g.ty(*v).shape.dims();
@@ -279,7 +290,9 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
                 _ => (0..r).collect(),
             };
             if axes.contains(&d0.axis) {
-                return Err(along());
+                // Masked by the extent (`mask_reductions`): the padding holds the
+                // reduction's identity, so the result has a static extent.
+                return if is_masked(g, node.inputs[0], d0.extent) { Ok(Vec::new()) } else { Err(along()) };
             }
             let axis = if a.keepdims { d0.axis } else { d0.axis - axes.iter().filter(|&&x| x < d0.axis).count() };
             Ok(vec![(0, axis)])
@@ -305,4 +318,168 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
             along()
         )),
     }
+}
+
+/// Whether value `v` is `Less(_, extent)`: the mask [`mask_reductions`] builds.
+fn is_extent_mask(g: &Graph, v: ValueId, extent: ValueId) -> bool {
+    match g.values[v].def {
+        crate::graph::ValueDef::Node { node, .. } => {
+            let n = &g.nodes[node];
+            n.op.kind == OpKind::Less && n.inputs.get(1).copied().flatten() == Some(extent)
+        }
+        _ => false,
+    }
+}
+
+/// Whether value `v` is `Where(mask, x, identity)` with the extent mask.
+fn is_masked(g: &Graph, v: Option<ValueId>, extent: ValueId) -> bool {
+    let Some(v) = v else { return false };
+    match g.values[v].def {
+        crate::graph::ValueDef::Node { node, .. } => {
+            let n = &g.nodes[node];
+            n.op.kind == OpKind::Where && n.inputs.first().copied().flatten().is_some_and(|m| is_extent_mask(g, m, extent))
+        }
+        _ => false,
+    }
+}
+
+/// The value a reduction leaves unchanged, as a scalar of `dtype` (`None` where kiln
+/// has no mask for the reduction).
+fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tensor> {
+    use OpKind::*;
+    let f = |x: f64| crate::Tensor::from_f64(dtype, crate::Shape::scalar(), &[x]).ok();
+    let float = dtype.is_float();
+    match kind {
+        ReduceSum | ReduceSumSquare | ReduceL1 | ReduceL2 | ReduceLogSum | ReduceMean => f(0.0),
+        ReduceProd => f(1.0),
+        ReduceLogSumExp if float => f(f64::NEG_INFINITY),
+        ReduceMax if float => f(f64::NEG_INFINITY),
+        ReduceMin if float => f(f64::INFINITY),
+        ReduceMax | ReduceMin if dtype.is_int() => {
+            use crate::DType as D;
+            let (lo, hi) = match dtype {
+                D::I8 => (i8::MIN as i64, i8::MAX as i64),
+                D::U8 => (0, u8::MAX as i64),
+                D::I16 => (i16::MIN as i64, i16::MAX as i64),
+                D::U16 => (0, u16::MAX as i64),
+                D::I32 => (i32::MIN as i64, i32::MAX as i64),
+                D::U32 => (0, u32::MAX as i64),
+                D::I64 => (i64::MIN, i64::MAX),
+                // u64's largest value, wrapped (Tensor::from_i64 wraps to the dtype).
+                D::U64 => (0, -1),
+                _ => return None,
+            };
+            let v = if kind == ReduceMax { lo } else { hi };
+            crate::Tensor::from_i64(dtype, crate::Shape::scalar(), &[v]).ok()
+        }
+        _ => None,
+    }
+}
+
+/// Rewrites every reduction along a data-dependent axis to read the extent: its operand
+/// becomes `Where(iota < extent, x, identity)` (the padding holds the reduction's
+/// identity: 0 for sums, 1 for a product, ∓∞ or the dtype's limits for a maximum or
+/// minimum), and ReduceMean becomes a ReduceSum divided by the extent times the other
+/// reduced extents. Nodes are kept in program order; other nodes are copied. Run before
+/// [`analyse`], which accepts exactly these masked reductions.
+pub fn mask_reductions(g: &Graph) -> Graph {
+    use crate::graph::ValueDef;
+    use crate::op::{Attr, Attrs, Op};
+    use crate::{DType, Shape, Tensor, TensorType};
+    let dyn_of = analyse_with(g, false).unwrap_or_default();
+    let mut out = Graph::new(g.name.clone());
+    let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
+    for (vid, v) in g.values.iter() {
+        if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {
+            map[vid.index()] = Some(out.values.push(v.clone()));
+        }
+    }
+    out.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
+    let m = |map: &Vec<Option<ValueId>>, v: ValueId| map[v.index()];
+    for (_, n) in g.nodes.iter() {
+        let mut inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| m(&map, v))).collect();
+        let mut op = n.op.clone();
+        let mut mean_count: Option<(ValueId, f64)> = None;
+        let reduce = matches!(
+            n.op.kind,
+            OpKind::ReduceL1
+                | OpKind::ReduceL2
+                | OpKind::ReduceLogSum
+                | OpKind::ReduceLogSumExp
+                | OpKind::ReduceMax
+                | OpKind::ReduceMean
+                | OpKind::ReduceMin
+                | OpKind::ReduceProd
+                | OpKind::ReduceSum
+                | OpKind::ReduceSumSquare
+        );
+        let d = n.inputs.first().copied().flatten().and_then(|x| dyn_of.get(x.index()).copied().flatten());
+        if let (true, Some(d), Some(x), Ok(a)) =
+            (reduce, d, n.inputs.first().copied().flatten(), n.op.attrs_of::<ReduceAttrs>())
+        {
+            let xt = g.ty(x).clone();
+            let r = xt.shape.rank();
+            let axes: Vec<usize> = match n.inputs.get(1).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok()) {
+                Some(v) if !v.is_empty() => v.iter().filter_map(|&a| normalise(a, r)).collect(),
+                _ if a.noop_with_empty_axes => Vec::new(),
+                _ => (0..r).collect(),
+            };
+            let (Some(id), Some(ext)) = (identity(n.op.kind, xt.dtype), m(&map, d.extent)) else {
+                // No mask for this reduction: left for analyse to refuse.
+                let outs = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
+                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
+                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
+                continue;
+            };
+            if axes.contains(&d.axis) {
+                let mut idims = vec![1usize; r];
+                idims[d.axis] = d.bound;
+                let iota: Vec<i64> = (0..d.bound as i64).collect();
+                let ishape = Shape::new(idims.clone()).unwrap_or_else(|_| Shape::scalar());
+                let iota = out.add_const("", Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)));
+                let (_, mask) = out.add_node(
+                    String::new(),
+                    Op::new(OpKind::Less),
+                    vec![Some(iota), Some(ext)],
+                    vec![(String::new(), TensorType::new(DType::Bool, ishape))],
+                );
+                let idv = out.add_const("", id);
+                let (_, w) = out.add_node(
+                    String::new(),
+                    Op::new(OpKind::Where),
+                    vec![Some(mask[0]), inputs[0], Some(idv)],
+                    vec![(String::new(), xt.clone())],
+                );
+                inputs[0] = Some(w[0]);
+                if n.op.kind == OpKind::ReduceMean {
+                    let others: f64 = axes.iter().filter(|&&a| a != d.axis).map(|&a| xt.shape.dims()[a] as f64).product();
+                    op = Op::with_typed(OpKind::ReduceSum, a.clone()).unwrap_or(op);
+                    mean_count = Some((ext, others));
+                }
+            }
+        }
+        let outs: Vec<(String, TensorType)> = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
+        match mean_count {
+            None => {
+                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
+                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
+            }
+            Some((ext, others)) => {
+                // mean = sum / (extent · the other reduced extents), in the dtype.
+                let ty = outs[0].1.clone();
+                let (_, sum) = out.add_node(n.name.clone(), op, inputs, vec![(String::new(), ty.clone())]);
+                let mut attrs = Attrs::new();
+                attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
+                let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
+                let scalar = TensorType::new(ty.dtype, Shape::scalar());
+                let (_, c) = out.add_node(String::new(), cast, vec![Some(ext)], vec![(String::new(), scalar.clone())]);
+                let k = out.add_const("", Tensor::from_f64(ty.dtype, Shape::scalar(), &[others]).unwrap_or_else(|_| Tensor::scalar(1.0f32)));
+                let (_, cnt) = out.add_node(String::new(), Op::new(OpKind::Mul), vec![Some(c[0]), Some(k)], vec![(String::new(), scalar)]);
+                let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt[0])], outs);
+                map[n.outputs[0].index()] = Some(q[0]);
+            }
+        }
+    }
+    out.outputs = g.outputs.iter().filter_map(|v| map[v.index()]).collect();
+    out
 }

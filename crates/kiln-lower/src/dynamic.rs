@@ -12,6 +12,11 @@
 //! batch and class from the state the previous one wrote (O(n) each), after an O(n²)
 //! suppression table of every pair's IoU test. A loop-carrying kernel form would make
 //! each of these one dispatch.
+//!
+//! Unique compares slices (single elements without `axis`) pairwise: a table of equal
+//! pairs, each slice's first occurrence, and for `sorted` the position of the first
+//! differing element of every pair, which orders slices lexicographically (O(n²·s) for
+//! n slices of s elements); positions, counts and the inverse follow by counting.
 
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind};
@@ -29,9 +34,7 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
         OpKind::NonZero => non_zero(cx),
         OpKind::Compress => compress(cx),
         OpKind::NonMaxSuppression => nms(cx),
-        OpKind::Unique => Err(cx.unsupported(
-            "Unique is evaluated by the reference evaluator only; its lowering (a sort of slices) is not written yet",
-        )),
+        OpKind::Unique => unique(cx),
         _ => return None,
     };
     Some(r)
@@ -458,4 +461,192 @@ fn clamp_index(b: &mut KernelBuilder, x: ExprId, n: usize) -> ExprId {
     let hi = b.index(n.saturating_sub(1) as i64);
     let m = b.binary(B::Max, x, lo);
     b.binary(B::Min, m, hi)
+}
+
+/// Unique(X) → (Y, indices, inverse_indices, counts, extent): see the module docs.
+fn unique(cx: &OpCx<'_>) -> R<Lowered> {
+    let xt = cx.input_ty(0)?.clone();
+    let a = cx.attrs::<ka::UniqueAttrs>()?;
+    let xd = xt.shape.dims().to_vec();
+    let (dims, axis) = match a.axis {
+        Some(ax) => (xd.clone(), super::norm_axis(cx, ax, xd.len())?),
+        None => (vec![xt.shape.numel()], 0),
+    };
+    let n = dims[axis];
+    let (outer_dims, inner_dims) = (dims[..axis].to_vec(), dims[axis + 1..].to_vec());
+    let (outer, inner): (usize, usize) = (outer_dims.iter().product(), inner_dims.iter().product());
+    let s = outer * inner;
+    let yty = out_ty(cx, 0)?.clone();
+    let bound = yty.shape.dims()[axis];
+    let float = xt.dtype.is_float();
+    let ct = if float { S::F64 } else { S::I64 };
+    let flat = a.axis.is_none();
+    // Element `e` (0..s, row-major over the other axes) of slice `k`, in the compute type.
+    let elem = move |b: &mut KernelBuilder, k: ExprId, e: ExprId| -> ExprId {
+        let idx = if flat {
+            super::unflatten(b, &xd, k)
+        } else {
+            let inn = b.index(inner.max(1) as i64);
+            let o = b.binary(B::Div, e, inn);
+            let i = b.binary(B::Rem, e, inn);
+            let mut idx = super::unflatten(b, &outer_dims, o);
+            idx.push(k);
+            idx.extend(super::unflatten(b, &inner_dims, i));
+            idx
+        };
+        let v = b.load_with(0, idx, Bounds::Clamp);
+        b.convert(v, ct)
+    };
+    let same = move |b: &mut KernelBuilder, x: ExprId, y: ExprId| -> ExprId {
+        let eq = b.binary(B::Eq, x, y);
+        if float {
+            let (nx, ny) = (b.unary(kiln_flow::kernel::UnaryOp::IsNan, x), b.unary(kiln_flow::kernel::UnaryOp::IsNan, y));
+            let both = b.binary(B::And, nx, ny);
+            b.binary(B::Or, eq, both)
+        } else {
+            eq
+        }
+    };
+    let xb = (Operand::Input(0), xt.clone());
+    let nn = i64_ty(cx, vec![n, n])?;
+    let n1 = i64_ty(cx, vec![n])?;
+    let mut steps: Vec<Step> = Vec::new();
+    // eq[i, j]: slices i and j are equal.
+    steps.push(build(format!("{}_eq", cx.name), nn.clone(), std::slice::from_ref(&xb), |b, idx| {
+        let v = b.new_var(s as u64);
+        let e = b.var(v);
+        let (x, y) = (elem(b, idx[0], e), elem(b, idx[1], e));
+        let eq = same(b, x, y);
+        let ne = b.unary(kiln_flow::kernel::UnaryOp::Not, eq);
+        let c = one_if(b, ne);
+        let diff = b.reduce(ReduceOp::Sum, vec![v], c);
+        let zero = b.index(0);
+        let none = b.binary(B::Eq, diff, zero);
+        Ok(one_if(b, none))
+    })?);
+    let eq = 0;
+    // first[i]: no equal slice before i.
+    steps.push(build(format!("{}_first", cx.name), n1.clone(), &[(Operand::Step(eq), nn.clone())], |b, idx| {
+        let j = b.new_var(n as u64);
+        let je = b.var(j);
+        let e = b.load(0, vec![je, idx[0]]);
+        let before = b.binary(B::Lt, je, idx[0]);
+        let zero = b.index(0);
+        let c = sel(b, before, e, zero);
+        let dups = b.reduce(ReduceOp::Sum, vec![j], c);
+        let none = b.binary(B::Eq, dups, zero);
+        Ok(one_if(b, none))
+    })?);
+    let first = 1;
+    // pos[i]: the output position of a first occurrence.
+    let pos = if a.sorted {
+        // less[j, i]: slice j sorts before slice i (first differing element smaller;
+        // NaN last).
+        steps.push(build(format!("{}_less", cx.name), nn.clone(), std::slice::from_ref(&xb), |b, idx| {
+            let v = b.new_var(s as u64);
+            let e = b.var(v);
+            let (x, y) = (elem(b, idx[0], e), elem(b, idx[1], e));
+            let eq = same(b, x, y);
+            let sv = b.index(s as i64);
+            let d = sel(b, eq, sv, e);
+            let d = b.reduce(ReduceOp::Min, vec![v], d);
+            let dc = clamp_index(b, d, s);
+            let (x, y) = (elem(b, idx[0], dc), elem(b, idx[1], dc));
+            let mut lt = b.binary(B::Lt, x, y);
+            if float {
+                let nx = b.unary(kiln_flow::kernel::UnaryOp::IsNan, x);
+                let ny = b.unary(kiln_flow::kernel::UnaryOp::IsNan, y);
+                let nnx = b.unary(kiln_flow::kernel::UnaryOp::Not, nx);
+                let nan_after = b.binary(B::And, nnx, ny);
+                lt = b.binary(B::Or, lt, nan_after);
+            }
+            let differs = b.binary(B::Lt, d, sv);
+            let before = b.binary(B::And, differs, lt);
+            Ok(one_if(b, before))
+        })?);
+        let less = steps.len() - 1;
+        let binds = [(Operand::Step(first), n1.clone()), (Operand::Step(less), nn.clone())];
+        steps.push(build(format!("{}_pos", cx.name), n1.clone(), &binds, |b, idx| {
+            let j = b.new_var(n as u64);
+            let je = b.var(j);
+            let f = b.load(0, vec![je]);
+            let l = b.load(1, vec![je, idx[0]]);
+            let c = b.mul(f, l);
+            Ok(b.reduce(ReduceOp::Sum, vec![j], c))
+        })?);
+        steps.len() - 1
+    } else {
+        steps.push(build(format!("{}_pos", cx.name), n1.clone(), &[(Operand::Step(first), n1.clone())], |b, idx| {
+            let j = b.new_var(n as u64);
+            let je = b.var(j);
+            let f = b.load(0, vec![je]);
+            let before = b.binary(B::Lt, je, idx[0]);
+            let zero = b.index(0);
+            let c = sel(b, before, f, zero);
+            Ok(b.reduce(ReduceOp::Sum, vec![j], c))
+        })?);
+        steps.len() - 1
+    };
+    // inverse[k]: the position of k's first occurrence.
+    let binds = [(Operand::Step(eq), nn.clone()), (Operand::Step(first), n1.clone()), (Operand::Step(pos), n1.clone())];
+    steps.push(build(result_name(cx, 2), out_ty(cx, 2)?.clone(), &binds, |b, idx| {
+        let j = b.new_var(n as u64);
+        let je = b.var(j);
+        let e = b.load(0, vec![je, idx[0]]);
+        let f = b.load(1, vec![je]);
+        let p = b.load(2, vec![je]);
+        let hit = b.mul(e, f);
+        let one = b.index(1);
+        let is = b.binary(B::Eq, hit, one);
+        let zero = b.index(0);
+        let c = sel(b, is, p, zero);
+        Ok(b.reduce(ReduceOp::Sum, vec![j], c))
+    })?);
+    let inverse = steps.len() - 1;
+    // indices[p]: the first occurrence at position p (0 past the extent).
+    let bty = i64_ty(cx, vec![bound])?;
+    let binds = [(Operand::Step(first), n1.clone()), (Operand::Step(pos), n1.clone())];
+    steps.push(build(result_name(cx, 1), bty.clone(), &binds, |b, idx| {
+        let i = b.new_var(n as u64);
+        let ie = b.var(i);
+        let f = b.load(0, vec![ie]);
+        let p = b.load(1, vec![ie]);
+        let one = b.index(1);
+        let isf = b.binary(B::Eq, f, one);
+        let at = b.binary(B::Eq, p, idx[0]);
+        let hit = b.binary(B::And, isf, at);
+        let zero = b.index(0);
+        let c = sel(b, hit, ie, zero);
+        Ok(b.reduce(ReduceOp::Sum, vec![i], c))
+    })?);
+    let indices = steps.len() - 1;
+    // counts[p]: how many slices have their first occurrence at position p.
+    steps.push(build(result_name(cx, 3), bty.clone(), &[(Operand::Step(inverse), n1.clone())], |b, idx| {
+        let k = b.new_var(n as u64);
+        let ke = b.var(k);
+        let v = b.load(0, vec![ke]);
+        let at = b.binary(B::Eq, v, idx[0]);
+        Ok(one_if(b, at)).map(|c| b.reduce(ReduceOp::Sum, vec![k], c))
+    })?);
+    let counts = steps.len() - 1;
+    // Y: the slices at the indices.
+    let binds = [xb.clone(), (Operand::Step(indices), bty.clone())];
+    let xdims = xt.shape.dims().to_vec();
+    steps.push(build(result_name(cx, 0), yty, &binds, |b, idx| {
+        let k = b.load(1, vec![idx[axis]]);
+        if flat {
+            let c = super::unflatten(b, &xdims, k);
+            Ok(b.load_with(0, c, Bounds::Clamp))
+        } else {
+            let mut ix = idx.to_vec();
+            ix[axis] = k;
+            Ok(b.load_with(0, ix, Bounds::Clamp))
+        }
+    })?);
+    let y = steps.len() - 1;
+    let ext = extent_step(cx, &mut steps, first, &n1)?;
+    Ok(Lowered {
+        steps,
+        outputs: vec![Output::Step(y), Output::Step(indices), Output::Step(inverse), Output::Step(counts), Output::Step(ext)],
+    })
 }

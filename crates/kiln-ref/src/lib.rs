@@ -187,7 +187,7 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
     // Values of data-dependent extent (`kiln_ir::dynamic`): a node computing one from
     // such operands is given its result type at the actual extent, read from the extent
     // value (ONNX semantics; the compiled plan computes at the bound).
-    let dynamic = kiln_ir::dynamic::analyse(graph).unwrap_or_default();
+    let dynamic = kiln_ir::dynamic::analyse_with(graph, false).unwrap_or_default();
     for d in dynamic.iter().flatten() {
         last_use[d.extent.index()] = usize::MAX;
     }
