@@ -1313,6 +1313,20 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 b.name
             );
         }
+        if !e.extents.is_empty() {
+            let _ = writeln!(s, "  data-dependent extents (i64, bound, outputs sized along an axis):");
+            for x in &e.extents {
+                let sized: Vec<String> = x
+                    .outputs
+                    .iter()
+                    .map(|&(o, a)| {
+                        let name = e.outputs.get(o as usize).map_or("?", |t| t.name.as_str());
+                        format!("{name} axis {a}")
+                    })
+                    .collect();
+                let _ = writeln!(s, "    {:<16} ≤ {:<8} {} [{}]", slot_name(&x.binding), x.bound, x.name, sized.join(", "));
+            }
+        }
     }
     s
 }

@@ -57,7 +57,8 @@ fn run(
         .enumerate()
         .map(|(k, mut b)| {
             let dims: Vec<usize> = inst.output_dims(k).expect("dims").iter().map(|&d| d as usize).collect();
-            let ty = kiln_ir::TensorType::new(g.values[g.outputs[k]].ty.dtype, kiln_ir::Shape::new(dims).expect("shape"));
+            let ty =
+                kiln_ir::TensorType::new(g.values[g.outputs[k]].ty.dtype, kiln_ir::Shape::new(dims).expect("shape"));
             b.truncate(ty.storage_bytes());
             Tensor::new(ty, b.into()).expect("tensor")
         })
@@ -73,11 +74,12 @@ fn check(name: &str) {
     }
     let path = data_dir().join(m["file"].as_str().expect("file"));
     let g = kiln_import::onnx::import_file(&path, &opts).unwrap_or_else(|e| panic!("{name}: import: {e}"));
-    let c = kiln_compiler::compile(&g, &kiln_compiler::Options::default()).unwrap_or_else(|e| panic!("{name}: compile: {e}"));
+    let c = kiln_compiler::compile(&g, &kiln_compiler::Options::default())
+        .unwrap_or_else(|e| panic!("{name}: compile: {e}"));
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
     // The plan carries the extents: the artifact lists them, and the arena is planned once.
-    let program = kiln_module::sections::read_program(&kiln_module::Module::parse(&c.artifact).expect("parse"))
-        .expect("program");
+    let program =
+        kiln_module::sections::read_program(&kiln_module::Module::parse(&c.artifact).expect("parse")).expect("program");
     assert!(!program.entries[0].extents.is_empty(), "{name}: the artifact lists no extent");
     for case in m["cases"].as_array().expect("cases") {
         let cn = case["name"].as_str().expect("case name");
@@ -91,7 +93,9 @@ fn check(name: &str) {
                     Err(kiln_runtime::RuntimeError::ExtentOutOfBound { extent, bound, .. }) => {
                         assert!(extent > bound as i64, "{what}: extent {extent} within its bound {bound}")
                     }
-                    other => panic!("{what}: the data needs more than the bound: expected a typed error, got {other:?}"),
+                    other => {
+                        panic!("{what}: the data needs more than the bound: expected a typed error, got {other:?}")
+                    }
                 }
                 continue;
             }
@@ -111,7 +115,10 @@ fn check(name: &str) {
                 compare(&format!("{what} reference output {k}"), t, &want);
             }
         } else {
-            assert!(kiln_ref::eval_graph(&g, &feeds).is_err(), "{what}: the reference accepts an extent above its bound");
+            assert!(
+                kiln_ref::eval_graph(&g, &feeds).is_err(),
+                "{what}: the reference accepts an extent above its bound"
+            );
         }
     }
 }
@@ -154,7 +161,8 @@ fn an_op_mixing_along_the_data_dependent_axis_is_refused_naming_it() {
     let x = g.add_input("x", TensorType::new(DType::F32, Shape::new(vec![4, 3]).expect("shape")));
     let op = Op::new(OpKind::NonZero);
     let tys = infer(&op, &[Some(InferInput { ty: g.ty(x), value: None })], 2).expect("infer NonZero");
-    let (_, nz) = g.add_node("nz", op, vec![Some(x)], vec![("nz".into(), tys[0].clone()), ("nz.extent".into(), tys[1].clone())]);
+    let (_, nz) =
+        g.add_node("nz", op, vec![Some(x)], vec![("nz".into(), tys[0].clone()), ("nz.extent".into(), tys[1].clone())]);
     let op = Op::new(OpKind::Flatten);
     let tys = infer(&op, &[Some(InferInput { ty: g.ty(nz[0]), value: None })], 1).expect("infer Flatten");
     let (_, f) = g.add_node("flat", op, vec![Some(nz[0])], vec![("f".into(), tys[0].clone())]);

@@ -300,7 +300,8 @@ fn link(
         TargetDevice::Cuda => DeviceKind::Cuda,
     };
     let prefix = if kind == DeviceKind::Cuda { "cuda" } else { "cpu" };
-    let entry = EntryPoint { extents: Vec::new(),
+    let entry = EntryPoint {
+        extents: Vec::new(),
         name: "main".into(),
         inputs: graph.inputs.iter().map(|&v| tensor_desc(graph, v)).collect(),
         outputs: graph.outputs.iter().map(|&v| tensor_desc(graph, v)).collect(),

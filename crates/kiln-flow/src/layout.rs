@@ -804,7 +804,8 @@ mod tests {
         );
         let want = crate::interp::run(&kernel, &[&xt, &wt]).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let mut prog = FlowProgram { extents: Vec::new(),
+        let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
@@ -861,7 +862,8 @@ mod tests {
             buffers.push(buf(k.output.clone(), BufferKind::Result));
             dispatches.push(Dispatch::new(k.clone(), vec![BufferId(0), BufferId(1)], BufferId(2 + i as u32), vec![]));
         }
-        let mut prog = FlowProgram { extents: Vec::new(),
+        let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers,
             dispatches,
@@ -914,7 +916,8 @@ mod tests {
         let (it, ft) = (data(&[ci, hw, hw], 4.0), data(&[co, ci, 1, 1], 5.0));
         let want_mm = crate::interp::run(&mm, &[&xt, &wt, &bt]).unwrap();
         let want_pw = crate::interp::run(&pw, &[&it, &ft]).unwrap();
-        let mut prog = FlowProgram { extents: Vec::new(),
+        let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
@@ -1080,7 +1083,8 @@ mod tests {
             let (xs, ws, bs) = (filled(&[n, l, c, 1], 0.7), filled(&[co, c, kh, 1], 0.3), filled(&[co], 1.1));
             let want = crate::interp::run(&kernel, &[&xs, &ws, &bs]).unwrap();
             let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-            let mut prog = FlowProgram { extents: Vec::new(),
+            let mut prog = FlowProgram {
+                extents: Vec::new(),
                 name: "g".into(),
                 buffers: vec![
                     buf(t(&[n, l, c, 1]), BufferKind::Input(0)),
@@ -1151,7 +1155,8 @@ mod tests {
         .unwrap();
         let want = crate::interp::run(&kernel, &[&xs, &ws]).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let mut prog = FlowProgram { extents: Vec::new(),
+        let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[1, c, h, w]), BufferKind::Input(0)),

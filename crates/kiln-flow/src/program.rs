@@ -343,7 +343,8 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
     } else {
         graph
     };
-    let mut p = FlowProgram { extents: Vec::new(),
+    let mut p = FlowProgram {
+        extents: Vec::new(),
         name: graph.name.clone(),
         buffers: Vec::new(),
         dispatches: Vec::new(),

@@ -102,7 +102,9 @@ fn normalise(a: i64, rank: usize) -> Option<usize> {
 pub fn has_sources(g: &Graph) -> bool {
     g.nodes.values().any(|n| {
         source(n, g).is_some()
-            || n.op.attrs_of::<crate::attrs::IfAttrs>().is_ok_and(|a| has_sources(&a.then_branch) || has_sources(&a.else_branch))
+            || n.op
+                .attrs_of::<crate::attrs::IfAttrs>()
+                .is_ok_and(|a| has_sources(&a.then_branch) || has_sources(&a.else_branch))
     })
 }
 
@@ -174,7 +176,9 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
     }
     let in_rank = |i: usize| node.inputs[i].map_or(0, |v| g.ty(v).shape.rank());
     let out_rank = |r: usize| node.outputs.get(r).map_or(0, |&v| g.ty(v).shape.rank());
-    let ints = |i: usize| -> Option<Vec<i64>> { node.inputs.get(i).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok()) };
+    let ints = |i: usize| -> Option<Vec<i64>> {
+        node.inputs.get(i).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok())
+    };
     let along = || format!("it would mix or reduce along the data-dependent axis {} of operand {i0}", d0.axis);
     let k = node.op.kind;
     match k {
@@ -183,9 +187,9 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
         Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd | BitwiseNot
         | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos | Cosh | Div | Elu | Equal | Erf
         | Exp | Floor | Gelu | Greater | GreaterOrEqual | HardSigmoid | HardSwish | Identity | IsInf | IsNaN
-        | LeakyRelu | Less | LessOrEqual | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow
-        | PRelu | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus | Softsign
-        | Sqrt | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
+        | LeakyRelu | Less | LessOrEqual | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
+        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus | Softsign | Sqrt
+        | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
             let r = out_rank(0);
             let axis = r - in_rank(i0) + d0.axis;
             for &(i, d) in operands {
@@ -224,11 +228,8 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
         }
         Unsqueeze => {
             let r = out_rank(0);
-            let axes: Vec<usize> = ints(1)
-                .ok_or("Unsqueeze's axes must be a constant")?
-                .iter()
-                .filter_map(|&a| normalise(a, r))
-                .collect();
+            let axes: Vec<usize> =
+                ints(1).ok_or("Unsqueeze's axes must be a constant")?.iter().filter_map(|&a| normalise(a, r)).collect();
             let kept: Vec<usize> = (0..r).filter(|x| !axes.contains(x)).collect();
             Ok(vec![(0, kept[d0.axis])])
         }
@@ -337,7 +338,8 @@ fn is_masked(g: &Graph, v: Option<ValueId>, extent: ValueId) -> bool {
     match g.values[v].def {
         crate::graph::ValueDef::Node { node, .. } => {
             let n = &g.nodes[node];
-            n.op.kind == OpKind::Where && n.inputs.first().copied().flatten().is_some_and(|m| is_extent_mask(g, m, extent))
+            n.op.kind == OpKind::Where
+                && n.inputs.first().copied().flatten().is_some_and(|m| is_extent_mask(g, m, extent))
         }
         _ => false,
     }
@@ -419,7 +421,14 @@ pub fn mask_reductions(g: &Graph) -> Graph {
         {
             let xt = g.ty(x).clone();
             let r = xt.shape.rank();
-            let axes: Vec<usize> = match n.inputs.get(1).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok()) {
+            let axes: Vec<usize> = match n
+                .inputs
+                .get(1)
+                .copied()
+                .flatten()
+                .and_then(|v| g.constant(v))
+                .and_then(|t| t.to_i64_vec().ok())
+            {
                 Some(v) if !v.is_empty() => v.iter().filter_map(|&a| normalise(a, r)).collect(),
                 _ if a.noop_with_empty_axes => Vec::new(),
                 _ => (0..r).collect(),
@@ -436,7 +445,10 @@ pub fn mask_reductions(g: &Graph) -> Graph {
                 idims[d.axis] = d.bound;
                 let iota: Vec<i64> = (0..d.bound as i64).collect();
                 let ishape = Shape::new(idims.clone()).unwrap_or_else(|_| Shape::scalar());
-                let iota = out.add_const("", Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)));
+                let iota = out.add_const(
+                    "",
+                    Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)),
+                );
                 let (_, mask) = out.add_node(
                     String::new(),
                     Op::new(OpKind::Less),
@@ -452,13 +464,15 @@ pub fn mask_reductions(g: &Graph) -> Graph {
                 );
                 inputs[0] = Some(w[0]);
                 if n.op.kind == OpKind::ReduceMean {
-                    let others: f64 = axes.iter().filter(|&&a| a != d.axis).map(|&a| xt.shape.dims()[a] as f64).product();
+                    let others: f64 =
+                        axes.iter().filter(|&&a| a != d.axis).map(|&a| xt.shape.dims()[a] as f64).product();
                     op = Op::with_typed(OpKind::ReduceSum, a.clone()).unwrap_or(op);
                     mean_count = Some((ext, others));
                 }
             }
         }
-        let outs: Vec<(String, TensorType)> = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
+        let outs: Vec<(String, TensorType)> =
+            n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
         match mean_count {
             None => {
                 let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
@@ -473,8 +487,16 @@ pub fn mask_reductions(g: &Graph) -> Graph {
                 let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
                 let scalar = TensorType::new(ty.dtype, Shape::scalar());
                 let (_, c) = out.add_node(String::new(), cast, vec![Some(ext)], vec![(String::new(), scalar.clone())]);
-                let k = out.add_const("", Tensor::from_f64(ty.dtype, Shape::scalar(), &[others]).unwrap_or_else(|_| Tensor::scalar(1.0f32)));
-                let (_, cnt) = out.add_node(String::new(), Op::new(OpKind::Mul), vec![Some(c[0]), Some(k)], vec![(String::new(), scalar)]);
+                let k = out.add_const(
+                    "",
+                    Tensor::from_f64(ty.dtype, Shape::scalar(), &[others]).unwrap_or_else(|_| Tensor::scalar(1.0f32)),
+                );
+                let (_, cnt) = out.add_node(
+                    String::new(),
+                    Op::new(OpKind::Mul),
+                    vec![Some(c[0]), Some(k)],
+                    vec![(String::new(), scalar)],
+                );
                 let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt[0])], outs);
                 map[n.outputs[0].index()] = Some(q[0]);
             }

@@ -500,7 +500,8 @@ fn unique(cx: &OpCx<'_>) -> R<Lowered> {
     let same = move |b: &mut KernelBuilder, x: ExprId, y: ExprId| -> ExprId {
         let eq = b.binary(B::Eq, x, y);
         if float {
-            let (nx, ny) = (b.unary(kiln_flow::kernel::UnaryOp::IsNan, x), b.unary(kiln_flow::kernel::UnaryOp::IsNan, y));
+            let (nx, ny) =
+                (b.unary(kiln_flow::kernel::UnaryOp::IsNan, x), b.unary(kiln_flow::kernel::UnaryOp::IsNan, y));
             let both = b.binary(B::And, nx, ny);
             b.binary(B::Or, eq, both)
         } else {
@@ -647,6 +648,12 @@ fn unique(cx: &OpCx<'_>) -> R<Lowered> {
     let ext = extent_step(cx, &mut steps, first, &n1)?;
     Ok(Lowered {
         steps,
-        outputs: vec![Output::Step(y), Output::Step(indices), Output::Step(inverse), Output::Step(counts), Output::Step(ext)],
+        outputs: vec![
+            Output::Step(y),
+            Output::Step(indices),
+            Output::Step(inverse),
+            Output::Step(counts),
+            Output::Step(ext),
+        ],
     })
 }

@@ -999,7 +999,8 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
         } else {
             Vec::new()
         };
-        entries.push(EntryView { extents,
+        entries.push(EntryView {
+            extents,
             name: sig.name,
             inputs: sig.inputs,
             outputs: sig.outputs,

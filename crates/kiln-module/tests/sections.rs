@@ -19,7 +19,8 @@ fn mlp(constants: Constants, debug: bool) -> Program {
     let code: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint { extents: Vec::new(),
+        entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![t("x", 1, &[1, 4], 16)],
             outputs: vec![t("y", 1, &[1, 2], 8)],
@@ -212,7 +213,8 @@ fn small_mlp_is_a_few_kb() {
 fn signature_bytes_by_hand() {
     let p = Program {
         devices: vec![],
-        entries: vec![EntryPoint { extents: Vec::new(),
+        entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "m".into(),
             inputs: vec![t("x", 1, &[300], 1200)],
             outputs: vec![],

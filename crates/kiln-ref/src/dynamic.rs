@@ -34,7 +34,9 @@ fn actual(cx: &Cx, i: usize, axis: usize, n: usize) -> Result<TensorType, EvalEr
     let mut d = ty.shape.dims().to_vec();
     let bound = d.get(axis).copied().ok_or_else(|| cx.invalid(format!("result {i} has no axis {axis}")))?;
     if n > bound {
-        return Err(cx.invalid(format!("the data needs an extent of {n}, above the bound {bound} (raise it with --max-dim)")));
+        return Err(
+            cx.invalid(format!("the data needs an extent of {n}, above the bound {bound} (raise it with --max-dim)"))
+        );
     }
     d[axis] = n;
     Ok(TensorType::new(ty.dtype, Shape::new(d).map_err(|e| cx.invalid(e.to_string()))?))

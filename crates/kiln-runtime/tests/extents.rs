@@ -67,9 +67,16 @@ fn compaction_of_an_inner_axis() {
     let mut p = add_program(6);
     let e = &mut p.entries[0];
     e.outputs[0].dims = vec![2, 3];
-    e.commands.insert(0, Command::Fill { dst: Binding { slot: Slot::Arena, offset: 0, length: 8 }, pattern: 2, pattern_len: 8 });
-    e.extents =
-        vec![ExtentDesc { name: "y".into(), binding: Binding { slot: Slot::Arena, offset: 0, length: 8 }, bound: 3, outputs: vec![(0, 1)] }];
+    e.commands.insert(
+        0,
+        Command::Fill { dst: Binding { slot: Slot::Arena, offset: 0, length: 8 }, pattern: 2, pattern_len: 8 },
+    );
+    e.extents = vec![ExtentDesc {
+        name: "y".into(),
+        binding: Binding { slot: Slot::Arena, offset: 0, length: 8 },
+        bound: 3,
+        outputs: vec![(0, 1)],
+    }];
     let file = write_program(&p);
     let m = load(&file, None).expect("load");
     let mut inst = Instance::new(&m).expect("instance");

@@ -50,10 +50,9 @@ pub(super) fn compress(cx: &Ctx) -> R<Vec<TensorType>> {
         None => (vec![x.shape.numel()], 0),
     };
     if len > dims[axis] {
-        return Err(cx.invalid(format_args!(
-            "`condition` has {len} elements, more than the {} it selects from",
-            dims[axis]
-        )));
+        return Err(
+            cx.invalid(format_args!("`condition` has {len} elements, more than the {} it selects from", dims[axis]))
+        );
     }
     dims[axis] = bound(cx, a.bound, len)?;
     Ok(vec![cx.tt(x.dtype, dims)?, extent(cx)?])

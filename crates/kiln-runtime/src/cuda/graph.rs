@@ -357,7 +357,8 @@ mod tests {
     }
 
     fn entry(commands: Vec<Command>) -> EntryView<'static> {
-        EntryView { extents: Vec::new(),
+        EntryView {
+            extents: Vec::new(),
             name: "main",
             inputs: vec![],
             outputs: vec![],

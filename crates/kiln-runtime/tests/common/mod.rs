@@ -84,7 +84,8 @@ pub fn add_program(n: u64) -> Program {
     let bytes = 4 * n;
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint { extents: Vec::new(),
+        entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
             outputs: vec![tensor("y", 1, &[n], bytes)],
@@ -152,7 +153,8 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
     let p = Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![
-            EntryPoint { extents: Vec::new(),
+            EntryPoint {
+                extents: Vec::new(),
                 name: "main".into(),
                 inputs: vec![],
                 outputs: vec![tensor("y", 2, &[16], 16)],
@@ -168,7 +170,8 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                 ],
                 buffers: vec![],
             },
-            EntryPoint { extents: Vec::new(),
+            EntryPoint {
+                extents: Vec::new(),
                 name: "exp".into(),
                 inputs: vec![tensor("x", 1, &[1], 4)],
                 outputs: vec![tensor("y", 1, &[1], 4)],
@@ -241,7 +244,8 @@ pub fn reloc_program() -> Program {
         ],
         launches: vec![],
     };
-    let entry = |name: &str, kernel| EntryPoint { extents: Vec::new(),
+    let entry = |name: &str, kernel| EntryPoint {
+        extents: Vec::new(),
         name: name.into(),
         inputs: vec![],
         outputs: vec![tensor("y", 1, &[1], 4)],
@@ -382,7 +386,8 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
     commands.push(Command::Copy { src: w, dst: b(Slot::Output(1), 0, 4) });
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint { extents: Vec::new(),
+        entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
             outputs: vec![tensor("y", 1, &[n], bytes), tensor("z", 1, &[1], 4)],
@@ -465,7 +470,8 @@ pub fn cuda_graph_program() -> Program {
     let c: Vec<u8> = [0.5f32, -1.0, 2.0, 8.0].iter().flat_map(|x| x.to_le_bytes()).collect();
     Program {
         devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
-        entries: vec![EntryPoint { extents: Vec::new(),
+        entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
             outputs: vec![tensor("y", 1, &[4], 16), tensor("z", 2, &[24], 24)],
@@ -517,10 +523,15 @@ pub fn collectives_program(n: u64) -> Program {
     let part = |device: u32, src: Binding, dst: Binding| CollectivePart { device, src, dst };
     Program {
         devices: (0..3).map(|d| Device { kind: DeviceKind::Cpu, name: format!("cpu:{d}") }).collect(),
-        entries: vec![EntryPoint { extents: Vec::new(),
+        entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
-            outputs: vec![tensor("sum1", 1, &[n], by), tensor("gather2", 1, &[3 * n], 3 * by), tensor("sum0", 1, &[n], by)],
+            outputs: vec![
+                tensor("sum1", 1, &[n], by),
+                tensor("gather2", 1, &[3 * n], 3 * by),
+                tensor("sum0", 1, &[n], by),
+            ],
             arena_size: 15 * by,
             arena_align: 64,
             commands: vec![
