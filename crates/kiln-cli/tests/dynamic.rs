@@ -179,3 +179,23 @@ fn an_unknown_max_dim_name_is_an_error() {
     let e = kiln_import::onnx::import_file(&path, &opts).expect_err("unknown name");
     assert!(e.to_string().contains("--max-dim nope"), "{e}");
 }
+
+#[test]
+fn targets_without_extents_refuse_them_at_compile_time() {
+    let path = data_dir().join("dynamic/nonzero_odd.onnx");
+    let g = kiln_import::onnx::import_file(&path, &Default::default()).expect("import");
+    // The CUDA runtime does not check or report extents yet: the compiler says so.
+    let cuda = kiln_compiler::Options { device: kiln_compiler::TargetDevice::Cuda, ..Default::default() };
+    match kiln_compiler::compile(&g, &cuda) {
+        Err(e @ kiln_compiler::CompileError::DynamicOnCuda { .. }) => assert!(e.needs_constant_operand()),
+        Err(e) => panic!("expected DynamicOnCuda, got {e}"),
+        Ok(_) => panic!("a CUDA plan with extents compiled"),
+    }
+    // Nor does a plan sharded over several devices.
+    let sharded = kiln_compiler::shard::compile(kiln_compiler::Input::Graph(g), &Default::default(), 2);
+    assert!(
+        matches!(sharded, Err(kiln_compiler::CompileError::DynamicSharded { devices: 2 })),
+        "{:?}",
+        sharded.err().map(|e| e.to_string())
+    );
+}

@@ -96,6 +96,13 @@ pub enum CompileError {
         /// Devices asked for.
         devices: u32,
     },
+    /// A plan sharded over several devices (`--devices N`) does not carry
+    /// data-dependent extents yet.
+    #[error("the model has data-dependent output sizes (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time K), which a plan sharded over {devices} devices does not carry yet; compile for one device")]
+    DynamicSharded {
+        /// Devices asked for.
+        devices: u32,
+    },
     /// The CUDA target does not run data-dependent output sizes yet (its runtime would
     /// refuse the plan): a result of NonZero, Compress, Unique, NonMaxSuppression or a
     /// run-time-K TopK. Binding the inputs behind it to values may make it static (a
@@ -175,6 +182,7 @@ impl CompileError {
             CompileError::Pipeline { stage, .. } => *stage,
             CompileError::Shard(_) | CompileError::MultiGpu { .. } => Stage::TensorPasses,
             CompileError::DynamicOnCuda { .. } => Stage::FormDispatches,
+            CompileError::DynamicSharded { .. } => Stage::TensorPasses,
             CompileError::Link(_) => Stage::Hal,
         }
     }
@@ -211,7 +219,9 @@ impl CompileError {
                 kiln_shard::ShardError::Internal { .. } => ErrorKind::Internal,
                 _ => ErrorKind::InvalidInput,
             },
-            CompileError::MultiGpu { .. } | CompileError::DynamicOnCuda { .. } => ErrorKind::Unsupported,
+            CompileError::MultiGpu { .. } | CompileError::DynamicOnCuda { .. } | CompileError::DynamicSharded { .. } => {
+                ErrorKind::Unsupported
+            }
             CompileError::Link(_) => ErrorKind::Internal,
         }
     }
