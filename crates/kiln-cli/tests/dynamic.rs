@@ -199,3 +199,47 @@ fn targets_without_extents_refuse_them_at_compile_time() {
         sharded.err().map(|e| e.to_string())
     );
 }
+
+/// `kiln compile --max-dim` and `kiln run`: the `.npy` written has the actual shape;
+/// data needing more than the bound fails with a message naming it and the option.
+#[test]
+fn kiln_run_writes_the_actual_shape_and_refuses_more_than_the_bound() {
+    let kiln = env!("CARGO_BIN_EXE_kiln");
+    let dir = std::env::temp_dir().join(format!("kiln-dynamic-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let art = dir.join("det.kiln");
+    let model = data_dir().join("dynamic/detector.onnx");
+    let st = std::process::Command::new(kiln)
+        .args(["compile", model.to_str().expect("path"), "--max-dim", "selected=12", "-o", art.to_str().expect("path")])
+        .output()
+        .expect("kiln compile");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let case = |c: &str| -> Vec<String> {
+        ["image", "max_out", "iou", "score_min"]
+            .iter()
+            .enumerate()
+            .flat_map(|(k, n)| {
+                let f = data_dir().join(format!("dynamic/detector/{c}.in_{k}.npy"));
+                ["--input".to_string(), format!("{n}={}", f.display())]
+            })
+            .collect()
+    };
+    let out = dir.join("out");
+    let st = std::process::Command::new(kiln)
+        .arg("run")
+        .arg(&art)
+        .args(case("several"))
+        .args(["--output-dir", out.to_str().expect("path")])
+        .output()
+        .expect("kiln run");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    for (k, name) in ["selected", "selected_boxes"].iter().enumerate() {
+        let got = kiln_ir::npy::read(&std::fs::read(out.join(format!("{name}.npy"))).expect("npy")).expect("decode");
+        let want = read_npy(&format!("dynamic/detector/several.out_{k}.npy"));
+        compare(&format!("kiln run {name}"), &got, &want);
+    }
+    let st = std::process::Command::new(kiln).arg("run").arg(&art).args(case("over")).output().expect("kiln run");
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success() && err.contains("above the bound 12") && err.contains("--max-dim selected="), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
