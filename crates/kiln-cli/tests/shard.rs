@@ -205,7 +205,7 @@ fn kiln_compile_devices_and_inspect_show_per_device_commands_and_collectives() {
     assert!(ok, "{err}");
     assert!(err.contains("2 devices") && err.contains("4 all-reduces"), "{err}");
     let listing = common::ok(&["inspect", common::s(&out)]);
-    assert!(listing.contains("format 1.4"), "{listing}");
+    assert!(listing.contains("format 1.5"), "{listing}");
     assert!(listing.contains("devices: 2 (cpu:0, cpu:1)"), "{listing}");
     for d in ["cpu:0", "cpu:1"] {
         assert!(listing.contains(&format!(") on {d} x")), "no dispatch on {d}:\n{listing}");

@@ -10,6 +10,7 @@
 
 use crate::error::{BindingProblem, BindingRole, CommandProblem, RuntimeError, VerifyError};
 use crate::MAX_ARENA_ALIGN;
+use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use kiln_module::program::{Binding, Command, CpuFeature, DeviceKind, RelocKind, Slot};
