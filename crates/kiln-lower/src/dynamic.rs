@@ -627,7 +627,8 @@ fn unique(cx: &OpCx<'_>) -> R<Lowered> {
         let ke = b.var(k);
         let v = b.load(0, vec![ke]);
         let at = b.binary(B::Eq, v, idx[0]);
-        Ok(one_if(b, at)).map(|c| b.reduce(ReduceOp::Sum, vec![k], c))
+        let c = one_if(b, at);
+        Ok(b.reduce(ReduceOp::Sum, vec![k], c))
     })?);
     let counts = steps.len() - 1;
     // Y: the slices at the indices.
