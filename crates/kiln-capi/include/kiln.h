@@ -24,9 +24,11 @@
 #define KILN_CAPI_VERSION_MAJOR 1
 
 /**
- * Minor version of this C API: grows when declarations are added.
+ * Minor version of this C API: grows when declarations are added (1:
+ * `kiln_instance_output_shape` and `KILN_STATUS_OVER_BOUND`, for data-dependent output
+ * sizes).
  */
-#define KILN_CAPI_VERSION_MINOR 0
+#define KILN_CAPI_VERSION_MINOR 1
 
 /**
  * What a call did: `KILN_STATUS_OK`, or why it failed (`kiln_last_error_message` has
@@ -83,6 +85,12 @@ enum kiln_status
    * A bug in kiln (a caught panic); the message says where.
    */
   KILN_STATUS_INTERNAL = 9,
+  /**
+   * The data needed more entries in a data-dependent output (NonZero,
+   * NonMaxSuppression, …) than the bound the module was compiled for (`kiln compile
+   * --max-dim NAME=N` raises it); the outputs of that invoke are not valid.
+   */
+  KILN_STATUS_OVER_BOUND = 10,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -574,6 +582,24 @@ kiln_status kiln_instance_bind_output(kiln_instance *inst, size_t index, void *d
  * `inst` is a live instance handle; `data` and `len` are writable.
  */
 kiln_status kiln_instance_output(kiln_instance *inst, size_t index, const void **data, size_t *len);
+
+/**
+ * Sets `*rank` and `*dims` to output `index`'s shape as the last successful invoke
+ * left it: its signature's dims, except along an axis whose extent depends on the data
+ * (a result of NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time K,
+ * or derived from one), where the actual extent; the output's bytes are then that
+ * shape, row-major, at the front of its buffer (whose size is the bound's). Before the
+ * first invoke, the signature's dims. `*dims` stays valid until the next invoke or the
+ * instance is freed.
+ *
+ * # Safety
+ *
+ * `inst` is a live instance handle; `rank` and `dims` are writable.
+ */
+kiln_status kiln_instance_output_shape(kiln_instance *inst,
+                                       size_t index,
+                                       size_t *rank,
+                                       const uint64_t **dims);
 
 /**
  * Runs the module's entry point (`main`, else its first) on the inputs as set or

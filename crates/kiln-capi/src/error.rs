@@ -56,6 +56,7 @@ pub(crate) fn status_of(e: &RuntimeError) -> kiln_status {
         // Thread counts are checked before the runtime sees them: what is left is the
         // system refusing a worker.
         E::Threads { .. } | E::Load { .. } | E::WorkerLost => S::Runtime,
+        E::ExtentOutOfBound { .. } => S::OverBound,
         // A variant added to the runtime later: reported, with its message.
         _ => S::Runtime,
     }

@@ -36,6 +36,8 @@ pub struct kiln_instance {
     /// calls: the `'static` is never observed.
     in_args: Vec<&'static [u8]>,
     out_args: Vec<&'static mut [u8]>,
+    /// Whether the last invoke succeeded (its output shapes are then reported).
+    invoked: bool,
     /// The arena's memory when the instance allocated it or the caller lent it (kept
     /// for its drop, which releases it after `inst`).
     _arena: Mem,
@@ -225,6 +227,7 @@ impl kiln_instance {
             inst,
             in_args: Vec::with_capacity(inputs.len()),
             out_args: Vec::with_capacity(outputs.len()),
+            invoked: false,
             inputs,
             outputs,
             _arena: arena,
@@ -287,6 +290,7 @@ impl kiln_instance {
         let r = self.inst.invoke_entry(self.module.entry, &self.in_args, &mut self.out_args);
         self.in_args.clear();
         self.out_args.clear();
+        self.invoked = r.is_ok();
         r.map_err(Error::from)
     }
 
@@ -667,6 +671,47 @@ pub unsafe extern "C" fn kiln_instance_output(
                 Ok((p.as_ptr().cast_const().cast(), t.bytes))
             })
         }
+    })
+}
+
+/// Sets `*rank` and `*dims` to output `index`'s shape as the last successful invoke
+/// left it: its signature's dims, except along an axis whose extent depends on the data
+/// (a result of NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time K,
+/// or derived from one), where the actual extent; the output's bytes are then that
+/// shape, row-major, at the front of its buffer (whose size is the bound's). Before the
+/// first invoke, the signature's dims. `*dims` stays valid until the next invoke or the
+/// instance is freed.
+///
+/// # Safety
+///
+/// `inst` is a live instance handle; `rank` and `dims` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_instance_output_shape(
+    inst: *mut kiln_instance,
+    index: usize,
+    rank: *mut usize,
+    dims: *mut *const u64,
+) -> kiln_status {
+    guard("kiln_instance_output_shape", || {
+        non_null(rank, "rank")?;
+        non_null(dims, "dims")?;
+        // SAFETY: the caller's contract.
+        let inst = unsafe { instance_mut(inst)? };
+        let inst: &kiln_instance = inst;
+        let n = inst.module.outputs.len();
+        let sig = inst
+            .module
+            .outputs
+            .get(index)
+            .ok_or_else(|| Error::arg(format!("output index {index} is out of range (the module has {n} outputs)")))?
+            .dims();
+        let got = inst.inst.output_dims(index).filter(|d| d.len() == sig.len() && inst.invoked).unwrap_or(sig);
+        // SAFETY: both checked not null; writable per the contract.
+        unsafe {
+            *rank = got.len();
+            *dims = got.as_ptr();
+        }
+        Ok(())
     })
 }
 

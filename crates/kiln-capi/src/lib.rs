@@ -14,6 +14,7 @@
 //! kiln_instance_set_input / _bind_input / _input_buffer      inputs: copied, or read in place
 //! kiln_instance_invoke                                        runs the module's main entry point
 //! kiln_instance_output / _bind_output                         outputs: read in place, or written to the caller's buffer
+//! kiln_instance_output_shape                                  an output's actual shape (data-dependent extents)
 //! ```
 //!
 //! Every function that can fail returns a `kiln_status`; `kiln_last_error_message`
@@ -33,7 +34,7 @@ pub use error::kiln_last_error_message;
 pub use instance::{
     kiln_instance, kiln_instance_bind_input, kiln_instance_bind_output, kiln_instance_create, kiln_instance_create_in,
     kiln_instance_create_with_allocator, kiln_instance_free, kiln_instance_input_buffer, kiln_instance_invoke,
-    kiln_instance_output, kiln_instance_set_input, kiln_instance_threads,
+    kiln_instance_output, kiln_instance_output_shape, kiln_instance_set_input, kiln_instance_threads,
 };
 pub use module::{
     kiln_module, kiln_module_arena_align, kiln_module_arena_size, kiln_module_free, kiln_module_input_count,
@@ -49,8 +50,10 @@ use std::sync::OnceLock;
 /// linked is the one the header describes.
 pub const KILN_CAPI_VERSION_MAJOR: u32 = 1;
 
-/// Minor version of this C API: grows when declarations are added.
-pub const KILN_CAPI_VERSION_MINOR: u32 = 0;
+/// Minor version of this C API: grows when declarations are added (1:
+/// `kiln_instance_output_shape` and `KILN_STATUS_OVER_BOUND`, for data-dependent output
+/// sizes).
+pub const KILN_CAPI_VERSION_MINOR: u32 = 1;
 
 /// What a call did: `KILN_STATUS_OK`, or why it failed (`kiln_last_error_message` has
 /// the details).
@@ -83,6 +86,10 @@ pub enum kiln_status {
     NotFound = 8,
     /// A bug in kiln (a caught panic); the message says where.
     Internal = 9,
+    /// The data needed more entries in a data-dependent output (NonZero,
+    /// NonMaxSuppression, …) than the bound the module was compiled for (`kiln compile
+    /// --max-dim NAME=N` raises it); the outputs of that invoke are not valid.
+    OverBound = 10,
 }
 
 /// Element types, by their ONNX `TensorProto.DataType` code (the codes a `.kiln`

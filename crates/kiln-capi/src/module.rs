@@ -51,6 +51,11 @@ impl Tensor {
         Ok(Tensor { name, dtype: t.dtype, dims: t.dims.clone(), bytes })
     }
 
+    /// Its dims as the signature records them.
+    pub(crate) fn dims(&self) -> &[u64] {
+        &self.dims
+    }
+
     fn info(&self) -> kiln_tensor_info {
         kiln_tensor_info {
             name: self.name.as_ptr(),

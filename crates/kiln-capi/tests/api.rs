@@ -660,3 +660,64 @@ fn one_module_serves_instances_on_several_threads() {
     // SAFETY: a live handle, freed once (every instance is gone).
     unsafe { kiln_module_free(m) };
 }
+
+/// A NonZero model (`x: f32[3,1,5]` → `nz: i64[3, n]`, bound `bound`): the C API reports
+/// the actual shape and the compacted bytes; more nonzeros than the bound is
+/// `OverBound`.
+fn nonzero_module(bound: i64) -> Vec<u8> {
+    use kiln_ir::infer::{infer, InferInput};
+    use kiln_ir::{Attr, Attrs, DType, Graph, Op, OpKind, Shape, TensorType};
+    let mut g = Graph::new("nz");
+    let x = g.add_input("x", TensorType::new(DType::F32, Shape::new(vec![3, 1, 5]).expect("shape")));
+    let op = Op::parse(OpKind::NonZero, &Attrs::new().with("kiln_bound", Attr::Int(bound))).expect("op");
+    let tys = infer(&op, &[Some(InferInput { ty: g.ty(x), value: None })], 2).expect("infer");
+    let (_, nz) = g.add_node("nz", op, vec![Some(x)], vec![("nz".into(), tys[0].clone()), ("e".into(), tys[1].clone())]);
+    g.outputs.push(nz[0]);
+    kiln_compiler::compile(&g, &kiln_compiler::Options::default()).expect("compile").artifact
+}
+
+#[test]
+fn data_dependent_output_shapes() {
+    let art = nonzero_module(4);
+    let m = load(&art, None);
+    let inst = instance(m, 1);
+    let (mut rank, mut dims) = (0usize, null());
+    // Before an invoke: the signature's (bound) shape.
+    ok(unsafe { kiln_instance_output_shape(inst, 0, &mut rank, &mut dims) });
+    assert_eq!(unsafe { std::slice::from_raw_parts(dims, rank) }, [3, 4]);
+    // Nonzeros at flat positions 2, 7, 14 (coordinates (0,0,2), (1,0,2), (2,0,4)).
+    let mut xv = [0f32; 15];
+    for i in [2, 7, 14] {
+        xv[i] = 1.5;
+    }
+    let x = f32_bytes(&xv);
+    ok(unsafe { kiln_instance_set_input(inst, 0, x.as_ptr().cast(), x.len()) });
+    ok(unsafe { kiln_instance_invoke(inst) });
+    ok(unsafe { kiln_instance_output_shape(inst, 0, &mut rank, &mut dims) });
+    assert_eq!(unsafe { std::slice::from_raw_parts(dims, rank) }, [3, 3]);
+    let got: Vec<i64> = output(inst, 0)[..9 * 8].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got, [0, 1, 2, 0, 0, 0, 2, 2, 4]);
+    // Five nonzeros, bound 4: a typed status, naming the bound.
+    for i in [0, 1] {
+        xv[i] = -1.0;
+    }
+    let x = f32_bytes(&xv);
+    ok(unsafe { kiln_instance_set_input(inst, 0, x.as_ptr().cast(), x.len()) });
+    assert_fails(unsafe { kiln_instance_invoke(inst) }, kiln_status::OverBound, "kiln_instance_invoke", "above the bound 4");
+    assert_fails(
+        unsafe { kiln_instance_output_shape(inst, 1, &mut rank, &mut dims) },
+        kiln_status::InvalidArgument,
+        "kiln_instance_output_shape",
+        "out of range",
+    );
+    assert_fails(
+        unsafe { kiln_instance_output_shape(inst, 0, null_mut(), &mut dims) },
+        kiln_status::InvalidArgument,
+        "kiln_instance_output_shape",
+        "rank",
+    );
+    unsafe {
+        kiln_instance_free(inst);
+        kiln_module_free(m);
+    }
+}

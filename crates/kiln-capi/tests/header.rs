@@ -35,7 +35,9 @@ fn header_carries_the_api() {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/kiln.h")).expect("header");
     for needle in [
         "#define KILN_CAPI_VERSION_MAJOR 1",
-        "#define KILN_CAPI_VERSION_MINOR 0",
+        "#define KILN_CAPI_VERSION_MINOR 1",
+        "KILN_STATUS_OVER_BOUND = 10",
+        "kiln_status kiln_instance_output_shape(",
         "typedef struct kiln_module kiln_module;",
         "typedef struct kiln_instance kiln_instance;",
         "KILN_STATUS_INVALID_ARGUMENT = 1",

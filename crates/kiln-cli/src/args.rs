@@ -134,6 +134,20 @@ pub(crate) struct BindArgs {
     /// constant ones): the loop is planned for at most N trips
     #[arg(long = "max-trips", value_name = "N")]
     pub max_trips: Option<usize>,
+    /// Bound a data-dependent result (of NonZero, Compress, Unique, NonMaxSuppression,
+    /// TopK with a run-time K) named NAME to N entries along its data-dependent axis:
+    /// the plan is sized for N, and more at run time is an error (repeatable)
+    #[arg(long = "max-dim", value_name = "NAME=N", value_parser = parse_max_dim)]
+    pub max_dim: Vec<(String, usize)>,
+}
+
+fn parse_max_dim(s: &str) -> Result<(String, usize), String> {
+    let (name, n) = s.rsplit_once('=').ok_or_else(|| format!("`{s}`: expected NAME=N"))?;
+    if name.is_empty() {
+        return Err(format!("`{s}`: the name is empty"));
+    }
+    let n = n.trim().parse::<usize>().map_err(|_| format!("`{s}`: `{n}` is not a count"))?;
+    Ok((name.to_string(), n))
 }
 
 /// Options for compiling a model: `compile`'s, and `run`/`inspect`/`bench`'s when given a model.

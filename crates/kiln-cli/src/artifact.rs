@@ -530,7 +530,11 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     let feeds = feeds(a, sig.inputs)?;
     let threads = threads(a);
     let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs))?;
+    let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| {
+        instance.invoke(ins, outs)?;
+        // The actual dims (a data-dependent extent, format 1.5, sizes some outputs).
+        Ok::<_, kiln_runtime::RuntimeError>((0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect())
+    })?;
     eprintln!(
         "{label}: loaded in {:.2} ms, ran in {:.3} ms on {threads} thread{}",
         t_load.as_secs_f64() * 1e3,
@@ -548,17 +552,17 @@ pub(crate) fn invoke_and_write<E: std::fmt::Display>(
     feeds: &[Tensor],
     outputs: &[kiln_module::sections::TensorView<'_>],
     label: &str,
-    invoke: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> Result<(), E>,
+    invoke: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> Result<Vec<Vec<u64>>, E>,
 ) -> Result<Duration, String> {
     let mut outs = output_buffers(outputs, label)?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let t0 = Instant::now();
-    {
+    let dims = {
         let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-        invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-    }
+        invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?
+    };
     let t_run = t0.elapsed();
-    write_outputs(a, outputs, outs.iter().map(AlignedBytes::bytes))?;
+    write_outputs(a, outputs, &dims, outs.iter().map(AlignedBytes::bytes))?;
     Ok(t_run)
 }
 
@@ -566,13 +570,18 @@ pub(crate) fn invoke_and_write<E: std::fmt::Display>(
 fn write_outputs<'b>(
     a: &Args,
     outputs: &[kiln_module::sections::TensorView<'_>],
+    dims: &[Vec<u64>],
     data: impl Iterator<Item = &'b [u8]>,
 ) -> Result<(), String> {
     if let Some(dir) = &a.output_dir {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
     }
-    for (t, data) in outputs.iter().zip(data) {
-        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("output `{}`: {e}", t.name))?;
+    for (k, (t, data)) in outputs.iter().zip(data).enumerate() {
+        // The actual dims where the runtime reports them (a data-dependent extent: the
+        // elements are compacted at the front of the bound-sized buffer).
+        let d = dims.get(k).filter(|d| d.len() == t.dims.len()).unwrap_or(&t.dims);
+        let ty = tensor_type(t.dtype, d).map_err(|e| format!("output `{}`: {e}", t.name))?;
+        let data = &data[..ty.storage_bytes().min(data.len())];
         let tensor = Tensor::new(ty, data.to_vec().into()).map_err(|e| format!("output `{}`: {e}", t.name))?;
         write_stdout(&format!("{}: {} {}\n", t.name, tensor.ty(), summary(&tensor)))?;
         if let Some(dir) = &a.output_dir {
@@ -1483,6 +1492,20 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 b.last,
                 b.name
             );
+        }
+        if !e.extents.is_empty() {
+            let _ = writeln!(s, "  data-dependent extents (i64, bound, outputs sized along an axis):");
+            for x in &e.extents {
+                let sized: Vec<String> = x
+                    .outputs
+                    .iter()
+                    .map(|&(o, a)| {
+                        let name = e.outputs.get(o as usize).map_or("?", |t| t.name.as_str());
+                        format!("{name} axis {a}")
+                    })
+                    .collect();
+                let _ = writeln!(s, "    {:<16} ≤ {:<8} {} [{}]", slot_name(&x.binding), x.bound, x.name, sized.join(", "));
+            }
         }
     }
     s

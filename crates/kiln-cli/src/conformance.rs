@@ -241,7 +241,8 @@ fn execute(engine: Engine, g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, O
             compile_and_run(g, feeds, &kiln_compiler::Options::default(), "conformance", |artifact, weights, ins, outs| {
                 let module = kiln_runtime::Module::load(artifact, weights).map_err(|e| format!("load: {e}"))?;
                 let mut inst = kiln_runtime::Instance::new(&module).map_err(|e| format!("instantiate: {e}"))?;
-                inst.invoke(ins, outs).map_err(|e| e.to_string())
+                inst.invoke(ins, outs).map_err(|e| e.to_string())?;
+                Ok(Some((0..outs.len()).map(|k| inst.output_dims(k).unwrap_or(&[]).to_vec()).collect()))
             })
         }
     }
@@ -255,7 +256,7 @@ pub(crate) fn compile_and_run(
     feeds: &[Tensor],
     opts: &kiln_compiler::Options,
     tag: &str,
-    run: impl FnOnce(&[u8], Option<&[u8]>, &[&[u8]], &mut [&mut [u8]]) -> Result<(), String>,
+    run: impl FnOnce(&[u8], Option<&[u8]>, &[&[u8]], &mut [&mut [u8]]) -> Result<Option<Vec<Vec<u64>>>, String>,
 ) -> Result<Vec<Tensor>, Outcome> {
     let c = kiln_compiler::compile(g, opts).map_err(|e| Outcome::CompileError(e.to_string()))?;
     let path = std::env::temp_dir().join(format!("kiln-{tag}-{}.kiln", std::process::id()));
@@ -264,14 +265,26 @@ pub(crate) fn compile_and_run(
     let bytes = written.map_err(|e| Outcome::RuntimeError(format!("artifact file: {e}")))?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-    {
+    let dims = {
         let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-        run(bytes.bytes(), c.weights.as_deref(), &ins, &mut refs).map_err(Outcome::RuntimeError)?;
-    }
+        run(bytes.bytes(), c.weights.as_deref(), &ins, &mut refs).map_err(Outcome::RuntimeError)?
+    };
     g.outputs
         .iter()
         .zip(outs)
-        .map(|(&v, b)| Tensor::new(g.values[v].ty.clone(), Bytes::from(b)).map_err(|e| Outcome::RuntimeError(e.to_string())))
+        .enumerate()
+        .map(|(k, (&v, mut b))| {
+            // The actual shape the runtime reports (a data-dependent extent), its
+            // elements compacted at the front of the bound-sized buffer.
+            let mut ty = g.values[v].ty.clone();
+            if let Some(d) = dims.as_ref().and_then(|d| d.get(k)).filter(|d| d.len() == ty.shape.rank()) {
+                let shape = kiln_ir::Shape::new(d.iter().map(|&x| x as usize).collect::<Vec<_>>())
+                    .map_err(|e| Outcome::RuntimeError(e.to_string()))?;
+                ty = kiln_ir::TensorType::new(ty.dtype, shape);
+                b.truncate(ty.storage_bytes());
+            }
+            Tensor::new(ty, Bytes::from(b)).map_err(|e| Outcome::RuntimeError(e.to_string()))
+        })
         .collect()
 }
 

@@ -147,7 +147,8 @@ mod imp {
             let t1 = Instant::now();
             let mut instance = CudaInstance::new(module).map_err(|e| format!("{label}: {e}"))?;
             let t_instance = t1.elapsed();
-            let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs))?;
+            let dims: Vec<Vec<u64>> = sig.outputs.iter().map(|t| t.dims.clone()).collect();
+            let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs).map(|()| dims))?;
             eprintln!(
                 "{label}: loaded in {:.2} ms and instantiated in {:.2} ms ({}), ran in {:.3} ms on {} (compute capability {}.{})",
                 t_load.as_secs_f64() * 1e3,
@@ -307,7 +308,8 @@ mod imp {
         crate::conformance::compile_and_run(g, feeds, &opts, "conformance-cuda", |artifact, weights, ins, outs| {
             let module = CudaModule::load(artifact, weights).map_err(|e| format!("load: {e}"))?;
             let mut inst = CudaInstance::new(&module).map_err(|e| format!("instantiate: {e}"))?;
-            inst.invoke(ins, outs).map_err(|e| e.to_string())
+            inst.invoke(ins, outs).map_err(|e| e.to_string())?;
+            Ok(None)
         })
     }
 

@@ -86,6 +86,7 @@ fn import_options(b: args::BindArgs) -> ImportOptions {
         max_trips: b.max_trips,
         input_sequences: b.input_sequence,
         absent_inputs: b.input_absent,
+        max_dims: b.max_dim,
     }
 }
 

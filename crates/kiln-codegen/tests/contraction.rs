@@ -35,6 +35,7 @@ fn packed(k: &Kernel, inputs: &[&Tensor], cfg: &Config) -> Option<(Kernel, Vec<T
     buffers.push(buffer(k.output.clone(), BufferKind::Result));
     let n = inputs.len() as u32;
     let mut p = FlowProgram {
+        extents: Vec::new(),
         name: "p".into(),
         buffers,
         dispatches: vec![Dispatch::new(k.clone(), (0..n).map(BufferId).collect(), BufferId(n), vec![])],

@@ -214,6 +214,7 @@ fn check(form: Form, m: usize, kk: usize, n: usize, epilogue: bool, heads: usize
     let out = BufferId(buffers.len() as u32);
     buffers.push(buffer(dk.output.clone(), BufferKind::Result));
     let p = FlowProgram {
+        extents: Vec::new(),
         name: "p".into(),
         buffers,
         dispatches: vec![

@@ -96,6 +96,22 @@ pub enum CompileError {
         /// Devices asked for.
         devices: u32,
     },
+    /// A plan sharded over several devices (`--devices N`) does not carry
+    /// data-dependent extents yet.
+    #[error("the model has data-dependent output sizes (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time K), which a plan sharded over {devices} devices does not carry yet; compile for one device")]
+    DynamicSharded {
+        /// Devices asked for.
+        devices: u32,
+    },
+    /// The CUDA target does not run data-dependent output sizes yet (its runtime would
+    /// refuse the plan): a result of NonZero, Compress, Unique, NonMaxSuppression or a
+    /// run-time-K TopK. Binding the inputs behind it to values may make it static (a
+    /// TopK's K).
+    #[error("`{name}` has a data-dependent extent, which the CUDA target does not support yet; compile for the CPU")]
+    DynamicOnCuda {
+        /// The result whose extent depends on the data.
+        name: String,
+    },
     /// Linking the per-device programs failed (a compiler bug).
     #[error("internal error: linking the per-device programs: {0}")]
     Link(String),
@@ -147,9 +163,11 @@ fn prefix(path: &Option<PathBuf>) -> String {
 
 impl CompileError {
     /// Whether the compile failed only because an operand needed at compile time (axes,
-    /// a shape) is a run-time value: binding graph inputs to values resolves it.
+    /// a shape; for the CUDA target, anything that makes an extent data-dependent) is a
+    /// run-time value: binding graph inputs to values may resolve it.
     pub fn needs_constant_operand(&self) -> bool {
         matches!(self, CompileError::Flow(f) if f.needs_constant_operand())
+            || matches!(self, CompileError::DynamicOnCuda { .. })
     }
 
     /// The stage that failed.
@@ -163,6 +181,8 @@ impl CompileError {
             CompileError::Hal(_) => Stage::Hal,
             CompileError::Pipeline { stage, .. } => *stage,
             CompileError::Shard(_) | CompileError::MultiGpu { .. } => Stage::TensorPasses,
+            CompileError::DynamicOnCuda { .. } => Stage::FormDispatches,
+            CompileError::DynamicSharded { .. } => Stage::TensorPasses,
             CompileError::Link(_) => Stage::Hal,
         }
     }
@@ -186,6 +206,7 @@ impl CompileError {
                     source: LowerError::Unsupported { .. } | LowerError::NotConstant { .. }, ..
                 } => ErrorKind::Unsupported,
                 FlowError::Lower { source: LowerError::Kernel(_), .. } | FlowError::Graph(_) => ErrorKind::Internal,
+                FlowError::Dynamic(_) => ErrorKind::Unsupported,
             },
             CompileError::Stream(_) | CompileError::Hal(_) | CompileError::Pipeline { .. } => ErrorKind::Internal,
             CompileError::Codegen { source, .. } if source.is_internal() => ErrorKind::Internal,
@@ -198,7 +219,9 @@ impl CompileError {
                 kiln_shard::ShardError::Internal { .. } => ErrorKind::Internal,
                 _ => ErrorKind::InvalidInput,
             },
-            CompileError::MultiGpu { .. } => ErrorKind::Unsupported,
+            CompileError::MultiGpu { .. } | CompileError::DynamicOnCuda { .. } | CompileError::DynamicSharded { .. } => {
+                ErrorKind::Unsupported
+            }
             CompileError::Link(_) => ErrorKind::Internal,
         }
     }

@@ -38,6 +38,12 @@ pub enum HalError {
         /// The output's index.
         output: u32,
     },
+    /// A data-dependent extent was not placed in the arena.
+    #[error("extent of `{name}` has no arena storage")]
+    ExtentNoStorage {
+        /// What it counts.
+        name: String,
+    },
     /// The code generator reported no workgroup count for a dispatch.
     #[error("dispatch {dispatch} (kernel {kernel}) has no workgroup count ({count} kernels compiled)")]
     MissingWorkgroups {
@@ -230,7 +236,20 @@ pub fn entry_point(
             buffers.push(BufferDesc { name: b.name.clone(), binding, first: first_cmd[i], last: last_cmd[i] });
         }
     }
+    let mut extents = Vec::with_capacity(p.extents.len());
+    for x in &p.extents {
+        let b = binding(p, plan, x.buffer)
+            .filter(|b| b.slot == Slot::Arena && b.length == 8)
+            .ok_or_else(|| HalError::ExtentNoStorage { name: x.name.clone() })?;
+        extents.push(kiln_module::program::ExtentDesc {
+            name: x.name.clone(),
+            binding: b,
+            bound: x.bound,
+            outputs: x.outputs.clone(),
+        });
+    }
     Ok(EntryPoint {
+        extents,
         name: "main".into(),
         inputs: p.inputs.iter().map(|&b| tensor_desc(p, b)).collect(),
         outputs: p.outputs.iter().map(|&b| tensor_desc(p, b)).collect(),

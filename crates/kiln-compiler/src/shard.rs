@@ -71,6 +71,10 @@ pub fn compile(input: Input, options: &Options, devices: u32) -> Result<ShardedC
     let mut c = Compilation::new(input, options.clone());
     c.run_to(Stage::TensorPasses)?;
     let graph = c.graph().ok_or(CompileError::Pipeline { stage: Stage::TensorPasses, missing: "tensor graph" })?;
+    // Data-dependent extents (kiln_ir::dynamic) are not carried across devices.
+    if devices > 1 && kiln_ir::dynamic::has_sources(graph) {
+        return Err(CompileError::DynamicSharded { devices });
+    }
     let sharded = kiln_shard::shard(graph, devices)?;
     // The segments are graphs after the tensor passes already: run none again.
     let seg_opts = Options { passes: Some(Vec::new()), external_weights: None, strip: false, ..options.clone() };
@@ -301,6 +305,7 @@ fn link(
     };
     let prefix = if kind == DeviceKind::Cuda { "cuda" } else { "cpu" };
     let entry = EntryPoint {
+        extents: Vec::new(),
         name: "main".into(),
         inputs: graph.inputs.iter().map(|&v| tensor_desc(graph, v)).collect(),
         outputs: graph.outputs.iter().map(|&v| tensor_desc(graph, v)).collect(),

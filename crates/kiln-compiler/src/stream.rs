@@ -264,6 +264,13 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
             lifetimes[s.index()] = Some((a, last_wave));
         }
     }
+    // So does a data-dependent extent: the runtime reads it after the last command.
+    for x in &p.extents {
+        let s = p.storage(x.buffer).index();
+        if let Some((a, _)) = lifetimes[s] {
+            lifetimes[s] = Some((a, last_wave));
+        }
+    }
     let mut arena_ids = Vec::new();
     let mut bufs = Vec::new();
     for (i, b) in p.buffers.iter().enumerate() {

@@ -626,6 +626,7 @@ mod tests {
             outputs.push(BufferId(3));
         }
         FlowProgram {
+            extents: Vec::new(),
             name: "p".into(),
             buffers: vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),

@@ -117,6 +117,7 @@ mod tests {
         let want = crate::interp::run(&spread(), &[&w]).unwrap();
         let buf = |ty, kind| Buffer { ty, name: "b".into(), kind };
         let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[4]), BufferKind::Const(w.clone())),
@@ -153,6 +154,7 @@ mod tests {
             let fill = b.finish(v).unwrap();
             let one = Tensor::from_vec(Shape::new(vec![1]).unwrap(), vec![2.5f32]).unwrap();
             let mut p = FlowProgram {
+                extents: Vec::new(),
                 name: "f".into(),
                 buffers: vec![buf(t(&[1]), BufferKind::Const(one)), buf(t(&[n]), BufferKind::Result), buf(t(&[n]), BufferKind::Result)],
                 dispatches: vec![

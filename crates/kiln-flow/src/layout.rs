@@ -807,6 +807,7 @@ mod tests {
         let want = crate::interp::run(&kernel, &[&xt, &wt]).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
         let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
@@ -864,6 +865,7 @@ mod tests {
             dispatches.push(Dispatch::new(k.clone(), vec![BufferId(0), BufferId(1)], BufferId(2 + i as u32), vec![]));
         }
         let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers,
             dispatches,
@@ -917,6 +919,7 @@ mod tests {
         let want_mm = crate::interp::run(&mm, &[&xt, &wt, &bt]).unwrap();
         let want_pw = crate::interp::run(&pw, &[&it, &ft]).unwrap();
         let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
@@ -1001,7 +1004,7 @@ mod tests {
             }
             let inputs = (0..readers).map(|i| BufferId(2 + 2 * i as u32)).collect();
             let outputs = (0..readers).map(|i| BufferId(3 + 2 * i as u32)).collect();
-            FlowProgram { name: "g".into(), buffers, dispatches, inputs, outputs }
+            FlowProgram { name: "g".into(), buffers, dispatches, inputs, outputs, extents: Vec::new() }
         };
         let widths = |_: &Kernel, _: KernelClass| PanelWidths { a: None, b: Some(16) };
         let mut prog = build(3);
@@ -1083,6 +1086,7 @@ mod tests {
             let want = crate::interp::run(&kernel, &[&xs, &ws, &bs]).unwrap();
             let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
             let mut prog = FlowProgram {
+                extents: Vec::new(),
                 name: "g".into(),
                 buffers: vec![
                     buf(t(&[n, l, c, 1]), BufferKind::Input(0)),
@@ -1154,6 +1158,7 @@ mod tests {
         let want = crate::interp::run(&kernel, &[&xs, &ws]).unwrap();
         let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
         let mut prog = FlowProgram {
+            extents: Vec::new(),
             name: "g".into(),
             buffers: vec![
                 buf(t(&[1, c, h, w]), BufferKind::Input(0)),

@@ -117,6 +117,23 @@ pub struct FlowProgram {
     pub inputs: Vec<BufferId>,
     /// Graph outputs, in signature order.
     pub outputs: Vec<BufferId>,
+    /// The data-dependent extents the plan carries (`kiln_ir::dynamic`): buffers that
+    /// stay live to the end of the plan, checked against their bounds and read for the
+    /// outputs' actual shapes.
+    pub extents: Vec<Extent>,
+}
+
+/// A data-dependent extent: an `i64` scalar buffer written by the op that computes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Extent {
+    /// The buffer holding the extent.
+    pub buffer: BufferId,
+    /// Its bound (a larger extent is a run-time error).
+    pub bound: u64,
+    /// What it counts, for errors (`"nms_out"`).
+    pub name: String,
+    /// The graph outputs it sizes: (output index, axis).
+    pub outputs: Vec<(u32, u32)>,
 }
 
 /// Why a graph cannot become a flow program.
@@ -133,6 +150,9 @@ pub enum FlowError {
     /// The graph refers to something that does not exist (a bug upstream).
     #[error("malformed graph: {0}")]
     Graph(String),
+    /// An op cannot run on an operand of data-dependent extent (see `kiln_ir::dynamic`).
+    #[error("{0}")]
+    Dynamic(Box<kiln_ir::dynamic::DynamicError>),
 }
 
 impl FlowError {
@@ -216,6 +236,9 @@ impl FlowProgram {
         for &o in &self.outputs {
             mark(&mut live, self, o);
         }
+        for e in &self.extents {
+            mark(&mut live, self, e.buffer);
+        }
         for &i in &self.inputs {
             live[i.index()] = true;
         }
@@ -248,6 +271,7 @@ impl FlowProgram {
         }
         self.inputs.iter_mut().for_each(|o| *o = m(*o));
         self.outputs.iter_mut().for_each(|o| *o = m(*o));
+        self.extents.iter_mut().for_each(|e| e.buffer = m(e.buffer));
         self.buffers = buffers;
     }
 }
@@ -324,7 +348,16 @@ pub fn form(
 
 /// Lowers every node of `graph` with `lower`, one dispatch per kernel, without fusing.
 pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
+    // Reductions along a data-dependent axis read its extent (kiln_ir::dynamic).
+    let masked;
+    let graph = if kiln_ir::dynamic::has_sources(graph) {
+        masked = kiln_ir::dynamic::mask_reductions(graph);
+        &masked
+    } else {
+        graph
+    };
     let mut p = FlowProgram {
+        extents: Vec::new(),
         name: graph.name.clone(),
         buffers: Vec::new(),
         dispatches: Vec::new(),
@@ -340,6 +373,28 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
     for &o in &graph.outputs {
         let b = value_buffer(&mut p, graph, &mut of_value, o);
         p.outputs.push(b);
+    }
+    if kiln_ir::dynamic::has_sources(graph) {
+        // Data-dependent extents (kiln_ir::dynamic): every op's extent, checked at run
+        // time, and the outputs each sizes; an op that cannot run on a bounded operand
+        // is refused here, naming it.
+        let dynamic = kiln_ir::dynamic::analyse(graph).map_err(|e| FlowError::Dynamic(Box::new(e)))?;
+        for node in graph.nodes.values() {
+            let Some((results, extent)) = kiln_ir::dynamic::source(node, graph) else { continue };
+            let (Some(&e), Some(&(r, axis))) = (node.outputs.get(extent), results.first()) else { continue };
+            let bound = graph.ty(node.outputs[r]).shape.dims()[axis] as u64;
+            let buffer = value_buffer(&mut p, graph, &mut of_value, e);
+            let name = graph.values[node.outputs[r]].name.clone();
+            let outputs = graph
+                .outputs
+                .iter()
+                .enumerate()
+                .filter_map(|(k, &o)| {
+                    dynamic[o.index()].filter(|d| d.extent == e).map(|d| (k as u32, d.axis as u32))
+                })
+                .collect();
+            p.extents.push(Extent { buffer, bound, name, outputs });
+        }
     }
     Ok(p)
 }

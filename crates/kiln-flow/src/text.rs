@@ -968,6 +968,7 @@ impl Parser<'_> {
             output_ids.push(b);
         }
         Ok(FlowProgram {
+            extents: Vec::new(),
             name,
             buffers: buffers.into_iter().map(|b| b.0).collect(),
             dispatches: out,

@@ -393,6 +393,7 @@ fn sample_program() -> FlowProgram {
     let d =
         Dispatch::new(k, vec![BufferId(0), BufferId(2)], BufferId(12), vec!["Add add1".into(), "Relu \u{1}".into()]);
     FlowProgram {
+        extents: Vec::new(),
         name: "sample model".into(),
         buffers,
         dispatches: vec![d],

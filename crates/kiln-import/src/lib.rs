@@ -76,6 +76,10 @@ pub struct ImportOptions {
     /// Optional inputs given as empty (`--input-absent NAME`): they take no
     /// tensor, and everything that asks whether they hold an element folds.
     pub absent_inputs: Vec<String>,
+    /// Declared bounds on data-dependent extents (`--max-dim NAME=N`): `NAME` is a
+    /// result of a NonZero, Compress, Unique, NonMaxSuppression or run-time-K TopK
+    /// node; its extent may not exceed `N` at run time (see `kiln_ir::dynamic`).
+    pub max_dims: Vec<(String, usize)>,
 }
 
 /// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).

@@ -370,6 +370,13 @@ fn check_group_norm(a: &GroupNormAttrs) -> Result<(), AttrError> {
     positive("num_groups", a.num_groups)
 }
 
+fn check_nms(a: &NmsAttrs) -> Result<(), AttrError> {
+    if !matches!(a.center_point_box, 0 | 1) {
+        return Err(AttrError::invalid("center_point_box", format!("must be 0 or 1, got {}", a.center_point_box)));
+    }
+    Ok(())
+}
+
 fn check_lrn(a: &LrnAttrs) -> Result<(), AttrError> {
     positive("size", a.size)
 }
@@ -512,7 +519,8 @@ attr_structs! {
         else_branch: Box<crate::graph::Graph>,
     }
 
-    /// TopK.
+    /// TopK. With a run-time `K` the node has a third result, the extent (see
+    /// [`crate::dynamic`]), and `kiln_bound` bounds K.
     defaults TopKAttrs {
         /// The axis.
         axis: i64 = -1,
@@ -520,6 +528,45 @@ attr_structs! {
         largest: bool = true,
         /// Results in sorted order.
         sorted: bool = true,
+        /// kiln's declared bound on the data-dependent extent (`--max-dim`); -1: the
+        /// bound the operand shapes give (see [`crate::dynamic`]).
+        bound ["kiln_bound"]: i64 = -1,
+    }
+
+    /// NonZero (see [`crate::dynamic`]).
+    defaults NonZeroAttrs {
+        /// kiln's declared bound on the number of nonzero elements; -1: the element count.
+        bound ["kiln_bound"]: i64 = -1,
+    }
+
+    /// Compress (see [`crate::dynamic`]).
+    defaults CompressAttrs {
+        /// The axis; absent: the flattened input.
+        axis: Option<i64> = None,
+        /// kiln's declared bound on the number of selected slices; -1: the condition's
+        /// length (at most the axis's extent).
+        bound ["kiln_bound"]: i64 = -1,
+    }
+
+    /// Unique (see [`crate::dynamic`]).
+    defaults UniqueAttrs {
+        /// The axis; absent: the flattened input.
+        axis: Option<i64> = None,
+        /// Unique values in ascending order (else in order of first occurrence).
+        sorted: bool = true,
+        /// kiln's declared bound on the number of unique values; -1: the element
+        /// count (the axis's extent with `axis`).
+        bound ["kiln_bound"]: i64 = -1,
+    }
+
+    /// NonMaxSuppression (see [`crate::dynamic`]).
+    defaults NmsAttrs [check check_nms] {
+        /// 0: boxes are `[y1, x1, y2, x2]` (any two opposite corners); 1: `[x_center,
+        /// y_center, width, height]`.
+        center_point_box: i64 = 0,
+        /// kiln's declared bound on the number of selected boxes; -1: batches × classes
+        /// × boxes (capped by a constant `max_output_boxes_per_class`).
+        bound ["kiln_bound"]: i64 = -1,
     }
 
     /// Softmax, LogSoftmax, Hardmax.
@@ -1004,6 +1051,10 @@ op_attrs! {
     ArgReduce(ArgReduceAttrs): ArgMax | ArgMin;
     CumSum(CumSumAttrs): CumSum;
     TopK(TopKAttrs): TopK;
+    NonZero(NonZeroAttrs): NonZero;
+    Compress(CompressAttrs): Compress;
+    Unique(UniqueAttrs): Unique;
+    Nms(NmsAttrs): NonMaxSuppression;
     If(IfAttrs): If;
     Softmax(SoftmaxAttrs): Softmax | LogSoftmax | Hardmax;
     AlphaOne(AlphaOneAttrs): Elu | Celu | ThresholdedRelu;

@@ -18,6 +18,8 @@
 //! - `movement`: reshapes, slicing, padding, gathers and scatters, concatenation,
 //!   Shape/Size, ConstantOfShape, Range, OneHot, Resize, …;
 //! - `reduce`: reductions, ArgMax/ArgMin, CumSum, TopK;
+//! - `dynamic`: results whose extent depends on the data (NonZero, Compress, Unique,
+//!   NonMaxSuppression, TopK with a run-time K): typed by their bound;
 //! - `nn`: convolutions, pools, normalizations and the recurrent ops;
 //! - `linalg`: Gemm, MatMul, Einsum, Det;
 //! - `quant`: the quantization ops.
@@ -25,6 +27,7 @@
 //! [`Shape::new`]: crate::shape::Shape::new
 
 mod ctx;
+mod dynamic;
 mod elementwise;
 mod linalg;
 mod movement;
@@ -158,7 +161,14 @@ fn results(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
         ReduceMax | ReduceMin => reduce::reduce(cx, Class::NumericOrBool),
         ArgMax | ArgMin => reduce::arg_reduce(cx),
         CumSum => reduce::cum_sum(cx),
+        TopK if cx.num_outputs == 3 => dynamic::top_k_dynamic(cx),
         TopK => reduce::top_k(cx),
+
+        // Data-dependent result extents (a bound and an extent result).
+        NonZero => dynamic::non_zero(cx),
+        Compress => dynamic::compress(cx),
+        Unique => dynamic::unique(cx),
+        NonMaxSuppression => dynamic::non_max_suppression(cx),
 
         // Neural-network layers.
         Conv => nn::conv(cx),

@@ -7,6 +7,8 @@
 //! - [`shape`]: static shapes and tensor types; [`tensor`]: constant tensors;
 //! - [`op`]: the closed operator set and attributes; [`graph`]: values, nodes, graphs;
 //! - [`infer`]: per-op result types (shape inference);
+//! - [`dynamic`]: data-dependent result extents (bounds, extent values, which ops may
+//!   read a bounded result);
 //! - [`verify`]: the graph verifier run between passes;
 //! - [`text`]: the text form (print → parse → print is identical);
 //! - [`npy`]: reading and writing `.npy` files.
@@ -14,6 +16,7 @@
 
 pub mod attrs;
 pub mod dtype;
+pub mod dynamic;
 pub mod entity;
 pub mod graph;
 pub mod infer;

@@ -40,19 +40,19 @@ macro_rules! op_kinds {
 op_kinds! {
     Abs, Acos, Acosh, Add, And, ArgMax, ArgMin, Asin, Asinh, Atan, Atanh, AveragePool,
     BatchNormalization, BitShift, BitwiseAnd, BitwiseNot, BitwiseOr, BitwiseXor,
-    Cast, CastLike, Ceil, Celu, Clip, Col2Im, Concat, ConstantOfShape, Conv, ConvInteger, ConvTranspose,
+    Cast, CastLike, Ceil, Celu, Clip, Col2Im, Compress, Concat, ConstantOfShape, Conv, ConvInteger, ConvTranspose,
     Cos, Cosh, CumSum, DeformConv, DepthToSpace, DequantizeLinear, Det, Div, Dropout, DynamicQuantizeLinear,
     Einsum, Elu, Equal, Erf, Exp, Expand, EyeLike, Flatten, Floor, Gather, GatherElements,
     GatherND, Gelu, Gemm, GridSample, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, Greater, GreaterOrEqual,
     GroupNormalization, GRU, HardSigmoid, HardSwish, Hardmax, Identity, If, InstanceNormalization,
     IsInf, IsNaN, LayerNormalization, LeakyRelu, Less, LessOrEqual, Log, LogSoftmax, LpNormalization,
     LpPool, LRN, LSTM, MatMul, MatMulInteger, Max, MaxPool, Mean, MeanVarianceNormalization, Min,
-    Mish, Mod, Mul, Neg, Not, OneHot, Or, Pad, Pow, PRelu, QLinearConv, QLinearMatMul,
+    Mish, Mod, Mul, Neg, NonMaxSuppression, NonZero, Not, OneHot, Or, Pad, Pow, PRelu, QLinearConv, QLinearMatMul,
     QuantizeLinear, Range, Reciprocal, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp,
     ReduceMax, ReduceMean, ReduceMin, ReduceProd, ReduceSum, ReduceSumSquare, Relu, Reshape,
     Resize, ReverseSequence, RNN, RoiAlign, Round, ScatterElements, ScatterND, Selu, Shape, Shrink, Sigmoid,
     Sign, Sin, Sinh, Size, Slice, Softmax, Softplus, Softsign, SpaceToDepth, Split, Sqrt, Squeeze,
-    Sub, Sum, Tan, Tanh, ThresholdedRelu, Tile, TopK, Transpose, Trilu, Unsqueeze, Where, Xor,
+    Sub, Sum, Tan, Tanh, ThresholdedRelu, Tile, TopK, Transpose, Trilu, Unique, Unsqueeze, Where, Xor,
 }
 
 impl fmt::Display for OpKind {

@@ -868,8 +868,49 @@ fn cum_sum_top_k() {
     case(TopK).x("f32[3,4]").c(k(5)).invalid_n(2);
     case(TopK).x("f32[3,4]").c(k(-1)).invalid_n(2);
     case(TopK).x("f32[3,4]").c(ci32(&[1])).invalid_n(2);
-    case(TopK).x("f32[3,4]").c(k(1)).invalid_n(3);
+    // Three results: the run-time-K form (kiln_ir::dynamic), bound by the axis or by
+    // kiln_bound, the extent last.
+    assert_eq!(case(TopK).x("f32[3,4]").x("i64[1]").oks(3), tys(&["f32[3,4]", "i64[3,4]", "i64[]"]));
+    assert_eq!(case(TopK).x("f32[3,4]").c(k(1)).oks(3), tys(&["f32[3,4]", "i64[3,4]", "i64[]"]));
+    assert_eq!(
+        case(TopK).i("axis", 0).i("kiln_bound", 2).x("f32[3,4]").x("i64[1]").oks(3),
+        tys(&["f32[2,4]", "i64[2,4]", "i64[]"])
+    );
+    case(TopK).x("f32[3,4]").c(k(1)).invalid_n(4);
+    case(TopK).x("f32[3,4]").x("i64[2]").invalid_n(3);
     case(TopK).x("f32[3,4]").x("i64[1]").unsupported();
+}
+
+#[test]
+fn data_dependent_extents() {
+    assert_eq!(case(NonZero).x("f32[3,1,5]").oks(2), tys(&["i64[3,15]", "i64[]"]));
+    assert_eq!(case(NonZero).i("kiln_bound", 4).x("bool[6]").oks(2), tys(&["i64[1,4]", "i64[]"]));
+    // A declared bound above the derived one is capped; a negative one is invalid.
+    assert_eq!(case(NonZero).i("kiln_bound", 99).x("bool[6]").oks(2), tys(&["i64[1,6]", "i64[]"]));
+    case(NonZero).i("kiln_bound", -2).x("bool[6]").invalid_n(2);
+    assert_eq!(case(Compress).i("axis", 1).x("f32[2,7,3]").x("bool[5]").oks(2), tys(&["f32[2,5,3]", "i64[]"]));
+    assert_eq!(case(Compress).x("f32[2,7,3]").x("bool[40]").oks(2), tys(&["f32[40]", "i64[]"]));
+    case(Compress).i("axis", 1).x("f32[2,7,3]").x("bool[8]").invalid_n(2);
+    case(Compress).x("f32[2,7]").x("f32[3]").invalid_n(2);
+    assert_eq!(
+        case(Unique).x("f32[2,3]").oks(5),
+        tys(&["f32[6]", "i64[6]", "i64[6]", "i64[6]", "i64[]"])
+    );
+    assert_eq!(
+        case(Unique).i("axis", -1).x("i32[2,3,4]").oks(5),
+        tys(&["i32[2,3,4]", "i64[4]", "i64[4]", "i64[4]", "i64[]"])
+    );
+    let (b, sc) = ("f32[2,5,4]", "f32[2,3,5]");
+    // No max_output_boxes_per_class: ONNX's default 0 selects nothing.
+    assert_eq!(case(NonMaxSuppression).x(b).x(sc).oks(2), tys(&["i64[0,3]", "i64[]"]));
+    assert_eq!(case(NonMaxSuppression).x(b).x(sc).x("i64[1]").oks(2), tys(&["i64[30,3]", "i64[]"]));
+    assert_eq!(case(NonMaxSuppression).x(b).x(sc).c(ci64(&[2])).oks(2), tys(&["i64[12,3]", "i64[]"]));
+    assert_eq!(
+        case(NonMaxSuppression).i("kiln_bound", 7).x(b).x(sc).x("i64[1]").x("f32[1]").x("f32[1]").oks(2),
+        tys(&["i64[7,3]", "i64[]"])
+    );
+    case(NonMaxSuppression).x(b).x("f32[2,3,4]").invalid_n(2);
+    case(NonMaxSuppression).i("center_point_box", 2).x(b).x(sc).invalid_n(2);
 }
 
 // ---------------------------------------------------------------- convolutions and pools
@@ -1463,6 +1504,9 @@ fn sample(kind: OpKind) -> Case {
         Resize => c.x(f).none().c(cf32(&[1.0, 1.0, 2.0, 2.0])),
         CumSum => c.x(f).c(Tensor::scalar(0i64)),
         TopK => c.x(f).c(ci64(&[1])),
+        NonZero | Unique => c.x(f),
+        Compress => c.x(f).x("bool[2]"),
+        NonMaxSuppression => c.x("f32[1,3,4]").x("f32[1,2,3]").x("i64[1]"),
         Conv => c.x(f).x("f32[3,2,3,3]"),
         ConvTranspose => c.x(f).x("f32[2,3,3,3]"),
         ConvInteger => c.x("u8[1,2,4,4]").x("u8[3,2,3,3]"),

@@ -31,6 +31,7 @@ mod elementwise;
 mod linalg;
 mod movement;
 mod norm;
+mod dynamic;
 mod recurrent;
 mod reduce;
 mod sample;
@@ -63,6 +64,7 @@ pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
         norm::lower,
         recurrent::lower,
         sample::lower,
+        dynamic::lower,
     ];
     for f in families {
         if let Some(r) = f(cx) {

@@ -837,9 +837,16 @@ fn topk(cx: &OpCx<'_>) -> R<Lowered> {
     let xd = xt.shape.dims().to_vec();
     let axis = norm_axis(cx, axis, xd.len())?;
     let largest = ta.largest;
-    let k = match cx.const_ints(1, "K")?.as_deref() {
-        Some([k]) => *k,
-        _ => return Err(cx.unsupported("K must be a constant of one element")),
+    // The three-result form (a run-time K, kiln_ir::dynamic) sorts up to its bound and
+    // copies K out as the extent.
+    let dynamic = cx.outputs.len() == 3;
+    let k = if dynamic {
+        out_ty(cx, 0)?.shape.dims().get(axis).copied().unwrap_or(0) as i64
+    } else {
+        match cx.const_ints(1, "K")?.as_deref() {
+            Some([k]) => *k,
+            _ => return Err(cx.unsupported("K must be a constant of one element")),
+        }
     };
     let n = xd[axis];
     let k = usize::try_from(k)
@@ -852,7 +859,19 @@ fn topk(cx: &OpCx<'_>) -> R<Lowered> {
     if vty.shape.dims() != od || vty.dtype != xt.dtype {
         return Err(cx.unsupported(format!("result 0 has type {vty}")));
     }
-    let nres = cx.outputs.len();
+    let nres = if dynamic { 2 } else { cx.outputs.len() };
+    let extent = |steps: &mut Vec<Step>, outputs: &mut Vec<Output>| -> R<()> {
+        if dynamic {
+            let kty = cx.input_ty(1)?.clone();
+            let zeros = vec![0i64; kty.shape.rank()];
+            steps.push(build(result_name(cx, 2), tensor_ty(cx, DType::I64, Vec::new())?, &[(Operand::Input(1), kty)], |b, _| {
+                let idx = zeros.iter().map(|&z| b.index(z)).collect();
+                Ok(b.load(0, idx))
+            })?);
+            outputs.push(Output::Step(steps.len() - 1));
+        }
+        Ok(())
+    };
     if nres > 2 {
         return Err(cx.unsupported(format!("{nres} results")));
     }
@@ -868,9 +887,10 @@ fn topk(cx: &OpCx<'_>) -> R<Lowered> {
         steps.push(build(result_name(cx, 0), vty, &[], |b, _| Ok(b.int(ct, 0)))?);
         let mut outputs = vec![Output::Step(0)];
         if nres == 2 {
-            steps.push(build(result_name(cx, 1), ity, &[], |b, _| Ok(b.index(0)))?);
+            steps.push(build(result_name(cx, 1), ity.clone(), &[], |b, _| Ok(b.index(0)))?);
             outputs.push(Output::Step(1));
         }
+        extent(&mut steps, &mut outputs)?;
         return Ok(Lowered { steps, outputs });
     }
     // Step 0: the rank of every element (O(n²) per row).
@@ -930,5 +950,6 @@ fn topk(cx: &OpCx<'_>) -> R<Lowered> {
     if nres == 2 {
         outputs.push(Output::Step(1));
     }
+    extent(&mut steps, &mut outputs)?;
     Ok(Lowered { steps, outputs })
 }

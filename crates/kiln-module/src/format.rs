@@ -52,15 +52,20 @@ impl fmt::Display for Version {
 /// 1.5 gave each kernel variant a condition and a workgroup count in place of its
 /// feature bits (`condition, uv workgroups`; [`crate::program::Condition`]: always, a
 /// CPU feature set, a CUDA compute capability), so that one artifact carries code for
-/// several CPU levels or GPU generations and the runtime picks per kernel at load. A
-/// 1.4 reader refuses a 1.5 file by its version; a 1.5 reader reads an older variant's
-/// feature bits as a CPU-features condition (none: always) with the dispatch's
-/// workgroups.
+/// several CPU levels or GPU generations and the runtime picks per kernel at load; and
+/// it added each entry's data-dependent extents (`ExtentDesc`: binding, bound, the
+/// outputs they size) at the end of its plan entry. A 1.4 reader refuses a 1.5 file by
+/// its version (it would otherwise run with bound-sized outputs); a 1.5 reader reads an
+/// older variant's feature bits as a CPU-features condition (none: always) with the
+/// dispatch's workgroups, and an older entry as one without extents.
 pub const FORMAT_VERSION: Version = Version { major: 1, minor: 5 };
 
 /// The first minor version of major 1 whose variants carry a condition and a workgroup
 /// count ([`crate::program::Condition`]).
 pub const VARIANT_CONDITION_MINOR: u16 = 5;
+
+/// The first minor version of major 1 whose plan entries list data-dependent extents.
+pub const EXTENTS_MINOR: u16 = 5;
 
 /// The first minor version of major 1 whose plans may hold `SkipIf` commands (and
 /// collective commands: both came with 1.4).

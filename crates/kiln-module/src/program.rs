@@ -185,6 +185,29 @@ pub struct EntryPoint {
     pub commands: Vec<Command>,
     /// The memory map (for `kiln inspect`).
     pub buffers: Vec<BufferDesc>,
+    /// Data-dependent extents (format 1.5 on; empty before): each an `i64` the plan
+    /// writes, checked against its bound after the commands run and read for the actual
+    /// shape of the outputs it sizes.
+    pub extents: Vec<ExtentDesc>,
+}
+
+/// A data-dependent extent (format 1.5 on): a result whose size along one axis depends
+/// on the data (NonZero, NonMaxSuppression, …) is computed at its bound, and the plan
+/// writes the actual extent, a little-endian `i64`, at `binding`. After the commands,
+/// the runtime refuses an extent outside `0..=bound` (a typed error, never a silent
+/// truncation), reports each output it sizes with the extent along its axis, and
+/// compacts that output's elements in place to the actual shape (row-major, at the
+/// front of the caller's bound-sized buffer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentDesc {
+    /// What it counts, for errors (a value name of the source model).
+    pub name: String,
+    /// Where the plan writes it (8 bytes).
+    pub binding: Binding,
+    /// The largest extent the plan is sized for.
+    pub bound: u64,
+    /// The outputs it sizes: (output index, axis), the axis's static extent being `bound`.
+    pub outputs: Vec<(u32, u32)>,
 }
 
 /// A kernel the plan dispatches: one or more variants, the runtime picks the first

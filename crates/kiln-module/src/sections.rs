@@ -36,6 +36,8 @@
 //!   binding = uv slot, uv offset, uv length
 //!     slot: 0 arena, 1 constants, 2 + 4·i input i, 3 + 4·i output i  (i ≤ u32::MAX)
 //!   buffer  = str name, binding, u32 first, u32 last
+//!   entry (format 1.5 on) ends with list<extent>
+//!   extent  = str name, binding, uv bound, list<(u32 output, u32 axis)>
 //! executables (kind 3, align 8):
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
 //!                                   list<reloc>, list<launch> (format 1.3 on; absent from
@@ -71,8 +73,9 @@
 use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
-    Binding, BufferDesc, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Executable, Kernel,
-    KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc, Variant, Condition, CudaArch,
+    Binding, BufferDesc, CollectivePart, Command, Condition, Constants, CudaArch, DebugInfo, Device, DeviceKind,
+    EntryPoint, Executable, ExtentDesc, Kernel, KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc,
+    Variant,
 };
 use crate::reader::Module;
 use crate::writer::ModuleWriter;
@@ -238,6 +241,21 @@ pub struct EntryView<'a> {
     pub commands: Vec<Command>,
     /// Memory map.
     pub buffers: Vec<BufferView<'a>>,
+    /// Data-dependent extents (format 1.5 on).
+    pub extents: Vec<ExtentView<'a>>,
+}
+
+/// A data-dependent extent of an entry (see [`ExtentDesc`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentView<'a> {
+    /// What it counts.
+    pub name: &'a str,
+    /// Where the plan writes it.
+    pub binding: Binding,
+    /// Its bound.
+    pub bound: u64,
+    /// The outputs it sizes: (output index, axis).
+    pub outputs: Vec<(u32, u32)>,
 }
 
 /// A kernel and its variants.
@@ -307,6 +325,16 @@ impl ProgramView<'_> {
                 .entries
                 .iter()
                 .map(|e| EntryPoint {
+                    extents: e
+                        .extents
+                        .iter()
+                        .map(|x| ExtentDesc {
+                            name: x.name.to_string(),
+                            binding: x.binding,
+                            bound: x.bound,
+                            outputs: x.outputs.clone(),
+                        })
+                        .collect(),
                     name: e.name.to_string(),
                     inputs: e.inputs.iter().map(tensor_owned).collect(),
                     outputs: e.outputs.iter().map(tensor_owned).collect(),
@@ -596,6 +624,15 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
             e.binding(&b.binding);
             e.uv(b.first.into());
             e.uv(b.last.into());
+        });
+        e.list(&ep.extents, |e, x| {
+            e.str(&x.name);
+            e.binding(&x.binding);
+            e.uv(x.bound);
+            e.list(&x.outputs, |e, &(o, a)| {
+                e.uv(o.into());
+                e.uv(a.into());
+            });
         });
     });
     e.0
@@ -988,7 +1025,20 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
             let last = d.u32("buffer last")?;
             Ok(BufferView { name, binding, first, last })
         })?;
+        // name, binding (3), bound, outputs.
+        let extents = if d.format.minor >= crate::format::EXTENTS_MINOR {
+            d.list("extents", 6, |d| {
+                let name = d.str("extent name")?;
+                let binding = d.binding()?;
+                let bound = d.uv("extent bound")?;
+                let outputs = d.list("extent outputs", 2, |d| Ok((d.u32("extent output")?, d.u32("extent axis")?)))?;
+                Ok(ExtentView { name, binding, bound, outputs })
+            })?
+        } else {
+            Vec::new()
+        };
         entries.push(EntryView {
+            extents,
             name: sig.name,
             inputs: sig.inputs,
             outputs: sig.outputs,

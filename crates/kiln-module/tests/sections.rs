@@ -20,6 +20,7 @@ fn mlp(constants: Constants, debug: bool) -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![t("x", 1, &[1, 4], 16)],
             outputs: vec![t("y", 1, &[1, 2], 8)],
@@ -213,6 +214,7 @@ fn signature_bytes_by_hand() {
     let p = Program {
         devices: vec![],
         entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "m".into(),
             inputs: vec![t("x", 1, &[300], 1200)],
             outputs: vec![],
@@ -232,8 +234,8 @@ fn signature_bytes_by_hand() {
         section_bytes(&p, SectionKind::Signature).expect("signature"),
         [1, 1, b'm', 1, 1, b'x', 1, 1, 0xac, 0x02, 0xb0, 0x09, 0]
     );
-    // 0 devices; 1 entry: arena 0, align 1, 0 commands, 0 buffers.
-    assert_eq!(section_bytes(&p, SectionKind::Plan).expect("plan"), [0, 1, 0, 1, 0, 0]);
+    // 0 devices; 1 entry: arena 0, align 1, 0 commands, 0 buffers, 0 extents.
+    assert_eq!(section_bytes(&p, SectionKind::Plan).expect("plan"), [0, 1, 0, 1, 0, 0, 0]);
 }
 
 #[test]
@@ -244,8 +246,9 @@ fn slot_and_signed_encodings_by_hand() {
     p.entries[0].buffers.clear();
     let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
     // devices 0; entries 1; arena 64 (0x40), align 64; 1 command: tag 2,
-    // src slot 2+4·1 = 6, offset 5, length 6; dst slot 3+4·2 = 11, 0, 1; 0 buffers.
-    assert_eq!(plan, [0, 1, 0x40, 0x40, 1, 2, 6, 5, 6, 11, 0, 1, 0]);
+    // src slot 2+4·1 = 6, offset 5, length 6; dst slot 3+4·2 = 11, 0, 1; 0 buffers;
+    // 0 extents.
+    assert_eq!(plan, [0, 1, 0x40, 0x40, 1, 2, 6, 5, 6, 11, 0, 1, 0, 0]);
     p.executables[0].code = vec![0xc3];
     p.executables[0].entries = vec![("k".into(), 0)];
     p.executables[0].features = 0;
@@ -263,7 +266,19 @@ fn slot_and_signed_encodings_by_hand() {
 /// replaced by hand-edited bytes, under a header that says format 1.`minor` (and whose
 /// checksum is fixed up to match): how the tests below read older formats.
 fn file_of_format(p: &Program, (kind, bytes): (SectionKind, Vec<u8>), minor: u16) -> Vec<u8> {
-    let section = |k: SectionKind| if k == kind { bytes.clone() } else { section_bytes(p, k).expect("section") };
+    let section = |k: SectionKind| {
+        if k == kind {
+            return bytes.clone();
+        }
+        let mut s = section_bytes(p, k).expect("section");
+        // Before 1.5 a plan entry does not end with its list of extents: drop the one
+        // entry's (empty) list.
+        if k == SectionKind::Plan && minor < kiln_module::format::EXTENTS_MINOR {
+            assert!(p.entries.len() == 1 && p.entries[0].extents.is_empty());
+            assert_eq!(s.pop(), Some(0));
+        }
+        s
+    };
     let mut f = file_with(&[
         (SectionKind::Signature, section(SectionKind::Signature)),
         (SectionKind::Plan, section(SectionKind::Plan)),
@@ -296,8 +311,10 @@ fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
     let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
     // devices 0; entries 1; arena 64, align 64; 1 command: tag 0, kernel 1, device 0,
     // 3 workgroups, 1 binding (slot 0, offset 0, length 4), 0 push constants, work
-    // 300 = 0b10_0101100 → ac 02; 0 buffers.
-    assert_eq!(plan, [0, 1, 0x40, 0x40, 1, 0, 1, 0, 3, 1, 0, 0, 4, 0, 0xac, 0x02, 0]);
+    // 300 = 0b10_0101100 → ac 02; 0 buffers; 0 extents.
+    assert_eq!(plan, [0, 1, 0x40, 0x40, 1, 0, 1, 0, 3, 1, 0, 0, 4, 0, 0xac, 0x02, 0, 0]);
+    // The same plan as a 1.1 to 1.4 file wrote it: no list of extents.
+    let plan = plan[..plan.len() - 1].to_vec();
     let file_of = |plan: Vec<u8>, minor: u16| file_of_format(&p, (SectionKind::Plan, plan), minor);
     // A format 1.0 file has no estimate: the same plan without it reads as 0.
     let mut old_plan = plan.clone();
@@ -746,14 +763,14 @@ fn collectives_by_hand_and_refused_under_format_1_3() {
     // devices 0; entries 1; arena 64, align 64; 2 commands:
     //   tag 4, dtype 1, 2 parts: (device 0, arena 0+4, arena 8+4), (1, arena 4+4, arena 12+4);
     //   tag 5, outer 2, 2 parts: (0, arena 0+4, arena 16+8), (1, arena 4+4, arena 24+8);
-    // 0 buffers.
+    // 0 buffers; 0 extents.
     assert_eq!(
         plan,
         [
             0, 1, 0x40, 0x40, 2, //
             4, 1, 2, 0, 0, 0, 4, 0, 8, 4, 1, 0, 4, 4, 0, 12, 4, //
             5, 2, 2, 0, 0, 0, 4, 0, 16, 8, 1, 0, 4, 4, 0, 24, 8, //
-            0
+            0, 0
         ]
     );
     let file_of = |minor: u16| file_of_format(&p, (SectionKind::Plan, plan.clone()), minor);

@@ -24,6 +24,7 @@ mod pool;
 mod movement;
 mod recurrent;
 pub mod tflite_quant;
+mod dynamic;
 
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Op, OpKind, Tensor, TensorType, ValueDef, ValueId};
@@ -74,6 +75,10 @@ pub fn eval_op(
         | Softsign | Sqrt | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
             elementwise::eval(&cx)
         }
+        // dynamic.rs: results whose extent depends on the data (TopK with a run-time K:
+        // the node's three-result form).
+        NonZero | Compress | Unique | NonMaxSuppression => dynamic::eval(&cx),
+        TopK if out_types.len() == 3 => dynamic::eval(&cx),
         // reduce.rs: reductions, arg-reductions, scans, softmax family, TopK.
         ArgMax | ArgMin | ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax
         | ReduceMean | ReduceMin | ReduceProd | ReduceSum | ReduceSumSquare | CumSum | Softmax
@@ -109,8 +114,11 @@ pub fn eval_op(
             out_types.len()
         )));
     }
+    // (A data-dependent op's bounded results have their actual extent, which the op
+    // checked against the bound.)
+    let bounded: Vec<usize> = kiln_ir::dynamic::source_results(op, out_types.len());
     for (i, (t, ty)) in r.iter().zip(out_types).enumerate() {
-        if t.ty() != ty {
+        if t.ty() != ty && !bounded.contains(&i) {
             return Err(cx.invalid(format!("result {i} has type {}, expected {ty}", t.ty())));
         }
     }
@@ -178,6 +186,13 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
         last_use[o.index()] = usize::MAX;
     }
     let get = |env: &Vec<Option<Tensor>>, v: ValueId| env[v.index()].clone();
+    // Values of data-dependent extent (`kiln_ir::dynamic`): a node computing one from
+    // such operands is given its result type at the actual extent, read from the extent
+    // value (ONNX semantics; the compiled plan computes at the bound).
+    let dynamic = kiln_ir::dynamic::analyse_with(graph, false).unwrap_or_default();
+    for d in dynamic.iter().flatten() {
+        last_use[d.extent.index()] = usize::MAX;
+    }
     for (i, (_, n)) in graph.nodes.iter().enumerate() {
         let args: Vec<Option<Tensor>> = n
             .inputs
@@ -190,7 +205,25 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
             })
             .collect::<Result<_, _>>()?;
         let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_ref()).collect();
-        let tys: Vec<TensorType> = n.outputs.iter().map(|&o| graph.ty(o).clone()).collect();
+        let is_source = !kiln_ir::dynamic::source_results(&n.op, n.outputs.len()).is_empty();
+        let tys: Vec<TensorType> = n
+            .outputs
+            .iter()
+            .map(|&o| match dynamic.get(o.index()).copied().flatten() {
+                Some(d) if !is_source => {
+                    let e = env[d.extent.index()]
+                        .as_ref()
+                        .and_then(|t| t.to_i64_vec().ok())
+                        .and_then(|v| v.first().copied())
+                        .ok_or_else(|| EvalError::Graph(format!("node `{}`: the extent {} is not known", n.name, d.extent)))?;
+                    let mut dims = graph.ty(o).shape.dims().to_vec();
+                    dims[d.axis] = e.max(0) as usize;
+                    let shape = kiln_ir::Shape::new(dims).map_err(|e| EvalError::Graph(e.to_string()))?;
+                    Ok(TensorType::new(graph.ty(o).dtype, shape))
+                }
+                _ => Ok(graph.ty(o).clone()),
+            })
+            .collect::<Result<_, EvalError>>()?;
         let bytes: usize = tys.iter().map(|t| t.storage_bytes()).fold(0, usize::saturating_add);
         if bytes > MAX_RESULT_BYTES {
             return Err(EvalError::Graph(format!(

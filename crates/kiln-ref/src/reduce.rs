@@ -369,7 +369,7 @@ fn total_cmp_nan_high(a: f64, b: f64) -> Ordering {
     }
 }
 
-fn topk(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
+pub(crate) fn topk(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let x = cx.input(0)?;
     let d = x.dtype();
     let xd = x.shape().dims();

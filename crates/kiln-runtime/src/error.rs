@@ -124,6 +124,17 @@ pub enum RuntimeError {
     /// A worker thread of the local-task driver ended unexpectedly; the instance runs
     /// no further invocation.
     WorkerLost,
+    /// A data-dependent extent (format 1.5) came out negative or above the bound the
+    /// plan was compiled for (`kiln compile --max-dim NAME=N` raises it); the outputs
+    /// are not valid.
+    ExtentOutOfBound {
+        /// What it counts (a value name of the model).
+        name: String,
+        /// The extent the data needs.
+        extent: i64,
+        /// The bound.
+        bound: u64,
+    },
     /// No entry point of that name or index.
     NoSuchEntry {
         /// The name or index asked for.
@@ -377,6 +388,11 @@ impl fmt::Display for RuntimeError {
                 }
                 Ok(())
             }
+            E::ExtentOutOfBound { name, extent, bound } => write!(
+                f,
+                "the data needs {extent} entries of {name_}, above the bound {bound} the module was compiled for (compile with --max-dim {name}=N for a larger bound)",
+                name_ = Name(name)
+            ),
             E::NoCudaVariant { kernel, why } => {
                 write!(f, "kernel {kernel_} has no variant for this CUDA device: {why}", kernel_ = Name(kernel))
             }
@@ -445,6 +461,9 @@ pub enum CudaPlanProblem {
     /// graph, which has no run-time branches here yet (CUDA 12.3's conditional graph
     /// nodes are the way to add them).
     Conditional,
+    /// Data-dependent extents (format 1.5), which the CUDA driver neither checks nor
+    /// reports yet.
+    Extents,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -457,6 +476,9 @@ impl fmt::Display for CudaPlanProblem {
             CudaPlanProblem::Collective => {
                 f.write_str("a collective command (multi-GPU collectives through NCCL are not built yet)")
             }
+            CudaPlanProblem::Extents => f.write_str(
+                "data-dependent output extents (NonZero, NonMaxSuppression, …), which the CUDA runtime does not check or report yet; run the artifact on the CPU runtime",
+            ),
             CudaPlanProblem::Conditional => f.write_str(
                 "a conditional command (run-time control flow), which the CUDA runtime does not run yet; run the artifact on the CPU runtime",
             ),
@@ -530,6 +552,17 @@ pub enum VerifyError {
         size: u64,
         /// Alignment recorded.
         align: u64,
+    },
+    /// A data-dependent extent of an entry (format 1.5) is malformed: its binding is
+    /// not 8 bytes inside the arena, or an output it sizes does not exist or does not
+    /// have the bound along the axis.
+    Extent {
+        /// Entry point name.
+        entry: String,
+        /// Extent name.
+        extent: String,
+        /// What is wrong.
+        problem: String,
     },
     /// A kernel has no variants.
     NoVariants {
@@ -898,6 +931,9 @@ impl fmt::Display for VerifyError {
                 "entry {entry_}: arena of {size} bytes aligned to {align} (alignment must be a power of two up to {})",
                 crate::MAX_ARENA_ALIGN
             , entry_ = Name(entry)),
+            VerifyError::Extent { entry, extent, problem } => {
+                write!(f, "entry {entry_}, extent {extent_}: {problem}", entry_ = Name(entry), extent_ = Name(extent))
+            }
             VerifyError::NoVariants { kernel } => write!(f, "kernel {kernel_} has no variants", kernel_ = Name(kernel)),
             VerifyError::Variant { kernel, variant, executable, entry } => {
                 write!(f, "kernel {kernel_}, variant {variant}: executable {executable} entry {entry} does not exist", kernel_ = Name(kernel))

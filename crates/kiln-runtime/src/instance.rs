@@ -227,6 +227,9 @@ pub struct Instance<'m> {
     table: Vec<*mut u8>,
     inputs: Vec<*const u8>,
     outputs: Vec<*mut u8>,
+    /// Each output's actual dims after the last invocation (its signature's dims, with a
+    /// data-dependent extent where format 1.5 says one sizes it); capacity reserved once.
+    output_dims: Vec<Vec<u64>>,
     /// The local-task driver, when the instance runs on more than one thread.
     #[cfg(feature = "local-task")]
     task: Option<crate::task::LocalTask<'m>>,
@@ -250,6 +253,7 @@ impl<'m> Instance<'m> {
             table: alloc::vec![core::ptr::null_mut(); l.max_bindings],
             inputs: alloc::vec![core::ptr::null(); l.max_inputs],
             outputs: alloc::vec![core::ptr::null_mut(); l.max_outputs],
+            output_dims: (0..l.max_outputs).map(|_| Vec::with_capacity(l.max_rank)).collect(),
             #[cfg(feature = "local-task")]
             task: None,
         }
@@ -462,7 +466,9 @@ impl<'m> Instance<'m> {
             if !on_this_thread {
                 // SAFETY: `bases` are this checked invocation's, the arena is exclusively
                 // ours, and the caller's buffers stay borrowed until we return.
-                return unsafe { task.run(index, &bases, m.helpers.as_ptr(), observe) };
+                unsafe { task.run(index, &bases, m.helpers.as_ptr(), observe) }?;
+                // SAFETY: every command has completed; `bases` are this invocation's.
+                return unsafe { finish_extents(entry, &bases, &mut self.output_dims) };
             }
         }
         let mut i = 0;
@@ -506,8 +512,73 @@ impl<'m> Instance<'m> {
             }
             i = next;
         }
-        Ok(())
+        // SAFETY: every command has completed; `bases` are this invocation's.
+        unsafe { finish_extents(entry, &bases, &mut self.output_dims) }
     }
+
+    /// The dims of output `k` of the last invocation: its signature's, except along an
+    /// axis a data-dependent extent sizes (format 1.5), where the extent the data needed
+    /// (the output's elements are then compacted to these dims at the front of its
+    /// buffer). Empty before the first invocation; `None` past the outputs.
+    pub fn output_dims(&self, k: usize) -> Option<&[u64]> {
+        self.output_dims.get(k).map(|d| d.as_slice())
+    }
+}
+
+/// After the commands of `entry`: every data-dependent extent checked against its bound
+/// ([`RuntimeError::ExtentOutOfBound`]), each output's actual dims into `dims`, and each
+/// output an extent sizes compacted in place (row-major at the actual dims, at the front
+/// of the caller's buffer). Allocates nothing.
+///
+/// # Safety
+///
+/// `bases` are a checked invocation's whose commands have all completed; the extents'
+/// bindings were verified (8 bytes inside the arena) and every output they size has the
+/// bound along its axis.
+unsafe fn finish_extents(
+    entry: &kiln_module::sections::EntryView<'_>,
+    bases: &Bases<'_>,
+    dims: &mut [Vec<u64>],
+) -> Result<(), RuntimeError> {
+    for (k, t) in entry.outputs.iter().enumerate() {
+        if let Some(d) = dims.get_mut(k) {
+            d.clear();
+            d.extend_from_slice(&t.dims);
+        }
+    }
+    for x in &entry.extents {
+        // SAFETY: 8 bytes inside the arena (verified), written by completed commands.
+        let raw = unsafe { core::slice::from_raw_parts(bases.at(&x.binding).cast_const(), 8) };
+        let mut b = [0u8; 8];
+        b.copy_from_slice(raw);
+        let n = i64::from_le_bytes(b);
+        if n < 0 || n as u64 > x.bound {
+            return Err(RuntimeError::ExtentOutOfBound { name: x.name.to_string(), extent: n, bound: x.bound });
+        }
+        for &(o, axis) in &x.outputs {
+            let (o, axis) = (o as usize, axis as usize);
+            let t = &entry.outputs[o];
+            if let Some(d) = dims.get_mut(o) {
+                d[axis] = n as u64;
+            }
+            let numel: u64 = t.dims.iter().product();
+            if numel == 0 || n as u64 == x.bound {
+                continue;
+            }
+            let elem = (t.bytes / numel) as usize;
+            let outer: u64 = t.dims[..axis].iter().product();
+            let inner = t.dims[axis + 1..].iter().product::<u64>() as usize * elem;
+            let base = bases.outputs[o];
+            let (n, bound) = (n as usize, x.bound as usize);
+            for r in 0..outer as usize {
+                // SAFETY: both ranges lie inside output `o` (dims verified: `bound` along
+                // `axis`, `n ≤ bound`); the destination never passes the source, so
+                // rows copied earlier are not read again.
+                unsafe { core::ptr::copy(base.add(r * bound * inner), base.add(r * n * inner), n * inner) };
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The steps [`Instance::invoke_observed`] reports.

@@ -12,6 +12,7 @@
 
 use crate::error::{BindingProblem, BindingRole, CommandProblem, ConditionProblem, RuntimeError, VerifyError};
 use crate::MAX_ARENA_ALIGN;
+use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use kiln_module::program::{Binding, Command, Condition, CpuFeature, DeviceKind, RelocKind, Slot, Variant};
@@ -34,6 +35,8 @@ pub struct Limits {
     pub max_inputs: usize,
     /// Most outputs of one entry point.
     pub max_outputs: usize,
+    /// Largest output rank.
+    pub max_rank: usize,
 }
 
 fn binding(e: &EntryView<'_>, pool_len: u64, b: &Binding, writes: bool) -> Result<(), BindingProblem> {
@@ -269,6 +272,29 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 limits.max_bindings = limits.max_bindings.max(bindings.len());
             }
         }
+        for x in &e.extents {
+            let bad = |problem: String| VerifyError::Extent { entry: entry(), extent: x.name.to_string(), problem };
+            if x.binding.slot != Slot::Arena || x.binding.length != 8 {
+                return Err(bad(format!("its binding {:?} is not 8 bytes of the arena", x.binding)));
+            }
+            binding(e, pool_len, &x.binding, false).map_err(|p| bad(p.to_string()))?;
+            for &(o, axis) in &x.outputs {
+                let Some(t) = e.outputs.get(o as usize) else {
+                    return Err(bad(format!("it sizes output {o}, of {}", e.outputs.len())));
+                };
+                if t.dims.get(axis as usize) != Some(&x.bound) {
+                    return Err(bad(format!(
+                        "output {o} has dims {:?}, not the bound {} along axis {axis}",
+                        t.dims, x.bound
+                    )));
+                }
+                if x.outputs.iter().filter(|&&(p, _)| p == o).count() > 1
+                    || e.extents.iter().filter(|y| y.outputs.iter().any(|&(p, _)| p == o)).count() > 1
+                {
+                    return Err(bad(format!("output {o} is sized by more than one extent")));
+                }
+            }
+        }
         for b in &e.buffers {
             binding(e, pool_len, &b.binding, false).map_err(|problem| VerifyError::Buffer {
                 entry: entry(),
@@ -280,6 +306,7 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
         limits.arena_align = limits.arena_align.max(e.arena_align);
         limits.max_inputs = limits.max_inputs.max(e.inputs.len());
         limits.max_outputs = limits.max_outputs.max(e.outputs.len());
+        limits.max_rank = limits.max_rank.max(e.outputs.iter().map(|t| t.dims.len()).max().unwrap_or(0));
     }
     for k in &p.kernels {
         if k.variants.is_empty() {

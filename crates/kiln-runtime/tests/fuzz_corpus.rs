@@ -55,6 +55,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
         ("cuda_variants.kiln", cuda_variants),
         ("collectives.kiln", collectives_program(4)),
         ("skip.kiln", skip_program(4)),
+        ("extents.kiln", extent_program(4, 3)),
     ]
 }
 
@@ -159,6 +160,14 @@ fn assert_bindings_inside(p: &ProgramView<'_>) {
             |b: &Binding| assert!(b.offset as u128 + b.length as u128 <= size(b.slot), "{b:?} escapes its slot");
         let writable =
             |b: &Binding| assert!(matches!(b.slot, Slot::Arena | Slot::Output(_)), "{b:?} writes a read-only slot");
+        // Extents: 8 arena bytes each; every output they size has the bound there.
+        for x in &e.extents {
+            inside(&x.binding);
+            assert!(x.binding.slot == Slot::Arena && x.binding.length == 8, "{x:?}");
+            for &(o, axis) in &x.outputs {
+                assert_eq!(e.outputs[o as usize].dims[axis as usize], x.bound, "{x:?}");
+            }
+        }
         for (i, c) in e.commands.iter().enumerate() {
             match c {
                 Command::SkipIf { cond, count, .. } => {
@@ -438,6 +447,21 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                 _ => x.code.truncate(r.below(x.code.len() + 1)),
             }
         }
+        11 => match e.extents.first_mut() {
+            Some(x) => match r.next() % 5 {
+                0 => x.binding.offset = edge(r, arena),
+                1 => x.binding.length = [0, 4, 8, 9, u64::MAX][r.below(5)],
+                2 => x.bound = edge(r, x.bound),
+                3 => x.outputs.push((r.below(no as usize + 2) as u32, r.below(3) as u32)),
+                _ => x.binding.slot = Slot::Output(0),
+            },
+            None => e.extents.push(ExtentDesc {
+                name: "e".into(),
+                binding: Binding { slot: Slot::Arena, offset: edge(r, arena), length: 8 },
+                bound: r.below(6) as u64,
+                outputs: vec![(r.below(no as usize + 1) as u32, r.below(2) as u32)],
+            }),
+        },
         12 => {
             let nx = p.executables.len();
             let x = &mut p.executables[r.below(nx)];

@@ -60,6 +60,19 @@ fn invoke_allocates_nothing() {
         }
     });
     assert_eq!(n, 0, "invoke allocated {n} times in 400 calls");
+    // Data-dependent extents: checked, compacted and reported without allocating.
+    let ext = write_program(&extent_program(64, 40));
+    let m_ext = load(&ext, None).expect("load");
+    let mut i_ext = Instance::new(&m_ext).expect("instance");
+    let mut i_ext_task = Instance::with_threads(&m_ext, 2).expect("instance");
+    let ((), n) = ALLOC.counted(|| {
+        for _ in 0..100 {
+            i_ext.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+            i_ext_task.invoke(&[&a, &b], &mut [&mut y]).expect("invoke");
+        }
+    });
+    assert_eq!(n, 0, "invoke with extents allocated {n} times in 200 calls");
+    assert_eq!(i_ext.output_dims(0), Some(&[40u64][..]));
     // Collectives (all-reduce, all-gather over three devices) allocate nothing either.
     let coll = write_program(&collectives_program(16));
     let m_coll = load(&coll, None).expect("load");

@@ -159,10 +159,17 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         parents: Vec::new(),
         captures: Vec::new(),
         max_trips: opts.max_trips,
+        max_dims: opts.max_dims.iter().map(|(n, b)| (n.clone(), *b, false)).collect(),
     };
     imp.import_signature(graph, opts)?;
     imp.import_body(graph)?;
     imp.import_outputs(graph)?;
+    if let Some((name, _, _)) = imp.max_dims.iter().find(|(_, _, used)| !used) {
+        return Err(ImportError::Model(format!(
+            "--max-dim {name}: no result of a data-dependent op (NonZero, Compress, Unique, \
+             NonMaxSuppression, TopK with a run-time K) is named `{name}`"
+        )));
+    }
     let g = imp.g.without_dead_code();
     kiln_ir::verify::verify(&g).map_err(|e| ImportError::Verify(e.to_string()))?;
     Ok(g)
@@ -358,6 +365,9 @@ struct Importer {
     captures: Vec<ValueId>,
     /// `--max-trips`: the bound of loops whose trip count is not a constant.
     max_trips: Option<usize>,
+    /// `--max-dim`: declared bounds of data-dependent results, and whether a node used
+    /// each.
+    max_dims: Vec<(String, usize, bool)>,
 }
 
 /// An enclosing graph, set aside while one of its `If` branches is imported.
@@ -803,12 +813,52 @@ impl Importer {
                 if let Some(k) = subgraphs.keys().next() {
                     return Err(at.err(format!("graph attribute `{k}` is not supported on this op")));
                 }
-                let c = canon::canonicalize(self, &op_type, attrs, inputs, outputs.len(), n.output.len(), &at)?;
-                let vals = self.emit(&label, c.kind, c.attrs, c.inputs, &outputs, &at)?;
+                let mut c = canon::canonicalize(self, &op_type, attrs, inputs, outputs.len(), n.output.len(), &at)?;
+                if let Some(results) = self.data_dependent(&c) {
+                    return self.import_bounded(&label, c, results, &outputs, &at);
+                }
+                let vals = self.emit(&label, c.kind, std::mem::take(&mut c.attrs), c.inputs, &outputs, &at)?;
                 self.bind_outputs(&outputs, vals);
                 Ok(())
             }
         }
+    }
+
+    /// How many ONNX results a data-dependent op has (NonZero, Compress, Unique,
+    /// NonMaxSuppression, TopK whose K is computed at run time); `None` for any other.
+    fn data_dependent(&self, c: &canon::Canon) -> Option<usize> {
+        match c.kind {
+            OpKind::NonZero | OpKind::Compress | OpKind::NonMaxSuppression => Some(1),
+            OpKind::Unique => Some(4),
+            OpKind::TopK => {
+                let k = c.inputs.get(1).copied().flatten()?;
+                self.g.constant(k).is_none().then_some(2)
+            }
+            _ => None,
+        }
+    }
+
+    /// A data-dependent op in its bounded form (see `kiln_ir::dynamic`): every ONNX
+    /// result plus the extent, the bound from `--max-dim` when one names a result.
+    fn import_bounded(
+        &mut self,
+        label: &str,
+        mut c: canon::Canon,
+        results: usize,
+        outputs: &[String],
+        at: &At,
+    ) -> Result<(), ImportError> {
+        let mut names: Vec<String> = outputs.to_vec();
+        names.resize(results, String::new());
+        if let Some(m) = self.max_dims.iter_mut().find(|(n, _, _)| !n.is_empty() && names.contains(n)) {
+            m.2 = true;
+            c.attrs.set("kiln_bound", Attr::Int(m.1 as i64));
+        }
+        let base = names.first().filter(|n| !n.is_empty()).cloned().unwrap_or_else(|| label.to_string());
+        names.push(format!("{base}.extent"));
+        let vals = self.emit(label, c.kind, c.attrs, c.inputs, &names, at)?;
+        self.bind_outputs(outputs, vals.into_iter().take(outputs.len()));
+        Ok(())
     }
 
     /// An `If`: inlined when its condition is a constant, else an [`OpKind::If`] node

@@ -328,6 +328,19 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
     }
 
+    /// The value of one-element int64 operand `i` when it is a constant; `None` when
+    /// it is computed at run time or absent.
+    pub fn int_if_constant(&self, i: usize, what: &str) -> R<Option<i64>> {
+        let Some(inp) = self.opt(i) else { return Ok(None) };
+        if inp.ty.dtype != DType::I64 || inp.ty.shape.numel() != 1 {
+            return Err(self.invalid(format_args!("`{what}` (input {i}) must be one int64, got {}", inp.ty)));
+        }
+        match inp.value {
+            Some(v) => Ok(self.tensor_ints(v, i, what)?.first().copied()),
+            None => Ok(None),
+        }
+    }
+
     fn tensor_ints(&self, v: &Tensor, i: usize, what: &str) -> R<Vec<i64>> {
         v.to_i64_vec()
             .map_err(|_| self.invalid(format_args!("`{what}` (input {i}) must be an integer tensor, got {}", v.ty())))

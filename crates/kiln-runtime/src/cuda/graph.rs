@@ -358,6 +358,7 @@ mod tests {
 
     fn entry(commands: Vec<Command>) -> EntryView<'static> {
         EntryView {
+            extents: Vec::new(),
             name: "main",
             inputs: vec![],
             outputs: vec![],

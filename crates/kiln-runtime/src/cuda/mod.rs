@@ -190,6 +190,15 @@ impl<'a> CudaModule<'a> {
                     problem: crate::error::CudaPlanProblem::Conditional,
                 });
             }
+            // Data-dependent extents (format 1.5): the CUDA driver does not check them or
+            // compact its outputs yet.
+            if !e.extents.is_empty() {
+                return Err(RuntimeError::CudaPlan {
+                    entry: e.name.to_string(),
+                    command: e.commands.len(),
+                    problem: crate::error::CudaPlanProblem::Extents,
+                });
+            }
         }
         let pool = bind_weights(&program, weights)?;
         let ctx = driver::Context::new(ordinal)?;

@@ -85,6 +85,7 @@ pub fn add_program(n: u64) -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
             outputs: vec![tensor("y", 1, &[n], bytes)],
@@ -110,6 +111,17 @@ pub fn add_program(n: u64) -> Program {
             source: "t.onnx".into(),
         }),
     }
+}
+
+/// [`add_program`] whose output `y` is sized by a data-dependent extent (format 1.5):
+/// a fill writes `extent` as an `i64` at arena bytes 0..8, and the plan lists it with
+/// bound `n` for axis 0 of output 0.
+pub fn extent_program(n: u64, extent: i64) -> Program {
+    let mut p = add_program(n);
+    let e = &mut p.entries[0];
+    e.commands.insert(0, Command::Fill { dst: b(Slot::Arena, 0, 8), pattern: extent as u64, pattern_len: 8 });
+    e.extents = vec![ExtentDesc { name: "y".into(), binding: b(Slot::Arena, 0, 8), bound: n, outputs: vec![(0, 0)] }];
+    p
 }
 
 /// [`add_program`] with its dispatch behind a `SkipIf` on the first 4 bytes of input
@@ -142,6 +154,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![
             EntryPoint {
+                extents: Vec::new(),
                 name: "main".into(),
                 inputs: vec![],
                 outputs: vec![tensor("y", 2, &[16], 16)],
@@ -158,6 +171,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                 buffers: vec![],
             },
             EntryPoint {
+                extents: Vec::new(),
                 name: "exp".into(),
                 inputs: vec![tensor("x", 1, &[1], 4)],
                 outputs: vec![tensor("y", 1, &[1], 4)],
@@ -231,6 +245,7 @@ pub fn reloc_program() -> Program {
         launches: vec![],
     };
     let entry = |name: &str, kernel| EntryPoint {
+        extents: Vec::new(),
         name: name.into(),
         inputs: vec![],
         outputs: vec![tensor("y", 1, &[1], 4)],
@@ -372,6 +387,7 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
             outputs: vec![tensor("y", 1, &[n], bytes), tensor("z", 1, &[1], 4)],
@@ -455,6 +471,7 @@ pub fn cuda_graph_program() -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
         entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
             outputs: vec![tensor("y", 1, &[4], 16), tensor("z", 2, &[24], 24)],
@@ -507,9 +524,14 @@ pub fn collectives_program(n: u64) -> Program {
     Program {
         devices: (0..3).map(|d| Device { kind: DeviceKind::Cpu, name: format!("cpu:{d}") }).collect(),
         entries: vec![EntryPoint {
+            extents: Vec::new(),
             name: "main".into(),
             inputs: ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
-            outputs: vec![tensor("sum1", 1, &[n], by), tensor("gather2", 1, &[3 * n], 3 * by), tensor("sum0", 1, &[n], by)],
+            outputs: vec![
+                tensor("sum1", 1, &[n], by),
+                tensor("gather2", 1, &[3 * n], 3 * by),
+                tensor("sum0", 1, &[n], by),
+            ],
             arena_size: 15 * by,
             arena_align: 64,
             commands: vec![
