@@ -56,7 +56,7 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
 
 /// Lowers one op (see the module docs).
 pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
-    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 7] = [
+    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 8] = [
         elementwise::lower,
         movement::lower,
         reduce::lower,
