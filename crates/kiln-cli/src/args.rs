@@ -24,7 +24,7 @@ pub(crate) fn version() -> String {
     name = "kiln",
     version = version(),
     about = "kiln: an ahead-of-time compiler and runtime for ML inference",
-    after_help = "MODEL is an .onnx file or a .kir file (kiln IR text form); ARTIFACT is a .kiln file.\n\
+    after_help = "MODEL is an .onnx file, a .tflite file or a .kir file (kiln IR text form); ARTIFACT is a .kiln file.\n\
                   Errors are one line on stderr and exit status 1.",
     disable_help_subcommand = true
 )]
@@ -195,7 +195,7 @@ pub(crate) enum Emit {
 /// `kiln compile`.
 #[derive(Args)]
 pub(crate) struct CompileArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: Option<PathBuf>,
     /// The file to write
     #[arg(short = 'o', long = "output", value_name = "OUT")]
@@ -237,7 +237,7 @@ pub(crate) struct CompileArgs {
 /// `kiln run`.
 #[derive(Args)]
 pub(crate) struct RunArgs {
-    /// The artifact (.kiln) or model (.onnx, .kir)
+    /// The artifact (.kiln) or model (.onnx, .tflite, .kir)
     #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// The weights file of an artifact compiled with --external-weights (default: the one beside it)
@@ -262,7 +262,7 @@ pub(crate) struct RunArgs {
 /// `kiln inspect`.
 #[derive(Args)]
 pub(crate) struct InspectArgs {
-    /// The artifact (.kiln) or model (.onnx, .kir)
+    /// The artifact (.kiln) or model (.onnx, .tflite, .kir)
     #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// Print one JSON object
@@ -278,7 +278,7 @@ pub(crate) struct InspectArgs {
 /// `kiln bench`.
 #[derive(Args)]
 pub(crate) struct BenchArgs {
-    /// The artifact (.kiln) or model (.onnx, .kir)
+    /// The artifact (.kiln) or model (.onnx, .tflite, .kir)
     #[arg(value_name = "ARTIFACT|MODEL")]
     pub model: PathBuf,
     /// Threads of the local-task driver (default: one per core)
@@ -327,7 +327,7 @@ pub(crate) struct BenchArgs {
 /// `kiln gpu-check`.
 #[derive(Args)]
 pub(crate) struct GpuCheckArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: PathBuf,
     #[command(flatten)]
     pub bind: BindArgs,
@@ -348,7 +348,7 @@ pub(crate) struct GpuCheckArgs {
 /// `kiln import`.
 #[derive(Args)]
 pub(crate) struct ImportArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: PathBuf,
     #[command(flatten)]
     pub bind: BindArgs,
@@ -360,7 +360,7 @@ pub(crate) struct ImportArgs {
 /// `kiln eval`.
 #[derive(Args)]
 pub(crate) struct EvalArgs {
-    /// The model (.onnx or .kir)
+    /// The model (.onnx, .tflite or .kir)
     pub model: PathBuf,
     #[command(flatten)]
     pub bind: BindArgs,

@@ -171,7 +171,7 @@ impl CompileError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             CompileError::Import { source, .. } => match source {
-                ImportError::Unsupported(_) => ErrorKind::Unsupported,
+                ImportError::Unsupported(_) | ImportError::TfliteUnsupported(_) => ErrorKind::Unsupported,
                 // The importer verifies what it built: a failure is its own bug.
                 ImportError::Verify(_) => ErrorKind::Internal,
                 _ => ErrorKind::InvalidInput,
@@ -214,6 +214,8 @@ impl CompileError {
         match self {
             CompileError::Import { source: ImportError::Node { node, .. }, .. } => Some(node),
             CompileError::Import { source: ImportError::Unsupported(ops), .. } => ops.first().map(|o| &o.node[..]),
+            // A TFLite operator is named by its first output.
+            CompileError::Import { source: ImportError::TfliteOp { output, .. }, .. } => Some(output),
             CompileError::Flow(FlowError::Lower { node, .. }) => Some(node),
             _ => None,
         }
@@ -225,6 +227,8 @@ impl CompileError {
         match self {
             CompileError::Import { source: ImportError::Node { op_type, .. }, .. } => Some(op_type),
             CompileError::Import { source: ImportError::Unsupported(ops), .. } => ops.first().map(|o| &o.op_type[..]),
+            CompileError::Import { source: ImportError::TfliteOp { op, .. }, .. } => Some(op),
+            CompileError::Import { source: ImportError::TfliteUnsupported(ops), .. } => ops.first().map(|o| &o.op[..]),
             CompileError::Flow(FlowError::Lower { source, .. }) => match source {
                 LowerError::Unsupported { op, .. } | LowerError::NotConstant { op, .. } => Some(op),
                 LowerError::Kernel(_) => None,

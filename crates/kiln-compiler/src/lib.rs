@@ -278,7 +278,8 @@ impl Level {
 pub enum Input {
     /// A tensor graph already built.
     Graph(Graph),
-    /// A file: kiln IR text when its extension is `.kir`, else an ONNX model
+    /// A file: kiln IR text when its extension is `.kir`, a TFLite model when it
+    /// carries TFLite's file identifier (or the `.tflite` extension), else an ONNX model
     /// (external data read beside it).
     File(PathBuf),
     /// An ONNX model in memory; external data is looked up in `base_dir`.
@@ -313,8 +314,9 @@ pub fn import(input: Input, opts: &ImportOptions) -> Result<Graph, CompileError>
                 .map_err(|e| CompileError::Text { path: Some(path.clone()), source: TextError::Read(e.to_string()) })?;
             text(Some(&path), &src)
         }
-        Input::File(path) => kiln_import::onnx::import_file(&path, opts)
-            .map_err(|source| CompileError::Import { path: Some(path), source }),
+        Input::File(path) => {
+            kiln_import::import_file(&path, opts).map_err(|source| CompileError::Import { path: Some(path), source })
+        }
         Input::OnnxBytes { bytes, base_dir } => kiln_import::onnx::import_bytes(bytes, base_dir.as_deref(), opts)
             .map_err(|source| CompileError::Import { path: None, source }),
     }

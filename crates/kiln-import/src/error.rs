@@ -94,6 +94,26 @@ pub enum ImportError {
         /// What is wrong.
         message: String,
     },
+    /// The bytes are not a valid TFLite flatbuffer (where and what).
+    #[error("not a valid TFLite model: {0}")]
+    TfliteDecode(String),
+    /// TFLite operators kiln does not support (all of them, listed at once).
+    #[error("unsupported TFLite operators: {}", .0.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(", "))]
+    TfliteUnsupported(Vec<TfliteUnsupportedOp>),
+    /// A TFLite operator could not be imported.
+    #[error("TFLite operator {index} ({op}, subgraph {subgraph}, output `{output}`): {message}")]
+    TfliteOp {
+        /// The subgraph.
+        subgraph: u32,
+        /// The operator's index in it.
+        index: u32,
+        /// The op's name.
+        op: String,
+        /// The name of its first output tensor.
+        output: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The imported graph failed verification (an importer bug or an invalid model).
     #[error("imported graph is invalid: {0}")]
     Verify(String),
@@ -101,4 +121,23 @@ pub enum ImportError {
 
 fn list(ops: &[UnsupportedOp]) -> String {
     ops.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// A TFLite operator kiln cannot import: every use of one op, in one subgraph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TfliteUnsupportedOp {
+    /// The op's name (`RFFT2D`, or `CUSTOM:name` for a custom op).
+    pub op: String,
+    /// The subgraph.
+    pub subgraph: usize,
+    /// The indices of the operators that use it, in that subgraph.
+    pub operators: Vec<usize>,
+}
+
+impl fmt::Display for TfliteUnsupportedOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = if self.operators.len() == 1 { "" } else { "s" };
+        let list = self.operators.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        write!(f, "{} (subgraph {}, operator{s} {list})", self.op, self.subgraph)
+    }
 }

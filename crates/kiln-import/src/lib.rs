@@ -1,7 +1,8 @@
 //! Model importers: read a trained model and produce kiln's tensor-level IR
 //! ([`kiln_ir::Graph`]) with fully static shapes.
 //!
-//! Only ONNX today ([`onnx`]). An importer:
+//! Two front ends: ONNX ([`onnx`]) and TFLite ([`tflite`]); [`import_file`] picks one
+//! by the file's magic (`TFL3` at byte 4) or extension. An importer:
 //! - decodes the model without copying tensor data (weights are slices of the
 //!   model buffer, `bytes::Bytes`), reading external-data files next to the model;
 //! - binds free input dimensions from [`ImportOptions::input_shapes`] and may bind
@@ -20,8 +21,40 @@
 
 mod error;
 pub mod onnx;
+pub mod tflite;
 
-pub use error::{FreeDims, ImportError, UnsupportedOp};
+pub use error::{FreeDims, ImportError, TfliteUnsupportedOp, UnsupportedOp};
+
+/// The model formats kiln imports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// An ONNX `ModelProto`.
+    Onnx,
+    /// A TFLite flatbuffer.
+    Tflite,
+}
+
+/// The format of the model file at `path`: TFLite when its bytes 4..8 are `TFL3` or
+/// (when it cannot be read) its extension is `.tflite`, else ONNX.
+pub fn format_of(path: &std::path::Path) -> Format {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
+    match read {
+        Ok(()) if tflite::has_magic(&head) => Format::Tflite,
+        Ok(()) => Format::Onnx,
+        Err(_) if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("tflite")) => Format::Tflite,
+        Err(_) => Format::Onnx,
+    }
+}
+
+/// Imports a model file in either format ([`format_of`]).
+pub fn import_file(path: &std::path::Path, opts: &ImportOptions) -> Result<kiln_ir::Graph, ImportError> {
+    match format_of(path) {
+        Format::Tflite => tflite::import_file(path, opts),
+        Format::Onnx => onnx::import_file(path, opts),
+    }
+}
 
 /// How to import a model.
 #[derive(Clone, Debug, Default)]

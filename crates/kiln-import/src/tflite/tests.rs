@@ -1,0 +1,679 @@
+//! Unit tests of the reader and the op mapping, on models built here with planus's
+//! builder. Numbers are checked against plain NHWC loops written in this file (an
+//! oracle independent of the importer's layout handling), evaluated with kiln-ref.
+
+use super::schema::tflite as fb;
+use super::*;
+use fb::BuiltinOperator as B;
+
+/// A signature's `(name, tensor)` inputs and outputs.
+type Names = Vec<(String, u32)>;
+
+/// A TFLite model under construction.
+#[derive(Default)]
+struct M {
+    tensors: Vec<fb::Tensor>,
+    buffers: Vec<fb::Buffer>,
+    ops: Vec<fb::Operator>,
+    codes: Vec<B>,
+    signature: Option<(Names, Names)>,
+}
+
+impl M {
+    fn new() -> M {
+        M { buffers: vec![fb::Buffer::default()], ..M::default() }
+    }
+
+    fn tensor(&mut self, name: &str, shape: &[i32], ty: fb::TensorType, data: Option<Vec<u8>>) -> i32 {
+        let buffer = match data {
+            Some(d) => {
+                self.buffers.push(fb::Buffer { data: Some(d), ..Default::default() });
+                self.buffers.len() as u32 - 1
+            }
+            None => 0,
+        };
+        self.tensors.push(fb::Tensor {
+            shape: Some(shape.to_vec()),
+            type_: ty,
+            buffer,
+            name: Some(name.into()),
+            ..Default::default()
+        });
+        self.tensors.len() as i32 - 1
+    }
+
+    fn f32(&mut self, name: &str, shape: &[i32]) -> i32 {
+        self.tensor(name, shape, fb::TensorType::Float32, None)
+    }
+
+    fn konst(&mut self, name: &str, shape: &[i32], v: &[f32]) -> i32 {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.tensor(name, shape, fb::TensorType::Float32, Some(bytes))
+    }
+
+    fn ints(&mut self, name: &str, v: &[i32]) -> i32 {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.tensor(name, &[v.len() as i32], fb::TensorType::Int32, Some(bytes))
+    }
+
+    fn op(&mut self, code: B, ins: &[i32], outs: &[i32], options: Option<fb::BuiltinOptions>) {
+        let idx = match self.codes.iter().position(|&c| c == code) {
+            Some(i) => i,
+            None => {
+                self.codes.push(code);
+                self.codes.len() - 1
+            }
+        };
+        self.ops.push(fb::Operator {
+            opcode_index: idx as u32,
+            inputs: Some(ins.to_vec()),
+            outputs: Some(outs.to_vec()),
+            builtin_options: options,
+            ..Default::default()
+        });
+    }
+
+    fn finish(self, inputs: &[i32], outputs: &[i32]) -> Vec<u8> {
+        let codes = self
+            .codes
+            .iter()
+            .map(|&c| fb::OperatorCode {
+                deprecated_builtin_code: (c as i32).min(127) as i8,
+                builtin_code: c,
+                version: 1,
+                ..Default::default()
+            })
+            .collect();
+        let signature_defs = self.signature.map(|(i, o)| {
+            let map = |l: Names| {
+                Some(l.into_iter().map(|(n, t)| fb::TensorMap { name: Some(n), tensor_index: t }).collect())
+            };
+            vec![fb::SignatureDef {
+                inputs: map(i),
+                outputs: map(o),
+                signature_key: Some("serving_default".into()),
+                subgraph_index: 0,
+            }]
+        });
+        let model = fb::Model {
+            version: 3,
+            operator_codes: Some(codes),
+            subgraphs: Some(vec![fb::SubGraph {
+                tensors: Some(self.tensors),
+                inputs: Some(inputs.to_vec()),
+                outputs: Some(outputs.to_vec()),
+                operators: Some(self.ops),
+                name: Some("main".into()),
+                ..Default::default()
+            }]),
+            buffers: Some(self.buffers),
+            signature_defs,
+            ..Default::default()
+        };
+        let mut b = planus::Builder::new();
+        let mut bytes = b.finish(&model, Some(*b"TFL3")).to_vec();
+        // planus 1.3's builder writes the identifier before the root offset (it builds
+        // back to front), the offset relative to where it put it: put both where
+        // flatbuffers (and planus's reader) expect them.
+        if bytes[..4] == *b"TFL3" {
+            bytes[..8].rotate_left(4);
+            let root = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) + 4;
+            bytes[..4].copy_from_slice(&root.to_le_bytes());
+        }
+        bytes
+    }
+}
+
+fn import(bytes: Vec<u8>) -> Result<Graph, ImportError> {
+    import_bytes(Bytes::from(bytes), &ImportOptions::default())
+}
+
+fn count(g: &Graph, k: OpKind) -> usize {
+    g.nodes.iter().filter(|(_, n)| n.op.kind == k).count()
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+fn eval(g: &Graph, x: Vec<f32>) -> Vec<f32> {
+    let ty = g.ty(g.inputs[0]).clone();
+    let t = Tensor::from_vec(ty.shape.clone(), x).expect("input");
+    let out = kiln_ref::eval_graph(g, &[t]).expect("evaluation");
+    out[0].to_vec::<f32>().expect("f32 output")
+}
+
+/// Plain NHWC convolution (`OHWI` filter, or depthwise `1HWO` with multiplier 1), SAME
+/// or VALID padding as TensorFlow defines it, then bias and ReLU when asked.
+#[allow(clippy::too_many_arguments)]
+fn conv_nhwc(
+    x: &[f32],
+    (h, w, c): (usize, usize, usize),
+    f: &[f32],
+    (o, kh, kw): (usize, usize, usize),
+    bias: &[f32],
+    stride: usize,
+    same: bool,
+    depthwise: bool,
+    relu: bool,
+) -> (Vec<f32>, usize, usize) {
+    let (oh, ow) =
+        if same { (h.div_ceil(stride), w.div_ceil(stride)) } else { ((h - kh) / stride + 1, (w - kw) / stride + 1) };
+    let pt = if same { ((oh - 1) * stride + kh).saturating_sub(h) / 2 } else { 0 };
+    let pl = if same { ((ow - 1) * stride + kw).saturating_sub(w) / 2 } else { 0 };
+    let mut y = vec![0f32; oh * ow * o];
+    for oy in 0..oh {
+        for ox in 0..ow {
+            for oc in 0..o {
+                let mut acc = bias[oc];
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let iy = (oy * stride + ky) as isize - pt as isize;
+                        let ix = (ox * stride + kx) as isize - pl as isize;
+                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                            continue;
+                        }
+                        let (iy, ix) = (iy as usize, ix as usize);
+                        if depthwise {
+                            acc += x[(iy * w + ix) * c + oc] * f[(ky * kw + kx) * o + oc];
+                        } else {
+                            for ic in 0..c {
+                                acc += x[(iy * w + ix) * c + ic] * f[((oc * kh + ky) * kw + kx) * c + ic];
+                            }
+                        }
+                    }
+                }
+                y[(oy * ow + ox) * o + oc] = if relu { acc.max(0.0) } else { acc };
+            }
+        }
+    }
+    (y, oh, ow)
+}
+
+fn assert_close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "element count");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "element {i}: {a} vs {b}");
+    }
+}
+
+/// CONV_2D (SAME, stride 2, fused ReLU) → DEPTHWISE_CONV_2D (VALID) → ADD of a
+/// per-channel constant → MAX_POOL_2D: one transpose in, one out, and the NHWC result.
+/// The model, its constants (w1, b1, w2, shift) and an input.
+struct ConvNet {
+    bytes: Vec<u8>,
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    shift: Vec<f32>,
+    x: Vec<f32>,
+}
+
+fn conv_net() -> ConvNet {
+    let mut m = M::new();
+    let x = m.f32("x", &[1, 7, 6, 3]);
+    let (w1, b1, w2, shift) = (values(4 * 3 * 3 * 3, 1), values(4, 2), values(3 * 3 * 4, 3), values(4, 4));
+    let w1t = m.konst("w1", &[4, 3, 3, 3], &w1);
+    let b1t = m.konst("b1", &[4], &b1);
+    let c1 = m.f32("c1", &[1, 4, 3, 4]);
+    m.op(
+        B::Conv2d,
+        &[x, w1t, b1t],
+        &[c1],
+        Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
+            padding: fb::Padding::Same,
+            stride_w: 2,
+            stride_h: 2,
+            fused_activation_function: fb::ActivationFunctionType::Relu,
+            ..Default::default()
+        }))),
+    );
+    let w2t = m.konst("w2", &[1, 3, 3, 4], &w2);
+    let c2 = m.f32("c2", &[1, 2, 1, 4]);
+    m.op(
+        B::DepthwiseConv2d,
+        &[c1, w2t, -1],
+        &[c2],
+        Some(fb::BuiltinOptions::DepthwiseConv2DOptions(Box::new(fb::DepthwiseConv2DOptions {
+            padding: fb::Padding::Valid,
+            stride_w: 1,
+            stride_h: 1,
+            depth_multiplier: 1,
+            ..Default::default()
+        }))),
+    );
+    let sh = m.konst("shift", &[4], &shift);
+    let a = m.f32("a", &[1, 2, 1, 4]);
+    m.op(B::Add, &[c2, sh], &[a], Some(fb::BuiltinOptions::AddOptions(Box::default())));
+    let y = m.f32("y", &[1, 1, 1, 4]);
+    m.op(
+        B::MaxPool2d,
+        &[a],
+        &[y],
+        Some(fb::BuiltinOptions::Pool2DOptions(Box::new(fb::Pool2DOptions {
+            padding: fb::Padding::Same,
+            stride_w: 2,
+            stride_h: 2,
+            filter_width: 2,
+            filter_height: 2,
+            ..Default::default()
+        }))),
+    );
+    ConvNet { bytes: m.finish(&[x], &[y]), w1, b1, w2, shift, x: values(7 * 6 * 3, 9) }
+}
+
+#[test]
+fn conv_net_matches_nhwc_loops_with_one_transpose_each_way() {
+    let ConvNet { bytes, w1, b1, w2, shift, x } = conv_net();
+    let g = import(bytes).expect("import");
+    assert_eq!(count(&g, OpKind::Conv), 2);
+    // NHWC → NCHW at the input, NCHW → NHWC at the output; filters stored permuted.
+    assert_eq!(count(&g, OpKind::Transpose), 2, "{g}");
+    let got = eval(&g, x.clone());
+    let (c1, h1, w1o) = conv_nhwc(&x, (7, 6, 3), &w1, (4, 3, 3), &b1, 2, true, false, true);
+    assert_eq!((h1, w1o), (4, 3));
+    let (c2, h2, w2o) = conv_nhwc(&c1, (4, 3, 4), &w2, (4, 3, 3), &[0.0; 4], 1, false, true, false);
+    assert_eq!((h2, w2o), (2, 1));
+    let a: Vec<f32> = c2.iter().enumerate().map(|(i, v)| v + shift[i % 4]).collect();
+    // 2x2 max pool, SAME over [2, 1]: one window holding both rows.
+    let want: Vec<f32> = (0..4).map(|c| a[c].max(a[4 + c])).collect();
+    assert_close(&got, &want);
+}
+
+#[test]
+fn signature_names_the_inputs_and_outputs() {
+    let mut m = M::new();
+    let x = m.f32("serving_x:0", &[2, 3]);
+    let y = m.f32("Identity", &[2, 3]);
+    m.op(B::Logistic, &[x], &[y], None);
+    m.signature = Some((vec![("audio".into(), x as u32)], vec![("scores".into(), y as u32)]));
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    assert_eq!(g.values[g.inputs[0]].name, "audio");
+    assert_eq!(g.values[g.outputs[0]].name, "scores");
+    let got = eval(&g, vec![0.0, 1.0, -1.0, 2.0, -2.0, 0.5]);
+    let want: Vec<f32> = [0.0f32, 1.0, -1.0, 2.0, -2.0, 0.5].iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
+    assert_close(&got, &want);
+}
+
+#[test]
+fn every_unsupported_op_is_named_at_once() {
+    let mut m = M::new();
+    let x = m.f32("x", &[1, 4]);
+    let a = m.f32("a", &[1, 4]);
+    let b = m.f32("b", &[1, 4]);
+    let c = m.f32("c", &[1, 4]);
+    let d = m.f32("d", &[1, 4]);
+    m.op(B::Svdf, &[x], &[a], None);
+    m.op(B::Relu, &[a], &[b], None);
+    m.op(B::Lstm, &[b], &[c], None);
+    m.op(B::Svdf, &[c], &[d], None);
+    let err = import(m.finish(&[x], &[d])).expect_err("unsupported");
+    match &err {
+        ImportError::TfliteUnsupported(ops) => {
+            assert_eq!(ops.len(), 2);
+            assert_eq!((ops[0].op.as_str(), ops[0].subgraph, ops[0].operators.clone()), ("SVDF", 0, vec![0, 3]));
+            assert_eq!((ops[1].op.as_str(), ops[1].operators.clone()), ("LSTM", vec![2]));
+        }
+        e => panic!("expected TfliteUnsupported, got {e:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "unsupported TFLite operators: SVDF (subgraph 0, operators 0, 3), LSTM (subgraph 0, operator 2)"
+    );
+}
+
+#[test]
+fn malformed_files_are_typed_errors() {
+    let decode = |b: &[u8]| match import(b.to_vec()) {
+        Err(ImportError::TfliteDecode(m)) => m,
+        r => panic!("expected TfliteDecode, got {r:?}"),
+    };
+    assert!(decode(b"").contains("too few"));
+    assert!(decode(b"\x08\0\0\0TFL").contains("too few"));
+    assert!(decode(b"\x08\0\0\0ONNX\0\0\0\0").contains("TFL3"));
+    // A root offset past the end.
+    assert!(!decode(b"\xff\xff\0\0TFL3\0\0\0\0").is_empty());
+    let good = conv_net().bytes;
+    // Every truncation is refused with a typed error (the buffers sit at the end, so
+    // no prefix is a complete model).
+    for n in 0..good.len() {
+        let r = std::panic::catch_unwind(|| import(good[..n].to_vec()));
+        match r {
+            Ok(Err(_)) => {}
+            Ok(Ok(_)) => panic!("a model truncated to {n} of {} bytes imported", good.len()),
+            Err(_) => panic!("a model truncated to {n} bytes panicked"),
+        }
+    }
+}
+
+#[test]
+fn corrupted_bytes_never_panic() {
+    let good = conv_net().bytes;
+    for i in 0..good.len() {
+        for v in [0x00u8, 0xff, 0x7f, 0x80] {
+            let mut b = good.clone();
+            b[i] = v;
+            let r = std::panic::catch_unwind(|| import(b));
+            assert!(r.is_ok(), "byte {i} set to {v:#x}: the importer panicked");
+        }
+    }
+}
+
+#[test]
+fn quantized_conv_is_a_qdq_contraction() {
+    let mut m = M::new();
+    let q = |scale: Vec<f32>, zp: Vec<i64>, axis: i32| {
+        Some(Box::new(fb::QuantizationParameters {
+            scale: Some(scale),
+            zero_point: Some(zp),
+            quantized_dimension: axis,
+            ..Default::default()
+        }))
+    };
+    let x = m.tensor("x", &[1, 5, 5, 2], fb::TensorType::Int8, None);
+    m.tensors[x as usize].quantization = q(vec![0.05], vec![3], 0);
+    let wq: Vec<u8> = values(3 * 3 * 3 * 2, 5).iter().map(|v| ((v * 100.0) as i8) as u8).collect();
+    let w = m.tensor("w", &[3, 3, 3, 2], fb::TensorType::Int8, Some(wq));
+    m.tensors[w as usize].quantization = q(vec![0.01, 0.02, 0.03], vec![0, 0, 0], 0);
+    let bq: Vec<u8> = [100i32, -50, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let b = m.tensor("b", &[3], fb::TensorType::Int32, Some(bq));
+    m.tensors[b as usize].quantization = q(vec![0.0005, 0.001, 0.0015], vec![0, 0, 0], 0);
+    let y = m.tensor("y", &[1, 5, 5, 3], fb::TensorType::Int8, None);
+    m.tensors[y as usize].quantization = q(vec![0.1], vec![-5], 0);
+    m.op(
+        B::Conv2d,
+        &[x, w, b],
+        &[y],
+        Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
+            padding: fb::Padding::Same,
+            stride_w: 1,
+            stride_h: 1,
+            fused_activation_function: fb::ActivationFunctionType::Relu,
+            ..Default::default()
+        }))),
+    );
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    assert_eq!(g.ty(g.inputs[0]).dtype, DType::I8);
+    assert_eq!(g.ty(g.outputs[0]).dtype, DType::I8);
+    let mut opt = g.clone();
+    kiln_opt::run_tensor_pipeline(&mut opt).expect("passes");
+    assert_eq!(count(&opt, OpKind::QLinearConv), 1, "{opt}");
+    assert_eq!(count(&opt, OpKind::Conv), 0, "{opt}");
+    // The fused ReLU is a clamp of the integers at the zero point.
+    let xs: Vec<i8> = values(50, 6).iter().map(|v| (v * 120.0) as i8).collect();
+    let t = Tensor::from_vec(g.ty(g.inputs[0]).shape.clone(), xs).expect("input");
+    let out = kiln_ref::eval_graph(&opt, &[t]).expect("eval");
+    let ys = out[0].to_vec::<i8>().expect("i8");
+    assert!(ys.iter().all(|&v| v >= -5), "ReLU clamps at the zero point");
+    assert!(ys.iter().any(|&v| v > -5));
+}
+
+#[test]
+fn float16_weights_fold_into_float32_constants() {
+    let mut m = M::new();
+    let x = m.f32("x", &[1, 3]);
+    let w: Vec<f32> = values(6, 11);
+    let wh: Vec<u8> = w.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+    let w16 = m.tensor("w16", &[2, 3], fb::TensorType::Float16, Some(wh));
+    let w32 = m.f32("w32", &[2, 3]);
+    m.op(B::Dequantize, &[w16], &[w32], None);
+    let y = m.f32("y", &[1, 2]);
+    m.op(B::FullyConnected, &[x, w32, -1], &[y], Some(fb::BuiltinOptions::FullyConnectedOptions(Box::default())));
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    assert_eq!(count(&g, OpKind::Cast), 0, "{g}");
+    assert_eq!(count(&g, OpKind::MatMul), 1);
+    let xv = vec![0.5, -1.0, 2.0];
+    let got = eval(&g, xv.clone());
+    let wr: Vec<f32> = w.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect();
+    let want: Vec<f32> = (0..2).map(|o| (0..3).map(|k| xv[k] * wr[o * 3 + k]).sum()).collect();
+    assert_close(&got, &want);
+}
+
+#[test]
+fn rfft2d_is_a_real_dft() {
+    let mut m = M::new();
+    let n = 8;
+    let x = m.f32("x", &[2, 1, n]);
+    let len = m.ints("len", &[1, n]);
+    let c = m.tensor("c", &[2, 1, n / 2 + 1], fb::TensorType::Complex64, None);
+    m.op(B::Rfft2d, &[x, len], &[c], None);
+    let y = m.f32("y", &[2, 1, n / 2 + 1]);
+    m.op(B::ComplexAbs, &[c], &[y], None);
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    let xv = values(2 * n as usize, 13);
+    let got = eval(&g, xv.clone());
+    let mut want = Vec::new();
+    for row in xv.chunks(n as usize) {
+        for k in 0..=(n as usize / 2) {
+            let (mut re, mut im) = (0f64, 0f64);
+            for (t, v) in row.iter().enumerate() {
+                let a = -2.0 * std::f64::consts::PI * (k * t) as f64 / n as f64;
+                re += *v as f64 * a.cos();
+                im += *v as f64 * a.sin();
+            }
+            want.push((re * re + im * im).sqrt() as f32);
+        }
+    }
+    assert_close(&got, &want);
+}
+
+#[test]
+fn strided_slice_masks_and_shrink() {
+    let mut m = M::new();
+    let x = m.f32("x", &[3, 4]);
+    let (b, e, s) = (m.ints("b", &[1, 3]), m.ints("e", &[0, 0]), m.ints("s", &[1, -1]));
+    let y = m.f32("y", &[4]);
+    // Row 1 (shrunk), columns from 3 down to the start (end mask, negative stride).
+    let o = fb::StridedSliceOptions { end_mask: 2, shrink_axis_mask: 1, ..Default::default() };
+    m.op(B::StridedSlice, &[x, b, e, s], &[y], Some(fb::BuiltinOptions::StridedSliceOptions(Box::new(o))));
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    let xv: Vec<f32> = (0..12).map(|v| v as f32).collect();
+    assert_eq!(eval(&g, xv), vec![7.0, 6.0, 5.0, 4.0]);
+}
+
+/// The seeds of the `import_tflite` fuzz target: small models that reach the reader,
+/// the layout handling, quantisation, complex tensors and the signature.
+fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let conv = conv_net().bytes;
+    let mut m = M::new();
+    let x = m.f32("serving_x:0", &[2, 8]);
+    let len = m.ints("len", &[1, 8]);
+    let c = m.tensor("c", &[2, 5], fb::TensorType::Complex64, None);
+    m.op(B::Rfft2d, &[x, len], &[c], None);
+    let y = m.f32("y", &[2, 5]);
+    m.op(B::ComplexAbs, &[c], &[y], None);
+    let z = m.f32("z", &[2, 5]);
+    m.op(B::Softmax, &[y], &[z], Some(fb::BuiltinOptions::SoftmaxOptions(Box::new(fb::SoftmaxOptions { beta: 1.0 }))));
+    m.signature = Some((vec![("audio".into(), x as u32)], vec![("scores".into(), z as u32)]));
+    let rfft = m.finish(&[x], &[z]);
+    let mut m = M::new();
+    let q = |s: Vec<f32>, z: i64| {
+        let zero_point = Some(vec![z; s.len()]);
+        Some(Box::new(fb::QuantizationParameters { scale: Some(s), zero_point, ..Default::default() }))
+    };
+    let x = m.tensor("x", &[1, 6, 6, 2], fb::TensorType::Int8, None);
+    m.tensors[x as usize].quantization = q(vec![0.05], 1);
+    // A 3x3 convolution, per-channel weights, int32 bias at s_x·s_w, fused ReLU.
+    let wq: Vec<u8> = values(4 * 3 * 3 * 2, 21).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
+    let w = m.tensor("w", &[4, 3, 3, 2], fb::TensorType::Int8, Some(wq));
+    let sw = vec![0.01, 0.02, 0.015, 0.03];
+    m.tensors[w as usize].quantization = q(sw.clone(), 0);
+    let bq: Vec<u8> = [40i32, -30, 25, -10].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let b = m.tensor("b", &[4], fb::TensorType::Int32, Some(bq));
+    m.tensors[b as usize].quantization = q(sw.iter().map(|s| s * 0.05).collect(), 0);
+    let y = m.tensor("y", &[1, 6, 6, 4], fb::TensorType::Int8, None);
+    m.tensors[y as usize].quantization = q(vec![0.04], -20);
+    m.op(
+        B::Conv2d,
+        &[x, w, b],
+        &[y],
+        Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
+            padding: fb::Padding::Same,
+            stride_w: 1,
+            stride_h: 1,
+            fused_activation_function: fb::ActivationFunctionType::Relu,
+            ..Default::default()
+        }))),
+    );
+    // Average pooling keeps the quantisation.
+    let p = m.tensor("p", &[1, 3, 3, 4], fb::TensorType::Int8, None);
+    m.tensors[p as usize].quantization = q(vec![0.04], -20);
+    let pool = fb::Pool2DOptions { padding: fb::Padding::Valid, stride_w: 2, stride_h: 2, filter_width: 2, filter_height: 2, ..Default::default() };
+    m.op(B::AveragePool2d, &[y], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
+    let r = m.tensor("r", &[1, 36], fb::TensorType::Int8, None);
+    m.tensors[r as usize].quantization = q(vec![0.04], -20);
+    let shape = m.ints("shape", &[1, 36]);
+    m.op(B::Reshape, &[p, shape], &[r], None);
+    // A dense layer: int8 weights per tensor, int32 bias.
+    let fq: Vec<u8> = values(5 * 36, 22).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
+    let f = m.tensor("f", &[5, 36], fb::TensorType::Int8, Some(fq));
+    m.tensors[f as usize].quantization = q(vec![0.02], 0);
+    let fbq: Vec<u8> = [100i32, -200, 50, 0, 300].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let fbias = m.tensor("fb", &[5], fb::TensorType::Int32, Some(fbq));
+    m.tensors[fbias as usize].quantization = q(vec![0.04 * 0.02], 0);
+    let o = m.tensor("o", &[1, 5], fb::TensorType::Int8, None);
+    m.tensors[o as usize].quantization = q(vec![0.1], 3);
+    m.op(B::FullyConnected, &[r, f, fbias], &[o], Some(fb::BuiltinOptions::FullyConnectedOptions(Box::default())));
+    let r = o;
+    let qconv = m.finish(&[x], &[r]);
+    vec![("conv_net.tflite", conv), ("rfft_signature.tflite", rfft), ("int8_net.tflite", qconv), ("decoder.tflite", decoder())]
+}
+
+/// The committed seeds are what [`fuzz_seeds`] builds (`KILN_BLESS=1` rewrites them),
+/// and each imports.
+#[test]
+fn fuzz_seeds_are_current() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/import_tflite");
+    let bless = std::env::var_os("KILN_BLESS").is_some();
+    for (name, bytes) in fuzz_seeds() {
+        import(bytes.clone()).unwrap_or_else(|e| panic!("seed {name}: {e}"));
+        let path = dir.join(name);
+        if bless {
+            std::fs::create_dir_all(&dir).expect("corpus dir");
+            std::fs::write(&path, &bytes).expect("write seed");
+        }
+        let committed = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (KILN_BLESS=1 writes it)", path.display()));
+        assert!(committed == bytes, "{} differs from what the test builds (KILN_BLESS=1 rewrites it)", path.display());
+    }
+}
+
+/// The int8 seed's convolution and dense layer (a bias: a 1x1 convolution) both become
+/// integer convolutions; its data movement stays on the integers.
+#[test]
+fn int8_net_contractions_are_integer() {
+    let (_, bytes) = fuzz_seeds().into_iter().find(|(n, _)| *n == "int8_net.tflite").expect("int8 seed");
+    let g = import(bytes).expect("import");
+    let mut opt = g.clone();
+    kiln_opt::run_tensor_pipeline(&mut opt).expect("passes");
+    assert_eq!(count(&opt, OpKind::QLinearConv), 2, "{opt}");
+    assert_eq!(count(&opt, OpKind::Conv) + count(&opt, OpKind::MatMul), 0, "{opt}");
+    assert_eq!(opt.ty(opt.outputs[0]).dtype, DType::I8);
+}
+
+/// TRANSPOSE_CONV (SAME, stride 2) → RESIZE_BILINEAR (half-pixel) → RESIZE_NEAREST_NEIGHBOR
+/// (half-pixel) → AVERAGE_POOL_2D (SAME, the border averaging fewer taps) → MEAN over the
+/// spatial axes: the windowed ops whose padding and coordinate rules differ from ONNX's.
+fn decoder() -> Vec<u8> {
+    let mut m = M::new();
+    let x = m.f32("x", &[1, 3, 4, 2]);
+    let shape = m.ints("out_shape", &[1, 6, 8, 3]);
+    let w = m.konst("w", &[3, 3, 3, 2], &values(3 * 3 * 3 * 2, 31));
+    let b = m.konst("b", &[3], &values(3, 32));
+    let t = m.f32("t", &[1, 6, 8, 3]);
+    let tc = fb::TransposeConvOptions { padding: fb::Padding::Same, stride_w: 2, stride_h: 2, ..Default::default() };
+    m.op(B::TransposeConv, &[shape, w, x, b], &[t], Some(fb::BuiltinOptions::TransposeConvOptions(Box::new(tc))));
+    let size = m.ints("size", &[9, 11]);
+    let r = m.f32("r", &[1, 9, 11, 3]);
+    let rb = fb::ResizeBilinearOptions { half_pixel_centers: true, ..Default::default() };
+    m.op(B::ResizeBilinear, &[t, size], &[r], Some(fb::BuiltinOptions::ResizeBilinearOptions(Box::new(rb))));
+    let size2 = m.ints("size2", &[5, 7]);
+    let n = m.f32("n", &[1, 5, 7, 3]);
+    let rn = fb::ResizeNearestNeighborOptions { half_pixel_centers: true, ..Default::default() };
+    m.op(B::ResizeNearestNeighbor, &[r, size2], &[n], Some(fb::BuiltinOptions::ResizeNearestNeighborOptions(Box::new(rn))));
+    let p = m.f32("p", &[1, 3, 4, 3]);
+    let pool = fb::Pool2DOptions { padding: fb::Padding::Same, stride_w: 2, stride_h: 2, filter_width: 3, filter_height: 3, ..Default::default() };
+    m.op(B::AveragePool2d, &[n], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
+    let axes = m.ints("axes", &[1, 2]);
+    let y = m.f32("y", &[1, 3]);
+    m.op(B::Mean, &[p, axes], &[y], Some(fb::BuiltinOptions::ReducerOptions(Box::default())));
+    m.finish(&[x], &[y, p])
+}
+
+#[test]
+fn strided_slice_ellipsis_and_new_axis() {
+    let mut m = M::new();
+    let x = m.f32("x", &[2, 3, 4]);
+    // x[..., 1, None]: an ellipsis over the first two axes, the last shrunk to index 1,
+    // then a new axis.
+    let (b, e, s) = (m.ints("b", &[0, 1, 0]), m.ints("e", &[0, 2, 0]), m.ints("s", &[1, 1, 1]));
+    let y = m.f32("y", &[2, 3, 1]);
+    let o = fb::StridedSliceOptions { ellipsis_mask: 1, shrink_axis_mask: 2, new_axis_mask: 4, ..Default::default() };
+    m.op(B::StridedSlice, &[x, b, e, s], &[y], Some(fb::BuiltinOptions::StridedSliceOptions(Box::new(o))));
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    assert_eq!(g.ty(g.outputs[0]).shape.dims(), &[2, 3, 1]);
+    let xv: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    assert_eq!(eval(&g, xv), vec![1.0, 5.0, 9.0, 13.0, 17.0, 21.0]);
+}
+
+/// A length the four-step factorisation takes (256 = 16·16), against a direct DFT.
+#[test]
+fn rfft2d_four_step_matches_a_direct_dft() {
+    for n in [256usize, 96] {
+        let mut m = M::new();
+        let x = m.f32("x", &[3, 1, n as i32]);
+        let len = m.ints("len", &[1, n as i32]);
+        let c = m.tensor("c", &[3, 1, n as i32 / 2 + 1], fb::TensorType::Complex64, None);
+        m.op(B::Rfft2d, &[x, len], &[c], None);
+        let re = m.f32("re", &[3, 1, n as i32 / 2 + 1]);
+        m.op(B::Real, &[c], &[re], None);
+        let im = m.f32("im", &[3, 1, n as i32 / 2 + 1]);
+        m.op(B::Imag, &[c], &[im], None);
+        let g = import(m.finish(&[x], &[re, im])).expect("import");
+        assert!(count(&g, OpKind::MatMul) >= 6, "n = {n}: the four-step form");
+        let xv = values(3 * n, 17);
+        let t = Tensor::from_vec(g.ty(g.inputs[0]).shape.clone(), xv.clone()).expect("input");
+        let out = kiln_ref::eval_graph(&g, &[t]).expect("evaluation");
+        let (gr, gi) = (out[0].to_vec::<f32>().expect("re"), out[1].to_vec::<f32>().expect("im"));
+        let mut i = 0;
+        for row in xv.chunks(n) {
+            for k in 0..=n / 2 {
+                let (mut r, mut q) = (0f64, 0f64);
+                for (t, v) in row.iter().enumerate() {
+                    let a = -2.0 * std::f64::consts::PI * ((k * t) % n) as f64 / n as f64;
+                    r += *v as f64 * a.cos();
+                    q += *v as f64 * a.sin();
+                }
+                assert!((gr[i] as f64 - r).abs() < 1e-4 * (1.0 + r.abs()), "n {n} bin {k}: re {} vs {r}", gr[i]);
+                assert!((gi[i] as f64 - q).abs() < 1e-4 * (1.0 + q.abs()), "n {n} bin {k}: im {} vs {q}", gi[i]);
+                i += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn mirror_pad_symmetric_repeats_the_edge() {
+    let mut m = M::new();
+    let x = m.f32("x", &[2, 3]);
+    let p = m.ints("p", &[1, 0, 2, 3]);
+    let y = m.f32("y", &[3, 8]);
+    let o = fb::MirrorPadOptions { mode: fb::MirrorPadMode::Symmetric };
+    m.op(B::MirrorPad, &[x, p], &[y], Some(fb::BuiltinOptions::MirrorPadOptions(Box::new(o))));
+    let g = import(m.finish(&[x], &[y])).expect("import");
+    // numpy.pad([[1, 2, 3], [4, 5, 6]], ((1, 0), (2, 3)), mode="symmetric"):
+    let want = [
+        2.0, 1.0, 1.0, 2.0, 3.0, 3.0, 2.0, 1.0, //
+        2.0, 1.0, 1.0, 2.0, 3.0, 3.0, 2.0, 1.0, //
+        5.0, 4.0, 4.0, 5.0, 6.0, 6.0, 5.0, 4.0,
+    ];
+    assert_eq!(eval(&g, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), want);
+}
