@@ -29,6 +29,11 @@
 //! DequantizeLinear of an `i32` constant with zero point 0 and scale `s_x·s_w` (as f32,
 //! within a relative 10⁻⁶: what ONNX Runtime's fusion assumes). Absent zero points become
 //! zero constants. Anything else stays float.
+//!
+//! A Relu or a Clip with constant bounds between the product and the QuantizeLinear
+//! (ONNX Runtime fuses it into QLinearConv too) is folded as well: the integer op, then a
+//! saturating integer Clip at the quantised bounds (exact, see `fold_clamped`), which
+//! the integer contraction's epilogue applies.
 
 use crate::{Pass, PassError};
 use kiln_ir::attrs::{ConvAttrs, DequantizeAttrs, QuantizeAttrs};
@@ -134,6 +139,11 @@ fn fold(
     if pn.outputs.len() != 1 {
         return None;
     }
+    // A Relu or constant Clip between the product and the QuantizeLinear: the fold is
+    // the caller's (`fold_clamped`), through the product beneath it.
+    if matches!(pn.op.kind, OpKind::Relu | OpKind::Clip) {
+        return None;
+    }
     let input = |i: usize| pn.inputs.get(i).copied().flatten();
     match pn.op.kind {
         OpKind::Conv => {
@@ -178,6 +188,88 @@ fn fold(
     }
 }
 
+/// The bounds of a Relu, or of a Clip with constant f32 scalar bounds (absent: open).
+fn clamp_bounds(g: &Graph, n: &Node) -> Option<(f32, f32)> {
+    match n.op.kind {
+        OpKind::Relu => Some((0.0, f32::INFINITY)),
+        OpKind::Clip => {
+            let bound = |i: usize, open: f32| match n.inputs.get(i).copied().flatten() {
+                None => Some(open),
+                Some(v) => {
+                    let t = g.constant(v)?;
+                    (t.dtype() == DType::F32 && t.ty().shape.numel() == 1).then(|| t.to_f64_vec()[0] as f32)
+                }
+            };
+            let (lo, hi) = (bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?);
+            (!lo.is_nan() && !hi.is_nan() && lo <= hi).then_some((lo, hi))
+        }
+        _ => None,
+    }
+}
+
+/// `QuantizeLinear(act(product))` with `act` a Relu or constant Clip (ONNX Runtime's
+/// QDQ form of a convolution with a fused activation): the activation node becomes the
+/// integer op (its result retyped to the quantized type) and the QuantizeLinear a
+/// saturating integer `Clip(q, Q(lo), Q(hi))`. Exact: quantisation `Q` is monotone
+/// (a positive constant scale), and a monotone `Q` commutes with a clamp,
+/// `Q(clamp(y, lo, hi)) = clamp(Q(y), Q(lo), Q(hi))`. The integer clamp is an epilogue
+/// of the integer contraction (`kiln-codegen`'s `cpu::qgemm`). Returns whether it folded.
+fn fold_clamped(
+    g: &mut Graph,
+    qid: NodeId,
+    producer: &HashMap<ValueId, NodeId>,
+    readers: &HashMap<ValueId, usize>,
+) -> Option<()> {
+    let qn = g.nodes[qid].clone();
+    let r = (*qn.inputs.first()?)?;
+    let aid = *producer.get(&r)?;
+    let an = g.nodes[aid].clone();
+    let (lo, hi) = clamp_bounds(g, &an)?;
+    let y = (*an.inputs.first()?)?;
+    let once = |v: ValueId| readers.get(&v) == Some(&1) && !g.outputs.contains(&v);
+    if !once(y) || !once(r) || an.outputs.len() != 1 {
+        return None;
+    }
+    let sy = g.constant((*qn.inputs.get(1)?)?)?.to_f64_vec();
+    let zq = qn.inputs.get(2).copied().flatten()?;
+    let zy = g.constant(zq)?.to_f64_vec();
+    let (&[s], &[z]) = (sy.as_slice(), zy.as_slice()) else { return None };
+    let s = s as f32;
+    if !(s > 0.0 && s.is_finite()) {
+        return None;
+    }
+    let out_ty = g.ty(qn.outputs[0]).clone();
+    let (tmin, tmax) = match out_ty.dtype {
+        DType::I8 => (-128.0f32, 127.0f32),
+        DType::U8 => (0.0, 255.0),
+        _ => return None,
+    };
+    // QuantizeLinear's arithmetic: round half to even of x / s, plus z, saturated.
+    let q = |x: f32| ((x / s).round_ties_even() + z as f32).clamp(tmin, tmax) as i64;
+    // The pattern as if the QuantizeLinear read the product: fold it into a scratch
+    // copy of the QuantizeLinear node.
+    let mut as_if = qn.clone();
+    as_if.inputs[0] = Some(y);
+    let mut readers2 = readers.clone();
+    readers2.insert(y, 1);
+    let (op, inputs) = fold(g, &as_if, producer, &readers2)?;
+    let dtype = out_ty.dtype;
+    let scalar = |g: &mut Graph, name: String, v: i64| -> Option<ValueId> {
+        Some(g.add_const(name, Tensor::from_i64(dtype, Shape::new(vec![]).ok()?, &[v]).ok()?))
+    };
+    let name = g.values[qn.outputs[0]].name.clone();
+    let qlo = scalar(g, format!("{name}.clamp_lo"), q(lo))?;
+    let qhi = scalar(g, format!("{name}.clamp_hi"), q(hi))?;
+    // The activation's place takes the integer op (everything it reads is a constant
+    // or defined before the product); the QuantizeLinear's, the clamp.
+    g.values[r].ty = out_ty;
+    g.nodes[aid].op = op;
+    g.nodes[aid].inputs = inputs;
+    g.nodes[qid].op = Op::new(OpKind::Clip);
+    g.nodes[qid].inputs = vec![Some(r), Some(qlo), Some(qhi)];
+    Some(())
+}
+
 impl Pass for FoldQuantizedContractions {
     fn name(&self) -> &'static str {
         "tensor-fold-quantized-contractions"
@@ -204,6 +296,8 @@ impl Pass for FoldQuantizedContractions {
                 // it was: everything it reads is defined before the product it replaces.)
                 g.nodes[id].op = op;
                 g.nodes[id].inputs = inputs;
+                changed = true;
+            } else if fold_clamped(g, id, &producer, &readers).is_some() {
                 changed = true;
             }
         }
