@@ -304,3 +304,86 @@ impl Pass for FoldQuantizedContractions {
         Ok(changed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::attrs::ConvAttrs;
+    use kiln_ir::TensorType;
+
+    fn tt(d: DType, dims: &[usize]) -> TensorType {
+        TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
+    }
+    fn scalar_f32(g: &mut Graph, name: &str, x: f64) -> ValueId {
+        g.add_const(name, Tensor::from_f64(DType::F32, Shape::new(vec![]).unwrap(), &[x]).unwrap())
+    }
+    fn scalar_int(g: &mut Graph, name: &str, d: DType, x: i64) -> ValueId {
+        g.add_const(name, Tensor::from_i64(d, Shape::new(vec![]).unwrap(), &[x]).unwrap())
+    }
+
+    /// `Q(act(Conv(DQ(x), DQ(w))))` on an i8 input (`act`: Relu, Clip(0, 6) or none),
+    /// with `sy`, `zy` the output's quantisation; the graph and its input.
+    fn qdq_conv(act: Option<(f64, f64)>, relu: bool, sy: f64, zy: i64) -> (Graph, Tensor) {
+        let (c, m, h, w) = (5, 7, 3, 9);
+        let mut g = Graph::new("qdq");
+        let x = g.add_input("x", tt(DType::I8, &[1, c, h, w]));
+        let sx = scalar_f32(&mut g, "sx", 0.04);
+        let zx = scalar_int(&mut g, "zx", DType::I8, 3);
+        let wv: Vec<i64> = (0..m * c).map(|i| ((i * 37 + 11) % 255) as i64 - 127).collect();
+        let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![m, c, 1, 1]).unwrap(), &wv).unwrap());
+        let swv: Vec<f64> = (0..m).map(|i| 0.002 + 0.0013 * i as f64).collect();
+        let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![m]).unwrap(), &swv).unwrap());
+        let dq = |axis: i64| Op::with_typed(OpKind::DequantizeLinear, DequantizeAttrs { axis, ..Default::default() }).unwrap();
+        let f = |g: &Graph, v: ValueId| tt(DType::F32, g.ty(v).shape.dims());
+        let ty = f(&g, x);
+        let (_, xf) = g.add_node("dqx", dq(1), vec![Some(x), Some(sx), Some(zx)], vec![("xf".into(), ty)]);
+        let ty = f(&g, wq);
+        let (_, wf) = g.add_node("dqw", dq(0), vec![Some(wq), Some(sw)], vec![("wf".into(), ty)]);
+        let conv = Op::with_typed(OpKind::Conv, ConvAttrs::default()).unwrap();
+        let out = tt(DType::F32, &[1, m, h, w]);
+        let (_, y) = g.add_node("conv", conv, vec![Some(xf[0]), Some(wf[0])], vec![("y".into(), out.clone())]);
+        let mut y = y[0];
+        if relu {
+            y = g.add_node("relu", Op::new(OpKind::Relu), vec![Some(y)], vec![("r".into(), out.clone())]).1[0];
+        } else if let Some((lo, hi)) = act {
+            let (lo, hi) = (scalar_f32(&mut g, "lo", lo), scalar_f32(&mut g, "hi", hi));
+            y = g.add_node("clip", Op::new(OpKind::Clip), vec![Some(y), Some(lo), Some(hi)], vec![("r".into(), out)]).1[0];
+        }
+        let syv = scalar_f32(&mut g, "sy", sy);
+        let zyv = scalar_int(&mut g, "zy", DType::I8, zy);
+        let q = Op::with_typed(OpKind::QuantizeLinear, QuantizeAttrs::default()).unwrap();
+        let (_, yq) = g.add_node("q", q, vec![Some(y), Some(syv), Some(zyv)], vec![("yq".into(), tt(DType::I8, &[1, m, h, w]))]);
+        g.outputs.push(yq[0]);
+        let xv: Vec<i64> = (0..c * h * w).map(|i| ((i * 53 + 5) % 256) as i64 - 128).collect();
+        (g, Tensor::from_i64(DType::I8, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap())
+    }
+
+    fn kinds(g: &Graph) -> Vec<OpKind> {
+        g.without_dead_code().nodes.iter().map(|(_, n)| n.op.kind).collect()
+    }
+
+    /// A Relu or Clip(0, 6) between the convolution and the QuantizeLinear folds into
+    /// QLinearConv + an integer Clip, which computes exactly the clamp of the unclamped
+    /// fold's integer result at the quantised bounds (`Q` monotone), and stays within
+    /// one step of the float simulation the original graph describes.
+    #[test]
+    fn clamps_fold_with_the_contraction() {
+        for (relu, act, sy, zy) in [(true, None, 0.02, -5), (false, Some((0.0, 6.0)), 0.01, -100), (false, Some((-0.3, 0.4)), 0.005, 7)] {
+            let (g, x) = qdq_conv(act, relu, sy, zy);
+            let (plain, _) = qdq_conv(None, false, sy, zy);
+            let (mut folded, mut folded_plain) = (g.clone(), plain.clone());
+            assert!(FoldQuantizedContractions.run(&mut folded).unwrap());
+            assert!(FoldQuantizedContractions.run(&mut folded_plain).unwrap());
+            assert_eq!(kinds(&folded), vec![OpKind::QLinearConv, OpKind::Clip], "{relu} {act:?}");
+            let run = |g: &Graph| kiln_ref::eval_graph(&g.without_dead_code(), std::slice::from_ref(&x)).unwrap()[0].to_f64_vec();
+            let (got, unclamped, float) = (run(&folded), run(&folded_plain), run(&g));
+            let (lo, hi) = if relu { (0.0, f64::INFINITY) } else { act.unwrap() };
+            let q = |v: f64| ((v as f32 / sy as f32).round_ties_even() as f64 + zy as f64).clamp(-128.0, 127.0);
+            let want: Vec<f64> = unclamped.iter().map(|&u| u.clamp(q(lo), q(hi))).collect();
+            assert_eq!(got, want, "{relu} {act:?}: the integer clamp");
+            assert!(got.iter().zip(&float).all(|(a, b)| (a - b).abs() <= 1.0), "{relu} {act:?}: against the float form");
+            let at_bounds = got.iter().filter(|&&v| v == q(lo) || v == q(hi)).count();
+            assert!(at_bounds > 0 && at_bounds < got.len(), "{relu} {act:?}: {at_bounds} of {} at a bound", got.len());
+        }
+    }
+}
