@@ -38,6 +38,7 @@
 use crate::{Pass, PassError};
 use kiln_ir::attrs::{ConvAttrs, DequantizeAttrs, QuantizeAttrs};
 use kiln_ir::{DType, Graph, Node, NodeId, Op, OpKind, Shape, Tensor, ValueId};
+use crate::rewrite::Action;
 use std::collections::HashMap;
 
 /// `tensor-fold-quantized-contractions` (see the module docs).
@@ -270,6 +271,83 @@ fn fold_clamped(
     Some(())
 }
 
+/// A depthwise `QLinearConv` (one input channel a group; constant weights, scales, zero
+/// points and bias) in exact float arithmetic, the form the depthwise microkernel runs
+/// (the integer contraction microkernel needs `B` independent of the rows, which a
+/// depthwise convolution's input is not):
+///
+/// ```text
+/// y = QuantizeLinear(Conv(f32(x) − z_x, f32(w − z_w), f32(b)) · m, 1, z_y),
+///     m[c] = f32(s_x·s_w[c]) / s_y  (f32, as the integer lowering computes it)
+/// ```
+///
+/// Every product and partial sum is an integer below 2^24 (checked on the constant
+/// weights and bias: `Σ|w − z_w|·255 + |b|`), so the f32 convolution is the i32
+/// accumulator exactly, in any order; `QuantizeLinear` with scale 1 is the lowering's
+/// `round(acc·m) + z_y`, saturated. The result equals the integer op's bit for bit.
+fn depthwise_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: (String, kiln_ir::TensorType)) -> Option<ValueId> {
+    if n.op.kind != OpKind::QLinearConv || n.outputs.len() != 1 {
+        return None;
+    }
+    let attrs = n.op.attrs_of::<ConvAttrs>().ok()?.clone();
+    let input = |i: usize| inputs.get(i).copied().flatten();
+    let (x, wq) = (input(0)?, input(3)?);
+    let xd = g.ty(x).shape.dims().to_vec();
+    let wd = g.ty(wq).shape.dims().to_vec();
+    let (c, m) = (*xd.get(1)?, *wd.first()?);
+    let group = usize::try_from(attrs.group).ok()?;
+    if xd.len() < 3 || wd.get(1) != Some(&1) || group != c || m != c || c < 2 {
+        return None;
+    }
+    let cst = |i: usize| g.constant(input(i)?).map(|t| t.to_f64_vec());
+    let (sx, zx, w, sw, zw, sy, zy) = (cst(1)?, cst(2)?, cst(3)?, cst(4)?, cst(5)?, cst(6)?, cst(7)?);
+    let bias = match input(8) {
+        None => vec![0.0; m],
+        Some(_) => cst(8)?,
+    };
+    let (&[sx], &[zx], &[sy], &[_]) = (sx.as_slice(), zx.as_slice(), sy.as_slice(), zy.as_slice()) else { return None };
+    let at = |v: &[f64], i: usize| if v.len() == 1 { v.first().copied() } else { v.get(i).copied() };
+    let taps = w.len() / m;
+    let mut wf = Vec::with_capacity(w.len());
+    let mut mult = Vec::with_capacity(m);
+    for ch in 0..m {
+        let (zw, sw, b) = (at(&zw, ch)?, at(&sw, ch)?, *bias.get(ch)?);
+        let row = w.get(ch * taps..(ch + 1) * taps)?;
+        let bound = row.iter().map(|&v| (v - zw).abs() * 255.0).sum::<f64>() + b.abs();
+        if bound >= (1u64 << 24) as f64 {
+            return None;
+        }
+        wf.extend(row.iter().map(|&v| v - zw));
+        mult.push(((sx as f32 * sw as f32) / sy as f32) as f64);
+    }
+    let name = n.name.clone();
+    let shape = |dims: &[usize]| Shape::new(dims.to_vec()).ok();
+    let fconst = |g: &mut Graph, suffix: &str, dims: &[usize], v: &[f64]| -> Option<ValueId> {
+        Some(g.add_const(format!("{name}.{suffix}"), Tensor::from_f64(DType::F32, shape(dims)?, v).ok()?))
+    };
+    let wv = fconst(g, "float_weight", &wd, &wf)?;
+    let bv = fconst(g, "float_bias", &[m], &bias)?;
+    let mut mdims = vec![m];
+    mdims.extend(std::iter::repeat_n(1, xd.len() - 2));
+    let mv = fconst(g, "multiplier", &mdims, &mult)?;
+    let zxv = fconst(g, "float_zero_point", &[], &[zx])?;
+    let one = fconst(g, "unit_scale", &[], &[1.0])?;
+    let f32ty = |d: &[usize]| Some(kiln_ir::TensorType::new(DType::F32, shape(d)?));
+    let ydims = out.1.shape.dims().to_vec();
+    let step = |g: &mut Graph, what: &str, op: Op, ins: Vec<Option<ValueId>>, dims: &[usize]| -> Option<ValueId> {
+        Some(g.add_node(format!("{name}.{what}"), op, ins, vec![(format!("{name}.{what}"), f32ty(dims)?)]).1[0])
+    };
+    let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::F32.onnx_code()?.into()));
+    let cast = Op::parse(OpKind::Cast, &to).ok()?;
+    let xf = step(g, "float_input", cast, vec![Some(x)], &xd)?;
+    let xc = step(g, "centred_input", Op::new(OpKind::Sub), vec![Some(xf), Some(zxv)], &xd)?;
+    let conv = Op::with_typed(OpKind::Conv, attrs).ok()?;
+    let acc = step(g, "float_accumulator", conv, vec![Some(xc), Some(wv), Some(bv)], &ydims)?;
+    let scaled = step(g, "scaled", Op::new(OpKind::Mul), vec![Some(acc), Some(mv)], &ydims)?;
+    let q = Op::with_typed(OpKind::QuantizeLinear, QuantizeAttrs::default()).ok()?;
+    Some(g.add_node(name.clone(), q, vec![Some(scaled), Some(one), input(7)], vec![out]).1[0])
+}
+
 impl Pass for FoldQuantizedContractions {
     fn name(&self) -> &'static str {
         "tensor-fold-quantized-contractions"
@@ -300,6 +378,21 @@ impl Pass for FoldQuantizedContractions {
             } else if fold_clamped(g, id, &producer, &readers).is_some() {
                 changed = true;
             }
+        }
+        // Depthwise integer convolutions (folded here or imported as QLinearConv) in
+        // exact float arithmetic (`depthwise_as_float`).
+        let old = g.clone();
+        let (new, rewrote) = crate::rewrite::rebuild_tracked(&old, |new, n, inputs| {
+            let Some(&o) = n.outputs.first() else { return Action::Keep };
+            let out = (old.values[o].name.clone(), old.values[o].ty.clone());
+            match depthwise_as_float(new, n, inputs, out) {
+                Some(v) => Action::Replace(vec![v]),
+                None => Action::Keep,
+            }
+        });
+        if rewrote {
+            *g = new;
+            changed = true;
         }
         Ok(changed)
     }
