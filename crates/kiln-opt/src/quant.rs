@@ -479,4 +479,53 @@ mod tests {
             assert!(at_bounds > 0 && at_bounds < got.len(), "{relu} {act:?}: {at_bounds} of {} at a bound", got.len());
         }
     }
+
+    /// A depthwise QLinearConv (odd plane, 3×3, padded, strides 1 and 2, non-zero zero
+    /// points, per-channel scales, a bias) becomes the float form, which the reference
+    /// evaluator computes to exactly the integer op's result; weights whose integer sum
+    /// could pass 2^24 stay integer.
+    #[test]
+    fn depthwise_runs_in_exact_float() {
+        let (c, h, w) = (6, 7, 9);
+        for (stride, big) in [(1, false), (2, false), (1, true)] {
+            let mut g = Graph::new("dw");
+            let x = g.add_input("x", tt(DType::I8, &[1, c, h, w]));
+            let sx = scalar_f32(&mut g, "sx", 0.031);
+            let zx = scalar_int(&mut g, "zx", DType::I8, -9);
+            let wv: Vec<i64> = (0..c * 9).map(|i| ((i * 71 + 3) % 255) as i64 - 127).collect();
+            let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![c, 1, 3, 3]).unwrap(), &wv).unwrap());
+            let swv: Vec<f64> = (0..c).map(|i| 0.0021 + 0.00037 * i as f64).collect();
+            let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![c]).unwrap(), &swv).unwrap());
+            let zwv: Vec<i64> = (0..c).map(|i| i as i64 - 2).collect();
+            let zw = g.add_const("zw", Tensor::from_i64(DType::I8, Shape::new(vec![c]).unwrap(), &zwv).unwrap());
+            let sy = scalar_f32(&mut g, "sy", 0.006);
+            let zy = scalar_int(&mut g, "zy", DType::I8, 11);
+            let bv: Vec<i64> = (0..c).map(|i| if big { 1 << 24 } else { (i as i64 * 997) % 3000 - 1500 }).collect();
+            let b = g.add_const("b", Tensor::from_i64(DType::I32, Shape::new(vec![c]).unwrap(), &bv).unwrap());
+            let mut a = kiln_ir::op::Attrs::new();
+            a = a.with("group", kiln_ir::op::Attr::Int(c as i64));
+            a = a.with("pads", kiln_ir::op::Attr::Ints(vec![1, 1, 1, 1]));
+            a = a.with("strides", kiln_ir::op::Attr::Ints(vec![stride, stride]));
+            let op = Op::parse(OpKind::QLinearConv, &a).unwrap();
+            let (oh, ow) = ((h - 1) / stride as usize + 1, (w - 1) / stride as usize + 1);
+            let ins = [x, sx, zx, wq, sw, zw, sy, zy, b].map(Some).to_vec();
+            let (_, y) = g.add_node("dw", op, ins, vec![("y".into(), tt(DType::I8, &[1, c, oh, ow]))]);
+            g.outputs.push(y[0]);
+            let xv: Vec<i64> = (0..c * h * w).map(|i| ((i * 29 + 1) % 256) as i64 - 128).collect();
+            let xt = Tensor::from_i64(DType::I8, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap();
+            let mut f = g.clone();
+            let changed = FoldQuantizedContractions.run(&mut f).unwrap();
+            assert_eq!(changed, !big, "stride {stride}, big {big}");
+            if big {
+                continue;
+            }
+            assert_eq!(kinds(&f), vec![OpKind::Cast, OpKind::Sub, OpKind::Conv, OpKind::Mul, OpKind::QuantizeLinear]);
+            let run = |g: &Graph| kiln_ref::eval_graph(g, std::slice::from_ref(&xt)).unwrap()[0].clone();
+            let (want, got) = (run(&g), run(&f.without_dead_code()));
+            assert_eq!(got.ty(), want.ty());
+            assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "stride {stride}");
+            let v = want.to_f64_vec();
+            assert!(v.iter().any(|&e| e == -128.0) && v.iter().any(|&e| e == 127.0) && v.iter().any(|&e| e.abs() < 100.0));
+        }
+    }
 }
