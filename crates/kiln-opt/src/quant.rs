@@ -34,6 +34,12 @@
 //! (ONNX Runtime fuses it into QLinearConv too) is folded as well: the integer op, then a
 //! saturating integer Clip at the quantised bounds (exact, see `fold_clamped`), which
 //! the integer contraction's epilogue applies.
+//!
+//! Then every depthwise QLinearConv (one input channel a group, constant parameters),
+//! folded here or imported as one, becomes exact float arithmetic (`depthwise_as_float`):
+//! the integer microkernel needs its `B` operand independent of the rows, which a
+//! depthwise input is not, so the integer form would run on the scalar general path,
+//! while the float form runs on the depthwise window microkernel with the same result.
 
 use crate::{Pass, PassError};
 use kiln_ir::attrs::{ConvAttrs, DequantizeAttrs, QuantizeAttrs};
@@ -353,7 +359,7 @@ impl Pass for FoldQuantizedContractions {
         "tensor-fold-quantized-contractions"
     }
     fn summary(&self) -> &'static str {
-        "turn DequantizeLinear → Conv/MatMul → QuantizeLinear into QLinearConv/QLinearMatMul (integer execution, as ONNX Runtime)"
+        "turn DequantizeLinear → Conv/MatMul (→ Relu/Clip) → QuantizeLinear into QLinearConv/QLinearMatMul (+ an integer Clip: integer execution, as ONNX Runtime); a depthwise QLinearConv into its exact float form"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let readers = crate::tensor::readers(g);
