@@ -371,3 +371,102 @@ fn row_kernels_store_bytes() {
         }
     }
 }
+
+/// `QLinearMatMul` (`a` u8 or i8, `b` i8, result `yt`) followed by a saturating `Clip`
+/// on the quantized result, as one kernel the way fusion writes it: the QLinear
+/// lowering's requantisation `sat(round(f32(acc) · (s_a·s_b / s_y)) + z_y)` cast to
+/// `yt`, then `x < lo ? lo : x` and `x > hi ? hi : x` on `yt` values (the Clip
+/// lowering's comparisons and selects).
+fn clamped_kernel(at: DType, yt: DType, (m, k, n): (usize, usize, usize), q: [f64; 3], z: [i64; 2], lo: i64, hi: i64) -> kiln_flow::Kernel {
+    use kiln_flow::{BinaryOp, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+    let t = |d: DType, dims: &[usize]| kiln_ir::TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
+    let st = |d: DType| if d == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
+    let mut b = KernelBuilder::new("clamped", vec![t(at, &[m, k]), t(DType::I8, &[k, n])], t(yt, &[m, n]));
+    let o = b.out_index();
+    let kv = b.new_var(k as u64);
+    let kk = b.var(kv);
+    let x = b.load(0, vec![o[0], kk]);
+    let x = b.convert(x, ScalarType::I32);
+    let za = b.int(ScalarType::I32, z[0]);
+    let x = b.sub(x, za);
+    let w = b.load(1, vec![kk, o[1]]);
+    let w = b.convert(w, ScalarType::I32);
+    let p = b.mul(x, w);
+    let acc = b.reduce(ReduceOp::Sum, vec![kv], p);
+    let (sa, sb, sy) = (b.float(ScalarType::F32, q[0]), b.float(ScalarType::F32, q[1]), b.float(ScalarType::F32, q[2]));
+    let sab = b.mul(sa, sb);
+    let scale = b.binary(BinaryOp::Div, sab, sy);
+    let f = b.convert(acc, ScalarType::F32);
+    let v = b.mul(f, scale);
+    let v = b.unary(UnaryOp::Round, v);
+    let zy = b.float(ScalarType::F32, z[1] as f64);
+    let v = b.add(v, zy);
+    let (tmin, tmax) = if yt == DType::U8 { (0.0, 255.0) } else { (-128.0, 127.0) };
+    let (fmin, fmax) = (b.float(ScalarType::F32, tmin), b.float(ScalarType::F32, tmax));
+    let v = b.binary(BinaryOp::Max, v, fmin);
+    let v = b.binary(BinaryOp::Min, v, fmax);
+    let y = b.cast(v, yt, true);
+    let (l, h) = (b.int(st(yt), lo), b.int(st(yt), hi));
+    let below = b.binary(BinaryOp::Lt, y, l);
+    let y = b.select(below, l, y);
+    let above = b.binary(BinaryOp::Gt, y, h);
+    let y = b.select(above, h, y);
+    b.finish(y).unwrap()
+}
+
+/// A saturating clamp on a QLinear result (a fused ReLU/ReLU6 from the TFLite importer,
+/// or a QDQ activation folded by `tensor-fold-quantized-contractions`) stays on the
+/// integer microkernel, and equals the reference evaluator's `QLinearMatMul` then
+/// `Clip`, element for element (odd shapes, bounds inside and at the type's ends).
+#[test]
+fn clamped_epilogue() {
+    let cfgs = int8_configs();
+    if cfgs.is_empty() {
+        return;
+    }
+    for (at, yt, zy, lo, hi) in [
+        (DType::U8, DType::U8, 100, 100, 190),
+        (DType::I8, DType::I8, -20, -20, 60),
+        (DType::I8, DType::I8, -128, -128, 127),
+        (DType::U8, DType::I8, 5, -3, 4),
+    ] {
+        for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33), (13, 4, 1)] {
+            let za = if at == DType::U8 { 128 } else { -7 };
+            let q = [0.02, 0.003, 0.05];
+            let kernel = clamped_kernel(at, yt, (m, k, n), q, [za, zy], lo, hi);
+            let a = ints(at, &[m, k], 7);
+            let b = ints(DType::I8, &[k, n], 8);
+            let inputs = [&a, &b];
+            let want = kiln_flow::interp::run(&kernel, &inputs).unwrap();
+            // The reference evaluator: QLinearMatMul, then Clip.
+            let qin = [
+                Some(&a),
+                Some(&f32_scalar(q[0])),
+                Some(&int_scalar(at, za)),
+                Some(&b),
+                Some(&f32_scalar(q[1])),
+                Some(&int_scalar(DType::I8, 0)),
+                Some(&f32_scalar(q[2])),
+                Some(&int_scalar(yt, zy)),
+            ];
+            let qin: Vec<Option<&Tensor>> = qin.to_vec();
+            let yty = [kiln_ir::TensorType::new(yt, Shape::new(vec![m, n]).unwrap())];
+            let y = kiln_ref::eval_op(&Op::new(OpKind::QLinearMatMul), &qin, &yty).unwrap();
+            let (l, h) = (int_scalar(yt, lo), int_scalar(yt, hi));
+            let r = kiln_ref::eval_op(&Op::new(OpKind::Clip), &[Some(&y[0]), Some(&l), Some(&h)], &yty).unwrap();
+            assert_eq!(want.to_f64_vec(), r[0].to_f64_vec(), "interpreter against the reference");
+            let clamped = want.to_f64_vec().iter().filter(|&&x| x == lo as f64 || x == hi as f64).count();
+            assert!(clamped > 0 || m * n < 8, "{yt:?} {m}x{k}x{n}: no element at a bound");
+            for cfg in &cfgs {
+                let note = compile_with(&classify(&[&kernel]), &cfg.target, &cfg.options).unwrap().notes[0].clone();
+                assert!(note.starts_with("integer contraction microkernel"), "{yt:?}: {note}");
+                for splits in [1, 3] {
+                    let got = run_compiled(&kernel, &inputs, cfg, splits);
+                    if let Err(e) = compare(&got, &want, EXACT) {
+                        panic!("{at:?}->{yt:?} {m}x{k}x{n} under {:?}: {e}", cfg.target);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -29,10 +29,22 @@
 //! DequantizeLinear of an `i32` constant with zero point 0 and scale `s_x·s_w` (as f32,
 //! within a relative 10⁻⁶: what ONNX Runtime's fusion assumes). Absent zero points become
 //! zero constants. Anything else stays float.
+//!
+//! A Relu or a Clip with constant bounds between the product and the QuantizeLinear
+//! (ONNX Runtime fuses it into QLinearConv too) is folded as well: the integer op, then a
+//! saturating integer Clip at the quantised bounds (exact, see `fold_clamped`), which
+//! the integer contraction's epilogue applies.
+//!
+//! Then every depthwise QLinearConv (one input channel a group, constant parameters),
+//! folded here or imported as one, becomes exact float arithmetic (`depthwise_as_float`):
+//! the integer microkernel needs its `B` operand independent of the rows, which a
+//! depthwise input is not, so the integer form would run on the scalar general path,
+//! while the float form runs on the depthwise window microkernel with the same result.
 
 use crate::{Pass, PassError};
 use kiln_ir::attrs::{ConvAttrs, DequantizeAttrs, QuantizeAttrs};
 use kiln_ir::{DType, Graph, Node, NodeId, Op, OpKind, Shape, Tensor, ValueId};
+use crate::rewrite::Action;
 use std::collections::HashMap;
 
 /// `tensor-fold-quantized-contractions` (see the module docs).
@@ -134,6 +146,11 @@ fn fold(
     if pn.outputs.len() != 1 {
         return None;
     }
+    // A Relu or constant Clip between the product and the QuantizeLinear: the fold is
+    // the caller's (`fold_clamped`), through the product beneath it.
+    if matches!(pn.op.kind, OpKind::Relu | OpKind::Clip) {
+        return None;
+    }
     let input = |i: usize| pn.inputs.get(i).copied().flatten();
     match pn.op.kind {
         OpKind::Conv => {
@@ -178,12 +195,171 @@ fn fold(
     }
 }
 
+/// The bounds of a Relu, or of a Clip with constant f32 scalar bounds (absent: open).
+fn clamp_bounds(g: &Graph, n: &Node) -> Option<(f32, f32)> {
+    match n.op.kind {
+        OpKind::Relu => Some((0.0, f32::INFINITY)),
+        OpKind::Clip => {
+            let bound = |i: usize, open: f32| match n.inputs.get(i).copied().flatten() {
+                None => Some(open),
+                Some(v) => {
+                    let t = g.constant(v)?;
+                    (t.dtype() == DType::F32 && t.ty().shape.numel() == 1).then(|| t.to_f64_vec()[0] as f32)
+                }
+            };
+            let (lo, hi) = (bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?);
+            (!lo.is_nan() && !hi.is_nan() && lo <= hi).then_some((lo, hi))
+        }
+        _ => None,
+    }
+}
+
+/// `QuantizeLinear(act(product))` with `act` a Relu or constant Clip (ONNX Runtime's
+/// QDQ form of a convolution with a fused activation): the activation node becomes the
+/// integer op (its result retyped to the quantized type) and the QuantizeLinear a
+/// saturating integer `Clip(q, Q(lo), Q(hi))`. Exact: quantisation `Q` is monotone
+/// (a positive constant scale), and a monotone `Q` commutes with a clamp,
+/// `Q(clamp(y, lo, hi)) = clamp(Q(y), Q(lo), Q(hi))`. The integer clamp is an epilogue
+/// of the integer contraction (`kiln-codegen`'s `cpu::qgemm`). Returns whether it folded.
+fn fold_clamped(
+    g: &mut Graph,
+    qid: NodeId,
+    producer: &HashMap<ValueId, NodeId>,
+    readers: &HashMap<ValueId, usize>,
+) -> Option<()> {
+    let qn = g.nodes[qid].clone();
+    let r = (*qn.inputs.first()?)?;
+    let aid = *producer.get(&r)?;
+    let an = g.nodes[aid].clone();
+    let (lo, hi) = clamp_bounds(g, &an)?;
+    let y = (*an.inputs.first()?)?;
+    let once = |v: ValueId| readers.get(&v) == Some(&1) && !g.outputs.contains(&v);
+    if !once(y) || !once(r) || an.outputs.len() != 1 {
+        return None;
+    }
+    let sy = g.constant((*qn.inputs.get(1)?)?)?.to_f64_vec();
+    let zq = qn.inputs.get(2).copied().flatten()?;
+    let zy = g.constant(zq)?.to_f64_vec();
+    let (&[s], &[z]) = (sy.as_slice(), zy.as_slice()) else { return None };
+    let s = s as f32;
+    if !(s > 0.0 && s.is_finite()) {
+        return None;
+    }
+    let out_ty = g.ty(qn.outputs[0]).clone();
+    let (tmin, tmax) = match out_ty.dtype {
+        DType::I8 => (-128.0f32, 127.0f32),
+        DType::U8 => (0.0, 255.0),
+        _ => return None,
+    };
+    // QuantizeLinear's arithmetic: round half to even of x / s, plus z, saturated.
+    let q = |x: f32| ((x / s).round_ties_even() + z as f32).clamp(tmin, tmax) as i64;
+    // The pattern as if the QuantizeLinear read the product: fold it into a scratch
+    // copy of the QuantizeLinear node.
+    let mut as_if = qn.clone();
+    as_if.inputs[0] = Some(y);
+    let mut readers2 = readers.clone();
+    readers2.insert(y, 1);
+    let (op, inputs) = fold(g, &as_if, producer, &readers2)?;
+    let dtype = out_ty.dtype;
+    let scalar = |g: &mut Graph, name: String, v: i64| -> Option<ValueId> {
+        Some(g.add_const(name, Tensor::from_i64(dtype, Shape::new(vec![]).ok()?, &[v]).ok()?))
+    };
+    let name = g.values[qn.outputs[0]].name.clone();
+    let qlo = scalar(g, format!("{name}.clamp_lo"), q(lo))?;
+    let qhi = scalar(g, format!("{name}.clamp_hi"), q(hi))?;
+    // The activation's place takes the integer op (everything it reads is a constant
+    // or defined before the product); the QuantizeLinear's, the clamp.
+    g.values[r].ty = out_ty;
+    g.nodes[aid].op = op;
+    g.nodes[aid].inputs = inputs;
+    g.nodes[qid].op = Op::new(OpKind::Clip);
+    g.nodes[qid].inputs = vec![Some(r), Some(qlo), Some(qhi)];
+    Some(())
+}
+
+/// A depthwise `QLinearConv` (one input channel a group; constant weights, scales, zero
+/// points and bias) in exact float arithmetic, the form the depthwise microkernel runs
+/// (the integer contraction microkernel needs `B` independent of the rows, which a
+/// depthwise convolution's input is not):
+///
+/// ```text
+/// y = QuantizeLinear(Conv(f32(x) − z_x, f32(w − z_w), f32(b)) · m, 1, z_y),
+///     m[c] = f32(s_x·s_w[c]) / s_y  (f32, as the integer lowering computes it)
+/// ```
+///
+/// Every product and partial sum is an integer below 2^24 (checked on the constant
+/// weights and bias: `Σ|w − z_w|·255 + |b|`), so the f32 convolution is the i32
+/// accumulator exactly, in any order; `QuantizeLinear` with scale 1 is the lowering's
+/// `round(acc·m) + z_y`, saturated. The result equals the integer op's bit for bit.
+fn depthwise_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: (String, kiln_ir::TensorType)) -> Option<ValueId> {
+    if n.op.kind != OpKind::QLinearConv || n.outputs.len() != 1 {
+        return None;
+    }
+    let attrs = n.op.attrs_of::<ConvAttrs>().ok()?.clone();
+    let input = |i: usize| inputs.get(i).copied().flatten();
+    let (x, wq) = (input(0)?, input(3)?);
+    let xd = g.ty(x).shape.dims().to_vec();
+    let wd = g.ty(wq).shape.dims().to_vec();
+    let (c, m) = (*xd.get(1)?, *wd.first()?);
+    let group = usize::try_from(attrs.group).ok()?;
+    if xd.len() < 3 || wd.get(1) != Some(&1) || group != c || m != c || c < 2 {
+        return None;
+    }
+    let cst = |i: usize| g.constant(input(i)?).map(|t| t.to_f64_vec());
+    let (sx, zx, w, sw, zw, sy, zy) = (cst(1)?, cst(2)?, cst(3)?, cst(4)?, cst(5)?, cst(6)?, cst(7)?);
+    let bias = match input(8) {
+        None => vec![0.0; m],
+        Some(_) => cst(8)?,
+    };
+    let (&[sx], &[zx], &[sy], &[_]) = (sx.as_slice(), zx.as_slice(), sy.as_slice(), zy.as_slice()) else { return None };
+    let at = |v: &[f64], i: usize| if v.len() == 1 { v.first().copied() } else { v.get(i).copied() };
+    let taps = w.len() / m;
+    let mut wf = Vec::with_capacity(w.len());
+    let mut mult = Vec::with_capacity(m);
+    for ch in 0..m {
+        let (zw, sw, b) = (at(&zw, ch)?, at(&sw, ch)?, *bias.get(ch)?);
+        let row = w.get(ch * taps..(ch + 1) * taps)?;
+        let bound = row.iter().map(|&v| (v - zw).abs() * 255.0).sum::<f64>() + b.abs();
+        if bound >= (1u64 << 24) as f64 {
+            return None;
+        }
+        wf.extend(row.iter().map(|&v| v - zw));
+        mult.push(((sx as f32 * sw as f32) / sy as f32) as f64);
+    }
+    let name = n.name.clone();
+    let shape = |dims: &[usize]| Shape::new(dims.to_vec()).ok();
+    let fconst = |g: &mut Graph, suffix: &str, dims: &[usize], v: &[f64]| -> Option<ValueId> {
+        Some(g.add_const(format!("{name}.{suffix}"), Tensor::from_f64(DType::F32, shape(dims)?, v).ok()?))
+    };
+    let wv = fconst(g, "float_weight", &wd, &wf)?;
+    let bv = fconst(g, "float_bias", &[m], &bias)?;
+    let mut mdims = vec![m];
+    mdims.extend(std::iter::repeat_n(1, xd.len() - 2));
+    let mv = fconst(g, "multiplier", &mdims, &mult)?;
+    let zxv = fconst(g, "float_zero_point", &[], &[zx])?;
+    let one = fconst(g, "unit_scale", &[], &[1.0])?;
+    let f32ty = |d: &[usize]| Some(kiln_ir::TensorType::new(DType::F32, shape(d)?));
+    let ydims = out.1.shape.dims().to_vec();
+    let step = |g: &mut Graph, what: &str, op: Op, ins: Vec<Option<ValueId>>, dims: &[usize]| -> Option<ValueId> {
+        Some(g.add_node(format!("{name}.{what}"), op, ins, vec![(format!("{name}.{what}"), f32ty(dims)?)]).1[0])
+    };
+    let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::F32.onnx_code()?.into()));
+    let cast = Op::parse(OpKind::Cast, &to).ok()?;
+    let xf = step(g, "float_input", cast, vec![Some(x)], &xd)?;
+    let xc = step(g, "centred_input", Op::new(OpKind::Sub), vec![Some(xf), Some(zxv)], &xd)?;
+    let conv = Op::with_typed(OpKind::Conv, attrs).ok()?;
+    let acc = step(g, "float_accumulator", conv, vec![Some(xc), Some(wv), Some(bv)], &ydims)?;
+    let scaled = step(g, "scaled", Op::new(OpKind::Mul), vec![Some(acc), Some(mv)], &ydims)?;
+    let q = Op::with_typed(OpKind::QuantizeLinear, QuantizeAttrs::default()).ok()?;
+    Some(g.add_node(name.clone(), q, vec![Some(scaled), Some(one), input(7)], vec![out]).1[0])
+}
+
 impl Pass for FoldQuantizedContractions {
     fn name(&self) -> &'static str {
         "tensor-fold-quantized-contractions"
     }
     fn summary(&self) -> &'static str {
-        "turn DequantizeLinear → Conv/MatMul → QuantizeLinear into QLinearConv/QLinearMatMul (integer execution, as ONNX Runtime)"
+        "turn DequantizeLinear → Conv/MatMul (→ Relu/Clip) → QuantizeLinear into QLinearConv/QLinearMatMul (+ an integer Clip: integer execution, as ONNX Runtime); a depthwise QLinearConv into its exact float form"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let readers = crate::tensor::readers(g);
@@ -205,8 +381,157 @@ impl Pass for FoldQuantizedContractions {
                 g.nodes[id].op = op;
                 g.nodes[id].inputs = inputs;
                 changed = true;
+            } else if fold_clamped(g, id, &producer, &readers).is_some() {
+                changed = true;
             }
         }
+        // Depthwise integer convolutions (folded here or imported as QLinearConv) in
+        // exact float arithmetic (`depthwise_as_float`).
+        let old = g.clone();
+        let (new, rewrote) = crate::rewrite::rebuild_tracked(&old, |new, n, inputs| {
+            let Some(&o) = n.outputs.first() else { return Action::Keep };
+            let out = (old.values[o].name.clone(), old.values[o].ty.clone());
+            match depthwise_as_float(new, n, inputs, out) {
+                Some(v) => Action::Replace(vec![v]),
+                None => Action::Keep,
+            }
+        });
+        if rewrote {
+            *g = new;
+            changed = true;
+        }
         Ok(changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::attrs::ConvAttrs;
+    use kiln_ir::TensorType;
+
+    fn tt(d: DType, dims: &[usize]) -> TensorType {
+        TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
+    }
+    fn scalar_f32(g: &mut Graph, name: &str, x: f64) -> ValueId {
+        g.add_const(name, Tensor::from_f64(DType::F32, Shape::new(vec![]).unwrap(), &[x]).unwrap())
+    }
+    fn scalar_int(g: &mut Graph, name: &str, d: DType, x: i64) -> ValueId {
+        g.add_const(name, Tensor::from_i64(d, Shape::new(vec![]).unwrap(), &[x]).unwrap())
+    }
+
+    /// `Q(act(Conv(DQ(x), DQ(w))))` on an i8 input (`act`: Relu, Clip(0, 6) or none),
+    /// with `sy`, `zy` the output's quantisation; the graph and its input.
+    fn qdq_conv(act: Option<(f64, f64)>, relu: bool, sy: f64, zy: i64) -> (Graph, Tensor) {
+        let (c, m, h, w) = (5, 7, 3, 9);
+        let mut g = Graph::new("qdq");
+        let x = g.add_input("x", tt(DType::I8, &[1, c, h, w]));
+        let sx = scalar_f32(&mut g, "sx", 0.04);
+        let zx = scalar_int(&mut g, "zx", DType::I8, 3);
+        let wv: Vec<i64> = (0..m * c).map(|i| ((i * 37 + 11) % 255) as i64 - 127).collect();
+        let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![m, c, 1, 1]).unwrap(), &wv).unwrap());
+        let swv: Vec<f64> = (0..m).map(|i| 0.002 + 0.0013 * i as f64).collect();
+        let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![m]).unwrap(), &swv).unwrap());
+        let dq = |axis: i64| Op::with_typed(OpKind::DequantizeLinear, DequantizeAttrs { axis, ..Default::default() }).unwrap();
+        let f = |g: &Graph, v: ValueId| tt(DType::F32, g.ty(v).shape.dims());
+        let ty = f(&g, x);
+        let (_, xf) = g.add_node("dqx", dq(1), vec![Some(x), Some(sx), Some(zx)], vec![("xf".into(), ty)]);
+        let ty = f(&g, wq);
+        let (_, wf) = g.add_node("dqw", dq(0), vec![Some(wq), Some(sw)], vec![("wf".into(), ty)]);
+        let conv = Op::with_typed(OpKind::Conv, ConvAttrs::default()).unwrap();
+        let out = tt(DType::F32, &[1, m, h, w]);
+        let (_, y) = g.add_node("conv", conv, vec![Some(xf[0]), Some(wf[0])], vec![("y".into(), out.clone())]);
+        let mut y = y[0];
+        if relu {
+            y = g.add_node("relu", Op::new(OpKind::Relu), vec![Some(y)], vec![("r".into(), out.clone())]).1[0];
+        } else if let Some((lo, hi)) = act {
+            let (lo, hi) = (scalar_f32(&mut g, "lo", lo), scalar_f32(&mut g, "hi", hi));
+            y = g.add_node("clip", Op::new(OpKind::Clip), vec![Some(y), Some(lo), Some(hi)], vec![("r".into(), out)]).1[0];
+        }
+        let syv = scalar_f32(&mut g, "sy", sy);
+        let zyv = scalar_int(&mut g, "zy", DType::I8, zy);
+        let q = Op::with_typed(OpKind::QuantizeLinear, QuantizeAttrs::default()).unwrap();
+        let (_, yq) = g.add_node("q", q, vec![Some(y), Some(syv), Some(zyv)], vec![("yq".into(), tt(DType::I8, &[1, m, h, w]))]);
+        g.outputs.push(yq[0]);
+        let xv: Vec<i64> = (0..c * h * w).map(|i| ((i * 53 + 5) % 256) as i64 - 128).collect();
+        (g, Tensor::from_i64(DType::I8, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap())
+    }
+
+    fn kinds(g: &Graph) -> Vec<OpKind> {
+        g.without_dead_code().nodes.iter().map(|(_, n)| n.op.kind).collect()
+    }
+
+    /// A Relu or Clip(0, 6) between the convolution and the QuantizeLinear folds into
+    /// QLinearConv + an integer Clip, which computes exactly the clamp of the unclamped
+    /// fold's integer result at the quantised bounds (`Q` monotone), and stays within
+    /// one step of the float simulation the original graph describes.
+    #[test]
+    fn clamps_fold_with_the_contraction() {
+        for (relu, act, sy, zy) in [(true, None, 0.02, -5), (false, Some((0.0, 6.0)), 0.01, -100), (false, Some((-0.3, 0.4)), 0.005, 7)] {
+            let (g, x) = qdq_conv(act, relu, sy, zy);
+            let (plain, _) = qdq_conv(None, false, sy, zy);
+            let (mut folded, mut folded_plain) = (g.clone(), plain.clone());
+            assert!(FoldQuantizedContractions.run(&mut folded).unwrap());
+            assert!(FoldQuantizedContractions.run(&mut folded_plain).unwrap());
+            assert_eq!(kinds(&folded), vec![OpKind::QLinearConv, OpKind::Clip], "{relu} {act:?}");
+            let run = |g: &Graph| kiln_ref::eval_graph(&g.without_dead_code(), std::slice::from_ref(&x)).unwrap()[0].to_f64_vec();
+            let (got, unclamped, float) = (run(&folded), run(&folded_plain), run(&g));
+            let (lo, hi) = if relu { (0.0, f64::INFINITY) } else { act.unwrap() };
+            let q = |v: f64| ((v as f32 / sy as f32).round_ties_even() as f64 + zy as f64).clamp(-128.0, 127.0);
+            let want: Vec<f64> = unclamped.iter().map(|&u| u.clamp(q(lo), q(hi))).collect();
+            assert_eq!(got, want, "{relu} {act:?}: the integer clamp");
+            assert!(got.iter().zip(&float).all(|(a, b)| (a - b).abs() <= 1.0), "{relu} {act:?}: against the float form");
+            let at_bounds = got.iter().filter(|&&v| v == q(lo) || v == q(hi)).count();
+            assert!(at_bounds > 0 && at_bounds < got.len(), "{relu} {act:?}: {at_bounds} of {} at a bound", got.len());
+        }
+    }
+
+    /// A depthwise QLinearConv (odd plane, 3×3, padded, strides 1 and 2, non-zero zero
+    /// points, per-channel scales, a bias) becomes the float form, which the reference
+    /// evaluator computes to exactly the integer op's result; weights whose integer sum
+    /// could pass 2^24 stay integer.
+    #[test]
+    fn depthwise_runs_in_exact_float() {
+        let (c, h, w) = (6, 7, 9);
+        for (stride, big) in [(1, false), (2, false), (1, true)] {
+            let mut g = Graph::new("dw");
+            let x = g.add_input("x", tt(DType::I8, &[1, c, h, w]));
+            let sx = scalar_f32(&mut g, "sx", 0.031);
+            let zx = scalar_int(&mut g, "zx", DType::I8, -9);
+            let wv: Vec<i64> = (0..c * 9).map(|i| ((i * 71 + 3) % 255) as i64 - 127).collect();
+            let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![c, 1, 3, 3]).unwrap(), &wv).unwrap());
+            let swv: Vec<f64> = (0..c).map(|i| 0.0021 + 0.00037 * i as f64).collect();
+            let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![c]).unwrap(), &swv).unwrap());
+            let zwv: Vec<i64> = (0..c).map(|i| i as i64 - 2).collect();
+            let zw = g.add_const("zw", Tensor::from_i64(DType::I8, Shape::new(vec![c]).unwrap(), &zwv).unwrap());
+            let sy = scalar_f32(&mut g, "sy", 0.006);
+            let zy = scalar_int(&mut g, "zy", DType::I8, 11);
+            let bv: Vec<i64> = (0..c).map(|i| if big { 1 << 24 } else { (i as i64 * 997) % 3000 - 1500 }).collect();
+            let b = g.add_const("b", Tensor::from_i64(DType::I32, Shape::new(vec![c]).unwrap(), &bv).unwrap());
+            let mut a = kiln_ir::op::Attrs::new();
+            a = a.with("group", kiln_ir::op::Attr::Int(c as i64));
+            a = a.with("pads", kiln_ir::op::Attr::Ints(vec![1, 1, 1, 1]));
+            a = a.with("strides", kiln_ir::op::Attr::Ints(vec![stride, stride]));
+            let op = Op::parse(OpKind::QLinearConv, &a).unwrap();
+            let (oh, ow) = ((h - 1) / stride as usize + 1, (w - 1) / stride as usize + 1);
+            let ins = [x, sx, zx, wq, sw, zw, sy, zy, b].map(Some).to_vec();
+            let (_, y) = g.add_node("dw", op, ins, vec![("y".into(), tt(DType::I8, &[1, c, oh, ow]))]);
+            g.outputs.push(y[0]);
+            let xv: Vec<i64> = (0..c * h * w).map(|i| ((i * 29 + 1) % 256) as i64 - 128).collect();
+            let xt = Tensor::from_i64(DType::I8, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap();
+            let mut f = g.clone();
+            let changed = FoldQuantizedContractions.run(&mut f).unwrap();
+            assert_eq!(changed, !big, "stride {stride}, big {big}");
+            if big {
+                continue;
+            }
+            assert_eq!(kinds(&f), vec![OpKind::Cast, OpKind::Sub, OpKind::Conv, OpKind::Mul, OpKind::QuantizeLinear]);
+            let run = |g: &Graph| kiln_ref::eval_graph(g, std::slice::from_ref(&xt)).unwrap()[0].clone();
+            let (want, got) = (run(&g), run(&f.without_dead_code()));
+            assert_eq!(got.ty(), want.ty());
+            assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "stride {stride}");
+            let v = want.to_f64_vec();
+            assert!(v.contains(&-128.0) && v.contains(&127.0) && v.iter().any(|&e| e.abs() < 100.0));
+        }
     }
 }

@@ -49,8 +49,10 @@
 //! time, from the kernel's own expression: i32 and f32 arithmetic, conversions, rounding
 //! (`vrndscaleps`), clamps with a constant bound (NaN passes through as in the
 //! interpreter), loads of f32, i32, u8 and i8 operands per row, per column or per tensor
-//! (a QLinear op's scales, zero points and bias), and a store of f32, i32 or a value
-//! cast to u8/i8 (`vpmovdb`). QLinear's requantisation is `round_half_even(f32(acc)
+//! (a QLinear op's scales, zero points and bias), comparisons, selects and max/min of
+//! integers held in i32 lanes (i8 sign-extended, u8 zero-extended: a saturating
+//! `Clip` on a quantized result, as a fused ReLU/ReLU6 arrives from the TFLite importer
+//! or from a QDQ activation), and a store of f32, i32 or an 8-bit value (`vpmovdb`). QLinear's requantisation is `round_half_even(f32(acc)
 //! · (s_a·s_b / s_y)) + z_y`, saturated: ONNX Runtime's order of operations. Anything else
 //! declines the kernel (it then runs on the general path, as on a CPU without AVX-512 BW).
 
@@ -429,6 +431,13 @@ impl<'k> Emitter<'k> {
                         _ => false,
                     }
                 }
+                // A comparison of integers held as i32 lanes (i8/i16 sign-extended,
+                // u8/u16 zero-extended, so a signed i32 comparison orders them): a
+                // saturating clamp on a quantized result (`Clip` of i8 after QLinearConv).
+                Expr::Binary(op, x, y) if ty == ScalarType::Bool => {
+                    let tx = k.node(*x).ty;
+                    tx == k.node(*y).ty && is_int32(tx) && int_cmp(*op).is_some()
+                }
                 Expr::Binary(op, x, y) => {
                     let (tx, ty2) = (k.node(*x).ty, k.node(*y).ty);
                     let const_side = matches!(k.node(*x).expr, Expr::Const(_)) || matches!(k.node(*y).expr, Expr::Const(_));
@@ -443,6 +452,8 @@ impl<'k> Emitter<'k> {
                             ScalarType::I32 => {
                                 matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min)
                             }
+                            // (Narrow integers stay within their range under max/min.)
+                            t if is_int32(t) => matches!(op, BinaryOp::Max | BinaryOp::Min),
                             _ => false,
                         }
                 }
@@ -463,7 +474,7 @@ impl<'k> Emitter<'k> {
                     k.node(*c).ty == ScalarType::Bool
                         && k.node(*x).ty == ty
                         && k.node(*y).ty == ty
-                        && (ty == ScalarType::F32 || ty == ScalarType::I32)
+                        && (ty == ScalarType::F32 || is_int32(ty))
                 }
                 _ => false,
             };
@@ -476,8 +487,12 @@ impl<'k> Emitter<'k> {
         let store_ok = match k.output.dtype {
             DType::F32 => root_ty == ScalarType::F32,
             DType::I32 => root_ty == ScalarType::I32,
+            // A cast to the 8-bit type, or a value of that type (held extended in i32
+            // lanes, so `vpmovdb` stores its byte).
             DType::U8 | DType::I8 => {
                 matches!(k.node(k.root).expr, Expr::Cast { to, .. } if to == k.output.dtype)
+                    || (root_ty == ScalarType::U8 && k.output.dtype == DType::U8)
+                    || (root_ty == ScalarType::I8 && k.output.dtype == DType::I8)
             }
             _ => false,
         };
@@ -1209,6 +1224,18 @@ impl<'k> Emitter<'k> {
                 self.a.vrndscaleps(ZMM[r], ZMM[v], imm)?;
                 r
             }
+            Expr::Binary(op, x, y) if node.ty == ScalarType::Bool => {
+                // Integer lanes compared (signed: see `check`), the mask as all-ones lanes.
+                let pred = int_cmp(op).ok_or_else(|| NotHere("an epilogue comparison".into()))?;
+                let vx = self.eval(x, ev, pool)?;
+                let vy = self.eval(y, ev, pool)?;
+                self.a.vpcmpd(k5, ZMM[vx], ZMM[vy], pred)?;
+                self.release(x, vx, ev, pool);
+                self.release(y, vy, ev, pool);
+                let r = take(pool)?;
+                self.a.vpmovm2d(ZMM[r], k5)?;
+                r
+            }
             Expr::Binary(op, x, y) => {
                 let f = node.ty == ScalarType::F32;
                 // A clamp takes the constant first, so that a NaN of the other passes.
@@ -1277,6 +1304,19 @@ fn take(pool: &mut Vec<usize>) -> R<usize> {
 
 const XMMS: [AsmRegisterXmm; 4] = [xmm0, xmm1, xmm2, xmm3];
 const YMMS: [AsmRegisterYmm; 4] = [ymm0, ymm1, ymm2, ymm3];
+
+/// The `vpcmpd` predicate of an integer comparison.
+fn int_cmp(op: BinaryOp) -> Option<i32> {
+    Some(match op {
+        BinaryOp::Eq => 0,
+        BinaryOp::Lt => 1,
+        BinaryOp::Le => 2,
+        BinaryOp::Ne => 4,
+        BinaryOp::Ge => 5,
+        BinaryOp::Gt => 6,
+        _ => return None,
+    })
+}
 
 /// Integers held as i32 lanes.
 fn is_int32(t: ScalarType) -> bool {
