@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{data_dir, onnx_model, read_npy};
+use common::{data_dir, onnx_model, read_npy, compare};
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, AttributeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto,
 };
@@ -29,10 +29,7 @@ use kiln_module::program::Command;
 use serde_json::Value;
 
 fn manifest() -> Value {
-    let p = data_dir().join("control-flow/manifest.json");
-    let text = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/ref_control_flow.py --cache $KILN_TEST_DATA)", p.display()));
-    serde_json::from_str(&text).expect("manifest json")
+    common::test_manifest("control-flow", "ref_control_flow.py")
 }
 
 fn model(name: &str) -> Value {
@@ -45,16 +42,6 @@ fn model(name: &str) -> Value {
         .clone()
 }
 
-/// |kiln − ORT| ≤ 1e-5·max|ORT| + 1e-4·|ORT| per element (float), exact otherwise.
-fn compare(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.ty(), want.ty(), "{what}: type");
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    for i in 0..a.len() {
-        let tol = if want.dtype().is_float() { 1e-5 * scale + 1e-4 * b[i].abs() } else { 0.0 };
-        assert!((a[i] - b[i]).abs() <= tol, "{what}: element {i} is {}, ONNX Runtime gives {}", a[i], b[i]);
-    }
-}
 
 fn run_compiled(
     module: &kiln_runtime::LoadedModule<'_>,

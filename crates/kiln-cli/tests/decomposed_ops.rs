@@ -16,21 +16,11 @@
 
 mod common;
 
-use common::{data_dir, read_npy};
+use common::{data_dir, read_npy, compare};
 use kiln_flow::class::KernelClass;
 use kiln_ir::Tensor;
 use serde_json::Value;
 
-/// |kiln − expected| ≤ 1e-5·max|expected| + 1e-4·|expected| per element (float), exact otherwise.
-fn compare(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.ty(), want.ty(), "{what}: type");
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    for i in 0..a.len() {
-        let tol = if want.dtype().is_float() { 1e-5 * scale + 1e-4 * b[i].abs() } else { 0.0 };
-        assert!((a[i] - b[i]).abs() <= tol, "{what}: element {i} is {}, expected {}", a[i], b[i]);
-    }
-}
 
 fn run_compiled(c: &kiln_compiler::Compiled, g: &kiln_ir::Graph, feeds: &[Tensor]) -> Vec<Tensor> {
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");

@@ -13,27 +13,14 @@
 
 mod common;
 
-use common::{data_dir, read_npy};
+use common::{data_dir, read_npy, compare};
 use kiln_ir::Tensor;
 use serde_json::Value;
 
 fn manifest() -> Value {
-    let p = data_dir().join("dynamic/manifest.json");
-    let text = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/ref_dynamic.py --cache $KILN_TEST_DATA)", p.display()));
-    serde_json::from_str(&text).expect("manifest json")
+    common::test_manifest("dynamic", "ref_dynamic.py")
 }
 
-/// |kiln − ORT| ≤ 1e-5·max|ORT| + 1e-4·|ORT| per element (float), exact otherwise.
-fn compare(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.ty(), want.ty(), "{what}: type");
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    for i in 0..a.len() {
-        let tol = if want.dtype().is_float() { 1e-5 * scale + 1e-4 * b[i].abs() } else { 0.0 };
-        assert!((a[i] - b[i]).abs() <= tol, "{what}: element {i} is {}, ONNX Runtime gives {}", a[i], b[i]);
-    }
-}
 
 /// Runs the module; the outputs at the shapes the runtime reports.
 fn run(

@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{data_dir, onnx_model, read_npy};
+use common::{data_dir, onnx_model, read_npy, compare};
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, type_proto, AttributeProto, GraphProto, NodeProto, TypeProto, ValueInfoProto,
 };
@@ -29,22 +29,9 @@ use kiln_ir::Tensor;
 use serde_json::Value;
 
 fn manifest() -> Value {
-    let p = data_dir().join("scan-seq/manifest.json");
-    let text = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/ref_scan_seq.py --cache $KILN_TEST_DATA)", p.display()));
-    serde_json::from_str(&text).expect("manifest json")
+    common::test_manifest("scan-seq", "ref_scan_seq.py")
 }
 
-/// |kiln − ORT| ≤ 1e-5·max|ORT| + 1e-4·|ORT| per element (float), exact otherwise.
-fn compare(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.ty(), want.ty(), "{what}: type");
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    for i in 0..a.len() {
-        let tol = if want.dtype().is_float() { 1e-5 * scale + 1e-4 * b[i].abs() } else { 0.0 };
-        assert!((a[i] - b[i]).abs() <= tol, "{what}: element {i} is {}, ONNX Runtime gives {}", a[i], b[i]);
-    }
-}
 
 fn files(v: &Value) -> Vec<Tensor> {
     v["files"].as_array().expect("files").iter().map(|f| read_npy(f.as_str().expect("file"))).collect()

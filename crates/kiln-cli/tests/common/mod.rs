@@ -188,3 +188,25 @@ pub fn import_options(e: &Value) -> ImportOptions {
     }
     opts
 }
+
+/// `$KILN_TEST_DATA/DIR/manifest.json`, which `scripts/SCRIPT` writes (a missing one is
+/// a failure that names the script, not a skip).
+pub fn test_manifest(dir: &str, script: &str) -> Value {
+    let p = data_dir().join(dir).join("manifest.json");
+    let text = std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/{script} --cache $KILN_TEST_DATA)", p.display()));
+    serde_json::from_str(&text).expect("manifest json")
+}
+
+/// `got` against an expected output (ONNX Runtime's, or ONNX's own test data): the same
+/// type, and |got − want| ≤ 1e-5·max|want| + 1e-4·|want| per element for floats (the
+/// bound `models.rs` uses), exact for integers and bools.
+pub fn compare(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.ty(), want.ty(), "{what}: type");
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    for i in 0..a.len() {
+        let tol = if want.dtype().is_float() { 1e-5 * scale + 1e-4 * b[i].abs() } else { 0.0 };
+        assert!((a[i] - b[i]).abs() <= tol, "{what}: element {i} is {}, expected {}", a[i], b[i]);
+    }
+}
