@@ -42,7 +42,9 @@ fn runtime_side_links_no_compiler_crate() {
         // opened at run time; nothing of CUDA is linked).
         ("kiln-runtime", &["kiln-module", "libm", "libc", "cudarc"]),
         ("kiln-npy", &["kiln-module"]),
-        ("kiln-runner", &["kiln-module", "kiln-npy", "kiln-runtime"]),
+        // mimalloc: an optional global allocator of the runner binary (the `mimalloc`
+        // feature, off by default; docs/runtime.md), never of the runtime library.
+        ("kiln-runner", &["kiln-module", "kiln-npy", "kiln-runtime", "mimalloc"]),
         ("kiln-runner-nostd", &["kiln-module", "kiln-npy", "kiln-runtime", "libc"]),
         ("kiln-capi", &["kiln-module", "kiln-runtime"]),
     ];
