@@ -147,8 +147,11 @@ mod imp {
             let t1 = Instant::now();
             let mut instance = CudaInstance::new(module).map_err(|e| format!("{label}: {e}"))?;
             let t_instance = t1.elapsed();
-            let dims: Vec<Vec<u64>> = sig.outputs.iter().map(|t| t.dims.clone()).collect();
-            let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| instance.invoke(ins, outs).map(|()| dims))?;
+            let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| {
+                instance.invoke(ins, outs)?;
+                // The actual dims (a data-dependent extent, format 1.5, sizes some outputs).
+                Ok::<_, kiln_runtime::RuntimeError>((0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect())
+            })?;
             eprintln!(
                 "{label}: loaded in {:.2} ms and instantiated in {:.2} ms ({}), ran in {:.3} ms on {} (compute capability {}.{})",
                 t_load.as_secs_f64() * 1e3,
@@ -309,7 +312,7 @@ mod imp {
             let module = CudaModule::load(artifact, weights).map_err(|e| format!("load: {e}"))?;
             let mut inst = CudaInstance::new(&module).map_err(|e| format!("instantiate: {e}"))?;
             inst.invoke(ins, outs).map_err(|e| e.to_string())?;
-            Ok(None)
+            Ok(Some((0..outs.len()).map(|k| inst.output_dims(k).unwrap_or(&[]).to_vec()).collect()))
         })
     }
 

@@ -103,15 +103,6 @@ pub enum CompileError {
         /// Devices asked for.
         devices: u32,
     },
-    /// The CUDA target does not run data-dependent output sizes yet (its runtime would
-    /// refuse the plan): a result of NonZero, Compress, Unique, NonMaxSuppression or a
-    /// run-time-K TopK. Binding the inputs behind it to values may make it static (a
-    /// TopK's K).
-    #[error("`{name}` has a data-dependent extent, which the CUDA target does not support yet; compile for the CPU")]
-    DynamicOnCuda {
-        /// The result whose extent depends on the data.
-        name: String,
-    },
     /// Linking the per-device programs failed (a compiler bug).
     #[error("internal error: linking the per-device programs: {0}")]
     Link(String),
@@ -167,7 +158,6 @@ impl CompileError {
     /// run-time value: binding graph inputs to values may resolve it.
     pub fn needs_constant_operand(&self) -> bool {
         matches!(self, CompileError::Flow(f) if f.needs_constant_operand())
-            || matches!(self, CompileError::DynamicOnCuda { .. })
     }
 
     /// The stage that failed.
@@ -181,7 +171,6 @@ impl CompileError {
             CompileError::Hal(_) => Stage::Hal,
             CompileError::Pipeline { stage, .. } => *stage,
             CompileError::Shard(_) | CompileError::MultiGpu { .. } => Stage::TensorPasses,
-            CompileError::DynamicOnCuda { .. } => Stage::FormDispatches,
             CompileError::DynamicSharded { .. } => Stage::TensorPasses,
             CompileError::Link(_) => Stage::Hal,
         }
@@ -219,7 +208,7 @@ impl CompileError {
                 kiln_shard::ShardError::Internal { .. } => ErrorKind::Internal,
                 _ => ErrorKind::InvalidInput,
             },
-            CompileError::MultiGpu { .. } | CompileError::DynamicOnCuda { .. } | CompileError::DynamicSharded { .. } => {
+            CompileError::MultiGpu { .. } | CompileError::DynamicSharded { .. } => {
                 ErrorKind::Unsupported
             }
             CompileError::Link(_) => ErrorKind::Internal,

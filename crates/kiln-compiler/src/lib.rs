@@ -568,11 +568,7 @@ impl Compilation {
                 };
                 let flow = kiln_lower::form_with(&g, formation, self.options.fused_attention);
                 self.graph = Some(g);
-                let flow = flow?;
-                if let (TargetDevice::Cuda, Some(x)) = (self.options.device, flow.extents.first()) {
-                    return Err(CompileError::DynamicOnCuda { name: x.name.clone() });
-                }
-                self.flow = Some(flow);
+                self.flow = Some(flow?);
             }
             Stage::NarrowStorage => {
                 let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;

@@ -457,13 +457,6 @@ pub enum CudaPlanProblem {
     /// A collective command: the CUDA driver has no collectives yet (NCCL over the GPUs
     /// of one host is the planned driver; `docs/scale-out.md`).
     Collective,
-    /// A conditional command (`SkipIf`, a run-time `If`): the plan runs as one CUDA
-    /// graph, which has no run-time branches here yet (CUDA 12.3's conditional graph
-    /// nodes are the way to add them).
-    Conditional,
-    /// Data-dependent extents (format 1.5), which the CUDA driver neither checks nor
-    /// reports yet.
-    Extents,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -476,12 +469,6 @@ impl fmt::Display for CudaPlanProblem {
             CudaPlanProblem::Collective => {
                 f.write_str("a collective command (multi-GPU collectives through NCCL are not built yet)")
             }
-            CudaPlanProblem::Extents => f.write_str(
-                "data-dependent output extents (NonZero, NonMaxSuppression, …), which the CUDA runtime does not check or report yet; run the artifact on the CPU runtime",
-            ),
-            CudaPlanProblem::Conditional => f.write_str(
-                "a conditional command (run-time control flow), which the CUDA runtime does not run yet; run the artifact on the CPU runtime",
-            ),
         }
     }
 }

@@ -540,6 +540,32 @@ unsafe fn finish_extents(
     bases: &Bases<'_>,
     dims: &mut [Vec<u64>],
 ) -> Result<(), RuntimeError> {
+    let read = |x: &kiln_module::sections::ExtentView<'_>| {
+        // SAFETY: 8 bytes inside the arena (verified), written by completed commands.
+        let raw = unsafe { core::slice::from_raw_parts(bases.at(&x.binding).cast_const(), 8) };
+        let mut b = [0u8; 8];
+        b.copy_from_slice(raw);
+        i64::from_le_bytes(b)
+    };
+    // SAFETY: the caller's outputs, written by completed commands (see above).
+    unsafe { apply_extents(entry, read, |o| Some(bases.outputs[o]), dims) }
+}
+
+/// The extents' checks and the outputs' compaction of [`finish_extents`], for any driver:
+/// `read` gives each extent's value (the `i64` the plan wrote at its binding), `output`
+/// the host address of output `k` to compact (`None`: report dims only, the output
+/// stays at the bound layout). Allocates nothing.
+///
+/// # Safety
+///
+/// Each address `output` gives is writable for its tensor's bytes and not otherwise accessed
+/// during the call; every output an extent sizes has the bound along its axis (verified).
+pub(crate) unsafe fn apply_extents(
+    entry: &kiln_module::sections::EntryView<'_>,
+    mut read: impl FnMut(&kiln_module::sections::ExtentView<'_>) -> i64,
+    output: impl Fn(usize) -> Option<*mut u8>,
+    dims: &mut [Vec<u64>],
+) -> Result<(), RuntimeError> {
     for (k, t) in entry.outputs.iter().enumerate() {
         if let Some(d) = dims.get_mut(k) {
             d.clear();
@@ -547,11 +573,7 @@ unsafe fn finish_extents(
         }
     }
     for x in &entry.extents {
-        // SAFETY: 8 bytes inside the arena (verified), written by completed commands.
-        let raw = unsafe { core::slice::from_raw_parts(bases.at(&x.binding).cast_const(), 8) };
-        let mut b = [0u8; 8];
-        b.copy_from_slice(raw);
-        let n = i64::from_le_bytes(b);
+        let n = read(x);
         if n < 0 || n as u64 > x.bound {
             return Err(RuntimeError::ExtentOutOfBound { name: x.name.to_string(), extent: n, bound: x.bound });
         }
@@ -562,13 +584,13 @@ unsafe fn finish_extents(
                 d[axis] = n as u64;
             }
             let numel: u64 = t.dims.iter().product();
+            let Some(base) = output(o) else { continue };
             if numel == 0 || n as u64 == x.bound {
                 continue;
             }
             let elem = (t.bytes / numel) as usize;
             let outer: u64 = t.dims[..axis].iter().product();
             let inner = t.dims[axis + 1..].iter().product::<u64>() as usize * elem;
-            let base = bases.outputs[o];
             let (n, bound) = (n as usize, x.bound as usize);
             for r in 0..outer as usize {
                 // SAFETY: both ranges lie inside output `o` (dims verified: `bound` along

@@ -49,11 +49,12 @@ use kiln_ir::DType;
 
 use super::expr::{class, storage, Eval};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use super::tune::Elt;
 use super::{decompose, internal, launch, Entry, Skeleton};
 use crate::CodegenError;
 
 /// The entry of `k`, or why this emitter declines it.
-pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, CodegenError> {
+pub fn emit(k: &Kernel, kclass: KernelClass, elt: &Elt) -> Result<Result<Entry, String>, CodegenError> {
     let dims = k.output.shape.dims().to_vec();
     let Some(&row) = dims.last() else { return Ok(Err("rank-0 output".into())) };
     let size = k.output.dtype.storage_bytes(1);
@@ -98,6 +99,8 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
     }
     let numel = k.output.shape.numel() as u64;
     let groups = numel / lanes as u64;
+    // The cache hint of the vector loads and stores (`elt=cs`: streaming).
+    let hint = if elt.streaming { ".cs" } else { "" };
     let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
     let sk = Skeleton::open(&mut p, k.inputs.len() + 1, groups);
     let first = p.reg(RegClass::B64);
@@ -134,7 +137,7 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
         }
         let Some(flat) = flat else { continue };
         let addr = ev.address(ev.input(*input as usize), flat, t.dtype)?;
-        let regs = load_group(&mut ev, addr, t.dtype, k.node(e).ty, lanes)?;
+        let regs = load_group(&mut ev, addr, t.dtype, k.node(e).ty, lanes, hint)?;
         vector_lanes.push((e, regs));
     }
     ev.pop_scope();
@@ -158,14 +161,14 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
     let addr = ev.address(out_base, first, k.output.dtype)?;
     let store = if narrow {
         let words = pack(&mut ev, &values, size, k.output.dtype);
-        let op = vec_op("st.global", words.len(), "b32");
+        let op = vec_op(&format!("st.global{hint}"), words.len(), "b32");
         let data = if words.len() == 1 { words[0].into() } else { Opd::Vec(words) };
         ev.p.op(&op, &[Opd::Addr(addr, 0), data]);
         op.trim_start_matches("st.global.").to_string()
     } else {
         let st = storage(k.output.dtype).map_or("b32", |(s, _)| s);
-        ev.p.op(&format!("st.global.v{lanes}.{st}"), &[Opd::Addr(addr, 0), Opd::Vec(values)]);
-        format!("v{lanes}")
+        ev.p.op(&format!("st.global{hint}.v{lanes}.{st}"), &[Opd::Addr(addr, 0), Opd::Vec(values)]);
+        format!("{}v{lanes}", hint.trim_start_matches('.'))
     };
     sk.close(&mut p);
     let text = p.finish().map_err(|e| internal(k, e))?;
@@ -174,7 +177,11 @@ pub fn emit(k: &Kernel, kclass: KernelClass) -> Result<Result<Entry, String>, Co
     } else {
         format!("{} ({store} store, {} vector loads)", kclass.name(), vector.len())
     };
-    Ok(Ok(Entry { text, launch: launch(k, groups), note }))
+    let mut launch = launch(k, groups);
+    if let Some(g) = elt.max_grid {
+        launch.grid = launch.grid.min(g);
+    }
+    Ok(Ok(Entry { text, launch, note }))
 }
 
 /// `ld`/`st` opcode `base` of `n` elements of type `ty`: `base.ty` for one,
@@ -197,6 +204,7 @@ fn load_group(
     dtype: DType,
     t: ScalarType,
     lanes: usize,
+    hint: &str,
 ) -> Result<Vec<Reg>, CodegenError> {
     let s = dtype.storage_bytes(1);
     let st = storage(dtype).map_or("b32", |(st, _)| st);
@@ -209,14 +217,14 @@ fn load_group(
             let n = piece / s;
             let regs: Vec<Reg> = (0..n).map(|_| ev.p.reg(class(t))).collect();
             let data = if n == 1 { regs[0].into() } else { Opd::Vec(regs.clone()) };
-            ev.p.op(&vec_op("ld.global", n, st), &[data, at]);
+            ev.p.op(&vec_op(&format!("ld.global{hint}"), n, st), &[data, at]);
             out.extend(regs);
             continue;
         }
         let n = piece / 4;
         let words: Vec<Reg> = (0..n).map(|_| ev.p.reg(RegClass::B32)).collect();
         let data = if n == 1 { words[0].into() } else { Opd::Vec(words.clone()) };
-        ev.p.op(&vec_op("ld.global", n, "b32"), &[data, at]);
+        ev.p.op(&vec_op(&format!("ld.global{hint}"), n, "b32"), &[data, at]);
         for w in words {
             for raw in unpack(ev, w, s, st) {
                 out.push(ev.widen(raw, dtype, t)?);

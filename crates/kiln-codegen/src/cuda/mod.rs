@@ -171,7 +171,7 @@ pub fn compile_kernel_tuned(k: &Kernel, class: KernelClass, tune: &tune::Tune) -
         return general::emit(k);
     }
     let tried = match class {
-        KernelClass::Elementwise | KernelClass::Movement => elementwise::emit(k, class)?,
+        KernelClass::Elementwise | KernelClass::Movement => elementwise::emit(k, class, &tune.elt)?,
         KernelClass::Window => window::emit(k)?,
         KernelClass::Contraction => contraction::emit(k, tune)?,
         KernelClass::Rows => rows::emit(k)?,

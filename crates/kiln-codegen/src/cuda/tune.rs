@@ -39,6 +39,12 @@
 //!
 //! - `wgmma=off`: half contractions skip the warpgroup kernel ([`super::wgmma`]) and
 //!   take `mma.sync` with the `mma` variant (`on`, the default: wgmma where it applies).
+//! - `elt=PART+PART…`: the Elementwise/Movement kernels' 128-bit groups
+//!   ([`super::elementwise`]): `cs` loads and stores the vector groups with the
+//!   streaming cache hint (`ld.global.cs`, `st.global.cs`: data touched once, evicted
+//!   first), `gN` caps the grid at `N` blocks (N from 132 to 65536; the grid-stride loop
+//!   does the rest) instead of one group a thread up to [`super::MAX_GRID`]. `elt=` alone
+//!   is the default.
 //!
 //! Every variant computes the same values by the same code paths as the default (the
 //! suites run them in the simulator against the kernel interpreter); only the speed
@@ -97,11 +103,22 @@ pub struct Tune {
     /// Whether half contractions may take the warpgroup kernel ([`super::wgmma`]);
     /// `wgmma=off` times `mma.sync` on the products wgmma would take.
     pub wgmma: bool,
+    /// The elementwise kernels' variant.
+    pub elt: Elt,
+}
+
+/// The Elementwise/Movement kernels' variant (`elt=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Elt {
+    /// Vector groups loaded and stored with the streaming cache hint (`.cs`).
+    pub streaming: bool,
+    /// Most blocks of the grid (`None`: [`super::MAX_GRID`]).
+    pub max_grid: Option<u64>,
 }
 
 impl Default for Tune {
     fn default() -> Tune {
-        Tune { f32: None, mma: Mma::default(), wgmma: true }
+        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default() }
     }
 }
 
@@ -182,7 +199,22 @@ impl Tune {
                         _ => return Err(format!("wgmma {v:?}: on or off")),
                     }
                 }
-                other => return Err(format!("unknown key {other:?} (f32, mma, wgmma)")),
+                "elt" => {
+                    for part in v.split('+').map(str::trim).filter(|x| !x.is_empty()) {
+                        if part == "cs" {
+                            t.elt.streaming = true;
+                        } else if let Some(n) = part.strip_prefix('g') {
+                            let n: u64 = n.parse().map_err(|_| format!("elt grid {n:?} is not a number"))?;
+                            if !(132..=65536).contains(&n) {
+                                return Err(format!("elt grid {n}: from 132 to 65536 blocks"));
+                            }
+                            t.elt.max_grid = Some(n);
+                        } else {
+                            return Err(format!("elt {part:?}: cs or gN"));
+                        }
+                    }
+                }
+                other => return Err(format!("unknown key {other:?} (f32, mma, wgmma, elt)")),
             }
         }
         Ok(t)
@@ -217,6 +249,8 @@ mod tests {
         let v2 = Tune::parse("mma=bk32s4t128x128w4v2").unwrap().mma;
         assert_eq!(v2, Mma { pairs: true, ..m(32, 4, 1, true, Some((128, 128))) });
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
+        assert_eq!(Tune::parse("elt=cs+g1056").unwrap().elt, Elt { streaming: true, max_grid: Some(1056) });
+        assert_eq!(Tune::parse("elt=").unwrap(), Tune::default());
         for bad in [
             "f32=128x96",
             "f32=128x64s3",
@@ -228,6 +262,8 @@ mod tests {
             "mma=bk32s3b2t256x128",
             "mma=bk32s3t128x256w4",
             "x=1",
+            "elt=g10",
+            "elt=nc",
             "f32",
             "wgmma=no",
         ] {

@@ -12,6 +12,11 @@
 //!                    Barrier  → no node: every node after it depends on every node of
 //!                               the wave before it that nothing later in that wave
 //!                               depends on (its sinks; the rest follow by transitivity)
+//!                    SkipIf   → no node; ends the wave as a barrier does
+//! steps(...)       the plan cut into graphs at its conditional commands: one graph per
+//!                  run of commands between a `SkipIf`, the command after it and the
+//!                  command it skips to, each `SkipIf` read on the host between them
+//!                  (a plan without one is one graph)
 //! ```
 //!
 //! Inside a wave the compiler puts no two commands that touch the same bytes with one
@@ -89,6 +94,79 @@ impl Layout {
         };
         slot.map_or(self.size, |s| s + b.offset)
     }
+}
+
+/// One step of an entry point's replay on the GPU ([`steps`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Commands `range` as one graph: the nodes whose command lies in it.
+    Graph(core::ops::Range<usize>),
+    /// Command `at`, a `SkipIf`: its condition copied to the host once everything
+    /// before it has run, then the replay goes on after it or where it skips to.
+    Skip(usize),
+}
+
+impl Step {
+    /// The first command of the step.
+    pub fn start(&self) -> usize {
+        match self {
+            Step::Graph(r) => r.start,
+            Step::Skip(at) => *at,
+        }
+    }
+}
+
+/// `commands` as the steps of a replay: every `SkipIf` a step of its own, and graphs over
+/// the runs of commands between the cuts, which fall before and after each `SkipIf` and
+/// at the command it skips to, so that every place the replay can reach starts a step.
+/// A plan without conditional commands is one graph.
+pub fn steps(commands: &[Command]) -> Vec<Step> {
+    let n = commands.len();
+    let mut cut = alloc::vec![false; n + 1];
+    for (i, c) in commands.iter().enumerate() {
+        if let Command::SkipIf { count, .. } = c {
+            cut[i] = true;
+            cut[i + 1] = true;
+            // (Verified: the skip ends inside the plan.)
+            if let Some(t) = (i + 1).checked_add(*count as usize).filter(|&t| t <= n) {
+                cut[t] = true;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, c) in commands.iter().enumerate() {
+        if matches!(c, Command::SkipIf { .. }) {
+            if start < i {
+                out.push(Step::Graph(start..i));
+            }
+            out.push(Step::Skip(i));
+            start = i + 1;
+        } else if cut[i] && start < i {
+            out.push(Step::Graph(start..i));
+            start = i;
+        }
+    }
+    if start < n {
+        out.push(Step::Graph(start..n));
+    }
+    out
+}
+
+/// The nodes of `nodes` whose command lies in `range`, their dependencies renumbered
+/// within the step; dependencies on earlier steps are dropped (a step's graph is
+/// launched on the stream after theirs have completed).
+pub fn step_nodes(nodes: &[Node], range: &core::ops::Range<usize>) -> Vec<Node> {
+    let first = nodes.iter().position(|n| n.command >= range.start).unwrap_or(nodes.len());
+    let end = nodes.iter().position(|n| n.command >= range.end).unwrap_or(nodes.len());
+    nodes[first..end]
+        .iter()
+        .map(|n| Node {
+            command: n.command,
+            kind: n.kind.clone(),
+            deps: n.deps.iter().filter(|&&d| d >= first).map(|&d| d - first).collect(),
+        })
+        .collect()
 }
 
 /// One memset: `height` rows of `width` elements of `element` bytes each set to the low
@@ -265,7 +343,9 @@ pub fn nodes(
     let mut open: Vec<(&Command, core::ops::Range<usize>)> = Vec::new();
     for (ci, c) in entry.commands.iter().enumerate() {
         let kinds: Vec<NodeKind> = match c {
-            Command::Barrier => {
+            // A `SkipIf` is evaluated on the host between graphs (`steps`): it ends the
+            // open wave as a barrier does.
+            Command::Barrier | Command::SkipIf { .. } => {
                 if !open.is_empty() {
                     let first = open[0].1.start;
                     let depended: Vec<bool> = {
@@ -317,7 +397,6 @@ pub fn nodes(
             Command::AllReduce { .. } | Command::AllGather { .. } => {
                 return Err(fail(ci, GraphProblem::Collective));
             }
-            Command::SkipIf { .. } => return Err(fail(ci, GraphProblem::Conditional)),
             Command::Fill { dst, pattern, pattern_len } => {
                 fill_memsets(layout.offset(index, dst), dst.length, *pattern, *pattern_len)
                     .into_iter()
@@ -475,17 +554,43 @@ mod tests {
     }
 
     #[test]
-    fn a_conditional_command_is_refused_with_a_typed_error() {
-        // One CUDA graph per plan: a run-time If's `SkipIf` has no node yet.
+    fn a_conditional_command_cuts_the_plan_into_graph_steps() {
+        // A run-time If: `SkipIf` at 2 skips the then-branch (3) when the condition is
+        // false; the else-branch (5) sits behind a second `SkipIf` at 4.
+        let cond = b(Slot::Arena, 0, 1);
         let e = entry(vec![
             dispatch(0, vec![b(Slot::Arena, 0, 4)]),
             Command::Barrier,
-            Command::SkipIf { cond: b(Slot::Arena, 0, 1), value: false, count: 1 },
+            Command::SkipIf { cond, value: false, count: 1 },
             dispatch(0, vec![b(Slot::Arena, 8, 4)]),
+            Command::SkipIf { cond, value: true, count: 1 },
+            dispatch(0, vec![b(Slot::Arena, 8, 4)]),
+            Command::Barrier,
+            dispatch(0, vec![b(Slot::Arena, 8, 4), b(Slot::Arena, 16, 4)]),
         ]);
-        let err = nodes(&e, 0, &layout(), &[Some(L)]).expect_err("conditional");
-        assert!(matches!(err, RuntimeError::CudaPlan { command: 2, problem: GraphProblem::Conditional, .. }), "{err:?}");
-        assert!(err.to_string().contains("conditional command"), "{err}");
+        let s = steps(&e.commands);
+        assert_eq!(
+            s,
+            [Step::Graph(0..2), Step::Skip(2), Step::Graph(3..4), Step::Skip(4), Step::Graph(5..6), Step::Graph(6..8)]
+        );
+        // Every place a skip can land starts a step: after each SkipIf and at its target.
+        let starts: Vec<usize> = s.iter().map(Step::start).collect();
+        for (i, c) in e.commands.iter().enumerate() {
+            if let Command::SkipIf { count, .. } = c {
+                assert!(starts.contains(&(i + 1)) && starts.contains(&(i + 1 + *count as usize)), "{starts:?}");
+            }
+        }
+        // The nodes of a step keep only the dependencies inside it.
+        let n = nodes(&e, 0, &layout(), &[Some(L)]).expect("nodes");
+        assert_eq!(n.iter().map(|x| x.command).collect::<Vec<_>>(), [0, 3, 5, 7]);
+        let last = step_nodes(&n, &(6..8));
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0].deps, Vec::<usize>::new());
+        let whole = step_nodes(&n, &(0..8));
+        assert_eq!(whole, n);
+        // A plan without conditional commands is one graph.
+        assert_eq!(steps(&e.commands[..2]), [Step::Graph(0..2)]);
+        assert_eq!(steps(&[]), Vec::<Step>::new());
     }
 
     #[test]

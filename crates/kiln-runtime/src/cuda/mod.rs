@@ -49,7 +49,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use cudarc::driver::sys::CUfunction;
 use driver::{CUdeviceptr, CodeForm};
-use graph::{Layout, Node, NodeKind};
+use graph::{Layout, Node, NodeKind, Step};
 use kiln_module::program::{Command, Condition, DeviceKind, Launch, CUDA_CUBIN_SM90A};
 use kiln_module::sections::ProgramView;
 use std::time::{Duration, Instant};
@@ -181,25 +181,6 @@ impl<'a> CudaModule<'a> {
         let program = plan.program;
         let limits = plan.limits;
         require_device_kind(&program, DeviceKind::Cuda)?;
-        // One CUDA graph per plan: no run-time branches yet (see `CudaPlanProblem::Conditional`).
-        for e in &program.entries {
-            if let Some(command) = e.commands.iter().position(|c| matches!(c, Command::SkipIf { .. })) {
-                return Err(RuntimeError::CudaPlan {
-                    entry: e.name.to_string(),
-                    command,
-                    problem: crate::error::CudaPlanProblem::Conditional,
-                });
-            }
-            // Data-dependent extents (format 1.5): the CUDA driver does not check them or
-            // compact its outputs yet.
-            if !e.extents.is_empty() {
-                return Err(RuntimeError::CudaPlan {
-                    entry: e.name.to_string(),
-                    command: e.commands.len(),
-                    problem: crate::error::CudaPlanProblem::Extents,
-                });
-            }
-        }
         let pool = bind_weights(&program, weights)?;
         let ctx = driver::Context::new(ordinal)?;
         let mut dispatched = alloc::vec![false; program.kernels.len()];
@@ -366,8 +347,15 @@ pub struct CudaInstance<'m> {
     // stream, then the memory they use.
     /// Per entry point its graph (`None`: the plan has no node, e.g. outputs copied
     /// from inputs only; a graph of no nodes is not instantiated).
-    graphs: Vec<Option<driver::GraphExec>>,
+    /// Per entry point its replay: the steps (`graph::steps`), each graph step with its
+    /// instantiated graph (`None`: no node, e.g. outputs copied from inputs only; a graph
+    /// of no nodes is not instantiated).
+    plans: Vec<Vec<(Step, Option<driver::GraphExec>)>>,
     nodes: Vec<Vec<Node>>,
+    /// The dims of each output of the last `invoke` (see [`CudaInstance::output_dims`]).
+    output_dims: Vec<Vec<u64>>,
+    /// Scratch for the caller's output addresses while an `invoke` compacts them.
+    output_addrs: Vec<usize>,
     stream: driver::Stream,
     memory: driver::DeviceMemory,
     base: CUdeviceptr,
@@ -422,14 +410,29 @@ impl<'m> CudaInstance<'m> {
         let stream = driver::Stream::new()?;
         let start = Instant::now();
         let mut nodes = Vec::with_capacity(p.entries.len());
-        let mut graphs = Vec::with_capacity(p.entries.len());
+        let mut plans = Vec::with_capacity(p.entries.len());
         for (i, e) in p.entries.iter().enumerate() {
             let n = graph::nodes(e, i, &layout, &module.launches)?;
-            graphs.push(if n.is_empty() { None } else { Some(build_graph(module, &n, base)?.instantiate(&stream)?) });
+            let mut plan = Vec::new();
+            for step in graph::steps(&e.commands) {
+                let exec = match &step {
+                    Step::Graph(range) => {
+                        let sub = graph::step_nodes(&n, range);
+                        if sub.is_empty() { None } else { Some(build_graph(module, &sub, base)?.instantiate(&stream)?) }
+                    }
+                    Step::Skip(_) => None,
+                };
+                plan.push((step, exec));
+            }
+            plans.push(plan);
             nodes.push(n);
         }
         let graph_time = start.elapsed();
-        Ok(CudaInstance { graphs, nodes, stream, memory, base, layout, module, graph_time })
+        let outputs = p.entries.iter().map(|e| e.outputs.len()).max().unwrap_or(0);
+        let rank = p.entries.iter().flat_map(|e| e.outputs.iter().map(|t| t.dims.len())).max().unwrap_or(0);
+        let output_dims = (0..outputs).map(|_| Vec::with_capacity(rank)).collect();
+        let output_addrs = Vec::with_capacity(outputs);
+        Ok(CudaInstance { plans, nodes, output_dims, output_addrs, stream, memory, base, layout, module, graph_time })
     }
 
     /// The module this instance runs.
@@ -521,7 +524,93 @@ impl<'m> CudaInstance<'m> {
         // Whatever was queued reads or writes the caller's buffers: wait for it before
         // they are handed back, also when queuing failed half-way.
         let synced = self.stream.synchronize();
-        queued.and(synced)
+        queued.and(synced)?;
+        let entry = &self.module.program.entries[index];
+        if entry.extents.is_empty() {
+            // The dims are the signature's.
+            return self.finish_extents(index, None);
+        }
+        // The caller's output addresses (capacity reserved at instantiation).
+        let mut at = core::mem::take(&mut self.output_addrs);
+        at.clear();
+        for (arg, t) in outputs.iter_mut().zip(&entry.outputs) {
+            at.push(arg.checked_ptr(t)? as usize);
+        }
+        let done = self.finish_extents(index, Some(&at));
+        self.output_addrs = at;
+        done
+    }
+
+    /// The data-dependent extents of entry `index` (format 1.5), after a completed
+    /// replay: each read from the device and checked against its bound, the actual dims
+    /// into `output_dims`, and the host `outputs` (where given) compacted as on the CPU.
+    fn finish_extents(&mut self, index: usize, outputs: Option<&[usize]>) -> Result<(), RuntimeError> {
+        let entry = &self.module.program.entries[index];
+        let (stream, base, layout) = (&self.stream, self.base, &self.layout);
+        let mut failed = Ok(());
+        let read = |x: &kiln_module::sections::ExtentView<'_>| {
+            let mut b = [0u8; 8];
+            // SAFETY: the extent's 8 bytes lie inside the arena (verified); `b` lives
+            // until the synchronisation below.
+            let r = unsafe { stream.download(b.as_mut_ptr(), base + layout.offset(index, &x.binding), 8) }
+                .and_then(|()| stream.synchronize());
+            if let Err(e) = r {
+                failed = Err(e);
+            }
+            i64::from_le_bytes(b)
+        };
+        let at = |o: usize| outputs.map(|a| a[o] as *mut u8);
+        // SAFETY: `outputs` (when given) are the addresses of the caller's checked output
+        // buffers, whose copies from the device have completed.
+        let applied = unsafe { crate::instance::apply_extents(entry, read, at, &mut self.output_dims) };
+        failed.and(applied)
+    }
+
+    /// The dims of output `k` of the last `invoke` or `invoke_resident`: its signature's,
+    /// except along an axis a data-dependent extent sizes (format 1.5), where the extent
+    /// the data needed. `invoke` compacts such an output to these dims at the front of
+    /// the caller's buffer, as the CPU runtime does; `invoke_resident` leaves the device
+    /// buffer at the bound's layout (rows `bound` apart along the axis). Empty before the
+    /// first invocation; `None` past the outputs.
+    pub fn output_dims(&self, k: usize) -> Option<&[u64]> {
+        self.output_dims.get(k).map(|d| d.as_slice())
+    }
+
+    /// Replays entry `index`'s plan on the stream: each graph step launched, each
+    /// `SkipIf` decided on the host from its condition's bytes, copied once everything
+    /// queued before it has completed (the one synchronisation per conditional command).
+    fn replay(&self, index: usize) -> Result<(), RuntimeError> {
+        let entry = &self.module.program.entries[index];
+        let plan = &self.plans[index];
+        let mut k = 0;
+        while let Some((step, exec)) = plan.get(k) {
+            match step {
+                Step::Graph(_) => {
+                    if let Some(g) = exec {
+                        g.launch(&self.stream)?;
+                    }
+                    k += 1;
+                }
+                Step::Skip(at) => {
+                    let Some(Command::SkipIf { cond, value, count }) = entry.commands.get(*at) else {
+                        // `steps` makes a skip step of `SkipIf` commands only.
+                        return Err(RuntimeError::NoSuchEntry { entry: entry.name.to_string() });
+                    };
+                    let mut b = [0u8; 8];
+                    // (Verified: 1 to 8 bytes.)
+                    let len = (cond.length as usize).min(b.len());
+                    // SAFETY: the condition lies inside the instance's allocation
+                    // (verified); `b` lives until the synchronisation below.
+                    unsafe { self.stream.download(b.as_mut_ptr(), self.base + self.layout.offset(index, cond), len)? };
+                    self.stream.synchronize()?;
+                    let holds = b[..len].iter().any(|&x| x != 0);
+                    let next = at + 1 + if holds == *value { *count as usize } else { 0 };
+                    // Every place a skip lands starts a step (`graph::steps`).
+                    k = plan.partition_point(|(s, _)| s.start() < next);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Queues the copies in, the graph, and the copies out.
@@ -538,9 +627,7 @@ impl<'m> CudaInstance<'m> {
             // borrowed until `run` synchronises; the input region holds exactly them.
             unsafe { self.stream.upload(self.base + self.layout.inputs[index][i], src, t.bytes as usize)? };
         }
-        if let Some(g) = &self.graphs[index] {
-            g.launch(&self.stream)?;
-        }
+        self.replay(index)?;
         for (i, (arg, t)) in outputs.iter_mut().zip(&entry.outputs).enumerate() {
             let dst = arg.checked_ptr(t)?;
             // SAFETY: `dst` is writable for the tensor's bytes (checked) and stays
@@ -565,18 +652,23 @@ impl<'m> CudaInstance<'m> {
     /// one launch and one synchronisation, no copies.
     pub fn invoke_resident(&mut self, entry: usize) -> Result<(), RuntimeError> {
         self.launch_resident(entry)?;
-        self.synchronize()
+        self.synchronize()?;
+        // The extents checked and the dims reported; the device outputs stay at the
+        // bound's layout (see `output_dims`).
+        self.finish_extents(entry, None)
     }
 
-    /// Queues entry point `entry`'s graph without waiting ([`CudaInstance::synchronize`]
+    /// Queues entry point `entry`'s graphs without waiting ([`CudaInstance::synchronize`]
     /// waits). The next call that copies or launches on this instance queues behind it.
+    /// A plan with a conditional command (a run-time `If`) waits at each one for what
+    /// was queued before it (its condition is read on the host). Data-dependent extents
+    /// are checked by `invoke_resident`, not here.
     pub fn launch_resident(&mut self, entry: usize) -> Result<(), RuntimeError> {
-        let g = self.graphs.get(entry).ok_or_else(|| RuntimeError::NoSuchEntry { entry: format!("#{entry}") })?;
-        self.module.ctx.bind()?;
-        match g {
-            Some(g) => g.launch(&self.stream),
-            None => Ok(()),
+        if entry >= self.plans.len() {
+            return Err(RuntimeError::NoSuchEntry { entry: format!("#{entry}") });
         }
+        self.module.ctx.bind()?;
+        self.replay(entry)
     }
 
     /// Waits for everything queued on this instance.
