@@ -16,15 +16,10 @@ on the CPU with graph optimisations disabled and one thread. Needs the .venv of
 setup-test-data. `crates/kiln-cli/tests/control_flow.rs` reads the manifest.
 """
 
-import argparse
-import json
-import os
-from pathlib import Path
-
 import numpy as np
-import onnx
-import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from refio import cache_arg, checked_model, const, ort_generator, ort_suite, save_arrays, write_json
 
 OPSET = 17
 
@@ -33,16 +28,8 @@ def f32(name, shape):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
 
-def const(name, a):
-    return numpy_helper.from_array(np.asarray(a), name)
-
-
 def model(nodes, inputs, outputs, inits, name):
-    g = helper.make_graph(nodes, name, inputs, outputs, inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="kiln-control-flow")
-    m.ir_version = 8
-    onnx.checker.check_model(m, full_check=True)
-    return m
+    return checked_model(nodes, inputs, outputs, inits, name, "kiln-control-flow", OPSET)
 
 
 def branch(nodes, outputs, name, inits=()):
@@ -199,27 +186,33 @@ def if_mixed():
     return m, cases
 
 
+def loop_body(nodes, n):
+    """A Loop body carrying `v` (f32 [n]) and the trip counter `n` (i64)."""
+    i64 = TensorProto.INT64
+    b = TensorProto.BOOL
+    inputs = [
+        helper.make_tensor_value_info("iter", i64, []),
+        helper.make_tensor_value_info("cond_in", b, []),
+        f32("v_in", [n]),
+        helper.make_tensor_value_info("n_in", i64, []),
+    ]
+    outputs = [helper.make_tensor_value_info("cond_out", b, []), f32("v_out", [n]), helper.make_tensor_value_info("n_out", i64, [])]
+    return helper.make_graph(nodes, "body", inputs, outputs)
+
+
 def loop_early_exit():
     """A Loop with a constant bound (6 trips) that exits early on data: `v` grows by
     1.5x per trip while its max stays under 10; the initial condition is data too (zero
     trips when max(x) >= 10). `n` counts the trips (the probe)."""
     i64 = TensorProto.INT64
-    b = TensorProto.BOOL
-    body = helper.make_graph(
+    body = loop_body(
         [
             helper.make_node("Mul", ["v_in", "growth"], ["v_out"]),
             helper.make_node("ReduceMax", ["v_out"], ["mx"], keepdims=0),
             helper.make_node("Less", ["mx", "ten"], ["cond_out"]),
             helper.make_node("Add", ["n_in", "one"], ["n_out"]),
         ],
-        "body",
-        [
-            helper.make_tensor_value_info("iter", i64, []),
-            helper.make_tensor_value_info("cond_in", b, []),
-            f32("v_in", [4]),
-            helper.make_tensor_value_info("n_in", i64, []),
-        ],
-        [helper.make_tensor_value_info("cond_out", b, []), f32("v_out", [4]), helper.make_tensor_value_info("n_out", i64, [])],
+        4,
     )
     nodes = [
         helper.make_node("ReduceMax", ["x"], ["mx0"], keepdims=0),
@@ -253,22 +246,14 @@ def loop_count():
     """A Loop whose trip count `M` is a graph input (compiled with --max-trips 5): `v`
     adds the trip number each trip; `n` counts the trips (the probe)."""
     i64 = TensorProto.INT64
-    b = TensorProto.BOOL
-    body = helper.make_graph(
+    body = loop_body(
         [
             helper.make_node("Cast", ["iter"], ["fi"], to=TensorProto.FLOAT),
             helper.make_node("Add", ["v_in", "fi"], ["v_out"]),
             helper.make_node("Identity", ["cond_in"], ["cond_out"]),
             helper.make_node("Add", ["n_in", "one"], ["n_out"]),
         ],
-        "body",
-        [
-            helper.make_tensor_value_info("iter", i64, []),
-            helper.make_tensor_value_info("cond_in", b, []),
-            f32("v_in", [3]),
-            helper.make_tensor_value_info("n_in", i64, []),
-        ],
-        [helper.make_tensor_value_info("cond_out", b, []), f32("v_out", [3]), helper.make_tensor_value_info("n_out", i64, [])],
+        3,
     )
     nodes = [helper.make_node("Loop", ["m", "", "x", "zero_n"], ["v", "probe"], body=body, name="count")]
     m = model(
@@ -295,51 +280,21 @@ MODELS = {
 MAX_TRIPS = {"loop_count": 5}
 
 
-def save_npy(path: Path, a: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, a, allow_pickle=False)
-    os.replace(tmp, path)
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache", type=Path, required=True)
-    args = ap.parse_args()
-    out = args.cache / "control-flow"
+    cache = cache_arg(__doc__.split("\n\n")[0])
+    out = cache / "control-flow"
     out.mkdir(parents=True, exist_ok=True)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    manifest = {"generator": {"onnxruntime": ort.__version__, "onnx": onnx.__version__}, "models": []}
-    for name, make in MODELS.items():
-        m, cases = make()
-        path = out / f"{name}.onnx"
-        path.write_bytes(m.SerializeToString())
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        (out / name).mkdir(exist_ok=True)
-        entry = {"name": name, "file": f"control-flow/{name}.onnx", "cases": []}
-        if name in MAX_TRIPS:
-            entry["max_trips"] = MAX_TRIPS[name]
+    manifest = {"generator": ort_generator(), "models": []}
+    for name, entry, cases, run in ort_suite(out, "control-flow", MODELS, MAX_TRIPS):
         for label, path_taken, feeds, probe in cases:
-            names = [i.name for i in sess.get_inputs()]
-            res = sess.run(None, dict(zip(names, feeds)))
+            res = run(feeds)
             if probe is not None and int(res[-1]) != probe:
                 raise SystemExit(f"{name}/{label}: takes the other branch (probe {int(res[-1])})")
-            ins, outs = [], []
-            for k, a in enumerate(feeds):
-                f = f"control-flow/{name}/{label}.in_{k}.npy"
-                save_npy(args.cache / f, a)
-                ins.append(f)
-            for k, a in enumerate(res):
-                f = f"control-flow/{name}/{label}.out_{k}.npy"
-                save_npy(args.cache / f, np.asarray(a))
-                outs.append(f)
+            ins = save_arrays(cache, f"control-flow/{name}/{label}.in", feeds)
+            outs = save_arrays(cache, f"control-flow/{name}/{label}.out", res)
             entry["cases"].append({"label": label, "path": path_taken, "inputs": ins, "outputs": outs})
         manifest["models"].append(entry)
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / "manifest.json")
+    write_json(out / "manifest.json", manifest)
     print(f"control flow: {len(MODELS)} models written to {out}")
 
 

@@ -17,15 +17,12 @@ shapes) are initializers, as kiln needs them at compile time.
 `crates/kiln-cli/tests/decomposed_ops.rs` reads the manifest.
 """
 
-import argparse
-import json
-from pathlib import Path
-
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+
+from refio import cache_arg, ort_session, save_arrays, write_json
 
 RNG = np.random.default_rng(24)
 
@@ -71,11 +68,7 @@ def run(m, feeds, reference_only=False):
     if reference_only:
         return ReferenceEvaluator(m).run(None, feeds), "onnx-reference"
     try:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.intra_op_num_threads = 1
-        s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        return s.run(None, feeds), "onnxruntime"
+        return ort_session(m.SerializeToString()).run(None, feeds), "onnxruntime"
     except Exception:
         return ReferenceEvaluator(m).run(None, feeds), "onnx-reference"
 
@@ -186,10 +179,8 @@ def cases():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cache", required=True)
-    a = ap.parse_args()
-    d = Path(a.cache) / "decomposed"
+    cache = cache_arg()
+    d = cache / "decomposed"
     d.mkdir(parents=True, exist_ok=True)
     manifest = []
     for name, node, feeds, consts, outs, opsets in cases():
@@ -202,17 +193,12 @@ def main():
         onnx.save(m, d / f"{name}.onnx")
         declared = [helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type) for o in m.graph.output]
         got = [np.asarray(v).astype(d) for v, d in zip(got, declared)]
-        ins, outs_files = [], []
-        for k, v in enumerate(feeds.values()):
-            np.save(d / f"{name}.in_{k}.npy", v)
-            ins.append(f"decomposed/{name}.in_{k}.npy")
-        for k, v in enumerate(got):
-            np.save(d / f"{name}.out_{k}.npy", np.asarray(v))
-            outs_files.append(f"decomposed/{name}.out_{k}.npy")
+        ins = save_arrays(cache, f"decomposed/{name}.in", feeds.values())
+        outs_files = save_arrays(cache, f"decomposed/{name}.out", got)
         manifest.append({"name": name, "file": f"decomposed/{name}.onnx", "inputs": ins, "outputs": outs_files,
                          "source": source})
         print(f"{name}: {source}")
-    (d / "manifest.json").write_text(json.dumps({"models": manifest}, indent=1))
+    write_json(d / "manifest.json", {"models": manifest}, end="")
 
 
 if __name__ == "__main__":

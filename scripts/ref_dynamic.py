@@ -20,14 +20,11 @@ ONNX Runtime runs on the CPU with graph optimisations disabled and one thread. N
 the .venv of setup-test-data. `crates/kiln-cli/tests/dynamic.rs` reads the manifest.
 """
 
-import argparse
-import json
-from pathlib import Path
-
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from refio import cache_arg, checked_model, const, ort_session, save_arrays, write_json
 
 OPSET = 17
 
@@ -36,16 +33,8 @@ def vi(name, dtype, shape):
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
-def const(name, a):
-    return numpy_helper.from_array(np.asarray(a), name)
-
-
 def model(nodes, inputs, outputs, inits, name):
-    g = helper.make_graph(nodes, name, inputs, outputs, inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="kiln-dynamic")
-    m.ir_version = 8
-    onnx.checker.check_model(m, full_check=True)
-    return m
+    return checked_model(nodes, inputs, outputs, inits, name, "kiln-dynamic", OPSET)
 
 
 def detector():
@@ -247,27 +236,20 @@ MODELS = [detector, nonzero_odd, compress_odd, topk_runtime_k, unique_axis, redu
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cache", required=True)
-    args = ap.parse_args()
-    root = Path(args.cache) / "dynamic"
+    root = cache_arg() / "dynamic"
     root.mkdir(parents=True, exist_ok=True)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
     manifest = {"models": []}
     for make in MODELS:
         m, bounds, cases = make()
         name = m.graph.name
-        onnx.save(m, root / f"{name}.onnx")
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        (root / f"{name}.onnx").write_bytes(m.SerializeToString())
+        sess = ort_session(m.SerializeToString())
         names = [i.name for i in sess.get_inputs()]
         out = root / name
         out.mkdir(exist_ok=True)
         entries = []
         for case, ins, expect in cases:
-            for k, a in enumerate(ins):
-                np.save(out / f"{case}.in_{k}.npy", a)
+            save_arrays(out, f"{case}.in", ins)
             entry = {"name": case, "inputs": len(ins)}
             if expect == "bound":
                 entry["error"] = "bound"
@@ -280,14 +262,13 @@ def main():
                 count = outs[1].shape[0] if name == "topk_runtime_k" else outs[0].shape[0] if count is None else count
                 if expect is not None:
                     assert count == expect, f"{name}/{case}: {count} entries, {expect} meant"
-                for k, a in enumerate(outs):
-                    np.save(out / f"{case}.out_{k}.npy", a)
+                save_arrays(out, f"{case}.out", outs)
                 entry["outputs"] = len(outs)
                 entry["count"] = int(count)
             entries.append(entry)
         manifest["models"].append({"name": name, "file": f"dynamic/{name}.onnx", "max_dims": bounds, "cases": entries})
         print(name, [(e["name"], e.get("count", e.get("error"))) for e in entries])
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_json(root / "manifest.json", manifest)
 
 
 if __name__ == "__main__":

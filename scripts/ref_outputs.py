@@ -22,9 +22,7 @@ anything else is set per model in MODELS below. Free dimensions are bound from
 MODELS, or to 1 when a leading (batch) dimension. Needs the .venv of setup-test-data.
 """
 
-import argparse
 import json
-import os
 import sys
 import zlib
 from pathlib import Path
@@ -33,6 +31,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper
+
+import refio
+from refio import save_npy, write_json
 
 RTOL = 1e-4
 ATOL = 1e-5
@@ -111,13 +112,6 @@ def make_input(name: str, model, v, shape, cfg: dict, rng: np.random.Generator) 
     sys.exit(f"{name}: no rule for input `{v.name}` of type {dtype}; add one to MODELS in {__file__}")
 
 
-def save_npy(path: Path, a: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, a, allow_pickle=False)
-    os.replace(tmp, path)
-
-
 # Corpus models whose tolerance differs from the default, and why.
 CORPUS_TOLERANCE = {
     # 119 convolutions deep, with 38 bilinear resizes, small sigmoid side outputs: f32
@@ -127,6 +121,20 @@ CORPUS_TOLERANCE = {
     # Runtime by 1.2x. Four times the default covers that noise, not a kernel error.
     "u2netp-bgremoval": {"rtol": 4e-4, "atol": 4e-5},
 }
+
+
+def corpus_cfg(m: dict) -> dict:
+    """The settings of one corpus/models.json entry: its inputs' bind shapes, fills and
+    integer ranges, and its tolerance."""
+    cfg = {"shapes": {}, "values": {}, "fill": {}, "range": {}, "corpus": True, **CORPUS_TOLERANCE.get(m["name"], {})}
+    for i in m["inputs"]:
+        cfg["shapes"][i["name"]] = i["bind_shape"]
+        data = i.get("data", {})
+        if "value" in data:
+            cfg["fill"][i["name"]] = data["value"]
+        if "range" in data:
+            cfg["range"][i["name"]] = data["range"]
+    return cfg
 
 
 def corpus_models(cache: Path) -> dict:
@@ -140,15 +148,7 @@ def corpus_models(cache: Path) -> dict:
         path = cache / "corpus" / m["dest"]
         if m["format"] != "onnx" or not path.is_file():
             continue
-        cfg = {"shapes": {}, "values": {}, "fill": {}, "range": {}, "corpus": True, **CORPUS_TOLERANCE.get(m["name"], {})}
-        for i in m["inputs"]:
-            cfg["shapes"][i["name"]] = i["bind_shape"]
-            data = i.get("data", {})
-            if "value" in data:
-                cfg["fill"][i["name"]] = data["value"]
-            if "range" in data:
-                cfg["range"][i["name"]] = data["range"]
-        found[m["name"]] = (path, cfg)
+        found[m["name"]] = (path, corpus_cfg(m))
     return found
 
 
@@ -199,28 +199,12 @@ def run_model(cache: Path, path: Path, name: str = None, cfg: dict = None) -> di
 
 def cached_entry(cache: Path, path: Path, name: str):
     """The recorded entry of model NAME at PATH if still valid, else None."""
-    stamp = cache / "ref" / name / "entry.json"
-    try:
-        rec = json.loads(stamp.read_text())
-        t = stamp.stat().st_mtime
-    except (OSError, ValueError):
-        return None
-    if rec.get("onnxruntime") != ort.__version__ or rec.get("numpy") != np.__version__:
-        return None
-    if t <= path.stat().st_mtime or t <= Path(__file__).stat().st_mtime:
-        return None
-    e = rec.get("entry", {})
-    files = [x["file"] for x in e.get("inputs", []) + e.get("outputs", [])]
-    if e.get("size_bytes") != path.stat().st_size or not all((cache / f).is_file() for f in files):
-        return None
-    return e
+    versions = {"onnxruntime": ort.__version__, "numpy": np.__version__}
+    return refio.cached_entry(cache, cache / "ref" / name / "entry.json", versions, [path, Path(__file__)], path)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", required=True, type=Path)
-    ap.add_argument("--force", action="store_true", help="recompute every model")
-    args = ap.parse_args()
+    args = refio.command_line(__doc__, force=True)
     cache = args.cache
     paths = sorted((cache / "models").glob("*.onnx"))
     if not paths:
@@ -236,17 +220,13 @@ def main() -> None:
             if e is None:
                 print(f"running {name} with onnxruntime {ort.__version__}", file=sys.stderr)
                 e = run_model(cache, path, name, cfg)
-                stamp = cache / "ref" / name / "entry.json"
-                tmp = stamp.with_name("entry.json.tmp")
-                tmp.write_text(json.dumps({"onnxruntime": ort.__version__, "numpy": np.__version__, "entry": e}, indent=1))
-                os.replace(tmp, stamp)
+                stamp = {"onnxruntime": ort.__version__, "numpy": np.__version__, "entry": e}
+                write_json(cache / "ref" / name / "entry.json", stamp, end="")
             entries.append(e)
         manifest = {"generator": {"onnxruntime": ort.__version__, "numpy": np.__version__, "onnx": onnx.__version__},
                     "models": entries}
         out = cache / "ref" / file
-        tmp = out.with_name(file + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, out)
+        write_json(out, manifest)
         print(f"{out}: {len(entries)} models", file=sys.stderr)
 
 if __name__ == "__main__":

@@ -16,15 +16,12 @@ optimisations disabled and one thread. Needs the .venv of setup-test-data.
 `crates/kiln-cli/tests/scan_seq.rs` reads the manifest.
 """
 
-import argparse
-import json
-import os
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from refio import cache_arg, checked_model, const, ort_generator, ort_suite, save_arrays, save_npy, write_json
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -35,16 +32,8 @@ def vi(name, shape, t=F):
     return helper.make_tensor_value_info(name, t, shape)
 
 
-def const(name, a):
-    return numpy_helper.from_array(np.asarray(a), name)
-
-
 def model(nodes, inputs, outputs, inits, name, opset):
-    g = helper.make_graph(nodes, name, inputs, outputs, inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="kiln-scan-seq")
-    m.ir_version = 8
-    onnx.checker.check_model(m, full_check=True)
-    return m
+    return checked_model(nodes, inputs, outputs, inits, name, "kiln-scan-seq", opset)
 
 
 def scan_rnn():
@@ -221,56 +210,28 @@ MODELS = {"scan_rnn": scan_rnn, "seq_ops": seq_ops, "loop_seq": loop_seq}
 MAX_TRIPS = {"loop_seq": 4}
 
 
-def save_npy(path: Path, a: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, a, allow_pickle=False)
-    os.replace(tmp, path)
-
-
 def save_value(cache: Path, stem: str, v):
     """Files for one value: one for a tensor, one per element for a sequence."""
     if isinstance(v, list):
-        files = []
-        for i, a in enumerate(v):
-            f = f"{stem}_{i}.npy"
-            save_npy(cache / f, np.asarray(a))
-            files.append(f)
-        return {"sequence": True, "files": files}
+        return {"sequence": True, "files": save_arrays(cache, stem, v)}
     f = f"{stem}.npy"
     save_npy(cache / f, np.asarray(v))
     return {"sequence": False, "files": [f]}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache", type=Path, required=True)
-    args = ap.parse_args()
-    out = args.cache / "scan-seq"
+    cache = cache_arg(__doc__.split("\n\n")[0])
+    out = cache / "scan-seq"
     out.mkdir(parents=True, exist_ok=True)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    manifest = {"generator": {"onnxruntime": ort.__version__, "onnx": onnx.__version__}, "models": []}
-    for name, make in MODELS.items():
-        m, cases = make()
-        path = out / f"{name}.onnx"
-        path.write_bytes(m.SerializeToString())
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        (out / name).mkdir(exist_ok=True)
-        entry = {"name": name, "file": f"scan-seq/{name}.onnx", "cases": []}
-        if name in MAX_TRIPS:
-            entry["max_trips"] = MAX_TRIPS[name]
+    manifest = {"generator": ort_generator(), "models": []}
+    for name, entry, cases, run in ort_suite(out, "scan-seq", MODELS, MAX_TRIPS):
         for label, feeds in cases:
-            names = [i.name for i in sess.get_inputs()]
-            res = sess.run(None, dict(zip(names, feeds)))
-            ins = [save_value(args.cache, f"scan-seq/{name}/{label}.in_{k}", a) for k, a in enumerate(feeds)]
-            outs = [save_value(args.cache, f"scan-seq/{name}/{label}.out_{k}", a) for k, a in enumerate(res)]
+            res = run(feeds)
+            ins = [save_value(cache, f"scan-seq/{name}/{label}.in_{k}", a) for k, a in enumerate(feeds)]
+            outs = [save_value(cache, f"scan-seq/{name}/{label}.out_{k}", a) for k, a in enumerate(res)]
             entry["cases"].append({"label": label, "inputs": ins, "outputs": outs})
         manifest["models"].append(entry)
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / "manifest.json")
+    write_json(out / "manifest.json", manifest)
     print(f"scan and sequences: {len(MODELS)} models written to {out}")
 
 

@@ -34,14 +34,15 @@ scripts/bench-tflite uses it): floats standard normal, int8 quantised standard n
 integers zeros. Needs the .venv of scripts/setup-test-data.
 """
 
-import argparse
 import json
-import os
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+import refio
+from refio import save_npy, write_json
 
 try:
     import ai_edge_litert
@@ -135,13 +136,6 @@ def run(it: Interpreter, inputs):
     return [(d, it.get_tensor(d["index"]).copy()) for d in it.get_output_details()]
 
 
-def save_npy(path: Path, a: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, a, allow_pickle=False)
-    os.replace(tmp, path)
-
-
 def reference(cache: Path, model: Path) -> dict:
     name = model.stem
     spec_path = model.with_suffix(".json")
@@ -195,28 +189,12 @@ def reference(cache: Path, model: Path) -> dict:
 
 def cached_entry(cache: Path, model: Path):
     stamp = cache / "ref" / "tflite" / model.stem / "entry.json"
-    try:
-        rec = json.loads(stamp.read_text())
-        t = stamp.stat().st_mtime
-    except (OSError, ValueError):
-        return None
-    if rec.get("ai_edge_litert") != litert_version() or rec.get("numpy") != np.__version__:
-        return None
-    sources = [model, model.with_suffix(".json"), Path(__file__)]
-    if any(p.is_file() and t <= p.stat().st_mtime for p in sources):
-        return None
-    e = rec.get("entry", {})
-    files = [x["file"] for x in e.get("inputs", []) + e.get("outputs", [])]
-    if e.get("size_bytes") != model.stat().st_size or not all((cache / f).is_file() for f in files):
-        return None
-    return e
+    versions = {"ai_edge_litert": litert_version(), "numpy": np.__version__}
+    return refio.cached_entry(cache, stamp, versions, [model, model.with_suffix(".json"), Path(__file__)], model)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", required=True, type=Path)
-    ap.add_argument("--force", action="store_true", help="recompute every model")
-    args = ap.parse_args()
+    args = refio.command_line(__doc__, force=True)
     cache = args.cache
     models = sorted((cache / "tflite" / "synthetic").glob("*.tflite"))
     if not models:
@@ -227,18 +205,13 @@ def main() -> None:
         if e is None:
             print(f"running {model.stem} with ai-edge-litert {litert_version()}", file=sys.stderr)
             e = reference(cache, model)
-            stamp = cache / "ref" / "tflite" / model.stem / "entry.json"
-            tmp = stamp.with_name("entry.json.tmp")
-            tmp.write_text(json.dumps({"ai_edge_litert": litert_version(), "numpy": np.__version__, "entry": e},
-                                      indent=1))
-            os.replace(tmp, stamp)
+            stamp = {"ai_edge_litert": litert_version(), "numpy": np.__version__, "entry": e}
+            write_json(cache / "ref" / "tflite" / model.stem / "entry.json", stamp, end="")
         entries.append(e)
     manifest = {"generator": {"ai_edge_litert": litert_version(), "numpy": np.__version__,
                               "resolver": REFERENCE_RESOLVER.name}, "models": entries}
     out = cache / "ref" / "tflite" / "manifest.json"
-    tmp = out.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_json(out, manifest)
     print(f"{out}: {len(entries)} models", file=sys.stderr)
 
 

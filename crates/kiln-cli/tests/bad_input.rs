@@ -15,13 +15,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        ..Default::default()
-    }
+    NodeProto { name: Some(name.into()), ..common::node(op, inputs, outputs) }
 }
 
 fn model(nodes: Vec<NodeProto>, input: ValueInfoProto, output: &str, init: Vec<TensorProto>) -> Vec<u8> {

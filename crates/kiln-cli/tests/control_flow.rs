@@ -20,11 +20,8 @@
 
 mod common;
 
-use common::{data_dir, onnx_model, read_npy, compare};
-use kiln_import::onnx::proto::{
-    attribute_proto::AttributeType, AttributeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto,
-};
-use kiln_ir::Tensor;
+use common::{case_tensors, compare_outputs, data_dir, graph_attr, int_attr, node, onnx_model, run_module};
+use kiln_import::onnx::proto::{GraphProto, NodeProto, TensorProto, ValueInfoProto};
 use kiln_module::program::Command;
 use serde_json::Value;
 
@@ -42,25 +39,6 @@ fn model(name: &str) -> Value {
         .clone()
 }
 
-
-fn run_compiled(
-    module: &kiln_runtime::LoadedModule<'_>,
-    threads: Option<usize>,
-    feeds: &[Tensor],
-    g: &kiln_ir::Graph,
-) -> Vec<Tensor> {
-    let mut inst = match threads {
-        None => kiln_runtime::Instance::new(module).expect("instance"),
-        Some(t) => kiln_runtime::Instance::with_threads(module, t).expect("threaded instance"),
-    };
-    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-    let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-    {
-        let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-        inst.invoke(&ins, &mut refs).expect("invoke");
-    }
-    outs.into_iter().zip(&g.outputs).map(|(b, &v)| Tensor::new(g.values[v].ty.clone(), b.into()).expect("tensor")).collect()
-}
 
 /// Every case of `name` through every path of evaluation; returns the number of
 /// dispatches each case ran (counted by the local-sync driver's observer).
@@ -94,24 +72,15 @@ fn check(name: &str) -> Vec<usize> {
     for case in m["cases"].as_array().expect("cases") {
         let label = format!("{name}/{}", case["label"].as_str().expect("label"));
         paths.push(case["path"].as_str().expect("path").to_string());
-        let feeds: Vec<Tensor> =
-            case["inputs"].as_array().expect("inputs").iter().map(|f| read_npy(f.as_str().expect("file"))).collect();
-        let want: Vec<Tensor> =
-            case["outputs"].as_array().expect("outputs").iter().map(|f| read_npy(f.as_str().expect("file"))).collect();
+        let (feeds, want) = (case_tensors(case, "inputs"), case_tensors(case, "outputs"));
         assert_eq!(want.len(), g.outputs.len(), "{label}: output count");
         let refs = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|e| panic!("{label}: reference: {e}"));
-        for (k, (r, w)) in refs.iter().zip(&want).enumerate() {
-            compare(&format!("{label} output {k} (reference)"), r, w);
-        }
+        compare_outputs(&label, "reference", &refs, &want);
         let flow = kiln_flow::program::interpret(&c.flow, &feeds).unwrap_or_else(|e| panic!("{label}: flow: {e}"));
-        for (k, (r, w)) in flow.iter().zip(&want).enumerate() {
-            compare(&format!("{label} output {k} (flow interpreter)"), r, w);
-        }
+        compare_outputs(&label, "flow interpreter", &flow, &want);
         for threads in [None, Some(1), Some(3)] {
-            let got = run_compiled(&module, threads, &feeds, &g);
-            for (k, (r, w)) in got.iter().zip(&want).enumerate() {
-                compare(&format!("{label} output {k} (compiled, threads {threads:?})"), r, w);
-            }
+            let got = run_module(&module, threads, &g, &feeds);
+            compare_outputs(&label, &format!("compiled, threads {threads:?}"), &got, &want);
         }
         // How many dispatches the plan ran: only the branch taken.
         let mut inst = kiln_runtime::Instance::new(&module).expect("instance");
@@ -188,19 +157,6 @@ fn vi(name: &str, dims: &[i64]) -> ValueInfoProto {
     common::value_info(name, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>())
 }
 
-fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Graph as i32), g: Some(g), ..Default::default() }
-}
-
 /// `y = If(ReduceSum(x) > 0)` with the given branches.
 fn if_model(then: GraphProto, els: GraphProto, outputs: &[&str]) -> Vec<u8> {
     let zero = TensorProto { name: Some("zero".into()), data_type: Some(1), float_data: vec![0.0], ..Default::default() };
@@ -208,12 +164,7 @@ fn if_model(then: GraphProto, els: GraphProto, outputs: &[&str]) -> Vec<u8> {
     iff.name = Some("the_if".into());
     iff.attribute = vec![graph_attr("then_branch", then), graph_attr("else_branch", els)];
     let mut rs = node("ReduceSum", &["x"], &["s"]);
-    rs.attribute = vec![AttributeProto {
-        name: Some("keepdims".into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    }];
+    rs.attribute = vec![int_attr("keepdims", 0)];
     onnx_model(
         vec![rs, node("Greater", &["s", "zero"], &["c"]), iff],
         vec![vi("x", &[2, 3])],
@@ -253,12 +204,7 @@ fn a_branch_with_the_wrong_output_count_is_a_typed_error_naming_the_node() {
 fn branches_of_different_result_types_are_a_typed_error_naming_the_node() {
     let then = branch(vec![node("Relu", &["x"], &["a"])], &[("a", &[2, 3])]);
     let mut flat = node("Flatten", &["x"], &["f"]);
-    flat.attribute = vec![AttributeProto {
-        name: Some("axis".into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    }];
+    flat.attribute = vec![int_attr("axis", 0)];
     let els = branch(vec![flat], &[("f", &[1, 6])]);
     let err = import(if_model(then, els, &["y"])).expect_err("different shapes");
     match &err {

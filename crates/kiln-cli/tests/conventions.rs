@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{fails_with, kiln, lenet_artifact, ok, onnx_model, s, scratch, LENET};
+use common::{fails_with, int_attr, kiln, lenet_artifact, ok, onnx_model, s, scratch, LENET};
 
 use kiln_import::onnx::proto::{
-    attribute_proto::AttributeType, tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
+    tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
     AttributeProto, NodeProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use std::path::{Path, PathBuf};
@@ -45,23 +45,7 @@ fn value_info(name: &str, elem_type: i32, dims: Option<&[D]>) -> ValueInfoProto 
 }
 
 fn node(op: &str, inputs: &[&str], outputs: &[&str], attribute: Vec<AttributeProto>) -> NodeProto {
-    NodeProto {
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        name: Some(format!("{op}_{}", outputs[0])),
-        op_type: Some(op.into()),
-        attribute,
-        ..Default::default()
-    }
-}
-
-fn int_attr(name: &str, i: i64) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        i: Some(i),
-        r#type: Some(AttributeType::Int as i32),
-        ..Default::default()
-    }
+    NodeProto { name: Some(format!("{op}_{}", outputs[0])), attribute, ..common::node(op, inputs, outputs) }
 }
 
 /// Writes a model of `nodes` with these inputs and (untyped) outputs.

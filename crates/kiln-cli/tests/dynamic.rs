@@ -29,16 +29,8 @@ fn run(
     feeds: &[Tensor],
     g: &kiln_ir::Graph,
 ) -> Result<Vec<Tensor>, kiln_runtime::RuntimeError> {
-    let mut inst = match threads {
-        None => kiln_runtime::Instance::new(module).expect("instance"),
-        Some(t) => kiln_runtime::Instance::with_threads(module, t).expect("threaded instance"),
-    };
-    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-    let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-    {
-        let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-        inst.invoke(&ins, &mut refs)?;
-    }
+    let mut inst = common::instance(module, threads);
+    let outs = common::invoke(&mut inst, g, feeds)?;
     Ok(outs
         .into_iter()
         .enumerate()

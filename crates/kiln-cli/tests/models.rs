@@ -133,12 +133,7 @@ fn check_model(name: &str) {
         let t2 = Instant::now();
         let c = kiln_compiler::compile(&g, &opts).unwrap_or_else(|err| panic!("{name}: compile failed: {err}"));
         let t_compile = t2.elapsed();
-        let dir = std::env::temp_dir().join(format!("kiln-model-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join(format!("{name}.kiln"));
-        std::fs::write(&path, &c.artifact).expect("write artifact");
-        let bytes = std::fs::read(&path).expect("read artifact back");
-        let _ = std::fs::remove_file(&path);
+        let bytes = common::through_file("kiln-model-test", name, &c.artifact);
         let module = kiln_runtime::Module::load(&bytes, c.weights.as_deref())
             .unwrap_or_else(|err| panic!("{name}: loading the artifact failed: {err}"));
         let mut instance =
@@ -189,53 +184,10 @@ fn qdq_tolerance(rtol: f64, atol: f64) -> (f64, f64) {
 }
 
 fn compare(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) {
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    if !want.dtype().is_float() {
-        if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
-            panic!("{what}: element {i} is {} , expected {} (exact)", a[i], b[i]);
-        }
-        return;
-    }
-    let scale = b.iter().fold(0.0f64, |m, x| if x.is_finite() { m.max(x.abs()) } else { m });
-    let abs_tol = atol * scale.max(f64::MIN_POSITIVE);
-    let mut worst = (0usize, 0.0f64);
-    for i in 0..a.len() {
-        let (x, y) = (a[i], b[i]);
-        if x.is_nan() && y.is_nan() || x == y {
-            continue;
-        }
-        let err = (x - y).abs();
-        let tol = abs_tol + rtol * y.abs();
-        let excess = if err.is_nan() { f64::INFINITY } else { err / tol };
-        if excess > worst.1 {
-            worst = (i, excess);
-        }
-    }
-    let (i, excess) = worst;
-    assert!(
-        excess <= 1.0,
-        "{what}: element {i} is {}, ORT gives {} (|diff| {:.3e} is {excess:.2}x the tolerance atol {atol}·{scale:.3e} + rtol {rtol}·|ref|)",
-        a[i],
-        b[i],
-        (a[i] - b[i]).abs()
-    );
+    common::assert_close(what, got, want, rtol, atol, "ORT");
 }
 
-macro_rules! model_tests {
-    ($($t:ident => $name:literal),* $(,)?) => {
-        $(#[test] fn $t() { check_model($name); })*
-
-        /// The manifest lists exactly the models tested here.
-        #[test]
-        fn manifest_lists_every_model() {
-            let mut expected = vec![$($name.to_string()),*];
-            expected.sort();
-            assert_eq!(names("manifest.json"), expected);
-        }
-    };
-}
-
-model_tests! {
+common::model_tests! { check_model, manifest_lists_every_model, names("manifest.json");
     mlp => "mlp",
     lenet => "lenet",
     mobilenet_v2 => "mobilenet_v2",

@@ -58,18 +58,7 @@ fn compile_and_run(g: &Graph, precision: Precision, feeds: &[Tensor]) -> (kiln_c
     let opts = Options { precision, fused_attention: true, ..Default::default() };
     let c = kiln_compiler::compile(g, &opts).unwrap_or_else(|e| panic!("compile at {precision}: {e}"));
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
-    let mut inst = kiln_runtime::Instance::new(&module).expect("instantiate");
-    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-    let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-    {
-        let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-        inst.invoke(&ins, &mut refs).expect("invoke");
-    }
-    let outs = outs
-        .into_iter()
-        .zip(&g.outputs)
-        .map(|(b, &v)| Tensor::new(g.values[v].ty.clone(), b.into()).expect("output tensor"))
-        .collect();
+    let outs = common::run_module(&module, None, g, feeds);
     (c, outs)
 }
 

@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{data_dir, onnx_model, read_npy, compare};
+use common::{compare, data_dir, graph_attr, int_attr, onnx_model, read_npy};
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, type_proto, AttributeProto, GraphProto, NodeProto, TypeProto, ValueInfoProto,
 };
@@ -103,16 +103,9 @@ fn check(name: &str) {
         let c = kiln_compiler::compile(&g, &Default::default()).unwrap_or_else(|e| panic!("{label}: compile: {e}"));
         let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
         for threads in [1, 3] {
-            let mut inst = kiln_runtime::Instance::with_threads(&module, threads).expect("instance");
-            let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
-            let mut bufs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
-            {
-                let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|v| &mut v[..]).collect();
-                inst.invoke(&ins, &mut refs).expect("invoke");
-            }
-            for (k, ((b, &v), (n, w))) in bufs.into_iter().zip(&g.outputs).zip(&want).enumerate() {
-                let got = Tensor::new(g.values[v].ty.clone(), b.into()).expect("tensor");
-                compare(&format!("{label} output {k} `{n}` (compiled, {threads} threads)"), &got, w);
+            let got = common::run_module(&module, Some(threads), &g, &feeds);
+            for (k, (got, (n, w))) in got.iter().zip(&want).enumerate() {
+                compare(&format!("{label} output {k} `{n}` (compiled, {threads} threads)"), got, w);
             }
         }
     }
@@ -182,13 +175,7 @@ fn seq_vi(name: &str) -> ValueInfoProto {
 }
 
 fn node(op: &str, inputs: &[&str], outputs: &[&str], name: &str) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
+    NodeProto { name: Some(name.into()), ..common::node(op, inputs, outputs) }
 }
 
 fn node_error(r: Result<kiln_ir::Graph, ImportError>, want_node: &str, want_op: &str, needle: &str) {
@@ -209,12 +196,7 @@ fn import(bytes: Vec<u8>, opts: &ImportOptions) -> Result<kiln_ir::Graph, Import
 #[test]
 fn a_sequence_insert_at_a_position_computed_at_run_time_is_refused_naming_the_node() {
     let mut cat = node("ConcatFromSequence", &["s2"], &["y"], "cat");
-    cat.attribute = vec![AttributeProto {
-        name: Some("axis".into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    }];
+    cat.attribute = vec![int_attr("axis", 0)];
     let m = onnx_model(
         vec![
             node("SequenceConstruct", &["a", "b"], &["s"], "make"),
@@ -307,20 +289,9 @@ fn run_time_branches_giving_sequences_of_different_lengths_are_refused_naming_th
         ..Default::default()
     };
     let mut iff = node("If", &["c"], &["s"], "choose");
-    let g = |name: &str, g: GraphProto| AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(AttributeType::Graph as i32),
-        g: Some(g),
-        ..Default::default()
-    };
-    iff.attribute = vec![g("then_branch", branch(1, "t")), g("else_branch", branch(2, "e"))];
+    iff.attribute = vec![graph_attr("then_branch", branch(1, "t")), graph_attr("else_branch", branch(2, "e"))];
     let mut rs = node("ReduceSum", &["x"], &["sum"], "sum");
-    rs.attribute = vec![AttributeProto {
-        name: Some("keepdims".into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    }];
+    rs.attribute = vec![int_attr("keepdims", 0)];
     let zero = kiln_import::onnx::proto::TensorProto {
         name: Some("zero".into()),
         data_type: Some(1),
@@ -365,19 +336,9 @@ fn a_loop_growing_a_sequence_on_run_time_trips_is_refused_naming_the_node() {
         ..Default::default()
     };
     let mut lp = node("Loop", &["m", "c", "s0"], &["s"], "grow");
-    lp.attribute = vec![AttributeProto {
-        name: Some("body".into()),
-        r#type: Some(AttributeType::Graph as i32),
-        g: Some(body),
-        ..Default::default()
-    }];
+    lp.attribute = vec![graph_attr("body", body)];
     let mut rs = node("ReduceSum", &["x"], &["sum"], "sum");
-    rs.attribute = vec![AttributeProto {
-        name: Some("keepdims".into()),
-        r#type: Some(AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    }];
+    rs.attribute = vec![int_attr("keepdims", 0)];
     let init = |name: &str, t: i32, f: Vec<f32>, i: Vec<i64>| kiln_import::onnx::proto::TensorProto {
         name: Some(name.into()),
         data_type: Some(t),

@@ -196,35 +196,7 @@ fn names(list: &[Value]) -> Vec<String> {
 
 /// Float outputs: models.rs's bound, |got − want| ≤ atol·max|want| + rtol·|want|.
 fn compare_float(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) {
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    if !want.dtype().is_float() {
-        if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
-            panic!("{what}: element {i} is {}, LiteRT gives {} (exact)", a[i], b[i]);
-        }
-        return;
-    }
-    let scale = b.iter().fold(0.0f64, |m, x| if x.is_finite() { m.max(x.abs()) } else { m });
-    let abs_tol = atol * scale.max(f64::MIN_POSITIVE);
-    let mut worst = (0usize, 0.0f64);
-    for i in 0..a.len() {
-        let (x, y) = (a[i], b[i]);
-        if x.is_nan() && y.is_nan() || x == y {
-            continue;
-        }
-        let err = (x - y).abs();
-        let excess = if err.is_nan() { f64::INFINITY } else { err / (abs_tol + rtol * y.abs()) };
-        if excess > worst.1 {
-            worst = (i, excess);
-        }
-    }
-    let (i, excess) = worst;
-    assert!(
-        excess <= 1.0,
-        "{what}: element {i} is {}, LiteRT gives {} (|diff| {:.3e} is {excess:.2}x the tolerance atol {atol}·{scale:.3e} + rtol {rtol}·|ref|)",
-        a[i],
-        b[i],
-        (a[i] - b[i]).abs()
-    );
+    let excess = common::assert_close(what, got, want, rtol, atol, "LiteRT");
     eprintln!("TFLITE {what}: float, worst element {excess:.3}x the tolerance");
 }
 
@@ -283,24 +255,8 @@ fn compare_steps(what: &str, got: &Tensor, want: &Tensor, scale: f64, spread: &s
     );
 }
 
-macro_rules! tflite_tests {
-    ($($t:ident => $name:literal),* $(,)?) => {
-        $(#[test] fn $t() { check_model($name); })*
-
-        /// The manifest lists exactly the models tested here.
-        #[test]
-        fn manifest_lists_every_model() {
-            let mut expected = vec![$($name.to_string()),*];
-            expected.sort();
-            let mut listed: Vec<String> =
-                manifest().iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
-            listed.sort();
-            assert_eq!(listed, expected);
-        }
-    };
-}
-
-tflite_tests! {
+common::model_tests! { check_model, manifest_lists_every_model,
+    manifest().iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
     mlp_f32 => "mlp_f32",
     mlp_f16 => "mlp_f16",
     mlp_int8 => "mlp_int8",

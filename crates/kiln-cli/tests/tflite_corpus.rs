@@ -34,29 +34,6 @@ fn tolerance(_name: &str) -> (f64, f64) {
     (1e-4, 1e-5)
 }
 
-/// Largest absolute and relative (to max|want|) difference, and the worst excess over the
-/// tolerance with its element.
-fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> (f64, f64, f64, usize) {
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    assert_eq!(a.len(), b.len(), "element count");
-    let scale = b.iter().fold(0.0f64, |m, x| if x.is_finite() { m.max(x.abs()) } else { m });
-    let abs_tol = atol * scale.max(f64::MIN_POSITIVE);
-    let (mut max_abs, mut worst, mut at) = (0.0f64, 0.0f64, 0usize);
-    for i in 0..a.len() {
-        if a[i] == b[i] || a[i].is_nan() && b[i].is_nan() {
-            continue;
-        }
-        let err = (a[i] - b[i]).abs();
-        max_abs = max_abs.max(if err.is_nan() { f64::INFINITY } else { err });
-        let excess = if err.is_nan() { f64::INFINITY } else { err / (abs_tol + rtol * b[i].abs()) };
-        if excess > worst {
-            worst = excess;
-            at = i;
-        }
-    }
-    (max_abs, max_abs / scale.max(f64::MIN_POSITIVE), worst, at)
-}
-
 fn check(name: &str) {
     let e = listing().into_iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("`{name}` is not in the listing"));
     assert!(e.get("error").is_none(), "{name}: LiteRT could not run it: {}", e["error"]);
@@ -74,12 +51,7 @@ fn check(name: &str) {
     }
     let c = kiln_compiler::compile(&g, &kiln_compiler::Options { source: name.to_string(), ..Default::default() })
         .unwrap_or_else(|err| panic!("{name}: compile: {err}"));
-    let dir = std::env::temp_dir().join(format!("kiln-tflite-corpus-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(format!("{name}.kiln"));
-    std::fs::write(&path, &c.artifact).expect("write artifact");
-    let bytes = std::fs::read(&path).expect("read artifact back");
-    let _ = std::fs::remove_file(&path);
+    let bytes = common::through_file("kiln-tflite-corpus", name, &c.artifact);
     let module = kiln_runtime::Module::load(&bytes, c.weights.as_deref()).unwrap_or_else(|err| panic!("{name}: load: {err}"));
     let mut instance = kiln_runtime::Instance::new(&module).unwrap_or_else(|err| panic!("{name}: instantiate: {err}"));
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
@@ -103,7 +75,9 @@ fn check(name: &str) {
             assert!(steps <= 1.0, "{name}: an integer output is {steps} steps off LiteRT");
             continue;
         }
-        let (abs, rel, excess, at) = compare(&got, &want_t, rtol, atol);
+        let common::Gap { excess, at, max_abs: abs, scale } =
+            common::gap(&got.to_f64_vec(), &want_t.to_f64_vec(), rtol, atol, false);
+        let rel = abs / scale.max(f64::MIN_POSITIVE);
         eprintln!(
             "TFLITE {name}/{}: max |diff| {abs:.3e}, relative to max|LiteRT| {rel:.3e}; {} dispatches",
             want["name"].as_str().unwrap_or("?"),
@@ -117,23 +91,8 @@ fn check(name: &str) {
     }
 }
 
-macro_rules! corpus_tests {
-    ($($t:ident => $name:literal),* $(,)?) => {
-        $(#[test] fn $t() { check($name); })*
-
-        /// The listing holds exactly the models tested here.
-        #[test]
-        fn listing_holds_every_model() {
-            let mut want = vec![$($name.to_string()),*];
-            want.sort();
-            let mut have: Vec<String> = listing().iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
-            have.sort();
-            assert_eq!(have, want);
-        }
-    };
-}
-
-corpus_tests! {
+common::model_tests! { check, listing_holds_every_model,
+    listing().iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
     basic_pitch => "basic-pitch-nmp-tflite",
     birdnet_metadata_fp16 => "birdnet-v2.4-metadata-fp16",
     birdnet_fp32 => "birdnet-v2.4-fp32",

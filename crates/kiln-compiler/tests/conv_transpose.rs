@@ -25,15 +25,8 @@ struct Case {
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 2000) as f64 / 1024.0 - 1.0
-        })
-        .collect()
+    let mut r = kiln_filetest::fuzz::XorShift::spread(seed);
+    (0..n).map(|_| (r.next() % 2000) as f64 / 1024.0 - 1.0).collect()
 }
 
 fn dims_text(d: &[usize]) -> String {

@@ -10,6 +10,12 @@ use std::path::Path;
 pub struct XorShift(pub u64);
 
 impl XorShift {
+    /// A generator for any seed, 0 included: the seed spread by the golden-ratio
+    /// multiplier and made odd (the test-data fillers' start).
+    pub fn spread(seed: u64) -> XorShift {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
     /// The next 64 bits.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
@@ -52,6 +58,48 @@ impl XorShiftStar {
     /// An element of a non-empty slice.
     pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
         &v[self.below(v.len())]
+    }
+}
+
+/// Byte values that sit on encoding edges (varint continuation bits, -1, 0, 1).
+pub const EDGE_BYTES: [u8; 5] = [0x00, 0x01, 0x7f, 0x80, 0xff];
+
+/// Byte-level edits for mutators. Each draws from the generator in a fixed order, so a
+/// mutator made of them keeps its stream (and the mutants a seed gives stay the same).
+pub mod edit {
+    use super::XorShift;
+
+    /// Flips one bit of a non-empty buffer.
+    pub fn flip_bit(rng: &mut XorShift, d: &mut [u8]) {
+        let i = rng.below(d.len());
+        d[i] ^= 1 << rng.below(8);
+    }
+
+    /// Sets one byte of a non-empty buffer to one of `values`.
+    pub fn set_byte(rng: &mut XorShift, d: &mut [u8], values: &[u8]) {
+        let i = rng.below(d.len());
+        d[i] = values[rng.below(values.len())];
+    }
+
+    /// Cuts the buffer at a random length (possibly all of it, possibly none).
+    pub fn truncate(rng: &mut XorShift, d: &mut Vec<u8>) {
+        d.truncate(rng.below(d.len() + 1));
+    }
+
+    /// Inserts 1 to `most` random bytes at a random place.
+    pub fn insert_random(rng: &mut XorShift, d: &mut Vec<u8>, most: usize) {
+        let i = rng.below(d.len() + 1);
+        let n = 1 + rng.below(most);
+        let ins: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+        d.splice(i..i, ins);
+    }
+
+    /// Removes one byte (not the last) of a buffer longer than 2; a shorter one is left.
+    pub fn remove_byte(rng: &mut XorShift, d: &mut Vec<u8>) {
+        if d.len() > 2 {
+            let i = rng.below(d.len() - 1);
+            d.remove(i);
+        }
     }
 }
 
@@ -109,6 +157,41 @@ pub fn replay_corpus(dir: &Path, seeds: &[(&str, Vec<u8>)], what: &str, check: i
         assert!(committed == Some(bytes), "{name} is missing or stale; rerun with KILN_BLESS=1");
         assert_eq!(check(bytes), Ok(true), "{name} is accepted");
     }
+}
+
+/// The mutation loop of a fuzz test: `rounds` mutants of each of `seeds` (named by
+/// `names`), made by `mutant(seed index, round)` (the caller's seeded generator lives in
+/// that closure, so the stream is the caller's own), each given to `check` (which returns
+/// whether the input was accepted, or the panic message). A mutant that panics fails the
+/// test, saved first to `fuzz/corpus-tmp/crash-NAME-ROUND` for the cargo-fuzz target to
+/// replay. `what` names the code under test in messages ("the loader"). Returns how
+/// many mutants were accepted, of how many.
+pub fn mutation_rounds<N: AsRef<str>>(
+    names: &[N],
+    rounds: usize,
+    what: &str,
+    mut mutant: impl FnMut(usize, usize) -> Vec<u8>,
+    check: impl Fn(&[u8]) -> Result<bool, String>,
+) -> (usize, usize) {
+    let (mut accepted, mut total) = (0, 0);
+    for (i, name) in names.iter().enumerate() {
+        let name = name.as_ref();
+        for round in 0..rounds {
+            let m = mutant(i, round);
+            match check(&m) {
+                Ok(ok) => accepted += ok as usize,
+                Err(msg) => {
+                    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus-tmp");
+                    let _ = std::fs::create_dir_all(&out);
+                    let f = out.join(format!("crash-{name}-{round}"));
+                    let _ = std::fs::write(&f, &m);
+                    panic!("mutation {round} of {name} panics {what} (saved to {}): {msg}", f.display());
+                }
+            }
+            total += 1;
+        }
+    }
+    (accepted, total)
 }
 
 #[cfg(test)]

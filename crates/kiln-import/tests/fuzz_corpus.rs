@@ -4,7 +4,7 @@
 //! test run, on stable Rust.
 
 use bytes::Bytes;
-use kiln_filetest::fuzz::XorShift as Rng;
+use kiln_filetest::fuzz::{edit, mutation_rounds, XorShift as Rng, EDGE_BYTES};
 use kiln_import::{onnx::import_bytes, ImportOptions};
 use std::path::PathBuf;
 
@@ -43,26 +43,14 @@ fn mutate(rng: &mut Rng, seed: &[u8], other: &[u8]) -> Vec<u8> {
     let mut d = seed.to_vec();
     for _ in 0..1 + rng.below(4) {
         match rng.below(7) {
-            0 if !d.is_empty() => {
-                let i = rng.below(d.len());
-                d[i] ^= 1 << rng.below(8);
-            }
+            0 if !d.is_empty() => edit::flip_bit(rng, &mut d),
             1 if !d.is_empty() => {
                 let i = rng.below(d.len());
                 d[i] = rng.next() as u8;
             }
-            2 => d.truncate(rng.below(d.len() + 1)),
-            3 => {
-                let i = rng.below(d.len() + 1);
-                let n = 1 + rng.below(8);
-                let ins: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-                d.splice(i..i, ins);
-            }
-            4 if !d.is_empty() => {
-                // Interesting values: varint continuation bits, -1, 0.
-                let i = rng.below(d.len());
-                d[i] = [0x00, 0x01, 0x7f, 0x80, 0xff][rng.below(5)];
-            }
+            2 => edit::truncate(rng, &mut d),
+            3 => edit::insert_random(rng, &mut d, 8),
+            4 if !d.is_empty() => edit::set_byte(rng, &mut d, &EDGE_BYTES),
             5 if !other.is_empty() => {
                 // Splice a chunk of another seed.
                 let a = rng.below(other.len());
@@ -70,11 +58,7 @@ fn mutate(rng: &mut Rng, seed: &[u8], other: &[u8]) -> Vec<u8> {
                 let i = rng.below(d.len() + 1);
                 d.splice(i..i, other[a..b].iter().copied());
             }
-            _ if d.len() > 2 => {
-                let i = rng.below(d.len() - 1);
-                d.remove(i);
-            }
-            _ => {}
+            _ => edit::remove_byte(rng, &mut d),
         }
     }
     d
@@ -84,24 +68,9 @@ fn mutate(rng: &mut Rng, seed: &[u8], other: &[u8]) -> Vec<u8> {
 fn mutations_never_panic() {
     let files = corpus();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut imported = 0usize;
-    let rounds = 400;
-    for (i, (name, seed)) in files.iter().enumerate() {
-        let other = &files[(i + 1) % files.len()].1;
-        for round in 0..rounds {
-            let m = mutate(&mut rng, seed, other);
-            match import(&m) {
-                Ok(ok) => imported += ok as usize,
-                Err(msg) => {
-                    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus-tmp");
-                    let _ = std::fs::create_dir_all(&out);
-                    let f = out.join(format!("crash-{name}-{round}"));
-                    let _ = std::fs::write(&f, &m);
-                    panic!("mutation {round} of {name} panics the importer (saved to {}): {msg}", f.display());
-                }
-            }
-        }
-    }
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    let mutant = |i: usize, _| mutate(&mut rng, &files[i].1, &files[(i + 1) % files.len()].1);
+    let (imported, _) = mutation_rounds(&names, 400, "the importer", mutant, import);
     // The loop must exercise real import paths, not only the decoder's rejections.
     assert!(imported > 0, "no mutation imported successfully");
 }

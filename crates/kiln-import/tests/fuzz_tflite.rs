@@ -6,7 +6,7 @@
 //! negative values, truncation, and bytes inserted or removed.
 
 use bytes::Bytes;
-use kiln_filetest::fuzz::XorShift as Rng;
+use kiln_filetest::fuzz::{edit, mutation_rounds, XorShift as Rng, EDGE_BYTES};
 use kiln_import::{tflite::import_bytes, ImportError, ImportOptions};
 use std::path::PathBuf;
 
@@ -55,26 +55,11 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
                 let v: u32 = [0, 1, 4, 0x7fff_ffff, 0xffff_ffff, 0x8000_0000, d.len() as u32][rng.below(7)];
                 d[i..i + 4].copy_from_slice(&v.to_le_bytes());
             }
-            1 if !d.is_empty() => {
-                let i = rng.below(d.len());
-                d[i] ^= 1 << rng.below(8);
-            }
-            2 => d.truncate(rng.below(d.len() + 1)),
-            3 => {
-                let i = rng.below(d.len() + 1);
-                let n = 1 + rng.below(8);
-                let ins: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-                d.splice(i..i, ins);
-            }
-            4 if !d.is_empty() => {
-                let i = rng.below(d.len());
-                d[i] = [0x00, 0x01, 0x7f, 0x80, 0xff][rng.below(5)];
-            }
-            _ if d.len() > 2 => {
-                let i = rng.below(d.len() - 1);
-                d.remove(i);
-            }
-            _ => {}
+            1 if !d.is_empty() => edit::flip_bit(rng, &mut d),
+            2 => edit::truncate(rng, &mut d),
+            3 => edit::insert_random(rng, &mut d, 8),
+            4 if !d.is_empty() => edit::set_byte(rng, &mut d, &EDGE_BYTES),
+            _ => edit::remove_byte(rng, &mut d),
         }
     }
     d
@@ -84,22 +69,8 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
 fn mutations_never_panic() {
     let files = corpus();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let mut imported = 0usize;
-    for (name, seed) in &files {
-        for round in 0..2000 {
-            let m = mutate(&mut rng, seed);
-            match import(&m) {
-                Ok(ok) => imported += ok as usize,
-                Err(msg) => {
-                    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus-tmp");
-                    let _ = std::fs::create_dir_all(&out);
-                    let f = out.join(format!("crash-{name}-{round}"));
-                    let _ = std::fs::write(&f, &m);
-                    panic!("mutation {round} of {name} panics the importer (saved to {}): {msg}", f.display());
-                }
-            }
-        }
-    }
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    let (imported, _) = mutation_rounds(&names, 2000, "the importer", |i, _| mutate(&mut rng, &files[i].1), import);
     // The loop must reach the importer itself, not only the decoder's rejections.
     assert!(imported > 0, "no mutation imported");
 }

@@ -14,6 +14,16 @@ fn b(slot: Slot, offset: u64, length: u64) -> Binding {
     Binding { slot, offset, length }
 }
 
+/// [`mlp`]'s entry alone: embedded (empty) constants, no debug section, and no devices,
+/// kernels or executables.
+fn bare_mlp() -> Program {
+    let mut p = mlp(Constants::Embedded(vec![]), false);
+    p.devices.clear();
+    p.kernels.clear();
+    p.executables.clear();
+    p
+}
+
 /// A two-layer MLP shape: x[1,4] → matmul+bias+relu → h[1,8] (arena) → matmul → y[1,2].
 fn mlp(constants: Constants, debug: bool) -> Program {
     let code: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -293,12 +303,9 @@ fn file_of_format(p: &Program, (kind, bytes): (SectionKind, Vec<u8>), minor: u16
 
 #[test]
 fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
-    let mut p = mlp(Constants::Embedded(vec![]), false);
-    p.devices.clear();
     // No kernels and no executables: those tables (whose records grew in 1.2 and 1.3)
     // are the same in every format.
-    p.kernels.clear();
-    p.executables.clear();
+    let mut p = bare_mlp();
     p.entries[0].commands = vec![Command::Dispatch {
         kernel: 1,
         device: 0,
@@ -739,10 +746,7 @@ fn reseal_lets_deliberate_edits_through() {
 
 #[test]
 fn collectives_by_hand_and_refused_under_format_1_3() {
-    let mut p = mlp(Constants::Embedded(vec![]), false);
-    p.devices.clear();
-    p.kernels.clear();
-    p.executables.clear();
+    let mut p = bare_mlp();
     p.entries[0].buffers.clear();
     let part = |device: u32, s: u64, d: u64, len: u64| CollectivePart {
         device,

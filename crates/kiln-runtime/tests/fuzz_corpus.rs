@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use kiln_filetest::fuzz::XorShift as Rng;
+use kiln_filetest::fuzz::{mutation_rounds, XorShift as Rng};
 use kiln_module::abi::ABI_VERSION;
 use kiln_module::program::*;
 use kiln_module::sections::{read_program, write_program, ConstantsView, ProgramView};
@@ -270,74 +270,73 @@ fn mutate_bytes(r: &mut Rng, d: &mut Vec<u8>) {
     }
 }
 
+/// The names of `seeds`.
+fn names<T>(seeds: &[(&'static str, T)]) -> Vec<&'static str> {
+    seeds.iter().map(|(n, _)| *n).collect()
+}
+
 #[test]
 fn section_mutations_never_panic() {
     let mut r = Rng(0x9E37_79B9_7F4A_7C15);
-    let (mut rejected, mut total) = (0, 0);
-    for (name, seed) in seeds() {
-        let base = sections_of(&seed);
-        for round in 0..1200 {
-            let mut s = base.clone();
-            for _ in 0..1 + r.below(3) {
-                let k = r.below(s.len());
-                mutate_bytes(&mut r, &mut s[k].2);
-            }
-            if r.next().is_multiple_of(16) {
-                // Drop a section, or add a constants section next to external weights.
-                if r.next().is_multiple_of(2) {
-                    let k = r.below(s.len());
-                    s.remove(k);
-                } else if !s.iter().any(|x| x.0 == SectionKind::Constants) {
-                    s.push((SectionKind::Constants, 64, vec![0; 64]));
-                }
-            }
-            let d = rebuild(&s);
-            match check(&d) {
-                Ok(ok) => rejected += !ok as usize,
-                Err(m) => panic!("section mutation {round} of {name} panics the loader: {m}"),
-            }
-            total += 1;
+    let seeds = seeds();
+    let bases: Vec<_> = seeds.iter().map(|(_, seed)| sections_of(seed)).collect();
+    let mutant = |i: usize, _| {
+        let mut s = bases[i].clone();
+        for _ in 0..1 + r.below(3) {
+            let k = r.below(s.len());
+            mutate_bytes(&mut r, &mut s[k].2);
         }
-    }
+        if r.next().is_multiple_of(16) {
+            // Drop a section, or add a constants section next to external weights.
+            if r.next().is_multiple_of(2) {
+                let k = r.below(s.len());
+                s.remove(k);
+            } else if !s.iter().any(|x| x.0 == SectionKind::Constants) {
+                s.push((SectionKind::Constants, 64, vec![0; 64]));
+            }
+        }
+        rebuild(&s)
+    };
+    let (accepted, total) = mutation_rounds(&names(&seeds), 1200, "the loader (section mutation)", mutant, check);
+    let rejected = total - accepted;
     assert!(rejected > total / 2, "most mutations should be rejected ({rejected} of {total})");
 }
 
 #[test]
 fn container_mutations_never_panic() {
     let mut r = Rng(0x2545_F491_4F6C_DD1D);
-    for (name, seed) in seeds() {
-        let n = sections_of(&seed).len();
-        for round in 0..400 {
-            let mut d = seed.clone();
-            let e = 64 + 32 * r.below(n);
-            match r.next() % 5 {
-                0 => {
-                    // Point one section at another's offset: overlapping ranges.
-                    let other = 64 + 32 * r.below(n);
-                    let off: [u8; 8] = d[other + 8..other + 16].try_into().expect("8 bytes");
-                    d[e + 8..e + 16].copy_from_slice(&off);
-                }
-                1 => {
-                    let v = [u64::MAX, u64::MAX / 2, 1 << 32, 0, d.len() as u64][r.below(5)];
-                    let f = [8, 16][r.below(2)];
-                    d[e + f..e + f + 8].copy_from_slice(&v.to_le_bytes());
-                }
-                2 => {
-                    // Change a section's kind (duplicates, unknown kinds, swapped roles).
-                    d[e..e + 4].copy_from_slice(&(r.below(8) as u32).to_le_bytes());
-                }
-                3 => d.truncate(r.below(d.len() + 1)),
-                _ => {
-                    let i = r.below(d.len());
-                    d[i] ^= 1 << (r.next() % 8);
-                }
+    let seeds = seeds();
+    let mutant = |i: usize, _| {
+        let seed = &seeds[i].1;
+        let n = sections_of(seed).len();
+        let mut d = seed.clone();
+        let e = 64 + 32 * r.below(n);
+        match r.next() % 5 {
+            0 => {
+                // Point one section at another's offset: overlapping ranges.
+                let other = 64 + 32 * r.below(n);
+                let off: [u8; 8] = d[other + 8..other + 16].try_into().expect("8 bytes");
+                d[e + 8..e + 16].copy_from_slice(&off);
             }
-            kiln_module::reseal::reseal(&mut d);
-            if let Err(m) = check(&d) {
-                panic!("container mutation {round} of {name} panics the loader: {m}");
+            1 => {
+                let v = [u64::MAX, u64::MAX / 2, 1 << 32, 0, d.len() as u64][r.below(5)];
+                let f = [8, 16][r.below(2)];
+                d[e + f..e + f + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            2 => {
+                // Change a section's kind (duplicates, unknown kinds, swapped roles).
+                d[e..e + 4].copy_from_slice(&(r.below(8) as u32).to_le_bytes());
+            }
+            3 => d.truncate(r.below(d.len() + 1)),
+            _ => {
+                let i = r.below(d.len());
+                d[i] ^= 1 << (r.next() % 8);
             }
         }
-    }
+        kiln_module::reseal::reseal(&mut d);
+        d
+    };
+    mutation_rounds(&names(&seeds), 400, "the loader (container mutation)", mutant, check);
 }
 
 fn edge(r: &mut Rng, size: u64) -> u64 {
@@ -489,20 +488,15 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
 #[test]
 fn program_mutations_never_panic_and_what_verifies_is_in_bounds() {
     let mut r = Rng(0xD1B5_4A32_D192_ED03);
-    let (mut accepted, mut total) = (0, 0);
-    for (name, seed) in seed_programs() {
-        for round in 0..600 {
-            let mut p = seed.clone();
-            for _ in 0..1 + r.below(2) {
-                mutate_program(&mut r, &mut p);
-            }
-            match check(&write_program(&p)) {
-                Ok(ok) => accepted += ok as usize,
-                Err(m) => panic!("program mutation {round} of {name} panics the loader: {m}"),
-            }
-            total += 1;
+    let seeds = seed_programs();
+    let mutant = |i: usize, _| {
+        let mut p = seeds[i].1.clone();
+        for _ in 0..1 + r.below(2) {
+            mutate_program(&mut r, &mut p);
         }
-    }
+        write_program(&p)
+    };
+    let (accepted, total) = mutation_rounds(&names(&seeds), 600, "the loader (program mutation)", mutant, check);
     // Both outcomes occur: the mutations probe the boundary.
     assert!(accepted > 0 && accepted < total, "{accepted} of {total} accepted");
 }

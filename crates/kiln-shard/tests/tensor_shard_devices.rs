@@ -19,15 +19,8 @@ fn ty(dims: &[usize]) -> TensorType {
 
 /// Seeded values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 2000) as f32 / 1000.0 - 1.0
-        })
-        .collect()
+    let mut r = kiln_filetest::fuzz::XorShift::spread(seed);
+    (0..n).map(|_| (r.next() % 2000) as f32 / 1000.0 - 1.0).collect()
 }
 
 fn constant(g: &mut Graph, name: &str, dims: &[usize], seed: u64) -> ValueId {

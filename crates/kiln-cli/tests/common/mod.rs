@@ -4,7 +4,10 @@
 //! listings and the import options an entry asks for).
 #![allow(dead_code)]
 
-use kiln_import::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto};
+use kiln_import::onnx::proto::{
+    attribute_proto::AttributeType, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    ValueInfoProto,
+};
 use kiln_compiler::{Compilation, CompileError, Input, Options, Precision, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, Tensor};
@@ -90,6 +93,27 @@ pub fn value_info(name: &str, dims: &[Option<i64>]) -> ValueInfoProto {
         r#type: Some(TypeProto { value: Some(type_proto::Value::TensorType(tensor)), denotation: None }),
         doc_string: None,
     }
+}
+
+/// An ONNX node: `op` from `inputs` to `outputs`, unnamed and without attributes (set
+/// them with `NodeProto { name, attribute, ..node(…) }`).
+pub fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// An integer attribute.
+pub fn int_attr(name: &str, i: i64) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(i), ..Default::default() }
+}
+
+/// A graph attribute (a branch, a loop body).
+pub fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Graph as i32), g: Some(g), ..Default::default() }
 }
 
 /// An ONNX model (IR version 8, opset 17) of the graph `g` with these nodes, inputs,
@@ -208,5 +232,144 @@ pub fn compare(what: &str, got: &Tensor, want: &Tensor) {
     for i in 0..a.len() {
         let tol = if want.dtype().is_float() { 1e-5 * scale + 1e-4 * b[i].abs() } else { 0.0 };
         assert!((a[i] - b[i]).abs() <= tol, "{what}: element {i} is {}, expected {}", a[i], b[i]);
+    }
+}
+
+/// How far an output is from its reference under the per-element bound
+/// |got − want| ≤ atol·max|want| + rtol·|want| (the maximum over the reference's finite
+/// values; equal values and matching NaNs are no difference).
+#[derive(Clone, Copy, Debug)]
+pub struct Gap {
+    /// The largest difference over the bound (≤ 1 holds; infinite for a NaN difference,
+    /// or any difference where `exact`).
+    pub excess: f64,
+    /// The element of `excess` (0 when none differs).
+    pub at: usize,
+    /// The largest absolute difference (infinite for a NaN difference).
+    pub max_abs: f64,
+    /// max|want| over its finite values.
+    pub scale: f64,
+}
+
+/// The [`Gap`] of `a` (kiln's values) from `b` (the reference's); `exact`: any
+/// difference is out of bounds (integer and bool outputs).
+pub fn gap(a: &[f64], b: &[f64], rtol: f64, atol: f64, exact: bool) -> Gap {
+    assert_eq!(a.len(), b.len(), "element count");
+    let scale = b.iter().fold(0.0f64, |m, x| if x.is_finite() { m.max(x.abs()) } else { m });
+    let abs_tol = atol * scale.max(f64::MIN_POSITIVE);
+    let mut g = Gap { excess: 0.0, at: 0, max_abs: 0.0, scale };
+    for i in 0..a.len() {
+        let (x, y) = (a[i], b[i]);
+        if x == y || x.is_nan() && y.is_nan() {
+            continue;
+        }
+        let err = (x - y).abs();
+        g.max_abs = g.max_abs.max(if err.is_nan() { f64::INFINITY } else { err });
+        let excess = if err.is_nan() || exact { f64::INFINITY } else { err / (abs_tol + rtol * y.abs()) };
+        if excess > g.excess {
+            g.excess = excess;
+            g.at = i;
+        }
+    }
+    g
+}
+
+/// `got` against `oracle`'s output `want` (ONNX Runtime's, LiteRT's): floats within
+/// [`gap`]'s bound, integers and bools exact. Returns the worst element's share of the
+/// bound; panics past it, naming the element.
+pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64, oracle: &str) -> f64 {
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    let exact = !want.dtype().is_float();
+    let Gap { excess, at: i, scale, .. } = gap(&a, &b, rtol, atol, exact);
+    if exact {
+        assert!(excess == 0.0, "{what}: element {i} is {}, {oracle} gives {} (exact)", a[i], b[i]);
+    }
+    assert!(
+        excess <= 1.0,
+        "{what}: element {i} is {}, {oracle} gives {} (|diff| {:.3e} is {excess:.2}x the tolerance atol {atol}·{scale:.3e} + rtol {rtol}·|ref|)",
+        a[i],
+        b[i],
+        (a[i] - b[i]).abs()
+    );
+    excess
+}
+
+/// One `#[test]` per model, `$t` calling `$check($name)`, and the test `$all` that the
+/// listing's names (`$listed`, a `Vec<String>`) are exactly the models tested here.
+#[allow(unused_macros)]
+macro_rules! model_tests {
+    ($check:ident, $all:ident, $listed:expr; $($t:ident => $name:literal),* $(,)?) => {
+        $(#[test] fn $t() { $check($name); })*
+
+        /// The listing holds exactly the models tested here.
+        #[test]
+        fn $all() {
+            let mut expected = vec![$($name.to_string()),*];
+            expected.sort();
+            let mut listed: Vec<String> = $listed;
+            listed.sort();
+            assert_eq!(listed, expected);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use model_tests;
+
+/// `artifact` written to `<temp>/DIR-<pid>/NAME.kiln` and read back (a module is loaded
+/// from what a file holds, not from the compiler's buffer); the file is removed.
+pub fn through_file(dir: &str, name: &str, artifact: &[u8]) -> Vec<u8> {
+    let dir = std::env::temp_dir().join(format!("{dir}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("{name}.kiln"));
+    std::fs::write(&path, artifact).expect("write artifact");
+    let bytes = std::fs::read(&path).expect("read artifact back");
+    let _ = std::fs::remove_file(&path);
+    bytes
+}
+
+/// An instance of `module`: on the runtime's default threads, or on `threads`.
+pub fn instance<'m>(module: &'m kiln_runtime::LoadedModule<'m>, threads: Option<usize>) -> kiln_runtime::Instance<'m> {
+    match threads {
+        None => kiln_runtime::Instance::new(module).expect("instance"),
+        Some(t) => kiln_runtime::Instance::with_threads(module, t).expect("threaded instance"),
+    }
+}
+
+/// `inst` invoked on `feeds`; the output buffers, each the size of `g`'s output (an
+/// output of a run-time extent at its bound).
+pub fn invoke(
+    inst: &mut kiln_runtime::Instance<'_>,
+    g: &kiln_ir::Graph,
+    feeds: &[Tensor],
+) -> Result<Vec<Vec<u8>>, kiln_runtime::RuntimeError> {
+    let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
+    {
+        let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+        inst.invoke(&ins, &mut refs)?;
+    }
+    Ok(outs)
+}
+
+/// Output buffers as tensors of `g`'s output types.
+pub fn graph_outputs(g: &kiln_ir::Graph, outs: Vec<Vec<u8>>) -> Vec<Tensor> {
+    outs.into_iter().zip(&g.outputs).map(|(b, &v)| Tensor::new(g.values[v].ty.clone(), b.into()).expect("tensor")).collect()
+}
+
+/// `module` (compiled from `g`) run on `feeds` by an [`instance`] on `threads`.
+pub fn run_module(module: &kiln_runtime::LoadedModule<'_>, threads: Option<usize>, g: &kiln_ir::Graph, feeds: &[Tensor]) -> Vec<Tensor> {
+    graph_outputs(g, invoke(&mut instance(module, threads), g, feeds).expect("invoke"))
+}
+
+/// The tensors a manifest case lists under `key` ("inputs", "outputs"), as files under
+/// the test data folder.
+pub fn case_tensors(case: &Value, key: &str) -> Vec<Tensor> {
+    case[key].as_array().unwrap_or_else(|| panic!("{key}")).iter().map(|f| read_npy(f.as_str().expect("file"))).collect()
+}
+
+/// [`compare`] of every output against its expected value, as "`label` output K (`how`)".
+pub fn compare_outputs(label: &str, how: &str, got: &[Tensor], want: &[Tensor]) {
+    for (k, (r, w)) in got.iter().zip(want).enumerate() {
+        compare(&format!("{label} output {k} ({how})"), r, w);
     }
 }

@@ -56,6 +56,23 @@ impl M {
         self.tensor(name, &[v.len() as i32], fb::TensorType::Int32, Some(bytes))
     }
 
+    /// A tensor with quantisation parameters: `scale` and `zero` per tensor (one each) or
+    /// per channel (of dimension 0; set `quantized_dimension` for another).
+    fn quantized(
+        &mut self,
+        name: &str,
+        shape: &[i32],
+        ty: fb::TensorType,
+        data: Option<Vec<u8>>,
+        scale: Vec<f32>,
+        zero: Vec<i64>,
+    ) -> i32 {
+        let t = self.tensor(name, shape, ty, data);
+        let q = fb::QuantizationParameters { scale: Some(scale), zero_point: Some(zero), ..Default::default() };
+        self.tensors[t as usize].quantization = Some(Box::new(q));
+        t
+    }
+
     fn op(&mut self, code: B, ins: &[i32], outs: &[i32], options: Option<fb::BuiltinOptions>) {
         let idx = match self.codes.iter().position(|&c| c == code) {
             Some(i) => i,
@@ -130,6 +147,41 @@ fn import(bytes: Vec<u8>) -> Result<Graph, ImportError> {
 
 fn count(g: &Graph, k: OpKind) -> usize {
     g.nodes.iter().filter(|(_, n)| n.op.kind == k).count()
+}
+
+/// Conv2D options: square `stride`, fused `act`.
+fn conv_options(padding: fb::Padding, stride: i32, act: fb::ActivationFunctionType) -> Option<fb::BuiltinOptions> {
+    let o = fb::Conv2DOptions { padding, stride_w: stride, stride_h: stride, fused_activation_function: act, ..Default::default() };
+    Some(fb::BuiltinOptions::Conv2DOptions(Box::new(o)))
+}
+
+/// DepthwiseConv2D options: square `stride`, depth multiplier 1, fused `act`.
+fn depthwise_options(padding: fb::Padding, stride: i32, act: fb::ActivationFunctionType) -> Option<fb::BuiltinOptions> {
+    let o = fb::DepthwiseConv2DOptions {
+        padding,
+        stride_w: stride,
+        stride_h: stride,
+        depth_multiplier: 1,
+        fused_activation_function: act,
+        ..Default::default()
+    };
+    Some(fb::BuiltinOptions::DepthwiseConv2DOptions(Box::new(o)))
+}
+
+/// Pool2D options: a square `size` window at stride `size`.
+fn pool_options(padding: fb::Padding, size: i32) -> Option<fb::BuiltinOptions> {
+    let o = fb::Pool2DOptions { padding, stride_w: size, stride_h: size, filter_width: size, filter_height: size, ..Default::default() };
+    Some(fb::BuiltinOptions::Pool2DOptions(Box::new(o)))
+}
+
+/// Little-endian bytes of int32 values (a bias buffer).
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// `values(n, seed)` as int8 bytes at `scale` (weights of a quantised op).
+fn int8_values(n: usize, seed: u32, scale: f32) -> Vec<u8> {
+    values(n, seed).iter().map(|v| ((v * scale) as i8) as u8).collect()
 }
 
 /// Deterministic values in [-1, 1).
@@ -229,13 +281,7 @@ fn conv_net() -> ConvNet {
         B::Conv2d,
         &[x, w1t, b1t],
         &[c1],
-        Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
-            padding: fb::Padding::Same,
-            stride_w: 2,
-            stride_h: 2,
-            fused_activation_function: fb::ActivationFunctionType::Relu,
-            ..Default::default()
-        }))),
+        conv_options(fb::Padding::Same, 2, fb::ActivationFunctionType::Relu),
     );
     let w2t = m.konst("w2", &[1, 3, 3, 4], &w2);
     let c2 = m.f32("c2", &[1, 2, 1, 4]);
@@ -243,13 +289,7 @@ fn conv_net() -> ConvNet {
         B::DepthwiseConv2d,
         &[c1, w2t, -1],
         &[c2],
-        Some(fb::BuiltinOptions::DepthwiseConv2DOptions(Box::new(fb::DepthwiseConv2DOptions {
-            padding: fb::Padding::Valid,
-            stride_w: 1,
-            stride_h: 1,
-            depth_multiplier: 1,
-            ..Default::default()
-        }))),
+        depthwise_options(fb::Padding::Valid, 1, fb::ActivationFunctionType::None),
     );
     let sh = m.konst("shift", &[4], &shift);
     let a = m.f32("a", &[1, 2, 1, 4]);
@@ -259,14 +299,7 @@ fn conv_net() -> ConvNet {
         B::MaxPool2d,
         &[a],
         &[y],
-        Some(fb::BuiltinOptions::Pool2DOptions(Box::new(fb::Pool2DOptions {
-            padding: fb::Padding::Same,
-            stride_w: 2,
-            stride_h: 2,
-            filter_width: 2,
-            filter_height: 2,
-            ..Default::default()
-        }))),
+        pool_options(fb::Padding::Same, 2),
     );
     ConvNet { bytes: m.finish(&[x], &[y]), w1, b1, w2, shift, x: values(7 * 6 * 3, 9) }
 }
@@ -371,36 +404,14 @@ fn corrupted_bytes_never_panic() {
 #[test]
 fn quantized_conv_is_a_qdq_contraction() {
     let mut m = M::new();
-    let q = |scale: Vec<f32>, zp: Vec<i64>, axis: i32| {
-        Some(Box::new(fb::QuantizationParameters {
-            scale: Some(scale),
-            zero_point: Some(zp),
-            quantized_dimension: axis,
-            ..Default::default()
-        }))
-    };
-    let x = m.tensor("x", &[1, 5, 5, 2], fb::TensorType::Int8, None);
-    m.tensors[x as usize].quantization = q(vec![0.05], vec![3], 0);
-    let wq: Vec<u8> = values(3 * 3 * 3 * 2, 5).iter().map(|v| ((v * 100.0) as i8) as u8).collect();
-    let w = m.tensor("w", &[3, 3, 3, 2], fb::TensorType::Int8, Some(wq));
-    m.tensors[w as usize].quantization = q(vec![0.01, 0.02, 0.03], vec![0, 0, 0], 0);
-    let bq: Vec<u8> = [100i32, -50, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let b = m.tensor("b", &[3], fb::TensorType::Int32, Some(bq));
-    m.tensors[b as usize].quantization = q(vec![0.0005, 0.001, 0.0015], vec![0, 0, 0], 0);
-    let y = m.tensor("y", &[1, 5, 5, 3], fb::TensorType::Int8, None);
-    m.tensors[y as usize].quantization = q(vec![0.1], vec![-5], 0);
-    m.op(
-        B::Conv2d,
-        &[x, w, b],
-        &[y],
-        Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
-            padding: fb::Padding::Same,
-            stride_w: 1,
-            stride_h: 1,
-            fused_activation_function: fb::ActivationFunctionType::Relu,
-            ..Default::default()
-        }))),
-    );
+    let i8t = fb::TensorType::Int8;
+    let x = m.quantized("x", &[1, 5, 5, 2], i8t, None, vec![0.05], vec![3]);
+    let wq = int8_values(3 * 3 * 3 * 2, 5, 100.0);
+    let w = m.quantized("w", &[3, 3, 3, 2], i8t, Some(wq), vec![0.01, 0.02, 0.03], vec![0, 0, 0]);
+    let bq = i32_bytes(&[100, -50, 7]);
+    let b = m.quantized("b", &[3], fb::TensorType::Int32, Some(bq), vec![0.0005, 0.001, 0.0015], vec![0, 0, 0]);
+    let y = m.quantized("y", &[1, 5, 5, 3], i8t, None, vec![0.1], vec![-5]);
+    m.op(B::Conv2d, &[x, w, b], &[y], conv_options(fb::Padding::Same, 1, fb::ActivationFunctionType::Relu));
     let g = import(m.finish(&[x], &[y])).expect("import");
     assert_eq!(g.ty(g.inputs[0]).dtype, DType::I8);
     assert_eq!(g.ty(g.outputs[0]).dtype, DType::I8);
@@ -496,76 +507,38 @@ fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
     m.signature = Some((vec![("audio".into(), x as u32)], vec![("scores".into(), z as u32)]));
     let rfft = m.finish(&[x], &[z]);
     let mut m = M::new();
-    let q = |s: Vec<f32>, z: i64| {
-        let zero_point = Some(vec![z; s.len()]);
-        Some(Box::new(fb::QuantizationParameters { scale: Some(s), zero_point, ..Default::default() }))
-    };
-    let x = m.tensor("x", &[1, 6, 6, 2], fb::TensorType::Int8, None);
-    m.tensors[x as usize].quantization = q(vec![0.05], 1);
+    let (i8t, i32t) = (fb::TensorType::Int8, fb::TensorType::Int32);
+    let zeros = |s: &[f32], z: i64| vec![z; s.len()];
+    let x = m.quantized("x", &[1, 6, 6, 2], i8t, None, vec![0.05], vec![1]);
     // A 3x3 convolution, per-channel weights, int32 bias at s_x·s_w, fused ReLU.
-    let wq: Vec<u8> = values(4 * 3 * 3 * 2, 21).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
-    let w = m.tensor("w", &[4, 3, 3, 2], fb::TensorType::Int8, Some(wq));
     let sw = vec![0.01, 0.02, 0.015, 0.03];
-    m.tensors[w as usize].quantization = q(sw.clone(), 0);
-    let bq: Vec<u8> = [40i32, -30, 25, -10].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let b = m.tensor("b", &[4], fb::TensorType::Int32, Some(bq));
-    m.tensors[b as usize].quantization = q(sw.iter().map(|s| s * 0.05).collect(), 0);
-    let y = m.tensor("y", &[1, 6, 6, 4], fb::TensorType::Int8, None);
-    m.tensors[y as usize].quantization = q(vec![0.04], -20);
-    m.op(
-        B::Conv2d,
-        &[x, w, b],
-        &[y],
-        Some(fb::BuiltinOptions::Conv2DOptions(Box::new(fb::Conv2DOptions {
-            padding: fb::Padding::Same,
-            stride_w: 1,
-            stride_h: 1,
-            fused_activation_function: fb::ActivationFunctionType::Relu,
-            ..Default::default()
-        }))),
-    );
+    let wq = int8_values(4 * 3 * 3 * 2, 21, 127.0);
+    let w = m.quantized("w", &[4, 3, 3, 2], i8t, Some(wq), sw.clone(), zeros(&sw, 0));
+    let sb: Vec<f32> = sw.iter().map(|s| s * 0.05).collect();
+    let b = m.quantized("b", &[4], i32t, Some(i32_bytes(&[40, -30, 25, -10])), sb.clone(), zeros(&sb, 0));
+    let y = m.quantized("y", &[1, 6, 6, 4], i8t, None, vec![0.04], vec![-20]);
+    m.op(B::Conv2d, &[x, w, b], &[y], conv_options(fb::Padding::Same, 1, fb::ActivationFunctionType::Relu));
     // A depthwise 3x3 convolution, per-channel (dimension 3 of `1HWO`), ReLU6.
-    let dq: Vec<u8> = values(3 * 3 * 4, 23).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
-    let dw = m.tensor("dw", &[1, 3, 3, 4], fb::TensorType::Int8, Some(dq));
     let sd = vec![0.02, 0.01, 0.03, 0.025];
-    m.tensors[dw as usize].quantization = q(sd.clone(), 0);
+    let dq = int8_values(3 * 3 * 4, 23, 127.0);
+    let dw = m.quantized("dw", &[1, 3, 3, 4], i8t, Some(dq), sd.clone(), zeros(&sd, 0));
     m.tensors[dw as usize].quantization.as_mut().expect("set").quantized_dimension = 3;
-    let dbq: Vec<u8> = [5i32, -7, 9, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let db = m.tensor("db", &[4], fb::TensorType::Int32, Some(dbq));
-    m.tensors[db as usize].quantization = q(sd.iter().map(|s| s * 0.04).collect(), 0);
-    let dy = m.tensor("dy", &[1, 6, 6, 4], fb::TensorType::Int8, None);
-    m.tensors[dy as usize].quantization = q(vec![0.03], -50);
-    m.op(
-        B::DepthwiseConv2d,
-        &[y, dw, db],
-        &[dy],
-        Some(fb::BuiltinOptions::DepthwiseConv2DOptions(Box::new(fb::DepthwiseConv2DOptions {
-            padding: fb::Padding::Same,
-            stride_w: 1,
-            stride_h: 1,
-            depth_multiplier: 1,
-            fused_activation_function: fb::ActivationFunctionType::Relu6,
-            ..Default::default()
-        }))),
-    );
+    let sdb: Vec<f32> = sd.iter().map(|s| s * 0.04).collect();
+    let db = m.quantized("db", &[4], i32t, Some(i32_bytes(&[5, -7, 9, 0])), sdb.clone(), zeros(&sdb, 0));
+    let dy = m.quantized("dy", &[1, 6, 6, 4], i8t, None, vec![0.03], vec![-50]);
+    let relu6 = fb::ActivationFunctionType::Relu6;
+    m.op(B::DepthwiseConv2d, &[y, dw, db], &[dy], depthwise_options(fb::Padding::Same, 1, relu6));
     // Average pooling keeps the quantisation.
-    let p = m.tensor("p", &[1, 3, 3, 4], fb::TensorType::Int8, None);
-    m.tensors[p as usize].quantization = q(vec![0.03], -50);
-    let pool = fb::Pool2DOptions { padding: fb::Padding::Valid, stride_w: 2, stride_h: 2, filter_width: 2, filter_height: 2, ..Default::default() };
-    m.op(B::AveragePool2d, &[dy], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
-    let r = m.tensor("r", &[1, 36], fb::TensorType::Int8, None);
-    m.tensors[r as usize].quantization = q(vec![0.03], -50);
+    let p = m.quantized("p", &[1, 3, 3, 4], i8t, None, vec![0.03], vec![-50]);
+    m.op(B::AveragePool2d, &[dy], &[p], pool_options(fb::Padding::Valid, 2));
+    let r = m.quantized("r", &[1, 36], i8t, None, vec![0.03], vec![-50]);
     let shape = m.ints("shape", &[1, 36]);
     m.op(B::Reshape, &[p, shape], &[r], None);
     // A dense layer: int8 weights per tensor, int32 bias.
-    let fq: Vec<u8> = values(5 * 36, 22).iter().map(|v| ((v * 127.0) as i8) as u8).collect();
-    let f = m.tensor("f", &[5, 36], fb::TensorType::Int8, Some(fq));
-    m.tensors[f as usize].quantization = q(vec![0.02], 0);
-    let fbq: Vec<u8> = [100i32, -200, 50, 0, 300].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let fbias = m.tensor("fb", &[5], fb::TensorType::Int32, Some(fbq));
-    m.tensors[fbias as usize].quantization = q(vec![0.03 * 0.02], 0);
-    let o = m.tensor("o", &[1, 5], fb::TensorType::Int8, None);
-    m.tensors[o as usize].quantization = q(vec![0.1], 3);
+    let f = m.quantized("f", &[5, 36], i8t, Some(int8_values(5 * 36, 22, 127.0)), vec![0.02], vec![0]);
+    let fbq = i32_bytes(&[100, -200, 50, 0, 300]);
+    let fbias = m.quantized("fb", &[5], i32t, Some(fbq), vec![0.03 * 0.02], vec![0]);
+    let o = m.quantized("o", &[1, 5], i8t, None, vec![0.1], vec![3]);
     m.op(B::FullyConnected, &[r, f, fbias], &[o], Some(fb::BuiltinOptions::FullyConnectedOptions(Box::default())));
     let r = o;
     let qconv = m.finish(&[x], &[r]);

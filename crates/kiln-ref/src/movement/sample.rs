@@ -37,6 +37,19 @@ fn reflect(x: f64, lo: f64, hi: f64) -> f64 {
     }
 }
 
+/// RoiAlign's sample at `v` along an axis of `n` cells (`v` at least -1): the
+/// coordinate, clamped to 0 and held at the last cell past it, and the low and high
+/// cells around it.
+fn roi_cell(v: f64, n: usize) -> (f64, usize, usize) {
+    let v = v.max(0.0);
+    let lo = v as usize;
+    if lo >= n - 1 {
+        ((n - 1) as f64, n - 1, n - 1)
+    } else {
+        (v, lo, lo + 1)
+    }
+}
+
 fn cubic_coeffs(t: f64) -> [f64; 4] {
     let a = -0.75;
     let x = t.abs();
@@ -274,23 +287,8 @@ pub(super) fn roi_align(cx: &Cx) -> Result<Tensor, EvalError> {
                             let corners = if yy < -1.0 || yy > h as f64 || xx < -1.0 || xx > w as f64 {
                                 [(0usize, 0.0); 4]
                             } else {
-                                let (mut y, mut xq) = (yy.max(0.0), xx.max(0.0));
-                                let (mut yl, mut xl) = (y as usize, xq as usize);
-                                let (yh, xh);
-                                if yl >= h - 1 {
-                                    yl = h - 1;
-                                    yh = h - 1;
-                                    y = yl as f64;
-                                } else {
-                                    yh = yl + 1;
-                                }
-                                if xl >= w - 1 {
-                                    xl = w - 1;
-                                    xh = w - 1;
-                                    xq = xl as f64;
-                                } else {
-                                    xh = xl + 1;
-                                }
+                                let (y, yl, yh) = roi_cell(yy, h);
+                                let (xq, xl, xh) = roi_cell(xx, w);
                                 let (ly, lx) = (y - yl as f64, xq - xl as f64);
                                 let (hy, hx) = (1.0 - ly, 1.0 - lx);
                                 [(yl * w + xl, hy * hx), (yl * w + xh, hy * lx), (yh * w + xl, ly * hx), (yh * w + xh, ly * lx)]

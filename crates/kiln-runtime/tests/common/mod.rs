@@ -77,9 +77,10 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
     (x, vec![k("copy4", 0), k("add", 1), k("exp", 2)])
 }
 
-/// `main(a: f32[n], b: f32[n]) -> (y: f32[n])`: y = a + b, computed into the arena and
-/// copied out, with a fill before the dispatch that the dispatch overwrites.
-pub fn add_program(n: u64) -> Program {
+/// A CPU program of [`executable`]'s kernels with one entry `main(a: f32[n], b: f32[n])`
+/// of these outputs, arena size, plan and buffers (64-byte arena alignment, no
+/// extents), embedded (empty) constants and no debug section.
+fn main_of_a_b(n: u64, outputs: Vec<TensorDesc>, arena_size: u64, commands: Vec<Command>, buffers: Vec<BufferDesc>) -> Program {
     let (x, kernels) = executable();
     let bytes = 4 * n;
     Program {
@@ -88,29 +89,36 @@ pub fn add_program(n: u64) -> Program {
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
-            outputs: vec![tensor("y", 1, &[n], bytes)],
-            arena_size: bytes + 64,
+            outputs,
+            arena_size,
             arena_align: 64,
-            commands: vec![
-                Command::Fill { dst: b(Slot::Arena, 64, bytes), pattern: 0x7fc0_0000, pattern_len: 4 },
-                dispatch(
-                    1,
-                    n,
-                    vec![b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes), b(Slot::Arena, 64, bytes)],
-                ),
-                Command::Barrier,
-                Command::Copy { src: b(Slot::Arena, 64, bytes), dst: b(Slot::Output(0), 0, bytes) },
-            ],
-            buffers: vec![BufferDesc { name: "sum".into(), binding: b(Slot::Arena, 64, bytes), first: 1, last: 3 }],
+            commands,
+            buffers,
         }],
         kernels,
         executables: vec![x],
         constants: Constants::Embedded(vec![]),
-        debug: Some(DebugInfo {
-            kernel_sources: vec!["Identity".into(), "Add".into(), "Exp".into()],
-            source: "t.onnx".into(),
-        }),
+        debug: None,
     }
+}
+
+/// `main(a: f32[n], b: f32[n]) -> (y: f32[n])`: y = a + b, computed into the arena and
+/// copied out, with a fill before the dispatch that the dispatch overwrites.
+pub fn add_program(n: u64) -> Program {
+    let bytes = 4 * n;
+    let commands = vec![
+        Command::Fill { dst: b(Slot::Arena, 64, bytes), pattern: 0x7fc0_0000, pattern_len: 4 },
+        dispatch(1, n, vec![b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes), b(Slot::Arena, 64, bytes)]),
+        Command::Barrier,
+        Command::Copy { src: b(Slot::Arena, 64, bytes), dst: b(Slot::Output(0), 0, bytes) },
+    ];
+    let buffers = vec![BufferDesc { name: "sum".into(), binding: b(Slot::Arena, 64, bytes), first: 1, last: 3 }];
+    let mut p = main_of_a_b(n, vec![tensor("y", 1, &[n], bytes)], bytes + 64, commands, buffers);
+    p.debug = Some(DebugInfo {
+        kernel_sources: vec!["Identity".into(), "Add".into(), "Exp".into()],
+        source: "t.onnx".into(),
+    });
+    p
 }
 
 /// [`add_program`] whose output `y` is sized by a data-dependent extent (format 1.5):
@@ -373,7 +381,6 @@ pub fn load<'a>(
 /// the waves: y's dispatch then reads what the first wave writes, and a driver must
 /// still run it after them.
 pub fn waves_program(n: u64, barrier: bool) -> Program {
-    let (x, kernels) = executable();
     let bytes = 4 * n;
     let add = |a: Binding, b: Binding, y: Binding| dispatch(1, n, vec![a, b, y]);
     let (a, bb) = (b(Slot::Input(0), 0, bytes), b(Slot::Input(1), 0, bytes));
@@ -384,23 +391,8 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
     }
     commands.push(add(s, t, b(Slot::Output(0), 0, bytes)));
     commands.push(Command::Copy { src: w, dst: b(Slot::Output(1), 0, 4) });
-    Program {
-        devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint {
-            extents: Vec::new(),
-            name: "main".into(),
-            inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
-            outputs: vec![tensor("y", 1, &[n], bytes), tensor("z", 1, &[1], 4)],
-            arena_size: 2 * bytes + 4,
-            arena_align: 64,
-            commands,
-            buffers: vec![],
-        }],
-        kernels,
-        executables: vec![x],
-        constants: Constants::Embedded(vec![]),
-        debug: None,
-    }
+    let outputs = vec![tensor("y", 1, &[n], bytes), tensor("z", 1, &[1], 4)];
+    main_of_a_b(n, outputs, 2 * bytes + 4, commands, vec![])
 }
 
 /// A CUDA executable of `entries` entries (PTX-like text; never run here), each launched
