@@ -81,7 +81,12 @@ fn passes(p: Option<String>) -> Vec<String> {
 
 fn import_options(b: args::BindArgs) -> ImportOptions {
     ImportOptions {
-        input_shapes: b.input_shape,
+        bounded_dims: b
+            .input_shape
+            .iter()
+            .flat_map(|(n, _, r)| r.iter().map(move |&(axis, min)| (n.clone(), axis, min)))
+            .collect(),
+        input_shapes: b.input_shape.into_iter().map(|(n, d, _)| (n, d)).collect(),
         input_values: b.input_value,
         max_trips: b.max_trips,
         input_sequences: b.input_sequence,
@@ -194,6 +199,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 model: Some(r.model),
                 weights: r.weights,
                 inputs: r.feed.input,
+                extents: r.feed.extent,
                 seed: r.feed.seed,
                 output_dir: r.output_dir,
                 threads: thread_count(r.threads)?,
@@ -216,6 +222,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 model: Some(b.model),
                 weights: b.weights,
                 inputs: b.feed.input,
+                extents: b.feed.extent,
                 seed: b.feed.seed,
                 threads: thread_count(b.threads)?,
                 warmup: Some(b.warmup),

@@ -570,7 +570,10 @@ impl Compilation {
                 self.graph = Some(g);
                 let flow = flow?;
                 if let (TargetDevice::Cuda, Some(x)) = (self.options.device, flow.extents.first()) {
-                    return Err(CompileError::DynamicOnCuda { name: x.name.clone() });
+                    return Err(match x.input {
+                        Some(_) => CompileError::BoundedOnCuda { name: x.name.clone() },
+                        None => CompileError::DynamicOnCuda { name: x.name.clone() },
+                    });
                 }
                 self.flow = Some(flow);
             }

@@ -85,6 +85,7 @@ pub fn add_program(n: u64) -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
@@ -154,6 +155,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![
             EntryPoint {
+                bounded: Vec::new(),
                 extents: Vec::new(),
                 name: "main".into(),
                 inputs: vec![],
@@ -171,6 +173,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                 buffers: vec![],
             },
             EntryPoint {
+                bounded: Vec::new(),
                 extents: Vec::new(),
                 name: "exp".into(),
                 inputs: vec![tensor("x", 1, &[1], 4)],
@@ -245,6 +248,7 @@ pub fn reloc_program() -> Program {
         launches: vec![],
     };
     let entry = |name: &str, kernel| EntryPoint {
+        bounded: Vec::new(),
         extents: Vec::new(),
         name: name.into(),
         inputs: vec![],
@@ -387,6 +391,7 @@ pub fn waves_program(n: u64, barrier: bool) -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
@@ -471,6 +476,7 @@ pub fn cuda_graph_program() -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
@@ -524,6 +530,7 @@ pub fn collectives_program(n: u64) -> Program {
     Program {
         devices: (0..3).map(|d| Device { kind: DeviceKind::Cpu, name: format!("cpu:{d}") }).collect(),
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
