@@ -213,3 +213,32 @@ fn cli_compile_run_and_bench_at_an_extent() {
         &["input_ids", "129", "1..=128"],
     );
 }
+
+#[test]
+fn kiln_eval_runs_the_reference_evaluator_at_an_extent() {
+    // The reference evaluator runs what the plan runs (the masked graph at the bound,
+    // the input zero-padded, the outputs cut), against ONNX Runtime's outputs.
+    for (name, case, outputs) in [("mlp_batch", "n3", &["probs", "mean"][..]), ("bert_tiny", "n7", &["output"][..])] {
+        let m = model(name);
+        let dir = scratch("bounded", &format!("eval-{name}"));
+        let path = data_dir().join(m["file"].as_str().expect("file"));
+        let spec = m["input_shape"].as_str().expect("input_shape");
+        let input_name = spec.split('=').next().expect("name");
+        let input = data_dir().join(format!("bounded/{name}/{case}.in_0.npy"));
+        common::ok(&[
+            "eval",
+            s(&path),
+            "--input-shape",
+            spec,
+            "--input",
+            &format!("{input_name}={}", s(&input)),
+            "--output-dir",
+            s(&dir),
+        ]);
+        for (k, o) in outputs.iter().enumerate() {
+            let b = std::fs::read(dir.join(format!("{o}.npy"))).expect("output npy");
+            let got = kiln_ir::npy::read(&b).expect("npy");
+            compare(&format!("kiln eval {name}/{case} {o}"), &got, &read_npy(&format!("bounded/{name}/{case}.out_{k}.npy")));
+        }
+    }
+}

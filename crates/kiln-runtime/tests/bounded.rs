@@ -89,7 +89,7 @@ fn extents_outside_the_range_are_typed_errors() {
     let e = inst.invoke(&[&f32s(&[1.0; 6]), &b], &mut [&mut y]).expect_err("over");
     assert_eq!(
         e.to_string(),
-        "input `a` has extent 6 along its bounded axis 0; the module takes 2..=5 (compile with a larger bound in --input-shape)"
+        "input a has extent 6 along its bounded axis 0; the module takes 2..=5 (compile with a larger bound in --input-shape)"
     );
     // Not a whole number of positions.
     match inst.invoke(&[&[0u8; 10][..], &b], &mut [&mut y]) {
