@@ -128,11 +128,13 @@ fn reshaped(dims: &[usize], out: &[usize], axes: &Axes) -> Result<Axes, String> 
 /// The bounded axes of each result of `node`, from those of its operands.
 fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
     use OpKind::*;
-    let axes_of = |i: usize| -> Axes { node.inputs.get(i).copied().flatten().map_or(Vec::new(), |v| of[v.index()].clone()) };
+    let axes_of =
+        |i: usize| -> Axes { node.inputs.get(i).copied().flatten().map_or(Vec::new(), |v| of[v.index()].clone()) };
     let dims_of = |i: usize| -> Vec<usize> {
         node.inputs.get(i).copied().flatten().map_or(Vec::new(), |v| g.ty(v).shape.dims().to_vec())
     };
-    let out_dims = |r: usize| -> Vec<usize> { node.outputs.get(r).map_or(Vec::new(), |&v| g.ty(v).shape.dims().to_vec()) };
+    let out_dims =
+        |r: usize| -> Vec<usize> { node.outputs.get(r).map_or(Vec::new(), |&v| g.ty(v).shape.dims().to_vec()) };
     let ints = |i: usize| -> Option<Vec<i64>> {
         node.inputs.get(i).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok())
     };
@@ -179,10 +181,8 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
                 Some(p) => p.iter().map(|&x| x as usize).collect(),
                 None => (0..r).rev().collect(),
             };
-            let mut res: Axes = axes_of(0)
-                .into_iter()
-                .filter_map(|(a, d)| perm.iter().position(|&p| p == a).map(|j| (j, d)))
-                .collect();
+            let mut res: Axes =
+                axes_of(0).into_iter().filter_map(|(a, d)| perm.iter().position(|&p| p == a).map(|j| (j, d))).collect();
             res.sort_unstable();
             Ok(vec![res])
         }
@@ -326,7 +326,9 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
             }
             Ok(vec![axes])
         }
-        Shape | Size => Err("it reads the extent of a bounded dimension as data, which the static plan cannot give".into()),
+        Shape | Size => {
+            Err("it reads the extent of a bounded dimension as data, which the static plan cannot give".into())
+        }
         _ => Err("kiln does not run this op on a bounded dimension (see docs/bounded-shapes.md)".into()),
     }
 }
@@ -341,7 +343,15 @@ fn reduced_axes(g: &Graph, node: &Node, a: &ReduceAttrs, r: usize) -> Vec<usize>
 }
 
 /// `Where(iota < extent, x, fill)` along `axis` of `x` (of type `ty`, `bound` there).
-fn masked(out: &mut Graph, x: ValueId, ty: &TensorType, axis: usize, bound: usize, ext: ValueId, fill: Tensor) -> ValueId {
+fn masked(
+    out: &mut Graph,
+    x: ValueId,
+    ty: &TensorType,
+    axis: usize,
+    bound: usize,
+    ext: ValueId,
+    fill: Tensor,
+) -> ValueId {
     let r = ty.shape.rank();
     let mut idims = vec![1usize; r];
     idims[axis] = bound;
@@ -356,7 +366,12 @@ fn masked(out: &mut Graph, x: ValueId, ty: &TensorType, axis: usize, bound: usiz
         vec![(String::new(), TensorType::new(DType::Bool, ishape))],
     );
     let f = out.add_const("", fill);
-    let (_, w) = out.add_node(String::new(), Op::new(OpKind::Where), vec![Some(m[0]), Some(x), Some(f)], vec![(String::new(), ty.clone())]);
+    let (_, w) = out.add_node(
+        String::new(),
+        Op::new(OpKind::Where),
+        vec![Some(m[0]), Some(x), Some(f)],
+        vec![(String::new(), ty.clone())],
+    );
     w[0]
 }
 
@@ -375,14 +390,14 @@ pub fn mask(g: &Graph) -> Graph {
     }
     out.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
     out.bounded = g.bounded.clone();
-    let ext_of = |out: &Graph, d: usize| -> Option<ValueId> {
-        g.bounded.get(d).and_then(|b| out.inputs.get(b.extent).copied())
-    };
+    let ext_of =
+        |out: &Graph, d: usize| -> Option<ValueId> { g.bounded.get(d).and_then(|b| out.inputs.get(b.extent).copied()) };
     let scalar = |dtype: DType, x: f64| Tensor::from_f64(dtype, Shape::scalar(), &[x]).ok();
     for (_, n) in g.nodes.iter() {
         let mut inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| map[v.index()])).collect();
         let mut op = n.op.clone();
-        let axes_of = |i: usize| -> Axes { n.inputs.get(i).copied().flatten().map_or(Vec::new(), |v| of[v.index()].clone()) };
+        let axes_of =
+            |i: usize| -> Axes { n.inputs.get(i).copied().flatten().map_or(Vec::new(), |v| of[v.index()].clone()) };
         let ty_of = |i: usize| -> Option<TensorType> { n.inputs.get(i).copied().flatten().map(|v| g.ty(v).clone()) };
         let mut mean_count: Option<(Vec<ValueId>, f64)> = None;
         match n.op.kind {
@@ -407,7 +422,9 @@ pub fn mask(g: &Graph) -> Graph {
                     }
                     for (x_axis, d) in axes_of(i) {
                         if x_axis == r - inner {
-                            if let (Some(ext), Some(fill), Some(x)) = (ext_of(&out, d), scalar(ty.dtype, 0.0), inputs[i]) {
+                            if let (Some(ext), Some(fill), Some(x)) =
+                                (ext_of(&out, d), scalar(ty.dtype, 0.0), inputs[i])
+                            {
                                 inputs[i] = Some(masked(&mut out, x, &ty, x_axis, g.bounded[d].bound, ext, fill));
                             }
                         }
@@ -440,11 +457,8 @@ pub fn mask(g: &Graph) -> Graph {
                     }
                     if n.op.kind == OpKind::ReduceMean && !exts.is_empty() {
                         let dyn_axes: Vec<usize> = axes_of(0).iter().map(|&(x, _)| x).collect();
-                        let others: f64 = axes
-                            .iter()
-                            .filter(|x| !dyn_axes.contains(x))
-                            .map(|&x| ty.shape.dims()[x] as f64)
-                            .product();
+                        let others: f64 =
+                            axes.iter().filter(|x| !dyn_axes.contains(x)).map(|&x| ty.shape.dims()[x] as f64).product();
                         op = Op::with_typed(OpKind::ReduceSum, a.clone()).unwrap_or(op);
                         mean_count = Some((exts, others));
                     }
@@ -469,9 +483,14 @@ pub fn mask(g: &Graph) -> Graph {
                 let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
                 let mut cnt = out.add_const("", scalar(ty.dtype, others).unwrap_or_else(|| Tensor::scalar(1.0f32)));
                 for e in exts {
-                    let (_, c) = out.add_node(String::new(), cast.clone(), vec![Some(e)], vec![(String::new(), sty.clone())]);
-                    let (_, m) =
-                        out.add_node(String::new(), Op::new(OpKind::Mul), vec![Some(cnt), Some(c[0])], vec![(String::new(), sty.clone())]);
+                    let (_, c) =
+                        out.add_node(String::new(), cast.clone(), vec![Some(e)], vec![(String::new(), sty.clone())]);
+                    let (_, m) = out.add_node(
+                        String::new(),
+                        Op::new(OpKind::Mul),
+                        vec![Some(cnt), Some(c[0])],
+                        vec![(String::new(), sty.clone())],
+                    );
                     cnt = m[0];
                 }
                 let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt)], outs);
