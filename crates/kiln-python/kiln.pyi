@@ -20,6 +20,8 @@ import numpy as np
 __version__: str
 FORMAT_VERSION: str
 """The ``.kiln`` container format version this build writes and reads (``"1.1"``)."""
+STATIC_FORMAT_VERSION: str
+"""The version it writes for a model without bounded input dimensions (``"1.5"``)."""
 
 _Path = Union[str, "os.PathLike[str]"]
 _Source = Union[_Path, bytes, bytearray]

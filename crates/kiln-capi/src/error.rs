@@ -50,7 +50,7 @@ pub(crate) fn status_of(e: &RuntimeError) -> kiln_status {
         E::ArenaAlloc { .. } => S::OutOfMemory,
         E::ArenaTooSmall { .. } | E::ArenaMisaligned { .. } => S::InvalidArgument,
         E::InputCount { .. } | E::OutputCount { .. } => S::InvalidArgument,
-        E::InputSize { .. } | E::OutputSize { .. } => S::InvalidArgument,
+        E::InputSize { .. } | E::OutputSize { .. } | E::InputExtent { .. } => S::InvalidArgument,
         E::InputDtype { .. } | E::OutputDtype { .. } => S::InvalidArgument,
         E::InputShape { .. } | E::OutputShape { .. } => S::InvalidArgument,
         // Thread counts are checked before the runtime sees them: what is left is the

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kiln_import::{parse_input_sequence, parse_input_shape, parse_input_value};
+use kiln_import::{parse_input_sequence, parse_input_shape_bounded, parse_input_value};
 
 /// `kiln --version`: the compiler, the artifact format it writes and the kernel ABI.
 pub(crate) fn version() -> String {
@@ -116,9 +116,10 @@ pub(crate) enum Cmd {
 /// `--input-shape` and `--input-value`: how a model's inputs are bound at import.
 #[derive(Args, Clone, Default)]
 pub(crate) struct BindArgs {
-    /// Bind free input dimensions, e.g. input=1x3x224x224 (repeatable)
-    #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = parse_input_shape)]
-    pub input_shape: Vec<(String, Vec<usize>)>,
+    /// Bind free input dimensions, e.g. input=1x3x224x224; a range MIN..MAX bounds a
+    /// dimension chosen per call, e.g. ids=1x1..512 (repeatable)
+    #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = parse_input_shape_bounded)]
+    pub input_shape: Vec<(String, Vec<usize>, Vec<(usize, usize)>)>,
     /// Make an input a constant, so what it feeds folds; one value fills the input,
     /// e.g. sr=16000 (repeatable)
     #[arg(long = "input-value", value_name = "NAME=V[,V...]", value_parser = parse_input_value)]
@@ -203,6 +204,16 @@ pub(crate) struct FeedArgs {
     /// The seed of the random inputs
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
+    /// The extent of a random input's bounded dimension (compiled with
+    /// `--input-shape NAME=…MIN..MAX…`; default: the bound), e.g. input_ids=7 (repeatable)
+    #[arg(long = "extent", value_name = "NAME=N", value_parser = parse_extent)]
+    pub extent: Vec<(String, usize)>,
+}
+
+fn parse_extent(v: &str) -> Result<(String, usize), String> {
+    let (n, x) = v.rsplit_once('=').ok_or_else(|| format!("`{v}`: expected NAME=N"))?;
+    let x = x.trim().parse::<usize>().map_err(|_| format!("`{v}`: `{x}` is not an extent"))?;
+    Ok((n.to_string(), x))
 }
 
 /// What `kiln compile` writes.

@@ -34,6 +34,8 @@ pub(crate) struct Args {
     pub target: Option<String>,
     pub device: Option<String>,
     pub inputs: Vec<(String, PathBuf)>,
+    /// `--extent NAME=N`: a random input's extent along its bounded dimension.
+    pub extents: Vec<(String, usize)>,
     pub output_dir: Option<PathBuf>,
     pub seed: u64,
     pub json: bool,
@@ -527,7 +529,7 @@ pub(crate) fn run_cmd(a: Args) -> Result<(), String> {
 /// `kiln run` once the module is loaded (in `t_load`).
 fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_load: Duration) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(a, sig.inputs)?;
+    let feeds = feeds_bounded(a, sig.inputs, bounded_of(module))?;
     let threads = threads(a);
     let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
     let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| {
@@ -627,7 +629,7 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
 /// `kiln bench` once the module is loaded.
 fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, threads: usize) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
-    let feeds = feeds(a, sig.inputs)?;
+    let feeds = feeds_bounded(a, sig.inputs, bounded_of(module))?;
     let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
     if std::env::var_os("KILN_PERF_MAP").is_some() {
         write_perf_map(module)?;
@@ -961,6 +963,23 @@ impl Stats {
 /// The inputs of a run: `--input NAME=FILE.npy` where given (checked against the
 /// signature), seeded random data (`--seed`) elsewhere.
 pub(crate) fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) -> Result<Vec<Tensor>, String> {
+    feeds_bounded(a, inputs, &[])
+}
+
+/// [`feeds`] for an entry with bounded input dimensions (format 1.6): a file may have
+/// any extent along one (the runtime checks its range), a random input has the bound or
+/// the `--extent` given.
+pub(crate) fn feeds_bounded(
+    a: &Args,
+    inputs: &[kiln_module::sections::TensorView<'_>],
+    bounded: &[kiln_module::program::BoundedDesc],
+) -> Result<Vec<Tensor>, String> {
+    for (n, x) in &a.extents {
+        let b = inputs.iter().position(|t| t.name == *n).and_then(|i| bounded.iter().find(|b| b.input as usize == i));
+        if b.is_none() {
+            return Err(format!("--extent {n}={x}: the module has no input `{n}` with a bounded dimension"));
+        }
+    }
     for (n, _) in &a.inputs {
         if !inputs.iter().any(|t| t.name == *n) {
             let names: Vec<String> = inputs.iter().map(|t| format!("`{}`", t.name)).collect();
@@ -969,13 +988,27 @@ pub(crate) fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) 
     }
     let mut rng = SplitMix(a.seed);
     let mut feeds: Vec<Tensor> = Vec::new();
-    for t in inputs.iter() {
-        let ty = tensor_type(t.dtype, &t.dims).map_err(|e| format!("input `{}`: {e}", t.name))?;
+    for (i, t) in inputs.iter().enumerate() {
+        let b = bounded.iter().find(|b| b.input as usize == i);
+        let mut dims = t.dims.clone();
+        if let (Some(b), Some((_, x))) = (b, a.extents.iter().find(|(n, _)| *n == t.name)) {
+            dims[b.axis as usize] = *x as u64;
+        }
+        let ty = tensor_type(t.dtype, &dims).map_err(|e| format!("input `{}`: {e}", t.name))?;
         let tensor = match a.inputs.iter().find(|(n, _)| *n == t.name) {
             Some((_, file)) => {
                 let b = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
                 let x = npy::read_typed(&b, Some(ty.dtype)).map_err(|e| format!("{}: {e}", file.display()))?;
-                if x.ty() != &ty {
+                // Along a bounded dimension any extent (the runtime checks its range).
+                let along = |x: &Tensor| {
+                    bounded.iter().find(|b| b.input as usize == i).is_some_and(|b| {
+                        let (xd, td) = (x.ty().shape.dims(), ty.shape.dims());
+                        x.ty().dtype == ty.dtype
+                            && xd.len() == td.len()
+                            && xd.iter().zip(td).enumerate().all(|(k, (p, q))| k == b.axis as usize || p == q)
+                    })
+                };
+                if x.ty() != &ty && !along(&x) {
                     return Err(format!(
                         "input `{}`: {} holds {}, the model expects {}",
                         t.name,
@@ -991,6 +1024,14 @@ pub(crate) fn feeds(a: &Args, inputs: &[kiln_module::sections::TensorView<'_>]) 
         feeds.push(tensor);
     }
     Ok(feeds)
+}
+
+/// The bounded input dimensions of `module`'s first entry (format 1.6).
+fn bounded_of<'m>(module: &'m kiln_runtime::LoadedModule<'_>) -> &'m [kiln_module::program::BoundedDesc] {
+    match module.verified().program().entries.first() {
+        Some(e) => &e.bounded,
+        None => &[],
+    }
 }
 
 pub(crate) fn tensor_type(code: u32, dims: &[u64]) -> Result<TensorType, String> {
@@ -1505,6 +1546,21 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                     })
                     .collect();
                 let _ = writeln!(s, "    {:<16} ≤ {:<8} {} [{}]", slot_name(&x.binding), x.bound, x.name, sized.join(", "));
+            }
+        }
+        if !e.bounded.is_empty() {
+            let _ = writeln!(s, "  bounded input dimensions (extent chosen per call; staged at the bound):");
+            for b in &e.bounded {
+                let name = e.inputs.get(b.input as usize).map_or("?", |t| t.name.as_str());
+                let _ = writeln!(
+                    s,
+                    "    {name} axis {}: {}..={} (input at {}, extent at {})",
+                    b.axis,
+                    b.min,
+                    b.bound,
+                    slot_name(&b.staging),
+                    slot_name(&b.extent)
+                );
             }
         }
     }

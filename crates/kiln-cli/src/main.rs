@@ -81,7 +81,12 @@ fn passes(p: Option<String>) -> Vec<String> {
 
 fn import_options(b: args::BindArgs) -> ImportOptions {
     ImportOptions {
-        input_shapes: b.input_shape,
+        bounded_dims: b
+            .input_shape
+            .iter()
+            .flat_map(|(n, _, r)| r.iter().map(move |&(axis, min)| (n.clone(), axis, min)))
+            .collect(),
+        input_shapes: b.input_shape.into_iter().map(|(n, d, _)| (n, d)).collect(),
         input_values: b.input_value,
         max_trips: b.max_trips,
         input_sequences: b.input_sequence,
@@ -194,6 +199,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 model: Some(r.model),
                 weights: r.weights,
                 inputs: r.feed.input,
+                extents: r.feed.extent,
                 seed: r.feed.seed,
                 output_dir: r.output_dir,
                 threads: thread_count(r.threads)?,
@@ -216,6 +222,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
                 model: Some(b.model),
                 weights: b.weights,
                 inputs: b.feed.input,
+                extents: b.feed.extent,
                 seed: b.feed.seed,
                 threads: thread_count(b.threads)?,
                 warmup: Some(b.warmup),
@@ -357,6 +364,26 @@ struct Eval {
     passes: Vec<String>,
 }
 
+/// `t` with its extent along `axis` made `n`: cut to its first `n` positions, or
+/// zero-padded to `n` (row-major; whole bytes per element).
+fn resize_along(t: &Tensor, axis: usize, n: usize) -> Result<Tensor, String> {
+    let dims = t.ty().shape.dims().to_vec();
+    let numel: usize = dims.iter().product();
+    let bytes = t.bytes();
+    let elem = if numel == 0 { 0 } else { bytes.len() / numel };
+    let outer: usize = dims[..axis].iter().product();
+    let row = dims[axis + 1..].iter().product::<usize>() * elem;
+    let (m, keep) = (dims[axis], dims[axis].min(n));
+    let mut out = vec![0u8; outer * n * row];
+    for r in 0..outer {
+        out[r * n * row..(r * n + keep) * row].copy_from_slice(&bytes[r * m * row..(r * m + keep) * row]);
+    }
+    let mut d = dims;
+    d[axis] = n;
+    let shape = kiln_ir::Shape::new(d).map_err(|e| e.to_string())?;
+    Tensor::new(kiln_ir::TensorType::new(t.ty().dtype, shape), out.into()).map_err(|e| e.to_string())
+}
+
 fn eval(cli: Eval) -> Result<(), String> {
     let path = cli.model.clone();
     let t0 = Instant::now();
@@ -369,11 +396,52 @@ fn eval(cli: Eval) -> Result<(), String> {
             return Err(format!("--input `{n}`: the model has no such input; its inputs are: {}", names.join(", ")));
         }
     }
+    // Bounded input dimensions (kiln_ir::bounded, docs/bounded-shapes.md): the reference
+    // runs what the plan runs, the masked graph at the bound with each bounded input
+    // zero-padded and its extent fed, and cuts the outputs carrying the dimension.
+    let mut out_axes: Vec<Option<(usize, usize)>> = Vec::new();
+    if !g.bounded.is_empty() {
+        use kiln_ir::entity::EntityId;
+        kiln_ir::bounded::analyse(&g).map_err(|e| format!("{}: {e}", path.display()))?;
+        g = kiln_ir::bounded::mask(&g);
+        let axes = kiln_ir::bounded::analyse_with(&g, false).map_err(|e| e.to_string())?;
+        out_axes = g.outputs.iter().map(|o| axes[o.index()].first().copied()).collect();
+    }
+    let mut extents: Vec<usize> = g.bounded.iter().map(|b| b.bound).collect();
     let mut rng = SplitMix(cli.seed);
     let mut feeds = Vec::new();
-    for &v in &g.inputs {
+    for (i, &v) in g.inputs.iter().enumerate() {
         let val = &g.values[v];
+        if g.bounded.iter().any(|b| b.extent == i) {
+            // Filled below, once every bounded input is read.
+            feeds.push(Tensor::scalar(0i64));
+            continue;
+        }
         let t = match cli.inputs.iter().find(|(n, _)| *n == val.name) {
+            Some((_, file)) if g.bounded.iter().any(|b| b.input == i) => {
+                let (k, b) = g.bounded.iter().enumerate().find(|(_, b)| b.input == i).ok_or("bounded input")?;
+                let bytes = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
+                let t = npy::read_typed(&bytes, Some(val.ty.dtype)).map_err(|e| format!("{}: {e}", file.display()))?;
+                let (td, vd) = (t.ty().shape.dims(), val.ty.shape.dims());
+                let n = td.get(b.axis).copied().unwrap_or(0);
+                let fits = t.ty().dtype == val.ty.dtype
+                    && td.len() == vd.len()
+                    && td.iter().zip(vd).enumerate().all(|(a, (x, y))| a == b.axis || x == y);
+                if !fits || n < b.min || n > b.bound {
+                    return Err(format!(
+                        "input `{}`: {} holds {}, the model takes {} with axis {} in {}..={}",
+                        val.name,
+                        file.display(),
+                        t.ty(),
+                        val.ty,
+                        b.axis,
+                        b.min,
+                        b.bound
+                    ));
+                }
+                extents[k] = n;
+                resize_along(&t, b.axis, b.bound)?
+            }
             Some((_, file)) => {
                 let bytes = std::fs::read(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
                 let t = npy::read_typed(&bytes, Some(val.ty.dtype)).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -392,8 +460,18 @@ fn eval(cli: Eval) -> Result<(), String> {
         };
         feeds.push(t);
     }
+    for (b, &n) in g.bounded.iter().zip(&extents) {
+        if let Some(f) = feeds.get_mut(b.extent) {
+            *f = Tensor::scalar(n as i64);
+        }
+    }
     let t1 = Instant::now();
-    let outs = kiln_ref::eval_graph(&g, &feeds).map_err(|e| e.to_string())?;
+    let mut outs = kiln_ref::eval_graph(&g, &feeds).map_err(|e| e.to_string())?;
+    for (t, a) in outs.iter_mut().zip(&out_axes) {
+        if let Some((axis, d)) = *a {
+            *t = resize_along(t, axis, extents[d])?;
+        }
+    }
     let t_eval = t1.elapsed();
     if let Some(dir) = &cli.output_dir {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;

@@ -98,10 +98,17 @@ pub enum CompileError {
     },
     /// A plan sharded over several devices (`--devices N`) does not carry
     /// data-dependent extents yet.
-    #[error("the model has data-dependent output sizes (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time K), which a plan sharded over {devices} devices does not carry yet; compile for one device")]
+    #[error("the model has data-dependent output sizes (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time K) or bounded input dimensions, which a plan sharded over {devices} devices does not carry yet; compile for one device")]
     DynamicSharded {
         /// Devices asked for.
         devices: u32,
+    },
+    /// The CUDA target does not run bounded input dimensions (`--input-shape` with a
+    /// range) yet.
+    #[error("input `{name}` has a bounded dimension (--input-shape with a range), which the CUDA target does not support yet; compile for the CPU or give a fixed shape")]
+    BoundedOnCuda {
+        /// The input.
+        name: String,
     },
     /// Linking the per-device programs failed (a compiler bug).
     #[error("internal error: linking the per-device programs: {0}")]
@@ -171,6 +178,7 @@ impl CompileError {
             CompileError::Hal(_) => Stage::Hal,
             CompileError::Pipeline { stage, .. } => *stage,
             CompileError::Shard(_) | CompileError::MultiGpu { .. } => Stage::TensorPasses,
+            CompileError::BoundedOnCuda { .. } => Stage::FormDispatches,
             CompileError::DynamicSharded { .. } => Stage::TensorPasses,
             CompileError::Link(_) => Stage::Hal,
         }
@@ -208,7 +216,7 @@ impl CompileError {
                 kiln_shard::ShardError::Internal { .. } => ErrorKind::Internal,
                 _ => ErrorKind::InvalidInput,
             },
-            CompileError::MultiGpu { .. } | CompileError::DynamicSharded { .. } => {
+            CompileError::MultiGpu { .. } | CompileError::BoundedOnCuda { .. } | CompileError::DynamicSharded { .. } => {
                 ErrorKind::Unsupported
             }
             CompileError::Link(_) => ErrorKind::Internal,

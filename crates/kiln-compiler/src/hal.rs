@@ -44,6 +44,9 @@ pub enum HalError {
         /// What it counts.
         name: String,
     },
+    /// The extent inputs of bounded dimensions are not the last inputs.
+    #[error("the extent inputs of bounded input dimensions must be the last inputs")]
+    BoundedExtentOrder,
     /// The code generator reported no workgroup count for a dispatch.
     #[error("dispatch {dispatch} (kernel {kernel}) has no workgroup count ({count} kernels compiled)")]
     MissingWorkgroups {
@@ -236,8 +239,79 @@ pub fn entry_point(
             buffers.push(BufferDesc { name: b.name.clone(), binding, first: first_cmd[i], last: last_cmd[i] });
         }
     }
+    // Bounded input dimensions (kiln_ir::bounded): each input and its extent input get
+    // a place after the planned arena, which the runtime fills before the commands run;
+    // every binding of those inputs moves there.
+    let mut arena_size = plan.arena_size;
+    let mut bounded = Vec::new();
+    let mut moved: Vec<(u32, u64)> = Vec::new();
+    let mut hidden = Vec::new();
+    for x in &p.extents {
+        let Some(ie) = &x.input else { continue };
+        let (Some(&ib), Some(_)) = (p.inputs.get(ie.input), p.inputs.get(ie.extent_input)) else {
+            return Err(HalError::ExtentNoStorage { name: x.name.clone() });
+        };
+        let len = bytes(p, ib);
+        let staging = arena_size.div_ceil(ALIGN) * ALIGN;
+        let at = (staging + len).div_ceil(ALIGN) * ALIGN;
+        arena_size = at + 8;
+        moved.push((ie.input as u32, staging));
+        moved.push((ie.extent_input as u32, at));
+        hidden.push(ie.extent_input);
+        bounded.push(kiln_module::program::BoundedDesc {
+            input: ie.input as u32,
+            axis: ie.axis as u32,
+            min: ie.min,
+            bound: x.bound,
+            staging: Binding { slot: Slot::Arena, offset: staging, length: len },
+            extent: Binding { slot: Slot::Arena, offset: at, length: 8 },
+        });
+    }
+    // The extent inputs are the last inputs; the caller never passes them.
+    hidden.sort_unstable();
+    if hidden.iter().enumerate().any(|(k, &i)| i != p.inputs.len() - hidden.len() + k) {
+        return Err(HalError::BoundedExtentOrder);
+    }
+    if !moved.is_empty() {
+        let mv = |b: &mut Binding| {
+            if let Slot::Input(i) = b.slot {
+                if let Some(&(_, off)) = moved.iter().find(|&&(j, _)| j == i) {
+                    *b = Binding { slot: Slot::Arena, offset: off + b.offset, length: b.length };
+                }
+            }
+        };
+        for c in &mut commands {
+            match c {
+                Command::Dispatch { bindings, .. } => bindings.iter_mut().for_each(mv),
+                Command::Copy { src, dst } => {
+                    mv(src);
+                    mv(dst);
+                }
+                Command::Fill { dst, .. } => mv(dst),
+                Command::SkipIf { cond, .. } => mv(cond),
+                Command::AllReduce { parts, .. } | Command::AllGather { parts, .. } => {
+                    for part in parts {
+                        mv(&mut part.src);
+                        mv(&mut part.dst);
+                    }
+                }
+                Command::Barrier => {}
+            }
+        }
+        buffers.iter_mut().for_each(|b: &mut BufferDesc| mv(&mut b.binding));
+    }
     let mut extents = Vec::with_capacity(p.extents.len());
     for x in &p.extents {
+        if let Some(ie) = &x.input {
+            let Some(b) = bounded.iter().find(|b| b.input == ie.input as u32) else { continue };
+            extents.push(kiln_module::program::ExtentDesc {
+                name: x.name.clone(),
+                binding: b.extent,
+                bound: x.bound,
+                outputs: x.outputs.clone(),
+            });
+            continue;
+        }
         let b = binding(p, plan, x.buffer)
             .filter(|b| b.slot == Slot::Arena && b.length == 8)
             .ok_or_else(|| HalError::ExtentNoStorage { name: x.name.clone() })?;
@@ -250,10 +324,11 @@ pub fn entry_point(
     }
     Ok(EntryPoint {
         extents,
+        bounded,
         name: "main".into(),
-        inputs: p.inputs.iter().map(|&b| tensor_desc(p, b)).collect(),
+        inputs: p.inputs[..p.inputs.len() - hidden.len()].iter().map(|&b| tensor_desc(p, b)).collect(),
         outputs: p.outputs.iter().map(|&b| tensor_desc(p, b)).collect(),
-        arena_size: plan.arena_size,
+        arena_size,
         arena_align: ALIGN,
         commands,
         buffers,

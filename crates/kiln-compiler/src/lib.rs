@@ -568,7 +568,14 @@ impl Compilation {
                 };
                 let flow = kiln_lower::form_with(&g, formation, self.options.fused_attention);
                 self.graph = Some(g);
-                self.flow = Some(flow?);
+                let flow = flow?;
+                // Data-dependent extents run on CUDA; bounded input dimensions not yet.
+                if let (TargetDevice::Cuda, Some(x)) =
+                    (self.options.device, flow.extents.iter().find(|x| x.input.is_some()))
+                {
+                    return Err(CompileError::BoundedOnCuda { name: x.name.clone() });
+                }
+                self.flow = Some(flow);
             }
             Stage::NarrowStorage => {
                 let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;

@@ -72,7 +72,7 @@ pub fn compile(input: Input, options: &Options, devices: u32) -> Result<ShardedC
     c.run_to(Stage::TensorPasses)?;
     let graph = c.graph().ok_or(CompileError::Pipeline { stage: Stage::TensorPasses, missing: "tensor graph" })?;
     // Data-dependent extents (kiln_ir::dynamic) are not carried across devices.
-    if devices > 1 && kiln_ir::dynamic::has_sources(graph) {
+    if devices > 1 && (kiln_ir::dynamic::has_sources(graph) || !graph.bounded.is_empty()) {
         return Err(CompileError::DynamicSharded { devices });
     }
     let sharded = kiln_shard::shard(graph, devices)?;
@@ -305,6 +305,7 @@ fn link(
     };
     let prefix = if kind == DeviceKind::Cuda { "cuda" } else { "cpu" };
     let entry = EntryPoint {
+        bounded: Vec::new(),
         extents: Vec::new(),
         name: "main".into(),
         inputs: graph.inputs.iter().map(|&v| tensor_desc(graph, v)).collect(),

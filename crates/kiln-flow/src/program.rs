@@ -134,6 +134,24 @@ pub struct Extent {
     pub name: String,
     /// The graph outputs it sizes: (output index, axis).
     pub outputs: Vec<(u32, u32)>,
+    /// For a bounded input dimension (`kiln_ir::bounded`): the extent is not computed
+    /// by the plan but given by the caller's tensor, and `buffer` is an input.
+    pub input: Option<InputExtent>,
+}
+
+/// A bounded input dimension: the runtime writes its extent, from the caller's tensor,
+/// into the extent input, and the caller's tensor into the input's bound-sized place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputExtent {
+    /// The input (an index into [`FlowProgram::inputs`]).
+    pub input: usize,
+    /// Its bounded axis.
+    pub axis: usize,
+    /// The smallest extent.
+    pub min: u64,
+    /// The `i64` scalar input holding the extent (an index into [`FlowProgram::inputs`];
+    /// the caller does not pass it).
+    pub extent_input: usize,
 }
 
 /// Why a graph cannot become a flow program.
@@ -350,7 +368,24 @@ pub fn form(
 pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, FlowError> {
     // Reductions along a data-dependent axis read its extent (kiln_ir::dynamic).
     let masked;
-    let graph = if kiln_ir::dynamic::has_sources(graph) {
+    let mut bounded_axes = Vec::new();
+    let graph = if !graph.bounded.is_empty() {
+        // Bounded input dimensions (kiln_ir::bounded): refused where an op cannot run
+        // on one, naming it; ops mixing along one read its extent.
+        let err = |e| FlowError::Dynamic(Box::new(e));
+        if kiln_ir::dynamic::has_sources(graph) {
+            let n = graph.nodes.values().find(|n| kiln_ir::dynamic::source(n, graph).is_some());
+            return Err(err(kiln_ir::dynamic::DynamicError {
+                node: n.map(|n| n.name.clone()).unwrap_or_default(),
+                op: n.map_or(kiln_ir::OpKind::NonZero, |n| n.op.kind),
+                reason: "a data-dependent op in a graph with a bounded input dimension is not supported".into(),
+            }));
+        }
+        kiln_ir::bounded::analyse(graph).map_err(err)?;
+        masked = kiln_ir::bounded::mask(graph);
+        bounded_axes = kiln_ir::bounded::analyse_with(&masked, false).map_err(err)?;
+        &masked
+    } else if kiln_ir::dynamic::has_sources(graph) {
         masked = kiln_ir::dynamic::mask_reductions(graph);
         &masked
     } else {
@@ -374,6 +409,27 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
         let b = value_buffer(&mut p, graph, &mut of_value, o);
         p.outputs.push(b);
     }
+    for (k, b) in graph.bounded.iter().enumerate() {
+        let (Some(&x), Some(&e)) = (graph.inputs.get(b.input), graph.inputs.get(b.extent)) else {
+            return Err(FlowError::Graph(format!("bounded dimension {k} names a missing input")));
+        };
+        let buffer = value_buffer(&mut p, graph, &mut of_value, e);
+        let outputs = graph
+            .outputs
+            .iter()
+            .enumerate()
+            .flat_map(|(o, &v)| {
+                bounded_axes[v.index()].iter().filter(|&&(_, d)| d == k).map(move |&(axis, _)| (o as u32, axis as u32))
+            })
+            .collect();
+        p.extents.push(Extent {
+            buffer,
+            bound: b.bound as u64,
+            name: graph.values[x].name.clone(),
+            outputs,
+            input: Some(InputExtent { input: b.input, axis: b.axis, min: b.min as u64, extent_input: b.extent }),
+        });
+    }
     if kiln_ir::dynamic::has_sources(graph) {
         // Data-dependent extents (kiln_ir::dynamic): every op's extent, checked at run
         // time, and the outputs each sizes; an op that cannot run on a bounded operand
@@ -393,7 +449,7 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
                     dynamic[o.index()].filter(|d| d.extent == e).map(|d| (k as u32, d.axis as u32))
                 })
                 .collect();
-            p.extents.push(Extent { buffer, bound, name, outputs });
+            p.extents.push(Extent { buffer, bound, name, outputs, input: None });
         }
     }
     Ok(p)

@@ -80,6 +80,10 @@ pub struct ImportOptions {
     /// result of a NonZero, Compress, Unique, NonMaxSuppression or run-time-K TopK
     /// node; its extent may not exceed `N` at run time (see `kiln_ir::dynamic`).
     pub max_dims: Vec<(String, usize)>,
+    /// Bounded input dimensions (`--input-shape ids=1x1..128`): (input name, axis,
+    /// smallest extent). The input's shape in `input_shapes` gives the bound; the
+    /// caller chooses the extent per call (see `kiln_ir::bounded`).
+    pub bounded_dims: Vec<(String, usize, usize)>,
 }
 
 /// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).
@@ -111,6 +115,36 @@ fn split_named<'a>(s: &'a str, form: &str) -> Result<(&'a str, &'a str), String>
 pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
     let (name, dims) = split_named(s, "NAME=DIMS, e.g. input=1x3x224x224")?;
     Ok((name.to_string(), parse_dims(dims).map_err(|e| format!("`{s}`: {e}"))?))
+}
+
+/// Parses `NAME=DIMS` where one or more dims may be a range `MIN..MAX` (a bounded
+/// dimension, chosen per call): the shape at the bounds, and each range's (axis, MIN).
+pub fn parse_input_shape_bounded(s: &str) -> Result<(String, Vec<usize>, Vec<(usize, usize)>), String> {
+    let (name, dims) = split_named(s, "NAME=DIMS, e.g. input=1x3x224x224 or ids=1x1..512")?;
+    let dims = dims.trim();
+    if dims.is_empty() || dims == "scalar" {
+        return Ok((name.to_string(), Vec::new(), Vec::new()));
+    }
+    let mut shape = Vec::new();
+    let mut ranges = Vec::new();
+    for (axis, d) in dims.split(['x', ',']).enumerate() {
+        let d = d.trim();
+        let num = |t: &str| {
+            t.trim().parse::<usize>().map_err(|_| format!("`{s}`: `{d}` is not a dimension or a range MIN..MAX"))
+        };
+        match d.split_once("..") {
+            Some((lo, hi)) => {
+                let (lo, hi) = (num(lo)?, num(hi)?);
+                if lo > hi || hi == 0 {
+                    return Err(format!("`{s}`: the range `{d}` must be MIN..MAX with MIN ≤ MAX and MAX ≥ 1"));
+                }
+                shape.push(hi);
+                ranges.push((axis, lo));
+            }
+            None => shape.push(num(d)?),
+        }
+    }
+    Ok((name.to_string(), shape, ranges))
 }
 
 /// Parses `NAME=DIMS;DIMS;...` (for `--input-sequence`): one shape per element of a

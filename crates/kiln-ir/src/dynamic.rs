@@ -347,7 +347,7 @@ fn is_masked(g: &Graph, v: Option<ValueId>, extent: ValueId) -> bool {
 
 /// The value a reduction leaves unchanged, as a scalar of `dtype` (`None` where kiln
 /// has no mask for the reduction).
-fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tensor> {
+pub(crate) fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tensor> {
     use OpKind::*;
     let f = |x: f64| crate::Tensor::from_f64(dtype, crate::Shape::scalar(), &[x]).ok();
     let float = dtype.is_float();
@@ -503,5 +503,6 @@ pub fn mask_reductions(g: &Graph) -> Graph {
         }
     }
     out.outputs = g.outputs.iter().filter_map(|v| map[v.index()]).collect();
+    out.bounded = g.bounded.clone();
     out
 }

@@ -85,6 +85,9 @@ pub struct Graph {
     pub inputs: Vec<ValueId>,
     /// Graph outputs, in signature order.
     pub outputs: Vec<ValueId>,
+    /// Input dimensions whose extent the caller chooses at run time, up to a bound
+    /// (`--input-shape x=1x1..128`; see [`crate::bounded`]). Empty for a static graph.
+    pub bounded: Vec<crate::bounded::BoundedDim>,
 }
 
 impl Graph {
@@ -187,6 +190,7 @@ impl Graph {
             }
         }
         out.outputs = self.outputs.iter().filter_map(|v| map[v.index()]).collect();
+        out.bounded = self.bounded.clone();
         out
     }
 }

@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod attrs;
+pub mod bounded;
 pub mod dtype;
 pub mod dynamic;
 pub mod entity;

@@ -58,7 +58,19 @@ impl fmt::Display for Version {
 /// its version (it would otherwise run with bound-sized outputs); a 1.5 reader reads an
 /// older variant's feature bits as a CPU-features condition (none: always) with the
 /// dispatch's workgroups, and an older entry as one without extents.
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 5 };
+///
+/// 1.6 added each entry's bounded input dimensions (`BoundedDesc`: input, axis, the
+/// smallest extent, the bound, where the runtime places the input and its extent), at
+/// the end of its plan entry after the extents. Only a program with bounded dimensions
+/// is written as 1.6 (every other is written as 1.5, byte for byte as before), so a 1.5
+/// reader refuses exactly the files it could not run.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 6 };
+
+/// The version written for a program without bounded input dimensions.
+pub const STATIC_FORMAT_VERSION: Version = Version { major: 1, minor: 5 };
+
+/// The first minor version of major 1 whose plan entries list bounded input dimensions.
+pub const BOUNDED_MINOR: u16 = 6;
 
 /// The first minor version of major 1 whose variants carry a condition and a workgroup
 /// count ([`crate::program::Condition`]).

@@ -189,6 +189,32 @@ pub struct EntryPoint {
     /// writes, checked against its bound after the commands run and read for the actual
     /// shape of the outputs it sizes.
     pub extents: Vec<ExtentDesc>,
+    /// Bounded input dimensions (format 1.6 on; empty before): inputs whose extent along
+    /// one axis the caller chooses per call, up to the bound the plan is sized for.
+    pub bounded: Vec<BoundedDesc>,
+}
+
+/// A bounded input dimension (format 1.6 on). The signature types input `input` at its
+/// bound; the caller passes any extent `min..=bound` along `axis` (the other dims as
+/// signed). Before the commands the runtime copies the caller's tensor into `staging`
+/// (row-major at the bound shape, the positions past the extent zeroed), writes the
+/// extent, a little-endian `i64`, at `extent`, and the plan reads the input from there
+/// (no binding names the input's slot). An [`ExtentDesc`] with the same `extent`
+/// binding sizes the outputs that carry the dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundedDesc {
+    /// The input (signature index).
+    pub input: u32,
+    /// Its bounded axis.
+    pub axis: u32,
+    /// The smallest extent the caller may pass.
+    pub min: u64,
+    /// The largest: the signature's extent along `axis`.
+    pub bound: u64,
+    /// Where the input lives at its bound shape (arena, the input's signature bytes).
+    pub staging: Binding,
+    /// Where the extent lives (arena, 8 bytes).
+    pub extent: Binding,
 }
 
 /// A data-dependent extent (format 1.5 on): a result whose size along one axis depends

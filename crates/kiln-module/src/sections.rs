@@ -38,6 +38,8 @@
 //!   buffer  = str name, binding, u32 first, u32 last
 //!   entry (format 1.5 on) ends with list<extent>
 //!   extent  = str name, binding, uv bound, list<(u32 output, u32 axis)>
+//!   entry (format 1.6 on) then ends with list<bounded>
+//!   bounded = u32 input, u32 axis, uv min, uv bound, binding staging, binding extent
 //! executables (kind 3, align 8):
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
 //!                                   list<reloc>, list<launch> (format 1.3 on; absent from
@@ -74,7 +76,7 @@ use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
     Binding, BufferDesc, CollectivePart, Command, Condition, Constants, CudaArch, DebugInfo, Device, DeviceKind,
-    EntryPoint, Executable, ExtentDesc, Kernel, KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc,
+    BoundedDesc, EntryPoint, Executable, ExtentDesc, Kernel, KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc,
     Variant,
 };
 use crate::reader::Module;
@@ -243,6 +245,8 @@ pub struct EntryView<'a> {
     pub buffers: Vec<BufferView<'a>>,
     /// Data-dependent extents (format 1.5 on).
     pub extents: Vec<ExtentView<'a>>,
+    /// Bounded input dimensions (format 1.6 on).
+    pub bounded: Vec<BoundedDesc>,
 }
 
 /// A data-dependent extent of an entry (see [`ExtentDesc`]).
@@ -325,6 +329,7 @@ impl ProgramView<'_> {
                 .entries
                 .iter()
                 .map(|e| EntryPoint {
+                    bounded: e.bounded.clone(),
                     extents: e
                         .extents
                         .iter()
@@ -572,6 +577,7 @@ fn signature_bytes(p: &Program) -> Vec<u8> {
 }
 
 fn plan_bytes(p: &Program) -> Vec<u8> {
+    let bounded = has_bounded(p);
     let mut e = Enc::default();
     e.list(&p.devices, |e, d| {
         e.device_kind(d.kind);
@@ -634,6 +640,16 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv(a.into());
             });
         });
+        if bounded {
+            e.list(&ep.bounded, |e, b| {
+                e.uv(b.input.into());
+                e.uv(b.axis.into());
+                e.uv(b.min);
+                e.uv(b.bound);
+                e.binding(&b.staging);
+                e.binding(&b.extent);
+            });
+        }
     });
     e.0
 }
@@ -695,9 +711,17 @@ fn debug_bytes(d: &DebugInfo) -> Vec<u8> {
     e.0
 }
 
+/// Whether an entry of `p` has bounded input dimensions (written as format 1.6; other
+/// programs as 1.5).
+fn has_bounded(p: &Program) -> bool {
+    p.entries.iter().any(|e| !e.bounded.is_empty())
+}
+
 /// Encodes `p` as a complete `.kiln` file needing runtime ABI [`ABI_VERSION`].
 pub fn write_program(p: &Program) -> Vec<u8> {
-    let mut w = ModuleWriter::new(ABI_VERSION);
+    let format =
+        if has_bounded(p) { crate::format::FORMAT_VERSION } else { crate::format::STATIC_FORMAT_VERSION };
+    let mut w = ModuleWriter::new(ABI_VERSION).with_format(format);
     let mut sections = Vec::new();
     sections.push((SectionKind::Signature, ALIGN, signature_bytes(p)));
     sections.push((SectionKind::Plan, ALIGN, plan_bytes(p)));
@@ -1037,7 +1061,22 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
         } else {
             Vec::new()
         };
+        // input, axis, min, bound, two bindings (3 each).
+        let bounded = if d.format.minor >= crate::format::BOUNDED_MINOR {
+            d.list("bounded dimensions", 10, |d| {
+                let input = d.u32("bounded input")?;
+                let axis = d.u32("bounded axis")?;
+                let min = d.uv("bounded min")?;
+                let bound = d.uv("bounded bound")?;
+                let staging = d.binding()?;
+                let extent = d.binding()?;
+                Ok(BoundedDesc { input, axis, min, bound, staging, extent })
+            })?
+        } else {
+            Vec::new()
+        };
         entries.push(EntryView {
+            bounded,
             extents,
             name: sig.name,
             inputs: sig.inputs,

@@ -1,12 +1,17 @@
 //! Writing a container.
 
-use crate::format::{crc32, SectionKind, Version, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_ALIGN, MAX_SECTIONS};
+use crate::format::{
+    crc32, SectionKind, Version, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_ALIGN, MAX_SECTIONS, STATIC_FORMAT_VERSION,
+};
 use alloc::vec::Vec;
 
 /// Collects sections and lays them out.
 #[derive(Debug, Default)]
 pub struct ModuleWriter {
     abi: Option<Version>,
+    /// The format version written (default [`STATIC_FORMAT_VERSION`]: the newest that
+    /// a file without bounded input dimensions needs, so that such files stay as they were).
+    format: Option<Version>,
     sections: Vec<(SectionKind, u32, Vec<u8>)>,
 }
 
@@ -34,7 +39,14 @@ impl core::fmt::Display for WriteError {
 impl ModuleWriter {
     /// An empty container needing runtime ABI `abi`.
     pub fn new(abi: Version) -> ModuleWriter {
-        ModuleWriter { abi: Some(abi), sections: Vec::new() }
+        ModuleWriter { abi: Some(abi), format: None, sections: Vec::new() }
+    }
+
+    /// Writes the header's format version as `format` (an older minor of the same
+    /// major, for a file that uses none of the newer additions).
+    pub fn with_format(mut self, format: Version) -> ModuleWriter {
+        self.format = Some(format);
+        self
     }
 
     /// Adds a section whose bytes start at a multiple of `align`.
@@ -55,6 +67,7 @@ impl ModuleWriter {
     /// The file's bytes.
     pub fn finish(&self) -> Vec<u8> {
         let abi = self.abi.unwrap_or(FORMAT_VERSION);
+        let format = self.format.unwrap_or(STATIC_FORMAT_VERSION);
         let table_end = HEADER_LEN + ENTRY_LEN * self.sections.len();
         let mut offsets = Vec::with_capacity(self.sections.len());
         let mut pos = table_end;
@@ -67,8 +80,8 @@ impl ModuleWriter {
         let file_len = pos;
         let mut out = Vec::with_capacity(file_len);
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.major.to_le_bytes());
-        out.extend_from_slice(&FORMAT_VERSION.minor.to_le_bytes());
+        out.extend_from_slice(&format.major.to_le_bytes());
+        out.extend_from_slice(&format.minor.to_le_bytes());
         out.extend_from_slice(&abi.major.to_le_bytes());
         out.extend_from_slice(&abi.minor.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());

@@ -30,6 +30,7 @@ fn mlp(constants: Constants, debug: bool) -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![t("x", 1, &[1, 4], 16)],
@@ -224,6 +225,7 @@ fn signature_bytes_by_hand() {
     let p = Program {
         devices: vec![],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "m".into(),
             inputs: vec![t("x", 1, &[300], 1200)],
@@ -778,7 +780,8 @@ fn collectives_by_hand_and_refused_under_format_1_3() {
         ]
     );
     let file_of = |minor: u16| file_of_format(&p, (SectionKind::Plan, plan.clone()), minor);
-    let current = file_of(kiln_module::FORMAT_VERSION.minor);
+    // (A plan without bounded input dimensions is written as 1.5: no list of them.)
+    let current = file_of(kiln_module::format::STATIC_FORMAT_VERSION.minor);
     let m = Module::parse(&current).expect("parses");
     assert_eq!(read_program(&m).expect("decodes").to_program().entries[0].commands, p.entries[0].commands);
     // A 1.3 file has no collectives: tag 4 is unknown there.
@@ -797,4 +800,31 @@ fn collectives_by_hand_and_refused_under_format_1_3() {
         }
         other => panic!("expected an unsupported version, got {other:?}"),
     }
+}
+
+#[test]
+fn bounded_dims_round_trip_as_format_1_6_and_static_programs_stay_1_5() {
+    let mut p = mlp(embedded(), false);
+    p.entries[0].bounded = vec![BoundedDesc {
+        input: 0,
+        axis: 1,
+        min: 1,
+        bound: 4,
+        staging: b(Slot::Arena, 64, 16),
+        extent: b(Slot::Arena, 128, 8),
+    }];
+    let file = write_program(&p);
+    let m = Module::parse(&file).expect("parse");
+    assert_eq!(m.format(), kiln_module::FORMAT_VERSION);
+    assert_eq!(read_program(&m).expect("decode").to_program(), p);
+    // The entry ends with its list: 1 entry; input 0, axis 1, min 1, bound 4; staging
+    // arena (0), 64 (0x40), 16; extent arena, 128 (80 01), 8.
+    let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
+    assert!(plan.ends_with(&[1, 0, 1, 1, 4, 0, 0x40, 16, 0, 0x80, 0x01, 8]), "{plan:?}");
+    // Without bounded dimensions: format 1.5, and the plan has no list at all.
+    let mut q = p.clone();
+    q.entries[0].bounded.clear();
+    let f = write_program(&q);
+    assert_eq!(Module::parse(&f).expect("parse").format(), kiln_module::format::STATIC_FORMAT_VERSION);
+    assert_eq!(section_bytes(&q, SectionKind::Plan).expect("plan").len() + 12, plan.len());
 }

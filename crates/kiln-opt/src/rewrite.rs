@@ -51,6 +51,7 @@ pub fn rebuild(g: &Graph, mut decide: impl FnMut(&mut Graph, &Node, &[Option<Val
         }
     }
     new.outputs = g.outputs.iter().filter_map(|v| map[v.index()]).collect();
+    new.bounded = g.bounded.clone();
     new
 }
 

@@ -120,7 +120,7 @@ pub(crate) fn runtime_class(e: &RuntimeError) -> Class {
         E::WeightsMissing { .. } | E::WeightsMismatch { .. } | E::WeightsNotExpected => Class::Invalid,
         E::ArenaTooSmall { .. } | E::ArenaMisaligned { .. } => Class::Invalid,
         E::InputCount { .. } | E::OutputCount { .. } | E::InputSize { .. } | E::OutputSize { .. } => Class::Invalid,
-        E::InputShape { .. } | E::OutputShape { .. } => Class::Invalid,
+        E::InputShape { .. } | E::OutputShape { .. } | E::InputExtent { .. } => Class::Invalid,
         E::InputDtype { .. } | E::OutputDtype { .. } => Class::InputType,
         // The system refused memory or a worker thread, or a worker died.
         E::ArenaAlloc { .. } | E::Threads { .. } | E::Load { .. } | E::WorkerLost => Class::Base,

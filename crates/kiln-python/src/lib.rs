@@ -240,6 +240,8 @@ fn kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", kiln_module::FORMAT_VERSION.to_string())?;
+    // What a program without bounded input dimensions is written as.
+    m.add("STATIC_FORMAT_VERSION", kiln_module::format::STATIC_FORMAT_VERSION.to_string())?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_class::<module::Module>()?;

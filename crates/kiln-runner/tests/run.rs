@@ -17,6 +17,7 @@ fn program(external: Option<&[u8]>) -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![t("a"), t("b")],
@@ -204,6 +205,7 @@ fn ml_dtypes_files_in_and_out() {
     let program = Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             // bf16 (ONNX code 16) [2, 3]; int4 (code 22) [5], packed in 3 bytes.

@@ -215,6 +215,20 @@ pub enum RuntimeError {
         /// Bytes given.
         got: u64,
     },
+    /// An input with a bounded dimension (format 1.6) has an extent along it outside the
+    /// range the module was compiled for.
+    InputExtent {
+        /// Input name.
+        name: String,
+        /// The bounded axis.
+        axis: u32,
+        /// The smallest extent allowed.
+        min: u64,
+        /// The largest (the bound).
+        bound: u64,
+        /// The extent given.
+        got: u64,
+    },
     /// An output buffer has the wrong byte length.
     OutputSize {
         /// Output name.
@@ -410,6 +424,11 @@ impl fmt::Display for RuntimeError {
             E::OutputCount { entry, expected, got } => {
                 write!(f, "{entry_} produces {expected} outputs, {got} buffers given", entry_ = Name(entry))
             }
+            E::InputExtent { name, axis, min, bound, got } => write!(
+                f,
+                "input {name_} has extent {got} along its bounded axis {axis}; the module takes {min}..={bound} (compile with a larger bound in --input-shape)",
+                name_ = Name(name)
+            ),
             E::InputSize { name, expected, got } => {
                 write!(f, "input {name_} must be {expected} bytes, got {got}", name_ = Name(name))
             }
@@ -457,6 +476,9 @@ pub enum CudaPlanProblem {
     /// A collective command: the CUDA driver has no collectives yet (NCCL over the GPUs
     /// of one host is the planned driver; `docs/scale-out.md`).
     Collective,
+    /// Bounded input dimensions (format 1.6), which the CUDA driver does not run yet
+    /// (the compiler refuses them for CUDA too).
+    Bounded,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -468,6 +490,9 @@ impl fmt::Display for CudaPlanProblem {
             CudaPlanProblem::NoLaunch { kernel } => write!(f, "kernel {kernel} has no CUDA launch record"),
             CudaPlanProblem::Collective => {
                 f.write_str("a collective command (multi-GPU collectives through NCCL are not built yet)")
+            }
+            CudaPlanProblem::Bounded => {
+                f.write_str("bounded input dimensions, which the CUDA runtime does not run yet; run the artifact on the CPU runtime")
             }
         }
     }

@@ -7,7 +7,7 @@ use crate::module::LoadedModule;
 use alloc::format;
 use alloc::string::ToString;
 use alloc::vec::Vec;
-use kiln_module::program::{Binding, Command, Slot};
+use kiln_module::program::{Binding, BoundedDesc, Command, Slot};
 use kiln_module::sections::TensorView;
 
 /// A typed input: dtype (ONNX code), dims and bytes are all checked against the
@@ -36,6 +36,9 @@ pub struct TensorMut<'d> {
 /// An input argument: checked against its signature entry, then read through a pointer.
 pub(crate) trait InputArg {
     fn checked_ptr(&self, t: &TensorView<'_>) -> Result<*const u8, RuntimeError>;
+    /// The bytes, and the dtype and dims where the argument is typed (an input with a
+    /// bounded dimension takes any extent within its range along it).
+    fn parts(&self) -> (&[u8], Option<(u32, &[u64])>);
 }
 
 /// An output argument.
@@ -87,6 +90,9 @@ impl InputArg for &[u8] {
         check_size(Side::Input, t, self.len())?;
         Ok(self.as_ptr())
     }
+    fn parts(&self) -> (&[u8], Option<(u32, &[u64])>) {
+        (self, None)
+    }
 }
 
 impl InputArg for TensorRef<'_> {
@@ -94,6 +100,74 @@ impl InputArg for TensorRef<'_> {
         check_typed(Side::Input, t, self.dtype, self.dims, self.data.len())?;
         Ok(self.data.as_ptr())
     }
+    fn parts(&self) -> (&[u8], Option<(u32, &[u64])>) {
+        (self.data, Some((self.dtype, self.dims)))
+    }
+}
+
+/// The extent along its bounded dimension `b` of input argument `arg` (signature `t`):
+/// the typed argument's dims, or an untyped one's bytes over the bytes of one position
+/// along the axis; within `b.min..=b.bound`.
+fn bounded_extent<I: InputArg>(arg: &I, t: &TensorView<'_>, b: &BoundedDesc) -> Result<u64, RuntimeError> {
+    let (data, typed) = arg.parts();
+    let axis = b.axis as usize;
+    let numel: u64 = t.dims.iter().product();
+    // Verified: whole bytes per element, no empty axis.
+    let slice = t.bytes / b.bound.max(1);
+    let n = match typed {
+        Some((dtype, dims)) => {
+            let same_rank = dims.len() == t.dims.len();
+            let others_match = same_rank && dims.iter().zip(&t.dims).enumerate().all(|(a, (x, y))| a == axis || x == y);
+            if dtype != t.dtype {
+                return Err(RuntimeError::InputDtype { name: t.name.to_string(), expected: t.dtype, got: dtype });
+            }
+            if !others_match {
+                return Err(RuntimeError::InputShape { name: t.name.to_string(), expected: t.dims.clone(), got: dims.to_vec() });
+            }
+            dims[axis]
+        }
+        None => {
+            if numel == 0 || data.len() as u64 % slice != 0 {
+                return Err(RuntimeError::InputSize { name: t.name.to_string(), expected: t.bytes, got: data.len() as u64 });
+            }
+            data.len() as u64 / slice
+        }
+    };
+    if n < b.min || n > b.bound {
+        return Err(RuntimeError::InputExtent { name: t.name.to_string(), axis: b.axis, min: b.min, bound: b.bound, got: n });
+    }
+    if data.len() as u64 != n * slice {
+        return Err(RuntimeError::InputSize { name: t.name.to_string(), expected: n * slice, got: data.len() as u64 });
+    }
+    Ok(n)
+}
+
+/// Copies `data` (an input of extent `n` along bounded dimension `b`, signature `t`)
+/// into its place in the arena at the bound shape, the positions past `n` zeroed, and
+/// writes `n` as the extent.
+///
+/// # Safety
+///
+/// `arena` is this instance's arena, exclusively ours, of at least the entry's arena
+/// size; `b` was verified (staging and extent inside the arena) and `n` checked by
+/// [`bounded_extent`] (`data` holds `n` positions along the axis).
+unsafe fn stage_bounded(arena: *mut u8, t: &TensorView<'_>, b: &BoundedDesc, data: &[u8], n: u64) {
+    let axis = b.axis as usize;
+    let outer: u64 = t.dims[..axis].iter().product();
+    let row = (t.bytes / outer.max(1) / b.bound.max(1)) as usize; // one position's bytes
+    let (n, bound) = (n as usize, b.bound as usize);
+    let dst = arena.wrapping_add(b.staging.offset as usize);
+    for r in 0..outer as usize {
+        // SAFETY: the source row lies in `data` (n positions per outer index), the
+        // destination row in the staging range (bound positions per outer index).
+        unsafe {
+            core::ptr::copy_nonoverlapping(data.as_ptr().add(r * n * row), dst.add(r * bound * row), n * row);
+            core::ptr::write_bytes(dst.add((r * bound + n) * row), 0, (bound - n) * row);
+        }
+    }
+    let e = (n as i64).to_le_bytes();
+    // SAFETY: 8 bytes inside the arena (verified).
+    unsafe { core::ptr::copy_nonoverlapping(e.as_ptr(), arena.wrapping_add(b.extent.offset as usize), 8) };
 }
 
 impl OutputArg for &mut [u8] {
@@ -443,7 +517,11 @@ impl<'m> Instance<'m> {
             });
         }
         for (i, (arg, t)) in inputs.iter().zip(&entry.inputs).enumerate() {
-            self.inputs[i] = arg.checked_ptr(t)?;
+            match entry.bounded.iter().find(|b| b.input as usize == i) {
+                // Checked here, staged below once the arena is at hand.
+                Some(b) => _ = bounded_extent(arg, t, b)?,
+                None => self.inputs[i] = arg.checked_ptr(t)?,
+            }
         }
         for (i, (arg, t)) in outputs.iter_mut().zip(&entry.outputs).enumerate() {
             self.outputs[i] = arg.checked_ptr(t)?;
@@ -456,6 +534,15 @@ impl<'m> Instance<'m> {
             Arena::Owned { buf, start } => buf.as_mut_ptr().wrapping_add(*start),
             Arena::Borrowed(b) => b.as_mut_ptr(),
         };
+        for b in &entry.bounded {
+            let i = b.input as usize;
+            let n = bounded_extent(&inputs[i], &entry.inputs[i], b)?;
+            // SAFETY: the arena is exclusively ours and verified to hold `b`'s ranges;
+            // `n` was checked against the argument just above.
+            unsafe { stage_bounded(arena, &entry.inputs[i], b, inputs[i].parts().0, n) };
+            // No binding names the input's slot, but should one, it reads the staging.
+            self.inputs[i] = arena.wrapping_add(b.staging.offset as usize).cast_const();
+        }
         // Kernels and commands never write the constants (the verifier rejects it).
         let constants = m.pool.bytes().as_ptr().cast_mut();
         let bases = Bases { arena, constants, inputs: &self.inputs, outputs: &self.outputs };

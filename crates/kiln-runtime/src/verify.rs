@@ -12,6 +12,9 @@
 
 use crate::error::{BindingProblem, BindingRole, CommandProblem, ConditionProblem, RuntimeError, VerifyError};
 use crate::MAX_ARENA_ALIGN;
+
+/// The most bounded input dimensions an entry may have (format 1.6).
+pub(crate) const MAX_BOUNDED: usize = 8;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -293,6 +296,52 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 {
                     return Err(bad(format!("output {o} is sized by more than one extent")));
                 }
+            }
+        }
+        if e.bounded.len() > MAX_BOUNDED {
+            return Err(VerifyError::Extent {
+                entry: entry(),
+                extent: String::new(),
+                problem: format!("{} bounded input dimensions, more than {MAX_BOUNDED}", e.bounded.len()),
+            });
+        }
+        for (k, b) in e.bounded.iter().enumerate() {
+            let name = e.inputs.get(b.input as usize).map_or_else(|| format!("input {}", b.input), |t| t.name.to_string());
+            let bad = |problem: String| VerifyError::Extent { entry: entry(), extent: name.clone(), problem };
+            let Some(t) = e.inputs.get(b.input as usize) else {
+                return Err(bad(format!("a bounded dimension names input {}, of {}", b.input, e.inputs.len())));
+            };
+            if e.bounded[..k].iter().any(|o| o.input == b.input) {
+                return Err(bad("the input has more than one bounded dimension".into()));
+            }
+            if t.dims.get(b.axis as usize) != Some(&b.bound) || b.min > b.bound {
+                return Err(bad(format!(
+                    "dims {:?} do not have the bound {} along axis {} (smallest extent {})",
+                    t.dims, b.bound, b.axis, b.min
+                )));
+            }
+            let numel: u64 = t.dims.iter().product();
+            if numel == 0 || t.bytes % numel != 0 {
+                return Err(bad("a bounded input needs whole bytes per element and no empty axis".into()));
+            }
+            if b.staging.slot != Slot::Arena || b.staging.length != t.bytes {
+                return Err(bad(format!("its staging binding {:?} is not {} bytes of the arena", b.staging, t.bytes)));
+            }
+            if b.extent.slot != Slot::Arena || b.extent.length != 8 {
+                return Err(bad(format!("its extent binding {:?} is not 8 bytes of the arena", b.extent)));
+            }
+            binding(e, pool_len, &b.staging, false).map_err(|p| bad(p.to_string()))?;
+            binding(e, pool_len, &b.extent, false).map_err(|p| bad(p.to_string()))?;
+            let overlaps = |x: &Binding, y: &Binding| x.offset < y.offset + y.length && y.offset < x.offset + x.length;
+            if overlaps(&b.staging, &b.extent)
+                || e.bounded[..k].iter().any(|o| {
+                    overlaps(&o.staging, &b.staging)
+                        || overlaps(&o.extent, &b.staging)
+                        || overlaps(&o.staging, &b.extent)
+                        || overlaps(&o.extent, &b.extent)
+                })
+            {
+                return Err(bad("its staging and extent bindings overlap another's".into()));
             }
         }
         for b in &e.buffers {

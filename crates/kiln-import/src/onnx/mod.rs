@@ -584,6 +584,32 @@ impl Importer {
             let v = self.signature_input(&name, vi.r#type.as_ref(), opts)?;
             self.bind_val(&name, v);
         }
+        self.bounded_inputs(opts)?;
+        Ok(())
+    }
+
+    /// The bounded input dimensions of `opts` (`--input-shape ids=1x1..128`): each an
+    /// extent input (an `i64` scalar, after every other input) and an entry of
+    /// `Graph::bounded` (see `kiln_ir::bounded`).
+    fn bounded_inputs(&mut self, opts: &ImportOptions) -> Result<(), ImportError> {
+        for (name, axis, min) in &opts.bounded_dims {
+            let ierr = |message: String| ImportError::Input { name: name.clone(), message };
+            let input = self
+                .g
+                .inputs
+                .iter()
+                .position(|&v| self.g.values[v].name == *name)
+                .ok_or_else(|| ierr("a bounded dimension needs a tensor input of this name".into()))?;
+            let dims = self.g.ty(self.g.inputs[input]).shape.dims().to_vec();
+            let bound = *dims.get(*axis).ok_or_else(|| ierr(format!("the input has no axis {axis}")))?;
+            if self.g.bounded.iter().any(|b| b.input == input) {
+                return Err(ierr("only one dimension of an input may be bounded".into()));
+            }
+            let ext_name = format!("{name}.extent{axis}");
+            let extent = self.g.inputs.len();
+            self.g.add_input(ext_name, kiln_ir::TensorType::new(DType::I64, kiln_ir::Shape::scalar()));
+            self.g.bounded.push(kiln_ir::bounded::BoundedDim { input, axis: *axis, min: *min, bound, extent });
+        }
         Ok(())
     }
 
@@ -1300,6 +1326,18 @@ impl Importer {
         let name_of = |i: usize| out_names.get(i).cloned().unwrap_or_default();
         // Results that depend only on operand types (Shape, Size).
         if let (Some(Some(v)), [out]) = (inputs.first(), tys.as_slice()) {
+            // A bounded dimension (kiln_ir::bounded) has no static extent to fold.
+            if matches!(op.kind, kiln_ir::OpKind::Shape | kiln_ir::OpKind::Size) && !self.g.bounded.is_empty() {
+                use kiln_ir::entity::EntityId;
+                let axes = kiln_ir::bounded::analyse_with(&self.g, false).unwrap_or_default();
+                if axes.get(v.index()).is_some_and(|a| !a.is_empty()) {
+                    return Err(at.err(format!(
+                        "{} reads the extent of a bounded dimension (--input-shape with a range) as data, \
+                         which a static plan cannot give",
+                        op.kind
+                    )));
+                }
+            }
             if let Some(r) = kiln_opt::fold::fold_from_type(&op, self.g.ty(*v), out) {
                 let t = r.map_err(|m| at.err(m))?;
                 return Ok(vec![self.add_const(&name_of(0), t)]);

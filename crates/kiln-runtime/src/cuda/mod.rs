@@ -181,6 +181,13 @@ impl<'a> CudaModule<'a> {
         let program = plan.program;
         let limits = plan.limits;
         require_device_kind(&program, DeviceKind::Cuda)?;
+        if let Some(e) = program.entries.iter().find(|e| !e.bounded.is_empty()) {
+            return Err(RuntimeError::CudaPlan {
+                entry: e.name.to_string(),
+                command: 0,
+                problem: crate::error::CudaPlanProblem::Bounded,
+            });
+        }
         let pool = bind_weights(&program, weights)?;
         let ctx = driver::Context::new(ordinal)?;
         let mut dispatched = alloc::vec![false; program.kernels.len()];

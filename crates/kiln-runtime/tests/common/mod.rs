@@ -86,6 +86,7 @@ fn main_of_a_b(n: u64, outputs: Vec<TensorDesc>, arena_size: u64, commands: Vec<
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
@@ -162,6 +163,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![
             EntryPoint {
+                bounded: Vec::new(),
                 extents: Vec::new(),
                 name: "main".into(),
                 inputs: vec![],
@@ -179,6 +181,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                 buffers: vec![],
             },
             EntryPoint {
+                bounded: Vec::new(),
                 extents: Vec::new(),
                 name: "exp".into(),
                 inputs: vec![tensor("x", 1, &[1], 4)],
@@ -253,6 +256,7 @@ pub fn reloc_program() -> Program {
         launches: vec![],
     };
     let entry = |name: &str, kernel| EntryPoint {
+        bounded: Vec::new(),
         extents: Vec::new(),
         name: name.into(),
         inputs: vec![],
@@ -463,6 +467,7 @@ pub fn cuda_graph_program() -> Program {
     Program {
         devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
@@ -516,6 +521,7 @@ pub fn collectives_program(n: u64) -> Program {
     Program {
         devices: (0..3).map(|d| Device { kind: DeviceKind::Cpu, name: format!("cpu:{d}") }).collect(),
         entries: vec![EntryPoint {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),

@@ -1,0 +1,164 @@
+//! Bounded input dimensions (format 1.6): the runtime takes an input at any extent in
+//! its range, places it at the bound shape in the arena with the padding zeroed,
+//! writes the extent, and the outputs it sizes come back at the actual extent, on both
+//! drivers; extents outside the range and malformed shapes are typed errors; and the
+//! verifier refuses every malformed `BoundedDesc` (one field broken per case).
+
+mod common;
+
+use common::*;
+use kiln_module::program::*;
+use kiln_module::sections::write_program;
+use kiln_runtime::{Instance, Module, RuntimeError, TensorRef, VerifyError};
+
+/// `add_program(n)` with input `a` bounded along axis 0 (`min..=n`): the plan reads `a`
+/// from its staging place, and output `y` is sized by its extent.
+fn bounded_program(n: u64, min: u64) -> Program {
+    let mut p = add_program(n);
+    let e = &mut p.entries[0];
+    let bytes = 4 * n;
+    let staging = (64 + bytes).div_ceil(64) * 64;
+    let extent = (staging + bytes).div_ceil(64) * 64;
+    e.arena_size = extent + 8;
+    for c in &mut e.commands {
+        if let Command::Dispatch { bindings, .. } = c {
+            for x in bindings.iter_mut().filter(|x| x.slot == Slot::Input(0)) {
+                *x = b(Slot::Arena, staging, bytes);
+            }
+        }
+    }
+    e.bounded = vec![BoundedDesc {
+        input: 0,
+        axis: 0,
+        min,
+        bound: n,
+        staging: b(Slot::Arena, staging, bytes),
+        extent: b(Slot::Arena, extent, 8),
+    }];
+    e.extents = vec![ExtentDesc { name: "a".into(), binding: b(Slot::Arena, extent, 8), bound: n, outputs: vec![(0, 0)] }];
+    p
+}
+
+#[test]
+fn any_extent_in_the_range_runs_with_the_padding_zeroed_on_both_drivers() {
+    let file = write_program(&bounded_program(5, 1));
+    let m = load(&file, None).expect("load");
+    let b = f32s(&[10.0, 20.0, 30.0, 40.0, 50.0]);
+    for threads in [None, Some(2)] {
+        let mut inst = match threads {
+            None => Instance::new(&m).expect("instance"),
+            Some(t) => Instance::with_threads(&m, t).expect("instance"),
+        };
+        // The longest first: a shorter call must not see its positions.
+        for a in [&[1.0f32, 2.0, 3.0, 4.0, 5.0][..], &[1.0, 2.0, 3.0], &[7.0]] {
+            let n = a.len();
+            let mut y = vec![0u8; 20];
+            inst.invoke(&[&f32s(a), &b], &mut [&mut y]).expect("invoke");
+            assert_eq!(inst.output_dims(0), Some(&[n as u64][..]));
+            let y = to_f32s(&y);
+            let want: Vec<f32> = (0..5).map(|i| a.get(i).copied().unwrap_or(0.0) + 10.0 * (i + 1) as f32).collect();
+            // The first n are a + b; past them (the padding, left in place by a 1-D
+            // compaction) a's zeros + b: the staging was zeroed, not left from before.
+            assert_eq!(y, want, "extent {n} on {threads:?} threads");
+        }
+        // Typed: dims other than the bounded one, and the dtype, are checked.
+        let a = f32s(&[1.0, 2.0]);
+        let mut y = vec![0u8; 20];
+        let ins = [TensorRef { dtype: 1, dims: &[2], data: &a }, TensorRef { dtype: 1, dims: &[5], data: &b }];
+        let mut outs = [kiln_runtime::TensorMut { dtype: 1, dims: &[5], data: &mut y }];
+        inst.invoke_tensors(0, &ins, &mut outs).expect("typed, extent 2");
+        assert_eq!(inst.output_dims(0), Some(&[2u64][..]));
+    }
+}
+
+#[test]
+fn extents_outside_the_range_are_typed_errors() {
+    let file = write_program(&bounded_program(5, 2));
+    let m = load(&file, None).expect("load");
+    let mut inst = Instance::new(&m).expect("instance");
+    let b = f32s(&[0.0; 5]);
+    let mut y = vec![0u8; 20];
+    for n in [0usize, 1, 6] {
+        match inst.invoke(&[&f32s(&vec![1.0; n]), &b], &mut [&mut y]) {
+            Err(RuntimeError::InputExtent { name, axis: 0, min: 2, bound: 5, got }) => {
+                assert_eq!((name.as_str(), got), ("a", n as u64));
+            }
+            other => panic!("extent {n} of 2..=5: {other:?}"),
+        }
+    }
+    let e = inst.invoke(&[&f32s(&[1.0; 6]), &b], &mut [&mut y]).expect_err("over");
+    assert_eq!(
+        e.to_string(),
+        "input a has extent 6 along its bounded axis 0; the module takes 2..=5 (compile with a larger bound in --input-shape)"
+    );
+    // Not a whole number of positions.
+    match inst.invoke(&[&[0u8; 10][..], &b], &mut [&mut y]) {
+        Err(RuntimeError::InputSize { .. }) => {}
+        other => panic!("10 bytes of f32: {other:?}"),
+    }
+    // The other inputs keep their exact sizes.
+    match inst.invoke(&[&f32s(&[1.0; 3]), &f32s(&[1.0; 3])], &mut [&mut y]) {
+        Err(RuntimeError::InputSize { name, .. }) => assert_eq!(name, "b"),
+        other => panic!("b of 3: {other:?}"),
+    }
+    let a = f32s(&[1.0; 3]);
+    let ins = [TensorRef { dtype: 1, dims: &[3, 1], data: &a }, TensorRef { dtype: 1, dims: &[5], data: &b }];
+    let mut outs = [kiln_runtime::TensorMut { dtype: 1, dims: &[5], data: &mut y }];
+    match inst.invoke_tensors(0, &ins, &mut outs) {
+        Err(RuntimeError::InputShape { name, .. }) => assert_eq!(name, "a"),
+        other => panic!("rank 2 for rank 1: {other:?}"),
+    }
+}
+
+fn bounded_problem(p: &Program) -> String {
+    match Module::verify(&write_program(p), None, u64::MAX) {
+        Err(RuntimeError::Invalid(VerifyError::Extent { entry, problem, .. })) => {
+            assert_eq!(entry, "main");
+            problem
+        }
+        other => panic!("expected a bounded-dimension error, got {other:?}"),
+    }
+}
+
+fn d(p: &mut Program) -> &mut BoundedDesc {
+    &mut p.entries[0].bounded[0]
+}
+
+#[test]
+fn the_verifier_refuses_malformed_bounded_dimensions() {
+    Module::verify(&write_program(&bounded_program(5, 1)), None, u64::MAX).expect("valid");
+    let base = || bounded_program(5, 1);
+    let mut p = base();
+    d(&mut p).input = 2;
+    assert!(bounded_problem(&p).contains("names input 2"));
+    let mut p = base();
+    d(&mut p).axis = 1;
+    assert!(bounded_problem(&p).contains("do not have the bound"));
+    let mut p = base();
+    d(&mut p).bound = 4;
+    assert!(bounded_problem(&p).contains("do not have the bound"));
+    let mut p = base();
+    d(&mut p).min = 6;
+    assert!(bounded_problem(&p).contains("smallest extent 6"));
+    let mut p = base();
+    d(&mut p).staging.length = 16;
+    assert!(bounded_problem(&p).contains("staging"));
+    let mut p = base();
+    d(&mut p).staging.slot = Slot::Input(0);
+    assert!(bounded_problem(&p).contains("staging"));
+    let mut p = base();
+    d(&mut p).extent.length = 4;
+    assert!(bounded_problem(&p).contains("extent binding"));
+    let mut p = base();
+    let arena = p.entries[0].arena_size;
+    d(&mut p).extent.offset = arena - 4;
+    bounded_problem(&p);
+    let mut p = base();
+    let s = d(&mut p).staging.offset;
+    d(&mut p).extent.offset = s + 8;
+    assert!(bounded_problem(&p).contains("overlap"));
+    let mut p = base();
+    let again = p.entries[0].bounded[0].clone();
+    p.entries[0].bounded.push(again);
+    assert!(bounded_problem(&p).contains("more than one bounded dimension"));
+}
