@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Odd-shape models of the ops kiln imports as compositions of canonical ops (DFT, STFT,
 MelWeightMatrix, MaxUnpool, training-mode BatchNormalization, Adagrad/Adam/Momentum,
-Binarizer, ArrayFeatureExtractor, TreeEnsemble, TfIdfVectorizer), with expected outputs from an independent source.
+Binarizer, ArrayFeatureExtractor, TreeEnsemble, TfIdfVectorizer, com.microsoft's
+DynamicQuantizeLSTM), with expected outputs from an independent source.
 
     ref_decomposed_ops.py --cache .cache
 
@@ -17,8 +18,20 @@ shapes) are initializers, as kiln needs them at compile time.
 `crates/kiln-cli/tests/decomposed_ops.rs` reads the manifest.
 """
 
+import argparse
+import sys
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
+
+# Before onnxruntime loads: its int8 products stay exact on AMX machines (see the module).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ort_exact_int8 import deny_amx  # noqa: E402
+
+deny_amx()
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -175,6 +188,37 @@ def cases():
             kw["weights"] = w
         out.append((f"tfidf_{mode.lower()}", helper.make_node("TfIdfVectorizer", ["x"], ["y"], **kw), {"x": xi}, {},
                     ["y"], [("", 17)]))
+    # com.microsoft DynamicQuantizeLSTM: int8 weights with per-tensor scales and zero
+    # points, forward, no bias or state; uint8 weights with per-gate-column scales,
+    # bidirectional, with bias and initial states, every result.
+    ms = "com.microsoft"
+    for name, dirs, hidden, isz, seq, batch, wtype, per_col, full in [
+        ("dynamic_quantize_lstm_int8", 1, 5, 3, 6, 1, np.int8, False, False),
+        ("dynamic_quantize_lstm_uint8_bidirectional", 2, 4, 6, 5, 3, np.uint8, True, True),
+    ]:
+        consts, feeds = {}, {"x": f32(seq, batch, isz)}
+        for key, rows in [("w", isz), ("r", hidden)]:
+            wf = f32(dirs, rows, 4 * hidden, scale=0.6)
+            lo, hi = (-127, 127) if wtype == np.int8 else (0, 255)
+            if per_col:
+                amax = np.abs(wf).max(axis=1)
+                scale = (2 * amax / (hi - lo)).astype(np.float32)
+                zp = np.full(scale.shape, (lo + hi + 1) // 2, wtype)
+                q = np.clip(np.round(wf / scale[:, None, :]) + zp[:, None, :].astype(np.int32), lo, hi)
+            else:
+                scale = (2 * np.abs(wf).reshape(dirs, -1).max(axis=1) / (hi - lo)).astype(np.float32)
+                zp = np.array([3 if wtype == np.int8 else 128] * dirs, wtype)
+                q = np.clip(np.round(wf / scale[:, None, None]) + zp.astype(np.int32)[:, None, None], lo, hi)
+            consts[key], consts[key + "_scale"], consts[key + "_zp"] = q.astype(wtype), scale, zp
+        ins = ["x", "w", "r", "b" if full else "", "", "h0" if full else "", "c0" if full else "", "",
+               "w_scale", "w_zp", "r_scale", "r_zp"]
+        if full:
+            feeds.update({"b": f32(dirs, 8 * hidden, scale=0.3), "h0": f32(dirs, batch, hidden, scale=0.5),
+                          "c0": f32(dirs, batch, hidden, scale=0.5)})
+        outs = ["y", "yh", "yc"] if full else ["y"]
+        node = helper.make_node("DynamicQuantizeLSTM", ins, outs, domain=ms, hidden_size=hidden,
+                                direction="bidirectional" if dirs == 2 else "forward")
+        out.append((name, node, feeds, consts, outs, [("", 17), (ms, 1)]))
     return out
 
 

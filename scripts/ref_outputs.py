@@ -13,6 +13,12 @@ and one thread (so the numbers do not depend on the machine's core count), and w
 and likewise for the ONNX models of the real-model corpus (corpus/models.json, fetched
 into CACHE/corpus by setup-test-data), listed in CACHE/ref/corpus.json instead.
 
+A QDQ model listed in INTEGER_REFERENCE is run twice: at ONNX Runtime's default
+optimisation level, where its QDQ groups execute as integer ops (`outputs`: the result
+kiln's integer form must match), and without graph optimisations, which executes the
+graph as written, a float simulation (`float_outputs`: what the reference evaluator
+computes on the imported graph). The entry then says `"integer_reference": true`.
+
 A model is skipped when its results are newer than both the model file and this
 script and were made by the same onnxruntime version.
 
@@ -29,6 +35,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
+# Before onnxruntime loads: its int8 products stay exact on AMX machines (see the module).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ort_exact_int8 import deny_amx  # noqa: E402
+
+deny_amx()
 import onnxruntime as ort
 from onnx import helper
 
@@ -123,10 +135,19 @@ CORPUS_TOLERANCE = {
 }
 
 
+# QDQ corpus models whose reference is ONNX Runtime's integer execution (default
+# optimisation level) rather than the float simulation its disabled optimisations run.
+# kiln reproduces which groups ONNX Runtime's CPU execution provider runs on integers
+# and their rounding (kiln_ir::QuantSemantics::OnnxRuntimeCpu) for these.
+INTEGER_REFERENCE = {"efficientword-resnet50-arc-qint8"}
+
+
 def corpus_cfg(m: dict) -> dict:
     """The settings of one corpus/models.json entry: its inputs' bind shapes, fills and
     integer ranges, and its tolerance."""
     cfg = {"shapes": {}, "values": {}, "fill": {}, "range": {}, "corpus": True, **CORPUS_TOLERANCE.get(m["name"], {})}
+    if m["name"] in INTEGER_REFERENCE:
+        cfg["integer"] = True
     for i in m["inputs"]:
         cfg["shapes"][i["name"]] = i["bind_shape"]
         data = i.get("data", {})
@@ -169,18 +190,26 @@ def run_model(cache: Path, path: Path, name: str = None, cfg: dict = None) -> di
         save_npy(out_dir / f"in_{k}.npy", a)
         inputs.append({"name": v.name, "file": f"ref/{name}/in_{k}.npy"})
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3  # errors only (not "unused initializer" warnings)
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    def run(level):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = level
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3  # errors only (not "unused initializer" warnings)
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return sess.run(out_names, feeds)
+
     out_names = [o.name for o in model.graph.output]
-    results = sess.run(out_names, feeds)
-    outputs = []
-    for k, (oname, a) in enumerate(zip(out_names, results)):
-        save_npy(out_dir / f"out_{k}.npy", np.asarray(a))
-        outputs.append({"name": oname, "file": f"ref/{name}/out_{k}.npy"})
+    levels = [("out", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)]
+    if cfg.get("integer"):
+        levels = [("out", ort.GraphOptimizationLevel.ORT_ENABLE_ALL), ("float_out", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)]
+    files = {}
+    for prefix, level in levels:
+        files[prefix] = []
+        for k, (oname, a) in enumerate(zip(out_names, run(level))):
+            save_npy(out_dir / f"{prefix}_{k}.npy", np.asarray(a))
+            files[prefix].append({"name": oname, "file": f"ref/{name}/{prefix}_{k}.npy"})
+    outputs = files["out"]
 
     entry = {
         "name": name,
@@ -194,6 +223,8 @@ def run_model(cache: Path, path: Path, name: str = None, cfg: dict = None) -> di
     if cfg.get("corpus"):
         entry["corpus"] = True
     entry.update(inputs=inputs, outputs=outputs, rtol=cfg.get("rtol", RTOL), atol=cfg.get("atol", ATOL))
+    if cfg.get("integer"):
+        entry.update(integer_reference=True, float_outputs=files["float_out"])
     return entry
 
 

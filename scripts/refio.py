@@ -98,7 +98,7 @@ def cached_entry(cache: Path, stamp: Path, versions: dict, sources: list, model:
     """The manifest entry recorded in `stamp` for `model` if it is still valid, else
     None. Valid: recorded with these tool `versions`, newer than every existing file in
     `sources`, for a model of the same size, and every input and output file it names
-    is still under `cache`."""
+    (float_outputs too) is still under `cache`."""
     try:
         rec = json.loads(stamp.read_text())
         t = stamp.stat().st_mtime
@@ -109,7 +109,7 @@ def cached_entry(cache: Path, stamp: Path, versions: dict, sources: list, model:
     if any(p.is_file() and t <= p.stat().st_mtime for p in sources):
         return None
     e = rec.get("entry", {})
-    files = [x["file"] for x in e.get("inputs", []) + e.get("outputs", [])]
+    files = [x["file"] for x in e.get("inputs", []) + e.get("outputs", []) + e.get("float_outputs", [])]
     if e.get("size_bytes") != model.stat().st_size or not all((cache / f).is_file() for f in files):
         return None
     return e

@@ -1,7 +1,7 @@
 //! The ops kiln imports as compositions of canonical ops (`kiln_import::onnx`'s
 //! `decompose`: DFT, STFT, MelWeightMatrix, MaxUnpool, training-mode
 //! BatchNormalization, Adagrad/Adam/Momentum, Binarizer, ArrayFeatureExtractor,
-//! TreeEnsemble, TfIdfVectorizer) on
+//! TreeEnsemble, TfIdfVectorizer, com.microsoft's DynamicQuantizeLSTM) on
 //! odd shapes the ONNX node suite does not cover (odd signal lengths, padded and
 //! truncated `dft_length`, complex and inverse transforms, a run-time window, 3-D
 //! unpooling into a larger `output_shape`, several tensors per optimiser node, a

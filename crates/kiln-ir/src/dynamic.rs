@@ -390,6 +390,7 @@ pub fn mask_reductions(g: &Graph) -> Graph {
     use crate::{DType, Shape, Tensor, TensorType};
     let dyn_of = analyse_with(g, false).unwrap_or_default();
     let mut out = Graph::new(g.name.clone());
+    out.quant = g.quant;
     let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
     for (vid, v) in g.values.iter() {
         if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {

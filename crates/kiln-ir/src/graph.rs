@@ -72,6 +72,44 @@ pub struct Node {
     pub outputs: Vec<ValueId>,
 }
 
+/// Whose integer arithmetic a quantized graph's QuantizeLinear/DequantizeLinear pairs
+/// around float ops (QDQ) stand for: which of those groups become integer ops and with
+/// which rounding (`kiln-opt`'s `tensor-fold-quantized-contractions`). A QDQ graph
+/// describes a float simulation; the runtime its producer targets decides what is
+/// computed on integers, and that is the result kiln reproduces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantSemantics {
+    /// LiteRT's execution of a TFLite model (the TFLite importer's QDQ form, and graphs
+    /// built in code): every QDQ contraction is an integer op, other ops stay float
+    /// between their (de)quantisations.
+    #[default]
+    Integer,
+    /// ONNX Runtime's CPU execution provider at its default optimisation level (an ONNX
+    /// model): as `Integer`, and a quantized GlobalAveragePool that ONNX Runtime fuses is
+    /// its `QLinearGlobalAveragePool` (integer sum, one f32 rescale).
+    OnnxRuntimeCpu,
+}
+
+impl QuantSemantics {
+    /// The name in the text form (`graph @name quant NAME (…)`); `integer` is the default
+    /// and not printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuantSemantics::Integer => "integer",
+            QuantSemantics::OnnxRuntimeCpu => "onnxruntime_cpu",
+        }
+    }
+
+    /// The semantics named `s` in the text form.
+    pub fn from_name(s: &str) -> Option<QuantSemantics> {
+        match s {
+            "integer" => Some(QuantSemantics::Integer),
+            "onnxruntime_cpu" => Some(QuantSemantics::OnnxRuntimeCpu),
+            _ => None,
+        }
+    }
+}
+
 /// A tensor-level program.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Graph {
@@ -88,6 +126,8 @@ pub struct Graph {
     /// Input dimensions whose extent the caller chooses at run time, up to a bound
     /// (`--input-shape x=1x1..128`; see [`crate::bounded`]). Empty for a static graph.
     pub bounded: Vec<crate::bounded::BoundedDim>,
+    /// Whose integer arithmetic the graph's QDQ groups follow.
+    pub quant: QuantSemantics,
 }
 
 impl Graph {
@@ -165,6 +205,7 @@ impl Graph {
             used.extend(n.outputs.iter().copied());
         }
         let mut out = Graph::new(self.name.clone());
+        out.quant = self.quant;
         let mut map: Vec<Option<ValueId>> = vec![None; self.values.len()];
         for (vid, v) in self.values.iter() {
             if !used.contains(&vid) {

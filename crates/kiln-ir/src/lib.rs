@@ -31,7 +31,7 @@ pub mod verify;
 
 pub use attrs::OpAttrs;
 pub use dtype::DType;
-pub use graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
+pub use graph::{Graph, Node, NodeId, QuantSemantics, Value, ValueDef, ValueId};
 pub use op::{Attr, Attrs, Op, OpKind};
 pub use shape::{Shape, TensorType};
 pub use tensor::Tensor;

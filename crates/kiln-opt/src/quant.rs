@@ -35,6 +35,26 @@
 //! saturating integer Clip at the quantised bounds (exact, see `fold_clamped`), which
 //! the integer contraction's epilogue applies.
 //!
+//! With the graph's [`QuantSemantics`] `OnnxRuntimeCpu` (ONNX models),
+//! `QuantizeLinear(GlobalAveragePool(DequantizeLinear(x)))` is ONNX Runtime's
+//! `QLinearGlobalAveragePool` where ONNX Runtime fuses it (input and output of one type
+//! once ONNX Runtime has turned each int8 QuantizeLinear→DequantizeLinear pair with a
+//! single consumer into uint8, [`ort_uint8_values`]): an integer sum, one f32 rescale by
+//! `s_x / (s_y·f32(N))`, rounded half to even, plus the zero point, saturated. Here it
+//! becomes that arithmetic in exact float ops ([`global_average_pool_as_integer`]): the
+//! sum of at most 2^24/255 integers is exact in f32, so the result is ONNX Runtime's bit
+//! for bit, where the float form (the mean of dequantised values, divided by `s_y`)
+//! rounds differently. (`Integer`, LiteRT's semantics for TFLite models, keeps the float
+//! form: LiteRT's int8 mean rounds its own way.)
+//!
+//! Every matching Conv/MatMul folds, whatever the semantics. ONNX Runtime on x86 fuses
+//! only those whose activations are uint8 in and out after that conversion (on
+//! efficientword's ResNet-50, 33 of 53) and runs the others as DequantizeLinear → f32
+//! Conv → QuantizeLinear; their results differ from the integer ones only where ONNX
+//! Runtime's f32 sum lands across a rounding boundary from the exact value (its
+//! summation error, not a different formula), so the integer form, exact and faster, is
+//! kept for them.
+//!
 //! Then every depthwise QLinearConv (one input channel a group, constant parameters),
 //! folded here or imported as one, becomes exact float arithmetic (`depthwise_as_float`):
 //! the integer microkernel needs its `B` operand independent of the rows, which a
@@ -43,9 +63,9 @@
 
 use crate::{Pass, PassError};
 use kiln_ir::attrs::{ConvAttrs, DequantizeAttrs, QuantizeAttrs};
-use kiln_ir::{DType, Graph, Node, NodeId, Op, OpKind, Shape, Tensor, ValueId};
+use kiln_ir::{DType, Graph, Node, NodeId, Op, OpKind, QuantSemantics, Shape, Tensor, ValueId};
 use crate::rewrite::Action;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// `tensor-fold-quantized-contractions` (see the module docs).
 pub struct FoldQuantizedContractions;
@@ -354,6 +374,193 @@ fn depthwise_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: 
     Some(g.add_node(name.clone(), q, vec![Some(scaled), Some(one), input(7)], vec![out]).1[0])
 }
 
+/// Every node reading each value, once per operand.
+fn consumers(g: &Graph) -> HashMap<ValueId, Vec<NodeId>> {
+    let mut c: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
+    for (id, n) in g.nodes.iter() {
+        for &v in n.inputs.iter().flatten() {
+            c.entry(v).or_default().push(id);
+        }
+    }
+    c
+}
+
+/// The constant one-element 8-bit zero point operand `i` of node `n`, as an integer.
+fn const_zero_point(g: &Graph, n: &Node, i: usize, dtype: DType) -> Option<i64> {
+    let z = n.inputs.get(i).copied().flatten()?;
+    let t = g.constant(z)?;
+    (t.dtype() == dtype && t.ty().shape.numel() == 1).then(|| t.to_i64_vec().ok()?.first().copied()).flatten()
+}
+
+/// The int8 values ONNX Runtime's QDQS8ToU8 transform turns into uint8: the result of a
+/// QuantizeLinear (per tensor, a constant int8 zero point) whose one consumer, counting
+/// one per reader of a DequantizeLinear (ONNX Runtime first gives each consumer of a
+/// shared DequantizeLinear its own), is a DequantizeLinear with the same constant zero
+/// point; the QuantizeLinear's result not a graph output.
+pub fn ort_uint8_values(g: &Graph) -> HashSet<ValueId> {
+    let cons = consumers(g);
+    let mut out = HashSet::new();
+    for (_, q) in g.nodes.iter() {
+        let Some(&t) = q.outputs.first() else { continue };
+        if q.op.kind != OpKind::QuantizeLinear || g.ty(t).dtype != DType::I8 || g.outputs.contains(&t) {
+            continue;
+        }
+        let Some(zq) = const_zero_point(g, q, 2, DType::I8) else { continue };
+        let readers = cons.get(&t).map(Vec::as_slice).unwrap_or(&[]);
+        let edges: usize = readers
+            .iter()
+            .map(|&r| {
+                let n = &g.nodes[r];
+                match (n.op.kind, n.outputs.first()) {
+                    (OpKind::DequantizeLinear, Some(o)) => cons.get(o).map_or(0, Vec::len).max(1),
+                    _ => 1,
+                }
+            })
+            .sum();
+        let [r] = readers else { continue };
+        let dq = &g.nodes[*r];
+        if edges == 1 && dq.op.kind == OpKind::DequantizeLinear && const_zero_point(g, dq, 2, DType::I8) == Some(zq) {
+            out.insert(t);
+        }
+    }
+    out
+}
+
+/// The activation type ONNX Runtime sees for quantized value `t` (see [`ort_uint8_values`]).
+fn ort_dtype(g: &Graph, u8s: &HashSet<ValueId>, t: ValueId) -> DType {
+    if u8s.contains(&t) {
+        DType::U8
+    } else {
+        g.ty(t).dtype
+    }
+}
+
+/// `QuantizeLinear(GlobalAveragePool(DequantizeLinear(x)))` (per tensor, constant 8-bit
+/// parameters, input and output of one type as ONNX Runtime sees them, the pool read
+/// only by the QuantizeLinear) as ONNX Runtime's `QLinearGlobalAveragePool` computes it:
+///
+/// ```text
+/// y = QuantizeLinear((ReduceSum(f32(x), spatial) − N·z_x) · m, 1, z_y),
+///     m = f32(s_x) / (f32(s_y) · f32(N))   (f32, the order ONNX Runtime's kernel uses)
+/// ```
+///
+/// The sum is of at most N ≤ 2^24/255 integers, exact in f32 in any order, and
+/// QuantizeLinear with scale 1 is `round(acc·m) + z_y`, saturated: ONNX Runtime's
+/// integer sum and f32 rescale. `None` when no pool matches.
+fn global_average_pool_as_integer(g: &Graph, u8s: &HashSet<ValueId>) -> Option<Graph> {
+    let cons = consumers(g);
+    let mut producer: HashMap<ValueId, NodeId> = HashMap::new();
+    for (id, n) in g.nodes.iter() {
+        for &o in &n.outputs {
+            producer.insert(o, id);
+        }
+    }
+    // Per matching QuantizeLinear (by its result): the DequantizeLinear's result, the
+    // multiplier m and N·z_x.
+    let mut plans: HashMap<ValueId, (ValueId, f32, f64)> = HashMap::new();
+    for (_, q) in g.nodes.iter() {
+        let found = (|| {
+            let attrs = q.op.attrs_of::<QuantizeAttrs>().ok()?;
+            let (p, y) = ((*q.inputs.first()?)?, *q.outputs.first()?);
+            let (sy, zy) = ((*q.inputs.get(1)?)?, (*q.inputs.get(2)?)?);
+            if q.op.kind != OpKind::QuantizeLinear || attrs.block_size != 0 || attrs.precision != 0 {
+                return None;
+            }
+            if cons.get(&p).map_or(0, Vec::len) != 1 || g.outputs.contains(&p) {
+                return None;
+            }
+            let pool = &g.nodes[*producer.get(&p)?];
+            if pool.op.kind != OpKind::GlobalAveragePool {
+                return None;
+            }
+            let dqv = (*pool.inputs.first()?)?;
+            let dqn = &g.nodes[*producer.get(&dqv)?];
+            let dattrs = dqn.op.attrs_of::<DequantizeAttrs>().ok()?;
+            let x = (*dqn.inputs.first()?)?;
+            let sxv = (*dqn.inputs.get(1)?)?;
+            let (xt, yt) = (g.ty(x).dtype, g.ty(y).dtype);
+            if dqn.op.kind != OpKind::DequantizeLinear || dattrs.block_size != 0 || !matches!(xt, DType::U8 | DType::I8) {
+                return None;
+            }
+            if ort_dtype(g, u8s, x) != ort_dtype(g, u8s, y) || !matches!(yt, DType::U8 | DType::I8) {
+                return None;
+            }
+            let one = |v: ValueId| g.constant(v).filter(|t| t.ty().shape.numel() == 1).map(|t| t.to_f64_vec()[0]);
+            if g.ty(sxv).dtype != DType::F32 || g.ty(sy).dtype != DType::F32 {
+                return None;
+            }
+            let (sx, sy) = (one(sxv)?, one(sy)?);
+            let zx = match dqn.inputs.get(2).copied().flatten() {
+                None => 0.0,
+                Some(z) => one(z)?,
+            };
+            one(zy)?;
+            let dims = g.ty(x).shape.dims().to_vec();
+            let n: usize = dims.get(2..)?.iter().product();
+            if dims.len() < 3 || n == 0 || (n as f64) * 255.0 >= (1u64 << 24) as f64 {
+                return None;
+            }
+            let m = (sx as f32) / ((sy as f32) * (n as f32));
+            (m.is_finite() && m > 0.0).then_some((y, (dqv, m, n as f64 * zx)))
+        })();
+        if let Some((y, plan)) = found {
+            plans.insert(y, plan);
+        }
+    }
+    if plans.is_empty() {
+        return None;
+    }
+    let watch: HashSet<ValueId> = plans.values().map(|p| p.0).collect();
+    // The DequantizeLinear's integer operand in the new graph, by its old result.
+    let mut seen: HashMap<ValueId, ValueId> = HashMap::new();
+    let (new, rewrote) = crate::rewrite::rebuild_tracked(g, |new, n, inputs| {
+        let Some(&o) = n.outputs.first() else { return Action::Keep };
+        if watch.contains(&o) {
+            if let Some(Some(x)) = inputs.first() {
+                seen.insert(o, *x);
+            }
+            return Action::Keep;
+        }
+        let Some(&(dqv, m, nz)) = plans.get(&o) else { return Action::Keep };
+        let (Some(&x), Some(Some(zy))) = (seen.get(&dqv), inputs.get(2)) else { return Action::Keep };
+        match pool_nodes(new, &n.name, x, m, nz, *zy, (g.values[o].name.clone(), g.values[o].ty.clone())) {
+            Some(v) => Action::Replace(vec![v]),
+            None => Action::Keep,
+        }
+    });
+    rewrote.then_some(new)
+}
+
+/// The nodes of [`global_average_pool_as_integer`]'s form, added to `g`; the result.
+fn pool_nodes(g: &mut Graph, name: &str, x: ValueId, m: f32, nz: f64, zy: ValueId, out: (String, kiln_ir::TensorType)) -> Option<ValueId> {
+    let xd = g.ty(x).shape.dims().to_vec();
+    let rank = xd.len();
+    let mut pd = xd.clone();
+    for d in pd.iter_mut().skip(2) {
+        *d = 1;
+    }
+    let shape = |d: &[usize]| Shape::new(d.to_vec()).ok();
+    let f32ty = |d: &[usize]| Some(kiln_ir::TensorType::new(DType::F32, shape(d)?));
+    let scalar = |g: &mut Graph, what: &str, v: f64| -> Option<ValueId> {
+        Some(g.add_const(format!("{name}.{what}"), Tensor::from_f64(DType::F32, Shape::new(vec![]).ok()?, &[v]).ok()?))
+    };
+    let step = |g: &mut Graph, what: &str, op: Op, ins: Vec<Option<ValueId>>, dims: &[usize]| -> Option<ValueId> {
+        Some(g.add_node(format!("{name}.{what}"), op, ins, vec![(format!("{name}.{what}"), f32ty(dims)?)]).1[0])
+    };
+    let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::F32.onnx_code()?.into()));
+    let xf = step(g, "float_input", Op::parse(OpKind::Cast, &to).ok()?, vec![Some(x)], &xd)?;
+    let axes: Vec<i64> = (2..rank as i64).collect();
+    let axes = g.add_const(format!("{name}.axes"), Tensor::from_i64(DType::I64, shape(&[axes.len()])?, &axes).ok()?);
+    let sum = step(g, "integer_sum", Op::new(OpKind::ReduceSum), vec![Some(xf), Some(axes)], &pd)?;
+    let nzv = scalar(g, "zero_point_sum", nz)?;
+    let acc = step(g, "accumulator", Op::new(OpKind::Sub), vec![Some(sum), Some(nzv)], &pd)?;
+    let mv = scalar(g, "multiplier", m as f64)?;
+    let scaled = step(g, "scaled", Op::new(OpKind::Mul), vec![Some(acc), Some(mv)], &pd)?;
+    let one = scalar(g, "unit_scale", 1.0)?;
+    let q = Op::with_typed(OpKind::QuantizeLinear, QuantizeAttrs::default()).ok()?;
+    Some(g.add_node(name.to_string(), q, vec![Some(scaled), Some(one), Some(zy)], vec![out]).1[0])
+}
+
 impl Pass for FoldQuantizedContractions {
     fn name(&self) -> &'static str {
         "tensor-fold-quantized-contractions"
@@ -371,6 +578,10 @@ impl Pass for FoldQuantizedContractions {
         }
         let ids: Vec<NodeId> = g.nodes.iter().filter(|(_, n)| n.op.kind == OpKind::QuantizeLinear).map(|(id, _)| id).collect();
         let mut changed = false;
+        // ONNX Runtime's uint8 values, decided on the graph as it comes (before any
+        // QuantizeLinear here becomes an integer op).
+        let ort = (g.quant == QuantSemantics::OnnxRuntimeCpu).then(|| ort_uint8_values(g));
+        let ort_u8 = ort.as_ref();
         for id in ids {
             let qn = g.nodes[id].clone();
             if let Some((op, inputs)) = fold(g, &qn, &producer, &readers) {
@@ -382,6 +593,14 @@ impl Pass for FoldQuantizedContractions {
                 g.nodes[id].inputs = inputs;
                 changed = true;
             } else if fold_clamped(g, id, &producer, &readers).is_some() {
+                changed = true;
+            }
+        }
+        // ONNX Runtime's QLinearGlobalAveragePool (value ids are still those `ort_u8`
+        // was computed on: the folds above only changed nodes and added constants).
+        if let Some(u8s) = ort_u8 {
+            if let Some(new) = global_average_pool_as_integer(g, u8s) {
+                *g = new;
                 changed = true;
             }
         }
@@ -483,6 +702,81 @@ mod tests {
             assert!(got.iter().zip(&float).all(|(a, b)| (a - b).abs() <= 1.0), "{relu} {act:?}: against the float form");
             let at_bounds = got.iter().filter(|&&v| v == q(lo) || v == q(hi)).count();
             assert!(at_bounds > 0 && at_bounds < got.len(), "{relu} {act:?}: {at_bounds} of {} at a bound", got.len());
+        }
+    }
+
+    /// `Q(GlobalAveragePool(DQ(x)))` under ONNX Runtime's semantics becomes its
+    /// `QLinearGlobalAveragePool` arithmetic: per channel `round((Σx − N·z_x) · m) + z_y`
+    /// with `m = f32(s_x) / (f32(s_y)·f32(N))`, saturated, which differs from the float
+    /// form (the mean of the dequantised values divided by `s_y`) for some channels; under
+    /// the default (LiteRT) semantics the pool stays float; an input whose type ONNX
+    /// Runtime sees differently from the output's (an int8 QuantizeLinear with two
+    /// consumers, left int8, against a uint8 output) stays float too.
+    #[test]
+    fn global_average_pool_as_onnx_runtime_computes_it() {
+        let (c, h, w) = (64, 5, 7);
+        let n = h * w;
+        // s_x / (s_y·N) is 1/2 in real numbers and 0.50000006 in f32, so every odd sum is
+        // a tie that ONNX Runtime's f32 rescale rounds up.
+        let (sx, zx, sy, zy) = (0.21525f32, -3i64, 0.0123f32, 5i64);
+        let build = |quant: QuantSemantics, shared: bool| {
+            let mut g = Graph::new("gap");
+            g.quant = quant;
+            let xf = g.add_input("xf", tt(DType::F32, &[1, c, h, w]));
+            let q = |g: &mut Graph, v: ValueId, s: ValueId, z: ValueId, name: &str, d: DType, dims: &[usize]| {
+                let op = Op::with_typed(OpKind::QuantizeLinear, QuantizeAttrs::default()).unwrap();
+                g.add_node(name, op, vec![Some(v), Some(s), Some(z)], vec![(name.into(), tt(d, dims))]).1[0]
+            };
+            let dq = |g: &mut Graph, v: ValueId, s: ValueId, z: ValueId, name: &str, dims: &[usize]| {
+                let op = Op::with_typed(OpKind::DequantizeLinear, DequantizeAttrs::default()).unwrap();
+                g.add_node(name, op, vec![Some(v), Some(s), Some(z)], vec![(name.into(), tt(DType::F32, dims))]).1[0]
+            };
+            let (sxv, zxv) = (scalar_f32(&mut g, "sx", sx as f64), scalar_int(&mut g, "zx", DType::I8, zx));
+            let (syv, zyv) = (scalar_f32(&mut g, "sy", sy as f64), scalar_int(&mut g, "zy", DType::I8, zy));
+            let xq = q(&mut g, xf, sxv, zxv, "xq", DType::I8, &[1, c, h, w]);
+            let xd = dq(&mut g, xq, sxv, zxv, "xd", &[1, c, h, w]);
+            if shared {
+                // A second consumer of the int8 tensor: ONNX Runtime leaves it int8.
+                let other = dq(&mut g, xq, sxv, zxv, "other", &[1, c, h, w]);
+                g.outputs.push(other);
+            }
+            let pool = g.add_node("pool", Op::new(OpKind::GlobalAveragePool), vec![Some(xd)], vec![("p".into(), tt(DType::F32, &[1, c, 1, 1]))]).1[0];
+            let yq = q(&mut g, pool, syv, zyv, "yq", DType::I8, &[1, c, 1, 1]);
+            let yd = dq(&mut g, yq, syv, zyv, "yd", &[1, c, 1, 1]);
+            g.outputs.insert(0, yd);
+            g
+        };
+        let xv: Vec<f64> = (0..c * n).map(|i| (((i * 7919 + 13) % 509) as f64 - 200.0) * 0.0131).collect();
+        let x = Tensor::from_f64(DType::F32, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap();
+        let run = |g: &Graph| kiln_ref::eval_graph(&g.without_dead_code(), std::slice::from_ref(&x)).unwrap()[0].to_f64_vec();
+        // The integers the graph quantizes x to, and ONNX Runtime's pool of them.
+        let xq: Vec<i64> = xv.iter().map(|&v| ((v as f32 / sx).round_ties_even() as i64 + zx).clamp(-128, 127)).collect();
+        let m = sx / (sy * n as f32);
+        let want: Vec<f64> = (0..c)
+            .map(|ch| {
+                let acc: i64 = xq[ch * n..(ch + 1) * n].iter().map(|&v| v - zx).sum();
+                let y = ((acc as f32 * m).round_ties_even() as i64 + zy).clamp(-128, 127);
+                ((y - zy) as f32 * sy) as f64
+            })
+            .collect();
+        // The f32 rescale breaks the ties its own way: some channels differ from the
+        // exact mean rounded half to even, so the case tells the two apart.
+        let exact: Vec<f64> = (0..c)
+            .map(|ch| {
+                let acc: i64 = xq[ch * n..(ch + 1) * n].iter().map(|&v| v - zx).sum();
+                let y = ((acc as f64 / 2.0).round_ties_even() as i64 + zy).clamp(-128, 127);
+                ((y - zy) as f32 * sy) as f64
+            })
+            .collect();
+        assert!(want.iter().zip(&exact).any(|(a, b)| a != b), "no tie the f32 rescale breaks differently");
+        let mut g = build(QuantSemantics::OnnxRuntimeCpu, false);
+        assert!(FoldQuantizedContractions.run(&mut g).unwrap());
+        assert!(kinds(&g).contains(&OpKind::ReduceSum) && !kinds(&g).contains(&OpKind::GlobalAveragePool));
+        assert_eq!(run(&g), want);
+        for (quant, shared) in [(QuantSemantics::Integer, false), (QuantSemantics::OnnxRuntimeCpu, true)] {
+            let mut g = build(quant, shared);
+            FoldQuantizedContractions.run(&mut g).unwrap();
+            assert!(kinds(&g).contains(&OpKind::GlobalAveragePool), "{quant:?}, shared {shared}");
         }
     }
 

@@ -21,6 +21,7 @@ pub enum Action {
 /// for dead-code elimination).
 pub fn rebuild(g: &Graph, mut decide: impl FnMut(&mut Graph, &Node, &[Option<ValueId>]) -> Action) -> Graph {
     let mut new = Graph::new(g.name.clone());
+    new.quant = g.quant;
     let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
     for (vid, v) in g.values.iter() {
         if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {

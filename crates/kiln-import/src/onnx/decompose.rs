@@ -44,10 +44,26 @@
 //!   MatMul with a constant 0/1 matrix, then TF, IDF or TFIDF weighting (weight `i` on
 //!   output slot `i`, as ONNX Runtime and ONNX's reference apply them). Unigrams count at
 //!   skip distance 1 only, as ONNX's reference counts them. String pools are refused.
+//! - `com.microsoft` `DynamicQuantizeLSTM` (ONNX Runtime's dynamic-int8 LSTM: int8 or
+//!   uint8 weights `W [dirs, input, 4·hidden]`, `R [dirs, hidden, 4·hidden]`, already
+//!   transposed, with per-tensor `[dirs]` or per-gate-column `[dirs, 4·hidden]` scales
+//!   and zero points): the recurrence unrolled over the (static) sequence, in ONNX
+//!   Runtime's arithmetic step by step. The input projection quantizes the whole
+//!   sequence at once (`DynamicQuantizeLinear` of `X` as `[seq·batch, input]`: u8, scale
+//!   from the range including 0, zero point rounded half to even), multiplies it by `W`
+//!   with `MatMulInteger` (exact i32) and scales by `f32(s_x·s_w)`; each step quantizes
+//!   the previous hidden state `[batch, hidden]` the same way, adds
+//!   `f32(acc·f32(s_h·s_r))` to that step's projection, then the summed bias
+//!   `f32(Wb + Rb)`; the gates (i, o, f, c in ONNX order) are `σ, σ, σ, tanh`,
+//!   `C = C₋₁·f + i·c̃`, `H = tanh(C)·o`. The state is quantized per step over the whole
+//!   batch, which is ONNX Runtime's order with one intra-op thread (with several threads
+//!   and a batch above 4 it quantizes per thread's rows). Refused: `sequence_lens`,
+//!   peepholes, `clip`, `input_forget`, activations other than the default.
 
 use super::{At, Importer};
 use crate::ImportError;
 use kiln_ir::{Attr, Attrs, DType, OpKind, Shape, Tensor, ValueId};
+use std::collections::HashMap;
 
 /// The most elements of a constant basis or index table built here.
 const MAX_CONST_ELEMENTS: usize = 1 << 24;
@@ -58,6 +74,7 @@ pub(crate) fn domain_of(op_type: &str) -> Option<&'static str> {
         "DFT" | "STFT" | "MelWeightMatrix" | "MaxUnpool" | "TfIdfVectorizer" => Some(""),
         "Adagrad" | "Adam" | "Momentum" => Some("ai.onnx.preview.training"),
         "Binarizer" | "ArrayFeatureExtractor" | "TreeEnsemble" => Some("ai.onnx.ml"),
+        "DynamicQuantizeLSTM" => Some("com.microsoft"),
         _ => None,
     }
 }
@@ -192,6 +209,7 @@ pub(crate) fn decompose(
         "Adagrad" | "Adam" | "Momentum" => optimizer(&mut cx, op_type, attrs, inputs)?,
         "TreeEnsemble" => vec![tree_ensemble(&mut cx, attrs, operand(0, "X")?)?],
         "TfIdfVectorizer" => vec![tfidf(&mut cx, attrs, operand(0, "X")?)?],
+        "DynamicQuantizeLSTM" => dynamic_quantize_lstm(&mut cx, attrs, inputs, outputs.len())?,
         "Binarizer" => {
             let x = operand(0, "X")?;
             let d = cx.dtype(x);
@@ -1093,4 +1111,164 @@ fn tfidf(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
         (_, None) => freq,
     };
     cx.reshape(y, &out_dims)
+}
+
+/// `com.microsoft` `DynamicQuantizeLSTM` → `[Y, Y_h, Y_c]` (see the module docs).
+fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>], n_out: usize) -> R<Vec<ValueId>> {
+    let at = cx.at;
+    let input = |i: usize| inputs.get(i).copied().flatten();
+    let need = |i: usize, what: &str| input(i).ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
+    let (x, w, r) = (need(0, "X")?, need(1, "W")?, need(2, "R")?);
+    let (ws, wz, rs, rz) = (need(8, "W_scale")?, need(9, "W_zero_point")?, need(10, "R_scale")?, need(11, "R_zero_point")?);
+    for (i, what) in [(4, "sequence_lens"), (7, "P (peepholes)")] {
+        if input(i).is_some() {
+            return Err(at.err(format!("unsupported: {what} (operand {i})")));
+        }
+    }
+    if attrs.get("clip").is_some() || int_attr(attrs, "input_forget", 0, at)? != 0 {
+        return Err(at.err("unsupported: attribute `clip` or `input_forget`"));
+    }
+    if let Some(Attr::Strings(a)) = attrs.get("activations") {
+        let default = ["sigmoid", "tanh", "tanh"];
+        if a.len() % 3 != 0 || a.iter().enumerate().any(|(k, s)| !s.eq_ignore_ascii_case(default[k % 3])) {
+            return Err(at.err(format!("unsupported: activations {a:?} (only Sigmoid, Tanh, Tanh)")));
+        }
+    }
+    let direction = match attrs.get("direction") {
+        None => "forward".to_string(),
+        Some(Attr::String(s)) => s.clone(),
+        Some(o) => return Err(at.err(format!("attribute `direction` is {}, expected a string", o.kind_name()))),
+    };
+    let dirs: Vec<bool> = match direction.as_str() {
+        "forward" => vec![false],
+        "reverse" => vec![true],
+        "bidirectional" => vec![false, true],
+        d => return Err(at.err(format!("attribute `direction` is `{d}`; expected forward, reverse or bidirectional"))),
+    };
+    let hidden = int_attr(attrs, "hidden_size", 0, at)?;
+    let (xd, wd, rd) = (cx.dims(x), cx.dims(w), cx.dims(r));
+    let nd = dirs.len();
+    let hs = usize::try_from(hidden).map_err(|_| at.err(format!("hidden_size {hidden}")))?;
+    if xd.len() != 3 || wd.len() != 3 || rd.len() != 3 || hs == 0 {
+        return Err(at.err(format!("X {xd:?}, W {wd:?}, R {rd:?}, hidden_size {hs}: expected rank-3 X, W, R and hidden_size > 0")));
+    }
+    let (seq, batch, isz) = (xd[0], xd[1], xd[2]);
+    if wd != [nd, isz, 4 * hs] || rd != [nd, hs, 4 * hs] {
+        return Err(at.err(format!(
+            "W {wd:?} and R {rd:?}: expected [{nd}, {isz}, {}] and [{nd}, {hs}, {}]",
+            4 * hs,
+            4 * hs
+        )));
+    }
+    if !cx.dtype(x).is_float() || cx.dtype(x) != DType::F32 {
+        return Err(at.err(format!("X is {}; expected f32", cx.dtype(x))));
+    }
+    for (v, what) in [(ws, "W_scale"), (wz, "W_zero_point"), (rs, "R_scale"), (rz, "R_zero_point")] {
+        let d = cx.dims(v);
+        if !(d == [nd] || d == [nd, 4 * hs]) {
+            return Err(at.err(format!("{what} {d:?}: expected [{nd}] or [{nd}, {}]", 4 * hs)));
+        }
+    }
+    let to = |d: DType| -> R<Attrs> {
+        let code = d.onnx_code().ok_or_else(|| at.err(format!("{d} has no ONNX code")))?;
+        Ok(Attrs::default().with("to", Attr::Int(code.into())))
+    };
+    let (to_f32, axis0, axis1) = (to(DType::F32)?, Attrs::default().with("axis", Attr::Int(0)), Attrs::default().with("axis", Attr::Int(1)));
+    // Operand `v`'s slice for direction `d` along axis 0 (rank drops by one).
+    let pick = |cx: &mut Cx, v: ValueId, d: usize| -> R<ValueId> {
+        let i = cx.scalar(DType::I64, d as f64)?;
+        cx.op(OpKind::Gather, Attrs::default().with("axis", Attr::Int(0)), vec![Some(v), Some(i)])
+    };
+    // Columns [lo, hi) of a 2-D value (the bounds' constants made once).
+    let (ax0, ax1) = (cx.ints(&[0])?, cx.ints(&[1])?);
+    let mut bounds: HashMap<usize, ValueId> = HashMap::new();
+    for b in (0..=8).map(|k| k * hs) {
+        let v = cx.ints(&[b as i64])?;
+        bounds.insert(b, v);
+    }
+    let cols = |cx: &mut Cx, v: ValueId, lo: usize, hi: usize| -> R<ValueId> {
+        let (s, e) = (bounds[&lo], bounds[&hi]);
+        cx.op(OpKind::Slice, Attrs::default(), vec![Some(v), Some(s), Some(e), Some(ax1)])
+    };
+    // u8 DynamicQuantizeLinear, then MatMulInteger with `b`, in f32 times `s·s_b`.
+    let qmatmul = |cx: &mut Cx, a: ValueId, b: ValueId, sb: ValueId, zb: ValueId| -> R<ValueId> {
+        let q = cx.imp.emit("", OpKind::DynamicQuantizeLinear, Attrs::default(), vec![Some(a)], &[String::new(), String::new(), String::new()], cx.at)?;
+        let (aq, sa, za) = (q[0], q[1], q[2]);
+        let acc = cx.op(OpKind::MatMulInteger, Attrs::default(), vec![Some(aq), Some(b), Some(za), Some(zb)])?;
+        let accf = cx.op(OpKind::Cast, to_f32.clone(), vec![Some(acc)])?;
+        let m = cx.mul(sa, sb)?;
+        cx.mul(accf, m)
+    };
+    let x2 = cx.reshape(x, &[(seq * batch) as i64, isz as i64])?;
+    let (mut ys, mut yhs, mut ycs) = (Vec::new(), Vec::new(), Vec::new());
+    for (d, &reverse) in dirs.iter().enumerate() {
+        let (wdir, rdir) = (pick(cx, w, d)?, pick(cx, r, d)?);
+        let (wsd, wzd, rsd, rzd) = (pick(cx, ws, d)?, pick(cx, wz, d)?, pick(cx, rs, d)?, pick(cx, rz, d)?);
+        let proj = qmatmul(cx, x2, wdir, wsd, wzd)?;
+        let bias = match input(3) {
+            None => None,
+            Some(b) => {
+                if cx.dims(b) != [nd, 8 * hs] {
+                    return Err(at.err(format!("B {:?}: expected [{nd}, {}]", cx.dims(b), 8 * hs)));
+                }
+                let bd = pick(cx, b, d)?;
+                let bd = cx.reshape(bd, &[1, (8 * hs) as i64])?;
+                let (wb, rb) = (cols(cx, bd, 0, 4 * hs)?, cols(cx, bd, 4 * hs, 8 * hs)?);
+                Some(cx.add(wb, rb)?)
+            }
+        };
+        let state = |cx: &mut Cx, i: usize| -> R<ValueId> {
+            match input(i) {
+                Some(v) => {
+                    if cx.dims(v) != [nd, batch, hs] {
+                        return Err(at.err(format!("initial state (operand {i}) {:?}: expected [{nd}, {batch}, {hs}]", cx.dims(v))));
+                    }
+                    pick(cx, v, d)
+                }
+                None => cx.tensor(DType::F32, &[batch, hs], &vec![0.0; batch * hs]),
+            }
+        };
+        let (mut h, mut c) = (state(cx, 5)?, state(cx, 6)?);
+        let mut hs_t = vec![None; seq];
+        for step in 0..seq {
+            let t = if reverse { seq - 1 - step } else { step };
+            let rows = cx.ints(&[(t * batch) as i64])?;
+            let rows_end = cx.ints(&[((t + 1) * batch) as i64])?;
+            let p = cx.op(OpKind::Slice, Attrs::default(), vec![Some(proj), Some(rows), Some(rows_end), Some(ax0)])?;
+            let s = qmatmul(cx, h, rdir, rsd, rzd)?;
+            let mut g = cx.add(p, s)?;
+            if let Some(b) = bias {
+                g = cx.add(g, b)?;
+            }
+            let gate = |cx: &mut Cx, k: usize, kind: OpKind| -> R<ValueId> {
+                let v = cols(cx, g, k * hs, (k + 1) * hs)?;
+                cx.un(kind, v)
+            };
+            let (i, o, f, cc) = (gate(cx, 0, OpKind::Sigmoid)?, gate(cx, 1, OpKind::Sigmoid)?, gate(cx, 2, OpKind::Sigmoid)?, gate(cx, 3, OpKind::Tanh)?);
+            let (cf, ic) = (cx.mul(c, f)?, cx.mul(i, cc)?);
+            c = cx.add(cf, ic)?;
+            let tc = cx.un(OpKind::Tanh, c)?;
+            h = cx.mul(tc, o)?;
+            hs_t[t] = Some(h);
+        }
+        let parts: Vec<Option<ValueId>> =
+            hs_t.into_iter().map(|v| v.map(|v| cx.reshape(v, &[1, 1, batch as i64, hs as i64])).transpose()).collect::<R<_>>()?;
+        ys.push(if seq == 1 { parts[0] } else { Some(cx.op(OpKind::Concat, axis0.clone(), parts)?) });
+        yhs.push(Some(cx.reshape(h, &[1, batch as i64, hs as i64])?));
+        ycs.push(Some(cx.reshape(c, &[1, batch as i64, hs as i64])?));
+    }
+    let join = |cx: &mut Cx, v: Vec<Option<ValueId>>, a: &Attrs| -> R<ValueId> {
+        match v.as_slice() {
+            [Some(one)] => Ok(*one),
+            _ => cx.op(OpKind::Concat, a.clone(), v),
+        }
+    };
+    let mut out = vec![join(cx, ys, &axis1)?];
+    if n_out > 1 {
+        out.push(join(cx, yhs, &axis0)?);
+    }
+    if n_out > 2 {
+        out.push(join(cx, ycs, &axis0)?);
+    }
+    Ok(out)
 }

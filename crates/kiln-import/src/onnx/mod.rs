@@ -170,7 +170,12 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
              NonMaxSuppression, TopK with a run-time K) is named `{name}`"
         )));
     }
-    let g = imp.g.without_dead_code();
+    let mut g = imp.g.without_dead_code();
+    // A QDQ model stands for what ONNX Runtime computes on integers (see
+    // `kiln_ir::QuantSemantics`); graphs without QuantizeLinear are unaffected.
+    if g.nodes.iter().any(|(_, n)| n.op.kind == OpKind::QuantizeLinear) {
+        g.quant = kiln_ir::QuantSemantics::OnnxRuntimeCpu;
+    }
     kiln_ir::verify::verify(&g).map_err(|e| ImportError::Verify(e.to_string()))?;
     Ok(g)
 }

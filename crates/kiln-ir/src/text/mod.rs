@@ -20,6 +20,8 @@
 //! }
 //! ```
 //!
+//! - A graph whose [`QuantSemantics`](crate::QuantSemantics) is not the default says so
+//!   after its name: `graph @name quant onnxruntime_cpu (…)`.
 //! - `%N` names value `N` of the graph's value arena; every id from `%0` to the largest one
 //!   is defined exactly once: by the signature (graph inputs, in order), by `const`, or as a
 //!   result of a node. Operands must be defined on an earlier line; the graph's outputs,

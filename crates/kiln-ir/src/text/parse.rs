@@ -85,6 +85,7 @@ enum Lit {
 /// What [`Parser::file`] returns besides the values and nodes it collects.
 struct Parsed {
     name: String,
+    quant: crate::graph::QuantSemantics,
     inputs: Vec<ValueId>,
     outputs: Vec<(u32, usize)>,
     blobs: HashMap<u64, Bytes>,
@@ -134,6 +135,14 @@ impl Parser {
         self.expect_kw("graph", "at the start of the file")?;
         self.expect(&Tok::At, "before the graph name")?;
         let name = self.name("the graph name (an identifier or a string)")?;
+        let mut quant = crate::graph::QuantSemantics::default();
+        if self.is_kw("quant") {
+            self.bump();
+            let pos = self.pos();
+            let s = self.name("the quantization semantics after `quant`")?;
+            quant = crate::graph::QuantSemantics::from_name(&s)
+                .ok_or_else(|| PErr { pos, message: format!("unknown quantization semantics `{s}` (integer, onnxruntime_cpu)") })?;
+        }
         self.expect(&Tok::LParen, "before the graph inputs")?;
         let mut inputs = Vec::new();
         self.separated(&Tok::RParen, "a graph input", |p| {
@@ -161,7 +170,7 @@ impl Parser {
         if *self.peek() != Tok::Eof {
             return fail(self.pos(), format!("expected `blobs` or end of input, found {}", self.peek()));
         }
-        Ok(Parsed { name, inputs, outputs, blobs })
+        Ok(Parsed { name, quant, inputs, outputs, blobs })
     }
 
     fn value_token(&mut self, what: &str) -> PResult<(u32, usize)> {
@@ -479,7 +488,7 @@ impl Parser {
 
     /// Resolves blobs and builds the graph.
     fn finish(&mut self, parsed: Parsed) -> PResult<Graph> {
-        let Parsed { name, inputs, outputs, blobs } = parsed;
+        let Parsed { name, quant, inputs, outputs, blobs } = parsed;
         let resolve = |lit: TLit| -> PResult<Tensor> {
             match lit {
                 TLit::Ready(t) => Ok(t),
@@ -496,6 +505,7 @@ impl Parser {
             }
         };
         let mut g = Graph::new(name);
+        g.quant = quant;
         for &(id, pos) in &outputs {
             if !self.values.contains_key(&id) {
                 return fail(pos, format!("value %{id} is never defined"));

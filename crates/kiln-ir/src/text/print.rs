@@ -38,6 +38,11 @@ impl Printer<'_> {
         let g = self.g;
         self.out.push_str("graph @");
         self.ident_or_quoted(&g.name);
+        if g.quant != crate::graph::QuantSemantics::default() {
+            self.out.push_str(" quant ");
+            self.out.push_str(g.quant.as_str());
+            self.out.push(' ');
+        }
         self.out.push('(');
         for (k, &v) in g.inputs.iter().enumerate() {
             if k > 0 {
