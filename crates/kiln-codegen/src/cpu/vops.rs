@@ -156,6 +156,8 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
     };
     if ok && lane_type(node.ty) {
         Ok(())
+    } else if let Expr::Cast { value, to, .. } = &node.expr {
+        Err(format!("a cast of {} to {} without a vector form", ty_of(*value).name(), to.name()))
     } else {
         Err(format!("{} of {} without a vector form", describe(&node.expr), node.ty.name()))
     }
