@@ -999,9 +999,36 @@ fn joined_axes() {
 fn f32_pow_with_a_run_time_exponent() {
     require_avx2_fma!();
     let sp: Vec<f32> = vec![
-        0.0, -0.0, 1.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -1e-40, f32::MAX, -f32::MAX,
-        0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 1.5, -1.5, 0.25, 7.0, -7.0, 16777217.0, 33554432.0, -33554433.0,
-        2147483648.0, 4294967296.0, 1e-3, 100.0, -100.0,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        -1e-40,
+        f32::MAX,
+        -f32::MAX,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        3.0,
+        -3.0,
+        1.5,
+        -1.5,
+        0.25,
+        7.0,
+        -7.0,
+        16777217.0,
+        33554432.0,
+        -33554433.0,
+        2147483648.0,
+        4294967296.0,
+        1e-3,
+        100.0,
+        -100.0,
     ];
     let (mut xs, mut ys): (Vec<f32>, Vec<f32>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
     let mut r = Rng(0x5EED_0F_0123_4567);
@@ -1037,7 +1064,8 @@ fn f32_pow_with_a_run_time_exponent() {
                 let (g, w) = (f64::from(g), f64::from(w));
                 // Within the bound, plus one subnormal step; a result within the bound of
                 // the largest float may round to ±inf.
-                let overflow = g.is_infinite() && g.signum() == w.signum() && w.abs() * (1.0 + bound) > f64::from(f32::MAX);
+                let overflow =
+                    g.is_infinite() && g.signum() == w.signum() && w.abs() * (1.0 + bound) > f64::from(f32::MAX);
                 overflow || (g - w).abs() <= bound * w.abs() + 2f64.powi(-149)
             };
             assert!(ok, "{what}: pow({:e}, {:e}) = {g:e}, libm {w:e}", xs[i], ys[i]);
@@ -1057,7 +1085,11 @@ fn f32_pow_with_a_run_time_exponent() {
     let ab = [small_integers(&[m_, kk], 11), small_integers(&[kk, cols], 12)];
     let exps: Vec<f32> = (0..m_ * cols).map(|i| [0.5, -1.0, 3.0, 0.0, 1.7, -2.5, 2.0][i % 7]).collect();
     let te = tensor_bits(f, &[m_, cols], &exps.iter().map(|x| x.to_bits() as u64).collect::<Vec<_>>());
-    let mut b = KernelBuilder::new("pow_epilogue", vec![tt(f, &[m_, kk]), tt(f, &[kk, cols]), tt(f, &[m_, cols])], tt(f, &[m_, cols]));
+    let mut b = KernelBuilder::new(
+        "pow_epilogue",
+        vec![tt(f, &[m_, kk]), tt(f, &[kk, cols]), tt(f, &[m_, cols])],
+        tt(f, &[m_, cols]),
+    );
     let (o, sum) = b.matmul_sum(kk);
     let e = b.load(2, o);
     let p = b.binary(BinaryOp::Pow, sum, e);
