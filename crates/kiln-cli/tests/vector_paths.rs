@@ -24,7 +24,9 @@ use common::{import_options, listed_models, model_path};
 const KNOWN_SCALAR: &[(&str, usize)] = &[
     ("general (an index used as a value)", 1),
     ("general (a i64 output (f32, i32 or u32 lanes here))", 2),
-    ("general (a bool output (f32, i32 or u32 lanes here))", 1),
+    // all-MiniLM-L6-v2-int8: the attention mask gathered by GatherND (i64 lanes at
+    // data-dependent offsets), then cast to bool (bool outputs have a 16-lane store).
+    ("general (a cast of i64 to bool without a vector form)", 1),
     // chars2vec-en-300 (compiled since its Loops are unrolled): the second LSTM's scan
     // output, a Concat of its 20 trips' states, with the trips' last gate products fused
     // into it (one piece per trip: a select over the concatenation axis).

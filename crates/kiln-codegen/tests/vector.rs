@@ -985,3 +985,151 @@ fn joined_axes() {
         }
     }
 }
+
+/// `x^y` with `y` a run-time value (`cpu::math`'s `Vx::pow`: `exp(y·ln|x|)` and the
+/// special cases of C's `pow`), on the row kernels and in a contraction's epilogue, on
+/// every vector width this CPU runs, against the interpreter (libm's `powf`): exact
+/// (sign included) wherever that gives 0, ±1, ±inf or NaN, else within
+/// `(2 + |y·ln|x||)·2⁻²³` relative (the error of `ln` carried through the exponent) and
+/// one subnormal step, ±inf allowed where that bound reaches past the largest float.
+/// Inputs: every pair of special values (both zeros, ±1, ±inf, NaN, subnormals, the
+/// largest floats, halves, odd and even integers of both signs, integers past 2²⁴), then
+/// a sweep of positive bases to powers in range and negative bases to integer powers.
+#[test]
+fn f32_pow_with_a_run_time_exponent() {
+    require_avx2_fma!();
+    let sp: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        -1e-40,
+        f32::MAX,
+        -f32::MAX,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        3.0,
+        -3.0,
+        1.5,
+        -1.5,
+        0.25,
+        7.0,
+        -7.0,
+        16777217.0,
+        33554432.0,
+        -33554433.0,
+        2147483648.0,
+        4294967296.0,
+        1e-3,
+        100.0,
+        -100.0,
+    ];
+    let (mut xs, mut ys): (Vec<f32>, Vec<f32>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    let mut r = Rng(0x5EED_0F_0123_4567);
+    for i in 0..4000 {
+        let (x, y) = if i % 2 == 0 {
+            let x = (r.unit() * 7.0).exp2() as f32;
+            (x, (r.unit() * 80.0 / f64::from(x).log2().abs().max(1.0)) as f32)
+        } else {
+            (-(r.unit().abs() * 4.0 + 0.01) as f32, (r.unit() * 20.0).round() as f32)
+        };
+        xs.push(x);
+        ys.push(y);
+    }
+    let n = xs.len();
+    let f = DType::F32;
+    let t = |v: &[f32]| tensor_bits(f, &[1, n], &v.iter().map(|x| x.to_bits() as u64).collect::<Vec<_>>());
+    let (tx, ty) = (t(&xs), t(&ys));
+    let mut b = KernelBuilder::new("pow", vec![tt(f, &[1, n]), tt(f, &[1, n])], tt(f, &[1, n]));
+    let o = b.out_index();
+    let (x, y) = (b.load(0, o.clone()), b.load(1, o));
+    let p = b.binary(BinaryOp::Pow, x, y);
+    let k = b.finish(p).unwrap();
+    let variants = microkernel_variants(false);
+    let check = |got: &Tensor, what: &str| {
+        for i in 0..n {
+            let g = f32::from_le_bytes(got.bytes()[4 * i..4 * i + 4].try_into().unwrap());
+            let w = libm::powf(xs[i], ys[i]);
+            let exact = w == 0.0 || w.is_infinite() || w.is_nan() || w.abs() == 1.0;
+            let ok = if exact {
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())
+            } else {
+                let bound = (2.0 + (f64::from(ys[i]) * f64::from(xs[i].abs()).ln()).abs()) * 2f64.powi(-23);
+                let (g, w) = (f64::from(g), f64::from(w));
+                // Within the bound, plus one subnormal step; a result within the bound of
+                // the largest float may round to ±inf.
+                let overflow =
+                    g.is_infinite() && g.signum() == w.signum() && w.abs() * (1.0 + bound) > f64::from(f32::MAX);
+                overflow || (g - w).abs() <= bound * w.abs() + 2f64.powi(-149)
+            };
+            assert!(ok, "{what}: pow({:e}, {:e}) = {g:e}, libm {w:e}", xs[i], ys[i]);
+        }
+    };
+    for cfg in &variants {
+        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+        let bits = if cfg.target == kiln_codegen::cpu::CpuTarget::X86_64V4 { 512 } else { 256 };
+        assert_eq!(m.paths[0], CodePath::Vector { bits }, "{}", m.notes[0]);
+        for splits in [1, 3] {
+            check(&run_compiled(&k, &[&tx, &ty], cfg, splits), &format!("row kernel {:?}", cfg.target));
+        }
+    }
+    // A product's epilogue: (A·B)^y, the base the product of small integers (exact in
+    // any order), the exponent a run-time value per element.
+    let (m_, kk, cols) = (3, 4, 37);
+    let ab = [small_integers(&[m_, kk], 11), small_integers(&[kk, cols], 12)];
+    let exps: Vec<f32> = (0..m_ * cols).map(|i| [0.5, -1.0, 3.0, 0.0, 1.7, -2.5, 2.0][i % 7]).collect();
+    let te = tensor_bits(f, &[m_, cols], &exps.iter().map(|x| x.to_bits() as u64).collect::<Vec<_>>());
+    let mut b = KernelBuilder::new(
+        "pow_epilogue",
+        vec![tt(f, &[m_, kk]), tt(f, &[kk, cols]), tt(f, &[m_, cols])],
+        tt(f, &[m_, cols]),
+    );
+    let (o, sum) = b.matmul_sum(kk);
+    let e = b.load(2, o);
+    let p = b.binary(BinaryOp::Pow, sum, e);
+    let k = b.finish(p).unwrap();
+    let want = kiln_flow::interp::run(&k, &[&ab[0], &ab[1], &te]).unwrap();
+    for cfg in &variants {
+        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+        assert!(m.notes[0].starts_with("contraction microkernel"), "{}", m.notes[0]);
+        let got = run_compiled(&k, &[&ab[0], &ab[1], &te], cfg, 1);
+        for i in 0..m_ * cols {
+            let g = f32::from_le_bytes(got.bytes()[4 * i..4 * i + 4].try_into().unwrap());
+            let w = f32::from_le_bytes(want.bytes()[4 * i..4 * i + 4].try_into().unwrap());
+            let ok = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()) || ((g - w) / w).abs() <= 1e-5;
+            assert!(ok, "epilogue {:?} element {i}: {g:e}, interpreter {w:e}", cfg.target);
+        }
+    }
+}
+
+/// A bool output (a comparison, a mask's negation, a bool load passed through) stored
+/// as bytes of 0 or 1: on sixteen lanes by the row kernels (the mask shifted down, then
+/// `vpmovdb`), elsewhere by the general path; every row length, exactly against the
+/// interpreter.
+#[test]
+fn bool_outputs() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let variants = microkernel_variants(false);
+    for (len, x, y) in operands(f, 4) {
+        let k = binary_kernel("bool_out", f, DType::Bool, len, |b, x, y| {
+            let lt = b.binary(BinaryOp::Lt, x, y);
+            let nan = b.unary(UnaryOp::IsNan, x);
+            let n = b.unary(UnaryOp::Not, nan);
+            b.binary(BinaryOp::And, lt, n)
+        });
+        for cfg in &variants {
+            let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            if cfg.target == kiln_codegen::cpu::CpuTarget::X86_64V4 {
+                assert_eq!(m.paths[0], CodePath::Vector { bits: 512 }, "{}", m.notes[0]);
+            }
+        }
+        check_with(&k, &[&x, &y], EXACT, &variants);
+    }
+}

@@ -136,7 +136,7 @@ use kiln_flow::layout::PanelWidths;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 
 use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
-use super::math::{has_vector_form, held_constants, vector_scratch};
+use super::math::{has_vector_form, held_constants, vector_scratch, POW_SCRATCH};
 use super::vops::{byte_type, const_word, float_pred, is_i64_compare, op_form, I64Src};
 use super::vector::{Mask, Op, Src, Vx, V};
 use kiln_ir::DType;
@@ -641,9 +641,13 @@ impl Emitter<'_> {
             Expr::Binary(op, x, y) => {
                 let float_operands = self.k.node(*x).ty == ScalarType::F32;
                 let ok = match op {
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min => {
-                        node.ty == ScalarType::F32
-                    }
+                    BinaryOp::Add
+                    | BinaryOp::Sub
+                    | BinaryOp::Mul
+                    | BinaryOp::Div
+                    | BinaryOp::Max
+                    | BinaryOp::Min
+                    | BinaryOp::Pow => node.ty == ScalarType::F32,
                     op if op.is_comparison() => float_operands,
                     BinaryOp::And | BinaryOp::Or => node.ty == ScalarType::Bool,
                     _ => false,
@@ -1784,7 +1788,13 @@ impl Emitter<'_> {
                 Expr::Binary(op, _, _) => {
                     matches!(
                         op,
-                        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min
+                        BinaryOp::Add
+                            | BinaryOp::Sub
+                            | BinaryOp::Mul
+                            | BinaryOp::Div
+                            | BinaryOp::Max
+                            | BinaryOp::Min
+                            | BinaryOp::Pow
                     ) || op.is_comparison()
                 }
                 Expr::Select(c, x, y) => match self.clamp_pattern(*c, *x, *y) {
@@ -2242,6 +2252,7 @@ impl Emitter<'_> {
     fn transcendental_epilogue(&self) -> bool {
         self.uses.keys().chain(std::iter::once(&self.k.root.0)).any(|&e| {
             matches!(self.k.node(ExprId(e)).expr, Expr::Unary(op, _) if vector_scratch(op) > 0)
+                || matches!(self.k.node(ExprId(e)).expr, Expr::Binary(BinaryOp::Pow, ..))
         })
     }
 
@@ -2338,6 +2349,10 @@ impl Emitter<'_> {
             Expr::Const(_) | Expr::Load { .. } => 1,
             Expr::Unary(op, x) => self.need(*x, ev).max(1 + vector_scratch(*op) as u32),
             Expr::Cast { value, .. } => self.need(*value, ev),
+            Expr::Binary(BinaryOp::Pow, x, y) => {
+                let n = self.need(*x, ev).max(self.need(*y, ev) + 1);
+                n.max(3 + POW_SCRATCH as u32)
+            }
             expr => {
                 let mut ops = Vec::new();
                 expr.for_each_operand(|o| ops.push(o));
@@ -2488,6 +2503,16 @@ impl Emitter<'_> {
                         if t != dst {
                             ev.pool.push(t);
                         }
+                        dst
+                    }
+                    BinaryOp::Pow => {
+                        let mut t = [V(0); POW_SCRATCH];
+                        for r in t.iter_mut() {
+                            *r = ev.pool.pop().ok_or_else(|| NotHere(OUT_OF_REGISTERS.into()))?;
+                        }
+                        let dst = self.result_reg(&[x, y], ev)?;
+                        self.vx().pow(dst, rx, ry, t)?;
+                        ev.pool.extend(t);
                         dst
                     }
                     _ if op.is_comparison() && self.epi_wide => {

@@ -40,6 +40,21 @@
 //! `x ≤ 0` gives `√x − ∞`: −inf for ±0, NaN below. Measured maximum error against f64
 //! `ln` over every 1021st positive f32 (`tests/math.rs`).
 //!
+//! ## pow (machine code only)
+//! `x^y` for a run-time `y` (a learned exponent: BirdNET's mel front end raises its
+//! products to one) is `exp(y·ln|x|)` from the two functions above, with the cases of
+//! C's `pow` fixed up lane by lane: the sign of a negative `x` (−0 and −∞ included) to
+//! an odd integer power (`y`'s truncation's last bit, where `y` equals its
+//! truncation), NaN for a finite negative `x` and a non-integer `y`, and 1 for `y = ±0`,
+//! for `x = 1` and for `|x| = 1` with `|y| = inf`, whatever the other operand (the
+//! cases where `y·ln|x|` is `0·inf` or NaN); zeros and infinities of `x` need nothing
+//! more (`ln 0 = −inf`, `ln inf = inf`). The error of `ln` is carried through the
+//! exponent: within `(2 + |y·ln|x||)·2⁻²³` relative of libm's `powf` (so a result
+//! that close to the largest float may round to inf: `f32::MAX¹`), and exact on
+//! results that are 0, ±1, ±inf or NaN (`tests/vector.rs`). The general path, where a
+//! kernel has another operation without a vector form, calls libm's `powf` (the two can
+//! differ in the last bits).
+//!
 //! ## The same functions as machine code
 //! `impl Vx` writes both functions as vector machine code (`iced-x86`) of either width
 //! ([`super::vector`]): eight lanes for the contraction microkernels' epilogues (GELU,
@@ -399,6 +414,9 @@ pub(crate) fn vector_scratch(op: UnaryOp) -> usize {
     }
 }
 
+/// Scratch registers [`Vx::pow`] needs.
+pub(crate) const POW_SCRATCH: usize = 7;
+
 /// Whether [`Vx::unary`] has a form for `op`.
 pub(crate) fn has_vector_form(op: UnaryOp) -> bool {
     matches!(
@@ -414,7 +432,12 @@ pub(crate) fn has_vector_form(op: UnaryOp) -> bool {
 /// memory operands, a polynomial's coefficients cost a load each, and those loads bound
 /// exp on this machine (see `super::rows`).
 pub(crate) fn held_constants<'a>(nodes: impl Iterator<Item = &'a Node> + Clone) -> Vec<(u32, V)> {
-    let has = |op: UnaryOp| nodes.clone().any(|n| matches!(n.expr, Expr::Unary(o, _) if o == op));
+    // A pow computes exp and log.
+    let pow = nodes.clone().any(|n| matches!(n.expr, Expr::Binary(kiln_flow::BinaryOp::Pow, ..)));
+    let has = |op: UnaryOp| {
+        (pow && matches!(op, UnaryOp::Exp | UnaryOp::Log))
+            || nodes.clone().any(|n| matches!(n.expr, Expr::Unary(o, _) if o == op))
+    };
     let mut bits: Vec<u32> = Vec::new();
     if has(UnaryOp::Exp) || has(UnaryOp::Erf) || has(UnaryOp::Tanh) {
         bits.extend(exp_constants(true));
@@ -629,5 +652,52 @@ impl Vx<'_> {
         self.sqrt(k, x)?;
         self.op(Op::Add, k, k, c(f32::NEG_INFINITY))?;
         self.blend(dst, m, p, k)
+    }
+
+    /// `dst = x^y` (see the module docs); `dst` may be `x` or `y`; `t` are scratch,
+    /// distinct from all three.
+    pub fn pow(&mut self, dst: V, x: V, yv: V, t: [V; POW_SCRATCH]) -> R<()> {
+        let [r, a, b, c, e, f, g] = t;
+        let k = |x: f32| Src::C(x.to_bits());
+        let m = if self.wide { Mask(2) } else { Mask(g.0) };
+        // exp(y·ln|x|).
+        self.op(Op::And, r, x, Src::C(0x7fff_ffff))?;
+        self.log(r, r, [a, b, c, e, f, g])?;
+        self.op(Op::Mul, r, r, Src::R(yv))?;
+        self.exp(r, r, [a, b, c, e])?;
+        // The sign of a negative x (−0 and −∞ included) to an odd integer power: y's
+        // truncation's last bit moved to the sign, kept where y is an integer (a y of
+        // 2³¹ or more converts to 0x8000_0000, even, as every such float is).
+        self.round(a, yv, 11)?;
+        if self.wide {
+            self.a.vcvttps2dq(super::vector::z(b), super::vector::z(yv))?;
+        } else {
+            self.a.vcvttps2dq(super::vector::y(b), super::vector::y(yv))?;
+        }
+        self.sll(b, b, 31)?;
+        self.cmp(m, a, Src::R(yv), 0x00)?; // EQ_OQ: y is an integer (±inf included)
+        self.zero_unmasked(b, m)?;
+        self.op(Op::And, b, b, Src::R(x))?;
+        self.op(Op::Xor, r, r, Src::R(b))?;
+        // NaN for a finite negative x and a non-integer y (x < x − x: x finite, negative).
+        self.cmp(m, a, Src::R(yv), 0x04)?; // NEQ_UQ
+        self.mov(b, Src::C(0x7fc0_0000))?;
+        self.blend(b, m, r, b)?;
+        self.op(Op::Sub, c, x, Src::R(x))?;
+        self.cmp(m, x, Src::R(c), 0x11)?; // LT_OQ
+        self.blend(r, m, r, b)?;
+        // 1 for |x| = 1 and |y| = inf, for y = ±0 and for x = 1 (NaN in the other
+        // operand included), where y·ln|x| is 0·inf or NaN.
+        let one = self.const_reg(1.0, b)?;
+        self.op(Op::And, a, yv, Src::C(0x7fff_ffff))?;
+        self.cmp(m, a, k(f32::INFINITY), 0x00)?;
+        self.blend(c, m, r, one)?;
+        self.op(Op::And, e, x, Src::C(0x7fff_ffff))?;
+        self.cmp(m, e, k(1.0), 0x00)?;
+        self.blend(r, m, r, c)?;
+        self.cmp(m, yv, k(0.0), 0x00)?;
+        self.blend(r, m, r, one)?;
+        self.cmp(m, x, k(1.0), 0x00)?;
+        self.blend(dst, m, r, one)
     }
 }

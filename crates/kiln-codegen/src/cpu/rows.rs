@@ -157,8 +157,9 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         return no("no output axis");
     }
     // (An i8/u8 output, a quantised activation, is stored narrowed from its 32-bit
-    // lanes by `vpmovdb`, which has a 16-lane form only.)
-    let bytes = matches!(k.output.dtype, DType::I8 | DType::U8);
+    // lanes by `vpmovdb`, which has a 16-lane form only; a bool output too, its vector
+    // mask shifted down to 0 or 1 first.)
+    let bytes = matches!(k.output.dtype, DType::I8 | DType::U8 | DType::Bool);
     if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) && !(wide && bytes) {
         return no(format!("a {} output (f32, i32 or u32 lanes here)", k.output.dtype.name()));
     }
@@ -690,7 +691,13 @@ impl Emit<'_> {
         let len = self.p.len;
         self.row_loop(len, &mut |e: &mut Self, mask: Option<Mask>| {
             let mut v = e.fresh(&[root], |pl| pl == Place::Out);
-            let r = e.eval(root, &mut v, mask)?;
+            let mut r = e.eval(root, &mut v, mask)?;
+            if e.k.output.dtype == DType::Bool {
+                // A bool's lanes are all ones or zero: 1 or 0.
+                let t = v.pool.pop().ok_or_else(|| NotHere("no register for a bool store".into()))?;
+                e.a.vpsrld(z(t), z(r), 31)?;
+                r = t;
+            }
             if out_bytes == 1 {
                 // An i8/u8 value's lanes hold it extended: their low bytes.
                 match mask {

@@ -33,6 +33,9 @@
 //! the other operation on i64 data with a vector form (eight lanes, correctly rounded
 //! through f64 rounded to odd: [`Vx::i64_to_f32`]).
 //!
+//! f32 `Pow` with a run-time exponent is `super::math`'s `Vx::pow` (`exp(y·ln|x|)` with
+//! C's special cases), in the row kernels and in contraction epilogues alike.
+//!
 //! ## Semantics
 //! Exactly the kernel interpreter's (`kiln_flow::interp`), lane by lane: f32 `max`/`min`
 //! give NaN when either operand is NaN; comparisons are ordered (false on NaN) except
@@ -47,7 +50,7 @@ use kiln_ir::DType;
 
 use super::asm::XMM;
 use super::gemm::{NotHere, R};
-use super::math::{has_vector_form, vector_scratch};
+use super::math::{has_vector_form, vector_scratch, POW_SCRATCH};
 use super::vector::{k as kreg, y, z, zk, Mask, Op, Src, Vx, V};
 
 /// `self.a.$ins` on the registers `$r…` as `zmm` (a wide `Vx`) or `ymm`, then the
@@ -126,7 +129,7 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
             _ => false,
         },
         Expr::Binary(op, a, _) => match ty_of(*a) {
-            S::F32 => !matches!(op, B::Rem | B::Pow | B::And | B::Or | B::Xor | B::Shl | B::Shr),
+            S::F32 => !matches!(op, B::Rem | B::And | B::Or | B::Xor | B::Shl | B::Shr),
             S::I32 | S::U32 | S::I8 | S::U8 => !matches!(op, B::Div | B::Rem | B::Pow | B::Shl | B::Shr),
             S::Bool => matches!(op, B::And | B::Or | B::Xor | B::Eq | B::Ne),
             S::I64 => is_i64_compare(k, e),
@@ -153,6 +156,8 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
     };
     if ok && lane_type(node.ty) {
         Ok(())
+    } else if let Expr::Cast { value, to, .. } = &node.expr {
+        Err(format!("a cast of {} to {} without a vector form", ty_of(*value).name(), to.name()))
     } else {
         Err(format!("{} of {} without a vector form", describe(&node.expr), node.ty.name()))
     }
@@ -181,6 +186,7 @@ pub(crate) fn op_scratch(k: &Kernel, e: ExprId) -> usize {
         Expr::Cast { value, .. } if k.node(*value).ty == S::I64 => 6,
         Expr::Binary(op, a, _) => match (k.node(*a).ty, op) {
             (S::F32, BinaryOp::Max | BinaryOp::Min) => 2,
+            (S::F32, BinaryOp::Pow) => POW_SCRATCH,
             (S::U32, op) if op.is_comparison() => 2,
             (S::I64, _) => 3,
             _ => 0,
@@ -672,7 +678,7 @@ impl Vx<'_> {
 
     /// `d = round(x)` by `vroundps`/`vrndscaleps` mode `imm` (8 nearest even, 9 floor,
     /// 10 ceil, 11 trunc; exceptions suppressed).
-    fn round(&mut self, d: V, x: V, imm: i32) -> R<()> {
+    pub(crate) fn round(&mut self, d: V, x: V, imm: i32) -> R<()> {
         if self.wide {
             self.a.vrndscaleps(z(d), z(x), imm)?;
         } else {
@@ -737,6 +743,9 @@ impl Vx<'_> {
                         B::Sub => self.op(Op::Sub, d, x, Src::R(yv)),
                         B::Mul => self.op(Op::Mul, d, x, Src::R(yv)),
                         B::Div => self.op(Op::Div, d, x, Src::R(yv)),
+                        B::Pow if t.len() >= POW_SCRATCH => {
+                            self.pow(d, x, yv, [t[0], t[1], t[2], t[3], t[4], t[5], t[6]])
+                        }
                         _ => Err(NotHere(format!("vector {} of f32", op.name()))),
                     },
                     S::Bool => match op {
