@@ -80,6 +80,11 @@ pub struct ImportOptions {
     /// result of a NonZero, Compress, Unique, NonMaxSuppression or run-time-K TopK
     /// node; its extent may not exceed `N` at run time (see `kiln_ir::dynamic`).
     pub max_dims: Vec<(String, usize)>,
+    /// Declared result shapes (`--output-shape NAME=DIMS`): the dims kiln compiles
+    /// `NAME` for where run-time data decides them (a Resize with run-time `scales`);
+    /// a run-time check fails the call when the data gives other dims. Without one,
+    /// the shape the model declares for `NAME` (graph output or `value_info`) is used.
+    pub output_shapes: Vec<(String, Vec<usize>)>,
 }
 
 /// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).

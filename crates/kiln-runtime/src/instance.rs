@@ -552,6 +552,10 @@ unsafe fn finish_extents(
         let mut b = [0u8; 8];
         b.copy_from_slice(raw);
         let n = i64::from_le_bytes(b);
+        if x.bound == 0 && x.outputs.is_empty() && n != 0 {
+            // A shape check (kiln_ir::dynamic): the count of axes that differ.
+            return Err(RuntimeError::ShapeCheck { name: x.name.to_string(), axes: n });
+        }
         if n < 0 || n as u64 > x.bound {
             return Err(RuntimeError::ExtentOutOfBound { name: x.name.to_string(), extent: n, bound: x.bound });
         }
