@@ -93,10 +93,15 @@ def main():
                "would with `--input-value`, and the case then passes. The first row binds every input "
                "of at most 64 elements (and every scalar); the second (`KILN_CONFORMANCE_BINDING=strict "
                "kiln conformance …`) binds only integer inputs of at most 16 elements, every float or "
-               "bool input run-time data. The cases that pass only under the first rule are Resize with "
-               "run-time float `scales` or `roi` (and Upsample), OneHot with a float `depth`, Range over "
-               "floats, Dropout with a run-time `training_mode`, and Loops whose condition is a run-time "
-               "bool.\n")
+               "bool input run-time data. Results whose dims run-time data decides (Resize and Upsample "
+               "with run-time `scales`, OneHot with a run-time `depth`, Range over run-time floats) are "
+               "compiled for the shape the model declares for them and checked on every call "
+               "(`RuntimeError::ShapeCheck`, `--output-shape` to declare another; see "
+               "`docs/dynamic-outputs.md`); a run-time `roi` needs no check. The harness passes nothing "
+               "for them, so they count under both rules. The cases that pass only under the first rule "
+               "are Dropout with a run-time `training_mode`, Loops whose trip count or condition is "
+               "run-time data (and the expanded Range, which is such a Loop), and an If whose branches "
+               "give different optional kinds.\n")
     out.append("| operator | passed | total |\n|---|---:|---:|")
     for op in sorted(per_op, key=str.lower):
         p, t = per_op[op]

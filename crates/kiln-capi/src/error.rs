@@ -57,6 +57,7 @@ pub(crate) fn status_of(e: &RuntimeError) -> kiln_status {
         // system refusing a worker.
         E::Threads { .. } | E::Load { .. } | E::WorkerLost => S::Runtime,
         E::ExtentOutOfBound { .. } => S::OverBound,
+        E::ShapeCheck { .. } => S::InvalidArgument,
         // A variant added to the runtime later: reported, with its message.
         _ => S::Runtime,
     }

@@ -140,6 +140,12 @@ pub(crate) struct BindArgs {
     /// the plan is sized for N, and more at run time is an error (repeatable)
     #[arg(long = "max-dim", value_name = "NAME=N", value_parser = parse_max_dim)]
     pub max_dim: Vec<(String, usize)>,
+    /// Declare the dims of a result that run-time data decides (a Resize with run-time
+    /// scales), e.g. Y=1x3x64x64: the plan is compiled for them, and a call whose data
+    /// gives other dims fails; without it the shape the model declares is used
+    /// (repeatable)
+    #[arg(long = "output-shape", value_name = "NAME=DIMS", value_parser = parse_input_shape)]
+    pub output_shape: Vec<(String, Vec<usize>)>,
 }
 
 fn parse_max_dim(s: &str) -> Result<(String, usize), String> {

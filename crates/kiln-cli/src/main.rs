@@ -92,6 +92,7 @@ fn import_options(b: args::BindArgs) -> ImportOptions {
         input_sequences: b.input_sequence,
         absent_inputs: b.input_absent,
         max_dims: b.max_dim,
+        output_shapes: b.output_shape,
     }
 }
 

@@ -437,6 +437,14 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
         let dynamic = kiln_ir::dynamic::analyse(graph).map_err(|e| FlowError::Dynamic(Box::new(e)))?;
         for node in graph.nodes.values() {
             let Some((results, extent)) = kiln_ir::dynamic::source(node, graph) else { continue };
+            if let (Some(&e), true) = (node.outputs.get(extent), results.is_empty()) {
+                // A shape check: bound 0, no output to size (the runtime fails a call
+                // where the count is not 0).
+                let buffer = value_buffer(&mut p, graph, &mut of_value, e);
+                let name = graph.values[node.outputs[0]].name.clone();
+                p.extents.push(Extent { buffer, bound: 0, name, outputs: Vec::new() });
+                continue;
+            }
             let (Some(&e), Some(&(r, axis))) = (node.outputs.get(extent), results.first()) else { continue };
             let bound = graph.ty(node.outputs[r]).shape.dims()[axis] as u64;
             let buffer = value_buffer(&mut p, graph, &mut of_value, e);

@@ -84,6 +84,11 @@ pub struct ImportOptions {
     /// smallest extent). The input's shape in `input_shapes` gives the bound; the
     /// caller chooses the extent per call (see `kiln_ir::bounded`).
     pub bounded_dims: Vec<(String, usize, usize)>,
+    /// Declared result shapes (`--output-shape NAME=DIMS`): the dims kiln compiles
+    /// `NAME` for where run-time data decides them (a Resize with run-time `scales`);
+    /// a run-time check fails the call when the data gives other dims. Without one,
+    /// the shape the model declares for `NAME` (graph output or `value_info`) is used.
+    pub output_shapes: Vec<(String, Vec<usize>)>,
 }
 
 /// Parses a dims string such as `1x3x224x224` (`scalar` or empty for rank 0).

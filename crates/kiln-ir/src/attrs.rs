@@ -861,6 +861,17 @@ attr_structs! {
     defaults OneHotAttrs {
         /// Where the new axis goes.
         axis: i64 = -1,
+        /// The result dims kiln compiles for when `depth` is run-time data; the node
+        /// then has a second result, the run-time shape check (see [`crate::dynamic`]).
+        dims ["kiln_dims"]: Option<Vec<i64>> = None,
+    }
+
+    /// Range.
+    defaults RangeAttrs {
+        /// The result dims kiln compiles for when `start`, `limit` or `delta` is
+        /// run-time data; the node then has a second result, the run-time shape check
+        /// (see [`crate::dynamic`]).
+        dims ["kiln_dims"]: Option<Vec<i64>> = None,
     }
 
     /// Trilu.
@@ -955,6 +966,10 @@ attr_structs! {
         mode: ResizeMode = ResizeMode::Nearest,
         /// Nearest mode: rounding.
         nearest_mode: NearestMode = NearestMode::RoundPreferFloor,
+        /// The result dims kiln compiles for when `scales` or `roi` is run-time data
+        /// (declared by the model or `--output-shape`); the node then has a second
+        /// result, the run-time shape check (see [`crate::dynamic`]).
+        dims ["kiln_dims"]: Option<Vec<i64>> = None,
     }
 }
 
@@ -1094,6 +1109,7 @@ op_attrs! {
     ConstantOfShape(ConstantOfShapeAttrs): ConstantOfShape;
     EyeLike(EyeLikeAttrs): EyeLike;
     OneHot(OneHotAttrs): OneHot;
+    Range(RangeAttrs): Range;
     Trilu(TriluAttrs): Trilu;
     ReverseSequence(ReverseSequenceAttrs): ReverseSequence;
     Dropout(DropoutAttrs): Dropout;

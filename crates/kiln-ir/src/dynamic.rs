@@ -17,6 +17,13 @@
 //! The compiler carries each graph output's axis and extent to the artifact; the
 //! runtime checks every extent against its bound (a typed run-time error, never a
 //! silent truncation) and reports each output's actual shape.
+//!
+//! A **shape check** uses the same machinery without a bounded result: Resize with
+//! run-time `scales`, OneHot with a run-time `depth` and Range with run-time operands
+//! are compiled for the result dims the model (or `--output-shape`) declares
+//! (`kiln_dims`), and the node's second result, an `i64` scalar, counts the axes whose
+//! extent the run-time operands give otherwise. The plan carries it as an extent of bound
+//! 0 that sizes no output; the runtime fails a call where it is not 0 (a typed error).
 
 use crate::attrs::{ArgReduceAttrs, GatherAttrs, ReduceAttrs, SoftmaxAttrs, TopKAttrs, TransposeAttrs};
 use crate::entity::EntityId;
@@ -82,6 +89,10 @@ pub fn source(node: &Node, g: &Graph) -> Option<(Vec<(usize, usize)>, usize)> {
             };
             Some((vec![(0, axis), (1, 0), (3, 0)], 4))
         }
+        // A shape check (Resize with run-time `scales`, compiled for the dims in
+        // `kiln_dims`): no bounded result; the second result counts the axes whose
+        // extent the run-time operands give otherwise, which must be 0.
+        OpKind::Resize | OpKind::OneHot | OpKind::Range if n == 2 => Some((Vec::new(), 1)),
         OpKind::TopK if n == 3 => {
             let a = node.op.attrs_of::<TopKAttrs>().ok()?;
             let x = g.ty(node.inputs.first().copied().flatten()?);

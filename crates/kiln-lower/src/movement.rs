@@ -877,7 +877,7 @@ fn one_hot(cx: &OpCx<'_>) -> R<Lowered> {
         return Err(cx.unsupported(format!("values of dims {vd:?}, 2 elements expected")));
     }
     let float = it.dtype.is_float();
-    single(cx, &[0, 2], |b, out| {
+    let mut lowered = single(cx, &[0, 2], |b, out| {
         let mut ii = out[..a].to_vec();
         ii.extend_from_slice(&out[a + 1..]);
         let raw = b.load(0, ii);
@@ -898,7 +898,23 @@ fn one_hot(cx: &OpCx<'_>) -> R<Lowered> {
         let on = b.load(1, on_i);
         let off = b.load(1, off_i);
         Ok(b.select(hit, on, off))
-    })
+    })?;
+    if cx.outputs.len() > 1 {
+        // A run-time depth (kiln_ir::dynamic): it must truncate to the compiled extent.
+        let rank = cx.input_ty(1)?.shape.rank();
+        lowered.steps.push(step(cx, 1, &[1], |b, _| {
+            let z = vec![b.index(0); rank];
+            let d = b.load(0, z);
+            let d = to_i64(b, d);
+            let want = b.int(ScalarType::I64, depth);
+            let ne = b.binary(BinaryOp::Ne, d, want);
+            let one = b.int(ScalarType::I64, 1);
+            let zero = b.int(ScalarType::I64, 0);
+            Ok(b.select(ne, one, zero))
+        })?);
+        lowered.outputs.push(Output::Step(1));
+    }
+    Ok(lowered)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1138,7 +1154,7 @@ fn range(cx: &OpCx<'_>) -> R<Lowered> {
     // Floats compute start + i·delta in f64 and round once (as the definition reads);
     // integers compute in their own width, wrapping.
     let ct = if float { ScalarType::F64 } else { ScalarType::of_storage(dt) };
-    single(cx, &operands, |b, out| {
+    let mut lowered = single(cx, &operands, |b, out| {
         let get = |b: &mut KernelBuilder, s: &Scalar| match *s {
             Scalar::Const(f, i) => {
                 if float {
@@ -1158,6 +1174,45 @@ fn range(cx: &OpCx<'_>) -> R<Lowered> {
         let i = b.convert(out[0], ct);
         let step = b.mul(i, d);
         Ok(b.add(s, step))
+    })?;
+    if cx.outputs.len() > 1 {
+        lowered.steps.push(range_check(cx, od[0])?);
+        lowered.outputs.push(Output::Step(1));
+    }
+    Ok(lowered)
+}
+
+/// The shape check of a Range with run-time operands (kiln_ir::dynamic): 1 unless
+/// `max(ceil((limit - start) / delta), 0)` is the compiled length `n`, computed as shape
+/// inference computes it (floats in f32, f64 for f64; integers exactly).
+fn range_check(cx: &OpCx<'_>, n: usize) -> R<Step> {
+    let dt = cx.input_ty(0)?.dtype;
+    if !dt.is_float() {
+        // Integer operands of at most 16 elements are bound at compile time in practice;
+        // a run-time integer Range is not shape-checked yet.
+        return Err(cx.unsupported("run-time integer Range operands"));
+    }
+    let ct = if dt == DType::F64 { ScalarType::F64 } else { ScalarType::F32 };
+    step(cx, 1, &[0, 1, 2], |b, _| {
+        let mut get = |j: usize| {
+            let rank = cx.input_ty(j).map(|t| t.shape.rank()).unwrap_or(0);
+            let z = vec![b.index(0); rank];
+            let v = b.load(j, z);
+            b.convert(v, ct)
+        };
+        let s = get(0);
+        let l = get(1);
+        let d = get(2);
+        let t = b.sub(l, s);
+        let q = b.div(t, d);
+        let q = b.unary(UnaryOp::Ceil, q);
+        let z = b.float(ct, 0.0);
+        let q = b.binary(BinaryOp::Max, q, z);
+        let nk = b.float(ct, n as f64);
+        let ne = b.binary(BinaryOp::Ne, q, nk);
+        let one = b.int(ScalarType::I64, 1);
+        let zero = b.int(ScalarType::I64, 0);
+        Ok(b.select(ne, one, zero))
     })
 }
 
@@ -1283,8 +1338,14 @@ struct AxisMap {
     n_out: usize,
     /// The output length the transforms use (`scale · n_in` when a scale is given).
     len_out: f64,
+    /// The scale (for a run-time scale: the smallest one that gives `n_out`, which sizes
+    /// the antialiasing taps).
     scale: f64,
     roi: (f64, f64),
+    /// Where the kernel reads a run-time scale: (kernel input, element).
+    scale_at: Option<(usize, usize)>,
+    /// Where it reads a run-time roi: (kernel input, start element, end element).
+    roi_at: Option<(usize, usize, usize)>,
 }
 
 /// Interpolation parameters (linear and cubic).
@@ -1343,9 +1404,9 @@ impl AxisMap {
         (i / 2.0 * (1.0 - adjustment), s)
     }
 
-    /// [`AxisMap::coord`] in a kernel: the f64 coordinate of output index `v`, and for
-    /// tf_crop_and_resize the condition under which it extrapolates.
-    fn coord_expr(&self, b: &mut KernelBuilder, v: ExprId) -> (ExprId, Option<ExprId>) {
+    /// [`AxisMap::coord_expr`] with a compile-time scale and roi (the form
+    /// `kiln_flow::resample` recognises).
+    fn coord_expr_const(&self, b: &mut KernelBuilder, v: ExprId) -> (ExprId, Option<ExprId>) {
         const F: ScalarType = ScalarType::F64;
         let (i, o, s) = (self.n_in as f64, self.len_out, self.scale);
         let x = b.convert(v, F);
@@ -1407,6 +1468,140 @@ impl AxisMap {
                 } else {
                     b.float(F, 0.5 * (ra + rb) * (i - 1.0))
                 };
+                let z = b.float(F, 0.0);
+                let below = b.binary(BinaryOp::Lt, c, z);
+                let last = b.float(F, i - 1.0);
+                let above = b.binary(BinaryOp::Gt, c, last);
+                let out = b.binary(BinaryOp::Or, below, above);
+                return (c, Some(out));
+            }
+        };
+        (c, None)
+    }
+
+    /// Whether the kernel reads this axis's scale or roi at run time.
+    fn run_time(&self) -> bool {
+        self.scale_at.is_some() || self.roi_at.is_some()
+    }
+
+    /// The scale in a kernel: read from its operand when it is run-time data.
+    fn scale_expr(&self, b: &mut KernelBuilder) -> ExprId {
+        const F: ScalarType = ScalarType::F64;
+        match self.scale_at {
+            Some((j, k)) => {
+                let i = b.index(k as i64);
+                let v = b.load(j, vec![i]);
+                b.convert(v, F)
+            }
+            None => b.float(F, self.scale),
+        }
+    }
+
+    /// The output length the transforms use, in a kernel (`scale · n_in` for a run-time
+    /// scale).
+    fn len_out_expr(&self, b: &mut KernelBuilder, s: ExprId) -> ExprId {
+        const F: ScalarType = ScalarType::F64;
+        if self.scale_at.is_some() {
+            let ik = b.float(F, self.n_in as f64);
+            b.mul(s, ik)
+        } else {
+            b.float(F, self.len_out)
+        }
+    }
+
+    /// The roi's start and end in a kernel.
+    fn roi_expr(&self, b: &mut KernelBuilder) -> (ExprId, ExprId) {
+        const F: ScalarType = ScalarType::F64;
+        match self.roi_at {
+            Some((j, ka, kb)) => {
+                let mut get = |k: usize| {
+                    let i = b.index(k as i64);
+                    let v = b.load(j, vec![i]);
+                    b.convert(v, F)
+                };
+                let ra = get(ka);
+                let rb = get(kb);
+                (ra, rb)
+            }
+            None => (b.float(F, self.roi.0), b.float(F, self.roi.1)),
+        }
+    }
+
+    /// [`AxisMap::coord`] in a kernel: the f64 coordinate of output index `v`, and for
+    /// tf_crop_and_resize the condition under which it extrapolates. A run-time scale or
+    /// roi is read from its operand, the same operations in the same order.
+    fn coord_expr(&self, b: &mut KernelBuilder, v: ExprId) -> (ExprId, Option<ExprId>) {
+        if !self.run_time() {
+            return self.coord_expr_const(b, v);
+        }
+        const F: ScalarType = ScalarType::F64;
+        let i = self.n_in as f64;
+        let x = b.convert(v, F);
+        let s = self.scale_expr(b);
+        let o = self.len_out_expr(b, s);
+        // (x + 0.5) / s
+        let half_pixel = |b: &mut KernelBuilder, s: ExprId| {
+            let h = b.float(F, 0.5);
+            let t = b.add(x, h);
+            b.div(t, s)
+        };
+        let one = b.float(F, 1.0);
+        let c = match self.ctm {
+            Ctm::HalfPixel => {
+                let t = half_pixel(b, s);
+                let h = b.float(F, 0.5);
+                b.sub(t, h)
+            }
+            Ctm::HalfPixelSymmetric => {
+                // offset = i/2 · (1 - n_out / (s · i))
+                let ik = b.float(F, i);
+                let si = b.mul(s, ik);
+                let nk = b.float(F, self.n_out as f64);
+                let adjustment = b.div(nk, si);
+                let t = b.sub(one, adjustment);
+                let hk = b.float(F, i / 2.0);
+                let offset = b.mul(hk, t);
+                let t = half_pixel(b, s);
+                let t = b.add(offset, t);
+                let h = b.float(F, 0.5);
+                b.sub(t, h)
+            }
+            Ctm::PytorchHalfPixel => {
+                let t = half_pixel(b, s);
+                let h = b.float(F, 0.5);
+                let t = b.sub(t, h);
+                let z = b.float(F, 0.0);
+                let gt = b.binary(BinaryOp::Gt, o, one);
+                b.select(gt, t, z)
+            }
+            Ctm::AlignCorners => {
+                let ik = b.float(F, i - 1.0);
+                let t = b.mul(x, ik);
+                let om = b.sub(o, one);
+                let t = b.div(t, om);
+                let z = b.float(F, 0.0);
+                let ne = b.binary(BinaryOp::Ne, o, one);
+                b.select(ne, t, z)
+            }
+            Ctm::Asymmetric => b.div(x, s),
+            Ctm::TfCropAndResize => {
+                let (ra, rb) = self.roi_expr(b);
+                let ik = b.float(F, i - 1.0);
+                // a·(i-1) + x·(b-a)·(i-1)/(o-1)
+                let base = b.mul(ra, ik);
+                let w = b.sub(rb, ra);
+                let t = b.mul(x, w);
+                let t = b.mul(t, ik);
+                let om = b.sub(o, one);
+                let t = b.div(t, om);
+                let moved = b.add(base, t);
+                // 0.5·(a+b)·(i-1)
+                let h = b.float(F, 0.5);
+                let sum = b.add(ra, rb);
+                let mid = b.mul(h, sum);
+                let mid = b.mul(mid, ik);
+                let ne = b.binary(BinaryOp::Ne, o, one);
+                let c = b.select(ne, moved, mid);
                 let z = b.float(F, 0.0);
                 let below = b.binary(BinaryOp::Lt, c, z);
                 let last = b.float(F, i - 1.0);
@@ -1622,6 +1817,11 @@ fn tap_count(p: &Interp, scale: f64) -> usize {
 /// input index with weight 1 (the reference skips such axes); an error for a coordinate
 /// the reference rejects.
 fn interp_identity(cx: &OpCx<'_>, m: &AxisMap, p: &Interp) -> R<bool> {
+    if m.run_time() {
+        // Only an axis of one element stays itself whatever the scale or roi (every tap
+        // clamps to it and the weights sum to 1).
+        return Ok(m.n_in == 1 && m.n_out == 1);
+    }
     let mut identity = m.n_in == m.n_out;
     let last = m.n_in as i64 - 1;
     for j in 0..m.n_out {
@@ -1689,6 +1889,13 @@ fn interp_axis(b: &mut KernelBuilder, m: &AxisMap, p: &Interp, v: ExprId) -> Axi
     let last = m.n_in as i64 - 1;
     let a = p.cubic_a;
     let s = m.scale.min(1.0);
+    // A run-time scale: read in the kernel (the taps cover the smallest scale that
+    // gives the compiled extent; taps past a kernel's support weigh 0).
+    let s_run = m.scale_at.map(|_| {
+        let sv = m.scale_expr(b);
+        let one = b.float(F, 1.0);
+        b.binary(BinaryOp::Min, sv, one)
+    });
     let aa_start = antialias_taps(p.mode, m.scale).0;
     // The raw weight of the tap at variable value `t`.
     let raw = |b: &mut KernelBuilder, t: ExprId| -> ExprId {
@@ -1741,7 +1948,10 @@ fn interp_axis(b: &mut KernelBuilder, m: &AxisMap, p: &Interp, v: ExprId) -> Axi
             (mode, true) => {
                 let off = add_c(b, t, aa_start);
                 let i = b.convert(off, F);
-                let sk = k(b, s);
+                let sk = match s_run {
+                    Some(e) => e,
+                    None => k(b, s),
+                };
                 let d = b.sub(i, ratio);
                 if mode == RMode::Linear {
                     let d = b.mul(d, sk);
@@ -1879,8 +2089,33 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
             _ => Ok(None),
         }
     };
-    let roi = present(1, "roi")?.map(Tensor::to_f64_vec);
-    let scales = present(2, "scales")?.map(Tensor::to_f64_vec);
+    // `scales` and `roi` may be run-time data: the kernel then reads them (kernel inputs
+    // after X), and with run-time scales a second result checks at run time that they
+    // give the compiled dims (kiln_ir::dynamic).
+    let run_time = |i: usize| cx.input(i).is_some_and(|inp| inp.ty.shape.numel() > 0 && inp.value.is_none());
+    let mut operands = vec![0usize];
+    let scales_at = run_time(2).then(|| {
+        operands.push(2);
+        operands.len() - 1
+    });
+    let roi_at = run_time(1).then(|| {
+        operands.push(1);
+        operands.len() - 1
+    });
+    let roi = if roi_at.is_some() { None } else { present(1, "roi")?.map(Tensor::to_f64_vec) };
+    let scales = if scales_at.is_some() {
+        // The smallest scale that gives each compiled extent (the check refuses others).
+        let n = cx.input_ty(2)?.shape.numel();
+        if n != axes.len() {
+            return Err(cx.unsupported(format!("{n} scales for {} axes", axes.len())));
+        }
+        Some(axes.iter().map(|&a| if xd[a] == 0 { 1.0 } else { od[a] as f64 / xd[a] as f64 * (1.0 - 1e-6) }).collect())
+    } else {
+        present(2, "scales")?.map(Tensor::to_f64_vec)
+    };
+    if scales_at.is_some() && cx.outputs.len() < 2 {
+        return Err(cx.unsupported("run-time `scales` without the shape check result"));
+    }
     let sizes = match present(3, "sizes")? {
         Some(t) => Some(t.to_i64_vec().map_err(|e| cx.unsupported(format!("sizes: {e}")))?),
         None => None,
@@ -1915,7 +2150,13 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
         _ => return Err(cx.unsupported("exactly one of scales and sizes must be given")),
     }
     let mut rois = vec![(0.0f64, 1.0f64); r];
-    if let Some(v) = &roi {
+    if let Some(j) = roi_at {
+        let n = cx.input_ty(1)?.shape.numel();
+        if n != 2 * axes.len() {
+            return Err(cx.unsupported(format!("roi has {n} values for {} axes", axes.len())));
+        }
+        let _ = j;
+    } else if let Some(v) = &roi {
         if v.len() != 2 * axes.len() {
             return Err(cx.unsupported(format!("roi has {} values for {} axes", v.len(), axes.len())));
         }
@@ -1936,7 +2177,12 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
     }
     if ty.shape.numel() == 0 {
         // `step` gives an empty result a kernel without inputs; the body never runs.
-        return single(cx, &[], |_, _| Err(cx.unsupported("empty result")));
+        let mut lowered = single(cx, &[], |_, _| Err(cx.unsupported("empty result")))?;
+        if scales_at.is_some() {
+            lowered.steps.push(scales_check(cx, &axes, &xd, &od)?);
+            lowered.outputs.push(Output::Step(lowered.steps.len() - 1));
+        }
+        return Ok(lowered);
     }
     if x.shape.numel() == 0 {
         return Err(cx.unsupported("cannot resize an empty tensor to a non-empty one"));
@@ -1950,14 +2196,49 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
             len_out: if fractional { scale[a] * xd[a] as f64 } else { od[a] as f64 },
             scale: scale[a],
             roi: rois[a],
+            scale_at: scales_at.and_then(|j| axes.iter().position(|&b| b == a).map(|k| (j, k))),
+            roi_at: roi_at.and_then(|j| axes.iter().position(|&b| b == a).map(|k| (j, k, k + axes.len()))),
         })
         .collect();
     let ct = ScalarType::of_storage(x.dtype);
-    if mode == RMode::Nearest {
-        resize_nearest(cx, &maps, &resized, nearest, ev, ct)
+    let mut lowered = if mode == RMode::Nearest {
+        resize_nearest(cx, &maps, &resized, nearest, ev, ct, &operands)?
     } else {
-        resize_interp(cx, &maps, &resized, &params, ev, x.dtype)
+        resize_interp(cx, &maps, &resized, &params, ev, x.dtype, &operands)?
+    };
+    if scales_at.is_some() {
+        lowered.steps.push(scales_check(cx, &axes, &xd, &od)?);
+        lowered.outputs.push(Output::Step(lowered.steps.len() - 1));
     }
+    Ok(lowered)
+}
+
+/// The shape check of run-time scales (result 1): the number of resized axes whose
+/// extent `floor(n_in · scale)` (in f32, as shape inference computes it) is not the
+/// compiled one.
+fn scales_check(cx: &OpCx<'_>, axes: &[usize], xd: &[usize], od: &[usize]) -> R<Step> {
+    step(cx, 1, &[2], |b, _| {
+        const F: ScalarType = ScalarType::F32;
+        let mut count: Option<ExprId> = None;
+        for (k, &a) in axes.iter().enumerate() {
+            let i = b.index(k as i64);
+            let sv = b.load(0, vec![i]);
+            let sv = b.convert(sv, F);
+            let nk = b.float(F, xd[a] as f64);
+            let p = b.mul(nk, sv);
+            let p = b.unary(UnaryOp::Floor, p);
+            let ok = b.float(F, od[a] as f64);
+            let ne = b.binary(BinaryOp::Ne, p, ok);
+            let one = b.int(ScalarType::I64, 1);
+            let zero = b.int(ScalarType::I64, 0);
+            let c = b.select(ne, one, zero);
+            count = Some(match count {
+                Some(acc) => b.add(acc, c),
+                None => c,
+            });
+        }
+        Ok(count.unwrap_or_else(|| b.int(ScalarType::I64, 0)))
+    })
 }
 
 /// How a nearest axis finds its source index.
@@ -1977,11 +2258,16 @@ fn resize_nearest(
     nearest: NearestMode,
     ev: f64,
     ct: ScalarType,
+    operands: &[usize],
 ) -> R<Lowered> {
     let mut plan = Vec::with_capacity(maps.len());
     for (a, m) in maps.iter().enumerate() {
-        if !resized[a] {
+        if !resized[a] || (m.run_time() && m.n_in == 1 && m.n_out == 1) {
             plan.push(NearestAxis::Same);
+            continue;
+        }
+        if m.run_time() {
+            plan.push(NearestAxis::Coord);
             continue;
         }
         let mut table = Vec::with_capacity(m.n_out);
@@ -2006,7 +2292,7 @@ fn resize_nearest(
             }
         });
     }
-    single(cx, &[0], |b, out| {
+    single(cx, operands, |b, out| {
         let mut idx = out.to_vec();
         let mut fill: Option<ExprId> = None;
         for (a, m) in maps.iter().enumerate() {
@@ -2044,7 +2330,15 @@ fn resize_nearest(
     })
 }
 
-fn resize_interp(cx: &OpCx<'_>, maps: &[AxisMap], resized: &[bool], p: &Interp, ev: f64, dt: DType) -> R<Lowered> {
+fn resize_interp(
+    cx: &OpCx<'_>,
+    maps: &[AxisMap],
+    resized: &[bool],
+    p: &Interp,
+    ev: f64,
+    dt: DType,
+    operands: &[usize],
+) -> R<Lowered> {
     let mut active = Vec::new();
     for (a, m) in maps.iter().enumerate() {
         if resized[a] && !interp_identity(cx, m, p)? {
@@ -2055,7 +2349,7 @@ fn resize_interp(cx: &OpCx<'_>, maps: &[AxisMap], resized: &[bool], p: &Interp, 
     // even and saturate, as the reference does).
     let ct = ScalarType::of_storage(dt);
     let vt = if ct.is_float() { ct } else { ScalarType::F64 };
-    single(cx, &[0], |b, out| {
+    single(cx, operands, |b, out| {
         let taps: Vec<AxisTaps> = active.iter().map(|&a| interp_axis(b, &maps[a], p, out[a])).collect();
         let mut idx = out.to_vec();
         for (t, &a) in taps.iter().zip(&active) {

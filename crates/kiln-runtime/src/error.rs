@@ -135,6 +135,16 @@ pub enum RuntimeError {
         /// The bound.
         bound: u64,
     },
+    /// A shape check of the plan failed: the run-time operands that decide a result's
+    /// shape (a Resize's `scales`) give it dims other than the ones the module was
+    /// compiled for (declared by the model or `kiln compile --output-shape`); the
+    /// outputs are not valid.
+    ShapeCheck {
+        /// The result (a value name of the model).
+        name: String,
+        /// How many of its axes differ.
+        axes: i64,
+    },
     /// No entry point of that name or index.
     NoSuchEntry {
         /// The name or index asked for.
@@ -405,6 +415,11 @@ impl fmt::Display for RuntimeError {
             E::ExtentOutOfBound { name, extent, bound } => write!(
                 f,
                 "the data needs {extent} entries of {name_}, above the bound {bound} the module was compiled for (compile with --max-dim {name}=N for a larger bound)",
+                name_ = Name(name)
+            ),
+            E::ShapeCheck { name, axes } => write!(
+                f,
+                "the run-time operands give {name_} other dims than the module was compiled for ({axes} axes differ; compile with --output-shape {name}=DIMS for the dims they give)",
                 name_ = Name(name)
             ),
             E::NoCudaVariant { kernel, why } => {

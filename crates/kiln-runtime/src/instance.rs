@@ -661,6 +661,10 @@ pub(crate) unsafe fn apply_extents(
     }
     for x in &entry.extents {
         let n = read(x);
+        if x.bound == 0 && x.outputs.is_empty() && n != 0 {
+            // A shape check (kiln_ir::dynamic): the count of axes that differ.
+            return Err(RuntimeError::ShapeCheck { name: x.name.to_string(), axes: n });
+        }
         if n < 0 || n as u64 > x.bound {
             return Err(RuntimeError::ExtentOutOfBound { name: x.name.to_string(), extent: n, bound: x.bound });
         }

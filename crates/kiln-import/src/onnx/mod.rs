@@ -160,6 +160,14 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         captures: Vec::new(),
         max_trips: opts.max_trips,
         max_dims: opts.max_dims.iter().map(|(n, b)| (n.clone(), *b, false)).collect(),
+        declared_shapes: opts
+            .output_shapes
+            .iter()
+            .map(|(n, d)| (n.clone(), d.clone(), true, false))
+            .chain(graph.output.iter().chain(&graph.value_info).filter_map(|v| {
+                Some((v.name.clone().filter(|n| !n.is_empty())?, static_dims(v)?, false, false))
+            }))
+            .collect(),
     };
     imp.import_signature(graph, opts)?;
     imp.import_body(graph)?;
@@ -168,6 +176,12 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
         return Err(ImportError::Model(format!(
             "--max-dim {name}: no result of a data-dependent op (NonZero, Compress, Unique, \
              NonMaxSuppression, TopK with a run-time K) is named `{name}`"
+        )));
+    }
+    if let Some((name, _, _, _)) = imp.declared_shapes.iter().find(|(_, _, given, used)| *given && !used) {
+        return Err(ImportError::Model(format!(
+            "--output-shape {name}: no result whose dims depend on run-time data (a Resize with \
+             run-time `scales`, a OneHot with a run-time `depth`, a Range of run-time floats) is named `{name}`"
         )));
     }
     let mut g = imp.g.without_dead_code();
@@ -373,6 +387,28 @@ struct Importer {
     /// `--max-dim`: declared bounds of data-dependent results, and whether a node used
     /// each.
     max_dims: Vec<(String, usize, bool)>,
+    /// Result shapes declared for values whose dims run-time data decides:
+    /// `--output-shape` first, then the model's static graph-output and `value_info`
+    /// shapes (name, dims, whether `--output-shape` gave it, whether a node used it).
+    declared_shapes: Vec<(String, Vec<usize>, bool, bool)>,
+}
+
+/// The static dims a value info declares (`None` when a dimension is free or the
+/// type is not a tensor's).
+fn static_dims(v: &proto::ValueInfoProto) -> Option<Vec<usize>> {
+    use proto::tensor_shape_proto::dimension::Value as D;
+    let Some(type_proto::Value::TensorType(tt)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+        return None;
+    };
+    tt.shape
+        .as_ref()?
+        .dim
+        .iter()
+        .map(|d| match d.value {
+            Some(D::DimValue(x)) if x >= 0 => Some(x as usize),
+            _ => None,
+        })
+        .collect()
 }
 
 /// An enclosing graph, set aside while one of its `If` branches is imported.
@@ -848,6 +884,9 @@ impl Importer {
                 if let Some(results) = self.data_dependent(&c) {
                     return self.import_bounded(&label, c, results, &outputs, &at);
                 }
+                if self.run_time_scales(&c) {
+                    return self.import_shape_checked(&label, c, &outputs, &at);
+                }
                 let vals = self.emit(&label, c.kind, std::mem::take(&mut c.attrs), c.inputs, &outputs, &at)?;
                 self.bind_outputs(&outputs, vals);
                 Ok(())
@@ -867,6 +906,53 @@ impl Importer {
             }
             _ => None,
         }
+    }
+
+    /// Whether `c` is a Resize whose `scales`, a OneHot whose `depth` or a float Range
+    /// whose operands are run-time data: then its result dims are declared and checked
+    /// at run time (see [`Importer::import_shape_checked`]).
+    fn run_time_scales(&self, c: &canon::Canon) -> bool {
+        let run_time = |i: usize| {
+            c.inputs.get(i).copied().flatten().is_some_and(|s| self.g.constant(s).is_none() && self.g.ty(s).shape.numel() > 0)
+        };
+        match c.kind {
+            OpKind::Resize => run_time(2),
+            OpKind::OneHot => run_time(1),
+            // Float operands (integer ones are shape operands to bind at compile time).
+            OpKind::Range => {
+                (0..3).any(run_time)
+                    && c.inputs.first().copied().flatten().is_some_and(|s| self.g.ty(s).dtype.is_float())
+            }
+            _ => false,
+        }
+    }
+
+    /// A Resize with run-time `scales` (OneHot, Range) in its shape-checked form (see
+    /// `kiln_ir::dynamic`): compiled for the dims declared for its result
+    /// (`--output-shape`, else the model's), with a second result the runtime checks.
+    /// Without a declaration the node is imported as it is, and shape inference says
+    /// what is missing.
+    fn import_shape_checked(
+        &mut self,
+        label: &str,
+        mut c: canon::Canon,
+        outputs: &[String],
+        at: &At,
+    ) -> Result<(), ImportError> {
+        let out = outputs.first().cloned().unwrap_or_default();
+        let declared = self.declared_shapes.iter_mut().find(|(n, ..)| !out.is_empty() && *n == out);
+        let Some(d) = declared else {
+            let vals = self.emit(label, c.kind, std::mem::take(&mut c.attrs), c.inputs, outputs, at)?;
+            self.bind_outputs(outputs, vals);
+            return Ok(());
+        };
+        d.3 = true;
+        let dims: Vec<i64> = d.1.iter().map(|&x| x as i64).collect();
+        c.attrs.set("kiln_dims", Attr::Ints(dims));
+        let names = vec![out.clone(), format!("{out}.shape_check")];
+        let vals = self.emit(label, c.kind, c.attrs, c.inputs, &names, at)?;
+        self.bind_outputs(outputs, vals.into_iter().take(1));
+        Ok(())
     }
 
     /// A data-dependent op in its bounded form (see `kiln_ir::dynamic`): every ONNX

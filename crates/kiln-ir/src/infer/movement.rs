@@ -6,7 +6,7 @@
 use super::ctx::{broadcast_dims, Class, Ctx, Ints, R};
 use crate::attrs::{
     ConcatAttrs, ConstantOfShapeAttrs, DepthToSpaceAttrs, EyeLikeAttrs, FlattenAttrs, GatherAttrs, GatherNdAttrs,
-    KeepAspectRatioPolicy, OneHotAttrs, PadAttrs, PadMode, ReshapeAttrs, ResizeAttrs, ReverseSequenceAttrs,
+    KeepAspectRatioPolicy, OneHotAttrs, PadAttrs, PadMode, RangeAttrs, ReshapeAttrs, ResizeAttrs, ReverseSequenceAttrs,
     ScatterElementsAttrs, ShapeAttrs, SpaceToDepthAttrs, SplitAttrs, TransposeAttrs,
 };
 use crate::dtype::DType;
@@ -584,7 +584,15 @@ pub(super) fn one_hot(cx: &Ctx) -> R<Vec<TensorType>> {
         return Err(cx.invalid(format_args!("`values` (input 2) must have shape [2], got {values}")));
     }
     let r = ind.shape.rank();
-    let axis = cx.axis(cx.attrs::<OneHotAttrs>()?.axis, r + 1, "axis")?;
+    let oa = cx.attrs::<OneHotAttrs>()?;
+    let axis = cx.axis(oa.axis, r + 1, "axis")?;
+    if cx.opt(1).is_some_and(|d| d.value.is_none()) {
+        // Run-time depth: the dims compiled for (`kiln_dims`), checked at run time.
+        let mut want = ind.shape.dims().to_vec();
+        want.insert(axis, 0);
+        let dims = checked_dims(cx, oa.dims.as_deref(), "depth", &want, &[axis])?;
+        return checked(cx, cx.tt(values.dtype, dims)?);
+    }
     let depth = cx
         .constant(1, "depth")?
         .and_then(|v| v.to_f64_vec().first().copied())
@@ -609,6 +617,11 @@ pub(super) fn range(cx: &Ctx) -> R<Vec<TensorType>> {
         let t = cx.req(i, what)?;
         cx.same_dtype(t, i, what, start)?;
         cx.expect_scalar(t, i, what)?;
+    }
+    if (0..3).any(|i| cx.opt(i).is_some_and(|t| t.value.is_none())) {
+        // Run-time operands: the length compiled for (`kiln_dims`), checked at run time.
+        let dims = checked_dims(cx, cx.attrs::<RangeAttrs>()?.dims.as_deref(), "start, limit or delta", &[0], &[0])?;
+        return checked(cx, cx.tt(start.dtype, dims)?);
     }
     let mut vals = [0f64; 3];
     let mut ints = [0i64; 3];
@@ -655,6 +668,39 @@ pub(super) fn range(cx: &Ctx) -> R<Vec<TensorType>> {
     };
     let n = usize::try_from(n.max(0)).map_err(|_| cx.invalid("result has too many elements"))?;
     Ok(vec![cx.tt(start.dtype, vec![n])?])
+}
+
+/// The result dims of a shape-checked node (see [`crate::dynamic`]): `declared`
+/// (`kiln_dims`), which must agree with `want` except along the axes `free` that the
+/// run-time operand `what` decides.
+fn checked_dims(cx: &Ctx, declared: Option<&[i64]>, what: &str, want: &[usize], free: &[usize]) -> R<Vec<usize>> {
+    let Some(d) = declared else {
+        return Err(cx.unsupported(format_args!(
+            "`{what}` depends on run-time data: declare the result's shape (in the model, or with \
+             --output-shape NAME=DIMS) or make it a constant"
+        )));
+    };
+    if d.len() != want.len() {
+        return Err(cx.invalid(format_args!("`kiln_dims` {} has rank {}, expected {}", Ints(d), d.len(), want.len())));
+    }
+    let mut out = Vec::with_capacity(d.len());
+    for (ax, (&e, &w)) in d.iter().zip(want).enumerate() {
+        let e = cx.extent(e, "`kiln_dims` entry")?;
+        if !free.contains(&ax) && e != w {
+            return Err(cx.invalid(format_args!("`kiln_dims` {} disagrees with the operands along axis {ax}", Ints(d))));
+        }
+        out.push(e);
+    }
+    Ok(out)
+}
+
+/// A shape-checked node's results: `ty` and, when asked for, the `i64` check.
+fn checked(cx: &Ctx, ty: TensorType) -> R<Vec<TensorType>> {
+    let mut outs = vec![ty];
+    if cx.num_outputs > 1 {
+        outs.push(cx.tt(DType::I64, Vec::new())?);
+    }
+    Ok(outs)
 }
 
 /// Trilu(input, k?): rank ≥ 2, same type.
@@ -708,6 +754,43 @@ pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
             return Err(cx.invalid("give either `scales` or `sizes`, not both"));
         }
         (None, None) => return Err(cx.invalid("needs `scales` or `sizes`")),
+        (Some(t), None) if cx.opt(2).is_some_and(|s| s.value.is_none()) => {
+            // Run-time scales: the result has the dims compiled for (`kiln_dims`), which
+            // the node's second result checks at run time.
+            cx.check_class(t, 2, "scales", Class::Float)?;
+            cx.rank(t, 2, "scales", 1)?;
+            if t.shape.numel() != axes.len() {
+                return Err(cx.invalid(format_args!(
+                    "`scales` has {} entries, expected {} (one per resized axis)",
+                    t.shape.numel(),
+                    axes.len()
+                )));
+            }
+            let Some(d) = &ra.dims else {
+                return Err(cx.unsupported(
+                    "`scales` (input 2) depends on run-time data: declare the result's shape \
+                     (in the model, or with --output-shape NAME=DIMS) or make `scales` a constant",
+                ));
+            };
+            if d.len() != rank {
+                return Err(cx.invalid(format_args!("`kiln_dims` {} has rank {}, X has {rank}", Ints(d), d.len())));
+            }
+            for (ax, &e) in d.iter().enumerate() {
+                let e = cx.extent(e, "`kiln_dims` entry")?;
+                if !axes.contains(&ax) && e != in_dims[ax] {
+                    return Err(cx.invalid(format_args!(
+                        "`kiln_dims` {} changes axis {ax}, which is not resized",
+                        Ints(d)
+                    )));
+                }
+                out[ax] = e;
+            }
+            let mut outs = vec![cx.tt(x.dtype, out)?];
+            if cx.num_outputs > 1 {
+                outs.push(cx.tt(DType::I64, Vec::new())?);
+            }
+            return Ok(outs);
+        }
         (Some(t), None) => {
             cx.check_class(t, 2, "scales", Class::Float)?;
             cx.rank(t, 2, "scales", 1)?;

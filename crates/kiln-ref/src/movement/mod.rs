@@ -52,6 +52,7 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         Range => generate::range(cx)?,
         ConstantOfShape => generate::constant_of_shape(cx)?,
         EyeLike => generate::eye_like(cx)?,
+        Resize if cx.out_types.len() == 2 => return resize::resize_checked(cx),
         Resize => resize::resize(cx)?,
         GridSample => sample::grid_sample(cx)?,
         Col2Im => sample::col2im(cx)?,
@@ -59,6 +60,12 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         DeformConv => sample::deform_conv(cx)?,
         _ => return Err(cx.unsupported("not a data movement operator")),
     };
+    if matches!(cx.kind(), OneHot | Range) && cx.out_types.len() == 2 {
+        // The shape-checked form (kiln_ir::dynamic): the op already refused operands
+        // that give other dims than its result type's, so the check holds 0.
+        let check = Tensor::from_vec(kiln_ir::Shape::scalar(), vec![0i64]).map_err(|e| cx.invalid(e.to_string()))?;
+        return Ok(vec![t, check]);
+    }
     Ok(vec![t])
 }
 

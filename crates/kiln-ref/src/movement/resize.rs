@@ -267,6 +267,42 @@ fn pass(cur: &mut Vec<f64>, dims: &mut [usize], a: usize, t: &Taps, ev: f64) {
     *cur = out;
 }
 
+/// Resize with run-time `scales` compiled for the dims of its first result type
+/// (`kiln_dims`, see `kiln_ir::dynamic`): the resized tensor and the shape check, the
+/// number of resized axes whose extent `floor(n_in · scale)` (in f32) is not the
+/// compiled one. A non-zero count is an error, as the runtime fails the call.
+pub(super) fn resize_checked(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
+    let x = cx.input(0)?;
+    let xd = x.shape().dims();
+    let od = cx.out_type(0)?.shape.dims();
+    let ra = cx.attrs::<ResizeAttrs>()?;
+    let axes = match &ra.axes {
+        Some(a) => unique_axes(cx, a, xd.len())?,
+        None => (0..xd.len()).collect(),
+    };
+    let scales = match cx.opt_input(2).filter(|t| t.numel() > 0) {
+        Some(t) => t.to_f64_vec(),
+        None => return Err(cx.invalid("the shape-checked form needs `scales`")),
+    };
+    if scales.len() != axes.len() || od.len() != xd.len() {
+        return Err(cx.invalid(format!("{} scales for {} axes", scales.len(), axes.len())));
+    }
+    let differ = axes
+        .iter()
+        .zip(&scales)
+        .filter(|&(&a, &s)| (xd[a] as f32 * s as f32).floor() != od[a] as f32)
+        .count();
+    if differ != 0 {
+        let got: Vec<f32> = axes.iter().zip(&scales).map(|(&a, &s)| (xd[a] as f32 * s as f32).floor()).collect();
+        return Err(cx.invalid(format!(
+            "the run-time scales give the resized axes {axes:?} extents {got:?}, not those of the compiled dims {od:?}"
+        )));
+    }
+    let y = resize(cx)?;
+    let check = Tensor::from_vec(kiln_ir::Shape::scalar(), vec![differ as i64]).map_err(|e| cx.invalid(e.to_string()))?;
+    Ok(vec![y, check])
+}
+
 pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let xd = x.shape().dims();
