@@ -480,8 +480,9 @@ pub fn select_variants(p: &ProgramView<'_>, host: u64) -> Result<Vec<usize>, Run
         }
         match (pick, fewest) {
             (Some(i), _) => out.push(i),
-            // Code for another architecture: say so rather than list its marker.
-            (None, Some(missing)) if arch_bits(missing) != 0 => {
+            // Code for another architecture than the host's: say so rather than list its
+            // marker. (A host stated without an architecture gets the missing features.)
+            (None, Some(missing)) if arch_bits(missing) != 0 && CpuArch::of_features(host).is_some() => {
                 let code = CpuArch::of_features(missing).map_or("another architecture's", CpuArch::name);
                 let host = CpuArch::of_features(host).map_or("another architecture", CpuArch::name);
                 return Err(RuntimeError::WrongArchitecture { kernel: k.name.to_string(), code, host });
