@@ -45,7 +45,7 @@ pub(crate) fn status_of(e: &RuntimeError) -> kiln_status {
         E::NoSuchEntry { .. } => S::InvalidArtifact,
         E::UnsupportedFormat { .. } | E::UnsupportedVersion { .. } => S::Unsupported,
         E::AllocatorNotRouted => S::InvalidArgument,
-        E::MissingCpuFeatures { .. } | E::NoCpuVariant { .. } => S::Unsupported,
+        E::MissingCpuFeatures { .. } | E::NoCpuVariant { .. } | E::WrongArchitecture { .. } => S::Unsupported,
         E::WeightsMissing { .. } | E::WeightsMismatch { .. } | E::WeightsNotExpected => S::Weights,
         E::ArenaAlloc { .. } => S::OutOfMemory,
         E::ArenaTooSmall { .. } | E::ArenaMisaligned { .. } => S::InvalidArgument,

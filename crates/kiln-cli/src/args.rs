@@ -167,6 +167,12 @@ pub(crate) struct ModelArgs {
     /// artifact carries each level's code and runs the best one the host has
     #[arg(long = "target-cpu", value_name = "CPU")]
     pub target_cpu: Option<String>,
+    /// The CPU architecture the code is for, as a target triple: x86_64-unknown-linux-gnu
+    /// (default: this machine's), aarch64-unknown-linux-gnu (NEON) or
+    /// riscv64gc-unknown-linux-gnu; the artifact runs only on a CPU of that architecture
+    /// (with a runtime built for it)
+    #[arg(long = "target-triple", value_name = "TRIPLE")]
+    pub target_triple: Option<String>,
     /// The device the kernels are compiled for: cpu (default) or cuda (PTX for sm_90a;
     /// run it with --device cuda)
     #[arg(long = "target", value_name = "cpu|cuda")]

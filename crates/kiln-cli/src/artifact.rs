@@ -32,6 +32,8 @@ pub(crate) struct Args {
     pub to: Option<String>,
     pub dump_after: Vec<String>,
     pub target: Option<String>,
+    /// `--target-triple`: the CPU architecture.
+    pub triple: Option<String>,
     pub device: Option<String>,
     pub inputs: Vec<(String, PathBuf)>,
     /// `--extent NAME=N`: a random input's extent along its bounded dimension.
@@ -96,6 +98,23 @@ fn threads(a: &Args) -> usize {
 /// runtime takes the best the host has). Returns the lowest level and the higher ones,
 /// ascending.
 fn target(a: &Args) -> Result<(CpuTarget, Vec<CpuTarget>), String> {
+    if let Some(triple) = a.triple.as_deref() {
+        let t = CpuTarget::from_triple(triple, CpuTarget::Host).ok_or_else(|| {
+            format!("--target-triple `{triple}`: expected x86_64-…, aarch64-… or riscv64gc-… (e.g. aarch64-unknown-linux-gnu)")
+        })?;
+        if t != CpuTarget::Host {
+            if let Some(cpu) = a.target.as_deref() {
+                return Err(format!("--target-cpu `{cpu}` names x86-64 levels; `{triple}` is not x86-64"));
+            }
+            if a.device.as_deref().is_some_and(|d| d != "cpu") {
+                return Err(format!("--target-triple `{triple}` is a CPU's; it does not combine with --target {}", a.device.as_deref().unwrap_or_default()));
+            }
+            return Ok((t, Vec::new()));
+        }
+        if !cfg!(target_arch = "x86_64") && a.target.is_none() {
+            return Err(format!("--target-triple `{triple}` on a host that is not x86-64: name the level with --target-cpu"));
+        }
+    }
     let one = |t: &str| match t {
         "host" => Ok(CpuTarget::Host),
         "x86-64" => Ok(CpuTarget::X86_64),
@@ -419,6 +438,7 @@ pub(crate) fn read_artifact(a: &Args) -> Result<Loaded, String> {
             (!a.import.input_sequences.is_empty(), "--input-sequence"),
             (!a.import.absent_inputs.is_empty(), "--input-absent"),
             (a.target.is_some(), "--target-cpu"),
+            (a.triple.is_some(), "--target-triple"),
             (a.size, "--opt size"),
             (a.cubin != CubinMode::Auto, "--cubin"),
         ];

@@ -108,6 +108,7 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
     Ok(artifact::Args {
         import: import_options(m.bind),
         target: m.target_cpu,
+        triple: m.target_triple,
         device: m.target,
         cubin: match m.cubin {
             args::Cubin::Auto => kiln_compiler::ptxas::CubinMode::Auto,

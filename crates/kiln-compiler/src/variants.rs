@@ -51,7 +51,8 @@ pub fn level(t: CpuTarget) -> u8 {
         CpuTarget::X86_64V2 => 2,
         CpuTarget::X86_64V3 => 3,
         CpuTarget::X86_64V4 => 4,
-        CpuTarget::Host => 0,
+        // Not levels: the host, and other architectures (one target each).
+        CpuTarget::Host | CpuTarget::Aarch64 | CpuTarget::Riscv64 => 0,
     }
 }
 

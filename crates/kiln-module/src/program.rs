@@ -458,11 +458,86 @@ pub enum CpuFeature {
     Avx512vl = 16,
     /// AVX-512 VNNI (`vpdpbusd`: byte products summed into i32 lanes).
     Avx512vnni = 17,
+    /// The AArch64 architecture with Advanced SIMD (NEON, part of every ARMv8-A core):
+    /// code for it runs on a 64-bit Arm CPU and nowhere else. It is the architecture
+    /// of its executable (see [`CpuArch`]), not an extension.
+    Aarch64 = 18,
+    /// The RV64GC architecture (64-bit RISC-V with the integer multiply, atomic, single
+    /// and double float and compressed extensions): like [`CpuFeature::Aarch64`], an
+    /// architecture, not an extension.
+    Riscv64 = 19,
+}
+
+/// The instruction set a CPU executable is written in. It is recorded as a feature bit
+/// of the executable (and of its variants' conditions): [`CpuFeature::Sse2`], part of
+/// every x86-64 CPU, stands for x86-64; [`CpuFeature::Aarch64`] and
+/// [`CpuFeature::Riscv64`] for the others. A CPU's features include exactly one of the
+/// three, so an executable for another architecture never satisfies its condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CpuArch {
+    /// x86-64 (AMD64).
+    X86_64,
+    /// AArch64 (64-bit Arm) with NEON.
+    Aarch64,
+    /// RV64GC (64-bit RISC-V).
+    Riscv64,
+}
+
+impl CpuArch {
+    /// Every architecture.
+    pub const ALL: [CpuArch; 3] = [CpuArch::X86_64, CpuArch::Aarch64, CpuArch::Riscv64];
+
+    /// The feature bit that marks code of this architecture.
+    pub fn feature(self) -> CpuFeature {
+        match self {
+            CpuArch::X86_64 => CpuFeature::Sse2,
+            CpuArch::Aarch64 => CpuFeature::Aarch64,
+            CpuArch::Riscv64 => CpuFeature::Riscv64,
+        }
+    }
+
+    /// The architecture of code needing `bits` (bits of [`CpuFeature`]): the one whose
+    /// marker bit it has; `None` for none or several.
+    pub fn of_features(bits: u64) -> Option<CpuArch> {
+        let mut found = None;
+        for a in CpuArch::ALL {
+            if bits & a.feature().bit() != 0 {
+                if found.is_some() {
+                    return None;
+                }
+                found = Some(a);
+            }
+        }
+        found
+    }
+
+    /// The name of its Rust target triple's first part (`x86_64`, `aarch64`, `riscv64`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuArch::X86_64 => "x86_64",
+            CpuArch::Aarch64 => "aarch64",
+            CpuArch::Riscv64 => "riscv64",
+        }
+    }
+
+    /// The relocation kinds its code may carry.
+    pub fn admits(self, kind: RelocKind) -> bool {
+        match kind {
+            RelocKind::Abs64 => true,
+            RelocKind::Pc32 => self == CpuArch::X86_64,
+            RelocKind::Aarch64Call26 | RelocKind::Aarch64AdrPrelPgHi21 | RelocKind::Aarch64AddAbsLo12Nc => {
+                self == CpuArch::Aarch64
+            }
+            RelocKind::RiscvCallPlt | RelocKind::RiscvPcrelHi20 | RelocKind::RiscvPcrelLo12I => {
+                self == CpuArch::Riscv64
+            }
+        }
+    }
 }
 
 impl CpuFeature {
     /// Every feature, by bit.
-    pub const ALL: [CpuFeature; 18] = [
+    pub const ALL: [CpuFeature; 20] = [
         CpuFeature::Sse2,
         CpuFeature::Sse3,
         CpuFeature::Ssse3,
@@ -481,6 +556,8 @@ impl CpuFeature {
         CpuFeature::Avx512dq,
         CpuFeature::Avx512vl,
         CpuFeature::Avx512vnni,
+        CpuFeature::Aarch64,
+        CpuFeature::Riscv64,
     ];
 
     /// Every feature's bit: a condition naming any other bit is malformed.
@@ -543,17 +620,49 @@ impl CpuFeature {
             CpuFeature::Avx512dq => "avx512dq",
             CpuFeature::Avx512vl => "avx512vl",
             CpuFeature::Avx512vnni => "avx512vnni",
+            CpuFeature::Aarch64 => "aarch64",
+            CpuFeature::Riscv64 => "riscv64",
         }
     }
 }
 
-/// Kinds of relocations in generated code.
+/// Kinds of relocations in generated code (`S` the target's address, `A` the addend,
+/// `P` the patched place's address). Which kinds an executable may carry depends on its
+/// architecture ([`CpuArch::admits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RelocKind {
     /// 32-bit PC-relative: `S + A - P` (x86-64 `R_X86_64_PC32` / `PLT32`).
     Pc32,
-    /// 64-bit absolute: `S + A` (x86-64 `R_X86_64_64`).
+    /// 64-bit absolute: `S + A` (`R_X86_64_64`, `R_AARCH64_ABS64`, `R_RISCV_64`).
     Abs64,
+    /// AArch64 `b`/`bl`: `(S + A - P) >> 2` in the instruction's low 26 bits, within
+    /// ±128 MiB (`R_AARCH64_CALL26`, `JUMP26`).
+    Aarch64Call26,
+    /// AArch64 `adrp`: the 4 KiB page difference `Page(S + A) - Page(P)` >> 12 in the
+    /// instruction's 21-bit immediate, within ±4 GiB (`R_AARCH64_ADR_PREL_PG_HI21`).
+    Aarch64AdrPrelPgHi21,
+    /// AArch64 `add` (immediate): the low 12 bits of `S + A` (`R_AARCH64_ADD_ABS_LO12_NC`).
+    Aarch64AddAbsLo12Nc,
+    /// RISC-V `auipc` + `jalr` pair: `S + A - P` split into a high 20 and a low 12 bits,
+    /// within ±2 GiB (`R_RISCV_CALL_PLT`, `R_RISCV_CALL`).
+    RiscvCallPlt,
+    /// RISC-V `auipc`: the high 20 bits of `S + A - P` (rounded for the sign of the low
+    /// part) (`R_RISCV_PCREL_HI20`).
+    RiscvPcrelHi20,
+    /// RISC-V I-type low part of a PC-relative pair: here `target` is the `auipc` it
+    /// pairs with (its offset) and the value is the low 12 bits of that pair's `S + A - P`
+    /// (`R_RISCV_PCREL_LO12_I`, translated from its label form by the compiler).
+    RiscvPcrelLo12I,
+}
+
+impl RelocKind {
+    /// Bytes it patches.
+    pub fn width(self) -> u64 {
+        match self {
+            RelocKind::Abs64 | RelocKind::RiscvCallPlt => 8,
+            _ => 4,
+        }
+    }
 }
 
 /// One relocation: patch `offset` in the code with the address of `target` (a code

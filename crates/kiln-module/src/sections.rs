@@ -44,7 +44,12 @@
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
 //!                                   list<reloc>, list<launch> (format 1.3 on; absent from
 //!                                   older files, read as empty), uv code_len, code bytes
-//!                      reloc = uv offset, uv kind (0 pc32, 1 abs64), uv target, sv addend
+//!                      reloc = uv offset, uv kind (0 pc32, 1 abs64, 2 aarch64 call26,
+//!                              3 aarch64 adr_prel_pg_hi21, 4 aarch64 add_abs_lo12_nc,
+//!                              5 riscv call_plt, 6 riscv pcrel_hi20, 7 riscv pcrel_lo12_i:
+//!                              kinds 2 to 7 in aarch64 and riscv64 executables only, which a
+//!                              1.5 reader older than them refuses as an unknown tag),
+//!                              uv target, sv addend
 //!                      launch = u32 block, u32 shared, u32 params (CUDA: one per entry,
 //!                               in entry order; a CPU executable has none)
 //!   list<kernel>       kernel = str name, list<variant>,
@@ -654,6 +659,31 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
     e.0
 }
 
+/// Relocation kinds by their tag on disk.
+const RELOC_KINDS: [RelocKind; 8] = [
+    RelocKind::Pc32,
+    RelocKind::Abs64,
+    RelocKind::Aarch64Call26,
+    RelocKind::Aarch64AdrPrelPgHi21,
+    RelocKind::Aarch64AddAbsLo12Nc,
+    RelocKind::RiscvCallPlt,
+    RelocKind::RiscvPcrelHi20,
+    RelocKind::RiscvPcrelLo12I,
+];
+
+fn reloc_tag(kind: RelocKind) -> u64 {
+    match kind {
+        RelocKind::Pc32 => 0,
+        RelocKind::Abs64 => 1,
+        RelocKind::Aarch64Call26 => 2,
+        RelocKind::Aarch64AdrPrelPgHi21 => 3,
+        RelocKind::Aarch64AddAbsLo12Nc => 4,
+        RelocKind::RiscvCallPlt => 5,
+        RelocKind::RiscvPcrelHi20 => 6,
+        RelocKind::RiscvPcrelLo12I => 7,
+    }
+}
+
 fn executables_bytes(p: &Program) -> Vec<u8> {
     let mut e = Enc::default();
     e.list(&p.executables, |e, x| {
@@ -665,10 +695,7 @@ fn executables_bytes(p: &Program) -> Vec<u8> {
         });
         e.list(&x.relocs, |e, r| {
             e.uv(r.offset);
-            e.uv(match r.kind {
-                RelocKind::Pc32 => 0,
-                RelocKind::Abs64 => 1,
-            });
+            e.uv(reloc_tag(r.kind));
             e.uv(r.target);
             e.sv(r.addend);
         });
@@ -1103,10 +1130,7 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
         })?;
         let relocs = d.list("relocations", 4, |d| {
             let offset = d.uv("relocation offset")?;
-            let kind = match d.tag("relocation kind", 1)? {
-                0 => RelocKind::Pc32,
-                _ => RelocKind::Abs64,
-            };
+            let kind = RELOC_KINDS[d.tag("relocation kind", RELOC_KINDS.len() as u64 - 1)? as usize];
             let target = d.uv("relocation target")?;
             let addend = d.sv("relocation addend")?;
             Ok(Reloc { offset, kind, target, addend })

@@ -116,7 +116,7 @@ pub(crate) fn runtime_class(e: &RuntimeError) -> Class {
         E::NoSuchEntry { .. } => Class::Invalid,
         E::UnsupportedFormat { .. } | E::UnsupportedVersion { .. } => Class::Unsupported,
         E::AllocatorNotRouted => Class::Invalid,
-        E::MissingCpuFeatures { .. } | E::NoCpuVariant { .. } => Class::Unsupported,
+        E::MissingCpuFeatures { .. } | E::NoCpuVariant { .. } | E::WrongArchitecture { .. } => Class::Unsupported,
         E::WeightsMissing { .. } | E::WeightsMismatch { .. } | E::WeightsNotExpected => Class::Invalid,
         E::ArenaTooSmall { .. } | E::ArenaMisaligned { .. } => Class::Invalid,
         E::InputCount { .. } | E::OutputCount { .. } | E::InputSize { .. } | E::OutputSize { .. } => Class::Invalid,

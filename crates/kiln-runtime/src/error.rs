@@ -56,6 +56,16 @@ pub enum RuntimeError {
         /// Features its most modest variant needs and the host lacks.
         names: Vec<String>,
     },
+    /// Every variant of a kernel is code for another CPU architecture than this
+    /// machine's (an artifact compiled with `--target-triple` for another CPU).
+    WrongArchitecture {
+        /// The kernel.
+        kernel: String,
+        /// The architecture of its code (`"aarch64"`, …).
+        code: &'static str,
+        /// This machine's architecture.
+        host: &'static str,
+    },
     /// No variant of a kernel is for a CPU.
     NoCpuVariant {
         /// The kernel.
@@ -376,6 +386,11 @@ impl fmt::Display for RuntimeError {
                 "an allocator was given but the global allocator is not kiln_runtime::memory::Routed \
                  (install it with #[global_allocator] to route the runtime's allocations)",
             ),
+            E::WrongArchitecture { kernel, code, host } => write!(
+                f,
+                "kernel {kernel_} is {code} code and this machine is {host} (compile with --target-triple for this machine)",
+                kernel_ = Name(kernel)
+            ),
             E::NoCpuVariant { kernel } => {
                 write!(f, "kernel {kernel_} has no variant for a CPU", kernel_ = Name(kernel))
             }
@@ -663,6 +678,23 @@ pub enum VerifyError {
         target: u64,
         /// Code length.
         code_len: u64,
+    },
+    /// A CPU executable's features name several architectures (see
+    /// `kiln_module::program::CpuArch`).
+    Architectures {
+        /// Executable index.
+        executable: usize,
+    },
+    /// A relocation of a kind another architecture's code uses.
+    RelocKind {
+        /// Executable index.
+        executable: usize,
+        /// Relocation index.
+        index: usize,
+        /// The kind's name.
+        kind: &'static str,
+        /// The executable's architecture.
+        arch: &'static str,
     },
 }
 
@@ -983,6 +1015,12 @@ impl fmt::Display for VerifyError {
                 f,
                 "executable {executable}, relocation {index}: patch at {offset} or target {target} lies outside its {code_len} bytes of code"
             ),
+            VerifyError::Architectures { executable } => {
+                write!(f, "executable {executable}: its features name more than one CPU architecture")
+            }
+            VerifyError::RelocKind { executable, index, kind, arch } => {
+                write!(f, "executable {executable}, relocation {index}: a {kind} relocation in {arch} code")
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ pub(crate) const MAX_BOUNDED: usize = 8;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
-use kiln_module::program::{Binding, Command, Condition, CpuFeature, DeviceKind, RelocKind, Slot, Variant};
+use kiln_module::program::{Binding, Command, Condition, CpuArch, CpuFeature, DeviceKind, RelocKind, Slot, Variant};
 
 /// Most dynamic shared memory a CUDA block may ask for: 227 KiB, Hopper's per-block
 /// opt-in limit (`cudaDevAttrMaxSharedMemoryPerBlockOptin` on sm_90).
@@ -397,11 +397,20 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 return Err(VerifyError::Symbol { executable: xi, name: name.to_string(), offset: *offset, code_len });
             }
         }
+        // A CPU executable's architecture is the one its features mark (none: x86-64, as
+        // in files written before the other architectures).
+        // (A CUDA executable's features are not CPU features.)
+        let arch = match (x.device, CpuArch::of_features(x.features)) {
+            (DeviceKind::Cpu, Some(a)) => Some(a),
+            (DeviceKind::Cpu, None) if arch_bits(x.features) == 0 => Some(CpuArch::X86_64),
+            (DeviceKind::Cpu, None) => return Err(VerifyError::Architectures { executable: xi }),
+            (DeviceKind::Cuda, _) => None,
+        };
         for (i, r) in x.relocs.iter().enumerate() {
-            let width = match r.kind {
-                RelocKind::Pc32 => 4,
-                RelocKind::Abs64 => 8,
-            };
+            if let Some(arch) = arch.filter(|a| !a.admits(r.kind)) {
+                return Err(VerifyError::RelocKind { executable: xi, index: i, kind: reloc_name(r.kind), arch: arch.name() });
+            }
+            let width = r.kind.width();
             if r.offset.checked_add(width).is_none_or(|end| end > code_len) || r.target > code_len {
                 return Err(VerifyError::Reloc {
                     executable: xi,
@@ -449,6 +458,25 @@ pub fn require_device_kind(p: &ProgramView<'_>, kind: DeviceKind) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// The architecture marker bits of a feature set.
+fn arch_bits(bits: u64) -> u64 {
+    CpuArch::ALL.iter().fold(0, |m, a| m | a.feature().bit()) & bits
+}
+
+/// A relocation kind's name for errors.
+fn reloc_name(kind: RelocKind) -> &'static str {
+    match kind {
+        RelocKind::Pc32 => "pc32",
+        RelocKind::Abs64 => "abs64",
+        RelocKind::Aarch64Call26 => "aarch64 call26",
+        RelocKind::Aarch64AdrPrelPgHi21 => "aarch64 adr_prel_pg_hi21",
+        RelocKind::Aarch64AddAbsLo12Nc => "aarch64 add_abs_lo12_nc",
+        RelocKind::RiscvCallPlt => "riscv call_plt",
+        RelocKind::RiscvPcrelHi20 => "riscv pcrel_hi20",
+        RelocKind::RiscvPcrelLo12I => "riscv pcrel_lo12_i",
+    }
 }
 
 /// Names of the features in a bit set (`"avx2"`, or `"feature bit 40"` for bits this
@@ -501,6 +529,13 @@ pub fn select_variants(p: &ProgramView<'_>, host: u64) -> Result<Vec<usize>, Run
         }
         match (pick, fewest) {
             (Some(i), _) => out.push(i),
+            // Code for another architecture than the host's: say so rather than list its
+            // marker. (A host stated without an architecture gets the missing features.)
+            (None, Some(missing)) if arch_bits(missing) != 0 && CpuArch::of_features(host).is_some() => {
+                let code = CpuArch::of_features(missing).map_or("another architecture's", CpuArch::name);
+                let host = CpuArch::of_features(host).map_or("another architecture", CpuArch::name);
+                return Err(RuntimeError::WrongArchitecture { kernel: k.name.to_string(), code, host });
+            }
             (None, Some(missing)) => {
                 return Err(RuntimeError::MissingCpuFeatures {
                     kernel: k.name.to_string(),

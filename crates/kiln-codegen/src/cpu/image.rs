@@ -2,7 +2,7 @@
 //! image: its code and read-only data sections laid out in one byte vector (each at
 //! its alignment), entry points and relocations as offsets into that vector.
 
-use kiln_module::program::{DeviceKind, Executable, Reloc, RelocKind};
+use kiln_module::program::{CpuArch, DeviceKind, Executable, Reloc, RelocKind};
 use object::elf;
 use object::{Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget, SectionIndex, SectionKind};
 
@@ -12,9 +12,42 @@ fn internal(what: impl Into<String>) -> CodegenError {
     CodegenError::Internal { kernel: String::new(), what: what.into() }
 }
 
-/// Builds the [`Executable`] of an object whose functions are `names`, in order.
-pub(crate) fn from_object(bytes: &[u8], names: &[&str], features: u64) -> Result<Executable, CodegenError> {
+/// The relocation kind of an ELF relocation type of `arch`'s objects; `Ok(None)` for a
+/// marker that patches nothing (RISC-V's `R_RISCV_RELAX`).
+fn reloc_kind(arch: CpuArch, r_type: u32) -> Result<Option<RelocKind>, CodegenError> {
+    Ok(Some(match (arch, r_type) {
+        (CpuArch::X86_64, elf::R_X86_64_PC32 | elf::R_X86_64_PLT32) => RelocKind::Pc32,
+        (CpuArch::X86_64, elf::R_X86_64_64) => RelocKind::Abs64,
+        (CpuArch::Aarch64, elf::R_AARCH64_ABS64) => RelocKind::Abs64,
+        (CpuArch::Aarch64, elf::R_AARCH64_CALL26 | elf::R_AARCH64_JUMP26) => RelocKind::Aarch64Call26,
+        (CpuArch::Aarch64, elf::R_AARCH64_ADR_PREL_PG_HI21) => RelocKind::Aarch64AdrPrelPgHi21,
+        (CpuArch::Aarch64, elf::R_AARCH64_ADD_ABS_LO12_NC) => RelocKind::Aarch64AddAbsLo12Nc,
+        (CpuArch::Riscv64, elf::R_RISCV_64) => RelocKind::Abs64,
+        (CpuArch::Riscv64, elf::R_RISCV_CALL_PLT | elf::R_RISCV_CALL) => RelocKind::RiscvCallPlt,
+        (CpuArch::Riscv64, elf::R_RISCV_PCREL_HI20) => RelocKind::RiscvPcrelHi20,
+        (CpuArch::Riscv64, elf::R_RISCV_PCREL_LO12_I) => RelocKind::RiscvPcrelLo12I,
+        (CpuArch::Riscv64, elf::R_RISCV_RELAX) => return Ok(None),
+        (arch, t) => return Err(internal(format!("unsupported {} relocation type {t}", arch.name()))),
+    }))
+}
+
+/// Builds the [`Executable`] of an object for `arch` whose functions are `names`, in
+/// order.
+pub(crate) fn from_object(
+    bytes: &[u8],
+    names: &[&str],
+    features: u64,
+    arch: CpuArch,
+) -> Result<Executable, CodegenError> {
     let file = object::File::parse(bytes).map_err(|e| internal(format!("reading the object: {e}")))?;
+    let machine = match arch {
+        CpuArch::X86_64 => object::Architecture::X86_64,
+        CpuArch::Aarch64 => object::Architecture::Aarch64,
+        CpuArch::Riscv64 => object::Architecture::Riscv64,
+    };
+    if file.architecture() != machine {
+        return Err(internal(format!("the object is for {:?}, not {}", file.architecture(), arch.name())));
+    }
     let mut code: Vec<u8> = Vec::new();
     let mut bases: Vec<(SectionIndex, u64)> = Vec::new();
     for s in file.sections() {
@@ -59,8 +92,10 @@ pub(crate) fn from_object(bytes: &[u8], names: &[&str], features: u64) -> Result
         let Some(base) = base_of(s.index()) else { continue };
         for (offset, r) in s.relocations() {
             let kind = match r.flags() {
-                RelocationFlags::Elf { r_type: elf::R_X86_64_PC32 | elf::R_X86_64_PLT32 } => RelocKind::Pc32,
-                RelocationFlags::Elf { r_type: elf::R_X86_64_64 } => RelocKind::Abs64,
+                RelocationFlags::Elf { r_type } => match reloc_kind(arch, r_type)? {
+                    Some(kind) => kind,
+                    None => continue,
+                },
                 f => return Err(internal(format!("unsupported relocation {f:?}"))),
             };
             let target = match r.target() {

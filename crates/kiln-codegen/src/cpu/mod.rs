@@ -61,11 +61,13 @@ use kiln_flow::class::KernelClass;
 use kiln_flow::resample::Resample;
 use kiln_flow::{Bounds, Expr, Kernel, UnaryOp};
 use kiln_ir::DType;
-use kiln_module::program::{CpuFeature, Executable};
+use kiln_module::program::{CpuArch, CpuFeature, Executable};
 
 use crate::CodegenError;
 
-/// Which x86-64 CPUs the code must run on.
+/// Which CPUs the code must run on: a level of x86-64, or another architecture
+/// (`kiln compile --target-triple`), whose code is all Cranelift's (the microkernels
+/// are x86-64 machine code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuTarget {
     /// The CPU this compiler runs on (every feature it has that the code generator
@@ -79,6 +81,37 @@ pub enum CpuTarget {
     X86_64V3,
     /// x86-64-v4: v3 plus AVX-512 F, DQ and VL (512-bit contraction tiles).
     X86_64V4,
+    /// AArch64 (ARMv8-A) with NEON: Cranelift's aarch64 backend, vectorised loops on
+    /// its 128-bit vectors.
+    Aarch64,
+    /// RV64GC: Cranelift's riscv64 backend, scalar code (the vector extension is
+    /// optional on RISC-V and not assumed).
+    Riscv64,
+}
+
+impl CpuTarget {
+    /// The architecture its code is written in.
+    pub fn arch(self) -> CpuArch {
+        match self {
+            CpuTarget::Aarch64 => CpuArch::Aarch64,
+            CpuTarget::Riscv64 => CpuArch::Riscv64,
+            _ => CpuArch::X86_64,
+        }
+    }
+
+    /// The target for a Rust-style target triple: `x86_64-…` is `cpu` (an x86-64
+    /// level, or the host), `aarch64-…` and `riscv64…` (`riscv64gc-unknown-linux-gnu`)
+    /// the other architectures (Linux or any other operating system: the code makes no
+    /// system calls). `None` for an architecture without a backend here.
+    pub fn from_triple(triple: &str, cpu: CpuTarget) -> Option<CpuTarget> {
+        let arch = triple.split('-').next().unwrap_or("");
+        match arch {
+            "x86_64" => Some(cpu),
+            "aarch64" | "arm64" => Some(CpuTarget::Aarch64),
+            "riscv64" | "riscv64gc" => Some(CpuTarget::Riscv64),
+            _ => None,
+        }
+    }
 }
 
 /// Knobs of the code generator; the defaults are what the compiler uses.
@@ -219,6 +252,7 @@ fn target_flags(target: CpuTarget) -> Result<Vec<(&'static str, CpuFeature)>, Co
         CpuTarget::X86_64V3 => 3,
         CpuTarget::X86_64V4 => 4,
         CpuTarget::Host => return host_flags(),
+        CpuTarget::Aarch64 | CpuTarget::Riscv64 => return Ok(Vec::new()),
     };
     Ok(FEATURES.iter().filter(|f| f.0 <= level).map(|&(_, flag, f)| (flag, f)).collect())
 }
@@ -280,6 +314,8 @@ struct Isa {
     isa: cranelift_codegen::isa::OwnedTargetIsa,
     features: u64,
     caps: emit::Caps,
+    /// The target has 128-bit vectors (`Options::vectorize` applies).
+    vectors: bool,
 }
 
 fn make_isa(target: CpuTarget) -> Result<Isa, CodegenError> {
@@ -292,18 +328,29 @@ fn make_isa(target: CpuTarget) -> Result<Isa, CodegenError> {
     setting(&mut shared, "is_pic", "false")?;
     setting(&mut shared, "unwind_info", "false")?;
     setting(&mut shared, "enable_verifier", if cfg!(debug_assertions) { "true" } else { "false" })?;
-    let triple: target_lexicon::Triple =
-        "x86_64-unknown-linux-gnu".parse().map_err(|e| internal("", format!("target triple: {e}")))?;
+    let arch = target.arch();
+    let triple = match arch {
+        CpuArch::X86_64 => "x86_64-unknown-linux-gnu",
+        CpuArch::Aarch64 => "aarch64-unknown-linux-gnu",
+        CpuArch::Riscv64 => "riscv64gc-unknown-linux-gnu",
+    };
+    let triple: target_lexicon::Triple = triple.parse().map_err(|e| internal("", format!("target triple: {e}")))?;
     let mut isa_builder = cranelift_codegen::isa::lookup(triple).map_err(|e| internal("", e))?;
-    let mut features = CpuFeature::Sse2.bit();
+    // The architecture's marker bit (SSE2 is part of every x86-64 CPU).
+    let mut features = arch.feature().bit();
     for &(flag, f) in &flags {
         isa_builder.enable(flag).map_err(|e| internal("", format!("flag {flag}: {e}")))?;
         features |= f.bit();
     }
-    let sse41 = flags.iter().any(|&(_, f)| f == CpuFeature::Sse41);
-    let fma = flags.iter().any(|&(_, f)| f == CpuFeature::Fma);
+    // AArch64 and RV64GC round and fuse multiply-adds natively (`frint*`, `fmadd`;
+    // `fcvt` with a rounding mode, `fmadd.s`), as x86-64 does from SSE4.1 and FMA on.
+    let native = arch != CpuArch::X86_64;
+    let sse41 = native || flags.iter().any(|&(_, f)| f == CpuFeature::Sse41);
+    let fma = native || flags.iter().any(|&(_, f)| f == CpuFeature::Fma);
     let isa = isa_builder.finish(settings::Flags::new(shared)).map_err(|e| internal("", e))?;
-    Ok(Isa { isa, features, caps: emit::Caps { sse41, inline_math: true, fma, unroll: true } })
+    // RV64GC has no vectors: its loops stay scalar.
+    let vectors = arch != CpuArch::Riscv64;
+    Ok(Isa { isa, features, caps: emit::Caps { sse41, inline_math: true, fma, unroll: true }, vectors })
 }
 
 /// Checks `k` and builds its Cranelift function into `func`; returns notes on what
@@ -322,6 +369,13 @@ fn build_kernel(
     func.signature = emit::kernel_signature();
     func.name = UserFuncName::user(0, idx as u32);
     let caps = emit::Caps { inline_math: options.inline_math, unroll: options.unroll, ..isa.caps };
+    let scalar;
+    let options = if isa.vectors {
+        options
+    } else {
+        scalar = Options { vectorize: false, ..options.clone() };
+        &scalar
+    };
     emit::build(k, &an, func, fctx, caps, options, isa.isa.frontend_config()).map_err(|e| internal(&k.name, e))
 }
 
@@ -676,7 +730,7 @@ pub fn compile_with(
     }
     let product = module.finish();
     let bytes = product.emit().map_err(|e| internal("", e))?;
-    let mut executable = image::from_object(&bytes, &names, features)?;
+    let mut executable = image::from_object(&bytes, &names, features, target.arch())?;
     if !micro.is_empty() {
         features |= CpuFeature::Avx.bit() | CpuFeature::Avx2.bit() | CpuFeature::Fma.bit();
         if used_avx512 {

@@ -75,7 +75,8 @@ mod native {
 pub use native::CpuLoader;
 
 /// The CPU features of the machine this runs on, as bits of
-/// [`kiln_module::program::CpuFeature`] (none off x86-64). With `std`, from the
+/// [`kiln_module::program::CpuFeature`] (off x86-64: the architecture's marker
+/// alone). With `std`, from the
 /// standard library's detection; without it (`loader-libc`), from `cpuid` and `xgetbv`
 /// ([`cpuid_features`]), which reads the same bits.
 #[cfg(feature = "loader-libc")]
@@ -90,6 +91,21 @@ pub fn host_features() -> u64 {
     }
     #[cfg(all(not(feature = "std"), not(target_arch = "x86_64")))]
     {
+        other_arch_features()
+    }
+}
+
+/// Off x86-64: the architecture's marker bit (see `kiln_module::program::CpuArch`),
+/// which every CPU of it has (NEON is part of every AArch64 core the runtime builds
+/// for); none for an architecture without a code generator.
+#[cfg(all(feature = "loader-libc", not(target_arch = "x86_64")))]
+fn other_arch_features() -> u64 {
+    use kiln_module::program::CpuFeature as F;
+    if cfg!(target_arch = "aarch64") {
+        F::Aarch64.bit()
+    } else if cfg!(all(target_arch = "riscv64", target_feature = "d", target_feature = "m")) {
+        F::Riscv64.bit()
+    } else {
         0
     }
 }
@@ -166,7 +182,7 @@ fn std_features() -> u64 {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        0
+        other_arch_features()
     }
 }
 
