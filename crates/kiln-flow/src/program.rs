@@ -442,7 +442,7 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
                 // where the count is not 0).
                 let buffer = value_buffer(&mut p, graph, &mut of_value, e);
                 let name = graph.values[node.outputs[0]].name.clone();
-                p.extents.push(Extent { buffer, bound: 0, name, outputs: Vec::new() });
+                p.extents.push(Extent { buffer, bound: 0, name, outputs: Vec::new(), input: None });
                 continue;
             }
             let (Some(&e), Some(&(r, axis))) = (node.outputs.get(extent), results.first()) else { continue };
