@@ -50,6 +50,15 @@
 //! (nothing past a row's end); the last columns of a partial block are stored under an
 //! opmask.
 //!
+//! ## One column
+//! A kernel of one column (`N` = 1: a fully connected layer on one vector) whose `B`
+//! column is contiguous along the reduction, and whose output and per-row operands step
+//! one element a row, wastes 31 of 32 columns in a tile; it runs instead with rows in
+//! the lanes ([`Emitter::function_gemv`]): a workgroup is 16 rows, each row one
+//! `vpdpbusd` per 64 bytes of its reduction against the same 64 bytes of the column (its
+//! row sums by the same loads), summed across the lanes; the 16 sums then go through the
+//! corrections and the epilogue as one vector (per-row operands loaded as vectors).
+//!
 //! ## Epilogue
 //! After the corrections the epilogue is evaluated on each accumulator, 16 lanes at a
 //! time, from the kernel's own expression: i32 and f32 arithmetic, conversions, rounding
@@ -58,7 +67,10 @@
 //! (a QLinear op's scales, zero points and bias), comparisons, selects and max/min of
 //! integers held in i32 lanes (i8 sign-extended, u8 zero-extended: a saturating
 //! `Clip` on a quantized result, as a fused ReLU/ReLU6 arrives from the TFLite importer
-//! or from a QDQ activation), and a store of f32, i32 or an 8-bit value (`vpmovdb`). QLinear's requantisation is `round_half_even(f32(acc)
+//! or from a QDQ activation), and a store of f32, i32 or an 8-bit value (`vpmovdb`). An
+//! operand the same in every lane (a 32-bit constant, a per-tensor or per-row f32/i32
+//! load, a hoisted value) is read as an embedded broadcast (`{1to16}`) of the arithmetic
+//! instruction, not into a register first. QLinear's requantisation is `round_half_even(f32(acc)
 //! · (s_a·s_b / s_y)) + z_y`, saturated: ONNX Runtime's order of operations. Anything else
 //! declines the kernel (it then runs on the general path, as on a CPU without AVX-512 BW).
 
@@ -131,7 +143,11 @@ pub(crate) fn emit(k: &Kernel, vnni: bool) -> R<QGemmCode> {
     // With the row-invariant epilogue hoisted, else (it ran out of registers) without.
     let attempt = |hoist: bool| -> R<QGemmCode> {
         let mut e = Emitter::new(k, ic.clone(), vnni, hoist)?;
-        e.function()?;
+        if e.gemv {
+            e.function_gemv()?;
+        } else {
+            e.function()?;
+        }
         let code = e.a.assemble(0)?;
         Ok(QGemmCode { code, workgroups: e.workgroups(), vnni })
     };
@@ -179,6 +195,8 @@ struct Emitter<'k> {
     corr_pre: bool,
     /// `za · Σb'` computed once per block into `s_cb` (`za` is one value per tensor).
     za_pre: bool,
+    /// One column (a matrix times a vector): rows in the lanes ([`Self::function_gemv`]).
+    gemv: bool,
     /// Rows of a full tile ([`MR`], or [`MR_TRANSCENDENTAL`]).
     mr: u64,
     /// The epilogue computes exp, erf, tanh or log.
@@ -284,6 +302,7 @@ impl<'k> Emitter<'k> {
             hoist_at: HashMap::new(),
             corr_pre: false,
             za_pre: false,
+            gemv: false,
             mr: MR,
             transcendental: false,
             blocks: n.div_ceil(NB),
@@ -304,7 +323,8 @@ impl<'k> Emitter<'k> {
         e.need_ra = zb.is_some() || e.delta != 0;
         e.plan_operands()?;
         e.plan_epilogue()?;
-        if !hoist {
+        e.gemv = e.gemv_fits();
+        if !hoist || e.gemv {
             e.hoisted.clear();
             e.hoist_at.clear();
             e.corr_pre = false;
@@ -330,7 +350,21 @@ impl<'k> Emitter<'k> {
         Ok(e)
     }
 
+    /// Whether the one-column form takes the kernel: `N` = 1, `B`'s column contiguous
+    /// along the reduction, the output and every per-row operand one element a row.
+    fn gemv_fits(&self) -> bool {
+        let kk = self.c.dims[2];
+        self.c.dims[1] == 1
+            && self.b_table.is_none()
+            && (kk == 1 || self.b_stride == 1)
+            && self.bases.get(2).is_some_and(|b| b.per_m == 1)
+            && self.bases.iter().skip(3).all(|b| matches!(b.per_m, 0 | 1))
+    }
+
     fn workgroups(&self) -> u64 {
+        if self.gemv {
+            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(16);
+        }
         self.batch_ext.iter().product::<u64>() * self.blocks * self.groups
     }
 
@@ -769,6 +803,285 @@ impl<'k> Emitter<'k> {
                 }
             }
             if let Some(mut l) = other_cols {
+                self.a.set_label(&mut l)?;
+            }
+        }
+        self.a.set_label(&mut next)?;
+        self.a.inc(r14)?;
+        self.a.cmp(r14, qword_ptr(rsp + S_END))?;
+        self.a.jb(top)?;
+        self.a.set_label(&mut done)?;
+        leave(&mut self.a, frame)?;
+        self.t.emit(&mut self.a)
+    }
+
+    /// The one-column form: a workgroup is 16 rows (of one batch position); each row's
+    /// products are one `vpdpbusd` per 64 bytes of its reduction against the same bytes
+    /// of `B`'s column (flipped where both have one signedness; `A`'s row sums by the
+    /// same loads), 8 rows at a time, summed across the lanes into the stack; the 16 sums
+    /// are then one vector, rows in the lanes, through the corrections and the epilogue
+    /// (per-row operands loaded as vectors, per-tensor ones broadcast) and stored.
+    fn function_gemv(&mut self) -> R<()> {
+        enter(&mut self.a)?;
+        let gv = self.s_rs();
+        let frame = (gv + 3 * 64 + 64 + 15) / 16 * 16;
+        self.a.sub(rsp, frame)?;
+        self.a.mov(rax, self.workgroups() as i64)?;
+        self.a.cmp(rcx, rax)?;
+        self.a.cmova(rcx, rax)?;
+        self.a.mov(qword_ptr(rsp + S_END), rcx)?;
+        self.a.mov(r15, rdi)?;
+        self.a.mov(r14, rdx)?;
+        let mut done = self.a.create_label();
+        self.a.cmp(r14, rcx)?;
+        self.a.jae(done)?;
+        let m = self.c.dims[0];
+        let kk = self.c.dims[2];
+        let groups = m.div_ceil(16);
+        let mut top = self.a.create_label();
+        let mut next = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        self.a.mov(rax, r14)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, groups as i64)?;
+        self.a.div(rcx)?;
+        self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
+        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, d as i64)?;
+            self.a.div(rcx)?;
+            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
+        }
+        // Pointers: each base at this batch position, then at the group's first row.
+        for bi in 0..self.bases.len() {
+            let b = self.bases[bi].clone();
+            self.a.mov(rax, qword_ptr(r15 + 8 * b.binding as i32))?;
+            add_imm(&mut self.a, rax, b.c * b.elem, rcx)?;
+            for (i, &coef) in b.batch.iter().enumerate() {
+                if coef != 0 {
+                    self.a.mov(rcx, qword_ptr(rsp + (S_COORD + 8 * i as i32)))?;
+                    self.imul(rcx, coef * b.elem)?;
+                    self.a.add(rax, rcx)?;
+                }
+            }
+            self.a.mov(qword_ptr(rsp + self.s_base(bi)), rax)?;
+            if b.per_m != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + S_GROUP))?;
+                self.imul(rcx, 16 * b.per_m * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+            self.a.mov(qword_ptr(rsp + self.s_tile(bi)), rax)?;
+        }
+        self.load_lo()?;
+        let chunks = kk / 64;
+        let part = kk % 64;
+        if part != 0 {
+            self.a.mov(rax, ((1u64 << part) - 1) as i64)?;
+            self.a.kmovq(k3, rax)?;
+        }
+        let ones = self.t.scalar(&mut self.a, 0x0101_0101);
+        self.a.vpbroadcastd(zmm18, dword_ptr(ones))?;
+        let flip = if self.delta != 0 { Some(self.t.scalar(&mut self.a, 0x8080_8080)) } else { None };
+        if let Some(f) = flip {
+            self.a.vpbroadcastd(zmm19, dword_ptr(f))?;
+        }
+        let d = self.dot();
+        let a_unsigned = self.a_unsigned;
+        // B's chunk into zmm16 (flipped; masked bytes zero).
+        let load_b = |e: &mut Self, at: AsmMemoryOperand, masked: bool| -> R<()> {
+            if masked {
+                // (The flip is by 32-bit lanes: the bytes past the reduction are zeroed
+                // again after it, byte by byte.)
+                e.a.vmovdqu8(zmm16.k3().z(), at)?;
+                if flip.is_some() {
+                    e.a.vpxord(zmm16, zmm16, zmm19)?;
+                    e.a.vmovdqu8(zmm16.k3().z(), zmm16)?;
+                }
+            } else {
+                e.a.vmovdqu8(zmm16, at)?;
+                if flip.is_some() {
+                    e.a.vpxord(zmm16, zmm16, zmm19)?;
+                }
+            }
+            Ok(())
+        };
+        // The lanes of ZMM[r] (r < 16) summed into its lane 0 (zmm20/21 scratch, whole
+        // registers: EVEX forms), stored.
+        let hsum = |e: &mut Self, r: usize, at: i32| -> R<()> {
+            e.a.vextracti64x4(ymm20, ZMM[r], 1)?;
+            e.a.vpaddd(zmm20, zmm20, ZMM[r])?;
+            e.a.vextracti32x4(xmm21, zmm20, 1)?;
+            e.a.vpaddd(zmm20, zmm20, zmm21)?;
+            e.a.vpshufd(zmm21, zmm20, 0x4E)?;
+            e.a.vpaddd(zmm20, zmm20, zmm21)?;
+            e.a.vpshufd(zmm21, zmm20, 0xB1)?;
+            e.a.vpaddd(ZMM[r], zmm20, zmm21)?;
+            e.a.vmovd(dword_ptr(rsp + at), XMM[r])?;
+            Ok(())
+        };
+        // Σb' over the column (for za).
+        if self.need_cb {
+            self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+            self.a.vpxord(zmm0, zmm0, zmm0)?;
+            let col = |e: &mut Self, at: AsmMemoryOperand, masked: bool| -> R<()> {
+                load_b(e, at, masked)?;
+                if a_unsigned {
+                    d.emit(&mut e.a, zmm0, zmm18, zmm16)
+                } else {
+                    d.emit(&mut e.a, zmm0, zmm16, zmm18)
+                }
+            };
+            if chunks > 0 {
+                self.a.mov(rcx, chunks as i64)?;
+                let mut l = self.a.create_label();
+                self.a.set_label(&mut l)?;
+                col(self, zmmword_ptr(rsi), false)?;
+                self.a.add(rsi, 64)?;
+                self.a.dec(rcx)?;
+                self.a.jnz(l)?;
+            }
+            if part != 0 {
+                col(self, zmmword_ptr(rsi), true)?;
+            }
+            hsum(self, 0, gv + 128)?;
+        }
+        let last_rows = m - (groups - 1) * 16;
+        let variants: Vec<(u64, bool)> = if last_rows != 16 {
+            vec![(last_rows, true), (16, false)]
+        } else {
+            vec![(16, false)]
+        };
+        let pitch = self.a_pitch;
+        for (rows, last) in variants {
+            let mut other = None;
+            if last && groups > 1 {
+                let l = self.a.create_label();
+                self.a.cmp(qword_ptr(rsp + S_GROUP), (groups - 1) as i32)?;
+                self.a.jb(l)?;
+                other = Some(l);
+            }
+            for h in 0..2u64 {
+                let n = rows.saturating_sub(8 * h).min(8) as usize;
+                if n == 0 {
+                    continue;
+                }
+                for r in 0..n {
+                    self.a.vpxord(ZMM[r], ZMM[r], ZMM[r])?;
+                    self.a.vpxord(ZMM[8 + r], ZMM[8 + r], ZMM[8 + r])?;
+                }
+                self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+                self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
+                add_imm(&mut self.a, r9, pitch * 8 * h as i64, rax)?;
+                let need_ra = self.need_ra;
+                let step = |e: &mut Self, masked: bool| -> R<()> {
+                    load_b(e, zmmword_ptr(rsi), masked)?;
+                    for r in 0..n {
+                        let at = zmmword_ptr(r9 + (pitch * r as i64) as i32);
+                        if masked {
+                            e.a.vmovdqu8(zmm17.k3().z(), at)?;
+                        } else {
+                            e.a.vmovdqu8(zmm17, at)?;
+                        }
+                        if a_unsigned {
+                            d.emit(&mut e.a, ZMM[r], zmm17, zmm16)?;
+                            if need_ra {
+                                d.emit(&mut e.a, ZMM[8 + r], zmm17, zmm18)?;
+                            }
+                        } else {
+                            d.emit(&mut e.a, ZMM[r], zmm16, zmm17)?;
+                            if need_ra {
+                                d.emit(&mut e.a, ZMM[8 + r], zmm18, zmm17)?;
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                if chunks > 0 {
+                    self.a.mov(rcx, chunks as i64)?;
+                    let mut l = self.a.create_label();
+                    self.a.set_label(&mut l)?;
+                    step(self, false)?;
+                    self.a.add(rsi, 64)?;
+                    self.a.add(r9, 64)?;
+                    self.a.dec(rcx)?;
+                    self.a.jnz(l)?;
+                }
+                if part != 0 {
+                    step(self, true)?;
+                }
+                for r in 0..n {
+                    hsum(self, r, gv + 4 * (8 * h as i32 + r as i32))?;
+                    if need_ra {
+                        hsum(self, 8 + r, gv + 64 + 4 * (8 * h as i32 + r as i32))?;
+                    }
+                }
+            }
+            // The 16 sums as one vector; the corrections; the epilogue; the store.
+            let masked = rows < 16;
+            if masked {
+                self.a.mov(eax, ((1u32 << rows) - 1) as i32)?;
+                self.a.kmovw(k1, eax)?;
+            }
+            let mut ev = Eval::new(self.uses.clone(), 0, 0, masked);
+            ev.rows_lanes = true;
+            let mut pool: Vec<usize> = (1..29).rev().collect();
+            self.a.vmovdqu32(zmm0, zmmword_ptr(rsp + gv))?;
+            let kk32 = kk as u32;
+            let mut za_reg = None;
+            if self.need_cb {
+                let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
+                let z = self.eval(za, &mut ev, &mut pool)?;
+                let t = take(&mut pool)?;
+                self.a.vpmulld(ZMM[t], ZMM[z], dword_bcst(rsp + (gv + 128)))?;
+                self.a.vpsubd(zmm0, zmm0, ZMM[t])?;
+                pool.push(t);
+                za_reg = Some((za, z));
+            }
+            if self.need_ra {
+                let z2 = self.zb_delta(&mut ev, &mut pool)?;
+                let t = take(&mut pool)?;
+                self.a.vpmulld(ZMM[t], ZMM[z2], zmmword_ptr(rsp + (gv + 64)))?;
+                self.a.vpsubd(zmm0, zmm0, ZMM[t])?;
+                if let Some((_, z)) = za_reg {
+                    self.a.vpmulld(ZMM[t], ZMM[z], ZMM[z2])?;
+                    let kl = self.t.scalar(&mut self.a, kk32);
+                    self.a.vpmulld(ZMM[t], ZMM[t], dword_bcst(kl))?;
+                    self.a.vpaddd(zmm0, zmm0, ZMM[t])?;
+                }
+                pool.push(t);
+                pool.push(z2);
+            }
+            if let Some((za, z)) = za_reg {
+                self.release(za, z, &mut ev, &mut pool);
+            }
+            if let Some(zb) = self.zb {
+                if let Some(&r) = ev.memo.get(&zb.0) {
+                    self.release(zb, r, &mut ev, &mut pool);
+                }
+            }
+            ev.memo.insert(self.c.reduce.0, 0);
+            let root = self.k.root;
+            let r = self.eval(root, &mut ev, &mut pool)?;
+            self.a.mov(rax, qword_ptr(rsp + self.s_tile(2)))?;
+            let z = ZMM[r];
+            match self.k.output.dtype {
+                DType::U8 | DType::I8 => {
+                    if masked {
+                        self.a.vpmovdb(xmmword_ptr(rax).k1(), z)?;
+                    } else {
+                        self.a.vpmovdb(xmmword_ptr(rax), z)?;
+                    }
+                }
+                _ => {
+                    if masked {
+                        self.a.vmovdqu32(zmmword_ptr(rax).k1(), z)?;
+                    } else {
+                        self.a.vmovdqu32(zmmword_ptr(rax), z)?;
+                    }
+                }
+            }
+            self.a.jmp(next)?;
+            if let Some(mut l) = other {
                 self.a.set_label(&mut l)?;
             }
         }
@@ -1383,11 +1696,11 @@ impl<'k> Emitter<'k> {
                 let b = self.bases[el.base].clone();
                 let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
                 self.a.mov(rax, qword_ptr(rsp + st))?;
-                let disp = (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem;
+                let disp = if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem };
                 let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
                 let r = take(pool)?;
                 let z = ZMM[r];
-                let vector = b.per_n != 0;
+                let vector = if ev.rows_lanes { b.per_m != 0 } else { b.per_n != 0 };
                 match (el.dtype, vector) {
                     (DType::U8 | DType::I8, false) => {
                         if el.dtype == DType::U8 {
@@ -1514,6 +1827,47 @@ impl<'k> Emitter<'k> {
                     BinaryOp::Max | BinaryOp::Min if f && matches!(self.k.node(x).expr, Expr::Const(_)) => (y, x),
                     _ => (x, y),
                 };
+                // A lane-uniform 4-byte operand not in a register is read as an embedded
+                // broadcast (`{1to16}`), commuting where that brings it second (not an f32
+                // clamp: its NaN rule needs the value second).
+                let commutes = matches!(op, BinaryOp::Add | BinaryOp::Mul)
+                    || (!f && matches!(op, BinaryOp::Max | BinaryOp::Min));
+                let (x, y) = if commutes && self.bcst_at(x, ev).is_some() && self.bcst_at(y, ev).is_none() {
+                    (y, x)
+                } else {
+                    (x, y)
+                };
+                let fclamp = f && matches!(op, BinaryOp::Max | BinaryOp::Min);
+                if let Some(at) = self.bcst_at(y, ev).filter(|_| !fclamp && x != y) {
+                    let vx = self.eval(x, ev, pool)?;
+                    self.release(x, vx, ev, pool);
+                    let left = ev.left.entry(y.0).or_insert(0);
+                    *left = left.saturating_sub(1);
+                    let r = take(pool)?;
+                    let m = match at {
+                        Bcst::Label(l) => dword_bcst(l),
+                        Bcst::Stack(off) => dword_bcst(rsp + off),
+                        Bcst::Tile(st, disp) => {
+                            self.a.mov(rax, qword_ptr(rsp + st))?;
+                            dword_bcst(rax + disp)
+                        }
+                    };
+                    let (d, a) = (ZMM[r], ZMM[vx]);
+                    match (f, op) {
+                        (true, BinaryOp::Add) => self.a.vaddps(d, a, m)?,
+                        (true, BinaryOp::Sub) => self.a.vsubps(d, a, m)?,
+                        (true, BinaryOp::Mul) => self.a.vmulps(d, a, m)?,
+                        (true, BinaryOp::Div) => self.a.vdivps(d, a, m)?,
+                        (false, BinaryOp::Add) => self.a.vpaddd(d, a, m)?,
+                        (false, BinaryOp::Sub) => self.a.vpsubd(d, a, m)?,
+                        (false, BinaryOp::Mul) => self.a.vpmulld(d, a, m)?,
+                        (false, BinaryOp::Max) => self.a.vpmaxsd(d, a, m)?,
+                        (false, BinaryOp::Min) => self.a.vpminsd(d, a, m)?,
+                        _ => return no("an epilogue operation without a 16-lane form"),
+                    }
+                    ev.memo.insert(e.0, r);
+                    return Ok(r);
+                }
                 let vx = self.eval(x, ev, pool)?;
                 let vy = self.eval(y, ev, pool)?;
                 self.release(x, vx, ev, pool);
@@ -1543,6 +1897,38 @@ impl<'k> Emitter<'k> {
         Ok(r)
     }
 
+    /// Where `e` can be read as a 4-byte broadcast instead of evaluated into a register:
+    /// a 32-bit constant, a hoisted value on the stack, or a per-tensor or per-row load
+    /// of f32 or i32 (not when it is in a register already).
+    fn bcst_at(&mut self, e: ExprId, ev: &Eval) -> Option<Bcst> {
+        if ev.memo.contains_key(&e.0) {
+            return None;
+        }
+        if !ev.precompute {
+            if let Some(&h) = self.hoist_at.get(&e.0) {
+                return Some(Bcst::Stack(self.s_h() + 4 * (h as i32 * MR as i32 + ev.i as i32)));
+            }
+        }
+        let node = self.k.node(e).clone();
+        match node.expr {
+            Expr::Const(bits) if matches!(node.ty, ScalarType::F32 | ScalarType::I32) => {
+                Some(Bcst::Label(self.t.scalar(&mut self.a, bits as u32)))
+            }
+            Expr::Load { .. } => {
+                let el = *self.eloads.get(&e.0)?;
+                let b = &self.bases[el.base];
+                let across = if ev.rows_lanes { b.per_m } else { b.per_n };
+                if across != 0 || !matches!(el.dtype, DType::F32 | DType::I32) {
+                    return None;
+                }
+                let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
+                let disp = if ev.rows_lanes { 0 } else { i32::try_from(b.per_m * ev.i as i64 * b.elem).ok()? };
+                Some(Bcst::Tile(st, disp))
+            }
+            _ => None,
+        }
+    }
+
     /// The register of `value` (held in `v`) for a node of the same lanes: `v` itself
     /// where this is its last use, else a copy.
     fn reuse(&mut self, value: ExprId, v: usize, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
@@ -1560,6 +1946,15 @@ impl<'k> Emitter<'k> {
     }
 }
 
+/// A broadcast operand: a table word, a stack slot, or a tile pointer (its stack slot)
+/// and a displacement.
+#[derive(Clone, Copy)]
+enum Bcst {
+    Label(CodeLabel),
+    Stack(i32),
+    Tile(i32, i32),
+}
+
 /// Per accumulator: values computed, uses left, where it is.
 struct Eval {
     memo: HashMap<u32, usize>,
@@ -1572,11 +1967,13 @@ struct Eval {
     /// Loads from the workgroup's base pointers (before a tile's are set: per-tensor
     /// values only).
     from_base: bool,
+    /// Lanes are 16 rows of one column ([`Emitter::function_gemv`]).
+    rows_lanes: bool,
 }
 
 impl Eval {
     fn new(left: HashMap<u32, u32>, i: usize, j: usize, masked: bool) -> Eval {
-        Eval { memo: HashMap::new(), left, i, j, masked, precompute: false, from_base: false }
+        Eval { memo: HashMap::new(), left, i, j, masked, precompute: false, from_base: false, rows_lanes: false }
     }
 }
 
