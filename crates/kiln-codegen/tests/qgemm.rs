@@ -12,7 +12,10 @@
 //! Shapes are odd on purpose: single rows and columns, `K` of every residue mod 4 and
 //! 64 (the masked tail step and the masked row-sum chunk), columns past one block of 32
 //! and not a multiple of 16 (masked stores), more rows than one 12-row tile, batches;
-//! the operands span the full 8-bit range (both extremes), zero points included.
+//! the operands span the full 8-bit range (both extremes), zero points included. Wide
+//! ones too (`N` of 16 blocks of 32 and more, a partial block after them): a workgroup
+//! then takes several blocks, sharing each tile's row sums and hoisted epilogue values.
+//! And one column (`N` = 1: a matrix times a vector), which runs rows in the lanes.
 
 mod common;
 
@@ -126,8 +129,20 @@ fn check_op(op: &Op, inputs: &[Option<Tensor>], expect_micro: bool) {
     assert_eq!(got.to_f64_vec(), want[0].to_f64_vec(), "{}: reference", op.kind);
 }
 
-const SHAPES: [(usize, usize, usize); 9] =
-    [(1, 1, 1), (1, 5, 7), (5, 3, 7), (13, 4, 33), (12, 17, 16), (25, 67, 70), (3, 64, 32), (40, 130, 100), (7, 2, 1)];
+const SHAPES: [(usize, usize, usize); 12] = [
+    (1, 1, 1),
+    (1, 5, 7),
+    (5, 3, 7),
+    (13, 4, 33),
+    (12, 17, 16),
+    (25, 67, 70),
+    (3, 64, 32),
+    (40, 130, 100),
+    (7, 2, 1),
+    (14, 37, 1000),
+    (26, 9, 1024),
+    (37, 150, 1),
+];
 
 #[test]
 fn matmul_integer() {
@@ -212,7 +227,9 @@ fn qlinear_conv() {
     if int8_configs().is_empty() {
         return;
     }
-    for &(c, mo, h, w, kh, stride) in &[(8, 16, 7, 7, 1, 1), (3, 5, 9, 13, 3, 2), (32, 40, 5, 45, 3, 1)] {
+    for &(c, mo, h, w, kh, stride) in
+        &[(8, 16, 7, 7, 1, 1), (3, 5, 9, 13, 3, 2), (32, 40, 5, 45, 3, 1), (6, 25, 30, 35, 1, 1), (3, 13, 41, 47, 3, 2), (70, 19, 1, 1, 1, 1)]
+    {
         let conv = op(OpKind::QLinearConv, &conv_attrs(0, stride));
         for (xt, wt, yt) in [(DType::U8, DType::I8, DType::U8), (DType::I8, DType::I8, DType::I8)] {
             let s = (c * mo) as u64;
@@ -298,7 +315,7 @@ fn epilogues() {
         return;
     }
     for what in ["erf", "wrap", "select"] {
-        for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33)] {
+        for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33), (10, 6, 777), (21, 100, 1)] {
             let kernel = epilogue_kernel(what, m, k, n);
             let a = ints(DType::U8, &[m, k], 1);
             let b = ints(DType::I8, &[k, n], 2);
@@ -430,7 +447,7 @@ fn clamped_epilogue() {
         (DType::I8, DType::I8, -128, -128, 127),
         (DType::U8, DType::I8, 5, -3, 4),
     ] {
-        for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33), (13, 4, 1)] {
+        for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33), (13, 4, 1), (11, 5, 600)] {
             let za = if at == DType::U8 { 128 } else { -7 };
             let q = [0.02, 0.003, 0.05];
             let kernel = clamped_kernel(at, yt, (m, k, n), q, [za, zy], lo, hi);

@@ -37,12 +37,27 @@
 //! (`K` rounded up to 4) are zero in the copy, so they add nothing to either sum.
 //!
 //! ## Work split and tiles
-//! A workgroup is one batch position, one block of 32 columns and one group of rows (all
-//! `M` rows unless there are too few blocks to give threads work; then the rows are cut
-//! into groups, each copying the same block). A tile is 12 rows × 32 columns: 24
-//! accumulators, two vectors of `b'`, one broadcast of `A`, per four reduction steps.
-//! The last `K mod 4` steps read `A` with a byte mask (nothing past a row's end); the
-//! last columns of a partial block are stored under an opmask.
+//! A workgroup is one batch position, up to 16 whole blocks of 32 columns (as many as
+//! leave 8 workgroups or more and whose copies fit 64 KiB; a partial last block is a
+//! workgroup of its own) and one group of rows (all `M` rows unless there are too few
+//! blocks to give threads work; then the rows are cut into groups, each copying the same
+//! blocks). The workgroup copies its blocks first; then for each tile of rows it
+//! computes what depends on the row alone once — `A`'s row sums folded with the zero
+//! points into one correction word a row, and the epilogue's row-invariant values (a
+//! QLinear op's `s_a·s_b / s_y`, a `vdivps`) — and runs the tile over every block. A
+//! tile is 12 rows × 32 columns: 24 accumulators, two vectors of `b'`, one broadcast of
+//! `A`, per four reduction steps. The last `K mod 4` steps read `A` with a byte mask
+//! (nothing past a row's end); the last columns of a partial block are stored under an
+//! opmask.
+//!
+//! ## One column
+//! A kernel of one column (`N` = 1: a fully connected layer on one vector) whose `B`
+//! column is contiguous along the reduction, and whose output and per-row operands step
+//! one element a row, wastes 31 of 32 columns in a tile; it runs instead with rows in
+//! the lanes ([`Emitter::function_gemv`]): a workgroup is 16 rows, each row one
+//! `vpdpbusd` per 64 bytes of its reduction against the same 64 bytes of the column (its
+//! row sums by the same loads), summed across the lanes; the 16 sums then go through the
+//! corrections and the epilogue as one vector (per-row operands loaded as vectors).
 //!
 //! ## Epilogue
 //! After the corrections the epilogue is evaluated on each accumulator, 16 lanes at a
@@ -52,7 +67,10 @@
 //! (a QLinear op's scales, zero points and bias), comparisons, selects and max/min of
 //! integers held in i32 lanes (i8 sign-extended, u8 zero-extended: a saturating
 //! `Clip` on a quantized result, as a fused ReLU/ReLU6 arrives from the TFLite importer
-//! or from a QDQ activation), and a store of f32, i32 or an 8-bit value (`vpmovdb`). QLinear's requantisation is `round_half_even(f32(acc)
+//! or from a QDQ activation), and a store of f32, i32 or an 8-bit value (`vpmovdb`). An
+//! operand the same in every lane (a 32-bit constant, a per-tensor or per-row f32/i32
+//! load, a hoisted value) is read as an embedded broadcast (`{1to16}`) of the arithmetic
+//! instruction, not into a register first. QLinear's requantisation is `round_half_even(f32(acc)
 //! · (s_a·s_b / s_y)) + z_y`, saturated: ONNX Runtime's order of operations. Anything else
 //! declines the kernel (it then runs on the general path, as on a CPU without AVX-512 BW).
 
@@ -64,7 +82,7 @@ use kiln_flow::contraction::{Contraction, IntContraction};
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-use super::asm::{add_imm, enter, leave, Tables, ZMM};
+use super::asm::{add_imm, enter, leave, Tables, XMM, ZMM};
 use super::math;
 use super::vector::{Mask, Vx, V};
 use super::gemm::{no, NotHere, R};
@@ -82,6 +100,10 @@ const MR_TRANSCENDENTAL: u64 = 8;
 const MOST_K: u64 = 8192;
 /// Workgroups below which rows are cut into groups.
 const SPREAD: u64 = 8;
+/// What an epilogue node depends on: the accumulator, the column, the row.
+const D_ACC: u8 = 1;
+const D_COL: u8 = 2;
+const D_ROW: u8 = 4;
 
 /// A compiled integer contraction.
 pub(crate) struct QGemmCode {
@@ -118,10 +140,18 @@ struct ELoad {
 /// has AVX-512 VNNI (else the byte products are widened to 16 bits).
 pub(crate) fn emit(k: &Kernel, vnni: bool) -> R<QGemmCode> {
     let Some(ic) = Contraction::of_int(k) else { return no("not an integer contraction") };
-    let mut e = Emitter::new(k, ic, vnni)?;
-    e.function()?;
-    let code = e.a.assemble(0)?;
-    Ok(QGemmCode { code, workgroups: e.workgroups(), vnni })
+    // With the row-invariant epilogue hoisted, else (it ran out of registers) without.
+    let attempt = |hoist: bool| -> R<QGemmCode> {
+        let mut e = Emitter::new(k, ic.clone(), vnni, hoist)?;
+        if e.gemv {
+            e.function_gemv()?;
+        } else {
+            e.function()?;
+        }
+        let code = e.a.assemble(0)?;
+        Ok(QGemmCode { code, workgroups: e.workgroups(), vnni })
+    };
+    attempt(true).or_else(|_| attempt(false))
 }
 
 struct Emitter<'k> {
@@ -152,12 +182,32 @@ struct Emitter<'k> {
     b_step: i64,
     /// Epilogue nodes, and how often each is an operand there.
     uses: HashMap<u32, u32>,
+    /// What each epilogue node depends on ([`D_ACC`], [`D_COL`], [`D_ROW`] bits).
+    deps: HashMap<u32, u8>,
+    /// Epilogue nodes the same in every lane of a row (not the accumulator, no operand
+    /// load across the columns) that are computed, not loaded: evaluated once per row of
+    /// a tile into the stack (`s_h`), then broadcast in every slot of the row (a QLinear
+    /// op's `s_a·s_b / s_y`: one `vdivps` a row, not one an accumulator).
+    hoisted: Vec<ExprId>,
+    hoist_at: HashMap<u32, usize>,
+    /// The zero-point corrections of a row, `K·za·(zb + δ) − (zb + δ)·Σa`, computed once
+    /// per row of a tile into `s_rs` (`za` and `zb` are the same across the columns).
+    corr_pre: bool,
+    /// `za · Σb'` computed once per block into `s_cb` (`za` is one value per tensor).
+    za_pre: bool,
+    /// One column (a matrix times a vector): rows in the lanes ([`Self::function_gemv`]).
+    gemv: bool,
     /// Rows of a full tile ([`MR`], or [`MR_TRANSCENDENTAL`]).
     mr: u64,
     /// The epilogue computes exp, erf, tanh or log.
     transcendental: bool,
-    /// Workgroup split.
+    /// Workgroup split: `blocks` workgroups along the columns, each `nblk` whole blocks
+    /// of 32 columns (the last fewer) out of `full`, then one of the `part` columns left
+    /// (where `part` is not 0).
     blocks: u64,
+    nblk: u64,
+    full: u64,
+    part: u64,
     groups: u64,
     rows_per_group: u64,
     batch_ext: Vec<u64>,
@@ -170,7 +220,20 @@ const S_MT: i32 = 16;
 const S_TCOUNT: i32 = 24;
 const S_PBP: i32 = 32;
 const S_GROUP: i32 = 40;
-const S_COORD: i32 = 64;
+/// The copy of the current block (its column sums after it).
+const S_BBUF: i32 = 48;
+/// Blocks left in the workgroup's loop.
+const S_BLEFT: i32 = 56;
+/// B's columns of the block being copied.
+const S_BSRC: i32 = 64;
+/// Blocks of this workgroup.
+const S_BCNT: i32 = 72;
+const S_COORD: i32 = 80;
+/// Bytes of the copies of a workgroup's blocks, at most (several blocks a workgroup
+/// share the row sums and the hoisted epilogue values of each tile).
+const BLOCK_BYTES: u64 = 64 * 1024;
+/// Blocks of one workgroup, at most.
+const MOST_BLOCKS: u64 = 16;
 
 /// `vpdpbusd`, or its exact widened form, from registers.
 #[derive(Clone, Copy)]
@@ -204,7 +267,7 @@ impl Dot {
 }
 
 impl<'k> Emitter<'k> {
-    fn new(k: &'k Kernel, ic: IntContraction, vnni: bool) -> R<Emitter<'k>> {
+    fn new(k: &'k Kernel, ic: IntContraction, vnni: bool, hoist: bool) -> R<Emitter<'k>> {
         let IntContraction { c, za, zb } = ic;
         let [m, n, kk] = c.dims;
         if kk == 0 || kk > MOST_K {
@@ -234,9 +297,18 @@ impl<'k> Emitter<'k> {
             a_pitch: 0,
             b_step: 1,
             uses: HashMap::new(),
+            deps: HashMap::new(),
+            hoisted: Vec::new(),
+            hoist_at: HashMap::new(),
+            corr_pre: false,
+            za_pre: false,
+            gemv: false,
             mr: MR,
             transcendental: false,
             blocks: n.div_ceil(NB),
+            nblk: 1,
+            full: n / NB,
+            part: n % NB,
             groups: 1,
             rows_per_group: m,
             batch_ext: Vec::new(),
@@ -251,8 +323,21 @@ impl<'k> Emitter<'k> {
         e.need_ra = zb.is_some() || e.delta != 0;
         e.plan_operands()?;
         e.plan_epilogue()?;
-        // Rows cut into groups where blocks are too few to share among threads.
+        e.gemv = e.gemv_fits();
+        if !hoist || e.gemv {
+            e.hoisted.clear();
+            e.hoist_at.clear();
+            e.corr_pre = false;
+            e.za_pre = false;
+        }
+        // Whole blocks taken several a workgroup while enough workgroups are left for the
+        // threads (and their copies fit `BLOCK_BYTES`).
         let batch: u64 = e.batch_ext.iter().product();
+        let per_block = e.block_bytes();
+        let cap = (BLOCK_BYTES / per_block as u64).clamp(1, MOST_BLOCKS);
+        e.nblk = (e.full * batch / SPREAD).clamp(1, cap).min(e.full.max(1));
+        e.blocks = e.full.div_ceil(e.nblk) + u64::from(e.part != 0);
+        // Rows cut into groups where blocks are too few to share among threads.
         if e.transcendental {
             e.mr = MR_TRANSCENDENTAL;
         }
@@ -265,7 +350,21 @@ impl<'k> Emitter<'k> {
         Ok(e)
     }
 
+    /// Whether the one-column form takes the kernel: `N` = 1, `B`'s column contiguous
+    /// along the reduction, the output and every per-row operand one element a row.
+    fn gemv_fits(&self) -> bool {
+        let kk = self.c.dims[2];
+        self.c.dims[1] == 1
+            && self.b_table.is_none()
+            && (kk == 1 || self.b_stride == 1)
+            && self.bases.get(2).is_some_and(|b| b.per_m == 1)
+            && self.bases.iter().skip(3).all(|b| matches!(b.per_m, 0 | 1))
+    }
+
     fn workgroups(&self) -> u64 {
+        if self.gemv {
+            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(16);
+        }
         self.batch_ext.iter().product::<u64>() * self.blocks * self.groups
     }
 
@@ -499,7 +598,62 @@ impl<'k> Emitter<'k> {
         if !store_ok {
             return no("a result other than f32, i32, or a value cast to u8/i8");
         }
+        self.plan_hoisting(&order);
         Ok(())
+    }
+
+    /// What an epilogue node depends on (memoised in `deps`).
+    fn dep(&mut self, e: ExprId) -> u8 {
+        if let Some(&d) = self.deps.get(&e.0) {
+            return d;
+        }
+        let d = if e == self.c.reduce {
+            D_ACC
+        } else if let Some(el) = self.eloads.get(&e.0) {
+            let b = &self.bases[el.base];
+            (if b.per_n != 0 { D_COL } else { 0 }) | (if b.per_m != 0 { D_ROW } else { 0 })
+        } else {
+            let mut ops = Vec::new();
+            self.k.node(e).expr.for_each_operand(|o| ops.push(o));
+            ops.into_iter().fold(0, |d, o| d | self.dep(o))
+        };
+        self.deps.insert(e.0, d);
+        d
+    }
+
+    /// Chooses [`Self::hoisted`], [`Self::corr_pre`] and [`Self::za_pre`].
+    fn plan_hoisting(&mut self, order: &[ExprId]) {
+        let k = self.k;
+        let lane_uniform = |e: &mut Self, x: ExprId| e.dep(x) & (D_ACC | D_COL) == 0;
+        let computed = |x: ExprId| {
+            !matches!(k.node(x).expr, Expr::Const(_) | Expr::Load { .. })
+                && (k.node(x).ty == ScalarType::F32 || is_int32(k.node(x).ty))
+        };
+        let mut cand: Vec<ExprId> = Vec::new();
+        for &e in order {
+            if e == self.c.reduce || matches!(k.node(e).expr, Expr::Load { .. }) || lane_uniform(self, e) {
+                continue;
+            }
+            let mut ops = Vec::new();
+            k.node(e).expr.for_each_operand(|o| ops.push(o));
+            for o in ops {
+                if lane_uniform(self, o) && computed(o) && !cand.contains(&o) {
+                    cand.push(o);
+                }
+            }
+        }
+        for z in [self.za, self.zb].into_iter().flatten() {
+            if lane_uniform(self, z) && computed(z) && !cand.contains(&z) {
+                cand.push(z);
+            }
+        }
+        for (i, &h) in cand.iter().enumerate() {
+            self.hoist_at.insert(h.0, i);
+        }
+        self.hoisted = cand;
+        let uniform_z = |e: &mut Self, z: Option<ExprId>| z.is_none_or(|z| lane_uniform(e, z));
+        self.corr_pre = self.need_ra && uniform_z(self, self.zb) && (!self.need_cb || uniform_z(self, self.za));
+        self.za_pre = self.need_cb && self.za.is_some_and(|z| self.dep(z) == 0) && (self.corr_pre || !self.need_ra);
     }
 
     fn s_base(&self, b: usize) -> i32 {
@@ -512,16 +666,20 @@ impl<'k> Emitter<'k> {
     fn s_rs(&self) -> i32 {
         (self.s_tile(self.bases.len()) + 63) / 64 * 64
     }
-    /// The column sums of a block (two vectors).
-    fn s_cb(&self) -> i32 {
+    /// The hoisted values of a tile's rows ([`Self::hoisted`], `MR` words each).
+    fn s_h(&self) -> i32 {
         self.s_rs() + 64
     }
     /// The copy of a block of B (aligned to 64 bytes at run time).
     fn s_buf(&self) -> i32 {
-        self.s_cb() + 64 * NV as i32
+        self.s_h() + ((4 * MR as i32 * self.hoisted.len() as i32) + 63) / 64 * 64
+    }
+    /// Bytes of one block's copy and its column sums.
+    fn block_bytes(&self) -> i32 {
+        self.c.dims[2].div_ceil(4) as i32 * (NB as i32 * 4) + 64 * NV as i32
     }
     fn frame_size(&self) -> i32 {
-        let buf = self.c.dims[2].div_ceil(4) as i32 * (NB as i32 * 4) + 64;
+        let buf = self.block_bytes() * self.nblk as i32 + 64;
         (self.s_buf() + buf + 15) / 16 * 16
     }
 
@@ -561,14 +719,27 @@ impl<'k> Emitter<'k> {
         self.a.xor(edx, edx)?;
         self.a.mov(rcx, self.blocks as i64)?;
         self.a.div(rcx)?;
-        self.a.imul_3(rdx, rdx, NB as i32)?;
-        self.a.mov(qword_ptr(rsp + S_N0), rdx)?;
+        self.a.mov(r8, rdx)?;
         for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
             self.a.xor(edx, edx)?;
             self.a.mov(rcx, d as i64)?;
             self.a.div(rcx)?;
             self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
         }
+        // The first column: `bw · nblk · 32`, or (the partial block's workgroup) `full · 32`;
+        // the blocks: `min(nblk, full − n0/32)` (0 there: its path sets 1).
+        let full_cols = (self.full * NB) as i64;
+        self.imul(r8, (self.nblk * NB) as i64)?;
+        self.a.mov(rcx, full_cols)?;
+        self.a.cmp(r8, rcx)?;
+        self.a.cmova(r8, rcx)?;
+        self.a.mov(qword_ptr(rsp + S_N0), r8)?;
+        self.a.sub(rcx, r8)?;
+        self.a.shr(rcx, NB.trailing_zeros() as i32)?;
+        self.a.mov(rdx, self.nblk as i64)?;
+        self.a.cmp(rcx, rdx)?;
+        self.a.cmova(rcx, rdx)?;
+        self.a.mov(qword_ptr(rsp + S_BCNT), rcx)?;
         // Base pointers (row 0 of this batch position, column n0).
         for bi in 0..self.bases.len() {
             let b = self.bases[bi].clone();
@@ -590,12 +761,16 @@ impl<'k> Emitter<'k> {
             self.a.mov(qword_ptr(rsp + s), rax)?;
         }
         // Variants: the last block may be partial, the last group may have fewer rows.
-        let n = self.c.dims[1];
         let m = self.c.dims[0];
-        let last_cols = n - (self.blocks - 1) * NB;
         let last_rows = m - (self.groups - 1) * self.rows_per_group;
-        let col_variants: Vec<(u64, bool)> =
-            if last_cols != NB { vec![(last_cols, true), (NB, false)] } else { vec![(NB, false)] };
+        // (The partial block's workgroup first; then whole blocks.)
+        let mut col_variants: Vec<(u64, bool)> = Vec::new();
+        if self.part != 0 {
+            col_variants.push((self.part, self.full > 0));
+        }
+        if self.full > 0 {
+            col_variants.push((NB, false));
+        }
         let row_variants: Vec<(u64, bool)> = if last_rows != self.rows_per_group {
             vec![(last_rows, true), (self.rows_per_group, false)]
         } else {
@@ -605,11 +780,14 @@ impl<'k> Emitter<'k> {
             let mut other_cols = None;
             if last_block {
                 let l = self.a.create_label();
-                self.a.cmp(qword_ptr(rsp + S_N0), ((self.blocks - 1) * NB) as i32)?;
+                self.a.cmp(qword_ptr(rsp + S_N0), full_cols as i32)?;
                 self.a.jb(l)?;
                 other_cols = Some(l);
             }
-            self.pack(cols)?;
+            if cols != NB {
+                self.a.mov(qword_ptr(rsp + S_BCNT), 1)?;
+            }
+            self.pack_blocks(cols)?;
             for &(rows, last_group) in &row_variants {
                 let mut other_rows = None;
                 if last_group {
@@ -625,6 +803,285 @@ impl<'k> Emitter<'k> {
                 }
             }
             if let Some(mut l) = other_cols {
+                self.a.set_label(&mut l)?;
+            }
+        }
+        self.a.set_label(&mut next)?;
+        self.a.inc(r14)?;
+        self.a.cmp(r14, qword_ptr(rsp + S_END))?;
+        self.a.jb(top)?;
+        self.a.set_label(&mut done)?;
+        leave(&mut self.a, frame)?;
+        self.t.emit(&mut self.a)
+    }
+
+    /// The one-column form: a workgroup is 16 rows (of one batch position); each row's
+    /// products are one `vpdpbusd` per 64 bytes of its reduction against the same bytes
+    /// of `B`'s column (flipped where both have one signedness; `A`'s row sums by the
+    /// same loads), 8 rows at a time, summed across the lanes into the stack; the 16 sums
+    /// are then one vector, rows in the lanes, through the corrections and the epilogue
+    /// (per-row operands loaded as vectors, per-tensor ones broadcast) and stored.
+    fn function_gemv(&mut self) -> R<()> {
+        enter(&mut self.a)?;
+        let gv = self.s_rs();
+        let frame = (gv + 3 * 64 + 64 + 15) / 16 * 16;
+        self.a.sub(rsp, frame)?;
+        self.a.mov(rax, self.workgroups() as i64)?;
+        self.a.cmp(rcx, rax)?;
+        self.a.cmova(rcx, rax)?;
+        self.a.mov(qword_ptr(rsp + S_END), rcx)?;
+        self.a.mov(r15, rdi)?;
+        self.a.mov(r14, rdx)?;
+        let mut done = self.a.create_label();
+        self.a.cmp(r14, rcx)?;
+        self.a.jae(done)?;
+        let m = self.c.dims[0];
+        let kk = self.c.dims[2];
+        let groups = m.div_ceil(16);
+        let mut top = self.a.create_label();
+        let mut next = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        self.a.mov(rax, r14)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, groups as i64)?;
+        self.a.div(rcx)?;
+        self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
+        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, d as i64)?;
+            self.a.div(rcx)?;
+            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
+        }
+        // Pointers: each base at this batch position, then at the group's first row.
+        for bi in 0..self.bases.len() {
+            let b = self.bases[bi].clone();
+            self.a.mov(rax, qword_ptr(r15 + 8 * b.binding as i32))?;
+            add_imm(&mut self.a, rax, b.c * b.elem, rcx)?;
+            for (i, &coef) in b.batch.iter().enumerate() {
+                if coef != 0 {
+                    self.a.mov(rcx, qword_ptr(rsp + (S_COORD + 8 * i as i32)))?;
+                    self.imul(rcx, coef * b.elem)?;
+                    self.a.add(rax, rcx)?;
+                }
+            }
+            self.a.mov(qword_ptr(rsp + self.s_base(bi)), rax)?;
+            if b.per_m != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + S_GROUP))?;
+                self.imul(rcx, 16 * b.per_m * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+            self.a.mov(qword_ptr(rsp + self.s_tile(bi)), rax)?;
+        }
+        self.load_lo()?;
+        let chunks = kk / 64;
+        let part = kk % 64;
+        if part != 0 {
+            self.a.mov(rax, ((1u64 << part) - 1) as i64)?;
+            self.a.kmovq(k3, rax)?;
+        }
+        let ones = self.t.scalar(&mut self.a, 0x0101_0101);
+        self.a.vpbroadcastd(zmm18, dword_ptr(ones))?;
+        let flip = if self.delta != 0 { Some(self.t.scalar(&mut self.a, 0x8080_8080)) } else { None };
+        if let Some(f) = flip {
+            self.a.vpbroadcastd(zmm19, dword_ptr(f))?;
+        }
+        let d = self.dot();
+        let a_unsigned = self.a_unsigned;
+        // B's chunk into zmm16 (flipped; masked bytes zero).
+        let load_b = |e: &mut Self, at: AsmMemoryOperand, masked: bool| -> R<()> {
+            if masked {
+                // (The flip is by 32-bit lanes: the bytes past the reduction are zeroed
+                // again after it, byte by byte.)
+                e.a.vmovdqu8(zmm16.k3().z(), at)?;
+                if flip.is_some() {
+                    e.a.vpxord(zmm16, zmm16, zmm19)?;
+                    e.a.vmovdqu8(zmm16.k3().z(), zmm16)?;
+                }
+            } else {
+                e.a.vmovdqu8(zmm16, at)?;
+                if flip.is_some() {
+                    e.a.vpxord(zmm16, zmm16, zmm19)?;
+                }
+            }
+            Ok(())
+        };
+        // The lanes of ZMM[r] (r < 16) summed into its lane 0 (zmm20/21 scratch, whole
+        // registers: EVEX forms), stored.
+        let hsum = |e: &mut Self, r: usize, at: i32| -> R<()> {
+            e.a.vextracti64x4(ymm20, ZMM[r], 1)?;
+            e.a.vpaddd(zmm20, zmm20, ZMM[r])?;
+            e.a.vextracti32x4(xmm21, zmm20, 1)?;
+            e.a.vpaddd(zmm20, zmm20, zmm21)?;
+            e.a.vpshufd(zmm21, zmm20, 0x4E)?;
+            e.a.vpaddd(zmm20, zmm20, zmm21)?;
+            e.a.vpshufd(zmm21, zmm20, 0xB1)?;
+            e.a.vpaddd(ZMM[r], zmm20, zmm21)?;
+            e.a.vmovd(dword_ptr(rsp + at), XMM[r])?;
+            Ok(())
+        };
+        // Σb' over the column (for za).
+        if self.need_cb {
+            self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+            self.a.vpxord(zmm0, zmm0, zmm0)?;
+            let col = |e: &mut Self, at: AsmMemoryOperand, masked: bool| -> R<()> {
+                load_b(e, at, masked)?;
+                if a_unsigned {
+                    d.emit(&mut e.a, zmm0, zmm18, zmm16)
+                } else {
+                    d.emit(&mut e.a, zmm0, zmm16, zmm18)
+                }
+            };
+            if chunks > 0 {
+                self.a.mov(rcx, chunks as i64)?;
+                let mut l = self.a.create_label();
+                self.a.set_label(&mut l)?;
+                col(self, zmmword_ptr(rsi), false)?;
+                self.a.add(rsi, 64)?;
+                self.a.dec(rcx)?;
+                self.a.jnz(l)?;
+            }
+            if part != 0 {
+                col(self, zmmword_ptr(rsi), true)?;
+            }
+            hsum(self, 0, gv + 128)?;
+        }
+        let last_rows = m - (groups - 1) * 16;
+        let variants: Vec<(u64, bool)> = if last_rows != 16 {
+            vec![(last_rows, true), (16, false)]
+        } else {
+            vec![(16, false)]
+        };
+        let pitch = self.a_pitch;
+        for (rows, last) in variants {
+            let mut other = None;
+            if last && groups > 1 {
+                let l = self.a.create_label();
+                self.a.cmp(qword_ptr(rsp + S_GROUP), (groups - 1) as i32)?;
+                self.a.jb(l)?;
+                other = Some(l);
+            }
+            for h in 0..2u64 {
+                let n = rows.saturating_sub(8 * h).min(8) as usize;
+                if n == 0 {
+                    continue;
+                }
+                for r in 0..n {
+                    self.a.vpxord(ZMM[r], ZMM[r], ZMM[r])?;
+                    self.a.vpxord(ZMM[8 + r], ZMM[8 + r], ZMM[8 + r])?;
+                }
+                self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+                self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
+                add_imm(&mut self.a, r9, pitch * 8 * h as i64, rax)?;
+                let need_ra = self.need_ra;
+                let step = |e: &mut Self, masked: bool| -> R<()> {
+                    load_b(e, zmmword_ptr(rsi), masked)?;
+                    for r in 0..n {
+                        let at = zmmword_ptr(r9 + (pitch * r as i64) as i32);
+                        if masked {
+                            e.a.vmovdqu8(zmm17.k3().z(), at)?;
+                        } else {
+                            e.a.vmovdqu8(zmm17, at)?;
+                        }
+                        if a_unsigned {
+                            d.emit(&mut e.a, ZMM[r], zmm17, zmm16)?;
+                            if need_ra {
+                                d.emit(&mut e.a, ZMM[8 + r], zmm17, zmm18)?;
+                            }
+                        } else {
+                            d.emit(&mut e.a, ZMM[r], zmm16, zmm17)?;
+                            if need_ra {
+                                d.emit(&mut e.a, ZMM[8 + r], zmm18, zmm17)?;
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                if chunks > 0 {
+                    self.a.mov(rcx, chunks as i64)?;
+                    let mut l = self.a.create_label();
+                    self.a.set_label(&mut l)?;
+                    step(self, false)?;
+                    self.a.add(rsi, 64)?;
+                    self.a.add(r9, 64)?;
+                    self.a.dec(rcx)?;
+                    self.a.jnz(l)?;
+                }
+                if part != 0 {
+                    step(self, true)?;
+                }
+                for r in 0..n {
+                    hsum(self, r, gv + 4 * (8 * h as i32 + r as i32))?;
+                    if need_ra {
+                        hsum(self, 8 + r, gv + 64 + 4 * (8 * h as i32 + r as i32))?;
+                    }
+                }
+            }
+            // The 16 sums as one vector; the corrections; the epilogue; the store.
+            let masked = rows < 16;
+            if masked {
+                self.a.mov(eax, ((1u32 << rows) - 1) as i32)?;
+                self.a.kmovw(k1, eax)?;
+            }
+            let mut ev = Eval::new(self.uses.clone(), 0, 0, masked);
+            ev.rows_lanes = true;
+            let mut pool: Vec<usize> = (1..29).rev().collect();
+            self.a.vmovdqu32(zmm0, zmmword_ptr(rsp + gv))?;
+            let kk32 = kk as u32;
+            let mut za_reg = None;
+            if self.need_cb {
+                let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
+                let z = self.eval(za, &mut ev, &mut pool)?;
+                let t = take(&mut pool)?;
+                self.a.vpmulld(ZMM[t], ZMM[z], dword_bcst(rsp + (gv + 128)))?;
+                self.a.vpsubd(zmm0, zmm0, ZMM[t])?;
+                pool.push(t);
+                za_reg = Some((za, z));
+            }
+            if self.need_ra {
+                let z2 = self.zb_delta(&mut ev, &mut pool)?;
+                let t = take(&mut pool)?;
+                self.a.vpmulld(ZMM[t], ZMM[z2], zmmword_ptr(rsp + (gv + 64)))?;
+                self.a.vpsubd(zmm0, zmm0, ZMM[t])?;
+                if let Some((_, z)) = za_reg {
+                    self.a.vpmulld(ZMM[t], ZMM[z], ZMM[z2])?;
+                    let kl = self.t.scalar(&mut self.a, kk32);
+                    self.a.vpmulld(ZMM[t], ZMM[t], dword_bcst(kl))?;
+                    self.a.vpaddd(zmm0, zmm0, ZMM[t])?;
+                }
+                pool.push(t);
+                pool.push(z2);
+            }
+            if let Some((za, z)) = za_reg {
+                self.release(za, z, &mut ev, &mut pool);
+            }
+            if let Some(zb) = self.zb {
+                if let Some(&r) = ev.memo.get(&zb.0) {
+                    self.release(zb, r, &mut ev, &mut pool);
+                }
+            }
+            ev.memo.insert(self.c.reduce.0, 0);
+            let root = self.k.root;
+            let r = self.eval(root, &mut ev, &mut pool)?;
+            self.a.mov(rax, qword_ptr(rsp + self.s_tile(2)))?;
+            let z = ZMM[r];
+            match self.k.output.dtype {
+                DType::U8 | DType::I8 => {
+                    if masked {
+                        self.a.vpmovdb(xmmword_ptr(rax).k1(), z)?;
+                    } else {
+                        self.a.vpmovdb(xmmword_ptr(rax), z)?;
+                    }
+                }
+                _ => {
+                    if masked {
+                        self.a.vmovdqu32(zmmword_ptr(rax).k1(), z)?;
+                    } else {
+                        self.a.vmovdqu32(zmmword_ptr(rax), z)?;
+                    }
+                }
+            }
+            self.a.jmp(next)?;
+            if let Some(mut l) = other {
                 self.a.set_label(&mut l)?;
             }
         }
@@ -662,7 +1119,31 @@ impl<'k> Emitter<'k> {
         Ok(())
     }
 
-    /// Copies the block of `cols` columns of B at its base into the stack buffer,
+    /// Copies the workgroup's `S_BCNT` blocks of `cols` columns each (one block where
+    /// `cols` is not 32) into its buffers, one after another.
+    fn pack_blocks(&mut self, cols: u64) -> R<()> {
+        self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
+        self.a.mov(qword_ptr(rsp + S_BBUF), rax)?;
+        self.a.mov(rax, qword_ptr(rsp + self.s_base(1)))?;
+        self.a.mov(qword_ptr(rsp + S_BSRC), rax)?;
+        self.a.mov(rax, qword_ptr(rsp + S_BCNT))?;
+        self.a.mov(qword_ptr(rsp + S_BLEFT), rax)?;
+        let mut l = self.a.create_label();
+        self.a.set_label(&mut l)?;
+        self.pack(cols)?;
+        self.a.add(qword_ptr(rsp + S_BBUF), self.block_bytes())?;
+        self.a.add(qword_ptr(rsp + S_BSRC), (NB as i64 * self.b_step) as i32)?;
+        self.a.dec(qword_ptr(rsp + S_BLEFT))?;
+        self.a.jnz(l)?;
+        Ok(())
+    }
+
+    /// Offset of a block's column sums from its copy.
+    fn cb_off(&self) -> i32 {
+        self.c.dims[2].div_ceil(4) as i32 * (NB as i32 * 4)
+    }
+
+    /// Copies the block of `cols` columns of B at `S_BSRC` into the buffer at `S_BBUF`,
     /// `[⌈K/4⌉, 32, 4]` (flipped where [`Self::delta`] says), and its column sums into
     /// the stack where they are needed.
     fn pack(&mut self, cols: u64) -> R<()> {
@@ -683,9 +1164,8 @@ impl<'k> Emitter<'k> {
             self.a.kmovw(k3, eax)?;
         }
         let flip = if self.delta != 0 { Some(self.t.vector(&mut self.a, 0x8080_8080)) } else { None };
-        let sb = self.s_base(1);
-        self.a.mov(rsi, qword_ptr(rsp + sb))?;
-        self.a.mov(r10, qword_ptr(rsp + S_PBP))?;
+        self.a.mov(rsi, qword_ptr(rsp + S_BSRC))?;
+        self.a.mov(r10, qword_ptr(rsp + S_BBUF))?;
         let table = self.b_table.clone().map(|t| {
             let words: Vec<u32> = t.iter().map(|&x| x as u32).collect();
             self.t.words(&mut self.a, &words)
@@ -770,7 +1250,7 @@ impl<'k> Emitter<'k> {
             for j in 0..NV {
                 self.a.vpxord(ZMM[j], ZMM[j], ZMM[j])?;
             }
-            self.a.mov(r10, qword_ptr(rsp + S_PBP))?;
+            self.a.mov(r10, qword_ptr(rsp + S_BBUF))?;
             self.a.mov(rbx, kk.div_ceil(4) as i64)?;
             let mut l = self.a.create_label();
             self.a.set_label(&mut l)?;
@@ -786,9 +1266,22 @@ impl<'k> Emitter<'k> {
             self.a.add(r10, (NB * 4) as i32)?;
             self.a.dec(rbx)?;
             self.a.jnz(l)?;
+            if self.za_pre {
+                // `za · Σb'` (one `za` for the tensor).
+                let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
+                let mut ev = Eval::new(self.uses.clone(), 0, 0, false);
+                ev.precompute = true;
+                ev.from_base = true;
+                let mut pool: Vec<usize> = (NV..16).rev().collect();
+                let z = self.eval(za, &mut ev, &mut pool)?;
+                for j in 0..NV {
+                    self.a.vpmulld(ZMM[j], ZMM[j], ZMM[z])?;
+                }
+            }
+            self.a.mov(r10, qword_ptr(rsp + S_BBUF))?;
             for j in 0..NV {
-                let at = self.s_cb() + 64 * j as i32;
-                self.a.vmovdqu32(zmmword_ptr(rsp + at), ZMM[j])?;
+                let at = self.cb_off() + 64 * j as i32;
+                self.a.vmovdqu32(zmmword_ptr(r10 + at), ZMM[j])?;
             }
         }
         Ok(())
@@ -835,6 +1328,20 @@ impl<'k> Emitter<'k> {
             }
             let st = self.s_tile(bi);
             self.a.mov(qword_ptr(rsp + st), rax)?;
+        }
+        // The row-invariant epilogue values, once per row (the accumulators are free).
+        let hoisted = self.hoisted.clone();
+        if !hoisted.is_empty() {
+            for i in 0..rows_ {
+                let mut ev = Eval::new(self.uses.clone(), i, 0, false);
+                ev.precompute = true;
+                let mut pool: Vec<usize> = (0..16).rev().collect();
+                for (hi, &h) in hoisted.iter().enumerate() {
+                    let r = self.eval(h, &mut ev, &mut pool)?;
+                    let at = self.s_h() + 4 * (hi as i32 * MR as i32 + i as i32);
+                    self.a.vmovd(dword_ptr(rsp + at), XMM[r])?;
+                }
+            }
         }
         self.load_lo()?;
         let d = self.dot();
@@ -887,10 +1394,40 @@ impl<'k> Emitter<'k> {
                 self.a.vpaddd(xmm1, xmm1, xmm2)?;
                 self.a.vpshufd(xmm2, xmm1, 0xB1)?;
                 self.a.vpaddd(xmm1, xmm1, xmm2)?;
-                let at = self.s_rs() + 4 * i as i32;
-                self.a.vmovd(dword_ptr(rsp + at), xmm1)?;
+                if self.corr_pre {
+                    // `K·za·(zb + δ) − (zb + δ)·Σa` in its place.
+                    let mut ev = Eval::new(self.uses.clone(), i, 0, false);
+                    let mut pool: Vec<usize> = (3..16).rev().collect();
+                    let z2 = self.zb_delta(&mut ev, &mut pool)?;
+                    let t = take(&mut pool)?;
+                    self.a.vpbroadcastd(ZMM[t], xmm1)?;
+                    self.a.vpmulld(ZMM[t], ZMM[t], ZMM[z2])?;
+                    let u = take(&mut pool)?;
+                    match self.za.filter(|_| self.need_cb) {
+                        Some(za) => {
+                            let z = self.eval(za, &mut ev, &mut pool)?;
+                            self.a.vpmulld(ZMM[u], ZMM[z], ZMM[z2])?;
+                            let kl = self.t.scalar(&mut self.a, kk as u32);
+                            self.a.vpmulld(ZMM[u], ZMM[u], dword_bcst(kl))?;
+                        }
+                        None => self.a.vpxord(ZMM[u], ZMM[u], ZMM[u])?,
+                    }
+                    self.a.vpsubd(ZMM[t], ZMM[u], ZMM[t])?;
+                    let at = self.s_rs() + 4 * i as i32;
+                    self.a.vmovd(dword_ptr(rsp + at), XMM[t])?;
+                } else {
+                    let at = self.s_rs() + 4 * i as i32;
+                    self.a.vmovd(dword_ptr(rsp + at), xmm1)?;
+                }
             }
         }
+        // The workgroup's blocks, one after another, against these rows.
+        self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
+        self.a.mov(qword_ptr(rsp + S_BBUF), rax)?;
+        self.a.mov(rax, qword_ptr(rsp + S_BCNT))?;
+        self.a.mov(qword_ptr(rsp + S_BLEFT), rax)?;
+        let mut block = self.a.create_label();
+        self.a.set_label(&mut block)?;
         let acc = |i: usize, j: usize| ZMM[i * NV + j];
         let breg = |j: usize| ZMM[24 + j];
         let areg = zmm26;
@@ -901,7 +1438,7 @@ impl<'k> Emitter<'k> {
         }
         let st = self.s_tile(0);
         self.a.mov(r9, qword_ptr(rsp + st))?;
-        self.a.mov(r10, qword_ptr(rsp + S_PBP))?;
+        self.a.mov(r10, qword_ptr(rsp + S_BBUF))?;
         let quads = kk / 4;
         let rest = kk % 4;
         let step = |e: &mut Self, tail: bool| -> R<()> {
@@ -951,28 +1488,66 @@ impl<'k> Emitter<'k> {
         }
         // (The registers of the reduction, and accumulators a short tile leaves unused.)
         let mut pool: Vec<usize> = (rows_ * NV..32).rev().collect();
+        self.a.mov(r11, qword_ptr(rsp + S_BBUF))?;
         for i in 0..rows_ {
             for j in 0..nv {
                 let masked = part != 0 && j == nv - 1;
                 self.slot(i, j, acc(i, j), masked, &mut pool)?;
             }
         }
+        // The next block: its copy, and the output's and the epilogue's columns.
+        self.a.add(qword_ptr(rsp + S_BBUF), self.block_bytes())?;
+        for bi in 2..self.bases.len() {
+            let b = &self.bases[bi];
+            if b.per_n != 0 {
+                let st = self.s_tile(bi);
+                let step = i32::try_from(NB as i64 * b.per_n * b.elem).map_err(|_| NotHere("a column step".into()))?;
+                self.a.add(qword_ptr(rsp + st), step)?;
+            }
+        }
+        self.a.dec(qword_ptr(rsp + S_BLEFT))?;
+        self.a.jnz(block)?;
         Ok(())
     }
 
     /// The epilogue of accumulator `(i, j)` (row `i` of the tile, vector `j`), stored;
     /// its register returns to `pool` with those the evaluation used.
     fn slot(&mut self, i: usize, j: usize, acc: AsmRegisterZmm, masked: bool, pool: &mut Vec<usize>) -> R<()> {
-        let mut ev = Eval { memo: HashMap::new(), left: self.uses.clone(), i, j, masked };
+        let mut ev = Eval::new(self.uses.clone(), i, j, masked);
         let accn = ZMM.iter().position(|&z| z == acc).unwrap_or(0);
         // Corrections (see the module docs).
         let kk = self.c.dims[2] as i32;
-        if self.need_cb {
+        if self.za_pre || self.corr_pre {
+            // Precomputed: `za·Σb'` per column, the rest per row.
+            if self.need_cb {
+                if self.za_pre {
+                    let at = self.cb_off() + 64 * j as i32;
+                    self.a.vpsubd(acc, acc, zmmword_ptr(r11 + at))?;
+                } else {
+                    let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
+                    let z = self.eval(za, &mut ev, pool)?;
+                    let t = take(pool)?;
+                    let at = self.cb_off() + 64 * j as i32;
+                    self.a.vpmulld(ZMM[t], ZMM[z], zmmword_ptr(r11 + at))?;
+                    self.a.vpsubd(acc, acc, ZMM[t])?;
+                    pool.push(t);
+                    self.release(za, z, &mut ev, pool);
+                }
+            }
+            if self.need_ra {
+                if self.corr_pre {
+                    let at = self.s_rs() + 4 * i as i32;
+                    self.a.vpaddd(acc, acc, dword_bcst(rsp + at))?;
+                } else {
+                    return no("row corrections not precomputed with the column sums");
+                }
+            }
+        } else if self.need_cb {
             let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
             let z = self.eval(za, &mut ev, pool)?;
             let t = take(pool)?;
-            let at = self.s_cb() + 64 * j as i32;
-            self.a.vpmulld(ZMM[t], ZMM[z], zmmword_ptr(rsp + at))?;
+            let at = self.cb_off() + 64 * j as i32;
+            self.a.vpmulld(ZMM[t], ZMM[z], zmmword_ptr(r11 + at))?;
             self.a.vpsubd(acc, acc, ZMM[t])?;
             pool.push(t);
             if self.need_ra {
@@ -1091,6 +1666,15 @@ impl<'k> Emitter<'k> {
         if let Some(&r) = ev.memo.get(&e.0) {
             return Ok(r);
         }
+        if !ev.precompute {
+            if let Some(&h) = self.hoist_at.get(&e.0) {
+                let r = take(pool)?;
+                let at = self.s_h() + 4 * (h as i32 * MR as i32 + ev.i as i32);
+                self.a.vpbroadcastd(ZMM[r], dword_ptr(rsp + at))?;
+                ev.memo.insert(e.0, r);
+                return Ok(r);
+            }
+        }
         let node = self.k.node(e).clone();
         let r = match node.expr {
             Expr::Const(bits) => {
@@ -1110,13 +1694,13 @@ impl<'k> Emitter<'k> {
             Expr::Load { .. } => {
                 let el = self.eloads[&e.0];
                 let b = self.bases[el.base].clone();
-                let st = self.s_tile(el.base);
+                let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
                 self.a.mov(rax, qword_ptr(rsp + st))?;
-                let disp = (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem;
+                let disp = if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem };
                 let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
                 let r = take(pool)?;
                 let z = ZMM[r];
-                let vector = b.per_n != 0;
+                let vector = if ev.rows_lanes { b.per_m != 0 } else { b.per_n != 0 };
                 match (el.dtype, vector) {
                     (DType::U8 | DType::I8, false) => {
                         if el.dtype == DType::U8 {
@@ -1243,6 +1827,47 @@ impl<'k> Emitter<'k> {
                     BinaryOp::Max | BinaryOp::Min if f && matches!(self.k.node(x).expr, Expr::Const(_)) => (y, x),
                     _ => (x, y),
                 };
+                // A lane-uniform 4-byte operand not in a register is read as an embedded
+                // broadcast (`{1to16}`), commuting where that brings it second (not an f32
+                // clamp: its NaN rule needs the value second).
+                let commutes = matches!(op, BinaryOp::Add | BinaryOp::Mul)
+                    || (!f && matches!(op, BinaryOp::Max | BinaryOp::Min));
+                let (x, y) = if commutes && self.bcst_at(x, ev).is_some() && self.bcst_at(y, ev).is_none() {
+                    (y, x)
+                } else {
+                    (x, y)
+                };
+                let fclamp = f && matches!(op, BinaryOp::Max | BinaryOp::Min);
+                if let Some(at) = self.bcst_at(y, ev).filter(|_| !fclamp && x != y) {
+                    let vx = self.eval(x, ev, pool)?;
+                    self.release(x, vx, ev, pool);
+                    let left = ev.left.entry(y.0).or_insert(0);
+                    *left = left.saturating_sub(1);
+                    let r = take(pool)?;
+                    let m = match at {
+                        Bcst::Label(l) => dword_bcst(l),
+                        Bcst::Stack(off) => dword_bcst(rsp + off),
+                        Bcst::Tile(st, disp) => {
+                            self.a.mov(rax, qword_ptr(rsp + st))?;
+                            dword_bcst(rax + disp)
+                        }
+                    };
+                    let (d, a) = (ZMM[r], ZMM[vx]);
+                    match (f, op) {
+                        (true, BinaryOp::Add) => self.a.vaddps(d, a, m)?,
+                        (true, BinaryOp::Sub) => self.a.vsubps(d, a, m)?,
+                        (true, BinaryOp::Mul) => self.a.vmulps(d, a, m)?,
+                        (true, BinaryOp::Div) => self.a.vdivps(d, a, m)?,
+                        (false, BinaryOp::Add) => self.a.vpaddd(d, a, m)?,
+                        (false, BinaryOp::Sub) => self.a.vpsubd(d, a, m)?,
+                        (false, BinaryOp::Mul) => self.a.vpmulld(d, a, m)?,
+                        (false, BinaryOp::Max) => self.a.vpmaxsd(d, a, m)?,
+                        (false, BinaryOp::Min) => self.a.vpminsd(d, a, m)?,
+                        _ => return no("an epilogue operation without a 16-lane form"),
+                    }
+                    ev.memo.insert(e.0, r);
+                    return Ok(r);
+                }
                 let vx = self.eval(x, ev, pool)?;
                 let vy = self.eval(y, ev, pool)?;
                 self.release(x, vx, ev, pool);
@@ -1272,6 +1897,38 @@ impl<'k> Emitter<'k> {
         Ok(r)
     }
 
+    /// Where `e` can be read as a 4-byte broadcast instead of evaluated into a register:
+    /// a 32-bit constant, a hoisted value on the stack, or a per-tensor or per-row load
+    /// of f32 or i32 (not when it is in a register already).
+    fn bcst_at(&mut self, e: ExprId, ev: &Eval) -> Option<Bcst> {
+        if ev.memo.contains_key(&e.0) {
+            return None;
+        }
+        if !ev.precompute {
+            if let Some(&h) = self.hoist_at.get(&e.0) {
+                return Some(Bcst::Stack(self.s_h() + 4 * (h as i32 * MR as i32 + ev.i as i32)));
+            }
+        }
+        let node = self.k.node(e).clone();
+        match node.expr {
+            Expr::Const(bits) if matches!(node.ty, ScalarType::F32 | ScalarType::I32) => {
+                Some(Bcst::Label(self.t.scalar(&mut self.a, bits as u32)))
+            }
+            Expr::Load { .. } => {
+                let el = *self.eloads.get(&e.0)?;
+                let b = &self.bases[el.base];
+                let across = if ev.rows_lanes { b.per_m } else { b.per_n };
+                if across != 0 || !matches!(el.dtype, DType::F32 | DType::I32) {
+                    return None;
+                }
+                let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
+                let disp = if ev.rows_lanes { 0 } else { i32::try_from(b.per_m * ev.i as i64 * b.elem).ok()? };
+                Some(Bcst::Tile(st, disp))
+            }
+            _ => None,
+        }
+    }
+
     /// The register of `value` (held in `v`) for a node of the same lanes: `v` itself
     /// where this is its last use, else a copy.
     fn reuse(&mut self, value: ExprId, v: usize, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
@@ -1289,6 +1946,15 @@ impl<'k> Emitter<'k> {
     }
 }
 
+/// A broadcast operand: a table word, a stack slot, or a tile pointer (its stack slot)
+/// and a displacement.
+#[derive(Clone, Copy)]
+enum Bcst {
+    Label(CodeLabel),
+    Stack(i32),
+    Tile(i32, i32),
+}
+
 /// Per accumulator: values computed, uses left, where it is.
 struct Eval {
     memo: HashMap<u32, usize>,
@@ -1296,6 +1962,19 @@ struct Eval {
     i: usize,
     j: usize,
     masked: bool,
+    /// Computing the hoisted values (else they are read from the stack).
+    precompute: bool,
+    /// Loads from the workgroup's base pointers (before a tile's are set: per-tensor
+    /// values only).
+    from_base: bool,
+    /// Lanes are 16 rows of one column ([`Emitter::function_gemv`]).
+    rows_lanes: bool,
+}
+
+impl Eval {
+    fn new(left: HashMap<u32, u32>, i: usize, j: usize, masked: bool) -> Eval {
+        Eval { memo: HashMap::new(), left, i, j, masked, precompute: false, from_base: false, rows_lanes: false }
+    }
 }
 
 fn take(pool: &mut Vec<usize>) -> R<usize> {
