@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import concurrent.futures
 import subprocess
 import sys
 import time
@@ -121,7 +122,7 @@ def main():
         rtol, atol = m.get("rtol", 1e-4), m.get("atol", 1e-5)
         outs = {}
         line = [name]
-        for arch in ["x86_64", *runners]:
+        def one(arch):
             artifact = work / f"{name}.{arch}.kiln"
             triple = [] if arch == "x86_64" else ["--target-triple", TRIPLES[arch]]
             dt_c = must([args.kiln, "compile", model, "-o", artifact, *shapes, *triple], f"{name}: compiling for {arch}")
@@ -137,8 +138,14 @@ def main():
             # (not yet understood: the worker pool under emulation, or its memory ordering
             # on a weakly ordered CPU; see docs/targets.md).
             dt_r = must([*cmd, artifact, *feeds, "--output-dir", out_dir, "--threads", "1"], f"{name}: running on {arch}")
+            return arch, out_dir, f"{arch}: compile {dt_c:.1f} s, run {dt_r:.1f} s"
+
+        # The emulated architectures side by side (one emulator a core).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(runners))) as pool:
+            done = [one("x86_64"), *pool.map(one, list(runners))]
+        for arch, out_dir, note in done:
             outs[arch] = out_dir
-            line.append(f"{arch}: compile {dt_c:.1f} s, run {dt_r:.1f} s")
+            line.append(note)
         for o in m["outputs"]:
             ort = np.load(cache / o["file"])
             x86_file = outs["x86_64"] / file_name(o["name"])
