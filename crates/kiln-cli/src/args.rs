@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kiln_import::{parse_input_sequence, parse_input_shape_bounded, parse_input_value};
+use kiln_import::{parse_input_sequence, parse_input_shape, parse_input_shape_bounded, parse_input_value};
 
 /// `kiln --version`: the compiler, the artifact format it writes and the kernel ABI.
 pub(crate) fn version() -> String {
