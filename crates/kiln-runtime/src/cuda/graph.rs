@@ -437,6 +437,7 @@ mod tests {
 
     fn entry(commands: Vec<Command>) -> EntryView<'static> {
         EntryView {
+            bounded: Vec::new(),
             extents: Vec::new(),
             name: "main",
             inputs: vec![],
