@@ -193,6 +193,12 @@ pub(crate) struct ModelArgs {
     /// off, or require (no ptxas is an error)
     #[arg(long, value_enum, value_name = "auto|off|require", default_value_t = Cubin::Auto)]
     pub cubin: Cubin,
+    /// With --target cuda, the GPU architectures to write code for, comma-separated:
+    /// sm_90a (Hopper, the default) and sm_80 (Ampere and later: no wgmma, no
+    /// clusters); each kernel gets a variant per architecture, the best the GPU has
+    /// chosen at load
+    #[arg(long = "cuda-arch", value_name = "ARCH,...")]
+    pub cuda_arch: Option<String>,
 }
 
 /// `--cubin`: whether a CUDA compilation ships a cubin.

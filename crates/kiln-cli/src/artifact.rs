@@ -58,6 +58,8 @@ pub(crate) struct Args {
     pub symbol: Option<String>,
     /// `--cubin`: whether a CUDA compilation ships a cubin.
     pub cubin: CubinMode,
+    /// `--cuda-arch`: the GPU architectures of a CUDA compilation (empty: sm_90a).
+    pub cuda_archs: Vec<kiln_compiler::CudaTargetArch>,
     /// `run`/`bench --device`: where the artifact runs.
     pub run_on: RunDevice,
     /// `bench --resident`: time the graph alone, on data kept on the device.
@@ -107,21 +109,28 @@ fn target(a: &Args) -> Result<(CpuTarget, Vec<CpuTarget>), String> {
                 return Err(format!("--target-cpu `{cpu}` names x86-64 levels; `{triple}` is not x86-64"));
             }
             if a.device.as_deref().is_some_and(|d| d != "cpu") {
-                return Err(format!("--target-triple `{triple}` is a CPU's; it does not combine with --target {}", a.device.as_deref().unwrap_or_default()));
+                return Err(format!(
+                    "--target-triple `{triple}` is a CPU's; it does not combine with --target {}",
+                    a.device.as_deref().unwrap_or_default()
+                ));
             }
             return Ok((t, Vec::new()));
         }
         if !cfg!(target_arch = "x86_64") && a.target.is_none() {
-            return Err(format!("--target-triple `{triple}` on a host that is not x86-64: name the level with --target-cpu"));
+            return Err(format!(
+                "--target-triple `{triple}` on a host that is not x86-64: name the level with --target-cpu"
+            ));
         }
     }
-    let one = |t: &str| match t {
+    let one = |t: &str| {
+        match t {
         "host" => Ok(CpuTarget::Host),
         "x86-64" => Ok(CpuTarget::X86_64),
         "x86-64-v2" => Ok(CpuTarget::X86_64V2),
         "x86-64-v3" => Ok(CpuTarget::X86_64V3),
         "x86-64-v4" => Ok(CpuTarget::X86_64V4),
         t => Err(format!("--target-cpu `{t}`: expected host, x86-64, x86-64-v2, x86-64-v3 or x86-64-v4, or a comma-separated list of levels")),
+    }
     };
     let Some(list) = a.target.as_deref() else { return Ok((CpuTarget::Host, Vec::new())) };
     let mut levels = list.split(',').map(|t| one(t.trim())).collect::<Result<Vec<_>, _>>()?;
@@ -154,6 +163,9 @@ pub(crate) fn options(a: &Args, model: &Path) -> Result<Options, String> {
     if a.cubin != CubinMode::Auto && device(a)? != TargetDevice::Cuda {
         return Err("--cubin applies to the CUDA target: give --target cuda".into());
     }
+    if !a.cuda_archs.is_empty() && device(a)? != TargetDevice::Cuda {
+        return Err("--cuda-arch applies to the CUDA target: give --target cuda".into());
+    }
     options_with(a, model, a.cubin)
 }
 
@@ -182,6 +194,7 @@ fn options_with(a: &Args, model: &Path, cubin: CubinMode) -> Result<Options, Str
         import: a.import.clone(),
         precision: a.precision,
         fused_attention: a.fused_attention,
+        cuda_archs: a.cuda_archs.clone(),
     })
 }
 
@@ -441,6 +454,7 @@ pub(crate) fn read_artifact(a: &Args) -> Result<Loaded, String> {
             (a.triple.is_some(), "--target-triple"),
             (a.size, "--opt size"),
             (a.cubin != CubinMode::Auto, "--cubin"),
+            (!a.cuda_archs.is_empty(), "--cuda-arch"),
         ];
         if let Some((_, flag)) = given.iter().find(|(set, _)| *set) {
             return Err(format!("{flag} applies when compiling a model; `{label}` is an artifact, compiled already"));
@@ -530,7 +544,10 @@ fn zeroed(len: u64, what: &str) -> Result<AlignedBytes, String> {
 
 /// One zeroed buffer per output of an entry point, or an error naming the artifact
 /// (`label`) and the output.
-pub(crate) fn output_buffers(outputs: &[kiln_module::sections::TensorView<'_>], label: &str) -> Result<Vec<AlignedBytes>, String> {
+pub(crate) fn output_buffers(
+    outputs: &[kiln_module::sections::TensorView<'_>],
+    label: &str,
+) -> Result<Vec<AlignedBytes>, String> {
     outputs
         .iter()
         .map(|t| zeroed(t.bytes, &format!("output {}", json_str(t.name))))
@@ -555,7 +572,9 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| {
         instance.invoke(ins, outs)?;
         // The actual dims (a data-dependent extent, format 1.5, sizes some outputs).
-        Ok::<_, kiln_runtime::RuntimeError>((0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect())
+        Ok::<_, kiln_runtime::RuntimeError>(
+            (0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect(),
+        )
     })?;
     eprintln!(
         "{label}: loaded in {:.2} ms, ran in {:.3} ms on {threads} thread{}",
@@ -786,9 +805,7 @@ fn profile(
             last = now;
         };
         let steps = if threads > 1 { kiln_runtime::Observe::Waves } else { kiln_runtime::Observe::Commands };
-        instance
-            .invoke_observed(ins, outs, steps, &mut after)
-            .map_err(|e| format!("{label}: {e}"))?;
+        instance.invoke_observed(ins, outs, steps, &mut after).map_err(|e| format!("{label}: {e}"))?;
         calls.push(start.elapsed().as_secs_f64() * 1e3);
     }
     let call = Stats::of(&mut calls);
@@ -1089,8 +1106,11 @@ impl HostChoice {
             return None;
         }
         let features = kiln_runtime::cpu::host_features();
-        let needs =
-            p.kernels.iter().map(|k| k.variants.iter().map(|v| kiln_runtime::verify::cpu_needs(p, v)).collect()).collect();
+        let needs = p
+            .kernels
+            .iter()
+            .map(|k| k.variants.iter().map(|v| kiln_runtime::verify::cpu_needs(p, v)).collect())
+            .collect();
         let taken = kiln_runtime::verify::select_variants(p, features).map_err(|e| e.to_string());
         Some(HostChoice { features, needs, taken })
     }
@@ -1251,12 +1271,8 @@ fn variants_summary(p: &Program, info: &LayoutInfo) -> String {
         } else {
             format!("passed over: this host lacks {}", features(missing).join(" "))
         };
-        let _ = writeln!(
-            s,
-            "  executable {xi}: {}, {} bytes, {has} kernels; {why}",
-            level_name(x.features),
-            x.code.len()
-        );
+        let _ =
+            writeln!(s, "  executable {xi}: {}, {} bytes, {has} kernels; {why}", level_name(x.features), x.code.len());
     }
     if let Err(e) = &h.taken {
         let _ = writeln!(s, "  this host cannot load it: {e}");
@@ -1332,7 +1348,12 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 Ok(_) => "null".to_string(),
                 Err(e) => json_str(e),
             };
-            let _ = write!(s, "\"host\":{{\"cpu_features\":[{}],\"loads\":{},\"error\":{error}}},", hf.join(","), h.taken.is_ok());
+            let _ = write!(
+                s,
+                "\"host\":{{\"cpu_features\":[{}],\"loads\":{},\"error\":{error}}},",
+                hf.join(","),
+                h.taken.is_ok()
+            );
         }
         let _ = write!(s, "{}", cuda.json(p));
         let mut entries = Vec::new();
@@ -1565,7 +1586,8 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         format!("{name} axis {a}")
                     })
                     .collect();
-                let _ = writeln!(s, "    {:<16} ≤ {:<8} {} [{}]", slot_name(&x.binding), x.bound, x.name, sized.join(", "));
+                let _ =
+                    writeln!(s, "    {:<16} ≤ {:<8} {} [{}]", slot_name(&x.binding), x.bound, x.name, sized.join(", "));
             }
         }
         if !e.bounded.is_empty() {
@@ -1619,10 +1641,18 @@ fn overlaps(a: &Binding, b: &Binding) -> bool {
     a.slot == b.slot && a.offset < end(b) && b.offset < end(a)
 }
 
-/// The code form of a CUDA executable: `cubin sm_90a` or `ptx`.
+/// The code form of a CUDA executable: `cubin sm_90a`, or `ptx` with the `.target`
+/// its header declares (`ptx sm_80`; plain `ptx` where none is found).
 fn cuda_form(x: &Executable) -> &'static str {
     if x.features & CUDA_CUBIN_SM90A != 0 {
-        "cubin sm_90a"
+        return "cubin sm_90a";
+    }
+    let head = &x.code[..x.code.len().min(64)];
+    let target = |t: &str| head.windows(t.len()).any(|w| w == t.as_bytes());
+    if target(".target sm_90a\n") {
+        "ptx sm_90a"
+    } else if target(".target sm_80\n") {
+        "ptx sm_80"
     } else {
         "ptx"
     }

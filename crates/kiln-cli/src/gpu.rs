@@ -114,8 +114,31 @@ mod imp {
         let weights = weights_file(a, &loaded, &plan)?;
         drop(plan);
         let w = weights.as_ref().or(loaded.compiled_weights.as_ref()).map(AlignedBytes::bytes);
-        let module = CudaModule::load(loaded.bytes.bytes(), w).map_err(|e| format!("{}: {e}", loaded.label))?;
+        let as_cc = load_as()?;
+        let module =
+            CudaModule::load_as(loaded.bytes.bytes(), w, 0, as_cc).map_err(|e| format!("{}: {e}", loaded.label))?;
         then(&module, &loaded.label, t0.elapsed())
+    }
+
+    /// `KILN_CUDA_LOAD_AS=8.0` (or `sm_80`): `run` and `bench` choose each kernel's
+    /// variant as if the GPU had that compute capability where it is below the GPU's
+    /// own, to run an artifact's `sm_80` code on a Hopper GPU
+    /// ([`CudaModule::load_as`]). Unset: the GPU's own.
+    fn load_as() -> Result<Option<(u32, u32)>, String> {
+        const VAR: &str = "KILN_CUDA_LOAD_AS";
+        let Some(v) = std::env::var_os(VAR) else { return Ok(None) };
+        let v = v.to_string_lossy();
+        let t = v.trim();
+        // `8.0`, or `sm_80` (the last digit is the minor version).
+        let (major, minor) = match t.strip_prefix("sm_") {
+            Some(d) if d.len() >= 2 && d.is_char_boundary(d.len() - 1) => d.split_at(d.len() - 1),
+            Some(_) => ("", ""),
+            None => t.split_once('.').unwrap_or(("", "")),
+        };
+        match (major.parse::<u32>(), minor.parse::<u32>()) {
+            (Ok(a), Ok(b)) if a >= 1 && b <= 9 => Ok(Some((a, b))),
+            _ => Err(format!("{VAR}={t}: expected a compute capability such as 8.0 or sm_80")),
+        }
     }
 
     /// The index of entry point `main` (what `invoke` runs).
@@ -150,7 +173,9 @@ mod imp {
             let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| {
                 instance.invoke(ins, outs)?;
                 // The actual dims (a data-dependent extent, format 1.5, sizes some outputs).
-                Ok::<_, kiln_runtime::RuntimeError>((0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect())
+                Ok::<_, kiln_runtime::RuntimeError>(
+                    (0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect(),
+                )
             })?;
             eprintln!(
                 "{label}: loaded in {:.2} ms and instantiated in {:.2} ms ({}), ran in {:.3} ms on {} (compute capability {}.{})",
@@ -535,7 +560,14 @@ mod imp {
     /// Compares `got` with `want` element by element (see the module docs); `terms` is
     /// the length of the longest sum behind each element (1: none), `narrow` a float
     /// type the values went through on the way (its precision counts where coarser).
-    pub(crate) fn within(got: &Tensor, want: &Tensor, exact: bool, ulps: u32, terms: u64, narrow: Option<DType>) -> Error {
+    pub(crate) fn within(
+        got: &Tensor,
+        want: &Tensor,
+        exact: bool,
+        ulps: u32,
+        terms: u64,
+        narrow: Option<DType>,
+    ) -> Error {
         let mut e = Error { max_abs: 0.0, max_rel: 0.0, bad: 0, count: 0, first: None };
         if got.ty() != want.ty() {
             e.bad = 1;

@@ -115,6 +115,13 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
             args::Cubin::Off => kiln_compiler::ptxas::CubinMode::Off,
             args::Cubin::Require => kiln_compiler::ptxas::CubinMode::Require,
         },
+        cuda_archs: match m.cuda_arch.as_deref() {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(|a| kiln_compiler::CudaTargetArch::parse(a).map_err(|e| format!("--cuda-arch: {e}")))
+                .collect::<Result<_, _>>()?,
+        },
         size,
         precision,
         fused_attention: m.fuse_attention,

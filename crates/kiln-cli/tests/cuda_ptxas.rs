@@ -135,6 +135,87 @@ fn every_kernel_of_every_model_assembles_for_sm_90a() {
     }
 }
 
+/// `--cuda-arch sm_90a,sm_80` (here asked in the other order: the variants are ordered
+/// best first whatever the order asked): every kernel gets three variants, the sm_90a
+/// cubin, the sm_90a PTX and the sm_80 PTX (executables 1, 0 and 2), with the
+/// conditions 9.0 exactly, 9.0 exactly and 8.0 or later; the sm_80 PTX declares
+/// `.target sm_80`, uses no Hopper instruction (no `wgmma`, no clusters) and is
+/// assembled by `ptxas -arch=sm_80`; a kernel whose sm_90a code splits `K` over a
+/// cluster gets its own (smaller) grid on sm_80, and the runtime's verifier accepts the
+/// plan. Models with f32 contractions of every form, split-K ones included (mlp, lenet,
+/// mobilenet_v2), and bert_tiny at f16, whose half products take wgmma on sm_90a and
+/// mma.sync on sm_80.
+#[test]
+fn an_sm_80_variant_assembles_for_sm_80() {
+    use kiln_compiler::CudaTargetArch;
+    use kiln_module::program::{Condition, CudaArch};
+    let ptxas = ptxas();
+    let wanted = [
+        ("mlp", Precision::F32),
+        ("lenet", Precision::F32),
+        ("mobilenet_v2", Precision::F32),
+        ("bert_tiny", Precision::F16),
+    ];
+    let mut own_grids = 0;
+    let mut checked = 0;
+    for (name, path, import) in models() {
+        let Some(&(_, precision)) = wanted.iter().find(|(n, _)| *n == name) else { continue };
+        let opts = Options {
+            device: TargetDevice::Cuda,
+            import,
+            precision,
+            ptxas: Some(ptxas.clone()),
+            cuda_archs: vec![CudaTargetArch::Sm80, CudaTargetArch::Sm90a],
+            ..Options::default()
+        };
+        let mut c = Compilation::new(Input::File(path), opts);
+        c.run_to(Stage::Artifact).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let program = c.program().expect("program");
+        assert_eq!(program.executables.len(), 3, "{name}: sm_90a PTX, its cubin, sm_80 PTX");
+        let ptx80 = String::from_utf8(program.executables[2].code.clone()).expect("PTX is text");
+        assert!(ptx80.contains("\n.target sm_80\n"), "{name}: the sm_80 module's header");
+        for hopper in ["wgmma", "cluster", "mapa", "setmaxnreg", "cp.async.bulk"] {
+            assert!(!ptx80.contains(hopper), "{name}: `{hopper}` in the sm_80 PTX");
+        }
+        assert_eq!(ptx_entries(&ptx80), ptx_entries(c.cuda().expect("cuda").ptx()), "{name}: the same entries");
+        ptxas_bin::assemble_ptx_for("sm_80", "sm80", &name, &ptx80)
+            .unwrap_or_else(|e| panic!("{name}: ptxas -arch=sm_80: {e}"));
+        let sm90a = Condition::Cuda(CudaArch::SM90A);
+        for k in &program.kernels {
+            let v: Vec<(u32, Condition)> = k.variants.iter().map(|v| (v.executable, v.condition)).collect();
+            assert_eq!(v, [(1, sm90a), (0, sm90a), (2, Condition::Cuda(CudaArch::SM80))], "{name}: {}", k.name);
+            assert_eq!((k.variants[0].workgroups, k.variants[1].workgroups), (0, 0), "{name}: {}", k.name);
+            own_grids += usize::from(k.variants[2].workgroups != 0);
+        }
+        let launches80 = &program.executables[2].launches;
+        assert_eq!(launches80.len(), program.kernels.len(), "{name}: a launch record per sm_80 entry");
+        let artifact = kiln_runtime::fs::AlignedBytes::copy_from(c.artifact().expect("artifact"));
+        kiln_runtime::Module::verify_plan(artifact.bytes()).unwrap_or_else(|e| panic!("{name}: verify: {e}"));
+        checked += 1;
+    }
+    assert_eq!(checked, wanted.len(), "every wanted model is in the manifest");
+    assert!(own_grids > 0, "no kernel's sm_80 variant has a grid of its own: no split-K kernel was checked");
+}
+
+/// `kiln compile --cuda-arch`: `inspect` names each PTX's target and lists each
+/// kernel's sm_80 variant; an unknown architecture, and the flag without
+/// `--target cuda`, are refused with what was expected.
+#[test]
+fn cuda_arch_on_the_command_line() {
+    let dir = scratch("cuda-ptxas", "cuda-arch");
+    let art = dir.join("lenet.kiln");
+    ok(&["compile", LENET, "--target", "cuda", "--cubin", "off", "--cuda-arch", "sm_90a,sm_80", "-o", s(&art)]);
+    let text = ok(&["inspect", s(&art)]);
+    assert!(text.contains("executable 0: ptx sm_90a"), "{text}");
+    assert!(text.contains("executable 1: ptx sm_80"), "{text}");
+    assert!(text.contains("sm_90a | sm_80"), "each dispatch lists both variants:\n{text}");
+    common::fails_with(
+        &["compile", LENET, "--target", "cuda", "--cuda-arch", "sm_70"],
+        &["--cuda-arch", "sm_90a or sm_80"],
+    );
+    common::fails_with(&["compile", LENET, "--cuda-arch", "sm_80"], &["--cuda-arch applies to the CUDA target"]);
+}
+
 /// The CUDA runtime's graph of a verified plan (`kiln_runtime::cuda::graph`, no driver
 /// needed): one kernel node per dispatch of any workgroups, with the launch's block and
 /// one parameter per binding, every address range inside the device allocation, every
@@ -160,7 +241,7 @@ fn graph_is_sound(p: &kiln_module::sections::ProgramView<'_>) -> Result<(), Stri
     };
     let sizes = vec![(e.inputs.iter().map(|t| t.bytes).collect(), e.outputs.iter().map(|t| t.bytes).collect())];
     let layout = Layout::new(e.arena_size, e.arena_align, pool, &sizes).ok_or("layout overflows")?;
-    let n = nodes(e, 0, &layout, &launches).map_err(|err| err.to_string())?;
+    let n = nodes(e, 0, &layout, &launches, &[]).map_err(|err| err.to_string())?;
     let dispatches: Vec<(usize, &Vec<kiln_module::program::Binding>)> = e
         .commands
         .iter()
@@ -369,7 +450,7 @@ fn inspect_lists_every_kernel_of_a_cuda_artifact() {
         let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
         let (n, ptx, bin) = (p.kernels.len(), p.executables[0].code.len(), cubin.executable.code.len());
         for listed in [
-            format!("executable 0: ptx {ptx} bytes, {n} entries"),
+            format!("executable 0: ptx sm_90a {ptx} bytes, {n} entries"),
             format!("executable 1: cubin sm_90a {bin} bytes, {n} entries, sm_90 ELF with {n} kernels"),
         ] {
             assert!(words.contains(&listed), "{name}: `{listed}` not in:\n{text}");

@@ -21,7 +21,8 @@ use std::collections::HashMap;
 
 use common::{compile_cuda, f32_type, Conv, MatMul};
 use kiln_codegen::cuda::contraction::{
-    choose_split, choose_tile, reduce_groups, split_large_tile, reduce_slot, slots, Order, Plan, Tile, BK, MAX_SPLIT, PAD,
+    choose_split, choose_tile, reduce_groups, reduce_slot, slots, split_large_tile, Order, Plan, Tile, BK, MAX_SPLIT,
+    PAD,
 };
 use kiln_codegen::cuda::skinny::{Skinny, COLS, MAX_ROWS, MOST_ROWS};
 use kiln_codegen::cuda::tune::Tune;
@@ -526,8 +527,13 @@ fn simulated_kernels_match_the_interpreter() {
 /// `seed0 + 1`, …: every output element written, each within the bound of
 /// [`simulated_kernels_match_the_interpreter`].
 fn simulate_each(kernels: &[Kernel], note: &str, seed0: u64) {
+    simulate_each_for(kernels, note, seed0, cuda::tune::Arch::Sm90a);
+}
+
+/// [`simulate_each`] with the kernels written for `arch`.
+fn simulate_each_for(kernels: &[Kernel], note: &str, seed0: u64, arch: cuda::tune::Arch) {
     for (seed, k) in (seed0..).zip(kernels) {
-        let m = cuda::compile(&[(k, classify(k))]).expect("compile");
+        let m = cuda::compile_for(&[(k, classify(k))], arch).expect("compile");
         assert!(m.notes[0].starts_with(note), "{}: {}", k.name, m.notes[0]);
         eprintln!("{}: {}", k.name, m.notes[0]);
         let kk = Plan::of(k).expect("plan").dims[3] as f64;
@@ -735,4 +741,33 @@ fn simulated_few_row_kernels_match_the_interpreter() {
     ];
     simulate_each(&kernels, "contraction (few rows", 100);
     assert!(MAX_ROWS >= 8 && MOST_ROWS >= 16);
+}
+
+/// The kernels that split `K` over a cluster on sm_90a, written for sm_80 (no clusters:
+/// `--cuda-arch sm_80`): the module declares `.target sm_80`, no kernel splits (its
+/// note says so, and its grid is the tiles alone), and the simulator's results match
+/// the interpreter as on sm_90a.
+#[test]
+fn split_k_kernels_written_for_sm_80_split_nothing_and_match_the_interpreter() {
+    use cuda::tune::Arch;
+    let tiled = vec![
+        matmul(&[], (false, false), 40, 300, 50, false, DType::F32, Epi::BiasRelu),
+        matmul(&[], (false, false), 9, 600, 72, false, DType::F32, Epi::BiasTanhResidual),
+        conv(Conv::new(1, (256, 20), (7, 7), (1, 1), 1, 1, 1), Epi::BiasRelu),
+    ];
+    let few_rows = vec![
+        matmul(&[], (false, false), 1, 300, 50, false, DType::F32, Epi::BiasRelu),
+        matmul(&[2], (true, true), 1, 600, 40, false, DType::F32, Epi::BiasRelu),
+    ];
+    for k in tiled.iter().chain(&few_rows) {
+        let hopper = cuda::compile_for(&[(k, classify(k))], Arch::Sm90a).expect("compile");
+        assert!(hopper.notes[0].contains("split-K over clusters"), "{}: {}", k.name, hopper.notes[0]);
+        let ampere = cuda::compile_for(&[(k, classify(k))], Arch::Sm80).expect("compile");
+        assert!(ampere.ptx().starts_with(".version 8.0\n.target sm_80\n"), "{}", k.name);
+        assert!(!ampere.notes[0].contains("cluster"), "{}: {}", k.name, ampere.notes[0]);
+        assert!(!ampere.ptx().contains("cluster"), "{}", k.name);
+        assert!(ampere.launches[0].grid < hopper.launches[0].grid, "{}: the tiles alone", k.name);
+    }
+    simulate_each_for(&tiled, "contraction (", 200, Arch::Sm80);
+    simulate_each_for(&few_rows, "contraction (few rows", 300, Arch::Sm80);
 }

@@ -43,6 +43,7 @@ use kiln_module::program::{Condition, Constants, CudaArch, DebugInfo, Device, De
 
 pub use error::{CompileError, ErrorKind, TextError};
 pub use kiln_codegen::cpu::{CodePath, CpuTarget};
+pub use kiln_codegen::cuda::tune::Arch as CudaTargetArch;
 pub use kiln_codegen::cuda::CudaModule;
 pub use kiln_codegen::{CodegenError, CpuModule};
 
@@ -92,6 +93,12 @@ pub struct Options {
     /// `ptxas` and ship it beside the PTX, preferred by every kernel ([`ptxas`];
     /// [`ptxas::find`] looks one up). `None`: PTX only.
     pub ptxas: Option<PathBuf>,
+    /// With [`TargetDevice::Cuda`]: the GPU architectures to write code for, each a
+    /// variant of every kernel chosen at load by the device's compute capability
+    /// (`kiln compile --cuda-arch sm_90a,sm_80`). Empty: `sm_90a` only. The variants
+    /// are ordered best first whatever the order here (`sm_90a`, its cubin first, then
+    /// `sm_80`); only `sm_90a` gets a cubin.
+    pub cuda_archs: Vec<CudaTargetArch>,
     /// Fuse each attention chain (product, softmax, product) into one kernel with an
     /// online softmax, the score matrix never stored (`kiln compile --fuse-attention`;
     /// CPU microkernel targets). Off by default: it saves the score matrix's arena at
@@ -114,6 +121,7 @@ impl Default for Options {
             import: ImportOptions::default(),
             precision: Precision::F32,
             ptxas: None,
+            cuda_archs: Vec::new(),
             fused_attention: false,
         }
     }
@@ -347,6 +355,9 @@ pub struct Compilation {
     /// The higher levels' code ([`Options::cpu_variants`]), after [`Stage::Codegen`].
     tiers: Vec<variants::Tier>,
     cuda: Option<CudaModule>,
+    /// The modules of the further architectures of [`Options::cuda_archs`], after the
+    /// first (best) one, which is `cuda`.
+    cuda_more: Vec<(CudaTargetArch, CudaModule)>,
     cubin: Option<ptxas::Cubin>,
     program: Option<Program>,
     weights: Option<Vec<u8>>,
@@ -371,6 +382,7 @@ impl Compilation {
             cpu: None,
             tiers: Vec::new(),
             cuda: None,
+            cuda_more: Vec::new(),
             cubin: None,
             program: None,
             weights: None,
@@ -603,11 +615,19 @@ impl Compilation {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
                 let kernels: Vec<(&kiln_flow::Kernel, KernelClass)> =
                     flow.dispatches.iter().map(|d| (&d.kernel, d.class)).collect();
-                let cuda = kiln_codegen::cuda::compile(&kernels).map_err(|e| codegen_error(flow, e))?;
-                if let Some(path) = &self.options.ptxas {
+                let archs = cuda_archs(&self.options.cuda_archs);
+                let mut modules = Vec::with_capacity(archs.len());
+                for &arch in &archs {
+                    let m = kiln_codegen::cuda::compile_for(&kernels, arch).map_err(|e| codegen_error(flow, e))?;
+                    modules.push((arch, m));
+                }
+                let (arch, cuda) = modules.remove(0);
+                // The cubin is Hopper's: only the sm_90a module gets one.
+                if let (Some(path), CudaTargetArch::Sm90a) = (&self.options.ptxas, arch) {
                     self.cubin = Some(ptxas::assemble(path, &cuda)?);
                 }
                 self.cuda = Some(cuda);
+                self.cuda_more = modules;
             }
             Stage::Codegen => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
@@ -632,6 +652,8 @@ impl Compilation {
                         executable: &cpu.executable,
                         cpu: Some((cpu, &self.tiers)),
                         cubin: None,
+                        cuda_arch: CudaTargetArch::Sm90a,
+                        cuda_more: &[],
                         workgroups: cpu.workgroups.clone(),
                         work_ns: cpu.work_ns.clone(),
                         launches: Vec::new(),
@@ -641,17 +663,11 @@ impl Compilation {
                         executable: &cuda.executable,
                         cpu: None,
                         cubin: self.cubin.as_ref().map(|c| &c.executable),
+                        cuda_arch: cuda_archs(&self.options.cuda_archs)[0],
+                        cuda_more: &self.cuda_more,
                         workgroups: cuda.launches.iter().map(|l| l.grid).collect(),
                         work_ns: Vec::new(),
-                        launches: cuda
-                            .launches
-                            .iter()
-                            .map(|l| kiln_module::program::Launch {
-                                block: l.block,
-                                shared: l.shared,
-                                params: l.params,
-                            })
-                            .collect(),
+                        launches: launch_records(cuda),
                     },
                     _ => return Err(missing("kernels")),
                 };
@@ -698,9 +714,43 @@ struct Code<'a> {
     cpu: Option<(&'a CpuModule, &'a [variants::Tier])>,
     /// The same kernels as a cubin, preferred over `executable` (CUDA only).
     cubin: Option<&'a kiln_module::program::Executable>,
+    /// The architecture `executable` is for (CUDA only).
+    cuda_arch: CudaTargetArch,
+    /// The same kernels for further architectures, after `executable` and `cubin`
+    /// (CUDA only, [`Options::cuda_archs`]).
+    cuda_more: &'a [(CudaTargetArch, CudaModule)],
     workgroups: Vec<u64>,
     work_ns: Vec<u64>,
     launches: Vec<kiln_module::program::Launch>,
+}
+
+/// The architectures of a CUDA compilation, best first, each once: `asked`
+/// ([`Options::cuda_archs`]), or `sm_90a` alone when it names none.
+fn cuda_archs(asked: &[CudaTargetArch]) -> Vec<CudaTargetArch> {
+    let order = [CudaTargetArch::Sm90a, CudaTargetArch::Sm80];
+    let archs: Vec<_> = order.into_iter().filter(|a| asked.contains(a)).collect();
+    if archs.is_empty() {
+        vec![CudaTargetArch::Sm90a]
+    } else {
+        archs
+    }
+}
+
+/// The load-time condition of a variant for `arch`: exactly 9.0 for `sm_90a`'s
+/// architecture-specific code, 8.0 or later for `sm_80`'s.
+fn cuda_condition(arch: CudaTargetArch) -> Condition {
+    Condition::Cuda(match arch {
+        CudaTargetArch::Sm90a => CudaArch::SM90A,
+        CudaTargetArch::Sm80 => CudaArch::SM80,
+    })
+}
+
+/// A CUDA module's launch records, one per entry.
+fn launch_records(m: &CudaModule) -> Vec<kiln_module::program::Launch> {
+    m.launches
+        .iter()
+        .map(|l| kiln_module::program::Launch { block: l.block, shared: l.shared, params: l.params })
+        .collect()
 }
 
 /// The [`Stage::Hal`] stage: the program of `flow` under `plan` with `code`, and the constant pool when it is kept outside the artifact.
@@ -724,16 +774,28 @@ fn build_program(
             let variants = match code.cpu {
                 // The best CPU level's code first, the baseline's last.
                 Some((base, tiers)) => variants::variants_of(i, base, tiers),
-                // The cubin (executable 1) first where there is one, the PTX always; both
-                // are for sm_90a (the PTX's `.target`), so only a 9.0 device runs them.
+                // The cubin (executable 1) first where there is one, then the PTX, both
+                // for the first architecture (sm_90a: only a 9.0 device runs them); then
+                // each further architecture's PTX, with its own grid where it differs
+                // (sm_80 splits no contraction over a cluster's blocks).
                 None => {
-                    let sm90a = |executable| Variant {
-                        executable,
-                        entry,
-                        condition: Condition::Cuda(CudaArch::SM90A),
-                        workgroups: 0,
-                    };
-                    code.cubin.iter().map(|_| sm90a(1)).chain([sm90a(0)]).collect()
+                    let first =
+                        Variant { executable: 0, entry, condition: cuda_condition(code.cuda_arch), workgroups: 0 };
+                    let more = code.cuda_more.iter().enumerate().map(|(j, (arch, m))| {
+                        let grid = m.launches[i].grid;
+                        Variant {
+                            executable: (1 + usize::from(code.cubin.is_some()) + j) as u32,
+                            entry,
+                            condition: cuda_condition(*arch),
+                            workgroups: if grid == code.workgroups[i] { 0 } else { grid },
+                        }
+                    });
+                    code.cubin
+                        .iter()
+                        .map(|_| Variant { executable: 1, ..first.clone() })
+                        .chain([first.clone()])
+                        .chain(more)
+                        .collect()
                 }
             };
             Kernel { name: d.kernel.name.clone(), variants, class: Some(d.class) }
@@ -754,21 +816,26 @@ fn build_program(
         kernel_sources: flow.dispatches.iter().map(|d| d.sources.join(" + ")).collect(),
         source: opts.source.clone(),
     });
-    let program = Program {
-        devices: vec![Device {
-            kind: code.device,
-            name: if code.device == DeviceKind::Cuda { "cuda".into() } else { "cpu".into() },
-        }],
-        entries: vec![entry],
-        kernels,
-        executables: std::iter::once(code.executable)
-            .chain(code.cubin)
-            .map(|x| kiln_module::program::Executable { launches: code.launches.clone(), ..x.clone() })
-            .chain(code.cpu.into_iter().flat_map(|(_, tiers)| tiers.iter().map(|t| t.module.executable.clone())))
-            .collect(),
-        constants,
-        debug,
-    };
+    let program =
+        Program {
+            devices: vec![Device {
+                kind: code.device,
+                name: if code.device == DeviceKind::Cuda { "cuda".into() } else { "cpu".into() },
+            }],
+            entries: vec![entry],
+            kernels,
+            executables: std::iter::once(code.executable)
+                .chain(code.cubin)
+                .map(|x| kiln_module::program::Executable { launches: code.launches.clone(), ..x.clone() })
+                .chain(code.cuda_more.iter().map(|(_, m)| kiln_module::program::Executable {
+                    launches: launch_records(m),
+                    ..m.executable.clone()
+                }))
+                .chain(code.cpu.into_iter().flat_map(|(_, tiers)| tiers.iter().map(|t| t.module.executable.clone())))
+                .collect(),
+            constants,
+            debug,
+        };
     Ok((program, weights))
 }
 

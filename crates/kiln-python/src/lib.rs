@@ -165,6 +165,7 @@ fn compile<'py>(
             Error::invalid(format!("precision `{precision}`: expected f32, f16 or bf16"))
         })?,
         ptxas: None,
+        cuda_archs: Vec::new(),
         fused_attention: false,
     };
     let compiled = py

@@ -945,7 +945,7 @@ pub enum ConditionProblem {
         /// The `sm` number recorded (major·10 + minor).
         sm: u32,
     },
-    /// A CUDA variant with a workgroup count of its own.
+    /// A CUDA variant with a grid of its own too large for a launch.
     CudaWorkgroups {
         /// The count recorded.
         workgroups: u64,
@@ -956,18 +956,19 @@ impl fmt::Display for ConditionProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConditionProblem::UnknownCpuFeatures { bits } => {
-                write!(f, "CPU feature bits {bits:#x} are not defined by artifact format {}", kiln_module::FORMAT_VERSION)
+                write!(
+                    f,
+                    "CPU feature bits {bits:#x} are not defined by artifact format {}",
+                    kiln_module::FORMAT_VERSION
+                )
             }
             ConditionProblem::NoCpuFeatures => f.write_str("a CPU-features condition names no feature"),
-            ConditionProblem::WrongDevice { condition, executable } => write!(
-                f,
-                "a {} condition on a {} executable",
-                kind_name(*condition),
-                kind_name(*executable)
-            ),
+            ConditionProblem::WrongDevice { condition, executable } => {
+                write!(f, "a {} condition on a {} executable", kind_name(*condition), kind_name(*executable))
+            }
             ConditionProblem::CudaArch { sm } => write!(f, "compute capability sm_{sm} does not exist"),
             ConditionProblem::CudaWorkgroups { workgroups } => {
-                write!(f, "a CUDA variant with its own workgroup count ({workgroups}); CUDA launches the dispatch's grid")
+                write!(f, "a CUDA variant with a grid of {workgroups} blocks, more than a launch takes")
             }
         }
     }

@@ -211,7 +211,8 @@ fn collective_parts(
 /// Checks what a variant's condition says against what its executable is: a CPU
 /// condition names known features and at least one, on a CPU executable; a CUDA one
 /// names a compute capability of major 1 or more, on a CUDA executable, whose variant
-/// takes the dispatch's grid.
+/// takes the dispatch's grid (workgroups 0) or a grid of its own that a launch can
+/// name (at most `u32::MAX` blocks).
 fn condition(v: &Variant, device: DeviceKind) -> Result<(), ConditionProblem> {
     let wrong = |condition| Err(ConditionProblem::WrongDevice { condition, executable: device });
     match v.condition {
@@ -226,7 +227,7 @@ fn condition(v: &Variant, device: DeviceKind) -> Result<(), ConditionProblem> {
         Condition::Cuda(a) if a.major == 0 => return Err(ConditionProblem::CudaArch { sm: a.sm() }),
         Condition::Cuda(_) => {}
     }
-    if device == DeviceKind::Cuda && v.workgroups != 0 {
+    if device == DeviceKind::Cuda && v.workgroups > u64::from(u32::MAX) {
         return Err(ConditionProblem::CudaWorkgroups { workgroups: v.workgroups });
     }
     Ok(())
@@ -306,7 +307,8 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
             });
         }
         for (k, b) in e.bounded.iter().enumerate() {
-            let name = e.inputs.get(b.input as usize).map_or_else(|| format!("input {}", b.input), |t| t.name.to_string());
+            let name =
+                e.inputs.get(b.input as usize).map_or_else(|| format!("input {}", b.input), |t| t.name.to_string());
             let bad = |problem: String| VerifyError::Extent { entry: entry(), extent: name.clone(), problem };
             let Some(t) = e.inputs.get(b.input as usize) else {
                 return Err(bad(format!("a bounded dimension names input {}, of {}", b.input, e.inputs.len())));
@@ -408,7 +410,12 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
         };
         for (i, r) in x.relocs.iter().enumerate() {
             if let Some(arch) = arch.filter(|a| !a.admits(r.kind)) {
-                return Err(VerifyError::RelocKind { executable: xi, index: i, kind: reloc_name(r.kind), arch: arch.name() });
+                return Err(VerifyError::RelocKind {
+                    executable: xi,
+                    index: i,
+                    kind: reloc_name(r.kind),
+                    arch: arch.name(),
+                });
             }
             let width = r.kind.width();
             if r.offset.checked_add(width).is_none_or(|end| end > code_len) || r.target > code_len {

@@ -550,7 +550,7 @@ fn malformed_conditions_are_refused() {
         assert_eq!(invalid(&p), want, "{condition:?}");
         assert_eq!(plan_error(&p), want, "{condition:?}");
     }
-    // On a CUDA executable: a CPU condition, a compute capability 0.x, a workgroup count.
+    // On a CUDA executable: a CPU condition, a compute capability 0.x, a grid past u32.
     let cuda_cases: [(Condition, u64, ConditionProblem); 3] = [
         (
             Condition::CpuFeatures(CpuFeature::Avx2.bit()),
@@ -558,7 +558,7 @@ fn malformed_conditions_are_refused() {
             ConditionProblem::WrongDevice { condition: DeviceKind::Cpu, executable: DeviceKind::Cuda },
         ),
         (Condition::Cuda(CudaArch { major: 0, minor: 7, specific: false }), 0, ConditionProblem::CudaArch { sm: 7 }),
-        (Condition::Cuda(CudaArch::SM80), 5, ConditionProblem::CudaWorkgroups { workgroups: 5 }),
+        (Condition::Cuda(CudaArch::SM80), 1 << 32, ConditionProblem::CudaWorkgroups { workgroups: 1 << 32 }),
     ];
     for (condition, workgroups, problem) in cuda_cases {
         let mut p = cuda_add_program();
@@ -569,14 +569,22 @@ fn malformed_conditions_are_refused() {
     }
     // The well-formed ones verify.
     let mut p = cuda_add_program();
-    p.kernels[1].variants.insert(0, Variant { executable: 0, entry: 1, condition: Condition::Cuda(CudaArch::SM80), workgroups: 0 });
+    p.kernels[1]
+        .variants
+        .insert(0, Variant { executable: 0, entry: 1, condition: Condition::Cuda(CudaArch::SM80), workgroups: 0 });
     Module::verify_plan(&write_program(&p)).expect("an sm_80 condition on PTX");
+    // A variant with a grid of its own (sm_80 code that splits no K over a cluster).
+    p.kernels[1].variants[0].workgroups = 7;
+    Module::verify_plan(&write_program(&p)).expect("an sm_80 variant with its own grid");
     let e = VerifyError::Condition {
         kernel: "add".into(),
         variant: 0,
         problem: ConditionProblem::UnknownCpuFeatures { bits: 1 << 40 },
     };
-    assert_eq!(e.to_string(), "kernel add, variant 0: CPU feature bits 0x10000000000 are not defined by artifact format 1.6");
+    assert_eq!(
+        e.to_string(),
+        "kernel add, variant 0: CPU feature bits 0x10000000000 are not defined by artifact format 1.6"
+    );
 }
 
 /// A variant with its own workgroup count runs that many, whichever driver runs it;
@@ -589,10 +597,9 @@ fn a_variant_runs_its_own_workgroups() {
     // (The code is SSE2's: it runs on any x86-64, whatever features the test says the
     // host has.)
     let vnni = CpuFeature::Avx512vnni.bit();
-    p.kernels[1].variants.insert(
-        0,
-        Variant { executable: 0, entry: 1, condition: Condition::CpuFeatures(vnni), workgroups: 2 },
-    );
+    p.kernels[1]
+        .variants
+        .insert(0, Variant { executable: 0, entry: 1, condition: Condition::CpuFeatures(vnni), workgroups: 2 });
     let file = write_program(&p);
     // (What the kernel does not write keeps the fill before it: NaN.)
     let nan = f32::NAN;

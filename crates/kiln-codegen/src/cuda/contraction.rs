@@ -315,6 +315,9 @@ pub struct Plan {
     /// Blocks (one cluster) sharing each output tile, each summing its own part of
     /// `K` ([`choose_split`]); 1: none.
     pub split: u32,
+    /// Whether `K` may be split over the blocks of a cluster at all (false on
+    /// [`super::tune::Arch::Sm80`], which has no clusters: `split` stays 1 there).
+    pub clusters: bool,
     /// `K` per block of a split: a multiple of [`BK`].
     pub k_chunk: u64,
     /// The reduction node (the accumulator in the epilogue).
@@ -398,6 +401,7 @@ impl Plan {
             out: dims,
             tile,
             split,
+            clusters: true,
             k_chunk,
             reduce: c.reduce,
             out_dtype: k.output.dtype,
@@ -414,11 +418,19 @@ impl Plan {
         let kk = self.dims[3];
         let mut p = self.clone();
         p.tile = tile;
-        p.split = split;
+        p.split = if self.clusters { split } else { 1 };
         p.k_chunk = kk.div_ceil(u64::from(split)).div_ceil(u64::from(BK)) * u64::from(BK);
         if p.grid() > LIMIT {
             return Err(format!("{} blocks", p.grid()));
         }
+        Ok(p)
+    }
+
+    /// This plan on a GPU without thread-block clusters: the same tile, `K` never
+    /// split (see [`Plan::clusters`]).
+    pub fn without_clusters(&self) -> Result<Plan, String> {
+        let mut p = self.retiled(self.tile, 1)?;
+        p.clusters = false;
         Ok(p)
     }
 
@@ -590,6 +602,11 @@ pub fn slots(rows: u32) -> u32 {
 /// The entry of `k`, or why this emitter declines it.
 pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenError> {
     let plan = match Plan::of(k) {
+        // Without clusters (sm_80) no block shares its tile's `K` with others.
+        Ok(p) if !tune.arch.clusters() => match p.without_clusters() {
+            Ok(p) => p,
+            Err(why) => return Ok(Err(why)),
+        },
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),
     };
@@ -605,7 +622,9 @@ pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenErr
         // Hopper's warpgroup MMA where both operands stream in 16-byte chunks, else
         // `mma.sync` (which register-stages what cp.async cannot copy, and splits K);
         // `KILN_CUDA_TUNE=wgmma=off` times `mma.sync` on the products wgmma takes.
-        let wg_why = if !tune.wgmma {
+        let wg_why = if !tune.arch.wgmma() {
+            format!("no wgmma on {}", tune.arch.name())
+        } else if !tune.wgmma {
             format!("{}=wgmma=off", super::tune::VAR)
         } else {
             match super::wgmma::emit(k, &plan)? {
@@ -1173,7 +1192,6 @@ impl<'a> Emitter<'a> {
         }
     }
 
-
     /// Evaluates the kernel's root at each (row, column) of `rows × cols` in range,
     /// the reduction given as `vals[i · cols + j]`, and stores it: `lanes` (1, 2 or 4)
     /// consecutive columns at a time, from a multiple of `lanes`, with one
@@ -1374,4 +1392,3 @@ pub(super) fn epilogue(
 ) -> Result<(), CodegenError> {
     Emitter { k, plan }.epilogue(p, bases, parts, bvars, if pairs && plan.pair_store() { 2 } else { 1 })
 }
-

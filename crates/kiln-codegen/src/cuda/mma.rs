@@ -359,7 +359,7 @@ pub fn plan(plan: &Plan, shape: Shape) -> Plan {
     let mut plan = plan.clone();
     let [nb, m, n, kk] = plan.dims;
     plan.tile = shape.tile.unwrap_or_else(|| choose_tile(nb, m, n));
-    plan.split = choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk);
+    plan.split = if plan.clusters { choose_split(plan.tile, plan.tile.blocks(nb, m, n), kk) } else { 1 };
     let bk = u64::from(shape.bk);
     plan.k_chunk = kk.div_ceil(u64::from(plan.split)).div_ceil(bk) * bk;
     plan

@@ -1,4 +1,4 @@
-//! PTX for kernels: the CUDA target (NVIDIA Hopper, `sm_90a`).
+//! PTX for kernels: the CUDA target (NVIDIA Hopper, `sm_90a`; and `sm_80`, see below).
 //!
 //! [`compile`] turns kernels into one PTX module ([`ptx::HEADER`]: ISA 8.0, `sm_90a`,
 //! 64-bit addresses) with one `.visible .entry` per kernel, named after the kernel.
@@ -38,6 +38,12 @@
 //!   kernel the expression evaluator ([`expr`]) handles; the class
 //!   emitters above are the fast paths.
 //!
+//! An artifact may carry a second module for `sm_80` ([`compile_for`] with
+//! [`tune::Arch::Sm80`], `kiln compile --cuda-arch sm_90a,sm_80`): the same kernels
+//! without Hopper's instructions (no `wgmma`: `mma.sync` takes half products; no
+//! thread-block clusters: no contraction splits `K` over blocks), so that the artifact
+//! also runs on Ampere and Ada GPUs, each kernel's variant chosen at load.
+//!
 //! Each kernel's note says which emitter wrote it, and why a class emitter declined it
 //! (`general (why)`), as on the CPU. Nothing here has run on a GPU yet: generated
 //! kernels are validated with `ptxas -arch=sm_90a` in the tests, and their lowering is
@@ -50,12 +56,12 @@ pub mod expr;
 pub mod feed;
 mod general;
 pub mod mma;
-pub mod wgmma;
 pub mod ptx;
-pub mod window;
 pub mod rows;
 pub mod skinny;
 pub mod tune;
+pub mod wgmma;
+pub mod window;
 
 use kiln_flow::class::KernelClass;
 use kiln_flow::Kernel;
@@ -122,13 +128,19 @@ pub struct Entry {
 /// variants the measurement knob [`tune::VAR`] asks for (the defaults where it is unset;
 /// a malformed value is a [`CodegenError::Setting`]).
 pub fn compile(kernels: &[(&Kernel, KernelClass)]) -> Result<CudaModule, CodegenError> {
-    let tune = tune::Tune::from_env().map_err(CodegenError::Setting)?;
+    compile_for(kernels, tune::Arch::Sm90a)
+}
+
+/// [`compile`] for the GPU architecture `arch` (the same kernels, each written with
+/// the instructions `arch` has: see [`tune::Arch`]).
+pub fn compile_for(kernels: &[(&Kernel, KernelClass)], arch: tune::Arch) -> Result<CudaModule, CodegenError> {
+    let tune = tune::Tune { arch, ..tune::Tune::from_env().map_err(CodegenError::Setting)? };
     compile_tuned(kernels, &tune)
 }
 
 /// [`compile`] with the variants `tune` (see [`tune`]).
 pub fn compile_tuned(kernels: &[(&Kernel, KernelClass)], tune: &tune::Tune) -> Result<CudaModule, CodegenError> {
-    let mut code = String::from(ptx::HEADER);
+    let mut code = String::from(tune.arch.header());
     let mut entries = Vec::new();
     let mut launches = Vec::new();
     let mut notes = Vec::new();

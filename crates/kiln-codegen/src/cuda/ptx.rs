@@ -17,6 +17,10 @@ use std::fmt::Write;
 /// The PTX ISA version and target every module declares.
 pub const HEADER: &str = ".version 8.0\n.target sm_90a\n.address_size 64\n";
 
+/// The header of a module for `sm_80` ([`super::tune::Arch::Sm80`]): the same ISA, no
+/// architecture-specific features.
+pub const HEADER_SM80: &str = ".version 8.0\n.target sm_80\n.address_size 64\n";
+
 /// The kinds of virtual register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RegClass {

@@ -32,7 +32,9 @@
 
 use kiln_flow::Kernel;
 
-use super::contraction::{batch_offsets, element_address, epilogue, linear, load_f32, map_offset, pred, stepped_address};
+use super::contraction::{
+    batch_offsets, element_address, epilogue, linear, load_f32, map_offset, pred, stepped_address,
+};
 use super::contraction::{u32_op, Map, Plan, Var};
 use super::contraction::{MAX_SPLIT, SMS};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
@@ -75,7 +77,7 @@ impl Skinny {
     /// the tiled kernel's grid fills the multiprocessors, or more than [`MOST_ROWS`].
     /// The split is the largest power of two up to [`MAX_SPLIT`] that keeps the grid
     /// within two blocks per multiprocessor and each block's part of `K` at least 32
-    /// long.
+    /// long (1 where the plan has no clusters, [`Plan::clusters`]).
     pub fn of(plan: &Plan) -> Option<Skinny> {
         let [nb, m, n, kk] = plan.dims;
         if m > MOST_ROWS || (m > MAX_ROWS && plan.tile.blocks(nb, m, n) >= SMS) {
@@ -83,7 +85,8 @@ impl Skinny {
         }
         let tiles = nb.saturating_mul(n.div_ceil(COLS));
         let mut split = 1u32;
-        while split < MAX_SPLIT
+        while plan.clusters
+            && split < MAX_SPLIT
             && tiles.saturating_mul(u64::from(2 * split)) <= 2 * SMS
             && kk.div_ceil(u64::from(2 * split)) >= MIN_PART
         {

@@ -105,6 +105,60 @@ pub struct Tune {
     pub wgmma: bool,
     /// The elementwise kernels' variant.
     pub elt: Elt,
+    /// The GPU architecture the module is written for: set by the compiler from
+    /// `kiln compile --cuda-arch`, never by [`VAR`].
+    pub arch: Arch,
+}
+
+/// The GPU architecture a module's PTX is written for (`kiln compile --cuda-arch`).
+/// Every kernel computes the same values on either; what differs is which
+/// instructions the emitters may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Arch {
+    /// Hopper, `sm_90a` (the default): `wgmma`, thread-block clusters (split-K summed
+    /// through distributed shared memory).
+    #[default]
+    Sm90a,
+    /// Ampere and every later GPU, `sm_80`: `mma.sync` and `cp.async`, no clusters (a
+    /// contraction's `K` is not split over blocks) and no `wgmma`.
+    Sm80,
+}
+
+impl Arch {
+    /// The module header: PTX ISA 8.0 and the `.target`.
+    pub fn header(self) -> &'static str {
+        match self {
+            Arch::Sm90a => super::ptx::HEADER,
+            Arch::Sm80 => super::ptx::HEADER_SM80,
+        }
+    }
+
+    /// Whether kernels may use thread-block clusters.
+    pub fn clusters(self) -> bool {
+        self == Arch::Sm90a
+    }
+
+    /// Whether half contractions may take the warpgroup kernel.
+    pub fn wgmma(self) -> bool {
+        self == Arch::Sm90a
+    }
+
+    /// Its name, as `ptxas -arch` and `--cuda-arch` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm90a => "sm_90a",
+            Arch::Sm80 => "sm_80",
+        }
+    }
+
+    /// The architecture `name` spells (`sm_90a`, `sm_80`), or why not.
+    pub fn parse(name: &str) -> Result<Arch, String> {
+        match name.trim() {
+            "sm_90a" => Ok(Arch::Sm90a),
+            "sm_80" => Ok(Arch::Sm80),
+            other => Err(format!("CUDA architecture {other:?}: sm_90a or sm_80")),
+        }
+    }
 }
 
 /// The Elementwise/Movement kernels' variant (`elt=`).
@@ -118,7 +172,7 @@ pub struct Elt {
 
 impl Default for Tune {
     fn default() -> Tune {
-        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default() }
+        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), arch: Arch::Sm90a }
     }
 }
 

@@ -25,18 +25,28 @@ pub fn ptxas() -> PathBuf {
 /// Assembles `ptx` for sm_90a in a scratch folder named after `suite` and `tag`; the
 /// error output when ptxas refuses it.
 pub fn assemble_ptx(suite: &str, tag: &str, ptx: &str) -> Result<(), String> {
-    run_ptxas(&format!("{suite}-{}-{tag}", std::process::id()), &[], ptx).map(|_| ())
+    assemble_ptx_for("sm_90a", suite, tag, ptx)
+}
+
+/// [`assemble_ptx`] for the architecture `arch` (`sm_80`, `sm_90a`).
+pub fn assemble_ptx_for(arch: &str, suite: &str, tag: &str, ptx: &str) -> Result<(), String> {
+    run_ptxas_for(arch, &format!("{suite}-{}-{tag}", std::process::id()), &[], ptx).map(|_| ())
 }
 
 /// Runs `ptxas -arch=sm_90a ARGS` on `ptx` in the scratch folder `kiln-SCRATCH` (removed
 /// after): ptxas's error output, as the error when it refuses the PTX, else as the value.
 fn run_ptxas(scratch: &str, args: &[&str], ptx: &str) -> Result<String, String> {
+    run_ptxas_for("sm_90a", scratch, args, ptx)
+}
+
+/// [`run_ptxas`] for the architecture `arch`.
+fn run_ptxas_for(arch: &str, scratch: &str, args: &[&str], ptx: &str) -> Result<String, String> {
     let dir = std::env::temp_dir().join(format!("kiln-{scratch}"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let src = dir.join("m.ptx");
     std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
     let out = Command::new(ptxas())
-        .arg("-arch=sm_90a")
+        .arg(format!("-arch={arch}"))
         .args(args)
         .arg(&src)
         .arg("-o")

@@ -324,12 +324,15 @@ pub fn fill_memsets(dst: u64, length: u64, pattern: u64, pattern_len: u8) -> Vec
 
 /// The nodes of entry point `entry` (index `index` in the layout) whose kernels launch
 /// as `launches` (per kernel of the kernel table: the launch of the variant that runs,
-/// `None` for a kernel with no CUDA variant).
+/// `None` for a kernel with no CUDA variant), on `grids` blocks where the variant that
+/// runs has a grid of its own (per kernel; 0, or a kernel past the slice's end: the
+/// dispatch's workgroups).
 pub fn nodes(
     entry: &EntryView<'_>,
     index: usize,
     layout: &Layout,
     launches: &[Option<Launch>],
+    grids: &[u64],
 ) -> Result<Vec<Node>, RuntimeError> {
     let fail = |command: usize, problem: GraphProblem| RuntimeError::CudaPlan {
         entry: entry.name.to_string(),
@@ -368,8 +371,12 @@ pub fn nodes(
                 if *workgroups == 0 {
                     continue;
                 }
-                if *workgroups > MAX_GRID {
-                    return Err(fail(ci, GraphProblem::Grid { workgroups: *workgroups }));
+                let workgroups = match grids.get(*kernel as usize) {
+                    Some(&g) if g != 0 => g,
+                    _ => *workgroups,
+                };
+                if workgroups > MAX_GRID {
+                    return Err(fail(ci, GraphProblem::Grid { workgroups }));
                 }
                 let l = launches
                     .get(*kernel as usize)
@@ -378,7 +385,7 @@ pub fn nodes(
                     .ok_or_else(|| fail(ci, GraphProblem::NoLaunch { kernel: *kernel }))?;
                 alloc::vec![NodeKind::Kernel {
                     kernel: *kernel,
-                    grid: *workgroups as u32,
+                    grid: workgroups as u32,
                     block: l.block,
                     shared: l.shared,
                     params: bindings.iter().map(|b| layout.offset(index, b)).collect(),
@@ -457,7 +464,7 @@ mod tests {
 
     fn deps(commands: Vec<Command>) -> Vec<(usize, Vec<usize>)> {
         let e = entry(commands);
-        nodes(&e, 0, &layout(), &[Some(L); 8]).expect("nodes").into_iter().map(|n| (n.command, n.deps)).collect()
+        nodes(&e, 0, &layout(), &[Some(L); 8], &[]).expect("nodes").into_iter().map(|n| (n.command, n.deps)).collect()
     }
 
     #[test]
@@ -539,18 +546,18 @@ mod tests {
             Command::Fill { dst: b(Slot::Arena, 0, 0), pattern: 1, pattern_len: 1 },
             Command::Barrier,
         ]);
-        assert_eq!(nodes(&e, 0, &layout(), &[Some(L)]).expect("nodes"), []);
+        assert_eq!(nodes(&e, 0, &layout(), &[Some(L)], &[]).expect("nodes"), []);
         let mut e = entry(vec![dispatch(0, vec![b(Slot::Arena, 0, 4)])]);
         if let Command::Dispatch { workgroups, .. } = &mut e.commands[0] {
             *workgroups = MAX_GRID + 1;
         }
-        let err = nodes(&e, 0, &layout(), &[Some(L)]).expect_err("grid");
+        let err = nodes(&e, 0, &layout(), &[Some(L)], &[]).expect_err("grid");
         assert!(
             matches!(&err, RuntimeError::CudaPlan { command: 0, problem: GraphProblem::Grid { workgroups }, .. } if *workgroups == MAX_GRID + 1),
             "{err:?}"
         );
         let e = entry(vec![dispatch(3, vec![b(Slot::Arena, 0, 4)])]);
-        let err = nodes(&e, 0, &layout(), &[Some(L)]).expect_err("no launch");
+        let err = nodes(&e, 0, &layout(), &[Some(L)], &[]).expect_err("no launch");
         assert!(matches!(err, RuntimeError::CudaPlan { problem: GraphProblem::NoLaunch { kernel: 3 }, .. }));
     }
 
@@ -582,7 +589,7 @@ mod tests {
             }
         }
         // The nodes of a step keep only the dependencies inside it.
-        let n = nodes(&e, 0, &layout(), &[Some(L)]).expect("nodes");
+        let n = nodes(&e, 0, &layout(), &[Some(L)], &[]).expect("nodes");
         assert_eq!(n.iter().map(|x| x.command).collect::<Vec<_>>(), [0, 3, 5, 7]);
         let last = step_nodes(&n, &(6..8));
         assert_eq!(last.len(), 1);
@@ -603,7 +610,7 @@ mod tests {
             Command::Fill { dst: b(Slot::Arena, 1024, 16), pattern: 0x0102_0304, pattern_len: 4 },
         ]);
         let launches = [Some(L), Some(Launch { block: 64, shared: 1 << 16, params: 3 })];
-        let n = nodes(&e, 0, &l, &launches).expect("nodes");
+        let n = nodes(&e, 0, &l, &launches, &[]).expect("nodes");
         assert_eq!(
             n[0].kind,
             NodeKind::Kernel {
@@ -616,6 +623,12 @@ mod tests {
         );
         assert_eq!(n[1].kind, NodeKind::Copy { src: l.outputs[0][0], dst: 8, bytes: 8 });
         assert_eq!(n[1].deps, [0]);
+        // A variant with a grid of its own (an sm_80 variant that splits no K over a
+        // cluster) launches on that grid; 0 leaves the dispatch's.
+        let own = nodes(&e, 0, &l, &launches, &[0, 9]).expect("nodes");
+        assert!(matches!(own[0].kind, NodeKind::Kernel { grid: 9, .. }), "{:?}", own[0].kind);
+        let same = nodes(&e, 0, &l, &launches, &[5, 0]).expect("nodes");
+        assert!(matches!(same[0].kind, NodeKind::Kernel { grid: 4, .. }), "{:?}", same[0].kind);
         assert_eq!(
             n[2].kind,
             NodeKind::Memset(Memset { dst: 1024, value: 0x0102_0304, element: 4, width: 4, height: 1, pitch: 16 })

@@ -93,6 +93,8 @@ pub fn driver_present() -> Result<(), RuntimeError> {
 struct LoadedKernel {
     function: CUfunction,
     launch: Launch,
+    /// The variant's own grid (0: the dispatch's workgroups).
+    grid: u64,
     form: CodeForm,
     variant: usize,
 }
@@ -107,6 +109,8 @@ pub struct CudaModule<'a> {
     /// Per kernel of the kernel table (`None`: never dispatched and no CUDA variant).
     kernels: Vec<Option<LoadedKernel>>,
     launches: Vec<Option<Launch>>,
+    /// Per kernel, the grid of the variant that runs where it has its own (else 0).
+    grids: Vec<u64>,
     load_time: Duration,
     cubin_fallback: Option<String>,
     // Dropped before the context: functions live in these modules.
@@ -174,6 +178,20 @@ impl<'a> CudaModule<'a> {
         weights: Option<&'a [u8]>,
         ordinal: usize,
     ) -> Result<CudaModule<'a>, RuntimeError> {
+        CudaModule::load_as(artifact, weights, ordinal, None)
+    }
+
+    /// [`CudaModule::load_on`], choosing each kernel's variant as if the device had
+    /// compute capability `capability` where that is below its own (the device's own
+    /// where it is not, or with `None`): an artifact with an `sm_80` variant
+    /// (`kiln compile --cuda-arch sm_90a,sm_80`) runs its `sm_80` code on a Hopper GPU
+    /// with `Some((8, 0))`, which is how that code is tested there.
+    pub fn load_as(
+        artifact: &'a [u8],
+        weights: Option<&'a [u8]>,
+        ordinal: usize,
+        capability: Option<(u32, u32)>,
+    ) -> Result<CudaModule<'a>, RuntimeError> {
         // The driver first: without one nothing else matters, and the answer is the
         // same whatever the artifact.
         driver::init()?;
@@ -200,7 +218,9 @@ impl<'a> CudaModule<'a> {
             }
         }
         let start = Instant::now();
-        let want_cubin = ctx.capability == (9, 0);
+        let own = (ctx.capability.0.max(0) as u32, ctx.capability.1.max(0) as u32);
+        let cc = capability.map_or(own, |c| c.min(own));
+        let want_cubin = cc == (9, 0);
         let mut codes: Vec<driver::LoadedCode> = Vec::new();
         // Per executable: the index of its loaded code, or why it did not load.
         let mut loaded: Vec<Option<Result<usize, RuntimeError>>> = Vec::new();
@@ -208,7 +228,6 @@ impl<'a> CudaModule<'a> {
         let mut cubin_fallback = None;
         let mut kernels = Vec::with_capacity(program.kernels.len());
         for (ki, &is_dispatched) in dispatched.iter().enumerate() {
-            let cc = (ctx.capability.0.max(0) as u32, ctx.capability.1.max(0) as u32);
             let (cubin, ptx, unmet) = cuda_variants(&program, ki, cc);
             let mut try_variant = |vi: usize, form: CodeForm| -> Result<LoadedKernel, RuntimeError> {
                 let v = &program.kernels[ki].variants[vi];
@@ -236,7 +255,7 @@ impl<'a> CudaModule<'a> {
                     // current context (bound by `Context::new`).
                     unsafe { driver::set_max_dynamic_shared(function, launch.shared)? };
                 }
-                Ok(LoadedKernel { function, launch, form, variant: vi })
+                Ok(LoadedKernel { function, launch, grid: v.workgroups, form, variant: vi })
             };
             let mut why = Vec::new();
             let mut pick = None;
@@ -250,7 +269,7 @@ impl<'a> CudaModule<'a> {
                         }
                     }
                 } else {
-                    let (major, minor) = ctx.capability;
+                    let (major, minor) = cc;
                     why.push(format!("the cubin is for compute capability 9.0, the device has {major}.{minor}"));
                     cubin_fallback.get_or_insert_with(|| why[0].clone());
                 }
@@ -272,8 +291,21 @@ impl<'a> CudaModule<'a> {
         }
         let load_time = start.elapsed();
         let launches = kernels.iter().map(|k| k.map(|k| k.launch)).collect();
+        let grids = kernels.iter().map(|k| k.map_or(0, |k| k.grid)).collect();
         let main = program.entries.iter().position(|e| e.name == "main");
-        Ok(CudaModule { program, pool, limits, main, kernels, launches, load_time, cubin_fallback, _codes: codes, ctx })
+        Ok(CudaModule {
+            program,
+            pool,
+            limits,
+            main,
+            kernels,
+            launches,
+            grids,
+            load_time,
+            cubin_fallback,
+            _codes: codes,
+            ctx,
+        })
     }
 
     /// The decoded, verified artifact.
@@ -419,13 +451,17 @@ impl<'m> CudaInstance<'m> {
         let mut nodes = Vec::with_capacity(p.entries.len());
         let mut plans = Vec::with_capacity(p.entries.len());
         for (i, e) in p.entries.iter().enumerate() {
-            let n = graph::nodes(e, i, &layout, &module.launches)?;
+            let n = graph::nodes(e, i, &layout, &module.launches, &module.grids)?;
             let mut plan = Vec::new();
             for step in graph::steps(&e.commands) {
                 let exec = match &step {
                     Step::Graph(range) => {
                         let sub = graph::step_nodes(&n, range);
-                        if sub.is_empty() { None } else { Some(build_graph(module, &sub, base)?.instantiate(&stream)?) }
+                        if sub.is_empty() {
+                            None
+                        } else {
+                            Some(build_graph(module, &sub, base)?.instantiate(&stream)?)
+                        }
                     }
                     Step::Skip(_) => None,
                 };
