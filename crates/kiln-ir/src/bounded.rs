@@ -27,10 +27,10 @@
 //! actual length `n`, its first `n` positions meet the first `n` of the input.
 
 use crate::attrs::{GatherAttrs, GemmAttrs, LayerNormAttrs, ReduceAttrs, SoftmaxAttrs, TransposeAttrs};
-use crate::dynamic::DynamicError;
+use crate::dynamic::{masked, mean_of, normalise, reduced_axes, DynamicError};
 use crate::entity::EntityId;
 use crate::graph::{Graph, Node, ValueDef, ValueId};
-use crate::op::{Attr, Attrs, Op, OpKind};
+use crate::op::{Op, OpKind};
 use crate::{DType, Shape, Tensor, TensorType};
 
 /// One bounded input dimension of a graph.
@@ -97,12 +97,6 @@ pub fn analyse_with(g: &Graph, strict: bool) -> Result<Vec<Axes>, DynamicError> 
         }
     }
     Ok(of)
-}
-
-fn normalise(a: i64, rank: usize) -> Option<usize> {
-    let r = rank as i64;
-    let a = if a < 0 { a + r } else { a };
-    (0..r).contains(&a).then_some(a as usize)
 }
 
 /// Where `axes` (of a value of `dims`) land in a value of `out` holding the same
@@ -333,48 +327,6 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
     }
 }
 
-/// The axes a reduction reduces.
-fn reduced_axes(g: &Graph, node: &Node, a: &ReduceAttrs, r: usize) -> Vec<usize> {
-    match node.inputs.get(1).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok()) {
-        Some(v) if !v.is_empty() => v.iter().filter_map(|&x| normalise(x, r)).collect(),
-        _ if a.noop_with_empty_axes => Vec::new(),
-        _ => (0..r).collect(),
-    }
-}
-
-/// `Where(iota < extent, x, fill)` along `axis` of `x` (of type `ty`, `bound` there).
-fn masked(
-    out: &mut Graph,
-    x: ValueId,
-    ty: &TensorType,
-    axis: usize,
-    bound: usize,
-    ext: ValueId,
-    fill: Tensor,
-) -> ValueId {
-    let r = ty.shape.rank();
-    let mut idims = vec![1usize; r];
-    idims[axis] = bound;
-    let iota: Vec<i64> = (0..bound as i64).collect();
-    let ishape = Shape::new(idims).unwrap_or_else(|_| Shape::scalar());
-    let iota =
-        out.add_const("", Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)));
-    let (_, m) = out.add_node(
-        String::new(),
-        Op::new(OpKind::Less),
-        vec![Some(iota), Some(ext)],
-        vec![(String::new(), TensorType::new(DType::Bool, ishape))],
-    );
-    let f = out.add_const("", fill);
-    let (_, w) = out.add_node(
-        String::new(),
-        Op::new(OpKind::Where),
-        vec![Some(m[0]), Some(x), Some(f)],
-        vec![(String::new(), ty.clone())],
-    );
-    w[0]
-}
-
 /// Rewrites every op that mixes positions along a bounded axis to read the extent (see
 /// the module docs): reductions and soft-maxes over it, and MatMuls with it as their
 /// inner dimension, see the padding replaced by their identity; a ReduceMean over it
@@ -474,27 +426,7 @@ pub fn mask(g: &Graph) -> Graph {
                 n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
             }
             Some((exts, others)) => {
-                // mean = sum / (the extents · the other reduced extents), in the dtype.
-                let ty = outs[0].1.clone();
-                let (_, sum) = out.add_node(n.name.clone(), op, inputs, vec![(String::new(), ty.clone())]);
-                let sty = TensorType::new(ty.dtype, Shape::scalar());
-                let mut attrs = Attrs::new();
-                attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
-                let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
-                let mut cnt = out.add_const("", scalar(ty.dtype, others).unwrap_or_else(|| Tensor::scalar(1.0f32)));
-                for e in exts {
-                    let (_, c) =
-                        out.add_node(String::new(), cast.clone(), vec![Some(e)], vec![(String::new(), sty.clone())]);
-                    let (_, m) = out.add_node(
-                        String::new(),
-                        Op::new(OpKind::Mul),
-                        vec![Some(cnt), Some(c[0])],
-                        vec![(String::new(), sty.clone())],
-                    );
-                    cnt = m[0];
-                }
-                let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt)], outs);
-                map[n.outputs[0].index()] = Some(q[0]);
+                map[n.outputs[0].index()] = Some(mean_of(&mut out, n.name.clone(), op, inputs, outs, &exts, others));
             }
         }
     }

@@ -103,10 +103,20 @@ pub fn source(node: &Node, g: &Graph) -> Option<(Vec<(usize, usize)>, usize)> {
     }
 }
 
-fn normalise(a: i64, rank: usize) -> Option<usize> {
+pub(crate) fn normalise(a: i64, rank: usize) -> Option<usize> {
     let r = rank as i64;
     let a = if a < 0 { a + r } else { a };
     (0..r).contains(&a).then_some(a as usize)
+}
+
+/// The axes a reduction `node` (of an operand of rank `r`) reduces: its constant `axes`
+/// operand, else none (`noop_with_empty_axes`) or all of them.
+pub(crate) fn reduced_axes(g: &Graph, node: &Node, a: &ReduceAttrs, r: usize) -> Vec<usize> {
+    match node.inputs.get(1).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok()) {
+        Some(v) if !v.is_empty() => v.iter().filter_map(|&x| normalise(x, r)).collect(),
+        _ if a.noop_with_empty_axes => Vec::new(),
+        _ => (0..r).collect(),
+    }
 }
 
 /// Whether `g` (or an `If` branch in it) has a data-dependent op.
@@ -295,12 +305,7 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
             if i0 == 0 =>
         {
             let a = node.op.attrs_of::<ReduceAttrs>().map_err(|e| e.to_string())?;
-            let r = in_rank(0);
-            let axes: Vec<usize> = match ints(1) {
-                Some(v) if !v.is_empty() => v.iter().filter_map(|&x| normalise(x, r)).collect(),
-                _ if a.noop_with_empty_axes => Vec::new(),
-                _ => (0..r).collect(),
-            };
+            let axes = reduced_axes(g, node, &a, in_rank(0));
             if axes.contains(&d0.axis) {
                 // Masked by the extent (`mask_reductions`): the padding holds the
                 // reduction's identity, so the result has a static extent.
@@ -389,6 +394,79 @@ pub(crate) fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tenso
     }
 }
 
+/// `Where(iota < extent, x, fill)` along `axis` of `x` (of type `ty`, `bound` there): the
+/// positions past the run-time extent `ext` replaced by `fill`. Shared by the
+/// data-dependent masking here and the bounded-input masking ([`crate::bounded::mask`]).
+pub(crate) fn masked(
+    out: &mut Graph,
+    x: ValueId,
+    ty: &crate::TensorType,
+    axis: usize,
+    bound: usize,
+    ext: ValueId,
+    fill: crate::Tensor,
+) -> ValueId {
+    use crate::op::Op;
+    use crate::{DType, Shape, Tensor, TensorType};
+    let mut idims = vec![1usize; ty.shape.rank()];
+    idims[axis] = bound;
+    let iota: Vec<i64> = (0..bound as i64).collect();
+    let ishape = Shape::new(idims).unwrap_or_else(|_| Shape::scalar());
+    let iota =
+        out.add_const("", Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)));
+    let (_, m) = out.add_node(
+        String::new(),
+        Op::new(OpKind::Less),
+        vec![Some(iota), Some(ext)],
+        vec![(String::new(), TensorType::new(DType::Bool, ishape))],
+    );
+    let f = out.add_const("", fill);
+    let (_, w) = out.add_node(
+        String::new(),
+        Op::new(OpKind::Where),
+        vec![Some(m[0]), Some(x), Some(f)],
+        vec![(String::new(), ty.clone())],
+    );
+    w[0]
+}
+
+/// A ReduceMean over run-time extents, as `sum / count`: `op` (the ReduceSum it became,
+/// named `name`) on `inputs`, divided by the product of `others` (the static extents of
+/// the other reduced axes) and each of the i64 `extents` cast to the result's dtype.
+/// `outs` names and types the quotient, which is returned.
+pub(crate) fn mean_of(
+    out: &mut Graph,
+    name: String,
+    op: crate::op::Op,
+    inputs: Vec<Option<ValueId>>,
+    outs: Vec<(String, crate::TensorType)>,
+    extents: &[ValueId],
+    others: f64,
+) -> ValueId {
+    use crate::op::{Attr, Attrs, Op};
+    use crate::{Shape, Tensor, TensorType};
+    let ty = outs[0].1.clone();
+    let (_, sum) = out.add_node(name, op, inputs, vec![(String::new(), ty.clone())]);
+    let sty = TensorType::new(ty.dtype, Shape::scalar());
+    let mut attrs = Attrs::new();
+    attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
+    let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
+    let k = Tensor::from_f64(ty.dtype, Shape::scalar(), &[others]).unwrap_or_else(|_| Tensor::scalar(1.0f32));
+    let mut cnt = out.add_const("", k);
+    for &e in extents {
+        let (_, c) = out.add_node(String::new(), cast.clone(), vec![Some(e)], vec![(String::new(), sty.clone())]);
+        let (_, m) = out.add_node(
+            String::new(),
+            Op::new(OpKind::Mul),
+            vec![Some(cnt), Some(c[0])],
+            vec![(String::new(), sty.clone())],
+        );
+        cnt = m[0];
+    }
+    let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt)], outs);
+    q[0]
+}
+
 /// Rewrites every reduction along a data-dependent axis to read the extent: its operand
 /// becomes `Where(iota < extent, x, identity)` (the padding holds the reduction's
 /// identity: 0 for sums, 1 for a product, ∓∞ or the dtype's limits for a maximum or
@@ -397,8 +475,8 @@ pub(crate) fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tenso
 /// [`analyse`], which accepts exactly these masked reductions.
 pub fn mask_reductions(g: &Graph) -> Graph {
     use crate::graph::ValueDef;
-    use crate::op::{Attr, Attrs, Op};
-    use crate::{DType, Shape, Tensor, TensorType};
+    use crate::op::Op;
+    use crate::TensorType;
     let dyn_of = analyse_with(g, false).unwrap_or_default();
     let mut out = Graph::new(g.name.clone());
     out.quant = g.quant;
@@ -432,19 +510,7 @@ pub fn mask_reductions(g: &Graph) -> Graph {
             (reduce, d, n.inputs.first().copied().flatten(), n.op.attrs_of::<ReduceAttrs>())
         {
             let xt = g.ty(x).clone();
-            let r = xt.shape.rank();
-            let axes: Vec<usize> = match n
-                .inputs
-                .get(1)
-                .copied()
-                .flatten()
-                .and_then(|v| g.constant(v))
-                .and_then(|t| t.to_i64_vec().ok())
-            {
-                Some(v) if !v.is_empty() => v.iter().filter_map(|&a| normalise(a, r)).collect(),
-                _ if a.noop_with_empty_axes => Vec::new(),
-                _ => (0..r).collect(),
-            };
+            let axes = reduced_axes(g, n, &a, xt.shape.rank());
             let (Some(id), Some(ext)) = (identity(n.op.kind, xt.dtype), m(&map, d.extent)) else {
                 // No mask for this reduction: left for analyse to refuse.
                 let outs = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
@@ -453,28 +519,7 @@ pub fn mask_reductions(g: &Graph) -> Graph {
                 continue;
             };
             if axes.contains(&d.axis) {
-                let mut idims = vec![1usize; r];
-                idims[d.axis] = d.bound;
-                let iota: Vec<i64> = (0..d.bound as i64).collect();
-                let ishape = Shape::new(idims.clone()).unwrap_or_else(|_| Shape::scalar());
-                let iota = out.add_const(
-                    "",
-                    Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)),
-                );
-                let (_, mask) = out.add_node(
-                    String::new(),
-                    Op::new(OpKind::Less),
-                    vec![Some(iota), Some(ext)],
-                    vec![(String::new(), TensorType::new(DType::Bool, ishape))],
-                );
-                let idv = out.add_const("", id);
-                let (_, w) = out.add_node(
-                    String::new(),
-                    Op::new(OpKind::Where),
-                    vec![Some(mask[0]), inputs[0], Some(idv)],
-                    vec![(String::new(), xt.clone())],
-                );
-                inputs[0] = Some(w[0]);
+                inputs[0] = inputs[0].map(|x| masked(&mut out, x, &xt, d.axis, d.bound, ext, id));
                 if n.op.kind == OpKind::ReduceMean {
                     let others: f64 =
                         axes.iter().filter(|&&a| a != d.axis).map(|&a| xt.shape.dims()[a] as f64).product();
@@ -491,26 +536,7 @@ pub fn mask_reductions(g: &Graph) -> Graph {
                 n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
             }
             Some((ext, others)) => {
-                // mean = sum / (extent · the other reduced extents), in the dtype.
-                let ty = outs[0].1.clone();
-                let (_, sum) = out.add_node(n.name.clone(), op, inputs, vec![(String::new(), ty.clone())]);
-                let mut attrs = Attrs::new();
-                attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
-                let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
-                let scalar = TensorType::new(ty.dtype, Shape::scalar());
-                let (_, c) = out.add_node(String::new(), cast, vec![Some(ext)], vec![(String::new(), scalar.clone())]);
-                let k = out.add_const(
-                    "",
-                    Tensor::from_f64(ty.dtype, Shape::scalar(), &[others]).unwrap_or_else(|_| Tensor::scalar(1.0f32)),
-                );
-                let (_, cnt) = out.add_node(
-                    String::new(),
-                    Op::new(OpKind::Mul),
-                    vec![Some(c[0]), Some(k)],
-                    vec![(String::new(), scalar)],
-                );
-                let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt[0])], outs);
-                map[n.outputs[0].index()] = Some(q[0]);
+                map[n.outputs[0].index()] = Some(mean_of(&mut out, n.name.clone(), op, inputs, outs, &[ext], others));
             }
         }
     }
