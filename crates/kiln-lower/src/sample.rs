@@ -20,6 +20,7 @@
 use kiln_ir::attrs::{Col2ImAttrs, GridSampleAttrs, GridSampleMode, GridSamplePadding};
 use kiln_ir::OpKind;
 
+use super::movement::{cubic_inner, cubic_outer};
 use super::{compute, store, LowerError, Lowered, OpCx, Operand, Step};
 use kiln_flow::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 
@@ -122,23 +123,14 @@ fn cubic_coeffs(b: &mut KernelBuilder, t: ScalarType, x: ExprId) -> [ExprId; 4] 
         let k5 = b.float(t, 5.0 * a);
         let k8 = b.float(t, 8.0 * a);
         let k4 = b.float(t, 4.0 * a);
-        let p = b.mul(av, s);
-        let p = b.sub(p, k5);
-        let p = b.mul(p, s);
-        let p = b.add(p, k8);
-        let p = b.mul(p, s);
-        b.sub(p, k4)
+        cubic_outer(b, [av, k5, k8, k4], s)
     };
     // ((a + 2)·s − (a + 3))·s·s + 1 for s = x and s = 1 − x.
     let inner = |b: &mut KernelBuilder, s: ExprId| {
         let k2 = b.float(t, a + 2.0);
         let k3 = b.float(t, a + 3.0);
         let one = b.float(t, 1.0);
-        let p = b.mul(k2, s);
-        let p = b.sub(p, k3);
-        let p = b.mul(p, s);
-        let p = b.mul(p, s);
-        b.add(p, one)
+        cubic_inner(b, [k2, k3, one], s)
     };
     let xp1 = b.add(x, one);
     let omx = b.sub(one, x);
