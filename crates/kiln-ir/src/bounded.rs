@@ -29,7 +29,7 @@
 use crate::attrs::{GatherAttrs, GemmAttrs, LayerNormAttrs, ReduceAttrs, SoftmaxAttrs, TransposeAttrs};
 use crate::dynamic::{masked, mean_of, normalise, reduced_axes, DynamicError};
 use crate::entity::EntityId;
-use crate::graph::{Graph, Node, ValueDef, ValueId};
+use crate::graph::{Graph, Node, ValueId};
 use crate::op::{Op, OpKind};
 use crate::{DType, Shape, Tensor, TensorType};
 
@@ -333,14 +333,7 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
 /// becomes a sum divided by the actual count. Other nodes are copied, in order.
 pub fn mask(g: &Graph) -> Graph {
     let of = analyse_with(g, false).unwrap_or_default();
-    let mut out = Graph::new(g.name.clone());
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
-    for (vid, v) in g.values.iter() {
-        if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {
-            map[vid.index()] = Some(out.values.push(v.clone()));
-        }
-    }
-    out.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
+    let (mut out, mut map) = g.rewrite_start(|_| true);
     out.bounded = g.bounded.clone();
     let ext_of =
         |out: &Graph, d: usize| -> Option<ValueId> { g.bounded.get(d).and_then(|b| out.inputs.get(b.extent).copied()) };
@@ -418,15 +411,10 @@ pub fn mask(g: &Graph) -> Graph {
             }
             _ => {}
         }
-        let outs: Vec<(String, TensorType)> =
-            n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
         match mean_count {
-            None => {
-                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
-                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
-            }
+            None => out.copy_node(g, n, op, inputs, &mut map),
             Some((exts, others)) => {
-                map[n.outputs[0].index()] = Some(mean_of(&mut out, n.name.clone(), op, inputs, outs, &exts, others));
+                map[n.outputs[0].index()] = Some(mean_of(&mut out, g, n, op, inputs, &exts, others))
             }
         }
     }

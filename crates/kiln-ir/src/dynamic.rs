@@ -73,21 +73,11 @@ pub fn source(node: &Node, g: &Graph) -> Option<(Vec<(usize, usize)>, usize)> {
         OpKind::NonMaxSuppression => Some((vec![(0, 0)], 1)),
         OpKind::Compress => {
             let a = node.op.attrs_of::<crate::attrs::CompressAttrs>().ok()?;
-            let x = g.ty(node.inputs.first().copied().flatten()?);
-            let axis = match a.axis {
-                Some(ax) => normalise(ax, x.shape.rank())?,
-                None => 0,
-            };
-            Some((vec![(0, axis)], 1))
+            Some((vec![(0, operand_axis(node, g, a.axis)?)], 1))
         }
         OpKind::Unique => {
             let a = node.op.attrs_of::<crate::attrs::UniqueAttrs>().ok()?;
-            let x = g.ty(node.inputs.first().copied().flatten()?);
-            let axis = match a.axis {
-                Some(ax) => normalise(ax, x.shape.rank())?,
-                None => 0,
-            };
-            Some((vec![(0, axis), (1, 0), (3, 0)], 4))
+            Some((vec![(0, operand_axis(node, g, a.axis)?), (1, 0), (3, 0)], 4))
         }
         // A shape check (Resize with run-time `scales`, compiled for the dims in
         // `kiln_dims`): no bounded result; the second result counts the axes whose
@@ -95,14 +85,24 @@ pub fn source(node: &Node, g: &Graph) -> Option<(Vec<(usize, usize)>, usize)> {
         OpKind::Resize | OpKind::OneHot | OpKind::Range if n == 2 => Some((Vec::new(), 1)),
         OpKind::TopK if n == 3 => {
             let a = node.op.attrs_of::<TopKAttrs>().ok()?;
-            let x = g.ty(node.inputs.first().copied().flatten()?);
-            let axis = normalise(a.axis, x.shape.rank())?;
+            let axis = operand_axis(node, g, Some(a.axis))?;
             Some((vec![(0, axis), (1, axis)], 2))
         }
         _ => None,
     }
 }
 
+/// `axis` of `node`'s first operand, normalised; 0 where the op has none (it works on
+/// the flattened operand). `None` when the axis is out of range or the operand absent.
+fn operand_axis(node: &Node, g: &Graph, axis: Option<i64>) -> Option<usize> {
+    let x = g.ty(node.inputs.first().copied().flatten()?);
+    match axis {
+        Some(ax) => normalise(ax, x.shape.rank()),
+        None => Some(0),
+    }
+}
+
+/// Axis `a` of a value of rank `rank`, counted from the end when negative; `None` out of range.
 pub(crate) fn normalise(a: i64, rank: usize) -> Option<usize> {
     let r = rank as i64;
     let a = if a < 0 { a + r } else { a };
@@ -430,23 +430,25 @@ pub(crate) fn masked(
     w[0]
 }
 
-/// A ReduceMean over run-time extents, as `sum / count`: `op` (the ReduceSum it became,
-/// named `name`) on `inputs`, divided by the product of `others` (the static extents of
-/// the other reduced axes) and each of the i64 `extents` cast to the result's dtype.
-/// `outs` names and types the quotient, which is returned.
+/// ReduceMean node `n` of `g` over run-time extents, added to `out` as `sum / count`:
+/// `op` (the ReduceSum it became) on `inputs`, divided by the product of `others` (the
+/// static extents of the other reduced axes) and each of the i64 `extents` cast to the
+/// result's dtype. The quotient, named and typed as `n`'s result, is returned.
 pub(crate) fn mean_of(
     out: &mut Graph,
-    name: String,
+    g: &Graph,
+    n: &Node,
     op: crate::op::Op,
     inputs: Vec<Option<ValueId>>,
-    outs: Vec<(String, crate::TensorType)>,
     extents: &[ValueId],
     others: f64,
 ) -> ValueId {
     use crate::op::{Attr, Attrs, Op};
     use crate::{Shape, Tensor, TensorType};
+    let outs: Vec<(String, TensorType)> =
+        n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
     let ty = outs[0].1.clone();
-    let (_, sum) = out.add_node(name, op, inputs, vec![(String::new(), ty.clone())]);
+    let (_, sum) = out.add_node(n.name.clone(), op, inputs, vec![(String::new(), ty.clone())]);
     let sty = TensorType::new(ty.dtype, Shape::scalar());
     let mut attrs = Attrs::new();
     attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
@@ -474,19 +476,9 @@ pub(crate) fn mean_of(
 /// reduced extents. Nodes are kept in program order; other nodes are copied. Run before
 /// [`analyse`], which accepts exactly these masked reductions.
 pub fn mask_reductions(g: &Graph) -> Graph {
-    use crate::graph::ValueDef;
     use crate::op::Op;
-    use crate::TensorType;
     let dyn_of = analyse_with(g, false).unwrap_or_default();
-    let mut out = Graph::new(g.name.clone());
-    out.quant = g.quant;
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
-    for (vid, v) in g.values.iter() {
-        if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {
-            map[vid.index()] = Some(out.values.push(v.clone()));
-        }
-    }
-    out.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
+    let (mut out, mut map) = g.rewrite_start(|_| true);
     let m = |map: &Vec<Option<ValueId>>, v: ValueId| map[v.index()];
     for (_, n) in g.nodes.iter() {
         let mut inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| m(&map, v))).collect();
@@ -513,9 +505,7 @@ pub fn mask_reductions(g: &Graph) -> Graph {
             let axes = reduced_axes(g, n, &a, xt.shape.rank());
             let (Some(id), Some(ext)) = (identity(n.op.kind, xt.dtype), m(&map, d.extent)) else {
                 // No mask for this reduction: left for analyse to refuse.
-                let outs = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
-                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
-                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
+                out.copy_node(g, n, op, inputs, &mut map);
                 continue;
             };
             if axes.contains(&d.axis) {
@@ -528,15 +518,10 @@ pub fn mask_reductions(g: &Graph) -> Graph {
                 }
             }
         }
-        let outs: Vec<(String, TensorType)> =
-            n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
         match mean_count {
-            None => {
-                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
-                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
-            }
+            None => out.copy_node(g, n, op, inputs, &mut map),
             Some((ext, others)) => {
-                map[n.outputs[0].index()] = Some(mean_of(&mut out, n.name.clone(), op, inputs, outs, &[ext], others));
+                map[n.outputs[0].index()] = Some(mean_of(&mut out, g, n, op, inputs, &[ext], others))
             }
         }
     }
