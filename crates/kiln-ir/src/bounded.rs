@@ -27,7 +27,7 @@
 //! actual length `n`, its first `n` positions meet the first `n` of the input.
 
 use crate::attrs::{GatherAttrs, GemmAttrs, LayerNormAttrs, ReduceAttrs, SoftmaxAttrs, TransposeAttrs};
-use crate::dynamic::{masked, mean_of, normalise, reduced_axes, DynamicError};
+use crate::dynamic::{is_elementwise, is_reduction, masked, mean_of, normalise, reduced_axes, DynamicError};
 use crate::entity::EntityId;
 use crate::graph::{Graph, Node, ValueId};
 use crate::op::{Op, OpKind};
@@ -141,12 +141,7 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
     };
     let k = node.op.kind;
     match k {
-        Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd | BitwiseNot
-        | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos | Cosh | Div | Elu | Equal | Erf
-        | Exp | Floor | Gelu | Greater | GreaterOrEqual | HardSigmoid | HardSwish | Identity | IsInf | IsNaN
-        | LeakyRelu | Less | LessOrEqual | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
-        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus | Softsign | Sqrt
-        | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
+        _ if is_elementwise(k) => {
             let r = out_dims(0).len();
             let mut res: Axes = Vec::new();
             for i in 0..node.inputs.len() {
@@ -376,16 +371,7 @@ pub fn mask(g: &Graph) -> Graph {
                     }
                 }
             }
-            OpKind::ReduceL1
-            | OpKind::ReduceL2
-            | OpKind::ReduceLogSum
-            | OpKind::ReduceLogSumExp
-            | OpKind::ReduceMax
-            | OpKind::ReduceMean
-            | OpKind::ReduceMin
-            | OpKind::ReduceProd
-            | OpKind::ReduceSum
-            | OpKind::ReduceSumSquare => {
+            k if is_reduction(k) => {
                 if let (Ok(a), Some(ty)) = (n.op.attrs_of::<ReduceAttrs>(), ty_of(0)) {
                     let axes = reduced_axes(g, n, &a, ty.shape.rank());
                     let mut exts = Vec::new();

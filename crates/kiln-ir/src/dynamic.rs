@@ -205,12 +205,7 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
     match k {
         // Element-wise: the axis right-aligned into the result; every other operand
         // must broadcast along it (extent 1 or absent) or share the extent.
-        Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd | BitwiseNot
-        | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos | Cosh | Div | Elu | Equal | Erf
-        | Exp | Floor | Gelu | Greater | GreaterOrEqual | HardSigmoid | HardSwish | Identity | IsInf | IsNaN
-        | LeakyRelu | Less | LessOrEqual | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
-        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus | Softsign | Sqrt
-        | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
+        _ if is_elementwise(k) => {
             let r = out_rank(0);
             let axis = r - in_rank(i0) + d0.axis;
             for &(i, d) in operands {
@@ -300,10 +295,7 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
             }
             Ok(vec![(0, d0.axis)])
         }
-        ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax | ReduceMean | ReduceMin | ReduceProd
-        | ReduceSum | ReduceSumSquare
-            if i0 == 0 =>
-        {
+        _ if is_reduction(k) && i0 == 0 => {
             let a = node.op.attrs_of::<ReduceAttrs>().map_err(|e| e.to_string())?;
             let axes = reduced_axes(g, node, &a, in_rank(0));
             if axes.contains(&d0.axis) {
@@ -359,6 +351,33 @@ fn is_masked(g: &Graph, v: Option<ValueId>, extent: ValueId) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `kind` is element-wise (with broadcasting): a data-dependent or bounded
+/// axis of an operand passes to the same axis of the result, right-aligned. Both
+/// analyses ([`analyse`], [`crate::bounded::analyse`]) take these ops the same way.
+pub(crate) fn is_elementwise(kind: OpKind) -> bool {
+    use OpKind::*;
+    #[rustfmt::skip]
+    const ELEMENTWISE: &[OpKind] = &[
+        Abs, Acos, Acosh, Add, And, Asin, Asinh, Atan, Atanh, BitShift, BitwiseAnd, BitwiseNot, BitwiseOr,
+        BitwiseXor, Cast, CastLike, Ceil, Celu, Clip, Cos, Cosh, Div, Elu, Equal, Erf, Exp, Floor, Gelu, Greater,
+        GreaterOrEqual, HardSigmoid, HardSwish, Identity, IsInf, IsNaN, LeakyRelu, Less, LessOrEqual, Log, Max,
+        Mean, Min, Mish, Mod, Mul, Neg, Not, Or, Pow, PRelu, Reciprocal, Relu, Round, Selu, Shrink, Sigmoid, Sign,
+        Sin, Sinh, Softplus, Softsign, Sqrt, Sub, Sum, Tan, Tanh, ThresholdedRelu, Where, Xor, Dropout,
+    ];
+    ELEMENTWISE.contains(&kind)
+}
+
+/// Whether `kind` is one of the `Reduce*` ops (ReduceAttrs, an optional `axes` operand).
+pub(crate) fn is_reduction(kind: OpKind) -> bool {
+    use OpKind::*;
+    #[rustfmt::skip]
+    const REDUCTIONS: &[OpKind] = &[
+        ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceMax, ReduceMean, ReduceMin, ReduceProd, ReduceSum,
+        ReduceSumSquare,
+    ];
+    REDUCTIONS.contains(&kind)
 }
 
 /// The value a reduction leaves unchanged, as a scalar of `dtype` (`None` where kiln
@@ -484,19 +503,7 @@ pub fn mask_reductions(g: &Graph) -> Graph {
         let mut inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| m(&map, v))).collect();
         let mut op = n.op.clone();
         let mut mean_count: Option<(ValueId, f64)> = None;
-        let reduce = matches!(
-            n.op.kind,
-            OpKind::ReduceL1
-                | OpKind::ReduceL2
-                | OpKind::ReduceLogSum
-                | OpKind::ReduceLogSumExp
-                | OpKind::ReduceMax
-                | OpKind::ReduceMean
-                | OpKind::ReduceMin
-                | OpKind::ReduceProd
-                | OpKind::ReduceSum
-                | OpKind::ReduceSumSquare
-        );
+        let reduce = is_reduction(n.op.kind);
         let d = n.inputs.first().copied().flatten().and_then(|x| dyn_of.get(x.index()).copied().flatten());
         if let (true, Some(d), Some(x), Ok(a)) =
             (reduce, d, n.inputs.first().copied().flatten(), n.op.attrs_of::<ReduceAttrs>())
