@@ -85,6 +85,21 @@ fn step<F>(cx: &OpCx<'_>, result: usize, operands: &[usize], body: F) -> R<Step>
 where
     F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
 {
+    step_with(cx, result, operands, body, store)
+}
+
+/// [`step`] whose value `body` returns is stored by `end` (the element-wise ops' own
+/// `finish`; [`store`] for the others).
+pub(crate) fn step_with<F>(
+    cx: &OpCx<'_>,
+    result: usize,
+    operands: &[usize],
+    body: F,
+    end: fn(&mut KernelBuilder, ExprId) -> ExprId,
+) -> R<Step>
+where
+    F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
+{
     let Some(out) = cx.outputs.get(result) else {
         return Err(cx.unsupported(format!("result {result} has no type")));
     };
@@ -98,12 +113,12 @@ where
     let mut b = cx.builder(result, types);
     let index = b.out_index();
     let v = body(&mut b, &index)?;
-    let root = store(&mut b, v);
+    let root = end(&mut b, v);
     Ok(Step { kernel: b.finish(root)?, operands: operands.iter().map(|&i| Operand::Input(i)).collect() })
 }
 
 /// The op as the one kernel [`step`] builds for result 0.
-fn single<F>(cx: &OpCx<'_>, operands: &[usize], body: F) -> R<Lowered>
+pub(crate) fn single<F>(cx: &OpCx<'_>, operands: &[usize], body: F) -> R<Lowered>
 where
     F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
 {

@@ -20,8 +20,8 @@
 use kiln_ir::attrs::{Col2ImAttrs, GridSampleAttrs, GridSampleMode, GridSamplePadding};
 use kiln_ir::OpKind;
 
-use super::movement::{cubic_inner, cubic_outer};
-use super::{compute, store, LowerError, Lowered, OpCx, Operand, Step};
+use super::movement::{cubic_inner, cubic_outer, single};
+use super::{compute, LowerError, Lowered, OpCx};
 use kiln_flow::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 
 type R<T> = Result<T, LowerError>;
@@ -36,29 +36,6 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
         _ => return None,
     };
     Some(r)
-}
-
-/// The one kernel of result 0 reading `operands`; `body` returns the value before the store.
-fn single<F>(cx: &OpCx<'_>, operands: &[usize], body: F) -> R<Lowered>
-where
-    F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
-{
-    let Some(out) = cx.outputs.first() else {
-        return Err(cx.unsupported("the op has no result type"));
-    };
-    if out.shape.numel() == 0 {
-        let mut b = cx.builder(0, Vec::new());
-        let z = b.constant(ScalarType::of_storage(out.dtype), 0);
-        let root = store(&mut b, z);
-        return Ok(Lowered::single(b.finish(root)?, Vec::new()));
-    }
-    let types = operands.iter().map(|&i| cx.input_ty(i).cloned()).collect::<R<Vec<_>>>()?;
-    let mut b = cx.builder(0, types);
-    let index = b.out_index();
-    let v = body(&mut b, &index)?;
-    let root = store(&mut b, v);
-    let kernel = b.finish(root)?;
-    Ok(Lowered { steps: vec![Step { kernel, operands: operands.iter().map(|&i| Operand::Input(i)).collect() }], outputs: vec![super::Output::Step(0)] })
 }
 
 fn idx_c(b: &mut KernelBuilder, e: ExprId, c: i64) -> ExprId {
