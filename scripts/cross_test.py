@@ -21,7 +21,6 @@ failure (exit status 1). Used by scripts/cross-test, which builds what it needs.
 import argparse
 import json
 import os
-import re
 import concurrent.futures
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import numpy as np
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 from gen_models import MODELS  # noqa: E402  (the synthetic models: the generator's default set)
+from refio import file_stem  # noqa: E402
 
 TRIPLES = {"aarch64": "aarch64-unknown-linux-gnu", "riscv64": "riscv64gc-unknown-linux-gnu"}
 
@@ -51,8 +51,8 @@ def must(cmd, what):
 
 
 def file_name(name):
-    """The runner's file name for an output (characters outside [A-Za-z0-9._-] as _)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".npy"
+    """The runner's file name for an output."""
+    return file_stem(name) + ".npy"
 
 
 def compare(got, want, rtol, atol):

@@ -23,6 +23,7 @@ import tempfile
 
 import numpy as np
 import onnx
+from refio import file_stem
 
 
 def main() -> int:
@@ -81,8 +82,7 @@ def main() -> int:
                     for k, n in enumerate(outputs):
                         want = np.load(os.path.join(cases_dir, f"{case}.out_{k}.npy"))
                         files = [f for f in os.listdir(out) if f.endswith(".npy")]
-                        stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in n)
-                        path = os.path.join(out, stem + ".npy")
+                        path = os.path.join(out, file_stem(n) + ".npy")
                         if not os.path.exists(path):
                             why = f"no output file for {n} (have {files})"
                             break

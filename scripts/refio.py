@@ -15,6 +15,14 @@ from pathlib import Path
 import numpy as np
 
 
+def file_stem(name: str) -> str:
+    """The file name (without `.npy`) `kiln run` and `kiln-run` write output `name` to:
+    every character outside [A-Za-z0-9._-] becomes `_`, and a name left empty or all dots
+    gets an `output_` prefix (kiln-cli's `file_stem`)."""
+    s = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "_" for c in name)
+    return f"output_{s}" if s.strip(".") == "" else s
+
+
 def command_line(description=None, force=False):
     """The command line of a reference script: `--cache DIR` (a Path), and with `force`
     also `--force` (recompute every model instead of reusing fresh entries)."""

@@ -104,51 +104,45 @@ fn check(name: &str) -> Vec<usize> {
     ran
 }
 
-#[test]
-fn if_score_runs_the_second_stage_only_when_it_fires() {
-    let ran = check("if_score");
-    assert_eq!(ran.len(), 2);
+/// One test a model: [`check`] it, and the number of paths its cases take.
+macro_rules! path_tests {
+    ($($(#[$doc:meta])* $test:ident: $model:literal takes $paths:literal;)*) => {$(
+        $(#[$doc])*
+        #[test]
+        fn $test() {
+            assert_eq!(check($model).len(), $paths);
+        }
+    )*};
 }
 
-#[test]
-fn if_nested_takes_each_of_three_paths() {
-    let ran = check("if_nested");
-    assert_eq!(ran.len(), 3);
+path_tests! {
+    if_score_runs_the_second_stage_only_when_it_fires: "if_score" takes 2;
+    if_nested_takes_each_of_three_paths: "if_nested" takes 3;
+    if_mixed_branches_of_different_op_mixes: "if_mixed" takes 2;
+    /// 0, 1, 4 trips and the bound (6): each trip is a run-time If (the initial
+    /// condition is data), whose else-branch passes the loop-carried values through, so
+    /// every call runs one branch per trip (the same number of dispatches) and a trip
+    /// not taken costs its copies.
+    loop_with_a_bound_exits_early_on_data: "loop_early_exit" takes 4;
+    loop_with_a_run_time_trip_count_under_max_trips: "loop_count" takes 3;
 }
 
-#[test]
-fn if_mixed_branches_of_different_op_mixes() {
-    let ran = check("if_mixed");
-    assert_eq!(ran.len(), 2);
-}
-
-#[test]
-fn loop_with_a_bound_exits_early_on_data() {
-    // 0, 1, 4 trips and the bound (6): each trip is a run-time If (the initial
-    // condition is data), whose else-branch passes the loop-carried values through, so
-    // every call runs one branch per trip (the same number of dispatches) and a trip
-    // not taken costs its copies.
-    let ran = check("loop_early_exit");
-    assert_eq!(ran.len(), 4);
-}
-
-#[test]
-fn loop_with_a_run_time_trip_count_under_max_trips() {
-    let ran = check("loop_count");
-    assert_eq!(ran.len(), 3);
+/// `err` is an error of node `name` (an `op_type`) whose message holds `needle`.
+fn node_error(err: &kiln_import::ImportError, name: &str, op_type: &str, needle: &str) {
+    match err {
+        kiln_import::ImportError::Node { node, op_type: op, message, .. } => {
+            assert_eq!((node.as_str(), op.as_str()), (name, op_type), "{err}");
+            assert!(message.contains(needle), "{err}");
+        }
+        e => panic!("expected a node error, got {e:?}"),
+    }
 }
 
 #[test]
 fn an_unbounded_loop_without_max_trips_is_a_typed_error_naming_the_node() {
     let path = data_dir().join(model("loop_count")["file"].as_str().expect("file"));
     let err = kiln_import::onnx::import_file(&path, &Default::default()).expect_err("no bound");
-    match &err {
-        kiln_import::ImportError::Node { node, op_type, message, .. } => {
-            assert_eq!((node.as_str(), op_type.as_str()), ("count", "Loop"), "{err}");
-            assert!(message.contains("--max-trips"), "{err}");
-        }
-        e => panic!("expected a node error, got {e:?}"),
-    }
+    node_error(&err, "count", "Loop", "--max-trips");
 }
 
 // ---- Malformed models: typed errors naming the node. ----
@@ -191,13 +185,7 @@ fn a_branch_with_the_wrong_output_count_is_a_typed_error_naming_the_node() {
     let then = branch(vec![node("Relu", &["x"], &["a"]), node("Neg", &["x"], &["b"])], &[("a", &[2, 3]), ("b", &[2, 3])]);
     let els = branch(vec![node("Neg", &["x"], &["e"])], &[("e", &[2, 3])]);
     let err = import(if_model(then, els, &["y"])).expect_err("two outputs for one");
-    match &err {
-        kiln_import::ImportError::Node { node, op_type, message, .. } => {
-            assert_eq!((node.as_str(), op_type.as_str()), ("the_if", "If"), "{err}");
-            assert!(message.contains("then_branch has 2 outputs"), "{err}");
-        }
-        e => panic!("expected a node error, got {e:?}"),
-    }
+    node_error(&err, "the_if", "If", "then_branch has 2 outputs");
 }
 
 #[test]
@@ -207,11 +195,5 @@ fn branches_of_different_result_types_are_a_typed_error_naming_the_node() {
     flat.attribute = vec![int_attr("axis", 0)];
     let els = branch(vec![flat], &[("f", &[1, 6])]);
     let err = import(if_model(then, els, &["y"])).expect_err("different shapes");
-    match &err {
-        kiln_import::ImportError::Node { node, message, .. } => {
-            assert_eq!(node, "the_if", "{err}");
-            assert!(message.contains("same type"), "{err}");
-        }
-        e => panic!("expected a node error, got {e:?}"),
-    }
+    node_error(&err, "the_if", "If", "same type");
 }

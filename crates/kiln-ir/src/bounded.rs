@@ -27,10 +27,10 @@
 //! actual length `n`, its first `n` positions meet the first `n` of the input.
 
 use crate::attrs::{GatherAttrs, GemmAttrs, LayerNormAttrs, ReduceAttrs, SoftmaxAttrs, TransposeAttrs};
-use crate::dynamic::DynamicError;
+use crate::dynamic::{is_elementwise, is_reduction, masked, mean_of, normalise, reduced_axes, DynamicError};
 use crate::entity::EntityId;
-use crate::graph::{Graph, Node, ValueDef, ValueId};
-use crate::op::{Attr, Attrs, Op, OpKind};
+use crate::graph::{Graph, Node, ValueId};
+use crate::op::{Op, OpKind};
 use crate::{DType, Shape, Tensor, TensorType};
 
 /// One bounded input dimension of a graph.
@@ -99,12 +99,6 @@ pub fn analyse_with(g: &Graph, strict: bool) -> Result<Vec<Axes>, DynamicError> 
     Ok(of)
 }
 
-fn normalise(a: i64, rank: usize) -> Option<usize> {
-    let r = rank as i64;
-    let a = if a < 0 { a + r } else { a };
-    (0..r).contains(&a).then_some(a as usize)
-}
-
 /// Where `axes` (of a value of `dims`) land in a value of `out` holding the same
 /// elements in the same row-major order: each axis must stay an axis of its own with
 /// the same elements before it.
@@ -147,12 +141,7 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
     };
     let k = node.op.kind;
     match k {
-        Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd | BitwiseNot
-        | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos | Cosh | Div | Elu | Equal | Erf
-        | Exp | Floor | Gelu | Greater | GreaterOrEqual | HardSigmoid | HardSwish | Identity | IsInf | IsNaN
-        | LeakyRelu | Less | LessOrEqual | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
-        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus | Softsign | Sqrt
-        | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
+        _ if is_elementwise(k) => {
             let r = out_dims(0).len();
             let mut res: Axes = Vec::new();
             for i in 0..node.inputs.len() {
@@ -333,62 +322,13 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
     }
 }
 
-/// The axes a reduction reduces.
-fn reduced_axes(g: &Graph, node: &Node, a: &ReduceAttrs, r: usize) -> Vec<usize> {
-    match node.inputs.get(1).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok()) {
-        Some(v) if !v.is_empty() => v.iter().filter_map(|&x| normalise(x, r)).collect(),
-        _ if a.noop_with_empty_axes => Vec::new(),
-        _ => (0..r).collect(),
-    }
-}
-
-/// `Where(iota < extent, x, fill)` along `axis` of `x` (of type `ty`, `bound` there).
-fn masked(
-    out: &mut Graph,
-    x: ValueId,
-    ty: &TensorType,
-    axis: usize,
-    bound: usize,
-    ext: ValueId,
-    fill: Tensor,
-) -> ValueId {
-    let r = ty.shape.rank();
-    let mut idims = vec![1usize; r];
-    idims[axis] = bound;
-    let iota: Vec<i64> = (0..bound as i64).collect();
-    let ishape = Shape::new(idims).unwrap_or_else(|_| Shape::scalar());
-    let iota =
-        out.add_const("", Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)));
-    let (_, m) = out.add_node(
-        String::new(),
-        Op::new(OpKind::Less),
-        vec![Some(iota), Some(ext)],
-        vec![(String::new(), TensorType::new(DType::Bool, ishape))],
-    );
-    let f = out.add_const("", fill);
-    let (_, w) = out.add_node(
-        String::new(),
-        Op::new(OpKind::Where),
-        vec![Some(m[0]), Some(x), Some(f)],
-        vec![(String::new(), ty.clone())],
-    );
-    w[0]
-}
-
 /// Rewrites every op that mixes positions along a bounded axis to read the extent (see
 /// the module docs): reductions and soft-maxes over it, and MatMuls with it as their
 /// inner dimension, see the padding replaced by their identity; a ReduceMean over it
 /// becomes a sum divided by the actual count. Other nodes are copied, in order.
 pub fn mask(g: &Graph) -> Graph {
     let of = analyse_with(g, false).unwrap_or_default();
-    let mut out = Graph::new(g.name.clone());
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
-    for (vid, v) in g.values.iter() {
-        if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {
-            map[vid.index()] = Some(out.values.push(v.clone()));
-        }
-    }
-    out.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
+    let (mut out, mut map) = g.rewrite_start(|_| true);
     out.bounded = g.bounded.clone();
     let ext_of =
         |out: &Graph, d: usize| -> Option<ValueId> { g.bounded.get(d).and_then(|b| out.inputs.get(b.extent).copied()) };
@@ -431,16 +371,7 @@ pub fn mask(g: &Graph) -> Graph {
                     }
                 }
             }
-            OpKind::ReduceL1
-            | OpKind::ReduceL2
-            | OpKind::ReduceLogSum
-            | OpKind::ReduceLogSumExp
-            | OpKind::ReduceMax
-            | OpKind::ReduceMean
-            | OpKind::ReduceMin
-            | OpKind::ReduceProd
-            | OpKind::ReduceSum
-            | OpKind::ReduceSumSquare => {
+            k if is_reduction(k) => {
                 if let (Ok(a), Some(ty)) = (n.op.attrs_of::<ReduceAttrs>(), ty_of(0)) {
                     let axes = reduced_axes(g, n, &a, ty.shape.rank());
                     let mut exts = Vec::new();
@@ -466,35 +397,10 @@ pub fn mask(g: &Graph) -> Graph {
             }
             _ => {}
         }
-        let outs: Vec<(String, TensorType)> =
-            n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
         match mean_count {
-            None => {
-                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
-                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
-            }
+            None => out.copy_node(g, n, op, inputs, &mut map),
             Some((exts, others)) => {
-                // mean = sum / (the extents · the other reduced extents), in the dtype.
-                let ty = outs[0].1.clone();
-                let (_, sum) = out.add_node(n.name.clone(), op, inputs, vec![(String::new(), ty.clone())]);
-                let sty = TensorType::new(ty.dtype, Shape::scalar());
-                let mut attrs = Attrs::new();
-                attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
-                let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
-                let mut cnt = out.add_const("", scalar(ty.dtype, others).unwrap_or_else(|| Tensor::scalar(1.0f32)));
-                for e in exts {
-                    let (_, c) =
-                        out.add_node(String::new(), cast.clone(), vec![Some(e)], vec![(String::new(), sty.clone())]);
-                    let (_, m) = out.add_node(
-                        String::new(),
-                        Op::new(OpKind::Mul),
-                        vec![Some(cnt), Some(c[0])],
-                        vec![(String::new(), sty.clone())],
-                    );
-                    cnt = m[0];
-                }
-                let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt)], outs);
-                map[n.outputs[0].index()] = Some(q[0]);
+                map[n.outputs[0].index()] = Some(mean_of(&mut out, g, n, op, inputs, &exts, others))
             }
         }
     }

@@ -73,21 +73,11 @@ pub fn source(node: &Node, g: &Graph) -> Option<(Vec<(usize, usize)>, usize)> {
         OpKind::NonMaxSuppression => Some((vec![(0, 0)], 1)),
         OpKind::Compress => {
             let a = node.op.attrs_of::<crate::attrs::CompressAttrs>().ok()?;
-            let x = g.ty(node.inputs.first().copied().flatten()?);
-            let axis = match a.axis {
-                Some(ax) => normalise(ax, x.shape.rank())?,
-                None => 0,
-            };
-            Some((vec![(0, axis)], 1))
+            Some((vec![(0, operand_axis(node, g, a.axis)?)], 1))
         }
         OpKind::Unique => {
             let a = node.op.attrs_of::<crate::attrs::UniqueAttrs>().ok()?;
-            let x = g.ty(node.inputs.first().copied().flatten()?);
-            let axis = match a.axis {
-                Some(ax) => normalise(ax, x.shape.rank())?,
-                None => 0,
-            };
-            Some((vec![(0, axis), (1, 0), (3, 0)], 4))
+            Some((vec![(0, operand_axis(node, g, a.axis)?), (1, 0), (3, 0)], 4))
         }
         // A shape check (Resize with run-time `scales`, compiled for the dims in
         // `kiln_dims`): no bounded result; the second result counts the axes whose
@@ -95,18 +85,38 @@ pub fn source(node: &Node, g: &Graph) -> Option<(Vec<(usize, usize)>, usize)> {
         OpKind::Resize | OpKind::OneHot | OpKind::Range if n == 2 => Some((Vec::new(), 1)),
         OpKind::TopK if n == 3 => {
             let a = node.op.attrs_of::<TopKAttrs>().ok()?;
-            let x = g.ty(node.inputs.first().copied().flatten()?);
-            let axis = normalise(a.axis, x.shape.rank())?;
+            let axis = operand_axis(node, g, Some(a.axis))?;
             Some((vec![(0, axis), (1, axis)], 2))
         }
         _ => None,
     }
 }
 
-fn normalise(a: i64, rank: usize) -> Option<usize> {
+/// `axis` of `node`'s first operand, normalised; 0 where the op has none (it works on
+/// the flattened operand). `None` when the axis is out of range or the operand absent.
+fn operand_axis(node: &Node, g: &Graph, axis: Option<i64>) -> Option<usize> {
+    let x = g.ty(node.inputs.first().copied().flatten()?);
+    match axis {
+        Some(ax) => normalise(ax, x.shape.rank()),
+        None => Some(0),
+    }
+}
+
+/// Axis `a` of a value of rank `rank`, counted from the end when negative; `None` out of range.
+pub(crate) fn normalise(a: i64, rank: usize) -> Option<usize> {
     let r = rank as i64;
     let a = if a < 0 { a + r } else { a };
     (0..r).contains(&a).then_some(a as usize)
+}
+
+/// The axes a reduction `node` (of an operand of rank `r`) reduces: its constant `axes`
+/// operand, else none (`noop_with_empty_axes`) or all of them.
+pub(crate) fn reduced_axes(g: &Graph, node: &Node, a: &ReduceAttrs, r: usize) -> Vec<usize> {
+    match node.inputs.get(1).copied().flatten().and_then(|v| g.constant(v)).and_then(|t| t.to_i64_vec().ok()) {
+        Some(v) if !v.is_empty() => v.iter().filter_map(|&x| normalise(x, r)).collect(),
+        _ if a.noop_with_empty_axes => Vec::new(),
+        _ => (0..r).collect(),
+    }
 }
 
 /// Whether `g` (or an `If` branch in it) has a data-dependent op.
@@ -195,12 +205,7 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
     match k {
         // Element-wise: the axis right-aligned into the result; every other operand
         // must broadcast along it (extent 1 or absent) or share the extent.
-        Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd | BitwiseNot
-        | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos | Cosh | Div | Elu | Equal | Erf
-        | Exp | Floor | Gelu | Greater | GreaterOrEqual | HardSigmoid | HardSwish | Identity | IsInf | IsNaN
-        | LeakyRelu | Less | LessOrEqual | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
-        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus | Softsign | Sqrt
-        | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
+        _ if is_elementwise(k) => {
             let r = out_rank(0);
             let axis = r - in_rank(i0) + d0.axis;
             for &(i, d) in operands {
@@ -290,17 +295,9 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
             }
             Ok(vec![(0, d0.axis)])
         }
-        ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax | ReduceMean | ReduceMin | ReduceProd
-        | ReduceSum | ReduceSumSquare
-            if i0 == 0 =>
-        {
+        _ if is_reduction(k) && i0 == 0 => {
             let a = node.op.attrs_of::<ReduceAttrs>().map_err(|e| e.to_string())?;
-            let r = in_rank(0);
-            let axes: Vec<usize> = match ints(1) {
-                Some(v) if !v.is_empty() => v.iter().filter_map(|&x| normalise(x, r)).collect(),
-                _ if a.noop_with_empty_axes => Vec::new(),
-                _ => (0..r).collect(),
-            };
+            let axes = reduced_axes(g, node, &a, in_rank(0));
             if axes.contains(&d0.axis) {
                 // Masked by the extent (`mask_reductions`): the padding holds the
                 // reduction's identity, so the result has a static extent.
@@ -356,6 +353,33 @@ fn is_masked(g: &Graph, v: Option<ValueId>, extent: ValueId) -> bool {
     }
 }
 
+/// Whether `kind` is element-wise (with broadcasting): a data-dependent or bounded
+/// axis of an operand passes to the same axis of the result, right-aligned. Both
+/// analyses ([`analyse`], [`crate::bounded::analyse`]) take these ops the same way.
+pub(crate) fn is_elementwise(kind: OpKind) -> bool {
+    use OpKind::*;
+    #[rustfmt::skip]
+    const ELEMENTWISE: &[OpKind] = &[
+        Abs, Acos, Acosh, Add, And, Asin, Asinh, Atan, Atanh, BitShift, BitwiseAnd, BitwiseNot, BitwiseOr,
+        BitwiseXor, Cast, CastLike, Ceil, Celu, Clip, Cos, Cosh, Div, Elu, Equal, Erf, Exp, Floor, Gelu, Greater,
+        GreaterOrEqual, HardSigmoid, HardSwish, Identity, IsInf, IsNaN, LeakyRelu, Less, LessOrEqual, Log, Max,
+        Mean, Min, Mish, Mod, Mul, Neg, Not, Or, Pow, PRelu, Reciprocal, Relu, Round, Selu, Shrink, Sigmoid, Sign,
+        Sin, Sinh, Softplus, Softsign, Sqrt, Sub, Sum, Tan, Tanh, ThresholdedRelu, Where, Xor, Dropout,
+    ];
+    ELEMENTWISE.contains(&kind)
+}
+
+/// Whether `kind` is one of the `Reduce*` ops (ReduceAttrs, an optional `axes` operand).
+pub(crate) fn is_reduction(kind: OpKind) -> bool {
+    use OpKind::*;
+    #[rustfmt::skip]
+    const REDUCTIONS: &[OpKind] = &[
+        ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceMax, ReduceMean, ReduceMin, ReduceProd, ReduceSum,
+        ReduceSumSquare,
+    ];
+    REDUCTIONS.contains(&kind)
+}
+
 /// The value a reduction leaves unchanged, as a scalar of `dtype` (`None` where kiln
 /// has no mask for the reduction).
 pub(crate) fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tensor> {
@@ -389,6 +413,81 @@ pub(crate) fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tenso
     }
 }
 
+/// `Where(iota < extent, x, fill)` along `axis` of `x` (of type `ty`, `bound` there): the
+/// positions past the run-time extent `ext` replaced by `fill`. Shared by the
+/// data-dependent masking here and the bounded-input masking ([`crate::bounded::mask`]).
+pub(crate) fn masked(
+    out: &mut Graph,
+    x: ValueId,
+    ty: &crate::TensorType,
+    axis: usize,
+    bound: usize,
+    ext: ValueId,
+    fill: crate::Tensor,
+) -> ValueId {
+    use crate::op::Op;
+    use crate::{DType, Shape, Tensor, TensorType};
+    let mut idims = vec![1usize; ty.shape.rank()];
+    idims[axis] = bound;
+    let iota: Vec<i64> = (0..bound as i64).collect();
+    let ishape = Shape::new(idims).unwrap_or_else(|_| Shape::scalar());
+    let iota =
+        out.add_const("", Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)));
+    let (_, m) = out.add_node(
+        String::new(),
+        Op::new(OpKind::Less),
+        vec![Some(iota), Some(ext)],
+        vec![(String::new(), TensorType::new(DType::Bool, ishape))],
+    );
+    let f = out.add_const("", fill);
+    let (_, w) = out.add_node(
+        String::new(),
+        Op::new(OpKind::Where),
+        vec![Some(m[0]), Some(x), Some(f)],
+        vec![(String::new(), ty.clone())],
+    );
+    w[0]
+}
+
+/// ReduceMean node `n` of `g` over run-time extents, added to `out` as `sum / count`:
+/// `op` (the ReduceSum it became) on `inputs`, divided by the product of `others` (the
+/// static extents of the other reduced axes) and each of the i64 `extents` cast to the
+/// result's dtype. The quotient, named and typed as `n`'s result, is returned.
+pub(crate) fn mean_of(
+    out: &mut Graph,
+    g: &Graph,
+    n: &Node,
+    op: crate::op::Op,
+    inputs: Vec<Option<ValueId>>,
+    extents: &[ValueId],
+    others: f64,
+) -> ValueId {
+    use crate::op::{Attr, Attrs, Op};
+    use crate::{Shape, Tensor, TensorType};
+    let outs: Vec<(String, TensorType)> =
+        n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
+    let ty = outs[0].1.clone();
+    let (_, sum) = out.add_node(n.name.clone(), op, inputs, vec![(String::new(), ty.clone())]);
+    let sty = TensorType::new(ty.dtype, Shape::scalar());
+    let mut attrs = Attrs::new();
+    attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
+    let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
+    let k = Tensor::from_f64(ty.dtype, Shape::scalar(), &[others]).unwrap_or_else(|_| Tensor::scalar(1.0f32));
+    let mut cnt = out.add_const("", k);
+    for &e in extents {
+        let (_, c) = out.add_node(String::new(), cast.clone(), vec![Some(e)], vec![(String::new(), sty.clone())]);
+        let (_, m) = out.add_node(
+            String::new(),
+            Op::new(OpKind::Mul),
+            vec![Some(cnt), Some(c[0])],
+            vec![(String::new(), sty.clone())],
+        );
+        cnt = m[0];
+    }
+    let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt)], outs);
+    q[0]
+}
+
 /// Rewrites every reduction along a data-dependent axis to read the extent: its operand
 /// becomes `Where(iota < extent, x, identity)` (the padding holds the reduction's
 /// identity: 0 for sums, 1 for a product, ∓∞ or the dtype's limits for a maximum or
@@ -396,85 +495,28 @@ pub(crate) fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tenso
 /// reduced extents. Nodes are kept in program order; other nodes are copied. Run before
 /// [`analyse`], which accepts exactly these masked reductions.
 pub fn mask_reductions(g: &Graph) -> Graph {
-    use crate::graph::ValueDef;
-    use crate::op::{Attr, Attrs, Op};
-    use crate::{DType, Shape, Tensor, TensorType};
+    use crate::op::Op;
     let dyn_of = analyse_with(g, false).unwrap_or_default();
-    let mut out = Graph::new(g.name.clone());
-    out.quant = g.quant;
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
-    for (vid, v) in g.values.iter() {
-        if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {
-            map[vid.index()] = Some(out.values.push(v.clone()));
-        }
-    }
-    out.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
+    let (mut out, mut map) = g.rewrite_start(|_| true);
     let m = |map: &Vec<Option<ValueId>>, v: ValueId| map[v.index()];
     for (_, n) in g.nodes.iter() {
         let mut inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| m(&map, v))).collect();
         let mut op = n.op.clone();
         let mut mean_count: Option<(ValueId, f64)> = None;
-        let reduce = matches!(
-            n.op.kind,
-            OpKind::ReduceL1
-                | OpKind::ReduceL2
-                | OpKind::ReduceLogSum
-                | OpKind::ReduceLogSumExp
-                | OpKind::ReduceMax
-                | OpKind::ReduceMean
-                | OpKind::ReduceMin
-                | OpKind::ReduceProd
-                | OpKind::ReduceSum
-                | OpKind::ReduceSumSquare
-        );
+        let reduce = is_reduction(n.op.kind);
         let d = n.inputs.first().copied().flatten().and_then(|x| dyn_of.get(x.index()).copied().flatten());
         if let (true, Some(d), Some(x), Ok(a)) =
             (reduce, d, n.inputs.first().copied().flatten(), n.op.attrs_of::<ReduceAttrs>())
         {
             let xt = g.ty(x).clone();
-            let r = xt.shape.rank();
-            let axes: Vec<usize> = match n
-                .inputs
-                .get(1)
-                .copied()
-                .flatten()
-                .and_then(|v| g.constant(v))
-                .and_then(|t| t.to_i64_vec().ok())
-            {
-                Some(v) if !v.is_empty() => v.iter().filter_map(|&a| normalise(a, r)).collect(),
-                _ if a.noop_with_empty_axes => Vec::new(),
-                _ => (0..r).collect(),
-            };
+            let axes = reduced_axes(g, n, &a, xt.shape.rank());
             let (Some(id), Some(ext)) = (identity(n.op.kind, xt.dtype), m(&map, d.extent)) else {
                 // No mask for this reduction: left for analyse to refuse.
-                let outs = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
-                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
-                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
+                out.copy_node(g, n, op, inputs, &mut map);
                 continue;
             };
             if axes.contains(&d.axis) {
-                let mut idims = vec![1usize; r];
-                idims[d.axis] = d.bound;
-                let iota: Vec<i64> = (0..d.bound as i64).collect();
-                let ishape = Shape::new(idims.clone()).unwrap_or_else(|_| Shape::scalar());
-                let iota = out.add_const(
-                    "",
-                    Tensor::from_i64(DType::I64, ishape.clone(), &iota).unwrap_or_else(|_| Tensor::scalar(0i64)),
-                );
-                let (_, mask) = out.add_node(
-                    String::new(),
-                    Op::new(OpKind::Less),
-                    vec![Some(iota), Some(ext)],
-                    vec![(String::new(), TensorType::new(DType::Bool, ishape))],
-                );
-                let idv = out.add_const("", id);
-                let (_, w) = out.add_node(
-                    String::new(),
-                    Op::new(OpKind::Where),
-                    vec![Some(mask[0]), inputs[0], Some(idv)],
-                    vec![(String::new(), xt.clone())],
-                );
-                inputs[0] = Some(w[0]);
+                inputs[0] = inputs[0].map(|x| masked(&mut out, x, &xt, d.axis, d.bound, ext, id));
                 if n.op.kind == OpKind::ReduceMean {
                     let others: f64 =
                         axes.iter().filter(|&&a| a != d.axis).map(|&a| xt.shape.dims()[a] as f64).product();
@@ -483,34 +525,10 @@ pub fn mask_reductions(g: &Graph) -> Graph {
                 }
             }
         }
-        let outs: Vec<(String, TensorType)> =
-            n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.ty(o).clone())).collect();
         match mean_count {
-            None => {
-                let (_, new) = out.add_node(n.name.clone(), op, inputs, outs);
-                n.outputs.iter().zip(new).for_each(|(&o, v)| map[o.index()] = Some(v));
-            }
+            None => out.copy_node(g, n, op, inputs, &mut map),
             Some((ext, others)) => {
-                // mean = sum / (extent · the other reduced extents), in the dtype.
-                let ty = outs[0].1.clone();
-                let (_, sum) = out.add_node(n.name.clone(), op, inputs, vec![(String::new(), ty.clone())]);
-                let mut attrs = Attrs::new();
-                attrs.set("to", Attr::Int(ty.dtype.onnx_code().map_or(1, i64::from)));
-                let cast = Op::parse(OpKind::Cast, &attrs).unwrap_or_else(|_| Op::new(OpKind::Identity));
-                let scalar = TensorType::new(ty.dtype, Shape::scalar());
-                let (_, c) = out.add_node(String::new(), cast, vec![Some(ext)], vec![(String::new(), scalar.clone())]);
-                let k = out.add_const(
-                    "",
-                    Tensor::from_f64(ty.dtype, Shape::scalar(), &[others]).unwrap_or_else(|_| Tensor::scalar(1.0f32)),
-                );
-                let (_, cnt) = out.add_node(
-                    String::new(),
-                    Op::new(OpKind::Mul),
-                    vec![Some(c[0]), Some(k)],
-                    vec![(String::new(), scalar)],
-                );
-                let (_, q) = out.add_node(String::new(), Op::new(OpKind::Div), vec![Some(sum[0]), Some(cnt[0])], outs);
-                map[n.outputs[0].index()] = Some(q[0]);
+                map[n.outputs[0].index()] = Some(mean_of(&mut out, g, n, op, inputs, &[ext], others))
             }
         }
     }

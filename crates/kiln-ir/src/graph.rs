@@ -194,6 +194,40 @@ impl Graph {
         live
     }
 
+    /// The start of a rewrite of this graph: a graph of the same name and quantisation
+    /// semantics holding the graph inputs and constants that `keep` accepts (in value
+    /// order), its inputs set; and the map from this graph's values to the new one's,
+    /// `None` for node results until their nodes are copied ([`Graph::copy_node`]).
+    pub fn rewrite_start(&self, keep: impl Fn(ValueId) -> bool) -> (Graph, Vec<Option<ValueId>>) {
+        let mut out = Graph::new(self.name.clone());
+        out.quant = self.quant;
+        let mut map: Vec<Option<ValueId>> = vec![None; self.values.len()];
+        for (vid, v) in self.values.iter() {
+            if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) && keep(vid) {
+                map[vid.index()] = Some(out.values.push(v.clone()));
+            }
+        }
+        out.inputs = self.inputs.iter().filter_map(|v| map[v.index()]).collect();
+        (out, map)
+    }
+
+    /// Adds node `n` of graph `from` to this one as `op` on `inputs` (values of this
+    /// graph), its results named and typed as `n`'s, and maps `n`'s results to them.
+    pub fn copy_node(
+        &mut self,
+        from: &Graph,
+        n: &Node,
+        op: Op,
+        inputs: Vec<Option<ValueId>>,
+        map: &mut [Option<ValueId>],
+    ) {
+        let outs = n.outputs.iter().map(|&o| (from.values[o].name.clone(), from.values[o].ty.clone())).collect();
+        let (_, new) = self.add_node(n.name.clone(), op, inputs, outs);
+        for (&o, v) in n.outputs.iter().zip(new) {
+            map[o.index()] = Some(v);
+        }
+    }
+
     /// A copy without dead nodes and without values nothing refers to (graph inputs
     /// always stay). Value and node ids are renumbered densely, keeping their order.
     pub fn without_dead_code(&self) -> Graph {
@@ -204,30 +238,11 @@ impl Graph {
             used.extend(n.inputs.iter().flatten().copied());
             used.extend(n.outputs.iter().copied());
         }
-        let mut out = Graph::new(self.name.clone());
-        out.quant = self.quant;
-        let mut map: Vec<Option<ValueId>> = vec![None; self.values.len()];
-        for (vid, v) in self.values.iter() {
-            if !used.contains(&vid) {
-                continue;
-            }
-            match &v.def {
-                ValueDef::Input | ValueDef::Const(_) => {
-                    map[vid.index()] = Some(out.values.push(v.clone()));
-                }
-                ValueDef::Node { .. } => {}
-            }
-        }
-        out.inputs = self.inputs.iter().filter_map(|v| map[v.index()]).collect();
+        let (mut out, mut map) = self.rewrite_start(|v| used.contains(&v));
         for (nid, n) in self.nodes.iter() {
-            if !live.contains(&nid) {
-                continue;
-            }
-            let inputs = n.inputs.iter().map(|i| i.and_then(|v| map[v.index()])).collect();
-            let outs = n.outputs.iter().map(|&o| (self.values[o].name.clone(), self.values[o].ty.clone())).collect();
-            let (_, new_outs) = out.add_node(n.name.clone(), n.op.clone(), inputs, outs);
-            for (&o, no) in n.outputs.iter().zip(new_outs) {
-                map[o.index()] = Some(no);
+            if live.contains(&nid) {
+                let inputs = n.inputs.iter().map(|i| i.and_then(|v| map[v.index()])).collect();
+                out.copy_node(self, n, n.op.clone(), inputs, &mut map);
             }
         }
         out.outputs = self.outputs.iter().filter_map(|v| map[v.index()]).collect();

@@ -55,13 +55,11 @@ fn coords(b: &mut KernelBuilder, dims: &[usize], flat: ExprId) -> Vec<ExprId> {
     super::unflatten(b, dims, flat)
 }
 
-/// The steps of a compaction over `n` candidates whose 0/1 mask is step `mask` (an
-/// `i64[n]`): the position of each (step +1) and, per output position `p < bound`, the
-/// candidate there (step +2, 0 past the extent); and the extent (step +3).
-fn compaction(cx: &OpCx<'_>, steps: &mut Vec<Step>, mask: usize, n: usize, bound: usize) -> R<(usize, usize)> {
-    let mty = i64_ty(cx, vec![n])?;
-    let pos = steps.len();
-    steps.push(build(format!("{}_pos", cx.name), mty.clone(), &[(Operand::Step(mask), mty.clone())], |b, idx| {
+/// The kernel `name` (of type `ty`, one element per index) counting the 1s of the i64
+/// flags `flags` (of type `ty`, `n` of them) before each index: the position of each
+/// flagged index among the flagged ones.
+fn count_before(name: String, ty: &TensorType, flags: Operand, n: usize) -> R<Step> {
+    build(name, ty.clone(), &[(flags, ty.clone())], |b, idx| {
         let j = b.new_var(n as u64);
         let je = b.var(j);
         let m = b.load(0, vec![je]);
@@ -69,23 +67,39 @@ fn compaction(cx: &OpCx<'_>, steps: &mut Vec<Step>, mask: usize, n: usize, bound
         let zero = b.index(0);
         let c = sel(b, before, m, zero);
         Ok(b.reduce(ReduceOp::Sum, vec![j], c))
-    })?);
-    let src = steps.len();
-    let sty = i64_ty(cx, vec![bound])?;
-    let binds = [(Operand::Step(mask), mty.clone()), (Operand::Step(pos), mty.clone())];
-    steps.push(build(format!("{}_src", cx.name), sty, &binds, |b, idx| {
+    })
+}
+
+/// The kernel `name` (of type `ty`) whose element `p` is the index `i < n` flagged 1 in
+/// operand 0 whose position (operand 1, [`count_before`] of the flags) is `p`: the
+/// flagged indices in order, 0 past their count.
+fn flagged_at(name: String, ty: TensorType, binds: &[(Operand, TensorType)], n: usize) -> R<Step> {
+    build(name, ty, binds, |b, idx| {
         let i = b.new_var(n as u64);
         let ie = b.var(i);
-        let m = b.load(0, vec![ie]);
+        let f = b.load(0, vec![ie]);
         let p = b.load(1, vec![ie]);
         let one = b.index(1);
-        let sel_ = b.binary(B::Eq, m, one);
-        let here = b.binary(B::Eq, p, idx[0]);
-        let hit = b.binary(B::And, sel_, here);
+        let flagged = b.binary(B::Eq, f, one);
+        let at = b.binary(B::Eq, p, idx[0]);
+        let hit = b.binary(B::And, flagged, at);
         let zero = b.index(0);
         let c = sel(b, hit, ie, zero);
         Ok(b.reduce(ReduceOp::Sum, vec![i], c))
-    })?);
+    })
+}
+
+/// The steps of a compaction over `n` candidates whose 0/1 mask is step `mask` (an
+/// `i64[n]`): the position of each (step +1) and, per output position `p < bound`, the
+/// candidate there (step +2, 0 past the extent); and the extent (step +3).
+fn compaction(cx: &OpCx<'_>, steps: &mut Vec<Step>, mask: usize, n: usize, bound: usize) -> R<(usize, usize)> {
+    let mty = i64_ty(cx, vec![n])?;
+    let pos = steps.len();
+    steps.push(count_before(format!("{}_pos", cx.name), &mty, Operand::Step(mask), n)?);
+    let src = steps.len();
+    let sty = i64_ty(cx, vec![bound])?;
+    let binds = [(Operand::Step(mask), mty.clone()), (Operand::Step(pos), mty.clone())];
+    steps.push(flagged_at(format!("{}_src", cx.name), sty, &binds, n)?);
     Ok((src, extent_step(cx, steps, mask, &mty)?))
 }
 
@@ -577,15 +591,7 @@ fn unique(cx: &OpCx<'_>) -> R<Lowered> {
         })?);
         steps.len() - 1
     } else {
-        steps.push(build(format!("{}_pos", cx.name), n1.clone(), &[(Operand::Step(first), n1.clone())], |b, idx| {
-            let j = b.new_var(n as u64);
-            let je = b.var(j);
-            let f = b.load(0, vec![je]);
-            let before = b.binary(B::Lt, je, idx[0]);
-            let zero = b.index(0);
-            let c = sel(b, before, f, zero);
-            Ok(b.reduce(ReduceOp::Sum, vec![j], c))
-        })?);
+        steps.push(count_before(format!("{}_pos", cx.name), &n1, Operand::Step(first), n)?);
         steps.len() - 1
     };
     // inverse[k]: the position of k's first occurrence.
@@ -607,19 +613,7 @@ fn unique(cx: &OpCx<'_>) -> R<Lowered> {
     // indices[p]: the first occurrence at position p (0 past the extent).
     let bty = i64_ty(cx, vec![bound])?;
     let binds = [(Operand::Step(first), n1.clone()), (Operand::Step(pos), n1.clone())];
-    steps.push(build(result_name(cx, 1), bty.clone(), &binds, |b, idx| {
-        let i = b.new_var(n as u64);
-        let ie = b.var(i);
-        let f = b.load(0, vec![ie]);
-        let p = b.load(1, vec![ie]);
-        let one = b.index(1);
-        let isf = b.binary(B::Eq, f, one);
-        let at = b.binary(B::Eq, p, idx[0]);
-        let hit = b.binary(B::And, isf, at);
-        let zero = b.index(0);
-        let c = sel(b, hit, ie, zero);
-        Ok(b.reduce(ReduceOp::Sum, vec![i], c))
-    })?);
+    steps.push(flagged_at(result_name(cx, 1), bty.clone(), &binds, n)?);
     let indices = steps.len() - 1;
     // counts[p]: how many slices have their first occurrence at position p.
     steps.push(build(result_name(cx, 3), bty.clone(), &[(Operand::Step(inverse), n1.clone())], |b, idx| {

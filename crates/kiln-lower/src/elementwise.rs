@@ -35,7 +35,7 @@
 use kiln_ir::attrs as ka;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
-use super::{broadcast_index, mean_from_parts, norm_axis, store, LowerError, Lowered, OpCx, Operand, Output};
+use super::{broadcast_index, mean_from_parts, norm_axis, store, LowerError, Lowered, OpCx, Output};
 use kiln_flow::kernel::{BinaryOp as B, Expr, ExprId, KernelBuilder, ScalarType as S, UnaryOp as U};
 
 type R<T> = Result<T, LowerError>;
@@ -106,19 +106,9 @@ fn kernel<F>(cx: &OpCx<'_>, operands: &[usize], body: F) -> R<Lowered>
 where
     F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
 {
-    let out = out_ty(cx)?;
-    if out.shape.numel() == 0 {
-        let mut b = cx.builder(0, Vec::new());
-        let z = b.constant(S::of_storage(out.dtype), 0);
-        let root = store(&mut b, z);
-        return Ok(Lowered::single(b.finish(root)?, Vec::new()));
-    }
-    let types = operands.iter().map(|&i| cx.input_ty(i).cloned()).collect::<R<Vec<TensorType>>>()?;
-    let mut b = cx.builder(0, types);
-    let index = b.out_index();
-    let v = body(&mut b, &index)?;
-    let root = finish(&mut b, v);
-    Ok(Lowered::single(b.finish(root)?, operands.iter().map(|&i| Operand::Input(i)).collect()))
+    out_ty(cx)?;
+    let step = super::movement::step_with(cx, 0, operands, body, finish)?;
+    Ok(Lowered::single(step.kernel, step.operands))
 }
 
 /// The N-ary broadcasting map: `f` gets the value of every operand in `operands` at the

@@ -85,6 +85,21 @@ fn step<F>(cx: &OpCx<'_>, result: usize, operands: &[usize], body: F) -> R<Step>
 where
     F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
 {
+    step_with(cx, result, operands, body, store)
+}
+
+/// [`step`] whose value `body` returns is stored by `end` (the element-wise ops' own
+/// `finish`; [`store`] for the others).
+pub(crate) fn step_with<F>(
+    cx: &OpCx<'_>,
+    result: usize,
+    operands: &[usize],
+    body: F,
+    end: fn(&mut KernelBuilder, ExprId) -> ExprId,
+) -> R<Step>
+where
+    F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
+{
     let Some(out) = cx.outputs.get(result) else {
         return Err(cx.unsupported(format!("result {result} has no type")));
     };
@@ -98,12 +113,12 @@ where
     let mut b = cx.builder(result, types);
     let index = b.out_index();
     let v = body(&mut b, &index)?;
-    let root = store(&mut b, v);
+    let root = end(&mut b, v);
     Ok(Step { kernel: b.finish(root)?, operands: operands.iter().map(|&i| Operand::Input(i)).collect() })
 }
 
 /// The op as the one kernel [`step`] builds for result 0.
-fn single<F>(cx: &OpCx<'_>, operands: &[usize], body: F) -> R<Lowered>
+pub(crate) fn single<F>(cx: &OpCx<'_>, operands: &[usize], body: F) -> R<Lowered>
 where
     F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
 {
@@ -1468,12 +1483,7 @@ impl AxisMap {
                 } else {
                     b.float(F, 0.5 * (ra + rb) * (i - 1.0))
                 };
-                let z = b.float(F, 0.0);
-                let below = b.binary(BinaryOp::Lt, c, z);
-                let last = b.float(F, i - 1.0);
-                let above = b.binary(BinaryOp::Gt, c, last);
-                let out = b.binary(BinaryOp::Or, below, above);
-                return (c, Some(out));
+                return (c, Some(extrapolates(b, c, i)));
             }
         };
         (c, None)
@@ -1602,16 +1612,44 @@ impl AxisMap {
                 let mid = b.mul(mid, ik);
                 let ne = b.binary(BinaryOp::Ne, o, one);
                 let c = b.select(ne, moved, mid);
-                let z = b.float(F, 0.0);
-                let below = b.binary(BinaryOp::Lt, c, z);
-                let last = b.float(F, i - 1.0);
-                let above = b.binary(BinaryOp::Gt, c, last);
-                let out = b.binary(BinaryOp::Or, below, above);
-                return (c, Some(out));
+                return (c, Some(extrapolates(b, c, i)));
             }
         };
         (c, None)
     }
+}
+
+/// Keys' cubic weight of an outer tap (distance `r` in `[1, 2)`):
+/// `((a·r − 5a)·r + 8a)·r − 4a`, given the constants `[a, 5a, 8a, 4a]`. Resize and
+/// GridSample build their constants where they need them and share the polynomial.
+pub(crate) fn cubic_outer(b: &mut KernelBuilder, [a, a5, a8, a4]: [ExprId; 4], r: ExprId) -> ExprId {
+    let t = b.mul(a, r);
+    let t = b.sub(t, a5);
+    let t = b.mul(t, r);
+    let t = b.add(t, a8);
+    let t = b.mul(t, r);
+    b.sub(t, a4)
+}
+
+/// Keys' cubic weight of an inner tap (distance `r` in `[0, 1)`):
+/// `((a+2)·r − (a+3))·r·r + 1`, given the constants `[a + 2, a + 3, 1]`.
+pub(crate) fn cubic_inner(b: &mut KernelBuilder, [a2, a3, one]: [ExprId; 3], r: ExprId) -> ExprId {
+    let t = b.mul(a2, r);
+    let t = b.sub(t, a3);
+    let t = b.mul(t, r);
+    let t = b.mul(t, r);
+    b.add(t, one)
+}
+
+/// Whether the f64 source coordinate `c` lies outside `[0, i - 1]`: where
+/// tf_crop_and_resize writes its extrapolation value.
+fn extrapolates(b: &mut KernelBuilder, c: ExprId, i: f64) -> ExprId {
+    const F: ScalarType = ScalarType::F64;
+    let z = b.float(F, 0.0);
+    let below = b.binary(BinaryOp::Lt, c, z);
+    let last = b.float(F, i - 1.0);
+    let above = b.binary(BinaryOp::Gt, c, last);
+    b.binary(BinaryOp::Or, below, above)
 }
 
 /// The nearest source index of coordinate `c` (the reference's rounding and clamping).
@@ -1916,23 +1954,8 @@ fn interp_axis(b: &mut KernelBuilder, m: &AxisMap, p: &Interp, v: ExprId) -> Axi
                 let ka2 = k(b, a + 2.0);
                 let ka3 = k(b, a + 3.0);
                 let two = k(b, 2.0);
-                // ((a·r - 5a)·r + 8a)·r - 4a: the outer taps.
-                let outer = |b: &mut KernelBuilder, r: ExprId| {
-                    let t = b.mul(ka, r);
-                    let t = b.sub(t, k5a);
-                    let t = b.mul(t, r);
-                    let t = b.add(t, k8a);
-                    let t = b.mul(t, r);
-                    b.sub(t, k4a)
-                };
-                // ((a+2)·r - (a+3))·r·r + 1: the inner taps.
-                let inner = |b: &mut KernelBuilder, r: ExprId| {
-                    let t = b.mul(ka2, r);
-                    let t = b.sub(t, ka3);
-                    let t = b.mul(t, r);
-                    let t = b.mul(t, r);
-                    b.add(t, one)
-                };
+                let outer = |b: &mut KernelBuilder, r: ExprId| cubic_outer(b, [ka, k5a, k8a, k4a], r);
+                let inner = |b: &mut KernelBuilder, r: ExprId| cubic_inner(b, [ka2, ka3, one], r);
                 let r1 = b.add(ratio, one);
                 let q = b.sub(one, ratio);
                 let q1 = b.sub(two, ratio);

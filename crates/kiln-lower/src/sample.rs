@@ -20,7 +20,8 @@
 use kiln_ir::attrs::{Col2ImAttrs, GridSampleAttrs, GridSampleMode, GridSamplePadding};
 use kiln_ir::OpKind;
 
-use super::{compute, store, LowerError, Lowered, OpCx, Operand, Step};
+use super::movement::{cubic_inner, cubic_outer, single};
+use super::{compute, LowerError, Lowered, OpCx};
 use kiln_flow::kernel::{BinaryOp, Bounds, ExprId, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
 
 type R<T> = Result<T, LowerError>;
@@ -35,29 +36,6 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
         _ => return None,
     };
     Some(r)
-}
-
-/// The one kernel of result 0 reading `operands`; `body` returns the value before the store.
-fn single<F>(cx: &OpCx<'_>, operands: &[usize], body: F) -> R<Lowered>
-where
-    F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<ExprId>,
-{
-    let Some(out) = cx.outputs.first() else {
-        return Err(cx.unsupported("the op has no result type"));
-    };
-    if out.shape.numel() == 0 {
-        let mut b = cx.builder(0, Vec::new());
-        let z = b.constant(ScalarType::of_storage(out.dtype), 0);
-        let root = store(&mut b, z);
-        return Ok(Lowered::single(b.finish(root)?, Vec::new()));
-    }
-    let types = operands.iter().map(|&i| cx.input_ty(i).cloned()).collect::<R<Vec<_>>>()?;
-    let mut b = cx.builder(0, types);
-    let index = b.out_index();
-    let v = body(&mut b, &index)?;
-    let root = store(&mut b, v);
-    let kernel = b.finish(root)?;
-    Ok(Lowered { steps: vec![Step { kernel, operands: operands.iter().map(|&i| Operand::Input(i)).collect() }], outputs: vec![super::Output::Step(0)] })
 }
 
 fn idx_c(b: &mut KernelBuilder, e: ExprId, c: i64) -> ExprId {
@@ -122,23 +100,14 @@ fn cubic_coeffs(b: &mut KernelBuilder, t: ScalarType, x: ExprId) -> [ExprId; 4] 
         let k5 = b.float(t, 5.0 * a);
         let k8 = b.float(t, 8.0 * a);
         let k4 = b.float(t, 4.0 * a);
-        let p = b.mul(av, s);
-        let p = b.sub(p, k5);
-        let p = b.mul(p, s);
-        let p = b.add(p, k8);
-        let p = b.mul(p, s);
-        b.sub(p, k4)
+        cubic_outer(b, [av, k5, k8, k4], s)
     };
     // ((a + 2)·s − (a + 3))·s·s + 1 for s = x and s = 1 − x.
     let inner = |b: &mut KernelBuilder, s: ExprId| {
         let k2 = b.float(t, a + 2.0);
         let k3 = b.float(t, a + 3.0);
         let one = b.float(t, 1.0);
-        let p = b.mul(k2, s);
-        let p = b.sub(p, k3);
-        let p = b.mul(p, s);
-        let p = b.mul(p, s);
-        b.add(p, one)
+        cubic_inner(b, [k2, k3, one], s)
     };
     let xp1 = b.add(x, one);
     let omx = b.sub(one, x);

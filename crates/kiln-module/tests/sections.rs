@@ -6,13 +6,10 @@ use kiln_module::program::*;
 use kiln_module::sections::{read_program, section_bytes, weights_hash, write_program, ConstantsView, SectionProblem};
 use kiln_module::{Module, ModuleWriter, SectionKind};
 
-fn t(name: &str, dtype: u32, dims: &[u64], bytes: u64) -> TensorDesc {
-    TensorDesc { name: name.into(), dtype, dims: dims.to_vec(), bytes }
-}
-
-fn b(slot: Slot, offset: u64, length: u64) -> Binding {
-    Binding { slot, offset, length }
-}
+#[path = "../../kiln-runtime/tests/common/pieces.rs"]
+#[allow(dead_code)]
+mod pieces;
+use pieces::{b, entry, tensor as t};
 
 /// [`mlp`]'s entry alone: embedded (empty) constants, no debug section, and no devices,
 /// kernels or executables.
@@ -29,15 +26,12 @@ fn mlp(constants: Constants, debug: bool) -> Program {
     let code: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint {
-            bounded: Vec::new(),
-            extents: Vec::new(),
-            name: "main".into(),
-            inputs: vec![t("x", 1, &[1, 4], 16)],
-            outputs: vec![t("y", 1, &[1, 2], 8)],
-            arena_size: 64,
-            arena_align: 64,
-            commands: vec![
+        entries: vec![entry(
+            "main",
+            vec![t("x", 1, &[1, 4], 16)],
+            vec![t("y", 1, &[1, 2], 8)],
+            (64, 64),
+            vec![
                 Command::Fill { dst: b(Slot::Arena, 32, 32), pattern: 0x3f80_0000, pattern_len: 4 },
                 Command::Dispatch {
                     kernel: 0,
@@ -63,13 +57,13 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                 },
                 Command::Copy { src: b(Slot::Output(0), 0, 8), dst: b(Slot::Arena, 32, 8) },
             ],
-            buffers: vec![BufferDesc {
+            vec![BufferDesc {
                 name: "/fc1/Relu_output_0".into(),
                 binding: b(Slot::Arena, 0, 32),
                 first: 1,
                 last: 3,
             }],
-        }],
+        )],
         kernels: vec![
             Kernel {
                 name: "fc1".into(),
@@ -224,17 +218,7 @@ fn small_mlp_is_a_few_kb() {
 fn signature_bytes_by_hand() {
     let p = Program {
         devices: vec![],
-        entries: vec![EntryPoint {
-            bounded: Vec::new(),
-            extents: Vec::new(),
-            name: "m".into(),
-            inputs: vec![t("x", 1, &[300], 1200)],
-            outputs: vec![],
-            arena_size: 0,
-            arena_align: 1,
-            commands: vec![],
-            buffers: vec![],
-        }],
+        entries: vec![entry("m", vec![t("x", 1, &[300], 1200)], vec![], (0, 1), vec![], vec![])],
         kernels: vec![],
         executables: vec![],
         constants: Constants::Embedded(vec![]),

@@ -2,7 +2,7 @@
 //! append-only, so a pass writes a new graph with dense ids, in program order).
 
 use kiln_ir::entity::EntityId;
-use kiln_ir::{Graph, Node, Tensor, ValueDef, ValueId};
+use kiln_ir::{Graph, Node, Tensor, ValueId};
 
 /// What to do with one node.
 pub enum Action {
@@ -20,25 +20,11 @@ pub enum Action {
 /// and constants are kept (constants in the order they appear; unused ones are left
 /// for dead-code elimination).
 pub fn rebuild(g: &Graph, mut decide: impl FnMut(&mut Graph, &Node, &[Option<ValueId>]) -> Action) -> Graph {
-    let mut new = Graph::new(g.name.clone());
-    new.quant = g.quant;
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values.len()];
-    for (vid, v) in g.values.iter() {
-        if matches!(v.def, ValueDef::Input | ValueDef::Const(_)) {
-            map[vid.index()] = Some(new.values.push(v.clone()));
-        }
-    }
-    new.inputs = g.inputs.iter().filter_map(|v| map[v.index()]).collect();
+    let (mut new, mut map) = g.rewrite_start(|_| true);
     for (_, n) in g.nodes.iter() {
         let inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|i| i.and_then(|v| map[v.index()])).collect();
         match decide(&mut new, n, &inputs) {
-            Action::Keep => {
-                let outs = n.outputs.iter().map(|&o| (g.values[o].name.clone(), g.values[o].ty.clone())).collect();
-                let (_, vals) = new.add_node(n.name.clone(), n.op.clone(), inputs, outs);
-                for (&o, v) in n.outputs.iter().zip(vals) {
-                    map[o.index()] = Some(v);
-                }
-            }
+            Action::Keep => new.copy_node(g, n, n.op.clone(), inputs, &mut map),
             Action::Replace(vals) => {
                 for (&o, v) in n.outputs.iter().zip(vals) {
                     map[o.index()] = Some(v);

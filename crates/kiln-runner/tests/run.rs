@@ -9,27 +9,24 @@ use std::process::Command as Cmd;
 
 #[path = "../../kiln-runtime/tests/common/pieces.rs"]
 mod pieces;
-use pieces::{add_kernel, b, dispatch, tensor, ADD_F32};
+use pieces::{add_kernel, b, dispatch, entry, tensor, ADD_F32};
 
 fn program(external: Option<&[u8]>) -> Program {
     let t = |name: &str| tensor(name, 1, &[3], 12);
     let (kernels, executables) = add_kernel(DeviceKind::Cpu, ADD_F32.to_vec(), vec![]);
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint {
-            bounded: Vec::new(),
-            extents: Vec::new(),
-            name: "main".into(),
-            inputs: vec![t("a"), t("b")],
-            outputs: vec![t("out/y:0")],
-            arena_size: 12,
-            arena_align: 16,
-            commands: vec![
+        entries: vec![entry(
+            "main",
+            vec![t("a"), t("b")],
+            vec![t("out/y:0")],
+            (12, 16),
+            vec![
                 dispatch(0, 3, vec![b(Slot::Input(0), 0, 12), b(Slot::Input(1), 0, 12), b(Slot::Arena, 0, 12)]),
                 Command::Copy { src: b(Slot::Arena, 0, 12), dst: b(Slot::Output(0), 0, 12) },
             ],
-            buffers: vec![],
-        }],
+            vec![],
+        )],
         kernels,
         executables,
         constants: match external {
@@ -204,21 +201,18 @@ fn ml_dtypes_files_in_and_out() {
     let d = tmp("ml-dtypes");
     let program = Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint {
-            bounded: Vec::new(),
-            extents: Vec::new(),
-            name: "main".into(),
+        entries: vec![entry(
             // bf16 (ONNX code 16) [2, 3]; int4 (code 22) [5], packed in 3 bytes.
-            inputs: vec![tensor("x", 16, &[2, 3], 12), tensor("q", 22, &[5], 3)],
-            outputs: vec![tensor("y", 16, &[2, 3], 12), tensor("r", 22, &[5], 3)],
-            arena_size: 0,
-            arena_align: 16,
-            commands: vec![
+            "main",
+            vec![tensor("x", 16, &[2, 3], 12), tensor("q", 22, &[5], 3)],
+            vec![tensor("y", 16, &[2, 3], 12), tensor("r", 22, &[5], 3)],
+            (0, 16),
+            vec![
                 Command::Copy { src: b(Slot::Input(0), 0, 12), dst: b(Slot::Output(0), 0, 12) },
                 Command::Copy { src: b(Slot::Input(1), 0, 3), dst: b(Slot::Output(1), 0, 3) },
             ],
-            buffers: vec![],
-        }],
+            vec![],
+        )],
         kernels: vec![],
         executables: vec![],
         constants: Constants::Embedded(vec![]),

@@ -66,53 +66,45 @@ fn is_collective(p: CommandProblem, needle: &str) {
     }
 }
 
+/// The problem [`collectives_program`]`(4)` has once `edit` has changed it.
+fn edited(edit: impl FnOnce(&mut Program)) -> CommandProblem {
+    let mut p = collectives_program(4);
+    edit(&mut p);
+    problem(&p)
+}
+
 #[test]
 fn malformed_collectives_are_refused_at_load() {
-    let base = || collectives_program(4);
-    Module::verify(&write_program(&base()), None, u64::MAX).expect("the base program verifies");
-    // One part.
-    let mut p = base();
-    parts(&mut p, 4).truncate(1);
-    is_collective(problem(&p), "1 parts");
-    // A device twice.
-    let mut p = base();
-    parts(&mut p, 4)[1].device = 0;
-    is_collective(problem(&p), "device 0 takes part twice");
+    Module::verify(&write_program(&collectives_program(4)), None, u64::MAX).expect("the base program verifies");
+    let collective: [(&str, fn(&mut Program)); 7] = [
+        ("1 parts", |p| parts(p, 4).truncate(1)),
+        ("device 0 takes part twice", |p| parts(p, 4)[1].device = 0),
+        ("different lengths", |p| parts(p, 4)[2].dst.length = 12),
+        ("dtype 7", |p| {
+            if let Command::AllReduce { dtype, .. } = &mut p.entries[0].commands[4] {
+                *dtype = 7;
+            }
+        }),
+        // A destination over a source.
+        ("overlaps", |p| parts(p, 4)[0].dst = parts(p, 4)[1].src),
+        // A gather's destination not N times its source.
+        ("every destination 3 times", |p| parts(p, 5)[1].dst.length = 32),
+        // A gather's source not a whole number of blocks.
+        ("whole number of blocks", |p| {
+            if let Command::AllGather { outer, .. } = &mut p.entries[0].commands[5] {
+                *outer = 3;
+            }
+        }),
+    ];
+    for (needle, edit) in collective {
+        is_collective(edited(edit), needle);
+    }
     // A device not in the table.
-    let mut p = base();
-    parts(&mut p, 5)[2].device = 3;
-    assert_eq!(problem(&p), CommandProblem::DeviceIndex { device: 3, count: 3 });
-    // Lengths that differ.
-    let mut p = base();
-    parts(&mut p, 4)[2].dst.length = 12;
-    is_collective(problem(&p), "different lengths");
-    // Not f32.
-    let mut p = base();
-    if let Command::AllReduce { dtype, .. } = &mut p.entries[0].commands[4] {
-        *dtype = 7;
-    }
-    is_collective(problem(&p), "dtype 7");
-    // A destination over a source.
-    let mut p = base();
-    parts(&mut p, 4)[0].dst = parts(&mut p, 4)[1].src;
-    is_collective(problem(&p), "overlaps");
-    // A gather's destination not N times its source.
-    let mut p = base();
-    parts(&mut p, 5)[1].dst.length = 32;
-    is_collective(problem(&p), "every destination 3 times");
-    // A gather's source not a whole number of blocks.
-    let mut p = base();
-    if let Command::AllGather { outer, .. } = &mut p.entries[0].commands[5] {
-        *outer = 3;
-    }
-    is_collective(problem(&p), "whole number of blocks");
+    assert_eq!(edited(|p| parts(p, 5)[2].device = 3), CommandProblem::DeviceIndex { device: 3, count: 3 });
     // A destination outside the arena, or an input written.
-    let mut p = base();
-    parts(&mut p, 4)[0].dst.offset = 1 << 20;
-    assert!(matches!(problem(&p), CommandProblem::Binding { .. }));
-    let mut p = base();
-    parts(&mut p, 4)[0].dst = Binding { slot: Slot::Input(0), offset: 0, length: 16 };
-    assert!(matches!(problem(&p), CommandProblem::Binding { .. }));
+    assert!(matches!(edited(|p| parts(p, 4)[0].dst.offset = 1 << 20), CommandProblem::Binding { .. }));
+    let input = Binding { slot: Slot::Input(0), offset: 0, length: 16 };
+    assert!(matches!(edited(|p| parts(p, 4)[0].dst = input), CommandProblem::Binding { .. }));
 }
 
 #[test]

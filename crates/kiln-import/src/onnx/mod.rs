@@ -759,6 +759,23 @@ impl Importer {
         Ok(())
     }
 
+    /// The values of a branch's or a body's `outputs` once its nodes are imported;
+    /// `what` names the graph in the error for an output that is never defined.
+    fn resolve_outputs(
+        &mut self,
+        outputs: &[proto::ValueInfoProto],
+        what: &str,
+        at: &At,
+    ) -> Result<Vec<Val>, ImportError> {
+        outputs
+            .iter()
+            .map(|o| {
+                let name = o.name.clone().unwrap_or_default();
+                self.resolve(&name).ok_or_else(|| at.err(format!("{what} output `{name}` is never defined")))
+            })
+            .collect()
+    }
+
     fn import_outputs(&mut self, graph: &GraphProto) -> Result<(), ImportError> {
         let mut taken: HashSet<ValueId> = HashSet::new();
         for o in &graph.output {
@@ -1016,16 +1033,8 @@ impl Importer {
             self.parents.push(frame);
             let r = (|| {
                 self.import_initializers(branch)?;
-                for i in topological_order(branch)? {
-                    self.import_node(&branch.node[i], i)?;
-                }
-                branch.output[..outputs.len()]
-                    .iter()
-                    .map(|o| {
-                        let name = o.name.clone().unwrap_or_default();
-                        self.resolve(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
-                    })
-                    .collect::<Result<Vec<_>, _>>()
+                self.import_body(branch)?;
+                self.resolve_outputs(&branch.output[..outputs.len()], key, at)
             })();
             let Some(frame) = self.parents.pop() else {
                 return Err(at.err("internal: the enclosing graph was lost"));
@@ -1313,17 +1322,8 @@ impl Importer {
         self.scopes.push(HashMap::new());
         let r = (|| {
             self.import_initializers(branch)?;
-            for i in topological_order(branch)? {
-                self.import_node(&branch.node[i], i)?;
-            }
-            branch
-                .output
-                .iter()
-                .map(|o| {
-                    let name = o.name.clone().unwrap_or_default();
-                    self.resolve(&name).ok_or_else(|| at.err(format!("{key} output `{name}` is never defined")))
-                })
-                .collect::<Result<Vec<_>, _>>()
+            self.import_body(branch)?;
+            self.resolve_outputs(&branch.output, key, at)
         })();
         self.scopes.pop();
         self.bind_vals(outputs, r?);

@@ -462,16 +462,8 @@ impl Importer {
             for (vi, a) in body.input.iter().zip(args) {
                 self.bind_val(vi.name.as_deref().unwrap_or_default(), a);
             }
-            for i in super::topological_order(body)? {
-                self.import_node(&body.node[i], i)?;
-            }
-            body.output
-                .iter()
-                .map(|o| {
-                    let name = o.name.clone().unwrap_or_default();
-                    self.resolve(&name).ok_or_else(|| at.err(format!("body output `{name}` is never defined")))
-                })
-                .collect::<Result<Vec<_>, _>>()
+            self.import_body(body)?;
+            self.resolve_outputs(&body.output, "body", at)
         })();
         self.scopes.pop();
         r

@@ -85,17 +85,14 @@ fn main_of_a_b(n: u64, outputs: Vec<TensorDesc>, arena_size: u64, commands: Vec<
     let bytes = 4 * n;
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![EntryPoint {
-            bounded: Vec::new(),
-            extents: Vec::new(),
-            name: "main".into(),
-            inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
+        entries: vec![entry(
+            "main",
+            vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
             outputs,
-            arena_size,
-            arena_align: 64,
+            (arena_size, 64),
             commands,
             buffers,
-        }],
+        )],
         kernels,
         executables: vec![x],
         constants: Constants::Embedded(vec![]),
@@ -162,15 +159,12 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
     let p = Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![
-            EntryPoint {
-                bounded: Vec::new(),
-                extents: Vec::new(),
-                name: "main".into(),
-                inputs: vec![],
-                outputs: vec![tensor("y", 2, &[16], 16)],
-                arena_size: 8,
-                arena_align: 8,
-                commands: vec![
+            entry(
+                "main",
+                vec![],
+                vec![tensor("y", 2, &[16], 16)],
+                (8, 8),
+                vec![
                     dispatch(0, 1, vec![b(Slot::Constants, 0, 4), b(Slot::Arena, 4, 4)]),
                     Command::Fill { dst: b(Slot::Output(0), 4, 3), pattern: 0xaa, pattern_len: 1 },
                     Command::Fill { dst: b(Slot::Output(0), 7, 5), pattern: 0x1122, pattern_len: 2 },
@@ -178,19 +172,16 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
                     Command::Barrier,
                     Command::Copy { src: b(Slot::Arena, 4, 4), dst: b(Slot::Output(0), 0, 4) },
                 ],
-                buffers: vec![],
-            },
-            EntryPoint {
-                bounded: Vec::new(),
-                extents: Vec::new(),
-                name: "exp".into(),
-                inputs: vec![tensor("x", 1, &[1], 4)],
-                outputs: vec![tensor("y", 1, &[1], 4)],
-                arena_size: 0,
-                arena_align: 1,
-                commands: vec![dispatch(2, 1, vec![b(Slot::Input(0), 0, 4), b(Slot::Output(0), 0, 4)])],
-                buffers: vec![],
-            },
+                vec![],
+            ),
+            entry(
+                "exp",
+                vec![tensor("x", 1, &[1], 4)],
+                vec![tensor("y", 1, &[1], 4)],
+                (0, 1),
+                vec![dispatch(2, 1, vec![b(Slot::Input(0), 0, 4), b(Slot::Output(0), 0, 4)])],
+                vec![],
+            ),
         ],
         kernels,
         executables: vec![x],
@@ -255,16 +246,15 @@ pub fn reloc_program() -> Program {
         ],
         launches: vec![],
     };
-    let entry = |name: &str, kernel| EntryPoint {
-        bounded: Vec::new(),
-        extents: Vec::new(),
-        name: name.into(),
-        inputs: vec![],
-        outputs: vec![tensor("y", 1, &[1], 4)],
-        arena_size: 0,
-        arena_align: 1,
-        commands: vec![dispatch(kernel, 1, vec![b(Slot::Output(0), 0, 4)])],
-        buffers: vec![],
+    let one = |name: &str, kernel| {
+        entry(
+            name,
+            vec![],
+            vec![tensor("y", 1, &[1], 4)],
+            (0, 1),
+            vec![dispatch(kernel, 1, vec![b(Slot::Output(0), 0, 4)])],
+            vec![],
+        )
     };
     let k = |name: &str, entry| Kernel {
         name: name.into(),
@@ -273,7 +263,7 @@ pub fn reloc_program() -> Program {
     };
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
-        entries: vec![entry("main", 0), entry("abs", 1)],
+        entries: vec![one("main", 0), one("abs", 1)],
         kernels: vec![k("pcrel", 0), k("abs", 1)],
         executables: vec![x],
         constants: Constants::Embedded(vec![]),
@@ -468,15 +458,12 @@ pub fn cuda_graph_program() -> Program {
     let c: Vec<u8> = [0.5f32, -1.0, 2.0, 8.0].iter().flat_map(|x| x.to_le_bytes()).collect();
     Program {
         devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
-        entries: vec![EntryPoint {
-            bounded: Vec::new(),
-            extents: Vec::new(),
-            name: "main".into(),
-            inputs: vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
-            outputs: vec![tensor("y", 1, &[4], 16), tensor("z", 2, &[24], 24)],
-            arena_size: 128,
-            arena_align: 64,
-            commands: vec![
+        entries: vec![entry(
+            "main",
+            vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
+            vec![tensor("y", 1, &[4], 16), tensor("z", 2, &[24], 24)],
+            (128, 64),
+            vec![
                 Command::Fill { dst: b(Slot::Output(1), 0, 24), pattern: 0, pattern_len: 4 },
                 dispatch(0, 1, vec![b(Slot::Input(0), 0, 16), b(Slot::Input(1), 0, 16), b(Slot::Arena, 0, 16)]),
                 Command::Barrier,
@@ -486,8 +473,8 @@ pub fn cuda_graph_program() -> Program {
                 Command::Barrier,
                 Command::Copy { src: b(Slot::Arena, 64, 16), dst: b(Slot::Output(0), 0, 16) },
             ],
-            buffers: vec![],
-        }],
+            vec![],
+        )],
         kernels,
         executables,
         constants: Constants::Embedded(c),
@@ -522,19 +509,16 @@ pub fn collectives_program(n: u64) -> Program {
     let part = |device: u32, src: Binding, dst: Binding| CollectivePart { device, src, dst };
     Program {
         devices: (0..3).map(|d| Device { kind: DeviceKind::Cpu, name: format!("cpu:{d}") }).collect(),
-        entries: vec![EntryPoint {
-            bounded: Vec::new(),
-            extents: Vec::new(),
-            name: "main".into(),
-            inputs: ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
-            outputs: vec![
+        entries: vec![entry(
+            "main",
+            ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
+            vec![
                 tensor("sum1", 1, &[n], by),
                 tensor("gather2", 1, &[3 * n], 3 * by),
                 tensor("sum0", 1, &[n], by),
             ],
-            arena_size: 15 * by,
-            arena_align: 64,
-            commands: vec![
+            (15 * by, 64),
+            vec![
                 Command::Copy { src: b(Slot::Input(0), 0, by), dst: a(0, by) },
                 Command::Copy { src: b(Slot::Input(1), 0, by), dst: a(1, by) },
                 Command::Copy { src: b(Slot::Input(2), 0, by), dst: a(2, by) },
@@ -556,8 +540,8 @@ pub fn collectives_program(n: u64) -> Program {
                 Command::Copy { src: a(12, 3 * by), dst: b(Slot::Output(1), 0, 3 * by) },
                 Command::Copy { src: a(3, by), dst: b(Slot::Output(2), 0, by) },
             ],
-            buffers: vec![],
-        }],
+            vec![],
+        )],
         // The kernel table of `add_program` (no dispatch runs them): the fuzz harness
         // mutates a program's first executable.
         kernels,

@@ -1,6 +1,7 @@
 //! Pieces of hand-built programs: the hand-assembled `add` kernel, and the bindings,
-//! tensors, dispatches and one-kernel executables of a plan. Shared with kiln-runner's
-//! tests (included there by `#[path]`), so it uses kiln-module alone.
+//! tensors, entries, dispatches and one-kernel executables of a plan. Shared with
+//! kiln-runner's and kiln-module's tests (included there by `#[path]`), so it uses
+//! kiln-module alone.
 
 use kiln_module::program::*;
 
@@ -27,6 +28,30 @@ pub fn b(slot: Slot, offset: u64, length: u64) -> Binding {
 /// A tensor of the signature.
 pub fn tensor(name: &str, dtype: u32, dims: &[u64], bytes: u64) -> TensorDesc {
     TensorDesc { name: name.into(), dtype, dims: dims.to_vec(), bytes }
+}
+
+/// An entry point `name(inputs) -> outputs` whose plan (`commands`, `buffers`) uses an
+/// arena of `arena` (size, alignment) bytes; no bounded inputs and no extents.
+pub fn entry(
+    name: &str,
+    inputs: Vec<TensorDesc>,
+    outputs: Vec<TensorDesc>,
+    arena: (u64, u64),
+    commands: Vec<Command>,
+    buffers: Vec<BufferDesc>,
+) -> EntryPoint {
+    let (arena_size, arena_align) = arena;
+    EntryPoint {
+        bounded: Vec::new(),
+        extents: Vec::new(),
+        name: name.into(),
+        inputs,
+        outputs,
+        arena_size,
+        arena_align,
+        commands,
+        buffers,
+    }
 }
 
 /// A dispatch on device 0 without push constants.
