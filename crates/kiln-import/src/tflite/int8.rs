@@ -15,7 +15,8 @@
 //!   then `RoundingDivideByPOT` rounding half away from zero) or by single rounding
 //!   (`⌊(a·q + 2^(k−1)) / 2^k⌋`, `k = 31 − e`). `a·q` needs 62 bits, so it is split:
 //!   with `q = q_h·2¹⁶ + q_l`, `a·q_h = u·2^(k−16) + v` (`u` by `Floor`, `0 ≤ v < 2^(k−16)`),
-//!   `⌊(a·q + c) / 2^k⌋ = u + ⌊(v·2¹⁶ + a·q_l + c) / 2^k⌋`, every term below 2⁵³.
+//!   `⌊(a·q + c) / 2^k⌋ = u + ⌊(v·2¹⁶ + a·q_l + c) / 2^k⌋`, every term below 2⁵³
+//!   (where the accumulator's bound keeps `a·q` below 2⁵³, one product instead).
 //! - **MEAN** of int8 over the spatial axes of a rank-4 tensor with `keep_dims` (LiteRT's
 //!   optimised mean): `Σx` times `s_x / (N·s_y)` (f32) by single rounding, plus
 //!   `z_y − round(z_x·s_x/s_y)` (f32, rounded half away from zero); any other int8
@@ -23,8 +24,9 @@
 //! - **RESIZE_BILINEAR** of int8 (input and output share their quantisation): 10-bit
 //!   fixed-point source positions and weights on the raw integers,
 //!   `Σ x·w_y·w_x` (weights summing to 2²⁰) divided by 2²⁰ rounding half away from zero.
-//!   The weights are separable, so the sum is two products with constant integer
-//!   matrices, `W_y · X · W_xᵀ`.
+//!   The weights are separable, so the sum is two passes of two gathered source
+//!   positions each: along the width in f32 (every sum below 2¹⁹, exact), then along the
+//!   height in f64 (below 2³⁰).
 //! - **BATCH_MATMUL** of int8: `Σ(a − z_a)(b − z_b)` as `MatMulInteger` (i32), times
 //!   `s_a·s_b / s_y` (f64) by double rounding, plus `z_y`.
 //!
@@ -121,11 +123,19 @@ impl Importer<'_> {
         self.emit1(OpKind::Floor, Attrs::new(), vec![Some(v)])
     }
 
-    /// `⌊(a·q + c) / 2^k⌋` of f64 integers `a` (|a| < 2³¹·2^e) for `q < 2³¹`, exactly
-    /// (the split in the module docs); `None` when `k` is outside 16..=52.
-    fn floor_product(&mut self, a: ValueId, q: i64, c: f64, k: i32) -> Result<Option<ValueId>, ImportError> {
+    /// `⌊(a·q + c) / 2^k⌋` of f64 integers `a` (|a| ≤ `bound`, below 2³¹·2^e) for
+    /// `q < 2³¹`, exactly: one product where `bound·q + c` stays below 2⁵³, else the
+    /// split in the module docs; `None` when `k` is outside 16..=52.
+    fn floor_product(&mut self, a: ValueId, bound: f64, q: i64, c: f64, k: i32) -> Result<Option<ValueId>, ImportError> {
         if !(16..=52).contains(&k) {
             return Ok(None);
+        }
+        if bound * q as f64 + c < 2f64.powi(53) {
+            // `a·q + c` is exact in f64 as it is.
+            let p = self.with_scalar(OpKind::Mul, a, q as f64)?;
+            let p = self.with_scalar(OpKind::Add, p, c)?;
+            let p = self.with_scalar(OpKind::Mul, p, 2f64.powi(-k))?;
+            return Ok(Some(self.floor(p)?));
         }
         let (qh, ql) = ((q >> 16) as f64, (q & 0xffff) as f64);
         let p1 = self.with_scalar(OpKind::Mul, a, qh)?;
@@ -144,16 +154,23 @@ impl Importer<'_> {
 
     /// TFLite's `MultiplyByQuantizedMultiplier(acc, real)` of f64 integers `acc` (see the
     /// module docs); `None` when the multiplier's exponent is out of the exact range.
-    pub(crate) fn fixed_point(&mut self, acc: ValueId, real: f64, rounding: Rounding) -> Result<Option<ValueId>, ImportError> {
+    pub(crate) fn fixed_point(
+        &mut self,
+        acc: ValueId,
+        bound: f64,
+        real: f64,
+        rounding: Rounding,
+    ) -> Result<Option<ValueId>, ImportError> {
         let (q, e) = quantize_multiplier(real);
         if q == 0 {
             return Ok(Some(self.with_scalar(OpKind::Mul, acc, 0.0)?));
         }
         let a = if e > 0 { self.with_scalar(OpKind::Mul, acc, 2f64.powi(e))? } else { acc };
+        let bound = bound * 2f64.powi(e.max(0));
         match rounding {
-            Rounding::Single => self.floor_product(a, q, 2f64.powi(30 - e.min(0)), 31 - e.min(0)),
+            Rounding::Single => self.floor_product(a, bound, q, 2f64.powi(30 - e.min(0)), 31 - e.min(0)),
             Rounding::Double => {
-                let Some(z) = self.floor_product(a, q, 2f64.powi(30), 31)? else { return Ok(None) };
+                let Some(z) = self.floor_product(a, bound, q, 2f64.powi(30), 31)? else { return Ok(None) };
                 let r = (-e).max(0);
                 if r == 0 {
                     return Ok(Some(z));
@@ -220,12 +237,12 @@ impl Importer<'_> {
             let t = zx as f32 * sx / sy;
             let t = if t > 0.0 { t + 0.5 } else { t - 0.5 };
             let bias = zy - t.trunc() as i64;
-            let Some(v) = self.fixed_point(sum, real as f64, Rounding::Single)? else { return Ok(false) };
+            let Some(v) = self.fixed_point(sum, 128.0 * n as f64, real as f64, Rounding::Single)? else { return Ok(false) };
             self.store_int8(out, &out_lay, v, bias as f64)?;
         } else {
             let acc = self.with_scalar(OpKind::Sub, sum, (n as i64 * zx) as f64)?;
             let real = sx as f64 / (sy as f64 * n as f64);
-            let Some(v) = self.fixed_point(acc, real, Rounding::Double)? else { return Ok(false) };
+            let Some(v) = self.fixed_point(acc, 255.0 * n as f64, real, Rounding::Double)? else { return Ok(false) };
             self.store_int8(out, &out_lay, v, zy as f64)?;
         }
         Ok(true)
@@ -251,25 +268,12 @@ impl Importer<'_> {
             return Ok(false);
         }
         let (oh, ow) = (oh as usize, ow as usize);
-        // wy: [oh, ih]; wx: [iw, ow] (transposed, for X · wx).
-        let wy = weights(*ih, oh, align, half);
-        let wx = weights(*iw, ow, align, half);
-        let mut wxt = vec![0.0; iw * ow];
-        for o in 0..ow {
-            for i in 0..*iw {
-                wxt[i * ow + o] = wx[o * iw + i];
-            }
-        }
-        let mat = |imp: &mut Self, r: usize, c: usize, v: &[f64]| -> Result<ValueId, ImportError> {
-            let shape = Shape::new(vec![r, c]).map_err(|e| imp.err(e.to_string()))?;
-            let t = Tensor::from_f64(DType::F64, shape, v).map_err(|e| imp.err(e.to_string()))?;
-            Ok(imp.konst(t))
-        };
-        let wyv = mat(self, oh, *ih, &wy)?;
-        let wxv = mat(self, *iw, ow, &wxt)?;
-        let xf = self.cast(raw, DType::F64)?;
-        let rows = self.binary(OpKind::MatMul, xf, wxv)?;
-        let sum = self.binary(OpKind::MatMul, wyv, rows)?;
+        // Along the width in f32 (|x·w| sums below 2¹⁹: exact), then along the height
+        // in f64 (below 2³⁰), each output position from its two source positions.
+        let xf = self.cast(raw, DType::F32)?;
+        let t = self.interpolate(xf, 3, &taps(*iw, ow, align, half), DType::F32)?;
+        let tf = self.cast(t, DType::F64)?;
+        let sum = self.interpolate(tf, 2, &taps(*ih, oh, align, half), DType::F64)?;
         // Σ / 2²⁰ rounded half away from zero.
         let w = self.with_scalar(OpKind::Mul, sum, 2f64.powi(-20))?;
         let m = self.emit1(OpKind::Abs, Attrs::new(), vec![Some(w)])?;
@@ -304,31 +308,66 @@ impl Importer<'_> {
         let acc = self.emit1(OpKind::MatMulInteger, Attrs::new(), vec![Some(ra), Some(rb), Some(zav), Some(zbv)])?;
         let accf = self.cast(acc, DType::F64)?;
         let real = sa as f64 * sb as f64 / sy as f64;
-        let Some(v) = self.fixed_point(accf, real, Rounding::Double)? else { return Ok(false) };
+        let Some(v) = self.fixed_point(accf, k as f64 * 65025.0, real, Rounding::Double)? else { return Ok(false) };
         let r = self.g.ty(v).shape.rank();
         self.store_int8(out, &identity(r), v, zy as f64)?;
         Ok(true)
     }
 }
 
-/// TFLite's integer bilinear weights from `input` to `output` positions along one axis,
-/// as an `[output, input]` matrix (row-major): each output position's two source
-/// positions (clamped) weighted `2¹⁰ − d` and `d`, `d` the 10-bit fraction.
-fn weights(input: usize, output: usize, align: bool, half: bool) -> Vec<f64> {
+/// TFLite's integer bilinear taps from `input` to `output` positions along one axis:
+/// per output position its two source positions (clamped) and their weights
+/// `2¹⁰ − d` and `d`, `d` the 10-bit fraction.
+fn taps(input: usize, output: usize, align: bool, half: bool) -> Vec<(i64, i64, f64, f64)> {
     let (i, o) = (input as i64, output as i64);
     let scale = if align && o > 1 { ((1 << 10) * (i - 1) + (o - 1) / 2) / (o - 1) } else { ((1 << 10) * i + o / 2) / o };
+    (0..o)
+        .map(|v| {
+            let pos = if half { v * scale + scale / 2 - (1 << 9) } else { v * scale };
+            // C's truncating division, as TFLite computes the bounds.
+            let lo = (pos / (1 << 10)).max(0);
+            let hi = ((pos + (1 << 10) - 1) / (1 << 10)).min(i - 1);
+            let frac = pos - (1 << 10) * lo;
+            (lo, hi, ((1 << 10) - frac) as f64, frac as f64)
+        })
+        .collect()
+}
+
+/// The `[output, input]` weight matrix of `taps` (row-major), for tests.
+#[cfg(test)]
+fn weights(input: usize, output: usize, align: bool, half: bool) -> Vec<f64> {
     let mut w = vec![0.0; output * input];
-    for v in 0..o {
-        let pos = if half { v * scale + scale / 2 - (1 << 9) } else { v * scale };
-        // C's truncating division, as TFLite computes the bounds.
-        let lo = (pos / (1 << 10)).max(0);
-        let hi = ((pos + (1 << 10) - 1) / (1 << 10)).min(i - 1);
-        let frac = pos - (1 << 10) * lo;
-        let row = v as usize * input;
-        w[row + lo as usize] += ((1 << 10) - frac) as f64;
-        w[row + hi as usize] += frac as f64;
+    for (v, (lo, hi, w0, w1)) in taps(input, output, align, half).into_iter().enumerate() {
+        w[v * input + lo as usize] += w0;
+        w[v * input + hi as usize] += w1;
     }
     w
+}
+
+impl Importer<'_> {
+    /// `x[.., lo, ..]·w0 + x[.., hi, ..]·w1` along axis `axis` of rank-4 `x` (`dtype`),
+    /// per output position of `taps`.
+    fn interpolate(&mut self, x: ValueId, axis: usize, taps: &[(i64, i64, f64, f64)], dtype: DType) -> Result<ValueId, ImportError> {
+        let n = taps.len();
+        let idx = |imp: &mut Self, f: &dyn Fn(&(i64, i64, f64, f64)) -> i64| imp.i64s(&taps.iter().map(f).collect::<Vec<_>>());
+        let (lo, hi) = (idx(self, &|t| t.0), idx(self, &|t| t.1));
+        let mut dims = vec![1usize; 4 - axis];
+        dims[0] = n;
+        let wconst = |imp: &mut Self, f: &dyn Fn(&(i64, i64, f64, f64)) -> f64| -> Result<ValueId, ImportError> {
+            let shape = Shape::new(dims.clone()).map_err(|e| imp.err(e.to_string()))?;
+            let v: Vec<f64> = taps.iter().map(f).collect();
+            let t = Tensor::from_f64(dtype, shape, &v).map_err(|e| imp.err(e.to_string()))?;
+            Ok(imp.konst(t))
+        };
+        let (w0, w1) = (wconst(self, &|t| t.2)?, wconst(self, &|t| t.3)?);
+        let gather = |imp: &mut Self, i: ValueId| {
+            imp.emit1(OpKind::Gather, Attrs::new().with("axis", Attr::Int(axis as i64)), vec![Some(x), Some(i)])
+        };
+        let (a, b) = (gather(self, lo)?, gather(self, hi)?);
+        let a = self.binary(OpKind::Mul, a, w0)?;
+        let b = self.binary(OpKind::Mul, b, w1)?;
+        self.binary(OpKind::Add, a, b)
+    }
 }
 
 #[cfg(test)]
