@@ -264,7 +264,7 @@ impl Importer<'_> {
         let raw = self.raw(x, &NCHW)?;
         let d = self.dims(raw);
         let (&[oh, ow], [_, _, ih, iw]) = (size, d.as_slice()) else { return Ok(false) };
-        if oh <= 0 || ow <= 0 {
+        if oh <= 0 || ow <= 0 || *ih == 0 || *iw == 0 {
             return Ok(false);
         }
         let (oh, ow) = (oh as usize, ow as usize);
