@@ -315,10 +315,13 @@ impl Importer<'_> {
     }
 }
 
+/// One output position's source positions and weights: `(lo, hi, w_lo, w_hi)`.
+type Tap = (i64, i64, f64, f64);
+
 /// TFLite's integer bilinear taps from `input` to `output` positions along one axis:
 /// per output position its two source positions (clamped) and their weights
 /// `2¹⁰ − d` and `d`, `d` the 10-bit fraction.
-fn taps(input: usize, output: usize, align: bool, half: bool) -> Vec<(i64, i64, f64, f64)> {
+fn taps(input: usize, output: usize, align: bool, half: bool) -> Vec<Tap> {
     let (i, o) = (input as i64, output as i64);
     let scale = if align && o > 1 { ((1 << 10) * (i - 1) + (o - 1) / 2) / (o - 1) } else { ((1 << 10) * i + o / 2) / o };
     (0..o)
@@ -347,13 +350,13 @@ fn weights(input: usize, output: usize, align: bool, half: bool) -> Vec<f64> {
 impl Importer<'_> {
     /// `x[.., lo, ..]·w0 + x[.., hi, ..]·w1` along axis `axis` of rank-4 `x` (`dtype`),
     /// per output position of `taps`.
-    fn interpolate(&mut self, x: ValueId, axis: usize, taps: &[(i64, i64, f64, f64)], dtype: DType) -> Result<ValueId, ImportError> {
+    fn interpolate(&mut self, x: ValueId, axis: usize, taps: &[Tap], dtype: DType) -> Result<ValueId, ImportError> {
         let n = taps.len();
-        let idx = |imp: &mut Self, f: &dyn Fn(&(i64, i64, f64, f64)) -> i64| imp.i64s(&taps.iter().map(f).collect::<Vec<_>>());
+        let idx = |imp: &mut Self, f: &dyn Fn(&Tap) -> i64| imp.i64s(&taps.iter().map(f).collect::<Vec<_>>());
         let (lo, hi) = (idx(self, &|t| t.0), idx(self, &|t| t.1));
         let mut dims = vec![1usize; 4 - axis];
         dims[0] = n;
-        let wconst = |imp: &mut Self, f: &dyn Fn(&(i64, i64, f64, f64)) -> f64| -> Result<ValueId, ImportError> {
+        let wconst = |imp: &mut Self, f: &dyn Fn(&Tap) -> f64| -> Result<ValueId, ImportError> {
             let shape = Shape::new(dims.clone()).map_err(|e| imp.err(e.to_string()))?;
             let v: Vec<f64> = taps.iter().map(f).collect();
             let t = Tensor::from_f64(dtype, shape, &v).map_err(|e| imp.err(e.to_string()))?;
