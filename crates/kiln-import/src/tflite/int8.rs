@@ -126,7 +126,14 @@ impl Importer<'_> {
     /// `⌊(a·q + c) / 2^k⌋` of f64 integers `a` (|a| ≤ `bound`, below 2³¹·2^e) for
     /// `q < 2³¹`, exactly: one product where `bound·q + c` stays below 2⁵³, else the
     /// split in the module docs; `None` when `k` is outside 16..=52.
-    fn floor_product(&mut self, a: ValueId, bound: f64, q: i64, c: f64, k: i32) -> Result<Option<ValueId>, ImportError> {
+    fn floor_product(
+        &mut self,
+        a: ValueId,
+        bound: f64,
+        q: i64,
+        c: f64,
+        k: i32,
+    ) -> Result<Option<ValueId>, ImportError> {
         if !(16..=52).contains(&k) {
             return Ok(None);
         }
@@ -201,7 +208,8 @@ impl Importer<'_> {
     fn int8_params(&self, t: usize) -> Option<(f32, i64)> {
         let q: &Quant = self.quant(t)?;
         let int8 = self.desc(t).dtype == super::fb::TensorType::Int8;
-        (int8 && q.scale.len() == 1 && q.zero_point.len() == 1 && q.scale[0] > 0.0).then(|| (q.scale[0], q.zero_point[0]))
+        (int8 && q.scale.len() == 1 && q.zero_point.len() == 1 && q.scale[0] > 0.0)
+            .then(|| (q.scale[0], q.zero_point[0]))
     }
 
     /// LiteRT's int8 MEAN of tensor `x` held in layout `lay` over held axes `held_axes`
@@ -237,7 +245,9 @@ impl Importer<'_> {
             let t = zx as f32 * sx / sy;
             let t = if t > 0.0 { t + 0.5 } else { t - 0.5 };
             let bias = zy - t.trunc() as i64;
-            let Some(v) = self.fixed_point(sum, 128.0 * n as f64, real as f64, Rounding::Single)? else { return Ok(false) };
+            let Some(v) = self.fixed_point(sum, 128.0 * n as f64, real as f64, Rounding::Single)? else {
+                return Ok(false);
+            };
             self.store_int8(out, &out_lay, v, bias as f64)?;
         } else {
             let acc = self.with_scalar(OpKind::Sub, sum, (n as i64 * zx) as f64)?;
@@ -323,7 +333,8 @@ type Tap = (i64, i64, f64, f64);
 /// `2¹⁰ − d` and `d`, `d` the 10-bit fraction.
 fn taps(input: usize, output: usize, align: bool, half: bool) -> Vec<Tap> {
     let (i, o) = (input as i64, output as i64);
-    let scale = if align && o > 1 { ((1 << 10) * (i - 1) + (o - 1) / 2) / (o - 1) } else { ((1 << 10) * i + o / 2) / o };
+    let scale =
+        if align && o > 1 { ((1 << 10) * (i - 1) + (o - 1) / 2) / (o - 1) } else { ((1 << 10) * i + o / 2) / o };
     (0..o)
         .map(|v| {
             let pos = if half { v * scale + scale / 2 - (1 << 9) } else { v * scale };
@@ -415,7 +426,13 @@ mod tests {
     /// a linear ramp at positions that are exact in 10 bits.
     #[test]
     fn bilinear_weights() {
-        for (i, o, align, half) in [(8, 16, false, true), (8, 16, false, false), (5, 9, true, false), (16, 7, false, true), (1, 4, false, true)] {
+        for (i, o, align, half) in [
+            (8, 16, false, true),
+            (8, 16, false, false),
+            (5, 9, true, false),
+            (16, 7, false, true),
+            (1, 4, false, true),
+        ] {
             let w = weights(i, o, align, half);
             for r in 0..o {
                 assert_eq!(w[r * i..(r + 1) * i].iter().sum::<f64>(), 1024.0, "{i}→{o} row {r}");
