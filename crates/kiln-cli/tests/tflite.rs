@@ -290,6 +290,46 @@ common::model_tests! { check_model, manifest_lists_every_model,
     conv1_int8io => "conv1_int8io",
 }
 
+/// The int8 models through the reference evaluator instead of the compiled artifact:
+/// imported, the tensor passes run (so the contractions are the integer ops the compiled
+/// path runs), evaluated by kiln-ref, each output held to the same bound as the compiled
+/// one (one step, or its recorded gap). The LiteRT forms of MEAN, RESIZE_BILINEAR and
+/// BATCH_MATMUL are graph operations the importer writes, so the reference evaluator
+/// computes them independently of code generation; the counts are printed as
+/// `TFLITE NAME/OUT (reference evaluator): ...`.
+#[test]
+fn int8_models_through_the_reference_evaluator() {
+    let models: Vec<Value> = manifest().into_iter().filter(|e| e["kind"] == "int8").collect();
+    assert!(!models.is_empty(), "the manifest lists no int8 model");
+    for e in models {
+        let name = e["name"].as_str().expect("name");
+        let model = data_dir().join(e["model"].as_str().expect("model path"));
+        let mut g = kiln_import::import_file(&model, &kiln_import::ImportOptions::default())
+            .unwrap_or_else(|err| panic!("{name}: import: {err}"));
+        kiln_opt::run_tensor_pipeline(&mut g).unwrap_or_else(|err| panic!("{name}: tensor passes: {err}"));
+        let inputs = e["inputs"].as_array().expect("inputs").clone();
+        let expected = e["outputs"].as_array().expect("outputs").clone();
+        let feeds: Vec<Tensor> = g
+            .inputs
+            .iter()
+            .map(|&v| {
+                let n = &g.values[v].name;
+                let want = find(&inputs, n).unwrap_or_else(|| panic!("{name}: input `{n}` is none of the model's"));
+                read_npy(want["file"].as_str().expect("file"))
+            })
+            .collect();
+        let outs = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|err| panic!("{name}: evaluation: {err}"));
+        for (&v, got) in g.outputs.iter().zip(&outs) {
+            let n = &g.values[v].name;
+            let want_e = find(&expected, n).unwrap_or_else(|| panic!("{name}: output `{n}` is none of the model's"));
+            let want = read_npy(want_e["file"].as_str().expect("file"));
+            let what = format!("{name}/{n}");
+            let scale = want_e["quant"]["scale"].as_f64().unwrap_or_else(|| panic!("{what}: no quantisation"));
+            compare_steps(&format!("{what} (reference evaluator)"), got, &want, scale, "", recorded_gap(&what));
+        }
+    }
+}
+
 /// Together the models hold every op of the list and every fused activation;
 /// prints which model exercises which op.
 #[test]

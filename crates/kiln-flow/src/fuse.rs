@@ -259,8 +259,14 @@ pub(crate) fn fused_kernel(p: &FlowProgram, d: usize, k: usize, pi: usize) -> Op
 /// would compute every exp and log one lane at a time.
 fn rank(k: &Kernel) -> u8 {
     // An integer contraction an integer microkernel reads in place runs as fast as a
-    // float one (whatever class its epilogue gives it).
+    // float one (whatever class its epilogue gives it), as long as its epilogue computes
+    // in the microkernel's i32/f32 lanes: an f64 step (TFLite's fixed-point
+    // requantisation, written in exact f64 by the importer) sends the whole contraction
+    // to the general path, so it stays a dispatch of its own.
     if Contraction::of_int(k).is_some_and(|c| c.in_place(k)) {
+        if k.nodes.iter().any(|n| n.ty == ScalarType::F64) {
+            return KernelClass::General.rank();
+        }
         return KernelClass::Contraction.rank();
     }
     match classify(k) {

@@ -931,18 +931,7 @@ impl<'k> Emitter<'k> {
                     d.emit(&mut e.a, zmm0, zmm16, zmm18)
                 }
             };
-            if chunks > 0 {
-                self.a.mov(rcx, chunks as i64)?;
-                let mut l = self.a.create_label();
-                self.a.set_label(&mut l)?;
-                col(self, zmmword_ptr(rsi), false)?;
-                self.a.add(rsi, 64)?;
-                self.a.dec(rcx)?;
-                self.a.jnz(l)?;
-            }
-            if part != 0 {
-                col(self, zmmword_ptr(rsi), true)?;
-            }
+            self.chunked_columns(chunks, part, &[rsi], |e, masked| col(e, zmmword_ptr(rsi), masked))?;
             hsum(self, 0, gv + 128)?;
         }
         let last_rows = m - (groups - 1) * 16;
@@ -996,19 +985,7 @@ impl<'k> Emitter<'k> {
                     }
                     Ok(())
                 };
-                if chunks > 0 {
-                    self.a.mov(rcx, chunks as i64)?;
-                    let mut l = self.a.create_label();
-                    self.a.set_label(&mut l)?;
-                    step(self, false)?;
-                    self.a.add(rsi, 64)?;
-                    self.a.add(r9, 64)?;
-                    self.a.dec(rcx)?;
-                    self.a.jnz(l)?;
-                }
-                if part != 0 {
-                    step(self, true)?;
-                }
+                self.chunked_columns(chunks, part, &[rsi, r9], step)?;
                 for r in 0..n {
                     hsum(self, r, gv + 4 * (8 * h as i32 + r as i32))?;
                     if need_ra {
@@ -1095,6 +1072,33 @@ impl<'k> Emitter<'k> {
     }
 
     /// `r *= imm`.
+    /// The reduction in 64-byte chunks: `chunks` times `body(unmasked)` in an `rcx`
+    /// loop, each pass advancing `regs` by 64 bytes, then, for a partial last chunk
+    /// (`part` bytes, under the byte mask the caller set in `k3`), `body(masked)` once.
+    fn chunked_columns(
+        &mut self,
+        chunks: u64,
+        part: u64,
+        regs: &[AsmRegister64],
+        body: impl Fn(&mut Self, bool) -> R<()>,
+    ) -> R<()> {
+        if chunks > 0 {
+            self.a.mov(rcx, chunks as i64)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            body(self, false)?;
+            for &r in regs {
+                self.a.add(r, 64)?;
+            }
+            self.a.dec(rcx)?;
+            self.a.jnz(l)?;
+        }
+        if part != 0 {
+            body(self, true)?;
+        }
+        Ok(())
+    }
+
     fn imul(&mut self, r: AsmRegister64, imm: i64) -> R<()> {
         match i32::try_from(imm) {
             Ok(i) => self.a.imul_3(r, r, i)?,
@@ -1373,18 +1377,7 @@ impl<'k> Emitter<'k> {
                         d.emit(&mut e.a, zmm1, zmm28, zmm27)
                     }
                 };
-                if chunks > 0 {
-                    self.a.mov(rcx, chunks as i64)?;
-                    let mut l = self.a.create_label();
-                    self.a.set_label(&mut l)?;
-                    acc(self, zmmword_ptr(rax), false)?;
-                    self.a.add(rax, 64)?;
-                    self.a.dec(rcx)?;
-                    self.a.jnz(l)?;
-                }
-                if part != 0 {
-                    acc(self, zmmword_ptr(rax), true)?;
-                }
+                self.chunked_columns(chunks, part, &[rax], |e, masked| acc(e, zmmword_ptr(rax), masked))?;
                 // Horizontal sum into lane 0.
                 self.a.vextracti64x4(ymm2, zmm1, 1)?;
                 self.a.vpaddd(ymm1, ymm1, ymm2)?;

@@ -46,6 +46,7 @@
 //! supported operator with inputs kiln cannot take is an [`ImportError::TfliteOp`]
 //! naming the operator's index, op and first output.
 
+mod int8;
 mod ops;
 mod reader;
 #[allow(missing_docs, clippy::all, clippy::pedantic, dead_code, unused_imports, non_camel_case_types)]

@@ -168,7 +168,7 @@ impl Importer<'_> {
         }
     }
 
-    fn dims(&self, v: ValueId) -> Vec<usize> {
+    pub(crate) fn dims(&self, v: ValueId) -> Vec<usize> {
         self.g.ty(v).shape.dims().to_vec()
     }
 
@@ -489,10 +489,14 @@ impl Importer<'_> {
                     p.swap(r - 1, r - 2);
                     p
                 };
+                let out = self.output(op, 0)?;
+                let (px, py) = (if adj_x { swap(rx) } else { identity(rx) }, if adj_y { swap(ry) } else { identity(ry) });
+                if self.int8_batch_matmul((x, &px), (y, &py), out)? {
+                    return Ok(());
+                }
                 let a = if adj_x { self.real(x, &swap(rx))? } else { self.real(x, &identity(rx))? };
                 let c = if adj_y { self.real(y, &swap(ry))? } else { self.real(y, &identity(ry))? };
                 let v = self.emit1(OpKind::MatMul, Attrs::new(), vec![Some(a), Some(c)])?;
-                let out = self.output(op, 0)?;
                 let r = self.g.ty(v).shape.rank();
                 self.set_real(out, &identity(r), v)
             }
@@ -564,11 +568,14 @@ impl Importer<'_> {
                 };
                 let held_axes: Vec<i64> =
                     axes.iter().map(|a| lay.iter().position(|p| p == a).unwrap_or(0) as i64).collect();
+                let out = self.output(op, 0)?;
+                if b == B::Mean && self.int8_mean(x, out, &lay, &held_axes, &axes, keep)? {
+                    return Ok(());
+                }
                 let a = self.real(x, &lay)?;
                 let axes_v = self.i64s(&held_axes);
                 let attrs = Attrs::new().with("keepdims", Attr::Int(keep as i64));
                 let v = self.emit1(kind, attrs, vec![Some(a), Some(axes_v)])?;
-                let out = self.output(op, 0)?;
                 let out_lay = if keep { lay } else { identity(self.g.ty(v).shape.rank()) };
                 self.set_real(out, &out_lay, v)
             }
@@ -756,6 +763,12 @@ impl Importer<'_> {
                 let size = self.ints_of(self.input(op, 1)?, "the size")?;
                 if size.len() != 2 || self.rank(x)? != 4 {
                     return Err(self.err("expected a rank-4 input and a size of two entries"));
+                }
+                if b == B::ResizeBilinear {
+                    let out = self.output(op, 0)?;
+                    if self.int8_resize_bilinear(x, out, &size, align, half)? {
+                        return Ok(());
+                    }
                 }
                 let a = self.real(x, &NCHW)?;
                 let d = self.dims(a);

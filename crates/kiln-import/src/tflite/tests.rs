@@ -698,3 +698,95 @@ fn complex_operands_of_real_ops_are_refused() {
         r => panic!("expected a TfliteOp error at operator 1, got {r:?}"),
     }
 }
+
+/// int8 BATCH_MATMUL, MEAN (over one axis; over the spatial axes with keep_dims) and
+/// RESIZE_BILINEAR (half-pixel centres) import as LiteRT's integer forms: kiln-ref's
+/// evaluation of the imported graph equals TFLite's integer arithmetic written here
+/// per element (i128 fixed-point products; the resize's four corners per output pixel,
+/// not the importer's separable passes).
+#[test]
+fn int8_litert_forms_match_integer_loops() {
+    use super::int8::{multiply_by_quantized, Rounding};
+    let i8t = fb::TensorType::Int8;
+    let mut m = M::new();
+    // K = 130: the accumulator bound (K·255²) is past 2²², so the fixed-point product
+    // takes the split form; the MEANs take the one-product form.
+    let (k, rows, cols) = (130usize, 3usize, 5usize);
+    let a = m.quantized("a", &[1, rows as i32, k as i32], i8t, None, vec![0.031], vec![-7]);
+    let b = m.quantized("b", &[1, k as i32, cols as i32], i8t, None, vec![0.027], vec![4]);
+    let y = m.quantized("y", &[1, rows as i32, cols as i32], i8t, None, vec![0.61], vec![3]);
+    m.op(B::BatchMatmul, &[a, b], &[y], Some(fb::BuiltinOptions::BatchMatMulOptions(Box::default())));
+    let x = m.quantized("x", &[1, 40, 6], i8t, None, vec![0.05], vec![-20]);
+    let ax = m.ints("mean_axes", &[1]);
+    let mean = m.quantized("mean", &[1, 6], i8t, None, vec![0.013], vec![11]);
+    m.op(B::Mean, &[x, ax], &[mean], Some(fb::BuiltinOptions::ReducerOptions(Box::default())));
+    let img = m.quantized("img", &[1, 3, 5, 2], i8t, None, vec![0.04], vec![9]);
+    let sp = m.ints("spatial_axes", &[1, 2]);
+    let pooled = m.quantized("pooled", &[1, 1, 1, 2], i8t, None, vec![0.017], vec![-30]);
+    let keep = fb::ReducerOptions { keep_dims: true };
+    m.op(B::Mean, &[img, sp], &[pooled], Some(fb::BuiltinOptions::ReducerOptions(Box::new(keep))));
+    let size = m.ints("size", &[6, 9]);
+    let big = m.quantized("big", &[1, 6, 9, 2], i8t, None, vec![0.04], vec![9]);
+    let rb = fb::ResizeBilinearOptions { half_pixel_centers: true, ..Default::default() };
+    m.op(B::ResizeBilinear, &[img, size], &[big], Some(fb::BuiltinOptions::ResizeBilinearOptions(Box::new(rb))));
+    let g = import(m.finish(&[a, b, x, img], &[y, mean, pooled, big])).expect("import");
+    assert_eq!(count(&g, OpKind::MatMulInteger), 1, "{g}");
+    assert_eq!(count(&g, OpKind::QuantizeLinear), 0, "{g}");
+
+    let raw = |n: usize, seed: u32| -> Vec<i64> { values(n, seed).iter().map(|v| (v * 127.9).floor() as i64).collect() };
+    let tensor = |v: &[i64], dims: &[usize]| Tensor::from_i64(DType::I8, Shape::new(dims.to_vec()).unwrap(), v).unwrap();
+    let (av, bv, xv, iv) = (raw(rows * k, 71), raw(k * cols, 72), raw(40 * 6, 73), raw(3 * 5 * 2, 74));
+    let ins = [tensor(&av, &[1, rows, k]), tensor(&bv, &[1, k, cols]), tensor(&xv, &[1, 40, 6]), tensor(&iv, &[1, 3, 5, 2])];
+    let out = kiln_ref::eval_graph(&g, &ins).expect("evaluation");
+    let got: Vec<Vec<i64>> = out.iter().map(|t| t.to_i64_vec().unwrap()).collect();
+    let sat = |v: i64| v.clamp(-128, 127);
+
+    let real = 0.031f32 as f64 * 0.027f32 as f64 / 0.61f32 as f64;
+    let want: Vec<i64> = (0..rows * cols)
+        .map(|o| {
+            let (r, c) = (o / cols, o % cols);
+            let acc: i64 = (0..k).map(|i| (av[r * k + i] + 7) * (bv[i * cols + c] - 4)).sum();
+            sat(multiply_by_quantized(acc, real, Rounding::Double) + 3)
+        })
+        .collect();
+    assert_eq!(got[0], want, "BATCH_MATMUL");
+
+    let real = 0.05f32 as f64 / (0.013f32 as f64 * 40.0);
+    let want: Vec<i64> = (0..6)
+        .map(|c| sat(multiply_by_quantized((0..40).map(|i| xv[i * 6 + c] + 20).sum(), real, Rounding::Double) + 11))
+        .collect();
+    assert_eq!(got[1], want, "MEAN over one axis");
+
+    let t = 9.0f32 * 0.04 / 0.017;
+    let bias = -30 - (if t > 0.0 { t + 0.5 } else { t - 0.5 }).trunc() as i64;
+    let real = (0.04f32 / (15.0 * 0.017f32)) as f64;
+    let want: Vec<i64> = (0..2)
+        .map(|c| sat(multiply_by_quantized((0..15).map(|i| iv[i * 2 + c]).sum(), real, Rounding::Single) + bias))
+        .collect();
+    assert_eq!(got[2], want, "MEAN over the spatial axes, keep_dims");
+
+    // TFLite's ResizeBilinearInteger, per output pixel (NHWC).
+    let (ih, iw, oh, ow) = (3i64, 5i64, 6i64, 9i64);
+    let (hs, ws) = (((1 << 10) * ih + oh / 2) / oh, ((1 << 10) * iw + ow / 2) / ow);
+    let at = |v: i64, s: i64, n: i64| {
+        let p = v * s + s / 2 - (1 << 9);
+        (p, (p / 1024).max(0), ((p + 1023) / 1024).min(n - 1))
+    };
+    let mut want = Vec::new();
+    for oy in 0..oh {
+        let (py, y0, y1) = at(oy, hs, ih);
+        for ox in 0..ow {
+            let (px, x0, x1) = at(ox, ws, iw);
+            for c in 0..2 {
+                let v = |y: i64, x: i64| iv[((y * iw + x) * 2 + c) as usize];
+                let (dy, dx) = (py - 1024 * y0, px - 1024 * x0);
+                let s = v(y0, x0) * (1024 - dy) * (1024 - dx)
+                    + v(y1, x0) * dy * (1024 - dx)
+                    + v(y0, x1) * (1024 - dy) * dx
+                    + v(y1, x1) * dy * dx;
+                want.push((s + if s > 0 { 1 << 19 } else { -(1 << 19) }) / (1 << 20));
+            }
+        }
+    }
+    assert_eq!(got[3], want, "RESIZE_BILINEAR");
+}
