@@ -152,6 +152,15 @@ fn panel_rows(m: u64) -> u64 {
         6
     }
 }
+/// The binary operations an epilogue computes on f32 lanes (comparisons and And/Or
+/// aside).
+fn float_arithmetic(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min | BinaryOp::Pow
+    )
+}
+
 /// Bytes of B one column block may take (the block stays in L2 while every panel of
 /// the workgroup range runs over it).
 const L2_BLOCK: u64 = 256 * 1024;
@@ -669,13 +678,7 @@ impl Emitter<'_> {
             Expr::Binary(op, x, y) => {
                 let float_operands = self.k.node(*x).ty == ScalarType::F32;
                 let ok = match op {
-                    BinaryOp::Add
-                    | BinaryOp::Sub
-                    | BinaryOp::Mul
-                    | BinaryOp::Div
-                    | BinaryOp::Max
-                    | BinaryOp::Min
-                    | BinaryOp::Pow => node.ty == ScalarType::F32,
+                    op if float_arithmetic(*op) => node.ty == ScalarType::F32,
                     op if op.is_comparison() => float_operands,
                     BinaryOp::And | BinaryOp::Or => node.ty == ScalarType::Bool,
                     _ => false,
@@ -1830,18 +1833,7 @@ impl Emitter<'_> {
                 Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::I64 => false,
                 Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32 || byte_type(node.ty),
                 Expr::Unary(op, _) => has_vector_form(*op) || rounding(*op) || *op == UnaryOp::IsNan,
-                Expr::Binary(op, _, _) => {
-                    matches!(
-                        op,
-                        BinaryOp::Add
-                            | BinaryOp::Sub
-                            | BinaryOp::Mul
-                            | BinaryOp::Div
-                            | BinaryOp::Max
-                            | BinaryOp::Min
-                            | BinaryOp::Pow
-                    ) || op.is_comparison()
-                }
+                Expr::Binary(op, _, _) => float_arithmetic(*op) || op.is_comparison(),
                 Expr::Select(c, x, y) => match self.clamp_pattern(*c, *x, *y) {
                     Some((_, k, v)) => {
                         stack.extend([k, v]);
