@@ -471,12 +471,13 @@ fn column_blocks() {
 /// them for narrow rows) by a filter `[co, ci, kh, kw]`: its reduction `ci, kh, kw` steps
 /// through both operands as through one index, so it runs as one loop level, and with B
 /// over one L2 block (64 channels × 9 taps × 196 columns) and rows enough to reuse it
-/// (27 output channels: 5 row panels) that level is blocked, the last block short
-/// (576 = 4 × 128 + 64).
+/// (123 output channels: 21 row panels, A over one L2 block too, so B is not cut into
+/// column chunks) that level is blocked, the last block short (576 = 4 × 128 + 64);
+/// with 27 output channels (A within one block) the columns are cut into chunks instead.
 #[test]
 fn gathered_convolutions_block_their_flattened_reduction() {
     require_avx2_fma!();
-    for (ci, co, oh, ow) in [(64, 27, 14, 14), (40, 6, 7, 9), (3, 8, 10, 12)] {
+    for (ci, co, oh, ow) in [(64, 123, 14, 14), (64, 27, 14, 14), (40, 6, 7, 9), (3, 8, 10, 12)] {
         let ins = vec![tt(&[ci, 3, 3, oh, ow]), tt(&[co, ci, 3, 3]), tt(&[co])];
         let mut b = KernelBuilder::new("cols_conv", ins, tt(&[1, co, oh, ow]));
         let o = b.out_index();
@@ -601,21 +602,43 @@ fn column_chunks() {
     }
 }
 
-/// Products whose B is over 4 MiB (streamed from memory each call) under an A that fits
-/// L2, with four row panels or more (a classifier head over a sequence): the columns
-/// are cut into chunks too, each chunk × panel a workgroup, the chunk outermost, so that
-/// threads split B. Tail rows and a tail of columns, with and without an epilogue,
-/// plain and packed, against the interpreter.
+/// Products whose B is over one L2 column block (256 KiB) under an A that fits one,
+/// with four row panels or more (a classifier head over a sequence, 2.9 and 4.5 MB of
+/// B; a 1×1 convolution to few channels over a large map, 0.27–0.39 MB): the columns
+/// are cut into chunks of about equal widths, each chunk × panel a workgroup, the chunk
+/// outermost, so that threads split B. Tail rows and a tail of columns (odd N, 23 and
+/// 17 rows), with and without an epilogue, plain and packed, against the interpreter.
 #[test]
 fn streamed_b_column_chunks() {
     require_avx2_fma!();
-    for (m, k, n) in [(20, 1024, 1100), (19, 700, 1601)] {
+    for (m, k, n, chunks) in [(20, 1024, 1100, 4), (19, 700, 1601, 4), (24, 32, 2501, 2), (23, 17, 4001, 2)] {
         let a = random_f32(&[m, k], 1.0, 51);
         let b = random_f32(&[k, n], 1.0, 52);
         let kern = matmul(&[], m, k, n, false, false);
         let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
         let panels = m.div_ceil(6) as u64;
-        assert!(compiled.workgroups[0] >= 4 * panels, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
+        assert!(compiled.workgroups[0] >= chunks * panels, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
+        check_micro(&kern, &[&a, &b], k);
+        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
+    }
+}
+
+/// The same with B's rows a power of two apart (4096 and 8192 bytes, which would crowd
+/// a few L1 sets), so B is packed on the stack: chunks of one packing block, each packed
+/// once by the range that runs it; a reduction of two packing blocks (300 = 256 + 44)
+/// and a tail panel (23 rows).
+#[test]
+fn packed_b_column_chunks() {
+    require_avx2_fma!();
+    for (m, k, n) in [(16, 300, 1024), (23, 40, 2048)] {
+        let a = random_f32(&[m, k], 1.0, 53);
+        let b = random_f32(&[k, n], 1.0, 54);
+        let kern = matmul(&[], m, k, n, false, false);
+        let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        let panels = m.div_ceil(if m % 6 != 0 && m % 4 == 0 { 4 } else { 6 }) as u64;
+        assert!(compiled.workgroups[0] >= (n as u64 / 64) * panels, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
         check_micro(&kern, &[&a, &b], k);
         let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
         let refs: Vec<&Tensor> = ins.iter().collect();

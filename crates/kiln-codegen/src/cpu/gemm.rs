@@ -9,10 +9,11 @@
 //! A workgroup is one *row panel* (up to 6 or 4 rows, [`panel_rows`], of one batch
 //! position, every column; or, where there are fewer than four panels, a chunk of its
 //! columns), so the count is `batch × ⌈M / rows⌉ (× chunks)` and a driver may split them across
-//! threads. Inside a panel the columns are walked in register tiles. A B too large for
-//! the caches under a small A (a classifier head over a sequence) is cut into column
-//! chunks too, the chunk outermost, so that threads split B's bytes rather than each
-//! streaming all of it ([`Emitter::streams_b`]).
+//! threads. Inside a panel the columns are walked in register tiles. A B larger than an
+//! L2 block under an A within one (a classifier head over a sequence, a 1×1 convolution
+//! to few channels over a large map) is cut into column chunks too, the chunk
+//! outermost, so that threads split B's bytes rather than each reading all of it
+//! ([`Emitter::streams_b`]).
 //!
 //! ## Register tile
 //! A tile is `mr` rows × `nv` vectors of 8 columns: `mr·nv` accumulators, `nv` registers
@@ -142,7 +143,8 @@ use super::vector::{Mask, Op, Src, Vx, V};
 use kiln_ir::DType;
 
 /// Rows of a full panel: 6 (a 6×16 tile), or 4 (4×24) when that divides M and 6
-/// does not, so no tail-row code is needed.
+/// does not, so no tail-row code is needed (except for 512-bit tiles over a reduction
+/// of several variables, which take 6 rows: see `Emitter::new`).
 fn panel_rows(m: u64) -> u64 {
     if m % 6 != 0 && m % 4 == 0 {
         4
@@ -150,12 +152,21 @@ fn panel_rows(m: u64) -> u64 {
         6
     }
 }
+/// The binary operations an epilogue computes on f32 lanes (comparisons and And/Or
+/// aside).
+fn float_arithmetic(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min | BinaryOp::Pow
+    )
+}
+
 /// Bytes of B one column block may take (the block stays in L2 while every panel of
 /// the workgroup range runs over it).
 const L2_BLOCK: u64 = 256 * 1024;
-/// Bytes of B above which it is streamed from memory each call rather than found in
-/// the caches ([`Emitter::streams_b`]).
-const STREAMED_B: u64 = 4 << 20;
+/// The fewest column chunks a B cut into chunks ([`Emitter::streams_b`]) takes where it
+/// has that many tiles: each thread's share then ends within a chunk of a few tiles.
+const MIN_CHUNKS: u64 = 16;
 /// Reduction steps per block when the reduction is blocked.
 const KC: u64 = 128;
 /// Reduction steps per block of a packed B (the stack buffer holds `KC_PACKED × 16`).
@@ -451,6 +462,13 @@ impl<'k> Emitter<'k> {
             // of panels.)
             (true, true) => 2 * T_ROWS,
             (true, false) => T_ROWS,
+            // A reduction over several variables (a convolution read in place: input
+            // channel, filter row, filter column) reads each step's B vectors from a
+            // different line, mostly from L2; six rows of 512-bit accumulators (24)
+            // do half as much again arithmetic per B line as four (16): u2netp's 3×3
+            // convolution 128 → 64 over 320×320 went from 138.6 to 126 ms, mobilenet_v2's
+            // stem from 226 to 209 µs (one thread, `kiln bench --profile`, AVX-512).
+            (false, true) if e.c.k.len() > 1 && e.c.dims[0] >= 12 => 6,
             (false, _) => panel_rows(e.c.dims[0]),
         };
         e.plan_bases()?;
@@ -506,10 +524,21 @@ impl Emitter<'_> {
             Some(p) => p.width,
             None => self.tile_width(self.c.dims[0].min(self.mr)),
         };
+        if self.streams_b() && self.packed {
+            // A packed chunk is one packing block.
+            return self.pack_width();
+        }
         if self.streams_b() {
-            // Chunks of whole tiles whose part of B fits L2 while every panel runs over it.
+            // Chunks of whole tiles, each one's part of B within L2 while every panel
+            // runs over it, and at least [`MIN_CHUNKS`] where there are tiles enough,
+            // of even widths: a thread's share of the workgroups is then about its
+            // share of the columns (three chunks of 5, 5 and 3 tiles split 8 : 5 over
+            // two threads, thirteen of one tile 7 : 6).
             let per_col = self.c.dims[2] * self.b_bytes() as u64;
-            return ((L2_BLOCK / per_col) / width * width).max(width);
+            let tiles = n.div_ceil(width);
+            let most = (L2_BLOCK / per_col / width).max(1);
+            let chunks = tiles.div_ceil(most).max(tiles.min(MIN_CHUNKS));
+            return tiles.div_ceil(chunks) * width;
         }
         if rows >= 4 || self.packed || self.transposed() || self.kc < self.c.dims[2] || self.block_columns() < n {
             return 0;
@@ -523,14 +552,20 @@ impl Emitter<'_> {
         n.div_ceil(chunks).div_ceil(width) * width
     }
 
-    /// B too large for the caches ([`STREAMED_B`]) under an A that fits L2 (a classifier
-    /// head over a sequence: crnn's 20 × 1024 × 8210 `Gemm`, 34 MB of B): as column
-    /// blocks, each thread would stream all of B from memory for its own panels, so two
-    /// threads moved twice the bytes of one and the product did not scale. The columns
-    /// are cut into chunks instead ([`Self::column_chunk`]), the chunk outermost in a
-    /// workgroup's decode, so that a thread's range reads its own part of B once (from
-    /// memory) and every panel reuses it from L2. Not with B packed on the stack or
-    /// differing by batch position, nor with channel-vector tiles.
+    /// B larger than one column block ([`L2_BLOCK`]) under an A that fits one (a
+    /// classifier head over a sequence: crnn's 20 × 1024 × 8210 `Gemm`, 34 MB of B; a
+    /// 1×1 convolution to few channels over a large map: mobilenet_v2's block-0 to
+    /// block-5 projections, 0.45–1.8 MB of activations under 2–37 KB of weights): as
+    /// column blocks, each thread would read all of B (from memory or L3) for its own
+    /// panels, so two threads moved twice the bytes of one and the product did not
+    /// scale (crnn's head; mobilenet_v2's projections took 0.85–0.97× their one-thread
+    /// time on two threads). The columns are cut into chunks instead
+    /// ([`Self::column_chunk`]), the chunk outermost in a workgroup's decode, so that a
+    /// thread's range reads its own part of B once and every panel reuses it from L2.
+    /// A B packed on the stack ([`Self::should_pack`]) is cut into chunks of one
+    /// packing block, each packed once by the range that runs it (as column blocks,
+    /// every thread packed all of B: mobilenet_v2's block-0 and block-1 projections).
+    /// Not with B differing by batch position, nor with channel-vector tiles.
     fn streams_b(&self) -> bool {
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
         let batch = self.batch_extents().iter().product::<u64>();
@@ -539,11 +574,13 @@ impl Emitter<'_> {
             Some(p) => p.width,
             None => self.tile_width(m.min(self.mr)),
         };
+        // (A batch axis of one position, an image of a batch of one, shares B too.)
+        let ext = self.batch_extents();
+        let shared = self.bases[1].coef.iter().enumerate().all(|(i, &c)| c == 0 || ext.get(i) == Some(&1));
         !self.few_rows()
-            && !self.packed
             && !self.transposed()
-            && self.bases[1].coef.iter().all(|&c| c == 0)
-            && b_bytes > STREAMED_B
+            && shared
+            && b_bytes > L2_BLOCK
             && batch * m * k * 4 <= L2_BLOCK
             && n >= 4 * width
     }
@@ -641,13 +678,7 @@ impl Emitter<'_> {
             Expr::Binary(op, x, y) => {
                 let float_operands = self.k.node(*x).ty == ScalarType::F32;
                 let ok = match op {
-                    BinaryOp::Add
-                    | BinaryOp::Sub
-                    | BinaryOp::Mul
-                    | BinaryOp::Div
-                    | BinaryOp::Max
-                    | BinaryOp::Min
-                    | BinaryOp::Pow => node.ty == ScalarType::F32,
+                    op if float_arithmetic(*op) => node.ty == ScalarType::F32,
                     op if op.is_comparison() => float_operands,
                     BinaryOp::And | BinaryOp::Or => node.ty == ScalarType::Bool,
                     _ => false,
@@ -975,8 +1006,13 @@ impl Emitter<'_> {
         self.a.cmp(rax, rcx)?;
         self.a.cmova(rax, rcx)?;
         self.a.mov(qword_ptr(rsp + Self::S_KLEN), rax)?;
-        if self.packed {
+        if self.packed && self.chunk == 0 {
             self.pack_b(n, nc, blocks, last_cols)?;
+        }
+        if self.packed && self.chunk > 0 {
+            // Column chunks of a packed B: each chunk is packed by the first workgroup
+            // of the range that runs it (below); none is packed for this block yet.
+            self.a.mov(qword_ptr(rsp + Self::S_N0), -1)?;
         }
         if self.packed_t {
             self.pack_b_t()?;
@@ -1006,7 +1042,19 @@ impl Emitter<'_> {
         // its own part of B, once.
         if self.chunk > 0 {
             self.a.imul_3(rax, rax, self.chunk as i32)?;
-            self.a.mov(qword_ptr(rsp + Self::S_N0), rax)?;
+            if self.packed {
+                // A packed chunk is one packing block: copied once per chunk a range
+                // runs (the range visits a chunk's workgroups in a row).
+                let mut packed = self.a.create_label();
+                self.a.cmp(rax, qword_ptr(rsp + Self::S_N0))?;
+                self.a.je(packed)?;
+                self.a.mov(qword_ptr(rsp + Self::S_N0), rax)?;
+                self.pack_b(n, nc, blocks, last_cols)?;
+                self.a.set_label(&mut packed)?;
+                self.a.nop()?;
+            } else {
+                self.a.mov(qword_ptr(rsp + Self::S_N0), rax)?;
+            }
         }
         // Base pointers of this panel and column block.
         for bi in 0..self.bases.len() {
@@ -1785,18 +1833,7 @@ impl Emitter<'_> {
                 Expr::Cast { value, .. } if self.k.node(*value).ty == ScalarType::I64 => false,
                 Expr::Const(_) | Expr::Cast { .. } => node.ty == ScalarType::F32 || byte_type(node.ty),
                 Expr::Unary(op, _) => has_vector_form(*op) || rounding(*op) || *op == UnaryOp::IsNan,
-                Expr::Binary(op, _, _) => {
-                    matches!(
-                        op,
-                        BinaryOp::Add
-                            | BinaryOp::Sub
-                            | BinaryOp::Mul
-                            | BinaryOp::Div
-                            | BinaryOp::Max
-                            | BinaryOp::Min
-                            | BinaryOp::Pow
-                    ) || op.is_comparison()
-                }
+                Expr::Binary(op, _, _) => float_arithmetic(*op) || op.is_comparison(),
                 Expr::Select(c, x, y) => match self.clamp_pattern(*c, *x, *y) {
                     Some((_, k, v)) => {
                         stack.extend([k, v]);
