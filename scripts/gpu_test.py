@@ -5,7 +5,7 @@ Three steps, each a subcommand (scripts/gpu-test wraps them):
 
     gpu_test.py prepare [--set core|corpus] [--part K] [--models A,B] [--bundle .gpu]
         here: gathers what the GPU machine needs into one folder (the bundle): the kiln
-        binary (gzip), this script, gen_models.py, ref_outputs.py and refio.py, the ONNX models
+        binary (gzip), this script, gen_models.py, ref_outputs.py, refio.py and ort_exact_int8.py (which ref_outputs.py imports), the ONNX models
         that fit the device tool's 64 MiB, the corpus listing, onnx2torch's wheel, and
         run.sh. Synthetic models are not carried: gen_models.py builds them there.
     gpu_test.py run [--only CASE,...] [--budget-s S]
@@ -195,7 +195,7 @@ def prepare(args) -> None:
     # The fixed part: the binary (gzip: a third of its size), scripts, listing, wheel.
     with open(kiln, "rb") as f, gzip.open(bundle / "kiln.gz", "wb", compresslevel=9) as g:
         shutil.copyfileobj(f, g)
-    for s in ("gpu_test.py", "gen_models.py", "ref_outputs.py", "refio.py"):
+    for s in ("gpu_test.py", "gen_models.py", "ref_outputs.py", "refio.py", "ort_exact_int8.py"):
         shutil.copy2(HERE / s, bundle / s)
     shutil.copy2(root / "corpus" / "models.json", bundle / "corpus-models.json")
     wheel = fetch_wheel(bundle / "whl")

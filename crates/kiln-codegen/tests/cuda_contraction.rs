@@ -768,6 +768,15 @@ fn split_k_kernels_written_for_sm_80_split_nothing_and_match_the_interpreter() {
         assert!(!ampere.ptx().contains("cluster"), "{}", k.name);
         assert!(ampere.launches[0].grid < hopper.launches[0].grid, "{}: the tiles alone", k.name);
     }
+    // A retile that asks for a split (the large-tile rule, a tuned tile) keeps a plan
+    // without clusters unsplit, each block's part of `K` the whole of it.
+    for k in &tiled {
+        let plan = Plan::of(k).expect("plan").without_clusters().expect("plan");
+        let kk = plan.dims[3];
+        let r = plan.retiled(Tile { tm: 8, tn: 8 }, 2).expect("retile");
+        assert_eq!((r.split, r.clusters), (1, false), "{}", k.name);
+        assert!(r.k_chunk >= kk && r.k_chunk < kk + u64::from(BK), "{}: k_chunk {} for K {kk}", k.name, r.k_chunk);
+    }
     simulate_each_for(&tiled, "contraction (", 200, Arch::Sm80);
     simulate_each_for(&few_rows, "contraction (few rows", 300, Arch::Sm80);
 }

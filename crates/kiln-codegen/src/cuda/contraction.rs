@@ -419,7 +419,7 @@ impl Plan {
         let mut p = self.clone();
         p.tile = tile;
         p.split = if self.clusters { split } else { 1 };
-        p.k_chunk = kk.div_ceil(u64::from(split)).div_ceil(u64::from(BK)) * u64::from(BK);
+        p.k_chunk = kk.div_ceil(u64::from(p.split)).div_ceil(u64::from(BK)) * u64::from(BK);
         if p.grid() > LIMIT {
             return Err(format!("{} blocks", p.grid()));
         }
