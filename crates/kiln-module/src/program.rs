@@ -192,6 +192,56 @@ pub struct EntryPoint {
     /// Bounded input dimensions (format 1.6 on; empty before): inputs whose extent along
     /// one axis the caller chooses per call, up to the bound the plan is sized for.
     pub bounded: Vec<BoundedDesc>,
+    /// Dispatches whose work shrinks with a bounded dimension's extent (format 1.7 on;
+    /// empty before, and for a program without bounded dimensions).
+    pub bounded_rows: Vec<BoundedRows>,
+}
+
+/// A dispatch whose workgroups along a bounded dimension shrink with its extent
+/// (format 1.7 on). The dispatch's workgroup index, read as `(o, j, i)` in
+/// `outer × span × inner` (row-major), covers positions `j·unit .. (j+1)·unit` along
+/// the dimension for step `j`: at extent `n` the runtime runs, for every `o`, only the
+/// steps `j < ⌈n / unit⌉`. What the skipped workgroups would have written (positions
+/// at or past the extent) is left as it was: the plan never reads it as data (masks
+/// select past it, and outputs are compacted to the extent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundedRows {
+    /// The dispatch (an index into [`EntryPoint::commands`], a `Dispatch`).
+    pub command: u32,
+    /// The bounded dimension (an index into [`EntryPoint::bounded`]).
+    pub dim: u32,
+    /// Workgroup blocks before the dimension's steps.
+    pub outer: u64,
+    /// Steps along the dimension: `⌈bound / unit⌉`.
+    pub span: u64,
+    /// Positions along the dimension one step covers.
+    pub unit: u64,
+    /// Workgroups per step.
+    pub inner: u64,
+}
+
+impl BoundedRows {
+    /// The workgroups that run at extent `n`: `outer × ⌈n / unit⌉ × inner`.
+    pub fn active(&self, n: u64) -> u64 {
+        self.outer * self.steps(n) * self.inner
+    }
+
+    /// Steps that run at extent `n` (at most `span`).
+    pub fn steps(&self, n: u64) -> u64 {
+        n.div_ceil(self.unit.max(1)).min(self.span)
+    }
+
+    /// The workgroup a running index `v` (of `0..active(n)`, the steps `≥ ⌈n / unit⌉`
+    /// left out) stands for, and how many workgroups from there on are contiguous in
+    /// both numberings.
+    pub fn map(&self, v: u64, n: u64) -> (u64, u64) {
+        let block = self.steps(n) * self.inner;
+        if block == 0 {
+            return (v, 0);
+        }
+        let (o, r) = (v / block, v % block);
+        (o * self.span * self.inner + r, block - r)
+    }
 }
 
 /// A bounded input dimension (format 1.6 on). The signature types input `input` at its

@@ -18,6 +18,7 @@ fn program(external: Option<&[u8]>) -> Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
             bounded: Vec::new(),
+            bounded_rows: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![t("a"), t("b")],
@@ -206,6 +207,7 @@ fn ml_dtypes_files_in_and_out() {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
             bounded: Vec::new(),
+            bounded_rows: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             // bf16 (ONNX code 16) [2, 3]; int4 (code 22) [5], packed in 3 bytes.

@@ -87,6 +87,7 @@ fn main_of_a_b(n: u64, outputs: Vec<TensorDesc>, arena_size: u64, commands: Vec<
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![EntryPoint {
             bounded: Vec::new(),
+            bounded_rows: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[n], bytes), tensor("b", 1, &[n], bytes)],
@@ -164,6 +165,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
         entries: vec![
             EntryPoint {
                 bounded: Vec::new(),
+                bounded_rows: Vec::new(),
                 extents: Vec::new(),
                 name: "main".into(),
                 inputs: vec![],
@@ -182,6 +184,7 @@ pub fn misc_program(external: bool) -> (Program, Vec<u8>) {
             },
             EntryPoint {
                 bounded: Vec::new(),
+                bounded_rows: Vec::new(),
                 extents: Vec::new(),
                 name: "exp".into(),
                 inputs: vec![tensor("x", 1, &[1], 4)],
@@ -257,6 +260,7 @@ pub fn reloc_program() -> Program {
     };
     let entry = |name: &str, kernel| EntryPoint {
         bounded: Vec::new(),
+        bounded_rows: Vec::new(),
         extents: Vec::new(),
         name: name.into(),
         inputs: vec![],
@@ -470,6 +474,7 @@ pub fn cuda_graph_program() -> Program {
         devices: vec![Device { kind: DeviceKind::Cuda, name: "cuda".into() }],
         entries: vec![EntryPoint {
             bounded: Vec::new(),
+            bounded_rows: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: vec![tensor("a", 1, &[4], 16), tensor("b", 1, &[4], 16)],
@@ -524,6 +529,7 @@ pub fn collectives_program(n: u64) -> Program {
         devices: (0..3).map(|d| Device { kind: DeviceKind::Cpu, name: format!("cpu:{d}") }).collect(),
         entries: vec![EntryPoint {
             bounded: Vec::new(),
+            bounded_rows: Vec::new(),
             extents: Vec::new(),
             name: "main".into(),
             inputs: ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
