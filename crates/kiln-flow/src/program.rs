@@ -528,16 +528,7 @@ impl FlowProgram {
         for (xi, x) in self.extents.iter().enumerate() {
             let Some(ie) = &x.input else { continue };
             let ext = self.storage(x.buffer);
-            // Booleans computed from the extent (the masks' `iota < extent`), in
-            // dispatch order: a dispatch reading the extent or one of them.
-            let mut tainted = vec![ext];
-            for d in &self.dispatches {
-                if self.buffer(d.result).ty.dtype == kiln_ir::DType::Bool
-                    && d.operands.iter().any(|&o| tainted.contains(&self.storage(o)))
-                {
-                    tainted.push(self.storage(d.result));
-                }
-            }
+            let tainted = self.extent_booleans(ext);
             for (di, d) in self.dispatches.iter().enumerate() {
                 let result = self.storage(d.result);
                 if !d.guard.is_empty() {
@@ -563,6 +554,47 @@ impl FlowProgram {
             }
         }
         out
+    }
+}
+
+impl FlowProgram {
+    /// The storage of extent buffer `ext` and of the booleans computed from it (the
+    /// masks' `iota < extent`), in dispatch order: a dispatch of a boolean result
+    /// reading the extent or one of them.
+    fn extent_booleans(&self, ext: BufferId) -> Vec<BufferId> {
+        let mut tainted = vec![ext];
+        for d in &self.dispatches {
+            if self.buffer(d.result).ty.dtype == kiln_ir::DType::Bool
+                && d.operands.iter().any(|&o| tainted.contains(&self.storage(o)))
+            {
+                tainted.push(self.storage(d.result));
+            }
+        }
+        tainted
+    }
+
+    /// Whether `fused` (dispatch `d`'s kernel with its producer, whose result carries a
+    /// bounded dimension, fused in; reading `operands`) would mask along every axis
+    /// along which `d`'s result carries the dimension: a mask fused into a product
+    /// writes the identity into the padding, so the product would run at the bound
+    /// whatever the extent ([`FlowProgram::bounded_rows`]), where the mask alone, a
+    /// select, is a cheap kernel of its own. (Fusion keeps them apart then.)
+    pub fn fusion_masks_bounded_rows(&self, d: usize, producer: usize, fused: &Kernel, operands: &[BufferId]) -> bool {
+        let (Some(dd), Some(pd)) = (self.dispatches.get(d), self.dispatches.get(producer)) else { return false };
+        for x in &self.extents {
+            let Some(ie) = &x.input else { continue };
+            let axes: Vec<usize> = ie.carried.iter().filter(|&&(b, _)| b == dd.result).map(|&(_, a)| a).collect();
+            if axes.is_empty() || !ie.carried.iter().any(|&(b, _)| b == pd.result) {
+                continue;
+            }
+            let tainted = self.extent_booleans(self.storage(x.buffer));
+            let sources: Vec<u32> =
+                (0..operands.len() as u32).filter(|&i| tainted.contains(&self.storage(operands[i as usize]))).collect();
+            if axes.iter().all(|&a| masks_along(fused, &sources, a)) {
+                return true;
+            }
+        }
+        false
     }
 }
 
