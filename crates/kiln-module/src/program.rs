@@ -808,3 +808,26 @@ pub struct Program {
     /// Debug names (absent when stripped).
     pub debug: Option<DebugInfo>,
 }
+
+#[cfg(test)]
+mod bounded_rows_tests {
+    use super::BoundedRows;
+    use alloc::vec::Vec;
+
+    #[test]
+    fn the_running_workgroups_map_to_the_steps_before_the_extent() {
+        // 3 blocks × 4 steps of 2 positions × 5 workgroups: at extent 3, steps 0 and 1.
+        let r = BoundedRows { command: 0, dim: 0, outer: 3, span: 4, unit: 2, inner: 5 };
+        assert_eq!((r.steps(3), r.active(3)), (2, 30));
+        assert_eq!((r.steps(8), r.active(8)), (4, 60));
+        assert_eq!((r.steps(99), r.active(0)), (4, 0));
+        // Running index 0..10 is block 0's workgroups 0..10; 10..20 block 1's 20..30.
+        assert_eq!(r.map(0, 3), (0, 10));
+        assert_eq!(r.map(7, 3), (7, 3));
+        assert_eq!(r.map(10, 3), (20, 10));
+        assert_eq!(r.map(25, 3), (45, 5));
+        let all: Vec<u64> = (0..r.active(3)).map(|v| r.map(v, 3).0).collect();
+        let want: Vec<u64> = (0..3).flat_map(|o| o * 20..o * 20 + 10).collect();
+        assert_eq!(all, want);
+    }
+}
