@@ -379,7 +379,7 @@ unsafe fn caller_input<'a>(
 fn bounded_size_check(t: &crate::module::Tensor, (axis, min, bound): (usize, u64, u64), len: usize) -> Result<(), Error> {
     let per = t.bytes as u64 / bound.max(1);
     let n = (len as u64).checked_div(per).unwrap_or(0);
-    if per == 0 || len as u64 % per != 0 || n < min || n > bound {
+    if per == 0 || !(len as u64).is_multiple_of(per) || n < min || n > bound {
         return Err(Error::arg(format!(
             "input {} takes {min}..={bound} positions of {per} bytes along its bounded axis {axis} ({} to {} bytes), got {len} bytes",
             t.name(),
