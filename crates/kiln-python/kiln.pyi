@@ -61,7 +61,7 @@ class TensorInfo:
 
 def compile(
     model: _Source,
-    input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+    input_shapes: Optional[Mapping[str, Sequence[Union[int, Tuple[int, int], str]]]] = None,
     input_values: Optional[Mapping[str, Any]] = None,
     target: str = "host",
     opt: str = "speed",
@@ -73,7 +73,9 @@ def compile(
 
     ``model`` is a path to an ONNX model (external data is read beside it) or to kiln IR
     text (``.kir``), or the bytes of an ONNX model. ``input_shapes`` binds free
-    dimensions (``{"x": (1, 3, 224, 224)}``); ``input_values`` turns inputs into
+    dimensions (``{"x": (1, 3, 224, 224)}``); an axis given as a range ``(min, max)``
+    or ``"min..max"`` is bounded: compiled once, any extent in the range per call (the
+    outputs come back at it); ``input_values`` turns inputs into
     constants (``{"sr": 16000}``). ``target`` is ``"host"``, ``"x86-64"``,
     ``"x86-64-v2"``, ``"x86-64-v3"`` or ``"x86-64-v4"``; ``opt`` is ``"speed"`` or
     ``"size"``. With ``external_weights`` the constants are written to that file and
@@ -156,7 +158,7 @@ class InferenceSession:
         sess_options: Any = None,
         providers: Any = None,
         *,
-        input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+        input_shapes: Optional[Mapping[str, Sequence[Union[int, Tuple[int, int], str]]]] = None,
         input_values: Optional[Mapping[str, Any]] = None,
         threads: Optional[int] = None,
         target: str = "host",

@@ -51,6 +51,8 @@ struct Input {
     bound: Option<NonNull<u8>>,
     /// Whether the input has a value (set, handed out or bound).
     ready: bool,
+    /// Its byte length: the signature's, or a bounded input's at the extent set.
+    len: usize,
 }
 
 struct Output {
@@ -217,7 +219,8 @@ impl kiln_instance {
         };
         let mut inputs = Vec::with_capacity(module.inputs.len());
         for t in &module.inputs {
-            inputs.push(Input { own: Mem::alloc(t.bytes, BUFFER_ALIGN, hook.as_ref())?, bound: None, ready: false });
+            let own = Mem::alloc(t.bytes, BUFFER_ALIGN, hook.as_ref())?;
+            inputs.push(Input { own, bound: None, ready: false, len: t.bytes });
         }
         let mut outputs = Vec::with_capacity(module.outputs.len());
         for t in &module.outputs {
@@ -265,14 +268,14 @@ impl kiln_instance {
         self.check_overlaps()?;
         self.in_args.clear();
         self.out_args.clear();
-        for (input, t) in self.inputs.iter().zip(&self.module.inputs) {
+        for input in &self.inputs {
             let bytes = match input.bound {
                 // SAFETY: the caller's buffer of the input's byte size (checked at bind),
                 // valid and unwritten during invoke per `kiln_instance_bind_input`.
-                Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast_const(), t.bytes) },
+                Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast_const(), input.len) },
                 // SAFETY: our buffer; used only within this call, no `&mut` to it exists
                 // (outputs do not overlap it, checked above).
-                None => unsafe { input.own.bytes() },
+                None => unsafe { &input.own.bytes()[..input.len] },
             };
             self.in_args.push(bytes);
         }
@@ -300,7 +303,7 @@ impl kiln_instance {
             let start = bound.map_or(own.ptr.as_ptr() as usize, |p| p.as_ptr() as usize);
             (start, start.saturating_add(len))
         };
-        let ins = self.inputs.iter().zip(&self.module.inputs).map(|(i, t)| (range(&i.own, i.bound, t.bytes), t));
+        let ins = self.inputs.iter().zip(&self.module.inputs).map(|(i, t)| (range(&i.own, i.bound, i.len), t));
         let outs = self.outputs.iter().zip(&self.module.outputs).map(|(o, t)| (range(&o.own, o.bound, t.bytes), t));
         for (oi, ((a0, a1), ot)) in outs.clone().enumerate() {
             for (j, ((b0, b1), t)) in ins.clone().chain(outs.clone()).enumerate() {
@@ -363,8 +366,28 @@ unsafe fn caller_input<'a>(
     // SAFETY: the caller's contract.
     let inst = unsafe { instance_mut(inst)? };
     let (input, t) = inst.input(index)?;
-    size_check("input", t, len)?;
+    match t.bounded {
+        Some(b) => bounded_size_check(t, b, len)?,
+        None => size_check("input", t, len)?,
+    }
+    input.len = len;
     Ok(input)
+}
+
+/// `len` bytes as input `t` with bounded dimension `(axis, min, bound)`: a whole number
+/// of positions along the axis, `min..=bound` of them.
+fn bounded_size_check(t: &crate::module::Tensor, (axis, min, bound): (usize, u64, u64), len: usize) -> Result<(), Error> {
+    let per = t.bytes as u64 / bound.max(1);
+    let n = (len as u64).checked_div(per).unwrap_or(0);
+    if per == 0 || !(len as u64).is_multiple_of(per) || n < min || n > bound {
+        return Err(Error::arg(format!(
+            "input {} takes {min}..={bound} positions of {per} bytes along its bounded axis {axis} ({} to {} bytes), got {len} bytes",
+            t.name(),
+            min * per,
+            bound * per
+        )));
+    }
+    Ok(())
 }
 
 /// What `kiln_instance_input_buffer` and `kiln_instance_output` share: checks that
@@ -537,7 +560,10 @@ fn size_check(what: &str, t: &crate::module::Tensor, len: usize) -> Result<(), E
 
 /// Copies `len` bytes (exactly the input's byte size, dense row-major in its dtype)
 /// into the instance's buffer for input `index`; the caller's buffer may be reused on
-/// return. Replaces a binding.
+/// return. Replaces a binding. An input with a bounded dimension (compiled with
+/// `--input-shape NAME=..MIN..MAX..`) takes any whole number of positions along that
+/// axis within its range: `len` is then the bytes of the tensor at that extent, and
+/// the outputs that carry the dimension come back at it (`kiln_instance_output_shape`).
 ///
 /// # Safety
 ///
@@ -562,7 +588,8 @@ pub unsafe extern "C" fn kiln_instance_set_input(
 }
 
 /// Binds input `index` to the caller's buffer without copying: every later invoke reads
-/// `data` in place. `len` must be the input's byte size. Any alignment works; 64-byte
+/// `data` in place. `len` must be the input's byte size (a bounded input's at any
+/// extent in its range, as for `kiln_instance_set_input`). Any alignment works; 64-byte
 /// alignment is fastest. Replaces an earlier value or binding.
 ///
 /// # Safety
@@ -608,6 +635,8 @@ pub unsafe extern "C" fn kiln_instance_input_buffer(
                 let (input, t) = inst.input(index)?;
                 input.bound = None;
                 input.ready = true;
+                // (A bounded input filled in place is at its bound.)
+                input.len = t.bytes;
                 Ok((input.own.ptr.as_ptr().cast(), t.bytes))
             })
         }

@@ -39,6 +39,9 @@ pub(crate) struct Tensor {
     dtype: u32,
     dims: Vec<u64>,
     pub(crate) bytes: usize,
+    /// A bounded input dimension (format 1.6 on): its axis and the extents it takes
+    /// (`min..=bound`; `dims` are the bound's).
+    pub(crate) bounded: Option<(usize, u64, u64)>,
 }
 
 impl Tensor {
@@ -48,7 +51,7 @@ impl Tensor {
         // Verified at load: the byte size fits usize.
         let bytes = usize::try_from(t.bytes)
             .map_err(|_| Error::new(kiln_status::InvalidArtifact, format!("tensor {} is too large", t.name)))?;
-        Ok(Tensor { name, dtype: t.dtype, dims: t.dims.clone(), bytes })
+        Ok(Tensor { name, dtype: t.dtype, dims: t.dims.clone(), bytes, bounded: None })
     }
 
     /// Its dims as the signature records them.
@@ -78,7 +81,12 @@ impl kiln_module {
         let entry = sig
             .default_entry()
             .ok_or_else(|| Error::new(kiln_status::InvalidArtifact, "the module has no entry points"))?;
-        let inputs = entry.inputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
+        let mut inputs = entry.inputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
+        for b in entry.bounded {
+            if let Some(t) = inputs.get_mut(b.input as usize) {
+                t.bounded = Some((b.axis as usize, b.min, b.bound));
+            }
+        }
         let outputs = entry.outputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
         let entry = entry.index;
         Ok(Arc::new(kiln_module { owned, entry, inputs, outputs }))

@@ -76,7 +76,16 @@ fn check(name: &str) {
     let entry = &program.entries[0];
     assert_eq!(entry.bounded.len(), 1, "{name}: the artifact lists one bounded dimension");
     let format = kiln_module::Module::parse(&c.artifact).expect("parse").format();
-    assert_eq!(format, kiln_module::format::FORMAT_VERSION, "{name}: written as format 1.6");
+    assert_eq!(format, kiln_module::format::FORMAT_VERSION, "{name}: written as format 1.7");
+    // The extent shortens the work (format 1.7): every listed dispatch is one of the
+    // plan's, and at least one lists its rows along the dimension.
+    assert!(!entry.bounded_rows.is_empty(), "{name}: no dispatch's workgroups shrink with the extent");
+    for r in &entry.bounded_rows {
+        assert!(
+            matches!(entry.commands.get(r.command as usize), Some(kiln_module::program::Command::Dispatch { .. })),
+            "{name}: {r:?}"
+        );
+    }
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
     let outputs = program.to_program().entries[0].outputs.clone();
     let mut cases: Vec<Value> = m["cases"].as_array().expect("cases").clone();

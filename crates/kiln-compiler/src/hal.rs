@@ -325,6 +325,7 @@ pub fn entry_point(
     Ok(EntryPoint {
         extents,
         bounded,
+        bounded_rows: Vec::new(),
         name: "main".into(),
         inputs: p.inputs[..p.inputs.len() - hidden.len()].iter().map(|&b| tensor_desc(p, b)).collect(),
         outputs: p.outputs.iter().map(|&b| tensor_desc(p, b)).collect(),
@@ -333,4 +334,44 @@ pub fn entry_point(
         commands,
         buffers,
     })
+}
+
+/// The dispatches of `entry` (made from `p`) whose workgroups a bounded dimension's
+/// extent shortens (format 1.7): each of [`FlowProgram::bounded_rows`] whose kernel's
+/// workgroup index has a digit along that axis (`digits`, per dispatch, from the code
+/// generator), split around that digit. A dispatch listed along two axes (attention
+/// scores: query rows and key columns) takes the first that has a digit.
+pub fn bounded_rows(
+    p: &FlowProgram,
+    entry: &EntryPoint,
+    digits: &[Vec<kiln_codegen::cpu::WorkDigit>],
+) -> Vec<kiln_module::program::BoundedRows> {
+    let mut out: Vec<kiln_module::program::BoundedRows> = Vec::new();
+    for r in p.bounded_rows() {
+        let Some(x) = p.extents.get(r.extent) else { continue };
+        // The entry lists the bounded inputs' extents in the program's order.
+        let dim = p.extents[..r.extent].iter().filter(|x| x.input.is_some()).count() as u32;
+        let Some(command) = entry
+            .commands
+            .iter()
+            .position(|c| matches!(c, Command::Dispatch { kernel, .. } if *kernel as usize == r.dispatch))
+        else {
+            continue;
+        };
+        let Some(Command::Dispatch { workgroups, .. }) = entry.commands.get(command) else { continue };
+        let Some(ds) = digits.get(r.dispatch) else { continue };
+        let Some(j) = ds.iter().position(|d| d.axis.is_some_and(|(a, _)| a == r.axis)) else { continue };
+        let unit = ds[j].axis.map_or(1, |(_, u)| u.max(1));
+        let outer: u64 = ds[..j].iter().map(|d| d.count).product();
+        let inner: u64 = ds[j + 1..].iter().map(|d| d.count).product();
+        let span = ds[j].count;
+        if span != x.bound.div_ceil(unit)
+            || outer * span * inner != *workgroups
+            || out.iter().any(|o| o.command as usize == command)
+        {
+            continue;
+        }
+        out.push(kiln_module::program::BoundedRows { command: command as u32, dim, outer, span, unit, inner });
+    }
+    out
 }

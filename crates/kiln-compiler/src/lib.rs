@@ -761,6 +761,10 @@ fn build_program(
     opts: &Options,
 ) -> Result<(Program, Option<Vec<u8>>), CompileError> {
     let mut entry = hal::entry_point(flow, plan, &code.workgroups, &code.work_ns)?;
+    if let Some((cpu, [])) = code.cpu {
+        // One level of code (variants of several would each need their own split).
+        entry.bounded_rows = hal::bounded_rows(flow, &entry, &cpu.digits);
+    }
     if opts.strip {
         // The memory map's buffer names are for listings only, like the debug section.
         entry.buffers.iter_mut().for_each(|b| b.name.clear());

@@ -306,6 +306,7 @@ fn link(
     let prefix = if kind == DeviceKind::Cuda { "cuda" } else { "cpu" };
     let entry = EntryPoint {
         bounded: Vec::new(),
+        bounded_rows: Vec::new(),
         extents: Vec::new(),
         name: "main".into(),
         inputs: graph.inputs.iter().map(|&v| tensor_desc(graph, v)).collect(),

@@ -183,6 +183,10 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
         return false;
     }
     let Some((fused, operands)) = fused_kernel(p, d, k, pi) else { return false };
+    // A bounded dimension's mask stays out of a product it would keep at the bound.
+    if has_reduce && p.fusion_masks_bounded_rows(d, pi, &fused, &operands) {
+        return false;
+    }
     let (dk, pk) = (&p.dispatches[d].kernel, &p.dispatches[pi].kernel);
     let resamples = |k: &Kernel| Resample::is_interpolation(k) || Resample::is_table_copy(k);
     if contractions && (demotes(dk, pk, &fused) || resamples(dk) || resamples(pk)) {

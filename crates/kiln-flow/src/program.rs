@@ -152,6 +152,10 @@ pub struct InputExtent {
     /// The `i64` scalar input holding the extent (an index into [`FlowProgram::inputs`];
     /// the caller does not pass it).
     pub extent_input: usize,
+    /// The buffers that carry the dimension, each with its axis there (a value may carry
+    /// it along two axes: one entry each): where [`FlowProgram::bounded_rows`] looks
+    /// for dispatches whose work the extent may shorten.
+    pub carried: Vec<(BufferId, usize)>,
 }
 
 /// Why a graph cannot become a flow program.
@@ -289,7 +293,14 @@ impl FlowProgram {
         }
         self.inputs.iter_mut().for_each(|o| *o = m(*o));
         self.outputs.iter_mut().for_each(|o| *o = m(*o));
-        self.extents.iter_mut().for_each(|e| e.buffer = m(e.buffer));
+        for e in &mut self.extents {
+            e.buffer = m(e.buffer);
+            if let Some(ie) = &mut e.input {
+                // (A dead buffer has no writer left: it is dropped from the list.)
+                ie.carried.retain(|&(b, _)| map[b.index()].is_some());
+                ie.carried.iter_mut().for_each(|(b, _)| *b = m(*b));
+            }
+        }
         self.buffers = buffers;
     }
 }
@@ -427,7 +438,13 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
             bound: b.bound as u64,
             name: graph.values[x].name.clone(),
             outputs,
-            input: Some(InputExtent { input: b.input, axis: b.axis, min: b.min as u64, extent_input: b.extent }),
+            input: Some(InputExtent {
+                input: b.input,
+                axis: b.axis,
+                min: b.min as u64,
+                extent_input: b.extent,
+                carried: carried(graph, &of_value, &bounded_axes, k),
+            }),
         });
     }
     if kiln_ir::dynamic::has_sources(graph) {
@@ -461,6 +478,152 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
         }
     }
     Ok(p)
+}
+
+/// The result buffers of `graph`'s node values that carry bounded dimension `k`, with
+/// the axis (from `kiln_ir::bounded::analyse_with` on the masked graph).
+fn carried(
+    graph: &Graph,
+    of_value: &[Option<BufferId>],
+    axes: &[kiln_ir::bounded::Axes],
+    k: usize,
+) -> Vec<(BufferId, usize)> {
+    let mut out = Vec::new();
+    for (v, val) in graph.values.iter() {
+        let (ValueDef::Node { .. }, Some(b)) = (&val.def, of_value.get(v.index()).copied().flatten()) else { continue };
+        for &(axis, d) in axes.get(v.index()).map_or(&[][..], |a| a.as_slice()) {
+            if d == k {
+                out.push((b, axis));
+            }
+        }
+    }
+    out
+}
+
+/// A dispatch whose work a bounded dimension's extent may shorten along an output
+/// axis ([`FlowProgram::bounded_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundedRows {
+    /// The dispatch (an index into [`FlowProgram::dispatches`]).
+    pub dispatch: usize,
+    /// The extent (an index into [`FlowProgram::extents`], one of a bounded input).
+    pub extent: usize,
+    /// The axis of its kernel's output.
+    pub axis: usize,
+}
+
+impl FlowProgram {
+    /// The dispatches whose positions at or past a bounded dimension's extent along an
+    /// output axis nothing reads as data, so that a call may leave them unwritten: each
+    /// dispatch writing a buffer that carries the dimension along that axis (unguarded,
+    /// its kernel's output that buffer's shape), unless its kernel *masks* along the
+    /// axis — a boolean that reads the extent (or a boolean computed from it) and the
+    /// axis's index, as a `Where(iota < extent, x, identity)` fused into it does: then
+    /// its padding holds the identity that a later reduction or product reads. Every
+    /// other reader of the padding is a mask (a select, which never reads the padding
+    /// as data), an op that computes padding from padding, or an output the runtime
+    /// compacts. A dispatch may be listed once per axis.
+    pub fn bounded_rows(&self) -> Vec<BoundedRows> {
+        let mut out = Vec::new();
+        for (xi, x) in self.extents.iter().enumerate() {
+            let Some(ie) = &x.input else { continue };
+            let ext = self.storage(x.buffer);
+            let tainted = self.extent_booleans(ext);
+            for (di, d) in self.dispatches.iter().enumerate() {
+                let result = self.storage(d.result);
+                if !d.guard.is_empty() {
+                    continue;
+                }
+                let dims = self.buffer(d.result).ty.shape.dims();
+                for &(b, axis) in &ie.carried {
+                    if self.storage(b) != result
+                        || b != d.result
+                        || d.kernel.output.shape.dims() != dims
+                        || dims.get(axis).map(|&n| n as u64) != Some(x.bound)
+                        || out.contains(&BoundedRows { dispatch: di, extent: xi, axis })
+                    {
+                        continue;
+                    }
+                    let sources: Vec<u32> = (0..d.operands.len() as u32)
+                        .filter(|&i| tainted.contains(&self.storage(d.operands[i as usize])))
+                        .collect();
+                    if !masks_along(&d.kernel, &sources, axis) {
+                        out.push(BoundedRows { dispatch: di, extent: xi, axis });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl FlowProgram {
+    /// The storage of extent buffer `ext` and of the booleans computed from it (the
+    /// masks' `iota < extent`), in dispatch order: a dispatch of a boolean result
+    /// reading the extent or one of them.
+    fn extent_booleans(&self, ext: BufferId) -> Vec<BufferId> {
+        let mut tainted = vec![ext];
+        for d in &self.dispatches {
+            if self.buffer(d.result).ty.dtype == kiln_ir::DType::Bool
+                && d.operands.iter().any(|&o| tainted.contains(&self.storage(o)))
+            {
+                tainted.push(self.storage(d.result));
+            }
+        }
+        tainted
+    }
+
+    /// Whether `fused` (dispatch `d`'s kernel with its producer, whose result carries a
+    /// bounded dimension, fused in; reading `operands`) would mask along every axis
+    /// along which `d`'s result carries the dimension: a mask fused into a product
+    /// writes the identity into the padding, so the product would run at the bound
+    /// whatever the extent ([`FlowProgram::bounded_rows`]), where the mask alone, a
+    /// select, is a cheap kernel of its own. (Fusion keeps them apart then.)
+    pub fn fusion_masks_bounded_rows(&self, d: usize, producer: usize, fused: &Kernel, operands: &[BufferId]) -> bool {
+        let (Some(dd), Some(pd)) = (self.dispatches.get(d), self.dispatches.get(producer)) else { return false };
+        for x in &self.extents {
+            let Some(ie) = &x.input else { continue };
+            let axes: Vec<usize> = ie.carried.iter().filter(|&&(b, _)| b == dd.result).map(|&(_, a)| a).collect();
+            if axes.is_empty() || !ie.carried.iter().any(|&(b, _)| b == pd.result) {
+                continue;
+            }
+            let tainted = self.extent_booleans(self.storage(x.buffer));
+            let sources: Vec<u32> =
+                (0..operands.len() as u32).filter(|&i| tainted.contains(&self.storage(operands[i as usize]))).collect();
+            if axes.iter().all(|&a| masks_along(fused, &sources, a)) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Whether a boolean node of `k` reads one of the inputs `sources` and the index of
+/// output axis `axis` (a mask along it).
+fn masks_along(k: &Kernel, sources: &[u32], axis: usize) -> bool {
+    use crate::kernel::Expr;
+    if sources.is_empty() {
+        return false;
+    }
+    // Per node: (reads a source, reads the axis's index). Operands precede users.
+    let mut of: Vec<(bool, bool)> = Vec::with_capacity(k.nodes.len());
+    for n in &k.nodes {
+        let mut here = match &n.expr {
+            Expr::Var(v) => (false, v.0 as usize == axis),
+            Expr::Load { input, .. } => (sources.contains(input), false),
+            _ => (false, false),
+        };
+        n.expr.for_each_operand(|o| {
+            if let Some(&(s, a)) = of.get(o.index()) {
+                here = (here.0 || s, here.1 || a);
+            }
+        });
+        if n.ty == crate::kernel::ScalarType::Bool && here.0 && here.1 {
+            return true;
+        }
+        of.push(here);
+    }
+    false
 }
 
 /// The buffer of value `v` of `graph`, made on first use.

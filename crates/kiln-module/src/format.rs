@@ -64,13 +64,22 @@ impl fmt::Display for Version {
 /// the end of its plan entry after the extents. Only a program with bounded dimensions
 /// is written as 1.6 (every other is written as 1.5, byte for byte as before), so a 1.5
 /// reader refuses exactly the files it could not run.
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 6 };
+///
+/// 1.7 added, after the bounded dimensions, each entry's dispatches whose workgroups
+/// shrink with a bounded dimension's extent (`BoundedRows`). A program with bounded
+/// dimensions is written as 1.7; a 1.7 reader reads a 1.6 entry as one with none (every
+/// dispatch runs at the bound, as a 1.6 runtime ran it).
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 7 };
 
 /// The version written for a program without bounded input dimensions.
 pub const STATIC_FORMAT_VERSION: Version = Version { major: 1, minor: 5 };
 
 /// The first minor version of major 1 whose plan entries list bounded input dimensions.
 pub const BOUNDED_MINOR: u16 = 6;
+
+/// The first minor version of major 1 whose plan entries list the dispatches whose
+/// workgroups shrink with a bounded dimension's extent.
+pub const BOUNDED_ROWS_MINOR: u16 = 7;
 
 /// The first minor version of major 1 whose variants carry a condition and a workgroup
 /// count ([`crate::program::Condition`]).

@@ -192,6 +192,56 @@ pub struct EntryPoint {
     /// Bounded input dimensions (format 1.6 on; empty before): inputs whose extent along
     /// one axis the caller chooses per call, up to the bound the plan is sized for.
     pub bounded: Vec<BoundedDesc>,
+    /// Dispatches whose work shrinks with a bounded dimension's extent (format 1.7 on;
+    /// empty before, and for a program without bounded dimensions).
+    pub bounded_rows: Vec<BoundedRows>,
+}
+
+/// A dispatch whose workgroups along a bounded dimension shrink with its extent
+/// (format 1.7 on). The dispatch's workgroup index, read as `(o, j, i)` in
+/// `outer × span × inner` (row-major), covers positions `j·unit .. (j+1)·unit` along
+/// the dimension for step `j`: at extent `n` the runtime runs, for every `o`, only the
+/// steps `j < ⌈n / unit⌉`. What the skipped workgroups would have written (positions
+/// at or past the extent) is left as it was: the plan never reads it as data (masks
+/// select past it, and outputs are compacted to the extent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundedRows {
+    /// The dispatch (an index into [`EntryPoint::commands`], a `Dispatch`).
+    pub command: u32,
+    /// The bounded dimension (an index into [`EntryPoint::bounded`]).
+    pub dim: u32,
+    /// Workgroup blocks before the dimension's steps.
+    pub outer: u64,
+    /// Steps along the dimension: `⌈bound / unit⌉`.
+    pub span: u64,
+    /// Positions along the dimension one step covers.
+    pub unit: u64,
+    /// Workgroups per step.
+    pub inner: u64,
+}
+
+impl BoundedRows {
+    /// The workgroups that run at extent `n`: `outer × ⌈n / unit⌉ × inner`.
+    pub fn active(&self, n: u64) -> u64 {
+        self.outer * self.steps(n) * self.inner
+    }
+
+    /// Steps that run at extent `n` (at most `span`).
+    pub fn steps(&self, n: u64) -> u64 {
+        n.div_ceil(self.unit.max(1)).min(self.span)
+    }
+
+    /// The workgroup a running index `v` (of `0..active(n)`, the steps `≥ ⌈n / unit⌉`
+    /// left out) stands for, and how many workgroups from there on are contiguous in
+    /// both numberings.
+    pub fn map(&self, v: u64, n: u64) -> (u64, u64) {
+        let block = self.steps(n) * self.inner;
+        if block == 0 {
+            return (v, 0);
+        }
+        let (o, r) = (v / block, v % block);
+        (o * self.span * self.inner + r, block - r)
+    }
 }
 
 /// A bounded input dimension (format 1.6 on). The signature types input `input` at its
@@ -757,4 +807,27 @@ pub struct Program {
     pub constants: Constants,
     /// Debug names (absent when stripped).
     pub debug: Option<DebugInfo>,
+}
+
+#[cfg(test)]
+mod bounded_rows_tests {
+    use super::BoundedRows;
+    use alloc::vec::Vec;
+
+    #[test]
+    fn the_running_workgroups_map_to_the_steps_before_the_extent() {
+        // 3 blocks × 4 steps of 2 positions × 5 workgroups: at extent 3, steps 0 and 1.
+        let r = BoundedRows { command: 0, dim: 0, outer: 3, span: 4, unit: 2, inner: 5 };
+        assert_eq!((r.steps(3), r.active(3)), (2, 30));
+        assert_eq!((r.steps(8), r.active(8)), (4, 60));
+        assert_eq!((r.steps(99), r.active(0)), (4, 0));
+        // Running index 0..10 is block 0's workgroups 0..10; 10..20 block 1's 20..30.
+        assert_eq!(r.map(0, 3), (0, 10));
+        assert_eq!(r.map(7, 3), (7, 3));
+        assert_eq!(r.map(10, 3), (20, 10));
+        assert_eq!(r.map(25, 3), (45, 5));
+        let all: Vec<u64> = (0..r.active(3)).map(|v| r.map(v, 3).0).collect();
+        let want: Vec<u64> = (0..3).flat_map(|o| o * 20..o * 20 + 10).collect();
+        assert_eq!(all, want);
+    }
 }

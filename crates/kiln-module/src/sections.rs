@@ -40,6 +40,8 @@
 //!   extent  = str name, binding, uv bound, list<(u32 output, u32 axis)>
 //!   entry (format 1.6 on) then ends with list<bounded>
 //!   bounded = u32 input, u32 axis, uv min, uv bound, binding staging, binding extent
+//!   entry (format 1.7 on) then ends with list<rows>
+//!   rows    = u32 command, u32 dim, uv outer, uv span, uv unit, uv inner
 //! executables (kind 3, align 8):
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
 //!                                   list<reloc>, list<launch> (format 1.3 on; absent from
@@ -81,7 +83,7 @@ use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
     Binding, BufferDesc, CollectivePart, Command, Condition, Constants, CudaArch, DebugInfo, Device, DeviceKind,
-    BoundedDesc, EntryPoint, Executable, ExtentDesc, Kernel, KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc,
+    BoundedDesc, BoundedRows, EntryPoint, Executable, ExtentDesc, Kernel, KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc,
     Variant,
 };
 use crate::reader::Module;
@@ -252,6 +254,8 @@ pub struct EntryView<'a> {
     pub extents: Vec<ExtentView<'a>>,
     /// Bounded input dimensions (format 1.6 on).
     pub bounded: Vec<BoundedDesc>,
+    /// Dispatches whose workgroups shrink with a bounded dimension's extent (format 1.7 on).
+    pub bounded_rows: Vec<BoundedRows>,
 }
 
 /// A data-dependent extent of an entry (see [`ExtentDesc`]).
@@ -335,6 +339,7 @@ impl ProgramView<'_> {
                 .iter()
                 .map(|e| EntryPoint {
                     bounded: e.bounded.clone(),
+                    bounded_rows: e.bounded_rows.clone(),
                     extents: e
                         .extents
                         .iter()
@@ -654,6 +659,14 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.binding(&b.staging);
                 e.binding(&b.extent);
             });
+            e.list(&ep.bounded_rows, |e, r| {
+                e.uv(r.command.into());
+                e.uv(r.dim.into());
+                e.uv(r.outer);
+                e.uv(r.span);
+                e.uv(r.unit);
+                e.uv(r.inner);
+            });
         }
     });
     e.0
@@ -738,7 +751,7 @@ fn debug_bytes(d: &DebugInfo) -> Vec<u8> {
     e.0
 }
 
-/// Whether an entry of `p` has bounded input dimensions (written as format 1.6; other
+/// Whether an entry of `p` has bounded input dimensions (written as format 1.7; other
 /// programs as 1.5).
 fn has_bounded(p: &Program) -> bool {
     p.entries.iter().any(|e| !e.bounded.is_empty())
@@ -1102,8 +1115,23 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
         } else {
             Vec::new()
         };
+        // command, dim, outer, span, unit, inner.
+        let bounded_rows = if d.format.minor >= crate::format::BOUNDED_ROWS_MINOR {
+            d.list("bounded rows", 6, |d| {
+                let command = d.u32("bounded rows command")?;
+                let dim = d.u32("bounded rows dimension")?;
+                let outer = d.uv("bounded rows outer")?;
+                let span = d.uv("bounded rows span")?;
+                let unit = d.uv("bounded rows unit")?;
+                let inner = d.uv("bounded rows inner")?;
+                Ok(BoundedRows { command, dim, outer, span, unit, inner })
+            })?
+        } else {
+            Vec::new()
+        };
         entries.push(EntryView {
             bounded,
+            bounded_rows,
             extents,
             name: sig.name,
             inputs: sig.inputs,

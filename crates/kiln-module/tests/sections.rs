@@ -787,7 +787,7 @@ fn collectives_by_hand_and_refused_under_format_1_3() {
 }
 
 #[test]
-fn bounded_dims_round_trip_as_format_1_6_and_static_programs_stay_1_5() {
+fn bounded_dims_round_trip_as_format_1_7_and_static_programs_stay_1_5() {
     let mut p = mlp(embedded(), false);
     p.entries[0].bounded = vec![BoundedDesc {
         input: 0,
@@ -802,13 +802,20 @@ fn bounded_dims_round_trip_as_format_1_6_and_static_programs_stay_1_5() {
     assert_eq!(m.format(), kiln_module::FORMAT_VERSION);
     assert_eq!(read_program(&m).expect("decode").to_program(), p);
     // The entry ends with its list: 1 entry; input 0, axis 1, min 1, bound 4; staging
-    // arena (0), 64 (0x40), 16; extent arena, 128 (80 01), 8.
+    // arena (0), 64 (0x40), 16; extent arena, 128 (80 01), 8; then no bounded rows.
     let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
-    assert!(plan.ends_with(&[1, 0, 1, 1, 4, 0, 0x40, 16, 0, 0x80, 0x01, 8]), "{plan:?}");
+    assert!(plan.ends_with(&[1, 0, 1, 1, 4, 0, 0x40, 16, 0, 0x80, 0x01, 8, 0]), "{plan:?}");
+    // Format 1.7's bounded rows: command 0, dimension 0, 1 × 2 steps of 2 × 3.
+    let mut r = p.clone();
+    r.entries[0].bounded_rows =
+        vec![kiln_module::program::BoundedRows { command: 0, dim: 0, outer: 1, span: 2, unit: 2, inner: 3 }];
+    assert_eq!(read_program(&Module::parse(&write_program(&r)).expect("parse")).expect("decode").to_program(), r);
+    let with_rows = section_bytes(&r, SectionKind::Plan).expect("plan");
+    assert!(with_rows.ends_with(&[8, 1, 0, 0, 1, 2, 2, 3]), "{with_rows:?}");
     // Without bounded dimensions: format 1.5, and the plan has no list at all.
     let mut q = p.clone();
     q.entries[0].bounded.clear();
     let f = write_program(&q);
     assert_eq!(Module::parse(&f).expect("parse").format(), kiln_module::format::STATIC_FORMAT_VERSION);
-    assert_eq!(section_bytes(&q, SectionKind::Plan).expect("plan").len() + 12, plan.len());
+    assert_eq!(section_bytes(&q, SectionKind::Plan).expect("plan").len() + 13, plan.len());
 }

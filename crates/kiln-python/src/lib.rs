@@ -79,11 +79,37 @@ fn import_options(
     for (k, v) in input_shapes.into_iter().flat_map(|d| d.iter()) {
         let name: String =
             k.extract().map_err(|_| Error::input_type("input_shapes: keys must be input names (str)"))?;
-        let dims: Vec<usize> = v.extract().map_err(|_| {
+        let bad = || {
             Error::input_type(format!(
-                "input_shapes[`{name}`]: expected a sequence of non-negative ints, e.g. (1, 3, 224, 224)"
+                "input_shapes[`{name}`]: expected a sequence of non-negative ints, e.g. (1, 3, 224, 224), where one axis may be a range (min, max) or \"min..max\", e.g. (1, (1, 128))"
             ))
-        })?;
+        };
+        // Each dim an int, or a bounded range: `(min, max)` or `"min..max"`.
+        let mut dims = Vec::new();
+        for (axis, d) in v.try_iter().map_err(|_| bad())?.enumerate() {
+            let d = d.map_err(|_| bad())?;
+            let range = match (d.extract::<usize>(), d.extract::<(usize, usize)>(), d.extract::<String>()) {
+                (Ok(n), _, _) => {
+                    dims.push(n);
+                    continue;
+                }
+                (_, Ok(r), _) => r,
+                (_, _, Ok(t)) => {
+                    let (lo, hi) = t.split_once("..").ok_or_else(bad)?;
+                    (lo.trim().parse().map_err(|_| bad())?, hi.trim().parse().map_err(|_| bad())?)
+                }
+                _ => return Err(bad().into()),
+            };
+            if range.0 > range.1 || range.1 == 0 {
+                return Err(Error::invalid(format!(
+                    "input_shapes[`{name}`]: the range {}..{} of axis {axis} must have min ≤ max and max ≥ 1",
+                    range.0, range.1
+                ))
+                .into());
+            }
+            dims.push(range.1);
+            o.bounded_dims.push((name.clone(), axis, range.0));
+        }
         o.input_shapes.push((name, dims));
     }
     let np = py.import("numpy")?;
@@ -109,7 +135,10 @@ fn import_options(
 ///
 /// ``model`` is a path to an ONNX model (external data is read beside it) or to kiln
 /// IR text (``.kir``), or the bytes of an ONNX model. ``input_shapes`` binds free
-/// dimensions (``{"x": (1, 3, 224, 224)}``); ``input_values`` turns inputs into
+/// dimensions (``{"x": (1, 3, 224, 224)}``); a dimension given as a range
+/// ``(min, max)`` or ``"min..max"`` is bounded: compiled once for any extent up to
+/// ``max``, chosen per call by the input array's shape (docs/bounded-shapes.md);
+/// ``input_values`` turns inputs into
 /// constants (``{"sr": 16000}``). ``target`` is the CPU the code is for: ``"host"``,
 /// ``"x86-64"``, ``"x86-64-v2"``, ``"x86-64-v3"`` or ``"x86-64-v4"``; ``opt`` is
 /// ``"speed"`` or ``"size"``. With ``external_weights`` (a path), the constants go to

@@ -30,6 +30,9 @@ pub(crate) struct Tensor {
     /// numpy's dims (the same numbers).
     npy_dims: Vec<npy_intp>,
     pub(crate) bytes: usize,
+    /// A bounded input dimension: its axis, which takes any extent `min..=bound` (the
+    /// dims are the bound's; the runtime checks the extent).
+    pub(crate) bounded: Option<usize>,
 }
 
 impl Tensor {
@@ -39,7 +42,7 @@ impl Tensor {
         let bytes = usize::try_from(t.bytes).map_err(|_| too_large())?;
         let npy_dims =
             t.dims.iter().map(|&d| npy_intp::try_from(d).map_err(|_| too_large())).collect::<Result<_, _>>()?;
-        Ok(Tensor { name: t.name.to_string(), code: t.dtype, dims: t.dims.clone(), npy_dims, bytes })
+        Ok(Tensor { name: t.name.to_string(), code: t.dtype, dims: t.dims.clone(), npy_dims, bytes, bounded: None })
     }
 
     /// `float32 (1, 784)`, as messages show it.
@@ -76,7 +79,12 @@ impl Loaded {
         })?;
         let sig = owned.module().signature();
         let entry = sig.default_entry().ok_or_else(|| Error::invalid("the module has no entry points"))?;
-        let inputs = entry.inputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
+        let mut inputs = entry.inputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
+        for b in entry.bounded {
+            if let Some(t) = inputs.get_mut(b.input as usize) {
+                t.bounded = Some(b.axis as usize);
+            }
+        }
         let outputs = entry.outputs.iter().map(Tensor::new).collect::<Result<Vec<_>, _>>()?;
         let entry = entry.index;
         Ok(Loaded { owned, entry, inputs, outputs })
@@ -145,6 +153,16 @@ impl Runner {
         self.in_args.clear();
         self.out_args.clear();
         r.map_err(Error::from)
+    }
+
+    /// The outputs of the last invoke whose actual dims are not their signature's (a
+    /// bounded input's extent or a data-dependent extent sized them; their elements are
+    /// at the front of the buffer): index and dims.
+    fn resized(&self) -> Vec<(usize, Vec<u64>)> {
+        let sig = &self.module.outputs;
+        (0..sig.len())
+            .filter_map(|k| self.inst.output_dims(k).filter(|d| *d != sig[k].dims.as_slice()).map(|d| (k, d.to_vec())))
+            .collect()
     }
 }
 
@@ -298,8 +316,13 @@ impl Module {
                 )));
             };
             let a = check_array(py, "input", t, self.in_descr[i].as_ref(), &value)?;
+            // A bounded input's extent is the array's (the runtime checks its range).
+            let len = match t.bounded {
+                Some(axis) => t.bytes / t.dims[axis].max(1) as usize * a.shape()[axis],
+                None => t.bytes,
+            };
             // SAFETY: `a` is a live numpy array (the GIL is held).
-            ins.push((unsafe { array_data(&a) }.cast_const(), t.bytes));
+            ins.push((unsafe { array_data(&a) }.cast_const(), len));
             arrays.push(a);
         }
         if feed.len() != ins.len() {
@@ -428,7 +451,25 @@ impl Module {
         // (new arrays, or the caller's checked just above). Python code on another
         // thread touching these arrays meanwhile is the caller's race, as with any
         // buffer lent to native code.
-        py.detach(move || unsafe { self.lock().invoke(&args) }).map_err(|e| self.at(e))?;
+        let resized = py
+            .detach(move || unsafe {
+                let mut r = self.lock();
+                r.invoke(&args)?;
+                Ok::<_, Error>(r.resized())
+            })
+            .map_err(|e| self.at(e))?;
+        if resized.is_empty() {
+            return Ok(outs);
+        }
+        // Outputs at their actual shape: views of the front of the bound-sized arrays.
+        let mut outs = outs;
+        for (k, dims) in resized {
+            let numel: u64 = dims.iter().product();
+            let flat = outs[k].call_method1("reshape", (-1i64,))?;
+            let front = flat.get_item(pyo3::types::PySlice::new(py, 0, numel as isize, 1))?;
+            let shaped = front.call_method1("reshape", (PyTuple::new(py, dims)?,))?;
+            outs[k] = shaped.cast_into::<PyUntypedArray>()?;
+        }
         Ok(outs)
     }
 
@@ -501,7 +542,9 @@ fn check_array<'py>(
             shape_str(a.shape())
         )));
     }
-    if a.shape().len() != t.dims.len() || a.shape().iter().zip(&t.dims).any(|(&g, &w)| g as u64 != w) {
+    // (A bounded input's axis takes any extent: the runtime checks its range.)
+    let fits = |(i, (&g, &w)): (usize, (&usize, &u64))| g as u64 == w || t.bounded == Some(i);
+    if a.shape().len() != t.dims.len() || !a.shape().iter().zip(&t.dims).enumerate().all(fits) {
         return Err(Error::invalid(format!(
             "{what} `{}`: expected {}, got shape {}",
             t.name,

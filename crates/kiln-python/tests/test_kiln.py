@@ -497,3 +497,63 @@ def test_outputs_into_the_callers_arrays(mlp):
     shared = np.zeros((1, 784), np.float32)
     with pytest.raises(kiln.InvalidInputError, match="output `output` overlaps the array of input `input`"):
         m.run({"input": shared}, outputs={"output": shared[:, :10]})
+
+
+# ---------------------------------------------------------------- bounded dimensions
+
+
+def bounded_manifest(data_dir):
+    """The models and ONNX Runtime outputs of scripts/ref_bounded.py (bert_tiny with its
+    sequence 1..128, an MLP with its batch 1..8), by name; missing data fails."""
+    import json
+
+    m = data_dir / "bounded" / "manifest.json"
+    if not m.is_file():
+        pytest.fail(f"{m} is missing: run scripts/ref_bounded.py (scripts/test does)")
+    return {e["name"]: e for e in json.loads(m.read_text())["models"]}
+
+
+@pytest.mark.parametrize("name,shape", [("bert_tiny", (1, (1, 128))), ("mlp_batch", ("1..8", 16))])
+def test_bounded_inputs_take_any_extent_and_outputs_come_back_at_it(data_dir, name, shape):
+    e = bounded_manifest(data_dir)[name]
+    input_name = e["input_shape"].split("=")[0]
+    artifact = kiln.compile(str(data_dir / e["file"]), input_shapes={input_name: shape})
+    for threads in (1, 3):
+        m = kiln.load(artifact, threads=threads)
+        # The largest first: a shorter call after it must not see its positions.
+        for case in sorted(e["cases"], key=lambda c: -c["extent"]):
+            base = data_dir / "bounded" / name / case["name"]
+            x = np.load(f"{base}.in_0.npy")
+            got = m.run({input_name: x})
+            for k, (out, arr) in enumerate(got.items()):
+                want = np.load(f"{base}.out_{k}.npy")
+                assert_close(f"{name}/{case['name']} {out} ({threads} threads)", arr, want, 1e-4, 1e-5)
+    # Outside the range: the runtime's typed error, naming the input and the range.
+    m = kiln.load(artifact)
+    x = np.load(data_dir / "bounded" / name / f"{e['cases'][-1]['name']}.in_0.npy")
+    axis = 1 if name == "bert_tiny" else 0
+    too_long = np.concatenate([x] * (2 + 256 // x.shape[axis]), axis=axis)
+    with pytest.raises(kiln.InvalidInputError, match=input_name):
+        m.run({input_name: too_long})
+    # The other dims stay fixed.
+    with pytest.raises(kiln.InvalidInputError, match=input_name):
+        m.run({input_name: np.zeros((2,) * x.ndim, x.dtype)})
+
+
+def test_bounded_ranges_in_input_shapes_are_checked():
+    g = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3])],
+    )
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+    with pytest.raises(kiln.InvalidInputError, match="range"):
+        kiln.compile(model, input_shapes={"x": [(4, 2), 3]})
+    with pytest.raises(kiln.InvalidInputError, match="input_shapes"):
+        kiln.compile(model, input_shapes={"x": ["two", 3]})
+    m = kiln.load(kiln.compile(model, input_shapes={"x": ["1..4", 3]}))
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    y = m.run({"x": x})["y"]
+    assert y.shape == (2, 3)
+    np.testing.assert_array_equal(y, np.maximum(x, 0))

@@ -7,7 +7,7 @@ use crate::module::LoadedModule;
 use alloc::format;
 use alloc::string::ToString;
 use alloc::vec::Vec;
-use kiln_module::program::{Binding, BoundedDesc, Command, Slot};
+use kiln_module::program::{Binding, BoundedDesc, BoundedRows, Command, Slot};
 use kiln_module::sections::TensorView;
 
 /// A typed input: dtype (ONNX code), dims and bytes are all checked against the
@@ -190,6 +190,86 @@ pub(crate) struct Bases<'a> {
     constants: *mut u8,
     inputs: &'a [*const u8],
     outputs: &'a [*mut u8],
+}
+
+/// The bounded rows (format 1.7) of command `i` of `entry`, with the extent the call
+/// passed along their dimension: `None` for a dispatch that runs every workgroup, and
+/// where the variant this host runs has its own workgroup count (`workgroups`, not the
+/// plan's `recorded`), whose split the plan does not describe.
+///
+/// # Safety
+///
+/// `bases` are a checked invocation's whose bounded inputs are staged (their extents
+/// written, within `min..=bound`).
+pub(crate) unsafe fn rows_of(
+    entry: &kiln_module::sections::EntryView<'_>,
+    i: usize,
+    workgroups: u64,
+    recorded: u64,
+    bases: &Bases<'_>,
+) -> Option<(BoundedRows, u64)> {
+    if entry.bounded_rows.is_empty() || workgroups != recorded {
+        return None;
+    }
+    let r = entry.bounded_rows.iter().find(|r| r.command as usize == i)?;
+    let b = entry.bounded.get(r.dim as usize)?;
+    // SAFETY: the caller's contract.
+    Some((*r, unsafe { staged_extent(&b.extent, b.bound, bases) }))
+}
+
+/// The extent a call passed along a bounded dimension, from its `extent` binding
+/// (clamped into `0..=bound`, which the staging checked already).
+///
+/// # Safety
+///
+/// As [`rows_of`]: `extent` is a verified 8-byte arena binding, written by the staging.
+pub(crate) unsafe fn staged_extent(extent: &Binding, bound: u64, bases: &Bases<'_>) -> u64 {
+    // SAFETY: 8 bytes inside the arena (verified), written when the input was staged.
+    let raw = unsafe { core::slice::from_raw_parts(bases.at(extent).cast_const(), 8) };
+    let mut x = [0u8; 8];
+    x.copy_from_slice(raw);
+    (i64::from_le_bytes(x).max(0) as u64).min(bound)
+}
+
+/// The workgroups a dispatch of `workgroups` runs this call: with bounded rows at
+/// extent `n`, those of the steps before `n` ([`BoundedRows::active`]).
+pub(crate) fn active(workgroups: u64, rows: Option<(BoundedRows, u64)>) -> u64 {
+    match rows {
+        Some((r, n)) => r.active(n),
+        None => workgroups,
+    }
+}
+
+/// Runs workgroups `begin..end` of the numbering [`active`] counts: with bounded rows,
+/// each piece that is contiguous in the kernel's own numbering in one call.
+///
+/// # Safety
+///
+/// As a kernel call over `begin..end` of its workgroups (see `Instance::run`).
+pub(crate) unsafe fn run_range(
+    f: crate::KernelFn,
+    table: *const *mut u8,
+    helpers: *const kiln_module::abi::HelperFn,
+    mut begin: u64,
+    end: u64,
+    rows: Option<(BoundedRows, u64)>,
+) {
+    let Some((r, n)) = rows else {
+        // SAFETY: the caller's contract.
+        unsafe { f(table, helpers, begin, end) };
+        return;
+    };
+    while begin < end {
+        let (at, run) = r.map(begin, n);
+        let len = run.min(end - begin);
+        if len == 0 {
+            return;
+        }
+        // SAFETY: the caller's contract; `at..at + len` lies inside the kernel's
+        // workgroups (`outer × span × inner`, checked by the verifier).
+        unsafe { f(table, helpers, at, at + len) };
+        begin += len;
+    }
 }
 
 impl Bases<'_> {
@@ -567,7 +647,11 @@ impl<'m> Instance<'m> {
                         *slot = bases.at(b);
                     }
                     let f = m.kernels[*kernel as usize];
-                    let workgroups = m.workgroups(*kernel, *workgroups);
+                    let recorded = *workgroups;
+                    let workgroups = m.workgroups(*kernel, recorded);
+                    // SAFETY: the bounded inputs are staged (above).
+                    let rows = unsafe { rows_of(entry, i, workgroups, recorded, &bases) };
+                    let workgroups = active(workgroups, rows);
                     if workgroups > 0 {
                         // SAFETY: `f` is the entry point of the variant chosen for this
                         // host, in code the loader placed and keeps mapped while `m`
@@ -577,7 +661,7 @@ impl<'m> Instance<'m> {
                         // caller's inputs and outputs. Per the kernel ABI the kernel
                         // touches only those ranges and writes only its last binding,
                         // which is never an input or the constants.
-                        unsafe { f(self.table.as_ptr(), m.helpers.as_ptr(), 0, workgroups) };
+                        unsafe { run_range(f, self.table.as_ptr(), m.helpers.as_ptr(), 0, workgroups, rows) };
                     }
                 }
                 Command::Barrier => {}

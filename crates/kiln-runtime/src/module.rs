@@ -279,6 +279,9 @@ pub struct EntrySignature<'m, 'a> {
     pub inputs: &'m [TensorView<'a>],
     /// Outputs in call order.
     pub outputs: &'m [TensorView<'a>],
+    /// Its bounded input dimensions (format 1.6 on): an input listed here takes any
+    /// extent `min..=bound` along `axis` (its signature dims are the bound's).
+    pub bounded: &'m [kiln_module::program::BoundedDesc],
 }
 
 impl<'m, 'a> Signature<'m, 'a> {
@@ -290,7 +293,7 @@ impl<'m, 'a> Signature<'m, 'a> {
 
     fn at(&self, index: usize) -> Option<EntrySignature<'m, 'a>> {
         let e = self.entries.get(index)?;
-        Some(EntrySignature { index, name: e.name, inputs: &e.inputs, outputs: &e.outputs })
+        Some(EntrySignature { index, name: e.name, inputs: &e.inputs, outputs: &e.outputs, bounded: &e.bounded })
     }
 
     /// Number of entry points.

@@ -44,7 +44,7 @@ use alloc::vec::Vec;
 use core::cell::UnsafeCell;
 use core::ops::Range;
 use kiln_module::abi::HelperFn;
-use kiln_module::program::{Binding, Command};
+use kiln_module::program::{Binding, BoundedRows, Command};
 use kiln_module::sections::EntryView;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -121,6 +121,9 @@ fn share(workgroups: u64, threads: u64, me: u64, j: u64) -> (u64, u64) {
 struct Planned<'m> {
     kernel: KernelFn,
     workgroups: u64,
+    /// Bounded rows (format 1.7): the split along a bounded dimension, and that
+    /// dimension's extent binding and bound, read per call.
+    rows: Option<(BoundedRows, Binding, u64)>,
     /// The compiler's estimate of its single-thread time (0: none).
     work_ns: u64,
     bindings: &'m [Binding],
@@ -235,10 +238,17 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
         step_at[i] = s.steps.len();
         match c {
             Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => {
-                let workgroups = m.workgroups(*kernel, *workgroups);
+                let recorded = *workgroups;
+                let workgroups = m.workgroups(*kernel, recorded);
                 if workgroups == 0 {
                     continue;
                 }
+                // (Only where this host's variant splits its workgroups as the plan says.)
+                let rows = e
+                    .bounded_rows
+                    .iter()
+                    .find(|r| r.command as usize == i && workgroups == recorded)
+                    .and_then(|r| e.bounded.get(r.dim as usize).map(|b| (*r, b.extent, b.bound)));
                 if s.jobs[open..].iter().any(|p| conflict(p.bindings, bindings)) {
                     close(&mut s, &mut open, last);
                 }
@@ -247,6 +257,7 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                 s.jobs.push(Planned {
                     kernel: m.kernels[*kernel as usize],
                     workgroups,
+                    rows,
                     work_ns: *work_ns,
                     bindings,
                     table,
@@ -283,7 +294,9 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
 struct Job {
     kernel: KernelFn,
     table: *const *mut u8,
+    /// This call's workgroups ([`crate::instance::active`]).
     workgroups: u64,
+    rows: Option<(BoundedRows, u64)>,
 }
 
 /// The wave being run.
@@ -319,7 +332,7 @@ unsafe fn run_share(wave: Wave, me: u64, threads: u64, part: u64, parts: u64) {
             // for this wave; by the kernel ABI any split of `0..workgroups` into
             // disjoint ranges run on different threads is valid, and dispatches of one
             // wave touch no bytes another of them writes (`schedule`).
-            unsafe { (job.kernel)(job.table, wave.helpers, begin, end) };
+            unsafe { crate::instance::run_range(job.kernel, job.table, wave.helpers, begin, end, job.rows) };
         }
     }
 }
@@ -672,7 +685,10 @@ impl<'m> LocalTask<'m> {
                     for p in wave {
                         // Within the capacity reserved for the widest wave: no allocation.
                         let table = tables.wrapping_add(p.table);
-                        self.jobs.push(Job { kernel: p.kernel, table, workgroups: p.workgroups });
+                        // SAFETY: the caller's contract: the bounded inputs are staged.
+                        let rows = p.rows.map(|(r, x, bound)| (r, unsafe { crate::instance::staged_extent(&x, bound, bases) }));
+                        let workgroups = crate::instance::active(p.workgroups, rows);
+                        self.jobs.push(Job { kernel: p.kernel, table, workgroups, rows });
                     }
                     if *parallel {
                         // SAFETY: the jobs are this entry's dispatches of one wave, with
@@ -682,7 +698,7 @@ impl<'m> LocalTask<'m> {
                     } else {
                         for job in &self.jobs {
                             // SAFETY: as the local-sync dispatch in `Instance::run`.
-                            unsafe { (job.kernel)(job.table, helpers, 0, job.workgroups) };
+                            unsafe { crate::instance::run_range(job.kernel, job.table, helpers, 0, job.workgroups, job.rows) };
                         }
                     }
                     if let Some(after) = observe.as_mut() {

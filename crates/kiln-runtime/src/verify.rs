@@ -346,6 +346,29 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 return Err(bad("its staging and extent bindings overlap another's".into()));
             }
         }
+        for (k, r) in e.bounded_rows.iter().enumerate() {
+            let bad = |problem: String| VerifyError::Extent {
+                entry: entry(),
+                extent: alloc::format!("rows of command {}", r.command),
+                problem,
+            };
+            let Some(b) = e.bounded.get(r.dim as usize) else {
+                return Err(bad(format!("names bounded dimension {}, of {}", r.dim, e.bounded.len())));
+            };
+            let Some(Command::Dispatch { workgroups, .. }) = e.commands.get(r.command as usize) else {
+                return Err(bad("the command is not a dispatch".into()));
+            };
+            if e.bounded_rows[..k].iter().any(|o| o.command == r.command) {
+                return Err(bad("the dispatch is listed twice".into()));
+            }
+            let total = r.outer.checked_mul(r.span).and_then(|x| x.checked_mul(r.inner));
+            if r.unit == 0 || r.span != b.bound.div_ceil(r.unit) || total != Some(*workgroups) {
+                return Err(bad(format!(
+                    "{} × {} × {} workgroups of {} positions do not split {workgroups} workgroups over the bound {}",
+                    r.outer, r.span, r.inner, r.unit, b.bound
+                )));
+            }
+        }
         for b in &e.buffers {
             binding(e, pool_len, &b.binding, false).map_err(|problem| VerifyError::Buffer {
                 entry: entry(),

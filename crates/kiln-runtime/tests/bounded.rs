@@ -2,7 +2,9 @@
 //! its range, places it at the bound shape in the arena with the padding zeroed,
 //! writes the extent, and the outputs it sizes come back at the actual extent, on both
 //! drivers; extents outside the range and malformed shapes are typed errors; and the
-//! verifier refuses every malformed `BoundedDesc` (one field broken per case).
+//! verifier refuses every malformed `BoundedDesc` (one field broken per case). Format
+//! 1.7: a dispatch's workgroups past the extent (`BoundedRows`) do not run, and the
+//! verifier refuses malformed rows.
 
 mod common;
 
@@ -161,4 +163,77 @@ fn the_verifier_refuses_malformed_bounded_dimensions() {
     let again = p.entries[0].bounded[0].clone();
     p.entries[0].bounded.push(again);
     assert!(bounded_problem(&p).contains("more than one bounded dimension"));
+}
+
+/// `bounded_program(6, 1)` whose add (command 1, six one-element workgroups) lists its
+/// workgroups along the bounded dimension (format 1.7): `unit` positions a step, the
+/// steps `inner` workgroups each.
+fn rows_program(unit: u64, inner: u64) -> Program {
+    let mut p = bounded_program(6, 1);
+    p.entries[0].bounded_rows = vec![BoundedRows { command: 1, dim: 0, outer: 1, span: 6 / unit, unit, inner }];
+    p
+}
+
+#[test]
+fn workgroups_past_the_extent_do_not_run_on_both_drivers() {
+    let b = f32s(&[10.0, 20.0, 30.0, 40.0, 50.0, 60.0]);
+    // One position a step: the first n workgroups run. Two positions a step of two
+    // workgroups: ⌈n / 2⌉ steps, 2 · ⌈n / 2⌉ workgroups.
+    for (unit, inner, runs) in [(1u64, 1u64, [6usize, 3, 1]), (2, 2, [6, 4, 2])] {
+        let file = write_program(&rows_program(unit, inner));
+        let m = load(&file, None).expect("load");
+        for threads in [None, Some(2), Some(4)] {
+            let mut inst = match threads {
+                None => Instance::new(&m).expect("instance"),
+                Some(t) => Instance::with_threads(&m, t).expect("instance"),
+            };
+            for (a, ran) in [&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0][..], &[1.0, 2.0, 3.0], &[7.0]].into_iter().zip(runs) {
+                let n = a.len();
+                let mut y = vec![0u8; 24];
+                inst.invoke(&[&f32s(a), &b], &mut [&mut y]).expect("invoke");
+                assert_eq!(inst.output_dims(0), Some(&[n as u64][..]));
+                let y = to_f32s(&y);
+                for (i, v) in y.iter().enumerate() {
+                    let what = format!("unit {unit}, extent {n}, position {i} on {threads:?} threads: {y:?}");
+                    if i < ran {
+                        // Run: a + b (the staging's zeros past the extent).
+                        assert_eq!(*v, a.get(i).copied().unwrap_or(0.0) + 10.0 * (i + 1) as f32, "{what}");
+                    } else {
+                        // Not run: the plan's fill (NaN) before the add is still there.
+                        assert!(v.is_nan(), "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_verifier_refuses_malformed_bounded_rows() {
+    Module::verify(&write_program(&rows_program(2, 2)), None, u64::MAX).expect("valid");
+    fn r(p: &mut Program) -> &mut BoundedRows {
+        &mut p.entries[0].bounded_rows[0]
+    }
+    let mut p = rows_program(1, 1);
+    r(&mut p).command = 0;
+    assert!(bounded_problem(&p).contains("not a dispatch"));
+    let mut p = rows_program(1, 1);
+    r(&mut p).command = 99;
+    assert!(bounded_problem(&p).contains("not a dispatch"));
+    let mut p = rows_program(1, 1);
+    r(&mut p).dim = 1;
+    assert!(bounded_problem(&p).contains("bounded dimension 1"));
+    let mut p = rows_program(1, 1);
+    r(&mut p).inner = 2;
+    assert!(bounded_problem(&p).contains("do not split 6 workgroups"));
+    let mut p = rows_program(2, 2);
+    r(&mut p).span = 6;
+    assert!(bounded_problem(&p).contains("do not split"));
+    let mut p = rows_program(1, 1);
+    r(&mut p).unit = 0;
+    assert!(bounded_problem(&p).contains("do not split"));
+    let mut p = rows_program(1, 1);
+    let again = p.entries[0].bounded_rows[0];
+    p.entries[0].bounded_rows.push(again);
+    assert!(bounded_problem(&p).contains("listed twice"));
 }

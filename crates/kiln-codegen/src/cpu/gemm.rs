@@ -230,6 +230,9 @@ pub(crate) struct GemmCode {
     pub channel_vectors: bool,
     /// Whether its 512-bit tiles evaluate the epilogue sixteen lanes at a time.
     pub wide_epilogue: bool,
+    /// Its workgroup index's digits (see [`super::WorkDigit`]): the column chunk, the
+    /// batch coordinates, the row panel.
+    pub digits: Vec<super::WorkDigit>,
 }
 
 /// Why a kernel does not take this path (it then takes the general one).
@@ -385,6 +388,11 @@ fn emit_with(k: &Kernel, c: Contraction, avx512: bool, in_registers: bool) -> R<
     e.check_epilogue(k.root)?;
     e.count_uses();
     let workgroups = e.workgroups();
+    let mut digits = vec![super::WorkDigit { count: e.chunks(), axis: None }];
+    for &b in &e.c.batch {
+        digits.push(super::WorkDigit { count: k.vars[b as usize], axis: Some((b as usize, 1)) });
+    }
+    digits.push(super::WorkDigit { count: e.panels(), axis: Some((e.c.m as usize, e.mr)) });
     e.function()?;
     let code = e.a.assemble(0)?;
     Ok(GemmCode {
@@ -393,6 +401,7 @@ fn emit_with(k: &Kernel, c: Contraction, avx512: bool, in_registers: bool) -> R<
         avx512: e.zmm_used,
         channel_vectors: e.transposed(),
         wide_epilogue: e.wide_epilogue_used,
+        digits,
     })
 }
 

@@ -167,6 +167,33 @@ pub struct CpuModule {
     pub work_ns: Vec<u64>,
     /// How each kernel's code runs along its contiguous axis ([`CodePath`]).
     pub paths: Vec<CodePath>,
+    /// Each kernel's workgroup index as digits, outermost first (empty where its
+    /// emitter does not describe it): what lets a bounded dimension's extent shorten
+    /// the workgroups a dispatch runs.
+    pub digits: Vec<Vec<WorkDigit>>,
+}
+
+/// One digit of a kernel's workgroup index read as a mixed-radix number (outermost
+/// digit first, the product of the counts being the workgroup count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkDigit {
+    /// Its count.
+    pub count: u64,
+    /// The output axis it steps along and how many positions of that axis one step
+    /// covers (a row panel: several rows); `None` where it does not step along one
+    /// output axis alone (a column chunk).
+    pub axis: Option<(usize, u64)>,
+}
+
+/// The digits of a kernel whose workgroups are the rows of its first `axes` output
+/// axes, row-major (one position each).
+pub fn row_digits(k: &Kernel, axes: usize) -> Vec<WorkDigit> {
+    let dims = k.output.shape.dims();
+    dims[..axes.min(dims.len())]
+        .iter()
+        .enumerate()
+        .map(|(a, &d)| WorkDigit { count: d as u64, axis: Some((a, 1)) })
+        .collect()
 }
 
 /// How a kernel's code runs along its contiguous axis: the classification `kiln
@@ -447,6 +474,8 @@ struct Micro {
     bits: u16,
     /// CPU features it needs beyond AVX2, FMA and (where `avx512`) AVX-512 F.
     needs: u64,
+    /// Its workgroup index's digits (empty: not described).
+    digits: Vec<WorkDigit>,
 }
 
 /// Emits `k` with the microkernel emitter of `class` (`Ok(None)` would be a class
@@ -485,6 +514,7 @@ fn emit_class(
                         path: cost::Path::Contraction,
                         bits: 512,
                         needs,
+                        digits: Vec::new(),
                     }));
                 }
                 Err(gemm::NotHere(why)) => declined = Some(format!("integer contraction: {why}")),
@@ -551,6 +581,7 @@ fn emit_by_class(
         path: cost::Path::Vector,
         bits: 256,
         needs: 0,
+        digits: Vec::new(),
     };
     Ok(Some(match class {
         KernelClass::Window if Resample::is_interpolation(k) => vector(resample::emit(k)?, "resampling (avx2)"),
@@ -564,6 +595,7 @@ fn emit_by_class(
                 path: cost::Path::Window,
                 bits: if w.avx512 { 512 } else { 256 },
                 needs: 0,
+                digits: Vec::new(),
             }
         }
         KernelClass::Contraction => {
@@ -584,6 +616,7 @@ fn emit_by_class(
                 path: cost::Path::Contraction,
                 bits: if g.avx512 { 512 } else { 256 },
                 needs: 0,
+                digits: g.digits,
             }
         }
         // A movement is one load at its root: a padding reads with `Pad` bounds, an affine
@@ -646,6 +679,7 @@ fn emit_by_class(
                 path: cost::Path::Attention,
                 bits: if c.wide { 512 } else { 256 },
                 needs: 0,
+                digits: row_digits(k, k.out_rank().saturating_sub(1)),
             }
         }
         // Every other kernel with a vector form of each of its operations is a vector
@@ -663,7 +697,8 @@ fn row_kernel(k: &Kernel, options: &Options, avx512: bool) -> Result<Micro, gemm
     };
     let note = r.note();
     let bits = if r.wide { 512 } else { 256 };
-    Ok(Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits, needs: 0 })
+    let digits = row_digits(k, r.row_axes);
+    Ok(Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits, needs: 0, digits })
 }
 
 /// Compiles `kernels`, each with its class (`kiln_flow::program::Dispatch::class`), for
@@ -692,6 +727,7 @@ pub fn compile_with(
     let mut notes = Vec::with_capacity(kernels.len());
     let mut work_ns = Vec::with_capacity(kernels.len());
     let mut paths = Vec::with_capacity(kernels.len());
+    let mut digits = Vec::with_capacity(kernels.len());
     for (idx, &(k, class)) in kernels.iter().enumerate() {
         if names.contains(&k.name.as_str()) || micro.iter().any(|(i, _)| kernels[*i].0.name == k.name) {
             return Err(CodegenError::Unsupported {
@@ -705,6 +741,9 @@ pub fn compile_with(
                 Ok(Some(m)) => {
                     needs |= m.needs;
                     workgroup_counts.push(m.workgroups);
+                    // (Digits that do not multiply to the count describe nothing.)
+                    let described = m.digits.iter().map(|d| d.count).product::<u64>() == m.workgroups;
+                    digits.push(if described { m.digits } else { Vec::new() });
                     work_ns.push(cost::estimate_ns(k, m.path));
                     micro.push((idx, m.code));
                     notes.push(m.note);
@@ -726,6 +765,7 @@ pub fn compile_with(
             module.declare_function(&k.name, Linkage::Export, &ctx.func.signature).map_err(|e| internal(&k.name, e))?;
         module.define_function(id, &mut ctx).map_err(|e| internal(&k.name, format!("{e:?}")))?;
         workgroup_counts.push(workgroups(k));
+        digits.push(row_digits(k, k.out_rank().saturating_sub(1)));
         work_ns.push(cost::estimate_ns(k, cost::Path::General));
     }
     let product = module.finish();
@@ -755,5 +795,5 @@ pub fn compile_with(
             }
         }
     }
-    Ok(CpuModule { executable, workgroups: workgroup_counts, notes, work_ns, paths })
+    Ok(CpuModule { executable, workgroups: workgroup_counts, notes, work_ns, paths, digits })
 }

@@ -528,7 +528,8 @@ pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
         tail_lanes: 0,
     };
     let workgroups = e.function()?;
-    Ok(RowCode { code: e.a.assemble(0)?, workgroups, wide, stored, reciprocal })
+    let row_axes = e.p.rows.len();
+    Ok(RowCode { code: e.a.assemble(0)?, workgroups, wide, stored, reciprocal, row_axes })
 }
 
 /// A row kernel's code and what it does beyond the plain row loops.
@@ -542,6 +543,8 @@ pub(crate) struct RowCode {
     pub stored: bool,
     /// A division by a row value is a multiplication by its reciprocal.
     pub reciprocal: bool,
+    /// A workgroup is one row: the output axes `0..row_axes`, row-major.
+    pub row_axes: usize,
 }
 
 impl RowCode {

@@ -445,6 +445,7 @@ mod tests {
     fn entry(commands: Vec<Command>) -> EntryView<'static> {
         EntryView {
             bounded: Vec::new(),
+            bounded_rows: Vec::new(),
             extents: Vec::new(),
             name: "main",
             inputs: vec![],

@@ -43,6 +43,7 @@ pub fn entry(
     let (arena_size, arena_align) = arena;
     EntryPoint {
         bounded: Vec::new(),
+        bounded_rows: Vec::new(),
         extents: Vec::new(),
         name: name.into(),
         inputs,
