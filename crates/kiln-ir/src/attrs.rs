@@ -199,6 +199,11 @@ attr_enum! {
     GeluApproximate { None = "none", Tanh = "tanh" }
 }
 attr_enum! {
+    /// `round_mode` of Cast and CastLike (opset 24): how a value between two powers of two
+    /// becomes an `f8E8M0FNU` (see `kiln_ir::lowp::E8M0Rounding`); other targets ignore it.
+    E8M0RoundMode { Up = "up", Down = "down", Nearest = "nearest" }
+}
+attr_enum! {
     /// `direction` of BitShift.
     ShiftDirection { Left = "LEFT", Right = "RIGHT" }
 }
@@ -639,6 +644,8 @@ attr_structs! {
 
     /// Cast.
     required CastAttrs {
+        /// Rounding to `f8E8M0FNU` (ONNX's default: up).
+        round_mode: E8M0RoundMode = E8M0RoundMode::Up,
         /// Saturate out-of-range values when casting to 8-bit floats.
         saturate: bool = true,
         /// The result dtype.
@@ -647,6 +654,8 @@ attr_structs! {
 
     /// CastLike.
     defaults CastLikeAttrs {
+        /// Rounding to `f8E8M0FNU` (ONNX's default: up).
+        round_mode: E8M0RoundMode = E8M0RoundMode::Up,
         /// Saturate out-of-range values when casting to 8-bit floats.
         saturate: bool = true,
     }

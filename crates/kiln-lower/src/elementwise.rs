@@ -1004,14 +1004,15 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
     let s = dtype(cx, 0)?;
     let out = out_ty(cx)?;
     let d = out.dtype;
-    let saturate = if cx.op.kind == OpKind::Cast {
+    let (saturate, mode) = if cx.op.kind == OpKind::Cast {
         let ca = cx.attrs::<ka::CastAttrs>()?;
         if ca.to != d {
             return Err(cx.unsupported(format!("`to` = {} does not name the result dtype {d}", ca.to)));
         }
-        ca.saturate
+        (ca.saturate, ca.round_mode)
     } else {
-        cx.attrs::<ka::CastLikeAttrs>()?.saturate
+        let ca = cx.attrs::<ka::CastLikeAttrs>()?;
+        (ca.saturate, ca.round_mode)
     };
     if cx.input_ty(0)?.shape != out.shape {
         return Err(cx.unsupported("the result must have the input's shape"));
@@ -1019,7 +1020,32 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
     if s == d {
         return Ok(Lowered { steps: Vec::new(), outputs: vec![Output::Alias(0)] });
     }
+    if d == DType::F8E8M0FNU && mode != ka::E8M0RoundMode::Nearest {
+        if s.is_int() && s.bits() > 32 {
+            return Err(cx.unsupported(format!("a cast from {s} to {d} with round_mode {mode}")));
+        }
+        return map(cx, &[0], |b, v| Ok(e8m0_directed(b, v[0], s, mode == ka::E8M0RoundMode::Up)));
+    }
     map(cx, &[0], |b, v| Ok(convert_dtype(b, v[0], s, d, saturate)))
+}
+
+/// `v` (of dtype `from`) cast to `f8E8M0FNU` rounding up (`up`) or down to a power of two.
+/// The kernel cast rounds to the nearer power of two `p`, one of the two around the value
+/// `x`; for `up`, `p < x` means the other one, `2p`, and for `down`, `p > x` means `p/2`
+/// (the comparison is exact: in f64 for f64 and integer sources, else in f32, and `p` is
+/// exact in both). Past the ends the second cast does the clamping: `2p` overflows to +∞
+/// (→ the largest code) and `p/2` below the smallest value gives the smallest code, as
+/// `kiln_ir::lowp::encode_e8m0` does; NaN stays NaN.
+fn e8m0_directed(b: &mut KernelBuilder, v: ExprId, from: DType, up: bool) -> ExprId {
+    let x = if from.is_float() { v } else { b.convert(v, S::F64) };
+    let t = b.ty(x);
+    let p = b.cast(x, DType::F8E8M0FNU, true);
+    let pt = b.convert(p, t);
+    let keep = b.binary(if up { B::Ge } else { B::Le }, pt, x);
+    let f = b.float(S::F32, if up { 2.0 } else { 0.5 });
+    let q = b.mul(p, f);
+    let r = b.select(keep, p, q);
+    b.cast(r, DType::F8E8M0FNU, true)
 }
 
 // ---------------------------------------------------------------------------
