@@ -37,6 +37,9 @@ struct Case {
     scale: DType,
     /// The weight is a graph input rather than a constant.
     w_input: bool,
+    /// `kiln_flow::mx` reads the weight's elements in the contraction's load: a constant
+    /// too large to fold, K a multiple of the block, few rows.
+    in_load: bool,
 }
 
 fn run(c: &Case, seed: u64) {
@@ -73,7 +76,8 @@ fn run(c: &Case, seed: u64) {
     let sv = g.add_const("scale", s);
     let dq = Op::with_typed(
         OpKind::DequantizeLinear,
-        DequantizeAttrs { axis: 0, block_size: c.block as i64, ..Default::default() },
+        // An E8M0 scale needs `output_dtype` (else the result would be E8M0).
+        DequantizeAttrs { axis: 0, block_size: c.block as i64, output_dtype: DType::F32.onnx_code().unwrap() as i64 },
     )
     .unwrap();
     let (_, b) = g.add_node("dq", dq, vec![Some(wv), Some(sv)], vec![("b".into(), TensorType::new(DType::F32, shape(&[c.k, c.n])))]);
@@ -83,6 +87,14 @@ fn run(c: &Case, seed: u64) {
     let feeds: Vec<Tensor> = if c.w_input { vec![x.clone(), w.clone()] } else { vec![x.clone()] };
     let want = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|e| panic!("{label}: reference: {e}"));
     let compiled = compile(&g, &Options::default()).unwrap_or_else(|e| panic!("{label}: compile: {e}"));
+    let blocks = compiled.flow.dispatches.iter().find(|d| d.kernel.name.ends_with("_mx_blocks"));
+    assert_eq!(blocks.is_some(), c.in_load, "{label}: the block-scaled product in the load");
+    if let Some(d) = blocks {
+        assert_eq!(d.class, kiln_flow::class::KernelClass::Contraction, "{label}: {}", d.kernel.name);
+        // No dispatch writes the f32 weight.
+        let f32_weight = compiled.flow.dispatches.iter().any(|d| d.kernel.output.shape.dims() == [c.k, c.n]);
+        assert!(!f32_weight, "{label}: the f32 weight is still computed");
+    }
     let module = kiln_runtime::Module::load(&compiled.artifact, compiled.weights.as_deref()).unwrap();
     let mut inst = kiln_runtime::Instance::new(&module).unwrap();
     let mut out = vec![0u8; want[0].ty().storage_bytes()];
@@ -103,7 +115,26 @@ fn run(c: &Case, seed: u64) {
 
 #[test]
 fn block_scaled_matmul_matches_the_reference() {
-    let case = |rows: &'static [usize], k, n, block, w, scale, w_input| Case { rows, k, n, block, w, scale, w_input };
+    let case = |rows: &'static [usize], k, n, block, w, scale, w_input| Case {
+        rows,
+        k,
+        n,
+        block,
+        w,
+        scale,
+        w_input,
+        in_load: false,
+    };
+    let in_load = |rows: &'static [usize], k, n, block, w, scale| Case {
+        rows,
+        k,
+        n,
+        block,
+        w,
+        scale,
+        w_input: false,
+        in_load: true,
+    };
     use DType::{F32, F4E2M1FN as F4, F6E3M2FN as F6, F8E4M3FN as F8, F8E8M0FNU as E8};
     let cases = [
         // MXFP4 (32-element blocks, E8M0 scales): a short last block, one row (decode).
@@ -117,6 +148,12 @@ fn block_scaled_matmul_matches_the_reference() {
         case(&[1], 33, 7, 16, F8, E8, true),
         case(&[3], 37, 6, 16, F4, F32, true),
         case(&[2], 290, 65, 32, F8, E8, false),
+        // Constants too large to fold, K a multiple of the block: read in the load.
+        in_load(&[2], 320, 70, 32, F4, E8),
+        in_load(&[2, 3], 96, 200, 32, F4, E8),
+        in_load(&[1], 96, 700, 32, F8, E8),
+        in_load(&[4], 64, 300, 32, F6, E8),
+        in_load(&[4], 48, 400, 16, F4, F32),
     ];
     for (i, c) in cases.iter().enumerate() {
         run(c, 100 + 7 * i as u64);

@@ -405,6 +405,10 @@ fn check_dtype_code(name: &str, code: i64) -> Result<(), AttrError> {
     Ok(())
 }
 
+fn check_dequantize(a: &DequantizeAttrs) -> Result<(), AttrError> {
+    check_dtype_code("output_dtype", a.output_dtype)
+}
+
 fn check_quantize(a: &QuantizeAttrs) -> Result<(), AttrError> {
     check_dtype_code("output_dtype", a.output_dtype)?;
     check_dtype_code("precision", a.precision)
@@ -675,11 +679,14 @@ attr_structs! {
     }
 
     /// DequantizeLinear.
-    defaults DequantizeAttrs {
+    defaults DequantizeAttrs [check check_dequantize] {
         /// The quantisation axis (per-axis and blocked forms).
         axis: i64 = 1,
         /// Block size along `axis` (0: not blocked).
         block_size: i64 = 0,
+        /// ONNX dtype code of the result (opset 23; 0: the scale's dtype). An `f8E8M0FNU`
+        /// scale (MX) needs it: the result is a wider float.
+        output_dtype: i64 = 0,
     }
 
     /// BatchNormalization.
