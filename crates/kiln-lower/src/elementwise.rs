@@ -1021,9 +1021,6 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
         return Ok(Lowered { steps: Vec::new(), outputs: vec![Output::Alias(0)] });
     }
     if d == DType::F8E8M0FNU && mode != ka::E8M0RoundMode::Nearest {
-        if s.is_int() && s.bits() > 32 {
-            return Err(cx.unsupported(format!("a cast from {s} to {d} with round_mode {mode}")));
-        }
         return map(cx, &[0], |b, v| Ok(e8m0_directed(b, v[0], s, mode == ka::E8M0RoundMode::Up)));
     }
     map(cx, &[0], |b, v| Ok(convert_dtype(b, v[0], s, d, saturate)))
@@ -1031,17 +1028,32 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
 
 /// `v` (of dtype `from`) cast to `f8E8M0FNU` rounding up (`up`) or down to a power of two.
 /// The kernel cast rounds to the nearer power of two `p`, one of the two around the value
-/// `x`; for `up`, `p < x` means the other one, `2p`, and for `down`, `p > x` means `p/2`
-/// (the comparison is exact: in f64 for f64 and integer sources, else in f32, and `p` is
-/// exact in both). Past the ends the second cast does the clamping: `2p` overflows to +∞
-/// (→ the largest code) and `p/2` below the smallest value gives the smallest code, as
-/// `kiln_ir::lowp::encode_e8m0` does; NaN stays NaN.
+/// `x`; for `up`, `p < x` means the other one, `2p`, and for `down`, `p > x` means `p/2`.
+/// The comparison is exact: in the float source's compute type (`p` is exact in f32 and
+/// f64), and for an integer source in 64-bit integers, `p` truncated with saturation (a
+/// `p` at or past 2^63 or 2^64 saturates above every `x`, which is right for `up`; `down`
+/// also requires `p` below that bound; a fraction truncates to 0, which only a zero or
+/// negative `x` meets, whose code is 0 either way). Past the ends the second cast does the
+/// clamping: `2p` overflows to +∞ (→ the largest code) and `p/2` below the smallest value
+/// gives the smallest code, as `kiln_ir::lowp::encode_e8m0` does; NaN stays NaN.
 fn e8m0_directed(b: &mut KernelBuilder, v: ExprId, from: DType, up: bool) -> ExprId {
-    let x = if from.is_float() { v } else { b.convert(v, S::F64) };
-    let t = b.ty(x);
-    let p = b.cast(x, DType::F8E8M0FNU, true);
-    let pt = b.convert(p, t);
-    let keep = b.binary(if up { B::Ge } else { B::Le }, pt, x);
+    let p = b.cast(v, DType::F8E8M0FNU, true);
+    let keep = if from.is_float() {
+        let pt = b.convert(p, b.ty(v));
+        b.binary(if up { B::Ge } else { B::Le }, pt, v)
+    } else {
+        let wide = if from.is_unsigned_int() { S::U64 } else { S::I64 };
+        let x = b.convert(v, wide);
+        let pw = b.convert(p, wide);
+        if up {
+            b.binary(B::Ge, pw, x)
+        } else {
+            let le = b.binary(B::Le, pw, x);
+            let bound = b.float(S::F32, if wide == S::U64 { 18_446_744_073_709_551_616.0 } else { 9_223_372_036_854_775_808.0 });
+            let below = b.binary(B::Lt, p, bound);
+            b.binary(B::And, le, below)
+        }
+    };
     let f = b.float(S::F32, if up { 2.0 } else { 0.5 });
     let q = b.mul(p, f);
     let r = b.select(keep, p, q);
