@@ -147,23 +147,6 @@ fn casts_every_pair() {
     assert_eq!(count, 169);
 }
 
-/// The float types narrower than 8 bits are reported as unsupported.
-#[test]
-fn narrow_types_are_unsupported() {
-    let lowp: Vec<DType> =
-        DType::ALL.iter().copied().filter(|d| d.is_low_precision_float() && !F8_TYPES.contains(d)).collect();
-    assert!(!lowp.is_empty());
-    for d in lowp {
-        let t = tt(d, &[4]);
-        let mut b = KernelBuilder::new("lowp", vec![t.clone()], tt(DType::F32, &[4]));
-        let i = b.out_index();
-        let l = b.load(0, i);
-        let k = b.finish(l).unwrap();
-        let e = kiln_codegen::compile(&[&k], &kiln_codegen::CpuTarget::X86_64V2).unwrap_err();
-        assert!(matches!(e, kiln_codegen::CodegenError::Unsupported { .. }), "{d:?}: {e}");
-    }
-}
-
 fn reduce_input(t: ScalarType, cols: usize) -> Tensor {
     let mut v = specials(t.dtype());
     let rows = v.len().div_ceil(cols);
