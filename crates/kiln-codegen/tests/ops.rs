@@ -147,23 +147,6 @@ fn casts_every_pair() {
     assert_eq!(count, 169);
 }
 
-/// The float types narrower than 8 bits are reported as unsupported.
-#[test]
-fn narrow_types_are_unsupported() {
-    let lowp: Vec<DType> =
-        DType::ALL.iter().copied().filter(|d| d.is_low_precision_float() && !F8_TYPES.contains(d)).collect();
-    assert!(!lowp.is_empty());
-    for d in lowp {
-        let t = tt(d, &[4]);
-        let mut b = KernelBuilder::new("lowp", vec![t.clone()], tt(DType::F32, &[4]));
-        let i = b.out_index();
-        let l = b.load(0, i);
-        let k = b.finish(l).unwrap();
-        let e = kiln_codegen::compile(&[&k], &kiln_codegen::CpuTarget::X86_64V2).unwrap_err();
-        assert!(matches!(e, kiln_codegen::CodegenError::Unsupported { .. }), "{d:?}: {e}");
-    }
-}
-
 fn reduce_input(t: ScalarType, cols: usize) -> Tensor {
     let mut v = specials(t.dtype());
     let rows = v.len().div_ceil(cols);
@@ -553,6 +536,66 @@ fn f8_load_cast_store() {
         let l = b.load(0, i);
         let k = b.finish(l).unwrap();
         check(&k, &[&x], EXACT);
+    }
+}
+
+/// The OCP MX element types (`f6E3M2FN`, `f4E2M1FN` packed two to a byte) and the scale
+/// type `f8E8M0FNU`: every code loaded, f32 values around every representable value (and
+/// midpoints, the range's ends, subnormals, zeros, infinities, NaN) cast with and without
+/// `saturate` and stored as codes, odd element counts for the packed type, and a plain
+/// f32 store, against the interpreter (which uses `kiln_ir::lowp`).
+#[test]
+fn mx_types_load_cast_store() {
+    for (d, ncodes) in [(DType::F6E3M2FN, 64u32), (DType::F4E2M1FN, 16), (DType::F8E8M0FNU, 256)] {
+        // Every code, then again to an odd count.
+        let codes: Vec<u8> = (0..2 * ncodes + 1).map(|c| (c % ncodes) as u8).collect();
+        let x = Tensor::from_codes(d, Shape::new(vec![codes.len()]).unwrap(), &codes).unwrap();
+        let mut b = KernelBuilder::new("mx_load", vec![x.ty().clone()], tt(DType::F32, &[codes.len()]));
+        let i = b.out_index();
+        let l = b.load(0, i);
+        let k = b.finish(l).unwrap();
+        check(&k, &[&x], EXACT);
+
+        let mut v: Vec<u64> = Vec::new();
+        for c in 0..ncodes {
+            let f = kiln_ir::lowp::decode(d, c as u8);
+            if f.is_finite() {
+                for delta in [-2i64, -1, 0, 1, 2] {
+                    v.push((f.to_bits() as i64 + delta) as u32 as u64);
+                    v.push((-f).to_bits() as u64);
+                }
+                let next = kiln_ir::lowp::decode(d, (c + 1) as u8);
+                if next.is_finite() && c + 1 < ncodes {
+                    v.push(((f + next) / 2.0).to_bits() as u64);
+                    v.push((0.75 * f + 0.25 * next).to_bits() as u64);
+                }
+            }
+        }
+        for s in [0.0f32, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 30.0, 7.0, 3e38] {
+            v.push(s.to_bits() as u64);
+        }
+        for bits in [1u32, 0x0040_0000, 0x0050_0000, 0x005f_ffff, 0x0060_0000, 0x007f_ffff, 0x7f7f_ffff, 0x7f40_0000] {
+            v.push(bits as u64);
+        }
+        if v.len() % 2 == 0 {
+            v.push(1.0f32.to_bits() as u64);
+        }
+        let x = tensor_bits(DType::F32, &[v.len()], &v);
+        for sat in [true, false] {
+            let k = cast_kernel("mx_cast", &x, d, sat);
+            check(&k, &[&x], EXACT);
+        }
+        let mut b = KernelBuilder::new("mx_store", vec![x.ty().clone()], tt(d, &[v.len()]));
+        let i = b.out_index();
+        let l = b.load(0, i);
+        let k = b.finish(l).unwrap();
+        check(&k, &[&x], EXACT);
+        // From f64 (rounded to f32 to odd first) and from integers.
+        for from in [DType::F64, DType::I32, DType::I8] {
+            let src = values(from);
+            let k = cast_kernel("mx_cast_from", &src, d, true);
+            check(&k, &[&src], EXACT);
+        }
     }
 }
 

@@ -32,6 +32,7 @@ pub use kernel::{
 };
 pub mod layout;
 pub mod lower;
+pub mod mx;
 pub mod precision;
 pub mod program;
 pub mod resample;

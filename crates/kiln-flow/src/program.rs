@@ -366,6 +366,7 @@ pub fn form(
     }
     if contractions {
         crate::dequant::dequantize_in_load(&mut p);
+        crate::mx::block_scaled_in_load(&mut p);
         crate::layout::relayout_constants(&mut p);
     }
     if formation == Formation::Microkernels {

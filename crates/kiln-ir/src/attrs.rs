@@ -199,6 +199,11 @@ attr_enum! {
     GeluApproximate { None = "none", Tanh = "tanh" }
 }
 attr_enum! {
+    /// `round_mode` of Cast and CastLike (opset 24): how a value between two powers of two
+    /// becomes an `f8E8M0FNU` (see `kiln_ir::lowp::E8M0Rounding`); other targets ignore it.
+    E8M0RoundMode { Up = "up", Down = "down", Nearest = "nearest" }
+}
+attr_enum! {
     /// `direction` of BitShift.
     ShiftDirection { Left = "LEFT", Right = "RIGHT" }
 }
@@ -398,6 +403,10 @@ fn check_dtype_code(name: &str, code: i64) -> Result<(), AttrError> {
         DType::from_attr(name, &Attr::Int(code))?;
     }
     Ok(())
+}
+
+fn check_dequantize(a: &DequantizeAttrs) -> Result<(), AttrError> {
+    check_dtype_code("output_dtype", a.output_dtype)
 }
 
 fn check_quantize(a: &QuantizeAttrs) -> Result<(), AttrError> {
@@ -639,6 +648,8 @@ attr_structs! {
 
     /// Cast.
     required CastAttrs {
+        /// Rounding to `f8E8M0FNU` (ONNX's default: up).
+        round_mode: E8M0RoundMode = E8M0RoundMode::Up,
         /// Saturate out-of-range values when casting to 8-bit floats.
         saturate: bool = true,
         /// The result dtype.
@@ -647,6 +658,8 @@ attr_structs! {
 
     /// CastLike.
     defaults CastLikeAttrs {
+        /// Rounding to `f8E8M0FNU` (ONNX's default: up).
+        round_mode: E8M0RoundMode = E8M0RoundMode::Up,
         /// Saturate out-of-range values when casting to 8-bit floats.
         saturate: bool = true,
     }
@@ -666,11 +679,14 @@ attr_structs! {
     }
 
     /// DequantizeLinear.
-    defaults DequantizeAttrs {
+    defaults DequantizeAttrs [check check_dequantize] {
         /// The quantisation axis (per-axis and blocked forms).
         axis: i64 = 1,
         /// Block size along `axis` (0: not blocked).
         block_size: i64 = 0,
+        /// ONNX dtype code of the result (opset 23; 0: the scale's dtype). An `f8E8M0FNU`
+        /// scale (MX) needs it: the result is a wider float.
+        output_dtype: i64 = 0,
     }
 
     /// BatchNormalization.

@@ -32,7 +32,9 @@
 //! The OCP MX types and the 4-bit integers have no infinities, so `saturate` does not apply to
 //! them: they always clamp.
 //! - `f6E3M2FN` (bias 3, max 28) and `f4E2M1FN` (bias 1, max 6): ±Inf and overflow give ±max;
-//!   NaN (which the OCP spec leaves implementation-defined) gives **+max**; -0 and negative
+//!   NaN (which the OCP spec leaves implementation-defined) gives the zero of the *other*
+//!   sign — a NaN with its sign bit clear gives -0, one with it set +0 — as `ml_dtypes`
+//!   converts (and so ONNX's reference implementation and its test data); -0 and negative
 //!   values that round to zero keep their sign (-0).
 //! - `i4` / `u4`: round-to-nearest-even to an integer, clamped to `[-8, 7]` / `[0, 15]`;
 //!   ±Inf clamp; NaN gives 0.
@@ -200,13 +202,13 @@ fn encode_minifloat(f: &MiniFloat, x: f32, saturate: bool) -> u8 {
     let frac = bits & 0x7F_FFFF;
     let has_special = f.ieee || f.nan_all_ones || f.uz;
     // NaN code: sign-carrying all-ones for E4M3FN and E5M2, the lone 0x80 for FNUZ, and for the
-    // OCP types (no NaN) +max.
+    // OCP types (no NaN) the zero of the other sign (ml_dtypes' conversion).
     let nan_code = if f.uz {
         f.sign
     } else if has_special {
         sign | (f.sign - 1)
     } else {
-        f.max_mag
+        sign ^ f.sign
     };
     let overflow_code = if saturate || !has_special {
         sign | f.max_mag
@@ -273,6 +275,17 @@ pub enum E8M0Rounding {
     Up,
     /// The power of two at or below the value (ONNX `round_mode = "down"`).
     Down,
+}
+
+impl From<crate::attrs::E8M0RoundMode> for E8M0Rounding {
+    fn from(m: crate::attrs::E8M0RoundMode) -> Self {
+        use crate::attrs::E8M0RoundMode as M;
+        match m {
+            M::Up => E8M0Rounding::Up,
+            M::Down => E8M0Rounding::Down,
+            M::Nearest => E8M0Rounding::Nearest,
+        }
+    }
 }
 
 /// Encodes `x` as `f8E8M0FNU` (value `2^(code-127)`, codes 0..=0xFE; 0xFF is NaN).
@@ -442,7 +455,9 @@ mod tests {
         assert_eq!(encode(DType::F8E5M2, 61439.0, false), 0x7B);
         assert_eq!(encode(DType::F8E5M2FNUZ, 1e9, false), 0x80);
         assert_eq!(encode(DType::F6E3M2FN, 30.0, false), 0x1F);
-        assert_eq!(encode(DType::F6E3M2FN, f32::NAN, false), 0x1F);
+        // No NaN: the zero of the other sign (ml_dtypes).
+        assert_eq!(encode(DType::F6E3M2FN, f32::NAN, false), 0x20);
+        assert_eq!(encode(DType::F4E2M1FN, -f32::NAN, true), 0x0);
         assert_eq!(encode(DType::F6E3M2FN, -0.0, false), 0x20);
         assert_eq!(encode(DType::F4E2M1FN, 5.0, true), 0x6); // tie 4 vs 6 -> 4 (even)
         assert_eq!(encode(DType::F4E2M1FN, 2.5, true), 0x4); // tie 2 vs 3 -> 2

@@ -994,14 +994,15 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
     let s = dtype(cx, 0)?;
     let out = out_ty(cx)?;
     let d = out.dtype;
-    let saturate = if cx.op.kind == OpKind::Cast {
+    let (saturate, mode) = if cx.op.kind == OpKind::Cast {
         let ca = cx.attrs::<ka::CastAttrs>()?;
         if ca.to != d {
             return Err(cx.unsupported(format!("`to` = {} does not name the result dtype {d}", ca.to)));
         }
-        ca.saturate
+        (ca.saturate, ca.round_mode)
     } else {
-        cx.attrs::<ka::CastLikeAttrs>()?.saturate
+        let ca = cx.attrs::<ka::CastLikeAttrs>()?;
+        (ca.saturate, ca.round_mode)
     };
     if cx.input_ty(0)?.shape != out.shape {
         return Err(cx.unsupported("the result must have the input's shape"));
@@ -1009,7 +1010,44 @@ fn cast(cx: &OpCx<'_>) -> R<Lowered> {
     if s == d {
         return Ok(Lowered { steps: Vec::new(), outputs: vec![Output::Alias(0)] });
     }
+    if d == DType::F8E8M0FNU && mode != ka::E8M0RoundMode::Nearest {
+        return map(cx, &[0], |b, v| Ok(e8m0_directed(b, v[0], s, mode == ka::E8M0RoundMode::Up)));
+    }
     map(cx, &[0], |b, v| Ok(convert_dtype(b, v[0], s, d, saturate)))
+}
+
+/// `v` (of dtype `from`) cast to `f8E8M0FNU` rounding up (`up`) or down to a power of two.
+/// The kernel cast rounds to the nearer power of two `p`, one of the two around the value
+/// `x`; for `up`, `p < x` means the other one, `2p`, and for `down`, `p > x` means `p/2`.
+/// The comparison is exact: in the float source's compute type (`p` is exact in f32 and
+/// f64), and for an integer source in 64-bit integers, `p` truncated with saturation (a
+/// `p` at or past 2^63 or 2^64 saturates above every `x`, which is right for `up`; `down`
+/// also requires `p` below that bound; a fraction truncates to 0, which only a zero or
+/// negative `x` meets, whose code is 0 either way). Past the ends the second cast does the
+/// clamping: `2p` overflows to +∞ (→ the largest code) and `p/2` below the smallest value
+/// gives the smallest code, as `kiln_ir::lowp::encode_e8m0` does; NaN stays NaN.
+fn e8m0_directed(b: &mut KernelBuilder, v: ExprId, from: DType, up: bool) -> ExprId {
+    let p = b.cast(v, DType::F8E8M0FNU, true);
+    let keep = if from.is_float() {
+        let pt = b.convert(p, b.ty(v));
+        b.binary(if up { B::Ge } else { B::Le }, pt, v)
+    } else {
+        let wide = if from.is_unsigned_int() { S::U64 } else { S::I64 };
+        let x = b.convert(v, wide);
+        let pw = b.convert(p, wide);
+        if up {
+            b.binary(B::Ge, pw, x)
+        } else {
+            let le = b.binary(B::Le, pw, x);
+            let bound = b.float(S::F32, if wide == S::U64 { 18_446_744_073_709_551_616.0 } else { 9_223_372_036_854_775_808.0 });
+            let below = b.binary(B::Lt, p, bound);
+            b.binary(B::And, le, below)
+        }
+    };
+    let f = b.float(S::F32, if up { 2.0 } else { 0.5 });
+    let q = b.mul(p, f);
+    let r = b.select(keep, p, q);
+    b.cast(r, DType::F8E8M0FNU, true)
 }
 
 // ---------------------------------------------------------------------------

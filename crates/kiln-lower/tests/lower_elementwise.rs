@@ -772,6 +772,38 @@ fn cast_from_floats_truncates_and_saturates() {
     assert_eq!(r.to_i64_vec().unwrap(), vec![2, -2, 7]);
 }
 
+/// Cast to f8E8M0FNU with each `round_mode` (ONNX opset 24; `up` is the default), from
+/// f32, f16, f64 and i32: powers of two, values just above and below them, midpoints,
+/// the ends of the range, subnormals, zeros, negatives, infinities and NaN.
+#[test]
+fn cast_to_e8m0_rounds_by_mode() {
+    let p = |e: i32| 2f64.powi(e);
+    let vals = [
+        1.0, 1.0000001, 1.4999999, 1.5, 1.75, 0.75, 3.0, 6.0, 1e-3, 1e3, p(127), 1.25 * p(127), 1.6 * p(127), 3e38,
+        p(-126), p(-127), 1.25 * p(-127), 1.5 * p(-127), 1.75 * p(-127), p(-140), 0.0, -0.0, -1.0, -1e-3,
+        f64::INFINITY, f64::NEG_INFINITY, f64::NAN,
+    ];
+    for mode in ["up", "down", "nearest"] {
+        let cast = op(
+            OpKind::Cast,
+            &[("to", int(DType::F8E8M0FNU.onnx_code().unwrap() as i64)), ("round_mode", Attr::String(mode.into()))],
+        );
+        for from in [DType::F32, DType::F16, DType::F64, DType::BF16] {
+            check(&cast, &[Some(v1(from, &vals))], Bind::Runtime, EXACT);
+        }
+        check(&cast, &[Some(ti(DType::I32, &[6], &[0, 1, 3, 5, -7, i32::MAX as i64]))], Bind::Runtime, EXACT);
+        // Hand-checked: 1.5 → 1 (down), 2 (up, nearest: ties go up); 1.25 → 1, 2, 1;
+        // 0.75 → 0.5, 1, 1; 6 → 4, 8, 8.
+        let r = run(&cast, &[Some(v1(DType::F32, &[1.5, 1.25, 0.75, 6.0]))]);
+        let want = match mode {
+            "down" => [1.0, 1.0, 0.5, 4.0],
+            "up" => [2.0, 2.0, 1.0, 8.0],
+            _ => [2.0, 1.0, 1.0, 8.0],
+        };
+        assert_eq!(r.to_f64_vec(), want, "round_mode {mode}");
+    }
+}
+
 #[test]
 fn cast_from_integers_wraps() {
     let i64s = [

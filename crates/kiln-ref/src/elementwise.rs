@@ -25,7 +25,7 @@
 use crate::util::{broadcast_dims, broadcast_map, Cx};
 use crate::EvalError;
 use half::{bf16, f16};
-use kiln_ir::lowp::{f64_to_f32_odd, int_to_f64_odd, round_binary, BF16_MAX};
+use kiln_ir::lowp::{f64_to_f32_odd, int_to_f64_odd, round_binary, E8M0Rounding, BF16_MAX};
 use kiln_ir::attrs::{
     AlphaOneAttrs, BitShiftAttrs, CastAttrs, CastLikeAttrs, GeluApproximate, GeluAttrs, HardSigmoidAttrs,
     IsInfAttrs, LeakyReluAttrs, ModAttrs, SeluAttrs, ShiftDirection, ShrinkAttrs,
@@ -108,6 +108,19 @@ pub(crate) fn write_f64_sat(
     v: &[f64],
     saturate: bool,
 ) -> Result<Tensor, EvalError> {
+    write_f64_cast(cx, ty, v, saturate, E8M0Rounding::Nearest)
+}
+
+/// [`write_f64_sat`] with `e8m0` choosing the power of two of an `f8E8M0FNU` result
+/// (Cast's `round_mode`; f64 values round to f32 *to odd* first, which keeps "exactly a
+/// power of two" and "above it" apart).
+pub(crate) fn write_f64_cast(
+    cx: &Cx,
+    ty: &TensorType,
+    v: &[f64],
+    saturate: bool,
+    e8m0: E8M0Rounding,
+) -> Result<Tensor, EvalError> {
     match ty.dtype {
         DType::F32 | DType::F64 | DType::Bool => cx.from_f64(ty, v),
         // The half crate may round through f32 or drop low bits; rounding here to a
@@ -123,6 +136,10 @@ pub(crate) fn write_f64_sat(
         d if d.is_int() => {
             let iv: Vec<i64> = v.iter().map(|&x| f64_to_int(d, x)).collect();
             cx.from_i64(ty, &iv)
+        }
+        DType::F8E8M0FNU => {
+            let codes: Vec<u8> = v.iter().map(|&x| lowp::encode_e8m0(f64_to_f32_odd(x), true, e8m0)).collect();
+            Tensor::from_codes(DType::F8E8M0FNU, ty.shape.clone(), &codes).map_err(|e| cx.invalid(e.to_string()))
         }
         d => {
             let sat = saturate || !is_f8(d);
@@ -347,15 +364,17 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let ty = cx.out_type(0)?;
     let d = ty.dtype;
-    let saturate = if cx.kind() == OpKind::Cast {
+    let (saturate, mode) = if cx.kind() == OpKind::Cast {
         let a = cx.attrs::<CastAttrs>()?;
         if a.to != d {
             return Err(cx.invalid(format!("`to` is {}, result dtype is {d}", a.to)));
         }
-        a.saturate
+        (a.saturate, a.round_mode)
     } else {
-        cx.attrs::<CastLikeAttrs>()?.saturate
+        let a = cx.attrs::<CastLikeAttrs>()?;
+        (a.saturate, a.round_mode)
     };
+    let mode = E8M0Rounding::from(mode);
     if let (OpKind::CastLike, Some(t)) = (cx.kind(), cx.opt_input(1)) {
         if t.dtype() != d {
             return Err(cx.invalid(format!("target_type is {}, result dtype is {d}", t.dtype())));
@@ -373,7 +392,7 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
         return Ok(x.clone());
     }
     if s.is_float() {
-        return write_f64_sat(cx, ty, &x.to_f64_vec(), saturate);
+        return write_f64_cast(cx, ty, &x.to_f64_vec(), saturate, mode);
     }
     let v = read_i64(cx, x)?;
     if is_intlike(d) {
@@ -385,7 +404,7 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
     } else {
         v.iter().map(|&i| int_to_f64_odd(widen(i, uns))).collect()
     };
-    write_f64_sat(cx, ty, &f, saturate)
+    write_f64_cast(cx, ty, &f, saturate, mode)
 }
 
 // ---------------------------------------------------------------------------

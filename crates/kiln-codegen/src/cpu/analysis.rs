@@ -92,14 +92,15 @@ pub(crate) fn strides(dims: &[usize]) -> Vec<i64> {
 pub(crate) fn elem_bytes(d: DType) -> Option<i64> {
     Some(match d {
         DType::Bool | DType::I8 | DType::U8 => 1,
-        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => 1,
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0FNU => 1,
+        // One code a byte, in its low six bits.
+        DType::F6E3M2FN => 1,
         // Two to a byte: addresses are computed in elements (binding + element index)
         // and the emitter turns them into a byte and a nibble (see `emit::packed_addr`).
-        DType::I4 | DType::U4 => 1,
+        DType::I4 | DType::U4 | DType::F4E2M1FN => 1,
         DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
         DType::I32 | DType::U32 | DType::F32 => 4,
         DType::I64 | DType::U64 | DType::F64 => 8,
-        _ => return None,
     })
 }
 

@@ -605,6 +605,13 @@ impl Em<'_, '_> {
                 let y = self.to_f32_once(from, x);
                 Ok(self.f8_round(*to, y, *saturate))
             }
+            Expr::Cast { value, to: DType::F8E8M0FNU, saturate } => {
+                let from = self.ty(*value);
+                let x = self.get(*value)?;
+                let y = self.to_f32_once(from, x);
+                let code = self.e8m0_encode(y, *saturate);
+                Ok(self.e8m0_decode(code))
+            }
             Expr::Cast { value, to, .. } => {
                 let from = self.ty(*value);
                 let x = self.get(*value)?;
@@ -697,6 +704,13 @@ impl Em<'_, '_> {
     /// Loads one element of dtype `d` at `addr + off`; `binding` is the start of its
     /// buffer (for the packed 4-bit types).
     fn load_elem(&mut self, d: DType, addr: Value, off: i32, binding: Value) -> R<Value> {
+        if d == DType::F4E2M1FN {
+            let (byte, shift) = self.packed_addr(addr, off, binding);
+            let b = self.b.ins().uload8(types::I32, mem(), byte, 0);
+            let shift = self.b.ins().ireduce(types::I32, shift);
+            let n = self.b.ins().ushr(b, shift);
+            return Ok(self.f8_decode(d, n));
+        }
         if matches!(d, DType::I4 | DType::U4) {
             let (byte, shift) = self.packed_addr(addr, off, binding);
             let b = self.b.ins().uload8(types::I64, mem(), byte, 0);
@@ -731,6 +745,10 @@ impl Em<'_, '_> {
                 let code = self.b.ins().uload8(types::I32, mem(), addr, off);
                 return Ok(self.f8_decode(d, code));
             }
+            DType::F8E8M0FNU => {
+                let code = self.b.ins().uload8(types::I32, mem(), addr, off);
+                return Ok(self.e8m0_decode(code));
+            }
             _ => return Err(format!("loads of {}", d.name())),
         };
         Ok(self.b.ins().load(t, mem(), addr, off))
@@ -755,13 +773,18 @@ impl Em<'_, '_> {
                 let h = self.b.ins().ushr_imm_u(r, 16);
                 self.b.ins().istore16(mem(), h, base, off);
             }
-            DType::I4 | DType::U4 => {
+            d @ (DType::I4 | DType::U4 | DType::F4E2M1FN) => {
                 // Elements are stored in ascending order (workgroups run one after
                 // another, each over ascending indices): an even element writes its
                 // byte with a zero high nibble (the padding of an odd count stays 0),
                 // the odd element after it keeps the low nibble and sets the high one.
                 let out = self.bind[k.inputs.len()];
-                let v = self.clamp_int4(k.output.dtype, S::of_storage(k.output.dtype), v);
+                let v = if d == DType::F4E2M1FN {
+                    let r = self.f8_round(d, v, false);
+                    self.f8_encode(d, r)
+                } else {
+                    self.clamp_int4(d, S::of_storage(d), v)
+                };
                 let (byte, shift) = self.packed_addr(base, off, out);
                 let old = self.b.ins().uload8(types::I64, mem(), byte, 0);
                 let low = self.b.ins().band_imm_u(old, 0xf);
@@ -777,6 +800,10 @@ impl Em<'_, '_> {
                 // Rounded first (a no-op for a value a cast produced), without saturating.
                 let r = self.f8_round(d, v, false);
                 let code = self.f8_encode(d, r);
+                self.b.ins().istore8(mem(), code, base, off);
+            }
+            DType::F8E8M0FNU => {
+                let code = self.e8m0_encode(v, false);
                 self.b.ins().istore8(mem(), code, base, off);
             }
             _ => {
@@ -1286,6 +1313,10 @@ impl Em<'_, '_> {
         let e = self.b.ins().iadd_imm_s(e, -127);
         let emin = self.iconst(types::I32, 1 - f.bias);
         let e = self.b.ins().smax(e, emin);
+        // At most 126 (|x| that large, and ±inf, overflow every format anyway), so that the
+        // scale stays a normal f32 for one mantissa bit too (f4E2M1FN).
+        let emax = self.iconst(types::I32, 126);
+        let e = self.b.ins().smin(e, emax);
         // scale = 2^(m - e), unscale = 2^(e - m), built from exponent bits; both normal.
         let top = self.iconst(types::I32, f.man + 127);
         let sc = self.b.ins().isub(top, e);
@@ -1307,7 +1338,7 @@ impl Em<'_, '_> {
         let max = self.b.ins().f32const(f.max);
         let over = self.b.ins().fcmp(FloatCC::GreaterThan, r, max);
         let nan = self.b.ins().f32const(Ieee32::with_bits(0x7fc0_0000));
-        let out = if saturate {
+        let out = if saturate || f.ocp {
             max
         } else if f.ieee {
             self.b.ins().f32const(Ieee32::with_bits(0x7f80_0000))
@@ -1326,9 +1357,17 @@ impl Em<'_, '_> {
         } else {
             self.b.ins().fcopysign(r, x)
         };
-        // A NaN keeps its sign: the sign-carrying NaN codes take it.
+        // A NaN keeps its sign: the sign-carrying NaN codes take it. The OCP types have no
+        // NaN: it gives the zero of the other sign (`kiln_ir::lowp`).
         let isnan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
-        self.b.ins().select(isnan, x, r)
+        let nan_value = if f.ocp {
+            let zero = self.b.ins().f32const(0.0);
+            let z = self.b.ins().fcopysign(zero, x);
+            self.b.ins().fneg(z)
+        } else {
+            x
+        };
+        self.b.ins().select(isnan, nan_value, r)
     }
 
     /// The code (in an i32) of f32 `v`, a value of 8-bit float `d` or a NaN or infinity.
@@ -1351,9 +1390,13 @@ impl Em<'_, '_> {
         let min_normal = self.pow2_f32(1 - f.bias);
         let is_sub = self.b.ins().fcmp(FloatCC::LessThan, a, min_normal);
         let mag = self.b.ins().select(is_sub, sub, normal);
-        let sign = self.b.ins().ushr_imm_u(bits, 24);
-        let sign = self.b.ins().band_imm_u(sign, 0x80);
+        let sign = self.b.ins().ushr_imm_u(bits, 31 - f.sign.trailing_zeros() as i64);
+        let sign = self.b.ins().band_imm_u(sign, f.sign);
         let code = self.b.ins().bor(mag, sign);
+        if f.ocp {
+            // A value of the type (rounded first): no NaN or infinity to encode.
+            return code;
+        }
         let code = if f.uz {
             let zero = self.iconst(types::I32, 0);
             let z = self.b.ins().icmp_imm_s(IntCC::Equal, mag, 0);
@@ -1378,10 +1421,55 @@ impl Em<'_, '_> {
         self.b.ins().select(is_nan, nan_code, code)
     }
 
+    /// The `f8E8M0FNU` code (in an i32) nearest f32 `x`, as `kiln_ir::lowp::encode_e8m0`
+    /// with `E8M0Rounding::Nearest` gives it: on the bits, a normal `x = 2^e·(1 + r)` is
+    /// `e + 127` plus one when `r ≥ ½` (adding bit 22 carries into the exponent field);
+    /// a subnormal is code 1 from `1.5·2^-127` up, else 0 (there is no zero). Above
+    /// `2^127`: 0xFE with `saturate`, else 0xFF; negative values: 0 with `saturate`, else
+    /// 0xFF; ±0 → 0; NaN → 0xFF.
+    fn e8m0_encode(&mut self, x: Value, saturate: bool) -> Value {
+        let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), x);
+        let abs = self.b.ins().band_imm_u(bits, 0x7fff_ffff);
+        let up = self.b.ins().iadd_imm_s(abs, 0x40_0000);
+        let normal = self.b.ins().ushr_imm_u(up, 23);
+        let sub_code = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, abs, 0x60_0000);
+        let sub_code = self.b.ins().uextend(types::I32, sub_code);
+        let is_sub = self.b.ins().icmp_imm_u(IntCC::UnsignedLessThan, abs, 0x80_0000);
+        let code = self.b.ins().select(is_sub, sub_code, normal);
+        let over = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThan, code, 0xfe);
+        let top = self.iconst(types::I32, if saturate { 0xfe } else { 0xff });
+        let code = self.b.ins().select(over, top, code);
+        let neg = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, bits, 0);
+        let nonzero = self.b.ins().icmp_imm_u(IntCC::NotEqual, abs, 0);
+        let neg = self.b.ins().band(neg, nonzero);
+        let low = self.iconst(types::I32, if saturate { 0 } else { 0xff });
+        let code = self.b.ins().select(neg, low, code);
+        let nan = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThan, abs, 0x7f80_0000);
+        let ff = self.iconst(types::I32, 0xff);
+        self.b.ins().select(nan, ff, code)
+    }
+
+    /// The f32 value `2^(code − 127)` of an `f8E8M0FNU` code (in an i32): the code is the
+    /// f32 exponent field, except code 0 (`2^-127`, the subnormal 0x0040_0000) and
+    /// 0xFF (NaN).
+    fn e8m0_decode(&mut self, code: Value) -> Value {
+        let code = self.b.ins().band_imm_u(code, 0xff);
+        let bits = self.b.ins().ishl_imm_u(code, 23);
+        let zero = self.b.ins().icmp_imm_u(IntCC::Equal, code, 0);
+        let smallest = self.iconst(types::I32, 0x40_0000);
+        let bits = self.b.ins().select(zero, smallest, bits);
+        let nan = self.b.ins().icmp_imm_u(IntCC::Equal, code, 0xff);
+        let qnan = self.iconst(types::I32, 0x7fc0_0000);
+        let bits = self.b.ins().select(nan, qnan, bits);
+        self.b.ins().bitcast(types::F32, MemFlagsData::new(), bits)
+    }
+
     /// The f32 value of the code (in an i32) of 8-bit float `d`.
     fn f8_decode(&mut self, d: DType, code: Value) -> Value {
         let Some(f) = F8::of(d) else { return self.b.ins().f32const(0.0) };
-        let ebits = 7 - f.man;
+        let ebits = f.ebits();
+        // Only the code's own bits count (a 6-bit code in a byte).
+        let code = self.b.ins().band_imm_u(code, 2 * f.sign - 1);
         let e = self.b.ins().ushr_imm_u(code, f.man);
         let e = self.b.ins().band_imm_u(e, (1 << ebits) - 1);
         let m = self.b.ins().band_imm_u(code, (1 << f.man) - 1);
@@ -1397,11 +1485,13 @@ impl Em<'_, '_> {
         let sub = self.b.ins().fmul(mf, step);
         let is_sub = self.b.ins().icmp_imm_s(IntCC::Equal, e, 0);
         let mag = self.b.ins().select(is_sub, sub, normal);
-        let neg = self.b.ins().band_imm_u(code, 0x80);
+        let neg = self.b.ins().band_imm_u(code, f.sign);
         let negv = self.b.ins().fneg(mag);
         let v = self.b.ins().select(neg, negv, mag);
         let nan = self.b.ins().f32const(Ieee32::with_bits(0x7fc0_0000));
-        if f.uz {
+        if f.ocp {
+            v
+        } else if f.uz {
             let is_nan = self.b.ins().icmp_imm_s(IntCC::Equal, code, 0x80);
             self.b.ins().select(is_nan, nan, v)
         } else if f.ieee {
@@ -1773,26 +1863,41 @@ impl Em<'_, '_> {
     }
 }
 
-/// The 8-bit float formats: mantissa bits, exponent bias, largest finite value, and
-/// which special-value scheme they use (see `kiln_ir::lowp`).
+/// The sign–exponent–mantissa minifloats (the 8-bit floats and the OCP MX element types
+/// `f6E3M2FN`, `f4E2M1FN`): mantissa bits, exponent bias, largest finite value, the sign
+/// bit, and which special-value scheme they use (see `kiln_ir::lowp`).
 struct F8 {
     man: i64,
     bias: i64,
     max: f32,
+    /// The sign bit of a code (0x80, 0x20 or 0x08): the code is `log2(sign) + 1` bits wide.
+    sign: i64,
     /// All-ones exponent is ±inf (mantissa 0) or NaN (E5M2).
     ieee: bool,
     /// No negative zero; code 0x80 is the only NaN (the FNUZ formats).
     uz: bool,
+    /// No infinity and no NaN (the OCP types): overflow and ±inf always clamp to ±max,
+    /// NaN gives the zero of the other sign.
+    ocp: bool,
 }
 
 impl F8 {
     fn of(d: DType) -> Option<F8> {
+        let f8 = |man, bias, max, ieee, uz| F8 { man, bias, max, sign: 0x80, ieee, uz, ocp: false };
+        let ocp = |man, bias, max, sign| F8 { man, bias, max, sign, ieee: false, uz: false, ocp: true };
         Some(match d {
-            DType::F8E4M3FN => F8 { man: 3, bias: 7, max: 448.0, ieee: false, uz: false },
-            DType::F8E4M3FNUZ => F8 { man: 3, bias: 8, max: 240.0, ieee: false, uz: true },
-            DType::F8E5M2 => F8 { man: 2, bias: 15, max: 57344.0, ieee: true, uz: false },
-            DType::F8E5M2FNUZ => F8 { man: 2, bias: 16, max: 57344.0, ieee: false, uz: true },
+            DType::F8E4M3FN => f8(3, 7, 448.0, false, false),
+            DType::F8E4M3FNUZ => f8(3, 8, 240.0, false, true),
+            DType::F8E5M2 => f8(2, 15, 57344.0, true, false),
+            DType::F8E5M2FNUZ => f8(2, 16, 57344.0, false, true),
+            DType::F6E3M2FN => ocp(2, 3, 28.0, 0x20),
+            DType::F4E2M1FN => ocp(1, 1, 6.0, 0x08),
             _ => return None,
         })
+    }
+
+    /// Exponent bits.
+    fn ebits(&self) -> i64 {
+        self.sign.trailing_zeros() as i64 - self.man
     }
 }

@@ -293,8 +293,8 @@ fn internal(kernel: &str, what: impl std::fmt::Display) -> CodegenError {
     CodegenError::Internal { kernel: kernel.to_string(), what: what.to_string() }
 }
 
-/// Rejects what the CPU backend does not handle yet (the 6- and 4-bit float types and
-/// f8E8M0, in storage or as cast targets) and names that are not symbols.
+/// Rejects what the CPU backend does not handle (a dtype without a storage size, in
+/// storage or as a cast target; `not` of a float) and names that are not symbols.
 fn check_supported(k: &Kernel) -> Result<(), CodegenError> {
     let unsupported = |what: String| CodegenError::Unsupported { kernel: k.name.clone(), what };
     if k.name.is_empty() || !k.name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {

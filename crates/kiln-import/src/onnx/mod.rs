@@ -70,7 +70,7 @@ use std::path::Path;
 use tensor::{tensor_from_proto, ExternalFiles};
 
 /// The newest default-domain opset kiln understands.
-pub const MAX_OPSET: i64 = 22;
+pub const MAX_OPSET: i64 = 24;
 
 /// Ops handled by the importer itself rather than mapped to an [`OpKind`].
 const IMPORT_ONLY_OPS: &[&str] = &["Constant", "If", "Loop", "Identity", "Upsample", "Scatter"];

@@ -105,7 +105,16 @@ pub(super) fn dequantize_linear(cx: &Ctx) -> R<Vec<TensorType>> {
         cx.same_dtype(z, 2, "x_zero_point", x)?;
         check_zero_point(cx, z, s, 2, "x_zero_point")?;
     }
-    Ok(vec![TensorType::new(s.dtype, x.shape.clone())])
+    // `output_dtype` (opset 23), else the scale's dtype; a non-zero code was checked when
+    // the op was built.
+    let out = match DType::from_onnx_code(cx.attrs::<DequantizeAttrs>()?.output_dtype) {
+        Some(d) if matches!(d, DType::F32 | DType::F16 | DType::BF16) => d,
+        Some(d) => {
+            return Err(cx.invalid(format_args!("`output_dtype` must be float, float16 or bfloat16, got {d}")));
+        }
+        None => s.dtype,
+    };
+    Ok(vec![TensorType::new(out, x.shape.clone())])
 }
 
 /// DynamicQuantizeLinear(x) → (y: u8, y_scale: f32 scalar, y_zero_point: u8 scalar).
