@@ -517,7 +517,10 @@ kiln_status kiln_instance_threads(kiln_instance *inst, size_t *threads);
 /**
  * Copies `len` bytes (exactly the input's byte size, dense row-major in its dtype)
  * into the instance's buffer for input `index`; the caller's buffer may be reused on
- * return. Replaces a binding.
+ * return. Replaces a binding. An input with a bounded dimension (compiled with
+ * `--input-shape NAME=..MIN..MAX..`) takes any whole number of positions along that
+ * axis within its range: `len` is then the bytes of the tensor at that extent, and
+ * the outputs that carry the dimension come back at it (`kiln_instance_output_shape`).
  *
  * # Safety
  *
@@ -530,7 +533,8 @@ kiln_status kiln_instance_set_input(kiln_instance *inst,
 
 /**
  * Binds input `index` to the caller's buffer without copying: every later invoke reads
- * `data` in place. `len` must be the input's byte size. Any alignment works; 64-byte
+ * `data` in place. `len` must be the input's byte size (a bounded input's at any
+ * extent in its range, as for `kiln_instance_set_input`). Any alignment works; 64-byte
  * alignment is fastest. Replaces an earlier value or binding.
  *
  * # Safety
