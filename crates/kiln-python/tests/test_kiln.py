@@ -345,14 +345,19 @@ def test_bad_options(data_dir, manifest):
         kiln.compile(path, input_shapes={"nope": (1, 2)})
 
 
-def test_free_dimensions_are_bound_by_input_shapes():
+def relu_with_free_batch():
+    """A Relu over `x` of dims [batch, 3], `batch` free (bound at compile time)."""
     g = oh.make_graph(
         [oh.make_node("Relu", ["x"], ["y"], name="relu")],
         "g",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3])],
         [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3])],
     )
-    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_free_dimensions_are_bound_by_input_shapes():
+    model = relu_with_free_batch()
     with pytest.raises(kiln.InvalidInputError, match="x"):
         kiln.compile(model)
     m = kiln.load(kiln.compile(model, input_shapes={"x": [2, 3]}))
@@ -541,13 +546,7 @@ def test_bounded_inputs_take_any_extent_and_outputs_come_back_at_it(data_dir, na
 
 
 def test_bounded_ranges_in_input_shapes_are_checked():
-    g = oh.make_graph(
-        [oh.make_node("Relu", ["x"], ["y"], name="relu")],
-        "g",
-        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3])],
-        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3])],
-    )
-    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+    model = relu_with_free_batch()
     with pytest.raises(kiln.InvalidInputError, match="range"):
         kiln.compile(model, input_shapes={"x": [(4, 2), 3]})
     with pytest.raises(kiln.InvalidInputError, match="input_shapes"):
