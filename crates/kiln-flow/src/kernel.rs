@@ -597,6 +597,19 @@ impl Expr {
             Expr::Select(c, a, b) => Expr::Select(f(*c), f(*a), f(*b)),
         }
     }
+
+    /// [`Expr::map_operands`] with a mapping that may fail: `None` as soon as `f` has no
+    /// node for an operand.
+    pub fn try_map_operands(&self, mut f: impl FnMut(ExprId) -> Option<ExprId>) -> Option<Expr> {
+        let mut ok = true;
+        let e = self.map_operands(|o| {
+            f(o).unwrap_or_else(|| {
+                ok = false;
+                o
+            })
+        });
+        ok.then_some(e)
+    }
 }
 
 impl Kernel {

@@ -259,14 +259,7 @@ fn blocks_kernel(k: &Kernel, c: &Contraction, kv: u32, bload: ExprId, wd: DType,
             }
             Expr::Reduce { op, body, .. } => b.raw(node.ty, Expr::Reduce { op: *op, vars: vec![j], body: m(body)? }),
             other => {
-                let mut ok = true;
-                let e = other.map_operands(|o| m(&o).unwrap_or_else(|| {
-                    ok = false;
-                    o
-                }));
-                if !ok {
-                    return None;
-                }
+                let e = other.try_map_operands(|o| m(&o))?;
                 b.raw(node.ty, e)
             }
         };
@@ -309,14 +302,7 @@ fn sum_kernel(k: &Kernel, c: &Contraction, col: ExprId, nb: usize, nn: usize) ->
                 Expr::Var(v) if (v.0 as usize) < r => b.var(*v),
                 Expr::Var(_) => return None,
                 other => {
-                    let mut ok = true;
-                    let e = other.map_operands(|o| map[o.index()].unwrap_or_else(|| {
-                        ok = false;
-                        o
-                    }));
-                    if !ok {
-                        return None;
-                    }
+                    let e = other.try_map_operands(|o| map[o.index()])?;
                     b.raw(node.ty, e)
                 }
             }
