@@ -259,7 +259,7 @@ fn propagate(g: &Graph, node: &Node, of: &[Axes]) -> Result<Vec<Axes>, String> {
             only(&[0])?;
             let a = node.op.attrs_of::<ReduceAttrs>().map_err(|e| e.to_string())?;
             let r = dims_of(0).len();
-            let axes = reduced_axes(g, node, &a, r);
+            let axes = reduced_axes(g, node, a, r);
             let mut res = Vec::new();
             for (x, d) in axes_of(0) {
                 if axes.contains(&x) {
@@ -373,7 +373,7 @@ pub fn mask(g: &Graph) -> Graph {
             }
             k if is_reduction(k) => {
                 if let (Ok(a), Some(ty)) = (n.op.attrs_of::<ReduceAttrs>(), ty_of(0)) {
-                    let axes = reduced_axes(g, n, &a, ty.shape.rank());
+                    let axes = reduced_axes(g, n, a, ty.shape.rank());
                     let mut exts = Vec::new();
                     for (x_axis, d) in axes_of(0) {
                         if !axes.contains(&x_axis) {

@@ -297,7 +297,7 @@ fn propagate(g: &Graph, node: &Node, operands: &[(usize, DynAxis)]) -> Result<Ve
         }
         _ if is_reduction(k) && i0 == 0 => {
             let a = node.op.attrs_of::<ReduceAttrs>().map_err(|e| e.to_string())?;
-            let axes = reduced_axes(g, node, &a, in_rank(0));
+            let axes = reduced_axes(g, node, a, in_rank(0));
             if axes.contains(&d0.axis) {
                 // Masked by the extent (`mask_reductions`): the padding holds the
                 // reduction's identity, so the result has a static extent.
@@ -509,7 +509,7 @@ pub fn mask_reductions(g: &Graph) -> Graph {
             (reduce, d, n.inputs.first().copied().flatten(), n.op.attrs_of::<ReduceAttrs>())
         {
             let xt = g.ty(x).clone();
-            let axes = reduced_axes(g, n, &a, xt.shape.rank());
+            let axes = reduced_axes(g, n, a, xt.shape.rank());
             let (Some(id), Some(ext)) = (identity(n.op.kind, xt.dtype), m(&map, d.extent)) else {
                 // No mask for this reduction: left for analyse to refuse.
                 out.copy_node(g, n, op, inputs, &mut map);
