@@ -25,8 +25,7 @@ fn entry(name: &str) -> Value {
 }
 
 fn names(file: &str) -> Vec<String> {
-    let mut names: Vec<String> =
-        listed_models(file).iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
+    let mut names = common::entry_names(&listed_models(file));
     names.sort();
     names
 }

@@ -372,10 +372,9 @@ fn a_loop_growing_a_sequence_on_run_time_trips_is_refused_naming_the_node() {
 #[test]
 fn the_cli_compiles_a_sequence_input_given_its_shapes() {
     let model = data_dir().join("scan-seq/seq_ops.onnx");
-    let model = model.to_str().expect("utf-8 path");
     let dir = common::scratch("scan_seq", "cli");
     let art = dir.join("seq_ops.kiln");
-    let art = art.to_str().expect("utf-8 path");
+    let (model, art) = (common::s(&model), common::s(&art));
     common::fails_with(&["compile", model, "-o", art], &["input `s`", "--input-sequence"]);
     common::ok(&["compile", model, "--input-sequence", "s=2x3;1x3;3x3", "-o", art]);
     let text = common::ok(&["inspect", art]);

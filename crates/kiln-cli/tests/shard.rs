@@ -200,7 +200,7 @@ fn an_all_gathered_output_runs_on_the_cpu_runtime() {
 #[test]
 fn kiln_compile_devices_and_inspect_show_per_device_commands_and_collectives() {
     let model = data_dir().join("models/bert_tiny.onnx");
-    let m = model.to_str().expect("utf-8 path");
+    let m = common::s(&model);
     let dir = common::scratch("shard", "cli");
     let out = dir.join("bert_tiny_x2.kiln");
     let (ok, _, err) = common::kiln(&["compile", m, "--devices", "2", "-o", common::s(&out)]);

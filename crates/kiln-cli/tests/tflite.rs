@@ -255,8 +255,7 @@ fn compare_steps(what: &str, got: &Tensor, want: &Tensor, scale: f64, spread: &s
     );
 }
 
-common::model_tests! { check_model, manifest_lists_every_model,
-    manifest().iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
+common::model_tests! { check_model, manifest_lists_every_model, common::entry_names(&manifest());
     mlp_f32 => "mlp_f32",
     mlp_f16 => "mlp_f16",
     mlp_int8 => "mlp_int8",

@@ -91,8 +91,7 @@ fn check(name: &str) {
     }
 }
 
-common::model_tests! { check, listing_holds_every_model,
-    listing().iter().map(|e| e["name"].as_str().expect("name").to_string()).collect();
+common::model_tests! { check, listing_holds_every_model, common::entry_names(&listing());
     basic_pitch => "basic-pitch-nmp-tflite",
     birdnet_metadata_fp16 => "birdnet-v2.4-metadata-fp16",
     birdnet_fp32 => "birdnet-v2.4-fp32",

@@ -151,6 +151,26 @@ fn reads_vars(k: &Kernel, e: ExprId, vars: &[u32]) -> bool {
     false
 }
 
+/// The kernel's one reduction when it is a sum of type `ty` (`None` when there is none,
+/// another, or another kind): its node, the variables of more than one value it sums
+/// over (its first variable when none has), all its variables, and its body.
+fn sole_sum(k: &Kernel, ty: ScalarType) -> Option<(ExprId, Vec<u32>, Vec<u32>, ExprId)> {
+    let mut found = None;
+    for (i, node) in k.nodes.iter().enumerate() {
+        if let Expr::Reduce { op, vars, body } = &node.expr {
+            if found.is_some() || *op != ReduceOp::Sum || node.ty != ty {
+                return None;
+            }
+            let mut wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
+            if wide.is_empty() {
+                wide.push(vars.first()?.0);
+            }
+            found = Some((ExprId(i as u32), wide, vars.iter().map(|v| v.0).collect(), *body));
+        }
+    }
+    found
+}
+
 /// The offset of a load at `[v div W, l, v rem W]` of a `[P, L, W]` input (a [`Panel`]
 /// layout), `l` affine over the kernel's variables and within `0..L`.
 pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineIndex, Panel)> {
@@ -285,20 +305,7 @@ impl Contraction {
         if rank < 2 || !loads_as_f32(k.output.dtype) || k.output.shape.numel() == 0 {
             return None;
         }
-        let mut found = None;
-        for (i, node) in k.nodes.iter().enumerate() {
-            if let Expr::Reduce { op, vars, body } = &node.expr {
-                if found.is_some() || *op != ReduceOp::Sum || node.ty != ScalarType::F32 {
-                    return None;
-                }
-                let mut wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
-                if wide.is_empty() {
-                    wide.push(vars.first()?.0);
-                }
-                found = Some((ExprId(i as u32), wide, *body));
-            }
-        }
-        let (reduce, kv, body) = found?;
+        let (reduce, kv, _, body) = sole_sum(k, ScalarType::F32)?;
         let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
         let load = |e: ExprId| -> Option<Operand> {
             let (load, int) = match &k.node(e).expr {
@@ -337,20 +344,7 @@ impl Contraction {
         if k.out_rank() < 2 || k.output.shape.numel() == 0 {
             return None;
         }
-        let mut found = None;
-        for (i, node) in k.nodes.iter().enumerate() {
-            if let Expr::Reduce { op, vars, body } = &node.expr {
-                if found.is_some() || *op != ReduceOp::Sum || node.ty != ScalarType::I32 {
-                    return None;
-                }
-                let mut wide: Vec<u32> = vars.iter().map(|v| v.0).filter(|&v| k.vars[v as usize] > 1).collect();
-                if wide.is_empty() {
-                    wide.push(vars.first()?.0);
-                }
-                found = Some((ExprId(i as u32), wide, vars.iter().map(|v| v.0).collect::<Vec<u32>>(), *body));
-            }
-        }
-        let (reduce, kv, all_kv, body) = found?;
+        let (reduce, kv, all_kv, body) = sole_sum(k, ScalarType::I32)?;
         let Expr::Binary(BinaryOp::Mul, x, y) = k.node(body).expr else { return None };
         // `i32(load)` or `i32(load) − z`, `z` an i32 value that no reduction variable
         // moves (a literal, or a zero point's load).

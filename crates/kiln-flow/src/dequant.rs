@@ -585,8 +585,8 @@ fn scale_of(dims: &[usize], along: &[bool], s: &[f32]) -> Option<Option<Scale>> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::{interpret, Buffer, BufferId, Dispatch};
-    use crate::test_types::t;
+    use crate::program::{interpret, BufferId, Dispatch};
+    use crate::test_types::{buf, t};
 
     /// The producer `B[k, n] = (f32(q[k, n]) + offset) · s[0, n]` of a `[K, N]` weight,
     /// `q` an i8 constant (or a graph input, `q_input`), `s` per column (or, `s_rows`, one
@@ -619,7 +619,6 @@ mod tests {
         let mut b = KernelBuilder::new("mm", vec![t(&[m, kk]), t(&[kk, n])], t(&[m, n]));
         let (_, r) = b.matmul_sum(kk);
         let mm = b.finish(r).unwrap();
-        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
         let qkind = if q_input { BufferKind::Input(1) } else { BufferKind::Const(q.clone()) };
         let mut outputs = vec![BufferId(5)];
         if shared {

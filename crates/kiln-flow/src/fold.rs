@@ -72,8 +72,8 @@ fn fold_one(p: &FlowProgram, d: &crate::program::Dispatch, outputs: &[crate::pro
 mod tests {
     use super::*;
     use crate::kernel::{BinaryOp, Bounds, KernelBuilder, ScalarType};
-    use crate::program::{Buffer, BufferId, Dispatch};
-    use crate::test_types::t;
+    use crate::program::{BufferId, Dispatch};
+    use crate::test_types::{buf, t};
     use kiln_ir::Shape;
 
     /// A reversed copy of a constant with zeros between (`y[2i] = w[3 − i]`, `y[2i+1] =
@@ -115,7 +115,6 @@ mod tests {
             b.finish(v).unwrap()
         };
         let want = crate::interp::run(&spread(), &[&w]).unwrap();
-        let buf = |ty, kind| Buffer { ty, name: "b".into(), kind };
         let mut prog = FlowProgram {
             extents: Vec::new(),
             name: "g".into(),

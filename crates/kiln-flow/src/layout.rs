@@ -780,13 +780,12 @@ mod tests {
     use super::*;
     use kiln_ir::Shape;
 
-    use crate::test_types::{matmul_bias, t};
+    use crate::test_types::{buf, matmul_bias, program, seeded, t};
 
     /// `Gemm` with `transB = 1`: the constant is laid out `[K, N]` at compile time, the
     /// kernel becomes a contraction, and its results do not change.
     #[test]
     fn transposed_constant_laid_out() {
-        use crate::program::{Buffer, BufferId, Dispatch};
         let (m, kk, n) = (3usize, 5usize, 4usize);
         let mut kb = KernelBuilder::new("gemm", vec![t(&[m, kk]), t(&[n, kk])], t(&[m, n]));
         let o = kb.out_index();
@@ -805,19 +804,16 @@ mod tests {
             Tensor::from_vec(Shape::new(vec![n, kk]).unwrap(), ws).unwrap(),
         );
         let want = crate::interp::run(&kernel, &[&xt, &wt]).unwrap();
-        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let mut prog = FlowProgram {
-            extents: Vec::new(),
-            name: "g".into(),
-            buffers: vec![
+        let mut prog = program(
+            vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
                 buf(t(&[n, kk]), BufferKind::Const(wt.clone())),
                 buf(t(&[m, n]), BufferKind::Result),
             ],
-            dispatches: vec![Dispatch::new(kernel, vec![BufferId(0), BufferId(1)], BufferId(2), vec!["Gemm".into()])],
-            inputs: vec![BufferId(0)],
-            outputs: vec![BufferId(2)],
-        };
+            vec![Dispatch::new(kernel, vec![BufferId(0), BufferId(1)], BufferId(2), vec!["Gemm".into()])],
+            vec![BufferId(0)],
+            vec![BufferId(2)],
+        );
         assert_eq!(relayout_constants(&mut prog), 1);
         let d = &prog.dispatches[0];
         let c = Contraction::of(&d.kernel).expect("a contraction now");
@@ -836,7 +832,6 @@ mod tests {
     /// dispatch reading only the first half of the rows gets a copy of its own.
     #[test]
     fn batched_transposed_constant_laid_out_once() {
-        use crate::program::{Buffer, BufferId, Dispatch};
         let (nd, b, kk, n) = (2usize, 3usize, 5usize, 6usize);
         let step = |rows: usize| {
             let mut kb = KernelBuilder::new("step", vec![t(&[nd, b, kk]), t(&[nd, n, kk])], t(&[nd, b, rows]));
@@ -851,27 +846,14 @@ mod tests {
         };
         let (full, half) = (step(n), step(n / 2));
         assert!(Contraction::of(&full).is_none());
-        let data = |dims: &[usize], seed: f32| {
-            let c: usize = dims.iter().product();
-            let v: Vec<f32> = (0..c).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
-            Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-        };
-        let (h, r) = (data(&[nd, b, kk], 1.0), data(&[nd, n, kk], 2.0));
-        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
+        let (h, r) = (seeded(&[nd, b, kk], 1.0), seeded(&[nd, n, kk], 2.0));
         let mut buffers = vec![buf(t(&[nd, b, kk]), BufferKind::Input(0)), buf(t(&[nd, n, kk]), BufferKind::Const(r.clone()))];
         let mut dispatches = Vec::new();
         for (i, k) in [&full, &full, &full, &half].into_iter().enumerate() {
             buffers.push(buf(k.output.clone(), BufferKind::Result));
             dispatches.push(Dispatch::new(k.clone(), vec![BufferId(0), BufferId(1)], BufferId(2 + i as u32), vec![]));
         }
-        let mut prog = FlowProgram {
-            extents: Vec::new(),
-            name: "g".into(),
-            buffers,
-            dispatches,
-            inputs: vec![BufferId(0)],
-            outputs: (2..6).map(BufferId).collect(),
-        };
+        let mut prog = program(buffers, dispatches, vec![BufferId(0)], (2..6).map(BufferId).collect());
         assert_eq!(relayout_constants(&mut prog), 4);
         let copies: Vec<BufferId> = prog.dispatches.iter().map(|d| d.operands[1]).collect();
         assert!(copies[0] == copies[1] && copies[1] == copies[2] && copies[3] != copies[0], "{copies:?}");
@@ -893,13 +875,6 @@ mod tests {
     #[test]
     fn constants_packed_in_panels() {
         use crate::contraction::Panel;
-        use crate::program::{Buffer, BufferId, Dispatch};
-        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let data = |dims: &[usize], seed: f32| {
-            let n: usize = dims.iter().product();
-            let v: Vec<f32> = (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
-            Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-        };
         // out[m, n] = Σ_k x[m, k] · w[k, n] + bias[n]
         let (m, kk, n) = (5usize, 7usize, 37usize);
         let mm = matmul_bias(m, kk, n);
@@ -914,14 +889,12 @@ mod tests {
         let pr = kb.mul(f, x);
         let s = kb.reduce(ReduceOp::Sum, vec![cv, kh, kw], pr);
         let pw = kb.finish(s).unwrap();
-        let (xt, wt, bt) = (data(&[m, kk], 1.0), data(&[kk, n], 2.0), data(&[n], 3.0));
-        let (it, ft) = (data(&[ci, hw, hw], 4.0), data(&[co, ci, 1, 1], 5.0));
+        let (xt, wt, bt) = (seeded(&[m, kk], 1.0), seeded(&[kk, n], 2.0), seeded(&[n], 3.0));
+        let (it, ft) = (seeded(&[ci, hw, hw], 4.0), seeded(&[co, ci, 1, 1], 5.0));
         let want_mm = crate::interp::run(&mm, &[&xt, &wt, &bt]).unwrap();
         let want_pw = crate::interp::run(&pw, &[&it, &ft]).unwrap();
-        let mut prog = FlowProgram {
-            extents: Vec::new(),
-            name: "g".into(),
-            buffers: vec![
+        let mut prog = program(
+            vec![
                 buf(t(&[m, kk]), BufferKind::Input(0)),
                 buf(t(&[kk, n]), BufferKind::Const(wt.clone())),
                 buf(t(&[n]), BufferKind::Const(bt.clone())),
@@ -930,13 +903,13 @@ mod tests {
                 buf(t(&[co, ci, 1, 1]), BufferKind::Const(ft.clone())),
                 buf(t(&[co, hw, hw]), BufferKind::Result),
             ],
-            dispatches: vec![
+            vec![
                 Dispatch::new(mm, vec![BufferId(0), BufferId(1), BufferId(2)], BufferId(3), vec![]),
                 Dispatch::new(pw, vec![BufferId(4), BufferId(5)], BufferId(6), vec![]),
             ],
-            inputs: vec![BufferId(0), BufferId(4)],
-            outputs: vec![BufferId(3), BufferId(6)],
-        };
+            vec![BufferId(0), BufferId(4)],
+            vec![BufferId(3), BufferId(6)],
+        );
         // A panel as wide as the operand is no packing at all.
         let whole = |_: &Kernel, _: KernelClass| PanelWidths { a: Some(16), b: Some(64) };
         assert_eq!(pack_constants(&mut prog.clone(), &whole), 0);
@@ -980,16 +953,9 @@ mod tests {
     /// copy is made, so the constant is never carried twice.
     #[test]
     fn constants_shared_by_products_packed_once() {
-        use crate::program::{Buffer, BufferId, Dispatch};
-        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let data = |dims: &[usize], seed: f32| {
-            let n: usize = dims.iter().product();
-            let v: Vec<f32> = (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
-            Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-        };
         let (m, kk, n) = (1usize, 9usize, 37usize);
-        let (wt, bt) = (data(&[kk, n], 2.0), data(&[n], 3.0));
-        let xs: Vec<Tensor> = (0..3).map(|i| data(&[m, kk], 10.0 + i as f32)).collect();
+        let (wt, bt) = (seeded(&[kk, n], 2.0), seeded(&[n], 3.0));
+        let xs: Vec<Tensor> = (0..3).map(|i| seeded(&[m, kk], 10.0 + i as f32)).collect();
         // Three products of the same weight and bias, each of its own input.
         let build = |readers: usize| {
             let mut buffers =
@@ -1004,7 +970,7 @@ mod tests {
             }
             let inputs = (0..readers).map(|i| BufferId(2 + 2 * i as u32)).collect();
             let outputs = (0..readers).map(|i| BufferId(3 + 2 * i as u32)).collect();
-            FlowProgram { name: "g".into(), buffers, dispatches, inputs, outputs, extents: Vec::new() }
+            program(buffers, dispatches, inputs, outputs)
         };
         let widths = |_: &Kernel, _: KernelClass| PanelWidths { a: None, b: Some(16) };
         let mut prog = build(3);
@@ -1074,7 +1040,6 @@ mod tests {
     /// programs compute what the kernel did.
     #[test]
     fn image_read_across_a_transpose_relaid() {
-        use crate::program::{Buffer, BufferId};
         for (n, l, c, co, kh, relaid) in [(1, 40, 5, 3, 3, true), (2, 45, 7, 4, 5, true), (1, 12, 6, 4, 3, false)] {
             let kernel = conv1d_across(n, l, c, co, kh);
             let ol = l - kh + 1;
@@ -1084,25 +1049,22 @@ mod tests {
             assert!(contraction_in_place(&kernel));
             let (xs, ws, bs) = (filled(&[n, l, c, 1], 0.7), filled(&[co, c, kh, 1], 0.3), filled(&[co], 1.1));
             let want = crate::interp::run(&kernel, &[&xs, &ws, &bs]).unwrap();
-            let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-            let mut prog = FlowProgram {
-                extents: Vec::new(),
-                name: "g".into(),
-                buffers: vec![
+                let mut prog = program(
+                vec![
                     buf(t(&[n, l, c, 1]), BufferKind::Input(0)),
                     buf(t(&[co, c, kh, 1]), BufferKind::Const(ws.clone())),
                     buf(t(&[co]), BufferKind::Const(bs.clone())),
                     buf(t(&[n, co, ol, 1]), BufferKind::Result),
                 ],
-                dispatches: vec![Dispatch::new(
+                vec![Dispatch::new(
                     kernel,
                     vec![BufferId(0), BufferId(1), BufferId(2)],
                     BufferId(3),
                     vec!["Transpose + Conv".into()],
                 )],
-                inputs: vec![BufferId(0)],
-                outputs: vec![BufferId(3)],
-            };
+                vec![BufferId(0)],
+                vec![BufferId(3)],
+            );
             assert_eq!(materialize_columns(&mut prog), 1);
             let (copy, conv) = (&prog.dispatches[0], &prog.dispatches[1]);
             assert_eq!(copy.sources, [if relaid { "image for Transpose + Conv" } else { "columns for Transpose + Conv" }]);
@@ -1128,7 +1090,6 @@ mod tests {
     /// padding dispatch comes first, and the two together compute what it did.
     #[test]
     fn padding_materialised() {
-        use crate::program::{Buffer, BufferId};
         let (c, h, w, co) = (2usize, 5usize, 6usize, 3usize);
         let mut b = KernelBuilder::new("conv", vec![t(&[1, c, h, w]), t(&[co, c, 3, 3])], t(&[1, co, h, w]));
         let o = b.out_index();
@@ -1156,19 +1117,16 @@ mod tests {
         )
         .unwrap();
         let want = crate::interp::run(&kernel, &[&xs, &ws]).unwrap();
-        let buf = |ty: TensorType, kind| Buffer { ty, name: "b".into(), kind };
-        let mut prog = FlowProgram {
-            extents: Vec::new(),
-            name: "g".into(),
-            buffers: vec![
+        let mut prog = program(
+            vec![
                 buf(t(&[1, c, h, w]), BufferKind::Input(0)),
                 buf(t(&[co, c, 3, 3]), BufferKind::Const(ws.clone())),
                 buf(t(&[1, co, h, w]), BufferKind::Result),
             ],
-            dispatches: vec![Dispatch::new(kernel, vec![BufferId(0), BufferId(1)], BufferId(2), vec!["Conv".into()])],
-            inputs: vec![BufferId(0)],
-            outputs: vec![BufferId(2)],
-        };
+            vec![Dispatch::new(kernel, vec![BufferId(0), BufferId(1)], BufferId(2), vec!["Conv".into()])],
+            vec![BufferId(0)],
+            vec![BufferId(2)],
+        );
         assert_eq!(materialize_padding(&mut prog), 1);
         assert_eq!(prog.dispatches.len(), 2);
         let (pad, conv) = (&prog.dispatches[0], &prog.dispatches[1]);

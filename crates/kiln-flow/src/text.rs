@@ -439,19 +439,6 @@ impl Parser<'_> {
         Ok(refs)
     }
 
-    /// A number that must be a non-negative integer.
-    fn uint(&mut self, what: &str) -> PResult<(u64, usize)> {
-        let (t, pos) = self.bump();
-        let v = match &t {
-            Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
-            _ => None,
-        };
-        match v {
-            Some(v) => Ok((v, pos)),
-            None => fail(pos, format!("expected {what} (a non-negative integer), found {t}")),
-        }
-    }
-
     /// `PREFIX N` written as one identifier (`e3`, `v0`).
     fn numbered(&mut self, prefix: char, what: &str) -> PResult<(u32, usize)> {
         let (t, pos) = self.bump();
@@ -988,11 +975,7 @@ impl Parser<'_> {
         } else {
             ty.clone()
         };
-        if self.is_kw("blob") {
-            self.bump();
-            self.expect(&Tok::LParen, "after `blob`")?;
-            let (index, pos) = self.uint("a blob number")?;
-            self.expect(&Tok::RParen, "after the blob number")?;
+        if let Some((index, pos)) = self.blob_ref()? {
             return Ok(PConst::Blob { ty, index, pos });
         }
         let open = self.expect(&Tok::LBrack, "(the elements) or `blob(N)` after `const`")?;
@@ -1015,23 +998,6 @@ impl Parser<'_> {
         }
         let bytes = encode_elements(ty.dtype, &lits)?;
         Tensor::new(ty, bytes.into()).map(PConst::Ready).map_err(|e| PErr { pos: open, message: e.to_string() })
-    }
-
-    /// `blobs { N: "base64" … }`: the bytes and the position of each blob.
-    fn blobs(&mut self) -> PResult<HashMap<u64, (Vec<u8>, usize)>> {
-        self.bump();
-        self.expect(&Tok::LBrace, "after `blobs`")?;
-        let mut blobs = HashMap::new();
-        while !self.eat(&Tok::RBrace) {
-            let (index, pos) = self.uint("a blob number or `}`")?;
-            if blobs.contains_key(&index) {
-                return fail(pos, format!("blob {index} is defined twice"));
-            }
-            self.expect(&Tok::Colon, "after the blob number")?;
-            let data = self.blob_data(index)?;
-            blobs.insert(index, (data, pos));
-        }
-        Ok(blobs)
     }
 }
 

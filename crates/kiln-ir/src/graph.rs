@@ -6,6 +6,7 @@
 
 use crate::entity::{Arena, EntityId};
 use crate::entity_id;
+use crate::infer::{infer, InferError, InferInput};
 use crate::op::Op;
 use crate::shape::TensorType;
 use crate::tensor::Tensor;
@@ -179,6 +180,19 @@ impl Graph {
     /// The value's constant contents, if constant.
     pub fn constant(&self, v: ValueId) -> Option<&Tensor> {
         self.values[v].constant()
+    }
+
+    /// The result types of `op` applied to these values: [`infer`] given each operand's
+    /// type and, for a constant, its contents.
+    pub fn infer_op(
+        &self,
+        op: &Op,
+        inputs: &[Option<ValueId>],
+        num_outputs: usize,
+    ) -> Result<Vec<TensorType>, InferError> {
+        let operands: Vec<Option<InferInput>> =
+            inputs.iter().map(|o| o.map(|v| InferInput { ty: self.ty(v), value: self.constant(v) })).collect();
+        infer(op, &operands, num_outputs)
     }
 
     /// Nodes whose results reach a graph output (directly or through other nodes).

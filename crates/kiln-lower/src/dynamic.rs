@@ -116,6 +116,27 @@ fn extent_step(cx: &OpCx<'_>, steps: &mut Vec<Step>, mask: usize, mty: &TensorTy
     Ok(steps.len() - 1)
 }
 
+/// The lowering of an op whose result is the last of `steps` and whose extent is step
+/// `ext`.
+fn with_extent(steps: Vec<Step>, ext: usize) -> Lowered {
+    let res = steps.len() - 1;
+    Lowered { steps, outputs: vec![Output::Step(res), Output::Step(ext)] }
+}
+
+/// Element `at` along `axis` of input 0 (of dims `dims`), at the other coordinates of
+/// the output index `idx`; with `flat`, element `at` of the flattened input. Clamped:
+/// `at` comes from a buffer the verifier cannot bound.
+fn load_along(b: &mut KernelBuilder, flat: bool, dims: &[usize], idx: &[ExprId], axis: usize, at: ExprId) -> ExprId {
+    if flat {
+        let c = coords(b, dims, at);
+        b.load_with(0, c, Bounds::Clamp)
+    } else {
+        let mut ix = idx.to_vec();
+        ix[axis] = at;
+        b.load_with(0, ix, Bounds::Clamp)
+    }
+}
+
 /// Whether element `e` (of dtype `d`) is nonzero.
 fn nonzero(b: &mut KernelBuilder, e: ExprId, d: DType) -> ExprId {
     let ct = S::of_storage(d);
@@ -158,8 +179,7 @@ fn non_zero(cx: &OpCx<'_>) -> R<Lowered> {
         }
         Ok(v)
     })?);
-    let res = steps.len() - 1;
-    Ok(Lowered { steps, outputs: vec![Output::Step(res), Output::Step(ext)] })
+    Ok(with_extent(steps, ext))
 }
 
 /// Compress(input, condition) → (output, extent).
@@ -188,17 +208,9 @@ fn compress(cx: &OpCx<'_>) -> R<Lowered> {
     let binds = [(Operand::Input(0), xt.clone()), (Operand::Step(src), sty)];
     steps.push(build(result_name(cx, 0), oty, &binds, |b, idx| {
         let s = b.load(1, vec![idx[axis]]);
-        if flat {
-            let c = coords(b, &xd, s);
-            Ok(b.load_with(0, c, Bounds::Clamp))
-        } else {
-            let mut ix = idx.to_vec();
-            ix[axis] = s;
-            Ok(b.load_with(0, ix, Bounds::Clamp))
-        }
+        Ok(load_along(b, flat, &xd, idx, axis, s))
     })?);
-    let res = steps.len() - 1;
-    Ok(Lowered { steps, outputs: vec![Output::Step(res), Output::Step(ext)] })
+    Ok(with_extent(steps, ext))
 }
 
 /// NonMaxSuppression → (selected_indices [bound, 3], extent): see the module docs.
@@ -630,14 +642,7 @@ fn unique(cx: &OpCx<'_>) -> R<Lowered> {
     let xdims = xt.shape.dims().to_vec();
     steps.push(build(result_name(cx, 0), yty, &binds, |b, idx| {
         let k = b.load(1, vec![idx[axis]]);
-        if flat {
-            let c = super::unflatten(b, &xdims, k);
-            Ok(b.load_with(0, c, Bounds::Clamp))
-        } else {
-            let mut ix = idx.to_vec();
-            ix[axis] = k;
-            Ok(b.load_with(0, ix, Bounds::Clamp))
-        }
+        Ok(load_along(b, flat, &xdims, idx, axis, k))
     })?);
     let y = steps.len() - 1;
     let ext = extent_step(cx, &mut steps, first, &n1)?;

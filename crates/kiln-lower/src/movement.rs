@@ -1435,22 +1435,19 @@ impl AxisMap {
         let c = match self.ctm {
             Ctm::HalfPixel => {
                 let t = half_pixel(b, s);
-                let h = b.float(F, 0.5);
-                b.sub(t, h)
+                less_half(b, t)
             }
             Ctm::HalfPixelSymmetric => {
                 let (offset, s) = self.symmetric();
                 let t = half_pixel(b, s);
                 let ok = b.float(F, offset);
                 let t = b.add(ok, t);
-                let h = b.float(F, 0.5);
-                b.sub(t, h)
+                less_half(b, t)
             }
             Ctm::PytorchHalfPixel => {
                 if o > 1.0 {
                     let t = half_pixel(b, s);
-                    let h = b.float(F, 0.5);
-                    b.sub(t, h)
+                    less_half(b, t)
                 } else {
                     b.float(F, 0.0)
                 }
@@ -1559,8 +1556,7 @@ impl AxisMap {
         let c = match self.ctm {
             Ctm::HalfPixel => {
                 let t = half_pixel(b, s);
-                let h = b.float(F, 0.5);
-                b.sub(t, h)
+                less_half(b, t)
             }
             Ctm::HalfPixelSymmetric => {
                 // offset = i/2 · (1 - n_out / (s · i))
@@ -1573,13 +1569,11 @@ impl AxisMap {
                 let offset = b.mul(hk, t);
                 let t = half_pixel(b, s);
                 let t = b.add(offset, t);
-                let h = b.float(F, 0.5);
-                b.sub(t, h)
+                less_half(b, t)
             }
             Ctm::PytorchHalfPixel => {
                 let t = half_pixel(b, s);
-                let h = b.float(F, 0.5);
-                let t = b.sub(t, h);
+                let t = less_half(b, t);
                 let z = b.float(F, 0.0);
                 let gt = b.binary(BinaryOp::Gt, o, one);
                 b.select(gt, t, z)
@@ -1617,6 +1611,12 @@ impl AxisMap {
         };
         (c, None)
     }
+}
+
+/// `t − 0.5`, the last step of the half-pixel transforms (after any offset is added).
+fn less_half(b: &mut KernelBuilder, t: ExprId) -> ExprId {
+    let h = b.float(ScalarType::F64, 0.5);
+    b.sub(t, h)
 }
 
 /// Keys' cubic weight of an outer tap (distance `r` in `[1, 2)`):

@@ -152,6 +152,11 @@ pub fn listed_models(file: &str) -> Vec<Value> {
     v["models"].as_array().expect("a listing has a models list").clone()
 }
 
+/// The `name` of each entry of a listing.
+pub fn entry_names(entries: &[Value]) -> Vec<String> {
+    entries.iter().map(|e| e["name"].as_str().expect("name").to_string()).collect()
+}
+
 /// The path of a listing entry's model.
 pub fn model_path(e: &Value) -> PathBuf {
     data_dir().join(e["model"].as_str().expect("model path"))

@@ -60,7 +60,7 @@ pub mod proto {
 
 use crate::{ImportError, ImportOptions, UnsupportedOp};
 use bytes::Bytes;
-use kiln_ir::infer::{infer, InferError, InferInput};
+use kiln_ir::infer::InferError;
 use kiln_ir::op::AttrError;
 use kiln_ir::{Attr, Attrs, DType, Graph, Op, OpKind, Shape, Tensor, TensorType, ValueDef, ValueId};
 use prost::Message;
@@ -1404,16 +1404,10 @@ impl Importer {
             e => at.err(e.to_string()),
         })?;
         let num_outputs = out_names.len().max(1);
-        let tys = {
-            let infer_inputs: Vec<Option<InferInput>> = inputs
-                .iter()
-                .map(|o| o.map(|v| InferInput { ty: &self.g.values[v].ty, value: self.g.values[v].constant() }))
-                .collect();
-            infer(&op, &infer_inputs, num_outputs).map_err(|e| match e {
-                InferError::Invalid(m) => at.err(m),
-                InferError::Unsupported(m) => at.err(format!("unsupported: {m}")),
-            })?
-        };
+        let tys = self.g.infer_op(&op, &inputs, num_outputs).map_err(|e| match e {
+            InferError::Invalid(m) => at.err(m),
+            InferError::Unsupported(m) => at.err(format!("unsupported: {m}")),
+        })?;
         let name_of = |i: usize| out_names.get(i).cloned().unwrap_or_default();
         // Results that depend only on operand types (Shape, Size).
         if let (Some(Some(v)), [out]) = (inputs.first(), tys.as_slice()) {

@@ -59,7 +59,7 @@ pub use reader::has_magic;
 
 use crate::{ImportError, ImportOptions, TfliteUnsupportedOp};
 use bytes::Bytes;
-use kiln_ir::infer::{infer, InferError, InferInput};
+use kiln_ir::infer::InferError;
 use kiln_ir::{Attrs, DType, Graph, Op, OpKind, Shape, Tensor, TensorType, ValueId};
 use reader::{Model, OpCode, Quant, Subgraph};
 use schema::tflite as fb;
@@ -322,16 +322,10 @@ impl<'m> Importer<'m> {
         n_out: usize,
     ) -> Result<Vec<ValueId>, ImportError> {
         let op = Op::parse(kind, &attrs).map_err(|e| self.err(format!("{kind}: {e}")))?;
-        let tys = {
-            let infer_inputs: Vec<Option<InferInput>> = inputs
-                .iter()
-                .map(|o| o.map(|v| InferInput { ty: &self.g.values[v].ty, value: self.g.values[v].constant() }))
-                .collect();
-            infer(&op, &infer_inputs, n_out).map_err(|e| match e {
-                InferError::Invalid(m) => self.err(format!("{kind}: {m}")),
-                InferError::Unsupported(m) => self.err(format!("{kind}: unsupported: {m}")),
-            })?
-        };
+        let tys = self.g.infer_op(&op, &inputs, n_out).map_err(|e| match e {
+            InferError::Invalid(m) => self.err(format!("{kind}: {m}")),
+            InferError::Unsupported(m) => self.err(format!("{kind}: unsupported: {m}")),
+        })?;
         if let (Some(Some(v)), [out]) = (inputs.first(), tys.as_slice()) {
             if let Some(r) = kiln_opt::fold::fold_from_type(&op, self.g.ty(*v), out) {
                 let t = r.map_err(|m| self.err(m))?;

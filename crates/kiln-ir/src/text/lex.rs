@@ -6,6 +6,7 @@
 use crate::dtype::DType;
 use crate::shape::{Shape, TensorType};
 use core::fmt;
+use std::collections::HashMap;
 
 /// One token.
 #[allow(missing_docs)]
@@ -403,6 +404,50 @@ impl Cursor {
         };
         self.expect(&Tok::RParen, "after the NaN's bits")?;
         Ok(Some((bits, pos)))
+    }
+
+    /// A non-negative integer and its position; `what` names it in the error.
+    pub fn uint(&mut self, what: &str) -> SResult<(u64, usize)> {
+        let (t, pos) = self.bump();
+        let v = match &t {
+            Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
+            _ => None,
+        };
+        match v {
+            Some(v) => Ok((v, pos)),
+            None => fail(pos, format!("expected {what} (a non-negative integer), found {t}")),
+        }
+    }
+
+    /// `blob(N)`, a constant's reference to a blob, when one stands next: the blob
+    /// number and its position.
+    pub fn blob_ref(&mut self) -> SResult<Option<(u64, usize)>> {
+        if !self.is_kw("blob") {
+            return Ok(None);
+        }
+        self.bump();
+        self.expect(&Tok::LParen, "after `blob`")?;
+        let (index, pos) = self.uint("a blob number")?;
+        self.expect(&Tok::RParen, "after the blob number")?;
+        Ok(Some((index, pos)))
+    }
+
+    /// A `blobs { N: "base64" … }` section, at its keyword: the bytes of each blob and
+    /// the position of its number.
+    pub fn blobs(&mut self) -> SResult<HashMap<u64, (Vec<u8>, usize)>> {
+        self.bump();
+        self.expect(&Tok::LBrace, "after `blobs`")?;
+        let mut blobs = HashMap::new();
+        while !self.eat(&Tok::RBrace) {
+            let (index, pos) = self.uint("a blob number or `}`")?;
+            if blobs.contains_key(&index) {
+                return fail(pos, format!("blob {index} defined twice"));
+            }
+            self.expect(&Tok::Colon, "after the blob number")?;
+            let data = self.blob_data(index)?;
+            blobs.insert(index, (data, pos));
+        }
+        Ok(blobs)
     }
 
     /// The bytes of blob `index` of a `blobs` section: one or more base64 strings, of which

@@ -324,27 +324,10 @@ impl Parser {
         }
     }
 
-    /// A blob number and its position; `expected` says what else may stand there in the error.
-    fn blob_number(&mut self, expected: &str) -> PResult<(u64, usize)> {
-        let (t, pos) = self.bump();
-        let index = match &t {
-            Tok::Num(s) => parse_int(s).and_then(|v| u64::try_from(v).ok()),
-            _ => None,
-        };
-        match index {
-            Some(index) => Ok((index, pos)),
-            None => fail(pos, format!("expected {expected}, found {t}")),
-        }
-    }
-
     /// `TYPE [elements]` or `TYPE blob(N)`.
     fn tensor_lit(&mut self) -> PResult<TLit> {
         let ty = self.tensor_type()?;
-        if self.is_kw("blob") {
-            self.bump();
-            self.expect(&Tok::LParen, "after `blob`")?;
-            let (index, pos) = self.blob_number("a blob number")?;
-            self.expect(&Tok::RParen, "after the blob number")?;
+        if let Some((index, pos)) = self.blob_ref()? {
             return Ok(TLit::Blob { ty, index, pos });
         }
         let open = self.expect(&Tok::LBrack, "(the elements) or `blob(N)` after the constant's type")?;
@@ -471,19 +454,7 @@ impl Parser {
 
     /// `blobs { N: "base64" "base64" … }`.
     fn blobs(&mut self) -> PResult<HashMap<u64, Bytes>> {
-        self.bump();
-        self.expect(&Tok::LBrace, "after `blobs`")?;
-        let mut blobs = HashMap::new();
-        while !self.eat(&Tok::RBrace) {
-            let (index, pos) = self.blob_number("a blob number or `}`")?;
-            if blobs.contains_key(&index) {
-                return fail(pos, format!("blob {index} defined twice"));
-            }
-            self.expect(&Tok::Colon, "after the blob number")?;
-            let data = self.blob_data(index)?;
-            blobs.insert(index, Bytes::from(data));
-        }
-        Ok(blobs)
+        Ok(self.cur.blobs()?.into_iter().map(|(index, (data, _))| (index, Bytes::from(data))).collect())
     }
 
     /// Resolves blobs and builds the graph.
