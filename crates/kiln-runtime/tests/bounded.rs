@@ -126,6 +126,9 @@ fn d(p: &mut Program) -> &mut BoundedDesc {
     &mut p.entries[0].bounded[0]
 }
 
+/// One change to a program.
+type Edit = fn(&mut Program);
+
 /// The problem `base` has once `edit` has changed it.
 fn edited(base: Program, edit: impl FnOnce(&mut Program)) -> String {
     let mut p = base;
@@ -136,7 +139,7 @@ fn edited(base: Program, edit: impl FnOnce(&mut Program)) -> String {
 #[test]
 fn the_verifier_refuses_malformed_bounded_dimensions() {
     Module::verify(&write_program(&bounded_program(5, 1)), None, u64::MAX).expect("valid");
-    let refused: [(&str, fn(&mut Program)); 10] = [
+    let refused: [(&str, Edit); 10] = [
         ("names input 2", |p| d(p).input = 2),
         ("do not have the bound", |p| d(p).axis = 1),
         ("do not have the bound", |p| d(p).bound = 4),
@@ -207,7 +210,7 @@ fn the_verifier_refuses_malformed_bounded_rows() {
         &mut p.entries[0].bounded_rows[0]
     }
     // Each edit of `rows_program(unit, inner)`.
-    let refused: [((u64, u64), &str, fn(&mut Program)); 7] = [
+    let refused: [((u64, u64), &str, Edit); 7] = [
         ((1, 1), "not a dispatch", |p| r(p).command = 0),
         ((1, 1), "not a dispatch", |p| r(p).command = 99),
         ((1, 1), "bounded dimension 1", |p| r(p).dim = 1),

@@ -103,10 +103,13 @@ fn extent_problem(p: &Program) -> String {
     }
 }
 
+/// One change to a program.
+type Edit = fn(&mut Program);
+
 #[test]
 fn the_verifier_refuses_malformed_extents() {
     Module::verify(&write_program(&extent_program(4, 2)), None, u64::MAX).expect("valid");
-    let refused: [(&str, fn(&mut Program)); 7] = [
+    let refused: [(&str, Edit); 7] = [
         ("not 8 bytes", |p| x(p).binding.length = 4),
         ("not 8 bytes of the arena", |p| x(p).binding.slot = Slot::Output(0)),
         ("run past its", |p| x(p).binding.offset = p.entries[0].arena_size - 4),
