@@ -15,6 +15,7 @@ use kiln_module::program::{
 };
 use kiln_module::sections::ConstantsView;
 use kiln_runtime::fs::AlignedBytes;
+use kiln_runtime::Instance;
 
 use crate::args::Emit;
 use crate::{file_stem, random_tensor, summary, write_stdout, SplitMix};
@@ -568,14 +569,9 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds_bounded(a, sig.inputs, bounded_of(module))?;
     let threads = threads(a);
-    let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
-    let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| {
-        instance.invoke(ins, outs)?;
-        // The actual dims (a data-dependent extent, format 1.5, sizes some outputs).
-        Ok::<_, kiln_runtime::RuntimeError>(
-            (0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect(),
-        )
-    })?;
+    let mut instance = Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
+    let t_run =
+        invoke_and_write(a, &feeds, sig.outputs, label, &mut instance, Instance::invoke, Instance::output_dims)?;
     eprintln!(
         "{label}: loaded in {:.2} ms, ran in {:.3} ms on {threads} thread{}",
         t_load.as_secs_f64() * 1e3,
@@ -585,24 +581,29 @@ fn run_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, t_
     Ok(())
 }
 
-/// The invoke of `kiln run`, on the CPU or the GPU (`invoke`, the instance's): runs it
-/// once on `feeds` into zeroed buffers for `outputs`, then prints and writes the
-/// outputs ([`write_outputs`]). Returns how long the invoke alone took.
-pub(crate) fn invoke_and_write<E: std::fmt::Display>(
+/// The invoke of `kiln run`, on the CPU or the GPU (`invoke` and `output_dims`, the
+/// instance's methods of those names): runs it once on `feeds` into zeroed buffers for
+/// `outputs`, then prints and writes the outputs ([`write_outputs`]) at their actual
+/// dims. Returns how long the invoke alone took.
+pub(crate) fn invoke_and_write<I, E: std::fmt::Display>(
     a: &Args,
     feeds: &[Tensor],
     outputs: &[kiln_module::sections::TensorView<'_>],
     label: &str,
-    invoke: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> Result<Vec<Vec<u64>>, E>,
+    instance: &mut I,
+    invoke: fn(&mut I, &[&[u8]], &mut [&mut [u8]]) -> Result<(), E>,
+    output_dims: fn(&I, usize) -> Option<&[u64]>,
 ) -> Result<Duration, String> {
     let mut outs = output_buffers(outputs, label)?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let t0 = Instant::now();
-    let dims = {
+    {
         let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
-        invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?
-    };
+        invoke(instance, &ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
+    }
     let t_run = t0.elapsed();
+    // The actual dims (a data-dependent extent, format 1.5, sizes some outputs).
+    let dims: Vec<Vec<u64>> = (0..outs.len()).map(|k| output_dims(instance, k).unwrap_or(&[]).to_vec()).collect();
     write_outputs(a, outputs, &dims, outs.iter().map(AlignedBytes::bytes))?;
     Ok(t_run)
 }
@@ -669,7 +670,7 @@ pub(crate) fn bench_cmd(a: Args) -> Result<(), String> {
 fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, threads: usize) -> Result<(), String> {
     let sig = module.entry_signature(0).map_err(|e| format!("{label}: {e}"))?;
     let feeds = feeds_bounded(a, sig.inputs, bounded_of(module))?;
-    let mut instance = kiln_runtime::Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
+    let mut instance = Instance::with_threads(module, threads).map_err(|e| format!("{label}: {e}"))?;
     if std::env::var_os("KILN_PERF_MAP").is_some() {
         write_perf_map(module)?;
     }
@@ -783,7 +784,7 @@ fn profile(
     a: &Args,
     label: &str,
     module: &kiln_runtime::LoadedModule<'_>,
-    instance: &mut kiln_runtime::Instance<'_>,
+    instance: &mut Instance<'_>,
     ins: &[&[u8]],
     outs: &mut [&mut [u8]],
     iterations: usize,

@@ -170,13 +170,15 @@ mod imp {
             let t1 = Instant::now();
             let mut instance = CudaInstance::new(module).map_err(|e| format!("{label}: {e}"))?;
             let t_instance = t1.elapsed();
-            let t_run = invoke_and_write(a, &feeds, sig.outputs, label, |ins, outs| {
-                instance.invoke(ins, outs)?;
-                // The actual dims (a data-dependent extent, format 1.5, sizes some outputs).
-                Ok::<_, kiln_runtime::RuntimeError>(
-                    (0..outs.len()).map(|k| instance.output_dims(k).unwrap_or(&[]).to_vec()).collect(),
-                )
-            })?;
+            let t_run = invoke_and_write(
+                a,
+                &feeds,
+                sig.outputs,
+                label,
+                &mut instance,
+                CudaInstance::invoke,
+                CudaInstance::output_dims,
+            )?;
             eprintln!(
                 "{label}: loaded in {:.2} ms and instantiated in {:.2} ms ({}), ran in {:.3} ms on {} (compute capability {}.{})",
                 t_load.as_secs_f64() * 1e3,

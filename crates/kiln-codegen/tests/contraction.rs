@@ -13,7 +13,7 @@ mod common;
 use common::*;
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
-use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
+use kiln_flow::{interp, BinaryOp, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, UnaryOp, VarId};
 use kiln_ir::{DType, Shape, Tensor, TensorType};
 
 fn tt(dims: &[usize]) -> TensorType {
@@ -272,6 +272,22 @@ fn sigmoid(b: &mut KernelBuilder, v: ExprId) -> ExprId {
     b.div(one, d)
 }
 
+/// The operands of [`with_epilogue`]'s kernels: `a` (`m × k`), `b` (`k × n`), and a
+/// bias, a per-row scale and a residual, random.
+fn epilogue_operands(a: &Tensor, b: &Tensor, m: usize, n: usize) -> [Tensor; 5] {
+    [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)]
+}
+
+/// [`with_epilogue`]'s kernels `which` over [`epilogue_operands`], against the
+/// interpreter ([`check_micro`]).
+fn check_epilogues(a: &Tensor, b: &Tensor, (m, k, n): (usize, usize, usize), which: &[&str]) {
+    let ins = epilogue_operands(a, b, m, n);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    for which in which {
+        check_micro(&with_epilogue(m, k, n, which), &refs, k);
+    }
+}
+
 /// Epilogues that need more registers than a tile leaves: ten values live at once (too
 /// long to be evaluated in place at all: the row loop over the stack), and eight values
 /// needing five registers (in place, where a 6×16 tile leaves four: the kernel is
@@ -283,10 +299,7 @@ fn epilogue_beyond_the_spare_registers() {
     for &(m, kk, n) in &[(6, 7, 64), (12, 17, 130), (1, 5, 70)] {
         let a = random_f32(&[m, kk], 1.0, 51);
         let b = random_f32(&[kk, n], 1.0, 52);
-        let ins = [a, b, random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        check_micro(&with_epilogue(m, kk, n, "many_live"), &refs, kk);
-        check_micro(&with_epilogue(m, kk, n, "five_live"), &refs, kk);
+        check_epilogues(&a, &b, (m, kk, n), &["many_live", "five_live"]);
     }
 }
 
@@ -376,9 +389,8 @@ fn nan_propagates_through_relu_and_max() {
     let mut a = random_f32(&[m, k], 1.0, 8).to_vec::<f32>().unwrap();
     a[5] = f32::NAN; // row 1
     let a = Tensor::from_vec(Shape::new(vec![m, k]).unwrap(), a).unwrap();
-    let rest = [random_f32(&[k, n], 1.0, 2), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
-    let mut refs: Vec<&Tensor> = vec![&a];
-    refs.extend(rest.iter());
+    let ins = epilogue_operands(&a, &random_f32(&[k, n], 1.0, 2), m, n);
+    let refs: Vec<&Tensor> = ins.iter().collect();
     for which in ["bias_relu", "clip_row_scale", "residual_max"] {
         let kern = with_epilogue(m, k, n, which);
         for cfg in variants() {
@@ -408,6 +420,17 @@ fn general_path_without_avx2_or_when_refused() {
     check_with(&k, &[&a, &bb], Cmp { zero_sign: false, rtol: 1e-6 }, &variants());
 }
 
+/// A convolution's output element once its input element `xin` is loaded: `xin` times
+/// the filter (operand 1) at `[o1, c, y, x]` (`at`, the window variables' values),
+/// summed over the window variables `window`, plus output channel `o1`'s bias (operand 2).
+fn filtered_sum(b: &mut KernelBuilder, xin: ExprId, o1: ExprId, window: [VarId; 3], at: [ExprId; 3]) -> ExprId {
+    let wt = b.load(1, vec![o1, at[0], at[1], at[2]]);
+    let p = b.mul(xin, wt);
+    let s = b.reduce(ReduceOp::Sum, window.to_vec(), p);
+    let bias = b.load(2, vec![o1]);
+    b.add(s, bias)
+}
+
 /// `Conv` 1×1 in NCHW with a per-channel bias and Relu6: rows are output channels,
 /// columns the flattened `h·W + w`.
 fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
@@ -418,11 +441,7 @@ fn pointwise(n: usize, ci: usize, co: usize, h: usize, w: usize) -> Kernel {
     let (kh, kw) = (b.new_var(1), b.new_var(1));
     let (cv, hv, wv) = (b.var(c), b.var(kh), b.var(kw));
     let x = b.load(0, vec![o[0], cv, o[2], o[3]]);
-    let wt = b.load(1, vec![o[1], cv, hv, wv]);
-    let p = b.mul(x, wt);
-    let s = b.reduce(ReduceOp::Sum, vec![c, kh, kw], p);
-    let bias = b.load(2, vec![o[1]]);
-    let v = b.add(s, bias);
+    let v = filtered_sum(&mut b, x, o[1], [c, kh, kw], [cv, hv, wv]);
     let r = relu6(&mut b, v);
     b.finish(r).unwrap()
 }
@@ -461,9 +480,7 @@ fn column_blocks() {
         let a = random_f32(&[m, k], 1.0, 21);
         let b = random_f32(&[k, n], 1.0, 22);
         check_micro(&matmul(&[], m, k, n, false, false), &[&a, &b], k);
-        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
+        check_epilogues(&a, &b, (m, k, n), &["residual_max"]);
     }
 }
 
@@ -484,11 +501,7 @@ fn gathered_convolutions_block_their_flattened_reduction() {
         let (c, y, x) = (b.new_var(ci as u64), b.new_var(3), b.new_var(3));
         let (cv, yv, xv) = (b.var(c), b.var(y), b.var(x));
         let cols = b.load(0, vec![cv, yv, xv, o[2], o[3]]);
-        let wt = b.load(1, vec![o[1], cv, yv, xv]);
-        let p = b.mul(cols, wt);
-        let s = b.reduce(ReduceOp::Sum, vec![c, y, x], p);
-        let bias = b.load(2, vec![o[1]]);
-        let r = b.add(s, bias);
+        let r = filtered_sum(&mut b, cols, o[1], [c, y, x], [cv, yv, xv]);
         let k = b.finish(r).unwrap();
         let inputs = [
             random_f32(&[ci, 3, 3, oh, ow], 1.0, 31),
@@ -517,11 +530,7 @@ fn conv(n: usize, ci: usize, co: usize, h: usize, w: usize, kh: usize, kw: usize
     let iw = b.add(ows, xv);
     let chan = if depthwise { b.add(o[1], cv) } else { cv };
     let xin = b.load(0, vec![o[0], chan, ih, iw]);
-    let wt = b.load(1, vec![o[1], cv, yv, xv]);
-    let p = b.mul(xin, wt);
-    let s = b.reduce(ReduceOp::Sum, vec![c, y, x], p);
-    let bias = b.load(2, vec![o[1]]);
-    let r = b.add(s, bias);
+    let r = filtered_sum(&mut b, xin, o[1], [c, y, x], [cv, yv, xv]);
     b.finish(r).unwrap()
 }
 
@@ -595,10 +604,7 @@ fn column_chunks() {
         let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
         assert!(compiled.workgroups[0] >= 3, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
         check_micro(&kern, &[&a, &b], k);
-        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
-        check_micro(&with_epilogue(m, k, n, "clip_row_scale"), &refs, k);
+        check_epilogues(&a, &b, (m, k, n), &["residual_max", "clip_row_scale"]);
     }
 }
 
@@ -619,9 +625,7 @@ fn streamed_b_column_chunks() {
         let panels = m.div_ceil(6) as u64;
         assert!(compiled.workgroups[0] >= chunks * panels, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
         check_micro(&kern, &[&a, &b], k);
-        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
+        check_epilogues(&a, &b, (m, k, n), &["residual_max"]);
     }
 }
 
@@ -640,9 +644,7 @@ fn packed_b_column_chunks() {
         let panels = m.div_ceil(if m % 6 != 0 && m % 4 == 0 { 4 } else { 6 }) as u64;
         assert!(compiled.workgroups[0] >= (n as u64 / 64) * panels, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
         check_micro(&kern, &[&a, &b], k);
-        let ins = [a.clone(), b.clone(), random_f32(&[n], 1.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        check_micro(&with_epilogue(m, k, n, "residual_max"), &refs, k);
+        check_epilogues(&a, &b, (m, k, n), &["residual_max"]);
     }
 }
 

@@ -99,6 +99,16 @@ fn ulps64(a: f64, b: f64) -> u64 {
     (ord(a) - ord(b)).unsigned_abs() as u64
 }
 
+/// Every pair `(x, y)` of `values`, as the two operands' columns.
+fn every_pair<T: Copy>(values: &[T]) -> (Vec<T>, Vec<T>) {
+    values.iter().flat_map(|&x| values.iter().map(move |&y| (x, y))).unzip()
+}
+
+/// `n` operand pairs, the `i`th `draw(i, s)` of the generator state `s`.
+fn draw_pairs<T>(s: &mut u64, n: usize, mut draw: impl FnMut(usize, &mut u64) -> (T, T)) -> (Vec<T>, Vec<T>) {
+    (0..n).map(|i| draw(i, s)).unzip()
+}
+
 fn xorshift(s: &mut u64) -> u64 {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -137,6 +147,13 @@ fn worst32(what: &str, inputs: &[f32], got: &[f32], want: impl Fn(usize) -> f32)
 /// Every input compared with the kernel interpreter (libm): special results exactly.
 fn exact_against_interpreter(k: &Kernel, m: &cuda::CudaModule, inputs: &[Tensor]) {
     near_interpreter(k, m, inputs, 1);
+}
+
+/// `op` of every f32 special value against the interpreter ([`exact_against_interpreter`]).
+fn specials_exact(op: UnaryOp) {
+    let sp = ptxsim::f32_specials();
+    let k = kernel(&format!("{}_specials", op.name()), DType::F32, sp.len(), Ok(op));
+    exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
 }
 
 /// [`exact_against_interpreter`] with other values within `ulps` of libm's.
@@ -193,18 +210,15 @@ fn f32_log_is_within_one_ulp_over_its_whole_range() {
     let got = as_f32(&simulate(&k, &m, &[f32s(&near)]));
     let worst = worst32("log f32 near 1", &near, &got, |i| (f64::from(near[i])).ln() as f32);
     assert!(worst <= 1, "log f32 near 1: {worst} ulp");
-    let sp = ptxsim::f32_specials();
-    let k = kernel("log_specials", DType::F32, sp.len(), Ok(UnaryOp::Log));
-    exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
+    specials_exact(UnaryOp::Log);
 }
 
 #[test]
 fn f32_pow_is_correctly_rounded_on_sweeps_and_exact_on_special_values() {
     let mut s = 0xDEAD_BEEF_0123_4567u64;
-    let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for i in 0..300_000 {
-        let r = xorshift(&mut s);
-        let (x, y) = match i % 4 {
+    let (xs, ys) = draw_pairs(&mut s, 300_000, |i, s| {
+        let r = xorshift(s);
+        match i % 4 {
             // Bases near 1 to large powers (where log's relative error is all).
             0 => (1.0 + ((r & 0xFFFF) as f32 - 32768.0) * 2f32.powi(-22), ((r >> 20) % 200_000) as f32 - 100_000.0),
             // Any positive base, powers that keep the result in range.
@@ -217,10 +231,8 @@ fn f32_pow_is_correctly_rounded_on_sweeps_and_exact_on_special_values() {
             2 => (-(((r & 0xFFFF) as f32) / 4096.0 + 0.01), ((r >> 24) % 41) as f32 - 20.0),
             // Small integers and halves.
             _ => (((r & 0xFF) as f32) / 16.0, (((r >> 16) % 33) as f32 - 16.0) / 2.0),
-        };
-        xs.push(x);
-        ys.push(y);
-    }
+        }
+    });
     let k = kernel("pow_f32", DType::F32, xs.len(), Err(BinaryOp::Pow));
     let m = build(&k);
     assert!(!m.ptx().contains("approx"), "pow uses an approximate instruction");
@@ -228,8 +240,7 @@ fn f32_pow_is_correctly_rounded_on_sweeps_and_exact_on_special_values() {
     let worst = worst32("pow f32", &xs, &got, |i| f64::from(xs[i]).powf(f64::from(ys[i])) as f32);
     assert!(worst <= 1, "pow f32: {worst} ulp");
     // Every pair of special values against libm's powf.
-    let sp = ptxsim::f32_specials();
-    let (xs, ys): (Vec<f32>, Vec<f32>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    let (xs, ys) = every_pair(&ptxsim::f32_specials());
     let k = kernel("pow_specials", DType::F32, xs.len(), Err(BinaryOp::Pow));
     exact_against_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)]);
 }
@@ -239,21 +250,16 @@ fn f64_exp_and_log_are_within_a_few_ulp() {
     let mut s = 0x0F0F_1234_5678_9ABCu64;
     let mut xs: Vec<f64> = (0..200_000).map(|_| (xorshift(&mut s) as f64 / u64::MAX as f64) * 1400.0 - 700.0).collect();
     xs.extend((0..100_000).map(|_| (xorshift(&mut s) as f64 / u64::MAX as f64) * 2.0 - 1.0));
-    let k = kernel("exp_f64", DType::F64, xs.len(), Ok(UnaryOp::Exp));
-    let m = build(&k);
-    let got = as_f64(&simulate(&k, &m, &[f64s(&xs)]));
-    let worst = (0..xs.len()).map(|i| ulps64(got[i], xs[i].exp())).max().unwrap_or(0);
-    eprintln!("exp f64: worst {worst} ulp");
-    assert!(worst <= 2, "exp f64: {worst} ulp");
     let mut ls: Vec<f64> = (0..200_000).map(|_| f64::from_bits(xorshift(&mut s) & 0x7FEF_FFFF_FFFF_FFFF)).collect();
     ls.extend((0..100_000).map(|_| 1.0 + ((xorshift(&mut s) >> 11) as f64 - 2f64.powi(52)) * 2f64.powi(-60)));
     ls.extend((0..20_000).map(|_| f64::from_bits(xorshift(&mut s) & 0x000F_FFFF_FFFF_FFFF)));
-    let k = kernel("log_f64", DType::F64, ls.len(), Ok(UnaryOp::Log));
-    let m = build(&k);
-    let got = as_f64(&simulate(&k, &m, &[f64s(&ls)]));
-    let worst = (0..ls.len()).map(|i| ulps64(got[i], ls[i].ln())).max().unwrap_or(0);
-    eprintln!("log f64: worst {worst} ulp");
-    assert!(worst <= 2, "log f64: {worst} ulp");
+    for (op, xs, exact) in [(UnaryOp::Exp, xs, f64::exp as fn(f64) -> f64), (UnaryOp::Log, ls, f64::ln)] {
+        let k = kernel(&format!("{}_f64", op.name()), DType::F64, xs.len(), Ok(op));
+        let got = as_f64(&simulate(&k, &build(&k), &[f64s(&xs)]));
+        let worst = (0..xs.len()).map(|i| ulps64(got[i], exact(xs[i]))).max().unwrap_or(0);
+        eprintln!("{} f64: worst {worst} ulp", op.name());
+        assert!(worst <= 2, "{} f64: {worst} ulp", op.name());
+    }
     let sp: Vec<f64> = ptxsim::f32_specials()
         .into_iter()
         .map(f64::from)
@@ -298,30 +304,25 @@ fn f32_inverse_trigonometric_functions_are_within_one_ulp() {
         let got = as_f32(&simulate(&k, &m, &[f32s(&xs)]));
         let worst = worst32(op.name(), &xs, &got, |i| exact(f64::from(xs[i])) as f32);
         assert!(worst <= 1, "{}: {worst} ulp", op.name());
-        let sp = ptxsim::f32_specials();
-        let k = kernel(&format!("{}_specials", op.name()), DType::F32, sp.len(), Ok(op));
-        exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
+        specials_exact(op);
     }
 }
 
 #[test]
 fn f64_pow_is_within_its_stated_bound() {
     let mut s = 0x7777_1111_2222_3333u64;
-    let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for i in 0..200_000 {
-        let r = xorshift(&mut s);
-        let u = (xorshift(&mut s) >> 11) as f64 / 2f64.powi(53);
-        let (x, y) = match i % 3 {
+    let (xs, ys) = draw_pairs(&mut s, 200_000, |i, s| {
+        let r = xorshift(s);
+        let u = (xorshift(s) >> 11) as f64 / 2f64.powi(53);
+        match i % 3 {
             0 => (1.0 + (u - 0.5) * 1e-6, ((r % 2_000_001) as f64 - 1e6) * 0.37),
             1 => {
                 let x = f64::from_bits((r & 0x3FFF_FFFF_FFFF_FFFF) + 0x0010_0000_0000_0000);
                 (x, (u * 2.0 - 1.0) * 700.0 / x.ln().abs().max(1.0))
             }
             _ => (-(u * 100.0 + 0.01), ((r >> 40) % 61) as f64 - 30.0),
-        };
-        xs.push(x);
-        ys.push(y);
-    }
+        }
+    });
     let k = kernel("pow_f64", DType::F64, xs.len(), Err(BinaryOp::Pow));
     let m = build(&k);
     let got = as_f64(&simulate(&k, &m, &[f64s(&xs), f64s(&ys)]));
@@ -356,7 +357,7 @@ fn f64_pow_is_within_its_stated_bound() {
         }
     }
     let sp: Vec<f64> = ptxsim::f32_specials().into_iter().map(f64::from).collect();
-    let (xs, ys): (Vec<f64>, Vec<f64>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    let (xs, ys) = every_pair(&sp);
     // Non-integer powers of these bases have |y·ln x| ≤ 78: within the bound's 160 ulp.
     let k = kernel("pow_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Pow));
     near_interpreter(&k, &build(&k), &[f64s(&xs), f64s(&ys)], 160);
@@ -367,17 +368,15 @@ fn fmod_is_exact_at_every_quotient() {
     // Quotients from below 1 to the whole exponent range (the reduction loop), both
     // signs, subnormal divisors, and the special values.
     let mut s = 0x2468_ACE0_1357_9BDFu64;
-    let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for i in 0..100_000 {
-        let a = f64::from_bits(xorshift(&mut s) & 0xFFEF_FFFF_FFFF_FFFF);
+    let (xs, ys) = draw_pairs(&mut s, 100_000, |i, s| {
+        let a = f64::from_bits(xorshift(s) & 0xFFEF_FFFF_FFFF_FFFF);
         let b = match i % 4 {
-            0 => f64::from_bits(xorshift(&mut s) & 0x800F_FFFF_FFFF_FFFF),
-            1 => a * ((xorshift(&mut s) % 1000) as f64 / 999.0 + 1e-3),
-            _ => f64::from_bits(xorshift(&mut s) & 0xFFEF_FFFF_FFFF_FFFF),
+            0 => f64::from_bits(xorshift(s) & 0x800F_FFFF_FFFF_FFFF),
+            1 => a * ((xorshift(s) % 1000) as f64 / 999.0 + 1e-3),
+            _ => f64::from_bits(xorshift(s) & 0xFFEF_FFFF_FFFF_FFFF),
         };
-        xs.push(a);
-        ys.push(b);
-    }
+        (a, b)
+    });
     let k = kernel("fmod_f64", DType::F64, xs.len(), Err(BinaryOp::Rem));
     let m = build(&k);
     let got = as_f64(&simulate(&k, &m, &[f64s(&xs), f64s(&ys)]));
@@ -392,7 +391,7 @@ fn fmod_is_exact_at_every_quotient() {
         );
     }
     let sp: Vec<f64> = ptxsim::f32_specials().into_iter().map(f64::from).chain([f64::MAX, 5e-324, 1e300, -1e-300]).collect();
-    let (xs, ys): (Vec<f64>, Vec<f64>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    let (xs, ys) = every_pair(&sp);
     let k = kernel("fmod_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f64s(&xs), f64s(&ys)], 0);
     // f32 through f64: exact too, at every quotient.
@@ -400,8 +399,7 @@ fn fmod_is_exact_at_every_quotient() {
     let ys: Vec<f32> = (0..50_000).map(|_| f32::from_bits(xorshift(&mut s) as u32 & 0xFF7F_FFFF)).collect();
     let k = kernel("fmod_f32", DType::F32, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)], 0);
-    let sp = ptxsim::f32_specials();
-    let (xs, ys): (Vec<f32>, Vec<f32>) = sp.iter().flat_map(|&x| sp.iter().map(move |&y| (x, y))).unzip();
+    let (xs, ys) = every_pair(&ptxsim::f32_specials());
     let k = kernel("fmod_f32_specials", DType::F32, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f32s(&xs), f32s(&ys)], 0);
 }
@@ -483,8 +481,6 @@ fn f32_inverse_hyperbolic_functions_keep_their_relative_precision() {
             }
         });
         assert!(worst <= 2, "{}: {worst} ulp", op.name());
-        let sp = ptxsim::f32_specials();
-        let k = kernel(&format!("{}_specials", op.name()), DType::F32, sp.len(), Ok(op));
-        exact_against_interpreter(&k, &build(&k), &[f32s(&sp)]);
+        specials_exact(op);
     }
 }

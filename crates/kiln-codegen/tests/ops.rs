@@ -28,6 +28,37 @@ fn cast_kernel(name: impl Into<String>, x: &Tensor, to: DType, saturate: bool) -
     b.finish(c).unwrap()
 }
 
+/// `y[i] = x[i]` stored as `to`, `x` one-dimensional (a load of `x`'s storage type, a
+/// store to `to`'s).
+fn copy_kernel(name: &str, x: &Tensor, to: DType) -> Kernel {
+    let mut b = KernelBuilder::new(name, vec![x.ty().clone()], tt(to, &[x.numel()]));
+    let i = b.out_index();
+    let l = b.load(0, i);
+    b.finish(l).unwrap()
+}
+
+/// f32 bit patterns around the finite values of the float type `d` of `ncodes` codes:
+/// each value, its f32 neighbours (±1 and ±2 ulp) and its negation, and the midpoint and
+/// quarter point to the next code's value.
+fn probes_around(d: DType, ncodes: u32) -> Vec<u64> {
+    let mut v: Vec<u64> = Vec::new();
+    for c in 0..ncodes {
+        let f = kiln_ir::lowp::decode(d, c as u8);
+        if f.is_finite() {
+            for delta in [-2i64, -1, 0, 1, 2] {
+                v.push((f.to_bits() as i64 + delta) as u32 as u64);
+                v.push((-f).to_bits() as u64);
+            }
+            let next = kiln_ir::lowp::decode(d, (c + 1) as u8);
+            if next.is_finite() && c + 1 < ncodes {
+                v.push(((f + next) / 2.0).to_bits() as u64);
+                v.push((0.75 * f + 0.25 * next).to_bits() as u64);
+            }
+        }
+    }
+    v
+}
+
 fn values(d: DType) -> Tensor {
     let v = specials(d);
     tensor_bits(d, &[v.len()], &v)
@@ -502,26 +533,10 @@ fn f8_load_cast_store() {
     for d in F8_TYPES {
         let codes: Vec<u64> = (0..256).collect();
         let x = tensor_bits(d, &[256], &codes);
-        let mut b = KernelBuilder::new("f8_load", vec![x.ty().clone()], tt(DType::F32, &[256]));
-        let i = b.out_index();
-        let l = b.load(0, i);
-        let k = b.finish(l).unwrap();
-        check(&k, &[&x], EXACT);
+        check(&copy_kernel("f8_load", &x, DType::F32), &[&x], EXACT);
 
         // Every decoded value, its neighbours and midpoints, and the specials.
-        let mut v: Vec<u64> = Vec::new();
-        for c in 0..256u32 {
-            let f = kiln_ir::lowp::decode(d, c as u8);
-            if f.is_finite() {
-                for delta in [-2i64, -1, 0, 1, 2] {
-                    v.push((f.to_bits() as i64 + delta) as u32 as u64);
-                }
-                let next = kiln_ir::lowp::decode(d, (c + 1) as u8);
-                if next.is_finite() {
-                    v.push(((f + next) / 2.0).to_bits() as u64);
-                }
-            }
-        }
+        let mut v = probes_around(d, 256);
         for s in [0.0f32, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 464.0, 480.0, 61440.0] {
             v.push(s.to_bits() as u64);
         }
@@ -531,11 +546,7 @@ fn f8_load_cast_store() {
             check(&k, &[&x], EXACT);
         }
         // An f32 value stored without a cast rounds as a non-saturating cast would.
-        let mut b = KernelBuilder::new("f8_store", vec![x.ty().clone()], tt(d, &[v.len()]));
-        let i = b.out_index();
-        let l = b.load(0, i);
-        let k = b.finish(l).unwrap();
-        check(&k, &[&x], EXACT);
+        check(&copy_kernel("f8_store", &x, d), &[&x], EXACT);
     }
 }
 
@@ -550,27 +561,9 @@ fn mx_types_load_cast_store() {
         // Every code, then again to an odd count.
         let codes: Vec<u8> = (0..2 * ncodes + 1).map(|c| (c % ncodes) as u8).collect();
         let x = Tensor::from_codes(d, Shape::new(vec![codes.len()]).unwrap(), &codes).unwrap();
-        let mut b = KernelBuilder::new("mx_load", vec![x.ty().clone()], tt(DType::F32, &[codes.len()]));
-        let i = b.out_index();
-        let l = b.load(0, i);
-        let k = b.finish(l).unwrap();
-        check(&k, &[&x], EXACT);
+        check(&copy_kernel("mx_load", &x, DType::F32), &[&x], EXACT);
 
-        let mut v: Vec<u64> = Vec::new();
-        for c in 0..ncodes {
-            let f = kiln_ir::lowp::decode(d, c as u8);
-            if f.is_finite() {
-                for delta in [-2i64, -1, 0, 1, 2] {
-                    v.push((f.to_bits() as i64 + delta) as u32 as u64);
-                    v.push((-f).to_bits() as u64);
-                }
-                let next = kiln_ir::lowp::decode(d, (c + 1) as u8);
-                if next.is_finite() && c + 1 < ncodes {
-                    v.push(((f + next) / 2.0).to_bits() as u64);
-                    v.push((0.75 * f + 0.25 * next).to_bits() as u64);
-                }
-            }
-        }
+        let mut v = probes_around(d, ncodes);
         for s in [0.0f32, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 30.0, 7.0, 3e38] {
             v.push(s.to_bits() as u64);
         }
@@ -585,11 +578,7 @@ fn mx_types_load_cast_store() {
             let k = cast_kernel("mx_cast", &x, d, sat);
             check(&k, &[&x], EXACT);
         }
-        let mut b = KernelBuilder::new("mx_store", vec![x.ty().clone()], tt(d, &[v.len()]));
-        let i = b.out_index();
-        let l = b.load(0, i);
-        let k = b.finish(l).unwrap();
-        check(&k, &[&x], EXACT);
+        check(&copy_kernel("mx_store", &x, d), &[&x], EXACT);
         // From f64 (rounded to f32 to odd first) and from integers.
         for from in [DType::F64, DType::I32, DType::I8] {
             let src = values(from);

@@ -880,6 +880,22 @@ impl<'a> Dec<'a> {
         Ok(v)
     }
 
+    /// A list the format has from minor version `since` of major 1 on (see [`Dec::list`]);
+    /// empty, and nothing read, in an older file.
+    fn list_since<T>(
+        &mut self,
+        since: u16,
+        field: &'static str,
+        min_bytes: usize,
+        item: impl FnMut(&mut Self) -> R<T>,
+    ) -> R<Vec<T>> {
+        if self.format.minor >= since {
+            self.list(field, min_bytes, item)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
     /// A list count; each element takes at least `min_bytes` bytes, so the count is capped
     /// by what remains (this bounds every allocation by the section's size).
     fn count(&mut self, field: &'static str, min_bytes: usize) -> R<usize> {
@@ -1090,45 +1106,33 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
             Ok(BufferView { name, binding, first, last })
         })?;
         // name, binding (3), bound, outputs.
-        let extents = if d.format.minor >= crate::format::EXTENTS_MINOR {
-            d.list("extents", 6, |d| {
-                let name = d.str("extent name")?;
-                let binding = d.binding()?;
-                let bound = d.uv("extent bound")?;
-                let outputs = d.list("extent outputs", 2, |d| Ok((d.u32("extent output")?, d.u32("extent axis")?)))?;
-                Ok(ExtentView { name, binding, bound, outputs })
-            })?
-        } else {
-            Vec::new()
-        };
+        let extents = d.list_since(crate::format::EXTENTS_MINOR, "extents", 6, |d| {
+            let name = d.str("extent name")?;
+            let binding = d.binding()?;
+            let bound = d.uv("extent bound")?;
+            let outputs = d.list("extent outputs", 2, |d| Ok((d.u32("extent output")?, d.u32("extent axis")?)))?;
+            Ok(ExtentView { name, binding, bound, outputs })
+        })?;
         // input, axis, min, bound, two bindings (3 each).
-        let bounded = if d.format.minor >= crate::format::BOUNDED_MINOR {
-            d.list("bounded dimensions", 10, |d| {
-                let input = d.u32("bounded input")?;
-                let axis = d.u32("bounded axis")?;
-                let min = d.uv("bounded min")?;
-                let bound = d.uv("bounded bound")?;
-                let staging = d.binding()?;
-                let extent = d.binding()?;
-                Ok(BoundedDesc { input, axis, min, bound, staging, extent })
-            })?
-        } else {
-            Vec::new()
-        };
+        let bounded = d.list_since(crate::format::BOUNDED_MINOR, "bounded dimensions", 10, |d| {
+            let input = d.u32("bounded input")?;
+            let axis = d.u32("bounded axis")?;
+            let min = d.uv("bounded min")?;
+            let bound = d.uv("bounded bound")?;
+            let staging = d.binding()?;
+            let extent = d.binding()?;
+            Ok(BoundedDesc { input, axis, min, bound, staging, extent })
+        })?;
         // command, dim, outer, span, unit, inner.
-        let bounded_rows = if d.format.minor >= crate::format::BOUNDED_ROWS_MINOR {
-            d.list("bounded rows", 6, |d| {
-                let command = d.u32("bounded rows command")?;
-                let dim = d.u32("bounded rows dimension")?;
-                let outer = d.uv("bounded rows outer")?;
-                let span = d.uv("bounded rows span")?;
-                let unit = d.uv("bounded rows unit")?;
-                let inner = d.uv("bounded rows inner")?;
-                Ok(BoundedRows { command, dim, outer, span, unit, inner })
-            })?
-        } else {
-            Vec::new()
-        };
+        let bounded_rows = d.list_since(crate::format::BOUNDED_ROWS_MINOR, "bounded rows", 6, |d| {
+            let command = d.u32("bounded rows command")?;
+            let dim = d.u32("bounded rows dimension")?;
+            let outer = d.uv("bounded rows outer")?;
+            let span = d.uv("bounded rows span")?;
+            let unit = d.uv("bounded rows unit")?;
+            let inner = d.uv("bounded rows inner")?;
+            Ok(BoundedRows { command, dim, outer, span, unit, inner })
+        })?;
         entries.push(EntryView {
             bounded,
             bounded_rows,
@@ -1163,17 +1167,13 @@ fn read_executables<'a>(d: &mut Dec<'a>) -> R<(Vec<ExecutableView<'a>>, Vec<Kern
             let addend = d.sv("relocation addend")?;
             Ok(Reloc { offset, kind, target, addend })
         })?;
-        let launches = if d.format.minor >= 3 {
-            // block, shared, params: at least 3 bytes each.
-            d.list("launches", 3, |d| {
-                let block = d.u32("launch block")?;
-                let shared = d.u32("launch shared")?;
-                let params = d.u32("launch params")?;
-                Ok(Launch { block, shared, params })
-            })?
-        } else {
-            Vec::new()
-        };
+        // block, shared, params: at least 3 bytes each.
+        let launches = d.list_since(3, "launches", 3, |d| {
+            let block = d.u32("launch block")?;
+            let shared = d.u32("launch shared")?;
+            let params = d.u32("launch params")?;
+            Ok(Launch { block, shared, params })
+        })?;
         let len = d.uv("code length")?;
         let code = d.bytes(len, "code")?;
         Ok(ExecutableView { device, features, code, entries, relocs, launches })

@@ -126,43 +126,38 @@ fn d(p: &mut Program) -> &mut BoundedDesc {
     &mut p.entries[0].bounded[0]
 }
 
+/// One change to a program.
+type Edit = fn(&mut Program);
+
+/// The problem `base` has once `edit` has changed it.
+fn edited(base: Program, edit: impl FnOnce(&mut Program)) -> String {
+    let mut p = base;
+    edit(&mut p);
+    bounded_problem(&p)
+}
+
 #[test]
 fn the_verifier_refuses_malformed_bounded_dimensions() {
     Module::verify(&write_program(&bounded_program(5, 1)), None, u64::MAX).expect("valid");
-    let base = || bounded_program(5, 1);
-    let mut p = base();
-    d(&mut p).input = 2;
-    assert!(bounded_problem(&p).contains("names input 2"));
-    let mut p = base();
-    d(&mut p).axis = 1;
-    assert!(bounded_problem(&p).contains("do not have the bound"));
-    let mut p = base();
-    d(&mut p).bound = 4;
-    assert!(bounded_problem(&p).contains("do not have the bound"));
-    let mut p = base();
-    d(&mut p).min = 6;
-    assert!(bounded_problem(&p).contains("smallest extent 6"));
-    let mut p = base();
-    d(&mut p).staging.length = 16;
-    assert!(bounded_problem(&p).contains("staging"));
-    let mut p = base();
-    d(&mut p).staging.slot = Slot::Input(0);
-    assert!(bounded_problem(&p).contains("staging"));
-    let mut p = base();
-    d(&mut p).extent.length = 4;
-    assert!(bounded_problem(&p).contains("extent binding"));
-    let mut p = base();
-    let arena = p.entries[0].arena_size;
-    d(&mut p).extent.offset = arena - 4;
-    bounded_problem(&p);
-    let mut p = base();
-    let s = d(&mut p).staging.offset;
-    d(&mut p).extent.offset = s + 8;
-    assert!(bounded_problem(&p).contains("overlap"));
-    let mut p = base();
-    let again = p.entries[0].bounded[0].clone();
-    p.entries[0].bounded.push(again);
-    assert!(bounded_problem(&p).contains("more than one bounded dimension"));
+    let refused: [(&str, Edit); 10] = [
+        ("names input 2", |p| d(p).input = 2),
+        ("do not have the bound", |p| d(p).axis = 1),
+        ("do not have the bound", |p| d(p).bound = 4),
+        ("smallest extent 6", |p| d(p).min = 6),
+        ("staging", |p| d(p).staging.length = 16),
+        ("staging", |p| d(p).staging.slot = Slot::Input(0)),
+        ("extent binding", |p| d(p).extent.length = 4),
+        ("run past its", |p| d(p).extent.offset = p.entries[0].arena_size - 4),
+        ("overlap", |p| d(p).extent.offset = d(p).staging.offset + 8),
+        ("more than one bounded dimension", |p| {
+            let again = d(p).clone();
+            p.entries[0].bounded.push(again);
+        }),
+    ];
+    for (needle, edit) in refused {
+        let problem = edited(bounded_program(5, 1), edit);
+        assert!(problem.contains(needle), "{problem:?} does not say {needle:?}");
+    }
 }
 
 /// `bounded_program(6, 1)` whose add (command 1, six one-element workgroups) lists its
@@ -214,26 +209,21 @@ fn the_verifier_refuses_malformed_bounded_rows() {
     fn r(p: &mut Program) -> &mut BoundedRows {
         &mut p.entries[0].bounded_rows[0]
     }
-    let mut p = rows_program(1, 1);
-    r(&mut p).command = 0;
-    assert!(bounded_problem(&p).contains("not a dispatch"));
-    let mut p = rows_program(1, 1);
-    r(&mut p).command = 99;
-    assert!(bounded_problem(&p).contains("not a dispatch"));
-    let mut p = rows_program(1, 1);
-    r(&mut p).dim = 1;
-    assert!(bounded_problem(&p).contains("bounded dimension 1"));
-    let mut p = rows_program(1, 1);
-    r(&mut p).inner = 2;
-    assert!(bounded_problem(&p).contains("do not split 6 workgroups"));
-    let mut p = rows_program(2, 2);
-    r(&mut p).span = 6;
-    assert!(bounded_problem(&p).contains("do not split"));
-    let mut p = rows_program(1, 1);
-    r(&mut p).unit = 0;
-    assert!(bounded_problem(&p).contains("do not split"));
-    let mut p = rows_program(1, 1);
-    let again = p.entries[0].bounded_rows[0];
-    p.entries[0].bounded_rows.push(again);
-    assert!(bounded_problem(&p).contains("listed twice"));
+    // Each edit of `rows_program(unit, inner)`.
+    let refused: [((u64, u64), &str, Edit); 7] = [
+        ((1, 1), "not a dispatch", |p| r(p).command = 0),
+        ((1, 1), "not a dispatch", |p| r(p).command = 99),
+        ((1, 1), "bounded dimension 1", |p| r(p).dim = 1),
+        ((1, 1), "do not split 6 workgroups", |p| r(p).inner = 2),
+        ((2, 2), "do not split", |p| r(p).span = 6),
+        ((1, 1), "do not split", |p| r(p).unit = 0),
+        ((1, 1), "listed twice", |p| {
+            let again = *r(p);
+            p.entries[0].bounded_rows.push(again);
+        }),
+    ];
+    for ((unit, inner), needle, edit) in refused {
+        let problem = edited(rows_program(unit, inner), edit);
+        assert!(problem.contains(needle), "{problem:?} does not say {needle:?}");
+    }
 }

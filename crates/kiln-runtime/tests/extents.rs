@@ -103,32 +103,27 @@ fn extent_problem(p: &Program) -> String {
     }
 }
 
+/// One change to a program.
+type Edit = fn(&mut Program);
+
 #[test]
 fn the_verifier_refuses_malformed_extents() {
     Module::verify(&write_program(&extent_program(4, 2)), None, u64::MAX).expect("valid");
-    let base = || extent_program(4, 2);
-    let mut p = base();
-    x(&mut p).binding.length = 4;
-    assert!(extent_problem(&p).contains("not 8 bytes"));
-    let mut p = base();
-    x(&mut p).binding.slot = Slot::Output(0);
-    assert!(extent_problem(&p).contains("not 8 bytes of the arena"));
-    let mut p = base();
-    let arena = p.entries[0].arena_size;
-    x(&mut p).binding.offset = arena - 4;
-    extent_problem(&p);
-    let mut p = base();
-    x(&mut p).outputs = vec![(1, 0)];
-    assert!(extent_problem(&p).contains("output 1"));
-    let mut p = base();
-    x(&mut p).outputs = vec![(0, 1)];
-    assert!(extent_problem(&p).contains("not the bound"));
-    let mut p = base();
-    x(&mut p).bound = 3;
-    assert!(extent_problem(&p).contains("not the bound"));
-    let mut p = base();
-    x(&mut p).outputs = vec![(0, 0), (0, 0)];
-    assert!(extent_problem(&p).contains("more than one extent"));
+    let refused: [(&str, Edit); 7] = [
+        ("not 8 bytes", |p| x(p).binding.length = 4),
+        ("not 8 bytes of the arena", |p| x(p).binding.slot = Slot::Output(0)),
+        ("run past its", |p| x(p).binding.offset = p.entries[0].arena_size - 4),
+        ("output 1", |p| x(p).outputs = vec![(1, 0)]),
+        ("not the bound", |p| x(p).outputs = vec![(0, 1)]),
+        ("not the bound", |p| x(p).bound = 3),
+        ("more than one extent", |p| x(p).outputs = vec![(0, 0), (0, 0)]),
+    ];
+    for (needle, edit) in refused {
+        let mut p = extent_program(4, 2);
+        edit(&mut p);
+        let problem = extent_problem(&p);
+        assert!(problem.contains(needle), "{problem:?} does not say {needle:?}");
+    }
 }
 
 #[test]

@@ -184,13 +184,19 @@ fn one_device_replicates_everything() {
     assert_eq!(sh.segments.len(), 1);
 }
 
+/// A graph `name` of an input `x [m, k]` by a constant `w [k, n]` (MatMul), and the product.
+fn product_graph(name: &str, (m, k, n): (usize, usize, usize)) -> (Graph, ValueId) {
+    let mut g = Graph::new(name);
+    let x = g.add_input("x", ty(&[m, k]));
+    let w = constant(&mut g, "w", &[k, n], 1);
+    let y = node(&mut g, Op::new(OpKind::MatMul), &[x, w], "mm", &[m, n]);
+    (g, y)
+}
+
 #[test]
 fn a_split_that_reaches_an_op_without_a_rule_is_dropped_and_replicated() {
     // MatMul(x, W) then a reduction over the split axis: no rule, so no split.
-    let mut g = Graph::new("reduce");
-    let x = g.add_input("x", ty(&[4, 8]));
-    let w = constant(&mut g, "w", &[8, 16], 1);
-    let y = node(&mut g, Op::new(OpKind::MatMul), &[x, w], "mm", &[4, 16]);
+    let (mut g, y) = product_graph("reduce", (4, 8, 16));
     let axes = g.add_const("axes", Tensor::from_vec(Shape::new(vec![1]).expect("s"), vec![1i64]).expect("axes"));
     let r = node(&mut g, Op::new(OpKind::ReduceSum), &[y, axes], "sum", &[4, 1]);
     g.outputs.push(r);
@@ -202,10 +208,7 @@ fn a_split_that_reaches_an_op_without_a_rule_is_dropped_and_replicated() {
 #[test]
 fn a_split_graph_output_is_all_gathered() {
     // A vocabulary-parallel output layer: MatMul(x, W) by columns, gathered.
-    let mut g = Graph::new("logits");
-    let x = g.add_input("x", ty(&[3, 8]));
-    let w = constant(&mut g, "w", &[8, 12], 1);
-    let y = node(&mut g, Op::new(OpKind::MatMul), &[x, w], "logits", &[3, 12]);
+    let (mut g, y) = product_graph("logits", (3, 8, 12));
     let t = node(&mut g, Op::new(OpKind::Tanh), &[y], "tanh", &[3, 12]);
     g.outputs.push(t);
     for n in [2, 3, 4] {

@@ -18,7 +18,7 @@
 
 use super::contraction::{linear, operand_element, operand_row, pred, u32_op, Map, Var};
 use super::mma::{Feed, Layout};
-use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use super::ptx::{Imm, Label, Opd, Ptx, Reg, RegClass};
 
 /// Items (chunks or elements) of a `rows × bk` tile each of `threads` copies.
 pub fn items(f: Feed, rows: u32, (bk, threads): (u32, u32)) -> u32 {
@@ -231,6 +231,68 @@ pub(super) fn issue(ring: &Ring, p: &mut Ptx, s: &Src, (k0, k_end): (Reg, &Opd),
         }
     }
     vals
+}
+
+/// The pipeline's prologue: steps `0 .. ahead` of both operands (`a`, `b`, their stages
+/// `a_stage` and `b_stage` bytes apart) copied into stages `0 .. ahead`, register-staged
+/// elements stored as soon as read, each step its own `cp.async` group; `kq`, the step's
+/// first `k`, advances by [`Ring::bk`] a step.
+pub(super) fn prologue(
+    ring: &Ring,
+    p: &mut Ptx,
+    (a, b): (&Src, &Src),
+    (a_stage, b_stage): (u32, u32),
+    (kq, k_end): (Reg, &Opd),
+    ahead: u32,
+) {
+    for st in 0..ahead {
+        let va = issue(ring, p, a, (kq, k_end), st * a_stage);
+        let vb = issue(ring, p, b, (kq, k_end), st * b_stage);
+        store(p, a, &va, st * a_stage);
+        store(p, b, &vb, st * b_stage);
+        p.op("cp.async.commit_group", &[]);
+        p.op("add.u32", &[kq.into(), kq.into(), Imm::U(ring.bk.into()).into()]);
+    }
+}
+
+/// The main loop's control, unrolled over the stages: copy `u` of the body runs the steps
+/// `t ≡ u (mod stages)`, and the loop leaves after the last step.
+pub(super) struct Steps {
+    /// How many: `k_chunk / bk`.
+    count: u64,
+    /// The step counter (u32).
+    step: Reg,
+    /// Where the first copy of the body starts.
+    head: Label,
+    /// Past the loop (the caller places it after the last copy).
+    pub exit: Label,
+    /// Copies of the body.
+    stages: u32,
+}
+
+impl Steps {
+    /// Starts the loop over `k_chunk` in steps of [`Ring::bk`] here: the counter at 0, the
+    /// first copy of the body next.
+    pub(super) fn open(ring: &Ring, p: &mut Ptx, k_chunk: u64, stages: u32) -> Steps {
+        let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
+        let (head, exit) = (p.label(), p.label());
+        p.place(head);
+        Steps { count: k_chunk / u64::from(ring.bk), step, head, exit, stages }
+    }
+
+    /// Ends copy `u` of the body: `kq` (the step's first `k`) advanced by [`Ring::bk`] and
+    /// the counter by 1, then out after the last step, or (the last copy) back to the first
+    /// while steps remain.
+    pub(super) fn end_copy(&self, ring: &Ring, p: &mut Ptx, kq: Reg, u: u32) {
+        p.op("add.u32", &[kq.into(), kq.into(), Imm::U(ring.bk.into()).into()]);
+        p.op("add.u32", &[self.step.into(), self.step.into(), Imm::U(1).into()]);
+        let more = pred(p, "setp.lt.u32", self.step, Imm::U(self.count).into());
+        if u + 1 < self.stages {
+            p.bra(Some((more, true)), self.exit);
+        } else {
+            p.bra(Some((more, false)), self.head);
+        }
+    }
 }
 
 /// Stores register-staged `vals` of `s` into the stage `stage` bytes past the first.

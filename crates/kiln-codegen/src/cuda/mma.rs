@@ -134,9 +134,9 @@ use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::contraction::{
-    self, choose_split, choose_tile, linear, pred, u32_op, BlockStart, Map, Order, Plan, Tile, Var,
+    self, choose_split, choose_tile, linear, u32_op, BlockStart, Map, Order, Plan, Tile, Var,
 };
-use super::feed::{self, Ring};
+use super::feed::{self, Ring, Steps};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, tune, Entry, Launch, BLOCK};
 use crate::CodegenError;
@@ -575,20 +575,11 @@ impl Emitter<'_> {
 
         // Prologue: steps 0 .. stages-1 into stages 0 .. stages-1.
         let kq = p.mov(RegClass::B32, "u32", k_start.map_or(Imm::U(0).into(), Opd::R));
-        for st in 0..stages - 1 {
-            let va = feed::issue(&ring, p, &sa, (kq, &k_end), st * a_stage);
-            let vb = feed::issue(&ring, p, &sb, (kq, &k_end), st * b_stage);
-            feed::store(p, &sa, &va, st * a_stage);
-            feed::store(p, &sb, &vb, st * b_stage);
-            p.op("cp.async.commit_group", &[]);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
-        }
+        feed::prologue(&ring, p, (&sa, &sb), (a_stage, b_stage), (kq, &k_end), stages - 1);
 
         // The loop, unrolled over the stages: copy `u` runs the steps `t ≡ u (mod
         // stages)`, reading stage `u` and writing stage `(u + stages - 1) mod stages`
         // (immediate offsets), leaving after the last step.
-        let steps = plan.k_chunk / u64::from(bk);
-        let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
         let ty = if plan.a.dtype == DType::F16 { "f16" } else { "bf16" };
         let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
         let ldm = |f: Feed| {
@@ -597,8 +588,7 @@ impl Emitter<'_> {
                 if f.layout == Layout::RMajor { ".trans" } else { "" }
             )
         };
-        let (head, exit) = (p.label(), p.label());
-        p.place(head);
+        let steps = Steps::open(&ring, p, plan.k_chunk, stages);
         for u in 0..stages {
             let wr = (u + stages - 1) % stages;
             p.op("cp.async.wait_group", &[Imm::I(i64::from(stages) - 2).into()]);
@@ -629,16 +619,9 @@ impl Emitter<'_> {
             }
             feed::store(p, &sa, &va, wr * a_stage);
             feed::store(p, &sb, &vb, wr * b_stage);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(bk.into()).into()]);
-            p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
-            let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
-            if u + 1 < stages {
-                p.bra(Some((more, true)), exit);
-            } else {
-                p.bra(Some((more, false)), head);
-            }
+            steps.end_copy(&ring, p, kq, u);
         }
-        p.place(exit);
+        p.place(steps.exit);
         p.op("cp.async.wait_all", &[]);
         if let Some(rank) = rank {
             // A split: the partial tile over the stages (every warp is done reading them

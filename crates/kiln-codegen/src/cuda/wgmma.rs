@@ -98,7 +98,7 @@ use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::contraction::{self, choose_split, choose_tile, linear, pred, u32_op, BlockStart, Plan, Tile, SMS};
-use super::feed::{self, Ring};
+use super::feed::{self, Ring, Steps};
 use super::mma::{self, Feed, Layout};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, Entry, Launch};
@@ -348,21 +348,14 @@ impl Emitter<'_> {
         let accumulate = pred(p, "setp.ge.u32", tid, Imm::U(0).into());
 
         // Prologue: steps 0 .. AHEAD into stages 0 .. AHEAD.
+        // Both operands are `cp.async`-fed: nothing is register-staged.
         let kq = p.mov(RegClass::B32, "u32", Imm::U(0).into());
-        for st in 0..AHEAD {
-            feed::issue(&ring, p, &sa, (kq, &k_end), st * a_stage);
-            feed::issue(&ring, p, &sb, (kq, &k_end), st * b_stage);
-            p.op("cp.async.commit_group", &[]);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
-        }
+        feed::prologue(&ring, p, (&sa, &sb), (a_stage, b_stage), (kq, &k_end), AHEAD);
 
-        let steps = plan.k_chunk / u64::from(BK);
-        let step = p.mov(RegClass::B32, "u32", Imm::U(0).into());
         let ty = if plan.a.dtype == DType::F16 { "f16" } else { "bf16" };
         let op = format!("wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty}");
         let trans = |f: Feed| Imm::I(i64::from(f.layout == Layout::RMajor));
-        let (head, exit) = (p.label(), p.label());
-        p.place(head);
+        let steps = Steps::open(&ring, p, plan.k_chunk, STAGES);
         for u in 0..STAGES {
             let ws = (u + AHEAD) % STAGES;
             p.op("cp.async.wait_group", &[Imm::I(i64::from(AHEAD) - 1).into()]);
@@ -394,16 +387,9 @@ impl Emitter<'_> {
             }
             p.op("wgmma.commit_group.sync.aligned", &[]);
             p.op("wgmma.wait_group.sync.aligned", &[Imm::I(1).into()]);
-            p.op("add.u32", &[kq.into(), kq.into(), Imm::U(BK.into()).into()]);
-            p.op("add.u32", &[step.into(), step.into(), Imm::U(1).into()]);
-            let more = pred(p, "setp.lt.u32", step, Imm::U(steps).into());
-            if u + 1 < STAGES {
-                p.bra(Some((more, true)), exit);
-            } else {
-                p.bra(Some((more, false)), head);
-            }
+            steps.end_copy(&ring, p, kq, u);
         }
-        p.place(exit);
+        p.place(steps.exit);
         p.op("wgmma.wait_group.sync.aligned", &[Imm::I(0).into()]);
         p.op("cp.async.wait_all", &[]);
 
