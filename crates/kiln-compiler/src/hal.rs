@@ -340,7 +340,8 @@ pub fn entry_point(
 /// extent shortens (format 1.7): each of [`FlowProgram::bounded_rows`] whose kernel's
 /// workgroup index has a digit along that axis (`digits`, per dispatch, from the code
 /// generator), split around that digit. A dispatch listed along two axes (attention
-/// scores: query rows and key columns) takes the first that has a digit.
+/// scores: query rows and key columns) takes the first that has a digit. The list is
+/// in ascending command order.
 pub fn bounded_rows(
     p: &FlowProgram,
     entry: &EntryPoint,
@@ -373,5 +374,8 @@ pub fn bounded_rows(
         }
         out.push(kiln_module::program::BoundedRows { command: command as u32, dim, outer, span, unit, inner });
     }
+    // In command order, as the format asks (the runtime finds a command's entry by
+    // binary search).
+    out.sort_by_key(|r| r.command);
     out
 }

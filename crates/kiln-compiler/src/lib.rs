@@ -355,6 +355,9 @@ pub struct Compilation {
     /// The higher levels' code ([`Options::cpu_variants`]), after [`Stage::Codegen`].
     tiers: Vec<variants::Tier>,
     cuda: Option<CudaModule>,
+    /// The architecture `cuda` was written for: the first (best) of
+    /// [`Options::cuda_archs`].
+    cuda_arch: CudaTargetArch,
     /// The modules of the further architectures of [`Options::cuda_archs`], after the
     /// first (best) one, which is `cuda`.
     cuda_more: Vec<(CudaTargetArch, CudaModule)>,
@@ -382,6 +385,7 @@ impl Compilation {
             cpu: None,
             tiers: Vec::new(),
             cuda: None,
+            cuda_arch: CudaTargetArch::Sm90a,
             cuda_more: Vec::new(),
             cubin: None,
             program: None,
@@ -627,6 +631,7 @@ impl Compilation {
                     self.cubin = Some(ptxas::assemble(path, &cuda)?);
                 }
                 self.cuda = Some(cuda);
+                self.cuda_arch = arch;
                 self.cuda_more = modules;
             }
             Stage::Codegen => {
@@ -663,7 +668,7 @@ impl Compilation {
                         executable: &cuda.executable,
                         cpu: None,
                         cubin: self.cubin.as_ref().map(|c| &c.executable),
-                        cuda_arch: cuda_archs(&self.options.cuda_archs)[0],
+                        cuda_arch: self.cuda_arch,
                         cuda_more: &self.cuda_more,
                         workgroups: cuda.launches.iter().map(|l| l.grid).collect(),
                         work_ns: Vec::new(),

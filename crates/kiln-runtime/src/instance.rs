@@ -211,10 +211,17 @@ pub(crate) unsafe fn rows_of(
     if entry.bounded_rows.is_empty() || workgroups != recorded {
         return None;
     }
-    let r = entry.bounded_rows.iter().find(|r| r.command as usize == i)?;
+    let r = command_rows(&entry.bounded_rows, i)?;
     let b = entry.bounded.get(r.dim as usize)?;
     // SAFETY: the caller's contract.
     Some((*r, unsafe { staged_extent(&b.extent, b.bound, bases) }))
+}
+
+/// The bounded rows of command `i` in an entry's list, which the verifier checked is in
+/// ascending command order.
+pub(crate) fn command_rows(list: &[BoundedRows], i: usize) -> Option<&BoundedRows> {
+    let k = list.binary_search_by_key(&i, |r| r.command as usize).ok()?;
+    list.get(k)
 }
 
 /// The extent a call passed along a bounded dimension, from its `extent` binding

@@ -244,10 +244,8 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
                     continue;
                 }
                 // (Only where this host's variant splits its workgroups as the plan says.)
-                let rows = e
-                    .bounded_rows
-                    .iter()
-                    .find(|r| r.command as usize == i && workgroups == recorded)
+                let rows = crate::instance::command_rows(&e.bounded_rows, i)
+                    .filter(|_| workgroups == recorded)
                     .and_then(|r| e.bounded.get(r.dim as usize).map(|b| (*r, b.extent, b.bound)));
                 if s.jobs[open..].iter().any(|p| conflict(p.bindings, bindings)) {
                     close(&mut s, &mut open, last);

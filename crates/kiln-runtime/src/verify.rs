@@ -208,11 +208,15 @@ fn collective_parts(
     Ok(())
 }
 
+/// Largest grid a CUDA launch may name (`gridDimX` is at most 2³¹ − 1): the verifier's
+/// bound on a variant's own grid and the graph builder's on every kernel node.
+pub const CUDA_MAX_GRID: u64 = (1 << 31) - 1;
+
 /// Checks what a variant's condition says against what its executable is: a CPU
 /// condition names known features and at least one, on a CPU executable; a CUDA one
 /// names a compute capability of major 1 or more, on a CUDA executable, whose variant
 /// takes the dispatch's grid (workgroups 0) or a grid of its own that a launch can
-/// name (at most `u32::MAX` blocks).
+/// name (at most [`CUDA_MAX_GRID`] blocks).
 fn condition(v: &Variant, device: DeviceKind) -> Result<(), ConditionProblem> {
     let wrong = |condition| Err(ConditionProblem::WrongDevice { condition, executable: device });
     match v.condition {
@@ -227,7 +231,7 @@ fn condition(v: &Variant, device: DeviceKind) -> Result<(), ConditionProblem> {
         Condition::Cuda(a) if a.major == 0 => return Err(ConditionProblem::CudaArch { sm: a.sm() }),
         Condition::Cuda(_) => {}
     }
-    if device == DeviceKind::Cuda && v.workgroups > u64::from(u32::MAX) {
+    if device == DeviceKind::Cuda && v.workgroups > CUDA_MAX_GRID {
         return Err(ConditionProblem::CudaWorkgroups { workgroups: v.workgroups });
     }
     Ok(())
@@ -358,8 +362,14 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
             let Some(Command::Dispatch { workgroups, .. }) = e.commands.get(r.command as usize) else {
                 return Err(bad("the command is not a dispatch".into()));
             };
-            if e.bounded_rows[..k].iter().any(|o| o.command == r.command) {
-                return Err(bad("the dispatch is listed twice".into()));
+            // Ascending command order, each dispatch once (the runtime binary-searches).
+            if k > 0 && e.bounded_rows[k - 1].command >= r.command {
+                let prev = e.bounded_rows[k - 1].command;
+                return Err(bad(if prev == r.command {
+                    "the dispatch is listed twice".into()
+                } else {
+                    format!("listed after command {prev}: the list is not in ascending command order")
+                }));
             }
             let total = r.outer.checked_mul(r.span).and_then(|x| x.checked_mul(r.inner));
             if r.unit == 0 || r.span != b.bound.div_ceil(r.unit) || total != Some(*workgroups) {

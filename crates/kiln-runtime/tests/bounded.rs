@@ -210,7 +210,7 @@ fn the_verifier_refuses_malformed_bounded_rows() {
         &mut p.entries[0].bounded_rows[0]
     }
     // Each edit of `rows_program(unit, inner)`.
-    let refused: [((u64, u64), &str, Edit); 7] = [
+    let refused: [((u64, u64), &str, Edit); 8] = [
         ((1, 1), "not a dispatch", |p| r(p).command = 0),
         ((1, 1), "not a dispatch", |p| r(p).command = 99),
         ((1, 1), "bounded dimension 1", |p| r(p).dim = 1),
@@ -220,6 +220,13 @@ fn the_verifier_refuses_malformed_bounded_rows() {
         ((1, 1), "listed twice", |p| {
             let again = *r(p);
             p.entries[0].bounded_rows.push(again);
+        }),
+        // A second dispatch, listed first: the list must ascend by command.
+        ((1, 1), "not in ascending command order", |p| {
+            let e = &mut p.entries[0];
+            e.commands.push(e.commands[1].clone());
+            let later = BoundedRows { command: e.commands.len() as u32 - 1, ..e.bounded_rows[0] };
+            e.bounded_rows.insert(0, later);
         }),
     ];
     for ((unit, inner), needle, edit) in refused {

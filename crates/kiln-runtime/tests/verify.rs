@@ -550,7 +550,7 @@ fn malformed_conditions_are_refused() {
         assert_eq!(invalid(&p), want, "{condition:?}");
         assert_eq!(plan_error(&p), want, "{condition:?}");
     }
-    // On a CUDA executable: a CPU condition, a compute capability 0.x, a grid past u32.
+    // On a CUDA executable: a CPU condition, a compute capability 0.x, a grid past 2³¹ − 1.
     let cuda_cases: [(Condition, u64, ConditionProblem); 3] = [
         (
             Condition::CpuFeatures(CpuFeature::Avx2.bit()),
@@ -558,7 +558,7 @@ fn malformed_conditions_are_refused() {
             ConditionProblem::WrongDevice { condition: DeviceKind::Cpu, executable: DeviceKind::Cuda },
         ),
         (Condition::Cuda(CudaArch { major: 0, minor: 7, specific: false }), 0, ConditionProblem::CudaArch { sm: 7 }),
-        (Condition::Cuda(CudaArch::SM80), 1 << 32, ConditionProblem::CudaWorkgroups { workgroups: 1 << 32 }),
+        (Condition::Cuda(CudaArch::SM80), 1 << 31, ConditionProblem::CudaWorkgroups { workgroups: 1 << 31 }),
     ];
     for (condition, workgroups, problem) in cuda_cases {
         let mut p = cuda_add_program();

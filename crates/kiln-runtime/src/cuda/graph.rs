@@ -38,8 +38,9 @@ use kiln_module::sections::EntryView;
 /// or the arena's when it asks for more.
 pub const REGION_ALIGN: u64 = 256;
 
-/// Largest grid a kernel node may have (`gridDimX` is at most 2³¹ − 1).
-pub const MAX_GRID: u64 = (1 << 31) - 1;
+/// Largest grid a kernel node may have (`gridDimX` is at most 2³¹ − 1; the verifier's
+/// bound too).
+pub const MAX_GRID: u64 = crate::verify::CUDA_MAX_GRID;
 
 /// Where each slot lives in the one device allocation, as offsets from its base.
 #[derive(Debug, Clone, PartialEq, Eq)]
