@@ -19,7 +19,8 @@
 //! A wave the compiler estimates too small to pay for the hand-off (see
 //! [`worth_splitting`]) runs on the calling thread alone, as a one-workgroup wave does.
 //!
-//! A worker's share is cut into [`PARTS`] contiguous parts, each *claimed* before it
+//! A worker's share is cut into [`PARTS`] contiguous parts (fewer where a part would
+//! hold under [`PART_WORKGROUPS`] workgroups of a dispatch), each *claimed* before it
 //! runs, in order, by the worker or by the calling thread: once its own share is done,
 //! the calling thread claims and runs every part that no worker has claimed yet, and
 //! then waits only for the parts workers did claim. A worker that the system has not
@@ -309,20 +310,40 @@ struct Wave {
 /// share is never claimed by another thread and runs whole).
 pub(crate) const PARTS: u64 = 4;
 
-/// Runs part `part` of `parts` of thread `me`'s share of every dispatch of `wave`.
+/// The fewest workgroups of a dispatch a part holds (a share of fewer holds one part,
+/// of fewer than `PARTS ×` this as many parts as it has twos): each part is a kernel
+/// call, and what a kernel does once a call it does again for every part. Parts of one
+/// workgroup made mobilenet_v2's channel-vector projections over 7×7 maps (each call
+/// copies B, 188 KB, to the stack) slower on two threads the more workgroups they had:
+/// five of two panels took 157 µs, ten of one 186 µs (`kiln bench --profile`).
+pub(crate) const PART_WORKGROUPS: u64 = 2;
+
+/// Workgroups `begin..end` of part `part` (of [`PARTS`]) of a share of `n` workgroups:
+/// the share cut into `PARTS` contiguous ranges, or fewer where that would leave a
+/// range under [`PART_WORKGROUPS`]; the parts past those are empty.
+pub(crate) fn part_range(n: u64, part: u64) -> (u64, u64) {
+    let parts = PARTS.min(n / PART_WORKGROUPS).max(1);
+    if part >= parts {
+        return (n, n);
+    }
+    split(n, parts, part)
+}
+
+/// Runs part `which` ([`part_range`]) of thread `me`'s share of every dispatch of
+/// `wave`, or all of it (`None`).
 ///
 /// # Safety
 ///
 /// `wave` describes live jobs whose tables and kernels are valid as in
 /// [`crate::Instance`]'s dispatch, and every part of every thread `0..threads` of this
 /// wave runs once (the parts are disjoint and together cover each dispatch).
-unsafe fn run_share(wave: Wave, me: u64, threads: u64, part: u64, parts: u64) {
+unsafe fn run_share(wave: Wave, me: u64, threads: u64, which: Option<u64>) {
     // SAFETY: `jobs` points to `len` initialised jobs that stay untouched while the
     // wave runs (the caller's contract).
     let jobs = unsafe { core::slice::from_raw_parts(wave.jobs, wave.len) };
     for (j, job) in jobs.iter().enumerate() {
         let (b, e) = share(job.workgroups, threads, me, j as u64);
-        let (pb, pe) = split(e - b, parts, part);
+        let (pb, pe) = which.map_or((0, e - b), |p| part_range(e - b, p));
         let (begin, end) = (b + pb, b + pe);
         if begin < end {
             // SAFETY: as the local-sync dispatch in `Instance::run`: the table holds one
@@ -492,7 +513,7 @@ fn worker(shared: &Shared, me: u64) {
             // SAFETY: the calling thread published a live wave and waits for every
             // claimed part before it touches the jobs, the tables or the memory they
             // point to; each part runs once (claimed once; `me` is unique, 1..threads).
-            unsafe { run_share(wave, me, shared.threads, part, PARTS) };
+            unsafe { run_share(wave, me, shared.threads, Some(part)) };
             shared.finished();
         }
     }
@@ -566,14 +587,14 @@ impl Pool {
         s.pending.store(self.handles.len() as u32 * PARTS as u32, Relaxed);
         let e = s.release();
         // SAFETY: the caller's contract; thread 0 is the calling thread.
-        unsafe { run_share(wave, 0, s.threads, 0, 1) };
+        unsafe { run_share(wave, 0, s.threads, None) };
         // The parts no worker has claimed yet: run here rather than wait for a worker
         // the system may not schedule for a while.
         for t in 1..s.threads {
             while let Some(part) = s.claim(t as usize, e) {
                 // SAFETY: as above; this part of thread `t`'s share was claimed here, so
                 // no worker runs it.
-                unsafe { run_share(wave, t, s.threads, part, PARTS) };
+                unsafe { run_share(wave, t, s.threads, Some(part)) };
                 s.pending.fetch_sub(1, SeqCst);
             }
         }
@@ -791,9 +812,12 @@ mod tests {
                 for me in 0..threads {
                     let (b, e) = share(n, threads, me, 1);
                     let mut at = b;
-                    for part in 0..PARTS {
-                        let (pb, pe) = split(e - b, PARTS, part);
+                    for p in 0..PARTS {
+                        let (pb, pe) = part_range(e - b, p);
                         assert_eq!(b + pb, at);
+                        if pe > pb {
+                            assert!(pe - pb >= PART_WORKGROUPS.min(e - b), "a part of {} of {}", pe - pb, e - b);
+                        }
                         at = b + pe;
                     }
                     assert_eq!(at, e);

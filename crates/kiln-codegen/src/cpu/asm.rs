@@ -124,11 +124,22 @@ pub(crate) fn leaf_row_next(a: &mut CodeAssembler, top: CodeLabel) -> R<()> {
 /// (innermost last); clobbers `rax`, `rcx`, `rdx`.
 pub(crate) fn decode_row(a: &mut CodeAssembler, dims: &[i64]) -> R<()> {
     a.mov(rax, r10)?;
+    divide_out(a, dims, |a, d| Ok(a.mov(COORD[d], rdx)?))
+}
+
+/// Divides `rax` (a row index) by the outer dims `dims`, innermost (last) first; after
+/// each division `rdx` holds dimension `d`'s coordinate and `digit(a, d)` uses it.
+/// Clobbers `rax`, `rcx`, `rdx`.
+pub(crate) fn divide_out(
+    a: &mut CodeAssembler,
+    dims: &[i64],
+    mut digit: impl FnMut(&mut CodeAssembler, usize) -> R<()>,
+) -> R<()> {
     for d in (0..dims.len()).rev() {
         a.xor(edx, edx)?;
         a.mov(rcx, dims[d])?;
         a.div(rcx)?;
-        a.mov(COORD[d], rdx)?;
+        digit(a, d)?;
     }
     Ok(())
 }

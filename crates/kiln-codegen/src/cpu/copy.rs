@@ -20,7 +20,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::affine::load_offset;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::asm::{end_rows, leaf_row_loop, leaf_row_next, leaf_row_registers, RowKernel, COORD};
+use super::asm::{divide_out, end_rows, leaf_row_loop, leaf_row_next, leaf_row_registers, RowKernel, COORD};
 use super::gemm::{no, NotHere, R};
 
 /// Shortest row worth a row of its own (shorter ones stay general).
@@ -232,36 +232,15 @@ fn emit_bytes(p: &Copy) -> R<(Vec<u8>, u64)> {
         a.rep().movsb()?;
         a.mov(rsi, rdx)?;
     } else {
+        // Widest first: after the 32-byte moves fewer than 32 bytes are left, so each
+        // narrower move runs at most once.
         let mut at = 0i32;
         let w = w as i32;
-        while w - at >= 32 {
-            a.vmovdqu(ymm0, ymmword_ptr(rsi + at))?;
-            a.vmovdqu(ymmword_ptr(rdi + at), ymm0)?;
-            at += 32;
-        }
-        if w - at >= 16 {
-            a.vmovdqu(xmm0, xmmword_ptr(rsi + at))?;
-            a.vmovdqu(xmmword_ptr(rdi + at), xmm0)?;
-            at += 16;
-        }
-        if w - at >= 8 {
-            a.mov(rax, qword_ptr(rsi + at))?;
-            a.mov(qword_ptr(rdi + at), rax)?;
-            at += 8;
-        }
-        if w - at >= 4 {
-            a.mov(eax, dword_ptr(rsi + at))?;
-            a.mov(dword_ptr(rdi + at), eax)?;
-            at += 4;
-        }
-        if w - at >= 2 {
-            a.mov(ax, word_ptr(rsi + at))?;
-            a.mov(word_ptr(rdi + at), ax)?;
-            at += 2;
-        }
-        if w - at >= 1 {
-            a.mov(al, byte_ptr(rsi + at))?;
-            a.mov(byte_ptr(rdi + at), al)?;
+        for size in [32, 16, 8, 4, 2, 1] {
+            while w - at >= size {
+                move_bytes(&mut a, size, at)?;
+                at += size;
+            }
         }
         a.add(rdi, w)?;
     }
@@ -288,6 +267,38 @@ fn emit_bytes(p: &Copy) -> R<(Vec<u8>, u64)> {
     end_rows(a, &t, done, rows)
 }
 
+/// Moves `size` bytes (32, 16, 8, 4, 2 or 1) from `rsi + at` to `rdi + at`, through
+/// `ymm0`/`xmm0` or `rax`.
+fn move_bytes(a: &mut CodeAssembler, size: i32, at: i32) -> R<()> {
+    match size {
+        32 => {
+            a.vmovdqu(ymm0, ymmword_ptr(rsi + at))?;
+            a.vmovdqu(ymmword_ptr(rdi + at), ymm0)?;
+        }
+        16 => {
+            a.vmovdqu(xmm0, xmmword_ptr(rsi + at))?;
+            a.vmovdqu(xmmword_ptr(rdi + at), xmm0)?;
+        }
+        8 => {
+            a.mov(rax, qword_ptr(rsi + at))?;
+            a.mov(qword_ptr(rdi + at), rax)?;
+        }
+        4 => {
+            a.mov(eax, dword_ptr(rsi + at))?;
+            a.mov(dword_ptr(rdi + at), eax)?;
+        }
+        2 => {
+            a.mov(ax, word_ptr(rsi + at))?;
+            a.mov(word_ptr(rdi + at), ax)?;
+        }
+        _ => {
+            a.mov(al, byte_ptr(rsi + at))?;
+            a.mov(byte_ptr(rdi + at), al)?;
+        }
+    }
+    Ok(())
+}
+
 /// Emits a 1-byte copy ([`recognise_bytes`]) of more outer dimensions than the odometer
 /// holds: per row, its source decoded (one division per outer dimension) and the run
 /// moved by `rep movsb`.
@@ -302,15 +313,13 @@ fn emit_bytes_decoded(p: &Copy) -> R<(Vec<u8>, u64)> {
     a.add(rdi, r9)?;
     a.lea(rsi, qword_ptr(r8 + p.c as i32))?;
     a.mov(rax, r10)?;
-    for d in (0..rank - 1).rev() {
-        a.xor(edx, edx)?;
-        a.mov(rcx, p.dims[d])?;
-        a.div(rcx)?;
+    divide_out(&mut a, &p.dims[..rank - 1], |a, d| {
         if p.coef[d] != 0 {
             a.imul_3(rdx, rdx, p.coef[d] as i32)?;
             a.add(rsi, rdx)?;
         }
-    }
+        Ok(())
+    })?;
     a.mov(ecx, w as i32)?;
     a.rep().movsb()?;
     leaf_row_next(&mut a, top)?;

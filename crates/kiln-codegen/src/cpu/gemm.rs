@@ -152,6 +152,35 @@ fn panel_rows(m: u64) -> u64 {
         6
     }
 }
+/// Whole tiles per column chunk when `tiles` tiles (the last maybe narrower) of each
+/// of `rows` row panels are cut into chunks of at least `least` tiles and at most
+/// `most` chunks, the chunk outermost: the cut whose largest share of tiles on two
+/// and on four threads (contiguous, balanced ranges of the workgroups, as the
+/// local-task driver splits them) is smallest, more chunks on a tie (more threads
+/// to share them among). A plain cut
+/// into `most` chunks can leave one thread far more: mobilenet_v2's classifier, 25
+/// tiles of 40 columns, as seven chunks of 4 split 16 : 9 over two threads; chunks of
+/// 7 split 14 : 11.
+fn balanced_chunk_tiles(tiles: u64, rows: u64, least: u64, most: u64) -> u64 {
+    let share = |t: u64, threads: u64| -> u64 {
+        let chunks = tiles.div_ceil(t);
+        let w = chunks * rows;
+        let weight = |i: u64| (tiles - (i / rows) * t).min(t);
+        let mut start = 0;
+        let mut largest = 0;
+        for i in 0..threads {
+            let end = start + w / threads + u64::from(i < w % threads);
+            largest = largest.max((start..end).map(weight).sum::<u64>());
+            start = end;
+        }
+        largest
+    };
+    (least.max(1)..=tiles.max(1))
+        .filter(|&t| tiles.div_ceil(t) <= most)
+        .min_by_key(|&t| (share(t, 2) + share(t, 4), t))
+        .unwrap_or(tiles.max(1))
+}
+
 /// The binary operations an epilogue computes on f32 lanes (comparisons and And/Or
 /// aside).
 fn float_arithmetic(op: BinaryOp) -> bool {
@@ -522,7 +551,8 @@ impl Emitter<'_> {
 
     /// With fewer than four row panels in all, a driver would have nothing to share
     /// among its threads (a single-row `Gemm`, a classifier): the columns are cut into
-    /// up to eight chunks of at least two tiles, each chunk a workgroup. Not with
+    /// up to eight chunks of at least two tiles, each chunk a workgroup, as evenly as
+    /// two and four threads can share them ([`balanced_chunk_tiles`]). Not with
     /// blocked or packed B, whose column loop is the block loop. A B streamed from
     /// memory ([`Self::streams_b`]) is cut into chunks that fit L2, each chunk × panel
     /// a workgroup.
@@ -556,9 +586,10 @@ impl Emitter<'_> {
         if chunks < 2 {
             return 0;
         }
-        // Whole tiles per chunk: a narrow tile over a long reduction is one FMA chain
-        // per accumulator, as slow as a full one, so only the last chunk has a tail.
-        n.div_ceil(chunks).div_ceil(width) * width
+        // Whole tiles per chunk, at least two: a narrow tile over a long reduction is
+        // one FMA chain per accumulator, as slow as a full one, so only the last chunk
+        // has a tail. Cut so that threads get even shares ([`balanced_chunk_tiles`]).
+        balanced_chunk_tiles(n.div_ceil(width), rows, 2, chunks) * width
     }
 
     /// B larger than one column block ([`L2_BLOCK`]) under an A that fits one (a
@@ -2744,5 +2775,20 @@ mod tests {
         for rows in [1u64, 7, 64, 300] {
             assert!(!crowds_l1(256, rows, 256), "contiguous, {rows} rows");
         }
+    }
+
+    #[test]
+    fn column_chunks_give_two_and_four_threads_even_shares() {
+        // 25 tiles, at most 7 chunks of at least 2: chunks of 4 (seven) split 16 : 9
+        // over two threads; chunks of 7 (7, 7, 7, 4) 14 : 11, and one a thread on four.
+        assert_eq!(balanced_chunk_tiles(25, 1, 2, 7), 7);
+        // 16 tiles: chunks of 2 (eight) and of 4 (four) both split 8 : 8 and 4 each
+        // on four threads; the more chunks win the tie.
+        assert_eq!(balanced_chunk_tiles(16, 1, 2, 8), 2);
+        // Fewer tiles than two chunks need: one chunk of all of them.
+        assert_eq!(balanced_chunk_tiles(3, 1, 2, 1), 3);
+        // Two row panels a chunk (the chunk outermost): 10 tiles in chunks of 5 give
+        // four workgroups of 5 tiles, 10 : 10.
+        assert_eq!(balanced_chunk_tiles(10, 2, 2, 5), 5);
     }
 }

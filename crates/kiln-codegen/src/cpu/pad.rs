@@ -13,7 +13,7 @@ use iced_x86::code_asm::*;
 use kiln_flow::affine::affine;
 use kiln_flow::{Bounds, Expr, Kernel};
 
-use super::asm::{leaf_row_loop, leaf_row_next, leaf_row_registers, Tables};
+use super::asm::{divide_out, leaf_row_loop, leaf_row_next, leaf_row_registers, Tables};
 use super::gemm::{no, NotHere, R};
 
 /// A recognised padding kernel.
@@ -93,7 +93,6 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     if k.inputs[0].dtype.storage_bytes(1) == 1 {
         return emit_bytes(&p);
     }
-    let rank = p.out_dims.len();
     let Rows { w_out, c, lo, hi, rows, in_stride } = p.rows();
     let mut a = CodeAssembler::new(64)?;
     let mut t = Tables::default();
@@ -108,20 +107,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     a.add(rsi, r9)?;
     // Source row: decode the row into outer coordinates, check each maps into x.
     let mut fill = a.create_label();
-    a.mov(rax, r10)?;
-    a.mov(rbx, r8)?;
-    for d in (0..rank - 1).rev() {
-        a.xor(edx, edx)?;
-        a.mov(rcx, p.out_dims[d])?;
-        a.div(rcx)?; // rdx = q_d, rax = the rest
-        if p.shift[d] != 0 {
-            a.add(rdx, p.shift[d] as i32)?;
-        }
-        a.cmp(rdx, p.in_dims[d] as i32)?;
-        a.jae(fill)?; // (unsigned: a negative index is above every extent)
-        a.imul_3(rdx, rdx, (in_stride[d] * 4) as i32)?;
-        a.add(rbx, rdx)?;
-    }
+    source_row(&mut a, &p, &in_stride, 4, rbx, fill)?;
     // rbx: x's row. Pad run, copy run, pad run.
     let store_run = |a: &mut CodeAssembler, mask: &mut dyn FnMut(&mut CodeAssembler, u64) -> CodeLabel, from: i64, to: i64| -> R<()> {
         let mut x = from;
@@ -187,12 +173,38 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     Ok((a.assemble(0)?, rows as u64))
 }
 
+/// Points `src` at x's row for output row `r10` (from `r8`, x): the row decoded into
+/// outer coordinates, each shifted into x and checked to fall inside it, else a jump
+/// to `fill` (a row of pad values). Elements of `bytes` bytes; clobbers `rax`, `rcx`,
+/// `rdx`.
+fn source_row(
+    a: &mut CodeAssembler,
+    p: &Padding,
+    in_stride: &[i64],
+    bytes: i64,
+    src: AsmRegister64,
+    fill: CodeLabel,
+) -> R<()> {
+    a.mov(rax, r10)?;
+    a.mov(src, r8)?;
+    // (rdx = q_d, rax = the rest.)
+    divide_out(a, &p.out_dims[..p.out_dims.len() - 1], |a, d| {
+        if p.shift[d] != 0 {
+            a.add(rdx, p.shift[d] as i32)?;
+        }
+        a.cmp(rdx, p.in_dims[d] as i32)?;
+        a.jae(fill)?; // (unsigned: a negative index is above every extent)
+        a.imul_3(rdx, rdx, (in_stride[d] * bytes) as i32)?;
+        a.add(src, rdx)?;
+        Ok(())
+    })
+}
+
 /// A padding of 1-byte elements (an 8-bit image padded with its zero point, in front of
 /// an integer convolution): the same three runs a row, each one string instruction
 /// (`rep stosb` of the pad value, `rep movsb` of the copy), which move whole lines at a
 /// time on CPUs with fast string operations.
 fn emit_bytes(p: &Padding) -> R<(Vec<u8>, u64)> {
-    let rank = p.out_dims.len();
     let Rows { w_out, c, lo, hi, rows, in_stride } = p.rows();
     let value = (p.value & 0xFF) as i32;
     let mut a = CodeAssembler::new(64)?;
@@ -204,20 +216,7 @@ fn emit_bytes(p: &Padding) -> R<(Vec<u8>, u64)> {
     a.imul_3(rbx, r10, w_out as i32)?;
     a.add(rbx, r9)?;
     let mut fill = a.create_label();
-    a.mov(rax, r10)?;
-    a.mov(r12, r8)?;
-    for d in (0..rank - 1).rev() {
-        a.xor(edx, edx)?;
-        a.mov(rcx, p.out_dims[d])?;
-        a.div(rcx)?;
-        if p.shift[d] != 0 {
-            a.add(rdx, p.shift[d] as i32)?;
-        }
-        a.cmp(rdx, p.in_dims[d] as i32)?;
-        a.jae(fill)?; // (unsigned: a negative index is above every extent)
-        a.imul_3(rdx, rdx, in_stride[d] as i32)?;
-        a.add(r12, rdx)?;
-    }
+    source_row(&mut a, p, &in_stride, 1, r12, fill)?;
     // r12: x's row. Pad run, copy run, pad run.
     let fill_run = |a: &mut CodeAssembler, from: i64, to: i64| -> R<()> {
         if to > from {
