@@ -4,7 +4,8 @@
 //! recogniser or the emitter).
 //!
 //! Over odd shapes: sequence lengths 1, 7 and 65 (a key block of 32 or 64 keys plus a
-//! tail of one), head sizes 5, 17 and 64 (not multiples of the 8 or 16 lanes, and one
+//! tail of one; a tile of four query rows plus a tail of three or one), 16, 32, 128 and
+//! 2057 (past the tiled kernel's 2048 keys: the one-row kernel), head sizes 5, 17 and 64 (not multiples of the 8 or 16 lanes, and one
 //! that is); masks of each broadcast form (none; per batch over the keys `[b,1,1,s]`;
 //! per query and key `[1,1,s,s]`; per head `[1,h,1,s]`; full `[b,h,s,s]`; a 1-D `[s]`;
 //! a boolean mask through `Where`, which becomes a mask dispatch of its own); the scale
@@ -177,6 +178,10 @@ fn run(g: &Graph, target: kiln_compiler::CpuTarget, feeds: &[Tensor], name: &str
     assert_eq!(classes.iter().filter(|&&c| c == "attention").count(), 1, "{name}: one attention dispatch: {classes:?}");
     let at = c.flow.dispatches.iter().position(|d| d.class.name() == "attention").expect("attention");
     assert!(c.codegen_notes[at].starts_with("attention"), "{name}: emitted as `{}`", c.codegen_notes[at]);
+    // A query axis of more than one row takes the tiled kernel, up to 2048 keys.
+    let s = g.values[g.inputs[0]].ty.shape.dims()[2];
+    let rows = if s == 1 || s > 2048 { "1 query rows" } else { "4 query rows" };
+    assert!(c.codegen_notes[at].contains(rows), "{name}: emitted as `{}`", c.codegen_notes[at]);
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
     let mut inst = kiln_runtime::Instance::new(&module).expect("instance");
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
@@ -211,6 +216,17 @@ fn sequence_lengths_and_head_sizes() {
             check(1, 2, s, d, Mask::None, false);
         }
     }
+    // Whole tiles of query rows and whole key groups (16 and 32 tokens, 32-wide heads;
+    // 128 tokens, 64-wide heads: the shapes of the corpus transformers and bert_tiny).
+    check(1, 2, 16, 32, Mask::Keys, false);
+    check(1, 3, 32, 32, Mask::Keys, false);
+    check(1, 2, 128, 64, Mask::Keys, false);
+}
+
+/// More keys than a tile's scores take on the stack (2048): the one-row kernel.
+#[test]
+fn long_sequence_one_row_kernel() {
+    check(1, 1, 2057, 3, Mask::Keys, false);
 }
 
 #[test]
