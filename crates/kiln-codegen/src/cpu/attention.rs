@@ -8,11 +8,11 @@
 //!
 //! ```text
 //! S[r, j] = scale·Σ_e Q[r, e]·K[e, j] (+ mask_scale·mask[r, j])   a register tile of
-//!           rows × (4 vectors of keys on AVX-512, 2 on AVX2), K's vectors loaded once
-//!           per depth for every row; scaled, masked, stored to the stack
+//!           rows × (4 vectors of keys on AVX-512, 3 or 2 on AVX2), K's vectors loaded
+//!           once per depth for every row; scaled, masked, stored to the stack
 //! per row: m = max_j S[r, j];  P[r, j] = exp(S[r, j] − m) (in place);  l[r] = Σ_j P
-//! out[r, ..] = Σ_j P[r, j]·V[j, ..] / l[r]   a register tile of rows × (4 or 2 vectors
-//!           of columns), V's row loaded once per key for every row
+//! out[r, ..] = Σ_j P[r, j]·V[j, ..] / l[r]   a register tile of rows × (4, 3 or 2
+//!           vectors of columns), V's row loaded once per key for every row
 //! ```
 //!
 //! The scores of one tile are `TILE_ROWS × keys` floats of stack, never the arena's
@@ -473,7 +473,8 @@ fn horizontal(vx: &mut Vx<'_>, op: Op, x: V) -> R<()> {
     Ok(())
 }
 
-/// Query rows per workgroup of the tiled kernel.
+/// Query rows per workgroup of the tiled kernel (six on AVX-512, with 24 sums, measured
+/// no faster than four).
 const TILE_ROWS: u64 = 4;
 /// Most keys the tiled kernel takes: a tile's scores, `TILE_ROWS × keys` floats, live
 /// on the stack (32 KiB at this bound); longer sequences take the one-row kernel.
@@ -483,6 +484,20 @@ const SUMS_AT: i32 = 0;
 const BLOCK_AT: i32 = 64 * TILE_ROWS as i32;
 /// Stack offset of the tile's scores (then probabilities), `TILE_ROWS` rows of `pitch`.
 const SCORES_AT: i32 = BLOCK_AT + 64;
+
+/// Vectors of keys (and of columns) in a tile's register block: 4 on AVX-512 (rows × 4
+/// = 16 of its 32 registers); on AVX2's 16, 3 where neither the keys nor the columns
+/// need a tail mask (12 sums, 3 loads and a broadcast: every register), else 2 (the
+/// tail masks, set once per call, keep registers 14 and 15).
+fn tile_vectors(wide: bool, keys: u64, width: u64, w: u64) -> u64 {
+    if wide {
+        4
+    } else if keys.is_multiple_of(w) && width.is_multiple_of(w) {
+        3
+    } else {
+        2
+    }
+}
 
 /// The fixed geometry of a tiled kernel (strides in elements).
 struct TileGeometry {
@@ -560,8 +575,8 @@ fn emit_tiled(k: &Kernel, wide: bool) -> R<Option<AttentionCode>> {
         m_row: at.mask.as_ref().map_or(0, |(m, _)| m.offset.of(qa as u32)),
         o_row: out_coef[qa],
         pitch: keys.next_multiple_of(w),
-        kv: if wide { 4 } else { 2 },
-        cv: if wide { 4 } else { 2 },
+        kv: tile_vectors(wide, keys, width, w),
+        cv: tile_vectors(wide, keys, width, w),
     };
     let fits = |x: i64| x.checked_mul(4).is_some_and(|b| i32::try_from(b).is_ok_and(|b| b.abs() < i32::MAX / 2));
     let row_span = |s: i64| s.checked_mul(r as i64);
@@ -734,7 +749,7 @@ fn tile(a: &mut CodeAssembler, t: &mut Tables, g: &TileGeometry, rows: u64, key_
         let nc = g.cv.min(ncol - c0) as u8;
         let acc = |row: u64, c: u8| V(row as u8 * cv + c);
         let vr = |c: u8| V(r * cv + c);
-        let (b0, b1) = (V(r * cv + cv), V(r * cv + cv + 1));
+        let (b0, b1) = broadcasts(g.wide, r * cv + cv);
         let col_mask = |c: u8| (c0 + c as u64 + 1 == ncol && !g.width.is_multiple_of(w)).then_some(col_tail);
         {
             let mut vx = Vx { a: &mut *a, t: &mut *t, wide: g.wide, held: &[] };
@@ -767,7 +782,8 @@ fn tile(a: &mut CodeAssembler, t: &mut Tables, g: &TileGeometry, rows: u64, key_
         a.dec(rcx)?;
         a.jnz(top)?;
         let mut vx = Vx { a: &mut *a, t: &mut *t, wide: g.wide, held: &[] };
-        let nan = if g.wide { Mask(3) } else { Mask(b1.0) };
+        // (On AVX2 a mask is a vector register: the second of V's, free here.)
+        let nan = if g.wide { Mask(3) } else { Mask(vr(1).0) };
         let zero = vr(0);
         if g.nan_to_zero {
             vx.op(Op::Xor, zero, zero, Src::R(zero))?;
@@ -801,7 +817,7 @@ fn score_group(a: &mut CodeAssembler, t: &mut Tables, g: &TileGeometry, rows: u6
     let r = TILE_ROWS as u8;
     let s = |row: u64, u: u64| V(row as u8 * kv + u as u8);
     let kr = |u: u64| V(r * kv + u as u8);
-    let (b0, b1) = (V(r * kv + kv), V(r * kv + kv + 1));
+    let (b0, b1) = broadcasts(g.wide, r * kv + kv);
     let key_mask = |u: u64| if u + 1 == nv { last } else { None };
     {
         let mut vx = Vx { a: &mut *a, t: &mut *t, wide: g.wide, held: &[] };
@@ -870,6 +886,16 @@ fn score_group(a: &mut CodeAssembler, t: &mut Tables, g: &TileGeometry, rows: u6
         }
     }
     Ok(())
+}
+
+/// The registers the rows' broadcasts alternate between, from register `first`: two on
+/// AVX-512, one on AVX2 (where a block of three vectors leaves one register free).
+fn broadcasts(wide: bool, first: u8) -> (V, V) {
+    if wide || first + 1 < 14 {
+        (V(first), V(first + 1))
+    } else {
+        (V(first), V(first))
+    }
 }
 
 /// `n` steps of `body` over consecutive vectors of the stack from `base` (a loop over
