@@ -15,6 +15,7 @@
 //! rather than passing on the unfused path), and must match the reference within
 //! `1e-5·max|ref| + 1e-4·|ref|` per element (the f32 tolerance of `models.rs`; the
 //! online softmax sums in another order and `exp` is a polynomial within 2 ulp).
+//! `score_matrix_not_in_the_arena` compares the plans with and without the pass.
 
 use kiln_ir::{Graph, Tensor, TensorType};
 
@@ -272,4 +273,25 @@ fn fully_masked_rows_as_in_the_reference() {
             }
         }
     }
+}
+
+/// The score matrix never reaches the arena: 4 heads of 256 tokens, without the pass the
+/// plan's arena holds at least one `heads × s × s` f32 score matrix (the product's
+/// result, the softmax's input); with it the arena is smaller than one such matrix and
+/// the chain is one attention dispatch.
+#[test]
+fn score_matrix_not_in_the_arena() {
+    let (h, s, d) = (4, 256, 16);
+    let text = graph_text(1, h, s, d, Mask::Keys, false, false);
+    let g = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let scores = (h * s * s * 4) as u64;
+    let compile = |fused: bool| {
+        let opts = kiln_compiler::Options { fused_attention: fused, ..Default::default() };
+        kiln_compiler::compile(&g, &opts).unwrap_or_else(|e| panic!("compile (fused {fused}): {e}"))
+    };
+    let (off, on) = (compile(false), compile(true));
+    let attention = |c: &kiln_compiler::Compiled| c.flow.dispatches.iter().filter(|d| d.class.name() == "attention").count();
+    assert_eq!((attention(&off), attention(&on)), (0, 1));
+    assert!(off.plan.arena_size >= scores, "unfused arena {} < the score matrix's {scores} bytes", off.plan.arena_size);
+    assert!(on.plan.arena_size < scores, "fused arena {} holds a score matrix ({scores} bytes)", on.plan.arena_size);
 }
