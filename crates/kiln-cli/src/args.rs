@@ -184,10 +184,11 @@ pub(crate) struct ModelArgs {
     /// with f32 arithmetic (inputs and outputs stay f32)
     #[arg(long, value_name = "f32|f16|bf16")]
     pub precision: Option<String>,
-    /// Fuse each attention chain into one kernel with an online softmax (no score
-    /// matrix in the arena; CPU; slower than the separate kernels at short sequences)
-    #[arg(long = "fuse-attention")]
-    pub fuse_attention: bool,
+    /// Keep each attention chain as its separate product, softmax and product kernels
+    /// (by default a chain is one kernel with an online softmax and no score matrix in
+    /// the arena; CPU)
+    #[arg(long = "no-fuse-attention")]
+    pub no_fuse_attention: bool,
     /// With --target cuda, ship a cubin for sm_90a beside the PTX: auto (when a ptxas is
     /// found: $KILN_PTXAS, else PATH, $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda/bin),
     /// off, or require (no ptxas is an error)

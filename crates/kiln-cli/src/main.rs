@@ -124,7 +124,7 @@ fn model_options(m: args::ModelArgs) -> Result<artifact::Args, String> {
         },
         size,
         precision,
-        fused_attention: m.fuse_attention,
+        fused_attention: !m.no_fuse_attention,
         ..Default::default()
     })
 }

@@ -4,7 +4,8 @@
 //! recogniser or the emitter).
 //!
 //! Over odd shapes: sequence lengths 1, 7 and 65 (a key block of 32 or 64 keys plus a
-//! tail of one), head sizes 5, 17 and 64 (not multiples of the 8 or 16 lanes, and one
+//! tail of one; a tile of four query rows plus a tail of three or one), 16, 32, 128 and
+//! 2057 (past the tiled kernel's 2048 keys: the one-row kernel), head sizes 5, 17 and 64 (not multiples of the 8 or 16 lanes, and one
 //! that is); masks of each broadcast form (none; per batch over the keys `[b,1,1,s]`;
 //! per query and key `[1,1,s,s]`; per head `[1,h,1,s]`; full `[b,h,s,s]`; a 1-D `[s]`;
 //! a boolean mask through `Where`, which becomes a mask dispatch of its own); the scale
@@ -14,6 +15,7 @@
 //! rather than passing on the unfused path), and must match the reference within
 //! `1e-5·max|ref| + 1e-4·|ref|` per element (the f32 tolerance of `models.rs`; the
 //! online softmax sums in another order and `exp` is a polynomial within 2 ulp).
+//! `score_matrix_not_in_the_arena` compares the plans with and without the pass.
 
 use kiln_ir::{Graph, Tensor, TensorType};
 
@@ -177,6 +179,10 @@ fn run(g: &Graph, target: kiln_compiler::CpuTarget, feeds: &[Tensor], name: &str
     assert_eq!(classes.iter().filter(|&&c| c == "attention").count(), 1, "{name}: one attention dispatch: {classes:?}");
     let at = c.flow.dispatches.iter().position(|d| d.class.name() == "attention").expect("attention");
     assert!(c.codegen_notes[at].starts_with("attention"), "{name}: emitted as `{}`", c.codegen_notes[at]);
+    // A query axis of more than one row takes the tiled kernel, up to 2048 keys.
+    let s = g.values[g.inputs[0]].ty.shape.dims()[2];
+    let rows = if s == 1 || s > 2048 { " 1 query rows" } else { " 4 query rows" };
+    assert!(c.codegen_notes[at].contains(rows), "{name}: emitted as `{}`", c.codegen_notes[at]);
     let module = kiln_runtime::Module::load(&c.artifact, c.weights.as_deref()).expect("load");
     let mut inst = kiln_runtime::Instance::new(&module).expect("instance");
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
@@ -211,6 +217,17 @@ fn sequence_lengths_and_head_sizes() {
             check(1, 2, s, d, Mask::None, false);
         }
     }
+    // Whole tiles of query rows and whole key groups (16 and 32 tokens, 32-wide heads;
+    // 128 tokens, 64-wide heads: the shapes of the corpus transformers and bert_tiny).
+    check(1, 2, 16, 32, Mask::Keys, false);
+    check(1, 3, 32, 32, Mask::Keys, false);
+    check(1, 2, 128, 64, Mask::Keys, false);
+}
+
+/// More keys than a tile's scores take on the stack (2048): the one-row kernel.
+#[test]
+fn long_sequence_one_row_kernel() {
+    check(1, 1, 2057, 3, Mask::Keys, false);
 }
 
 #[test]
@@ -235,12 +252,14 @@ fn scale_on_q() {
 /// NaN with it), and batch 1 as usual.
 #[test]
 fn fully_masked_rows_as_in_the_reference() {
-    for guard in [false, true] {
-        let text = graph_text(2, 1, 7, 5, Mask::Keys, false, guard);
+    // (7 keys of 5: tail masks; 8 of 8: none, AVX2's three-vector register blocks.)
+    for (guard, seq, d) in [(false, 7, 5), (true, 7, 5), (false, 8, 8), (true, 8, 8)] {
+        let text = graph_text(2, 1, seq, d, Mask::Keys, false, guard);
         let g = kiln_ir::text::parse(&text).expect("parse");
         let mut feeds = inputs(&g);
         let ty = feeds[3].ty().clone();
-        let mask: Vec<u8> = (0..14).flat_map(|i| if i < 7 { f32::NEG_INFINITY } else { 0.0 }.to_le_bytes()).collect();
+        let mask: Vec<u8> =
+            (0..2 * seq).flat_map(|i| if i < seq { f32::NEG_INFINITY } else { 0.0 }.to_le_bytes()).collect();
         feeds[3] = Tensor::new(ty, mask.into()).expect("mask");
         let want = kiln_ref::eval_graph(&g, &feeds).expect("reference")[0].to_f64_vec();
         let (masked, open) = want.split_at(want.len() / 2);
@@ -254,4 +273,25 @@ fn fully_masked_rows_as_in_the_reference() {
             }
         }
     }
+}
+
+/// The score matrix never reaches the arena: 4 heads of 256 tokens, without the pass the
+/// plan's arena holds at least one `heads × s × s` f32 score matrix (the product's
+/// result, the softmax's input); with it the arena is smaller than one such matrix and
+/// the chain is one attention dispatch.
+#[test]
+fn score_matrix_not_in_the_arena() {
+    let (h, s, d) = (4, 256, 16);
+    let text = graph_text(1, h, s, d, Mask::Keys, false, false);
+    let g = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let scores = (h * s * s * 4) as u64;
+    let compile = |fused: bool| {
+        let opts = kiln_compiler::Options { fused_attention: fused, ..Default::default() };
+        kiln_compiler::compile(&g, &opts).unwrap_or_else(|e| panic!("compile (fused {fused}): {e}"))
+    };
+    let (off, on) = (compile(false), compile(true));
+    let attention = |c: &kiln_compiler::Compiled| c.flow.dispatches.iter().filter(|d| d.class.name() == "attention").count();
+    assert_eq!((attention(&off), attention(&on)), (0, 1));
+    assert!(off.plan.arena_size >= scores, "unfused arena {} < the score matrix's {scores} bytes", off.plan.arena_size);
+    assert!(on.plan.arena_size < scores, "fused arena {} holds a score matrix ({scores} bytes)", on.plan.arena_size);
 }

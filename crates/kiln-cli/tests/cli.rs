@@ -333,7 +333,7 @@ fn attention_class_in_timings_and_inspect() {
     let dir = scratch("cli", "attention");
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../kiln-lower/tests/filetests/class-attention.kir");
     let art = dir.join("attention.kiln");
-    let (done, _, err) = kiln(&["compile", model, "-o", s(&art), "--target-cpu", "x86-64-v3", "--timings", "--fuse-attention"]);
+    let (done, _, err) = kiln(&["compile", model, "-o", s(&art), "--target-cpu", "x86-64-v3", "--timings"]);
     assert!(done, "compile failed: {err}");
     let line = err.lines().find(|l| l.split_whitespace().nth(2) == Some("attention")).unwrap_or_else(|| panic!("{err}"));
     assert!(line.contains("256-bit attention, online softmax (avx2+fma)"), "{line}");

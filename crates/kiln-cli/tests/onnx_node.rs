@@ -17,7 +17,12 @@
 //! The same harness runs `$KILN_TEST_DATA/onnx-node-lowp`: the cases of a newer ONNX
 //! (1.19, opset 24) for the low-precision element types kiln's 1.17 suite lacks
 //! (f4E2M1FN and f8E8M0FNU Cast/CastLike, f4E2M1FN and blocked Quantize/DequantizeLinear),
-//! with `tests/data/onnx-node-lowp.expected` and `onnx-node-lowp-ref.expected`.
+//! with `tests/data/onnx-node-lowp.expected` and `onnx-node-lowp-ref.expected`, and
+//! `$KILN_TEST_DATA/onnx-node-opset23`: that ONNX's cases of the opset-23 Attention,
+//! RotaryEmbedding and RMSNormalization, each with its `_expanded` twin (the op written
+//! out in older ops: MatMul, Softmax, …, which the CPU compiles to its attention kernel
+//! where the chain has that form), with `onnx-node-opset23.expected` and
+//! `onnx-node-opset23-ref.expected`.
 //!
 //! The CUDA run needs a CUDA driver: like the GPU tests of `tests/cuda_device.rs` it is
 //! `#[ignore = "needs a CUDA driver (scripts/gpu-test)"]`, so cargo reports it as
@@ -64,6 +69,16 @@ fn onnx_node_lowp_cases_compiled() {
 #[test]
 fn onnx_node_lowp_cases_through_the_reference_evaluator() {
     suite_in("onnx-node-lowp", 21, "reference", include_str!("data/onnx-node-lowp-ref.expected"));
+}
+
+#[test]
+fn onnx_node_opset23_cases_compiled() {
+    suite_in("onnx-node-opset23", 178, "compiled", include_str!("data/onnx-node-opset23.expected"));
+}
+
+#[test]
+fn onnx_node_opset23_cases_through_the_reference_evaluator() {
+    suite_in("onnx-node-opset23", 178, "reference", include_str!("data/onnx-node-opset23-ref.expected"));
 }
 
 fn suite(engine: &str, expected_text: &str) {

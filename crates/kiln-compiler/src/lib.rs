@@ -100,10 +100,9 @@ pub struct Options {
     /// `sm_80`); only `sm_90a` gets a cubin.
     pub cuda_archs: Vec<CudaTargetArch>,
     /// Fuse each attention chain (product, softmax, product) into one kernel with an
-    /// online softmax, the score matrix never stored (`kiln compile --fuse-attention`;
-    /// CPU microkernel targets). Off by default: it saves the score matrix's arena at
-    /// long sequences but is slower than the separate kernels at the lengths measured
-    /// (docs/benchmarks.md).
+    /// online softmax, the score matrix never stored (CPU microkernel targets). On by
+    /// default; `kiln compile --no-fuse-attention` turns it off (docs/benchmarks.md
+    /// compares the two).
     pub fused_attention: bool,
 }
 
@@ -122,7 +121,7 @@ impl Default for Options {
             precision: Precision::F32,
             ptxas: None,
             cuda_archs: Vec::new(),
-            fused_attention: false,
+            fused_attention: true,
         }
     }
 }

@@ -26,10 +26,12 @@
 //!
 //! The kernel IR gives the form its meaning, so the flow interpreter and every code
 //! generator's general path run it as written (recomputing `S` per use). The CPU
-//! emitter (`kiln-codegen`'s `cpu::attention`) runs it flash-attention style: per query
-//! row, blocks of keys, a running maximum and sum, the row of `V`-columns accumulated
-//! and rescaled as the maximum grows; the score matrix exists only as one block of
-//! keys in registers and a few hundred bytes of stack.
+//! emitter (`kiln-codegen`'s `cpu::attention`) runs a tile of query rows of one
+//! (batch, head) per workgroup, sharing K's and V's loads: the tile's scores as a
+//! small register-blocked product onto the stack, each row's softmax there, then `P·V`
+//! as a second small product (one query row flash-attention style where there is no
+//! query axis or the keys pass the tile's stack); the score matrix exists only as one
+//! tile's rows of stack.
 //!
 //! ## Where it is formed
 //! [`form_attention`] runs after fusion, for targets with an attention emitter
@@ -440,10 +442,10 @@ fn copy(
 /// outputs; the chain's dispatches are then dead (`FlowProgram::remove_dead` drops
 /// them).
 ///
-/// Opt-in (`kiln compile --fuse-attention`, `kiln_compiler::Options::fused_attention`):
-/// the emitter's one-query-row form is slower than the separate product and softmax
-/// kernels at the sequence lengths measured so far (bert_tiny, 128 positions: 233 µs
-/// against 86 µs a layer); its gain is the arena (no score matrix) at long sequences.
+/// On by default (`kiln_compiler::Options::fused_attention`; `kiln compile
+/// --no-fuse-attention` keeps the three kernels): the emitter's tiled form is faster
+/// than the separate product, softmax and product kernels at the lengths measured
+/// (docs/benchmarks.md), and the score matrix leaves the arena.
 pub fn form_attention(p: &mut FlowProgram) {
     let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
     let mut d = 0;

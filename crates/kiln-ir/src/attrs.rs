@@ -715,6 +715,16 @@ attr_structs! {
         stash_type: DType = DType::F32,
     }
 
+    /// RMSNormalization (opset 23).
+    defaults RmsNormAttrs {
+        /// First normalised axis.
+        axis: i64 = -1,
+        /// Added to the mean of the squares.
+        epsilon: f32 = 1e-5,
+        /// Dtype of the statistic.
+        stash_type: DType = DType::F32,
+    }
+
     /// GroupNormalization.
     required GroupNormAttrs [check check_group_norm] {
         /// Added to the variance.
@@ -1104,6 +1114,7 @@ op_attrs! {
     BatchNorm(BatchNormAttrs): BatchNormalization;
     InstanceNorm(InstanceNormAttrs): InstanceNormalization;
     LayerNorm(LayerNormAttrs): LayerNormalization;
+    RmsNorm(RmsNormAttrs): RMSNormalization;
     GroupNorm(GroupNormAttrs): GroupNormalization;
     Lrn(LrnAttrs): LRN;
     LpNorm(LpNormAttrs): LpNormalization;

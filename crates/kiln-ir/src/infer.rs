@@ -181,6 +181,7 @@ fn results(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
         InstanceNormalization => nn::instance_normalization(cx),
         GroupNormalization => nn::group_normalization(cx),
         LayerNormalization => nn::layer_normalization(cx),
+        RMSNormalization => nn::rms_normalization(cx),
         RNN => nn::recurrent(cx, 1),
         GRU => nn::recurrent(cx, 3),
         LSTM => nn::recurrent(cx, 4),

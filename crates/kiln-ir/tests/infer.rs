@@ -1100,6 +1100,17 @@ fn normalizations() {
     ln(-1, "f32[2,3,4]", "f16[4]").invalid();
     ln(-1, "f32[2,3,4]", "f32[4]").invalid_n(4);
     case(LayerNormalization).x("f32[2,3,4]").invalid();
+
+    let rms = |axis: i64, x: &str, s: &str| case(RMSNormalization).i("axis", axis).x(x).x(s);
+    assert_eq!(rms(-1, "f32[2,3,4]", "f32[4]").ok(), ty("f32[2,3,4]"));
+    assert_eq!(rms(1, "f32[2,3,4]", "f32[3,1]").ok(), ty("f32[2,3,4]"));
+    assert_eq!(rms(-2, "f16[2,3,4]", "f16[3,4]").ok(), ty("f16[2,3,4]"));
+    rms(-1, "f32[2,3,4]", "f32[3]").invalid();
+    rms(3, "f32[2,3,4]", "f32[4]").invalid();
+    rms(-1, "f32[2,3,4]", "f16[4]").invalid();
+    rms(-1, "f32[2,3,4]", "f32[4]").i("stash_type", 7).invalid();
+    rms(-1, "i32[2,3,4]", "i32[4]").invalid();
+    case(RMSNormalization).x("f32[2,3,4]").invalid();
 }
 
 // ---------------------------------------------------------------- recurrent
@@ -1518,6 +1529,7 @@ fn sample(kind: OpKind) -> Case {
         InstanceNormalization => c.x(f).x("f32[2]").x("f32[2]"),
         GroupNormalization => c.i("num_groups", 2).x(f).x("f32[2]").x("f32[2]"),
         LayerNormalization => c.x(f).x("f32[4]"),
+        RMSNormalization => c.x(f).x("f32[4]"),
         RNN => c.x("f32[5,2,3]").x("f32[1,4,3]").x("f32[1,4,4]"),
         GRU => c.x("f32[5,2,3]").x("f32[1,12,3]").x("f32[1,12,4]"),
         LSTM => c.x("f32[5,2,3]").x("f32[1,16,3]").x("f32[1,16,4]"),

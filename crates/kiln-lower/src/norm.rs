@@ -43,6 +43,7 @@ pub(super) fn lower(cx: &OpCx<'_>) -> Option<Result<Lowered, LowerError>> {
         Softmax | LogSoftmax => softmax(cx),
         Hardmax => hardmax(cx),
         LayerNormalization => layer_norm(cx),
+        RMSNormalization => rms_norm(cx),
         BatchNormalization => batch_norm(cx),
         InstanceNormalization => instance_norm(cx),
         GroupNormalization => group_norm(cx),
@@ -450,6 +451,43 @@ fn layer_norm(cx: &OpCx<'_>) -> R<Lowered> {
         outputs.push(Output::Step(steps.len() - 1));
     }
     Ok(Lowered { steps, outputs })
+}
+
+/// RMSNormalization → `Y = X·r·Scale`, `r = 1/sqrt(mean(X²) + ε)` over the axes from
+/// `axis` on (one statistic per row, as LayerNormalization's).
+fn rms_norm(cx: &OpCx<'_>) -> R<Lowered> {
+    let ra = cx.attrs::<ka::RmsNormAttrs>()?;
+    let (xct, xd, axis) = float_along(cx, ra.axis)?;
+    let eps = ra.epsilon as f64;
+    let stash = ra.stash_type;
+    if !stash.is_float() {
+        return Err(cx.unsupported(format!("stash_type = {stash}")));
+    }
+    let ct = if xct == S::F64 || S::of_storage(stash) == S::F64 { S::F64 } else { S::F32 };
+    if cx.outputs.len() != 1 {
+        return Err(cx.unsupported(format!("{} results", cx.outputs.len())));
+    }
+    let reduced: Vec<bool> = (0..xd.len()).map(|i| i >= axis).collect();
+    let sd = dims(cx, 1)?;
+    let (d1, r1) = (xd.clone(), reduced.clone());
+    let inv: StatFn = Box::new(move |b, idx, _| {
+        let (vars, ix) = over(b, &d1, &r1, idx);
+        let x = ld(b, 0, ix, ct);
+        let sq = b.mul(x, x);
+        let s = fold(b, ReduceOp::Sum, vars, sq);
+        let c = lit(b, ct, count(&d1, &r1) as f64);
+        let mean_square = b.div(s, c);
+        Ok(inv_std(b, mean_square, eps))
+    });
+    let st = Staged { dims: xd.clone(), reduced, data: vec![0, 1], stats: vec![(ct, inv)] };
+    let steps = st.steps(cx, |b, idx, s| {
+        let x = ld(b, 0, idx.to_vec(), ct);
+        let n = b.mul(x, s[0]);
+        let si = broadcast_index(b, &sd, idx);
+        let sc = ld(b, 1, si, ct);
+        Ok(b.mul(n, sc))
+    })?;
+    Ok(Lowered { outputs: vec![Output::Step(steps.len() - 1)], steps })
 }
 
 /// BatchNormalization (inference): `(x − mean[c])/sqrt(var[c] + ε)·scale[c] + B[c]`.

@@ -195,7 +195,7 @@ fn compile<'py>(
         })?,
         ptxas: None,
         cuda_archs: Vec::new(),
-        fused_attention: false,
+        fused_attention: true,
     };
     let compiled = py
         .detach(|| Compilation::new(input, options).finish())

@@ -85,7 +85,7 @@ pub fn eval_op(
         | LogSoftmax | Hardmax | TopK => reduce::eval(&cx),
         // norm.rs: normalisations.
         BatchNormalization | InstanceNormalization | LayerNormalization | GroupNormalization
-        | LpNormalization | LRN | MeanVarianceNormalization => norm::eval(&cx),
+        | LpNormalization | LRN | MeanVarianceNormalization | RMSNormalization => norm::eval(&cx),
         // quant.rs: quantisation.
         QuantizeLinear | DequantizeLinear | DynamicQuantizeLinear => quant::eval(&cx),
         // linalg.rs: contractions.

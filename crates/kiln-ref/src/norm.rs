@@ -13,7 +13,7 @@ use crate::reduce::map_lanes;
 use crate::util::Cx;
 use crate::EvalError;
 use kiln_ir::attrs::{
-    BatchNormAttrs, GroupNormAttrs, InstanceNormAttrs, LayerNormAttrs, LpNormAttrs, LrnAttrs, MvnAttrs,
+    BatchNormAttrs, GroupNormAttrs, InstanceNormAttrs, LayerNormAttrs, LpNormAttrs, LrnAttrs, MvnAttrs, RmsNormAttrs,
 };
 use kiln_ir::{OpKind, Tensor, TensorType};
 
@@ -23,6 +23,7 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         BatchNormalization => batch_norm(cx),
         InstanceNormalization => Ok(vec![instance_norm(cx)?]),
         LayerNormalization => layer_norm(cx),
+        RMSNormalization => Ok(vec![rms_norm(cx)?]),
         GroupNormalization => Ok(vec![group_norm(cx)?]),
         LpNormalization => Ok(vec![lp_norm(cx)?]),
         LRN => Ok(vec![lrn(cx)?]),
@@ -40,6 +41,31 @@ fn eps(cx: &Cx) -> Result<f64, EvalError> {
         _ => cx.attrs::<GroupNormAttrs>()?.epsilon,
     };
     Ok(e as f64)
+}
+
+/// RMSNormalization: `Y = X / sqrt(mean(X²) + ε) · Scale`, the mean over the axes from
+/// `axis` on (in f64).
+fn rms_norm(cx: &Cx) -> Result<Tensor, EvalError> {
+    let (x, ty) = x_and_out(cx)?;
+    let xd = x.shape().dims();
+    let a = cx.attrs::<RmsNormAttrs>()?;
+    let axis = cx.axis(a.axis, xd.len())?;
+    let e = a.epsilon as f64;
+    let inner: usize = xd[axis..].iter().product();
+    let s = cx.input(1)?;
+    check_unidirectional(cx, s.shape().dims(), xd)?;
+    let scale = expand(read_f64(cx, s)?, s.shape().dims(), xd);
+    let v = x.to_f64_vec();
+    let mut y = vec![0.0; v.len()];
+    for (o, lane) in v.chunks(inner.max(1)).enumerate() {
+        let mean_square = lane.iter().map(|x| x * x).sum::<f64>() / lane.len() as f64;
+        let inv = 1.0 / (mean_square + e).sqrt();
+        for (j, &xj) in lane.iter().enumerate() {
+            let k = o * inner + j;
+            y[k] = xj * inv * scale[k];
+        }
+    }
+    write_f64(cx, ty, &y)
 }
 
 /// The float operand `X` and the result type, which must match it.

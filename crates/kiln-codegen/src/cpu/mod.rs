@@ -670,16 +670,17 @@ fn emit_by_class(
         },
         KernelClass::Attention => {
             let c = attention::emit(k, avx512)?;
-            let note = if c.wide { "attention, online softmax (avx-512)" } else { "attention, online softmax (avx2+fma)" };
+            let isa = if c.wide { "avx-512" } else { "avx2+fma" };
+            let note = format!("attention, online softmax ({isa}), {} query rows a workgroup", c.rows);
             Micro {
                 code: c.code,
                 workgroups: c.workgroups,
-                note: note.to_string(),
+                note,
                 avx512: c.wide,
                 path: cost::Path::Attention,
                 bits: if c.wide { 512 } else { 256 },
                 needs: 0,
-                digits: row_digits(k, k.out_rank().saturating_sub(1)),
+                digits: c.digits,
             }
         }
         // Every other kernel with a vector form of each of its operations is a vector

@@ -3,7 +3,7 @@
 
 use super::ctx::{broadcast_dims, Class, Ctx, Dims, Ints, R};
 use crate::attrs::{
-    AutoPad, BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, GroupNormAttrs, LayerNormAttrs, PoolAttrs, RnnAttrs,
+    AutoPad, BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, GroupNormAttrs, LayerNormAttrs, PoolAttrs, RmsNormAttrs, RnnAttrs,
     RnnDirection,
 };
 use crate::dtype::DType;
@@ -410,6 +410,28 @@ pub(super) fn layer_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     sd.resize(r, 1);
     let stat = cx.tt(stash, sd)?;
     Ok(vec![x.clone(), stat.clone(), stat])
+}
+
+/// RMSNormalization(X, Scale) → Y: X's type; Scale broadcasts to the normalized shape
+/// (the axes from `axis` on).
+pub(super) fn rms_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(2)?;
+    let x = cx.req_class(0, "X", Class::Float)?;
+    let a = cx.attrs::<RmsNormAttrs>()?;
+    let axis = cx.axis(a.axis, x.shape.rank(), "axis")?;
+    let norm = &x.shape.dims()[axis..];
+    let s = cx.req(1, "Scale")?;
+    cx.same_dtype(s, 1, "Scale", x)?;
+    if broadcast_dims(norm, s.shape.dims()).as_deref() != Some(norm) {
+        return Err(cx.invalid(format_args!(
+            "`Scale` (input 1) {s} does not broadcast to the normalized shape {}",
+            Dims(norm)
+        )));
+    }
+    if !a.stash_type.is_float() {
+        return Err(cx.invalid(format_args!("attribute `stash_type` must name a float dtype, got {}", a.stash_type)));
+    }
+    Ok(vec![x.clone()])
 }
 
 /// RNN (1 gate), GRU (3 gates), LSTM (4 gates): (X, W, R, B?, sequence_lens?,
