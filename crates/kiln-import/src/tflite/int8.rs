@@ -24,8 +24,11 @@
 //!   `z = round(f32(a)·f32(q/2³¹) + c/2³¹ − ρ)` exactly: the f32 estimate of the integer
 //!   `z` is off by at most 5/16 (three roundings of a value below 2²⁰, each below
 //!   `2⁻²⁴` relative, and two of 2⁻⁴), with or without a fused multiply-add. `z` and
-//!   what follows are integers below 2²⁴, exact in f32 (`|z| + 2^(r−1)` then
-//!   `⌊· / 2^r⌋` for the second rounding, its sign taken from `a`'s).
+//!   what follows are integers below 2²⁴, exact in f32. The second rounding (`r = −e`
+//!   up to 20) is TFLite's `⌊(z + 2^(r−1) − [z < 0]) / 2^r⌋` with the integer
+//!   `2^(r−1) − [a < 0]` (`z`'s sign is `a`'s) added to the estimate before it is
+//!   rounded (below 2²¹, the error stays below 7/16); for a larger `r`,
+//!   `⌊(|z| + 2^(r−1)) / 2^r⌋` with `a`'s sign.
 //! - **In f64** ([`Importer::fixed_point`]), where those bounds fail: with
 //!   `q = q_h·2¹⁶ + q_l`, `a·q_h = u·2^(k−16) + v` (`u` by `Floor`, `0 ≤ v < 2^(k−16)`),
 //!   `⌊(a·q + c) / 2^k⌋ = u + ⌊(v·2¹⁶ + a·q_l + c) / 2^k⌋`, every term below 2⁵³
@@ -129,7 +132,8 @@ impl Importer<'_> {
     }
 
     fn binary(&mut self, op: OpKind, a: ValueId, b: ValueId) -> Result<ValueId, ImportError> {
-        self.emit1(op, Attrs::new(), vec![Some(a), Some(b)])
+        let r = self.emit1(op, Attrs::new(), vec![Some(a), Some(b)])?;
+        Ok(self.named(r))
     }
 
     fn floor(&mut self, v: ValueId) -> Result<ValueId, ImportError> {
@@ -308,6 +312,25 @@ impl Importer<'_> {
         let frac = self.with_typed(OpKind::Mul, low, 2f64.powi(-31))?;
         let af = self.cast(a, DType::F32)?;
         let est = self.with_lanes(OpKind::Mul, af, &each(&|q, _| (q as f64 * 2f64.powi(-31)) as f32 as f64), shape)?;
+        let shifts = rounding == Rounding::Double && qe.iter().any(|&(_, e)| e < 0);
+        if shifts && qe.iter().all(|&(_, e)| e >= -20) {
+            // Double rounding in one: RoundingDivideByPOT(z, r) = ⌊(z + 2^(r−1) − [z < 0])
+            // / 2^r⌋ (r = −e > 0; z < 0 exactly where a < 0), and z + 2^(r−1) − [a < 0] is
+            // the rounded estimate with that integer added (below 2²¹: the error stays
+            // below 7/16).
+            let plus = |neg: bool| {
+                each(&|_, e| if e < 0 { 0.5 + 2f64.powi(-e - 1) - neg as i32 as f64 } else { 0.5 })
+            };
+            let zero = self.scalar(DType::I32, 0.0)?;
+            let neg = self.binary(OpKind::Less, a, zero)?;
+            let (cn, cp) = (self.lane_const(DType::F32, &plus(true), shape)?, self.lane_const(DType::F32, &plus(false), shape)?);
+            let c = self.emit1(OpKind::Where, Attrs::new(), vec![Some(neg), Some(cn), Some(cp)])?;
+            let est = self.binary(OpKind::Add, est, c)?;
+            let est = self.binary(OpKind::Sub, est, frac)?;
+            let z = self.unary(OpKind::Round, est)?;
+            let w = self.with_lanes(OpKind::Mul, z, &each(&|_, e| 2f64.powi(e.min(0))), shape)?;
+            return Ok(Some(self.unary(OpKind::Floor, w)?));
+        }
         let est = self.with_typed(OpKind::Add, est, 2f64.powi(k - 32))?;
         let est = self.binary(OpKind::Sub, est, frac)?;
         // ⌊(a·q + c) / 2³¹⌋, an integer below 2²⁰ in magnitude.
@@ -438,8 +461,13 @@ impl Importer<'_> {
         let (oh, ow) = (oh as usize, ow as usize);
         // Both passes in i32 (|Σ x·w_y·w_x| ≤ 2²⁷), each output position from its two
         // source positions.
-        let xi = self.cast(raw, DType::I32)?;
-        let t = self.interpolate(xi, 3, &taps(*iw, ow, align, half), DType::I32)?;
+        let wt = taps(*iw, ow, align, half);
+        let t = if *iw * ow <= DENSE_WIDTH_PASS {
+            self.width_pass_products(raw, *iw, &wt)?
+        } else {
+            let xi = self.cast(raw, DType::I32)?;
+            self.interpolate(xi, 3, &wt, DType::I32)?
+        };
         let sum = self.interpolate(t, 2, &taps(*ih, oh, align, half), DType::I32)?;
         // Σ / 2²⁰ rounded half away from zero: ⌊(|Σ| + 2¹⁹) / 2²⁰⌋ with Σ's sign, the
         // division exact in f32 once the low 20 bits are cleared.
@@ -534,6 +562,32 @@ impl Importer<'_> {
         Ok(true)
     }
 
+    /// The width pass of an int8 bilinear resize as integer products: `x[.., W]` (int8)
+    /// times the dense `[W, OW]` weight matrix of `taps` (two weights per column, each at
+    /// most 2¹⁰), split as `32·a + b` (`a ≤ 32`, `b < 32`: int8 matrices) into two
+    /// `MatMulInteger`s, `32·(x·a) + x·b` (i32, exact). The integer contraction
+    /// microkernel runs them; a gather along the innermost axis has no vector form.
+    fn width_pass_products(&mut self, x: ValueId, iw: usize, taps: &[Tap]) -> Result<ValueId, ImportError> {
+        let ow = taps.len();
+        let mut w = vec![0i64; iw * ow];
+        for (o, &(lo, hi, w0, w1)) in taps.iter().enumerate() {
+            w[lo as usize * ow + o] += w0 as i64;
+            w[hi as usize * ow + o] += w1 as i64;
+        }
+        let shape = Shape::new(vec![iw, ow]).map_err(|e| self.err(e.to_string()))?;
+        let mut half = |f: &dyn Fn(i64) -> i64| -> Result<ValueId, ImportError> {
+            let v: Vec<i64> = w.iter().map(|&x| f(x)).collect();
+            let t = Tensor::from_i64(DType::I8, shape.clone(), &v).map_err(|e| self.err(e.to_string()))?;
+            let m = self.konst(t);
+            let z = self.scalar(DType::I8, 0.0)?;
+            self.emit1(OpKind::MatMulInteger, Attrs::new(), vec![Some(x), Some(m), Some(z), Some(z)])
+        };
+        let (hi, lo) = (half(&|x| x >> 5)?, half(&|x| x & 31)?);
+        let hi = self.with_typed(OpKind::Mul, hi, 32.0)?;
+        let t = self.binary(OpKind::Add, hi, lo)?;
+        Ok(self.named(t))
+    }
+
     /// LiteRT's int8 BATCH_MATMUL of `a` (held as `pa`) and `b` (held as `pb`, the
     /// adjoint swaps applied) into `out`; `false` when any is not per-tensor int8.
     pub(crate) fn int8_batch_matmul(
@@ -560,6 +614,11 @@ impl Importer<'_> {
         self.requantize_int8((out, &identity(r)), acc, k as f64 * 65025.0, real, Rounding::Double, zy as f64)
     }
 }
+
+/// The largest `W·OW` for which a bilinear resize's width pass is a dense product
+/// ([`Importer::width_pass_products`]; its work grows as `W·OW` a row, the gathers' as
+/// `OW`).
+const DENSE_WIDTH_PASS: usize = 1 << 14;
 
 /// One output position's source positions and weights: `(lo, hi, w_lo, w_hi)`.
 type Tap = (i64, i64, f64, f64);
@@ -676,6 +735,12 @@ mod tests {
         let frac = (low & i32::MAX) as f32 * 2f32.powi(-31);
         let qf = (q as f64 * 2f64.powi(-31)) as f32;
         let c = 2f32.powi(k - 32);
+        if rounding == Rounding::Double && (-20..0).contains(&e) {
+            let c = 0.5 + 2f32.powi(-e - 1) - (a < 0) as i32 as f32;
+            let est = if fused { (a as f32).mul_add(qf, c) } else { a as f32 * qf + c };
+            let z = (est - frac).round_ties_even();
+            return Some((z * 2f32.powi(e)).floor() as i64);
+        }
         let est = if fused { (a as f32).mul_add(qf, c) } else { a as f32 * qf + c };
         let z = (est - frac).round_ties_even();
         let v = match rounding {
@@ -704,6 +769,7 @@ mod tests {
             (65025.0, 3.7),
             (2_000.0, 0.999_999_9),
             (3_000_000.0, 1.0 / 3.0),
+            (1_000_000.0, 3.1e-7),
         ] {
             for r in [Rounding::Double, Rounding::Single] {
                 let (q, e) = quantize_multiplier(real);
