@@ -1203,7 +1203,10 @@ fn quantize(cx: &OpCx<'_>) -> R<Lowered> {
         let s = scale.value(b, layout, index);
         let ct = if fast { S::F32 } else { S::F64 };
         let (xc, sc) = (b.convert(x, ct), b.convert(s, ct));
-        let q = b.div(xc, sc);
+        // A constant scale of exactly one divides nothing (x / 1 is x, NaN and
+        // infinities too): integers saturated to a narrower type (tflite/int8.rs).
+        let one = matches!(b.node(sc), Some(n) if matches!(n.expr, Expr::Const(bits) if bits == ct.bits_of_f64(1.0)));
+        let q = if one { xc } else { b.div(xc, sc) };
         let q = match prec {
             DType::F32 | DType::F16 | DType::BF16 if !fast => b.cast(q, prec, true),
             _ => q,

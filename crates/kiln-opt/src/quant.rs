@@ -297,8 +297,9 @@ fn fold_clamped(
     Some(())
 }
 
-/// A depthwise `QLinearConv` (one input channel a group; constant weights, scales, zero
-/// points and bias) in exact float arithmetic, the form the depthwise microkernel runs
+/// A depthwise `QLinearConv` (one input channel a group, each feeding one output
+/// channel or, with a depth multiplier, several: then the input's channels are repeated
+/// first; constant weights, scales, zero points and bias) in exact float arithmetic, the form the depthwise microkernel runs
 /// (the integer contraction microkernel needs `B` independent of the rows, which a
 /// depthwise convolution's input is not):
 ///
@@ -322,9 +323,12 @@ fn depthwise_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: 
     let wd = g.ty(wq).shape.dims().to_vec();
     let (c, m) = (*xd.get(1)?, *wd.first()?);
     let group = usize::try_from(attrs.group).ok()?;
-    if xd.len() < 3 || wd.get(1) != Some(&1) || group != c || m != c || c < 2 {
+    if xd.len() < 3 || wd.get(1) != Some(&1) || group != c || c < 2 || m % c != 0 {
         return None;
     }
+    // A depth multiplier k = M/C > 1 (each input channel feeding k output channels):
+    // the input's channels repeated k times, then a depthwise convolution over M.
+    let k = m / c;
     let cst = |i: usize| g.constant(input(i)?).map(|t| t.to_f64_vec());
     let (sx, zx, w, sw, zw, sy, zy) = (cst(1)?, cst(2)?, cst(3)?, cst(4)?, cst(5)?, cst(6)?, cst(7)?);
     let bias = match input(8) {
@@ -366,7 +370,17 @@ fn depthwise_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: 
     let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::F32.onnx_code()?.into()));
     let cast = Op::parse(OpKind::Cast, &to).ok()?;
     let xf = step(g, "float_input", cast, vec![Some(x)], &xd)?;
-    let xc = step(g, "centred_input", Op::new(OpKind::Sub), vec![Some(xf), Some(zxv)], &xd)?;
+    let mut xc = step(g, "centred_input", Op::new(OpKind::Sub), vec![Some(xf), Some(zxv)], &xd)?;
+    let mut attrs = attrs;
+    if k > 1 {
+        let idx: Vec<i64> = (0..m as i64).map(|j| j / k as i64).collect();
+        let iv = g.add_const(format!("{name}.repeated_channels"), Tensor::from_i64(DType::I64, shape(&[m])?, &idx).ok()?);
+        let mut rd = xd.clone();
+        rd[1] = m;
+        let gather = Op::parse(OpKind::Gather, &kiln_ir::op::Attrs::new().with("axis", kiln_ir::op::Attr::Int(1))).ok()?;
+        xc = step(g, "repeated_input", gather, vec![Some(xc), Some(iv)], &rd)?;
+        attrs.group = m as i64;
+    }
     let conv = Op::with_typed(OpKind::Conv, attrs).ok()?;
     let acc = step(g, "float_accumulator", conv, vec![Some(xc), Some(wv), Some(bv)], &ydims)?;
     let scaled = step(g, "scaled", Op::new(OpKind::Mul), vec![Some(acc), Some(mv)], &ydims)?;
@@ -787,21 +801,23 @@ mod tests {
     #[test]
     fn depthwise_runs_in_exact_float() {
         let (c, h, w) = (6, 7, 9);
-        for (stride, big) in [(1, false), (2, false), (1, true)] {
+        // (A depth multiplier of 2: each input channel feeds two output channels.)
+        for (stride, big, mult) in [(1, false, 1), (2, false, 1), (1, true, 1), (2, false, 2)] {
+            let mc = c * mult;
             let mut g = Graph::new("dw");
             let x = g.add_input("x", tt(DType::I8, &[1, c, h, w]));
             let sx = scalar_f32(&mut g, "sx", 0.031);
             let zx = scalar_int(&mut g, "zx", DType::I8, -9);
-            let wv: Vec<i64> = (0..c * 9).map(|i| ((i * 71 + 3) % 255) as i64 - 127).collect();
-            let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![c, 1, 3, 3]).unwrap(), &wv).unwrap());
-            let swv: Vec<f64> = (0..c).map(|i| 0.0021 + 0.00037 * i as f64).collect();
-            let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![c]).unwrap(), &swv).unwrap());
-            let zwv: Vec<i64> = (0..c).map(|i| i as i64 - 2).collect();
-            let zw = g.add_const("zw", Tensor::from_i64(DType::I8, Shape::new(vec![c]).unwrap(), &zwv).unwrap());
+            let wv: Vec<i64> = (0..mc * 9).map(|i| ((i * 71 + 3) % 255) as i64 - 127).collect();
+            let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![mc, 1, 3, 3]).unwrap(), &wv).unwrap());
+            let swv: Vec<f64> = (0..mc).map(|i| 0.0021 + 0.00037 * i as f64).collect();
+            let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![mc]).unwrap(), &swv).unwrap());
+            let zwv: Vec<i64> = (0..mc).map(|i| i as i64 % 7 - 2).collect();
+            let zw = g.add_const("zw", Tensor::from_i64(DType::I8, Shape::new(vec![mc]).unwrap(), &zwv).unwrap());
             let sy = scalar_f32(&mut g, "sy", 0.006);
             let zy = scalar_int(&mut g, "zy", DType::I8, 11);
-            let bv: Vec<i64> = (0..c).map(|i| if big { 1 << 24 } else { (i as i64 * 997) % 3000 - 1500 }).collect();
-            let b = g.add_const("b", Tensor::from_i64(DType::I32, Shape::new(vec![c]).unwrap(), &bv).unwrap());
+            let bv: Vec<i64> = (0..mc).map(|i| if big { 1 << 24 } else { (i as i64 * 997) % 3000 - 1500 }).collect();
+            let b = g.add_const("b", Tensor::from_i64(DType::I32, Shape::new(vec![mc]).unwrap(), &bv).unwrap());
             let mut a = kiln_ir::op::Attrs::new();
             a = a.with("group", kiln_ir::op::Attr::Int(c as i64));
             a = a.with("pads", kiln_ir::op::Attr::Ints(vec![1, 1, 1, 1]));
@@ -809,7 +825,7 @@ mod tests {
             let op = Op::parse(OpKind::QLinearConv, &a).unwrap();
             let (oh, ow) = ((h - 1) / stride as usize + 1, (w - 1) / stride as usize + 1);
             let ins = [x, sx, zx, wq, sw, zw, sy, zy, b].map(Some).to_vec();
-            let (_, y) = g.add_node("dw", op, ins, vec![("y".into(), tt(DType::I8, &[1, c, oh, ow]))]);
+            let (_, y) = g.add_node("dw", op, ins, vec![("y".into(), tt(DType::I8, &[1, mc, oh, ow]))]);
             g.outputs.push(y[0]);
             let xv: Vec<i64> = (0..c * h * w).map(|i| ((i * 29 + 1) % 256) as i64 - 128).collect();
             let xt = Tensor::from_i64(DType::I8, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap();
@@ -819,7 +835,11 @@ mod tests {
             if big {
                 continue;
             }
-            assert_eq!(kinds(&f), vec![OpKind::Cast, OpKind::Sub, OpKind::Conv, OpKind::Mul, OpKind::QuantizeLinear]);
+            let mut want_kinds = vec![OpKind::Cast, OpKind::Sub, OpKind::Conv, OpKind::Mul, OpKind::QuantizeLinear];
+            if mult > 1 {
+                want_kinds.insert(2, OpKind::Gather);
+            }
+            assert_eq!(kinds(&f), want_kinds);
             let run = |g: &Graph| kiln_ref::eval_graph(g, std::slice::from_ref(&xt)).unwrap()[0].clone();
             let (want, got) = (run(&g), run(&f.without_dead_code()));
             assert_eq!(got.ty(), want.ty());

@@ -61,8 +61,8 @@
 //!
 //! ## Epilogue
 //! After the corrections the epilogue is evaluated on each accumulator, 16 lanes at a
-//! time, from the kernel's own expression: i32 and f32 arithmetic, conversions, rounding
-//! (`vrndscaleps`), clamps with a constant bound (NaN passes through as in the
+//! time, from the kernel's own expression: i32 and f32 arithmetic (`and` of i32 too),
+//! conversions, rounding (`vrndscaleps`), clamps with a constant bound (NaN passes through as in the
 //! interpreter), loads of f32, i32, u8 and i8 operands per row, per column or per tensor
 //! (a QLinear op's scales, zero points and bias), comparisons, selects and max/min of
 //! integers held in i32 lanes (i8 sign-extended, u8 zero-extended: a saturating
@@ -548,9 +548,11 @@ impl<'k> Emitter<'k> {
                                 BinaryOp::Max | BinaryOp::Min => const_side,
                                 _ => false,
                             },
-                            ScalarType::I32 => {
-                                matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min)
-                            }
+                            // (`And`: a fixed-point product's low bits, tflite/int8.rs.)
+                            ScalarType::I32 => matches!(
+                                op,
+                                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min | BinaryOp::And
+                            ),
                             // (Narrow integers stay within their range under max/min.)
                             t if is_int32(t) => matches!(op, BinaryOp::Max | BinaryOp::Min),
                             _ => false,
@@ -694,21 +696,13 @@ impl<'k> Emitter<'k> {
             left -= step;
         }
         // rdi bindings, rdx begin, rcx end (clamped).
-        self.a.mov(rax, self.workgroups() as i64)?;
-        self.a.cmp(rcx, rax)?;
-        self.a.cmova(rcx, rax)?;
-        self.a.mov(qword_ptr(rsp + S_END), rcx)?;
-        self.a.mov(r15, rdi)?;
-        self.a.mov(r14, rdx)?;
-        let mut done = self.a.create_label();
-        self.a.cmp(r14, rcx)?;
-        self.a.jae(done)?;
+        let done = self.workgroup_range()?;
         let at = self.s_buf() + 63;
         self.a.lea(rax, qword_ptr(rsp + at))?;
         self.a.and(rax, -64)?;
         self.a.mov(qword_ptr(rsp + S_PBP), rax)?;
         let mut top = self.a.create_label();
-        let mut next = self.a.create_label();
+        let next = self.a.create_label();
         self.a.set_label(&mut top)?;
         // Decode: group, block, then batch coordinates innermost first.
         self.a.mov(rax, r14)?;
@@ -806,6 +800,28 @@ impl<'k> Emitter<'k> {
                 self.a.set_label(&mut l)?;
             }
         }
+        self.workgroup_loop_end(next, top, done, frame)
+    }
+
+    /// The workgroup range's set-up (`rdi` bindings, `rdx` begin, `rcx` end): the end
+    /// clamped to the workgroup count into `S_END`, the bindings in `r15`, the workgroup
+    /// in `r14`; returns the label past the loop, jumped to at once for an empty range.
+    fn workgroup_range(&mut self) -> R<CodeLabel> {
+        self.a.mov(rax, self.workgroups() as i64)?;
+        self.a.cmp(rcx, rax)?;
+        self.a.cmova(rcx, rax)?;
+        self.a.mov(qword_ptr(rsp + S_END), rcx)?;
+        self.a.mov(r15, rdi)?;
+        self.a.mov(r14, rdx)?;
+        let done = self.a.create_label();
+        self.a.cmp(r14, rcx)?;
+        self.a.jae(done)?;
+        Ok(done)
+    }
+
+    /// The workgroup loop's end (`next`: the next workgroup, back to `top` while below
+    /// `S_END`), then `done`, the frame's release and the constant tables.
+    fn workgroup_loop_end(&mut self, mut next: CodeLabel, top: CodeLabel, mut done: CodeLabel, frame: i32) -> R<()> {
         self.a.set_label(&mut next)?;
         self.a.inc(r14)?;
         self.a.cmp(r14, qword_ptr(rsp + S_END))?;
@@ -826,20 +842,12 @@ impl<'k> Emitter<'k> {
         let gv = self.s_rs();
         let frame = (gv + 3 * 64 + 64 + 15) / 16 * 16;
         self.a.sub(rsp, frame)?;
-        self.a.mov(rax, self.workgroups() as i64)?;
-        self.a.cmp(rcx, rax)?;
-        self.a.cmova(rcx, rax)?;
-        self.a.mov(qword_ptr(rsp + S_END), rcx)?;
-        self.a.mov(r15, rdi)?;
-        self.a.mov(r14, rdx)?;
-        let mut done = self.a.create_label();
-        self.a.cmp(r14, rcx)?;
-        self.a.jae(done)?;
+        let done = self.workgroup_range()?;
         let m = self.c.dims[0];
         let kk = self.c.dims[2];
         let groups = m.div_ceil(16);
         let mut top = self.a.create_label();
-        let mut next = self.a.create_label();
+        let next = self.a.create_label();
         self.a.set_label(&mut top)?;
         self.a.mov(rax, r14)?;
         self.a.xor(edx, edx)?;
@@ -1062,16 +1070,9 @@ impl<'k> Emitter<'k> {
                 self.a.set_label(&mut l)?;
             }
         }
-        self.a.set_label(&mut next)?;
-        self.a.inc(r14)?;
-        self.a.cmp(r14, qword_ptr(rsp + S_END))?;
-        self.a.jb(top)?;
-        self.a.set_label(&mut done)?;
-        leave(&mut self.a, frame)?;
-        self.t.emit(&mut self.a)
+        self.workgroup_loop_end(next, top, done, frame)
     }
 
-    /// `r *= imm`.
     /// The reduction in 64-byte chunks: `chunks` times `body(unmasked)` in an `rcx`
     /// loop, each pass advancing `regs` by 64 bytes, then, for a partial last chunk
     /// (`part` bytes, under the byte mask the caller set in `k3`), `body(masked)` once.
@@ -1824,7 +1825,7 @@ impl<'k> Emitter<'k> {
                 // broadcast (`{1to16}`), commuting where that brings it second (not an f32
                 // clamp: its NaN rule needs the value second).
                 let commutes = matches!(op, BinaryOp::Add | BinaryOp::Mul)
-                    || (!f && matches!(op, BinaryOp::Max | BinaryOp::Min));
+                    || (!f && matches!(op, BinaryOp::Max | BinaryOp::Min | BinaryOp::And));
                 let (x, y) = if commutes && self.bcst_at(x, ev).is_some() && self.bcst_at(y, ev).is_none() {
                     (y, x)
                 } else {
@@ -1856,6 +1857,7 @@ impl<'k> Emitter<'k> {
                         (false, BinaryOp::Mul) => self.a.vpmulld(d, a, m)?,
                         (false, BinaryOp::Max) => self.a.vpmaxsd(d, a, m)?,
                         (false, BinaryOp::Min) => self.a.vpminsd(d, a, m)?,
+                        (false, BinaryOp::And) => self.a.vpandd(d, a, m)?,
                         _ => return no("an epilogue operation without a 16-lane form"),
                     }
                     ev.memo.insert(e.0, r);
@@ -1880,6 +1882,7 @@ impl<'k> Emitter<'k> {
                     (false, BinaryOp::Mul) => self.a.vpmulld(d, a, b)?,
                     (false, BinaryOp::Max) => self.a.vpmaxsd(d, a, b)?,
                     (false, BinaryOp::Min) => self.a.vpminsd(d, a, b)?,
+                    (false, BinaryOp::And) => self.a.vpandd(d, a, b)?,
                     _ => return no("an epilogue operation without a 16-lane form"),
                 }
                 r

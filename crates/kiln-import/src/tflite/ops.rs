@@ -131,6 +131,19 @@ fn ints(v: &[i64]) -> Attr {
     Attr::Ints(v.to_vec())
 }
 
+/// The real range a fused activation clamps to (open: infinite); `None` for one that
+/// is not a clamp (TANH, SIGN_BIT). NONE is the whole line.
+fn clamp_range(act: fb::ActivationFunctionType) -> Option<(f64, f64)> {
+    use fb::ActivationFunctionType as A;
+    match act {
+        A::None => Some((f64::NEG_INFINITY, f64::INFINITY)),
+        A::Relu => Some((0.0, f64::INFINITY)),
+        A::Relu6 => Some((0.0, 6.0)),
+        A::ReluN1To1 => Some((-1.0, 1.0)),
+        A::Tanh | A::SignBit => None,
+    }
+}
+
 /// Explicit `[begin.., end..]` pads for TFLite padding `p` over spatial extents
 /// `input` with kernel `k`, stride `s`, dilation `d`.
 fn same_pads(p: fb::Padding, input: &[usize], k: &[usize], s: &[usize], d: &[usize]) -> Vec<i64> {
@@ -233,18 +246,16 @@ impl Importer<'_> {
     /// its values (in layout `lay`).
     fn activated(&mut self, out: usize, lay: &[usize], v: ValueId, act: fb::ActivationFunctionType) -> Result<ValueId, ImportError> {
         use fb::ActivationFunctionType as A;
-        let range = match act {
-            A::None => None,
-            A::Relu => Some((0.0, f64::INFINITY)),
-            A::Relu6 => Some((0.0, 6.0)),
-            A::ReluN1To1 => Some((-1.0, 1.0)),
+        match act {
+            A::None => return self.quantize_to(out, lay, v),
             A::Tanh => {
                 let v = self.emit1(OpKind::Tanh, Attrs::new(), vec![Some(v)])?;
                 return self.quantize_to(out, lay, v);
             }
             A::SignBit => return Err(self.err("fused activation SIGN_BIT is not supported")),
-        };
-        let Some((lo, hi)) = range else { return self.quantize_to(out, lay, v) };
+            _ => {}
+        }
+        let Some((lo, hi)) = clamp_range(act) else { return self.quantize_to(out, lay, v) };
         if let Some(q) = self.quant(out).filter(|q| q.scale.len() == 1) {
             let (s, z) = (q.scale[0] as f64, q.zero_point[0] as f64);
             let qv = self.quantize_to(out, lay, v)?;
@@ -1088,6 +1099,14 @@ impl Importer<'_> {
             .with("dilations", ints(&[d[0] as i64, d[1] as i64]))
             .with("pads", ints(&pads))
             .with("group", Attr::Int(group as i64));
+        // int8 in LiteRT's arithmetic (tflite/int8.rs); the dequantised operands above
+        // are then left unread.
+        if let (false, Some(range)) = (depthwise, clamp_range(act)) {
+            let out = self.output(op, 0)?;
+            if self.int8_conv((x, w, self.opt_input(op, 2)), out, &attrs, range)? {
+                return Ok(());
+            }
+        }
         let bias = match self.opt_input(op, 2) {
             Some(bt) => Some(self.real(bt, &[0])?),
             None => None,

@@ -401,14 +401,18 @@ fn corrupted_bytes_never_panic() {
     }
 }
 
+/// An int8 CONV_2D becomes an integer convolution (`ConvInteger`) requantised in LiteRT's
+/// fixed-point arithmetic (tflite/int8.rs): evaluated, it equals `kiln-ref`'s TFLite
+/// CONV_2D (double rounding, the fused ReLU a clamp at the zero point) on every element.
 #[test]
-fn quantized_conv_is_a_qdq_contraction() {
+fn quantized_conv_is_an_integer_contraction() {
     let mut m = M::new();
     let i8t = fb::TensorType::Int8;
     let x = m.quantized("x", &[1, 5, 5, 2], i8t, None, vec![0.05], vec![3]);
     let wq = int8_values(3 * 3 * 3 * 2, 5, 100.0);
-    let w = m.quantized("w", &[3, 3, 3, 2], i8t, Some(wq), vec![0.01, 0.02, 0.03], vec![0, 0, 0]);
-    let bq = i32_bytes(&[100, -50, 7]);
+    let w = m.quantized("w", &[3, 3, 3, 2], i8t, Some(wq.clone()), vec![0.01, 0.02, 0.03], vec![0, 0, 0]);
+    let bias = [100, -50, 7];
+    let bq = i32_bytes(&bias);
     let b = m.quantized("b", &[3], fb::TensorType::Int32, Some(bq), vec![0.0005, 0.001, 0.0015], vec![0, 0, 0]);
     let y = m.quantized("y", &[1, 5, 5, 3], i8t, None, vec![0.1], vec![-5]);
     m.op(B::Conv2d, &[x, w, b], &[y], conv_options(fb::Padding::Same, 1, fb::ActivationFunctionType::Relu));
@@ -417,15 +421,25 @@ fn quantized_conv_is_a_qdq_contraction() {
     assert_eq!(g.ty(g.outputs[0]).dtype, DType::I8);
     let mut opt = g.clone();
     kiln_opt::run_tensor_pipeline(&mut opt).expect("passes");
-    assert_eq!(count(&opt, OpKind::QLinearConv), 1, "{opt}");
-    assert_eq!(count(&opt, OpKind::Conv), 0, "{opt}");
-    // The fused ReLU is a clamp of the integers at the zero point.
-    let xs: Vec<i8> = values(50, 6).iter().map(|v| (v * 120.0) as i8).collect();
-    let t = Tensor::from_vec(g.ty(g.inputs[0]).shape.clone(), xs).expect("input");
+    assert_eq!(count(&opt, OpKind::ConvInteger), 1, "{opt}");
+    assert_eq!(count(&opt, OpKind::Conv) + count(&opt, OpKind::QLinearConv), 0, "{opt}");
+    let xs: Vec<i8> = values(50, 6).iter().map(|v| (v * 128.0) as i8).collect();
+    let t = Tensor::from_vec(g.ty(g.inputs[0]).shape.clone(), xs.clone()).expect("input");
     let out = kiln_ref::eval_graph(&opt, &[t]).expect("eval");
     let ys = out[0].to_vec::<i8>().expect("i8");
-    assert!(ys.iter().all(|&v| v >= -5), "ReLU clamps at the zero point");
-    assert!(ys.iter().any(|&v| v > -5));
+    use kiln_ref::tflite_quant as tq;
+    let q = tq::Requant {
+        input_zero_point: 3,
+        output_zero_point: -5,
+        scales: tq::channel_scales(0.05, &[0.01, 0.02, 0.03], 0.1),
+        range: (-5, 127),
+        rounding: tq::Rounding::Double,
+    };
+    let shape = tq::ConvShape { input: [1, 5, 5, 2], weights: [3, 3, 3, 2], stride: 1, same: true };
+    let wi: Vec<i8> = wq.iter().map(|&v| v as i8).collect();
+    let want = tq::conv2d(&xs, &wi, &bias, &shape, &q);
+    assert_eq!(ys, want);
+    assert!(ys.iter().any(|&v| v > -5) && ys.contains(&-5));
 }
 
 #[test]
@@ -563,8 +577,9 @@ fn fuzz_seeds_are_current() {
     }
 }
 
-/// The int8 seed's convolution and dense layer (a bias: a 1x1 convolution) become
-/// integer convolutions, and its depthwise convolution the exact f32 form the quantized
+/// The int8 seed's convolution becomes an integer convolution in LiteRT's fixed-point
+/// requantisation (`ConvInteger`), its dense layer (a bias: a 1x1 convolution) a
+/// `QLinearConv`, and its depthwise convolution the exact f32 form the quantized
 /// fold gives depthwise products (integer-valued operands and sums below 2^24, so the
 /// window microkernel computes the integer result; `kiln-opt`'s `quant.rs`): one grouped
 /// f32 Conv, no float product elsewhere; the output stays int8.
@@ -574,7 +589,8 @@ fn int8_net_contractions_are_integer() {
     let g = import(bytes).expect("import");
     let mut opt = g.clone();
     kiln_opt::run_tensor_pipeline(&mut opt).expect("passes");
-    assert_eq!(count(&opt, OpKind::QLinearConv), 2, "{opt}");
+    assert_eq!(count(&opt, OpKind::ConvInteger), 1, "{opt}");
+    assert_eq!(count(&opt, OpKind::QLinearConv), 1, "{opt}");
     assert_eq!(count(&opt, OpKind::Conv), 1, "{opt}");
     assert_eq!(count(&opt, OpKind::MatMul), 0, "{opt}");
     assert_eq!(opt.ty(opt.outputs[0]).dtype, DType::I8);
@@ -709,8 +725,8 @@ fn int8_litert_forms_match_integer_loops() {
     use super::int8::{multiply_by_quantized, Rounding};
     let i8t = fb::TensorType::Int8;
     let mut m = M::new();
-    // K = 130: the accumulator bound (K·255²) is past 2²², so the fixed-point product
-    // takes the split form; the MEANs take the one-product form.
+    // K = 130: the accumulator bound (K·255²) times the multiplier is past 2²⁰, so the
+    // fixed-point product takes the f64 split form; the MEANs take the 32-bit lane form.
     let (k, rows, cols) = (130usize, 3usize, 5usize);
     let a = m.quantized("a", &[1, rows as i32, k as i32], i8t, None, vec![0.031], vec![-7]);
     let b = m.quantized("b", &[1, k as i32, cols as i32], i8t, None, vec![0.027], vec![4]);
@@ -730,8 +746,9 @@ fn int8_litert_forms_match_integer_loops() {
     let rb = fb::ResizeBilinearOptions { half_pixel_centers: true, ..Default::default() };
     m.op(B::ResizeBilinear, &[img, size], &[big], Some(fb::BuiltinOptions::ResizeBilinearOptions(Box::new(rb))));
     let g = import(m.finish(&[a, b, x, img], &[y, mean, pooled, big])).expect("import");
-    assert_eq!(count(&g, OpKind::MatMulInteger), 1, "{g}");
-    assert_eq!(count(&g, OpKind::QuantizeLinear), 0, "{g}");
+    // BATCH_MATMUL's, and the resize's width pass as two (`32·(x·a) + x·b`).
+    assert_eq!(count(&g, OpKind::MatMulInteger), 3, "{g}");
+    assert_eq!(count(&g, OpKind::DequantizeLinear), 0, "{g}");
 
     let raw = |n: usize, seed: u32| -> Vec<i64> { values(n, seed).iter().map(|v| (v * 127.9).floor() as i64).collect() };
     let tensor = |v: &[i64], dims: &[usize]| Tensor::from_i64(DType::I8, Shape::new(dims.to_vec()).unwrap(), v).unwrap();
