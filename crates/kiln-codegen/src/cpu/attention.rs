@@ -96,6 +96,39 @@ const COL_TAIL: Mask = Mask(15);
 const KEY_TAIL_K: Mask = Mask(1);
 const COL_TAIL_K: Mask = Mask(2);
 
+/// The opening both attention kernels share: the stack frame, the workgroup range
+/// `rdx..rcx` clamped to `count` into `r10..r11` (straight to the returned `done` label
+/// when empty), and the tail masks of the keys and of the output columns (`[keys,
+/// width, lanes]`), which it returns.
+fn open(
+    a: &mut CodeAssembler,
+    t: &mut Tables,
+    frame: i32,
+    count: u64,
+    wide: bool,
+    [keys, width, w]: [u64; 3],
+) -> R<(CodeLabel, Mask, Mask)> {
+    enter(a)?;
+    a.sub(rsp, frame)?;
+    a.mov(rax, count as i64)?;
+    a.cmp(rcx, rax)?;
+    a.cmova(rcx, rax)?;
+    a.mov(r10, rdx)?;
+    a.mov(r11, rcx)?;
+    let done = a.create_label();
+    a.cmp(r10, r11)?;
+    a.jae(done)?;
+    let (key_tail, col_tail) = if wide { (KEY_TAIL_K, COL_TAIL_K) } else { (KEY_TAIL, COL_TAIL) };
+    let mut vx = Vx { a, t, wide, held: &[] };
+    if !keys.is_multiple_of(w) {
+        vx.first_lanes(key_tail, keys % w, eax)?;
+    }
+    if !width.is_multiple_of(w) {
+        vx.first_lanes(col_tail, width % w, eax)?;
+    }
+    Ok((done, key_tail, col_tail))
+}
+
 /// Register roles (vector numbers).
 const Q_BCAST: V = V(4);
 const EXP_T: [V; 4] = [V(5), V(6), V(7), V(8)];
@@ -157,27 +190,8 @@ fn emit_rows(k: &Kernel, wide: bool) -> R<AttentionCode> {
 
     let mut a = CodeAssembler::new(64)?;
     let mut t = Tables::default();
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
     // rdi bindings, rdx begin, rcx end (clamped to the row count).
-    a.mov(rax, rows as i64)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?;
-    a.mov(r11, rcx)?;
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    let (key_tail, col_tail) = if wide { (KEY_TAIL_K, COL_TAIL_K) } else { (KEY_TAIL, COL_TAIL) };
-    {
-        let mut vx = Vx { a: &mut a, t: &mut t, wide, held: &[] };
-        if !keys.is_multiple_of(w) {
-            vx.first_lanes(key_tail, keys % w, eax)?;
-        }
-        if !width.is_multiple_of(w) {
-            vx.first_lanes(col_tail, width % w, eax)?;
-        }
-    }
+    let (mut done, key_tail, col_tail) = open(&mut a, &mut t, frame, rows, wide, [keys, width, w])?;
 
     let mut row_top = a.create_label();
     a.set_label(&mut row_top)?;
@@ -593,26 +607,7 @@ fn emit_tiled(k: &Kernel, wide: bool) -> R<Option<AttentionCode>> {
 
     let mut a = CodeAssembler::new(64)?;
     let mut t = Tables::default();
-    enter(&mut a)?;
-    a.sub(rsp, frame)?;
-    a.mov(rax, workgroups as i64)?;
-    a.cmp(rcx, rax)?;
-    a.cmova(rcx, rax)?;
-    a.mov(r10, rdx)?;
-    a.mov(r11, rcx)?;
-    let mut done = a.create_label();
-    a.cmp(r10, r11)?;
-    a.jae(done)?;
-    let (key_tail, col_tail) = if wide { (KEY_TAIL_K, COL_TAIL_K) } else { (KEY_TAIL, COL_TAIL) };
-    {
-        let mut vx = Vx { a: &mut a, t: &mut t, wide, held: &[] };
-        if !keys.is_multiple_of(w) {
-            vx.first_lanes(key_tail, keys % w, eax)?;
-        }
-        if !width.is_multiple_of(w) {
-            vx.first_lanes(col_tail, width % w, eax)?;
-        }
-    }
+    let (mut done, key_tail, col_tail) = open(&mut a, &mut t, frame, workgroups, wide, [keys, width, w])?;
     let mut top = a.create_label();
     a.set_label(&mut top)?;
     // Base addresses: rbx Q, r12 K, r13 V, r14 the mask, r15 the output (the tile's
