@@ -91,7 +91,7 @@ fn constant_pool(c: &kiln_compiler::Compiled) -> usize {
 /// artifact is the one a pipeline without the stage writes; an explicit f32 and the
 /// default write the same bytes.
 fn check_f32_is_a_no_op(name: &str, g: &Graph) {
-    // Attention chains fused (opt-in), so both forms of the masked step are checked.
+    // Attention chains fused (the default, named here), so both forms of the masked step are checked.
     let mut c = Compilation::new(Input::Graph(g.clone()), Options { fused_attention: true, ..Options::default() });
     c.run_to(Stage::FormDispatches).expect("form dispatches");
     let formed = c.flow().expect("flow").clone();
@@ -243,7 +243,7 @@ fn masked_attention(masked: f32, relu: bool) -> String {
 fn formed(src: &str) -> (Graph, FlowProgram) {
     let g = kiln_ir::text::parse(src).expect("parse");
     kiln_ir::verify::verify(&g).expect("verify");
-    // Attention chains fused (opt-in), so both forms of the masked step are checked.
+    // Attention chains fused (the default, named here), so both forms of the masked step are checked.
     let mut c = Compilation::new(Input::Graph(g.clone()), Options { fused_attention: true, ..Options::default() });
     c.run_to(Stage::FormDispatches).expect("form dispatches");
     (g, c.flow().expect("flow").clone())
