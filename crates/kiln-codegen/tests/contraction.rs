@@ -592,8 +592,9 @@ fn wider_strides_take_the_general_path() {
 }
 
 /// Products with fewer than four row panels cut their columns into chunks, one
-/// workgroup each (so threads have something to share): a single row, five rows, with
-/// an epilogue reading per-column and per-row operands.
+/// workgroup each (so threads have something to share; the cut that shares best over
+/// two and four threads, which for 2×250 is two chunks of 4 and 3 tiles): a single row,
+/// five rows, with an epilogue reading per-column and per-row operands.
 #[test]
 fn column_chunks() {
     require_avx2_fma!();
@@ -602,7 +603,7 @@ fn column_chunks() {
         let b = random_f32(&[k, n], 1.0, 42);
         let kern = matmul(&[], m, k, n, false, false);
         let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
-        assert!(compiled.workgroups[0] >= 3, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
+        assert!(compiled.workgroups[0] >= 2, "{m}×{n}: {} workgroups", compiled.workgroups[0]);
         check_micro(&kern, &[&a, &b], k);
         check_epilogues(&a, &b, (m, k, n), &["residual_max", "clip_row_scale"]);
     }
