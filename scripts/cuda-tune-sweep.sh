@@ -2,7 +2,7 @@
 # Times the CUDA contraction kernels' variants (KILN_CUDA_TUNE, docs/cuda.md) on the GPU
 # machine in one call:
 #
-#     scripts/cuda-tune-sweep.sh KILN_BIN MODELS_DIR [f32|mma|all]
+#     scripts/cuda-tune-sweep.sh KILN_BIN MODELS_DIR [f32|mma|elt|all]
 #
 # KILN_BIN is a kiln binary built with the `cuda` feature; MODELS_DIR a writable folder
 # (the models are generated there with scripts/gen_models.py: python3 with onnx and numpy).
@@ -19,8 +19,8 @@
 # Every step has a timeout; the whole sweep takes about 3-4 minutes on an H100/H200.
 set -u
 
-KILN=${1:?usage: cuda-tune-sweep.sh KILN_BIN MODELS_DIR [f32|mma|all]}
-DIR=${2:?usage: cuda-tune-sweep.sh KILN_BIN MODELS_DIR [f32|mma|all]}
+KILN=${1:?usage: cuda-tune-sweep.sh KILN_BIN MODELS_DIR [f32|mma|elt|all]}
+DIR=${2:?usage: cuda-tune-sweep.sh KILN_BIN MODELS_DIR [f32|mma|elt|all]}
 WHICH=${3:-all}
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$DIR"
@@ -33,6 +33,8 @@ MMA_VARIANTS=("" "mma=bk32s3" "mma=bk32s4t128x128w4v2" "mma=bk32s3t128x128" "mma
   "mma=bk32s3t128x128w4" "mma=bk32s4t128x128w4" "mma=bk64s3t128x128w4"
   "mma=bk64s3v2" "mma=bk32s4t128x128w4v2"
   "mma=bk32s3t128x256" "mma=bk32s4t256x128" "mma=bk64s3t128x256")
+# On eltwise (4M-element Relu(a*b + c)): the streaming cache hint and grid caps.
+ELT_VARIANTS=("" "elt=cs" "elt=g1056" "elt=cs+g1056" "elt=g528" "elt=g2112" "")
 
 # KILN_TUNE_VARIANTS="a b …" replaces the chosen sweep's list (the word `default` for
 # today's default): one call can time only the variants in question.
@@ -41,6 +43,7 @@ if [ -n "${KILN_TUNE_VARIANTS:-}" ]; then
   for i in "${!picked[@]}"; do [ "${picked[$i]}" = default ] && picked[$i]=""; done
   F32_VARIANTS=("${picked[@]}")
   MMA_VARIANTS=("${picked[@]}")
+  ELT_VARIANTS=("${picked[@]}")
 fi
 
 # ptxas for the cubin (and its register report), as scripts/gpu_test.py looks for it;
@@ -53,7 +56,7 @@ if [ -z "${KILN_PTXAS:-}" ]; then
 fi
 echo "cuda-tune-sweep: ptxas: ${KILN_PTXAS:-none found (PTX only: the driver JIT-compiles each variant)}"
 
-python3 "$HERE/gen_models.py" --only matmul1024,gemm4096_bf16,tune_check_f32,tune_check_bf16 --out "$DIR" \
+python3 "$HERE/gen_models.py" --only matmul1024,gemm4096_bf16,tune_check_f32,tune_check_bf16,eltwise --out "$DIR" \
   || { echo "cuda-tune-sweep: gen_models.py failed"; exit 1; }
 
 SUMMARY=()
@@ -111,6 +114,8 @@ sweep() {
 case "$WHICH" in
   f32) sweep matmul1024 tune_check_f32 64 "${F32_VARIANTS[@]}" ;;
   mma) sweep gemm4096_bf16 tune_check_bf16 65536 "${MMA_VARIANTS[@]}" ;;
+  # eltwise checks itself: 4M elements are quick for the interpreter, and exact.
+  elt) sweep eltwise eltwise 8 "${ELT_VARIANTS[@]}" ;;
   *)
     sweep matmul1024 tune_check_f32 64 "${F32_VARIANTS[@]}"
     sweep gemm4096_bf16 tune_check_bf16 65536 "${MMA_VARIANTS[@]}"

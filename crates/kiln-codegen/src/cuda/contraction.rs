@@ -662,7 +662,7 @@ pub fn emit(k: &Kernel, tune: &Tune) -> Result<Result<Entry, String>, CodegenErr
         },
         None => plan,
     };
-    let text = Emitter::run(k, &plan)?;
+    let text = Emitter::run(k, &plan, tune.f32_occupancy)?;
     let t = plan.tile;
     let [nb, m, n, kk] = plan.dims;
     let split = if plan.split > 1 { format!(", split-K over clusters of {}", plan.split) } else { String::new() };
@@ -932,12 +932,14 @@ struct Loader {
 struct Emitter<'a> {
     k: &'a Kernel,
     plan: &'a Plan,
+    /// Resident blocks per multiprocessor forced by the measurement knob (`occ=`).
+    occupancy: Option<u32>,
 }
 
 impl<'a> Emitter<'a> {
-    fn run(k: &'a Kernel, plan: &'a Plan) -> Result<String, CodegenError> {
+    fn run(k: &'a Kernel, plan: &'a Plan, occupancy: Option<u32>) -> Result<String, CodegenError> {
         let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
-        Emitter { k, plan }.body(&mut p)?;
+        Emitter { k, plan, occupancy }.body(&mut p)?;
         p.finish().map_err(|e| internal(k, e))
     }
 
@@ -1062,13 +1064,21 @@ impl<'a> Emitter<'a> {
         let [_, m, n, _] = plan.dims;
         let bases = p.binding_bases(k.inputs.len() + 1);
         // 256 threads; and where both operands step linearly along `k` (no `k` taken
-        // apart per load), two blocks per multiprocessor: ptxas then keeps to 128
-        // registers (an 8×8 tile takes ~147 otherwise, one block per multiprocessor).
-        // An implicit-GEMM window keeps more addresses live and would spill there. The
-        // tests and every model check that nothing spills.
+        // apart per load) and the grid has more blocks than multiprocessors, two blocks
+        // per multiprocessor: ptxas then keeps to 128 registers (an 8×8 tile takes ~185
+        // otherwise, one block per multiprocessor). A grid of at most one block per
+        // multiprocessor has nothing to gain from the second and leaves ptxas its
+        // registers (matmul1024's 128 blocks: 3% faster on an H100). An implicit-GEMM
+        // window keeps more addresses live and would spill under 128. The tests and
+        // every model check that nothing spills.
         p.directive(&format!(".maxntid {BLOCK}, 1, 1"));
-        if self.linear(&plan.a).is_some() && self.linear(&plan.b).is_some() {
-            p.directive(".minnctapersm 2");
+        // The one-block case says so (`.minnctapersm 1`): with no directive ptxas may
+        // still hold a product to 128 registers and spill a few bytes (a 1×1
+        // convolution's 128×128 tile did).
+        let linear = self.linear(&plan.a).is_some() && self.linear(&plan.b).is_some();
+        let rule = linear.then_some(if plan.grid() > SMS { 2 } else { 1 });
+        if let Some(b) = self.occupancy.or(rule) {
+            p.directive(&format!(".minnctapersm {b}"));
         }
         let tid = p.special("%tid.x");
         let bid = p.special("%ctaid.x");
@@ -1316,7 +1326,7 @@ pub(super) fn split_reduce(
     (m0, n0, s0): (Reg, Reg, Reg),
     bvars: &[Reg],
 ) -> Result<(), CodegenError> {
-    let this = Emitter { k, plan };
+    let this = Emitter { k, plan, occupancy: None };
     let t = plan.tile;
     let split = plan.split;
     let row_bytes = t.bn() * 4;
@@ -1390,5 +1400,5 @@ pub(super) fn epilogue(
     bvars: &[Reg],
     pairs: bool,
 ) -> Result<(), CodegenError> {
-    Emitter { k, plan }.epilogue(p, bases, parts, bvars, if pairs && plan.pair_store() { 2 } else { 1 })
+    Emitter { k, plan, occupancy: None }.epilogue(p, bases, parts, bvars, if pairs && plan.pair_store() { 2 } else { 1 })
 }

@@ -73,6 +73,11 @@ use crate::CodegenError;
 /// Threads per block of every kernel.
 pub const BLOCK: u32 = 256;
 
+/// The L2 cache of the H100 and H200 (50 MiB): an elementwise kernel that moves more
+/// than this streams its groups past it ([`elementwise`]), since none of them could stay
+/// for the next kernel anyway.
+pub const L2_BYTES: u64 = 50 << 20;
+
 /// Most blocks a grid gets: enough to fill an H200 (132 multiprocessors, 8 resident
 /// blocks of 256 threads each) four times over; the grid-stride loop does the rest.
 pub const MAX_GRID: u64 = 132 * 8 * 4;

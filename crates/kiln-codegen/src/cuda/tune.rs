@@ -39,10 +39,14 @@
 //!
 //! - `wgmma=off`: half contractions skip the warpgroup kernel ([`super::wgmma`]) and
 //!   take `mma.sync` with the `mma` variant (`on`, the default: wgmma where it applies).
+//! - `occ=1` or `occ=2`: the f32 SIMT kernel asks ptxas for that many resident blocks
+//!   per multiprocessor (`.minnctapersm 2` holds it to 128 registers a thread; `1`
+//!   writes no directive) instead of the emitter's rule.
 //! - `elt=PART+PART…`: the Elementwise/Movement kernels' 128-bit groups
 //!   ([`super::elementwise`]): `cs` loads and stores the vector groups with the
 //!   streaming cache hint (`ld.global.cs`, `st.global.cs`: data touched once, evicted
-//!   first), `gN` caps the grid at `N` blocks (N from 132 to 65536; the grid-stride loop
+//!   first) and `ca` with the default one, instead of the emitter's rule (streaming
+//!   where the kernel moves more bytes than [`super::L2_BYTES`]), `gN` caps the grid at `N` blocks (N from 132 to 65536; the grid-stride loop
 //!   does the rest) instead of one group a thread up to [`super::MAX_GRID`]. `elt=` alone
 //!   is the default.
 //!
@@ -105,6 +109,9 @@ pub struct Tune {
     pub wgmma: bool,
     /// The elementwise kernels' variant.
     pub elt: Elt,
+    /// Resident blocks per multiprocessor asked of ptxas for the f32 SIMT kernel
+    /// (`occ=1|2`; `None`: the emitter's rule, [`super::contraction`]).
+    pub f32_occupancy: Option<u32>,
     /// The GPU architecture the module is written for: set by the compiler from
     /// `kiln compile --cuda-arch`, never by [`VAR`].
     pub arch: Arch,
@@ -164,15 +171,17 @@ impl Arch {
 /// The Elementwise/Movement kernels' variant (`elt=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Elt {
-    /// Vector groups loaded and stored with the streaming cache hint (`.cs`).
-    pub streaming: bool,
+    /// Vector groups loaded and stored with the streaming cache hint (`cs`: `Some(true)`)
+    /// or the default one (`ca`: `Some(false)`); `None`: the emitter's rule (streaming
+    /// where the kernel moves more bytes than the L2 cache holds).
+    pub streaming: Option<bool>,
     /// Most blocks of the grid (`None`: [`super::MAX_GRID`]).
     pub max_grid: Option<u64>,
 }
 
 impl Default for Tune {
     fn default() -> Tune {
-        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), arch: Arch::Sm90a }
+        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), f32_occupancy: None, arch: Arch::Sm90a }
     }
 }
 
@@ -255,8 +264,8 @@ impl Tune {
                 }
                 "elt" => {
                     for part in v.split('+').map(str::trim).filter(|x| !x.is_empty()) {
-                        if part == "cs" {
-                            t.elt.streaming = true;
+                        if part == "cs" || part == "ca" {
+                            t.elt.streaming = Some(part == "cs");
                         } else if let Some(n) = part.strip_prefix('g') {
                             let n: u64 = n.parse().map_err(|_| format!("elt grid {n:?} is not a number"))?;
                             if !(132..=65536).contains(&n) {
@@ -264,11 +273,12 @@ impl Tune {
                             }
                             t.elt.max_grid = Some(n);
                         } else {
-                            return Err(format!("elt {part:?}: cs or gN"));
+                            return Err(format!("elt {part:?}: cs, ca or gN"));
                         }
                     }
                 }
-                other => return Err(format!("unknown key {other:?} (f32, mma, wgmma, elt)")),
+                "occ" => t.f32_occupancy = Some(num(v, "f32 blocks per multiprocessor", &[1, 2])?),
+                other => return Err(format!("unknown key {other:?} (f32, occ, mma, wgmma, elt)")),
             }
         }
         Ok(t)
@@ -303,8 +313,10 @@ mod tests {
         let v2 = Tune::parse("mma=bk32s4t128x128w4v2").unwrap().mma;
         assert_eq!(v2, Mma { pairs: true, ..m(32, 4, 1, true, Some((128, 128))) });
         assert_eq!(Tune::parse("f32=64x128").unwrap().f32, Some(F32 { tile: Tile { tm: 4, tn: 8 }, split: 1 }));
-        assert_eq!(Tune::parse("elt=cs+g1056").unwrap().elt, Elt { streaming: true, max_grid: Some(1056) });
+        assert_eq!(Tune::parse("elt=cs+g1056").unwrap().elt, Elt { streaming: Some(true), max_grid: Some(1056) });
+        assert_eq!(Tune::parse("elt=ca").unwrap().elt.streaming, Some(false));
         assert_eq!(Tune::parse("elt=").unwrap(), Tune::default());
+        assert_eq!(Tune::parse("occ=1").unwrap().f32_occupancy, Some(1));
         for bad in [
             "f32=128x96",
             "f32=128x64s3",
