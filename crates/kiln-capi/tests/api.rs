@@ -372,80 +372,60 @@ fn null_pointers_are_invalid_arguments_never_crashes() {
     // Each call gets one NULL where a pointer is required, fails before touching
     // anything, and says which argument and which function.
     macro_rules! case {
-        ($call:expr, $function:literal, $text:literal) => {{
+        ($function:ident($($arg:expr),*), $text:literal) => {{
             // SAFETY: the call fails on its NULL argument before using any other.
-            let s = unsafe { $call };
-            assert_fails(s, E, $function, $text);
+            let s = unsafe { $function($($arg),*) };
+            assert_fails(s, E, stringify!($function), $text);
         }};
     }
-    case!(kiln_module_load_bytes(null(), n, null(), 0, &mut out_m), "kiln_module_load_bytes", "`data` is NULL");
-    case!(kiln_module_load_bytes(a, n, null(), 0, null_mut()), "kiln_module_load_bytes", "`out` is NULL");
-    case!(kiln_module_load_bytes(a, n, null(), 5, &mut out_m), "kiln_module_load_bytes", "`weights` is NULL");
-    case!(kiln_module_load_bytes_nocopy(null(), n, null(), 0, &mut out_m), "kiln_module_load_bytes_nocopy", "`data`");
-    case!(kiln_module_load_bytes_nocopy(a, n, null(), 0, null_mut()), "kiln_module_load_bytes_nocopy", "`out`");
-    case!(kiln_module_load_file(null(), null(), &mut out_m), "kiln_module_load_file", "`path` is NULL");
-    case!(kiln_module_load_file(path.as_ptr(), null(), null_mut()), "kiln_module_load_file", "`out` is NULL");
-    case!(kiln_module_input_count(null(), &mut count), "kiln_module_input_count", "`module` is NULL");
-    case!(kiln_module_input_count(m, null_mut()), "kiln_module_input_count", "`count` is NULL");
-    case!(kiln_module_output_count(null(), &mut count), "kiln_module_output_count", "`module` is NULL");
-    case!(kiln_module_output_count(m, null_mut()), "kiln_module_output_count", "`count` is NULL");
-    case!(kiln_module_input_info(null(), 0, &mut t), "kiln_module_input_info", "`module` is NULL");
-    case!(kiln_module_input_info(m, 0, null_mut()), "kiln_module_input_info", "`info` is NULL");
-    case!(kiln_module_output_info(null(), 0, &mut t), "kiln_module_output_info", "`module` is NULL");
-    case!(kiln_module_output_info(m, 0, null_mut()), "kiln_module_output_info", "`info` is NULL");
-    case!(kiln_module_input_index(null(), name.as_ptr(), &mut count), "kiln_module_input_index", "`module`");
-    case!(kiln_module_input_index(m, null(), &mut count), "kiln_module_input_index", "`name` is NULL");
-    case!(kiln_module_input_index(m, name.as_ptr(), null_mut()), "kiln_module_input_index", "`index` is NULL");
-    case!(kiln_module_output_index(null(), name.as_ptr(), &mut count), "kiln_module_output_index", "`module`");
-    case!(kiln_module_output_index(m, null(), &mut count), "kiln_module_output_index", "`name` is NULL");
-    case!(kiln_module_output_index(m, name.as_ptr(), null_mut()), "kiln_module_output_index", "`index` is NULL");
-    case!(kiln_module_arena_size(null(), &mut count), "kiln_module_arena_size", "`module` is NULL");
-    case!(kiln_module_arena_size(m, null_mut()), "kiln_module_arena_size", "`size` is NULL");
-    case!(kiln_module_arena_align(null(), &mut count), "kiln_module_arena_align", "`module` is NULL");
-    case!(kiln_module_arena_align(m, null_mut()), "kiln_module_arena_align", "`align` is NULL");
-    case!(kiln_instance_create(null(), 1, &mut out_i), "kiln_instance_create", "`module` is NULL");
-    case!(kiln_instance_create(m, 1, null_mut()), "kiln_instance_create", "`out` is NULL");
-    case!(
-        kiln_instance_create_in(null(), arena.as_mut_ptr().cast(), 64, 1, &mut out_i),
-        "kiln_instance_create_in",
-        "`module`"
-    );
-    case!(kiln_instance_create_in(m, null_mut(), 64, 1, &mut out_i), "kiln_instance_create_in", "`arena` is NULL");
-    case!(kiln_instance_create_in(m, arena.as_mut_ptr().cast(), 64, 1, null_mut()), "kiln_instance_create_in", "`out`");
-    case!(
-        kiln_instance_create_with_allocator(null(), &hook, 1, &mut out_i),
-        "kiln_instance_create_with_allocator",
-        "`module`"
-    );
-    case!(
-        kiln_instance_create_with_allocator(m, null(), 1, &mut out_i),
-        "kiln_instance_create_with_allocator",
-        "`allocator` is NULL"
-    );
-    case!(kiln_instance_create_with_allocator(m, &hook, 1, null_mut()), "kiln_instance_create_with_allocator", "`out`");
-    case!(
-        kiln_instance_create_with_allocator(m, &hook, 1, &mut out_i),
-        "kiln_instance_create_with_allocator",
-        "`alloc` or `free` is NULL"
-    );
-    case!(kiln_instance_threads(null_mut(), &mut count), "kiln_instance_threads", "`instance` is NULL");
-    case!(kiln_instance_threads(inst, null_mut()), "kiln_instance_threads", "`threads` is NULL");
-    case!(kiln_instance_set_input(null_mut(), 0, x.as_ptr().cast(), x.len()), "kiln_instance_set_input", "`instance`");
-    case!(kiln_instance_set_input(inst, 0, null(), x.len()), "kiln_instance_set_input", "`data` is NULL");
-    case!(
-        kiln_instance_bind_input(null_mut(), 0, x.as_ptr().cast(), x.len()),
-        "kiln_instance_bind_input",
-        "`instance`"
-    );
-    case!(kiln_instance_bind_input(inst, 0, null(), x.len()), "kiln_instance_bind_input", "`data` is NULL");
-    case!(kiln_instance_input_buffer(null_mut(), 0, &mut p, &mut len), "kiln_instance_input_buffer", "`instance`");
-    case!(kiln_instance_input_buffer(inst, 0, null_mut(), &mut len), "kiln_instance_input_buffer", "`data` is NULL");
-    case!(kiln_instance_input_buffer(inst, 0, &mut p, null_mut()), "kiln_instance_input_buffer", "`len` is NULL");
-    case!(kiln_instance_bind_output(null_mut(), 0, null_mut(), 0), "kiln_instance_bind_output", "`instance` is NULL");
-    case!(kiln_instance_output(null_mut(), 0, &mut cp, &mut len), "kiln_instance_output", "`instance` is NULL");
-    case!(kiln_instance_output(inst, 0, null_mut(), &mut len), "kiln_instance_output", "`data` is NULL");
-    case!(kiln_instance_output(inst, 0, &mut cp, null_mut()), "kiln_instance_output", "`len` is NULL");
-    case!(kiln_instance_invoke(null_mut()), "kiln_instance_invoke", "`instance` is NULL");
+    case!(kiln_module_load_bytes(null(), n, null(), 0, &mut out_m), "`data` is NULL");
+    case!(kiln_module_load_bytes(a, n, null(), 0, null_mut()), "`out` is NULL");
+    case!(kiln_module_load_bytes(a, n, null(), 5, &mut out_m), "`weights` is NULL");
+    case!(kiln_module_load_bytes_nocopy(null(), n, null(), 0, &mut out_m), "`data` is NULL");
+    case!(kiln_module_load_bytes_nocopy(a, n, null(), 0, null_mut()), "`out` is NULL");
+    case!(kiln_module_load_file(null(), null(), &mut out_m), "`path` is NULL");
+    case!(kiln_module_load_file(path.as_ptr(), null(), null_mut()), "`out` is NULL");
+    case!(kiln_module_input_count(null(), &mut count), "`module` is NULL");
+    case!(kiln_module_input_count(m, null_mut()), "`count` is NULL");
+    case!(kiln_module_output_count(null(), &mut count), "`module` is NULL");
+    case!(kiln_module_output_count(m, null_mut()), "`count` is NULL");
+    case!(kiln_module_input_info(null(), 0, &mut t), "`module` is NULL");
+    case!(kiln_module_input_info(m, 0, null_mut()), "`info` is NULL");
+    case!(kiln_module_output_info(null(), 0, &mut t), "`module` is NULL");
+    case!(kiln_module_output_info(m, 0, null_mut()), "`info` is NULL");
+    case!(kiln_module_input_index(null(), name.as_ptr(), &mut count), "`module` is NULL");
+    case!(kiln_module_input_index(m, null(), &mut count), "`name` is NULL");
+    case!(kiln_module_input_index(m, name.as_ptr(), null_mut()), "`index` is NULL");
+    case!(kiln_module_output_index(null(), name.as_ptr(), &mut count), "`module` is NULL");
+    case!(kiln_module_output_index(m, null(), &mut count), "`name` is NULL");
+    case!(kiln_module_output_index(m, name.as_ptr(), null_mut()), "`index` is NULL");
+    case!(kiln_module_arena_size(null(), &mut count), "`module` is NULL");
+    case!(kiln_module_arena_size(m, null_mut()), "`size` is NULL");
+    case!(kiln_module_arena_align(null(), &mut count), "`module` is NULL");
+    case!(kiln_module_arena_align(m, null_mut()), "`align` is NULL");
+    case!(kiln_instance_create(null(), 1, &mut out_i), "`module` is NULL");
+    case!(kiln_instance_create(m, 1, null_mut()), "`out` is NULL");
+    case!(kiln_instance_create_in(null(), arena.as_mut_ptr().cast(), 64, 1, &mut out_i), "`module` is NULL");
+    case!(kiln_instance_create_in(m, null_mut(), 64, 1, &mut out_i), "`arena` is NULL");
+    case!(kiln_instance_create_in(m, arena.as_mut_ptr().cast(), 64, 1, null_mut()), "`out` is NULL");
+    case!(kiln_instance_create_with_allocator(null(), &hook, 1, &mut out_i), "`module` is NULL");
+    case!(kiln_instance_create_with_allocator(m, null(), 1, &mut out_i), "`allocator` is NULL");
+    case!(kiln_instance_create_with_allocator(m, &hook, 1, null_mut()), "`out` is NULL");
+    case!(kiln_instance_create_with_allocator(m, &hook, 1, &mut out_i), "`alloc` or `free` is NULL");
+    case!(kiln_instance_threads(null_mut(), &mut count), "`instance` is NULL");
+    case!(kiln_instance_threads(inst, null_mut()), "`threads` is NULL");
+    case!(kiln_instance_set_input(null_mut(), 0, x.as_ptr().cast(), x.len()), "`instance` is NULL");
+    case!(kiln_instance_set_input(inst, 0, null(), x.len()), "`data` is NULL");
+    case!(kiln_instance_bind_input(null_mut(), 0, x.as_ptr().cast(), x.len()), "`instance` is NULL");
+    case!(kiln_instance_bind_input(inst, 0, null(), x.len()), "`data` is NULL");
+    case!(kiln_instance_input_buffer(null_mut(), 0, &mut p, &mut len), "`instance` is NULL");
+    case!(kiln_instance_input_buffer(inst, 0, null_mut(), &mut len), "`data` is NULL");
+    case!(kiln_instance_input_buffer(inst, 0, &mut p, null_mut()), "`len` is NULL");
+    case!(kiln_instance_bind_output(null_mut(), 0, null_mut(), 0), "`instance` is NULL");
+    case!(kiln_instance_output(null_mut(), 0, &mut cp, &mut len), "`instance` is NULL");
+    case!(kiln_instance_output(inst, 0, null_mut(), &mut len), "`data` is NULL");
+    case!(kiln_instance_output(inst, 0, &mut cp, null_mut()), "`len` is NULL");
+    case!(kiln_instance_invoke(null_mut()), "`instance` is NULL");
     assert!(out_m.is_null() && out_i.is_null(), "no handle came out of a failed call");
     // SAFETY: live handles, freed once at the end.
     unsafe {

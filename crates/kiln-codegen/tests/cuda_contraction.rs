@@ -536,16 +536,24 @@ fn simulate_each_for(kernels: &[Kernel], note: &str, seed0: u64, arch: cuda::tun
         let m = cuda::compile_for(&[(k, classify(k))], arch).expect("compile");
         assert!(m.notes[0].starts_with(note), "{}: {}", k.name, m.notes[0]);
         eprintln!("{}: {}", k.name, m.notes[0]);
-        let kk = Plan::of(k).expect("plan").dims[3] as f64;
-        let l = m.launches[0];
-        let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
-        let c = ptxsim::Check {
-            tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
-            ..ptxsim::Check::exact(seed)
-        };
-        let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(o.compared, o.elements, "{}: every element", k.name);
+        simulate_compiled(k, &m, seed, &k.name);
     }
+}
+
+/// Module `m`'s one kernel, compiled from `k`, run by the host simulator against the
+/// kernel interpreter on the random inputs of `seed`: every output element written, each
+/// within the bound of [`simulated_kernels_match_the_interpreter`]. `what` names the
+/// case in a failure.
+fn simulate_compiled(k: &Kernel, m: &cuda::CudaModule, seed: u64, what: &str) {
+    let kk = Plan::of(k).expect("plan").dims[3] as f64;
+    let l = m.launches[0];
+    let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
+    let c = ptxsim::Check {
+        tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
+        ..ptxsim::Check::exact(seed)
+    };
+    let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(o.compared, o.elements, "{what}: every element");
 }
 
 /// The default's 128×128 tile split over `K` (`split_large_tile`): where 128×128 tiles
@@ -645,15 +653,7 @@ fn tuned_f32_variants_match_the_interpreter_and_do_not_spill() {
             let l = m.launches[0];
             assert_eq!(l.grid, plan.grid());
             assert_eq!(l.shared, cuda::dynamic_bytes(plan.shared_bytes()));
-            let kk = plan.dims[3] as f64;
-            let c = ptxsim::Check {
-                tol: ptxsim::Tol::Rel { rel: 2f64.powi(-22), abs: kk * 4.0 * 2f64.powi(-20) },
-                ..ptxsim::Check::exact(seed)
-            };
-            let launch = ptxsim::Grid::of(l.grid, l.block, l.shared);
-            let o = ptxsim::check_against_interpreter(k, m.ptx(), 0, launch, &c)
-                .unwrap_or_else(|e| panic!("{v} {}: {e}", k.name));
-            assert_eq!(o.compared, o.elements, "{v} {}: every element", k.name);
+            simulate_compiled(k, &m, seed, &format!("{v} {}", k.name));
         }
         let with_class: Vec<_> = suite.iter().map(|k| (k, classify(k))).collect();
         let m = cuda::compile_tuned(&with_class, &tune).expect("compile");

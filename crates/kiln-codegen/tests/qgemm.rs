@@ -81,6 +81,18 @@ fn int8_configs() -> Vec<Config> {
     ]
 }
 
+/// The integer-microkernel configurations, or a return from the test where this CPU has
+/// none (`int8_configs` says the test is skipped).
+macro_rules! int8_configs_or_skip {
+    () => {{
+        let cfgs = int8_configs();
+        if cfgs.is_empty() {
+            return;
+        }
+        cfgs
+    }};
+}
+
 /// Lowers `op` on `inputs`, checks that every kernel reading 8-bit operands in a
 /// reduction compiles as an integer microkernel (`expect_micro`) and that each matches
 /// the interpreter and, the op's result, the reference evaluator.
@@ -146,9 +158,7 @@ const SHAPES: [(usize, usize, usize); 12] = [
 
 #[test]
 fn matmul_integer() {
-    if int8_configs().is_empty() {
-        return;
-    }
+    int8_configs_or_skip!();
     let mm = op(OpKind::MatMulInteger, &[]);
     for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
         for (at, bt) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8), (DType::I8, DType::U8)] {
@@ -172,9 +182,7 @@ fn matmul_integer() {
 
 #[test]
 fn qlinear_matmul() {
-    if int8_configs().is_empty() {
-        return;
-    }
+    int8_configs_or_skip!();
     let q = op(OpKind::QLinearMatMul, &[]);
     for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
         for (at, bt, yt) in [(DType::U8, DType::I8, DType::U8), (DType::I8, DType::I8, DType::I8), (DType::U8, DType::U8, DType::U8)]
@@ -200,9 +208,7 @@ fn conv_attrs(pads: usize, stride: usize) -> Vec<(&'static str, Attr)> {
 
 #[test]
 fn conv_integer() {
-    if int8_configs().is_empty() {
-        return;
-    }
+    int8_configs_or_skip!();
     for &(c, mo, h, w, kh, stride) in &[(3, 4, 9, 11, 3, 1), (8, 13, 7, 7, 1, 1), (5, 20, 12, 40, 3, 2), (16, 24, 6, 37, 1, 2)] {
         let attrs = conv_attrs(0, stride);
         let conv = op(OpKind::ConvInteger, &attrs);
@@ -224,9 +230,7 @@ fn conv_integer() {
 
 #[test]
 fn qlinear_conv() {
-    if int8_configs().is_empty() {
-        return;
-    }
+    int8_configs_or_skip!();
     for &(c, mo, h, w, kh, stride) in
         &[(8, 16, 7, 7, 1, 1), (3, 5, 9, 13, 3, 2), (32, 40, 5, 45, 3, 1), (6, 25, 30, 35, 1, 1), (3, 13, 41, 47, 3, 2), (70, 19, 1, 1, 1, 1)]
     {
@@ -310,10 +314,7 @@ fn epilogue_kernel(what: &str, m: usize, k: usize, n: usize) -> kiln_flow::Kerne
 
 #[test]
 fn epilogues() {
-    let cfgs = int8_configs();
-    if cfgs.is_empty() {
-        return;
-    }
+    let cfgs = int8_configs_or_skip!();
     for what in ["erf", "wrap", "select"] {
         for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33), (10, 6, 777), (21, 100, 1)] {
             let kernel = epilogue_kernel(what, m, k, n);
@@ -350,10 +351,7 @@ fn epilogues() {
 #[test]
 fn row_kernels_store_bytes() {
     use kiln_flow::{BinaryOp, KernelBuilder, ScalarType, UnaryOp};
-    let cfgs = int8_configs();
-    if cfgs.is_empty() {
-        return;
-    }
+    let cfgs = int8_configs_or_skip!();
     for len in [1usize, 15, 16, 17, 40] {
         let rows = 3;
         let sm = softmax(rows, len);
@@ -437,10 +435,7 @@ fn clamped_kernel(at: DType, yt: DType, (m, k, n): (usize, usize, usize), q: [f6
 /// `Clip`, element for element (odd shapes, bounds inside and at the type's ends).
 #[test]
 fn clamped_epilogue() {
-    let cfgs = int8_configs();
-    if cfgs.is_empty() {
-        return;
-    }
+    let cfgs = int8_configs_or_skip!();
     for (at, yt, zy, lo, hi) in [
         (DType::U8, DType::U8, 100, 100, 190),
         (DType::I8, DType::I8, -20, -20, 60),

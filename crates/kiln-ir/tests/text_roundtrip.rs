@@ -173,8 +173,7 @@ graph @\"my graph\"(%0: f32[] \"in\") -> (%2, %0) {   // trailing comment
     // The canonical form prints the graph name quoted and the attributes sorted.
     let text = round_trip(&g);
     assert!(text.starts_with("graph @\"my graph\"(%0: f32[] \"in\") -> (%2, %0) {\n"), "{text}");
-    assert!(text.contains("%1 = const f32[3] [1.0, 2.5, -inf]\n"), "{text}");
-    assert!(text.contains("{equation = \"a\\tb\"}"), "{text}");
+    contains_all(&text, &["%1 = const f32[3] [1.0, 2.5, -inf]\n", "{equation = \"a\\tb\"}"]);
 }
 
 #[test]
@@ -263,20 +262,25 @@ fn every_dtype_inline_and_blob() {
     g.outputs = g.values.keys().collect();
     let text = round_trip(&g);
     // Spot checks of the exact element forms.
-    assert!(text.contains("f32[16] [0.0, -0.0, 1.0, -1.5, 0.1, 1e-45, 3.4028235e38, 1.1754944e-38, inf, -inf, nan, nan(0x7FC00001), nan(0xFFC00000), nan(0x7F800001), 16777218.0, 0.33333334] \"f32\""), "{text}");
-    assert!(text.contains("f16[11] [0.0, -0.0, 1.0, 5.9604645e-8, 65504.0, inf, -inf, nan, nan(0x7E01), nan(0xFE00), 0.33325195]"), "{text}");
-    assert!(text.contains("i4[5] [0, 7, -8, -1, 1]"), "{text}");
-    assert!(text.contains("u4[5] [0, 7, 8, 15, 1]"), "{text}");
-    assert!(text.contains("f4E2M1FN[2,2] [0xF, 0xE, 0x0, 0x9]"), "{text}");
-    assert!(text.contains("f8E5M2[4] [0x00, 0x80, 0x7F, 0xFF]"), "{text}");
-    assert!(text.contains("i64[4] [-9223372036854775808, -1, 0, 9223372036854775807]"), "{text}");
-    assert!(text.contains("u64[4] [0, 1, 9223372036854775808, 18446744073709551615]"), "{text}");
-    assert!(text.contains("bool[4] [true, false, false, true]"), "{text}");
-    assert!(text.contains("const f32[] [2.5] \"scalar\""), "{text}");
-    assert!(text.contains("const f32[0] [] \"empty\""), "{text}");
-    assert!(text.contains("const i4[] [-7] \"scalar i4\""), "{text}");
-    assert!(text.contains("const u8[37] blob(8) \"u8 blob\""), "{text}");
-    assert!(text.contains("\nblobs {\n  0:\n    \""), "{text}");
+    contains_all(
+        &text,
+        &[
+            "f32[16] [0.0, -0.0, 1.0, -1.5, 0.1, 1e-45, 3.4028235e38, 1.1754944e-38, inf, -inf, nan, nan(0x7FC00001), nan(0xFFC00000), nan(0x7F800001), 16777218.0, 0.33333334] \"f32\"",
+            "f16[11] [0.0, -0.0, 1.0, 5.9604645e-8, 65504.0, inf, -inf, nan, nan(0x7E01), nan(0xFE00), 0.33325195]",
+            "i4[5] [0, 7, -8, -1, 1]",
+            "u4[5] [0, 7, 8, 15, 1]",
+            "f4E2M1FN[2,2] [0xF, 0xE, 0x0, 0x9]",
+            "f8E5M2[4] [0x00, 0x80, 0x7F, 0xFF]",
+            "i64[4] [-9223372036854775808, -1, 0, 9223372036854775807]",
+            "u64[4] [0, 1, 9223372036854775808, 18446744073709551615]",
+            "bool[4] [true, false, false, true]",
+            "const f32[] [2.5] \"scalar\"",
+            "const f32[0] [] \"empty\"",
+            "const i4[] [-7] \"scalar i4\"",
+            "const u8[37] blob(8) \"u8 blob\"",
+            "\nblobs {\n  0:\n    \"",
+        ],
+    );
 }
 
 #[test]
@@ -391,32 +395,33 @@ fn every_attr_kind_round_trips() {
     }
     g.outputs = outs;
     let text = round_trip(&g);
-    for piece in [
-        "start = -7",
-        "end = 9223372036854775807",
-        "axis = -9223372036854775808",
-        "alpha = 0.1",
-        "beta = -0.0",
-        "alpha = 3.0",
-        "alpha = 1e30",
-        "gamma = -inf",
-        "alpha = nan",
-        "beta = nan(0xFF800123)",
-        "bias = 4e-45",
-        "activation_alpha = [1.0, -0.0, inf, nan(0x7FC00002), 1e-40]",
-        "activation_beta = floats []",
-        "perm = [1, -2, 9223372036854775807]",
-        "strides = ints []",
-        "equation = \"quote \\\" backslash \\\\ newline \\n tab \\t bell \\u{7} é 😀\"",
-        "equation = \"\"",
-        "activations = [\"a\", \"\", \"\\\"q\\\"\"]",
-        "activations = strings []",
-        "value = f32[5,5] blob(0)",
-        "value = f8E4M3FN[2] [0x38, 0xFE]",
-        "value = f32[] [1.5]",
-    ] {
-        assert!(text.contains(piece), "missing `{piece}` in\n{text}");
-    }
+    contains_all(
+        &text,
+        &[
+            "start = -7",
+            "end = 9223372036854775807",
+            "axis = -9223372036854775808",
+            "alpha = 0.1",
+            "beta = -0.0",
+            "alpha = 3.0",
+            "alpha = 1e30",
+            "gamma = -inf",
+            "alpha = nan",
+            "beta = nan(0xFF800123)",
+            "bias = 4e-45",
+            "activation_alpha = [1.0, -0.0, inf, nan(0x7FC00002), 1e-40]",
+            "activation_beta = floats []",
+            "perm = [1, -2, 9223372036854775807]",
+            "strides = ints []",
+            "equation = \"quote \\\" backslash \\\\ newline \\n tab \\t bell \\u{7} é 😀\"",
+            "equation = \"\"",
+            "activations = [\"a\", \"\", \"\\\"q\\\"\"]",
+            "activations = strings []",
+            "value = f32[5,5] blob(0)",
+            "value = f8E4M3FN[2] [0x38, 0xFE]",
+            "value = f32[] [1.5]",
+        ],
+    );
 }
 
 #[test]
@@ -450,13 +455,15 @@ fn names_operands_and_ids() {
     g.outputs = vec![outs[2], a, k, r[0], outs[2], b];
     let text = round_trip(&g);
     assert!(text.starts_with("graph @\"\"(%0: f32[3] \"in \\\"a\\\"\\n\\\\\", %6: i64[] \"b\") -> (%4, %0, %1, %5, %4, %6) {\n"), "{text}");
-    assert!(text.contains("%2, %3, %4 = LSTM(%0, %1, _, _, %0, _) : f32[3] \"Y\", f32[3], f32[3] \"Y_c\" node \"lstm/\\u{1}\\u{80}\"\n"), "{text}");
-    assert!(
-        text.contains("  %7 = const i64[] [4] \"late\"\n  %5 = Range(%7, %6, _) : i64[0] \"r\"\n"),
-        "{text}"
+    contains_all(
+        &text,
+        &[
+            "%2, %3, %4 = LSTM(%0, %1, _, _, %0, _) : f32[3] \"Y\", f32[3], f32[3] \"Y_c\" node \"lstm/\\u{1}\\u{80}\"\n",
+            "  %7 = const i64[] [4] \"late\"\n  %5 = Range(%7, %6, _) : i64[0] \"r\"\n",
+            "  Identity(%3) node \"sink\"\n",
+            "%9 = const f32[4] [1.0, 2.0, 3.0, 4.0] : f32[2,2] \"reshaped\"\n",
+        ],
     );
-    assert!(text.contains("  Identity(%3) node \"sink\"\n"), "{text}");
-    assert!(text.contains("%9 = const f32[4] [1.0, 2.0, 3.0, 4.0] : f32[2,2] \"reshaped\"\n"), "{text}");
 }
 
 #[test]
@@ -473,6 +480,13 @@ fn err(src: &str) -> (usize, usize, String) {
     }
 }
 
+/// Checks that `text` contains every piece.
+fn contains_all(text: &str, pieces: &[&str]) {
+    for piece in pieces {
+        assert!(text.contains(piece), "missing `{piece}` in\n{text}");
+    }
+}
+
 fn check_err(src: &str, line: usize, col: usize, msg: &str) {
     let (l, c, m) = err(src);
     assert!(
@@ -481,138 +495,82 @@ fn check_err(src: &str, line: usize, col: usize, msg: &str) {
     );
 }
 
-#[test]
-fn errors_name_line_and_column() {
-    let head = "graph @g(%0: f32[2,2] \"x\") -> (%1) {\n";
-    check_err(&format!("{head}  %1 = Foo(%0) : f32[2,2]\n}}\n"), 2, 8, "unknown op `Foo`");
-    check_err(&format!("{head}  %1 = Relu(%7) : f32[2,2]\n}}\n"), 2, 13, "value %7 used before definition");
+/// Errors in the one statement of a graph body, as (the statement, column, message): each
+/// statement stands on line 2, indented by two, of a graph of one input `%0` (f32[2,2]) and
+/// one output `%1`, and the error is on that line.
+const STATEMENT_ERRORS: &[(&str, usize, &str)] = &[
+    ("%1 = Foo(%0) : f32[2,2]", 8, "unknown op `Foo`"),
+    ("%1 = Relu(%7) : f32[2,2]", 13, "value %7 used before definition"),
     // Attributes are checked as the op is built; the error names op, node and attribute.
-    check_err(
-        &format!("{head}  %1 = Softmax(%0) {{axis = 1.5}} : f32[2,2] node \"sm\"\n}}\n"),
-        2,
+    (
+        "%1 = Softmax(%0) {axis = 1.5} : f32[2,2] node \"sm\"",
         8,
         "Softmax (node \"sm\"): attribute `axis` should be int, found float",
-    );
-    check_err(&format!("{head}  %1 = Cast(%0) : f32[2,2]\n}}\n"), 2, 8, "Cast: required attribute `to` is missing");
-    check_err(
-        &format!("{head}  %1 = Resize(%0) {{mode = \"bicubic\"}} : f32[2,2]\n}}\n"),
-        2,
+    ),
+    ("%1 = Cast(%0) : f32[2,2]", 8, "Cast: required attribute `to` is missing"),
+    (
+        "%1 = Resize(%0) {mode = \"bicubic\"} : f32[2,2]",
         8,
         "attribute `mode` must be one of nearest, linear, cubic, got \"bicubic\"",
-    );
-    check_err(&format!("{head}  %1 = Relu(%1) : f32[2,2]\n}}\n"), 2, 13, "value %1 used before definition");
-    check_err(&format!("{head}  %1 = const f32[2,2] blob(3)\n}}\n"), 2, 28, "blob 3 not defined");
-    check_err(
-        &format!("{head}  %1 = const f32[2,2] [1.0, 2.0, 3.0, 4.0, 5.0]\n}}\n"),
-        2,
-        23,
-        "constant has 5 elements, type f32[2,2] needs 4",
-    );
-    check_err(
-        &format!("{head}  %1 = Relu(%0 : f32[2,2]\n}}\n"),
-        2,
-        16,
-        "expected `,` or `)` after operand, found `:`",
-    );
-    check_err(&format!("{head}  %1 = Relu(%0) : f33[2,2]\n}}\n"), 2, 19, "unknown dtype `f33`");
-    check_err(&format!("{head}  %0 = Relu(%0) : f32[2,2]\n}}\n"), 2, 3, "value %0 defined twice");
-    check_err(
-        "graph @g(%0: f32[2,2]) -> (%2) {\n  %2 = Relu(%0) : f32[2,2]\n}\n",
-        2,
-        3,
-        "%1 is never defined (found %2)",
-    );
-    check_err("graph @g(%0: f32[2] \"x\") -> (%0, %3) {\n}\n", 1, 34, "value %3 is never defined");
-    check_err(&format!("{head}  %1 = Relu(%0) : f32[2,2] \"open\n}}\n"), 2, 28, "unterminated string");
-    check_err(&format!("{head}  %1 = const u8[2] [1, 300]\n}}\n"), 2, 24, "`300` is out of range for u8");
-    check_err(&format!("{head}  %1 = const i8[1] [1.5]\n}}\n"), 2, 21, "expected an integer for i8");
-    check_err(
-        &format!("{head}  %1 = const i64[1] [9223372036854775808]\n}}\n"),
-        2,
-        22,
-        "`9223372036854775808` is out of range for i64",
-    );
-    check_err(
-        &format!("{head}  %1 = const u64[1] [99999999999999999999]\n}}\n"),
-        2,
-        22,
-        "`99999999999999999999` is out of range for u64",
-    );
-    check_err(&format!("{head}  %1 = const u64[1] [12abc]\n}}\n"), 2, 22, "invalid integer `12abc`");
-    check_err(&format!("{head}  %1 = const f32[1] [1.2.3]\n}}\n"), 2, 22, "invalid number `1.2.3`");
-    check_err(
-        &format!("{head}  %1 = const f16[1] [0x3C00]\n}}\n"),
-        2,
-        22,
-        "hex literal `0x3C00` is not a f16 value",
-    );
-    check_err(
-        &format!("{head}  %1 = const f32[1] [nan(0x3F800000)]\n}}\n"),
-        2,
-        26,
-        "0x3F800000 is not a NaN of f32",
-    );
-    check_err(&format!("{head}  %1 = const bool[1] [1]\n}}\n"), 2, 23, "expected `true` or `false`");
-    check_err(
-        &format!("{head}  %1 = const f8E4M3FN[1] [0x100]\n}}\n"),
-        2,
-        27,
-        "code `0x100` is out of range",
-    );
-    check_err(
-        &format!("{head}  %1 = Relu(%0) {{axis = 1, axis = 2}} : f32[2,2]\n}}\n"),
-        2,
-        28,
-        "attribute `axis` given twice",
-    );
-    check_err(
-        &format!("{head}  %1 = Relu(%0) {{axis = [1, 2.0]}} : f32[2,2]\n}}\n"),
-        2,
-        26,
-        "in a list of floats",
-    );
-    check_err(
-        &format!("{head}  %1 = Relu(%0) {{axis = []}} : f32[2,2]\n}}\n"),
-        2,
-        25,
-        "an empty list must name its kind",
-    );
-    check_err(&format!("{head}  %1 = Relu(%0)\n}}\n"), 3, 1, "expected `:` and the result types");
-    check_err(
-        &format!("{head}  %1 = Relu(%0) : f32[2,2], f32[2,2]\n}}\n"),
-        2,
-        29,
-        "more result types than results",
-    );
-    check_err(&format!("{head}  %1, %2 = Split(%0) : f32[2,2]\n}}\n"), 3, 1, "expected 2 result type(s)");
-    check_err(&format!("{head}  %1 = Relu(%0) : f32[1,1,1,1,1,1,1,1,1]\n}}\n"), 2, 19, "rank 9 exceeds");
-    check_err(&format!("{head}  %1 = Relu(%0) : f32[2,-2]\n}}\n"), 2, 25, "expected a dimension");
-    check_err(
-        &format!("{head}  %1 = Relu(%0) : f32[2,2]\n}}\ntrailing\n"),
+    ),
+    ("%1 = Relu(%1) : f32[2,2]", 13, "value %1 used before definition"),
+    ("%1 = const f32[2,2] blob(3)", 28, "blob 3 not defined"),
+    ("%1 = const f32[2,2] [1.0, 2.0, 3.0, 4.0, 5.0]", 23, "constant has 5 elements, type f32[2,2] needs 4"),
+    ("%1 = Relu(%0 : f32[2,2]", 16, "expected `,` or `)` after operand, found `:`"),
+    ("%1 = Relu(%0) : f33[2,2]", 19, "unknown dtype `f33`"),
+    ("%0 = Relu(%0) : f32[2,2]", 3, "value %0 defined twice"),
+    ("%1 = Relu(%0) : f32[2,2] \"open", 28, "unterminated string"),
+    ("%1 = const u8[2] [1, 300]", 24, "`300` is out of range for u8"),
+    ("%1 = const i8[1] [1.5]", 21, "expected an integer for i8"),
+    ("%1 = const i64[1] [9223372036854775808]", 22, "`9223372036854775808` is out of range for i64"),
+    ("%1 = const u64[1] [99999999999999999999]", 22, "`99999999999999999999` is out of range for u64"),
+    ("%1 = const u64[1] [12abc]", 22, "invalid integer `12abc`"),
+    ("%1 = const f32[1] [1.2.3]", 22, "invalid number `1.2.3`"),
+    ("%1 = const f16[1] [0x3C00]", 22, "hex literal `0x3C00` is not a f16 value"),
+    ("%1 = const f32[1] [nan(0x3F800000)]", 26, "0x3F800000 is not a NaN of f32"),
+    ("%1 = const bool[1] [1]", 23, "expected `true` or `false`"),
+    ("%1 = const f8E4M3FN[1] [0x100]", 27, "code `0x100` is out of range"),
+    ("%1 = Relu(%0) {axis = 1, axis = 2} : f32[2,2]", 28, "attribute `axis` given twice"),
+    ("%1 = Relu(%0) {axis = [1, 2.0]} : f32[2,2]", 26, "in a list of floats"),
+    ("%1 = Relu(%0) {axis = []} : f32[2,2]", 25, "an empty list must name its kind"),
+    ("%1 = Relu(%0) : f32[2,2], f32[2,2]", 29, "more result types than results"),
+    ("%1 = Relu(%0) : f32[1,1,1,1,1,1,1,1,1]", 19, "rank 9 exceeds"),
+    ("%1 = Relu(%0) : f32[2,-2]", 25, "expected a dimension"),
+];
+
+/// Errors in whole texts, as (text, line, column, message).
+const TEXT_ERRORS: &[(&str, usize, usize, &str)] = &[
+    // A statement that ends too soon: the error is at the closing brace.
+    ("graph @g(%0: f32[2,2] \"x\") -> (%1) {\n  %1 = Relu(%0)\n}\n", 3, 1, "expected `:` and the result types"),
+    ("graph @g(%0: f32[2,2] \"x\") -> (%1) {\n  %1, %2 = Split(%0) : f32[2,2]\n}\n", 3, 1, "expected 2 result type(s)"),
+    ("graph @g(%0: f32[2,2]) -> (%2) {\n  %2 = Relu(%0) : f32[2,2]\n}\n", 2, 3, "%1 is never defined (found %2)"),
+    ("graph @g(%0: f32[2] \"x\") -> (%0, %3) {\n}\n", 1, 34, "value %3 is never defined"),
+    (
+        "graph @g(%0: f32[2,2] \"x\") -> (%1) {\n  %1 = Relu(%0) : f32[2,2]\n}\ntrailing\n",
         4,
         1,
         "expected `blobs` or end of input",
-    );
-    check_err("", 1, 1, "expected `graph` at the start of the file, found end of input");
-    check_err(
-        "graph @g(%0: f32[1]) -> (%0)",
-        1,
-        29,
-        "expected `{` before the graph body, found end of input",
-    );
-    check_err("graph @g(%0 f32[1]) -> () {}", 1, 13, "expected `:` after the input's value");
-    check_err("graph @g() -> () {\n  $\n}", 2, 3, "unexpected character '$'");
-    check_err("graph @g() -> () {\n  %1 = const f32[1] [1.0] \"a\\qb\"\n}", 2, 29, "unknown escape `\\q`");
+    ),
+    ("", 1, 1, "expected `graph` at the start of the file, found end of input"),
+    ("graph @g(%0: f32[1]) -> (%0)", 1, 29, "expected `{` before the graph body, found end of input"),
+    ("graph @g(%0 f32[1]) -> () {}", 1, 13, "expected `:` after the input's value"),
+    ("graph @g() -> () {\n  $\n}", 2, 3, "unexpected character '$'"),
+    ("graph @g() -> () {\n  %1 = const f32[1] [1.0] \"a\\qb\"\n}", 2, 29, "unknown escape `\\q`"),
     // The first error in the text wins, whether found by the scanner or the parser.
-    check_err("graph @g() -> () {\n  %0 = Foo()\n  $\n}", 2, 8, "unknown op `Foo`");
-    check_err(
-        "graph @g() -> (%0) {\n  %0 = const u8[4] blob(0)\n}\nblobs {\n  0: $\n}\n",
-        5,
-        6,
-        "unexpected character '$'",
-    );
+    ("graph @g() -> () {\n  %0 = Foo()\n  $\n}", 2, 8, "unknown op `Foo`"),
+    ("graph @g() -> (%0) {\n  %0 = const u8[4] blob(0)\n}\nblobs {\n  0: $\n}\n", 5, 6, "unexpected character '$'"),
     // Columns count characters, not bytes.
-    check_err("graph @g(%0: f32[1] \"héé\", %0: f32[1]) -> () {\n}", 1, 28, "value %0 defined twice");
+    ("graph @g(%0: f32[1] \"héé\", %0: f32[1]) -> () {\n}", 1, 28, "value %0 defined twice"),
+];
+
+#[test]
+fn errors_name_line_and_column() {
+    for &(statement, col, msg) in STATEMENT_ERRORS {
+        check_err(&format!("graph @g(%0: f32[2,2] \"x\") -> (%1) {{\n  {statement}\n}}\n"), 2, col, msg);
+    }
+    for &(text, line, col, msg) in TEXT_ERRORS {
+        check_err(text, line, col, msg);
+    }
 }
 
 #[test]

@@ -31,6 +31,18 @@ pub(crate) fn readers(g: &Graph) -> HashMap<ValueId, usize> {
     readers
 }
 
+/// The `name` and `summary` of a tensor pass's [`Pass`] impl.
+macro_rules! named {
+    ($name:literal, $summary:literal) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+        fn summary(&self) -> &'static str {
+            $summary
+        }
+    };
+}
+
 fn defines_output(g: &Graph, n: &Node) -> bool {
     n.outputs.iter().any(|o| g.outputs.contains(o))
 }
@@ -77,12 +89,10 @@ impl ElideIdentities {
 }
 
 impl Pass for ElideIdentities {
-    fn name(&self) -> &'static str {
-        "tensor-elide-identities"
-    }
-    fn summary(&self) -> &'static str {
+    named!(
+        "tensor-elide-identities",
         "remove Identity, inference Dropout, and Cast/Reshape/Expand/Tile/Transpose/Slice nodes that change nothing"
-    }
+    );
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let (new, changed) = rebuild_tracked(g, |_, n, inputs| {
             if Self::is_noop(g, n) && !defines_output(g, n) {
@@ -102,12 +112,10 @@ impl Pass for ElideIdentities {
 pub struct FoldConstants;
 
 impl Pass for FoldConstants {
-    fn name(&self) -> &'static str {
-        "tensor-fold-constants"
-    }
-    fn summary(&self) -> &'static str {
+    named!(
+        "tensor-fold-constants",
         "evaluate nodes with constant operands (and Shape/Size of any value) with the reference evaluator"
-    }
+    );
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let mut failure = None;
         let (new, changed) = rebuild_tracked(g, |new, n, inputs| {
@@ -146,12 +154,7 @@ impl Pass for FoldConstants {
 pub struct DeduplicateConstants;
 
 impl Pass for DeduplicateConstants {
-    fn name(&self) -> &'static str {
-        "tensor-deduplicate-constants"
-    }
-    fn summary(&self) -> &'static str {
-        "merge constants with the same type and bytes"
-    }
+    named!("tensor-deduplicate-constants", "merge constants with the same type and bytes");
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let mut first: HashMap<(String, &[u8]), ValueId> = HashMap::new();
         let mut canon: Vec<Option<ValueId>> = vec![None; g.values.len()];
@@ -188,12 +191,7 @@ type CseKey = (OpKind, Vec<Option<ValueId>>);
 pub struct EliminateCommonSubexpressions;
 
 impl Pass for EliminateCommonSubexpressions {
-    fn name(&self) -> &'static str {
-        "tensor-eliminate-common-subexpressions"
-    }
-    fn summary(&self) -> &'static str {
-        "merge nodes with the same op, attributes and operands"
-    }
+    named!("tensor-eliminate-common-subexpressions", "merge nodes with the same op, attributes and operands");
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let mut seen: HashMap<CseKey, Vec<(kiln_ir::Op, Vec<ValueId>)>> = HashMap::new();
         let (new, changed) = rebuild_tracked(g, |new, n, inputs| {
@@ -224,12 +222,7 @@ impl Pass for EliminateCommonSubexpressions {
 pub struct EliminateDeadCode;
 
 impl Pass for EliminateDeadCode {
-    fn name(&self) -> &'static str {
-        "tensor-eliminate-dead-code"
-    }
-    fn summary(&self) -> &'static str {
-        "remove nodes and constants that no graph output depends on"
-    }
+    named!("tensor-eliminate-dead-code", "remove nodes and constants that no graph output depends on");
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let new = g.without_dead_code();
         let changed = new.nodes.len() != g.nodes.len() || new.values.len() != g.values.len();
@@ -310,12 +303,10 @@ impl FoldBatchNorm {
 }
 
 impl Pass for FoldBatchNorm {
-    fn name(&self) -> &'static str {
-        "tensor-fold-batch-norm"
-    }
-    fn summary(&self) -> &'static str {
+    named!(
+        "tensor-fold-batch-norm",
         "fold an inference BatchNormalization into the Conv that feeds only it (constant f32 filter and statistics)"
-    }
+    );
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         // Readers of each value (graph outputs count), and the node defining it.
         let readers = readers(g);
@@ -471,12 +462,10 @@ impl FoldChannelAffine {
 }
 
 impl Pass for FoldChannelAffine {
-    fn name(&self) -> &'static str {
-        "tensor-fold-channel-affine"
-    }
-    fn summary(&self) -> &'static str {
+    named!(
+        "tensor-fold-channel-affine",
         "merge chains of per-channel scales and shifts by constants (BatchNormalization, Mul, Add, Sub) into one Mul and one Add"
-    }
+    );
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         // Readers of each value of the old graph (graph outputs count).
         let readers = readers(g);
@@ -597,12 +586,10 @@ impl RewriteOneHotProducts {
 }
 
 impl Pass for RewriteOneHotProducts {
-    fn name(&self) -> &'static str {
-        "tensor-rewrite-one-hot-products"
-    }
-    fn summary(&self) -> &'static str {
+    named!(
+        "tensor-rewrite-one-hot-products",
         "rewrite a one-hot encoding times a constant matrix (MatMul(Cast(Equal(x, 0..K)), W)) as a row lookup Gather([W; 0], Min(Max(x, -1), K))"
-    }
+    );
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         use kiln_ir::{DType, Op, Shape, Tensor, TensorType};
         let old: &Graph = g;
@@ -734,12 +721,10 @@ impl FoldLookupTables {
 }
 
 impl Pass for FoldLookupTables {
-    fn name(&self) -> &'static str {
-        "tensor-fold-lookup-tables"
-    }
-    fn summary(&self) -> &'static str {
+    named!(
+        "tensor-fold-lookup-tables",
         "fold elementwise ops over a Gather of a constant table (other operands constants the same at every index) into the table"
-    }
+    );
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         use kiln_ir::{Op, TensorType};
         let old: &Graph = g;

@@ -114,6 +114,23 @@ impl Cx<'_, '_, '_> {
     fn div(&mut self, a: ValueId, b: ValueId) -> R<ValueId> {
         self.bin(OpKind::Div, a, b)
     }
+    /// `Where(c, a, b)`.
+    fn select(&mut self, c: ValueId, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.op(OpKind::Where, Attrs::default(), vec![Some(c), Some(a), Some(b)])
+    }
+    /// `(a − b) / (c − d)`, and its divisor `c − d` (computed first).
+    fn ratio(&mut self, (a, b): (ValueId, ValueId), (c, d): (ValueId, ValueId)) -> R<(ValueId, ValueId)> {
+        let divisor = self.sub(c, d)?;
+        let dividend = self.sub(a, b)?;
+        Ok((self.div(dividend, divisor)?, divisor))
+    }
+    /// `And(low_test(j, lo), high_test(j, hi))`: whether `j` lies between `lo` and `hi`,
+    /// each end compared by its test.
+    fn within(&mut self, j: ValueId, (low_test, lo): (OpKind, ValueId), (high_test, hi): (OpKind, ValueId)) -> R<ValueId> {
+        let above = self.bin(low_test, j, lo)?;
+        let below = self.bin(high_test, j, hi)?;
+        self.bin(OpKind::And, above, below)
+    }
     /// A scalar constant of dtype `d`.
     fn scalar(&mut self, d: DType, x: f64) -> R<ValueId> {
         let t = Tensor::from_f64(d, Shape::scalar(), &[x]).map_err(|e| self.at.err(e.to_string()))?;
@@ -216,7 +233,7 @@ pub(crate) fn decompose(
             let t = float_attr(attrs, "threshold", Some(0.0), at)?;
             let (tv, one, zero) = (cx.scalar(d, t)?, cx.scalar(d, 1.0)?, cx.scalar(d, 0.0)?);
             let gt = cx.bin(OpKind::Greater, x, tv)?;
-            vec![cx.op(OpKind::Where, Attrs::default(), vec![Some(gt), Some(one), Some(zero)])?]
+            vec![cx.select(gt, one, zero)?]
         }
         "ArrayFeatureExtractor" => {
             let (x, y) = (operand(0, "X")?, operand(1, "Y")?);
@@ -484,27 +501,19 @@ fn mel_weight_matrix(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> 
     let zero = cx.scalar(f, 0.0)?;
     // Rising edge: (j − low)/(center − low) on low ≤ j ≤ center; 1 at j == center when
     // center == low.
-    let ltc = cx.sub(center, low)?;
-    let jl = cx.sub(j, low)?;
-    let rise = cx.div(jl, ltc)?;
-    let ge_low = cx.bin(OpKind::GreaterOrEqual, j, low)?;
-    let le_c = cx.bin(OpKind::LessOrEqual, j, center)?;
-    let in_rise = cx.bin(OpKind::And, ge_low, le_c)?;
+    let (rise, ltc) = cx.ratio((j, low), (center, low))?;
+    let in_rise = cx.within(j, (OpKind::GreaterOrEqual, low), (OpKind::LessOrEqual, center))?;
     let ltc0 = cx.bin(OpKind::Equal, ltc, zero)?;
     let at_c = cx.bin(OpKind::Equal, j, center)?;
-    let one_at_c = cx.op(OpKind::Where, Attrs::default(), vec![Some(at_c), Some(one), Some(zero)])?;
-    let rise = cx.op(OpKind::Where, Attrs::default(), vec![Some(in_rise), Some(rise), Some(zero)])?;
-    let rise = cx.op(OpKind::Where, Attrs::default(), vec![Some(ltc0), Some(one_at_c), Some(rise)])?;
+    let one_at_c = cx.select(at_c, one, zero)?;
+    let rise = cx.select(in_rise, rise, zero)?;
+    let rise = cx.select(ltc0, one_at_c, rise)?;
     // Falling edge (written after, so it wins): (high − j)/(high − center) on center ≤ j < high.
-    let cth = cx.sub(high, center)?;
-    let hj = cx.sub(high, j)?;
-    let fall = cx.div(hj, cth)?;
-    let ge_c = cx.bin(OpKind::GreaterOrEqual, j, center)?;
-    let lt_h = cx.bin(OpKind::Less, j, high)?;
-    let in_fall = cx.bin(OpKind::And, ge_c, lt_h)?;
+    let (fall, cth) = cx.ratio((high, j), (high, center))?;
+    let in_fall = cx.within(j, (OpKind::GreaterOrEqual, center), (OpKind::Less, high))?;
     let pos = cx.bin(OpKind::Greater, cth, zero)?;
     let in_fall = cx.bin(OpKind::And, in_fall, pos)?;
-    let w = cx.op(OpKind::Where, Attrs::default(), vec![Some(in_fall), Some(fall), Some(rise)])?;
+    let w = cx.select(in_fall, fall, rise)?;
     let code = out_dt.onnx_code().map(i64::from).unwrap_or(1);
     cx.op(OpKind::Cast, Attrs::default().with("to", Attr::Int(code)), vec![Some(w)])
 }
@@ -661,7 +670,7 @@ fn optimizer(cx: &mut Cx, op_type: &str, attrs: &Attrs, inputs: &[Option<ValueId
                     other => return Err(at.err(format!("mode {other:?}: expected \"standard\" or \"nesterov\""))),
                 };
                 let one = cx.scalar(d, 1.0)?;
-                let beta_adj = cx.op(OpKind::Where, Attrs::default(), vec![Some(t_pos), Some(beta), Some(one)])?;
+                let beta_adj = cx.select(t_pos, beta, one)?;
                 let av = cx.mul(alpha, v)?;
                 let bg = cx.mul(beta_adj, greg)?;
                 let v_new = cx.add(av, bg)?;
@@ -703,7 +712,7 @@ fn optimizer(cx: &mut Cx, op_type: &str, attrs: &Attrs, inputs: &[Option<ValueId
                 let na = cx.sub(one, at_)?;
                 let rn = cx.mul(rd, nb)?;
                 let radj = cx.div(rn, na)?;
-                let radj = cx.op(OpKind::Where, Attrs::default(), vec![Some(t_pos), Some(radj), Some(rd)])?;
+                let radj = cx.select(t_pos, radj, rd)?;
                 let q = cx.div(v_new, hs)?;
                 let rq = cx.mul(radj, q)?;
                 let x_new = cx.sub(x, rq)?;
@@ -962,7 +971,7 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
             let r3 = cx.bin(OpKind::Unsqueeze, reached, ax)?; // [N, leaves, 1]
             let sel = cx.bin(OpKind::And, r3, ov)?;
             let fv = cx.scalar(d, fill)?;
-            let vals = cx.op(OpKind::Where, Attrs::default(), vec![Some(sel), Some(wv), Some(fv)])?;
+            let vals = cx.select(sel, wv, fv)?;
             let ax = cx.ints(&[1])?;
             let kind = if agg == 2 { OpKind::ReduceMin } else { OpKind::ReduceMax };
             let best = cx.op(kind, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(vals), Some(ax)])?;
@@ -973,7 +982,7 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
             let any = cx.op(OpKind::ReduceMax, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(self_), Some(ax)])?;
             let zero = cx.scalar(d, 0.0)?;
             let scored = cx.bin(OpKind::Greater, any, zero)?;
-            cx.op(OpKind::Where, Attrs::default(), vec![Some(scored), Some(best), Some(zero)])
+            cx.select(scored, best, zero)
         }
     }
 }
@@ -1102,7 +1111,7 @@ fn tfidf(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
                 Some(w) => cx.tensor(f, &[out_size], &w[..out_size])?,
                 None => cx.scalar(f, 1.0)?,
             };
-            cx.op(OpKind::Where, Attrs::default(), vec![Some(seen), Some(w), Some(zero)])?
+            cx.select(seen, w, zero)?
         }
         (_, Some(w)) => {
             let wv = cx.tensor(f, &[out_size], &w[..out_size])?;
