@@ -1941,7 +1941,8 @@ impl<'k> Emitter<'k> {
         };
         // The values first, then the comparison (its broadcast may set `rax`), so that
         // nothing evaluated after it can touch `k5`.
-        let vx = self.eval(x, ev, pool)?;
+        // (`x` read as a broadcast by the blend itself where it can be.)
+        let vx = if x != y && self.bcst_at(x, ev).is_some() { None } else { Some(self.eval(x, ev, pool)?) };
         let vy = self.eval(y, ev, pool)?;
         let (p, q) = cmp;
         let vp = self.eval(p, ev, pool)?;
@@ -1972,22 +1973,49 @@ impl<'k> Emitter<'k> {
     }
 
     /// The end of [`Self::select_on_mask`]: `k5` holds the comparison `c` of `p` (in
-    /// `vp`); `c ? x : y` blended into a register.
+    /// `vp`); `c ? x : y` blended into a register, `x` from its register or (`None`) as
+    /// a broadcast.
     fn blend_on_k5(
         &mut self,
         (c, p, vp): (ExprId, ExprId, usize),
-        (x, vx): (ExprId, usize),
+        (x, vx): (ExprId, Option<usize>),
         (y, vy): (ExprId, usize),
         ev: &mut Eval,
         pool: &mut Vec<usize>,
     ) -> R<usize> {
         self.release(p, vp, ev, pool);
         ev.left.insert(c.0, 0);
-        self.release(x, vx, ev, pool);
+        // `x` as a broadcast (Ok), or in a register (Err; also where it was evaluated
+        // meanwhile, as an operand of `y` or of the comparison).
+        let src = match vx.map_or_else(|| self.bcst_at(x, ev).ok_or(None), |v| Err(Some(v))) {
+            Ok(at) => {
+                let left = ev.left.entry(x.0).or_insert(0);
+                *left = left.saturating_sub(1);
+                Ok(match at {
+                    Bcst::Label(l) => dword_bcst(l),
+                    Bcst::Stack(off) => dword_bcst(rsp + off),
+                    Bcst::Tile(st, disp) => {
+                        self.a.mov(rax, qword_ptr(rsp + st))?;
+                        dword_bcst(rax + disp)
+                    }
+                })
+            }
+            Err(v) => {
+                let vx = match v {
+                    Some(v) => v,
+                    None => self.eval(x, ev, pool)?,
+                };
+                self.release(x, vx, ev, pool);
+                Err(vx)
+            }
+        };
         self.release(y, vy, ev, pool);
         let r = take(pool)?;
         // r = c ? x : y
-        self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?;
+        match src {
+            Ok(m) => self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], m)?,
+            Err(vx) => self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?,
+        }
         Ok(r)
     }
 
