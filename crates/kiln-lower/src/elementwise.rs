@@ -1220,7 +1220,6 @@ fn quantize(cx: &OpCx<'_>) -> R<Lowered> {
         });
         if d.is_int() {
             let (lo, hi) = int_range(d);
-            let r = b.unary(U::Round, q);
             // NaN quantises to the zero point. Where that is 0 (or absent), the NaN
             // passes the clamp and converts to 0 (`Expr::Cast`) without a select, and
             // adding the zero point changes nothing (a −0 converts to 0 as well): two
@@ -1228,11 +1227,12 @@ fn quantize(cx: &OpCx<'_>) -> R<Lowered> {
             let r = match z {
                 Some(z) if !z_zero => {
                     let nan = b.unary(U::IsNan, q);
+                    let r = b.unary(U::Round, q);
                     let zr = b.float(t, 0.0);
                     let r = sel(b, nan, zr, r);
                     b.add(r, z)
                 }
-                _ => r,
+                _ => b.unary(U::Round, q),
             };
             let (l, h) = (b.float(t, lo as f64), b.float(t, hi as f64));
             let r = b.binary(B::Max, r, l);
