@@ -262,7 +262,9 @@ fn qlinear_conv() {
 /// `"erf"`: `erf(f32(acc)·s[m]) + r[m, n]` (f32 out: a transcendental epilogue, 8-row
 /// tiles, a per-row and a per-column load); `"wrap"`: `u8(f32(acc)·s[m] + 0.5)` with no
 /// clamp (f32 → u8 wraps like the interpreter: truncate, saturate to i64, low byte);
-/// `"select"`: `isnan(x) ? 0 : round(x)` then `i32`-exact `i8` output after clamping.
+/// `"select"`: `isnan(x) ? 0 : round(x)` then `i32`-exact `i8` output after clamping;
+/// `"clamp"`: `round(x)` clamped and cast to `i8` with no select (a NaN passes the clamp
+/// and converts to 0: the short conversion of a clamped value).
 fn epilogue_kernel(what: &str, m: usize, k: usize, n: usize) -> kiln_flow::Kernel {
     use kiln_flow::{BinaryOp, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
     let t = |d: DType, dims: &[usize]| kiln_ir::TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
@@ -299,10 +301,14 @@ fn epilogue_kernel(what: &str, m: usize, k: usize, n: usize) -> kiln_flow::Kerne
             b.cast(v, DType::U8, true)
         }
         _ => {
-            let nan = b.unary(UnaryOp::IsNan, v);
             let r = b.unary(UnaryOp::Round, v);
-            let zero = b.float(ScalarType::F32, 0.0);
-            let v = b.select(nan, zero, r);
+            let v = if what == "clamp" {
+                r
+            } else {
+                let nan = b.unary(UnaryOp::IsNan, v);
+                let zero = b.float(ScalarType::F32, 0.0);
+                b.select(nan, zero, r)
+            };
             let (lo, hi) = (b.float(ScalarType::F32, -128.0), b.float(ScalarType::F32, 127.0));
             let v = b.binary(BinaryOp::Max, v, lo);
             let v = b.binary(BinaryOp::Min, v, hi);
@@ -315,7 +321,7 @@ fn epilogue_kernel(what: &str, m: usize, k: usize, n: usize) -> kiln_flow::Kerne
 #[test]
 fn epilogues() {
     let cfgs = int8_configs_or_skip!();
-    for what in ["erf", "wrap", "select"] {
+    for what in ["erf", "wrap", "select", "clamp"] {
         for &(m, k, n) in &[(1, 3, 5), (9, 17, 40), (20, 70, 33), (10, 6, 777), (21, 100, 1)] {
             let kernel = epilogue_kernel(what, m, k, n);
             let a = ints(DType::U8, &[m, k], 1);

@@ -1212,19 +1212,28 @@ fn quantize(cx: &OpCx<'_>) -> R<Lowered> {
             _ => q,
         };
         let t = b.ty(q);
+        let mut z_zero = true;
         let z = zero.as_ref().map(|z| {
             let z = z.value(b, layout, index);
+            z_zero = matches!(b.node(z), Some(n) if matches!(n.expr, Expr::Const(0)));
             b.convert(z, t)
         });
         if d.is_int() {
             let (lo, hi) = int_range(d);
-            let nan = b.unary(U::IsNan, q);
-            let r = b.unary(U::Round, q);
-            let zr = b.float(t, 0.0);
-            let mut r = sel(b, nan, zr, r);
-            if let Some(z) = z {
-                r = b.add(r, z);
-            }
+            // NaN quantises to the zero point. Where that is 0 (or absent), the NaN
+            // passes the clamp and converts to 0 (`Expr::Cast`) without a select, and
+            // adding the zero point changes nothing (a −0 converts to 0 as well): two
+            // operations fewer a value (a requantised integer's saturation, tflite/int8.rs).
+            let r = match z {
+                Some(z) if !z_zero => {
+                    let nan = b.unary(U::IsNan, q);
+                    let r = b.unary(U::Round, q);
+                    let zr = b.float(t, 0.0);
+                    let r = sel(b, nan, zr, r);
+                    b.add(r, z)
+                }
+                _ => b.unary(U::Round, q),
+            };
             let (l, h) = (b.float(t, lo as f64), b.float(t, hi as f64));
             let r = b.binary(B::Max, r, l);
             let r = b.binary(B::Min, r, h);

@@ -931,6 +931,16 @@ fn quantize_per_tensor() {
         let sc = t(DType::I32, &[], &[3.0]);
         check(&q(&[]), &[Some(x.clone()), Some(sc)], Bind::Runtime, EXACT);
     }
+    // A zero point of 0, constant (lowered without the NaN select and the sum): NaN,
+    // infinities and far values still give the reference's integers.
+    for xd in [DType::F32, DType::F64] {
+        for od in [DType::I8, DType::U8, DType::I16, DType::I4] {
+            for scale in [1.0, 0.1] {
+                let ins = [Some(qx(xd)), Some(t(DType::F32, &[], &[scale])), Some(t(od, &[], &[0.0]))];
+                check(&q(&[]), &ins, Bind::ConstFrom(1), EXACT);
+            }
+        }
+    }
     // output_dtype without a zero point, one-element scale of shape [1], a [1] zero point
     // beside a scalar scale.
     let x = qx(DType::F32);

@@ -67,7 +67,8 @@
 //! (a QLinear op's scales, zero points and bias), comparisons, selects and max/min of
 //! integers held in i32 lanes (i8 sign-extended, u8 zero-extended: a saturating
 //! `Clip` on a quantized result, as a fused ReLU/ReLU6 arrives from the TFLite importer
-//! or from a QDQ activation), and a store of f32, i32 or an 8-bit value (`vpmovdb`). An
+//! or from a QDQ activation), and a store of f32, i32 or an 8-bit value (`vpmovdb`; an
+//! f32 clamped by a constant converts with `vcvttps2dq` and the wrap alone). An
 //! operand the same in every lane (a 32-bit constant, a per-tensor or per-row f32/i32
 //! load, a hoisted value) is read as an embedded broadcast (`{1to16}`) of the arithmetic
 //! instruction, not into a register first. QLinear's requantisation is `round_half_even(f32(acc)
@@ -1741,10 +1742,23 @@ impl<'k> Emitter<'k> {
                     (true, _) => {
                         // f32 → u8/i8 as the interpreter converts: truncated (saturating
                         // to i64, NaN to 0), then wrapped to eight bits (`super::vops`).
+                        let ty = if to == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
+                        if f32_below(self.k, value).is_some_and(|b| b < TWO_63) {
+                            // Never 2⁶³ or more (a clamp with a constant bound: a saturated
+                            // quantized result): `vcvttps2dq` and the wrap are the whole
+                            // conversion (NaN and |x| ≥ 2³¹ give 0x8000_0000, which wraps
+                            // to 0, as the interpreter's i64 does).
+                            self.release(value, v, ev, pool);
+                            let r = take(pool)?;
+                            self.a.vcvttps2dq(ZMM[r], ZMM[v])?;
+                            let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
+                            vx.wrap8(ty, V(r as u8), V(r as u8))?;
+                            ev.memo.insert(e.0, r);
+                            return Ok(r);
+                        }
                         let t = take(pool)?;
                         self.release(value, v, ev, pool);
                         let r = take(pool)?;
-                        let ty = if to == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
                         let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
                         vx.f32_to_8bit(ty, V(r as u8), V(v as u8), V(t as u8), Mask(4))?;
                         pool.push(t);
@@ -1761,6 +1775,10 @@ impl<'k> Emitter<'k> {
                 r
             }
             Expr::Select(c, x, y) => {
+                if let Some(r) = self.select_on_mask(c, x, y, ev, pool)? {
+                    ev.memo.insert(e.0, r);
+                    return Ok(r);
+                }
                 let vc = self.eval(c, ev, pool)?;
                 let vx = self.eval(x, ev, pool)?;
                 let vy = self.eval(y, ev, pool)?;
@@ -1893,6 +1911,114 @@ impl<'k> Emitter<'k> {
         Ok(r)
     }
 
+    /// `c ? x : y` with the comparison `c` (its only use) written straight into the
+    /// blend's opmask, not into lanes of all ones first and back (two instructions fewer:
+    /// the sign test of the fixed-point requantisation, a QuantizeLinear's NaN test).
+    /// Only where `c` is `isnan(u)` or an integer comparison against an operand read as a
+    /// broadcast, so that no more registers are live than for the lanes form; `None`
+    /// (nothing emitted) otherwise.
+    fn select_on_mask(
+        &mut self,
+        c: ExprId,
+        x: ExprId,
+        y: ExprId,
+        ev: &mut Eval,
+        pool: &mut Vec<usize>,
+    ) -> R<Option<usize>> {
+        let once = self.uses.get(&c.0) == Some(&1);
+        if !once || ev.memo.contains_key(&c.0) || self.hoist_at.contains_key(&c.0) {
+            return Ok(None);
+        }
+        let cmp = match self.k.node(c).expr {
+            Expr::Unary(UnaryOp::IsNan, u) if self.k.node(u).ty == ScalarType::F32 => (u, None),
+            Expr::Binary(op, p, q) if p != q && self.k.node(p).ty != ScalarType::F32 => {
+                match int_cmp(op).filter(|_| self.bcst_at(q, ev).is_some()) {
+                    Some(pred) => (p, Some((q, pred))),
+                    None => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        };
+        // The values first, then the comparison (its broadcast may set `rax`), so that
+        // nothing evaluated after it can touch `k5`.
+        // (`x` read as a broadcast by the blend itself where it can be.)
+        let vx = if x != y && self.bcst_at(x, ev).is_some() { None } else { Some(self.eval(x, ev, pool)?) };
+        let vy = self.eval(y, ev, pool)?;
+        let (p, q) = cmp;
+        let vp = self.eval(p, ev, pool)?;
+        match q {
+            None => self.a.vcmpps(k5, ZMM[vp], ZMM[vp], 3)?,
+            Some((q, pred)) => {
+                let Some(at) = self.bcst_at(q, ev) else {
+                    // Evaluated into a register meanwhile (an operand of `x` or `y` too).
+                    let vq = self.eval(q, ev, pool)?;
+                    self.a.vpcmpd(k5, ZMM[vp], ZMM[vq], pred)?;
+                    self.release(q, vq, ev, pool);
+                    return self.blend_on_k5((c, p, vp), (x, vx), (y, vy), ev, pool).map(Some);
+                };
+                let left = ev.left.entry(q.0).or_insert(0);
+                *left = left.saturating_sub(1);
+                let m = match at {
+                    Bcst::Label(l) => dword_bcst(l),
+                    Bcst::Stack(off) => dword_bcst(rsp + off),
+                    Bcst::Tile(st, disp) => {
+                        self.a.mov(rax, qword_ptr(rsp + st))?;
+                        dword_bcst(rax + disp)
+                    }
+                };
+                self.a.vpcmpd(k5, ZMM[vp], m, pred)?;
+            }
+        }
+        self.blend_on_k5((c, p, vp), (x, vx), (y, vy), ev, pool).map(Some)
+    }
+
+    /// The end of [`Self::select_on_mask`]: `k5` holds the comparison `c` of `p` (in
+    /// `vp`); `c ? x : y` blended into a register, `x` from its register or (`None`) as
+    /// a broadcast.
+    fn blend_on_k5(
+        &mut self,
+        (c, p, vp): (ExprId, ExprId, usize),
+        (x, vx): (ExprId, Option<usize>),
+        (y, vy): (ExprId, usize),
+        ev: &mut Eval,
+        pool: &mut Vec<usize>,
+    ) -> R<usize> {
+        self.release(p, vp, ev, pool);
+        ev.left.insert(c.0, 0);
+        // `x` as a broadcast (Ok), or in a register (Err; also where it was evaluated
+        // meanwhile, as an operand of `y` or of the comparison).
+        let src = match vx.map_or_else(|| self.bcst_at(x, ev).ok_or(None), |v| Err(Some(v))) {
+            Ok(at) => {
+                let left = ev.left.entry(x.0).or_insert(0);
+                *left = left.saturating_sub(1);
+                Ok(match at {
+                    Bcst::Label(l) => dword_bcst(l),
+                    Bcst::Stack(off) => dword_bcst(rsp + off),
+                    Bcst::Tile(st, disp) => {
+                        self.a.mov(rax, qword_ptr(rsp + st))?;
+                        dword_bcst(rax + disp)
+                    }
+                })
+            }
+            Err(v) => {
+                let vx = match v {
+                    Some(v) => v,
+                    None => self.eval(x, ev, pool)?,
+                };
+                self.release(x, vx, ev, pool);
+                Err(vx)
+            }
+        };
+        self.release(y, vy, ev, pool);
+        let r = take(pool)?;
+        // r = c ? x : y
+        match src {
+            Ok(m) => self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], m)?,
+            Err(vx) => self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?,
+        }
+        Ok(r)
+    }
+
     /// Where `e` can be read as a 4-byte broadcast instead of evaluated into a register:
     /// a 32-bit constant, a hoisted value on the stack, or a per-tensor or per-row load
     /// of f32 or i32 (not when it is in a register already).
@@ -1991,6 +2117,36 @@ fn int_cmp(op: BinaryOp) -> Option<i32> {
         BinaryOp::Gt => 6,
         _ => return None,
     })
+}
+
+/// 2⁶³ as an f32: the least value whose conversion to an 8-bit integer `vcvttps2dq` and
+/// a wrap do not give (the interpreter saturates it to i64::MAX, low byte 0xFF).
+const TWO_63: f32 = 9.223372e18;
+
+/// A bound `b` with every non-NaN value of f32 node `e` at most `b` (NaN converts to 0
+/// whichever way, so it needs none): a constant; `min` with a constant (a clamp), which
+/// gives the constant, the other operand's NaN, or at most the constant; `max` or `min`
+/// of two bounded operands, which gives one of them (whatever the NaN rule).
+fn f32_below(k: &Kernel, e: ExprId) -> Option<f32> {
+    let n = k.node(e);
+    if n.ty != ScalarType::F32 {
+        return None;
+    }
+    let konst = |x: ExprId| match k.node(x).expr {
+        Expr::Const(bits) => Some(f32::from_bits(bits as u32)).filter(|c| !c.is_nan()),
+        _ => None,
+    };
+    match n.expr {
+        Expr::Const(_) => konst(e),
+        Expr::Binary(BinaryOp::Min, x, y) if konst(x).or(konst(y)).is_some() => {
+            match (konst(x), konst(y)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        Expr::Binary(BinaryOp::Min | BinaryOp::Max, x, y) => Some(f32_below(k, x)?.max(f32_below(k, y)?)),
+        _ => None,
+    }
 }
 
 /// Integers held as i32 lanes.
