@@ -266,7 +266,13 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
             Command::Barrier => close(&mut s, &mut open, last),
             // Collectives, like copies, run on the calling thread between waves: they
             // are the points where the simulated devices meet.
-            Command::Copy { .. } | Command::Fill { .. } | Command::AllReduce { .. } | Command::AllGather { .. } => {
+            // (Segments and transfers: heterogeneous plans, which `hetero.rs` runs.)
+            Command::Copy { .. }
+            | Command::Fill { .. }
+            | Command::AllReduce { .. }
+            | Command::AllGather { .. }
+            | Command::Segment { .. }
+            | Command::Transfer { .. } => {
                 close(&mut s, &mut open, last);
                 s.steps.push(Step::Serial(c, i));
             }

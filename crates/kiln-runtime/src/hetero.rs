@@ -1,0 +1,157 @@
+//! The heterogeneous executor: a plan whose commands are grouped into per-device
+//! segments (format 1.8, `kiln compile --devices cpu,cuda`) replayed with every device
+//! behind a [`SegmentQueue`].
+//!
+//! ```text
+//! host (device 0)   runs its segments on the calling thread, in plan order; before one
+//!                   it waits for the other devices' segments the plan says it waits for
+//! device d ≥ 1      a queue: segments are submitted in plan order and run behind the
+//!                   host's back (a CUDA stream; here a deferred CPU device), each after
+//!                   the segments of other devices it waits for
+//! end of invoke     the host waits for every queue to drain
+//! ```
+//!
+//! Segments of one device run in plan order (a queue is in-order); the plan's waits
+//! are the only order between devices. Since the host submits in plan order and runs its
+//! own segments at once, a device segment waiting for a host segment finds it complete
+//! when it is submitted; a host segment waiting for a device segment blocks on that
+//! device's queue; a device segment waiting for another device's segment is submitted
+//! once that one has completed (the host waits for it first; a CUDA queue could chain
+//! the two streams with an event instead).
+//!
+//! [`DeferredCpu`] is the queue of a CPU device other than the host: a device with its
+//! own arena whose segments run only when someone waits for them (or at the end of the
+//! call). A plan missing a wait therefore reads stale memory on it, as it would on a
+//! GPU, which makes the CPU-only split test a test of the plan's waits and transfers.
+
+use crate::error::RuntimeError;
+use crate::instance::{run_commands, Bases};
+use crate::module::LoadedModule;
+use alloc::vec::Vec;
+use kiln_module::program::Command;
+use kiln_module::sections::EntryView;
+
+/// One segment of a heterogeneous plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SegmentAt {
+    /// The device it runs on.
+    pub device: u32,
+    /// Index of its first command (after the `Segment` command).
+    pub first: usize,
+    /// Its command count.
+    pub count: usize,
+}
+
+/// What a queue needs to run a segment: the module, the entry, every device's bases.
+pub(crate) struct Exec<'a, 'm> {
+    pub module: &'m LoadedModule<'m>,
+    pub entry: &'m EntryView<'m>,
+    /// Per device, the bases its commands resolve against.
+    pub bases: &'a [Bases<'a>],
+    /// The binding table a dispatch fills.
+    pub table: &'a mut [*mut u8],
+}
+
+/// A device other than the host: an in-order queue of segments.
+pub(crate) trait SegmentQueue {
+    /// Queues segment `seg` (plan-order index) behind those queued before. The segments
+    /// of other devices it waits for have completed.
+    ///
+    /// # Safety
+    ///
+    /// `exec` is a checked invocation's, valid until [`SegmentQueue::wait`] returns for
+    /// this segment.
+    unsafe fn submit(&mut self, seg: u32, at: SegmentAt, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError>;
+    /// Returns once segment `seg` (and every segment queued before it) has completed;
+    /// `u32::MAX`: every segment queued.
+    ///
+    /// # Safety
+    ///
+    /// As [`SegmentQueue::submit`], with the `exec` of the same invocation.
+    unsafe fn wait(&mut self, seg: u32, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError>;
+}
+
+/// A CPU device beside the host, with its own arena: segments are held until waited
+/// for, then run on the calling thread (see the module documentation).
+#[derive(Debug, Default)]
+pub(crate) struct DeferredCpu {
+    pending: Vec<(u32, SegmentAt)>,
+}
+
+impl DeferredCpu {
+    /// A queue that holds up to `segments` segments without allocating.
+    pub(crate) fn with_capacity(segments: usize) -> DeferredCpu {
+        DeferredCpu { pending: Vec::with_capacity(segments) }
+    }
+}
+
+impl SegmentQueue for DeferredCpu {
+    unsafe fn submit(&mut self, seg: u32, at: SegmentAt, _exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError> {
+        self.pending.push((seg, at));
+        Ok(())
+    }
+
+    unsafe fn wait(&mut self, seg: u32, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError> {
+        let n = self.pending.iter().take_while(|(s, _)| *s <= seg).count();
+        for &(_, at) in &self.pending[..n] {
+            // SAFETY: the caller's contract; segments run in plan order.
+            unsafe { run_commands(exec.module, exec.entry, at.first..at.first + at.count, at.device, exec.bases, exec.table) };
+        }
+        self.pending.drain(..n);
+        Ok(())
+    }
+}
+
+/// The segments of `entry` (verified heterogeneous) into `out` (cleared first).
+pub(crate) fn segments_of(entry: &EntryView<'_>, out: &mut Vec<SegmentAt>) {
+    out.clear();
+    let mut i = 0;
+    while let Some(Command::Segment { device, count, .. }) = entry.commands.get(i) {
+        out.push(SegmentAt { device: *device, first: i + 1, count: *count as usize });
+        i += *count as usize + 1;
+    }
+}
+
+/// Runs a heterogeneous entry: host segments here, the others on `queues` (device
+/// `d`'s at `d − 1`).
+///
+/// # Safety
+///
+/// `exec` is a checked invocation's (every device's bases valid for the call); the
+/// entry passed the verifier's segment checks; `segs` are its segments.
+pub(crate) unsafe fn run(
+    exec: &mut Exec<'_, '_>,
+    segs: &[SegmentAt],
+    queues: &mut [DeferredCpu],
+    mut observe: Option<&mut dyn FnMut(usize)>,
+) -> Result<(), RuntimeError> {
+    for (s, at) in segs.iter().enumerate() {
+        let Some(Command::Segment { waits, .. }) = exec.entry.commands.get(at.first - 1) else { continue };
+        // Waits on other devices' segments: block on their queues (host segments are
+        // complete: they ran in plan order on this thread).
+        for &w in waits {
+            let Some(on) = segs.get(w as usize) else { continue };
+            if on.device != 0 && on.device != at.device {
+                let q = queues.get_mut(on.device as usize - 1).ok_or(RuntimeError::Hetero { device: on.device })?;
+                // SAFETY: the caller's contract.
+                unsafe { q.wait(w, exec) }?;
+            }
+        }
+        if at.device == 0 {
+            // SAFETY: the caller's contract.
+            unsafe { run_commands(exec.module, exec.entry, at.first..at.first + at.count, 0, exec.bases, exec.table) };
+            if let Some(after) = observe.as_mut() {
+                after(at.first + at.count - 1);
+            }
+        } else {
+            let q = queues.get_mut(at.device as usize - 1).ok_or(RuntimeError::Hetero { device: at.device })?;
+            // SAFETY: the caller's contract.
+            unsafe { q.submit(s as u32, *at, exec) }?;
+        }
+    }
+    for q in queues.iter_mut() {
+        // SAFETY: the caller's contract.
+        unsafe { q.wait(u32::MAX, exec) }?;
+    }
+    Ok(())
+}
