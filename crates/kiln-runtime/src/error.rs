@@ -517,6 +517,10 @@ pub enum CudaPlanProblem {
     /// Bounded input dimensions (format 1.6), which the CUDA driver does not run yet
     /// (the compiler refuses them for CUDA too).
     Bounded,
+    /// A segment or transfer command: a heterogeneous plan (format 1.8) runs on the
+    /// CPU runtime's heterogeneous executor, with its CUDA segments on a CUDA queue,
+    /// not as one CUDA graph.
+    Heterogeneous,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -532,6 +536,9 @@ impl fmt::Display for CudaPlanProblem {
             CudaPlanProblem::Bounded => {
                 f.write_str("bounded input dimensions, which the CUDA runtime does not run yet; run the artifact on the CPU runtime")
             }
+            CudaPlanProblem::Heterogeneous => f.write_str(
+                "a heterogeneous plan (segments over CPU and GPU): run it with `kiln run` on the host, which drives its CUDA segments",
+            ),
         }
     }
 }

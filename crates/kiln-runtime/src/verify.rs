@@ -509,7 +509,13 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 )));
             }
         }
+        let devices = if is_heterogeneous(e) { p.devices.len() as u32 } else { 1 };
         for b in &e.buffers {
+            // (A heterogeneous plan's memory map lists every device's buffers: each must
+            // lie in some device's memory; the commands carry the ranges that count.)
+            if (1..devices).any(|d| binding_on(e, d, pool_len, &b.binding, false).is_ok()) {
+                continue;
+            }
             binding(e, pool_len, &b.binding, false).map_err(|problem| VerifyError::Buffer {
                 entry: entry(),
                 buffer: b.name.to_string(),

@@ -780,7 +780,8 @@ impl<'m> CudaInstance<'m> {
                 parts.get(binding / 2).map(|p| if binding.is_multiple_of(2) { &p.src } else { &p.dst })
             }
             Command::SkipIf { cond, .. } => (binding == 0).then_some(cond),
-            Command::Barrier => None,
+            Command::Transfer { src, dst, .. } => [src, dst].get(binding).copied(),
+            Command::Barrier | Command::Segment { .. } => None,
         }
         .ok_or_else(none)?;
         let mut out = alloc::vec![0u8; b.length as usize];
