@@ -288,6 +288,17 @@ fn the_verifier_refuses_malformed_heterogeneous_plans() {
         }
     });
     assert!(e.contains("inputs and outputs are the host's"), "{e}");
+    // A transfer into device 1 after the segment's work (a GPU queues transfers in
+    // before the segment's graph).
+    let e = verify_edited(|p| {
+        let c = &mut p.entries[0].commands;
+        if let Some(i) = c.iter().position(|x| matches!(x, Command::Transfer { dst_device: 1, .. })) {
+            let t = c.remove(i);
+            let end = i + c[i..].iter().position(|x| matches!(x, Command::Segment { .. })).unwrap_or(c.len() - i);
+            c.insert(end, t);
+        }
+    });
+    assert!(e.contains("a transfer into a segment's device after its work"), "{e}");
     // A dispatch of device 1 in a host segment.
     let e = verify_edited(|p| {
         for x in &mut p.entries[0].commands {

@@ -28,7 +28,7 @@ use crate::error::RuntimeError;
 use crate::instance::{run_commands, Bases};
 use crate::module::LoadedModule;
 use alloc::vec::Vec;
-use kiln_module::program::Command;
+use kiln_module::program::{Binding, Command};
 use kiln_module::sections::EntryView;
 
 /// One segment of a heterogeneous plan.
@@ -44,6 +44,9 @@ pub(crate) struct SegmentAt {
 
 /// What a queue needs to run a segment: the module, the entry, every device's bases.
 pub(crate) struct Exec<'a, 'm> {
+    /// The entry's index in the program.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub index: usize,
     pub module: &'m LoadedModule<'m>,
     pub entry: &'m EntryView<'m>,
     /// Per device, the bases its commands resolve against.
@@ -69,19 +72,38 @@ pub(crate) trait SegmentQueue {
     ///
     /// As [`SegmentQueue::submit`], with the `exec` of the same invocation.
     unsafe fn wait(&mut self, seg: u32, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError>;
+    /// Copies `src` of this device's memory to host memory at `dst` (a host segment's
+    /// transfer from this device; the plan waited for the segment that wrote it).
+    ///
+    /// # Safety
+    ///
+    /// `dst` is writable for `src.length` bytes; `src` a verified binding of this
+    /// device; `exec` as above.
+    unsafe fn read(&mut self, src: &Binding, dst: *mut u8, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError>;
+    /// Copies `src.length` host bytes at `src` into `dst` of this device's memory, once
+    /// everything queued has completed (a host segment's transfer to this device).
+    ///
+    /// # Safety
+    ///
+    /// `src` is readable for `dst.length` bytes; `dst` a verified binding of this
+    /// device; `exec` as above.
+    unsafe fn write(&mut self, dst: &Binding, src: *const u8, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError>;
 }
 
 /// A CPU device beside the host, with its own arena: segments are held until waited
-/// for, then run on the calling thread (see the module documentation).
-#[derive(Debug, Default)]
+/// for, then run on the calling thread (see the module documentation). A read from its
+/// memory does not run held segments: a plan that reads without waiting reads stale
+/// bytes, as it would from a GPU.
+#[derive(Debug)]
 pub(crate) struct DeferredCpu {
+    device: u32,
     pending: Vec<(u32, SegmentAt)>,
 }
 
 impl DeferredCpu {
-    /// A queue that holds up to `segments` segments without allocating.
-    pub(crate) fn with_capacity(segments: usize) -> DeferredCpu {
-        DeferredCpu { pending: Vec::with_capacity(segments) }
+    /// Device `device`'s queue, holding up to `segments` segments without allocating.
+    pub(crate) fn new(device: u32, segments: usize) -> DeferredCpu {
+        DeferredCpu { device, pending: Vec::with_capacity(segments) }
     }
 }
 
@@ -100,6 +122,71 @@ impl SegmentQueue for DeferredCpu {
         self.pending.drain(..n);
         Ok(())
     }
+
+    unsafe fn read(&mut self, src: &Binding, dst: *mut u8, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError> {
+        let own = exec.bases.get(self.device as usize).ok_or(RuntimeError::Hetero { device: self.device })?;
+        // SAFETY: the caller's contract; distinct devices' memories never overlap.
+        unsafe { core::ptr::copy(own.at(src).cast_const(), dst, src.length as usize) };
+        Ok(())
+    }
+
+    unsafe fn write(&mut self, dst: &Binding, src: *const u8, exec: &mut Exec<'_, '_>) -> Result<(), RuntimeError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.wait(u32::MAX, exec) }?;
+        let own = exec.bases.get(self.device as usize).ok_or(RuntimeError::Hetero { device: self.device })?;
+        // SAFETY: as for `read`.
+        unsafe { core::ptr::copy(src, own.at(dst), dst.length as usize) };
+        Ok(())
+    }
+}
+
+/// The queue of one device after the host.
+pub(crate) enum Queue<'m> {
+    /// A CPU device with its own arena.
+    Cpu(DeferredCpu),
+    /// A CUDA device: a stream, a graph per segment, an event per segment.
+    #[cfg(feature = "cuda")]
+    Cuda(alloc::boxed::Box<crate::cuda::hetero::CudaQueue<'m>>),
+    #[doc(hidden)]
+    #[allow(dead_code)]
+    Never(core::marker::PhantomData<&'m ()>),
+}
+
+impl Queue<'_> {
+    fn get(&mut self) -> Result<&mut dyn SegmentQueue, RuntimeError> {
+        match self {
+            Queue::Cpu(q) => Ok(q),
+            #[cfg(feature = "cuda")]
+            Queue::Cuda(q) => Ok(&mut **q),
+            Queue::Never(_) => Err(RuntimeError::Hetero { device: u32::MAX }),
+        }
+    }
+}
+
+/// The queues of `module`'s devices after the host, for an instance: a deferred CPU
+/// queue per CPU device, a CUDA queue per CUDA device (feature `cuda`; without it, or
+/// without a driver, a typed error).
+pub(crate) fn queues<'m>(module: &'m LoadedModule<'m>, segments: usize) -> Result<Vec<Queue<'m>>, RuntimeError> {
+    let p = &module.verified.program;
+    if !p.entries.iter().any(|e| !e.device_arenas.is_empty()) {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(p.devices.len().saturating_sub(1));
+    for (d, dev) in p.devices.iter().enumerate().skip(1) {
+        out.push(match dev.kind {
+            kiln_module::program::DeviceKind::Cpu => Queue::Cpu(DeferredCpu::new(d as u32, segments)),
+            #[cfg(feature = "cuda")]
+            kiln_module::program::DeviceKind::Cuda => {
+                // The n-th CUDA device of the table is GPU n.
+                let gpu = p.devices[1..d].iter().filter(|x| x.kind == kiln_module::program::DeviceKind::Cuda).count();
+                let q = crate::cuda::hetero::CudaQueue::new(module, d as u32, gpu)?;
+                Queue::Cuda(alloc::boxed::Box::new(q))
+            }
+            #[cfg(not(feature = "cuda"))]
+            kiln_module::program::DeviceKind::Cuda => return Err(RuntimeError::Hetero { device: d as u32 }),
+        });
+    }
+    Ok(out)
 }
 
 /// The segments of `entry` (verified heterogeneous) into `out` (cleared first).
@@ -122,7 +209,7 @@ pub(crate) fn segments_of(entry: &EntryView<'_>, out: &mut Vec<SegmentAt>) {
 pub(crate) unsafe fn run(
     exec: &mut Exec<'_, '_>,
     segs: &[SegmentAt],
-    queues: &mut [DeferredCpu],
+    queues: &mut [Queue<'_>],
     mut observe: Option<&mut dyn FnMut(usize)>,
 ) -> Result<(), RuntimeError> {
     for (s, at) in segs.iter().enumerate() {
@@ -134,24 +221,42 @@ pub(crate) unsafe fn run(
             if on.device != 0 && on.device != at.device {
                 let q = queues.get_mut(on.device as usize - 1).ok_or(RuntimeError::Hetero { device: on.device })?;
                 // SAFETY: the caller's contract.
-                unsafe { q.wait(w, exec) }?;
+                unsafe { q.get()?.wait(w, exec) }?;
             }
         }
         if at.device == 0 {
-            // SAFETY: the caller's contract.
-            unsafe { run_commands(exec.module, exec.entry, at.first..at.first + at.count, 0, exec.bases, exec.table) };
+            for i in at.first..at.first + at.count {
+                let Some(c) = exec.entry.commands.get(i) else { break };
+                match c {
+                    // A transfer with another device: that device's queue moves the bytes.
+                    Command::Transfer { src_device, src, dst_device, dst } if *src_device != 0 || *dst_device != 0 => {
+                        let host = exec.bases[0];
+                        let other = if *src_device != 0 { *src_device } else { *dst_device };
+                        let q = queues.get_mut(other as usize - 1).ok_or(RuntimeError::Hetero { device: other })?;
+                        if *src_device != 0 {
+                            // SAFETY: the caller's contract: `dst` a verified host binding.
+                            unsafe { q.get()?.read(src, host.at(dst), exec) }?;
+                        } else {
+                            // SAFETY: as above, `src` a verified host binding.
+                            unsafe { q.get()?.write(dst, host.at(src).cast_const(), exec) }?;
+                        }
+                    }
+                    // SAFETY: the caller's contract.
+                    _ => unsafe { run_commands(exec.module, exec.entry, i..i + 1, 0, exec.bases, exec.table) },
+                }
+            }
             if let Some(after) = observe.as_mut() {
                 after(at.first + at.count - 1);
             }
         } else {
             let q = queues.get_mut(at.device as usize - 1).ok_or(RuntimeError::Hetero { device: at.device })?;
             // SAFETY: the caller's contract.
-            unsafe { q.submit(s as u32, *at, exec) }?;
+            unsafe { q.get()?.submit(s as u32, *at, exec) }?;
         }
     }
     for q in queues.iter_mut() {
         // SAFETY: the caller's contract.
-        unsafe { q.wait(u32::MAX, exec) }?;
+        unsafe { q.get()?.wait(u32::MAX, exec) }?;
     }
     Ok(())
 }

@@ -455,7 +455,7 @@ pub struct Instance<'m> {
     /// A heterogeneous plan's devices after the host: each one's arena (aligned as the
     /// entry asks) and queue; its segments, found again each call without allocating.
     devices: Vec<(Vec<u8>, usize)>,
-    queues: Vec<crate::hetero::DeferredCpu>,
+    queues: Vec<crate::hetero::Queue<'m>>,
     segments: Vec<crate::hetero::SegmentAt>,
 }
 
@@ -497,7 +497,7 @@ impl<'m> Instance<'m> {
             .unwrap_or(0);
         Ok(Instance {
             devices,
-            queues: (0..n).map(|_| crate::hetero::DeferredCpu::with_capacity(segs)).collect(),
+            queues: crate::hetero::queues(module, segs)?,
             segments: Vec::with_capacity(segs),
             module,
             arena,
@@ -732,7 +732,7 @@ impl<'m> Instance<'m> {
             }
             let count = self.devices.len() + 1;
             crate::hetero::segments_of(entry, &mut self.segments);
-            let mut exec = crate::hetero::Exec { module: m, entry, bases: &all[..count], table: &mut self.table };
+            let mut exec = crate::hetero::Exec { index, module: m, entry, bases: &all[..count], table: &mut self.table };
             // SAFETY: `all` are this checked invocation's bases, each device's arena
             // exclusively ours; the entry passed the verifier's segment checks.
             unsafe { crate::hetero::run(&mut exec, &self.segments, &mut self.queues, observe) }?;

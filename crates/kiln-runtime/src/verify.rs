@@ -275,6 +275,25 @@ fn segments(p: &ProgramView<'_>, e: &EntryView<'_>) -> Result<Vec<u32>, VerifyEr
         }
         seg_device.push(*device);
         device_of.push(*device);
+        // Where the segment's own work starts and ends (its first and last command that
+        // is neither a transfer nor a barrier): transfers into the device come before
+        // it, transfers out of it after (a GPU queues them around the segment's graph).
+        let body = |c: &Command| !matches!(c, Command::Transfer { .. } | Command::Barrier);
+        let cmds = &e.commands[i + 1..=i + *count as usize];
+        let first_work = cmds.iter().position(body).unwrap_or(cmds.len());
+        let last_work = cmds.iter().rposition(body);
+        for (k, c) in cmds.iter().enumerate() {
+            if let Command::Transfer { src_device, dst_device, .. } = c {
+                let inbound = *dst_device == *device && *src_device != *device;
+                let misplaced = if inbound { k > first_work } else { last_work.is_some_and(|l| k < l) };
+                if misplaced {
+                    return Err(bad(
+                        i + 1 + k,
+                        "a transfer into a segment's device after its work, or out of it before its work ends".into(),
+                    ));
+                }
+            }
+        }
         for j in i + 1..=i + *count as usize {
             match &e.commands[j] {
                 Command::Segment { .. } => return Err(bad(j, "a segment inside a segment".into())),
@@ -618,6 +637,12 @@ pub fn require_device_kind(p: &ProgramView<'_>, kind: DeviceKind) -> Result<(), 
                 });
             }
             let Command::Dispatch { device, .. } = c else { continue };
+            // A heterogeneous plan's host is a CPU (verified); its other devices are
+            // driven by the CPU runtime's queues, which refuse at instantiation a kind
+            // they cannot drive (`RuntimeError::Hetero`).
+            if kind == DeviceKind::Cpu && *device != 0 && is_heterogeneous(e) {
+                continue;
+            }
             // Verified: the device index is in range.
             let Some(d) = p.devices.get(*device as usize) else { continue };
             if d.kind != kind {
@@ -635,6 +660,10 @@ pub fn require_device_kind(p: &ProgramView<'_>, kind: DeviceKind) -> Result<(), 
     }
     Ok(())
 }
+
+/// [`select_variants`]'s choice for a kernel with no CPU variant that a heterogeneous
+/// plan dispatches only on another kind of device: no CPU code is loaded for it.
+pub const NOT_ON_CPU: usize = usize::MAX;
 
 /// The architecture marker bits of a feature set.
 fn arch_bits(bits: u64) -> u64 {
@@ -687,8 +716,27 @@ pub fn cpu_needs(p: &ProgramView<'_>, v: &Variant) -> Option<u64> {
 /// host lacks is never taken; where no variant fits, the error names what the most
 /// modest one lacks.
 pub fn select_variants(p: &ProgramView<'_>, host: u64) -> Result<Vec<usize>, RuntimeError> {
+    // Kernels a heterogeneous plan dispatches only on devices of another kind (its
+    // CUDA segments' kernels) need no CPU variant: they are [`NOT_ON_CPU`].
+    let mut on_cpu = alloc::vec![false; p.kernels.len()];
+    let mut elsewhere = alloc::vec![false; p.kernels.len()];
+    for e in &p.entries {
+        for c in &e.commands {
+            if let Command::Dispatch { kernel, device, .. } = c {
+                let cpu = p.devices.get(*device as usize).is_none_or(|d| d.kind == DeviceKind::Cpu);
+                let seen = if cpu { &mut on_cpu } else { &mut elsewhere };
+                if let Some(x) = seen.get_mut(*kernel as usize) {
+                    *x = true;
+                }
+            }
+        }
+    }
     let mut out = Vec::with_capacity(p.kernels.len());
-    for k in &p.kernels {
+    for (ki, k) in p.kernels.iter().enumerate() {
+        if elsewhere[ki] && !on_cpu[ki] && k.variants.iter().all(|v| cpu_needs(p, v).is_none()) {
+            out.push(NOT_ON_CPU);
+            continue;
+        }
         let mut fewest: Option<u64> = None;
         let mut pick = None;
         for (i, v) in k.variants.iter().enumerate() {

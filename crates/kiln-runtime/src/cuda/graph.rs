@@ -455,6 +455,7 @@ mod tests {
         EntryView {
             bounded: Vec::new(),
             bounded_rows: Vec::new(),
+            device_arenas: Vec::new(),
             extents: Vec::new(),
             name: "main",
             inputs: vec![],
