@@ -1849,7 +1849,15 @@ impl CudaListing {
 
     /// The forms of `k`'s variants in order of preference (`cubin sm_90a, ptx`).
     fn variants(p: &Program, k: &kiln_module::program::Kernel) -> Vec<&'static str> {
-        k.variants.iter().map(|v| p.executables.get(v.executable as usize).map_or("?", cuda_form)).collect()
+        // (A heterogeneous plan's host kernels are CPU code.)
+        k.variants
+            .iter()
+            .map(|v| match p.executables.get(v.executable as usize) {
+                Some(x) if x.device == DeviceKind::Cpu => "cpu",
+                Some(x) => cuda_form(x),
+                None => "?",
+            })
+            .collect()
     }
 
     /// The distinct workgroup counts (grids) of `kernel`'s dispatches, in plan order.

@@ -19,6 +19,9 @@
 //! fails. On CUDA the GPU's kernels sum in another order than the CPU's: `1e-4`.
 
 mod common;
+#[cfg(feature = "cuda")]
+#[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
+mod ptxas_bin;
 
 use common::data_dir;
 use kiln_compiler::placement::{self, Rule};
@@ -337,4 +340,131 @@ fn kiln_compile_devices_kinds_runs_and_inspect_shows_affinity() {
     assert!(!ok && err.contains("--place needs --devices"), "{err}");
     let (ok, _, err) = common::kiln(&["compile", &m, "--devices", "cuda,cpu", "-o", common::s(&out)]);
     assert!(!ok && err.contains("must be cpu"), "{err}");
+}
+
+/// mlp split over cpu,cuda (products on the GPU), every PTX kernel assembled by ptxas
+/// for sm_90a (a refusal is a compile error): the GPU segments' kernels carry PTX and
+/// a cubin, the host's CPU code only.
+#[cfg(feature = "cuda")]
+fn split_mlp_for_cuda() -> hetero::HeteroCompiled {
+    let rules = [
+        Rule { op: OpKind::Gemm, device: 1 },
+        Rule { op: OpKind::Relu, device: 0 },
+        Rule { op: OpKind::Softmax, device: 0 },
+    ];
+    let opts = Options { source: "mlp".into(), ptxas: Some(ptxas_bin::ptxas()), ..Options::default() };
+    let kinds = [DeviceKind::Cpu, DeviceKind::Cuda];
+    hetero::compile(Input::File(mlp()), &opts, &kinds, &rules).expect("cpu,cuda compile (every kernel through ptxas)")
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn split_mlp_for_cuda_assembles_every_kernel_and_needs_a_driver_to_run() {
+    let c = split_mlp_for_cuda();
+    let p = &c.program;
+    assert_eq!(p.devices[1].kind, DeviceKind::Cuda);
+    assert_eq!(p.devices[1].name, "cuda:0");
+    let mut gpu = 0;
+    for x in &p.entries[0].commands {
+        let Command::Dispatch { kernel, device, .. } = x else { continue };
+        let kinds: Vec<(DeviceKind, u64)> = p.kernels[*kernel as usize]
+            .variants
+            .iter()
+            .map(|v| (p.executables[v.executable as usize].device, p.executables[v.executable as usize].features))
+            .collect();
+        if *device == 1 {
+            gpu += 1;
+            // The cubin ptxas made, and the PTX it came from.
+            assert!(kinds.iter().all(|k| k.0 == DeviceKind::Cuda), "{kinds:?}");
+            assert!(kinds.iter().any(|k| k.1 & kiln_module::program::CUDA_CUBIN_SM90A != 0), "{kinds:?}: no cubin");
+        } else {
+            assert!(kinds.iter().all(|k| k.0 == DeviceKind::Cpu), "{kinds:?}");
+        }
+    }
+    assert_eq!(gpu, 3, "the three products on the GPU");
+    // The CPU runtime loads it (the GPU's kernels are not CPU code) and builds the CUDA
+    // queue at instantiation: without a driver, the typed error.
+    let module = kiln_runtime::Module::load(&c.artifact, None).expect("the CPU runtime loads a cpu,cuda plan");
+    match kiln_runtime::cuda::driver_present() {
+        Err(_) => {
+            let e = kiln_runtime::Instance::new(&module).expect_err("no driver");
+            assert!(e.to_string().contains("no CUDA driver"), "{e}");
+        }
+        Ok(()) => {
+            kiln_runtime::Instance::new(&module).expect("an instance on the GPU machine");
+        }
+    }
+    // The CUDA driver alone refuses it: its host is a CPU.
+    assert!(kiln_runtime::cuda::CudaModule::load(&c.artifact, None).is_err());
+}
+
+/// Median and p99 of `f`'s time over `n` calls, in microseconds.
+#[cfg(feature = "cuda")]
+fn time_us(n: usize, mut f: impl FnMut()) -> (f64, f64) {
+    let mut t: Vec<f64> = (0..n)
+        .map(|_| {
+            let s = std::time::Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    (t[n / 2], t[(n * 99 / 100).min(n - 1)])
+}
+
+/// On a GPU host: the cpu,cuda split of mlp (products on the GPU, the rest on the CPU,
+/// transfers and waits between) and matmul1024 (the cost model alone places its
+/// product on the GPU) compute what the CPU's single-device plans compute, within the
+/// f32 summation-order tolerance (the GPU's products sum in another order: 1e-4).
+/// Prints per-plan timings (median, p99 of 50 calls, interleaved) for docs/targets.md.
+/// `cargo test -p kiln-cli --test hetero -- --ignored --nocapture`
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA driver (scripts/gpu-test)"]
+fn split_mlp_on_cuda_matches_the_cpu() {
+    kiln_runtime::cuda::driver_present().expect("a CUDA driver");
+    let (plain, ins) = single_mlp();
+    let want = run(&plain, &ins, 1);
+    let c = split_mlp_for_cuda();
+    let got = run(&c.artifact, &ins, 2);
+    let w = worst(&got, &want, 1e-4).expect("mlp over cpu,cuda matches the CPU plan");
+    println!("mlp over cpu,cuda: largest |Δ|/(|x|+1) = {w:.2e}");
+    // matmul1024, placed by the cost model alone.
+    let path = data_dir().join("models/matmul1024.onnx");
+    let opts = Options { source: "matmul1024".into(), ptxas: Some(ptxas_bin::ptxas()), ..Options::default() };
+    let big = hetero::compile(Input::File(path.clone()), &opts, &[DeviceKind::Cpu, DeviceKind::Cuda], &[])
+        .expect("matmul1024 over cpu,cuda");
+    assert!(big.split.placement.device.contains(&1), "the cost model keeps matmul1024 off the GPU");
+    let single = kiln_compiler::Compilation::new(Input::File(path), Options::default()).finish().expect("cpu compile");
+    let big_ins: Vec<Vec<u8>> = single.program.entries[0].inputs.iter().map(|t| input(t.bytes)).collect();
+    let want = run(&single.artifact, &big_ins, 2);
+    let got = run(&big.artifact, &big_ins, 2);
+    let w = worst(&got, &want, 1e-4).expect("matmul1024 over cpu,cuda matches the CPU plan");
+    println!("matmul1024 over cpu,cuda: largest |Δ|/(|x|+1) = {w:.2e}");
+    // Timings, interleaved: each plan on 2 threads, one call of each in turn.
+    let plans: [(&str, &[u8], &[Vec<u8>]); 4] = [
+        ("mlp cpu", &plain, &ins),
+        ("mlp cpu,cuda", &c.artifact, &ins),
+        ("matmul1024 cpu", &single.artifact, &big_ins),
+        ("matmul1024 cpu,cuda", &big.artifact, &big_ins),
+    ];
+    let modules: Vec<kiln_runtime::LoadedModule> =
+        plans.iter().map(|(_, a, _)| kiln_runtime::Module::load(a, None).expect("load")).collect();
+    let mut insts: Vec<kiln_runtime::Instance> =
+        modules.iter().map(|m| kiln_runtime::Instance::with_threads(m, 2).expect("instance")).collect();
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); plans.len()];
+    for _ in 0..50 {
+        for (k, ((_, _, ins), inst)) in plans.iter().zip(&mut insts).enumerate() {
+            let sig = modules[k].signature();
+            let mut outs: Vec<Vec<u8>> = sig.entry(0).expect("entry").outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
+            let refs: Vec<&[u8]> = ins.iter().map(|t| &t[..]).collect();
+            let mut o: Vec<&mut [u8]> = outs.iter_mut().map(|x| &mut x[..]).collect();
+            let (t, _) = time_us(1, || inst.invoke(&refs, &mut o).expect("invoke"));
+            samples[k].push(t);
+        }
+    }
+    for ((name, _, _), s) in plans.iter().zip(&mut samples) {
+        s.sort_by(f64::total_cmp);
+        println!("{name:<22} median {:>9.1} us  p99 {:>9.1} us", s[s.len() / 2], s[s.len() * 99 / 100]);
+    }
 }
