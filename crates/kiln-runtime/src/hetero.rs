@@ -53,6 +53,10 @@ pub(crate) struct Exec<'a, 'm> {
     pub bases: &'a [Bases<'a>],
     /// The binding table a dispatch fills.
     pub table: &'a mut [*mut u8],
+    /// The instance's local-task driver, which runs the host's segments' waves on its
+    /// threads (`None`: on the calling thread alone).
+    #[cfg(feature = "local-task")]
+    pub task: Option<&'a mut crate::task::LocalTask<'m>>,
 }
 
 /// A device other than the host: an in-order queue of segments.
@@ -199,6 +203,51 @@ pub(crate) fn segments_of(entry: &EntryView<'_>, out: &mut Vec<SegmentAt>) {
     }
 }
 
+/// A host segment's commands `range` but its transfers, on the calling thread.
+///
+/// # Safety
+///
+/// As [`run`].
+unsafe fn host_work(exec: &mut Exec<'_, '_>, range: core::ops::Range<usize>) {
+    for i in range {
+        if !matches!(exec.entry.commands.get(i), Some(Command::Transfer { .. })) {
+            // SAFETY: the caller's contract.
+            unsafe { run_commands(exec.module, exec.entry, i..i + 1, 0, exec.bases, exec.table) };
+        }
+    }
+}
+
+/// A host segment's transfers in `range` into the host (`inbound`) or out of it, each
+/// through the other device's queue.
+///
+/// # Safety
+///
+/// As [`run`].
+unsafe fn host_transfers(
+    exec: &mut Exec<'_, '_>,
+    range: core::ops::Range<usize>,
+    queues: &mut [Queue<'_>],
+    inbound: bool,
+) -> Result<(), RuntimeError> {
+    for i in range {
+        let Some(Command::Transfer { src_device, src, dst_device, dst }) = exec.entry.commands.get(i) else { continue };
+        if (*dst_device == 0) != inbound {
+            continue;
+        }
+        let host = exec.bases[0];
+        let other = if inbound { *src_device } else { *dst_device };
+        let q = queues.get_mut((other as usize).wrapping_sub(1)).ok_or(RuntimeError::Hetero { device: other })?;
+        if inbound {
+            // SAFETY: the caller's contract: `dst` a verified host binding.
+            unsafe { q.get()?.read(src, host.at(dst), exec) }?;
+        } else {
+            // SAFETY: as above, `src` a verified host binding.
+            unsafe { q.get()?.write(dst, host.at(src).cast_const(), exec) }?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs a heterogeneous entry: host segments here, the others on `queues` (device
 /// `d`'s at `d − 1`).
 ///
@@ -225,26 +274,29 @@ pub(crate) unsafe fn run(
             }
         }
         if at.device == 0 {
-            for i in at.first..at.first + at.count {
-                let Some(c) = exec.entry.commands.get(i) else { break };
-                match c {
-                    // A transfer with another device: that device's queue moves the bytes.
-                    Command::Transfer { src_device, src, dst_device, dst } if *src_device != 0 || *dst_device != 0 => {
-                        let host = exec.bases[0];
-                        let other = if *src_device != 0 { *src_device } else { *dst_device };
-                        let q = queues.get_mut(other as usize - 1).ok_or(RuntimeError::Hetero { device: other })?;
-                        if *src_device != 0 {
-                            // SAFETY: the caller's contract: `dst` a verified host binding.
-                            unsafe { q.get()?.read(src, host.at(dst), exec) }?;
-                        } else {
-                            // SAFETY: as above, `src` a verified host binding.
-                            unsafe { q.get()?.write(dst, host.at(src).cast_const(), exec) }?;
-                        }
-                    }
-                    // SAFETY: the caller's contract.
-                    _ => unsafe { run_commands(exec.module, exec.entry, i..i + 1, 0, exec.bases, exec.table) },
-                }
+            let range = at.first..at.first + at.count;
+            // The transfers into the host first, then the segment's work (on the
+            // instance's threads where it has them), then the transfers out (the
+            // verifier checked that they stand so), each through the other device's queue.
+            // SAFETY: the caller's contract.
+            unsafe { host_transfers(exec, range.clone(), queues, true) }?;
+            #[cfg(feature = "local-task")]
+            if let Some(task) = exec.task.as_deref_mut() {
+                let helpers = exec.module.helpers.as_ptr();
+                // SAFETY: the caller's contract; the segments this one waits for have
+                // completed (above), and the host's earlier ones ran in order.
+                unsafe { task.run_range(exec.index, range.clone(), &exec.bases[0], helpers, None) }?;
+            } else {
+                // SAFETY: the caller's contract.
+                unsafe { host_work(exec, range.clone()) };
             }
+            #[cfg(not(feature = "local-task"))]
+            // SAFETY: the caller's contract.
+            unsafe {
+                host_work(exec, range.clone())
+            };
+            // SAFETY: the caller's contract.
+            unsafe { host_transfers(exec, range, queues, false) }?;
             if let Some(after) = observe.as_mut() {
                 after(at.first + at.count - 1);
             }

@@ -732,7 +732,15 @@ impl<'m> Instance<'m> {
             }
             let count = self.devices.len() + 1;
             crate::hetero::segments_of(entry, &mut self.segments);
-            let mut exec = crate::hetero::Exec { index, module: m, entry, bases: &all[..count], table: &mut self.table };
+            let mut exec = crate::hetero::Exec {
+                index,
+                module: m,
+                entry,
+                bases: &all[..count],
+                table: &mut self.table,
+                #[cfg(feature = "local-task")]
+                task: if on_this_thread { None } else { self.task.as_mut() },
+            };
             // SAFETY: `all` are this checked invocation's bases, each device's arena
             // exclusively ours; the entry passed the verifier's segment checks.
             unsafe { crate::hetero::run(&mut exec, &self.segments, &mut self.queues, observe) }?;
