@@ -190,10 +190,11 @@ fn independent_branches_run_in_one_stage_on_both_devices() {
             _ => None,
         })
         .collect();
-    // The two branches wait for nothing (they run at once); the Add waits for device 1.
-    assert_eq!(segs[0], (0, vec![]));
-    assert_eq!(segs[1], (1, vec![]));
-    assert_eq!(segs[2], (0, vec![1]));
+    // Device 1's branch first (the host submits it, then runs its own branch while
+    // device 1 runs), neither waiting; the Add waits for device 1's segment.
+    assert_eq!(segs[0], (1, vec![]));
+    assert_eq!(segs[1], (0, vec![]));
+    assert_eq!(segs[2], (0, vec![0]));
     let got = run(&c.artifact, std::slice::from_ref(&x), 1);
     let w = worst(&got, &want, 1e-5).expect("branches: outputs match");
     println!("branches over cpu,cpu: largest |Δ|/(|x|+1) = {w:.2e}");

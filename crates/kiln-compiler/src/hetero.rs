@@ -16,7 +16,9 @@
 //!                device, its length, the segments of other devices it waits for), then
 //!                the transfers that bring its operands from other devices' memories
 //!                (the consumer pulls), a barrier, the segment's own waves; a last host
-//!                segment moves the results into the outputs
+//!                segment moves the results into the outputs; within a stage the other
+//!                devices' segments come before the host's, which the host submits
+//!                before running its own
 //! ```
 //!
 //! Every value crossing devices is exported into its producer's arena region of its
@@ -381,7 +383,12 @@ fn link(graph: &Graph, sp: &Split, segs: &[Compiled], options: &Options) -> Resu
     // Which plan segment wrote each exchange.
     let mut writer: Vec<u32> = vec![u32::MAX; sp.exchanges.len()];
     let mut nseg = 0u32;
-    for (si, s) in sp.segments.iter().enumerate() {
+    // Within a stage, the other devices' segments first: the host submits them (they
+    // run behind its back) before it runs its own, so that both run at once.
+    let mut order: Vec<usize> = (0..sp.segments.len()).collect();
+    order.sort_by_key(|&i| (sp.segments[i].stage, sp.segments[i].device == 0, sp.segments[i].device));
+    for si in order {
+        let s = &sp.segments[si];
         let mut body: Vec<Command> = Vec::new();
         let mut waits: Vec<u32> = Vec::new();
         for (k, &port) in s.inputs.iter().enumerate() {
