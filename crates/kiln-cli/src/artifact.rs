@@ -904,7 +904,11 @@ fn compile_hetero(a: &Args, model: &Path, list: &str) -> Result<(), String> {
         .iter()
         .enumerate()
         .map(|(d, dev)| {
-            let n = e.commands.iter().filter(|x| matches!(x, Command::Dispatch { device, .. } if *device as usize == d)).count();
+            let n = e
+                .commands
+                .iter()
+                .filter(|x| matches!(x, Command::Dispatch { device, .. } if *device as usize == d))
+                .count();
             let arena = if d == 0 { e.arena_size } else { e.device_arenas.get(d - 1).copied().unwrap_or(0) };
             format!("{}: {n} dispatches, arena {arena} bytes", dev.name)
         })
@@ -1725,7 +1729,9 @@ fn dispatch_dot(p: &Program) -> String {
                 Command::Segment { .. } => continue,
                 Command::Transfer { src_device, src, dst_device, dst } => {
                     let from = on(*src_device, src);
-                    if let Some(&(w, _, _, _)) = writers.iter().rev().find(|(_, d, o, _)| *d == from && overlaps(o, src)) {
+                    if let Some(&(w, _, _, _)) =
+                        writers.iter().rev().find(|(_, d, o, _)| *d == from && overlaps(o, src))
+                    {
                         writers.push((w, on(*dst_device, dst), *dst, true));
                     }
                     continue;

@@ -22,7 +22,6 @@ mod common;
 #[cfg(feature = "cuda")]
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas_bin;
-
 use common::data_dir;
 use kiln_compiler::placement::{self, Rule};
 use kiln_compiler::{hetero, CompileError, Input, Options};
@@ -163,7 +162,8 @@ fn branches() -> (Graph, Vec<u8>) {
     let (_, xa) = g.add_node("xa", Op::new(OpKind::MatMul), vec![Some(x), Some(a)], vec![("xa".into(), f(&[4, 16]))]);
     let (_, r) = g.add_node("relu", Op::new(OpKind::Relu), vec![Some(xa[0])], vec![("r".into(), f(&[4, 16]))]);
     let (_, xb) = g.add_node("xb", Op::new(OpKind::Tanh), vec![Some(x)], vec![("t".into(), f(&[4, 32]))]);
-    let (_, xb) = g.add_node("xbb", Op::new(OpKind::MatMul), vec![Some(xb[0]), Some(b)], vec![("xb".into(), f(&[4, 16]))]);
+    let (_, xb) =
+        g.add_node("xbb", Op::new(OpKind::MatMul), vec![Some(xb[0]), Some(b)], vec![("xb".into(), f(&[4, 16]))]);
     let (_, s) = g.add_node("sig", Op::new(OpKind::Sigmoid), vec![Some(xb[0])], vec![("s".into(), f(&[4, 16]))]);
     let (_, y) = g.add_node("add", Op::new(OpKind::Add), vec![Some(r[0]), Some(s[0])], vec![("y".into(), f(&[4, 16]))]);
     g.outputs.push(y[0]);
@@ -216,7 +216,8 @@ fn the_cost_model_keeps_small_work_on_the_host_and_large_products_on_the_gpu() {
     let f = |d: &[usize]| TensorType::new(DType::F32, Shape::new(d.to_vec()).expect("shape"));
     let x = g.add_input("x", f(&[1024, 1024]));
     let w = g.add_const("w", Tensor::zeros(f(&[1024, 1024])));
-    let (_, y) = g.add_node("mm", Op::new(OpKind::MatMul), vec![Some(x), Some(w)], vec![("y".into(), f(&[1024, 1024]))]);
+    let (_, y) =
+        g.add_node("mm", Op::new(OpKind::MatMul), vec![Some(x), Some(w)], vec![("y".into(), f(&[1024, 1024]))]);
     g.outputs.push(y[0]);
     let p = placement::place(&g, &[DeviceKind::Cpu, DeviceKind::Cuda], &[]).expect("place");
     assert_eq!(p.device, vec![1]);
@@ -323,7 +324,17 @@ fn kiln_compile_devices_kinds_runs_and_inspect_shows_affinity() {
     let dir = common::scratch("hetero", "cli");
     let out = dir.join("mlp_split.kiln");
     let (ok, _, err) = common::kiln(&[
-        "compile", &m, "--devices", "cpu,cpu", "--place", "Gemm=1", "--place", "Relu=cpu", "--place", "Softmax=0", "-o",
+        "compile",
+        &m,
+        "--devices",
+        "cpu,cpu",
+        "--place",
+        "Gemm=1",
+        "--place",
+        "Relu=cpu",
+        "--place",
+        "Softmax=0",
+        "-o",
         common::s(&out),
     ]);
     assert!(ok, "{err}");
@@ -457,7 +468,8 @@ fn split_mlp_on_cuda_matches_the_cpu() {
     for _ in 0..50 {
         for (k, ((_, _, ins), inst)) in plans.iter().zip(&mut insts).enumerate() {
             let sig = modules[k].signature();
-            let mut outs: Vec<Vec<u8>> = sig.entry(0).expect("entry").outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
+            let mut outs: Vec<Vec<u8>> =
+                sig.entry(0).expect("entry").outputs.iter().map(|t| vec![0u8; t.bytes as usize]).collect();
             let refs: Vec<&[u8]> = ins.iter().map(|t| &t[..]).collect();
             let mut o: Vec<&mut [u8]> = outs.iter_mut().map(|x| &mut x[..]).collect();
             let (t, _) = time_us(1, || inst.invoke(&refs, &mut o).expect("invoke"));

@@ -34,7 +34,7 @@ use kiln_module::program::{
 };
 
 use crate::placement::{Placement, Rule};
-use crate::{CompileError, Compilation, Compiled, Input, Options, Stage, TargetDevice};
+use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
 
 const ALIGN: u64 = 64;
 
@@ -144,8 +144,9 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
         if let Some(&e) = exported.get(&v) {
             return Ok(e);
         }
-        let &(s, local) =
-            defined.get(&v).ok_or_else(|| CompileError::Link(format!("value {} read before it is computed", vname(g, v))))?;
+        let &(s, local) = defined
+            .get(&v)
+            .ok_or_else(|| CompileError::Link(format!("value {} read before it is computed", vname(g, v))))?;
         let e = exchanges.len();
         exchanges.push(Exchange { device: segs[s].0 .1, ty: g.ty(v).clone(), name: vname(g, v) });
         segs[s].1.graph.outputs.push(local);
@@ -190,7 +191,10 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
                     },
                     _ => {
                         let i = g.inputs.iter().position(|&x| x == v).ok_or_else(|| {
-                            CompileError::Link(format!("value {} is neither computed, a constant nor an input", vname(g, v)))
+                            CompileError::Link(format!(
+                                "value {} is neither computed, a constant nor an input",
+                                vname(g, v)
+                            ))
                         })?;
                         Port::Input(i)
                     }

@@ -54,7 +54,9 @@ pub fn parse_devices(list: &str) -> Result<Vec<DeviceKind>, CompileError> {
             "cpu" => DeviceKind::Cpu,
             "cuda" | "gpu" => DeviceKind::Cuda,
             other => {
-                return Err(CompileError::Placement(format!("unknown device kind {other:?} in {list:?} (a number of devices, or a list of kinds: cpu, cuda)")))
+                return Err(CompileError::Placement(format!(
+                    "unknown device kind {other:?} in {list:?} (a number of devices, or a list of kinds: cpu, cuda)"
+                )))
             }
         });
     }

@@ -783,7 +783,8 @@ fn has_bounded(p: &Program) -> bool {
 /// Whether `p` is a heterogeneous plan (segments: written as format 1.8).
 fn has_segments(p: &Program) -> bool {
     p.entries.iter().any(|e| {
-        !e.device_arenas.is_empty() || e.commands.iter().any(|c| matches!(c, Command::Segment { .. } | Command::Transfer { .. }))
+        !e.device_arenas.is_empty()
+            || e.commands.iter().any(|c| matches!(c, Command::Segment { .. } | Command::Transfer { .. }))
     })
 }
 
@@ -1188,7 +1189,8 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
             let inner = d.uv("bounded rows inner")?;
             Ok(BoundedRows { command, dim, outer, span, unit, inner })
         })?;
-        let device_arenas = d.list_since(crate::format::HETERO_MINOR, "device arenas", 1, |d| d.uv("device arena size"))?;
+        let device_arenas =
+            d.list_since(crate::format::HETERO_MINOR, "device arenas", 1, |d| d.uv("device arena size"))?;
         entries.push(EntryView {
             device_arenas,
             bounded,

@@ -121,7 +121,9 @@ impl SegmentQueue for DeferredCpu {
         let n = self.pending.iter().take_while(|(s, _)| *s <= seg).count();
         for &(_, at) in &self.pending[..n] {
             // SAFETY: the caller's contract; segments run in plan order.
-            unsafe { run_commands(exec.module, exec.entry, at.first..at.first + at.count, at.device, exec.bases, exec.table) };
+            unsafe {
+                run_commands(exec.module, exec.entry, at.first..at.first + at.count, at.device, exec.bases, exec.table)
+            };
         }
         self.pending.drain(..n);
         Ok(())

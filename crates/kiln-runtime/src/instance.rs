@@ -478,8 +478,12 @@ impl<'m> Instance<'m> {
         let mut devices = Vec::with_capacity(n);
         for d in 0..n {
             // A device of another kind keeps its arena in its own memory (its queue's).
-            let cpu = module.verified.program.devices.get(d + 1).is_some_and(|x| x.kind == kiln_module::program::DeviceKind::Cpu);
-            let size = if cpu { entries.iter().filter_map(|e| e.device_arenas.get(d)).copied().max().unwrap_or(0) } else { 0 };
+            let table = &module.verified.program.devices;
+            let cpu = table.get(d + 1).is_some_and(|x| x.kind == kiln_module::program::DeviceKind::Cpu);
+            let size = match cpu {
+                true => entries.iter().filter_map(|e| e.device_arenas.get(d)).copied().max().unwrap_or(0),
+                false => 0,
+            };
             let align = l.arena_align.max(1);
             // Verified: the size and the alignment fit usize together.
             let total = size.checked_add(align).ok_or(RuntimeError::ArenaAlloc { bytes: size })? as usize;

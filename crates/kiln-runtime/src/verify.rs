@@ -215,7 +215,8 @@ fn command(
 
 /// Whether `e` is a heterogeneous plan (format 1.8): segments, transfers or device arenas.
 pub fn is_heterogeneous(e: &EntryView<'_>) -> bool {
-    !e.device_arenas.is_empty() || e.commands.iter().any(|c| matches!(c, Command::Segment { .. } | Command::Transfer { .. }))
+    !e.device_arenas.is_empty()
+        || e.commands.iter().any(|c| matches!(c, Command::Segment { .. } | Command::Transfer { .. }))
 }
 
 /// The device each command of `e` runs on: for a heterogeneous plan its segment's
@@ -238,9 +239,15 @@ fn segments(p: &ProgramView<'_>, e: &EntryView<'_>) -> Result<Vec<u32>, VerifyEr
         )));
     }
     if e.device_arenas.len() + 1 != p.devices.len() {
-        return Err(arenas(format!("{} sizes for {} devices after the first", e.device_arenas.len(), p.devices.len() - 1)));
+        return Err(arenas(format!(
+            "{} sizes for {} devices after the first",
+            e.device_arenas.len(),
+            p.devices.len() - 1
+        )));
     }
-    if let Some(a) = e.device_arenas.iter().find(|&&a| usize::try_from(a).is_err() || a.checked_add(e.arena_align).is_none()) {
+    if let Some(a) =
+        e.device_arenas.iter().find(|&&a| usize::try_from(a).is_err() || a.checked_add(e.arena_align).is_none())
+    {
         return Err(arenas(format!("an arena of {a} bytes")));
     }
     let bad = |command: usize, why: String| VerifyError::Command {

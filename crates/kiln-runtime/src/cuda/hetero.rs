@@ -65,7 +65,11 @@ fn segments(entry: &EntryView<'_>) -> Vec<SegmentAt> {
 
 impl<'m> CudaQueue<'m> {
     /// The queue of device `device` of `loaded`'s plan, on GPU `ordinal`.
-    pub(crate) fn new(loaded: &'m LoadedModule<'m>, device: u32, ordinal: usize) -> Result<CudaQueue<'m>, RuntimeError> {
+    pub(crate) fn new(
+        loaded: &'m LoadedModule<'m>,
+        device: u32,
+        ordinal: usize,
+    ) -> Result<CudaQueue<'m>, RuntimeError> {
         driver::init()?;
         let program = loaded.verified.program.clone();
         let limits = loaded.verified.limits;
@@ -75,8 +79,8 @@ impl<'m> CudaQueue<'m> {
         let p = &module.program;
         let d = device as usize;
         let arena = p.entries.iter().filter_map(|e| e.device_arenas.get(d - 1)).copied().max().unwrap_or(0);
-        let layout =
-            Layout::new(arena, limits.arena_align, pool.len() as u64, &[]).ok_or(RuntimeError::ArenaAlloc { bytes: arena })?;
+        let layout = Layout::new(arena, limits.arena_align, pool.len() as u64, &[])
+            .ok_or(RuntimeError::ArenaAlloc { bytes: arena })?;
         let slack = layout.align - graph::REGION_ALIGN;
         let total = layout.size.checked_add(slack).ok_or(RuntimeError::ArenaAlloc { bytes: u64::MAX })?;
         let memory = driver::DeviceMemory::zeroed(total)?;
@@ -134,7 +138,6 @@ impl<'m> CudaQueue<'m> {
     fn at(&self, b: &Binding) -> CUdeviceptr {
         self.base + self.layout.offset(0, b)
     }
-
 }
 
 impl SegmentQueue for CudaQueue<'_> {

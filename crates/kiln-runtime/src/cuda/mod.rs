@@ -814,7 +814,11 @@ impl<'m> CudaInstance<'m> {
 }
 
 /// Adds `nodes` to a new graph, their addresses relative to `base`.
-pub(crate) fn build_graph(module: &CudaModule<'_>, nodes: &[Node], base: CUdeviceptr) -> Result<driver::Graph, RuntimeError> {
+pub(crate) fn build_graph(
+    module: &CudaModule<'_>,
+    nodes: &[Node],
+    base: CUdeviceptr,
+) -> Result<driver::Graph, RuntimeError> {
     let g = driver::Graph::new()?;
     let mut handles = Vec::with_capacity(nodes.len());
     let mut deps = Vec::new();
