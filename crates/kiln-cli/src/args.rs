@@ -282,11 +282,18 @@ pub(crate) struct CompileArgs {
     /// The symbol of --emit c-array/object (default: the output's file stem); NAME_len holds the length
     #[arg(long, value_name = "NAME")]
     pub symbol: Option<String>,
-    /// Shard the plan over N devices of the target (tensor parallel: columns, rows and
-    /// attention heads split, all-reduces between; on the CPU target the devices are
-    /// simulated in one process). `--to tensor` prints the per-device graphs.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32))]
-    pub devices: Option<u32>,
+    /// A number N: shard the plan over N devices of the target (tensor parallel: columns,
+    /// rows and attention heads split, all-reduces between; on the CPU target the devices
+    /// are simulated in one process). `--to tensor` prints the per-device graphs.
+    /// A list of kinds (`cpu,cuda`; the first, the host, a cpu): a heterogeneous plan,
+    /// each op placed on a device by a cost model or by --place (docs/targets.md).
+    #[arg(long, value_name = "N|KINDS")]
+    pub devices: Option<String>,
+    /// With --devices KINDS: put every node of operator OP on DEVICE (a kind, its first
+    /// device in the list, or an index into the list), e.g. `--place Softmax=cpu`.
+    /// Repeatable; the cost model places the rest.
+    #[arg(long, value_name = "OP=DEVICE")]
+    pub place: Vec<String>,
 }
 
 /// `kiln run`.

@@ -67,6 +67,10 @@ pub(crate) struct Args {
     pub resident: bool,
     /// `compile --devices N`: shard the plan over N devices.
     pub devices: Option<u32>,
+    /// `compile --devices KINDS` (`cpu,cuda`): a heterogeneous plan.
+    pub hetero: Option<String>,
+    /// `compile --place OP=DEVICE`: placement rules of a heterogeneous plan.
+    pub place: Vec<String>,
 }
 
 /// Where `run` and `bench` run an artifact (`--device`).
@@ -258,6 +262,12 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
         c.run_to(Stage::Codegen).map_err(|e| compile_error(&model, &e))?;
         let code = &c.cubin().ok_or("no cubin was made")?.executable.code;
         return std::fs::write(&out, code).map_err(|e| format!("cannot write `{}`: {e}", out.display()));
+    }
+    if let Some(kinds) = &a.hetero {
+        return compile_hetero(&a, &model, kinds);
+    }
+    if !a.place.is_empty() {
+        return Err("--place needs --devices with a list of device kinds (cpu,cuda)".into());
     }
     if let Some(n) = a.devices.filter(|&n| n != 1) {
         return compile_sharded(&a, &model, n);
@@ -856,6 +866,65 @@ fn profile(
     write_stdout(&s)
 }
 
+/// `kiln compile --devices cpu,cuda [--place OP=DEVICE]…`: a heterogeneous plan
+/// ([`kiln_compiler::hetero`]); `--to hal` prints the linked program's listing.
+fn compile_hetero(a: &Args, model: &Path, list: &str) -> Result<(), String> {
+    if a.emit != Emit::Kiln || !a.dump_after.is_empty() {
+        return Err("--devices writes a .kiln artifact: leave out --emit and --dump-after".into());
+    }
+    let kinds = kiln_compiler::placement::parse_devices(list).map_err(|e| compile_error(model, &e))?;
+    let rules = a
+        .place
+        .iter()
+        .map(|r| kiln_compiler::placement::parse_rule(r, &kinds))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| compile_error(model, &e))?;
+    let mut opts = options(a, model)?;
+    if kinds.contains(&DeviceKind::Cuda) && opts.ptxas.is_none() {
+        // Every PTX kernel is checked by ptxas where one is installed, as `--target cuda` does.
+        opts.ptxas = ptxas::find(CubinMode::Auto).ok().flatten();
+    }
+    let t = std::time::Instant::now();
+    let c = kiln_compiler::hetero::compile(Input::File(model.to_path_buf()), &opts, &kinds, &rules)
+        .map_err(|e| compile_error(model, &e))?;
+    match a.to.as_deref() {
+        None | Some("artifact") => {}
+        Some("hal") => return write_stdout(&listing(&c.program, &LayoutInfo::default(), false)),
+        Some(l) => return Err(format!("--to `{l}` with --devices KINDS: expected hal or artifact")),
+    }
+    let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
+    std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
+    if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
+        std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
+    }
+    let e = &c.program.entries[0];
+    let per: Vec<String> = c
+        .program
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(d, dev)| {
+            let n = e
+                .commands
+                .iter()
+                .filter(|x| matches!(x, Command::Dispatch { device, .. } if *device as usize == d))
+                .count();
+            let arena = if d == 0 { e.arena_size } else { e.device_arenas.get(d - 1).copied().unwrap_or(0) };
+            format!("{}: {n} dispatches, arena {arena} bytes", dev.name)
+        })
+        .collect();
+    eprintln!(
+        "{}: {} bytes ({} segments, {} transfers; {}); {:.1} ms",
+        out.display(),
+        c.artifact.len(),
+        e.commands.iter().filter(|x| matches!(x, Command::Segment { .. })).count(),
+        e.commands.iter().filter(|x| matches!(x, Command::Transfer { .. })).count(),
+        per.join("; "),
+        t.elapsed().as_secs_f64() * 1e3,
+    );
+    Ok(())
+}
+
 /// `kiln compile --devices N` (N ≠ 1): the plan sharded over N devices
 /// ([`kiln_compiler::shard`]); `--to tensor` prints the per-device graphs, `--to hal`
 /// the linked program's listing.
@@ -940,7 +1009,10 @@ pub(crate) fn profile_rows(
                 None,
             ),
             Command::SkipIf { count, .. } => (format!("skip {count} if"), None, None),
-            Command::Barrier => continue,
+            Command::Transfer { src, src_device, dst_device, .. } => {
+                (format!("transfer {} bytes d{src_device}->d{dst_device}", src.length), None, None)
+            }
+            Command::Barrier | Command::Segment { .. } => continue,
         };
         let source = kernel
             .and_then(|k| p.debug.as_ref().and_then(|d| d.kernel_sources.get(k as usize)))
@@ -1377,9 +1449,14 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 .commands
                 .iter()
                 .map(|c| match c {
-                    Command::Dispatch { kernel, workgroups, bindings, work_ns, .. } => format!(
-                        "{{\"op\":\"dispatch\",\"kernel\":{},\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},{}{}\"bindings\":[{}]}}",
+                    Command::Dispatch { kernel, device, workgroups, bindings, work_ns, .. } => format!(
+                        "{{\"op\":\"dispatch\",\"kernel\":{},{}\"class\":{},\"workgroups\":{workgroups},\"work_ns\":{work_ns},{}{}\"bindings\":[{}]}}",
                         json_str(&p.kernels.get(*kernel as usize).map(|k| k.name.clone()).unwrap_or_default()),
+                        // On a plan over several devices, where the dispatch runs.
+                        match p.devices.get(*device as usize) {
+                            Some(d) if p.devices.len() > 1 => format!("\"device\":{device},\"affinity\":{},", json_str(&d.name)),
+                            _ => String::new(),
+                        },
                         json_str(p.kernels.get(*kernel as usize).and_then(|k| k.class).map_or("unknown", KernelClass::name)),
                         launch_of(p, *kernel)
                             .map(|l| format!("\"block\":{},\"shared\":{},", l.block, l.shared))
@@ -1421,6 +1498,14 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                     Command::SkipIf { cond, value, count } => format!(
                         "{{\"op\":\"skip_if\",\"cond\":{},\"value\":{value},\"count\":{count}}}",
                         json_binding(cond)
+                    ),
+                    Command::Segment { device, count, waits } => format!(
+                        "{{\"op\":\"segment\",\"device\":{device},\"count\":{count},\"waits\":{waits:?}}}"
+                    ),
+                    Command::Transfer { src_device, src, dst_device, dst } => format!(
+                        "{{\"op\":\"transfer\",\"src_device\":{src_device},\"src\":{},\"dst_device\":{dst_device},\"dst\":{}}}",
+                        json_binding(src),
+                        json_binding(dst)
                     ),
                 })
                 .collect();
@@ -1562,6 +1647,22 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                         slot_name(cond)
                     );
                 }
+                Command::Segment { device, count, waits } => {
+                    let dev = p.devices.get(*device as usize).map_or("?", |d| d.name.as_str());
+                    let _ = writeln!(s, "  {i:>4}  segment on {dev}: {count} commands, waits for segments {waits:?}");
+                }
+                Command::Transfer { src_device, src, dst_device, dst } => {
+                    let name = |d: &u32| p.devices.get(*d as usize).map_or("?", |d| d.name.as_str());
+                    let _ = writeln!(
+                        s,
+                        "  {i:>4}      transfer {}:{} -> {}:{} ({} bytes)",
+                        name(src_device),
+                        slot_name(src),
+                        name(dst_device),
+                        slot_name(dst),
+                        src.length
+                    );
+                }
             }
         }
         let _ = writeln!(s, "  memory map (offset, bytes, live commands, name):");
@@ -1610,25 +1711,62 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
     s
 }
 
-/// The dispatch DAG as DOT: an edge wherever a dispatch reads bytes an earlier one wrote.
+/// Fill colours of the dispatch graph's nodes by device (a plan over several devices).
+const DEVICE_COLOURS: [&str; 4] = ["lightblue", "palegreen", "khaki", "lightpink"];
+
+/// The dispatch DAG as DOT: an edge wherever a dispatch reads bytes an earlier one wrote
+/// (through transfers between devices too, drawn dashed). On a plan over several devices
+/// each node is filled with its device's colour and labelled with its affinity.
 fn dispatch_dot(p: &Program) -> String {
     let mut s = String::from("digraph dispatches {\n  node [shape=box];\n");
+    let several = p.devices.len() > 1;
     for e in &p.entries {
-        let mut writers: Vec<(usize, Binding)> = Vec::new();
+        // (writer command, device whose memory, range, whether reached by a transfer)
+        let mut writers: Vec<(usize, u32, Binding, bool)> = Vec::new();
+        let on = |d: u32, b: &Binding| if matches!(b.slot, Slot::Arena) { d } else { 0 };
         for (i, c) in e.commands.iter().enumerate() {
-            let Command::Dispatch { kernel, bindings, .. } = c else { continue };
+            match c {
+                Command::Segment { .. } => continue,
+                Command::Transfer { src_device, src, dst_device, dst } => {
+                    let from = on(*src_device, src);
+                    if let Some(&(w, _, _, _)) =
+                        writers.iter().rev().find(|(_, d, o, _)| *d == from && overlaps(o, src))
+                    {
+                        writers.push((w, on(*dst_device, dst), *dst, true));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let Command::Dispatch { kernel, device, bindings, .. } = c else { continue };
             let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");
             let src =
                 p.debug.as_ref().and_then(|d| d.kernel_sources.get(*kernel as usize)).cloned().unwrap_or_default();
-            let _ = writeln!(s, "  c{i} [label={}];", json_str(&format!("{name}\\n{src}")).replace("\\\\n", "\\n"));
+            let style = match p.devices.get(*device as usize) {
+                Some(d) if several => format!(
+                    ", style=filled, fillcolor={}, affinity={}",
+                    DEVICE_COLOURS[*device as usize % DEVICE_COLOURS.len()],
+                    json_str(&d.name)
+                ),
+                _ => String::new(),
+            };
+            let label = if several {
+                let dev = p.devices.get(*device as usize).map_or("?", |d| d.name.as_str());
+                format!("{name}\\n{src}\\n[{dev}]")
+            } else {
+                format!("{name}\\n{src}")
+            };
+            let _ = writeln!(s, "  c{i} [label={}{style}];", json_str(&label).replace("\\\\n", "\\n"));
             let Some((out, ins)) = bindings.split_last() else { continue };
             for b in ins {
-                // The latest earlier writer of an overlapping range.
-                if let Some((w, _)) = writers.iter().rev().find(|(_, o)| overlaps(o, b)) {
-                    let _ = writeln!(s, "  c{w} -> c{i};");
+                // The latest earlier writer of an overlapping range of the same memory.
+                let here = on(*device, b);
+                if let Some((w, _, _, moved)) = writers.iter().rev().find(|(_, d, o, _)| *d == here && overlaps(o, b)) {
+                    let dash = if *moved { " [style=dashed]" } else { "" };
+                    let _ = writeln!(s, "  c{w} -> c{i}{dash};");
                 }
             }
-            writers.push((i, *out));
+            writers.push((i, on(*device, out), *out, false));
         }
     }
     s.push_str("}\n");
@@ -1717,7 +1855,15 @@ impl CudaListing {
 
     /// The forms of `k`'s variants in order of preference (`cubin sm_90a, ptx`).
     fn variants(p: &Program, k: &kiln_module::program::Kernel) -> Vec<&'static str> {
-        k.variants.iter().map(|v| p.executables.get(v.executable as usize).map_or("?", cuda_form)).collect()
+        // (A heterogeneous plan's host kernels are CPU code.)
+        k.variants
+            .iter()
+            .map(|v| match p.executables.get(v.executable as usize) {
+                Some(x) if x.device == DeviceKind::Cpu => "cpu",
+                Some(x) => cuda_form(x),
+                None => "?",
+            })
+            .collect()
     }
 
     /// The distinct workgroup counts (grids) of `kernel`'s dispatches, in plan order.

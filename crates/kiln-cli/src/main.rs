@@ -200,7 +200,12 @@ fn run(cmd: Cmd) -> Result<(), String> {
             timings: c.timings,
             emit: c.emit,
             symbol: c.symbol,
-            devices: c.devices,
+            devices: match c.devices.as_deref().map(str::parse::<u32>) {
+                Some(Ok(n)) => Some(n),
+                _ => None,
+            },
+            hetero: c.devices.filter(|d| d.parse::<u32>().is_err()),
+            place: c.place,
             ..model_options(c.model_args)?
         }),
         Cmd::Run(r) => {

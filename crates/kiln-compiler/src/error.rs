@@ -87,6 +87,10 @@ pub enum CompileError {
     /// The graph cannot be sharded as asked (`--devices N`, [`crate::shard`]).
     #[error("sharding: {0}")]
     Shard(#[from] kiln_shard::ShardError),
+    /// A heterogeneous device list or placement rule that cannot be met
+    /// (`--devices cpu,cuda`, `--place OP=DEVICE`, [`crate::placement`]).
+    #[error("placement: {0}")]
+    Placement(String),
     /// Sharding over several devices of a target that cannot run collectives yet.
     #[error(
         "--devices {devices} with --target cuda: a plan over several GPUs needs NCCL collectives, \
@@ -177,7 +181,7 @@ impl CompileError {
             CompileError::Codegen { .. } | CompileError::Ptxas(_) => Stage::Codegen,
             CompileError::Hal(_) => Stage::Hal,
             CompileError::Pipeline { stage, .. } => *stage,
-            CompileError::Shard(_) | CompileError::MultiGpu { .. } => Stage::TensorPasses,
+            CompileError::Shard(_) | CompileError::MultiGpu { .. } | CompileError::Placement(_) => Stage::TensorPasses,
             CompileError::BoundedOnCuda { .. } => Stage::FormDispatches,
             CompileError::DynamicSharded { .. } => Stage::TensorPasses,
             CompileError::Link(_) => Stage::Hal,
@@ -220,6 +224,7 @@ impl CompileError {
                 ErrorKind::Unsupported
             }
             CompileError::Link(_) => ErrorKind::Internal,
+            CompileError::Placement(_) => ErrorKind::InvalidInput,
         }
     }
 

@@ -295,7 +295,11 @@ pub fn entry_point(
                         mv(&mut part.dst);
                     }
                 }
-                Command::Barrier => {}
+                Command::Transfer { src, dst, .. } => {
+                    mv(src);
+                    mv(dst);
+                }
+                Command::Barrier | Command::Segment { .. } => {}
             }
         }
         buffers.iter_mut().for_each(|b: &mut BufferDesc| mv(&mut b.binding));
@@ -326,6 +330,7 @@ pub fn entry_point(
         extents,
         bounded,
         bounded_rows: Vec::new(),
+        device_arenas: Vec::new(),
         name: "main".into(),
         inputs: p.inputs[..p.inputs.len() - hidden.len()].iter().map(|&b| tensor_desc(p, b)).collect(),
         outputs: p.outputs.iter().map(|&b| tensor_desc(p, b)).collect(),

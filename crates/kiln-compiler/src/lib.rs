@@ -28,6 +28,8 @@
 
 mod error;
 pub mod hal;
+pub mod hetero;
+pub mod placement;
 pub mod ptxas;
 pub mod shard;
 pub mod stream;

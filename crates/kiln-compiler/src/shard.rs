@@ -307,6 +307,7 @@ fn link(
     let entry = EntryPoint {
         bounded: Vec::new(),
         bounded_rows: Vec::new(),
+        device_arenas: Vec::new(),
         extents: Vec::new(),
         name: "main".into(),
         inputs: graph.inputs.iter().map(|&v| tensor_desc(graph, v)).collect(),

@@ -69,7 +69,21 @@ impl fmt::Display for Version {
 /// shrink with a bounded dimension's extent (`BoundedRows`). A program with bounded
 /// dimensions is written as 1.7; a 1.7 reader reads a 1.6 entry as one with none (every
 /// dispatch runs at the bound, as a 1.6 runtime ran it).
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 7 };
+///
+/// 1.8 added heterogeneous plans: the `segment` and `transfer` plan commands (tags 7
+/// and 8: a segment's device, length and cross-device waits; a copy between two
+/// devices' memories) and, at the end of each plan entry, the arena sizes of the
+/// devices after the first. Only a program with segments is written as 1.8 (bounded
+/// programs stay 1.7, every other 1.5), so a 1.7 reader refuses exactly the files it
+/// could not run.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 8 };
+
+/// The version written for a program with bounded input dimensions and no segments.
+pub const BOUNDED_FORMAT_VERSION: Version = Version { major: 1, minor: 7 };
+
+/// The first minor version of major 1 whose plans may hold segments and transfers and
+/// whose entries list per-device arena sizes.
+pub const HETERO_MINOR: u16 = 8;
 
 /// The version written for a program without bounded input dimensions.
 pub const STATIC_FORMAT_VERSION: Version = Version { major: 1, minor: 5 };

@@ -138,6 +138,39 @@ pub enum Command {
         /// How many of the following commands to skip.
         count: u32,
     },
+    /// Heterogeneous plans (format 1.8 on): the next `count` commands are one
+    /// *segment* that runs on `device`. Every command of a heterogeneous plan belongs
+    /// to exactly one segment. Segments are numbered in plan order; the segments of one
+    /// device run in that order (a device is an in-order queue: a CUDA stream, a CPU
+    /// thread pool), and a segment starts only once every segment in `waits` (earlier
+    /// ones, of other devices) has completed: the cross-device waits (CUDA events). A
+    /// segment's `Barrier`s order its own commands only, so segments of different
+    /// devices with no wait between them run at once. Inside a segment an `Arena`
+    /// binding names the arena of the segment's device; inputs, outputs and the
+    /// constants are device 0's (the host CPU) except as a [`Command::Transfer`] names
+    /// them.
+    Segment {
+        /// The device (an index into [`Program::devices`]).
+        device: u32,
+        /// How many of the following commands the segment holds (at least one).
+        count: u32,
+        /// Earlier segments (plan-order indices) that must complete first.
+        waits: Vec<u32>,
+    },
+    /// Heterogeneous plans (format 1.8 on): copies `src` in the memory of `src_device`
+    /// to `dst` in the memory of `dst_device` (equal lengths). Only inside a segment of
+    /// one of the two devices; an `Arena` binding names its device's arena, any other
+    /// slot is the host's (device 0) and may only be named for device 0.
+    Transfer {
+        /// The device whose memory `src` is.
+        src_device: u32,
+        /// Source range.
+        src: Binding,
+        /// The device whose memory `dst` is.
+        dst_device: u32,
+        /// Destination range.
+        dst: Binding,
+    },
 }
 
 /// One device's share of a collective command: what it contributes and where it
@@ -195,6 +228,10 @@ pub struct EntryPoint {
     /// Dispatches whose work shrinks with a bounded dimension's extent (format 1.7 on;
     /// empty before, and for a program without bounded dimensions).
     pub bounded_rows: Vec<BoundedRows>,
+    /// Heterogeneous plans (format 1.8 on; empty before and for a plan without
+    /// segments): the arena bytes of device `d` at index `d − 1` (device 0's is
+    /// `arena_size`). Every device's arena has the alignment `arena_align`.
+    pub device_arenas: Vec<u64>,
 }
 
 /// A dispatch whose workgroups along a bounded dimension shrink with its extent

@@ -32,6 +32,8 @@
 //!     3 fill:     binding dst, uv pattern_len (≤ 255), uv pattern
 //!     4 all-reduce (format 1.4 on): u32 dtype, list<part>
 //!     5 all-gather (format 1.4 on): uv outer, list<part>
+//!     7 segment  (format 1.8 on): u32 device, u32 count, list<u32> waits
+//!     8 transfer (format 1.8 on): u32 src_device, binding src, u32 dst_device, binding dst
 //!   part    = u32 device, binding src, binding dst
 //!   binding = uv slot, uv offset, uv length
 //!     slot: 0 arena, 1 constants, 2 + 4·i input i, 3 + 4·i output i  (i ≤ u32::MAX)
@@ -42,6 +44,7 @@
 //!   bounded = u32 input, u32 axis, uv min, uv bound, binding staging, binding extent
 //!   entry (format 1.7 on) then ends with list<rows>
 //!   rows    = u32 command, u32 dim, uv outer, uv span, uv unit, uv inner
+//!   entry (format 1.8 on) then ends with list<uv> device_arenas (devices 1.. in order)
 //! executables (kind 3, align 8):
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
 //!                                   list<reloc>, list<launch> (format 1.3 on; absent from
@@ -256,6 +259,8 @@ pub struct EntryView<'a> {
     pub bounded: Vec<BoundedDesc>,
     /// Dispatches whose workgroups shrink with a bounded dimension's extent (format 1.7 on).
     pub bounded_rows: Vec<BoundedRows>,
+    /// Arena bytes of devices 1.. (format 1.8 on; see [`EntryPoint::device_arenas`]).
+    pub device_arenas: Vec<u64>,
 }
 
 /// A data-dependent extent of an entry (see [`ExtentDesc`]).
@@ -340,6 +345,7 @@ impl ProgramView<'_> {
                 .map(|e| EntryPoint {
                     bounded: e.bounded.clone(),
                     bounded_rows: e.bounded_rows.clone(),
+                    device_arenas: e.device_arenas.clone(),
                     extents: e
                         .extents
                         .iter()
@@ -588,6 +594,7 @@ fn signature_bytes(p: &Program) -> Vec<u8> {
 
 fn plan_bytes(p: &Program) -> Vec<u8> {
     let bounded = has_bounded(p);
+    let hetero = has_segments(p);
     let mut e = Enc::default();
     e.list(&p.devices, |e, d| {
         e.device_kind(d.kind);
@@ -634,6 +641,19 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv(u64::from(*value));
                 e.uv((*count).into());
             }
+            Command::Segment { device, count, waits } => {
+                e.uv(7);
+                e.uv((*device).into());
+                e.uv((*count).into());
+                e.list(waits, |e, &w| e.uv(w.into()));
+            }
+            Command::Transfer { src_device, src, dst_device, dst } => {
+                e.uv(8);
+                e.uv((*src_device).into());
+                e.binding(src);
+                e.uv((*dst_device).into());
+                e.binding(dst);
+            }
         });
         e.list(&ep.buffers, |e, b| {
             e.str(&b.name);
@@ -650,7 +670,7 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv(a.into());
             });
         });
-        if bounded {
+        if bounded || hetero {
             e.list(&ep.bounded, |e, b| {
                 e.uv(b.input.into());
                 e.uv(b.axis.into());
@@ -667,6 +687,9 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv(r.unit);
                 e.uv(r.inner);
             });
+        }
+        if hetero {
+            e.list(&ep.device_arenas, |e, &a| e.uv(a));
         }
     });
     e.0
@@ -757,10 +780,23 @@ fn has_bounded(p: &Program) -> bool {
     p.entries.iter().any(|e| !e.bounded.is_empty())
 }
 
+/// Whether `p` is a heterogeneous plan (segments: written as format 1.8).
+fn has_segments(p: &Program) -> bool {
+    p.entries.iter().any(|e| {
+        !e.device_arenas.is_empty()
+            || e.commands.iter().any(|c| matches!(c, Command::Segment { .. } | Command::Transfer { .. }))
+    })
+}
+
 /// Encodes `p` as a complete `.kiln` file needing runtime ABI [`ABI_VERSION`].
 pub fn write_program(p: &Program) -> Vec<u8> {
-    let format =
-        if has_bounded(p) { crate::format::FORMAT_VERSION } else { crate::format::STATIC_FORMAT_VERSION };
+    let format = if has_segments(p) {
+        crate::format::FORMAT_VERSION
+    } else if has_bounded(p) {
+        crate::format::BOUNDED_FORMAT_VERSION
+    } else {
+        crate::format::STATIC_FORMAT_VERSION
+    };
     let mut w = ModuleWriter::new(ABI_VERSION).with_format(format);
     let mut sections = Vec::new();
     sections.push((SectionKind::Signature, ALIGN, signature_bytes(p)));
@@ -982,7 +1018,14 @@ impl<'a> Dec<'a> {
 
     fn command(&mut self) -> R<Command> {
         // Collectives (tags 4 and 5) and `SkipIf` (tag 6) exist from format 1.4 on.
-        let last = if self.format.minor >= crate::format::SKIP_IF_MINOR { 6 } else { 3 };
+        // Segments and transfers (tags 7 and 8) from format 1.8 on.
+        let last = if self.format.minor >= crate::format::HETERO_MINOR {
+            8
+        } else if self.format.minor >= crate::format::SKIP_IF_MINOR {
+            6
+        } else {
+            3
+        };
         Ok(match self.tag("command tag", last)? {
             0 => {
                 let kernel = self.u32("dispatch kernel")?;
@@ -1016,11 +1059,24 @@ impl<'a> Dec<'a> {
                 let parts = self.list("collective parts", 7, Dec::part)?;
                 Command::AllGather { outer, parts }
             }
-            _ => {
+            6 => {
                 let cond = self.binding()?;
                 let value = self.bounded("skip value", 1)? == 1;
                 let count = self.u32("skip count")?;
                 Command::SkipIf { cond, value, count }
+            }
+            7 => {
+                let device = self.u32("segment device")?;
+                let count = self.u32("segment count")?;
+                let waits = self.list("segment waits", 1, |d| d.u32("segment wait"))?;
+                Command::Segment { device, count, waits }
+            }
+            _ => {
+                let src_device = self.u32("transfer source device")?;
+                let src = self.binding()?;
+                let dst_device = self.u32("transfer destination device")?;
+                let dst = self.binding()?;
+                Command::Transfer { src_device, src, dst_device, dst }
             }
         })
     }
@@ -1133,7 +1189,10 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
             let inner = d.uv("bounded rows inner")?;
             Ok(BoundedRows { command, dim, outer, span, unit, inner })
         })?;
+        let device_arenas =
+            d.list_since(crate::format::HETERO_MINOR, "device arenas", 1, |d| d.uv("device arena size"))?;
         entries.push(EntryView {
+            device_arenas,
             bounded,
             bounded_rows,
             extents,

@@ -799,7 +799,7 @@ fn bounded_dims_round_trip_as_format_1_7_and_static_programs_stay_1_5() {
     }];
     let file = write_program(&p);
     let m = Module::parse(&file).expect("parse");
-    assert_eq!(m.format(), kiln_module::FORMAT_VERSION);
+    assert_eq!(m.format(), kiln_module::format::BOUNDED_FORMAT_VERSION);
     assert_eq!(read_program(&m).expect("decode").to_program(), p);
     // The entry ends with its list: 1 entry; input 0, axis 1, min 1, bound 4; staging
     // arena (0), 64 (0x40), 16; extent arena, 128 (80 01), 8; then no bounded rows.
@@ -818,4 +818,36 @@ fn bounded_dims_round_trip_as_format_1_7_and_static_programs_stay_1_5() {
     let f = write_program(&q);
     assert_eq!(Module::parse(&f).expect("parse").format(), kiln_module::format::STATIC_FORMAT_VERSION);
     assert_eq!(section_bytes(&q, SectionKind::Plan).expect("plan").len() + 13, plan.len());
+}
+
+#[test]
+fn heterogeneous_plans_round_trip_as_format_1_8_and_older_readers_refuse_their_commands() {
+    let mut p = mlp(embedded(), false);
+    p.devices.push(kiln_module::program::Device { kind: DeviceKind::Cuda, name: "cuda:0".into() });
+    let n = p.entries[0].commands.len() as u32;
+    let mut commands = vec![
+        Command::Segment { device: 1, count: 1, waits: vec![] },
+        Command::Transfer { src_device: 0, src: b(Slot::Input(0), 0, 8), dst_device: 1, dst: b(Slot::Arena, 64, 8) },
+        Command::Segment { device: 0, count: n, waits: vec![0] },
+    ];
+    commands.extend(p.entries[0].commands.iter().cloned());
+    p.entries[0].commands = commands;
+    p.entries[0].device_arenas = vec![4096];
+    let file = write_program(&p);
+    let m = Module::parse(&file).expect("parse");
+    assert_eq!(m.format(), kiln_module::FORMAT_VERSION);
+    assert_eq!(kiln_module::FORMAT_VERSION.minor, kiln_module::format::HETERO_MINOR);
+    assert_eq!(read_program(&m).expect("decode").to_program(), p);
+    let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
+    // segment: tag 7, device 1, count 1, one wait... (the first command after the
+    // entry's arena size and alignment and the command count).
+    let at = plan.windows(4).position(|w| w == [7, 1, 1, 0]).expect("the first segment's bytes");
+    // transfer: tag 8, device 0, input 0 (slot 2), offset 0, 8 bytes; device 1, arena, 64, 8.
+    assert_eq!(&plan[at + 4..at + 13], &[8, 0, 2, 0, 8, 1, 0, 0x40, 8]);
+    // The entry ends with its device arenas: one, 4096 (80 20).
+    assert!(plan.ends_with(&[1, 0x80, 0x20]), "{plan:?}");
+    // A 1.7 file has no segments: tag 7 is unknown there.
+    let old = file_of_format(&p, (SectionKind::Plan, plan.clone()), 7);
+    let e = read_program(&Module::parse(&old).expect("a 1.7 file parses")).expect_err("no segments before 1.8");
+    assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 7 }, "{e}");
 }

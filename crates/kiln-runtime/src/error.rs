@@ -109,6 +109,13 @@ pub enum RuntimeError {
         /// Bytes requested.
         bytes: u64,
     },
+    /// A heterogeneous plan names a device this instance has no queue for (the CPU
+    /// runtime drives CPU devices only; a CUDA device needs the `cuda` feature's
+    /// executor).
+    Hetero {
+        /// The device index.
+        device: u32,
+    },
     /// A caller-supplied arena is too small.
     ArenaTooSmall {
         /// Bytes needed.
@@ -411,6 +418,7 @@ impl fmt::Display for RuntimeError {
             E::WeightsNotExpected => f.write_str("a weights file was given but the module embeds its weights"),
             E::Load { executable, error } => write!(f, "cannot load executable {executable}: {error}"),
             E::ArenaAlloc { bytes } => write!(f, "cannot allocate an arena of {bytes} bytes"),
+            E::Hetero { device } => write!(f, "heterogeneous plan: no executor for device {device} in this runtime"),
             E::ArenaTooSmall { needed, got } => write!(f, "arena of {got} bytes given, the module needs {needed}"),
             E::ArenaMisaligned { align, address } => {
                 write!(f, "arena at {address:#x} is not aligned to {align} bytes as the module needs")
@@ -509,6 +517,10 @@ pub enum CudaPlanProblem {
     /// Bounded input dimensions (format 1.6), which the CUDA driver does not run yet
     /// (the compiler refuses them for CUDA too).
     Bounded,
+    /// A segment or transfer command: a heterogeneous plan (format 1.8) runs on the
+    /// CPU runtime's heterogeneous executor, with its CUDA segments on a CUDA queue,
+    /// not as one CUDA graph.
+    Heterogeneous,
 }
 
 impl fmt::Display for CudaPlanProblem {
@@ -524,6 +536,9 @@ impl fmt::Display for CudaPlanProblem {
             CudaPlanProblem::Bounded => {
                 f.write_str("bounded input dimensions, which the CUDA runtime does not run yet; run the artifact on the CPU runtime")
             }
+            CudaPlanProblem::Heterogeneous => f.write_str(
+                "a heterogeneous plan (segments over CPU and GPU): run it with `kiln run` on the host, which drives its CUDA segments",
+            ),
         }
     }
 }
@@ -547,6 +562,15 @@ impl fmt::Display for OneLine<'_> {
 /// come from the module.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VerifyError {
+    /// A heterogeneous entry's device arenas (format 1.8): not one per device after
+    /// the first, a size that does not fit this host's address space, or a host
+    /// (device 0) that is not a CPU.
+    DeviceArenas {
+        /// Entry point name.
+        entry: String,
+        /// What is wrong.
+        why: String,
+    },
     /// A command of an entry point.
     Command {
         /// Entry point name.
@@ -791,6 +815,24 @@ pub enum CommandProblem {
         /// Commands after it.
         remaining: usize,
     },
+    /// A heterogeneous plan (format 1.8) is malformed: a command outside every segment,
+    /// a segment that is empty, runs past the plan's end or holds another, a wait on a
+    /// segment that is not an earlier one, a command of a kind a segment may not hold,
+    /// a dispatch or transfer not on its segment's device, or a transfer between one
+    /// device and itself.
+    Segment {
+        /// What is wrong.
+        why: String,
+    },
+    /// A command for a device other than the host (device 0) names an input, an
+    /// output or memory of no device (inputs and outputs are the host's: a transfer
+    /// moves them).
+    HostSlot {
+        /// The device the range was named for.
+        device: u32,
+        /// The slot.
+        slot: Slot,
+    },
 }
 
 /// Which binding of a command.
@@ -810,6 +852,10 @@ pub enum BindingRole {
     CollectiveDestination(usize),
     /// A `SkipIf`'s condition.
     Condition,
+    /// A transfer's source.
+    TransferSource,
+    /// A transfer's destination.
+    TransferDestination,
 }
 
 /// What is wrong with a binding.
@@ -863,6 +909,8 @@ impl fmt::Display for BindingRole {
             BindingRole::CollectiveSource(i) => write!(f, "collective part {i} source"),
             BindingRole::CollectiveDestination(i) => write!(f, "collective part {i} destination"),
             BindingRole::Condition => f.write_str("skip condition"),
+            BindingRole::TransferSource => f.write_str("transfer source"),
+            BindingRole::TransferDestination => f.write_str("transfer destination"),
         }
     }
 }
@@ -918,6 +966,10 @@ impl fmt::Display for CommandProblem {
             ),
             CommandProblem::SkipPastEnd { count, remaining } => {
                 write!(f, "skips {count} commands, {remaining} follow it")
+            }
+            CommandProblem::Segment { why } => write!(f, "heterogeneous plan: {why}"),
+            CommandProblem::HostSlot { device, slot } => {
+                write!(f, "names {slot:?} for device {device}: inputs and outputs are the host's (device 0)")
             }
         }
     }
@@ -986,6 +1038,7 @@ impl fmt::Display for VerifyError {
             VerifyError::UnknownDtype { entry, tensor, dtype } => {
                 write!(f, "entry {entry_}, tensor {tensor_}: dtype code {dtype} is not one kiln runs", entry_ = Name(entry), tensor_ = Name(tensor))
             }
+            VerifyError::DeviceArenas { entry, why } => write!(f, "entry {}: device arenas: {why}", Name(entry)),
             VerifyError::Arena { entry, size, align } => write!(
                 f,
                 "entry {entry_}: arena of {size} bytes aligned to {align} (alignment must be a power of two up to {})",

@@ -8,7 +8,7 @@ use alloc::format;
 use alloc::string::ToString;
 use alloc::vec::Vec;
 use kiln_module::program::{Binding, BoundedDesc, BoundedRows, Command, Slot};
-use kiln_module::sections::TensorView;
+use kiln_module::sections::{EntryView, TensorView};
 
 /// A typed input: dtype (ONNX code), dims and bytes are all checked against the
 /// signature.
@@ -184,13 +184,67 @@ impl OutputArg for TensorMut<'_> {
     }
 }
 
-/// Where each slot of one invocation starts in memory.
+/// Where each slot of one invocation starts in memory (for a heterogeneous plan, one per
+/// device: the arena is the device's own).
+#[derive(Clone, Copy)]
 pub(crate) struct Bases<'a> {
-    arena: *mut u8,
+    pub(crate) arena: *mut u8,
     constants: *mut u8,
     inputs: &'a [*const u8],
     outputs: &'a [*mut u8],
 }
+
+/// Runs commands `range` of `entry` (none a `SkipIf`, a collective or a `Segment`) one
+/// by one on the calling thread, as device `device` of a heterogeneous plan: arena
+/// bindings resolve against `bases[device]`, a transfer's against its devices' bases.
+///
+/// # Safety
+///
+/// `bases` are a checked invocation's, one per device of the program; the entry passed
+/// the verifier (its segment checks included); nothing else touches the memory the
+/// commands write meanwhile.
+pub(crate) unsafe fn run_commands(
+    m: &LoadedModule<'_>,
+    entry: &EntryView<'_>,
+    range: core::ops::Range<usize>,
+    device: u32,
+    bases: &[Bases<'_>],
+    table: &mut [*mut u8],
+) {
+    let Some(own) = bases.get(device as usize) else { return };
+    for i in range {
+        let Some(c) = entry.commands.get(i) else { return };
+        match c {
+            Command::Dispatch { kernel, workgroups, bindings, .. } => {
+                for (slot, b) in table.iter_mut().zip(bindings) {
+                    *slot = own.at(b);
+                }
+                let f = m.kernels[*kernel as usize];
+                let workgroups = m.workgroups(*kernel, *workgroups);
+                if workgroups > 0 {
+                    // SAFETY: as in `Instance::run`: the variant chosen for this host,
+                    // every binding inside memory live for the call (the device's arena,
+                    // the constants, the host's inputs and outputs), only the last written.
+                    unsafe { run_range(f, table.as_ptr(), m.helpers.as_ptr(), 0, workgroups, None) };
+                }
+            }
+            Command::Transfer { src_device, src, dst_device, dst } => {
+                let (Some(from), Some(to)) = (bases.get(*src_device as usize), bases.get(*dst_device as usize)) else {
+                    return;
+                };
+                // SAFETY: both ranges are `src.length` bytes (verified) inside their
+                // devices' memories; distinct devices' arenas never overlap.
+                unsafe { core::ptr::copy(from.at(src).cast_const(), to.at(dst), src.length as usize) };
+            }
+            // SAFETY: the caller's contract.
+            Command::Copy { .. } | Command::Fill { .. } => unsafe { transfer(c, own) },
+            _ => {}
+        }
+    }
+}
+
+/// Most devices a heterogeneous plan may name (checked by the verifier).
+pub(crate) const MAX_HETERO_DEVICES: usize = 8;
 
 /// The bounded rows (format 1.7) of command `i` of `entry`, with the extent the call
 /// passed along their dimension: `None` for a dispatch that runs every workgroup, and
@@ -351,7 +405,11 @@ pub(crate) unsafe fn transfer(c: &Command, bases: &Bases<'_>) {
             // SAFETY: as for the all-reduce, with the all-gather's lengths verified.
             unsafe { crate::collective::all_gather(*outer, parts, bases) };
         }
-        Command::Dispatch { .. } | Command::Barrier | Command::SkipIf { .. } => {}
+        Command::Dispatch { .. }
+        | Command::Barrier
+        | Command::SkipIf { .. }
+        | Command::Segment { .. }
+        | Command::Transfer { .. } => {}
     }
 }
 
@@ -394,6 +452,11 @@ pub struct Instance<'m> {
     /// The local-task driver, when the instance runs on more than one thread.
     #[cfg(feature = "local-task")]
     task: Option<crate::task::LocalTask<'m>>,
+    /// A heterogeneous plan's devices after the host: each one's arena (aligned as the
+    /// entry asks) and queue; its segments, found again each call without allocating.
+    devices: Vec<(Vec<u8>, usize)>,
+    queues: Vec<crate::hetero::Queue<'m>>,
+    segments: Vec<crate::hetero::SegmentAt>,
 }
 
 impl core::fmt::Debug for Instance<'_> {
@@ -406,9 +469,42 @@ impl core::fmt::Debug for Instance<'_> {
 }
 
 impl<'m> Instance<'m> {
-    fn with(module: &'m LoadedModule<'m>, arena: Arena<'m>) -> Instance<'m> {
+    fn with(module: &'m LoadedModule<'m>, arena: Arena<'m>) -> Result<Instance<'m>, RuntimeError> {
         let l = module.verified.limits;
-        Instance {
+        // A heterogeneous plan's other devices: an arena each (the largest over the
+        // entries), and room for every segment.
+        let entries = &module.verified.program.entries;
+        let n = entries.iter().map(|e| e.device_arenas.len()).max().unwrap_or(0);
+        let mut devices = Vec::with_capacity(n);
+        for d in 0..n {
+            // A device of another kind keeps its arena in its own memory (its queue's).
+            let table = &module.verified.program.devices;
+            let cpu = table.get(d + 1).is_some_and(|x| x.kind == kiln_module::program::DeviceKind::Cpu);
+            let size = match cpu {
+                true => entries.iter().filter_map(|e| e.device_arenas.get(d)).copied().max().unwrap_or(0),
+                false => 0,
+            };
+            let align = l.arena_align.max(1);
+            // Verified: the size and the alignment fit usize together.
+            let total = size.checked_add(align).ok_or(RuntimeError::ArenaAlloc { bytes: size })? as usize;
+            let mut buf = Vec::new();
+            buf.try_reserve_exact(total).map_err(|_| RuntimeError::ArenaAlloc { bytes: size })?;
+            buf.resize(total, 0u8);
+            let start = buf.as_ptr().align_offset(align as usize);
+            if start >= align as usize {
+                return Err(RuntimeError::ArenaAlloc { bytes: size });
+            }
+            devices.push((buf, start));
+        }
+        let segs = entries
+            .iter()
+            .map(|e| e.commands.iter().filter(|c| matches!(c, Command::Segment { .. })).count())
+            .max()
+            .unwrap_or(0);
+        Ok(Instance {
+            devices,
+            queues: crate::hetero::queues(module, segs)?,
+            segments: Vec::with_capacity(segs),
             module,
             arena,
             table: alloc::vec![core::ptr::null_mut(); l.max_bindings],
@@ -417,7 +513,7 @@ impl<'m> Instance<'m> {
             output_dims: (0..l.max_outputs).map(|_| Vec::with_capacity(l.max_rank)).collect(),
             #[cfg(feature = "local-task")]
             task: None,
-        }
+        })
     }
 
     /// An instance with an arena from the global allocator (zeroed, aligned as the
@@ -437,7 +533,7 @@ impl<'m> Instance<'m> {
         if start > align - 1 {
             return Err(RuntimeError::ArenaAlloc { bytes: l.arena_size });
         }
-        Ok(Instance::with(module, Arena::Owned { buf, start }))
+        Instance::with(module, Arena::Owned { buf, start })
     }
 
     /// An instance whose arena is `memory` (at least the module's arena size, aligned as
@@ -450,7 +546,7 @@ impl<'m> Instance<'m> {
         if !(memory.as_ptr() as usize).is_multiple_of(l.arena_align as usize) {
             return Err(RuntimeError::ArenaMisaligned { align: l.arena_align, address: memory.as_ptr() as usize });
         }
-        Ok(Instance::with(module, Arena::Borrowed(memory)))
+        Instance::with(module, Arena::Borrowed(memory))
     }
 
     /// An instance whose invocations run on `threads` threads: the calling one and
@@ -633,6 +729,30 @@ impl<'m> Instance<'m> {
         // Kernels and commands never write the constants (the verifier rejects it).
         let constants = m.pool.bytes().as_ptr().cast_mut();
         let bases = Bases { arena, constants, inputs: &self.inputs, outputs: &self.outputs };
+        if matches!(entry.commands.first(), Some(Command::Segment { .. })) {
+            // A heterogeneous plan (verified): every device's bases, then the segments.
+            let mut all = [bases; MAX_HETERO_DEVICES];
+            for (d, (buf, start)) in self.devices.iter_mut().enumerate() {
+                let slot = all.get_mut(d + 1).ok_or(RuntimeError::Hetero { device: d as u32 + 1 })?;
+                slot.arena = buf.as_mut_ptr().wrapping_add(*start);
+            }
+            let count = self.devices.len() + 1;
+            crate::hetero::segments_of(entry, &mut self.segments);
+            let mut exec = crate::hetero::Exec {
+                index,
+                module: m,
+                entry,
+                bases: &all[..count],
+                table: &mut self.table,
+                #[cfg(feature = "local-task")]
+                task: if on_this_thread { None } else { self.task.as_mut() },
+            };
+            // SAFETY: `all` are this checked invocation's bases, each device's arena
+            // exclusively ours; the entry passed the verifier's segment checks.
+            unsafe { crate::hetero::run(&mut exec, &self.segments, &mut self.queues, observe) }?;
+            // SAFETY: every command has completed; `bases` are this invocation's.
+            return unsafe { finish_extents(entry, &bases, &mut self.output_dims) };
+        }
         #[cfg(not(feature = "local-task"))]
         let _ = on_this_thread;
         #[cfg(feature = "local-task")]
@@ -677,6 +797,8 @@ impl<'m> Instance<'m> {
                 | Command::Fill { .. }
                 | Command::AllReduce { .. }
                 | Command::AllGather { .. } => unsafe { transfer(c, &bases) },
+                // (Only in heterogeneous plans, run above.)
+                Command::Segment { .. } | Command::Transfer { .. } => {}
                 Command::SkipIf { cond, value, count } => {
                     // SAFETY: as above; every earlier command has completed.
                     if unsafe { condition(cond, &bases) } == *value {

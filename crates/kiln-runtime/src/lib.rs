@@ -38,6 +38,7 @@ pub mod error;
 #[cfg(feature = "std")]
 pub mod fs;
 pub mod hal;
+mod hetero;
 mod instance;
 #[cfg(feature = "std")]
 pub mod memory;

@@ -141,6 +141,12 @@ impl<'a> Verified<'a> {
         let mut kernels = Vec::with_capacity(p.kernels.len());
         let mut workgroups = Vec::with_capacity(p.kernels.len());
         for (k, &vi) in p.kernels.iter().zip(&self.variants) {
+            if vi == crate::verify::NOT_ON_CPU {
+                // A kernel of another device's segments: never called here.
+                kernels.push(not_on_this_device as KernelFn);
+                workgroups.push(0);
+                continue;
+            }
             // Verified: the variant, its executable and its entry symbol exist.
             let v = &k.variants[vi];
             let xi = v.executable as usize;
@@ -168,6 +174,10 @@ impl<'a> Verified<'a> {
         })
     }
 }
+
+/// The entry of a kernel that runs on another device of a heterogeneous plan (its
+/// dispatches are that device's queue's): does nothing.
+unsafe extern "C" fn not_on_this_device(_: *const *mut u8, _: *const HelperFn, _: u64, _: u64) {}
 
 /// The constant pool: borrowed when aligned, else one aligned copy.
 #[derive(Debug)]

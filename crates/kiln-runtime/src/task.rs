@@ -266,7 +266,13 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
             Command::Barrier => close(&mut s, &mut open, last),
             // Collectives, like copies, run on the calling thread between waves: they
             // are the points where the simulated devices meet.
-            Command::Copy { .. } | Command::Fill { .. } | Command::AllReduce { .. } | Command::AllGather { .. } => {
+            // (Segments and transfers: heterogeneous plans, which `hetero.rs` runs.)
+            Command::Copy { .. }
+            | Command::Fill { .. }
+            | Command::AllReduce { .. }
+            | Command::AllGather { .. }
+            | Command::Segment { .. }
+            | Command::Transfer { .. } => {
                 close(&mut s, &mut open, last);
                 s.steps.push(Step::Serial(c, i));
             }
@@ -674,13 +680,55 @@ impl<'m> LocalTask<'m> {
         index: usize,
         bases: &Bases<'_>,
         helpers: *const HelperFn,
+        observe: Option<&mut dyn FnMut(usize)>,
+    ) -> Result<(), RuntimeError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.run_commands(index, None, bases, helpers, observe) }
+    }
+
+    /// Runs the steps of entry `index` that lie in commands `range` (a heterogeneous
+    /// plan's host segment, whose waves the schedule closed at its ends): its waves on
+    /// the pool, its copies and fills; its transfers are the caller's.
+    ///
+    /// # Safety
+    ///
+    /// As [`LocalTask::run`]; the segments before this one that it depends on have
+    /// completed.
+    pub(crate) unsafe fn run_range(
+        &mut self,
+        index: usize,
+        range: Range<usize>,
+        bases: &Bases<'_>,
+        helpers: *const HelperFn,
+        observe: Option<&mut dyn FnMut(usize)>,
+    ) -> Result<(), RuntimeError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.run_commands(index, Some(range), bases, helpers, observe) }
+    }
+
+    unsafe fn run_commands(
+        &mut self,
+        index: usize,
+        range: Option<Range<usize>>,
+        bases: &Bases<'_>,
+        helpers: *const HelperFn,
         mut observe: Option<&mut dyn FnMut(usize)>,
     ) -> Result<(), RuntimeError> {
         let Some(s) = self.schedules.get(index) else {
             return Err(RuntimeError::NoSuchEntry { entry: alloc::format!("#{index}") });
         };
-        let mut k = 0;
+        // The plan index a step stands at (a skip: none; heterogeneous plans have none).
+        let at = |step: &Step<'_>| match step {
+            Step::Wave { last, .. } => *last,
+            Step::Serial(_, at) => *at,
+            Step::Skip { .. } => usize::MAX,
+        };
+        // Steps are in plan order: the range's are contiguous.
+        let mut k = range.as_ref().map_or(0, |r| s.steps.partition_point(|st| at(st) < r.start));
         while let Some(step) = s.steps.get(k) {
+            if range.as_ref().is_some_and(|r| at(step) >= r.end) {
+                break;
+            }
             k += 1;
             match step {
                 Step::Skip { cond, value, to } => {

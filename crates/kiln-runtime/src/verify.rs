@@ -42,9 +42,23 @@ pub struct Limits {
     pub max_rank: usize,
 }
 
+/// The arena bytes of device `device` in entry `e` (device 0's is the entry's arena;
+/// another's from the device arenas of a heterogeneous plan, 0 where it has none).
+fn arena_of(e: &EntryView<'_>, device: u32) -> u64 {
+    match device {
+        0 => e.arena_size,
+        d => e.device_arenas.get(d as usize - 1).copied().unwrap_or(0),
+    }
+}
+
 fn binding(e: &EntryView<'_>, pool_len: u64, b: &Binding, writes: bool) -> Result<(), BindingProblem> {
+    binding_on(e, 0, pool_len, b, writes)
+}
+
+/// [`binding`] in the memory of `device`: its arena for an arena binding.
+fn binding_on(e: &EntryView<'_>, device: u32, pool_len: u64, b: &Binding, writes: bool) -> Result<(), BindingProblem> {
     let size = match b.slot {
-        Slot::Arena => e.arena_size,
+        Slot::Arena => arena_of(e, device),
         Slot::Constants => pool_len,
         Slot::Input(i) => {
             let t =
@@ -66,10 +80,23 @@ fn binding(e: &EntryView<'_>, pool_len: u64, b: &Binding, writes: bool) -> Resul
     Ok(())
 }
 
-fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -> Result<(), CommandProblem> {
-    let bind = |role: BindingRole, b: &Binding, writes: bool| -> Result<(), CommandProblem> {
-        binding(e, pool_len, b, writes).map_err(|problem| CommandProblem::Binding { role, problem })
+/// Checks command `c` of `e`, run by `device` (0 outside a heterogeneous plan): its
+/// arena bindings name that device's arena, and a device other than the host names no
+/// input or output.
+fn command(
+    p: &ProgramView<'_>,
+    e: &EntryView<'_>,
+    pool_len: u64,
+    c: &Command,
+    device: u32,
+) -> Result<(), CommandProblem> {
+    let bind_on = |on: u32, role: BindingRole, b: &Binding, writes: bool| -> Result<(), CommandProblem> {
+        if on != 0 && matches!(b.slot, Slot::Input(_) | Slot::Output(_)) {
+            return Err(CommandProblem::HostSlot { device: on, slot: b.slot });
+        }
+        binding_on(e, on, pool_len, b, writes).map_err(|problem| CommandProblem::Binding { role, problem })
     };
+    let bind = |role: BindingRole, b: &Binding, writes: bool| bind_on(device, role, b, writes);
     match c {
         Command::Dispatch { kernel, device, workgroups: _, bindings, push_constants, work_ns: _ } => {
             if *kernel as usize >= p.kernels.len() {
@@ -160,8 +187,136 @@ fn command(p: &ProgramView<'_>, e: &EntryView<'_>, pool_len: u64, c: &Command) -
             }
             bind(BindingRole::Condition, cond, false)?;
         }
+        // Where they may stand is `segments`'s to check.
+        Command::Segment { .. } => {}
+        Command::Transfer { src_device, src, dst_device, dst } => {
+            for d in [src_device, dst_device] {
+                if *d as usize >= p.devices.len() {
+                    return Err(CommandProblem::DeviceIndex { device: *d, count: p.devices.len() });
+                }
+            }
+            if src_device == dst_device || (*src_device != device && *dst_device != device) {
+                return Err(CommandProblem::Segment {
+                    why: format!(
+                        "a transfer from device {src_device} to device {dst_device} in a segment of device {device} \
+                         (a transfer joins two devices, one of them the segment's)"
+                    ),
+                });
+            }
+            bind_on(*src_device, BindingRole::TransferSource, src, false)?;
+            bind_on(*dst_device, BindingRole::TransferDestination, dst, true)?;
+            if src.length != dst.length {
+                return Err(CommandProblem::CopyLengths { src: src.length, dst: dst.length });
+            }
+        }
     }
     Ok(())
+}
+
+/// Whether `e` is a heterogeneous plan (format 1.8): segments, transfers or device arenas.
+pub fn is_heterogeneous(e: &EntryView<'_>) -> bool {
+    !e.device_arenas.is_empty()
+        || e.commands.iter().any(|c| matches!(c, Command::Segment { .. } | Command::Transfer { .. }))
+}
+
+/// The device each command of `e` runs on: for a heterogeneous plan its segment's
+/// (the `Segment` command itself included), after checking the segment structure;
+/// otherwise device 0 for every command. Checked arithmetic throughout: the plan is
+/// untrusted.
+fn segments(p: &ProgramView<'_>, e: &EntryView<'_>) -> Result<Vec<u32>, VerifyError> {
+    if !is_heterogeneous(e) {
+        return Ok(alloc::vec![0; e.commands.len()]);
+    }
+    let arenas = |why: String| VerifyError::DeviceArenas { entry: e.name.to_string(), why };
+    if p.devices.first().map(|d| d.kind) != Some(DeviceKind::Cpu) {
+        return Err(arenas("device 0 (the host, which holds inputs and outputs) is not a CPU".into()));
+    }
+    if p.devices.len() > crate::instance::MAX_HETERO_DEVICES {
+        return Err(arenas(format!(
+            "{} devices (a heterogeneous plan has at most {})",
+            p.devices.len(),
+            crate::instance::MAX_HETERO_DEVICES
+        )));
+    }
+    if e.device_arenas.len() + 1 != p.devices.len() {
+        return Err(arenas(format!(
+            "{} sizes for {} devices after the first",
+            e.device_arenas.len(),
+            p.devices.len() - 1
+        )));
+    }
+    if let Some(a) =
+        e.device_arenas.iter().find(|&&a| usize::try_from(a).is_err() || a.checked_add(e.arena_align).is_none())
+    {
+        return Err(arenas(format!("an arena of {a} bytes")));
+    }
+    let bad = |command: usize, why: String| VerifyError::Command {
+        entry: e.name.to_string(),
+        command,
+        problem: CommandProblem::Segment { why },
+    };
+    let mut device_of = Vec::with_capacity(e.commands.len());
+    // Per segment (plan order), its device.
+    let mut seg_device: Vec<u32> = Vec::new();
+    let mut i = 0usize;
+    while let Some(c) = e.commands.get(i) {
+        let Command::Segment { device, count, waits } = c else {
+            return Err(bad(i, "a command outside every segment".into()));
+        };
+        if *device as usize >= p.devices.len() {
+            return Err(VerifyError::Command {
+                entry: e.name.to_string(),
+                command: i,
+                problem: CommandProblem::DeviceIndex { device: *device, count: p.devices.len() },
+            });
+        }
+        let remaining = e.commands.len() - i - 1;
+        if *count == 0 || *count as usize > remaining {
+            return Err(bad(i, format!("a segment of {count} commands, {remaining} follow it")));
+        }
+        let me = seg_device.len();
+        for &w in waits {
+            if w as usize >= me {
+                return Err(bad(i, format!("segment {me} waits for segment {w}, not an earlier one")));
+            }
+        }
+        seg_device.push(*device);
+        device_of.push(*device);
+        // Where the segment's own work starts and ends (its first and last command that
+        // is neither a transfer nor a barrier): transfers into the device come before
+        // it, transfers out of it after (a GPU queues them around the segment's graph).
+        let body = |c: &Command| !matches!(c, Command::Transfer { .. } | Command::Barrier);
+        let cmds = &e.commands[i + 1..=i + *count as usize];
+        let first_work = cmds.iter().position(body).unwrap_or(cmds.len());
+        let last_work = cmds.iter().rposition(body);
+        for (k, c) in cmds.iter().enumerate() {
+            if let Command::Transfer { src_device, dst_device, .. } = c {
+                let inbound = *dst_device == *device && *src_device != *device;
+                let misplaced = if inbound { k > first_work } else { last_work.is_some_and(|l| k < l) };
+                if misplaced {
+                    return Err(bad(
+                        i + 1 + k,
+                        "a transfer into a segment's device after its work, or out of it before its work ends".into(),
+                    ));
+                }
+            }
+        }
+        for j in i + 1..=i + *count as usize {
+            match &e.commands[j] {
+                Command::Segment { .. } => return Err(bad(j, "a segment inside a segment".into())),
+                Command::AllReduce { .. } | Command::AllGather { .. } | Command::SkipIf { .. } => {
+                    return Err(bad(j, "a collective or a skip in a segment".into()))
+                }
+                Command::Dispatch { device: d, .. } if d != device => {
+                    return Err(bad(j, format!("a dispatch on device {d} in a segment of device {device}")))
+                }
+                _ => {}
+            }
+            device_of.push(*device);
+        }
+        i += *count as usize + 1;
+    }
+    Ok(device_of)
 }
 
 /// ONNX's code of f32, the one element type an all-reduce sums.
@@ -260,8 +415,9 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 });
             }
         }
+        let device_of = segments(p, e)?;
         for (i, c) in e.commands.iter().enumerate() {
-            command(p, e, pool_len, c).map_err(|problem| VerifyError::Command {
+            command(p, e, pool_len, c, device_of[i]).map_err(|problem| VerifyError::Command {
                 entry: entry(),
                 command: i,
                 problem,
@@ -379,7 +535,13 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
                 )));
             }
         }
+        let devices = if is_heterogeneous(e) { p.devices.len() as u32 } else { 1 };
         for b in &e.buffers {
+            // (A heterogeneous plan's memory map lists every device's buffers: each must
+            // lie in some device's memory; the commands carry the ranges that count.)
+            if (1..devices).any(|d| binding_on(e, d, pool_len, &b.binding, false).is_ok()) {
+                continue;
+            }
             binding(e, pool_len, &b.binding, false).map_err(|problem| VerifyError::Buffer {
                 entry: entry(),
                 buffer: b.name.to_string(),
@@ -482,6 +644,12 @@ pub fn require_device_kind(p: &ProgramView<'_>, kind: DeviceKind) -> Result<(), 
                 });
             }
             let Command::Dispatch { device, .. } = c else { continue };
+            // A heterogeneous plan's host is a CPU (verified); its other devices are
+            // driven by the CPU runtime's queues, which refuse at instantiation a kind
+            // they cannot drive (`RuntimeError::Hetero`).
+            if kind == DeviceKind::Cpu && *device != 0 && is_heterogeneous(e) {
+                continue;
+            }
             // Verified: the device index is in range.
             let Some(d) = p.devices.get(*device as usize) else { continue };
             if d.kind != kind {
@@ -499,6 +667,10 @@ pub fn require_device_kind(p: &ProgramView<'_>, kind: DeviceKind) -> Result<(), 
     }
     Ok(())
 }
+
+/// [`select_variants`]'s choice for a kernel with no CPU variant that a heterogeneous
+/// plan dispatches only on another kind of device: no CPU code is loaded for it.
+pub const NOT_ON_CPU: usize = usize::MAX;
 
 /// The architecture marker bits of a feature set.
 fn arch_bits(bits: u64) -> u64 {
@@ -551,8 +723,27 @@ pub fn cpu_needs(p: &ProgramView<'_>, v: &Variant) -> Option<u64> {
 /// host lacks is never taken; where no variant fits, the error names what the most
 /// modest one lacks.
 pub fn select_variants(p: &ProgramView<'_>, host: u64) -> Result<Vec<usize>, RuntimeError> {
+    // Kernels a heterogeneous plan dispatches only on devices of another kind (its
+    // CUDA segments' kernels) need no CPU variant: they are [`NOT_ON_CPU`].
+    let mut on_cpu = alloc::vec![false; p.kernels.len()];
+    let mut elsewhere = alloc::vec![false; p.kernels.len()];
+    for e in &p.entries {
+        for c in &e.commands {
+            if let Command::Dispatch { kernel, device, .. } = c {
+                let cpu = p.devices.get(*device as usize).is_none_or(|d| d.kind == DeviceKind::Cpu);
+                let seen = if cpu { &mut on_cpu } else { &mut elsewhere };
+                if let Some(x) = seen.get_mut(*kernel as usize) {
+                    *x = true;
+                }
+            }
+        }
+    }
     let mut out = Vec::with_capacity(p.kernels.len());
-    for k in &p.kernels {
+    for (ki, k) in p.kernels.iter().enumerate() {
+        if elsewhere[ki] && !on_cpu[ki] && k.variants.iter().all(|v| cpu_needs(p, v).is_none()) {
+            out.push(NOT_ON_CPU);
+            continue;
+        }
         let mut fewest: Option<u64> = None;
         let mut pick = None;
         for (i, v) in k.variants.iter().enumerate() {

@@ -182,7 +182,9 @@ fn assert_bindings_inside(p: &ProgramView<'_>) {
                         writable(last);
                     }
                 }
-                Command::Barrier => {}
+                Command::Barrier | Command::Segment { .. } => {}
+                // (A transfer's ranges are in its devices' arenas: checked by the verifier.)
+                Command::Transfer { src, dst, .. } => assert_eq!(src.length, dst.length),
                 Command::Copy { src, dst } => {
                     inside(src);
                     inside(dst);
@@ -366,7 +368,8 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                     parts.iter_mut().flat_map(|x| [&mut x.src, &mut x.dst]).collect()
                 }
                 Command::SkipIf { cond, .. } => vec![cond],
-                Command::Barrier => vec![],
+                Command::Transfer { src, dst, .. } => vec![src, dst],
+                Command::Barrier | Command::Segment { .. } => vec![],
             };
             let n = bs.len();
             if let Some(b) = bs.into_iter().nth(r.below(n)) {
@@ -408,6 +411,15 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                 0 => *count = count.wrapping_add(1),
                 1 => *count = u32::MAX,
                 _ => *value = !*value,
+            },
+            Command::Segment { count, waits, .. } => match r.next() % 3 {
+                0 => *count = count.wrapping_add(1),
+                1 => waits.push(u32::MAX),
+                _ => *count = 0,
+            },
+            Command::Transfer { src_device, dst_device, .. } => match r.next() % 2 {
+                0 => *src_device = src_device.wrapping_add(1),
+                _ => *dst_device = *src_device,
             },
             Command::Barrier => {}
         },

@@ -54,9 +54,19 @@ const FUNCTIONS: [&str; 31] = [
     "cuGraphAddMemsetNode",
 ];
 
-/// More driver functions (the graph's life cycle), checked with [`FUNCTIONS`].
-const GRAPH_FUNCTIONS: [&str; 5] =
-    ["cuGraphInstantiateWithFlags", "cuGraphUpload", "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy"];
+/// More driver functions (the graph's life cycle, and the events of a heterogeneous
+/// plan's cross-device waits), checked with [`FUNCTIONS`].
+const GRAPH_FUNCTIONS: [&str; 9] = [
+    "cuGraphInstantiateWithFlags",
+    "cuGraphUpload",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+];
 
 /// Checks a driver result: `Ok` on success, else the typed error naming `call`.
 pub fn check(call: &'static str, r: sys::CUresult) -> Result<(), RuntimeError> {
@@ -647,5 +657,44 @@ impl Drop for GraphExec {
         // SAFETY: instantiated in `Graph::instantiate`, destroyed once here; the
         // instance synchronises its stream before dropping it.
         let _ = unsafe { sys::cuGraphExecDestroy(self.raw) };
+    }
+}
+
+/// An event (without timing), destroyed on drop: recorded on a stream after a
+/// heterogeneous plan's segment, waited for by the host before a segment that needs it.
+#[derive(Debug)]
+pub struct Event {
+    raw: sys::CUevent,
+}
+
+impl Event {
+    /// A new event (a current context is bound by the caller).
+    pub fn new() -> Result<Event, RuntimeError> {
+        let mut raw: sys::CUevent = ptr::null_mut();
+        // SAFETY: a current context is bound by the caller; `raw` a valid out pointer.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
+        })?;
+        Ok(Event { raw })
+    }
+
+    /// Records the event on `stream`: it completes once everything queued before it has.
+    pub fn record(&self, stream: &Stream) -> Result<(), RuntimeError> {
+        // SAFETY: the event and the stream are alive, of the current context.
+        check("cuEventRecord", unsafe { sys::cuEventRecord(self.raw, stream.raw()) })
+    }
+
+    /// Blocks the calling thread until the event has completed (at once for an event
+    /// never recorded).
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        // SAFETY: the event is alive.
+        check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(self.raw) })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once here.
+        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
     }
 }

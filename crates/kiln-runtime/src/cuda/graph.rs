@@ -247,7 +247,11 @@ fn access(c: &Command) -> (&[Binding], Option<&Binding>) {
         Command::Fill { dst, .. } => (&[], Some(dst)),
         Command::SkipIf { cond, .. } => (core::slice::from_ref(cond), None),
         // Refused before a graph is built (`build` below); no access to order.
-        Command::Barrier | Command::AllReduce { .. } | Command::AllGather { .. } => (&[], None),
+        Command::Barrier
+        | Command::AllReduce { .. }
+        | Command::AllGather { .. }
+        | Command::Segment { .. }
+        | Command::Transfer { .. } => (&[], None),
     }
 }
 
@@ -405,6 +409,10 @@ pub fn nodes(
             Command::AllReduce { .. } | Command::AllGather { .. } => {
                 return Err(fail(ci, GraphProblem::Collective));
             }
+            // A heterogeneous plan is the hetero executor's (its host runs on the CPU).
+            Command::Segment { .. } | Command::Transfer { .. } => {
+                return Err(fail(ci, GraphProblem::Heterogeneous));
+            }
             Command::Fill { dst, pattern, pattern_len } => {
                 fill_memsets(layout.offset(index, dst), dst.length, *pattern, *pattern_len)
                     .into_iter()
@@ -447,6 +455,7 @@ mod tests {
         EntryView {
             bounded: Vec::new(),
             bounded_rows: Vec::new(),
+            device_arenas: Vec::new(),
             extents: Vec::new(),
             name: "main",
             inputs: vec![],

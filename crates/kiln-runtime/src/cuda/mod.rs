@@ -38,6 +38,7 @@
 
 pub mod driver;
 pub mod graph;
+pub(crate) mod hetero;
 
 use crate::error::RuntimeError;
 use crate::instance::{InputArg, OutputArg, TensorMut, TensorRef};
@@ -207,13 +208,29 @@ impl<'a> CudaModule<'a> {
             });
         }
         let pool = bind_weights(&program, weights)?;
+        CudaModule::load_program(program, pool, limits, ordinal, capability)
+    }
+
+    /// Loads the CUDA code of a verified `program` (its kernels dispatched on CUDA
+    /// devices need a variant; others load one where they have it) on device `ordinal`:
+    /// [`CudaModule::load_as`] after its checks, and a heterogeneous plan's CUDA queue
+    /// (`hetero.rs`), whose program the CPU runtime verified.
+    pub(crate) fn load_program(
+        program: ProgramView<'a>,
+        pool: &'a [u8],
+        limits: Limits,
+        ordinal: usize,
+        capability: Option<(u32, u32)>,
+    ) -> Result<CudaModule<'a>, RuntimeError> {
         let ctx = driver::Context::new(ordinal)?;
         let mut dispatched = alloc::vec![false; program.kernels.len()];
         for e in &program.entries {
             for c in &e.commands {
-                if let Command::Dispatch { kernel, .. } = c {
+                if let Command::Dispatch { kernel, device, .. } = c {
                     // Verified: in range.
-                    dispatched[*kernel as usize] = true;
+                    if program.devices.get(*device as usize).is_some_and(|d| d.kind == DeviceKind::Cuda) {
+                        dispatched[*kernel as usize] = true;
+                    }
                 }
             }
         }
@@ -780,7 +797,8 @@ impl<'m> CudaInstance<'m> {
                 parts.get(binding / 2).map(|p| if binding.is_multiple_of(2) { &p.src } else { &p.dst })
             }
             Command::SkipIf { cond, .. } => (binding == 0).then_some(cond),
-            Command::Barrier => None,
+            Command::Transfer { src, dst, .. } => [src, dst].get(binding).copied(),
+            Command::Barrier | Command::Segment { .. } => None,
         }
         .ok_or_else(none)?;
         let mut out = alloc::vec![0u8; b.length as usize];
@@ -796,7 +814,11 @@ impl<'m> CudaInstance<'m> {
 }
 
 /// Adds `nodes` to a new graph, their addresses relative to `base`.
-fn build_graph(module: &CudaModule<'_>, nodes: &[Node], base: CUdeviceptr) -> Result<driver::Graph, RuntimeError> {
+pub(crate) fn build_graph(
+    module: &CudaModule<'_>,
+    nodes: &[Node],
+    base: CUdeviceptr,
+) -> Result<driver::Graph, RuntimeError> {
     let g = driver::Graph::new()?;
     let mut handles = Vec::with_capacity(nodes.len());
     let mut deps = Vec::new();

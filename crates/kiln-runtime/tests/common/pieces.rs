@@ -44,6 +44,7 @@ pub fn entry(
     EntryPoint {
         bounded: Vec::new(),
         bounded_rows: Vec::new(),
+        device_arenas: Vec::new(),
         extents: Vec::new(),
         name: name.into(),
         inputs,
