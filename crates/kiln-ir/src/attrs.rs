@@ -1274,7 +1274,7 @@ impl AttentionAttrs {
                 return Err("3-D inputs need the attributes `q_num_heads` and `kv_num_heads`".into());
             };
             let (qh, kvh) = (qh as usize, kvh as usize);
-            if q[2] % qh != 0 || k[2] % kvh != 0 || v[2] % kvh != 0 {
+            if !q[2].is_multiple_of(qh) || !k[2].is_multiple_of(kvh) || !v[2].is_multiple_of(kvh) {
                 return Err(format!(
                     "the hidden sizes of Q {}, K {} and V {} must divide by the heads ({qh}, {kvh}, {kvh})",
                     show(q),

@@ -272,11 +272,7 @@ fn attention(cx: &OpCx<'_>) -> R<Lowered> {
                     ix[jl] = b.binary(B::Min, j, last);
                 }
                 let v = b.load(slot, ix);
-                let mut term = if mt.dtype == DType::Bool {
-                    b.select(v, zero, ninf)
-                } else {
-                    b.convert(v, ct)
-                };
+                let mut term = if mt.dtype == DType::Bool { b.select(v, zero, ninf) } else { b.convert(v, ct) };
                 if short {
                     let end = b.index(lm as i64);
                     let inside = b.binary(B::Lt, j, end);
@@ -354,11 +350,8 @@ fn attention(cx: &OpCx<'_>) -> R<Lowered> {
     let ins = [(Operand::Step(probs), scores_ty.clone()), v_in];
     let geo_ref = &geo;
     let y = step(cx, &mut steps, "y", &ins, ty(cx, dt, ydims)?, |b, o| {
-        let (bi, hs, i, c) = if d.packed {
-            (o[0], &o[2..2 + nh], o[1], o[2 + nh])
-        } else {
-            (o[0], &o[1..1 + nh], o[1 + nh], o[2 + nh])
-        };
+        let (bi, hs, i, c) =
+            if d.packed { (o[0], &o[2..2 + nh], o[1], o[2 + nh]) } else { (o[0], &o[1..1 + nh], o[1 + nh], o[2 + nh]) };
         let (_, g) = geo_ref.head_of(b, hs);
         let j = b.new_var(t as u64);
         let jv = b.var(j);

@@ -39,9 +39,7 @@ fn attention(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         (None, None) => None,
         _ => return Err(cx.invalid("past_key and past_value must be given together, 4-D")),
     };
-    let d = a
-        .dims(q.shape().dims(), k.shape().dims(), v.shape().dims(), past)
-        .map_err(|m| cx.invalid(m))?;
+    let d = a.dims(q.shape().dims(), k.shape().dims(), v.shape().dims(), past).map_err(|m| cx.invalid(m))?;
     let (bn, hq, hk, sq, lk, p, dh, dv) =
         (d.batch, d.q_heads, d.kv_heads, d.queries, d.new_keys, d.past, d.head, d.v_head);
     let t = d.keys();
@@ -205,7 +203,11 @@ fn rotary_embedding(cx: &Cx) -> Result<Tensor, EvalError> {
     let (cos_t, sin_t) = (cx.float_input(1)?, cx.float_input(2)?);
     let width = *cos_t.shape().dims().last().unwrap_or(&0);
     if width < half || sin_t.shape().dims() != cos_t.shape().dims() {
-        return Err(cx.invalid(format!("caches {} and {} hold fewer than {half} values a position", cos_t.ty(), sin_t.ty())));
+        return Err(cx.invalid(format!(
+            "caches {} and {} hold fewer than {half} values a position",
+            cos_t.ty(),
+            sin_t.ty()
+        )));
     }
     let (cos, sin) = (read_f64(cx, cos_t)?, read_f64(cx, sin_t)?);
     // The cache row of (b, s).
