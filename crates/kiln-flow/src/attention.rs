@@ -25,7 +25,8 @@
 //! and fusion have already turned layout ops into index maps.
 //!
 //! The kernel IR gives the form its meaning, so the flow interpreter and every code
-//! generator's general path run it as written (recomputing `S` per use). The CPU
+//! generator's general path run it as written (recomputing `S` per use). The CUDA
+//! emitter (`cuda::attention`) runs a warp per query row with an online softmax. The CPU
 //! emitter (`kiln-codegen`'s `cpu::attention`) runs a tile of query rows of one
 //! (batch, head) per workgroup, sharing K's and V's loads: the tile's scores as a
 //! small register-blocked product onto the stack, each row's softmax there, then `P·V`
@@ -35,7 +36,9 @@
 //!
 //! ## Where it is formed
 //! [`form_attention`] runs after fusion, for targets with an attention emitter
-//! (`Formation::Microkernels`: the CPU). Fusion on its own keeps the three kernels
+//! (`Formation::Microkernels`: the CPU; `Formation::ImplicitGemm`: CUDA, whose
+//! `cuda::attention` reads any affine layout, but the same layouts are formed for
+//! both). Fusion on its own keeps the three kernels
 //! apart (a contraction never takes in a reduction's work: it would no longer be a
 //! matrix microkernel's); this pass fuses them exactly when the result is of the form
 //! above and its layout is one the emitter reads in place ([`Attention::in_place`]),

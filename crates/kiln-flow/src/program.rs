@@ -336,7 +336,8 @@ impl Formation {
 
 /// Lowers every node of `graph` with `lower` and fuses the result (see the module docs),
 /// shaping the program for `formation`'s kernel forms; with `fused_attention` (and
-/// [`Formation::Microkernels`]) each attention chain the CPU emitter reads in place
+/// [`Formation::Microkernels`] or [`Formation::ImplicitGemm`], the targets with an
+/// attention emitter: the CPU and CUDA) each attention chain the CPU emitter reads in place
 /// becomes one [`KernelClass::Attention`](crate::class::KernelClass::Attention)
 /// kernel ([`crate::attention::form_attention`]).
 pub fn form(
@@ -361,7 +362,7 @@ pub fn form(
     crate::fuse::fuse_with(&mut p, contractions);
     // After fusion, which keeps a product apart from the softmax before and after it:
     // the whole attention chain becomes one kernel where the target has its emitter.
-    if formation == Formation::Microkernels && fused_attention {
+    if formation != Formation::General && fused_attention {
         crate::attention::form_attention(&mut p);
     }
     if contractions {

@@ -398,6 +398,36 @@ fn check_space_to_depth(a: &SpaceToDepthAttrs) -> Result<(), AttrError> {
     check_blocksize("blocksize", a.blocksize)
 }
 
+fn check_attention(a: &AttentionAttrs) -> Result<(), AttrError> {
+    for (name, v) in [("q_num_heads", a.q_num_heads), ("kv_num_heads", a.kv_num_heads)] {
+        if let Some(v) = v {
+            positive(name, v)?;
+        }
+    }
+    if !(0..=3).contains(&a.qk_matmul_output_mode) {
+        return Err(AttrError::invalid(
+            "qk_matmul_output_mode",
+            format!("must be 0, 1, 2 or 3, got {}", a.qk_matmul_output_mode),
+        ));
+    }
+    if a.softcap < 0.0 || a.softcap.is_nan() {
+        return Err(AttrError::invalid("softcap", format!("must be ≥ 0, got {}", a.softcap)));
+    }
+    if let Some(s) = a.scale.filter(|s| !s.is_finite()) {
+        return Err(AttrError::invalid("scale", format!("must be finite, got {s}")));
+    }
+    Ok(())
+}
+
+fn check_rotary(a: &RotaryEmbeddingAttrs) -> Result<(), AttrError> {
+    for (name, v) in [("num_heads", a.num_heads), ("rotary_embedding_dim", a.rotary_embedding_dim)] {
+        if v < 0 {
+            return Err(AttrError::invalid(name, format!("must be ≥ 0, got {v}")));
+        }
+    }
+    Ok(())
+}
+
 fn check_dtype_code(name: &str, code: i64) -> Result<(), AttrError> {
     if code != 0 {
         DType::from_attr(name, &Attr::Int(code))?;
@@ -723,6 +753,35 @@ attr_structs! {
         epsilon: f32 = 1e-5,
         /// Dtype of the statistic.
         stash_type: DType = DType::F32,
+    }
+
+    /// Attention (opset 23; opset 24 adds the `nonpad_kv_seqlen` operand).
+    defaults AttentionAttrs [check check_attention] {
+        /// Whether query `i` sees only the keys up to `i` past the cached ones.
+        is_causal: bool = false,
+        /// Heads of K and V (3-D inputs).
+        kv_num_heads: Option<i64> = None,
+        /// Heads of Q (3-D inputs).
+        q_num_heads: Option<i64> = None,
+        /// Which scores the fourth result holds: 0 the product, 1 with the mask added,
+        /// 2 after the softcap, 3 after the softmax.
+        qk_matmul_output_mode: i64 = 0,
+        /// The product's factor; absent: `1/sqrt(head size)`.
+        scale: Option<f32> = None,
+        /// `c·tanh(x/c)` on the scores where positive.
+        softcap: f32 = 0.0,
+        /// Dtype the softmax is computed in; absent: the scores'.
+        softmax_precision: Option<DType> = None,
+    }
+
+    /// RotaryEmbedding (opset 23).
+    defaults RotaryEmbeddingAttrs [check check_rotary] {
+        /// Rotate pairs `(x[2i], x[2i+1])` rather than `(x[i], x[i + d/2])`.
+        interleaved: bool = false,
+        /// Heads of a 3-D input.
+        num_heads: i64 = 0,
+        /// How many leading elements of each head rotate; 0: all.
+        rotary_embedding_dim: i64 = 0,
     }
 
     /// GroupNormalization.
@@ -1115,6 +1174,8 @@ op_attrs! {
     InstanceNorm(InstanceNormAttrs): InstanceNormalization;
     LayerNorm(LayerNormAttrs): LayerNormalization;
     RmsNorm(RmsNormAttrs): RMSNormalization;
+    Attention(AttentionAttrs): Attention;
+    RotaryEmbedding(RotaryEmbeddingAttrs): RotaryEmbedding;
     GroupNorm(GroupNormAttrs): GroupNormalization;
     Lrn(LrnAttrs): LRN;
     LpNorm(LpNormAttrs): LpNormalization;
@@ -1145,6 +1206,112 @@ op_attrs! {
     Col2Im(Col2ImAttrs): Col2Im;
     RoiAlign(RoiAlignAttrs): RoiAlign;
     DeformConv(DeformConvAttrs): DeformConv;
+}
+
+/// The geometry of an Attention node, from its operands' dims and attributes (shape
+/// inference, the reference evaluator and the lowering read the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Whether Q, K and V are 3-D (`[B, S, heads·head]`) rather than 4-D
+    /// (`[B, heads, S, head]`).
+    pub packed: bool,
+    /// Batch.
+    pub batch: usize,
+    /// Heads of Q.
+    pub q_heads: usize,
+    /// Heads of K and V (dividing `q_heads`: query head `h` reads K/V head
+    /// `h / (q_heads / kv_heads)`).
+    pub kv_heads: usize,
+    /// Queries.
+    pub queries: usize,
+    /// New keys (K's and V's sequence).
+    pub new_keys: usize,
+    /// Cached keys (past_key's sequence; 0 without one).
+    pub past: usize,
+    /// Head size of Q and K.
+    pub head: usize,
+    /// Head size of V.
+    pub v_head: usize,
+}
+
+impl AttentionDims {
+    /// Keys in all: cached and new.
+    pub fn keys(&self) -> usize {
+        self.past + self.new_keys
+    }
+
+    /// The scores' dims `[B, q_heads, queries, keys]`.
+    pub fn scores(&self) -> Vec<usize> {
+        vec![self.batch, self.q_heads, self.queries, self.keys()]
+    }
+
+    /// Y's dims.
+    pub fn y(&self) -> Vec<usize> {
+        if self.packed {
+            vec![self.batch, self.queries, self.q_heads * self.v_head]
+        } else {
+            vec![self.batch, self.q_heads, self.queries, self.v_head]
+        }
+    }
+}
+
+impl AttentionAttrs {
+    /// The geometry of Q, K, V (and past_key's sequence length) under these
+    /// attributes; a message saying what does not fit otherwise.
+    pub fn dims(&self, q: &[usize], k: &[usize], v: &[usize], past: Option<usize>) -> Result<AttentionDims, String> {
+        let show = |d: &[usize]| format!("{d:?}");
+        if q.len() != k.len() || q.len() != v.len() || !matches!(q.len(), 3 | 4) {
+            return Err(format!(
+                "Q, K and V must all be 3-D or all 4-D, got {}, {} and {}",
+                show(q),
+                show(k),
+                show(v)
+            ));
+        }
+        let (packed, batch) = (q.len() == 3, q[0]);
+        let (q_heads, kv_heads, queries, new_keys, head, kh, v_head) = if packed {
+            let (Some(qh), Some(kvh)) = (self.q_num_heads, self.kv_num_heads) else {
+                return Err("3-D inputs need the attributes `q_num_heads` and `kv_num_heads`".into());
+            };
+            let (qh, kvh) = (qh as usize, kvh as usize);
+            if !q[2].is_multiple_of(qh) || !k[2].is_multiple_of(kvh) || !v[2].is_multiple_of(kvh) {
+                return Err(format!(
+                    "the hidden sizes of Q {}, K {} and V {} must divide by the heads ({qh}, {kvh}, {kvh})",
+                    show(q),
+                    show(k),
+                    show(v)
+                ));
+            }
+            (qh, kvh, q[1], k[1], q[2] / qh, k[2] / kvh, v[2] / kvh)
+        } else {
+            if k[1] != v[1] {
+                return Err(format!("K {} and V {} must have the same heads", show(k), show(v)));
+            }
+            (q[1], k[1], q[2], k[2], q[3], k[3], v[3])
+        };
+        if k[0] != batch || v[0] != batch {
+            return Err(format!("Q {}, K {} and V {} must have the same batch", show(q), show(k), show(v)));
+        }
+        if kh != head {
+            return Err(format!("Q {} and K {} must have the same head size", show(q), show(k)));
+        }
+        let vs = if packed { v[1] } else { v[2] };
+        if vs != new_keys {
+            return Err(format!("K {} and V {} must have the same sequence length", show(k), show(v)));
+        }
+        if kv_heads == 0 || q_heads % kv_heads != 0 {
+            return Err(format!("the heads of Q ({q_heads}) must be a multiple of those of K and V ({kv_heads})"));
+        }
+        Ok(AttentionDims { packed, batch, q_heads, kv_heads, queries, new_keys, past: past.unwrap_or(0), head, v_head })
+    }
+
+    /// The product's factor: `scale`, else `1/sqrt(head)`.
+    pub fn scale_for(&self, head: usize) -> f64 {
+        match self.scale {
+            Some(s) => s as f64,
+            None => 1.0 / (head as f64).sqrt(),
+        }
+    }
 }
 
 /// The sliding-window attributes that convolutions and pools share, borrowed from

@@ -182,6 +182,8 @@ fn results(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
         GroupNormalization => nn::group_normalization(cx),
         LayerNormalization => nn::layer_normalization(cx),
         RMSNormalization => nn::rms_normalization(cx),
+        Attention => nn::attention(cx),
+        RotaryEmbedding => nn::rotary_embedding(cx),
         RNN => nn::recurrent(cx, 1),
         GRU => nn::recurrent(cx, 3),
         LSTM => nn::recurrent(cx, 4),

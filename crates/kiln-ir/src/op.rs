@@ -38,7 +38,7 @@ macro_rules! op_kinds {
 }
 
 op_kinds! {
-    Abs, Acos, Acosh, Add, And, ArgMax, ArgMin, Asin, Asinh, Atan, Atanh, AveragePool,
+    Abs, Acos, Acosh, Add, And, ArgMax, ArgMin, Asin, Asinh, Atan, Atanh, Attention, AveragePool,
     BatchNormalization, BitShift, BitwiseAnd, BitwiseNot, BitwiseOr, BitwiseXor,
     Cast, CastLike, Ceil, Celu, Clip, Col2Im, Compress, Concat, ConstantOfShape, Conv, ConvInteger, ConvTranspose,
     Cos, Cosh, CumSum, DeformConv, DepthToSpace, DequantizeLinear, Det, Div, Dropout, DynamicQuantizeLinear,
@@ -50,7 +50,7 @@ op_kinds! {
     Mish, Mod, Mul, Neg, NonMaxSuppression, NonZero, Not, OneHot, Or, Pad, Pow, PRelu, QLinearConv, QLinearMatMul,
     QuantizeLinear, Range, Reciprocal, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp,
     ReduceMax, ReduceMean, ReduceMin, ReduceProd, ReduceSum, ReduceSumSquare, Relu, Reshape,
-    Resize, ReverseSequence, RMSNormalization, RNN, RoiAlign, Round, ScatterElements, ScatterND, Selu, Shape, Shrink, Sigmoid,
+    Resize, ReverseSequence, RMSNormalization, RNN, RoiAlign, RotaryEmbedding, Round, ScatterElements, ScatterND, Selu, Shape, Shrink, Sigmoid,
     Sign, Sin, Sinh, Size, Slice, Softmax, Softplus, Softsign, SpaceToDepth, Split, Sqrt, Squeeze,
     Sub, Sum, Tan, Tanh, ThresholdedRelu, Tile, TopK, Transpose, Trilu, Unique, Unsqueeze, Where, Xor,
 }

@@ -1113,6 +1113,73 @@ fn normalizations() {
     case(RMSNormalization).x("f32[2,3,4]").invalid();
 }
 
+// ---------------------------------------------------------------- transformer
+
+#[test]
+fn attention() {
+    let att = |q: &str, k: &str, v: &str| case(Attention).x(q).x(k).x(v);
+    // 4-D: [B, H, S, D]; results Y, present_key, present_value, the scores.
+    assert_eq!(
+        att("f32[2,3,4,8]", "f32[2,3,6,8]", "f32[2,3,6,10]").oks(4),
+        tys(&["f32[2,3,4,10]", "f32[2,3,6,8]", "f32[2,3,6,10]", "f32[2,3,4,6]"])
+    );
+    // Grouped heads, a cache of 12 keys, a mask shorter than the keys.
+    let cached = |m: &str| {
+        att("f16[2,9,4,8]", "f16[2,3,6,8]", "f16[2,3,6,8]").x(m).x("f16[2,3,12,8]").x("f16[2,3,12,8]")
+    };
+    assert_eq!(
+        cached("f16[4,18]").oks(4),
+        tys(&["f16[2,9,4,8]", "f16[2,3,18,8]", "f16[2,3,18,8]", "f16[2,9,4,18]"])
+    );
+    assert_eq!(cached("bool[2,1,4,10]").ok(), ty("f16[2,9,4,8]"));
+    cached("f16[4,19]").invalid();
+    cached("f16[3,18]").invalid();
+    cached("f32[4,18]").invalid();
+    att("f16[2,9,4,8]", "f16[2,3,6,8]", "f16[2,3,6,8]").none().x("f16[2,3,12,8]").invalid();
+    att("f16[2,9,4,8]", "f16[2,3,6,8]", "f16[2,3,6,8]").none().x("f16[2,3,12,4]").x("f16[2,3,12,8]").invalid();
+    // 3-D: [B, S, heads·D], the heads from the attributes.
+    let packed = |q: &str, k: &str, v: &str| att(q, k, v).i("q_num_heads", 9).i("kv_num_heads", 3);
+    assert_eq!(
+        packed("f32[2,4,72]", "f32[2,6,24]", "f32[2,6,30]").oks(4),
+        tys(&["f32[2,4,90]", "f32[2,3,6,8]", "f32[2,3,6,10]", "f32[2,9,4,6]"])
+    );
+    att("f32[2,4,72]", "f32[2,6,24]", "f32[2,6,24]").invalid();
+    packed("f32[2,4,70]", "f32[2,6,24]", "f32[2,6,24]").invalid();
+    packed("f32[2,4,72]", "f32[2,5,24]", "f32[2,6,24]").invalid();
+    att("f32[2,4,4,8]", "f32[2,3,6,8]", "f32[2,3,6,8]").invalid();
+    att("f32[2,3,4,8]", "f32[2,3,6,4]", "f32[2,3,6,8]").invalid();
+    att("f32[2,3,4,8]", "f32[2,3,6,8]", "f16[2,3,6,8]").invalid();
+    att("i32[2,3,4,8]", "i32[2,3,6,8]", "i32[2,3,6,8]").invalid();
+    att("f32[2,3,4,8]", "f32[2,3,6,8]", "f32[2,3,6,8]").i("qk_matmul_output_mode", 4).invalid();
+    att("f32[2,3,4,8]", "f32[2,3,6,8]", "f32[2,3,6,8]").i("q_num_heads", 0).invalid();
+    // The padded keys' lengths: int64 [B].
+    let padded = |n: &str| att("f32[2,3,4,8]", "f32[2,3,6,8]", "f32[2,3,6,8]").none().none().none().x(n);
+    assert_eq!(padded("i64[2]").ok(), ty("f32[2,3,4,8]"));
+    padded("i32[2]").invalid();
+    padded("i64[3]").invalid();
+}
+
+#[test]
+fn rotary_embedding() {
+    let rot = |x: &str, c: &str| case(RotaryEmbedding).x(x).x(c).x(c);
+    assert_eq!(rot("f32[2,4,3,8]", "f32[50,4]").x("i64[2,3]").ok(), ty("f32[2,4,3,8]"));
+    assert_eq!(rot("f32[2,4,3,8]", "f32[2,3,4]").ok(), ty("f32[2,4,3,8]"));
+    assert_eq!(rot("f32[2,4,3,8]", "f32[2,3,2]").i("rotary_embedding_dim", 4).ok(), ty("f32[2,4,3,8]"));
+    assert_eq!(rot("f16[2,3,32]", "f16[50,4]").i("num_heads", 4).x("i64[2,3]").ok(), ty("f16[2,3,32]"));
+    rot("f32[2,3,32]", "f32[50,4]").x("i64[2,3]").invalid();
+    rot("f32[2,3,30]", "f32[50,4]").i("num_heads", 4).x("i64[2,3]").invalid();
+    rot("f32[2,4,3,8]", "f32[50,3]").x("i64[2,3]").invalid();
+    rot("f32[2,4,3,8]", "f32[50,4]").x("i64[3,2]").invalid();
+    rot("f32[2,4,3,8]", "f32[50,4]").x("i32[2,3]").invalid();
+    rot("f32[2,4,3,8]", "f32[2,3,4]").i("rotary_embedding_dim", 5).invalid();
+    rot("f32[2,4,3,8]", "f32[2,3,8]").i("rotary_embedding_dim", 16).invalid();
+    assert_eq!(rot("f32[2,4,3,8]", "f32[50,4]").i("rotary_embedding_dim", 4).x("i64[2,3]").ok(), ty("f32[2,4,3,8]"));
+    rot("f32[2,4,3,8]", "f32[50,3]").i("rotary_embedding_dim", 4).x("i64[2,3]").invalid();
+    rot("f32[2,4,3,8]", "f32[2,4,4]").invalid();
+    rot("f32[2,4,3,8]", "f16[2,3,4]").invalid();
+    rot("f32[4,3,8]", "f32[4,4]").invalid();
+}
+
 // ---------------------------------------------------------------- recurrent
 
 #[test]
@@ -1530,6 +1597,8 @@ fn sample(kind: OpKind) -> Case {
         GroupNormalization => c.i("num_groups", 2).x(f).x("f32[2]").x("f32[2]"),
         LayerNormalization => c.x(f).x("f32[4]"),
         RMSNormalization => c.x(f).x("f32[4]"),
+        Attention => c.x("f32[1,2,3,4]").x("f32[1,2,5,4]").x("f32[1,2,5,4]"),
+        RotaryEmbedding => c.x("f32[1,2,3,4]").x("f32[1,3,2]").x("f32[1,3,2]"),
         RNN => c.x("f32[5,2,3]").x("f32[1,4,3]").x("f32[1,4,4]"),
         GRU => c.x("f32[5,2,3]").x("f32[1,12,3]").x("f32[1,12,4]"),
         LSTM => c.x("f32[5,2,3]").x("f32[1,16,3]").x("f32[1,16,4]"),

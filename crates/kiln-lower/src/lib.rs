@@ -10,9 +10,10 @@
 //! the operands its kernels read.
 //!
 //! Each op family has a module (elementwise, movement, reductions, linear algebra,
-//! normalisations, recurrent layers, sampling); [`lower_op`] asks them in turn. Helpers shared by
-//! the families (dtype handling, axes, powers) live here; the interface types and the
-//! index helpers are kiln-flow's ([`kiln_flow::lower`]), re-exported here.
+//! normalisations, recurrent layers, sampling, transformer ops); [`lower_op`] asks them
+//! in turn. Helpers shared by the families (dtype handling, axes, powers) live here; the
+//! interface types and the index helpers are kiln-flow's ([`kiln_flow::lower`]),
+//! re-exported here.
 //!
 //! [`form`] and [`form_with`] are dispatch formation with these lowerings: every node
 //! of a graph lowered, then fused ([`kiln_flow::program::form`]).
@@ -35,6 +36,7 @@ mod dynamic;
 mod recurrent;
 mod reduce;
 mod sample;
+mod transformer;
 
 /// Lowers every node of `graph` and fuses the result, shaping the program for targets
 /// with contraction microkernels, attention chains fused ([`kiln_flow::program::form`]
@@ -56,7 +58,7 @@ pub fn lower_graph(graph: &Graph) -> Result<FlowProgram, FlowError> {
 
 /// Lowers one op (see the module docs).
 pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
-    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 8] = [
+    let families: [fn(&OpCx<'_>) -> Option<Result<Lowered, LowerError>>; 9] = [
         elementwise::lower,
         movement::lower,
         reduce::lower,
@@ -65,6 +67,7 @@ pub fn lower_op(cx: &OpCx<'_>) -> Result<Lowered, LowerError> {
         recurrent::lower,
         sample::lower,
         dynamic::lower,
+        transformer::lower,
     ];
     for f in families {
         if let Some(r) = f(cx) {

@@ -25,6 +25,7 @@ mod movement;
 mod recurrent;
 pub mod tflite_quant;
 mod dynamic;
+mod transformer;
 
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Op, OpKind, Tensor, TensorType, ValueDef, ValueId};
@@ -104,6 +105,8 @@ pub fn eval_op(
         | DeformConv => movement::eval(&cx),
         // recurrent.rs: recurrent layers.
         LSTM | GRU | RNN => recurrent::eval(&cx),
+        // transformer.rs: opset 23's attention and rotary embedding.
+        Attention | RotaryEmbedding => transformer::eval(&cx),
         // Control flow: the branch the condition selects, run as a graph of its own.
         If => eval_if(&cx),
     }?;

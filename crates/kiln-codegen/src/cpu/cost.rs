@@ -25,8 +25,8 @@ pub(crate) enum Path {
     Vector,
     /// Cranelift's loops (`emit`).
     General,
-    /// An attention kernel (`attention`): its two products at half a contraction
-    /// microkernel's rate (the online softmax's exp and rescaling between them).
+    /// An attention kernel (`attention`): its two products at a contraction
+    /// microkernel's rate, plus [`ATTENTION_ROW_NS`] per query row.
     Attention,
 }
 
@@ -39,6 +39,14 @@ const EVALS_PER_NS: [f64; 3] = [
     40.0,  // vector: 8 or 16 lanes, more nodes per element than they execute
     1.5,  // general: scalar or 4–8 lanes, index arithmetic in the loops
 ];
+/// An attention kernel's time per query row besides its products: the row's online
+/// softmax (maximum, rescaling, the final division) and its tile's set-up. Fitted with
+/// the products at [`MACS_PER_NS`] to the profiles (`kiln bench --profile`, one thread)
+/// of bert_tiny (4 heads of 64, 128 keys: 195 µs measured, 185 estimated), minilm_l3 at
+/// 128 tokens (12 heads of 32: 266 µs, 293) and bert_large_layer (16 heads of 64, 16
+/// keys: 22 µs, 16); the products alone at half that rate, the estimate before, came to
+/// 350, 524 and 22 µs.
+const ATTENTION_ROW_NS: f64 = 20.0;
 /// Bytes per nanosecond one core moves to and from the second- and third-level caches.
 const BYTES_PER_NS: f64 = 80.0;
 /// Entering a kernel, its loops' set-up and the first touch of its operands.
@@ -61,11 +69,13 @@ pub(crate) fn estimate_ns(k: &Kernel, path: Path) -> u64 {
         Path::General => kiln_flow::fuse::work(k) / EVALS_PER_NS[2],
         Path::Attention => match kiln_flow::attention::Attention::of(k) {
             Some(a) => {
-                let rows: f64 = k.output.shape.dims().iter().map(|&d| d as f64).product();
                 let var = |v: u32| k.vars.get(v as usize).map_or(0.0, |&e| e as f64);
-                // Per output element: its share of the scores (depth per key) and of P·V.
-                let width = k.output.shape.dims().last().map_or(1.0, |&d| d as f64);
-                rows * var(a.key) * (1.0 + var(a.depth) / width) / (MACS_PER_NS / 2.0)
+                // Query rows, each `keys × depth` multiply-adds for its scores and
+                // `keys × width` for P·V.
+                let width = var(a.column).max(1.0);
+                let rows = k.output.shape.numel() as f64 / width;
+                let macs = rows * var(a.key) * (var(a.depth) + width);
+                macs / MACS_PER_NS + rows * ATTENTION_ROW_NS
             }
             None => kiln_flow::fuse::work(k) / EVALS_PER_NS[1],
         },

@@ -33,6 +33,9 @@
 //!   the walks unrolled, and a value several walks compute kept in registers, where a
 //!   thread walks few positions. It declines arg reductions. General kernels with
 //!   reductions take it too, each output element a row of one element.
+//! - Attention ([`attention`]): a warp per query row, the scores one key at a time
+//!   (the lanes split the depth and sum by shuffles), an online softmax rescaling the
+//!   lanes' column accumulators; the score matrix never stored.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
 //!   kernel the expression evaluator ([`expr`]) handles; the class
@@ -49,6 +52,7 @@
 //! kernels are validated with `ptxas -arch=sm_90a` in the tests, and their lowering is
 //! the kernel interpreter's semantics (see `docs/cuda.md`).
 
+pub mod attention;
 pub mod contraction;
 pub mod cubin;
 mod elementwise;
@@ -195,9 +199,7 @@ pub fn compile_kernel_tuned(k: &Kernel, class: KernelClass, tune: &tune::Tune) -
         // Reductions of no Rows kernel: a group of threads per output element; the
         // general mapping keeps its plain note where that declines.
         KernelClass::General => rows::emit_general(k)?,
-        // No attention emitter yet: formation forms the class only for the CPU
-        // (`Formation::Microkernels`), and a kernel of it runs the general mapping.
-        KernelClass::Attention => rows::emit_general(k)?,
+        KernelClass::Attention => attention::emit(k)?,
     };
     let why = match tried {
         Ok(e) => return Ok(e),

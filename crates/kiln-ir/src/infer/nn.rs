@@ -3,8 +3,8 @@
 
 use super::ctx::{broadcast_dims, Class, Ctx, Dims, Ints, R};
 use crate::attrs::{
-    AutoPad, BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, GroupNormAttrs, LayerNormAttrs, PoolAttrs, RmsNormAttrs, RnnAttrs,
-    RnnDirection,
+    AttentionAttrs, AutoPad, BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, GroupNormAttrs, LayerNormAttrs, PoolAttrs,
+    RmsNormAttrs, RnnAttrs, RnnDirection, RotaryEmbeddingAttrs,
 };
 use crate::dtype::DType;
 use crate::shape::TensorType;
@@ -431,6 +431,129 @@ pub(super) fn rms_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     if !a.stash_type.is_float() {
         return Err(cx.invalid(format_args!("attribute `stash_type` must name a float dtype, got {}", a.stash_type)));
     }
+    Ok(vec![x.clone()])
+}
+
+/// Attention(Q, K, V, attn_mask?, past_key?, past_value?, nonpad_kv_seqlen?) → (Y,
+/// present_key?, present_value?, qk_matmul_output?) (see
+/// [`AttentionDims`](crate::attrs::AttentionDims)): Y `[B, Hq, S, Dv]` (3-D: `[B, S,
+/// Hq·Dv]`), the present keys and values `[B, Hkv, P + L, D | Dv]`, the scores `[B, Hq,
+/// S, P + L]`. The mask is bool or Q's dtype and broadcasts to the scores but for its
+/// last dimension, which may be shorter (the keys past it are masked).
+pub(super) fn attention(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(7)?;
+    let q = cx.req_class(0, "Q", Class::Float)?;
+    let k = cx.req_same(1, "K", q)?;
+    let v = cx.req_same(2, "V", q)?;
+    let a = cx.attrs::<AttentionAttrs>()?;
+    let (pk, pv) = (cx.opt_ty(4), cx.opt_ty(5));
+    if pk.is_some() != pv.is_some() {
+        return Err(cx.invalid("`past_key` (input 4) and `past_value` (input 5) must be given together"));
+    }
+    let past = match pk {
+        Some(t) => {
+            cx.same_dtype(t, 4, "past_key", q)?;
+            cx.rank(t, 4, "past_key", 4)?;
+            Some(t.shape.dims()[2])
+        }
+        None => None,
+    };
+    let d = a.dims(q.shape.dims(), k.shape.dims(), v.shape.dims(), past).map_err(|m| cx.invalid(m))?;
+    let (t, h) = (d.keys(), d.kv_heads);
+    if let (Some(pk), Some(pv)) = (pk, pv) {
+        cx.expect_dims(pk, 4, "past_key", &[d.batch, h, d.past, d.head])?;
+        cx.same_dtype(pv, 5, "past_value", q)?;
+        cx.expect_dims(pv, 5, "past_value", &[d.batch, h, d.past, d.v_head])?;
+    }
+    if let Some(m) = cx.opt_ty(3) {
+        if m.dtype != DType::Bool {
+            cx.same_dtype(m, 3, "attn_mask", q)?;
+        }
+        let md = m.shape.dims();
+        let scores = d.scores();
+        let fits = md.len() <= 4
+            && md.last().is_some_and(|&l| l <= t)
+            && md.iter().rev().zip(scores.iter().rev()).skip(1).all(|(&x, &y)| x == 1 || x == y);
+        if !fits {
+            return Err(cx.invalid(format_args!(
+                "`attn_mask` (input 3) {m} does not broadcast to the scores {}",
+                Dims(&scores)
+            )));
+        }
+    }
+    if let Some(n) = cx.opt_ty(6) {
+        if n.dtype != DType::I64 {
+            return Err(cx.invalid(format_args!("`nonpad_kv_seqlen` (input 6) must be int64, got {n}")));
+        }
+        cx.expect_dims(n, 6, "nonpad_kv_seqlen", &[d.batch])?;
+    }
+    if let Some(p) = a.softmax_precision.filter(|p| !p.is_float()) {
+        return Err(cx.invalid(format_args!("attribute `softmax_precision` must name a float dtype, got {p}")));
+    }
+    cx.outputs(vec![
+        cx.tt(q.dtype, d.y())?,
+        cx.tt(q.dtype, vec![d.batch, h, t, d.head])?,
+        cx.tt(q.dtype, vec![d.batch, h, t, d.v_head])?,
+        cx.tt(q.dtype, d.scores())?,
+    ])
+}
+
+/// RotaryEmbedding(input, cos_cache, sin_cache, position_ids?) → input's type. The input
+/// is `[B, H, S, D]`, or `[B, S, H·D]` with `num_heads`; the caches hold half the rotated
+/// width R (`rotary_embedding_dim`, else D) per position: `[positions, R/2]` indexed by
+/// `position_ids` `[B, S]`, or `[B, S, R/2]` without them; caches of D/2 values a
+/// position serve any R (their first R/2 are read).
+pub(super) fn rotary_embedding(cx: &Ctx) -> R<Vec<TensorType>> {
+    cx.max_inputs(4)?;
+    let x = cx.req_class(0, "input", Class::Float)?;
+    let a = cx.attrs::<RotaryEmbeddingAttrs>()?;
+    let xd = x.shape.dims();
+    let (b, s, head) = match *xd {
+        [b, _, s, head] => (b, s, head),
+        [b, s, hidden] => {
+            if a.num_heads < 1 {
+                return Err(cx.invalid("a 3-D `input` needs the attribute `num_heads`"));
+            }
+            let n = a.num_heads as usize;
+            if hidden % n != 0 {
+                return Err(cx.invalid(format_args!("`input` (input 0) {x} does not divide into {n} heads")));
+            }
+            (b, s, hidden / n)
+        }
+        _ => return Err(cx.invalid(format_args!("`input` (input 0) must be 3-D or 4-D, got {x}"))),
+    };
+    let r = if a.rotary_embedding_dim == 0 { head } else { a.rotary_embedding_dim as usize };
+    if r > head || r % 2 != 0 {
+        return Err(cx.invalid(format_args!(
+            "attribute `rotary_embedding_dim` {r} must be even and at most the head size {head}"
+        )));
+    }
+    let cos = cx.req_same(1, "cos_cache", x)?;
+    let sin = cx.req_same(2, "sin_cache", x)?;
+    let want_last = r / 2;
+    match cx.opt_ty(3) {
+        Some(p) => {
+            if p.dtype != DType::I64 {
+                return Err(cx.invalid(format_args!("`position_ids` (input 3) must be int64, got {p}")));
+            }
+            cx.expect_dims(p, 3, "position_ids", &[b, s])?;
+            cx.rank(cos, 1, "cos_cache", 2)?;
+        }
+        None => cx.rank(cos, 1, "cos_cache", 3)?,
+    }
+    // Half the rotated width a position, or half the head's (of which the first R/2
+    // are read).
+    let cd = cos.shape.dims();
+    let fits = cd.last().is_some_and(|&w| w == want_last || w == head / 2)
+        && (cx.opt_ty(3).is_some() || cd[..2] == [b, s]);
+    if !fits {
+        return Err(cx.invalid(format_args!(
+            "`cos_cache` (input 1) {cos} must be [positions, {want_last}] with `position_ids`, else [{b}, {s}, {want_last}] \
+             (or {} values a position)",
+            head / 2
+        )));
+    }
+    cx.expect_dims(sin, 2, "sin_cache", cd)?;
     Ok(vec![x.clone()])
 }
 
