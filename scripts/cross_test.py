@@ -5,9 +5,10 @@ For every model of scripts/gen_models.py's default set (the synthetic models) th
 compiles the model three ways with the host's `kiln`: for this x86-64 machine, and with
 `--target-triple` for each architecture asked for (aarch64, riscv64); runs the x86-64
 artifact with the host's `kiln-run` and each other artifact with the `kiln-run` built
-for that architecture, under `qemu-<arch> -L <sysroot>`, on the inputs of ONNX Runtime's
+for that architecture, under `qemu-<arch> -L <sysroot>` (loader and C library both from
+the sysroot), each with one thread and with two, on the inputs of ONNX Runtime's
 reference (.cache/ref/manifest.json); and compares every output of every architecture
-with the x86-64 run's, and with ONNX Runtime's, under the model's tolerance (the
+and thread count with the x86-64 one-thread run's, and with ONNX Runtime's, under the model's tolerance (the
 manifest's rtol/atol as crates/kiln-cli/tests/models.rs applies them: |got - want| <=
 atol * max|want| + rtol * |want| per element; integer and bool outputs exact).
 
@@ -37,9 +38,12 @@ from refio import file_stem  # noqa: E402
 TRIPLES = {"aarch64": "aarch64-unknown-linux-gnu", "riscv64": "riscv64gc-unknown-linux-gnu"}
 
 
-def run(cmd, **kw):
+def run(cmd, timeout=None, **kw):
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        p = subprocess.CompletedProcess(cmd, 124, "", f"did not finish in {timeout:.0f} s (hung?)")
     return p, time.monotonic() - t0
 
 
@@ -93,6 +97,12 @@ def main():
     )
     ap.add_argument("--work", required=True, help="a directory for artifacts and outputs")
     ap.add_argument("--only", default="", help="comma-separated model names (default: every synthetic model)")
+    ap.add_argument(
+        "--run-timeout",
+        type=float,
+        default=1200.0,
+        help="seconds one run may take before it counts as hung (default 1200)",
+    )
     args = ap.parse_args()
 
     cache = Path(args.cache)
@@ -126,29 +136,46 @@ def main():
             artifact = work / f"{name}.{arch}.kiln"
             triple = [] if arch == "x86_64" else ["--target-triple", TRIPLES[arch]]
             dt_c = must([args.kiln, "compile", model, "-o", artifact, *shapes, *triple], f"{name}: compiling for {arch}")
-            out_dir = work / "out" / arch / name
-            out_dir.mkdir(parents=True, exist_ok=True)
-            for f in out_dir.glob("*.npy"):
-                f.unlink()
             if arch == "x86_64":
                 cmd = [args.host_runner]
             else:
-                cmd = [f"qemu-{arch}", "-L", f"/usr/{arch}-linux-gnu", runners[arch]]
-            # One thread: with two, the aarch64 runner did not finish lenet under qemu-user
-            # (not yet understood: the worker pool under emulation, or its memory ordering
-            # on a weakly ordered CPU; see docs/targets.md).
-            dt_r = must([*cmd, artifact, *feeds, "--output-dir", out_dir, "--threads", "1"], f"{name}: running on {arch}")
-            return arch, out_dir, f"{arch}: compile {dt_c:.1f} s, run {dt_r:.1f} s"
+                # The dynamic loader and the C library both from the cross sysroot: with
+                # `-L` alone the sysroot's loader found the C library of dpkg's arm64
+                # architecture (libc6:arm64, another build of glibc 2.36, installed with
+                # libstd-rust-web-dev:arm64) through /etc/ld.so.cache, and the mixed pair
+                # spun forever in the first pthread_create (a plain C program that starts
+                # one thread hung the same way): two-thread runs never finished.
+                sysroot = f"/usr/{arch}-linux-gnu"
+                cmd = [f"qemu-{arch}", "-L", sysroot, "-E", f"LD_LIBRARY_PATH={sysroot}/lib", runners[arch]]
+            notes = [f"{arch}: compile {dt_c:.1f} s"]
+            dirs = {}
+            # One thread, and two: the worker pool's hand-off under a weakly ordered CPU
+            # (aarch64, riscv64), as qemu-user runs each guest thread on a host thread.
+            for threads in (1, 2):
+                out_dir = work / "out" / f"{arch}-t{threads}" / name
+                out_dir.mkdir(parents=True, exist_ok=True)
+                for f in out_dir.glob("*.npy"):
+                    f.unlink()
+                run_cmd = [*cmd, artifact, *feeds, "--output-dir", out_dir, "--threads", str(threads)]
+                p, dt_r = run(run_cmd, timeout=args.run_timeout)
+                if p.returncode != 0:
+                    sys.exit(
+                        f"error: {name}: running on {arch} with {threads} thread(s) failed ({p.returncode}): "
+                        f"{' '.join(map(str, run_cmd))}\n{p.stderr.strip()}"
+                    )
+                dirs[threads] = out_dir
+                notes.append(f"run on {threads} thread(s) {dt_r:.1f} s")
+            return arch, dirs, ", ".join(notes)
 
         # The emulated architectures side by side (one emulator a core).
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(runners))) as pool:
             done = [one("x86_64"), *pool.map(one, list(runners))]
-        for arch, out_dir, note in done:
-            outs[arch] = out_dir
+        for arch, dirs, note in done:
+            outs[arch] = dirs
             line.append(note)
         for o in m["outputs"]:
             ort = np.load(cache / o["file"])
-            x86_file = outs["x86_64"] / file_name(o["name"])
+            x86_file = outs["x86_64"][1] / file_name(o["name"])
             if not x86_file.exists():
                 failures.append(f"{name}/{o['name']}: the x86-64 run wrote no {x86_file.name}")
                 continue
@@ -156,17 +183,21 @@ def main():
             why = compare(x86, ort, rtol, atol)
             if why:
                 failures.append(f"{name}/{o['name']} on x86_64 vs ONNX Runtime: {why}")
-            for arch in runners:
-                f = outs[arch] / file_name(o["name"])
-                if not f.exists():
-                    failures.append(f"{name}/{o['name']}: the {arch} run wrote no {f.name}")
-                    continue
-                got = np.load(f)
-                for ref_name, ref in (("x86-64", x86), ("ONNX Runtime", ort)):
-                    why = compare(got, ref, rtol, atol)
-                    if why:
-                        failures.append(f"{name}/{o['name']} on {arch} vs {ref_name}: {why}")
-                checked += 1
+            for arch in ["x86_64", *runners]:
+                for threads, out_dir in outs[arch].items():
+                    if arch == "x86_64" and threads == 1:
+                        continue
+                    where = f"{arch} ({threads} thread(s))"
+                    f = out_dir / file_name(o["name"])
+                    if not f.exists():
+                        failures.append(f"{name}/{o['name']}: the {where} run wrote no {f.name}")
+                        continue
+                    got = np.load(f)
+                    for ref_name, ref in (("x86-64", x86), ("ONNX Runtime", ort)):
+                        why = compare(got, ref, rtol, atol)
+                        if why:
+                            failures.append(f"{name}/{o['name']} on {where} vs {ref_name}: {why}")
+                    checked += 1
         print("; ".join(line), flush=True)
 
     # The artifact names its architecture: the host refuses another's, with both names.
@@ -185,7 +216,10 @@ def main():
         print(f"FAIL {f}", file=sys.stderr)
     if failures:
         sys.exit(1)
-    print(f"cross test: {checked} outputs of {len(names)} models on {', '.join(runners)} match x86-64 and ONNX Runtime")
+    print(
+        f"cross test: {checked} outputs (one and two threads; x86-64's two-thread run included) of "
+        f"{len(names)} models on {', '.join(runners)} match x86-64 and ONNX Runtime"
+    )
 
 
 if __name__ == "__main__":
