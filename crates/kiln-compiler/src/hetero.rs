@@ -29,53 +29,17 @@ use std::collections::HashMap;
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, TensorType, ValueDef, ValueId};
 use kiln_module::program::{
-    Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Kernel, Program, Slot,
-    TensorDesc,
+    Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot,
 };
 
 use crate::placement::{Placement, Rule};
 use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
 
-const ALIGN: u64 = 64;
+use crate::link::{gather_kernels, relocate, round_up, tensor_desc, ALIGN};
 
-fn round_up(x: u64) -> u64 {
-    x.div_ceil(ALIGN) * ALIGN
-}
-
-/// Where a segment input comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Port {
-    /// The model's input `i` (host memory).
-    Input(usize),
-    /// Exchange `i` ([`Split::exchanges`]).
-    Exchange(usize),
-}
-
-/// A value that crosses segments: it lives in its producer's arena.
-#[derive(Debug, Clone)]
-pub struct Exchange {
-    /// The device whose arena holds it.
-    pub device: u32,
-    /// Its type.
-    pub ty: TensorType,
-    /// Its name.
-    pub name: String,
-}
-
-/// One device's work in one stage.
-#[derive(Debug, Clone)]
-pub struct Segment {
-    /// Stage.
-    pub stage: usize,
-    /// Device.
-    pub device: u32,
-    /// The graph.
-    pub graph: Graph,
-    /// Per graph input, where it comes from.
-    pub inputs: Vec<Port>,
-    /// Per graph output, the exchange it writes.
-    pub outputs: Vec<usize>,
-}
+// A segment, where its inputs come from and the values that cross segments are those of
+// the sharded plans (`kiln_shard`): a heterogeneous split is the same shape of graph.
+pub use kiln_shard::{Exchange, Port, Segment};
 
 /// A placed graph cut into segments.
 #[derive(Debug, Clone)]
@@ -231,16 +195,6 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
     Ok(Split { placement: p, segments, exchanges, outputs })
 }
 
-fn tensor_desc(g: &Graph, v: ValueId) -> TensorDesc {
-    let val = &g.values[v];
-    TensorDesc {
-        name: val.name.clone(),
-        dtype: val.ty.dtype.onnx_code().unwrap_or(0) as u32,
-        dims: val.ty.shape.dims().iter().map(|&d| d as u64).collect(),
-        bytes: val.ty.storage_bytes() as u64,
-    }
-}
-
 /// Compiles `input` into one plan over the devices `kinds` (the first the host CPU),
 /// each node placed by `rules` or the cost model.
 pub fn compile(
@@ -272,22 +226,7 @@ pub fn compile(
         segments.push(crate::compile(&s.graph, &seg_opts)?);
     }
     let program = link(graph, &split, &segments, options)?;
-    let (program, weights) = match &options.external_weights {
-        None => (program, None),
-        Some(file) => {
-            let mut p = program;
-            let pool = match std::mem::replace(&mut p.constants, Constants::Embedded(Vec::new())) {
-                Constants::Embedded(b) => b,
-                Constants::External { .. } => Vec::new(),
-            };
-            p.constants = Constants::External {
-                file: file.clone(),
-                size: pool.len() as u64,
-                hash: kiln_module::sections::weights_hash(&pool),
-            };
-            (p, Some(pool))
-        }
-    };
+    let (program, weights) = crate::link::externalise(program, options);
     let artifact = kiln_module::sections::write_program(&program);
     Ok(HeteroCompiled { artifact, weights, program, split, segments })
 }
@@ -343,22 +282,8 @@ fn link(graph: &Graph, sp: &Split, segs: &[Compiled], options: &Options) -> Resu
         const_base.push(at);
     }
     // Kernels and executables.
-    let mut kernels: Vec<Kernel> = Vec::new();
-    let mut executables = Vec::new();
-    let mut kernel_base = Vec::with_capacity(segs.len());
-    let mut sources = Vec::new();
-    for (s, c) in sp.segments.iter().zip(segs) {
-        kernel_base.push(kernels.len() as u32);
-        let xb = executables.len() as u32;
-        executables.extend(c.program.executables.iter().cloned());
-        for (i, k) in c.program.kernels.iter().enumerate() {
-            let mut k = k.clone();
-            k.name = format!("d{}.s{}.{}", s.device, s.stage, k.name);
-            k.variants.iter_mut().for_each(|v| v.executable += xb);
-            kernels.push(k);
-            sources.push(c.program.debug.as_ref().and_then(|d| d.kernel_sources.get(i)).cloned().unwrap_or_default());
-        }
-    }
+    let crate::link::Kernels { kernels, executables, base: kernel_base, sources } =
+        gather_kernels(sp.segments.iter().map(|s| (s.device, s.stage)).zip(segs));
     // Where segment si's binding lives, in its own device's memory.
     let remap = |si: usize, b: &Binding| -> Binding {
         let s = &sp.segments[si];
@@ -431,22 +356,7 @@ fn link(graph: &Graph, sp: &Split, segs: &[Compiled], options: &Options) -> Resu
         let base = commands.len() + 1;
         for (ci, c) in segs[si].program.entries[0].commands.iter().enumerate() {
             cmd_map[si][ci] = (base + body.len()) as u32;
-            body.push(match c {
-                Command::Dispatch { kernel, workgroups, bindings, push_constants, work_ns, .. } => Command::Dispatch {
-                    kernel: kernel + kernel_base[si],
-                    device: s.device,
-                    workgroups: *workgroups,
-                    bindings: bindings.iter().map(|b| remap(si, b)).collect(),
-                    push_constants: push_constants.clone(),
-                    work_ns: *work_ns,
-                },
-                Command::Barrier => Command::Barrier,
-                Command::Copy { src, dst } => Command::Copy { src: remap(si, src), dst: remap(si, dst) },
-                Command::Fill { dst, pattern, pattern_len } => {
-                    Command::Fill { dst: remap(si, dst), pattern: *pattern, pattern_len: *pattern_len }
-                }
-                other => return Err(bad(format!("a segment's plan has {other:?}"))),
-            });
+            body.push(relocate(c, kernel_base[si], s.device, |b| remap(si, b))?);
         }
         while matches!(body.last(), Some(Command::Barrier)) {
             body.pop();

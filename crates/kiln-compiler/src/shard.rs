@@ -22,20 +22,17 @@
 //! become the model's inputs or exchange buffers in the arena.
 
 use kiln_module::program::{
-    Binding, BufferDesc, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Kernel,
-    Program, Slot, TensorDesc,
+    Binding, BufferDesc, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot,
+};
+pub use kiln_shard::{
+    print as print_sharded, Collective, CollectiveKind as Kind, Layout, Segment, ShardError, Sharded, MAX_DEVICES,
 };
 use kiln_shard::{CollectiveKind, Port};
-pub use kiln_shard::{print as print_sharded, Collective, CollectiveKind as Kind, Layout, Segment, ShardError, Sharded, MAX_DEVICES};
 
-use crate::{CompileError, Compiled, Compilation, Input, Options, Stage, TargetDevice};
+use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
 
 /// Alignment of every region the linker lays out.
-const ALIGN: u64 = 64;
-
-fn round_up(x: u64) -> u64 {
-    x.div_ceil(ALIGN) * ALIGN
-}
+use crate::link::{gather_kernels, relocate, round_up, tensor_desc, ALIGN};
 
 /// A compile over several devices.
 #[derive(Debug)]
@@ -50,16 +47,6 @@ pub struct ShardedCompiled {
     pub sharded: Sharded,
     /// Every segment's own compile, in [`Sharded::segments`] order.
     pub segments: Vec<Compiled>,
-}
-
-fn tensor_desc(g: &kiln_ir::Graph, v: kiln_ir::ValueId) -> TensorDesc {
-    let val = &g.values[v];
-    TensorDesc {
-        name: val.name.clone(),
-        dtype: val.ty.dtype.onnx_code().unwrap_or(0) as u32,
-        dims: val.ty.shape.dims().iter().map(|&d| d as u64).collect(),
-        bytes: val.ty.storage_bytes() as u64,
-    }
 }
 
 /// Compiles `input` into one plan over `devices` devices of `options.device`'s kind.
@@ -83,22 +70,7 @@ pub fn compile(input: Input, options: &Options, devices: u32) -> Result<ShardedC
         segments.push(crate::compile(&s.graph, &seg_opts)?);
     }
     let program = link(graph, &sharded, &segments, options)?;
-    let (program, weights) = match &options.external_weights {
-        None => (program, None),
-        Some(file) => {
-            let mut p = program;
-            let pool = match std::mem::replace(&mut p.constants, Constants::Embedded(Vec::new())) {
-                Constants::Embedded(b) => b,
-                Constants::External { .. } => Vec::new(),
-            };
-            p.constants = Constants::External {
-                file: file.clone(),
-                size: pool.len() as u64,
-                hash: kiln_module::sections::weights_hash(&pool),
-            };
-            (p, Some(pool))
-        }
-    };
+    let (program, weights) = crate::link::externalise(program, options);
     let artifact = kiln_module::sections::write_program(&program);
     Ok(ShardedCompiled { artifact, weights, program, sharded, segments })
 }
@@ -109,12 +81,7 @@ struct Placed {
     constants: u64,
 }
 
-fn link(
-    graph: &kiln_ir::Graph,
-    sh: &Sharded,
-    segs: &[Compiled],
-    options: &Options,
-) -> Result<Program, CompileError> {
+fn link(graph: &kiln_ir::Graph, sh: &Sharded, segs: &[Compiled], options: &Options) -> Result<Program, CompileError> {
     let bad = |why: String| CompileError::Link(why);
     // Exchange buffers first.
     let mut ex_off = Vec::with_capacity(sh.exchanges.len());
@@ -152,23 +119,8 @@ fn link(
     }
     let arena_size = stage_base + stage_size.iter().copied().max().unwrap_or(0);
     // Kernels and executables.
-    let mut kernels: Vec<Kernel> = Vec::new();
-    let mut executables = Vec::new();
-    let mut kernel_base = Vec::with_capacity(segs.len());
-    let mut sources = Vec::new();
-    for (s, c) in sh.segments.iter().zip(segs) {
-        kernel_base.push(kernels.len() as u32);
-        let xb = executables.len() as u32;
-        executables.extend(c.program.executables.iter().cloned());
-        for (i, k) in c.program.kernels.iter().enumerate() {
-            let mut k = k.clone();
-            k.name = format!("d{}.s{}.{}", s.device, s.stage, k.name);
-            k.variants.iter_mut().for_each(|v| v.executable += xb);
-            kernels.push(k);
-            let src = c.program.debug.as_ref().and_then(|d| d.kernel_sources.get(i)).cloned().unwrap_or_default();
-            sources.push(src);
-        }
-    }
+    let crate::link::Kernels { kernels, executables, base: kernel_base, sources } =
+        gather_kernels(sh.segments.iter().map(|s| (s.device, s.stage)).zip(segs));
     let remap = |si: usize, b: &Binding| -> Binding {
         let s = &sh.segments[si];
         let p = &placed[si];
@@ -218,21 +170,8 @@ fn link(
                     let c = &segs[*si].program.entries[0].commands[ci];
                     cmd_map[*si][ci] = commands.len() as u32;
                     commands.push(match c {
-                        Command::Dispatch { kernel, workgroups, bindings, push_constants, work_ns, .. } => {
-                            Command::Dispatch {
-                                kernel: kernel + kernel_base[*si],
-                                device,
-                                workgroups: *workgroups,
-                                bindings: bindings.iter().map(|b| remap(*si, b)).collect(),
-                                push_constants: push_constants.clone(),
-                                work_ns: *work_ns,
-                            }
-                        }
-                        Command::Copy { src, dst } => Command::Copy { src: remap(*si, src), dst: remap(*si, dst) },
-                        Command::Fill { dst, pattern, pattern_len } => {
-                            Command::Fill { dst: remap(*si, dst), pattern: *pattern, pattern_len: *pattern_len }
-                        }
-                        other => return Err(bad(format!("a segment's plan has {other:?}"))),
+                        Command::Barrier => return Err(bad("a segment's wave holds a barrier".into())),
+                        c => relocate(c, kernel_base[*si], device, |b| remap(*si, b))?,
                     });
                 }
             }

@@ -113,7 +113,7 @@ pub enum ShardError {
 }
 
 /// Where a segment's input comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Port {
     /// The model's input `i`.
     Input(usize),
