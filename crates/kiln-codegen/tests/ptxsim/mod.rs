@@ -489,6 +489,9 @@ fn decode(opcode: &str) -> R<(Op, Vec<Ty>, Mods)> {
             (Op::Ld, "shared::cluster") => m.space = Some(Space::Cluster),
             (Op::Mapa, "shared::cluster") => m.space = Some(Space::Cluster),
             (Op::Ld, "param") => m.space = Some(Space::Param),
+            // Cache operators (`.cs` streaming, evict first; `.ca`/`.cg`/`.lu`/`.cv` on
+            // loads, `.wb`/`.wt` on stores) change where a line is kept, never a value.
+            (Op::Ld, "ca" | "cg" | "cs" | "lu" | "cv") | (Op::St, "wb" | "cg" | "cs" | "wt") => {}
             (Op::Ld | Op::St, "v2") => m.vec = 2,
             (Op::Ld | Op::St, "v4") => m.vec = 4,
             (Op::Cvta, "to") => {}
