@@ -39,6 +39,9 @@
 //!
 //! - `wgmma=off`: half contractions skip the warpgroup kernel ([`super::wgmma`]) and
 //!   take `mma.sync` with the `mma` variant (`on`, the default: wgmma where it applies).
+//! - `attn=on`: attention chains form one attention kernel on CUDA too (off by
+//!   default: the kernel measured slower than the separate products, docs/cuda.md).
+//!   Read by the compiler when it forms dispatches, not by the code generator.
 //! - `occ=1` or `occ=2`: the f32 SIMT kernel asks ptxas for that many resident blocks
 //!   per multiprocessor (`.minnctapersm 2` holds it to 128 registers a thread; `1`
 //!   writes no directive) instead of the emitter's rule.
@@ -109,6 +112,10 @@ pub struct Tune {
     pub wgmma: bool,
     /// The elementwise kernels' variant.
     pub elt: Elt,
+    /// Whether attention chains form one attention kernel ([`super::attention`]) on
+    /// CUDA (`attn=on`; off by default: on an H100 bert_tiny f16 took 0.211 ms with it
+    /// against 0.092 ms as separate product and softmax kernels, docs/cuda.md).
+    pub attention: bool,
     /// Resident blocks per multiprocessor asked of ptxas for the f32 SIMT kernel
     /// (`occ=1|2`; `None`: the emitter's rule, [`super::contraction`]).
     pub f32_occupancy: Option<u32>,
@@ -181,7 +188,7 @@ pub struct Elt {
 
 impl Default for Tune {
     fn default() -> Tune {
-        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), f32_occupancy: None, arch: Arch::Sm90a }
+        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), attention: false, f32_occupancy: None, arch: Arch::Sm90a }
     }
 }
 
@@ -277,8 +284,15 @@ impl Tune {
                         }
                     }
                 }
+                "attn" => {
+                    t.attention = match v.trim() {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(format!("attn {v:?}: on or off")),
+                    }
+                }
                 "occ" => t.f32_occupancy = Some(num(v, "f32 blocks per multiprocessor", &[1, 2])?),
-                other => return Err(format!("unknown key {other:?} (f32, occ, mma, wgmma, elt)")),
+                other => return Err(format!("unknown key {other:?} (f32, occ, mma, wgmma, elt, attn)")),
             }
         }
         Ok(t)
@@ -317,6 +331,7 @@ mod tests {
         assert_eq!(Tune::parse("elt=ca").unwrap().elt.streaming, Some(false));
         assert_eq!(Tune::parse("elt=").unwrap(), Tune::default());
         assert_eq!(Tune::parse("occ=1").unwrap().f32_occupancy, Some(1));
+        assert!(Tune::parse("attn=on").unwrap().attention && !Tune::default().attention);
         for bad in [
             "f32=128x96",
             "f32=128x64s3",
