@@ -28,9 +28,7 @@ use std::collections::HashMap;
 
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, TensorType, ValueDef, ValueId};
-use kiln_module::program::{
-    Binding, BufferDesc, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot,
-};
+use kiln_module::program::{Binding, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot};
 
 use crate::placement::{Placement, Rule};
 use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
@@ -399,26 +397,16 @@ fn link(graph: &Graph, sp: &Split, segs: &[Compiled], options: &Options) -> Resu
         commands.extend(body);
     }
     let last = commands.len().saturating_sub(1) as u32;
-    let mut buffers = Vec::new();
-    for (si, (s, c)) in sp.segments.iter().zip(segs).enumerate() {
-        for b in &c.program.entries[0].buffers {
-            let map = |i: u32| cmd_map[si].get(i as usize).copied().unwrap_or(last);
-            buffers.push(BufferDesc {
-                name: if options.strip { String::new() } else { format!("d{}/{}", s.device, b.name) },
-                binding: remap(si, &b.binding),
-                first: map(b.first),
-                last: map(b.last),
-            });
-        }
-    }
-    for (e, x) in sp.exchanges.iter().enumerate() {
-        buffers.push(BufferDesc {
-            name: if options.strip { String::new() } else { format!("d{}/{}", x.device, x.name) },
-            binding: Binding { slot: Slot::Arena, offset: ex_off[e], length: x.ty.storage_bytes() as u64 },
-            first: 0,
-            last,
-        });
-    }
+    let buffers = crate::link::memory_map(
+        &sp.segments,
+        segs,
+        &cmd_map,
+        last,
+        remap,
+        (&sp.exchanges, &ex_off),
+        |x| format!("d{}/{}", x.device, x.name),
+        options.strip,
+    );
     let mut counts = [0usize; 2];
     let devices = kinds
         .iter()

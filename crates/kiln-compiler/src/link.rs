@@ -7,7 +7,8 @@
 //! descriptions, and the constant pool written to a weights file when asked.
 
 use kiln_ir::{Graph, ValueId};
-use kiln_module::program::{Binding, Command, Constants, Executable, Kernel, Program, TensorDesc};
+use kiln_module::program::{Binding, BufferDesc, Command, Constants, Executable, Kernel, Program, Slot, TensorDesc};
+use kiln_shard::{Exchange, Segment};
 
 use crate::{CompileError, Compiled, Options};
 
@@ -103,4 +104,42 @@ pub(crate) fn externalise(program: Program, options: &Options) -> (Program, Opti
         hash: kiln_module::sections::weights_hash(&pool),
     };
     (p, Some(pool))
+}
+
+/// The linked plan's memory map: every segment's buffers (named `d{device}/{name}`, at
+/// their linked bindings, their first and last commands moved by `cmd_map`, `last`
+/// where a command has no place), then each exchange (at `ex_off`, named by
+/// `exchange_name`), live over the whole plan. Names are left out with `strip`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn memory_map(
+    segments: &[Segment],
+    segs: &[Compiled],
+    cmd_map: &[Vec<u32>],
+    last: u32,
+    remap: impl Fn(usize, &Binding) -> Binding,
+    (exchanges, ex_off): (&[Exchange], &[u64]),
+    exchange_name: impl Fn(&Exchange) -> String,
+    strip: bool,
+) -> Vec<BufferDesc> {
+    let mut buffers = Vec::new();
+    for (si, (s, c)) in segments.iter().zip(segs).enumerate() {
+        for b in &c.program.entries[0].buffers {
+            let map = |i: u32| cmd_map[si].get(i as usize).copied().unwrap_or(last);
+            buffers.push(BufferDesc {
+                name: if strip { String::new() } else { format!("d{}/{}", s.device, b.name) },
+                binding: remap(si, &b.binding),
+                first: map(b.first),
+                last: map(b.last),
+            });
+        }
+    }
+    for (x, &offset) in exchanges.iter().zip(ex_off) {
+        buffers.push(BufferDesc {
+            name: if strip { String::new() } else { exchange_name(x) },
+            binding: Binding { slot: Slot::Arena, offset, length: x.ty.storage_bytes() as u64 },
+            first: 0,
+            last,
+        });
+    }
+    buffers
 }

@@ -22,7 +22,7 @@
 //! become the model's inputs or exchange buffers in the arena.
 
 use kiln_module::program::{
-    Binding, BufferDesc, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot,
+    Binding, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot,
 };
 pub use kiln_shard::{
     print as print_sharded, Collective, CollectiveKind as Kind, Layout, Segment, ShardError, Sharded, MAX_DEVICES,
@@ -218,26 +218,16 @@ fn link(graph: &kiln_ir::Graph, sh: &Sharded, segs: &[Compiled], options: &Optio
     }
     // The memory map: every segment's buffers (named by device), then the exchanges.
     let last = commands.len().saturating_sub(1) as u32;
-    let mut buffers = Vec::new();
-    for (si, (s, c)) in sh.segments.iter().zip(segs).enumerate() {
-        for b in &c.program.entries[0].buffers {
-            let map = |i: u32| cmd_map[si].get(i as usize).copied().unwrap_or(last);
-            buffers.push(BufferDesc {
-                name: if options.strip { String::new() } else { format!("d{}/{}", s.device, b.name) },
-                binding: remap(si, &b.binding),
-                first: map(b.first),
-                last: map(b.last),
-            });
-        }
-    }
-    for (e, x) in sh.exchanges.iter().enumerate() {
-        buffers.push(BufferDesc {
-            name: if options.strip { String::new() } else { x.name.clone() },
-            binding: Binding { slot: Slot::Arena, offset: ex_off[e], length: x.ty.storage_bytes() as u64 },
-            first: 0,
-            last,
-        });
-    }
+    let buffers = crate::link::memory_map(
+        &sh.segments,
+        segs,
+        &cmd_map,
+        last,
+        remap,
+        (&sh.exchanges, &ex_off),
+        |x| x.name.clone(),
+        options.strip,
+    );
     let kind = match options.device {
         TargetDevice::Cpu => DeviceKind::Cpu,
         TargetDevice::Cuda => DeviceKind::Cuda,
