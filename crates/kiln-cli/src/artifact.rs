@@ -892,11 +892,7 @@ fn compile_hetero(a: &Args, model: &Path, list: &str) -> Result<(), String> {
         Some("hal") => return write_stdout(&listing(&c.program, &LayoutInfo::default(), false)),
         Some(l) => return Err(format!("--to `{l}` with --devices KINDS: expected hal or artifact")),
     }
-    let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
-    std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
-    if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
-        std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
-    }
+    let out = write_linked(a, &c.artifact, c.weights.as_deref())?;
     let e = &c.program.entries[0];
     let per: Vec<String> = c
         .program
@@ -925,6 +921,17 @@ fn compile_hetero(a: &Args, model: &Path, list: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes a linked artifact (`--devices`, a number or kinds) to `-o OUT.kiln` and its
+/// constant pool to `--external-weights` when kept outside; the artifact's path.
+fn write_linked(a: &Args, artifact: &[u8], weights: Option<&[u8]>) -> Result<PathBuf, String> {
+    let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
+    std::fs::write(&out, artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
+    if let (Some(w), Some(bytes)) = (&a.external_weights, weights) {
+        std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
+    }
+    Ok(out)
+}
+
 /// `kiln compile --devices N` (N ≠ 1): the plan sharded over N devices
 /// ([`kiln_compiler::shard`]); `--to tensor` prints the per-device graphs, `--to hal`
 /// the linked program's listing.
@@ -942,11 +949,7 @@ fn compile_sharded(a: &Args, model: &Path, n: u32) -> Result<(), String> {
         Some("hal") => return write_stdout(&listing(&c.program, &LayoutInfo::default(), false)),
         Some(l) => return Err(format!("--to `{l}` with --devices: expected tensor, hal or artifact")),
     }
-    let out = a.output.clone().ok_or("no output given (-o OUT.kiln)")?;
-    std::fs::write(&out, &c.artifact).map_err(|e| format!("cannot write `{}`: {e}", out.display()))?;
-    if let (Some(w), Some(bytes)) = (&a.external_weights, &c.weights) {
-        std::fs::write(w, bytes).map_err(|e| format!("cannot write `{}`: {e}", w.display()))?;
-    }
+    let out = write_linked(a, &c.artifact, c.weights.as_deref())?;
     let e = &c.program.entries[0];
     let count = |f: fn(&Command) -> bool| e.commands.iter().filter(|c| f(c)).count();
     eprintln!(

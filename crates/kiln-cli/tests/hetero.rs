@@ -108,14 +108,7 @@ fn split_mlp_matches_the_single_device_plan() {
     // the product's result back: six transfers, each host segment waiting for the
     // device segment before it.
     assert_eq!(count(p, |x| matches!(x, Command::Transfer { .. })), 6);
-    let waits: Vec<(u32, Vec<u32>)> = p.entries[0]
-        .commands
-        .iter()
-        .filter_map(|x| match x {
-            Command::Segment { device, waits, .. } => Some((*device, waits.clone())),
-            _ => None,
-        })
-        .collect();
+    let waits = segment_waits(p);
     for (s, (d, w)) in waits.iter().enumerate() {
         if *d == 0 && s > 0 && s < 6 {
             assert_eq!(w, &vec![s as u32 - 1], "host segment {s} waits for the device segment before it");
@@ -182,14 +175,7 @@ fn independent_branches_run_in_one_stage_on_both_devices() {
     // Stage 0: the host's branch and device 1's branch; stage 1: the Add on the host.
     let stages: Vec<(usize, u32)> = c.split.segments.iter().map(|s| (s.stage, s.device)).collect();
     assert_eq!(stages, vec![(0, 0), (0, 1), (1, 0)], "segments (stage, device)");
-    let segs: Vec<(u32, Vec<u32>)> = c.program.entries[0]
-        .commands
-        .iter()
-        .filter_map(|x| match x {
-            Command::Segment { device, waits, .. } => Some((*device, waits.clone())),
-            _ => None,
-        })
-        .collect();
+    let segs = segment_waits(&c.program);
     // Device 1's branch first (the host submits it, then runs its own branch while
     // device 1 runs), neither waiting; the Add waits for device 1's segment.
     assert_eq!(segs[0], (1, vec![]));
@@ -480,4 +466,16 @@ fn split_mlp_on_cuda_matches_the_cpu() {
         s.sort_by(f64::total_cmp);
         println!("{name:<22} median {:>9.1} us  p99 {:>9.1} us", s[s.len() / 2], s[s.len() * 99 / 100]);
     }
+}
+
+/// Each `segment` command of `p`'s plan: its device and the segments it waits for.
+fn segment_waits(p: &Program) -> Vec<(u32, Vec<u32>)> {
+    p.entries[0]
+        .commands
+        .iter()
+        .filter_map(|x| match x {
+            Command::Segment { device, waits, .. } => Some((*device, waits.clone())),
+            _ => None,
+        })
+        .collect()
 }
