@@ -21,6 +21,11 @@
 //! result is within a small multiple of `(D + T)·2⁻²⁴` (relative to the row's
 //! magnitudes) of the interpreter's. It declines heads wider than 256 (depth or
 //! columns) and a mask or V that is not f32.
+//!
+//! This is the kernel `KILN_CUDA_TUNE=attn=on` runs, exact f32 throughout; `attn=flash`
+//! runs the tensor-core kernel of [`super::flash`] instead (f16 operands, heads whose
+//! depth and width are multiples of 16 up to 128) and this one on what that declines
+//! (f32 heads of other sizes: odd depths, heads up to 256).
 
 use kiln_flow::attention::{Attention, Operand};
 use kiln_flow::Kernel;
@@ -37,9 +42,19 @@ fn f32imm(x: f32) -> Opd {
     Imm::F32(x.to_bits()).into()
 }
 
-/// The attention entry of `k`, or why it declines.
-pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
+/// The attention entry of `k`, or why it declines: the tensor-core kernel
+/// ([`super::flash`]) where `flash` asks for it (`KILN_CUDA_TUNE=attn=flash`) and it
+/// takes the head, else the warp-per-row kernel below (whose note then says why not
+/// the other).
+pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenError> {
     let Some(a) = Attention::of(k) else { return Ok(Err("not of the attention form".into())) };
+    let mut declined = None;
+    if flash {
+        match super::flash::emit(k, &a)? {
+            Ok(e) => return Ok(Ok(e)),
+            Err(why) => declined = Some(why),
+        }
+    }
     let var = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
     let (depth, keys, width) = (var(a.depth), var(a.key), var(a.column));
     let (ds, cs) = ((depth as usize).div_ceil(32), (width as usize).div_ceil(32));
@@ -223,6 +238,7 @@ pub fn emit(k: &Kernel) -> Result<Result<Entry, String>, CodegenError> {
         shared: 0,
         params: (k.inputs.len() + 1) as u32,
     };
-    let note = format!("attention (a warp per query row: {keys} keys, depth {depth}, {width} columns)");
+    let not_flash = declined.map(|why| format!("; not on the tensor cores: {why}")).unwrap_or_default();
+    let note = format!("attention (a warp per query row: {keys} keys, depth {depth}, {width} columns{not_flash})");
     Ok(Ok(Entry { text, launch, note }))
 }

@@ -40,8 +40,13 @@
 //! - `wgmma=off`: half contractions skip the warpgroup kernel ([`super::wgmma`]) and
 //!   take `mma.sync` with the `mma` variant (`on`, the default: wgmma where it applies).
 //! - `attn=on`: attention chains form one attention kernel on CUDA too (off by
-//!   default: the kernel measured slower than the separate products, docs/cuda.md).
-//!   Read by the compiler when it forms dispatches, not by the code generator.
+//!   default: the kernel measured slower than the separate products, docs/cuda.md),
+//!   the warp-per-row kernel ([`super::attention`], exact f32). `attn=flash`: formed
+//!   too, on the tensor cores ([`super::flash`]: Q, K, V and the probabilities rounded
+//!   to f16, as the separate kernels of `--precision f16` store them; the warp kernel
+//!   where it declines the head). `attn=off` is the default. The compiler reads
+//!   whether to form the kernel when it forms dispatches, the code generator which
+//!   kernel to write.
 //! - `occ=1` or `occ=2`: the f32 SIMT kernel asks ptxas for that many resident blocks
 //!   per multiprocessor (`.minnctapersm 2` holds it to 128 registers a thread; `1`
 //!   writes no directive) instead of the emitter's rule.
@@ -116,6 +121,9 @@ pub struct Tune {
     /// CUDA (`attn=on`; off by default: on an H100 bert_tiny f16 took 0.211 ms with it
     /// against 0.092 ms as separate product and softmax kernels, docs/cuda.md).
     pub attention: bool,
+    /// Whether an attention kernel runs on the tensor cores ([`super::flash`],
+    /// `attn=flash`) rather than a warp per query row (`attn=on`).
+    pub flash_attention: bool,
     /// Resident blocks per multiprocessor asked of ptxas for the f32 SIMT kernel
     /// (`occ=1|2`; `None`: the emitter's rule, [`super::contraction`]).
     pub f32_occupancy: Option<u32>,
@@ -188,7 +196,7 @@ pub struct Elt {
 
 impl Default for Tune {
     fn default() -> Tune {
-        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), attention: false, f32_occupancy: None, arch: Arch::Sm90a }
+        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), attention: false, flash_attention: false, f32_occupancy: None, arch: Arch::Sm90a }
     }
 }
 
@@ -285,10 +293,11 @@ impl Tune {
                     }
                 }
                 "attn" => {
-                    t.attention = match v.trim() {
-                        "on" => true,
-                        "off" => false,
-                        _ => return Err(format!("attn {v:?}: on or off")),
+                    (t.attention, t.flash_attention) = match v.trim() {
+                        "on" => (true, false),
+                        "flash" => (true, true),
+                        "off" => (false, false),
+                        _ => return Err(format!("attn {v:?}: on, flash or off")),
                     }
                 }
                 "occ" => t.f32_occupancy = Some(num(v, "f32 blocks per multiprocessor", &[1, 2])?),
@@ -332,6 +341,9 @@ mod tests {
         assert_eq!(Tune::parse("elt=").unwrap(), Tune::default());
         assert_eq!(Tune::parse("occ=1").unwrap().f32_occupancy, Some(1));
         assert!(Tune::parse("attn=on").unwrap().attention && !Tune::default().attention);
+        let flash = Tune::parse("attn=flash").unwrap();
+        assert!(flash.attention && flash.flash_attention && !Tune::parse("attn=on").unwrap().flash_attention);
+        assert!(Tune::parse("attn=fast").is_err());
         for bad in [
             "f32=128x96",
             "f32=128x64s3",

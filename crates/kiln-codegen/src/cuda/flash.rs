@@ -1,0 +1,566 @@
+//! Attention on the tensor cores ([`KernelClass::Attention`](kiln_flow::class::KernelClass),
+//! `KILN_CUDA_TUNE=attn=flash`): a block per (head, tile of 64 query rows), K and V
+//! staged in shared memory 64 keys at a time, both products on
+//! `mma.sync.aligned.m16n8k16` with f16 operands and f32 accumulators, an online
+//! softmax in registers; the score matrix never leaves registers.
+//!
+//! # The rows
+//!
+//! The kernel's form is [`kiln_flow::attention`]'s (see [`super::attention`]). Its
+//! outer output variables are split into the *queries* (those that neither K nor V
+//! reads, wherever they are: a grouped-query head's group is a query variable too) and
+//! the *head* (the others): every query of one head reads the same keys and values. A block of 4 warps takes 64
+//! consecutive queries of one head (the grid is `heads × ⌈queries / 64⌉`), warp `w`
+//! its rows `16w ..16w + 16`, lane `l` (`g = l / 4`, `t = l % 4`) the rows `g` and
+//! `g + 8` of its warp's 16 as the `mma` fragments place them ([`super::mma::a_elem`],
+//! [`super::mma::c_elem`]). Queries past the head's last are computed on its last row
+//! and not stored.
+//!
+//! # The loop over keys
+//!
+//! Each lane holds its warp's Q rows as `mma` A fragments (`D/16` of them, rounded to
+//! f16 once, before the loop). For each tile of 64 keys:
+//! 1. `bar.sync`; the block copies the tile's K (64 keys × `D`) and V (64 keys × `W`)
+//!    into shared memory, rounded to f16: key-major rows padded by 16 bytes (a row of
+//!    `2D + 16` bytes: the 8 rows of an `ldmatrix` matrix fall in 8 distinct 16-byte
+//!    bank groups), 4 elements per thread and load (`ld.global.v4.f32`) where the
+//!    operand's run (K's depth, V's columns) is contiguous and 16-byte aligned, one
+//!    at a time otherwise; keys past the last are zeros; `bar.sync`.
+//! 2. `S = Q·Kᵀ`: per `k16` of the depth and 16 keys one `ldmatrix.x4` of K (the
+//!    B fragments of two 8-key blocks) and two `mma`: 32 f32 scores a lane (its two
+//!    rows × 16 keys).
+//! 3. `S = s·S + s_m·mask` (the mask loaded per score, at its affine offset: any
+//!    broadcast, causal masks included), keys past the last `−∞`.
+//! 4. The online softmax per row: the tile's maximum (the lane's 16, then
+//!    `shfl.sync.bfly` 1 and 2 over the row's quad), `m' = max(m, max)`, the factor
+//!    `c = exp(m − m')` of the running sum `l` and the output accumulators, `p =
+//!    exp(S − m')` (`ex2.approx` of `x·log₂e`; `m'` taken as 0 while every score so far
+//!    is `−∞`, so that `p = 0`, `c = 0`). `l` is the lane's partial sum (its 16 keys),
+//!    the quad's sum taken once at the end.
+//! 5. `O = c·O + P·V`: the `p` rounded to f16 and packed in registers are the A
+//!    fragments of the second product as they stand (the accumulator layout of 8 keys
+//!    × 2 blocks is the A layout of 16 keys); V's B fragments by `ldmatrix.x4.trans`.
+//!
+//! The result `O / l` (quad-summed `l`; NaN where every key of a row is masked, 0
+//! under the form's `nan_to_zero`) is stored as pairs of columns (`st.global.v2.f32`).
+//!
+//! # Precision
+//!
+//! The form reads f32 operands (the storage-precision pass keeps an attention kernel's
+//! operands f32), and this kernel rounds Q, K, V and the probabilities `p` to f16, as
+//! the separate product kernels of `--precision f16` store Q, K, V and the softmax in
+//! f16; products are exact and accumulate in f32. So it is chosen only where asked
+//! (`attn=flash`), never under f32 precision by default: the emitter does not know the
+//! program's precision. Where Q, K, V are exact in f16, the result is within
+//! `2⁻¹¹·max|V|` (the rounding of `p`) plus f32 reassociation of the interpreter's.
+//!
+//! # Declined (to the warp-per-row kernel, [`super::attention`])
+//!
+//! A depth or width (V's columns) not a multiple of 16 or above [`MAX_HEAD`]; a
+//! negative coefficient of an operand's key, depth or column (the tile's addresses are
+//! immediates).
+
+use kiln_flow::attention::{Attention, Operand};
+use kiln_flow::Kernel;
+
+use super::contraction::u32_op;
+use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use super::{declare_shared, decompose, dynamic_bytes, internal, Entry, Launch};
+use crate::CodegenError;
+
+/// Query rows of a block (4 warps of 16).
+pub const ROWS: u32 = 64;
+
+/// Keys of a tile.
+pub const KEYS: u32 = 64;
+
+/// Threads of a block.
+pub const THREADS: u32 = 128;
+
+/// The widest head (depth or columns) the kernel takes.
+pub const MAX_HEAD: u64 = 128;
+
+fn f32imm(x: f32) -> Opd {
+    Imm::F32(x.to_bits()).into()
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// How the block copies one operand's tile (64 keys × `n` of its other variable, the
+/// depth of K or the columns of V) into shared memory: rows of keys (each holding its
+/// `n` elements) where the operand is contiguous along the other variable or along
+/// neither, rows of the other variable (each holding the tile's 64 keys) where it is
+/// contiguous along the keys. Rows are padded by 16 bytes.
+struct Stage {
+    /// Rows are keys (else the other variable).
+    key_rows: bool,
+    /// Rows of the tile.
+    rows: u32,
+    /// Elements per load (4: `ld.global.v4.f32` along a row; 1).
+    vw: u32,
+    /// Threads along a row (`C`, dividing both the row's vectors and 16).
+    c: u32,
+    /// Passes over the rows (each `THREADS / C` rows).
+    passes: u32,
+    /// Runs of `C` vectors a row.
+    runs: u32,
+    /// Global coefficients (elements) of a row and of an element along it.
+    coef: (i64, i64),
+    /// Global coefficient of the key.
+    key_coef: i64,
+    /// Shared bytes a row.
+    stride: u32,
+}
+
+impl Stage {
+    fn of(a: &Attention, o: &Operand, other: u32, n: u32) -> Stage {
+        let (kc, oc) = (o.offset.of(a.key), o.offset.of(other));
+        let aligned = |run: u32| o.offset.c % 4 == 0 && o.offset.coef.iter().enumerate().all(|(v, &c)| v as u32 == run || c % 4 == 0);
+        let (key_rows, vw) = if oc == 1 {
+            (true, if aligned(other) && n % 4 == 0 { 4 } else { 1 })
+        } else if kc == 1 {
+            (false, if aligned(a.key) && a.keys % 4 == 0 { 4 } else { 1 })
+        } else {
+            (true, 1)
+        };
+        let (rows, len, coef) = if key_rows { (KEYS, n, (kc, oc)) } else { (n, KEYS, (oc, kc)) };
+        let c = gcd(len / vw, 16);
+        let per_pass = THREADS / c;
+        Stage { key_rows, rows, vw, c, passes: rows / per_pass, runs: len / vw / c, coef, key_coef: kc, stride: 2 * len + 16 }
+    }
+
+    /// Shared bytes of the tile.
+    fn bytes(&self) -> u32 {
+        self.rows * self.stride
+    }
+
+    /// The thread's first row of the tile and its first element along the row.
+    fn start(&self, p: &mut Ptx, tid: Reg) -> (Reg, Reg) {
+        let r0 = u32_op(p, "shr.u32", tid, Imm::U(u64::from(self.c.trailing_zeros())).into());
+        let cv = u32_op(p, "and.b32", tid, Imm::U(u64::from(self.c - 1)).into());
+        let e0 = u32_op(p, "mul.lo.u32", cv, Imm::U(u64::from(self.vw)).into());
+        (r0, e0)
+    }
+
+    /// Whether `ldmatrix` reads it transposed: its rows are the `k` of the `mma` it
+    /// feeds (K's depth, V's keys).
+    fn trans(&self, is_v: bool) -> bool {
+        self.key_rows == is_v
+    }
+
+    fn note(&self) -> String {
+        let rows = if self.key_rows { "key rows" } else { "rows along the keys" };
+        format!("{rows}, {}", if self.vw == 4 { "v4 loads" } else { "scalar loads" })
+    }
+}
+
+/// The tensor-core attention entry of `k` (form `a`), or why it declines.
+pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenError> {
+    let var = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
+    let (depth, keys, width) = (var(a.depth), var(a.key), var(a.column));
+    let fits = |n: u64| n > 0 && n % 16 == 0 && n <= MAX_HEAD;
+    if !fits(depth) || !fits(width) {
+        return Ok(Err(format!("a head of depth {depth} and width {width} (multiples of 16 up to {MAX_HEAD})")));
+    }
+    if keys == 0 || keys > u64::from(u32::MAX / 2) {
+        return Ok(Err(format!("{keys} keys")));
+    }
+    let nonneg = [
+        a.q.offset.of(a.depth),
+        a.k.offset.of(a.depth),
+        a.k.offset.of(a.key),
+        a.v.offset.of(a.key),
+        a.v.offset.of(a.column),
+        a.mask.as_ref().map_or(0, |(m, _)| m.offset.of(a.key)),
+    ];
+    if nonneg.iter().any(|&c| c < 0) {
+        return Ok(Err("a negative stride along the keys, depth or columns".into()));
+    }
+    let dims = k.output.shape.dims().to_vec();
+    let rank = dims.len();
+    // The queries: the outer variables that neither K nor V reads; the head: the others.
+    let (qv, hv): (Vec<usize>, Vec<usize>) =
+        (0..rank - 1).partition(|&v| a.k.offset.of(v as u32) == 0 && a.v.offset.of(v as u32) == 0);
+    let extent = |vs: &[usize]| -> Vec<usize> { vs.iter().map(|&v| dims[v]).collect() };
+    let queries: u64 = qv.iter().map(|&v| dims[v] as u64).product();
+    let heads: u64 = hv.iter().map(|&v| dims[v] as u64).product();
+    let tiles = queries.div_ceil(u64::from(ROWS));
+    let grid = heads * tiles;
+    if grid == 0 || grid > u64::from(i32::MAX as u32) || queries > u64::from(u32::MAX / 2) {
+        return Ok(Err(format!("{heads} heads of {queries} queries")));
+    }
+    let (d, w) = (depth as u32, width as u32);
+
+    let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
+    p.directive(&format!(".maxntid {THREADS}, 1, 1"));
+    let bases = p.binding_bases(k.inputs.len() + 1);
+    let tid = p.special("%tid.x");
+    let bid = p.special("%ctaid.x");
+    let lane = u32_op(&mut p, "and.b32", tid, Imm::U(31).into());
+    let warp = u32_op(&mut p, "shr.u32", tid, Imm::U(5).into());
+    let g = u32_op(&mut p, "shr.u32", lane, Imm::U(2).into());
+    let t4 = u32_op(&mut p, "and.b32", lane, Imm::U(3).into());
+    let tiles32 = Imm::U(tiles);
+    let head = u32_op(&mut p, "div.u32", bid, tiles32.into());
+    let tile = u32_op(&mut p, "rem.u32", bid, tiles32.into());
+    // The lane's two queries (h = 0, 1: rows g and g + 8 of its warp's 16), whether
+    // each exists, and each query's row of the output (clamped into the head).
+    let q0 = u32_op(&mut p, "shl.b32", tile, Imm::U(6).into());
+    let wq = u32_op(&mut p, "shl.b32", warp, Imm::U(4).into());
+    let q0 = u32_op(&mut p, "add.u32", q0, wq.into());
+    let q0 = u32_op(&mut p, "add.u32", q0, g.into());
+    // The head's variables, then each query's (clamped into the head), its output row
+    // (row-major over the outer variables) and whether it exists.
+    let head64 = p.reg(RegClass::B64);
+    p.op("cvt.u64.u32", &[head64.into(), head.into()]);
+    let head_vars = decompose(&mut p, head64, &extent(&hv));
+    let mut rows = Vec::new();
+    let mut stores = Vec::new();
+    let mut outs = Vec::new();
+    for h in 0..2u64 {
+        let q = u32_op(&mut p, "add.u32", q0, Imm::U(8 * h).into());
+        let inside = p.reg(RegClass::Pred);
+        p.op("setp.lt.u32", &[inside.into(), q.into(), Imm::U(queries).into()]);
+        let qc = u32_op(&mut p, "min.u32", q, Imm::U(queries - 1).into());
+        let qw = p.reg(RegClass::B64);
+        p.op("cvt.u64.u32", &[qw.into(), qc.into()]);
+        let query_vars = decompose(&mut p, qw, &extent(&qv));
+        let mut vars = vec![qw; rank - 1];
+        for (&v, &r) in hv.iter().zip(&head_vars).chain(qv.iter().zip(&query_vars)) {
+            vars[v] = r;
+        }
+        let row = p.mov(RegClass::B64, "b64", Imm::I(0).into());
+        for (v, &r) in vars.iter().enumerate() {
+            p.op("mad.lo.s64", &[row.into(), row.into(), Imm::I(dims[v] as i64).into(), r.into()]);
+        }
+        rows.push(vars);
+        stores.push(inside);
+        outs.push(row);
+    }
+    // An operand's element offset at query h's outer variables.
+    let offset = |p: &mut Ptx, o: &Operand, h: usize| -> Reg {
+        let r = p.reg(RegClass::B64);
+        p.op("mov.b64", &[r.into(), Imm::I(o.offset.c).into()]);
+        for (v, &reg) in rows[h].iter().enumerate() {
+            let c = o.offset.of(v as u32);
+            if c != 0 {
+                p.op("mad.lo.s64", &[r.into(), reg.into(), Imm::I(c).into(), r.into()]);
+            }
+        }
+        r
+    };
+    // The byte address of element `off + x·coef` (x a u32 register) of input `input`.
+    let address = |p: &mut Ptx, input: u32, off: Reg, terms: &[(Reg, i64)]| -> Reg {
+        let e = p.reg(RegClass::B64);
+        p.op("mov.b64", &[e.into(), off.into()]);
+        for &(x, c) in terms {
+            if c != 0 {
+                let x64 = p.reg(RegClass::B64);
+                p.op("cvt.u64.u32", &[x64.into(), x.into()]);
+                p.op("mad.lo.s64", &[e.into(), x64.into(), Imm::I(c).into(), e.into()]);
+            }
+        }
+        let at = p.reg(RegClass::B64);
+        p.op("mad.lo.s64", &[at.into(), e.into(), Imm::I(4).into(), bases[input as usize].into()]);
+        at
+    };
+    let half = |p: &mut Ptx, x: Reg| -> Reg {
+        let h = p.reg(RegClass::B16);
+        p.op("cvt.rn.f16.f32", &[h.into(), x.into()]);
+        h
+    };
+    let pack = |p: &mut Ptx, lo: Reg, hi: Reg| -> Reg {
+        let r = p.reg(RegClass::B32);
+        p.op("mov.b32", &[r.into(), Opd::Vec(vec![lo, hi])]);
+        r
+    };
+
+    // Q's A fragments: qa[kk][i] holds (row g + 8(i % 2), depth 16kk + 2t + h + 8(i / 2)).
+    let qd = a.q.offset.of(a.depth);
+    let t2 = u32_op(&mut p, "shl.b32", t4, Imm::U(1).into());
+    let qptr: Vec<Reg> = (0..2)
+        .map(|h| {
+            let o = offset(&mut p, &a.q, h);
+            address(&mut p, a.q.input, o, &[(t2, qd)])
+        })
+        .collect();
+    let mut qa = Vec::new();
+    for kk in 0..d / 16 {
+        let mut frag = Vec::new();
+        for i in 0..4u32 {
+            let mut hs = Vec::new();
+            for hh in 0..2u32 {
+                let x = p.reg(RegClass::F32);
+                let e = i64::from(16 * kk + hh + 8 * (i / 2));
+                p.op("ld.global.f32", &[x.into(), Opd::Addr(qptr[(i % 2) as usize], 4 * e * qd)]);
+                hs.push(half(&mut p, x));
+            }
+            frag.push(pack(&mut p, hs[0], hs[1]));
+        }
+        qa.push(frag);
+    }
+
+    // Shared memory: K's tile then V's.
+    let (ks, vs) = (Stage::of(a, &a.k, a.depth, d), Stage::of(a, &a.v, a.column, w));
+    let smem = declare_shared(&mut p, "kv", ks.bytes() + vs.bytes(), 16);
+    let shared = dynamic_bytes(ks.bytes() + vs.bytes());
+    let kbase = p.reg(RegClass::B32);
+    p.op("mov.u32", &[kbase.into(), Opd::Sym(smem)]);
+    let vbase = u32_op(&mut p, "add.u32", kbase, Imm::U(u64::from(ks.bytes())).into());
+    let copies = [(&ks, &a.k, kbase), (&vs, &a.v, vbase)];
+    // Each copy's global pointer (advanced a tile each turn), shared address, first
+    // row and first element.
+    let mut cps = Vec::new();
+    for &(c, o, sbase) in &copies {
+        let (r0, e0) = c.start(&mut p, tid);
+        let off = offset(&mut p, o, 0);
+        let g = address(&mut p, o.input, off, &[(r0, c.coef.0), (e0, c.coef.1)]);
+        let so = u32_op(&mut p, "mul.lo.u32", r0, Imm::U(u64::from(c.stride)).into());
+        let e2 = u32_op(&mut p, "shl.b32", e0, Imm::U(1).into());
+        let so = u32_op(&mut p, "add.u32", so, e2.into());
+        let so = u32_op(&mut p, "add.u32", so, sbase.into());
+        cps.push((g, so, r0, e0));
+    }
+    // ldmatrix lane addresses: matrix i = lane / 8, its row j = lane % 8. A tile whose
+    // rows are the B fragment's n (not transposed): row 8(i / 2) + j, element 8(i % 2);
+    // whose rows are its k (transposed): row 8(i % 2) + j, element 8(i / 2).
+    let mi = u32_op(&mut p, "shr.u32", lane, Imm::U(3).into());
+    let mj = u32_op(&mut p, "and.b32", lane, Imm::U(7).into());
+    let i0 = u32_op(&mut p, "and.b32", mi, Imm::U(1).into());
+    let i1 = u32_op(&mut p, "shr.u32", mi, Imm::U(1).into());
+    let ldm_addr = |p: &mut Ptx, base: Reg, st: &Stage, trans: bool| -> Reg {
+        let (row_sel, col_sel) = if trans { (i0, i1) } else { (i1, i0) };
+        let r = u32_op(p, "shl.b32", row_sel, Imm::U(3).into());
+        let r = u32_op(p, "add.u32", r, mj.into());
+        let at = p.reg(RegClass::B32);
+        p.op("mad.lo.u32", &[at.into(), r.into(), Imm::U(u64::from(st.stride)).into(), base.into()]);
+        let c = u32_op(p, "shl.b32", col_sel, Imm::U(4).into());
+        u32_op(p, "add.u32", at, c.into())
+    };
+    let (ktrans, vtrans) = (ks.trans(false), vs.trans(true));
+    let kl = ldm_addr(&mut p, kbase, &ks, ktrans);
+    let vl = ldm_addr(&mut p, vbase, &vs, vtrans);
+    // The byte offset of the fragment pair of n-blocks `2nb, 2nb + 1` at `k` step `kk`.
+    let frag = |st: &Stage, trans: bool, nb: u32, kk: u32| -> u32 {
+        if trans {
+            kk * 16 * st.stride + nb * 32
+        } else {
+            nb * 16 * st.stride + kk * 32
+        }
+    };
+    // The mask's address of key 0 for each query.
+    let mptr: Vec<Reg> = match &a.mask {
+        Some((m, _)) => (0..2)
+            .map(|h| {
+                let o = offset(&mut p, m, h);
+                address(&mut p, m.input, o, &[])
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+
+    let ninf = f32imm(f32::NEG_INFINITY);
+    let zero = f32imm(0.0);
+    let m: Vec<Reg> = (0..2).map(|_| p.mov(RegClass::F32, "f32", ninf.clone())).collect();
+    let l: Vec<Reg> = (0..2).map(|_| p.mov(RegClass::F32, "f32", zero.clone())).collect();
+    let nob = (w / 8) as usize;
+    let o: Vec<Reg> = (0..4 * nob).map(|_| p.mov(RegClass::F32, "f32", zero.clone())).collect();
+    let j0 = p.mov(RegClass::B32, "u32", Imm::U(0).into());
+    let fz = p.mov(RegClass::F32, "f32", zero.clone());
+    let next = p.label();
+    p.place(next);
+    p.op("bar.sync", &[Imm::I(0).into()]);
+    // 1. The tile's K and V into shared memory (zeros past the last key).
+    for (&(c, _, _), &(gp, so, r0, e0)) in copies.iter().zip(&cps) {
+        let per_pass = THREADS / c.c;
+        let key0 = u32_op(&mut p, "add.u32", j0, if c.key_rows { r0 } else { e0 }.into());
+        for pass in 0..c.passes {
+            for run in 0..c.runs {
+                let e = i64::from(run * c.c * c.vw);
+                let r = i64::from(pass * per_pass);
+                let dk = if c.key_rows { r } else { e };
+                let key = u32_op(&mut p, "add.u32", key0, Imm::U(dk as u64).into());
+                let inside = p.reg(RegClass::Pred);
+                p.op("setp.lt.u32", &[inside.into(), key.into(), Imm::U(keys).into()]);
+                let goff = 4 * (r * c.coef.0 + e * c.coef.1);
+                let soff = r * i64::from(c.stride) + 2 * e;
+                let xs: Vec<Reg> = (0..c.vw).map(|_| p.mov(RegClass::F32, "f32", zero.clone())).collect();
+                if c.vw == 4 {
+                    p.op_if(inside, false, "ld.global.v4.f32", &[Opd::Vec(xs.clone()), Opd::Addr(gp, goff)]);
+                    let hs: Vec<Reg> = xs.iter().map(|&x| half(&mut p, x)).collect();
+                    let lo = pack(&mut p, hs[0], hs[1]);
+                    let hi = pack(&mut p, hs[2], hs[3]);
+                    p.op("st.shared.v2.b32", &[Opd::Addr(so, soff), Opd::Vec(vec![lo, hi])]);
+                } else {
+                    p.op_if(inside, false, "ld.global.f32", &[xs[0].into(), Opd::Addr(gp, goff)]);
+                    let h = half(&mut p, xs[0]);
+                    p.op("st.shared.b16", &[Opd::Addr(so, soff), h.into()]);
+                }
+            }
+        }
+        p.op("add.s64", &[gp.into(), gp.into(), Imm::I(4 * i64::from(KEYS) * c.key_coef).into()]);
+    }
+    p.op("bar.sync", &[Imm::I(0).into()]);
+
+    // 2. S = Q·Kᵀ: s[nb][c] is (row g + 8(c / 2), key j0 + 8nb + 2t + c % 2).
+    let s: Vec<Vec<Reg>> =
+        (0..8).map(|_| (0..4).map(|_| p.mov(RegClass::F32, "f32", zero.clone())).collect()).collect();
+    let mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+    let ldm = |p: &mut Ptx, trans: bool, at: Reg, off: u32| -> Vec<Reg> {
+        let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+        let op = if trans { "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" } else { "ldmatrix.sync.aligned.m8n8.x4.shared.b16" };
+        p.op(op, &[Opd::Vec(r.clone()), Opd::Addr(at, i64::from(off))]);
+        r
+    };
+    for (kk, qf) in qa.iter().enumerate() {
+        for nbp in 0..4usize {
+            let b = ldm(&mut p, ktrans, kl, frag(&ks, ktrans, nbp as u32, kk as u32));
+            for (x, pair) in [(0, [b[0], b[1]]), (1, [b[2], b[3]])] {
+                let c = s[2 * nbp + x].clone();
+                p.op(mma, &[Opd::Vec(c.clone()), Opd::Vec(qf.clone()), Opd::Vec(pair.to_vec()), Opd::Vec(c)]);
+            }
+        }
+    }
+    // 3. Scale, mask, keys past the last.
+    let tk = u32_op(&mut p, "add.u32", j0, t2.into());
+    for (nb, sn) in s.iter().enumerate() {
+        for c in 0..2usize {
+            let key = u32_op(&mut p, "add.u32", tk, Imm::U((8 * nb + c) as u64).into());
+            let inside = p.reg(RegClass::Pred);
+            p.op("setp.lt.u32", &[inside.into(), key.into(), Imm::U(keys).into()]);
+            let kc = if a.mask.is_some() { Some(u32_op(&mut p, "min.u32", key, Imm::U(keys - 1).into())) } else { None };
+            for h in 0..2usize {
+                let x = sn[2 * h + c];
+                p.op("mul.rn.f32", &[x.into(), x.into(), f32imm(a.scale)]);
+                if let (Some((mo, ms)), Some(kc)) = (&a.mask, kc) {
+                    let at = p.reg(RegClass::B64);
+                    let mk = mo.offset.of(a.key);
+                    p.op("mad.wide.u32", &[at.into(), kc.into(), Imm::U(4 * mk as u64).into(), mptr[h].into()]);
+                    let y = p.reg(RegClass::F32);
+                    p.op("ld.global.f32", &[y.into(), Opd::Addr(at, 0)]);
+                    p.op("fma.rn.f32", &[x.into(), y.into(), f32imm(*ms), x.into()]);
+                }
+                p.op("selp.f32", &[x.into(), x.into(), ninf.clone(), inside.into()]);
+            }
+        }
+    }
+    // 4. The online softmax of each row.
+    let log2e = f32imm(std::f32::consts::LOG2_E);
+    let exp = |p: &mut Ptx, x: Reg, m: Reg| -> Reg {
+        let dx = p.reg(RegClass::F32);
+        p.op("sub.rn.f32", &[dx.into(), x.into(), m.into()]);
+        p.op("mul.rn.f32", &[dx.into(), dx.into(), log2e.clone()]);
+        let e = p.reg(RegClass::F32);
+        p.op("ex2.approx.f32", &[e.into(), dx.into()]);
+        e
+    };
+    let mut probs = vec![vec![fz; 4]; 8];
+    for h in 0..2usize {
+        let mx = p.mov(RegClass::F32, "f32", ninf.clone());
+        for sn in &s {
+            for c in 0..2 {
+                p.op("max.f32", &[mx.into(), mx.into(), sn[2 * h + c].into()]);
+            }
+        }
+        for off in [1, 2] {
+            let other = p.reg(RegClass::F32);
+            p.op(
+                "shfl.sync.bfly.b32",
+                &[other.into(), mx.into(), Imm::I(off).into(), Imm::I(31).into(), Imm::U(0xFFFF_FFFF).into()],
+            );
+            p.op("max.f32", &[mx.into(), mx.into(), other.into()]);
+        }
+        p.op("max.f32", &[mx.into(), mx.into(), m[h].into()]);
+        let none = p.reg(RegClass::Pred);
+        p.op("setp.eq.f32", &[none.into(), mx.into(), ninf.clone()]);
+        let mu = p.reg(RegClass::F32);
+        p.op("selp.f32", &[mu.into(), zero.clone(), mx.into(), none.into()]);
+        let corr = exp(&mut p, m[h], mu);
+        p.op("mov.f32", &[m[h].into(), mx.into()]);
+        p.op("mul.rn.f32", &[l[h].into(), l[h].into(), corr.into()]);
+        for (nb, sn) in s.iter().enumerate() {
+            for c in 0..2 {
+                let e = exp(&mut p, sn[2 * h + c], mu);
+                p.op("add.rn.f32", &[l[h].into(), l[h].into(), e.into()]);
+                probs[nb][2 * h + c] = e;
+            }
+        }
+        for nb in 0..nob {
+            for c in 0..2 {
+                let x = o[4 * nb + 2 * h + c];
+                p.op("mul.rn.f32", &[x.into(), x.into(), corr.into()]);
+            }
+        }
+    }
+    // 5. O += P·V: A register i of keys 16kk.. is probs[2kk + i / 2][2(i % 2) ..+ 2].
+    for kk in 0..4usize {
+        let pa: Vec<Reg> = (0..4usize)
+            .map(|i| {
+                let pr = &probs[2 * kk + i / 2];
+                let lo = half(&mut p, pr[2 * (i % 2)]);
+                let hi = half(&mut p, pr[2 * (i % 2) + 1]);
+                pack(&mut p, lo, hi)
+            })
+            .collect();
+        for cb in 0..nob / 2 {
+            let b = ldm(&mut p, vtrans, vl, frag(&vs, vtrans, cb as u32, kk as u32));
+            for (x, pair) in [(0, [b[0], b[1]]), (1, [b[2], b[3]])] {
+                let c: Vec<Reg> = o[4 * (2 * cb + x)..4 * (2 * cb + x) + 4].to_vec();
+                p.op(mma, &[Opd::Vec(c.clone()), Opd::Vec(pa.clone()), Opd::Vec(pair.to_vec()), Opd::Vec(c)]);
+            }
+        }
+    }
+    p.op("add.u32", &[j0.into(), j0.into(), Imm::U(u64::from(KEYS)).into()]);
+    let more = p.reg(RegClass::Pred);
+    p.op("setp.lt.u32", &[more.into(), j0.into(), Imm::U(keys).into()]);
+    p.bra(Some((more, false)), next);
+
+    // The rows' sums over their quads, and O / l stored by column pairs.
+    for (h, &lh) in l.iter().enumerate() {
+        for off in [1, 2] {
+            let other = p.reg(RegClass::F32);
+            p.op(
+                "shfl.sync.bfly.b32",
+                &[other.into(), lh.into(), Imm::I(off).into(), Imm::I(31).into(), Imm::U(0xFFFF_FFFF).into()],
+            );
+            p.op("add.rn.f32", &[lh.into(), lh.into(), other.into()]);
+        }
+        // The row's first column of the lane: row·W + 2t.
+        let e = p.reg(RegClass::B64);
+        let t2w = p.reg(RegClass::B64);
+        p.op("cvt.u64.u32", &[t2w.into(), t2.into()]);
+        p.op("mad.lo.s64", &[e.into(), outs[h].into(), Imm::I(i64::from(w)).into(), t2w.into()]);
+        let at = p.reg(RegClass::B64);
+        p.op("mad.lo.s64", &[at.into(), e.into(), Imm::I(4).into(), bases[k.inputs.len()].into()]);
+        for nb in 0..nob {
+            let ys: Vec<Reg> = (0..2)
+                .map(|c| {
+                    let y = p.reg(RegClass::F32);
+                    p.op("div.rn.f32", &[y.into(), o[4 * nb + 2 * h + c].into(), lh.into()]);
+                    if a.nan_to_zero {
+                        let nan = p.reg(RegClass::Pred);
+                        p.op("setp.nan.f32", &[nan.into(), y.into(), y.into()]);
+                        p.op("selp.f32", &[y.into(), zero.clone(), y.into(), nan.into()]);
+                    }
+                    y
+                })
+                .collect();
+            p.op_if(stores[h], false, "st.global.v2.f32", &[Opd::Addr(at, 32 * nb as i64), Opd::Vec(ys)]);
+        }
+    }
+    let text = p.finish().map_err(|e| internal(k, e))?;
+    let launch = Launch { grid, block: THREADS, shared, params: (k.inputs.len() + 1) as u32 };
+    let note = format!(
+        "attention (tensor cores: mma.sync f16, blocks of {ROWS} queries × {heads} heads × {tiles} tiles, \
+         tiles of {KEYS} keys in shared memory, K {}, V {}; {keys} keys, depth {depth}, {width} columns)",
+        ks.note(),
+        vs.note()
+    );
+    Ok(Ok(Entry { text, launch, note }))
+}
