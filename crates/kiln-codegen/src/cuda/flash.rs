@@ -21,14 +21,20 @@
 //! Each lane holds its warp's Q rows as `mma` A fragments (`D/16` of them, rounded to
 //! f16 once, before the loop). For each tile of 64 keys:
 //! 1. `bar.sync`; the block copies the tile's K (64 keys × `D`) and V (64 keys × `W`)
-//!    into shared memory, rounded to f16: key-major rows padded by 16 bytes (a row of
-//!    `2D + 16` bytes: the 8 rows of an `ldmatrix` matrix fall in 8 distinct 16-byte
-//!    bank groups), 4 elements per thread and load (`ld.global.v4.f32`) where the
-//!    operand's run (K's depth, V's columns) is contiguous and 16-byte aligned, one
-//!    at a time otherwise; keys past the last are zeros; `bar.sync`.
+//!    into shared memory, rounded to f16, and `bar.sync`. Each operand's tile is
+//!    stored as rows along its contiguous variable (the formation gives K unit stride
+//!    along the keys and V along the columns, `Attention::in_place`: K as `D` rows of
+//!    64 keys, V as 64 rows of `W` columns; the other orientations are written for any
+//!    other layout), rows padded by 16 bytes so that the 8 rows of an `ldmatrix`
+//!    matrix fall in 8 distinct 16-byte bank groups; 4 elements per thread and load
+//!    (`ld.global.v4.f32`) where the run is 16-byte aligned and, along the keys, the
+//!    keys a multiple of 4, one at a time otherwise; keys past the last are zeros.
+//!    Where the registers allow (`D + W ≤ 128`: 64 f32 a thread), the next tile's
+//!    loads are issued right after this tile's stores, before its products, so that
+//!    global memory's latency hides behind the tensor cores' work.
 //! 2. `S = Q·Kᵀ`: per `k16` of the depth and 16 keys one `ldmatrix.x4` of K (the
-//!    B fragments of two 8-key blocks) and two `mma`: 32 f32 scores a lane (its two
-//!    rows × 16 keys).
+//!    B fragments of two 8-key blocks; `.trans` from K's rows of keys) and two `mma`:
+//!    32 f32 scores a lane (its two rows × 16 keys).
 //! 3. `S = s·S + s_m·mask` (the mask loaded per score, at its affine offset: any
 //!    broadcast, causal masks included), keys past the last `−∞`.
 //! 4. The online softmax per row: the tile's maximum (the lane's 16, then
@@ -373,40 +379,75 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
     let o: Vec<Reg> = (0..4 * nob).map(|_| p.mov(RegClass::F32, "f32", zero.clone())).collect();
     let j0 = p.mov(RegClass::B32, "u32", Imm::U(0).into());
     let fz = p.mov(RegClass::F32, "f32", zero.clone());
+    // The copies' items: (copy, row offset, element offset) of the thread's vectors.
+    let items: Vec<(usize, u32, u32)> = copies
+        .iter()
+        .enumerate()
+        .flat_map(|(ci, (c, _, _))| {
+            let per_pass = THREADS / c.c;
+            (0..c.passes).flat_map(move |pass| (0..c.runs).map(move |run| (ci, pass * per_pass, run * c.c * c.vw)))
+        })
+        .collect();
+    let xs: Vec<Vec<Reg>> = items.iter().map(|&(ci, _, _)| (0..copies[ci].0.vw).map(|_| p.reg(RegClass::F32)).collect()).collect();
+    // Loads of the tile from key `jt` into `xs` (the pointers at that tile), zeros past
+    // the last key.
+    let issue = |p: &mut Ptx, jt: Reg| {
+        let key0: Vec<Reg> = copies
+            .iter()
+            .zip(&cps)
+            .map(|(&(c, _, _), &(_, _, r0, e0))| u32_op(p, "add.u32", jt, if c.key_rows { r0 } else { e0 }.into()))
+            .collect();
+        for (&(ci, r, e), x) in items.iter().zip(&xs) {
+            let (c, gp) = (copies[ci].0, cps[ci].0);
+            let key = u32_op(p, "add.u32", key0[ci], Imm::U(u64::from(if c.key_rows { r } else { e })).into());
+            let inside = p.reg(RegClass::Pred);
+            p.op("setp.lt.u32", &[inside.into(), key.into(), Imm::U(keys).into()]);
+            let goff = 4 * (i64::from(r) * c.coef.0 + i64::from(e) * c.coef.1);
+            for &xi in x {
+                p.op("mov.f32", &[xi.into(), zero.clone()]);
+            }
+            let (op, dst) = if c.vw == 4 { ("ld.global.v4.f32", Opd::Vec(x.clone())) } else { ("ld.global.f32", x[0].into()) };
+            p.op_if(inside, false, op, &[dst, Opd::Addr(gp, goff)]);
+        }
+    };
+    // `xs` rounded to f16 into shared memory.
+    let store = |p: &mut Ptx| {
+        for (&(ci, r, e), x) in items.iter().zip(&xs) {
+            let (c, so) = (copies[ci].0, cps[ci].1);
+            let soff = i64::from(r * c.stride + 2 * e);
+            let hs: Vec<Reg> = x.iter().map(|&x| half(p, x)).collect();
+            if c.vw == 4 {
+                let lo = pack(p, hs[0], hs[1]);
+                let hi = pack(p, hs[2], hs[3]);
+                p.op("st.shared.v2.b32", &[Opd::Addr(so, soff), Opd::Vec(vec![lo, hi])]);
+            } else {
+                p.op("st.shared.b16", &[Opd::Addr(so, soff), hs[0].into()]);
+            }
+        }
+    };
+    // Where the registers allow (the tile's vectors of K and V, `(D + W)/2` f32 a thread,
+    // at most 64), the next tile's loads are issued before this tile's products, so
+    // that they land while the tensor cores work.
+    let prefetch = d + w <= 128;
+    if prefetch {
+        issue(&mut p, j0);
+    }
     let next = p.label();
     p.place(next);
     p.op("bar.sync", &[Imm::I(0).into()]);
-    // 1. The tile's K and V into shared memory (zeros past the last key).
-    for (&(c, _, _), &(gp, so, r0, e0)) in copies.iter().zip(&cps) {
-        let per_pass = THREADS / c.c;
-        let key0 = u32_op(&mut p, "add.u32", j0, if c.key_rows { r0 } else { e0 }.into());
-        for pass in 0..c.passes {
-            for run in 0..c.runs {
-                let e = i64::from(run * c.c * c.vw);
-                let r = i64::from(pass * per_pass);
-                let dk = if c.key_rows { r } else { e };
-                let key = u32_op(&mut p, "add.u32", key0, Imm::U(dk as u64).into());
-                let inside = p.reg(RegClass::Pred);
-                p.op("setp.lt.u32", &[inside.into(), key.into(), Imm::U(keys).into()]);
-                let goff = 4 * (r * c.coef.0 + e * c.coef.1);
-                let soff = r * i64::from(c.stride) + 2 * e;
-                let xs: Vec<Reg> = (0..c.vw).map(|_| p.mov(RegClass::F32, "f32", zero.clone())).collect();
-                if c.vw == 4 {
-                    p.op_if(inside, false, "ld.global.v4.f32", &[Opd::Vec(xs.clone()), Opd::Addr(gp, goff)]);
-                    let hs: Vec<Reg> = xs.iter().map(|&x| half(&mut p, x)).collect();
-                    let lo = pack(&mut p, hs[0], hs[1]);
-                    let hi = pack(&mut p, hs[2], hs[3]);
-                    p.op("st.shared.v2.b32", &[Opd::Addr(so, soff), Opd::Vec(vec![lo, hi])]);
-                } else {
-                    p.op_if(inside, false, "ld.global.f32", &[xs[0].into(), Opd::Addr(gp, goff)]);
-                    let h = half(&mut p, xs[0]);
-                    p.op("st.shared.b16", &[Opd::Addr(so, soff), h.into()]);
-                }
-            }
-        }
+    // 1. The tile's K and V into shared memory.
+    if !prefetch {
+        issue(&mut p, j0);
+    }
+    store(&mut p);
+    p.op("bar.sync", &[Imm::I(0).into()]);
+    for (&(c, _, _), &(gp, _, _, _)) in copies.iter().zip(&cps) {
         p.op("add.s64", &[gp.into(), gp.into(), Imm::I(4 * i64::from(KEYS) * c.key_coef).into()]);
     }
-    p.op("bar.sync", &[Imm::I(0).into()]);
+    if prefetch {
+        let jn = u32_op(&mut p, "add.u32", j0, Imm::U(u64::from(KEYS)).into());
+        issue(&mut p, jn);
+    }
 
     // 2. S = Q·Kᵀ: s[nb][c] is (row g + 8(c / 2), key j0 + 8nb + 2t + c % 2).
     let s: Vec<Vec<Reg>> =
@@ -558,7 +599,8 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
     let launch = Launch { grid, block: THREADS, shared, params: (k.inputs.len() + 1) as u32 };
     let note = format!(
         "attention (tensor cores: mma.sync f16, blocks of {ROWS} queries × {heads} heads × {tiles} tiles, \
-         tiles of {KEYS} keys in shared memory, K {}, V {}; {keys} keys, depth {depth}, {width} columns)",
+         tiles of {KEYS} keys in shared memory{}, K {}, V {}; {keys} keys, depth {depth}, {width} columns)",
+        if prefetch { " (the next one's loads issued before the products)" } else { "" },
         ks.note(),
         vs.note()
     );
