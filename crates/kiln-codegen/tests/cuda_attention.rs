@@ -15,7 +15,8 @@
 //! same way on heads of depths and widths that are multiples of 16: bert_tiny's
 //! attention (4 heads of 64, 128 positions, as the model's graph spells it), tails of
 //! keys and queries, K staged along the keys (vector and scalar copies) and along the
-//! depth, a boolean and an additive mask, causal grouped-query attention with batch 2. It rounds Q, K, V and the probabilities to f16; the
+//! depth, a boolean and an additive mask, causal grouped-query attention with batch 2,
+//! heads of 128 and of 80 × 112. It rounds Q, K, V and the probabilities to f16; the
 //! simulator's random inputs are multiples of 2⁻¹⁰ in [−2, 2), exact in f16, so only
 //! the probabilities' rounding (relative 2⁻¹¹ each, so at most `2⁻¹¹·max|V|` = 2⁻¹⁰
 //! in the result) and f32 reassociation part it from the interpreter: the tolerance is
@@ -213,6 +214,26 @@ fn flash_causal_grouped_query_attention_on_3d_operands() {
   %3 = Attention(%0, %1, %2) {is_causal = 1, q_num_heads = 6, kv_num_heads = 2} : f32[2,70,96] "y" node "att"
 }"#,
         "tensor cores",
+    );
+}
+
+#[test]
+fn flash_heads_of_128_and_of_80_by_112() {
+    // The widest head (no prefetch: its registers), and depths and widths that are
+    // multiples of 16 but not powers of two.
+    check_flash(
+        "flash_128",
+        r#"graph @a(%0: f32[1,1,20,128] "q", %1: f32[1,1,64,128] "k", %2: f32[1,1,64,128] "v") -> (%3) {
+  %3 = Attention(%0, %1, %2) : f32[1,1,20,128] "y" node "att"
+}"#,
+        "in shared memory, K rows along the keys, v4 loads",
+    );
+    check_flash(
+        "flash_80x112",
+        r#"graph @a(%0: f32[1,1,16,80] "q", %1: f32[1,1,40,80] "k", %2: f32[1,1,40,112] "v") -> (%3) {
+  %3 = Attention(%0, %1, %2) : f32[1,1,16,112] "y" node "att"
+}"#,
+        "V key rows, v4 loads",
     );
 }
 
