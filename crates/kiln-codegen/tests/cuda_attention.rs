@@ -14,8 +14,8 @@
 //! The tensor-core kernel (`KILN_CUDA_TUNE=attn=flash`, `cuda::flash`) is checked the
 //! same way on heads of depths and widths that are multiples of 16: bert_tiny's
 //! attention (4 heads of 64, 128 positions, as the model's graph spells it), tails of
-//! keys and queries, K staged along the keys (vector and scalar copies) and along the
-//! depth, a boolean and an additive mask, causal grouped-query attention with batch 2,
+//! keys and queries, K staged as rows along the keys (vector and scalar copies), a
+//! boolean and an additive mask, causal grouped-query attention with batch 2,
 //! heads of 128 and of 80 × 112. It rounds Q, K, V and the probabilities to f16; the
 //! simulator's random inputs are multiples of 2⁻¹⁰ in [−2, 2), exact in f16, so only
 //! the probabilities' rounding (relative 2⁻¹¹ each, so at most `2⁻¹¹·max|V|` = 2⁻¹⁰

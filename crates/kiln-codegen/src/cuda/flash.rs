@@ -9,12 +9,13 @@
 //! The kernel's form is [`kiln_flow::attention`]'s (see [`super::attention`]). Its
 //! outer output variables are split into the *queries* (those that neither K nor V
 //! reads, wherever they are: a grouped-query head's group is a query variable too) and
-//! the *head* (the others): every query of one head reads the same keys and values. A block of 4 warps takes 64
-//! consecutive queries of one head (the grid is `heads × ⌈queries / 64⌉`), warp `w`
-//! its rows `16w ..16w + 16`, lane `l` (`g = l / 4`, `t = l % 4`) the rows `g` and
-//! `g + 8` of its warp's 16 as the `mma` fragments place them ([`super::mma::a_elem`],
-//! [`super::mma::c_elem`]). Queries past the head's last are computed on its last row
-//! and not stored.
+//! the *head* (the others): every query of one head reads the same keys and values. A
+//! block of 4 warps takes 64 consecutive queries of one head (the grid is `heads ×
+//! ⌈queries / 64⌉`), warp `w` its rows `16w ..16w + 16`, lane `l` (`g = l / 4`, `t = l
+//! % 4`) the rows `g` and `g + 8` of its warp's 16 as the `mma` fragments place them
+//! ([`super::mma::a_elem`], [`super::mma::c_elem`]; the `ldmatrix` lanes as
+//! [`super::mma::ldm_lane`] addresses them). Queries past the head's last are computed
+//! on its last row and not stored.
 //!
 //! # The loop over keys
 //!
@@ -33,7 +34,7 @@
 //!    loads are issued right after this tile's stores, before its products, so that
 //!    global memory's latency hides behind the tensor cores' work.
 //! 2. `S = Q·Kᵀ`: per `k16` of the depth and 16 keys one `ldmatrix.x4` of K (the
-//!    B fragments of two 8-key blocks; `.trans` from K's rows of keys) and two `mma`:
+//!    B fragments of two 8-key blocks; `.trans` from rows of the depth) and two `mma`:
 //!    32 f32 scores a lane (its two rows × 16 keys).
 //! 3. `S = s·S + s_m·mask` (the mask loaded per score, at its affine offset: any
 //!    broadcast, causal masks included), keys past the last `−∞`.
