@@ -945,7 +945,7 @@ fn compile_sharded(a: &Args, model: &Path, n: u32) -> Result<(), String> {
         .map_err(|e| compile_error(model, &e))?;
     match a.to.as_deref() {
         None | Some("artifact") => {}
-        Some("tensor") => return write_stdout(&kiln_compiler::shard::print_sharded(&c.sharded)),
+        Some("tensor") => return write_stdout(&kiln_compiler::shard::print_sharded(&c.cut)),
         Some("hal") => return write_stdout(&listing(&c.program, &LayoutInfo::default(), false)),
         Some(l) => return Err(format!("--to `{l}` with --devices: expected tensor, hal or artifact")),
     }
@@ -958,12 +958,12 @@ fn compile_sharded(a: &Args, model: &Path, n: u32) -> Result<(), String> {
         out.display(),
         c.artifact.len(),
         n,
-        c.sharded.stages(),
+        c.cut.stages(),
         count(|c| matches!(c, Command::Dispatch { .. })),
         count(|c| matches!(c, Command::AllReduce { .. })),
         count(|c| matches!(c, Command::AllGather { .. })),
-        c.sharded.column_split.len(),
-        c.sharded.row_split.len(),
+        c.cut.column_split.len(),
+        c.cut.row_split.len(),
         e.arena_size,
         t.elapsed().as_secs_f64() * 1e3,
     );

@@ -173,7 +173,7 @@ fn independent_branches_run_in_one_stage_on_both_devices() {
     let rules = [Rule { op: OpKind::Tanh, device: 1 }, Rule { op: OpKind::Sigmoid, device: 1 }];
     let c = hetero::compile(Input::Graph(g), &opts, &[DeviceKind::Cpu, DeviceKind::Cpu], &rules).expect("compile");
     // Stage 0: the host's branch and device 1's branch; stage 1: the Add on the host.
-    let stages: Vec<(usize, u32)> = c.split.segments.iter().map(|s| (s.stage, s.device)).collect();
+    let stages: Vec<(usize, u32)> = c.cut.segments.iter().map(|s| (s.stage, s.device)).collect();
     assert_eq!(stages, vec![(0, 0), (0, 1), (1, 0)], "segments (stage, device)");
     let segs = segment_waits(&c.program);
     // Device 1's branch first (the host submits it, then runs its own branch while
@@ -432,7 +432,7 @@ fn split_mlp_on_cuda_matches_the_cpu() {
     let opts = Options { source: "matmul1024".into(), ptxas: Some(ptxas_bin::ptxas()), ..Options::default() };
     let big = hetero::compile(Input::File(path.clone()), &opts, &[DeviceKind::Cpu, DeviceKind::Cuda], &[])
         .expect("matmul1024 over cpu,cuda");
-    assert!(big.split.placement.device.contains(&1), "the cost model keeps matmul1024 off the GPU");
+    assert!(big.cut.placement.device.contains(&1), "the cost model keeps matmul1024 off the GPU");
     let single = kiln_compiler::Compilation::new(Input::File(path), Options::default()).finish().expect("cpu compile");
     let big_ins: Vec<Vec<u8>> = single.program.entries[0].inputs.iter().map(|t| input(t.bytes)).collect();
     let want = run(&single.artifact, &big_ins, 2);

@@ -41,14 +41,28 @@ fn data_dir() -> PathBuf {
     }
 }
 
-#[test]
-fn onnx_node_suite_compiled() {
-    suite("compiled", include_str!("data/onnx-node.expected"));
+/// One test a case set and engine: `name => (set, cases, engine, expected list)`
+/// (the list's path relative to this file), run by `suite_in`.
+macro_rules! suites {
+    ($($name:ident => ($set:literal, $cases:literal, $engine:literal, $expected:literal);)*) => {
+        $(
+            #[test]
+            fn $name() {
+                suite_in($set, $cases, $engine, include_str!($expected));
+            }
+        )*
+    };
 }
 
-#[test]
-fn onnx_node_suite_through_the_reference_evaluator() {
-    suite("reference", include_str!("data/onnx-node-ref.expected"));
+suites! {
+    onnx_node_suite_compiled => ("onnx-node", 1288, "compiled", "data/onnx-node.expected");
+    onnx_node_suite_through_the_reference_evaluator => ("onnx-node", 1288, "reference", "data/onnx-node-ref.expected");
+    onnx_node_lowp_cases_compiled => ("onnx-node-lowp", 21, "compiled", "data/onnx-node-lowp.expected");
+    onnx_node_lowp_cases_through_the_reference_evaluator =>
+        ("onnx-node-lowp", 21, "reference", "data/onnx-node-lowp-ref.expected");
+    onnx_node_opset23_cases_compiled => ("onnx-node-opset23", 178, "compiled", "data/onnx-node-opset23.expected");
+    onnx_node_opset23_cases_through_the_reference_evaluator =>
+        ("onnx-node-opset23", 178, "reference", "data/onnx-node-opset23-ref.expected");
 }
 
 #[cfg(feature = "cuda")]
@@ -58,31 +72,7 @@ fn onnx_node_suite_on_the_gpu() {
     if let Err(e) = kiln_runtime::cuda::driver_present() {
         panic!("ONNX node suite (cuda engine) NOT RUN: {e}: it needs a CUDA driver");
     }
-    suite("cuda", include_str!("data/onnx-node-cuda.expected"));
-}
-
-#[test]
-fn onnx_node_lowp_cases_compiled() {
-    suite_in("onnx-node-lowp", 21, "compiled", include_str!("data/onnx-node-lowp.expected"));
-}
-
-#[test]
-fn onnx_node_lowp_cases_through_the_reference_evaluator() {
-    suite_in("onnx-node-lowp", 21, "reference", include_str!("data/onnx-node-lowp-ref.expected"));
-}
-
-#[test]
-fn onnx_node_opset23_cases_compiled() {
-    suite_in("onnx-node-opset23", 178, "compiled", include_str!("data/onnx-node-opset23.expected"));
-}
-
-#[test]
-fn onnx_node_opset23_cases_through_the_reference_evaluator() {
-    suite_in("onnx-node-opset23", 178, "reference", include_str!("data/onnx-node-opset23-ref.expected"));
-}
-
-fn suite(engine: &str, expected_text: &str) {
-    suite_in("onnx-node", 1288, engine, expected_text)
+    suite_in("onnx-node", 1288, "cuda", include_str!("data/onnx-node-cuda.expected"));
 }
 
 /// Runs the cases under `$KILN_TEST_DATA/<set>` (`cases` of them) on `engine`.

@@ -99,8 +99,8 @@ fn encoder_structure(c: &shard::ShardedCompiled, n: u32) {
     }
     let reduces = count(c, |x| matches!(x, Command::AllReduce { .. }));
     assert!(reduces >= 2, "over {n}: {reduces} all-reduces");
-    assert_eq!(reduces, c.sharded.row_split.len(), "one all-reduce per row-parallel product");
-    assert_eq!(c.sharded.column_split.len(), 2 * c.sharded.row_split.len(), "column splits");
+    assert_eq!(reduces, c.cut.row_split.len(), "one all-reduce per row-parallel product");
+    assert_eq!(c.cut.column_split.len(), 2 * c.cut.row_split.len(), "column splits");
     assert_eq!(count(c, |x| matches!(x, Command::AllGather { .. })), 0);
 }
 

@@ -33,7 +33,7 @@ use kiln_module::program::{Binding, Command, Constants, DebugInfo, Device, Devic
 use crate::placement::{Placement, Rule};
 use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
 
-use crate::link::{gather_kernels, relocate, round_up, tensor_desc, ALIGN};
+use crate::link::{gather_kernels, linked_binding, port_place, relocate, round_up, tensor_desc, Linked, ALIGN};
 
 // A segment, where its inputs come from and the values that cross segments are those of
 // the sharded plans (`kiln_shard`): a heterogeneous split is the same shape of graph.
@@ -52,20 +52,8 @@ pub struct Split {
     pub outputs: Vec<usize>,
 }
 
-/// A heterogeneous compile.
-#[derive(Debug)]
-pub struct HeteroCompiled {
-    /// The `.kiln` bytes.
-    pub artifact: Vec<u8>,
-    /// The constant pool, when kept outside the artifact.
-    pub weights: Option<Vec<u8>>,
-    /// The program written.
-    pub program: Program,
-    /// The placement and segments.
-    pub split: Split,
-    /// Every segment's own compile, in [`Split::segments`] order.
-    pub segments: Vec<Compiled>,
-}
+/// A heterogeneous compile: its `cut` is the placement and segments.
+pub type HeteroCompiled = Linked<Split>;
 
 fn vname(g: &Graph, v: ValueId) -> String {
     let n = &g.values[v].name;
@@ -224,9 +212,7 @@ pub fn compile(
         segments.push(crate::compile(&s.graph, &seg_opts)?);
     }
     let program = link(graph, &split, &segments, options)?;
-    let (program, weights) = crate::link::externalise(program, options);
-    let artifact = kiln_module::sections::write_program(&program);
-    Ok(HeteroCompiled { artifact, weights, program, split, segments })
+    Ok(Linked::write(program, options, split, segments))
 }
 
 fn link(graph: &Graph, sp: &Split, segs: &[Compiled], options: &Options) -> Result<Program, CompileError> {
@@ -285,25 +271,12 @@ fn link(graph: &Graph, sp: &Split, segs: &[Compiled], options: &Options) -> Resu
     // Where segment si's binding lives, in its own device's memory.
     let remap = |si: usize, b: &Binding| -> Binding {
         let s = &sp.segments[si];
-        let (slot, base) = match b.slot {
-            Slot::Arena => (Slot::Arena, seg_arena[si]),
-            Slot::Constants => (Slot::Constants, const_base[si]),
-            Slot::Input(i) => match s.inputs.get(i as usize) {
-                Some(&port) => match import.get(&(port, s.device)) {
-                    Some(&off) => (Slot::Arena, off),
-                    None => match port {
-                        Port::Input(j) => (Slot::Input(j as u32), 0),
-                        Port::Exchange(e) => (Slot::Arena, ex_off[e]),
-                    },
-                },
-                None => (Slot::Arena, u64::MAX),
-            },
-            Slot::Output(i) => match s.outputs.get(i as usize) {
-                Some(&e) => (Slot::Arena, ex_off[e]),
-                None => (Slot::Arena, u64::MAX),
-            },
+        // An input this device imported is read from its copy.
+        let input = |port: Port| match import.get(&(port, s.device)) {
+            Some(&off) => (Slot::Arena, off),
+            None => port_place(port, &ex_off),
         };
-        Binding { slot, offset: base.saturating_add(b.offset), length: b.length }
+        linked_binding(s, b, (seg_arena[si], const_base[si]), &ex_off, input)
     };
     let mut commands: Vec<Command> = Vec::new();
     let mut cmd_map: Vec<Vec<u32>> = segs.iter().map(|c| vec![0; c.program.entries[0].commands.len()]).collect();

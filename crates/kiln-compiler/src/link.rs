@@ -8,7 +8,7 @@
 
 use kiln_ir::{Graph, ValueId};
 use kiln_module::program::{Binding, BufferDesc, Command, Constants, Executable, Kernel, Program, Slot, TensorDesc};
-use kiln_shard::{Exchange, Segment};
+use kiln_shard::{Exchange, Port, Segment};
 
 use crate::{CompileError, Compiled, Options};
 
@@ -89,9 +89,65 @@ pub(crate) fn relocate(
     })
 }
 
+/// Where a segment's binding `b` lands in the linked program: its arena and its
+/// constants at the `(arena, constants)` bases, its inputs where `input` places each
+/// port, its outputs in their exchanges (at `ex_off`). A slot the segment does not
+/// declare lands in the arena at `u64::MAX`.
+pub(crate) fn linked_binding(
+    s: &Segment,
+    b: &Binding,
+    (arena, constants): (u64, u64),
+    ex_off: &[u64],
+    input: impl Fn(Port) -> (Slot, u64),
+) -> Binding {
+    let (slot, base) = match b.slot {
+        Slot::Arena => (Slot::Arena, arena),
+        Slot::Constants => (Slot::Constants, constants),
+        Slot::Input(i) => s.inputs.get(i as usize).map_or((Slot::Arena, u64::MAX), |&port| input(port)),
+        Slot::Output(i) => s.outputs.get(i as usize).map_or((Slot::Arena, u64::MAX), |&e| (Slot::Arena, ex_off[e])),
+    };
+    Binding { slot, offset: base.saturating_add(b.offset), length: b.length }
+}
+
+/// Where a segment reads input port `port` from: the model's input, or its exchange
+/// buffer (at `ex_off`).
+pub(crate) fn port_place(port: Port, ex_off: &[u64]) -> (Slot, u64) {
+    match port {
+        Port::Input(j) => (Slot::Input(j as u32), 0),
+        Port::Exchange(e) => (Slot::Arena, ex_off[e]),
+    }
+}
+
+/// A plan linked from per-segment compiles: what [`crate::shard::compile`] and
+/// [`crate::hetero::compile`] return, with `C` the cut of the graph into segments
+/// ([`kiln_shard::Sharded`], [`crate::hetero::Split`]).
+#[derive(Debug)]
+pub struct Linked<C> {
+    /// The `.kiln` bytes.
+    pub artifact: Vec<u8>,
+    /// The constant pool, when kept outside the artifact.
+    pub weights: Option<Vec<u8>>,
+    /// The program written.
+    pub program: Program,
+    /// How the graph was cut into segments.
+    pub cut: C,
+    /// Every segment's own compile, in the order of the cut's segments.
+    pub segments: Vec<Compiled>,
+}
+
+impl<C> Linked<C> {
+    /// The linked `program` written out, its constants in a weights file where
+    /// `options` asks for one.
+    pub(crate) fn write(program: Program, options: &Options, cut: C, segments: Vec<Compiled>) -> Linked<C> {
+        let (program, weights) = externalise(program, options);
+        let artifact = kiln_module::sections::write_program(&program);
+        Linked { artifact, weights, program, cut, segments }
+    }
+}
+
 /// `program` with its constants in the weights file `options.external_weights` names
 /// (the pool returned for the caller to write), or as it is.
-pub(crate) fn externalise(program: Program, options: &Options) -> (Program, Option<Vec<u8>>) {
+fn externalise(program: Program, options: &Options) -> (Program, Option<Vec<u8>>) {
     let Some(file) = &options.external_weights else { return (program, None) };
     let mut p = program;
     let pool = match std::mem::replace(&mut p.constants, Constants::Embedded(Vec::new())) {

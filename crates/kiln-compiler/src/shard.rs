@@ -27,27 +27,15 @@ use kiln_module::program::{
 pub use kiln_shard::{
     print as print_sharded, Collective, CollectiveKind as Kind, Layout, Segment, ShardError, Sharded, MAX_DEVICES,
 };
-use kiln_shard::{CollectiveKind, Port};
+use kiln_shard::CollectiveKind;
 
 use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
 
 /// Alignment of every region the linker lays out.
-use crate::link::{gather_kernels, relocate, round_up, tensor_desc, ALIGN};
+use crate::link::{gather_kernels, linked_binding, port_place, relocate, round_up, tensor_desc, Linked, ALIGN};
 
-/// A compile over several devices.
-#[derive(Debug)]
-pub struct ShardedCompiled {
-    /// The `.kiln` bytes.
-    pub artifact: Vec<u8>,
-    /// The constant pool, when kept outside the artifact.
-    pub weights: Option<Vec<u8>>,
-    /// The program written.
-    pub program: Program,
-    /// How the graph was sharded.
-    pub sharded: Sharded,
-    /// Every segment's own compile, in [`Sharded::segments`] order.
-    pub segments: Vec<Compiled>,
-}
+/// A compile over several devices: its `cut` is how the graph was sharded.
+pub type ShardedCompiled = Linked<Sharded>;
 
 /// Compiles `input` into one plan over `devices` devices of `options.device`'s kind.
 /// One device is the usual compile (the plan has one device and no collectives).
@@ -70,9 +58,7 @@ pub fn compile(input: Input, options: &Options, devices: u32) -> Result<ShardedC
         segments.push(crate::compile(&s.graph, &seg_opts)?);
     }
     let program = link(graph, &sharded, &segments, options)?;
-    let (program, weights) = crate::link::externalise(program, options);
-    let artifact = kiln_module::sections::write_program(&program);
-    Ok(ShardedCompiled { artifact, weights, program, sharded, segments })
+    Ok(Linked::write(program, options, sharded, segments))
 }
 
 /// Where each segment's arena, constants and kernels land in the linked program.
@@ -122,22 +108,8 @@ fn link(graph: &kiln_ir::Graph, sh: &Sharded, segs: &[Compiled], options: &Optio
     let crate::link::Kernels { kernels, executables, base: kernel_base, sources } =
         gather_kernels(sh.segments.iter().map(|s| (s.device, s.stage)).zip(segs));
     let remap = |si: usize, b: &Binding| -> Binding {
-        let s = &sh.segments[si];
         let p = &placed[si];
-        let (slot, base) = match b.slot {
-            Slot::Arena => (Slot::Arena, p.arena),
-            Slot::Constants => (Slot::Constants, p.constants),
-            Slot::Input(i) => match s.inputs.get(i as usize) {
-                Some(Port::Input(j)) => (Slot::Input(*j as u32), 0),
-                Some(Port::Exchange(e)) => (Slot::Arena, ex_off[*e]),
-                None => (Slot::Arena, u64::MAX),
-            },
-            Slot::Output(i) => match s.outputs.get(i as usize) {
-                Some(&e) => (Slot::Arena, ex_off[e]),
-                None => (Slot::Arena, u64::MAX),
-            },
-        };
-        Binding { slot, offset: base.saturating_add(b.offset), length: b.length }
+        linked_binding(&sh.segments[si], b, (p.arena, p.constants), &ex_off, |port| port_place(port, &ex_off))
     };
     let mut commands: Vec<Command> = Vec::new();
     let barrier = |cmds: &mut Vec<Command>| {

@@ -60,7 +60,7 @@
 //!   and a batch above 4 it quantizes per thread's rows). Refused: `sequence_lens`,
 //!   peepholes, `clip`, `input_forget`, activations other than the default.
 
-use super::{At, Importer};
+use super::{At, Importer, NodeCx};
 use crate::ImportError;
 use kiln_ir::{Attr, Attrs, DType, OpKind, Shape, Tensor, ValueId};
 use std::collections::HashMap;
@@ -207,14 +207,8 @@ fn ints_attr(attrs: &Attrs, name: &str, at: &At) -> R<Option<Vec<i64>>> {
 }
 
 /// Imports one node of a decomposed op and binds its outputs.
-pub(crate) fn decompose(
-    imp: &mut Importer,
-    op_type: &str,
-    attrs: &Attrs,
-    inputs: &[Option<ValueId>],
-    outputs: &[String],
-    at: &At,
-) -> Result<(), ImportError> {
+pub(crate) fn decompose(imp: &mut Importer, node: &NodeCx, inputs: &[Option<ValueId>]) -> Result<(), ImportError> {
+    let NodeCx { op_type, attrs, outputs, at, .. } = *node;
     let mut cx = Cx { imp, at };
     let operand = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
     let results: Vec<ValueId> = match op_type {

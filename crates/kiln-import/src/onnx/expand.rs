@@ -24,7 +24,7 @@
 //! A target equal to `ignore_index` reads class 0 (any valid index would do) and gets
 //! weight 0, as the ONNX function bodies do.
 
-use super::{At, Importer};
+use super::{At, Importer, NodeCx};
 use crate::ImportError;
 use kiln_ir::{Attr, Attrs, OpKind, Shape, Tensor, ValueId};
 
@@ -43,14 +43,8 @@ pub(crate) fn is_expanded(op_type: &str) -> bool {
 }
 
 /// Imports one node of an expanded op; binds its outputs.
-pub(crate) fn expand(
-    imp: &mut Importer,
-    op_type: &str,
-    attrs: &Attrs,
-    inputs: &[Option<ValueId>],
-    outputs: &[String],
-    at: &At,
-) -> Result<(), ImportError> {
+pub(crate) fn expand(imp: &mut Importer, node: &NodeCx, inputs: &[Option<ValueId>]) -> Result<(), ImportError> {
+    let NodeCx { op_type, attrs, outputs, at, .. } = *node;
     let operand = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} is missing")));
     if op_type.ends_with("Window") || op_type == "CenterCropPad" || op_type == "AffineGrid" {
         let v = if op_type == "AffineGrid" {

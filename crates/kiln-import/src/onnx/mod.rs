@@ -425,6 +425,26 @@ pub(crate) struct At<'a> {
     pub opset: i64,
 }
 
+/// A node being imported, as the importers of its op read it (`import_if`,
+/// `import_loop`, and the `seq`, `scan`, `expand` and `decompose` modules).
+#[derive(Clone, Copy)]
+pub(crate) struct NodeCx<'a> {
+    /// The node's label in names and messages.
+    pub label: &'a str,
+    /// Its op type.
+    pub op_type: &'a str,
+    /// Its attributes, but for the graph attributes.
+    pub attrs: &'a Attrs,
+    /// The names of the results kept (those nobody reads are dropped from the end).
+    pub outputs: &'a [String],
+    /// How many results the node declares, kept or not.
+    pub declared_outputs: usize,
+    /// Its graph attributes, by name.
+    pub subgraphs: &'a HashMap<String, &'a GraphProto>,
+    /// Where it is, for errors.
+    pub at: &'a At<'a>,
+}
+
 impl At<'_> {
     pub fn err(&self, message: impl Into<String>) -> ImportError {
         ImportError::Node {
@@ -867,8 +887,17 @@ impl Importer {
             let v = self.attr_value(a, &at)?;
             attrs.set(name, v);
         }
+        let node = NodeCx {
+            label: &label,
+            op_type: &op_type,
+            attrs: &attrs,
+            outputs: &outputs,
+            declared_outputs: n.output.len(),
+            subgraphs: &subgraphs,
+            at: &at,
+        };
         if seq::handles(&op_type) {
-            return seq::import(self, &label, &op_type, &attrs, &operands, &outputs, &subgraphs, &at);
+            return seq::import(self, &node, &operands);
         }
         if op_type == "Identity" {
             let v = operands.into_iter().next().flatten().ok_or_else(|| at.err("Identity needs one operand"))?;
@@ -876,7 +905,7 @@ impl Importer {
             return Ok(());
         }
         if op_type == "Loop" {
-            return self.import_loop(&label, &operands, &outputs, n.output.len(), &subgraphs, &at);
+            return self.import_loop(&node, &operands);
         }
         let inputs = seq::tensors(&operands, &n.input, &at)?;
         match op_type.as_str() {
@@ -887,11 +916,11 @@ impl Importer {
                 self.bind(&out, v);
                 Ok(())
             }
-            "If" => self.import_if(&label, &inputs, &outputs, n.output.len(), &subgraphs, &at),
-            t if expand::is_expanded(t) => expand::expand(self, t, &attrs, &inputs, &outputs, &at),
-            t if decompose::domain_of(t).is_some() => decompose::decompose(self, t, &attrs, &inputs, &outputs, &at),
+            "If" => self.import_if(&node, &inputs),
+            t if expand::is_expanded(t) => expand::expand(self, &node, &inputs),
+            t if decompose::domain_of(t).is_some() => decompose::decompose(self, &node, &inputs),
             "BatchNormalization" if decompose::is_training_batch_norm(&attrs, n.output.len()) => {
-                decompose::decompose(self, "BatchNormalization", &attrs, &inputs, &outputs, &at)
+                decompose::decompose(self, &node, &inputs)
             }
             _ => {
                 if let Some(k) = subgraphs.keys().next() {
@@ -997,15 +1026,8 @@ impl Importer {
 
     /// An `If`: inlined when its condition is a constant, else an [`OpKind::If`] node
     /// with both branches imported (see the module docs).
-    fn import_if(
-        &mut self,
-        label: &str,
-        inputs: &[Option<ValueId>],
-        outputs: &[String],
-        declared_outputs: usize,
-        subgraphs: &HashMap<String, &GraphProto>,
-        at: &At,
-    ) -> Result<(), ImportError> {
+    fn import_if(&mut self, node: &NodeCx, inputs: &[Option<ValueId>]) -> Result<(), ImportError> {
+        let NodeCx { label, outputs, declared_outputs, subgraphs, at, .. } = *node;
         let cond = inputs.first().copied().flatten().ok_or_else(|| at.err("If needs a condition"))?;
         if self.g.constant(cond).is_some() {
             return self.inline_if(inputs, outputs, subgraphs, at);
@@ -1120,15 +1142,8 @@ impl Importer {
     }
 
     /// A `Loop`, unrolled (see the module docs).
-    fn import_loop(
-        &mut self,
-        label: &str,
-        inputs: &[Option<Val>],
-        outputs: &[String],
-        declared_outputs: usize,
-        subgraphs: &HashMap<String, &GraphProto>,
-        at: &At,
-    ) -> Result<(), ImportError> {
+    fn import_loop(&mut self, node: &NodeCx, inputs: &[Option<Val>]) -> Result<(), ImportError> {
+        let NodeCx { label, outputs, declared_outputs, subgraphs, at, .. } = *node;
         let body = *subgraphs.get("body").ok_or_else(|| at.err("attribute `body` is missing"))?;
         let n_carried = inputs.len().saturating_sub(2);
         if body.input.len() != n_carried + 2 {
@@ -1256,7 +1271,16 @@ impl Importer {
             let out_names: Vec<String> = (0..taken).map(|k| nm(&format!("out{k}"))).collect();
             let subs: HashMap<String, &GraphProto> =
                 [("then_branch".to_string(), &then), ("else_branch".to_string(), &els)].into_iter().collect();
-            self.import_if(&tag, &[Some(cond_v)], &out_names, taken, &subs, at)?;
+            let trip = NodeCx {
+                label: &tag,
+                op_type: "If",
+                attrs: &Attrs::default(),
+                outputs: &out_names,
+                declared_outputs: taken,
+                subgraphs: &subs,
+                at,
+            };
+            self.import_if(&trip, &[Some(cond_v)])?;
             let outs: Vec<Val> = out_names
                 .iter()
                 .map(|n| self.lookup_val(n).ok_or_else(|| at.err(format!("internal: trip {i} lost a result"))))

@@ -13,10 +13,9 @@
 //! stacked; `sequence_lens` must be absent or a constant equal to the scan length.
 
 use super::seq::{norm_axis, Val};
-use super::{At, Importer};
+use super::{At, Importer, NodeCx};
 use crate::ImportError;
 use kiln_ir::{Attr, Attrs, OpKind, Shape, Tensor, ValueId};
-use std::collections::HashMap;
 
 use super::proto::GraphProto;
 
@@ -30,15 +29,8 @@ fn ints(attrs: &Attrs, name: &str, n: usize, at: &At) -> Result<Vec<i64>, Import
 }
 
 /// A `Scan` node's results (see the module docs).
-pub(crate) fn import(
-    imp: &mut Importer,
-    label: &str,
-    attrs: &Attrs,
-    operands: &[Option<Val>],
-    outputs: &[String],
-    subgraphs: &HashMap<String, &GraphProto>,
-    at: &At,
-) -> Result<Vec<Val>, ImportError> {
+pub(crate) fn import(imp: &mut Importer, node: &NodeCx, operands: &[Option<Val>]) -> Result<Vec<Val>, ImportError> {
+    let NodeCx { label, attrs, outputs, subgraphs, at, .. } = *node;
     let body = *subgraphs.get("body").ok_or_else(|| at.err("attribute `body` is missing"))?;
     let m = match attrs.get("num_scan_inputs") {
         Some(Attr::Int(m)) if *m >= 1 => *m as usize,

@@ -19,7 +19,7 @@
 //! branches to give the same number of tensors: the `If` node then has one result
 //! per tensor.
 
-use super::{At, Importer};
+use super::{At, Importer, NodeCx};
 use crate::{ImportError, ImportOptions};
 use kiln_ir::{Attr, Attrs, DType, OpKind, Shape, Tensor, TensorType, ValueId};
 use std::collections::HashMap;
@@ -156,17 +156,8 @@ pub(crate) fn norm_axis(axis: i64, rank: usize, at: &At) -> Result<usize, Import
 }
 
 /// Imports one op of this module and binds its results.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn import(
-    imp: &mut Importer,
-    label: &str,
-    op: &str,
-    attrs: &Attrs,
-    operands: &[Option<Val>],
-    outputs: &[String],
-    subgraphs: &HashMap<String, &GraphProto>,
-    at: &At,
-) -> Result<(), ImportError> {
+pub(crate) fn import(imp: &mut Importer, node: &NodeCx, operands: &[Option<Val>]) -> Result<(), ImportError> {
+    let NodeCx { label, op_type: op, attrs, outputs, subgraphs, at, .. } = *node;
     let arg = |k: usize| operands.get(k).cloned().flatten();
     let seq_arg = |k: usize| match arg(k) {
         Some(Val::Seq(items)) => Ok(items),
@@ -236,7 +227,7 @@ pub(crate) fn import(
             Some(v) => vec![v],
             None => return Err(at.err("the operand is missing")),
         },
-        "Scan" => super::scan::import(imp, label, attrs, operands, outputs, subgraphs, at)?,
+        "Scan" => super::scan::import(imp, node, operands)?,
         _ => return Err(at.err("internal: not a sequence op")),
     };
     imp.bind_vals(outputs, results);
