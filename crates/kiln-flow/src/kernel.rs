@@ -1043,10 +1043,18 @@ impl KernelBuilder {
     }
 
     fn push(&mut self, ty: ScalarType, expr: Expr) -> ExprId {
-        if let Expr::Binary(op, a, b) = expr {
-            if let Some(e) = self.simplify(ty, op, a, b) {
-                return e;
+        match expr {
+            Expr::Binary(op, a, b) => {
+                if let Some(e) = self.simplify(ty, op, a, b) {
+                    return e;
+                }
             }
+            Expr::Select(c, a, b) => {
+                if let Some(e) = self.choose(c, a, b) {
+                    return e;
+                }
+            }
+            _ => {}
         }
         let node = Node { ty, expr };
         if let Some(&id) = self.memo.get(&node) {
@@ -1062,12 +1070,38 @@ impl KernelBuilder {
     /// (`0 * 6 + i`, `x / 1`, `x % 1`) and maps composed by fusion carry no dead
     /// arithmetic into the generated code. Wrapping semantics, as the kernel defines
     /// them; floats are left alone (`x + 0` is not `x` for `x = -0`).
+    ///
+    /// Also comparisons, `min` and `max` of integer constants, and a remainder or
+    /// quotient of an index variable by a constant at least its extent: a fused chain
+    /// of loop trips selects its pieces by comparing constants (chars2vec's LSTM scan
+    /// output, a `Concat` of 20 trips' states then a `Slice` of the last: every piece's
+    /// gate products were computed and 19 of them discarded, and the clamped,
+    /// wrapped indices of the discarded ones kept the kernel off the vector paths).
     fn simplify(&mut self, ty: ScalarType, op: BinaryOp, a: ExprId, b: ExprId) -> Option<ExprId> {
         let n = |e: ExprId| self.k.nodes.get(e.index());
         let (na, nb) = (n(a)?, n(b)?);
+        if op.is_comparison() && ty == ScalarType::Bool && na.ty.is_int() && nb.ty == na.ty {
+            let t = na.ty;
+            let (Expr::Const(x), Expr::Const(y)) = (&na.expr, &nb.expr) else { return None };
+            let (x, y) = (t.to_i128(*x), t.to_i128(*y));
+            let holds = match op {
+                BinaryOp::Eq => x == y,
+                BinaryOp::Ne => x != y,
+                BinaryOp::Lt => x < y,
+                BinaryOp::Le => x <= y,
+                BinaryOp::Gt => x > y,
+                _ => x >= y,
+            };
+            return Some(self.push(ScalarType::Bool, Expr::Const(u64::from(holds))));
+        }
         if !ty.is_int() || na.ty != ty || nb.ty != ty {
             return None;
         }
+        // The extent of `a` where it is an index variable.
+        let extent = match na.expr {
+            Expr::Var(v) => self.k.vars.get(v.0 as usize).copied(),
+            _ => None,
+        };
         let c = |node: &Node| match node.expr {
             Expr::Const(bits) => Some(ty.to_i128(bits)),
             _ => None,
@@ -1084,6 +1118,28 @@ impl KernelBuilder {
             (BinaryOp::Mul | BinaryOp::Div, _, Some(1)) => Some(a),
             (BinaryOp::Mul, Some(0), _) | (BinaryOp::Mul, _, Some(0)) => Some(self.push(ty, Expr::Const(0))),
             (BinaryOp::Rem, _, Some(1)) => Some(self.push(ty, Expr::Const(0))),
+            (BinaryOp::Min, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.min(y))))),
+            (BinaryOp::Max, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.max(y))))),
+            (BinaryOp::Min | BinaryOp::Max, _, _) if a == b => Some(a),
+            // An index variable is never negative: `v % c` is `v` and `v / c` is 0 for
+            // every `v < c`.
+            (BinaryOp::Rem, _, Some(c)) if c > 0 && extent.is_some_and(|e| i128::from(e) <= c) => Some(a),
+            (BinaryOp::Div, _, Some(c)) if c > 0 && extent.is_some_and(|e| i128::from(e) <= c) => {
+                Some(self.push(ty, Expr::Const(0)))
+            }
+            _ => None,
+        }
+    }
+
+    /// A select whose condition is a constant, or whose two values are one node, is
+    /// that value.
+    fn choose(&mut self, c: ExprId, a: ExprId, b: ExprId) -> Option<ExprId> {
+        if a == b {
+            return Some(a);
+        }
+        let nc = self.k.nodes.get(c.index())?;
+        match nc.expr {
+            Expr::Const(bits) if nc.ty == ScalarType::Bool => Some(if bits != 0 { a } else { b }),
             _ => None,
         }
     }
