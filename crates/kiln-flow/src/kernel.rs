@@ -928,6 +928,15 @@ impl Kernel {
     pub fn int_ranges(&self) -> Vec<(i128, i128)> {
         let mut r: Vec<(i128, i128)> = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
+            let v = self.node_range(n, &r);
+            r.push(v);
+        }
+        r
+    }
+
+    /// The interval of node `n` from `r`, the intervals of the nodes before it.
+    fn node_range(&self, n: &Node, r: &[(i128, i128)]) -> (i128, i128) {
+        {
             let full = if n.ty.is_float() { (i128::MIN / 4, i128::MAX / 4) } else { n.ty.int_range() };
             let clamp = |(lo, hi): (i128, i128)| -> (i128, i128) {
                 if lo < full.0 || hi > full.1 {
@@ -988,9 +997,8 @@ impl Kernel {
                 }
                 _ => full,
             };
-            r.push(v);
+            v
         }
-        r
     }
 }
 
@@ -1000,6 +1008,8 @@ impl Kernel {
 pub struct KernelBuilder {
     k: Kernel,
     memo: HashMap<Node, ExprId>,
+    /// [`Kernel::int_ranges`] of the nodes built so far.
+    ranges: Vec<(i128, i128)>,
     error: Option<String>,
 }
 
@@ -1011,6 +1021,7 @@ impl KernelBuilder {
         KernelBuilder {
             k: Kernel { name: name.into(), inputs, output, vars, nodes: Vec::new(), root: ExprId(0) },
             memo: HashMap::new(),
+            ranges: Vec::new(),
             error: None,
         }
     }
@@ -1061,6 +1072,8 @@ impl KernelBuilder {
             return id;
         }
         let id = ExprId(self.k.nodes.len() as u32);
+        let range = self.k.node_range(&node, &self.ranges);
+        self.ranges.push(range);
         self.k.nodes.push(node.clone());
         self.memo.insert(node, id);
         id
@@ -1071,8 +1084,8 @@ impl KernelBuilder {
     /// arithmetic into the generated code. Wrapping semantics, as the kernel defines
     /// them; floats are left alone (`x + 0` is not `x` for `x = -0`).
     ///
-    /// Also comparisons, `min` and `max` of integer constants, and a remainder or
-    /// quotient of an index variable by a constant at least its extent: a fused chain
+    /// Also comparisons, `min` and `max` of integer constants, and a quotient by a
+    /// constant that every value of the dividend shares, with its remainder: a fused chain
     /// of loop trips selects its pieces by comparing constants (chars2vec's LSTM scan
     /// output, a `Concat` of 20 trips' states then a `Slice` of the last: every piece's
     /// gate products were computed and 19 of them discarded, and the clamped,
@@ -1097,10 +1110,11 @@ impl KernelBuilder {
         if !ty.is_int() || na.ty != ty || nb.ty != ty {
             return None;
         }
-        // The extent of `a` where it is an index variable.
-        let extent = match na.expr {
-            Expr::Var(v) => self.k.vars.get(v.0 as usize).copied(),
-            _ => None,
+        // Where `a` is never negative and `c` > 0, the quotient `q` when every value of
+        // `a` has the same one (then `a % c` is `a − q·c`).
+        let quotient = |c: i128| -> Option<i128> {
+            let &(lo, hi) = self.ranges.get(a.index())?;
+            (c > 0 && lo >= 0 && lo / c == hi / c).then_some(lo / c)
         };
         let c = |node: &Node| match node.expr {
             Expr::Const(bits) => Some(ty.to_i128(bits)),
@@ -1121,11 +1135,20 @@ impl KernelBuilder {
             (BinaryOp::Min, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.min(y))))),
             (BinaryOp::Max, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.max(y))))),
             (BinaryOp::Min | BinaryOp::Max, _, _) if a == b => Some(a),
-            // An index variable is never negative: `v % c` is `v` and `v / c` is 0 for
-            // every `v < c`.
-            (BinaryOp::Rem, _, Some(c)) if c > 0 && extent.is_some_and(|e| i128::from(e) <= c) => Some(a),
-            (BinaryOp::Div, _, Some(c)) if c > 0 && extent.is_some_and(|e| i128::from(e) <= c) => {
-                Some(self.push(ty, Expr::Const(0)))
+            // A quotient that is the same for every value of `a` (`(79 + v) · 768 + i`
+            // over `v < 1`, `i < 768`, divided by 768): the constant, and the remainder
+            // `a` less its multiple (`a` itself where the quotient is 0).
+            (BinaryOp::Div, _, Some(c)) => {
+                let q = quotient(c)?;
+                Some(self.push(ty, Expr::Const(folded(q))))
+            }
+            (BinaryOp::Rem, _, Some(c)) => {
+                let q = quotient(c)?;
+                if q == 0 {
+                    return Some(a);
+                }
+                let m = self.push(ty, Expr::Const(folded(q * c)));
+                Some(self.push(ty, Expr::Binary(BinaryOp::Sub, a, m)))
             }
             _ => None,
         }

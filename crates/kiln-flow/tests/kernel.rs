@@ -251,3 +251,25 @@ fn constant_comparisons_follow_the_operand_type() {
         assert_eq!(got, (0..5).map(|i| want * 100 + i % 3).collect::<Vec<_>>(), "{d:?}");
     }
 }
+
+#[test]
+fn a_quotient_every_value_shares_is_a_constant() {
+    // ((79 + v0) · 4 + v1) over v0 < 1, v1 < 4 (a reshape's flat index at a fixed step):
+    // divided by 4 it is 79 everywhere, and its remainder is the flat index less 316.
+    // Row 79 − 78 = 1 of x, read along v1: no division or remainder is left.
+    let mut b = KernelBuilder::new("step", vec![ty(DType::F32, &[3, 4])], ty(DType::F32, &[1, 4]));
+    let o = b.out_index();
+    let (c79, four, c78) = (b.index(79), b.index(4), b.index(78));
+    let t = b.add(c79, o[0]);
+    let scaled = b.binary(BinaryOp::Mul, t, four);
+    let flat = b.add(scaled, o[1]);
+    let q = b.div(flat, four);
+    let row = b.binary(BinaryOp::Sub, q, c78);
+    let col = b.binary(BinaryOp::Rem, flat, four);
+    let x = b.load(0, vec![row, col]);
+    let kern = b.finish(x).unwrap();
+    let text = kern.to_string();
+    assert!(!text.contains("div") && !text.contains("rem"), "{text}");
+    let x = f32s(&[3, 4], &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.]);
+    assert_eq!(run(&kern, &[&x]).unwrap().to_f64_vec(), vec![5., 6., 7., 8.]);
+}
