@@ -1114,7 +1114,8 @@ impl KernelBuilder {
         // `a` has the same one (then `a % c` is `a − q·c`).
         let quotient = |c: i128| -> Option<i128> {
             let &(lo, hi) = self.ranges.get(a.index())?;
-            (c > 0 && lo >= 0 && lo / c == hi / c).then_some(lo / c)
+            // (`then`, not `then_some`: a divisor of 0 must not be divided by.)
+            (c > 0 && lo >= 0 && lo / c == hi / c).then(|| lo / c)
         };
         let c = |node: &Node| match node.expr {
             Expr::Const(bits) => Some(ty.to_i128(bits)),

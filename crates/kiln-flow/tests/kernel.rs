@@ -273,3 +273,19 @@ fn a_quotient_every_value_shares_is_a_constant() {
     let x = f32s(&[3, 4], &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.]);
     assert_eq!(run(&kern, &[&x]).unwrap().to_f64_vec(), vec![5., 6., 7., 8.]);
 }
+
+#[test]
+fn a_quotient_by_zero_is_left_to_the_kernel() {
+    // `v / 0` and `v % 0` (a fuzzed or malformed kernel) are not folded, and building
+    // them does not trap: the kernel's own semantics (0 for both) run.
+    let mut b = KernelBuilder::new("zero", vec![], ty(DType::I64, &[3]));
+    let o = b.out_index();
+    let zero = b.index(0);
+    let q = b.div(o[0], zero);
+    let r = b.binary(BinaryOp::Rem, o[0], zero);
+    let s = b.add(q, r);
+    let kern = b.finish(s).unwrap();
+    let text = kern.to_string();
+    assert!(text.contains("div") && text.contains("rem"), "{text}");
+    assert_eq!(run(&kern, &[]).unwrap().to_i64_vec().unwrap(), vec![0, 0, 0]);
+}
