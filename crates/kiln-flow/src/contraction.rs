@@ -172,7 +172,10 @@ fn sole_sum(k: &Kernel, ty: ScalarType) -> Option<(ExprId, Vec<u32>, Vec<u32>, E
 }
 
 /// The offset of a load at `[v div W, l, v rem W]` of a `[P, L, W]` input (a [`Panel`]
-/// layout), `l` affine over the kernel's variables and within `0..L`.
+/// layout), `l` affine over the kernel's variables and within `0..L`. One panel
+/// (`P = 1`, every `v < W`) may also be read at `[0, l, v]`: the kernel builder folds
+/// `v div W` and `v rem W` to that (every value of `v` has the quotient 0), and the
+/// panel is the same bytes, its zero columns past `v`'s extent there to be read whole.
 pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineIndex, Panel)> {
     let ty = k.inputs.get(input as usize)?;
     let &[p, l, w] = ty.shape.dims() else { return None };
@@ -182,7 +185,14 @@ pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineI
         let Expr::Var(v) = k.node(x).expr else { return None };
         (o == op && k.node(c).expr == Expr::Const(w as u64)).then_some(v.0)
     };
-    let (v, v2) = (split(d, BinaryOp::Div)?, split(r, BinaryOp::Rem)?);
+    let folded = || -> Option<(u32, u32)> {
+        let (Expr::Const(0), Expr::Var(v)) = (&k.node(d).expr, &k.node(r).expr) else { return None };
+        (p == 1 && *k.vars.get(v.0 as usize)? <= w as u64).then_some((v.0, v.0))
+    };
+    let (v, v2) = match (split(d, BinaryOp::Div), split(r, BinaryOp::Rem)) {
+        (Some(v), Some(v2)) => (v, v2),
+        _ => folded()?,
+    };
     let ext = *k.vars.get(v as usize)?;
     if v != v2 || w == 0 || (p as u64).checked_mul(w as u64)? < ext {
         return None;
@@ -559,6 +569,43 @@ mod tests {
         assert!(build(0, 4).ok().and_then(|k| Contraction::of(&k)).is_none());
         // Panels of 2 do not match the input's width of 4 (nor its bounds).
         assert!(build(1, 2).ok().and_then(|k| Contraction::of(&k)).is_none());
+    }
+
+    /// An i8 weight in one panel, `[1, 7, 8]` for 5 columns: the kernel builder folds
+    /// `n div 8` to 0 and `n rem 8` to `n`, and the load at `[0, k, n]` is still read as
+    /// the panel (the weight packing of a narrow integer operand builds exactly this).
+    /// Two panels' worth of input read at `[0, k, n]` is its first panel read plainly.
+    #[test]
+    fn recognises_one_panel_folded() {
+        let build = |panels: usize, width: usize| {
+            let wt = TensorType::new(DType::I8, Shape::new(vec![panels, 7, width]).unwrap());
+            let mut kb = KernelBuilder::new("mm", vec![t(&[3, 7]), wt], t(&[3, 5]));
+            let o = kb.out_index();
+            let kv = kb.new_var(7);
+            let kk = kb.var(kv);
+            let x = kb.load(0, vec![o[0], kk]);
+            let c = kb.index(width as i64);
+            let d = kb.binary(BinaryOp::Div, o[1], c);
+            let r = kb.binary(BinaryOp::Rem, o[1], c);
+            let w = kb.load(1, vec![d, kk, r]);
+            let w = kb.convert(w, ScalarType::F32);
+            let p = kb.mul(x, w);
+            let s = kb.reduce(ReduceOp::Sum, vec![kv], p);
+            kb.finish(s).unwrap()
+        };
+        let k = build(1, 8);
+        let Expr::Load { index, .. } = &k.nodes.iter().find(|n| matches!(&n.expr, Expr::Load { input: 1, .. })).unwrap().expr
+        else {
+            unreachable!()
+        };
+        assert_eq!(k.node(index[0]).expr, Expr::Const(0), "the builder folds the quotient");
+        let c = Contraction::of(&k).expect("a contraction");
+        assert_eq!(c.b.panel, Some(Panel { var: 1, width: 8, stride: 56 }));
+        assert_eq!((c.b.offset.of(1), c.b.offset.of(2)), (1, 8));
+        // `[2, 7, 8]` read at `[0, k, n]` is an affine load of its first panel, not a
+        // panel layout.
+        let c = Contraction::of(&build(2, 8)).expect("a contraction");
+        assert_eq!(c.b.panel, None);
     }
 
     /// `out[m, n] = Σ_k x[m, k] · w[k·s + ..]` plus `extra` epilogue loads: B read with

@@ -928,6 +928,15 @@ impl Kernel {
     pub fn int_ranges(&self) -> Vec<(i128, i128)> {
         let mut r: Vec<(i128, i128)> = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
+            let v = self.node_range(n, &r);
+            r.push(v);
+        }
+        r
+    }
+
+    /// The interval of node `n` from `r`, the intervals of the nodes before it.
+    fn node_range(&self, n: &Node, r: &[(i128, i128)]) -> (i128, i128) {
+        {
             let full = if n.ty.is_float() { (i128::MIN / 4, i128::MAX / 4) } else { n.ty.int_range() };
             let clamp = |(lo, hi): (i128, i128)| -> (i128, i128) {
                 if lo < full.0 || hi > full.1 {
@@ -988,9 +997,8 @@ impl Kernel {
                 }
                 _ => full,
             };
-            r.push(v);
+            v
         }
-        r
     }
 }
 
@@ -1000,6 +1008,8 @@ impl Kernel {
 pub struct KernelBuilder {
     k: Kernel,
     memo: HashMap<Node, ExprId>,
+    /// [`Kernel::int_ranges`] of the nodes built so far.
+    ranges: Vec<(i128, i128)>,
     error: Option<String>,
 }
 
@@ -1011,6 +1021,7 @@ impl KernelBuilder {
         KernelBuilder {
             k: Kernel { name: name.into(), inputs, output, vars, nodes: Vec::new(), root: ExprId(0) },
             memo: HashMap::new(),
+            ranges: Vec::new(),
             error: None,
         }
     }
@@ -1043,16 +1054,26 @@ impl KernelBuilder {
     }
 
     fn push(&mut self, ty: ScalarType, expr: Expr) -> ExprId {
-        if let Expr::Binary(op, a, b) = expr {
-            if let Some(e) = self.simplify(ty, op, a, b) {
-                return e;
+        match expr {
+            Expr::Binary(op, a, b) => {
+                if let Some(e) = self.simplify(ty, op, a, b) {
+                    return e;
+                }
             }
+            Expr::Select(c, a, b) => {
+                if let Some(e) = self.choose(c, a, b) {
+                    return e;
+                }
+            }
+            _ => {}
         }
         let node = Node { ty, expr };
         if let Some(&id) = self.memo.get(&node) {
             return id;
         }
         let id = ExprId(self.k.nodes.len() as u32);
+        let range = self.k.node_range(&node, &self.ranges);
+        self.ranges.push(range);
         self.k.nodes.push(node.clone());
         self.memo.insert(node, id);
         id
@@ -1062,12 +1083,40 @@ impl KernelBuilder {
     /// (`0 * 6 + i`, `x / 1`, `x % 1`) and maps composed by fusion carry no dead
     /// arithmetic into the generated code. Wrapping semantics, as the kernel defines
     /// them; floats are left alone (`x + 0` is not `x` for `x = -0`).
+    ///
+    /// Also comparisons, `min` and `max` of integer constants, and a quotient by a
+    /// constant that every value of the dividend shares, with its remainder: a fused chain
+    /// of loop trips selects its pieces by comparing constants (chars2vec's LSTM scan
+    /// output, a `Concat` of 20 trips' states then a `Slice` of the last: every piece's
+    /// gate products were computed and 19 of them discarded, and the clamped,
+    /// wrapped indices of the discarded ones kept the kernel off the vector paths).
     fn simplify(&mut self, ty: ScalarType, op: BinaryOp, a: ExprId, b: ExprId) -> Option<ExprId> {
         let n = |e: ExprId| self.k.nodes.get(e.index());
         let (na, nb) = (n(a)?, n(b)?);
+        if op.is_comparison() && ty == ScalarType::Bool && na.ty.is_int() && nb.ty == na.ty {
+            let t = na.ty;
+            let (Expr::Const(x), Expr::Const(y)) = (&na.expr, &nb.expr) else { return None };
+            let (x, y) = (t.to_i128(*x), t.to_i128(*y));
+            let holds = match op {
+                BinaryOp::Eq => x == y,
+                BinaryOp::Ne => x != y,
+                BinaryOp::Lt => x < y,
+                BinaryOp::Le => x <= y,
+                BinaryOp::Gt => x > y,
+                _ => x >= y,
+            };
+            return Some(self.push(ScalarType::Bool, Expr::Const(u64::from(holds))));
+        }
         if !ty.is_int() || na.ty != ty || nb.ty != ty {
             return None;
         }
+        // Where `a` is never negative and `c` > 0, the quotient `q` when every value of
+        // `a` has the same one (then `a % c` is `a − q·c`).
+        let quotient = |c: i128| -> Option<i128> {
+            let &(lo, hi) = self.ranges.get(a.index())?;
+            // (`then`, not `then_some`: a divisor of 0 must not be divided by.)
+            (c > 0 && lo >= 0 && lo / c == hi / c).then(|| lo / c)
+        };
         let c = |node: &Node| match node.expr {
             Expr::Const(bits) => Some(ty.to_i128(bits)),
             _ => None,
@@ -1084,6 +1133,37 @@ impl KernelBuilder {
             (BinaryOp::Mul | BinaryOp::Div, _, Some(1)) => Some(a),
             (BinaryOp::Mul, Some(0), _) | (BinaryOp::Mul, _, Some(0)) => Some(self.push(ty, Expr::Const(0))),
             (BinaryOp::Rem, _, Some(1)) => Some(self.push(ty, Expr::Const(0))),
+            (BinaryOp::Min, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.min(y))))),
+            (BinaryOp::Max, Some(x), Some(y)) => Some(self.push(ty, Expr::Const(folded(x.max(y))))),
+            (BinaryOp::Min | BinaryOp::Max, _, _) if a == b => Some(a),
+            // A quotient that is the same for every value of `a` (`(79 + v) · 768 + i`
+            // over `v < 1`, `i < 768`, divided by 768): the constant, and the remainder
+            // `a` less its multiple (`a` itself where the quotient is 0).
+            (BinaryOp::Div, _, Some(c)) => {
+                let q = quotient(c)?;
+                Some(self.push(ty, Expr::Const(folded(q))))
+            }
+            (BinaryOp::Rem, _, Some(c)) => {
+                let q = quotient(c)?;
+                if q == 0 {
+                    return Some(a);
+                }
+                let m = self.push(ty, Expr::Const(folded(q * c)));
+                Some(self.push(ty, Expr::Binary(BinaryOp::Sub, a, m)))
+            }
+            _ => None,
+        }
+    }
+
+    /// A select whose condition is a constant, or whose two values are one node, is
+    /// that value.
+    fn choose(&mut self, c: ExprId, a: ExprId, b: ExprId) -> Option<ExprId> {
+        if a == b {
+            return Some(a);
+        }
+        let nc = self.k.nodes.get(c.index())?;
+        match nc.expr {
+            Expr::Const(bits) if nc.ty == ScalarType::Bool => Some(if bits != 0 { a } else { b }),
             _ => None,
         }
     }

@@ -192,3 +192,100 @@ fn printing_lists_every_node() {
     assert!(text.contains("= exp e1"), "{text}");
     assert!(text.trim_end().ends_with("yield e2\n}") || text.contains("yield e2"), "{text}");
 }
+
+#[test]
+fn constant_conditions_choose_one_piece() {
+    // A fused chain of loop trips, as a Concat of three trips' rows then a Slice of the
+    // last one: trip k's piece reads row min(max(k, 0), 2) at (0 * 4 + i) % 4, and the
+    // chain selects it where `2 < k` fails from the last trip down. Every index and
+    // condition is a constant or the output variable, so the kernel is the last trip's
+    // piece alone: one load, no select, no clamp, no remainder.
+    let mut b = KernelBuilder::new("trips", vec![ty(DType::F32, &[3, 4])], ty(DType::F32, &[4]));
+    let i = b.out_index()[0];
+    let (zero, two, four, last) = (b.index(0), b.index(2), b.index(4), b.index(2));
+    let mut chain = None;
+    for k in (0..3).rev() {
+        let kk = b.index(k);
+        let lo = b.binary(BinaryOp::Max, kk, zero);
+        let row = b.binary(BinaryOp::Min, lo, two);
+        let z = b.binary(BinaryOp::Max, zero, zero);
+        let base = b.binary(BinaryOp::Mul, z, four);
+        let at = b.add(base, i);
+        let col = b.binary(BinaryOp::Rem, at, four);
+        let x = b.load(0, vec![row, col]);
+        let piece = b.binary(BinaryOp::Mul, x, x);
+        chain = Some(match chain {
+            None => piece,
+            Some(rest) => {
+                let later = b.binary(BinaryOp::Lt, last, kk);
+                b.select(later, piece, rest)
+            }
+        });
+    }
+    let kern = b.finish(chain.unwrap()).unwrap();
+    let text = kern.to_string();
+    assert!(!text.contains("select") && !text.contains("rem") && !text.contains("min"), "{text}");
+    assert_eq!(text.matches("load").count(), 1, "{text}");
+    let x = f32s(&[3, 4], &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.]);
+    assert_eq!(run(&kern, &[&x]).unwrap().to_f64_vec(), vec![81., 100., 121., 144.]);
+}
+
+#[test]
+fn constant_comparisons_follow_the_operand_type() {
+    // -1 < 1 as i32; 0xFFFF_FFFF < 1 fails as u32. A remainder by less than the
+    // variable's extent stays.
+    for (d, x, want) in [(DType::I32, -1i64, 1i64), (DType::U32, 0xFFFF_FFFF, 0)] {
+        let mut b = KernelBuilder::new("cmp", vec![], ty(DType::I64, &[5]));
+        let i = b.out_index()[0];
+        let t = ScalarType::of_storage(d);
+        let (x, one) = (b.int(t, x), b.int(t, 1));
+        let lt = b.binary(BinaryOp::Lt, x, one);
+        let three = b.index(3);
+        let r = b.binary(BinaryOp::Rem, i, three);
+        let (hundred, zero) = (b.index(100), b.index(0));
+        let picked = b.select(lt, hundred, zero);
+        let s = b.add(picked, r);
+        let kern = b.finish(s).unwrap();
+        assert!(!kern.to_string().contains("lt") && kern.to_string().contains("rem"), "{kern}");
+        let got = run(&kern, &[]).unwrap().to_i64_vec().unwrap();
+        assert_eq!(got, (0..5).map(|i| want * 100 + i % 3).collect::<Vec<_>>(), "{d:?}");
+    }
+}
+
+#[test]
+fn a_quotient_every_value_shares_is_a_constant() {
+    // ((79 + v0) · 4 + v1) over v0 < 1, v1 < 4 (a reshape's flat index at a fixed step):
+    // divided by 4 it is 79 everywhere, and its remainder is the flat index less 316.
+    // Row 79 − 78 = 1 of x, read along v1: no division or remainder is left.
+    let mut b = KernelBuilder::new("step", vec![ty(DType::F32, &[3, 4])], ty(DType::F32, &[1, 4]));
+    let o = b.out_index();
+    let (c79, four, c78) = (b.index(79), b.index(4), b.index(78));
+    let t = b.add(c79, o[0]);
+    let scaled = b.binary(BinaryOp::Mul, t, four);
+    let flat = b.add(scaled, o[1]);
+    let q = b.div(flat, four);
+    let row = b.binary(BinaryOp::Sub, q, c78);
+    let col = b.binary(BinaryOp::Rem, flat, four);
+    let x = b.load(0, vec![row, col]);
+    let kern = b.finish(x).unwrap();
+    let text = kern.to_string();
+    assert!(!text.contains("div") && !text.contains("rem"), "{text}");
+    let x = f32s(&[3, 4], &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.]);
+    assert_eq!(run(&kern, &[&x]).unwrap().to_f64_vec(), vec![5., 6., 7., 8.]);
+}
+
+#[test]
+fn a_quotient_by_zero_is_left_to_the_kernel() {
+    // `v / 0` and `v % 0` (a fuzzed or malformed kernel) are not folded, and building
+    // them does not trap: the kernel's own semantics (0 for both) run.
+    let mut b = KernelBuilder::new("zero", vec![], ty(DType::I64, &[3]));
+    let o = b.out_index();
+    let zero = b.index(0);
+    let q = b.div(o[0], zero);
+    let r = b.binary(BinaryOp::Rem, o[0], zero);
+    let s = b.add(q, r);
+    let kern = b.finish(s).unwrap();
+    let text = kern.to_string();
+    assert!(text.contains("div") && text.contains("rem"), "{text}");
+    assert_eq!(run(&kern, &[]).unwrap().to_i64_vec().unwrap(), vec![0, 0, 0]);
+}

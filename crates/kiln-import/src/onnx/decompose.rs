@@ -53,7 +53,9 @@
 //!   from the range including 0, zero point rounded half to even), multiplies it by `W`
 //!   with `MatMulInteger` (exact i32) and scales by `f32(s_x·s_w)`; each step quantizes
 //!   the previous hidden state `[batch, hidden]` the same way, adds
-//!   `f32(acc·f32(s_h·s_r))` to that step's projection, then the summed bias
+//!   `f32(acc·f32(s_h·s_r))` to that step's projection (the product written as
+//!   `(Rᵀ · h_qᵀ)ᵀ`, `R` transposed once here: the weight as the left operand, read in
+//!   place), then the summed bias
 //!   `f32(Wb + Rb)`; the gates (i, o, f, c in ONNX order) are `σ, σ, σ, tanh`,
 //!   `C = C₋₁·f + i·c̃`, `H = tanh(C)·o`. The state is quantized per step over the whole
 //!   batch, which is ONNX Runtime's order with one intra-op thread (with several threads
@@ -1202,10 +1204,58 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
         let m = cx.mul(sa, sb)?;
         cx.mul(accf, m)
     };
+    // The recurrent product the other way round: `(Rᵀ · h_qᵀ)ᵀ`, `Rᵀ` `[4·hidden, hidden]`
+    // (the direction's weight transposed, once, here where it is a constant) with its
+    // zero point per row, the quantized state a column per batch row, `s_h·s_r` per row:
+    // the same i32 sums and the same f32 products as `h_q · R`. A recurrence multiplies a
+    // few state rows by a large constant weight at every step; as the left operand the
+    // weight is read in place, row by row along the reduction (one column: a matrix-vector
+    // kernel), where as the right one each step's product would first interleave the
+    // whole weight for its tiles.
+    let qmatmul_t = |cx: &mut Cx, a: ValueId, bt: ValueId, sb: ValueId, zb: ValueId| -> R<ValueId> {
+        let q = cx.imp.emit("", OpKind::DynamicQuantizeLinear, Attrs::default(), vec![Some(a)], &[String::new(), String::new(), String::new()], cx.at)?;
+        let (aq, sa, za) = (q[0], q[1], q[2]);
+        let rows = 4 * hs;
+        let aqt = if batch == 1 { cx.reshape(aq, &[hs as i64, 1])? } else { cx.transpose(aq, &[1, 0])? };
+        let acc = cx.op(OpKind::MatMulInteger, Attrs::default(), vec![Some(bt), Some(aqt), Some(zb), Some(za)])?;
+        let accf = cx.op(OpKind::Cast, to_f32.clone(), vec![Some(acc)])?;
+        let sb = if cx.dims(sb).is_empty() { sb } else { cx.reshape(sb, &[rows as i64, 1])? };
+        let m = cx.mul(sa, sb)?;
+        let st = cx.mul(accf, m)?;
+        if batch == 1 {
+            cx.reshape(st, &[1, rows as i64])
+        } else {
+            cx.transpose(st, &[1, 0])
+        }
+    };
+    // Direction `d`'s `R` transposed to `[4·hidden, hidden]`: a new constant where `R` is
+    // one, else a Transpose.
+    let transposed = |cx: &mut Cx, d: usize| -> R<ValueId> {
+        if let Some(t) = cx.imp.g.constant(r) {
+            let es = t.dtype().storage_bytes(1);
+            let src = t.bytes();
+            let (k, n) = (hs, 4 * hs);
+            if es > 0 && src.len() == nd * k * n * es {
+                let base = d * k * n * es;
+                let mut out = vec![0u8; k * n * es];
+                for j in 0..n {
+                    for i in 0..k {
+                        let from = base + (i * n + j) * es;
+                        out[(j * k + i) * es..(j * k + i + 1) * es].copy_from_slice(&src[from..from + es]);
+                    }
+                }
+                let shape = Shape::new(vec![n, k]).map_err(|e| at.err(e.to_string()))?;
+                let tt = Tensor::new(kiln_ir::TensorType::new(t.dtype(), shape), out.into()).map_err(|e| at.err(e.to_string()))?;
+                return Ok(cx.imp.add_const("", tt));
+            }
+        }
+        let rd = pick(cx, r, d)?;
+        cx.transpose(rd, &[1, 0])
+    };
     let x2 = cx.reshape(x, &[(seq * batch) as i64, isz as i64])?;
     let (mut ys, mut yhs, mut ycs) = (Vec::new(), Vec::new(), Vec::new());
     for (d, &reverse) in dirs.iter().enumerate() {
-        let (wdir, rdir) = (pick(cx, w, d)?, pick(cx, r, d)?);
+        let (wdir, rdir) = (pick(cx, w, d)?, transposed(cx, d)?);
         let (wsd, wzd, rsd, rzd) = (pick(cx, ws, d)?, pick(cx, wz, d)?, pick(cx, rs, d)?, pick(cx, rz, d)?);
         let proj = qmatmul(cx, x2, wdir, wsd, wzd)?;
         let bias = match input(3) {
@@ -1238,7 +1288,7 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
             let rows = cx.ints(&[(t * batch) as i64])?;
             let rows_end = cx.ints(&[((t + 1) * batch) as i64])?;
             let p = cx.op(OpKind::Slice, Attrs::default(), vec![Some(proj), Some(rows), Some(rows_end), Some(ax0)])?;
-            let s = qmatmul(cx, h, rdir, rsd, rzd)?;
+            let s = qmatmul_t(cx, h, rdir, rsd, rzd)?;
             let mut g = cx.add(p, s)?;
             if let Some(b) = bias {
                 g = cx.add(g, b)?;
