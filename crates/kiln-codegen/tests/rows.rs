@@ -7,6 +7,11 @@
 //! or another length must not keep anything, and give the same results.
 //! Elementwise kernels with exp or erf (sigmoid, GELU) take the row path too, and must
 //! give the general code generator's bits exactly (the same inline functions).
+//! Quantisation round trips (an `isnan` select in every vector) bit for bit: a transpose
+//! to channels last whose short rows join by lanes, ConvTranspose's interleaved phases
+//! (index lanes with `div`/`rem` by 2), rows of joined axes kept within 2048 elements
+//! (the workgroup counts checked); a division by a power of two, multiplied by its
+//! reciprocal, bit for bit with the division.
 //!
 //! Bounds: Softmax within `(L + 11)·2⁻²⁴` relative (exp is within 1 ulp, the sum is
 //! reassociated over `L` terms, the reciprocal and its product round twice);
@@ -336,6 +341,32 @@ fn interleaved_phases_are_index_lanes() {
             let (want, got, note) = run_noted(&k, &[with_specials(&[4, c, h / 2, w / 2], 43)], target);
             assert_eq!(note, format!("{kind})"), "{c}x{h}x{w}");
             assert_bits(&got, &want, &format!("{c}x{h}x{w}"));
+        }
+    }
+}
+
+/// `x / c` for constants `c`: a power of two with a normal reciprocal is multiplied by
+/// its reciprocal, which must give the division's bits exactly (results in the subnormal
+/// range, overflowing, NaN, infinities, signed zeros); other divisors divide.
+#[test]
+fn division_by_a_power_of_two_is_exact() {
+    require_avx2_fma!();
+    let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e-38, -3e-39, 1.5e-45, 3e38, -2.9e38, 1.0];
+    for (target, kind) in widths() {
+        for c in [0.0078125f32, 0.00390625, -0.5, 2.0, 1024.0, 2.0f32.powi(-126), 2.0f32.powi(126), 0.0301, 6.0, 2.0f32.powi(127)] {
+            let len = 37;
+            let mut b = KernelBuilder::new("divc", vec![tt(&[2, len])], tt(&[2, len]));
+            let o = b.out_index();
+            let x = b.load(0, vec![o[0], o[1]]);
+            let cc = b.float(ScalarType::F32, c as f64);
+            let y = b.div(x, cc);
+            let k = b.finish(y).unwrap();
+            let mut xs = random_f32(&[2, len], 1e3, 44).to_vec::<f32>().unwrap();
+            xs[..special.len()].copy_from_slice(&special);
+            let x = Tensor::from_vec(Shape::new(vec![2, len]).unwrap(), xs).unwrap();
+            let (want, got, note) = run_noted(&k, &[x], target);
+            assert_eq!(note, format!("{kind})"), "{c}");
+            assert_bits(&got, &want, &format!("x / {c}"));
         }
     }
 }

@@ -218,6 +218,18 @@ pub(crate) fn const_word(ty: S, bits: u64) -> u32 {
     }
 }
 
+/// The reciprocal's bits of an f32 constant `e` that is a power of two with a normal
+/// reciprocal: `x / c` is then `x · (1/c)`, the same exact value rounded once (a
+/// QuantizeLinear to TFLite's fixed output scales, 1/128 and 1/256: a `vmulps` where a
+/// `vdivps` costs several times as much).
+fn exact_reciprocal(k: &Kernel, e: ExprId) -> Option<u32> {
+    let node = k.node(e);
+    let Expr::Const(bits) = node.expr else { return None };
+    let c = f32::from_bits(bits as u32);
+    let r = 1.0 / c;
+    (node.ty == S::F32 && c.is_normal() && r.is_normal() && c.to_bits() & 0x7F_FFFF == 0).then_some(r.to_bits())
+}
+
 /// The `vpcmpd`/`vpcmpq` predicate of an integer comparison.
 fn int_pred(op: BinaryOp) -> i32 {
     match op {
@@ -739,10 +751,13 @@ impl Vx<'_> {
                     (op, t) => Err(NotHere(format!("vector {} of {t}", op.name()))),
                 }
             }
-            Expr::Binary(op, a, _) => {
+            Expr::Binary(op, a, b) => {
                 let (x, yv) = (arg(0)?, arg(1)?);
                 match k.node(*a).ty {
                     S::F32 => match op {
+                        B::Div if exact_reciprocal(k, *b).is_some() => {
+                            self.op(Op::Mul, d, x, Src::C(exact_reciprocal(k, *b).unwrap_or(0)))
+                        }
                         B::Max | B::Min => self.max_min(*op == B::Max, d, x, yv, [t[0], t[1]]),
                         op if op.is_comparison() => self.cmp_vector(d, x, Src::R(yv), float_pred(*op)),
                         B::Add => self.op(Op::Add, d, x, Src::R(yv)),
