@@ -7,6 +7,11 @@
 //! or another length must not keep anything, and give the same results.
 //! Elementwise kernels with exp or erf (sigmoid, GELU) take the row path too, and must
 //! give the general code generator's bits exactly (the same inline functions).
+//! Quantisation round trips (an `isnan` select in every vector) bit for bit: a transpose
+//! to channels last whose short rows join by lanes, ConvTranspose's interleaved phases
+//! (index lanes with `div`/`rem` by 2), rows of joined axes kept within 2048 elements
+//! (the workgroup counts checked); a division by a power of two, multiplied by its
+//! reciprocal, bit for bit with the division.
 //!
 //! Bounds: Softmax within `(L + 11)·2⁻²⁴` relative (exp is within 1 ulp, the sum is
 //! reassociated over `L` terms, the reciprocal and its product round twice);
@@ -231,6 +236,137 @@ fn elementwise_transcendentals_match_the_general_path() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A quantisation round trip of `x` (scale `s`, zero point 3, int8 range) as the
+/// lowering writes it: `(clamp(select(isnan(x/s), 0, round(x/s)) + 3) − 3)·s`, a
+/// comparison made a vector mask in every vector of the row.
+fn round_trip(b: &mut KernelBuilder, x: kiln_flow::ExprId, s: f64) -> kiln_flow::ExprId {
+    let f = ScalarType::F32;
+    let s = b.float(f, s);
+    let y = b.div(x, s);
+    let nan = b.unary(UnaryOp::IsNan, y);
+    let r = b.unary(UnaryOp::Round, y);
+    let zero = b.float(f, 0.0);
+    let r = b.select(nan, zero, r);
+    let zp = b.float(f, 3.0);
+    let q = b.add(r, zp);
+    let (lo, hi) = (b.float(f, -128.0), b.float(f, 127.0));
+    let q = b.binary(BinaryOp::Max, q, lo);
+    let q = b.binary(BinaryOp::Min, q, hi);
+    let d = b.sub(q, zp);
+    b.mul(d, s)
+}
+
+/// The interpreter's result and every compiled run, bit for bit (NaN as NaN).
+fn assert_bits(got: &[Vec<f32>], want: &[f32], what: &str) {
+    for g in got {
+        for (i, (&a, &w)) in g.iter().zip(want).enumerate() {
+            assert!(a.to_bits() == w.to_bits() || a.is_nan() && w.is_nan(), "{what}: [{i}] got {a}, want {w}");
+        }
+    }
+}
+
+/// Random values with NaN and values past the int8 range scattered in.
+fn with_specials(dims: &[usize], seed: u64) -> Tensor {
+    let mut x = random_f32(dims, 10.0, seed).to_vec::<f32>().unwrap();
+    let n = x.len();
+    for (i, v) in [f32::NAN, 1e4, -1e4, -0.0, 0.25, 0.75].into_iter().enumerate() {
+        x[(i * 37 + 5) % n] = v;
+    }
+    Tensor::from_vec(Shape::new(dims.to_vec()).unwrap(), x).unwrap()
+}
+
+/// A round trip of a `[C, H, W]` input written `[H, W, C]` (a transpose to channels
+/// last): with `C` shorter than a vector and every extent a power of two, `H` and `W`
+/// join the row by lanes (rows of at most 2048 elements, each lane decoding its
+/// coordinates, the load a gather); otherwise one row per `(h, w)`. Also an elementwise
+/// `[48, 16, 16]` round trip, read contiguously: rows of 256, 48 workgroups.
+#[test]
+fn short_rows_join_by_lanes_and_joined_rows_stay_bounded() {
+    require_avx2_fma!();
+    for (target, kind) in widths() {
+        let wide = kind.contains("avx-512");
+        // Rows on 16 lanes and on 8: at most 2048 elements joined, only axes of a power
+        // of two, and no joining of an axis as long as a vector.
+        for (h, w, c, rows16, rows8) in
+            [(64, 64, 4, 64, 64), (8, 16, 2, 1, 1), (4, 8, 8, 1, 32), (64, 64, 3, 4096, 4096), (5, 8, 4, 5, 5)]
+        {
+            let rows = if wide { rows16 } else { rows8 };
+            let mut b = KernelBuilder::new("nhwc", vec![tt(&[c, h, w])], tt(&[h, w, c]));
+            let o = b.out_index();
+            let x = b.load(0, vec![o[2], o[0], o[1]]);
+            let y = round_trip(&mut b, x, 0.0166);
+            let k = b.finish(y).unwrap();
+            let (want, got, note) = run_noted(&k, &[with_specials(&[c, h, w], 41)], target);
+            assert_eq!(note, format!("{kind})"), "{h}x{w}x{c}");
+            assert_bits(&got, &want, &format!("{h}x{w}x{c}"));
+            let m = compile_with(&classify(&[&k]), &target, &Options::default()).unwrap();
+            assert_eq!(m.workgroups[0], rows as u64, "{h}x{w}x{c}: rows");
+        }
+        let mut b = KernelBuilder::new("hswish", vec![tt(&[48, 16, 16])], tt(&[48, 16, 16]));
+        let o = b.out_index();
+        let x = b.load(0, vec![o[0], o[1], o[2]]);
+        let y = round_trip(&mut b, x, 0.0593);
+        let k = b.finish(y).unwrap();
+        let (want, got, note) = run_noted(&k, &[with_specials(&[48, 16, 16], 42)], target);
+        assert_eq!(note, format!("{kind})"));
+        assert_bits(&got, &want, "48x16x16");
+        let m = compile_with(&classify(&[&k]), &target, &Options::default()).unwrap();
+        assert_eq!(m.workgroups[0], 48);
+    }
+}
+
+/// ConvTranspose's stride-2 phases interleaved, `y[c, h, w] = x[(h rem 2)·2 + w rem 2,
+/// c, h div 2, w div 2]`, round-tripped: index lanes divide and take remainders by
+/// powers of two, so the kernel is a row kernel (gathers at offsets computed in lanes),
+/// not the general path.
+#[test]
+fn interleaved_phases_are_index_lanes() {
+    require_avx2_fma!();
+    for (target, kind) in widths() {
+        for (c, h, w) in [(8, 16, 16), (3, 6, 20), (2, 4, 34)] {
+            let mut b = KernelBuilder::new("phases", vec![tt(&[4, c, h / 2, w / 2])], tt(&[c, h, w]));
+            let o = b.out_index();
+            let two = b.index(2);
+            let (hr, wr) = (b.binary(BinaryOp::Rem, o[1], two), b.binary(BinaryOp::Rem, o[2], two));
+            let hr2 = b.mul(hr, two);
+            let phase = b.add(hr2, wr);
+            let (hd, wd) = (b.binary(BinaryOp::Div, o[1], two), b.binary(BinaryOp::Div, o[2], two));
+            let x = b.load(0, vec![phase, o[0], hd, wd]);
+            let y = round_trip(&mut b, x, 0.029);
+            let k = b.finish(y).unwrap();
+            let (want, got, note) = run_noted(&k, &[with_specials(&[4, c, h / 2, w / 2], 43)], target);
+            assert_eq!(note, format!("{kind})"), "{c}x{h}x{w}");
+            assert_bits(&got, &want, &format!("{c}x{h}x{w}"));
+        }
+    }
+}
+
+/// `x / c` for constants `c`: a power of two with a normal reciprocal is multiplied by
+/// its reciprocal, which must give the division's bits exactly (results in the subnormal
+/// range, overflowing, NaN, infinities, signed zeros); other divisors divide.
+#[test]
+fn division_by_a_power_of_two_is_exact() {
+    require_avx2_fma!();
+    let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e-38, -3e-39, 1.5e-45, 3e38, -2.9e38, 1.0];
+    for (target, kind) in widths() {
+        for c in [0.0078125f32, 0.00390625, -0.5, 2.0, 1024.0, 2.0f32.powi(-126), 2.0f32.powi(126), 0.0301, 6.0, 2.0f32.powi(127)] {
+            let len = 37;
+            let mut b = KernelBuilder::new("divc", vec![tt(&[2, len])], tt(&[2, len]));
+            let o = b.out_index();
+            let x = b.load(0, vec![o[0], o[1]]);
+            let cc = b.float(ScalarType::F32, c as f64);
+            let y = b.div(x, cc);
+            let k = b.finish(y).unwrap();
+            let mut xs = random_f32(&[2, len], 1e3, 44).to_vec::<f32>().unwrap();
+            xs[..special.len()].copy_from_slice(&special);
+            let x = Tensor::from_vec(Shape::new(vec![2, len]).unwrap(), xs).unwrap();
+            let (want, got, note) = run_noted(&k, &[x], target);
+            assert_eq!(note, format!("{kind})"), "{c}");
+            assert_bits(&got, &want, &format!("x / {c}"));
         }
     }
 }

@@ -11,7 +11,15 @@
 //! reason in their note. The vector axis is the output's innermost axis longer than one
 //! (for a kernel without a reduction; axes after it have one position: an SE block's
 //! `[1, C, 1, 1]`), or its innermost axis; a row shorter than a vector is one masked
-//! vector. A workgroup is one row (every output index before the vector axis). Per row,
+//! vector. A workgroup is one row (every output index before the vector axis). Without
+//! a reduction, axes before the vector axis join the row while every load reads them
+//! contiguously, up to [`JOINED_ROW`] elements (so a large elementwise kernel keeps
+//! several workgroups for the threads); where the vector axis is shorter than a vector
+//! and nothing joins it so (a transpose to channels last, `[64, 64, 4]`), axes of
+//! power-of-two extents join it **by lanes**: each lane decodes its coordinates from its
+//! position with a shift and a mask, and a load that does not read the joined axes
+//! contiguously is a gather at offsets computed in lanes (64 rows of 256 elements
+//! instead of 4096 rows of 4 lanes in 16). Per row,
 //! in the kernel's node order:
 //! - values constant along the row (row statistics and what is computed from them) are
 //!   evaluated once, as vectors of equal lanes kept on the stack;
@@ -29,7 +37,9 @@
 //!
 //! **Index lanes.** Index arithmetic that varies along the row — a concatenation's
 //! `p < A ? a[min(p, A − 1)] : b[max(p − A, 0)]`, a padding's inside test — runs as i32
-//! lanes of positions (`r8 + i`, row coordinates from the stack, [`Emit::lane_eval`])
+//! lanes of positions (`r8 + i`, row coordinates from the stack, [`Emit::lane_eval`];
+//! `+ − ×`, min/max, comparisons, selects, and `div`/`rem` by a power of two of a value
+//! never negative as a shift and a mask: ConvTranspose's stride-2 phases interleaved)
 //! wherever [`lane_form`] bounds every intermediate value within i32: a bool of them is
 //! a vector mask, and a load indexed by them a gather at the offsets they give (in
 //! bounds by the same ranges). Movement kernels that are not one load (a fused Concat)
@@ -139,6 +149,8 @@ struct Plan {
     /// Row variables (all output variables but the last) and their extents.
     rows: Vec<u64>,
     /// Output row length.
+    /// The vector axis (the row runs the output axes `rows.len()..=u`).
+    u: u32,
     len: u64,
     /// A reduction whose operand vectors are stored into the output row, and the
     /// output row's value they are (see [`stash`]).
@@ -151,7 +163,55 @@ struct Plan {
     lane_bool: Vec<bool>,
 }
 
+/// The plan of `k` ([`plan_with`]): where the vector axis is shorter than a vector and
+/// no axis joins it contiguously (a transpose to channels last, `[64, 64, 4]`), first
+/// with axes joined by lanes, then without.
 fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
+    match plan_with(k, fast, wide, true) {
+        Ok(p) => Ok(p),
+        Err(_) => plan_with(k, fast, wide, false),
+    }
+}
+
+/// The first output axis of a run `lo..=u` joined by lanes: axes of a power-of-two
+/// extent each, together at most [`JOINED_ROW`] elements and each lane's position in
+/// them decoded by shifts and masks ([`Emit::lane_eval`]); `u` where the vector axis is
+/// a vector or longer, or no axis before it joins.
+fn lane_joined_axes(k: &Kernel, u: u32, wide: bool) -> u32 {
+    let pow2 = |v: u32| k.vars[v as usize].is_power_of_two();
+    if k.vars[u as usize] >= if wide { 16 } else { 8 } || !pow2(u) {
+        return u;
+    }
+    let (mut lo, mut span) = (u, k.vars[u as usize] as i64);
+    while lo > 0 && pow2(lo - 1) && span * k.vars[lo as usize - 1] as i64 <= JOINED_ROW {
+        lo -= 1;
+        span *= k.vars[lo as usize] as i64;
+    }
+    lo
+}
+
+/// Whether the lanes of a row running the axes `lo..=u` can compute output variable `v`
+/// from their position: a row coordinate, or a joined axis where every joined extent is
+/// a power of two.
+fn lane_var(k: &Kernel, v: u32, u: u32, lo: u32) -> bool {
+    v < lo || (v == u && lo == u) || (lo..=u).contains(&v) && (lo..=u).all(|x| k.vars[x as usize].is_power_of_two())
+}
+
+/// Whether load offset `off` reads the axes `lo..=u` contiguously (or not at all).
+fn dense_over(k: &Kernel, off: &AffineIndex, lo: u32, u: u32) -> bool {
+    let mut stride = 1i64;
+    let dense = (lo..=u).rev().all(|v| {
+        let ok = off.of(v) == stride || k.vars[v as usize] == 1;
+        stride *= k.vars[v as usize] as i64;
+        ok
+    });
+    dense || (lo..=u).all(|v| off.of(v) == 0)
+}
+
+/// The plan of `k`; `lanes_join`: join axes by lanes where the vector axis is short
+/// ([`lane_joined_axes`]), loads that do not read them contiguously then gathers at
+/// offsets computed in lanes.
+fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     let rank = k.out_rank();
     if rank == 0 || k.output.shape.numel() == 0 {
         return no("no output axis");
@@ -171,10 +231,16 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
     let reduces = k.nodes.iter().any(|n| matches!(n.expr, Expr::Reduce { .. }));
     let u = if reduces { rank - 1 } else { (0..rank).rev().find(|&v| k.vars[v] > 1).unwrap_or(rank - 1) } as u32;
     // Without a reduction, output axes before the vector axis join it while every load
-    // reads the joined axes contiguously (or not at all): `[C, 14, 14]` runs rows of
-    // 196, or one row, instead of 14-element rows that each pay for decoding their
-    // position.
+    // reads the joined axes contiguously (or not at all) and the row stays within
+    // `JOINED_ROW` elements: `[C, 14, 14]` runs rows of 196, or of several channels,
+    // instead of 14-element rows that each pay for decoding their position.
     let lo = if reduces { u } else { joined_axes(k, u) };
+    // (Tried only where it changes the plan.)
+    let by_lanes = lanes_join && !reduces && lo == u && lane_joined_axes(k, u, wide) < u;
+    if lanes_join && !by_lanes {
+        return no("no axes to join by lanes");
+    }
+    let lo = if by_lanes { lane_joined_axes(k, u, wide) } else { lo };
     let len: u64 = k.vars[lo as usize..=u as usize].iter().product();
     for t in k.inputs.iter().chain([&k.output]) {
         if t.storage_bytes() > i32::MAX as usize {
@@ -338,8 +404,8 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
         let row_var = |v: u32| v < lo || k.vars.get(v as usize) == Some(&1);
         let lane = |e: ExprId| lane_form(k, e, u, lo, 0);
         let (off, dynamic, lanes) = match (load_offset(k, *input, index), bounds) {
-            (Some(off), Bounds::InBounds) => (off, Vec::new(), Vec::new()),
-            _ => row_indexed(k, *input, index, *bounds, &row_var, &lane)?,
+            (Some(off), Bounds::InBounds) if !by_lanes || dense_over(k, &off, lo, u) => (off, Vec::new(), Vec::new()),
+            _ => row_indexed(k, *input, index, *bounds, &row_var, &lane, by_lanes.then_some((lo, u)))?,
         };
         let gathers32 = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
         if !(lanes.is_empty() || gathers32 && matches!(place[i], Place::Out | Place::Row)) {
@@ -399,8 +465,13 @@ fn plan(k: &Kernel, fast: bool, wide: bool) -> R<Plan> {
             }
         }
     }
-    Ok(Plan { place, loads, bases, rows, len, stash, recip, lane_bool })
+    Ok(Plan { place, loads, bases, rows, u, len, stash, recip, lane_bool })
 }
+
+/// The most elements a row of joined axes may have ([`joined_axes`]): 128 vectors of
+/// 16 lanes, where a row's set-up is a few instructions against hundreds, and a
+/// `[48, 16, 16]` elementwise kernel is 48 rows, not one (which only one thread runs).
+const JOINED_ROW: i64 = 2048;
 
 /// The first output axis of the run `lo..=u` that every load reads contiguously (its
 /// element offset steps by 1 along `u`, and along each axis before by the extent of the
@@ -433,7 +504,10 @@ fn joined_axes(k: &Kernel, u: u32) -> u32 {
             untouched || dense
         });
         // (An index used other than in a load's offset makes the plan decline anyway.)
-        if !fits || k.vars[a as usize] == 0 {
+        // A joined row stays within JOINED_ROW elements, so a large kernel keeps
+        // several workgroups for the threads to share.
+        let joined = span.saturating_mul(k.vars[a as usize] as i64);
+        if !fits || k.vars[a as usize] == 0 || joined > JOINED_ROW {
             break;
         }
         span = span.saturating_mul(k.vars[a as usize] as i64);
@@ -877,15 +951,43 @@ impl Emit<'_> {
                 self.vx().mov(d, Src::C(0))?;
                 d
             }
-            Expr::Var(_) => {
+            Expr::Var(x) => {
                 let d = take(v)?;
                 self.vx().positions(d)?;
+                // An axis of a row joined from several (`lane_var`): the position's
+                // digit, every extent a power of two.
+                let (lo, u) = (nrows, self.p.u as usize);
+                let x = x.0 as usize;
+                if lo < u {
+                    let after: u64 = self.k.vars[x + 1..=u].iter().product();
+                    if after > 1 {
+                        self.vx().sra(d, d, after.trailing_zeros() as i32)?;
+                    }
+                    if x > lo {
+                        let m = self.k.vars[x] as u32 - 1;
+                        self.vx().op(Op::And, d, d, Src::C(m))?;
+                    }
+                }
                 d
             }
             Expr::Cast { value, .. } => return self.lane_eval(*value, v),
             Expr::Unary(_, a) => {
                 let x = self.lane_eval(*a, v)?;
                 self.vx().not(x, x)?;
+                x
+            }
+            Expr::Binary(op @ (BinaryOp::Div | BinaryOp::Rem), a, b) => {
+                // `lane_form` took these only of a value never negative by a power of two.
+                let c = match self.k.node(*b).expr {
+                    Expr::Const(c) if (c as i64) > 0 && (c as u64).is_power_of_two() => c as i64,
+                    _ => return no("an index divided by other than a power of two"),
+                };
+                let x = self.lane_eval(*a, v)?;
+                if *op == BinaryOp::Div {
+                    self.vx().sra(x, x, c.trailing_zeros() as i32)?;
+                } else {
+                    self.vx().op(Op::And, x, x, Src::C((c - 1) as u32))?;
+                }
                 x
             }
             Expr::Binary(op, a, b) => {
@@ -1516,6 +1618,7 @@ fn row_indexed(
     bounds: Bounds,
     row: &impl Fn(u32) -> bool,
     lane: &impl Fn(ExprId) -> Option<(i64, i64)>,
+    joined: Option<(u32, u32)>,
 ) -> R<SplitOffset> {
     let clamps = bounds == Bounds::Clamp;
     let pads = matches!(bounds, Bounds::Pad(_));
@@ -1536,6 +1639,13 @@ fn row_indexed(
     for (d, &e) in index.iter().enumerate().rev() {
         let extent = dims[d] as i64;
         match kiln_flow::affine::affine(k, e).or_else(|| clamped_affine(k, e)) {
+            // An index along axes joined by lanes: a lane term (the load's gather).
+            Some(a) if joined.is_some_and(|(lo, u)| (lo..=u).any(|v| a.of(v) != 0)) => match lane(e) {
+                Some((lo, hi)) if lo >= 0 && hi < extent && hi.checked_mul(stride).is_some_and(|b| b < 1 << 28) => {
+                    lanes.push(LaneTerm { expr: e, stride, check: None })
+                }
+                _ => return no("a load along joined axes outside its input"),
+            },
             Some(a) => {
                 let inside = a.range(k).is_some_and(|(lo, hi)| lo >= 0 && hi < extent);
                 if clamps && !inside {
@@ -1585,7 +1695,7 @@ fn lane_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(i6
         Expr::Const(_) if node.ty == boolt => Some((0, 1)),
         Expr::Var(v) => {
             let n = *k.vars.get(v.0 as usize)? as i64;
-            (n == 1 || v.0 < lo || (v.0 == u && lo == u)).then_some(())?;
+            (n == 1 || lane_var(k, v.0, u, lo)).then_some(())?;
             fits((0, n - 1))
         }
         Expr::Cast { value, to: DType::I64, .. } if k.node(*value).ty == i64t => r(*value),
@@ -1612,6 +1722,10 @@ fn lane_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(i6
                 }
                 BinaryOp::Min => (x.0.min(y.0), x.1.min(y.1)),
                 BinaryOp::Max => (x.0.max(y.0), x.1.max(y.1)),
+                // Of a value never negative by a power of two: a shift or a mask
+                // (ConvTranspose's phases interleaved, `p div 2` and `p rem 2`).
+                BinaryOp::Div if x.0 >= 0 && pow2(y).is_some() => (x.0 / y.0, x.1 / y.0),
+                BinaryOp::Rem if x.0 >= 0 && pow2(y).is_some() => (0, x.1.min(y.0 - 1)),
                 _ => return None,
             };
             fits(v)
@@ -1623,6 +1737,11 @@ fn lane_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(i6
         }
         _ => None,
     }
+}
+
+/// The power of two `2^s` a lane range holds alone (a constant divisor): `s`.
+fn pow2((lo, hi): (i64, i64)) -> Option<u32> {
+    (lo == hi && lo > 0 && (lo as u64).is_power_of_two()).then(|| lo.trailing_zeros())
 }
 
 /// `min(max(x, lo), hi)` (or `max(min(x, hi), lo)`) of an affine `x` whose range lies
