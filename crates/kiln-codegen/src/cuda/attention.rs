@@ -32,6 +32,7 @@ use kiln_flow::Kernel;
 use kiln_ir::DType;
 
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use super::rows::shfl_bfly;
 use super::{decompose, internal, Entry, Ids, Launch, BLOCK, MAX_GRID};
 use crate::CodegenError;
 
@@ -167,11 +168,7 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
         p.op("fma.rn.f32", &[s.into(), qv[u].into(), kx.into(), s.into()]);
     }
     for off in [16, 8, 4, 2, 1] {
-        let o = p.reg(RegClass::F32);
-        p.op(
-            "shfl.sync.bfly.b32",
-            &[o.into(), s.into(), Imm::I(off).into(), Imm::I(31).into(), Imm::U(0xFFFF_FFFF).into()],
-        );
+        let o = shfl_bfly(&mut p, s, off);
         p.op("add.rn.f32", &[s.into(), s.into(), o.into()]);
     }
     p.op("mul.rn.f32", &[s.into(), s.into(), f32imm(a.scale)]);

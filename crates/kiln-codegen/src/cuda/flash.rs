@@ -72,6 +72,7 @@ use kiln_flow::Kernel;
 
 use super::contraction::u32_op;
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use super::rows::shfl_bfly;
 use super::{declare_shared, decompose, dynamic_bytes, internal, Entry, Launch};
 use crate::CodegenError;
 
@@ -511,11 +512,7 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
             }
         }
         for off in [1, 2] {
-            let other = p.reg(RegClass::F32);
-            p.op(
-                "shfl.sync.bfly.b32",
-                &[other.into(), mx.into(), Imm::I(off).into(), Imm::I(31).into(), Imm::U(0xFFFF_FFFF).into()],
-            );
+            let other = shfl_bfly(&mut p, mx, off);
             p.op("max.f32", &[mx.into(), mx.into(), other.into()]);
         }
         p.op("max.f32", &[mx.into(), mx.into(), m[h].into()]);
@@ -566,11 +563,7 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
     // The rows' sums over their quads, and O / l stored by column pairs.
     for (h, &lh) in l.iter().enumerate() {
         for off in [1, 2] {
-            let other = p.reg(RegClass::F32);
-            p.op(
-                "shfl.sync.bfly.b32",
-                &[other.into(), lh.into(), Imm::I(off).into(), Imm::I(31).into(), Imm::U(0xFFFF_FFFF).into()],
-            );
+            let other = shfl_bfly(&mut p, lh, off);
             p.op("add.rn.f32", &[lh.into(), lh.into(), other.into()]);
         }
         // The row's first column of the lane: row·W + 2t.

@@ -861,8 +861,9 @@ fn from_word(p: &mut Ptx, c: RegClass, w: Reg) -> Reg {
 }
 
 /// The value `v` of the lane `off` away by xor (`shfl.sync.bfly`, every lane of the
-/// warp taking part); 64-bit values as two 32-bit halves.
-fn shfl_bfly(p: &mut Ptx, v: Reg, off: u64) -> Reg {
+/// warp taking part); 64-bit values as two 32-bit halves. The attention kernels'
+/// row reductions take it too.
+pub(super) fn shfl_bfly(p: &mut Ptx, v: Reg, off: u64) -> Reg {
     let shfl = |p: &mut Ptx, d: Reg, a: Reg| {
         p.op(
             "shfl.sync.bfly.b32",
