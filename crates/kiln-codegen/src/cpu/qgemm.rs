@@ -1853,17 +1853,8 @@ impl<'k> Emitter<'k> {
                 if let Some(at) = self.bcst_at(y, ev).filter(|_| !fclamp && x != y) {
                     let vx = self.eval(x, ev, pool)?;
                     self.release(x, vx, ev, pool);
-                    let left = ev.left.entry(y.0).or_insert(0);
-                    *left = left.saturating_sub(1);
                     let r = take(pool)?;
-                    let m = match at {
-                        Bcst::Label(l) => dword_bcst(l),
-                        Bcst::Stack(off) => dword_bcst(rsp + off),
-                        Bcst::Tile(st, disp) => {
-                            self.a.mov(rax, qword_ptr(rsp + st))?;
-                            dword_bcst(rax + disp)
-                        }
-                    };
+                    let m = self.bcst_operand(y, at, ev)?;
                     let (d, a) = (ZMM[r], ZMM[vx]);
                     match (f, op) {
                         (true, BinaryOp::Add) => self.a.vaddps(d, a, m)?,
@@ -1956,16 +1947,7 @@ impl<'k> Emitter<'k> {
                     self.release(q, vq, ev, pool);
                     return self.blend_on_k5((c, p, vp), (x, vx), (y, vy), ev, pool).map(Some);
                 };
-                let left = ev.left.entry(q.0).or_insert(0);
-                *left = left.saturating_sub(1);
-                let m = match at {
-                    Bcst::Label(l) => dword_bcst(l),
-                    Bcst::Stack(off) => dword_bcst(rsp + off),
-                    Bcst::Tile(st, disp) => {
-                        self.a.mov(rax, qword_ptr(rsp + st))?;
-                        dword_bcst(rax + disp)
-                    }
-                };
+                let m = self.bcst_operand(q, at, ev)?;
                 self.a.vpcmpd(k5, ZMM[vp], m, pred)?;
             }
         }
@@ -1988,18 +1970,7 @@ impl<'k> Emitter<'k> {
         // `x` as a broadcast (Ok), or in a register (Err; also where it was evaluated
         // meanwhile, as an operand of `y` or of the comparison).
         let src = match vx.map_or_else(|| self.bcst_at(x, ev).ok_or(None), |v| Err(Some(v))) {
-            Ok(at) => {
-                let left = ev.left.entry(x.0).or_insert(0);
-                *left = left.saturating_sub(1);
-                Ok(match at {
-                    Bcst::Label(l) => dword_bcst(l),
-                    Bcst::Stack(off) => dword_bcst(rsp + off),
-                    Bcst::Tile(st, disp) => {
-                        self.a.mov(rax, qword_ptr(rsp + st))?;
-                        dword_bcst(rax + disp)
-                    }
-                })
-            }
+            Ok(at) => Ok(self.bcst_operand(x, at, ev)?),
             Err(v) => {
                 let vx = match v {
                     Some(v) => v,
@@ -2017,6 +1988,21 @@ impl<'k> Emitter<'k> {
             Err(vx) => self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?,
         }
         Ok(r)
+    }
+
+    /// The broadcast operand of `e` where [`Self::bcst_at`] found it, one of its uses
+    /// counted off; a tile's row first loads its pointer from the stack into `rax`.
+    fn bcst_operand(&mut self, e: ExprId, at: Bcst, ev: &mut Eval) -> R<AsmMemoryOperand> {
+        let left = ev.left.entry(e.0).or_insert(0);
+        *left = left.saturating_sub(1);
+        Ok(match at {
+            Bcst::Label(l) => dword_bcst(l),
+            Bcst::Stack(off) => dword_bcst(rsp + off),
+            Bcst::Tile(st, disp) => {
+                self.a.mov(rax, qword_ptr(rsp + st))?;
+                dword_bcst(rax + disp)
+            }
+        })
     }
 
     /// Where `e` can be read as a 4-byte broadcast instead of evaluated into a register:
