@@ -17,6 +17,8 @@ use alloc::string::{String, ToString};
 use core::fmt;
 use core::str::FromStr;
 
+use Numpy::{Descr, MlDtypes};
+
 /// An element type.
 #[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,47 +66,47 @@ struct Row {
     name: &'static str,
     /// Bits of storage per element (4 for the packed types).
     bits: u32,
-    /// NumPy `descr` (little-endian), where NumPy has the type.
-    npy: Option<&'static str>,
-    /// The type's name in the `ml_dtypes` package, for the types NumPy lacks.
-    ml_dtypes: Option<&'static str>,
+    /// Its NumPy type: a builtin one or the `ml_dtypes` package's, never both.
+    numpy: Numpy,
 }
 
-const fn row(
-    dtype: DType,
-    code: u32,
-    name: &'static str,
-    bits: u32,
-    npy: Option<&'static str>,
-    ml_dtypes: Option<&'static str>,
-) -> Row {
-    Row { dtype, code, name, bits, npy, ml_dtypes }
+/// How NumPy holds a dtype.
+#[derive(Clone, Copy)]
+enum Numpy {
+    /// A builtin type, by its little-endian `descr`.
+    Descr(&'static str),
+    /// A type of the `ml_dtypes` package, by name (NumPy has no builtin for it).
+    MlDtypes(&'static str),
+}
+
+const fn row(dtype: DType, code: u32, name: &'static str, bits: u32, numpy: Numpy) -> Row {
+    Row { dtype, code, name, bits, numpy }
 }
 
 /// The table, one row per [`DType`] in declaration order (a test checks the order).
 const TABLE: [Row; 22] = [
-    row(DType::F32, 1, "f32", 32, Some("<f4"), None),
-    row(DType::F16, 10, "f16", 16, Some("<f2"), None),
-    row(DType::BF16, 16, "bf16", 16, None, Some("bfloat16")),
-    row(DType::F64, 11, "f64", 64, Some("<f8"), None),
-    row(DType::I8, 3, "i8", 8, Some("|i1"), None),
-    row(DType::I16, 5, "i16", 16, Some("<i2"), None),
-    row(DType::I32, 6, "i32", 32, Some("<i4"), None),
-    row(DType::I64, 7, "i64", 64, Some("<i8"), None),
-    row(DType::U8, 2, "u8", 8, Some("|u1"), None),
-    row(DType::U16, 4, "u16", 16, Some("<u2"), None),
-    row(DType::U32, 12, "u32", 32, Some("<u4"), None),
-    row(DType::U64, 13, "u64", 64, Some("<u8"), None),
-    row(DType::Bool, 9, "bool", 8, Some("|b1"), None),
-    row(DType::I4, 22, "i4", 4, None, Some("int4")),
-    row(DType::U4, 21, "u4", 4, None, Some("uint4")),
-    row(DType::F8E4M3FN, 17, "f8E4M3FN", 8, None, Some("float8_e4m3fn")),
-    row(DType::F8E4M3FNUZ, 18, "f8E4M3FNUZ", 8, None, Some("float8_e4m3fnuz")),
-    row(DType::F8E5M2, 19, "f8E5M2", 8, None, Some("float8_e5m2")),
-    row(DType::F8E5M2FNUZ, 20, "f8E5M2FNUZ", 8, None, Some("float8_e5m2fnuz")),
-    row(DType::F8E8M0FNU, 24, "f8E8M0FNU", 8, None, Some("float8_e8m0fnu")),
-    row(DType::F6E3M2FN, 0, "f6E3M2FN", 8, None, Some("float6_e3m2fn")),
-    row(DType::F4E2M1FN, 23, "f4E2M1FN", 4, None, Some("float4_e2m1fn")),
+    row(DType::F32, 1, "f32", 32, Descr("<f4")),
+    row(DType::F16, 10, "f16", 16, Descr("<f2")),
+    row(DType::BF16, 16, "bf16", 16, MlDtypes("bfloat16")),
+    row(DType::F64, 11, "f64", 64, Descr("<f8")),
+    row(DType::I8, 3, "i8", 8, Descr("|i1")),
+    row(DType::I16, 5, "i16", 16, Descr("<i2")),
+    row(DType::I32, 6, "i32", 32, Descr("<i4")),
+    row(DType::I64, 7, "i64", 64, Descr("<i8")),
+    row(DType::U8, 2, "u8", 8, Descr("|u1")),
+    row(DType::U16, 4, "u16", 16, Descr("<u2")),
+    row(DType::U32, 12, "u32", 32, Descr("<u4")),
+    row(DType::U64, 13, "u64", 64, Descr("<u8")),
+    row(DType::Bool, 9, "bool", 8, Descr("|b1")),
+    row(DType::I4, 22, "i4", 4, MlDtypes("int4")),
+    row(DType::U4, 21, "u4", 4, MlDtypes("uint4")),
+    row(DType::F8E4M3FN, 17, "f8E4M3FN", 8, MlDtypes("float8_e4m3fn")),
+    row(DType::F8E4M3FNUZ, 18, "f8E4M3FNUZ", 8, MlDtypes("float8_e4m3fnuz")),
+    row(DType::F8E5M2, 19, "f8E5M2", 8, MlDtypes("float8_e5m2")),
+    row(DType::F8E5M2FNUZ, 20, "f8E5M2FNUZ", 8, MlDtypes("float8_e5m2fnuz")),
+    row(DType::F8E8M0FNU, 24, "f8E8M0FNU", 8, MlDtypes("float8_e8m0fnu")),
+    row(DType::F6E3M2FN, 0, "f6E3M2FN", 8, MlDtypes("float6_e3m2fn")),
+    row(DType::F4E2M1FN, 23, "f4E2M1FN", 4, MlDtypes("float4_e2m1fn")),
 ];
 
 impl DType {
@@ -186,14 +188,20 @@ impl DType {
     /// The little-endian NumPy `descr` of this dtype (`"<f4"`, `"|b1"`), `None` where NumPy
     /// has no such type (bf16, the 8-, 6- and 4-bit floats, the 4-bit integers).
     pub fn npy_descr(self) -> Option<&'static str> {
-        self.row().npy
+        match self.row().numpy {
+            Descr(d) => Some(d),
+            MlDtypes(_) => None,
+        }
     }
 
     /// The name of this dtype in the `ml_dtypes` package (`"bfloat16"`, `"float8_e4m3fn"`,
     /// `"int4"`), for exactly the dtypes NumPy has no builtin for. NumPy saves such arrays
     /// untyped, with a void `descr`: `kiln_npy` documents how kiln reads and writes them.
     pub fn ml_dtypes_name(self) -> Option<&'static str> {
-        self.row().ml_dtypes
+        match self.row().numpy {
+            MlDtypes(n) => Some(n),
+            Descr(_) => None,
+        }
     }
 
     /// Bytes one element takes in a NumPy array: `ml_dtypes` keeps every sub-byte type
@@ -351,12 +359,6 @@ mod tests {
         assert_eq!(DType::from_npy_code(""), None);
         assert_eq!(DType::BF16.ml_dtypes_name(), Some("bfloat16"));
         assert_eq!((DType::I4.numpy_itemsize(), DType::BF16.numpy_itemsize(), DType::F64.numpy_itemsize()), (1, 2, 8));
-        for d in DType::ALL {
-            assert!(
-                d.npy_descr().is_some() != d.ml_dtypes_name().is_some(),
-                "{d}: NumPy's or ml_dtypes' type, not both"
-            );
-        }
         for d in DType::ALL {
             if let Some(s) = d.npy_descr() {
                 assert_eq!(DType::from_npy_code(&s[1..]), Some(d));
