@@ -392,22 +392,12 @@ pub(crate) fn identity(kind: OpKind, dtype: crate::DType) -> Option<crate::Tenso
         ReduceLogSumExp if float => f(f64::NEG_INFINITY),
         ReduceMax if float => f(f64::NEG_INFINITY),
         ReduceMin if float => f(f64::INFINITY),
-        ReduceMax | ReduceMin if dtype.is_int() => {
-            use crate::DType as D;
-            let (lo, hi) = match dtype {
-                D::I8 => (i8::MIN as i64, i8::MAX as i64),
-                D::U8 => (0, u8::MAX as i64),
-                D::I16 => (i16::MIN as i64, i16::MAX as i64),
-                D::U16 => (0, u16::MAX as i64),
-                D::I32 => (i32::MIN as i64, i32::MAX as i64),
-                D::U32 => (0, u32::MAX as i64),
-                D::I64 => (i64::MIN, i64::MAX),
-                // u64's largest value, wrapped (Tensor::from_i64 wraps to the dtype).
-                D::U64 => (0, -1),
-                _ => return None,
-            };
+        // (No mask for the packed 4-bit types.)
+        ReduceMax | ReduceMin if dtype.is_int() && !dtype.is_packed() => {
+            let (lo, hi) = dtype.int_range()?;
             let v = if kind == ReduceMax { lo } else { hi };
-            crate::Tensor::from_i64(dtype, crate::Shape::scalar(), &[v]).ok()
+            // u64's largest value wraps to -1: Tensor::from_i64 wraps to the dtype.
+            crate::Tensor::from_i64(dtype, crate::Shape::scalar(), &[v as i64]).ok()
         }
         _ => None,
     }
@@ -535,4 +525,31 @@ pub fn mask_reductions(g: &Graph) -> Graph {
     out.outputs = g.outputs.iter().filter_map(|v| map[v.index()]).collect();
     out.bounded = g.bounded.clone();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Tensor};
+
+    #[test]
+    fn integer_max_and_min_identities_are_the_dtype_limits() {
+        let limits = [
+            (DType::I8, Tensor::scalar(i8::MIN), Tensor::scalar(i8::MAX)),
+            (DType::U8, Tensor::scalar(u8::MIN), Tensor::scalar(u8::MAX)),
+            (DType::I16, Tensor::scalar(i16::MIN), Tensor::scalar(i16::MAX)),
+            (DType::U16, Tensor::scalar(u16::MIN), Tensor::scalar(u16::MAX)),
+            (DType::I32, Tensor::scalar(i32::MIN), Tensor::scalar(i32::MAX)),
+            (DType::U32, Tensor::scalar(u32::MIN), Tensor::scalar(u32::MAX)),
+            (DType::I64, Tensor::scalar(i64::MIN), Tensor::scalar(i64::MAX)),
+            (DType::U64, Tensor::scalar(u64::MIN), Tensor::scalar(u64::MAX)),
+        ];
+        for (d, lo, hi) in limits {
+            assert_eq!(identity(OpKind::ReduceMax, d), Some(lo), "{d}");
+            assert_eq!(identity(OpKind::ReduceMin, d), Some(hi), "{d}");
+        }
+        for d in [DType::I4, DType::U4] {
+            assert_eq!(identity(OpKind::ReduceMax, d), None, "{d}");
+        }
+    }
 }

@@ -253,6 +253,21 @@ impl DType {
     pub fn is_unsigned_int(self) -> bool {
         matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::U4)
     }
+
+    /// The smallest and largest value of an integer or bool dtype (`None` for the float
+    /// types).
+    pub fn int_range(self) -> Option<(i128, i128)> {
+        let bits = self.bits() as u32;
+        if self == DType::Bool {
+            Some((0, 1))
+        } else if self.is_signed_int() {
+            Some((-(1 << (bits - 1)), (1 << (bits - 1)) - 1))
+        } else if self.is_unsigned_int() {
+            Some((0, (1 << bits) - 1))
+        } else {
+            None
+        }
+    }
 }
 
 impl fmt::Display for DType {
@@ -346,6 +361,29 @@ mod tests {
         assert_eq!(DType::BF16.dense_bytes(&[5, 0]), Some(0));
         assert_eq!(DType::F32.dense_bytes(&[u64::MAX, 2]), None);
         assert_eq!(DType::F32.dense_bytes(&[1 << 62]), None);
+    }
+
+    #[test]
+    fn int_ranges() {
+        let ranges = [
+            (DType::I8, i8::MIN as i128, i8::MAX as i128),
+            (DType::U8, 0, u8::MAX as i128),
+            (DType::I16, i16::MIN as i128, i16::MAX as i128),
+            (DType::U16, 0, u16::MAX as i128),
+            (DType::I32, i32::MIN as i128, i32::MAX as i128),
+            (DType::U32, 0, u32::MAX as i128),
+            (DType::I64, i64::MIN as i128, i64::MAX as i128),
+            (DType::U64, 0, u64::MAX as i128),
+            (DType::I4, -8, 7),
+            (DType::U4, 0, 15),
+            (DType::Bool, 0, 1),
+        ];
+        for (d, lo, hi) in ranges {
+            assert_eq!(d.int_range(), Some((lo, hi)), "{d}");
+        }
+        for d in DType::ALL.into_iter().filter(|d| d.is_float()) {
+            assert_eq!(d.int_range(), None, "{d}");
+        }
     }
 
     #[test]

@@ -155,21 +155,9 @@ fn is_f8(d: DType) -> bool {
     matches!(d, DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ)
 }
 
-/// The value range of an integer (or bool) dtype.
+/// The value range of an integer (or bool) dtype; i64's for any other.
 pub(crate) fn int_range(d: DType) -> (i128, i128) {
-    match d {
-        DType::Bool => (0, 1),
-        DType::I4 => (-8, 7),
-        DType::U4 => (0, 15),
-        DType::I8 => (i8::MIN as i128, i8::MAX as i128),
-        DType::U8 => (0, u8::MAX as i128),
-        DType::I16 => (i16::MIN as i128, i16::MAX as i128),
-        DType::U16 => (0, u16::MAX as i128),
-        DType::I32 => (i32::MIN as i128, i32::MAX as i128),
-        DType::U32 => (0, u32::MAX as i128),
-        DType::U64 => (0, u64::MAX as i128),
-        _ => (i64::MIN as i128, i64::MAX as i128),
-    }
+    d.int_range().unwrap_or((i64::MIN as i128, i64::MAX as i128))
 }
 
 /// `x` truncated toward zero and saturated to the range of integer dtype `d`
