@@ -90,10 +90,7 @@ fn reduce(cx: &Cx) -> Result<Tensor, EvalError> {
     let rank = xd.len();
     let ra = cx.attrs::<ReduceAttrs>()?;
     let (keep, noop) = (ra.keepdims, ra.noop_with_empty_axes);
-    let axes = match cx.opt_input(1) {
-        Some(_) => cx.ints(1)?,
-        None => Vec::new(),
-    };
+    let axes = cx.opt_ints(1)?.unwrap_or_default();
     let mut red = vec![axes.is_empty() && !noop; rank];
     for &a in &axes {
         let a = cx.axis(a, rank)?;

@@ -74,6 +74,11 @@ impl<'a> Cx<'a> {
         self.input(i)?.to_i64_vec().map_err(|e| self.invalid(format!("input {i}: {e}")))
     }
 
+    /// Integer contents of optional operand `i`; `None` where it is absent.
+    pub fn opt_ints(&self, i: usize) -> Result<Option<Vec<i64>>, EvalError> {
+        self.opt_input(i).map(|_| self.ints(i)).transpose()
+    }
+
     /// Normalises a possibly negative axis against `rank`.
     pub fn axis(&self, axis: i64, rank: usize) -> Result<usize, EvalError> {
         norm_axis(axis, rank).ok_or_else(|| self.invalid(format!("axis {axis} out of range for rank {rank}")))

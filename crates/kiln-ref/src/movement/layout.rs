@@ -245,14 +245,8 @@ pub(super) fn slice(cx: &Cx) -> Result<Tensor, EvalError> {
     let starts = cx.ints(1)?;
     let ends = cx.ints(2)?;
     let n = starts.len();
-    let axes = match cx.opt_input(3) {
-        Some(_) => cx.ints(3)?,
-        None => (0..n as i64).collect(),
-    };
-    let steps = match cx.opt_input(4) {
-        Some(_) => cx.ints(4)?,
-        None => vec![1; n],
-    };
+    let axes = cx.opt_ints(3)?.unwrap_or_else(|| (0..n as i64).collect());
+    let steps = cx.opt_ints(4)?.unwrap_or_else(|| vec![1; n]);
     if ends.len() != n || axes.len() != n || steps.len() != n {
         return Err(cx.invalid("starts, ends, axes and steps differ in length"));
     }
@@ -303,8 +297,8 @@ pub(super) fn pad(cx: &Cx) -> Result<Tensor, EvalError> {
     let r = xd.len();
     let pads = cx.ints(1)?;
     let mode = cx.attrs::<PadAttrs>()?.mode;
-    let axes = match cx.opt_input(3) {
-        Some(_) => unique_axes(cx, &cx.ints(3)?, r)?,
+    let axes = match cx.opt_ints(3)? {
+        Some(axes) => unique_axes(cx, &axes, r)?,
         None => (0..r).collect(),
     };
     if pads.len() != 2 * axes.len() {
@@ -420,12 +414,9 @@ pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let a = cx.axis(split.axis, xd.len())?;
     let n = xd[a];
     let results = cx.out_types.len();
-    let sizes: Vec<usize> = if cx.opt_input(1).is_some() {
-        let s: Vec<usize> = cx
-            .ints(1)?
-            .into_iter()
-            .map(|v| to_usize(cx, v, "split"))
-            .collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> = if let Some(s) = cx.opt_ints(1)? {
+        let s: Vec<usize> =
+            s.into_iter().map(|v| to_usize(cx, v, "split")).collect::<Result<_, _>>()?;
         if s.iter().try_fold(0usize, |t, &v| t.checked_add(v)) != Some(n) {
             return Err(cx.invalid(format!("split {s:?} does not sum to {n}")));
         }
@@ -607,11 +598,9 @@ pub(super) fn trilu(cx: &Cx) -> Result<Tensor, EvalError> {
     if r < 2 {
         return Err(cx.invalid(format!("input rank {r} < 2")));
     }
-    let k = match cx.opt_input(1) {
-        Some(_) => match cx.ints(1)?.as_slice() {
-            [k] => *k,
-            v => return Err(cx.invalid(format!("k has {} elements", v.len()))),
-        },
+    let k = match cx.opt_ints(1)?.as_deref() {
+        Some([k]) => *k,
+        Some(v) => return Err(cx.invalid(format!("k has {} elements", v.len()))),
         None => 0,
     };
     let upper = cx.attrs::<TriluAttrs>()?.upper;
