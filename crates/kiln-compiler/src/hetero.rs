@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, TensorType, ValueDef, ValueId};
 use kiln_module::program::{Binding, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot};
+use kiln_shard::{order_segments, value_name};
 
 use crate::placement::{Placement, Rule};
 use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
@@ -55,15 +56,6 @@ pub struct Split {
 /// A heterogeneous compile: its `cut` is the placement and segments.
 pub type HeteroCompiled = Linked<Split>;
 
-fn vname(g: &Graph, v: ValueId) -> String {
-    let n = &g.values[v].name;
-    if n.is_empty() {
-        format!("v{}", v.index())
-    } else {
-        n.clone()
-    }
-}
-
 /// Cuts `g` into segments by `p`.
 pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
     struct Seg {
@@ -76,7 +68,7 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
         if !matches!(g.values[o].def, ValueDef::Node { .. }) {
             return Err(CompileError::Placement(format!(
                 "graph output {:?} is not computed by an op; a heterogeneous plan needs every output computed",
-                vname(g, o)
+                value_name(g, o)
             )));
         }
     }
@@ -96,9 +88,9 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
         }
         let &(s, local) = defined
             .get(&v)
-            .ok_or_else(|| CompileError::Link(format!("value {} read before it is computed", vname(g, v))))?;
+            .ok_or_else(|| CompileError::Link(format!("value {} read before it is computed", value_name(g, v))))?;
         let e = exchanges.len();
-        exchanges.push(Exchange { device: segs[s].0 .1, ty: g.ty(v).clone(), name: vname(g, v) });
+        exchanges.push(Exchange { device: segs[s].0 .1, ty: g.ty(v).clone(), name: value_name(g, v) });
         segs[s].1.graph.outputs.push(local);
         segs[s].1.outputs.push(e);
         exported.insert(v, e);
@@ -129,7 +121,7 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
                 continue;
             }
             let local = if let Some(t) = g.constant(v) {
-                segs[si].1.graph.add_const(vname(g, v), t.clone())
+                segs[si].1.graph.add_const(value_name(g, v), t.clone())
             } else {
                 let port = match g.values[v].def {
                     ValueDef::Node { .. } => match defined.get(&v) {
@@ -143,21 +135,22 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
                         let i = g.inputs.iter().position(|&x| x == v).ok_or_else(|| {
                             CompileError::Link(format!(
                                 "value {} is neither computed, a constant nor an input",
-                                vname(g, v)
+                                value_name(g, v)
                             ))
                         })?;
                         Port::Input(i)
                     }
                 };
                 let s = &mut segs[si].1;
-                let x = s.graph.add_input(vname(g, v), g.ty(v).clone());
+                let x = s.graph.add_input(value_name(g, v), g.ty(v).clone());
                 s.inputs.push(port);
                 x
             };
             segs[si].1.map.insert(v, local);
             inputs.push(Some(local));
         }
-        let outs: Vec<(String, TensorType)> = node.outputs.iter().map(|&o| (vname(g, o), g.ty(o).clone())).collect();
+        let outs: Vec<(String, TensorType)> =
+            node.outputs.iter().map(|&o| (value_name(g, o), g.ty(o).clone())).collect();
         let s = &mut segs[si].1;
         let (_, ids) = s.graph.add_node(node.name.clone(), node.op.clone(), inputs, outs);
         for (&o, &l) in node.outputs.iter().zip(&ids) {
@@ -173,11 +166,7 @@ pub fn split(g: &Graph, p: Placement) -> Result<Split, CompileError> {
         .into_iter()
         .map(|((stage, device), s)| Segment { stage, device, graph: s.graph, inputs: s.inputs, outputs: s.outputs })
         .collect();
-    segments.sort_by_key(|s| (s.stage, s.device));
-    for s in &segments {
-        kiln_ir::verify::verify(&s.graph)
-            .map_err(|e| CompileError::Link(format!("segment graph {}: {e}", s.graph.name)))?;
-    }
+    order_segments(&mut segments).map_err(|(graph, e)| CompileError::Link(format!("segment graph {graph}: {e}")))?;
     Ok(Split { placement: p, segments, exchanges, outputs })
 }
 

@@ -148,6 +148,16 @@ pub struct Segment {
     pub outputs: Vec<usize>,
 }
 
+/// Puts `segments` in plan order (by stage, then device) and verifies each one's graph;
+/// an error names the first graph that fails. Both linkers' segments go through it.
+pub fn order_segments(segments: &mut [Segment]) -> Result<(), (String, kiln_ir::verify::VerifyError)> {
+    segments.sort_by_key(|s| (s.stage, s.device));
+    for s in segments.iter() {
+        kiln_ir::verify::verify(&s.graph).map_err(|e| (s.graph.name.clone(), e))?;
+    }
+    Ok(())
+}
+
 /// What a collective does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CollectiveKind {
@@ -596,7 +606,9 @@ struct Builder<'g> {
     collected: HashMap<(ValueId, Form), Vec<usize>>,
 }
 
-fn vname(g: &Graph, v: ValueId) -> String {
+/// Value `v`'s name in the segment graphs: its name in `g`, or `v{index}` where it has
+/// none. The heterogeneous linker names the values it cuts the same way.
+pub fn value_name(g: &Graph, v: ValueId) -> String {
     let n = &g.values[v].name;
     if n.is_empty() {
         format!("v{}", v.index())
@@ -640,7 +652,8 @@ impl Builder<'_> {
             return e;
         }
         let e = self.exchanges.len();
-        self.exchanges.push(Exchange { device: d, ty: self.local_ty(v), name: format!("{}@{d}", vname(self.g, v)) });
+        let name = format!("{}@{d}", value_name(self.g, v));
+        self.exchanges.push(Exchange { device: d, ty: self.local_ty(v), name });
         self.exported.insert((v, d), e);
         // Only values computed by a node are exported (graph outputs are checked, and
         // collectives read node results: a Split or Partial value is one).
@@ -662,7 +675,7 @@ impl Builder<'_> {
             (Form::Gathered, Layout::Split(axis)) => (CollectiveKind::AllGather { axis }, "allgather"),
             _ => (CollectiveKind::AllReduce, "allreduce"),
         };
-        let name = vname(self.g, v);
+        let name = value_name(self.g, v);
         let dst: Vec<usize> = (0..self.n)
             .map(|d| {
                 self.exchanges.push(Exchange {
@@ -687,11 +700,11 @@ impl Builder<'_> {
         let (port, ty, name) = match (&self.g.values[v].def, f) {
             (ValueDef::Input, _) => {
                 let i = self.g.inputs.iter().position(|&x| x == v).unwrap_or(0);
-                (Port::Input(i), self.g.ty(v).clone(), vname(self.g, v))
+                (Port::Input(i), self.g.ty(v).clone(), value_name(self.g, v))
             }
             (_, Form::Local) => {
                 let e = self.export(v, d);
-                (Port::Exchange(e), self.local_ty(v), vname(self.g, v))
+                (Port::Exchange(e), self.local_ty(v), value_name(self.g, v))
             }
             (_, _) => {
                 let e = self.collective(v, f)[d as usize];
@@ -726,10 +739,10 @@ impl Builder<'_> {
             _ => t,
         };
         let name = match u {
-            Use::Slice(_) => format!("{}.shard{d}", vname(self.g, v)),
+            Use::Slice(_) => format!("{}.shard{d}", value_name(self.g, v)),
             // One per reading Reshape (see above): numbered to stay unique.
-            Use::LocalShape => format!("{}.local{}", vname(self.g, v), self.seg(stage, d).graph.values.len()),
-            _ => vname(self.g, v),
+            Use::LocalShape => format!("{}.local{}", value_name(self.g, v), self.seg(stage, d).graph.values.len()),
+            _ => value_name(self.g, v),
         };
         let seg = self.seg(stage, d);
         let id = seg.graph.add_const(name, t);
@@ -748,7 +761,7 @@ pub fn shard(g: &Graph, devices: u32) -> Result<Sharded, ShardError> {
     }
     for &o in &g.outputs {
         if !matches!(g.values[o].def, ValueDef::Node { .. }) {
-            return Err(ShardError::OutputNotComputed { name: vname(g, o) });
+            return Err(ShardError::OutputNotComputed { name: value_name(g, o) });
         }
     }
     let pass = decide(g, devices)?;
@@ -841,7 +854,7 @@ pub fn shard(g: &Graph, devices: u32) -> Result<Sharded, ShardError> {
                 }));
             }
             let outs: Vec<(String, TensorType)> =
-                node.outputs.iter().zip(&local_out).map(|(&o, t)| (vname(g, o), t.clone())).collect();
+                node.outputs.iter().zip(&local_out).map(|(&o, t)| (value_name(g, o), t.clone())).collect();
             let op: Op = node.op.clone();
             let seg = b.seg(stage, d);
             let (_, ids) = seg.graph.add_node(node.name.clone(), op, inputs, outs);
@@ -866,11 +879,7 @@ pub fn shard(g: &Graph, devices: u32) -> Result<Sharded, ShardError> {
         .into_iter()
         .map(|((stage, device), s)| Segment { stage, device, graph: s.graph, inputs: s.inputs, outputs: s.outputs })
         .collect();
-    segments.sort_by_key(|s| (s.stage, s.device));
-    for s in &segments {
-        kiln_ir::verify::verify(&s.graph)
-            .map_err(|e| ShardError::Internal { graph: s.graph.name.clone(), why: e.to_string() })?;
-    }
+    order_segments(&mut segments).map_err(|(graph, e)| ShardError::Internal { graph, why: e.to_string() })?;
     // Every exchange has a writer: a segment's output or a collective's destination.
     let mut written = vec![false; b.exchanges.len()];
     for e in segments.iter().flat_map(|s| &s.outputs).chain(b.collectives.iter().flat_map(|c| &c.dst)) {
