@@ -936,68 +936,65 @@ impl Kernel {
 
     /// The interval of node `n` from `r`, the intervals of the nodes before it.
     fn node_range(&self, n: &Node, r: &[(i128, i128)]) -> (i128, i128) {
-        {
-            let full = if n.ty.is_float() { (i128::MIN / 4, i128::MAX / 4) } else { n.ty.int_range() };
-            let clamp = |(lo, hi): (i128, i128)| -> (i128, i128) {
-                if lo < full.0 || hi > full.1 {
-                    full
-                } else {
-                    (lo, hi)
-                }
-            };
-            let v = match &n.expr {
-                Expr::Var(v) => (0, (self.vars[v.0 as usize] as i128 - 1).max(0)),
-                Expr::Const(bits) if !n.ty.is_float() => {
-                    let x = n.ty.to_i128(*bits);
-                    (x, x)
-                }
-                Expr::Binary(op, a, b) if n.ty.is_int() => {
-                    let (a, b) = (r[a.index()], r[b.index()]);
-                    match op {
-                        // Wide operands (u64) can overflow i128: then the range is the type's.
-                        BinaryOp::Add => match (a.0.checked_add(b.0), a.1.checked_add(b.1)) {
-                            (Some(lo), Some(hi)) => clamp((lo, hi)),
-                            _ => full,
-                        },
-                        BinaryOp::Sub => match (a.0.checked_sub(b.1), a.1.checked_sub(b.0)) {
-                            (Some(lo), Some(hi)) => clamp((lo, hi)),
-                            _ => full,
-                        },
-                        BinaryOp::Mul => {
-                            let c = [a.0.checked_mul(b.0), a.0.checked_mul(b.1), a.1.checked_mul(b.0), a.1.checked_mul(b.1)];
-                            if c.iter().all(Option::is_some) {
-                                let c = c.map(|x| x.unwrap_or(0));
-                                clamp((*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0)))
-                            } else {
-                                full
-                            }
-                        }
-                        BinaryOp::Div if b.0 > 0 => {
-                            let c = [a.0 / b.0, a.0 / b.1, a.1 / b.0, a.1 / b.1];
-                            (*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0))
-                        }
-                        BinaryOp::Rem if b.0 > 0 => {
-                            if a.0 >= 0 {
-                                (0, a.1.min(b.1 - 1))
-                            } else {
-                                (-(b.1 - 1), b.1 - 1)
-                            }
-                        }
-                        BinaryOp::Min => (a.0.min(b.0), a.1.min(b.1)),
-                        BinaryOp::Max => (a.0.max(b.0), a.1.max(b.1)),
+        let full = if n.ty.is_float() { (i128::MIN / 4, i128::MAX / 4) } else { n.ty.int_range() };
+        let clamp = |(lo, hi): (i128, i128)| -> (i128, i128) {
+            if lo < full.0 || hi > full.1 {
+                full
+            } else {
+                (lo, hi)
+            }
+        };
+        match &n.expr {
+            Expr::Var(v) => (0, (self.vars[v.0 as usize] as i128 - 1).max(0)),
+            Expr::Const(bits) if !n.ty.is_float() => {
+                let x = n.ty.to_i128(*bits);
+                (x, x)
+            }
+            Expr::Binary(op, a, b) if n.ty.is_int() => {
+                let (a, b) = (r[a.index()], r[b.index()]);
+                match op {
+                    // Wide operands (u64) can overflow i128: then the range is the type's.
+                    BinaryOp::Add => match (a.0.checked_add(b.0), a.1.checked_add(b.1)) {
+                        (Some(lo), Some(hi)) => clamp((lo, hi)),
                         _ => full,
+                    },
+                    BinaryOp::Sub => match (a.0.checked_sub(b.1), a.1.checked_sub(b.0)) {
+                        (Some(lo), Some(hi)) => clamp((lo, hi)),
+                        _ => full,
+                    },
+                    BinaryOp::Mul => {
+                        let c = [a.0.checked_mul(b.0), a.0.checked_mul(b.1), a.1.checked_mul(b.0), a.1.checked_mul(b.1)];
+                        if c.iter().all(Option::is_some) {
+                            let c = c.map(|x| x.unwrap_or(0));
+                            clamp((*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0)))
+                        } else {
+                            full
+                        }
                     }
+                    BinaryOp::Div if b.0 > 0 => {
+                        let c = [a.0 / b.0, a.0 / b.1, a.1 / b.0, a.1 / b.1];
+                        (*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0))
+                    }
+                    BinaryOp::Rem if b.0 > 0 => {
+                        if a.0 >= 0 {
+                            (0, a.1.min(b.1 - 1))
+                        } else {
+                            (-(b.1 - 1), b.1 - 1)
+                        }
+                    }
+                    BinaryOp::Min => (a.0.min(b.0), a.1.min(b.1)),
+                    BinaryOp::Max => (a.0.max(b.0), a.1.max(b.1)),
+                    _ => full,
                 }
-                Expr::Select(_, a, b) => {
-                    let (a, b) = (r[a.index()], r[b.index()]);
-                    (a.0.min(b.0), a.1.max(b.1))
-                }
-                Expr::Cast { value, .. } if n.ty.is_int() && !self.node(*value).ty.is_float() => {
-                    clamp(r[value.index()])
-                }
-                _ => full,
-            };
-            v
+            }
+            Expr::Select(_, a, b) => {
+                let (a, b) = (r[a.index()], r[b.index()]);
+                (a.0.min(b.0), a.1.max(b.1))
+            }
+            Expr::Cast { value, .. } if n.ty.is_int() && !self.node(*value).ty.is_float() => {
+                clamp(r[value.index()])
+            }
+            _ => full,
         }
     }
 }
