@@ -21,6 +21,15 @@
 //! instead, and the result lives from the first piece written to its last reader (or
 //! the last reader of a piece).
 //!
+//! **In-place scatters.** A scatter kernel (`kiln_flow::kernel`'s "Scatter kernels")
+//! starts its output as a copy of its input 0 and updates a few elements. Where that
+//! input is an intermediate result of its own unguarded dispatch, read by nothing else
+//! (not a graph input, constant or output, no other reader, not a piece or the result of
+//! an in-place concatenation), it is placed at the scatter's result's bytes
+//! ([`Placement::Within`] at offset 0): its producer writes the result's buffer, the
+//! scatter's code finds input 0 and its output at the same address and skips the copy,
+//! and the work is the updates' alone. Otherwise the scatter copies input 0 first.
+//!
 //! **Guarded dispatches** (a run-time `If`, see `kiln_flow::program`) are scheduled like
 //! any other: a guard's condition counts as one more operand (the dispatch waits for
 //! its producer, and the condition lives until the dispatch's wave), and an `If`
@@ -144,10 +153,59 @@ fn in_place_concats(p: &FlowProgram, producers: &[Option<usize>]) -> (Vec<Option
     (within, elided)
 }
 
+/// Places the input 0 of every scatter that may update it in place (see the module
+/// docs) inside its result: `within` gains those placements.
+fn in_place_scatters(
+    p: &FlowProgram,
+    producers: &[Option<usize>],
+    within: &mut [Option<(BufferId, u64)>],
+    elided: &[usize],
+) {
+    let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
+    // Reads of each storage buffer (operand slots and guard conditions), and whether an
+    // in-place concatenation's pieces live in it.
+    let mut reads = vec![0usize; p.buffers.len()];
+    for d in &p.dispatches {
+        for &o in d.operands.iter().chain(d.guard.iter().map(|(c, _)| c)) {
+            reads[p.storage(o).index()] += 1;
+        }
+    }
+    let mut hosts = vec![false; p.buffers.len()];
+    for &(c, _) in within.iter().flatten() {
+        hosts[c.index()] = true;
+    }
+    for (d, disp) in p.dispatches.iter().enumerate() {
+        if disp.kernel.scatter.is_none() || !disp.guard.is_empty() || elided.contains(&d) {
+            continue;
+        }
+        let r = p.storage(disp.result);
+        let Some(&o) = disp.operands.first() else { continue };
+        let s = p.storage(o);
+        let ok = s != r
+            && matches!(p.buffer(s).kind, BufferKind::Result)
+            && matches!(p.buffer(r).kind, BufferKind::Result)
+            && p.buffer(s).ty.storage_bytes() == p.buffer(r).ty.storage_bytes()
+            && producers[s.index()]
+                .is_some_and(|pi| pi < d && !elided.contains(&pi) && p.dispatches[pi].guard.is_empty())
+            && producers[r.index()] == Some(d)
+            && reads[s.index()] == 1
+            && !outputs.contains(&s)
+            && within[s.index()].is_none()
+            && within[r.index()].is_none()
+            && !hosts[s.index()]
+            && !hosts[r.index()];
+        if ok {
+            within[s.index()] = Some((r, 0));
+            hosts[r.index()] = true;
+        }
+    }
+}
+
 /// Plans `p` (see the module docs).
 pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
     let producers = p.producers();
-    let (within, elided) = in_place_concats(p, &producers);
+    let (mut within, elided) = in_place_concats(p, &producers);
+    in_place_scatters(p, &producers, &mut within, &elided);
     // The storage whose bytes a buffer's live range keeps (a piece: its concatenation's).
     let home = |b: BufferId| {
         let s = p.storage(b);

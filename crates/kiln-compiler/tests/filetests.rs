@@ -13,6 +13,8 @@
 //!   64-byte aligned and inside the arena, and an arena no smaller than the lower
 //!   bound (the largest set of arena buffers live in one wave);
 //! - place constants at 64-byte aligned offsets of the pool;
+//! - place a buffer inside another only within its bytes, in the arena or a graph
+//!   output (an in-place scatter's input);
 //! - run no code for an in-place concatenation (in no wave), whose pieces tile its
 //!   result exactly, with readers after every piece's producer and every buffer a
 //!   dispatch touches live (its own range, or its concatenation's) in that dispatch's
@@ -46,7 +48,8 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
     for (i, pl) in plan.placement.iter().enumerate() {
         if let Placement::Within(c, o) = *pl {
             let (size, csize) = (stream::bytes(p, BufferId(i as u32)), stream::bytes(p, c));
-            if o + size > csize || !matches!(plan.placement[c.index()], Placement::Arena(_)) {
+            // (An in-place scatter's input may live in a graph output's bytes.)
+            if o + size > csize || !matches!(plan.placement[c.index()], Placement::Arena(_) | Placement::Output(_)) {
                 return Err(format!("%{i}: in %{} at [{o}, {}), outside it or not in the arena", c.0, o + size));
             }
             pieces[c.index()].push(i);

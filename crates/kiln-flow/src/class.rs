@@ -39,6 +39,10 @@
 //!    reductions' variables), and every kernel whose load indices depend on loaded data
 //!    (a gather by a run-time index tensor).
 //!
+//! A scatter kernel (`crate::kernel`'s "Scatter kernels": each point of its domain
+//! stores at a computed position of the output) is [`KernelClass::Movement`], before
+//! any of these tests; code generators take it by its [`crate::Kernel::scatter`].
+//!
 //! A load "at a position its output index alone determines" is one whose index
 //! expressions read no input; a kernel with a load whose index does read one (a
 //! data-dependent index) is General, whatever else it computes.
@@ -79,6 +83,10 @@ impl Rank for KernelClass {
 
 /// Classifies `k` (the first class of the module docs' list that fits).
 pub fn classify(k: &Kernel) -> KernelClass {
+    // A scatter stores each point's value at a computed position: data movement.
+    if k.scatter.is_some() {
+        return KernelClass::Movement;
+    }
     if Attention::of(k).is_some() {
         return KernelClass::Attention;
     }

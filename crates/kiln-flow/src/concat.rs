@@ -30,6 +30,9 @@ pub struct Concat {
 impl Concat {
     /// Recognises `k` (see the module docs), or `None`.
     pub fn of(k: &Kernel) -> Option<Concat> {
+        if k.scatter.is_some() {
+            return None;
+        }
         let rank = k.out_rank();
         let od = k.output.shape.dims();
         if rank == 0 || k.inputs.len() < 2 || k.output.shape.numel() == 0 {

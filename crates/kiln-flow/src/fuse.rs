@@ -230,6 +230,10 @@ pub(crate) fn reader_counts(p: &FlowProgram) -> Vec<usize> {
 /// Replaces loads of one-element constants by literals and drops those operands.
 fn inline_scalar_constants(p: &mut FlowProgram, d: usize) {
     let disp = &p.dispatches[d];
+    // (A scatter's store is no expression of the output index: it is left as it is.)
+    if disp.kernel.scatter.is_some() {
+        return;
+    }
     let mut lits: HashMap<u32, u64> = HashMap::new();
     for (k, &o) in disp.operands.iter().enumerate() {
         if let BufferKind::Const(t) = &p.buffers[p.storage(o).index()].kind {
@@ -321,6 +325,11 @@ fn try_fuse(p: &mut FlowProgram, d: usize, k: usize, pi: usize, shared: bool, co
 /// (`try_fuse`; `crate::attention`).
 pub(crate) fn fused_kernel(p: &FlowProgram, d: usize, k: usize, pi: usize) -> Option<(Kernel, Vec<BufferId>)> {
     let (dk, pk) = (&p.dispatches[d].kernel, &p.dispatches[pi].kernel);
+    // A scatter neither takes a producer in nor goes into a consumer: its points are not
+    // the output's elements.
+    if dk.scatter.is_some() || pk.scatter.is_some() {
+        return None;
+    }
     let x = p.dispatches[d].operands[k];
     // The operand list of the fused kernel: d's without `x` (every operand slot
     // reading x's storage), then p's operands not already present.
@@ -634,7 +643,8 @@ pub fn work(k: &Kernel) -> f64 {
     if let Some(a) = crate::attention::Attention::of(k) {
         return crate::attention::work(k, &a);
     }
-    let rank = k.out_rank();
+    // (A scatter's loops are its domain's.)
+    let rank = k.index_rank();
     // Owner reduce of each reduction variable.
     let mut owner: HashMap<u32, usize> = HashMap::new();
     for (i, node) in k.nodes.iter().enumerate() {

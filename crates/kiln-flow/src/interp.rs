@@ -53,6 +53,38 @@ pub fn run(kernel: &Kernel, inputs: &[&Tensor]) -> Result<Tensor, InterpError> {
     // Nodes that depend on each reduce's own variables, re-evaluated per iteration.
     let free = kernel.free_vars();
     let mut ev = Eval { k: kernel, data, env: vec![0; kernel.vars.len()], cache: vec![None; n], free };
+    if let Some(sc) = &kernel.scatter {
+        // The output starts as input 0 (the verifier checked their types); the points
+        // store in row-major order, a position outside the output storing nothing.
+        let mut out = ev.data[0].clone();
+        let domain: Vec<usize> = kernel.vars[..sc.rank].iter().map(|&d| d as usize).collect();
+        let ct = ev.k.node(kernel.root).ty;
+        let points: usize = domain.iter().product();
+        let mut idx = vec![0usize; domain.len()];
+        for _ in 0..points {
+            for (d, &i) in idx.iter().enumerate() {
+                ev.env[d] = i as i64;
+            }
+            ev.cache.iter_mut().for_each(|c| *c = None);
+            let p = ev.eval(sc.at) as i64;
+            if p >= 0 && (p as u64) < out.len() as u64 {
+                let v = ev.eval(kernel.root);
+                let p = p as usize;
+                out[p] = match sc.combine {
+                    Some(op) => binary(op, ct, out[p], v),
+                    None => v,
+                };
+            }
+            for d in (0..domain.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < domain[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        return Ok(encode(&kernel.output, &out));
+    }
     let shape = kernel.output.shape.dims().to_vec();
     let numel: usize = shape.iter().product();
     let mut out = Vec::with_capacity(numel);

@@ -51,6 +51,28 @@
 //!   tensor reads the pad value; with [`Bounds::Clamp`] each index is clamped into
 //!   range (an empty tensor reads 0). Indices computed from loaded data therefore never
 //!   reach memory unchecked.
+//!
+//! ## Scatter kernels
+//! A kernel with a [`Scatter`] store iterates the points of its own domain instead of
+//! the output's index and stores each point's value at a position it computes:
+//!
+//! ```text
+//! output = input 0                       (input 0 has the output's type)
+//! for every point (v0, .., v{d-1}) of the domain, in row-major order (d = scatter.rank):
+//!     p = value of `scatter.at`          (a flat, row-major element number of the output)
+//!     if 0 <= p < numel(output):
+//!         output[p] = combine(output[p], value of `root`)   (or just the root's value)
+//! ```
+//!
+//! Variables `0..d` are the domain's index (their extents are the domain's), every
+//! other variable is a reduction's, as usual. The order of the points is part of the
+//! meaning: with no combining operation the last point that hits an element wins,
+//! and duplicates fold in order. A position outside the output writes nothing: an
+//! index read from data can never reach memory outside the buffer. A code generator
+//! may leave out the copy of input 0 when input 0 and the output are the same bytes
+//! (the planner places them so when input 0 has no other reader, see
+//! `kiln_compiler::stream`). The output's dtype must be the storage of its compute
+//! type (f32, f64, the integers, bool: no rounding between updates).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -546,6 +568,29 @@ pub struct Node {
     pub expr: Expr,
 }
 
+/// The store of a scatter kernel (see the module docs' "Scatter kernels").
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scatter {
+    /// Rank of the iteration domain: variables `0..rank` are its index.
+    pub rank: usize,
+    /// The flat output element each point stores at (i64; outside the output: none).
+    pub at: ExprId,
+    /// How the value combines with the element already there (`add`, `mul`, `min`,
+    /// `max`, and `or`/`and` for bool); `None`: it replaces the element.
+    pub combine: Option<BinaryOp>,
+}
+
+impl Scatter {
+    /// Whether `op` may combine values of type `t` in a scatter.
+    pub fn combines(op: BinaryOp, t: ScalarType) -> bool {
+        match op {
+            BinaryOp::Add | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max => t != ScalarType::Bool,
+            BinaryOp::And | BinaryOp::Or => t == ScalarType::Bool,
+            _ => false,
+        }
+    }
+}
+
 /// A kernel (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kernel {
@@ -559,8 +604,10 @@ pub struct Kernel {
     pub vars: Vec<u64>,
     /// The expression arena; operands precede their users.
     pub nodes: Vec<Node>,
-    /// The value stored at each output index.
+    /// The value stored at each output index (at each point of a scatter's domain).
     pub root: ExprId,
+    /// A scatter store instead of one value per output element.
+    pub scatter: Option<Scatter>,
 }
 
 impl Expr {
@@ -641,6 +688,11 @@ impl Kernel {
         }
         let mut live = vec![false; n];
         live[self.root.index()] = true;
+        if let Some(sc) = &self.scatter {
+            if let Some(l) = live.get_mut(sc.at.index()) {
+                *l = true;
+            }
+        }
         for i in (0..n).rev() {
             if !live[i] {
                 continue;
@@ -676,6 +728,9 @@ impl Kernel {
             nodes.push(Node { ty: node.ty, expr });
         }
         self.root = new_id[self.root.index()];
+        if let Some(sc) = &mut self.scatter {
+            sc.at = new_id.get(sc.at.index()).copied().unwrap_or(sc.at);
+        }
         self.nodes = nodes;
     }
 }
@@ -752,15 +807,40 @@ impl Kernel {
         self.output.shape.rank()
     }
 
+    /// Number of variables the store iterates: the output's rank, or a scatter's domain
+    /// rank.
+    pub fn index_rank(&self) -> usize {
+        self.scatter.as_ref().map_or(self.out_rank(), |s| s.rank)
+    }
+
+    /// The iteration's extents: the output's dimensions, or a scatter's domain.
+    pub fn index_dims(&self) -> &[u64] {
+        &self.vars[..self.index_rank().min(self.vars.len())]
+    }
+
     /// Checks types, references, variable scopes and the bounds of every `InBounds` load.
     pub fn verify(&self) -> Result<(), KernelError> {
         let name = &self.name;
         let ty_err = |node: usize, what: String| KernelError::Type { kernel: name.clone(), node: node as u32, what };
         let st_err =
             |node: usize, what: String| KernelError::Structure { kernel: name.clone(), node: node as u32, what };
-        let rank = self.out_rank();
-        if self.vars.len() < rank || self.vars[..rank] != *self.output.shape.dims().iter().map(|&d| d as u64).collect::<Vec<_>>() {
+        let rank = self.index_rank();
+        if self.vars.len() < rank {
+            return Err(st_err(0, "the domain has more dimensions than there are variables".into()));
+        }
+        if self.scatter.is_none()
+            && self.vars[..rank] != *self.output.shape.dims().iter().map(|&d| d as u64).collect::<Vec<_>>()
+        {
             return Err(st_err(0, "the first variables must be the output's dimensions".into()));
+        }
+        if self.scatter.is_some() {
+            let ct = ScalarType::of_storage(self.output.dtype);
+            if ct.dtype() != self.output.dtype || self.inputs.first() != Some(&self.output) {
+                return Err(st_err(
+                    0,
+                    format!("a scatter's output ({}) must be a plain type and input 0's type", self.output),
+                ));
+            }
         }
         // Which reduce owns each variable (None: output variable).
         let mut owner: Vec<Option<usize>> = vec![None; self.vars.len()];
@@ -895,6 +975,26 @@ impl Kernel {
         if let Some(&v) = free[self.root.index()].iter().find(|&&v| v as usize >= rank) {
             return Err(st_err(self.root.index(), format!("v{v} is used outside the reduce that introduces it")));
         }
+        if let Some(sc) = &self.scatter {
+            let at = sc.at.index();
+            let Some(n) = self.nodes.get(at) else {
+                return Err(st_err(at, "the scatter position does not exist".into()));
+            };
+            if n.ty != ScalarType::I64 {
+                return Err(ty_err(at, "the scatter position is i64".into()));
+            }
+            if let Some(&v) = free[at].iter().find(|&&v| v as usize >= rank) {
+                return Err(st_err(at, format!("v{v} is used outside the reduce that introduces it")));
+            }
+            if let Some(op) = sc.combine {
+                if !Scatter::combines(op, self.node(self.root).ty) {
+                    return Err(ty_err(
+                        self.root.index(),
+                        format!("a scatter cannot combine {} values with {}", self.node(self.root).ty, op.name()),
+                    ));
+                }
+            }
+        }
         self.check_bounds()
     }
 
@@ -1019,7 +1119,7 @@ impl KernelBuilder {
     pub fn new(name: impl Into<String>, inputs: Vec<TensorType>, output: TensorType) -> KernelBuilder {
         let vars = output.shape.dims().iter().map(|&d| d as u64).collect();
         KernelBuilder {
-            k: Kernel { name: name.into(), inputs, output, vars, nodes: Vec::new(), root: ExprId(0) },
+            k: Kernel { name: name.into(), inputs, output, vars, nodes: Vec::new(), root: ExprId(0), scatter: None },
             memo: HashMap::new(),
             ranges: Vec::new(),
             error: None,
@@ -1394,6 +1494,32 @@ impl KernelBuilder {
     /// `a / b`.
     pub fn div(&mut self, a: ExprId, b: ExprId) -> ExprId {
         self.binary(BinaryOp::Div, a, b)
+    }
+
+    /// A scatter kernel (see the module docs): the first `domain.len()` variables
+    /// iterate `domain` (the output's index variables made by [`KernelBuilder::new`]
+    /// are replaced, so call this before building any node). Input 0 must have the
+    /// output's type: it is what the output holds before the first point stores.
+    pub fn scatter_domain(&mut self, domain: &[u64]) -> Vec<ExprId> {
+        if !self.k.nodes.is_empty() {
+            self.fail("scatter_domain after nodes were built");
+        }
+        self.k.vars = domain.to_vec();
+        self.k.scatter = Some(Scatter { rank: domain.len(), at: ExprId(0), combine: None });
+        (0..domain.len()).map(|v| self.var(VarId(v as u32))).collect()
+    }
+
+    /// Ends a scatter kernel: each point stores `root` at flat output position `at`,
+    /// combined by `combine`; verifies it.
+    pub fn finish_scatter(mut self, root: ExprId, at: ExprId, combine: Option<BinaryOp>) -> Result<Kernel, KernelError> {
+        match &mut self.k.scatter {
+            Some(s) => {
+                s.at = at;
+                s.combine = combine;
+            }
+            None => self.fail("finish_scatter without scatter_domain"),
+        }
+        self.finish(root)
     }
 
     /// Ends the kernel with `root` as the stored value; verifies it.

@@ -28,7 +28,7 @@ pub mod interp;
 pub mod kernel;
 
 pub use kernel::{
-    BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, KernelError, ReduceOp, ScalarType, UnaryOp, VarId,
+    BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, KernelError, ReduceOp, ScalarType, Scatter, UnaryOp, VarId,
 };
 pub mod layout;
 pub mod lower;

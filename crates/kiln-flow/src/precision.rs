@@ -127,6 +127,9 @@ pub enum Kept {
     /// An attention kernel reads or writes it (`crate::attention`: its CPU emitter
     /// reads and writes f32; narrowed, the kernel would no longer have the form).
     Attention,
+    /// A scatter kernel updates it (`crate::kernel`'s scatter kernels store plain types:
+    /// no rounding between the updates of one element).
+    Scatter,
 }
 
 /// What [`narrow_storage`] did.
@@ -211,6 +214,11 @@ pub fn narrow_storage(p: &mut FlowProgram, precision: Precision) -> Narrowed {
     for d in p.dispatches.iter().filter(|d| d.class == crate::class::KernelClass::Attention) {
         for &o in d.operands.iter().chain([&d.result]) {
             keep(&mut kept, p.storage(o), Kept::Attention);
+        }
+    }
+    for d in p.dispatches.iter().filter(|d| d.kernel.scatter.is_some()) {
+        for &o in d.operands.first().into_iter().chain([&d.result]) {
+            keep(&mut kept, p.storage(o), Kept::Scatter);
         }
     }
     let narrow: Vec<bool> = (0..n).map(|i| candidate[i] && kept[i].is_none()).collect();

@@ -33,7 +33,10 @@
 //!   operation `neg eA`; a binary one `add eA, eB`; `select eC, eA, eB`;
 //!   `cast eA to DTYPE` (` nosat` when it does not saturate); `reduce.OP [vN, …] eA`
 //!   with OP one of `sum prod max min argmax argmax.last argmin argmin.last`.
-//! - `yield eN` names the root.
+//! - `yield eN` names the root. A scatter kernel (`crate::kernel`'s "Scatter kernels")
+//!   ends with `scatter[.OP] [v0, …] eV at eP` instead: its domain variables (the first
+//!   ones, in order; `[]` for a single point), the stored value, the flat output position,
+//!   and the combining operation (`add`, `mul`, `min`, `max`, `and`, `or`) if any.
 //!
 //! # Constants
 //!
@@ -279,7 +282,16 @@ fn write_kernel(out: &mut String, k: &Kernel, ind: &str) {
         };
         out.push('\n');
     }
-    let _ = write!(out, "{ind}  yield e{}\n{ind}}}", k.root.0);
+    match &k.scatter {
+        None => {
+            let _ = write!(out, "{ind}  yield e{}\n{ind}}}", k.root.0);
+        }
+        Some(sc) => {
+            let op = sc.combine.map_or(String::new(), |o| format!(".{}", o.name()));
+            let vs = (0..sc.rank).map(|v| format!("v{v}")).collect::<Vec<_>>().join(", ");
+            let _ = write!(out, "{ind}  scatter{op} [{vs}] e{} at e{}\n{ind}}}", k.root.0, sc.at.0);
+        }
+    }
 }
 
 /// A constant of a kernel: `bits` in type `ty`.
@@ -533,12 +545,10 @@ impl Parser<'_> {
             vars.push(e);
         }
         let dims = output.shape.dims();
-        if vars.len() < dims.len() || vars.iter().zip(dims).any(|(&v, &d)| v != d as u64) {
-            return fail(vpos, format!("the first variables must be the output's dimensions {:?}", dims));
-        }
         let mut nodes: Vec<Node> = Vec::new();
         let mut node_pos: Vec<usize> = Vec::new();
-        while !self.is_kw("yield") {
+        let ends = |t: &Tok| matches!(t, Tok::Ident(s) if s == "yield" || s == "scatter" || s.starts_with("scatter."));
+        while !ends(self.peek()) {
             let (n, pos) = match self.peek() {
                 Tok::Ident(s) if numbered_ident(s, 'e').is_some() => self.numbered('e', "a node")?,
                 t => return fail(self.pos(), format!("expected a node `e{}: …` or `yield`, found {t}", nodes.len())),
@@ -554,14 +564,62 @@ impl Parser<'_> {
             node_pos.push(pos);
         }
         let ypos = self.pos();
+        let end = match self.peek() {
+            Tok::Ident(s) => s.clone(),
+            _ => String::new(),
+        };
         self.bump();
+        // `scatter[.OP] [v0, …] eV at eP`: the domain's variables, the value, the position.
+        let mut scatter = None;
+        if end != "yield" {
+            let combine = match end.strip_prefix("scatter.") {
+                None => None,
+                Some(o) => match BinaryOp::ALL.iter().find(|b| b.name() == o) {
+                    Some(&b) => Some(b),
+                    None => return fail(ypos, format!("unknown scatter combination `{o}` (add, mul, min, max, and, or)")),
+                },
+            };
+            self.expect(&Tok::LBrack, "before the scatter's domain variables")?;
+            let mut rank = 0usize;
+            if !self.eat(&Tok::RBrack) {
+                loop {
+                    let (v, vpos) = self.numbered('v', "a domain variable")?;
+                    if v as usize != rank || rank >= vars.len() {
+                        return fail(vpos, format!("expected `v{rank}` (the domain is the first variables, in order)"));
+                    }
+                    rank += 1;
+                    if self.eat(&Tok::RBrack) {
+                        break;
+                    }
+                    self.expect(&Tok::Comma, "or `]` after a domain variable")?;
+                }
+            }
+            scatter = Some((rank, combine));
+        } else if vars.len() < dims.len() || vars.iter().zip(dims).any(|(&v, &d)| v != d as u64) {
+            return fail(vpos, format!("the first variables must be the output's dimensions {:?}", dims));
+        }
         let (root, rpos) = self.numbered('e', "the root node")?;
         if root as usize >= nodes.len() {
             return fail(rpos, format!("the root e{root} does not exist"));
         }
         let root = ExprId(root);
+        let scatter = match scatter {
+            None => None,
+            Some((rank, combine)) => {
+                let apos = self.pos();
+                if !self.is_kw("at") {
+                    return fail(apos, "expected `at eN` (the scatter's position) after its value".to_string());
+                }
+                self.bump();
+                let (at, atpos) = self.numbered('e', "the scatter position")?;
+                if at as usize >= nodes.len() {
+                    return fail(atpos, format!("the position e{at} does not exist"));
+                }
+                Some(crate::kernel::Scatter { rank, at: ExprId(at), combine })
+            }
+        };
         self.expect(&Tok::RBrace, "after `yield eN` (the end of the kernel)")?;
-        let k = Kernel { name, inputs, output, vars, nodes, root };
+        let k = Kernel { name, inputs, output, vars, nodes, root, scatter };
         k.verify().map_err(|e| {
             let node = match &e {
                 KernelError::Type { node, .. }

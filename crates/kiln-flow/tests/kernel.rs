@@ -289,3 +289,64 @@ fn a_quotient_by_zero_is_left_to_the_kernel() {
     assert!(text.contains("div") && text.contains("rem"), "{text}");
     assert_eq!(run(&kern, &[]).unwrap().to_i64_vec().unwrap(), vec![0, 0, 0]);
 }
+
+/// A scatter kernel over 5 updates into 4 elements: positions from an index tensor
+/// (one out of range), each combined in order with what is there.
+fn scatter_kernel(combine: Option<BinaryOp>) -> kiln_flow::Kernel {
+    let mut b = KernelBuilder::new(
+        "sc",
+        vec![ty(DType::F32, &[4]), ty(DType::I64, &[5]), ty(DType::F32, &[5])],
+        ty(DType::F32, &[4]),
+    );
+    let u = b.scatter_domain(&[5]);
+    let at = b.load(1, u.clone());
+    let v = b.load(2, u);
+    b.finish_scatter(v, at, combine).unwrap()
+}
+
+#[test]
+fn scatter_stores_each_point_in_order() {
+    let x = f32s(&[4], &[1., 2., 3., 4.]);
+    let idx = Tensor::from_i64(DType::I64, Shape::new(vec![5]).unwrap(), &[2, 0, 2, 7, -1]).unwrap();
+    let u = f32s(&[5], &[10., 20., 30., 40., 50.]);
+    // Element 2 is hit twice (10, then 30); 7 and -1 lie outside the output: dropped.
+    let cases = [
+        (None, [20., 2., 30., 4.]),
+        (Some(BinaryOp::Add), [21., 2., 43., 4.]),
+        (Some(BinaryOp::Mul), [20., 2., 900., 4.]),
+        (Some(BinaryOp::Max), [20., 2., 30., 4.]),
+        (Some(BinaryOp::Min), [1., 2., 3., 4.]),
+    ];
+    for (combine, want) in cases {
+        let r = run(&scatter_kernel(combine), &[&x, &idx, &u]).unwrap();
+        assert_eq!(r.to_f64_vec(), want.to_vec(), "{combine:?}");
+    }
+}
+
+#[test]
+fn scatter_kernels_are_checked() {
+    let k = scatter_kernel(Some(BinaryOp::Add));
+    assert_eq!(k.index_rank(), 1);
+    assert_eq!(k.index_dims(), &[5]);
+    // A combination the type has no meaning for.
+    let mut bad = k.clone();
+    bad.scatter.as_mut().unwrap().combine = Some(BinaryOp::Sub);
+    assert!(matches!(bad.verify(), Err(KernelError::Type { .. })));
+    let mut bad = k.clone();
+    bad.scatter.as_mut().unwrap().combine = Some(BinaryOp::Or);
+    assert!(matches!(bad.verify(), Err(KernelError::Type { .. })));
+    // A position that is not an i64.
+    let mut bad = k.clone();
+    let root = bad.root;
+    bad.scatter.as_mut().unwrap().at = root;
+    assert!(matches!(bad.verify(), Err(KernelError::Type { .. })));
+    // Input 0 must have the output's type (it is what the output starts as).
+    let mut bad = k.clone();
+    bad.inputs[0] = ty(DType::F32, &[5]);
+    assert!(matches!(bad.verify(), Err(KernelError::Structure { .. })));
+    // A narrow output would round between updates.
+    let mut b = KernelBuilder::new("h", vec![ty(DType::F16, &[4]), ty(DType::F32, &[2])], ty(DType::F16, &[4]));
+    let u = b.scatter_domain(&[2]);
+    let v = b.load(1, u.clone());
+    assert!(b.finish_scatter(v, u[0], None).is_err());
+}

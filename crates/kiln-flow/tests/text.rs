@@ -116,6 +116,7 @@ fn every_form_parses_to_the_kernel_it_describes() {
             node(F32, Expr::Const(1)),
         ],
         root: e(19),
+        scatter: None,
     };
     assert_eq!(k, want);
     assert_eq!(print_kernel(&k), EVERY_FORM);
@@ -716,4 +717,39 @@ fn mutations_never_panic() {
         let _ = parse_program(&text);
     }
     assert!(accepted > 100, "only {accepted} mutants parsed");
+}
+
+const SCATTER: &str = "kernel @sc(%0: f32[4,3], %1: i64[2,1], %2: f32[2,3]) -> f32[4,3] {
+  vars v0<2 v1<3
+  e0: i64 = v0
+  e1: i64 = 0
+  e2: i64 = load %1[e0, e1]
+  e3: i64 = v1
+  e4: i64 = 3
+  e5: i64 = mul e2, e4
+  e6: i64 = add e5, e3
+  e7: f32 = load %2[e0, e3]
+  scatter.add [v0, v1] e7 at e6
+}";
+
+#[test]
+fn scatter_kernels_round_trip() {
+    let k = parse_kernel(SCATTER).unwrap_or_else(|e| panic!("{e}"));
+    let sc = k.scatter.clone().expect("a scatter kernel");
+    assert_eq!((sc.rank, sc.at, sc.combine), (2, e(6), Some(BinaryOp::Add)));
+    assert_eq!(print_kernel(&k), SCATTER);
+    round_trip_kernel(&k);
+    // No combination, and a single point.
+    let none = SCATTER.replace("scatter.add", "scatter");
+    round_trip_kernel(&parse_kernel(&none).unwrap_or_else(|e| panic!("{e}")));
+    // Errors: a domain not made of the first variables, an unknown combination, a
+    // missing position, a combination the value's type has none of.
+    let (_, _, m) = err_kernel(&SCATTER.replace("[v0, v1]", "[v1]"));
+    assert!(m.contains("expected `v0`"), "{m}");
+    let (_, _, m) = err_kernel(&SCATTER.replace("scatter.add", "scatter.sub"));
+    assert!(m.contains("cannot combine"), "{m}");
+    let (_, _, m) = err_kernel(&SCATTER.replace("scatter.add", "scatter.frob"));
+    assert!(m.contains("unknown scatter combination"), "{m}");
+    let (_, _, m) = err_kernel(&SCATTER.replace(" at e6", ""));
+    assert!(m.contains("expected `at eN`"), "{m}");
 }

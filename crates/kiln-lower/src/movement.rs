@@ -12,10 +12,17 @@
 //!   the scatters) reads indices from a tensor: a negative index is wrapped once
 //!   (`i < 0 ? i + n : i`) and the load that uses it clamps ([`Bounds::Clamp`]), so an
 //!   invalid index reads some element of the tensor, never memory outside it.
-//! - **Scatters** are gathers seen from the output: an output element reduces over the
-//!   update positions whose index hits it. With `reduction=none` the last such position wins
-//!   (a `max` over `position + 1`, 0 when none hits), as sequential scattering gives; with a
-//!   reduction the updates that hit are folded and combined with the data element.
+//! - **Scatters** (ScatterElements, ScatterND) are scatter kernels
+//!   (`kiln_flow::kernel`'s "Scatter kernels"): the output starts as the data, and each
+//!   update, in row-major order over the updates, is stored at the output position its
+//!   index names, combined with the element there by the reduction (add, mul, max, min;
+//!   `or`/`and` for bool) or replacing it (`none`: the last update to an element wins,
+//!   deterministically, where ONNX leaves duplicates undefined). An index is wrapped once
+//!   when negative; an update whose index is still outside its axis is dropped (it writes
+//!   nothing). The work is one step per update, not per output element. Data of a narrow
+//!   float type (f16, bf16, 8-bit), whose elements would round between updates, take the
+//!   gather form instead: an output element reduces over the update positions whose
+//!   index hits it (the last such position for `none`, a `max` over `position + 1`).
 //! - **Generators** (Range, ConstantOfShape, EyeLike, Shape, Size) are kernels without
 //!   inputs (Range reads start and delta when they are not constants).
 //! - **CumSum** is a masked sum over the scanned axis.
@@ -1006,6 +1013,62 @@ fn scatter_value(
     b.binary(comb, data, folded)
 }
 
+/// A scatter (operands data, indices, updates) as a scatter kernel over the updates'
+/// index space `ud` (see the module docs); `None` where the data's type would round
+/// between updates (the caller takes the gather form). `place(b, u)` gives, for update
+/// position `u`, the output position it goes to and which of its coordinates come from
+/// the indices (those are checked against their axis: outside it, the update is
+/// dropped; the others are in range by the shapes).
+fn scatter_store<F>(cx: &OpCx<'_>, red: Reduction, ud: &[usize], place: F) -> R<Option<Lowered>>
+where
+    F: FnOnce(&mut KernelBuilder, &[ExprId]) -> R<(Vec<ExprId>, Vec<usize>)>,
+{
+    let Some(out) = cx.outputs.first() else {
+        return Err(cx.unsupported("the result has no type"));
+    };
+    let ct = ScalarType::of_storage(out.dtype);
+    if ct.dtype() != out.dtype || cx.input_ty(0)? != out {
+        return Ok(None);
+    }
+    let xd = out.shape.dims().to_vec();
+    let boolean = ct == ScalarType::Bool;
+    let combine = match red {
+        Reduction::None => None,
+        Reduction::Add | Reduction::Max if boolean => Some(BinaryOp::Or),
+        Reduction::Mul | Reduction::Min if boolean => Some(BinaryOp::And),
+        Reduction::Add => Some(BinaryOp::Add),
+        Reduction::Mul => Some(BinaryOp::Mul),
+        Reduction::Max => Some(BinaryOp::Max),
+        Reduction::Min => Some(BinaryOp::Min),
+    };
+    let types = (0..3).map(|i| cx.input_ty(i).cloned()).collect::<R<Vec<TensorType>>>()?;
+    let mut b = cx.builder(0, types);
+    let domain: Vec<u64> = ud.iter().map(|&d| d as u64).collect();
+    let u = b.scatter_domain(&domain);
+    let (pos, checked) = place(&mut b, &u)?;
+    let mut valid: Option<ExprId> = None;
+    for &d in &checked {
+        let z = b.index(0);
+        let lo = b.binary(BinaryOp::Ge, pos[d], z);
+        let n = b.index(xd[d] as i64);
+        let hi = b.binary(BinaryOp::Lt, pos[d], n);
+        valid = and(&mut b, valid, lo);
+        valid = and(&mut b, valid, hi);
+    }
+    let flat = flat_index(&mut b, &xd, &pos);
+    let at = match valid {
+        Some(v) => {
+            let none = b.index(-1);
+            b.select(v, flat, none)
+        }
+        None => flat,
+    };
+    let value = b.load(2, u);
+    let kernel = b.finish_scatter(value, at, combine)?;
+    let step = Step { kernel, operands: (0..3).map(Operand::Input).collect() };
+    Ok(Some(Lowered { steps: vec![step], outputs: vec![Output::Step(0)] }))
+}
+
 fn scatter_elements(cx: &OpCx<'_>) -> R<Lowered> {
     let axis = cx.attrs::<ka::ScatterElementsAttrs>()?.axis;
     let xd = dims(cx, 0)?;
@@ -1020,6 +1083,15 @@ fn scatter_elements(cx: &OpCx<'_>) -> R<Lowered> {
     expect_out(cx, &xd)?;
     if id.contains(&0) {
         return single(cx, &[0], |b, out| Ok(b.load(0, out.to_vec())));
+    }
+    if let Some(s) = scatter_store(cx, red, &ud, |b, u| {
+        // Update u goes to u with its axis coordinate replaced by the index there.
+        let k = data_index(b, 1, u.to_vec(), xd[a]);
+        let mut pos = u.to_vec();
+        pos[a] = k;
+        Ok((pos, vec![a]))
+    })? {
+        return Ok(s);
     }
     single(cx, &[0, 1, 2], |b, out| {
         let data = b.load(0, out.to_vec());
@@ -1074,6 +1146,20 @@ fn scatter_nd(cx: &OpCx<'_>) -> R<Lowered> {
     let count: usize = tuples.iter().product();
     if count == 0 {
         return single(cx, &[0], |b, out| Ok(b.load(0, out.to_vec())));
+    }
+    let tq = tuples.len();
+    if let Some(s) = scatter_store(cx, red, &ud, |b, u| {
+        // Update (t, rest) goes to (indices[t, 0..m], rest).
+        let mut pos = Vec::with_capacity(xd.len());
+        for j in 0..m {
+            let mut ii = u[..tq].to_vec();
+            ii.push(b.index(j as i64));
+            pos.push(data_index(b, 1, ii, xd[j]));
+        }
+        pos.extend_from_slice(&u[tq..]);
+        Ok((pos, (0..m).collect()))
+    })? {
+        return Ok(s);
     }
     single(cx, &[0, 1, 2], |b, out| {
         let data = b.load(0, out.to_vec());

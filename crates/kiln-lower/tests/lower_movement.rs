@@ -610,6 +610,69 @@ fn scatter_nd() {
     }
 }
 
+/// Scatters of plain types are scatter kernels (one step per update, not per output
+/// element); narrow floats keep the gather form.
+#[test]
+fn scatters_store_per_update() {
+    for (kind, dt, scatter) in [
+        (OpKind::ScatterElements, DType::F32, true),
+        (OpKind::ScatterND, DType::I64, true),
+        (OpKind::ScatterND, DType::Bool, true),
+        (OpKind::ScatterElements, DType::F16, false),
+    ] {
+        let x = rand(dt, &[6, 5], 1);
+        let (i, u) = match kind {
+            OpKind::ScatterND => (ints(&[2, 1], &[4, -1]), rand(dt, &[2, 5], 2)),
+            _ => (ints(&[1, 5], &[4, -1, 0, 3, 2]), rand(dt, &[1, 5], 2)),
+        };
+        for red in ["none", "add"] {
+            let o = scatter_op(kind, red, None);
+            let ins = [Some(x.clone()), Some(i.clone()), Some(u.clone())];
+            let l = lower_mixed(&o, &ins, &[false, false, false]);
+            let k = &l.steps[0].kernel;
+            assert_eq!(k.scatter.is_some(), scatter, "{kind} {dt:?} {red}");
+            if scatter {
+                // The domain is the updates' index space.
+                assert_eq!(k.index_dims(), u.shape().dims().iter().map(|&d| d as u64).collect::<Vec<_>>());
+            }
+        }
+    }
+}
+
+/// An index still outside its axis after wrapping drops its update: the result is the
+/// reference's for the same scatter without that update (ONNX calls such an index
+/// invalid; kiln never writes outside the output).
+#[test]
+fn scatter_drops_an_out_of_range_update() {
+    let x = rand(DType::F32, &[4, 3], 5);
+    let u = rand(DType::F32, &[2, 3], 6);
+    for red in ["none", "add", "mul", "max", "min"] {
+        // ScatterND: row 9 and row -5 are outside 0..4; only row 2 lands.
+        let o = scatter_op(OpKind::ScatterND, red, None);
+        for bad in [9, -5] {
+            let ins = [Some(x.clone()), Some(ints(&[2, 1], &[bad, 2])), Some(u.clone())];
+            let l = lower_mixed(&o, &ins, &[false, false, false]);
+            let refs: Vec<Option<&Tensor>> = ins.iter().map(|t| t.as_ref()).collect();
+            let second = Tensor::from_f64(DType::F32, Shape::new(vec![1, 3]).unwrap(), &u.to_f64_vec()[3..]).unwrap();
+            let (types, want) = reference(&o, &[Some(x.clone()), Some(ints(&[1, 1], &[2])), Some(second)]);
+            let got = interpret(&l, &refs, &types).unwrap();
+            compare(&format!("ScatterND {red} index {bad}"), &got[0], &want[0], EXACT);
+        }
+        // ScatterElements along axis 1: index 7 in the middle of the updates.
+        let o = scatter_op(OpKind::ScatterElements, red, Some(1));
+        let ins = [Some(x.clone()), Some(ints(&[1, 3], &[2, 7, 0])), Some(floats(&[1, 3], &[1.5, 2.5, 3.5]))];
+        let l = lower_mixed(&o, &ins, &[false, false, false]);
+        let refs: Vec<Option<&Tensor>> = ins.iter().map(|t| t.as_ref()).collect();
+        let (types, _) = reference(&o, &[Some(x.clone()), Some(ints(&[1, 1], &[2])), Some(floats(&[1, 1], &[1.5]))]);
+        let got = interpret(&l, &refs, &types).unwrap();
+        // Without the bad update: indices [2, 0] for updates [1.5, 3.5] (columns of row 0).
+        let o2 = scatter_op(OpKind::ScatterElements, red, Some(1));
+        let (_, a) = reference(&o2, &[Some(x.clone()), Some(ints(&[1, 1], &[2])), Some(floats(&[1, 1], &[1.5]))]);
+        let (_, want) = reference(&o2, &[Some(a[0].clone()), Some(ints(&[1, 1], &[0])), Some(floats(&[1, 1], &[3.5]))]);
+        compare(&format!("ScatterElements {red}"), &got[0], &want[0], EXACT);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Generators.
 // ---------------------------------------------------------------------------

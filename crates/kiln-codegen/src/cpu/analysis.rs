@@ -133,7 +133,7 @@ impl Analysis {
     /// Analyses a verified kernel whose storage dtypes are all supported.
     pub(crate) fn new(k: &Kernel) -> Result<Analysis, String> {
         let n = k.nodes.len();
-        let rank = k.out_rank();
+        let rank = k.index_rank();
         let free = k.free_vars();
         let mut aff = AffineCx::new(k, Mode::Address);
 
@@ -141,6 +141,9 @@ impl Analysis {
         let mut needed = vec![false; n];
         let mut load_aff: Vec<Option<Affine>> = vec![None; n];
         needed[k.root.index()] = true;
+        if let Some(sc) = &k.scatter {
+            needed[sc.at.index()] = true;
+        }
         for i in (0..n).rev() {
             if !needed[i] {
                 continue;
@@ -275,8 +278,11 @@ impl Analysis {
         }
         let out_size = elem_bytes(k.output.dtype).ok_or("unsupported output dtype")?;
         let mut out_flat = Affine::constant(0);
-        for (l, s) in strides(k.output.shape.dims()).into_iter().enumerate() {
-            out_flat = out_flat.wrapping_plus(&Affine::atom(Atom::Var(l as u32)).wrapping_scaled(s));
+        // (A scatter stores at its computed position: the output's start is its base.)
+        if k.scatter.is_none() {
+            for (l, s) in strides(k.output.shape.dims()).into_iter().enumerate() {
+                out_flat = out_flat.wrapping_plus(&Affine::atom(Atom::Var(l as u32)).wrapping_scaled(s));
+            }
         }
         let store = chain(k.inputs.len() as u32, &out_flat, out_size);
 

@@ -137,10 +137,11 @@ pub(crate) fn build(
     frontend: TargetFrontendConfig,
 ) -> R<Vec<String>> {
     let n = k.nodes.len();
-    let rank = k.out_rank();
-    // Which loops run four lanes at a time.
-    let vec_x =
-        opts.vectorize && rank > 0 && k.vars[rank - 1] >= 4 && an.vectorizable(k, rank as u32 - 1, true, caps.sse41);
+    let rank = k.index_rank();
+    // Which loops run four lanes at a time (a scatter's points store one at a time).
+    let vec_x = opts.vectorize
+        && k.scatter.is_none()
+        && rank > 0 && k.vars[rank - 1] >= 4 && an.vectorizable(k, rank as u32 - 1, true, caps.sse41);
     let mut vec_red = vec![false; n];
     if opts.vectorize {
         for (i, node) in k.nodes.iter().enumerate() {
@@ -241,6 +242,20 @@ impl Em<'_, '_> {
         }
         let exit = self.b.create_block();
         self.exit = Some(exit);
+        if k.scatter.is_some() {
+            // One workgroup runs every point, in order.
+            let one = self.b.ins().iconst(types::I64, 1);
+            let end = self.b.ins().umin(end, one);
+            let go = self.b.ins().icmp(IntCC::UnsignedLessThan, begin, end);
+            let body = self.b.create_block();
+            self.b.ins().brif(go, body, &[], exit, &[]);
+            self.b.switch_to_block(body);
+            self.scatter()?;
+            self.b.ins().jump(exit, &[]);
+            self.b.switch_to_block(exit);
+            self.b.ins().return_(&[]);
+            return Ok(());
+        }
         let rank = k.out_rank();
         let dims: Vec<u64> = k.output.shape.dims().iter().map(|&d| d as u64).collect();
         let wg_dims = rank.saturating_sub(1);
@@ -752,6 +767,95 @@ impl Em<'_, '_> {
             _ => return Err(format!("loads of {}", d.name())),
         };
         Ok(self.b.ins().load(t, mem(), addr, off))
+    }
+
+    /// A scatter kernel's body (`kiln_flow::kernel`'s "Scatter kernels"): input 0
+    /// copied into the output unless they are the same bytes (the planner's in-place
+    /// placement), then the points of the domain in row-major order, each storing at its
+    /// position when that lies inside the output.
+    fn scatter(&mut self) -> R<()> {
+        let k = self.k;
+        let src = self.bind[0];
+        let dst = self.bind[k.inputs.len()];
+        let same = self.b.ins().icmp(IntCC::Equal, src, dst);
+        let copy = self.b.create_block();
+        let points = self.b.create_block();
+        self.b.ins().brif(same, points, &[], copy, &[]);
+        self.b.switch_to_block(copy);
+        let bytes = k.output.storage_bytes() as i64;
+        // Eight bytes at a time, then the rest a byte at a time.
+        let words = self.b.declare_var(types::I64);
+        for (step, t) in [(8i64, types::I64), (1, types::I8)] {
+            let (from, to) = if step == 8 { (0, bytes / 8 * 8) } else { (bytes / 8 * 8, bytes) };
+            if from >= to {
+                continue;
+            }
+            let init = self.b.ins().iconst(types::I64, from);
+            self.b.def_var(words, init);
+            let body = self.b.create_block();
+            let done = self.b.create_block();
+            self.b.ins().jump(body, &[]);
+            self.b.switch_to_block(body);
+            let i = self.b.use_var(words);
+            let a = self.b.ins().iadd(src, i);
+            let x = self.b.ins().load(t, mem(), a, 0);
+            let a = self.b.ins().iadd(dst, i);
+            self.b.ins().store(mem(), x, a, 0);
+            let i2 = self.b.ins().iadd_imm_s(i, step);
+            self.b.def_var(words, i2);
+            let more = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, i2, to);
+            self.b.ins().brif(more, body, &[], done, &[]);
+            self.b.switch_to_block(done);
+        }
+        self.b.ins().jump(points, &[]);
+        self.b.switch_to_block(points);
+        self.items(0)?;
+        self.scatter_level(0)
+    }
+
+    /// Domain loop `l` of a scatter and everything inside it.
+    fn scatter_level(&mut self, l: usize) -> R<()> {
+        let k = self.k;
+        if l == k.index_rank() {
+            return self.scatter_store();
+        }
+        let v = l as u32;
+        let n = k.vars[l] as i64;
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.counted_loop(v, zero, n, 1, |em| {
+            em.items(v + 1)?;
+            em.scatter_level(l + 1)?;
+            em.clear(v + 1);
+            Ok(())
+        })
+    }
+
+    /// One point of a scatter: `output[at] = combine(output[at], root)` (or `root`)
+    /// where `0 <= at < numel`, nothing otherwise.
+    fn scatter_store(&mut self) -> R<()> {
+        let k = self.k;
+        let sc = k.scatter.as_ref().ok_or("not a scatter")?;
+        let at = self.get(sc.at)?;
+        let numel = self.b.ins().iconst(types::I64, k.output.shape.numel() as i64);
+        // (A negative position is a large unsigned one.)
+        let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, at, numel);
+        let st = self.b.create_block();
+        let next = self.b.create_block();
+        self.b.ins().brif(inside, st, &[], next, &[]);
+        self.b.switch_to_block(st);
+        let size = super::analysis::elem_bytes(k.output.dtype).ok_or("unsupported output dtype")?;
+        let off = self.scale(at, size);
+        let out = self.bind[k.inputs.len()];
+        let addr = self.b.ins().iadd(out, off);
+        let mut v = self.get(k.root)?;
+        if let Some(op) = sc.combine {
+            let old = self.load_elem(k.output.dtype, addr, 0, out)?;
+            v = self.binary(op, self.ty(k.root), old, v, None)?;
+        }
+        self.b.ins().store(mem(), v, addr, 0);
+        self.b.ins().jump(next, &[]);
+        self.b.switch_to_block(next);
+        Ok(())
     }
 
     fn store(&mut self) -> R<()> {

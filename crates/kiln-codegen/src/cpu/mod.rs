@@ -230,6 +230,10 @@ impl CodePath {
 /// The workgroups of a kernel: the product of every output dimension but the
 /// innermost (1 for rank 0 and 1).
 pub fn workgroups(k: &Kernel) -> u64 {
+    // A scatter's points store in order: one workgroup.
+    if k.scatter.is_some() {
+        return 1;
+    }
     let dims = k.output.shape.dims();
     dims[..dims.len().saturating_sub(1)].iter().map(|&d| d as u64).product()
 }
@@ -488,6 +492,10 @@ fn emit_class(
     avx512vl: bool,
     int8: Int8,
 ) -> Result<Option<Micro>, gemm::NotHere> {
+    // A scatter stores its points in order at computed positions: the general path.
+    if k.scatter.is_some() {
+        return gemm::no("a scatter (its points store in order at computed positions)".to_string());
+    }
     // An integer contraction (whatever its class: its epilogue may make it general)
     // takes the integer microkernel where the target has one and it takes the kernel.
     let mut declined = None;
@@ -766,7 +774,7 @@ pub fn compile_with(
             module.declare_function(&k.name, Linkage::Export, &ctx.func.signature).map_err(|e| internal(&k.name, e))?;
         module.define_function(id, &mut ctx).map_err(|e| internal(&k.name, format!("{e:?}")))?;
         workgroup_counts.push(workgroups(k));
-        digits.push(row_digits(k, k.out_rank().saturating_sub(1)));
+        digits.push(if k.scatter.is_some() { Vec::new() } else { row_digits(k, k.out_rank().saturating_sub(1)) });
         work_ns.push(cost::estimate_ns(k, cost::Path::General));
     }
     let product = module.finish();

@@ -192,8 +192,9 @@ pub fn compile_kernel(k: &Kernel, class: KernelClass) -> Result<Entry, CodegenEr
 
 /// [`compile_kernel`] with the variants `tune`.
 pub fn compile_kernel_tuned(k: &Kernel, class: KernelClass, tune: &tune::Tune) -> Result<Entry, CodegenError> {
-    // Two 4-bit elements share a byte: only the general mapping writes whole bytes.
-    if expr::is_nibble(k.output.dtype) {
+    // Two 4-bit elements share a byte: only the general mapping writes whole bytes; a
+    // scatter's points store in order at computed positions: its own mapping there.
+    if expr::is_nibble(k.output.dtype) || k.scatter.is_some() {
         return general::emit(k);
     }
     let tried = match class {
