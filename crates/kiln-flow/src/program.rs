@@ -369,6 +369,7 @@ pub fn form(
         crate::dequant::dequantize_in_load(&mut p);
         crate::mx::block_scaled_in_load(&mut p);
         crate::layout::relayout_constants(&mut p);
+        crate::dequant::fold_int_constant_sums(&mut p);
     }
     if formation == Formation::Microkernels {
         crate::layout::materialize_columns(&mut p);
