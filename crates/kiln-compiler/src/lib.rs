@@ -585,15 +585,16 @@ impl Compilation {
                     TargetDevice::Cpu => kiln_lower::Formation::Microkernels,
                     TargetDevice::Cuda => kiln_lower::Formation::ImplicitGemm,
                 };
-                // The attention kernel forms on the CPU; on CUDA only where the
-                // measurement knob asks (`KILN_CUDA_TUNE=attn=on`): its kernel is slower
-                // than the separate products there so far (docs/cuda.md).
+                // The attention kernel forms on the CPU; on CUDA at half precision (its
+                // tensor-core kernel reads the half operands; at f32 three kernels are
+                // faster), or as `KILN_CUDA_TUNE=attn=` says (docs/cuda.md).
+                let half = self.options.precision.storage().is_some();
                 let fuse = self.options.fused_attention
                     && match self.options.device {
                         TargetDevice::Cpu => true,
-                        TargetDevice::Cuda => {
-                            kiln_codegen::cuda::tune::Tune::from_env().map_err(CodegenError::Setting)?.attention
-                        }
+                        TargetDevice::Cuda => kiln_codegen::cuda::tune::Tune::from_env()
+                            .map_err(CodegenError::Setting)?
+                            .forms_attention(half),
                     };
                 let flow = kiln_lower::form_with(&g, formation, fuse);
                 self.graph = Some(g);
@@ -608,7 +609,9 @@ impl Compilation {
             }
             Stage::NarrowStorage => {
                 let flow = self.flow.as_mut().ok_or_else(|| missing("flow program"))?;
-                kiln_flow::precision::narrow_storage(flow, self.options.precision);
+                // CUDA's attention kernels read and write half; the CPU's f32.
+                let half_attention = self.options.device == TargetDevice::Cuda;
+                kiln_flow::precision::narrow_storage_for(flow, self.options.precision, half_attention);
             }
             // A GPU's kernels read constants as they are (no CPU panels).
             Stage::PackWeights if self.options.device == TargetDevice::Cuda => {}

@@ -19,14 +19,17 @@
 //! over `e` of a product of two loads (the one that reads the key variable is K), scaled
 //! by constants (`Mul`/`Div` by a constant, before or after the mask), plus at most one
 //! loaded additive mask that does not read `e`. Every load is an in-bounds f32 load at an
-//! affine offset; Q, K and the mask do not read `d`. That covers however an exporter
+//! affine offset (of a tensor stored f32, or f16/bf16 where the storage-precision pass
+//! narrowed it on CUDA, `crate::precision`); Q, K and the mask do not read `d`. That covers however an exporter
 //! spells the pattern (the scale on the product or on the scores, a transposed K read
 //! through its index, a mask broadcast over batch, heads or queries), because lowering
 //! and fusion have already turned layout ops into index maps.
 //!
 //! The kernel IR gives the form its meaning, so the flow interpreter and every code
 //! generator's general path run it as written (recomputing `S` per use). The CUDA
-//! emitter (`cuda::attention`) runs a warp per query row with an online softmax. The CPU
+//! emitters run a block of 64 query rows on the tensor cores (`cuda::flash`: where Q, K
+//! or V is stored half, the default at `--precision f16|bf16`) or a warp per query row
+//! (`cuda::attention`), both with an online softmax. The CPU
 //! emitter (`kiln-codegen`'s `cpu::attention`) runs a tile of query rows of one
 //! (batch, head) per workgroup, sharing K's and V's loads: the tile's scores as a
 //! small register-blocked product onto the stack, each row's softmax there, then `P·V`
@@ -37,8 +40,10 @@
 //! ## Where it is formed
 //! [`form_attention`] runs after fusion, for targets with an attention emitter
 //! (`Formation::Microkernels`: the CPU; `Formation::ImplicitGemm`: CUDA, whose
-//! `cuda::attention` reads any affine layout, but the same layouts are formed for
-//! both). Fusion on its own keeps the three kernels
+//! emitters read any affine layout, but the same layouts are formed for both; the
+//! compiler forms it on CUDA at half precision or as `KILN_CUDA_TUNE=attn=` says). It
+//! forms kernels of f32 operands only; the storage-precision pass, after it, may
+//! narrow them on CUDA (`crate::precision::narrow_storage_for`). Fusion on its own keeps the three kernels
 //! apart (a contraction never takes in a reduction's work: it would no longer be a
 //! matrix microkernel's); this pass fuses them exactly when the result is of the form
 //! above and its layout is one the emitter reads in place ([`Attention::in_place`]),
@@ -50,6 +55,7 @@ use crate::affine::{load_offset, AffineIndex};
 use crate::class::KernelClass;
 use crate::fuse::{fused_kernel, reader_counts};
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
+use crate::precision::loads_as_f32;
 use crate::program::{BufferId, FlowProgram};
 
 /// A load of an attention kernel: the input it reads and its flat element offset, an
@@ -94,7 +100,7 @@ pub struct Attention {
 impl Attention {
     /// The attention form of `k`, if it has it (see the module docs).
     pub fn of(k: &Kernel) -> Option<Attention> {
-        if k.output.dtype != DType::F32 || k.out_rank() < 2 {
+        if !loads_as_f32(k.output.dtype) || k.out_rank() < 2 {
             return None;
         }
         let Expr::Reduce { op: ReduceOp::Sum, vars, body } = &k.node(k.root).expr else { return None };
@@ -151,6 +157,23 @@ impl Attention {
             keys: extent(j.0)?,
             nan_to_zero,
         })
+    }
+
+    /// The operands Q, K, V and the mask (where there is one).
+    pub fn operands(&self) -> impl Iterator<Item = &Operand> {
+        [&self.q, &self.k, &self.v].into_iter().chain(self.mask.as_ref().map(|(m, _)| m))
+    }
+
+    /// The storage type of operand `o`'s input in `k` (f32, f16 or bf16).
+    pub fn dtype(k: &Kernel, o: &Operand) -> DType {
+        k.inputs.get(o.input as usize).map_or(DType::F32, |t| t.dtype)
+    }
+
+    /// Whether every operand and the result of `k` are stored f32: what
+    /// [`form_attention`] forms (the half storage of `--precision f16|bf16` comes
+    /// after it, on the CUDA target only: `crate::precision`).
+    pub fn all_f32(&self, k: &Kernel) -> bool {
+        k.output.dtype == DType::F32 && self.operands().all(|o| Attention::dtype(k, o) == DType::F32)
     }
 
     /// Whether the CPU emitter reads every operand in place: K's keys, V's columns
@@ -220,11 +243,12 @@ fn renamed(a: &AffineIndex, b: &AffineIndex, pairs: &[(u32, u32)]) -> bool {
     })
 }
 
-/// An in-bounds f32 load at an affine offset.
+/// An in-bounds f32 load at an affine offset (of an f32 tensor, or of an f16 or bf16
+/// one widened exactly, as the storage-precision pass leaves it on CUDA).
 fn load(k: &Kernel, e: ExprId) -> Option<Operand> {
     let n = k.node(e);
     let Expr::Load { input, index, bounds: Bounds::InBounds } = &n.expr else { return None };
-    if n.ty != ScalarType::F32 || k.inputs.get(*input as usize)?.dtype != DType::F32 {
+    if n.ty != ScalarType::F32 || !loads_as_f32(k.inputs.get(*input as usize)?.dtype) {
         return None;
     }
     Some(Operand { input: *input, offset: load_offset(k, *input, index)? })
@@ -529,7 +553,8 @@ fn try_form(p: &mut FlowProgram, d: usize, slot: usize, outputs: &[BufferId]) ->
         let formed = fused_kernel(p, r, rs, c).and_then(|(softmax, operands)| {
             let saved = std::mem::replace(&mut p.dispatches[r].kernel, softmax);
             let saved_ops = std::mem::replace(&mut p.dispatches[r].operands, operands);
-            let fused = fused_kernel(p, d, slot, r).filter(|(k, _)| Attention::of(k).is_some_and(|a| a.in_place()));
+            let fused = fused_kernel(p, d, slot, r)
+                .filter(|(k, _)| Attention::of(k).is_some_and(|a| a.in_place() && a.all_f32(k)));
             // The chain's first two dispatches are dead once `d` takes their work; they
             // keep their own kernels until `remove_dead` drops them.
             p.dispatches[r].kernel = saved;

@@ -47,8 +47,13 @@
 //!   elements, whose absolute error stays small);
 //! - some kernel uses a value loaded from it to compute an index (a gather at
 //!   float-computed positions), where rounding would move the read ([`Kept::Index`]);
-//! - an attention kernel reads or writes it ([`Kept::Attention`]: Q, Kᵀ, V, the mask
-//!   and the result, which the attention emitter reads and writes as f32).
+//! - an attention kernel reads or writes it, where the target's attention emitter
+//!   reads and writes f32 ([`Kept::Attention`]: Q, Kᵀ, V, the mask and the result; the
+//!   CPU's). On the CUDA target ([`narrow_storage_for`] with `half_attention`) they
+//!   narrow like any other buffer: the attention kernel then reads half Q, K and V
+//!   (and mask, where it fits) and stores a half result, as the three kernels it
+//!   replaces store their intermediates, so the product after it (the output
+//!   projection) reads a half operand and takes the tensor cores.
 //!
 //! Values that overflow only at run time (a logit above 65504 in f16) become ±∞ as
 //! f16 arithmetic would make them; bf16 keeps f32's range. The stated tolerances of
@@ -124,8 +129,8 @@ pub enum Kept {
     Tiny,
     /// A kernel computes an index from its values.
     Index,
-    /// An attention kernel reads or writes it (`crate::attention`: its CPU emitter
-    /// reads and writes f32; narrowed, the kernel would no longer have the form).
+    /// An attention kernel reads or writes it on a target whose attention emitter reads
+    /// and writes f32 (`crate::attention`: the CPU's).
     Attention,
     /// A scatter kernel updates it (`crate::kernel`'s scatter kernels store plain types:
     /// no rounding between the updates of one element).
@@ -158,9 +163,17 @@ fn overflows(half: DType, x: f64) -> bool {
     x.is_finite() && round_binary(x, p, emin, max).is_infinite()
 }
 
-/// Narrows the storage of `p`'s f32 tensors to `precision` (see the module docs).
+/// Narrows the storage of `p`'s f32 tensors to `precision` (see the module docs), an
+/// attention kernel's operands and result kept f32 (the CPU target's rule).
 /// Nothing changes at [`Precision::F32`].
 pub fn narrow_storage(p: &mut FlowProgram, precision: Precision) -> Narrowed {
+    narrow_storage_for(p, precision, false)
+}
+
+/// [`narrow_storage`], with an attention kernel's operands and result narrowed like
+/// any other buffer where `half_attention` holds (the CUDA target, whose attention
+/// emitters read and write f16 and bf16).
+pub fn narrow_storage_for(p: &mut FlowProgram, precision: Precision, half_attention: bool) -> Narrowed {
     let Some(half) = precision.storage() else { return Narrowed::default() };
     let n = p.buffers.len();
     let candidate: Vec<bool> = (0..n)
@@ -211,7 +224,7 @@ pub fn narrow_storage(p: &mut FlowProgram, precision: Precision) -> Narrowed {
             }
         }
     }
-    for d in p.dispatches.iter().filter(|d| d.class == crate::class::KernelClass::Attention) {
+    for d in p.dispatches.iter().filter(|d| !half_attention && d.class == crate::class::KernelClass::Attention) {
         for &o in d.operands.iter().chain([&d.result]) {
             keep(&mut kept, p.storage(o), Kept::Attention);
         }

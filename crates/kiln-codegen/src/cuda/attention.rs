@@ -10,28 +10,30 @@
 //! running maximum `m`, the running sum `l = Σ exp(S − m)` and the accumulators are
 //! rescaled when the maximum grows (`exp(m_old − m_new)`), flash-attention style; the
 //! row's result is `acc / l`. Every operand is read through its affine offset (any
-//! layout), in f32: the storage-precision pass keeps an attention kernel's operands
-//! and result f32 (`kiln_flow::precision`'s `Kept::Attention`), so under `--precision
-//! f16|bf16` the products around it store half and this kernel still reads f32, and
-//! accumulates in f32 either way.
-//!
+//! layout) as it is stored: f32, or f16/bf16 widened exactly (`cvt.f32.f16/bf16`,
+//! where the storage-precision pass narrowed it: on CUDA it narrows an attention
+//! kernel's operands and result like any other buffer); the arithmetic is f32, and a
+//! half result is rounded once to nearest even, as the interpreter's store does.
+
 //! Masked keys (`S = −∞`) weigh 0; a row whose every key is masked gives NaN, as the
 //! form's `exp(−∞ − −∞)` does, or 0 where the form guards its probabilities
 //! (`nan_to_zero`). `exp` is `ex2.approx` of `x·log₂e`. Sums are reassociated, so the
 //! result is within a small multiple of `(D + T)·2⁻²⁴` (relative to the row's
 //! magnitudes) of the interpreter's. It declines heads wider than 256 (depth or
-//! columns) and a mask or V that is not f32.
+//! columns).
 //!
-//! This is the kernel `KILN_CUDA_TUNE=attn=on` runs, exact f32 throughout; `attn=flash`
-//! runs the tensor-core kernel of [`super::flash`] instead (f16 operands, heads whose
-//! depth and width are multiples of 16 up to 128) and this one on what that declines
-//! (f32 heads of other sizes: odd depths, heads up to 256).
+//! This is the kernel `KILN_CUDA_TUNE=attn=on` runs, and the one f32 attention
+//! kernels take; the tensor-core kernel of [`super::flash`] runs where Q, K or V is
+//! stored half (the default at `--precision f16|bf16`) or `attn=flash` asks for it,
+//! and this one on the heads that declines (other than multiples of 16 up to 128).
 
 use kiln_flow::attention::{Attention, Operand};
 use kiln_flow::Kernel;
 use kiln_ir::DType;
 
+use super::expr::storage;
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
+use super::tune::Attn;
 use super::rows::shfl_bfly;
 use super::{decompose, internal, Entry, Ids, Launch, BLOCK, MAX_GRID};
 use crate::CodegenError;
@@ -44,11 +46,16 @@ fn f32imm(x: f32) -> Opd {
 }
 
 /// The attention entry of `k`, or why it declines: the tensor-core kernel
-/// ([`super::flash`]) where `flash` asks for it (`KILN_CUDA_TUNE=attn=flash`) and it
-/// takes the head, else the warp-per-row kernel below (whose note then says why not
-/// the other).
-pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenError> {
+/// ([`super::flash`]) where `mode` asks for it (`KILN_CUDA_TUNE=attn=flash`) or, by
+/// default, where Q, K or V is stored half, and it takes the head; else the
+/// warp-per-row kernel below (whose note then says why not the other).
+pub fn emit(k: &Kernel, mode: Option<Attn>) -> Result<Result<Entry, String>, CodegenError> {
     let Some(a) = Attention::of(k) else { return Ok(Err("not of the attention form".into())) };
+    let half = [&a.q, &a.k, &a.v].iter().any(|o| Attention::dtype(k, o) != DType::F32);
+    let flash = match mode {
+        Some(m) => m == Attn::Flash,
+        None => half,
+    };
     let mut declined = None;
     if flash {
         match super::flash::emit(k, &a)? {
@@ -62,9 +69,10 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
     if ds > MAX_SLICES || cs > MAX_SLICES || depth == 0 || width == 0 {
         return Ok(Err(format!("a head of depth {depth} and width {width} (at most {} each)", 32 * MAX_SLICES)));
     }
-    if k.output.dtype != DType::F32 {
+    let Some((out_st, out_cvt)) = storage(k.output.dtype) else {
         return Ok(Err(format!("a {} result", k.output.dtype)));
-    }
+    };
+    let esize = |d: DType| d.storage_bytes(1) as i64;
     let dims = k.output.shape.dims().to_vec();
     let rank = dims.len();
     let rows: u64 = dims[..rank - 1].iter().map(|&d| d as u64).product();
@@ -128,12 +136,21 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
             }
         }
         let d = p.reg(RegClass::B64);
-        p.op("mad.lo.s64", &[d.into(), e.into(), Imm::I(4).into(), bases[o.input as usize].into()]);
+        let size = esize(k.inputs[o.input as usize].dtype);
+        p.op("mad.lo.s64", &[d.into(), e.into(), Imm::I(size).into(), bases[o.input as usize].into()]);
         d
     };
-    let ld = |p: &mut Ptx, at: Reg| -> Reg {
+    // A load of operand `o` widened to f32.
+    let ld = |p: &mut Ptx, o: &Operand, at: Reg| -> Reg {
         let r = p.reg(RegClass::F32);
-        p.op("ld.global.f32", &[r.into(), Opd::Addr(at, 0)]);
+        match storage(Attention::dtype(k, o)) {
+            Some((_, Some(half))) => {
+                let h = p.reg(RegClass::B16);
+                p.op("ld.global.b16", &[h.into(), Opd::Addr(at, 0)]);
+                p.op(&format!("cvt.f32.{half}"), &[r.into(), h.into()]);
+            }
+            _ => p.op("ld.global.f32", &[r.into(), Opd::Addr(at, 0)]),
+        }
         r
     };
     // Q's slices of the row, 0 past the depth.
@@ -141,7 +158,7 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
     let mut qv = Vec::with_capacity(ds);
     for &(e, inside) in &es {
         let at = addr(&mut p, &a.q, qo, &[(e, a.q.offset.of(a.depth))]);
-        let x = ld(&mut p, at);
+        let x = ld(&mut p, &a.q, at);
         let q = p.reg(RegClass::F32);
         p.op("selp.f32", &[q.into(), x.into(), f32imm(0.0), inside.into()]);
         qv.push(q);
@@ -162,7 +179,7 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
     let s = p.mov(RegClass::F32, "f32", f32imm(0.0));
     for (u, &(e, inside)) in es.iter().enumerate() {
         let at = addr(&mut p, &a.k, ko, &[(e, a.k.offset.of(a.depth)), (j, a.k.offset.of(a.key))]);
-        let x = ld(&mut p, at);
+        let x = ld(&mut p, &a.k, at);
         let kx = p.reg(RegClass::F32);
         p.op("selp.f32", &[kx.into(), x.into(), f32imm(0.0), inside.into()]);
         p.op("fma.rn.f32", &[s.into(), qv[u].into(), kx.into(), s.into()]);
@@ -174,7 +191,7 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
     p.op("mul.rn.f32", &[s.into(), s.into(), f32imm(a.scale)]);
     if let (Some((mop, ms)), Some(mo)) = (&a.mask, mo) {
         let at = addr(&mut p, mop, mo, &[(j, mop.offset.of(a.key))]);
-        let x = ld(&mut p, at);
+        let x = ld(&mut p, mop, at);
         p.op("fma.rn.f32", &[s.into(), x.into(), f32imm(*ms), s.into()]);
     }
     // The online softmax: the new maximum, the old terms' factor and this key's weight
@@ -201,7 +218,7 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
     p.op("fma.rn.f32", &[l.into(), l.into(), corr.into(), w.into()]);
     for (r, &(c, _)) in cols.iter().enumerate() {
         let at = addr(&mut p, &a.v, vo, &[(j, a.v.offset.of(a.key)), (c, a.v.offset.of(a.column))]);
-        let x = ld(&mut p, at);
+        let x = ld(&mut p, &a.v, at);
         p.op("mul.rn.f32", &[acc[r].into(), acc[r].into(), corr.into()]);
         p.op("fma.rn.f32", &[acc[r].into(), w.into(), x.into(), acc[r].into()]);
     }
@@ -221,8 +238,15 @@ pub fn emit(k: &Kernel, flash: bool) -> Result<Result<Entry, String>, CodegenErr
         let flat = p.reg(RegClass::B64);
         p.op("mad.lo.s64", &[flat.into(), row.into(), Imm::I(width as i64).into(), c.into()]);
         let at = p.reg(RegClass::B64);
-        p.op("mad.lo.s64", &[at.into(), flat.into(), Imm::I(4).into(), bases[k.inputs.len()].into()]);
-        p.op_if(inside, false, "st.global.f32", &[Opd::Addr(at, 0), y.into()]);
+        p.op("mad.lo.s64", &[at.into(), flat.into(), Imm::I(esize(k.output.dtype)).into(), bases[k.inputs.len()].into()]);
+        match out_cvt {
+            Some(half) => {
+                let h = p.reg(RegClass::B16);
+                p.op(&format!("cvt.rn.{half}.f32"), &[h.into(), y.into()]);
+                p.op_if(inside, false, "st.global.b16", &[Opd::Addr(at, 0), h.into()]);
+            }
+            None => p.op_if(inside, false, &format!("st.global.{out_st}"), &[Opd::Addr(at, 0), y.into()]),
+        }
     }
     p.op("add.s64", &[row.into(), row.into(), stride.into()]);
     p.bra(None, head);

@@ -1,8 +1,9 @@
-//! Attention on the tensor cores ([`KernelClass::Attention`](kiln_flow::class::KernelClass),
-//! `KILN_CUDA_TUNE=attn=flash`): a block per (head, tile of 64 query rows), K and V
-//! staged in shared memory 64 keys at a time, both products on
-//! `mma.sync.aligned.m16n8k16` with f16 operands and f32 accumulators, an online
-//! softmax in registers; the score matrix never leaves registers.
+//! Attention on the tensor cores ([`KernelClass::Attention`](kiln_flow::class::KernelClass);
+//! the default where Q, K or V is stored half, `KILN_CUDA_TUNE=attn=flash` otherwise):
+//! a block per (head, tile of 64 query rows), K and V staged in shared memory 64 keys
+//! at a time, both products on `mma.sync.aligned.m16n8k16` with f16 or bf16 operands
+//! and f32 accumulators, an online softmax in registers; the score matrix never
+//! leaves registers.
 //!
 //! # The rows
 //!
@@ -19,18 +20,20 @@
 //!
 //! # The loop over keys
 //!
-//! Each lane holds its warp's Q rows as `mma` A fragments (`D/16` of them, rounded to
-//! f16 once, before the loop). For each tile of 64 keys:
+//! Each lane holds its warp's Q rows as `mma` A fragments (`D/16` of them, loaded once,
+//! before the loop). For each tile of 64 keys:
 //! 1. `bar.sync`; the block copies the tile's K (64 keys × `D`) and V (64 keys × `W`)
-//!    into shared memory, rounded to f16, and `bar.sync`. Each operand's tile is
+//!    into shared memory as the `mma` type, and `bar.sync`. Each operand's tile is
 //!    stored as rows along its contiguous variable (the formation gives K unit stride
 //!    along the keys and V along the columns, `Attention::in_place`: K as `D` rows of
 //!    64 keys, V as 64 rows of `W` columns; the other orientations are written for any
 //!    other layout), rows padded by 16 bytes so that the 8 rows of an `ldmatrix`
-//!    matrix fall in 8 distinct 16-byte bank groups; 4 elements per thread and load
-//!    (`ld.global.v4.f32`) where the run is 16-byte aligned and, along the keys, the
-//!    keys a multiple of 4, one at a time otherwise; keys past the last are zeros.
-//!    Where the registers allow (`D + W ≤ 128`: 64 f32 a thread), the next tile's
+//!    matrix fall in 8 distinct 16-byte bank groups; 16 bytes per thread and load
+//!    (`ld.global.v4.f32`, 4 f32; `ld.global.v4.b32`, 8 halves) where the run is
+//!    aligned to them and, along the keys, the keys a multiple of them (halves: 8
+//!    bytes, `.v2.b32`, where only those are), one at a time otherwise; keys past the
+//!    last are zeros. Where the registers allow (`D + W ≤ 128`: 64 f32 or 32 words of
+//!    halves a thread), the next tile's
 //!    loads are issued right after this tile's stores, before its products, so that
 //!    global memory's latency hides behind the tensor cores' work.
 //! 2. `S = Q·Kᵀ`: per `k16` of the depth and 16 keys one `ldmatrix.x4` of K (the
@@ -44,23 +47,32 @@
 //!    exp(S − m')` (`ex2.approx` of `x·log₂e`; `m'` taken as 0 while every score so far
 //!    is `−∞`, so that `p = 0`, `c = 0`). `l` is the lane's partial sum (its 16 keys),
 //!    the quad's sum taken once at the end.
-//! 5. `O = c·O + P·V`: the `p` rounded to f16 and packed in registers are the A
+//! 5. `O = c·O + P·V`: the `p` rounded to the `mma` type and packed in registers are the A
 //!    fragments of the second product as they stand (the accumulator layout of 8 keys
 //!    × 2 blocks is the A layout of 16 keys); V's B fragments by `ldmatrix.x4.trans`.
 //!
 //! The result `O / l` (quad-summed `l`; NaN where every key of a row is masked, 0
-//! under the form's `nan_to_zero`) is stored as pairs of columns (`st.global.v2.f32`).
+//! under the form's `nan_to_zero`) is stored as pairs of columns (`st.global.v2.f32`;
+//! a half result rounded once, to nearest even, and the pair stored as one word).
 //!
 //! # Precision
 //!
-//! The form reads f32 operands (the storage-precision pass keeps an attention kernel's
-//! operands f32), and this kernel rounds Q, K, V and the probabilities `p` to f16, as
-//! the separate product kernels of `--precision f16` store Q, K, V and the softmax in
-//! f16; products are exact and accumulate in f32. So it is chosen only where asked
-//! (`attn=flash`), never under f32 precision by default: the emitter does not know the
-//! program's precision. Where Q, K, V are exact in f16, the result is within
-//! `2⁻¹¹·max|V|` (the rounding of `p`) plus f32 reassociation of the interpreter's.
-//!
+//! The code generator knows the precision from the kernel's types. On CUDA the
+//! storage-precision pass narrows an attention kernel's operands and result like any
+//! other buffer (`kiln_flow::precision::narrow_storage_for`), so under `--precision
+//! f16|bf16` Q, K, V (and the mask, where it fits the type) are stored half and the
+//! result is half, as the three kernels the form replaces store theirs. The `mma`
+//! operand type is bf16 where Q, K or V is stored bf16, else f16. A half operand of
+//! that type is copied as it is (no conversion: the product reads what the producer
+//! stored); an f32 operand (a buffer the pass kept f32, or any operand at f32
+//! precision under `attn=flash`) is rounded to it once, a half of the other type
+//! widened and rounded. The probabilities `p` are rounded to the `mma` type, the mask
+//! widened to f32; products are exact and accumulate in f32, and a half result is
+//! rounded once. Where Q, K, V are exact in the `mma` type, the result is within
+//! `u·max|V|` (`u` = 2⁻¹¹ for f16, 2⁻⁹ for bf16: the rounding of `p`) plus f32
+//! reassociation of the interpreter's, before the result's own rounding. At f32
+//! precision the default keeps three kernels (the compiler does not form the kernel).
+
 //! # Declined (to the warp-per-row kernel, [`super::attention`])
 //!
 //! A depth or width (V's columns) not a multiple of 16 or above [`MAX_HEAD`]; a
@@ -69,6 +81,7 @@
 
 use kiln_flow::attention::{Attention, Operand};
 use kiln_flow::Kernel;
+use kiln_ir::DType;
 
 use super::contraction::u32_op;
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
@@ -100,6 +113,47 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
+/// The `cvt` name of a half type (`None`: f32).
+fn half_name(d: DType) -> Option<&'static str> {
+    match d {
+        DType::F16 => Some("f16"),
+        DType::BF16 => Some("bf16"),
+        _ => None,
+    }
+}
+
+/// How an operand is stored, against the `mma` operand type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Elt {
+    /// f32: loaded and rounded to the `mma` type.
+    F32,
+    /// The `mma` type itself (f16 or bf16): loaded as it is.
+    Raw,
+    /// The other half type (its `cvt` name): widened exactly, then rounded.
+    Other(&'static str),
+}
+
+impl Elt {
+    fn of(d: DType, mt: &'static str) -> Elt {
+        match d {
+            DType::F16 if mt == "f16" => Elt::Raw,
+            DType::BF16 if mt == "bf16" => Elt::Raw,
+            DType::F16 => Elt::Other("f16"),
+            DType::BF16 => Elt::Other("bf16"),
+            _ => Elt::F32,
+        }
+    }
+
+    /// Bytes an element.
+    fn size(self) -> i64 {
+        if self == Elt::F32 {
+            4
+        } else {
+            2
+        }
+    }
+}
+
 /// How the block copies one operand's tile (64 keys × `n` of its other variable, the
 /// depth of K or the columns of V) into shared memory: rows of keys (each holding its
 /// `n` elements) where the operand is contiguous along the other variable or along
@@ -110,7 +164,10 @@ struct Stage {
     key_rows: bool,
     /// Rows of the tile.
     rows: u32,
-    /// Elements per load (4: `ld.global.v4.f32` along a row; 1).
+    /// How the operand is stored.
+    elt: Elt,
+    /// Elements per load along a row: 4 f32 (`ld.global.v4.f32`), 8 or 4 halves
+    /// (`ld.global.v4.b32`, `.v2.b32`), or 1.
     vw: u32,
     /// Threads along a row (`C`, dividing both the row's vectors and 16).
     c: u32,
@@ -127,20 +184,32 @@ struct Stage {
 }
 
 impl Stage {
-    fn of(a: &Attention, o: &Operand, other: u32, n: u32) -> Stage {
+    fn of(a: &Attention, o: &Operand, elt: Elt, other: u32, n: u32) -> Stage {
         let (kc, oc) = (o.offset.of(a.key), o.offset.of(other));
-        let aligned = |run: u32| o.offset.c % 4 == 0 && o.offset.coef.iter().enumerate().all(|(v, &c)| v as u32 == run || c % 4 == 0);
+        // 16 bytes a load: 4 f32 or 8 halves of the `mma` type (a half of the other
+        // type is converted one at a time).
+        // (8 bytes, 4 halves, where 16 are not aligned.)
+        let widths: &[u32] = match elt {
+            Elt::F32 => &[4],
+            Elt::Raw => &[8, 4],
+            Elt::Other(_) => &[],
+        };
+        let aligned = |run: u32, v: u32| {
+            let v = i64::from(v);
+            o.offset.c % v == 0 && o.offset.coef.iter().enumerate().all(|(x, &c)| x as u32 == run || c % v == 0)
+        };
+        let widest = |run: u32, len: u64| widths.iter().copied().find(|&v| aligned(run, v) && len % u64::from(v) == 0).unwrap_or(1);
         let (key_rows, vw) = if oc == 1 {
-            (true, if aligned(other) && n % 4 == 0 { 4 } else { 1 })
+            (true, widest(other, u64::from(n)))
         } else if kc == 1 {
-            (false, if aligned(a.key) && a.keys % 4 == 0 { 4 } else { 1 })
+            (false, widest(a.key, a.keys))
         } else {
             (true, 1)
         };
         let (rows, len, coef) = if key_rows { (KEYS, n, (kc, oc)) } else { (n, KEYS, (oc, kc)) };
         let c = gcd(len / vw, 16);
         let per_pass = THREADS / c;
-        Stage { key_rows, rows, vw, c, passes: rows / per_pass, runs: len / vw / c, coef, key_coef: kc, stride: 2 * len + 16 }
+        Stage { key_rows, rows, elt, vw, c, passes: rows / per_pass, runs: len / vw / c, coef, key_coef: kc, stride: 2 * len + 16 }
     }
 
     /// Shared bytes of the tile.
@@ -164,7 +233,21 @@ impl Stage {
 
     fn note(&self) -> String {
         let rows = if self.key_rows { "key rows" } else { "rows along the keys" };
-        format!("{rows}, {}", if self.vw == 4 { "v4 loads" } else { "scalar loads" })
+        let loads = match self.vw as i64 * self.elt.size() {
+            16 => "v4 loads",
+            8 => "v2 loads",
+            _ => "scalar loads",
+        };
+        format!("{rows}, {loads}")
+    }
+
+    /// What the copy does to an element.
+    fn conversion(&self) -> &'static str {
+        match self.elt {
+            Elt::F32 => "f32 rounded",
+            Elt::Raw => "halves as stored",
+            Elt::Other(_) => "halves converted",
+        }
     }
 }
 
@@ -204,9 +287,18 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
         return Ok(Err(format!("{heads} heads of {queries} queries")));
     }
     let (d, w) = (depth as u32, width as u32);
+    // The `mma` operand type: bf16 where Q, K or V is stored bf16 (`--precision bf16`),
+    // else f16 (f16 storage, or f32 operands rounded).
+    let dt = |o: &Operand| Attention::dtype(k, o);
+    let mt: &'static str = if [&a.q, &a.k, &a.v].into_iter().any(|o| dt(o) == DType::BF16) { "bf16" } else { "f16" };
+    let out_half = half_name(k.output.dtype);
+    let size = |input: u32| k.inputs.get(input as usize).map_or(4, |t| t.dtype.storage_bytes(1) as i64);
 
     let mut p = Ptx::new(&k.name, k.inputs.len() + 1);
     p.directive(&format!(".maxntid {THREADS}, 1, 1"));
+    // Three blocks a multiprocessor (registers up to 168): without it ptxas holds the
+    // half-operand kernel of bert_tiny's heads to 128 registers and spills.
+    p.directive(".minnctapersm 3");
     let bases = p.binding_bases(k.inputs.len() + 1);
     let tid = p.special("%tid.x");
     let bid = p.special("%ctaid.x");
@@ -275,13 +367,39 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
             }
         }
         let at = p.reg(RegClass::B64);
-        p.op("mad.lo.s64", &[at.into(), e.into(), Imm::I(4).into(), bases[input as usize].into()]);
+        p.op("mad.lo.s64", &[at.into(), e.into(), Imm::I(size(input)).into(), bases[input as usize].into()]);
         at
     };
+    // An f32 rounded to the `mma` type.
+    let cvt_mt = format!("cvt.rn.{mt}.f32");
     let half = |p: &mut Ptx, x: Reg| -> Reg {
         let h = p.reg(RegClass::B16);
-        p.op("cvt.rn.f16.f32", &[h.into(), x.into()]);
+        p.op(&cvt_mt, &[h.into(), x.into()]);
         h
+    };
+    // A half of type `src` (bits) as the `mma` type: widened exactly, then rounded.
+    let convert = |p: &mut Ptx, src: &str, h: Reg| -> Reg {
+        let x = p.reg(RegClass::F32);
+        p.op(&format!("cvt.f32.{src}"), &[x.into(), h.into()]);
+        half(p, x)
+    };
+    // One element of operand `o` at `at`, as the `mma` type.
+    let elem = |p: &mut Ptx, o: &Operand, at: Opd| -> Reg {
+        match Elt::of(dt(o), mt) {
+            Elt::F32 => {
+                let x = p.reg(RegClass::F32);
+                p.op("ld.global.f32", &[x.into(), at]);
+                half(p, x)
+            }
+            e => {
+                let h = p.reg(RegClass::B16);
+                p.op("ld.global.b16", &[h.into(), at]);
+                match e {
+                    Elt::Other(src) => convert(p, src, h),
+                    _ => h,
+                }
+            }
+        }
     };
     let pack = |p: &mut Ptx, lo: Reg, hi: Reg| -> Reg {
         let r = p.reg(RegClass::B32);
@@ -304,10 +422,8 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
         for i in 0..4u32 {
             let mut hs = Vec::new();
             for hh in 0..2u32 {
-                let x = p.reg(RegClass::F32);
                 let e = i64::from(16 * kk + hh + 8 * (i / 2));
-                p.op("ld.global.f32", &[x.into(), Opd::Addr(qptr[(i % 2) as usize], 4 * e * qd)]);
-                hs.push(half(&mut p, x));
+                hs.push(elem(&mut p, &a.q, Opd::Addr(qptr[(i % 2) as usize], size(a.q.input) * e * qd)));
             }
             frag.push(pack(&mut p, hs[0], hs[1]));
         }
@@ -315,7 +431,8 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
     }
 
     // Shared memory: K's tile then V's.
-    let (ks, vs) = (Stage::of(a, &a.k, a.depth, d), Stage::of(a, &a.v, a.column, w));
+    let (ks, vs) =
+        (Stage::of(a, &a.k, Elt::of(dt(&a.k), mt), a.depth, d), Stage::of(a, &a.v, Elt::of(dt(&a.v), mt), a.column, w));
     let smem = declare_shared(&mut p, "kv", ks.bytes() + vs.bytes(), 16);
     let shared = dynamic_bytes(ks.bytes() + vs.bytes());
     let kbase = p.reg(RegClass::B32);
@@ -390,7 +507,18 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
             (0..c.passes).flat_map(move |pass| (0..c.runs).map(move |run| (ci, pass * per_pass, run * c.c * c.vw)))
         })
         .collect();
-    let xs: Vec<Vec<Reg>> = items.iter().map(|&(ci, _, _)| (0..copies[ci].0.vw).map(|_| p.reg(RegClass::F32)).collect()).collect();
+    // Each item's registers: `vw` f32, 4 words of 8 halves, or one half.
+    let xs: Vec<Vec<Reg>> = items
+        .iter()
+        .map(|&(ci, _, _)| {
+            let c = copies[ci].0;
+            match (c.elt, c.vw) {
+                (Elt::F32, vw) => (0..vw).map(|_| p.reg(RegClass::F32)).collect(),
+                (_, vw) if vw > 1 => (0..vw / 2).map(|_| p.reg(RegClass::B32)).collect(),
+                _ => vec![p.reg(RegClass::B16)],
+            }
+        })
+        .collect();
     // Loads of the tile from key `jt` into `xs` (the pointers at that tile), zeros past
     // the last key.
     let issue = |p: &mut Ptx, jt: Reg| {
@@ -404,32 +532,54 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
             let key = u32_op(p, "add.u32", key0[ci], Imm::U(u64::from(if c.key_rows { r } else { e })).into());
             let inside = p.reg(RegClass::Pred);
             p.op("setp.lt.u32", &[inside.into(), key.into(), Imm::U(keys).into()]);
-            let goff = 4 * (i64::from(r) * c.coef.0 + i64::from(e) * c.coef.1);
+            let goff = c.elt.size() * (i64::from(r) * c.coef.0 + i64::from(e) * c.coef.1);
+            let (mov, op) = match (c.elt, c.vw) {
+                (Elt::F32, 4) => ("mov.f32", "ld.global.v4.f32"),
+                (Elt::F32, _) => ("mov.f32", "ld.global.f32"),
+                (_, 8) => ("mov.b32", "ld.global.v4.b32"),
+                (_, 4) => ("mov.b32", "ld.global.v2.b32"),
+                _ => ("mov.b16", "ld.global.b16"),
+            };
+            let z = if c.elt == Elt::F32 { zero.clone() } else { Imm::U(0).into() };
             for &xi in x {
-                p.op("mov.f32", &[xi.into(), zero.clone()]);
+                p.op(mov, &[xi.into(), z.clone()]);
             }
-            let (op, dst) = if c.vw == 4 { ("ld.global.v4.f32", Opd::Vec(x.clone())) } else { ("ld.global.f32", x[0].into()) };
+            let dst = if x.len() > 1 { Opd::Vec(x.clone()) } else { x[0].into() };
             p.op_if(inside, false, op, &[dst, Opd::Addr(gp, goff)]);
         }
     };
-    // `xs` rounded to f16 into shared memory.
+    // `xs` as the `mma` type into shared memory (f32 rounded, halves of that type as
+    // they are).
     let store = |p: &mut Ptx| {
         for (&(ci, r, e), x) in items.iter().zip(&xs) {
             let (c, so) = (copies[ci].0, cps[ci].1);
-            let soff = i64::from(r * c.stride + 2 * e);
-            let hs: Vec<Reg> = x.iter().map(|&x| half(p, x)).collect();
-            if c.vw == 4 {
-                let lo = pack(p, hs[0], hs[1]);
-                let hi = pack(p, hs[2], hs[3]);
-                p.op("st.shared.v2.b32", &[Opd::Addr(so, soff), Opd::Vec(vec![lo, hi])]);
-            } else {
-                p.op("st.shared.b16", &[Opd::Addr(so, soff), hs[0].into()]);
+            let at = Opd::Addr(so, i64::from(r * c.stride + 2 * e));
+            match (c.elt, c.vw) {
+                (Elt::F32, 4) => {
+                    let hs: Vec<Reg> = x.iter().map(|&x| half(p, x)).collect();
+                    let lo = pack(p, hs[0], hs[1]);
+                    let hi = pack(p, hs[2], hs[3]);
+                    p.op("st.shared.v2.b32", &[at, Opd::Vec(vec![lo, hi])]);
+                }
+                (Elt::F32, _) => {
+                    let h = half(p, x[0]);
+                    p.op("st.shared.b16", &[at, h.into()]);
+                }
+                (_, 8) => p.op("st.shared.v4.b32", &[at, Opd::Vec(x.clone())]),
+                (_, 4) => p.op("st.shared.v2.b32", &[at, Opd::Vec(x.clone())]),
+                (Elt::Other(src), _) => {
+                    let h = convert(p, src, x[0]);
+                    p.op("st.shared.b16", &[at, h.into()]);
+                }
+                _ => p.op("st.shared.b16", &[at, x[0].into()]),
             }
         }
     };
-    // Where the registers allow (the tile's vectors of K and V, `(D + W)/2` f32 a thread,
-    // at most 64), the next tile's loads are issued before this tile's products, so
-    // that they land while the tensor cores work.
+    // Where the registers allow (the tile's vectors of K and V, `(D + W)/2` f32 or
+    // `(D + W)/4` words of halves a thread), the next tile's loads are issued
+    // before this tile's products, so that they land while the tensor cores work.
+    // (Halves would allow `D + W = 256`, but ptxas then takes 246 registers at 128 ×
+    // 128: two blocks a multiprocessor instead of three.)
     let prefetch = d + w <= 128;
     if prefetch {
         issue(&mut p, j0);
@@ -444,7 +594,7 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
     store(&mut p);
     p.op("bar.sync", &[Imm::I(0).into()]);
     for (&(c, _, _), &(gp, _, _, _)) in copies.iter().zip(&cps) {
-        p.op("add.s64", &[gp.into(), gp.into(), Imm::I(4 * i64::from(KEYS) * c.key_coef).into()]);
+        p.op("add.s64", &[gp.into(), gp.into(), Imm::I(c.elt.size() * i64::from(KEYS) * c.key_coef).into()]);
     }
     if prefetch {
         let jn = u32_op(&mut p, "add.u32", j0, Imm::U(u64::from(KEYS)).into());
@@ -454,7 +604,7 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
     // 2. S = Q·Kᵀ: s[nb][c] is (row g + 8(c / 2), key j0 + 8nb + 2t + c % 2).
     let s: Vec<Vec<Reg>> =
         (0..8).map(|_| (0..4).map(|_| p.mov(RegClass::F32, "f32", zero.clone())).collect()).collect();
-    let mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+    let mma = &format!("mma.sync.aligned.m16n8k16.row.col.f32.{mt}.{mt}.f32");
     let ldm = |p: &mut Ptx, trans: bool, at: Reg, off: u32| -> Vec<Reg> {
         let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
         let op = if trans { "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" } else { "ldmatrix.sync.aligned.m8n8.x4.shared.b16" };
@@ -484,9 +634,17 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
                 if let (Some((mo, ms)), Some(kc)) = (&a.mask, kc) {
                     let at = p.reg(RegClass::B64);
                     let mk = mo.offset.of(a.key);
-                    p.op("mad.wide.u32", &[at.into(), kc.into(), Imm::U(4 * mk as u64).into(), mptr[h].into()]);
+                    let msize = size(mo.input);
+                    p.op("mad.wide.u32", &[at.into(), kc.into(), Imm::U((msize * mk) as u64).into(), mptr[h].into()]);
                     let y = p.reg(RegClass::F32);
-                    p.op("ld.global.f32", &[y.into(), Opd::Addr(at, 0)]);
+                    match half_name(dt(mo)) {
+                        Some(src) => {
+                            let hm = p.reg(RegClass::B16);
+                            p.op("ld.global.b16", &[hm.into(), Opd::Addr(at, 0)]);
+                            p.op(&format!("cvt.f32.{src}"), &[y.into(), hm.into()]);
+                        }
+                        _ => p.op("ld.global.f32", &[y.into(), Opd::Addr(at, 0)]),
+                    }
                     p.op("fma.rn.f32", &[x.into(), y.into(), f32imm(*ms), x.into()]);
                 }
                 p.op("selp.f32", &[x.into(), x.into(), ninf.clone(), inside.into()]);
@@ -572,7 +730,8 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
         p.op("cvt.u64.u32", &[t2w.into(), t2.into()]);
         p.op("mad.lo.s64", &[e.into(), outs[h].into(), Imm::I(i64::from(w)).into(), t2w.into()]);
         let at = p.reg(RegClass::B64);
-        p.op("mad.lo.s64", &[at.into(), e.into(), Imm::I(4).into(), bases[k.inputs.len()].into()]);
+        let osize = if out_half.is_some() { 2 } else { 4 };
+        p.op("mad.lo.s64", &[at.into(), e.into(), Imm::I(osize).into(), bases[k.inputs.len()].into()]);
         for nb in 0..nob {
             let ys: Vec<Reg> = (0..2)
                 .map(|c| {
@@ -586,17 +745,39 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
                     y
                 })
                 .collect();
-            p.op_if(stores[h], false, "st.global.v2.f32", &[Opd::Addr(at, 32 * nb as i64), Opd::Vec(ys)]);
+            // f32 pairs as they are; halves rounded once and packed in a word.
+            let at = Opd::Addr(at, 8 * osize * nb as i64);
+            match out_half {
+                Some(oh) => {
+                    let hs: Vec<Reg> = ys
+                        .iter()
+                        .map(|&y| {
+                            let h = p.reg(RegClass::B16);
+                            p.op(&format!("cvt.rn.{oh}.f32"), &[h.into(), y.into()]);
+                            h
+                        })
+                        .collect();
+                    let pr = pack(&mut p, hs[0], hs[1]);
+                    p.op_if(stores[h], false, "st.global.b32", &[at, pr.into()]);
+                }
+                None => p.op_if(stores[h], false, "st.global.v2.f32", &[at, Opd::Vec(ys)]),
+            }
         }
     }
     let text = p.finish().map_err(|e| internal(k, e))?;
     let launch = Launch { grid, block: THREADS, shared, params: (k.inputs.len() + 1) as u32 };
     let note = format!(
-        "attention (tensor cores: mma.sync f16, blocks of {ROWS} queries × {heads} heads × {tiles} tiles, \
-         tiles of {KEYS} keys in shared memory{}, K {}, V {}; {keys} keys, depth {depth}, {width} columns)",
+        "attention (tensor cores: mma.sync {mt}, {} result, blocks of {ROWS} queries × {heads} heads × {tiles} tiles, \
+         tiles of {KEYS} keys in shared memory{}, K {}, V {} ({}); {keys} keys, depth {depth}, {width} columns)",
+        k.output.dtype,
         if prefetch { " (the next one's loads issued before the products)" } else { "" },
         ks.note(),
-        vs.note()
+        vs.note(),
+        if ks.elt == vs.elt {
+            ks.conversion().to_string()
+        } else {
+            format!("K {}, V {}", ks.conversion(), vs.conversion())
+        }
     );
     Ok(Ok(Entry { text, launch, note }))
 }

@@ -33,13 +33,14 @@
 //!   the walks unrolled, and a value several walks compute kept in registers, where a
 //!   thread walks few positions. It declines arg reductions. General kernels with
 //!   reductions take it too, each output element a row of one element.
-//! - Attention ([`attention`]): a warp per query row, the scores one key at a time
-//!   (the lanes split the depth and sum by shuffles), an online softmax rescaling the
-//!   lanes' column accumulators; the score matrix never stored. Under
-//!   `KILN_CUDA_TUNE=attn=flash` ([`flash`]): a block per (head, 64 query rows), K and
-//!   V tiles of 64 keys in shared memory, both products on `mma.sync` with f16
-//!   operands, the online softmax in registers (heads of 16..128 in steps of 16; the
-//!   warp kernel takes the rest).
+//! - Attention (formed by default at half precision, [`tune::Tune::forms_attention`]):
+//!   where Q, K or V is stored half, or under `KILN_CUDA_TUNE=attn=flash`, [`flash`]:
+//!   a block per (head, 64 query rows), K and V tiles of 64 keys in shared memory,
+//!   both products on `mma.sync` with f16 or bf16 operands (the operands' own type),
+//!   the online softmax in registers (heads of 16..128 in steps of 16). Otherwise, and
+//!   for what that declines, [`attention`]: a warp per query row, the scores one key at
+//!   a time (the lanes split the depth and sum by shuffles), an online softmax
+//!   rescaling the lanes' column accumulators; the score matrix never stored.
 //! - Every other class, and what the class emitters decline ([`general`]): one
 //!   thread per output element, reductions as loops in that thread. Correct for every
 //!   kernel the expression evaluator ([`expr`]) handles; the class
@@ -205,7 +206,7 @@ pub fn compile_kernel_tuned(k: &Kernel, class: KernelClass, tune: &tune::Tune) -
         // Reductions of no Rows kernel: a group of threads per output element; the
         // general mapping keeps its plain note where that declines.
         KernelClass::General => rows::emit_general(k)?,
-        KernelClass::Attention => attention::emit(k, tune.flash_attention)?,
+        KernelClass::Attention => attention::emit(k, tune.attention)?,
     };
     let why = match tried {
         Ok(e) => return Ok(e),

@@ -39,14 +39,18 @@
 //!
 //! - `wgmma=off`: half contractions skip the warpgroup kernel ([`super::wgmma`]) and
 //!   take `mma.sync` with the `mma` variant (`on`, the default: wgmma where it applies).
-//! - `attn=on`: attention chains form one attention kernel on CUDA too (off by
-//!   default: the kernel measured slower than the separate products, docs/cuda.md),
-//!   the warp-per-row kernel ([`super::attention`], exact f32). `attn=flash`: formed
-//!   too, on the tensor cores ([`super::flash`]: Q, K, V and the probabilities rounded
-//!   to f16, as the separate kernels of `--precision f16` store them; the warp kernel
-//!   where it declines the head). `attn=off` is the default. The compiler reads
-//!   whether to form the kernel when it forms dispatches, the code generator which
-//!   kernel to write.
+//! - `attn=`: whether attention chains form one attention kernel on CUDA and which
+//!   kernel runs it. Unset (the default): formed where the program stores half
+//!   (`--precision f16|bf16`), run on the tensor cores ([`super::flash`]: the kernel
+//!   reads the half Q, K and V the storage-precision pass gives it and writes a half
+//!   result; the warp-per-row kernel where it declines the head), and not formed at
+//!   f32 (three kernels: the score product, the softmax, the second product).
+//!   `attn=off`: never formed. `attn=on`: formed, the warp-per-row kernel
+//!   ([`super::attention`]: f32 arithmetic on whatever it loads). `attn=flash`:
+//!   formed, on the tensor cores even at f32 precision (where the kernel rounds Q, K,
+//!   V and the probabilities to f16). The compiler reads whether to form the kernel
+//!   when it forms dispatches ([`Tune::forms_attention`]), the code generator which
+//!   kernel to write ([`Tune::attention`]).
 //! - `occ=1` or `occ=2`: the f32 SIMT kernel asks ptxas for that many resident blocks
 //!   per multiprocessor (`.minnctapersm 2` holds it to 128 registers a thread; `1`
 //!   writes no directive) instead of the emitter's rule.
@@ -117,13 +121,9 @@ pub struct Tune {
     pub wgmma: bool,
     /// The elementwise kernels' variant.
     pub elt: Elt,
-    /// Whether attention chains form one attention kernel ([`super::attention`]) on
-    /// CUDA (`attn=on`; off by default: on an H100 bert_tiny f16 took 0.211 ms with it
-    /// against 0.092 ms as separate product and softmax kernels, docs/cuda.md).
-    pub attention: bool,
-    /// Whether an attention kernel runs on the tensor cores ([`super::flash`],
-    /// `attn=flash`) rather than a warp per query row (`attn=on`).
-    pub flash_attention: bool,
+    /// The attention kernel asked for (`attn=`; `None`: the default, see the module
+    /// docs and [`Tune::forms_attention`]).
+    pub attention: Option<Attn>,
     /// Resident blocks per multiprocessor asked of ptxas for the f32 SIMT kernel
     /// (`occ=1|2`; `None`: the emitter's rule, [`super::contraction`]).
     pub f32_occupancy: Option<u32>,
@@ -183,6 +183,31 @@ impl Arch {
     }
 }
 
+/// The attention kernel `attn=` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attn {
+    /// `off`: attention chains stay three kernels.
+    Off,
+    /// `on`: one kernel, a warp per query row ([`super::attention`]).
+    Warp,
+    /// `flash`: one kernel on the tensor cores ([`super::flash`]).
+    Flash,
+}
+
+impl Tune {
+    /// Whether attention chains form one kernel in a program of storage precision
+    /// `half` (`--precision f16|bf16`) or f32: as `attn=` says, else only at half
+    /// precision, where the tensor-core kernel reads the half operands the
+    /// storage-precision pass gives it (measured faster there, docs/cuda.md; at f32 it
+    /// would round the operands, and the warp kernel is slower than three kernels).
+    pub fn forms_attention(&self, half: bool) -> bool {
+        match self.attention {
+            Some(a) => a != Attn::Off,
+            None => half,
+        }
+    }
+}
+
 /// The Elementwise/Movement kernels' variant (`elt=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Elt {
@@ -196,7 +221,7 @@ pub struct Elt {
 
 impl Default for Tune {
     fn default() -> Tune {
-        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), attention: false, flash_attention: false, f32_occupancy: None, arch: Arch::Sm90a }
+        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), attention: None, f32_occupancy: None, arch: Arch::Sm90a }
     }
 }
 
@@ -293,10 +318,10 @@ impl Tune {
                     }
                 }
                 "attn" => {
-                    (t.attention, t.flash_attention) = match v.trim() {
-                        "on" => (true, false),
-                        "flash" => (true, true),
-                        "off" => (false, false),
+                    t.attention = match v.trim() {
+                        "on" => Some(Attn::Warp),
+                        "flash" => Some(Attn::Flash),
+                        "off" => Some(Attn::Off),
                         _ => return Err(format!("attn {v:?}: on, flash or off")),
                     }
                 }
@@ -340,9 +365,16 @@ mod tests {
         assert_eq!(Tune::parse("elt=ca").unwrap().elt.streaming, Some(false));
         assert_eq!(Tune::parse("elt=").unwrap(), Tune::default());
         assert_eq!(Tune::parse("occ=1").unwrap().f32_occupancy, Some(1));
-        assert!(Tune::parse("attn=on").unwrap().attention && !Tune::default().attention);
-        let flash = Tune::parse("attn=flash").unwrap();
-        assert!(flash.attention && flash.flash_attention && !Tune::parse("attn=on").unwrap().flash_attention);
+        assert_eq!(Tune::parse("attn=on").unwrap().attention, Some(Attn::Warp));
+        assert_eq!(Tune::parse("attn=flash").unwrap().attention, Some(Attn::Flash));
+        assert_eq!(Tune::parse("attn=off").unwrap().attention, Some(Attn::Off));
+        assert_eq!(Tune::default().attention, None);
+        // Formed by default at half precision only; the knob decides either way.
+        assert!(Tune::default().forms_attention(true) && !Tune::default().forms_attention(false));
+        for (v, formed) in [("on", true), ("flash", true), ("off", false)] {
+            let t = Tune::parse(&format!("attn={v}")).unwrap();
+            assert!(t.forms_attention(true) == formed && t.forms_attention(false) == formed, "{v}");
+        }
         assert!(Tune::parse("attn=fast").is_err());
         for bad in [
             "f32=128x96",
