@@ -53,7 +53,8 @@ use ptxas::assemble_ptx_verbose;
 /// The attention kernel the CUDA formation makes of the one-node graph `text`.
 fn attention_kernel(text: &str) -> kiln_flow::Kernel {
     let g = kiln_ir::text::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let p = kiln_lower::form_with(&g, Formation::ImplicitGemm, true).expect("formation");
+    let p = kiln_lower::form_with(&g, Formation::ImplicitGemm, Some(&kiln_flow::attention::accept_all))
+        .expect("formation");
     let found: Vec<_> = p.dispatches.iter().filter(|d| d.class == KernelClass::Attention).collect();
     assert_eq!(found.len(), 1, "attention dispatches in\n{p}");
     found[0].kernel.clone()
@@ -379,7 +380,8 @@ fn layer(n: usize, heads: usize) -> String {
 fn half_storage_reaches_the_attention_kernel_and_the_projection_after_it() {
     let text = layer(40, 2);
     let g = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{e}"));
-    let formed = kiln_lower::form_with(&g, Formation::ImplicitGemm, true).expect("formation");
+    let formed = kiln_lower::form_with(&g, Formation::ImplicitGemm, Some(&kiln_flow::attention::accept_all))
+        .expect("formation");
     for precision in [Precision::F16, Precision::BF16] {
         let half = precision.storage().unwrap();
         for cuda_rule in [true, false] {
@@ -419,5 +421,28 @@ fn half_storage_reaches_the_attention_kernel_and_the_projection_after_it() {
                 assemble_and_simulate(&name, &d.kernel, &Tune::default(), &form, tol, 23);
             }
         }
+    }
+}
+
+/// The CUDA target's default rule (kiln-compiler's formation at half precision) forms
+/// only heads the tensor-core kernel takes (`flash::declines` says none): a head it
+/// declines keeps its three kernels instead of running on the slower warp-per-row
+/// kernel; the forced rule (`attn=on|flash`) forms every chain.
+#[test]
+fn the_default_rule_forms_only_heads_the_tensor_cores_take() {
+    let tensor_cores = |k: &Kernel, a: &Attention| cuda::flash::declines(k, a).is_none();
+    for (depth, width, takes) in [(32, 32, true), (64, 48, true), (40, 70, false), (144, 32, false)] {
+        let text = format!(
+            r#"graph @a(%0: f32[1,2,16,{depth}] "q", %1: f32[1,2,24,{depth}] "k", %2: f32[1,2,24,{width}] "v") -> (%3) {{
+  %3 = Attention(%0, %1, %2) : f32[1,2,16,{width}] "y" node "att"
+}}"#
+        );
+        let g = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let formed = |accept: kiln_flow::attention::Accept<'_>| {
+            let p = kiln_lower::form_with(&g, Formation::ImplicitGemm, Some(accept)).expect("formation");
+            p.dispatches.iter().filter(|d| d.class == KernelClass::Attention).count()
+        };
+        assert_eq!(formed(&kiln_flow::attention::accept_all), 1, "{text}");
+        assert_eq!(formed(&tensor_cores), usize::from(takes), "{text}");
     }
 }

@@ -585,18 +585,29 @@ impl Compilation {
                     TargetDevice::Cpu => kiln_lower::Formation::Microkernels,
                     TargetDevice::Cuda => kiln_lower::Formation::ImplicitGemm,
                 };
-                // The attention kernel forms on the CPU; on CUDA at half precision (its
-                // tensor-core kernel reads the half operands; at f32 three kernels are
-                // faster), or as `KILN_CUDA_TUNE=attn=` says (docs/cuda.md).
+                // The attention kernel forms on the CPU; on CUDA at half precision where
+                // its tensor-core kernel takes the head (it reads the half operands; at
+                // f32, or for a head it declines, three kernels are faster), or as
+                // `KILN_CUDA_TUNE=attn=` says (docs/cuda.md).
                 let half = self.options.precision.storage().is_some();
-                let fuse = self.options.fused_attention
-                    && match self.options.device {
-                        TargetDevice::Cpu => true,
-                        TargetDevice::Cuda => kiln_codegen::cuda::tune::Tune::from_env()
-                            .map_err(CodegenError::Setting)?
-                            .forms_attention(half),
-                    };
-                let flow = kiln_lower::form_with(&g, formation, fuse);
+                let tensor_cores = |k: &kiln_flow::Kernel, a: &kiln_flow::attention::Attention| {
+                    kiln_codegen::cuda::flash::declines(k, a).is_none()
+                };
+                let accept: Option<kiln_flow::attention::Accept<'_>> = match self.options.device {
+                    _ if !self.options.fused_attention => None,
+                    TargetDevice::Cpu => Some(&kiln_flow::attention::accept_all),
+                    TargetDevice::Cuda => {
+                        let tune = kiln_codegen::cuda::tune::Tune::from_env().map_err(CodegenError::Setting)?;
+                        match (tune.forms_attention(half), tune.attention) {
+                            (false, _) => None,
+                            // Forced (`attn=on|flash`): every chain, declined heads on the
+                            // warp-per-row kernel.
+                            (true, Some(_)) => Some(&kiln_flow::attention::accept_all),
+                            (true, None) => Some(&tensor_cores),
+                        }
+                    }
+                };
+                let flow = kiln_lower::form_with(&g, formation, accept);
                 self.graph = Some(g);
                 let flow = flow?;
                 // Data-dependent extents run on CUDA; bounded input dimensions not yet.

@@ -463,6 +463,14 @@ fn copy(
     map.get(root.index()).copied().flatten()
 }
 
+/// A target's rule on which attention kernels to form ([`form_attention`]).
+pub type Accept<'a> = &'a dyn Fn(&Kernel, &Attention) -> bool;
+
+/// Forms every attention kernel the CPU emitter reads ([`form_attention`]'s rule on the CPU).
+pub fn accept_all(_: &Kernel, _: &Attention) -> bool {
+    true
+}
+
 /// Fuses each `contraction → softmax rows → contraction` chain whose result is an
 /// [`Attention`] kernel the CPU emitter reads in place into that one kernel (see the
 /// module docs). The score and probability buffers must have no other reader and not be
@@ -473,7 +481,11 @@ fn copy(
 /// --no-fuse-attention` keeps the three kernels): the emitter's tiled form is faster
 /// than the separate product, softmax and product kernels at the lengths measured
 /// (docs/benchmarks.md), and the score matrix leaves the arena.
-pub fn form_attention(p: &mut FlowProgram) {
+///
+/// `accept` is the target's say on each candidate kernel (with its form): a chain it
+/// refuses keeps its three kernels (CUDA by default forms only what its tensor-core
+/// kernel takes, `kiln_codegen::cuda::flash::declines`).
+pub fn form_attention(p: &mut FlowProgram, accept: Accept<'_>) {
     let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
     let mut d = 0;
     while d < p.dispatches.len() {
@@ -481,7 +493,7 @@ pub fn form_attention(p: &mut FlowProgram) {
         // the fused kernel decides).
         if matches!(p.dispatches[d].class, KernelClass::Contraction | KernelClass::Window) {
             for slot in 0..p.dispatches[d].operands.len() {
-                if let Some(inserted) = try_form(p, d, slot, &outputs) {
+                if let Some(inserted) = try_form(p, d, slot, &outputs, accept) {
                     // A mask dispatch went in before the chain: `d` moved one on.
                     d += usize::from(inserted);
                     break;
@@ -495,7 +507,7 @@ pub fn form_attention(p: &mut FlowProgram) {
 
 /// [`form_attention`] for operand `slot` of dispatch `d`: `None` if nothing was formed,
 /// else whether a mask dispatch was inserted (before the chain).
-fn try_form(p: &mut FlowProgram, d: usize, slot: usize, outputs: &[BufferId]) -> Option<bool> {
+fn try_form(p: &mut FlowProgram, d: usize, slot: usize, outputs: &[BufferId], accept: Accept<'_>) -> Option<bool> {
     let producers = p.producers();
     let readers = reader_counts(p);
     let private = |b: BufferId| readers[b.index()] == 1 && !outputs.contains(&b);
@@ -554,7 +566,7 @@ fn try_form(p: &mut FlowProgram, d: usize, slot: usize, outputs: &[BufferId]) ->
             let saved = std::mem::replace(&mut p.dispatches[r].kernel, softmax);
             let saved_ops = std::mem::replace(&mut p.dispatches[r].operands, operands);
             let fused = fused_kernel(p, d, slot, r)
-                .filter(|(k, _)| Attention::of(k).is_some_and(|a| a.in_place() && a.all_f32(k)));
+                .filter(|(k, _)| Attention::of(k).is_some_and(|a| a.in_place() && a.all_f32(k) && accept(k, &a)));
             // The chain's first two dispatches are dead once `d` takes their work; they
             // keep their own kernels until `remove_dead` drops them.
             p.dispatches[r].kernel = saved;

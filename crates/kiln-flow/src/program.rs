@@ -338,12 +338,13 @@ impl Formation {
 /// shaping the program for `formation`'s kernel forms; with `fused_attention` (and
 /// [`Formation::Microkernels`] or [`Formation::ImplicitGemm`], the targets with an
 /// attention emitter: the CPU and CUDA) each attention chain the CPU emitter reads in place
-/// becomes one [`KernelClass::Attention`](crate::class::KernelClass::Attention)
-/// kernel ([`crate::attention::form_attention`]).
+/// and the target's rule accepts becomes one
+/// [`KernelClass::Attention`](crate::class::KernelClass::Attention) kernel
+/// ([`crate::attention::form_attention`]).
 pub fn form(
     graph: &Graph,
     formation: Formation,
-    fused_attention: bool,
+    fused_attention: Option<crate::attention::Accept<'_>>,
     lower: &Lowering<'_>,
 ) -> Result<FlowProgram, FlowError> {
     let contractions = formation.contractions();
@@ -362,8 +363,8 @@ pub fn form(
     crate::fuse::fuse_with(&mut p, contractions);
     // After fusion, which keeps a product apart from the softmax before and after it:
     // the whole attention chain becomes one kernel where the target has its emitter.
-    if formation != Formation::General && fused_attention {
-        crate::attention::form_attention(&mut p);
+    if let (true, Some(accept)) = (formation != Formation::General, fused_attention) {
+        crate::attention::form_attention(&mut p, accept);
     }
     if contractions {
         crate::dequant::dequantize_in_load(&mut p);

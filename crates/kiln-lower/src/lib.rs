@@ -42,12 +42,16 @@ mod transformer;
 /// with contraction microkernels, attention chains fused ([`kiln_flow::program::form`]
 /// with [`lower_op`]): every recogniser on, as the formation filetests pin them.
 pub fn form(graph: &Graph) -> Result<FlowProgram, FlowError> {
-    form_with(graph, Formation::Microkernels, true)
+    form_with(graph, Formation::Microkernels, Some(&kiln_flow::attention::accept_all))
 }
 
 /// [`form`], shaping the program for `formation`'s kernel forms (see [`Formation`]),
-/// attention chains fused where `fused_attention` holds.
-pub fn form_with(graph: &Graph, formation: Formation, fused_attention: bool) -> Result<FlowProgram, FlowError> {
+/// attention chains fused where `fused_attention` gives a rule and the rule accepts them.
+pub fn form_with(
+    graph: &Graph,
+    formation: Formation,
+    fused_attention: Option<kiln_flow::attention::Accept<'_>>,
+) -> Result<FlowProgram, FlowError> {
     kiln_flow::program::form(graph, formation, fused_attention, &lower_op)
 }
 

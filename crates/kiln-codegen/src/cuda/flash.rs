@@ -251,16 +251,18 @@ impl Stage {
     }
 }
 
-/// The tensor-core attention entry of `k` (form `a`), or why it declines.
-pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenError> {
-    let var = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
-    let (depth, keys, width) = (var(a.depth), var(a.key), var(a.column));
+/// Why the tensor-core kernel declines `k` (form `a`), or `None` where it takes it:
+/// what [`emit`] checks before it writes anything, asked also by the compiler when it
+/// forms attention by default (a chain this kernel declines keeps its three kernels
+/// rather than run on the slower warp-per-row kernel).
+pub fn declines(k: &Kernel, a: &Attention) -> Option<String> {
+    let (depth, keys, width) = head(k, a);
     let fits = |n: u64| n > 0 && n % 16 == 0 && n <= MAX_HEAD;
     if !fits(depth) || !fits(width) {
-        return Ok(Err(format!("a head of depth {depth} and width {width} (multiples of 16 up to {MAX_HEAD})")));
+        return Some(format!("a head of depth {depth} and width {width} (multiples of 16 up to {MAX_HEAD})"));
     }
     if keys == 0 || keys > u64::from(u32::MAX / 2) {
-        return Ok(Err(format!("{keys} keys")));
+        return Some(format!("{keys} keys"));
     }
     let nonneg = [
         a.q.offset.of(a.depth),
@@ -271,21 +273,45 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
         a.mask.as_ref().map_or(0, |(m, _)| m.offset.of(a.key)),
     ];
     if nonneg.iter().any(|&c| c < 0) {
-        return Ok(Err("a negative stride along the keys, depth or columns".into()));
+        return Some("a negative stride along the keys, depth or columns".into());
     }
-    let dims = k.output.shape.dims().to_vec();
-    let rank = dims.len();
-    // The queries: the outer variables that neither K nor V reads; the head: the others.
+    let (_, _, queries, heads) = grid_axes(k, a);
+    let grid = heads * queries.div_ceil(u64::from(ROWS));
+    if grid == 0 || grid > u64::from(i32::MAX as u32) || queries > u64::from(u32::MAX / 2) {
+        return Some(format!("{heads} heads of {queries} queries"));
+    }
+    None
+}
+
+/// A head's depth, keys and width (V's columns).
+fn head(k: &Kernel, a: &Attention) -> (u64, u64, u64) {
+    let var = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
+    (var(a.depth), var(a.key), var(a.column))
+}
+
+/// The query variables (the outer ones that neither K nor V reads), the head variables
+/// (the other outer ones), and their extents' products.
+fn grid_axes(k: &Kernel, a: &Attention) -> (Vec<usize>, Vec<usize>, u64, u64) {
+    let dims = k.output.shape.dims();
     let (qv, hv): (Vec<usize>, Vec<usize>) =
-        (0..rank - 1).partition(|&v| a.k.offset.of(v as u32) == 0 && a.v.offset.of(v as u32) == 0);
-    let extent = |vs: &[usize]| -> Vec<usize> { vs.iter().map(|&v| dims[v]).collect() };
+        (0..dims.len().saturating_sub(1)).partition(|&v| a.k.offset.of(v as u32) == 0 && a.v.offset.of(v as u32) == 0);
     let queries: u64 = qv.iter().map(|&v| dims[v] as u64).product();
     let heads: u64 = hv.iter().map(|&v| dims[v] as u64).product();
+    (qv, hv, queries, heads)
+}
+
+/// The tensor-core attention entry of `k` (form `a`), or why it declines.
+pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenError> {
+    if let Some(why) = declines(k, a) {
+        return Ok(Err(why));
+    }
+    let (depth, keys, width) = head(k, a);
+    let dims = k.output.shape.dims().to_vec();
+    let rank = dims.len();
+    let (qv, hv, queries, heads) = grid_axes(k, a);
+    let extent = |vs: &[usize]| -> Vec<usize> { vs.iter().map(|&v| dims[v]).collect() };
     let tiles = queries.div_ceil(u64::from(ROWS));
     let grid = heads * tiles;
-    if grid == 0 || grid > u64::from(i32::MAX as u32) || queries > u64::from(u32::MAX / 2) {
-        return Ok(Err(format!("{heads} heads of {queries} queries")));
-    }
     let (d, w) = (depth as u32, width as u32);
     // The `mma` operand type: bf16 where Q, K or V is stored bf16 (`--precision bf16`),
     // else f16 (f16 storage, or f32 operands rounded).
