@@ -89,8 +89,8 @@ use super::gemm::{no, NotHere, R};
 use super::math::held_constants;
 use super::vector::{z, Mask, Op, Src, Vx, V};
 use super::vops::{
-    byte_type, const_word, is_i64_compare, is_i64_data_use, is_i64_to_bool, is_i64_to_f32, lane_type, op_form, op_scratch,
-    I64Src,
+    byte_type, const_word, is_i64_compare, is_i64_data_use, is_i64_to_bool, is_i64_to_f32, lane_type, op_form,
+    op_scratch, I64Src,
 };
 
 /// Where a value lives along the row.
