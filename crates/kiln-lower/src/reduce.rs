@@ -9,7 +9,7 @@
 //!   finite). An empty reduction is the reference's identity, as a constant (no load).
 //! - **ArgMax/ArgMin** fold `argmax`/`argmin` over the axis. For floats NaN wins (the first
 //!   one, or the last with `select_last_index`): a second fold finds the first (last) NaN,
-//!   and a clamped load checks whether it is one.
+//!   and a third, the maximum of `isnan` as 0 or 1, whether there is one.
 //! - **Pools** fold over one variable per kernel dimension, reading the input at
 //!   `o·stride − pad + k·dilation` with [`Bounds::Pad`] loads where a window can leave it
 //!   (0 for sums, the lowest value for maxima). AveragePool without `count_include_pad`
@@ -253,19 +253,15 @@ fn arg_reduce(cx: &OpCx<'_>) -> R<Lowered> {
         let (vars2, v2) = lane(&mut b, &xd, &red, keep, &out, ct);
         let isnan = b.unary(UnaryOp::IsNan, v2);
         let at = b.reduce(ReduceOp::ArgMax { last }, vars2, isnan);
-        let mut idx = Vec::with_capacity(xd.len());
-        let mut o = 0;
-        for &r in &red {
-            if r {
-                idx.push(at);
-                o += keep as usize;
-            } else {
-                idx.push(out[o]);
-                o += 1;
-            }
-        }
-        let xv = b.load_with(0, idx, Bounds::Clamp);
-        let nan = b.unary(UnaryOp::IsNan, xv);
+        // Whether there is one: the maximum of `isnan` as 0 or 1 (not a load at `at`,
+        // whose position no vector kernel can gather from: arg-reductions run a lane per
+        // output position there).
+        let (vars3, v3) = lane(&mut b, &xd, &red, keep, &out, ct);
+        let isnan3 = b.unary(UnaryOp::IsNan, v3);
+        let flag = b.cast(isnan3, DType::F32, false);
+        let any = b.reduce(ReduceOp::Max, vars3, flag);
+        let zero = b.float(ScalarType::F32, 0.0);
+        let nan = b.binary(BinaryOp::Gt, any, zero);
         b.select(nan, at, best)
     } else {
         best

@@ -21,7 +21,8 @@
 //! An emitter that declines a kernel of its class (an epilogue it has no form for, an
 //! operation without a vector form) leaves it to Cranelift, whose x86-64 backend has
 //! 128-bit vectors only, and the kernel's note says `general (why)`; [`CodePath`] says
-//! for each kernel whether its code runs 512-, 256- or 128-bit vectors or is scalar.
+//! for each kernel whether its code runs 512-, 256- or 128-bit vectors or is scalar (or
+//! evaluates one point, [`CodePath::OnePoint`]: no lanes to fill, so no scalar cliff).
 //!
 //! At the speed level (`Options::contraction_kernels`, on a target with AVX2 and FMA)
 //! four kinds of kernel are written directly as machine code with `iced-x86` and
@@ -213,6 +214,12 @@ pub enum CodePath {
     Vector128,
     /// Cranelift code, one element at a time.
     Scalar,
+    /// Cranelift code for a kernel whose whole iteration space is one point (one output
+    /// element, every reduction over one position: [`one_point`]): it evaluates its
+    /// expression once, so a vector would fill one lane and run the same operations —
+    /// there is no scalar cliff to report. (A one-element output that reduces over more
+    /// than one position is still [`CodePath::Scalar`].)
+    OnePoint,
 }
 
 impl CodePath {
@@ -223,8 +230,19 @@ impl CodePath {
             CodePath::Vector { .. } => "256-bit",
             CodePath::Vector128 => "128-bit",
             CodePath::Scalar => "scalar",
+            CodePath::OnePoint => "one-point",
         }
     }
+}
+
+/// Whether `k`'s iteration space is one point: one output element, and every reduction
+/// over variables of one position each ([`CodePath::OnePoint`]).
+pub fn one_point(k: &Kernel) -> bool {
+    k.output.shape.numel() == 1
+        && k.nodes.iter().all(|n| match &n.expr {
+            kiln_flow::Expr::Reduce { vars, .. } => vars.iter().all(|v| k.vars[v.0 as usize] == 1),
+            _ => true,
+        })
 }
 
 /// The workgroups of a kernel: the product of every output dimension but the
@@ -769,7 +787,11 @@ pub fn compile_with(
         names.push(&k.name);
         module.clear_context(&mut ctx);
         let vectorised = build_kernel(k, idx, &isa, options, &mut ctx.func, &mut fctx)?;
-        paths.push(if vectorised.is_empty() { CodePath::Scalar } else { CodePath::Vector128 });
+        paths.push(match (vectorised.is_empty(), one_point(k)) {
+            (false, _) => CodePath::Vector128,
+            (true, true) => CodePath::OnePoint,
+            (true, false) => CodePath::Scalar,
+        });
         let id =
             module.declare_function(&k.name, Linkage::Export, &ctx.func.signature).map_err(|e| internal(&k.name, e))?;
         module.define_function(id, &mut ctx).map_err(|e| internal(&k.name, format!("{e:?}")))?;

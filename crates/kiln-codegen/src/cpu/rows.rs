@@ -84,11 +84,14 @@ use kiln_flow::affine::{load_offset, AffineIndex};
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ReduceOp, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-use super::asm::{add_imm, enter, leave, Tables};
+use super::asm::{add_imm, enter, leave, Tables, XMM, YMM};
 use super::gemm::{no, NotHere, R};
 use super::math::held_constants;
 use super::vector::{z, Mask, Op, Src, Vx, V};
-use super::vops::{byte_type, const_word, is_i64_compare, is_i64_to_f32, lane_type, op_form, op_scratch, I64Src};
+use super::vops::{
+    byte_type, const_word, is_i64_compare, is_i64_data_use, is_i64_to_bool, is_i64_to_f32, lane_type, op_form,
+    op_scratch, I64Src,
+};
 
 /// Where a value lives along the row.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -220,7 +223,11 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     // lanes by `vpmovdb`, which has a 16-lane form only; a bool output too, its vector
     // mask shifted down to 0 or 1 first.)
     let bytes = matches!(k.output.dtype, DType::I8 | DType::U8 | DType::Bool);
-    if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) && !(wide && bytes) {
+    // Positions: arg-reductions (i64, but below 2³¹) and selects between them, held as
+    // i32 lanes and widened to i64 when stored ([`Emit::store_i64`]).
+    let position = positions(k);
+    let i64_out = k.output.dtype == DType::I64 && position[k.root.index()];
+    if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) && !(wide && bytes) && !i64_out {
         return no(format!("a {} output (f32, i32 or u32 lanes here)", k.output.dtype.name()));
     }
     // The vector axis: the innermost output axis longer than 1 (axes after it have one
@@ -255,8 +262,12 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     // Reduction variable → its reduction node.
     let mut owner: HashMap<u32, u32> = HashMap::new();
     for (i, n) in k.nodes.iter().enumerate() {
-        if let Expr::Reduce { op, vars, .. } = &n.expr {
-            if !matches!(op, ReduceOp::Sum | ReduceOp::Max) || n.ty != ScalarType::F32 || vars.len() != 1 {
+        if let Expr::Reduce { op, vars, body } = &n.expr {
+            if matches!(op, ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. }) {
+                if !position[i] || !matches!(k.node(*body).ty, ScalarType::F32 | ScalarType::Bool) {
+                    return no("an arg-reduction of other than f32 or bool over one variable");
+                }
+            } else if !matches!(op, ReduceOp::Sum | ReduceOp::Max) || n.ty != ScalarType::F32 || vars.len() != 1 {
                 return no("a reduction other than an f32 sum or max over one variable");
             }
             owner.insert(vars[0].0, i as u32);
@@ -267,7 +278,7 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     let mut compared = vec![false; k.nodes.len()];
     let mut other_use = vec![false; k.nodes.len()];
     for (i, n) in k.nodes.iter().enumerate() {
-        let cmp = is_i64_compare(k, ExprId(i as u32)) || is_i64_to_f32(k, ExprId(i as u32));
+        let cmp = is_i64_data_use(k, ExprId(i as u32));
         n.expr.for_each_operand(|o| {
             if cmp {
                 compared[o.index()] = true;
@@ -282,7 +293,7 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     let is_row = |v: u32| (v as usize) < rank && !(lo..=u).contains(&v);
     let mut place = Vec::with_capacity(k.nodes.len());
     for (i, n) in k.nodes.iter().enumerate() {
-        if n.ty == ScalarType::I64 && !data_i64(i) {
+        if n.ty == ScalarType::I64 && !data_i64(i) && !position[i] {
             place.push(Place::Index);
             continue;
         }
@@ -326,7 +337,12 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
             Expr::Load { bounds: Bounds::Pad(_), input, .. }
                 if matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32) => {}
             Expr::Load { .. } => return no("a load that may fall outside its input"),
+            // A select between positions: a blend of i32 lanes.
+            Expr::Select(..) if position[i] => {}
             _ => op_form(k, ExprId(i as u32), wide).map_err(NotHere)?,
+        }
+        if position[i] && matches!(n.expr, Expr::Reduce { .. }) && p != Place::Out {
+            return no("an arg-reduction along the row (arg-reductions run across rows, a lane per output)");
         }
         place.push(p);
     }
@@ -361,7 +377,7 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     let mut lane_bool = vec![false; k.nodes.len()];
     for i in 0..k.nodes.len() {
         let n = &k.nodes[i];
-        let data_use = is_i64_compare(k, ExprId(i as u32)) || is_i64_to_f32(k, ExprId(i as u32));
+        let data_use = is_i64_data_use(k, ExprId(i as u32));
         if matches!(n.expr, Expr::Load { .. }) || data_use || place[i] == Place::Index || lane_bool[i] {
             continue;
         }
@@ -388,6 +404,7 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     for (i, n) in k.nodes.iter().enumerate() {
         if !matches!(n.expr, Expr::Load { .. })
             && !is_i64_compare(k, ExprId(i as u32))
+            && !is_i64_to_bool(k, ExprId(i as u32))
             && place[i] != Place::Index
             && !lane_bool[i]
         {
@@ -467,6 +484,49 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
         }
     }
     Ok(Plan { place, loads, bases, rows, u, len, stash, recip, lane_bool })
+}
+
+/// The i64 nodes of `k` that are positions held as i32 lanes: arg-reductions over one
+/// variable of fewer than 2³¹ positions, and selects between two positions; each used
+/// only by such a select (not as its condition) or as the kernel's root. Other nodes
+/// are `false`.
+fn positions(k: &Kernel) -> Vec<bool> {
+    let mut pos = vec![false; k.nodes.len()];
+    for (i, n) in k.nodes.iter().enumerate() {
+        pos[i] = match &n.expr {
+            Expr::Reduce { op: ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. }, vars, .. } => {
+                vars.len() == 1 && k.vars[vars[0].0 as usize] <= i32::MAX as u64
+            }
+            Expr::Select(_, a, b) => pos[a.index()] && pos[b.index()],
+            _ => false,
+        } && n.ty == ScalarType::I64;
+    }
+    // A position read by anything else (index arithmetic, a comparison) is not one.
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for (i, n) in k.nodes.iter().enumerate() {
+            let mut bad = Vec::new();
+            match &n.expr {
+                Expr::Select(c, ..) if pos[i] => bad.push(*c),
+                e => e.for_each_operand(|o| bad.push(o)),
+            }
+            for o in bad {
+                if pos[o.index()] {
+                    pos[o.index()] = false;
+                    changed = true;
+                }
+            }
+            // A select whose operands stopped being positions stops being one.
+            if let Expr::Select(_, a, b) = &n.expr {
+                if pos[i] && !(pos[a.index()] && pos[b.index()]) {
+                    pos[i] = false;
+                    changed = true;
+                }
+            }
+        }
+    }
+    pos
 }
 
 /// The most elements a row of joined axes may have ([`joined_axes`]): 128 vectors of
@@ -775,6 +835,10 @@ impl Emit<'_> {
                 let t = v.pool.pop().ok_or_else(|| NotHere("no register for a bool store".into()))?;
                 e.a.vpsrld(z(t), z(r), 31)?;
                 r = t;
+            }
+            if out_bytes == 8 {
+                // Positions: i32 lanes widened to i64.
+                return e.store_i64(r, mask, &mut v);
             }
             if out_bytes == 1 {
                 // An i8/u8 value's lanes hold it extended: their low bytes.
@@ -1430,6 +1494,15 @@ impl Emit<'_> {
                 v.pool.extend(t);
                 dst
             }
+            Expr::Cast { value, .. } if is_i64_to_bool(self.k, e) => {
+                // `x != 0`.
+                let src = self.i64_src(*value, r9)?;
+                let t = self.scratch(3, v)?;
+                let dst = self.result_reg(&[*value], v)?;
+                self.vx().cmp_i64(BinaryOp::Ne, dst, src, I64Src::Const(0), mask, &t)?;
+                v.pool.extend(t);
+                dst
+            }
             Expr::Cast { value, .. } if is_i64_to_f32(self.k, e) => {
                 let src = self.i64_src(*value, r9)?;
                 let t = self.scratch(6, v)?;
@@ -1498,6 +1571,9 @@ impl Emit<'_> {
         v: &mut VecEval,
         mask: Option<Mask>,
     ) -> R<V> {
+        if let ReduceOp::ArgMax { last } | ReduceOp::ArgMin { last } = op {
+            return self.arg_column(r, matches!(op, ReduceOp::ArgMax { .. }), last, body, n, v, mask);
+        }
         let acc = self.result_reg(&[], v)?;
         let init = if op == ReduceOp::Sum { 0u32 } else { f32::NEG_INFINITY.to_bits() };
         self.vx().mov(acc, Src::C(init))?;
@@ -1519,6 +1595,133 @@ impl Emit<'_> {
         self.a.cmp(r11, i32::try_from(n).map_err(|_| NotHere("a column reduction over 2³¹".into()))?)?;
         self.a.jb(top)?;
         Ok(acc)
+    }
+
+    /// Arg-reduction `r` as a column reduction (`max` for ArgMax, `last` for the last
+    /// position among equals): each lane holds the best value so far and its position
+    /// (i32 lanes), as the interpreter folds: the first value seeds them (even NaN),
+    /// then a later value replaces them where it compares greater (less; or equal, with
+    /// `last`) — ordered comparisons, so a NaN never replaces. A bool operand (vector
+    /// masks) orders false before true. The positions are the result.
+    #[allow(clippy::too_many_arguments)]
+    fn arg_column(
+        &mut self,
+        r: u32,
+        max: bool,
+        last: bool,
+        body: ExprId,
+        n: u64,
+        v: &mut VecEval,
+        mask: Option<Mask>,
+    ) -> R<V> {
+        let idx = self.result_reg(&[], v)?;
+        let best = v.pool.pop().ok_or_else(|| NotHere("an arg-reduction needs more registers".into()))?;
+        let keep = |pl: Place| pl == Place::Col(r) || pl == Place::Along(r) || pl == Place::Out;
+        let boolean = self.k.node(body).ty == ScalarType::Bool;
+        // Position 0 seeds the lanes.
+        self.a.xor(r11d, r11d)?;
+        let mut inner = self.fresh(&[body], keep);
+        inner.pool = v.pool.clone();
+        let x = self.eval(body, &mut inner, mask)?;
+        self.vx().mov(best, Src::R(x))?;
+        self.vx().mov(idx, Src::C(0))?;
+        if n > 1 {
+            let n = i32::try_from(n).map_err(|_| NotHere("an arg-reduction over 2³¹".into()))?;
+            self.a.mov(r11d, 1)?;
+            let mut top = self.a.create_label();
+            self.a.set_label(&mut top)?;
+            let mut inner = self.fresh(&[body], keep);
+            inner.pool = v.pool.clone();
+            let x = self.eval(body, &mut inner, mask)?;
+            let t = self.scratch(2, &mut inner)?;
+            let (t, j) = (t[0], t[1]);
+            // The lanes to replace: a vector mask on eight lanes (in `t`), an opmask on
+            // sixteen.
+            let m = if self.wide { Mask(4) } else { Mask(t.0) };
+            if boolean {
+                // true > false: x ∧ ¬best (max), ¬x ∧ best (min); with `last` also the
+                // equal lanes: x ∨ ¬best, ¬x ∨ best.
+                let (a, b) = if max { (x, best) } else { (best, x) };
+                let mut vx = self.vx();
+                vx.not(t, b)?;
+                vx.op(if last { Op::Or } else { Op::And }, t, t, Src::R(a))?;
+                if self.wide {
+                    self.a.vptestmd(k_of(m), zmm_of(t), zmm_of(t))?;
+                }
+            } else {
+                // GT_OQ, GE_OQ, LT_OQ, LE_OQ: false on NaN.
+                let pred = match (max, last) {
+                    (true, false) => 0x1E,
+                    (true, true) => 0x1D,
+                    (false, false) => 0x11,
+                    (false, true) => 0x12,
+                };
+                self.vx().cmp(m, x, Src::R(best), pred)?;
+            }
+            self.vx().blend(best, m, best, x)?;
+            if self.wide {
+                self.a.vpbroadcastd(zmm_of(j), r11d)?;
+            } else {
+                self.a.vmovd(XMM[j.0 as usize], r11d)?;
+                self.a.vpbroadcastd(YMM[j.0 as usize], XMM[j.0 as usize])?;
+            }
+            self.vx().blend(idx, m, idx, j)?;
+            self.a.inc(r11)?;
+            self.a.cmp(r11, n)?;
+            self.a.jb(top)?;
+        }
+        v.pool.push(best);
+        Ok(idx)
+    }
+
+    /// Stores positions `r` (i32 lanes, each below 2³¹) into the output row as i64
+    /// elements, under the tail `mask`; scratch registers come from `v`'s pool.
+    fn store_i64(&mut self, r: V, mask: Option<Mask>, v: &mut VecEval) -> R<()> {
+        let t = v.pool.pop().ok_or_else(|| NotHere("no register for an i64 store".into()))?;
+        if self.wide {
+            // Lanes 0–7, then 8–15 (the tail's upper half in k6).
+            self.a.vpmovsxdq(zmm_of(t), YMM32[r.0 as usize])?;
+            match mask {
+                Some(m) => self.a.vmovdqu64(under_mask(zmmword_ptr(r13 + r8 * 8), m), zmm_of(t))?,
+                None => self.a.vmovdqu64(zmmword_ptr(r13 + r8 * 8), zmm_of(t))?,
+            }
+            self.a.vextracti64x4(YMM32[t.0 as usize], zmm_of(r), 1)?;
+            self.a.vpmovsxdq(zmm_of(t), YMM32[t.0 as usize])?;
+            match mask {
+                Some(m) => {
+                    self.a.kshiftrw(k_of(Mask(6)), k_of(m), 8)?;
+                    self.a.vmovdqu64(under_mask(zmmword_ptr(r13 + r8 * 8 + 64), Mask(6)), zmm_of(t))?
+                }
+                None => self.a.vmovdqu64(zmmword_ptr(r13 + r8 * 8 + 64), zmm_of(t))?,
+            }
+            return Ok(());
+        }
+        let q = v.pool.pop().ok_or_else(|| NotHere("no register for an i64 store".into()))?;
+        let (ty, tx, qy, qx) = (YMM[t.0 as usize], XMM[t.0 as usize], YMM[q.0 as usize], XMM[q.0 as usize]);
+        for half in 0..2i32 {
+            if half == 0 {
+                self.a.vpmovsxdq(ty, XMM[r.0 as usize])?;
+            } else {
+                self.a.vextracti128(tx, YMM[r.0 as usize], 1)?;
+                self.a.vpmovsxdq(ty, tx)?;
+            }
+            let at = ymmword_ptr(r13 + r8 * 8 + 32 * half);
+            match mask {
+                Some(m) => {
+                    // The tail's dword lanes widened to qword lanes.
+                    if half == 0 {
+                        self.a.vpmovsxdq(qy, XMM[m.0 as usize])?;
+                    } else {
+                        self.a.vextracti128(qx, YMM[m.0 as usize], 1)?;
+                        self.a.vpmovsxdq(qy, qx)?;
+                    }
+                    self.a.vpmaskmovq(at, qy, ty)?;
+                }
+                None => self.a.vmovdqu(at, ty)?,
+            }
+        }
+        v.pool.push(q);
+        Ok(())
     }
 
     /// An i64 operand read from memory (an i64 comparison's, a conversion's): a
@@ -1544,6 +1747,12 @@ impl Emit<'_> {
         (0..n).map(|_| v.pool.pop().ok_or_else(|| NotHere("a row expression needs more registers".into()))).collect()
     }
 }
+
+/// The `ymm` registers of all 32 vector registers (the low halves of `zmm16`–`zmm31` too).
+const YMM32: [AsmRegisterYmm; 32] = [
+    ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15, ymm16, ymm17,
+    ymm18, ymm19, ymm20, ymm21, ymm22, ymm23, ymm24, ymm25, ymm26, ymm27, ymm28, ymm29, ymm30, ymm31,
+];
 
 /// The `zmm` register of `v`.
 fn zmm_of(v: V) -> AsmRegisterZmm {

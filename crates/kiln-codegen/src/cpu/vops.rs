@@ -31,7 +31,8 @@
 //! `vpcmpq` into opmasks), and writes the 32-bit lane mask of its result
 //! ([`Vx::cmp_i64`]); an i64 **conversion to f32** of such an operand (a mask input) is
 //! the other operation on i64 data with a vector form (eight lanes, correctly rounded
-//! through f64 rounded to odd: [`Vx::i64_to_f32`]).
+//! through f64 rounded to odd: [`Vx::i64_to_f32`]); a **cast to bool** of such an
+//! operand is the comparison `x != 0` ([`is_i64_to_bool`], either width).
 //!
 //! f32 `Pow` with a run-time exponent is `super::math`'s `Vx::pow` (`exp(y·ln|x|)` with
 //! C's special cases), in the row kernels and in contraction epilogues alike.
@@ -111,6 +112,25 @@ pub(crate) fn is_i64_to_f32(k: &Kernel, e: ExprId) -> bool {
         }
 }
 
+/// Whether `e` is a cast of i64 data to bool (`x != 0`, the interpreter's cast), which
+/// is an i64 comparison with 0 ([`Vx::cmp_i64`]): its operand an in-bounds load of an
+/// i64 tensor, or a constant (an attention mask read as bool).
+pub(crate) fn is_i64_to_bool(k: &Kernel, e: ExprId) -> bool {
+    let Expr::Cast { value, to: DType::Bool, .. } = k.node(e).expr else { return false };
+    k.node(value).ty == S::I64
+        && match &k.node(value).expr {
+            Expr::Const(_) => true,
+            Expr::Load { input, bounds: Bounds::InBounds, .. } => k.inputs[*input as usize].dtype == DType::I64,
+            _ => false,
+        }
+}
+
+/// Whether `e` reads i64 data with a vector form: an i64 comparison, or a conversion of
+/// i64 to f32 or to bool.
+pub(crate) fn is_i64_data_use(k: &Kernel, e: ExprId) -> bool {
+    is_i64_compare(k, e) || is_i64_to_f32(k, e) || is_i64_to_bool(k, e)
+}
+
 /// Whether operation node `e` (a unary, binary, select or cast: loads, constants and
 /// reductions are each emitter's own) has a vector form on `wide` (16-lane) or 8-lane
 /// vectors; `Err` names what has none.
@@ -151,6 +171,7 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
                 )
                 || (wide && ty_of(*value) == S::U32 && to_ty == S::F32)
                 || (!wide && is_i64_to_f32(k, e))
+                || is_i64_to_bool(k, e)
         }
         _ => false,
     };
@@ -183,6 +204,7 @@ pub(crate) fn op_scratch(k: &Kernel, e: ExprId) -> usize {
         Expr::Unary(op, a) if k.node(*a).ty == S::F32 => vector_scratch(*op),
         Expr::Unary(UnaryOp::Neg, _) => 1,
         Expr::Cast { value, to: DType::I8 | DType::U8, .. } if k.node(*value).ty == S::F32 => 1,
+        Expr::Cast { value, to: DType::Bool, .. } if k.node(*value).ty == S::I64 => 3,
         Expr::Cast { value, .. } if k.node(*value).ty == S::I64 => 6,
         Expr::Binary(op, a, _) => match (k.node(*a).ty, op) {
             (S::F32, BinaryOp::Max | BinaryOp::Min) => 2,
