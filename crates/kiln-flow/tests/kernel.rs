@@ -3,15 +3,10 @@
 
 use kiln_flow::interp::run;
 use kiln_flow::kernel::{BinaryOp, Bounds, KernelBuilder, KernelError, ReduceOp, ScalarType, UnaryOp};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_ir::{DType, Shape, Tensor};
 
-fn ty(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
-}
-
-fn f32s(dims: &[usize], v: &[f64]) -> Tensor {
-    Tensor::from_f64(DType::F32, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
+mod common;
+use common::{f32s, ty};
 
 #[test]
 fn matmul_as_a_reduce() {

@@ -10,11 +10,10 @@ use kiln_flow::kernel::{
 };
 use kiln_flow::program::{Buffer, BufferId, BufferKind, Dispatch, FlowProgram};
 use kiln_flow::text::{parse_kernel, parse_program, print_kernel, print_program};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_ir::{DType, Tensor, TensorType};
 
-fn ty(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
-}
+mod common;
+use common::ty;
 
 fn node(ty: ScalarType, expr: Expr) -> Node {
     Node { ty, expr }

@@ -5,15 +5,10 @@
 use kiln_flow::fuse::unroll_short_sums;
 use kiln_flow::interp::run;
 use kiln_flow::kernel::{BinaryOp, Expr, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
-use kiln_ir::{DType, Shape, Tensor, TensorType};
+use kiln_ir::DType;
 
-fn ty(d: DType, dims: &[usize]) -> TensorType {
-    TensorType::new(d, Shape::new(dims.to_vec()).unwrap())
-}
-
-fn f32s(dims: &[usize], v: &[f64]) -> Tensor {
-    Tensor::from_f64(DType::F32, Shape::new(dims.to_vec()).unwrap(), v).unwrap()
-}
+mod common;
+use common::{f32s, ty};
 
 /// `√(Σ_{p<2} part_p²)` where part 0 is `re` and part 1 `im`, chosen by comparing the
 /// reduction variable (a Concat of the two parts fused into the sum).

@@ -2,6 +2,7 @@
 
 use crate::dtype::DType;
 use core::fmt;
+use kiln_module::show::write_joined;
 
 /// The highest rank kiln accepts.
 pub const MAX_RANK: usize = 8;
@@ -74,13 +75,7 @@ impl Shape {
 impl fmt::Display for Shape {
     /// `1x3x224x224`; a scalar prints as the empty string.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("x")?;
-            }
-            write!(f, "{d}")?;
-        }
-        Ok(())
+        write_joined(f, &self.0, "x")
     }
 }
 
@@ -109,12 +104,7 @@ impl fmt::Display for TensorType {
     /// `f32[1,3,224,224]`, `i64[]` for a scalar.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}[", self.dtype)?;
-        for (i, d) in self.shape.dims().iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
+        write_joined(f, self.shape.dims(), ",")?;
         f.write_str("]")
     }
 }

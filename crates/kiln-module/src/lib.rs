@@ -41,6 +41,7 @@ pub mod program;
 pub mod reader;
 pub mod reseal;
 pub mod sections;
+pub mod show;
 pub mod writer;
 
 pub use dtype::DType;

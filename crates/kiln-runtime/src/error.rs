@@ -17,6 +17,7 @@ pub(crate) fn kind_name(kind: DeviceKind) -> &'static str {
 }
 use kiln_module::reader::ReadError;
 use kiln_module::sections::SectionError;
+use kiln_module::show::write_joined;
 use kiln_module::Version;
 
 /// Why a module does not load or an invocation does not run.
@@ -335,12 +336,7 @@ struct Dims<'a>(&'a [u64]);
 impl fmt::Display for Dims<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{d}")?;
-        }
+        write_joined(f, self.0, ", ")?;
         f.write_str("]")
     }
 }
@@ -384,9 +380,7 @@ impl fmt::Display for RuntimeError {
             E::Invalid(e) => write!(f, "invalid module: {e}"),
             E::MissingCpuFeatures { kernel, names } => {
                 write!(f, "kernel {kernel_} needs CPU features this machine lacks: ", kernel_ = Name(kernel))?;
-                for (i, n) in names.iter().enumerate() {
-                    write!(f, "{}{n}", if i > 0 { ", " } else { "" })?;
-                }
+                write_joined(f, names, ", ")?;
                 f.write_str(" (compile for this CPU)")
             }
             E::AllocatorNotRouted => f.write_str(
@@ -548,13 +542,7 @@ struct OneLine<'a>(&'a str);
 
 impl fmt::Display for OneLine<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, line) in self.0.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{}", Name(line))?;
-        }
-        Ok(())
+        write_joined(f, self.0.lines().map(str::trim).filter(|l| !l.is_empty()).map(Name), "; ")
     }
 }
 

@@ -9,6 +9,7 @@ use crate::op::{AttrError, Op};
 use crate::shape::{Shape, ShapeError, TensorType};
 use crate::tensor::Tensor;
 use core::fmt::{self, Display};
+use kiln_module::show::write_joined;
 
 /// Result of an inference step.
 pub(super) type R<T> = Result<T, InferError>;
@@ -81,12 +82,7 @@ pub(super) struct Dims<'a>(pub &'a [usize]);
 impl Display for Dims<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
+        write_joined(f, self.0, ",")?;
         f.write_str("]")
     }
 }
@@ -98,12 +94,7 @@ impl Display for Ints<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const SHOWN: usize = 16;
         f.write_str("[")?;
-        for (i, d) in self.0.iter().take(SHOWN).enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
+        write_joined(f, self.0.iter().take(SHOWN), ",")?;
         if self.0.len() > SHOWN {
             write!(f, ",… ({} entries)", self.0.len())?;
         }
