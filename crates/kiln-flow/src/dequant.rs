@@ -709,7 +709,8 @@ pub(crate) fn step_offsets(k: &Kernel, off: &AffineIndex, vars: &[u32], base: i6
             digit[i] = (rest % e) as i64;
             rest /= e;
         }
-        starts.push(vars.iter().zip(&digit).try_fold(base, |acc, (&v, &x)| acc.checked_add(off.of(v).checked_mul(x)?))?);
+        let at = vars.iter().zip(&digit).try_fold(base, |acc, (&v, &x)| acc.checked_add(off.of(v).checked_mul(x)?));
+        starts.push(at?);
     }
     Some(starts)
 }
