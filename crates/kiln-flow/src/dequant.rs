@@ -696,6 +696,25 @@ fn value_at(k: &Kernel, data: &[Option<Vec<u64>>], e: ExprId, vals: &[Option<i64
     })
 }
 
+/// Where each step of a flat reduction over `vars` (row-major, the first outermost)
+/// starts in an operand indexed by `off`, counted from `base`; `None` on overflow.
+pub(crate) fn step_offsets(k: &Kernel, off: &AffineIndex, vars: &[u32], base: i64) -> Option<Vec<i64>> {
+    let ext: Vec<u64> = vars.iter().map(|&v| k.vars[v as usize]).collect();
+    let l: u64 = ext.iter().product();
+    let mut starts = Vec::with_capacity(usize::try_from(l).ok()?);
+    let mut digit = vec![0i64; ext.len()];
+    for li in 0..l {
+        let mut rest = li;
+        for (i, &e) in ext.iter().enumerate().rev() {
+            digit[i] = (rest % e) as i64;
+            rest /= e;
+        }
+        let at = vars.iter().zip(&digit).try_fold(base, |acc, (&v, &x)| acc.checked_add(off.of(v).checked_mul(x)?));
+        starts.push(at?);
+    }
+    Some(starts)
+}
+
 /// The inputs the expression `e` loads (outside any reduction).
 fn inputs_read(k: &Kernel, e: ExprId, out: &mut Vec<u32>) {
     if let Expr::Load { input, .. } = &k.node(e).expr {
@@ -778,16 +797,7 @@ fn int_sums(p: &FlowProgram, d: usize) -> Option<IntSums> {
         }
     }
     // Offsets of the reduction's steps in X (row-major over the reduction variables).
-    let mut koffs = Vec::with_capacity(kk as usize);
-    let mut digits = vec![0i64; kext.len()];
-    for l in 0..kk {
-        let mut rest = l;
-        for (i, &e) in kext.iter().enumerate().rev() {
-            digits[i] = (rest % e) as i64;
-            rest /= e;
-        }
-        koffs.push(rvars.iter().zip(&digits).map(|(&v, &g)| x.offset.of(v) * g).sum::<i64>());
-    }
+    let koffs = step_offsets(k, &x.offset, &rvars, 0)?;
     let xt = ScalarType::of_storage(t.dtype());
     let xs = interp::decode(t);
     let i32t = ScalarType::I32;

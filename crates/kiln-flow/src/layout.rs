@@ -616,16 +616,7 @@ fn packed_one(
     }
     // Where each step of the flat reduction starts in the operand (reduction
     // variables row-major, outermost first).
-    let mut starts = Vec::with_capacity(l as usize);
-    let mut kval = vec![0i64; kext.len()];
-    for li in 0..l {
-        let mut rest = li;
-        for (i, &e) in kext.iter().enumerate().rev() {
-            kval[i] = (rest % e) as i64;
-            rest /= e;
-        }
-        starts.push(c.k.iter().zip(&kval).try_fold(off.c, |acc, (&v, &x)| acc.checked_add(off.of(v).checked_mul(x)?))?);
-    }
+    let starts = crate::dequant::step_offsets(k, off, &c.k, off.c)?;
     // Copied as bytes (the tensor's own little-endian elements, `es` bytes each): a run
     // of columns at once where the operand steps one element per panel position.
     let (src, step) = (t.bytes(), off.of(var));

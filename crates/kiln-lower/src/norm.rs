@@ -800,21 +800,28 @@ fn mvn(cx: &OpCx<'_>) -> R<Lowered> {
 /// in f32 as ONNX defines them: range `[min(0, min x), max(0, max x)]` ignoring NaN,
 /// scale = range/255 (1 for an empty range), zero point = round(clamp(−min/scale)).
 /// The folds read no output variable, so a kernel computes them once.
+///
+/// Both folds are maxima over the axes of more than one element (an axis of one reads
+/// 0): `min(0, min x) = −max(0, max −x)` exactly (negation is exact, and `−x > 0` is
+/// `x < 0`, false for NaN as well), the form vector row kernels reduce.
 fn dq_params(b: &mut KernelBuilder, xd: &[usize]) -> (ExprId, ExprId) {
-    let all = vec![true; xd.len()];
-    let extreme = |b: &mut KernelBuilder, op: ReduceOp, cmp: B| {
-        let (vars, ix) = over(b, xd, &all, &[]);
-        let x = ld(b, 0, ix, S::F32);
+    let wide: Vec<bool> = xd.iter().map(|&d| d != 1).collect();
+    let extreme = |b: &mut KernelBuilder, negate: bool| {
+        let (vars, ix) = over(b, xd, &wide, &[]);
+        let mut x = ld(b, 0, ix, S::F32);
+        if negate {
+            x = b.unary(U::Neg, x);
+        }
         let zero = lit(b, S::F32, 0.0);
-        let keep = b.binary(cmp, x, zero);
+        let keep = b.binary(B::Gt, x, zero);
         let body = sel(b, keep, x, zero);
-        let r = fold(b, op, vars, body);
-        // An empty operand folds to ∓inf: the range still includes 0.
-        let m = if op == ReduceOp::Max { B::Max } else { B::Min };
-        b.binary(m, r, zero)
+        let r = fold(b, ReduceOp::Max, vars, body);
+        // An empty operand folds to −inf: the range still includes 0.
+        b.binary(B::Max, r, zero)
     };
-    let mx = extreme(b, ReduceOp::Max, B::Gt);
-    let mn = extreme(b, ReduceOp::Min, B::Lt);
+    let mx = extreme(b, false);
+    let nmn = extreme(b, true);
+    let mn = b.unary(U::Neg, nmn);
     let same = b.binary(B::Eq, mx, mn);
     let range = b.sub(mx, mn);
     let c255 = lit(b, S::F32, 255.0);

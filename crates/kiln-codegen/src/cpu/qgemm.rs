@@ -741,16 +741,7 @@ impl<'k> Emitter<'k> {
         self.a.mov(qword_ptr(rsp + S_BCNT), rcx)?;
         // Base pointers (row 0 of this batch position, column n0).
         for bi in 0..self.bases.len() {
-            let b = self.bases[bi].clone();
-            self.a.mov(rax, qword_ptr(r15 + 8 * b.binding as i32))?;
-            add_imm(&mut self.a, rax, b.c * b.elem, rcx)?;
-            for (i, &coef) in b.batch.iter().enumerate() {
-                if coef != 0 {
-                    self.a.mov(rcx, qword_ptr(rsp + (S_COORD + 8 * i as i32)))?;
-                    self.imul(rcx, coef * b.elem)?;
-                    self.a.add(rax, rcx)?;
-                }
-            }
+            let b = self.base_at_batch(bi)?;
             if b.per_n != 0 {
                 self.a.mov(rcx, qword_ptr(rsp + S_N0))?;
                 self.imul(rcx, b.per_n * b.elem)?;
@@ -806,6 +797,22 @@ impl<'k> Emitter<'k> {
             }
         }
         self.workgroup_loop_end(next, top, done, frame)
+    }
+
+    /// `rax` = base `bi`'s binding at this batch position (its coordinates at
+    /// `S_COORD`, `rcx` scratch); returns the base.
+    fn base_at_batch(&mut self, bi: usize) -> R<Base> {
+        let b = self.bases[bi].clone();
+        self.a.mov(rax, qword_ptr(r15 + 8 * b.binding as i32))?;
+        add_imm(&mut self.a, rax, b.c * b.elem, rcx)?;
+        for (i, &coef) in b.batch.iter().enumerate() {
+            if coef != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + (S_COORD + 8 * i as i32)))?;
+                self.imul(rcx, coef * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+        }
+        Ok(b)
     }
 
     /// The workgroup range's set-up (`rdi` bindings, `rdx` begin, `rcx` end): the end
@@ -867,16 +874,7 @@ impl<'k> Emitter<'k> {
         }
         // Pointers: each base at this batch position, then at the group's first row.
         for bi in 0..self.bases.len() {
-            let b = self.bases[bi].clone();
-            self.a.mov(rax, qword_ptr(r15 + 8 * b.binding as i32))?;
-            add_imm(&mut self.a, rax, b.c * b.elem, rcx)?;
-            for (i, &coef) in b.batch.iter().enumerate() {
-                if coef != 0 {
-                    self.a.mov(rcx, qword_ptr(rsp + (S_COORD + 8 * i as i32)))?;
-                    self.imul(rcx, coef * b.elem)?;
-                    self.a.add(rax, rcx)?;
-                }
-            }
+            let b = self.base_at_batch(bi)?;
             self.a.mov(qword_ptr(rsp + self.s_base(bi)), rax)?;
             if b.per_m != 0 {
                 self.a.mov(rcx, qword_ptr(rsp + S_GROUP))?;
@@ -954,6 +952,25 @@ impl<'k> Emitter<'k> {
             vec![(16, false)]
         };
         let pitch = self.a_pitch;
+        // Row `r`'s 64 bytes of `A` (at `r9 + r·pitch`; masked bytes zero) into zmm17,
+        // then each `acc += ` its products with the other operand of the pair (zmm16 the
+        // column, zmm18 the ones of the row sums), the unsigned one first.
+        let row = |e: &mut Self, r: usize, masked: bool, accs: &[(AsmRegisterZmm, AsmRegisterZmm)]| -> R<()> {
+            let at = zmmword_ptr(r9 + (pitch * r as i64) as i32);
+            if masked {
+                e.a.vmovdqu8(zmm17.k3().z(), at)?;
+            } else {
+                e.a.vmovdqu8(zmm17, at)?;
+            }
+            for &(acc, with) in accs {
+                if a_unsigned {
+                    d.emit(&mut e.a, acc, zmm17, with)?;
+                } else {
+                    d.emit(&mut e.a, acc, with, zmm17)?;
+                }
+            }
+            Ok(())
+        };
         for (rows, last) in variants {
             let mut other = None;
             if last && groups > 1 {
@@ -974,17 +991,7 @@ impl<'k> Emitter<'k> {
                 let step = |e: &mut Self, masked: bool| -> R<()> {
                     load_b(e, zmmword_ptr(rsi), masked)?;
                     for r in 0..n {
-                        let at = zmmword_ptr(r9 + (pitch * r as i64) as i32);
-                        if masked {
-                            e.a.vmovdqu8(zmm17.k3().z(), at)?;
-                        } else {
-                            e.a.vmovdqu8(zmm17, at)?;
-                        }
-                        if a_unsigned {
-                            d.emit(&mut e.a, ZMM[r], zmm17, zmm16)?;
-                        } else {
-                            d.emit(&mut e.a, ZMM[r], zmm16, zmm17)?;
-                        }
+                        row(e, r, masked, &[(ZMM[r], zmm16)])?;
                     }
                     Ok(())
                 };
@@ -992,50 +999,35 @@ impl<'k> Emitter<'k> {
                 self.sum_lanes16()?;
                 self.a.vmovdqu32(zmmword_ptr(rsp + gv), zmm0)?;
             } else {
-            for h in 0..2u64 {
-                let n = rows.saturating_sub(8 * h).min(8) as usize;
-                if n == 0 {
-                    continue;
-                }
-                for r in 0..n {
-                    self.a.vpxord(ZMM[r], ZMM[r], ZMM[r])?;
-                    self.a.vpxord(ZMM[8 + r], ZMM[8 + r], ZMM[8 + r])?;
-                }
-                self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
-                self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
-                add_imm(&mut self.a, r9, pitch * 8 * h as i64, rax)?;
-                let need_ra = self.need_ra;
-                let step = |e: &mut Self, masked: bool| -> R<()> {
-                    load_b(e, zmmword_ptr(rsi), masked)?;
+                for h in 0..2u64 {
+                    let n = rows.saturating_sub(8 * h).min(8) as usize;
+                    if n == 0 {
+                        continue;
+                    }
                     for r in 0..n {
-                        let at = zmmword_ptr(r9 + (pitch * r as i64) as i32);
-                        if masked {
-                            e.a.vmovdqu8(zmm17.k3().z(), at)?;
-                        } else {
-                            e.a.vmovdqu8(zmm17, at)?;
-                        }
-                        if a_unsigned {
-                            d.emit(&mut e.a, ZMM[r], zmm17, zmm16)?;
-                            if need_ra {
-                                d.emit(&mut e.a, ZMM[8 + r], zmm17, zmm18)?;
-                            }
-                        } else {
-                            d.emit(&mut e.a, ZMM[r], zmm16, zmm17)?;
-                            if need_ra {
-                                d.emit(&mut e.a, ZMM[8 + r], zmm18, zmm17)?;
-                            }
-                        }
+                        self.a.vpxord(ZMM[r], ZMM[r], ZMM[r])?;
+                        self.a.vpxord(ZMM[8 + r], ZMM[8 + r], ZMM[8 + r])?;
                     }
-                    Ok(())
-                };
-                self.chunked_columns(chunks, part, &[rsi, r9], step)?;
-                for r in 0..n {
-                    hsum(self, r, gv + 4 * (8 * h as i32 + r as i32))?;
-                    if need_ra {
-                        hsum(self, 8 + r, gv + 64 + 4 * (8 * h as i32 + r as i32))?;
+                    self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+                    self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
+                    add_imm(&mut self.a, r9, pitch * 8 * h as i64, rax)?;
+                    let need_ra = self.need_ra;
+                    let step = |e: &mut Self, masked: bool| -> R<()> {
+                        load_b(e, zmmword_ptr(rsi), masked)?;
+                        for r in 0..n {
+                            let both = [(ZMM[r], zmm16), (ZMM[8 + r], zmm18)];
+                            row(e, r, masked, &both[..if need_ra { 2 } else { 1 }])?;
+                        }
+                        Ok(())
+                    };
+                    self.chunked_columns(chunks, part, &[rsi, r9], step)?;
+                    for r in 0..n {
+                        hsum(self, r, gv + 4 * (8 * h as i32 + r as i32))?;
+                        if need_ra {
+                            hsum(self, 8 + r, gv + 64 + 4 * (8 * h as i32 + r as i32))?;
+                        }
                     }
                 }
-            }
             }
             // The 16 sums as one vector; the corrections; the epilogue; the store.
             let masked = rows < 16;

@@ -471,13 +471,17 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     let rows = k.vars[..lo as usize].to_vec();
     // (An operand stashed in the output row needs 32-bit elements there.)
     let stash = if bytes { None } else { stash(k, &place, &free, u) };
-    // Divisors that are row values, where the quotient is not: one reciprocal per row.
+    // Divisors that are row values, where the quotient is not: one reciprocal per row,
+    // unless the quotient reaches a rounding (the reciprocal's extra rounding moves a
+    // quotient such as DynamicQuantizeLinear's −2.5 / (5/255) = −127.49999 onto the tie
+    // −127.5, which rounds to −128).
+    let rounded = reaches_rounding(k);
     let mut recip = Vec::new();
     if fast {
         for (i, n) in k.nodes.iter().enumerate() {
             if let Expr::Binary(BinaryOp::Div, _, y) = n.expr {
                 let row_value = place[y.index()] == Place::Row && !matches!(k.node(y).expr, Expr::Const(_));
-                if place[i] != Place::Row && row_value && !recip.contains(&y.0) {
+                if place[i] != Place::Row && row_value && !rounded[i] && !recip.contains(&y.0) {
                     recip.push(y.0);
                 }
             }
@@ -640,6 +644,27 @@ fn same_along(k: &Kernel, free: &[Vec<u32>], a: ExprId, b: ExprId, w: u32, u: u3
         }
         _ => false,
     }
+}
+
+/// Per node, whether its value reaches a rounding to an integer: `Round`, `Floor`,
+/// `Ceil`, `Trunc`, a cast to an integer dtype, or an integer output's store.
+fn reaches_rounding(k: &Kernel) -> Vec<bool> {
+    let mut r = vec![false; k.nodes.len()];
+    if k.output.dtype.is_int() {
+        r[k.root.index()] = true;
+    }
+    for i in (0..k.nodes.len()).rev() {
+        let e = &k.nodes[i].expr;
+        let rounds = match e {
+            Expr::Unary(UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Trunc, _) => true,
+            Expr::Cast { to, .. } => to.is_int(),
+            _ => false,
+        };
+        if rounds || r[i] {
+            e.for_each_operand(|o| r[o.index()] = true);
+        }
+    }
+    r
 }
 
 /// Emits `k` as a row kernel (code and workgroup count), or says why not. `fast`
