@@ -122,6 +122,9 @@ pub(crate) fn runtime_class(e: &RuntimeError) -> Class {
         E::InputCount { .. } | E::OutputCount { .. } | E::InputSize { .. } | E::OutputSize { .. } => Class::Invalid,
         E::InputShape { .. } | E::OutputShape { .. } | E::InputExtent { .. } => Class::Invalid,
         E::InputDtype { .. } | E::OutputDtype { .. } => Class::InputType,
+        // Data past the bound compiled for, or run-time dims other than the compiled ones:
+        // the input does not fit this module (the C API's OVER_BOUND and INVALID_ARGUMENT).
+        E::ExtentOutOfBound { .. } | E::ShapeCheck { .. } => Class::Invalid,
         // The system refused memory or a worker thread, or a worker died.
         E::ArenaAlloc { .. } | E::Threads { .. } | E::Load { .. } | E::WorkerLost => Class::Base,
         // A variant added to the runtime later: reported with its message.
