@@ -2,7 +2,8 @@
 //! run on 1 thread (the local-sync driver) and on 2 and 3 threads, and the outputs must
 //! be bit-identical: a kernel computes each workgroup the same way whichever thread runs
 //! it, so splitting the workgroups may change nothing. The graphs cover contraction
-//! microkernels over odd shapes, a wave of two dispatches, reductions, helper calls, and
+//! microkernels over odd shapes, a wave of two dispatches (and one of two like products,
+//! run whole, one thread each), reductions, helper calls, and
 //! dispatches of fewer workgroups than threads; each also with its work estimates cleared,
 //! so that the driver splits every wave (with them, it runs waves too small to pay for
 //! the hand-off on the calling thread alone); the models are lenet (in the repository)
@@ -118,6 +119,17 @@ fn graphs_are_bit_identical_on_threads() {
   %4 = Add(%3, %2) : f32[37,29] "biased" node "add"
   %5 = Relu(%4) : f32[37,29] "a" node "a"
   %6 = Neg(%4) : f32[37,29] "b" node "b"
+}"#,
+        ),
+    );
+    // Two like products of one wave, each worth more than a hand-off: run whole, one
+    // thread each (the two directions of a bidirectional recurrence's step).
+    same_on_threads(
+        "twins",
+        &graph(
+            r#"graph @twins(%0: f32[33,200] "x", %1: f32[200,300] "w1", %2: f32[200,300] "w2") -> (%3, %4) {
+  %3 = MatMul(%0, %1) : f32[33,300] "p1" node "p1"
+  %4 = MatMul(%0, %2) : f32[33,300] "p2" node "p2"
 }"#,
         ),
     );

@@ -51,6 +51,8 @@ struct Case {
     dir: &'static str,
     layout: i64,
     init: bool,
+    /// With `init`: the initial states are constants of this value rather than inputs.
+    init_const: Option<f64>,
     /// Per batch row; `runtime`: a graph input instead of a constant.
     lens: Option<&'static [i64]>,
     runtime_lens: bool,
@@ -73,6 +75,7 @@ impl Case {
             dir: "forward",
             layout: 0,
             init: false,
+            init_const: None,
             lens: None,
             runtime_lens: false,
             lbr: false,
@@ -121,9 +124,15 @@ impl Case {
             }
         });
         let mut init = |gr: &mut Graph, name: &str, seed: u64| {
-            self.init.then(|| {
-                feeds.push(data(&sd, seed, 0.9));
-                gr.add_input(name, ty(&sd))
+            self.init.then(|| match self.init_const {
+                Some(v) => {
+                    let n: usize = sd.iter().product();
+                    gr.add_const(name, Tensor::from_f64(DType::F32, Shape::new(sd.clone()).unwrap(), &vec![v; n]).unwrap())
+                }
+                None => {
+                    feeds.push(data(&sd, seed, 0.9));
+                    gr.add_input(name, ty(&sd))
+                }
             })
         };
         let ih = init(&mut gr, "h0", 5);
@@ -176,7 +185,8 @@ fn run_compiled(g: &Graph, artifact: &[u8], feeds: &[Tensor]) -> Vec<Tensor> {
 }
 
 /// Compiles, runs and compares one case; checks the dispatches' classes.
-fn check(c: Case) {
+/// Compiles and runs `c` against the reference; returns its count of contractions.
+fn check(c: Case) -> usize {
     let (g, feeds) = c.graph();
     let want = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|e| panic!("{c:?}: reference: {e}"));
     let opts = Options { target: CpuTarget::X86_64V3, ..Options::default() };
@@ -195,7 +205,8 @@ fn check(c: Case) {
     // (GRU without linear_before_reset: two). A hidden size of 1 makes the recurrent
     // products one multiply each, not products the recogniser takes.
     let per_step = if c.kind == OpKind::GRU && !c.lbr { 2 } else { 1 };
-    let steps_with_state = if c.init { c.seq } else { c.seq - 1 };
+    let zero_init = c.init_const.is_some_and(|v| v == 0.0 && v.is_sign_positive());
+    let steps_with_state = if c.init && !zero_init { c.seq } else { c.seq - 1 };
     let least = if c.hidden > 1 { 1 + per_step * steps_with_state } else { 1 };
     assert!(products >= least, "{c:?}: {products} contractions, {least} expected");
     if c.y_consumed {
@@ -217,6 +228,7 @@ fn check(c: Case) {
             );
         }
     }
+    products
 }
 
 const KINDS: [OpKind; 3] = [OpKind::RNN, OpKind::GRU, OpKind::LSTM];
@@ -290,5 +302,24 @@ fn gru_linear_before_reset_clip_and_peepholes() {
         check(Case { dir, init: true, peep: true, ..Case::new(OpKind::LSTM) });
         let lens: &'static [i64] = &[2, 7, 4];
         check(Case { dir, peep: true, lens: Some(lens), runtime_lens: true, ..Case::new(OpKind::LSTM) });
+    }
+}
+
+/// Initial states that are constants: positive zeros are the absent state (the first
+/// step's products are skipped: as many contractions as without initial states); any
+/// other value, negative zeros included, is read.
+#[test]
+fn constant_initial_states() {
+    for kind in KINDS {
+        for dir in DIRS {
+            let base = Case { dir, hidden: 17, ..Case::new(kind) };
+            let absent = check(base);
+            let zero = check(Case { init: true, init_const: Some(0.0), ..base });
+            assert_eq!(zero, absent, "{kind:?} {dir}: constant zero states");
+            for v in [-0.0, 0.25] {
+                let read = check(Case { init: true, init_const: Some(v), ..base });
+                assert!(read > absent, "{kind:?} {dir}: constant states of {v}: {read} contractions, {absent} without");
+            }
+        }
     }
 }

@@ -24,7 +24,7 @@
 //!    without `linear_before_reset`: z and r here, h from `r ⊙ H` in a second product).
 //!    `R[d]` is relaid to `[k, q]` once at compile time and shared by every step's
 //!    product of that direction. Skipped where the state is zero (the first step
-//!    without an initial state).
+//!    without an initial state, or with one that is a constant of positive zeros).
 //! 3. **The gates** (Elementwise; General only where `sequence_lens` is run-time data,
 //!    whose time index of a reverse pass is read from data): `act(clip(P + S))` per
 //!    gate, and the state update — RNN 1 kernel (H), GRU 1 with `linear_before_reset`
@@ -655,8 +655,17 @@ fn recurrent(cx: &OpCx<'_>) -> R<Lowered> {
         pty: tensor_ty(cx, ct.dtype(), vec![nd, seq, batch, gh])?,
     };
     let mut steps: Vec<Step> = Vec::new();
-    let init_h = if cx.input(5).is_some() { State::Init(5) } else { State::Zero };
-    let init_c = if lstm && cx.input(6).is_some() { State::Init(6) } else { State::Zero };
+    // An initial state that is a constant of positive zeros (an exporter's zero state,
+    // a folded `ConstantOfShape`: crnn's LSTM) is the absent one: the first step's
+    // products are skipped rather than read `R` to multiply it by zero.
+    let init = |i: usize| match cx.input(i) {
+        Some(t) if !t.value.is_some_and(|v| v.to_f64_vec().iter().all(|&x| x == 0.0 && x.is_sign_positive())) => {
+            State::Init(i)
+        }
+        _ => State::Zero,
+    };
+    let init_h = init(5);
+    let init_c = if lstm { init(6) } else { State::Zero };
     // Per direction: the current states, and the steps that wrote H, in step order.
     let (mut h, mut c) = (vec![init_h; nd], vec![init_c; nd]);
     let mut hs: Vec<Vec<usize>> = vec![Vec::with_capacity(seq); nd];

@@ -118,6 +118,41 @@ fn share(workgroups: u64, threads: u64, me: u64, j: u64) -> (u64, u64) {
     split(workgroups, threads, (me + threads - j % threads) % threads)
 }
 
+/// [`share`], or where the wave runs its dispatches whole ([`whole_dispatches`]): all of
+/// the `j`-th dispatch on thread `j mod threads`, none of it on the others.
+fn share_in(workgroups: u64, threads: u64, me: u64, j: u64, whole: bool) -> (u64, u64) {
+    match whole {
+        true if j % threads == me => (0, workgroups),
+        true => (workgroups, workgroups),
+        false => share(workgroups, threads, me, j),
+    }
+}
+
+/// Whether a wave's dispatches run whole, one thread each (dispatch `j` on thread
+/// `j mod threads`), rather than each split over every thread: where there are at
+/// least as many dispatches as threads and the compiler's estimates (`work_ns`, none
+/// 0) give no thread more than an eighth above an even share. Independent dispatches of
+/// like size are what a wave of the steps of parallel recurrences holds (the two
+/// directions of a bidirectional LSTM or GRU, each step's product over its own `R`),
+/// and parallel branches: run whole, each thread makes one kernel call per dispatch
+/// instead of one per part of every dispatch, reads one operand's bytes in one stream
+/// rather than a slice of each, and each dispatch's small operands (a recurrence's
+/// state) are read by one thread rather than by all of them.
+pub(crate) fn whole_dispatches(work_ns: &[u64], threads: u64) -> bool {
+    let n = work_ns.len() as u64;
+    if threads < 2 || n < threads || work_ns.contains(&0) {
+        return false;
+    }
+    let mut load = alloc::vec![0u64; threads as usize];
+    for (j, &w) in work_ns.iter().enumerate() {
+        load[j % threads as usize] = load[j % threads as usize].saturating_add(w);
+    }
+    let total: u64 = load.iter().fold(0u64, |a, &b| a.saturating_add(b));
+    let most = load.iter().copied().max().unwrap_or(0);
+    // most ≤ 9/8 · total / threads
+    (most as u128) * 8 * (threads as u128) <= (total as u128) * 9
+}
+
 /// One dispatch of an entry point, resolved when the instance is made.
 struct Planned<'m> {
     kernel: KernelFn,
@@ -163,8 +198,9 @@ enum Step<'m> {
     /// of one workgroup), or when the compiler's estimate of the wave's work says that
     /// splitting it would not pay for the hand-off ([`worth_splitting`]): then the
     /// calling thread runs it alone and wakes nobody.
-    /// `last`: the index in the entry's plan of the wave's last dispatch.
-    Wave { jobs: Range<usize>, parallel: bool, last: usize },
+    /// `last`: the index in the entry's plan of the wave's last dispatch. `whole`: its
+    /// dispatches run whole, one thread each ([`whole_dispatches`]).
+    Wave { jobs: Range<usize>, parallel: bool, whole: bool, last: usize },
     /// A copy or fill, run on the calling thread; `at`: its index in the plan.
     Serial(&'m Command, usize),
     /// A `SkipIf`, evaluated on the calling thread between waves: when the condition
@@ -222,13 +258,15 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
         let jobs = *open..s.jobs.len();
         if !jobs.is_empty() {
             let wave = &s.jobs[jobs.clone()];
+            let work: Vec<u64> = wave.iter().map(|p| p.work_ns).collect();
+            let whole = whole_dispatches(&work, threads);
             let parallel = (1..threads).any(|t| {
                 wave.iter().enumerate().any(|(j, p)| {
-                    let (b, e) = share(p.workgroups, threads, t, j as u64);
+                    let (b, e) = share_in(p.workgroups, threads, t, j as u64, whole);
                     b < e
                 })
-            }) && worth_splitting(wave.iter().map(|p| p.work_ns), threads);
-            s.steps.push(Step::Wave { jobs, parallel, last });
+            }) && worth_splitting(work.iter().copied(), threads);
+            s.steps.push(Step::Wave { jobs, parallel, whole, last });
         }
         *open = s.jobs.len();
     };
@@ -310,6 +348,8 @@ struct Wave {
     jobs: *const Job,
     len: usize,
     helpers: *const HelperFn,
+    /// Its dispatches run whole, one thread each ([`share_in`]).
+    whole: bool,
 }
 
 /// Parts of a worker's share that are claimed one at a time (the calling thread's own
@@ -348,7 +388,7 @@ unsafe fn run_share(wave: Wave, me: u64, threads: u64, which: Option<u64>) {
     // wave runs (the caller's contract).
     let jobs = unsafe { core::slice::from_raw_parts(wave.jobs, wave.len) };
     for (j, job) in jobs.iter().enumerate() {
-        let (b, e) = share(job.workgroups, threads, me, j as u64);
+        let (b, e) = share_in(job.workgroups, threads, me, j as u64, wave.whole);
         let (pb, pe) = which.map_or((0, e - b), |p| part_range(e - b, p));
         let (begin, end) = (b + pb, b + pe);
         if begin < end {
@@ -539,7 +579,7 @@ impl Pool {
         let shared = Arc::new(Shared {
             threads: threads as u64,
             patience,
-            wave: UnsafeCell::new(Wave { jobs: core::ptr::null(), len: 0, helpers: core::ptr::null() }),
+            wave: UnsafeCell::new(Wave { jobs: core::ptr::null(), len: 0, helpers: core::ptr::null(), whole: false }),
             epoch: Line(AtomicU64::new(0)),
             claims: (0..threads).map(|_| Line(AtomicU64::new(0))).collect(),
             pending: Line(AtomicU32::new(0)),
@@ -581,12 +621,12 @@ impl Pool {
     ///
     /// As [`run_share`]'s `wave`: the jobs are valid dispatches of a checked invocation
     /// that may run at the same time.
-    unsafe fn run(&self, jobs: &[Job], helpers: *const HelperFn) -> Result<(), RuntimeError> {
+    unsafe fn run(&self, jobs: &[Job], helpers: *const HelperFn, whole: bool) -> Result<(), RuntimeError> {
         let s = &*self.shared;
         if s.lost.load(Acquire) {
             return Err(RuntimeError::WorkerLost);
         }
-        let wave = Wave { jobs: jobs.as_ptr(), len: jobs.len(), helpers };
+        let wave = Wave { jobs: jobs.as_ptr(), len: jobs.len(), helpers, whole };
         // SAFETY: no worker runs a wave: each finished the last one (the calling thread
         // saw `pending` at zero) and none can see a new epoch before `release` below.
         unsafe { *s.wave.get() = wave };
@@ -738,7 +778,7 @@ impl<'m> LocalTask<'m> {
                         k = *to;
                     }
                 }
-                Step::Wave { jobs, parallel, last } => {
+                Step::Wave { jobs, parallel, whole, last } => {
                     let wave = &s.jobs[jobs.clone()];
                     for p in wave {
                         for (slot, b) in self.tables[p.table..p.table + p.bindings.len()].iter_mut().zip(p.bindings) {
@@ -761,7 +801,7 @@ impl<'m> LocalTask<'m> {
                         // SAFETY: the jobs are this entry's dispatches of one wave, with
                         // tables filled from `bases` (the caller's contract), which stay
                         // untouched until `run` returns.
-                        unsafe { self.pool.run(&self.jobs, helpers)? };
+                        unsafe { self.pool.run(&self.jobs, helpers, *whole)? };
                     } else {
                         for job in &self.jobs {
                             // SAFETY: as the local-sync dispatch in `Instance::run`.
@@ -819,6 +859,30 @@ mod tests {
         assert_eq!(share(10, 4, 1, 1), (0, 3));
         assert_eq!(share(1, 4, 2, 2), (0, 1));
         assert_eq!(share(1, 4, 0, 2), (1, 1));
+    }
+
+    #[test]
+    fn whole_dispatches_go_one_thread_each_when_even() {
+        // Two directions' like products on two threads: one each; on three threads, or
+        // one dispatch, or without an estimate, split as before.
+        assert!(whole_dispatches(&[53_000, 53_000], 2));
+        assert!(!whole_dispatches(&[53_000, 53_000], 3));
+        assert!(!whole_dispatches(&[53_000], 2));
+        assert!(!whole_dispatches(&[53_000, 0], 2));
+        assert!(!whole_dispatches(&[53_000, 53_000], 1));
+        // Uneven: 3 : 1 is far from 2 : 2; 9 : 8 is within an eighth of 8.5 : 8.5.
+        assert!(!whole_dispatches(&[30, 10], 2));
+        assert!(whole_dispatches(&[9, 8], 2));
+        assert!(!whole_dispatches(&[10, 10, 10], 2));
+        assert!(whole_dispatches(&[10, 10, 10, 10], 2));
+        // Every workgroup of each dispatch runs once, on thread `j mod threads`.
+        for j in 0..4u64 {
+            for me in 0..2u64 {
+                let (b, e) = share_in(8, 2, me, j, true);
+                assert_eq!(e - b, if j % 2 == me { 8 } else { 0 });
+            }
+        }
+        assert_eq!(share_in(8, 2, 1, 0, false), share(8, 2, 1, 0));
     }
 
     #[test]
