@@ -92,24 +92,24 @@ pub(crate) enum I64Src {
 /// in-bounds loads of an i64 tensor, or constants.
 pub(crate) fn is_i64_compare(k: &Kernel, e: ExprId) -> bool {
     let Expr::Binary(op, a, b) = k.node(e).expr else { return false };
-    let operand = |x: ExprId| match &k.node(x).expr {
+    op.is_comparison() && k.node(a).ty == S::I64 && is_i64_data(k, a) && is_i64_data(k, b)
+}
+
+/// Whether `x` is i64 data the i64 vector forms read: an in-bounds load of an i64
+/// tensor, or a constant.
+fn is_i64_data(k: &Kernel, x: ExprId) -> bool {
+    match &k.node(x).expr {
         Expr::Const(_) => true,
         Expr::Load { input, bounds: Bounds::InBounds, .. } => k.inputs[*input as usize].dtype == DType::I64,
         _ => false,
-    };
-    op.is_comparison() && k.node(a).ty == S::I64 && operand(a) && operand(b)
+    }
 }
 
 /// Whether `e` is a conversion of i64 data to f32 of the form [`Vx::i64_to_f32`] takes:
 /// its operand an in-bounds load of an i64 tensor, or a constant.
 pub(crate) fn is_i64_to_f32(k: &Kernel, e: ExprId) -> bool {
     let Expr::Cast { value, to: DType::F32, .. } = k.node(e).expr else { return false };
-    k.node(value).ty == S::I64
-        && match &k.node(value).expr {
-            Expr::Const(_) => true,
-            Expr::Load { input, bounds: Bounds::InBounds, .. } => k.inputs[*input as usize].dtype == DType::I64,
-            _ => false,
-        }
+    k.node(value).ty == S::I64 && is_i64_data(k, value)
 }
 
 /// Whether `e` is a cast of i64 data to bool (`x != 0`, the interpreter's cast), which
@@ -117,12 +117,7 @@ pub(crate) fn is_i64_to_f32(k: &Kernel, e: ExprId) -> bool {
 /// i64 tensor, or a constant (an attention mask read as bool).
 pub(crate) fn is_i64_to_bool(k: &Kernel, e: ExprId) -> bool {
     let Expr::Cast { value, to: DType::Bool, .. } = k.node(e).expr else { return false };
-    k.node(value).ty == S::I64
-        && match &k.node(value).expr {
-            Expr::Const(_) => true,
-            Expr::Load { input, bounds: Bounds::InBounds, .. } => k.inputs[*input as usize].dtype == DType::I64,
-            _ => false,
-        }
+    k.node(value).ty == S::I64 && is_i64_data(k, value)
 }
 
 /// Whether `e` reads i64 data with a vector form: an i64 comparison, or a conversion of
