@@ -376,7 +376,11 @@ unsafe fn caller_input<'a>(
 
 /// `len` bytes as input `t` with bounded dimension `(axis, min, bound)`: a whole number
 /// of positions along the axis, `min..=bound` of them.
-fn bounded_size_check(t: &crate::module::Tensor, (axis, min, bound): (usize, u64, u64), len: usize) -> Result<(), Error> {
+fn bounded_size_check(
+    t: &crate::module::Tensor,
+    (axis, min, bound): (usize, u64, u64),
+    len: usize,
+) -> Result<(), Error> {
     let per = t.bytes as u64 / bound.max(1);
     let n = (len as u64).checked_div(per).unwrap_or(0);
     if per == 0 || !(len as u64).is_multiple_of(per) || n < min || n > bound {

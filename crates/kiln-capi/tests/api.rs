@@ -651,7 +651,8 @@ fn nonzero_module(bound: i64) -> Vec<u8> {
     let x = g.add_input("x", TensorType::new(DType::F32, Shape::new(vec![3, 1, 5]).expect("shape")));
     let op = Op::parse(OpKind::NonZero, &Attrs::new().with("kiln_bound", Attr::Int(bound))).expect("op");
     let tys = infer(&op, &[Some(InferInput { ty: g.ty(x), value: None })], 2).expect("infer");
-    let (_, nz) = g.add_node("nz", op, vec![Some(x)], vec![("nz".into(), tys[0].clone()), ("e".into(), tys[1].clone())]);
+    let (_, nz) =
+        g.add_node("nz", op, vec![Some(x)], vec![("nz".into(), tys[0].clone()), ("e".into(), tys[1].clone())]);
     g.outputs.push(nz[0]);
     kiln_compiler::compile(&g, &kiln_compiler::Options::default()).expect("compile").artifact
 }
@@ -675,7 +676,8 @@ fn data_dependent_output_shapes() {
     ok(unsafe { kiln_instance_invoke(inst) });
     ok(unsafe { kiln_instance_output_shape(inst, 0, &mut rank, &mut dims) });
     assert_eq!(unsafe { std::slice::from_raw_parts(dims, rank) }, [3, 3]);
-    let got: Vec<i64> = output(inst, 0)[..9 * 8].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    let got: Vec<i64> =
+        output(inst, 0)[..9 * 8].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(got, [0, 1, 2, 0, 0, 0, 2, 2, 4]);
     // Five nonzeros, bound 4: a typed status, naming the bound.
     for i in [0, 1] {
@@ -683,7 +685,12 @@ fn data_dependent_output_shapes() {
     }
     let x = f32_bytes(&xv);
     ok(unsafe { kiln_instance_set_input(inst, 0, x.as_ptr().cast(), x.len()) });
-    assert_fails(unsafe { kiln_instance_invoke(inst) }, kiln_status::OverBound, "kiln_instance_invoke", "above the bound 4");
+    assert_fails(
+        unsafe { kiln_instance_invoke(inst) },
+        kiln_status::OverBound,
+        "kiln_instance_invoke",
+        "above the bound 4",
+    );
     assert_fails(
         unsafe { kiln_instance_output_shape(inst, 1, &mut rank, &mut dims) },
         kiln_status::InvalidArgument,

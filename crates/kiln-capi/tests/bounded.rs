@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::ptr::{null, null_mut};
 
 fn data(rel: &str) -> PathBuf {
-    let root = std::env::var_os("KILN_TEST_DATA").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache")
-    });
+    let root = std::env::var_os("KILN_TEST_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"));
     let p = root.join(rel);
     assert!(p.exists(), "{} is missing: run scripts/ref_bounded.py (KILN_TEST_DATA={})", p.display(), root.display());
     p

@@ -188,14 +188,20 @@ fn signature(model: &Path) -> Result<(Vec<(String, ValueKind)>, Vec<(String, Val
 fn read_values(set: &Path, prefix: &str, kinds: &[(String, ValueKind)]) -> Result<Vec<(String, Value)>, String> {
     let files = numbered(set, prefix);
     if files.len() != kinds.len() {
-        return Err(format!("{}: {} {prefix} files for {} {prefix}s of the model", set.display(), files.len(), kinds.len()));
+        return Err(format!(
+            "{}: {} {prefix} files for {} {prefix}s of the model",
+            set.display(),
+            files.len(),
+            kinds.len()
+        ));
     }
     files
         .iter()
         .zip(kinds)
         .map(|(p, (name, kind))| {
             let b = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let v = kiln_import::onnx::decode_value(Bytes::from(b), kind).map_err(|e| format!("{}: {e}", p.display()))?;
+            let v =
+                kiln_import::onnx::decode_value(Bytes::from(b), kind).map_err(|e| format!("{}: {e}", p.display()))?;
             Ok((name.clone(), v))
         })
         .collect()
@@ -247,14 +253,18 @@ fn execute(engine: Engine, g: &Graph, feeds: &[Tensor]) -> Result<Vec<Tensor>, O
     match engine {
         Engine::Reference => kiln_ref::eval_graph(g, feeds).map_err(|e| Outcome::RuntimeError(e.to_string())),
         Engine::Cuda => crate::gpu::execute_graph(g, feeds),
-        Engine::Compiled => {
-            compile_and_run(g, feeds, &kiln_compiler::Options::default(), "conformance", |artifact, weights, ins, outs| {
+        Engine::Compiled => compile_and_run(
+            g,
+            feeds,
+            &kiln_compiler::Options::default(),
+            "conformance",
+            |artifact, weights, ins, outs| {
                 let module = kiln_runtime::Module::load(artifact, weights).map_err(|e| format!("load: {e}"))?;
                 let mut inst = kiln_runtime::Instance::new(&module).map_err(|e| format!("instantiate: {e}"))?;
                 inst.invoke(ins, outs).map_err(|e| e.to_string())?;
                 Ok(Some((0..outs.len()).map(|k| inst.output_dims(k).unwrap_or(&[]).to_vec()).collect()))
-            })
-        }
+            },
+        ),
     }
 }
 

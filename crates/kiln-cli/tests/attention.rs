@@ -290,7 +290,8 @@ fn score_matrix_not_in_the_arena() {
         kiln_compiler::compile(&g, &opts).unwrap_or_else(|e| panic!("compile (fused {fused}): {e}"))
     };
     let (off, on) = (compile(false), compile(true));
-    let attention = |c: &kiln_compiler::Compiled| c.flow.dispatches.iter().filter(|d| d.class.name() == "attention").count();
+    let attention =
+        |c: &kiln_compiler::Compiled| c.flow.dispatches.iter().filter(|d| d.class.name() == "attention").count();
     assert_eq!((attention(&off), attention(&on)), (0, 1));
     assert!(off.plan.arena_size >= scores, "unfused arena {} < the score matrix's {scores} bytes", off.plan.arena_size);
     assert!(on.plan.arena_size < scores, "fused arena {} holds a score matrix ({scores} bytes)", on.plan.arena_size);

@@ -5,7 +5,9 @@ mod common;
 
 use common::{fails_with, kiln, onnx_model, value_info};
 
-use kiln_import::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto, TensorProto, ValueInfoProto};
+use kiln_import::onnx::proto::{
+    attribute_proto::AttributeType, AttributeProto, NodeProto, TensorProto, ValueInfoProto,
+};
 use std::path::PathBuf;
 
 fn scratch(name: &str) -> PathBuf {
@@ -104,7 +106,11 @@ fn unknown_ops_are_all_listed() {
     std::fs::write(&p, m).expect("write");
     fails_with(
         &["import", p.to_str().expect("path")],
-        &["unsupported operators", "FrobnicateA (ai.onnx opset 17, node `first` and 1 more)", "FrobnicateB (ai.onnx opset 17, node `third`)"],
+        &[
+            "unsupported operators",
+            "FrobnicateA (ai.onnx opset 17, node `first` and 1 more)",
+            "FrobnicateB (ai.onnx opset 17, node `third`)",
+        ],
     );
 }
 
@@ -112,10 +118,7 @@ fn unknown_ops_are_all_listed() {
 fn cycle() {
     let p = scratch("cycle.onnx");
     let m = model(
-        vec![
-            node("a", "Add", &["x", "y"], &["s"]),
-            node("b", "Relu", &["s"], &["y"]),
-        ],
+        vec![node("a", "Add", &["x", "y"], &["s"]), node("b", "Relu", &["s"], &["y"])],
         value_info("x", &[Some(1), Some(4)]),
         "y",
         vec![],

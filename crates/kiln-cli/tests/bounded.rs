@@ -131,7 +131,9 @@ fn extents_outside_the_range_and_wrong_shapes_are_typed_errors() {
     let mut run = |x: &[u8]| inst.invoke(&[x], &mut [&mut probs[..], &mut mean[..]]);
     let row = 16 * 4;
     match run(&vec![0u8; 9 * row]) {
-        Err(kiln_runtime::RuntimeError::InputExtent { name, axis: 0, min: 1, bound: 8, got: 9 }) => assert_eq!(name, "x"),
+        Err(kiln_runtime::RuntimeError::InputExtent { name, axis: 0, min: 1, bound: 8, got: 9 }) => {
+            assert_eq!(name, "x")
+        }
         other => panic!("batch 9 of 1..8: {other:?}"),
     }
     match run(&[]) {
@@ -173,7 +175,13 @@ fn shape_of_a_bounded_dimension_is_refused_naming_the_node() {
 #[test]
 fn a_reshape_merging_the_bounded_axis_is_refused_naming_the_node() {
     use kiln_import::onnx::proto::{NodeProto, TensorProto};
-    let shape = TensorProto { name: Some("shape".into()), dims: vec![2], data_type: Some(7), int64_data: vec![16, 4], ..Default::default() };
+    let shape = TensorProto {
+        name: Some("shape".into()),
+        dims: vec![2],
+        data_type: Some(7),
+        int64_data: vec![16, 4],
+        ..Default::default()
+    };
     let node = NodeProto {
         name: Some("merge".into()),
         op_type: Some("Reshape".into()),
@@ -247,7 +255,11 @@ fn kiln_eval_runs_the_reference_evaluator_at_an_extent() {
         for (k, o) in outputs.iter().enumerate() {
             let b = std::fs::read(dir.join(format!("{o}.npy"))).expect("output npy");
             let got = kiln_ir::npy::read(&b).expect("npy");
-            compare(&format!("kiln eval {name}/{case} {o}"), &got, &read_npy(&format!("bounded/{name}/{case}.out_{k}.npy")));
+            compare(
+                &format!("kiln eval {name}/{case} {o}"),
+                &got,
+                &read_npy(&format!("bounded/{name}/{case}.out_{k}.npy")),
+            );
         }
     }
 }

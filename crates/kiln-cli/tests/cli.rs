@@ -88,8 +88,7 @@ fn external_weights_and_strip() {
     assert!(small_len < 6_000, "stripped artifact at --opt size is {small_len} bytes");
     assert!(full_len > w_len, "embedded artifact {full_len} ≤ weights {w_len}");
     let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
-    let kinds: Vec<&str> =
-        json["sections"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = json["sections"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
     assert!(kinds.contains(&"external-weights"), "sections: {kinds:?}");
     assert!(!kinds.contains(&"debug"), "--strip kept the debug section: {kinds:?}");
     assert!(!kinds.contains(&"constants"), "weights were embedded: {kinds:?}");
@@ -178,7 +177,19 @@ fn same_number(json: &serde_json::Value, key: &str, v: f64) {
 fn bench_samples_are_the_timed_calls() {
     let (dir, art) = lenet_artifact("cli", "samples");
     let file = dir.join("samples.txt");
-    let out = ok(&["bench", s(&art), "--threads", "1", "--warmup", "1", "--iterations", "41", "--json", "--samples", s(&file)]);
+    let out = ok(&[
+        "bench",
+        s(&art),
+        "--threads",
+        "1",
+        "--warmup",
+        "1",
+        "--iterations",
+        "41",
+        "--json",
+        "--samples",
+        s(&file),
+    ]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
     let rows = sample_rows(&file);
     assert!(rows.iter().all(|r| r.len() == 1), "one number a line: {rows:?}");
@@ -191,7 +202,10 @@ fn bench_samples_are_the_timed_calls() {
     same_number(&json, "min_ms", ms[0]);
     same_number(&json, "p99_ms", ms[40]);
     fails_with(&["bench", s(&art), "--profile", "--samples", s(&file)], &["--samples", "--profile"]);
-    fails_with(&["bench", s(&art), "--iterations", "2", "--samples", s(&dir.join("no/such/dir/x.txt"))], &["--samples"]);
+    fails_with(
+        &["bench", s(&art), "--iterations", "2", "--samples", s(&dir.join("no/such/dir/x.txt"))],
+        &["--samples"],
+    );
 }
 
 #[test]
@@ -201,9 +215,27 @@ fn bench_floor_times_fixed_work_after_every_call() {
     let plan: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");
     let e = &plan["entries"][0];
     let sum = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|t| t["bytes"].as_u64().unwrap()).sum::<u64>();
-    let consts: u64 =
-        plan["sections"].as_array().unwrap().iter().filter(|s| s["kind"] == "constants").map(|s| s["bytes"].as_u64().unwrap()).sum();
-    let out = ok(&["bench", s(&art), "--threads", "1", "--warmup", "5", "--iterations", "31", "--json", "--floor", "--samples", s(&file)]);
+    let consts: u64 = plan["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == "constants")
+        .map(|s| s["bytes"].as_u64().unwrap())
+        .sum();
+    let out = ok(&[
+        "bench",
+        s(&art),
+        "--threads",
+        "1",
+        "--warmup",
+        "5",
+        "--iterations",
+        "31",
+        "--json",
+        "--floor",
+        "--samples",
+        s(&file),
+    ]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --floor --json");
     // The fixed work reads the bytes one call walks.
     assert_eq!(
@@ -234,7 +266,17 @@ fn bench_floor_times_fixed_work_after_every_call() {
     // the read alone.
     let passes = 8 * passes.max(16);
     let timed = |passes: u64| -> serde_json::Value {
-        let out = ok(&["bench", s(&art), "--warmup", "2", "--iterations", "31", "--json", "--floor-passes", &passes.to_string()]);
+        let out = ok(&[
+            "bench",
+            s(&art),
+            "--warmup",
+            "2",
+            "--iterations",
+            "31",
+            "--json",
+            "--floor-passes",
+            &passes.to_string(),
+        ]);
         let json: serde_json::Value = serde_json::from_str(&out).expect("bench --floor-passes --json");
         assert_eq!(json["floor_passes"].as_u64(), Some(passes), "{json}");
         json
@@ -250,7 +292,8 @@ fn bench_floor_times_fixed_work_after_every_call() {
     fails_with(&["bench", s(&art), "--floor", "--threads", "2"], &["--floor", "one thread"]);
     // Without --threads, --floor runs on one thread (the default is one per core).
     let json: serde_json::Value =
-        serde_json::from_str(&ok(&["bench", s(&art), "--warmup", "1", "--iterations", "3", "--floor", "--json"])).unwrap();
+        serde_json::from_str(&ok(&["bench", s(&art), "--warmup", "1", "--iterations", "3", "--floor", "--json"]))
+            .unwrap();
     assert_eq!(json["threads"].as_u64(), Some(1), "{json}");
 }
 
@@ -266,8 +309,7 @@ fn bench_profile_times_every_command_of_the_plan() {
     // One row per command but the barriers, slowest first.
     let mut seen: Vec<u64> = rows.iter().map(|r| r["command"].as_u64().expect("command")).collect();
     seen.sort();
-    let expected: Vec<u64> =
-        (0..commands.len() as u64).filter(|&i| commands[i as usize]["op"] != "barrier").collect();
+    let expected: Vec<u64> = (0..commands.len() as u64).filter(|&i| commands[i as usize]["op"] != "barrier").collect();
     assert_eq!(seen, expected);
     let medians: Vec<f64> = rows.iter().map(|r| r["median_us"].as_f64().expect("median")).collect();
     assert!(medians.iter().all(|&m| m >= 0.0 && m.is_finite()), "{json}");
@@ -335,7 +377,8 @@ fn attention_class_in_timings_and_inspect() {
     let art = dir.join("attention.kiln");
     let (done, _, err) = kiln(&["compile", model, "-o", s(&art), "--target-cpu", "x86-64-v3", "--timings"]);
     assert!(done, "compile failed: {err}");
-    let line = err.lines().find(|l| l.split_whitespace().nth(2) == Some("attention")).unwrap_or_else(|| panic!("{err}"));
+    let line =
+        err.lines().find(|l| l.split_whitespace().nth(2) == Some("attention")).unwrap_or_else(|| panic!("{err}"));
     assert!(line.contains("256-bit attention, online softmax (avx2+fma)"), "{line}");
     assert!(err.contains("1 attention (1 microkernel), 0 general; 0 fell back"), "{err}");
     let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", s(&art), "--json"])).expect("inspect --json");

@@ -39,21 +39,15 @@ fn model(name: &str) -> Value {
         .clone()
 }
 
-
 /// Every case of `name` through every path of evaluation; returns the number of
 /// dispatches each case ran (counted by the local-sync driver's observer).
 fn check(name: &str) -> Vec<usize> {
     let m = model(name);
     let path = data_dir().join(m["file"].as_str().expect("file"));
-    let opts = kiln_import::ImportOptions {
-        max_trips: m["max_trips"].as_u64().map(|t| t as usize),
-        ..Default::default()
-    };
+    let opts =
+        kiln_import::ImportOptions { max_trips: m["max_trips"].as_u64().map(|t| t as usize), ..Default::default() };
     let g = kiln_import::onnx::import_file(&path, &opts).unwrap_or_else(|e| panic!("{name}: import: {e}"));
-    assert!(
-        g.nodes.iter().any(|(_, n)| n.op.kind == kiln_ir::OpKind::If),
-        "{name}: the If should stay a run-time If"
-    );
+    assert!(g.nodes.iter().any(|(_, n)| n.op.kind == kiln_ir::OpKind::If), "{name}: the If should stay a run-time If");
     // The text form round trips, branches included.
     let text = kiln_ir::text::print(&g);
     let g2 = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{name}: parse of printed IR: {e}"));
@@ -153,7 +147,8 @@ fn vi(name: &str, dims: &[i64]) -> ValueInfoProto {
 
 /// `y = If(ReduceSum(x) > 0)` with the given branches.
 fn if_model(then: GraphProto, els: GraphProto, outputs: &[&str]) -> Vec<u8> {
-    let zero = TensorProto { name: Some("zero".into()), data_type: Some(1), float_data: vec![0.0], ..Default::default() };
+    let zero =
+        TensorProto { name: Some("zero".into()), data_type: Some(1), float_data: vec![0.0], ..Default::default() };
     let mut iff = node("If", &["c"], outputs);
     iff.name = Some("the_if".into());
     iff.attribute = vec![graph_attr("then_branch", then), graph_attr("else_branch", els)];
@@ -182,7 +177,8 @@ fn import(bytes: Vec<u8>) -> Result<kiln_ir::Graph, kiln_import::ImportError> {
 
 #[test]
 fn a_branch_with_the_wrong_output_count_is_a_typed_error_naming_the_node() {
-    let then = branch(vec![node("Relu", &["x"], &["a"]), node("Neg", &["x"], &["b"])], &[("a", &[2, 3]), ("b", &[2, 3])]);
+    let then =
+        branch(vec![node("Relu", &["x"], &["a"]), node("Neg", &["x"], &["b"])], &[("a", &[2, 3]), ("b", &[2, 3])]);
     let els = branch(vec![node("Neg", &["x"], &["e"])], &[("e", &[2, 3])]);
     let err = import(if_model(then, els, &["y"])).expect_err("two outputs for one");
     node_error(&err, "the_if", "If", "then_branch has 2 outputs");

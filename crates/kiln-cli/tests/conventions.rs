@@ -8,8 +8,8 @@ mod common;
 use common::{fails_with, int_attr, kiln, lenet_artifact, ok, onnx_model, s, scratch, LENET};
 
 use kiln_import::onnx::proto::{
-    tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto,
-    AttributeProto, NodeProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto, AttributeProto, NodeProto,
+    TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use std::path::{Path, PathBuf};
 

@@ -53,7 +53,8 @@ fn check(arch: CpuArch, target: CpuTarget) {
         assert_eq!(k.variants.len(), 1, "{arch:?}: kernel {}", k.name);
         // The executable's features are the variant's needs (a condition may add more).
         assert!(
-            matches!(k.variants[0].condition, Condition::Always) || k.variants[0].condition == Condition::CpuFeatures(bit),
+            matches!(k.variants[0].condition, Condition::Always)
+                || k.variants[0].condition == Condition::CpuFeatures(bit),
             "{arch:?}: kernel {}: {:?}",
             k.name,
             k.variants[0].condition
@@ -122,5 +123,8 @@ fn target_triple_on_the_command_line() {
         &["compile", LENET, "-o", s(&out), "--target-triple", "aarch64-unknown-linux-gnu", "--target-cpu", "x86-64-v3"],
         &["--target-cpu `x86-64-v3` names x86-64 levels"],
     );
-    fails_with(&["compile", LENET, "-o", s(&out), "--target-triple", "mips64-unknown-linux-gnu"], &["--target-triple `mips64"]);
+    fails_with(
+        &["compile", LENET, "-o", s(&out), "--target-triple", "mips64-unknown-linux-gnu"],
+        &["--target-triple `mips64"],
+    );
 }

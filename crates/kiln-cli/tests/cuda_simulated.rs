@@ -51,8 +51,7 @@ const HALF_MODELS: &[&str] = &["mlp", "lenet", "mobilenet_v2", "bert_tiny"];
 /// `st.global.f32`, 4-byte strides), so the loads run past the input: it should
 /// decline storage other than f32 (the general kernel converts) or convert in its
 /// loads and stores.
-const KNOWN: &[(&str, &str, &str)] = &[
-];
+const KNOWN: &[(&str, &str, &str)] = &[];
 
 struct Job {
     model: String,

@@ -19,7 +19,6 @@ mod common;
 use common::{case_tensors, compare_outputs, data_dir, run_module};
 use kiln_flow::class::KernelClass;
 
-
 #[test]
 fn decomposed_ops_match_onnx_runtime() {
     let manifest = common::test_manifest("decomposed", "ref_decomposed_ops.py");
@@ -28,7 +27,8 @@ fn decomposed_ops_match_onnx_runtime() {
     for m in models {
         let name = m["name"].as_str().expect("name");
         let path = data_dir().join(m["file"].as_str().expect("file"));
-        let g = kiln_import::onnx::import_file(&path, &Default::default()).unwrap_or_else(|e| panic!("{name}: import: {e}"));
+        let g = kiln_import::onnx::import_file(&path, &Default::default())
+            .unwrap_or_else(|e| panic!("{name}: import: {e}"));
         let (feeds, want) = (case_tensors(m, "inputs"), case_tensors(m, "outputs"));
         assert_eq!(want.len(), g.outputs.len(), "{name}: output count");
         let refs = kiln_ref::eval_graph(&g, &feeds).unwrap_or_else(|e| panic!("{name}: reference: {e}"));

@@ -13,14 +13,13 @@
 
 mod common;
 
-use common::{data_dir, read_npy, compare};
+use common::{compare, data_dir, read_npy};
 use kiln_ir::Tensor;
 use serde_json::Value;
 
 fn manifest() -> Value {
     common::test_manifest("dynamic", "ref_dynamic.py")
 }
-
 
 /// Runs the module; the outputs at the shapes the runtime reports.
 fn run(

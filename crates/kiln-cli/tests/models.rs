@@ -80,9 +80,8 @@ fn check_model(name: &str) {
     // the optimised graph computes ONNX Runtime's integer execution, not the float
     // simulation the original graph describes, so it is compared with ONNX Runtime
     // instead, under the looser tolerance of [`qdq_tolerance`].
-    let qlinear = |g: &kiln_ir::Graph| {
-        kinds(g, kiln_ir::OpKind::QLinearConv) + kinds(g, kiln_ir::OpKind::QLinearMatMul)
-    };
+    let qlinear =
+        |g: &kiln_ir::Graph| kinds(g, kiln_ir::OpKind::QLinearConv) + kinds(g, kiln_ir::OpKind::QLinearMatMul);
     let folds_qdq = qlinear(&opt) > qlinear(&g);
     // A model whose reference is ONNX Runtime's integer execution (`integer_reference`:
     // its default optimisation level) must match it under its own tolerance once its
@@ -93,7 +92,13 @@ fn check_model(name: &str) {
     if folds_qdq {
         for ((o, want), &v) in opt_outs.iter().zip(e["outputs"].as_array().expect("outputs")).zip(&g.outputs) {
             let want = read_npy(want["file"].as_str().expect("file"));
-            compare(&format!("{name}/{} (integer QDQ contractions, reference)", g.values[v].name), o, &want, qrtol, qatol);
+            compare(
+                &format!("{name}/{} (integer QDQ contractions, reference)", g.values[v].name),
+                o,
+                &want,
+                qrtol,
+                qatol,
+            );
         }
     } else if folds_bn {
         for (o, r) in opt_outs.iter().zip(&outs) {
@@ -156,7 +161,9 @@ fn check_model(name: &str) {
             let oname = want["name"].as_str().expect("output name");
             let got = Tensor::new(g.values[v].ty.clone(), bytes.into()).expect("output tensor");
             let want = read_npy(want["file"].as_str().expect("file"));
-            let int8 = !size && folds_qdq && c.flow.dispatches.iter().any(|d| kiln_flow::contraction::Contraction::of_int(&d.kernel).is_some());
+            let int8 = !size
+                && folds_qdq
+                && c.flow.dispatches.iter().any(|d| kiln_flow::contraction::Contraction::of_int(&d.kernel).is_some());
             let (r, a) = if int8 { (qrtol, qatol) } else { (rtol, atol) };
             compare(&format!("{name}/{oname} (compiled{})", if size { ", --opt size" } else { "" }), &got, &want, r, a);
         }

@@ -54,7 +54,10 @@ fn to_each_level_prints_that_levels_text() {
     assert_eq!(stream, std::fs::read_to_string(blessed).expect("blessed plan"));
     let hal = ok(&["compile", PACKED, "--to", "hal"]);
     assert!(hal.contains("entry main:"), "{hal}");
-    fails_with(&["compile", PACKED, "--to", "bytes"], &["--to `bytes`", "tensor, flow, stream, hal, ptx, cubin or artifact"]);
+    fails_with(
+        &["compile", PACKED, "--to", "bytes"],
+        &["--to `bytes`", "tensor, flow, stream, hal, ptx, cubin or artifact"],
+    );
 }
 
 #[test]

@@ -21,13 +21,13 @@ mod common;
 mod ptxas;
 
 use common::{compile_for_cuda_or_record, import_options, listed_models, model_path, read_npy};
-use ptxas::{assemble_ptx_verbose, ptxas};
 use kiln_compiler::{Compilation, Input, Options, Precision, Stage};
 use kiln_flow::class::KernelClass;
 use kiln_flow::precision::{narrow_storage, Kept};
 use kiln_flow::program::FlowProgram;
 use kiln_ir::{DType, Graph, Tensor};
 use kiln_module::program::Constants;
+use ptxas::{assemble_ptx_verbose, ptxas};
 use serde_json::Value;
 
 /// The error bounds of a precision: relative L2 error and largest error over the
@@ -198,7 +198,10 @@ fn bert_tiny_in_half_precision_matches_onnx_runtime() {
 /// column, row 3 every column).
 fn masked_attention(masked: f32, relu: bool) -> String {
     let weights = |seed: usize| -> String {
-        (0..64).map(|i| format!("{:.4}", (((i * 37 + seed * 11) % 17) as f32 - 8.0) / 16.0)).collect::<Vec<_>>().join(", ")
+        (0..64)
+            .map(|i| format!("{:.4}", (((i * 37 + seed * 11) % 17) as f32 - 8.0) / 16.0))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     let mask: Vec<String> = (0..32)
         .map(|i| {

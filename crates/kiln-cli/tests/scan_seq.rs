@@ -32,7 +32,6 @@ fn manifest() -> Value {
     common::test_manifest("scan-seq", "ref_scan_seq.py")
 }
 
-
 fn files(v: &Value) -> Vec<Tensor> {
     v["files"].as_array().expect("files").iter().map(|f| read_npy(f.as_str().expect("file"))).collect()
 }
@@ -90,7 +89,12 @@ fn check(name: &str) {
             .iter()
             .map(|&v| {
                 let n = &g.values[v].name;
-                feeds_by_name.iter().find(|(k, _)| k == n).unwrap_or_else(|| panic!("{label}: no feed for `{n}`")).1.clone()
+                feeds_by_name
+                    .iter()
+                    .find(|(k, _)| k == n)
+                    .unwrap_or_else(|| panic!("{label}: no feed for `{n}`"))
+                    .1
+                    .clone()
             })
             .collect();
         let out_names: Vec<&str> = g.outputs.iter().map(|&v| g.values[v].name.as_str()).collect();
@@ -129,14 +133,19 @@ fn a_loop_of_run_time_trips_carrying_a_sequence_matches_onnx_runtime() {
 // ---- Refusals: typed errors naming the node or the input. ----
 
 fn tensor_vi(name: &str, dims: &[i64]) -> ValueInfoProto {
-    use kiln_import::onnx::proto::{tensor_shape_proto::dimension::Value as D, tensor_shape_proto::Dimension, TensorShapeProto};
+    use kiln_import::onnx::proto::{
+        tensor_shape_proto::dimension::Value as D, tensor_shape_proto::Dimension, TensorShapeProto,
+    };
     ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(TypeProto {
             value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                 elem_type: Some(1),
                 shape: Some(TensorShapeProto {
-                    dim: dims.iter().map(|&d| Dimension { value: Some(D::DimValue(d)), ..Default::default() }).collect(),
+                    dim: dims
+                        .iter()
+                        .map(|&d| Dimension { value: Some(D::DimValue(d)), ..Default::default() })
+                        .collect(),
                 }),
             })),
             ..Default::default()
@@ -167,7 +176,9 @@ fn seq_vi(name: &str) -> ValueInfoProto {
     ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(TypeProto {
-            value: Some(type_proto::Value::SequenceType(Box::new(type_proto::Sequence { elem_type: Some(Box::new(elem)) }))),
+            value: Some(type_proto::Value::SequenceType(Box::new(type_proto::Sequence {
+                elem_type: Some(Box::new(elem)),
+            }))),
             ..Default::default()
         }),
         ..Default::default()
@@ -261,12 +272,8 @@ fn sequence_at_a_run_time_position_over_elements_of_different_types_is_refused_n
 
 #[test]
 fn a_sequence_input_needs_its_shapes() {
-    let m = onnx_model(
-        vec![node("SequenceLength", &["s"], &["n"], "len")],
-        vec![seq_vi("s")],
-        vec![i64_vi("n")],
-        vec![],
-    );
+    let m =
+        onnx_model(vec![node("SequenceLength", &["s"], &["n"], "len")], vec![seq_vi("s")], vec![i64_vi("n")], vec![]);
     match import(m.clone(), &ImportOptions::default()) {
         Err(ImportError::Input { name, message }) => {
             assert_eq!(name, "s");
@@ -274,7 +281,8 @@ fn a_sequence_input_needs_its_shapes() {
         }
         other => panic!("expected an input error, got {other:?}"),
     }
-    let opts = ImportOptions { input_sequences: vec![("s".into(), vec![vec![2], vec![3], vec![1]])], ..Default::default() };
+    let opts =
+        ImportOptions { input_sequences: vec![("s".into(), vec![vec![2], vec![3], vec![1]])], ..Default::default() };
     let g = import(m, &opts).expect("with shapes");
     let n = g.constant(g.outputs[0]).expect("SequenceLength folds to a constant");
     assert_eq!(n.to_f64_vec(), vec![3.0]);
@@ -304,7 +312,12 @@ fn run_time_branches_giving_sequences_of_different_lengths_are_refused_naming_th
         vec![i64_vi("n")],
         vec![zero],
     );
-    node_error(import(m, &ImportOptions::default()), "choose", "If", "a sequence of 1 tensors in then_branch and a sequence of 2 tensors");
+    node_error(
+        import(m, &ImportOptions::default()),
+        "choose",
+        "If",
+        "a sequence of 1 tensors in then_branch and a sequence of 2 tensors",
+    );
 }
 
 #[test]
@@ -330,7 +343,10 @@ fn a_loop_growing_a_sequence_on_run_time_trips_is_refused_naming_the_node() {
     // body appends to the carried sequence, so its length would depend on the data.
     let body = GraphProto {
         name: Some("body".into()),
-        node: vec![node("Identity", &["c_in"], &["c_out"], "keep"), node("SequenceInsert", &["s_in", "x"], &["s_out"], "append")],
+        node: vec![
+            node("Identity", &["c_in"], &["c_out"], "keep"),
+            node("SequenceInsert", &["s_in", "x"], &["s_out"], "append"),
+        ],
         input: vec![i64_vi("i"), i64_vi("c_in"), seq_vi("s_in")],
         output: vec![i64_vi("c_out"), seq_vi("s_out")],
         ..Default::default()
@@ -378,7 +394,13 @@ fn the_cli_compiles_a_sequence_input_given_its_shapes() {
     common::fails_with(&["compile", model, "-o", art], &["input `s`", "--input-sequence"]);
     common::ok(&["compile", model, "--input-sequence", "s=2x3;1x3;3x3", "-o", art]);
     let text = common::ok(&["inspect", art]);
-    for want in ["input s[0] f32[2, 3]", "input s[1] f32[1, 3]", "input s[2] f32[3, 3]", "output s_cat f32[6, 3]", "output parts[2] f32[3, 3]"] {
+    for want in [
+        "input s[0] f32[2, 3]",
+        "input s[1] f32[1, 3]",
+        "input s[2] f32[3, 3]",
+        "output s_cat f32[6, 3]",
+        "output parts[2] f32[3, 3]",
+    ] {
         assert!(text.contains(want), "`{want}` not in:\n{text}");
     }
     // An element shape the model's declaration rules out.

@@ -77,10 +77,7 @@ fn resize_with_run_time_scales_runs_at_the_declared_dims_and_refuses_others() {
     assert!(kiln_ref::eval_graph(&g, &feeds).is_err(), "the reference accepts scales giving other dims");
 
     // `--output-shape Y=1x1x4x4` replaces the model's declaration.
-    let opts = kiln_import::ImportOptions {
-        output_shapes: vec![("Y".into(), vec![1, 1, 4, 4])],
-        ..Default::default()
-    };
+    let opts = kiln_import::ImportOptions { output_shapes: vec![("Y".into(), vec![1, 1, 4, 4])], ..Default::default() };
     let g = kiln_import::onnx::import_file(&case("test_resize_upsample_scales_nearest"), &opts).expect("import");
     assert_eq!(g.values[g.outputs[0]].ty.shape.dims(), &[1, 1, 4, 4]);
     let got = run(&g, &feeds).expect("scales giving the declared dims");
@@ -96,10 +93,8 @@ fn resize_with_a_run_time_roi_needs_no_check() {
     // tf_crop_and_resize with sizes (bound at compile time) and roi fed at run time.
     let path = case("test_resize_tf_crop_and_resize");
     let sizes = kiln_ir::Tensor::from_vec(Shape::new(vec![4]).expect("shape"), vec![1i64, 1, 3, 3]).expect("sizes");
-    let opts = kiln_import::ImportOptions {
-        input_values: vec![("sizes".into(), sizes.to_f64_vec())],
-        ..Default::default()
-    };
+    let opts =
+        kiln_import::ImportOptions { input_values: vec![("sizes".into(), sizes.to_f64_vec())], ..Default::default() };
     let g = kiln_import::onnx::import_file(&path, &opts).expect("import");
     let x = f32s(&[1, 1, 4, 4], &(0..16).map(|i| i as f32).collect::<Vec<_>>());
     for roi in [[0.0, 0.0, 0.4, 0.6, 1.0, 1.0, 0.6, 0.8], [0.0, 0.0, -0.5, 0.25, 1.0, 1.0, 1.5, 0.75]] {

@@ -167,7 +167,10 @@ fn malformed_sharding_requests_are_typed_errors() {
     // 4 heads over 8 devices: the columns divide (256 / 8) but the heads do not.
     let err = shard::compile(Input::Graph(g.clone()), &opts, 8).expect_err("eight devices");
     assert!(
-        matches!(&err, CompileError::Shard(shard::ShardError::Indivisible { what: "heads", extent: 4, devices: 8, .. })),
+        matches!(
+            &err,
+            CompileError::Shard(shard::ShardError::Indivisible { what: "heads", extent: 4, devices: 8, .. })
+        ),
         "{err:?}"
     );
     // The CUDA target refuses several devices: NCCL is not built.

@@ -377,8 +377,22 @@ fn comparisons_catch_errors() {
     assert!(fails(&|| compare_steps("self/int8", &i8s(&[3, -4, 7]), &i8s(&[3, -5, 7]), 0.1, "self-test", Some(2))));
     assert!(fails(&|| compare_steps("self/int8", &i8s(&[3, -2, 7]), &i8s(&[3, -5, 7]), 0.1, "self-test", Some(2))));
     let s = 0.0375f32;
-    compare_steps("self/dequantised", &f32s(&[4.0 * s, -2.0 * s]), &f32s(&[5.0 * s, -2.0 * s]), s as f64, "self-test", None);
-    assert!(fails(&|| compare_steps("self/dequantised", &f32s(&[3.0 * s]), &f32s(&[5.0 * s]), s as f64, "self-test", None)));
+    compare_steps(
+        "self/dequantised",
+        &f32s(&[4.0 * s, -2.0 * s]),
+        &f32s(&[5.0 * s, -2.0 * s]),
+        s as f64,
+        "self-test",
+        None,
+    );
+    assert!(fails(&|| compare_steps(
+        "self/dequantised",
+        &f32s(&[3.0 * s]),
+        &f32s(&[5.0 * s]),
+        s as f64,
+        "self-test",
+        None
+    )));
     compare_float("self/float", &f32s(&[1.0, 2.0]), &f32s(&[1.0001, 2.0]), 1e-4, 1e-5);
     assert!(fails(&|| compare_float("self/float", &f32s(&[1.0, 2.0]), &f32s(&[1.0004, 2.0]), 1e-4, 1e-5)));
 }

@@ -35,7 +35,8 @@ fn tolerance(_name: &str) -> (f64, f64) {
 }
 
 fn check(name: &str) {
-    let e = listing().into_iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("`{name}` is not in the listing"));
+    let e =
+        listing().into_iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("`{name}` is not in the listing"));
     assert!(e.get("error").is_none(), "{name}: LiteRT could not run it: {}", e["error"]);
     let model = match e["repo_model"].as_str() {
         Some(rel) => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel),
@@ -43,8 +44,12 @@ fn check(name: &str) {
     };
     assert_eq!(kiln_import::format_of(&model), kiln_import::Format::Tflite, "{name}: detected format");
     let g = kiln_import::import_file(&model, &Default::default()).unwrap_or_else(|err| panic!("{name}: import: {err}"));
-    let feeds: Vec<Tensor> =
-        e["inputs"].as_array().expect("inputs").iter().map(|i| read_npy(&format!("ref/{}", i["file"].as_str().expect("file")))).collect();
+    let feeds: Vec<Tensor> = e["inputs"]
+        .as_array()
+        .expect("inputs")
+        .iter()
+        .map(|i| read_npy(&format!("ref/{}", i["file"].as_str().expect("file"))))
+        .collect();
     assert_eq!(feeds.len(), g.inputs.len(), "{name}: input count");
     for (f, &v) in feeds.iter().zip(&g.inputs) {
         assert_eq!(f.ty(), g.ty(v), "{name}: input `{}`", g.values[v].name);
@@ -52,7 +57,8 @@ fn check(name: &str) {
     let c = kiln_compiler::compile(&g, &kiln_compiler::Options { source: name.to_string(), ..Default::default() })
         .unwrap_or_else(|err| panic!("{name}: compile: {err}"));
     let bytes = common::through_file("kiln-tflite-corpus", name, &c.artifact);
-    let module = kiln_runtime::Module::load(&bytes, c.weights.as_deref()).unwrap_or_else(|err| panic!("{name}: load: {err}"));
+    let module =
+        kiln_runtime::Module::load(&bytes, c.weights.as_deref()).unwrap_or_else(|err| panic!("{name}: load: {err}"));
     let mut instance = kiln_runtime::Instance::new(&module).unwrap_or_else(|err| panic!("{name}: instantiate: {err}"));
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
     let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.values[v].ty.storage_bytes()]).collect();
@@ -71,7 +77,11 @@ fn check(name: &str) {
             let (a, b) = (got.to_f64_vec(), want_t.to_f64_vec());
             let steps = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f64, f64::max);
             let off = a.iter().zip(&b).filter(|(x, y)| x != y).count();
-            eprintln!("TFLITE {name}/{}: {off} of {} elements one step off LiteRT", want["name"].as_str().unwrap_or("?"), a.len());
+            eprintln!(
+                "TFLITE {name}/{}: {off} of {} elements one step off LiteRT",
+                want["name"].as_str().unwrap_or("?"),
+                a.len()
+            );
             assert!(steps <= 1.0, "{name}: an integer output is {steps} steps off LiteRT");
             continue;
         }

@@ -25,7 +25,8 @@ fn transformer_ops_match_onnx_runtime() {
     for m in models {
         let name = m["name"].as_str().expect("name");
         let path = data_dir().join(m["file"].as_str().expect("file"));
-        let g = kiln_import::onnx::import_file(&path, &Default::default()).unwrap_or_else(|e| panic!("{name}: import: {e}"));
+        let g = kiln_import::onnx::import_file(&path, &Default::default())
+            .unwrap_or_else(|e| panic!("{name}: import: {e}"));
         assert!(
             g.nodes.iter().any(|(_, n)| n.op.kind == kiln_ir::OpKind::Attention),
             "{name}: Attention should be imported as itself"

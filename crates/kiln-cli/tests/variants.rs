@@ -24,7 +24,10 @@ const AVX512: [CpuFeature; 5] =
     [CpuFeature::Avx512f, CpuFeature::Avx512bw, CpuFeature::Avx512dq, CpuFeature::Avx512vl, CpuFeature::Avx512vnni];
 
 fn entry(name: &str) -> Value {
-    listed_models("manifest.json").into_iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("{name} not listed"))
+    listed_models("manifest.json")
+        .into_iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not listed"))
 }
 
 fn both_levels() -> Options {

@@ -82,7 +82,11 @@ const ACTS: &[Act] = &[
         lines: "%lo = const f32[] [-1.5]\n%hi = const f32[] [4.0]\n%a1 = Max(%x, %lo) : TY\n%y = Min(%a1, %hi) : TY",
         lip: 1.0,
     },
-    Act { name: "relu_then_clip", lines: "%a1 = Relu(%x) : TY\n%c6 = const f32[] [6.0]\n%y = Min(%a1, %c6) : TY", lip: 1.0 },
+    Act {
+        name: "relu_then_clip",
+        lines: "%a1 = Relu(%x) : TY\n%c6 = const f32[] [6.0]\n%y = Min(%a1, %c6) : TY",
+        lip: 1.0,
+    },
 ];
 
 /// A product shape: MatMul `[m, k] × [k, n]` plus bias `[n]`, or a 1×1 convolution of
@@ -249,7 +253,8 @@ fn check(act: &Act, prod: Product, seed: u64) {
     let abs: Vec<Tensor> = feeds
         .iter()
         .map(|t| {
-            let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| if x.is_finite() { x.abs() } else { 0.0 }).collect();
+            let v: Vec<f32> =
+                t.to_vec::<f32>().unwrap().iter().map(|x| if x.is_finite() { x.abs() } else { 0.0 }).collect();
             Tensor::from_vec(t.shape().clone(), v).unwrap()
         })
         .collect();
@@ -271,7 +276,13 @@ fn check(act: &Act, prod: Product, seed: u64) {
         let got = got[0].to_vec::<f32>().unwrap();
         for (i, (&gv, &wv)) in got.iter().zip(&w).enumerate() {
             if !wv.is_finite() {
-                specials[if wv.is_nan() { 2 } else if wv > 0.0 { 0 } else { 1 }] += 1;
+                specials[if wv.is_nan() {
+                    2
+                } else if wv > 0.0 {
+                    0
+                } else {
+                    1
+                }] += 1;
                 let same = (gv.is_nan() && wv.is_nan()) || gv == wv;
                 assert!(same, "{what} {:?}: element {i}: got {gv}, want {wv}", cfg.target);
                 continue;

@@ -59,7 +59,19 @@ fn bench() {
     let l = b.load(0, vec![i[1], i[0]]);
     let transpose = b.finish(l).unwrap();
 
-    for (name, opts) in [("scalar", Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false }), ("vector", Options::default())] {
+    for (name, opts) in [
+        (
+            "scalar",
+            Options {
+                vectorize: false,
+                reassociate: false,
+                contraction_kernels: false,
+                inline_math: true,
+                unroll: false,
+            },
+        ),
+        ("vector", Options::default()),
+    ] {
         let t = time(&add, &[&a, &b2], &opts);
         println!("{name} add 1024x4096: {:.2} ms, {:.1} GB/s", t * 1e3, 3.0 * 16.0 * 1024.0 * 1024.0 / t / 1e9);
         let t = time(&rowsum, &[&a], &opts);

@@ -31,7 +31,8 @@ fn variants() -> Vec<Config> {
 /// packed inputs; `None` when nothing is packed.
 fn packed(k: &Kernel, inputs: &[&Tensor], cfg: &Config) -> Option<(Kernel, Vec<Tensor>)> {
     let buffer = |ty: TensorType, kind| Buffer { ty, name: "x".into(), kind };
-    let mut buffers: Vec<Buffer> = inputs.iter().map(|t| buffer(t.ty().clone(), BufferKind::Const((*t).clone()))).collect();
+    let mut buffers: Vec<Buffer> =
+        inputs.iter().map(|t| buffer(t.ty().clone(), BufferKind::Const((*t).clone()))).collect();
     buffers.push(buffer(k.output.clone(), BufferKind::Result));
     let n = inputs.len() as u32;
     let mut p = FlowProgram {
@@ -317,35 +318,48 @@ fn transcendental_epilogues() {
     for (which, lip) in [("gelu", 1.13f32), ("sigmoid", 0.25), ("swish_row_residual", 1.13)] {
         for (m, k, n) in [(1, 5, 9), (1, 40, 70), (7, 33, 61), (12, 8, 16), (128, 64, 40), (9, 20, 150)] {
             // Scale 4: sums spread over [−~30, ~30] (erf saturates, exp clamps at large |v|).
-            let ins =
-                [random_f32(&[m, k], 4.0, 1), random_f32(&[k, n], 1.0, 2), random_f32(&[n], 3.0, 3), random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+            let ins = [
+                random_f32(&[m, k], 4.0, 1),
+                random_f32(&[k, n], 1.0, 2),
+                random_f32(&[n], 3.0, 3),
+                random_f32(&[m, 1], 1.0, 4),
+                random_f32(&[m, n], 1.0, 5),
+            ];
             let refs: Vec<&Tensor> = ins.iter().collect();
             let kern = with_epilogue(m, k, n, which);
             let want = interp::run(&kern, &refs).unwrap().to_vec::<f32>().unwrap();
-            let (a, bm, bias) = (ins[0].to_vec::<f32>().unwrap(), ins[1].to_vec::<f32>().unwrap(), ins[2].to_vec::<f32>().unwrap());
+            let (a, bm, bias) =
+                (ins[0].to_vec::<f32>().unwrap(), ins[1].to_vec::<f32>().unwrap(), ins[2].to_vec::<f32>().unwrap());
             for (cfg, splits) in variants().into_iter().flat_map(|c| [(c.clone(), 1), (c, 3)]) {
                 // As it is, and with its operands packed as constants would be.
                 let packed = packed(&kern, &refs, &cfg);
                 let mut runs = vec![(kern.clone(), refs.iter().map(|t| (*t).clone()).collect::<Vec<Tensor>>())];
                 runs.extend(packed);
                 for (kern, ins) in &runs {
-                let refs: Vec<&Tensor> = ins.iter().collect();
-                let module = compile_with(&classify(&[kern]), &cfg.target, &cfg.options).unwrap();
-                assert!(module.notes[0].starts_with("contraction"), "{which}: {}", module.notes[0]);
-                // Full 64-column tiles: from 64 columns on, past one row (a single row
-                // takes the one-row tiles), B not packed in narrower panels.
-                if cfg.target == CpuTarget::X86_64V4 && m > 1 && n >= 64 && kern.inputs[1].shape.dims()[1] == n {
-                    assert!(module.notes[0].ends_with("epilogue on 16 lanes)"), "{which}: {}", module.notes[0]);
-                }
-                let got = run_compiled(kern, &refs, &cfg, splits).to_vec::<f32>().unwrap();
-                for i in 0..m {
-                    for j in 0..n {
-                        let sabs: f32 = (0..k).map(|q| (a[i * k + q] * bm[q * n + j]).abs()).sum::<f32>() + bias[j].abs();
-                        let (g, w) = (got[i * n + j], want[i * n + j]);
-                        let tol = lip * (k as f32 + 2.0) * f32::EPSILON / 2.0 * sabs + 8.0 * f32::EPSILON * w.abs() + 1e-30;
-                        assert!((g - w).abs() <= tol, "{which} {m}x{k}x{n} {:?} splits {splits}: [{i},{j}] got {g}, want {w} (tol {tol})", cfg.target);
+                    let refs: Vec<&Tensor> = ins.iter().collect();
+                    let module = compile_with(&classify(&[kern]), &cfg.target, &cfg.options).unwrap();
+                    assert!(module.notes[0].starts_with("contraction"), "{which}: {}", module.notes[0]);
+                    // Full 64-column tiles: from 64 columns on, past one row (a single row
+                    // takes the one-row tiles), B not packed in narrower panels.
+                    if cfg.target == CpuTarget::X86_64V4 && m > 1 && n >= 64 && kern.inputs[1].shape.dims()[1] == n {
+                        assert!(module.notes[0].ends_with("epilogue on 16 lanes)"), "{which}: {}", module.notes[0]);
                     }
-                }
+                    let got = run_compiled(kern, &refs, &cfg, splits).to_vec::<f32>().unwrap();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let sabs: f32 =
+                                (0..k).map(|q| (a[i * k + q] * bm[q * n + j]).abs()).sum::<f32>() + bias[j].abs();
+                            let (g, w) = (got[i * n + j], want[i * n + j]);
+                            let tol = lip * (k as f32 + 2.0) * f32::EPSILON / 2.0 * sabs
+                                + 8.0 * f32::EPSILON * w.abs()
+                                + 1e-30;
+                            assert!(
+                                (g - w).abs() <= tol,
+                                "{which} {m}x{k}x{n} {:?} splits {splits}: [{i},{j}] got {g}, want {w} (tol {tol})",
+                                cfg.target
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -361,8 +375,13 @@ fn fused_epilogues() {
             if which == "neg_abs_sqrt" {
                 bias = abs(&bias);
             }
-            let ins =
-                [random_f32(&[m, k], 1.0, 1), random_f32(&[k, n], 1.0, 2), bias, random_f32(&[m, 1], 1.0, 4), random_f32(&[m, n], 1.0, 5)];
+            let ins = [
+                random_f32(&[m, k], 1.0, 1),
+                random_f32(&[k, n], 1.0, 2),
+                bias,
+                random_f32(&[m, 1], 1.0, 4),
+                random_f32(&[m, n], 1.0, 5),
+            ];
             let refs: Vec<&Tensor> = ins.iter().collect();
             let kern = with_epilogue(m, k, n, which);
             if which == "neg_abs_sqrt" {
@@ -564,13 +583,13 @@ fn convolutions_and_depthwise() {
             check_micro(&k, &[&x, &wt, &bias], kk);
             if !depthwise && (w - kw) / s + 1 >= 64 && std::is_x86_feature_detected!("avx512f") {
                 // Output rows of 64 columns or more take 512-bit tiles at either stride.
-                let note = compile_with(&classify(&[&k]), &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone();
+                let note =
+                    compile_with(&classify(&[&k]), &CpuTarget::X86_64V4, &Options::default()).unwrap().notes[0].clone();
                 assert_eq!(note, "contraction microkernel (avx-512; epilogue on 16 lanes)", "{ci}×{h}×{w} stride {s}");
             }
         }
     }
 }
-
 
 /// A convolution whose columns step 3 or 4 input elements is a contraction (the layout
 /// pass gathers it into columns in a real program), but no microkernel reads it in
@@ -668,7 +687,8 @@ fn epilogue_case(m: usize, kk: usize, n: usize, which: &str, scale: f64) -> (Ker
 /// 256-bit form for x86-64-v3, the 512-bit one for x86-64-v4 (compiled whether or not
 /// this CPU could run it: `check_micro` runs what it can).
 fn assert_channel_vectors(k: &Kernel, inputs: &[&Tensor]) {
-    let targets = [(CpuTarget::X86_64V3, "(avx2+fma, channel vectors)"), (CpuTarget::X86_64V4, "(avx-512, channel vectors")];
+    let targets =
+        [(CpuTarget::X86_64V3, "(avx2+fma, channel vectors)"), (CpuTarget::X86_64V4, "(avx-512, channel vectors")];
     for (target, form) in targets {
         let cfg = Config { target, options: Options::default() };
         let (pk, _) = packed(k, inputs, &cfg).expect("operands packed");
@@ -706,7 +726,8 @@ fn wide_channel_vector_tiles() {
     require_avx2_fma!();
     let epilogues = ["bias_relu", "clip_row_scale", "residual_max", "many_live", "sigmoid", "in_band"];
     let shapes = (1..64).map(|n| (64 + 16 * (n % 5), [1, 3, 17, 33, 61][n % 5], n, epilogues[n % 6]));
-    let more = [(1280, 7, 49, "bias_relu"), (144, 321, 13, "residual_max"), (80, 63, 63, "in_band"), (112, 5, 15, "sigmoid")];
+    let more =
+        [(1280, 7, 49, "bias_relu"), (144, 321, 13, "residual_max"), (80, 63, 63, "in_band"), (112, 5, 15, "sigmoid")];
     for (m, kk, n, which) in shapes.chain(more) {
         let (k, ops) = epilogue_case(m, kk, n, which, if which == "sigmoid" { 4.0 } else { 1.0 });
         let inputs: Vec<&Tensor> = ops.iter().collect();
@@ -754,7 +775,8 @@ fn check_bounded(k: &Kernel, inputs: &[&Tensor], m: usize, kk: usize, n: usize, 
                     let (sum, sabs) = terms.fold((0.0, 0.0), |(s, t), x| (s + x, t + x.abs()));
                     let (g, w) = (got[i * n + j] as f64, want[i * n + j] as f64);
                     let ok = if which == "sigmoid" {
-                        let tol = 0.25 * (kk as f64 + 2.0) * eps * (sabs + (bias[j] as f64).abs()) + 16.0 * eps * w.abs();
+                        let tol =
+                            0.25 * (kk as f64 + 2.0) * eps * (sabs + (bias[j] as f64).abs()) + 16.0 * eps * w.abs();
                         (g - w).abs() <= tol + 1e-30
                     } else if which == "residual_max" {
                         let mag = sabs + (bias[j] as f64).abs() + (res[i * n + j] as f64).abs();

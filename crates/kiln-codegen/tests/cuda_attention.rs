@@ -53,8 +53,8 @@ use ptxas::assemble_ptx_verbose;
 /// The attention kernel the CUDA formation makes of the one-node graph `text`.
 fn attention_kernel(text: &str) -> kiln_flow::Kernel {
     let g = kiln_ir::text::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let p = kiln_lower::form_with(&g, Formation::ImplicitGemm, Some(&kiln_flow::attention::accept_all))
-        .expect("formation");
+    let p =
+        kiln_lower::form_with(&g, Formation::ImplicitGemm, Some(&kiln_flow::attention::accept_all)).expect("formation");
     let found: Vec<_> = p.dispatches.iter().filter(|d| d.class == KernelClass::Attention).collect();
     assert_eq!(found.len(), 1, "attention dispatches in\n{p}");
     found[0].kernel.clone()
@@ -64,7 +64,14 @@ fn attention_kernel(text: &str) -> kiln_flow::Kernel {
 /// `form`, assembles it with `ptxas -v` (no spill, no stack) and runs its whole grid in
 /// the simulator against the interpreter within `rel·|want| + abs` (inputs from
 /// `seed`). The module, for what the caller checks further.
-fn assemble_and_simulate(name: &str, k: &Kernel, tune: &Tune, form: &str, (rel, abs): (f64, f64), seed: u64) -> cuda::CudaModule {
+fn assemble_and_simulate(
+    name: &str,
+    k: &Kernel,
+    tune: &Tune,
+    form: &str,
+    (rel, abs): (f64, f64),
+    seed: u64,
+) -> cuda::CudaModule {
     let m = cuda::compile_tuned(&[(k, KernelClass::Attention)], tune).unwrap_or_else(|e| panic!("{name}: {e}"));
     let note = &m.notes[0];
     assert!(note.starts_with(form), "{name}: {note}");
@@ -301,7 +308,8 @@ fn flash_declines_heads_not_multiples_of_16_to_the_warp_kernel() {
     for half in [DType::F16, DType::BF16] {
         let h = stored_as(&k, half);
         let name = format!("declined_{half}");
-        let m = assemble_and_simulate(&name, &h, &Tune::default(), "attention (a warp per query row", HALF_WARP_TOL, 17);
+        let m =
+            assemble_and_simulate(&name, &h, &Tune::default(), "attention (a warp per query row", HALF_WARP_TOL, 17);
         assert!(m.notes[0].contains("not on the tensor cores"), "{name}: {}", m.notes[0]);
     }
 }
@@ -332,7 +340,14 @@ fn warp_kernel_reads_and_writes_halves() {
         let k = attention_kernel(text);
         for half in [DType::F16, DType::BF16] {
             let h = stored_as(&k, half);
-            let m = assemble_and_simulate(&format!("{name}_{half}"), &h, &on, "attention (a warp per query row", HALF_WARP_TOL, 19);
+            let m = assemble_and_simulate(
+                &format!("{name}_{half}"),
+                &h,
+                &on,
+                "attention (a warp per query row",
+                HALF_WARP_TOL,
+                19,
+            );
             assert!(m.ptx().contains(&format!("cvt.rn.{half}.f32")) && !m.ptx().contains("ld.global.f32"));
         }
     }
@@ -344,7 +359,8 @@ fn warp_kernel_reads_and_writes_halves() {
 fn layer(n: usize, heads: usize) -> String {
     let h = 32 * heads;
     let weight = |seed: usize| -> String {
-        let v: Vec<String> = (0..h * h).map(|i| format!("{:.4}", (((i * 7 + seed * 13) % 17) as f64 - 8.0) / 64.0)).collect();
+        let v: Vec<String> =
+            (0..h * h).map(|i| format!("{:.4}", (((i * 7 + seed * 13) % 17) as f64 - 8.0) / 64.0)).collect();
         v.join(", ")
     };
     format!(
@@ -380,8 +396,8 @@ fn layer(n: usize, heads: usize) -> String {
 fn half_storage_reaches_the_attention_kernel_and_the_projection_after_it() {
     let text = layer(40, 2);
     let g = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("{e}"));
-    let formed = kiln_lower::form_with(&g, Formation::ImplicitGemm, Some(&kiln_flow::attention::accept_all))
-        .expect("formation");
+    let formed =
+        kiln_lower::form_with(&g, Formation::ImplicitGemm, Some(&kiln_flow::attention::accept_all)).expect("formation");
     for precision in [Precision::F16, Precision::BF16] {
         let half = precision.storage().unwrap();
         for cuda_rule in [true, false] {
@@ -391,16 +407,24 @@ fn half_storage_reaches_the_attention_kernel_and_the_projection_after_it() {
             } else {
                 narrow_storage(&mut p, precision);
             }
-            let at = p.dispatches.iter().position(|d| d.class == KernelClass::Attention).expect("an attention dispatch");
+            let at =
+                p.dispatches.iter().position(|d| d.class == KernelClass::Attention).expect("an attention dispatch");
             let d = &p.dispatches[at];
             let a = Attention::of(&d.kernel).expect("the attention form");
             let want = if cuda_rule { half } else { DType::F32 };
             for o in [&a.q, &a.k, &a.v] {
-                assert_eq!(Attention::dtype(&d.kernel, o), want, "{precision}, CUDA's rule {cuda_rule}:
-{p}");
+                assert_eq!(
+                    Attention::dtype(&d.kernel, o),
+                    want,
+                    "{precision}, CUDA's rule {cuda_rule}:
+{p}"
+                );
             }
-            assert_eq!(d.kernel.output.dtype, want, "{precision}:
-{p}");
+            assert_eq!(
+                d.kernel.output.dtype, want,
+                "{precision}:
+{p}"
+            );
             // The output projection reads the attention's result as it is stored: a
             // half operand, which takes the tensor cores on CUDA.
             let result = p.storage(d.result);
@@ -410,8 +434,11 @@ fn half_storage_reaches_the_attention_kernel_and_the_projection_after_it() {
                 .expect("the output projection");
             assert_eq!(proj.class, KernelClass::Contraction, "{p}");
             let slot = proj.operands.iter().position(|&o| p.storage(o) == result).unwrap();
-            assert_eq!(proj.kernel.inputs[slot].dtype, want, "{precision}:
-{p}");
+            assert_eq!(
+                proj.kernel.inputs[slot].dtype, want,
+                "{precision}:
+{p}"
+            );
             if cuda_rule {
                 let m = cuda::compile(&[(&proj.kernel, proj.class)]).unwrap();
                 assert!(m.notes[0].contains("mma"), "{precision}: {}", m.notes[0]);

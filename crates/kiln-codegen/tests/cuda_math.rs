@@ -143,7 +143,6 @@ fn worst32(what: &str, inputs: &[f32], got: &[f32], want: impl Fn(usize) -> f32)
     worst.0
 }
 
-
 /// Every input compared with the kernel interpreter (libm): special results exactly.
 fn exact_against_interpreter(k: &Kernel, m: &cuda::CudaModule, inputs: &[Tensor]) {
     near_interpreter(k, m, inputs, 1);
@@ -390,7 +389,8 @@ fn fmod_is_exact_at_every_quotient() {
             got[i]
         );
     }
-    let sp: Vec<f64> = ptxsim::f32_specials().into_iter().map(f64::from).chain([f64::MAX, 5e-324, 1e300, -1e-300]).collect();
+    let sp: Vec<f64> =
+        ptxsim::f32_specials().into_iter().map(f64::from).chain([f64::MAX, 5e-324, 1e300, -1e-300]).collect();
     let (xs, ys) = every_pair(&sp);
     let k = kernel("fmod_f64_specials", DType::F64, xs.len(), Err(BinaryOp::Rem));
     near_interpreter(&k, &build(&k), &[f64s(&xs), f64s(&ys)], 0);

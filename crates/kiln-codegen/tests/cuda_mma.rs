@@ -367,7 +367,8 @@ fn half_kernels_take_the_tensor_cores_and_assemble_without_spills() {
 fn a_4096_cubed_bf16_product() {
     let h = DType::BF16;
     let k = matmul((h, h), &[], (false, false), (4096, 4096, 4096), false, false, h);
-    let e = mma::emit(&k, &Plan::of(&k).expect("plan"), &Tune::default().mma).expect("emit").expect("the mma.sync path");
+    let e =
+        mma::emit(&k, &Plan::of(&k).expect("plan"), &Tune::default().mma).expect("emit").expect("the mma.sync path");
     let ptx = format!("{}\n{}", cuda::ptx::HEADER, e.text);
     if let Ok(path) = std::env::var("KILN_DUMP_PTX") {
         std::fs::write(path, &ptx).expect("write the PTX");

@@ -103,7 +103,9 @@ fn simulated_wgmma_kernels_match_the_interpreter() {
             if (seed + j) % 2 == 1 && j > 1 {
                 continue;
             }
-            let e = wgmma::emit_with(&k, &plan, Tile { tm, tn }).expect("emit").unwrap_or_else(|w| panic!("{}: {w}", k.name));
+            let e = wgmma::emit_with(&k, &plan, Tile { tm, tn })
+                .expect("emit")
+                .unwrap_or_else(|w| panic!("{}: {w}", k.name));
             let ptx = format!("{}\n{}", cuda::ptx::HEADER, e.text);
             let l = e.launch;
             eprintln!("{}: {}", k.name, e.note);

@@ -177,9 +177,12 @@ fn max_pools_match_the_interpreter() {
     let mut n = 0;
     for (h, w) in [(1, 1), (5, 7), (6, 8), (12, 17), (7, 40), (4, 113), (24, 24)] {
         for stride in [[1, 1], [2, 2], [1, 2]] {
-            for (win, pad) in [([2, 2], [0, 0, 0, 0]), ([3, 3], [1, 1, 1, 1]), ([3, 3], [0, 1, 0, 1]), ([1, 3], [0, 0, 1, 1])] {
+            for (win, pad) in
+                [([2, 2], [0, 0, 0, 0]), ([3, 3], [1, 1, 1, 1]), ([3, 3], [0, 1, 0, 1]), ([1, 3], [0, 0, 1, 1])]
+            {
                 let g = Geo { n: 2, c: 3, h, w, win, stride, dil: [1, 1], pad };
-                let [oh, ow] = if h + pad[0] + pad[1] < win[0] || w + pad[2] + pad[3] < win[1] { [0, 0] } else { g.out() };
+                let [oh, ow] =
+                    if h + pad[0] + pad[1] < win[0] || w + pad[2] + pad[3] < win[1] { [0, 0] } else { g.out() };
                 if oh == 0 || ow == 0 || ow > 128 {
                     continue;
                 }
@@ -306,15 +309,22 @@ fn average_pools_are_windows_with_the_interpreters_bits() {
             let x = random_f32(&dims, 2.0, 90 + n);
             n += 1;
             let padded = pads.iter().any(|&p| p > 0);
-            let what = format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} include_pad {include_pad}");
+            let what =
+                format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} include_pad {include_pad}");
             check_exact(&k, &x, Some("average pool window"), &what);
             // The per-position divisor is what the window path tabulates: with padding
             // and without count_include_pad the window's own count varies.
             let d = kiln_flow::window::Depthwise::of(&k).expect("a window");
-            let tabulated = d.epilogue.iter().any(|s| {
-                matches!(s, kiln_flow::window::Step::Div(kiln_flow::window::StepOperand::Position(_)))
-            });
-            assert_eq!(tabulated, padded && !include_pad, "{dims:?} {pads:?} include_pad {include_pad}: {:?}", d.epilogue);
+            let tabulated = d
+                .epilogue
+                .iter()
+                .any(|s| matches!(s, kiln_flow::window::Step::Div(kiln_flow::window::StepOperand::Position(_))));
+            assert_eq!(
+                tabulated,
+                padded && !include_pad,
+                "{dims:?} {pads:?} include_pad {include_pad}: {:?}",
+                d.epilogue
+            );
         }
     }
 }
@@ -461,7 +471,9 @@ fn average_pools_of_any_window() {
             let k = w.average_pool(&dims, include_pad).expect("lower");
             let x = random_f32(&dims, 2.0, 600 + n);
             n += 1;
-            let what = format!("{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad}");
+            let what = format!(
+                "{dims:?} kernel {kernel:?} strides {strides:?} pads {pads:?} ceil {ceil} include_pad {include_pad}"
+            );
             check_exact(&k, &x, Some("average pool window"), &what);
         }
     }

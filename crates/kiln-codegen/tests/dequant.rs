@@ -224,7 +224,11 @@ fn check(form: Form, m: usize, kk: usize, n: usize, epilogue: bool, heads: usize
         inputs: vec![BufferId(0)],
         outputs: vec![out],
     };
-    let name = format!("{form:?} {m}x{kk}x{n}{}{}", if epilogue { " +bias relu" } else { "" }, if heads > 1 { format!(" in {heads} heads") } else { String::new() });
+    let name = format!(
+        "{form:?} {m}x{kk}x{n}{}{}",
+        if epilogue { " +bias relu" } else { "" },
+        if heads > 1 { format!(" in {heads} heads") } else { String::new() }
+    );
     for cfg in microkernel_variants(false) {
         let (k, inputs) = rewritten(&p, &a, &cfg, heads == 1);
         let c = Contraction::of(&k).expect("a contraction");
@@ -286,7 +290,9 @@ fn odd_shapes_every_form() {
 fn unpacked_weights_in_heads() {
     require_avx2_fma!(", so no contraction microkernel can run here");
     for form in [Form::I8Column, Form::U8ZeroColumn] {
-        for &(m, kk, n, heads) in &[(16, 64, 128, 4), (5, 7, 36, 4), (16, 33, 39, 3), (1, 384, 384, 12), (6, 20, 130, 2)] {
+        for &(m, kk, n, heads) in
+            &[(16, 64, 128, 4), (5, 7, 36, 4), (16, 33, 39, 3), (1, 384, 384, 12), (6, 20, 130, 2)]
+        {
             check(form, m, kk, n, true, heads);
             check(form, m, kk, n, false, heads);
         }

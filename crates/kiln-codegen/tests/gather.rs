@@ -23,7 +23,11 @@ fn tt(dims: &[usize]) -> TensorType {
 /// digits `(o + shift) mod s` (ConvTranspose's interleave), for spatial extents `out`.
 fn interleave(n: usize, m: usize, out: &[usize], strides: &[i64], shifts: &[i64]) -> Kernel {
     let phases: usize = strides.iter().map(|&s| s as usize).product();
-    let ext: Vec<usize> = out.iter().zip(strides.iter().zip(shifts)).map(|(&o, (&s, &sh))| (o + sh as usize).div_ceil(s as usize)).collect();
+    let ext: Vec<usize> = out
+        .iter()
+        .zip(strides.iter().zip(shifts))
+        .map(|(&o, (&s, &sh))| (o + sh as usize).div_ceil(s as usize))
+        .collect();
     let mut pd = vec![n, phases, m];
     pd.extend(&ext);
     let mut od = vec![n, m];

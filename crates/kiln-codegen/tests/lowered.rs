@@ -194,7 +194,12 @@ fn cases() -> Vec<Case> {
         case(
             op(
                 K::LRN,
-                &[("size", Attr::Int(5)), ("alpha", Attr::Float(2e-2)), ("beta", Attr::Float(0.75)), ("bias", Attr::Float(2.0))],
+                &[
+                    ("size", Attr::Int(5)),
+                    ("alpha", Attr::Float(2e-2)),
+                    ("beta", Attr::Float(0.75)),
+                    ("bias", Attr::Float(2.0)),
+                ],
             ),
             vec![x(&[1, 7, 3, 4], 73)],
             1,
@@ -268,7 +273,8 @@ fn sample_cases() -> Vec<Case> {
             .into_iter()
             .enumerate()
     {
-        let o = op(K::GridSample, &[("mode", st(mode)), ("padding_mode", st(pad)), ("align_corners", Attr::Int(align))]);
+        let o =
+            op(K::GridSample, &[("mode", st(mode)), ("padding_mode", st(pad)), ("align_corners", Attr::Int(align))]);
         v.push(case(o, vec![x(&[2, 3, 5, 7], 80 + k as u64), x(&[2, 4, 3, 2], 90 + k as u64)], 2));
     }
     v.push(case(
@@ -277,14 +283,34 @@ fn sample_cases() -> Vec<Case> {
         2,
     ));
     v.push(case(
-        op(K::Col2Im, &[("dilations", Attr::Ints(vec![1, 2])), ("pads", Attr::Ints(vec![1, 0, 2, 1])), ("strides", Attr::Ints(vec![2, 1]))]),
+        op(
+            K::Col2Im,
+            &[
+                ("dilations", Attr::Ints(vec![1, 2])),
+                ("pads", Attr::Ints(vec![1, 0, 2, 1])),
+                ("strides", Attr::Ints(vec![2, 1])),
+            ],
+        ),
         vec![x(&[2, 12, 16], 96), Some(i64s(&[6, 7])), Some(i64s(&[2, 3]))],
         1,
     ));
-    let rois = Tensor::from_f64(f, Shape::new(vec![3, 4]).unwrap(), &[0.3, 1.7, 6.2, 4.9, -2.5, -1.0, 3.0, 12.0, 1.25, 0.5, 9.75, 7.5]).unwrap();
+    let rois = Tensor::from_f64(
+        f,
+        Shape::new(vec![3, 4]).unwrap(),
+        &[0.3, 1.7, 6.2, 4.9, -2.5, -1.0, 3.0, 12.0, 1.25, 0.5, 9.75, 7.5],
+    )
+    .unwrap();
     for mode in ["avg", "max"] {
         v.push(case(
-            op(K::RoiAlign, &[("mode", st(mode)), ("output_height", Attr::Int(3)), ("output_width", Attr::Int(4)), ("sampling_ratio", Attr::Int(2))]),
+            op(
+                K::RoiAlign,
+                &[
+                    ("mode", st(mode)),
+                    ("output_height", Attr::Int(3)),
+                    ("output_width", Attr::Int(4)),
+                    ("sampling_ratio", Attr::Int(2)),
+                ],
+            ),
             vec![x(&[2, 3, 7, 9], 97), Some(rois.clone()), Some(i64s(&[1, 0, 1]))],
             3,
         ));
@@ -292,7 +318,12 @@ fn sample_cases() -> Vec<Case> {
     v.push(case(
         op(
             K::DeformConv,
-            &[("group", Attr::Int(2)), ("offset_group", Attr::Int(2)), ("strides", Attr::Ints(vec![2, 1])), ("pads", Attr::Ints(vec![1, 0, 2, 1]))],
+            &[
+                ("group", Attr::Int(2)),
+                ("offset_group", Attr::Int(2)),
+                ("strides", Attr::Ints(vec![2, 1])),
+                ("pads", Attr::Ints(vec![1, 0, 2, 1])),
+            ],
         ),
         vec![x(&[1, 4, 5, 6], 98), x(&[6, 2, 3, 2], 99), x(&[1, 24, 3, 6], 100), x(&[6], 101), x(&[1, 12, 3, 6], 102)],
         5,
@@ -382,9 +413,7 @@ fn lowered_ops_compile_and_match() {
         for (r, (o, w)) in lowered.outputs.iter().zip(&want).enumerate() {
             let got = match *o {
                 kiln_lower::Output::Step(s) => results[s].clone(),
-                kiln_lower::Output::Alias(i) => {
-                    c.inputs[i].as_ref().unwrap().reshaped(w.shape().clone()).unwrap()
-                }
+                kiln_lower::Output::Alias(i) => c.inputs[i].as_ref().unwrap().reshaped(w.shape().clone()).unwrap(),
             };
             // Lowerings may round differently from the reference (transcendentals,
             // summation order): a small tolerance here; the kernel-level check above

@@ -42,7 +42,13 @@ fn run(op: UnaryOp, xs: &[f32]) -> Vec<(&'static str, Vec<f32>)> {
     for (name, target) in [("x86-64-v2", CpuTarget::X86_64V2), ("host", CpuTarget::Host)] {
         let scalar = Config {
             target,
-            options: Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false },
+            options: Options {
+                vectorize: false,
+                reassociate: false,
+                contraction_kernels: false,
+                inline_math: true,
+                unroll: false,
+            },
         };
         let vector = Config { target, options: Options::default() };
         let a = run_compiled(&k, &[&x], &scalar, 1).to_vec::<f32>().unwrap();

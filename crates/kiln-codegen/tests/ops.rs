@@ -537,7 +537,20 @@ fn f8_load_cast_store() {
 
         // Every decoded value, its neighbours and midpoints, and the specials.
         let mut v = probes_around(d, 256);
-        for s in [0.0f32, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 464.0, 480.0, 61440.0] {
+        for s in [
+            0.0f32,
+            -0.0,
+            1e-30,
+            -1e-30,
+            1e30,
+            -1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            464.0,
+            480.0,
+            61440.0,
+        ] {
             v.push(s.to_bits() as u64);
         }
         let x = tensor_bits(DType::F32, &[v.len()], &v);
@@ -564,7 +577,8 @@ fn mx_types_load_cast_store() {
         check(&copy_kernel("mx_load", &x, DType::F32), &[&x], EXACT);
 
         let mut v = probes_around(d, ncodes);
-        for s in [0.0f32, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 30.0, 7.0, 3e38] {
+        for s in [0.0f32, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 30.0, 7.0, 3e38]
+        {
             v.push(s.to_bits() as u64);
         }
         for bits in [1u32, 0x0040_0000, 0x0050_0000, 0x005f_ffff, 0x0060_0000, 0x007f_ffff, 0x7f7f_ffff, 0x7f40_0000] {

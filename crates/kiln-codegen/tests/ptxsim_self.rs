@@ -523,11 +523,16 @@ fn wgmma_synchronisation_is_checked() {
         ("no proxy fence", &|s: String| s.replace("\tfence.proxy.async.shared::cta;\n", "")),
         ("no wgmma.fence", &|s: String| s.replace("\twgmma.fence.sync.aligned;\n", "")),
         ("a store before the wait", &|s: String| {
-            s.replace("\twgmma.commit_group.sync.aligned;\n", "\twgmma.commit_group.sync.aligned;\n\tst.shared.b32 [%r1+32], %r4;\n")
+            s.replace(
+                "\twgmma.commit_group.sync.aligned;\n",
+                "\twgmma.commit_group.sync.aligned;\n\tst.shared.b32 [%r1+32], %r4;\n",
+            )
         }),
         ("a thread missing", &|s: String| {
-            s.replace("\twgmma.fence.sync.aligned;\n", "\tsetp.eq.u32 %p2, %r0, 77;\n\t@%p2 bra END;\n\twgmma.fence.sync.aligned;\n")
-                + "END:\n"
+            s.replace(
+                "\twgmma.fence.sync.aligned;\n",
+                "\tsetp.eq.u32 %p2, %r0, 77;\n\t@%p2 bra END;\n\twgmma.fence.sync.aligned;\n",
+            ) + "END:\n"
         }),
     ];
     for (what, edit) in cases {

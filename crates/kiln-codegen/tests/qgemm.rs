@@ -161,7 +161,8 @@ fn matmul_integer() {
     int8_configs_or_skip!();
     let mm = op(OpKind::MatMulInteger, &[]);
     for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
-        for (at, bt) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8), (DType::I8, DType::U8)] {
+        for (at, bt) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8), (DType::I8, DType::U8)]
+        {
             let s = i as u64 * 10;
             let a = ints(at, &[m, k], s + 1);
             let b = ints(bt, &[k, n], s + 2);
@@ -185,7 +186,8 @@ fn qlinear_matmul() {
     int8_configs_or_skip!();
     let q = op(OpKind::QLinearMatMul, &[]);
     for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
-        for (at, bt, yt) in [(DType::U8, DType::I8, DType::U8), (DType::I8, DType::I8, DType::I8), (DType::U8, DType::U8, DType::U8)]
+        for (at, bt, yt) in
+            [(DType::U8, DType::I8, DType::U8), (DType::I8, DType::I8, DType::I8), (DType::U8, DType::U8, DType::U8)]
         {
             let s = 100 + i as u64 * 10;
             let a = ints(at, &[m, k], s + 1);
@@ -209,7 +211,9 @@ fn conv_attrs(pads: usize, stride: usize) -> Vec<(&'static str, Attr)> {
 #[test]
 fn conv_integer() {
     int8_configs_or_skip!();
-    for &(c, mo, h, w, kh, stride) in &[(3, 4, 9, 11, 3, 1), (8, 13, 7, 7, 1, 1), (5, 20, 12, 40, 3, 2), (16, 24, 6, 37, 1, 2)] {
+    for &(c, mo, h, w, kh, stride) in
+        &[(3, 4, 9, 11, 3, 1), (8, 13, 7, 7, 1, 1), (5, 20, 12, 40, 3, 2), (16, 24, 6, 37, 1, 2)]
+    {
         let attrs = conv_attrs(0, stride);
         let conv = op(OpKind::ConvInteger, &attrs);
         for (xt, wt) in [(DType::U8, DType::I8), (DType::U8, DType::U8), (DType::I8, DType::I8)] {
@@ -231,9 +235,14 @@ fn conv_integer() {
 #[test]
 fn qlinear_conv() {
     int8_configs_or_skip!();
-    for &(c, mo, h, w, kh, stride) in
-        &[(8, 16, 7, 7, 1, 1), (3, 5, 9, 13, 3, 2), (32, 40, 5, 45, 3, 1), (6, 25, 30, 35, 1, 1), (3, 13, 41, 47, 3, 2), (70, 19, 1, 1, 1, 1)]
-    {
+    for &(c, mo, h, w, kh, stride) in &[
+        (8, 16, 7, 7, 1, 1),
+        (3, 5, 9, 13, 3, 2),
+        (32, 40, 5, 45, 3, 1),
+        (6, 25, 30, 35, 1, 1),
+        (3, 13, 41, 47, 3, 2),
+        (70, 19, 1, 1, 1, 1),
+    ] {
         let conv = op(OpKind::QLinearConv, &conv_attrs(0, stride));
         for (xt, wt, yt) in [(DType::U8, DType::I8, DType::U8), (DType::I8, DType::I8, DType::I8)] {
             let s = (c * mo) as u64;
@@ -398,7 +407,15 @@ fn row_kernels_store_bytes() {
 /// lowering's requantisation `sat(round(f32(acc) · (s_a·s_b / s_y)) + z_y)` cast to
 /// `yt`, then `x < lo ? lo : x` and `x > hi ? hi : x` on `yt` values (the Clip
 /// lowering's comparisons and selects).
-fn clamped_kernel(at: DType, yt: DType, (m, k, n): (usize, usize, usize), q: [f64; 3], z: [i64; 2], lo: i64, hi: i64) -> kiln_flow::Kernel {
+fn clamped_kernel(
+    at: DType,
+    yt: DType,
+    (m, k, n): (usize, usize, usize),
+    q: [f64; 3],
+    z: [i64; 2],
+    lo: i64,
+    hi: i64,
+) -> kiln_flow::Kernel {
     use kiln_flow::{BinaryOp, KernelBuilder, ReduceOp, ScalarType, UnaryOp};
     let t = |d: DType, dims: &[usize]| kiln_ir::TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
     let st = |d: DType| if d == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };

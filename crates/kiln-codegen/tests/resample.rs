@@ -57,7 +57,8 @@ fn data(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
         let v: Vec<f64> = (0..n).map(|_| r.unit() * 2.0).collect();
         Tensor::from_f64(dtype, shape, &v).unwrap()
     } else {
-        let v: Vec<i64> = (0..n).map(|_| (r.next() % 100) as i64 + if dtype.is_unsigned_int() { 0 } else { -50 }).collect();
+        let v: Vec<i64> =
+            (0..n).map(|_| (r.next() % 100) as i64 + if dtype.is_unsigned_int() { 0 } else { -50 }).collect();
         Tensor::from_i64(dtype, shape, &v).unwrap()
     }
 }
@@ -165,7 +166,11 @@ fn check_kernel(k: &Kernel, x: &Tensor, must: Want) {
             }
             let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-                assert!((a - b).abs() <= tol, "{:?} splits {splits}: element {i}: got {a}, want {b} (bound {tol})", cfg.target);
+                assert!(
+                    (a - b).abs() <= tol,
+                    "{:?} splits {splits}: element {i}: got {a}, want {b} (bound {tol})",
+                    cfg.target
+                );
             }
         }
     }
@@ -225,7 +230,8 @@ fn nearest_every_mode_and_transform() {
 #[test]
 fn nearest_dtypes() {
     require_avx2_fma!();
-    let o = op(&[("coordinate_transformation_mode", s("tf_crop_and_resize")), ("extrapolation_value", Attr::Float(7.0))]);
+    let o =
+        op(&[("coordinate_transformation_mode", s("tf_crop_and_resize")), ("extrapolation_value", Attr::Float(7.0))]);
     let o2 = op(&[("coordinate_transformation_mode", s("half_pixel"))]);
     for dt in [DType::F32, DType::I32, DType::U32, DType::I64, DType::F16, DType::U8, DType::F64] {
         let x = data(dt, &[2, 3, 7, 5], 4);

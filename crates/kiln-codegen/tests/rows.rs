@@ -353,7 +353,18 @@ fn division_by_a_power_of_two_is_exact() {
     require_avx2_fma!();
     let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e-38, -3e-39, 1.5e-45, 3e38, -2.9e38, 1.0];
     for (target, kind) in widths() {
-        for c in [0.0078125f32, 0.00390625, -0.5, 2.0, 1024.0, 2.0f32.powi(-126), 2.0f32.powi(126), 0.0301, 6.0, 2.0f32.powi(127)] {
+        for c in [
+            0.0078125f32,
+            0.00390625,
+            -0.5,
+            2.0,
+            1024.0,
+            2.0f32.powi(-126),
+            2.0f32.powi(126),
+            0.0301,
+            6.0,
+            2.0f32.powi(127),
+        ] {
             let len = 37;
             let mut b = KernelBuilder::new("divc", vec![tt(&[2, len])], tt(&[2, len]));
             let o = b.out_index();

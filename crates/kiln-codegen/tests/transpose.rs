@@ -41,7 +41,11 @@ fn check(k: &Kernel, note: &str) {
 
 /// `out[o, i, j] = x[o, j, i + shift]` of an `[outer, cols, rows + pad]` input.
 fn transposed(d: DType, outer: usize, rows: usize, cols: usize, pad: usize, shift: i64) -> Kernel {
-    let mut b = KernelBuilder::new(format!("t{outer}x{rows}x{cols}p{pad}"), vec![tt(d, &[outer, cols, rows + pad])], tt(d, &[outer, rows, cols]));
+    let mut b = KernelBuilder::new(
+        format!("t{outer}x{rows}x{cols}p{pad}"),
+        vec![tt(d, &[outer, cols, rows + pad])],
+        tt(d, &[outer, rows, cols]),
+    );
     let o = b.out_index();
     let sh = b.index(shift);
     let i = b.add(o[1], sh);

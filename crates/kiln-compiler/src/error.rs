@@ -220,9 +220,9 @@ impl CompileError {
                 kiln_shard::ShardError::Internal { .. } => ErrorKind::Internal,
                 _ => ErrorKind::InvalidInput,
             },
-            CompileError::MultiGpu { .. } | CompileError::BoundedOnCuda { .. } | CompileError::DynamicSharded { .. } => {
-                ErrorKind::Unsupported
-            }
+            CompileError::MultiGpu { .. }
+            | CompileError::BoundedOnCuda { .. }
+            | CompileError::DynamicSharded { .. } => ErrorKind::Unsupported,
             CompileError::Link(_) => ErrorKind::Internal,
             CompileError::Placement(_) => ErrorKind::InvalidInput,
         }

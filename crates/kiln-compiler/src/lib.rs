@@ -45,11 +45,11 @@ use kiln_ir::Graph;
 use kiln_module::program::{Condition, Constants, CudaArch, DebugInfo, Device, DeviceKind, Kernel, Program, Variant};
 
 pub use error::{CompileError, ErrorKind, TextError};
-pub use link::Linked;
 pub use kiln_codegen::cpu::{CodePath, CpuTarget};
 pub use kiln_codegen::cuda::tune::Arch as CudaTargetArch;
 pub use kiln_codegen::cuda::CudaModule;
 pub use kiln_codegen::{CodegenError, CpuModule};
+pub use link::Linked;
 
 /// The device a compilation generates code for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

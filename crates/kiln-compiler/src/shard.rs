@@ -24,10 +24,10 @@
 use kiln_module::program::{
     Binding, CollectivePart, Command, Constants, DebugInfo, Device, DeviceKind, EntryPoint, Program, Slot,
 };
+use kiln_shard::CollectiveKind;
 pub use kiln_shard::{
     print as print_sharded, Collective, CollectiveKind as Kind, Layout, Segment, ShardError, Sharded, MAX_DEVICES,
 };
-use kiln_shard::CollectiveKind;
 
 use crate::{Compilation, CompileError, Compiled, Input, Options, Stage, TargetDevice};
 

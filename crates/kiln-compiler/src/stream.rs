@@ -231,7 +231,8 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
         .dispatches
         .iter()
         .map(|d| {
-            let mut v: Vec<usize> = reads(d).iter().flat_map(|&o| writers[p.storage(o).index()].iter().copied()).collect();
+            let mut v: Vec<usize> =
+                reads(d).iter().flat_map(|&o| writers[p.storage(o).index()].iter().copied()).collect();
             v.sort_unstable();
             v.dedup();
             v
@@ -387,11 +388,8 @@ pub fn print(p: &FlowProgram, plan: &StreamPlan) -> String {
             let disp = &p.dispatches[d];
             let ops: Vec<String> = disp.operands.iter().map(|o| format!("%{}", o.0)).collect();
             let src: Vec<String> = disp.sources.iter().map(|x| format!("{x:?}")).collect();
-            let guard: String = disp
-                .guard
-                .iter()
-                .map(|&(c, t)| format!(" {} %{}", if t { "when" } else { "unless" }, c.0))
-                .collect();
+            let guard: String =
+                disp.guard.iter().map(|&(c, t)| format!(" {} %{}", if t { "when" } else { "unless" }, c.0)).collect();
             let _ = writeln!(
                 s,
                 "    %{} = dispatch @{}({}){guard} [{}]",

@@ -143,8 +143,7 @@ pub fn variants_of(i: usize, base: &CpuModule, tiers: &[Tier]) -> Vec<Variant> {
             workgroups: if Some(&wg) == base.workgroups.get(i) { 0 } else { wg },
         });
     }
-    let condition =
-        if tiers.is_empty() { Condition::Always } else { Condition::CpuFeatures(base.executable.features) };
+    let condition = if tiers.is_empty() { Condition::Always } else { Condition::CpuFeatures(base.executable.features) };
     v.push(Variant { executable: 0, entry: i as u32, condition, workgroups: 0 });
     v
 }

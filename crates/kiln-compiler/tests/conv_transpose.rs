@@ -45,7 +45,9 @@ fn out_dims(c: &Case, strides: &[i64], pads: &[i64], dil: &[i64], opad: &[i64], 
         let o = if same {
             c.x[2 + i] as i64 * strides[i]
         } else {
-            strides[i] * (c.x[2 + i] as i64 - 1) + opad[i] + (c.w[2 + i] as i64 - 1) * dil[i] + 1 - pads[i] - pads[i + r]
+            strides[i] * (c.x[2 + i] as i64 - 1) + opad[i] + (c.w[2 + i] as i64 - 1) * dil[i] + 1
+                - pads[i]
+                - pads[i + r]
         };
         d.push(o as usize);
     }
@@ -64,7 +66,8 @@ fn run(c: &Case, n: usize) {
             None => vec![default; len],
         }
     };
-    let (strides, pads, dil, opad) = (get("strides", r, 1), get("pads", 2 * r, 0), get("dilations", r, 1), get("output_padding", r, 0));
+    let (strides, pads, dil, opad) =
+        (get("strides", r, 1), get("pads", 2 * r, 0), get("dilations", r, 1), get("output_padding", r, 0));
     let od = out_dims(c, &strides, &pads, &dil, &opad, c.attrs.contains("SAME"));
     let m = od[1];
     let wn: usize = c.w.iter().product();
@@ -89,8 +92,14 @@ fn run(c: &Case, n: usize) {
     }
     text += "}\n";
     let g = kiln_ir::text::parse(&text).unwrap_or_else(|e| panic!("case {n}: {e}\n{text}"));
-    let x = kiln_ir::Tensor::from_f64(kiln_ir::DType::F32, kiln_ir::Shape::new(c.x.clone()).unwrap(), &values(c.x.iter().product(), 3 + n as u64)).unwrap();
-    let want = kiln_ref::eval_graph(&g, std::slice::from_ref(&x)).unwrap_or_else(|e| panic!("case {n}: reference: {e}"));
+    let x = kiln_ir::Tensor::from_f64(
+        kiln_ir::DType::F32,
+        kiln_ir::Shape::new(c.x.clone()).unwrap(),
+        &values(c.x.iter().product(), 3 + n as u64),
+    )
+    .unwrap();
+    let want =
+        kiln_ref::eval_graph(&g, std::slice::from_ref(&x)).unwrap_or_else(|e| panic!("case {n}: reference: {e}"));
     let compiled = compile(&g, &Options::default()).unwrap_or_else(|e| panic!("case {n}: compile: {e}"));
     // The phase filters are folded; no ConvTranspose dispatch is general.
     let ours: Vec<usize> = (0..compiled.flow.dispatches.len())
@@ -100,7 +109,10 @@ fn run(c: &Case, n: usize) {
         let d = &compiled.flow.dispatches[i];
         assert_ne!(d.class, KernelClass::General, "case {n}: {} is general", d.kernel.name);
         let reads_w_only = d.operands.len() == 1
-            && matches!(compiled.flow.buffer(compiled.flow.storage(d.operands[0])).kind, kiln_flow::program::BufferKind::Const(_));
+            && matches!(
+                compiled.flow.buffer(compiled.flow.storage(d.operands[0])).kind,
+                kiln_flow::program::BufferKind::Const(_)
+            );
         assert!(!reads_w_only, "case {n}: {} computes from constants alone at run time", d.kernel.name);
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             let note = &compiled.codegen_notes[i];
@@ -116,7 +128,11 @@ fn run(c: &Case, n: usize) {
     // Sums of at most a few hundred products of values in [-1, 1): 1e-5 relative and
     // absolute covers the reordering of the f32 sum.
     for (i, (a, b)) in got.to_f64_vec().iter().zip(want[0].to_f64_vec()).enumerate() {
-        assert!((a - b).abs() <= 1e-5 * b.abs() + 1e-5, "case {n} ({}): element {i}: {a}, the reference gives {b}", c.attrs);
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs() + 1e-5,
+            "case {n} ({}): element {i}: {a}, the reference gives {b}",
+            c.attrs
+        );
     }
 }
 
@@ -132,7 +148,14 @@ fn conv_transpose_compiled_matches_the_reference() {
     };
     let cases = [
         // Stride 2, kernel 3, pads 1, output padding 1 (the decoder's upsampling).
-        case(&[1, 5, 7, 9], &[5, 6, 3, 3], "strides = [2, 2], pads = [1, 1, 1, 1], output_padding = [1, 1]", 1, true, true),
+        case(
+            &[1, 5, 7, 9],
+            &[5, 6, 3, 3],
+            "strides = [2, 2], pads = [1, 1, 1, 1], output_padding = [1, 1]",
+            1,
+            true,
+            true,
+        ),
         // Kernel 4 at stride 2 (two taps per phase), 16 output channels, wide rows.
         case(&[2, 8, 6, 37], &[8, 16, 4, 4], "strides = [2, 2], pads = [1, 1, 1, 1]", 1, true, false),
         // Kernel 2 at stride 2 (one tap per phase: U-Net).
@@ -149,7 +172,14 @@ fn conv_transpose_compiled_matches_the_reference() {
         // Groups: two groups of 3 input and 2 output channels (the group an axis).
         case(&[1, 6, 5, 7], &[6, 2, 3, 3], "strides = [2, 2], pads = [1, 1, 1, 1]", 2, true, true),
         // Depthwise (deepfilternet3's decoder: 1×3, strides (1, 2), one side padded).
-        case(&[1, 16, 9, 8], &[16, 1, 1, 3], "strides = [1, 2], pads = [0, 1, 0, 1], output_padding = [0, 1]", 16, true, false),
+        case(
+            &[1, 16, 9, 8],
+            &[16, 1, 1, 3],
+            "strides = [1, 2], pads = [0, 1, 0, 1], output_padding = [0, 1]",
+            16,
+            true,
+            false,
+        ),
         // A channel multiplier: each of 4 channels to 3.
         case(&[1, 4, 5, 6], &[4, 3, 3, 3], "strides = [2, 2]", 4, true, false),
         // 1-D, stride 2, kernel 4.

@@ -45,10 +45,7 @@ struct Case {
 }
 
 fn run(c: &Case, seed: u64) {
-    let label = format!(
-        "x[{:?}, {}] · dq({} [{}, {}], {} blocks of {})",
-        c.rows, c.k, c.w, c.k, c.n, c.scale, c.block
-    );
+    let label = format!("x[{:?}, {}] · dq({} [{}, {}], {} blocks of {})", c.rows, c.k, c.w, c.k, c.n, c.scale, c.block);
     let mut xd: Vec<usize> = c.rows.to_vec();
     xd.push(c.k);
     let mut yd: Vec<usize> = c.rows.to_vec();
@@ -79,11 +76,26 @@ fn run(c: &Case, seed: u64) {
     let dq = Op::with_typed(
         OpKind::DequantizeLinear,
         // An E8M0 scale needs `output_dtype` (else the result would be E8M0).
-        DequantizeAttrs { axis: 0, block_size: c.block as i64, output_dtype: DType::F32.onnx_code().unwrap() as i64, ..Default::default() },
+        DequantizeAttrs {
+            axis: 0,
+            block_size: c.block as i64,
+            output_dtype: DType::F32.onnx_code().unwrap() as i64,
+            ..Default::default()
+        },
     )
     .unwrap();
-    let (_, b) = g.add_node("dq", dq, vec![Some(wv), Some(sv)], vec![("b".into(), TensorType::new(DType::F32, shape(&[c.k, c.n])))]);
-    let (_, y) = g.add_node("mm", Op::new(OpKind::MatMul), vec![Some(xv), Some(b[0])], vec![("y".into(), TensorType::new(DType::F32, shape(&yd)))]);
+    let (_, b) = g.add_node(
+        "dq",
+        dq,
+        vec![Some(wv), Some(sv)],
+        vec![("b".into(), TensorType::new(DType::F32, shape(&[c.k, c.n])))],
+    );
+    let (_, y) = g.add_node(
+        "mm",
+        Op::new(OpKind::MatMul),
+        vec![Some(xv), Some(b[0])],
+        vec![("y".into(), TensorType::new(DType::F32, shape(&yd)))],
+    );
     g.outputs = vec![y[0]];
 
     let feeds: Vec<Tensor> = if c.w_input { vec![x.clone(), w.clone()] } else { vec![x.clone()] };

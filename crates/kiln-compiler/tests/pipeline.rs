@@ -235,10 +235,7 @@ fn a_stage_fed_what_it_cannot_use_is_an_internal_error() {
     assert_eq!((internal.stage(), internal.kind()), (Stage::Codegen, ErrorKind::Internal));
     let unsupported = CompileError::from(CodegenError::Unsupported { kernel: "k3".into(), what: "f8 loads".into() });
     assert_eq!(unsupported.kind(), ErrorKind::Unsupported);
-    assert_eq!(
-        unsupported.to_string(),
-        "code generation: kernel k3: f8 loads is not supported by the code generator"
-    );
+    assert_eq!(unsupported.to_string(), "code generation: kernel k3: f8 loads is not supported by the code generator");
 
     // A graph that breaks an invariant after a pass is that pass's bug.
     let verify = CompileError::from(kiln_opt::PassError::Verify { pass: "tensor-fold-constants", message: "x".into() });

@@ -127,7 +127,10 @@ impl Case {
             self.init.then(|| match self.init_const {
                 Some(v) => {
                     let n: usize = sd.iter().product();
-                    gr.add_const(name, Tensor::from_f64(DType::F32, Shape::new(sd.clone()).unwrap(), &vec![v; n]).unwrap())
+                    gr.add_const(
+                        name,
+                        Tensor::from_f64(DType::F32, Shape::new(sd.clone()).unwrap(), &vec![v; n]).unwrap(),
+                    )
                 }
                 None => {
                     feeds.push(data(&sd, seed, 0.9));

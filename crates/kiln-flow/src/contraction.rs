@@ -335,7 +335,8 @@ impl Contraction {
                         let (offset, panel) = panel_offset(k, *input, index)?;
                         Some(Operand { input: *input, offset, panel: Some(panel), dtype })
                     };
-                    let plain = || Some(Operand { input: *input, offset: load_offset(k, *input, index)?, panel: None, dtype });
+                    let plain =
+                        || Some(Operand { input: *input, offset: load_offset(k, *input, index)?, panel: None, dtype });
                     if int {
                         panel().or_else(plain)
                     } else {
@@ -511,7 +512,8 @@ mod tests {
         assert_eq!((c.b.offset.of(0), c.b.offset.of(2), c.b.offset.of(3)), (64, 1, 256));
         assert_eq!((c.a.offset.of(1), c.a.offset.of(3)), (256, 1));
         // A remainder whose low part can leave 0..c is not taken apart.
-        let mut kb = KernelBuilder::new("wrap", vec![t(&[8])], TensorType::new(DType::I64, Shape::new(vec![8]).unwrap()));
+        let mut kb =
+            KernelBuilder::new("wrap", vec![t(&[8])], TensorType::new(DType::I64, Shape::new(vec![8]).unwrap()));
         let o = kb.out_index();
         let (c3, c5) = (kb.index(3), kb.index(5));
         let i = kb.add(o[0], c3);
@@ -594,7 +596,8 @@ mod tests {
             kb.finish(s).unwrap()
         };
         let k = build(1, 8);
-        let Expr::Load { index, .. } = &k.nodes.iter().find(|n| matches!(&n.expr, Expr::Load { input: 1, .. })).unwrap().expr
+        let Expr::Load { index, .. } =
+            &k.nodes.iter().find(|n| matches!(&n.expr, Expr::Load { input: 1, .. })).unwrap().expr
         else {
             unreachable!()
         };

@@ -68,8 +68,8 @@ use crate::contraction::{Contraction, INT_OPERANDS};
 use crate::interp;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType};
 use crate::program::{BufferId, BufferKind, FlowProgram};
-use std::collections::HashMap;
 use kiln_ir::{DType, Shape, Tensor, TensorType};
+use std::collections::HashMap;
 
 /// Rewrites every contraction that reads a dequantised constant weight to read the
 /// integers and apply the scale in its epilogue (see the module docs). Returns how many
@@ -1101,8 +1101,9 @@ mod tests {
             let vals: Vec<i64> = (0..35).map(|i| if qd == DType::I4 { i % 16 - 8 } else { i % 16 }).collect();
             let q = Tensor::from_i64(qd, Shape::new(vec![7, 5]).unwrap(), &vals).unwrap();
             let mut p = program_of(q, 0.0, false, false, false);
-            let x = Tensor::from_vec(Shape::new(vec![3, 7]).unwrap(), (0..21).map(|i| (i as f32 * 0.3).cos()).collect())
-                .unwrap();
+            let x =
+                Tensor::from_vec(Shape::new(vec![3, 7]).unwrap(), (0..21).map(|i| (i as f32 * 0.3).cos()).collect())
+                    .unwrap();
             let want_out = interpret(&p, std::slice::from_ref(&x)).unwrap()[0].to_vec::<f32>().unwrap();
             assert_eq!(dequantize_in_load(&mut p), 1, "{qd}");
             p.remove_dead();
@@ -1204,7 +1205,8 @@ mod tests {
     #[test]
     fn constant_operand_sums_fold_exactly() {
         let mut taken = 0;
-        for (ad, bd) in [(DType::I8, DType::I8), (DType::U8, DType::I8), (DType::I8, DType::U8), (DType::U8, DType::U8)] {
+        for (ad, bd) in [(DType::I8, DType::I8), (DType::U8, DType::I8), (DType::I8, DType::U8), (DType::U8, DType::U8)]
+        {
             for a_const in [true, false] {
                 for za in 0..3 {
                     for zb in 0..3 {

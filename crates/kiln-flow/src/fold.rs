@@ -144,7 +144,10 @@ mod tests {
         assert_eq!(names, vec![BufferId(3), BufferId(4)]);
         // The last one writes a graph output: it stays.
         assert_eq!(fold_constants(&mut prog), 1);
-        assert_eq!(prog.dispatches.iter().map(|d| d.result).collect::<Vec<_>>(), vec![BufferId(3), BufferId(4), BufferId(5)]);
+        assert_eq!(
+            prog.dispatches.iter().map(|d| d.result).collect::<Vec<_>>(),
+            vec![BufferId(3), BufferId(4), BufferId(5)]
+        );
         // A scalar broadcast to 10 000 elements: kept; to 4 000: folded.
         for (n, folds) in [(10_000usize, 0usize), (4_000, 1)] {
             let mut b = KernelBuilder::new("fill", vec![t(&[1])], t(&[n]));
@@ -155,7 +158,11 @@ mod tests {
             let mut p = FlowProgram {
                 extents: Vec::new(),
                 name: "f".into(),
-                buffers: vec![buf(t(&[1]), BufferKind::Const(one)), buf(t(&[n]), BufferKind::Result), buf(t(&[n]), BufferKind::Result)],
+                buffers: vec![
+                    buf(t(&[1]), BufferKind::Const(one)),
+                    buf(t(&[n]), BufferKind::Result),
+                    buf(t(&[n]), BufferKind::Result),
+                ],
                 dispatches: vec![
                     Dispatch::new(fill, vec![BufferId(0)], BufferId(1), vec![]),
                     Dispatch::new(spread_n(n), vec![BufferId(1)], BufferId(2), vec![]),

@@ -37,11 +37,11 @@ use std::collections::HashMap;
 
 use crate::class::{classify, KernelClass, Rank};
 use crate::contraction::Contraction;
-use crate::layout::contraction_in_place;
-use crate::resample::Resample;
 use crate::kernel::{BinaryOp, Bounds, Expr, ExprId, Kernel, KernelBuilder, ReduceOp, ScalarType, VarId};
+use crate::layout::contraction_in_place;
 use crate::lower::{flat_index, unflatten};
 use crate::program::{BufferId, BufferKind, FlowProgram};
+use crate::resample::Resample;
 
 /// Largest fused kernel, in nodes (bounds code size and compile time).
 const MAX_NODES: usize = 768;
@@ -353,17 +353,23 @@ pub(crate) fn fused_kernel(p: &FlowProgram, d: usize, k: usize, pi: usize) -> Op
     }
     let mut b = KernelBuilder::new(dk.name.clone(), inputs, dk.output.clone());
     let mut t = Translate::new(dk);
-    let root = t.run(&mut b, dk, &mut |b, input, _index: &[ExprId], _ty| {
-        if let Some(&j) = d_map.get(&input) {
-            return LoadAction::Input(j);
-        }
-        let Some(&(_, via)) = fused_slots.iter().find(|(j, _)| *j == input) else {
-            b.fail("load from an unknown operand");
-            return LoadAction::Input(0);
-        };
-        let _ = via;
-        LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
-    }, pk, &p_map);
+    let root = t.run(
+        &mut b,
+        dk,
+        &mut |b, input, _index: &[ExprId], _ty| {
+            if let Some(&j) = d_map.get(&input) {
+                return LoadAction::Input(j);
+            }
+            let Some(&(_, via)) = fused_slots.iter().find(|(j, _)| *j == input) else {
+                b.fail("load from an unknown operand");
+                return LoadAction::Input(0);
+            };
+            let _ = via;
+            LoadAction::Substitute(dk.inputs[input as usize].shape.dims().to_vec())
+        },
+        pk,
+        &p_map,
+    );
     let fused = b.finish(root).ok()?;
     Some((fused, operands))
 }
@@ -442,8 +448,10 @@ fn reads_along_rows(k: &Kernel) -> bool {
             let mut last = None;
             for j in 0..steps {
                 env[rank - 1] = j;
-                let flat =
-                    evals.iter_mut().zip(&strides).fold(0i64, |f, (ev, &s)| f.wrapping_add((ev.at(&env) as i64).wrapping_mul(s)));
+                let flat = evals
+                    .iter_mut()
+                    .zip(&strides)
+                    .fold(0i64, |f, (ev, &s)| f.wrapping_add((ev.at(&env) as i64).wrapping_mul(s)));
                 if last.is_some_and(|l: i64| !matches!(flat.wrapping_sub(l), 0 | 1)) {
                     return false;
                 }
@@ -620,7 +628,9 @@ fn substitute(
             Expr::Unary(op, a) => b.raw(n.ty, Expr::Unary(*op, m(a))),
             Expr::Binary(op, x, y) => b.raw(n.ty, Expr::Binary(*op, m(x), m(y))),
             Expr::Select(c, x, y) => b.raw(n.ty, Expr::Select(m(c), m(x), m(y))),
-            Expr::Cast { value, to, saturate } => b.raw(n.ty, Expr::Cast { value: m(value), to: *to, saturate: *saturate }),
+            Expr::Cast { value, to, saturate } => {
+                b.raw(n.ty, Expr::Cast { value: m(value), to: *to, saturate: *saturate })
+            }
         };
         map.push(id);
     }

@@ -260,9 +260,8 @@ impl Eval<'_> {
         let total: u64 = extents.iter().product();
         let bt = self.k.nodes[body.index()].ty;
         // Nodes to forget at every step: those reading any of these variables.
-        let mine: Vec<usize> = (0..self.k.nodes.len())
-            .filter(|&i| self.free[i].iter().any(|v| vars.iter().any(|w| w.0 == *v)))
-            .collect();
+        let mine: Vec<usize> =
+            (0..self.k.nodes.len()).filter(|&i| self.free[i].iter().any(|v| vars.iter().any(|w| w.0 == *v))).collect();
         let mut acc = match op {
             ReduceOp::Sum => zero(bt),
             ReduceOp::Prod => one(bt),

@@ -759,9 +759,7 @@ pub enum KernelError {
         what: String,
     },
     /// An `InBounds` load whose index cannot be proved in range.
-    #[error(
-        "kernel {kernel}: node e{node}: index {dim} of input {input} spans {lo}..={hi}, outside 0..{extent}"
-    )]
+    #[error("kernel {kernel}: node e{node}: index {dim} of input {input} spans {lo}..={hi}, outside 0..{extent}")]
     OutOfBounds {
         /// Kernel name.
         kernel: String,
@@ -887,7 +885,10 @@ impl Kernel {
                         ));
                     }
                     if n.ty != ScalarType::of_storage(t.dtype) {
-                        return Err(ty_err(i, format!("a load of {} gives {}", t.dtype.name(), ScalarType::of_storage(t.dtype))));
+                        return Err(ty_err(
+                            i,
+                            format!("a load of {} gives {}", t.dtype.name(), ScalarType::of_storage(t.dtype)),
+                        ));
                     }
                     for &e in index {
                         if operand(e)?.ty != ScalarType::I64 {
@@ -904,7 +905,9 @@ impl Kernel {
                 Expr::Unary(op, a) => {
                     let at = operand(*a)?.ty;
                     let want = if *op == UnaryOp::IsNan { ScalarType::Bool } else { at };
-                    if (op.float_only() && !at.is_float()) || (*op == UnaryOp::Neg && at == ScalarType::Bool) || n.ty != want
+                    if (op.float_only() && !at.is_float())
+                        || (*op == UnaryOp::Neg && at == ScalarType::Bool)
+                        || n.ty != want
                     {
                         return Err(ty_err(i, format!("{} of {at} cannot give {}", op.name(), n.ty)));
                     }
@@ -931,7 +934,10 @@ impl Kernel {
                 Expr::Cast { value, to, .. } => {
                     operand(*value)?;
                     if n.ty != ScalarType::of_storage(*to) {
-                        return Err(ty_err(i, format!("a cast to {} gives {}", to.name(), ScalarType::of_storage(*to))));
+                        return Err(ty_err(
+                            i,
+                            format!("a cast to {} gives {}", to.name(), ScalarType::of_storage(*to)),
+                        ));
                     }
                     take(*value, &mut fv);
                 }
@@ -1063,7 +1069,8 @@ impl Kernel {
                         _ => full,
                     },
                     BinaryOp::Mul => {
-                        let c = [a.0.checked_mul(b.0), a.0.checked_mul(b.1), a.1.checked_mul(b.0), a.1.checked_mul(b.1)];
+                        let c =
+                            [a.0.checked_mul(b.0), a.0.checked_mul(b.1), a.1.checked_mul(b.0), a.1.checked_mul(b.1)];
                         if c.iter().all(Option::is_some) {
                             let c = c.map(|x| x.unwrap_or(0));
                             clamp((*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0)))
@@ -1091,9 +1098,7 @@ impl Kernel {
                 let (a, b) = (r[a.index()], r[b.index()]);
                 (a.0.min(b.0), a.1.max(b.1))
             }
-            Expr::Cast { value, .. } if n.ty.is_int() && !self.node(*value).ty.is_float() => {
-                clamp(r[value.index()])
-            }
+            Expr::Cast { value, .. } if n.ty.is_int() && !self.node(*value).ty.is_float() => clamp(r[value.index()]),
             _ => full,
         }
     }
@@ -1511,7 +1516,12 @@ impl KernelBuilder {
 
     /// Ends a scatter kernel: each point stores `root` at flat output position `at`,
     /// combined by `combine`; verifies it.
-    pub fn finish_scatter(mut self, root: ExprId, at: ExprId, combine: Option<BinaryOp>) -> Result<Kernel, KernelError> {
+    pub fn finish_scatter(
+        mut self,
+        root: ExprId,
+        at: ExprId,
+        combine: Option<BinaryOp>,
+    ) -> Result<Kernel, KernelError> {
         match &mut self.k.scatter {
             Some(s) => {
                 s.at = at;

@@ -589,9 +589,11 @@ fn packed_one(
         return None;
     };
     let off = &operand.offset;
-    let reads_only = off.coef.iter().enumerate().all(|(v, &x)| {
-        x == 0 || v as u32 == var || c.k.contains(&(v as u32)) || k.vars[v] == 1
-    });
+    let reads_only = off
+        .coef
+        .iter()
+        .enumerate()
+        .all(|(v, &x)| x == 0 || v as u32 == var || c.k.contains(&(v as u32)) || k.vars[v] == 1);
     // (One panel would be the operand itself at another pitch; but an integer operand,
     // converted in its load, is packed whatever its width: the panel's zero columns let
     // a tile read whole vectors of it, where there are no masked byte loads.)
@@ -838,7 +840,8 @@ mod tests {
         let (full, half) = (step(n), step(n / 2));
         assert!(Contraction::of(&full).is_none());
         let (h, r) = (seeded(&[nd, b, kk], 1.0), seeded(&[nd, n, kk], 2.0));
-        let mut buffers = vec![buf(t(&[nd, b, kk]), BufferKind::Input(0)), buf(t(&[nd, n, kk]), BufferKind::Const(r.clone()))];
+        let mut buffers =
+            vec![buf(t(&[nd, b, kk]), BufferKind::Input(0)), buf(t(&[nd, n, kk]), BufferKind::Const(r.clone()))];
         let mut dispatches = Vec::new();
         for (i, k) in [&full, &full, &full, &half].into_iter().enumerate() {
             buffers.push(buf(k.output.clone(), BufferKind::Result));
@@ -1003,7 +1006,8 @@ mod tests {
     /// sequence at its own `[N, L, C, 1]` shape.
     fn conv1d_across(n: usize, l: usize, c: usize, co: usize, kh: usize) -> Kernel {
         let ol = l - kh + 1;
-        let mut b = KernelBuilder::new("conv", vec![t(&[n, l, c, 1]), t(&[co, c, kh, 1]), t(&[co])], t(&[n, co, ol, 1]));
+        let mut b =
+            KernelBuilder::new("conv", vec![t(&[n, l, c, 1]), t(&[co, c, kh, 1]), t(&[co])], t(&[n, co, ol, 1]));
         let o = b.out_index();
         let (ci, y, x) = (b.new_var(c as u64), b.new_var(kh as u64), b.new_var(1));
         let (cv, yv, xv) = (b.var(ci), b.var(y), b.var(x));
@@ -1040,7 +1044,7 @@ mod tests {
             assert!(contraction_in_place(&kernel));
             let (xs, ws, bs) = (filled(&[n, l, c, 1], 0.7), filled(&[co, c, kh, 1], 0.3), filled(&[co], 1.1));
             let want = crate::interp::run(&kernel, &[&xs, &ws, &bs]).unwrap();
-                let mut prog = program(
+            let mut prog = program(
                 vec![
                     buf(t(&[n, l, c, 1]), BufferKind::Input(0)),
                     buf(t(&[co, c, kh, 1]), BufferKind::Const(ws.clone())),
@@ -1058,14 +1062,20 @@ mod tests {
             );
             assert_eq!(materialize_columns(&mut prog), 1);
             let (copy, conv) = (&prog.dispatches[0], &prog.dispatches[1]);
-            assert_eq!(copy.sources, [if relaid { "image for Transpose + Conv" } else { "columns for Transpose + Conv" }]);
+            assert_eq!(
+                copy.sources,
+                [if relaid { "image for Transpose + Conv" } else { "columns for Transpose + Conv" }]
+            );
             let copied = crate::interp::run(&copy.kernel, &[&xs]).unwrap();
             let wide = Contraction::of(&conv.kernel).expect("still a contraction");
             assert!(wide.in_place(&conv.kernel));
             if relaid {
                 // The image once, channels first; the product over every position.
                 assert_eq!(prog.buffer(copy.result).ty.shape.dims(), &[c, n, l, 1]);
-                assert_eq!((wide.dims, wide.column_step(&wide.b.offset)), ([co as u64, ol as u64, (c * kh) as u64], Some(1)));
+                assert_eq!(
+                    (wide.dims, wide.column_step(&wide.b.offset)),
+                    ([co as u64, ol as u64, (c * kh) as u64], Some(1))
+                );
             } else {
                 // Gathered columns: the image once per filter tap.
                 assert_eq!(prog.buffer(copy.result).ty.shape.numel(), c * kh * ol * n);

@@ -36,7 +36,7 @@ pub mod mx;
 pub mod precision;
 pub mod program;
 pub mod resample;
-pub mod text;
 #[cfg(test)]
 mod test_types;
+pub mod text;
 pub mod window;

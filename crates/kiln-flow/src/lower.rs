@@ -142,11 +142,9 @@ impl<'a> OpCx<'a> {
         match self.input(i) {
             None => Ok(None),
             Some(OpInput { value: Some(t), .. }) => Ok(Some(t)),
-            Some(_) => Err(LowerError::NotConstant {
-                op: self.op.kind.name().to_string(),
-                what: what.to_string(),
-                operand: i,
-            }),
+            Some(_) => {
+                Err(LowerError::NotConstant { op: self.op.kind.name().to_string(), what: what.to_string(), operand: i })
+            }
         }
     }
 
@@ -191,11 +189,7 @@ impl<'a> OpCx<'a> {
 /// read index 0.
 pub fn broadcast_index(b: &mut KernelBuilder, in_dims: &[usize], out_index: &[ExprId]) -> Vec<ExprId> {
     let skip = out_index.len().saturating_sub(in_dims.len());
-    in_dims
-        .iter()
-        .zip(&out_index[skip..])
-        .map(|(&d, &e)| if d == 1 { b.index(0) } else { e })
-        .collect()
+    in_dims.iter().zip(&out_index[skip..]).map(|(&d, &e)| if d == 1 { b.index(0) } else { e }).collect()
 }
 
 /// The row-major flat position of `index` in a tensor of `dims`.

@@ -104,14 +104,23 @@ fn plan(p: &FlowProgram, d: usize) -> Option<Plan> {
     }
     let Expr::Binary(BinaryOp::Mul, x, y) = k.node(*body).expr else { return None };
     let is_b = |e: ExprId| matches!(&k.node(e).expr, Expr::Load { input, .. } if *input == c.b.input);
-    let bload = if is_b(x) { x } else if is_b(y) { y } else { return None };
+    let bload = if is_b(x) {
+        x
+    } else if is_b(y) {
+        y
+    } else {
+        return None;
+    };
     let Expr::Load { index, .. } = &k.node(bload).expr else { return None };
     let bt = &k.inputs[c.b.input as usize];
     let (kk, nn) = match bt.shape.dims() {
         &[kk, nn] => (kk, nn),
         _ => return None,
     };
-    if k.node(index[0]).expr != Expr::Var(VarId(kv)) || k.vars[kv as usize] != kk as u64 || affine(k, index[1])?.of(kv) != 0 {
+    if k.node(index[0]).expr != Expr::Var(VarId(kv))
+        || k.vars[kv as usize] != kk as u64
+        || affine(k, index[1])?.of(kv) != 0
+    {
         return None;
     }
     let loads = k.nodes.iter().filter(|n| matches!(&n.expr, Expr::Load { input, .. } if *input == c.b.input)).count();
@@ -132,9 +141,8 @@ fn plan(p: &FlowProgram, d: usize) -> Option<Plan> {
         return None;
     }
     // The block size.
-    let constant_on = |bs: usize| {
-        (0..kk).all(|r| r % bs == 0 || (0..nn).all(|n| sc[r * nn + n] == sc[(r - 1) * nn + n]))
-    };
+    let constant_on =
+        |bs: usize| (0..kk).all(|r| r % bs == 0 || (0..nn).all(|n| sc[r * nn + n] == sc[(r - 1) * nn + n]));
     let bs = [kk, 256, 128, 64, 32, 16, 8].into_iter().filter(|&b| b <= kk && kk % b == 0).find(|&b| constant_on(b))?;
     let nb = kk / bs;
     if nb * k.output.shape.numel() > kk * nn {
@@ -219,7 +227,15 @@ fn split(p: &FlowProgram, pi: usize, numel: usize) -> Option<(Vec<f64>, Vec<f64>
 
 /// `D1`: the reduction of `k` split at blocks of `bs`, the block its outermost output
 /// variable, reading A (input 0) and the integer weight (input 1, of `wd`).
-fn blocks_kernel(k: &Kernel, c: &Contraction, kv: u32, bload: ExprId, wd: DType, nb: usize, bs: usize) -> Option<Kernel> {
+fn blocks_kernel(
+    k: &Kernel,
+    c: &Contraction,
+    kv: u32,
+    bload: ExprId,
+    wd: DType,
+    nb: usize,
+    bs: usize,
+) -> Option<Kernel> {
     let r = k.out_rank();
     let a_ty = k.inputs[c.a.input as usize].clone();
     let w_ty = TensorType::new(wd, k.inputs[c.b.input as usize].shape.clone());

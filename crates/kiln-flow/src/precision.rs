@@ -354,7 +354,9 @@ fn carries_range(k: &Kernel, half: DType, wide_input: &dyn Fn(u32) -> bool) -> b
             },
             Expr::Select(_, a, b) => w(*a) || w(*b),
             Expr::Cast { value, to, .. } => *to != DType::Bool && w(*value),
-            Expr::Reduce { op, body, .. } => !matches!(op, ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. }) && w(*body),
+            Expr::Reduce { op, body, .. } => {
+                !matches!(op, ReduceOp::ArgMax { .. } | ReduceOp::ArgMin { .. }) && w(*body)
+            }
         };
     }
     wide.get(k.root.index()).copied().unwrap_or(true)

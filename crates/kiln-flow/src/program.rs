@@ -474,9 +474,7 @@ pub fn lower_graph(graph: &Graph, lower: &Lowering<'_>) -> Result<FlowProgram, F
                 .outputs
                 .iter()
                 .enumerate()
-                .filter_map(|(k, &o)| {
-                    dynamic[o.index()].filter(|d| d.extent == e).map(|d| (k as u32, d.axis as u32))
-                })
+                .filter_map(|(k, &o)| dynamic[o.index()].filter(|d| d.extent == e).map(|d| (k as u32, d.axis as u32)))
                 .collect();
             p.extents.push(Extent { buffer, bound, name, outputs, input: None });
         }
@@ -818,9 +816,10 @@ pub fn interpret(p: &FlowProgram, inputs: &[Tensor]) -> Result<Vec<Tensor>, crat
         t.reshaped(p.buffer(b).ty.shape.clone()).ok()
     };
     for d in &p.dispatches {
-        let runs = d.guard.iter().all(|&(c, truth)| {
-            read(&values, c).is_some_and(|t| t.to_f64_vec().iter().any(|&x| x != 0.0) == truth)
-        });
+        let runs = d
+            .guard
+            .iter()
+            .all(|&(c, truth)| read(&values, c).is_some_and(|t| t.to_f64_vec().iter().any(|&x| x != 0.0) == truth));
         if !runs {
             continue;
         }

@@ -126,8 +126,8 @@ impl Resample {
             if taps.len() > 1 {
                 return None;
             }
-            let same = matches!(k.node(s.index[d]).expr, Expr::Var(v) if v.0 as usize == d)
-                && in_dims[d] == out_dims[d];
+            let same =
+                matches!(k.node(s.index[d]).expr, Expr::Var(v) if v.0 as usize == d) && in_dims[d] == out_dims[d];
             if same && taps.is_empty() && fills.is_empty() {
                 axes.push(Axis::Same);
                 continue;
@@ -258,7 +258,8 @@ fn shape(k: &Kernel) -> Option<Shape> {
                 return None;
             }
         }
-        let same = matches!(k.node(ie).expr, Expr::Var(v) if v.0 as usize == d) && x.shape.dims()[d] == o.shape.dims()[d];
+        let same =
+            matches!(k.node(ie).expr, Expr::Var(v) if v.0 as usize == d) && x.shape.dims()[d] == o.shape.dims()[d];
         moved |= !same;
         if let Some(t) = own_tap {
             let &(_, w) = pending.iter().find(|p| p.0 == t)?;

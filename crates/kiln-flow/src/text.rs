@@ -576,7 +576,9 @@ impl Parser<'_> {
                 None => None,
                 Some(o) => match BinaryOp::ALL.iter().find(|b| b.name() == o) {
                     Some(&b) => Some(b),
-                    None => return fail(ypos, format!("unknown scatter combination `{o}` (add, mul, min, max, and, or)")),
+                    None => {
+                        return fail(ypos, format!("unknown scatter combination `{o}` (add, mul, min, max, and, or)"))
+                    }
                 },
             };
             self.expect(&Tok::LBrack, "before the scatter's domain variables")?;

@@ -11,7 +11,8 @@ use common::{f32s, ty};
 #[test]
 fn matmul_as_a_reduce() {
     // [2,3] x [3,2]
-    let mut b = KernelBuilder::new("mm", vec![ty(DType::F32, &[2, 3]), ty(DType::F32, &[3, 2])], ty(DType::F32, &[2, 2]));
+    let mut b =
+        KernelBuilder::new("mm", vec![ty(DType::F32, &[2, 3]), ty(DType::F32, &[3, 2])], ty(DType::F32, &[2, 2]));
     let (_, s) = b.matmul_sum(3);
     let kern = b.finish(s).unwrap();
     let x = f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]);

@@ -15,7 +15,8 @@ use common::{f32s, ty};
 #[test]
 fn a_magnitude_over_two_parts_is_written_out() {
     let (r, c) = (3, 5);
-    let mut b = KernelBuilder::new("mag", vec![ty(DType::F32, &[r, c]), ty(DType::F32, &[r, c])], ty(DType::F32, &[r, c]));
+    let mut b =
+        KernelBuilder::new("mag", vec![ty(DType::F32, &[r, c]), ty(DType::F32, &[r, c])], ty(DType::F32, &[r, c]));
     let o = b.out_index();
     let p = b.new_var(2);
     let pv = b.var(p);

@@ -98,11 +98,7 @@ pub fn parse_dims(s: &str) -> Result<Vec<usize>, String> {
         return Ok(Vec::new());
     }
     s.split(['x', ','])
-        .map(|d| {
-            d.trim()
-                .parse::<usize>()
-                .map_err(|_| format!("`{d}` is not a dimension (expected e.g. 1x3x224x224)"))
-        })
+        .map(|d| d.trim().parse::<usize>().map_err(|_| format!("`{d}` is not a dimension (expected e.g. 1x3x224x224)")))
         .collect()
 }
 

@@ -35,7 +35,9 @@ fn seeds_import() {
 fn truncated_and_corrupt_files_are_decode_errors() {
     let files = corpus();
     let (_, seed) = files.iter().find(|(n, _)| n == "conv_net.tflite").expect("conv_net seed");
-    let decode = |b: &[u8]| matches!(import_bytes(Bytes::copy_from_slice(b), &ImportOptions::default()), Err(ImportError::TfliteDecode(_)));
+    let decode = |b: &[u8]| {
+        matches!(import_bytes(Bytes::copy_from_slice(b), &ImportOptions::default()), Err(ImportError::TfliteDecode(_)))
+    };
     assert!(decode(&seed[..seed.len() / 2]), "half a file");
     assert!(decode(&seed[..12]), "the header only");
     let mut wrong_magic = seed.clone();

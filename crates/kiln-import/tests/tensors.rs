@@ -40,13 +40,14 @@ fn tensor(name: &str, dtype: i32, dims: &[i64]) -> TensorProto {
 }
 
 fn value(g: &Graph) -> kiln_ir::Tensor {
-    g.constant(g.outputs[0]).or_else(|| {
-        // The output may be an Identity of the constant.
-        let n = g.nodes.values().next()?;
-        g.constant(n.inputs[0]?)
-    })
-    .expect("constant output")
-    .clone()
+    g.constant(g.outputs[0])
+        .or_else(|| {
+            // The output may be an Identity of the constant.
+            let n = g.nodes.values().next()?;
+            g.constant(n.inputs[0]?)
+        })
+        .expect("constant output")
+        .clone()
 }
 
 #[test]

@@ -1261,12 +1261,7 @@ impl AttentionAttrs {
     pub fn dims(&self, q: &[usize], k: &[usize], v: &[usize], past: Option<usize>) -> Result<AttentionDims, String> {
         let show = |d: &[usize]| format!("{d:?}");
         if q.len() != k.len() || q.len() != v.len() || !matches!(q.len(), 3 | 4) {
-            return Err(format!(
-                "Q, K and V must all be 3-D or all 4-D, got {}, {} and {}",
-                show(q),
-                show(k),
-                show(v)
-            ));
+            return Err(format!("Q, K and V must all be 3-D or all 4-D, got {}, {} and {}", show(q), show(k), show(v)));
         }
         let (packed, batch) = (q.len() == 3, q[0]);
         let (q_heads, kv_heads, queries, new_keys, head, kh, v_head) = if packed {

@@ -163,9 +163,7 @@ impl Graph {
         let outs: Vec<ValueId> = outputs
             .into_iter()
             .enumerate()
-            .map(|(index, (n, ty))| {
-                self.values.push(Value { ty, name: n, def: ValueDef::Node { node, index } })
-            })
+            .map(|(index, (n, ty))| self.values.push(Value { ty, name: n, def: ValueDef::Node { node, index } }))
             .collect();
         let id = self.nodes.push(Node { name: name.into(), op, inputs, outputs: outs.clone() });
         debug_assert_eq!(id, node);

@@ -218,10 +218,7 @@ fn if_(cx: &Ctx<'_, '_>) -> Result<Vec<TensorType>, InferError> {
     let captured = cx.num_inputs() - 1;
     for (name, g) in [("then_branch", &a.then_branch), ("else_branch", &a.else_branch)] {
         if g.inputs.len() != captured {
-            return Err(cx.invalid(format_args!(
-                "{name} takes {} values, the node passes {captured}",
-                g.inputs.len()
-            )));
+            return Err(cx.invalid(format_args!("{name} takes {} values, the node passes {captured}", g.inputs.len())));
         }
         for (i, &v) in g.inputs.iter().enumerate() {
             let t = cx.req(i + 1, "captured value")?;

@@ -164,10 +164,12 @@ impl Tensor {
             // `from_f64` looks at only the high 32 bits of the f64, so a value just past
             // a tie (an f32 value with low significand bits set) would round as the tie.
             // Of an exactly representable value it is exact.
-            DType::F16 => v.iter().for_each(|&x| f16::from_f64(lowp::round_binary(x, 11, -14, 65504.0)).write_le(&mut out)),
-            DType::BF16 => {
-                v.iter().for_each(|&x| bf16::from_f64(lowp::round_binary(x, 8, -126, lowp::BF16_MAX)).write_le(&mut out))
+            DType::F16 => {
+                v.iter().for_each(|&x| f16::from_f64(lowp::round_binary(x, 11, -14, 65504.0)).write_le(&mut out))
             }
+            DType::BF16 => v
+                .iter()
+                .for_each(|&x| bf16::from_f64(lowp::round_binary(x, 8, -126, lowp::BF16_MAX)).write_le(&mut out)),
             DType::Bool => v.iter().for_each(|&x| (x != 0.0).write_le(&mut out)),
             DType::I8 => v.iter().for_each(|&x| (f64_to_i64(x) as i8).write_le(&mut out)),
             DType::I16 => v.iter().for_each(|&x| (f64_to_i64(x) as i16).write_le(&mut out)),

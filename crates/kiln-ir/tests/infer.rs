@@ -892,10 +892,7 @@ fn data_dependent_extents() {
     assert_eq!(case(Compress).x("f32[2,7,3]").x("bool[40]").oks(2), tys(&["f32[40]", "i64[]"]));
     case(Compress).i("axis", 1).x("f32[2,7,3]").x("bool[8]").invalid_n(2);
     case(Compress).x("f32[2,7]").x("f32[3]").invalid_n(2);
-    assert_eq!(
-        case(Unique).x("f32[2,3]").oks(5),
-        tys(&["f32[6]", "i64[6]", "i64[6]", "i64[6]", "i64[]"])
-    );
+    assert_eq!(case(Unique).x("f32[2,3]").oks(5), tys(&["f32[6]", "i64[6]", "i64[6]", "i64[6]", "i64[]"]));
     assert_eq!(
         case(Unique).i("axis", -1).x("i32[2,3,4]").oks(5),
         tys(&["i32[2,3,4]", "i64[4]", "i64[4]", "i64[4]", "i64[]"])
@@ -1124,13 +1121,9 @@ fn attention() {
         tys(&["f32[2,3,4,10]", "f32[2,3,6,8]", "f32[2,3,6,10]", "f32[2,3,4,6]"])
     );
     // Grouped heads, a cache of 12 keys, a mask shorter than the keys.
-    let cached = |m: &str| {
-        att("f16[2,9,4,8]", "f16[2,3,6,8]", "f16[2,3,6,8]").x(m).x("f16[2,3,12,8]").x("f16[2,3,12,8]")
-    };
-    assert_eq!(
-        cached("f16[4,18]").oks(4),
-        tys(&["f16[2,9,4,8]", "f16[2,3,18,8]", "f16[2,3,18,8]", "f16[2,9,4,18]"])
-    );
+    let cached =
+        |m: &str| att("f16[2,9,4,8]", "f16[2,3,6,8]", "f16[2,3,6,8]").x(m).x("f16[2,3,12,8]").x("f16[2,3,12,8]");
+    assert_eq!(cached("f16[4,18]").oks(4), tys(&["f16[2,9,4,8]", "f16[2,3,18,8]", "f16[2,3,18,8]", "f16[2,9,4,18]"]));
     assert_eq!(cached("bool[2,1,4,10]").ok(), ty("f16[2,9,4,8]"));
     cached("f16[4,19]").invalid();
     cached("f16[3,18]").invalid();

@@ -3,10 +3,10 @@
 
 use bytes::Bytes;
 use half::{bf16, f16};
-use kiln_ir::entity::EntityId;
-use kiln_ir::text::{parse, print, ParseError};
 use kiln_filetest::fuzz::XorShiftStar as Rng;
 use kiln_ir::attrs::EinsumAttrs;
+use kiln_ir::entity::EntityId;
+use kiln_ir::text::{parse, print, ParseError};
 use kiln_ir::{Attr, Attrs, DType, Graph, Op, OpKind, Shape, Tensor, TensorType, ValueDef, ValueId};
 
 fn shape(d: &[usize]) -> Shape {
@@ -113,12 +113,8 @@ fn golden_text() {
     let x = g.add_input("x", ty(DType::F32, &[2, 2]));
     let w = g.add_const("w", f32s(&[1.0, -0.5, 0.25, 2.0]).reshaped(shape(&[2, 2])).unwrap());
     let axes = g.add_const("", Tensor::from_vec(Shape::scalar(), vec![1i64]).unwrap());
-    let (_, mm) = g.add_node(
-        "mm",
-        Op::new(OpKind::MatMul),
-        vec![Some(x), Some(w)],
-        vec![("y".into(), ty(DType::F32, &[2, 2]))],
-    );
+    let (_, mm) =
+        g.add_node("mm", Op::new(OpKind::MatMul), vec![Some(x), Some(w)], vec![("y".into(), ty(DType::F32, &[2, 2]))]);
     let attrs = Attrs::new().with("keepdims", Attr::Int(0)).with("noop_with_empty_axes", Attr::Int(0));
     let (_, r) = g.add_node(
         "",
@@ -225,14 +221,8 @@ fn every_dtype_inline_and_blob() {
         add(&mut g, dt.name(), Tensor::from_codes(dt, shape(&[5]), &[0x0, 0x7, 0x8, 0xF, 0x1]).unwrap());
         add(&mut g, dt.name(), Tensor::from_codes(dt, shape(&[2, 2]), &[0xF, 0xE, 0x0, 0x9]).unwrap());
     }
-    for dt in [
-        DType::F8E4M3FN,
-        DType::F8E4M3FNUZ,
-        DType::F8E5M2,
-        DType::F8E5M2FNUZ,
-        DType::F8E8M0FNU,
-        DType::F6E3M2FN,
-    ] {
+    for dt in [DType::F8E4M3FN, DType::F8E4M3FNUZ, DType::F8E5M2, DType::F8E5M2FNUZ, DType::F8E8M0FNU, DType::F6E3M2FN]
+    {
         add(&mut g, dt.name(), Tensor::from_codes(dt, s.clone(), &[0x00, 0x80, 0x7F, 0xFF]).unwrap());
     }
     // Every dtype again as a blob (more than 16 elements), with an element count that is
@@ -302,14 +292,8 @@ fn exhaustive_16_and_8_bit_codes() {
     // Every f16 and bf16 bit pattern, and every code of every 8- and 4-bit type, inline.
     let mut g = Graph::new("codes");
     for chunk in (0..=u16::MAX).collect::<Vec<u16>>().chunks(16) {
-        g.add_const(
-            "",
-            Tensor::from_vec(shape(&[16]), chunk.iter().map(|&b| f16::from_bits(b)).collect()).unwrap(),
-        );
-        g.add_const(
-            "",
-            Tensor::from_vec(shape(&[16]), chunk.iter().map(|&b| bf16::from_bits(b)).collect()).unwrap(),
-        );
+        g.add_const("", Tensor::from_vec(shape(&[16]), chunk.iter().map(|&b| f16::from_bits(b)).collect()).unwrap());
+        g.add_const("", Tensor::from_vec(shape(&[16]), chunk.iter().map(|&b| bf16::from_bits(b)).collect()).unwrap());
     }
     let all8: Vec<u8> = (0..=255).collect();
     for dt in DType::ALL.into_iter().filter(|d| d.bits() == 8 && *d != DType::Bool) {
@@ -454,7 +438,12 @@ fn names_operands_and_ids() {
     g.values[odd].ty = ty(DType::F32, &[2, 2]);
     g.outputs = vec![outs[2], a, k, r[0], outs[2], b];
     let text = round_trip(&g);
-    assert!(text.starts_with("graph @\"\"(%0: f32[3] \"in \\\"a\\\"\\n\\\\\", %6: i64[] \"b\") -> (%4, %0, %1, %5, %4, %6) {\n"), "{text}");
+    assert!(
+        text.starts_with(
+            "graph @\"\"(%0: f32[3] \"in \\\"a\\\"\\n\\\\\", %6: i64[] \"b\") -> (%4, %0, %1, %5, %4, %6) {\n"
+        ),
+        "{text}"
+    );
     contains_all(
         &text,
         &[
@@ -489,10 +478,7 @@ fn contains_all(text: &str, pieces: &[&str]) {
 
 fn check_err(src: &str, line: usize, col: usize, msg: &str) {
     let (l, c, m) = err(src);
-    assert!(
-        (l, c) == (line, col) && m.contains(msg),
-        "expected {line}:{col}: …{msg}…, got {l}:{c}: {m}\nfor:\n{src}"
-    );
+    assert!((l, c) == (line, col) && m.contains(msg), "expected {line}:{col}: …{msg}…, got {l}:{c}: {m}\nfor:\n{src}");
 }
 
 /// Errors in the one statement of a graph body, as (the statement, column, message): each
@@ -580,12 +566,7 @@ fn blob_section() {
     let g = parse(ok).unwrap();
     assert_eq!(g.constant(ValueId::new(0)).unwrap().bytes().as_ref(), &[0, 1, 2, 3]);
     let head = "graph @g() -> (%0) {\n  %0 = const u8[4] blob(0)\n}\n";
-    check_err(
-        &format!("{head}blobs {{\n  0:\n    \"AAEC\"\n}}\n"),
-        2,
-        25,
-        "blob 0 has 3 bytes, type u8[4] needs 4",
-    );
+    check_err(&format!("{head}blobs {{\n  0:\n    \"AAEC\"\n}}\n"), 2, 25, "blob 0 has 3 bytes, type u8[4] needs 4");
     check_err(&format!("{head}blobs {{\n  0:\n    \"AA!C\"\n}}\n"), 6, 8, "invalid base64 character '!'");
     check_err(
         &format!("{head}blobs {{\n  0:\n    \"AAE=\"\n    \"AA==\"\n}}\n"),
@@ -610,18 +591,10 @@ fn blob_section() {
 fn sample() -> Graph {
     let mut g = Graph::new("sample");
     let x = g.add_input("x", ty(DType::F32, &[1, 3]));
-    let w = g
-        .add_const("w", Tensor::from_vec(shape(&[3, 6]), (0..18).map(|k| k as f32 - 4.5).collect()).unwrap());
-    let b = g.add_const(
-        "b",
-        Tensor::from_codes(DType::F8E5M2, shape(&[6]), &[0, 1, 0x7C, 0x80, 0xFF, 3]).unwrap(),
-    );
-    let (_, y) = g.add_node(
-        "mm",
-        Op::new(OpKind::MatMul),
-        vec![Some(x), Some(w)],
-        vec![("y".into(), ty(DType::F32, &[1, 6]))],
-    );
+    let w = g.add_const("w", Tensor::from_vec(shape(&[3, 6]), (0..18).map(|k| k as f32 - 4.5).collect()).unwrap());
+    let b = g.add_const("b", Tensor::from_codes(DType::F8E5M2, shape(&[6]), &[0, 1, 0x7C, 0x80, 0xFF, 3]).unwrap());
+    let (_, y) =
+        g.add_node("mm", Op::new(OpKind::MatMul), vec![Some(x), Some(w)], vec![("y".into(), ty(DType::F32, &[1, 6]))]);
     for (kind, attrs) in every_attr_kind() {
         g.add_node("", Op::parse(kind, &attrs).unwrap(), vec![Some(y[0])], vec![(String::new(), ty(DType::F32, &[1]))]);
     }
@@ -667,10 +640,7 @@ fn mutations_never_panic() {
                 ok += 1;
                 // Whatever parses prints and parses back to the same text.
                 let again = print(&g);
-                assert_eq!(
-                    print(&parse(&again).unwrap_or_else(|e| panic!("round {round}: {e}\n{again}"))),
-                    again
-                );
+                assert_eq!(print(&parse(&again).unwrap_or_else(|e| panic!("round {round}: {e}\n{again}"))), again);
             }
             Err(e) => {
                 failed += 1;
@@ -689,12 +659,7 @@ fn malformed_graphs_print_without_panic() {
     // still writes something, and the parser says what is wrong.
     let mut g = Graph::new("bad");
     let x = g.add_input("x", ty(DType::F32, &[1]));
-    g.add_node(
-        "",
-        Op::new(OpKind::Relu),
-        vec![Some(ValueId::new(40))],
-        vec![("y".into(), ty(DType::F32, &[1]))],
-    );
+    g.add_node("", Op::new(OpKind::Relu), vec![Some(ValueId::new(40))], vec![("y".into(), ty(DType::F32, &[1]))]);
     g.nodes.push(kiln_ir::Node {
         name: String::new(),
         op: Op::new(OpKind::Relu),

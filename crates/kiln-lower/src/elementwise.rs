@@ -1039,7 +1039,8 @@ fn e8m0_directed(b: &mut KernelBuilder, v: ExprId, from: DType, up: bool) -> Exp
             b.binary(B::Ge, pw, x)
         } else {
             let le = b.binary(B::Le, pw, x);
-            let bound = b.float(S::F32, if wide == S::U64 { 18_446_744_073_709_551_616.0 } else { 9_223_372_036_854_775_808.0 });
+            let bound = b
+                .float(S::F32, if wide == S::U64 { 18_446_744_073_709_551_616.0 } else { 9_223_372_036_854_775_808.0 });
             let below = b.binary(B::Lt, p, bound);
             b.binary(B::And, le, below)
         }

@@ -20,19 +20,19 @@
 #![deny(missing_docs)]
 
 use kiln_flow::kernel::{ExprId, KernelBuilder, ScalarType};
-use kiln_flow::program::{FlowError, FlowProgram};
 pub use kiln_flow::program::Formation;
+use kiln_flow::program::{FlowError, FlowProgram};
 use kiln_ir::{DType, Graph};
 
 pub use kiln_flow::lower::{
     broadcast_index, flat_index, interpret, unflatten, LowerError, Lowered, OpCx, OpInput, Operand, Output, Step,
 };
 
+mod dynamic;
 mod elementwise;
 mod linalg;
 mod movement;
 mod norm;
-mod dynamic;
 mod recurrent;
 mod reduce;
 mod sample;

@@ -909,10 +909,15 @@ fn topk(cx: &OpCx<'_>) -> R<Lowered> {
         if dynamic {
             let kty = cx.input_ty(1)?.clone();
             let zeros = vec![0i64; kty.shape.rank()];
-            steps.push(build(result_name(cx, 2), tensor_ty(cx, DType::I64, Vec::new())?, &[(Operand::Input(1), kty)], |b, _| {
-                let idx = zeros.iter().map(|&z| b.index(z)).collect();
-                Ok(b.load(0, idx))
-            })?);
+            steps.push(build(
+                result_name(cx, 2),
+                tensor_ty(cx, DType::I64, Vec::new())?,
+                &[(Operand::Input(1), kty)],
+                |b, _| {
+                    let idx = zeros.iter().map(|&z| b.index(z)).collect();
+                    Ok(b.load(0, idx))
+                },
+            )?);
             outputs.push(Output::Step(steps.len() - 1));
         }
         Ok(())

@@ -288,7 +288,9 @@ fn col2im(cx: &OpCx<'_>) -> R<Lowered> {
     let kprod: usize = g.block.iter().product();
     let npos: usize = g.blocks.iter().product();
     if xd.len() != 3 || kprod == 0 || xd[1] % kprod != 0 || xd[2] != npos {
-        return Err(cx.unsupported(format!("input of dims {xd:?} does not fit {kprod} block elements at {npos} positions")));
+        return Err(
+            cx.unsupported(format!("input of dims {xd:?} does not fit {kprod} block elements at {npos} positions"))
+        );
     }
     let ct = compute(xt.dtype);
     // Row-major strides of the block elements and of the block positions.

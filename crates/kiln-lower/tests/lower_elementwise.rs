@@ -12,13 +12,9 @@ use kiln_lower::{interpret, Lowered, Output};
 // Helpers.
 // ---------------------------------------------------------------------------
 
-
-
 fn flt(v: f32) -> Attr {
     Attr::Float(v)
 }
-
-
 
 fn ti(d: DType, dims: &[usize], v: &[i64]) -> Tensor {
     typed_i(d, dims, v)
@@ -779,9 +775,33 @@ fn cast_from_floats_truncates_and_saturates() {
 fn cast_to_e8m0_rounds_by_mode() {
     let p = |e: i32| 2f64.powi(e);
     let vals = [
-        1.0, 1.0000001, 1.4999999, 1.5, 1.75, 0.75, 3.0, 6.0, 1e-3, 1e3, p(127), 1.25 * p(127), 1.6 * p(127), 3e38,
-        p(-126), p(-127), 1.25 * p(-127), 1.5 * p(-127), 1.75 * p(-127), p(-140), 0.0, -0.0, -1.0, -1e-3,
-        f64::INFINITY, f64::NEG_INFINITY, f64::NAN,
+        1.0,
+        1.0000001,
+        1.4999999,
+        1.5,
+        1.75,
+        0.75,
+        3.0,
+        6.0,
+        1e-3,
+        1e3,
+        p(127),
+        1.25 * p(127),
+        1.6 * p(127),
+        3e38,
+        p(-126),
+        p(-127),
+        1.25 * p(-127),
+        1.5 * p(-127),
+        1.75 * p(-127),
+        p(-140),
+        0.0,
+        -0.0,
+        -1.0,
+        -1e-3,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
     ];
     for mode in ["up", "down", "nearest"] {
         let cast = op(

@@ -15,15 +15,9 @@ use kiln_lower::{interpret, Lowered};
 // Helpers.
 // ---------------------------------------------------------------------------
 
-
-
-
-
 fn i64s(v: &[i64]) -> Tensor {
     ints(&[v.len()], v)
 }
-
-
 
 /// f16 results: the reference rounds once from f64, the kernel from f32.
 const HALF: Tol = Tol { rtol: 2e-3, atol: 2e-3 };
@@ -48,7 +42,6 @@ const REDUCES: [OpKind; 10] = [
     OpKind::ReduceSum,
     OpKind::ReduceSumSquare,
 ];
-
 
 /// Lowers with exactly `nout` results (operands from `from` on constant).
 fn lower_n(op: &Op, inputs: &[Option<Tensor>], nout: usize, from: usize) -> (Lowered, Vec<kiln_ir::TensorType>) {

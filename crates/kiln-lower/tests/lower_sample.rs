@@ -106,7 +106,11 @@ fn roi_align_modes_and_coordinates() {
 #[test]
 fn roi_align_adaptive_grid_is_refused() {
     let o = op(OpKind::RoiAlign, &[("sampling_ratio", int(0))]);
-    let ins = vec![Some(rand(DType::F32, &[1, 1, 4, 4], 1)), Some(floats(&[1, 4], &[0.0, 0.0, 3.0, 3.0])), Some(ints(&[1], &[0]))];
+    let ins = vec![
+        Some(rand(DType::F32, &[1, 1, 4, 4], 1)),
+        Some(floats(&[1, 4], &[0.0, 0.0, 3.0, 3.0])),
+        Some(ints(&[1], &[0])),
+    ];
     let out = infer_types(&o, &ins, 1);
     let e = lower_fails(&o, &ins, |_| false, &out);
     assert!(e.contains("sampling_ratio 0"), "{e}");
@@ -127,10 +131,50 @@ fn deform_conv_groups_offsets_mask_bias() {
         bias: bool,
     }
     let cases = [
-        Case { x: [1, 1, 3, 3], w: [1, 1, 2, 2], group: 1, og: 1, strides: [1, 1], dil: [1, 1], pads: [1, 1, 1, 1], mask: false, bias: false },
-        Case { x: [2, 4, 5, 6], w: [6, 2, 3, 2], group: 2, og: 2, strides: [2, 1], dil: [1, 2], pads: [1, 0, 2, 1], mask: true, bias: true },
-        Case { x: [1, 6, 4, 7], w: [3, 6, 2, 3], group: 1, og: 3, strides: [1, 2], dil: [2, 1], pads: [0, 1, 1, 0], mask: true, bias: false },
-        Case { x: [1, 3, 6, 5], w: [6, 1, 3, 3], group: 3, og: 1, strides: [1, 1], dil: [1, 1], pads: [0, 0, 0, 0], mask: false, bias: true },
+        Case {
+            x: [1, 1, 3, 3],
+            w: [1, 1, 2, 2],
+            group: 1,
+            og: 1,
+            strides: [1, 1],
+            dil: [1, 1],
+            pads: [1, 1, 1, 1],
+            mask: false,
+            bias: false,
+        },
+        Case {
+            x: [2, 4, 5, 6],
+            w: [6, 2, 3, 2],
+            group: 2,
+            og: 2,
+            strides: [2, 1],
+            dil: [1, 2],
+            pads: [1, 0, 2, 1],
+            mask: true,
+            bias: true,
+        },
+        Case {
+            x: [1, 6, 4, 7],
+            w: [3, 6, 2, 3],
+            group: 1,
+            og: 3,
+            strides: [1, 2],
+            dil: [2, 1],
+            pads: [0, 1, 1, 0],
+            mask: true,
+            bias: false,
+        },
+        Case {
+            x: [1, 3, 6, 5],
+            w: [6, 1, 3, 3],
+            group: 3,
+            og: 1,
+            strides: [1, 1],
+            dil: [1, 1],
+            pads: [0, 0, 0, 0],
+            mask: false,
+            bias: true,
+        },
     ];
     for (k, c) in cases.iter().enumerate() {
         let (kh, kw) = (c.w[2], c.w[3]);

@@ -667,7 +667,8 @@ impl CpuFeature {
             | 1 << CpuFeature::Bmi1 as u8
             | 1 << CpuFeature::Bmi2 as u8
             | 1 << CpuFeature::Lzcnt as u8;
-        let v4 = v3 | 1 << CpuFeature::Avx512f as u8 | 1 << CpuFeature::Avx512dq as u8 | 1 << CpuFeature::Avx512vl as u8;
+        let v4 =
+            v3 | 1 << CpuFeature::Avx512f as u8 | 1 << CpuFeature::Avx512dq as u8 | 1 << CpuFeature::Avx512vl as u8;
         [v1, v2, v3, v4]
     };
 

@@ -1,7 +1,9 @@
 //! Reading a container: every offset, length, alignment and checksum is checked
 //! before a section's bytes are handed out. No allocation, no copies, no panics.
 
-use crate::format::{crc32, SectionKind, Version, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_ALIGN, MAX_SECTIONS};
+use crate::format::{
+    crc32, SectionKind, Version, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_ALIGN, MAX_SECTIONS,
+};
 use core::fmt;
 
 /// Why a file is not a readable `.kiln` module. Offsets are byte offsets in the file.
@@ -82,7 +84,9 @@ pub enum ReadError {
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ReadError::Truncated { needed, len } => write!(f, "file is truncated: {len} bytes, at least {needed} needed"),
+            ReadError::Truncated { needed, len } => {
+                write!(f, "file is truncated: {len} bytes, at least {needed} needed")
+            }
             ReadError::BadMagic => f.write_str("not a .kiln module (bad magic bytes at offset 0)"),
             ReadError::UnsupportedVersion { file, reader } => {
                 write!(f, "module has container format {file}, this reader supports {reader}")

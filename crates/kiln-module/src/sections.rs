@@ -85,9 +85,9 @@
 use crate::abi::ABI_VERSION;
 use crate::format::{SectionKind, Version};
 use crate::program::{
-    Binding, BufferDesc, CollectivePart, Command, Condition, Constants, CudaArch, DebugInfo, Device, DeviceKind,
-    BoundedDesc, BoundedRows, EntryPoint, Executable, ExtentDesc, Kernel, KernelClass, Launch, Program, Reloc, RelocKind, Slot, TensorDesc,
-    Variant,
+    Binding, BoundedDesc, BoundedRows, BufferDesc, CollectivePart, Command, Condition, Constants, CudaArch, DebugInfo,
+    Device, DeviceKind, EntryPoint, Executable, ExtentDesc, Kernel, KernelClass, Launch, Program, Reloc, RelocKind,
+    Slot, TensorDesc, Variant,
 };
 use crate::reader::Module;
 use crate::writer::ModuleWriter;

@@ -1,7 +1,8 @@
 //! Writing a container.
 
 use crate::format::{
-    crc32, SectionKind, Version, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_ALIGN, MAX_SECTIONS, STATIC_FORMAT_VERSION,
+    crc32, SectionKind, Version, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_ALIGN, MAX_SECTIONS,
+    STATIC_FORMAT_VERSION,
 };
 use alloc::vec::Vec;
 

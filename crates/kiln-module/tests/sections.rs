@@ -57,12 +57,7 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                 },
                 Command::Copy { src: b(Slot::Output(0), 0, 8), dst: b(Slot::Arena, 32, 8) },
             ],
-            vec![BufferDesc {
-                name: "/fc1/Relu_output_0".into(),
-                binding: b(Slot::Arena, 0, 32),
-                first: 1,
-                last: 3,
-            }],
+            vec![BufferDesc { name: "/fc1/Relu_output_0".into(), binding: b(Slot::Arena, 0, 32), first: 1, last: 3 }],
         )],
         kernels: vec![
             Kernel {
@@ -73,11 +68,7 @@ fn mlp(constants: Constants, debug: bool) -> Program {
                 ],
                 class: Some(KernelClass::Contraction),
             },
-            Kernel {
-                name: "fc2".into(),
-                variants: vec![Variant::cpu(0, 2, 0)],
-                class: Some(KernelClass::Elementwise),
-            },
+            Kernel { name: "fc2".into(), variants: vec![Variant::cpu(0, 2, 0)], class: Some(KernelClass::Elementwise) },
         ],
         executables: vec![Executable {
             device: DeviceKind::Cpu,
@@ -343,11 +334,8 @@ fn dispatch_work_estimates_by_hand_and_from_format_1_0() {
 fn kernel_classes_by_hand_and_from_format_1_1() {
     let mut p = mlp(Constants::Embedded(vec![]), false);
     p.executables.clear();
-    p.kernels = vec![Kernel {
-        name: "k".into(),
-        variants: vec![Variant::cpu(0, 0, 0)],
-        class: Some(KernelClass::Rows),
-    }];
+    p.kernels =
+        vec![Kernel { name: "k".into(), variants: vec![Variant::cpu(0, 0, 0)], class: Some(KernelClass::Rows) }];
     let exe = section_bytes(&p, SectionKind::Executables).expect("exe");
     // 0 executables; 1 kernel: name "k", 1 variant (executable 0, entry 0, condition
     // tag 0, workgroups 0), class 3 (rows).
@@ -402,9 +390,7 @@ fn variant_conditions_by_hand_and_from_format_1_4() {
     //   tag 0, workgroups 0; class 0.
     assert_eq!(
         exe,
-        [
-            0, 1, 1, b'k', 4, 0, 1, 1, 0x80, 0x41, 0xac, 0x02, 0, 1, 2, 0x5a, 1, 0, 0, 1, 2, 0x50, 0, 0, 0, 1, 0, 0, 0
-        ]
+        [0, 1, 1, b'k', 4, 0, 1, 1, 0x80, 0x41, 0xac, 0x02, 0, 1, 2, 0x5a, 1, 0, 0, 1, 2, 0x50, 0, 0, 0, 1, 0, 0, 0]
     );
     let file_of = |exe: Vec<u8>, minor: u16| file_of_format(&p, (SectionKind::Executables, exe), minor);
     let kernels = |f: &[u8]| read_program(&Module::parse(f).expect("parses")).map(|v| v.to_program().kernels);
@@ -440,7 +426,10 @@ fn variant_conditions_by_hand_and_from_format_1_4() {
     assert_eq!(CudaArch::SM80.to_string(), "sm_80");
     assert!(CudaArch::SM80.admits(9, 0) && CudaArch::SM80.admits(8, 6) && !CudaArch::SM80.admits(7, 5));
     assert!(CudaArch::SM90A.admits(9, 0) && !CudaArch::SM90A.admits(10, 0) && !CudaArch::SM90A.admits(8, 9));
-    assert_eq!(CpuFeature::level_of(CpuFeature::LEVELS[3] | CpuFeature::Avx512bw.bit()), (Some("x86-64-v4"), CpuFeature::Avx512bw.bit()));
+    assert_eq!(
+        CpuFeature::level_of(CpuFeature::LEVELS[3] | CpuFeature::Avx512bw.bit()),
+        (Some("x86-64-v4"), CpuFeature::Avx512bw.bit())
+    );
     assert_eq!(CpuFeature::level_of(CpuFeature::LEVELS[2]), (Some("x86-64-v3"), 0));
 }
 

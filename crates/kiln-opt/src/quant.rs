@@ -61,10 +61,10 @@
 //! depthwise input is not, so the integer form would run on the scalar general path,
 //! while the float form runs on the depthwise window microkernel with the same result.
 
+use crate::rewrite::Action;
 use crate::{Pass, PassError};
 use kiln_ir::attrs::{ConvAttrs, DequantizeAttrs, QuantizeAttrs};
 use kiln_ir::{DType, Graph, Node, NodeId, Op, OpKind, QuantSemantics, Shape, Tensor, ValueId};
-use crate::rewrite::Action;
 use std::collections::{HashMap, HashSet};
 
 /// `tensor-fold-quantized-contractions` (see the module docs).
@@ -193,7 +193,8 @@ fn fold(
             };
             let op = Op::with_typed(OpKind::QLinearConv, pn.op.attrs_of::<ConvAttrs>().ok()?.clone()).ok()?;
             let (zx, zw) = (zero_of(g, &dx)?, zero_of(g, &dw)?);
-            let mut inputs = vec![Some(dx.q), Some(dx.scale), Some(zx), Some(dw.q), Some(dw.scale), Some(zw), Some(sy), Some(zy)];
+            let mut inputs =
+                vec![Some(dx.q), Some(dx.scale), Some(zx), Some(dw.q), Some(dw.scale), Some(zw), Some(sy), Some(zy)];
             if bias.is_some() {
                 inputs.push(bias);
             }
@@ -208,7 +209,8 @@ fn fold(
                 return None;
             }
             let (za, zb) = (zero_of(g, &da)?, zero_of(g, &db)?);
-            let inputs = vec![Some(da.q), Some(da.scale), Some(za), Some(db.q), Some(db.scale), Some(zb), Some(sy), Some(zy)];
+            let inputs =
+                vec![Some(da.q), Some(da.scale), Some(za), Some(db.q), Some(db.scale), Some(zb), Some(sy), Some(zy)];
             Some((Op::new(OpKind::QLinearMatMul), inputs))
         }
         _ => None,
@@ -312,7 +314,12 @@ fn fold_clamped(
 /// weights and bias: `Σ|w − z_w|·255 + |b|`), so the f32 convolution is the i32
 /// accumulator exactly, in any order; `QuantizeLinear` with scale 1 is the lowering's
 /// `round(acc·m) + z_y`, saturated. The result equals the integer op's bit for bit.
-fn depthwise_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: (String, kiln_ir::TensorType)) -> Option<ValueId> {
+fn depthwise_as_float(
+    g: &mut Graph,
+    n: &Node,
+    inputs: &[Option<ValueId>],
+    out: (String, kiln_ir::TensorType),
+) -> Option<ValueId> {
     if n.op.kind != OpKind::QLinearConv || n.outputs.len() != 1 {
         return None;
     }
@@ -374,10 +381,12 @@ fn depthwise_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: 
     let mut attrs = attrs;
     if k > 1 {
         let idx: Vec<i64> = (0..m as i64).map(|j| j / k as i64).collect();
-        let iv = g.add_const(format!("{name}.repeated_channels"), Tensor::from_i64(DType::I64, shape(&[m])?, &idx).ok()?);
+        let iv =
+            g.add_const(format!("{name}.repeated_channels"), Tensor::from_i64(DType::I64, shape(&[m])?, &idx).ok()?);
         let mut rd = xd.clone();
         rd[1] = m;
-        let gather = Op::parse(OpKind::Gather, &kiln_ir::op::Attrs::new().with("axis", kiln_ir::op::Attr::Int(1))).ok()?;
+        let gather =
+            Op::parse(OpKind::Gather, &kiln_ir::op::Attrs::new().with("axis", kiln_ir::op::Attr::Int(1))).ok()?;
         xc = step(g, "repeated_input", gather, vec![Some(xc), Some(iv)], &rd)?;
         attrs.group = m as i64;
     }
@@ -493,7 +502,8 @@ fn global_average_pool_as_integer(g: &Graph, u8s: &HashSet<ValueId>) -> Option<G
             let x = (*dqn.inputs.first()?)?;
             let sxv = (*dqn.inputs.get(1)?)?;
             let (xt, yt) = (g.ty(x).dtype, g.ty(y).dtype);
-            if dqn.op.kind != OpKind::DequantizeLinear || dattrs.block_size != 0 || !matches!(xt, DType::U8 | DType::I8) {
+            if dqn.op.kind != OpKind::DequantizeLinear || dattrs.block_size != 0 || !matches!(xt, DType::U8 | DType::I8)
+            {
                 return None;
             }
             if ort_dtype(g, u8s, x) != ort_dtype(g, u8s, y) || !matches!(yt, DType::U8 | DType::I8) {
@@ -546,7 +556,15 @@ fn global_average_pool_as_integer(g: &Graph, u8s: &HashSet<ValueId>) -> Option<G
 }
 
 /// The nodes of [`global_average_pool_as_integer`]'s form, added to `g`; the result.
-fn pool_nodes(g: &mut Graph, name: &str, x: ValueId, m: f32, nz: f64, zy: ValueId, out: (String, kiln_ir::TensorType)) -> Option<ValueId> {
+fn pool_nodes(
+    g: &mut Graph,
+    name: &str,
+    x: ValueId,
+    m: f32,
+    nz: f64,
+    zy: ValueId,
+    out: (String, kiln_ir::TensorType),
+) -> Option<ValueId> {
     let xd = g.ty(x).shape.dims().to_vec();
     let rank = xd.len();
     let mut pd = xd.clone();
@@ -590,7 +608,8 @@ impl Pass for FoldQuantizedContractions {
                 producer.insert(o, id);
             }
         }
-        let ids: Vec<NodeId> = g.nodes.iter().filter(|(_, n)| n.op.kind == OpKind::QuantizeLinear).map(|(id, _)| id).collect();
+        let ids: Vec<NodeId> =
+            g.nodes.iter().filter(|(_, n)| n.op.kind == OpKind::QuantizeLinear).map(|(id, _)| id).collect();
         let mut changed = false;
         // ONNX Runtime's uint8 values, decided on the graph as it comes (before any
         // QuantizeLinear here becomes an integer op).
@@ -665,7 +684,9 @@ mod tests {
         let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![m, c, 1, 1]).unwrap(), &wv).unwrap());
         let swv: Vec<f64> = (0..m).map(|i| 0.002 + 0.0013 * i as f64).collect();
         let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![m]).unwrap(), &swv).unwrap());
-        let dq = |axis: i64| Op::with_typed(OpKind::DequantizeLinear, DequantizeAttrs { axis, ..Default::default() }).unwrap();
+        let dq = |axis: i64| {
+            Op::with_typed(OpKind::DequantizeLinear, DequantizeAttrs { axis, ..Default::default() }).unwrap()
+        };
         let f = |g: &Graph, v: ValueId| tt(DType::F32, g.ty(v).shape.dims());
         let ty = f(&g, x);
         let (_, xf) = g.add_node("dqx", dq(1), vec![Some(x), Some(sx), Some(zx)], vec![("xf".into(), ty)]);
@@ -679,12 +700,14 @@ mod tests {
             y = g.add_node("relu", Op::new(OpKind::Relu), vec![Some(y)], vec![("r".into(), out.clone())]).1[0];
         } else if let Some((lo, hi)) = act {
             let (lo, hi) = (scalar_f32(&mut g, "lo", lo), scalar_f32(&mut g, "hi", hi));
-            y = g.add_node("clip", Op::new(OpKind::Clip), vec![Some(y), Some(lo), Some(hi)], vec![("r".into(), out)]).1[0];
+            y = g.add_node("clip", Op::new(OpKind::Clip), vec![Some(y), Some(lo), Some(hi)], vec![("r".into(), out)]).1
+                [0];
         }
         let syv = scalar_f32(&mut g, "sy", sy);
         let zyv = scalar_int(&mut g, "zy", DType::I8, zy);
         let q = Op::with_typed(OpKind::QuantizeLinear, QuantizeAttrs::default()).unwrap();
-        let (_, yq) = g.add_node("q", q, vec![Some(y), Some(syv), Some(zyv)], vec![("yq".into(), tt(DType::I8, &[1, m, h, w]))]);
+        let (_, yq) =
+            g.add_node("q", q, vec![Some(y), Some(syv), Some(zyv)], vec![("yq".into(), tt(DType::I8, &[1, m, h, w]))]);
         g.outputs.push(yq[0]);
         let xv: Vec<i64> = (0..c * h * w).map(|i| ((i * 53 + 5) % 256) as i64 - 128).collect();
         (g, Tensor::from_i64(DType::I8, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap())
@@ -700,20 +723,27 @@ mod tests {
     /// one step of the float simulation the original graph describes.
     #[test]
     fn clamps_fold_with_the_contraction() {
-        for (relu, act, sy, zy) in [(true, None, 0.02, -5), (false, Some((0.0, 6.0)), 0.01, -100), (false, Some((-0.3, 0.4)), 0.005, 7)] {
+        for (relu, act, sy, zy) in
+            [(true, None, 0.02, -5), (false, Some((0.0, 6.0)), 0.01, -100), (false, Some((-0.3, 0.4)), 0.005, 7)]
+        {
             let (g, x) = qdq_conv(act, relu, sy, zy);
             let (plain, _) = qdq_conv(None, false, sy, zy);
             let (mut folded, mut folded_plain) = (g.clone(), plain.clone());
             assert!(FoldQuantizedContractions.run(&mut folded).unwrap());
             assert!(FoldQuantizedContractions.run(&mut folded_plain).unwrap());
             assert_eq!(kinds(&folded), vec![OpKind::QLinearConv, OpKind::Clip], "{relu} {act:?}");
-            let run = |g: &Graph| kiln_ref::eval_graph(&g.without_dead_code(), std::slice::from_ref(&x)).unwrap()[0].to_f64_vec();
+            let run = |g: &Graph| {
+                kiln_ref::eval_graph(&g.without_dead_code(), std::slice::from_ref(&x)).unwrap()[0].to_f64_vec()
+            };
             let (got, unclamped, float) = (run(&folded), run(&folded_plain), run(&g));
             let (lo, hi) = if relu { (0.0, f64::INFINITY) } else { act.unwrap() };
             let q = |v: f64| ((v as f32 / sy as f32).round_ties_even() as f64 + zy as f64).clamp(-128.0, 127.0);
             let want: Vec<f64> = unclamped.iter().map(|&u| u.clamp(q(lo), q(hi))).collect();
             assert_eq!(got, want, "{relu} {act:?}: the integer clamp");
-            assert!(got.iter().zip(&float).all(|(a, b)| (a - b).abs() <= 1.0), "{relu} {act:?}: against the float form");
+            assert!(
+                got.iter().zip(&float).all(|(a, b)| (a - b).abs() <= 1.0),
+                "{relu} {act:?}: against the float form"
+            );
             let at_bounds = got.iter().filter(|&&v| v == q(lo) || v == q(hi)).count();
             assert!(at_bounds > 0 && at_bounds < got.len(), "{relu} {act:?}: {at_bounds} of {} at a bound", got.len());
         }
@@ -754,7 +784,14 @@ mod tests {
                 let other = dq(&mut g, xq, sxv, zxv, "other", &[1, c, h, w]);
                 g.outputs.push(other);
             }
-            let pool = g.add_node("pool", Op::new(OpKind::GlobalAveragePool), vec![Some(xd)], vec![("p".into(), tt(DType::F32, &[1, c, 1, 1]))]).1[0];
+            let pool = g
+                .add_node(
+                    "pool",
+                    Op::new(OpKind::GlobalAveragePool),
+                    vec![Some(xd)],
+                    vec![("p".into(), tt(DType::F32, &[1, c, 1, 1]))],
+                )
+                .1[0];
             let yq = q(&mut g, pool, syv, zyv, "yq", DType::I8, &[1, c, 1, 1]);
             let yd = dq(&mut g, yq, syv, zyv, "yd", &[1, c, 1, 1]);
             g.outputs.insert(0, yd);
@@ -762,9 +799,11 @@ mod tests {
         };
         let xv: Vec<f64> = (0..c * n).map(|i| (((i * 7919 + 13) % 509) as f64 - 200.0) * 0.0131).collect();
         let x = Tensor::from_f64(DType::F32, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap();
-        let run = |g: &Graph| kiln_ref::eval_graph(&g.without_dead_code(), std::slice::from_ref(&x)).unwrap()[0].to_f64_vec();
+        let run =
+            |g: &Graph| kiln_ref::eval_graph(&g.without_dead_code(), std::slice::from_ref(&x)).unwrap()[0].to_f64_vec();
         // The integers the graph quantizes x to, and ONNX Runtime's pool of them.
-        let xq: Vec<i64> = xv.iter().map(|&v| ((v as f32 / sx).round_ties_even() as i64 + zx).clamp(-128, 127)).collect();
+        let xq: Vec<i64> =
+            xv.iter().map(|&v| ((v as f32 / sx).round_ties_even() as i64 + zx).clamp(-128, 127)).collect();
         let m = sx / (sy * n as f32);
         let want: Vec<f64> = (0..c)
             .map(|ch| {
@@ -809,7 +848,8 @@ mod tests {
             let sx = scalar_f32(&mut g, "sx", 0.031);
             let zx = scalar_int(&mut g, "zx", DType::I8, -9);
             let wv: Vec<i64> = (0..mc * 9).map(|i| ((i * 71 + 3) % 255) as i64 - 127).collect();
-            let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![mc, 1, 3, 3]).unwrap(), &wv).unwrap());
+            let wq =
+                g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![mc, 1, 3, 3]).unwrap(), &wv).unwrap());
             let swv: Vec<f64> = (0..mc).map(|i| 0.0021 + 0.00037 * i as f64).collect();
             let sw = g.add_const("sw", Tensor::from_f64(DType::F32, Shape::new(vec![mc]).unwrap(), &swv).unwrap());
             let zwv: Vec<i64> = (0..mc).map(|i| i as i64 % 7 - 2).collect();

@@ -687,9 +687,33 @@ impl FoldLookupTables {
         use OpKind::*;
         matches!(
             kind,
-            Add | Sub | Mul | Div | Max | Min | Pow | Neg | Abs | Relu | Tanh | Sigmoid | Erf | Exp | Log | Sqrt
-                | Reciprocal | LeakyRelu | Elu | Selu | Celu | Softplus | Softsign | HardSigmoid | HardSwish | Gelu
-                | Mish | Clip
+            Add | Sub
+                | Mul
+                | Div
+                | Max
+                | Min
+                | Pow
+                | Neg
+                | Abs
+                | Relu
+                | Tanh
+                | Sigmoid
+                | Erf
+                | Exp
+                | Log
+                | Sqrt
+                | Reciprocal
+                | LeakyRelu
+                | Elu
+                | Selu
+                | Celu
+                | Softplus
+                | Softsign
+                | HardSigmoid
+                | HardSwish
+                | Gelu
+                | Mish
+                | Clip
         )
     }
 
@@ -752,8 +776,7 @@ impl Pass for FoldLookupTables {
             let Some(lookup) = inputs.iter().flatten().find_map(|v| forms.get(v)).cloned() else { return Action::Keep };
             let q = new.ty(lookup.index).shape.rank();
             let r = out_ty.shape.rank();
-            let looked_up: Vec<usize> =
-                [new.ty(lookup.index).shape.dims(), &lookup.table.shape().dims()[1..]].concat();
+            let looked_up: Vec<usize> = [new.ty(lookup.index).shape.dims(), &lookup.table.shape().dims()[1..]].concat();
             if out_ty.shape.dims() != looked_up.as_slice() || lookup.table.numel() > out_ty.shape.numel() {
                 return Action::Keep;
             }
@@ -764,7 +787,9 @@ impl Pass for FoldLookupTables {
                     continue;
                 };
                 let t = match (forms.get(v), new.constant(*v)) {
-                    (Some(l), _) if l.index == lookup.index && l.table.shape() == lookup.table.shape() => l.table.clone(),
+                    (Some(l), _) if l.index == lookup.index && l.table.shape() == lookup.table.shape() => {
+                        l.table.clone()
+                    }
                     (None, Some(c)) => match Self::table_operand(c, r, q) {
                         Some(t) => t,
                         None => return Action::Keep,
@@ -779,8 +804,12 @@ impl Pass for FoldLookupTables {
             let Some(table) = folded.pop() else { return Action::Keep };
             changed = true;
             let t = new.add_const(format!("{out_name}.table"), table.clone());
-            let (_, outs) =
-                new.add_node(n.name.clone(), Op::new(OpKind::Gather), vec![Some(t), Some(lookup.index)], vec![(out_name, out_ty)]);
+            let (_, outs) = new.add_node(
+                n.name.clone(),
+                Op::new(OpKind::Gather),
+                vec![Some(t), Some(lookup.index)],
+                vec![(out_name, out_ty)],
+            );
             forms.insert(outs[0], Lookup { table, index: lookup.index });
             Action::Replace(outs)
         });

@@ -190,9 +190,8 @@ fn compile<'py>(
         passes: None,
         source: path.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         import: import_options(py, input_shapes, input_values)?,
-        precision: kiln_compiler::Precision::from_name(precision).ok_or_else(|| {
-            Error::invalid(format!("precision `{precision}`: expected f32, f16 or bf16"))
-        })?,
+        precision: kiln_compiler::Precision::from_name(precision)
+            .ok_or_else(|| Error::invalid(format!("precision `{precision}`: expected f32, f16 or bf16")))?,
         ptxas: None,
         cuda_archs: Vec::new(),
         fused_attention: true,

@@ -65,9 +65,7 @@ pub(crate) fn positive_ints(
         Some(v) if v.is_empty() => Ok(vec![default; len]),
         Some(v) => {
             if v.len() != len || v.iter().any(|&x| !(1..=MAX_ATTR).contains(&x)) {
-                return Err(
-                    cx.invalid(format!("{name} = {v:?}: {len} values in 1..=2^24 expected"))
-                );
+                return Err(cx.invalid(format!("{name} = {v:?}: {len} values in 1..=2^24 expected")));
             }
             Ok(v.iter().map(|&x| x as usize).collect())
         }
@@ -81,9 +79,7 @@ pub(crate) fn explicit_pads(cx: &Cx, len: usize) -> Result<(Vec<i64>, Vec<i64>),
         Some(v) if v.is_empty() => Ok((vec![0; len], vec![0; len])),
         Some(v) => {
             if v.len() != 2 * len || v.iter().any(|&x| !(0..=MAX_ATTR).contains(&x)) {
-                return Err(
-                    cx.invalid(format!("pads = {v:?}: {} values in 0..=2^24 expected", 2 * len))
-                );
+                return Err(cx.invalid(format!("pads = {v:?}: {} values in 0..=2^24 expected", 2 * len)));
             }
             Ok((v[..len].to_vec(), v[len..].to_vec()))
         }
@@ -95,9 +91,7 @@ fn kernel_shape(cx: &Cx, from_weights: &[usize]) -> Result<Vec<usize>, EvalError
     let given = cx.window()?.kernel_shape;
     let k = positive_ints(cx, "kernel_shape", given, from_weights.len(), 1)?;
     if given.is_some() && k != from_weights {
-        return Err(
-            cx.invalid(format!("kernel_shape {k:?} differs from the weights' {from_weights:?}"))
-        );
+        return Err(cx.invalid(format!("kernel_shape {k:?} differs from the weights' {from_weights:?}")));
     }
     if from_weights.iter().any(|&d| d == 0 || d as i64 > MAX_ATTR) {
         return Err(cx.invalid(format!("kernel of shape {from_weights:?}")));
@@ -174,9 +168,7 @@ struct ConvDims {
 
 fn conv_dims(cx: &Cx, xd: &[usize], wd: &[usize]) -> Result<ConvDims, EvalError> {
     if xd.len() < 3 || wd.len() != xd.len() {
-        return Err(
-            cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected"))
-        );
+        return Err(cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected")));
     }
     let group = cx.attrs::<ConvAttrs>()?.group;
     if group < 1 {
@@ -344,12 +336,8 @@ fn tap_runs(
 ) {
     let last = walked.len() - 1;
     let row_len = walked[last];
-    let (s, dl, pb, pw) = (
-        win.strides[last] as i64,
-        win.dilations[last] as i64,
-        win.pad_begin[last],
-        partner[last] as i64,
-    );
+    let (s, dl, pb, pw) =
+        (win.strides[last] as i64, win.dilations[last] as i64, win.pad_begin[last], partner[last] as i64);
     // Walked columns whose partner position c·s − pb + k·dl lies in [0, pw).
     let base = tap[last] as i64 * dl - pb;
     let lo = if base >= 0 { 0 } else { (-base + s - 1) / s };
@@ -365,8 +353,7 @@ fn tap_runs(
         // Offset of the partner row for this walked row and tap (None: padding).
         let mut off = Some(0usize);
         for d in 0..last {
-            let p = idx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d]
-                + tap[d] as i64 * win.dilations[d] as i64;
+            let p = idx[d] as i64 * win.strides[d] as i64 - win.pad_begin[d] + tap[d] as i64 * win.dilations[d] as i64;
             if p < 0 || p >= partner[d] as i64 {
                 off = None;
                 break;
@@ -401,9 +388,7 @@ fn bias(cx: &Cx, i: usize, m: usize) -> Result<Option<Vec<f64>>, EvalError> {
         None => Ok(None),
         Some(b) => {
             if b.numel() != m || b.shape().rank() != 1 {
-                return Err(
-                    cx.invalid(format!("bias has shape {:?}, [{m}] expected", b.shape().dims()))
-                );
+                return Err(cx.invalid(format!("bias has shape {:?}, [{m}] expected", b.shape().dims())));
             }
             Ok(Some(floats(cx, b)?))
         }
@@ -412,12 +397,7 @@ fn bias(cx: &Cx, i: usize, m: usize) -> Result<Option<Vec<f64>>, EvalError> {
 
 /// The channel dims and the window of a Conv-style operator with input `x` and
 /// weights `w`, checked against the result type `ty`.
-fn conv_geometry(
-    cx: &Cx,
-    x: &Tensor,
-    w: &Tensor,
-    ty: &TensorType,
-) -> Result<(ConvDims, Window), EvalError> {
+fn conv_geometry(cx: &Cx, x: &Tensor, w: &Tensor, ty: &TensorType) -> Result<(ConvDims, Window), EvalError> {
     let (xd, wd) = (x.shape().dims(), w.shape().dims());
     let cd = conv_dims(cx, xd, wd)?;
     let win = conv_window(cx, &xd[2..], &wd[2..])?;
@@ -516,9 +496,7 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     let ty = cx.out_type(0)?;
     let (xd, wd) = (x.shape().dims(), w.shape().dims());
     if xd.len() < 3 || wd.len() != xd.len() {
-        return Err(
-            cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected"))
-        );
+        return Err(cx.invalid(format!("X {xd:?} and W {wd:?}: ranks of 3 or more, equal, expected")));
     }
     let ct = cx.attrs::<ConvTransposeAttrs>()?;
     let group = ct.group;
@@ -546,9 +524,7 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     let ap = auto_pad(cx)?;
     let (pb, pe) = explicit_pads(cx, r)?;
     let out_shape: Option<Vec<i64>> = match &ct.output_shape {
-        Some(v) if v.len() >= r && v.iter().all(|&o| (0..=1 << 40).contains(&o)) => {
-            Some(v[v.len() - r..].to_vec())
-        }
+        Some(v) if v.len() >= r && v.iter().all(|&o| (0..=1 << 40).contains(&o)) => Some(v[v.len() - r..].to_vec()),
         Some(v) if v.is_empty() => None,
         Some(v) => return Err(cx.invalid(format!("output_shape = {v:?}"))),
         None => None,
@@ -560,9 +536,7 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
         let full = strides[d] as i64 * (input[d] as i64 - 1) + out_pad[d] + dk;
         let target = match (&out_shape, ap) {
             (Some(os), _) => Some(os[d]),
-            (None, AutoPad::SameUpper | AutoPad::SameLower) => {
-                Some(input[d] as i64 * strides[d] as i64)
-            }
+            (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(input[d] as i64 * strides[d] as i64),
             _ => None,
         };
         let (o, b) = match target {
@@ -587,8 +561,7 @@ fn conv_transpose(cx: &Cx) -> Result<Tensor, EvalError> {
     od.extend(&win.output);
     check_out(cx, ty, &od)?;
     let b = bias(cx, 2, m)?;
-    let y =
-        conv_transpose_f64(&floats(cx, x)?, &floats(cx, w)?, b.as_deref(), n, c, group, mg, &win);
+    let y = conv_transpose_f64(&floats(cx, x)?, &floats(cx, w)?, b.as_deref(), n, c, group, mg, &win);
     write_f64(cx, ty, &y)
 }
 

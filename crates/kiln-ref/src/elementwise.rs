@@ -25,11 +25,11 @@
 use crate::util::{broadcast_dims, broadcast_map, Cx};
 use crate::EvalError;
 use half::{bf16, f16};
-use kiln_ir::lowp::{f64_to_f32_odd, int_to_f64_odd, round_binary, E8M0Rounding, BF16_MAX};
 use kiln_ir::attrs::{
-    AlphaOneAttrs, BitShiftAttrs, CastAttrs, CastLikeAttrs, GeluApproximate, GeluAttrs, HardSigmoidAttrs,
-    IsInfAttrs, LeakyReluAttrs, ModAttrs, SeluAttrs, ShiftDirection, ShrinkAttrs,
+    AlphaOneAttrs, BitShiftAttrs, CastAttrs, CastLikeAttrs, GeluApproximate, GeluAttrs, HardSigmoidAttrs, IsInfAttrs,
+    LeakyReluAttrs, ModAttrs, SeluAttrs, ShiftDirection, ShrinkAttrs,
 };
+use kiln_ir::lowp::{f64_to_f32_odd, int_to_f64_odd, round_binary, E8M0Rounding, BF16_MAX};
 use kiln_ir::{lowp, DType, OpKind, Tensor, TensorType};
 use std::cmp::Ordering;
 
@@ -41,10 +41,9 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         Dropout => return dropout(cx),
         Cast | CastLike => cast(cx)?,
         Abs | Neg | Sign | Relu => unary_signed(cx)?,
-        Acos | Acosh | Asin | Asinh | Atan | Atanh | Ceil | Celu | Cos | Cosh | Elu | Erf | Exp
-        | Floor | Gelu | HardSigmoid | HardSwish | LeakyRelu | Log | Mish | Reciprocal | Round
-        | Selu | Sigmoid | Sin | Sinh | Softplus | Softsign | Sqrt | Tan | Tanh
-        | ThresholdedRelu => unary_float(cx)?,
+        Acos | Acosh | Asin | Asinh | Atan | Atanh | Ceil | Celu | Cos | Cosh | Elu | Erf | Exp | Floor | Gelu
+        | HardSigmoid | HardSwish | LeakyRelu | Log | Mish | Reciprocal | Round | Selu | Sigmoid | Sin | Sinh
+        | Softplus | Softsign | Sqrt | Tan | Tanh | ThresholdedRelu => unary_float(cx)?,
         Shrink => shrink(cx)?,
         IsInf | IsNaN => is_inf_nan(cx)?,
         Add | Sub | Mul | Div | Mod => arith(cx)?,
@@ -102,12 +101,7 @@ pub(crate) fn write_f64(cx: &Cx, ty: &TensorType, v: &[f64]) -> Result<Tensor, E
 ///   f6/f4/e8m0 always saturate;
 /// - integers: truncate toward zero and saturate to the dtype's range, NaN → 0;
 /// - bool: `x != 0` (NaN is true).
-pub(crate) fn write_f64_sat(
-    cx: &Cx,
-    ty: &TensorType,
-    v: &[f64],
-    saturate: bool,
-) -> Result<Tensor, EvalError> {
+pub(crate) fn write_f64_sat(cx: &Cx, ty: &TensorType, v: &[f64], saturate: bool) -> Result<Tensor, EvalError> {
     write_f64_cast(cx, ty, v, saturate, E8M0Rounding::Nearest)
 }
 
@@ -143,8 +137,7 @@ pub(crate) fn write_f64_cast(
         }
         d => {
             let sat = saturate || !is_f8(d);
-            let codes: Vec<u8> =
-                v.iter().map(|&x| lowp::encode(d, f64_to_f32_odd(x), sat)).collect();
+            let codes: Vec<u8> = v.iter().map(|&x| lowp::encode(d, f64_to_f32_odd(x), sat)).collect();
             Tensor::from_codes(d, ty.shape.clone(), &codes).map_err(|e| cx.invalid(e.to_string()))
         }
     }
@@ -202,13 +195,8 @@ pub(crate) fn raw_elems(t: &Tensor) -> Vec<u64> {
     let b = t.bytes();
     match t.dtype().bits() {
         16 => b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u64).collect(),
-        32 => {
-            b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64).collect()
-        }
-        64 => b
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect(),
+        32 => b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64).collect(),
+        64 => b.chunks_exact(8).map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
         _ => t.codes().into_iter().map(u64::from).collect(),
     }
 }
@@ -240,19 +228,13 @@ pub(crate) fn from_raw(cx: &Cx, ty: &TensorType, v: &[u64]) -> Result<Tensor, Ev
 pub(crate) fn check_broadcast(cx: &Cx, ins: &[&[usize]], out: &[usize]) -> Result<(), EvalError> {
     match broadcast_dims(ins) {
         Some(b) if b == out => Ok(()),
-        Some(b) => {
-            Err(cx.invalid(format!("operands broadcast to {b:?}, result type says {out:?}")))
-        }
+        Some(b) => Err(cx.invalid(format!("operands broadcast to {b:?}, result type says {out:?}"))),
         None => Err(cx.invalid(format!("operand shapes {ins:?} do not broadcast"))),
     }
 }
 
 /// Checks that `dims` broadcasts to `out` without changing `out` (unidirectional).
-pub(crate) fn check_unidirectional(
-    cx: &Cx,
-    dims: &[usize],
-    out: &[usize],
-) -> Result<(), EvalError> {
+pub(crate) fn check_unidirectional(cx: &Cx, dims: &[usize], out: &[usize]) -> Result<(), EvalError> {
     check_broadcast(cx, &[dims, out], out)
 }
 
@@ -369,11 +351,7 @@ fn cast(cx: &Cx) -> Result<Tensor, EvalError> {
         }
     }
     if x.shape() != &ty.shape {
-        return Err(cx.invalid(format!(
-            "result shape {} differs from input {}",
-            ty.shape,
-            x.shape()
-        )));
+        return Err(cx.invalid(format!("result shape {} differs from input {}", ty.shape, x.shape())));
     }
     let s = x.dtype();
     if s == d {
@@ -474,9 +452,7 @@ fn unary_float(cx: &Cx) -> Result<Tensor, EvalError> {
         Celu => {
             let a = cx.attrs::<AlphaOneAttrs>()?.alpha as f64;
             // max(0, x) + min(0, α(e^{x/α} − 1)); f64::max/min would turn NaN into 0.
-            Box::new(
-                move |v| if v.is_nan() { v } else { v.max(0.0) + (a * (v / a).exp_m1()).min(0.0) },
-            )
+            Box::new(move |v| if v.is_nan() { v } else { v.max(0.0) + (a * (v / a).exp_m1()).min(0.0) })
         }
         Elu => {
             let a = cx.attrs::<AlphaOneAttrs>()?.alpha as f64;
@@ -633,9 +609,7 @@ fn is_inf_nan(cx: &Cx) -> Result<Tensor, EvalError> {
     } else {
         let ia = cx.attrs::<IsInfAttrs>()?;
         let (neg, pos) = (ia.detect_negative, ia.detect_positive);
-        v.iter()
-            .map(|&x| ((x == f64::INFINITY && pos) || (x == f64::NEG_INFINITY && neg)) as i64)
-            .collect()
+        v.iter().map(|&x| ((x == f64::INFINITY && pos) || (x == f64::NEG_INFINITY && neg)) as i64).collect()
     };
     cx.from_i64(ty, &r)
 }
@@ -873,8 +847,7 @@ fn prelu(cx: &Cx) -> Result<Tensor, EvalError> {
     check_unidirectional(cx, dims(s), out)?;
     if d.is_float() {
         let (x, s) = zip(cx, x, s, out, read_f64)?;
-        let v: Vec<f64> =
-            x.iter().zip(&s).map(|(&p, &q)| if p < 0.0 { q * p } else { p }).collect();
+        let v: Vec<f64> = x.iter().zip(&s).map(|(&p, &q)| if p < 0.0 { q * p } else { p }).collect();
         return write_f64(cx, ty, &v);
     }
     if !d.is_int() {
@@ -882,11 +855,7 @@ fn prelu(cx: &Cx) -> Result<Tensor, EvalError> {
     }
     let uns = d.is_unsigned_int();
     let (x, s) = zip(cx, x, s, out, read_i64)?;
-    let v: Vec<i64> = x
-        .iter()
-        .zip(&s)
-        .map(|(&p, &q)| if !uns && p < 0 { q.wrapping_mul(p) } else { p })
-        .collect();
+    let v: Vec<i64> = x.iter().zip(&s).map(|(&p, &q)| if !uns && p < 0 { q.wrapping_mul(p) } else { p }).collect();
     cx.from_i64(ty, &v)
 }
 
@@ -977,11 +946,7 @@ fn where_(cx: &Cx) -> Result<Tensor, EvalError> {
     let cv = expand(read_i64(cx, c)?, dims(c), out);
     let xv = expand(raw_elems(x), dims(x), out);
     let yv = expand(raw_elems(y), dims(y), out);
-    let v: Vec<u64> = cv
-        .iter()
-        .zip(xv.iter().zip(&yv))
-        .map(|(&c, (&p, &q))| if c != 0 { p } else { q })
-        .collect();
+    let v: Vec<u64> = cv.iter().zip(xv.iter().zip(&yv)).map(|(&c, (&p, &q))| if c != 0 { p } else { q }).collect();
     from_raw(cx, ty, &v)
 }
 
@@ -990,11 +955,7 @@ fn clip(cx: &Cx) -> Result<Tensor, EvalError> {
     let d = x.dtype();
     let ty = out_of_dtype(cx, d)?;
     if x.shape() != &ty.shape {
-        return Err(cx.invalid(format!(
-            "result shape {} differs from input {}",
-            ty.shape,
-            x.shape()
-        )));
+        return Err(cx.invalid(format!("result shape {} differs from input {}", ty.shape, x.shape())));
     }
     // An absent bound, or an empty tensor given for one, means no bound.
     let bound = |i: usize| -> Result<Option<&Tensor>, EvalError> {

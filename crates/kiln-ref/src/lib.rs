@@ -13,19 +13,19 @@
 //! [`eval_graph`] runs a whole graph in program order.
 #![deny(missing_docs)]
 
-mod util;
-mod elementwise;
-mod reduce;
-mod norm;
-mod quant;
-mod linalg;
 mod conv;
-mod pool;
-mod movement;
-mod recurrent;
-pub mod tflite_quant;
 mod dynamic;
+mod elementwise;
+mod linalg;
+mod movement;
+mod norm;
+mod pool;
+mod quant;
+mod recurrent;
+mod reduce;
+pub mod tflite_quant;
 mod transformer;
+mod util;
 
 use kiln_ir::entity::EntityId;
 use kiln_ir::{Graph, Op, OpKind, Tensor, TensorType, ValueDef, ValueId};
@@ -57,36 +57,36 @@ pub enum EvalError {
 /// Evaluates one operator. `inputs` are the operands in ONNX order (`None` = an
 /// absent optional input); `out_types` are the result types shape inference gave
 /// (the result dtype of Cast, ConstantOfShape, … is read from there).
-pub fn eval_op(
-    op: &Op,
-    inputs: &[Option<&Tensor>],
-    out_types: &[TensorType],
-) -> Result<Vec<Tensor>, EvalError> {
+pub fn eval_op(op: &Op, inputs: &[Option<&Tensor>], out_types: &[TensorType]) -> Result<Vec<Tensor>, EvalError> {
     let cx = util::Cx { op, inputs, out_types };
     use OpKind::*;
     let r = match op.kind {
         // elementwise.rs: unary, binary (broadcasting), variadic, comparison,
         // logical, bitwise, activation functions, Cast, Clip, Where.
-        Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd
-        | BitwiseNot | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos
-        | Cosh | Div | Elu | Equal | Erf | Exp | Floor | Gelu | Greater | GreaterOrEqual
-        | HardSigmoid | HardSwish | Identity | IsInf | IsNaN | LeakyRelu | Less | LessOrEqual
-        | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
-        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus
-        | Softsign | Sqrt | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => {
-            elementwise::eval(&cx)
-        }
+        Abs | Acos | Acosh | Add | And | Asin | Asinh | Atan | Atanh | BitShift | BitwiseAnd | BitwiseNot
+        | BitwiseOr | BitwiseXor | Cast | CastLike | Ceil | Celu | Clip | Cos | Cosh | Div | Elu | Equal | Erf
+        | Exp | Floor | Gelu | Greater | GreaterOrEqual | HardSigmoid | HardSwish | Identity | IsInf | IsNaN
+        | LeakyRelu | Less | LessOrEqual | Log | Max | Mean | Min | Mish | Mod | Mul | Neg | Not | Or | Pow | PRelu
+        | Reciprocal | Relu | Round | Selu | Shrink | Sigmoid | Sign | Sin | Sinh | Softplus | Softsign | Sqrt
+        | Sub | Sum | Tan | Tanh | ThresholdedRelu | Where | Xor | Dropout => elementwise::eval(&cx),
         // dynamic.rs: results whose extent depends on the data (TopK with a run-time K:
         // the node's three-result form).
         NonZero | Compress | Unique | NonMaxSuppression => dynamic::eval(&cx),
         TopK if out_types.len() == 3 => dynamic::eval(&cx),
         // reduce.rs: reductions, arg-reductions, scans, softmax family, TopK.
-        ArgMax | ArgMin | ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax
-        | ReduceMean | ReduceMin | ReduceProd | ReduceSum | ReduceSumSquare | CumSum | Softmax
-        | LogSoftmax | Hardmax | TopK => reduce::eval(&cx),
+        ArgMax | ArgMin | ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax | ReduceMean | ReduceMin
+        | ReduceProd | ReduceSum | ReduceSumSquare | CumSum | Softmax | LogSoftmax | Hardmax | TopK => {
+            reduce::eval(&cx)
+        }
         // norm.rs: normalisations.
-        BatchNormalization | InstanceNormalization | LayerNormalization | GroupNormalization
-        | LpNormalization | LRN | MeanVarianceNormalization | RMSNormalization => norm::eval(&cx),
+        BatchNormalization
+        | InstanceNormalization
+        | LayerNormalization
+        | GroupNormalization
+        | LpNormalization
+        | LRN
+        | MeanVarianceNormalization
+        | RMSNormalization => norm::eval(&cx),
         // quant.rs: quantisation.
         QuantizeLinear | DequantizeLinear | DynamicQuantizeLinear => quant::eval(&cx),
         // linalg.rs: contractions.
@@ -94,15 +94,12 @@ pub fn eval_op(
         // conv.rs: convolutions.
         Conv | ConvInteger | ConvTranspose | QLinearConv => conv::eval(&cx),
         // pool.rs: pooling.
-        AveragePool | MaxPool | LpPool | GlobalAveragePool | GlobalMaxPool | GlobalLpPool => {
-            pool::eval(&cx)
-        }
+        AveragePool | MaxPool | LpPool | GlobalAveragePool | GlobalMaxPool | GlobalLpPool => pool::eval(&cx),
         // movement.rs: shape and data movement, generators, indexing.
-        Concat | ConstantOfShape | DepthToSpace | Expand | EyeLike | Flatten | Gather
-        | GatherElements | GatherND | OneHot | Pad | Range | Reshape | Resize | ReverseSequence
-        | ScatterElements | ScatterND | Shape | Size | Slice | SpaceToDepth | Split | Squeeze
-        | Tile | Transpose | Trilu | Unsqueeze | GridSample | Col2Im | RoiAlign
-        | DeformConv => movement::eval(&cx),
+        Concat | ConstantOfShape | DepthToSpace | Expand | EyeLike | Flatten | Gather | GatherElements | GatherND
+        | OneHot | Pad | Range | Reshape | Resize | ReverseSequence | ScatterElements | ScatterND | Shape | Size
+        | Slice | SpaceToDepth | Split | Squeeze | Tile | Transpose | Trilu | Unsqueeze | GridSample | Col2Im
+        | RoiAlign | DeformConv => movement::eval(&cx),
         // recurrent.rs: recurrent layers.
         LSTM | GRU | RNN => recurrent::eval(&cx),
         // transformer.rs: opset 23's attention and rotary embedding.
@@ -111,11 +108,7 @@ pub fn eval_op(
         If => eval_if(&cx),
     }?;
     if r.len() < out_types.len() {
-        return Err(cx.invalid(format!(
-            "produced {} results, {} expected",
-            r.len(),
-            out_types.len()
-        )));
+        return Err(cx.invalid(format!("produced {} results, {} expected", r.len(), out_types.len())));
     }
     // (A data-dependent op's bounded results have their actual extent, which the op
     // checked against the bound.)
@@ -164,12 +157,7 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
     for (&v, t) in graph.inputs.iter().zip(inputs) {
         let val = &graph.values[v];
         if t.ty() != &val.ty {
-            return Err(EvalError::Graph(format!(
-                "input `{}` expects {}, got {}",
-                val.name,
-                val.ty,
-                t.ty()
-            )));
+            return Err(EvalError::Graph(format!("input `{}` expects {}, got {}", val.name, val.ty, t.ty())));
         }
         env[v.index()] = Some(t.clone());
     }
@@ -202,9 +190,9 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
             .iter()
             .map(|o| match o {
                 None => Ok(None),
-                Some(v) => get(&env, *v).map(Some).ok_or_else(|| {
-                    EvalError::Graph(format!("node `{}` uses {v} before it is defined", n.name))
-                }),
+                Some(v) => get(&env, *v)
+                    .map(Some)
+                    .ok_or_else(|| EvalError::Graph(format!("node `{}` uses {v} before it is defined", n.name))),
             })
             .collect::<Result<_, _>>()?;
         let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_ref()).collect();
@@ -218,7 +206,9 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
                         .as_ref()
                         .and_then(|t| t.to_i64_vec().ok())
                         .and_then(|v| v.first().copied())
-                        .ok_or_else(|| EvalError::Graph(format!("node `{}`: the extent {} is not known", n.name, d.extent)))?;
+                        .ok_or_else(|| {
+                            EvalError::Graph(format!("node `{}`: the extent {} is not known", n.name, d.extent))
+                        })?;
                     let mut dims = graph.ty(o).shape.dims().to_vec();
                     dims[d.axis] = e.max(0) as usize;
                     let shape = kiln_ir::Shape::new(dims).map_err(|e| EvalError::Graph(e.to_string()))?;
@@ -249,9 +239,9 @@ pub fn eval_graph(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>, EvalE
         .outputs
         .iter()
         .map(|&o| {
-            env[o.index()].clone().ok_or_else(|| {
-                EvalError::Graph(format!("output {o} (`{}`) is never defined", graph.values[o].name))
-            })
+            env[o.index()]
+                .clone()
+                .ok_or_else(|| EvalError::Graph(format!("output {o} (`{}`) is never defined", graph.values[o].name)))
         })
         .collect()
 }

@@ -47,10 +47,7 @@ pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 pub(crate) fn floats(cx: &Cx, t: &Tensor) -> Result<Vec<f64>, EvalError> {
     let b: &[u8] = t.bytes().as_ref();
     match t.dtype() {
-        DType::F32 => Ok(b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-            .collect()),
+        DType::F32 => Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()),
         DType::F64 => Ok(b
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
@@ -104,9 +101,7 @@ pub(crate) fn gemm_acc(
                 while kk + 4 <= kb {
                     let (a0, a1, a2, a3) = (arow[kk], arow[kk + 1], arow[kk + 2], arow[kk + 3]);
                     let (b0, b1, b2, b3) = (brow(kk), brow(kk + 1), brow(kk + 2), brow(kk + 3));
-                    for ((((cv, &x0), &x1), &x2), &x3) in
-                        crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3)
-                    {
+                    for ((((cv, &x0), &x1), &x2), &x3) in crow.iter_mut().zip(b0).zip(b1).zip(b2).zip(b3) {
                         *cv += a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3;
                     }
                     kk += 4;
@@ -151,8 +146,7 @@ pub(crate) fn gemm_nt(
                     acc[l] += x[l] * y[l];
                 }
             }
-            let mut s =
-                ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+            let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
             for (x, y) in ar.iter().zip(br) {
                 s += x * y;
             }
@@ -224,9 +218,8 @@ fn matmul_shape(cx: &Cx, ad: &[usize], bd: &[usize]) -> Result<MatMulShape, Eval
     }
     let ab = &a2[..a2.len() - 2];
     let bb = &b2[..b2.len() - 2];
-    let batch = broadcast_dims(&[ab, bb]).ok_or_else(|| {
-        cx.invalid(format!("batch dimensions of {ad:?} and {bd:?} do not broadcast"))
-    })?;
+    let batch = broadcast_dims(&[ab, bb])
+        .ok_or_else(|| cx.invalid(format!("batch dimensions of {ad:?} and {bd:?} do not broadcast")))?;
     let a_map = broadcast_map(ab, &batch);
     let b_map = broadcast_map(bb, &batch);
     let mut out = batch.clone();
@@ -317,10 +310,7 @@ fn minus_zero_point(cx: &Cx, x: &Tensor, zi: usize, rowwise: bool) -> Result<Vec
     // A 1-D zero point is per row of a ([M] as [M,1]) or per column of b ([N]).
     let zd: Vec<usize> = if zd.len() == 1 && rowwise { vec![zd[0], 1] } else { zd.to_vec() };
     if zd.len() > xd.len() || broadcast_dims(&[&zd, xd]).as_deref() != Some(xd) {
-        return Err(cx.invalid(format!(
-            "zero point shape {:?} does not fit operand {xd:?}",
-            z.shape().dims()
-        )));
+        return Err(cx.invalid(format!("zero point shape {:?} does not fit operand {xd:?}", z.shape().dims())));
     }
     let map = broadcast_map(&zd, xd);
     Ok(xv.iter().zip(map).map(|(&v, i)| v - zv[i]).collect())
@@ -380,13 +370,9 @@ fn qlinear_matmul(cx: &Cx) -> Result<Tensor, EvalError> {
     let y_z = qparam(cx, 7, m, "y_zero_point")?;
     let pick = |v: &[f64], i: usize| if v.len() == 1 { v[0] } else { v[i] };
     let ak = a.shape().dims().last().copied().unwrap_or(1);
-    let av: Vec<f64> = read_f64(cx, a)?
-        .iter()
-        .enumerate()
-        .map(|(j, &x)| x - pick(&a_z, (j / ak.max(1)) % m.max(1)))
-        .collect();
-    let bv: Vec<f64> =
-        read_f64(cx, b)?.iter().enumerate().map(|(j, &x)| x - pick(&b_z, j % n.max(1))).collect();
+    let av: Vec<f64> =
+        read_f64(cx, a)?.iter().enumerate().map(|(j, &x)| x - pick(&a_z, (j / ak.max(1)) % m.max(1))).collect();
+    let bv: Vec<f64> = read_f64(cx, b)?.iter().enumerate().map(|(j, &x)| x - pick(&b_z, j % n.max(1))).collect();
     let mut out = matmul_f64(&g, &av, &bv);
     // Integer operands: ONNX Runtime's requantisation, the scale and the product with
     // the (exact) accumulator in f32; 8-bit float operands in f64.
@@ -425,9 +411,7 @@ fn gemm(cx: &Cx) -> Result<Tensor, EvalError> {
     let (m, k) = if ta { (ad[1], ad[0]) } else { (ad[0], ad[1]) };
     let (k2, n) = if tb { (bd[1], bd[0]) } else { (bd[0], bd[1]) };
     if k != k2 {
-        return Err(cx.invalid(format!(
-            "inner dimensions differ: {ad:?} × {bd:?} (transA={ta}, transB={tb})"
-        )));
+        return Err(cx.invalid(format!("inner dimensions differ: {ad:?} × {bd:?} (transA={ta}, transB={tb})")));
     }
     check_out(cx, ty, &[m, n])?;
     let mut av = floats(cx, a)?;
@@ -542,14 +526,9 @@ fn einsum(cx: &Cx) -> Result<Tensor, EvalError> {
         Some((l, r)) => (l, Some(r)),
         None => (eq.as_str(), None),
     };
-    let terms: Vec<Vec<Sub>> =
-        lhs.split(',').map(parse_term).collect::<Result<_, _>>().map_err(|e| cx.invalid(e))?;
+    let terms: Vec<Vec<Sub>> = lhs.split(',').map(parse_term).collect::<Result<_, _>>().map_err(|e| cx.invalid(e))?;
     if terms.len() != ops.len() {
-        return Err(cx.invalid(format!(
-            "equation `{eq}` has {} terms for {} operands",
-            terms.len(),
-            ops.len()
-        )));
+        return Err(cx.invalid(format!("equation `{eq}` has {} terms for {} operands", terms.len(), ops.len())));
     }
     // Widest ellipsis.
     let mut e_total = 0;
@@ -577,9 +556,7 @@ fn einsum(cx: &Cx) -> Result<Tensor, EvalError> {
                 Some(s) if s == d || d == 1 => Some(s),
                 Some(1) => Some(d),
                 Some(s) => {
-                    return Err(
-                        cx.invalid(format!("label {} has sizes {s} and {d}", label_name(l)))
-                    );
+                    return Err(cx.invalid(format!("label {} has sizes {s} and {d}", label_name(l))));
                 }
             };
         }
@@ -593,15 +570,10 @@ fn einsum(cx: &Cx) -> Result<Tensor, EvalError> {
                 match s {
                     Sub::Letter(l) => {
                         if count[l] == 0 {
-                            return Err(cx.invalid(format!(
-                                "output label {} is not in any input",
-                                label_name(l)
-                            )));
+                            return Err(cx.invalid(format!("output label {} is not in any input", label_name(l))));
                         }
                         if v.contains(&l) {
-                            return Err(
-                                cx.invalid(format!("output label {} repeats", label_name(l)))
-                            );
+                            return Err(cx.invalid(format!("output label {} repeats", label_name(l))));
                         }
                         v.push(l);
                     }
@@ -612,8 +584,7 @@ fn einsum(cx: &Cx) -> Result<Tensor, EvalError> {
         }
         None => (ELL..ELL + e_total).chain((0..ELL).filter(|&l| count[l] == 1)).collect(),
     };
-    let sum_labels: Vec<usize> =
-        (0..nl).filter(|&l| count[l] > 0 && !out_labels.contains(&l)).collect();
+    let sum_labels: Vec<usize> = (0..nl).filter(|&l| count[l] > 0 && !out_labels.contains(&l)).collect();
     let loop_labels: Vec<usize> = out_labels.iter().chain(&sum_labels).copied().collect();
     // Ellipsis dims that no operand has (e_total from one operand only) are size 1.
     let sizes: Vec<usize> = loop_labels.iter().map(|&l| size[l].unwrap_or(1)).collect();
@@ -837,10 +808,8 @@ mod tests {
         let mut perm: Vec<usize> = (0..n).collect();
         let mut count = 0;
         loop {
-            let inversions = (0..n)
-                .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
-                .filter(|&(i, j)| perm[i] > perm[j])
-                .count();
+            let inversions =
+                (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j))).filter(|&(i, j)| perm[i] > perm[j]).count();
             let mut m = vec![0.0; n * n];
             for (r, &c) in perm.iter().enumerate() {
                 m[r * n + c] = 1.0;

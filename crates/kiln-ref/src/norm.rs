@@ -193,9 +193,7 @@ fn layer_norm(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         if cx.out_types.len() > i {
             let sty = cx.out_type(i)?;
             if sty.shape.dims() != stat_dims || !sty.dtype.is_float() {
-                return Err(cx.invalid(format!(
-                    "result {i} has type {sty}, expected a float of {stat_dims:?}"
-                )));
+                return Err(cx.invalid(format!("result {i} has type {sty}, expected a float of {stat_dims:?}")));
             }
             out.push(write_f64(cx, sty, vals)?);
         }
@@ -302,7 +300,6 @@ fn mvn(cx: &Cx) -> Result<Tensor, EvalError> {
     map.iter().zip(&v).for_each(|(&o, &p)| var[o] += (p - mean[o]) * (p - mean[o]));
     var.iter_mut().for_each(|s| *s /= count);
     let e = 1e-9f32 as f64;
-    let out: Vec<f64> =
-        map.iter().zip(&v).map(|(&o, &p)| (p - mean[o]) / (var[o].sqrt() + e)).collect();
+    let out: Vec<f64> = map.iter().zip(&v).map(|(&o, &p)| (p - mean[o]) / (var[o].sqrt() + e)).collect();
     write_f64(cx, ty, &out)
 }

@@ -111,16 +111,14 @@ fn pool_taps(cx: &Cx, xd: &[usize], ty: &TensorType) -> Result<Taps, EvalError> 
     let kernel_size = kernel.iter().map(|&k| k as f64).product();
     let mut taps = Taps { output: Vec::new(), offsets: Vec::new(), kernel_size };
     for (d, &(out, b)) in geometry.iter().enumerate() {
-        let (i, s, dl, k) =
-            (input[d] as i64, strides[d] as i64, dilations[d] as i64, kernel[d] as i64);
+        let (i, s, dl, k) = (input[d] as i64, strides[d] as i64, dilations[d] as i64, kernel[d] as i64);
         let mut offs = Vec::with_capacity(out);
         for o in 0..out as i64 {
             // Taps start + k·dl inside [0, i).
             let start = o * s - b;
             let lo = if start >= 0 { 0 } else { (-start + dl - 1) / dl };
             let hi = if i - 1 - start < 0 { 0 } else { ((i - 1 - start) / dl + 1).min(k) };
-            let v: Vec<usize> =
-                (lo..hi.max(lo)).map(|kk| (start + kk * dl) as usize * in_strides[d]).collect();
+            let v: Vec<usize> = (lo..hi.max(lo)).map(|kk| (start + kk * dl) as usize * in_strides[d]).collect();
             offs.push(v);
         }
         taps.output.push(out);
@@ -140,9 +138,7 @@ fn check_out(cx: &Cx, ty: &TensorType, dims: &[usize]) -> Result<(), EvalError> 
 fn pool_input<'a>(cx: &Cx<'a>) -> Result<&'a Tensor, EvalError> {
     let x = cx.input(0)?;
     if x.shape().rank() < 3 {
-        return Err(
-            cx.invalid(format!("input of shape {:?}: [N, C, D1, ...] expected", x.shape().dims()))
-        );
+        return Err(cx.invalid(format!("input of shape {:?}: [N, C, D1, ...] expected", x.shape().dims())));
     }
     Ok(x)
 }
@@ -199,9 +195,7 @@ fn pool(cx: &Cx, kind: Kind) -> Result<Tensor, EvalError> {
                 s / if include_pad { full } else { offs.len() as f64 }
             }
             Kind::Lp(pw) => lp(offs.iter().map(|&i| plane[i]), pw),
-            Kind::Max => {
-                offs.iter().fold(f64::NEG_INFINITY, |m, &i| if plane[i] > m { plane[i] } else { m })
-            }
+            Kind::Max => offs.iter().fold(f64::NEG_INFINITY, |m, &i| if plane[i] > m { plane[i] } else { m }),
         };
     });
     write_f64(cx, ty, &y)
@@ -295,9 +289,7 @@ fn global(cx: &Cx, kind: Kind) -> Result<Tensor, EvalError> {
             let plane = &xv[p * in_sz..(p + 1) * in_sz];
             match kind {
                 Kind::Avg => plane.iter().sum::<f64>() / in_sz as f64,
-                Kind::Max => {
-                    plane.iter().fold(f64::NEG_INFINITY, |m, &v| if v > m { v } else { m })
-                }
+                Kind::Max => plane.iter().fold(f64::NEG_INFINITY, |m, &v| if v > m { v } else { m }),
                 Kind::Lp(pw) => lp(plane.iter().copied(), pw),
             }
         })

@@ -17,11 +17,11 @@
 //! range is empty, i.e. x is all zeros), zero point = round(clamp(−min / scale)).
 
 use crate::elementwise::{int_range, read_f64, read_i64, widen, write_f64, write_f64_sat};
-use kiln_ir::lowp::round_binary;
 use crate::reduce::split_at_axis;
 use crate::util::Cx;
 use crate::EvalError;
 use kiln_ir::attrs::{DequantizeAttrs, QuantizeAttrs};
+use kiln_ir::lowp::round_binary;
 use kiln_ir::{DType, OpKind, Tensor};
 
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
@@ -57,15 +57,11 @@ fn param_index(cx: &Cx, xd: &[usize], sd: &[usize]) -> Result<Vec<usize>, EvalEr
             return Ok(vec![0; n]);
         }
         if sd.len() != 1 {
-            return Err(
-                cx.invalid(format!("scale shape {sd:?}: a scalar or 1-D scale is required"))
-            );
+            return Err(cx.invalid(format!("scale shape {sd:?}: a scalar or 1-D scale is required")));
         }
         let axis = cx.axis(axis, xd.len())?;
         if sd[0] != xd[axis] {
-            return Err(
-                cx.invalid(format!("{} scales for axis {axis} of size {}", sd[0], xd[axis]))
-            );
+            return Err(cx.invalid(format!("{} scales for axis {axis} of size {}", sd[0], xd[axis])));
         }
         let (_, c, inner) = split_at_axis(xd, axis);
         return Ok((0..n).map(|j| (j / inner.max(1)) % c.max(1)).collect());
@@ -73,17 +69,9 @@ fn param_index(cx: &Cx, xd: &[usize], sd: &[usize]) -> Result<Vec<usize>, EvalEr
     let block = block as usize;
     let axis = cx.axis(axis, xd.len())?;
     let ok = sd.len() == xd.len()
-        && sd.iter().zip(xd).enumerate().all(|(i, (&s, &x))| {
-            if i == axis {
-                s == x.div_ceil(block)
-            } else {
-                s == x
-            }
-        });
+        && sd.iter().zip(xd).enumerate().all(|(i, (&s, &x))| if i == axis { s == x.div_ceil(block) } else { s == x });
     if !ok {
-        return Err(cx.invalid(format!(
-            "scale shape {sd:?} does not block input {xd:?} by {block} along axis {axis}"
-        )));
+        return Err(cx.invalid(format!("scale shape {sd:?} does not block input {xd:?} by {block} along axis {axis}")));
     }
     let (outer, xa, inner) = split_at_axis(xd, axis);
     let sa = sd[axis];
@@ -119,11 +107,7 @@ fn params(cx: &Cx, x: &Tensor, zd: DType) -> Result<Params, EvalError> {
             let one_scalar = s.shape().rank() == 0 || z.shape().rank() == 0;
             let both_single = z.numel() == 1 && s.numel() == 1 && one_scalar;
             if z.shape() != s.shape() && !both_single {
-                return Err(cx.invalid(format!(
-                    "zero point shape {} differs from scale {}",
-                    z.shape(),
-                    s.shape()
-                )));
+                return Err(cx.invalid(format!("zero point shape {} differs from scale {}", z.shape(), s.shape())));
             }
             Some(read_f64(cx, z)?)
         }
@@ -159,9 +143,7 @@ fn quantize(cx: &Cx) -> Result<Tensor, EvalError> {
     let prec = match qa.precision {
         0 if sdt.is_float() => sdt,
         0 => DType::F64,
-        c => {
-            DType::from_onnx_code(c).ok_or_else(|| cx.invalid(format!("precision = {c}")))?
-        }
+        c => DType::from_onnx_code(c).ok_or_else(|| cx.invalid(format!("precision = {c}")))?,
     };
     let saturate = qa.saturate;
     let xv = read_f64(cx, x)?;
@@ -179,8 +161,7 @@ fn quantize(cx: &Cx) -> Result<Tensor, EvalError> {
             .collect();
         return cx.from_i64(ty, &v);
     }
-    let v: Vec<f64> =
-        xv.iter().enumerate().map(|(j, &p)| round_to(prec, p / s[idx[j]]) + zp(j)).collect();
+    let v: Vec<f64> = xv.iter().enumerate().map(|(j, &p)| round_to(prec, p / s[idx[j]]) + zp(j)).collect();
     write_f64_sat(cx, ty, &v, saturate)
 }
 
@@ -207,10 +188,7 @@ fn dequantize(cx: &Cx) -> Result<Tensor, EvalError> {
             .collect()
     } else {
         let xv = read_f64(cx, x)?;
-        xv.iter()
-            .enumerate()
-            .map(|(j, &p)| (p - z.as_ref().map_or(0.0, |z| z[idx[j]])) * s[idx[j]])
-            .collect()
+        xv.iter().enumerate().map(|(j, &p)| (p - z.as_ref().map_or(0.0, |z| z[idx[j]])) * s[idx[j]]).collect()
     };
     write_f64(cx, ty, &v)
 }

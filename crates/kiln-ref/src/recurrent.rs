@@ -159,9 +159,7 @@ impl Cell {
 fn operand(cx: &Cx, i: usize, dims: &[usize], what: &str) -> Result<Option<Vec<f64>>, EvalError> {
     let Some(t) = cx.opt_input(i) else { return Ok(None) };
     if t.shape().dims() != dims {
-        return Err(
-            cx.invalid(format!("{what} has shape {:?}, {dims:?} expected", t.shape().dims()))
-        );
+        return Err(cx.invalid(format!("{what} has shape {:?}, {dims:?} expected", t.shape().dims())));
     }
     Ok(Some(floats(cx, t)?))
 }
@@ -189,8 +187,7 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     if xd.len() != 3 {
         return Err(cx.invalid(format!("X has shape {xd:?}, rank 3 expected")));
     }
-    let (seq, batch, input) =
-        if layout == 0 { (xd[0], xd[1], xd[2]) } else { (xd[1], xd[0], xd[2]) };
+    let (seq, batch, input) = if layout == 0 { (xd[0], xd[1], xd[2]) } else { (xd[1], xd[0], xd[2]) };
     let num_dir = match ra.direction {
         RnnDirection::Forward | RnnDirection::Reverse => 1,
         RnnDirection::Bidirectional => 2,
@@ -209,30 +206,23 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let gh = g * hidden;
     let wv = operand(cx, 1, &[num_dir, gh, input], "W")?.unwrap_or_default();
     let rv = operand(cx, 2, &[num_dir, gh, hidden], "R")?.unwrap_or_default();
-    let bv =
-        operand(cx, 3, &[num_dir, 2 * gh], "B")?.unwrap_or_else(|| vec![0.0; num_dir * 2 * gh]);
+    let bv = operand(cx, 3, &[num_dir, 2 * gh], "B")?.unwrap_or_else(|| vec![0.0; num_dir * 2 * gh]);
     let lens: Vec<usize> = match cx.opt_input(4) {
         None => vec![seq; batch],
         Some(_) => {
             let v = cx.ints(4)?;
             if v.len() != batch || v.iter().any(|&l| l < 0 || l as usize > seq) {
-                return Err(
-                    cx.invalid(format!("sequence_lens {v:?} for batch {batch}, {seq} steps"))
-                );
+                return Err(cx.invalid(format!("sequence_lens {v:?} for batch {batch}, {seq} steps")));
             }
             v.into_iter().map(|l| l as usize).collect()
         }
     };
     // Initial states in [num_dir, batch, hidden] order.
     let state_dims = if layout == 0 { [num_dir, batch, hidden] } else { [batch, num_dir, hidden] };
-    let to_dir_major =
-        |v: Vec<f64>| if layout == 0 { v } else { swap01(&v, batch, num_dir, hidden) };
+    let to_dir_major = |v: Vec<f64>| if layout == 0 { v } else { swap01(&v, batch, num_dir, hidden) };
     let h0 = operand(cx, 5, &state_dims, "initial_h")?.map(to_dir_major);
     let (c0, peep) = if cell == Cell::Lstm {
-        (
-            operand(cx, 6, &state_dims, "initial_c")?.map(to_dir_major),
-            operand(cx, 7, &[num_dir, 3 * hidden], "P")?,
-        )
+        (operand(cx, 6, &state_dims, "initial_c")?.map(to_dir_major), operand(cx, 7, &[num_dir, 3 * hidden], "P")?)
     } else {
         (None, None)
     };
@@ -255,13 +245,11 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     if n_out > if cell == Cell::Lstm { 3 } else { 2 } {
         return Err(cx.invalid(format!("{n_out} results requested")));
     }
-    let y_dims =
-        if layout == 0 { [seq, num_dir, batch, hidden] } else { [batch, seq, num_dir, hidden] };
+    let y_dims = if layout == 0 { [seq, num_dir, batch, hidden] } else { [batch, seq, num_dir, hidden] };
     for i in 0..n_out {
         check_out(cx, cx.out_type(i)?, if i == 0 { &y_dims[..] } else { &state_dims[..] })?;
     }
-    let work =
-        [seq, batch, gh.max(num_dir * hidden)].iter().try_fold(1usize, |a, &b| a.checked_mul(b));
+    let work = [seq, batch, gh.max(num_dir * hidden)].iter().try_fold(1usize, |a, &b| a.checked_mul(b));
     if work.is_none_or(|w| w > kiln_ir::shape::MAX_ELEMENTS) {
         return Err(cx.invalid(format!("{seq} steps × batch {batch} × {gh} gates is too large")));
     }
@@ -304,8 +292,7 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
             if cell == Cell::Gru && !lbr {
                 // (r ⊙ H)·Rhᵀ needs r first.
                 for b in 0..batch {
-                    let Some((_, xr, hrb)) = step_row(&xw, &hr, b, batch, lens[b], step, reverse, gh)
-                    else {
+                    let Some((_, xr, hrb)) = step_row(&xw, &hr, b, batch, lens[b], step, reverse, gh) else {
                         continue;
                     };
                     for j in 0..hidden {
@@ -314,17 +301,7 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
                     }
                 }
                 rh_r.fill(0.0);
-                gemm_acc(
-                    batch,
-                    hidden,
-                    hidden,
-                    &rh,
-                    hidden,
-                    &rt[2 * hidden..],
-                    gh,
-                    &mut rh_r,
-                    hidden,
-                );
+                gemm_acc(batch, hidden, hidden, &rh, hidden, &rt[2 * hidden..], gh, &mut rh_r, hidden);
             }
             for b in 0..batch {
                 let Some((t, xr, hrb)) = step_row(&xw, &hr, b, batch, lens[b], step, reverse, gh) else {
@@ -333,21 +310,13 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
                 let hb = &mut h[b * hidden..(b + 1) * hidden];
                 let cb = &mut c[b * hidden..(b + 1) * hidden];
                 for j in 0..hidden {
-                    let pre = |gate: usize| {
-                        xr[gate * hidden + j] + hrb[gate * hidden + j] + rb[gate * hidden + j]
-                    };
+                    let pre = |gate: usize| xr[gate * hidden + j] + hrb[gate * hidden + j] + rb[gate * hidden + j];
                     match cell {
                         Cell::Lstm => {
                             // Gate order i, o, f, c; peepholes i, o, f.
-                            let (pi, po, pf) = p.map_or((0.0, 0.0, 0.0), |p| {
-                                (p[j], p[hidden + j], p[2 * hidden + j])
-                            });
+                            let (pi, po, pf) = p.map_or((0.0, 0.0, 0.0), |p| (p[j], p[hidden + j], p[2 * hidden + j]));
                             let i = act[0].apply(bound(pre(0) + pi * cb[j], clip));
-                            let f = if input_forget {
-                                1.0 - i
-                            } else {
-                                act[0].apply(bound(pre(2) + pf * cb[j], clip))
-                            };
+                            let f = if input_forget { 1.0 - i } else { act[0].apply(bound(pre(2) + pf * cb[j], clip)) };
                             let ct = act[1].apply(bound(pre(3), clip));
                             let cn = f * cb[j] + i * ct;
                             let o = act[0].apply(bound(pre(1) + po * cn, clip));
@@ -362,10 +331,8 @@ fn run(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
                                 let hpart = hrb[2 * hidden + j] + rb[2 * hidden + j];
                                 act[1].apply(bound(xr[2 * hidden + j] + r * hpart, clip))
                             } else {
-                                act[1].apply(bound(
-                                    xr[2 * hidden + j] + rh_r[b * hidden + j] + rb[2 * hidden + j],
-                                    clip,
-                                ))
+                                act[1]
+                                    .apply(bound(xr[2 * hidden + j] + rh_r[b * hidden + j] + rb[2 * hidden + j], clip))
                             };
                             hb[j] = (1.0 - z) * ht + z * hb[j];
                         }
@@ -424,8 +391,7 @@ fn swap01(v: &[f64], a: usize, b: usize, n: usize) -> Vec<f64> {
     let mut t = vec![0.0; v.len()];
     for i in 0..a {
         for j in 0..b {
-            t[(j * a + i) * n..(j * a + i + 1) * n]
-                .copy_from_slice(&v[(i * b + j) * n..(i * b + j + 1) * n]);
+            t[(j * a + i) * n..(j * a + i + 1) * n].copy_from_slice(&v[(i * b + j) * n..(i * b + j + 1) * n]);
         }
     }
     t

@@ -23,8 +23,8 @@ use std::cmp::Ordering;
 pub(crate) fn eval(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     use OpKind::*;
     match cx.kind() {
-        ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax | ReduceMean
-        | ReduceMin | ReduceProd | ReduceSum | ReduceSumSquare => Ok(vec![reduce(cx)?]),
+        ReduceL1 | ReduceL2 | ReduceLogSum | ReduceLogSumExp | ReduceMax | ReduceMean | ReduceMin | ReduceProd
+        | ReduceSum | ReduceSumSquare => Ok(vec![reduce(cx)?]),
         ArgMax | ArgMin => Ok(vec![arg_reduce(cx)?]),
         CumSum => Ok(vec![cumsum(cx)?]),
         Softmax | LogSoftmax | Hardmax => Ok(vec![softmax(cx)?]),
@@ -61,7 +61,6 @@ pub(crate) fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize
     let inner = dims[axis + 1..].iter().product();
     (outer, dims[axis], inner)
 }
-
 
 use crate::util::out_checked;
 
@@ -243,13 +242,7 @@ fn arg_reduce(cx: &Cx) -> Result<Tensor, EvalError> {
 /// For each of the `outer·inner` lines of `v` (`[outer, n, inner]`) along its middle
 /// axis, the index of the best element: the first, replaced by each later one `better`
 /// than the best so far.
-fn arg_best<T: Copy>(
-    v: &[T],
-    outer: usize,
-    n: usize,
-    inner: usize,
-    better: impl Fn(T, T) -> bool,
-) -> Vec<i64> {
+fn arg_best<T: Copy>(v: &[T], outer: usize, n: usize, inner: usize, better: impl Fn(T, T) -> bool) -> Vec<i64> {
     let mut out = vec![0i64; outer * inner];
     for o in 0..outer {
         for i in 0..inner {
@@ -385,8 +378,7 @@ pub(crate) fn topk(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let mut od = xd.to_vec();
     od[axis] = k;
     let vty = out_checked(cx, 0, d, &od)?;
-    let ity =
-        if cx.out_types.len() > 1 { Some(out_checked(cx, 1, DType::I64, &od)?) } else { None };
+    let ity = if cx.out_types.len() > 1 { Some(out_checked(cx, 1, DType::I64, &od)?) } else { None };
 
     // Sort keys: floats with NaN highest, integers exactly.
     let fv = if d.is_float() { Some(x.to_f64_vec()) } else { None };

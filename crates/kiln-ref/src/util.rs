@@ -28,11 +28,7 @@ impl<'a> Cx<'a> {
 
     /// Operand `i`, which must be present.
     pub fn input(&self, i: usize) -> Result<&'a Tensor, EvalError> {
-        self.inputs
-            .get(i)
-            .copied()
-            .flatten()
-            .ok_or_else(|| self.invalid(format!("input {i} is missing")))
+        self.inputs.get(i).copied().flatten().ok_or_else(|| self.invalid(format!("input {i} is missing")))
     }
 
     /// Operand `i`, which must be of a float dtype.
@@ -96,7 +92,6 @@ impl<'a> Cx<'a> {
     pub fn from_i64(&self, ty: &TensorType, v: &[i64]) -> Result<Tensor, EvalError> {
         Tensor::from_i64(ty.dtype, ty.shape.clone(), v).map_err(|e| self.invalid(e.to_string()))
     }
-
 }
 
 /// Result type `i`, checked to be `d` with dims `dims`.
@@ -138,9 +133,7 @@ pub(crate) fn broadcast_dims(shapes: &[&[usize]]) -> Option<Vec<usize>> {
 pub(crate) fn broadcast_strides(dims: &[usize], out: &[usize]) -> Vec<usize> {
     let off = out.len() - dims.len();
     let strides = row_major_strides(dims);
-    (0..out.len())
-        .map(|i| if i < off || dims[i - off] == 1 { 0 } else { strides[i - off] })
-        .collect()
+    (0..out.len()).map(|i| if i < off || dims[i - off] == 1 { 0 } else { strides[i - off] }).collect()
 }
 
 /// Row-major strides in elements.
@@ -186,7 +179,6 @@ pub(crate) fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
     }
     idx
 }
-
 
 #[cfg(test)]
 mod tests {

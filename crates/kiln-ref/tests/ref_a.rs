@@ -136,14 +136,8 @@ fn integer_division_and_mod() {
     // i8: -128 / -1 wraps; 100 + 100 wraps.
     let a = ti(DType::I8, &[2], &[-128, 100]);
     let b = ti(DType::I8, &[2], &[-1, 100]);
-    assert_eq!(
-        run1(OpKind::Div, &[], &[&a, &b], ty(DType::I8, &[2])).to_i64_vec().unwrap(),
-        vec![-128, 1]
-    );
-    assert_eq!(
-        run1(OpKind::Add, &[], &[&a, &b], ty(DType::I8, &[2])).to_i64_vec().unwrap(),
-        vec![127, -56]
-    );
+    assert_eq!(run1(OpKind::Div, &[], &[&a, &b], ty(DType::I8, &[2])).to_i64_vec().unwrap(), vec![-128, 1]);
+    assert_eq!(run1(OpKind::Add, &[], &[&a, &b], ty(DType::I8, &[2])).to_i64_vec().unwrap(), vec![127, -56]);
     // u64 beyond i64::MAX divides and mods as unsigned.
     let a = t(&[2], &[u64::MAX, 10]);
     let b = t(&[2], &[10u64, 3]);
@@ -226,9 +220,7 @@ fn comparisons() {
 fn logical_and_bitwise() {
     let a = t(&[4], &[false, false, true, true]);
     let b = t(&[4], &[false, true, false, true]);
-    for (k, want) in
-        [(OpKind::And, [0, 0, 0, 1]), (OpKind::Or, [0, 1, 1, 1]), (OpKind::Xor, [0, 1, 1, 0])]
-    {
+    for (k, want) in [(OpKind::And, [0, 0, 0, 1]), (OpKind::Or, [0, 1, 1, 1]), (OpKind::Xor, [0, 1, 1, 0])] {
         let r = run1(k, &[], &[&a, &b], ty(DType::Bool, &[4]));
         assert_eq!(r.to_i64_vec().unwrap(), want.to_vec(), "{k}");
     }
@@ -251,22 +243,13 @@ fn logical_and_bitwise() {
     let right = [("direction", Attr::String("RIGHT".into()))];
     let x = ti(DType::U8, &[3], &[1, 255, 3]);
     let s = ti(DType::U8, &[3], &[3, 1, 8]);
-    assert_eq!(
-        run1(OpKind::BitShift, &left, &[&x, &s], ty(DType::U8, &[3])).to_i64_vec().unwrap(),
-        vec![8, 254, 0]
-    );
+    assert_eq!(run1(OpKind::BitShift, &left, &[&x, &s], ty(DType::U8, &[3])).to_i64_vec().unwrap(), vec![8, 254, 0]);
     let x = t(&[3], &[16u32, 5, u32::MAX]);
     let s = t(&[3], &[2u32, 40, 31]);
-    assert_eq!(
-        run1(OpKind::BitShift, &right, &[&x, &s], ty(DType::U32, &[3])).to_vec::<u32>().unwrap(),
-        vec![4, 0, 1]
-    );
+    assert_eq!(run1(OpKind::BitShift, &right, &[&x, &s], ty(DType::U32, &[3])).to_vec::<u32>().unwrap(), vec![4, 0, 1]);
     let x = t(&[2], &[u64::MAX, 1]);
     let s = t(&[2], &[63u64, 64]);
-    assert_eq!(
-        run1(OpKind::BitShift, &right, &[&x, &s], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(),
-        vec![1, 0]
-    );
+    assert_eq!(run1(OpKind::BitShift, &right, &[&x, &s], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(), vec![1, 0]);
     assert!(run(OpKind::BitShift, &[], &[Some(&x), Some(&s)], &[ty(DType::U64, &[2])]).is_err());
 }
 
@@ -329,22 +312,19 @@ fn where_and_clip() {
     let x = t(&[4], &[-2f32, 0.5, 3., NAN]);
     let lo = Tensor::scalar(0f32);
     let hi = Tensor::scalar(1f32);
-    let r =
-        run(OpKind::Clip, &[], &[Some(&x), Some(&lo), Some(&hi)], &[ty(DType::F32, &[4])]).unwrap();
+    let r = run(OpKind::Clip, &[], &[Some(&x), Some(&lo), Some(&hi)], &[ty(DType::F32, &[4])]).unwrap();
     same(&r[0].to_f64_vec(), &[0., 0.5, 1., f64::NAN]);
     let r = run(OpKind::Clip, &[], &[Some(&x), None, Some(&hi)], &[ty(DType::F32, &[4])]).unwrap();
     same(&r[0].to_f64_vec(), &[-2., 0.5, 1., f64::NAN]);
     let r = run(OpKind::Clip, &[], &[Some(&x)], &[ty(DType::F32, &[4])]).unwrap();
     same(&r[0].to_f64_vec(), &[-2., 0.5, 3., f64::NAN]);
     // min > max: everything becomes max (numpy's clip).
-    let r =
-        run(OpKind::Clip, &[], &[Some(&x), Some(&hi), Some(&lo)], &[ty(DType::F32, &[4])]).unwrap();
+    let r = run(OpKind::Clip, &[], &[Some(&x), Some(&hi), Some(&lo)], &[ty(DType::F32, &[4])]).unwrap();
     same(&r[0].to_f64_vec(), &[0., 0., 0., f64::NAN]);
     let xi = ti(DType::I32, &[3], &[-5, 5, 50]);
     let lo = ti(DType::I32, &[], &[0]);
     let hi = ti(DType::I32, &[], &[10]);
-    let r = run(OpKind::Clip, &[], &[Some(&xi), Some(&lo), Some(&hi)], &[ty(DType::I32, &[3])])
-        .unwrap();
+    let r = run(OpKind::Clip, &[], &[Some(&xi), Some(&lo), Some(&hi)], &[ty(DType::I32, &[3])]).unwrap();
     assert_eq!(r[0].to_i64_vec().unwrap(), vec![0, 5, 10]);
 }
 
@@ -363,52 +343,19 @@ fn rounding_ops() {
 #[test]
 fn signed_unary_ops() {
     let x = t(&[4], &[-2f32, 0., 3., NAN]);
-    same(
-        &run1(OpKind::Sign, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(),
-        &[-1., 0., 1., f64::NAN],
-    );
-    same(
-        &run1(OpKind::Abs, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(),
-        &[2., 0., 3., f64::NAN],
-    );
-    same(
-        &run1(OpKind::Neg, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(),
-        &[2., -0., -3., f64::NAN],
-    );
-    same(
-        &run1(OpKind::Relu, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(),
-        &[0., 0., 3., f64::NAN],
-    );
+    same(&run1(OpKind::Sign, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(), &[-1., 0., 1., f64::NAN]);
+    same(&run1(OpKind::Abs, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(), &[2., 0., 3., f64::NAN]);
+    same(&run1(OpKind::Neg, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(), &[2., -0., -3., f64::NAN]);
+    same(&run1(OpKind::Relu, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(), &[0., 0., 3., f64::NAN]);
     let i = ti(DType::I8, &[3], &[-128, -3, 7]);
-    assert_eq!(
-        run1(OpKind::Abs, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(),
-        vec![-128, 3, 7]
-    );
-    assert_eq!(
-        run1(OpKind::Neg, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(),
-        vec![-128, 3, -7]
-    );
-    assert_eq!(
-        run1(OpKind::Sign, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(),
-        vec![-1, -1, 1]
-    );
-    assert_eq!(
-        run1(OpKind::Relu, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(),
-        vec![0, 0, 7]
-    );
+    assert_eq!(run1(OpKind::Abs, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(), vec![-128, 3, 7]);
+    assert_eq!(run1(OpKind::Neg, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(), vec![-128, 3, -7]);
+    assert_eq!(run1(OpKind::Sign, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(), vec![-1, -1, 1]);
+    assert_eq!(run1(OpKind::Relu, &[], &[&i], ty(DType::I8, &[3])).to_i64_vec().unwrap(), vec![0, 0, 7]);
     let u = t(&[2], &[u64::MAX, 0]);
-    assert_eq!(
-        run1(OpKind::Sign, &[], &[&u], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(),
-        vec![1, 0]
-    );
-    assert_eq!(
-        run1(OpKind::Abs, &[], &[&u], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(),
-        vec![u64::MAX, 0]
-    );
-    assert_eq!(
-        run1(OpKind::Relu, &[], &[&u], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(),
-        vec![u64::MAX, 0]
-    );
+    assert_eq!(run1(OpKind::Sign, &[], &[&u], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(), vec![1, 0]);
+    assert_eq!(run1(OpKind::Abs, &[], &[&u], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(), vec![u64::MAX, 0]);
+    assert_eq!(run1(OpKind::Relu, &[], &[&u], ty(DType::U64, &[2])).to_vec::<u64>().unwrap(), vec![u64::MAX, 0]);
     // Float-only ops reject integers.
     assert!(run(OpKind::Sqrt, &[], &[Some(&i)], &[ty(DType::I8, &[3])]).is_err());
 }
@@ -456,10 +403,7 @@ fn activations() {
         &run1(OpKind::Softplus, &[], &[&x], ty(DType::F32, &[3])).to_f64_vec(),
         &f32s(&[0., std::f64::consts::LN_2, 1000.]),
     );
-    same(
-        &run1(OpKind::Softsign, &[], &[&t(&[2], &[1f32, -3.])], ty(DType::F32, &[2])).to_f64_vec(),
-        &[0.5, -0.75],
-    );
+    same(&run1(OpKind::Softsign, &[], &[&t(&[2], &[1f32, -3.])], ty(DType::F32, &[2])).to_f64_vec(), &[0.5, -0.75]);
 
     let x = t(&[3], &[-1f32, 0., 2.]);
     let r = run1(OpKind::LeakyRelu, &[], &[&x], ty(DType::F32, &[3]));
@@ -469,43 +413,24 @@ fn activations() {
     let em1 = (-1f64).exp() - 1.0;
     let r = run1(OpKind::Elu, &[], &[&x], ty(DType::F32, &[3]));
     same(&r.to_f64_vec(), &f32s(&[em1, 0., 2.]));
-    let r = run1(
-        OpKind::Celu,
-        &[("alpha", float(2.0))],
-        &[&t(&[3], &[-2f32, 3., NAN])],
-        ty(DType::F32, &[3]),
-    );
+    let r = run1(OpKind::Celu, &[("alpha", float(2.0))], &[&t(&[3], &[-2f32, 3., NAN])], ty(DType::F32, &[3]));
     same(&r.to_f64_vec(), &f32s(&[2.0 * em1, 3., f64::NAN]));
     let r = run1(OpKind::Selu, &[], &[&x], ty(DType::F32, &[3]));
     close(&r.to_f64_vec(), &[-1.1113307412864784, 0., 2.0 * 1.0507010221481323], 1e-7);
     let x = t(&[3], &[-10f32, 0., 10.]);
     same(&run1(OpKind::HardSigmoid, &[], &[&x], ty(DType::F32, &[3])).to_f64_vec(), &[0., 0.5, 1.]);
     let x = t(&[4], &[-3f32, 1., 3., 4.]);
-    same(
-        &run1(OpKind::HardSwish, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(),
-        &f32s(&[0., 2. / 3., 3., 4.]),
-    );
+    same(&run1(OpKind::HardSwish, &[], &[&x], ty(DType::F32, &[4])).to_f64_vec(), &f32s(&[0., 2. / 3., 3., 4.]));
     let x = t(&[3], &[0.5f32, 1., 2.]);
-    same(
-        &run1(OpKind::ThresholdedRelu, &[], &[&x], ty(DType::F32, &[3])).to_f64_vec(),
-        &[0., 0., 2.],
-    );
+    same(&run1(OpKind::ThresholdedRelu, &[], &[&x], ty(DType::F32, &[3])).to_f64_vec(), &[0., 0., 2.]);
     let x = t(&[2], &[0f32, 1.]);
-    same(
-        &run1(OpKind::Mish, &[], &[&x], ty(DType::F32, &[2])).to_f64_vec(),
-        &f32s(&[0., 0.8650983882673103]),
-    );
+    same(&run1(OpKind::Mish, &[], &[&x], ty(DType::F32, &[2])).to_f64_vec(), &f32s(&[0., 0.8650983882673103]));
 
     // Gelu, exact and tanh forms; the far tail is computed without cancellation.
     let x = t(&[3], &[1f64, -10., 0.]);
     let r = run1(OpKind::Gelu, &[], &[&x], ty(DType::F64, &[3]));
     close(&r.to_f64_vec(), &[0.8413447460685429, -7.619853024160593e-23, 0.], 1e-12);
-    let r = run1(
-        OpKind::Gelu,
-        &[("approximate", Attr::String("tanh".into()))],
-        &[&x],
-        ty(DType::F64, &[3]),
-    );
+    let r = run1(OpKind::Gelu, &[("approximate", Attr::String("tanh".into()))], &[&x], ty(DType::F64, &[3]));
     close(&r.to_f64_vec()[..1], &[0.8411919906082768], 1e-12);
     let bad = [("approximate", Attr::String("fast".into()))];
     assert!(run(OpKind::Gelu, &bad, &[Some(&x)], &[ty(DType::F64, &[3])]).is_err());
@@ -515,12 +440,7 @@ fn activations() {
     let r = run1(OpKind::Shrink, &[("bias", float(0.25))], &[&x], ty(DType::F32, &[4]));
     same(&r.to_f64_vec(), &[-0.75, 0., 0., 0.75]);
     let x = ti(DType::I32, &[4], &[-3, -1, 0, 2]);
-    let r = run1(
-        OpKind::Shrink,
-        &[("bias", float(1.0)), ("lambd", float(1.5))],
-        &[&x],
-        ty(DType::I32, &[4]),
-    );
+    let r = run1(OpKind::Shrink, &[("bias", float(1.0)), ("lambd", float(1.5))], &[&x], ty(DType::I32, &[4]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![-2, 0, 0, 1]);
 
     // PRelu with a broadcast slope.
@@ -614,19 +534,15 @@ fn identity_and_dropout() {
     let r = run1(OpKind::Identity, &[], &[&x], ty(DType::U4, &[3]));
     assert_eq!(r, x);
     let x = t(&[2], &[1f32, 2.]);
-    let r = run(OpKind::Dropout, &[], &[Some(&x)], &[ty(DType::F32, &[2]), ty(DType::Bool, &[2])])
-        .unwrap();
+    let r = run(OpKind::Dropout, &[], &[Some(&x)], &[ty(DType::F32, &[2]), ty(DType::Bool, &[2])]).unwrap();
     assert_eq!(r[0], x);
     assert_eq!(r[1].to_vec::<bool>().unwrap(), vec![true, true]);
     let ratio = Tensor::scalar(0.5f32);
     let train = Tensor::scalar(true);
-    let e =
-        run(OpKind::Dropout, &[], &[Some(&x), Some(&ratio), Some(&train)], &[ty(DType::F32, &[2])]);
+    let e = run(OpKind::Dropout, &[], &[Some(&x), Some(&ratio), Some(&train)], &[ty(DType::F32, &[2])]);
     assert!(matches!(e, Err(EvalError::Unsupported { .. })));
     let zero = Tensor::scalar(0f32);
-    let r =
-        run(OpKind::Dropout, &[], &[Some(&x), Some(&zero), Some(&train)], &[ty(DType::F32, &[2])])
-            .unwrap();
+    let r = run(OpKind::Dropout, &[], &[Some(&x), Some(&zero), Some(&train)], &[ty(DType::F32, &[2])]).unwrap();
     assert_eq!(r[0], x);
 }
 
@@ -654,52 +570,32 @@ fn axes(v: &[i64]) -> Tensor {
 #[test]
 fn reduce_sum_axes_and_keepdims() {
     let x = t(&[2, 3], &[1f32, 2., 3., 4., 5., 6.]);
-    let r = run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[1]))], &[ty(DType::F32, &[2, 1])])
-        .unwrap();
+    let r = run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[1]))], &[ty(DType::F32, &[2, 1])]).unwrap();
     same(&r[0].to_f64_vec(), &[6., 15.]);
     let k0 = [("keepdims", int(0))];
-    let r = run(OpKind::ReduceSum, &k0, &[Some(&x), Some(&axes(&[-2]))], &[ty(DType::F32, &[3])])
-        .unwrap();
+    let r = run(OpKind::ReduceSum, &k0, &[Some(&x), Some(&axes(&[-2]))], &[ty(DType::F32, &[3])]).unwrap();
     same(&r[0].to_f64_vec(), &[5., 7., 9.]);
     let r = run(OpKind::ReduceSum, &k0, &[Some(&x)], &[ty(DType::F32, &[])]).unwrap();
     same(&r[0].to_f64_vec(), &[21.]);
-    let r = run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[]))], &[ty(DType::F32, &[1, 1])])
-        .unwrap();
+    let r = run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[]))], &[ty(DType::F32, &[1, 1])]).unwrap();
     same(&r[0].to_f64_vec(), &[21.]);
     // noop_with_empty_axes: each element reduced alone.
     let noop = [("noop_with_empty_axes", int(1))];
-    let r =
-        run(OpKind::ReduceSum, &noop, &[Some(&x), Some(&axes(&[]))], &[ty(DType::F32, &[2, 3])])
-            .unwrap();
+    let r = run(OpKind::ReduceSum, &noop, &[Some(&x), Some(&axes(&[]))], &[ty(DType::F32, &[2, 3])]).unwrap();
     same(&r[0].to_f64_vec(), &[1., 2., 3., 4., 5., 6.]);
     let r = run(OpKind::ReduceSumSquare, &noop, &[Some(&x)], &[ty(DType::F32, &[2, 3])]).unwrap();
     same(&r[0].to_f64_vec(), &[1., 4., 9., 16., 25., 36.]);
     // Wrong result shape, duplicate or out-of-range axes.
-    assert!(run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[1]))], &[ty(DType::F32, &[2])])
-        .is_err());
-    assert!(run(
-        OpKind::ReduceSum,
-        &[],
-        &[Some(&x), Some(&axes(&[1, -1]))],
-        &[ty(DType::F32, &[2, 1])]
-    )
-    .is_err());
-    assert!(run(
-        OpKind::ReduceSum,
-        &[],
-        &[Some(&x), Some(&axes(&[2]))],
-        &[ty(DType::F32, &[2, 1])]
-    )
-    .is_err());
+    assert!(run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[1]))], &[ty(DType::F32, &[2])]).is_err());
+    assert!(run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[1, -1]))], &[ty(DType::F32, &[2, 1])]).is_err());
+    assert!(run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[2]))], &[ty(DType::F32, &[2, 1])]).is_err());
 }
 
 #[test]
 fn reduce_kinds() {
     let x = t(&[2, 2], &[-3f32, 4., 1., 2.]);
     let a1 = axes(&[1]);
-    let red = |k: OpKind| {
-        run(k, &[], &[Some(&x), Some(&a1)], &[ty(DType::F32, &[2, 1])]).unwrap()[0].to_f64_vec()
-    };
+    let red = |k: OpKind| run(k, &[], &[Some(&x), Some(&a1)], &[ty(DType::F32, &[2, 1])]).unwrap()[0].to_f64_vec();
     same(&red(OpKind::ReduceL1), &[7., 3.]);
     same(&red(OpKind::ReduceL2), &f32s(&[5., 5f64.sqrt()]));
     same(&red(OpKind::ReduceSumSquare), &[25., 5.]);
@@ -708,22 +604,17 @@ fn reduce_kinds() {
     same(&red(OpKind::ReduceMax), &[4., 2.]);
     same(&red(OpKind::ReduceMin), &[-3., 1.]);
     let y = t(&[2], &[1f32, (std::f64::consts::E - 1.0) as f32]);
-    let r = run(OpKind::ReduceLogSum, &[("keepdims", int(0))], &[Some(&y)], &[ty(DType::F32, &[])])
-        .unwrap();
+    let r = run(OpKind::ReduceLogSum, &[("keepdims", int(0))], &[Some(&y)], &[ty(DType::F32, &[])]).unwrap();
     close(&r[0].to_f64_vec(), &[1.0], 1e-6);
     // LogSumExp is stable for large values.
     let z = t(&[2], &[1000f32, 1000.]);
-    let r =
-        run(OpKind::ReduceLogSumExp, &[("keepdims", int(0))], &[Some(&z)], &[ty(DType::F32, &[])])
-            .unwrap();
+    let r = run(OpKind::ReduceLogSumExp, &[("keepdims", int(0))], &[Some(&z)], &[ty(DType::F32, &[])]).unwrap();
     same(&r[0].to_f64_vec(), &f32s(&[1000.0 + std::f64::consts::LN_2]));
     // NaN propagates through Max/Min.
     let n = t(&[3], &[1f32, NAN, 2.]);
-    let r = run(OpKind::ReduceMax, &[("keepdims", int(0))], &[Some(&n)], &[ty(DType::F32, &[])])
-        .unwrap();
+    let r = run(OpKind::ReduceMax, &[("keepdims", int(0))], &[Some(&n)], &[ty(DType::F32, &[])]).unwrap();
     same(&r[0].to_f64_vec(), &[f64::NAN]);
-    let r = run(OpKind::ReduceMin, &[("keepdims", int(0))], &[Some(&n)], &[ty(DType::F32, &[])])
-        .unwrap();
+    let r = run(OpKind::ReduceMin, &[("keepdims", int(0))], &[Some(&n)], &[ty(DType::F32, &[])]).unwrap();
     same(&r[0].to_f64_vec(), &[f64::NAN]);
 }
 
@@ -731,26 +622,20 @@ fn reduce_kinds() {
 fn reduce_integers() {
     let x = ti(DType::I32, &[2, 2], &[1, 2, -3, -4]);
     let a1 = axes(&[1]);
-    let red = |k: OpKind| {
-        run(k, &[], &[Some(&x), Some(&a1)], &[ty(DType::I32, &[2, 1])]).unwrap()[0]
-            .to_i64_vec()
-            .unwrap()
-    };
+    let red =
+        |k: OpKind| run(k, &[], &[Some(&x), Some(&a1)], &[ty(DType::I32, &[2, 1])]).unwrap()[0].to_i64_vec().unwrap();
     assert_eq!(red(OpKind::ReduceMean), vec![1, -3]);
     assert_eq!(red(OpKind::ReduceSum), vec![3, -7]);
     assert_eq!(red(OpKind::ReduceL1), vec![3, 7]);
     assert_eq!(red(OpKind::ReduceL2), vec![2, 5]); // sqrt(5) → 2, sqrt(25) → 5
     assert_eq!(red(OpKind::ReduceMax), vec![2, -3]);
     let u = t(&[2], &[u64::MAX, 1]);
-    let r = run(OpKind::ReduceMax, &[("keepdims", int(0))], &[Some(&u)], &[ty(DType::U64, &[])])
-        .unwrap();
+    let r = run(OpKind::ReduceMax, &[("keepdims", int(0))], &[Some(&u)], &[ty(DType::U64, &[])]).unwrap();
     assert_eq!(r[0].to_vec::<u64>().unwrap(), vec![u64::MAX]);
-    let r = run(OpKind::ReduceMin, &[("keepdims", int(0))], &[Some(&u)], &[ty(DType::U64, &[])])
-        .unwrap();
+    let r = run(OpKind::ReduceMin, &[("keepdims", int(0))], &[Some(&u)], &[ty(DType::U64, &[])]).unwrap();
     assert_eq!(r[0].to_vec::<u64>().unwrap(), vec![1]);
     let b = t(&[3], &[false, true, false]);
-    let r = run(OpKind::ReduceMax, &[("keepdims", int(0))], &[Some(&b)], &[ty(DType::Bool, &[])])
-        .unwrap();
+    let r = run(OpKind::ReduceMax, &[("keepdims", int(0))], &[Some(&b)], &[ty(DType::Bool, &[])]).unwrap();
     assert_eq!(r[0].to_vec::<bool>().unwrap(), vec![true]);
 }
 
@@ -758,9 +643,7 @@ fn reduce_integers() {
 fn empty_reductions() {
     let x = t::<f32>(&[2, 0], &[]);
     let a1 = axes(&[1]);
-    let red = |k: OpKind| {
-        run(k, &[], &[Some(&x), Some(&a1)], &[ty(DType::F32, &[2, 1])]).unwrap()[0].to_f64_vec()
-    };
+    let red = |k: OpKind| run(k, &[], &[Some(&x), Some(&a1)], &[ty(DType::F32, &[2, 1])]).unwrap()[0].to_f64_vec();
     same(&red(OpKind::ReduceSum), &[0., 0.]);
     same(&red(OpKind::ReduceProd), &[1., 1.]);
     same(&red(OpKind::ReduceMax), &[f64::NEG_INFINITY; 2]);
@@ -769,17 +652,13 @@ fn empty_reductions() {
     same(&red(OpKind::ReduceLogSum), &[f64::NEG_INFINITY; 2]);
     same(&red(OpKind::ReduceL2), &[0., 0.]);
     let xi = ti(DType::I32, &[2, 0], &[]);
-    let redi = |k: OpKind| {
-        run(k, &[], &[Some(&xi), Some(&a1)], &[ty(DType::I32, &[2, 1])]).unwrap()[0]
-            .to_i64_vec()
-            .unwrap()
-    };
+    let redi =
+        |k: OpKind| run(k, &[], &[Some(&xi), Some(&a1)], &[ty(DType::I32, &[2, 1])]).unwrap()[0].to_i64_vec().unwrap();
     assert_eq!(redi(OpKind::ReduceMax), vec![i32::MIN as i64; 2]);
     assert_eq!(redi(OpKind::ReduceMin), vec![i32::MAX as i64; 2]);
     assert_eq!(redi(OpKind::ReduceProd), vec![1, 1]);
     // Reducing the non-empty axis of an empty tensor gives an empty result.
-    let r = run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[0]))], &[ty(DType::F32, &[1, 0])])
-        .unwrap();
+    let r = run(OpKind::ReduceSum, &[], &[Some(&x), Some(&axes(&[0]))], &[ty(DType::F32, &[1, 0])]).unwrap();
     assert_eq!(r[0].numel(), 0);
 }
 
@@ -794,25 +673,14 @@ fn argmax_argmin() {
     let y = t(&[2, 3], &[1f32, 3., 1., 2., NAN, 0.]);
     let r = run1(OpKind::ArgMin, &[("axis", int(1))], &[&y], ty(DType::I64, &[2, 1]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![0, 1]);
-    let r = run1(
-        OpKind::ArgMin,
-        &[("axis", int(1)), ("select_last_index", int(1))],
-        &[&y],
-        ty(DType::I64, &[2, 1]),
-    );
+    let r = run1(OpKind::ArgMin, &[("axis", int(1)), ("select_last_index", int(1))], &[&y], ty(DType::I64, &[2, 1]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![2, 1]);
     // Default axis 0.
     let r = run1(OpKind::ArgMax, &[], &[&y], ty(DType::I64, &[1, 3]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![1, 1, 0]);
     let u = t(&[3], &[1u64, u64::MAX, 5]);
-    assert_eq!(
-        run1(OpKind::ArgMax, &[], &[&u], ty(DType::I64, &[1])).to_i64_vec().unwrap(),
-        vec![1]
-    );
-    assert_eq!(
-        run1(OpKind::ArgMin, &[], &[&u], ty(DType::I64, &[1])).to_i64_vec().unwrap(),
-        vec![0]
-    );
+    assert_eq!(run1(OpKind::ArgMax, &[], &[&u], ty(DType::I64, &[1])).to_i64_vec().unwrap(), vec![1]);
+    assert_eq!(run1(OpKind::ArgMin, &[], &[&u], ty(DType::I64, &[1])).to_i64_vec().unwrap(), vec![0]);
     let e = t::<f32>(&[0], &[]);
     assert!(run(OpKind::ArgMax, &[], &[Some(&e)], &[ty(DType::I64, &[1])]).is_err());
 }
@@ -821,9 +689,7 @@ fn argmax_argmin() {
 fn cumsum() {
     let x = t(&[4], &[1f32, 2., 3., 4.]);
     let ax = Tensor::scalar(0i32);
-    let cs = |attrs: &[(&str, Attr)]| {
-        run1(OpKind::CumSum, attrs, &[&x, &ax], ty(DType::F32, &[4])).to_f64_vec()
-    };
+    let cs = |attrs: &[(&str, Attr)]| run1(OpKind::CumSum, attrs, &[&x, &ax], ty(DType::F32, &[4])).to_f64_vec();
     same(&cs(&[]), &[1., 3., 6., 10.]);
     same(&cs(&[("exclusive", int(1))]), &[0., 1., 3., 6.]);
     same(&cs(&[("reverse", int(1))]), &[10., 9., 7., 4.]);
@@ -848,11 +714,7 @@ fn softmax_family() {
     let r = run1(OpKind::Softmax, &[], &[&big], ty(DType::F32, &[1, 3]));
     same(&r.to_f64_vec(), &f32s(&want));
     let r = run1(OpKind::LogSoftmax, &[], &[&big], ty(DType::F32, &[1, 3]));
-    close(
-        &r.to_f64_vec(),
-        &f32s(&[-2.40760596444438, -1.4076059644443801, -0.40760596444438013]),
-        1e-7,
-    );
+    close(&r.to_f64_vec(), &f32s(&[-2.40760596444438, -1.4076059644443801, -0.40760596444438013]), 1e-7);
     // Along axis 0 (not the flattened 2-D form of opset < 13).
     let y = t(&[2, 2], &[0f32, 5., 0., 5.]);
     let r = run1(OpKind::Softmax, &[("axis", int(0))], &[&y], ty(DType::F32, &[2, 2]));
@@ -884,13 +746,7 @@ fn topk() {
     assert_eq!(r[0].to_i64_vec().unwrap(), vec![7, 9, 6, 1]);
     assert_eq!(r[1].to_i64_vec().unwrap(), vec![1, 2, 2, 0]);
     let k9 = t(&[1], &[9i64]);
-    assert!(run(
-        OpKind::TopK,
-        &[],
-        &[Some(&x), Some(&k9)],
-        &[ty(DType::F32, &[9]), ty(DType::I64, &[9])]
-    )
-    .is_err());
+    assert!(run(OpKind::TopK, &[], &[Some(&x), Some(&k9)], &[ty(DType::F32, &[9]), ty(DType::I64, &[9])]).is_err());
 }
 
 // ---------------------------------------------------------------------------
@@ -921,14 +777,8 @@ fn instance_norm() {
     let x = t(&[1, 1, 4], &[1f32, 2., 3., 4.]);
     let s = t(&[1], &[2f32]);
     let b = t(&[1], &[1f32]);
-    let r = run1(
-        OpKind::InstanceNormalization,
-        &[("epsilon", float(0.0))],
-        &[&x, &s, &b],
-        ty(DType::F32, &[1, 1, 4]),
-    );
-    let want: Vec<f64> =
-        [1., 2., 3., 4.].iter().map(|v: &f64| (v - 2.5) * 2.0 / 1.25f64.sqrt() + 1.0).collect();
+    let r = run1(OpKind::InstanceNormalization, &[("epsilon", float(0.0))], &[&x, &s, &b], ty(DType::F32, &[1, 1, 4]));
+    let want: Vec<f64> = [1., 2., 3., 4.].iter().map(|v: &f64| (v - 2.5) * 2.0 / 1.25f64.sqrt() + 1.0).collect();
     same(&r.to_f64_vec(), &f32s(&want));
 }
 
@@ -956,8 +806,7 @@ fn layer_norm() {
     )
     .unwrap();
     // mean 3, variance 5.
-    let want: Vec<f64> =
-        [0., 2., 4., 6.].iter().map(|v: &f64| (v - 3.0) / 5f64.sqrt() + 10.0).collect();
+    let want: Vec<f64> = [0., 2., 4., 6.].iter().map(|v: &f64| (v - 3.0) / 5f64.sqrt() + 10.0).collect();
     same(&r[0].to_f64_vec(), &f32s(&want));
 }
 
@@ -971,13 +820,8 @@ fn group_norm() {
     same(&r.to_f64_vec(), &[-1., 1., -1., 3.]);
     for g in [3, 8, 0, -2] {
         let bad = [("num_groups", int(g))];
-        assert!(run(
-            OpKind::GroupNormalization,
-            &bad,
-            &[Some(&x), Some(&s), Some(&b)],
-            &[ty(DType::F32, &[1, 4, 1])]
-        )
-        .is_err());
+        assert!(run(OpKind::GroupNormalization, &bad, &[Some(&x), Some(&s), Some(&b)], &[ty(DType::F32, &[1, 4, 1])])
+            .is_err());
     }
 }
 
@@ -988,12 +832,7 @@ fn lp_norm() {
     same(&r.to_f64_vec(), &f32s(&[0.6, 0.8, -1.0 / 10f64.sqrt(), 3.0 / 10f64.sqrt(), 0., 0.]));
     let r = run1(OpKind::LpNormalization, &[("p", int(1))], &[&x], ty(DType::F32, &[3, 2]));
     same(&r.to_f64_vec(), &f32s(&[3. / 7., 4. / 7., -0.25, 0.75, 0., 0.]));
-    let r = run1(
-        OpKind::LpNormalization,
-        &[("axis", int(0)), ("p", int(1))],
-        &[&x],
-        ty(DType::F32, &[3, 2]),
-    );
+    let r = run1(OpKind::LpNormalization, &[("axis", int(0)), ("p", int(1))], &[&x], ty(DType::F32, &[3, 2]));
     same(&r.to_f64_vec(), &f32s(&[0.75, 4. / 7., -0.25, 3. / 7., 0., 0.]));
 }
 
@@ -1015,12 +854,8 @@ fn mean_variance_normalization() {
     let r = run1(OpKind::MeanVarianceNormalization, &[], &[&x], ty(DType::F32, &[2, 1, 1, 2]));
     let sd = 5f64.sqrt() + 1e-9f32 as f64;
     same(&r.to_f64_vec(), &f32s(&[-3. / sd, -1. / sd, 1. / sd, 3. / sd]));
-    let r = run1(
-        OpKind::MeanVarianceNormalization,
-        &[("axes", Attr::Ints(vec![3]))],
-        &[&x],
-        ty(DType::F32, &[2, 1, 1, 2]),
-    );
+    let r =
+        run1(OpKind::MeanVarianceNormalization, &[("axes", Attr::Ints(vec![3]))], &[&x], ty(DType::F32, &[2, 1, 1, 2]));
     let sd = 1.0 + 1e-9f32 as f64;
     same(&r.to_f64_vec(), &f32s(&[-1. / sd, 1. / sd, -1. / sd, 1. / sd]));
 }
@@ -1043,8 +878,7 @@ fn quantize_per_tensor() {
     let r = run1(OpKind::QuantizeLinear, &[], &[&x, &s, &z], ty(DType::U8, &[6]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![128, 130, 130, 128, 255, 0]);
     // Without a zero point (u8 result).
-    let r = run(OpKind::QuantizeLinear, &[], &[Some(&x), Some(&s), None], &[ty(DType::U8, &[6])])
-        .unwrap();
+    let r = run(OpKind::QuantizeLinear, &[], &[Some(&x), Some(&s), None], &[ty(DType::U8, &[6])]).unwrap();
     assert_eq!(r[0].to_i64_vec().unwrap(), vec![0, 2, 2, 0, 200, 0]);
     let z8 = Tensor::scalar(0i8);
     let s2 = Tensor::scalar(2f32);
@@ -1064,52 +898,30 @@ fn quantize_per_tensor() {
     let r = run1(OpKind::QuantizeLinear, &[], &[&x, &s, &z16], ty(DType::I16, &[2]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![32767, -32768]);
     // Zero point of the wrong dtype.
-    assert!(run(
-        OpKind::QuantizeLinear,
-        &[],
-        &[Some(&x), Some(&s), Some(&z)],
-        &[ty(DType::I8, &[2])]
-    )
-    .is_err());
+    assert!(run(OpKind::QuantizeLinear, &[], &[Some(&x), Some(&s), Some(&z)], &[ty(DType::I8, &[2])]).is_err());
 }
 
 #[test]
 fn quantize_per_axis_and_blocked() {
     let x = t(&[2, 3], &[2f32, 4., 8., 1., 1., 1.]);
     let s = t(&[3], &[1f32, 2., 4.]);
-    let r =
-        run(OpKind::QuantizeLinear, &[], &[Some(&x), Some(&s), None], &[ty(DType::U8, &[2, 3])])
-            .unwrap();
+    let r = run(OpKind::QuantizeLinear, &[], &[Some(&x), Some(&s), None], &[ty(DType::U8, &[2, 3])]).unwrap();
     // 0.5 → 0 and 0.25 → 0.
     assert_eq!(r[0].to_i64_vec().unwrap(), vec![2, 2, 2, 1, 0, 0]);
     let s0 = t(&[2], &[1f32, 0.5]);
     let z0 = t(&[2], &[0u8, 10]);
-    let r =
-        run1(OpKind::QuantizeLinear, &[("axis", int(0))], &[&x, &s0, &z0], ty(DType::U8, &[2, 3]));
+    let r = run1(OpKind::QuantizeLinear, &[("axis", int(0))], &[&x, &s0, &z0], ty(DType::U8, &[2, 3]));
     assert_eq!(r.to_i64_vec().unwrap(), vec![2, 4, 8, 12, 12, 12]);
     // Blocked along axis 1 with a remainder block: blocks {0,1} and {2}.
     let x = t(&[2, 3], &[3f32, 4., 20., 1., 2., 3.]);
     let s = t(&[2, 2], &[1f32, 10., 0.5, 1.]);
     let a = [("axis", int(1)), ("block_size", int(2))];
-    let r = run(OpKind::QuantizeLinear, &a, &[Some(&x), Some(&s), None], &[ty(DType::U8, &[2, 3])])
-        .unwrap();
+    let r = run(OpKind::QuantizeLinear, &a, &[Some(&x), Some(&s), None], &[ty(DType::U8, &[2, 3])]).unwrap();
     assert_eq!(r[0].to_i64_vec().unwrap(), vec![3, 4, 2, 2, 4, 3]);
     let bad = t(&[2, 3], &[1f32; 6]);
-    assert!(run(
-        OpKind::QuantizeLinear,
-        &a,
-        &[Some(&x), Some(&bad), None],
-        &[ty(DType::U8, &[2, 3])]
-    )
-    .is_err());
+    assert!(run(OpKind::QuantizeLinear, &a, &[Some(&x), Some(&bad), None], &[ty(DType::U8, &[2, 3])]).is_err());
     let bad = t(&[2], &[1f32; 2]);
-    assert!(run(
-        OpKind::QuantizeLinear,
-        &[],
-        &[Some(&x), Some(&bad), None],
-        &[ty(DType::U8, &[2, 3])]
-    )
-    .is_err());
+    assert!(run(OpKind::QuantizeLinear, &[], &[Some(&x), Some(&bad), None], &[ty(DType::U8, &[2, 3])]).is_err());
 }
 
 #[test]
@@ -1122,22 +934,17 @@ fn dequantize() {
     let x = ti(DType::I8, &[2, 2], &[-1, 2, 3, -4]);
     let s = t(&[2], &[2f32, 0.5]);
     let z = ti(DType::I8, &[2], &[1, 0]);
-    let r =
-        run1(OpKind::DequantizeLinear, &[("axis", int(0))], &[&x, &s, &z], ty(DType::F32, &[2, 2]));
+    let r = run1(OpKind::DequantizeLinear, &[("axis", int(0))], &[&x, &s, &z], ty(DType::F32, &[2, 2]));
     same(&r.to_f64_vec(), &[-4., 2., 1.5, -2.]);
     let x = ti(DType::I32, &[2], &[100000, -7]);
     let s = Tensor::scalar(0.25f32);
-    let r =
-        run(OpKind::DequantizeLinear, &[], &[Some(&x), Some(&s), None], &[ty(DType::F32, &[2])])
-            .unwrap();
+    let r = run(OpKind::DequantizeLinear, &[], &[Some(&x), Some(&s), None], &[ty(DType::F32, &[2])]).unwrap();
     same(&r[0].to_f64_vec(), &[25000., -1.75]);
     // Blocked, f16 result.
     let x = ti(DType::I4, &[1, 4], &[1, -2, 3, 7]);
     let s = t(&[1, 2], &[f16::from_f32(1.0), f16::from_f32(0.5)]);
     let a = [("axis", int(1)), ("block_size", int(2))];
-    let r =
-        run(OpKind::DequantizeLinear, &a, &[Some(&x), Some(&s), None], &[ty(DType::F16, &[1, 4])])
-            .unwrap();
+    let r = run(OpKind::DequantizeLinear, &a, &[Some(&x), Some(&s), None], &[ty(DType::F16, &[1, 4])]).unwrap();
     same(&r[0].to_f64_vec(), &[1., -2., 1.5, 3.5]);
     // Per tensor, spelled two ways exporters use: a one-element scale beside a scalar
     // zero point, and the reverse; each equals the scalar-scalar form.
@@ -1217,8 +1024,7 @@ fn f8_arithmetic_rounds_once() {
     let b = f8(DType::F8E4M3FN, &[2], &[0x18, 0x38]);
     let r = run1(OpKind::Add, &[], &[&a, &b], ty(DType::F8E4M3FN, &[2]));
     same(&r.to_f64_vec(), &[1.0, 2.0]);
-    let r =
-        run1(OpKind::Where, &[], &[&t(&[2], &[false, true]), &a, &b], ty(DType::F8E4M3FN, &[2]));
+    let r = run1(OpKind::Where, &[], &[&t(&[2], &[false, true]), &a, &b], ty(DType::F8E4M3FN, &[2]));
     assert_eq!(r.codes(), vec![0x18, 0x38]);
 }
 
@@ -1229,18 +1035,11 @@ fn quantize_dequantize_f8() {
     let z = f8(DType::F8E4M3FN, &[], &[0]);
     let r = run1(OpKind::QuantizeLinear, &[], &[&x, &s, &z], ty(DType::F8E4M3FN, &[3]));
     same(&r.to_f64_vec(), &[0.5, 1., 448.]);
-    let r = run1(
-        OpKind::QuantizeLinear,
-        &[("saturate", int(0))],
-        &[&x, &s, &z],
-        ty(DType::F8E4M3FN, &[3]),
-    );
+    let r = run1(OpKind::QuantizeLinear, &[("saturate", int(0))], &[&x, &s, &z], ty(DType::F8E4M3FN, &[3]));
     same(&r.to_f64_vec(), &[0.5, 1., f64::NAN]);
     // 0x38 = 1, 0x40 = 2, 0x7E = 448.
     let q = f8(DType::F8E4M3FN, &[3], &[0x38, 0x40, 0x7E]);
     let s = Tensor::scalar(0.5f32);
-    let r =
-        run(OpKind::DequantizeLinear, &[], &[Some(&q), Some(&s), None], &[ty(DType::F32, &[3])])
-            .unwrap();
+    let r = run(OpKind::DequantizeLinear, &[], &[Some(&q), Some(&s), None], &[ty(DType::F32, &[3])]).unwrap();
     same(&r[0].to_f64_vec(), &[0.5, 1., 224.]);
 }

@@ -76,10 +76,7 @@ fn run1(o: &Op, ins: &[Option<&Tensor>], out: &[usize]) -> Vec<f64> {
 fn assert_close(got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "lengths differ: {got:?} vs {want:?}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "element {i}: got {g}, want {w}\n{got:?}\n{want:?}"
-        );
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "element {i}: got {g}, want {w}\n{got:?}\n{want:?}");
     }
 }
 
@@ -175,8 +172,7 @@ fn matmul_large_blocks_exact() {
     let (m, k, n) = (5, 263, 601);
     let av = ints(m * k, 3);
     let bv = ints(k * n, 4);
-    let y =
-        run1(&op(OpKind::MatMul, &[]), &[Some(&t(&[m, k], &av)), Some(&t(&[k, n], &bv))], &[m, n]);
+    let y = run1(&op(OpKind::MatMul, &[]), &[Some(&t(&[m, k], &av)), Some(&t(&[k, n], &bv))], &[m, n]);
     assert_eq!(y, naive_matmul(&av, &[], &bv, &[], &[], m, k, n));
 }
 
@@ -220,11 +216,7 @@ fn gemm_transposes_alpha_beta_bias() {
     ];
     for (ta, tb, want) in cases {
         let g = op(OpKind::Gemm, &[("transA", Attr::Int(ta)), ("transB", Attr::Int(tb))]);
-        assert_eq!(
-            run1(&g, &[Some(&a), Some(&b)], &[2, 2]),
-            want.to_vec(),
-            "transA={ta} transB={tb}"
-        );
+        assert_eq!(run1(&g, &[Some(&a), Some(&b)], &[2, 2]), want.to_vec(), "transA={ta} transB={tb}");
     }
     // alpha = 2, beta = 0.5, C broadcast as [N], [M, 1], scalar and [M, N].
     let g = op(OpKind::Gemm, &[("alpha", Attr::Float(2.0)), ("beta", Attr::Float(0.5))]);
@@ -311,10 +303,7 @@ fn einsum_matmul_forms() {
     let (av, bv) = (ints(2 * 3 * 4, 7), ints(2 * 4 * 2, 8));
     let a = t(&[2, 3, 4], &av);
     let b = t(&[2, 4, 2], &bv);
-    assert_eq!(
-        einsum("bij,bjk->bik", &[&a, &b], &[2, 3, 2]),
-        naive_matmul(&av, &[2], &bv, &[2], &[2], 3, 4, 2)
-    );
+    assert_eq!(einsum("bij,bjk->bik", &[&a, &b], &[2, 3, 2]), naive_matmul(&av, &[2], &bv, &[2], &[2], 3, 4, 2));
 }
 
 #[test]
@@ -328,10 +317,7 @@ fn einsum_diagonal_trace_transpose_sum() {
     assert_eq!(einsum("ij->ji", &[&iota(&[2, 3])], &[3, 2]), vec![0., 3., 1., 4., 2., 5.]);
     let v = t(&[3], &[1., 2., 3.]);
     assert_eq!(einsum("i,i", &[&v, &v], &[]), vec![14.]);
-    assert_eq!(
-        einsum("i,j->ij", &[&v, &t(&[2], &[1., 10.])], &[3, 2]),
-        vec![1., 10., 2., 20., 3., 30.]
-    );
+    assert_eq!(einsum("i,j->ij", &[&v, &t(&[2], &[1., 10.])], &[3, 2]), vec![1., 10., 2., 20., 3., 30.]);
     // Batched diagonal.
     let x = iota(&[2, 2, 2]);
     assert_eq!(einsum("bii->bi", &[&x], &[2, 2]), vec![0., 3., 4., 7.]);
@@ -477,13 +463,11 @@ fn conv_padded_and_strided() {
     let want = [12., 21., 27., 33., 24., 33., 54., 63., 72., 51., 63., 99., 108., 117., 81.,
         93., 144., 153., 162., 111., 72., 111., 117., 123., 84.];
     assert_eq!(y, want.to_vec());
-    let o =
-        op(OpKind::Conv, &[("pads", ints_attr(&[1, 1, 1, 1])), ("strides", ints_attr(&[2, 2]))]);
+    let o = op(OpKind::Conv, &[("pads", ints_attr(&[1, 1, 1, 1])), ("strides", ints_attr(&[2, 2]))]);
     let y = run1(&o, &[Some(&x), Some(&w)], &[1, 1, 3, 3]);
     assert_eq!(y, vec![12., 27., 24., 63., 108., 81., 72., 117., 84.]);
     // Asymmetric padding (top 1, left 0, bottom 1, right 0), strides 2: rows start −1, 1, 3.
-    let o =
-        op(OpKind::Conv, &[("pads", ints_attr(&[1, 0, 1, 0])), ("strides", ints_attr(&[2, 2]))]);
+    let o = op(OpKind::Conv, &[("pads", ints_attr(&[1, 0, 1, 0])), ("strides", ints_attr(&[2, 2]))]);
     let y = run1(&o, &[Some(&x), Some(&w)], &[1, 1, 3, 2]);
     assert_eq!(y, vec![21., 33., 99., 117., 111., 123.]);
 }
@@ -535,16 +519,10 @@ fn conv_auto_pad() {
     let w = t(&[1, 1, 2], &[1., 10.]);
     let ap = |s: &str| op(OpKind::Conv, &[("auto_pad", Attr::String(s.into()))]);
     assert_eq!(run1(&ap("SAME_UPPER"), &[Some(&x), Some(&w)], &[1, 1, 4]), vec![21., 32., 43., 4.]);
-    assert_eq!(
-        run1(&ap("SAME_LOWER"), &[Some(&x), Some(&w)], &[1, 1, 4]),
-        vec![10., 21., 32., 43.]
-    );
+    assert_eq!(run1(&ap("SAME_LOWER"), &[Some(&x), Some(&w)], &[1, 1, 4]), vec![10., 21., 32., 43.]);
     assert_eq!(run1(&ap("VALID"), &[Some(&x), Some(&w)], &[1, 1, 3]), vec![21., 32., 43.]);
     // SAME with stride 2: out = ceil(4/2) = 2, total pad = max(0, 2 + 2 − 4) = 0.
-    let o = op(
-        OpKind::Conv,
-        &[("auto_pad", Attr::String("SAME_UPPER".into())), ("strides", ints_attr(&[2]))],
-    );
+    let o = op(OpKind::Conv, &[("auto_pad", Attr::String("SAME_UPPER".into())), ("strides", ints_attr(&[2]))]);
     assert_eq!(run1(&o, &[Some(&x), Some(&w)], &[1, 1, 2]), vec![21., 43.]);
 }
 
@@ -566,15 +544,7 @@ fn conv_matches_definition() {
         Case { x: [1, 3, 9, 9], m: 3, group: 3, k: [3, 3], s: [1, 1], d: [1, 1], p: [1, 1, 1, 1] },
         Case { x: [1, 2, 5, 8], m: 4, group: 1, k: [1, 1], s: [1, 1], d: [1, 1], p: [0, 0, 0, 0] },
         Case { x: [1, 2, 5, 8], m: 4, group: 1, k: [1, 1], s: [2, 3], d: [1, 1], p: [0, 0, 0, 0] },
-        Case {
-            x: [1, 64, 62, 22],
-            m: 8,
-            group: 1,
-            k: [3, 3],
-            s: [1, 1],
-            d: [1, 1],
-            p: [0, 0, 0, 0],
-        },
+        Case { x: [1, 64, 62, 22], m: 8, group: 1, k: [3, 3], s: [1, 1], d: [1, 1], p: [0, 0, 0, 0] },
         Case { x: [1, 2, 4, 4], m: 2, group: 1, k: [2, 2], s: [3, 3], d: [1, 1], p: [3, 3, 3, 3] },
     ];
     for (ci, cs) in cases.iter().enumerate() {
@@ -606,11 +576,7 @@ fn conv_matches_definition() {
                 ("kernel_shape", ints_attr(&cs.k.map(|v| v as i64))),
             ],
         );
-        let y = run1(
-            &o,
-            &[Some(&t(&cs.x, &xv)), Some(&t(&[cs.m, cg, cs.k[0], cs.k[1]], &wv))],
-            &[n, cs.m, oh, ow],
-        );
+        let y = run1(&o, &[Some(&t(&cs.x, &xv)), Some(&t(&[cs.m, cg, cs.k[0], cs.k[1]], &wv))], &[n, cs.m, oh, ow]);
         assert_eq!(y, want, "case {ci}");
     }
 }
@@ -667,17 +633,7 @@ fn qlinear_conv_rounding() {
     let yz = ti(DType::U8, &[], &[5]);
     let b = ti(DType::I32, &[1], &[2]);
     let o = op(OpKind::QLinearConv, &[]);
-    let ins = [
-        Some(&x),
-        Some(&xs),
-        Some(&xz),
-        Some(&w),
-        Some(&ws),
-        Some(&wz),
-        Some(&ys),
-        Some(&yz),
-        Some(&b),
-    ];
+    let ins = [Some(&x), Some(&xs), Some(&xz), Some(&w), Some(&ws), Some(&wz), Some(&ys), Some(&yz), Some(&b)];
     let y = run(&o, &ins, &[(DType::U8, &[1, 1, 2, 2])]);
     assert_eq!(y[0].to_i64_vec().unwrap(), vec![5, 11, 15, 21]);
 }
@@ -694,28 +650,16 @@ fn conv_transpose_1d_by_hand() {
     let xw = [Some(&x), Some(&w)];
     assert_eq!(run1(&ct(&[]), &xw, &[1, 1, 4]), vec![1., 12., 23., 30.]);
     let s2 = ("strides", ints_attr(&[2]));
-    assert_eq!(
-        run1(&ct(std::slice::from_ref(&s2)), &xw, &[1, 1, 6]),
-        vec![1., 10., 2., 20., 3., 30.]
-    );
-    assert_eq!(
-        run1(&ct(&[s2.clone(), ("pads", ints_attr(&[1, 1]))]), &xw, &[1, 1, 4]),
-        vec![10., 2., 20., 3.]
-    );
+    assert_eq!(run1(&ct(std::slice::from_ref(&s2)), &xw, &[1, 1, 6]), vec![1., 10., 2., 20., 3., 30.]);
+    assert_eq!(run1(&ct(&[s2.clone(), ("pads", ints_attr(&[1, 1]))]), &xw, &[1, 1, 4]), vec![10., 2., 20., 3.]);
     assert_eq!(
         run1(&ct(&[s2.clone(), ("output_padding", ints_attr(&[1]))]), &xw, &[1, 1, 7]),
         vec![1., 10., 2., 20., 3., 30., 0.]
     );
-    assert_eq!(
-        run1(&ct(&[("dilations", ints_attr(&[2]))]), &xw, &[1, 1, 5]),
-        vec![1., 2., 13., 20., 30.]
-    );
+    assert_eq!(run1(&ct(&[("dilations", ints_attr(&[2]))]), &xw, &[1, 1, 5]), vec![1., 2., 13., 20., 30.]);
     // Bias.
     let b = t(&[1], &[100.]);
-    assert_eq!(
-        run1(&ct(&[]), &[Some(&x), Some(&w), Some(&b)], &[1, 1, 4]),
-        vec![101., 112., 123., 130.]
-    );
+    assert_eq!(run1(&ct(&[]), &[Some(&x), Some(&w), Some(&b)], &[1, 1, 4]), vec![101., 112., 123., 130.]);
 }
 
 #[test]
@@ -728,17 +672,11 @@ fn conv_transpose_output_shape_and_auto_pad() {
     let ap = |s: &str| ("auto_pad", Attr::String(s.into()));
     let ct = |a: &[(&str, Attr)]| op(OpKind::ConvTranspose, a);
     // Full output 6; asking for 7 pads the end (total padding −1).
-    assert_eq!(
-        run1(&ct(&[s2.clone(), os(7)]), &xw, &[1, 1, 7]),
-        vec![1., 10., 2., 20., 3., 30., 0.]
-    );
+    assert_eq!(run1(&ct(&[s2.clone(), os(7)]), &xw, &[1, 1, 7]), vec![1., 10., 2., 20., 3., 30., 0.]);
     // Asking for 4 crops one each side; for 5, NOTSET crops the start, SAME_UPPER the end.
     assert_eq!(run1(&ct(&[s2.clone(), os(4)]), &xw, &[1, 1, 4]), vec![10., 2., 20., 3.]);
     assert_eq!(run1(&ct(&[s2.clone(), os(5)]), &xw, &[1, 1, 5]), vec![10., 2., 20., 3., 30.]);
-    assert_eq!(
-        run1(&ct(&[s2.clone(), os(5), ap("SAME_UPPER")]), &xw, &[1, 1, 5]),
-        vec![1., 10., 2., 20., 3.]
-    );
+    assert_eq!(run1(&ct(&[s2.clone(), os(5), ap("SAME_UPPER")]), &xw, &[1, 1, 5]), vec![1., 10., 2., 20., 3.]);
     // The full shape [N, M, L] is accepted too.
     let full = ("output_shape", ints_attr(&[1, 1, 4]));
     assert_eq!(run1(&ct(&[s2.clone(), full]), &xw, &[1, 1, 4]), vec![10., 2., 20., 3.]);
@@ -817,11 +755,7 @@ fn max_and_average_pool_2x2() {
     let x = iota(&[1, 1, 4, 4]);
     let s = ("strides", ints_attr(&[2, 2]));
     assert_eq!(
-        run1(
-            &pool_op(OpKind::MaxPool, &[2, 2], std::slice::from_ref(&s)),
-            &[Some(&x)],
-            &[1, 1, 2, 2]
-        ),
+        run1(&pool_op(OpKind::MaxPool, &[2, 2], std::slice::from_ref(&s)), &[Some(&x)], &[1, 1, 2, 2]),
         vec![5., 7., 13., 15.]
     );
     assert_eq!(
@@ -844,16 +778,10 @@ fn pool_ceil_mode() {
     // [0, 1], ceil gives 3 windows by the formula but the third starts at 4 = in + 0.
     let x4 = t(&[1, 1, 4], &[1., 2., 3., 4.]);
     let pads = ("pads", ints_attr(&[0, 1]));
-    assert_eq!(
-        run1(&mp(&[s2.clone(), ceil.clone(), pads]), &[Some(&x4)], &[1, 1, 2]),
-        vec![2., 4.]
-    );
+    assert_eq!(run1(&mp(&[s2.clone(), ceil.clone(), pads]), &[Some(&x4)], &[1, 1, 2]), vec![2., 4.]);
     // Leading padding: windows start −1, 1, 3 (the last starts inside the input).
     let pads = ("pads", ints_attr(&[1, 0]));
-    assert_eq!(
-        run1(&mp(&[s2.clone(), ceil.clone(), pads]), &[Some(&x)], &[1, 1, 3]),
-        vec![1., 3., 5.]
-    );
+    assert_eq!(run1(&mp(&[s2.clone(), ceil.clone(), pads]), &[Some(&x)], &[1, 1, 3]), vec![1., 3., 5.]);
 }
 
 #[test]
@@ -861,26 +789,13 @@ fn average_pool_count_include_pad() {
     let x = t(&[1, 1, 3, 3], &[1., 2., 3., 4., 5., 6., 7., 8., 9.]);
     let pads = ("pads", ints_attr(&[1, 1, 1, 1]));
     let inc = ("count_include_pad", Attr::Int(1));
-    let y = run1(
-        &pool_op(OpKind::AveragePool, &[3, 3], std::slice::from_ref(&pads)),
-        &[Some(&x)],
-        &[1, 1, 3, 3],
-    );
+    let y = run1(&pool_op(OpKind::AveragePool, &[3, 3], std::slice::from_ref(&pads)), &[Some(&x)], &[1, 1, 3, 3]);
     assert_close(&y, &[3., 3.5, 4., 4.5, 5., 5.5, 6., 6.5, 7.], 1e-15);
-    let y = run1(
-        &pool_op(OpKind::AveragePool, &[3, 3], &[pads, inc.clone()]),
-        &[Some(&x)],
-        &[1, 1, 3, 3],
-    );
-    assert_close(
-        &y,
-        &[12. / 9., 21. / 9., 16. / 9., 27. / 9., 5., 33. / 9., 24. / 9., 39. / 9., 28. / 9.],
-        1e-15,
-    );
+    let y = run1(&pool_op(OpKind::AveragePool, &[3, 3], &[pads, inc.clone()]), &[Some(&x)], &[1, 1, 3, 3]);
+    assert_close(&y, &[12. / 9., 21. / 9., 16. / 9., 27. / 9., 5., 33. / 9., 24. / 9., 39. / 9., 28. / 9.], 1e-15);
     // 1-D, k 3, s 2, pads [1, 1], ceil: windows [−1..1], [1..3], [3..5].
     let x5 = t(&[1, 1, 5], &[1., 2., 3., 4., 5.]);
-    let a =
-        [("strides", ints_attr(&[2])), ("pads", ints_attr(&[1, 1])), ("ceil_mode", Attr::Int(1))];
+    let a = [("strides", ints_attr(&[2])), ("pads", ints_attr(&[1, 1])), ("ceil_mode", Attr::Int(1))];
     let y = run1(&pool_op(OpKind::AveragePool, &[3], &a), &[Some(&x5)], &[1, 1, 3]);
     assert_close(&y, &[1.5, 3., 4.5], 1e-15);
     let mut a2 = a.to_vec();
@@ -917,27 +832,17 @@ fn pool_same_padding_and_dilations() {
     );
     let inc = ("count_include_pad", Attr::Int(1));
     assert_eq!(
-        run1(
-            &pool_op(OpKind::AveragePool, &[2], &[ap("SAME_LOWER"), inc]),
-            &[Some(&x)],
-            &[1, 1, 4]
-        ),
+        run1(&pool_op(OpKind::AveragePool, &[2], &[ap("SAME_LOWER"), inc]), &[Some(&x)], &[1, 1, 4]),
         vec![0.5, 1.5, 2.5, 3.5]
     );
-    assert_eq!(
-        run1(&pool_op(OpKind::MaxPool, &[2], &[ap("VALID")]), &[Some(&x)], &[1, 1, 3]),
-        vec![2., 3., 4.]
-    );
+    assert_eq!(run1(&pool_op(OpKind::MaxPool, &[2], &[ap("VALID")]), &[Some(&x)], &[1, 1, 3]), vec![2., 3., 4.]);
     let x = t(&[1, 1, 5], &[1., 5., 2., 4., 3.]);
     let dil = ("dilations", ints_attr(&[2]));
     assert_eq!(
         run1(&pool_op(OpKind::MaxPool, &[2], std::slice::from_ref(&dil)), &[Some(&x)], &[1, 1, 3]),
         vec![2., 5., 3.]
     );
-    assert_eq!(
-        run1(&pool_op(OpKind::AveragePool, &[2], &[dil]), &[Some(&x)], &[1, 1, 3]),
-        vec![1.5, 4.5, 2.5]
-    );
+    assert_eq!(run1(&pool_op(OpKind::AveragePool, &[2], &[dil]), &[Some(&x)], &[1, 1, 3]), vec![1.5, 4.5, 2.5]);
 }
 
 #[test]
@@ -957,11 +862,7 @@ fn max_pool_indices() {
     assert_eq!(y[1].to_i64_vec().unwrap(), vec![2, 5, 11, 12]);
     // Strided 1-D with padding: indices ignore the padding.
     let x = t(&[1, 1, 5], &[1., 5., 2., 4., 3.]);
-    let o = pool_op(
-        OpKind::MaxPool,
-        &[2],
-        &[("pads", ints_attr(&[1, 0])), ("strides", ints_attr(&[2]))],
-    );
+    let o = pool_op(OpKind::MaxPool, &[2], &[("pads", ints_attr(&[1, 0])), ("strides", ints_attr(&[2]))]);
     let y = run(&o, &[Some(&x)], &[(DType::F64, &[1, 1, 3]), (DType::I64, &[1, 1, 3])]);
     assert_eq!(y[0].to_f64_vec(), vec![1., 5., 4.]);
     assert_eq!(y[1].to_i64_vec().unwrap(), vec![0, 1, 3]);
@@ -1031,11 +932,7 @@ fn lstm_single_step_by_hand() {
     let h0 = t(&[1, 1, 1], &[0.5]);
     let c0 = t(&[1, 1, 1], &[0.25]);
     let o = op(OpKind::LSTM, &[("hidden_size", Attr::Int(1))]);
-    let outs = [
-        (DType::F64, &[1, 1, 1, 1][..]),
-        (DType::F64, &[1, 1, 1][..]),
-        (DType::F64, &[1, 1, 1][..]),
-    ];
+    let outs = [(DType::F64, &[1, 1, 1, 1][..]), (DType::F64, &[1, 1, 1][..]), (DType::F64, &[1, 1, 1][..])];
     let ins = [Some(&x), Some(&w), Some(&r), Some(&b), None, Some(&h0), Some(&c0)];
     let y = run(&o, &ins, &outs);
     let i = sigmoid(0.1 + 0.5 * 0.5 + 0.01 + 0.05);
@@ -1112,15 +1009,7 @@ fn lstm_two_steps_two_units() {
 }
 
 /// Random-ish operands for a recurrent layer with `g` gates.
-fn rnn_operands(
-    g: usize,
-    dirs: usize,
-    seq: usize,
-    batch: usize,
-    inp: usize,
-    hid: usize,
-    seed: u64,
-) -> [Tensor; 5] {
+fn rnn_operands(g: usize, dirs: usize, seq: usize, batch: usize, inp: usize, hid: usize, seed: u64) -> [Tensor; 5] {
     let sc = |v: Vec<f64>, s: f64| v.into_iter().map(|x| x * s).collect::<Vec<_>>();
     [
         t(&[seq, batch, inp], &sc(ints(seq * batch * inp, seed), 0.25)),
@@ -1172,37 +1061,20 @@ fn recurrent_directions_are_consistent() {
         let h1 = [1, batch, hid];
         let one = [(DType::F64, &y1[..]), (DType::F64, &h1[..])];
         let (w0, r0, b0, h00) = (dir(&w, 0), dir(&r, 0), dir(&b, 0), dir(&h0, 0));
-        let fwd = run(
-            &op(kind, &[]),
-            &[Some(&x), Some(&w0), Some(&r0), Some(&b0), None, Some(&h00)],
-            &one,
-        );
+        let fwd = run(&op(kind, &[]), &[Some(&x), Some(&w0), Some(&r0), Some(&b0), None, Some(&h00)], &one);
         let (w1, r1, b1, h01) = (dir(&w, 1), dir(&r, 1), dir(&b, 1), dir(&h0, 1));
         let rev_op = op(kind, &[("direction", Attr::String("reverse".into()))]);
-        let rev =
-            run(&rev_op, &[Some(&x), Some(&w1), Some(&r1), Some(&b1), None, Some(&h01)], &one);
+        let rev = run(&rev_op, &[Some(&x), Some(&w1), Some(&r1), Some(&b1), None, Some(&h01)], &one);
         let xr = reverse_time(&x);
-        let fwd_on_rev = run(
-            &op(kind, &[]),
-            &[Some(&xr), Some(&w1), Some(&r1), Some(&b1), None, Some(&h01)],
-            &one,
-        );
+        let fwd_on_rev = run(&op(kind, &[]), &[Some(&xr), Some(&w1), Some(&r1), Some(&b1), None, Some(&h01)], &one);
         assert_close(&rev[0].to_f64_vec(), &reverse_time(&fwd_on_rev[0]).to_f64_vec(), 1e-14);
         assert_close(&rev[1].to_f64_vec(), &fwd_on_rev[1].to_f64_vec(), 1e-14);
         // Bidirectional Y: [seq, 2, batch, hid] interleaves the two directions per step.
         let (ybv, fv, rv) = (yb[0].to_f64_vec(), fwd[0].to_f64_vec(), rev[0].to_f64_vec());
         let per = batch * hid;
         for s in 0..seq {
-            assert_close(
-                &ybv[(2 * s) * per..(2 * s + 1) * per],
-                &fv[s * per..(s + 1) * per],
-                1e-14,
-            );
-            assert_close(
-                &ybv[(2 * s + 1) * per..(2 * s + 2) * per],
-                &rv[s * per..(s + 1) * per],
-                1e-14,
-            );
+            assert_close(&ybv[(2 * s) * per..(2 * s + 1) * per], &fv[s * per..(s + 1) * per], 1e-14);
+            assert_close(&ybv[(2 * s + 1) * per..(2 * s + 2) * per], &rv[s * per..(s + 1) * per], 1e-14);
         }
         let mut hh = fwd[1].to_f64_vec();
         hh.extend(rev[1].to_f64_vec());
@@ -1321,10 +1193,7 @@ fn rnn_by_hand_with_activations_and_clip() {
     // LeakyRelu with alpha 0.5.
     let o = op(
         OpKind::RNN,
-        &[
-            ("activations", Attr::Strings(vec!["LeakyRelu".into()])),
-            ("activation_alpha", Attr::Floats(vec![0.5])),
-        ],
+        &[("activations", Attr::Strings(vec!["LeakyRelu".into()])), ("activation_alpha", Attr::Floats(vec![0.5]))],
     );
     let h1 = 0.75;
     let pre2 = -1.0 + 0.25 * h1 + 0.25;
@@ -1354,9 +1223,7 @@ fn recurrent_errors() {
     let [x, w, r, b, _] = rnn_operands(4, 1, 2, 1, 2, 2, 70);
     let tys = [TensorType::new(DType::F64, shape(&[2, 1, 1, 2]))];
     // W with the wrong gate count for GRU.
-    assert!(
-        eval_op(&op(OpKind::GRU, &[]), &[Some(&x), Some(&w), Some(&r), Some(&b)], &tys).is_err()
-    );
+    assert!(eval_op(&op(OpKind::GRU, &[]), &[Some(&x), Some(&w), Some(&r), Some(&b)], &tys).is_err());
     // Unknown activation, bad direction, negative clip, bad hidden_size.
     let bad = [
         op(OpKind::LSTM, &[("activations", Attr::Strings(vec!["Nope".into(); 3]))]),
@@ -1386,22 +1253,11 @@ fn odd_inputs_do_not_panic() {
     let f = DType::F64;
     let conv = op(OpKind::Conv, &[]);
     // Empty batch, empty channels, no output channels.
-    assert!(try_op(
-        &conv,
-        &[Some(&iota(&[0, 1, 3, 3])), Some(&iota(&[1, 1, 2, 2]))],
-        &[(f, &[0, 1, 2, 2])]
-    ));
-    let y = run1(
-        &conv,
-        &[Some(&iota(&[1, 0, 3, 3])), Some(&iota(&[1, 0, 2, 2])), Some(&t(&[1], &[7.]))],
-        &[1, 1, 2, 2],
-    );
+    assert!(try_op(&conv, &[Some(&iota(&[0, 1, 3, 3])), Some(&iota(&[1, 1, 2, 2]))], &[(f, &[0, 1, 2, 2])]));
+    let y =
+        run1(&conv, &[Some(&iota(&[1, 0, 3, 3])), Some(&iota(&[1, 0, 2, 2])), Some(&t(&[1], &[7.]))], &[1, 1, 2, 2]);
     assert_eq!(y, vec![7.; 4]);
-    assert!(try_op(
-        &conv,
-        &[Some(&iota(&[1, 1, 3, 3])), Some(&iota(&[0, 1, 2, 2]))],
-        &[(f, &[1, 0, 2, 2])]
-    ));
+    assert!(try_op(&conv, &[Some(&iota(&[1, 1, 3, 3])), Some(&iota(&[0, 1, 2, 2]))], &[(f, &[1, 0, 2, 2])]));
     // Absurd attributes.
     let x = iota(&[1, 1, 3, 3]);
     let w = iota(&[1, 1, 2, 2]);
@@ -1432,16 +1288,8 @@ fn odd_inputs_do_not_panic() {
     // Pools.
     let mp = pool_op(OpKind::MaxPool, &[1 << 30], &[]);
     assert!(!try_op(&mp, &[Some(&iota(&[1, 1, 3]))], &[(f, &[1, 1, 1])]));
-    assert!(!try_op(
-        &pool_op(OpKind::MaxPool, &[1], &[]),
-        &[Some(&iota(&[1, 1, 0]))],
-        &[(f, &[1, 1, 0])]
-    ));
-    assert!(try_op(
-        &pool_op(OpKind::AveragePool, &[2, 2], &[]),
-        &[Some(&iota(&[0, 3, 4, 4]))],
-        &[(f, &[0, 3, 3, 3])]
-    ));
+    assert!(!try_op(&pool_op(OpKind::MaxPool, &[1], &[]), &[Some(&iota(&[1, 1, 0]))], &[(f, &[1, 1, 0])]));
+    assert!(try_op(&pool_op(OpKind::AveragePool, &[2, 2], &[]), &[Some(&iota(&[0, 3, 4, 4]))], &[(f, &[0, 3, 3, 3])]));
     assert!(!try_op(&pool_op(OpKind::MaxPool, &[2], &[]), &[Some(&iota(&[4]))], &[(f, &[3])]));
     // Contractions with empty dims: a zero-length sum is 0.
     let mm = op(OpKind::MatMul, &[]);

@@ -122,19 +122,33 @@ fn bounded_extent<I: InputArg>(arg: &I, t: &TensorView<'_>, b: &BoundedDesc) -> 
                 return Err(RuntimeError::InputDtype { name: t.name.to_string(), expected: t.dtype, got: dtype });
             }
             if !others_match {
-                return Err(RuntimeError::InputShape { name: t.name.to_string(), expected: t.dims.clone(), got: dims.to_vec() });
+                return Err(RuntimeError::InputShape {
+                    name: t.name.to_string(),
+                    expected: t.dims.clone(),
+                    got: dims.to_vec(),
+                });
             }
             dims[axis]
         }
         None => {
             if numel == 0 || data.len() as u64 % slice != 0 {
-                return Err(RuntimeError::InputSize { name: t.name.to_string(), expected: t.bytes, got: data.len() as u64 });
+                return Err(RuntimeError::InputSize {
+                    name: t.name.to_string(),
+                    expected: t.bytes,
+                    got: data.len() as u64,
+                });
             }
             data.len() as u64 / slice
         }
     };
     if n < b.min || n > b.bound {
-        return Err(RuntimeError::InputExtent { name: t.name.to_string(), axis: b.axis, min: b.min, bound: b.bound, got: n });
+        return Err(RuntimeError::InputExtent {
+            name: t.name.to_string(),
+            axis: b.axis,
+            min: b.min,
+            bound: b.bound,
+            got: n,
+        });
     }
     if data.len() as u64 != n * slice {
         return Err(RuntimeError::InputSize { name: t.name.to_string(), expected: n * slice, got: data.len() as u64 });
@@ -793,10 +807,9 @@ impl<'m> Instance<'m> {
                 }
                 Command::Barrier => {}
                 // SAFETY: `bases` are this checked invocation's; commands run one by one.
-                Command::Copy { .. }
-                | Command::Fill { .. }
-                | Command::AllReduce { .. }
-                | Command::AllGather { .. } => unsafe { transfer(c, &bases) },
+                Command::Copy { .. } | Command::Fill { .. } | Command::AllReduce { .. } | Command::AllGather { .. } => unsafe {
+                    transfer(c, &bases)
+                },
                 // (Only in heterogeneous plans, run above.)
                 Command::Segment { .. } | Command::Transfer { .. } => {}
                 Command::SkipIf { cond, value, count } => {

@@ -793,7 +793,9 @@ impl<'m> LocalTask<'m> {
                         // Within the capacity reserved for the widest wave: no allocation.
                         let table = tables.wrapping_add(p.table);
                         // SAFETY: the caller's contract: the bounded inputs are staged.
-                        let rows = p.rows.map(|(r, x, bound)| (r, unsafe { crate::instance::staged_extent(&x, bound, bases) }));
+                        let rows = p
+                            .rows
+                            .map(|(r, x, bound)| (r, unsafe { crate::instance::staged_extent(&x, bound, bases) }));
                         let workgroups = crate::instance::active(p.workgroups, rows);
                         self.jobs.push(Job { kernel: p.kernel, table, workgroups, rows });
                     }
@@ -805,7 +807,9 @@ impl<'m> LocalTask<'m> {
                     } else {
                         for job in &self.jobs {
                             // SAFETY: as the local-sync dispatch in `Instance::run`.
-                            unsafe { crate::instance::run_range(job.kernel, job.table, helpers, 0, job.workgroups, job.rows) };
+                            unsafe {
+                                crate::instance::run_range(job.kernel, job.table, helpers, 0, job.workgroups, job.rows)
+                            };
                         }
                     }
                     if let Some(after) = observe.as_mut() {

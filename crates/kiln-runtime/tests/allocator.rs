@@ -53,7 +53,8 @@ unsafe impl Allocator for Counting {
     }
 }
 
-static EMBEDDER: Counting = Counting { blocks: AtomicUsize::new(0), bytes: AtomicUsize::new(0), live: AtomicUsize::new(0) };
+static EMBEDDER: Counting =
+    Counting { blocks: AtomicUsize::new(0), bytes: AtomicUsize::new(0), live: AtomicUsize::new(0) };
 
 fn counts() -> (usize, usize, usize, usize) {
     (EMBEDDER.blocks.load(SeqCst), EMBEDDER.bytes.load(SeqCst), EMBEDDER.live.load(SeqCst), GLOBAL.0 .0.load(SeqCst))
@@ -96,7 +97,11 @@ fn the_embedders_allocator_sees_every_allocation_and_invoke_makes_none() {
     // The standard library starts each of the three workers with an allocation of its
     // own (its thread-local bookkeeping) before any kiln code runs on that thread: that
     // one reaches the default allocator, and nothing else does.
-    assert!(made.3 - single.3 <= 3, "{} allocations of the threaded instance reached the default allocator", made.3 - single.3);
+    assert!(
+        made.3 - single.3 <= 3,
+        "{} allocations of the threaded instance reached the default allocator",
+        made.3 - single.3
+    );
     eprintln!(
         "two instances: {} blocks, {} bytes; {} allocations of std's thread start outside",
         made.0 - loaded.0,

@@ -37,7 +37,8 @@ fn bounded_program(n: u64, min: u64) -> Program {
         staging: b(Slot::Arena, staging, bytes),
         extent: b(Slot::Arena, extent, 8),
     }];
-    e.extents = vec![ExtentDesc { name: "a".into(), binding: b(Slot::Arena, extent, 8), bound: n, outputs: vec![(0, 0)] }];
+    e.extents =
+        vec![ExtentDesc { name: "a".into(), binding: b(Slot::Arena, extent, 8), bound: n, outputs: vec![(0, 0)] }];
     p
 }
 

@@ -36,7 +36,10 @@ fn all_reduce_and_all_gather_on_both_drivers() {
     for threads in [1, 3] {
         let [s1, g2, s0] = run(&collectives_program(n as u64), threads, [&a, &b, &c]);
         // Bit for bit: every device gets the same bits, added in part order.
-        assert_eq!(s1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), sum.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            s1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            sum.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
         assert_eq!(s0, s1, "every device receives the same sum");
         assert_eq!(g2, gather, "blocks in part order");
     }
@@ -116,6 +119,9 @@ fn the_cuda_driver_refuses_collectives() {
     let file = write_program(&p);
     let plan = Module::verify_plan(&file).expect("a plan over CUDA devices verifies for listings");
     let e = kiln_runtime::verify::require_device_kind(&plan.program, DeviceKind::Cuda).expect_err("collectives");
-    assert!(matches!(e, VerifyError::Command { command: 4, problem: CommandProblem::CollectiveUnsupported, .. }), "{e:?}");
+    assert!(
+        matches!(e, VerifyError::Command { command: 4, problem: CommandProblem::CollectiveUnsupported, .. }),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("NCCL"), "{e}");
 }

@@ -27,12 +27,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
     // an sm_90a cubin before an sm_80 PTX.
     variants.kernels[1].variants.insert(
         0,
-        Variant {
-            executable: 0,
-            entry: 1,
-            condition: Condition::CpuFeatures(CpuFeature::LEVELS[3]),
-            workgroups: 2,
-        },
+        Variant { executable: 0, entry: 1, condition: Condition::CpuFeatures(CpuFeature::LEVELS[3]), workgroups: 2 },
     );
     let mut cuda_variants = cuda_add_program();
     let mut cubin = cuda_executable(3);

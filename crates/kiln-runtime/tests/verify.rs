@@ -581,7 +581,10 @@ fn malformed_conditions_are_refused() {
         variant: 0,
         problem: ConditionProblem::UnknownCpuFeatures { bits: 1 << 40 },
     };
-    assert_eq!(e.to_string(), "kernel add, variant 0: CPU feature bits 0x10000000000 are not defined by artifact format 1.8");
+    assert_eq!(
+        e.to_string(),
+        "kernel add, variant 0: CPU feature bits 0x10000000000 are not defined by artifact format 1.8"
+    );
 }
 
 /// A variant with its own workgroup count runs that many, whichever driver runs it;

@@ -61,7 +61,9 @@ pub enum ArenaError {
 impl core::fmt::Display for ArenaError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            ArenaError::BadAlignment { buffer, align } => write!(f, "buffer {buffer}: alignment {align} is not a power of two"),
+            ArenaError::BadAlignment { buffer, align } => {
+                write!(f, "buffer {buffer}: alignment {align} is not a power of two")
+            }
             ArenaError::BadLifetime { buffer } => write!(f, "buffer {buffer}: lifetime ends before it starts"),
             ArenaError::Overflow => f.write_str("arena size overflows 64 bits"),
         }
@@ -188,9 +190,15 @@ mod tests {
             plan(&[Buffer { size: 1, align: 3, first: 0, last: 0 }]),
             Err(ArenaError::BadAlignment { buffer: 0, align: 3 })
         );
-        assert_eq!(plan(&[Buffer { size: 1, align: 1, first: 2, last: 1 }]), Err(ArenaError::BadLifetime { buffer: 0 }));
         assert_eq!(
-            plan(&[Buffer { size: u64::MAX, align: 1, first: 0, last: 0 }, Buffer { size: 2, align: 1, first: 0, last: 0 }]),
+            plan(&[Buffer { size: 1, align: 1, first: 2, last: 1 }]),
+            Err(ArenaError::BadLifetime { buffer: 0 })
+        );
+        assert_eq!(
+            plan(&[
+                Buffer { size: u64::MAX, align: 1, first: 0, last: 0 },
+                Buffer { size: 2, align: 1, first: 0, last: 0 }
+            ]),
             Err(ArenaError::Overflow)
         );
     }

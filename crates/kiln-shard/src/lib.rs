@@ -382,7 +382,9 @@ fn propagate(g: &Graph, n: u32, active: &BTreeSet<NodeId>) -> Pass {
             }
         } else if UNARY.contains(&kind) && !ins.is_empty() {
             match ins[0] {
-                Layout::Split(a) if (1..ins.len()).all(|i| node.inputs[i].is_none() || (is_const(i) && dims(i).is_empty())) => {
+                Layout::Split(a)
+                    if (1..ins.len()).all(|i| node.inputs[i].is_none() || (is_const(i) && dims(i).is_empty())) =>
+                {
                     Some((Layout::Split(a), vec![Use::Plain; ins.len()]))
                 }
                 _ => None,
@@ -390,7 +392,8 @@ fn propagate(g: &Graph, n: u32, active: &BTreeSet<NodeId>) -> Pass {
         } else if BROADCAST.contains(&kind) {
             broadcast_rule(g, node, &ins, out_rank)
         } else if matches!(kind, OpKind::Softmax | OpKind::LogSoftmax) && ins.len() == 1 {
-            let axis = node.op.attrs_of::<kiln_ir::attrs::SoftmaxAttrs>().ok().and_then(|a| norm_axis(a.axis, out_rank));
+            let axis =
+                node.op.attrs_of::<kiln_ir::attrs::SoftmaxAttrs>().ok().and_then(|a| norm_axis(a.axis, out_rank));
             match ins[0] {
                 Layout::Split(a) if axis.is_some_and(|x| x != a) => Some((Layout::Split(a), vec![Use::Plain])),
                 _ => None,
@@ -411,10 +414,9 @@ fn propagate(g: &Graph, n: u32, active: &BTreeSet<NodeId>) -> Pass {
                 Err(_) => Vec::new(),
             };
             match ins[0] {
-                Layout::Split(a) => perm
-                    .iter()
-                    .position(|&x| x == a as i64)
-                    .map(|j| (Layout::Split(j), vec![Use::Plain])),
+                Layout::Split(a) => {
+                    perm.iter().position(|&x| x == a as i64).map(|j| (Layout::Split(j), vec![Use::Plain]))
+                }
                 _ => None,
             }
         } else if kind == OpKind::Reshape && ins.len() == 2 && is_const(1) {

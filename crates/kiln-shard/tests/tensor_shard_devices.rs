@@ -155,12 +155,8 @@ fn an_mlp_block_splits_columns_then_rows_with_one_all_reduce_before_the_second_b
         assert_eq!(sh.segments.iter().filter(|s| s.stage == 1).count(), 1);
         // Each device holds its columns of W1 and rows of W2: 16/n of each.
         let seg = &sh.segments[0];
-        let w: Vec<Vec<usize>> = seg
-            .graph
-            .values
-            .iter()
-            .filter_map(|(_, v)| v.constant().map(|t| t.shape().dims().to_vec()))
-            .collect();
+        let w: Vec<Vec<usize>> =
+            seg.graph.values.iter().filter_map(|(_, v)| v.constant().map(|t| t.shape().dims().to_vec())).collect();
         let k = 16 / n as usize;
         assert!(w.contains(&vec![8, k]) && w.contains(&vec![k, 8]) && w.contains(&vec![k]), "{w:?}");
         let relu = g.nodes.iter().find(|(_, x)| x.name == "relu").map(|(_, x)| x.outputs[0]).expect("relu");
@@ -230,7 +226,8 @@ fn heads_split_through_reshape_transpose_softmax_and_batched_products() {
     let split = g.add_const("split", i64s(vec![1, s as i64, heads as i64, dh as i64]));
     let merge = g.add_const("merge", i64s(vec![1, s as i64, hid as i64]));
     let scale = g.add_const("scale", Tensor::scalar(2.0f32));
-    let perm = |p: &[i64]| Op::parse(OpKind::Transpose, &Attrs::new().with("perm", Attr::Ints(p.to_vec()))).expect("perm");
+    let perm =
+        |p: &[i64]| Op::parse(OpKind::Transpose, &Attrs::new().with("perm", Attr::Ints(p.to_vec()))).expect("perm");
     let proj = |g: &mut Graph, name: &str, seed: u64| {
         let w = constant(g, &format!("{name}.w"), &[hid, hid], seed);
         let b = constant(g, &format!("{name}.b"), &[hid], seed + 10);

@@ -4,11 +4,11 @@
 //! listings and the import options an entry asks for).
 #![allow(dead_code)]
 
+use kiln_compiler::{Compilation, CompileError, Input, Options, Precision, Stage, TargetDevice};
 use kiln_import::onnx::proto::{
     attribute_proto::AttributeType, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
     ValueInfoProto,
 };
-use kiln_compiler::{Compilation, CompileError, Input, Options, Precision, Stage, TargetDevice};
 use kiln_import::ImportOptions;
 use kiln_ir::{npy, Tensor};
 use prost::Message;
@@ -108,12 +108,22 @@ pub fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
 
 /// An integer attribute.
 pub fn int_attr(name: &str, i: i64) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(i), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(i),
+        ..Default::default()
+    }
 }
 
 /// A graph attribute (a branch, a loop body).
 pub fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Graph as i32), g: Some(g), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Graph as i32),
+        g: Some(g),
+        ..Default::default()
+    }
 }
 
 /// An ONNX model (IR version 8, opset 17) of the graph `g` with these nodes, inputs,
@@ -358,18 +368,31 @@ pub fn invoke(
 
 /// Output buffers as tensors of `g`'s output types.
 pub fn graph_outputs(g: &kiln_ir::Graph, outs: Vec<Vec<u8>>) -> Vec<Tensor> {
-    outs.into_iter().zip(&g.outputs).map(|(b, &v)| Tensor::new(g.values[v].ty.clone(), b.into()).expect("tensor")).collect()
+    outs.into_iter()
+        .zip(&g.outputs)
+        .map(|(b, &v)| Tensor::new(g.values[v].ty.clone(), b.into()).expect("tensor"))
+        .collect()
 }
 
 /// `module` (compiled from `g`) run on `feeds` by an [`instance`] on `threads`.
-pub fn run_module(module: &kiln_runtime::LoadedModule<'_>, threads: Option<usize>, g: &kiln_ir::Graph, feeds: &[Tensor]) -> Vec<Tensor> {
+pub fn run_module(
+    module: &kiln_runtime::LoadedModule<'_>,
+    threads: Option<usize>,
+    g: &kiln_ir::Graph,
+    feeds: &[Tensor],
+) -> Vec<Tensor> {
     graph_outputs(g, invoke(&mut instance(module, threads), g, feeds).expect("invoke"))
 }
 
 /// The tensors a manifest case lists under `key` ("inputs", "outputs"), as files under
 /// the test data folder.
 pub fn case_tensors(case: &Value, key: &str) -> Vec<Tensor> {
-    case[key].as_array().unwrap_or_else(|| panic!("{key}")).iter().map(|f| read_npy(f.as_str().expect("file"))).collect()
+    case[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key}"))
+        .iter()
+        .map(|f| read_npy(f.as_str().expect("file")))
+        .collect()
 }
 
 /// [`compare`] of every output against its expected value, as "`label` output K (`how`)".

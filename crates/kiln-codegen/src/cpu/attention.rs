@@ -806,7 +806,14 @@ fn tile(a: &mut CodeAssembler, t: &mut Tables, g: &TileGeometry, rows: u64, key_
 /// The scores of `rows` rows for a group of `nv` key vectors from key rbp, scaled,
 /// masked and stored to the tile's score rows (lanes past the last key −∞, under
 /// `last`, the key tail).
-fn score_group(a: &mut CodeAssembler, t: &mut Tables, g: &TileGeometry, rows: u64, nv: u64, last: Option<Mask>) -> R<()> {
+fn score_group(
+    a: &mut CodeAssembler,
+    t: &mut Tables,
+    g: &TileGeometry,
+    rows: u64,
+    nv: u64,
+    last: Option<Mask>,
+) -> R<()> {
     let w = g.w;
     let kv = g.kv as u8;
     let r = TILE_ROWS as u8;

@@ -66,7 +66,8 @@ fn recognise(k: &Kernel) -> R<Copy> {
     }
     let off = load_offset(k, 0, index).ok_or_else(|| NotHere("a non-affine copy index".into()))?;
     // Only output variables, the innermost with step 1.
-    if off.coef.iter().enumerate().any(|(v, &c)| v >= rank && c != 0 && k.vars[v] > 1) || off.of((rank - 1) as u32) != 1 {
+    if off.coef.iter().enumerate().any(|(v, &c)| v >= rank && c != 0 && k.vars[v] > 1) || off.of((rank - 1) as u32) != 1
+    {
         return no("a copy that does not run along the output's rows");
     }
     let coef: Vec<i64> = (0..rank - 1).map(|d| if dims[d] > 1 { off.of(d as u32) * units } else { 0 }).collect();

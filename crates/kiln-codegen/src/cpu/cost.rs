@@ -37,7 +37,7 @@ const MACS_PER_NS: f64 = 48.0;
 const EVALS_PER_NS: [f64; 3] = [
     100.0, // window: 8 or 16 lanes, a tap's load and FMA
     40.0,  // vector: 8 or 16 lanes, more nodes per element than they execute
-    1.5,  // general: scalar or 4–8 lanes, index arithmetic in the loops
+    1.5,   // general: scalar or 4–8 lanes, index arithmetic in the loops
 ];
 /// An attention kernel's time per query row besides its products: the row's online
 /// softmax (maximum, rescaling, the final division) and its tile's set-up. Fitted with

@@ -141,7 +141,9 @@ pub(crate) fn build(
     // Which loops run four lanes at a time (a scatter's points store one at a time).
     let vec_x = opts.vectorize
         && k.scatter.is_none()
-        && rank > 0 && k.vars[rank - 1] >= 4 && an.vectorizable(k, rank as u32 - 1, true, caps.sse41);
+        && rank > 0
+        && k.vars[rank - 1] >= 4
+        && an.vectorizable(k, rank as u32 - 1, true, caps.sse41);
     let mut vec_red = vec![false; n];
     if opts.vectorize {
         for (i, node) in k.nodes.iter().enumerate() {

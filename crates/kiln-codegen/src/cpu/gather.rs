@@ -28,9 +28,9 @@ use kiln_flow::interp;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType};
 
 use super::asm::{end_rows, RowKernel, Tables, COORD};
+use super::gemm::{no, NotHere, R};
 use super::math::{has_vector_form, vector_scratch};
 use super::vector::{Mask, Op, Src, Vx, V};
-use super::gemm::{no, NotHere, R};
 use super::vops::const_word;
 
 /// Most table entries (over every dimension) a kernel carries.
@@ -79,7 +79,13 @@ fn eval(k: &Kernel, e: ExprId, var: Option<u32>, x: i64) -> Option<u64> {
 /// `out` as `(variable, scale, term)`: `e` itself when it reads one variable or none,
 /// else taken apart at `+`, `−` and products by a constant (a flat index over several
 /// digits, each computed from one variable).
-fn split(k: &Kernel, free: &[Vec<u32>], e: ExprId, scale: i64, out: &mut Vec<(Option<u32>, i64, ExprId)>) -> Option<()> {
+fn split(
+    k: &Kernel,
+    free: &[Vec<u32>],
+    e: ExprId,
+    scale: i64,
+    out: &mut Vec<(Option<u32>, i64, ExprId)>,
+) -> Option<()> {
     let mut vars = free[e.index()].clone();
     vars.sort_unstable();
     vars.dedup();
@@ -170,7 +176,8 @@ fn recognise(k: &Kernel) -> R<Gather> {
     let mut g: Vec<Vec<i64>> = dims.iter().map(|&d| vec![0; d as usize]).collect();
     for (i, &e) in index.iter().enumerate() {
         let mut parts = Vec::new();
-        split(k, &free, e, strides[i], &mut parts).ok_or_else(|| NotHere("an index that reads several variables".into()))?;
+        split(k, &free, e, strides[i], &mut parts)
+            .ok_or_else(|| NotHere("an index that reads several variables".into()))?;
         for (var, scale, term) in parts {
             let at = |q: i64| -> R<i64> {
                 let v = eval(k, term, var, q).ok_or_else(|| NotHere("an index the tables cannot evaluate".into()))?;
@@ -201,7 +208,11 @@ fn recognise(k: &Kernel) -> R<Gather> {
         c *= 2;
         let last = g.len() - 1;
         for (d, t) in g.iter_mut().enumerate() {
-            *t = if d == last { t.iter().flat_map(|&v| [2 * v, 2 * v + 1]).collect() } else { t.iter().map(|&v| 2 * v).collect() };
+            *t = if d == last {
+                t.iter().flat_map(|&v| [2 * v, 2 * v + 1]).collect()
+            } else {
+                t.iter().map(|&v| 2 * v).collect()
+            };
         }
         dims[last] *= 2;
         if dims.iter().map(|&d| d as u64).sum::<u64>() > MOST_ENTRIES {
@@ -262,7 +273,8 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let p = recognise(k)?;
     let RowKernel { mut a, mut t, done, outer, w, full, tail, rows } = RowKernel::begin(&p.dims)?;
     // The innermost table, padded to whole vectors (an extent of 1 reads offset 0).
-    let mut inner: Vec<u32> = if p.tables[outer].is_empty() { vec![0] } else { p.tables[outer].iter().map(|&v| v as u32).collect() };
+    let mut inner: Vec<u32> =
+        if p.tables[outer].is_empty() { vec![0] } else { p.tables[outer].iter().map(|&v| v as u32).collect() };
     inner.resize(inner.len().div_ceil(8) * 8, 0);
     let inner_label = t.words(&mut a, &inner);
     let outer_labels: Vec<Option<CodeLabel>> = p.tables[..outer]
@@ -289,7 +301,13 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     }
     a.lea(rcx, qword_ptr(inner_label))?;
     // One vector: gather (under the tail mask for the last), the epilogue, store.
-    let vector = |a: &mut CodeAssembler, t: &mut Tables, at: AsmMemoryOperand, idx: AsmMemoryOperand, out: AsmMemoryOperand, masked: bool| -> R<()> {
+    let vector = |a: &mut CodeAssembler,
+                  t: &mut Tables,
+                  at: AsmMemoryOperand,
+                  idx: AsmMemoryOperand,
+                  out: AsmMemoryOperand,
+                  masked: bool|
+     -> R<()> {
         a.vmovdqu(ymm1, idx)?;
         if masked {
             a.vmovaps(ymm2, ymm15)?;
@@ -370,7 +388,8 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
 /// `T[2i] = T[0] + i` and `T[2i + 1] = T[1] + i`, with offsets that fit 32 bits in bytes.
 fn interleaved_pair(t: &[i32]) -> Option<(i32, i32)> {
     let (&a, &b) = (t.first()?, t.get(1)?);
-    let ok = t.iter().enumerate().all(|(w, &v)| v as i64 == if w % 2 == 0 { a as i64 } else { b as i64 } + (w / 2) as i64);
+    let ok =
+        t.iter().enumerate().all(|(w, &v)| v as i64 == if w % 2 == 0 { a as i64 } else { b as i64 } + (w / 2) as i64);
     let fits = |x: i32| x.checked_mul(4).is_some() && (x as i64 + t.len() as i64) * 4 < i32::MAX as i64;
     (ok && fits(a) && fits(b)).then_some((a, b))
 }
@@ -413,7 +432,8 @@ fn value(
             value(k, *v, vx, reg, free)?
         }
         Expr::Select(c, x, y) => {
-            let (rc, rx, ry) = (value(k, *c, vx, reg, free)?, value(k, *x, vx, reg, free)?, value(k, *y, vx, reg, free)?);
+            let (rc, rx, ry) =
+                (value(k, *c, vx, reg, free)?, value(k, *x, vx, reg, free)?, value(k, *y, vx, reg, free)?);
             let d = take(free)?;
             vx.blend(d, Mask(rc.0), ry, rx)?;
             d

@@ -138,8 +138,8 @@ use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 
 use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
 use super::math::{has_vector_form, held_constants, vector_scratch, POW_SCRATCH};
-use super::vops::{byte_type, const_word, float_pred, is_i64_compare, op_form, I64Src};
 use super::vector::{Mask, Op, Src, Vx, V};
+use super::vops::{byte_type, const_word, float_pred, is_i64_compare, op_form, I64Src};
 use kiln_ir::DType;
 
 /// Rows of a full panel: 6 (a 6×16 tile), or 4 (4×24) when that divides M and 6

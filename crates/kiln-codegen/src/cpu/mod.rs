@@ -583,7 +583,8 @@ impl Int8 {
             CpuTarget::X86_64V4 => Int8 { bw_vl: avx512, vnni: false },
             #[cfg(target_arch = "x86_64")]
             CpuTarget::Host => {
-                let bw_vl = avx512 && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl");
+                let bw_vl =
+                    avx512 && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl");
                 Int8 { bw_vl, vnni: bw_vl && std::is_x86_feature_detected!("avx512vnni") }
             }
             _ => Int8::default(),
@@ -627,7 +628,9 @@ fn emit_by_class(
         KernelClass::Contraction => {
             let g = gemm::emit(k, avx512)?;
             let note = match (g.avx512, g.channel_vectors) {
-                (true, true) if g.wide_epilogue => "contraction microkernel (avx-512, channel vectors; epilogue on 16 lanes)",
+                (true, true) if g.wide_epilogue => {
+                    "contraction microkernel (avx-512, channel vectors; epilogue on 16 lanes)"
+                }
                 (true, true) => "contraction microkernel (avx-512, channel vectors)",
                 (true, _) if g.wide_epilogue => "contraction microkernel (avx-512; epilogue on 16 lanes)",
                 (true, _) => "contraction microkernel (avx-512)",
@@ -667,7 +670,9 @@ fn emit_by_class(
                         row_kernel(k, options, avx512)?
                     }
                     // A transpose of the last two axes: 8 × 8 blocks in registers.
-                    Err(gemm::NotHere(_)) if transpose::emit(k).is_ok() => vector(transpose::emit(k)?, "transpose (avx)"),
+                    Err(gemm::NotHere(_)) if transpose::emit(k).is_ok() => {
+                        vector(transpose::emit(k)?, "transpose (avx)")
+                    }
                     Err(gemm::NotHere(why)) => match gather::emit(k) {
                         Ok(g) => vector(g, "table gather (avx2)"),
                         Err(gemm::NotHere(also)) => {
@@ -725,7 +730,16 @@ fn row_kernel(k: &Kernel, options: &Options, avx512: bool) -> Result<Micro, gemm
     let note = r.note();
     let bits = if r.wide { 512 } else { 256 };
     let digits = row_digits(k, r.row_axes);
-    Ok(Micro { code: r.code, workgroups: r.workgroups, note, avx512: r.wide, path: cost::Path::Vector, bits, needs: 0, digits })
+    Ok(Micro {
+        code: r.code,
+        workgroups: r.workgroups,
+        note,
+        avx512: r.wide,
+        path: cost::Path::Vector,
+        bits,
+        needs: 0,
+        digits,
+    })
 }
 
 /// Compiles `kernels`, each with its class (`kiln_flow::program::Dispatch::class`), for

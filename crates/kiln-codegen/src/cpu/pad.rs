@@ -64,7 +64,11 @@ fn recognise(k: &Kernel) -> R<Padding> {
     let (x, o) = (&k.inputs[0], &k.output);
     let bytes = x.dtype.storage_bytes(1);
     let packed = x.dtype.is_packed();
-    if k.inputs.len() != 1 || x.dtype != o.dtype || !(bytes == 4 || bytes == 1 && !packed) || index.len() != o.shape.rank() {
+    if k.inputs.len() != 1
+        || x.dtype != o.dtype
+        || !(bytes == 4 || bytes == 1 && !packed)
+        || index.len() != o.shape.rank()
+    {
         return no("not a 1- or 4-byte padding of one input");
     }
     let rank = o.shape.rank();
@@ -109,7 +113,11 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let mut fill = a.create_label();
     source_row(&mut a, &p, &in_stride, 4, rbx, fill)?;
     // rbx: x's row. Pad run, copy run, pad run.
-    let store_run = |a: &mut CodeAssembler, mask: &mut dyn FnMut(&mut CodeAssembler, u64) -> CodeLabel, from: i64, to: i64| -> R<()> {
+    let store_run = |a: &mut CodeAssembler,
+                     mask: &mut dyn FnMut(&mut CodeAssembler, u64) -> CodeLabel,
+                     from: i64,
+                     to: i64|
+     -> R<()> {
         let mut x = from;
         while x + 8 <= to {
             a.vmovups(ymmword_ptr(rsi + (x * 4) as i32), ymm0)?;

@@ -88,9 +88,9 @@ use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
 use super::asm::{add_imm, enter, leave, Tables, XMM, ZMM};
+use super::gemm::{no, NotHere, R};
 use super::math;
 use super::vector::{Mask, Vx, V};
-use super::gemm::{no, NotHere, R};
 
 /// Columns per workgroup block (two vectors of 16 lanes).
 const NB: u64 = 32;
@@ -544,7 +544,8 @@ impl<'k> Emitter<'k> {
                 }
                 Expr::Binary(op, x, y) => {
                     let (tx, ty2) = (k.node(*x).ty, k.node(*y).ty);
-                    let const_side = matches!(k.node(*x).expr, Expr::Const(_)) || matches!(k.node(*y).expr, Expr::Const(_));
+                    let const_side =
+                        matches!(k.node(*x).expr, Expr::Const(_)) || matches!(k.node(*y).expr, Expr::Const(_));
                     (tx == ty && ty2 == ty)
                         && match ty {
                             ScalarType::F32 => match op {
@@ -556,7 +557,12 @@ impl<'k> Emitter<'k> {
                             // (`And`: a fixed-point product's low bits, tflite/int8.rs.)
                             ScalarType::I32 => matches!(
                                 op,
-                                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min | BinaryOp::And
+                                BinaryOp::Add
+                                    | BinaryOp::Sub
+                                    | BinaryOp::Mul
+                                    | BinaryOp::Max
+                                    | BinaryOp::Min
+                                    | BinaryOp::And
                             ),
                             // (Narrow integers stay within their range under max/min.)
                             t if is_int32(t) => matches!(op, BinaryOp::Max | BinaryOp::Min),
@@ -946,11 +952,8 @@ impl<'k> Emitter<'k> {
             hsum(self, 0, gv + 128)?;
         }
         let last_rows = m - (groups - 1) * 16;
-        let variants: Vec<(u64, bool)> = if last_rows != 16 {
-            vec![(last_rows, true), (16, false)]
-        } else {
-            vec![(16, false)]
-        };
+        let variants: Vec<(u64, bool)> =
+            if last_rows != 16 { vec![(last_rows, true), (16, false)] } else { vec![(16, false)] };
         let pitch = self.a_pitch;
         // Row `r`'s 64 bytes of `A` (at `r9 + r·pitch`; masked bytes zero) into zmm17,
         // then each `acc += ` its products with the other operand of the pair (zmm16 the
@@ -1747,7 +1750,8 @@ impl<'k> Emitter<'k> {
                 let b = self.bases[el.base].clone();
                 let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
                 self.a.mov(rax, qword_ptr(rsp + st))?;
-                let disp = if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem };
+                let disp =
+                    if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem };
                 let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
                 let r = take(pool)?;
                 let z = ZMM[r];
@@ -2180,12 +2184,10 @@ fn f32_below(k: &Kernel, e: ExprId) -> Option<f32> {
     };
     match n.expr {
         Expr::Const(_) => konst(e),
-        Expr::Binary(BinaryOp::Min, x, y) if konst(x).or(konst(y)).is_some() => {
-            match (konst(x), konst(y)) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            }
-        }
+        Expr::Binary(BinaryOp::Min, x, y) if konst(x).or(konst(y)).is_some() => match (konst(x), konst(y)) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        },
         Expr::Binary(BinaryOp::Min | BinaryOp::Max, x, y) => Some(f32_below(k, x)?.max(f32_below(k, y)?)),
         _ => None,
     }

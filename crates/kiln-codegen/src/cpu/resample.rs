@@ -112,7 +112,8 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     let ty = v.h.map_or(1, |t| t.taps);
     let tx = v.w.map_or(1, |t| t.taps);
     let w_pad = (v.w_out + 7) / 8 * 8;
-    let table_bytes = v.h.map_or(0, |_| v.h_out as usize * (4 + 8 * ty)) + v.w.map_or(0, |_| w_pad as usize * 4 * (2 * tx + 2));
+    let table_bytes =
+        v.h.map_or(0, |_| v.h_out as usize * (4 + 8 * ty)) + v.w.map_or(0, |_| w_pad as usize * 4 * (2 * tx + 2));
     if table_bytes > MAX_TABLE_BYTES {
         return no("tables over 4 MiB");
     }
@@ -274,7 +275,11 @@ fn vertical(a: &mut CodeAssembler, v: &Plan, ty: usize, dst: AsmRegister64, to_o
             a.vbroadcastss(YMM[8 + j], dword_ptr(rbx + 4 + 4 * (ty + g + j) as i32))?;
         }
         // One vector at byte offset `at` (a register or a constant), `masked` lanes.
-        let step = |a: &mut CodeAssembler, col: AsmMemoryOperand, src: &dyn Fn(AsmRegister64) -> AsmMemoryOperand, masked: bool| -> R<()> {
+        let step = |a: &mut CodeAssembler,
+                    col: AsmMemoryOperand,
+                    src: &dyn Fn(AsmRegister64) -> AsmMemoryOperand,
+                    masked: bool|
+         -> R<()> {
             for j in 0..n {
                 let x = YMM[1 + j];
                 if masked {
@@ -322,48 +327,49 @@ fn horizontal(
     let plane = (w_pad * 4) as i32;
     let full = v.w_out / 8;
     a.lea(rdx, ptr(*xlab))?;
-    let step = |a: &mut CodeAssembler, at: AsmMemoryOperand, off: &dyn Fn(i32) -> AsmMemoryOperand, masked: bool| -> R<()> {
-        if permute {
-            // The vector's window of eight source columns.
-            a.movsxd(rax, off((2 * tx as i32 + 1) * plane))?;
-            if v.w_in < 8 {
-                a.vmaskmovps(ymm5, ymm15, ptr(rsi + rax))?;
-            } else {
-                a.vmovups(ymm5, ptr(rsi + rax))?;
-            }
-        }
-        for j in 0..tx as i32 {
-            a.vmovdqu(ymm2, off(j * plane))?;
-            let x = if v.weights { ymm1 } else { ymm0 };
+    let step =
+        |a: &mut CodeAssembler, at: AsmMemoryOperand, off: &dyn Fn(i32) -> AsmMemoryOperand, masked: bool| -> R<()> {
             if permute {
-                a.vpermps(x, ymm2, ymm5)?;
-            } else {
-                a.vpcmpeqd(ymm3, ymm3, ymm3)?;
+                // The vector's window of eight source columns.
+                a.movsxd(rax, off((2 * tx as i32 + 1) * plane))?;
+                if v.w_in < 8 {
+                    a.vmaskmovps(ymm5, ymm15, ptr(rsi + rax))?;
+                } else {
+                    a.vmovups(ymm5, ptr(rsi + rax))?;
+                }
+            }
+            for j in 0..tx as i32 {
+                a.vmovdqu(ymm2, off(j * plane))?;
+                let x = if v.weights { ymm1 } else { ymm0 };
+                if permute {
+                    a.vpermps(x, ymm2, ymm5)?;
+                } else {
+                    a.vpcmpeqd(ymm3, ymm3, ymm3)?;
+                    if v.weights {
+                        a.vgatherdps_3(x, ptr(rsi + ymm2 * 4), ymm3)?;
+                    } else {
+                        a.vpgatherdd_3(x, ptr(rsi + ymm2 * 4), ymm3)?;
+                    }
+                }
                 if v.weights {
-                    a.vgatherdps_3(x, ptr(rsi + ymm2 * 4), ymm3)?;
-                } else {
-                    a.vpgatherdd_3(x, ptr(rsi + ymm2 * 4), ymm3)?;
+                    if j == 0 {
+                        a.vmulps(ymm0, ymm1, off((tx as i32 + j) * plane))?;
+                    } else {
+                        a.vfmadd231ps(ymm0, ymm1, off((tx as i32 + j) * plane))?;
+                    }
                 }
             }
-            if v.weights {
-                if j == 0 {
-                    a.vmulps(ymm0, ymm1, off((tx as i32 + j) * plane))?;
-                } else {
-                    a.vfmadd231ps(ymm0, ymm1, off((tx as i32 + j) * plane))?;
-                }
+            if fills {
+                a.vmovdqu(ymm4, off(2 * tx as i32 * plane))?;
+                a.vblendvps(ymm0, ymm0, ymm13, ymm4)?;
             }
-        }
-        if fills {
-            a.vmovdqu(ymm4, off(2 * tx as i32 * plane))?;
-            a.vblendvps(ymm0, ymm0, ymm13, ymm4)?;
-        }
-        if masked {
-            a.vmaskmovps(at, ymm14, ymm0)?;
-        } else {
-            a.vmovups(at, ymm0)?;
-        }
-        Ok(())
-    };
+            if masked {
+                a.vmaskmovps(at, ymm14, ymm0)?;
+            } else {
+                a.vmovups(at, ymm0)?;
+            }
+            Ok(())
+        };
     each_vector(a, rdi, full, tail, &|a, pos, masked| step(a, pos(r14), &|o| pos(rdx) + o, masked))
 }
 

@@ -33,8 +33,8 @@ use kiln_ir::DType;
 
 use super::expr::storage;
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
-use super::tune::Attn;
 use super::rows::shfl_bfly;
+use super::tune::Attn;
 use super::{decompose, internal, Entry, Ids, Launch, BLOCK, MAX_GRID};
 use crate::CodegenError;
 
@@ -238,7 +238,10 @@ pub fn emit(k: &Kernel, mode: Option<Attn>) -> Result<Result<Entry, String>, Cod
         let flat = p.reg(RegClass::B64);
         p.op("mad.lo.s64", &[flat.into(), row.into(), Imm::I(width as i64).into(), c.into()]);
         let at = p.reg(RegClass::B64);
-        p.op("mad.lo.s64", &[at.into(), flat.into(), Imm::I(esize(k.output.dtype)).into(), bases[k.inputs.len()].into()]);
+        p.op(
+            "mad.lo.s64",
+            &[at.into(), flat.into(), Imm::I(esize(k.output.dtype)).into(), bases[k.inputs.len()].into()],
+        );
         match out_cvt {
             Some(half) => {
                 let h = p.reg(RegClass::B16);

@@ -1400,5 +1400,11 @@ pub(super) fn epilogue(
     bvars: &[Reg],
     pairs: bool,
 ) -> Result<(), CodegenError> {
-    Emitter { k, plan, occupancy: None }.epilogue(p, bases, parts, bvars, if pairs && plan.pair_store() { 2 } else { 1 })
+    Emitter { k, plan, occupancy: None }.epilogue(
+        p,
+        bases,
+        parts,
+        bvars,
+        if pairs && plan.pair_store() { 2 } else { 1 },
+    )
 }

@@ -198,7 +198,9 @@ impl Stage {
             let v = i64::from(v);
             o.offset.c % v == 0 && o.offset.coef.iter().enumerate().all(|(x, &c)| x as u32 == run || c % v == 0)
         };
-        let widest = |run: u32, len: u64| widths.iter().copied().find(|&v| aligned(run, v) && len % u64::from(v) == 0).unwrap_or(1);
+        let widest = |run: u32, len: u64| {
+            widths.iter().copied().find(|&v| aligned(run, v) && len % u64::from(v) == 0).unwrap_or(1)
+        };
         let (key_rows, vw) = if oc == 1 {
             (true, widest(other, u64::from(n)))
         } else if kc == 1 {
@@ -209,7 +211,18 @@ impl Stage {
         let (rows, len, coef) = if key_rows { (KEYS, n, (kc, oc)) } else { (n, KEYS, (oc, kc)) };
         let c = gcd(len / vw, 16);
         let per_pass = THREADS / c;
-        Stage { key_rows, rows, elt, vw, c, passes: rows / per_pass, runs: len / vw / c, coef, key_coef: kc, stride: 2 * len + 16 }
+        Stage {
+            key_rows,
+            rows,
+            elt,
+            vw,
+            c,
+            passes: rows / per_pass,
+            runs: len / vw / c,
+            coef,
+            key_coef: kc,
+            stride: 2 * len + 16,
+        }
     }
 
     /// Shared bytes of the tile.
@@ -633,7 +646,11 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
     let mma = &format!("mma.sync.aligned.m16n8k16.row.col.f32.{mt}.{mt}.f32");
     let ldm = |p: &mut Ptx, trans: bool, at: Reg, off: u32| -> Vec<Reg> {
         let r: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
-        let op = if trans { "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" } else { "ldmatrix.sync.aligned.m8n8.x4.shared.b16" };
+        let op = if trans {
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+        } else {
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+        };
         p.op(op, &[Opd::Vec(r.clone()), Opd::Addr(at, i64::from(off))]);
         r
     };
@@ -653,7 +670,8 @@ pub fn emit(k: &Kernel, a: &Attention) -> Result<Result<Entry, String>, CodegenE
             let key = u32_op(&mut p, "add.u32", tk, Imm::U((8 * nb + c) as u64).into());
             let inside = p.reg(RegClass::Pred);
             p.op("setp.lt.u32", &[inside.into(), key.into(), Imm::U(keys).into()]);
-            let kc = if a.mask.is_some() { Some(u32_op(&mut p, "min.u32", key, Imm::U(keys - 1).into())) } else { None };
+            let kc =
+                if a.mask.is_some() { Some(u32_op(&mut p, "min.u32", key, Imm::U(keys - 1).into())) } else { None };
             for h in 0..2usize {
                 let x = sn[2 * h + c];
                 p.op("mul.rn.f32", &[x.into(), x.into(), f32imm(a.scale)]);

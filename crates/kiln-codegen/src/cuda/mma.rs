@@ -133,9 +133,7 @@
 use kiln_flow::Kernel;
 use kiln_ir::DType;
 
-use super::contraction::{
-    self, choose_split, choose_tile, linear, u32_op, BlockStart, Map, Order, Plan, Tile, Var,
-};
+use super::contraction::{self, choose_split, choose_tile, linear, u32_op, BlockStart, Map, Order, Plan, Tile, Var};
 use super::feed::{self, Ring, Steps};
 use super::ptx::{Imm, Opd, Ptx, Reg, RegClass};
 use super::{internal, tune, Entry, Launch, BLOCK};

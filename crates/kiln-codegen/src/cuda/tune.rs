@@ -221,7 +221,15 @@ pub struct Elt {
 
 impl Default for Tune {
     fn default() -> Tune {
-        Tune { f32: None, mma: Mma::default(), wgmma: true, elt: Elt::default(), attention: None, f32_occupancy: None, arch: Arch::Sm90a }
+        Tune {
+            f32: None,
+            mma: Mma::default(),
+            wgmma: true,
+            elt: Elt::default(),
+            attention: None,
+            f32_occupancy: None,
+            arch: Arch::Sm90a,
+        }
     }
 }
 

@@ -126,7 +126,9 @@ pub const WARPGROUP: u32 = 128;
 pub fn smem_offset(layout: Layout, r: u32, k: u32) -> u32 {
     match layout {
         Layout::KMajor => r * 128 + (((k / 8) ^ (r % 8)) * 16) + (k % 8) * 2,
-        Layout::RMajor => (r / 64) * 8192 + (k / 8) * 1024 + (k % 8) * 128 + ((((r % 64) / 8) ^ (k % 8)) * 16) + (r % 8) * 2,
+        Layout::RMajor => {
+            (r / 64) * 8192 + (k / 8) * 1024 + (k % 8) * 128 + ((((r % 64) / 8) ^ (k % 8)) * 16) + (r % 8) * 2
+        }
     }
 }
 

@@ -1818,14 +1818,16 @@ impl Entry {
                         )))
                     }
                 };
-                let (row, col) = (16 * (x / 32) + (x % 32) / 4 + 8 * ((idx / 2) % 2), 8 * (idx / 4) + 2 * (x % 4) + idx % 2);
+                let (row, col) =
+                    (16 * (x / 32) + (x % 32) / 4 + 8 * ((idx / 2) % 2), 8 * (idx / 4) + 2 * (x % 4) + idx % 2);
                 c[row][col] = f64::from(f32v(v));
             }
         }
         for (x, &l) in members.iter().enumerate() {
             let t = &mut threads[l];
             for (idx, &r) in rd.iter().enumerate() {
-                let (row, col) = (16 * (x / 32) + (x % 32) / 4 + 8 * ((idx / 2) % 2), 8 * (idx / 4) + 2 * (x % 4) + idx % 2);
+                let (row, col) =
+                    (16 * (x / 32) + (x % 32) / 4 + 8 * ((idx / 2) % 2), 8 * (idx / 4) + 2 * (x % 4) + idx % 2);
                 let acc = if scale_d { c[row][col] } else { 0.0 };
                 let d: f64 = acc + (0..16).map(|k| a[row][k] * b[col][k]).sum::<f64>();
                 t.wg_pending.insert(r, (op, fb(d as f32)));

@@ -27,8 +27,7 @@ const REDUCE_18: &[&str] = &[
     "ReduceSumSquare",
 ];
 
-const LEGACY_BROADCAST: &[&str] =
-    &["Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"];
+const LEGACY_BROADCAST: &[&str] = &["Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"];
 
 pub(crate) fn canonicalize(
     imp: &mut Importer,
@@ -186,22 +185,33 @@ pub(crate) fn canonicalize(
                     let mut nd: Vec<i64> = bd.iter().map(|&d| d as i64).collect();
                     nd.extend(std::iter::repeat_n(1, trailing as usize));
                     let shape = imp.add_const("", tensor_i64(&nd, false)?);
-                    let r = imp.emit("", OpKind::Reshape, Attrs::default(), vec![Some(*b), Some(shape)], &[String::new()], at)?;
+                    let r = imp.emit(
+                        "",
+                        OpKind::Reshape,
+                        Attrs::default(),
+                        vec![Some(*b), Some(shape)],
+                        &[String::new()],
+                        at,
+                    )?;
                     inputs[1] = Some(r[0]);
                 }
             }
         }
         _ => {}
     }
-    let kind: OpKind = kind_name
-        .parse()
-        .map_err(|_| at.err(format!("`{kind_name}` is not a supported operator")))?;
+    let kind: OpKind = kind_name.parse().map_err(|_| at.err(format!("`{kind_name}` is not a supported operator")))?;
     Ok(Canon { kind, attrs, inputs })
 }
 
 /// Softmax-family ops before opset 13 flatten the input to 2-D at `axis` (default 1)
 /// and normalise over the second dimension.
-fn coerce_2d(imp: &mut Importer, op_type: &str, mut attrs: Attrs, inputs: Vec<Option<ValueId>>, at: &At) -> Result<Canon, ImportError> {
+fn coerce_2d(
+    imp: &mut Importer,
+    op_type: &str,
+    mut attrs: Attrs,
+    inputs: Vec<Option<ValueId>>,
+    at: &At,
+) -> Result<Canon, ImportError> {
     let kind: OpKind = op_type.parse().map_err(|_| at.err("unknown op"))?;
     let x = inputs.first().copied().flatten().ok_or_else(|| at.err("input is missing"))?;
     let dims = imp.g.ty(x).shape.dims().to_vec();
@@ -218,7 +228,8 @@ fn coerce_2d(imp: &mut Importer, op_type: &str, mut attrs: Attrs, inputs: Vec<Op
     let inner: usize = dims[axis as usize..].iter().product();
     let s2 = imp.add_const("", tensor_i64(&[outer as i64, inner as i64], false)?);
     let flat = imp.emit("", OpKind::Reshape, Attrs::default(), vec![Some(x), Some(s2)], &[String::new()], at)?;
-    let y = imp.emit("", kind, Attrs::default().with("axis", Attr::Int(-1)), vec![Some(flat[0])], &[String::new()], at)?;
+    let y =
+        imp.emit("", kind, Attrs::default().with("axis", Attr::Int(-1)), vec![Some(flat[0])], &[String::new()], at)?;
     let back: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
     let s = imp.add_const("", tensor_i64(&back, false)?);
     Ok(Canon { kind: OpKind::Reshape, attrs: Attrs::default(), inputs: vec![Some(y[0]), Some(s)] })
@@ -232,7 +243,13 @@ fn set_input(inputs: &mut Vec<Option<ValueId>>, i: usize, v: ValueId) {
 }
 
 /// Moves an ints attribute into input position `i` as a 1-D i64 constant.
-fn ints_attr_to_input(imp: &mut Importer, attrs: &mut Attrs, inputs: &mut Vec<Option<ValueId>>, name: &str, i: usize) -> Result<(), ImportError> {
+fn ints_attr_to_input(
+    imp: &mut Importer,
+    attrs: &mut Attrs,
+    inputs: &mut Vec<Option<ValueId>>,
+    name: &str,
+    i: usize,
+) -> Result<(), ImportError> {
     match attrs.remove(name) {
         Some(Attr::Ints(v)) => {
             let c = imp.add_const("", tensor_i64(&v, false)?);
@@ -270,12 +287,7 @@ fn take_float(attrs: &mut Attrs, name: &str, at: &At) -> Result<Option<f32>, Imp
 }
 
 fn operand_dtype(imp: &Importer, inputs: &[Option<ValueId>], i: usize, at: &At) -> Result<DType, ImportError> {
-    inputs
-        .get(i)
-        .copied()
-        .flatten()
-        .map(|v| imp.g.ty(v).dtype)
-        .ok_or_else(|| at.err(format!("input {i} is missing")))
+    inputs.get(i).copied().flatten().map(|v| imp.g.ty(v).dtype).ok_or_else(|| at.err(format!("input {i} is missing")))
 }
 
 /// ONNX type names used by Cast before opset 6.

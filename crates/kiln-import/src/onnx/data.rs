@@ -53,7 +53,8 @@ impl Value {
         match self {
             Value::Tensor(_) => {}
             Value::Sequence(items) => {
-                opts.input_sequences.push((name.to_string(), items.iter().map(|t| t.shape().dims().to_vec()).collect()));
+                opts.input_sequences
+                    .push((name.to_string(), items.iter().map(|t| t.shape().dims().to_vec()).collect()));
             }
             Value::Optional(None) => opts.absent_inputs.push(name.to_string()),
             Value::Optional(Some(v)) => v.describe_input(name, opts),

@@ -128,7 +128,12 @@ impl Cx<'_, '_, '_> {
     }
     /// `And(low_test(j, lo), high_test(j, hi))`: whether `j` lies between `lo` and `hi`,
     /// each end compared by its test.
-    fn within(&mut self, j: ValueId, (low_test, lo): (OpKind, ValueId), (high_test, hi): (OpKind, ValueId)) -> R<ValueId> {
+    fn within(
+        &mut self,
+        j: ValueId,
+        (low_test, lo): (OpKind, ValueId),
+        (high_test, hi): (OpKind, ValueId),
+    ) -> R<ValueId> {
         let above = self.bin(low_test, j, lo)?;
         let below = self.bin(high_test, j, hi)?;
         self.bin(OpKind::And, above, below)
@@ -212,12 +217,16 @@ fn ints_attr(attrs: &Attrs, name: &str, at: &At) -> R<Option<Vec<i64>>> {
 pub(crate) fn decompose(imp: &mut Importer, node: &NodeCx, inputs: &[Option<ValueId>]) -> Result<(), ImportError> {
     let NodeCx { op_type, attrs, outputs, at, .. } = *node;
     let mut cx = Cx { imp, at };
-    let operand = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
+    let operand = |i: usize, what: &str| {
+        inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")))
+    };
     let results: Vec<ValueId> = match op_type {
         "DFT" => vec![dft(&mut cx, attrs, inputs)?],
         "STFT" => vec![stft(&mut cx, attrs, inputs)?],
         "MelWeightMatrix" => vec![mel_weight_matrix(&mut cx, attrs, inputs)?],
-        "MaxUnpool" => vec![max_unpool(&mut cx, attrs, operand(0, "X")?, operand(1, "I")?, inputs.get(2).copied().flatten())?],
+        "MaxUnpool" => {
+            vec![max_unpool(&mut cx, attrs, operand(0, "X")?, operand(1, "I")?, inputs.get(2).copied().flatten())?]
+        }
         "BatchNormalization" => batch_norm_training(&mut cx, attrs, inputs, outputs.len())?,
         "Adagrad" | "Adam" | "Momentum" => optimizer(&mut cx, op_type, attrs, inputs)?,
         "TreeEnsemble" => vec![tree_ensemble(&mut cx, attrs, operand(0, "X")?)?],
@@ -299,7 +308,9 @@ fn times_basis(cx: &mut Cx, x: ValueId, lead: &[usize], tr: Transform) -> R<Valu
     let Transform { n, complex, len, kept, inverse } = tr;
     let c = if complex { 2 } else { 1 };
     if n.saturating_mul(c).saturating_mul(kept).saturating_mul(2) > MAX_CONST_ELEMENTS {
-        return Err(cx.at.err(format!("a transform of {n} samples to {kept} frequencies is larger than kiln's constant basis limit")));
+        return Err(cx.at.err(format!(
+            "a transform of {n} samples to {kept} frequencies is larger than kiln's constant basis limit"
+        )));
     }
     let d = cx.dtype(x);
     let w = dft_basis(n, complex, len, kept, inverse);
@@ -332,14 +343,19 @@ fn dft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 1 || a > r - 2 {
-        return Err(at.err(format!("axis {axis} out of range for input of rank {rank} (the batch and complex axes cannot be transformed)")));
+        return Err(at.err(format!(
+            "axis {axis} out of range for input of rank {rank} (the batch and complex axes cannot be transformed)"
+        )));
     }
     let a = a as usize;
     let n = xd[a];
     let len = match inputs.get(1).copied().flatten() {
         Some(v) => {
             let l = cx.const_int(v, "dft_length (operand 1)")?;
-            usize::try_from(l).ok().filter(|&l| l > 0).ok_or_else(|| at.err(format!("dft_length {l} must be positive")))?
+            usize::try_from(l)
+                .ok()
+                .filter(|&l| l > 0)
+                .ok_or_else(|| at.err(format!("dft_length {l} must be positive")))?
         }
         None => n,
     };
@@ -397,7 +413,10 @@ fn stft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
         (Some(f), Some(w)) if f != w as i64 => {
             return Err(at.err(format!("frame_length {f} differs from the window's length {w}")))
         }
-        (Some(f), _) => usize::try_from(f).ok().filter(|&f| f > 0).ok_or_else(|| at.err(format!("frame_length {f} must be positive")))?,
+        (Some(f), _) => usize::try_from(f)
+            .ok()
+            .filter(|&f| f > 0)
+            .ok_or_else(|| at.err(format!("frame_length {f} must be positive")))?,
         (None, Some(w)) => w,
         (None, None) => return Err(at.err("neither window nor frame_length is given")),
     };
@@ -415,7 +434,8 @@ fn stft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
         return Err(at.err("too many frames"));
     }
     let idx: Vec<i64> = (0..frames).flat_map(|f| (0..fl).map(move |j| (f * step + j) as i64)).collect();
-    let idx_t = Tensor::from_vec(Shape::new([frames, fl]).map_err(|e| at.err(e.to_string()))?, idx).map_err(|e| at.err(e.to_string()))?;
+    let idx_t = Tensor::from_vec(Shape::new([frames, fl]).map_err(|e| at.err(e.to_string()))?, idx)
+        .map_err(|e| at.err(e.to_string()))?;
     let idx_v = cx.imp.add_const("", idx_t);
     let g = cx.op(OpKind::Gather, Attrs::default().with("axis", Attr::Int(1)), vec![Some(x), Some(idx_v)])?;
     // g: [batch, frames, fl, c]
@@ -440,7 +460,9 @@ fn stft(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
 
 fn mel_weight_matrix(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>]) -> R<ValueId> {
     let at = cx.at;
-    let op = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
+    let op = |i: usize, what: &str| {
+        inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")))
+    };
     let m = cx.const_int(op(0, "num_mel_bins")?, "num_mel_bins (operand 0)")?;
     let l = cx.const_int(op(1, "dft_length")?, "dft_length (operand 1)")?;
     let sr = cx.const_int(op(2, "sample_rate")?, "sample_rate (operand 2)")?;
@@ -518,10 +540,13 @@ fn max_unpool(cx: &mut Cx, attrs: &Attrs, x: ValueId, i: ValueId, out_shape: Opt
     let at = cx.at;
     let xd = cx.dims(x);
     if xd.len() < 3 || cx.dims(i) != xd {
-        return Err(at.err(format!("X of dims {xd:?} and I of dims {:?}: expected the same dims, rank ≥ 3", cx.dims(i))));
+        return Err(
+            at.err(format!("X of dims {xd:?} and I of dims {:?}: expected the same dims, rank ≥ 3", cx.dims(i)))
+        );
     }
     let s = xd.len() - 2;
-    let kernel = ints_attr(attrs, "kernel_shape", at)?.ok_or_else(|| at.err("required attribute `kernel_shape` is missing"))?;
+    let kernel =
+        ints_attr(attrs, "kernel_shape", at)?.ok_or_else(|| at.err("required attribute `kernel_shape` is missing"))?;
     let strides = ints_attr(attrs, "strides", at)?.unwrap_or_else(|| vec![1; s]);
     let pads = ints_attr(attrs, "pads", at)?.unwrap_or_else(|| vec![0; 2 * s]);
     if kernel.len() != s || strides.len() != s || pads.len() != 2 * s {
@@ -562,7 +587,9 @@ fn max_unpool(cx: &mut Cx, attrs: &Attrs, x: ValueId, i: ValueId, out_shape: Opt
 
 fn batch_norm_training(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>], num_outputs: usize) -> R<Vec<ValueId>> {
     let at = cx.at;
-    let op = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
+    let op = |i: usize, what: &str| {
+        inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")))
+    };
     let (x, s, b, mean, var) = (op(0, "X")?, op(1, "scale")?, op(2, "B")?, op(3, "input_mean")?, op(4, "input_var")?);
     let xd = cx.dims(x);
     if xd.len() < 2 {
@@ -753,8 +780,12 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
     if xd.len() != 2 || !d.is_float() {
         return Err(at.err(format!("X is {} of dims {xd:?}; expected a float [N, features]", d)));
     }
-    let req_ints = |name: &str| ints_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")));
-    let req_tensor = |name: &str| tensor_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")));
+    let req_ints = |name: &str| {
+        ints_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")))
+    };
+    let req_tensor = |name: &str| {
+        tensor_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")))
+    };
     let splits = req_tensor("nodes_splits")?;
     let features = req_ints("nodes_featureids")?;
     let modes: Vec<i64> = match attrs.get("nodes_modes") {
@@ -794,7 +825,9 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
     let mut member_sets: Vec<Option<Vec<f64>>> = vec![None; nn];
     let mut leaves: Vec<(usize, Path)> = Vec::new();
     let nl = weights.len();
-    let idx = |v: i64, n: usize, what: &str| usize::try_from(v).ok().filter(|&v| v < n).ok_or_else(|| at.err(format!("{what} {v} out of range")));
+    let idx = |v: i64, n: usize, what: &str| {
+        usize::try_from(v).ok().filter(|&v| v < n).ok_or_else(|| at.err(format!("{what} {v} out of range")))
+    };
     for &root in &roots {
         let r = idx(root, nn.max(nl), "tree root")?;
         let root_is_leaf = r < nn && tl[r] != 0 && fl[r] != 0 && tn[r] == fnid[r];
@@ -853,11 +886,19 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
     let mut cond: Option<ValueId> = None;
     let mask = |cx: &mut Cx, pick: &dyn Fn(usize) -> bool| -> R<ValueId> {
         let v: Vec<i64> = (0..k).map(|i| i64::from(i < nn && pick(i))).collect();
-        let t = Tensor::from_vec(Shape::new([k]).map_err(|e| cx.at.err(e.to_string()))?, v).map_err(|e| cx.at.err(e.to_string()))?;
+        let t = Tensor::from_vec(Shape::new([k]).map_err(|e| cx.at.err(e.to_string()))?, v)
+            .map_err(|e| cx.at.err(e.to_string()))?;
         let c = cx.imp.add_const("", t);
         cast(cx, c, DType::Bool)
     };
-    for (mode, kind) in [(0, OpKind::LessOrEqual), (1, OpKind::Less), (2, OpKind::GreaterOrEqual), (3, OpKind::Greater), (4, OpKind::Equal), (5, OpKind::Equal)] {
+    for (mode, kind) in [
+        (0, OpKind::LessOrEqual),
+        (1, OpKind::Less),
+        (2, OpKind::GreaterOrEqual),
+        (3, OpKind::Greater),
+        (4, OpKind::Equal),
+        (5, OpKind::Equal),
+    ] {
         if !modes.contains(&mode) {
             continue;
         }
@@ -886,7 +927,8 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
         let eq = cx.bin(OpKind::Equal, xu, tv)?;
         let eqf = cast(cx, eq, d)?;
         let ax = cx.ints(&[2])?;
-        let any = cx.op(OpKind::ReduceMax, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(eqf), Some(ax)])?;
+        let any =
+            cx.op(OpKind::ReduceMax, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(eqf), Some(ax)])?;
         let zero = cx.scalar(d, 0.0)?;
         let hit = cx.bin(OpKind::Greater, any, zero)?;
         let m = mask(cx, &|i| modes[i] == 6)?;
@@ -960,7 +1002,8 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
                 own[l * t + targets[leaf] as usize] = 1;
             }
             let wv = cx.tensor(d, &[nleaves, t], &w)?;
-            let ov = Tensor::from_vec(Shape::new([nleaves, t]).map_err(|e| at.err(e.to_string()))?, own).map_err(|e| at.err(e.to_string()))?;
+            let ov = Tensor::from_vec(Shape::new([nleaves, t]).map_err(|e| at.err(e.to_string()))?, own)
+                .map_err(|e| at.err(e.to_string()))?;
             let ov = cx.imp.add_const("", ov);
             let ov = cast(cx, ov, DType::Bool)?;
             let ax = cx.ints(&[2])?;
@@ -975,7 +1018,8 @@ fn tree_ensemble(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
             // leaves the float type's extreme there).
             let self_ = cast(cx, sel, d)?;
             let ax = cx.ints(&[1])?;
-            let any = cx.op(OpKind::ReduceMax, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(self_), Some(ax)])?;
+            let any =
+                cx.op(OpKind::ReduceMax, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(self_), Some(ax)])?;
             let zero = cx.scalar(d, 0.0)?;
             let scored = cx.bin(OpKind::Greater, any, zero)?;
             cx.select(scored, best, zero)
@@ -994,8 +1038,14 @@ fn tfidf(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
     if attrs.get("pool_strings").is_some() {
         return Err(at.err("pool_strings: string tensors are not supported"));
     }
-    let need = |name: &str| ints_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")));
-    let (minn, maxn, skip) = (int_attr(attrs, "min_gram_length", 0, at)?, int_attr(attrs, "max_gram_length", 0, at)?, int_attr(attrs, "max_skip_count", 0, at)?);
+    let need = |name: &str| {
+        ints_attr(attrs, name, at)?.ok_or_else(|| at.err(format!("required attribute `{name}` is missing")))
+    };
+    let (minn, maxn, skip) = (
+        int_attr(attrs, "min_gram_length", 0, at)?,
+        int_attr(attrs, "max_gram_length", 0, at)?,
+        int_attr(attrs, "max_skip_count", 0, at)?,
+    );
     let counts = need("ngram_counts")?;
     let indexes = need("ngram_indexes")?;
     let pool = need("pool_int64s")?;
@@ -1005,7 +1055,9 @@ fn tfidf(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
         other => return Err(at.err(format!("mode {other:?}: expected TF, IDF or TFIDF"))),
     };
     if minn < 1 || maxn < minn || skip < 0 || indexes.iter().any(|&i| i < 0) || indexes.is_empty() {
-        return Err(at.err(format!("min_gram_length {minn}, max_gram_length {maxn}, max_skip_count {skip}, ngram_indexes {indexes:?}")));
+        return Err(at.err(format!(
+            "min_gram_length {minn}, max_gram_length {maxn}, max_skip_count {skip}, ngram_indexes {indexes:?}"
+        )));
     }
     let out_size = *indexes.iter().max().unwrap_or(&0) as usize + 1;
     // Weights apply per output slot (as ONNX Runtime and ONNX's reference read them);
@@ -1055,7 +1107,8 @@ fn tfidf(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
                 let ax = cx.ints(&[2])?;
                 let su = cx.bin(OpKind::Unsqueeze, sl, ax)?; // [B, P, 1]
                 let col: Vec<i64> = (0..g).map(|k| items[k * n + j]).collect();
-                let ct = Tensor::from_i64(d, Shape::new([g]).map_err(|e| at.err(e.to_string()))?, &col).map_err(|e| at.err(e.to_string()))?;
+                let ct = Tensor::from_i64(d, Shape::new([g]).map_err(|e| at.err(e.to_string()))?, &col)
+                    .map_err(|e| at.err(e.to_string()))?;
                 let cv = cx.imp.add_const("", ct);
                 let eq = cx.bin(OpKind::Equal, su, cv)?; // [B, P, g]
                 all = Some(match all {
@@ -1066,7 +1119,8 @@ fn tfidf(cx: &mut Cx, attrs: &Attrs, x: ValueId) -> R<ValueId> {
             let Some(all) = all else { continue };
             let fl = cast(cx, all, f)?;
             let ax = cx.ints(&[1])?;
-            let c = cx.op(OpKind::ReduceSum, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(fl), Some(ax)])?;
+            let c =
+                cx.op(OpKind::ReduceSum, Attrs::default().with("keepdims", Attr::Int(0)), vec![Some(fl), Some(ax)])?;
             total = Some(match total {
                 None => c,
                 Some(t) => cx.add(t, c)?,
@@ -1124,7 +1178,8 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
     let input = |i: usize| inputs.get(i).copied().flatten();
     let need = |i: usize, what: &str| input(i).ok_or_else(|| at.err(format!("{what} (operand {i}) is missing")));
     let (x, w, r) = (need(0, "X")?, need(1, "W")?, need(2, "R")?);
-    let (ws, wz, rs, rz) = (need(8, "W_scale")?, need(9, "W_zero_point")?, need(10, "R_scale")?, need(11, "R_zero_point")?);
+    let (ws, wz, rs, rz) =
+        (need(8, "W_scale")?, need(9, "W_zero_point")?, need(10, "R_scale")?, need(11, "R_zero_point")?);
     for (i, what) in [(4, "sequence_lens"), (7, "P (peepholes)")] {
         if input(i).is_some() {
             return Err(at.err(format!("unsupported: {what} (operand {i})")));
@@ -1155,7 +1210,9 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
     let nd = dirs.len();
     let hs = usize::try_from(hidden).map_err(|_| at.err(format!("hidden_size {hidden}")))?;
     if xd.len() != 3 || wd.len() != 3 || rd.len() != 3 || hs == 0 {
-        return Err(at.err(format!("X {xd:?}, W {wd:?}, R {rd:?}, hidden_size {hs}: expected rank-3 X, W, R and hidden_size > 0")));
+        return Err(at.err(format!(
+            "X {xd:?}, W {wd:?}, R {rd:?}, hidden_size {hs}: expected rank-3 X, W, R and hidden_size > 0"
+        )));
     }
     let (seq, batch, isz) = (xd[0], xd[1], xd[2]);
     if wd != [nd, isz, 4 * hs] || rd != [nd, hs, 4 * hs] {
@@ -1178,7 +1235,8 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
         let code = d.onnx_code().ok_or_else(|| at.err(format!("{d} has no ONNX code")))?;
         Ok(Attrs::default().with("to", Attr::Int(code.into())))
     };
-    let (to_f32, axis0, axis1) = (to(DType::F32)?, Attrs::default().with("axis", Attr::Int(0)), Attrs::default().with("axis", Attr::Int(1)));
+    let (to_f32, axis0, axis1) =
+        (to(DType::F32)?, Attrs::default().with("axis", Attr::Int(0)), Attrs::default().with("axis", Attr::Int(1)));
     // Operand `v`'s slice for direction `d` along axis 0 (rank drops by one).
     let pick = |cx: &mut Cx, v: ValueId, d: usize| -> R<ValueId> {
         let i = cx.scalar(DType::I64, d as f64)?;
@@ -1197,7 +1255,14 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
     };
     // u8 DynamicQuantizeLinear, then MatMulInteger with `b`, in f32 times `s·s_b`.
     let qmatmul = |cx: &mut Cx, a: ValueId, b: ValueId, sb: ValueId, zb: ValueId| -> R<ValueId> {
-        let q = cx.imp.emit("", OpKind::DynamicQuantizeLinear, Attrs::default(), vec![Some(a)], &[String::new(), String::new(), String::new()], cx.at)?;
+        let q = cx.imp.emit(
+            "",
+            OpKind::DynamicQuantizeLinear,
+            Attrs::default(),
+            vec![Some(a)],
+            &[String::new(), String::new(), String::new()],
+            cx.at,
+        )?;
         let (aq, sa, za) = (q[0], q[1], q[2]);
         let acc = cx.op(OpKind::MatMulInteger, Attrs::default(), vec![Some(aq), Some(b), Some(za), Some(zb)])?;
         let accf = cx.op(OpKind::Cast, to_f32.clone(), vec![Some(acc)])?;
@@ -1213,7 +1278,14 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
     // kernel), where as the right one each step's product would first interleave the
     // whole weight for its tiles.
     let qmatmul_t = |cx: &mut Cx, a: ValueId, bt: ValueId, sb: ValueId, zb: ValueId| -> R<ValueId> {
-        let q = cx.imp.emit("", OpKind::DynamicQuantizeLinear, Attrs::default(), vec![Some(a)], &[String::new(), String::new(), String::new()], cx.at)?;
+        let q = cx.imp.emit(
+            "",
+            OpKind::DynamicQuantizeLinear,
+            Attrs::default(),
+            vec![Some(a)],
+            &[String::new(), String::new(), String::new()],
+            cx.at,
+        )?;
         let (aq, sa, za) = (q[0], q[1], q[2]);
         let rows = 4 * hs;
         let aqt = if batch == 1 { cx.reshape(aq, &[hs as i64, 1])? } else { cx.transpose(aq, &[1, 0])? };
@@ -1245,7 +1317,8 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
                     }
                 }
                 let shape = Shape::new(vec![n, k]).map_err(|e| at.err(e.to_string()))?;
-                let tt = Tensor::new(kiln_ir::TensorType::new(t.dtype(), shape), out.into()).map_err(|e| at.err(e.to_string()))?;
+                let tt = Tensor::new(kiln_ir::TensorType::new(t.dtype(), shape), out.into())
+                    .map_err(|e| at.err(e.to_string()))?;
                 return Ok(cx.imp.add_const("", tt));
             }
         }
@@ -1274,7 +1347,10 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
             match input(i) {
                 Some(v) => {
                     if cx.dims(v) != [nd, batch, hs] {
-                        return Err(at.err(format!("initial state (operand {i}) {:?}: expected [{nd}, {batch}, {hs}]", cx.dims(v))));
+                        return Err(at.err(format!(
+                            "initial state (operand {i}) {:?}: expected [{nd}, {batch}, {hs}]",
+                            cx.dims(v)
+                        )));
                     }
                     pick(cx, v, d)
                 }
@@ -1297,15 +1373,22 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
                 let v = cols(cx, g, k * hs, (k + 1) * hs)?;
                 cx.un(kind, v)
             };
-            let (i, o, f, cc) = (gate(cx, 0, OpKind::Sigmoid)?, gate(cx, 1, OpKind::Sigmoid)?, gate(cx, 2, OpKind::Sigmoid)?, gate(cx, 3, OpKind::Tanh)?);
+            let (i, o, f, cc) = (
+                gate(cx, 0, OpKind::Sigmoid)?,
+                gate(cx, 1, OpKind::Sigmoid)?,
+                gate(cx, 2, OpKind::Sigmoid)?,
+                gate(cx, 3, OpKind::Tanh)?,
+            );
             let (cf, ic) = (cx.mul(c, f)?, cx.mul(i, cc)?);
             c = cx.add(cf, ic)?;
             let tc = cx.un(OpKind::Tanh, c)?;
             h = cx.mul(tc, o)?;
             hs_t[t] = Some(h);
         }
-        let parts: Vec<Option<ValueId>> =
-            hs_t.into_iter().map(|v| v.map(|v| cx.reshape(v, &[1, 1, batch as i64, hs as i64])).transpose()).collect::<R<_>>()?;
+        let parts: Vec<Option<ValueId>> = hs_t
+            .into_iter()
+            .map(|v| v.map(|v| cx.reshape(v, &[1, 1, batch as i64, hs as i64])).transpose())
+            .collect::<R<_>>()?;
         ys.push(if seq == 1 { parts[0] } else { Some(cx.op(OpKind::Concat, axis0.clone(), parts)?) });
         yhs.push(Some(cx.reshape(h, &[1, batch as i64, hs as i64])?));
         ycs.push(Some(cx.reshape(c, &[1, batch as i64, hs as i64])?));

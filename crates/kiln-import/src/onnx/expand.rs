@@ -36,7 +36,11 @@ const MAX_CONST_ELEMENTS: usize = 1 << 22;
 pub(crate) fn is_expanded(op_type: &str) -> bool {
     matches!(
         op_type,
-        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" | "HannWindow" | "HammingWindow" | "BlackmanWindow"
+        "NegativeLogLikelihoodLoss"
+            | "SoftmaxCrossEntropyLoss"
+            | "HannWindow"
+            | "HammingWindow"
+            | "BlackmanWindow"
             | "CenterCropPad"
             | "AffineGrid"
     )
@@ -45,7 +49,8 @@ pub(crate) fn is_expanded(op_type: &str) -> bool {
 /// Imports one node of an expanded op; binds its outputs.
 pub(crate) fn expand(imp: &mut Importer, node: &NodeCx, inputs: &[Option<ValueId>]) -> Result<(), ImportError> {
     let NodeCx { op_type, attrs, outputs, at, .. } = *node;
-    let operand = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} is missing")));
+    let operand =
+        |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or_else(|| at.err(format!("{what} is missing")));
     if op_type.ends_with("Window") || op_type == "CenterCropPad" || op_type == "AffineGrid" {
         let v = if op_type == "AffineGrid" {
             affine_grid(imp, attrs, operand(0, "theta")?, operand(1, "size")?, at)?
@@ -75,7 +80,8 @@ pub(crate) fn expand(imp: &mut Importer, node: &NodeCx, inputs: &[Option<ValueId
     };
     let out = |k: usize| outputs.get(k).cloned().unwrap_or_default();
     let log_prob = if op_type == "SoftmaxCrossEntropyLoss" {
-        let lp = emit1(imp, OpKind::LogSoftmax, Attrs::default().with("axis", Attr::Int(1)), vec![Some(x)], &out(1), at)?;
+        let lp =
+            emit1(imp, OpKind::LogSoftmax, Attrs::default().with("axis", Attr::Int(1)), vec![Some(x)], &out(1), at)?;
         if outputs.len() > 1 && !outputs[1].is_empty() {
             imp.bind(&outputs[1], lp);
         }
@@ -90,7 +96,14 @@ pub(crate) fn expand(imp: &mut Importer, node: &NodeCx, inputs: &[Option<ValueId
     Ok(())
 }
 
-fn emit1(imp: &mut Importer, kind: OpKind, attrs: Attrs, inputs: Vec<Option<ValueId>>, name: &str, at: &At) -> Result<ValueId, ImportError> {
+fn emit1(
+    imp: &mut Importer,
+    kind: OpKind,
+    attrs: Attrs,
+    inputs: Vec<Option<ValueId>>,
+    name: &str,
+    at: &At,
+) -> Result<ValueId, ImportError> {
     let v = imp.emit("", kind, attrs, inputs, &[name.to_string()], at)?;
     v.first().copied().ok_or_else(|| at.err("no result"))
 }
@@ -132,12 +145,15 @@ fn nll(
     };
     let one_axis = axes_const(imp, &[1], at)?;
     let idx = emit1(imp, OpKind::Unsqueeze, none(), vec![Some(index), Some(one_axis)], "", at)?;
-    let picked = emit1(imp, OpKind::GatherElements, none().with("axis", Attr::Int(1)), vec![Some(x), Some(idx)], "", at)?;
+    let picked =
+        emit1(imp, OpKind::GatherElements, none().with("axis", Attr::Int(1)), vec![Some(x), Some(idx)], "", at)?;
     let one_axis = axes_const(imp, &[1], at)?;
     let picked = emit1(imp, OpKind::Squeeze, none(), vec![Some(picked), Some(one_axis)], "", at)?;
     // The weight of each element: weight[target], 0 where ignored.
     let w = match weight {
-        Some(w) => Some(emit1(imp, OpKind::Gather, none().with("axis", Attr::Int(0)), vec![Some(w), Some(index)], "", at)?),
+        Some(w) => {
+            Some(emit1(imp, OpKind::Gather, none().with("axis", Attr::Int(0)), vec![Some(w), Some(index)], "", at)?)
+        }
         None => None,
     };
     let w = match (w, mask) {
@@ -206,12 +222,19 @@ fn window(imp: &mut Importer, op_type: &str, attrs: &Attrs, size: ValueId, at: &
             a0 - a1 * (tau * x).cos() + a2 * (2.0 * tau * x).cos()
         })
         .collect();
-    let t = Tensor::from_f64(dtype, Shape::new([n]).map_err(|e| at.err(e.to_string()))?, &v).map_err(|e| at.err(e.to_string()))?;
+    let t = Tensor::from_f64(dtype, Shape::new([n]).map_err(|e| at.err(e.to_string()))?, &v)
+        .map_err(|e| at.err(e.to_string()))?;
     Ok(imp.add_const("", t))
 }
 
 /// `CenterCropPad` as Slice and Pad (see the module docs).
-fn center_crop_pad(imp: &mut Importer, attrs: &Attrs, x: ValueId, shape: ValueId, at: &At) -> Result<ValueId, ImportError> {
+fn center_crop_pad(
+    imp: &mut Importer,
+    attrs: &Attrs,
+    x: ValueId,
+    shape: ValueId,
+    at: &At,
+) -> Result<ValueId, ImportError> {
     let sizes = const_ints(imp, shape, "shape (operand 1)", at)?;
     let dims: Vec<i64> = imp.g.ty(x).shape.dims().iter().map(|&d| d as i64).collect();
     let rank = dims.len() as i64;
@@ -244,7 +267,8 @@ fn center_crop_pad(imp: &mut Importer, attrs: &Attrs, x: ValueId, shape: ValueId
     }
     let mut v = x;
     if !slice_axes.is_empty() {
-        let (st, en, ax) = (axes_const(imp, &starts, at)?, axes_const(imp, &ends, at)?, axes_const(imp, &slice_axes, at)?);
+        let (st, en, ax) =
+            (axes_const(imp, &starts, at)?, axes_const(imp, &ends, at)?, axes_const(imp, &slice_axes, at)?);
         v = emit1(imp, OpKind::Slice, Attrs::default(), vec![Some(v), Some(st), Some(en), Some(ax)], "", at)?;
     }
     if pads.iter().any(|&p| p != 0) {
@@ -255,7 +279,13 @@ fn center_crop_pad(imp: &mut Importer, attrs: &Attrs, x: ValueId, shape: ValueId
 }
 
 /// `AffineGrid` as a constant base grid times θᵀ (see the module docs).
-fn affine_grid(imp: &mut Importer, attrs: &Attrs, theta: ValueId, size: ValueId, at: &At) -> Result<ValueId, ImportError> {
+fn affine_grid(
+    imp: &mut Importer,
+    attrs: &Attrs,
+    theta: ValueId,
+    size: ValueId,
+    at: &At,
+) -> Result<ValueId, ImportError> {
     let size = const_ints(imp, size, "size (operand 1)", at)?;
     let r = match size.len() {
         4 => 2,
@@ -266,12 +296,19 @@ fn affine_grid(imp: &mut Importer, attrs: &Attrs, theta: ValueId, size: ValueId,
     let n = usize::try_from(size[0]).map_err(|_| at.err("negative batch size"))?;
     let count = spatial.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
     if count == 0 || count > MAX_CONST_ELEMENTS / (r + 1) || spatial.len() != r {
-        return Err(at.err(format!("size {size:?}: expected positive extents of at most {} points", MAX_CONST_ELEMENTS / (r + 1))));
+        return Err(at.err(format!(
+            "size {size:?}: expected positive extents of at most {} points",
+            MAX_CONST_ELEMENTS / (r + 1)
+        )));
     }
     let align = matches!(attrs.get("align_corners"), Some(Attr::Int(v)) if *v != 0);
     let coord = |i: usize, len: usize| -> f64 {
         if align {
-            if len > 1 { -1.0 + 2.0 * i as f64 / (len - 1) as f64 } else { 0.0 }
+            if len > 1 {
+                -1.0 + 2.0 * i as f64 / (len - 1) as f64
+            } else {
+                0.0
+            }
         } else {
             (2.0 * i as f64 + 1.0) / len as f64 - 1.0
         }

@@ -41,8 +41,8 @@
 //! with run-time trips their length would depend on the data.
 
 mod canon;
-mod decompose;
 mod data;
+mod decompose;
 mod expand;
 mod scan;
 mod seq;
@@ -146,29 +146,32 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, opts: &ImportOp
 
     let mut used = HashSet::new();
     collect_used(graph, &mut used);
-    let mut imp = Importer {
-        opset,
-        g: Graph::new(graph.name.clone().unwrap_or_default()),
-        scopes: vec![HashMap::new()],
-        used,
-        opsets: opsets.clone(),
-        names: HashSet::new(),
-        next_suffix: HashMap::new(),
-        reserved: graph.output.iter().filter_map(|o| o.name.clone()).collect(),
-        ext: ExternalFiles::new(base_dir.map(Path::to_path_buf)),
-        parents: Vec::new(),
-        captures: Vec::new(),
-        max_trips: opts.max_trips,
-        max_dims: opts.max_dims.iter().map(|(n, b)| (n.clone(), *b, false)).collect(),
-        declared_shapes: opts
-            .output_shapes
-            .iter()
-            .map(|(n, d)| (n.clone(), d.clone(), true, false))
-            .chain(graph.output.iter().chain(&graph.value_info).filter_map(|v| {
-                Some((v.name.clone().filter(|n| !n.is_empty())?, static_dims(v)?, false, false))
-            }))
-            .collect(),
-    };
+    let mut imp =
+        Importer {
+            opset,
+            g: Graph::new(graph.name.clone().unwrap_or_default()),
+            scopes: vec![HashMap::new()],
+            used,
+            opsets: opsets.clone(),
+            names: HashSet::new(),
+            next_suffix: HashMap::new(),
+            reserved: graph.output.iter().filter_map(|o| o.name.clone()).collect(),
+            ext: ExternalFiles::new(base_dir.map(Path::to_path_buf)),
+            parents: Vec::new(),
+            captures: Vec::new(),
+            max_trips: opts.max_trips,
+            max_dims: opts.max_dims.iter().map(|(n, b)| (n.clone(), *b, false)).collect(),
+            declared_shapes: opts
+                .output_shapes
+                .iter()
+                .map(|(n, d)| (n.clone(), d.clone(), true, false))
+                .chain(
+                    graph.output.iter().chain(&graph.value_info).filter_map(|v| {
+                        Some((v.name.clone().filter(|n| !n.is_empty())?, static_dims(v)?, false, false))
+                    }),
+                )
+                .collect(),
+        };
     imp.import_signature(graph, opts)?;
     imp.import_body(graph)?;
     imp.import_outputs(graph)?;
@@ -284,7 +287,8 @@ fn topological_order(g: &GraphProto) -> Result<Vec<usize>, ImportError> {
                     free_names(sub, &mut names);
                 }
             }
-            let mut d: Vec<usize> = names.iter().filter_map(|s| producer.get(s.as_str()).copied()).filter(|&p| p != i).collect();
+            let mut d: Vec<usize> =
+                names.iter().filter_map(|s| producer.get(s.as_str()).copied()).filter(|&p| p != i).collect();
             d.sort_unstable();
             d.dedup();
             d
@@ -327,7 +331,8 @@ fn topological_order(g: &GraphProto) -> Result<Vec<usize>, ImportError> {
         }
     }
     let start = path.iter().position(|&p| p == cur).unwrap_or(0);
-    let mut cycle: Vec<String> = path[start..].iter().rev().map(|&i| format!("`{}`", node_label(&g.node[i], i))).collect();
+    let mut cycle: Vec<String> =
+        path[start..].iter().rev().map(|&i| format!("`{}`", node_label(&g.node[i], i))).collect();
     if let Some(first) = cycle.first().cloned() {
         cycle.push(first);
     }
@@ -594,13 +599,14 @@ impl Importer {
         if !graph.sparse_initializer.is_empty() {
             return Err(ImportError::Model("sparse initializers are not supported".into()));
         }
-        let input_names: Vec<String> = graph
-            .input
+        let input_names: Vec<String> =
+            graph.input.iter().filter_map(|i| i.name.clone()).filter(|n| self.lookup(n).is_none()).collect();
+        for (name, _) in opts
+            .input_shapes
             .iter()
-            .filter_map(|i| i.name.clone())
-            .filter(|n| self.lookup(n).is_none())
-            .collect();
-        for (name, _) in opts.input_shapes.iter().map(|(n, d)| (n, d.len())).chain(opts.input_values.iter().map(|(n, v)| (n, v.len()))) {
+            .map(|(n, d)| (n, d.len()))
+            .chain(opts.input_values.iter().map(|(n, v)| (n, v.len())))
+        {
             if !input_names.contains(name) {
                 return Err(ImportError::Input {
                     name: name.clone(),
@@ -676,7 +682,12 @@ impl Importer {
 
     /// One tensor input of the graph's signature: its shape as declared, bound by
     /// `--input-shape`, or its value bound by `--input-value`.
-    fn tensor_input(&mut self, name: &str, tt: &type_proto::Tensor, opts: &ImportOptions) -> Result<ValueId, ImportError> {
+    fn tensor_input(
+        &mut self,
+        name: &str,
+        tt: &type_proto::Tensor,
+        opts: &ImportOptions,
+    ) -> Result<ValueId, ImportError> {
         let name = name.to_string();
         let ierr = |message: String| ImportError::Input { name: name.clone(), message };
         let code = tt.elem_type.unwrap_or(0);
@@ -860,7 +871,9 @@ impl Importer {
             if name.is_empty() {
                 operands.push(None);
             } else {
-                let v = self.resolve(name).ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
+                let v = self
+                    .resolve(name)
+                    .ok_or_else(|| at.err(format!("operand `{name}` is not defined before this node")))?;
                 operands.push(Some(v));
             }
         }
@@ -959,7 +972,11 @@ impl Importer {
     /// at run time (see [`Importer::import_shape_checked`]).
     fn run_time_scales(&self, c: &canon::Canon) -> bool {
         let run_time = |i: usize| {
-            c.inputs.get(i).copied().flatten().is_some_and(|s| self.g.constant(s).is_none() && self.g.ty(s).shape.numel() > 0)
+            c.inputs
+                .get(i)
+                .copied()
+                .flatten()
+                .is_some_and(|s| self.g.constant(s).is_none() && self.g.ty(s).shape.numel() > 0)
         };
         match c.kind {
             OpKind::Resize => run_time(2),
@@ -1039,10 +1056,9 @@ impl Importer {
             let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
             check_supported(branch, &self.opsets)?;
             if branch.output.len() != declared_outputs {
-                return Err(at.err(format!(
-                    "{key} has {} outputs, the If node has {declared_outputs}",
-                    branch.output.len()
-                )));
+                return Err(
+                    at.err(format!("{key} has {} outputs, the If node has {declared_outputs}", branch.output.len()))
+                );
             }
             if !branch.input.is_empty() {
                 return Err(at.err(format!("{key} declares {} inputs; an If branch takes none", branch.input.len())));
@@ -1097,7 +1113,8 @@ impl Importer {
                 )));
             }
         }
-        let flat_names: Vec<String> = outputs.iter().zip(then_forms).flat_map(|(n, f)| f.flatten(n)).map(|(n, _)| n).collect();
+        let flat_names: Vec<String> =
+            outputs.iter().zip(then_forms).flat_map(|(n, f)| f.flatten(n)).map(|(n, _)| n).collect();
         let shapes: Vec<Val> = then_forms.clone();
         // Both branches take every captured value, in one order.
         let mut union: Vec<ValueId> = Vec::new();
@@ -1127,7 +1144,8 @@ impl Importer {
         let (Some(else_branch), Some(then_branch)) = (graphs.pop(), graphs.pop()) else {
             return Err(at.err("internal: a branch was lost"));
         };
-        let attrs = Attrs::new().with("then_branch", Attr::Graph(then_branch)).with("else_branch", Attr::Graph(else_branch));
+        let attrs =
+            Attrs::new().with("then_branch", Attr::Graph(then_branch)).with("else_branch", Attr::Graph(else_branch));
         let mut operands = vec![Some(cond)];
         operands.extend(union.into_iter().map(Some));
         let vals = if flat_names.is_empty() {
@@ -1136,7 +1154,11 @@ impl Importer {
             self.emit(label, OpKind::If, attrs, operands, &flat_names, at)?
         };
         let mut it = vals.into_iter();
-        let rebuilt: Vec<Val> = shapes.iter().map(|f| f.rebuild(&mut it)).collect::<Option<_>>().ok_or_else(|| at.err("internal: the If lost a result"))?;
+        let rebuilt: Vec<Val> = shapes
+            .iter()
+            .map(|f| f.rebuild(&mut it))
+            .collect::<Option<_>>()
+            .ok_or_else(|| at.err("internal: the If lost a result"))?;
         self.bind_vals(outputs, rebuilt);
         Ok(())
     }
@@ -1222,7 +1244,8 @@ impl Importer {
                 c = Some(match c {
                     None => lt,
                     Some(cv) => {
-                        let a = self.emit(&tag, OpKind::And, Attrs::new(), vec![Some(cv), Some(lt)], &[String::new()], at)?;
+                        let a =
+                            self.emit(&tag, OpKind::And, Attrs::new(), vec![Some(cv), Some(lt)], &[String::new()], at)?;
                         a.first().copied().ok_or_else(|| at.err("internal: And gave no result"))?
                     }
                 });
@@ -1305,15 +1328,37 @@ impl Importer {
             let v = {
                 let parts = &scans[k - n_carried];
                 if parts.is_empty() {
-                    return Err(at.err("unsupported: a scan output of a Loop that runs no trip (an empty tensor of unknown shape)"));
+                    return Err(at.err(
+                        "unsupported: a scan output of a Loop that runs no trip (an empty tensor of unknown shape)",
+                    ));
                 }
-                let axes = self.add_const("", Tensor::from_vec(Shape::new([1]).map_err(|e| at.err(e.to_string()))?, vec![0i64]).map_err(|e| at.err(e.to_string()))?);
+                let axes = self.add_const(
+                    "",
+                    Tensor::from_vec(Shape::new([1]).map_err(|e| at.err(e.to_string()))?, vec![0i64])
+                        .map_err(|e| at.err(e.to_string()))?,
+                );
                 let mut rows = Vec::with_capacity(parts.len());
                 for &p in parts {
-                    let u = self.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?;
-                    rows.push(u.first().copied().map(Some).ok_or_else(|| at.err("internal: Unsqueeze gave no result"))?);
+                    let u = self.emit(
+                        label,
+                        OpKind::Unsqueeze,
+                        Attrs::new(),
+                        vec![Some(p), Some(axes)],
+                        &[String::new()],
+                        at,
+                    )?;
+                    rows.push(
+                        u.first().copied().map(Some).ok_or_else(|| at.err("internal: Unsqueeze gave no result"))?,
+                    );
                 }
-                let cat = self.emit(label, OpKind::Concat, Attrs::new().with("axis", Attr::Int(0)), rows, std::slice::from_ref(name), at)?;
+                let cat = self.emit(
+                    label,
+                    OpKind::Concat,
+                    Attrs::new().with("axis", Attr::Int(0)),
+                    rows,
+                    std::slice::from_ref(name),
+                    at,
+                )?;
                 cat.first().copied().ok_or_else(|| at.err("internal: Concat gave no result"))?
             };
             self.bind(name, v);
@@ -1341,7 +1386,11 @@ impl Importer {
         let branch = subgraphs.get(key).ok_or_else(|| at.err(format!("attribute `{key}` is missing")))?;
         check_supported(branch, &self.opsets)?;
         if branch.output.len() < outputs.len() {
-            return Err(at.err(format!("{key} has {} outputs, the If node needs {}", branch.output.len(), outputs.len())));
+            return Err(at.err(format!(
+                "{key} has {} outputs, the If node needs {}",
+                branch.output.len(),
+                outputs.len()
+            )));
         }
         self.scopes.push(HashMap::new());
         let r = (|| {
@@ -1401,10 +1450,12 @@ impl Importer {
             ("value_float", Attr::Float(x)) => Ok(Tensor::scalar(*x)),
             ("value_int", Attr::Int(x)) => Ok(Tensor::scalar(*x)),
             ("value_floats", Attr::Floats(v)) => {
-                Tensor::from_vec(Shape::new([v.len()]).map_err(|e| bad(e.to_string()))?, v.clone()).map_err(|e| bad(e.to_string()))
+                Tensor::from_vec(Shape::new([v.len()]).map_err(|e| bad(e.to_string()))?, v.clone())
+                    .map_err(|e| bad(e.to_string()))
             }
             ("value_ints", Attr::Ints(v)) => {
-                Tensor::from_vec(Shape::new([v.len()]).map_err(|e| bad(e.to_string()))?, v.clone()).map_err(|e| bad(e.to_string()))
+                Tensor::from_vec(Shape::new([v.len()]).map_err(|e| bad(e.to_string()))?, v.clone())
+                    .map_err(|e| bad(e.to_string()))
             }
             (n, _) if n.starts_with("value_string") => Err(at.err("string constants are not supported")),
             (n, _) => Err(at.err(format!("unsupported Constant attribute `{n}`"))),
@@ -1468,7 +1519,6 @@ impl Importer {
         Ok(vals)
     }
 }
-
 
 fn dims_str(d: &[usize]) -> String {
     if d.is_empty() {

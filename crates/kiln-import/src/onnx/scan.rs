@@ -34,7 +34,9 @@ pub(crate) fn import(imp: &mut Importer, node: &NodeCx, operands: &[Option<Val>]
     let body = *subgraphs.get("body").ok_or_else(|| at.err("attribute `body` is missing"))?;
     let m = match attrs.get("num_scan_inputs") {
         Some(Attr::Int(m)) if *m >= 1 => *m as usize,
-        Some(Attr::Int(m)) => return Err(at.err(format!("num_scan_inputs is {m}; a Scan needs at least one scan input"))),
+        Some(Attr::Int(m)) => {
+            return Err(at.err(format!("num_scan_inputs is {m}; a Scan needs at least one scan input")))
+        }
         _ => return Err(at.err("attribute `num_scan_inputs` is missing")),
     };
     let legacy = imp.opset < 9;
@@ -52,7 +54,10 @@ pub(crate) fn import(imp: &mut Importer, node: &NodeCx, operands: &[Option<Val>]
     }
     let n = vals.len() - m;
     if body.input.len() != n + m {
-        return Err(at.err(format!("the body takes {} inputs; the Scan passes {n} states and {m} scan inputs", body.input.len())));
+        return Err(at.err(format!(
+            "the body takes {} inputs; the Scan passes {n} states and {m} scan inputs",
+            body.input.len()
+        )));
     }
     if body.output.len() < n {
         return Err(at.err(format!("the body gives {} outputs; it needs {n} states", body.output.len())));
@@ -70,7 +75,12 @@ pub(crate) fn import(imp: &mut Importer, node: &NodeCx, operands: &[Option<Val>]
         s.into_iter().chain(o).collect::<Vec<_>>()
     } else {
         // Axes within one batch row (see `legacy_scan`).
-        let spec = Spec { in_dirs: ints(attrs, "directions", m, at)?, in_axes: vec![0; m], out_dirs: vec![0; k], out_axes: vec![0; k] };
+        let spec = Spec {
+            in_dirs: ints(attrs, "directions", m, at)?,
+            in_axes: vec![0; m],
+            out_dirs: vec![0; k],
+            out_axes: vec![0; k],
+        };
         legacy_scan(imp, label, body, operands.first().cloned().flatten(), states, scans, spec, at)?
     };
     if results.len() < outputs.len() {
@@ -113,7 +123,11 @@ fn stack(imp: &mut Importer, label: &str, parts: &[ValueId], axis: usize, at: &A
     let axes = axes_const(imp, axis, at)?;
     let mut rows = Vec::with_capacity(parts.len());
     for &p in parts {
-        rows.push(Some(one(imp.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?, "Unsqueeze", at)?));
+        rows.push(Some(one(
+            imp.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?,
+            "Unsqueeze",
+            at,
+        )?));
     }
     let a = Attrs::new().with("axis", Attr::Int(axis as i64));
     one(imp.emit(label, OpKind::Concat, a, rows, &[String::new()], at)?, "Concat", at)
@@ -137,7 +151,9 @@ fn scan(
         let t = dims[a];
         match trips {
             Some(t0) if t0 != t => {
-                return Err(at.err(format!("scan input {j} has {t} entries along its scan axis {a}, scan input 0 has {t0}")))
+                return Err(
+                    at.err(format!("scan input {j} has {t} entries along its scan axis {a}, scan input 0 has {t0}"))
+                )
             }
             _ => trips = Some(t),
         }
@@ -145,7 +161,9 @@ fn scan(
     }
     let trips = trips.unwrap_or(0);
     if trips == 0 {
-        return Err(at.err("unsupported: a Scan of zero trips (its scan outputs would be empty tensors of unknown shape)"));
+        return Err(
+            at.err("unsupported: a Scan of zero trips (its scan outputs would be empty tensors of unknown shape)")
+        );
     }
     let mut cur: Vec<ValueId> = states.to_vec();
     let mut parts: Vec<Vec<ValueId>> = vec![Vec::with_capacity(trips); spec.out_dirs.len()];
@@ -160,11 +178,15 @@ fn scan(
         let mut it = outs.iter().enumerate();
         for s in cur.iter_mut() {
             let Some((o, v)) = it.next() else { break };
-            *s = v.tensor().ok_or_else(|| at.err(format!("body output {o} (a state) must be a tensor, it is {}", v.describe())))?;
+            *s = v
+                .tensor()
+                .ok_or_else(|| at.err(format!("body output {o} (a state) must be a tensor, it is {}", v.describe())))?;
         }
         for p in parts.iter_mut() {
             let Some((o, v)) = it.next() else { break };
-            p.push(v.tensor().ok_or_else(|| at.err(format!("body output {o} (a scan output) must be a tensor, it is {}", v.describe())))?);
+            p.push(v.tensor().ok_or_else(|| {
+                at.err(format!("body output {o} (a scan output) must be a tensor, it is {}", v.describe()))
+            })?);
         }
     }
     let mut outs = Vec::with_capacity(parts.len());
@@ -194,7 +216,9 @@ fn legacy_scan(
     let batch = imp.g.ty(scans[0]).shape.dims().first().copied().unwrap_or(0);
     let seq_len = imp.g.ty(scans[0]).shape.dims().get(1).copied().unwrap_or(0);
     if batch == 0 {
-        return Err(at.err("unsupported: a Scan over an empty batch (its outputs would be empty tensors of unknown shape)"));
+        return Err(
+            at.err("unsupported: a Scan over an empty batch (its outputs would be empty tensors of unknown shape)")
+        );
     }
     if let Some(sl) = sequence_lens {
         let t = sl.tensor().and_then(|v| imp.g.constant(v).cloned());
@@ -202,12 +226,17 @@ fn legacy_scan(
             return Err(at.err("unsupported: `sequence_lens` depends on run-time data; a static plan needs every row's length at compile time"));
         };
         if t.to_f64_vec().iter().any(|&l| l as usize != seq_len) {
-            return Err(at.err(format!("unsupported: `sequence_lens` {:?} shorter than the scan axis ({seq_len})", t.to_f64_vec())));
+            return Err(at.err(format!(
+                "unsupported: `sequence_lens` {:?} shorter than the scan axis ({seq_len})",
+                t.to_f64_vec()
+            )));
         }
     }
     for &x in states.iter().chain(scans) {
         if imp.g.ty(x).shape.dims().first().copied() != Some(batch) {
-            return Err(at.err(format!("every state and scan input needs batch axis {batch} first, one is {}", imp.g.ty(x))));
+            return Err(
+                at.err(format!("every state and scan input needs batch axis {batch} first, one is {}", imp.g.ty(x)))
+            );
         }
     }
     let mut rows: Vec<Vec<ValueId>> = Vec::with_capacity(batch);

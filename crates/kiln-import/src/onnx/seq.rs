@@ -117,7 +117,11 @@ pub(crate) fn handles(op: &str) -> bool {
 
 /// The operands of an op that takes tensors only; a sequence or an optional is an
 /// error naming the operand.
-pub(crate) fn tensors(operands: &[Option<Val>], names: &[String], at: &At) -> Result<Vec<Option<ValueId>>, ImportError> {
+pub(crate) fn tensors(
+    operands: &[Option<Val>],
+    names: &[String],
+    at: &At,
+) -> Result<Vec<Option<ValueId>>, ImportError> {
     operands
         .iter()
         .enumerate()
@@ -184,9 +188,12 @@ pub(crate) fn import(imp: &mut Importer, node: &NodeCx, operands: &[Option<Val>]
         "SequenceAt" => {
             let items = seq_arg(0)?;
             match arg(1) {
-                Some(Val::T(p)) if imp.g.constant(p).is_none() => vec![Val::T(select(imp, label, &items, p, &out0, at)?)],
+                Some(Val::T(p)) if imp.g.constant(p).is_none() => {
+                    vec![Val::T(select(imp, label, &items, p, &out0, at)?)]
+                }
                 p => {
-                    let p = position(imp, p, items.len(), false, at)?.ok_or_else(|| at.err("the position is missing"))?;
+                    let p =
+                        position(imp, p, items.len(), false, at)?.ok_or_else(|| at.err("the position is missing"))?;
                     vec![Val::T(items[p])]
                 }
             }
@@ -223,7 +230,9 @@ pub(crate) fn import(imp: &mut Importer, node: &NodeCx, operands: &[Option<Val>]
         }
         "OptionalGetElement" => match arg(0) {
             Some(Val::Opt(Some(x))) => vec![*x],
-            Some(Val::Opt(None)) => return Err(at.err("the optional is empty (known at compile time): it has no element to get")),
+            Some(Val::Opt(None)) => {
+                return Err(at.err("the optional is empty (known at compile time): it has no element to get"))
+            }
             Some(v) => vec![v],
             None => return Err(at.err("the operand is missing")),
         },
@@ -275,7 +284,14 @@ fn position(imp: &Importer, p: Option<Val>, len: usize, end_ok: bool, at: &At) -
 /// position (negative counts from the end). Every element must have one type. A
 /// position outside the sequence reads the nearest element (a static plan has no
 /// run-time error path; ONNX makes it an error).
-fn select(imp: &mut Importer, label: &str, items: &[ValueId], p: ValueId, out: &str, at: &At) -> Result<ValueId, ImportError> {
+fn select(
+    imp: &mut Importer,
+    label: &str,
+    items: &[ValueId],
+    p: ValueId,
+    out: &str,
+    at: &At,
+) -> Result<ValueId, ImportError> {
     let Some(&first) = items.first() else {
         return Err(at.err("the sequence is empty: there is no element to take"));
     };
@@ -300,7 +316,11 @@ fn select(imp: &mut Importer, label: &str, items: &[ValueId], p: ValueId, out: &
     let stacked = imp.emit(label, OpKind::Concat, a0.clone(), rows, &[String::new()], at)?;
     let stacked = stacked.first().copied().ok_or_else(|| at.err("internal: Concat gave no result"))?;
     // A scalar index drops the stacking axis.
-    let shape0 = imp.add_const("", Tensor::from_vec(Shape::new([0]).map_err(|e| at.err(e.to_string()))?, Vec::<i64>::new()).map_err(|e| at.err(e.to_string()))?);
+    let shape0 = imp.add_const(
+        "",
+        Tensor::from_vec(Shape::new([0]).map_err(|e| at.err(e.to_string()))?, Vec::<i64>::new())
+            .map_err(|e| at.err(e.to_string()))?,
+    );
     let idx = imp.emit(label, OpKind::Reshape, Attrs::new(), vec![Some(p), Some(shape0)], &[String::new()], at)?;
     let idx = idx.first().copied().ok_or_else(|| at.err("internal: Reshape gave no result"))?;
     let r = imp.emit(label, OpKind::Gather, a0, vec![Some(stacked), Some(idx)], &[out.to_string()], at)?;
@@ -389,7 +409,8 @@ fn concat_from_sequence(
     if new_axis {
         let axes = imp.add_const("", i64_tensor(&[axis as i64], at)?);
         for &p in items {
-            let u = imp.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?;
+            let u =
+                imp.emit(label, OpKind::Unsqueeze, Attrs::new(), vec![Some(p), Some(axes)], &[String::new()], at)?;
             parts.push(Some(u.first().copied().ok_or_else(|| at.err("internal: Unsqueeze gave no result"))?));
         }
     } else {
@@ -412,7 +433,9 @@ fn sequence_map(
     let body = *subgraphs.get("body").ok_or_else(|| at.err("attribute `body` is missing"))?;
     let n = match operands.first() {
         Some(Some(Val::Seq(items))) => items.len(),
-        Some(Some(other)) => return Err(at.err(format!("the first operand must be a sequence, it is {}", other.describe()))),
+        Some(Some(other)) => {
+            return Err(at.err(format!("the first operand must be a sequence, it is {}", other.describe())))
+        }
         _ => return Err(at.err("the first operand (a sequence) is missing")),
     };
     if body.output.len() < outputs.len() {
@@ -427,14 +450,21 @@ fn sequence_map(
                     at.err(format!("operand {k} is a sequence of {} elements, operand 0 of {n}", items.len()))
                 })?),
                 Some(Val::T(v)) => Val::T(*v),
-                Some(other) => return Err(at.err(format!("operand {k} is {}; SequenceMap takes sequences and tensors", other.describe()))),
+                Some(other) => {
+                    return Err(
+                        at.err(format!("operand {k} is {}; SequenceMap takes sequences and tensors", other.describe()))
+                    )
+                }
                 None => return Err(at.err(format!("operand {k} is missing"))),
             });
         }
         let outs = imp.inline_graph(body, args, at)?;
         for (k, r) in results.iter_mut().enumerate() {
             let o = &outs[k];
-            r.push(o.tensor().ok_or_else(|| at.err(format!("body output {k} must be a tensor, it is {}", o.describe())))?);
+            r.push(
+                o.tensor()
+                    .ok_or_else(|| at.err(format!("body output {k} must be a tensor, it is {}", o.describe())))?,
+            );
         }
     }
     Ok(results.into_iter().map(Val::Seq).collect())
@@ -480,7 +510,8 @@ impl Importer {
             _ if absent => Err(ierr("it is given as absent (--input-absent), but it is not an optional".into())),
             Some(type_proto::Value::TensorType(tt)) => Ok(Val::T(self.tensor_input(name, tt, opts)?)),
             Some(type_proto::Value::SequenceType(st)) => {
-                let Some(type_proto::Value::TensorType(et)) = st.elem_type.as_ref().and_then(|t| t.value.as_ref()) else {
+                let Some(type_proto::Value::TensorType(et)) = st.elem_type.as_ref().and_then(|t| t.value.as_ref())
+                else {
                     return Err(ierr("only sequences of tensors are supported".into()));
                 };
                 let code = et.elem_type.unwrap_or(0);
@@ -504,7 +535,8 @@ impl Importer {
                 let mut items = Vec::with_capacity(shapes.len());
                 for (i, dims) in shapes.iter().enumerate() {
                     if let Some(decl) = &declared {
-                        let fits = decl.len() == dims.len() && decl.iter().zip(dims).all(|(d, &g)| d.is_none_or(|d| d == g));
+                        let fits =
+                            decl.len() == dims.len() && decl.iter().zip(dims).all(|(d, &g)| d.is_none_or(|d| d == g));
                         if !fits {
                             return Err(ierr(format!(
                                 "element {i} is given shape {dims:?}, the model declares its elements {decl:?} (None: free)"

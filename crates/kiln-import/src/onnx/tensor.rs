@@ -36,8 +36,8 @@ impl ExternalFiles {
         if let Some(b) = self.files.get(&path) {
             return Ok(b.clone());
         }
-        let data = std::fs::read(&path)
-            .map_err(|e| err(format!("cannot read external data `{}`: {e}", path.display())))?;
+        let data =
+            std::fs::read(&path).map_err(|e| err(format!("cannot read external data `{}`: {e}", path.display())))?;
         let b = Bytes::from(data);
         self.files.insert(path, b.clone());
         Ok(b)
@@ -80,7 +80,11 @@ pub(crate) fn tensor_from_proto(t: &TensorProto, ext: &mut ExternalFiles) -> Res
         let mut length = None;
         for e in &t.external_data {
             let v = e.value.as_deref().unwrap_or("");
-            let num = || v.parse::<usize>().map_err(|_| err(format!("external data `{}` = `{v}` is not a number", e.key.as_deref().unwrap_or(""))));
+            let num = || {
+                v.parse::<usize>().map_err(|_| {
+                    err(format!("external data `{}` = `{v}` is not a number", e.key.as_deref().unwrap_or("")))
+                })
+            };
             match e.key.as_deref().unwrap_or("") {
                 "location" => location = Some(v.to_string()),
                 "offset" => offset = num()?,
@@ -91,10 +95,9 @@ pub(crate) fn tensor_from_proto(t: &TensorProto, ext: &mut ExternalFiles) -> Res
         let location = location.ok_or_else(|| err("external data without a `location`".into()))?;
         let file = ext.read(&name, &location)?;
         let len = length.unwrap_or(nbytes);
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= file.len())
-            .ok_or_else(|| err(format!("external data range {offset}+{len} is past the end of `{location}` ({} bytes)", file.len())))?;
+        let end = offset.checked_add(len).filter(|&e| e <= file.len()).ok_or_else(|| {
+            err(format!("external data range {offset}+{len} is past the end of `{location}` ({} bytes)", file.len()))
+        })?;
         check(len, "external data")?;
         return Tensor::new(ty.clone(), file.slice(offset..end)).map_err(|e| err(e.to_string()));
     }
@@ -110,7 +113,8 @@ pub(crate) fn tensor_from_proto(t: &TensorProto, ext: &mut ExternalFiles) -> Res
     // Not preallocated: `nbytes` comes from the file's dims and is only trusted
     // once the data fields (already in memory) are found to match it.
     let mut out: Vec<u8> = Vec::new();
-    let count_err = |got: usize, field: &str, want: usize| err(format!("{ty} needs {want} values in {field}, found {got}"));
+    let count_err =
+        |got: usize, field: &str, want: usize| err(format!("{ty} needs {want} values in {field}, found {got}"));
     match dtype {
         DType::F32 => {
             if t.float_data.len() != n {

@@ -318,12 +318,11 @@ impl Importer<'_> {
             // / 2^r⌋ (r = −e > 0; z < 0 exactly where a < 0), and z + 2^(r−1) − [a < 0] is
             // the rounded estimate with that integer added (below 2²¹: the error stays
             // below 7/16).
-            let plus = |neg: bool| {
-                each(&|_, e| if e < 0 { 0.5 + 2f64.powi(-e - 1) - neg as i32 as f64 } else { 0.5 })
-            };
+            let plus = |neg: bool| each(&|_, e| if e < 0 { 0.5 + 2f64.powi(-e - 1) - neg as i32 as f64 } else { 0.5 });
             let zero = self.scalar(DType::I32, 0.0)?;
             let neg = self.binary(OpKind::Less, a, zero)?;
-            let (cn, cp) = (self.lane_const(DType::F32, &plus(true), shape)?, self.lane_const(DType::F32, &plus(false), shape)?);
+            let (cn, cp) =
+                (self.lane_const(DType::F32, &plus(true), shape)?, self.lane_const(DType::F32, &plus(false), shape)?);
             let c = self.emit1(OpKind::Where, Attrs::new(), vec![Some(neg), Some(cn), Some(cp)])?;
             let est = self.binary(OpKind::Add, est, c)?;
             let est = self.binary(OpKind::Sub, est, frac)?;
@@ -344,7 +343,8 @@ impl Importer<'_> {
                 // Half away from zero: ⌊(|z| + 2^(r−1)) / 2^r⌋ (r = −e; nothing where r
                 // is 0) with z's sign, which is a's.
                 let m = self.unary(OpKind::Abs, z)?;
-                let m = self.with_lanes(OpKind::Add, m, &each(&|_, e| if e < 0 { 2f64.powi(-e - 1) } else { 0.0 }), shape)?;
+                let m =
+                    self.with_lanes(OpKind::Add, m, &each(&|_, e| if e < 0 { 2f64.powi(-e - 1) } else { 0.0 }), shape)?;
                 let m = self.with_lanes(OpKind::Mul, m, &each(&|_, e| 2f64.powi(e.min(0))), shape)?;
                 let m = self.unary(OpKind::Floor, m)?;
                 Ok(Some(self.signed_by(a, m)?))
@@ -518,8 +518,9 @@ impl Importer<'_> {
         // |Σ (x − z_x)·w + b| per channel.
         let xmax = (128 + zx).max(127 - zx) as f64;
         let per = wv.len() / m;
-        let bounds: Vec<f64> =
-            (0..m).map(|c| wv[c * per..(c + 1) * per].iter().map(|v| v.abs() as f64).sum::<f64>() * xmax + b[c].abs() as f64).collect();
+        let bounds: Vec<f64> = (0..m)
+            .map(|c| wv[c * per..(c + 1) * per].iter().map(|v| v.abs() as f64).sum::<f64>() * xmax + b[c].abs() as f64)
+            .collect();
         let reals: Vec<f64> =
             (0..m).map(|c| sx as f64 * sw[if sw.len() == 1 { 0 } else { c }] as f64 / sy as f64).collect();
         let chan = [m, 1, 1];
@@ -747,7 +748,11 @@ mod tests {
             Rounding::Single if k > 31 => (z * 2f32.powi(31 - k)).floor(),
             Rounding::Double if e < 0 => {
                 let m = ((z.abs() + 2f32.powi(-e - 1)) * 2f32.powi(e)).floor();
-                if a < 0 { -m } else { m }
+                if a < 0 {
+                    -m
+                } else {
+                    m
+                }
             }
             _ => z,
         };

@@ -503,7 +503,12 @@ impl<'m> Importer<'m> {
 
     /// The scale and zero point constants of `q` for a tensor of `dtype` held in layout
     /// `perm`, and the axis they apply to.
-    pub(crate) fn qparams(&mut self, q: &Quant, dtype: DType, perm: &[usize]) -> Result<(ValueId, ValueId, i64), ImportError> {
+    pub(crate) fn qparams(
+        &mut self,
+        q: &Quant,
+        dtype: DType,
+        perm: &[usize],
+    ) -> Result<(ValueId, ValueId, i64), ImportError> {
         let n = q.scale.len();
         let dims = if n == 1 { Shape::scalar() } else { Shape::new(vec![n]).map_err(|e| self.err(e.to_string()))? };
         let s = Tensor::from_vec(dims.clone(), q.scale.clone()).map_err(|e| self.err(e.to_string()))?;

@@ -236,7 +236,13 @@ impl Importer<'_> {
     /// A fused activation applied to real-valued `v` before it becomes tensor `out`.
     /// A quantised result is clamped as integers (LiteRT's way), so a contraction
     /// keeps its QuantizeLinear as its only reader.
-    fn finish(&mut self, out: usize, lay: &[usize], v: ValueId, act: fb::ActivationFunctionType) -> Result<(), ImportError> {
+    fn finish(
+        &mut self,
+        out: usize,
+        lay: &[usize],
+        v: ValueId,
+        act: fb::ActivationFunctionType,
+    ) -> Result<(), ImportError> {
         let stored = self.activated(out, lay, v, act)?;
         self.set_raw(out, lay, stored);
         Ok(())
@@ -244,7 +250,13 @@ impl Importer<'_> {
 
     /// Real-valued `v` through fused activation `act`, stored as tensor `out` stores
     /// its values (in layout `lay`).
-    fn activated(&mut self, out: usize, lay: &[usize], v: ValueId, act: fb::ActivationFunctionType) -> Result<ValueId, ImportError> {
+    fn activated(
+        &mut self,
+        out: usize,
+        lay: &[usize],
+        v: ValueId,
+        act: fb::ActivationFunctionType,
+    ) -> Result<ValueId, ImportError> {
         use fb::ActivationFunctionType as A;
         match act {
             A::None => return self.quantize_to(out, lay, v),
@@ -297,12 +309,30 @@ impl Importer<'_> {
         let b = fb::BuiltinOperator::try_from(code).map_err(|_| self.err("unknown builtin operator"))?;
         // Complex tensors are two real ones: only these ops know to read both parts.
         const COMPLEX_OK: &[B] = &[
-            B::Reshape, B::Squeeze, B::ExpandDims, B::Transpose, B::Slice, B::StridedSlice, B::Gather, B::GatherNd,
-            B::ReverseV2, B::Tile, B::BroadcastTo, B::Concatenation, B::Split, B::SplitV, B::Cast, B::ComplexAbs,
-            B::Real, B::Imag, B::Shape,
+            B::Reshape,
+            B::Squeeze,
+            B::ExpandDims,
+            B::Transpose,
+            B::Slice,
+            B::StridedSlice,
+            B::Gather,
+            B::GatherNd,
+            B::ReverseV2,
+            B::Tile,
+            B::BroadcastTo,
+            B::Concatenation,
+            B::Split,
+            B::SplitV,
+            B::Cast,
+            B::ComplexAbs,
+            B::Real,
+            B::Imag,
+            B::Shape,
         ];
         if !COMPLEX_OK.contains(&b) {
-            if let Some(&t) = op.inputs.iter().find(|&&t| t >= 0 && self.held.get(t as usize).is_some_and(|h| h.imag.is_some())) {
+            if let Some(&t) =
+                op.inputs.iter().find(|&&t| t >= 0 && self.held.get(t as usize).is_some_and(|h| h.imag.is_some()))
+            {
                 return Err(self.err(format!("complex operand (tensor {t}); kiln reads complex tensors only through data movement, COMPLEX_ABS, REAL, IMAG and CAST")));
             }
         }
@@ -501,7 +531,8 @@ impl Importer<'_> {
                     p
                 };
                 let out = self.output(op, 0)?;
-                let (px, py) = (if adj_x { swap(rx) } else { identity(rx) }, if adj_y { swap(ry) } else { identity(ry) });
+                let (px, py) =
+                    (if adj_x { swap(rx) } else { identity(rx) }, if adj_y { swap(ry) } else { identity(ry) });
                 if self.int8_batch_matmul((x, &px), (y, &py), out)? {
                     return Ok(());
                 }
@@ -1203,7 +1234,14 @@ impl Importer<'_> {
     /// form of a product with a bias (`QLinearMatMul` has none), which
     /// `tensor-fold-quantized-contractions` makes a `QLinearConv`; the reshapes run on
     /// the integers.
-    fn quantized_dense(&mut self, op: &super::reader::Operator, x: usize, w: usize, out: usize, act: fb::ActivationFunctionType) -> Result<(), ImportError> {
+    fn quantized_dense(
+        &mut self,
+        op: &super::reader::Operator,
+        x: usize,
+        w: usize,
+        out: usize,
+        act: fb::ActivationFunctionType,
+    ) -> Result<(), ImportError> {
         let rx = self.rank(x)?;
         let xr = self.raw(x, &identity(rx))?;
         let wr = self.raw(w, &[0, 1])?;
@@ -1216,7 +1254,11 @@ impl Importer<'_> {
             let q = imp.quant(t).ok_or_else(|| imp.err("not quantised"))?;
             let dtype = imp.g.ty(v).dtype;
             let (s, z, axis) = imp.qparams(q, dtype, &identity(rank))?;
-            imp.emit1(OpKind::DequantizeLinear, Attrs::new().with("axis", Attr::Int(axis)), vec![Some(v), Some(s), Some(z)])
+            imp.emit1(
+                OpKind::DequantizeLinear,
+                Attrs::new().with("axis", Attr::Int(axis)),
+                vec![Some(v), Some(s), Some(z)],
+            )
         };
         let xf = deq(self, x, x4, 4)?;
         let wf = deq(self, w, w4, 4)?;
@@ -1382,7 +1424,13 @@ impl Importer<'_> {
     /// MIRROR_PAD SYMMETRIC (the edge repeated; ONNX's `reflect` leaves it out): per
     /// axis, the first `b` and last `e` elements reversed (slices of step −1) and
     /// concatenated on either side.
-    fn symmetric_pad(&mut self, op: &super::reader::Operator, x: usize, out: usize, p: &[i64]) -> Result<(), ImportError> {
+    fn symmetric_pad(
+        &mut self,
+        op: &super::reader::Operator,
+        x: usize,
+        out: usize,
+        p: &[i64],
+    ) -> Result<(), ImportError> {
         let v0 = self.any_value(x)?;
         let r = self.g.ty(v0).shape.rank();
         let dims = {
@@ -1407,7 +1455,8 @@ impl Importer<'_> {
                 let rev = |imp: &mut Self, from: i64, count: i64, y: ValueId| -> Result<ValueId, ImportError> {
                     // Elements from-count+1 ..= from, last first.
                     let end = if from - count < 0 { i64::MIN } else { from - count };
-                    let (s, en, a, st) = (imp.i64s(&[from]), imp.i64s(&[end]), imp.i64s(&[axis as i64]), imp.i64s(&[-1]));
+                    let (s, en, a, st) =
+                        (imp.i64s(&[from]), imp.i64s(&[end]), imp.i64s(&[axis as i64]), imp.i64s(&[-1]));
                     imp.emit1(OpKind::Slice, Attrs::new(), vec![Some(y), Some(s), Some(en), Some(a), Some(st)])
                 };
                 let mut parts = Vec::new();
@@ -1446,7 +1495,11 @@ impl Importer<'_> {
         let n = begin.len();
         let bit = |m: i32, i: usize| i < 32 && (m >> i) & 1 == 1;
         let explicit = (0..n).filter(|&i| !bit(o.ellipsis_mask, i) && !bit(o.new_axis_mask, i)).count();
-        if end.len() != n || strides.len() != n || explicit > r || (0..n).filter(|&i| bit(o.ellipsis_mask, i)).count() > 1 {
+        if end.len() != n
+            || strides.len() != n
+            || explicit > r
+            || (0..n).filter(|&i| bit(o.ellipsis_mask, i)).count() > 1
+        {
             return Err(self.err(format!(
                 "begin/end/strides of {}/{}/{} entries (ellipsis mask {:#x}) for rank {r}",
                 n,
@@ -1639,13 +1692,21 @@ impl Importer<'_> {
     /// an `[n1, n1]` product from the left, a twiddle, an `[n2, K2]` product from the
     /// right (only the `K2 = ⌈(n/2+1)/n1⌉` columns the bins need), then the `[k1, k2]`
     /// result reordered to `k`. About `(n1 + 2·K2)/(n/2)` of the direct product's work.
-    fn four_step_rdft(&mut self, a: ValueId, n: usize, n1: usize, n2: usize) -> Result<(ValueId, ValueId), ImportError> {
+    fn four_step_rdft(
+        &mut self,
+        a: ValueId,
+        n: usize,
+        n1: usize,
+        n2: usize,
+    ) -> Result<(ValueId, ValueId), ImportError> {
         let bins = n / 2 + 1;
         let k2n = bins.div_ceil(n1).min(n2);
         let dims = self.dims(a);
         let prefix: Vec<i64> = dims[..dims.len() - 1].iter().map(|&d| d as i64).collect();
-        let mm = |imp: &mut Self, l: ValueId, r: ValueId| imp.emit1(OpKind::MatMul, Attrs::new(), vec![Some(l), Some(r)]);
-        let bin = |imp: &mut Self, k: OpKind, l: ValueId, r: ValueId| imp.emit1(k, Attrs::new(), vec![Some(l), Some(r)]);
+        let mm =
+            |imp: &mut Self, l: ValueId, r: ValueId| imp.emit1(OpKind::MatMul, Attrs::new(), vec![Some(l), Some(r)]);
+        let bin =
+            |imp: &mut Self, k: OpKind, l: ValueId, r: ValueId| imp.emit1(k, Attrs::new(), vec![Some(l), Some(r)]);
         let shape = self.i64s(&[prefix.as_slice(), &[n1 as i64, n2 as i64]].concat());
         let x = self.emit1(OpKind::Reshape, Attrs::new(), vec![Some(a), Some(shape)])?;
         // A = F1·X over j1 (rows): F1 = C1 − i·S1.

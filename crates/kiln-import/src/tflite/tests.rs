@@ -102,9 +102,8 @@ impl M {
             })
             .collect();
         let signature_defs = self.signature.map(|(i, o)| {
-            let map = |l: Names| {
-                Some(l.into_iter().map(|(n, t)| fb::TensorMap { name: Some(n), tensor_index: t }).collect())
-            };
+            let map =
+                |l: Names| Some(l.into_iter().map(|(n, t)| fb::TensorMap { name: Some(n), tensor_index: t }).collect());
             vec![fb::SignatureDef {
                 inputs: map(i),
                 outputs: map(o),
@@ -151,7 +150,13 @@ fn count(g: &Graph, k: OpKind) -> usize {
 
 /// Conv2D options: square `stride`, fused `act`.
 fn conv_options(padding: fb::Padding, stride: i32, act: fb::ActivationFunctionType) -> Option<fb::BuiltinOptions> {
-    let o = fb::Conv2DOptions { padding, stride_w: stride, stride_h: stride, fused_activation_function: act, ..Default::default() };
+    let o = fb::Conv2DOptions {
+        padding,
+        stride_w: stride,
+        stride_h: stride,
+        fused_activation_function: act,
+        ..Default::default()
+    };
     Some(fb::BuiltinOptions::Conv2DOptions(Box::new(o)))
 }
 
@@ -170,7 +175,14 @@ fn depthwise_options(padding: fb::Padding, stride: i32, act: fb::ActivationFunct
 
 /// Pool2D options: a square `size` window at stride `size`.
 fn pool_options(padding: fb::Padding, size: i32) -> Option<fb::BuiltinOptions> {
-    let o = fb::Pool2DOptions { padding, stride_w: size, stride_h: size, filter_width: size, filter_height: size, ..Default::default() };
+    let o = fb::Pool2DOptions {
+        padding,
+        stride_w: size,
+        stride_h: size,
+        filter_width: size,
+        filter_height: size,
+        ..Default::default()
+    };
     Some(fb::BuiltinOptions::Pool2DOptions(Box::new(o)))
 }
 
@@ -277,12 +289,7 @@ fn conv_net() -> ConvNet {
     let w1t = m.konst("w1", &[4, 3, 3, 3], &w1);
     let b1t = m.konst("b1", &[4], &b1);
     let c1 = m.f32("c1", &[1, 4, 3, 4]);
-    m.op(
-        B::Conv2d,
-        &[x, w1t, b1t],
-        &[c1],
-        conv_options(fb::Padding::Same, 2, fb::ActivationFunctionType::Relu),
-    );
+    m.op(B::Conv2d, &[x, w1t, b1t], &[c1], conv_options(fb::Padding::Same, 2, fb::ActivationFunctionType::Relu));
     let w2t = m.konst("w2", &[1, 3, 3, 4], &w2);
     let c2 = m.f32("c2", &[1, 2, 1, 4]);
     m.op(
@@ -295,12 +302,7 @@ fn conv_net() -> ConvNet {
     let a = m.f32("a", &[1, 2, 1, 4]);
     m.op(B::Add, &[c2, sh], &[a], Some(fb::BuiltinOptions::AddOptions(Box::default())));
     let y = m.f32("y", &[1, 1, 1, 4]);
-    m.op(
-        B::MaxPool2d,
-        &[a],
-        &[y],
-        pool_options(fb::Padding::Same, 2),
-    );
+    m.op(B::MaxPool2d, &[a], &[y], pool_options(fb::Padding::Same, 2));
     ConvNet { bytes: m.finish(&[x], &[y]), w1, b1, w2, shift, x: values(7 * 6 * 3, 9) }
 }
 
@@ -556,7 +558,12 @@ fn fuzz_seeds() -> Vec<(&'static str, Vec<u8>)> {
     m.op(B::FullyConnected, &[r, f, fbias], &[o], Some(fb::BuiltinOptions::FullyConnectedOptions(Box::default())));
     let r = o;
     let qconv = m.finish(&[x], &[r]);
-    vec![("conv_net.tflite", conv), ("rfft_signature.tflite", rfft), ("int8_net.tflite", qconv), ("decoder.tflite", decoder())]
+    vec![
+        ("conv_net.tflite", conv),
+        ("rfft_signature.tflite", rfft),
+        ("int8_net.tflite", qconv),
+        ("decoder.tflite", decoder()),
+    ]
 }
 
 /// The committed seeds are what [`fuzz_seeds`] builds (`KILN_BLESS=1` rewrites them),
@@ -572,7 +579,8 @@ fn fuzz_seeds_are_current() {
             std::fs::create_dir_all(&dir).expect("corpus dir");
             std::fs::write(&path, &bytes).expect("write seed");
         }
-        let committed = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (KILN_BLESS=1 writes it)", path.display()));
+        let committed =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (KILN_BLESS=1 writes it)", path.display()));
         assert!(committed == bytes, "{} differs from what the test builds (KILN_BLESS=1 rewrites it)", path.display());
     }
 }
@@ -615,9 +623,21 @@ fn decoder() -> Vec<u8> {
     let size2 = m.ints("size2", &[5, 7]);
     let n = m.f32("n", &[1, 5, 7, 3]);
     let rn = fb::ResizeNearestNeighborOptions { half_pixel_centers: true, ..Default::default() };
-    m.op(B::ResizeNearestNeighbor, &[r, size2], &[n], Some(fb::BuiltinOptions::ResizeNearestNeighborOptions(Box::new(rn))));
+    m.op(
+        B::ResizeNearestNeighbor,
+        &[r, size2],
+        &[n],
+        Some(fb::BuiltinOptions::ResizeNearestNeighborOptions(Box::new(rn))),
+    );
     let p = m.f32("p", &[1, 3, 4, 3]);
-    let pool = fb::Pool2DOptions { padding: fb::Padding::Same, stride_w: 2, stride_h: 2, filter_width: 3, filter_height: 3, ..Default::default() };
+    let pool = fb::Pool2DOptions {
+        padding: fb::Padding::Same,
+        stride_w: 2,
+        stride_h: 2,
+        filter_width: 3,
+        filter_height: 3,
+        ..Default::default()
+    };
     m.op(B::AveragePool2d, &[n], &[p], Some(fb::BuiltinOptions::Pool2DOptions(Box::new(pool))));
     let axes = m.ints("axes", &[1, 2]);
     let y = m.f32("y", &[1, 3]);
@@ -750,10 +770,13 @@ fn int8_litert_forms_match_integer_loops() {
     assert_eq!(count(&g, OpKind::MatMulInteger), 3, "{g}");
     assert_eq!(count(&g, OpKind::DequantizeLinear), 0, "{g}");
 
-    let raw = |n: usize, seed: u32| -> Vec<i64> { values(n, seed).iter().map(|v| (v * 127.9).floor() as i64).collect() };
-    let tensor = |v: &[i64], dims: &[usize]| Tensor::from_i64(DType::I8, Shape::new(dims.to_vec()).unwrap(), v).unwrap();
+    let raw =
+        |n: usize, seed: u32| -> Vec<i64> { values(n, seed).iter().map(|v| (v * 127.9).floor() as i64).collect() };
+    let tensor =
+        |v: &[i64], dims: &[usize]| Tensor::from_i64(DType::I8, Shape::new(dims.to_vec()).unwrap(), v).unwrap();
     let (av, bv, xv, iv) = (raw(rows * k, 71), raw(k * cols, 72), raw(40 * 6, 73), raw(3 * 5 * 2, 74));
-    let ins = [tensor(&av, &[1, rows, k]), tensor(&bv, &[1, k, cols]), tensor(&xv, &[1, 40, 6]), tensor(&iv, &[1, 3, 5, 2])];
+    let ins =
+        [tensor(&av, &[1, rows, k]), tensor(&bv, &[1, k, cols]), tensor(&xv, &[1, 40, 6]), tensor(&iv, &[1, 3, 5, 2])];
     let out = kiln_ref::eval_graph(&g, &ins).expect("evaluation");
     let got: Vec<Vec<i64>> = out.iter().map(|t| t.to_i64_vec().unwrap()).collect();
     let sat = |v: i64| v.clamp(-128, 127);

@@ -778,10 +778,9 @@ pub(super) fn resize(cx: &Ctx) -> R<Vec<TensorType>> {
             for (ax, &e) in d.iter().enumerate() {
                 let e = cx.extent(e, "`kiln_dims` entry")?;
                 if !axes.contains(&ax) && e != in_dims[ax] {
-                    return Err(cx.invalid(format_args!(
-                        "`kiln_dims` {} changes axis {ax}, which is not resized",
-                        Ints(d)
-                    )));
+                    return Err(
+                        cx.invalid(format_args!("`kiln_dims` {} changes axis {ax}, which is not resized", Ints(d)))
+                    );
                 }
                 out[ax] = e;
             }
@@ -868,11 +867,15 @@ pub(super) fn grid_sample(cx: &Ctx) -> R<Vec<TensorType>> {
     let g = cx.req_class(1, "grid", Class::Float)?;
     let (xd, gd) = (x.shape.dims(), g.shape.dims());
     if !matches!(xd.len(), 4 | 5) {
-        return Err(cx.unsupported(format_args!("X has rank {}; kiln samples 2-D and 3-D inputs (rank 4 or 5)", xd.len())));
+        return Err(
+            cx.unsupported(format_args!("X has rank {}; kiln samples 2-D and 3-D inputs (rank 4 or 5)", xd.len()))
+        );
     }
     let r = xd.len() - 2;
     if gd.len() != xd.len() || gd[0] != xd[0] || gd[r + 1] != r {
-        return Err(cx.invalid(format_args!("grid of dims {gd:?} does not fit X of dims {xd:?}: expected [N, out.., {r}]")));
+        return Err(
+            cx.invalid(format_args!("grid of dims {gd:?} does not fit X of dims {xd:?}: expected [N, out.., {r}]"))
+        );
     }
     let mut dims = vec![xd[0], xd[1]];
     dims.extend_from_slice(&gd[1..=r]);
@@ -934,7 +937,9 @@ pub fn col2im_geometry(image: &[i64], block: &[i64], a: &crate::attrs::Col2ImAtt
     if dil.len() != s || st.len() != s || pads.len() != 2 * s {
         return Err(format!("dilations, strides and pads must cover the {s} spatial axes"));
     }
-    let pos = |v: i64, what: &str| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"));
+    let pos = |v: i64, what: &str| {
+        usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"))
+    };
     let mut g = Col2ImGeometry {
         image: Vec::new(),
         block: Vec::new(),
@@ -944,7 +949,12 @@ pub fn col2im_geometry(image: &[i64], block: &[i64], a: &crate::attrs::Col2ImAtt
         blocks: Vec::new(),
     };
     for d in 0..s {
-        let (im, k, di, sd) = (pos(image[d], "image extent")?, pos(block[d], "block extent")?, pos(dil[d], "dilation")?, pos(st[d], "stride")?);
+        let (im, k, di, sd) = (
+            pos(image[d], "image extent")?,
+            pos(block[d], "block extent")?,
+            pos(dil[d], "dilation")?,
+            pos(st[d], "stride")?,
+        );
         let (pb, pe) = (pads[d], pads[d + s]);
         if pb < 0 || pe < 0 {
             return Err(format!("pads {pads:?} must not be negative"));
@@ -1018,7 +1028,9 @@ pub fn deform_conv_geometry(
     if xd.len() != 4 || wd.len() != 4 || od.len() != 4 {
         return Err(format!("X {xd:?}, W {wd:?} and offset {od:?} must have rank 4 (2-D deformable convolution)"));
     }
-    let pos = |v: i64, what: &str| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"));
+    let pos = |v: i64, what: &str| {
+        usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| format!("{what} {v} must be positive"))
+    };
     let two = |v: &Option<Vec<i64>>, n: usize, d: i64, what: &str| -> Result<Vec<i64>, String> {
         let v = v.clone().unwrap_or_else(|| vec![d; n]);
         if v.len() != n {
@@ -1027,7 +1039,11 @@ pub fn deform_conv_geometry(
         Ok(v)
     };
     let ks = two(&a.kernel_shape, 2, 0, "kernel_shape")?;
-    let kernel = if a.kernel_shape.is_some() { [pos(ks[0], "kernel extent")?, pos(ks[1], "kernel extent")?] } else { [wd[2], wd[3]] };
+    let kernel = if a.kernel_shape.is_some() {
+        [pos(ks[0], "kernel extent")?, pos(ks[1], "kernel extent")?]
+    } else {
+        [wd[2], wd[3]]
+    };
     if kernel != [wd[2], wd[3]] {
         return Err(format!("kernel_shape {kernel:?} differs from W's {:?}", &wd[2..]));
     }
@@ -1041,7 +1057,9 @@ pub fn deform_conv_geometry(
     let og = pos(a.offset_group, "offset_group")?;
     let (n, c, oc) = (xd[0], xd[1], wd[0]);
     if Some(c) != wd[1].checked_mul(group) || oc % group != 0 || c % og != 0 {
-        return Err(format!("X has {c} channels, W {wd:?}, group {group}, offset_group {og}: the channels do not divide"));
+        return Err(format!(
+            "X has {c} channels, W {wd:?}, group {group}, offset_group {og}: the channels do not divide"
+        ));
     }
     let strides = [pos(st[0], "stride")?, pos(st[1], "stride")?];
     let dilations = [pos(dl[0], "dilation")?, pos(dl[1], "dilation")?];
@@ -1052,7 +1070,8 @@ pub fn deform_conv_geometry(
             .and_then(|v| v.checked_add(1))
             .and_then(|v| i64::try_from(v).ok())
             .ok_or("the kernel span overflows")?;
-        let padded = (xd[2 + d] as i64).checked_add(pd[d]).and_then(|v| v.checked_add(pd[d + 2])).ok_or("pads overflow")?;
+        let padded =
+            (xd[2 + d] as i64).checked_add(pd[d]).and_then(|v| v.checked_add(pd[d + 2])).ok_or("pads overflow")?;
         if padded < span {
             return Err(format!("the kernel of span {span} does not fit the padded extent {padded}"));
         }
@@ -1083,7 +1102,9 @@ pub(super) fn deform_conv(cx: &Ctx) -> R<Vec<TensorType>> {
     let a = cx.attrs::<crate::attrs::DeformConvAttrs>()?;
     let (xd, wd, od) = (x.shape.dims(), w.shape.dims(), off.shape.dims());
     if xd.len() != 4 {
-        return Err(cx.unsupported(format_args!("X has rank {}; kiln supports 2-D deformable convolutions (rank 4)", xd.len())));
+        return Err(
+            cx.unsupported(format_args!("X has rank {}; kiln supports 2-D deformable convolutions (rank 4)", xd.len()))
+        );
     }
     let g = deform_conv_geometry(xd, wd, od, a).map_err(|m| cx.invalid(m))?;
     if let Some(b) = cx.opt_ty(3) {

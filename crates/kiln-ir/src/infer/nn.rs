@@ -423,10 +423,9 @@ pub(super) fn rms_normalization(cx: &Ctx) -> R<Vec<TensorType>> {
     let s = cx.req(1, "Scale")?;
     cx.same_dtype(s, 1, "Scale", x)?;
     if broadcast_dims(norm, s.shape.dims()).as_deref() != Some(norm) {
-        return Err(cx.invalid(format_args!(
-            "`Scale` (input 1) {s} does not broadcast to the normalized shape {}",
-            Dims(norm)
-        )));
+        return Err(
+            cx.invalid(format_args!("`Scale` (input 1) {s} does not broadcast to the normalized shape {}", Dims(norm)))
+        );
     }
     if !a.stash_type.is_float() {
         return Err(cx.invalid(format_args!("attribute `stash_type` must name a float dtype, got {}", a.stash_type)));
@@ -544,8 +543,8 @@ pub(super) fn rotary_embedding(cx: &Ctx) -> R<Vec<TensorType>> {
     // Half the rotated width a position, or half the head's (of which the first R/2
     // are read).
     let cd = cos.shape.dims();
-    let fits = cd.last().is_some_and(|&w| w == want_last || w == head / 2)
-        && (cx.opt_ty(3).is_some() || cd[..2] == [b, s]);
+    let fits =
+        cd.last().is_some_and(|&w| w == want_last || w == head / 2) && (cx.opt_ty(3).is_some() || cd[..2] == [b, s]);
     if !fits {
         return Err(cx.invalid(format_args!(
             "`cos_cache` (input 1) {cos} must be [positions, {want_last}] with `position_ids`, else [{b}, {s}, {want_last}] \

@@ -140,8 +140,10 @@ impl Parser {
             self.bump();
             let pos = self.pos();
             let s = self.name("the quantization semantics after `quant`")?;
-            quant = crate::graph::QuantSemantics::from_name(&s)
-                .ok_or_else(|| PErr { pos, message: format!("unknown quantization semantics `{s}` (integer, onnxruntime_cpu)") })?;
+            quant = crate::graph::QuantSemantics::from_name(&s).ok_or_else(|| PErr {
+                pos,
+                message: format!("unknown quantization semantics `{s}` (integer, onnxruntime_cpu)"),
+            })?;
         }
         self.expect(&Tok::LParen, "before the graph inputs")?;
         let mut inputs = Vec::new();
@@ -507,12 +509,7 @@ impl Parser {
                 let node = if n.name.is_empty() { String::new() } else { format!(" (node \"{}\")", n.name) };
                 PErr { pos: n.pos, message: format!("{}{node}: {e}", n.kind) }
             })?;
-            g.nodes.push(Node {
-                name: n.name,
-                op,
-                inputs: n.inputs,
-                outputs: n.outputs,
-            });
+            g.nodes.push(Node { name: n.name, op, inputs: n.inputs, outputs: n.outputs });
         }
         g.inputs = inputs;
         g.outputs = outputs.into_iter().map(|(id, _)| ValueId::new(id as usize)).collect();

@@ -42,16 +42,10 @@ pub(super) fn range(cx: &Cx) -> Result<Tensor, EvalError> {
         if count != n as i128 {
             return Err(cx.invalid(format!("range has {count} elements, result type {ty}")));
         }
-        let v: Vec<i64> = (0..n as i64)
-            .map(|i| s.wrapping_add(i.wrapping_mul(d)))
-            .collect();
+        let v: Vec<i64> = (0..n as i64).map(|i| s.wrapping_add(i.wrapping_mul(d))).collect();
         cx.from_i64(ty, &v)
     } else {
-        let (s, l, d) = (
-            read_f64(cx, s)?[0],
-            read_f64(cx, l)?[0],
-            read_f64(cx, d)?[0],
-        );
+        let (s, l, d) = (read_f64(cx, s)?[0], read_f64(cx, l)?[0], read_f64(cx, d)?[0]);
         if d == 0.0 || !d.is_finite() || !s.is_finite() || !l.is_finite() {
             return Err(cx.invalid(format!("range({s}, {l}, {d}) is not finite")));
         }
@@ -67,11 +61,7 @@ pub(super) fn range(cx: &Cx) -> Result<Tensor, EvalError> {
 }
 
 pub(super) fn constant_of_shape(cx: &Cx) -> Result<Tensor, EvalError> {
-    let dims: Vec<usize> = cx
-        .ints(0)?
-        .into_iter()
-        .map(|d| to_usize(cx, d, "dimension"))
-        .collect::<Result<_, _>>()?;
+    let dims: Vec<usize> = cx.ints(0)?.into_iter().map(|d| to_usize(cx, d, "dimension")).collect::<Result<_, _>>()?;
     let value = &cx.attrs::<ConstantOfShapeAttrs>()?.value;
     let dt = value.as_ref().map_or(DType::F32, Tensor::dtype);
     let ty = out_checked(cx, 0, dt, &dims)?;
@@ -93,8 +83,7 @@ pub(super) fn eye_like(cx: &Cx) -> Result<Tensor, EvalError> {
     };
     let ty = out_checked(cx, 0, ty.dtype, &[*rows, *cols])?;
     let k = cx.attrs::<EyeLikeAttrs>()?.k;
-    let one = Tensor::from_f64(ty.dtype, Shape::scalar(), &[1.0])
-        .map_err(|e| cx.invalid(e.to_string()))?;
+    let one = Tensor::from_f64(ty.dtype, Shape::scalar(), &[1.0]).map_err(|e| cx.invalid(e.to_string()))?;
     let one = elems(&one).data.into_owned();
     let w = width(ty.dtype);
     let mut data = vec![0u8; rows * cols * w];

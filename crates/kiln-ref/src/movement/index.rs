@@ -11,21 +11,18 @@
 
 use super::{build, elems, norm_index, out_checked, to_usize, width, Elems};
 use crate::elementwise::{icmp, read_f64};
-use kiln_ir::lowp::{f64_to_f32_odd, round_binary, BF16_MAX};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
 use half::{bf16, f16};
 use kiln_ir::attrs::{GatherAttrs, GatherNdAttrs, OneHotAttrs, ScatterElementsAttrs, ScatterNdAttrs, ScatterReduction};
+use kiln_ir::lowp::{f64_to_f32_odd, round_binary, BF16_MAX};
 use kiln_ir::{lowp, DType, OpKind, Tensor};
 
 /// Integer contents of an index operand (`int32`/`int64`).
 fn indices(cx: &Cx, i: usize) -> Result<Vec<i64>, EvalError> {
     let t = cx.input(i)?;
     if !matches!(t.dtype(), DType::I32 | DType::I64) {
-        return Err(cx.invalid(format!(
-            "indices have dtype {}, expected i32 or i64",
-            t.dtype()
-        )));
+        return Err(cx.invalid(format!("indices have dtype {}, expected i32 or i64", t.dtype())));
     }
     cx.ints(i)
 }
@@ -53,28 +50,17 @@ fn along_axis<'a>(cx: &Cx<'a>, axis: i64) -> Result<AlongAxis<'a>, EvalError> {
 }
 
 fn copy_elem(cx: &Cx, src: &Elems, i: usize, out: &mut Vec<u8>) -> Result<(), EvalError> {
-    out.extend_from_slice(
-        src.get(i)
-            .ok_or_else(|| cx.invalid("element out of range"))?,
-    );
+    out.extend_from_slice(src.get(i).ok_or_else(|| cx.invalid("element out of range"))?);
     Ok(())
 }
 
 pub(super) fn gather(cx: &Cx) -> Result<Tensor, EvalError> {
     let AlongAxis { x, a, idx, id } = along_axis(cx, cx.attrs::<GatherAttrs>()?.axis)?;
     let xd = x.shape().dims();
-    let out: Vec<usize> = xd[..a]
-        .iter()
-        .chain(id)
-        .chain(&xd[a + 1..])
-        .copied()
-        .collect();
+    let out: Vec<usize> = xd[..a].iter().chain(id).chain(&xd[a + 1..]).copied().collect();
     let ty = out_checked(cx, 0, x.dtype(), &out)?;
     let n = xd[a];
-    let idx: Vec<usize> = idx
-        .iter()
-        .map(|&i| norm_index(cx, i, n))
-        .collect::<Result<_, _>>()?;
+    let idx: Vec<usize> = idx.iter().map(|&i| norm_index(cx, i, n)).collect::<Result<_, _>>()?;
     let outer: usize = xd[..a].iter().product();
     let inner: usize = xd[a + 1..].iter().product();
     let e = elems(x);
@@ -83,21 +69,14 @@ pub(super) fn gather(cx: &Cx) -> Result<Tensor, EvalError> {
     for o in 0..outer {
         for &k in &idx {
             let s = (o * n + k) * blk;
-            data.extend_from_slice(
-                e.data
-                    .get(s..s + blk)
-                    .ok_or_else(|| cx.invalid("short input"))?,
-            );
+            data.extend_from_slice(e.data.get(s..s + blk).ok_or_else(|| cx.invalid("short input"))?);
         }
     }
     build(cx, ty, data)
 }
 
 /// Visits every multi-index of `dims` in row-major order.
-fn for_each_index(
-    dims: &[usize],
-    mut f: impl FnMut(&[usize]) -> Result<(), EvalError>,
-) -> Result<(), EvalError> {
+fn for_each_index(dims: &[usize], mut f: impl FnMut(&[usize]) -> Result<(), EvalError>) -> Result<(), EvalError> {
     if dims.contains(&0) {
         return Ok(());
     }
@@ -122,16 +101,8 @@ fn for_each_index(
 /// Checks the shapes of GatherElements/ScatterElements: `idx` of the data's rank,
 /// no larger than the data on the other axes.
 fn check_elements_shapes(cx: &Cx, xd: &[usize], id: &[usize], a: usize) -> Result<(), EvalError> {
-    if id.len() != xd.len()
-        || id
-            .iter()
-            .zip(xd)
-            .enumerate()
-            .any(|(i, (&m, &n))| i != a && m > n)
-    {
-        return Err(cx.invalid(format!(
-            "indices of shape {id:?} do not fit data of shape {xd:?}"
-        )));
+    if id.len() != xd.len() || id.iter().zip(xd).enumerate().any(|(i, (&m, &n))| i != a && m > n) {
+        return Err(cx.invalid(format!("indices of shape {id:?} do not fit data of shape {xd:?}")));
     }
     Ok(())
 }
@@ -162,17 +133,10 @@ pub(super) fn gather_elements(cx: &Cx) -> Result<Tensor, EvalError> {
 
 /// GatherND/ScatterND geometry: for data dims `xd`, index dims `id` and
 /// `batch_dims` b, returns (batches, tuples per batch, tuple length m, slice size).
-fn nd_geometry(
-    cx: &Cx,
-    xd: &[usize],
-    id: &[usize],
-    b: usize,
-) -> Result<(usize, usize, usize, usize), EvalError> {
+fn nd_geometry(cx: &Cx, xd: &[usize], id: &[usize], b: usize) -> Result<(usize, usize, usize, usize), EvalError> {
     let q = id.len();
     if q == 0 || b >= q || b > xd.len() || xd[..b] != id[..b] {
-        return Err(cx.invalid(format!(
-            "indices of shape {id:?} do not fit data of shape {xd:?}"
-        )));
+        return Err(cx.invalid(format!("indices of shape {id:?} do not fit data of shape {xd:?}")));
     }
     let m = id[q - 1];
     if b + m > xd.len() {
@@ -200,11 +164,7 @@ pub(super) fn gather_nd(cx: &Cx) -> Result<Tensor, EvalError> {
     let id = cx.input(1)?.shape().dims();
     let b = to_usize(cx, cx.attrs::<GatherNdAttrs>()?.batch_dims, "batch_dims")?;
     let (batches, tuples, m, slice) = nd_geometry(cx, xd, id, b)?;
-    let out: Vec<usize> = id[..id.len() - 1]
-        .iter()
-        .chain(&xd[b + m..])
-        .copied()
-        .collect();
+    let out: Vec<usize> = id[..id.len() - 1].iter().chain(&xd[b + m..]).copied().collect();
     let ty = out_checked(cx, 0, x.dtype(), &out)?;
     let e = elems(x);
     let batch_len: usize = xd[b..].iter().product();
@@ -215,11 +175,7 @@ pub(super) fn gather_nd(cx: &Cx) -> Result<Tensor, EvalError> {
             let tuple = &idx[(bi * tuples + t) * m..(bi * tuples + t + 1) * m];
             let off = bi * batch_len + nd_offset(cx, tuple, &xd[b..b + m])? * slice;
             let s = off * e.w;
-            data.extend_from_slice(
-                e.data
-                    .get(s..s + blk)
-                    .ok_or_else(|| cx.invalid("short input"))?,
-            );
+            data.extend_from_slice(e.data.get(s..s + blk).ok_or_else(|| cx.invalid("short input"))?);
         }
     }
     build(cx, ty, data)
@@ -272,9 +228,7 @@ fn decode(d: DType, b: &[u8]) -> Num {
         DType::I8 => Num::I(u as u8 as i8 as i64),
         DType::I16 => Num::I(u as u16 as i16 as i64),
         DType::I32 => Num::I(u as u32 as i32 as i64),
-        DType::I64 | DType::U64 | DType::U8 | DType::U16 | DType::U32 | DType::U4 => {
-            Num::I(u as i64)
-        }
+        DType::I64 | DType::U64 | DType::U8 | DType::U16 | DType::U32 | DType::U4 => Num::I(u as i64),
         DType::Bool => Num::I((u != 0) as i64),
         DType::I4 => Num::I((((u as u8) << 4) as i8 >> 4) as i64),
         _ => Num::F(lowp::decode(d, u as u8) as f64),
@@ -341,18 +295,8 @@ fn combine(d: DType, r: Reduction, dst: &mut [u8], upd: &[u8]) {
 }
 
 /// Writes the update record `upd` over element `i` of `out` under `r`.
-fn apply(
-    cx: &Cx,
-    d: DType,
-    r: Reduction,
-    out: &mut [u8],
-    w: usize,
-    i: usize,
-    upd: &[u8],
-) -> Result<(), EvalError> {
-    let dst = out
-        .get_mut(i * w..(i + 1) * w)
-        .ok_or_else(|| cx.invalid("element out of range"))?;
+fn apply(cx: &Cx, d: DType, r: Reduction, out: &mut [u8], w: usize, i: usize, upd: &[u8]) -> Result<(), EvalError> {
+    let dst = out.get_mut(i * w..(i + 1) * w).ok_or_else(|| cx.invalid("element out of range"))?;
     if r == Reduction::None {
         dst.copy_from_slice(upd);
     } else {
@@ -366,11 +310,7 @@ pub(super) fn scatter_elements(cx: &Cx) -> Result<Tensor, EvalError> {
     let xd = x.shape().dims();
     let u = cx.input(2)?;
     if u.shape().dims() != id || u.dtype() != x.dtype() {
-        return Err(cx.invalid(format!(
-            "updates {} do not match indices {id:?} / data {}",
-            u.ty(),
-            x.ty()
-        )));
+        return Err(cx.invalid(format!("updates {} do not match indices {id:?} / data {}", u.ty(), x.ty())));
     }
     check_elements_shapes(cx, xd, id, a)?;
     let r = reduction(cx)?;
@@ -400,11 +340,7 @@ pub(super) fn scatter_nd(cx: &Cx) -> Result<Tensor, EvalError> {
     let (_, tuples, m, slice) = nd_geometry(cx, xd, id, 0)?;
     let want: Vec<usize> = id[..id.len() - 1].iter().chain(&xd[m..]).copied().collect();
     if u.shape().dims() != want || u.dtype() != x.dtype() {
-        return Err(cx.invalid(format!(
-            "updates {} do not match {want:?} / data {}",
-            u.ty(),
-            x.ty()
-        )));
+        return Err(cx.invalid(format!("updates {} do not match {want:?} / data {}", u.ty(), x.ty())));
     }
     let r = reduction(cx)?;
     let ty = out_checked(cx, 0, x.dtype(), xd)?;
@@ -415,9 +351,7 @@ pub(super) fn scatter_nd(cx: &Cx) -> Result<Tensor, EvalError> {
     for t in 0..tuples {
         let off = nd_offset(cx, &idx[t * m..(t + 1) * m], &xd[..m])? * slice;
         for k in 0..slice {
-            let upd = ue
-                .get(t * slice + k)
-                .ok_or_else(|| cx.invalid("short updates"))?;
+            let upd = ue.get(t * slice + k).ok_or_else(|| cx.invalid("short updates"))?;
             apply(cx, x.dtype(), r, &mut data, w, off + k, upd)?;
         }
     }
@@ -432,10 +366,7 @@ pub(super) fn scatter_nd(cx: &Cx) -> Result<Tensor, EvalError> {
 fn truncated_ints(cx: &Cx, i: usize) -> Result<Vec<i64>, EvalError> {
     let t = cx.input(i)?;
     if t.dtype().is_float() {
-        Ok(read_f64(cx, t)?
-            .into_iter()
-            .map(|x| if x.is_nan() { i64::MIN } else { x as i64 })
-            .collect())
+        Ok(read_f64(cx, t)?.into_iter().map(|x| if x.is_nan() { i64::MIN } else { x as i64 }).collect())
     } else {
         cx.ints(i)
     }
@@ -451,22 +382,14 @@ pub(super) fn one_hot(cx: &Cx) -> Result<Tensor, EvalError> {
     };
     let values = cx.input(2)?;
     if values.numel() != 2 {
-        return Err(cx.invalid(format!(
-            "values has {} elements, expected 2",
-            values.numel()
-        )));
+        return Err(cx.invalid(format!("values has {} elements, expected 2", values.numel())));
     }
     let r = id.len();
     let axis = cx.attrs::<OneHotAttrs>()?.axis;
     let a = crate::util::norm_axis(axis, r + 1)
         .ok_or_else(|| cx.invalid(format!("axis {axis} out of range for rank {r}")))?;
     let dn = to_usize(cx, depth, "depth")?;
-    let out: Vec<usize> = id[..a]
-        .iter()
-        .chain(&[dn])
-        .chain(&id[a..])
-        .copied()
-        .collect();
+    let out: Vec<usize> = id[..a].iter().chain(&[dn]).chain(&id[a..]).copied().collect();
     let ty = out_checked(cx, 0, values.dtype(), &out)?;
     let ve = elems(values);
     let (off, on) = (ve.get(0).unwrap_or(&[]), ve.get(1).unwrap_or(&[]));

@@ -11,9 +11,7 @@
 //!   `split` or `num_outputs` the axis must divide evenly into the results.
 //! - ReverseSequence needs every sequence length in `0..=time`.
 
-use super::{
-    build, elems, gather_tensor, out_checked, to_usize, unique_axes, Ax, FILL,
-};
+use super::{build, elems, gather_tensor, out_checked, to_usize, unique_axes, Ax, FILL};
 use crate::util::{broadcast_dims, row_major_strides, Cx};
 use crate::EvalError;
 use kiln_ir::attrs::{
@@ -25,8 +23,7 @@ use kiln_ir::{DType, OpKind, Tensor};
 /// The same elements with the dims of result 0 (checked to be `dims`).
 fn reshaped(cx: &Cx, x: &Tensor, dims: &[usize]) -> Result<Tensor, EvalError> {
     let ty = out_checked(cx, 0, x.dtype(), dims)?;
-    x.reshaped(ty.shape.clone())
-        .map_err(|e| cx.invalid(e.to_string()))
+    x.reshaped(ty.shape.clone()).map_err(|e| cx.invalid(e.to_string()))
 }
 
 pub(super) fn reshape(cx: &Cx) -> Result<Tensor, EvalError> {
@@ -45,10 +42,7 @@ pub(super) fn reshape(cx: &Cx) -> Result<Tensor, EvalError> {
             dims.push(1);
         } else if s == 0 && !allowzero {
             let d = xd.get(i).ok_or_else(|| {
-                cx.invalid(format!(
-                    "shape[{i}] = 0 copies a dimension the input (rank {}) lacks",
-                    xd.len()
-                ))
+                cx.invalid(format!("shape[{i}] = 0 copies a dimension the input (rank {}) lacks", xd.len()))
             })?;
             dims.push(*d);
         } else {
@@ -59,17 +53,11 @@ pub(super) fn reshape(cx: &Cx) -> Result<Tensor, EvalError> {
     let known = known.ok_or_else(|| cx.invalid(format!("shape {shape:?} is too large")))?;
     if let Some(i) = infer {
         if known == 0 || x.numel() % known != 0 {
-            return Err(cx.invalid(format!(
-                "cannot infer the -1 of {shape:?} for {} elements",
-                x.numel()
-            )));
+            return Err(cx.invalid(format!("cannot infer the -1 of {shape:?} for {} elements", x.numel())));
         }
         dims[i] = x.numel() / known;
     } else if known != x.numel() {
-        return Err(cx.invalid(format!(
-            "shape {shape:?} does not hold {} elements",
-            x.numel()
-        )));
+        return Err(cx.invalid(format!("shape {shape:?} does not hold {} elements", x.numel())));
     }
     reshaped(cx, x, &dims)
 }
@@ -105,12 +93,7 @@ pub(super) fn squeeze(cx: &Cx) -> Result<Tensor, EvalError> {
         }
         None => xd.iter().map(|&d| d == 1).collect(),
     };
-    let dims: Vec<usize> = xd
-        .iter()
-        .zip(&drop)
-        .filter(|(_, &s)| !s)
-        .map(|(&d, _)| d)
-        .collect();
+    let dims: Vec<usize> = xd.iter().zip(&drop).filter(|(_, &s)| !s).map(|(&d, _)| d).collect();
     reshaped(cx, x, &dims)
 }
 
@@ -143,10 +126,7 @@ pub(super) fn shape(cx: &Cx) -> Result<Tensor, EvalError> {
         Some(e) => clamp(e),
         None => xd.len(),
     };
-    let v: Vec<i64> = xd[start..end.max(start)]
-        .iter()
-        .map(|&d| d as i64)
-        .collect();
+    let v: Vec<i64> = xd[start..end.max(start)].iter().map(|&d| d as i64).collect();
     let ty = out_checked(cx, 0, DType::I64, &[v.len()])?;
     cx.from_i64(ty, &v)
 }
@@ -160,23 +140,16 @@ pub(super) fn size(cx: &Cx) -> Result<Tensor, EvalError> {
 pub(super) fn expand(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let xd = x.shape().dims();
-    let shape: Vec<usize> = cx
-        .ints(1)?
-        .into_iter()
-        .map(|s| to_usize(cx, s, "shape entry"))
-        .collect::<Result<_, _>>()?;
-    let out = broadcast_dims(&[xd, &shape])
-        .ok_or_else(|| cx.invalid(format!("cannot broadcast {xd:?} with {shape:?}")))?;
+    let shape: Vec<usize> =
+        cx.ints(1)?.into_iter().map(|s| to_usize(cx, s, "shape entry")).collect::<Result<_, _>>()?;
+    let out =
+        broadcast_dims(&[xd, &shape]).ok_or_else(|| cx.invalid(format!("cannot broadcast {xd:?} with {shape:?}")))?;
     let ty = out_checked(cx, 0, x.dtype(), &out)?;
     let strides = row_major_strides(xd);
     let off = out.len() - xd.len();
     let axes = (0..out.len())
         .map(|i| {
-            let s = if i < off || xd[i - off] == 1 {
-                0
-            } else {
-                strides[i - off]
-            };
+            let s = if i < off || xd[i - off] == 1 { 0 } else { strides[i - off] };
             Ax::lin(s, out[i])
         })
         .collect();
@@ -190,10 +163,7 @@ pub(super) fn tile(cx: &Cx) -> Result<Tensor, EvalError> {
     if reps.len() != xd.len() {
         return Err(cx.invalid(format!("{} repeats for rank {}", reps.len(), xd.len())));
     }
-    let reps: Vec<usize> = reps
-        .into_iter()
-        .map(|r| to_usize(cx, r, "repeat"))
-        .collect::<Result<_, _>>()?;
+    let reps: Vec<usize> = reps.into_iter().map(|r| to_usize(cx, r, "repeat")).collect::<Result<_, _>>()?;
     let out: Vec<usize> = xd
         .iter()
         .zip(&reps)
@@ -203,9 +173,7 @@ pub(super) fn tile(cx: &Cx) -> Result<Tensor, EvalError> {
     let ty = out_checked(cx, 0, x.dtype(), &out)?;
     // Output axis d is the pair (repeat, element): index r * xd[d] + i reads element i.
     let strides = row_major_strides(xd);
-    let axes = (0..xd.len())
-        .flat_map(|d| [Ax::lin(0, reps[d]), Ax::lin(strides[d], xd[d])])
-        .collect();
+    let axes = (0..xd.len()).flat_map(|d| [Ax::lin(0, reps[d]), Ax::lin(strides[d], xd[d])]).collect();
     gather_tensor(cx, x, ty, axes, &[])
 }
 
@@ -280,11 +248,7 @@ pub(super) fn slice(cx: &Cx) -> Result<Tensor, EvalError> {
             Ax::lin(0, 0)
         } else {
             let st = strides[a] as i128;
-            Ax::Lin {
-                start: (s * st) as usize,
-                stride: (step * st) as isize,
-                len: count as usize,
-            }
+            Ax::Lin { start: (s * st) as usize, stride: (step * st) as isize, len: count as usize }
         };
     }
     let ty = out_checked(cx, 0, x.dtype(), &out)?;
@@ -316,9 +280,7 @@ pub(super) fn pad(cx: &Cx) -> Result<Tensor, EvalError> {
         // Crop first, then pad the remaining `len` elements starting at `crop`.
         let len = d - (-pb).max(0) - (-pe).max(0);
         if len < 0 {
-            return Err(cx.invalid(format!(
-                "pads {pb}, {pe} crop more than the {d} elements of axis {a}"
-            )));
+            return Err(cx.invalid(format!("pads {pb}, {pe} crop more than the {d} elements of axis {a}")));
         }
         let n = pb.max(0) + len + pe.max(0);
         if n > kiln_ir::shape::MAX_ELEMENTS as i128 {
@@ -366,9 +328,7 @@ pub(super) fn pad(cx: &Cx) -> Result<Tensor, EvalError> {
 }
 
 pub(super) fn concat(cx: &Cx) -> Result<Tensor, EvalError> {
-    let ins: Vec<&Tensor> = (0..cx.inputs.len())
-        .map(|i| cx.input(i))
-        .collect::<Result<_, _>>()?;
+    let ins: Vec<&Tensor> = (0..cx.inputs.len()).map(|i| cx.input(i)).collect::<Result<_, _>>()?;
     let first = *ins.first().ok_or_else(|| cx.invalid("no inputs"))?;
     let d0 = first.shape().dims();
     let r = d0.len();
@@ -379,10 +339,7 @@ pub(super) fn concat(cx: &Cx) -> Result<Tensor, EvalError> {
         let d = t.shape().dims();
         if t.dtype() != first.dtype()
             || d.len() != r
-            || d.iter()
-                .zip(d0)
-                .enumerate()
-                .any(|(i, (x, y))| i != a && x != y)
+            || d.iter().zip(d0).enumerate().any(|(i, (x, y))| i != a && x != y)
         {
             return Err(cx.invalid(format!("cannot concatenate {} with {}", first.ty(), t.ty())));
         }
@@ -397,10 +354,7 @@ pub(super) fn concat(cx: &Cx) -> Result<Tensor, EvalError> {
     for o in 0..outer {
         for (t, e) in ins.iter().zip(&es) {
             let block = t.shape().dims()[a] * inner * w;
-            let chunk = e
-                .data
-                .get(o * block..(o + 1) * block)
-                .ok_or_else(|| cx.invalid("short input"))?;
+            let chunk = e.data.get(o * block..(o + 1) * block).ok_or_else(|| cx.invalid("short input"))?;
             data.extend_from_slice(chunk);
         }
     }
@@ -415,8 +369,7 @@ pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     let n = xd[a];
     let results = cx.out_types.len();
     let sizes: Vec<usize> = if let Some(s) = cx.opt_ints(1)? {
-        let s: Vec<usize> =
-            s.into_iter().map(|v| to_usize(cx, v, "split")).collect::<Result<_, _>>()?;
+        let s: Vec<usize> = s.into_iter().map(|v| to_usize(cx, v, "split")).collect::<Result<_, _>>()?;
         if s.iter().try_fold(0usize, |t, &v| t.checked_add(v)) != Some(n) {
             return Err(cx.invalid(format!("split {s:?} does not sum to {n}")));
         }
@@ -427,11 +380,9 @@ pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
             return Err(cx.invalid("num_outputs 0"));
         }
         let chunk = n.div_ceil(k);
-        let rest = n.checked_sub(chunk * (k - 1)).ok_or_else(|| {
-            cx.invalid(format!(
-                "axis of {n} cannot be split into {k} chunks of {chunk}"
-            ))
-        })?;
+        let rest = n
+            .checked_sub(chunk * (k - 1))
+            .ok_or_else(|| cx.invalid(format!("axis of {n} cannot be split into {k} chunks of {chunk}")))?;
         let mut s = vec![chunk; k];
         s[k - 1] = rest;
         s
@@ -457,10 +408,7 @@ pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         let mut data = Vec::with_capacity(outer * len * inner * w);
         for o in 0..outer {
             let b = ((o * n + start) * inner) * w;
-            let chunk = e
-                .data
-                .get(b..b + len * inner * w)
-                .ok_or_else(|| cx.invalid("short input"))?;
+            let chunk = e.data.get(b..b + len * inner * w).ok_or_else(|| cx.invalid("short input"))?;
             data.extend_from_slice(chunk);
         }
         res.push(build(cx, ty, data)?);
@@ -472,9 +420,7 @@ pub(super) fn split(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
 /// `(N, C, H, W)` of a rank-4 operand and the block size.
 fn nchw_block(cx: &Cx, x: &Tensor) -> Result<([usize; 4], usize), EvalError> {
     let d = x.shape().dims();
-    let dims: [usize; 4] = d
-        .try_into()
-        .map_err(|_| cx.invalid(format!("input rank {} is not 4", d.len())))?;
+    let dims: [usize; 4] = d.try_into().map_err(|_| cx.invalid(format!("input rank {} is not 4", d.len())))?;
     let b = match cx.kind() {
         OpKind::DepthToSpace => cx.attrs::<DepthToSpaceAttrs>()?.blocksize,
         _ => cx.attrs::<SpaceToDepthAttrs>()?.blocksize,
@@ -490,10 +436,7 @@ pub(super) fn depth_to_space(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let ([n, c, h, w], b) = nchw_block(cx, x)?;
     if c % (b * b) != 0 {
-        return Err(cx.invalid(format!(
-            "channels {c} not divisible by blocksize² {}",
-            b * b
-        )));
+        return Err(cx.invalid(format!("channels {c} not divisible by blocksize² {}", b * b)));
     }
     let co = c / (b * b);
     let ty = out_checked(cx, 0, x.dtype(), &[n, co, h * b, w * b])?;
@@ -505,14 +448,8 @@ pub(super) fn depth_to_space(cx: &Cx) -> Result<Tensor, EvalError> {
         // Input channel c'*b*b + i*b + j.
         DepthToSpaceMode::Crd => (b * b * sc, b * sc, sc),
     };
-    let axes = vec![
-        Ax::lin(c * sc, n),
-        Ax::lin(s_c, co),
-        Ax::lin(w, h),
-        Ax::lin(s_i, b),
-        Ax::lin(1, w),
-        Ax::lin(s_j, b),
-    ];
+    let axes =
+        vec![Ax::lin(c * sc, n), Ax::lin(s_c, co), Ax::lin(w, h), Ax::lin(s_i, b), Ax::lin(1, w), Ax::lin(s_j, b)];
     gather_tensor(cx, x, ty, axes, &[])
 }
 
@@ -520,9 +457,7 @@ pub(super) fn space_to_depth(cx: &Cx) -> Result<Tensor, EvalError> {
     let x = cx.input(0)?;
     let ([n, c, h, w], b) = nchw_block(cx, x)?;
     if h % b != 0 || w % b != 0 {
-        return Err(cx.invalid(format!(
-            "spatial dims {h}x{w} not divisible by blocksize {b}"
-        )));
+        return Err(cx.invalid(format!("spatial dims {h}x{w} not divisible by blocksize {b}")));
     }
     let (ho, wo) = (h / b, w / b);
     let ty = out_checked(cx, 0, x.dtype(), &[n, c * b * b, ho, wo])?;
@@ -547,21 +482,12 @@ pub(super) fn reverse_sequence(cx: &Cx) -> Result<Tensor, EvalError> {
     let ra = cx.attrs::<ReverseSequenceAttrs>()?;
     let (ba, ta) = (ra.batch_axis, ra.time_axis);
     if !matches!((ba, ta), (0, 1) | (1, 0)) {
-        return Err(cx.invalid(format!(
-            "batch_axis {ba} and time_axis {ta} must be 0 and 1"
-        )));
+        return Err(cx.invalid(format!("batch_axis {ba} and time_axis {ta} must be 0 and 1")));
     }
-    let (nb, nt) = if ba == 0 {
-        (xd[0], xd[1])
-    } else {
-        (xd[1], xd[0])
-    };
+    let (nb, nt) = if ba == 0 { (xd[0], xd[1]) } else { (xd[1], xd[0]) };
     let lens = cx.ints(1)?;
     if lens.len() != nb {
-        return Err(cx.invalid(format!(
-            "{} sequence lengths for a batch of {nb}",
-            lens.len()
-        )));
+        return Err(cx.invalid(format!("{} sequence lengths for a batch of {nb}", lens.len())));
     }
     let lens: Vec<usize> = lens
         .into_iter()
@@ -581,11 +507,7 @@ pub(super) fn reverse_sequence(cx: &Cx) -> Result<Tensor, EvalError> {
             let src_t = if t < lens[bi] { lens[bi] - 1 - t } else { t };
             let (sp, sq) = if ba == 0 { (p, src_t) } else { (src_t, q) };
             let o = (sp * xd[1] + sq) * blk;
-            data.extend_from_slice(
-                e.data
-                    .get(o..o + blk)
-                    .ok_or_else(|| cx.invalid("short input"))?,
-            );
+            data.extend_from_slice(e.data.get(o..o + blk).ok_or_else(|| cx.invalid("short input"))?);
         }
     }
     build(cx, ty, data)

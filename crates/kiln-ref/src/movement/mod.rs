@@ -94,23 +94,16 @@ pub(super) struct Elems<'a> {
 impl Elems<'_> {
     /// The record of element `i`, if it exists.
     pub fn get(&self, i: usize) -> Option<&[u8]> {
-        self.data
-            .get(i.checked_mul(self.w)?..(i + 1).checked_mul(self.w)?)
+        self.data.get(i.checked_mul(self.w)?..(i + 1).checked_mul(self.w)?)
     }
 }
 
 /// The elements of `t` (borrowed storage, or unpacked codes for 4-bit dtypes).
 pub(super) fn elems(t: &Tensor) -> Elems<'_> {
     if t.dtype().is_packed() {
-        Elems {
-            w: 1,
-            data: Cow::Owned(t.codes()),
-        }
+        Elems { w: 1, data: Cow::Owned(t.codes()) }
     } else {
-        Elems {
-            w: width(t.dtype()),
-            data: Cow::Borrowed(&t.bytes()[..]),
-        }
+        Elems { w: width(t.dtype()), data: Cow::Borrowed(&t.bytes()[..]) }
     }
 }
 
@@ -125,11 +118,7 @@ pub(super) fn build(cx: &Cx, ty: &TensorType, data: Vec<u8>) -> Result<Tensor, E
 }
 
 /// The record of the first element of `t`, or a zero record when `t` is absent.
-pub(super) fn first_elem_or_zero(
-    cx: &Cx,
-    t: Option<&Tensor>,
-    d: DType,
-) -> Result<Vec<u8>, EvalError> {
+pub(super) fn first_elem_or_zero(cx: &Cx, t: Option<&Tensor>, d: DType) -> Result<Vec<u8>, EvalError> {
     match t {
         Some(v) if v.numel() > 0 => {
             if v.dtype() != d {
@@ -201,11 +190,7 @@ pub(super) enum Ax {
 impl Ax {
     /// An axis reading `len` elements `stride` apart from 0.
     pub fn lin(stride: usize, len: usize) -> Ax {
-        Ax::Lin {
-            start: 0,
-            stride: stride as isize,
-            len,
-        }
+        Ax::Lin { start: 0, stride: stride as isize, len }
     }
 
     fn len(&self) -> usize {
@@ -220,12 +205,7 @@ impl Ax {
 /// bytes), or `fill` where some axis maps to [`FILL`]. The output has the extents
 /// of the axes, row-major. An offset outside `src` is an error (a caller bug or
 /// bad operand), never a panic.
-pub(super) fn gather_axes(
-    src: &[u8],
-    w: usize,
-    axes: Vec<Ax>,
-    fill: &[u8],
-) -> Result<Vec<u8>, String> {
+pub(super) fn gather_axes(src: &[u8], w: usize, axes: Vec<Ax>, fill: &[u8]) -> Result<Vec<u8>, String> {
     let n = axes.iter().try_fold(1usize, |n, a| n.checked_mul(a.len()));
     let n = n.ok_or("too many elements")?;
     if n == 0 {
@@ -246,11 +226,7 @@ pub(super) fn gather_axes(
         let a = match a {
             Ax::Lin { start, stride, len } => {
                 base += start as isize;
-                Ax::Lin {
-                    start: 0,
-                    stride,
-                    len,
-                }
+                Ax::Lin { start: 0, stride, len }
             }
             m => m,
         };
@@ -266,19 +242,7 @@ pub(super) fn gather_axes(
             }
             continue;
         }
-        if let (
-            Some(Ax::Lin {
-                stride: s1,
-                len: l1,
-                ..
-            }),
-            Ax::Lin {
-                stride: s2,
-                len: l2,
-                ..
-            },
-        ) = (ax.last_mut(), &a)
-        {
+        if let (Some(Ax::Lin { stride: s1, len: l1, .. }), Ax::Lin { stride: s2, len: l2, .. }) = (ax.last_mut(), &a) {
             if *s1 == s2 * *l2 as isize {
                 *s1 = *s2;
                 *l1 *= *l2;
@@ -385,54 +349,19 @@ mod tests {
         // Identity of a 2x3 (merges into one run).
         assert_eq!(g(&src, vec![Ax::lin(3, 2), Ax::lin(1, 3)]), src);
         // Transpose to 3x2.
-        assert_eq!(
-            g(&src, vec![Ax::lin(1, 3), Ax::lin(3, 2)]),
-            vec![0, 3, 1, 4, 2, 5]
-        );
+        assert_eq!(g(&src, vec![Ax::lin(1, 3), Ax::lin(3, 2)]), vec![0, 3, 1, 4, 2, 5]);
         // Broadcast a row.
-        assert_eq!(
-            g(&src, vec![Ax::lin(0, 2), Ax::lin(1, 2)]),
-            vec![0, 1, 0, 1]
-        );
+        assert_eq!(g(&src, vec![Ax::lin(0, 2), Ax::lin(1, 2)]), vec![0, 1, 0, 1]);
         // Reverse with a negative stride.
-        assert_eq!(
-            g(
-                &src,
-                vec![Ax::Lin {
-                    start: 5,
-                    stride: -2,
-                    len: 3
-                }]
-            ),
-            vec![5, 3, 1]
-        );
+        assert_eq!(g(&src, vec![Ax::Lin { start: 5, stride: -2, len: 3 }]), vec![5, 3, 1]);
         // A map with fill.
-        assert_eq!(
-            g(&src, vec![Ax::lin(3, 2), Ax::Map(vec![FILL, 2, 0])]),
-            vec![99, 2, 0, 99, 5, 3]
-        );
-        assert_eq!(
-            g(&src, vec![Ax::Map(vec![FILL]), Ax::lin(1, 2)]),
-            vec![99, 99]
-        );
+        assert_eq!(g(&src, vec![Ax::lin(3, 2), Ax::Map(vec![FILL, 2, 0])]), vec![99, 2, 0, 99, 5, 3]);
+        assert_eq!(g(&src, vec![Ax::Map(vec![FILL]), Ax::lin(1, 2)]), vec![99, 99]);
         // Out of range is an error, not a panic.
         assert!(gather_axes(&src, 1, vec![Ax::lin(4, 3)], &[0]).is_err());
-        assert!(gather_axes(
-            &src,
-            1,
-            vec![Ax::Lin {
-                start: 0,
-                stride: -1,
-                len: 2
-            }],
-            &[0]
-        )
-        .is_err());
+        assert!(gather_axes(&src, 1, vec![Ax::Lin { start: 0, stride: -1, len: 2 }], &[0]).is_err());
         // Empty.
-        assert_eq!(
-            g(&src, vec![Ax::lin(1, 0), Ax::lin(1, 3)]),
-            Vec::<u8>::new()
-        );
+        assert_eq!(g(&src, vec![Ax::lin(1, 0), Ax::lin(1, 3)]), Vec::<u8>::new());
         // Scalar.
         assert_eq!(g(&src, vec![]), vec![0]);
     }

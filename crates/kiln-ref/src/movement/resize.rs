@@ -156,10 +156,7 @@ fn coeffs(mode: Mode, ratio: f64, scale: f64, a: f64, antialias: bool, out: &mut
             let s = scale.min(1.0);
             let start = (-1.0 / s).floor() as i64 + 1;
             let footprint = 2 - 2 * start;
-            out.extend(
-                (start..start + footprint)
-                    .map(|i| (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0)),
-            );
+            out.extend((start..start + footprint).map(|i| (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0)));
             let sum: f64 = out.iter().sum();
             out.iter_mut().for_each(|c| *c /= sum);
         }
@@ -193,12 +190,7 @@ struct Params {
 }
 
 fn taps(cx: &Cx, m: &AxisMap, p: &Params) -> Result<Taps, EvalError> {
-    let mut t = Taps {
-        n: 0,
-        idx: Vec::new(),
-        wt: Vec::new(),
-        extrapolate: Vec::with_capacity(m.n_out),
-    };
+    let mut t = Taps { n: 0, idx: Vec::new(), wt: Vec::new(), extrapolate: Vec::with_capacity(m.n_out) };
     let mut c = Vec::new();
     let last = m.n_in as i64 - 1;
     for j in 0..m.n_out {
@@ -216,11 +208,7 @@ fn taps(cx: &Cx, m: &AxisMap, p: &Params) -> Result<Taps, EvalError> {
         }
         t.extrapolate.push(false);
         let fl = x.floor();
-        let (x0, ratio) = if x == fl {
-            (fl as i64 - 1, 1.0)
-        } else {
-            (fl as i64, x - fl)
-        };
+        let (x0, ratio) = if x == fl { (fl as i64 - 1, 1.0) } else { (fl as i64, x - fl) };
         coeffs(p.mode, ratio, m.scale, p.cubic_a, p.antialias, &mut c);
         t.n = c.len();
         let first = x0 + 1 - (c.len() / 2) as i64;
@@ -287,11 +275,7 @@ pub(super) fn resize_checked(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
     if scales.len() != axes.len() || od.len() != xd.len() {
         return Err(cx.invalid(format!("{} scales for {} axes", scales.len(), axes.len())));
     }
-    let differ = axes
-        .iter()
-        .zip(&scales)
-        .filter(|&(&a, &s)| (xd[a] as f32 * s as f32).floor() != od[a] as f32)
-        .count();
+    let differ = axes.iter().zip(&scales).filter(|&(&a, &s)| (xd[a] as f32 * s as f32).floor() != od[a] as f32).count();
     if differ != 0 {
         let got: Vec<f32> = axes.iter().zip(&scales).map(|(&a, &s)| (xd[a] as f32 * s as f32).floor()).collect();
         return Err(cx.invalid(format!(
@@ -299,7 +283,8 @@ pub(super) fn resize_checked(cx: &Cx) -> Result<Vec<Tensor>, EvalError> {
         )));
     }
     let y = resize(cx)?;
-    let check = Tensor::from_vec(kiln_ir::Shape::scalar(), vec![differ as i64]).map_err(|e| cx.invalid(e.to_string()))?;
+    let check =
+        Tensor::from_vec(kiln_ir::Shape::scalar(), vec![differ as i64]).map_err(|e| cx.invalid(e.to_string()))?;
     Ok(vec![y, check])
 }
 
@@ -332,12 +317,8 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
         NearestMode::Floor => Nearest::Floor,
         NearestMode::Ceil => Nearest::Ceil,
     };
-    let params = Params {
-        mode,
-        cubic_a: ra.cubic_coeff_a as f64,
-        exclude_outside: ra.exclude_outside,
-        antialias: ra.antialias,
-    };
+    let params =
+        Params { mode, cubic_a: ra.cubic_coeff_a as f64, exclude_outside: ra.exclude_outside, antialias: ra.antialias };
     let ev = ra.extrapolation_value as f64;
     let policy = ra.keep_aspect_ratio_policy;
     let axes = match &ra.axes {
@@ -384,11 +365,7 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
     let mut rois = vec![(0.0f64, 1.0f64); r];
     if let Some(v) = &roi {
         if v.len() != 2 * axes.len() {
-            return Err(cx.invalid(format!(
-                "roi has {} values for {} axes",
-                v.len(),
-                axes.len()
-            )));
+            return Err(cx.invalid(format!("roi has {} values for {} axes", v.len(), axes.len())));
         }
         for (k, &a) in axes.iter().enumerate() {
             rois[a] = (v[k], v[k + axes.len()]);
@@ -402,10 +379,7 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
     }
     for d in 0..r {
         if !resized[d] && od[d] != xd[d] {
-            return Err(cx.invalid(format!(
-                "axis {d} is not resized but changes from {} to {}",
-                xd[d], od[d]
-            )));
+            return Err(cx.invalid(format!("axis {d} is not resized but changes from {} to {}", xd[d], od[d])));
         }
     }
     if ty.shape.numel() == 0 {
@@ -421,11 +395,7 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
         ctm,
         n_in: xd[a],
         n_out: od[a],
-        len_out: if fractional {
-            scale[a] * xd[a] as f64
-        } else {
-            od[a] as f64
-        },
+        len_out: if fractional { scale[a] * xd[a] as f64 } else { od[a] as f64 },
         scale: scale[a],
         roi: rois[a],
     };

@@ -26,12 +26,20 @@ fn reflect(x: f64, lo: f64, hi: f64) -> f64 {
         let dx = lo - x;
         let n = (dx / rng).trunc();
         let r = dx - n * rng;
-        if n % 2.0 == 0.0 { lo + r } else { hi - r }
+        if n % 2.0 == 0.0 {
+            lo + r
+        } else {
+            hi - r
+        }
     } else if x > hi {
         let dx = x - hi;
         let n = (dx / rng).trunc();
         let r = dx - n * rng;
-        if n % 2.0 == 0.0 { hi - r } else { lo + r }
+        if n % 2.0 == 0.0 {
+            hi - r
+        } else {
+            lo + r
+        }
     } else {
         x
     }
@@ -82,10 +90,8 @@ pub(super) fn grid_sample(cx: &Cx) -> Result<Tensor, EvalError> {
     let plane: usize = sp.iter().product();
     let npts: usize = out_sp.iter().product();
     let align = a.align_corners;
-    let (lo, hi): (Vec<f64>, Vec<f64>) = sp
-        .iter()
-        .map(|&d| if align { (0.0, d as f64 - 1.0) } else { (-0.5, d as f64 - 0.5) })
-        .unzip();
+    let (lo, hi): (Vec<f64>, Vec<f64>) =
+        sp.iter().map(|&d| if align { (0.0, d as f64 - 1.0) } else { (-0.5, d as f64 - 0.5) }).unzip();
     // The pixel an integer tap reads along axis `ax`, `None` for a zero.
     let tap = |ax: usize, i: i64| -> Option<usize> {
         let d = sp[ax] as i64;
@@ -261,7 +267,10 @@ pub(super) fn roi_align(cx: &Cx) -> Result<Tensor, EvalError> {
     let offset = if half { 0.5 } else { 0.0 };
     let mut out = Vec::with_capacity(bi.len() * c * ph_n * pw_n);
     for (r, &b) in bi.iter().enumerate() {
-        let b = usize::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| cx.invalid(format!("batch index {b} outside 0..{n}")))?;
+        let b = usize::try_from(b)
+            .ok()
+            .filter(|&b| b < n)
+            .ok_or_else(|| cx.invalid(format!("batch index {b} outside 0..{n}")))?;
         let bx = &rois[4 * r..4 * r + 4];
         let (sw, sh) = (bx[0] * scale - offset, bx[1] * scale - offset);
         let (ew, eh) = (bx[2] * scale - offset, bx[3] * scale - offset);
@@ -271,8 +280,10 @@ pub(super) fn roi_align(cx: &Cx) -> Result<Tensor, EvalError> {
             rh = rh.max(1.0);
         }
         let (bh, bw) = (rh / ph_n as f64, rw / pw_n as f64);
-        let gh = if a.sampling_ratio > 0 { a.sampling_ratio as usize } else { (rh / ph_n as f64).ceil().max(0.0) as usize };
-        let gw = if a.sampling_ratio > 0 { a.sampling_ratio as usize } else { (rw / pw_n as f64).ceil().max(0.0) as usize };
+        let gh =
+            if a.sampling_ratio > 0 { a.sampling_ratio as usize } else { (rh / ph_n as f64).ceil().max(0.0) as usize };
+        let gw =
+            if a.sampling_ratio > 0 { a.sampling_ratio as usize } else { (rw / pw_n as f64).ceil().max(0.0) as usize };
         let count = (gh * gw).max(1) as f64;
         for ch in 0..c {
             let plane = &xv[(b * c + ch) * h * w..(b * c + ch + 1) * h * w];
@@ -291,7 +302,12 @@ pub(super) fn roi_align(cx: &Cx) -> Result<Tensor, EvalError> {
                                 let (xq, xl, xh) = roi_cell(xx, w);
                                 let (ly, lx) = (y - yl as f64, xq - xl as f64);
                                 let (hy, hx) = (1.0 - ly, 1.0 - lx);
-                                [(yl * w + xl, hy * hx), (yl * w + xh, hy * lx), (yh * w + xl, ly * hx), (yh * w + xh, ly * lx)]
+                                [
+                                    (yl * w + xl, hy * hx),
+                                    (yl * w + xh, hy * lx),
+                                    (yh * w + xl, ly * hx),
+                                    (yh * w + xh, ly * lx),
+                                ]
                             };
                             let terms = corners.map(|(p, wt)| wt * plane[p]);
                             match a.mode {
@@ -334,7 +350,9 @@ pub(super) fn deform_conv(cx: &Cx) -> Result<Tensor, EvalError> {
     let group = a.group.max(1) as usize;
     let og = a.offset_group.max(1) as usize;
     if ic != icg * group || oc % group != 0 || ic % og != 0 || od[1] != og * 2 * kh * kw || od[0] != n {
-        return Err(cx.invalid(format!("X {xd:?}, W {wd:?}, offset {od:?} do not fit group {group}, offset_group {og}")));
+        return Err(
+            cx.invalid(format!("X {xd:?}, W {wd:?}, offset {od:?} do not fit group {group}, offset_group {og}"))
+        );
     }
     let get = |v: &Option<Vec<i64>>, k: usize, d: i64| v.as_ref().and_then(|v| v.get(k).copied()).unwrap_or(d);
     let (sh, sw) = (get(&a.strides, 0, 1) as f64, get(&a.strides, 1, 1) as f64);
@@ -374,7 +392,9 @@ pub(super) fn deform_conv(cx: &Cx) -> Result<Tensor, EvalError> {
                                 let oidx = |d: usize| ((b * od[1] + g * 2 * kh * kw + 2 * k + d) * oh + i) * ow + j;
                                 let y = -pt + sh * i as f64 + dh * ky as f64 + ov[oidx(0)];
                                 let xq = -pl + sw * j as f64 + dw * kx as f64 + ov[oidx(1)];
-                                let m = mask.as_ref().map_or(1.0, |mv| mv[((b * og * kh * kw + g * kh * kw + k) * oh + i) * ow + j]);
+                                let m = mask
+                                    .as_ref()
+                                    .map_or(1.0, |mv| mv[((b * og * kh * kw + g * kh * kw + k) * oh + i) * ow + j]);
                                 acc += wv[((o * icg + cg) * kh + ky) * kw + kx] * m * sample(plane, y, xq);
                             }
                         }

@@ -356,7 +356,10 @@ mod tests {
     #[test]
     fn aarch64_branch() {
         // bl forward 0x100 bytes and back 16 bytes.
-        let w = patched(&[0x9400_0000; 8], &[reloc(0, RelocKind::Aarch64Call26, 0x100), reloc(16, RelocKind::Aarch64Call26, 0)]);
+        let w = patched(
+            &[0x9400_0000; 8],
+            &[reloc(0, RelocKind::Aarch64Call26, 0x100), reloc(16, RelocKind::Aarch64Call26, 0)],
+        );
         assert_eq!(w.unwrap()[..5], [0x9400_0040, 0x9400_0000, 0x9400_0000, 0x9400_0000, 0x97ff_fffc]);
         // Out of range (±128 MiB) and misaligned targets.
         let far = Reloc { offset: 0, kind: RelocKind::Aarch64Call26, target: 0, addend: 1 << 27 };
@@ -368,16 +371,23 @@ mod tests {
     #[test]
     fn aarch64_page_and_low_bits() {
         // adrp x0, page of BASE+0x3456 (3 pages on: immlo 3); add x0, x0, #0x456.
-        let relocs = [reloc(0, RelocKind::Aarch64AdrPrelPgHi21, 0x3456), reloc(4, RelocKind::Aarch64AddAbsLo12Nc, 0x3456)];
+        let relocs =
+            [reloc(0, RelocKind::Aarch64AdrPrelPgHi21, 0x3456), reloc(4, RelocKind::Aarch64AddAbsLo12Nc, 0x3456)];
         assert_eq!(patched(&[0x9000_0000, 0x9100_0000], &relocs).unwrap(), [0xf000_0000, 0x9111_5800]);
         // Four pages on: immlo 0, immhi 1.
-        assert_eq!(patched(&[0x9000_0000], &[reloc(0, RelocKind::Aarch64AdrPrelPgHi21, 0x4000)]).unwrap(), [0x9000_0020]);
+        assert_eq!(
+            patched(&[0x9000_0000], &[reloc(0, RelocKind::Aarch64AdrPrelPgHi21, 0x4000)]).unwrap(),
+            [0x9000_0020]
+        );
     }
 
     #[test]
     fn riscv_call_and_pcrel_pair() {
         // auipc ra, 0; jalr ra, 0(ra) calling 0x1800 on: hi 2, lo -2048 (0x800).
-        let w = patched(&[0x0000_0097, 0x0000_80e7], &[Reloc { offset: 0, kind: RelocKind::RiscvCallPlt, target: 0, addend: 0x1800 }]);
+        let w = patched(
+            &[0x0000_0097, 0x0000_80e7],
+            &[Reloc { offset: 0, kind: RelocKind::RiscvCallPlt, target: 0, addend: 0x1800 }],
+        );
         assert_eq!(w.unwrap(), [0x0000_2097, 0x8000_80e7]);
         // auipc a0, hi; ld a0, lo(a0) for a target 0x10 back from the auipc: hi 0, lo -16.
         let relocs = [

@@ -69,18 +69,20 @@ pub fn executable() -> (Executable, Vec<Kernel>) {
         relocs: vec![],
         launches: vec![],
     };
-    let k = |name: &str, entry| Kernel {
-        name: name.into(),
-        variants: vec![Variant::cpu(0, entry, 0)],
-        class: None,
-    };
+    let k = |name: &str, entry| Kernel { name: name.into(), variants: vec![Variant::cpu(0, entry, 0)], class: None };
     (x, vec![k("copy4", 0), k("add", 1), k("exp", 2)])
 }
 
 /// A CPU program of [`executable`]'s kernels with one entry `main(a: f32[n], b: f32[n])`
 /// of these outputs, arena size, plan and buffers (64-byte arena alignment, no
 /// extents), embedded (empty) constants and no debug section.
-fn main_of_a_b(n: u64, outputs: Vec<TensorDesc>, arena_size: u64, commands: Vec<Command>, buffers: Vec<BufferDesc>) -> Program {
+fn main_of_a_b(
+    n: u64,
+    outputs: Vec<TensorDesc>,
+    arena_size: u64,
+    commands: Vec<Command>,
+    buffers: Vec<BufferDesc>,
+) -> Program {
     let (x, kernels) = executable();
     let bytes = 4 * n;
     Program {
@@ -256,11 +258,7 @@ pub fn reloc_program() -> Program {
             vec![],
         )
     };
-    let k = |name: &str, entry| Kernel {
-        name: name.into(),
-        variants: vec![Variant::cpu(0, entry, 0)],
-        class: None,
-    };
+    let k = |name: &str, entry| Kernel { name: name.into(), variants: vec![Variant::cpu(0, entry, 0)], class: None };
     Program {
         devices: vec![Device { kind: DeviceKind::Cpu, name: "cpu".into() }],
         entries: vec![one("main", 0), one("abs", 1)],
@@ -512,11 +510,7 @@ pub fn collectives_program(n: u64) -> Program {
         entries: vec![entry(
             "main",
             ["a", "b", "c"].iter().map(|x| tensor(x, 1, &[n], by)).collect(),
-            vec![
-                tensor("sum1", 1, &[n], by),
-                tensor("gather2", 1, &[3 * n], 3 * by),
-                tensor("sum0", 1, &[n], by),
-            ],
+            vec![tensor("sum1", 1, &[n], by), tensor("gather2", 1, &[3 * n], 3 * by), tensor("sum0", 1, &[n], by)],
             (15 * by, 64),
             vec![
                 Command::Copy { src: b(Slot::Input(0), 0, by), dst: a(0, by) },

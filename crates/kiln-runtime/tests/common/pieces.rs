@@ -64,11 +64,8 @@ pub fn dispatch(kernel: u32, workgroups: u64, bindings: Vec<Binding>) -> Command
 /// The one kernel `add` (elementwise): entry 0 of one executable for `device`, holding
 /// `code` and launched as `launches` say (none for a CPU).
 pub fn add_kernel(device: DeviceKind, code: Vec<u8>, launches: Vec<Launch>) -> (Vec<Kernel>, Vec<Executable>) {
-    let kernel = Kernel {
-        name: "add".into(),
-        variants: vec![Variant::cpu(0, 0, 0)],
-        class: Some(KernelClass::Elementwise),
-    };
+    let kernel =
+        Kernel { name: "add".into(), variants: vec![Variant::cpu(0, 0, 0)], class: Some(KernelClass::Elementwise) };
     let executable =
         Executable { device, features: 0, code, entries: vec![("add".into(), 0)], relocs: vec![], launches };
     (vec![kernel], vec![executable])
