@@ -122,6 +122,12 @@
 //! Operations outside the supported set (other transcendentals, integer arithmetic)
 //! make the whole kernel take the general code generator instead.
 //!
+//! ## Measuring
+//! `cargo test -p kiln-codegen --test contraction gemm_speed -- --ignored --nocapture`
+//! times a plain f32 product per shape (`KILN_GEMM_SHAPES=MxKxN,…`) for each tile
+//! family the CPU runs, one thread, without the driver: the loop for trying blocking
+//! and tile constants here (a debug build serves; the timed code is the emitted one).
+//!
 //! ## Numerics
 //! Each output is the f32 sum over `k` in order, with one rounding per FMA: within the
 //! reduction-order freedom the kernel semantics give a float sum. An integer B's
