@@ -820,3 +820,87 @@ fn channel_vector_tiles() {
     assert_channel_vectors(&k, &[&x, &wt, &bias]);
     check_micro(&k, &[&x, &wt, &bias], 36);
 }
+
+/// One thread's speed of the plain f32 matrix product `[M, K] × [K, N]` (both operands
+/// run-time inputs, B in place at its pitch, as `matmul1024` compiles), for every
+/// microkernel variant this CPU runs: the best and the median of the timed calls, in
+/// GFLOP/s. Not a test (ignored): the experiment harness for tuning tiles and blocking.
+/// `KILN_GEMM_SHAPES="1024x1024x1024,128x512x128"` (M×K×N, comma-separated) picks the
+/// shapes, `KILN_GEMM_CALLS` the timed calls (default 20). Each output is checked
+/// against an f64 dot product at 64 sampled places, so a broken tile cannot report a
+/// speed. On a loaded machine only calls shorter than a scheduler time slice (a few
+/// ms) time the code rather than the sharing: there the best of a large product says
+/// little.
+///
+/// `cargo test -p kiln-codegen --test contraction gemm_speed -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn gemm_speed() {
+    use kiln_runtime::cpu::helpers::HELPERS;
+    use kiln_runtime::cpu::loader::LoadedCode;
+    use std::time::Instant;
+    require_avx2_fma!();
+    let shapes: Vec<(usize, usize, usize)> = std::env::var("KILN_GEMM_SHAPES")
+        .unwrap_or_else(|_| "1024x1024x1024,384x768x768,128x512x128,3136x96x24".into())
+        .split(',')
+        .map(|s| {
+            let d: Vec<usize> = s.trim().split('x').map(|x| x.parse().expect("KILN_GEMM_SHAPES: MxKxN")).collect();
+            assert_eq!(d.len(), 3, "KILN_GEMM_SHAPES: MxKxN");
+            (d[0], d[1], d[2])
+        })
+        .collect();
+    let calls: usize = std::env::var("KILN_GEMM_CALLS").ok().and_then(|c| c.parse().ok()).unwrap_or(20).max(1);
+    for cfg in variants() {
+        for &(m, kk, n) in &shapes {
+            let k = matmul(&[], m, kk, n, false, false);
+            let a = random_f32(&[m, kk], 1.0, 31);
+            let b = random_f32(&[kk, n], 1.0, 32);
+            let compiled = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+            let exe = &compiled.executable;
+            let code = LoadedCode::load(&exe.code, &exe.relocs).unwrap();
+            let entry = code.entry(exe.entries[0].1).unwrap();
+            let mut bufs = vec![a.bytes().to_vec(), b.bytes().to_vec(), vec![0u8; k.output.storage_bytes()]];
+            let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|v| v.as_mut_ptr()).collect();
+            let wg = compiled.workgroups[0];
+            let mut times = Vec::with_capacity(calls);
+            for i in 0..calls + 2 {
+                let t = Instant::now();
+                // SAFETY (bench): the bindings are live buffers of the kernel's input and
+                // output types, in binding order; the helper table is the runtime's.
+                unsafe { entry(ptrs.as_ptr(), HELPERS.as_ptr(), 0, wg) };
+                if i >= 2 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            let (av, bv) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+            let out: Vec<f32> = bufs[2].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            for s in 0..64 {
+                let (i, j) = ((s * 7919) % m, (s * 104_729) % n);
+                let (mut want, mut bound) = (0f64, 0f64);
+                for p in 0..kk {
+                    let t = av[i * kk + p] as f64 * bv[p * n + j] as f64;
+                    want += t;
+                    bound += t.abs();
+                }
+                let tol = (kk as f64 + 2.0) * f32::EPSILON as f64 / 2.0 * bound + 1e-30;
+                assert!(
+                    (out[i * n + j] as f64 - want).abs() <= tol,
+                    "{m}x{kk}x{n} [{i}, {j}]: {} vs {want}",
+                    out[i * n + j]
+                );
+            }
+            times.sort_by(f64::total_cmp);
+            let flop = 2.0 * (m * kk * n) as f64;
+            let (best, median) = (times[0], times[times.len() / 2]);
+            println!(
+                "{:?} {m}x{kk}x{n} ({}): best {:.3} ms = {:.1} GFLOP/s, median {:.3} ms = {:.1} GFLOP/s",
+                cfg.target,
+                compiled.notes[0],
+                best * 1e3,
+                flop / best / 1e9,
+                median * 1e3,
+                flop / median / 1e9
+            );
+        }
+    }
+}

@@ -122,6 +122,12 @@
 //! Operations outside the supported set (other transcendentals, integer arithmetic)
 //! make the whole kernel take the general code generator instead.
 //!
+//! ## Measuring
+//! `cargo test -p kiln-codegen --test contraction gemm_speed -- --ignored --nocapture`
+//! times a plain f32 product per shape (`KILN_GEMM_SHAPES=MxKxN,…`) for each tile
+//! family the CPU runs, one thread, without the driver: the loop for trying blocking
+//! and tile constants here (a debug build serves; the timed code is the emitted one).
+//!
 //! ## Numerics
 //! Each output is the f32 sum over `k` in order, with one rounding per FMA: within the
 //! reduction-order freedom the kernel semantics give a float sum. An integer B's
@@ -198,7 +204,12 @@ const L2_BLOCK: u64 = 256 * 1024;
 const MIN_CHUNKS: u64 = 16;
 /// Reduction steps per block when the reduction is blocked.
 const KC: u64 = 128;
-/// Reduction steps per block of a packed B (the stack buffer holds `KC_PACKED × 16`).
+/// Reduction steps per block of a packed B: the stack buffer holds `KC_PACKED` rows of
+/// one tile's width (24 KiB for a 4 × 24 tile, in a 32 KiB L1; 64 KiB for an `mr × 64`
+/// 512-bit tile, which then streams B from L2). 128 made the 256-bit tiles no faster
+/// where their block fits L1 either way (AMD Zen 3, one thread, `gemm_speed` best of
+/// 300 calls, three rounds alternated on a loaded machine: 192×512×512 1.20–1.25 →
+/// 1.22–1.43 ms, 96×1024×512 1.22–1.32 → 1.34–1.41 ms: twice the partial-sum passes).
 const KC_PACKED: u64 = 256;
 /// Columns of a 512-bit tile: 4 vectors of 16 lanes (`mr × 4` accumulators of 32).
 const ZMM_COLUMNS: u64 = 64;
