@@ -711,7 +711,15 @@ fn scalar_const(g: &Graph, v: Option<ValueId>) -> Option<f64> {
 /// The exact float form of an integer convolution or product `n` (see
 /// [`FloatIntegerContractions`]), its result replacing `out`; `None` where it does not
 /// apply (nothing added).
-fn integer_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: (String, kiln_ir::TensorType)) -> Option<ValueId> {
+/// `tag` names the values it adds (unique per rewritten node: one TFLite op may import as
+/// several integer products).
+fn integer_as_float(
+    g: &mut Graph,
+    n: &Node,
+    inputs: &[Option<ValueId>],
+    out: (String, kiln_ir::TensorType),
+    tag: &str,
+) -> Option<ValueId> {
     let conv = match n.op.kind {
         OpKind::ConvInteger => true,
         OpKind::MatMulInteger => false,
@@ -751,7 +759,7 @@ fn integer_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: (S
         return None;
     }
     let zw_at = |r: usize| if zw.len() == 1 { zw[0] } else { zw[r] };
-    let name = n.name.clone();
+    let name = tag.to_string();
     let shape = |dims: &[usize]| Shape::new(dims.to_vec()).ok();
     let f32ty = |d: &[usize]| Some(kiln_ir::TensorType::new(DType::F32, shape(d)?));
     let wv = match g.constant(w) {
@@ -792,10 +800,12 @@ fn integer_as_float(g: &mut Graph, n: &Node, inputs: &[Option<ValueId>], out: (S
         Op::new(OpKind::MatMul)
     };
     let what = format!("{name}.float_accumulator");
-    let acc = g.add_node(what.clone(), op, vec![Some(xc), Some(wv)], vec![(what, f32ty(&ydims)?)]).1[0];
+    let acc = g.add_node(format!("{}.float_accumulator", n.name), op, vec![Some(xc), Some(wv)], vec![(what, f32ty(&ydims)?)]).1[0];
+    // (A Cast of f32 to i32 lowers to a vector conversion, `cpu::vops`' `f32_to_i32`,
+    // with a compare and select for saturation.)
     let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::I32.onnx_code()?.into()));
     let cast = Op::parse(OpKind::Cast, &to).ok()?;
-    Some(g.add_node(name, cast, vec![Some(acc)], vec![out]).1[0])
+    Some(g.add_node(n.name.clone(), cast, vec![Some(acc)], vec![out]).1[0])
 }
 
 /// `f32(v) − z` (`z` an f32 scalar constant), named after `name` and `what`.
@@ -821,15 +831,21 @@ impl Pass for FloatIntegerContractions {
         "tensor-float-integer-contractions"
     }
     fn summary(&self) -> &'static str {
-        "ConvInteger/MatMulInteger whose partial sums stay below 2^24 as an exact f32 Conv/MatMul and a cast to i32 (targets without integer microkernels)"
+        "ConvInteger/MatMulInteger whose partial sums stay below 2^24 as an exact f32 Conv/MatMul converted to i32 (targets without integer microkernels)"
     }
     fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
         let old = g.clone();
+        let mut seen: HashMap<String, usize> = HashMap::new();
         let (new, rewrote) = crate::rewrite::rebuild_tracked(&old, |new, n, inputs| {
             let Some(&o) = n.outputs.first() else { return Action::Keep };
             let out = (old.values[o].name.clone(), old.values[o].ty.clone());
-            match integer_as_float(new, n, inputs, out) {
-                Some(v) => Action::Replace(vec![v]),
+            let count = seen.entry(n.name.clone()).or_insert(0);
+            let tag = if *count == 0 { n.name.clone() } else { format!("{}.{count}", n.name) };
+            match integer_as_float(new, n, inputs, out, &tag) {
+                Some(v) => {
+                    *count += 1;
+                    Action::Replace(vec![v])
+                }
                 None => Action::Keep,
             }
         });
