@@ -800,7 +800,7 @@ fn integer_as_float(
         Op::new(OpKind::MatMul)
     };
     let what = format!("{name}.float_accumulator");
-    let acc = g.add_node(format!("{}.float_accumulator", n.name), op, vec![Some(xc), Some(wv)], vec![(what, f32ty(&ydims)?)]).1[0];
+    let acc = g.add_node(format!("{name}.float_accumulator"), op, vec![Some(xc), Some(wv)], vec![(what, f32ty(&ydims)?)]).1[0];
     // (A Cast of f32 to i32 lowers to a vector conversion, `cpu::vops`' `f32_to_i32`,
     // with a compare and select for saturation.)
     let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::I32.onnx_code()?.into()));
@@ -839,8 +839,10 @@ impl Pass for FloatIntegerContractions {
         let (new, rewrote) = crate::rewrite::rebuild_tracked(&old, |new, n, inputs| {
             let Some(&o) = n.outputs.first() else { return Action::Keep };
             let out = (old.values[o].name.clone(), old.values[o].ty.clone());
-            let count = seen.entry(n.name.clone()).or_insert(0);
-            let tag = if *count == 0 { n.name.clone() } else { format!("{}.{count}", n.name) };
+            // (An unnamed node's values are named after its result.)
+            let base = if n.name.is_empty() { out.0.clone() } else { n.name.clone() };
+            let count = seen.entry(base.clone()).or_insert(0);
+            let tag = if *count == 0 { base } else { format!("{base}.{count}") };
             match integer_as_float(new, n, inputs, out, &tag) {
                 Some(v) => {
                     *count += 1;
