@@ -1171,7 +1171,12 @@ fn f32_to_32bit_integers() {
     ];
     for len in LENGTHS {
         let n = ROWS * len;
-        let x = Tensor::from_f64(f, Shape::new(vec![ROWS, len]).unwrap(), &(0..n).map(|i| big[i * 5 % big.len()]).collect::<Vec<_>>()).unwrap();
+        let x = Tensor::from_f64(
+            f,
+            Shape::new(vec![ROWS, len]).unwrap(),
+            &(0..n).map(|i| big[i * 5 % big.len()]).collect::<Vec<_>>(),
+        )
+        .unwrap();
         let y = cycled(f, &[ROWS, len], 0);
         for d in [DType::I32, DType::U32] {
             for (name, input) in [("big", &x), ("special", &y)] {

@@ -787,7 +787,10 @@ fn integer_as_float(
             if steps as f64 * span(wt, z)? * xspan >= EXACT_F32 {
                 return None;
             }
-            let zv = g.add_const(format!("{name}.float_weight_zero_point"), Tensor::from_f64(DType::F32, shape(&[])?, &[z]).ok()?);
+            let zv = g.add_const(
+                format!("{name}.float_weight_zero_point"),
+                Tensor::from_f64(DType::F32, shape(&[])?, &[z]).ok()?,
+            );
             centred(g, &name, "weight", w, zv, &wd)?
         }
     };
@@ -800,7 +803,9 @@ fn integer_as_float(
         Op::new(OpKind::MatMul)
     };
     let what = format!("{name}.float_accumulator");
-    let acc = g.add_node(format!("{name}.float_accumulator"), op, vec![Some(xc), Some(wv)], vec![(what, f32ty(&ydims)?)]).1[0];
+    let acc = g
+        .add_node(format!("{name}.float_accumulator"), op, vec![Some(xc), Some(wv)], vec![(what, f32ty(&ydims)?)])
+        .1[0];
     // (A Cast of f32 to i32 lowers to a vector conversion, `cpu::vops`' `f32_to_i32`,
     // with a compare and select for saturation.)
     let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::I32.onnx_code()?.into()));
@@ -1106,8 +1111,10 @@ mod tests {
             let mut g = Graph::new("conv");
             let x = g.add_input("x", tt(DType::U8, &[1, c, h, w]));
             let zx = scalar_int(&mut g, "zx", DType::U8, 131);
-            let wv: Vec<i64> = (0..m * cg * 9).map(|i| if big { 127 } else { ((i * 71 + 3) % 255) as i64 - 127 }).collect();
-            let wq = g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![m, cg, 3, 3]).unwrap(), &wv).unwrap());
+            let wv: Vec<i64> =
+                (0..m * cg * 9).map(|i| if big { 127 } else { ((i * 71 + 3) % 255) as i64 - 127 }).collect();
+            let wq =
+                g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![m, cg, 3, 3]).unwrap(), &wv).unwrap());
             let zw = if zw_per {
                 let z: Vec<i64> = (0..m).map(|i| i as i64 % 5 - 2).collect();
                 g.add_const("zw", Tensor::from_i64(DType::I8, Shape::new(vec![m]).unwrap(), &z).unwrap())

@@ -545,7 +545,7 @@ impl Vx<'_> {
         self.op(Op::Xor, big, big, Src::C(INDEFINITE))?;
         self.a.vcvttps2dq(y(small), y(x))?;
         self.cmp(Mask(top.0), x, Src::C(TWO_63), 0x1D)?; // GE_OQ: false on NaN
-        // (x is not read after this: d may be x.)
+                                                         // (x is not read after this: d may be x.)
         let l = self.t.vector(self.a, INDEFINITE);
         self.a.vpcmpeqd(y(d), y(small), ymmword_ptr(l))?;
         self.blend(d, Mask(d.0), small, big)?;
