@@ -1133,3 +1133,61 @@ fn bool_outputs() {
         check_with(&k, &[&x, &y], EXACT, &variants);
     }
 }
+
+/// f32 to i32 and u32 (`Vx::f32_to_i32`, eight lanes: a sixteen-lane target takes eight
+/// for it): the interpreter's truncation to i64 (saturating, NaN 0) wrapped to 32 bits,
+/// on the special values and on each side of ±2³¹, ±2³², ±2⁶³, with low bits set above
+/// 2³¹ (where `vcvttps2dq` alone gives 0x8000_0000).
+#[test]
+fn f32_to_32bit_integers() {
+    require_avx2_fma!();
+    let f = DType::F32;
+    let big: Vec<f64> = vec![
+        2147483648.0,
+        -2147483648.0,
+        2147483520.0,
+        -2147483520.0,
+        3000000000.0,
+        -3000000000.0,
+        4294967040.0,
+        -4294967040.0,
+        4294967296.0,
+        4294967296.0 + 512.0,
+        -4294967296.0 - 1536.0,
+        1.5e12,
+        -1.5e12,
+        9.2233715e18,
+        -9.2233715e18,
+        9.223372e18,
+        -9.223372e18,
+        1e30,
+        -1e30,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -0.75,
+        16777215.0,
+        -16777216.0,
+    ];
+    for len in LENGTHS {
+        let n = ROWS * len;
+        let x = Tensor::from_f64(
+            f,
+            Shape::new(vec![ROWS, len]).unwrap(),
+            &(0..n).map(|i| big[i * 5 % big.len()]).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let y = cycled(f, &[ROWS, len], 0);
+        for d in [DType::I32, DType::U32] {
+            for (name, input) in [("big", &x), ("special", &y)] {
+                let k = binary_kernel(&format!("f32_to_{}_{name}", d.name()), f, d, len, |b, x, _| b.cast(x, d, false));
+                let variants = microkernel_variants(false);
+                for cfg in &variants {
+                    let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+                    assert!(matches!(m.paths[0], CodePath::Vector { .. }), "{}: {}", k.name, m.notes[0]);
+                }
+                check_with(&k, &[input, input], EXACT, &variants);
+            }
+        }
+    }
+}

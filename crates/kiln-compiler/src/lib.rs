@@ -570,9 +570,13 @@ impl Compilation {
                     int8 = int8 && kiln_codegen::cpu::int8_kernels(&t, &self.codegen_options())?;
                 }
                 let quant = kiln_opt::Pass::name(&kiln_opt::quant::FoldQuantizedContractions);
+                // The other way round: integer contractions in exact float where the CPU
+                // has no integer microkernel (they would run on the general path).
+                let float_int = kiln_opt::Pass::name(&kiln_opt::quant::FloatIntegerContractions);
+                let float_int_here = self.options.device == TargetDevice::Cpu && !int8;
                 for name in names {
                     let g = self.graph.as_mut().ok_or_else(|| missing("tensor graph"))?;
-                    if name != quant || int8 {
+                    if (name != quant || int8) && (name != float_int || float_int_here) {
                         kiln_opt::run_passes(g, &[name])?;
                     }
                     hook(name, self);

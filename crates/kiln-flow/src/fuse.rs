@@ -397,6 +397,13 @@ fn rank(k: &Kernel) -> u8 {
     }
     match classify(k) {
         KernelClass::Contraction if !contraction_in_place(k) => KernelClass::General.rank(),
+        // A float contraction's epilogue computes f32 and bool lanes: one that computes
+        // i32 (the exact float form of an integer product before its fixed-point
+        // requantisation) runs on the general path, so the integer arithmetic stays a
+        // vector kernel of its own.
+        KernelClass::Contraction if k.nodes.iter().any(|n| matches!(n.ty, ScalarType::I32 | ScalarType::U32)) => {
+            KernelClass::General.rank()
+        }
         KernelClass::Elementwise if transcendental(k) && reads_along_rows(k) => KernelClass::Rows.rank(),
         class => class.rank(),
     }

@@ -344,6 +344,19 @@ fn float_to_int(b: &mut KernelBuilder, v: ExprId, d: DType) -> ExprId {
             let z = b.int(S::U64, 0);
             sel(b, neg, z, c)
         }
+        // f32 to i32: the same values without i64 lanes (a vector form on eight lanes,
+        // `cpu::vops`' `f32_to_i32`): from 2^31 on (+inf too) the largest i32; below,
+        // the value raised to −2^31 (NaN stays NaN) and converted, which truncates and
+        // gives NaN 0.
+        DType::I32 if b.ty(v) == S::F32 => {
+            let top = lit(b, v, 2147483648.0);
+            let over = b.binary(B::Ge, v, top);
+            let bottom = lit(b, v, -2147483648.0);
+            let m = b.binary(B::Max, v, bottom);
+            let c = b.cast(m, d, true);
+            let h = b.int(S::I32, i32::MAX as i64);
+            sel(b, over, h, c)
+        }
         _ => {
             let (lo, hi) = int_range(d);
             let t = b.cast(v, DType::I64, true);

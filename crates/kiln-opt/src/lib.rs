@@ -60,6 +60,10 @@ pub fn registry() -> &'static [&'static dyn Pass] {
         // Before folding: folding turns a constant weight's DequantizeLinear into f32.
         &quant::FoldQuantizedContractions,
         &tensor::FoldConstants,
+        // After folding: it reads a convolution's weight as a constant (the importer's
+        // layout change of it folded); `kiln-compiler` runs it only where the target has
+        // no integer microkernels.
+        &quant::FloatIntegerContractions,
         &tensor::FoldBatchNorm,
         &tensor::FoldChannelAffine,
         &tensor::RewriteOneHotProducts,

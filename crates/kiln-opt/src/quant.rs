@@ -656,6 +656,213 @@ impl Pass for FoldQuantizedContractions {
     }
 }
 
+/// `tensor-float-integer-contractions` (targets without integer microkernels): an
+/// integer contraction in exact float arithmetic.
+///
+/// `ConvInteger(x, w, z_x, z_w)` and `MatMulInteger(a, b, z_a, z_b)` (8-bit operands, i32
+/// result) become
+///
+/// ```text
+/// Cast<i32>(Conv(f32(x) − z_x, f32(w) − z_w))      (MatMul the same way)
+/// ```
+///
+/// where every partial sum of the product is an integer of magnitude below 2²⁴: each
+/// output's sum is then exact in f32 whatever the order of its additions, so the result
+/// is the i32 accumulator bit for bit. The bound is checked per output row (a
+/// convolution's output channel, a product's column) as `Σ_k |w − z_w|·max|x − z_x|`
+/// where one operand is a constant (its integers), else `K·max|w − z_w|·max|x − z_x|`
+/// over the operands' dtype ranges; a constant operand is stored as its f32 differences
+/// (`w − z_w`, its zero point per channel or per column folded in). A run-time operand's
+/// zero point must be one constant (absent is 0).
+///
+/// Where the CPU has no integer microkernel (`qgemm` needs AVX-512 BW/VL), an integer
+/// contraction runs on the scalar general path, tens of times slower than the float
+/// contraction microkernel that runs this form (a TFLite int8 CONV_2D's `ConvInteger`
+/// on an AVX2 host); the i32 epilogue after it (the fixed-point requantisation) stays
+/// in its own vector kernel. Where the target has the integer microkernel this pass is
+/// left out (`kiln-compiler`), as `tensor-fold-quantized-contractions` is left out where
+/// it is not.
+pub struct FloatIntegerContractions;
+
+/// f32 of the largest integer every partial sum must stay below.
+const EXACT_F32: f64 = (1u64 << 24) as f64;
+
+/// The largest `|v − z|` over the integers of 8-bit `dtype`.
+fn span(dtype: DType, z: f64) -> Option<f64> {
+    let (lo, hi) = match dtype {
+        DType::I8 => (-128.0, 127.0),
+        DType::U8 => (0.0, 255.0),
+        _ => return None,
+    };
+    Some(f64::max(z - lo, hi - z))
+}
+
+/// One scalar constant's value (absent: 0).
+fn scalar_const(g: &Graph, v: Option<ValueId>) -> Option<f64> {
+    match v {
+        None => Some(0.0),
+        Some(v) => match g.constant(v)?.to_f64_vec().as_slice() {
+            [z] => Some(*z),
+            _ => None,
+        },
+    }
+}
+
+/// The exact float form of an integer convolution or product `n` (see
+/// [`FloatIntegerContractions`]), its result replacing `out`; `None` where it does not
+/// apply (nothing added).
+/// `tag` names the values it adds (unique per rewritten node: one TFLite op may import as
+/// several integer products).
+fn integer_as_float(
+    g: &mut Graph,
+    n: &Node,
+    inputs: &[Option<ValueId>],
+    out: (String, kiln_ir::TensorType),
+    tag: &str,
+) -> Option<ValueId> {
+    let conv = match n.op.kind {
+        OpKind::ConvInteger => true,
+        OpKind::MatMulInteger => false,
+        _ => return None,
+    };
+    if n.outputs.len() != 1 {
+        return None;
+    }
+    let input = |i: usize| inputs.get(i).copied().flatten();
+    let (x, w) = (input(0)?, input(1)?);
+    let (xd, wd) = (g.ty(x).shape.dims().to_vec(), g.ty(w).shape.dims().to_vec());
+    let (xt, wt) = (g.ty(x).dtype, g.ty(w).dtype);
+    // Rows of the constant-operand layout: a convolution's weight [M, C/g, k...] by
+    // output channel (its leading axis), a product's right operand [.., K, N] by column.
+    let (rows, steps) = if conv {
+        let m = *wd.first()?;
+        (m, wd.iter().skip(1).product::<usize>())
+    } else {
+        let (&n_cols, &k) = (wd.last()?, wd.get(wd.len().checked_sub(2)?)?);
+        if wd.len() != 2 || xd.last() != Some(&k) {
+            return None;
+        }
+        (n_cols, k)
+    };
+    if rows == 0 || steps == 0 || out.1.dtype != DType::I32 {
+        return None;
+    }
+    let zx = scalar_const(g, input(2))?;
+    let xspan = span(xt, zx)?;
+    // The weight's zero point: one, or one per row (a convolution's output channel, a
+    // product's column).
+    let zw: Vec<f64> = match input(3) {
+        None => vec![0.0],
+        Some(z) => g.constant(z)?.to_f64_vec(),
+    };
+    if !(zw.len() == 1 || zw.len() == rows) {
+        return None;
+    }
+    let zw_at = |r: usize| if zw.len() == 1 { zw[0] } else { zw[r] };
+    let name = tag.to_string();
+    let shape = |dims: &[usize]| Shape::new(dims.to_vec()).ok();
+    let f32ty = |d: &[usize]| Some(kiln_ir::TensorType::new(DType::F32, shape(d)?));
+    let wv = match g.constant(w) {
+        Some(t) => {
+            // w − z_w as f32, and each row's bound from its integers.
+            let v = t.to_f64_vec();
+            let mut f = vec![0.0; v.len()];
+            for r in 0..rows {
+                let mut bound = 0.0;
+                for s in 0..steps {
+                    let i = if conv { r * steps + s } else { s * rows + r };
+                    let d = *v.get(i)? - zw_at(r);
+                    bound += d.abs() * xspan;
+                    f[i] = d;
+                }
+                if bound >= EXACT_F32 {
+                    return None;
+                }
+            }
+            g.add_const(format!("{name}.float_weight"), Tensor::from_f64(DType::F32, shape(&wd)?, &f).ok()?)
+        }
+        None => {
+            // A run-time weight: one zero point, the dtype's range.
+            let [z] = zw[..] else { return None };
+            if steps as f64 * span(wt, z)? * xspan >= EXACT_F32 {
+                return None;
+            }
+            let zv = g.add_const(
+                format!("{name}.float_weight_zero_point"),
+                Tensor::from_f64(DType::F32, shape(&[])?, &[z]).ok()?,
+            );
+            centred(g, &name, "weight", w, zv, &wd)?
+        }
+    };
+    let zxv = g.add_const(format!("{name}.float_zero_point"), Tensor::from_f64(DType::F32, shape(&[])?, &[zx]).ok()?);
+    let xc = centred(g, &name, "input", x, zxv, &xd)?;
+    let ydims = out.1.shape.dims().to_vec();
+    let op = if conv {
+        Op::with_typed(OpKind::Conv, n.op.attrs_of::<ConvAttrs>().ok()?.clone()).ok()?
+    } else {
+        Op::new(OpKind::MatMul)
+    };
+    let what = format!("{name}.float_accumulator");
+    let acc = g
+        .add_node(format!("{name}.float_accumulator"), op, vec![Some(xc), Some(wv)], vec![(what, f32ty(&ydims)?)])
+        .1[0];
+    // (A Cast of f32 to i32 lowers to a vector conversion, `cpu::vops`' `f32_to_i32`,
+    // with a compare and select for saturation.)
+    let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::I32.onnx_code()?.into()));
+    let cast = Op::parse(OpKind::Cast, &to).ok()?;
+    Some(g.add_node(n.name.clone(), cast, vec![Some(acc)], vec![out]).1[0])
+}
+
+/// `f32(v) − z` (`z` an f32 scalar constant), named after `name` and `what`.
+/// A constant `v` becomes the constant `v − z`.
+fn centred(g: &mut Graph, name: &str, what: &str, v: ValueId, z: ValueId, dims: &[usize]) -> Option<ValueId> {
+    let ty = kiln_ir::TensorType::new(DType::F32, Shape::new(dims.to_vec()).ok()?);
+    if let (Some(t), Some(zt)) = (g.constant(v), g.constant(z)) {
+        let zf = *zt.to_f64_vec().first()?;
+        let f: Vec<f64> = t.to_f64_vec().iter().map(|&e| e - zf).collect();
+        let t = Tensor::from_f64(DType::F32, ty.shape.clone(), &f).ok()?;
+        return Some(g.add_const(format!("{name}.centred_{what}"), t));
+    }
+    let to = kiln_ir::op::Attrs::new().with("to", kiln_ir::op::Attr::Int(DType::F32.onnx_code()?.into()));
+    let cast = Op::parse(OpKind::Cast, &to).ok()?;
+    let f = format!("{name}.float_{what}");
+    let vf = g.add_node(f.clone(), cast, vec![Some(v)], vec![(f, ty.clone())]).1[0];
+    let c = format!("{name}.centred_{what}");
+    Some(g.add_node(c.clone(), Op::new(OpKind::Sub), vec![Some(vf), Some(z)], vec![(c, ty)]).1[0])
+}
+
+impl Pass for FloatIntegerContractions {
+    fn name(&self) -> &'static str {
+        "tensor-float-integer-contractions"
+    }
+    fn summary(&self) -> &'static str {
+        "ConvInteger/MatMulInteger whose partial sums stay below 2^24 as an exact f32 Conv/MatMul converted to i32 (targets without integer microkernels)"
+    }
+    fn run(&self, g: &mut Graph) -> Result<bool, PassError> {
+        let old = g.clone();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let (new, rewrote) = crate::rewrite::rebuild_tracked(&old, |new, n, inputs| {
+            let Some(&o) = n.outputs.first() else { return Action::Keep };
+            let out = (old.values[o].name.clone(), old.values[o].ty.clone());
+            // (An unnamed node's values are named after its result.)
+            let base = if n.name.is_empty() { out.0.clone() } else { n.name.clone() };
+            let count = seen.entry(base.clone()).or_insert(0);
+            let tag = if *count == 0 { base } else { format!("{base}.{count}") };
+            match integer_as_float(new, n, inputs, out, &tag) {
+                Some(v) => {
+                    *count += 1;
+                    Action::Replace(vec![v])
+                }
+                None => Action::Keep,
+            }
+        });
+        if rewrote {
+            *g = new;
+        }
+        Ok(rewrote)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -886,6 +1093,89 @@ mod tests {
             assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "stride {stride}");
             let v = want.to_f64_vec();
             assert!(v.contains(&-128.0) && v.contains(&127.0) && v.iter().any(|&e| e.abs() < 100.0));
+        }
+    }
+
+    /// ConvInteger and MatMulInteger in exact float (`FloatIntegerContractions`): the
+    /// reference evaluator gives the rewritten graph's i32 results equal to the
+    /// original's, with padding (the input's zero point), groups, per-channel weight
+    /// zero points, u8 and i8 operands and a run-time right operand; a weight whose
+    /// sums could reach 2^24 is left as it is.
+    #[test]
+    fn integer_contractions_run_in_exact_float() {
+        let (h, w) = (5, 7);
+        // (input channels, groups, per-channel weight zero points, output channels)
+        for (c, group, zw_per, m) in [(6, 1, false, 4), (6, 2, true, 4), (6, 6, false, 6), (600, 1, false, 2)] {
+            let big = c > 100;
+            let cg = c / group;
+            let mut g = Graph::new("conv");
+            let x = g.add_input("x", tt(DType::U8, &[1, c, h, w]));
+            let zx = scalar_int(&mut g, "zx", DType::U8, 131);
+            let wv: Vec<i64> =
+                (0..m * cg * 9).map(|i| if big { 127 } else { ((i * 71 + 3) % 255) as i64 - 127 }).collect();
+            let wq =
+                g.add_const("w", Tensor::from_i64(DType::I8, Shape::new(vec![m, cg, 3, 3]).unwrap(), &wv).unwrap());
+            let zw = if zw_per {
+                let z: Vec<i64> = (0..m).map(|i| i as i64 % 5 - 2).collect();
+                g.add_const("zw", Tensor::from_i64(DType::I8, Shape::new(vec![m]).unwrap(), &z).unwrap())
+            } else {
+                scalar_int(&mut g, "zw", DType::I8, 0)
+            };
+            let mut a = kiln_ir::op::Attrs::new();
+            a = a.with("group", kiln_ir::op::Attr::Int(group as i64));
+            a = a.with("pads", kiln_ir::op::Attr::Ints(vec![1, 1, 1, 1]));
+            let op = Op::parse(OpKind::ConvInteger, &a).unwrap();
+            let ins = vec![Some(x), Some(wq), Some(zx), Some(zw)];
+            let (_, y) = g.add_node("ci", op, ins, vec![("y".into(), tt(DType::I32, &[1, m, h, w]))]);
+            g.outputs.push(y[0]);
+            let mut f = g.clone();
+            let changed = FloatIntegerContractions.run(&mut f).unwrap();
+            // 600·9 steps of 127·131 reach past 2^24.
+            assert_eq!(changed, !big, "group {group}, {c} channels");
+            if big {
+                continue;
+            }
+            assert_eq!(kinds(&f), vec![OpKind::Cast, OpKind::Sub, OpKind::Conv, OpKind::Cast]);
+            let xv: Vec<i64> = (0..c * h * w).map(|i| ((i * 29 + 1) % 256) as i64).collect();
+            let xt = Tensor::from_i64(DType::U8, Shape::new(vec![1, c, h, w]).unwrap(), &xv).unwrap();
+            let run = |g: &Graph| kiln_ref::eval_graph(g, std::slice::from_ref(&xt)).unwrap()[0].clone();
+            let (want, got) = (run(&g), run(&f.without_dead_code()));
+            assert_eq!(got.ty(), want.ty());
+            assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "group {group}");
+            assert!(want.to_f64_vec().iter().any(|&v| v.abs() > 1000.0));
+        }
+        // MatMulInteger: a constant right operand (per-column zero points), and a
+        // run-time one.
+        for constant in [true, false] {
+            let (mm, k, n) = (3, 20, 5);
+            let mut g = Graph::new("mm");
+            let a = g.add_input("a", tt(DType::I8, &[2, mm, k]));
+            let za = scalar_int(&mut g, "za", DType::I8, -7);
+            let bv: Vec<i64> = (0..k * n).map(|i| ((i * 37 + 11) % 256) as i64).collect();
+            let (b, zb) = if constant {
+                let b = g.add_const("b", Tensor::from_i64(DType::U8, Shape::new(vec![k, n]).unwrap(), &bv).unwrap());
+                let z: Vec<i64> = (0..n).map(|i| 120 + i as i64).collect();
+                (b, g.add_const("zb", Tensor::from_i64(DType::U8, Shape::new(vec![n]).unwrap(), &z).unwrap()))
+            } else {
+                (g.add_input("b", tt(DType::U8, &[k, n])), scalar_int(&mut g, "zb", DType::U8, 128))
+            };
+            let (_, y) = g.add_node(
+                "mi",
+                Op::new(OpKind::MatMulInteger),
+                vec![Some(a), Some(b), Some(za), Some(zb)],
+                vec![("y".into(), tt(DType::I32, &[2, mm, n]))],
+            );
+            g.outputs.push(y[0]);
+            let mut f = g.clone();
+            assert!(FloatIntegerContractions.run(&mut f).unwrap(), "constant {constant}");
+            assert!(kinds(&f).contains(&OpKind::MatMul) && !kinds(&f).contains(&OpKind::MatMulInteger));
+            let av: Vec<i64> = (0..2 * mm * k).map(|i| ((i * 53 + 5) % 256) as i64 - 128).collect();
+            let mut ins = vec![Tensor::from_i64(DType::I8, Shape::new(vec![2, mm, k]).unwrap(), &av).unwrap()];
+            if !constant {
+                ins.push(Tensor::from_i64(DType::U8, Shape::new(vec![k, n]).unwrap(), &bv).unwrap());
+            }
+            let run = |g: &Graph| kiln_ref::eval_graph(g, &ins).unwrap()[0].clone();
+            assert_eq!(run(&f.without_dead_code()).to_f64_vec(), run(&g).to_f64_vec(), "constant {constant}");
         }
     }
 }

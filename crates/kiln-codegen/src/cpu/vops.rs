@@ -165,6 +165,8 @@ pub(crate) fn op_form(k: &Kernel, e: ExprId, wide: bool) -> Result<(), String> {
                         | (S::F32 | S::I32 | S::U32 | S::Bool, S::I8 | S::U8)
                 )
                 || (wide && ty_of(*value) == S::U32 && to_ty == S::F32)
+                // f32 to a 32-bit integer: eight lanes (`Vx::f32_to_i32`).
+                || (!wide && ty_of(*value) == S::F32 && matches!(to_ty, S::I32 | S::U32) && to_ty.dtype() == *to)
                 || (!wide && is_i64_to_f32(k, e))
                 || is_i64_to_bool(k, e)
         }
@@ -199,6 +201,7 @@ pub(crate) fn op_scratch(k: &Kernel, e: ExprId) -> usize {
         Expr::Unary(op, a) if k.node(*a).ty == S::F32 => vector_scratch(*op),
         Expr::Unary(UnaryOp::Neg, _) => 1,
         Expr::Cast { value, to: DType::I8 | DType::U8, .. } if k.node(*value).ty == S::F32 => 1,
+        Expr::Cast { value, to: DType::I32 | DType::U32, .. } if k.node(*value).ty == S::F32 => 3,
         Expr::Cast { value, to: DType::Bool, .. } if k.node(*value).ty == S::I64 => 3,
         Expr::Cast { value, .. } if k.node(*value).ty == S::I64 => 6,
         Expr::Binary(op, a, _) => match (k.node(*a).ty, op) {
@@ -511,6 +514,42 @@ impl Vx<'_> {
             self.op(Op::Or, d, d, Src::R(t))?;
         }
         Ok(())
+    }
+
+    /// `d` = f32 `x` as the interpreter casts it to i32 or u32 (the same bits): truncated
+    /// toward zero to an i64 (saturating, NaN 0) and wrapped to 32 bits; eight lanes.
+    /// `t` is scratch, distinct from `d` and `x`; `d` may be `x`.
+    ///
+    /// `vcvttps2dq` is that where `|x| < 2³¹` and gives `0x8000_0000` elsewhere (and for
+    /// NaN). There the lane takes `x − 2³²·⌊x·2⁻³²⌋`, exact because `x` is then a
+    /// multiple of 2⁸ (24 significant bits) and the difference its low 32 bits, in
+    /// `[0, 2³²)`, converted as `vcvttps2dq(· − 2³¹) ⊕ 2³¹`: NaN and ±∞ give 0 there
+    /// (NaN, and −∞ as i64::MIN, are 0 in the interpreter too); `x ≥ 2⁶³` (i64::MAX) is all
+    /// ones. Where `x` is −2³¹ both forms agree.
+    pub fn f32_to_i32(&mut self, d: V, x: V, t: [V; 3]) -> R<()> {
+        const TWO_M32: u32 = 0x2F80_0000;
+        const TWO_32: u32 = 0x4F80_0000;
+        const TWO_31: u32 = 0x4F00_0000;
+        const TWO_63: u32 = 0x5F00_0000;
+        const INDEFINITE: u32 = 0x8000_0000;
+        if self.wide {
+            return Err(NotHere("a conversion of f32 to i32 on sixteen lanes".into()));
+        }
+        let [big, small, top] = t;
+        self.op(Op::Mul, big, x, Src::C(TWO_M32))?;
+        self.round(big, big, 9)?;
+        self.op(Op::Mul, big, big, Src::C(TWO_32))?;
+        self.op(Op::Sub, big, x, Src::R(big))?;
+        self.op(Op::Sub, big, big, Src::C(TWO_31))?;
+        self.a.vcvttps2dq(y(big), y(big))?;
+        self.op(Op::Xor, big, big, Src::C(INDEFINITE))?;
+        self.a.vcvttps2dq(y(small), y(x))?;
+        self.cmp(Mask(top.0), x, Src::C(TWO_63), 0x1D)?; // GE_OQ: false on NaN
+                                                         // (x is not read after this: d may be x.)
+        let l = self.t.vector(self.a, INDEFINITE);
+        self.a.vpcmpeqd(y(d), y(small), ymmword_ptr(l))?;
+        self.blend(d, Mask(d.0), small, big)?;
+        self.op(Op::Or, d, d, Src::R(top))
     }
 
     /// `d` = the i8, u8 or bool (`ty`) bytes at `at`, one a lane: i8 sign-extended, u8
@@ -833,6 +872,10 @@ impl Vx<'_> {
                         let t0 = arg_t(t)?;
                         self.f32_to_8bit(to, d, x, t0, K_CMP)
                     }
+                    (S::F32, S::I32 | S::U32) if !self.wide => match t {
+                        [t0, t1, t2, ..] => self.f32_to_i32(d, x, [*t0, *t1, *t2]),
+                        _ => Err(NotHere("a conversion to i32 without its scratch registers".into())),
+                    },
                     (S::I8 | S::U8, S::F32) => {
                         at_width!(self, vcvtdq2ps(d, x));
                         Ok(())
