@@ -233,7 +233,8 @@ fn bool_output_of_a_comparison() {
     require_avx2_fma!();
     for len in LENGTHS {
         let x = values(&[2, len], len);
-        let mut b = KernelBuilder::new(format!("gt_{len}"), vec![tt(DType::F32, &[2, len])], tt(DType::Bool, &[2, len]));
+        let mut b =
+            KernelBuilder::new(format!("gt_{len}"), vec![tt(DType::F32, &[2, len])], tt(DType::Bool, &[2, len]));
         let o = b.out_index();
         let l = b.load(0, o);
         let h = b.float(ScalarType::F32, 0.5);

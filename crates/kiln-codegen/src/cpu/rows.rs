@@ -433,8 +433,8 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
         // (Index lanes computed from i64 data read per lane, [`lane64_form`], in the
         // loads that stay inside their input: a padded load's checked terms are i32.)
         let lane = |e: ExprId| {
-            lane_form(k, e, u, lo, 0)
-                .or_else(|| (!matches!(bounds, Bounds::Pad(_))).then(|| lane64_form(k, e, u, lo, 0)).flatten())
+            let data = !matches!(bounds, Bounds::Pad(_)) && reads_load(k, e);
+            lane_form(k, e, u, lo, 0).or_else(|| data.then(|| lane64_form(k, e, u, lo, 0)).flatten())
         };
         let (off, dynamic, lanes) = match (load_offset(k, *input, index), bounds) {
             (Some(off), Bounds::InBounds) if !by_lanes || dense_over(k, &off, lo, u) => (off, Vec::new(), Vec::new()),
@@ -2244,7 +2244,9 @@ fn lane64_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(
     }
     let r = |x: ExprId| lane64_form(k, x, u, lo, depth + 1);
     match &node.expr {
-        Expr::Load { input, bounds: Bounds::InBounds, .. } if k.inputs[*input as usize].dtype == DType::I64 => Some(ANY),
+        Expr::Load { input, bounds: Bounds::InBounds, .. } if k.inputs[*input as usize].dtype == DType::I64 => {
+            Some(ANY)
+        }
         Expr::Binary(op @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Min | BinaryOp::Max), a, b) => {
             let (x, y) = (r(*a)?, r(*b)?);
             Some(match op {
@@ -2260,6 +2262,22 @@ fn lane64_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(
         }
         _ => None,
     }
+}
+
+/// Whether expression `e` reads a load (index data).
+fn reads_load(k: &Kernel, e: ExprId) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![e];
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x.0) {
+            continue;
+        }
+        if matches!(k.node(x).expr, Expr::Load { .. }) {
+            return true;
+        }
+        k.node(x).expr.for_each_operand(|o| stack.push(o));
+    }
+    false
 }
 
 /// Whether bool `e` has a lane form beside [`lane64_form`]'s values: [`lane_form`]'s,
