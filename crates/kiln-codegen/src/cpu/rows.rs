@@ -445,7 +445,7 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
         // per lane (a GatherND's indices), gathered into 64-bit lanes ([`Emit::load64`]).
         let data_lane = place[i] == Place::Index && i64_in && free[i].iter().any(|&v| (lo..=u).contains(&v));
         if data_lane && (by_lanes || *bounds != Bounds::InBounds) {
-            return no("i64 index data along axes joined by lanes");
+            return no("i64 index data along axes joined by lanes, or not in bounds");
         }
         let gathers32 = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
         let lanes_ok = gathers32 && matches!(place[i], Place::Out | Place::Row) || i64_in && place[i] == Place::Out;
