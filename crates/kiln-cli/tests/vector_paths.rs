@@ -36,12 +36,11 @@ const KNOWN_SCALAR: &[(&str, usize)] = &[
     // (Nor trueocr-text-rec's ArgMax over the classes, an i64 result: arg-reductions run
     // across the output row, a lane per position, their positions i32 lanes stored as
     // i64, `cpu::rows`.)
-    // all-MiniLM-L6-v2-int8: the attention mask gathered by GatherND, `mask[0,
-    // clamp(wrap(idx[.., p, 1]))] as bool`. The cast of i64 data to bool has a vector
-    // form now (`x != 0`, `cpu::vops`); what is left is the load: its position is i64
-    // data read per lane (wrapped and clamped in 64 bits), then a gather of i64 elements,
-    // and index lanes are computed from positions and constants only.
-    ("general (a load at a non-affine offset)", 1),
+    // (Nor all-MiniLM-L6-v2-int8's attention mask gathered by GatherND, `mask[0,
+    // clamp(wrap(idx[.., p, 1]))] as bool`: the index is i64 data read per lane, wrapped
+    // and clamped in 64-bit lanes and narrowed to i32 offsets, the mask's i64 elements
+    // gathered and compared with 0, and the bool output stored as bytes on either width,
+    // `cpu::rows`.)
     // (chars2vec-en-300's Concat of its second LSTM's 20 trip states, sliced to the last,
     // is that trip's piece alone since the kernel builder folds constant comparisons and
     // selects: a row kernel.)

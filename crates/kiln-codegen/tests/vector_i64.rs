@@ -6,6 +6,12 @@
 //! read contiguously across the output row or at a stride (a gather), and the select
 //! between two positions that ArgMax's NaN rule lowers to.
 //!
+//! Loads whose offset is computed from i64 data read per lane (GatherND's
+//! `table[clamp(wrap(idx[.., p, 1]))]`, all-MiniLM's attention mask): the index data
+//! gathered into 64-bit lanes, wrapped and clamped there, narrowed to i32 offsets, then a
+//! gather of the table — of i64 elements cast to bool (a bool output), or of f32 ones —
+//! on indices negative, past either end, and beyond 32 bits.
+//!
 //! Output rows of 1, 3, 7, 8, 9, 15, 16, 17, 33 and 257 positions (masked tails on both
 //! widths), reductions over 1, 2, 5 and 13 positions; each case first asserts that the
 //! kernel took the vector path of each width this CPU runs (`CpuModule::paths`), then
@@ -164,4 +170,76 @@ fn position_arithmetic_is_declined() {
         assert!(!matches!(m.paths[0], CodePath::Vector { .. }), "{}", m.notes[0]);
     }
     check_with(&k, &[&x], EXACT, &microkernel_variants(false));
+}
+
+/// Index data for a table of `n` entries: in range, negative (wrapping), past either
+/// end by one or by far, beyond 32 bits, and the i64 extremes.
+fn index_data(n: i64, count: usize, shift: usize) -> Vec<u64> {
+    let vals = [0, 1, n - 1, n, -1, -n, -n - 1, 5, (1 << 32) + 3, -(1 << 32), i64::MIN, i64::MAX, 2, -3, n + 7];
+    (0..count).map(|i| vals[(i * 5 + shift + i / 13) % vals.len()] as u64).collect()
+}
+
+/// `table[0, clamp(wrap(idx[r, p, 1]), 0, n − 1)]` over `[2, len]` as GatherND lowers
+/// it (`x < 0 ? x + n : x`, then `min(max(·, 0), n − 1)`): the index read at a stride of
+/// two i64 elements; `table` i64 (cast to bool, a bool output) or f32 (scaled by 2).
+fn gather_nd(n: usize, len: usize, table: DType) -> Kernel {
+    let out = if table == DType::I64 { DType::Bool } else { DType::F32 };
+    let mut b = KernelBuilder::new(
+        format!("gather_nd_{n}_{len}_{}", table.name()),
+        vec![tt(DType::I64, &[2, len, 2]), tt(table, &[1, n])],
+        tt(out, &[2, len]),
+    );
+    let o = b.out_index();
+    let one = b.index(1);
+    let zero = b.index(0);
+    let x = b.load(0, vec![o[0], o[1], one]);
+    let neg = b.binary(BinaryOp::Lt, x, zero);
+    let ext = b.index(n as i64);
+    let up = b.add(x, ext);
+    let w = b.select(neg, up, x);
+    let last = b.index(n as i64 - 1);
+    let lo = b.binary(BinaryOp::Max, w, zero);
+    let c = b.binary(BinaryOp::Min, lo, last);
+    let v = b.load(1, vec![zero, c]);
+    let r = if table == DType::I64 {
+        b.cast(v, DType::Bool, false)
+    } else {
+        let two = b.float(ScalarType::F32, 2.0);
+        b.mul(v, two)
+    };
+    b.finish(r).unwrap()
+}
+
+#[test]
+fn loads_at_offsets_from_i64_data() {
+    require_avx2_fma!();
+    for n in [1usize, 16, 37] {
+        for len in LENGTHS {
+            let idx = tensor_bits(DType::I64, &[2, len, 2], &index_data(n as i64, 4 * len, len));
+            // Table entries zero and not (an attention mask), distinct per position.
+            let ints: Vec<u64> = (0..n).map(|i| if i % 3 == 1 { 0 } else { (i as u64 + 1) << (i % 40) }).collect();
+            let mask = tensor_bits(DType::I64, &[1, n], &ints);
+            check_vector(&gather_nd(n, len, DType::I64), &[&idx, &mask]);
+            let floats: Vec<u64> = (0..n).map(|i| (i as f32 * 0.75 - 3.0).to_bits() as u64).collect();
+            let table = tensor_bits(DType::F32, &[1, n], &floats);
+            check_vector(&gather_nd(n, len, DType::F32), &[&idx, &table]);
+        }
+    }
+}
+
+/// A bool output of eight lanes (stored as bytes) from an f32 comparison, every tail.
+#[test]
+fn bool_output_of_a_comparison() {
+    require_avx2_fma!();
+    for len in LENGTHS {
+        let x = values(&[2, len], len);
+        let mut b =
+            KernelBuilder::new(format!("gt_{len}"), vec![tt(DType::F32, &[2, len])], tt(DType::Bool, &[2, len]));
+        let o = b.out_index();
+        let l = b.load(0, o);
+        let h = b.float(ScalarType::F32, 0.5);
+        let r = b.binary(BinaryOp::Gt, l, h);
+        let k = b.finish(r).unwrap();
+        check_vector(&k, &[&x]);
+    }
 }

@@ -45,7 +45,13 @@
 //! bounds by the same ranges). Movement kernels that are not one load (a fused Concat)
 //! come here too. A padded load (`Bounds::Pad`) whose index may leave its input checks
 //! those dimensions' lanes the same way: lanes outside read nothing (the gather's mask)
-//! and take the pad value.
+//! and take the pad value. An index computed from **i64 data read per lane** (GatherND's
+//! `table[clamp(wrap(idx[.., p, 1]))]`) is evaluated in 64-bit lanes ([`lane64_form`],
+//! [`Emit::lane_eval64`]: the data gathered by `vpgatherdq`, `+ −` wrapping, max/min,
+//! comparisons and selects as the interpreter's i64 arithmetic), and where its range
+//! lies within its dimension (a clamp puts it there whatever the data) narrowed to i32
+//! offsets for the gather; no clamp is added, so the kernel reads exactly what the
+//! interpreter and the general code read.
 //!
 //! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
 //! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
@@ -61,6 +67,10 @@
 //! - a division of a value along the row by a row value (by the sum) multiplies by its
 //!   reciprocal, computed once per row (only with `Options::reassociate`, like the
 //!   partial sums: one more rounding).
+//!
+//! An i8, u8 or bool output is stored from its 32-bit lanes' low bytes: `vpmovdb` on
+//! sixteen lanes, `vpshufb` and one 8-byte store on eight ([`Emit::store_bytes8`]; a
+//! tail in pieces of 4, 2 and 1 bytes).
 //!
 //! Operations: those of [`super::vops`] (`+ − × ÷`, `max`/`min` with NaN, comparisons,
 //! selects, casts between lane types, rounding, `exp`/`erf`/`tanh`/`log` as the same
@@ -220,14 +230,14 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
         return no("no output axis");
     }
     // (An i8/u8 output, a quantised activation, is stored narrowed from its 32-bit
-    // lanes by `vpmovdb`, which has a 16-lane form only; a bool output too, its vector
-    // mask shifted down to 0 or 1 first.)
+    // lanes: `vpmovdb` on sixteen lanes, `vpshufb` on eight; a bool output too, its
+    // vector mask shifted down to 0 or 1 first.)
     let bytes = matches!(k.output.dtype, DType::I8 | DType::U8 | DType::Bool);
     // Positions: arg-reductions (i64, but below 2³¹) and selects between them, held as
     // i32 lanes and widened to i64 when stored ([`Emit::store_i64`]).
     let position = positions(k);
     let i64_out = k.output.dtype == DType::I64 && position[k.root.index()];
-    if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) && !(wide && bytes) && !i64_out {
+    if !matches!(k.output.dtype, DType::F32 | DType::I32 | DType::U32) && !bytes && !i64_out {
         return no(format!("a {} output (f32, i32 or u32 lanes here)", k.output.dtype.name()));
     }
     // The vector axis: the innermost output axis longer than 1 (axes after it have one
@@ -420,13 +430,26 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
     for (i, n) in k.nodes.iter().enumerate() {
         let Expr::Load { input, index, bounds } = &n.expr else { continue };
         let row_var = |v: u32| v < lo || k.vars.get(v as usize) == Some(&1);
-        let lane = |e: ExprId| lane_form(k, e, u, lo, 0);
+        // (Index lanes computed from i64 data read per lane, [`lane64_form`], in the
+        // loads that stay inside their input: a padded load's checked terms are i32.)
+        let lane = |e: ExprId| {
+            let data = !matches!(bounds, Bounds::Pad(_)) && reads_load(k, e);
+            lane_form(k, e, u, lo, 0).or_else(|| data.then(|| lane64_form(k, e, u, lo, 0)).flatten())
+        };
         let (off, dynamic, lanes) = match (load_offset(k, *input, index), bounds) {
             (Some(off), Bounds::InBounds) if !by_lanes || dense_over(k, &off, lo, u) => (off, Vec::new(), Vec::new()),
             _ => row_indexed(k, *input, index, *bounds, &row_var, &lane, by_lanes.then_some((lo, u)))?,
         };
+        let i64_in = k.inputs[*input as usize].dtype == DType::I64;
+        // An i64 load that varies along the row inside index arithmetic: i64 data read
+        // per lane (a GatherND's indices), gathered into 64-bit lanes ([`Emit::load64`]).
+        let data_lane = place[i] == Place::Index && i64_in && free[i].iter().any(|&v| (lo..=u).contains(&v));
+        if data_lane && (by_lanes || *bounds != Bounds::InBounds) {
+            return no("i64 index data along axes joined by lanes, or not in bounds");
+        }
         let gathers32 = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
-        if !(lanes.is_empty() || gathers32 && matches!(place[i], Place::Out | Place::Row)) {
+        let lanes_ok = gathers32 && matches!(place[i], Place::Out | Place::Row) || i64_in && place[i] == Place::Out;
+        if !(lanes.is_empty() || lanes_ok || data_lane) {
             return no("a load at a non-affine offset");
         }
         let reduction_var = |r: u32| match &k.node(ExprId(r)).expr {
@@ -435,6 +458,7 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
         };
         let axis = match place[i] {
             Place::Out => Some(u),
+            Place::Index if data_lane => Some(u),
             Place::Along(r) if !columns.contains(&r) => reduction_var(r),
             Place::Col(_) | Place::Along(_) => Some(u),
             _ => None,
@@ -445,8 +469,9 @@ fn plan_with(k: &Kernel, fast: bool, wide: bool, lanes_join: bool) -> R<Plan> {
             Place::Col(r) | Place::Along(r) if columns.contains(&r) => reduction_var(r).map_or(0, |w| off.of(w)),
             _ => 0,
         };
-        // Other steps are gathers, of 32-bit elements (f32, i32, u32).
-        let gathers = matches!(k.inputs[*input as usize].dtype, DType::F32 | DType::I32 | DType::U32);
+        // Other steps are gathers, of 32-bit elements (f32, i32, u32) or of i64 data
+        // (`vpgatherdq`).
+        let gathers = gathers32 || i64_in && matches!(place[i], Place::Out | Place::Index);
         let in_reach = step.checked_mul(4 * 16).is_some_and(|b| i32::try_from(b).is_ok());
         if step != 0 && step != 1 && !(gathers && in_reach) {
             return no("a load that strides along the row");
@@ -748,6 +773,32 @@ struct VecEval {
     computing: Option<u32>,
 }
 
+/// Values of one 64-bit lane evaluation ([`Emit::lane_eval64`]): node → its two
+/// halves while later uses remain, and the uses left of each node.
+#[derive(Default)]
+struct Memo64 {
+    vals: HashMap<u32, (V, V)>,
+    uses: HashMap<u32, u32>,
+}
+
+impl Memo64 {
+    /// One use of each of `ops` is done: a value at its last use gives its registers
+    /// back to `v`'s pool.
+    fn done(&mut self, ops: &[ExprId], v: &mut VecEval) {
+        for o in ops {
+            let left = self.uses.get_mut(&o.0).map(|u| {
+                *u = u.saturating_sub(1);
+                *u
+            });
+            if left.unwrap_or(0) == 0 {
+                if let Some((l, h)) = self.vals.remove(&o.0) {
+                    v.pool.extend([l, h]);
+                }
+            }
+        }
+    }
+}
+
 // Stack frame: [0, 8·bases) base pointers, then row values (one vector each).
 const S_END: i32 = 0;
 const S_ROW: i32 = 8;
@@ -858,14 +909,20 @@ impl Emit<'_> {
             if e.k.output.dtype == DType::Bool {
                 // A bool's lanes are all ones or zero: 1 or 0.
                 let t = v.pool.pop().ok_or_else(|| NotHere("no register for a bool store".into()))?;
-                e.a.vpsrld(z(t), z(r), 31)?;
+                if e.wide {
+                    e.a.vpsrld(z(t), z(r), 31)?;
+                } else {
+                    e.a.vpsrld(YMM[t.0 as usize], YMM[r.0 as usize], 31)?;
+                }
                 r = t;
             }
             if out_bytes == 8 {
                 // Positions: i32 lanes widened to i64.
                 return e.store_i64(r, mask, &mut v);
             }
-            if out_bytes == 1 {
+            if out_bytes == 1 && !e.wide {
+                e.store_bytes8(r, mask, &mut v)
+            } else if out_bytes == 1 {
                 // An i8/u8 value's lanes hold it extended: their low bytes.
                 match mask {
                     Some(m) => e.a.vpmovdb(under_mask(xmmword_ptr(r13 + r8), m), z(r))?,
@@ -945,41 +1002,7 @@ impl Emit<'_> {
         v: &mut VecEval,
         mask: Option<Mask>,
     ) -> R<V> {
-        let imm = |x: i64| i32::try_from(x).ok().map(|w| w as u32);
-        let idx = v.pool.pop().ok_or_else(|| NotHere("a gather needs more registers".into()))?;
-        let t = self.scratch(2, v)?;
-        let (t, t2) = (t[0], t[1]);
-        // The lanes inside every checked dimension (all ones until one is checked).
-        let inside = if lanes.iter().any(|l| l.check.is_some()) { Some(self.scratch(1, v)?[0]) } else { None };
-        if let Some(m) = inside {
-            self.vx().mov(m, Src::C(u32::MAX))?;
-        }
-        self.vx().positions(idx)?;
-        let c = imm(step).ok_or_else(|| NotHere("a gather step".into()))?;
-        self.vx().mov(t, Src::C(c))?;
-        self.vx().int3(BinaryOp::Mul, true, idx, idx, t)?;
-        for l in lanes {
-            let x = self.lane_eval(l.expr, v)?;
-            if let (Some(extent), Some(m)) = (l.check, inside) {
-                // 0 ≤ x < extent: x > −1 and extent > x.
-                let scratch = self.scratch(2, v)?;
-                let mut vx = self.vx();
-                vx.mov(t, Src::C(u32::MAX))?;
-                vx.int_compare(BinaryOp::Gt, true, t2, x, t, &scratch)?;
-                vx.op(Op::And, m, m, Src::R(t2))?;
-                let e = imm(extent).ok_or_else(|| NotHere("a padded extent".into()))?;
-                vx.mov(t, Src::C(e))?;
-                vx.int_compare(BinaryOp::Lt, true, t2, x, t, &scratch)?;
-                vx.op(Op::And, m, m, Src::R(t2))?;
-                v.pool.extend(scratch);
-            }
-            let c = imm(l.stride).ok_or_else(|| NotHere("a gather stride".into()))?;
-            self.vx().mov(t, Src::C(c))?;
-            let mut vx = self.vx();
-            vx.int3(BinaryOp::Mul, true, x, x, t)?;
-            vx.int3(BinaryOp::Add, true, idx, idx, x)?;
-            v.pool.push(x);
-        }
+        let (idx, [t, t2], inside) = self.lane_offsets(step, lanes, v, mask)?;
         let r = self.result_reg(&[], v)?;
         self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
         match inside {
@@ -1009,6 +1032,177 @@ impl Emit<'_> {
         }
         v.pool.extend([idx, t, t2]);
         Ok(r)
+    }
+
+    /// The element offsets of a load with lane terms ([`LoadPlan::lanes`]), `step·(r8 +
+    /// i) + Σ lane·stride`, as i32 lanes, two scratch registers for the gather, and
+    /// where a term is checked (a `Pad` load) the mask of the lanes inside every checked
+    /// dimension. A term of i64 data read per lane ([`lane64_form`]) is evaluated in
+    /// 64-bit lanes and narrowed: its range lies within its dimension (`mask`: the
+    /// tail, for the data it reads).
+    fn lane_offsets(
+        &mut self,
+        step: i64,
+        lanes: &[LaneTerm],
+        v: &mut VecEval,
+        mask: Option<Mask>,
+    ) -> R<(V, [V; 2], Option<V>)> {
+        let imm = |x: i64| i32::try_from(x).ok().map(|w| w as u32);
+        let idx = v.pool.pop().ok_or_else(|| NotHere("a gather needs more registers".into()))?;
+        let t = self.scratch(2, v)?;
+        let (t, t2) = (t[0], t[1]);
+        // The lanes inside every checked dimension (all ones until one is checked).
+        let inside = if lanes.iter().any(|l| l.check.is_some()) { Some(self.scratch(1, v)?[0]) } else { None };
+        if let Some(m) = inside {
+            self.vx().mov(m, Src::C(u32::MAX))?;
+        }
+        self.vx().positions(idx)?;
+        let c = imm(step).ok_or_else(|| NotHere("a gather step".into()))?;
+        self.vx().mov(t, Src::C(c))?;
+        self.vx().int3(BinaryOp::Mul, true, idx, idx, t)?;
+        let (u, lo) = (self.p.u, self.p.rows.len() as u32);
+        for l in lanes {
+            let x = if lane_form(self.k, l.expr, u, lo, 0).is_some() {
+                self.lane_eval(l.expr, v)?
+            } else {
+                self.lane_eval64_narrow(l.expr, v, mask)?
+            };
+            if let (Some(extent), Some(m)) = (l.check, inside) {
+                // 0 ≤ x < extent: x > −1 and extent > x.
+                let scratch = self.scratch(2, v)?;
+                let mut vx = self.vx();
+                vx.mov(t, Src::C(u32::MAX))?;
+                vx.int_compare(BinaryOp::Gt, true, t2, x, t, &scratch)?;
+                vx.op(Op::And, m, m, Src::R(t2))?;
+                let e = imm(extent).ok_or_else(|| NotHere("a padded extent".into()))?;
+                vx.mov(t, Src::C(e))?;
+                vx.int_compare(BinaryOp::Lt, true, t2, x, t, &scratch)?;
+                vx.op(Op::And, m, m, Src::R(t2))?;
+                v.pool.extend(scratch);
+            }
+            let c = imm(l.stride).ok_or_else(|| NotHere("a gather stride".into()))?;
+            self.vx().mov(t, Src::C(c))?;
+            let mut vx = self.vx();
+            vx.int3(BinaryOp::Mul, true, x, x, t)?;
+            vx.int3(BinaryOp::Add, true, idx, idx, x)?;
+            v.pool.push(x);
+        }
+        Ok((idx, [t, t2], inside))
+    }
+
+    /// Load `e` of i64 data gathered into 64-bit lanes, two halves ([`Vx::gather_i64`]):
+    /// at its lane offsets, or at `step` elements a lane; lanes outside the tail `mask`
+    /// read nothing and are 0.
+    fn load64(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<(V, V)> {
+        let lp = self.p.loads.get(&e.0).ok_or_else(|| NotHere("an i64 load without a plan".into()))?;
+        let (base, step, jstride, lanes) = (lp.base, lp.step, lp.jstride, lp.lanes.clone());
+        if jstride != 0 || lanes.iter().any(|l| l.check.is_some()) {
+            return no("i64 data gathered in a column reduction or padded");
+        }
+        let (idx, t, _) = self.lane_offsets(step, &lanes, v, mask)?;
+        let (lo, hi) = (self.result_reg(&[], v)?, self.result_reg(&[], v)?);
+        self.a.mov(rax, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
+        self.vx().gather_i64(lo, hi, rax, idx, mask, t)?;
+        v.pool.extend([idx, t[0], t[1]]);
+        Ok((lo, hi))
+    }
+
+    /// Index term `e` ([`lane64_form`]) evaluated in 64-bit lanes and narrowed to i32
+    /// lanes (exact: its range lies within its dimension).
+    fn lane_eval64_narrow(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<V> {
+        // Uses of each node this evaluation computes (not those inside the i32 lane
+        // forms it widens, nor a load's offsets), so shared values are computed once.
+        let (u, lo) = (self.p.u, self.p.rows.len() as u32);
+        let mut m = Memo64::default();
+        let mut stack = vec![e];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x.0) || lane_form(self.k, x, u, lo, 0).is_some() {
+                continue;
+            }
+            if matches!(self.k.node(x).expr, Expr::Load { .. }) {
+                continue;
+            }
+            self.k.node(x).expr.for_each_operand(|o| {
+                *m.uses.entry(o.0).or_insert(0) += 1;
+                stack.push(o);
+            });
+        }
+        let (l, h) = self.lane_eval64(e, v, mask, &mut m)?;
+        let t = self.scratch(1, v)?[0];
+        let d = self.result_reg(&[], v)?;
+        self.vx().narrow_i64(d, l, h, t)?;
+        v.pool.extend([l, h, t]);
+        Ok(d)
+    }
+
+    /// i64 value `e` ([`lane64_form`]) in 64-bit lanes, two halves; values used again
+    /// stay in `m` until their last use.
+    fn lane_eval64(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>, m: &mut Memo64) -> R<(V, V)> {
+        if let Some(&r) = m.vals.get(&e.0) {
+            return Ok(r);
+        }
+        let (u, lo) = (self.p.u, self.p.rows.len() as u32);
+        let node = self.k.node(e).clone();
+        let r = if lane_form(self.k, e, u, lo, 0).is_some() {
+            let x = self.lane_eval(e, v)?;
+            let hi = self.result_reg(&[], v)?;
+            self.vx().widen_i32(x, hi, x)?;
+            (x, hi)
+        } else {
+            match node.expr {
+                Expr::Load { .. } => self.load64(e, v, mask)?,
+                Expr::Binary(op, a, b) => {
+                    let (xa, xb) = (self.lane_eval64(a, v, mask, m)?, self.lane_eval64(b, v, mask, m)?);
+                    let d = (self.result_reg(&[], v)?, self.result_reg(&[], v)?);
+                    // (Eight lanes' max/min compare into a scratch register.)
+                    let t = if self.wide || !matches!(op, BinaryOp::Max | BinaryOp::Min) {
+                        Vec::new()
+                    } else {
+                        self.scratch(1, v)?
+                    };
+                    let t0 = t.first().copied().unwrap_or(d.0);
+                    self.vx().int64(op, d.0, xa.0, xb.0, t0)?;
+                    self.vx().int64(op, d.1, xa.1, xb.1, t0)?;
+                    v.pool.extend(t);
+                    m.done(&[a, b], v);
+                    d
+                }
+                Expr::Select(c, a, b) => {
+                    let mc = self.bool64(c, v, mask, m)?;
+                    let (xa, xb) = (self.lane_eval64(a, v, mask, m)?, self.lane_eval64(b, v, mask, m)?);
+                    // The 32-bit lane mask widened to 64-bit lanes (all ones stay all ones).
+                    let mh = self.result_reg(&[], v)?;
+                    self.vx().widen_i32(mc, mh, mc)?;
+                    self.vx().select64(mc, xa.0, xb.0)?;
+                    self.vx().select64(mh, xa.1, xb.1)?;
+                    m.done(&[a, b], v);
+                    (mc, mh)
+                }
+                _ => return no("an i64 index without a 64-bit lane form"),
+            }
+        };
+        // (The term itself, used by none of these nodes, is its caller's to free.)
+        if m.uses.get(&e.0).copied().unwrap_or(0) > 0 {
+            m.vals.insert(e.0, r);
+        }
+        Ok(r)
+    }
+
+    /// Bool `c` ([`lane64_bool`]) as a 32-bit lane mask.
+    fn bool64(&mut self, c: ExprId, v: &mut VecEval, mask: Option<Mask>, m: &mut Memo64) -> R<V> {
+        let (u, lo) = (self.p.u, self.p.rows.len() as u32);
+        if lane_form(self.k, c, u, lo, 0).is_some() {
+            return self.lane_eval(c, v);
+        }
+        let Expr::Binary(op, a, b) = self.k.node(c).expr else { return no("an i64 condition without a lane form") };
+        let (xa, xb) = (self.lane_eval64(a, v, mask, m)?, self.lane_eval64(b, v, mask, m)?);
+        let t = self.scratch(3, v)?;
+        let d = self.result_reg(&[], v)?;
+        self.vx().cmp_i64(op, d, I64Src::Regs(xa.0, xa.1), I64Src::Regs(xb.0, xb.1), None, &t)?;
+        v.pool.extend(t);
+        m.done(&[a, b], v);
+        Ok(d)
     }
 
     /// The stack slot of row coordinate `d` (after the base pointers).
@@ -1511,29 +1705,32 @@ impl Emit<'_> {
                 // Operands straight from memory (r9, r10 their base pointers).
                 let mut src = [I64Src::Const(0); 2];
                 for (j, (x, reg)) in [(*a, r9), (*b, r10)].into_iter().enumerate() {
-                    src[j] = self.i64_src(x, reg)?;
+                    src[j] = self.i64_src(x, reg, v, mask)?;
                 }
                 let t = self.scratch(3, v)?;
                 let dst = self.result_reg(&[*a, *b], v)?;
                 self.vx().cmp_i64(*op, dst, src[0], src[1], mask, &t)?;
                 v.pool.extend(t);
+                give_back(&src, v);
                 dst
             }
             Expr::Cast { value, .. } if is_i64_to_bool(self.k, e) => {
                 // `x != 0`.
-                let src = self.i64_src(*value, r9)?;
+                let src = self.i64_src(*value, r9, v, mask)?;
                 let t = self.scratch(3, v)?;
                 let dst = self.result_reg(&[*value], v)?;
                 self.vx().cmp_i64(BinaryOp::Ne, dst, src, I64Src::Const(0), mask, &t)?;
                 v.pool.extend(t);
+                give_back(&[src], v);
                 dst
             }
             Expr::Cast { value, .. } if is_i64_to_f32(self.k, e) => {
-                let src = self.i64_src(*value, r9)?;
+                let src = self.i64_src(*value, r9, v, mask)?;
                 let t = self.scratch(6, v)?;
                 let dst = self.result_reg(&[*value], v)?;
                 self.vx().i64_to_f32(dst, src, mask, &t)?;
                 v.pool.extend(t);
+                give_back(&[src], v);
                 dst
             }
             Expr::Unary(_, x) | Expr::Cast { value: x, .. } => {
@@ -1699,6 +1896,46 @@ impl Emit<'_> {
         Ok(idx)
     }
 
+    /// Stores the low bytes of eight 32-bit lanes `r` (i8/u8 values, bools as 0 or 1)
+    /// into the output row: `vpshufb` gathers each 128-bit half's four into its low
+    /// dword, and the two dwords are one 8-byte store; a tail stores its first
+    /// `tail_lanes` bytes as pieces of 4, 2 and 1 (never past the row).
+    fn store_bytes8(&mut self, r: V, mask: Option<Mask>, v: &mut VecEval) -> R<()> {
+        let t = v.pool.pop().ok_or_else(|| NotHere("no register for a byte store".into()))?;
+        let q = v.pool.pop().ok_or_else(|| NotHere("no register for a byte store".into()))?;
+        let low = 0x0C08_0400;
+        let none = 0x8080_8080;
+        let l = self.t.words(&mut self.a, &[low, none, none, none, low, none, none, none]);
+        let (ty, tx, qx) = (YMM[t.0 as usize], XMM[t.0 as usize], XMM[q.0 as usize]);
+        self.a.vpshufb(ty, YMM[r.0 as usize], ymmword_ptr(l))?;
+        self.a.vextracti128(qx, ty, 1)?;
+        self.a.vpunpckldq(tx, tx, qx)?;
+        match mask {
+            None => self.a.vmovq(qword_ptr(r13 + r8), tx)?,
+            Some(_) => {
+                let n = self.tail_lanes as i32;
+                self.a.vmovq(rax, tx)?;
+                let mut o = 0i32;
+                for size in [4i32, 2, 1] {
+                    if n - o < size {
+                        continue;
+                    }
+                    match size {
+                        4 => self.a.mov(dword_ptr(r13 + r8 + o), eax)?,
+                        2 => self.a.mov(word_ptr(r13 + r8 + o), ax)?,
+                        _ => self.a.mov(byte_ptr(r13 + r8 + o), al)?,
+                    }
+                    o += size;
+                    if o < n {
+                        self.a.shr(rax, 8 * size)?;
+                    }
+                }
+            }
+        }
+        v.pool.extend([t, q]);
+        Ok(())
+    }
+
     /// Stores positions `r` (i32 lanes, each below 2³¹) into the output row as i64
     /// elements, under the tail `mask`; scratch registers come from `v`'s pool.
     fn store_i64(&mut self, r: V, mask: Option<Mask>, v: &mut VecEval) -> R<()> {
@@ -1752,12 +1989,17 @@ impl Emit<'_> {
     /// An i64 operand read from memory (an i64 comparison's, a conversion's): a
     /// constant, or load `x` through `reg` (its base pointer, at the element of the
     /// current vector and, in a column reduction, of iteration r11).
-    fn i64_src(&mut self, x: ExprId, reg: AsmRegister64) -> R<I64Src> {
+    fn i64_src(&mut self, x: ExprId, reg: AsmRegister64, v: &mut VecEval, mask: Option<Mask>) -> R<I64Src> {
         if let Expr::Const(c) = self.k.node(x).expr {
             return Ok(I64Src::Const(c as i64));
         }
         let lp = self.p.loads.get(&x.0).ok_or_else(|| NotHere("an i64 load without a plan".into()))?;
         let (base, step, jstride) = (lp.base, lp.step, lp.jstride);
+        if !lp.lanes.is_empty() || !matches!(step, 0 | 1) {
+            // At offsets computed in lanes, or strided: gathered into registers.
+            let (lo, hi) = self.load64(x, v, mask)?;
+            return Ok(I64Src::Regs(lo, hi));
+        }
         self.a.mov(reg, qword_ptr(rsp + (S_BASE + 8 * base as i32)))?;
         if jstride != 0 {
             let b = jstride.checked_mul(8).and_then(|b| i32::try_from(b).ok());
@@ -1770,6 +2012,16 @@ impl Emit<'_> {
     /// `n` scratch registers from the pool.
     fn scratch(&mut self, n: usize, v: &mut VecEval) -> R<Vec<V>> {
         (0..n).map(|_| v.pool.pop().ok_or_else(|| NotHere("a row expression needs more registers".into()))).collect()
+    }
+}
+
+/// The registers of i64 operands gathered into registers ([`I64Src::Regs`]) back to
+/// `v`'s pool.
+fn give_back(srcs: &[I64Src], v: &mut VecEval) {
+    for s in srcs {
+        if let I64Src::Regs(lo, hi) = *s {
+            v.pool.extend([lo, hi]);
+        }
     }
 }
 
@@ -1971,6 +2223,77 @@ fn lane_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(i6
             Some((x.0.min(y.0), x.1.max(y.1)))
         }
         _ => None,
+    }
+}
+
+/// The range of i64 index expression `e` evaluated in 64-bit lanes along the row
+/// ([`Emit::lane_eval64`]) where [`lane_form`] has no i32 form for it because it reads
+/// i64 data per lane (a GatherND's index read from its index tensor, wrapped and
+/// clamped): in-bounds i64 loads (any value), what `lane_form` takes (sign-extended),
+/// `+ −` (wrapping, as the interpreter's i64 arithmetic: a sum that may overflow has
+/// any value), signed min/max, and selects on comparisons of such values. `None` for
+/// anything else.
+fn lane64_form(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> Option<(i64, i64)> {
+    const ANY: (i64, i64) = (i64::MIN, i64::MAX);
+    let node = k.node(e);
+    if depth > GPR_DEPTH || node.ty != ScalarType::I64 {
+        return None;
+    }
+    if let Some(r) = lane_form(k, e, u, lo, depth) {
+        return Some(r);
+    }
+    let r = |x: ExprId| lane64_form(k, x, u, lo, depth + 1);
+    match &node.expr {
+        Expr::Load { input, bounds: Bounds::InBounds, .. } if k.inputs[*input as usize].dtype == DType::I64 => {
+            Some(ANY)
+        }
+        Expr::Binary(op @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Min | BinaryOp::Max), a, b) => {
+            let (x, y) = (r(*a)?, r(*b)?);
+            Some(match op {
+                BinaryOp::Add => x.0.checked_add(y.0).zip(x.1.checked_add(y.1)).unwrap_or(ANY),
+                BinaryOp::Sub => x.0.checked_sub(y.1).zip(x.1.checked_sub(y.0)).unwrap_or(ANY),
+                BinaryOp::Min => (x.0.min(y.0), x.1.min(y.1)),
+                _ => (x.0.max(y.0), x.1.max(y.1)),
+            })
+        }
+        Expr::Select(c, a, b) if lane64_bool(k, *c, u, lo, depth + 1) => {
+            let (x, y) = (r(*a)?, r(*b)?);
+            Some((x.0.min(y.0), x.1.max(y.1)))
+        }
+        _ => None,
+    }
+}
+
+/// Whether expression `e` reads a load (index data).
+fn reads_load(k: &Kernel, e: ExprId) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![e];
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x.0) {
+            continue;
+        }
+        if matches!(k.node(x).expr, Expr::Load { .. }) {
+            return true;
+        }
+        k.node(x).expr.for_each_operand(|o| stack.push(o));
+    }
+    false
+}
+
+/// Whether bool `e` has a lane form beside [`lane64_form`]'s values: [`lane_form`]'s,
+/// or a comparison of two i64 values `lane64_form` takes ([`Emit::bool64`]).
+fn lane64_bool(k: &Kernel, e: ExprId, u: u32, lo: u32, depth: usize) -> bool {
+    if k.node(e).ty != ScalarType::Bool || depth > GPR_DEPTH {
+        return false;
+    }
+    if lane_form(k, e, u, lo, depth).is_some() {
+        return true;
+    }
+    match k.node(e).expr {
+        Expr::Binary(op, a, b) if op.is_comparison() && k.node(a).ty == ScalarType::I64 => {
+            lane64_form(k, a, u, lo, depth + 1).is_some() && lane64_form(k, b, u, lo, depth + 1).is_some()
+        }
+        _ => false,
     }
 }
 

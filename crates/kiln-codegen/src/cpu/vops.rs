@@ -34,6 +34,17 @@
 //! through f64 rounded to odd: [`Vx::i64_to_f32`]); a **cast to bool** of such an
 //! operand is the comparison `x != 0` ([`is_i64_to_bool`], either width).
 //!
+//! **i64 index lanes.** Where a load's offset is computed from i64 data read per lane
+//! (GatherND's index tensor), the row kernels evaluate that index in 64-bit lanes, two
+//! registers per vector (lanes `0..n/2`, then the rest): the data gathered by
+//! `vpgatherdq` ([`Vx::gather_i64`]), positions and constants widened from i32 lanes
+//! ([`Vx::widen_i32`]), `+ −` wrapping and signed max/min ([`Vx::int64`]), comparisons
+//! into 32-bit lane masks ([`Vx::cmp_i64`] on register operands, [`I64Src::Regs`]) and
+//! selects on them ([`Vx::select64`]); the result, whose range lies inside its dimension,
+//! is narrowed to i32 offsets exactly ([`Vx::narrow_i64`]). An i64 operand of a
+//! comparison or conversion that is read at such offsets, or at a stride, is gathered
+//! the same way.
+//!
 //! f32 `Pow` with a run-time exponent is `super::math`'s `Vx::pow` (`exp(y·ln|x|)` with
 //! C's special cases), in the row kernels and in contraction epilogues alike.
 //!
@@ -86,6 +97,9 @@ pub(crate) enum I64Src {
     Broadcast(AsmMemoryOperand),
     /// A constant.
     Const(i64),
+    /// Values already in registers, 64-bit lanes in two halves (lanes `0..n/2` in the
+    /// first): data gathered per lane ([`Vx::gather_i64`]) or i64 lane arithmetic.
+    Regs(V, V),
 }
 
 /// Whether `e` is an i64 comparison of the form [`Vx::cmp_i64`] takes: both operands
@@ -431,6 +445,119 @@ impl Vx<'_> {
                 let l = self.t.words(self.a, &[c as u32, (c >> 32) as u32]);
                 at_width!(self, vpbroadcastq(d; qword_ptr(l)));
             }
+            I64Src::Regs(lo, hi) => {
+                let r = if h == 0 { lo } else { hi };
+                if r != d && self.wide {
+                    self.a.vmovdqa64(z(d), z(r))?;
+                } else if r != d {
+                    self.a.vmovdqa(y(d), y(r))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `(lo, hi)` = the i32 lanes of `x` sign-extended to 64-bit lanes, in two halves
+    /// (lanes `0..n/2` in `lo`); `lo` may be `x`, `hi` may not.
+    pub fn widen_i32(&mut self, lo: V, hi: V, x: V) -> R<()> {
+        if self.wide {
+            self.a.vextracti64x4(y32(hi), z(x), 1)?;
+            self.a.vpmovsxdq(z(lo), y32(x))?;
+            self.a.vpmovsxdq(z(hi), y32(hi))?;
+        } else {
+            self.a.vextracti128(xmm(hi)?, y(x), 1)?;
+            self.a.vpmovsxdq(y(lo), xmm(x)?)?;
+            self.a.vpmovsxdq(y(hi), xmm(hi)?)?;
+        }
+        Ok(())
+    }
+
+    /// `d` = the low dwords of the 64-bit lanes `(lo, hi)` as i32 lanes (exact where
+    /// every value fits 32 bits); `t` scratch (sixteen lanes).
+    pub fn narrow_i64(&mut self, d: V, lo: V, hi: V, t: V) -> R<()> {
+        if self.wide {
+            self.a.vpmovqd(y32(t), z(hi))?;
+            self.a.vpmovqd(y32(d), z(lo))?;
+            self.a.vinserti64x4(z(d), z(d), y32(t), 1)?;
+        } else {
+            // Per 128-bit half, dwords 0 and 2 of lo then of hi; then the pairs in order.
+            self.a.vshufps(y(d), y(lo), y(hi), 0x88)?;
+            self.a.vpermpd(y(d), y(d), 0xD8)?;
+        }
+        Ok(())
+    }
+
+    /// `(lo, hi)` = the 64-bit elements at `base + 8·idx[i]` for lanes `i` (`idx`:
+    /// element offsets in i32 lanes), by `vpgatherdq` per half; a tail mask reads only
+    /// its lanes, the others are 0. `m`: two scratch registers (the index half and, on
+    /// eight lanes, the gather's mask); on sixteen lanes opmask `k7` is clobbered.
+    pub fn gather_i64(&mut self, lo: V, hi: V, base: AsmRegister64, idx: V, tail: Option<Mask>, m: [V; 2]) -> R<()> {
+        for (h, d) in [(0, lo), (1, hi)] {
+            if self.wide {
+                let ix = if h == 0 {
+                    y32(idx)
+                } else {
+                    self.a.vextracti64x4(y32(m[0]), z(idx), 1)?;
+                    y32(m[0])
+                };
+                match (tail, h) {
+                    (None, _) => self.a.kxnorw(k7, k0, k0)?,
+                    (Some(tm), 0) => self.a.kmovw(k7, kreg(tm))?,
+                    (Some(tm), _) => self.a.kshiftrw(k7, kreg(tm), 8)?,
+                }
+                self.a.vpxorq(z(d), z(d), z(d))?;
+                self.a.vpgatherdq(z(d).k7(), ptr(base + ix * 8))?;
+            } else {
+                let ix = if h == 0 {
+                    xmm(idx)?
+                } else {
+                    self.a.vextracti128(xmm(m[0])?, y(idx), 1)?;
+                    xmm(m[0])?
+                };
+                match tail {
+                    None => self.a.vpcmpeqq(y(m[1]), y(m[1]), y(m[1]))?,
+                    // The 32-bit lane mask's half, widened to 64-bit lanes.
+                    Some(tm) if h == 0 => self.a.vpmovsxdq(y(m[1]), xmm(V(tm.0))?)?,
+                    Some(tm) => {
+                        self.a.vextracti128(xmm(m[1])?, y(V(tm.0)), 1)?;
+                        self.a.vpmovsxdq(y(m[1]), xmm(m[1])?)?;
+                    }
+                }
+                self.a.vpxor(y(d), y(d), y(d))?;
+                self.a.vpgatherdq_3(y(d), ptr(base + ix * 8), y(m[1]))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `d = x op y` on one half of 64-bit lanes, the interpreter's i64 arithmetic: `+`
+    /// and `−` wrapping, signed `max`/`min`; `t` scratch (eight lanes' max/min), distinct
+    /// from `d`, `x` and `y`.
+    pub fn int64(&mut self, op: BinaryOp, d: V, x: V, yv: V, t: V) -> R<()> {
+        use BinaryOp as B;
+        match (op, self.wide) {
+            (B::Add, _) => at_width!(self, vpaddq(d, x, yv)),
+            (B::Sub, _) => at_width!(self, vpsubq(d, x, yv)),
+            (B::Max, true) => self.a.vpmaxsq(z(d), z(x), z(yv))?,
+            (B::Min, true) => self.a.vpminsq(z(d), z(x), z(yv))?,
+            (B::Max | B::Min, false) => {
+                // t = x > y; max takes x there, min takes y.
+                self.a.vpcmpgtq(y(t), y(x), y(yv))?;
+                let (a, b) = if op == B::Max { (yv, x) } else { (x, yv) };
+                self.a.vblendvpd(y(d), y(a), y(b), y(t))?;
+            }
+            _ => return Err(NotHere(format!("i64 lane operation {}", op.name()))),
+        }
+        Ok(())
+    }
+
+    /// `m = m ? x : y` bitwise on one half of 64-bit lanes (`m` all ones or zero in
+    /// each 64-bit lane).
+    pub fn select64(&mut self, m: V, x: V, yv: V) -> R<()> {
+        if self.wide {
+            self.a.vpternlogq(z(m), z(x), z(yv), 0xCA)?;
+        } else {
+            self.a.vblendvpd(y(m), y(yv), y(x), y(m))?;
         }
         Ok(())
     }
@@ -928,6 +1055,15 @@ fn gpr32_of(r: AsmRegister64) -> R<AsmRegister32> {
         (r15, r15d),
     ];
     PAIRS.iter().find(|p| p.0 == r).map(|p| p.1).ok_or_else(|| NotHere("a general register".into()))
+}
+
+/// The `ymm` half of vector register `v` (0–31; 16–31 EVEX only).
+fn y32(v: V) -> AsmRegisterYmm {
+    const Y: [AsmRegisterYmm; 32] = [
+        ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15, ymm16,
+        ymm17, ymm18, ymm19, ymm20, ymm21, ymm22, ymm23, ymm24, ymm25, ymm26, ymm27, ymm28, ymm29, ymm30, ymm31,
+    ];
+    Y[v.0 as usize]
 }
 
 /// The `xmm` half of vector register `v` (VEX-encodable: `v` below 16).
