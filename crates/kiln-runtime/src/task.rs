@@ -17,7 +17,9 @@
 //! tables and the job list were all made when the instance was.
 //!
 //! A wave the compiler estimates too small to pay for the hand-off (see
-//! [`worth_splitting`]) runs on the calling thread alone, as a one-workgroup wave does.
+//! [`worth_splitting`]) runs on the calling thread alone, as a one-workgroup wave does,
+//! unless it reads enough of what a split wave just before it wrote: alone, the calling
+//! thread would read the other threads' part of that from their cores' caches.
 //!
 //! A worker's share is cut into [`PARTS`] contiguous parts (fewer where a part would
 //! hold under [`PART_WORKGROUPS`] workgroups of a dispatch), each *claimed* before it
