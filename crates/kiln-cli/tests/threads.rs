@@ -3,7 +3,7 @@
 //! be bit-identical: a kernel computes each workgroup the same way whichever thread runs
 //! it, so splitting the workgroups may change nothing. The graphs cover contraction
 //! microkernels over odd shapes, a wave of two dispatches (and one of two like products,
-//! run whole, one thread each), reductions, helper calls, and
+//! run whole, one thread each), a batched product cut into column chunks, reductions, helper calls, and
 //! dispatches of fewer workgroups than threads; each also with its work estimates cleared,
 //! so that the driver splits every wave (with them, it runs waves too small to pay for
 //! the hand-off on the calling thread alone); the models are lenet (in the repository)
@@ -130,6 +130,17 @@ fn graphs_are_bit_identical_on_threads() {
             r#"graph @twins(%0: f32[33,200] "x", %1: f32[200,300] "w1", %2: f32[200,300] "w2") -> (%3, %4) {
   %3 = MatMul(%0, %1) : f32[33,300] "p1" node "p1"
   %4 = MatMul(%0, %2) : f32[33,300] "p2" node "p2"
+}"#,
+        ),
+    );
+    // A batched product whose B differs by batch position, each position's over one L2
+    // block (a bidirectional LSTM's input projection, one `W` per direction): column
+    // chunks, the chunk outermost, so a thread's range reads its chunk of each B.
+    same_on_threads(
+        "directions",
+        &graph(
+            r#"graph @directions(%0: f32[2,20,300] "x", %1: f32[2,300,301] "w") -> (%2) {
+  %2 = MatMul(%0, %1) : f32[2,20,301] "proj" node "proj"
 }"#,
         ),
     );

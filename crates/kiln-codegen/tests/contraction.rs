@@ -649,6 +649,26 @@ fn streamed_b_column_chunks() {
     }
 }
 
+/// A B that differs by batch position, each position's over one L2 block (a
+/// bidirectional LSTM's input projection: one `W` per direction) under an A that fits
+/// one, is cut into column chunks the same way, the chunk outermost and then the batch
+/// position: a range of workgroups reads its chunk of every position's B once. Tail
+/// rows and columns, against the interpreter, plain and packed, split into ranges.
+#[test]
+fn streamed_b_column_chunks_per_batch_position() {
+    require_avx2_fma!();
+    for (batch, m, k, n) in [(2usize, 20usize, 300usize, 1100usize), (3, 13, 130, 701)] {
+        let a = random_f32(&[batch, m, k], 1.0, 55);
+        let b = random_f32(&[batch, k, n], 1.0, 56);
+        let kern = matmul(&[batch], m, k, n, false, true);
+        let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        let panels = m.div_ceil(if m % 6 != 0 && m % 4 == 0 { 4 } else { 6 }) as u64;
+        let workgroups = compiled.workgroups[0];
+        assert!(workgroups >= 2 * batch as u64 * panels, "{batch}×{m}×{n}: {workgroups} workgroups");
+        check_micro(&kern, &[&a, &b], k);
+    }
+}
+
 /// The same with B's rows a power of two apart (4096 and 8192 bytes, which would crowd
 /// a few L1 sets), so B is packed on the stack: chunks of one packing block, each packed
 /// once by the range that runs it; a reduction of two packing blocks (300 = 256 + 44)

@@ -17,7 +17,9 @@
 //! tables and the job list were all made when the instance was.
 //!
 //! A wave the compiler estimates too small to pay for the hand-off (see
-//! [`worth_splitting`]) runs on the calling thread alone, as a one-workgroup wave does.
+//! [`worth_splitting`]) runs on the calling thread alone, as a one-workgroup wave does,
+//! unless it reads enough of what a split wave just before it wrote: alone, the calling
+//! thread would read the other threads' part of that from their cores' caches.
 //!
 //! A worker's share is cut into [`PARTS`] contiguous parts (fewer where a part would
 //! hold under [`PART_WORKGROUPS`] workgroups of a dispatch), each *claimed* before it
@@ -176,11 +178,24 @@ struct Planned<'m> {
 /// second layer (about 6.5 µs, streaming 0.5 MB of weights) took 3.3 µs less.
 pub(crate) const HANDOFF_NS: u64 = 3_000;
 
+/// What the calling thread pays, per byte, to read an operand another thread has just
+/// written (the line comes from that core's cache, not its own), in thousandths of a
+/// nanosecond. Measured on two threads of this project's machines
+/// (`kiln bench --profile`, real-time priority): crnn's paddings after its convolutions
+/// (122 KB read, half of it written by the worker) took 13 µs on one thread, 40–44 µs
+/// on the calling thread alone after a split convolution, and 24–26 µs split; its LSTM
+/// gate waves (16 KB of products, one direction's written by the worker) 5.4 µs alone
+/// and 3.5 split. About 0.5 ns a byte (32 ns a line).
+pub(crate) const REMOTE_PS_PER_BYTE: u64 = 500;
+
 /// Whether splitting a wave over `threads` threads saves the calling thread more than
 /// the hand-off costs, from the compiler's estimate of each dispatch's single-thread
-/// time (0: no estimate): the other threads take all but `1/threads` of the work.
-/// Without an estimate (a plan of format 1.0) every wave is split.
-pub(crate) fn worth_splitting(work_ns: impl IntoIterator<Item = u64>, threads: u64) -> bool {
+/// time (0: no estimate): the other threads take all but `1/threads` of the work, and
+/// of `remote` bytes that the wave reads and the wave before it wrote split over every
+/// thread, the calling thread alone would read all but `1/threads` from other cores'
+/// caches (split, each thread mostly reads what it wrote: the same workgroups go to the
+/// same thread). Without an estimate (a plan of format 1.0) every wave is split.
+pub(crate) fn worth_splitting(work_ns: impl IntoIterator<Item = u64>, remote: u64, threads: u64) -> bool {
     let mut total = 0u64;
     for w in work_ns {
         if w == 0 {
@@ -188,7 +203,25 @@ pub(crate) fn worth_splitting(work_ns: impl IntoIterator<Item = u64>, threads: u
         }
         total = total.saturating_add(w);
     }
-    total - total / threads.max(1) >= HANDOFF_NS
+    let remote_ns = remote.saturating_mul(REMOTE_PS_PER_BYTE) / 1000;
+    let saved = total.saturating_add(remote_ns);
+    saved - saved / threads.max(1) >= HANDOFF_NS
+}
+
+/// Bytes that `wave`'s dispatches read (every binding but the last) of what `before`'s
+/// dispatches wrote (their last bindings): an upper bound, counted per pair.
+fn bytes_written_before(before: &[Planned<'_>], wave: &[Planned<'_>]) -> u64 {
+    let mut n = 0u64;
+    for w in before.iter().filter_map(|p| p.bindings.last()) {
+        for r in wave.iter().flat_map(|p| &p.bindings[..p.bindings.len().saturating_sub(1)]) {
+            if w.slot == r.slot {
+                let lo = w.offset.max(r.offset);
+                let hi = w.offset.saturating_add(w.length).min(r.offset.saturating_add(r.length));
+                n = n.saturating_add(hi.saturating_sub(lo));
+            }
+        }
+    }
+    n
 }
 
 /// A step of an entry point's schedule.
@@ -260,12 +293,20 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
             let wave = &s.jobs[jobs.clone()];
             let work: Vec<u64> = wave.iter().map(|p| p.work_ns).collect();
             let whole = whole_dispatches(&work, threads);
+            // What the wave reads of the bytes the step before it wrote over several
+            // threads (a wave split; not a copy, a skip, or a wave run alone).
+            let remote = match s.steps.last() {
+                Some(Step::Wave { jobs: before, parallel: true, .. }) => {
+                    bytes_written_before(&s.jobs[before.clone()], wave)
+                }
+                _ => 0,
+            };
             let parallel = (1..threads).any(|t| {
                 wave.iter().enumerate().any(|(j, p)| {
                     let (b, e) = share_in(p.workgroups, threads, t, j as u64, whole);
                     b < e
                 })
-            }) && worth_splitting(work.iter().copied(), threads);
+            }) && worth_splitting(work.iter().copied(), remote, threads);
             s.steps.push(Step::Wave { jobs, parallel, whole, last });
         }
         *open = s.jobs.len();
@@ -945,19 +986,57 @@ mod tests {
     #[test]
     fn waves_split_only_when_the_others_share_pays_for_the_handoff() {
         // Two threads: the other takes half; four: three quarters.
-        assert!(!worth_splitting([5_000], 2), "lenet's second convolution: 2.5 µs handed over");
-        assert!(worth_splitting([6_000], 2));
-        assert!(!worth_splitting([5_998], 2));
-        assert!(worth_splitting([4_000], 4));
-        assert!(!worth_splitting([3_998], 4));
+        assert!(!worth_splitting([5_000], 0, 2), "lenet's second convolution: 2.5 µs handed over");
+        assert!(worth_splitting([6_000], 0, 2));
+        assert!(!worth_splitting([5_998], 0, 2));
+        assert!(worth_splitting([4_000], 0, 4));
+        assert!(!worth_splitting([3_998], 0, 4));
         // A wave's dispatches count together.
-        assert!(worth_splitting([2_000, 2_000, 2_000], 2));
+        assert!(worth_splitting([2_000, 2_000, 2_000], 0, 2));
+        // Bytes the split wave before wrote count at 0.5 ns each: crnn's paddings (3.4 µs
+        // estimated, 122 KB of a split convolution's output) split; an LSTM gate wave
+        // (1.6 µs, 16 KB of products) splits; 1 KB does not tip a 1 µs wave.
+        assert!(!worth_splitting([3_400], 0, 2));
+        assert!(worth_splitting([3_400], 122_880, 2));
+        assert!(worth_splitting([800, 800], 16_384, 2));
+        assert!(!worth_splitting([1_000], 1_024, 2));
         // No estimate (a format 1.0 plan) anywhere in the wave: split, as before estimates.
-        assert!(worth_splitting([0], 2));
-        assert!(worth_splitting([10, 0], 2));
+        assert!(worth_splitting([0], 0, 2));
+        assert!(worth_splitting([10, 0], 0, 2));
         // No overflow.
-        assert!(worth_splitting([u64::MAX, u64::MAX], 2));
-        assert!(!worth_splitting([], 2));
+        assert!(worth_splitting([u64::MAX, u64::MAX], u64::MAX, 2));
+        assert!(!worth_splitting([], 0, 2));
+    }
+
+    #[test]
+    fn bytes_written_before_are_the_overlaps_of_writes_and_reads() {
+        unsafe extern "C" fn noop(_: *const *mut u8, _: *const HelperFn, _: u64, _: u64) {}
+        let plan = |bindings: &'static [Binding]| Planned {
+            kernel: noop,
+            workgroups: 1,
+            rows: None,
+            work_ns: 1,
+            bindings,
+            table: 0,
+        };
+        static CONV: [Binding; 2] = [
+            Binding { slot: Slot::Arena, offset: 0, length: 64 },
+            Binding { slot: Slot::Arena, offset: 1000, length: 500 },
+        ];
+        static PAD: [Binding; 2] = [
+            Binding { slot: Slot::Arena, offset: 1100, length: 1000 },
+            Binding { slot: Slot::Arena, offset: 0, length: 900 },
+        ];
+        static OTHER: [Binding; 2] = [
+            Binding { slot: Slot::Input(0), offset: 1000, length: 500 },
+            Binding { slot: Slot::Arena, offset: 4000, length: 8 },
+        ];
+        // The pad reads 400 of the 500 bytes the convolution wrote; its own output, which
+        // overlaps the convolution's input, is not a read; another slot is not the arena.
+        assert_eq!(bytes_written_before(&[plan(&CONV)], &[plan(&PAD)]), 400);
+        assert_eq!(bytes_written_before(&[plan(&CONV)], &[plan(&OTHER)]), 0);
+        assert_eq!(bytes_written_before(&[plan(&CONV), plan(&CONV)], &[plan(&PAD), plan(&OTHER)]), 800);
+        assert_eq!(bytes_written_before(&[], &[plan(&PAD)]), 0);
     }
 
     #[test]

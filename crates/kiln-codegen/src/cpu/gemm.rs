@@ -616,24 +616,23 @@ impl Emitter<'_> {
     /// A B packed on the stack ([`Self::should_pack`]) is cut into chunks of one
     /// packing block, each packed once by the range that runs it (as column blocks,
     /// every thread packed all of B: mobilenet_v2's block-0 and block-1 projections).
-    /// Not with B differing by batch position, nor with channel-vector tiles.
+    /// A B that differs by batch position, each position's over a block (a
+    /// bidirectional LSTM's input projection, one 4 MB `W` per direction on crnn), is
+    /// cut the same way (the chunk outermost, then the batch position): as column
+    /// blocks, each call read all of its positions' B, and a worker's share, run as
+    /// several claimed parts (`kiln-runtime` `task.rs`), read it once per part (crnn's
+    /// projection took 0.78× its one-thread time on two threads). Not with
+    /// channel-vector tiles.
     fn streams_b(&self) -> bool {
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
         let batch = self.batch_extents().iter().product::<u64>();
+        // (Per batch position.)
         let b_bytes = n * k * self.b_bytes() as u64;
         let width = match self.c.b.panel {
             Some(p) => p.width,
             None => self.tile_width(m.min(self.mr)),
         };
-        // (A batch axis of one position, an image of a batch of one, shares B too.)
-        let ext = self.batch_extents();
-        let shared = self.bases[1].coef.iter().enumerate().all(|(i, &c)| c == 0 || ext.get(i) == Some(&1));
-        !self.few_rows()
-            && !self.transposed()
-            && shared
-            && b_bytes > L2_BLOCK
-            && batch * m * k * 4 <= L2_BLOCK
-            && n >= 4 * width
+        !self.few_rows() && !self.transposed() && b_bytes > L2_BLOCK && batch * m * k * 4 <= L2_BLOCK && n >= 4 * width
     }
 
     /// Fewer than four row panels in all (a single-row `Gemm`, a classifier): B is
