@@ -101,8 +101,11 @@ fn run_nested(pass: &dyn Pass, graph: &mut Graph) -> Result<(), PassError> {
     Ok(())
 }
 
-/// Runs the whole tensor pipeline ([`registry`] order) once.
+/// Runs the whole tensor pipeline ([`registry`] order) once, as for a target with
+/// integer microkernels: without [`quant::FloatIntegerContractions`], which
+/// `kiln-compiler` runs only for targets that have none.
 pub fn run_tensor_pipeline(graph: &mut Graph) -> Result<(), PassError> {
-    let names: Vec<&str> = registry().iter().map(|p| p.name()).collect();
+    let skip = quant::FloatIntegerContractions.name();
+    let names: Vec<&str> = registry().iter().map(|p| p.name()).filter(|&n| n != skip).collect();
     run_passes(graph, &names)
 }
