@@ -381,3 +381,39 @@ fn division_by_a_power_of_two_is_exact() {
         }
     }
 }
+
+/// A row-wise concatenation of `pieces` inputs (`x_p[j]` on the row `p` owns, chosen by
+/// a chain of selects on the row index, as a fused Concat of padded pieces writes it),
+/// squared: in the kernel's order each select holds its condition and its piece while
+/// the rest of the chain is evaluated.
+fn concatenation(pieces: usize, len: usize) -> Kernel {
+    let inputs = (0..pieces).map(|_| tt(&[len])).collect();
+    let mut b = KernelBuilder::new("stacked", inputs, tt(&[pieces + 2, len]));
+    let o = b.out_index();
+    let mut v = b.load(pieces - 1, vec![o[1]]);
+    for p in (0..pieces - 1).rev() {
+        let bound = b.index(p as i64 + 1);
+        let c = b.binary(BinaryOp::Lt, o[0], bound);
+        let x = b.load(p, vec![o[1]]);
+        v = b.select(c, x, v);
+    }
+    let y = b.mul(v, v);
+    b.finish(y).unwrap()
+}
+
+#[test]
+fn deep_select_chains_evaluate_the_largest_operand_first() {
+    require_avx2_fma!();
+    // 12 pieces: the kernel's order holds more values than eight-lane kernels have
+    // registers for; evaluated the deeper operand first (`rows::register_needs`), it is
+    // a row kernel on both widths, bit for bit (selects and one product).
+    for (target, kind) in widths() {
+        for len in [8, 37] {
+            let k = concatenation(12, len);
+            let ins: Vec<Tensor> = (0..12).map(|i| random_f32(&[len], 2.0, 40 + i)).collect();
+            let (want, got, note) = run_noted(&k, &ins, target);
+            assert_eq!(note, format!("{kind})"), "length {len}");
+            assert_close(&got, &want, |a, w| a.to_bits() == w.to_bits(), &format!("length {len}"));
+        }
+    }
+}

@@ -483,10 +483,7 @@ fn rebuilt(
         }
         _ => None,
     };
-    let mut b = KernelBuilder::new(k.name.clone(), inputs, k.output.clone());
-    for &e in &k.vars[k.out_rank()..] {
-        b.new_var(e);
-    }
+    let mut b = KernelBuilder::rewriting(k, inputs);
     let mut map: Vec<ExprId> = Vec::with_capacity(k.nodes.len());
     for (i, node) in k.nodes.iter().enumerate() {
         let expr = node.expr.map_operands(|e| map[e.index()]);
@@ -885,10 +882,7 @@ fn int_sums(p: &FlowProgram, d: usize) -> Option<IntSums> {
     inputs[x.input as usize] = TensorType::new(new_dtype, t.shape().clone());
     let s_input = inputs.len();
     inputs.extend(sums.as_ref().map(|s| s.ty().clone()));
-    let mut b = KernelBuilder::new(k.name.clone(), inputs, k.output.clone());
-    for &e in &k.vars[k.out_rank()..] {
-        b.new_var(e);
-    }
+    let mut b = KernelBuilder::rewriting(k, inputs);
     let mut map: Vec<ExprId> = Vec::with_capacity(k.nodes.len());
     for (i, node) in k.nodes.iter().enumerate() {
         let m = |e: ExprId| map[e.index()];

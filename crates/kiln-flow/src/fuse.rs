@@ -560,13 +560,8 @@ impl Translate {
                     let vars = vars.iter().map(|&v| self.var(b, k, v)).collect();
                     b.raw(n.ty, Expr::Reduce { op: *op, vars, body })
                 }
-                Expr::Const(c) => b.raw(n.ty, Expr::Const(*c)),
-                Expr::Unary(op, a) => b.raw(n.ty, Expr::Unary(*op, m(a))),
-                Expr::Binary(op, x, y) => b.raw(n.ty, Expr::Binary(*op, m(x), m(y))),
-                Expr::Select(c, x, y) => b.raw(n.ty, Expr::Select(m(c), m(x), m(y))),
-                Expr::Cast { value, to, saturate } => {
-                    b.raw(n.ty, Expr::Cast { value: m(value), to: *to, saturate: *saturate })
-                }
+                // Constants and arithmetic: the same node over the translated operands.
+                e => b.raw(n.ty, e.map_operands(|o| m(&o))),
             };
             self.map.push(id);
         }
@@ -631,13 +626,7 @@ fn substitute(
                     .collect();
                 b.raw(n.ty, Expr::Reduce { op: *op, vars, body: m(body) })
             }
-            Expr::Const(c) => b.raw(n.ty, Expr::Const(*c)),
-            Expr::Unary(op, a) => b.raw(n.ty, Expr::Unary(*op, m(a))),
-            Expr::Binary(op, x, y) => b.raw(n.ty, Expr::Binary(*op, m(x), m(y))),
-            Expr::Select(c, x, y) => b.raw(n.ty, Expr::Select(m(c), m(x), m(y))),
-            Expr::Cast { value, to, saturate } => {
-                b.raw(n.ty, Expr::Cast { value: m(value), to: *to, saturate: *saturate })
-            }
+            e => b.raw(n.ty, e.map_operands(|o| m(&o))),
         };
         map.push(id);
     }

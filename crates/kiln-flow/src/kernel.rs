@@ -1132,6 +1132,16 @@ impl KernelBuilder {
         }
     }
 
+    /// A builder for a rewrite of `k` over `inputs`: `k`'s name and output, and its
+    /// reduction variables already made in `k`'s order (so `k`'s `VarId`s stay valid).
+    pub fn rewriting(k: &Kernel, inputs: Vec<TensorType>) -> KernelBuilder {
+        let mut b = KernelBuilder::new(k.name.clone(), inputs, k.output.clone());
+        for &e in &k.vars[k.out_rank()..] {
+            b.new_var(e);
+        }
+        b
+    }
+
     /// Also take apart quotients and remainders of sums with multiples of the divisor
     /// in them ([`KernelBuilder::split_multiples`]), for a pass that rebuilds a kernel
     /// no fast path takes. (Not while forming dispatches: simpler indices change what

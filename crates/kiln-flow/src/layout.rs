@@ -401,10 +401,7 @@ fn rebuild_load(
         Some(slot) => *slot = ty.clone(),
         None => inputs.push(ty.clone()),
     }
-    let mut b = KernelBuilder::new(k.name.clone(), inputs, k.output.clone());
-    for &e in &k.vars[k.out_rank()..] {
-        b.new_var(e);
-    }
+    let mut b = KernelBuilder::rewriting(k, inputs);
     let mut map: Vec<ExprId> = Vec::with_capacity(k.nodes.len());
     for (i, node) in k.nodes.iter().enumerate() {
         let m = |e: ExprId| map[e.index()];

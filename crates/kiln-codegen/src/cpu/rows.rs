@@ -53,6 +53,16 @@
 //! offsets for the gather; no clamp is added, so the kernel reads exactly what the
 //! interpreter and the general code read.
 //!
+//! **Registers.** A vector evaluation takes registers from a pool (13 `ymm` on eight
+//! lanes; the upper 16 too on sixteen) and gives an operand's back at its last use. A
+//! kernel that runs out with operands evaluated in the kernel's order (a fused Concat of
+//! many padded pieces is a chain of selects, each holding its condition and piece while
+//! the rest of the chain is evaluated) is emitted again with each operation's operands
+//! evaluated in decreasing order of their register need ([`register_needs`]: Sethi and
+//! Ullman's numbering), so a chain holds about three registers whatever its length. Only
+//! then: a kernel that fits keeps its code. Values with later uses stay in their
+//! registers (nothing is spilled), so conditions shared by two chains still count.
+//!
 //! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
 //! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
 //! coefficients cost a load each, and on this machine's AMD EPYC those loads, not the
@@ -698,6 +708,42 @@ fn reaches_rounding(k: &Kernel) -> Vec<bool> {
 /// kernels with a sum are left to the general code generator. `wide`: 16 lanes in `zmm`
 /// registers (the target has AVX-512 F) rather than 8 in `ymm`.
 pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
+    match emit_ordered(k, fast, wide, None) {
+        // Operands in the kernel's order hold too many registers at once: evaluate the
+        // operand that needs the most registers first ([`register_needs`]). (Only then,
+        // so that every kernel that fits keeps its code.)
+        Err(NotHere(why)) if why.ends_with(OUT_OF_REGISTERS) => {
+            emit_ordered(k, fast, wide, Some(register_needs(k)))
+        }
+        r => r,
+    }
+}
+
+/// The end of the reasons a row kernel gives when its vector registers run out.
+const OUT_OF_REGISTERS: &str = "needs more registers";
+
+/// For each node, about how many vector registers evaluating it takes when every
+/// operation evaluates its operands in decreasing order of need (Sethi and Ullman's
+/// numbering, on the expression's tree: a value shared by several uses counts once per
+/// use): a leaf 1; an operation of operands needing `n₁ ≥ n₂ ≥ …` the largest of
+/// `nᵢ + i − 1` (the operands evaluated earlier each hold a register while the next is
+/// evaluated) and 1.
+fn register_needs(k: &Kernel) -> Vec<u32> {
+    let mut need: Vec<u32> = Vec::with_capacity(k.nodes.len());
+    for n in &k.nodes {
+        let mut ops: Vec<u32> = Vec::new();
+        if matches!(n.expr, Expr::Unary(..) | Expr::Binary(..) | Expr::Select(..) | Expr::Cast { .. }) {
+            n.expr.for_each_operand(|o| ops.push(need[o.index()]));
+        }
+        ops.sort_unstable_by(|a, b| b.cmp(a));
+        need.push(ops.iter().enumerate().map(|(i, &m)| m + i as u32).max().unwrap_or(1).max(1));
+    }
+    need
+}
+
+/// [`emit`] with operands evaluated in the kernel's order (`needs` None) or in
+/// decreasing order of their register needs.
+fn emit_ordered(k: &Kernel, fast: bool, wide: bool, needs: Option<Vec<u32>>) -> R<RowCode> {
     let p = plan(k, fast, wide)?;
     let (stored, reciprocal) = (p.stash.is_some(), !p.recip.is_empty());
     let held = if wide { held_constants(k.nodes.iter()) } else { Vec::new() };
@@ -711,6 +757,7 @@ pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
         wide,
         held,
         tail_lanes: 0,
+        needs,
     };
     let workgroups = e.function()?;
     let row_axes = e.p.rows.len();
@@ -762,6 +809,9 @@ struct Emit<'k> {
     held: Vec<(u32, V)>,
     /// Lanes of the tail vector being emitted (what its mask lets through).
     tail_lanes: u64,
+    /// Registers each node needs ([`register_needs`]) where operands are evaluated in
+    /// decreasing order of need; None: in the kernel's order.
+    needs: Option<Vec<u32>>,
 }
 
 /// The state of one vector evaluation: node → register, remaining uses, free registers.
@@ -1641,6 +1691,22 @@ impl Emit<'_> {
         Ok(r)
     }
 
+    /// Evaluates the operands `ops` of one operation, in their order or, with
+    /// [`Emit::needs`], the one needing the most registers first; their registers in
+    /// the order of `ops`.
+    fn eval_operands<const N: usize>(&mut self, ops: [ExprId; N], v: &mut VecEval, mask: Option<Mask>) -> R<[V; N]> {
+        let mut order: [usize; N] = core::array::from_fn(|i| i);
+        if let Some(need) = &self.needs {
+            // Stable: operands of equal need keep their order.
+            order.sort_by(|&a, &b| need[ops[b].index()].cmp(&need[ops[a].index()]));
+        }
+        let mut regs = [V(0); N];
+        for i in order {
+            regs[i] = self.eval(ops[i], v, mask)?;
+        }
+        Ok(regs)
+    }
+
     /// Evaluates an operation node (not a row value from its slot, not the stashed value).
     fn eval_op(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<V> {
         let node = self.k.node(e).clone();
@@ -1746,8 +1812,7 @@ impl Emit<'_> {
                 dst
             }
             Expr::Binary(_, x, y) => {
-                let rx = self.eval(*x, v, mask)?;
-                let ry = self.eval(*y, v, mask)?;
+                let [rx, ry] = self.eval_operands([*x, *y], v, mask)?;
                 let t = self.scratch(op_scratch(self.k, e), v)?;
                 let dst = self.result_reg(&[*x, *y], v)?;
                 {
@@ -1758,9 +1823,7 @@ impl Emit<'_> {
                 dst
             }
             Expr::Select(c, x, y) => {
-                let rc = self.eval(*c, v, mask)?;
-                let rx = self.eval(*x, v, mask)?;
-                let ry = self.eval(*y, v, mask)?;
+                let [rc, rx, ry] = self.eval_operands([*c, *x, *y], v, mask)?;
                 let dst = self.result_reg(&[*c, *x, *y], v)?;
                 {
                     let k = self.k;
