@@ -712,9 +712,7 @@ pub(crate) fn emit(k: &Kernel, fast: bool, wide: bool) -> R<RowCode> {
         // Operands in the kernel's order hold too many registers at once: evaluate the
         // operand that needs the most registers first ([`register_needs`]). (Only then,
         // so that every kernel that fits keeps its code.)
-        Err(NotHere(why)) if why.ends_with(OUT_OF_REGISTERS) => {
-            emit_ordered(k, fast, wide, Some(register_needs(k)))
-        }
+        Err(NotHere(why)) if why.ends_with(OUT_OF_REGISTERS) => emit_ordered(k, fast, wide, Some(register_needs(k))),
         r => r,
     }
 }
