@@ -28,9 +28,17 @@
 //! 24 accumulators, 4 of B, one broadcast, of the 32 zmm registers); the whole vectors of
 //! 16 columns past the last such tile run in one narrower 512-bit tile, the last 1..15
 //! columns in the 256-bit tiles above. A stride-2 B (a strided convolution: mobilenet's
-//! stem, 3×3 over 3 channels) takes each vector from two loads and one `vpermt2ps`,
-//! where the 256-bit tiles need two shuffles per 8 columns and fit only 8 accumulators:
-//! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms).
+//! stem, 3×3 over 3 channels) takes each vector from two loads and one `vpermt2ps`:
+//! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms). The 256-bit tiles
+//! take each vector of 8 from one load and one `vshufps` from memory (elements 0..14,
+//! never the 16th), its columns in the order 0 1 4 5 2 3 6 7, and put the sums in order
+//! after the reduction (one `vpermpd` an accumulator); with no temporaries their tiles
+//! are as wide as unit-stride ones (the stem 4 × 24, where two loads, two shuffles and
+//! two temporaries a vector made it 4 × 16).
+//!
+//! A reduction's innermost level of at most 4 steps (a 3×3 window's row over the input
+//! as it is: the convolution's `ci, kh, kw` do not merge) is unrolled in the 256-bit
+//! tiles, each step's operands at their own displacements.
 //!
 //! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
 //! loads, transcendentals, comparisons into opmask registers `k4`–`k7` and selects by
@@ -908,7 +916,8 @@ impl Emitter<'_> {
     }
 
     /// Loads vector `j` of B (8 columns) at `rsi + disp` into `dst`: one load, or for
-    /// a stride-2 B the even elements of two (`vshufps` + `vpermpd` put them in order),
+    /// a stride-2 B the even elements of two (one `vshufps`, in an order the tile puts
+    /// right after the reduction),
     /// or for an integer B one load converted. `lanes`: only that many columns are
     /// valid (masked loads, nothing read past them).
     fn load_b(&mut self, dst: AsmRegisterYmm, disp: i64, lanes: Option<u64>, temps: &[AsmRegisterYmm]) -> R<()> {
@@ -962,15 +971,18 @@ impl Emitter<'_> {
             // A whole vector: elements 0..7 and 7..14 (the second load one element
             // back, so element 15 is not read), in place in `dst` (no temporaries:
             // a stride-2 tile is as wide as a unit-stride one). Per 128-bit lane,
-            // `vshufps` takes elements 0 and 2 of the first and 1 and 3 of the second
-            // (x0 x2 x8 x10 | x4 x6 x12 x14), `vpermpd` puts the pairs in order.
+            // `vshufps` takes elements 0 and 2 of the first and 1 and 3 of the second:
+            // x0 x2 x8 x10 | x4 x6 x12 x14, columns 0 1 4 5 | 2 3 6 7. Every vector of
+            // B is in that order, so the sums are: [`Self::tile`] puts them in order
+            // after the reduction (one `vpermpd` an accumulator, not one a vector of B
+            // per step).
             self.a.vmovups(dst, ymmword_ptr(rsi + disp as i32))?;
             self.a.vshufps(dst, dst, ymmword_ptr(rsi + (disp + 28) as i32), 0xD8)?;
-            self.a.vpermpd(dst, dst, 0xD8)?;
             return Ok(());
         };
         // The last 1..7 columns: the first min(2l−1, 8) elements of the low half, the
-        // rest of the high half, each by a masked load.
+        // rest of the high half, each by a masked load; the even ones in the same
+        // order as a whole vector's.
         let (lo, hi) = (ymmword_ptr(rsi + disp as i32), ymmword_ptr(rsi + (disp + 32) as i32));
         let (t, m) = (temps[0], temps[1]);
         let used = 2 * l - 1;
@@ -985,7 +997,6 @@ impl Emitter<'_> {
             self.a.vxorps(dst, dst, dst)?;
         }
         self.a.vshufps(dst, t, dst, 0x88)?;
-        self.a.vpermpd(dst, dst, 0xD8)?;
         Ok(())
     }
 
@@ -1673,6 +1684,15 @@ impl Emitter<'_> {
             }
         }
         self.k_loops_close(lp)?;
+        if self.stride2() {
+            // Stride-2 sums hold columns 0 1 4 5 2 3 6 7 ([`Self::load_b`]): pairs
+            // 0 2 1 3 put them in order.
+            for i in 0..mr_ {
+                for j in 0..nv_ {
+                    self.a.vpermpd(acc(i, j), acc(i, j), 0xD8)?;
+                }
+            }
+        }
         // Epilogue and store, one accumulator at a time.
         let mut pool: Vec<AsmRegisterYmm> = (0..nv_).map(breg).chain([areg]).chain(free).collect();
         pool.sort_by_key(|r| YMM.iter().position(|y| y == r));
