@@ -1637,10 +1637,8 @@ impl Emitter<'_> {
         let lp = self.k_loops_open_unrolled(UNROLL_K)?;
         // Reduction steps in the body (the innermost level, where unrolled) and their
         // byte steps in A and B.
-        let (reps, ka, kb) = match lp.unrolled {
-            true => (*lp.ext.last().expect("a level"), *lp.sa.last().expect("a level"), *lp.sb.last().expect("a level")),
-            false => (1, 0, 0),
-        };
+        let inner = lp.ext.len() - 1;
+        let (reps, ka, kb) = if lp.unrolled { (lp.ext[inner], lp.sa[inner], lp.sb[inner]) } else { (1, 0, 0) };
         // Bytes of B per vector of 8 columns.
         let step = if self.stride2() { 64 } else { 8 * self.b_bytes() };
         // Registers past the tile's own (and the store mask) are free for loading B.
