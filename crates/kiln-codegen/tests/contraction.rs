@@ -117,7 +117,8 @@ fn odd_shapes() {
     require_avx2_fma!(", so no contraction microkernel can run here");
     for &m in &[1, 2, 5, 6, 7, 13] {
         for &n in &[1, 7, 8, 9, 16, 17, 40, 63, 64, 100, 130] {
-            for &k in &[1, 7, 17, 63] {
+            // 1 and 3 reduction steps are unrolled in 256-bit tiles, 7 and more loop.
+            for &k in &[1, 3, 7, 17, 63] {
                 let a = random_f32(&[m, k], 1.0, (m * 1000 + n * 10 + k) as u64);
                 let b = random_f32(&[k, n], 1.0, (m * 7 + n * 100 + k) as u64);
                 check_micro(&matmul(&[], m, k, n, false, false), &[&a, &b], k);
@@ -568,6 +569,9 @@ fn convolutions_and_depthwise() {
         (1, 3, 32, 5, 229, 3, 3),
         (1, 2, 12, 4, 161, 3, 3),
         (2, 3, 8, 3, 129, 3, 3),
+        // Window rows of 2 and 4 steps (unrolled in 256-bit tiles, as 3 is), of 5 a loop.
+        (1, 3, 8, 6, 41, 2, 4),
+        (1, 2, 12, 5, 27, 4, 2),
     ];
     for ((n, ci, co, h, w, kh, kw), depthwise, s) in
         shapes.iter().flat_map(|&sh| [(sh, false, 1), (sh, true, 1), (sh, false, 2), (sh, true, 2)])

@@ -38,7 +38,10 @@
 //! `R` output rows of a `KH × KW` window cost about `(R + KH − 1)·KW + R·KH` maxima, not
 //! `R·KH·KW` (YOLO's SPPF 13×13 pools over 13×13 planes: blocks of 6 rows, 3× fewer).
 //!
-//! Stride-2 columns take the even elements of two loads (`vshufps` + `vpermpd`); wider
+//! Stride-2 columns take the even elements of two loads (`vshufps`, the second half
+//! from memory where it is whole), their lanes in an order that one `vpermpd` of each
+//! sum puts right before the epilogue (one a tap did: mobilenet_v2's four stride-2
+//! 3×3 depthwise convolutions, see `Emit::fetch`); wider
 //! column strides gather their 8 columns (`vgatherdps` under the mask of the lanes
 //! inside the row). Any row stride is a pointer step. The
 //! epilogue steps (bias, scale, clamps) apply to each vector before the store. A row's
@@ -503,7 +506,11 @@ impl<'d> Emit<'d> {
                 }
             }
             2 => {
-                // 16 elements from col; lane e takes element 2e.
+                // 16 elements from col; the even ones as `vshufps` leaves them, per
+                // 128-bit lane (elements 0 2 8 10 | 4 6 12 14: columns 0 1 4 5 | 2 3 6 7).
+                // Every tap's vector is in that order, so the sums (or maxima) are too:
+                // [`Emit::group`] puts them in order, one `vpermpd` an output vector
+                // where one a tap did (3×3 stride 2: 9 shuffles an output vector, not 18).
                 let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
                 if max {
                     self.load_max(dst, disp, lo)?;
@@ -516,12 +523,17 @@ impl<'d> Emit<'d> {
                     if !self.load(dst, disp, lo)? {
                         self.a.vxorps(dst, dst, dst)?;
                     }
+                    if hi == 0xff {
+                        // A whole second half: the shuffle's memory operand.
+                        let at = ymmword_ptr(rbx + ((disp + 8) * 4) as i32);
+                        self.a.vshufps(dst, dst, at, 0x88)?;
+                        return Ok(true);
+                    }
                     if !self.load(t1, disp + 8, hi)? {
                         self.a.vxorps(t1, t1, t1)?;
                     }
                 }
                 self.a.vshufps(dst, dst, t1, 0x88)?;
-                self.a.vpermpd(dst, dst, 0xD8)?;
                 Ok(true)
             }
             _ => {
@@ -622,6 +634,13 @@ impl<'d> Emit<'d> {
                 if let Some(mut l) = skip {
                     self.a.set_label(&mut l)?;
                 }
+            }
+        }
+        if sw == 2 {
+            // A stride-2 window's sums hold columns 0 1 4 5 2 3 6 7 ([`Emit::fetch`]):
+            // pairs 0 2 1 3 put them in order.
+            for &r in &accs {
+                self.a.vpermpd(r, r, 0xD8)?;
             }
         }
         self.epilogue(&accs, nv, j0)?;

@@ -28,9 +28,17 @@
 //! 24 accumulators, 4 of B, one broadcast, of the 32 zmm registers); the whole vectors of
 //! 16 columns past the last such tile run in one narrower 512-bit tile, the last 1..15
 //! columns in the 256-bit tiles above. A stride-2 B (a strided convolution: mobilenet's
-//! stem, 3×3 over 3 channels) takes each vector from two loads and one `vpermt2ps`,
-//! where the 256-bit tiles need two shuffles per 8 columns and fit only 8 accumulators:
-//! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms).
+//! stem, 3×3 over 3 channels) takes each vector from two loads and one `vpermt2ps`:
+//! that stem went from 0.51 to 0.30 ms (ONNX Runtime 0.31–0.40 ms). The 256-bit tiles
+//! take each vector of 8 from one load and one `vshufps` from memory (elements 0..14,
+//! never the 16th), its columns in the order 0 1 4 5 2 3 6 7, and put the sums in order
+//! after the reduction (one `vpermpd` an accumulator); with no temporaries their tiles
+//! are as wide as unit-stride ones (the stem 4 × 24, where two loads, two shuffles and
+//! two temporaries a vector made it 4 × 16).
+//!
+//! A reduction's innermost level of at most 4 steps (a 3×3 window's row over the input
+//! as it is: the convolution's `ci, kh, kw` do not merge) is unrolled in the 256-bit
+//! tiles, each step's operands at their own displacements.
 //!
 //! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
 //! loads, transcendentals, comparisons into opmask registers `k4`–`k7` and selects by
@@ -293,19 +301,16 @@ pub(crate) fn no<T>(what: impl Into<String>) -> R<T> {
 
 /// Vectors per tile for `mr` rows: accumulators + B row + one broadcast ≤ 16.
 ///
-/// With a stride-2 right operand every vector of B is put together from two loads,
-/// which takes two more registers: the tiles are narrower.
-fn tile_vectors(mr: u64, stride2: bool) -> u64 {
-    match (mr, stride2) {
-        (1, false) => 7,
-        (2, false) => 5,
-        (3 | 4, false) => 3,
-        (_, false) => 2,
-        (1, true) => 6,
-        (2, true) => 4,
-        (3, true) => 3,
-        (4 | 5, true) => 2,
-        (_, true) => 1,
+/// A stride-2 right operand's whole vectors are put together in their own registers
+/// ([`Emitter::load_b`]), so its tiles are as wide (only the masked last vector, one
+/// a tile, takes two temporaries). With two temporaries a vector, they were narrower
+/// (4 × 16 for mobilenet_v2's stem, 3×3 over 3 channels stride 2, where 4 × 24 now).
+fn tile_vectors(mr: u64) -> u64 {
+    match mr {
+        1 => 7,
+        2 => 5,
+        3 | 4 => 3,
+        _ => 2,
     }
 }
 
@@ -316,7 +321,15 @@ struct KLoops {
     sb: Vec<i64>,
     outer: Vec<CodeLabel>,
     kloop: CodeLabel,
+    /// Whether the innermost level is unrolled ([`Emitter::k_loops_open_unrolled`]):
+    /// no loop, the body emitted once per step at displacements `step · sa`, `step · sb`.
+    unrolled: bool,
 }
+
+/// The longest innermost reduction level a 256-bit tile unrolls (a 3×3 or 1×3
+/// window's row over the input as it is: a loop of three steps, its counter, pointer
+/// steps and branch as much work as its FMAs in a narrow tile).
+const UNROLL_K: i64 = 4;
 /// GPRs holding the epilogue's load pointers during a panel (as many as the flow level
 /// lets fusion give a contraction in place: `kiln_flow::contraction::MAX_EPILOGUE_LOADS`).
 const EPTR: [AsmRegister64; kiln_flow::contraction::MAX_EPILOGUE_LOADS] = [r9, r10, r11, rbx];
@@ -903,7 +916,8 @@ impl Emitter<'_> {
     }
 
     /// Loads vector `j` of B (8 columns) at `rsi + disp` into `dst`: one load, or for
-    /// a stride-2 B the even elements of two (`vshufps` + `vpermpd` put them in order),
+    /// a stride-2 B the even elements of two (one `vshufps`, in an order the tile puts
+    /// right after the reduction),
     /// or for an integer B one load converted. `lanes`: only that many columns are
     /// valid (masked loads, nothing read past them).
     fn load_b(&mut self, dst: AsmRegisterYmm, disp: i64, lanes: Option<u64>, temps: &[AsmRegisterYmm]) -> R<()> {
@@ -951,36 +965,38 @@ impl Emitter<'_> {
             }
             return Ok(());
         }
-        let (lo, hi) = (ymmword_ptr(rsi + disp as i32), ymmword_ptr(rsi + (disp + 32) as i32));
-        let t = temps[0];
         // Columns 0..l read elements 0..2l−1 (never the last odd one, which may lie
-        // past the tensor): the first min(2l−1, 8) of the low half, the rest of the
-        // high half.
-        let used = 2 * lanes.unwrap_or(8) - 1;
-        match lanes {
-            None => {
-                self.a.vmovups(t, lo)?;
-                let m = temps[1];
-                let label = self.mask_label(used - 8);
-                self.a.vmovups(m, ymmword_ptr(label))?;
-                self.a.vmaskmovps(dst, m, hi)?;
-            }
-            Some(_) => {
-                let m = temps[1];
-                let label = self.mask_label(used.min(8));
-                self.a.vmovups(m, ymmword_ptr(label))?;
-                self.a.vmaskmovps(t, m, lo)?;
-                if used > 8 {
-                    let label = self.mask_label(used - 8);
-                    self.a.vmovups(m, ymmword_ptr(label))?;
-                    self.a.vmaskmovps(dst, m, hi)?;
-                } else {
-                    self.a.vxorps(dst, dst, dst)?;
-                }
-            }
+        // past the tensor).
+        let Some(l) = lanes else {
+            // A whole vector: elements 0..7 and 7..14 (the second load one element
+            // back, so element 15 is not read), in place in `dst` (no temporaries:
+            // a stride-2 tile is as wide as a unit-stride one). Per 128-bit lane,
+            // `vshufps` takes elements 0 and 2 of the first and 1 and 3 of the second:
+            // x0 x2 x8 x10 | x4 x6 x12 x14, columns 0 1 4 5 | 2 3 6 7. Every vector of
+            // B is in that order, so the sums are: [`Self::tile`] puts them in order
+            // after the reduction (one `vpermpd` an accumulator, not one a vector of B
+            // per step).
+            self.a.vmovups(dst, ymmword_ptr(rsi + disp as i32))?;
+            self.a.vshufps(dst, dst, ymmword_ptr(rsi + (disp + 28) as i32), 0xD8)?;
+            return Ok(());
+        };
+        // The last 1..7 columns: the first min(2l−1, 8) elements of the low half, the
+        // rest of the high half, each by a masked load; the even ones in the same
+        // order as a whole vector's.
+        let (lo, hi) = (ymmword_ptr(rsi + disp as i32), ymmword_ptr(rsi + (disp + 32) as i32));
+        let (t, m) = (temps[0], temps[1]);
+        let used = 2 * l - 1;
+        let label = self.mask_label(used.min(8));
+        self.a.vmovups(m, ymmword_ptr(label))?;
+        self.a.vmaskmovps(t, m, lo)?;
+        if used > 8 {
+            let label = self.mask_label(used - 8);
+            self.a.vmovups(m, ymmword_ptr(label))?;
+            self.a.vmaskmovps(dst, m, hi)?;
+        } else {
+            self.a.vxorps(dst, dst, dst)?;
         }
         self.a.vshufps(dst, t, dst, 0x88)?;
-        self.a.vpermpd(dst, dst, 0xD8)?;
         Ok(())
     }
 
@@ -1333,7 +1349,7 @@ impl Emitter<'_> {
         if self.wide() && rows >= 2 {
             ZMM_COLUMNS
         } else {
-            tile_vectors(rows, self.stride2()) * 8
+            tile_vectors(rows) * 8
         }
     }
 
@@ -1545,7 +1561,7 @@ impl Emitter<'_> {
             rest %= 16;
         }
         // The rest in 256-bit tiles (after 512-bit full tiles, possibly several).
-        let most = tile_vectors(mr, self.stride2());
+        let most = tile_vectors(mr);
         while rest >= 8 {
             let v = (rest / 8).min(most);
             self.tile(mr, v, None)?;
@@ -1618,47 +1634,63 @@ impl Emitter<'_> {
                 self.a.vxorps(acc(i, j), acc(i, j), acc(i, j))?;
             }
         }
-        let lp = self.k_loops_open()?;
+        let lp = self.k_loops_open_unrolled(UNROLL_K)?;
+        // Reduction steps in the body (the innermost level, where unrolled) and their
+        // byte steps in A and B.
+        let inner = lp.ext.len() - 1;
+        let (reps, ka, kb) = if lp.unrolled { (lp.ext[inner], lp.sa[inner], lp.sb[inner]) } else { (1, 0, 0) };
         // Bytes of B per vector of 8 columns.
         let step = if self.stride2() { 64 } else { 8 * self.b_bytes() };
         // Registers past the tile's own (and the store mask) are free for loading B.
         let temps: Vec<AsmRegisterYmm> =
             YMM[mr_ * nv_ + nv_ + 1..].iter().copied().filter(|&r| masked.is_none() || r != mreg).collect();
-        if b_row == 0 {
-            // The row of B is the same for every row of the tile: load it once.
-            for j in 0..nv_ {
-                let lanes = if j == nv_ - 1 { masked } else { None };
-                self.load_b(breg(j), step * j as i64, lanes, &temps)?;
-            }
-            for i in 0..mr_ {
-                self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
+        for u in 0..reps {
+            let (da, db) = (ka * u, kb * u);
+            if b_row == 0 {
+                // The row of B is the same for every row of the tile: load it once.
                 for j in 0..nv_ {
-                    self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
-                }
-            }
-        } else {
-            // Each row of the tile reads its own row of B (a depthwise convolution's
-            // output rows): FMAs take B from memory where it is one plain load.
-            if a_row == 0 {
-                self.a.vbroadcastss(areg, dword_ptr(rdi))?;
-            }
-            for i in 0..mr_ {
-                if a_row != 0 {
-                    self.a.vbroadcastss(areg, dword_ptr(rdi + (a_row * i as i64) as i32))?;
-                }
-                for j in 0..nv_ {
-                    let disp = b_row * i as i64 + step * j as i64;
                     let lanes = if j == nv_ - 1 { masked } else { None };
-                    if lanes.is_none() && !self.stride2() && !self.b_int() {
-                        self.a.vfmadd231ps(acc(i, j), areg, ymmword_ptr(rsi + disp as i32))?;
-                    } else {
-                        self.load_b(breg(j), disp, lanes, &temps)?;
+                    self.load_b(breg(j), db + step * j as i64, lanes, &temps)?;
+                }
+                for i in 0..mr_ {
+                    self.a.vbroadcastss(areg, dword_ptr(rdi + (da + a_row * i as i64) as i32))?;
+                    for j in 0..nv_ {
                         self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+                    }
+                }
+            } else {
+                // Each row of the tile reads its own row of B (a depthwise convolution's
+                // output rows): FMAs take B from memory where it is one plain load.
+                if a_row == 0 {
+                    self.a.vbroadcastss(areg, dword_ptr(rdi + da as i32))?;
+                }
+                for i in 0..mr_ {
+                    if a_row != 0 {
+                        self.a.vbroadcastss(areg, dword_ptr(rdi + (da + a_row * i as i64) as i32))?;
+                    }
+                    for j in 0..nv_ {
+                        let disp = db + b_row * i as i64 + step * j as i64;
+                        let lanes = if j == nv_ - 1 { masked } else { None };
+                        if lanes.is_none() && !self.stride2() && !self.b_int() {
+                            self.a.vfmadd231ps(acc(i, j), areg, ymmword_ptr(rsi + disp as i32))?;
+                        } else {
+                            self.load_b(breg(j), disp, lanes, &temps)?;
+                            self.a.vfmadd231ps(acc(i, j), breg(j), areg)?;
+                        }
                     }
                 }
             }
         }
         self.k_loops_close(lp)?;
+        if self.stride2() {
+            // Stride-2 sums hold columns 0 1 4 5 2 3 6 7 ([`Self::load_b`]): pairs
+            // 0 2 1 3 put them in order.
+            for i in 0..mr_ {
+                for j in 0..nv_ {
+                    self.a.vpermpd(acc(i, j), acc(i, j), 0xD8)?;
+                }
+            }
+        }
         // Epilogue and store, one accumulator at a time.
         let mut pool: Vec<AsmRegisterYmm> = (0..nv_).map(breg).chain([areg]).chain(free).collect();
         pool.sort_by_key(|r| YMM.iter().position(|y| y == r));
@@ -1753,6 +1785,15 @@ impl Emitter<'_> {
     /// Opens the reduction loops at the tile's A and B pointers (`rdi`, `rsi`): one
     /// loop per reduction variable, outermost first, the innermost counting in `rdx`.
     fn k_loops_open(&mut self) -> R<KLoops> {
+        self.k_loops_open_unrolled(0)
+    }
+
+    /// [`Self::k_loops_open`], but an innermost level of at most `most` steps whose
+    /// count is fixed (the reduction is not blocked) is not a loop: the caller emits
+    /// its body [`KLoops::ext`]`.last()` times, each step's operands at its own
+    /// displacement, and [`Self::k_loops_close`] moves the pointers on from the level
+    /// above.
+    fn k_loops_open_unrolled(&mut self, most: i64) -> R<KLoops> {
         let (ext, sa, sb_unpacked) = self.k_levels();
         let sb: Vec<i64> = if self.packed {
             vec![(self.pack_width() * 4) as i64]
@@ -1772,28 +1813,36 @@ impl Emitter<'_> {
             self.a.set_label(&mut l)?;
             outer.push(l);
         }
+        let unrolled = self.kc >= self.c.dims[2] && ext[q - 1] <= most;
+        let mut kloop = self.a.create_label();
+        if unrolled {
+            return Ok(KLoops { ext, sa, sb, outer, kloop, unrolled });
+        }
         if self.kc < self.c.dims[2] {
             self.a.mov(rdx, qword_ptr(rsp + Self::S_KLEN))?;
         } else {
             self.a.mov(rdx, ext[q - 1])?;
         }
-        let mut kloop = self.a.create_label();
         self.a.set_label(&mut kloop)?;
-        Ok(KLoops { ext, sa, sb, outer, kloop })
+        Ok(KLoops { ext, sa, sb, outer, kloop, unrolled })
     }
 
     /// Closes the loops of [`Self::k_loops_open`]: each level leaves the pointers
     /// `extent · stride` further on, so the level above adds its own stride less that.
     fn k_loops_close(&mut self, lp: KLoops) -> R<()> {
-        let KLoops { ext, sa, sb, outer, kloop } = lp;
+        let KLoops { ext, sa, sb, outer, kloop, unrolled } = lp;
         let q = ext.len();
-        self.add_imm(rdi, sa[q - 1])?;
-        self.add_imm(rsi, sb[q - 1])?;
-        self.a.dec(rdx)?;
-        self.a.jnz(kloop)?;
+        if !unrolled {
+            self.add_imm(rdi, sa[q - 1])?;
+            self.add_imm(rsi, sb[q - 1])?;
+            self.a.dec(rdx)?;
+            self.a.jnz(kloop)?;
+        }
         for level in (0..q - 1).rev() {
-            self.add_imm(rdi, sa[level] - ext[level + 1] * sa[level + 1])?;
-            self.add_imm(rsi, sb[level] - ext[level + 1] * sb[level + 1])?;
+            // How far the level below left the pointers (an unrolled one, nowhere).
+            let below = if unrolled && level + 1 == q - 1 { 0 } else { ext[level + 1] };
+            self.add_imm(rdi, sa[level] - below * sa[level + 1])?;
+            self.add_imm(rsi, sb[level] - below * sb[level + 1])?;
             let slot = self.s_kcount(level);
             self.a.dec(qword_ptr(rsp + slot))?;
             self.a.jnz(outer[level])?;
