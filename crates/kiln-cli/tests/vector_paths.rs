@@ -61,13 +61,11 @@ const KNOWN_SCALAR_AVX2: &[(&str, usize)] = &[
         "general (an integer contraction (microkernel needs AVX-512 BW and VL); a reduction other than an f32 sum or max over one variable)",
         241,
     ),
-    // basic-pitch-nmp's constant-Q magnitude, `√(re² + im²)` over two chains of selects
-    // (a Concat of 16 transposed pieces, twice) that share their eight row conditions:
-    // held between the chains they need more than the 16 ymm registers, even with the
-    // deeper operand evaluated first (`rows::register_needs`, which does fit its
-    // harmonic stacking: seven Pads, a Concat, a Slice and a Transpose in one kernel); at
-    // x86-64-v4 the 32 zmm registers hold them.
-    ("general (a row expression needs more registers)", 1),
+    // (Not basic-pitch-nmp's harmonic stacking, seven Pads, a Concat, a Slice and a
+    // Transpose in one kernel, nor its constant-Q magnitude, `√(re² + im²)` over two
+    // chains of selects sharing eight row conditions: past the 16 ymm registers, the row
+    // kernel evaluates the deeper operand first and reloads row values from their slots,
+    // `rows::register_needs`, `Emit::evict`.)
 ];
 
 /// Every scalar dispatch of every listed model compiled for `target`, by the reason its

@@ -417,3 +417,46 @@ fn deep_select_chains_evaluate_the_largest_operand_first() {
         }
     }
 }
+
+/// Two row-wise concatenations of `pieces` inputs each, chosen by the same conditions on
+/// the row index, squared and summed (a constant-Q magnitude `√(re² + im²)` over
+/// concatenated bands, without the root): each condition is kept for the second chain.
+fn two_concatenations(pieces: usize, len: usize) -> Kernel {
+    let inputs = (0..2 * pieces).map(|_| tt(&[len])).collect();
+    let mut b = KernelBuilder::new("stacked2", inputs, tt(&[pieces + 2, len]));
+    let o = b.out_index();
+    let conds: Vec<_> = (0..pieces - 1)
+        .map(|p| {
+            let bound = b.index(p as i64 + 1);
+            b.binary(BinaryOp::Lt, o[0], bound)
+        })
+        .collect();
+    let mut parts = Vec::new();
+    for half in 0..2 {
+        let mut v = b.load(half * pieces + pieces - 1, vec![o[1]]);
+        for p in (0..pieces - 1).rev() {
+            let x = b.load(half * pieces + p, vec![o[1]]);
+            v = b.select(conds[p], x, v);
+        }
+        parts.push(b.mul(v, v));
+    }
+    let y = b.add(parts[0], parts[1]);
+    b.finish(y).unwrap()
+}
+
+#[test]
+fn row_values_kept_for_later_uses_are_reloaded_when_registers_run_out() {
+    require_avx2_fma!();
+    // 12 pieces: eleven row conditions kept for the second chain do not fit beside it in
+    // eight-lane registers; those not held by the operation being evaluated are given up
+    // and reloaded from their row slots at their next use (`Emit::evict`). Bit for bit.
+    for (target, kind) in widths() {
+        for len in [8, 37] {
+            let k = two_concatenations(12, len);
+            let ins: Vec<Tensor> = (0..24).map(|i| random_f32(&[len], 2.0, 60 + i)).collect();
+            let (want, got, note) = run_noted(&k, &ins, target);
+            assert_eq!(note, format!("{kind})"), "length {len}");
+            assert_close(&got, &want, |a, w| a.to_bits() == w.to_bits(), &format!("length {len}"));
+        }
+    }
+}

@@ -60,8 +60,11 @@
 //! the rest of the chain is evaluated) is emitted again with each operation's operands
 //! evaluated in decreasing order of their register need ([`register_needs`]: Sethi and
 //! Ullman's numbering), so a chain holds about three registers whatever its length. Only
-//! then: a kernel that fits keeps its code. Values with later uses stay in their
-//! registers (nothing is spilled), so conditions shared by two chains still count.
+//! then: a kernel that fits keeps its code. In that second form a value kept for a later
+//! use that is cheap to make again (a row value, reloaded from its slot; a constant) gives
+//! its register up when none is free, unless an operation being evaluated holds it
+//! ([`Emit::evict`]): two chains of selects sharing their row conditions (a constant-Q
+//! magnitude over concatenated bands) then fit too.
 //!
 //! On sixteen lanes the kernel holds up to 16 constants in `zmm16`–`zmm31` for its whole
 //! run (exp's first, then its own, then erf's): read as memory operands, a polynomial's
@@ -819,6 +822,9 @@ struct VecEval {
     pool: Vec<V>,
     /// The row value being computed (every other row value comes from its slot).
     computing: Option<u32>,
+    /// Registers of the values the operations being evaluated hold (each evaluation's
+    /// result until its consumer is emitted): never taken back by [`Emit::evict`].
+    pinned: Vec<V>,
 }
 
 /// Values of one 64-bit lane evaluation ([`Emit::lane_eval64`]): node → its two
@@ -1633,7 +1639,7 @@ impl Emit<'_> {
             pool.extend((16 + self.held.len() as u8..32).map(V));
         }
         pool.reverse();
-        VecEval { memo: HashMap::new(), uses, pool, computing: None }
+        VecEval { memo: HashMap::new(), uses, pool, computing: None, pinned: Vec::new() }
     }
 
     /// Whether `e` is the output row's value that the stashing reduction stored.
@@ -1645,16 +1651,44 @@ impl Emit<'_> {
     /// last use, else a free one.
     fn result_reg(&mut self, ops: &[ExprId], v: &mut VecEval) -> R<V> {
         let memo = &mut v.memo;
-        super::vector::result_reg(ops, &mut v.uses, &mut v.pool, |o| memo.remove(&o))
-            .ok_or_else(|| NotHere("a row expression needs more registers".into()))
+        match super::vector::result_reg(ops, &mut v.uses, &mut v.pool, |o| memo.remove(&o)) {
+            Some(r) => Ok(r),
+            None => self.evict(v).ok_or_else(|| NotHere("a row expression needs more registers".into())),
+        }
+    }
+
+    /// With operands in order of need ([`Emit::needs`]) only: the register of a value
+    /// kept for a later use that is cheap to make again — a row value (reloaded from its
+    /// slot) or a constant — and not held by an operation being evaluated; the value is
+    /// forgotten, and evaluated again at its next use. (The lowest such node, so the
+    /// code is the same on every run.)
+    fn evict(&self, v: &mut VecEval) -> Option<V> {
+        self.needs.as_ref()?;
+        let (&e, _) = v
+            .memo
+            .iter()
+            .filter(|&(&e, r)| {
+                let id = ExprId(e);
+                let again = matches!(self.k.node(id).expr, Expr::Const(_))
+                    || (self.p.place[id.index()] == Place::Row
+                        && self.slots.contains_key(&e)
+                        && v.computing != Some(e));
+                again && !v.pinned.contains(r)
+            })
+            .min_by_key(|&(&e, _)| e)?;
+        v.memo.remove(&e)
     }
 
     /// Evaluates `e` for the current vector (`r8` the element index; `mask` the lane
     /// mask of a tail vector).
     fn eval(&mut self, e: ExprId, v: &mut VecEval, mask: Option<Mask>) -> R<V> {
         if let Some(&r) = v.memo.get(&e.0) {
+            v.pinned.push(r);
             return Ok(r);
         }
+        // What `e`'s operands hold is free to go once `e` is computed; `e`'s register is
+        // then held for its consumer.
+        let mark = v.pinned.len();
         let node = self.k.node(e).clone();
         let pl = self.p.place[e.index()];
         let from_slot = pl == Place::Row
@@ -1685,6 +1719,8 @@ impl Emit<'_> {
         } else {
             self.eval_op(e, v, mask)?
         };
+        v.pinned.truncate(mark);
+        v.pinned.push(r);
         v.memo.insert(e.0, r);
         Ok(r)
     }
@@ -2072,7 +2108,14 @@ impl Emit<'_> {
 
     /// `n` scratch registers from the pool.
     fn scratch(&mut self, n: usize, v: &mut VecEval) -> R<Vec<V>> {
-        (0..n).map(|_| v.pool.pop().ok_or_else(|| NotHere("a row expression needs more registers".into()))).collect()
+        (0..n)
+            .map(|_| {
+                v.pool
+                    .pop()
+                    .or_else(|| self.evict(v))
+                    .ok_or_else(|| NotHere("a row expression needs more registers".into()))
+            })
+            .collect()
     }
 }
 
