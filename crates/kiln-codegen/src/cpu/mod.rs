@@ -518,8 +518,24 @@ fn emit_class(
     // takes the integer microkernel where the target has one and it takes the kernel.
     let mut declined = None;
     if kiln_flow::contraction::Contraction::of_int(k).is_some() {
-        if !int8.bw_vl {
-            declined = Some("an integer contraction (microkernel needs AVX-512 BW and VL)".to_string());
+        if !int8.bw_vl && int8.avx2 {
+            match qgemm::emit_avx2(k) {
+                Ok(q) => {
+                    return Ok(Some(Micro {
+                        code: q.code,
+                        workgroups: q.workgroups,
+                        note: "integer contraction microkernel (avx2)".to_string(),
+                        avx512: false,
+                        path: cost::Path::Contraction,
+                        bits: 256,
+                        needs: 0,
+                        digits: Vec::new(),
+                    }));
+                }
+                Err(gemm::NotHere(why)) => declined = Some(format!("integer contraction: {why}")),
+            }
+        } else if !int8.bw_vl {
+            declined = Some("an integer contraction (microkernel needs AVX2 or AVX-512 BW and VL)".to_string());
         } else {
             match qgemm::emit(k, int8.vnni) {
                 Ok(q) => {
@@ -571,8 +587,10 @@ pub fn int8_kernels(target: &CpuTarget, options: &Options) -> Result<bool, Codeg
 /// What the target offers the integer contraction microkernel ([`qgemm`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct Int8 {
-    /// AVX-512 BW and VL (the microkernel at all).
+    /// AVX-512 BW and VL (the 512-bit microkernel).
     bw_vl: bool,
+    /// AVX2 and FMA (the 256-bit microkernel, where the 512-bit one is not).
+    avx2: bool,
     /// AVX-512 VNNI (`vpdpbusd`).
     vnni: bool,
 }
@@ -580,12 +598,14 @@ struct Int8 {
 impl Int8 {
     fn of(target: CpuTarget, avx512: bool) -> Int8 {
         match target {
-            CpuTarget::X86_64V4 => Int8 { bw_vl: avx512, vnni: false },
+            CpuTarget::X86_64V4 => Int8 { bw_vl: avx512, avx2: true, vnni: false },
+            CpuTarget::X86_64V3 => Int8 { bw_vl: false, avx2: true, vnni: false },
             #[cfg(target_arch = "x86_64")]
             CpuTarget::Host => {
                 let bw_vl =
                     avx512 && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl");
-                Int8 { bw_vl, vnni: bw_vl && std::is_x86_feature_detected!("avx512vnni") }
+                let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+                Int8 { bw_vl, avx2, vnni: bw_vl && std::is_x86_feature_detected!("avx512vnni") }
             }
             _ => Int8::default(),
         }
