@@ -16,6 +16,9 @@
 //! ones too (`N` of 16 blocks of 32 and more, a partial block after them): a workgroup
 //! then takes several blocks, sharing each tile's row sums and hoisted epilogue values.
 //! And one column (`N` = 1: a matrix times a vector), which runs rows in the lanes.
+//!
+//! Every case runs at x86-64-v3 too (the AVX2 form, 16-bit products, on any AVX2 host),
+//! and at x86-64-v4 and the host where this CPU has AVX-512 BW/VL.
 
 mod common;
 
@@ -147,8 +150,9 @@ fn check_op(op: &Op, inputs: &[Option<Tensor>], expect_micro: bool) {
     assert_eq!(got.to_f64_vec(), want[0].to_f64_vec(), "{}: reference", op.kind);
 }
 
-const SHAPES: [(usize, usize, usize); 12] = [
+const SHAPES: [(usize, usize, usize); 13] = [
     (1, 1, 1),
+    (9, 32, 1),
     (1, 5, 7),
     (5, 3, 7),
     (13, 4, 33),

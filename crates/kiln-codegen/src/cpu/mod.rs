@@ -573,15 +573,17 @@ fn emit_class(
 
 /// Whether `target` runs integer contractions (QLinearConv, QLinearMatMul,
 /// MatMulInteger, ConvInteger) as microkernels (`qgemm`: AVX-512 BW and VL, with or
-/// without VNNI) at the speed level `options`. Where it does not they run on the
-/// general path, far slower than a float product's microkernel: the compiler then
-/// keeps a QDQ graph's contractions in float (`kiln_opt`'s
-/// `tensor-fold-quantized-contractions` is left out).
+/// without VNNI, or its AVX2 form on an AVX2 + FMA target: x86-64-v3 or such a host) at
+/// the speed level `options`. Where it does not they run on the general path, far
+/// slower than a float product's microkernel: the compiler then keeps a QDQ graph's
+/// contractions in float (`kiln_opt`'s `tensor-fold-quantized-contractions` is left
+/// out) and runs `tensor-float-integer-contractions`.
 pub fn int8_kernels(target: &CpuTarget, options: &Options) -> Result<bool, CodegenError> {
     let features = make_isa(*target)?.features;
     let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
     let avx512 = avx2_fma && features & CpuFeature::Avx512f.bit() != 0;
-    Ok(options.contraction_kernels && avx2_fma && Int8::of(*target, avx512).bw_vl)
+    let int8 = Int8::of(*target, avx512);
+    Ok(options.contraction_kernels && avx2_fma && (int8.bw_vl || int8.avx2))
 }
 
 /// What the target offers the integer contraction microkernel ([`qgemm`]).

@@ -161,7 +161,9 @@ fn emit_width(k: &Kernel, vnni: bool, ymm: bool) -> R<QGemmCode> {
     // (The AVX2 form hoists nothing: its epilogue has every register to itself.)
     let attempt = |hoist: bool| -> R<QGemmCode> {
         let mut e = Emitter::new(k, ic.clone(), vnni, hoist && !ymm, ymm)?;
-        if e.gemv {
+        if e.gemv && ymm {
+            e.function_gemv_ymm()?;
+        } else if e.gemv {
             e.function_gemv()?;
         } else {
             e.function()?;
@@ -347,7 +349,8 @@ impl<'k> Emitter<'k> {
         e.need_ra = zb.is_some() || e.delta != 0;
         e.plan_operands()?;
         e.plan_epilogue()?;
-        e.gemv = !ymm && e.gemv_fits();
+        // (The AVX2 form's one-column form reads a row's last 16 bytes as its tail.)
+        e.gemv = e.gemv_fits() && (!ymm || kk >= 16);
         if ymm {
             e.plan_ymm()?;
         }
@@ -392,7 +395,8 @@ impl<'k> Emitter<'k> {
 
     fn workgroups(&self) -> u64 {
         if self.gemv {
-            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(16);
+            let rows = if self.ymm { 8 } else { 16 };
+            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(rows);
         }
         self.batch_ext.iter().product::<u64>() * self.blocks * self.groups
     }

@@ -101,6 +101,8 @@ impl Emitter<'_> {
         let Some(z) = z else { return Ok(false) };
         let mut ev = Eval::new(self.uses.clone(), i, 0, false);
         ev.from_base = from_base;
+        // (One column: a zero point of `B` is one value, read as such.)
+        ev.rows_lanes = self.gemv;
         let mut pool: Vec<usize> = (0..16).rev().collect();
         let r = self.eval_ymm(z, &mut ev, &mut pool)?;
         let x = XMM[r];
@@ -402,16 +404,23 @@ impl Emitter<'_> {
         ev.memo.insert(self.c.reduce.0, r);
         let root = self.k.root;
         let r = self.eval_ymm(root, &mut ev, &mut pool)?;
-        let ob = self.s_tile(2);
-        self.a.mov(rax, qword_ptr(rsp + ob))?;
         let b = &self.bases[2];
         let disp = (b.per_m * i as i64 + 8 * j as i64) * b.elem;
         let disp = i32::try_from(disp).map_err(|_| NotHere("an output row too far".into()))?;
+        self.store_ymm(r, disp, &mut pool)
+    }
+
+    /// Stores `ymm[r]` (its [`Self::y_lanes`] first lanes where that is not 0) at the
+    /// output's tile pointer plus `disp` bytes.
+    fn store_ymm(&mut self, r: usize, disp: i32, pool: &mut Vec<usize>) -> R<()> {
+        let masked = self.y_lanes != 0;
+        let ob = self.s_tile(2);
+        self.a.mov(rax, qword_ptr(rsp + ob))?;
         let y = YMM[r];
         match self.k.output.dtype {
             DType::U8 | DType::I8 => {
                 // (In range already: an 8-bit value held in i32 lanes.)
-                let t = take(&mut pool)?;
+                let t = take(pool)?;
                 let x = XMM[t];
                 self.a.vextracti128(x, y, 1)?;
                 self.a.vpackssdw(x, XMM[r], x)?;
@@ -430,7 +439,7 @@ impl Emitter<'_> {
             }
             _ => {
                 if masked {
-                    let m = take(&mut pool)?;
+                    let m = take(pool)?;
                     self.lane_mask(m)?;
                     self.a.vpmaskmovd(ymmword_ptr(rax + disp), YMM[m], y)?;
                 } else {
@@ -475,12 +484,14 @@ impl Emitter<'_> {
                 let b = self.bases[el.base].clone();
                 let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
                 self.a.mov(rax, qword_ptr(rsp + st))?;
-                let disp = (b.per_m * ev.i as i64 + 8 * b.per_n * ev.j as i64) * b.elem;
+                let disp =
+                    if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 8 * b.per_n * ev.j as i64) * b.elem };
                 let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
                 let r = take(pool)?;
                 let y = YMM[r];
                 let eight = matches!(el.dtype, DType::U8 | DType::I8);
-                match (eight, b.per_n != 0) {
+                let vector = if ev.rows_lanes { b.per_m != 0 } else { b.per_n != 0 };
+                match (eight, vector) {
                     (true, false) => {
                         if el.dtype == DType::U8 {
                             self.a.movzx(ecx, byte_ptr(rax + disp))?;
@@ -680,6 +691,223 @@ impl Emitter<'_> {
         };
         ev.memo.insert(e.0, r);
         Ok(r)
+    }
+}
+
+impl Emitter<'_> {
+    /// The one-column form (`N` = 1, `K` ≥ 16; see [`Emitter::gemv_fits`]): a workgroup
+    /// is eight rows. `B`'s column is copied as words, `zb` subtracted (`b'`), zero-padded
+    /// to a multiple of 16, its sum `Σb'` taken; each row's 16-byte chunks are widened
+    /// and multiplied with `vpmaddwd` against the copy into one accumulator a row (the
+    /// last chunk is the row's last 16 bytes, against a copy of the column's last 16
+    /// words with those counted already zeroed: nothing past a row is read); the eight
+    /// accumulators are summed across their lanes into one vector of eight rows
+    /// (`vphaddd`), `za·Σb'` subtracted, and the epilogue runs on it, rows in the lanes.
+    pub(super) fn function_gemv_ymm(&mut self) -> R<()> {
+        enter(&mut self.a)?;
+        let m = self.c.dims[0];
+        let kk = self.c.dims[2];
+        let padded = kk.div_ceil(16) * 16;
+        let chunks = kk / 16;
+        let rem = kk % 16;
+        // Stack: the coordinates and pointers, 64 bytes of slots (`Σb'`, scratch), the
+        // copy of the column and its tail copy (32-byte aligned at run time).
+        let region = self.s_rs();
+        let frame = (region + 32 + 64 + 2 * padded as i32 + 32 + 15) / 16 * 16;
+        let mut left = frame;
+        while left > 0 {
+            let step = left.min(4096);
+            self.a.sub(rsp, step)?;
+            self.a.or(qword_ptr(rsp), 0)?;
+            left -= step;
+        }
+        let done = self.workgroup_range()?;
+        self.a.lea(rax, qword_ptr(rsp + (region + 31)))?;
+        self.a.and(rax, -32)?;
+        self.a.add(rax, 64)?;
+        self.a.mov(qword_ptr(rsp + S_PBP), rax)?;
+        let groups = m.div_ceil(8);
+        let mut top = self.a.create_label();
+        let next = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        self.a.mov(rax, r14)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, groups as i64)?;
+        self.a.div(rcx)?;
+        self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
+        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, d as i64)?;
+            self.a.div(rcx)?;
+            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
+        }
+        // Pointers: each base at this batch position, then at the group's first row.
+        for bi in 0..self.bases.len() {
+            let b = self.base_at_batch(bi)?;
+            self.a.mov(qword_ptr(rsp + self.s_base(bi)), rax)?;
+            if b.per_m != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + S_GROUP))?;
+                self.imul(rcx, 8 * b.per_m * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+            self.a.mov(qword_ptr(rsp + self.s_tile(bi)), rax)?;
+        }
+        // The column's copy, `zb` subtracted, and its sum.
+        let zb = self.zero_words(self.zb, 0, true)?;
+        let ones = self.t.vector(&mut self.a, 0x0001_0001);
+        let b_signed = self.c.b.dtype == DType::I8;
+        self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+        self.a.vpxor(ymm2, ymm2, ymm2)?;
+        self.a.xor(r11d, r11d)?;
+        if chunks > 0 {
+            self.a.mov(rcx, chunks as i64)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            if b_signed {
+                self.a.vpmovsxbw(ymm0, xmmword_ptr(rsi))?;
+            } else {
+                self.a.vpmovzxbw(ymm0, xmmword_ptr(rsi))?;
+            }
+            if zb {
+                self.a.vpsubw(ymm0, ymm0, ymm15)?;
+            }
+            self.a.vpmaddwd(ymm1, ymm0, ymmword_ptr(ones))?;
+            self.a.vpaddd(ymm2, ymm2, ymm1)?;
+            self.a.vmovdqa(ymmword_ptr(rdx), ymm0)?;
+            self.a.add(rsi, 16)?;
+            self.a.add(rdx, 32)?;
+            self.a.dec(rcx)?;
+            self.a.jnz(l)?;
+        }
+        if rem > 0 {
+            for t in 0..16 {
+                if t < rem {
+                    if b_signed {
+                        self.a.movsx(eax, byte_ptr(rsi + t as i32))?;
+                    } else {
+                        self.a.movzx(eax, byte_ptr(rsi + t as i32))?;
+                    }
+                    if zb {
+                        self.a.sub(eax, r8d)?;
+                    }
+                    self.a.add(r11d, eax)?;
+                    self.a.mov(word_ptr(rdx + 2 * t as i32), ax)?;
+                } else {
+                    self.a.mov(word_ptr(rdx + 2 * t as i32), 0)?;
+                }
+            }
+            // The tail copy: the column's last 16 words, the first `16 − rem` zero.
+            self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+            for t in 0..16i32 {
+                let to = word_ptr(rdx + (2 * padded as i32 + 2 * t));
+                if (t as u64) < 16 - rem {
+                    self.a.mov(to, 0)?;
+                } else {
+                    self.a.mov(ax, word_ptr(rdx + (2 * (kk as i32 - 16 + t))))?;
+                    self.a.mov(to, ax)?;
+                }
+            }
+        }
+        self.a.vextracti128(xmm3, ymm2, 1)?;
+        self.a.vpaddd(xmm2, xmm2, xmm3)?;
+        self.a.vpshufd(xmm3, xmm2, 0x4E)?;
+        self.a.vpaddd(xmm2, xmm2, xmm3)?;
+        self.a.vpshufd(xmm3, xmm2, 0xB1)?;
+        self.a.vpaddd(xmm2, xmm2, xmm3)?;
+        self.a.vmovd(eax, xmm2)?;
+        self.a.add(eax, r11d)?;
+        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+        self.a.mov(dword_ptr(rdx + ROW_SUMS), eax)?;
+        let last_rows = m - (groups - 1) * 8;
+        let variants: Vec<(u64, bool)> =
+            if last_rows != 8 { vec![(last_rows, true), (8, false)] } else { vec![(8, false)] };
+        let pitch = self.a_pitch;
+        let a_signed = self.c.a.dtype == DType::I8;
+        for (rows, last) in variants {
+            let mut other = None;
+            if last && groups > 1 {
+                let l = self.a.create_label();
+                self.a.cmp(qword_ptr(rsp + S_GROUP), (groups - 1) as i32)?;
+                self.a.jb(l)?;
+                other = Some(l);
+            }
+            let n = rows as usize;
+            for r in 0..n {
+                self.a.vpxor(YMM[r], YMM[r], YMM[r])?;
+            }
+            // acc[r] += widened A[r, chunk] · copy[chunk]
+            let chunk = |e: &mut Self, b: AsmMemoryOperand| -> R<()> {
+                for r in 0..n {
+                    let at = xmmword_ptr(r9 + (pitch * r as i64) as i32);
+                    if a_signed {
+                        e.a.vpmovsxbw(ymm8, at)?;
+                    } else {
+                        e.a.vpmovzxbw(ymm8, at)?;
+                    }
+                    e.a.vpmaddwd(ymm8, ymm8, b)?;
+                    e.a.vpaddd(YMM[r], YMM[r], ymm8)?;
+                }
+                Ok(())
+            };
+            self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
+            self.a.mov(rsi, qword_ptr(rsp + S_PBP))?;
+            if chunks > 0 {
+                self.a.mov(rcx, chunks as i64)?;
+                let mut l = self.a.create_label();
+                self.a.set_label(&mut l)?;
+                chunk(self, ymmword_ptr(rsi))?;
+                self.a.add(r9, 16)?;
+                self.a.add(rsi, 32)?;
+                self.a.dec(rcx)?;
+                self.a.jnz(l)?;
+            }
+            if rem > 0 {
+                // The rows' last 16 bytes against the tail copy.
+                self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
+                add_imm(&mut self.a, r9, kk as i64 - 16, rax)?;
+                self.a.mov(rsi, qword_ptr(rsp + S_PBP))?;
+                chunk(self, ymmword_ptr(rsi + 2 * padded as i32))?;
+            }
+            for r in n..8 {
+                self.a.vpxor(YMM[r], YMM[r], YMM[r])?;
+            }
+            // The eight rows' sums into one vector (row r in lane r).
+            self.a.vphaddd(ymm0, ymm0, ymm1)?;
+            self.a.vphaddd(ymm2, ymm2, ymm3)?;
+            self.a.vphaddd(ymm4, ymm4, ymm5)?;
+            self.a.vphaddd(ymm6, ymm6, ymm7)?;
+            self.a.vphaddd(ymm0, ymm0, ymm2)?;
+            self.a.vphaddd(ymm4, ymm4, ymm6)?;
+            self.a.vperm2i128(ymm1, ymm0, ymm4, 0x20)?;
+            self.a.vperm2i128(ymm2, ymm0, ymm4, 0x31)?;
+            self.a.vpaddd(ymm0, ymm1, ymm2)?;
+            self.y_lanes = if rows < 8 { rows } else { 0 };
+            let mut ev = Eval::new(self.uses.clone(), 0, 0, rows < 8);
+            ev.rows_lanes = true;
+            let mut pool: Vec<usize> = (1..16).rev().collect();
+            if let Some(za) = self.za {
+                // − za · Σb'
+                let z = self.eval_ymm(za, &mut ev, &mut pool)?;
+                let t = take(&mut pool)?;
+                self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
+                self.a.vpbroadcastd(YMM[t], dword_ptr(rax + ROW_SUMS))?;
+                self.a.vpmulld(YMM[t], YMM[t], YMM[z])?;
+                self.a.vpsubd(ymm0, ymm0, YMM[t])?;
+                pool.push(t);
+                self.release(za, z, &mut ev, &mut pool);
+            }
+            ev.memo.insert(self.c.reduce.0, 0);
+            let root = self.k.root;
+            let r = self.eval_ymm(root, &mut ev, &mut pool)?;
+            self.store_ymm(r, 0, &mut pool)?;
+            self.y_lanes = 0;
+            self.a.jmp(next)?;
+            if let Some(mut l) = other {
+                self.a.set_label(&mut l)?;
+            }
+        }
+        self.workgroup_loop_end(next, top, done, frame)
     }
 }
 
