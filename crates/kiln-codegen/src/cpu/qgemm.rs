@@ -1,5 +1,17 @@
 //! Integer contraction microkernels: 8-bit operands, i32 accumulators, AVX-512 machine
-//! code written with `iced-x86`.
+//! code written with `iced-x86`, and an AVX2 form ([`avx2`]) for CPUs without AVX-512
+//! BW/VL.
+//!
+//! The two widths share the planning below (recognition, operands, the epilogue's
+//! nodes, loads and dependencies, the work split, the workgroup loop and the loop over a
+//! workgroup's block copies: [`Emitter`] with its `ymm` flag). They differ in the copy,
+//! the tile and the epilogue's instructions: 512-bit blocks of 32 columns, four
+//! reduction steps a lane (`vpdpbusd` or its 16-bit form), zero points as row/column-sum
+//! corrections, 12 × 32 tiles in 24 `zmm` accumulators, opmasks and embedded broadcasts;
+//! AVX2 blocks of 16 columns widened to 16 bits with the zero points subtracted while
+//! copied, two reduction steps a lane (`vpmaddwd`), 6 × 16 tiles in 12 `ymm`
+//! accumulators, lane masks in registers (`vpmaskmovd`, `vblendvps`) — the [`avx2`]
+//! module's doc.
 //!
 //! A kernel that [`Contraction::of_int`] recognises — an epilogue over
 //! `Σ_k (i32(A[m, k]) − za)·(i32(B[k, n]) − zb)`, `A` and `B` each `u8` or `i8` (the
@@ -77,7 +89,7 @@
 //! load, a hoisted value) is read as an embedded broadcast (`{1to16}`) of the arithmetic
 //! instruction, not into a register first. QLinear's requantisation is `round_half_even(f32(acc)
 //! · (s_a·s_b / s_y)) + z_y`, saturated: ONNX Runtime's order of operations. Anything else
-//! declines the kernel (it then runs on the general path, as on a CPU without AVX-512 BW).
+//! declines the kernel (it then runs on the general path, as on a CPU without AVX2).
 
 use std::collections::HashMap;
 
