@@ -484,8 +484,7 @@ impl Emitter<'_> {
                 let b = self.bases[el.base].clone();
                 let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
                 self.a.mov(rax, qword_ptr(rsp + st))?;
-                let disp =
-                    if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 8 * b.per_n * ev.j as i64) * b.elem };
+                let disp = if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 8 * b.per_n * ev.j as i64) * b.elem };
                 let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
                 let r = take(pool)?;
                 let y = YMM[r];
