@@ -99,7 +99,7 @@ use kiln_flow::contraction::{Contraction, IntContraction};
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-use super::asm::{add_imm, enter, leave, Tables, XMM, ZMM};
+use super::asm::{add_imm, enter, leave, Tables, XMM, YMM, ZMM};
 use super::gemm::{no, NotHere, R};
 use super::math;
 use super::vector::{Mask, Vx, V};
@@ -746,13 +746,7 @@ impl<'k> Emitter<'k> {
     fn function(&mut self) -> R<()> {
         enter(&mut self.a)?;
         let frame = self.frame_size();
-        let mut left = frame;
-        while left > 0 {
-            let step = left.min(4096);
-            self.a.sub(rsp, step)?;
-            self.a.or(qword_ptr(rsp), 0)?;
-            left -= step;
-        }
+        self.reserve(frame)?;
         // rdi bindings, rdx begin, rcx end (clamped).
         let done = self.workgroup_range()?;
         let at = self.s_buf() + 63;
@@ -1905,35 +1899,7 @@ impl<'k> Emitter<'k> {
                 self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?;
                 r
             }
-            Expr::Unary(op, x) if math::has_vector_form(op) => {
-                // exp, erf, tanh, log, sqrt, neg, abs: the general path's inline code
-                // (`super::math`), its coefficients read as broadcasts.
-                let v = self.eval(x, ev, pool)?;
-                let n = math::vector_scratch(op);
-                let mut t = Vec::with_capacity(n);
-                for _ in 0..n {
-                    t.push(V(take(pool)? as u8));
-                }
-                self.release(x, v, ev, pool);
-                let r = take(pool)?;
-                let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
-                vx.unary(op, V(r as u8), V(v as u8), &t)?;
-                pool.extend(t.iter().map(|v| v.0 as usize));
-                r
-            }
-            Expr::Unary(op, x) => {
-                let v = self.eval(x, ev, pool)?;
-                self.release(x, v, ev, pool);
-                let r = take(pool)?;
-                let imm = match op {
-                    UnaryOp::Round => 8,
-                    UnaryOp::Floor => 9,
-                    UnaryOp::Ceil => 10,
-                    _ => 11,
-                };
-                self.a.vrndscaleps(ZMM[r], ZMM[v], imm)?;
-                r
-            }
+            Expr::Unary(op, x) => self.unary_at(true, op, x, ev, pool)?,
             Expr::Binary(op, x, y) if node.ty == ScalarType::Bool => {
                 // Integer lanes compared (signed: see `check`), the mask as all-ones lanes.
                 let pred = int_cmp(op).ok_or_else(|| NotHere("an epilogue comparison".into()))?;
@@ -2014,6 +1980,52 @@ impl<'k> Emitter<'k> {
         };
         ev.memo.insert(e.0, r);
         Ok(r)
+    }
+
+    /// A unary node of f32 `x` on 16 lanes (`wide`) or 8: exp, erf, tanh, log, sqrt,
+    /// neg, abs as the general path's inline code (`super::math`), or a rounding
+    /// (`vrndscaleps`/`vroundps`; the same immediates: the mode, exceptions suppressed).
+    fn unary_at(&mut self, wide: bool, op: UnaryOp, x: ExprId, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+        let v = if wide { self.eval(x, ev, pool)? } else { self.eval_ymm(x, ev, pool)? };
+        if math::has_vector_form(op) {
+            let n = math::vector_scratch(op);
+            let mut t = Vec::with_capacity(n);
+            for _ in 0..n {
+                t.push(V(take(pool)? as u8));
+            }
+            self.release(x, v, ev, pool);
+            let r = take(pool)?;
+            let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide, held: &[] };
+            vx.unary(op, V(r as u8), V(v as u8), &t)?;
+            pool.extend(t.iter().map(|v| v.0 as usize));
+            return Ok(r);
+        }
+        self.release(x, v, ev, pool);
+        let r = take(pool)?;
+        let imm = match op {
+            UnaryOp::Round => 8,
+            UnaryOp::Floor => 9,
+            UnaryOp::Ceil => 10,
+            _ => 11,
+        };
+        if wide {
+            self.a.vrndscaleps(ZMM[r], ZMM[v], imm)?;
+        } else {
+            self.a.vroundps(YMM[r], YMM[v], imm)?;
+        }
+        Ok(r)
+    }
+
+    /// Reserves `frame` bytes of stack, touching each page on the way down.
+    fn reserve(&mut self, frame: i32) -> R<()> {
+        let mut left = frame;
+        while left > 0 {
+            let step = left.min(4096);
+            self.a.sub(rsp, step)?;
+            self.a.or(qword_ptr(rsp), 0)?;
+            left -= step;
+        }
+        Ok(())
     }
 
     /// `c ? x : y` with the comparison `c` (its only use) written straight into the

@@ -29,7 +29,6 @@
 //! - No one-column form and no hoisting yet: a kernel of one column runs as a tile.
 
 use super::*;
-use crate::cpu::asm::YMM;
 use crate::cpu::vector::Op;
 use crate::cpu::vector::Src;
 
@@ -467,7 +466,7 @@ impl Emitter<'_> {
 
     /// Evaluates `e` for the accumulator of `ev` (eight lanes) into a register of
     /// `pool` (or the one it already holds).
-    fn eval_ymm(&mut self, e: ExprId, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+    pub(super) fn eval_ymm(&mut self, e: ExprId, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
         if let Some(&r) = ev.memo.get(&e.0) {
             return Ok(r);
         }
@@ -586,69 +585,30 @@ impl Emitter<'_> {
                 self.a.vblendvps(YMM[r], YMM[vy], YMM[vx], YMM[vc])?;
                 r
             }
-            Expr::Unary(op, x) if math::has_vector_form(op) => {
-                let v = self.eval_ymm(x, ev, pool)?;
-                let n = math::vector_scratch(op);
-                let mut t = Vec::with_capacity(n);
-                for _ in 0..n {
-                    t.push(V(take(pool)? as u8));
-                }
-                self.release(x, v, ev, pool);
-                let r = take(pool)?;
-                let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: false, held: &[] };
-                vx.unary(op, V(r as u8), V(v as u8), &t)?;
-                pool.extend(t.iter().map(|v| v.0 as usize));
-                r
-            }
-            Expr::Unary(op, x) => {
-                let v = self.eval_ymm(x, ev, pool)?;
-                self.release(x, v, ev, pool);
-                let r = take(pool)?;
-                let imm = match op {
-                    UnaryOp::Round => 8,
-                    UnaryOp::Floor => 9,
-                    UnaryOp::Ceil => 10,
-                    _ => 11,
-                };
-                self.a.vroundps(YMM[r], YMM[v], imm)?;
-                r
-            }
+            Expr::Unary(op, x) => self.unary_at(false, op, x, ev, pool)?,
             Expr::Binary(op, x, y) if node.ty == ScalarType::Bool => {
                 let vx = self.eval_ymm(x, ev, pool)?;
                 let vy = self.eval_ymm(y, ev, pool)?;
                 self.release(x, vx, ev, pool);
                 self.release(y, vy, ev, pool);
                 let r = take(pool)?;
-                let (d, a, b) = (YMM[r], YMM[vx], YMM[vy]);
-                // Signed i32 comparisons (see the 512-bit form); the negated ones as the
-                // complement of their opposite.
-                let negate = match op {
-                    BinaryOp::Eq => {
-                        self.a.vpcmpeqd(d, a, b)?;
-                        false
-                    }
-                    BinaryOp::Ne => {
-                        self.a.vpcmpeqd(d, a, b)?;
-                        true
-                    }
-                    BinaryOp::Gt => {
-                        self.a.vpcmpgtd(d, a, b)?;
-                        false
-                    }
-                    BinaryOp::Lt => {
-                        self.a.vpcmpgtd(d, b, a)?;
-                        false
-                    }
-                    BinaryOp::Le => {
-                        self.a.vpcmpgtd(d, a, b)?;
-                        true
-                    }
-                    BinaryOp::Ge => {
-                        self.a.vpcmpgtd(d, b, a)?;
-                        true
-                    }
+                // Signed i32 comparisons (see the 512-bit form): `>` (operands swapped
+                // for `<`) or `=`, the others as the complement of their opposite.
+                let (gt, swap, negate) = match op {
+                    BinaryOp::Eq => (false, false, false),
+                    BinaryOp::Ne => (false, false, true),
+                    BinaryOp::Gt => (true, false, false),
+                    BinaryOp::Lt => (true, true, false),
+                    BinaryOp::Le => (true, false, true),
+                    BinaryOp::Ge => (true, true, true),
                     _ => return no("an epilogue comparison"),
                 };
+                let (a, b) = if swap { (YMM[vy], YMM[vx]) } else { (YMM[vx], YMM[vy]) };
+                if gt {
+                    self.a.vpcmpgtd(YMM[r], a, b)?;
+                } else {
+                    self.a.vpcmpeqd(YMM[r], a, b)?;
+                }
                 if negate {
                     let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: false, held: &[] };
                     vx.op(Op::Xor, V(r as u8), V(r as u8), Src::C(u32::MAX))?;
@@ -713,13 +673,7 @@ impl Emitter<'_> {
         // copy of the column and its tail copy (32-byte aligned at run time).
         let region = self.s_rs();
         let frame = (region + 32 + 64 + 2 * padded as i32 + 32 + 15) / 16 * 16;
-        let mut left = frame;
-        while left > 0 {
-            let step = left.min(4096);
-            self.a.sub(rsp, step)?;
-            self.a.or(qword_ptr(rsp), 0)?;
-            left -= step;
-        }
+        self.reserve(frame)?;
         let done = self.workgroup_range()?;
         self.a.lea(rax, qword_ptr(rsp + (region + 31)))?;
         self.a.and(rax, -32)?;
