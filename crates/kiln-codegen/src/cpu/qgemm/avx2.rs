@@ -216,7 +216,7 @@ impl Emitter<'_> {
             self.a.dec(rbx)?;
             self.a.jnz(l)?;
         }
-        if kk % 2 != 0 {
+        if !kk.is_multiple_of(2) {
             pair(self, 1)?;
         }
         Ok(())
@@ -279,7 +279,7 @@ impl Emitter<'_> {
                     self.a.add(r11d, eax)?;
                 }
             }
-            if kk % 2 != 0 {
+            if !kk.is_multiple_of(2) {
                 self.a.mov(word_ptr(rdx + 2 * rest as i32), 0)?;
             }
             if sums {
@@ -786,12 +786,12 @@ impl Emitter<'_> {
                 other = Some(l);
             }
             let n = rows as usize;
-            for r in 0..n {
-                self.a.vpxor(YMM[r], YMM[r], YMM[r])?;
+            for &y in &YMM[..n] {
+                self.a.vpxor(y, y, y)?;
             }
             // acc[r] += widened A[r, chunk] · copy[chunk]
             let chunk = |e: &mut Self, b: AsmMemoryOperand| -> R<()> {
-                for r in 0..n {
+                for (r, &acc) in YMM[..n].iter().enumerate() {
                     let at = xmmword_ptr(r9 + (pitch * r as i64) as i32);
                     if a_signed {
                         e.a.vpmovsxbw(ymm8, at)?;
@@ -799,7 +799,7 @@ impl Emitter<'_> {
                         e.a.vpmovzxbw(ymm8, at)?;
                     }
                     e.a.vpmaddwd(ymm8, ymm8, b)?;
-                    e.a.vpaddd(YMM[r], YMM[r], ymm8)?;
+                    e.a.vpaddd(acc, acc, ymm8)?;
                 }
                 Ok(())
             };
@@ -822,8 +822,8 @@ impl Emitter<'_> {
                 self.a.mov(rsi, qword_ptr(rsp + S_PBP))?;
                 chunk(self, ymmword_ptr(rsi + 2 * padded as i32))?;
             }
-            for r in n..8 {
-                self.a.vpxor(YMM[r], YMM[r], YMM[r])?;
+            for &y in &YMM[n..8] {
+                self.a.vpxor(y, y, y)?;
             }
             // The eight rows' sums into one vector (row r in lane r).
             self.a.vphaddd(ymm0, ymm0, ymm1)?;
