@@ -242,60 +242,79 @@ impl Emitter<'_> {
             add_imm(&mut self.a, rsi, self.a_pitch * i as i64, rax)?;
             self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
             add_imm(&mut self.a, rdx, (i as i32 * ap - pre) as i64, rax)?;
-            if kk / 16 > 0 {
-                self.a.mov(rcx, (kk / 16) as i64)?;
-                let mut l = self.a.create_label();
-                self.a.set_label(&mut l)?;
-                if signed {
-                    self.a.vpmovsxbw(ymm0, xmmword_ptr(rsi))?;
-                } else {
-                    self.a.vpmovzxbw(ymm0, xmmword_ptr(rsi))?;
-                }
-                if za {
-                    self.a.vpsubw(ymm0, ymm0, ymm15)?;
-                }
-                if sums {
-                    self.a.vpmaddwd(ymm1, ymm0, ymmword_ptr(ones))?;
-                    self.a.vpaddd(ymm2, ymm2, ymm1)?;
-                }
-                self.a.vmovdqu(ymmword_ptr(rdx), ymm0)?;
-                self.a.add(rsi, 16)?;
-                self.a.add(rdx, 32)?;
-                self.a.dec(rcx)?;
-                self.a.jnz(l)?;
-            }
-            let rest = kk % 16;
-            for t in 0..rest {
-                if signed {
-                    self.a.movsx(eax, byte_ptr(rsi + t as i32))?;
-                } else {
-                    self.a.movzx(eax, byte_ptr(rsi + t as i32))?;
-                }
-                if za {
-                    self.a.sub(eax, r8d)?;
-                }
-                self.a.mov(word_ptr(rdx + 2 * t as i32), ax)?;
-                if sums {
-                    self.a.add(r11d, eax)?;
-                }
-            }
-            if !kk.is_multiple_of(2) {
-                self.a.mov(word_ptr(rdx + 2 * rest as i32), 0)?;
-            }
+            let tail = kk % 16 + u64::from(!kk.is_multiple_of(2));
+            self.widen_run(kk, signed, za, sums, ones, tail)?;
             if sums {
                 // The row's sum into its slot (before the block copies).
-                self.a.vextracti128(xmm3, ymm2, 1)?;
-                self.a.vpaddd(xmm2, xmm2, xmm3)?;
-                self.a.vpshufd(xmm3, xmm2, 0x4E)?;
-                self.a.vpaddd(xmm2, xmm2, xmm3)?;
-                self.a.vpshufd(xmm3, xmm2, 0xB1)?;
-                self.a.vpaddd(xmm2, xmm2, xmm3)?;
-                self.a.vmovd(eax, xmm2)?;
-                self.a.add(eax, r11d)?;
-                self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
-                self.a.mov(dword_ptr(rdx + (ROW_SUMS + 4 * i as i32)), eax)?;
+                self.store_sum(ROW_SUMS + 4 * i as i32)?;
             }
         }
+        Ok(())
+    }
+
+    /// Widens the `kk` bytes at `rsi` (`signed`: `i8`, else `u8`) to words at `rdx`,
+    /// minus the zero point (`zero`: `ymm15` as words, `r8d` as an i32); with `sums`,
+    /// their sum into `ymm2` (by lanes) and `r11d` (the bytes past the last 16). The
+    /// last `kk mod 16` bytes are widened one by one, and words up to `tail` after the
+    /// last whole 16 are written, 0 past `kk`. `rsi`, `rdx`, `rcx` and `eax` move.
+    fn widen_run(&mut self, kk: u64, signed: bool, zero: bool, sums: bool, ones: CodeLabel, tail: u64) -> R<()> {
+        if kk / 16 > 0 {
+            self.a.mov(rcx, (kk / 16) as i64)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            if signed {
+                self.a.vpmovsxbw(ymm0, xmmword_ptr(rsi))?;
+            } else {
+                self.a.vpmovzxbw(ymm0, xmmword_ptr(rsi))?;
+            }
+            if zero {
+                self.a.vpsubw(ymm0, ymm0, ymm15)?;
+            }
+            if sums {
+                self.a.vpmaddwd(ymm1, ymm0, ymmword_ptr(ones))?;
+                self.a.vpaddd(ymm2, ymm2, ymm1)?;
+            }
+            self.a.vmovdqu(ymmword_ptr(rdx), ymm0)?;
+            self.a.add(rsi, 16)?;
+            self.a.add(rdx, 32)?;
+            self.a.dec(rcx)?;
+            self.a.jnz(l)?;
+        }
+        let rest = kk % 16;
+        for t in 0..tail.max(rest) {
+            let to = word_ptr(rdx + 2 * t as i32);
+            if t >= rest {
+                self.a.mov(to, 0)?;
+                continue;
+            }
+            if signed {
+                self.a.movsx(eax, byte_ptr(rsi + t as i32))?;
+            } else {
+                self.a.movzx(eax, byte_ptr(rsi + t as i32))?;
+            }
+            if zero {
+                self.a.sub(eax, r8d)?;
+            }
+            if sums {
+                self.a.add(r11d, eax)?;
+            }
+            self.a.mov(to, ax)?;
+        }
+        Ok(())
+    }
+
+    /// The sum of `ymm2`'s lanes and `r11d` stored at `S_PBP + at`.
+    fn store_sum(&mut self, at: i32) -> R<()> {
+        self.a.vextracti128(xmm3, ymm2, 1)?;
+        self.a.vpaddd(xmm2, xmm2, xmm3)?;
+        self.a.vpshufd(xmm3, xmm2, 0x4E)?;
+        self.a.vpaddd(xmm2, xmm2, xmm3)?;
+        self.a.vpshufd(xmm3, xmm2, 0xB1)?;
+        self.a.vpaddd(xmm2, xmm2, xmm3)?;
+        self.a.vmovd(eax, xmm2)?;
+        self.a.add(eax, r11d)?;
+        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+        self.a.mov(dword_ptr(rdx + at), eax)?;
         Ok(())
     }
 
@@ -713,43 +732,8 @@ impl Emitter<'_> {
         self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
         self.a.vpxor(ymm2, ymm2, ymm2)?;
         self.a.xor(r11d, r11d)?;
-        if chunks > 0 {
-            self.a.mov(rcx, chunks as i64)?;
-            let mut l = self.a.create_label();
-            self.a.set_label(&mut l)?;
-            if b_signed {
-                self.a.vpmovsxbw(ymm0, xmmword_ptr(rsi))?;
-            } else {
-                self.a.vpmovzxbw(ymm0, xmmword_ptr(rsi))?;
-            }
-            if zb {
-                self.a.vpsubw(ymm0, ymm0, ymm15)?;
-            }
-            self.a.vpmaddwd(ymm1, ymm0, ymmword_ptr(ones))?;
-            self.a.vpaddd(ymm2, ymm2, ymm1)?;
-            self.a.vmovdqa(ymmword_ptr(rdx), ymm0)?;
-            self.a.add(rsi, 16)?;
-            self.a.add(rdx, 32)?;
-            self.a.dec(rcx)?;
-            self.a.jnz(l)?;
-        }
+        self.widen_run(kk, b_signed, zb, true, ones, if rem > 0 { 16 } else { 0 })?;
         if rem > 0 {
-            for t in 0..16 {
-                if t < rem {
-                    if b_signed {
-                        self.a.movsx(eax, byte_ptr(rsi + t as i32))?;
-                    } else {
-                        self.a.movzx(eax, byte_ptr(rsi + t as i32))?;
-                    }
-                    if zb {
-                        self.a.sub(eax, r8d)?;
-                    }
-                    self.a.add(r11d, eax)?;
-                    self.a.mov(word_ptr(rdx + 2 * t as i32), ax)?;
-                } else {
-                    self.a.mov(word_ptr(rdx + 2 * t as i32), 0)?;
-                }
-            }
             // The tail copy: the column's last 16 words, the first `16 − rem` zero.
             self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
             for t in 0..16i32 {
@@ -762,16 +746,7 @@ impl Emitter<'_> {
                 }
             }
         }
-        self.a.vextracti128(xmm3, ymm2, 1)?;
-        self.a.vpaddd(xmm2, xmm2, xmm3)?;
-        self.a.vpshufd(xmm3, xmm2, 0x4E)?;
-        self.a.vpaddd(xmm2, xmm2, xmm3)?;
-        self.a.vpshufd(xmm3, xmm2, 0xB1)?;
-        self.a.vpaddd(xmm2, xmm2, xmm3)?;
-        self.a.vmovd(eax, xmm2)?;
-        self.a.add(eax, r11d)?;
-        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
-        self.a.mov(dword_ptr(rdx + ROW_SUMS), eax)?;
+        self.store_sum(ROW_SUMS)?;
         let last_rows = m - (groups - 1) * 8;
         let variants: Vec<(u64, bool)> =
             if last_rows != 8 { vec![(last_rows, true), (8, false)] } else { vec![(8, false)] };
