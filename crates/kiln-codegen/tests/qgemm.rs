@@ -16,6 +16,9 @@
 //! ones too (`N` of 16 blocks of 32 and more, a partial block after them): a workgroup
 //! then takes several blocks, sharing each tile's row sums and hoisted epilogue values.
 //! And one column (`N` = 1: a matrix times a vector), which runs rows in the lanes.
+//!
+//! Every case runs at x86-64-v3 too (the AVX2 form, 16-bit products, on any AVX2 host),
+//! and at x86-64-v4 and the host where this CPU has AVX-512 BW/VL.
 
 mod common;
 
@@ -68,17 +71,23 @@ fn f32_scalar(x: f64) -> Tensor {
     Tensor::from_f64(DType::F32, Shape::new(vec![]).unwrap(), &[x]).unwrap()
 }
 
-/// The integer microkernel configurations this CPU can run: x86-64-v4 (16-bit products)
-/// and the host (VNNI where it has it).
+/// The integer microkernel configurations this CPU can run: x86-64-v3 (the AVX2 form,
+/// on every AVX2 host), and where it has AVX-512 BW/VL x86-64-v4 (16-bit products) and
+/// the host (VNNI where it has it).
 fn int8_configs() -> Vec<Config> {
-    if !(std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl")) {
-        eprintln!("skipped: this CPU lacks AVX-512 BW/VL (integer microkernels)");
-        return Vec::new();
+    let mut cfgs = Vec::new();
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        cfgs.push(Config { target: CpuTarget::X86_64V3, options: Options::default() });
+    } else {
+        eprintln!("skipped: this CPU lacks AVX2/FMA (the AVX2 integer microkernel)");
     }
-    vec![
-        Config { target: CpuTarget::X86_64V4, options: Options::default() },
-        Config { target: CpuTarget::Host, options: Options::default() },
-    ]
+    if std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
+        cfgs.push(Config { target: CpuTarget::X86_64V4, options: Options::default() });
+        cfgs.push(Config { target: CpuTarget::Host, options: Options::default() });
+    } else {
+        eprintln!("skipped: this CPU lacks AVX-512 BW/VL (the 512-bit integer microkernel)");
+    }
+    cfgs
 }
 
 /// The integer-microkernel configurations, or a return from the test where this CPU has
@@ -141,8 +150,9 @@ fn check_op(op: &Op, inputs: &[Option<Tensor>], expect_micro: bool) {
     assert_eq!(got.to_f64_vec(), want[0].to_f64_vec(), "{}: reference", op.kind);
 }
 
-const SHAPES: [(usize, usize, usize); 12] = [
+const SHAPES: [(usize, usize, usize); 13] = [
     (1, 1, 1),
+    (9, 32, 1),
     (1, 5, 7),
     (5, 3, 7),
     (13, 4, 33),
@@ -366,7 +376,9 @@ fn epilogues() {
 #[test]
 fn row_kernels_store_bytes() {
     use kiln_flow::{BinaryOp, KernelBuilder, ScalarType, UnaryOp};
-    let cfgs = int8_configs_or_skip!();
+    // (The 16-lane row kernel: the AVX-512 configurations only.)
+    let cfgs: Vec<Config> =
+        int8_configs_or_skip!().into_iter().filter(|c| !matches!(c.target, CpuTarget::X86_64V3)).collect();
     for len in [1usize, 15, 16, 17, 40] {
         let rows = 3;
         let sm = softmax(rows, len);

@@ -561,9 +561,10 @@ impl Compilation {
                     }
                 };
                 // A QDQ graph's contractions become integer ops only where integer
-                // microkernels run them (the CPU at the speed level, with AVX-512 BW/VL);
-                // elsewhere (the CUDA target, `--opt size`, AVX2) they stay float
-                // products with their fast paths, and the pass is passed over.
+                // microkernels run them (the CPU at the speed level, with AVX-512 BW/VL
+                // or AVX2 + FMA: `cpu::int8_kernels`); elsewhere (the CUDA target,
+                // `--opt size`, a CPU level below x86-64-v3) they stay float products
+                // with their fast paths, and the pass is passed over.
                 // (With several CPU levels: only where every level has them.)
                 let mut int8 = self.options.device == TargetDevice::Cpu && !self.options.size;
                 for t in self.cpu_targets() {

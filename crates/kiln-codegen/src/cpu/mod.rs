@@ -518,8 +518,24 @@ fn emit_class(
     // takes the integer microkernel where the target has one and it takes the kernel.
     let mut declined = None;
     if kiln_flow::contraction::Contraction::of_int(k).is_some() {
-        if !int8.bw_vl {
-            declined = Some("an integer contraction (microkernel needs AVX-512 BW and VL)".to_string());
+        if !int8.bw_vl && int8.avx2 {
+            match qgemm::emit_avx2(k) {
+                Ok(q) => {
+                    return Ok(Some(Micro {
+                        code: q.code,
+                        workgroups: q.workgroups,
+                        note: "integer contraction microkernel (avx2)".to_string(),
+                        avx512: false,
+                        path: cost::Path::Contraction,
+                        bits: 256,
+                        needs: 0,
+                        digits: Vec::new(),
+                    }));
+                }
+                Err(gemm::NotHere(why)) => declined = Some(format!("integer contraction: {why}")),
+            }
+        } else if !int8.bw_vl {
+            declined = Some("an integer contraction (microkernel needs AVX2 or AVX-512 BW and VL)".to_string());
         } else {
             match qgemm::emit(k, int8.vnni) {
                 Ok(q) => {
@@ -557,22 +573,26 @@ fn emit_class(
 
 /// Whether `target` runs integer contractions (QLinearConv, QLinearMatMul,
 /// MatMulInteger, ConvInteger) as microkernels (`qgemm`: AVX-512 BW and VL, with or
-/// without VNNI) at the speed level `options`. Where it does not they run on the
-/// general path, far slower than a float product's microkernel: the compiler then
-/// keeps a QDQ graph's contractions in float (`kiln_opt`'s
-/// `tensor-fold-quantized-contractions` is left out).
+/// without VNNI, or its AVX2 form on an AVX2 + FMA target: x86-64-v3 or such a host) at
+/// the speed level `options`. Where it does not they run on the general path, far
+/// slower than a float product's microkernel: the compiler then keeps a QDQ graph's
+/// contractions in float (`kiln_opt`'s `tensor-fold-quantized-contractions` is left
+/// out) and runs `tensor-float-integer-contractions`.
 pub fn int8_kernels(target: &CpuTarget, options: &Options) -> Result<bool, CodegenError> {
     let features = make_isa(*target)?.features;
     let avx2_fma = [CpuFeature::Avx, CpuFeature::Avx2, CpuFeature::Fma].iter().all(|f| features & f.bit() != 0);
     let avx512 = avx2_fma && features & CpuFeature::Avx512f.bit() != 0;
-    Ok(options.contraction_kernels && avx2_fma && Int8::of(*target, avx512).bw_vl)
+    let int8 = Int8::of(*target, avx512);
+    Ok(options.contraction_kernels && avx2_fma && (int8.bw_vl || int8.avx2))
 }
 
 /// What the target offers the integer contraction microkernel ([`qgemm`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct Int8 {
-    /// AVX-512 BW and VL (the microkernel at all).
+    /// AVX-512 BW and VL (the 512-bit microkernel).
     bw_vl: bool,
+    /// AVX2 and FMA (the 256-bit microkernel, where the 512-bit one is not).
+    avx2: bool,
     /// AVX-512 VNNI (`vpdpbusd`).
     vnni: bool,
 }
@@ -580,12 +600,14 @@ struct Int8 {
 impl Int8 {
     fn of(target: CpuTarget, avx512: bool) -> Int8 {
         match target {
-            CpuTarget::X86_64V4 => Int8 { bw_vl: avx512, vnni: false },
+            CpuTarget::X86_64V4 => Int8 { bw_vl: avx512, avx2: true, vnni: false },
+            CpuTarget::X86_64V3 => Int8 { bw_vl: false, avx2: true, vnni: false },
             #[cfg(target_arch = "x86_64")]
             CpuTarget::Host => {
                 let bw_vl =
                     avx512 && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl");
-                Int8 { bw_vl, vnni: bw_vl && std::is_x86_feature_detected!("avx512vnni") }
+                let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+                Int8 { bw_vl, avx2, vnni: bw_vl && std::is_x86_feature_detected!("avx512vnni") }
             }
             _ => Int8::default(),
         }

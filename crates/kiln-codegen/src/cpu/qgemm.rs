@@ -1,5 +1,17 @@
 //! Integer contraction microkernels: 8-bit operands, i32 accumulators, AVX-512 machine
-//! code written with `iced-x86`.
+//! code written with `iced-x86`, and an AVX2 form ([`avx2`]) for CPUs without AVX-512
+//! BW/VL.
+//!
+//! The two widths share the planning below (recognition, operands, the epilogue's
+//! nodes, loads and dependencies, the work split, the workgroup loop and the loop over a
+//! workgroup's block copies: [`Emitter`] with its `ymm` flag). They differ in the copy,
+//! the tile and the epilogue's instructions: 512-bit blocks of 32 columns, four
+//! reduction steps a lane (`vpdpbusd` or its 16-bit form), zero points as row/column-sum
+//! corrections, 12 × 32 tiles in 24 `zmm` accumulators, opmasks and embedded broadcasts;
+//! AVX2 blocks of 16 columns widened to 16 bits with the zero points subtracted while
+//! copied, two reduction steps a lane (`vpmaddwd`), 6 × 16 tiles in 12 `ymm`
+//! accumulators, lane masks in registers (`vpmaskmovd`, `vblendvps`) — the [`avx2`]
+//! module's doc.
 //!
 //! A kernel that [`Contraction::of_int`] recognises — an epilogue over
 //! `Σ_k (i32(A[m, k]) − za)·(i32(B[k, n]) − zb)`, `A` and `B` each `u8` or `i8` (the
@@ -77,7 +89,7 @@
 //! load, a hoisted value) is read as an embedded broadcast (`{1to16}`) of the arithmetic
 //! instruction, not into a register first. QLinear's requantisation is `round_half_even(f32(acc)
 //! · (s_a·s_b / s_y)) + z_y`, saturated: ONNX Runtime's order of operations. Anything else
-//! declines the kernel (it then runs on the general path, as on a CPU without AVX-512 BW).
+//! declines the kernel (it then runs on the general path, as on a CPU without AVX2).
 
 use std::collections::HashMap;
 
@@ -87,10 +99,12 @@ use kiln_flow::contraction::{Contraction, IntContraction};
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-use super::asm::{add_imm, enter, leave, Tables, XMM, ZMM};
+use super::asm::{add_imm, enter, leave, Tables, XMM, YMM, ZMM};
 use super::gemm::{no, NotHere, R};
 use super::math;
 use super::vector::{Mask, Vx, V};
+
+mod avx2;
 
 /// Columns per workgroup block (two vectors of 16 lanes).
 const NB: u64 = 32;
@@ -144,11 +158,24 @@ struct ELoad {
 /// Emits `k` as an integer contraction microkernel, or says why not. `vnni`: the target
 /// has AVX-512 VNNI (else the byte products are widened to 16 bits).
 pub(crate) fn emit(k: &Kernel, vnni: bool) -> R<QGemmCode> {
+    emit_width(k, vnni, false)
+}
+
+/// Emits `k` as the AVX2 (`ymm`) integer contraction microkernel ([`avx2`]), or says
+/// why not.
+pub(crate) fn emit_avx2(k: &Kernel) -> R<QGemmCode> {
+    emit_width(k, false, true)
+}
+
+fn emit_width(k: &Kernel, vnni: bool, ymm: bool) -> R<QGemmCode> {
     let Some(ic) = Contraction::of_int(k) else { return no("not an integer contraction") };
     // With the row-invariant epilogue hoisted, else (it ran out of registers) without.
+    // (The AVX2 form hoists nothing: its epilogue has every register to itself.)
     let attempt = |hoist: bool| -> R<QGemmCode> {
-        let mut e = Emitter::new(k, ic.clone(), vnni, hoist)?;
-        if e.gemv {
+        let mut e = Emitter::new(k, ic.clone(), vnni, hoist && !ymm, ymm)?;
+        if e.gemv && ymm {
+            e.function_gemv_ymm()?;
+        } else if e.gemv {
             e.function_gemv()?;
         } else {
             e.function()?;
@@ -206,6 +233,10 @@ struct Emitter<'k> {
     mr: u64,
     /// The epilogue computes exp, erf, tanh or log.
     transcendental: bool,
+    /// The AVX2 form ([`avx2`]): 16-bit products of 16 columns in two `ymm` vectors.
+    ymm: bool,
+    /// Columns of the tile's partial vector (AVX2 form; 0: every vector whole).
+    y_lanes: u64,
     /// Workgroup split: `blocks` workgroups along the columns, each `nblk` whole blocks
     /// of 32 columns (the last fewer) out of `full`, then one of the `part` columns left
     /// (where `part` is not 0).
@@ -272,7 +303,7 @@ impl Dot {
 }
 
 impl<'k> Emitter<'k> {
-    fn new(k: &'k Kernel, ic: IntContraction, vnni: bool, hoist: bool) -> R<Emitter<'k>> {
+    fn new(k: &'k Kernel, ic: IntContraction, vnni: bool, hoist: bool, ymm: bool) -> R<Emitter<'k>> {
         let IntContraction { c, za, zb } = ic;
         let [m, n, kk] = c.dims;
         if kk == 0 || kk > MOST_K {
@@ -310,10 +341,12 @@ impl<'k> Emitter<'k> {
             gemv: false,
             mr: MR,
             transcendental: false,
-            blocks: n.div_ceil(NB),
+            ymm,
+            y_lanes: 0,
+            blocks: 0,
             nblk: 1,
-            full: n / NB,
-            part: n % NB,
+            full: n / nb_of(ymm),
+            part: n % nb_of(ymm),
             groups: 1,
             rows_per_group: m,
             batch_ext: Vec::new(),
@@ -328,7 +361,11 @@ impl<'k> Emitter<'k> {
         e.need_ra = zb.is_some() || e.delta != 0;
         e.plan_operands()?;
         e.plan_epilogue()?;
-        e.gemv = e.gemv_fits();
+        // (The AVX2 form's one-column form reads a row's last 16 bytes as its tail.)
+        e.gemv = e.gemv_fits() && (!ymm || kk >= 16);
+        if ymm {
+            e.plan_ymm()?;
+        }
         if !hoist || e.gemv {
             e.hoisted.clear();
             e.hoist_at.clear();
@@ -343,7 +380,9 @@ impl<'k> Emitter<'k> {
         e.nblk = (e.full * batch / SPREAD).clamp(1, cap).min(e.full.max(1));
         e.blocks = e.full.div_ceil(e.nblk) + u64::from(e.part != 0);
         // Rows cut into groups where blocks are too few to share among threads.
-        if e.transcendental {
+        if ymm {
+            e.mr = avx2::MR;
+        } else if e.transcendental {
             e.mr = MR_TRANSCENDENTAL;
         }
         let tiles = m.div_ceil(e.mr);
@@ -368,7 +407,8 @@ impl<'k> Emitter<'k> {
 
     fn workgroups(&self) -> u64 {
         if self.gemv {
-            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(16);
+            let rows = if self.ymm { 8 } else { 16 };
+            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(rows);
         }
         self.batch_ext.iter().product::<u64>() * self.blocks * self.groups
     }
@@ -687,30 +727,34 @@ impl<'k> Emitter<'k> {
     fn s_buf(&self) -> i32 {
         self.s_h() + ((4 * MR as i32 * self.hoisted.len() as i32) + 63) / 64 * 64
     }
-    /// Bytes of one block's copy and its column sums.
+    /// Bytes of one block's copy and its column sums (the AVX2 form: the copy alone).
     fn block_bytes(&self) -> i32 {
+        if self.ymm {
+            return self.y_block_bytes();
+        }
         self.c.dims[2].div_ceil(4) as i32 * (NB as i32 * 4) + 64 * NV as i32
     }
+    /// Columns of a block.
+    fn nb(&self) -> u64 {
+        nb_of(self.ymm)
+    }
     fn frame_size(&self) -> i32 {
-        let buf = self.block_bytes() * self.nblk as i32 + 64;
+        let buf = self.block_bytes() * self.nblk as i32 + 64 + self.y_pre_bytes();
         (self.s_buf() + buf + 15) / 16 * 16
     }
 
     fn function(&mut self) -> R<()> {
         enter(&mut self.a)?;
         let frame = self.frame_size();
-        let mut left = frame;
-        while left > 0 {
-            let step = left.min(4096);
-            self.a.sub(rsp, step)?;
-            self.a.or(qword_ptr(rsp), 0)?;
-            left -= step;
-        }
+        self.reserve(frame)?;
         // rdi bindings, rdx begin, rcx end (clamped).
         let done = self.workgroup_range()?;
         let at = self.s_buf() + 63;
         self.a.lea(rax, qword_ptr(rsp + at))?;
         self.a.and(rax, -64)?;
+        // (The AVX2 form's packed rows of A and its spilled accumulators come first.)
+        let pre = self.y_pre_bytes() as i64;
+        add_imm(&mut self.a, rax, pre, rcx)?;
         self.a.mov(qword_ptr(rsp + S_PBP), rax)?;
         let mut top = self.a.create_label();
         let next = self.a.create_label();
@@ -733,14 +777,15 @@ impl<'k> Emitter<'k> {
         }
         // The first column: `bw · nblk · 32`, or (the partial block's workgroup) `full · 32`;
         // the blocks: `min(nblk, full − n0/32)` (0 there: its path sets 1).
-        let full_cols = (self.full * NB) as i64;
-        self.imul(r8, (self.nblk * NB) as i64)?;
+        let nb = self.nb();
+        let full_cols = (self.full * nb) as i64;
+        self.imul(r8, (self.nblk * nb) as i64)?;
         self.a.mov(rcx, full_cols)?;
         self.a.cmp(r8, rcx)?;
         self.a.cmova(r8, rcx)?;
         self.a.mov(qword_ptr(rsp + S_N0), r8)?;
         self.a.sub(rcx, r8)?;
-        self.a.shr(rcx, NB.trailing_zeros() as i32)?;
+        self.a.shr(rcx, nb.trailing_zeros() as i32)?;
         self.a.mov(rdx, self.nblk as i64)?;
         self.a.cmp(rcx, rdx)?;
         self.a.cmova(rcx, rdx)?;
@@ -765,7 +810,7 @@ impl<'k> Emitter<'k> {
             col_variants.push((self.part, self.full > 0));
         }
         if self.full > 0 {
-            col_variants.push((NB, false));
+            col_variants.push((nb, false));
         }
         let row_variants: Vec<(u64, bool)> = if last_rows != self.rows_per_group {
             vec![(last_rows, true), (self.rows_per_group, false)]
@@ -780,7 +825,7 @@ impl<'k> Emitter<'k> {
                 self.a.jb(l)?;
                 other_cols = Some(l);
             }
-            if cols != NB {
+            if cols != nb {
                 self.a.mov(qword_ptr(rsp + S_BCNT), 1)?;
             }
             self.pack_blocks(cols)?;
@@ -1197,7 +1242,7 @@ impl<'k> Emitter<'k> {
         self.a.set_label(&mut l)?;
         self.pack(cols)?;
         self.a.add(qword_ptr(rsp + S_BBUF), self.block_bytes())?;
-        self.a.add(qword_ptr(rsp + S_BSRC), (NB as i64 * self.b_step) as i32)?;
+        self.a.add(qword_ptr(rsp + S_BSRC), (self.nb() as i64 * self.b_step) as i32)?;
         self.a.dec(qword_ptr(rsp + S_BLEFT))?;
         self.a.jnz(l)?;
         Ok(())
@@ -1212,6 +1257,9 @@ impl<'k> Emitter<'k> {
     /// `[⌈K/4⌉, 32, 4]` (flipped where [`Self::delta`] says), and its column sums into
     /// the stack where they are needed.
     fn pack(&mut self, cols: u64) -> R<()> {
+        if self.ymm {
+            return self.pack_ymm(cols);
+        }
         let kk = self.c.dims[2];
         let chunks = cols.div_ceil(16) as usize;
         let part = cols % 16;
@@ -1378,22 +1426,13 @@ impl<'k> Emitter<'k> {
 
     /// One tile: `rows` rows from row `S_MT`, the block's `cols` columns.
     fn tile(&mut self, rows: u64, cols: u64) -> R<()> {
+        if self.ymm {
+            return self.tile_ymm(rows, cols);
+        }
         let rows_ = rows as usize;
         let nv = cols.div_ceil(16) as usize;
         let kk = self.c.dims[2];
-        // Tile pointers.
-        for bi in 0..self.bases.len() {
-            let b = self.bases[bi].clone();
-            let sb = self.s_base(bi);
-            self.a.mov(rax, qword_ptr(rsp + sb))?;
-            if b.per_m != 0 {
-                self.a.mov(rcx, qword_ptr(rsp + S_MT))?;
-                self.imul(rcx, b.per_m * b.elem)?;
-                self.a.add(rax, rcx)?;
-            }
-            let st = self.s_tile(bi);
-            self.a.mov(qword_ptr(rsp + st), rax)?;
-        }
+        self.tile_pointers()?;
         // The row-invariant epilogue values, once per row (the accumulators are free).
         let hoisted = self.hoisted.clone();
         if !hoisted.is_empty() {
@@ -1671,6 +1710,23 @@ impl<'k> Emitter<'k> {
         Ok(())
     }
 
+    /// Each base's pointer at the tile's first row (`S_MT`) into its tile slot.
+    fn tile_pointers(&mut self) -> R<()> {
+        for bi in 0..self.bases.len() {
+            let b = self.bases[bi].clone();
+            let sb = self.s_base(bi);
+            self.a.mov(rax, qword_ptr(rsp + sb))?;
+            if b.per_m != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + S_MT))?;
+                self.imul(rcx, b.per_m * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+            let st = self.s_tile(bi);
+            self.a.mov(qword_ptr(rsp + st), rax)?;
+        }
+        Ok(())
+    }
+
     /// `zb + δ` in a fresh register.
     fn zb_delta(&mut self, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
         let t = take(pool)?;
@@ -1732,15 +1788,7 @@ impl<'k> Emitter<'k> {
         let node = self.k.node(e).clone();
         let r = match node.expr {
             Expr::Const(bits) => {
-                // (Integers as i32 lanes: the narrow types' bits are zero-extended.)
-                let word = match node.ty {
-                    ScalarType::I8 => bits as u8 as i8 as i32 as u32,
-                    ScalarType::I16 => bits as u16 as i16 as i32 as u32,
-                    ScalarType::U8 => bits as u8 as u32,
-                    ScalarType::U16 => bits as u16 as u32,
-                    _ => bits as u32,
-                };
-                let l = self.t.scalar(&mut self.a, word);
+                let l = self.t.scalar(&mut self.a, const_word(node.ty, bits));
                 let r = take(pool)?;
                 self.a.vpbroadcastd(ZMM[r], dword_ptr(l))?;
                 r
@@ -1851,35 +1899,7 @@ impl<'k> Emitter<'k> {
                 self.a.vpblendmd(ZMM[r].k5(), ZMM[vy], ZMM[vx])?;
                 r
             }
-            Expr::Unary(op, x) if math::has_vector_form(op) => {
-                // exp, erf, tanh, log, sqrt, neg, abs: the general path's inline code
-                // (`super::math`), its coefficients read as broadcasts.
-                let v = self.eval(x, ev, pool)?;
-                let n = math::vector_scratch(op);
-                let mut t = Vec::with_capacity(n);
-                for _ in 0..n {
-                    t.push(V(take(pool)? as u8));
-                }
-                self.release(x, v, ev, pool);
-                let r = take(pool)?;
-                let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
-                vx.unary(op, V(r as u8), V(v as u8), &t)?;
-                pool.extend(t.iter().map(|v| v.0 as usize));
-                r
-            }
-            Expr::Unary(op, x) => {
-                let v = self.eval(x, ev, pool)?;
-                self.release(x, v, ev, pool);
-                let r = take(pool)?;
-                let imm = match op {
-                    UnaryOp::Round => 8,
-                    UnaryOp::Floor => 9,
-                    UnaryOp::Ceil => 10,
-                    _ => 11,
-                };
-                self.a.vrndscaleps(ZMM[r], ZMM[v], imm)?;
-                r
-            }
+            Expr::Unary(op, x) => self.unary_at(true, op, x, ev, pool)?,
             Expr::Binary(op, x, y) if node.ty == ScalarType::Bool => {
                 // Integer lanes compared (signed: see `check`), the mask as all-ones lanes.
                 let pred = int_cmp(op).ok_or_else(|| NotHere("an epilogue comparison".into()))?;
@@ -1960,6 +1980,52 @@ impl<'k> Emitter<'k> {
         };
         ev.memo.insert(e.0, r);
         Ok(r)
+    }
+
+    /// A unary node of f32 `x` on 16 lanes (`wide`) or 8: exp, erf, tanh, log, sqrt,
+    /// neg, abs as the general path's inline code (`super::math`), or a rounding
+    /// (`vrndscaleps`/`vroundps`; the same immediates: the mode, exceptions suppressed).
+    fn unary_at(&mut self, wide: bool, op: UnaryOp, x: ExprId, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+        let v = if wide { self.eval(x, ev, pool)? } else { self.eval_ymm(x, ev, pool)? };
+        if math::has_vector_form(op) {
+            let n = math::vector_scratch(op);
+            let mut t = Vec::with_capacity(n);
+            for _ in 0..n {
+                t.push(V(take(pool)? as u8));
+            }
+            self.release(x, v, ev, pool);
+            let r = take(pool)?;
+            let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide, held: &[] };
+            vx.unary(op, V(r as u8), V(v as u8), &t)?;
+            pool.extend(t.iter().map(|v| v.0 as usize));
+            return Ok(r);
+        }
+        self.release(x, v, ev, pool);
+        let r = take(pool)?;
+        let imm = match op {
+            UnaryOp::Round => 8,
+            UnaryOp::Floor => 9,
+            UnaryOp::Ceil => 10,
+            _ => 11,
+        };
+        if wide {
+            self.a.vrndscaleps(ZMM[r], ZMM[v], imm)?;
+        } else {
+            self.a.vroundps(YMM[r], YMM[v], imm)?;
+        }
+        Ok(r)
+    }
+
+    /// Reserves `frame` bytes of stack, touching each page on the way down.
+    fn reserve(&mut self, frame: i32) -> R<()> {
+        let mut left = frame;
+        while left > 0 {
+            let step = left.min(4096);
+            self.a.sub(rsp, step)?;
+            self.a.or(qword_ptr(rsp), 0)?;
+            left -= step;
+        }
+        Ok(())
     }
 
     /// `c ? x : y` with the comparison `c` (its only use) written straight into the
@@ -2193,9 +2259,30 @@ fn f32_below(k: &Kernel, e: ExprId) -> Option<f32> {
     }
 }
 
+/// A constant's 32-bit lane: integers as i32 lanes (the narrow signed types'
+/// bits sign-extended, the unsigned ones' zero-extended), f32 as its bits.
+fn const_word(ty: ScalarType, bits: u64) -> u32 {
+    match ty {
+        ScalarType::I8 => bits as u8 as i8 as i32 as u32,
+        ScalarType::I16 => bits as u16 as i16 as i32 as u32,
+        ScalarType::U8 => bits as u8 as u32,
+        ScalarType::U16 => bits as u16 as u32,
+        _ => bits as u32,
+    }
+}
+
 /// Integers held as i32 lanes.
 fn is_int32(t: ScalarType) -> bool {
     matches!(t, ScalarType::I8 | ScalarType::U8 | ScalarType::I16 | ScalarType::U16 | ScalarType::I32)
+}
+
+/// Columns of a block: 32 (two `zmm` vectors), or 16 in the AVX2 form (two `ymm`).
+fn nb_of(ymm: bool) -> u64 {
+    if ymm {
+        avx2::NB
+    } else {
+        NB
+    }
 }
 
 /// Bytes of an output element this emitter stores.
