@@ -19,8 +19,7 @@ use kiln_module::program::{Command as PlanCommand, DeviceKind, CUDA_CUBIN_SM90A}
 mod common;
 #[path = "../../kiln-codegen/tests/ptxas/mod.rs"]
 mod ptxas_bin;
-#[path = "../../kiln-codegen/tests/ptxsim/mod.rs"]
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use common::{compile_for_cuda, import_options, listed_models, model_path, ok, s, scratch, LENET};
 use ptxas_bin::ptxas;

@@ -29,8 +29,7 @@ use kiln_compiler::Precision;
 use kiln_ir::DType;
 
 mod common;
-#[path = "../../kiln-codegen/tests/ptxsim/mod.rs"]
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use common::{compile_for_cuda, listed_models};
 

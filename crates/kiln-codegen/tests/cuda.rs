@@ -10,7 +10,7 @@
 //! kernel; no GPU runs them (docs/cuda.md).
 
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use ptxas::assemble_ptx;
 

@@ -38,7 +38,7 @@
 
 mod common;
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use kiln_codegen::cuda;
 use kiln_codegen::cuda::tune::{Attn, Tune};

@@ -15,7 +15,7 @@
 
 mod common;
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use std::collections::HashMap;
 

@@ -4,7 +4,7 @@
 //! narrow inputs read as words and unpacked.
 //!
 //! Every module is assembled by `ptxas -arch=sm_90a -v` (no stack frame, no spills)
-//! and every kernel runs in the host PTX simulator (`tests/ptxsim`) over its whole
+//! and every kernel runs in the host PTX simulator (`kiln-ptxsim`) over its whole
 //! launch, compared with the kernel interpreter bit for bit (NaN only as NaN: the PTX
 //! ISA's conversions give the canonical NaN, the interpreter keeps a payload): on
 //! random inputs with and without NaN, ±∞ and −0, and, for the conversions, on inputs
@@ -13,7 +13,7 @@
 //! integers that wrap.
 
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::{classify, KernelClass};

@@ -3,7 +3,7 @@
 //! (`cuda::expr::lowp`, the general mapping's byte-per-thread form for 4-bit outputs).
 //!
 //! Every module is assembled by `ptxas -arch=sm_90a -v` (no local memory) and every
-//! kernel runs over its whole launch in the host PTX simulator (`tests/ptxsim`: every
+//! kernel runs over its whole launch in the host PTX simulator (`kiln-ptxsim`: every
 //! global access checked against its binding; each output byte must be written), its
 //! output compared byte for byte with the kernel interpreter's (`kiln_ir::lowp`), a NaN
 //! code with any NaN code of its type: on every code of each 8-bit type, on f32 inputs
@@ -13,7 +13,7 @@
 //! the range; and on odd element counts, transposed and padded reads of packed nibbles.
 
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::classify;

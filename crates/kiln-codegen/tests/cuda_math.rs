@@ -3,7 +3,7 @@
 //!
 //! These sequences use only operations that round once (`.rn` arithmetic, `fma.rn`,
 //! exact conversions, bit manipulation) and no `.approx` instruction, so the host PTX
-//! simulator (`tests/ptxsim`) computes exactly what the GPU computes: the errors
+//! simulator (`kiln-ptxsim`) computes exactly what the GPU computes: the errors
 //! measured here are the GPU's. Each kernel (`out[i] = op(in[i])`, assembled by
 //! `ptxas -arch=sm_90a -v` with no local memory) runs over dense sweeps of inputs, and
 //! each element is compared with an independent reference: Rust's f64 `ln`, `powf`,
@@ -12,7 +12,7 @@
 //! out of the domain, subnormals), the kernel interpreter's `libm` values exactly.
 
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use kiln_codegen::cuda;
 use kiln_flow::class::classify;

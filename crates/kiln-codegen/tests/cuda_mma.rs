@@ -19,7 +19,7 @@ mod common;
 #[path = "common/half.rs"]
 mod half;
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use std::collections::HashSet;
 
@@ -414,7 +414,7 @@ fn mixed_operands_take_the_f32_kernel() {
     ptxas::assemble_ptx("cuda-mma", "mixed", m.ptx()).unwrap_or_else(|e| panic!("ptxas: {e}"));
 }
 
-/// The emitted PTX run by the host simulator (`tests/ptxsim`, which models `mma.sync`,
+/// The emitted PTX run by the host simulator (`kiln-ptxsim`, which models `mma.sync`,
 /// `ldmatrix` and `cp.async` from the PTX ISA independently of `cuda::mma`'s index
 /// functions) against the kernel interpreter: every output element written, within
 /// the f32 summation-order bound (`K · 4 · 2⁻²⁰` for these inputs: |products| ≤ 4,

@@ -16,7 +16,7 @@
 
 mod common;
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use common::{layernorm, softmax, ty};
 use kiln_codegen::cuda::{self, rows};

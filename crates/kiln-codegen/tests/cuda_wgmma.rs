@@ -18,7 +18,7 @@ mod common;
 #[path = "common/half.rs"]
 mod half;
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use common::Conv;
 use half::{conv, matmul};

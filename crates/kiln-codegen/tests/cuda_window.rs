@@ -19,7 +19,7 @@
 
 mod common;
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use common::{depthwise, f32_type, lower_one, Geo, Win};
 use kiln_codegen::cuda;

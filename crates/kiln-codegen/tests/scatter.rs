@@ -14,7 +14,7 @@
 
 mod common;
 mod ptxas;
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use common::*;
 use kiln_codegen::cpu::{classify, compile_with};

@@ -1,4 +1,6 @@
-//! The host PTX simulator of the CUDA test suites: runs one entry of a module kiln
+//! `kiln-ptxsim`, the host PTX simulator of the CUDA test suites (a dev-dependency of
+//! kiln-codegen and kiln-cli, never of a library; a crate of its own so that it is
+//! compiled once, optimised, rather than into every suite): runs one entry of a module kiln
 //! wrote, on the host, over bindings in host memory, so that every CUDA emitter's
 //! output (elementwise, general, rows, window, contraction) is checked against the
 //! kernel interpreter without a GPU. One simulator for all suites: parsing and decoding
@@ -81,7 +83,6 @@
 //! a warp must go the same way): a GPU run stays the final
 //! word (docs/cuda.md). Any instruction, modifier, operand or directive outside this
 //! list fails [`parse`] naming it: nothing is ever skipped.
-#![allow(dead_code)]
 
 pub mod isa;
 

@@ -7,7 +7,7 @@
 //! written out here: `mma.m16n8k16` of small integers against a plain matrix product,
 //! `ldmatrix(.trans)` lane by lane, `cp.async`'s zero fill and groups, and its races.
 
-mod ptxsim;
+use kiln_ptxsim as ptxsim;
 
 use ptxsim::{isa, Global, Grid, Limits, SimError};
 
