@@ -89,14 +89,28 @@ pub fn run(kernel: &Kernel, inputs: &[&Tensor]) -> Result<Tensor, InterpError> {
     let numel: usize = shape.iter().product();
     let mut out = Vec::with_capacity(numel);
     let mut idx = vec![0usize; shape.len()];
+    // From one element to the next (row-major) the output variables from some axis `d`
+    // on change: forget only the nodes that read one of them (`stale[d]`), so a value
+    // that depends on the row alone (an attention row's maximum and sum over its keys)
+    // is computed once a row, not once an element. (The same values: nodes are pure.)
+    let rank = shape.len();
+    let stale: Vec<Vec<usize>> = (0..rank)
+        .map(|d| (0..n).filter(|&i| ev.free[i].iter().any(|&v| (v as usize) >= d && (v as usize) < rank)).collect())
+        .collect();
+    let mut from = 0;
     for _ in 0..numel {
-        for (d, &i) in idx.iter().enumerate() {
+        for (d, &i) in idx.iter().enumerate().skip(from) {
             ev.env[d] = i as i64;
         }
-        ev.cache.iter_mut().for_each(|c| *c = None);
+        if let Some(nodes) = stale.get(from) {
+            for &i in nodes {
+                ev.cache[i] = None;
+            }
+        }
         out.push(ev.eval(kernel.root));
-        for d in (0..shape.len()).rev() {
+        for d in (0..rank).rev() {
             idx[d] += 1;
+            from = d;
             if idx[d] < shape[d] {
                 break;
             }
