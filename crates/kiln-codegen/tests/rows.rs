@@ -382,48 +382,15 @@ fn division_by_a_power_of_two_is_exact() {
     }
 }
 
-/// A row-wise concatenation of `pieces` inputs (`x_p[j]` on the row `p` owns, chosen by
-/// a chain of selects on the row index, as a fused Concat of padded pieces writes it),
-/// squared: in the kernel's order each select holds its condition and its piece while
-/// the rest of the chain is evaluated.
-fn concatenation(pieces: usize, len: usize) -> Kernel {
-    let inputs = (0..pieces).map(|_| tt(&[len])).collect();
+/// `chains` row-wise concatenations of `pieces` inputs each (`x_p[j]` on the row `p`
+/// owns, chosen by a chain of selects on the row index, as a fused Concat of padded pieces
+/// writes it), squared and summed — with two chains, a constant-Q magnitude `√(re² + im²)`
+/// over concatenated bands without the root. In the kernel's order each select holds its
+/// condition and piece while the rest of its chain is evaluated, and with two chains each
+/// condition is kept for the second.
+fn concatenations(chains: usize, pieces: usize, len: usize) -> Kernel {
+    let inputs = (0..chains * pieces).map(|_| tt(&[len])).collect();
     let mut b = KernelBuilder::new("stacked", inputs, tt(&[pieces + 2, len]));
-    let o = b.out_index();
-    let mut v = b.load(pieces - 1, vec![o[1]]);
-    for p in (0..pieces - 1).rev() {
-        let bound = b.index(p as i64 + 1);
-        let c = b.binary(BinaryOp::Lt, o[0], bound);
-        let x = b.load(p, vec![o[1]]);
-        v = b.select(c, x, v);
-    }
-    let y = b.mul(v, v);
-    b.finish(y).unwrap()
-}
-
-#[test]
-fn deep_select_chains_evaluate_the_largest_operand_first() {
-    require_avx2_fma!();
-    // 12 pieces: the kernel's order holds more values than eight-lane kernels have
-    // registers for; evaluated the deeper operand first (`rows::register_needs`), it is
-    // a row kernel on both widths, bit for bit (selects and one product).
-    for (target, kind) in widths() {
-        for len in [8, 37] {
-            let k = concatenation(12, len);
-            let ins: Vec<Tensor> = (0..12).map(|i| random_f32(&[len], 2.0, 40 + i)).collect();
-            let (want, got, note) = run_noted(&k, &ins, target);
-            assert_eq!(note, format!("{kind})"), "length {len}");
-            assert_close(&got, &want, |a, w| a.to_bits() == w.to_bits(), &format!("length {len}"));
-        }
-    }
-}
-
-/// Two row-wise concatenations of `pieces` inputs each, chosen by the same conditions on
-/// the row index, squared and summed (a constant-Q magnitude `√(re² + im²)` over
-/// concatenated bands, without the root): each condition is kept for the second chain.
-fn two_concatenations(pieces: usize, len: usize) -> Kernel {
-    let inputs = (0..2 * pieces).map(|_| tt(&[len])).collect();
-    let mut b = KernelBuilder::new("stacked2", inputs, tt(&[pieces + 2, len]));
     let o = b.out_index();
     let conds: Vec<_> = (0..pieces - 1)
         .map(|p| {
@@ -431,32 +398,50 @@ fn two_concatenations(pieces: usize, len: usize) -> Kernel {
             b.binary(BinaryOp::Lt, o[0], bound)
         })
         .collect();
-    let mut parts = Vec::new();
-    for half in 0..2 {
-        let mut v = b.load(half * pieces + pieces - 1, vec![o[1]]);
+    let mut y = None;
+    for chain in 0..chains {
+        let mut v = b.load(chain * pieces + pieces - 1, vec![o[1]]);
         for p in (0..pieces - 1).rev() {
-            let x = b.load(half * pieces + p, vec![o[1]]);
+            let x = b.load(chain * pieces + p, vec![o[1]]);
             v = b.select(conds[p], x, v);
         }
-        parts.push(b.mul(v, v));
+        let sq = b.mul(v, v);
+        y = Some(match y {
+            None => sq,
+            Some(acc) => b.add(acc, sq),
+        });
     }
-    let y = b.add(parts[0], parts[1]);
-    b.finish(y).unwrap()
+    b.finish(y.unwrap()).unwrap()
+}
+
+/// The interpreter's and the compiled results of [`concatenations`] of 12 pieces, bit for
+/// bit (selects, products, sums in the same order), and a row kernel's note on both widths.
+fn check_concatenations(chains: usize, seed: u64) {
+    for (target, kind) in widths() {
+        for len in [8, 37] {
+            let k = concatenations(chains, 12, len);
+            let ins: Vec<Tensor> = (0..12 * chains as u64).map(|i| random_f32(&[len], 2.0, seed + i)).collect();
+            let (want, got, note) = run_noted(&k, &ins, target);
+            assert_eq!(note, format!("{kind})"), "{chains} chains, length {len}");
+            assert_close(&got, &want, |a, w| a.to_bits() == w.to_bits(), &format!("{chains} chains, length {len}"));
+        }
+    }
+}
+
+#[test]
+fn deep_select_chains_evaluate_the_largest_operand_first() {
+    require_avx2_fma!();
+    // One chain of 12 pieces: the kernel's order holds more values than eight-lane kernels
+    // have registers for; evaluated the deeper operand first (`rows::register_needs`), it
+    // is a row kernel on both widths.
+    check_concatenations(1, 40);
 }
 
 #[test]
 fn row_values_kept_for_later_uses_are_reloaded_when_registers_run_out() {
     require_avx2_fma!();
-    // 12 pieces: eleven row conditions kept for the second chain do not fit beside it in
+    // Two chains: eleven row conditions kept for the second chain do not fit beside it in
     // eight-lane registers; those not held by the operation being evaluated are given up
-    // and reloaded from their row slots at their next use (`Emit::evict`). Bit for bit.
-    for (target, kind) in widths() {
-        for len in [8, 37] {
-            let k = two_concatenations(12, len);
-            let ins: Vec<Tensor> = (0..24).map(|i| random_f32(&[len], 2.0, 60 + i)).collect();
-            let (want, got, note) = run_noted(&k, &ins, target);
-            assert_eq!(note, format!("{kind})"), "length {len}");
-            assert_close(&got, &want, |a, w| a.to_bits() == w.to_bits(), &format!("length {len}"));
-        }
-    }
+    // and reloaded from their row slots at their next use (`Emit::evict`).
+    check_concatenations(2, 60);
 }
