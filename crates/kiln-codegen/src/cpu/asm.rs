@@ -49,6 +49,19 @@ pub(crate) fn enter(a: &mut CodeAssembler) -> R<()> {
     Ok(())
 }
 
+/// Reserves a frame of `frame` bytes, growing the stack a page at a time and touching
+/// each page (a guard page is never skipped).
+pub(crate) fn reserve(a: &mut CodeAssembler, frame: i32) -> R<()> {
+    let mut left = frame;
+    while left > 0 {
+        let step = left.min(4096);
+        a.sub(rsp, step)?;
+        a.or(qword_ptr(rsp), 0)?;
+        left -= step;
+    }
+    Ok(())
+}
+
 /// Releases a frame of `frame` bytes, restores the callee-saved registers and returns
 /// (after `vzeroupper`).
 pub(crate) fn leave(a: &mut CodeAssembler, frame: i32) -> R<()> {

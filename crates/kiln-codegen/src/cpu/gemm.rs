@@ -150,7 +150,7 @@ use kiln_flow::contraction::Contraction;
 use kiln_flow::layout::PanelWidths;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 
-use super::asm::{add_imm, enter, leave, Tables, YMM, ZMM};
+use super::asm::{add_imm, enter, leave, reserve, Tables, YMM, ZMM};
 use super::math::{has_vector_form, held_constants, vector_scratch, POW_SCRATCH};
 use super::vector::{Mask, Op, Src, Vx, V};
 use super::vops::{byte_type, const_word, float_pred, is_i64_compare, op_form, I64Src};
@@ -1025,15 +1025,7 @@ impl Emitter<'_> {
     fn function(&mut self) -> R<()> {
         enter(&mut self.a)?;
         let frame = self.frame();
-        // Grow the stack a page at a time, touching each (a guard page is never
-        // skipped).
-        let mut left = frame;
-        while left > 0 {
-            let step = left.min(4096);
-            self.a.sub(rsp, step)?;
-            self.a.or(qword_ptr(rsp), 0)?;
-            left -= step;
-        }
+        reserve(&mut self.a, frame)?;
         if self.packed || self.packed_t {
             let at = self.s_buf() + 8 + 31;
             self.a.lea(rax, qword_ptr(rsp + at))?;

@@ -99,7 +99,7 @@ use kiln_flow::contraction::{Contraction, IntContraction};
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 use kiln_ir::DType;
 
-use super::asm::{add_imm, enter, leave, Tables, XMM, YMM, ZMM};
+use super::asm::{add_imm, enter, leave, reserve, Tables, XMM, YMM, ZMM};
 use super::gemm::{no, NotHere, R};
 use super::math;
 use super::vector::{Mask, Vx, V};
@@ -746,7 +746,7 @@ impl<'k> Emitter<'k> {
     fn function(&mut self) -> R<()> {
         enter(&mut self.a)?;
         let frame = self.frame_size();
-        self.reserve(frame)?;
+        reserve(&mut self.a, frame)?;
         // rdi bindings, rdx begin, rcx end (clamped).
         let done = self.workgroup_range()?;
         let at = self.s_buf() + 63;
@@ -2014,18 +2014,6 @@ impl<'k> Emitter<'k> {
             self.a.vroundps(YMM[r], YMM[v], imm)?;
         }
         Ok(r)
-    }
-
-    /// Reserves `frame` bytes of stack, touching each page on the way down.
-    fn reserve(&mut self, frame: i32) -> R<()> {
-        let mut left = frame;
-        while left > 0 {
-            let step = left.min(4096);
-            self.a.sub(rsp, step)?;
-            self.a.or(qword_ptr(rsp), 0)?;
-            left -= step;
-        }
-        Ok(())
     }
 
     /// `c ? x : y` with the comparison `c` (its only use) written straight into the

@@ -692,7 +692,7 @@ impl Emitter<'_> {
         // copy of the column and its tail copy (32-byte aligned at run time).
         let region = self.s_rs();
         let frame = (region + 32 + 64 + 2 * padded as i32 + 32 + 15) / 16 * 16;
-        self.reserve(frame)?;
+        reserve(&mut self.a, frame)?;
         let done = self.workgroup_range()?;
         self.a.lea(rax, qword_ptr(rsp + (region + 31)))?;
         self.a.and(rax, -32)?;
