@@ -1957,23 +1957,7 @@ impl<'k> Emitter<'k> {
                 self.release(x, vx, ev, pool);
                 self.release(y, vy, ev, pool);
                 let r = take(pool)?;
-                let (d, a, b) = (ZMM[r], ZMM[vx], ZMM[vy]);
-                match (f, op) {
-                    (true, BinaryOp::Add) => self.a.vaddps(d, a, b)?,
-                    (true, BinaryOp::Sub) => self.a.vsubps(d, a, b)?,
-                    (true, BinaryOp::Mul) => self.a.vmulps(d, a, b)?,
-                    (true, BinaryOp::Div) => self.a.vdivps(d, a, b)?,
-                    // vmaxps/vminps return the second operand where either is NaN.
-                    (true, BinaryOp::Max) => self.a.vmaxps(d, b, a)?,
-                    (true, BinaryOp::Min) => self.a.vminps(d, b, a)?,
-                    (false, BinaryOp::Add) => self.a.vpaddd(d, a, b)?,
-                    (false, BinaryOp::Sub) => self.a.vpsubd(d, a, b)?,
-                    (false, BinaryOp::Mul) => self.a.vpmulld(d, a, b)?,
-                    (false, BinaryOp::Max) => self.a.vpmaxsd(d, a, b)?,
-                    (false, BinaryOp::Min) => self.a.vpminsd(d, a, b)?,
-                    (false, BinaryOp::And) => self.a.vpandd(d, a, b)?,
-                    _ => return no("an epilogue operation without a 16-lane form"),
-                }
+                binary_regs(&mut self.a, true, f, op, r, vx, vy)?;
                 r
             }
             _ => return no("an epilogue node without a 16-lane form"),
@@ -2201,6 +2185,41 @@ impl Eval {
 
 fn take(pool: &mut Vec<usize>) -> R<usize> {
     pool.pop().ok_or_else(|| NotHere("epilogue needs more registers".into()))
+}
+
+/// `d = x op y`, the epilogue's two-operand arithmetic on registers, 16 lanes (`wide`,
+/// `zmm`) or 8 (`ymm`), of f32 (`f`) or i32: the one table of both widths' instructions.
+fn binary_regs(a: &mut CodeAssembler, wide: bool, f: bool, op: BinaryOp, d: usize, x: usize, y: usize) -> R<()> {
+    /// `a.$ins(d, $p, $q)` in the width of the kernel.
+    macro_rules! w {
+        ($ins:ident, $p:expr, $q:expr) => {
+            if wide {
+                a.$ins(ZMM[d], ZMM[$p], ZMM[$q])?
+            } else {
+                a.$ins(YMM[d], YMM[$p], YMM[$q])?
+            }
+        };
+    }
+    match (f, op) {
+        (true, BinaryOp::Add) => w!(vaddps, x, y),
+        (true, BinaryOp::Sub) => w!(vsubps, x, y),
+        (true, BinaryOp::Mul) => w!(vmulps, x, y),
+        (true, BinaryOp::Div) => w!(vdivps, x, y),
+        // vmaxps/vminps return the second operand where either is NaN.
+        (true, BinaryOp::Max) => w!(vmaxps, y, x),
+        (true, BinaryOp::Min) => w!(vminps, y, x),
+        (false, BinaryOp::Add) => w!(vpaddd, x, y),
+        (false, BinaryOp::Sub) => w!(vpsubd, x, y),
+        (false, BinaryOp::Mul) => w!(vpmulld, x, y),
+        (false, BinaryOp::Max) => w!(vpmaxsd, x, y),
+        (false, BinaryOp::Min) => w!(vpminsd, x, y),
+        // AVX-512 F has no `vpand` (only the element-sized forms).
+        (false, BinaryOp::And) if wide => a.vpandd(ZMM[d], ZMM[x], ZMM[y])?,
+        (false, BinaryOp::And) => a.vpand(YMM[d], YMM[x], YMM[y])?,
+        _ if wide => return no("an epilogue operation without a 16-lane form"),
+        _ => return no("an epilogue operation without an 8-lane form"),
+    }
+    Ok(())
 }
 
 const XMMS: [AsmRegisterXmm; 4] = [xmm0, xmm1, xmm2, xmm3];

@@ -26,7 +26,8 @@
 //!   stores are `vpmaskmovd` (8-bit loads: through eight bytes of scratch),
 //!   8-bit results are packed with `vpackssdw` and `vpack{us,ss}wb` and stored as eight
 //!   bytes (`vpextrb` a byte in a partial vector).
-//! - No one-column form and no hoisting yet: a kernel of one column runs as a tile.
+//! - One column (`N` = 1) has a form of its own, eight rows in the lanes
+//!   ([`Emitter::function_gemv_ymm`]); no hoisting of epilogue nodes yet.
 
 use super::*;
 use crate::cpu::vector::Op;
@@ -646,23 +647,7 @@ impl Emitter<'_> {
                 self.release(x, vx, ev, pool);
                 self.release(y, vy, ev, pool);
                 let r = take(pool)?;
-                let (d, a, b) = (YMM[r], YMM[vx], YMM[vy]);
-                match (f, op) {
-                    (true, BinaryOp::Add) => self.a.vaddps(d, a, b)?,
-                    (true, BinaryOp::Sub) => self.a.vsubps(d, a, b)?,
-                    (true, BinaryOp::Mul) => self.a.vmulps(d, a, b)?,
-                    (true, BinaryOp::Div) => self.a.vdivps(d, a, b)?,
-                    // vmaxps/vminps return the second operand where either is NaN.
-                    (true, BinaryOp::Max) => self.a.vmaxps(d, b, a)?,
-                    (true, BinaryOp::Min) => self.a.vminps(d, b, a)?,
-                    (false, BinaryOp::Add) => self.a.vpaddd(d, a, b)?,
-                    (false, BinaryOp::Sub) => self.a.vpsubd(d, a, b)?,
-                    (false, BinaryOp::Mul) => self.a.vpmulld(d, a, b)?,
-                    (false, BinaryOp::Max) => self.a.vpmaxsd(d, a, b)?,
-                    (false, BinaryOp::Min) => self.a.vpminsd(d, a, b)?,
-                    (false, BinaryOp::And) => self.a.vpand(d, a, b)?,
-                    _ => return no("an epilogue operation without an 8-lane form"),
-                }
+                binary_regs(&mut self.a, false, f, op, r, vx, vy)?;
                 r
             }
             _ => return no("an epilogue node without an 8-lane form"),
