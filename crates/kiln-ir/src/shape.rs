@@ -125,3 +125,17 @@ mod tests {
         assert_eq!(t.to_string(), "f32[2,3,4]");
     }
 }
+
+/// The dims of a reduction of `dims` over the axes flagged in `red`: a reduced axis
+/// stays as 1 with `keep` and goes without. Shape inference, the lowering and the
+/// reference evaluator all shape reductions with it.
+pub fn reduced_dims(dims: &[usize], red: &[bool], keep: bool) -> Vec<usize> {
+    dims.iter()
+        .zip(red)
+        .filter_map(|(&n, &r)| match (r, keep) {
+            (false, _) => Some(n),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}

@@ -19,6 +19,7 @@
 //!   `tap is inside && x == max`, then recheck that tap (−1 when there is none).
 
 use kiln_ir::attrs::{ArgReduceAttrs, PoolAttrs, ReduceAttrs};
+use kiln_ir::shape::reduced_dims;
 use kiln_ir::{DType, OpKind};
 
 use super::linalg::{
@@ -78,23 +79,6 @@ fn lane(
     }
     let x = b.load(0, idx);
     (vars, b.convert(x, ct))
-}
-
-/// The dims of a reduction of `xd` over the axes marked in `red`: a reduced axis
-/// stays as 1 with `keep`, and goes without.
-fn reduced_dims(xd: &[usize], red: &[bool], keep: bool) -> Vec<usize> {
-    xd.iter()
-        .zip(red)
-        .filter_map(|(&n, &r)| {
-            if !r {
-                Some(n)
-            } else if keep {
-                Some(1)
-            } else {
-                None
-            }
-        })
-        .collect()
 }
 
 fn reduce(cx: &OpCx<'_>) -> R<Lowered> {

@@ -17,6 +17,7 @@ use crate::elementwise::{icmp, int_range, raw_elems, read_f64, read_i64, widen, 
 use crate::util::{broadcast_map, Cx};
 use crate::EvalError;
 use kiln_ir::attrs::{ArgReduceAttrs, CumSumAttrs, ReduceAttrs, SoftmaxAttrs, TopKAttrs};
+use kiln_ir::shape::reduced_dims;
 use kiln_ir::{DType, OpKind, Tensor};
 use std::cmp::Ordering;
 
@@ -63,22 +64,6 @@ pub(crate) fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize
 }
 
 use crate::util::out_checked;
-
-/// Dims after reducing the flagged axes (kept as 1 or removed).
-fn reduced_dims(dims: &[usize], red: &[bool], keep: bool) -> Vec<usize> {
-    dims.iter()
-        .zip(red)
-        .filter_map(|(&n, &r)| {
-            if !r {
-                Some(n)
-            } else if keep {
-                Some(1)
-            } else {
-                None
-            }
-        })
-        .collect()
-}
 
 fn reduce(cx: &Cx) -> Result<Tensor, EvalError> {
     use OpKind::*;

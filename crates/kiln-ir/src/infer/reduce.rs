@@ -7,14 +7,8 @@ use crate::shape::TensorType;
 
 /// Dimensions after reducing `axes` (kept as 1 when `keepdims`).
 fn reduced(dims: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> {
-    dims.iter()
-        .enumerate()
-        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
-            (false, _) => Some(d),
-            (true, true) => Some(1),
-            (true, false) => None,
-        })
-        .collect()
+    let red: Vec<bool> = (0..dims.len()).map(|i| axes.contains(&i)).collect();
+    crate::shape::reduced_dims(dims, &red, keepdims)
 }
 
 /// Reduce*(data, axes?) with `keepdims` (default 1) and `noop_with_empty_axes` (default 0).
