@@ -1834,46 +1834,7 @@ impl<'k> Emitter<'k> {
                 }
                 r
             }
-            Expr::Cast { value, to, .. } => {
-                let from = self.k.node(value).ty;
-                let v = self.eval(value, ev, pool)?;
-                match (from == ScalarType::F32, to) {
-                    // No change of lanes: the value's register, copied where it is read again.
-                    (false, DType::I32) | (true, DType::F32) => self.reuse(value, v, ev, pool)?,
-                    (false, _) => {
-                        // Integer → f32.
-                        self.release(value, v, ev, pool);
-                        let r = take(pool)?;
-                        self.a.vcvtdq2ps(ZMM[r], ZMM[v])?;
-                        r
-                    }
-                    (true, _) => {
-                        // f32 → u8/i8 as the interpreter converts: truncated (saturating
-                        // to i64, NaN to 0), then wrapped to eight bits (`super::vops`).
-                        let ty = if to == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
-                        if f32_below(self.k, value).is_some_and(|b| b < TWO_63) {
-                            // Never 2⁶³ or more (a clamp with a constant bound: a saturated
-                            // quantized result): `vcvttps2dq` and the wrap are the whole
-                            // conversion (NaN and |x| ≥ 2³¹ give 0x8000_0000, which wraps
-                            // to 0, as the interpreter's i64 does).
-                            self.release(value, v, ev, pool);
-                            let r = take(pool)?;
-                            self.a.vcvttps2dq(ZMM[r], ZMM[v])?;
-                            let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
-                            vx.wrap8(ty, V(r as u8), V(r as u8))?;
-                            ev.memo.insert(e.0, r);
-                            return Ok(r);
-                        }
-                        let t = take(pool)?;
-                        self.release(value, v, ev, pool);
-                        let r = take(pool)?;
-                        let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: true, held: &[] };
-                        vx.f32_to_8bit(ty, V(r as u8), V(v as u8), V(t as u8), Mask(4))?;
-                        pool.push(t);
-                        r
-                    }
-                }
-            }
+            Expr::Cast { value, to, .. } => self.cast_at(true, value, to, ev, pool)?,
             Expr::Unary(UnaryOp::IsNan, x) => {
                 let v = self.eval(x, ev, pool)?;
                 self.release(x, v, ev, pool);
@@ -1964,6 +1925,57 @@ impl<'k> Emitter<'k> {
         };
         ev.memo.insert(e.0, r);
         Ok(r)
+    }
+
+    /// A conversion of `value` to `to` on 16 lanes (`wide`) or 8.
+    fn cast_at(&mut self, wide: bool, value: ExprId, to: DType, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+        let from = self.k.node(value).ty;
+        let v = if wide { self.eval(value, ev, pool)? } else { self.eval_ymm(value, ev, pool)? };
+        Ok(match (from == ScalarType::F32, to) {
+            // No change of lanes: the value's register, copied where it is read again.
+            (false, DType::I32) | (true, DType::F32) => self.reuse(wide, value, v, ev, pool)?,
+            (false, _) => {
+                // Integer → f32.
+                self.release(value, v, ev, pool);
+                let r = take(pool)?;
+                if wide {
+                    self.a.vcvtdq2ps(ZMM[r], ZMM[v])?;
+                } else {
+                    self.a.vcvtdq2ps(YMM[r], YMM[v])?;
+                }
+                r
+            }
+            (true, _) => {
+                // f32 → u8/i8 as the interpreter converts: truncated (saturating to i64,
+                // NaN to 0), then wrapped to eight bits (`super::vops`).
+                let ty = if to == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
+                if f32_below(self.k, value).is_some_and(|b| b < TWO_63) {
+                    // Never 2⁶³ or more (a clamp with a constant bound: a saturated
+                    // quantized result): `vcvttps2dq` and the wrap are the whole
+                    // conversion (NaN and |x| ≥ 2³¹ give 0x8000_0000, which wraps to 0, as
+                    // the interpreter's i64 does).
+                    self.release(value, v, ev, pool);
+                    let r = take(pool)?;
+                    if wide {
+                        self.a.vcvttps2dq(ZMM[r], ZMM[v])?;
+                    } else {
+                        self.a.vcvttps2dq(YMM[r], YMM[v])?;
+                    }
+                    let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide, held: &[] };
+                    vx.wrap8(ty, V(r as u8), V(r as u8))?;
+                    return Ok(r);
+                }
+                let t = take(pool)?;
+                self.release(value, v, ev, pool);
+                let r = take(pool)?;
+                // The lane mask: an opmask register (16 lanes) or the scratch register.
+                let mask = if wide { Mask(4) } else { Mask(t as u8) };
+                let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide, held: &[] };
+                vx.f32_to_8bit(ty, V(r as u8), V(v as u8), V(t as u8), mask)?;
+                pool.push(t);
+                r
+            }
+        })
     }
 
     /// A unary node of f32 `x` on 16 lanes (`wide`) or 8: exp, erf, tanh, log, sqrt,
@@ -2137,7 +2149,7 @@ impl<'k> Emitter<'k> {
 
     /// The register of `value` (held in `v`) for a node of the same lanes: `v` itself
     /// where this is its last use, else a copy.
-    fn reuse(&mut self, value: ExprId, v: usize, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
+    fn reuse(&mut self, wide: bool, value: ExprId, v: usize, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
         let left = ev.left.get(&value.0).copied().unwrap_or(0);
         if left <= 1 {
             ev.left.insert(value.0, 0);
@@ -2146,7 +2158,11 @@ impl<'k> Emitter<'k> {
         } else {
             ev.left.insert(value.0, left - 1);
             let r = take(pool)?;
-            self.a.vmovdqa32(ZMM[r], ZMM[v])?;
+            if wide {
+                self.a.vmovdqa32(ZMM[r], ZMM[v])?;
+            } else {
+                self.a.vmovdqa(YMM[r], YMM[v])?;
+            }
             Ok(r)
         }
     }

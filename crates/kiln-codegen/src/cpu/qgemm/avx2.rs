@@ -469,21 +469,6 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// The register of `value` (held in `v`) for a node of the same lanes (`ymm`).
-    fn reuse_ymm(&mut self, value: ExprId, v: usize, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
-        let left = ev.left.get(&value.0).copied().unwrap_or(0);
-        if left <= 1 {
-            ev.left.insert(value.0, 0);
-            ev.memo.remove(&value.0);
-            Ok(v)
-        } else {
-            ev.left.insert(value.0, left - 1);
-            let r = take(pool)?;
-            self.a.vmovdqa(YMM[r], YMM[v])?;
-            Ok(r)
-        }
-    }
-
     /// Evaluates `e` for the accumulator of `ev` (eight lanes) into a register of
     /// `pool` (or the one it already holds).
     pub(super) fn eval_ymm(&mut self, e: ExprId, ev: &mut Eval, pool: &mut Vec<usize>) -> R<usize> {
@@ -553,39 +538,7 @@ impl Emitter<'_> {
                 }
                 r
             }
-            Expr::Cast { value, to, .. } => {
-                let from = self.k.node(value).ty;
-                let v = self.eval_ymm(value, ev, pool)?;
-                match (from == ScalarType::F32, to) {
-                    (false, DType::I32) | (true, DType::F32) => self.reuse_ymm(value, v, ev, pool)?,
-                    (false, _) => {
-                        self.release(value, v, ev, pool);
-                        let r = take(pool)?;
-                        self.a.vcvtdq2ps(YMM[r], YMM[v])?;
-                        r
-                    }
-                    (true, _) => {
-                        // As the 512-bit form (see there).
-                        let ty = if to == DType::U8 { ScalarType::U8 } else { ScalarType::I8 };
-                        if f32_below(self.k, value).is_some_and(|b| b < TWO_63) {
-                            self.release(value, v, ev, pool);
-                            let r = take(pool)?;
-                            self.a.vcvttps2dq(YMM[r], YMM[v])?;
-                            let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: false, held: &[] };
-                            vx.wrap8(ty, V(r as u8), V(r as u8))?;
-                            ev.memo.insert(e.0, r);
-                            return Ok(r);
-                        }
-                        let t = take(pool)?;
-                        self.release(value, v, ev, pool);
-                        let r = take(pool)?;
-                        let mut vx = Vx { a: &mut self.a, t: &mut self.t, wide: false, held: &[] };
-                        vx.f32_to_8bit(ty, V(r as u8), V(v as u8), V(t as u8), Mask(t as u8))?;
-                        pool.push(t);
-                        r
-                    }
-                }
-            }
+            Expr::Cast { value, to, .. } => self.cast_at(false, value, to, ev, pool)?,
             Expr::Unary(UnaryOp::IsNan, x) => {
                 let v = self.eval_ymm(x, ev, pool)?;
                 self.release(x, v, ev, pool);
