@@ -15,7 +15,9 @@
 //! the operands span the full 8-bit range (both extremes), zero points included. Wide
 //! ones too (`N` of 16 blocks of 32 and more, a partial block after them): a workgroup
 //! then takes several blocks, sharing each tile's row sums and hoisted epilogue values.
-//! And one column (`N` = 1: a matrix times a vector), which runs rows in the lanes.
+//! And one column (`N` = 1: a matrix times a vector), which runs rows in the lanes
+//! (in the AVX2 form up to four passes of eight rows a workgroup, the last workgroup
+//! with fewer passes and a partial last pass).
 //!
 //! Every case runs at x86-64-v3 too (the AVX2 form, 16-bit products, on any AVX2 host),
 //! and at x86-64-v4 and the host where this CPU has AVX-512 BW/VL.
@@ -150,7 +152,7 @@ fn check_op(op: &Op, inputs: &[Option<Tensor>], expect_micro: bool) {
     assert_eq!(got.to_f64_vec(), want[0].to_f64_vec(), "{}: reference", op.kind);
 }
 
-const SHAPES: [(usize, usize, usize); 13] = [
+const SHAPES: [(usize, usize, usize); 15] = [
     (1, 1, 1),
     (9, 32, 1),
     (1, 5, 7),
@@ -164,6 +166,11 @@ const SHAPES: [(usize, usize, usize); 13] = [
     (14, 37, 1000),
     (26, 9, 1024),
     (37, 150, 1),
+    // One column over many rows: the AVX2 form's workgroups of several passes of eight
+    // rows (25 groups, 3 a workgroup, the last alone and partial; 65 groups, 4 a
+    // workgroup, the last alone with 3 rows).
+    (197, 70, 1),
+    (515, 33, 1),
 ];
 
 #[test]

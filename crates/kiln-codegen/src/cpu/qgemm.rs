@@ -170,9 +170,13 @@ pub(crate) fn emit_avx2(k: &Kernel) -> R<QGemmCode> {
 fn emit_width(k: &Kernel, vnni: bool, ymm: bool) -> R<QGemmCode> {
     let Some(ic) = Contraction::of_int(k) else { return no("not an integer contraction") };
     // With the row-invariant epilogue hoisted, else (it ran out of registers) without.
-    // (The AVX2 form hoists nothing: its epilogue has every register to itself.)
-    let attempt = |hoist: bool| -> R<QGemmCode> {
+    // (The AVX2 form hoists nothing: its epilogue has every register to itself but the
+    // slot-invariant operands it holds, up to `pins` of them.)
+    let attempt = |hoist: bool, pins: usize| -> R<QGemmCode> {
         let mut e = Emitter::new(k, ic.clone(), vnni, hoist && !ymm, ymm)?;
+        if ymm && !e.gemv {
+            e.plan_pins_ymm(pins);
+        }
         if e.gemv && ymm {
             e.function_gemv_ymm()?;
         } else if e.gemv {
@@ -183,7 +187,12 @@ fn emit_width(k: &Kernel, vnni: bool, ymm: bool) -> R<QGemmCode> {
         let code = e.a.assemble(0)?;
         Ok(QGemmCode { code, workgroups: e.workgroups(), vnni })
     };
-    attempt(true).or_else(|_| attempt(false))
+    if ymm {
+        return attempt(false, avx2::MOST_PINS)
+            .or_else(|_| attempt(false, avx2::MOST_PINS / 2))
+            .or_else(|_| attempt(false, 0));
+    }
+    attempt(true, 0).or_else(|_| attempt(false, 0))
 }
 
 struct Emitter<'k> {
@@ -237,6 +246,10 @@ struct Emitter<'k> {
     ymm: bool,
     /// Columns of the tile's partial vector (AVX2 form; 0: every vector whole).
     y_lanes: u64,
+    /// The epilogue's operands the same in every slot (constants, per-tensor loads and
+    /// what is computed from them alone), held in registers over a tile's slots (AVX2
+    /// form: [`Self::plan_pins_ymm`]).
+    y_pinned: Vec<ExprId>,
     /// Workgroup split: `blocks` workgroups along the columns, each `nblk` whole blocks
     /// of 32 columns (the last fewer) out of `full`, then one of the `part` columns left
     /// (where `part` is not 0).
@@ -343,6 +356,7 @@ impl<'k> Emitter<'k> {
             transcendental: false,
             ymm,
             y_lanes: 0,
+            y_pinned: Vec::new(),
             blocks: 0,
             nblk: 1,
             full: n / nb_of(ymm),
@@ -406,9 +420,11 @@ impl<'k> Emitter<'k> {
     }
 
     fn workgroups(&self) -> u64 {
+        if self.gemv && self.ymm {
+            return self.batch_ext.iter().product::<u64>() * self.y_gemv_workgroups();
+        }
         if self.gemv {
-            let rows = if self.ymm { 8 } else { 16 };
-            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(rows);
+            return self.batch_ext.iter().product::<u64>() * self.c.dims[0].div_ceil(16);
         }
         self.batch_ext.iter().product::<u64>() * self.blocks * self.groups
     }

@@ -19,15 +19,18 @@
 //!   a constant in `[−128, 255]`).
 //! - **Tile**: [`MR`] rows × 16 columns: 12 accumulators, two vectors of `B`, one
 //!   broadcast of `A`, one product. The accumulators are then stored to the stack and
-//!   the epilogue runs slot by slot with all 16 registers.
+//!   the epilogue runs slot by slot with all 16 registers but those holding its
+//!   slot-invariant operands.
 //! - **Epilogue**: the same nodes, eight lanes at a time: comparisons give lanes of all
 //!   ones (`vpcmpeqd`/`vpcmpgtd`, negated with a `vpxor`), selects are `vblendvps`,
 //!   constants are broadcast from the kernel's table, a partial vector's loads and
 //!   stores are `vpmaskmovd` (8-bit loads: through eight bytes of scratch),
 //!   8-bit results are packed with `vpackssdw` and `vpack{us,ss}wb` and stored as eight
 //!   bytes (`vpextrb` a byte in a partial vector).
-//! - One column (`N` = 1) has a form of its own, eight rows in the lanes
-//!   ([`Emitter::function_gemv_ymm`]); no hoisting of epilogue nodes yet.
+//! - One column (`N` = 1, `K` ≥ 16) has a form of its own, eight rows in the lanes and
+//!   up to four passes of them a workgroup ([`Emitter::function_gemv_ymm`]).
+//! - No hoisting of epilogue nodes across rows yet; a tile's slot-invariant operands
+//!   are held in registers over its slots ([`Emitter::plan_pins_ymm`]).
 
 use super::*;
 use crate::cpu::vector::Op;
@@ -42,6 +45,14 @@ const ACC_BYTES: i32 = (MR as i32) * 2 * 32;
 /// From the first block copy: the spilled accumulators, the row sums of `A` (where
 /// [`Emitter::zb_cols`]), eight bytes of scratch (a partial vector's 8-bit operand).
 const ACC_AT: i32 = -ACC_BYTES - 64;
+/// Registers an epilogue holds its slot-invariant operands in, at most
+/// ([`Emitter::plan_pins_ymm`]; the other eight compute).
+pub(super) const MOST_PINS: usize = 8;
+/// Rows of one pass of the one-column form (one vector of sums, a row a lane).
+const GEMV_ROWS: u64 = 8;
+/// Passes of [`GEMV_ROWS`] rows a workgroup of the one-column form, at most: each
+/// workgroup copies the column once for all of its passes.
+const GEMV_PASSES: u64 = 4;
 const ROW_SUMS: i32 = -64;
 const SCRATCH: i32 = -32;
 
@@ -66,6 +77,79 @@ impl Emitter<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Passes of [`GEMV_ROWS`] rows a workgroup of the one-column form: as many as
+    /// leave [`SPREAD`] workgroups or more, up to [`GEMV_PASSES`].
+    fn y_gemv_passes(&self) -> u64 {
+        let batch: u64 = self.batch_ext.iter().product();
+        let groups = self.c.dims[0].div_ceil(GEMV_ROWS);
+        (groups * batch / SPREAD).clamp(1, GEMV_PASSES)
+    }
+
+    /// Workgroups of one batch position of the one-column form.
+    pub(super) fn y_gemv_workgroups(&self) -> u64 {
+        self.c.dims[0].div_ceil(GEMV_ROWS).div_ceil(self.y_gemv_passes())
+    }
+
+    /// Chooses [`Self::y_pinned`]: up to `most` of the epilogue's operands that no slot
+    /// changes (depending on neither the accumulator, the column nor the row: constants,
+    /// per-tensor loads, what is computed from those alone) that a slot-dependent node
+    /// reads, in the order the epilogue is walked. A tile evaluates them once into
+    /// registers for all its slots ([`Self::pin_ymm`]), instead of a broadcast from
+    /// memory each in every slot (the fixed-point requantisation of the TFLite
+    /// importer's convolutions reads nine such constants a slot).
+    pub(super) fn plan_pins_ymm(&mut self, most: usize) {
+        let k = self.k;
+        let mut pinned: Vec<ExprId> = Vec::new();
+        let mut seen = vec![false; k.nodes.len()];
+        let mut stack = vec![k.root];
+        while let Some(e) = stack.pop() {
+            if std::mem::replace(&mut seen[e.index()], true) || e == self.c.reduce || self.dep(e) == 0 {
+                continue;
+            }
+            if matches!(k.node(e).expr, Expr::Load { .. }) {
+                continue;
+            }
+            let mut ops = Vec::new();
+            k.node(e).expr.for_each_operand(|o| ops.push(o));
+            for o in ops {
+                if self.dep(o) == 0 && !pinned.contains(&o) && o != self.c.reduce {
+                    pinned.push(o);
+                } else {
+                    stack.push(o);
+                }
+            }
+        }
+        pinned.truncate(most);
+        self.y_pinned = pinned;
+    }
+
+    /// Evaluates [`Self::y_pinned`] into registers (from `ymm15` down) for the slots of
+    /// a tile; returns each node's register.
+    fn pin_ymm(&mut self) -> R<Vec<(ExprId, usize)>> {
+        let mut held: Vec<(ExprId, usize)> = Vec::new();
+        for p in self.y_pinned.clone() {
+            let mut ev = Eval::new(self.uses.clone(), 0, 0, false);
+            for &(h, r) in &held {
+                ev.memo.insert(h.0, r);
+                ev.left.insert(h.0, u32::MAX);
+            }
+            // (Into the highest free register, taken first, so that the slots' pool is
+            // one range.)
+            let to = (0..16)
+                .rev()
+                .find(|t| held.iter().all(|h| h.1 != *t))
+                .ok_or_else(|| NotHere("no register to pin".into()))?;
+            let mut pool: Vec<usize> = (0..to).rev().filter(|r| held.iter().all(|h| h.1 != *r)).collect();
+            pool.push(to);
+            let r = self.eval_ymm(p, &mut ev, &mut pool)?;
+            if r != to {
+                self.a.vmovdqa(YMM[to], YMM[r])?;
+            }
+            held.push((p, to));
+        }
+        Ok(held)
     }
 
     /// `B`'s zero point varies across the columns: subtracted in the epilogue as
@@ -370,10 +454,11 @@ impl Emitter<'_> {
             }
         }
         let part = cols % 8;
+        let pins = self.pin_ymm()?;
         for i in 0..rows_ {
             for j in 0..nv {
                 self.y_lanes = if part != 0 && j == nv - 1 { part } else { 0 };
-                self.slot_ymm(i, j)?;
+                self.slot_ymm(i, j, &pins)?;
             }
         }
         self.y_lanes = 0;
@@ -400,11 +485,16 @@ impl Emitter<'_> {
     }
 
     /// The epilogue of accumulator `(i, j)` (row `i` of the tile, vector `j`), read from
-    /// the stack, stored.
-    fn slot_ymm(&mut self, i: usize, j: usize) -> R<()> {
+    /// the stack, stored; `pins`: operands held in registers ([`Self::pin_ymm`]), which
+    /// it reads and never frees.
+    fn slot_ymm(&mut self, i: usize, j: usize, pins: &[(ExprId, usize)]) -> R<()> {
         let masked = self.y_lanes != 0;
         let mut ev = Eval::new(self.uses.clone(), i, j, masked);
-        let mut pool: Vec<usize> = (0..16).rev().collect();
+        for &(p, r) in pins {
+            ev.memo.insert(p.0, r);
+            ev.left.insert(p.0, u32::MAX);
+        }
+        let mut pool: Vec<usize> = (0..16).rev().filter(|r| pins.iter().all(|p| p.1 != *r)).collect();
         let r = take(&mut pool)?;
         self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
         self.a.vmovdqu(YMM[r], ymmword_ptr(rax + (ACC_AT + 32 * (2 * i + j) as i32)))?;
@@ -612,13 +702,16 @@ impl Emitter<'_> {
 
 impl Emitter<'_> {
     /// The one-column form (`N` = 1, `K` ≥ 16; see [`Emitter::gemv_fits`]): a workgroup
-    /// is eight rows. `B`'s column is copied as words, `zb` subtracted (`b'`), zero-padded
-    /// to a multiple of 16, its sum `Σb'` taken; each row's 16-byte chunks are widened
-    /// and multiplied with `vpmaddwd` against the copy into one accumulator a row (the
-    /// last chunk is the row's last 16 bytes, against a copy of the column's last 16
-    /// words with those counted already zeroed: nothing past a row is read); the eight
-    /// accumulators are summed across their lanes into one vector of eight rows
-    /// (`vphaddd`), `za·Σb'` subtracted, and the epilogue runs on it, rows in the lanes.
+    /// is up to [`GEMV_PASSES`] passes of eight rows ([`Self::y_gemv_passes`]). `B`'s
+    /// column is copied once a workgroup as words, `zb` subtracted (`b'`), zero-padded to
+    /// a multiple of 16, its sum `Σb'` taken; in each pass, each row's 16-byte chunks
+    /// are widened and multiplied with `vpmaddwd` against the copy (each 16 words of it
+    /// loaded once for the eight rows) into one accumulator a row (the last chunk is the
+    /// row's last 16 bytes, against a copy of the column's last 16 words with those
+    /// counted already zeroed: nothing past a row is read); the eight accumulators are
+    /// summed across their lanes into one vector of eight rows (`vphaddd`), `za·Σb'`
+    /// subtracted, and the epilogue runs on it, rows in the lanes. (A workgroup of one
+    /// pass copied the column for every eight rows: a fifth of mlp_int8's first layer.)
     pub(super) fn function_gemv_ymm(&mut self) -> R<()> {
         enter(&mut self.a)?;
         let m = self.c.dims[0];
@@ -636,15 +729,25 @@ impl Emitter<'_> {
         self.a.and(rax, -32)?;
         self.a.add(rax, 64)?;
         self.a.mov(qword_ptr(rsp + S_PBP), rax)?;
-        let groups = m.div_ceil(8);
+        let groups = m.div_ceil(GEMV_ROWS);
+        let passes = self.y_gemv_passes();
         let mut top = self.a.create_label();
         let next = self.a.create_label();
         self.a.set_label(&mut top)?;
+        // The workgroup's first group of eight rows, and its passes (`S_TCOUNT`: the
+        // last workgroup may have fewer).
         self.a.mov(rax, r14)?;
         self.a.xor(edx, edx)?;
-        self.a.mov(rcx, groups as i64)?;
+        self.a.mov(rcx, self.y_gemv_workgroups() as i64)?;
         self.a.div(rcx)?;
+        self.imul(rdx, passes as i64)?;
         self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
+        self.a.mov(rcx, groups as i64)?;
+        self.a.sub(rcx, rdx)?;
+        self.a.mov(rdx, passes as i64)?;
+        self.a.cmp(rcx, rdx)?;
+        self.a.cmova(rcx, rdx)?;
+        self.a.mov(qword_ptr(rsp + S_TCOUNT), rcx)?;
         for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
             self.a.xor(edx, edx)?;
             self.a.mov(rcx, d as i64)?;
@@ -685,7 +788,10 @@ impl Emitter<'_> {
             }
         }
         self.store_sum(ROW_SUMS)?;
-        let last_rows = m - (groups - 1) * 8;
+        let pass = self.a.create_label();
+        let mut pass_top = self.a.create_label();
+        self.a.set_label(&mut pass_top)?;
+        let last_rows = m - (groups - 1) * GEMV_ROWS;
         let variants: Vec<(u64, bool)> =
             if last_rows != 8 { vec![(last_rows, true), (8, false)] } else { vec![(8, false)] };
         let pitch = self.a_pitch;
@@ -704,6 +810,7 @@ impl Emitter<'_> {
             }
             // acc[r] += widened A[r, chunk] · copy[chunk]
             let chunk = |e: &mut Self, b: AsmMemoryOperand| -> R<()> {
+                e.a.vmovdqu(ymm9, b)?;
                 for (r, &acc) in YMM[..n].iter().enumerate() {
                     let at = xmmword_ptr(r9 + (pitch * r as i64) as i32);
                     if a_signed {
@@ -711,7 +818,7 @@ impl Emitter<'_> {
                     } else {
                         e.a.vpmovzxbw(ymm8, at)?;
                     }
-                    e.a.vpmaddwd(ymm8, ymm8, b)?;
+                    e.a.vpmaddwd(ymm8, ymm8, ymm9)?;
                     e.a.vpaddd(acc, acc, ymm8)?;
                 }
                 Ok(())
@@ -768,11 +875,26 @@ impl Emitter<'_> {
             let r = self.eval_ymm(root, &mut ev, &mut pool)?;
             self.store_ymm(r, 0, &mut pool)?;
             self.y_lanes = 0;
-            self.a.jmp(next)?;
+            self.a.jmp(pass)?;
             if let Some(mut l) = other {
                 self.a.set_label(&mut l)?;
             }
         }
+        // The next pass: its group, and the pointers of every per-row operand.
+        let mut pass = pass;
+        self.a.set_label(&mut pass)?;
+        self.a.inc(qword_ptr(rsp + S_GROUP))?;
+        for bi in 0..self.bases.len() {
+            let b = &self.bases[bi];
+            if b.per_m != 0 {
+                let st = self.s_tile(bi);
+                let step = GEMV_ROWS as i64 * b.per_m * b.elem;
+                let step = i32::try_from(step).map_err(|_| NotHere("a row step".into()))?;
+                self.a.add(qword_ptr(rsp + st), step)?;
+            }
+        }
+        self.a.dec(qword_ptr(rsp + S_TCOUNT))?;
+        self.a.jnz(pass_top)?;
         self.workgroup_loop_end(next, top, done, frame)
     }
 }
