@@ -80,11 +80,13 @@ impl Emitter<'_> {
     }
 
     /// Passes of [`GEMV_ROWS`] rows a workgroup of the one-column form: as many as
-    /// leave [`SPREAD`] workgroups or more, up to [`GEMV_PASSES`].
+    /// leave [`SPREAD`] workgroups or more, up to [`GEMV_PASSES`], then evened out over
+    /// the workgroups that takes (6 groups of rows: 3 and 3, not 4 and 2).
     fn y_gemv_passes(&self) -> u64 {
         let batch: u64 = self.batch_ext.iter().product();
         let groups = self.c.dims[0].div_ceil(GEMV_ROWS);
-        (groups * batch / SPREAD).clamp(1, GEMV_PASSES)
+        let most = (groups * batch / SPREAD).clamp(1, GEMV_PASSES);
+        groups.div_ceil(groups.div_ceil(most))
     }
 
     /// Workgroups of one batch position of the one-column form.
