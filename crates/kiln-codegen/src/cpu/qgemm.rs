@@ -419,6 +419,36 @@ impl<'k> Emitter<'k> {
             && self.bases.iter().skip(3).all(|b| matches!(b.per_m, 0 | 1))
     }
 
+    /// The batch coordinates of the workgroup (`rax`: its batch position, consumed)
+    /// into their stack slots, innermost last.
+    fn batch_coords(&mut self) -> R<()> {
+        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, d as i64)?;
+            self.a.div(rcx)?;
+            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
+        }
+        Ok(())
+    }
+
+    /// A one-column workgroup's set-up after its group (`S_GROUP`) is stored: the batch
+    /// coordinates ([`Self::batch_coords`]), then each base's pointer at this batch
+    /// position and at the group's first row (`rows` rows a group).
+    fn gemv_pointers(&mut self, rows: i64) -> R<()> {
+        self.batch_coords()?;
+        for bi in 0..self.bases.len() {
+            let b = self.base_at_batch(bi)?;
+            self.a.mov(qword_ptr(rsp + self.s_base(bi)), rax)?;
+            if b.per_m != 0 {
+                self.a.mov(rcx, qword_ptr(rsp + S_GROUP))?;
+                self.imul(rcx, rows * b.per_m * b.elem)?;
+                self.a.add(rax, rcx)?;
+            }
+            self.a.mov(qword_ptr(rsp + self.s_tile(bi)), rax)?;
+        }
+        Ok(())
+    }
+
     fn workgroups(&self) -> u64 {
         if self.gemv && self.ymm {
             return self.batch_ext.iter().product::<u64>() * self.y_gemv_workgroups();
@@ -785,12 +815,7 @@ impl<'k> Emitter<'k> {
         self.a.mov(rcx, self.blocks as i64)?;
         self.a.div(rcx)?;
         self.a.mov(r8, rdx)?;
-        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
-            self.a.xor(edx, edx)?;
-            self.a.mov(rcx, d as i64)?;
-            self.a.div(rcx)?;
-            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
-        }
+        self.batch_coords()?;
         // The first column: `bw · nblk · 32`, or (the partial block's workgroup) `full · 32`;
         // the blocks: `min(nblk, full − n0/32)` (0 there: its path sets 1).
         let nb = self.nb();
@@ -933,23 +958,7 @@ impl<'k> Emitter<'k> {
         self.a.mov(rcx, groups as i64)?;
         self.a.div(rcx)?;
         self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
-        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
-            self.a.xor(edx, edx)?;
-            self.a.mov(rcx, d as i64)?;
-            self.a.div(rcx)?;
-            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
-        }
-        // Pointers: each base at this batch position, then at the group's first row.
-        for bi in 0..self.bases.len() {
-            let b = self.base_at_batch(bi)?;
-            self.a.mov(qword_ptr(rsp + self.s_base(bi)), rax)?;
-            if b.per_m != 0 {
-                self.a.mov(rcx, qword_ptr(rsp + S_GROUP))?;
-                self.imul(rcx, 16 * b.per_m * b.elem)?;
-                self.a.add(rax, rcx)?;
-            }
-            self.a.mov(qword_ptr(rsp + self.s_tile(bi)), rax)?;
-        }
+        self.gemv_pointers(16)?;
         self.load_lo()?;
         let chunks = kk / 64;
         let part = kk % 64;

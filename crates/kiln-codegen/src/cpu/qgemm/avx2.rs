@@ -750,23 +750,7 @@ impl Emitter<'_> {
         self.a.cmp(rcx, rdx)?;
         self.a.cmova(rcx, rdx)?;
         self.a.mov(qword_ptr(rsp + S_TCOUNT), rcx)?;
-        for (i, &d) in self.batch_ext.clone().iter().enumerate().rev() {
-            self.a.xor(edx, edx)?;
-            self.a.mov(rcx, d as i64)?;
-            self.a.div(rcx)?;
-            self.a.mov(qword_ptr(rsp + (S_COORD + 8 * i as i32)), rdx)?;
-        }
-        // Pointers: each base at this batch position, then at the group's first row.
-        for bi in 0..self.bases.len() {
-            let b = self.base_at_batch(bi)?;
-            self.a.mov(qword_ptr(rsp + self.s_base(bi)), rax)?;
-            if b.per_m != 0 {
-                self.a.mov(rcx, qword_ptr(rsp + S_GROUP))?;
-                self.imul(rcx, 8 * b.per_m * b.elem)?;
-                self.a.add(rax, rcx)?;
-            }
-            self.a.mov(qword_ptr(rsp + self.s_tile(bi)), rax)?;
-        }
+        self.gemv_pointers(8)?;
         // The column's copy, `zb` subtracted, and its sum.
         let zb = self.zero_words(self.zb, 0, true)?;
         let ones = self.t.vector(&mut self.a, 0x0001_0001);
