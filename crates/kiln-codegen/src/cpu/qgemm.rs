@@ -1819,23 +1819,12 @@ impl<'k> Emitter<'k> {
                 r
             }
             Expr::Load { .. } => {
-                let el = self.eloads[&e.0];
-                let b = self.bases[el.base].clone();
-                let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
-                self.a.mov(rax, qword_ptr(rsp + st))?;
-                let disp =
-                    if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 16 * b.per_n * ev.j as i64) * b.elem };
-                let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
+                let (el, vector, disp) = self.load_address(e, ev, 16)?;
                 let r = take(pool)?;
                 let z = ZMM[r];
-                let vector = if ev.rows_lanes { b.per_m != 0 } else { b.per_n != 0 };
                 match (el.dtype, vector) {
                     (DType::U8 | DType::I8, false) => {
-                        if el.dtype == DType::U8 {
-                            self.a.movzx(ecx, byte_ptr(rax + disp))?;
-                        } else {
-                            self.a.movsx(ecx, byte_ptr(rax + disp))?;
-                        }
+                        self.byte_to_ecx(el.dtype, disp)?;
                         self.a.vpbroadcastd(z, ecx)?;
                     }
                     (_, false) => self.a.vpbroadcastd(z, dword_ptr(rax + disp))?,
@@ -1950,6 +1939,31 @@ impl<'k> Emitter<'k> {
         };
         ev.memo.insert(e.0, r);
         Ok(r)
+    }
+
+    /// An epilogue load `e` in the slot of `ev`: its base's pointer (tile or base slot)
+    /// into `rax`, and the load, whether it varies along the lanes (else one element
+    /// broadcast), and its byte displacement from `rax` (`lanes` columns a vector).
+    fn load_address(&mut self, e: ExprId, ev: &Eval, lanes: i64) -> R<(ELoad, bool, i32)> {
+        let el = self.eloads[&e.0];
+        let b = &self.bases[el.base];
+        let (per_m, per_n, elem) = (b.per_m, b.per_n, b.elem);
+        let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
+        self.a.mov(rax, qword_ptr(rsp + st))?;
+        let disp = if ev.rows_lanes { 0 } else { (per_m * ev.i as i64 + lanes * per_n * ev.j as i64) * elem };
+        let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
+        let vector = if ev.rows_lanes { per_m != 0 } else { per_n != 0 };
+        Ok((el, vector, disp))
+    }
+
+    /// One 8-bit element at `rax + disp`, zero- (u8) or sign-extended into `ecx`.
+    fn byte_to_ecx(&mut self, dtype: DType, disp: i32) -> R<()> {
+        if dtype == DType::U8 {
+            self.a.movzx(ecx, byte_ptr(rax + disp))?;
+        } else {
+            self.a.movsx(ecx, byte_ptr(rax + disp))?;
+        }
+        Ok(())
     }
 
     /// A conversion of `value` to `to` on 16 lanes (`wide`) or 8.

@@ -576,23 +576,13 @@ impl Emitter<'_> {
                 r
             }
             Expr::Load { .. } => {
-                let el = self.eloads[&e.0];
-                let b = self.bases[el.base].clone();
-                let st = if ev.from_base { self.s_base(el.base) } else { self.s_tile(el.base) };
-                self.a.mov(rax, qword_ptr(rsp + st))?;
-                let disp = if ev.rows_lanes { 0 } else { (b.per_m * ev.i as i64 + 8 * b.per_n * ev.j as i64) * b.elem };
-                let disp = i32::try_from(disp).map_err(|_| NotHere("an epilogue operand too far".into()))?;
+                let (el, vector, disp) = self.load_address(e, ev, 8)?;
                 let r = take(pool)?;
                 let y = YMM[r];
                 let eight = matches!(el.dtype, DType::U8 | DType::I8);
-                let vector = if ev.rows_lanes { b.per_m != 0 } else { b.per_n != 0 };
                 match (eight, vector) {
                     (true, false) => {
-                        if el.dtype == DType::U8 {
-                            self.a.movzx(ecx, byte_ptr(rax + disp))?;
-                        } else {
-                            self.a.movsx(ecx, byte_ptr(rax + disp))?;
-                        }
+                        self.byte_to_ecx(el.dtype, disp)?;
                         self.a.vmovd(XMM[r], ecx)?;
                         self.a.vpbroadcastd(y, XMM[r])?;
                     }
