@@ -19,9 +19,11 @@ import numpy as np
 
 __version__: str
 FORMAT_VERSION: str
-"""The ``.kiln`` container format version this build writes and reads (``"1.1"``)."""
+"""The newest ``.kiln`` format version this build reads and writes (``"1.9"``); each
+artifact is written as the oldest version that holds its plan."""
 STATIC_FORMAT_VERSION: str
-"""The version it writes for a model without bounded input dimensions (``"1.5"``)."""
+"""The version it writes for a plan without bounded input dimensions, segments or an
+instantiation prologue (``"1.5"``)."""
 
 _Path = Union[str, "os.PathLike[str]"]
 _Source = Union[_Path, bytes, bytearray]

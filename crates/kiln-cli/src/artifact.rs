@@ -325,12 +325,18 @@ pub(crate) fn compile_cmd(a: Args) -> Result<(), String> {
     }
     let e = &c.program.entries[0];
     let dispatches = e.commands.iter().filter(|c| matches!(c, Command::Dispatch { .. })).count();
+    // Dispatches and fills of the instantiation prologue, run once per instance.
+    let once = e.commands[..(e.prologue as usize).min(e.commands.len())]
+        .iter()
+        .filter(|c| matches!(c, Command::Dispatch { .. } | Command::Fill { .. }))
+        .count();
     eprintln!(
-        "{}: {} bytes ({} dispatches in {} waves; arena {} bytes, lower bound {}; constants {} bytes{}); import {:.1} ms, compile {:.1} ms",
+        "{}: {} bytes ({} dispatches in {} waves{}; arena {} bytes, lower bound {}; constants {} bytes{}); import {:.1} ms, compile {:.1} ms",
         out.display(),
         c.artifact.len(),
         dispatches,
         c.plan.waves.len(),
+        if once > 0 { format!(", {once} once per instance") } else { String::new() },
         c.plan.arena_size,
         c.plan.arena_lower_bound,
         c.plan.constants.len(),
@@ -1527,11 +1533,12 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
                 })
                 .collect();
             entries.push(format!(
-                "{{\"name\":{},\"inputs\":[{}],\"outputs\":[{}],\"arena_bytes\":{},\"commands\":[{}],\"buffers\":[{}]}}",
+                "{{\"name\":{},\"inputs\":[{}],\"outputs\":[{}],\"arena_bytes\":{},\"prologue\":{},\"commands\":[{}],\"buffers\":[{}]}}",
                 json_str(&e.name),
                 tensors(&e.inputs),
                 tensors(&e.outputs),
                 e.arena_size,
+                e.prologue,
                 cmds.join(","),
                 bufs.join(",")
             ));
@@ -1574,8 +1581,22 @@ fn listing(p: &Program, info: &LayoutInfo, json: bool) -> String {
             barriers + 1,
             e.arena_size
         );
+        if e.prologue > 0 {
+            let n = e.commands[..(e.prologue as usize).min(e.commands.len())]
+                .iter()
+                .filter(|c| matches!(c, Command::Dispatch { .. } | Command::Fill { .. } | Command::Copy { .. }))
+                .count();
+            let _ = writeln!(
+                s,
+                "  prologue: commands 0..{} ({n} dispatches, fills and copies) depend on no input and run once per instance",
+                e.prologue - 1
+            );
+        }
         let mut wave = 0;
         for (i, c) in e.commands.iter().enumerate() {
+            if i == e.prologue as usize && i > 0 {
+                let _ = writeln!(s, "       -- end of the prologue: each call starts here --");
+            }
             match c {
                 Command::Dispatch { kernel, device, workgroups, bindings, work_ns, .. } => {
                     let name = p.kernels.get(*kernel as usize).map(|k| k.name.as_str()).unwrap_or("?");

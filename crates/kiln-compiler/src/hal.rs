@@ -7,6 +7,10 @@
 //! input or constant returned as an output, or one buffer returned twice) are `Copy`
 //! commands at the end. Only the executables differ per target.
 //!
+//! **The instantiation prologue.** The commands of the stream plan's prologue waves come
+//! first and their count is the entry's `prologue` (format 1.9): the runtime runs them
+//! once per instance.
+//!
 //! **Conditional commands.** Within a wave, dispatches of one guard (a run-time `If`
 //! branch, `kiln_flow::program`) are emitted together, after one `SkipIf` per
 //! condition of the guard: "skip the next N commands when this one-byte condition in
@@ -132,7 +136,12 @@ pub fn entry_point(
     let mut commands = Vec::new();
     let mut first_cmd = vec![u32::MAX; p.buffers.len()];
     let mut last_cmd = vec![0u32; p.buffers.len()];
+    // The commands of the prologue's waves (the stream plan's instantiation prologue).
+    let mut prologue = 0;
     for (wi, wave) in plan.waves.iter().enumerate() {
+        if wi == plan.prologue {
+            prologue = commands.len();
+        }
         if wi > 0 {
             commands.push(Command::Barrier);
         }
@@ -211,6 +220,9 @@ pub fn entry_point(
             }
             i = j;
         }
+    }
+    if plan.prologue > 0 && plan.prologue == plan.waves.len() {
+        prologue = commands.len();
     }
     if !plan.output_copies.is_empty() && !commands.is_empty() {
         commands.push(Command::Barrier);
@@ -331,6 +343,7 @@ pub fn entry_point(
         bounded,
         bounded_rows: Vec::new(),
         device_arenas: Vec::new(),
+        prologue: prologue as u32,
         name: "main".into(),
         inputs: p.inputs[..p.inputs.len() - hidden.len()].iter().map(|&b| tensor_desc(p, b)).collect(),
         outputs: p.outputs.iter().map(|&b| tensor_desc(p, b)).collect(),

@@ -383,6 +383,8 @@ fn link(graph: &Graph, sp: &Split, segs: &[Compiled], options: &Options) -> Resu
         bounded_rows: Vec::new(),
         extents: Vec::new(),
         device_arenas: size[1..].iter().map(|&s| round_up(s).max(ALIGN)).collect(),
+        // (Each part's commands run every call, its prologue's included.)
+        prologue: 0,
         name: "main".into(),
         inputs: graph.inputs.iter().map(|&v| tensor_desc(graph, v)).collect(),
         outputs: graph.outputs.iter().map(|&v| tensor_desc(graph, v)).collect(),

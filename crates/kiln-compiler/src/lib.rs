@@ -645,7 +645,13 @@ impl Compilation {
             }
             Stage::Schedule => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;
-                self.plan = Some(stream::schedule(flow)?);
+                // The instantiation prologue where the runtime runs it once (the CPU
+                // runtime; the CUDA graph replays every command).
+                let prologue = match self.options.device {
+                    TargetDevice::Cpu => stream::Prologue::Hoist,
+                    TargetDevice::Cuda => stream::Prologue::Inline,
+                };
+                self.plan = Some(stream::schedule(flow, prologue)?);
             }
             Stage::Codegen if self.options.device == TargetDevice::Cuda => {
                 let flow = self.flow.as_ref().ok_or_else(|| missing("flow program"))?;

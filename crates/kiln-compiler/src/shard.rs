@@ -210,6 +210,8 @@ fn link(graph: &kiln_ir::Graph, sh: &Sharded, segs: &[Compiled], options: &Optio
         bounded_rows: Vec::new(),
         device_arenas: Vec::new(),
         extents: Vec::new(),
+        // (Each part's commands run every call, its prologue's included.)
+        prologue: 0,
         name: "main".into(),
         inputs: graph.inputs.iter().map(|&v| tensor_desc(graph, v)).collect(),
         outputs: graph.outputs.iter().map(|&v| tensor_desc(graph, v)).collect(),

@@ -30,6 +30,18 @@
 //! scatter's code finds input 0 and its output at the same address and skips the copy,
 //! and the work is the updates' alone. Otherwise the scatter copies input 0 first.
 //!
+//! **The instantiation prologue.** With [`Prologue::Hoist`], the dispatches that depend
+//! on no graph input (every operand a constant or the result of such a dispatch; not
+//! guarded, not writing a graph output: weights a model computes from constants, such
+//! as `ConstantOfShape` fills or dequantised integer weights, and position tables) go
+//! first, in waves of their own ([`StreamPlan::prologue`] of them), and the rest follow
+//! in theirs. A prologue result that a later wave reads (or that lives inside a buffer
+//! a later wave writes, a piece of an in-place concatenation) lives to the last wave,
+//! so no later buffer shares its bytes, and a scatter updates a prologue result in place
+//! only from inside the prologue. The runtime runs the prologue once per instance and
+//! every later call starts behind it (`EntryPoint::prologue`); running all of it every
+//! call computes the same.
+//!
 //! **Guarded dispatches** (a run-time `If`, see `kiln_flow::program`) are scheduled like
 //! any other: a guard's condition counts as one more operand (the dispatch waits for
 //! its producer, and the condition lives until the dispatch's wave), and an `If`
@@ -83,6 +95,19 @@ pub struct StreamPlan {
     pub output_copies: Vec<(BufferId, u32)>,
     /// Dispatches in no wave: concatenations whose pieces their producers write in place.
     pub elided: Vec<usize>,
+    /// The first `prologue` waves are the instantiation prologue (see the module docs;
+    /// 0 without [`Prologue::Hoist`] or when every dispatch reads an input).
+    pub prologue: usize,
+}
+
+/// Whether [`schedule`] puts the dispatches that depend on no input first, in an
+/// instantiation prologue the runtime runs once per instance (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prologue {
+    /// Every dispatch in one schedule by its dependencies alone: each runs every call.
+    Inline,
+    /// Dispatches that depend on no input in a prologue of their own.
+    Hoist,
 }
 
 /// Why a program cannot be scheduled (a compiler bug when it happens).
@@ -160,6 +185,7 @@ fn in_place_scatters(
     producers: &[Option<usize>],
     within: &mut [Option<(BufferId, u64)>],
     elided: &[usize],
+    hoisted: &[bool],
 ) {
     let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
     // Reads of each storage buffer (operand slots and guard conditions), and whether an
@@ -185,8 +211,9 @@ fn in_place_scatters(
             && matches!(p.buffer(s).kind, BufferKind::Result)
             && matches!(p.buffer(r).kind, BufferKind::Result)
             && p.buffer(s).ty.storage_bytes() == p.buffer(r).ty.storage_bytes()
-            && producers[s.index()]
-                .is_some_and(|pi| pi < d && !elided.contains(&pi) && p.dispatches[pi].guard.is_empty())
+            && producers[s.index()].is_some_and(|pi| {
+                pi < d && !elided.contains(&pi) && p.dispatches[pi].guard.is_empty() && hoisted[pi] == hoisted[d]
+            })
             && producers[r.index()] == Some(d)
             && reads[s.index()] == 1
             && !outputs.contains(&s)
@@ -201,11 +228,85 @@ fn in_place_scatters(
     }
 }
 
+/// The dispatches of `p` that depend on no graph input (see the module docs), given
+/// each storage buffer's writers (`writers`, the elided concatenations' pieces' producers
+/// standing for them) and the elided dispatches.
+fn input_independent(p: &FlowProgram, writers: &[Vec<usize>], elided: &[usize]) -> Vec<bool> {
+    let outputs: Vec<BufferId> = p.outputs.iter().map(|&o| p.storage(o)).collect();
+    let mut hoisted = vec![false; p.dispatches.len()];
+    // (Dispatches come in dependency order; the loop repeats only should one not.)
+    loop {
+        let mut changed = false;
+        for (d, disp) in p.dispatches.iter().enumerate() {
+            if hoisted[d] || !disp.guard.is_empty() || elided.contains(&d) || outputs.contains(&p.storage(disp.result))
+            {
+                continue;
+            }
+            let constant = disp.operands.iter().all(|&o| {
+                let s = p.storage(o);
+                match p.buffer(s).kind {
+                    BufferKind::Const(_) => true,
+                    BufferKind::Result => {
+                        let w = &writers[s.index()];
+                        !w.is_empty() && w.iter().all(|&x| hoisted[x])
+                    }
+                    BufferKind::Input(_) | BufferKind::Alias(_) => false,
+                }
+            });
+            if constant {
+                hoisted[d] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return hoisted;
+        }
+    }
+}
+
+/// The waves of the dispatches `subset` (a set closed under the dependencies that
+/// matter: a dependency outside it has run before), as plan indices.
+fn waves_of(deps: &[Vec<usize>], subset: &[usize]) -> Result<Vec<Vec<usize>>, StreamError> {
+    let mut at = vec![usize::MAX; deps.len()];
+    for (k, &d) in subset.iter().enumerate() {
+        at[d] = k;
+    }
+    let local: Vec<Vec<usize>> = subset
+        .iter()
+        .map(|&d| deps[d].iter().filter_map(|&x| (at[x] != usize::MAX).then_some(at[x])).collect())
+        .collect();
+    let w = kiln_schedule::waves::waves(&local).map_err(|e| StreamError::Waves(e.to_string()))?;
+    Ok(w.waves.into_iter().map(|wave| wave.into_iter().map(|k| subset[k]).collect()).collect())
+}
+
+/// Per buffer, the dispatches that write its bytes: its writers (every branch's, for an
+/// `If` result) less the elided concatenations, and for the host of pieces placed
+/// within it, the pieces' producers.
+fn writers_of(
+    p: &FlowProgram,
+    within: &[Option<(BufferId, u64)>],
+    producers: &[Option<usize>],
+    elided: &[usize],
+) -> Vec<Vec<usize>> {
+    let mut writers: Vec<Vec<usize>> =
+        p.writers().iter().map(|w| w.iter().copied().filter(|d| !elided.contains(d)).collect()).collect();
+    for (i, w) in within.iter().enumerate() {
+        if let (Some((c, _)), Some(d)) = (w, producers[i]) {
+            writers[c.index()].push(d);
+        }
+    }
+    writers
+}
+
 /// Plans `p` (see the module docs).
-pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
+pub fn schedule(p: &FlowProgram, prologue: Prologue) -> Result<StreamPlan, StreamError> {
     let producers = p.producers();
     let (mut within, elided) = in_place_concats(p, &producers);
-    in_place_scatters(p, &producers, &mut within, &elided);
+    let hoisted = match prologue {
+        Prologue::Inline => vec![false; p.dispatches.len()],
+        Prologue::Hoist => input_independent(p, &writers_of(p, &within, &producers, &elided), &elided),
+    };
+    in_place_scatters(p, &producers, &mut within, &elided, &hoisted);
     // The storage whose bytes a buffer's live range keeps (a piece: its concatenation's).
     let home = |b: BufferId| {
         let s = p.storage(b);
@@ -215,13 +316,7 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
     // of an elided concatenation's pieces.
     // (Every writer: an `If` result has one per branch.)
     let all_writers = p.writers();
-    let mut writers: Vec<Vec<usize>> =
-        all_writers.iter().map(|w| w.iter().copied().filter(|d| !elided.contains(d)).collect()).collect();
-    for (i, w) in within.iter().enumerate() {
-        if let (Some((c, _)), Some(d)) = (w, producers[i]) {
-            writers[c.index()].push(d);
-        }
-    }
+    let writers = writers_of(p, &within, &producers, &elided);
     // What a dispatch reads: its operands and its guard's conditions.
     let reads = |d: &kiln_flow::program::Dispatch| -> Vec<BufferId> {
         d.operands.iter().copied().chain(d.guard.iter().map(|&(c, _)| c)).collect()
@@ -239,6 +334,21 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
         })
         .collect();
     let mut w = kiln_schedule::waves::waves(&deps).map_err(|e| StreamError::Waves(e.to_string()))?;
+    // The prologue's waves first, then the others' (a dependency of a later dispatch on
+    // a prologue one is met before its waves start).
+    let mut prologue_waves = 0;
+    if hoisted.iter().any(|&h| h) {
+        let (first, rest): (Vec<usize>, Vec<usize>) = (0..n).partition(|&d| hoisted[d]);
+        let mut waves = waves_of(&deps, &first)?;
+        prologue_waves = waves.len();
+        waves.extend(waves_of(&deps, &rest)?);
+        for (wi, wave) in waves.iter().enumerate() {
+            for &d in wave {
+                w.wave_of[d] = wi;
+            }
+        }
+        w.waves = waves;
+    }
     // Elided dispatches leave the waves (a wave left empty goes too).
     if !elided.is_empty() {
         let waves: Vec<Vec<usize>> = std::mem::take(&mut w.waves)
@@ -272,7 +382,6 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
             }
         }
     }
-    let _ = n;
     let mut placement = vec![Placement::None; nb];
     for (i, w) in within.iter().enumerate() {
         if let Some((c, off)) = *w {
@@ -330,6 +439,29 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
             lifetimes[s] = Some((a, last_wave));
         }
     }
+    // And a prologue result that a later wave reads, or that lies inside a buffer a later
+    // wave writes: calls after the first find it where the prologue left it.
+    if prologue_waves > 0 {
+        let mut kept = vec![false; nb];
+        for (di, d) in p.dispatches.iter().enumerate() {
+            if elided.contains(&di) {
+                continue;
+            }
+            if hoisted[di] {
+                kept[home(d.result).index()] |= home(d.result) != p.storage(d.result);
+                continue;
+            }
+            for o in reads(d) {
+                let h = home(o);
+                kept[h.index()] |= writers[h.index()].iter().any(|&x| hoisted[x]);
+            }
+        }
+        for (s, _) in kept.iter().enumerate().filter(|&(_, &k)| k) {
+            if let Some((a, _)) = lifetimes[s] {
+                lifetimes[s] = Some((a, last_wave));
+            }
+        }
+    }
     let mut arena_ids = Vec::new();
     let mut bufs = Vec::new();
     for (i, b) in p.buffers.iter().enumerate() {
@@ -353,12 +485,13 @@ pub fn schedule(p: &FlowProgram) -> Result<StreamPlan, StreamError> {
         constants,
         output_copies,
         elided,
+        prologue: prologue_waves,
     })
 }
 
 /// The text form of the stream level: waves with their dispatches, barriers between
 /// them, every buffer with its placement and live range, the arena's size against its
-/// lower bound, and the output copies. Used by `kiln compile --to stream` and the
+/// lower bound, the output copies and the prologue's waves. Used by `kiln compile --to stream` and the
 /// filetests.
 ///
 /// ```text
@@ -435,6 +568,9 @@ pub fn print(p: &FlowProgram, plan: &StreamPlan) -> String {
         plan.arena_lower_bound,
         plan.constants.len()
     );
+    if plan.prologue > 0 {
+        let _ = writeln!(s, "  prologue: waves 0..{} run once per instance", plan.prologue - 1);
+    }
     s.push_str("}\n");
     s
 }

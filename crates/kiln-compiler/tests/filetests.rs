@@ -19,9 +19,14 @@
 //!   result exactly, with readers after every piece's producer and every buffer a
 //!   dispatch touches live (its own range, or its concatenation's) in that dispatch's
 //!   wave;
+//! - hold in its instantiation prologue (the first waves, run once per instance) only
+//!   unguarded dispatches that write no graph output and read only constants and
+//!   results of the prologue, and keep every prologue result a later wave reads live
+//!   to the last wave (no later buffer shares its bytes);
 //! - meet the `// waves: N` its `.kir` file states;
 //! - and, compiled to an artifact, loaded and run, compute what kiln-ref computes on
-//!   seeded inputs (within 1e-5 relative + 1e-6 absolute).
+//!   seeded inputs (within 1e-5 relative + 1e-6 absolute) on a second call, after one
+//!   on inputs of zeros (the second starts behind the prologue).
 
 use kiln_compiler::stream::{self, Placement, StreamPlan, ALIGN};
 use kiln_compiler::{Compilation, CpuTarget, Input, Options, Stage};
@@ -145,6 +150,53 @@ fn check_plan(p: &FlowProgram, plan: &StreamPlan) -> Result<(), String> {
             }
         }
     }
+    // The instantiation prologue.
+    let last = plan.waves.len().saturating_sub(1);
+    let outputs: Vec<usize> = p.outputs.iter().map(|&o| p.storage(o).index()).collect();
+    // The dispatches that write a buffer's bytes (an elided concatenation's: its pieces').
+    let writers_of = |s: usize| -> Vec<usize> {
+        match producers[s] {
+            Some(pd) if plan.elided.contains(&pd) => pieces[s].iter().filter_map(|&i| producers[i]).collect(),
+            Some(pd) => vec![pd],
+            None => p
+                .dispatches
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| p.storage(d.result).index() == s)
+                .map(|(i, _)| i)
+                .collect(),
+        }
+    };
+    for (d, disp) in p.dispatches.iter().enumerate() {
+        if wave_of[d] == usize::MAX {
+            continue;
+        }
+        let early = wave_of[d] < plan.prologue;
+        if early && (!disp.guard.is_empty() || outputs.contains(&p.storage(disp.result).index())) {
+            return Err(format!("dispatch {d} in the prologue is guarded or writes an output"));
+        }
+        for &o in &disp.operands {
+            let s = p.storage(o).index();
+            let from_prologue = writers_of(s).iter().any(|&w| wave_of[w] < plan.prologue);
+            match (&p.buffers[s].kind, early) {
+                (BufferKind::Const(_), _) => {}
+                (BufferKind::Input(_), true) => return Err(format!("dispatch {d} in the prologue reads input %{s}")),
+                (_, true) if !writers_of(s).iter().all(|&w| wave_of[w] < plan.prologue) => {
+                    return Err(format!("dispatch {d} in the prologue reads %{s}, written after it"))
+                }
+                (_, false) if from_prologue => {
+                    let h = home[s];
+                    if plan.lifetimes[h].is_some_and(|(_, z)| z != last) {
+                        return Err(format!(
+                            "%{s}, from the prologue and read in wave {}, dies before the last wave",
+                            wave_of[d]
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
     if plan.arena_size < plan.arena_lower_bound {
         return Err(format!("arena {} below the lower bound {}", plan.arena_size, plan.arena_lower_bound));
     }
@@ -155,10 +207,12 @@ fn run_compiled(g: &Graph, artifact: &[u8], feeds: &[Tensor]) -> Result<Vec<Tens
     let module = kiln_runtime::Module::load(artifact, None).map_err(|e| e.to_string())?;
     let mut inst = kiln_runtime::Instance::new(&module).map_err(|e| e.to_string())?;
     let ins: Vec<&[u8]> = feeds.iter().map(|t| &t.bytes()[..]).collect();
+    let zeros: Vec<Vec<u8>> = feeds.iter().map(|t| vec![0u8; t.bytes().len()]).collect();
+    let zs: Vec<&[u8]> = zeros.iter().map(|z| &z[..]).collect();
     let mut outs: Vec<Vec<u8>> = g.outputs.iter().map(|&v| vec![0u8; g.ty(v).storage_bytes()]).collect();
-    {
+    for call in [&zs, &ins] {
         let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-        inst.invoke(&ins, &mut refs).map_err(|e| e.to_string())?;
+        inst.invoke(call, &mut refs).map_err(|e| e.to_string())?;
     }
     g.outputs
         .iter()

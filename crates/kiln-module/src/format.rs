@@ -76,7 +76,19 @@ impl fmt::Display for Version {
 /// devices after the first. Only a program with segments is written as 1.8 (bounded
 /// programs stay 1.7, every other 1.5), so a 1.7 reader refuses exactly the files it
 /// could not run.
-pub const FORMAT_VERSION: Version = Version { major: 1, minor: 8 };
+///
+/// 1.9 added each entry's instantiation prologue (`EntryPoint::prologue`: a count of
+/// leading commands that depend on no input), a `uv` at the end of its plan entry after
+/// the device arenas. Only a program with a prologue is written as 1.9 (the others as
+/// before), so a 1.8 reader refuses exactly the files it was not made for.
+pub const FORMAT_VERSION: Version = Version { major: 1, minor: 9 };
+
+/// The version written for a program with segments (and no prologue).
+pub const HETERO_FORMAT_VERSION: Version = Version { major: 1, minor: 8 };
+
+/// The first minor version of major 1 whose plan entries carry an instantiation
+/// prologue.
+pub const PROLOGUE_MINOR: u16 = 9;
 
 /// The version written for a program with bounded input dimensions and no segments.
 pub const BOUNDED_FORMAT_VERSION: Version = Version { major: 1, minor: 7 };

@@ -232,6 +232,16 @@ pub struct EntryPoint {
     /// segments): the arena bytes of device `d` at index `d − 1` (device 0's is
     /// `arena_size`). Every device's arena has the alignment `arena_align`.
     pub device_arenas: Vec<u64>,
+    /// The instantiation prologue (format 1.9 on; 0 before, and for a plan without one):
+    /// the first `prologue` commands read no input and write no output, and what they
+    /// write that a later command reads, no later command writes. Their results depend
+    /// on nothing a caller passes, so a runtime may run them once per instance (again
+    /// only after another entry's commands have used the arena) and start each later
+    /// call at command `prologue`; running every command on every call computes the
+    /// same. The compiler puts there the dispatches whose operands are all constants or
+    /// results of such dispatches (weights a model computes from constants, such as
+    /// `ConstantOfShape` fills, dequantised weights, position tables).
+    pub prologue: u32,
 }
 
 /// A dispatch whose workgroups along a bounded dimension shrink with its extent

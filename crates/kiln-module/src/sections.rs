@@ -45,6 +45,7 @@
 //!   entry (format 1.7 on) then ends with list<rows>
 //!   rows    = u32 command, u32 dim, uv outer, uv span, uv unit, uv inner
 //!   entry (format 1.8 on) then ends with list<uv> device_arenas (devices 1.. in order)
+//!   entry (format 1.9 on) then ends with uv prologue (leading commands that read no input)
 //! executables (kind 3, align 8):
 //!   list<executable>   executable = uv device kind, uv features, list<(str name, uv offset)> entries,
 //!                                   list<reloc>, list<launch> (format 1.3 on; absent from
@@ -261,6 +262,8 @@ pub struct EntryView<'a> {
     pub bounded_rows: Vec<BoundedRows>,
     /// Arena bytes of devices 1.. (format 1.8 on; see [`EntryPoint::device_arenas`]).
     pub device_arenas: Vec<u64>,
+    /// Leading commands that read no input (format 1.9 on; see [`EntryPoint::prologue`]).
+    pub prologue: u32,
 }
 
 /// A data-dependent extent of an entry (see [`ExtentDesc`]).
@@ -346,6 +349,7 @@ impl ProgramView<'_> {
                     bounded: e.bounded.clone(),
                     bounded_rows: e.bounded_rows.clone(),
                     device_arenas: e.device_arenas.clone(),
+                    prologue: e.prologue,
                     extents: e
                         .extents
                         .iter()
@@ -595,6 +599,7 @@ fn signature_bytes(p: &Program) -> Vec<u8> {
 fn plan_bytes(p: &Program) -> Vec<u8> {
     let bounded = has_bounded(p);
     let hetero = has_segments(p);
+    let prologue = has_prologue(p);
     let mut e = Enc::default();
     e.list(&p.devices, |e, d| {
         e.device_kind(d.kind);
@@ -670,7 +675,7 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv(a.into());
             });
         });
-        if bounded || hetero {
+        if bounded || hetero || prologue {
             e.list(&ep.bounded, |e, b| {
                 e.uv(b.input.into());
                 e.uv(b.axis.into());
@@ -688,8 +693,11 @@ fn plan_bytes(p: &Program) -> Vec<u8> {
                 e.uv(r.inner);
             });
         }
-        if hetero {
+        if hetero || prologue {
             e.list(&ep.device_arenas, |e, &a| e.uv(a));
+        }
+        if prologue {
+            e.uv(ep.prologue.into());
         }
     });
     e.0
@@ -788,10 +796,17 @@ fn has_segments(p: &Program) -> bool {
     })
 }
 
+/// Whether an entry of `p` has an instantiation prologue (written as format 1.9).
+fn has_prologue(p: &Program) -> bool {
+    p.entries.iter().any(|e| e.prologue > 0)
+}
+
 /// Encodes `p` as a complete `.kiln` file needing runtime ABI [`ABI_VERSION`].
 pub fn write_program(p: &Program) -> Vec<u8> {
-    let format = if has_segments(p) {
+    let format = if has_prologue(p) {
         crate::format::FORMAT_VERSION
+    } else if has_segments(p) {
+        crate::format::HETERO_FORMAT_VERSION
     } else if has_bounded(p) {
         crate::format::BOUNDED_FORMAT_VERSION
     } else {
@@ -1191,7 +1206,12 @@ fn read_plan<'a>(d: &mut Dec<'a>, sigs: Vec<Sig<'a>>) -> R<(Vec<DeviceView<'a>>,
         })?;
         let device_arenas =
             d.list_since(crate::format::HETERO_MINOR, "device arenas", 1, |d| d.uv("device arena size"))?;
+        let prologue = match d.format.minor >= crate::format::PROLOGUE_MINOR {
+            true => d.u32("prologue")?,
+            false => 0,
+        };
         entries.push(EntryView {
+            prologue,
             device_arenas,
             bounded,
             bounded_rows,

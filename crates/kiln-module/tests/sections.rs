@@ -824,8 +824,8 @@ fn heterogeneous_plans_round_trip_as_format_1_8_and_older_readers_refuse_their_c
     p.entries[0].device_arenas = vec![4096];
     let file = write_program(&p);
     let m = Module::parse(&file).expect("parse");
-    assert_eq!(m.format(), kiln_module::FORMAT_VERSION);
-    assert_eq!(kiln_module::FORMAT_VERSION.minor, kiln_module::format::HETERO_MINOR);
+    assert_eq!(m.format(), kiln_module::format::HETERO_FORMAT_VERSION);
+    assert_eq!(kiln_module::format::HETERO_FORMAT_VERSION.minor, kiln_module::format::HETERO_MINOR);
     assert_eq!(read_program(&m).expect("decode").to_program(), p);
     let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
     // segment: tag 7, device 1, count 1, one wait... (the first command after the
@@ -839,4 +839,27 @@ fn heterogeneous_plans_round_trip_as_format_1_8_and_older_readers_refuse_their_c
     let old = file_of_format(&p, (SectionKind::Plan, plan.clone()), 7);
     let e = read_program(&Module::parse(&old).expect("a 1.7 file parses")).expect_err("no segments before 1.8");
     assert_eq!(e.problem, SectionProblem::UnknownTag { field: "command tag", tag: 7 }, "{e}");
+}
+
+#[test]
+fn prologues_round_trip_as_format_1_9_and_older_readers_refuse_them() {
+    let mut p = mlp(embedded(), false);
+    p.entries[0].prologue = 1;
+    let file = write_program(&p);
+    let m = Module::parse(&file).expect("parse");
+    assert_eq!(m.format(), kiln_module::FORMAT_VERSION);
+    assert_eq!(kiln_module::FORMAT_VERSION.minor, kiln_module::format::PROLOGUE_MINOR);
+    assert_eq!(read_program(&m).expect("decode").to_program(), p);
+    // The entry ends with no bounded dimensions, no bounded rows, no device arenas and
+    // the prologue's length.
+    let plan = section_bytes(&p, SectionKind::Plan).expect("plan");
+    assert!(plan.ends_with(&[0, 0, 0, 1]), "{plan:?}");
+    // Without one: written as before (format 1.5), four bytes shorter.
+    let mut q = p.clone();
+    q.entries[0].prologue = 0;
+    assert_eq!(Module::parse(&write_program(&q)).expect("parse").format(), kiln_module::format::STATIC_FORMAT_VERSION);
+    assert_eq!(section_bytes(&q, SectionKind::Plan).expect("plan").len() + 4, plan.len());
+    // A 1.8 reader's view of the same plan bytes: the prologue is trailing data.
+    let old = file_of_format(&p, (SectionKind::Plan, plan.clone()), 8);
+    assert!(read_program(&Module::parse(&old).expect("a 1.8 file parses")).is_err());
 }

@@ -618,6 +618,19 @@ pub enum VerifyError {
         /// What is wrong.
         problem: String,
     },
+    /// An entry's instantiation prologue (format 1.9) is malformed: longer than the
+    /// plan, in a heterogeneous plan, or holding a command that is not a dispatch, copy,
+    /// fill or barrier, or that binds an input or output.
+    Prologue {
+        /// Entry point name.
+        entry: String,
+        /// The prologue's length in commands.
+        prologue: u32,
+        /// The command at fault, where one is.
+        command: Option<usize>,
+        /// What is wrong.
+        why: String,
+    },
     /// A kernel has no variants.
     NoVariants {
         /// Kernel name.
@@ -1034,6 +1047,13 @@ impl fmt::Display for VerifyError {
             , entry_ = Name(entry)),
             VerifyError::Extent { entry, extent, problem } => {
                 write!(f, "entry {entry_}, extent {extent_}: {problem}", entry_ = Name(entry), extent_ = Name(extent))
+            }
+            VerifyError::Prologue { entry, prologue, command, why } => {
+                write!(f, "entry {}: prologue of {prologue} commands: ", Name(entry))?;
+                if let Some(i) = command {
+                    write!(f, "command {i}: ")?;
+                }
+                f.write_str(why)
             }
             VerifyError::NoVariants { kernel } => write!(f, "kernel {kernel_} has no variants", kernel_ = Name(kernel)),
             VerifyError::Variant { kernel, variant, executable, entry } => {

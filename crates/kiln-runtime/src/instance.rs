@@ -471,6 +471,10 @@ pub struct Instance<'m> {
     devices: Vec<(Vec<u8>, usize)>,
     queues: Vec<crate::hetero::Queue<'m>>,
     segments: Vec<crate::hetero::SegmentAt>,
+    /// The entry whose instantiation prologue (format 1.9) the arena holds the results
+    /// of: its later calls start after the prologue. `None` until an entry with a
+    /// prologue has run, and again after one without has used the arena.
+    primed: Option<usize>,
 }
 
 impl core::fmt::Debug for Instance<'_> {
@@ -519,6 +523,7 @@ impl<'m> Instance<'m> {
             devices,
             queues: crate::hetero::queues(module, segs)?,
             segments: Vec::with_capacity(segs),
+            primed: None,
             module,
             arena,
             table: alloc::vec![core::ptr::null_mut(); l.max_bindings],
@@ -693,7 +698,7 @@ impl<'m> Instance<'m> {
         index: usize,
         inputs: &[I],
         outputs: &mut [O],
-        mut observe: Option<&mut dyn FnMut(usize)>,
+        observe: Option<&mut dyn FnMut(usize)>,
         on_this_thread: bool,
     ) -> Result<(), RuntimeError> {
         let m = self.module;
@@ -743,6 +748,30 @@ impl<'m> Instance<'m> {
         // Kernels and commands never write the constants (the verifier rejects it).
         let constants = m.pool.bytes().as_ptr().cast_mut();
         let bases = Bases { arena, constants, inputs: &self.inputs, outputs: &self.outputs };
+        // The instantiation prologue (format 1.9): its commands read no input, so what
+        // they leave in the arena stays valid until another entry's commands use it.
+        // Run once for this arena state, on the instance's threads, not observed; every
+        // call after starts behind it.
+        let prologue = entry.prologue as usize;
+        let from = match self.primed == Some(index) {
+            true => prologue,
+            false => {
+                self.primed = None;
+                if prologue > 0 {
+                    let mut local = Local {
+                        module: m,
+                        table: &mut self.table,
+                        #[cfg(feature = "local-task")]
+                        task: self.task.as_mut(),
+                    };
+                    // SAFETY: as the commands below: `bases` are this checked invocation's
+                    // and the verifier proved the prologue binds no input or output.
+                    unsafe { local.run(index, entry, &bases, 0..prologue, None) }?;
+                    self.primed = Some(index);
+                }
+                prologue
+            }
+        };
         if matches!(entry.commands.first(), Some(Command::Segment { .. })) {
             // A heterogeneous plan (verified): every device's bases, then the segments.
             let mut all = [bases; MAX_HETERO_DEVICES];
@@ -767,20 +796,69 @@ impl<'m> Instance<'m> {
             // SAFETY: every command has completed; `bases` are this invocation's.
             return unsafe { finish_extents(entry, &bases, &mut self.output_dims) };
         }
+        let n = entry.commands.len();
+        let mut local = Local {
+            module: m,
+            table: &mut self.table,
+            #[cfg(feature = "local-task")]
+            task: if on_this_thread { None } else { self.task.as_mut() },
+        };
         #[cfg(not(feature = "local-task"))]
         let _ = on_this_thread;
+        // SAFETY: `bases` are this checked invocation's, the arena is exclusively ours,
+        // and the caller's buffers stay borrowed until we return; the prologue, where
+        // the plan has one, has run for this arena.
+        unsafe { local.run(index, entry, &bases, from..n, observe) }?;
+        // SAFETY: every command has completed; `bases` are this invocation's.
+        unsafe { finish_extents(entry, &bases, &mut self.output_dims) }
+    }
+
+    /// The dims of output `k` of the last invocation: its signature's, except along an
+    /// axis a data-dependent extent sizes (format 1.5), where the extent the data needed
+    /// (the output's elements are then compacted to these dims at the front of its
+    /// buffer). Empty before the first invocation; `None` past the outputs.
+    pub fn output_dims(&self, k: usize) -> Option<&[u64]> {
+        self.output_dims.get(k).map(|d| d.as_slice())
+    }
+}
+
+/// What runs a plan without segments: the module, the binding table a dispatch hands
+/// its kernel, and the local-task driver where the commands run on several threads.
+struct Local<'a, 'm> {
+    module: &'m LoadedModule<'m>,
+    table: &'a mut [*mut u8],
+    #[cfg(feature = "local-task")]
+    task: Option<&'a mut crate::task::LocalTask<'m>>,
+}
+
+impl<'m> Local<'_, 'm> {
+    /// Runs commands `range` of entry `index` (`entry`, a plan without segments): on the
+    /// local-task driver where there is one, else one by one on the calling thread;
+    /// `observe` as in `Instance::run`.
+    ///
+    /// # Safety
+    ///
+    /// `bases` are those of a checked invocation of `entry` (as in `Instance::run`),
+    /// the arena exclusively the instance's, the caller's buffers borrowed until this returns; the
+    /// commands before `range` that it depends on have completed.
+    unsafe fn run(
+        &mut self,
+        index: usize,
+        entry: &kiln_module::sections::EntryView<'m>,
+        bases: &Bases<'_>,
+        range: core::ops::Range<usize>,
+        mut observe: Option<&mut dyn FnMut(usize)>,
+    ) -> Result<(), RuntimeError> {
+        let m = self.module;
+        #[cfg(not(feature = "local-task"))]
+        let _ = index;
         #[cfg(feature = "local-task")]
         if let Some(task) = &mut self.task {
-            if !on_this_thread {
-                // SAFETY: `bases` are this checked invocation's, the arena is exclusively
-                // ours, and the caller's buffers stay borrowed until we return.
-                unsafe { task.run(index, &bases, m.helpers.as_ptr(), observe) }?;
-                // SAFETY: every command has completed; `bases` are this invocation's.
-                return unsafe { finish_extents(entry, &bases, &mut self.output_dims) };
-            }
+            // SAFETY: the caller's contract.
+            return unsafe { task.run_range(index, range, bases, m.helpers.as_ptr(), observe) };
         }
-        let mut i = 0;
-        while let Some(c) = entry.commands.get(i) {
+        let mut i = range.start;
+        while let Some(c) = entry.commands.get(i).filter(|_| i < range.end) {
             let mut next = i + 1;
             match c {
                 Command::Dispatch { kernel, workgroups, bindings, .. } => {
@@ -791,7 +869,7 @@ impl<'m> Instance<'m> {
                     let recorded = *workgroups;
                     let workgroups = m.workgroups(*kernel, recorded);
                     // SAFETY: the bounded inputs are staged (above).
-                    let rows = unsafe { rows_of(entry, i, workgroups, recorded, &bases) };
+                    let rows = unsafe { rows_of(entry, i, workgroups, recorded, bases) };
                     let workgroups = active(workgroups, rows);
                     if workgroups > 0 {
                         // SAFETY: `f` is the entry point of the variant chosen for this
@@ -808,13 +886,13 @@ impl<'m> Instance<'m> {
                 Command::Barrier => {}
                 // SAFETY: `bases` are this checked invocation's; commands run one by one.
                 Command::Copy { .. } | Command::Fill { .. } | Command::AllReduce { .. } | Command::AllGather { .. } => unsafe {
-                    transfer(c, &bases)
+                    transfer(c, bases)
                 },
                 // (Only in heterogeneous plans, run above.)
                 Command::Segment { .. } | Command::Transfer { .. } => {}
                 Command::SkipIf { cond, value, count } => {
                     // SAFETY: as above; every earlier command has completed.
-                    if unsafe { condition(cond, &bases) } == *value {
+                    if unsafe { condition(cond, bases) } == *value {
                         // (Verified: the skip ends inside the plan.)
                         next += *count as usize;
                     }
@@ -825,16 +903,7 @@ impl<'m> Instance<'m> {
             }
             i = next;
         }
-        // SAFETY: every command has completed; `bases` are this invocation's.
-        unsafe { finish_extents(entry, &bases, &mut self.output_dims) }
-    }
-
-    /// The dims of output `k` of the last invocation: its signature's, except along an
-    /// axis a data-dependent extent sizes (format 1.5), where the extent the data needed
-    /// (the output's elements are then compacted to these dims at the front of its
-    /// buffer). Empty before the first invocation; `None` past the outputs.
-    pub fn output_dims(&self, k: usize) -> Option<&[u64]> {
-        self.output_dims.get(k).map(|d| d.as_slice())
+        Ok(())
     }
 }
 

@@ -268,7 +268,8 @@ fn conflict(a: &[Binding], b: &[Binding]) -> bool {
 /// the compiler never puts such a pair between two barriers, but a plan that did would
 /// still run as written, never as a data race. Dispatches of no workgroups are left out.
 /// A `SkipIf` ends the open wave too, and so does the command it skips to, so that a
-/// skip always lands at the start of a step.
+/// skip always lands at the start of a step; and so does the end of the instantiation
+/// prologue (format 1.9).
 fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> Schedule<'m> {
     let mut s = Schedule { steps: Vec::new(), jobs: Vec::new() };
     let n = e.commands.len();
@@ -312,7 +313,8 @@ fn schedule<'m>(m: &'m LoadedModule<'m>, e: &'m EntryView<'m>, threads: u64) -> 
         *open = s.jobs.len();
     };
     for (i, c) in e.commands.iter().enumerate() {
-        if target[i] {
+        // (The instantiation prologue ends a wave too: later calls start behind it.)
+        if target[i] || (i > 0 && i == e.prologue as usize) {
             close(&mut s, &mut open, last);
         }
         step_at[i] = s.steps.len();
@@ -745,35 +747,20 @@ impl<'m> LocalTask<'m> {
         self.pool.handles.len() + 1
     }
 
-    /// Runs entry `index` whose slots start at `bases`.
+    /// Runs the steps of entry `index` that lie in commands `range` (a plan, the part
+    /// of it after its instantiation prologue or the prologue itself, or a heterogeneous
+    /// plan's host segment, whose waves the schedule closed at their ends): its waves on
+    /// the pool, its copies and fills; a heterogeneous plan's transfers are the caller's.
+    ///
+    /// `observe`, when given, is called on the calling thread after each wave (with
+    /// the plan index of its last dispatch) and after each copy or fill: a profiler of
+    /// several threads reads its clock there.
     ///
     /// # Safety
     ///
     /// `bases` are those of a checked invocation of entry `index` of the module this
     /// driver was made for (as in `Instance::run`), live and not otherwise referenced
-    /// until this returns.
-    ///
-    /// `observe`, when given, is called on the calling thread after each wave (with
-    /// the plan index of its last dispatch) and
-    /// after each copy or fill: a profiler of several threads reads its clock there.
-    pub(crate) unsafe fn run(
-        &mut self,
-        index: usize,
-        bases: &Bases<'_>,
-        helpers: *const HelperFn,
-        observe: Option<&mut dyn FnMut(usize)>,
-    ) -> Result<(), RuntimeError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.run_commands(index, None, bases, helpers, observe) }
-    }
-
-    /// Runs the steps of entry `index` that lie in commands `range` (a heterogeneous
-    /// plan's host segment, whose waves the schedule closed at its ends): its waves on
-    /// the pool, its copies and fills; its transfers are the caller's.
-    ///
-    /// # Safety
-    ///
-    /// As [`LocalTask::run`]; the segments before this one that it depends on have
+    /// until this returns; the commands before `range` that it depends on have
     /// completed.
     pub(crate) unsafe fn run_range(
         &mut self,
@@ -807,7 +794,8 @@ impl<'m> LocalTask<'m> {
         // Steps are in plan order: the range's are contiguous.
         let mut k = range.as_ref().map_or(0, |r| s.steps.partition_point(|st| at(st) < r.start));
         while let Some(step) = s.steps.get(k) {
-            if range.as_ref().is_some_and(|r| at(step) >= r.end) {
+            // (A skip, in a plan's part after its prologue, stands at no index.)
+            if range.as_ref().is_some_and(|r| at(step) != usize::MAX && at(step) >= r.end) {
                 break;
             }
             k += 1;

@@ -319,6 +319,42 @@ fn segments(p: &ProgramView<'_>, e: &EntryView<'_>) -> Result<Vec<u32>, VerifyEr
     Ok(device_of)
 }
 
+/// The instantiation prologue of `e` (format 1.9): at most the plan's length, none in a
+/// heterogeneous plan, and only dispatches, copies, fills and barriers that bind no
+/// input or output (the bindings themselves are checked with every command). That what
+/// the prologue leaves behind is not overwritten later is the compiler's promise, not a
+/// safety property: a plan that broke it would compute wrong values from its own
+/// verified ranges, never touch memory outside them.
+fn prologue(e: &EntryView<'_>) -> Result<(), VerifyError> {
+    let n = e.prologue as usize;
+    let bad = |command: Option<usize>, why: String| VerifyError::Prologue {
+        entry: e.name.to_string(),
+        prologue: e.prologue,
+        command,
+        why,
+    };
+    if n > e.commands.len() {
+        return Err(bad(None, format!("longer than the plan's {} commands", e.commands.len())));
+    }
+    if n > 0 && is_heterogeneous(e) {
+        return Err(bad(None, "a heterogeneous plan (segments) has no prologue".into()));
+    }
+    let caller = |b: &Binding| matches!(b.slot, Slot::Input(_) | Slot::Output(_));
+    for (i, c) in e.commands[..n].iter().enumerate() {
+        let binds_caller = match c {
+            Command::Dispatch { bindings, .. } => bindings.iter().any(caller),
+            Command::Copy { src, dst } => caller(src) || caller(dst),
+            Command::Fill { dst, .. } => caller(dst),
+            Command::Barrier => false,
+            _ => return Err(bad(Some(i), "only dispatches, copies, fills and barriers run in a prologue".into())),
+        };
+        if binds_caller {
+            return Err(bad(Some(i), "a prologue command binds an input or an output".into()));
+        }
+    }
+    Ok(())
+}
+
 /// ONNX's code of f32, the one element type an all-reduce sums.
 const F32: u32 = 1;
 
@@ -416,6 +452,7 @@ pub fn verify_program(p: &ProgramView<'_>, pool_len: u64) -> Result<Limits, Veri
             }
         }
         let device_of = segments(p, e)?;
+        prologue(e)?;
         for (i, c) in e.commands.iter().enumerate() {
             command(p, e, pool_len, c, device_of[i]).map_err(|problem| VerifyError::Command {
                 entry: entry(),

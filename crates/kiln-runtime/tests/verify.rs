@@ -583,7 +583,7 @@ fn malformed_conditions_are_refused() {
     };
     assert_eq!(
         e.to_string(),
-        "kernel add, variant 0: CPU feature bits 0x10000000000 are not defined by artifact format 1.8"
+        "kernel add, variant 0: CPU feature bits 0x10000000000 are not defined by artifact format 1.9"
     );
 }
 

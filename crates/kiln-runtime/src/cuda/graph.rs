@@ -456,6 +456,7 @@ mod tests {
             bounded: Vec::new(),
             bounded_rows: Vec::new(),
             device_arenas: Vec::new(),
+            prologue: 0,
             extents: Vec::new(),
             name: "main",
             inputs: vec![],

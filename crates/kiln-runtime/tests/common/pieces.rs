@@ -45,6 +45,7 @@ pub fn entry(
         bounded: Vec::new(),
         bounded_rows: Vec::new(),
         device_arenas: Vec::new(),
+        prologue: 0,
         extents: Vec::new(),
         name: name.into(),
         inputs,
