@@ -768,18 +768,6 @@ impl<'m> LocalTask<'m> {
         range: Range<usize>,
         bases: &Bases<'_>,
         helpers: *const HelperFn,
-        observe: Option<&mut dyn FnMut(usize)>,
-    ) -> Result<(), RuntimeError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.run_commands(index, Some(range), bases, helpers, observe) }
-    }
-
-    unsafe fn run_commands(
-        &mut self,
-        index: usize,
-        range: Option<Range<usize>>,
-        bases: &Bases<'_>,
-        helpers: *const HelperFn,
         mut observe: Option<&mut dyn FnMut(usize)>,
     ) -> Result<(), RuntimeError> {
         let Some(s) = self.schedules.get(index) else {
@@ -792,10 +780,10 @@ impl<'m> LocalTask<'m> {
             Step::Skip { .. } => usize::MAX,
         };
         // Steps are in plan order: the range's are contiguous.
-        let mut k = range.as_ref().map_or(0, |r| s.steps.partition_point(|st| at(st) < r.start));
+        let mut k = s.steps.partition_point(|st| at(st) < range.start);
         while let Some(step) = s.steps.get(k) {
             // (A skip, in a plan's part after its prologue, stands at no index.)
-            if range.as_ref().is_some_and(|r| at(step) != usize::MAX && at(step) >= r.end) {
+            if at(step) != usize::MAX && at(step) >= range.end {
                 break;
             }
             k += 1;
