@@ -40,6 +40,9 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
             Variant { executable: 0, entry, condition: Condition::Cuda(CudaArch::SM80), workgroups: 0 },
         ];
     }
+    // Format 1.9: the leading fill is an instantiation prologue.
+    let mut prologue = add_program(4);
+    prologue.entries[0].prologue = 1;
     vec![
         ("add.kiln", add_program(4)),
         ("misc_embedded.kiln", misc_program(false).0),
@@ -51,6 +54,7 @@ fn seed_programs() -> Vec<(&'static str, Program)> {
         ("collectives.kiln", collectives_program(4)),
         ("skip.kiln", skip_program(4)),
         ("extents.kiln", extent_program(4, 3)),
+        ("prologue.kiln", prologue),
     ]
 }
 
@@ -77,6 +81,7 @@ fn check(data: &[u8]) -> Result<bool, String> {
         };
         assert_bindings_inside(&plan.program);
         assert_launches_sound(&plan.program);
+        assert_prologue_sound(&plan.program);
         if kiln_runtime::verify::require_device_kind(&plan.program, DeviceKind::Cuda).is_ok()
             && plan.program.entries.iter().any(|e| e.commands.iter().any(|c| matches!(c, Command::Dispatch { .. })))
         {
@@ -131,6 +136,25 @@ fn assert_launches_sound(p: &ProgramView<'_>) {
                     assert_eq!(x.launches[v.entry as usize].params as usize, bindings.len());
                 }
             }
+        }
+    }
+}
+
+/// Independent of the verifier: an entry's prologue lies within its plan, and its
+/// commands (dispatches, copies, fills, barriers) bind no input or output.
+fn assert_prologue_sound(p: &ProgramView<'_>) {
+    for e in &p.entries {
+        let n = e.prologue as usize;
+        assert!(n <= e.commands.len());
+        for c in &e.commands[..n] {
+            let bindings: Vec<&Binding> = match c {
+                Command::Dispatch { bindings, .. } => bindings.iter().collect(),
+                Command::Copy { src, dst } => vec![src, dst],
+                Command::Fill { dst, .. } => vec![dst],
+                Command::Barrier => vec![],
+                other => panic!("a {other:?} in a prologue verified"),
+            };
+            assert!(bindings.iter().all(|b| matches!(b.slot, Slot::Arena | Slot::Constants)), "{c:?}");
         }
     }
 }
@@ -346,7 +370,7 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
     let arena = e.arena_size;
     let (ni, no) = (e.inputs.len() as u32, e.outputs.len() as u32);
     let nc = e.commands.len();
-    match r.next() % 13 {
+    match r.next() % 14 {
         0..=4 if nc > 0 => {
             let slot = |r: &mut Rng| match r.next() % 4 {
                 0 => Slot::Arena,
@@ -468,6 +492,7 @@ fn mutate_program(r: &mut Rng, p: &mut Program) {
                 outputs: vec![(r.below(no as usize + 1) as u32, r.below(2) as u32)],
             }),
         },
+        13 => e.prologue = [0, 1, nc as u32 / 2, nc as u32, nc as u32 + 1, u32::MAX][r.below(6)],
         12 => {
             let nx = p.executables.len();
             let x = &mut p.executables[r.below(nx)];
