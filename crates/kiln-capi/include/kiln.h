@@ -446,6 +446,9 @@ kiln_status kiln_module_arena_align(const kiln_module *m, size_t *align);
  * Creates an instance of `m` running on `threads` threads (the calling one and
  * `threads − 1` workers started here, asleep between invocations; 0 means one per
  * core), with its arena allocated by the runtime. The instance keeps the module alive.
+ * What the plan computes from constants alone (its instantiation prologue: weights
+ * written as constant fills, say) runs here, once, so that every call takes its own
+ * time only; the other constructors do the same.
  * On success `*out` is the instance, to release with `kiln_instance_free`.
  *
  * # Safety

@@ -656,8 +656,8 @@ fn write_outputs<'b>(
 /// (inputs prepared, outputs allocated once, the instance's worker threads started
 /// before the first call) and prints the median, p99, standard deviation and
 /// p99/median of the per-call wall times, and the thread count used (default: one per
-/// core), and the first warm-up call's time on its own (it runs the plan's instantiation
-/// prologue too). `--samples` also writes every call's time, in milliseconds, one line a call in
+/// core), and the time of the plan's instantiation prologue, run on its own before the
+/// warm-up where the plan has one. `--samples` also writes every call's time, in milliseconds, one line a call in
 /// call order (for pooling rounds, or reading a tail against time). `--floor` also
 /// times, after every call, fixed work of the call's length and footprint on the same
 /// thread (one; see [`crate::floor`]) and prints its median and p99 beside; with
@@ -698,15 +698,14 @@ fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, 
     let ins: Vec<&[u8]> = in_bufs.iter().map(AlignedBytes::bytes).collect();
     let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(AlignedBytes::bytes_mut).collect();
     let (warmup, iterations) = (a.warmup.unwrap_or(10), a.iterations.unwrap_or(100));
-    // The first call, timed on its own: it runs the plan's instantiation prologue (what
-    // depends on no input, once per instance) besides the call itself.
-    let mut first_ms = None;
-    for i in 0..warmup {
-        let t = Instant::now();
+    // The plan's instantiation prologue (what depends on no input, once per instance),
+    // timed on its own where the plan has one.
+    let t = Instant::now();
+    instance.prepare(0).map_err(|e| format!("{label}: {e}"))?;
+    let prologue = module.verified().program().entries.first().is_some_and(|e| e.prologue > 0);
+    let prologue_ms = prologue.then(|| t.elapsed().as_secs_f64() * 1e3);
+    for _ in 0..warmup {
         instance.invoke(&ins, &mut out_refs).map_err(|e| format!("{label}: {e}"))?;
-        if i == 0 {
-            first_ms = Some(t.elapsed().as_secs_f64() * 1e3);
-        }
     }
     if a.profile {
         return profile(a, label, module, &mut instance, &ins, &mut out_refs, iterations, threads);
@@ -764,7 +763,7 @@ fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, 
             ),
             None => String::new(),
         };
-        let first = first_ms.map_or(String::new(), |f| format!(",\"first_call_ms\":{}", json_ms(f)));
+        let first = prologue_ms.map_or(String::new(), |f| format!(",\"prologue_ms\":{}", json_ms(f)));
         write_stdout(&format!(
             "{{\"model\":{},\"median_ms\":{},\"p99_ms\":{},\"stddev_ms\":{},\"min_ms\":{},\"iterations\":{iterations},\"warmup\":{warmup},\"threads\":{threads}{first}{floor}}}\n",
             json_str(label),
@@ -783,7 +782,7 @@ fn bench_module(a: &Args, module: &kiln_runtime::LoadedModule<'_>, label: &str, 
             ),
             None => String::new(),
         };
-        let first = first_ms.map_or(String::new(), |f| format!("; first call {f:.4} ms"));
+        let first = prologue_ms.map_or(String::new(), |f| format!("; prologue (once per instance) {f:.4} ms"));
         write_stdout(&format!(
             "{label}: {iterations} iterations after {warmup} warm-up, {threads} thread{}: median {:.4} ms, p99 {:.4} ms, stddev {:.4} ms, min {:.4} ms, p99/median {:.2}{first}{floor}\n",
             if threads == 1 { "" } else { "s" },

@@ -141,8 +141,8 @@ fn bench_json_and_refusals() {
     assert!(json["p99_ms"].as_f64().unwrap() >= json["median_ms"].as_f64().unwrap());
     assert_eq!(json["iterations"].as_u64(), Some(20));
     assert_eq!(json["threads"].as_u64(), Some(1));
-    // The first warm-up call, timed on its own.
-    assert!(json["first_call_ms"].as_f64().is_some_and(|v| v > 0.0 && v.is_finite()), "{json}");
+    // lenet depends on its input throughout: no prologue to time.
+    assert!(json.get("prologue_ms").is_none(), "{json}");
     let out = ok(&["bench", s(&art), "--warmup", "1", "--iterations", "5", "--json", "--threads", "2"]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
     assert_eq!(json["threads"].as_u64(), Some(2));
@@ -150,10 +150,14 @@ fn bench_json_and_refusals() {
     // The default is one thread per core, and says so.
     let out = ok(&["bench", s(&art), "--warmup", "0", "--iterations", "2", "--json"]);
     let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
-    // (No warm-up: no first call apart from the timed ones.)
-    assert!(json.get("first_call_ms").is_none(), "{json}");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     assert_eq!(json["threads"].as_u64(), Some(cores));
+    // A plan with an instantiation prologue (a weight computed from constants): its time
+    // on its own.
+    let kir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-compiler/tests/filetests/prologue.kir");
+    let out = ok(&["bench", s(&kir), "--warmup", "1", "--iterations", "3", "--json", "--threads", "1"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
+    assert!(json["prologue_ms"].as_f64().is_some_and(|v| v > 0.0 && v.is_finite()), "{json}");
     let out = ok(&["bench", s(&art), "--warmup", "0", "--iterations", "2", "--threads", "3"]);
     assert!(out.contains(", 3 threads: median"), "{out}");
     fails_with(&["bench", s(&art), "--iterations", "0"], &["--iterations"]);

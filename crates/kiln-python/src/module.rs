@@ -122,7 +122,12 @@ impl Runner {
         // SAFETY: see `Runner::inst`: the module stays in the `Arc` this runner holds
         // until after the instance is dropped.
         let loaded: &'static LoadedModule<'static> = unsafe { &*std::ptr::from_ref(module.owned.module()).cast() };
-        let inst = Instance::with_threads(loaded, threads)?;
+        let mut inst = Instance::with_threads(loaded, threads)?;
+        // The plan's instantiation prologue (what it computes from constants alone) runs
+        // here, not in the first call.
+        if let Some(main) = loaded.signature().find("main") {
+            inst.prepare(main.index)?;
+        }
         Ok(Runner {
             inst,
             in_args: Vec::with_capacity(module.inputs.len()),

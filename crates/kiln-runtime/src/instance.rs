@@ -732,10 +732,7 @@ impl<'m> Instance<'m> {
         // binding lies inside its slot (arena ≥ the entry's arena size, constants, and
         // inputs/outputs of exactly their signature's size, checked just above), every
         // kernel index is in range, copies have equal lengths and fills a valid width.
-        let arena = match &mut self.arena {
-            Arena::Owned { buf, start } => buf.as_mut_ptr().wrapping_add(*start),
-            Arena::Borrowed(b) => b.as_mut_ptr(),
-        };
+        let arena = self.arena_base();
         for b in &entry.bounded {
             let i = b.input as usize;
             let n = bounded_extent(&inputs[i], &entry.inputs[i], b)?;
@@ -752,26 +749,15 @@ impl<'m> Instance<'m> {
         // they leave in the arena stays valid until another entry's commands use it.
         // Run once for this arena state, on the instance's threads, not observed; every
         // call after starts behind it.
-        let prologue = entry.prologue as usize;
-        let from = match self.primed == Some(index) {
-            true => prologue,
-            false => {
-                self.primed = None;
-                if prologue > 0 {
-                    let mut local = Local {
-                        module: m,
-                        table: &mut self.table,
-                        #[cfg(feature = "local-task")]
-                        task: self.task.as_mut(),
-                    };
-                    // SAFETY: as the commands below: `bases` are this checked invocation's
-                    // and the verifier proved the prologue binds no input or output.
-                    unsafe { local.run(index, entry, &bases, 0..prologue, None) }?;
-                    self.primed = Some(index);
-                }
-                prologue
-            }
+        let mut local = Local {
+            module: m,
+            table: &mut self.table,
+            #[cfg(feature = "local-task")]
+            task: self.task.as_mut(),
         };
+        // SAFETY: as the commands below: `bases` are this checked invocation's and the
+        // verifier proved the prologue binds no input or output.
+        let from = unsafe { local.prime(&mut self.primed, index, entry, &bases) }?;
         if matches!(entry.commands.first(), Some(Command::Segment { .. })) {
             // A heterogeneous plan (verified): every device's bases, then the segments.
             let mut all = [bases; MAX_HETERO_DEVICES];
@@ -813,6 +799,44 @@ impl<'m> Instance<'m> {
         unsafe { finish_extents(entry, &bases, &mut self.output_dims) }
     }
 
+    /// Runs entry `entry`'s instantiation prologue (format 1.9) now, unless the arena
+    /// holds its results already: what the entry computes from constants alone, which
+    /// its first call would otherwise run before its own work. Call it once after making
+    /// the instance for every call, the first included, to take the same time (the C
+    /// API, the Python package and `kiln-run` do, for `main`). Nothing to do for an entry
+    /// without a prologue; running another entry afterwards uses the arena, and the next
+    /// call of this one runs the prologue again.
+    pub fn prepare(&mut self, entry: usize) -> Result<(), RuntimeError> {
+        let m = self.module;
+        let e = m
+            .verified
+            .program
+            .entries
+            .get(entry)
+            .ok_or_else(|| RuntimeError::NoSuchEntry { entry: format!("#{entry}") })?;
+        let arena = self.arena_base();
+        let constants = m.pool.bytes().as_ptr().cast_mut();
+        // (The prologue binds no input or output: those tables are not read.)
+        let bases = Bases { arena, constants, inputs: &self.inputs, outputs: &self.outputs };
+        let mut local = Local {
+            module: m,
+            table: &mut self.table,
+            #[cfg(feature = "local-task")]
+            task: self.task.as_mut(),
+        };
+        // SAFETY: the arena is exclusively ours; the verifier proved that the prologue's
+        // bindings lie in the arena and the constants.
+        unsafe { local.prime(&mut self.primed, entry, e, &bases) }.map(|_| ())
+    }
+
+    /// The arena's first byte (aligned as the module asks: checked when it was made).
+    fn arena_base(&mut self) -> *mut u8 {
+        match &mut self.arena {
+            Arena::Owned { buf, start } => buf.as_mut_ptr().wrapping_add(*start),
+            Arena::Borrowed(b) => b.as_mut_ptr(),
+        }
+    }
+
     /// The dims of output `k` of the last invocation: its signature's, except along an
     /// axis a data-dependent extent sizes (format 1.5), where the extent the data needed
     /// (the output's elements are then compacted to these dims at the front of its
@@ -832,6 +856,32 @@ struct Local<'a, 'm> {
 }
 
 impl<'m> Local<'_, 'm> {
+    /// Runs the instantiation prologue of entry `index` (`entry`) unless `primed` says
+    /// the arena holds its results, and returns the command each call starts at.
+    ///
+    /// # Safety
+    ///
+    /// As [`Local::run`] for the prologue's commands.
+    unsafe fn prime(
+        &mut self,
+        primed: &mut Option<usize>,
+        index: usize,
+        entry: &kiln_module::sections::EntryView<'m>,
+        bases: &Bases<'_>,
+    ) -> Result<usize, RuntimeError> {
+        let prologue = entry.prologue as usize;
+        if *primed == Some(index) {
+            return Ok(prologue);
+        }
+        *primed = None;
+        if prologue > 0 {
+            // SAFETY: the caller's contract.
+            unsafe { self.run(index, entry, bases, 0..prologue, None) }?;
+            *primed = Some(index);
+        }
+        Ok(prologue)
+    }
+
     /// Runs commands `range` of entry `index` (`entry`, a plan without segments): on the
     /// local-task driver where there is one, else one by one on the calling thread;
     /// `observe` as in `Instance::run`.

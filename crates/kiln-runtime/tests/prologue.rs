@@ -1,6 +1,7 @@
 //! The instantiation prologue (format 1.9): an entry's leading commands that depend on
 //! no input run once per arena state, on one thread and on several, again after another
-//! entry has used the arena; and the verifier's checks of it.
+//! entry has used the arena, at the first call or ahead of it (`Instance::prepare`); and
+//! the verifier's checks of it.
 //!
 //! The test plans break the compiler's promise on purpose: their calls overwrite what
 //! the prologue left (a fill of 9.0 after the copy out), so a second call shows whether
@@ -93,6 +94,35 @@ fn the_prologue_runs_once_per_arena_state() {
         inst.invoke_observed(&[], &mut [&mut y[..]], kiln_runtime::Observe::Commands, &mut after).expect("observed");
         assert_eq!(to_f32s(&y), [1.5; 4]);
         assert_eq!(seen, [4, 5, 6, 7]);
+    }
+}
+
+#[test]
+fn prepare_runs_the_prologue_before_the_first_call() {
+    let file = write_program(&program());
+    let m = load(&file, None).expect("load");
+    for threads in [1, 2] {
+        let mut inst = match threads {
+            1 => Instance::new(&m),
+            t => Instance::with_threads(&m, t),
+        }
+        .expect("instance");
+        inst.prepare(0).expect("prepare main");
+        // The first call starts behind the prologue: it reports only its own commands.
+        let mut seen = Vec::new();
+        let mut y = [0u8; 16];
+        let mut after = |i: usize| seen.push(i);
+        inst.invoke_observed(&[], &mut [&mut y[..]], kiln_runtime::Observe::Commands, &mut after).expect("observed");
+        assert_eq!(to_f32s(&y), [1.5; 4], "{threads} threads");
+        assert_eq!(seen, [4, 5, 6, 7]);
+        // Prepared again: nothing to do, the arena holds its results (the call's fill of
+        // 9.0 shows through).
+        inst.prepare(0).expect("prepare main again");
+        assert_eq!(call(&mut inst, 0), 9.0);
+        // Another entry's prologue uses the arena: main's runs again at its next call.
+        inst.prepare(1).expect("prepare b");
+        assert_eq!(call(&mut inst, 0), 1.5);
+        assert!(matches!(inst.prepare(2), Err(RuntimeError::NoSuchEntry { .. })));
     }
 }
 
