@@ -1031,8 +1031,8 @@ impl Emitter<'_> {
                     e.a.vmovdqu(ymm12, low)?;
                     e.a.vmovdqu(ymm13, high)?;
                     for r in 0..n {
-                        let row = i32::try_from(pitch * r as i64 + at as i64)
-                            .map_err(|_| NotHere("a row too far".into()))?;
+                        let row =
+                            i32::try_from(pitch * r as i64 + at as i64).map_err(|_| NotHere("a row too far".into()))?;
                         if at % 64 == 0 {
                             // (One a 64-byte line.)
                             let ahead = i32::try_from(pitch * (r as i64 + PREFETCH_ROWS) + at as i64)
