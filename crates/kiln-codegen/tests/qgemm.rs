@@ -524,3 +524,69 @@ fn clamped_epilogue() {
         }
     }
 }
+
+/// `out[m] = Σ_k i32(a[m, k])·i32(b[k]) − i32(z)·s[m]` with `a` i8 `[m, k]`, `b` u8
+/// `[k, 1]`, `z` a u8 scalar and `s` i32 `[m]`: a dynamic-int8 recurrent step after
+/// `kiln_flow::dequant::fold_int_constant_sums` (the weight's rows, the quantised state's
+/// column, its zero point folded into the epilogue with the weight's row sums). In the
+/// AVX2 form this is the one-column form's nibble products (`vpmaddubsw` against the
+/// state's low and high nibbles, eight chunks of 32 bytes a 16-bit accumulator).
+fn column_kernel(m: usize, k: usize) -> kiln_flow::Kernel {
+    use kiln_flow::{KernelBuilder, ReduceOp, ScalarType};
+    let t = |d: DType, dims: &[usize]| kiln_ir::TensorType::new(d, Shape::new(dims.to_vec()).unwrap());
+    let ins = vec![t(DType::I8, &[m, k]), t(DType::U8, &[k, 1]), t(DType::U8, &[]), t(DType::I32, &[m])];
+    let mut b = KernelBuilder::new("column", ins, t(DType::I32, &[m, 1]));
+    let o = b.out_index();
+    let kv = b.new_var(k as u64);
+    let kk = b.var(kv);
+    let x = b.load(0, vec![o[0], kk]);
+    let x = b.convert(x, ScalarType::I32);
+    let w = b.load(1, vec![kk, o[1]]);
+    let w = b.convert(w, ScalarType::I32);
+    let p = b.mul(x, w);
+    let acc = b.reduce(ReduceOp::Sum, vec![kv], p);
+    let z = b.load(2, vec![]);
+    let z = b.convert(z, ScalarType::I32);
+    let s = b.load(3, vec![o[0]]);
+    let zs = b.mul(z, s);
+    let root = b.sub(acc, zs);
+    b.finish(root).unwrap()
+}
+
+/// The one-column form of an i8 weight against a u8 column without zero points
+/// ([`column_kernel`]) matches the interpreter exactly: `K` a multiple of 256 (whole
+/// groups of eight 32-byte chunks), with chunks left after the groups and a partial
+/// last chunk (the tail copies), exactly 32; rows of every count mod 8 and mod 4 (a
+/// pass's second four rows partial or empty) and several passes a workgroup. The
+/// operands' extremes (rows of −128 and of 127 against a column of 255) put each
+/// 16-bit accumulator at its bound (eight chunks of `2·128·15`).
+#[test]
+fn one_column_nibbles() {
+    let cfgs = int8_configs_or_skip!();
+    for &(m, k) in &[(8, 256), (40, 768), (13, 300), (3, 95), (21, 32), (6, 33), (66, 520), (197, 287)] {
+        let kernel = column_kernel(m, k);
+        let mut a = ints(DType::I8, &[m, k], (m * k) as u64).to_f64_vec();
+        a[..k].fill(-128.0);
+        if m > 1 {
+            a[k..2 * k].fill(127.0);
+        }
+        let a = Tensor::from_f64(DType::I8, Shape::new(vec![m, k]).unwrap(), &a).unwrap();
+        let full = Tensor::from_i64(DType::U8, Shape::new(vec![k, 1]).unwrap(), &vec![255; k]).unwrap();
+        let z = int_scalar(DType::U8, 131);
+        let s = ints(DType::I32, &[m], 3);
+        for b in [full, ints(DType::U8, &[k, 1], k as u64)] {
+            let inputs = [&a, &b, &z, &s];
+            let want = kiln_flow::interp::run(&kernel, &inputs).unwrap();
+            for cfg in &cfgs {
+                let note = compile_with(&classify(&[&kernel]), &cfg.target, &cfg.options).unwrap().notes[0].clone();
+                assert!(note.starts_with("integer contraction microkernel"), "{m}x{k}: {note}");
+                for splits in [1, 3] {
+                    let got = run_compiled(&kernel, &inputs, cfg, splits);
+                    if let Err(e) = compare(&got, &want, EXACT) {
+                        panic!("{m}x{k} under {:?}, splits {splits}: {e}", cfg.target);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -28,7 +28,10 @@
 //!   8-bit results are packed with `vpackssdw` and `vpack{us,ss}wb` and stored as eight
 //!   bytes (`vpextrb` a byte in a partial vector).
 //! - One column (`N` = 1, `K` ≥ 16) has a form of its own, eight rows in the lanes and
-//!   up to four passes of them a workgroup ([`Emitter::function_gemv_ymm`]).
+//!   up to four passes of them a workgroup ([`Emitter::function_gemv_ymm`]). An `i8`
+//!   `A` against a `u8` column without zero points (a dynamic-int8 model's weight times
+//!   its quantised activation) multiplies the bytes of `A` as they are by the column's
+//!   low and high nibbles instead of widening them ([`Emitter::nibble_pass`]).
 //! - No hoisting of epilogue nodes across rows yet; a tile's slot-invariant operands
 //!   are held in registers over its slots ([`Emitter::plan_pins_ymm`]).
 
@@ -54,6 +57,9 @@ const GEMV_ROWS: u64 = 8;
 /// workgroup copies the column once for all of its passes.
 const GEMV_PASSES: u64 = 4;
 const ROW_SUMS: i32 = -64;
+/// Rows ahead that the nibble form prefetches `A` (the next pass's: its memory streams
+/// from L3 or DRAM, a weight of 2.4 MB 53 → 40 µs on one thread).
+const PREFETCH_ROWS: i64 = GEMV_ROWS as i64;
 const SCRATCH: i32 = -32;
 
 impl Emitter<'_> {
@@ -711,10 +717,13 @@ impl Emitter<'_> {
         let padded = kk.div_ceil(16) * 16;
         let chunks = kk / 16;
         let rem = kk % 16;
+        let nibbles = self.y_nibbles();
         // Stack: the coordinates and pointers, 64 bytes of slots (`Σb'`, scratch), the
-        // copy of the column and its tail copy (32-byte aligned at run time).
+        // copy of the column and its tail copy (32-byte aligned at run time; the nibble
+        // form's: [`Self::nibble_bytes`]).
         let region = self.s_rs();
-        let frame = (region + 32 + 64 + 2 * padded as i32 + 32 + 15) / 16 * 16;
+        let copy = if nibbles { self.nibble_bytes() } else { 2 * padded as i32 + 32 };
+        let frame = (region + 32 + 64 + copy + 15) / 16 * 16;
         reserve(&mut self.a, frame)?;
         let done = self.workgroup_range()?;
         self.a.lea(rax, qword_ptr(rsp + (region + 31)))?;
@@ -741,29 +750,11 @@ impl Emitter<'_> {
         self.a.cmova(rcx, rdx)?;
         self.a.mov(qword_ptr(rsp + S_TCOUNT), rcx)?;
         self.gemv_pointers(8)?;
-        // The column's copy, `zb` subtracted, and its sum.
-        let zb = self.zero_words(self.zb, 0, true)?;
-        let ones = self.t.vector(&mut self.a, 0x0001_0001);
-        let b_signed = self.c.b.dtype == DType::I8;
-        self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
-        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
-        self.a.vpxor(ymm2, ymm2, ymm2)?;
-        self.a.xor(r11d, r11d)?;
-        self.widen_run(kk, b_signed, zb, true, ones, if rem > 0 { 16 } else { 0 })?;
-        if rem > 0 {
-            // The tail copy: the column's last 16 words, the first `16 − rem` zero.
-            self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
-            for t in 0..16i32 {
-                let to = word_ptr(rdx + (2 * padded as i32 + 2 * t));
-                if (t as u64) < 16 - rem {
-                    self.a.mov(to, 0)?;
-                } else {
-                    self.a.mov(ax, word_ptr(rdx + (2 * (kk as i32 - 16 + t))))?;
-                    self.a.mov(to, ax)?;
-                }
-            }
+        if nibbles {
+            self.copy_nibbles()?;
+        } else {
+            self.copy_column_words()?;
         }
-        self.store_sum(ROW_SUMS)?;
         let pass = self.a.create_label();
         let mut pass_top = self.a.create_label();
         self.a.set_label(&mut pass_top)?;
@@ -781,45 +772,49 @@ impl Emitter<'_> {
                 other = Some(l);
             }
             let n = rows as usize;
-            for &y in &YMM[..n] {
-                self.a.vpxor(y, y, y)?;
-            }
-            // acc[r] += widened A[r, chunk] · copy[chunk]
-            let chunk = |e: &mut Self, b: AsmMemoryOperand| -> R<()> {
-                e.a.vmovdqu(ymm9, b)?;
-                for (r, &acc) in YMM[..n].iter().enumerate() {
-                    let at = xmmword_ptr(r9 + (pitch * r as i64) as i32);
-                    if a_signed {
-                        e.a.vpmovsxbw(ymm8, at)?;
-                    } else {
-                        e.a.vpmovzxbw(ymm8, at)?;
-                    }
-                    e.a.vpmaddwd(ymm8, ymm8, ymm9)?;
-                    e.a.vpaddd(acc, acc, ymm8)?;
+            if nibbles {
+                self.nibble_pass(rows)?;
+            } else {
+                for &y in &YMM[..n] {
+                    self.a.vpxor(y, y, y)?;
                 }
-                Ok(())
-            };
-            self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
-            self.a.mov(rsi, qword_ptr(rsp + S_PBP))?;
-            if chunks > 0 {
-                self.a.mov(rcx, chunks as i64)?;
-                let mut l = self.a.create_label();
-                self.a.set_label(&mut l)?;
-                chunk(self, ymmword_ptr(rsi))?;
-                self.a.add(r9, 16)?;
-                self.a.add(rsi, 32)?;
-                self.a.dec(rcx)?;
-                self.a.jnz(l)?;
-            }
-            if rem > 0 {
-                // The rows' last 16 bytes against the tail copy.
+                // acc[r] += widened A[r, chunk] · copy[chunk]
+                let chunk = |e: &mut Self, b: AsmMemoryOperand| -> R<()> {
+                    e.a.vmovdqu(ymm9, b)?;
+                    for (r, &acc) in YMM[..n].iter().enumerate() {
+                        let at = xmmword_ptr(r9 + (pitch * r as i64) as i32);
+                        if a_signed {
+                            e.a.vpmovsxbw(ymm8, at)?;
+                        } else {
+                            e.a.vpmovzxbw(ymm8, at)?;
+                        }
+                        e.a.vpmaddwd(ymm8, ymm8, ymm9)?;
+                        e.a.vpaddd(acc, acc, ymm8)?;
+                    }
+                    Ok(())
+                };
                 self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
-                add_imm(&mut self.a, r9, kk as i64 - 16, rax)?;
                 self.a.mov(rsi, qword_ptr(rsp + S_PBP))?;
-                chunk(self, ymmword_ptr(rsi + 2 * padded as i32))?;
-            }
-            for &y in &YMM[n..8] {
-                self.a.vpxor(y, y, y)?;
+                if chunks > 0 {
+                    self.a.mov(rcx, chunks as i64)?;
+                    let mut l = self.a.create_label();
+                    self.a.set_label(&mut l)?;
+                    chunk(self, ymmword_ptr(rsi))?;
+                    self.a.add(r9, 16)?;
+                    self.a.add(rsi, 32)?;
+                    self.a.dec(rcx)?;
+                    self.a.jnz(l)?;
+                }
+                if rem > 0 {
+                    // The rows' last 16 bytes against the tail copy.
+                    self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
+                    add_imm(&mut self.a, r9, kk as i64 - 16, rax)?;
+                    self.a.mov(rsi, qword_ptr(rsp + S_PBP))?;
+                    chunk(self, ymmword_ptr(rsi + 2 * padded as i32))?;
+                }
+                for &y in &YMM[n..8] {
+                    self.a.vpxor(y, y, y)?;
+                }
             }
             // The eight rows' sums into one vector (row r in lane r).
             self.a.vphaddd(ymm0, ymm0, ymm1)?;
@@ -872,6 +867,232 @@ impl Emitter<'_> {
         self.a.dec(qword_ptr(rsp + S_TCOUNT))?;
         self.a.jnz(pass_top)?;
         self.workgroup_loop_end(next, top, done, frame)
+    }
+}
+
+impl Emitter<'_> {
+    /// The one-column form's copy of `B`'s column (at the workgroup's `S_TILE(1)`) as
+    /// words at `S_PBP`, `zb` subtracted (`b'`), zero-padded to a multiple of 16, and
+    /// the copy of its last 16 words with the first `16 − K mod 16` zero after it (where
+    /// `K` is not a multiple of 16); `Σb'` into its slot (`ROW_SUMS`).
+    fn copy_column_words(&mut self) -> R<()> {
+        let kk = self.c.dims[2];
+        let padded = kk.div_ceil(16) * 16;
+        let rem = kk % 16;
+        let zb = self.zero_words(self.zb, 0, true)?;
+        let ones = self.t.vector(&mut self.a, 0x0001_0001);
+        let b_signed = self.c.b.dtype == DType::I8;
+        self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+        self.a.vpxor(ymm2, ymm2, ymm2)?;
+        self.a.xor(r11d, r11d)?;
+        self.widen_run(kk, b_signed, zb, true, ones, if rem > 0 { 16 } else { 0 })?;
+        if rem > 0 {
+            // The tail copy: the column's last 16 words, the first `16 − rem` zero.
+            self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+            for t in 0..16i32 {
+                let to = word_ptr(rdx + (2 * padded as i32 + 2 * t));
+                if (t as u64) < 16 - rem {
+                    self.a.mov(to, 0)?;
+                } else {
+                    self.a.mov(ax, word_ptr(rdx + (2 * (kk as i32 - 16 + t))))?;
+                    self.a.mov(to, ax)?;
+                }
+            }
+        }
+        self.store_sum(ROW_SUMS)?;
+        Ok(())
+    }
+
+    /// Whether the one-column form multiplies bytes by nibbles ([`Self::nibble_pass`]):
+    /// `A` is `i8`, `B` is `u8`, neither has a zero point in the kernel (a dynamic-int8
+    /// model's weight times its quantised activation, the activation's zero point folded
+    /// into the epilogue by `kiln_flow::dequant::fold_int_constant_sums`), `K` ≥ 32.
+    pub(super) fn y_nibbles(&self) -> bool {
+        self.c.a.dtype == DType::I8
+            && self.c.b.dtype == DType::U8
+            && self.za.is_none()
+            && self.zb.is_none()
+            && self.c.dims[2] >= 32
+    }
+
+    /// Bytes of one nibble copy ([`Self::copy_nibbles`]): `K` rounded up to 32.
+    fn nibble_pitch(&self) -> i32 {
+        self.c.dims[2].div_ceil(32) as i32 * 32
+    }
+
+    /// Bytes the nibble form keeps after `S_PBP`: the two nibble copies, their two tail
+    /// copies, and four spilled accumulators.
+    pub(super) fn nibble_bytes(&self) -> i32 {
+        2 * self.nibble_pitch() + 64 + 128
+    }
+
+    /// The nibble form's copy of `B`'s `u8` column (at the workgroup's `S_TILE(1)`) at
+    /// `S_PBP`: its low nibbles (`b & 15`), zero-padded to a multiple of 32 bytes, then
+    /// its high nibbles (`b >> 4`) alike; where `K` is not a multiple of 32, the last 32
+    /// bytes of each with the first `32 − K mod 32` zero after them (against a row's
+    /// last 32 bytes, which the whole chunks counted already).
+    fn copy_nibbles(&mut self) -> R<()> {
+        let kk = self.c.dims[2];
+        let p = self.nibble_pitch();
+        let mask = self.t.vector(&mut self.a, 0x0F0F_0F0F);
+        self.a.mov(rsi, qword_ptr(rsp + self.s_tile(1)))?;
+        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+        if kk / 32 > 0 {
+            self.a.mov(rcx, (kk / 32) as i64)?;
+            let mut l = self.a.create_label();
+            self.a.set_label(&mut l)?;
+            self.a.vmovdqu(ymm0, ymmword_ptr(rsi))?;
+            self.a.vpand(ymm1, ymm0, ymmword_ptr(mask))?;
+            self.a.vpsrlw(ymm0, ymm0, 4)?;
+            self.a.vpand(ymm0, ymm0, ymmword_ptr(mask))?;
+            self.a.vmovdqu(ymmword_ptr(rdx), ymm1)?;
+            self.a.vmovdqu(ymmword_ptr(rdx + p), ymm0)?;
+            self.a.add(rsi, 32)?;
+            self.a.add(rdx, 32)?;
+            self.a.dec(rcx)?;
+            self.a.jnz(l)?;
+        }
+        let rem = (kk % 32) as i32;
+        if rem == 0 {
+            return Ok(());
+        }
+        for t in 0..32 {
+            if t < rem {
+                self.a.movzx(eax, byte_ptr(rsi + t))?;
+                self.a.mov(ecx, eax)?;
+                self.a.and(eax, 15)?;
+                self.a.shr(ecx, 4)?;
+                self.a.mov(byte_ptr(rdx + t), al)?;
+                self.a.mov(byte_ptr(rdx + (p + t)), cl)?;
+            } else {
+                self.a.mov(byte_ptr(rdx + t), 0)?;
+                self.a.mov(byte_ptr(rdx + (p + t)), 0)?;
+            }
+        }
+        self.a.mov(rdx, qword_ptr(rsp + S_PBP))?;
+        for h in 0..2 {
+            for t in 0..32 {
+                let to = byte_ptr(rdx + (2 * p + 32 * h + t));
+                if t < 32 - rem {
+                    self.a.mov(to, 0)?;
+                } else {
+                    self.a.mov(al, byte_ptr(rdx + (p * h + kk as i32 - 32 + t)))?;
+                    self.a.mov(to, al)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The nibble form of a pass's products: the `rows` rows' sums against the column
+    /// into `ymm0`..`ymm7` by lanes (0 past `rows`), as the word form leaves them.
+    ///
+    /// `Σ a·b = 16·Σ a·(b >> 4) + Σ a·(b & 15)`, each half one `vpmaddubsw` a 32 bytes
+    /// of a row (the nibble the unsigned operand): a pair's sum is at most
+    /// `2·128·15 = 3840` in magnitude, so no 16-bit sum saturates, and eight of them
+    /// add into a 16-bit accumulator exactly (`vpaddw`, at most 30720); every eight
+    /// chunks the two 16-bit accumulators of a row are widened into its i32 one by a
+    /// `vpmaddwd` with 16s and with 1s. Four rows at a time (four i32 and eight 16-bit
+    /// accumulators, both nibble vectors, one product); the first four rows' sums wait
+    /// on the stack. Per 32 bytes of a row: two `vpmaddubsw` and two `vpaddw`, where the
+    /// word form takes two `vpmovsxbw`, two `vpmaddwd` and two `vpaddd`. Each
+    /// row's bytes of the next pass are prefetched (`prefetcht0`, one a 64-byte line).
+    fn nibble_pass(&mut self, rows: u64) -> R<()> {
+        let kk = self.c.dims[2];
+        let p = self.nibble_pitch();
+        let pitch = self.a_pitch;
+        let ones = self.t.vector(&mut self.a, 0x0001_0001);
+        let sixteens = self.t.vector(&mut self.a, 0x0010_0010);
+        let spill = 2 * p + 64;
+        let chunks = kk / 32;
+        let rem = (kk % 32) as i32;
+        let rest = (chunks % 8) as i32;
+        for h in 0..2usize {
+            let n = rows.saturating_sub(4 * h as u64).min(4) as usize;
+            let acc = |r: usize| YMM[4 * h + r];
+            let lo = |r: usize| YMM[4 * (1 - h) + r];
+            let hi = |r: usize| YMM[8 + r];
+            for r in 0..4 {
+                self.a.vpxor(acc(r), acc(r), acc(r))?;
+            }
+            if n > 0 {
+                for r in 0..n {
+                    self.a.vpxor(lo(r), lo(r), lo(r))?;
+                    self.a.vpxor(hi(r), hi(r), hi(r))?;
+                }
+                self.a.mov(r9, qword_ptr(rsp + self.s_tile(0)))?;
+                add_imm(&mut self.a, r9, pitch * 4 * h as i64, rax)?;
+                self.a.mov(r10, qword_ptr(rsp + S_PBP))?;
+                self.a.mov(rsi, r10)?;
+                // One chunk: the rows' 32 bytes at `r9 + at` against the nibbles at
+                // `low` and `low + high`.
+                let chunk = |e: &mut Self, at: i32, low: AsmMemoryOperand, high: AsmMemoryOperand| -> R<()> {
+                    e.a.vmovdqu(ymm12, low)?;
+                    e.a.vmovdqu(ymm13, high)?;
+                    for r in 0..n {
+                        let row =
+                            i32::try_from(pitch * r as i64 + at as i64).map_err(|_| NotHere("a row too far".into()))?;
+                        if at % 64 == 0 {
+                            // (One a 64-byte line.)
+                            let ahead = i32::try_from(pitch * (r as i64 + PREFETCH_ROWS) + at as i64)
+                                .map_err(|_| NotHere("a row too far".into()))?;
+                            e.a.prefetcht0(byte_ptr(r9 + ahead))?;
+                        }
+                        e.a.vpmaddubsw(ymm14, ymm12, ymmword_ptr(r9 + row))?;
+                        e.a.vpaddw(lo(r), lo(r), ymm14)?;
+                        e.a.vpmaddubsw(ymm14, ymm13, ymmword_ptr(r9 + row))?;
+                        e.a.vpaddw(hi(r), hi(r), ymm14)?;
+                    }
+                    Ok(())
+                };
+                let flush = |e: &mut Self| -> R<()> {
+                    for r in 0..n {
+                        e.a.vpmaddwd(ymm14, hi(r), ymmword_ptr(sixteens))?;
+                        e.a.vpaddd(acc(r), acc(r), ymm14)?;
+                        e.a.vpmaddwd(ymm14, lo(r), ymmword_ptr(ones))?;
+                        e.a.vpaddd(acc(r), acc(r), ymm14)?;
+                        e.a.vpxor(lo(r), lo(r), lo(r))?;
+                        e.a.vpxor(hi(r), hi(r), hi(r))?;
+                    }
+                    Ok(())
+                };
+                if chunks >= 8 {
+                    self.a.mov(rcx, (chunks / 8) as i64)?;
+                    let mut l = self.a.create_label();
+                    self.a.set_label(&mut l)?;
+                    for j in 0..8 {
+                        chunk(self, 32 * j, ymmword_ptr(rsi + 32 * j), ymmword_ptr(rsi + (p + 32 * j)))?;
+                    }
+                    flush(self)?;
+                    self.a.add(r9, 256)?;
+                    self.a.add(rsi, 256)?;
+                    self.a.dec(rcx)?;
+                    self.a.jnz(l)?;
+                }
+                for j in 0..rest {
+                    chunk(self, 32 * j, ymmword_ptr(rsi + 32 * j), ymmword_ptr(rsi + (p + 32 * j)))?;
+                }
+                if rem > 0 {
+                    // The rows' last 32 bytes against the tail copies.
+                    chunk(self, 32 * rest + rem - 32, ymmword_ptr(r10 + 2 * p), ymmword_ptr(r10 + (2 * p + 32)))?;
+                }
+                if rest > 0 || rem > 0 {
+                    flush(self)?;
+                }
+            }
+            if h == 0 {
+                self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
+                for r in 0..4 {
+                    self.a.vmovdqu(ymmword_ptr(rax + (spill + 32 * r as i32)), YMM[r])?;
+                }
+            }
+        }
+        self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
+        for r in 0..4 {
+            self.a.vmovdqu(YMM[r], ymmword_ptr(rax + (spill + 32 * r as i32)))?;
+        }
+        Ok(())
     }
 }
 
