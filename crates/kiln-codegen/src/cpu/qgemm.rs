@@ -802,14 +802,8 @@ impl<'k> Emitter<'k> {
         let pre = self.y_pre_bytes() as i64;
         add_imm(&mut self.a, rax, pre, rcx)?;
         self.a.mov(qword_ptr(rsp + S_PBP), rax)?;
-        let mut top = self.a.create_label();
-        let next = self.a.create_label();
-        self.a.set_label(&mut top)?;
         // Decode: group, block, then batch coordinates innermost first.
-        self.a.mov(rax, r14)?;
-        self.a.xor(edx, edx)?;
-        self.a.mov(rcx, self.groups as i64)?;
-        self.a.div(rcx)?;
+        let (top, next) = self.workgroup_top(self.groups)?;
         self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
         self.a.xor(edx, edx)?;
         self.a.mov(rcx, self.blocks as i64)?;
@@ -835,9 +829,7 @@ impl<'k> Emitter<'k> {
         for bi in 0..self.bases.len() {
             let b = self.base_at_batch(bi)?;
             if b.per_n != 0 {
-                self.a.mov(rcx, qword_ptr(rsp + S_N0))?;
-                self.imul(rcx, b.per_n * b.elem)?;
-                self.a.add(rax, rcx)?;
+                self.add_scaled(S_N0, b.per_n * b.elem)?;
             }
             let s = self.s_base(bi);
             self.a.mov(qword_ptr(rsp + s), rax)?;
@@ -859,34 +851,18 @@ impl<'k> Emitter<'k> {
             vec![(self.rows_per_group, false)]
         };
         for &(cols, last_block) in &col_variants {
-            let mut other_cols = None;
-            if last_block {
-                let l = self.a.create_label();
-                self.a.cmp(qword_ptr(rsp + S_N0), full_cols as i32)?;
-                self.a.jb(l)?;
-                other_cols = Some(l);
-            }
+            let other_cols = self.variant_guard(last_block, S_N0, full_cols as i32)?;
             if cols != nb {
                 self.a.mov(qword_ptr(rsp + S_BCNT), 1)?;
             }
             self.pack_blocks(cols)?;
             for &(rows, last_group) in &row_variants {
-                let mut other_rows = None;
-                if last_group {
-                    let l = self.a.create_label();
-                    self.a.cmp(qword_ptr(rsp + S_GROUP), (self.groups - 1) as i32)?;
-                    self.a.jb(l)?;
-                    other_rows = Some(l);
-                }
+                let other_rows = self.variant_guard(last_group, S_GROUP, (self.groups - 1) as i32)?;
                 self.rows(rows, cols)?;
                 self.a.jmp(next)?;
-                if let Some(mut l) = other_rows {
-                    self.a.set_label(&mut l)?;
-                }
+                self.land(other_rows)?;
             }
-            if let Some(mut l) = other_cols {
-                self.a.set_label(&mut l)?;
-            }
+            self.land(other_cols)?;
         }
         self.workgroup_loop_end(next, top, done, frame)
     }
@@ -950,22 +926,11 @@ impl<'k> Emitter<'k> {
         let m = self.c.dims[0];
         let kk = self.c.dims[2];
         let groups = m.div_ceil(16);
-        let mut top = self.a.create_label();
-        let next = self.a.create_label();
-        self.a.set_label(&mut top)?;
-        self.a.mov(rax, r14)?;
-        self.a.xor(edx, edx)?;
-        self.a.mov(rcx, groups as i64)?;
-        self.a.div(rcx)?;
+        let (top, next) = self.workgroup_top(groups)?;
         self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
         self.gemv_pointers(16)?;
         self.load_lo()?;
-        let chunks = kk / 64;
-        let part = kk % 64;
-        if part != 0 {
-            self.a.mov(rax, ((1u64 << part) - 1) as i64)?;
-            self.a.kmovq(k3, rax)?;
-        }
+        let (chunks, part) = self.k_chunks(kk)?;
         let ones = self.t.scalar(&mut self.a, 0x0101_0101);
         self.a.vpbroadcastd(zmm18, dword_ptr(ones))?;
         let flip = if self.delta != 0 { Some(self.t.scalar(&mut self.a, 0x8080_8080)) } else { None };
@@ -1045,13 +1010,7 @@ impl<'k> Emitter<'k> {
             Ok(())
         };
         for (rows, last) in variants {
-            let mut other = None;
-            if last && groups > 1 {
-                let l = self.a.create_label();
-                self.a.cmp(qword_ptr(rsp + S_GROUP), (groups - 1) as i32)?;
-                self.a.jb(l)?;
-                other = Some(l);
-            }
+            let other = self.variant_guard(last && groups > 1, S_GROUP, (groups - 1) as i32)?;
             if !self.need_ra && i32::try_from(pitch * 16).is_ok() {
                 // Without row sums: the 16 rows at once, each `B` chunk loaded once,
                 // then the 16 vectors reduced to one of 16 sums.
@@ -1167,9 +1126,7 @@ impl<'k> Emitter<'k> {
                 }
             }
             self.a.jmp(next)?;
-            if let Some(mut l) = other {
-                self.a.set_label(&mut l)?;
-            }
+            self.land(other)?;
         }
         self.workgroup_loop_end(next, top, done, frame)
     }
@@ -1302,15 +1259,7 @@ impl<'k> Emitter<'k> {
             self.a.kmovw(k3, eax)?;
         }
         let flip = if self.delta != 0 { Some(self.t.vector(&mut self.a, 0x8080_8080)) } else { None };
-        self.a.mov(rsi, qword_ptr(rsp + S_BSRC))?;
-        self.a.mov(r10, qword_ptr(rsp + S_BBUF))?;
-        let table = self.b_table.clone().map(|t| {
-            let words: Vec<u32> = t.iter().map(|&x| x as u32).collect();
-            self.t.words(&mut self.a, &words)
-        });
-        if let Some(l) = table {
-            self.a.lea(r11, qword_ptr(l))?;
-        }
+        let table = self.pack_pointers()?;
         let quads = kk / 4;
         let rest = kk % 4;
         // One quad of rows (`rows` of them real): into xmm0..3 per chunk, interleaved,
@@ -1479,12 +1428,7 @@ impl<'k> Emitter<'k> {
             // Row sums of A, each over its K bytes (the last chunk under a byte mask).
             let ones = self.t.scalar(&mut self.a, 0x0101_0101);
             self.a.vpbroadcastd(zmm28, dword_ptr(ones))?;
-            let chunks = kk / 64;
-            let part = kk % 64;
-            if part != 0 {
-                self.a.mov(rax, ((1u64 << part) - 1) as i64)?;
-                self.a.kmovq(k3, rax)?;
-            }
+            let (chunks, part) = self.k_chunks(kk)?;
             let st = self.s_tile(0);
             for i in 0..rows_ {
                 self.a.mov(rax, qword_ptr(rsp + st))?;
@@ -1540,12 +1484,7 @@ impl<'k> Emitter<'k> {
             }
         }
         // The workgroup's blocks, one after another, against these rows.
-        self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
-        self.a.mov(qword_ptr(rsp + S_BBUF), rax)?;
-        self.a.mov(rax, qword_ptr(rsp + S_BCNT))?;
-        self.a.mov(qword_ptr(rsp + S_BLEFT), rax)?;
-        let mut block = self.a.create_label();
-        self.a.set_label(&mut block)?;
+        let block = self.blocks_top()?;
         let acc = |i: usize, j: usize| ZMM[i * NV + j];
         let breg = |j: usize| ZMM[24 + j];
         let areg = zmm26;
@@ -1613,19 +1552,7 @@ impl<'k> Emitter<'k> {
                 self.slot(i, j, acc(i, j), masked, &mut pool)?;
             }
         }
-        // The next block: its copy, and the output's and the epilogue's columns.
-        self.a.add(qword_ptr(rsp + S_BBUF), self.block_bytes())?;
-        for bi in 2..self.bases.len() {
-            let b = &self.bases[bi];
-            if b.per_n != 0 {
-                let st = self.s_tile(bi);
-                let step = i32::try_from(NB as i64 * b.per_n * b.elem).map_err(|_| NotHere("a column step".into()))?;
-                self.a.add(qword_ptr(rsp + st), step)?;
-            }
-        }
-        self.a.dec(qword_ptr(rsp + S_BLEFT))?;
-        self.a.jnz(block)?;
-        Ok(())
+        self.blocks_next(block)
     }
 
     /// The epilogue of accumulator `(i, j)` (row `i` of the tile, vector `j`), stored;
@@ -1642,13 +1569,7 @@ impl<'k> Emitter<'k> {
                     let at = self.cb_off() + 64 * j as i32;
                     self.a.vpsubd(acc, acc, zmmword_ptr(r11 + at))?;
                 } else {
-                    let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
-                    let z = self.eval(za, &mut ev, pool)?;
-                    let t = take(pool)?;
-                    let at = self.cb_off() + 64 * j as i32;
-                    self.a.vpmulld(ZMM[t], ZMM[z], zmmword_ptr(r11 + at))?;
-                    self.a.vpsubd(acc, acc, ZMM[t])?;
-                    pool.push(t);
+                    let (za, z) = self.sub_column_sums(acc, j, &mut ev, pool)?;
                     self.release(za, z, &mut ev, pool);
                 }
             }
@@ -1661,13 +1582,7 @@ impl<'k> Emitter<'k> {
                 }
             }
         } else if self.need_cb {
-            let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
-            let z = self.eval(za, &mut ev, pool)?;
-            let t = take(pool)?;
-            let at = self.cb_off() + 64 * j as i32;
-            self.a.vpmulld(ZMM[t], ZMM[z], zmmword_ptr(r11 + at))?;
-            self.a.vpsubd(acc, acc, ZMM[t])?;
-            pool.push(t);
+            let (za, z) = self.sub_column_sums(acc, j, &mut ev, pool)?;
             if self.need_ra {
                 let z2 = self.zb_delta(&mut ev, pool)?;
                 // + K·za·(zb + δ)
@@ -1742,14 +1657,141 @@ impl<'k> Emitter<'k> {
             let sb = self.s_base(bi);
             self.a.mov(rax, qword_ptr(rsp + sb))?;
             if b.per_m != 0 {
-                self.a.mov(rcx, qword_ptr(rsp + S_MT))?;
-                self.imul(rcx, b.per_m * b.elem)?;
-                self.a.add(rax, rcx)?;
+                self.add_scaled(S_MT, b.per_m * b.elem)?;
             }
             let st = self.s_tile(bi);
             self.a.mov(qword_ptr(rsp + st), rax)?;
         }
         Ok(())
+    }
+
+    /// `rax += [rsp + slot] · scale` (`rcx` scratch).
+    fn add_scaled(&mut self, slot: i32, scale: i64) -> R<()> {
+        self.a.mov(rcx, qword_ptr(rsp + slot))?;
+        self.imul(rcx, scale)?;
+        self.a.add(rax, rcx)?;
+        Ok(())
+    }
+
+    /// The top of the workgroup loop (its label, and the label of the next workgroup's
+    /// step, made after it): workgroup `r14` divided by `count`, the quotient in `rax`,
+    /// the remainder in `rdx`.
+    fn workgroup_top(&mut self, count: u64) -> R<(CodeLabel, CodeLabel)> {
+        let mut top = self.a.create_label();
+        let next = self.a.create_label();
+        self.a.set_label(&mut top)?;
+        self.a.mov(rax, r14)?;
+        self.a.xor(edx, edx)?;
+        self.a.mov(rcx, count as i64)?;
+        self.a.div(rcx)?;
+        Ok((top, next))
+    }
+
+    /// Where `when` (a variant of the last group or block only): a jump, for the
+    /// workgroups whose `[rsp + slot]` is below `limit`, to the label returned, which
+    /// [`Self::land`] sets after the variant.
+    fn variant_guard(&mut self, when: bool, slot: i32, limit: i32) -> R<Option<CodeLabel>> {
+        if !when {
+            return Ok(None);
+        }
+        let l = self.a.create_label();
+        self.a.cmp(qword_ptr(rsp + slot), limit)?;
+        self.a.jb(l)?;
+        Ok(Some(l))
+    }
+
+    /// Sets the label of [`Self::variant_guard`], if it made one.
+    fn land(&mut self, other: Option<CodeLabel>) -> R<()> {
+        if let Some(mut l) = other {
+            self.a.set_label(&mut l)?;
+        }
+        Ok(())
+    }
+
+    /// `K` as whole 64-byte chunks and the bytes of a last partial one, whose byte mask
+    /// goes to `k3` (where there is one).
+    fn k_chunks(&mut self, kk: u64) -> R<(u64, u64)> {
+        let chunks = kk / 64;
+        let part = kk % 64;
+        if part != 0 {
+            self.a.mov(rax, ((1u64 << part) - 1) as i64)?;
+            self.a.kmovq(k3, rax)?;
+        }
+        Ok((chunks, part))
+    }
+
+    /// `rsi` at `B`'s source, `r10` at its packed copy, and `r11` at the table of `B`'s
+    /// row offsets where it has one (whose label returns).
+    fn pack_pointers(&mut self) -> R<Option<CodeLabel>> {
+        self.a.mov(rsi, qword_ptr(rsp + S_BSRC))?;
+        self.a.mov(r10, qword_ptr(rsp + S_BBUF))?;
+        let table = self.b_table.clone().map(|t| {
+            let words: Vec<u32> = t.iter().map(|&x| x as u32).collect();
+            self.t.words(&mut self.a, &words)
+        });
+        if let Some(l) = table {
+            self.a.lea(r11, qword_ptr(l))?;
+        }
+        Ok(table)
+    }
+
+    /// The head of the loop over the workgroup's blocks of columns: the first block's
+    /// copy and the count of blocks, then the loop's label.
+    fn blocks_top(&mut self) -> R<CodeLabel> {
+        self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
+        self.a.mov(qword_ptr(rsp + S_BBUF), rax)?;
+        self.a.mov(rax, qword_ptr(rsp + S_BCNT))?;
+        self.a.mov(qword_ptr(rsp + S_BLEFT), rax)?;
+        let mut block = self.a.create_label();
+        self.a.set_label(&mut block)?;
+        Ok(block)
+    }
+
+    /// The tail of the loop of [`Self::blocks_top`]: the next block (of [`Self::nb`]
+    /// columns), its copy and the output's and the epilogue's columns, back to `block`
+    /// while blocks are left.
+    fn blocks_next(&mut self, block: CodeLabel) -> R<()> {
+        let nb = self.nb();
+        self.a.add(qword_ptr(rsp + S_BBUF), self.block_bytes())?;
+        for bi in 2..self.bases.len() {
+            let b = &self.bases[bi];
+            if b.per_n != 0 {
+                let st = self.s_tile(bi);
+                let step = i32::try_from(nb as i64 * b.per_n * b.elem).map_err(|_| NotHere("a column step".into()))?;
+                self.a.add(qword_ptr(rsp + st), step)?;
+            }
+        }
+        self.a.dec(qword_ptr(rsp + S_BLEFT))?;
+        self.a.jnz(block)?;
+        Ok(())
+    }
+
+    /// `acc -= za · Σb'` (the column sums of the block at `r11`, vector `j`); returns the
+    /// zero point and its register, for the caller to release.
+    fn sub_column_sums(
+        &mut self,
+        acc: AsmRegisterZmm,
+        j: usize,
+        ev: &mut Eval,
+        pool: &mut Vec<usize>,
+    ) -> R<(ExprId, usize)> {
+        let za = self.za.ok_or_else(|| NotHere("column sums without a zero point".into()))?;
+        let z = self.eval(za, ev, pool)?;
+        let t = take(pool)?;
+        let at = self.cb_off() + 64 * j as i32;
+        self.a.vpmulld(ZMM[t], ZMM[z], zmmword_ptr(r11 + at))?;
+        self.a.vpsubd(acc, acc, ZMM[t])?;
+        pool.push(t);
+        Ok((za, z))
+    }
+
+    /// The operands of a binary op in the order it is emitted: a float clamp takes the
+    /// constant first, so that a NaN of the other passes.
+    fn clamp_order(&self, op: BinaryOp, f: bool, x: ExprId, y: ExprId) -> (ExprId, ExprId) {
+        match op {
+            BinaryOp::Max | BinaryOp::Min if f && matches!(self.k.node(x).expr, Expr::Const(_)) => (y, x),
+            _ => (x, y),
+        }
     }
 
     /// `zb + δ` in a fresh register.
@@ -1889,11 +1931,7 @@ impl<'k> Emitter<'k> {
             }
             Expr::Binary(op, x, y) => {
                 let f = node.ty == ScalarType::F32;
-                // A clamp takes the constant first, so that a NaN of the other passes.
-                let (x, y) = match op {
-                    BinaryOp::Max | BinaryOp::Min if f && matches!(self.k.node(x).expr, Expr::Const(_)) => (y, x),
-                    _ => (x, y),
-                };
+                let (x, y) = self.clamp_order(op, f, x, y);
                 // A lane-uniform 4-byte operand not in a register is read as an embedded
                 // broadcast (`{1to16}`), commuting where that brings it second (not an f32
                 // clamp: its NaN rule needs the value second).

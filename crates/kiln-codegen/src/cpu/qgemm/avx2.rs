@@ -210,15 +210,7 @@ impl Emitter<'_> {
         let kk = self.c.dims[2];
         let zb = if self.zb_cols() { false } else { self.zero_words(self.zb, 0, true)? };
         let signed = self.c.b.dtype == DType::I8;
-        self.a.mov(rsi, qword_ptr(rsp + S_BSRC))?;
-        self.a.mov(r10, qword_ptr(rsp + S_BBUF))?;
-        let table = self.b_table.clone().map(|t| {
-            let words: Vec<u32> = t.iter().map(|&x| x as u32).collect();
-            self.t.words(&mut self.a, &words)
-        });
-        if let Some(l) = table {
-            self.a.lea(r11, qword_ptr(l))?;
-        }
+        let table = self.pack_pointers()?;
         let low_bytes = self.t.vector(&mut self.a, 0x00FF_00FF);
         let step = self.b_step;
         // A pair of reduction steps (`rows` of them real).
@@ -421,12 +413,7 @@ impl Emitter<'_> {
         let ap = self.y_apitch();
         let pre = self.y_pre_bytes();
         // The workgroup's blocks, one after another, against these rows.
-        self.a.mov(rax, qword_ptr(rsp + S_PBP))?;
-        self.a.mov(qword_ptr(rsp + S_BBUF), rax)?;
-        self.a.mov(rax, qword_ptr(rsp + S_BCNT))?;
-        self.a.mov(qword_ptr(rsp + S_BLEFT), rax)?;
-        let mut block = self.a.create_label();
-        self.a.set_label(&mut block)?;
+        let block = self.blocks_top()?;
         let acc = |i: usize, j: usize| YMM[2 * i + j];
         for i in 0..rows_ {
             for j in 0..nv {
@@ -470,19 +457,7 @@ impl Emitter<'_> {
             }
         }
         self.y_lanes = 0;
-        // The next block: its copy, and the output's and the epilogue's columns.
-        self.a.add(qword_ptr(rsp + S_BBUF), self.block_bytes())?;
-        for bi in 2..self.bases.len() {
-            let b = &self.bases[bi];
-            if b.per_n != 0 {
-                let st = self.s_tile(bi);
-                let step = i32::try_from(NB as i64 * b.per_n * b.elem).map_err(|_| NotHere("a column step".into()))?;
-                self.a.add(qword_ptr(rsp + st), step)?;
-            }
-        }
-        self.a.dec(qword_ptr(rsp + S_BLEFT))?;
-        self.a.jnz(block)?;
-        Ok(())
+        self.blocks_next(block)
     }
 
     /// The lane mask of a partial vector ([`Self::y_lanes`] lanes) into `ymm[r]`.
@@ -678,11 +653,7 @@ impl Emitter<'_> {
             }
             Expr::Binary(op, x, y) => {
                 let f = node.ty == ScalarType::F32;
-                // A clamp takes the constant first, so that a NaN of the other passes.
-                let (x, y) = match op {
-                    BinaryOp::Max | BinaryOp::Min if f && matches!(self.k.node(x).expr, Expr::Const(_)) => (y, x),
-                    _ => (x, y),
-                };
+                let (x, y) = self.clamp_order(op, f, x, y);
                 let vx = self.eval_ymm(x, ev, pool)?;
                 let vy = self.eval_ymm(y, ev, pool)?;
                 self.release(x, vx, ev, pool);
@@ -732,15 +703,9 @@ impl Emitter<'_> {
         self.a.mov(qword_ptr(rsp + S_PBP), rax)?;
         let groups = m.div_ceil(GEMV_ROWS);
         let passes = self.y_gemv_passes();
-        let mut top = self.a.create_label();
-        let next = self.a.create_label();
-        self.a.set_label(&mut top)?;
         // The workgroup's first group of eight rows, and its passes (`S_TCOUNT`: the
         // last workgroup may have fewer).
-        self.a.mov(rax, r14)?;
-        self.a.xor(edx, edx)?;
-        self.a.mov(rcx, self.y_gemv_workgroups() as i64)?;
-        self.a.div(rcx)?;
+        let (top, next) = self.workgroup_top(self.y_gemv_workgroups())?;
         self.imul(rdx, passes as i64)?;
         self.a.mov(qword_ptr(rsp + S_GROUP), rdx)?;
         self.a.mov(rcx, groups as i64)?;
@@ -764,13 +729,7 @@ impl Emitter<'_> {
         let pitch = self.a_pitch;
         let a_signed = self.c.a.dtype == DType::I8;
         for (rows, last) in variants {
-            let mut other = None;
-            if last && groups > 1 {
-                let l = self.a.create_label();
-                self.a.cmp(qword_ptr(rsp + S_GROUP), (groups - 1) as i32)?;
-                self.a.jb(l)?;
-                other = Some(l);
-            }
+            let other = self.variant_guard(last && groups > 1, S_GROUP, (groups - 1) as i32)?;
             let n = rows as usize;
             if nibbles {
                 self.nibble_pass(rows)?;
@@ -847,9 +806,7 @@ impl Emitter<'_> {
             self.store_ymm(r, 0, &mut pool)?;
             self.y_lanes = 0;
             self.a.jmp(pass)?;
-            if let Some(mut l) = other {
-                self.a.set_label(&mut l)?;
-            }
+            self.land(other)?;
         }
         // The next pass: its group, and the pointers of every per-row operand.
         let mut pass = pass;
