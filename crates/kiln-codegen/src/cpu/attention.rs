@@ -70,19 +70,52 @@ pub(crate) struct AttentionCode {
     pub rows: u64,
 }
 
+/// What both kernels read of an attention's operands.
+#[derive(Clone, Copy)]
+struct Strides {
+    /// Strides, in elements: Q and K along the depth, V along the keys.
+    qe: i64,
+    ke: i64,
+    vj: i64,
+    /// The mask's stride along the keys (0 or 1) and the factor it is added with, if
+    /// there is a mask.
+    mask: Option<(i64, f32)>,
+    /// The scale of the scores.
+    scale: f32,
+}
+
+impl Strides {
+    fn of(at: &Attention) -> Strides {
+        Strides {
+            qe: at.q.offset.of(at.depth),
+            ke: at.k.offset.of(at.depth),
+            vj: at.v.offset.of(at.key),
+            mask: at.mask.as_ref().map(|(m, s)| (m.offset.of(at.key), *s)),
+            scale: at.scale,
+        }
+    }
+}
+
+/// An attention kernel's operands ([`Attention::of`], in place), the output's dims, and
+/// the keys, the depth and the width (the output's last dim).
+fn operands(k: &Kernel) -> R<(Attention, Vec<u64>, [u64; 3])> {
+    let Some(at) = Attention::of(k) else { return no("not an attention kernel") };
+    if !at.in_place() {
+        return no("attention operands not at unit stride (K along keys, V along columns)");
+    }
+    let dims: Vec<u64> = k.output.shape.dims().iter().map(|&d| d as u64).collect();
+    let var = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
+    let sizes = [var(at.key), var(at.depth), dims[dims.len() - 1]];
+    Ok((at, dims, sizes))
+}
+
 /// The fixed geometry of one kernel.
 struct Geometry {
     /// Lanes per vector.
     w: u64,
     depth: u64,
     width: u64,
-    /// Strides, in elements: Q and K along the depth, V along the keys.
-    qe: i64,
-    ke: i64,
-    vj: i64,
-    /// The mask's stride along the keys (0 or 1), if there is a mask.
-    mask: Option<(i64, f32)>,
-    scale: f32,
+    st: Strides,
     /// Vectors of the accumulator (the row of V rounded up).
     acc_vectors: u64,
     /// Stack offset of the accumulator (the probabilities are at 0).
@@ -152,37 +185,20 @@ pub(crate) fn emit(k: &Kernel, wide: bool) -> R<AttentionCode> {
 /// Emits attention kernel `k` one query row per workgroup (the flash-style loop of the
 /// module docs).
 fn emit_rows(k: &Kernel, wide: bool) -> R<AttentionCode> {
-    let Some(at) = Attention::of(k) else { return no("not an attention kernel") };
-    if !at.in_place() {
-        return no("attention operands not at unit stride (K along keys, V along columns)");
-    }
-    let rank = k.out_rank();
-    let dims: Vec<u64> = k.output.shape.dims().iter().map(|&d| d as u64).collect();
-    let var = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
-    let (keys, depth, width) = (var(at.key), var(at.depth), dims[rank - 1]);
+    let (at, dims, [keys, depth, width]) = operands(k)?;
+    let rank = dims.len();
     if keys == 0 || depth == 0 || width == 0 || width > MAX_WIDTH {
         return no(format!("attention of {keys} keys, depth {depth}, {width} columns"));
     }
     let w = if wide { 16 } else { 8 };
     let acc_vectors = width.div_ceil(w);
     let block = BLOCK_VECTORS * w;
-    let g = Geometry {
-        w,
-        depth,
-        width,
-        qe: at.q.offset.of(at.depth),
-        ke: at.k.offset.of(at.depth),
-        vj: at.v.offset.of(at.key),
-        mask: at.mask.as_ref().map(|(m, s)| (m.offset.of(at.key), *s)),
-        scale: at.scale,
-        acc_vectors,
-        acc_at: (block * 4) as i32,
-    };
+    let g = Geometry { w, depth, width, st: Strides::of(&at), acc_vectors, acc_at: (block * 4) as i32 };
     let frame = ((block + acc_vectors * w) * 4).next_multiple_of(16) as i32 + 8;
     // Every byte offset the code adds must fit an immediate.
     let fits = |x: i64| x.checked_mul(4).is_some_and(|b| i32::try_from(b).is_ok());
     // (Two depths and two keys a step; a block's vectors lie within 256 bytes past them.)
-    if ![2 * g.qe + 64, 2 * g.ke + 64, 2 * g.vj + 64, (width * 4) as i64].iter().all(|&x| fits(x.abs() + 64)) {
+    if ![2 * g.st.qe + 64, 2 * g.st.ke + 64, 2 * g.st.vj + 64, (width * 4) as i64].iter().all(|&x| fits(x.abs() + 64)) {
         return no("attention strides beyond 32-bit offsets");
     }
     let rows: u64 = dims[..rank - 1].iter().product();
@@ -337,9 +353,9 @@ fn key_block(
         a.mov(rcx, pairs as i64)?;
         let mut top = a.create_label();
         a.set_label(&mut top)?;
-        step(a, t, &[(&s, Q_BCAST, 0, 0), (&s2, T1, g.qe, g.ke)])?;
-        add_imm(a, rsi, 2 * g.qe * 4, rax)?;
-        add_imm(a, r9, 2 * g.ke * 4, rax)?;
+        step(a, t, &[(&s, Q_BCAST, 0, 0), (&s2, T1, g.st.qe, g.st.ke)])?;
+        add_imm(a, rsi, 2 * g.st.qe * 4, rax)?;
+        add_imm(a, r9, 2 * g.st.ke * 4, rax)?;
         a.dec(rcx)?;
         a.jnz(top)?;
     }
@@ -353,19 +369,13 @@ fn key_block(
         }
     }
     // Scale and mask.
-    if let Some((mj, _)) = g.mask {
-        if mj == 0 {
-            a.mov(r8, r14)?;
-        } else {
-            a.lea(r8, ptr(r14 + rbp * 4))?;
-        }
-    }
+    mask_pointer(a, g.st.mask)?;
     let mut vx = Vx { a: &mut *a, t: &mut *t, wide, held: &[] };
     for (u, &r) in s.iter().enumerate() {
-        if g.scale != 1.0 {
-            vx.op(Op::Mul, r, r, Src::C(g.scale.to_bits()))?;
+        if g.st.scale != 1.0 {
+            vx.op(Op::Mul, r, r, Src::C(g.st.scale.to_bits()))?;
         }
-        if let Some((mj, ms)) = g.mask {
+        if let Some((mj, ms)) = g.st.mask {
             if mj == 0 {
                 vx.broadcast(T0, dword_ptr(r8))?;
             } else {
@@ -389,7 +399,7 @@ fn key_block(
     for &r in &s[1..] {
         vx.op(Op::Max, T0, T0, Src::R(r))?;
     }
-    horizontal(&mut vx, Op::Max, T0)?;
+    fold(&mut vx, Op::Max, T0, T1)?;
     vx.op(Op::Max, NEW_MAX, T0, Src::R(RUN_MAX))?;
     vx.op(Op::Sub, T0, RUN_MAX, Src::R(NEW_MAX))?;
     vx.exp(T0, T0, EXP_T)?;
@@ -413,7 +423,7 @@ fn key_block(
     for &r in &s[1..] {
         vx.op(Op::Add, T0, T0, Src::R(r))?;
     }
-    horizontal(&mut vx, Op::Add, T0)?;
+    fold(&mut vx, Op::Add, T0, T1)?;
     vx.op(Op::Add, RUN_SUM, RUN_SUM, Src::R(T0))?;
     // acc += Σ_j p[j]·V[j0 + j, ..], CHUNK vectors of the accumulator at a time, two
     // keys a step into two sets of sums (V(0..4) and V(4..8)).
@@ -429,7 +439,7 @@ fn key_block(
                 vx.op(Op::Xor, r2, r2, Src::R(r2))?;
             }
         }
-        a.imul_3(r8, rbp, (g.vj * 4) as i32)?;
+        a.imul_3(r8, rbp, (g.st.vj * 4) as i32)?;
         a.add(r8, r13)?;
         a.mov(rsi, rsp)?;
         let step = |a: &mut CodeAssembler, t: &mut Tables, sets: &[(&[V], V, i64)]| -> R<()> {
@@ -440,7 +450,7 @@ fn key_block(
             for &(regs, b, key) in sets {
                 for (c, &r) in regs.iter().enumerate() {
                     let col = c0 + c as u64;
-                    let at = ptr(r8 + (key * g.vj * 4 + (col * w * 4) as i64) as i32);
+                    let at = ptr(r8 + (key * g.st.vj * 4 + (col * w * 4) as i64) as i32);
                     if col + 1 == g.acc_vectors && !g.width.is_multiple_of(w) {
                         vx.load(T0, at, Some(col_tail))?;
                         vx.op(Op::Fma231, r, b, Src::R(T0))?;
@@ -457,7 +467,7 @@ fn key_block(
             a.set_label(&mut top)?;
             step(a, t, &[(&acc, P_BCAST, 0), (&acc2, T1, 1)])?;
             a.add(rsi, 8)?;
-            add_imm(a, r8, 2 * g.vj * 4, rax)?;
+            add_imm(a, r8, 2 * g.st.vj * 4, rax)?;
             a.dec(rcx)?;
             a.jnz(top)?;
         }
@@ -476,13 +486,15 @@ fn key_block(
     Ok(())
 }
 
-/// `x` folded across its lanes with `op`, the result in every lane (through `T1`).
-fn horizontal(vx: &mut Vx<'_>, op: Op, x: V) -> R<()> {
-    let mut step = vx.lanes() / 2;
-    while step >= 1 {
-        vx.swap_lanes(T1, x, step)?;
-        vx.op(op, x, x, Src::R(T1))?;
-        step /= 2;
+/// `r8` at the mask's row at key `rbp` (`r14` the row), where there is a mask (`mask`:
+/// its stride along the keys, 0 or 1).
+fn mask_pointer(a: &mut CodeAssembler, mask: Option<(i64, f32)>) -> R<()> {
+    if let Some((mj, _)) = mask {
+        if mj == 0 {
+            a.mov(r8, r14)?;
+        } else {
+            a.lea(r8, ptr(r14 + rbp * 4))?;
+        }
     }
     Ok(())
 }
@@ -520,12 +532,7 @@ struct TileGeometry {
     keys: u64,
     depth: u64,
     width: u64,
-    qe: i64,
-    ke: i64,
-    vj: i64,
-    /// The mask's stride along the keys (0 or 1) and the factor it is added with.
-    mask: Option<(i64, f32)>,
-    scale: f32,
+    st: Strides,
     nan_to_zero: bool,
     /// Strides along the query axis: Q, the mask, the output.
     q_row: i64,
@@ -551,14 +558,8 @@ struct TileGeometry {
 /// sums on the way out. The score matrix never reaches the arena: one tile's scores are
 /// `TILE_ROWS × keys` floats of stack.
 fn emit_tiled(k: &Kernel, wide: bool) -> R<Option<AttentionCode>> {
-    let Some(at) = Attention::of(k) else { return no("not an attention kernel") };
-    if !at.in_place() {
-        return no("attention operands not at unit stride (K along keys, V along columns)");
-    }
-    let rank = k.out_rank();
-    let dims: Vec<u64> = k.output.shape.dims().iter().map(|&d| d as u64).collect();
-    let var = |v: u32| k.vars.get(v as usize).copied().unwrap_or(0);
-    let (keys, depth, width) = (var(at.key), var(at.depth), dims[rank - 1]);
+    let (at, dims, [keys, depth, width]) = operands(k)?;
+    let rank = dims.len();
     if keys == 0 || depth == 0 || width == 0 || keys > TILE_KEYS || width > MAX_WIDTH {
         return Ok(None);
     }
@@ -579,11 +580,7 @@ fn emit_tiled(k: &Kernel, wide: bool) -> R<Option<AttentionCode>> {
         keys,
         depth,
         width,
-        qe: at.q.offset.of(at.depth),
-        ke: at.k.offset.of(at.depth),
-        vj: at.v.offset.of(at.key),
-        mask: at.mask.as_ref().map(|(m, s)| (m.offset.of(at.key), *s)),
-        scale: at.scale,
+        st: Strides::of(&at),
         nan_to_zero: at.nan_to_zero,
         q_row: at.q.offset.of(qa as u32),
         m_row: at.mask.as_ref().map_or(0, |(m, _)| m.offset.of(qa as u32)),
@@ -594,7 +591,7 @@ fn emit_tiled(k: &Kernel, wide: bool) -> R<Option<AttentionCode>> {
     };
     let fits = |x: i64| x.checked_mul(4).is_some_and(|b| i32::try_from(b).is_ok_and(|b| b.abs() < i32::MAX / 2));
     let row_span = |s: i64| s.checked_mul(r as i64);
-    let strides = [g.qe, g.ke, g.vj, g.q_row, g.m_row, g.o_row, (width + w) as i64];
+    let strides = [g.st.qe, g.st.ke, g.st.vj, g.q_row, g.m_row, g.o_row, (width + w) as i64];
     if !strides.iter().all(|&s| row_span(s).is_some_and(fits)) {
         return Ok(None);
     }
@@ -773,7 +770,7 @@ fn tile(a: &mut CodeAssembler, t: &mut Tables, g: &TileGeometry, rows: u64, key_
             }
         }
         a.add(rsi, 4)?;
-        add_imm(a, r8, g.vj * 4, rax)?;
+        add_imm(a, r8, g.st.vj * 4, rax)?;
         a.dec(rcx)?;
         a.jnz(top)?;
         let mut vx = Vx { a: &mut *a, t: &mut *t, wide: g.wide, held: &[] };
@@ -847,26 +844,20 @@ fn score_group(
             }
         }
     }
-    add_imm(a, rsi, g.qe * 4, rax)?;
-    add_imm(a, r9, g.ke * 4, rax)?;
+    add_imm(a, rsi, g.st.qe * 4, rax)?;
+    add_imm(a, r9, g.st.ke * 4, rax)?;
     a.dec(rcx)?;
     a.jnz(top)?;
-    if let Some((mj, _)) = g.mask {
-        if mj == 0 {
-            a.mov(r8, r14)?;
-        } else {
-            a.lea(r8, ptr(r14 + rbp * 4))?;
-        }
-    }
+    mask_pointer(a, g.st.mask)?;
     let mut vx = Vx { a: &mut *a, t: &mut *t, wide: g.wide, held: &[] };
     let tmp = kr(0);
     for row in 0..rows {
         for u in 0..nv {
             let x = s(row, u);
-            if g.scale != 1.0 {
-                vx.op(Op::Mul, x, x, Src::C(g.scale.to_bits()))?;
+            if g.st.scale != 1.0 {
+                vx.op(Op::Mul, x, x, Src::C(g.st.scale.to_bits()))?;
             }
-            if let Some((mj, ms)) = g.mask {
+            if let Some((mj, ms)) = g.st.mask {
                 let m_at = (row as i64 * g.m_row * 4) as i32;
                 if mj == 0 {
                     vx.broadcast(tmp, dword_ptr(r8 + m_at))?;
