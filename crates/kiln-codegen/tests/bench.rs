@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{random_f32, row_reduce, softmax};
+use common::{in_order, random_f32, row_reduce, softmax};
 use kiln_codegen::cpu::{classify, compile_with, CpuTarget, Options};
 use kiln_flow::{Kernel, KernelBuilder, ReduceOp};
 use kiln_ir::{DType, Tensor};
@@ -59,19 +59,7 @@ fn bench() {
     let l = b.load(0, vec![i[1], i[0]]);
     let transpose = b.finish(l).unwrap();
 
-    for (name, opts) in [
-        (
-            "scalar",
-            Options {
-                vectorize: false,
-                reassociate: false,
-                contraction_kernels: false,
-                inline_math: true,
-                unroll: false,
-            },
-        ),
-        ("vector", Options::default()),
-    ] {
+    for (name, opts) in [("scalar", in_order(false, false)), ("vector", Options::default())] {
         let t = time(&add, &[&a, &b2], &opts);
         println!("{name} add 1024x4096: {:.2} ms, {:.1} GB/s", t * 1e3, 3.0 * 16.0 * 1024.0 * 1024.0 / t / 1e9);
         let t = time(&rowsum, &[&a], &opts);

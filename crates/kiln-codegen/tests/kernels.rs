@@ -26,12 +26,10 @@ fn notes(k: &Kernel, opts: &Options) -> String {
 }
 
 /// Scalar code (float sums in order).
-const SCALAR: Options =
-    Options { vectorize: false, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false };
+const SCALAR: Options = in_order(false, false);
 
 /// Vector code (float sums in order).
-const VEC: Options =
-    Options { vectorize: true, reassociate: false, contraction_kernels: false, inline_math: true, unroll: false };
+const VEC: Options = in_order(true, false);
 
 /// `a + b * 2` with `b` broadcast to `a`'s shape.
 fn broadcast_add(name: &str, a: &[usize], b: &[usize]) -> Kernel {

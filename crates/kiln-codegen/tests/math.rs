@@ -40,16 +40,7 @@ fn run(op: UnaryOp, xs: &[f32]) -> Vec<(&'static str, Vec<f32>)> {
     let x = Tensor::from_vec(Shape::new(vec![xs.len()]).unwrap(), xs.to_vec()).unwrap();
     let mut out = Vec::new();
     for (name, target) in [("x86-64-v2", CpuTarget::X86_64V2), ("host", CpuTarget::Host)] {
-        let scalar = Config {
-            target,
-            options: Options {
-                vectorize: false,
-                reassociate: false,
-                contraction_kernels: false,
-                inline_math: true,
-                unroll: false,
-            },
-        };
+        let scalar = Config { target, options: in_order(false, false) };
         let vector = Config { target, options: Options::default() };
         let a = run_compiled(&k, &[&x], &scalar, 1).to_vec::<f32>().unwrap();
         let b = run_compiled(&k, &[&x], &vector, 2).to_vec::<f32>().unwrap();

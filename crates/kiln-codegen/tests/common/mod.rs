@@ -63,16 +63,7 @@ pub fn configs() -> Vec<Config> {
     let mut out = Vec::new();
     for t in targets {
         for vectorize in [false, true] {
-            out.push(Config {
-                target: t,
-                options: Options {
-                    vectorize,
-                    reassociate: false,
-                    contraction_kernels: false,
-                    inline_math: true,
-                    unroll: vectorize,
-                },
-            });
+            out.push(Config { target: t, options: in_order(vectorize, vectorize) });
         }
     }
     out
@@ -81,27 +72,15 @@ pub fn configs() -> Vec<Config> {
 /// A few configurations for larger tests.
 pub fn quick_configs() -> Vec<Config> {
     vec![
-        Config {
-            target: CpuTarget::X86_64V2,
-            options: Options {
-                vectorize: false,
-                reassociate: false,
-                contraction_kernels: false,
-                inline_math: true,
-                unroll: false,
-            },
-        },
-        Config {
-            target: CpuTarget::Host,
-            options: Options {
-                vectorize: true,
-                reassociate: false,
-                contraction_kernels: false,
-                inline_math: true,
-                unroll: true,
-            },
-        },
+        Config { target: CpuTarget::X86_64V2, options: in_order(false, false) },
+        Config { target: CpuTarget::Host, options: in_order(true, true) },
     ]
+}
+
+/// Options that keep float sums in order (never reassociated) and math inline, without
+/// the contraction microkernels: results comparable bit for bit.
+pub const fn in_order(vectorize: bool, unroll: bool) -> Options {
+    Options { vectorize, reassociate: false, contraction_kernels: false, inline_math: true, unroll }
 }
 
 /// Bytes with guard zones on both sides, to catch stray writes.
