@@ -118,92 +118,41 @@ fn roi_align_adaptive_grid_is_refused() {
 
 #[test]
 fn deform_conv_groups_offsets_mask_bias() {
-    // (X dims, W dims, group, offset_group, kernel, strides, dilations, pads, mask, bias)
-    struct Case {
-        x: [usize; 4],
-        w: [usize; 4],
-        group: i64,
-        og: i64,
-        strides: [i64; 2],
-        dil: [i64; 2],
-        pads: [i64; 4],
-        mask: bool,
-        bias: bool,
-    }
+    // (X dims, W dims, group, offset_group, strides, dilations, pads, mask, bias)
     let cases = [
-        Case {
-            x: [1, 1, 3, 3],
-            w: [1, 1, 2, 2],
-            group: 1,
-            og: 1,
-            strides: [1, 1],
-            dil: [1, 1],
-            pads: [1, 1, 1, 1],
-            mask: false,
-            bias: false,
-        },
-        Case {
-            x: [2, 4, 5, 6],
-            w: [6, 2, 3, 2],
-            group: 2,
-            og: 2,
-            strides: [2, 1],
-            dil: [1, 2],
-            pads: [1, 0, 2, 1],
-            mask: true,
-            bias: true,
-        },
-        Case {
-            x: [1, 6, 4, 7],
-            w: [3, 6, 2, 3],
-            group: 1,
-            og: 3,
-            strides: [1, 2],
-            dil: [2, 1],
-            pads: [0, 1, 1, 0],
-            mask: true,
-            bias: false,
-        },
-        Case {
-            x: [1, 3, 6, 5],
-            w: [6, 1, 3, 3],
-            group: 3,
-            og: 1,
-            strides: [1, 1],
-            dil: [1, 1],
-            pads: [0, 0, 0, 0],
-            mask: false,
-            bias: true,
-        },
+        ([1, 1, 3, 3], [1, 1, 2, 2], 1, 1, [1, 1], [1, 1], [1, 1, 1, 1], false, false),
+        ([2, 4, 5, 6], [6, 2, 3, 2], 2, 2, [2, 1], [1, 2], [1, 0, 2, 1], true, true),
+        ([1, 6, 4, 7], [3, 6, 2, 3], 1, 3, [1, 2], [2, 1], [0, 1, 1, 0], true, false),
+        ([1, 3, 6, 5], [6, 1, 3, 3], 3, 1, [1, 1], [1, 1], [0, 0, 0, 0], false, true),
     ];
-    for (k, c) in cases.iter().enumerate() {
-        let (kh, kw) = (c.w[2], c.w[3]);
+    for (k, &(x, w, group, offset_group, strides, dil, pads, mask, bias)) in cases.iter().enumerate() {
+        let (kh, kw) = (w[2], w[3]);
         let out: Vec<usize> = (0..2)
             .map(|d| {
-                let span = (c.w[2 + d] as i64 - 1) * c.dil[d] + 1;
-                ((c.x[2 + d] as i64 + c.pads[d] + c.pads[d + 2] - span) / c.strides[d] + 1) as usize
+                let span = (w[2 + d] as i64 - 1) * dil[d] + 1;
+                ((x[2 + d] as i64 + pads[d] + pads[d + 2] - span) / strides[d] + 1) as usize
             })
             .collect();
-        let og = c.og as usize;
+        let og = offset_group as usize;
         let o = op(
             OpKind::DeformConv,
             &[
-                ("group", int(c.group)),
-                ("offset_group", int(c.og)),
+                ("group", int(group)),
+                ("offset_group", int(offset_group)),
                 ("kernel_shape", ia(&[kh as i64, kw as i64])),
-                ("strides", ia(&c.strides)),
-                ("dilations", ia(&c.dil)),
-                ("pads", ia(&c.pads)),
+                ("strides", ia(&strides)),
+                ("dilations", ia(&dil)),
+                ("pads", ia(&pads)),
             ],
         );
         let seed = 40 + 10 * k as u64;
-        let offset = rand(DType::F32, &[c.x[0], og * 2 * kh * kw, out[0], out[1]], seed + 2);
+        let offset = rand(DType::F32, &[x[0], og * 2 * kh * kw, out[0], out[1]], seed + 2);
         let ins: Vec<Option<Tensor>> = vec![
-            Some(rand(DType::F32, &c.x, seed)),
-            Some(rand(DType::F32, &c.w, seed + 1)),
+            Some(rand(DType::F32, &x, seed)),
+            Some(rand(DType::F32, &w, seed + 1)),
             Some(offset),
-            c.bias.then(|| rand(DType::F32, &[c.w[0]], seed + 3)),
-            c.mask.then(|| rand(DType::F32, &[c.x[0], og * kh * kw, out[0], out[1]], seed + 4)),
+            bias.then(|| rand(DType::F32, &[w[0]], seed + 3)),
+            mask.then(|| rand(DType::F32, &[x[0], og * kh * kw, out[0], out[1]], seed + 4)),
         ];
         check(&o, &ins, Bind::Runtime, F32);
     }
