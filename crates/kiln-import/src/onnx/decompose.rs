@@ -1253,8 +1253,8 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
         let (s, e) = (bounds[&lo], bounds[&hi]);
         cx.op(OpKind::Slice, Attrs::default(), vec![Some(v), Some(s), Some(e), Some(ax1)])
     };
-    // u8 DynamicQuantizeLinear, then MatMulInteger with `b`, in f32 times `s·s_b`.
-    let qmatmul = |cx: &mut Cx, a: ValueId, b: ValueId, sb: ValueId, zb: ValueId| -> R<ValueId> {
+    // u8 DynamicQuantizeLinear of `a`: the quantized value, its scale and zero point.
+    let dynamic_quantize = |cx: &mut Cx, a: ValueId| -> R<(ValueId, ValueId, ValueId)> {
         let q = cx.imp.emit(
             "",
             OpKind::DynamicQuantizeLinear,
@@ -1263,7 +1263,11 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
             &[String::new(), String::new(), String::new()],
             cx.at,
         )?;
-        let (aq, sa, za) = (q[0], q[1], q[2]);
+        Ok((q[0], q[1], q[2]))
+    };
+    // u8 DynamicQuantizeLinear, then MatMulInteger with `b`, in f32 times `s·s_b`.
+    let qmatmul = |cx: &mut Cx, a: ValueId, b: ValueId, sb: ValueId, zb: ValueId| -> R<ValueId> {
+        let (aq, sa, za) = dynamic_quantize(cx, a)?;
         let acc = cx.op(OpKind::MatMulInteger, Attrs::default(), vec![Some(aq), Some(b), Some(za), Some(zb)])?;
         let accf = cx.op(OpKind::Cast, to_f32.clone(), vec![Some(acc)])?;
         let m = cx.mul(sa, sb)?;
@@ -1278,15 +1282,7 @@ fn dynamic_quantize_lstm(cx: &mut Cx, attrs: &Attrs, inputs: &[Option<ValueId>],
     // kernel), where as the right one each step's product would first interleave the
     // whole weight for its tiles.
     let qmatmul_t = |cx: &mut Cx, a: ValueId, bt: ValueId, sb: ValueId, zb: ValueId| -> R<ValueId> {
-        let q = cx.imp.emit(
-            "",
-            OpKind::DynamicQuantizeLinear,
-            Attrs::default(),
-            vec![Some(a)],
-            &[String::new(), String::new(), String::new()],
-            cx.at,
-        )?;
-        let (aq, sa, za) = (q[0], q[1], q[2]);
+        let (aq, sa, za) = dynamic_quantize(cx, a)?;
         let rows = 4 * hs;
         let aqt = if batch == 1 { cx.reshape(aq, &[hs as i64, 1])? } else { cx.transpose(aq, &[1, 0])? };
         let acc = cx.op(OpKind::MatMulInteger, Attrs::default(), vec![Some(bt), Some(aqt), Some(zb), Some(za)])?;
