@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{fails_with, kiln, lenet_artifact, ok, s, scratch, LENET};
+use common::{bench_json, fails_with, kiln, lenet_artifact, ok, s, scratch, LENET};
 
 use kiln_ir::npy;
 use std::path::Path;
@@ -185,20 +185,7 @@ fn same_number(json: &serde_json::Value, key: &str, v: f64) {
 fn bench_samples_are_the_timed_calls() {
     let (dir, art) = lenet_artifact("cli", "samples");
     let file = dir.join("samples.txt");
-    let out = ok(&[
-        "bench",
-        s(&art),
-        "--threads",
-        "1",
-        "--warmup",
-        "1",
-        "--iterations",
-        "41",
-        "--json",
-        "--samples",
-        s(&file),
-    ]);
-    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --json");
+    let json = bench_json(&art, 1, 41, &["--threads", "1", "--samples", s(&file)]);
     let rows = sample_rows(&file);
     assert!(rows.iter().all(|r| r.len() == 1), "one number a line: {rows:?}");
     let mut ms: Vec<f64> = rows.iter().map(|r| r[0]).collect();
@@ -230,21 +217,7 @@ fn bench_floor_times_fixed_work_after_every_call() {
         .filter(|s| s["kind"] == "constants")
         .map(|s| s["bytes"].as_u64().unwrap())
         .sum();
-    let out = ok(&[
-        "bench",
-        s(&art),
-        "--threads",
-        "1",
-        "--warmup",
-        "5",
-        "--iterations",
-        "31",
-        "--json",
-        "--floor",
-        "--samples",
-        s(&file),
-    ]);
-    let json: serde_json::Value = serde_json::from_str(&out).expect("bench --floor --json");
+    let json = bench_json(&art, 5, 31, &["--threads", "1", "--floor", "--samples", s(&file)]);
     // The fixed work reads the bytes one call walks.
     assert_eq!(
         json["footprint_bytes"].as_u64(),
@@ -274,18 +247,7 @@ fn bench_floor_times_fixed_work_after_every_call() {
     // the read alone.
     let passes = 8 * passes.max(16);
     let timed = |passes: u64| -> serde_json::Value {
-        let out = ok(&[
-            "bench",
-            s(&art),
-            "--warmup",
-            "2",
-            "--iterations",
-            "31",
-            "--json",
-            "--floor-passes",
-            &passes.to_string(),
-        ]);
-        let json: serde_json::Value = serde_json::from_str(&out).expect("bench --floor-passes --json");
+        let json = bench_json(&art, 2, 31, &["--floor-passes", &passes.to_string()]);
         assert_eq!(json["floor_passes"].as_u64(), Some(passes), "{json}");
         json
     };

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{fails_with, int_attr, kiln, lenet_artifact, ok, onnx_model, s, scratch, LENET};
+use common::{bench_json, fails_with, int_attr, kiln, lenet_artifact, ok, onnx_model, s, scratch, LENET};
 
 use kiln_import::onnx::proto::{
     tensor_shape_proto::dimension, tensor_shape_proto::Dimension, type_proto, AttributeProto, NodeProto,
@@ -221,18 +221,7 @@ fn integers_and_booleans_print_as_such() {
 #[test]
 fn json_numbers_are_numbers() {
     let (_, art) = lenet_artifact("conventions", "json");
-    let bench: serde_json::Value = serde_json::from_str(&ok(&[
-        "bench",
-        s(&art),
-        "--threads",
-        "1",
-        "--warmup",
-        "1",
-        "--iterations",
-        "5",
-        "--json",
-    ]))
-    .expect("bench --json");
+    let bench = bench_json(&art, 1, 5, &["--threads", "1"]);
     for key in ["median_ms", "p99_ms", "stddev_ms", "min_ms"] {
         let v = &bench[key];
         assert!(v.is_number(), "{key}: {bench}");

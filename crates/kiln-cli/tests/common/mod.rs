@@ -37,6 +37,16 @@ pub fn ok(args: &[&str]) -> String {
     out
 }
 
+/// Runs `kiln bench ART --warmup W --iterations N --json`, then `extra`; returns the
+/// report, parsed.
+pub fn bench_json(art: &Path, warmup: u32, iterations: u32, extra: &[&str]) -> Value {
+    let (w, n) = (warmup.to_string(), iterations.to_string());
+    let mut args = vec!["bench", s(art), "--warmup", &w, "--iterations", &n, "--json"];
+    args.extend_from_slice(extra);
+    let out = ok(&args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("kiln {args:?}: {e}\n{out}"))
+}
+
 /// Asserts a clean failure: non-zero exit, one line starting `error:`, containing `needles`.
 pub fn fails_with(args: &[&str], needles: &[&str]) {
     let (ok, _, err) = kiln(args);
