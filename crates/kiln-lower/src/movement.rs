@@ -36,6 +36,7 @@
 //!   weights at compile time for the code generators: a change here must keep them.
 
 use kiln_ir::attrs as ka;
+use kiln_ir::attrs::ScatterReduction as Reduction;
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
 use super::{
@@ -939,26 +940,10 @@ fn one_hot(cx: &OpCx<'_>) -> R<Lowered> {
     Ok(lowered)
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reduction {
-    None,
-    Add,
-    Mul,
-    Max,
-    Min,
-}
-
 fn reduction(cx: &OpCx<'_>) -> R<Reduction> {
-    let r = match cx.op.kind {
+    Ok(match cx.op.kind {
         OpKind::ScatterElements => cx.attrs::<ka::ScatterElementsAttrs>()?.reduction,
         _ => cx.attrs::<ka::ScatterNdAttrs>()?.reduction,
-    };
-    Ok(match r {
-        ka::ScatterReduction::None => Reduction::None,
-        ka::ScatterReduction::Add => Reduction::Add,
-        ka::ScatterReduction::Mul => Reduction::Mul,
-        ka::ScatterReduction::Max => Reduction::Max,
-        ka::ScatterReduction::Min => Reduction::Min,
     })
 }
 

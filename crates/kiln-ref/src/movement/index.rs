@@ -14,7 +14,9 @@ use crate::elementwise::{icmp, read_f64};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
 use half::{bf16, f16};
-use kiln_ir::attrs::{GatherAttrs, GatherNdAttrs, OneHotAttrs, ScatterElementsAttrs, ScatterNdAttrs, ScatterReduction};
+use kiln_ir::attrs::{
+    GatherAttrs, GatherNdAttrs, OneHotAttrs, ScatterElementsAttrs, ScatterNdAttrs, ScatterReduction as Reduction,
+};
 use kiln_ir::lowp::{f64_to_f32_odd, round_binary, BF16_MAX};
 use kiln_ir::{lowp, DType, OpKind, Tensor};
 
@@ -185,26 +187,10 @@ pub(super) fn gather_nd(cx: &Cx) -> Result<Tensor, EvalError> {
 // Scatter.
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq)]
-enum Reduction {
-    None,
-    Add,
-    Mul,
-    Max,
-    Min,
-}
-
 fn reduction(cx: &Cx) -> Result<Reduction, EvalError> {
-    let r = match cx.kind() {
+    Ok(match cx.kind() {
         OpKind::ScatterElements => cx.attrs::<ScatterElementsAttrs>()?.reduction,
         _ => cx.attrs::<ScatterNdAttrs>()?.reduction,
-    };
-    Ok(match r {
-        ScatterReduction::None => Reduction::None,
-        ScatterReduction::Add => Reduction::Add,
-        ScatterReduction::Mul => Reduction::Mul,
-        ScatterReduction::Max => Reduction::Max,
-        ScatterReduction::Min => Reduction::Min,
     })
 }
 
