@@ -36,7 +36,9 @@
 //!   weights at compile time for the code generators: a change here must keep them.
 
 use kiln_ir::attrs as ka;
-use kiln_ir::attrs::ScatterReduction as Reduction;
+use kiln_ir::attrs::{
+    CoordinateTransformationMode as Ctm, NearestMode, ResizeMode as RMode, ScatterReduction as Reduction,
+};
 use kiln_ir::{DType, OpKind, Tensor, TensorType};
 
 use super::{
@@ -1392,31 +1394,6 @@ fn cumsum(cx: &OpCx<'_>) -> R<Lowered> {
 // Resize.
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum RMode {
-    Nearest,
-    Linear,
-    Cubic,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Ctm {
-    HalfPixel,
-    HalfPixelSymmetric,
-    PytorchHalfPixel,
-    AlignCorners,
-    Asymmetric,
-    TfCropAndResize,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum NearestMode {
-    RoundPreferFloor,
-    RoundPreferCeil,
-    Floor,
-    Ceil,
-}
-
 /// What decides the source coordinates of one resized axis.
 struct AxisMap {
     ctm: Ctm,
@@ -2149,25 +2126,7 @@ fn resize(cx: &OpCx<'_>) -> R<Lowered> {
         return Err(cx.unsupported(format!("result type {ty} for operand {x}")));
     }
     let ra = cx.attrs::<ka::ResizeAttrs>()?;
-    let mode = match ra.mode {
-        ka::ResizeMode::Nearest => RMode::Nearest,
-        ka::ResizeMode::Linear => RMode::Linear,
-        ka::ResizeMode::Cubic => RMode::Cubic,
-    };
-    let ctm = match ra.coordinate_transformation_mode {
-        ka::CoordinateTransformationMode::HalfPixel => Ctm::HalfPixel,
-        ka::CoordinateTransformationMode::HalfPixelSymmetric => Ctm::HalfPixelSymmetric,
-        ka::CoordinateTransformationMode::PytorchHalfPixel => Ctm::PytorchHalfPixel,
-        ka::CoordinateTransformationMode::AlignCorners => Ctm::AlignCorners,
-        ka::CoordinateTransformationMode::Asymmetric => Ctm::Asymmetric,
-        ka::CoordinateTransformationMode::TfCropAndResize => Ctm::TfCropAndResize,
-    };
-    let nearest = match ra.nearest_mode {
-        ka::NearestMode::RoundPreferFloor => NearestMode::RoundPreferFloor,
-        ka::NearestMode::RoundPreferCeil => NearestMode::RoundPreferCeil,
-        ka::NearestMode::Floor => NearestMode::Floor,
-        ka::NearestMode::Ceil => NearestMode::Ceil,
-    };
+    let (mode, ctm, nearest) = (ra.mode, ra.coordinate_transformation_mode, ra.nearest_mode);
     let params =
         Interp { mode, cubic_a: ra.cubic_coeff_a as f64, exclude_outside: ra.exclude_outside, antialias: ra.antialias };
     let ev = ra.extrapolation_value as f64;

@@ -29,33 +29,10 @@ use super::{elems, gather_tensor, unique_axes, Ax, FILL};
 use crate::elementwise::{read_f64, write_f64};
 use crate::util::{row_major_strides, Cx};
 use crate::EvalError;
-use kiln_ir::attrs::{CoordinateTransformationMode, KeepAspectRatioPolicy, NearestMode, ResizeAttrs, ResizeMode};
+use kiln_ir::attrs::{
+    CoordinateTransformationMode as Ctm, KeepAspectRatioPolicy, NearestMode as Nearest, ResizeAttrs, ResizeMode as Mode,
+};
 use kiln_ir::{Shape, Tensor, TensorType};
-
-#[derive(Clone, Copy, PartialEq)]
-enum Mode {
-    Nearest,
-    Linear,
-    Cubic,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Ctm {
-    HalfPixel,
-    HalfPixelSymmetric,
-    PytorchHalfPixel,
-    AlignCorners,
-    Asymmetric,
-    TfCropAndResize,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Nearest {
-    RoundPreferFloor,
-    RoundPreferCeil,
-    Floor,
-    Ceil,
-}
 
 /// Everything that decides the coordinates of one axis.
 struct AxisMap {
@@ -298,25 +275,7 @@ pub(super) fn resize(cx: &Cx) -> Result<Tensor, EvalError> {
         return Err(cx.invalid(format!("result type {ty} for input {}", x.ty())));
     }
     let ra = cx.attrs::<ResizeAttrs>()?;
-    let mode = match ra.mode {
-        ResizeMode::Nearest => Mode::Nearest,
-        ResizeMode::Linear => Mode::Linear,
-        ResizeMode::Cubic => Mode::Cubic,
-    };
-    let ctm = match ra.coordinate_transformation_mode {
-        CoordinateTransformationMode::HalfPixel => Ctm::HalfPixel,
-        CoordinateTransformationMode::HalfPixelSymmetric => Ctm::HalfPixelSymmetric,
-        CoordinateTransformationMode::PytorchHalfPixel => Ctm::PytorchHalfPixel,
-        CoordinateTransformationMode::AlignCorners => Ctm::AlignCorners,
-        CoordinateTransformationMode::Asymmetric => Ctm::Asymmetric,
-        CoordinateTransformationMode::TfCropAndResize => Ctm::TfCropAndResize,
-    };
-    let nearest = match ra.nearest_mode {
-        NearestMode::RoundPreferFloor => Nearest::RoundPreferFloor,
-        NearestMode::RoundPreferCeil => Nearest::RoundPreferCeil,
-        NearestMode::Floor => Nearest::Floor,
-        NearestMode::Ceil => Nearest::Ceil,
-    };
+    let (mode, ctm, nearest) = (ra.mode, ra.coordinate_transformation_mode, ra.nearest_mode);
     let params =
         Params { mode, cubic_a: ra.cubic_coeff_a as f64, exclude_outside: ra.exclude_outside, antialias: ra.antialias };
     let ev = ra.extrapolation_value as f64;
