@@ -43,7 +43,7 @@
 //! from them by rounding only.
 
 use iced_x86::code_asm::*;
-use kiln_flow::attention::Attention;
+use kiln_flow::attention::{Attention, Operand};
 use kiln_flow::Kernel;
 
 use super::asm::{add_imm, enter, leave, Tables};
@@ -162,6 +162,26 @@ fn open(
     Ok((done, key_tail, col_tail))
 }
 
+/// The base registers of the operands (`rbx` Q, `r12` K, `r13` V, `r14` the mask where
+/// there is one, then `extra`), each loaded with its input's address (bindings at
+/// `rdi`) plus its offset's constant; returns them.
+fn load_bases<'o>(
+    a: &mut CodeAssembler,
+    at: &'o Attention,
+    extra: Option<(AsmRegister64, &'o Operand)>,
+) -> R<Vec<(AsmRegister64, &'o Operand)>> {
+    let bases: Vec<(AsmRegister64, &Operand)> =
+        [Some((rbx, &at.q)), Some((r12, &at.k)), Some((r13, &at.v)), at.mask.as_ref().map(|(m, _)| (r14, m)), extra]
+            .into_iter()
+            .flatten()
+            .collect();
+    for &(r, op) in &bases {
+        a.mov(r, qword_ptr(rdi + 8 * op.input as i32))?;
+        add_imm(a, r, op.offset.c.wrapping_mul(4), rax)?;
+    }
+    Ok(bases)
+}
+
 /// Register roles (vector numbers).
 const Q_BCAST: V = V(4);
 const EXP_T: [V; 4] = [V(5), V(6), V(7), V(8)];
@@ -212,15 +232,7 @@ fn emit_rows(k: &Kernel, wide: bool) -> R<AttentionCode> {
     let mut row_top = a.create_label();
     a.set_label(&mut row_top)?;
     // Base addresses: rbx Q, r12 K, r13 V, r14 the mask, r15 the output row.
-    let bases: Vec<(AsmRegister64, &kiln_flow::attention::Operand)> =
-        [Some((rbx, &at.q)), Some((r12, &at.k)), Some((r13, &at.v)), at.mask.as_ref().map(|(m, _)| (r14, m))]
-            .into_iter()
-            .flatten()
-            .collect();
-    for &(r, op) in &bases {
-        a.mov(r, qword_ptr(rdi + 8 * op.input as i32))?;
-        add_imm(&mut a, r, op.offset.c.wrapping_mul(4), rax)?;
-    }
+    let bases = load_bases(&mut a, &at, None)?;
     a.imul_3(r15, r10, (width * 4) as i32)?;
     a.add(r15, qword_ptr(rdi + 8 * ninputs))?;
     // The row's coordinates, innermost first: each moves the bases by its coefficients.
@@ -610,24 +622,11 @@ fn emit_tiled(k: &Kernel, wide: bool) -> R<Option<AttentionCode>> {
     // Base addresses: rbx Q, r12 K, r13 V, r14 the mask, r15 the output (the tile's
     // first row), each an input's address plus its offsets' coefficients times the
     // workgroup's coordinates.
-    let out = kiln_flow::attention::Operand {
+    let out = Operand {
         input: ninputs,
         offset: kiln_flow::affine::AffineIndex { c: 0, coef: out_coef[..rank - 1].to_vec() },
     };
-    let bases: Vec<(AsmRegister64, &kiln_flow::attention::Operand)> = [
-        Some((rbx, &at.q)),
-        Some((r12, &at.k)),
-        Some((r13, &at.v)),
-        at.mask.as_ref().map(|(m, _)| (r14, m)),
-        Some((r15, &out)),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    for &(reg, op) in &bases {
-        a.mov(reg, qword_ptr(rdi + 8 * op.input as i32))?;
-        add_imm(&mut a, reg, op.offset.c.wrapping_mul(4), rax)?;
-    }
+    let bases = load_bases(&mut a, &at, Some((r15, &out)))?;
     a.mov(rax, r10)?;
     for v in (0..rank - 1).rev() {
         if counts[v] == 1 {
