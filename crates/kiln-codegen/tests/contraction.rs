@@ -776,6 +776,27 @@ fn wide_channel_vector_tiles() {
     pointwise_channel_vectors(&[(3, 17, 80, 5, 5), (2, 9, 64, 3, 3), (1, 33, 96, 7, 7)], 31);
 }
 
+/// Stride-2 convolutions with narrow output rows (13, 7, 6 and 14 columns) to 64 or more
+/// channels take channel-vector tiles (each column of B a broadcast of its own element,
+/// two elements apart) and match the interpreter: 3×3 windows read in place (several
+/// reduction variables) and a 1×1 one (a single reduction variable, whose B is not
+/// copied to the stack: the copy takes whole runs of columns).
+#[test]
+fn strided_channel_vectors() {
+    require_avx2_fma!();
+    for (i, &(ci, co, h, w, k)) in
+        [(5, 96, 9, 27, 3), (3, 64, 7, 15, 3), (17, 64, 5, 11, 1), (8, 128, 11, 29, 3)].iter().enumerate()
+    {
+        let seed = 61 + 3 * i as u64;
+        let x = random_f32(&[1, ci, h, w], 1.0, seed);
+        let wt = random_f32(&[co, ci, k, k], 1.0, seed + 1);
+        let bias = random_f32(&[co], 1.0, seed + 2);
+        let kern = conv(1, ci, co, h, w, k, k, false, 2);
+        assert_channel_vectors(&kern, &[&x, &wt, &bias]);
+        check_micro(&kern, &[&x, &wt, &bias], ci * k * k);
+    }
+}
+
 /// [`with_epilogue`]'s sigmoid and in-band selection against the interpreter, on every
 /// variant, packed. Sigmoid: within `0.25·(K + 2)·2⁻²⁴·(Σ|a·b| + |bias|) + 8 ulp` (its
 /// Lipschitz constant, and exp's approximation as `transcendental_epilogues` bounds

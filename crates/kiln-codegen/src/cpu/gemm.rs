@@ -74,6 +74,12 @@
 //! columns per step would fetch a new line of B from L2 each step, for every row panel:
 //! each call first copies B to the stack tile by tile (`[tiles, K, width]`,
 //! [`Emitter::pack_b_t`]), which every tile then streams.
+//! A B two elements a column apart (a stride-2 convolution's narrow rows: a detector's
+//! downsampling 3×3 convolution 48 → 96 from 104×104 to 52×52) takes these tiles too,
+//! each column a broadcast of its own element; it is read in place, not copied (the
+//! copy takes whole runs of columns). That convolution, with its SiLU, went from 7.9 to
+//! 6.1 ms (ddddocr-det-yolox, one thread, AVX2 host, `kiln bench --profile` alternated
+//! under load), where its plain 4 × 24 tiles left a masked tile of 4 columns a row.
 //!
 //! For AVX2 ([`Emitter::tile_t`]) a tile is two `ymm` vectors of A's rows × 6 columns
 //! (12 accumulators of 8 lanes), transposed in 8×8 blocks; a row's extra lanes are stored
@@ -499,7 +505,10 @@ pub(crate) fn panel_widths(k: &Kernel, avx512: bool) -> PanelWidths {
     // in the lanes instead (channel-vector tiles) every lane does work.
     // (Not with an integer B: those tiles broadcast B element by element, each of which
     // would need converting; the plain tiles convert whole vectors.)
-    let narrow = n < 64 && n % 8 != 0 && m >= 4 * T_ROWS && m % T_ROWS == 0 && b.per_n == 4 && !e.b_int();
+    // (B at a stride of one or two elements a column: each column is a broadcast of its
+    // own element, so a strided convolution's narrow rows take these tiles too.)
+    let narrow =
+        n < 64 && n % 8 != 0 && m >= 4 * T_ROWS && m % T_ROWS == 0 && (b.per_n == 4 || b.per_n == 8) && !e.b_int();
     if a.per_m != 0 && b.per_m == 0 && narrow {
         return PanelWidths { a: Some(T_ROWS), b: None };
     }
@@ -558,7 +567,7 @@ impl<'k> Emitter<'k> {
         } else if e.bases[1].per_n != 4 && e.bases[1].per_n != 8 && e.c.b.panel.is_none() {
             return no(format!("B steps {} elements a column (1 or 2 here)", e.bases[1].per_n / 4));
         }
-        if e.transposed() && (e.c.b.panel.is_some() || e.bases[1].per_m != 0 || e.stride2()) {
+        if e.transposed() && (e.c.b.panel.is_some() || e.bases[1].per_m != 0) {
             return no("channel-vector tiles need a plain B shared by the rows");
         }
         Ok(e)
@@ -1223,12 +1232,17 @@ impl Emitter<'_> {
     /// Whether channel-vector tiles read B from a copy on the stack, laid out tile by
     /// tile (`[⌈N/6⌉, K, 6]`): B's rows are a few columns each (a 7×7 map: 196 bytes),
     /// and a tile broadcasting 6 of them per step would touch a new line of B each step,
-    /// from L2, for every row panel. One reduction variable, B the same for every batch
+    /// from L2, for every row panel. One reduction variable, unit column step (the copy
+    /// takes whole runs of columns), B the same for every batch
     /// position, and the copy at most [`PACK_T_MOST`] bytes.
     fn should_pack_t(&self) -> bool {
         let ext = self.batch_extents();
         let shared = self.bases[1].coef[..ext.len()].iter().zip(&ext).all(|(&c, &e)| c == 0 || e == 1);
-        self.transposed() && self.c.k.len() == 1 && shared && self.pack_t_bytes() <= PACK_T_MOST
+        self.transposed()
+            && self.c.k.len() == 1
+            && self.bases[1].per_n == 4
+            && shared
+            && self.pack_t_bytes() <= PACK_T_MOST
     }
 
     /// Bytes of the tile-by-tile copy of B.
