@@ -333,22 +333,23 @@ pub fn schedule(p: &FlowProgram, prologue: Prologue) -> Result<StreamPlan, Strea
             v
         })
         .collect();
-    let mut w = kiln_schedule::waves::waves(&deps).map_err(|e| StreamError::Waves(e.to_string()))?;
-    // The prologue's waves first, then the others' (a dependency of a later dispatch on
-    // a prologue one is met before its waves start).
-    let mut prologue_waves = 0;
-    if hoisted.iter().any(|&h| h) {
+    // With a prologue, its waves first, then the others' (a dependency of a later
+    // dispatch on a prologue one is met before its waves start).
+    let (mut w, prologue_waves) = if hoisted.iter().any(|&h| h) {
         let (first, rest): (Vec<usize>, Vec<usize>) = (0..n).partition(|&d| hoisted[d]);
         let mut waves = waves_of(&deps, &first)?;
-        prologue_waves = waves.len();
+        let prologue_waves = waves.len();
         waves.extend(waves_of(&deps, &rest)?);
+        let mut wave_of = vec![0; n];
         for (wi, wave) in waves.iter().enumerate() {
             for &d in wave {
-                w.wave_of[d] = wi;
+                wave_of[d] = wi;
             }
         }
-        w.waves = waves;
-    }
+        (kiln_schedule::waves::Waves { waves, wave_of }, prologue_waves)
+    } else {
+        (kiln_schedule::waves::waves(&deps).map_err(|e| StreamError::Waves(e.to_string()))?, 0)
+    };
     // Elided dispatches leave the waves (a wave left empty goes too).
     if !elided.is_empty() {
         let waves: Vec<Vec<usize>> = std::mem::take(&mut w.waves)

@@ -1233,8 +1233,8 @@ impl Emitter<'_> {
     /// tile (`[⌈N/6⌉, K, 6]`): B's rows are a few columns each (a 7×7 map: 196 bytes),
     /// and a tile broadcasting 6 of them per step would touch a new line of B each step,
     /// from L2, for every row panel. One reduction variable, unit column step (the copy
-    /// takes whole runs of columns), B the same for every batch
-    /// position, and the copy at most [`PACK_T_MOST`] bytes.
+    /// takes whole runs of columns), B the same for every batch position, and the copy
+    /// at most [`PACK_T_MOST`] bytes.
     fn should_pack_t(&self) -> bool {
         let ext = self.batch_extents();
         let shared = self.bases[1].coef[..ext.len()].iter().zip(&ext).all(|(&c, &e)| c == 0 || e == 1);
