@@ -136,6 +136,61 @@ fn softmax_rows() {
     }
 }
 
+/// Softmax quantised to u8 (`clamp(round(softmax(x) / s), 0, 255)`, a QDQ model's
+/// Softmax and QuantizeLinear in one kernel): the output row has no room for `exp(x −
+/// max)`'s 32-bit lanes, so the kernel keeps them in its stack frame (up to 4,096
+/// elements, a frame of several pages at 4,096), and a longer row computes exp twice.
+/// The division by the sum stays a division (the result reaches a rounding), but the
+/// sum is reassociated: a quotient within an ulp of a rounding tie may round the other
+/// way, so every byte is within one step of the interpreter's and at most 1% differ.
+#[test]
+fn quantised_softmax_keeps_its_operand_in_the_frame() {
+    require_avx2_fma!();
+    for (target, kind) in widths() {
+        for (rows, len) in [(3, 9), (2, 100), (2, 400), (2, 1030), (1, 4096), (1, 4097)] {
+            let soft = softmax(rows, len);
+            let mut b = KernelBuilder::new(
+                "qsoftmax",
+                soft.inputs.clone(),
+                TensorType::new(DType::U8, Shape::new(vec![rows, len]).unwrap()),
+            );
+            let o = b.out_index();
+            let f = ScalarType::F32;
+            let mx = reduce_row(&mut b, 0, o[0], len, ReduceOp::Max, |_, x| x);
+            let sum = reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
+                let d = b.sub(x, mx);
+                b.unary(UnaryOp::Exp, d)
+            });
+            let x = b.load(0, vec![o[0], o[1]]);
+            let d = b.sub(x, mx);
+            let e = b.unary(UnaryOp::Exp, d);
+            let y = b.div(e, sum);
+            let s = b.float(f, 1.0 / 256.0 + 1e-5);
+            let y = b.div(y, s);
+            let r = b.unary(UnaryOp::Round, y);
+            let (lo, hi) = (b.float(f, 0.0), b.float(f, 255.0));
+            let r = b.binary(BinaryOp::Max, r, lo);
+            let r = b.binary(BinaryOp::Min, r, hi);
+            let q = b.cast(r, DType::U8, false);
+            let k = b.finish(q).unwrap();
+            let m = compile_with(&classify(&[&k]), &target, &Options::default()).unwrap();
+            let kept = if len <= 4096 { "; reduction operand kept in the frame" } else { "" };
+            assert_eq!(m.notes[0], format!("{kind}{kept})"), "{rows}x{len}");
+            let x = random_f32(&[rows, len], 8.0, 23);
+            let want = interp::run(&k, &[&x]).unwrap().to_vec::<u8>().unwrap();
+            let cfg = Config { target, options: Options::default() };
+            for splits in [1, 3] {
+                let got = run_compiled(&k, &[&x], &cfg, splits).to_vec::<u8>().unwrap();
+                let off = got.iter().zip(&want).filter(|(a, w)| a != w).count();
+                for (i, (&a, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(a.abs_diff(w) <= 1, "{rows}x{len}: [{i}] got {a}, want {w}");
+                }
+                assert!(off * 100 <= got.len(), "{rows}x{len}: {off} of {} bytes off by one", got.len());
+            }
+        }
+    }
+}
+
 #[test]
 fn layernorm_rows() {
     require_avx2_fma!();
