@@ -49,6 +49,11 @@
 //! convolutions, 1006–1028 → 970–976 ms a call (two threads 524–526 → 501–503 ms).
 //! One line ahead gained about half of that, three no more than two; one step of `kh`
 //! ahead (a row already in L2 that the next tile reads too) was slower than none.
+//! The 512-bit tiles, whose innermost level is a loop, prefetch the same row's first
+//! [`ZMM_PREFETCH_LINES`] lines at every step of it: on the Xeon of the device machine
+//! (one thread, measured once, an experimental build) u2netp went from 339–417 to
+//! 305–326 ms a call with two lines (ONNX Runtime 356–364), a 3×3 convolution 64 → 16
+//! over 320×320 from 15.5–18.5 to 13.9–14.0 ms with four.
 //!
 //! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
 //! loads, transcendentals, comparisons into opmask registers `k4`–`k7` and selects by
@@ -350,6 +355,9 @@ const UNROLL_K: i64 = 4;
 /// step of the level above its unrolled one (2 beat 1 and 3 on 3×3 convolutions of
 /// 32 to 128 channels over 160² and 320² maps: [`Emitter::tile`]).
 const PREFETCH_LINES: u64 = 2;
+/// Lines of B's next row a 512-bit tile over an in-place convolution prefetches per
+/// step of its innermost level ([`Emitter::tile_zmm`]).
+const ZMM_PREFETCH_LINES: u64 = 2;
 /// GPRs holding the epilogue's load pointers during a panel (as many as the flow level
 /// lets fusion give a contraction in place: `kiln_flow::contraction::MAX_EPILOGUE_LOADS`).
 const EPTR: [AsmRegister64; kiln_flow::contraction::MAX_EPILOGUE_LOADS] = [r9, r10, r11, rbx];
@@ -2303,6 +2311,19 @@ impl Emitter<'_> {
         }
         let a_row = self.bases[0].per_m;
         let lp = self.k_loops_open()?;
+        // As in the 256-bit tiles ([`Self::tile`]): a convolution read in place (a
+        // short innermost level over a whole reduction) prefetches the first lines of
+        // B's row one outermost step ahead, here at every step of the innermost loop.
+        let q = lp.ext.len();
+        let in_place_window = !self.packed && !self.packed_t && !self.b_int() && q >= 2 && lp.sb[0] != 0;
+        if in_place_window && self.kc >= self.c.dims[2] && lp.ext[q - 1] <= UNROLL_K {
+            let bytes = nz as u64 * if stride2 { 128 } else { 64 };
+            for l in 0..bytes.div_ceil(64).min(ZMM_PREFETCH_LINES) as i64 {
+                if let Ok(at) = i32::try_from(lp.sb[0] + 64 * l) {
+                    self.a.prefetcht0(byte_ptr(rsi + at))?;
+                }
+            }
+        }
         for j in 0..nz as i32 {
             if stride2 {
                 self.a.vmovups(breg(j as usize), zmmword_ptr(rsi + 128 * j))?;
