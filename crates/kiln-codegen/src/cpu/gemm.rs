@@ -50,10 +50,13 @@
 //! One line ahead gained about half of that, three no more than two; one step of `kh`
 //! ahead (a row already in L2 that the next tile reads too) was slower than none.
 //! The 512-bit tiles, whose innermost level is a loop, prefetch the same row's first
-//! [`ZMM_PREFETCH_LINES`] lines at every step of it: on the Xeon of the device machine
-//! (one thread, measured once, an experimental build) u2netp went from 339–417 to
-//! 305–326 ms a call with two lines (ONNX Runtime 356–364), a 3×3 convolution 64 → 16
-//! over 320×320 from 15.5–18.5 to 13.9–14.0 ms with four.
+//! [`ZMM_PREFETCH_LINES`] lines at every step of it. On the Xeon of the device machine
+//! (`kiln bench`, two alternated rounds, one thread; none / two lines / four): u2netp
+//! 397–410 / 386–387 / 385–386 ms a call (ONNX Runtime 436), a 3×3 convolution 64 → 16
+//! over 320×320 20.3–20.5 / 18.9–21.1 / 18.2–18.6 ms (ONNX Runtime 22.1–22.6), 128 → 64
+//! over 160×160 32.5–32.8 / 31.2–31.6 / 30.3–31.6 (30.6); at two threads u2netp 204–207 /
+//! 199 / 194–196. ddddocr-det-yolox, whose convolutions are mostly narrow or strided,
+//! did not move (65.7–67.7 ms in all three).
 //!
 //! The epilogue of a 512-bit tile, where it has a 16-lane form (arithmetic, clamps,
 //! loads, transcendentals, comparisons into opmask registers `k4`–`k7` and selects by
@@ -356,8 +359,9 @@ const UNROLL_K: i64 = 4;
 /// 32 to 128 channels over 160² and 320² maps: [`Emitter::tile`]).
 const PREFETCH_LINES: u64 = 2;
 /// Lines of B's next row a 512-bit tile over an in-place convolution prefetches per
-/// step of its innermost level ([`Emitter::tile_zmm`]).
-const ZMM_PREFETCH_LINES: u64 = 2;
+/// step of its innermost level ([`Emitter::tile_zmm`]): four (a full tile's row) beat
+/// two on the Xeon's 3×3 convolutions and u2netp, at one thread and at two.
+const ZMM_PREFETCH_LINES: u64 = 4;
 /// GPRs holding the epilogue's load pointers during a panel (as many as the flow level
 /// lets fusion give a contraction in place: `kiln_flow::contraction::MAX_EPILOGUE_LOADS`).
 const EPTR: [AsmRegister64; kiln_flow::contraction::MAX_EPILOGUE_LOADS] = [r9, r10, r11, rbx];
