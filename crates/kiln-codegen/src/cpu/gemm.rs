@@ -1676,18 +1676,9 @@ impl Emitter<'_> {
         // Registers past the tile's own (and the store mask) are free for loading B.
         let temps: Vec<AsmRegisterYmm> =
             YMM[mr_ * nv_ + nv_ + 1..].iter().copied().filter(|&r| masked.is_none() || r != mreg).collect();
-        // A convolution read in place walks B's rows in an order no hardware prefetcher
-        // follows (each step of the level above the unrolled one is another row, each
-        // step of the outermost another input channel's plane): the first lines of the
-        // row one outermost step ahead are fetched into L1 while this one is used.
-        if b_row == 0 && !self.packed && lp.unrolled && lp.ext.len() >= 2 && lp.sb[0] != 0 {
+        if b_row == 0 {
             let bytes = step * nv as i64 + kb * (reps as i64 - 1);
-            let lines = (bytes.max(1) as u64).div_ceil(64).min(PREFETCH_LINES);
-            for l in 0..lines as i64 {
-                if let Ok(at) = i32::try_from(lp.sb[0] + 64 * l) {
-                    self.a.prefetcht0(byte_ptr(rsi + at))?;
-                }
-            }
+            self.prefetch_next_row(&lp, bytes.max(1) as u64, PREFETCH_LINES)?;
         }
         for u in 0..reps {
             let (da, db) = (ka * u, kb * u);
@@ -1825,6 +1816,27 @@ impl Emitter<'_> {
         self.a.jmp(done)?;
         self.a.set_label(&mut last)?;
         Ok(Some(done))
+    }
+
+    /// Where the tile reads a convolution in place (B unpacked, a short innermost
+    /// reduction level over the whole reduction: a window's row, several levels), whose
+    /// rows it walks in an order no hardware prefetcher follows (each step of the level
+    /// above the innermost is another image row, each step of the outermost another
+    /// input channel's plane): prefetches into L1 the first lines, up to `most`, of the
+    /// `bytes` the tile reads from B's row one outermost step ahead, while this one is
+    /// used. Emitted where it stands in the loop body `lp` opened.
+    fn prefetch_next_row(&mut self, lp: &KLoops, bytes: u64, most: u64) -> R<()> {
+        let q = lp.ext.len();
+        let window = self.kc >= self.c.dims[2] && lp.ext[q - 1] <= UNROLL_K;
+        if self.packed || q < 2 || lp.sb[0] == 0 || !window {
+            return Ok(());
+        }
+        for l in 0..bytes.div_ceil(64).min(most) as i64 {
+            if let Ok(at) = i32::try_from(lp.sb[0] + 64 * l) {
+                self.a.prefetcht0(byte_ptr(rsi + at))?;
+            }
+        }
+        Ok(())
     }
 
     /// Opens the reduction loops at the tile's A and B pointers (`rdi`, `rsi`): one
@@ -2315,18 +2327,10 @@ impl Emitter<'_> {
         }
         let a_row = self.bases[0].per_m;
         let lp = self.k_loops_open()?;
-        // As in the 256-bit tiles ([`Self::tile`]): a convolution read in place (a
-        // short innermost level over a whole reduction) prefetches the first lines of
-        // B's row one outermost step ahead, here at every step of the innermost loop.
-        let q = lp.ext.len();
-        let in_place_window = !self.packed && !self.packed_t && !self.b_int() && q >= 2 && lp.sb[0] != 0;
-        if in_place_window && self.kc >= self.c.dims[2] && lp.ext[q - 1] <= UNROLL_K {
+        // (At every step of the innermost loop: it is not unrolled here.)
+        if !self.packed_t && !self.b_int() {
             let bytes = nz as u64 * if stride2 { 128 } else { 64 };
-            for l in 0..bytes.div_ceil(64).min(ZMM_PREFETCH_LINES) as i64 {
-                if let Ok(at) = i32::try_from(lp.sb[0] + 64 * l) {
-                    self.a.prefetcht0(byte_ptr(rsi + at))?;
-                }
-            }
+            self.prefetch_next_row(&lp, bytes, ZMM_PREFETCH_LINES)?;
         }
         for j in 0..nz as i32 {
             if stride2 {

@@ -698,16 +698,22 @@ pub fn softmax(rows: usize, len: usize) -> Kernel {
 pub fn softmax_with(rows: usize, len: usize, op: UnaryOp) -> Kernel {
     let mut b = KernelBuilder::new("softmax", vec![f32_type(&[rows, len])], f32_type(&[rows, len]));
     let o = b.out_index();
-    let mx = reduce_row(&mut b, 0, o[0], len, ReduceOp::Max, |_, x| x);
-    let sum = reduce_row(&mut b, 0, o[0], len, ReduceOp::Sum, |b, x| {
+    let y = softmax_at(&mut b, &o, len, op);
+    b.finish(y).unwrap()
+}
+
+/// Softmax's value (with `op` in place of exp) of input 0 (`[rows, len]`, f32) at
+/// output position `o` (row `o[0]`, column `o[1]`): `op(x − max) / Σ op(x − max)`.
+pub fn softmax_at(b: &mut KernelBuilder, o: &[ExprId], len: usize, op: UnaryOp) -> ExprId {
+    let mx = reduce_row(b, 0, o[0], len, ReduceOp::Max, |_, x| x);
+    let sum = reduce_row(b, 0, o[0], len, ReduceOp::Sum, |b, x| {
         let d = b.sub(x, mx);
         b.unary(op, d)
     });
     let x = b.load(0, vec![o[0], o[1]]);
     let d = b.sub(x, mx);
     let e = b.unary(op, d);
-    let y = b.div(e, sum);
-    b.finish(y).unwrap()
+    b.div(e, sum)
 }
 
 /// `|t|` of an f32 tensor (the inputs of an error bound).
