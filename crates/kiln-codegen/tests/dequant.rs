@@ -237,8 +237,17 @@ fn check(form: Form, m: usize, kk: usize, n: usize, epilogue: bool, heads: usize
         let inputs: Vec<&Tensor> = inputs.iter().collect();
         // The rewritten kernel in the interpreter, within the same bound.
         let flow = interp::run(&k, &inputs).unwrap().to_vec::<f32>().unwrap();
-        let m = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
-        assert!(m.notes[0].starts_with("contraction microkernel"), "{name}: {}", m.notes[0]);
+        let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
+        assert!(module.notes[0].starts_with("contraction microkernel"), "{name}: {}", module.notes[0]);
+        // Two full row panels or more (of 6 rows, or 4 where 4 divides M and 6 does
+        // not) convert B onto the stack once; fewer convert it in the tiles' loads.
+        let rows = if m % 6 != 0 && m % 4 == 0 { 4 } else { 6 };
+        assert_eq!(
+            module.notes[0].ends_with("; integer B converted on the stack"),
+            m >= 2 * rows,
+            "{name}: {}",
+            module.notes[0]
+        );
         for splits in [1, 3] {
             let got = run_compiled(&k, &inputs, &cfg, splits).to_vec::<f32>().unwrap();
             for i in 0..want.len() {
@@ -284,15 +293,25 @@ fn odd_shapes_every_form() {
 }
 
 /// A product split into heads as it is computed (B reads the head, a batch variable,
-/// so it is not packed): whole vectors of its columns are loaded as they are, and the
-/// last 1..7 columns of a head one by one.
+/// so it is not laid out in panels): whole vectors of its columns are loaded as they
+/// are, and the last 1..7 columns of a head one by one; with two row panels or more,
+/// each head's B is converted onto the stack by its first workgroup, column blocks of a
+/// tile's width and reduction blocks of 256 rows, a head's last block narrower (13
+/// rows: two panels of 6 and a tail row; 16: four of 4).
 #[test]
 fn unpacked_weights_in_heads() {
     require_avx2_fma!(", so no contraction microkernel can run here");
     for form in [Form::I8Column, Form::U8ZeroColumn] {
-        for &(m, kk, n, heads) in
-            &[(16, 64, 128, 4), (5, 7, 36, 4), (16, 33, 39, 3), (1, 384, 384, 12), (6, 20, 130, 2)]
-        {
+        for &(m, kk, n, heads) in &[
+            (16, 64, 128, 4),
+            (5, 7, 36, 4),
+            (16, 33, 39, 3),
+            (1, 384, 384, 12),
+            (6, 20, 130, 2),
+            (13, 40, 87, 3),
+            (16, 300, 100, 2),
+            (12, 9, 60, 5),
+        ] {
             check(form, m, kk, n, true, heads);
             check(form, m, kk, n, false, heads);
         }

@@ -133,8 +133,12 @@
 //! the last 1..7 are extended one by one into a stack slot and converted from there (no
 //! masked byte loads before AVX-512 BW). The weight streams at a quarter of its f32
 //! bytes (all-MiniLM-L6-v2-int8: 42 MB of f32 weights a call no longer written and
-//! read). B is never copied to the stack (`should_pack`) nor broadcast (channel-vector
-//! tiles): such kernels keep plain tiles.
+//! read). Where two full row panels or more read it, converting in the load would
+//! convert every element once a panel: B is instead converted onto the stack block by
+//! block as an f32 B is packed ([`Emitter::should_pack`]; once a column chunk, or once
+//! a batch position where B differs by it, as a projection split into heads does), and
+//! the tiles run as on f32 (the listing says "integer B converted on the stack"). It is
+//! never broadcast (channel-vector tiles): such kernels keep plain tiles.
 //!
 //! ## Epilogue
 //! After the `k` loop each accumulator is put through the kernel's own expression above
@@ -302,6 +306,9 @@ pub(crate) struct GemmCode {
     pub channel_vectors: bool,
     /// Whether its 512-bit tiles evaluate the epilogue sixteen lanes at a time.
     pub wide_epilogue: bool,
+    /// Whether its integer B is converted onto the stack before the tiles read it
+    /// ([`Emitter::should_pack`]) rather than in each tile's load.
+    pub converts_b: bool,
     /// Its workgroup index's digits (see [`super::WorkDigit`]): the column chunk, the
     /// batch coordinates, the row panel.
     pub digits: Vec<super::WorkDigit>,
@@ -486,6 +493,7 @@ fn emit_with(k: &Kernel, c: Contraction, avx512: bool, in_registers: bool) -> R<
         avx512: e.zmm_used,
         channel_vectors: e.transposed(),
         wide_epilogue: e.wide_epilogue_used,
+        converts_b: e.packed && e.b_int(),
         digits,
     })
 }
@@ -932,6 +940,12 @@ impl Emitter<'_> {
         self.c.b.dtype != DType::F32
     }
 
+    /// Whether the tiles convert B where they load it: an integer B not converted onto
+    /// the stack first ([`Self::should_pack`]).
+    fn b_loads_int(&self) -> bool {
+        self.b_int() && !self.packed
+    }
+
     /// Bytes of one element of B.
     fn b_bytes(&self) -> i64 {
         self.c.b.dtype.storage_bytes(1) as i64
@@ -950,36 +964,42 @@ impl Emitter<'_> {
         }
     }
 
+    /// Loads the first `lanes` (1..7) columns of an integer B as it is at `rsi + at`
+    /// into `dst` as f32, the other lanes zeros: nothing past them may be read (there
+    /// are no masked byte loads before AVX-512 BW), so each is extended on its own into
+    /// the accumulator slots (free during the reduction and between tiles) and the
+    /// eight converted.
+    fn load_b_int_lanes(&mut self, dst: AsmRegisterYmm, at: i32, lanes: u64) -> R<()> {
+        let eb = self.b_bytes() as i32;
+        for j in 0..8i32 {
+            let slot = dword_ptr(rsp + (Self::S_ACC + 4 * j));
+            if (j as u64) < lanes {
+                let src = rsi + (at + j * eb);
+                match self.c.b.dtype {
+                    DType::I8 => self.a.movsx(eax, byte_ptr(src))?,
+                    DType::U8 => self.a.movzx(eax, byte_ptr(src))?,
+                    _ => self.a.movsx(eax, word_ptr(src))?,
+                }
+                self.a.mov(slot, eax)?;
+            } else {
+                self.a.mov(slot, 0)?;
+            }
+        }
+        self.a.vcvtdq2ps(dst, ymmword_ptr(rsp + Self::S_ACC))?;
+        Ok(())
+    }
+
     /// Loads vector `j` of B (8 columns) at `rsi + disp` into `dst`: one load, or for
     /// a stride-2 B the even elements of two (one `vshufps`, in an order the tile puts
     /// right after the reduction),
     /// or for an integer B one load converted. `lanes`: only that many columns are
     /// valid (masked loads, nothing read past them).
     fn load_b(&mut self, dst: AsmRegisterYmm, disp: i64, lanes: Option<u64>, temps: &[AsmRegisterYmm]) -> R<()> {
-        if self.b_int() {
+        if self.b_loads_int() {
             let eb = self.b_bytes();
             let at = disp as i32;
             if let (Some(l), None) = (lanes, self.c.b.panel) {
-                // The last 1..7 columns of a B as it is: nothing past them may be read
-                // (there are no masked byte loads before AVX-512 BW), so each is
-                // extended on its own into the accumulator slots (free during the
-                // reduction), the other lanes zeros, and the eight converted.
-                for j in 0..8i32 {
-                    let slot = dword_ptr(rsp + (Self::S_ACC + 4 * j));
-                    if (j as u64) < l {
-                        let src = rsi + (at + j * eb as i32);
-                        match self.c.b.dtype {
-                            DType::I8 => self.a.movsx(eax, byte_ptr(src))?,
-                            DType::U8 => self.a.movzx(eax, byte_ptr(src))?,
-                            _ => self.a.movsx(eax, word_ptr(src))?,
-                        }
-                        self.a.mov(slot, eax)?;
-                    } else {
-                        self.a.mov(slot, 0)?;
-                    }
-                }
-                self.a.vcvtdq2ps(dst, ymmword_ptr(rsp + Self::S_ACC))?;
-                return Ok(());
+                return self.load_b_int_lanes(dst, at, l);
             }
             // Whole vectors: in panels, the zero columns past N are read (a panel is a
             // whole number of vectors wide); as it is, only where N is (the masked tile
@@ -1043,11 +1063,20 @@ impl Emitter<'_> {
     fn s_buf(&self) -> i32 {
         self.s_kcount(self.c.k.len())
     }
+    /// The slot holding the workgroup's column chunk and batch position (its index over
+    /// the row panels) for which the packing buffer holds B ([`Self::pack_each_batch`]).
+    fn s_pack_key(&self) -> i32 {
+        self.s_buf() + 8
+    }
+    /// Where the packing buffer's slots end (its start is the next 32-byte boundary).
+    fn s_buf_start(&self) -> i32 {
+        self.s_buf() + if self.pack_each_batch() { 16 } else { 8 }
+    }
     fn frame(&self) -> i32 {
         // (slots: end, m0, begin, n0, k0, klen, accumulators, batch coordinates, base
-        // pointers, loop counters, buffer address; then the packing buffer when B is
-        // packed)
-        let mut bytes = self.s_buf() + 8;
+        // pointers, loop counters, buffer address, the packed B's key where B differs by
+        // batch position; then the packing buffer when B is packed)
+        let mut bytes = self.s_buf_start();
         if self.packed {
             bytes += (KC_PACKED * self.pack_width() * 4) as i32 + 32;
         }
@@ -1062,7 +1091,7 @@ impl Emitter<'_> {
         let frame = self.frame();
         reserve(&mut self.a, frame)?;
         if self.packed || self.packed_t {
-            let at = self.s_buf() + 8 + 31;
+            let at = self.s_buf_start() + 31;
             self.a.lea(rax, qword_ptr(rsp + at))?;
             self.a.and(rax, -32)?;
             let slot = self.s_buf();
@@ -1099,10 +1128,15 @@ impl Emitter<'_> {
         self.a.cmp(rax, rcx)?;
         self.a.cmova(rax, rcx)?;
         self.a.mov(qword_ptr(rsp + Self::S_KLEN), rax)?;
-        if self.packed && self.chunk == 0 {
+        if self.packed && self.chunk == 0 && !self.pack_each_batch() {
             self.pack_b(n, nc, blocks, last_cols)?;
         }
-        if self.packed && self.chunk > 0 {
+        if self.pack_each_batch() {
+            // B differs by batch position: packed by the first workgroup of each
+            // position (and chunk) the range runs (below); none is packed yet.
+            self.a.mov(qword_ptr(rsp + self.s_pack_key()), -1)?;
+        }
+        if self.packed && self.chunk > 0 && !self.pack_each_batch() {
             // Column chunks of a packed B: each chunk is packed by the first workgroup
             // of the range that runs it (below); none is packed for this block yet.
             self.a.mov(qword_ptr(rsp + Self::S_N0), -1)?;
@@ -1135,7 +1169,7 @@ impl Emitter<'_> {
         // its own part of B, once.
         if self.chunk > 0 {
             self.a.imul_3(rax, rax, self.chunk as i32)?;
-            if self.packed {
+            if self.packed && !self.pack_each_batch() {
                 // A packed chunk is one packing block: copied once per chunk a range
                 // runs (the range visits a chunk's workgroups in a row).
                 let mut packed = self.a.create_label();
@@ -1148,6 +1182,23 @@ impl Emitter<'_> {
             } else {
                 self.a.mov(qword_ptr(rsp + Self::S_N0), rax)?;
             }
+        }
+        if self.pack_each_batch() {
+            // A B that differs by batch position is packed again where the workgroup's
+            // position or chunk (its index over the panels, which are innermost) is
+            // not the one packed.
+            let mut packed = self.a.create_label();
+            self.a.mov(rax, r14)?;
+            self.a.xor(edx, edx)?;
+            self.a.mov(rcx, panels as i64)?;
+            self.a.div(rcx)?;
+            let key = self.s_pack_key();
+            self.a.cmp(rax, qword_ptr(rsp + key))?;
+            self.a.je(packed)?;
+            self.a.mov(qword_ptr(rsp + key), rax)?;
+            self.pack_b(n, nc, blocks, last_cols)?;
+            self.a.set_label(&mut packed)?;
+            self.a.nop()?;
         }
         // Base pointers of this panel and column block.
         for bi in 0..self.bases.len() {
@@ -1386,14 +1437,20 @@ impl Emitter<'_> {
     }
 
     /// Copies rows `k0 .. k0 + klen` of B's current column block into the stack buffer,
-    /// `pack_width` columns a row (columns past N in the last block are zeros).
+    /// `pack_width` columns a row (columns past N in the last block are zeros); an
+    /// integer B (in panels of that width, zero columns past N) converted to f32.
     fn pack_b(&mut self, n: u64, nc: u64, blocks: u64, last_cols: u64) -> R<()> {
         let b = &self.bases[1];
-        let (binding, c, per_k) = (b.binding, b.c, self.c.b.offset.of(self.c.k[0]) * 4);
+        let eb = self.b_bytes();
+        let (binding, c, per_k, per_block) = (b.binding, b.c, self.c.b.offset.of(self.c.k[0]) * eb, b.per_block);
+        let batch: Vec<i64> = b.coef[..self.c.batch.len()].to_vec();
         self.a.mov(rsi, qword_ptr(r15 + 8 * binding as i32))?;
         self.add_imm(rsi, c)?;
+        for (i, coef) in batch.into_iter().enumerate() {
+            self.add_scaled(rsi, qword_ptr(rsp + (Self::S_COORD + 8 * i as i32)), coef)?;
+        }
         self.add_scaled(rsi, qword_ptr(rsp + Self::S_K0), per_k)?;
-        self.add_scaled(rsi, qword_ptr(rsp + Self::S_N0), 4)?;
+        self.add_scaled(rsi, qword_ptr(rsp + Self::S_N0), per_block)?;
         let slot = self.s_buf();
         self.a.mov(rdi, qword_ptr(rsp + slot))?;
         self.a.mov(rdx, qword_ptr(rsp + Self::S_KLEN))?;
@@ -1417,7 +1474,19 @@ impl Emitter<'_> {
             for v in 0..vectors as i32 {
                 let lanes = w.saturating_sub(8 * v as u64).min(8);
                 let r = YMM[v as usize];
-                if lanes == 8 {
+                if self.b_int() {
+                    // A panel is whole vectors (its columns past N are zeros); a B as
+                    // it is is read no further than the block's columns.
+                    let at = 8 * v * eb as i32;
+                    if self.c.b.panel.is_some() || lanes == 8 {
+                        let mem = if eb == 1 { qword_ptr(rsi + at) } else { xmmword_ptr(rsi + at) };
+                        self.load_b_int(v as usize, false, mem)?;
+                    } else if lanes == 0 {
+                        self.a.vxorps(r, r, r)?;
+                    } else {
+                        self.load_b_int_lanes(r, at, lanes)?;
+                    }
+                } else if lanes == 8 {
                     self.a.vmovups(r, ymmword_ptr(rsi + 32 * v))?;
                 } else if lanes == 0 {
                     self.a.vxorps(r, r, r)?;
@@ -1465,11 +1534,31 @@ impl Emitter<'_> {
     /// a call, took 0.7–0.9× their one-thread time where the others took about half.
     /// With many panels the copy pays (resnet50's convolutions of 64 to 512 panels ran
     /// 10–30% slower unpacked; mobilenet_v2's 96-panel expansions the same either way).
+    ///
+    /// An integer B shared by the rows (in panels of the tile's width, or as it is) is
+    /// converted onto the stack the same way, block by block, wherever at least two
+    /// full row panels read it: converted in each tile's load, every panel paid for its
+    /// own conversion (a sign extension and a `vcvtdq2ps` per vector of 8 columns beside
+    /// its FMAs; for a 4 × 24 tile 6 instructions a step beside 12 FMAs), where the copy
+    /// converts each element once a range and the tiles run as on f32. The column
+    /// chunks of a B streamed from memory are each converted once by the range that
+    /// runs their panels ([`Self::column_chunk`]); a B that differs by batch position
+    /// (a projection split into heads, each head's columns its own) once by each
+    /// position's first workgroup ([`Self::pack_each_batch`]). all-MiniLM-L6-v2-int8
+    /// (M = 16, four panels of 4 rows), one thread, `kiln bench`: the 384 → 1536
+    /// product 0.61–0.72 → 0.487 ms (0.413 on f32 weights); the whole model 13.07 →
+    /// 11.2–11.6 ms.
     fn should_pack(&self) -> bool {
         let b = &self.bases[1];
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
+        if self.b_int() {
+            return self.c.b.panel.is_none_or(|p| p.width == self.pack_width())
+                && !self.transposed()
+                && self.c.k.len() == 1
+                && b.per_m == 0
+                && m >= 2 * self.mr;
+        }
         self.c.b.panel.is_none()
-            && !self.b_int()
             && !self.transposed()
             && self.c.k.len() == 1
             && b.per_m == 0
@@ -1485,6 +1574,12 @@ impl Emitter<'_> {
                 let pitch = self.c.b.offset.of(self.c.k[0]).unsigned_abs() * 4;
                 crowds_l1(pitch, rows, self.pack_width() * 4)
             })
+    }
+
+    /// Whether B is packed and differs by batch position (an integer B read per head):
+    /// packed again by each position's first workgroup, not once a column block.
+    fn pack_each_batch(&self) -> bool {
+        self.packed && self.bases[1].coef[..self.c.batch.len()].iter().any(|&c| c != 0)
     }
 
     /// Reduction steps per block: all of them unless B is larger than [`L2_BLOCK`] and
@@ -1626,6 +1721,7 @@ impl Emitter<'_> {
         // A whole panel of B: on to the next panel.
         let b_step = match self.c.b.panel {
             _ if self.packed_t => (self.c.dims[2] * self.t_width() * 4) as i64,
+            _ if self.packed => cols as i64 * 4,
             Some(p) if p.width == cols => p.stride * self.b_bytes(),
             _ => cols as i64 * self.bases[1].per_n,
         };
@@ -1672,7 +1768,13 @@ impl Emitter<'_> {
         let inner = lp.ext.len() - 1;
         let (reps, ka, kb) = if lp.unrolled { (lp.ext[inner], lp.sa[inner], lp.sb[inner]) } else { (1, 0, 0) };
         // Bytes of B per vector of 8 columns.
-        let step = if self.stride2() { 64 } else { 8 * self.b_bytes() };
+        let step = if self.stride2() {
+            64
+        } else if self.packed {
+            32
+        } else {
+            8 * self.b_bytes()
+        };
         // Registers past the tile's own (and the store mask) are free for loading B.
         let temps: Vec<AsmRegisterYmm> =
             YMM[mr_ * nv_ + nv_ + 1..].iter().copied().filter(|&r| masked.is_none() || r != mreg).collect();
@@ -1707,7 +1809,7 @@ impl Emitter<'_> {
                     for j in 0..nv_ {
                         let disp = db + b_row * i as i64 + step * j as i64;
                         let lanes = if j == nv_ - 1 { masked } else { None };
-                        if lanes.is_none() && !self.stride2() && !self.b_int() {
+                        if lanes.is_none() && !self.stride2() && !self.b_loads_int() {
                             self.a.vfmadd231ps(acc(i, j), areg, ymmword_ptr(rsi + disp as i32))?;
                         } else {
                             self.load_b(breg(j), disp, lanes, &temps)?;
@@ -2328,7 +2430,7 @@ impl Emitter<'_> {
         let a_row = self.bases[0].per_m;
         let lp = self.k_loops_open()?;
         // (At every step of the innermost loop: it is not unrolled here.)
-        if !self.packed_t && !self.b_int() {
+        if !self.packed_t && !self.b_loads_int() {
             let bytes = nz as u64 * if stride2 { 128 } else { 64 };
             self.prefetch_next_row(&lp, bytes, ZMM_PREFETCH_LINES)?;
         }
@@ -2337,7 +2439,7 @@ impl Emitter<'_> {
                 self.a.vmovups(breg(j as usize), zmmword_ptr(rsi + 128 * j))?;
                 self.a.vmovups(high.k2().z(), zmmword_ptr(rsi + (128 * j + 64)))?;
                 self.a.vpermt2ps(breg(j as usize), index, high)?;
-            } else if self.b_int() {
+            } else if self.b_loads_int() {
                 let eb = self.b_bytes() as i32;
                 let at = if eb == 1 { xmmword_ptr(rsi + 16 * j) } else { ymmword_ptr(rsi + 32 * j) };
                 self.load_b_int(24 + j as usize, true, at)?;

@@ -659,10 +659,12 @@ fn emit_by_class(
                 (false, true) => "contraction microkernel (avx2+fma, channel vectors)",
                 (false, false) => "contraction microkernel (avx2+fma)",
             };
+            let note =
+                if g.converts_b { format!("{note}; integer B converted on the stack") } else { note.to_string() };
             Micro {
                 code: g.code,
                 workgroups: g.workgroups,
-                note: note.to_string(),
+                note,
                 avx512: g.avx512,
                 path: cost::Path::Contraction,
                 bits: if g.avx512 { 512 } else { 256 },
