@@ -134,11 +134,12 @@
 //! masked byte loads before AVX-512 BW). The weight streams at a quarter of its f32
 //! bytes (all-MiniLM-L6-v2-int8: 42 MB of f32 weights a call no longer written and
 //! read). Where two full row panels or more read it, converting in the load would
-//! convert every element once a panel: B is instead converted onto the stack block by
-//! block as an f32 B is packed ([`Emitter::should_pack`]; once a column chunk, or once
-//! a batch position where B differs by it, as a projection split into heads does), and
-//! the tiles run as on f32 (the listing says "integer B converted on the stack"). It is
-//! never broadcast (channel-vector tiles): such kernels keep plain tiles.
+//! convert every element once a panel: the 256-bit tiles' B is instead converted onto
+//! the stack block by block as an f32 B is packed ([`Emitter::should_pack`]; once a
+//! column chunk, or once a batch position where B differs by it, as a projection split
+//! into heads does), and the tiles run as on f32 (the listing says "integer B converted
+//! on the stack"). It is never broadcast (channel-vector tiles): such kernels keep
+//! plain tiles.
 //!
 //! ## Epilogue
 //! After the `k` loop each accumulator is put through the kernel's own expression above
@@ -1545,14 +1546,19 @@ impl Emitter<'_> {
     /// runs their panels ([`Self::column_chunk`]); a B that differs by batch position
     /// (a projection split into heads, each head's columns its own) once by each
     /// position's first workgroup ([`Self::pack_each_batch`]). all-MiniLM-L6-v2-int8
-    /// (M = 16, four panels of 4 rows), one thread, `kiln bench`: the 384 → 1536
-    /// product 0.61–0.72 → 0.487 ms (0.413 on f32 weights); the whole model 13.07 →
-    /// 11.2–11.6 ms.
+    /// (M = 16, four panels of 4 rows), one thread, `kiln bench` on an AVX2 host (AMD
+    /// EPYC, Zen 1): the 384 → 1536 product 0.61–0.72 → 0.487 ms (0.413 on f32
+    /// weights); the whole model 13.07 → 11.2–11.6 ms. Not for 512-bit tiles: their
+    /// stack copy of 256 rows × 64 columns (64 KiB) streams from L2 at four times the
+    /// bytes of the integers, and on the Xeon of the device machine the model took
+    /// 3.2–3.8 ms at two threads against 2.6–2.8 converted in the load (one thread
+    /// no better: 4.3–6.4 against 5.3–5.6, six alternated runs of 200 calls).
     fn should_pack(&self) -> bool {
         let b = &self.bases[1];
         let (m, n, k) = (self.c.dims[0], self.c.dims[1], self.c.dims[2]);
         if self.b_int() {
-            return self.c.b.panel.is_none_or(|p| p.width == self.pack_width())
+            return !self.wide()
+                && self.c.b.panel.is_none_or(|p| p.width == self.pack_width())
                 && !self.transposed()
                 && self.c.k.len() == 1
                 && b.per_m == 0
