@@ -326,3 +326,55 @@ fn constant_initial_states() {
         }
     }
 }
+
+/// Recurrent weights of 1 MiB or more a direction (hidden 256: `R` is 4 · 256 × 256
+/// f32 for an LSTM, 3 · 256 × 256 for a GRU at 768 KiB, under it): the stream level
+/// runs one direction's recurrent products after the other's instead of step by step
+/// in turn (`stream::resident_constants`), so each direction's `R` stays in cache; the
+/// results do not change.
+#[test]
+fn large_recurrent_weights_run_a_direction_at_a_time() {
+    for (kind, apart) in [(OpKind::LSTM, true), (OpKind::GRU, false)] {
+        // (GRU with linear_before_reset: one product a step, over all of `R`.)
+        let c = Case { hidden: 256, input: 8, seq: 5, batch: 1, dir: "bidirectional", lbr: true, ..Case::new(kind) };
+        let (g, _) = c.graph();
+        let opts = Options { target: CpuTarget::X86_64V3, ..Options::default() };
+        let mut comp = Compilation::new(Input::Graph(g), opts);
+        comp.run_to(Stage::Schedule).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+        let flow = comp.flow().expect("a flow program");
+        let plan = comp.plan().expect("a stream plan");
+        // The recurrent products in execution order, by the constant (a direction's
+        // `R`) each reads: the largest constant operand of a step's contraction.
+        let mut order = Vec::new();
+        for wave in &plan.waves {
+            for &d in wave {
+                let dispatch = &flow.dispatches[d];
+                if dispatch.class != KernelClass::Contraction {
+                    continue;
+                }
+                let r = dispatch
+                    .operands
+                    .iter()
+                    .map(|&o| flow.storage(o))
+                    .filter(|&o| matches!(flow.buffers[o.index()].kind, kiln_flow::program::BufferKind::Const(_)))
+                    .max_by_key(|o| flow.buffers[o.index()].ty.storage_bytes());
+                if let Some(r) = r {
+                    if flow.buffers[r.index()].ty.storage_bytes() >= 256 * 256 * 4 * 3 {
+                        order.push(r.index());
+                    }
+                }
+            }
+        }
+        let mut runs = order.clone();
+        runs.dedup();
+        // Two directions, four steps each after the first (no initial state): the
+        // projection reads W, not R.
+        assert!(order.len() >= 8, "{kind:?}: recurrent products {order:?}");
+        if apart {
+            assert_eq!(runs.len(), 2, "{kind:?}: one direction after the other: {order:?}");
+        } else {
+            assert!(runs.len() > 2, "{kind:?}: directions in turn below 1 MiB: {order:?}");
+        }
+        check(c);
+    }
+}

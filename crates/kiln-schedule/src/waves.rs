@@ -3,6 +3,7 @@
 //! Wave `k` holds every task whose longest dependency chain from a source has
 //! length `k` (as-soon-as-possible levels): tasks of one wave never depend on each
 //! other, so they may run concurrently; a barrier separates consecutive waves.
+//! [`waves_apart`] defers tasks of one key while another key's tasks are running.
 
 /// Why a task graph cannot be scheduled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +47,29 @@ impl Waves {
 /// Computes the waves of tasks `0..deps.len()`, where `deps[t]` lists the tasks
 /// `t` depends on.
 pub fn waves(deps: &[Vec<usize>]) -> Result<Waves, WaveError> {
+    waves_apart(deps, &vec![None; deps.len()])
+}
+
+/// Waves of tasks `0..deps.len()` as [`waves`] forms them, except that tasks marked
+/// with a key (a large constant each of them reads again and again: the recurrent
+/// weights of one direction of an unrolled recurrence) run one key at a time. Once a
+/// task of a key runs, tasks of other keys wait until every task of that key has run,
+/// so the bytes behind one key stay in cache while its tasks run; a key's tasks
+/// interleaved with another's (the forward and the reverse steps of a bidirectional
+/// LSTM, each direction's weights over half a last-level cache) would evict each other
+/// at every step. Unmarked tasks run as soon as they can. Where only tasks of other
+/// keys are ready (the open key's next task waits on them), the lowest-numbered one's
+/// key opens instead, so every wave runs at least one task. Without keys the waves are
+/// as-soon-as-possible levels: wave `k` is the tasks whose longest chain is `k`.
+pub fn waves_apart(deps: &[Vec<usize>], keys: &[Option<usize>]) -> Result<Waves, WaveError> {
     let n = deps.len();
+    // Tasks of each key not yet in a wave.
+    let mut left: key_counts::Counts = key_counts::Counts::default();
+    for k in keys.iter().take(n).flatten() {
+        left.add(*k);
+    }
+    let key = |t: usize| keys.get(t).copied().flatten();
+    let mut open: Option<usize> = None;
     let mut users = vec![Vec::new(); n];
     let mut pending = vec![0usize; n];
     for (t, ds) in deps.iter().enumerate() {
@@ -59,30 +82,68 @@ pub fn waves(deps: &[Vec<usize>]) -> Result<Waves, WaveError> {
         }
     }
     let mut wave_of = vec![0usize; n];
-    let mut current: Vec<usize> = (0..n).filter(|&t| pending[t] == 0).collect();
+    let mut ready: Vec<usize> = (0..n).filter(|&t| pending[t] == 0).collect();
     let mut waves = Vec::new();
     let mut done = 0;
-    while !current.is_empty() {
-        let mut next = Vec::new();
+    while !ready.is_empty() {
+        // The key this wave may run: the open one, else (none open, or only other
+        // keys' tasks ready) the first ready keyed task's.
+        let runs = |t: usize, open: Option<usize>| key(t).is_none() || key(t) == open;
+        if open.is_none() || !ready.iter().any(|&t| runs(t, open)) {
+            open = ready.iter().find_map(|&t| key(t));
+        }
+        let (current, waiting): (Vec<usize>, Vec<usize>) = ready.iter().partition(|&&t| runs(t, open));
+        let mut next = waiting;
         for &t in &current {
+            if let Some(k) = key(t) {
+                left.take(k);
+            }
             for &u in &users[t] {
                 pending[u] -= 1;
                 if pending[u] == 0 {
-                    wave_of[u] = waves.len() + 1;
                     next.push(u);
                 }
             }
         }
+        for &t in &current {
+            wave_of[t] = waves.len();
+        }
+        if open.is_some_and(|k| left.get(k) == 0) {
+            open = None;
+        }
         done += current.len();
         next.sort_unstable();
-        waves.push(std::mem::take(&mut current));
-        current = next;
+        waves.push(current);
+        ready = next;
     }
     if done != n {
         let t = (0..n).find(|&t| pending[t] > 0).unwrap_or(0);
         return Err(WaveError::Cycle(t));
     }
     Ok(Waves { waves, wave_of })
+}
+
+/// Counts per key (keys are small integers: buffer or task numbers).
+mod key_counts {
+    #[derive(Default)]
+    pub(super) struct Counts(Vec<usize>);
+
+    impl Counts {
+        pub(super) fn add(&mut self, k: usize) {
+            if self.0.len() <= k {
+                self.0.resize(k + 1, 0);
+            }
+            self.0[k] += 1;
+        }
+        pub(super) fn take(&mut self, k: usize) {
+            if let Some(c) = self.0.get_mut(k) {
+                *c = c.saturating_sub(1);
+            }
+        }
+        pub(super) fn get(&self, k: usize) -> usize {
+            self.0.get(k).copied().unwrap_or(0)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -103,6 +164,34 @@ mod tests {
         // 3 depends on 0 directly and on 2 (0 → 1 → 2): wave 3.
         let w = waves(&[vec![], vec![0], vec![1], vec![0, 2]]).unwrap();
         assert_eq!(w.wave_of, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn keyed_chains_run_one_after_the_other() {
+        // Two chains 0 → 2 → 4 (key 7) and 1 → 3 → 5 (key 9), each step followed by an
+        // unkeyed task (6 after 2, 8 after 3): the first key's chain runs to its end,
+        // its unkeyed tasks as soon as they can, then the second.
+        let deps = [vec![], vec![], vec![0], vec![1], vec![2], vec![3], vec![2], vec![], vec![3]];
+        let keys = [Some(7), Some(9), Some(7), Some(9), Some(7), Some(9), None, None, None];
+        let w = waves_apart(&deps, &keys).unwrap();
+        assert_eq!(w.waves, vec![vec![0, 7], vec![2], vec![4, 6], vec![1], vec![3], vec![5, 8]]);
+        for (t, ds) in deps.iter().enumerate() {
+            assert!(ds.iter().all(|&d| w.wave_of[d] < w.wave_of[t]), "task {t} after its dependencies");
+        }
+        // Without keys: as-soon-as-possible levels.
+        assert_eq!(waves_apart(&deps, &[None; 9]).unwrap(), waves(&deps).unwrap());
+        assert_eq!(waves(&deps).unwrap().waves, vec![vec![0, 1, 7], vec![2, 3], vec![4, 5, 6, 8]]);
+    }
+
+    #[test]
+    fn a_key_waiting_on_another_gives_way() {
+        // Key 1's second task (2) needs key 2's task (1): with only 1 ready, key 2
+        // opens, then key 1 again.
+        let deps = [vec![], vec![], vec![0, 1]];
+        let keys = [Some(1), Some(2), Some(1)];
+        let w = waves_apart(&deps, &keys).unwrap();
+        assert_eq!(w.waves, vec![vec![0], vec![1], vec![2]]);
+        assert_eq!(waves_apart(&[vec![1], vec![0]], &[Some(0), Some(1)]), Err(WaveError::Cycle(0)));
     }
 
     #[test]
