@@ -949,3 +949,22 @@ fn gemm_speed() {
         }
     }
 }
+
+/// Panels of 4 rows where 4 divides M and 6 does not, unless the columns make panels
+/// of 6 and a tail cheaper (256-bit tiles): 32 columns a batch position (a projection
+/// split into heads) leave a 4 × 24 tiling a last tile of one vector, where 6 × 16
+/// takes two full tiles, so M = 16 runs as panels of 6, 6 and 4 rows (3 a position);
+/// 1536 columns tile either way alike and keep panels of 4. Against the interpreter.
+#[test]
+fn panel_rows_follow_the_columns() {
+    require_avx2_fma!();
+    for (heads, m, k, n, panels) in [(4usize, 16usize, 64usize, 32usize, 3u64), (2, 16, 40, 1536, 4), (3, 8, 24, 32, 2)]
+    {
+        let a = random_f32(&[heads, m, k], 1.0, 61);
+        let b = random_f32(&[heads, k, n], 1.0, 62);
+        let kern = matmul(&[heads], m, k, n, false, true);
+        let compiled = compile_with(&classify(&[&kern]), &CpuTarget::X86_64V3, &Options::default()).unwrap();
+        assert_eq!(compiled.workgroups[0], heads as u64 * panels, "{heads}×{m}×{k}×{n}");
+        check_micro(&kern, &[&a, &b], k);
+    }
+}

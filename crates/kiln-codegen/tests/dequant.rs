@@ -242,8 +242,9 @@ fn check(form: Form, m: usize, kk: usize, n: usize, epilogue: bool, heads: usize
         let module = compile_with(&classify(&[&k]), &cfg.target, &cfg.options).unwrap();
         assert!(module.notes[0].starts_with("contraction microkernel"), "{name}: {}", module.notes[0]);
         // With 256-bit tiles, two full row panels or more (of 6 rows, or 4 where 4
-        // divides M and 6 does not) convert B onto the stack once; fewer, and the
-        // 512-bit tiles, convert it in the tiles' loads.
+        // divides M and 6 does not; where the columns make panels of 6 cheaper even
+        // so, as heads of 32 columns at M = 16, M has two of those too) convert B onto
+        // the stack once; fewer, and the 512-bit tiles, convert it in the tiles' loads.
         let rows = if m % 6 != 0 && m % 4 == 0 { 4 } else { 6 };
         assert_eq!(
             module.notes[0].ends_with("; integer B converted on the stack"),

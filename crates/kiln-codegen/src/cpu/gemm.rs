@@ -187,13 +187,40 @@ use kiln_ir::DType;
 
 /// Rows of a full panel: 6 (a 6×16 tile), or 4 (4×24) when that divides M and 6
 /// does not, so no tail-row code is needed (except for 512-bit tiles over a reduction
-/// of several variables, which take 6 rows: see `Emitter::new`).
-fn panel_rows(m: u64) -> u64 {
-    if m % 6 != 0 && m % 4 == 0 {
-        4
-    } else {
-        6
+/// of several variables, which take 6 rows: see `Emitter::new`). For 256-bit tiles
+/// (`narrow`), 4 unless panels of 6 and a tail cost an eighth less over the `n`
+/// columns ([`tiling_cycles`]): a 4 × 24 tiling of 32 columns
+/// leaves a tile of one vector (4 accumulators, FMA-latency-bound) where 6 × 16 has
+/// two full tiles (all-MiniLM-L6-v2-int8's projections split into heads of 32 columns
+/// at M = 16).
+fn panel_rows(m: u64, n: u64, narrow: bool) -> u64 {
+    if m % 6 == 0 || m % 4 != 0 {
+        return 6;
     }
+    // (By a margin: an eighth. The costs are estimates, and a tie keeps the panels of 4
+    // rows and no tail.)
+    if narrow && 8 * ((m / 6) * tiling_cycles(6, n) + tiling_cycles(m % 6, n)) < 7 * (m / 4) * tiling_cycles(4, n) {
+        return 6;
+    }
+    4
+}
+
+/// Cycles per reduction step of one panel of `rows` rows over `n` columns in 256-bit
+/// tiles, cut as [`Emitter::panel`] cuts a plain B (full tiles, then the widest tiles
+/// the rest allows, then a masked vector): each tile's FMAs at two a cycle, but no
+/// faster than one FMA latency (5 cycles on the CPUs measured here) a step, which a
+/// tile of fewer than 10 accumulators is held to.
+fn tiling_cycles(rows: u64, n: u64) -> u64 {
+    let most = tile_vectors(rows);
+    let tile = |vectors: u64| (rows * vectors).div_ceil(2).max(5);
+    let mut vectors = n.div_ceil(8);
+    let mut cycles = 0;
+    while vectors > 0 {
+        let v = vectors.min(most);
+        cycles += tile(v);
+        vectors -= v;
+    }
+    cycles
 }
 /// Whole tiles per column chunk when `tiles` tiles (the last maybe narrower) of each
 /// of `rows` row panels are cut into chunks of at least `least` tiles and at most
@@ -575,7 +602,7 @@ impl<'k> Emitter<'k> {
             // convolution 128 → 64 over 320×320 went from 138.6 to 126 ms, mobilenet_v2's
             // stem from 226 to 209 µs (one thread, `kiln bench --profile`, AVX-512).
             (false, true) if e.c.k.len() > 1 && e.c.dims[0] >= 12 => 6,
-            (false, _) => panel_rows(e.c.dims[0]),
+            (false, avx512) => panel_rows(e.c.dims[0], e.c.dims[1], !avx512),
         };
         e.plan_bases()?;
         if e.b_int() {
