@@ -329,9 +329,17 @@ fn one_executable_many_kernels_and_compile_time() {
     let names: Vec<&str> = m.executable.entries.iter().map(|e| e.0.as_str()).collect();
     assert_eq!(names, ["softmax", "layernorm", "matmul", "add4d", "chain150"]);
     // The matmul is a contraction microkernel where the host has AVX2+FMA: one
-    // workgroup per panel of four rows (16 is a multiple of 4, not of 6).
-    let micro = avx2_fma();
-    assert_eq!(m.workgroups, vec![16, 16, if micro { 4 } else { 16 }, 30, 64]);
+    // workgroup per panel of rows. 512-bit tiles take panels of four rows (16 is a
+    // multiple of 4, not of 6); 256-bit tiles over 32 columns take 6, 6 and 4 rows (a
+    // 4 × 24 tiling would end in a one-vector tile).
+    let panels = if !avx2_fma() {
+        16
+    } else if std::is_x86_feature_detected!("avx512f") {
+        4
+    } else {
+        3
+    };
+    assert_eq!(m.workgroups, vec![16, 16, panels, 30, 64]);
     // Every entry runs: the chain against the interpreter.
     let x = random_f32(&[64, 64], 2.0, 8);
     let y = random_f32(&[64], 2.0, 9);
