@@ -286,23 +286,25 @@ fn resident_constants(p: &FlowProgram) -> Vec<Option<usize>> {
         let buf = &p.buffers[s.index()];
         (matches!(buf.kind, BufferKind::Const(_)) && buf.ty.storage_bytes() >= RESIDENT_CONSTANT_BYTES).then_some(s)
     };
-    let read = |d: &kiln_flow::program::Dispatch| -> Vec<BufferId> {
-        let mut v: Vec<BufferId> = d.operands.iter().filter_map(|&o| large(o)).collect();
-        v.sort_unstable_by_key(|b| b.index());
-        v.dedup();
-        v
-    };
-    let mut readers = vec![0usize; p.buffers.len()];
-    for d in &p.dispatches {
-        for b in read(d) {
-            readers[b.index()] += 1;
-        }
-    }
-    p.dispatches
+    // Each dispatch's large constants, once each.
+    let reads: Vec<Vec<BufferId>> = p
+        .dispatches
         .iter()
         .map(|d| {
-            read(d)
-                .into_iter()
+            let mut v: Vec<BufferId> = d.operands.iter().filter_map(|&o| large(o)).collect();
+            v.sort_unstable_by_key(|b| b.index());
+            v.dedup();
+            v
+        })
+        .collect();
+    let mut readers = vec![0usize; p.buffers.len()];
+    for b in reads.iter().flatten() {
+        readers[b.index()] += 1;
+    }
+    reads
+        .into_iter()
+        .map(|read| {
+            read.into_iter()
                 .filter(|b| readers[b.index()] >= 2)
                 .max_by_key(|b| (p.buffers[b.index()].ty.storage_bytes(), std::cmp::Reverse(b.index())))
                 .map(|b| b.index())

@@ -5,6 +5,8 @@
 //! other, so they may run concurrently; a barrier separates consecutive waves.
 //! [`waves_apart`] defers tasks of one key while another key's tasks are running.
 
+use std::collections::BTreeMap;
+
 /// Why a task graph cannot be scheduled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaveError {
@@ -64,9 +66,9 @@ pub fn waves(deps: &[Vec<usize>]) -> Result<Waves, WaveError> {
 pub fn waves_apart(deps: &[Vec<usize>], keys: &[Option<usize>]) -> Result<Waves, WaveError> {
     let n = deps.len();
     // Tasks of each key not yet in a wave.
-    let mut left: key_counts::Counts = key_counts::Counts::default();
-    for k in keys.iter().take(n).flatten() {
-        left.add(*k);
+    let mut left: BTreeMap<usize, usize> = BTreeMap::new();
+    for &k in keys.iter().take(n).flatten() {
+        *left.entry(k).or_default() += 1;
     }
     let key = |t: usize| keys.get(t).copied().flatten();
     let mut open: Option<usize> = None;
@@ -95,8 +97,9 @@ pub fn waves_apart(deps: &[Vec<usize>], keys: &[Option<usize>]) -> Result<Waves,
         let (current, waiting): (Vec<usize>, Vec<usize>) = ready.iter().partition(|&&t| runs(t, open));
         let mut next = waiting;
         for &t in &current {
-            if let Some(k) = key(t) {
-                left.take(k);
+            wave_of[t] = waves.len();
+            if let Some(c) = key(t).and_then(|k| left.get_mut(&k)) {
+                *c -= 1;
             }
             for &u in &users[t] {
                 pending[u] -= 1;
@@ -105,10 +108,7 @@ pub fn waves_apart(deps: &[Vec<usize>], keys: &[Option<usize>]) -> Result<Waves,
                 }
             }
         }
-        for &t in &current {
-            wave_of[t] = waves.len();
-        }
-        if open.is_some_and(|k| left.get(k) == 0) {
+        if open.is_some_and(|k| left.get(&k) == Some(&0)) {
             open = None;
         }
         done += current.len();
@@ -121,29 +121,6 @@ pub fn waves_apart(deps: &[Vec<usize>], keys: &[Option<usize>]) -> Result<Waves,
         return Err(WaveError::Cycle(t));
     }
     Ok(Waves { waves, wave_of })
-}
-
-/// Counts per key (keys are small integers: buffer or task numbers).
-mod key_counts {
-    #[derive(Default)]
-    pub(super) struct Counts(Vec<usize>);
-
-    impl Counts {
-        pub(super) fn add(&mut self, k: usize) {
-            if self.0.len() <= k {
-                self.0.resize(k + 1, 0);
-            }
-            self.0[k] += 1;
-        }
-        pub(super) fn take(&mut self, k: usize) {
-            if let Some(c) = self.0.get_mut(k) {
-                *c = c.saturating_sub(1);
-            }
-        }
-        pub(super) fn get(&self, k: usize) -> usize {
-            self.0.get(k).copied().unwrap_or(0)
-        }
-    }
 }
 
 #[cfg(test)]
