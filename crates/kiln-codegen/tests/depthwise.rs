@@ -5,7 +5,9 @@
 //! several register groups), several batches; epilogues of bias, per-channel scale,
 //! Relu6 as compare-and-select, `max`/`min` clamps and HardSwish (the value times a
 //! clamped chain of itself); NaN through the clamps;
-//! workgroup splits and writes outside the output (`run_compiled`).
+//! workgroup splits and writes outside the output (`run_compiled`); every operand
+//! against an inaccessible page at its start and at its end (`check_fenced`: border
+//! vectors read whole where they stay inside the plane must never reach past it).
 //!
 //! The kernel sums in f32 with one FMA per tap; the interpreter sums in f64 and rounds
 //! once. Each element must lie within `(taps + 2)·2⁻²⁴·S` of the interpreter, `S` the
@@ -65,6 +67,7 @@ fn check(k: &Kernel, ins: &[Tensor], units: f32) {
     for cfg in targets() {
         let m = compile_with(&classify(&[k]), &cfg.target, &Options::default()).unwrap();
         assert!(m.notes[0].starts_with("depthwise"), "{} {:?}: {}", k.name, cfg.target, m.notes[0]);
+        check_fenced(k, &refs, &cfg);
         for splits in [1, 3] {
             let got = run_compiled(k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
             for i in 0..want.len() {
@@ -95,6 +98,7 @@ fn check_exact(k: &Kernel, x: &Tensor, note: Option<&str>, what: &str) {
             let m = compile_with(&classify(&[k]), &cfg.target, &Options::default()).unwrap();
             assert!(m.notes[0].starts_with(note), "{what} {cfg:?}: {}", m.notes[0]);
         }
+        check_fenced(k, &[x], &cfg);
         for splits in [1, 3] {
             let got = run_compiled(k, &[x], &cfg, splits);
             if let Err(e) = compare(&got, &want, EXACT) {
@@ -207,6 +211,7 @@ fn max_pools_match_the_interpreter() {
                     n += 1;
                     let refs: Vec<&Tensor> = ins.iter().collect();
                     let want = interp::run(&k, &refs).unwrap().to_vec::<f32>().unwrap();
+                    targets().iter().for_each(|cfg| check_fenced(&k, &refs, cfg));
                     for (cfg, splits) in targets().into_iter().flat_map(|c| [(c.clone(), 1), (c, 4)]) {
                         let got = run_compiled(&k, &refs, &cfg, splits).to_vec::<f32>().unwrap();
                         for i in 0..want.len() {

@@ -130,6 +130,9 @@ struct Emit<'d> {
     /// Lane patterns of border columns held in opmask registers `k1`–`k7` (the
     /// pattern's bits, the register's number), set once per call.
     opmasks: Vec<(u8, u8)>,
+    /// The first output rows (`r14`) of every block the code being emitted runs for:
+    /// one for an unrolled block, each turn's for the loop's.
+    at_rows: Vec<i64>,
 }
 
 impl<'d> Emit<'d> {
@@ -176,6 +179,7 @@ impl<'d> Emit<'d> {
             scratch: YMM[ntaps..ntaps + nscratch].to_vec(),
             accs: YMM[ntaps + nscratch..].to_vec(),
             opmasks: Vec::new(),
+            at_rows: Vec::new(),
         })
     }
 
@@ -225,9 +229,28 @@ impl<'d> Emit<'d> {
         (0..8).filter(|e| (0..extent).contains(&(first + e))).fold(0u8, |m, e| m | (1 << e))
     }
 
-    /// `dst` = 8 elements at `rbx + disp·4` whose lanes `bits` are inside the row (0
-    /// elsewhere, nothing read there); `None` when no lane is.
-    fn load(&mut self, dst: AsmRegisterYmm, disp: i64, bits: u8) -> R<bool> {
+    /// Whether the 8 elements at `rbx + disp·4`, on window row `row` (the input row
+    /// `sh·r14 + row`), lie inside the input plane at every output row `r14` the code
+    /// being emitted runs at ([`Emit::at_rows`]), where that input row is read at all
+    /// (outside the plane [`Emit::row_check`] skips it). Lanes outside the row but
+    /// inside the plane are other rows' elements: a whole load reads them harmlessly
+    /// and a blend drops them; only the plane's first and last rows can reach past it.
+    fn whole_read_inside(&self, row: i64, disp: i64) -> bool {
+        let d = self.d;
+        let (h, w, sh, ph) = (d.in_dims[2] as i64, d.in_dims[3] as i64, d.stride[0], d.offset[0]);
+        !self.at_rows.is_empty()
+            && self.at_rows.iter().all(|&oh| {
+                let o = (sh * oh + ph) * w + disp;
+                !(0..h).contains(&(sh * oh + row)) || (o >= 0 && o + 8 <= h * w)
+            })
+    }
+
+    /// `dst` = 8 elements at `rbx + disp·4` (window row `row`, as for
+    /// [`Emit::whole_read_inside`]) whose lanes `bits` are inside the row (0 elsewhere);
+    /// `None` when no lane is. Lanes outside are read and blended to 0 where the whole
+    /// vector stays inside the plane, else not read at all (a mask load: `vmaskmovps`
+    /// costs about five plain loads and a blend on AMD Zen).
+    fn load(&mut self, dst: AsmRegisterYmm, disp: i64, bits: u8, row: i64) -> R<bool> {
         let at = ymmword_ptr(rbx + (disp * 4) as i32);
         match bits {
             0 => Ok(false),
@@ -241,6 +264,11 @@ impl<'d> Emit<'d> {
                     self.a.evex().vmovups(under(dst, k).z(), at)?;
                     return Ok(true);
                 }
+                if self.whole_read_inside(row, disp) {
+                    self.a.vxorps(dst, dst, dst)?;
+                    self.a.vblendps(dst, dst, at, u32::from(bits))?;
+                    return Ok(true);
+                }
                 let l = self.mask_label(bits);
                 let m = self.scratch[self.scratch.len() - 1];
                 self.a.vmovups(m, ymmword_ptr(l))?;
@@ -250,9 +278,9 @@ impl<'d> Emit<'d> {
         }
     }
 
-    /// `dst` = 8 elements at `rbx + disp·4` for a max pool: lanes outside the row
-    /// (not in `bits`) are −∞.
-    fn load_max(&mut self, dst: AsmRegisterYmm, disp: i64, bits: u8) -> R<()> {
+    /// `dst` = 8 elements at `rbx + disp·4` (window row `row`) for a max pool: lanes
+    /// outside the row (not in `bits`) are −∞.
+    fn load_max(&mut self, dst: AsmRegisterYmm, disp: i64, bits: u8, row: i64) -> R<()> {
         let neg_inf = self.taps[0];
         match bits {
             0 => self.a.vmovaps(dst, neg_inf)?,
@@ -263,8 +291,12 @@ impl<'d> Emit<'d> {
                     self.a.vmovaps(dst, neg_inf)?;
                     self.a.evex().vmovups(under(dst, k), ymmword_ptr(rbx + (disp * 4) as i32))?;
                 }
+                None if self.whole_read_inside(row, disp) => {
+                    // The lanes inside from memory, −∞ elsewhere: one blend.
+                    self.a.vblendps(dst, neg_inf, ymmword_ptr(rbx + (disp * 4) as i32), u32::from(bits))?;
+                }
                 None => {
-                    self.load(dst, disp, bits)?;
+                    self.load(dst, disp, bits, row)?;
                     let m = self.scratch[self.scratch.len() - 1];
                     self.a.vblendvps(dst, neg_inf, dst, m)?;
                 }
@@ -367,18 +399,36 @@ impl<'d> Emit<'d> {
         // stores masked.
         let safe_rows = if 8 * vectors > oh_n * ow_n { 0 } else { (oh_n * ow_n - 8 * vectors) / ow_n + 1 };
         let looped = safe_rows.min(oh_n) / rows_per * rows_per;
-        if looped > 0 {
+        // The loop's first and last turns are unrolled where their border loads would
+        // reach past the plane (its first row's left border, its last row's right
+        // border) and so make every turn's mask loads: the turns between read whole
+        // vectors and blend.
+        let (mut first, mut last) = (0, looped);
+        if looped > 0 && !self.block_reads_inside(0, rows_per) {
+            first = rows_per;
+        }
+        if last > first && !self.block_reads_inside(last - rows_per, rows_per) {
+            last -= rows_per;
+        }
+        let mut oh = 0;
+        while oh < first {
+            self.unrolled_block(rows_per, vectors, g, oh)?;
+            self.step_rows(rows_per)?;
+            oh += rows_per;
+        }
+        if last > first {
+            self.at_rows = (first..last).step_by(rows_per as usize).collect();
             let mut row = self.a.create_label();
             self.a.set_label(&mut row)?;
             self.row_block(rows_per, vectors, g, None)?;
             self.step_rows(rows_per)?;
-            self.a.cmp(r14, looped as i32)?;
+            self.a.cmp(r14, last as i32)?;
             self.a.jb(row)?;
+            oh = last;
         }
-        let mut oh = looped;
         while oh < oh_n {
             let rows = rows_per.min(oh_n - oh);
-            self.row_block(rows, vectors, g, Some(oh))?;
+            self.unrolled_block(rows, vectors, g, oh)?;
             oh += rows;
             if oh < oh_n {
                 self.step_rows(rows)?;
@@ -391,6 +441,39 @@ impl<'d> Emit<'d> {
         leave(&mut self.a, frame)?;
         self.t.emit(&mut self.a)?;
         Ok((self.a.assemble(0)?, planes as u64))
+    }
+
+    /// [`Emit::row_block`] of output rows `oh .. oh + rows`, emitted for them alone.
+    fn unrolled_block(&mut self, rows: i64, vectors: i64, g: i64, oh: i64) -> R<()> {
+        self.at_rows = vec![oh];
+        self.row_block(rows, vectors, g, Some(oh))
+    }
+
+    /// Whether every border load (a vector partly outside its row) of output rows
+    /// `oh .. oh + rows` that has no opmask stays inside the plane, so that
+    /// [`Emit::load`] can read it whole and blend.
+    fn block_reads_inside(&self, oh: i64, rows: i64) -> bool {
+        let d = self.d;
+        let (h, w) = (d.in_dims[2] as i64, d.in_dims[3] as i64);
+        let (sh, sw, dil_h, dil_w, ph, pw) =
+            (d.stride[0], d.stride[1], d.dilation[0], d.dilation[1], d.offset[0], d.offset[1]);
+        // (Wider column strides gather under a mask: nothing to blend.)
+        let halves: &[i64] = match sw {
+            1 => &[0],
+            2 => &[0, 8],
+            _ => &[],
+        };
+        let vectors = (d.out_dims[3] as i64 + 7) / 8;
+        let rows_read = (0..rows).flat_map(|r| (0..d.window[0] as i64).map(move |kh| sh * (oh + r) + dil_h * kh + ph));
+        let cols = (0..vectors).flat_map(|j| (0..d.window[1] as i64).map(move |kw| sw * 8 * j + dil_w * kw + pw));
+        let cols: Vec<i64> = cols.flat_map(|c| halves.iter().map(move |s| c + s)).collect();
+        rows_read.filter(|row| (0..h).contains(row)).all(|row| {
+            cols.iter().all(|&c| {
+                let bits = Self::inside(c, w);
+                let border = bits != 0 && bits != 0xff && self.opmask(bits).is_none();
+                !border || (row * w + c >= 0 && row * w + c + 8 <= h * w)
+            })
+        })
     }
 
     /// Moves the row pointers and counter `rows` output rows on.
@@ -487,10 +570,10 @@ impl<'d> Emit<'d> {
     }
 
     /// `dst` = the 8 input elements of a vector whose lane 0 reads input column `col`
-    /// (at `rbx + disp·4`), lane `e` column `col + sw·e`: 0 outside the row (−∞ for a
-    /// max pool), nothing read there. `false` (and `dst` unset) when no lane is inside
-    /// and the value would be 0.
-    fn fetch(&mut self, dst: AsmRegisterYmm, disp: i64, col: i64) -> R<bool> {
+    /// (at `rbx + disp·4`, window row `row` as for [`Emit::whole_read_inside`]), lane `e`
+    /// column `col + sw·e`: 0 outside the row (−∞ for a max pool). `false` (and `dst`
+    /// unset) when no lane is inside and the value would be 0.
+    fn fetch(&mut self, dst: AsmRegisterYmm, disp: i64, col: i64, row: i64) -> R<bool> {
         let d = self.d;
         let (w, sw) = (d.in_dims[3] as i64, d.stride[1]);
         let max = d.op == WindowOp::Max;
@@ -499,10 +582,10 @@ impl<'d> Emit<'d> {
             1 => {
                 let bits = Self::inside(col, w);
                 if max {
-                    self.load_max(dst, disp, bits)?;
+                    self.load_max(dst, disp, bits, row)?;
                     Ok(true)
                 } else {
-                    self.load(dst, disp, bits)
+                    self.load(dst, disp, bits, row)
                 }
             }
             2 => {
@@ -513,14 +596,14 @@ impl<'d> Emit<'d> {
                 // where one a tap did (3×3 stride 2: 9 shuffles an output vector, not 18).
                 let (lo, hi) = (Self::inside(col, w), Self::inside(col + 8, w));
                 if max {
-                    self.load_max(dst, disp, lo)?;
-                    self.load_max(t1, disp + 8, hi)?;
+                    self.load_max(dst, disp, lo, row)?;
+                    self.load_max(t1, disp + 8, hi, row)?;
                 } else {
                     let even = |m: u8| (0..4).any(|e| m >> (2 * e) & 1 == 1);
                     if !even(lo) && !even(hi) {
                         return Ok(false);
                     }
-                    if !self.load(dst, disp, lo)? {
+                    if !self.load(dst, disp, lo, row)? {
                         self.a.vxorps(dst, dst, dst)?;
                     }
                     if hi == 0xff {
@@ -529,7 +612,7 @@ impl<'d> Emit<'d> {
                         self.a.vshufps(dst, dst, at, 0x88)?;
                         return Ok(true);
                     }
-                    if !self.load(t1, disp + 8, hi)? {
+                    if !self.load(t1, disp + 8, hi, row)? {
                         self.a.vxorps(t1, t1, t1)?;
                     }
                 }
@@ -623,10 +706,10 @@ impl<'d> Emit<'d> {
                                 self.add_tap_at(acc, None, tap, at)?;
                             } else if let Some(k) = self.opmask(bits) {
                                 self.add_tap_at(acc, Some(k), tap, at)?;
-                            } else if self.load(t0, disp, bits)? {
+                            } else if self.load(t0, disp, bits, first)? {
                                 self.add_tap(acc, tap, t0)?;
                             }
-                        } else if self.fetch(t0, disp, col)? {
+                        } else if self.fetch(t0, disp, col, first)? {
                             self.add_tap(acc, tap, t0)?;
                         }
                     }
@@ -711,7 +794,7 @@ impl<'d> Emit<'d> {
                 let target = if single { accs[pairs[0] as usize * nv + i] } else { hmax };
                 for kw in 0..kw_n {
                     let col = sw * 8 * j + dil_w * kw + pw;
-                    self.fetch(t0, u * w + col, col)?;
+                    self.fetch(t0, u * w + col, col, ph + u)?;
                     // vmaxps gives its second source where the first is NaN.
                     let prev = if !single && kw == 0 { neg_inf } else { target };
                     self.a.vmaxps(target, t0, prev)?;

@@ -158,6 +158,87 @@ pub fn run_compiled_in(k: &Kernel, inputs: &[&Tensor], cfg: &Config, splits: u64
     Tensor::new(k.output.clone(), Bytes::copy_from_slice(out.data())).expect("output tensor")
 }
 
+/// A buffer of `len` bytes with an inaccessible page on each side, its bytes placed
+/// against one of them: a kernel that reads or writes a byte past that end faults.
+struct Fenced {
+    base: *mut u8,
+    map_len: usize,
+    at: *mut u8,
+    len: usize,
+}
+
+impl Fenced {
+    /// `data` placed right after the leading fence (`at_end` false) or ending right at
+    /// the trailing one.
+    fn new(data: &[u8], at_end: bool) -> Fenced {
+        // SAFETY (test): sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let inner = data.len().div_ceil(page).max(1) * page;
+        let map_len = inner + 2 * page;
+        // SAFETY (test): an anonymous private mapping of map_len bytes, no address hint.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(base != libc::MAP_FAILED, "mmap");
+        let base = base as *mut u8;
+        // SAFETY (test): both fences are whole pages of the mapping just made.
+        unsafe {
+            assert_eq!(libc::mprotect(base.cast(), page, libc::PROT_NONE), 0);
+            assert_eq!(libc::mprotect(base.add(page + inner).cast(), page, libc::PROT_NONE), 0);
+        }
+        let offset = if at_end { page + inner - data.len() } else { page };
+        // SAFETY (test): offset + data.len() <= page + inner, inside the writable pages.
+        let at = unsafe { base.add(offset) };
+        // SAFETY (test): `at` has data.len() writable bytes; the regions do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len()) };
+        Fenced { base, map_len, at, len: data.len() }
+    }
+
+    fn data(&self) -> &[u8] {
+        // SAFETY (test): `at` has `len` initialised bytes, mapped while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.at, self.len) }
+    }
+}
+
+impl Drop for Fenced {
+    fn drop(&mut self) {
+        // SAFETY (test): the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.map_len) };
+    }
+}
+
+/// Runs `k` (one call over every workgroup) with each operand, inputs and output, placed
+/// against an inaccessible page, once against the page before it and once against the
+/// page after it, and checks that both runs agree bit for bit with
+/// [`run_compiled`]'s result: a kernel that reads or writes past an operand's first or
+/// last byte (a whole vector where a masked one was due) faults here.
+pub fn check_fenced(k: &Kernel, inputs: &[&Tensor], cfg: &Config) {
+    let want = run_compiled(k, inputs, cfg, 1);
+    let m =
+        compile_with(&classify(&[k]), &cfg.target, &cfg.options).unwrap_or_else(|e| panic!("compile {}: {e}", k.name));
+    let exe = &m.executable;
+    let code = LoadedCode::load(&exe.code, &exe.relocs).unwrap_or_else(|e| panic!("load: {e}"));
+    let entry = code.entry(exe.entries[0].1).expect("entry");
+    for at_end in [false, true] {
+        let ins: Vec<Fenced> = inputs.iter().map(|t| Fenced::new(t.bytes(), at_end)).collect();
+        let out = Fenced::new(&vec![0xA5u8; k.output.storage_bytes()], at_end);
+        let mut bindings: Vec<*mut u8> = ins.iter().map(|f| f.at).collect();
+        bindings.push(out.at);
+        // SAFETY (test): the bindings are live buffers of the kernel's operand types,
+        // in binding order; the helper table is the runtime's.
+        unsafe { entry(bindings.as_ptr(), HELPERS.as_ptr(), 0, m.workgroups[0]) };
+        let end = if at_end { "end" } else { "start" };
+        assert_eq!(out.data(), want.bytes().as_ref(), "{} {:?}: operands fenced at their {end}", k.name, cfg.target);
+    }
+}
+
 /// How to compare two outputs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Cmp {
