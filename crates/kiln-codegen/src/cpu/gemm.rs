@@ -1038,6 +1038,18 @@ impl Emitter<'_> {
         if !self.stride2() {
             let at = ymmword_ptr(rsi + disp as i32);
             match lanes {
+                Some(l) if self.c.dims[1] >= 8 => {
+                    // The row's last 8 columns, read whole (N ≥ 8: all of them this
+                    // row's), moved down 8 − l lanes: where a masked load was, which
+                    // costs about five plain loads on AMD Zen. Lanes past l hold other
+                    // columns of the row; their sums are never stored.
+                    let m = temps[0];
+                    let back = 8 - l as i64;
+                    let index: Vec<u32> = (0..8).map(|e| ((e + back) % 8) as u32).collect();
+                    let label = self.t.words(&mut self.a, &index);
+                    self.a.vmovdqu(m, ymmword_ptr(label))?;
+                    self.a.vpermps(dst, m, ymmword_ptr(rsi + (disp - 4 * back) as i32))?;
+                }
                 Some(l) => {
                     let m = temps[0];
                     let label = self.mask_label(l);
