@@ -21,7 +21,10 @@
 //! broadcasts `mr` elements of A and issues `mr·nv` FMAs. `nv` is the widest that fits
 //! the 16 ymm registers (6×16 or 4×24 for full panels, 1×56 for single rows). Columns past the
 //! last full tile run in a narrower tile, and the last 1..7 columns in a masked tile
-//! (`vmaskmovps`: lanes past the end are neither read nor written).
+//! (lanes past the end are not written; an unpacked f32 B of N ≥ 8 columns gives that
+//! tile the row's last 8 columns, read whole and moved down by one `vpermps`, where a
+//! `vmaskmovps` load per reduction step cost about five plain loads on AMD Zen; other
+//! B's are mask loads, which read nothing past the end).
 //!
 //! Where the target has AVX-512 F and B is a row shared by the tile's rows per step (not
 //! per row), full tiles are `mr × 64` in 512-bit registers instead ([`Emitter::tile_zmm`]:

@@ -175,17 +175,9 @@ impl Fenced {
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let inner = data.len().div_ceil(page).max(1) * page;
         let map_len = inner + 2 * page;
+        let (rw, private) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
         // SAFETY (test): an anonymous private mapping of map_len bytes, no address hint.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
+        let base = unsafe { libc::mmap(std::ptr::null_mut(), map_len, rw, private, -1, 0) };
         assert!(base != libc::MAP_FAILED, "mmap");
         let base = base as *mut u8;
         // SAFETY (test): both fences are whole pages of the mapping just made.
