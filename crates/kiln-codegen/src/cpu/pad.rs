@@ -6,8 +6,12 @@
 //! A workgroup is one output row (every output dimension but the innermost), as for
 //! general kernels. All offsets are constants, so per row the code only decides
 //! whether the row maps into `x` at all; a row that does is written as three runs —
-//! pad values, one contiguous copy (8 lanes at a time, the tail masked), pad values —
-//! and a row that does not is all pad values. Nothing is read outside `x`.
+//! pad values, one contiguous copy (8 lanes at a time), pad values — and a row that
+//! does not is all pad values. In a row of at least 8 elements every store is a whole
+//! vector inside the row: the pad runs first, a partial vector of pad values overlapping
+//! columns of the copy, which is written after them and ends in the 8 elements ending at
+//! its end; narrower rows mask their tails. Nothing is read outside `x`, nor written
+//! outside the row.
 
 use iced_x86::code_asm::*;
 use kiln_flow::affine::affine;
@@ -112,7 +116,12 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     // Source row: decode the row into outer coordinates, check each maps into x.
     let mut fill = a.create_label();
     source_row(&mut a, &p, &in_stride, 4, rbx, fill)?;
-    // rbx: x's row. Pad run, copy run, pad run.
+    // rbx: x's row. Pad runs, then the copy run. A row of at least 8 elements takes no
+    // masked stores (a `vmaskmovps` store costs tens of cycles on AMD Zen, and a row
+    // had two or three): a pad run's partial vector is a whole one inside the row (pad
+    // values over columns the copy, written after, overwrites), and the copy's last
+    // partial vector is the 8 elements ending at the run's end, read and written whole.
+    let whole = w_out >= 8;
     let store_run = |a: &mut CodeAssembler,
                      mask: &mut dyn FnMut(&mut CodeAssembler, u64) -> CodeLabel,
                      from: i64,
@@ -123,7 +132,9 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
             a.vmovups(ymmword_ptr(rsi + (x * 4) as i32), ymm0)?;
             x += 8;
         }
-        if x < to {
+        if x < to && whole {
+            a.vmovups(ymmword_ptr(rsi + (x.min(w_out - 8) * 4) as i32), ymm0)?;
+        } else if x < to {
             let l = mask(a, (to - x) as u64);
             a.vmovups(ymm1, ymmword_ptr(l))?;
             a.vmaskmovps(ymmword_ptr(rsi + (x * 4) as i32), ymm1, ymm0)?;
@@ -131,6 +142,7 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
         Ok(())
     };
     store_run(&mut a, &mut mask, 0, lo)?;
+    store_run(&mut a, &mut mask, hi, w_out)?;
     let n = hi - lo;
     if n > 0 {
         // Copy x[lo + c .. hi + c] to out[lo .. hi]: 32 columns per iteration, then 8s, then a masked tail.
@@ -158,14 +170,17 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
             a.vmovups(ymmword_ptr(rsi + (dst0 + x * 4) as i32), ymm2)?;
             x += 8;
         }
-        if x < n {
+        if x < n && n >= 8 {
+            // The run's last 8 elements (inside x's row and the output row).
+            a.vmovups(ymm2, ymmword_ptr(rbx + (src0 + (n - 8) * 4) as i32))?;
+            a.vmovups(ymmword_ptr(rsi + (dst0 + (n - 8) * 4) as i32), ymm2)?;
+        } else if x < n {
             let l = mask(&mut a, (n - x) as u64);
             a.vmovups(ymm1, ymmword_ptr(l))?;
             a.vmaskmovps(ymm2, ymm1, ymmword_ptr(rbx + (src0 + x * 4) as i32))?;
             a.vmaskmovps(ymmword_ptr(rsi + (dst0 + x * 4) as i32), ymm1, ymm2)?;
         }
     }
-    store_run(&mut a, &mut mask, hi, w_out)?;
     let mut next = a.create_label();
     a.jmp(next)?;
     a.set_label(&mut fill)?;
