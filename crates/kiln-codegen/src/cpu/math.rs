@@ -220,8 +220,8 @@ pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
         b.ins().fsub(r, a)
     };
     // e^r ≈ 1 + r + r²·P(r).
-    let p = horner(b, ty, r, &EXP_P, fma);
     let r2 = b.ins().fmul(r, r);
+    let p = exp_poly(b, ty, r, r2, fma);
     let p = mul_add(b, fma, p, r2, r);
     let one = c(b, ty, 1.0);
     let p = b.ins().fadd(p, one);
@@ -232,6 +232,23 @@ pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
     let s2 = pow2(b, ty, n2);
     let p = b.ins().fmul(p, s1);
     b.ins().fmul(p, s2)
+}
+
+/// exp's `P(r)` ([`EXP_P`], degree 5) in three pairs `a₂ᵢ₊₁·r + a₂ᵢ` joined by `r²`
+/// (`(q₀ + q₁·r²) + (q₂·r²)·r²`): three dependent steps after the pairs, where Horner
+/// takes five; each step a [`mul_add`], in the order [`Vx::exp`] takes them.
+fn exp_poly(b: &mut FunctionBuilder<'_>, ty: Type, r: Value, r2: Value, fma: bool) -> Value {
+    let a = |i: usize| EXP_P[5 - i];
+    let mut pair = |b: &mut FunctionBuilder<'_>, i: usize| {
+        let (hi, lo) = (c(b, ty, a(2 * i + 1)), c(b, ty, a(2 * i)));
+        mul_add(b, fma, hi, r, lo)
+    };
+    let q0 = pair(b, 0);
+    let q1 = pair(b, 1);
+    let s = mul_add(b, fma, q1, r2, q0);
+    let q2 = pair(b, 2);
+    let t = b.ins().fmul(q2, r2);
+    mul_add(b, fma, t, r2, s)
 }
 
 /// exp's polynomial for `(eʳ − 1 − r) / r²`, highest degree first.
@@ -570,8 +587,21 @@ impl Vx<'_> {
         self.op(Op::Sub, nf, n, c(MAGIC))?;
         self.op(Op::Fma231, dst, nf, c(-LN2_C1))?;
         self.op(Op::Fma231, dst, nf, c(-LN2_C2))?; // r
-        self.horner(p, dst, &EXP_P)?;
-        self.op(Op::Mul, k, dst, Src::R(dst))?;
+                                                   // P(r) as `exp_poly` (the general path's form) takes it, in pairs joined by
+                                                   // r² (k); `q` is free from here: nf on 8 lanes (the scaling below recomputes
+                                                   // it from n), n on 16 (its scaling reads nf).
+        let q = if self.wide { n } else { nf };
+        let a = |i: usize| c(EXP_P[5 - i]);
+        self.op(Op::Mul, k, dst, Src::R(dst))?; // r²
+        self.mov(p, a(1))?;
+        self.op(Op::Fma213, p, dst, a(0))?; // q0
+        self.mov(q, a(3))?;
+        self.op(Op::Fma213, q, dst, a(2))?; // q1
+        self.op(Op::Fma231, p, q, Src::R(k))?; // q1·r² + q0
+        self.mov(q, a(5))?;
+        self.op(Op::Fma213, q, dst, a(4))?; // q2
+        self.op(Op::Mul, q, q, Src::R(k))?;
+        self.op(Op::Fma231, p, q, Src::R(k))?; // (q2·r²)·r² + …
         self.op(Op::Fma213, p, k, Src::R(dst))?; // p·r² + r
         self.op(Op::Add, p, p, c(1.0))?;
         if self.wide {
