@@ -149,7 +149,7 @@ fn horner(b: &mut FunctionBuilder<'_>, ty: Type, x: Value, coefs: &[f32], fma: b
 /// (the machine-code form gives the same bits).
 fn erfc_poly(b: &mut FunctionBuilder<'_>, ty: Type, t: Value, fma: bool) -> Value {
     let a = |i: usize| ERFC_P[9 - i];
-    let mut pair = |b: &mut FunctionBuilder<'_>, i: usize| {
+    let pair = |b: &mut FunctionBuilder<'_>, i: usize| {
         let (hi, lo) = (c(b, ty, a(2 * i + 1)), c(b, ty, a(2 * i)));
         mul_add(b, fma, hi, t, lo)
     };
@@ -241,7 +241,7 @@ pub(crate) fn exp(b: &mut FunctionBuilder<'_>, x: Value, fma: bool) -> Value {
 /// takes five; each step a [`mul_add`], in the order [`Vx::exp`] takes them.
 fn exp_poly(b: &mut FunctionBuilder<'_>, ty: Type, r: Value, r2: Value, fma: bool) -> Value {
     let a = |i: usize| EXP_P[5 - i];
-    let mut pair = |b: &mut FunctionBuilder<'_>, i: usize| {
+    let pair = |b: &mut FunctionBuilder<'_>, i: usize| {
         let (hi, lo) = (c(b, ty, a(2 * i + 1)), c(b, ty, a(2 * i)));
         mul_add(b, fma, hi, r, lo)
     };
