@@ -246,10 +246,16 @@ impl<'d> Emit<'d> {
         let d = self.d;
         let (h, w, sh, ph) = (d.in_dims[2] as i64, d.in_dims[3] as i64, d.stride[0], d.offset[0]);
         !self.at_rows.is_empty()
-            && self.at_rows.iter().all(|&oh| {
-                let o = (sh * oh + ph) * w + disp;
-                !(0..h).contains(&(sh * oh + row)) || (o >= 0 && o + 8 <= h * w)
-            })
+            && self
+                .at_rows
+                .iter()
+                .all(|&oh| !(0..h).contains(&(sh * oh + row)) || self.vector_in_plane((sh * oh + ph) * w + disp))
+    }
+
+    /// Whether the 8 elements from element `o` of the input plane are all in it.
+    fn vector_in_plane(&self, o: i64) -> bool {
+        let [_, _, h, w] = self.d.in_dims.map(|x| x as i64);
+        o >= 0 && o + 8 <= h * w
     }
 
     /// `dst` = 8 elements at `rbx + disp·4` (window row `row`, as for
@@ -478,7 +484,7 @@ impl<'d> Emit<'d> {
             cols.iter().all(|&c| {
                 let bits = Self::inside(c, w);
                 let border = bits != 0 && bits != 0xff && self.opmask(bits).is_none();
-                !border || (row * w + c >= 0 && row * w + c + 8 <= h * w)
+                !border || self.vector_in_plane(row * w + c)
             })
         })
     }

@@ -589,9 +589,10 @@ impl Vx<'_> {
         self.op(Op::Sub, nf, n, c(MAGIC))?;
         self.op(Op::Fma231, dst, nf, c(-LN2_C1))?;
         self.op(Op::Fma231, dst, nf, c(-LN2_C2))?; // r
-                                                   // P(r) as `exp_poly` (the general path's form) takes it, in pairs joined by
-                                                   // r² (k); `q` is free from here: nf on 8 lanes (the scaling below recomputes
-                                                   // it from n), n on 16 (its scaling reads nf).
+
+        // P(r) as `exp_poly` (the general path's form) takes it, in pairs joined by r²
+        // (k); `q` is free from here: nf on 8 lanes (the scaling below recomputes it
+        // from n), n on 16 (its scaling reads nf).
         let q = if self.wide { n } else { nf };
         let a = |i: usize| c(EXP_P[5 - i]);
         self.op(Op::Mul, k, dst, Src::R(dst))?; // r²

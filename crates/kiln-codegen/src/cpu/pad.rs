@@ -145,7 +145,8 @@ pub(crate) fn emit(k: &Kernel) -> R<(Vec<u8>, u64)> {
     store_run(&mut a, &mut mask, hi, w_out)?;
     let n = hi - lo;
     if n > 0 {
-        // Copy x[lo + c .. hi + c] to out[lo .. hi]: 32 columns per iteration, then 8s, then a masked tail.
+        // Copy x[lo + c .. hi + c] to out[lo .. hi]: 32 columns per iteration, then 8s, then
+        // the last 8 (a masked tail where the run is under 8).
         let src0 = (lo + c) * 4;
         let dst0 = lo * 4;
         let mut x = 0i64;
