@@ -183,7 +183,7 @@ use kiln_flow::layout::PanelWidths;
 use kiln_flow::{BinaryOp, Bounds, Expr, ExprId, Kernel, ScalarType, UnaryOp};
 
 use super::asm::{add_imm, enter, leave, reserve, Tables, YMM, ZMM};
-use super::math::{has_vector_form, held_constants, vector_scratch, POW_SCRATCH};
+use super::math::{has_vector_form, held_constants, logistic_of, vector_scratch, LOGISTIC_SCRATCH, POW_SCRATCH};
 use super::vector::{Mask, Op, Src, Vx, V};
 use super::vops::{byte_type, const_word, float_pred, is_i64_compare, op_form, I64Src};
 use kiln_ir::DType;
@@ -462,6 +462,9 @@ struct Emitter<'k> {
     /// Lanes of the masked last vector of the tile being emitted (what its lane mask
     /// lets through): byte loads read no further.
     epi_tail: u64,
+    /// The epilogue being emitted runs on column vectors, its lanes a tile's rows
+    /// ([`Emitter::epilogue_columns`]).
+    epi_columns: bool,
     /// The reduction loops being emitted prefetch B's next outermost row at the
     /// distance in `rcx`, which the outermost level's close sets to 0 before its last
     /// step ([`Emitter::prefetch_next_row`]).
@@ -593,6 +596,7 @@ impl<'k> Emitter<'k> {
             zmm_used: false,
             epi_wide: false,
             epi_tail: 0,
+            epi_columns: false,
             row_prefetch: false,
             held: Vec::new(),
             wide_epilogue_used: false,
@@ -2283,6 +2287,14 @@ impl Emitter<'_> {
                 self.a.vmovups(ymmword_ptr(rsp + (spill + 32 * (v * nc + j) as i32)), acc(v, j))?;
             }
         }
+        let out_row = self.bases[2].per_m;
+        let columns = self.column_epilogue() && i32::try_from(out_row * (T_ROWS as i64 - 1)).is_ok();
+        if columns {
+            self.epilogue_columns(rows, nc, spill)?;
+        }
+        // The rows go straight to the output where the epilogue is done and no lane mask
+        // is needed; else through the stack.
+        let direct = columns && masked.is_none();
         for v in 0..2 {
             // r_j: column j of these 8 rows (the last column again past `cols`).
             for j in 0..nc {
@@ -2307,8 +2319,12 @@ impl Emitter<'_> {
                 self.a.vperm2f128(t(4 + c), lo, hi, 0x31)?;
             }
             for row in 0..8 {
-                let at = Self::S_ACC + 32 * (8 * v + row) as i32;
-                self.a.vmovups(ymmword_ptr(rsp + at), t(row))?;
+                let r = (8 * v + row) as u64;
+                if !direct {
+                    self.a.vmovups(ymmword_ptr(rsp + (Self::S_ACC + 32 * r as i32)), t(row))?;
+                } else if r < rows {
+                    self.a.vmovups(ymmword_ptr(r8 + (out_row * r as i64) as i32), t(row))?;
+                }
             }
         }
         let mask = match masked {
@@ -2319,8 +2335,85 @@ impl Emitter<'_> {
             }
             _ => None,
         };
+        if direct {
+            return Ok(());
+        }
+        if columns {
+            // Only the lane mask is left to apply.
+            for r in 0..rows {
+                let at = ptr(r8 + (out_row * r as i64) as i32);
+                self.a.vmovups(YMM[0], ymmword_ptr(rsp + (Self::S_ACC + 32 * r as i32)))?;
+                self.vx().store(at, yv(YMM[0]), mask.map(|m| Mask(yv(m).0)))?;
+            }
+            return Ok(());
+        }
         self.epi_tail = masked.unwrap_or(0);
         self.row_epilogue(rows, 1, mask)
+    }
+
+    /// Whether a 256-bit channel-vector tile evaluates its epilogue on the reduction's
+    /// column vectors, before the transpose ([`Self::epilogue_columns`]): every value
+    /// the epilogue reads is the same along a row (a per-channel bias or scale, or a
+    /// scalar: f32, contiguous down the rows or one element), and no value is an i64.
+    /// A column vector is 8 rows of one column, all lanes doing work; a transposed row
+    /// holds the tile's [`T_COLS`] columns in 8 lanes, so the row form evaluates a third
+    /// more vectors (16 against 12 a tile): the cost of a transcendental epilogue (a
+    /// SiLU) after a convolution.
+    fn column_epilogue(&self) -> bool {
+        let loads = self.eloads.iter().all(|(&e, el)| {
+            let b = &self.bases[el.base];
+            self.k.node(ExprId(e)).ty == ScalarType::F32 && b.per_n == 0 && (b.per_m == 0 || b.per_m == 4)
+        });
+        let mut stack = vec![self.k.root];
+        while let Some(e) = stack.pop() {
+            if e == self.c.reduce {
+                continue;
+            }
+            let node = self.k.node(e);
+            if node.ty == ScalarType::I64 || is_i64_compare(self.k, e) {
+                return false;
+            }
+            if !matches!(node.expr, Expr::Load { .. }) {
+                node.expr.for_each_operand(|o| stack.push(o));
+            }
+        }
+        loads
+    }
+
+    /// The epilogue over a channel-vector tile's column vectors, spilled at `spill`
+    /// (`2 · nc` vectors: the first 8 rows' columns, then the next 8's), each replaced
+    /// by its result: a loop over the columns of each block of 8 rows, whose loads are
+    /// vectors down the rows (or broadcasts) at the block's first row, masked to the
+    /// tile's `rows` in a short last block.
+    fn epilogue_columns(&mut self, rows: u64, nc: usize, spill: i32) -> R<()> {
+        self.epi_columns = true;
+        for v in 0..2u64 {
+            let live = rows.saturating_sub(8 * v).min(8);
+            if live == 0 {
+                continue;
+            }
+            let mask = if live < 8 {
+                let l = self.mask_label(live);
+                self.a.vmovups(YMM[15], ymmword_ptr(l))?;
+                Some(Mask(yv(YMM[15]).0))
+            } else {
+                None
+            };
+            let mut pool: Vec<V> = YMM.iter().map(|&r| yv(r)).filter(|r| Some(r.0) != mask.map(|m| m.0)).collect();
+            let accr = pool.remove(0);
+            self.a.lea(rdx, qword_ptr(rsp + (spill + 32 * (v as usize * nc) as i32)))?;
+            self.a.mov(rcx, nc as i64)?;
+            let mut top = self.a.create_label();
+            self.a.set_label(&mut top)?;
+            self.vx().load(accr, ptr(rdx), None)?;
+            let slot = TileSlot { acc: accr, row: 8 * v as i64, vec: 0, mask };
+            self.epilogue_to(&slot, ptr(rdx), None, &mut pool)?;
+            self.a.add(rdx, 32)?;
+            self.a.dec(rcx)?;
+            self.a.jnz(top)?;
+        }
+        self.epi_columns = false;
+        Ok(())
     }
 
     /// One channel-vector tile in 512-bit registers: `rows` rows (one or two vectors of
@@ -2661,10 +2754,16 @@ impl Emitter<'_> {
     /// Evaluates the epilogue for one accumulator and stores it at `at` (masked when the
     /// slot is); every register the evaluation took goes back to `pool`.
     fn epilogue_store(&mut self, slot: &TileSlot, at: AsmMemoryOperand, pool: &mut Vec<V>) -> R<()> {
+        self.epilogue_to(slot, at, slot.mask, pool)
+    }
+
+    /// [`Self::epilogue_store`] with the store's own lane mask (`slot.mask` masks the
+    /// loads).
+    fn epilogue_to(&mut self, slot: &TileSlot, at: AsmMemoryOperand, mask: Option<Mask>, pool: &mut Vec<V>) -> R<()> {
         let kpool = if self.epi_wide { vec![7, 6, 5, 4] } else { vec![] };
         let mut ev = Eval { memo: HashMap::new(), uses: self.uses.clone(), need: HashMap::new(), kpool, pool };
         let v = self.eval(self.k.root, slot, &mut ev)?;
-        self.vx().store(at, v, slot.mask)?;
+        self.vx().store(at, v, mask)?;
         let held: Vec<V> =
             ev.memo.iter().filter(|(&e, r)| r.1 && !self.in_opmask(ExprId(e))).map(|(_, r)| r.0).collect();
         for r in held {
@@ -2673,6 +2772,20 @@ impl Emitter<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The argument of the logistic function at node `e` ([`logistic_of`]) where the
+    /// epilogue evaluates it in one piece ([`Vx::logistic`]): none of the form's inner
+    /// nodes is read from outside it.
+    fn logistic(&self, e: ExprId) -> Option<ExprId> {
+        let x = logistic_of(self.k, e)?;
+        let Expr::Binary(_, num, den) = self.k.node(e).expr else { return None };
+        let Expr::Select(c, one, ex) = self.k.node(num).expr else { return None };
+        let Expr::Unary(_, na) = self.k.node(ex).expr else { return None };
+        let Expr::Unary(_, a) = self.k.node(na).expr else { return None };
+        let Expr::Binary(_, _, zero) = self.k.node(c).expr else { return None };
+        let inner = [(num, 1), (den, 1), (c, 1), (ex, 2), (na, 1), (a, 1), (one, 2), (zero, 1)];
+        inner.iter().all(|&(n, u)| self.uses.get(&n.0).copied().unwrap_or(0) == u).then_some(x)
     }
 
     /// `select(x < c, c, x)` is `max(c, x)` and `select(x > c, c, x)` is `min(c, x)`,
@@ -2749,6 +2862,10 @@ impl Emitter<'_> {
         }
         let n = match &self.k.node(e).expr {
             Expr::Const(_) | Expr::Load { .. } => 1,
+            Expr::Binary(BinaryOp::Div, ..) if self.logistic(e).is_some() => {
+                let x = self.logistic(e).unwrap_or(e);
+                self.need(x, ev).max(1 + LOGISTIC_SCRATCH as u32)
+            }
             Expr::Unary(op, x) => self.need(*x, ev).max(1 + vector_scratch(*op) as u32),
             Expr::Cast { value, .. } => self.need(*value, ev),
             Expr::Binary(BinaryOp::Pow, x, y) => {
@@ -2814,10 +2931,14 @@ impl Emitter<'_> {
                 r
             }
             Expr::Load { .. } => {
-                let el = self.eloads[&e.0];
+                let mut el = self.eloads[&e.0];
                 let lanes = self.vx().lanes() as i64;
                 let b = &self.bases[el.base];
                 let disp = b.per_m * slot.row + b.per_n * lanes * slot.vec;
+                if self.epi_columns {
+                    // Lanes are rows ([`Self::column_epilogue`]).
+                    el.vector = b.per_m != 0;
+                }
                 let at = EPTR[el.base - 3] + disp as i32;
                 let r = self.result_reg(&[], ev)?;
                 if node.ty == ScalarType::Bool {
@@ -2835,6 +2956,19 @@ impl Emitter<'_> {
                     self.vx().load(r, ptr(at), slot.mask)?;
                 }
                 r
+            }
+            Expr::Binary(BinaryOp::Div, ..) if self.logistic(e).is_some() => {
+                let x = self.logistic(e).unwrap_or(e);
+                let rx = self.eval(x, slot, ev)?;
+                let t = Self::scratch(ev, LOGISTIC_SCRATCH)?;
+                // The form reads x twice (|x| and x ≥ 0).
+                if let Some(u) = ev.uses.get_mut(&x.0) {
+                    *u = u.saturating_sub(1);
+                }
+                let dst = self.result_reg(&[x], ev)?;
+                self.vx().logistic(dst, rx, [t[0], t[1], t[2], t[3], t[4]])?;
+                ev.pool.extend(t);
+                dst
             }
             Expr::Select(c, x, y) => {
                 if let Some((is_max, k, v)) = self.clamp_pattern(*c, *x, *y) {

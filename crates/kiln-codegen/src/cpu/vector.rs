@@ -86,6 +86,8 @@ pub(crate) enum Op {
     AddI,
     /// 32-bit integer subtract.
     SubI,
+    /// 32-bit signed integer maximum.
+    MaxI,
     /// `d = d·x + y` (`vfmadd213ps`).
     Fma213,
     /// `d = x·y + d` (`vfmadd231ps`).
@@ -222,6 +224,7 @@ impl Vx<'_> {
             Xor => vxorps / vpxord,
             AddI => vpaddd / vpaddd,
             SubI => vpsubd / vpsubd,
+            MaxI => vpmaxsd / vpmaxsd,
             Fma213 => vfmadd213ps / vfmadd213ps,
             Fma231 => vfmadd231ps / vfmadd231ps,
         }
