@@ -968,3 +968,71 @@ fn panel_rows_follow_the_columns() {
         check_micro(&kern, &[&a, &b], k);
     }
 }
+
+/// `σ(v)` written as `kiln-lower` writes Sigmoid: `select(v ≥ 0, 1, e)/(1 + e)` with
+/// `e = e^{−|v|}`.
+fn lowered_logistic(b: &mut KernelBuilder, v: ExprId) -> ExprId {
+    let f = ScalarType::F32;
+    let (zero, one) = (b.float(f, 0.0), b.float(f, 1.0));
+    let a = b.unary(UnaryOp::Abs, v);
+    let na = b.unary(UnaryOp::Neg, a);
+    let e = b.unary(UnaryOp::Exp, na);
+    let pos = b.binary(BinaryOp::Ge, v, zero);
+    let num = b.select(pos, one, e);
+    let den = b.add(one, e);
+    b.div(num, den)
+}
+
+/// A contraction's epilogue evaluates the logistic function in one piece
+/// (`Vx::logistic`): its results are the bits the same nodes give one by one (an
+/// elementwise kernel's vector code, which evaluates them so), except where `e^{−|v|}`
+/// would be subnormal, there within 2⁻¹²⁶; NaN stays NaN, σ(−∞) = 0, σ(∞) = 1. The
+/// product is `v · 1` (one reduction step), so the epilogue sees every input exactly,
+/// in channel-vector tiles (3 columns) and in row tiles (64 columns).
+#[test]
+fn logistic_epilogue_is_its_nodes() {
+    require_avx2_fma!();
+    let mut xs: Vec<f32> =
+        (0..=u32::MAX / 8191).map(|i| f32::from_bits(i * 8191)).filter(|x| x.abs() <= 120.0).collect();
+    xs.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -87.3, -87.4, -103.9, -104.1, 87.4, 1e-30]);
+    xs.resize(xs.len().next_multiple_of(64), 0.5);
+    let m = xs.len();
+    // The nodes one by one: an elementwise kernel.
+    let t = tt(&[m]);
+    let mut b = KernelBuilder::new("nodes", vec![t.clone()], t);
+    let i = b.out_index();
+    let v = b.load(0, i);
+    let r = lowered_logistic(&mut b, v);
+    let nodes = b.finish(r).unwrap();
+    let x = Tensor::from_vec(Shape::new(vec![m]).unwrap(), xs.clone()).unwrap();
+    let want = run_compiled(&nodes, &[&x], &Config { target: CpuTarget::X86_64V3, options: Options::default() }, 2);
+    let want = want.to_vec::<f32>().unwrap();
+    for n in [3usize, 64] {
+        let mut b = KernelBuilder::new("sigmoid", vec![tt(&[m, 1]), tt(&[1, n])], tt(&[m, n]));
+        let (_, s) = b.matmul_sum(1);
+        let r = lowered_logistic(&mut b, s);
+        let k = b.finish(r).unwrap();
+        let a = Tensor::from_vec(Shape::new(vec![m, 1]).unwrap(), xs.clone()).unwrap();
+        let ones = Tensor::from_vec(Shape::new(vec![1, n]).unwrap(), vec![1f32; n]).unwrap();
+        for cfg in microkernel_variants(false) {
+            // Operands packed as constants, as a model's weights are (channel-vector
+            // tiles read A in panels).
+            let (pk, pin) = packed(&k, &[&a, &ones], &cfg).expect("operands packed");
+            let notes = compile_with(&classify(&[&pk]), &cfg.target, &cfg.options).unwrap().notes;
+            assert!(notes[0].starts_with("contraction"), "{n} {:?}: {}", cfg.target, notes[0]);
+            assert_eq!(notes[0].contains("channel vectors"), n == 3, "{n} {:?}: {}", cfg.target, notes[0]);
+            let got = run_compiled(&pk, &pin.iter().collect::<Vec<_>>(), &cfg, 2).to_vec::<f32>().unwrap();
+            for (row, (&x, &w)) in xs.iter().zip(&want).enumerate() {
+                for j in 0..n {
+                    let g = got[row * n + j];
+                    let exact = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                    // σ(x) < 2⁻¹²⁶ only where e^{−|x|} is subnormal.
+                    let flushed = x < -87.0 && (g - w).abs() <= f32::MIN_POSITIVE;
+                    assert!(exact || flushed, "{n} columns {:?}: σ({x}) = {g}, nodes {w}", cfg.target);
+                }
+            }
+            let at = |v: f32| got[xs.iter().position(|&x| x.to_bits() == v.to_bits()).unwrap() * n];
+            assert_eq!((at(f32::NEG_INFINITY), at(f32::INFINITY)), (0.0, 1.0), "{n} {:?}", cfg.target);
+        }
+    }
+}
