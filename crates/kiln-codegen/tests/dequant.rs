@@ -168,17 +168,22 @@ fn product(m: usize, kk: usize, n: usize, epilogue: bool, heads: usize) -> Kerne
     b.finish(r).unwrap()
 }
 
-/// The program `P; D` (the dequantisation, the product reading it), rewritten and
-/// packed for `cfg` (`packs`: whether the integer weight is packed): the one dispatch
-/// left, and its operands (`a` as the input).
-fn rewritten(p: &FlowProgram, a: &Tensor, cfg: &Config, packs: bool) -> (Kernel, Vec<Tensor>) {
+/// The program `P; D` (the dequantisation, the product reading it), rewritten and,
+/// where `packs`, packed for `cfg` (the integer weight laid out in panels where the
+/// microkernels take it so): the one dispatch left, its operands (`a` as the input),
+/// and whether the weight was packed.
+fn rewritten(p: &FlowProgram, a: &Tensor, cfg: &Config, packs: bool) -> (Kernel, Vec<Tensor>, bool) {
     let mut p = p.clone();
     assert_eq!(kiln_flow::dequant::dequantize_in_load(&mut p), 1, "the product reads the integers");
     p.remove_dead();
     assert_eq!(p.dispatches.len(), 1, "the dequantising dispatch is gone");
-    assert_eq!(pack_for(&mut p, cfg), packs as usize, "the integer weight's packing");
-    first_dispatch(&p, Some(a))
+    let packed = packs && pack_for(&mut p, cfg) == 1;
+    let (k, inputs) = first_dispatch(&p, Some(a));
+    (k, inputs, packed)
 }
+
+/// Products in heads whose weight [`check`] ran laid out in panels, one set a head.
+static PACKED_HEADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Checks `form` on an `m × kk × n` product (split into `heads`, see [`product`]);
 /// returns the dtype the weight was stored in.
@@ -231,11 +236,21 @@ fn check(form: Form, m: usize, kk: usize, n: usize, epilogue: bool, heads: usize
         if epilogue { " +bias relu" } else { "" },
         if heads > 1 { format!(" in {heads} heads") } else { String::new() }
     );
-    for cfg in microkernel_variants(false) {
-        let (k, inputs) = rewritten(&p, &a, &cfg, heads == 1);
+    // Split into heads, B is also run as it is (a constant the packing leaves alone,
+    // read by other products too).
+    let packings: &[bool] = if heads > 1 { &[true, false] } else { &[true] };
+    for (cfg, &packs) in
+        microkernel_variants(false).into_iter().flat_map(|c| packings.iter().map(move |p| (c.clone(), p)))
+    {
+        let name = format!("{name}{}", if packs { "" } else { " (unpacked)" });
+        let (k, inputs, packed) = rewritten(&p, &a, &cfg, packs);
+        assert!(packed || heads > 1 || !packs, "{name}: the integer weight's packing");
+        if packed && heads > 1 {
+            PACKED_HEADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let c = Contraction::of(&k).expect("a contraction");
         assert_eq!(c.b.dtype, narrowest(&w), "{name}: the weight's storage");
-        assert_eq!(c.b.panel.is_some(), heads == 1, "{name}: in panels");
+        assert_eq!(c.b.panel.is_some(), packed, "{name}: in panels");
         let inputs: Vec<&Tensor> = inputs.iter().collect();
         // The rewritten kernel in the interpreter, within the same bound.
         let flow = interp::run(&k, &inputs).unwrap().to_vec::<f32>().unwrap();
@@ -296,12 +311,12 @@ fn odd_shapes_every_form() {
     assert_eq!(stored.into_iter().collect::<Vec<_>>(), ["i16", "i8", "u8"]);
 }
 
-/// A product split into heads as it is computed (B reads the head, a batch variable,
-/// so it is not laid out in panels): whole vectors of its columns are loaded as they
-/// are, and the last 1..7 columns of a head one by one; with two row panels or more,
-/// each head's B is converted onto the stack by its first workgroup, column blocks of a
-/// tile's width and reduction blocks of 256 rows, a head's last block narrower (13
-/// rows: two panels of 6 and a tail row; 16: four of 4).
+/// A product split into heads as it is computed (B reads the head, a batch variable):
+/// laid out in panels a head, and as it is, where whole vectors of its columns are
+/// loaded as they are, and the last 1..7 columns of a head one by one; with two row
+/// panels or more, each head's B is converted onto the stack by its first workgroup,
+/// column blocks of a tile's width and reduction blocks of 256 rows, a head's last
+/// block narrower (13 rows: two panels of 6 and a tail row; 16: four of 4).
 #[test]
 fn unpacked_weights_in_heads() {
     require_avx2_fma!(", so no contraction microkernel can run here");
@@ -320,6 +335,7 @@ fn unpacked_weights_in_heads() {
             check(form, m, kk, n, false, heads);
         }
     }
+    assert!(PACKED_HEADS.load(std::sync::atomic::Ordering::Relaxed) > 0, "no weight in heads was packed");
 }
 
 /// A bias and Relu after the scale, in every tile kind, for each form.

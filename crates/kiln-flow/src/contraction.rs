@@ -176,10 +176,27 @@ fn sole_sum(k: &Kernel, ty: ScalarType) -> Option<(ExprId, Vec<u32>, Vec<u32>, E
 /// (`P = 1`, every `v < W`) may also be read at `[0, l, v]`: the kernel builder folds
 /// `v div W` and `v rem W` to that (every value of `v` has the quotient 0), and the
 /// panel is the same bytes, its zero columns past `v`'s extent there to be read whole.
+/// Leading axes before the panels (`[B…, P, L, W]`, one set of panels per batch
+/// position: a bidirectional LSTM's weights, one matrix a direction) are read at
+/// affine indices within their extents.
 pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineIndex, Panel)> {
     let ty = k.inputs.get(input as usize)?;
-    let &[p, l, w] = ty.shape.dims() else { return None };
-    let &[d, mid, r] = index else { return None };
+    let dims = ty.shape.dims();
+    let lead = dims.len().checked_sub(3)?;
+    let &[p, l, w] = &dims[lead..] else { return None };
+    let &[d, mid, r] = index.get(lead..)? else { return None };
+    // The leading axes' offset, in elements.
+    let mut outer = AffineIndex::constant(0, k.vars.len());
+    let mut stride = (p as i64).checked_mul(l as i64)?.checked_mul(w as i64)?;
+    for (&e, &extent) in index[..lead].iter().zip(&dims[..lead]).rev() {
+        let a = affine(k, e)?;
+        let (lo, hi) = a.range(k)?;
+        if lo < 0 || hi >= extent as i64 {
+            return None;
+        }
+        outer = outer.plus(&a.scaled(stride)?)?;
+        stride = stride.checked_mul(extent as i64)?;
+    }
     let split = |e: ExprId, op: BinaryOp| -> Option<u32> {
         let Expr::Binary(o, x, c) = k.node(e).expr else { return None };
         let Expr::Var(v) = k.node(x).expr else { return None };
@@ -204,7 +221,10 @@ pub fn panel_offset(k: &Kernel, input: u32, index: &[ExprId]) -> Option<(AffineI
         return None;
     }
     let width = i64::try_from(w).ok()?;
-    let mut off = mid.scaled(width)?;
+    let mut off = mid.scaled(width)?.plus(&outer)?;
+    if off.coef[v as usize] != 0 {
+        return None;
+    }
     off.coef[v as usize] = 1;
     Some((off, Panel { var: v, width: w as u64, stride: width.checked_mul(l as i64)? }))
 }

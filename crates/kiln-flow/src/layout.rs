@@ -548,7 +548,8 @@ pub fn pack_constants(p: &mut FlowProgram, widths: &dyn Fn(&Kernel, KernelClass)
             if !same || packed.len() != readers[source.index()] {
                 continue;
             }
-            let name = format!("{}.panels{}", p.buffer(source).name, tensor.ty().shape.dims()[2]);
+            let name =
+                format!("{}.panels{}", p.buffer(source).name, tensor.ty().shape.dims().last().copied().unwrap_or(0));
             let buffer = p.add(tensor.ty().clone(), name, BufferKind::Const(tensor));
             readers.push(packed.len());
             for (d, kernel, input) in packed {
@@ -586,11 +587,12 @@ fn packed_one(
         return None;
     };
     let off = &operand.offset;
-    let reads_only = off
-        .coef
-        .iter()
-        .enumerate()
-        .all(|(v, &x)| x == 0 || v as u32 == var || c.k.contains(&(v as u32)) || k.vars[v] == 1);
+    // Batch variables the operand steps with (one set of panels each position, as
+    // leading axes), outermost first.
+    let batch: Vec<u32> = c.batch.iter().copied().filter(|&b| off.of(b) != 0 && k.vars[b as usize] > 1).collect();
+    let reads_only = off.coef.iter().enumerate().all(|(v, &x)| {
+        x == 0 || v as u32 == var || c.k.contains(&(v as u32)) || k.vars[v] == 1 || batch.contains(&(v as u32))
+    });
     // (One panel would be the operand itself at another pitch; but an integer operand,
     // converted in its load, is packed whatever its width: the panel's zero columns let
     // a tile read whole vectors of it, where there are no masked byte loads.)
@@ -604,12 +606,15 @@ fn packed_one(
         return None;
     }
     let load = product_load(k, c, operand.input)?;
-    // The packed tensor: [⌈D / W⌉, L, W], zeros past D.
+    // The packed tensor: [B…, ⌈D / W⌉, L, W], zeros past D.
     let ext = k.vars[var as usize];
     let kext: Vec<u64> = c.k.iter().map(|&v| k.vars[v as usize]).collect();
     let l: u64 = kext.iter().product();
     let panels = ext.div_ceil(width);
-    let count = panels.checked_mul(l)?.checked_mul(width)?;
+    let bext: Vec<u64> = batch.iter().map(|&b| k.vars[b as usize]).collect();
+    let positions: u64 = bext.iter().product();
+    let per_position = panels.checked_mul(l)?.checked_mul(width)?;
+    let count = per_position.checked_mul(positions)?;
     if count > (1 << 28) {
         return None;
     }
@@ -624,25 +629,37 @@ fn packed_one(
         (at + es <= src.len()).then(|| at..at + es)
     };
     let mut out = vec![0u8; count as usize * es];
-    for (pi, panel) in out.chunks_exact_mut(l as usize * width as usize * es).enumerate() {
-        let first = pi as u64 * width;
-        let cols = (ext - first).min(width) as usize;
-        for (row, &start) in panel.chunks_exact_mut(width as usize * es).zip(&starts) {
-            let at = start.checked_add(step.checked_mul(first as i64)?)?;
-            if step == 1 {
-                let (from, to) = (element(at)?.start, element(at + cols as i64 - 1)?.end);
-                row[..cols * es].copy_from_slice(&src[from..to]);
-            } else {
-                for (r, x) in row[..cols * es].chunks_exact_mut(es).enumerate() {
-                    x.copy_from_slice(&src[element(at + step * r as i64)?]);
+    for (position, panels_out) in out.chunks_exact_mut(per_position as usize * es).enumerate() {
+        // The batch position's first element in the operand (batch variables row-major).
+        let mut rest = position as u64;
+        let mut shift = 0i64;
+        for (&b, &e) in batch.iter().zip(&bext).rev() {
+            shift = shift.checked_add(off.of(b).checked_mul((rest % e) as i64)?)?;
+            rest /= e;
+        }
+        for (pi, panel) in panels_out.chunks_exact_mut(l as usize * width as usize * es).enumerate() {
+            let first = pi as u64 * width;
+            let cols = (ext - first).min(width) as usize;
+            for (row, &start) in panel.chunks_exact_mut(width as usize * es).zip(&starts) {
+                let at = start.checked_add(shift)?.checked_add(step.checked_mul(first as i64)?)?;
+                if step == 1 {
+                    let (from, to) = (element(at)?.start, element(at + cols as i64 - 1)?.end);
+                    row[..cols * es].copy_from_slice(&src[from..to]);
+                } else {
+                    for (r, x) in row[..cols * es].chunks_exact_mut(es).enumerate() {
+                        x.copy_from_slice(&src[element(at + step * r as i64)?]);
+                    }
                 }
             }
         }
     }
-    let shape = Shape::new(vec![panels as usize, l as usize, width as usize]).ok()?;
+    let mut dims: Vec<usize> = bext.iter().map(|&e| e as usize).collect();
+    dims.extend([panels as usize, l as usize, width as usize]);
+    let shape = Shape::new(dims).ok()?;
     let tensor = Tensor::new(TensorType::new(t.dtype(), shape), bytes::Bytes::from(out)).ok()?;
     let ty = tensor.ty().clone();
     let kernel = rebuild_load(k, load, operand.input, &ty, &mut |b, _| {
+        let mut index: Vec<ExprId> = batch.iter().map(|&bv| b.var(VarId(bv))).collect();
         let v = b.var(VarId(var));
         let w = b.index(width as i64);
         let div = b.binary(BinaryOp::Div, v, w);
@@ -658,7 +675,8 @@ fn packed_one(
             mid = b.add(mid, term);
             stride *= e as i64;
         }
-        vec![div, mid, rem]
+        index.extend([div, mid, rem]);
+        index
     })?;
     let packed = Contraction::of(&kernel)?;
     let side = if operand.input == c.a.input { packed.a.panel } else { packed.b.panel };
