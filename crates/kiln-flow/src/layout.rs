@@ -491,9 +491,11 @@ pub struct PanelWidths {
 /// in panels of columns, each panel one contiguous stream over the whole reduction
 /// (rows or columns past the end are zeros). The packing is done here, once, at compile
 /// time; the kernel reads the packed constant at `[v div W, l, v rem W]`, which every
-/// target can evaluate and the contraction recognises as a panel operand. Operands that
-/// other loads read too, or that read variables besides the panel variable and the
-/// reduction, are left alone. A constant is packed only where every reader of it is an
+/// target can evaluate and the contraction recognises as a panel operand. An operand
+/// that steps with batch variables gets one set of panels a batch position, as leading
+/// axes (`[B…, P, L, W]` read at `[b…, v div W, l, v rem W]`). Operands that other loads
+/// read too, or that read variables besides the panel variable, the reduction and the
+/// batch, are left alone. A constant is packed only where every reader of it is an
 /// operand packed into the same bytes (one reader, or the recurrent products of every
 /// time step, which read one weight the same way): they then share one packed copy, so
 /// no constant is carried twice and the constants stay the same size but for the zeros

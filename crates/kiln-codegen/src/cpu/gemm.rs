@@ -94,7 +94,12 @@
 //!
 //! For AVX2 ([`Emitter::tile_t`]) a tile is two `ymm` vectors of A's rows × 6 columns
 //! (12 accumulators of 8 lanes), transposed in 8×8 blocks; a row's extra lanes are stored
-//! whole where the next tile of the same workgroup writes those columns again. It
+//! whole where the next tile of the same workgroup writes those columns again. An
+//! epilogue whose loads are the same along a row (a bias, a per-channel scale) runs
+//! before the transpose, on the 12 column vectors (every lane a row of its own), not on
+//! the 16 transposed rows of 6 columns in 8 lanes, and the rows then go straight to the
+//! output ([`Emitter::column_epilogue`]): a 1×1 convolution 48 → 48 over 52×52 with its
+//! SiLU 0.64 → 0.60 ms (one thread, AVX2 host, with the logistic below). It
 //! prefetches the next workgroup's panel of A as the 512-bit tiles do (below): mobilenet_v2
 //! for x86-64-v3, its eight channel-vector kernels 1.32–1.46 → 1.29–1.30 ms.
 //!
@@ -158,7 +163,16 @@
 //! whose in-register epilogue runs out of registers is emitted again that way. In
 //! registers, mobilenet_v2 for x86-64-v3 ran 8.09 → 7.85 ms (7 KB more code). Operands
 //! are evaluated in order of register need ([`Emitter::by_need`]), so that an Elu's
-//! `expm1` (an exp, a log and four selects) fits the sixteen registers.
+//! `expm1` (an exp, a log and four selects) fits the sixteen registers. The logistic
+//! function in the form Sigmoid is lowered to (SiLU's σ, a gate's) is recognised and
+//! evaluated in one piece ([`super::math::Vx::logistic`]: 26 instructions where its
+//! nodes take 32, the same bits but where `e^{−|x|}` would be subnormal): on this
+//! development host's Zen 1 cores an epilogue's chain of dependent instructions, not
+//! their throughput, sets its cost (a SiLU about 34 cycles a vector of 8), so fewer
+//! instructions on it is what pays; a SiLU after a 1×1 convolution 24 → 24 over
+//! 208×208 took 2.06 → 1.74 ms above the plain convolution's 1.55, ddddocr-det-yolox
+//! (75 such epilogues) 184.4 → 178.1 ms a call (sum of `kiln bench --profile` medians,
+//! alternated).
 //! Operations outside the supported set (other transcendentals, integer arithmetic)
 //! make the whole kernel take the general code generator instead.
 //!
@@ -2289,7 +2303,7 @@ impl Emitter<'_> {
         }
         let out_row = self.bases[2].per_m;
         let columns = self.column_epilogue() && i32::try_from(out_row * (T_ROWS as i64 - 1)).is_ok();
-        if columns {
+        if columns && self.k.root != self.c.reduce {
             self.epilogue_columns(rows, nc, spill)?;
         }
         // The rows go straight to the output where the epilogue is done and no lane mask
