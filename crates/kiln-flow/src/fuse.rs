@@ -15,9 +15,10 @@
 //! Slice, Pad, broadcasts) and row statistics read at a row's index (a mean, a max, a
 //! sum of exponentials) fuse; a contraction whose every result would be recomputed per
 //! consumer element does not. Producers with several readers are duplicated only when
-//! they are small, read at most three operands and contain no reduction; a producer refused because its result was
-//! shared is tried again after each fusion into the same consumer (SiLU's `x·sigmoid(x)`
-//! reads the convolution twice until the sigmoid is fused into the product).
+//! they are small, read at most three operands and contain no reduction; a producer
+//! refused because its result was shared is tried again after each fusion into the same
+//! consumer (SiLU's `x·sigmoid(x)` reads the convolution twice until the sigmoid is
+//! fused into the product).
 //!
 //! No fusion demotes a fast kernel (`demotes`): where either kernel's class has a
 //! dedicated fast path (a contraction or window microkernel, a row kernel), the fused

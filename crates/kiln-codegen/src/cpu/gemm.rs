@@ -451,6 +451,9 @@ struct Emitter<'k> {
     bases: Vec<Base>,
     /// How many times each epilogue node is an operand (within the epilogue).
     uses: HashMap<u32, u32>,
+    /// The epilogue's logistic functions evaluated in one piece ([`Vx::logistic`]):
+    /// node → argument, where none of the form's inner nodes is read from outside it.
+    logistics: HashMap<u32, ExprId>,
     /// Reduction steps per block (`K` unless the reduction is blocked).
     kc: u64,
     /// B is copied, block by block, into a contiguous buffer on the stack first.
@@ -601,6 +604,7 @@ impl<'k> Emitter<'k> {
             eloads: HashMap::new(),
             bases: Vec::new(),
             uses: HashMap::new(),
+            logistics: HashMap::new(),
             kc: 0,
             packed: false,
             packed_t: false,
@@ -921,7 +925,8 @@ impl Emitter<'_> {
     }
 
     /// Counts operand uses of the epilogue's nodes (each edge once; the reduction and
-    /// what lies below it excluded).
+    /// what lies below it excluded), and finds the logistic functions evaluated in one
+    /// piece ([`Emitter::logistics`]).
     fn count_uses(&mut self) {
         let mut seen = std::collections::HashSet::new();
         let mut stack = vec![self.k.root];
@@ -933,6 +938,12 @@ impl Emitter<'_> {
                 *self.uses.entry(o.0).or_insert(0) += 1;
                 stack.push(o);
             });
+        }
+        for e in seen {
+            let Some(l) = logistic_of(self.k, ExprId(e)) else { continue };
+            if l.inner.iter().all(|&(n, u)| self.uses.get(&n.0).copied().unwrap_or(0) == u) {
+                self.logistics.insert(e, l.x);
+            }
         }
     }
 
@@ -2788,20 +2799,6 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// The argument of the logistic function at node `e` ([`logistic_of`]) where the
-    /// epilogue evaluates it in one piece ([`Vx::logistic`]): none of the form's inner
-    /// nodes is read from outside it.
-    fn logistic(&self, e: ExprId) -> Option<ExprId> {
-        let x = logistic_of(self.k, e)?;
-        let Expr::Binary(_, num, den) = self.k.node(e).expr else { return None };
-        let Expr::Select(c, one, ex) = self.k.node(num).expr else { return None };
-        let Expr::Unary(_, na) = self.k.node(ex).expr else { return None };
-        let Expr::Unary(_, a) = self.k.node(na).expr else { return None };
-        let Expr::Binary(_, _, zero) = self.k.node(c).expr else { return None };
-        let inner = [(num, 1), (den, 1), (c, 1), (ex, 2), (na, 1), (a, 1), (one, 2), (zero, 1)];
-        inner.iter().all(|&(n, u)| self.uses.get(&n.0).copied().unwrap_or(0) == u).then_some(x)
-    }
-
     /// `select(x < c, c, x)` is `max(c, x)` and `select(x > c, c, x)` is `min(c, x)`,
     /// exactly (NaN x gives x either way; `vmaxps`/`vminps` return their second operand
     /// on NaN and on equality): `(is_max, c, x)`.
@@ -2876,9 +2873,8 @@ impl Emitter<'_> {
         }
         let n = match &self.k.node(e).expr {
             Expr::Const(_) | Expr::Load { .. } => 1,
-            Expr::Binary(BinaryOp::Div, ..) if self.logistic(e).is_some() => {
-                let x = self.logistic(e).unwrap_or(e);
-                self.need(x, ev).max(1 + LOGISTIC_SCRATCH as u32)
+            Expr::Binary(BinaryOp::Div, ..) if self.logistics.contains_key(&e.0) => {
+                self.need(self.logistics[&e.0], ev).max(1 + LOGISTIC_SCRATCH as u32)
             }
             Expr::Unary(op, x) => self.need(*x, ev).max(1 + vector_scratch(*op) as u32),
             Expr::Cast { value, .. } => self.need(*value, ev),
@@ -2971,8 +2967,8 @@ impl Emitter<'_> {
                 }
                 r
             }
-            Expr::Binary(BinaryOp::Div, ..) if self.logistic(e).is_some() => {
-                let x = self.logistic(e).unwrap_or(e);
+            Expr::Binary(BinaryOp::Div, ..) if self.logistics.contains_key(&e.0) => {
+                let x = self.logistics[&e.0];
                 let rx = self.eval(x, slot, ev)?;
                 let t = Self::scratch(ev, LOGISTIC_SCRATCH)?;
                 // The form reads x twice (|x| and x ≥ 0).

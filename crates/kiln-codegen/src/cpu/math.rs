@@ -467,14 +467,23 @@ pub(crate) fn vector_scratch(op: UnaryOp) -> usize {
 /// Scratch registers [`Vx::logistic`] needs.
 pub(crate) const LOGISTIC_SCRATCH: usize = 5;
 
-/// The argument `x` of `σ(x)` where node `e` is the logistic function as `kiln-lower`
-/// writes it (Sigmoid, SiLU's and the recurrent gates' σ): `select(x ≥ 0, 1, e)/(1 + e)`
-/// with `e = e^{−|x|}`, in f32, the one node `e` under both and `1` the same constant.
-pub(crate) fn logistic_of(k: &Kernel, e: ExprId) -> Option<ExprId> {
+/// The logistic function as `kiln-lower` writes it, found at a node by [`logistic_of`].
+pub(crate) struct Logistic {
+    /// The argument.
+    pub x: ExprId,
+    /// The form's inner nodes, each with how many of the form's edges read it (one of
+    /// each but `e` and the constant 1, which two read).
+    pub inner: [(ExprId, u32); 8],
+}
+
+/// The logistic function at node `e`, written as `kiln-lower` writes it (Sigmoid,
+/// SiLU's and the recurrent gates' σ): `select(x ≥ 0, 1, e)/(1 + e)` with
+/// `e = e^{−|x|}`, in f32, the one node `e` under both and `1` the same constant.
+pub(crate) fn logistic_of(k: &Kernel, e: ExprId) -> Option<Logistic> {
     let f32_node = |e: ExprId| (k.node(e).ty == ScalarType::F32).then(|| &k.node(e).expr);
-    let Some(Expr::Binary(BinaryOp::Div, num, den)) = f32_node(e) else { return None };
-    let Some(&Expr::Select(c, one, ex)) = f32_node(*num) else { return None };
-    let Some(&Expr::Binary(BinaryOp::Add, one2, ex2)) = f32_node(*den) else { return None };
+    let Some(&Expr::Binary(BinaryOp::Div, num, den)) = f32_node(e) else { return None };
+    let Some(&Expr::Select(c, one, ex)) = f32_node(num) else { return None };
+    let Some(&Expr::Binary(BinaryOp::Add, one2, ex2)) = f32_node(den) else { return None };
     let Expr::Binary(BinaryOp::Ge, x, zero) = k.node(c).expr else { return None };
     let Some(&Expr::Unary(UnaryOp::Exp, na)) = f32_node(ex) else { return None };
     let Some(&Expr::Unary(UnaryOp::Neg, a)) = f32_node(na) else { return None };
@@ -489,7 +498,8 @@ pub(crate) fn logistic_of(k: &Kernel, e: ExprId) -> Option<ExprId> {
         && k.node(x).ty == ScalarType::F32
         && bits(one) == Some(1f32.to_bits())
         && bits(zero) == Some(0);
-    ok.then_some(x)
+    let inner = [(num, 1), (den, 1), (c, 1), (ex, 2), (na, 1), (a, 1), (one, 2), (zero, 1)];
+    ok.then_some(Logistic { x, inner })
 }
 
 /// Scratch registers [`Vx::pow`] needs.
@@ -626,6 +636,15 @@ impl Vx<'_> {
         self.exp_clamped(dst, t, false)
     }
 
+    /// `dst = e^dst` for `dst` at most about 0 (never near exp's overflow): only exp's
+    /// lower clamp, and 2ⁿ in one step, 0 where the result would be subnormal; else
+    /// exp's bits. Scratch `t` as [`Self::exp`]'s.
+    fn exp_flushed(&mut self, dst: V, t: [V; 4]) -> R<()> {
+        let lo = self.const_reg(EXP_LO, t[0])?;
+        self.op(Op::Max, dst, lo, Src::R(dst))?;
+        self.exp_clamped(dst, t, true)
+    }
+
     /// `dst = e^dst` for `dst` already clamped to exp's range; `flush`: 2ⁿ in one step,
     /// not in two halves, 0 where it is not a normal number (n < −126: the result is 0
     /// where it would be subnormal, else the same).
@@ -692,9 +711,7 @@ impl Vx<'_> {
         self.cmp(m, x, Src::C(0), float_pred(BinaryOp::Ge))?;
         // x is not read again: dst is free from here on.
         self.op(Op::Or, dst, x, Src::C(0x8000_0000))?; // −|x|
-        let lo = self.const_reg(EXP_LO, k)?;
-        self.op(Op::Max, dst, lo, Src::R(dst))?;
-        self.exp_clamped(dst, [k, n, nf, p], true)?;
+        self.exp_flushed(dst, [k, n, nf, p])?;
         self.op(Op::Add, k, dst, Src::C(1f32.to_bits()))?;
         let one = self.const_reg(1.0, n)?;
         self.blend(dst, m, dst, one)?;
@@ -741,12 +758,9 @@ impl Vx<'_> {
         self.op(Op::Sub, z, z, c(0.5))?; // s
         self.erf_poly(e, z, [u, dst, k])?;
         self.op(Op::Sub, e, e, Src::R(x2))?; // P(s) − x²
-                                             // exp: its argument is at most about 0 here, so only its lower clamp, and 2ⁿ in
-                                             // one step (0 where it would be subnormal, where 1 − erfc is 1 either way): the
-                                             // general path's bits.
-        let lo = self.const_reg(EXP_LO, k)?;
-        self.op(Op::Max, e, lo, Src::R(e))?;
-        self.exp_clamped(e, [x2, k, u, dst], true)?; // erfc
+                                             // erfc: where it would be subnormal 1 − erfc is 1 either way, so the general
+                                             // path's bits.
+        self.exp_flushed(e, [x2, k, u, dst])?;
         let one = self.const_reg(1.0, k)?;
         self.op(Op::Sub, e, one, Src::R(e))?;
         self.op(Op::Or, e, e, Src::R(sign))?;
